@@ -1,0 +1,356 @@
+"""Paged KV block manager: fixed-size blocks allocated on demand, block tables, reference counts, prefix cache.
+
+Pure Python, no torch: the real engine addresses its KV tensors through these very block tables. Blocks are
+integers in ``range(num_blocks)``. A block is *used* while some request references it; a free block may still
+carry the hash of the prefix it holds (prefix caching), and is then reused on a hit until it is evicted, least
+recently freed first.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Protocol
+
+from sim.request import Request
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class KVBudget(Protocol):
+    """A scratch copy of the free KV space that a policy spends while it plans a step. Spending it changes
+    nothing real; the core then applies the plan to the real manager."""
+
+    def allocate(self, req: Request, num_new_tokens: int) -> bool:
+        """Reserve room for ``num_new_tokens`` more tokens of ``req``; False (and nothing reserved) if none."""
+        ...
+
+    def release(self, req: Request) -> None:
+        """Return what ``req`` holds (a planned preemption)."""
+        ...
+
+    def can_swap_out(self, req: Request) -> bool:
+        ...
+
+
+class KVManager(Protocol):
+    """What the core and the policies need from a KV cache manager (paged or contiguous)."""
+
+    block_size: int
+    num_blocks: int
+
+    @property
+    def num_free_blocks(self) -> int: ...
+
+    @property
+    def num_used_blocks(self) -> int: ...
+
+    def num_cached_tokens(self, req: Request) -> int: ...
+
+    def can_ever_fit(self, req: Request) -> bool: ...
+
+    def allocate(self, req: Request, num_new_tokens: int) -> int: ...
+
+    def free(self, req: Request) -> None: ...
+
+    def swap_out(self, req: Request) -> int: ...
+
+    def swap_in(self, req: Request) -> int: ...
+
+    def can_grow(self, n: int) -> bool: ...
+
+    def grow_one(self, req: Request) -> None: ...
+
+    def budget(self) -> KVBudget: ...
+
+    def holds(self, req: Request) -> bool: ...
+
+
+class BlockError(RuntimeError):
+    """An allocation the core was told would fit did not: a policy planned past the free blocks."""
+
+
+class PagedBlockManager:
+    """vLLM-style paged KV: a request holds ``ceil(tokens / block_size)`` blocks, taken one at a time."""
+
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        *,
+        enable_prefix_caching: bool = False,
+        num_cpu_blocks: int = 0,
+    ) -> None:
+        if num_blocks < 1:
+            raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.enable_prefix_caching = enable_prefix_caching
+        self.num_cpu_blocks = num_cpu_blocks
+        self.ref_count = [0] * num_blocks
+        self.block_hash: list[int | None] = [None] * num_blocks
+        # Free queue, least recently freed first. With prefix caching a free block can be revived by a hit; its
+        # queue entry then goes stale and is skipped when it reaches the head (``in_free`` says which are live).
+        self._free: deque[int] = deque(range(num_blocks))
+        self._in_free = [True] * num_blocks
+        self._num_free = num_blocks
+        self.cached: dict[int, int] = {}  # prefix hash -> block holding it
+        self.tables: dict[int, list[int]] = {}  # request id -> block ids, in token order
+        self.cpu_tables: dict[int, int] = {}  # request id -> blocks held in CPU swap space
+        self.num_free_cpu_blocks = num_cpu_blocks
+        self._hashes: dict[int, list[int]] = {}  # request id -> chained hashes of its full prompt blocks
+        self.num_hit_tokens = 0  # prefix-cache statistics
+        self.num_queried_tokens = 0
+
+    # ---- read-only queries (policies may call these) -------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        return self._num_free
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - self._num_free
+
+    def holds(self, req: Request) -> bool:
+        return req.id in self.tables
+
+    def num_blocks_of(self, req: Request) -> int:
+        t = self.tables.get(req.id)
+        return 0 if t is None else len(t)
+
+    def can_ever_fit(self, req: Request) -> bool:
+        return cdiv(req.max_len, self.block_size) <= self.num_blocks
+
+    def prefix_hashes(self, req: Request) -> list[int]:
+        """Chained hashes of the request's full prompt blocks, derived from the workload's hash ids, so that
+        block j's hash names the whole prefix up to it (equal hash, equal prefix)."""
+        h = self._hashes.get(req.id)
+        if h is None:
+            spec = req.spec
+            h = []
+            if spec.hash_ids:
+                bs, hbs, ids = self.block_size, spec.hash_block_size, spec.hash_ids
+                prev, prev_src = 0, -1
+                for j in range(spec.prompt_len // bs):
+                    src = ((j + 1) * bs - 1) // hbs
+                    if src >= len(ids):
+                        break
+                    prev = hash((prev, tuple(ids[prev_src + 1 : src + 1]), j))
+                    prev_src = src
+                    h.append(prev)
+            self._hashes[req.id] = h
+        return h
+
+    def _hits(self, req: Request) -> list[int]:
+        """Blocks of the prefix cache that hold the request's leading full prompt blocks (at least one token is
+        always left to compute, so a fully cached prompt still recomputes its last block)."""
+        if not self.enable_prefix_caching or req.id in self.tables or not req.spec.hash_ids:
+            return []
+        max_blocks = (req.num_tokens - 1) // self.block_size
+        hits = []
+        for h in self.prefix_hashes(req)[:max_blocks]:
+            b = self.cached.get(h)
+            if b is None:
+                break
+            hits.append(b)
+        return hits
+
+    def num_cached_tokens(self, req: Request) -> int:
+        """Tokens of a request that holds no KV yet that the prefix cache already has."""
+        return len(self._hits(req)) * self.block_size
+
+    def blocks_needed(self, req: Request, num_new_tokens: int) -> int:
+        """Free blocks that ``allocate(req, num_new_tokens)`` would take (cache hits on used blocks are free)."""
+        table = self.tables.get(req.id)
+        if table is not None:
+            return max(0, cdiv(req.num_computed_tokens + num_new_tokens, self.block_size) - len(table))
+        swapped = self.cpu_tables.get(req.id)
+        if swapped is not None:  # beyond the blocks its swap-in brings back
+            return max(0, cdiv(req.num_computed_tokens + num_new_tokens, self.block_size) - swapped)
+        hits = self._hits(req)
+        computed = max(req.num_computed_tokens, len(hits) * self.block_size)
+        shared = sum(1 for b in hits if self.ref_count[b] > 0)
+        return cdiv(computed + num_new_tokens, self.block_size) - shared
+
+    # ---- mutations (the core calls these) ------------------------------------------------------------------
+    def _take_free(self) -> int:
+        free, in_free = self._free, self._in_free
+        while True:
+            b = free.popleft()
+            if in_free[b]:
+                break
+        in_free[b] = False
+        self._num_free -= 1
+        h = self.block_hash[b]
+        if h is not None:  # evict the prefix this free block still held
+            if self.cached.get(h) == b:
+                del self.cached[h]
+            self.block_hash[b] = None
+        self.ref_count[b] = 1
+        return b
+
+    def _release(self, b: int) -> None:
+        rc = self.ref_count[b] - 1
+        self.ref_count[b] = rc
+        if rc == 0:
+            self._in_free[b] = True
+            self._free.append(b)
+            self._num_free += 1
+
+    def allocate(self, req: Request, num_new_tokens: int) -> int:
+        """Make room for ``num_new_tokens`` more tokens. A request that holds no KV first takes its prefix-cache
+        hits, which advances its ``num_computed_tokens``. Returns the number of cached tokens it got."""
+        table = self.tables.get(req.id)
+        hit_tokens = 0
+        if table is None:
+            hits = self._hits(req)
+            if self.enable_prefix_caching and req.spec.hash_ids:
+                self.num_queried_tokens += req.num_tokens
+            table = []
+            for b in hits:
+                if self.ref_count[b] == 0:
+                    self._in_free[b] = False  # its queue entry goes stale
+                    self._num_free -= 1
+                self.ref_count[b] += 1
+                table.append(b)
+            if hits:
+                hit_tokens = len(hits) * self.block_size
+                if hit_tokens > req.num_computed_tokens:
+                    self.num_hit_tokens += hit_tokens - req.num_computed_tokens
+                    req.num_computed_tokens = hit_tokens
+                else:
+                    hit_tokens = 0
+            self.tables[req.id] = table
+        c0 = req.num_computed_tokens
+        total = c0 + num_new_tokens
+        need = cdiv(total, self.block_size) - len(table)
+        if need > self._num_free:
+            raise BlockError(f"request {req.id} needs {need} blocks, {self._num_free} free")
+        for _ in range(need):
+            table.append(self._take_free())
+        if self.enable_prefix_caching and req.spec.hash_ids and c0 < req.prompt_len:
+            self._register(req, table, c0 // self.block_size, min(total, req.prompt_len) // self.block_size)
+        return hit_tokens
+
+    def _register(self, req: Request, table: list[int], first: int, end: int) -> None:
+        """Publish the request's prompt blocks [first, end), now full, in the prefix cache."""
+        hashes = self.prefix_hashes(req)
+        for j in range(first, min(end, len(hashes))):
+            b = table[j]
+            if self.block_hash[b] is None:
+                h = hashes[j]
+                if h not in self.cached:
+                    self.cached[h] = b
+                    self.block_hash[b] = h
+
+    def can_grow(self, n: int) -> bool:
+        return n <= self._num_free
+
+    def grow_one(self, req: Request) -> None:
+        """Append one block to a decoding request's table (the decode fast path knows it crosses a boundary)."""
+        self.tables[req.id].append(self._take_free())
+
+    def free(self, req: Request) -> None:
+        """Release every block of the request. The tail is released first so that, with prefix caching, a
+        request's deepest blocks are evicted before the prefix others are likeliest to share."""
+        table = self.tables.pop(req.id, None)
+        if table is not None:
+            for b in reversed(table):
+                self._release(b)
+        self._hashes.pop(req.id, None)
+
+    def swap_out(self, req: Request) -> int:
+        """Move the request's KV to CPU swap space; returns blocks copied."""
+        n = len(self.tables[req.id])
+        if n > self.num_free_cpu_blocks:
+            raise BlockError(f"request {req.id} needs {n} CPU blocks, {self.num_free_cpu_blocks} free")
+        table = self.tables.pop(req.id)
+        for b in reversed(table):
+            self._release(b)
+        self.cpu_tables[req.id] = n
+        self.num_free_cpu_blocks -= n
+        return n
+
+    def swap_in(self, req: Request) -> int:
+        """Bring a swapped request's KV back into fresh GPU blocks; returns blocks copied."""
+        n = self.cpu_tables.pop(req.id)
+        if n > self._num_free:
+            self.cpu_tables[req.id] = n
+            raise BlockError(f"request {req.id} needs {n} blocks to swap in, {self._num_free} free")
+        self.num_free_cpu_blocks += n
+        self.tables[req.id] = [self._take_free() for _ in range(n)]
+        return n
+
+    def drop_swapped(self, req: Request) -> None:
+        """Forget a swapped request's CPU copy (it was aborted or rejected while swapped)."""
+        n = self.cpu_tables.pop(req.id, 0)
+        self.num_free_cpu_blocks += n
+
+    def budget(self) -> "PagedBudget":
+        return PagedBudget(self)
+
+    def check_invariants(self) -> None:
+        """Blocks are conserved and ref counts match the block tables (used by the property tests)."""
+        refs = [0] * self.num_blocks
+        for table in self.tables.values():
+            for b in table:
+                refs[b] += 1
+        assert refs == self.ref_count, "ref counts differ from block tables"
+        live_free = [b for b in set(self._free) if self._in_free[b]]
+        assert len(live_free) == self._num_free, "free count differs from free queue"
+        assert all(self.ref_count[b] == 0 for b in live_free), "a free block is referenced"
+        assert sum(1 for b in range(self.num_blocks) if self._in_free[b]) == self._num_free
+        assert self._num_free + sum(1 for r in self.ref_count if r > 0) == self.num_blocks, "blocks not conserved"
+        for h, b in self.cached.items():
+            assert self.block_hash[b] == h, "prefix cache points at a block holding another prefix"
+        assert 0 <= self.num_free_cpu_blocks <= self.num_cpu_blocks
+        assert self.num_cpu_blocks - self.num_free_cpu_blocks == sum(self.cpu_tables.values())
+
+
+class PagedBudget:
+    """Free-block arithmetic for planning a step against a ``PagedBlockManager``."""
+
+    __slots__ = ("_m", "free", "cpu_free", "_planned")
+
+    def __init__(self, m: PagedBlockManager) -> None:
+        self._m = m
+        self.free = m.num_free_blocks
+        self.cpu_free = m.num_free_cpu_blocks
+        self._planned: dict[int, int] = {}  # request id -> tokens planned this step
+
+    def allocate(self, req: Request, num_new_tokens: int) -> bool:
+        planned = self._planned.get(req.id, 0)
+        m = self._m
+        before = m.blocks_needed(req, planned) if planned else 0
+        need = m.blocks_needed(req, planned + num_new_tokens) - before
+        if need > self.free:
+            return False
+        self.free -= need
+        self._planned[req.id] = planned + num_new_tokens
+        return True
+
+    def release(self, req: Request) -> None:
+        m = self._m
+        table = m.tables.get(req.id, ())
+        self.free += sum(1 for b in table if m.ref_count[b] == 1)
+        planned = self._planned.pop(req.id, 0)
+        if planned:
+            self.free += m.blocks_needed(req, planned)
+
+    def can_swap_out(self, req: Request) -> bool:
+        return self._m.num_blocks_of(req) <= self.cpu_free
+
+    def swap_out(self, req: Request) -> None:
+        self.cpu_free -= self._m.num_blocks_of(req)
+        self.release(req)
+
+    def swap_in(self, req: Request) -> bool:
+        n = self._m.cpu_tables.get(req.id, 0)
+        if n > self.free:
+            return False
+        self.free -= n
+        self.cpu_free += n
+        return True

@@ -1,0 +1,443 @@
+"""Cost models: how long one step of a batch takes on a device.
+
+A cost model sees a step through ``StepShape``, a handful of integer aggregates of the batch. Every field may
+also be a numpy array, one entry per step: the simulator's decode fast-forward asks for many successive steps at
+once, and the same arithmetic then gives bit-identical times to asking one by one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+
+@dataclass(slots=True)
+class StepShape:
+    """What a step's duration depends on. Padding rows and tokens (static batching) are included: the GPU
+    computes them even though nobody receives their output."""
+
+    num_seqs: int | np.ndarray  # rows in the batch, padding rows included
+    num_tokens: int | np.ndarray  # new tokens computed (prefill + decode + padding): drives the linear layers
+    num_decode_seqs: int | np.ndarray  # rows computing exactly one token
+    kv_read_tokens: int | np.ndarray  # sum over rows of tokens attended (cached context + new): KV bytes read
+    attn_pairs: int | np.ndarray  # sum over rows of q*c + q*(q+1)/2 (causal query-key pairs): attention FLOPs
+    num_padding_tokens: int | np.ndarray = 0  # of num_tokens, how many are padding (wasted work)
+    swap_blocks: int | np.ndarray = 0  # KV blocks copied between GPU and CPU memory this step (out + in)
+
+
+class CostModel(Protocol):
+    """Predicts step times. Implementations: ``AnalyticCostModel`` (roofline from specs) and
+    ``FittedCostModel`` (coefficients fitted to a real engine by calibration)."""
+
+    def step_time(self, shape: StepShape) -> float | np.ndarray:
+        """Seconds the step takes (an array when the shape's fields are arrays)."""
+        ...
+
+    def step_flops(self, shape: StepShape) -> float | np.ndarray:
+        """Useful floating-point operations of the step (padding excluded), for model FLOPs utilisation."""
+        ...
+
+    @property
+    def peak_flops(self) -> float:
+        """The device's peak dense FLOP/s for the model's compute dtype, summed over its shards."""
+        ...
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Analytic (roofline) cost model
+
+import json  # noqa: E402  (kept below the protocol, which other modules import on its own)
+import math  # noqa: E402
+from dataclasses import field  # noqa: E402
+from os import PathLike  # noqa: E402
+from typing import Any, Callable, Mapping  # noqa: E402
+
+from pydantic import BaseModel, ConfigDict, Field  # noqa: E402
+
+from sim.specs import (  # noqa: E402
+    DTYPE_BITS,
+    GPUSpec,
+    ModelSpec,
+    activation_dtype,
+    canonical_dtype,
+    check_tensor_parallel,
+    kv_dtype_bytes,
+    resolve_kv_dtype,
+)
+
+# Defaults of AnalyticCostModel, with their reasons.
+# Large bf16 GEMMs reach 60-70% of the dense datasheet peak on Hopper and Ampere; a whole prefill, with its
+# smaller projections and elementwise kernels, sits near the low end.
+DEFAULT_COMPUTE_EFFICIENCY = 0.6
+# Decode GEMVs and paged-attention reads stream at 75-85% of the datasheet HBM bandwidth.
+DEFAULT_BANDWIDTH_EFFICIENCY = 0.8
+# Fixed time per step outside the GPU's arithmetic: scheduling, input preparation, kernel launch (mostly hidden
+# by CUDA graphs), sampling and output processing. An optimized engine (vLLM v1, CUDA graphs) spends about 1-2 ms;
+# with it an 8B bf16 batch-1 decode on an H100 comes out near 7.5 ms, as measured in practice.
+DEFAULT_STEP_OVERHEAD = 1.5e-3  # s per step
+# CPU work that grows with the batch: per-row input preparation, sampling bookkeeping, detokenization.
+DEFAULT_PER_REQUEST_OVERHEAD = 1.0e-5  # s per row per step
+# Weight-only quantized GEMMs (int8/int4, fp8 without fp8 tensor cores) dequantize inside the kernel (Marlin and
+# the like): near bf16 speed once compute-bound, a little slower.
+DEFAULT_DEQUANT_OVERHEAD = 0.1  # fraction added to the compute time of weight-only quantized matmuls
+# One all-reduce's fixed cost (NCCL or vLLM's custom all-reduce on NVLink: 5-20 us).
+DEFAULT_ALLREDUCE_LATENCY = 1.0e-5  # s per all-reduce
+
+
+def _is_array(*xs: Any) -> bool:
+    for x in xs:
+        if x.__class__ is np.ndarray:
+            return True
+    return False
+
+
+@dataclass(frozen=True, slots=True)
+class AnalyticCostModel:
+    """Step time from first principles: FLOPs and bytes moved against the GPU's peak rates.
+
+    A step's time is a sum of per-part rooflines, each part bound by whichever of compute or memory it waits on:
+
+        time = step_overhead + per_request_overhead * num_seqs
+             + max(linear FLOPs / compute rate,    (linear weights + activations) / bandwidth)
+             + max(attention FLOPs / compute rate, KV bytes read and written / bandwidth)
+             + tensor-parallel all-reduces + swap copies over PCIe
+
+    Summing the parts, rather than taking one global max, reflects that the linear layers and attention are
+    separate kernels: a long-context decode waits on KV reads in attention even when its linear layers are
+    memory-bound on the weights, and vice versa in a large prefill.
+
+    - Linear layers (per GPU shard): ``2 * body_matmul_params`` FLOPs per token, plus the LM head's
+      ``2 * vocab * hidden`` FLOPs per *row* (vLLM computes logits only at the positions that sample). Bytes: every
+      weight once per step, plus each matmul's input and output activations per token (fp32 logits per row).
+    - Attention: ``4 * layers * heads * head_dim`` FLOPs per causal query-key pair (``attn_pairs``), in bf16 (fp16
+      for fp16 models) whatever the weight format; bytes: ``(kv_read_tokens + num_tokens) * kv_bytes_per_token``
+      (the context read, the new tokens' KV written).
+    - Tensor parallelism (``tp > 1``): weights, heads and KV heads split over the GPUs (KV heads replicated when
+      ``tp`` exceeds them); two all-reduces per layer of ``num_tokens * hidden`` activations, ring cost
+      ``allreduce_latency + 2 (tp-1)/tp * bytes / link``, the link being NVLink (times ``bandwidth_efficiency``)
+      or, without NVLink, PCIe.
+    - Swaps: ``swap_blocks * block_size * kv_bytes_per_token`` (per GPU) over PCIe, serial with the step (vLLM
+      issues the copies before the forward).
+
+    Compute dtype of the linear layers: fp8 weights on a GPU with fp8 tensor cores compute at the fp8 peak
+    (W8A8, as vLLM does on Hopper and Ada). fp8 weights on a GPU without fp8 (A100) *fall back* to weight-only
+    fp8 (vLLM's Marlin path): one byte per weight, bf16 compute plus ``dequant_overhead``; int8 and int4 are
+    weight-only likewise. ``compute_dtype`` and ``weight_only`` tell which case applies.
+
+    Every ``StepShape`` field may be a numpy array (many steps at once): the same expression is evaluated, with
+    ``np.maximum`` for arrays and the built-in ``max`` for scalars (both the IEEE maximum), so the two forms are
+    bit-identical. A scalar shape gives a Python float.
+    """
+
+    model: ModelSpec
+    gpu: GPUSpec
+    weight_dtype: str = "bf16"
+    kv_dtype: str = "auto"  # "auto": the model's activation dtype
+    tensor_parallel_size: int = 1
+    block_size: int = 16  # tokens per KV block, for swap traffic
+    compute_efficiency: float = DEFAULT_COMPUTE_EFFICIENCY  # fraction of the dense peak FLOP/s matmuls achieve
+    bandwidth_efficiency: float = DEFAULT_BANDWIDTH_EFFICIENCY  # fraction of HBM (and NVLink) bandwidth achieved
+    attention_efficiency: float | None = None  # fraction of peak attention kernels achieve; None: compute_eff.
+    step_overhead: float = DEFAULT_STEP_OVERHEAD  # s per step
+    per_request_overhead: float = DEFAULT_PER_REQUEST_OVERHEAD  # s per row per step
+    dequant_overhead: float = DEFAULT_DEQUANT_OVERHEAD  # fraction added to weight-only quantized matmul time
+    allreduce_latency: float = DEFAULT_ALLREDUCE_LATENCY  # s per all-reduce (tp > 1 only)
+
+    # Derived in __post_init__.
+    compute_dtype: str = field(init=False)  # dtype of the linear layers' arithmetic
+    weight_only: bool = field(init=False)  # quantized weights dequantized to compute_dtype inside the GEMM
+    _k: tuple[float, ...] = field(init=False, repr=False, compare=False)
+    _flops: tuple[int, int, int] = field(init=False, repr=False, compare=False)
+    _peak: float = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        m = self.model if isinstance(self.model, ModelSpec) else ModelSpec.from_name(self.model)
+        g = self.gpu
+        if isinstance(g, str):
+            g = GPUSpec.from_name(g)
+        elif isinstance(g, Mapping):
+            g = GPUSpec.from_dict(g)
+        wd = canonical_dtype(self.weight_dtype)
+        kd = resolve_kv_dtype(self.kv_dtype, wd)
+        tp = check_tensor_parallel(m, self.tensor_parallel_size)
+        for name in ("compute_efficiency", "bandwidth_efficiency"):
+            v = getattr(self, name)
+            if not 0.0 < v <= 1.0:
+                raise ValueError(f"{name} must be in (0, 1], got {v}")
+        attn_eff = self.compute_efficiency if self.attention_efficiency is None else self.attention_efficiency
+        if not 0.0 < attn_eff <= 1.0:
+            raise ValueError(f"attention_efficiency must be in (0, 1], got {attn_eff}")
+        for name in ("step_overhead", "per_request_overhead", "dequant_overhead", "allreduce_latency"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+
+        act = activation_dtype(wd)
+        if wd in ("fp32", "bf16", "fp16"):
+            cd, weight_only = wd, False
+        elif wd == "fp8" and g.peak("fp8") > 0:
+            cd, weight_only = "fp8", False
+        else:  # int8 / int4 weight-only, or fp8 on a GPU without fp8 tensor cores
+            cd, weight_only = act, True
+        peak_lin = g.peak(cd)
+        peak_attn = g.peak(act)
+        if peak_lin <= 0 or peak_attn <= 0:
+            raise ValueError(f"GPU {g.name} has no {cd if peak_lin <= 0 else act} peak FLOP/s in its spec")
+
+        s = m.shard(tp)
+        act_b = DTYPE_BITS[act] / 8
+        bw = g.mem_bandwidth * self.bandwidth_efficiency
+        t_flop_lin = (1.0 + (self.dequant_overhead if weight_only else 0.0)) / (peak_lin * self.compute_efficiency)
+        t_flop_attn = 1.0 / (peak_attn * attn_eff)
+        h, hd = m.hidden_size, m.head_dim
+        n_up = 2 if m.mlp == "gated" else 1
+        # inputs + outputs of each matmul of one layer, per token (elementwise kernels assumed fused)
+        layer_act = (h + (s.num_attention_heads + 2 * s.num_key_value_heads) * hd  # qkv
+                     + s.num_attention_heads * hd + h  # o
+                     + h + n_up * s.intermediate_size  # up (and gate)
+                     + s.intermediate_size + h)  # down
+        act_bytes_token = m.num_layers * layer_act * act_b
+        act_bytes_row = m.word_embed_proj_dim * act_b + s.vocab_size * 4  # LM head input, fp32 logits
+        kv_token = 2 * m.num_layers * s.num_key_value_heads * hd * kv_dtype_bytes(kd)
+        if tp > 1:
+            link = g.nvlink_bandwidth * self.bandwidth_efficiency if g.nvlink_bandwidth > 0 else g.pcie_bandwidth
+            n_ar = 2 * m.num_layers
+            ar_const = n_ar * self.allreduce_latency
+            ar_token = n_ar * (2.0 * (tp - 1) / tp) * h * act_b / link
+        else:
+            ar_const = ar_token = 0.0
+        k = (
+            self.step_overhead,  # 0: s per step
+            self.per_request_overhead,  # 1: s per row
+            2.0 * s.body_matmul_params * t_flop_lin,  # 2: linear compute, s per token
+            2.0 * s.lm_head_params * t_flop_lin,  # 3: LM head compute, s per row
+            s.weight_bytes_read_per_step(wd) / bw,  # 4: weights, s per step
+            act_bytes_token / bw,  # 5: activations, s per token
+            act_bytes_row / bw,  # 6: LM head activations, s per row
+            4.0 * m.num_layers * s.num_attention_heads * hd * t_flop_attn,  # 7: attention, s per pair
+            kv_token / bw,  # 8: KV read or written, s per token
+            ar_const,  # 9: all-reduce latency, s per step
+            ar_token,  # 10: all-reduce transfer, s per token
+            self.block_size * kv_token / g.pcie_bandwidth,  # 11: swap, s per block
+        )
+        object.__setattr__(self, "model", m)
+        object.__setattr__(self, "gpu", g)
+        object.__setattr__(self, "weight_dtype", wd)
+        object.__setattr__(self, "kv_dtype", kd)
+        object.__setattr__(self, "compute_dtype", cd)
+        object.__setattr__(self, "weight_only", weight_only)
+        object.__setattr__(self, "_k", k)
+        body, head = m.shard(1).body_matmul_params, m.shard(1).lm_head_params
+        object.__setattr__(self, "_flops", (2 * body, 2 * head, m.attn_flops_per_pair))
+        object.__setattr__(self, "_peak", peak_lin * tp)
+
+    @property
+    def peak_flops(self) -> float:
+        """Dense peak FLOP/s of the linear layers' compute dtype, summed over the tensor-parallel GPUs."""
+        return self._peak
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """KV bytes per token on one GPU."""
+        return 2 * self.model.num_layers * self.model.shard(self.tensor_parallel_size).num_key_value_heads * \
+            self.model.head_dim * kv_dtype_bytes(self.kv_dtype)
+
+    def _parts(self, n_seqs: Any, n_tok: Any, kv_read: Any, pairs: Any, swap: Any,
+               mx: Callable[[Any, Any], Any]) -> tuple[Any, ...]:
+        # The one place the arithmetic is written: scalars and arrays go through the same operations in the
+        # same order, so both forms round identically.
+        k = self._k
+        overhead = k[0] + n_seqs * k[1]
+        linear = mx(n_tok * k[2] + n_seqs * k[3], k[4] + n_tok * k[5] + n_seqs * k[6])
+        attention = mx(pairs * k[7], (kv_read + n_tok) * k[8])
+        allreduce = k[9] + n_tok * k[10]
+        swap_t = swap * k[11]
+        return overhead, linear, attention, allreduce, swap_t
+
+    def step_time(self, shape: StepShape) -> float | np.ndarray:
+        """Seconds the step takes (an array when the shape's fields are arrays)."""
+        a, b, c, d, e = shape.num_seqs, shape.num_tokens, shape.kv_read_tokens, shape.attn_pairs, shape.swap_blocks
+        if _is_array(a, b, c, d, e):
+            o, lin, att, ar, sw = self._parts(a, b, c, d, e, np.maximum)
+            return o + lin + att + ar + sw
+        o, lin, att, ar, sw = self._parts(a, b, c, d, e, max)
+        return float(o + lin + att + ar + sw)
+
+    def breakdown(self, shape: StepShape) -> dict[str, Any]:
+        """The step time's parts in seconds (they sum to ``step_time``), and which bound each roofline part hit."""
+        a, b, c, d, e = shape.num_seqs, shape.num_tokens, shape.kv_read_tokens, shape.attn_pairs, shape.swap_blocks
+        k = self._k
+        o, lin, att, ar, sw = self._parts(a, b, c, d, e, np.maximum)
+        return {
+            "overhead": o,
+            "linear": lin,
+            "attention": att,
+            "allreduce": ar,
+            "swap": sw,
+            "linear_compute_bound": np.asarray(b * k[2] + a * k[3]) >= np.asarray(k[4] + b * k[5] + a * k[6]),
+            "attention_compute_bound": np.asarray(d * k[7]) >= np.asarray((c + b) * k[8]),
+        }
+
+    def step_flops(self, shape: StepShape) -> float | np.ndarray:
+        """Useful FLOPs of the step over all GPUs: linear layers for the non-padding tokens, the LM head for every
+        row, and attention for ``attn_pairs``. Tensor-parallel replication of KV projections is not counted."""
+        f_tok, f_row, f_pair = self._flops
+        a, b, p, d = shape.num_seqs, shape.num_tokens, shape.num_padding_tokens, shape.attn_pairs
+        r = (b - p) * f_tok + a * f_row + d * f_pair
+        return r if _is_array(a, b, p, d) else float(r)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Fitted cost model
+
+PROFILE_SCHEMA_VERSION = 1
+COEFFICIENT_NAMES = ("step", "token", "decode_seq", "seq", "attn_pair", "kv_read_token", "swap_block")
+
+
+class ProfileCoefficients(BaseModel):
+    """Seconds per unit of each ``StepShape`` aggregate; all >= 0, absent ones are 0."""
+
+    model_config = ConfigDict(extra="forbid")
+    step: float = Field(0.0, ge=0, description="s per step (fixed overhead)")
+    token: float = Field(0.0, ge=0, description="s per new token computed (num_tokens)")
+    decode_seq: float = Field(0.0, ge=0, description="s per decode row (num_decode_seqs)")
+    seq: float = Field(0.0, ge=0, description="s per row (num_seqs)")
+    attn_pair: float = Field(0.0, ge=0, description="s per causal query-key pair (attn_pairs)")
+    kv_read_token: float = Field(0.0, ge=0, description="s per token of KV read (kv_read_tokens)")
+    swap_block: float = Field(0.0, ge=0, description="s per KV block swapped (swap_blocks)")
+
+
+class ProfileFlops(BaseModel):
+    """Model FLOPs per unit, for ``step_flops`` (model FLOPs utilisation)."""
+
+    model_config = ConfigDict(extra="forbid")
+    token: float = Field(0.0, ge=0, description="FLOPs per non-padding token (2 x body matmul params)")
+    seq: float = Field(0.0, ge=0, description="FLOPs per row (2 x LM head params)")
+    attn_pair: float = Field(0.0, ge=0, description="FLOPs per query-key pair (4 x layers x heads x head_dim)")
+
+
+class CalibrationProfile(BaseModel):
+    """The file ``FittedCostModel.from_profile`` reads (JSON)::
+
+        {
+          "schema_version": 1,
+          "model": "llama-3.1-8b",            # preset name, or a Hugging Face config dict, or any label
+          "device": "NVIDIA H200",            # free text
+          "coefficients": {"step": 1.4e-3, "token": 2.0e-5, "decode_seq": 0.0, "seq": 8e-6,
+                           "attn_pair": 1.1e-11, "kv_read_token": 4.0e-8, "swap_block": 6e-5},
+          "peak_flops": 9.894e14,             # optional: FLOP/s of the device (all shards); 0 -> MFU is NaN
+          "flops": {"token": ..., "seq": ..., "attn_pair": ...},   # optional; default from "model" when it is
+                                                                   # a preset name or a config dict, else 0
+          "provenance": {"date": "...", "torch": "...", "engine_commit": "...", "grid": "...", "rmse": ...}
+        }
+
+    Coefficient units are seconds per unit (see ``ProfileCoefficients``); unknown keys are refused so that a
+    misspelt coefficient cannot silently count as zero.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    schema_version: int = PROFILE_SCHEMA_VERSION
+    model: str | dict[str, Any] = ""
+    device: str = ""
+    coefficients: ProfileCoefficients
+    peak_flops: float = Field(0.0, ge=0)
+    flops: ProfileFlops | None = None
+    provenance: dict[str, Any] = Field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class FittedCostModel:
+    """Step time as a non-negative linear combination of the ``StepShape`` aggregates, with coefficients fitted
+    to a real engine by calibration::
+
+        time = step + token * num_tokens + decode_seq * num_decode_seqs + seq * num_seqs
+             + attn_pair * attn_pairs + kv_read_token * kv_read_tokens + swap_block * swap_blocks
+
+    Scalar and array shapes give bit-identical results (the same expression). Load one with ``from_profile``;
+    the file format is ``CalibrationProfile``.
+    """
+
+    step: float = 0.0  # s per step
+    token: float = 0.0  # s per new token
+    decode_seq: float = 0.0  # s per decode row
+    seq: float = 0.0  # s per row
+    attn_pair: float = 0.0  # s per causal query-key pair
+    kv_read_token: float = 0.0  # s per token of KV read
+    swap_block: float = 0.0  # s per KV block swapped
+    peak_flops: float = 0.0  # FLOP/s of the device over all shards; 0: unknown (MFU reported as NaN)
+    flops_per_token: float = 0.0  # model FLOPs per non-padding token
+    flops_per_seq: float = 0.0  # model FLOPs per row (LM head)
+    flops_per_attn_pair: float = 0.0  # model FLOPs per query-key pair
+    model: str = ""
+    device: str = ""
+    provenance: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        for name in COEFFICIENT_NAMES + ("peak_flops", "flops_per_token", "flops_per_seq", "flops_per_attn_pair"):
+            v = getattr(self, name)
+            if not (v >= 0 and math.isfinite(v)):
+                raise ValueError(f"FittedCostModel: {name} must be finite and >= 0, got {v}")
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "FittedCostModel":
+        """From a parsed profile (see ``CalibrationProfile``)."""
+        p = CalibrationProfile.model_validate(dict(data))
+        if p.schema_version != PROFILE_SCHEMA_VERSION:
+            raise ValueError(f"calibration profile schema_version {p.schema_version} is not supported "
+                             f"(expected {PROFILE_SCHEMA_VERSION})")
+        flops = p.flops
+        label = p.model if isinstance(p.model, str) else str(p.model.get("_name_or_path", "custom"))
+        if flops is None:
+            spec = None
+            if isinstance(p.model, dict):
+                spec = ModelSpec.from_hf_config(p.model)
+            elif p.model:
+                try:
+                    spec = ModelSpec.from_name(p.model)
+                except ValueError:
+                    spec = None
+            if spec is not None:
+                s = spec.shard(1)
+                flops = ProfileFlops(token=2.0 * s.body_matmul_params, seq=2.0 * s.lm_head_params,
+                                     attn_pair=float(spec.attn_flops_per_pair))
+            else:
+                flops = ProfileFlops()
+        return cls(**p.coefficients.model_dump(), peak_flops=p.peak_flops, flops_per_token=flops.token,
+                   flops_per_seq=flops.seq, flops_per_attn_pair=flops.attn_pair, model=label, device=p.device,
+                   provenance=dict(p.provenance))
+
+    @classmethod
+    def from_profile(cls, path: str | PathLike[str]) -> "FittedCostModel":
+        """Load a calibration profile JSON file."""
+        with open(path) as f:
+            return cls.from_dict(json.load(f))
+
+    def to_dict(self) -> dict[str, Any]:
+        """This model as a profile dict (``from_dict`` reads it back)."""
+        return {
+            "schema_version": PROFILE_SCHEMA_VERSION,
+            "model": self.model,
+            "device": self.device,
+            "coefficients": {n: getattr(self, n) for n in COEFFICIENT_NAMES},
+            "peak_flops": self.peak_flops,
+            "flops": {"token": self.flops_per_token, "seq": self.flops_per_seq,
+                      "attn_pair": self.flops_per_attn_pair},
+            "provenance": dict(self.provenance),
+        }
+
+    def step_time(self, shape: StepShape) -> float | np.ndarray:
+        """Seconds the step takes (an array when the shape's fields are arrays)."""
+        a, b, c = shape.num_seqs, shape.num_tokens, shape.num_decode_seqs
+        d, e, f = shape.attn_pairs, shape.kv_read_tokens, shape.swap_blocks
+        t = (self.step + b * self.token + c * self.decode_seq + a * self.seq + d * self.attn_pair
+             + e * self.kv_read_token + f * self.swap_block)
+        return t if _is_array(a, b, c, d, e, f) else float(t)
+
+    def step_flops(self, shape: StepShape) -> float | np.ndarray:
+        """Useful model FLOPs of the step (0 when the profile names no model FLOPs)."""
+        a, b, p, d = shape.num_seqs, shape.num_tokens, shape.num_padding_tokens, shape.attn_pairs
+        r = (b - p) * self.flops_per_token + a * self.flops_per_seq + d * self.flops_per_attn_pair
+        return r if _is_array(a, b, p, d) else float(r)

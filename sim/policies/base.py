@@ -1,0 +1,164 @@
+"""The narrow waist between the serving core and the scheduling policies.
+
+A policy looks at a read-only ``View`` of the core and returns a ``Plan``: which requests compute how many
+tokens this step, which are preempted (by recompute or by swap), which come back from swap, and which are
+rejected. It never mutates anything; the core checks the plan against the limits and the free blocks and
+applies it. No policy knows whether the simulator or the real engine executes the step.
+
+A policy's decision may change only when the waiting, running or swapped sets change, a request finishes,
+a block allocation would fail, or the time its ``wake_time`` names has passed. The core relies on this to run
+long stretches of pure decode steps without asking the policy each step (the decode fast path).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from sim.block_manager import KVBudget, KVManager
+from sim.request import Request
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Per-step limits, with vLLM's names."""
+
+    max_num_seqs: int = 256  # requests in one step at most
+    max_num_batched_tokens: int = 8192  # tokens computed in one step at most (padding excluded)
+    max_model_len: int = 8192  # prompt plus output tokens a request may hold
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """Admission control: who is refused instead of queued forever. Rejections are counted, never dropped."""
+
+    max_queue_len: int | None = None  # reject arrivals beyond this many waiting requests
+    max_queue_delay: float | None = None  # seconds; reject a request still waiting (never run) after this long
+
+    def deadline(self, waiting: deque[Request]) -> float | None:
+        """When the oldest never-scheduled request will have waited too long."""
+        if self.max_queue_delay is None:
+            return None
+        for r in waiting:
+            if r.first_scheduled < 0:
+                return r.arrival + self.max_queue_delay
+        return None
+
+    def on_arrival(self, req: Request, view: "View") -> str | None:
+        """Why a newly arrived request is refused at once (as an API server answers an error), or None."""
+        kv, limits = view.kv, view.limits
+        if req.max_len > limits.max_model_len:
+            return f"prompt+output {req.max_len} tokens exceeds max_model_len {limits.max_model_len}"
+        if not kv.can_ever_fit(req):
+            return f"needs more KV than the whole cache ({kv.num_blocks} blocks of {kv.block_size} tokens)"
+        if self.max_queue_len is not None and len(view.waiting) >= self.max_queue_len:
+            return f"queue already holds max_queue_len {self.max_queue_len} requests"
+        return None
+
+    def rejections(self, view: "View") -> list[tuple[Request, str]]:
+        """Waiting requests that have waited too long without ever being scheduled."""
+        if self.max_queue_delay is None:
+            return []
+        out: list[tuple[Request, str]] = []
+        limit = view.now - self.max_queue_delay
+        for r in view.waiting:  # FCFS, so the never-scheduled ones are in arrival order
+            if r.first_scheduled >= 0:
+                continue  # preempted, not new: it has been admitted once
+            if r.arrival > limit:
+                break
+            out.append((r, f"waited longer than max_queue_delay {self.max_queue_delay} s"))
+        return out
+
+
+@dataclass(slots=True)
+class View:
+    """What a policy may look at. The queues are the core's own containers: read them, never change them."""
+
+    now: float
+    waiting: deque[Request]  # FCFS; recompute-preempted requests go back to the front
+    running: list[Request]  # in admission order; the last is the first preemption victim
+    swapped: deque[Request]
+    kv: KVManager
+    limits: Limits
+
+    def budget(self) -> KVBudget:
+        """A scratch copy of the free KV space to plan with."""
+        return self.kv.budget()
+
+
+@dataclass(slots=True)
+class Plan:
+    """A policy's decision for one step. The core applies: rejections, preemptions, swap-ins, then the
+    scheduled list in order (a waiting request listed there is admitted)."""
+
+    scheduled: list[tuple[Request, int]] = field(default_factory=list)  # (request, new tokens to compute)
+    preempt: list[tuple[Request, str]] = field(default_factory=list)  # (running request, "recompute" | "swap")
+    swap_in: list[Request] = field(default_factory=list)  # swapped requests brought back (also scheduled)
+    reject: list[tuple[Request, str]] = field(default_factory=list)  # (waiting or swapped request, reason)
+    padded_rows: int = 0  # rows the step computes for nobody (static batching keeps finished rows)
+    pad_to_longest: bool = False  # every row computes as many tokens as the longest row (padded prefill)
+
+    @property
+    def is_decode_only(self) -> bool:
+        """Every scheduled request computes exactly one token and nothing else happens: the shape the decode
+        fast path may repeat."""
+        return (
+            bool(self.scheduled)
+            and not (self.preempt or self.swap_in or self.reject)
+            and all(n == 1 for _, n in self.scheduled)
+        )
+
+
+class Policy(Protocol):
+    """A scheduling policy. ``limits`` are checked by the core against every plan."""
+
+    limits: Limits
+
+    def schedule(self, view: View) -> Plan:
+        ...
+
+    def wake_time(self, view: View) -> float | None:
+        """The next time the policy's decision may change without any arrival or finish (a batch timeout, an
+        admission deadline), or None."""
+        ...
+
+
+def preempt_for(
+    req: Request,
+    n: int,
+    running: list[Request],
+    budget: KVBudget,
+    plan: Plan,
+    mode: str,
+    taken: set[int],
+) -> bool:
+    """Free KV for ``req`` to compute ``n`` tokens by preempting the latest-admitted running requests not yet
+    planned this step, as vLLM does. Returns False when ``req`` itself had to be preempted."""
+    while not budget.allocate(req, n):
+        victim = None
+        for r in reversed(running):
+            if r.id not in taken:
+                victim = r
+                break
+        if victim is None or victim is req:
+            _preempt(req, budget, plan, mode)
+            taken.add(req.id)
+            return False
+        _preempt(victim, budget, plan, mode)
+        taken.add(victim.id)
+    return True
+
+
+def _preempt(req: Request, budget: KVBudget, plan: Plan, mode: str) -> None:
+    if mode == "swap" and budget.can_swap_out(req):
+        budget.swap_out(req)  # type: ignore[attr-defined]
+        plan.preempt.append((req, "swap"))
+    else:  # recompute, or swap space is full
+        budget.release(req)
+        plan.preempt.append((req, "recompute"))

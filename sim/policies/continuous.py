@@ -1,0 +1,122 @@
+"""Continuous (iteration-level) batching, as vLLM schedules it.
+
+Every step, running requests keep their places and waiting requests are admitted into free sequence slots
+while the token budget and the KV blocks allow. Three flavours:
+
+- ``enable_chunked_prefill``: running requests first (decodes and unfinished prompt chunks), then new
+  prompts cut into chunks to fill the rest of the ``max_num_batched_tokens`` budget (vLLM v1's scheduler);
+- ``prefill_first`` without chunking: a step either admits whole prompts, or decodes everything running
+  (vLLM v0's default; decodes stall while prompts are computed);
+- ``mixed`` without chunking: decodes plus whole prompts that fit the remaining budget in one step.
+
+When a running request cannot get a block, the latest-admitted running request is preempted, by recompute
+(its KV is dropped and rebuilt later) or by swap (its KV is copied to CPU memory), as vLLM does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sim.policies.base import Admission, Limits, Plan, View, preempt_for
+
+
+@dataclass(slots=True)
+class ContinuousPolicy:
+    limits: Limits = field(default_factory=Limits)
+    enable_chunked_prefill: bool = False
+    prefill_mode: str = "prefill_first"  # without chunking: "prefill_first" or "mixed"
+    preemption_mode: str = "recompute"  # "recompute" or "swap"
+    admission: Admission = field(default_factory=Admission)
+
+    def __post_init__(self) -> None:
+        if self.prefill_mode not in ("prefill_first", "mixed"):
+            raise ValueError(f"prefill_mode must be 'prefill_first' or 'mixed', got {self.prefill_mode!r}")
+        if self.preemption_mode not in ("recompute", "swap"):
+            raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got {self.preemption_mode!r}")
+        lim = self.limits
+        if not self.enable_chunked_prefill and lim.max_model_len > lim.max_num_batched_tokens:
+            # as vLLM refuses at start: a prompt longer than one step's budget could never be scheduled
+            raise ValueError(
+                f"max_model_len {lim.max_model_len} exceeds max_num_batched_tokens {lim.max_num_batched_tokens}: "
+                "raise max_num_batched_tokens, lower max_model_len, or set enable_chunked_prefill"
+            )
+
+    def wake_time(self, view: View) -> float | None:
+        return self.admission.deadline(view.waiting)
+
+    def schedule(self, view: View) -> Plan:
+        plan = Plan(reject=self.admission.rejections(view))
+        rejected = {r.id for r, _ in plan.reject}
+        budget = view.budget()
+        if self.enable_chunked_prefill or self.prefill_mode == "mixed":
+            tokens = self._schedule_running(view, plan, budget, self.limits.max_num_batched_tokens)
+            if not plan.preempt:
+                tokens = self._schedule_swapped(view, plan, budget, tokens)
+                if not view.swapped or len(plan.swap_in) == len(view.swapped):
+                    self._schedule_waiting(view, plan, budget, tokens, rejected)
+            return plan
+        # prefill-first: a step of new prompts if any can start, else a step of decodes
+        if not view.swapped:
+            self._schedule_waiting(view, plan, budget, self.limits.max_num_batched_tokens, rejected)
+            if plan.scheduled:
+                return plan
+        tokens = self._schedule_running(view, plan, budget, self.limits.max_num_batched_tokens)
+        if not plan.preempt:
+            self._schedule_swapped(view, plan, budget, tokens)
+        return plan
+
+    def _schedule_running(self, view: View, plan: Plan, budget, tokens: int) -> int:
+        taken: set[int] = set()
+        chunked = self.enable_chunked_prefill
+        for r in view.running:
+            if r.id in taken:
+                continue  # preempted to make room for an earlier request
+            n = r.num_remaining
+            if chunked:
+                n = min(n, tokens)
+            elif n > tokens:
+                continue
+            if n <= 0:
+                break
+            if not preempt_for(r, n, view.running, budget, plan, self.preemption_mode, taken):
+                continue
+            taken.add(r.id)
+            plan.scheduled.append((r, n))
+            tokens -= n
+        return tokens
+
+    def _schedule_swapped(self, view: View, plan: Plan, budget, tokens: int) -> int:
+        for r in view.swapped:
+            n = r.num_remaining
+            if len(plan.scheduled) >= self.limits.max_num_seqs or n > tokens:
+                break
+            if not budget.swap_in(r):
+                break
+            if not budget.allocate(r, n):
+                budget.release(r)
+                break
+            plan.swap_in.append(r)
+            plan.scheduled.append((r, n))
+            tokens -= n
+        return tokens
+
+    def _schedule_waiting(self, view: View, plan: Plan, budget, tokens: int, rejected: set[int]) -> int:
+        num_seqs = len(view.running) - len(plan.preempt) + len(plan.swap_in)
+        if not (self.enable_chunked_prefill or self.prefill_mode == "mixed"):
+            num_seqs = len(view.running)  # prefill-first: the running requests still hold their slots
+        for r in view.waiting:
+            if r.id in rejected:
+                continue
+            if num_seqs >= self.limits.max_num_seqs or tokens <= 0:
+                break
+            n = r.num_tokens - max(r.num_computed_tokens, view.kv.num_cached_tokens(r))
+            if self.enable_chunked_prefill:
+                n = min(n, tokens)
+            elif n > tokens:
+                break
+            if not budget.allocate(r, n):
+                break
+            plan.scheduled.append((r, n))
+            tokens -= n
+            num_seqs += 1
+        return tokens

@@ -1,0 +1,107 @@
+"""Requests: the immutable workload item and the mutable serving state.
+
+The state follows vLLM v1: a request holds ``num_tokens`` (prompt plus tokens generated so far) and
+``num_computed_tokens`` (tokens whose KV is in the cache). A step lets a request catch up by some number of
+tokens; when it has caught up, one new token is sampled. Prefill, chunked prefill, decode and recompute after
+preemption are therefore the same rule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class Status(str, Enum):
+    WAITING = "waiting"  # queued, holds no KV (new, or preempted by recompute)
+    RUNNING = "running"  # holds KV on the GPU
+    SWAPPED = "swapped"  # preempted by swap: its KV lives in CPU memory
+    FINISHED = "finished"
+
+
+class Outcome(str, Enum):
+    COMPLETED = "completed"
+    REJECTED = "rejected"  # refused by admission control; never ran to completion
+    FAILED = "failed"  # aborted mid-flight (error, cancellation, out of memory)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestSpec:
+    """One request of a workload, as the client sends it. Identical for every compared variant."""
+
+    id: int
+    arrival: float  # seconds since the start of the run
+    prompt_len: int  # prompt tokens
+    output_len: int  # tokens to generate (end of sequence ignored, as in `vllm bench serve`)
+    # Prefix identity: hash_ids[i] names prompt tokens [i*hash_block_size, (i+1)*hash_block_size). Equal ids at
+    # equal positions mean an equal prefix up to there (the Mooncake trace's convention). Empty: no sharing.
+    hash_ids: tuple[int, ...] = ()
+    hash_block_size: int = 512
+    session_id: int | None = None  # conversation or closed-loop user the request belongs to
+
+    def __post_init__(self) -> None:
+        if self.prompt_len < 1:
+            raise ValueError(f"request {self.id}: prompt_len must be >= 1, got {self.prompt_len}")
+        if self.output_len < 1:
+            raise ValueError(f"request {self.id}: output_len must be >= 1, got {self.output_len}")
+        if self.arrival < 0:
+            raise ValueError(f"request {self.id}: arrival must be >= 0, got {self.arrival}")
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    """Serving state of one request. Owned by the core; policies read it through the view."""
+
+    spec: RequestSpec
+    arrival: float  # may differ from spec.arrival in closed-loop runs, where a user sends after a think time
+    status: Status = Status.WAITING
+    num_computed_tokens: int = 0
+    num_output_tokens: int = 0  # tokens generated so far (survive recompute preemption)
+    first_scheduled: float = -1.0
+    first_token: float = -1.0
+    last_token: float = -1.0
+    finish: float = -1.0
+    num_preemptions: int = 0
+    outcome: Outcome | None = None
+    reason: str = ""  # why a request was rejected or failed
+    replica: int = 0
+    # Optional per-token timestamps; kept only when the run asks for them (they are large at scale).
+    token_times: list[float] | None = field(default=None)
+
+    @property
+    def id(self) -> int:
+        return self.spec.id
+
+    @property
+    def prompt_len(self) -> int:
+        return self.spec.prompt_len
+
+    @property
+    def output_len(self) -> int:
+        return self.spec.output_len
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus generated tokens: what the KV cache must hold to sample the next token."""
+        return self.spec.prompt_len + self.num_output_tokens
+
+    @property
+    def num_remaining(self) -> int:
+        """Tokens to compute before the next token is sampled."""
+        return self.spec.prompt_len + self.num_output_tokens - self.num_computed_tokens
+
+    @property
+    def max_len(self) -> int:
+        """Tokens the request will hold at most: prompt plus all its output."""
+        return self.spec.prompt_len + self.spec.output_len
+
+    @property
+    def is_prefill(self) -> bool:
+        """True while the request computes more than one token to reach its next sample."""
+        return self.num_remaining > 1
+
+    def __repr__(self) -> str:
+        return (
+            f"Request(id={self.id}, {self.status.value}, computed={self.num_computed_tokens}/"
+            f"{self.num_tokens}, out={self.num_output_tokens}/{self.output_len})"
+        )

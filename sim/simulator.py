@@ -1,0 +1,207 @@
+"""The simulator: SimPy processes for arrivals and for each replica's step loop, timed by a cost model.
+
+Each replica is a ``ServingCore`` plus a ``CostModel``. Its process asks the core for a batch, waits the
+predicted step time on the SimPy clock, and completes the batch; with nothing to run it sleeps until a request
+arrives or the policy's wake time (a batch timeout, an admission deadline) comes. Arrivals are open loop
+(the workload's arrival times) or closed loop (each user sends its next request a think time after its
+previous one ended).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import simpy
+
+from sim.core import ServingCore
+from sim.costmodel import CostModel
+from sim.records import RequestRecord, RunResult
+from sim.request import Request, RequestSpec
+
+
+@dataclass(frozen=True, slots=True)
+class ClosedLoopPlan:
+    """Closed-loop traffic: ``num_users`` users; user u sends the requests whose session_id is u, in id order,
+    each ``think_times[id]`` seconds after its previous request ended (the first one at time 0)."""
+
+    num_users: int
+    think_times: np.ndarray
+
+
+class Replica:
+    """One serving instance (a GPU or a tensor-parallel group) in the simulation."""
+
+    def __init__(self, env: simpy.Environment, core: ServingCore, cost: CostModel, index: int = 0) -> None:
+        self.env = env
+        self.core = core
+        self.cost = cost
+        self.index = index
+        self.busy_until = 0.0
+        self._idle: simpy.Event | None = None
+        self.closed = False  # no more arrivals will come
+        self.process = env.process(self._loop())
+
+    def submit(self, req: Request) -> None:
+        req.replica = self.index
+        self.core.add_request(req, self.env.now)
+        self.poke()
+
+    def poke(self) -> None:
+        """Wake the step loop if it sleeps."""
+        if self._idle is not None and not self._idle.triggered:
+            self._idle.succeed()
+
+    def _loop(self):
+        env, core, cost = self.env, self.core, self.cost
+        step_time, step_flops = cost.step_time, cost.step_flops
+        while True:
+            batch = core.schedule(env.now)
+            if batch is None:
+                if self.closed and not core.has_work:
+                    return
+                self._idle = env.event()
+                wake = core.wake_time(env.now) if core.has_work else None
+                if wake is not None and wake > env.now:
+                    yield env.any_of([self._idle, env.timeout(wake - env.now)])
+                else:
+                    yield self._idle
+                self._idle = None
+                continue
+            duration = float(step_time(batch.shape))
+            flops = float(step_flops(batch.shape))
+            yield env.timeout(duration)
+            self.busy_until = env.now
+            core.complete(batch, env.now, flops)
+
+
+Router = Callable[[Request, Sequence[Replica]], int]
+
+
+def round_robin() -> Router:
+    state = {"next": 0}
+
+    def route(req: Request, replicas: Sequence[Replica]) -> int:
+        i = state["next"] % len(replicas)
+        state["next"] += 1
+        return i
+
+    return route
+
+
+class Simulation:
+    """Wire a workload to replicas and run it to the end (every request completed, rejected or failed)."""
+
+    def __init__(
+        self,
+        specs: Sequence[RequestSpec],
+        cores_and_costs: Sequence[tuple[ServingCore, CostModel]],
+        *,
+        closed_loop: ClosedLoopPlan | None = None,
+        router: Router | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> None:
+        self.env = simpy.Environment()
+        self.specs = list(specs)
+        self.replicas = [Replica(self.env, c, m, i) for i, (c, m) in enumerate(cores_and_costs)]
+        self.router = router or round_robin()
+        self.closed_loop = closed_loop
+        self.progress = progress
+        self.requests: list[Request] = []
+        self._finished = 0
+        for rep in self.replicas:
+            rep.core.on_finish = self._on_finish
+        if closed_loop is None:
+            self.env.process(self._open_loop())
+        else:
+            self._user_queues: list[list[RequestSpec]] = [[] for _ in range(closed_loop.num_users)]
+            for s in sorted(self.specs, key=lambda s: s.id):
+                self._user_queues[s.session_id or 0].append(s)
+            self._user_pos = [0] * closed_loop.num_users
+            self._pending_users = closed_loop.num_users
+            for u in range(closed_loop.num_users):
+                self.env.process(self._user_send(u, 0.0))
+
+    def _dispatch(self, spec: RequestSpec) -> None:
+        req = Request(spec=spec, arrival=self.env.now)
+        self.requests.append(req)
+        self.replicas[self.router(req, self.replicas)].submit(req)
+
+    def _close(self) -> None:
+        for rep in self.replicas:
+            rep.closed = True
+            rep.poke()
+
+    def _open_loop(self):
+        env = self.env
+        for spec in sorted(self.specs, key=lambda s: (s.arrival, s.id)):
+            if spec.arrival > env.now:
+                yield env.timeout(spec.arrival - env.now)
+            self._dispatch(spec)
+        self._close()
+
+    def _user_send(self, user: int, delay: float):
+        if delay > 0:
+            yield self.env.timeout(delay)
+        queue = self._user_queues[user]
+        pos = self._user_pos[user]
+        if pos >= len(queue):
+            self._pending_users -= 1
+            if self._pending_users == 0:
+                self._close()
+            return
+        self._user_pos[user] = pos + 1
+        self._dispatch(queue[pos])
+
+    def _on_finish(self, req: Request) -> None:
+        self._finished += 1
+        if self.progress is not None:
+            self.progress(1)
+        if self.closed_loop is not None:
+            user = req.spec.session_id or 0
+            self.env.process(self._user_send(user, float(self.closed_loop.think_times[req.id])))
+
+    def run(self) -> None:
+        self.env.run()
+        unfinished = [r for r in self.requests if r.outcome is None]
+        if unfinished or len(self.requests) != len(self.specs):
+            raise RuntimeError(
+                f"simulation stalled: {len(unfinished)} requests without outcome, "
+                f"{len(self.specs) - len(self.requests)} never sent (a policy never schedules them?)"
+            )
+
+
+def result_of(
+    name: str,
+    requests: Sequence[Request],
+    core: ServingCore,
+    cost: CostModel,
+    *,
+    config: dict | None = None,
+    weight_bytes: float = 0.0,
+    kv_bytes_per_block: float = 0.0,
+) -> RunResult:
+    """Gather one replica's records into a ``RunResult``."""
+    records = [RequestRecord.from_request(r) for r in sorted(requests, key=lambda r: r.id)]
+    gaps, counts = core.gaps.arrays()
+    # One canonical form of the pooled gaps (sorted distinct values with their counts), so that the summary
+    # does not depend on whether the gaps were recorded one by one or a decode stretch at a time.
+    uniq, inverse = np.unique(gaps, return_inverse=True)
+    counts = np.bincount(inverse, weights=counts, minlength=len(uniq)).astype(np.int64)
+    start = min((r.arrival for r in records), default=0.0)
+    end = max((r.finish for r in records), default=0.0)
+    return RunResult(
+        name=name,
+        requests=records,
+        steps=core.steps.columns(),
+        itl_gaps=uniq,
+        itl_counts=counts,
+        duration=max(end - start, 0.0),
+        peak_flops=float(cost.peak_flops),
+        kv_capacity_blocks=core.kv.num_blocks,
+        block_size=core.kv.block_size,
+        weight_bytes=weight_bytes,
+        kv_bytes_per_block=kv_bytes_per_block,
+        config=config,
+    )
