@@ -39,6 +39,7 @@ class KVManager(Protocol):
 
     block_size: int
     num_blocks: int
+    grows_on_decode: bool  # decoding takes new blocks (paged) or writes into a reservation (contiguous)
 
     @property
     def num_free_blocks(self) -> int: ...
@@ -74,6 +75,8 @@ class BlockError(RuntimeError):
 class PagedBlockManager:
     """vLLM-style paged KV: a request holds ``ceil(tokens / block_size)`` blocks, taken one at a time."""
 
+    grows_on_decode = True
+
     def __init__(
         self,
         num_blocks: int,
@@ -90,11 +93,15 @@ class PagedBlockManager:
         self.num_blocks = num_blocks
         self.enable_prefix_caching = enable_prefix_caching
         self.num_cpu_blocks = num_cpu_blocks
+        # Reference counts are kept only with prefix caching, the one case where blocks are shared; without it
+        # every block in a table has exactly one reference and the free list is a plain stack (bulk slicing).
         self.ref_count = [0] * num_blocks
         self.block_hash: list[int | None] = [None] * num_blocks
         # Free queue, least recently freed first. With prefix caching a free block can be revived by a hit; its
         # queue entry then goes stale and is skipped when it reaches the head (``in_free`` says which are live).
-        self._free: deque[int] = deque(range(num_blocks))
+        self._free: deque[int] | list[int] = (
+            deque(range(num_blocks)) if enable_prefix_caching else list(range(num_blocks - 1, -1, -1))
+        )
         self._in_free = [True] * num_blocks
         self._num_free = num_blocks
         self.cached: dict[int, int] = {}  # prefix hash -> block holding it
@@ -172,7 +179,7 @@ class PagedBlockManager:
             return max(0, cdiv(req.num_computed_tokens + num_new_tokens, self.block_size) - swapped)
         hits = self._hits(req)
         computed = max(req.num_computed_tokens, len(hits) * self.block_size)
-        shared = sum(1 for b in hits if self.ref_count[b] > 0)
+        shared = sum(1 for b in hits if self.ref_count[b] > 0)  # hits exist only with prefix caching
         return cdiv(computed + num_new_tokens, self.block_size) - shared
 
     # ---- mutations (the core calls these) ------------------------------------------------------------------
@@ -191,6 +198,23 @@ class PagedBlockManager:
             self.block_hash[b] = None
         self.ref_count[b] = 1
         return b
+
+    def _take(self, n: int) -> list[int]:
+        if self.enable_prefix_caching:
+            return [self._take_free() for _ in range(n)]
+        free = self._free
+        out = free[len(free) - n :]
+        del free[len(free) - n :]
+        self._num_free -= n
+        return out
+
+    def _release_table(self, table: list[int]) -> None:
+        if self.enable_prefix_caching:
+            for b in reversed(table):
+                self._release(b)
+        else:
+            self._free.extend(reversed(table))
+            self._num_free += len(table)
 
     def _release(self, b: int) -> None:
         rc = self.ref_count[b] - 1
@@ -229,8 +253,8 @@ class PagedBlockManager:
         need = cdiv(total, self.block_size) - len(table)
         if need > self._num_free:
             raise BlockError(f"request {req.id} needs {need} blocks, {self._num_free} free")
-        for _ in range(need):
-            table.append(self._take_free())
+        if need > 0:
+            table += self._take(need)
         if self.enable_prefix_caching and req.spec.hash_ids and c0 < req.prompt_len:
             self._register(req, table, c0 // self.block_size, min(total, req.prompt_len) // self.block_size)
         return hit_tokens
@@ -251,15 +275,14 @@ class PagedBlockManager:
 
     def grow_one(self, req: Request) -> None:
         """Append one block to a decoding request's table (the decode fast path knows it crosses a boundary)."""
-        self.tables[req.id].append(self._take_free())
+        self.tables[req.id] += self._take(1)
 
     def free(self, req: Request) -> None:
         """Release every block of the request. The tail is released first so that, with prefix caching, a
         request's deepest blocks are evicted before the prefix others are likeliest to share."""
         table = self.tables.pop(req.id, None)
         if table is not None:
-            for b in reversed(table):
-                self._release(b)
+            self._release_table(table)
         self._hashes.pop(req.id, None)
 
     def swap_out(self, req: Request) -> int:
@@ -267,9 +290,7 @@ class PagedBlockManager:
         n = len(self.tables[req.id])
         if n > self.num_free_cpu_blocks:
             raise BlockError(f"request {req.id} needs {n} CPU blocks, {self.num_free_cpu_blocks} free")
-        table = self.tables.pop(req.id)
-        for b in reversed(table):
-            self._release(b)
+        self._release_table(self.tables.pop(req.id))
         self.cpu_tables[req.id] = n
         self.num_free_cpu_blocks -= n
         return n
@@ -281,7 +302,7 @@ class PagedBlockManager:
             self.cpu_tables[req.id] = n
             raise BlockError(f"request {req.id} needs {n} blocks to swap in, {self._num_free} free")
         self.num_free_cpu_blocks += n
-        self.tables[req.id] = [self._take_free() for _ in range(n)]
+        self.tables[req.id] = self._take(n)
         return n
 
     def drop_swapped(self, req: Request) -> None:
@@ -298,6 +319,15 @@ class PagedBlockManager:
         for table in self.tables.values():
             for b in table:
                 refs[b] += 1
+        if not self.enable_prefix_caching:
+            assert all(r <= 1 for r in refs), "a block is in two tables without prefix caching"
+            free = list(self._free)
+            assert len(free) == len(set(free)) == self._num_free, "free stack has duplicates or a wrong count"
+            assert all(refs[b] == 0 for b in free), "a free block is in a table"
+            assert self._num_free + sum(refs) == self.num_blocks, "blocks not conserved"
+            assert 0 <= self.num_free_cpu_blocks <= self.num_cpu_blocks
+            assert self.num_cpu_blocks - self.num_free_cpu_blocks == sum(self.cpu_tables.values())
+            return
         assert refs == self.ref_count, "ref counts differ from block tables"
         live_free = [b for b in set(self._free) if self._in_free[b]]
         assert len(live_free) == self._num_free, "free count differs from free queue"
@@ -335,7 +365,10 @@ class PagedBudget:
     def release(self, req: Request) -> None:
         m = self._m
         table = m.tables.get(req.id, ())
-        self.free += sum(1 for b in table if m.ref_count[b] == 1)
+        if m.enable_prefix_caching:
+            self.free += sum(1 for b in table if m.ref_count[b] == 1)
+        else:
+            self.free += len(table)
         planned = self._planned.pop(req.id, 0)
         if planned:
             self.free += m.blocks_needed(req, planned)

@@ -45,7 +45,9 @@ def _give_back(holes: list[list[int]], start: int, n: int) -> None:
 
 
 class ContiguousAllocator:
-    """Reserve ``reserve_len(req)`` tokens per request, contiguously, at its first allocation."""
+    """Reserve ``reserve_blocks(req)`` blocks per request, contiguously, at its first allocation."""
+
+    grows_on_decode = False
 
     def __init__(
         self,

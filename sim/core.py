@@ -20,7 +20,9 @@ every request's state every step.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+import numpy as np
 
 from sim.block_manager import BlockError, KVManager, cdiv
 from sim.costmodel import StepShape
@@ -41,6 +43,7 @@ class Batch:
     shape: StepShape
     start: float
     num_rows: int  # rows computed, padding included
+    num_scheduled: int  # requests computing tokens (padding rows excluded)
     prefill_tokens: int
     decode_tokens: int
     padding_tokens: int
@@ -52,19 +55,19 @@ class Batch:
 
 @dataclass(slots=True)
 class _DecodeRun:
-    """State of a stretch of fast-path decode steps over ``reqs``."""
+    """A stretch of fast-path decode steps. Members' own counters stay as they were at the start (``c0``)
+    until they leave the stretch; ``steps`` says how far they really are."""
 
-    reqs: list[Request]
+    reqs: list[Request]  # members, in running order
     steps: int  # fast steps done so far
-    max_steps: int  # the next step would finish a request: stop before it
-    crossers: dict[int, list[Request]]  # fast step number -> requests that need a new block at that step
+    stop_at: int  # last fast step allowed (a padded batch stops before its first finish)
+    finish_at: dict[int, list[Request]]  # fast step -> members that sample their last token in it
+    crossers: dict[int, list[Request]]  # fast step -> members that need a new KV block in it
     rows: int  # rows of each step's shape (padding included)
-    kv_read: int  # current step's aggregates
-    attn_pairs: int
-    deadline: float | None
+    kv_read: int  # attended tokens of the last step (for one-token rows this is also the causal pair count)
+    deadline: float | None  # the policy's wake time: no fast step may start at or after it
     prev_end: float
-    padded_rows: int
-    plan: Plan
+    plan: Plan  # the plan being repeated
     ends: list[float] | None = None  # step ends, when per-token timestamps are kept
 
 
@@ -108,6 +111,9 @@ class ServingCore:
         self._run: _DecodeRun | None = None
         self._dirty = True  # something outside the decode stretch happened (arrival, abort)
         self._view = View(0.0, self.waiting, self.running, self.swapped, kv, self.limits)
+        # A policy that, with nothing waiting or swapped and every running request decoding, schedules every
+        # running request for one token: the core may then continue decode stretches past finishes.
+        self._decode_all_when_idle = bool(getattr(policy, "decode_all_when_idle", False))
 
     # ---- inputs ------------------------------------------------------------------------------------------------
     def add_request(self, req: Request, now: float) -> bool:
@@ -152,6 +158,10 @@ class ServingCore:
 
     # ---- queries -----------------------------------------------------------------------------------------------
     @property
+    def in_decode_run(self) -> bool:
+        return self._run is not None
+
+    @property
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self.swapped)
 
@@ -184,8 +194,7 @@ class ServingCore:
     def complete(self, batch: Batch, end: float, flops: float = 0.0) -> list[Request]:
         """Advance the batch's requests to the end of the step; returns those that completed."""
         if batch.fast:
-            self._complete_fast(batch, end, flops)
-            return []
+            return self._complete_fast(batch, end, flops)
         bs = self.kv.block_size
         finished: list[Request] = []
         gaps = self.gaps
@@ -197,7 +206,7 @@ class ServingCore:
             r.num_computed_tokens = c1
             self.kv_tokens += n
             self.filled_blocks += cdiv(c1, bs) - cdiv(c0, bs)
-            if c1 == r.spec.prompt_len + r.num_output_tokens:  # caught up: sample one token
+            if c1 == r.prompt_len + r.num_output_tokens:  # caught up: sample one token
                 r.num_output_tokens += 1
                 if r.first_token < 0:
                     r.first_token = end
@@ -206,7 +215,7 @@ class ServingCore:
                 r.last_token = end
                 if r.token_times is not None:
                     r.token_times.append(end)
-                if r.num_output_tokens == r.spec.output_len:
+                if r.num_output_tokens == r.output_len:
                     finished.append(r)
         self._record(batch, end, flops)
         for r in finished:
@@ -215,8 +224,8 @@ class ServingCore:
             self._finish(r, end, Outcome.COMPLETED, "")
         if finished:
             self._dirty = True
-        elif self.fast_path and batch.plan.is_decode_only and len(batch.plan.scheduled) == len(self.running):
-            self._start_run(batch, end)
+        if self.fast_path and self.running:
+            self._maybe_start_run(batch, end)
         return finished
 
     # ---- applying a plan ---------------------------------------------------------------------------------------
@@ -301,7 +310,7 @@ class ServingCore:
             else:
                 raise PlanError(f"plan schedules request {r.id}, which is {r.status.value}")
             c = r.num_computed_tokens
-            if n < 1 or c + n > r.spec.prompt_len + r.num_output_tokens:
+            if n < 1 or c + n > r.prompt_len + r.num_output_tokens:
                 raise PlanError(f"plan computes {n} tokens of request {r.id}, which has {r.num_remaining} left")
             total += n
             if n == 1:
@@ -340,6 +349,7 @@ class ServingCore:
             shape=shape,
             start=now,
             num_rows=rows,
+            num_scheduled=len(plan.scheduled),
             prefill_tokens=prefill,
             decode_tokens=decode,
             padding_tokens=num_tokens - total,
@@ -354,8 +364,8 @@ class ServingCore:
         self.steps.append(
             batch.start,
             end - batch.start,
-            len(batch.plan.scheduled),
-            batch.plan.padded_rows,
+            batch.num_scheduled,
+            batch.num_rows - batch.num_scheduled,
             batch.prefill_tokens,
             batch.decode_tokens,
             batch.padding_tokens,
@@ -391,61 +401,88 @@ class ServingCore:
             self.on_finish(r)
 
     # ---- decode fast path --------------------------------------------------------------------------------------
-    def _start_run(self, batch: Batch, end: float) -> None:
-        reqs = list(self.running)
-        max_steps = min(r.spec.output_len - r.num_output_tokens for r in reqs) - 1
-        if max_steps < 1:
+    def _maybe_start_run(self, batch: Batch, end: float) -> None:
+        """After a normal step: start a decode stretch if the next steps are certain to be pure decode."""
+        plan = batch.plan
+        running = self.running
+        repeat = not self._dirty and plan.is_decode_only and len(plan.scheduled) == len(running)
+        steady = (
+            self._decode_all_when_idle
+            and not self.waiting
+            and not self.swapped
+            and len(running) <= self.limits.max_num_seqs
+            and len(running) <= self.limits.max_num_batched_tokens
+        )
+        if not (repeat or steady):
             return
+        for r in running:  # every member must have sampled in this very step (equal inter-token gaps)
+            if r.last_token != end or r.num_computed_tokens != r.prompt_len + r.num_output_tokens - 1:
+                return
+        if not repeat:  # the policy was not asked, but would plan exactly this
+            plan = Plan(scheduled=[(r, 1) for r in running])
+        padded = plan.pad_to_longest
+        rows = len(running) + plan.padded_rows
         bs = self.kv.block_size
+        finish_at: dict[int, list[Request]] = {}
         crossers: dict[int, list[Request]] = {}
-        for r in reqs:
-            # fast step j computes token number c0 + j; it needs a new block when c0 + j - 1 is a multiple of bs
-            j = (-r.num_computed_tokens) % bs + 1
-            while j <= max_steps:
+        max_c = kv_read = 0
+        first_finish = 1 << 62
+        for r in running:
+            c0 = r.num_computed_tokens
+            kv_read += c0
+            if c0 > max_c:
+                max_c = c0
+            f = r.output_len - r.num_output_tokens  # the fast step that samples its last token
+            finish_at.setdefault(f, []).append(r)
+            if f < first_finish:
+                first_finish = f
+            # fast step j computes token c0 + j - 1 (0-based); it opens a new block when that is a multiple of bs
+            j = (-c0) % bs + 1
+            while j <= f:
                 crossers.setdefault(j, []).append(r)
                 j += bs
-        plan = batch.plan
-        shape = batch.shape
-        rows = batch.num_rows
+        stop_at = first_finish - 1 if padded else 1 << 62
+        if stop_at < 1:
+            return
         self._view.now = end
+        self._dirty = False
         self._run = _DecodeRun(
-            reqs=reqs,
+            reqs=list(running),
             steps=0,
-            max_steps=max_steps,
+            stop_at=stop_at,
+            finish_at=finish_at,
             crossers=crossers,
             rows=rows,
-            kv_read=int(shape.kv_read_tokens),
-            attn_pairs=int(shape.attn_pairs),
+            kv_read=rows * max_c if padded else kv_read,
             deadline=self.policy.wake_time(self._view),
             prev_end=end,
-            padded_rows=plan.padded_rows,
             plan=plan,
             ends=[] if self.keep_token_times else None,
         )
 
     def _fast_step(self, run: _DecodeRun, now: float) -> Batch | None:
         j = run.steps + 1
-        if self._dirty or j > run.max_steps or (run.deadline is not None and now >= run.deadline):
+        if self._dirty or j > run.stop_at or (run.deadline is not None and now >= run.deadline):
             return None
         if now != run.prev_end:
             return None  # the executor idled between steps: let the policy look again
-        crossing = run.crossers.get(j, ())
-        kv = self.kv
+        crossing = run.crossers.get(j)
         if crossing:
+            kv = self.kv
             if not kv.can_grow(len(crossing)):
-                return None
+                return None  # a block shortage: the policy decides whom to preempt
             for r in crossing:
                 kv.grow_one(r)
         run.kv_read += run.rows
-        run.attn_pairs += run.rows
         b = len(run.reqs)
+        rows = run.rows
         shape = StepShape(
-            num_seqs=run.rows,
-            num_tokens=run.rows,
-            num_decode_seqs=run.rows,
+            num_seqs=rows,
+            num_tokens=rows,
+            num_decode_seqs=rows,
             kv_read_tokens=run.kv_read,
-            attn_pairs=run.attn_pairs,
-            num_padding_tokens=run.rows - b,
+            attn_pairs=run.kv_read,
+            num_padding_tokens=rows - b,
             swap_blocks=0,
         )
         if self.plans is not None:
@@ -454,41 +491,138 @@ class ServingCore:
             plan=run.plan,
             shape=shape,
             start=now,
-            num_rows=run.rows,
+            num_rows=rows,
+            num_scheduled=b,
             prefill_tokens=0,
             decode_tokens=b,
-            padding_tokens=run.rows - b,
+            padding_tokens=rows - b,
             swap_blocks=0,
             num_preempted=0,
             num_rejected=0,
             fast=True,
         )
 
-    def _complete_fast(self, batch: Batch, end: float, flops: float) -> None:
+    def _complete_fast(self, batch: Batch, end: float, flops: float) -> list[Request]:
         run = self._run
         assert run is not None
-        run.steps += 1
+        j = run.steps = run.steps + 1
         b = len(run.reqs)
         self.kv_tokens += b
-        self.filled_blocks += len(run.crossers.get(run.steps, ()))
+        crossing = run.crossers.pop(j, None)
+        if crossing:
+            self.filled_blocks += len(crossing)
         self.gaps.add(end - run.prev_end, b)
         run.prev_end = end
         if run.ends is not None:
             run.ends.append(end)
         self._record(batch, end, flops)
+        finishing = run.finish_at.pop(j, None)
+        if not finishing:
+            return []
+        for r in finishing:  # leave the stretch: bring the request up to date, then finish it
+            self._catch_up(r, run, j)
+            run.reqs.remove(r)
+            self.running.remove(r)
+            run.rows -= 1
+            run.kv_read -= r.num_computed_tokens
+            self._drop_kv(r)
+            self._finish(r, end, Outcome.COMPLETED, "")
+        if not (self._decode_all_when_idle and run.reqs and not self.waiting and not self.swapped):
+            self._sync_run()  # the policy may now admit someone into the freed room
+            self._dirty = True
+        return finishing
+
+    def fast_forward(
+        self, now: float, horizon: float, cost, *, finishes: bool = True
+    ) -> tuple[list[float], float] | None:
+        """Take several steps of the decode stretch at once: price them with one vectorised cost-model call,
+        then apply them one by one through the same code as single fast steps (so the records are identical
+        by construction). Stops before any step that would end at or after ``horizon`` (the next event from
+        outside, such as an arrival) or start at or after the policy's deadline. ``finishes=False`` also stops
+        before a step in which a request completes (when a completion can start an outside event, such as a
+        closed-loop user's next request). Returns (step durations, end of the last step), or None."""
+        run = self._run
+        if run is None or self._dirty or now != run.prev_end or now >= horizon:
+            return None
+        if run.deadline is not None and now >= run.deadline:
+            return None
+        j0 = run.steps
+        # finishes end the stretch unless the policy keeps decoding everyone with nothing waiting
+        keep_going = finishes and self._decode_all_when_idle and not self.waiting and not self.swapped
+        first_finish = min(run.finish_at, default=1 << 62)
+        last = min(run.stop_at, j0 + _MAX_SEGMENT)
+        if not keep_going:
+            last = min(last, first_finish - 1)
+        if horizon != float("inf") and self.steps:
+            # a guess at how many steps fit before the horizon; more are taken next time if it was short
+            last_duration = max(float(self.steps.last_duration), 1e-9)
+            last = min(last, j0 + int((horizon - now) / last_duration) + 2)
+        k = last - j0
+        if k < 2:
+            return None
+        # predict each step's rows and attended tokens, members leaving after their finishing step
+        rows_l = [0] * k
+        read_l = [0] * k
+        rows, kv_read = run.rows, run.kv_read
+        for i in range(k):
+            j = j0 + 1 + i
+            kv_read += rows
+            rows_l[i] = rows
+            read_l[i] = kv_read
+            leaving = run.finish_at.get(j)
+            if leaving:
+                rows -= len(leaving)
+                kv_read -= sum(r.num_computed_tokens + j for r in leaving)
+        rows_a = np.asarray(rows_l, dtype=np.int64)
+        read_a = np.asarray(read_l, dtype=np.int64)
+        shape = StepShape(
+            num_seqs=rows_a,
+            num_tokens=rows_a,
+            num_decode_seqs=rows_a,
+            kv_read_tokens=read_a,
+            attn_pairs=read_a,
+            num_padding_tokens=np.full(k, run.rows - len(run.reqs), dtype=np.int64),
+            swap_blocks=np.zeros(k, dtype=np.int64),
+        )
+        durations = np.asarray(cost.step_time(shape), dtype=np.float64).tolist()
+        flops = np.asarray(cost.step_flops(shape), dtype=np.float64).tolist()
+        taken: list[float] = []
+        t = now
+        for i in range(k):
+            end = t + durations[i]
+            if end >= horizon or (run.deadline is not None and t >= run.deadline):
+                break
+            batch = self._fast_step(run, t)
+            if batch is None:
+                break  # a block shortage: the policy must decide
+            if batch.shape.kv_read_tokens != read_l[i] or batch.num_rows != rows_l[i]:
+                raise AssertionError("decode fast-forward predicted a different step shape")
+            self._complete_fast(batch, end, flops[i])
+            taken.append(durations[i])
+            t = end
+            if self._run is not run:
+                break  # a finish ended the stretch
+        if not taken:
+            return None
+        return taken, t
+
+    @staticmethod
+    def _catch_up(r: Request, run: _DecodeRun, k: int) -> None:
+        r.num_computed_tokens += k
+        r.num_output_tokens += k
+        r.last_token = run.prev_end
+        if r.token_times is not None and run.ends is not None:
+            r.token_times.extend(run.ends)
 
     def _sync_run(self) -> None:
-        """Bring every request of the decode stretch up to date and leave the fast path."""
+        """Bring every member of the decode stretch up to date and leave the fast path."""
         run = self._run
         if run is None:
             return
         self._run = None
-        k = run.steps
-        if k == 0:
-            return
-        for r in run.reqs:
-            r.num_computed_tokens += k
-            r.num_output_tokens += k
-            r.last_token = run.prev_end
-            if r.token_times is not None and run.ends is not None:
-                r.token_times.extend(run.ends)
+        if run.steps:
+            for r in run.reqs:
+                self._catch_up(r, run, run.steps)
+
+
+_MAX_SEGMENT = 4096  # fast-forward at most this many steps at once (bounds the arrays it builds)

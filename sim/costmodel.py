@@ -7,10 +7,25 @@ once, and the same arithmetic then gives bit-identical times to asking one by on
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol
+import json
+import math
+from dataclasses import dataclass, field
+from os import PathLike
+from typing import Any, Callable, Mapping, Protocol
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from sim.specs import (
+    DTYPE_BITS,
+    GPUSpec,
+    ModelSpec,
+    activation_dtype,
+    canonical_dtype,
+    check_tensor_parallel,
+    kv_dtype_bytes,
+    resolve_kv_dtype,
+)
 
 
 @dataclass(slots=True)
@@ -47,25 +62,6 @@ class CostModel(Protocol):
 
 # ---------------------------------------------------------------------------------------------------------------
 # Analytic (roofline) cost model
-
-import json  # noqa: E402  (kept below the protocol, which other modules import on its own)
-import math  # noqa: E402
-from dataclasses import field  # noqa: E402
-from os import PathLike  # noqa: E402
-from typing import Any, Callable, Mapping  # noqa: E402
-
-from pydantic import BaseModel, ConfigDict, Field  # noqa: E402
-
-from sim.specs import (  # noqa: E402
-    DTYPE_BITS,
-    GPUSpec,
-    ModelSpec,
-    activation_dtype,
-    canonical_dtype,
-    check_tensor_parallel,
-    kv_dtype_bytes,
-    resolve_kv_dtype,
-)
 
 # Defaults of AnalyticCostModel, with their reasons.
 # Large bf16 GEMMs reach 60-70% of the dense datasheet peak on Hopper and Ampere; a whole prefill, with its
@@ -131,8 +127,8 @@ class AnalyticCostModel:
     bit-identical. A scalar shape gives a Python float.
     """
 
-    model: ModelSpec
-    gpu: GPUSpec
+    model: ModelSpec  # a preset name is accepted and resolved
+    gpu: GPUSpec  # a preset name or a GPUSpec.from_dict mapping is accepted and resolved
     weight_dtype: str = "bf16"
     kv_dtype: str = "auto"  # "auto": the model's activation dtype
     tensor_parallel_size: int = 1
@@ -245,40 +241,40 @@ class AnalyticCostModel:
         return 2 * self.model.num_layers * self.model.shard(self.tensor_parallel_size).num_key_value_heads * \
             self.model.head_dim * kv_dtype_bytes(self.kv_dtype)
 
-    def _parts(self, n_seqs: Any, n_tok: Any, kv_read: Any, pairs: Any, swap: Any,
-               mx: Callable[[Any, Any], Any]) -> tuple[Any, ...]:
-        # The one place the arithmetic is written: scalars and arrays go through the same operations in the
-        # same order, so both forms round identically.
-        k = self._k
-        overhead = k[0] + n_seqs * k[1]
-        linear = mx(n_tok * k[2] + n_seqs * k[3], k[4] + n_tok * k[5] + n_seqs * k[6])
-        attention = mx(pairs * k[7], (kv_read + n_tok) * k[8])
-        allreduce = k[9] + n_tok * k[10]
-        swap_t = swap * k[11]
-        return overhead, linear, attention, allreduce, swap_t
+    def _time(self, n_seqs: Any, n_tok: Any, kv_read: Any, pairs: Any, swap: Any,
+              mx: Callable[[Any, Any], Any]) -> Any:
+        # The one place the step time's arithmetic is written: scalars (mx=max) and arrays (mx=np.maximum) go
+        # through the same operations in the same order, so both forms round identically.
+        k0, k1, k2, k3, k4, k5, k6, k7, k8, k9, k10, k11 = self._k
+        return (k0 + n_seqs * k1  # fixed and per-row overhead
+                + mx(n_tok * k2 + n_seqs * k3, k4 + n_tok * k5 + n_seqs * k6)  # linear layers: compute | memory
+                + mx(pairs * k7, (kv_read + n_tok) * k8)  # attention: compute | KV traffic
+                + (k9 + n_tok * k10)  # tensor-parallel all-reduces
+                + swap * k11)  # swap copies over PCIe
 
     def step_time(self, shape: StepShape) -> float | np.ndarray:
         """Seconds the step takes (an array when the shape's fields are arrays)."""
         a, b, c, d, e = shape.num_seqs, shape.num_tokens, shape.kv_read_tokens, shape.attn_pairs, shape.swap_blocks
-        if _is_array(a, b, c, d, e):
-            o, lin, att, ar, sw = self._parts(a, b, c, d, e, np.maximum)
-            return o + lin + att + ar + sw
-        o, lin, att, ar, sw = self._parts(a, b, c, d, e, max)
-        return float(o + lin + att + ar + sw)
+        nd = np.ndarray
+        if a.__class__ is nd or b.__class__ is nd or c.__class__ is nd or d.__class__ is nd or e.__class__ is nd:
+            return self._time(a, b, c, d, e, np.maximum)
+        return float(self._time(a, b, c, d, e, max))
 
     def breakdown(self, shape: StepShape) -> dict[str, Any]:
-        """The step time's parts in seconds (they sum to ``step_time``), and which bound each roofline part hit."""
+        """The step time's parts in seconds (they sum to ``step_time`` up to rounding) and, for the two roofline
+        parts, whether compute (True) or memory traffic (False) bounds them. For teaching and debugging."""
         a, b, c, d, e = shape.num_seqs, shape.num_tokens, shape.kv_read_tokens, shape.attn_pairs, shape.swap_blocks
-        k = self._k
-        o, lin, att, ar, sw = self._parts(a, b, c, d, e, np.maximum)
+        k0, k1, k2, k3, k4, k5, k6, k7, k8, k9, k10, k11 = self._k
+        lin_c, lin_m = b * k2 + a * k3, k4 + b * k5 + a * k6
+        att_c, att_m = d * k7, (c + b) * k8
         return {
-            "overhead": o,
-            "linear": lin,
-            "attention": att,
-            "allreduce": ar,
-            "swap": sw,
-            "linear_compute_bound": np.asarray(b * k[2] + a * k[3]) >= np.asarray(k[4] + b * k[5] + a * k[6]),
-            "attention_compute_bound": np.asarray(d * k[7]) >= np.asarray((c + b) * k[8]),
+            "overhead": k0 + a * k1,
+            "linear": np.maximum(lin_c, lin_m),
+            "attention": np.maximum(att_c, att_m),
+            "allreduce": k9 + b * k10,
+            "swap": e * k11,
+            "linear_compute_bound": np.greater_equal(lin_c, lin_m),
+            "attention_compute_bound": np.greater_equal(att_c, att_m),
         }
 
     def step_flops(self, shape: StepShape) -> float | np.ndarray:

@@ -99,6 +99,12 @@ class StepLog:
             {k: np.broadcast_to(np.asarray(cols[k], dtype=t), (n,)).copy() for k, t in STEP_COLUMNS.items()}
         )
 
+    @property
+    def last_duration(self) -> float:
+        if self._rows:
+            return self._rows[-1][1]
+        return float(self._chunks[-1]["duration"][-1]) if self._chunks else 0.0
+
     def _flush(self) -> None:
         if self._rows:
             arr = list(zip(*self._rows))
@@ -116,6 +122,9 @@ class StepLog:
 
     def __len__(self) -> int:
         return len(self._rows) + sum(len(c["start"]) for c in self._chunks)
+
+    def __bool__(self) -> bool:
+        return bool(self._rows or self._chunks)
 
 
 class GapLog:

@@ -67,33 +67,30 @@ class Request:
     replica: int = 0
     # Optional per-token timestamps; kept only when the run asks for them (they are large at scale).
     token_times: list[float] | None = field(default=None)
+    # copies of the spec's fields, read on every step (a plain attribute is cheaper than a property)
+    id: int = field(init=False)
+    prompt_len: int = field(init=False)
+    output_len: int = field(init=False)
 
-    @property
-    def id(self) -> int:
-        return self.spec.id
-
-    @property
-    def prompt_len(self) -> int:
-        return self.spec.prompt_len
-
-    @property
-    def output_len(self) -> int:
-        return self.spec.output_len
+    def __post_init__(self) -> None:
+        self.id = self.spec.id
+        self.prompt_len = self.spec.prompt_len
+        self.output_len = self.spec.output_len
 
     @property
     def num_tokens(self) -> int:
         """Prompt plus generated tokens: what the KV cache must hold to sample the next token."""
-        return self.spec.prompt_len + self.num_output_tokens
+        return self.prompt_len + self.num_output_tokens
 
     @property
     def num_remaining(self) -> int:
         """Tokens to compute before the next token is sampled."""
-        return self.spec.prompt_len + self.num_output_tokens - self.num_computed_tokens
+        return self.prompt_len + self.num_output_tokens - self.num_computed_tokens
 
     @property
     def max_len(self) -> int:
         """Tokens the request will hold at most: prompt plus all its output."""
-        return self.spec.prompt_len + self.spec.output_len
+        return self.prompt_len + self.output_len
 
     @property
     def is_prefill(self) -> bool:

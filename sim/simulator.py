@@ -9,6 +9,7 @@ previous one ended).
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -33,8 +34,19 @@ class ClosedLoopPlan:
 class Replica:
     """One serving instance (a GPU or a tensor-parallel group) in the simulation."""
 
-    def __init__(self, env: simpy.Environment, core: ServingCore, cost: CostModel, index: int = 0) -> None:
+    def __init__(
+        self,
+        env: simpy.Environment,
+        core: ServingCore,
+        cost: CostModel,
+        index: int = 0,
+        horizon: Callable[[], float] | None = None,
+    ) -> None:
         self.env = env
+        # when the next event from outside this replica can happen (decode stretches are taken in one go
+        # up to it); without it every step is its own SimPy event
+        self.horizon = horizon
+        self.finishes_are_silent = True  # a completion starts no outside event (False for closed loops)
         self.core = core
         self.cost = cost
         self.index = index
@@ -57,6 +69,18 @@ class Replica:
         env, core, cost = self.env, self.core, self.cost
         step_time, step_flops = cost.step_time, cost.step_flops
         while True:
+            if self.horizon is not None and core.in_decode_run:
+                seg = core.fast_forward(env.now, self.horizon(), cost, finishes=self.finishes_are_silent)
+                if seg is not None:
+                    durations, end = seg
+                    delay = end - env.now
+                    if env.now + delay == end:
+                        yield env.timeout(delay)
+                    else:  # the clock must land on exactly the same float as step by step
+                        for d in durations:
+                            yield env.timeout(d)
+                    self.busy_until = env.now
+                    continue
             batch = core.schedule(env.now)
             if batch is None:
                 if self.closed and not core.has_work:
@@ -101,10 +125,14 @@ class Simulation:
         closed_loop: ClosedLoopPlan | None = None,
         router: Router | None = None,
         progress: Callable[[int], None] | None = None,
+        fast_forward: bool = True,
     ) -> None:
         self.env = simpy.Environment()
         self.specs = list(specs)
-        self.replicas = [Replica(self.env, c, m, i) for i, (c, m) in enumerate(cores_and_costs)]
+        self._next_arrival = float("inf")
+        self._timers: list[float] = []  # pending closed-loop sends (a heap of times)
+        horizon = self._horizon if fast_forward else None
+        self.replicas = [Replica(self.env, c, m, i, horizon) for i, (c, m) in enumerate(cores_and_costs)]
         self.router = router or round_robin()
         self.closed_loop = closed_loop
         self.progress = progress
@@ -112,6 +140,7 @@ class Simulation:
         self._finished = 0
         for rep in self.replicas:
             rep.core.on_finish = self._on_finish
+            rep.finishes_are_silent = closed_loop is None
         if closed_loop is None:
             self.env.process(self._open_loop())
         else:
@@ -133,17 +162,31 @@ class Simulation:
             rep.closed = True
             rep.poke()
 
+    def _horizon(self) -> float:
+        """The earliest time at which something from outside can reach a replica."""
+        if self.closed_loop is not None:
+            if len(self.replicas) > 1:
+                return self.env.now  # another replica's finish can start a send at any time
+            return self._timers[0] if self._timers else float("inf")
+        return self._next_arrival
+
     def _open_loop(self):
         env = self.env
-        for spec in sorted(self.specs, key=lambda s: (s.arrival, s.id)):
+        ordered = sorted(self.specs, key=lambda s: (s.arrival, s.id))
+        for i, spec in enumerate(ordered):
+            self._next_arrival = spec.arrival
             if spec.arrival > env.now:
                 yield env.timeout(spec.arrival - env.now)
+            self._next_arrival = ordered[i + 1].arrival if i + 1 < len(ordered) else float("inf")
             self._dispatch(spec)
+        self._next_arrival = float("inf")
         self._close()
 
     def _user_send(self, user: int, delay: float):
         if delay > 0:
+            heapq.heappush(self._timers, self.env.now + delay)
             yield self.env.timeout(delay)
+            heapq.heappop(self._timers)
         queue = self._user_queues[user]
         pos = self._user_pos[user]
         if pos >= len(queue):

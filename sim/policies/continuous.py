@@ -16,12 +16,17 @@ When a running request cannot get a block, the latest-admitted running request i
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from sim.policies.base import Admission, Limits, Plan, View, preempt_for
 
 
 @dataclass(slots=True)
 class ContinuousPolicy:
+    # With nothing waiting or swapped and every running request decoding, every running request gets one
+    # token: the core may skip asking (see sim.core's decode fast path).
+    decode_all_when_idle: ClassVar[bool] = True
+
     limits: Limits = field(default_factory=Limits)
     enable_chunked_prefill: bool = False
     prefill_mode: str = "prefill_first"  # without chunking: "prefill_first" or "mixed"

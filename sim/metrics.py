@@ -1,0 +1,291 @@
+"""Run metrics: one flat dictionary per variant, with the names and definitions of `vllm bench serve`.
+
+Latencies are taken over completed requests only:
+
+- TTFT = first_token - arrival; E2EL = finish - arrival; queueing delay = first_scheduled - arrival;
+- TPOT = (E2EL - TTFT) / (output_tokens - 1), one value per request with more than one output token;
+- ITL = every gap between consecutive tokens, pooled. The run stores the gaps as (gap, count) pairs, so the
+  percentiles are weighted; they equal ``np.percentile`` of the expanded multiset exactly.
+
+Each latency holds mean, p50, p90, p95 and p99 in seconds (numpy's default linear interpolation). Step-level
+figures (KV usage, batch size, ...) are weighted by step duration, i.e. averaged over the time the GPU computed.
+An undefined value (no completed request, no steps, no SLO given) is NaN here and ``null`` in summary.json.
+
+Statistics only: formatting lives in ``sim.output`` and plotting in ``sim.report``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from sim.records import RunResult
+from sim.request import Outcome
+
+PERCENTILES: tuple[int, ...] = (50, 90, 95, 99)
+LATENCY_KEYS: tuple[str, ...] = ("mean",) + tuple(f"p{q}" for q in PERCENTILES)
+LATENCY_METRICS: tuple[str, ...] = ("ttft", "tpot", "itl", "e2el", "queue")
+
+# Every key of a summary, in the order summary.json writes them. Tests pin this list.
+SUMMARY_KEYS: tuple[str, ...] = (
+    "num_requests",
+    "num_completed",
+    "num_rejected",
+    "num_failed",
+    "num_preemptions",
+    "num_steps",
+    "num_replicas",
+    "duration",  # seconds
+    "total_input_tokens",  # prompt tokens of completed requests
+    "total_output_tokens",  # output tokens of completed requests
+    "request_throughput",  # completed requests / s
+    "output_throughput",  # output tokens / s
+    "total_token_throughput",  # (prompt + output) tokens / s
+    "goodput",  # completed requests meeting every SLO / s; null without SLOs
+    "slo_attainment",  # fraction of all requests that completed within every SLO; null without SLOs
+    "slos",  # the thresholds used, seconds, or null
+    "ttft",
+    "tpot",
+    "itl",
+    "e2el",
+    "queue",
+    "kv_usage",  # {mean, max} of kv_blocks_used / kv_capacity_blocks
+    "kv_token_utilization",  # tokens stored / token slots of allocated (used + reserved) blocks
+    "busy_fraction",  # time the GPU computed / duration
+    "mfu",  # model FLOPs utilisation over the whole run
+    "mean_batch_size",  # requests per step, weighted by step duration
+    "padding_fraction",  # padding tokens / all computed tokens
+)
+
+NAN = float("nan")
+
+
+@dataclass(frozen=True, slots=True)
+class SLOs:
+    """Service-level objectives in seconds, as `vllm bench serve --goodput` takes them (it takes ms). A request
+    meets an objective when its value is at most the threshold; None means no bound on that metric."""
+
+    ttft: float | None = None
+    tpot: float | None = None  # requests with a single output token have TPOT 0, as in vLLM
+    e2el: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("ttft", "tpot", "e2el"):
+            v = getattr(self, name)
+            if v is not None and not v > 0:
+                raise ValueError(f"SLO {name} must be > 0 seconds, got {v}")
+
+    @property
+    def empty(self) -> bool:
+        return self.ttft is None and self.tpot is None and self.e2el is None
+
+    def as_dict(self) -> dict[str, float | None]:
+        return {"ttft": self.ttft, "tpot": self.tpot, "e2el": self.e2el}
+
+
+def weighted_percentile(values: np.ndarray, counts: np.ndarray, q: float) -> float:
+    """``np.percentile(np.repeat(values, counts), q)`` (linear method), without expanding the array.
+
+    Reproduces numpy's arithmetic step for step (virtual index ``(n - 1) * q/100`` and its two-sided lerp), so
+    the result is bit-identical, not merely close. Entries with a count of zero or less are ignored.
+    """
+    values = np.asarray(values, dtype=np.float64)
+    counts = np.asarray(counts, dtype=np.int64)
+    keep = counts > 0
+    values, counts = values[keep], counts[keep]
+    if values.size == 0:
+        return NAN
+    order = np.argsort(values, kind="stable")
+    values, cum = values[order], np.cumsum(counts[order])
+    n = int(cum[-1])
+    virtual = (n - 1) * (float(q) / 100.0)
+    if virtual >= n - 1:  # numpy takes the maximum here
+        return float(values[-1])
+    if virtual < 0:
+        return float(values[0])
+    lo = math.floor(virtual)
+    gamma = virtual - lo
+    # element k of the expanded sorted array lies in the first group whose cumulative count exceeds k
+    a, b = values[np.searchsorted(cum, [lo, lo + 1], side="right")]
+    a, b = float(a), float(b)
+    diff = b - a
+    return b - diff * (1 - gamma) if gamma >= 0.5 else a + diff * gamma
+
+
+def latency_stats(values: np.ndarray, counts: np.ndarray | None = None) -> dict[str, float]:
+    """{mean, p50, p90, p95, p99} of the values (weighted by counts when given); NaN for no values."""
+    values = np.asarray(values, dtype=np.float64)
+    if counts is None:
+        if values.size == 0:
+            return {k: NAN for k in LATENCY_KEYS}
+        out = {"mean": float(np.mean(values))}
+        pcts = np.percentile(values, PERCENTILES)
+        out.update({f"p{q}": float(p) for q, p in zip(PERCENTILES, pcts)})
+        return out
+    counts = np.asarray(counts, dtype=np.int64)
+    total = int(counts[counts > 0].sum()) if counts.size else 0
+    if total == 0:
+        return {k: NAN for k in LATENCY_KEYS}
+    pos = counts > 0
+    out = {"mean": float(np.dot(values[pos], counts[pos].astype(np.float64)) / total)}
+    out.update({f"p{q}": weighted_percentile(values, counts, q) for q in PERCENTILES})
+    return out
+
+
+def _ratio(num: float, den: float) -> float:
+    return float(num / den) if den > 0 else NAN
+
+
+def _time_weighted_mean(x: np.ndarray, w: np.ndarray) -> float:
+    total = float(w.sum()) if w.size else 0.0
+    return float(np.dot(x, w) / total) if total > 0 else NAN
+
+
+def num_replicas(result: RunResult) -> int:
+    """Replicas of the run, as seen in the request records (at least 1). Busy fraction and MFU divide by it."""
+    return max((r.replica for r in result.requests), default=0) + 1
+
+
+def summarize(result: RunResult, slos: SLOs | None = None) -> dict:
+    """The metrics of one run, keyed as SUMMARY_KEYS. See the module docstring for the definitions."""
+    if slos is not None and slos.empty:
+        slos = None
+    reqs = result.requests
+    done = [r for r in reqs if r.completed]
+    arrival = np.array([r.arrival for r in done], dtype=np.float64)
+    first_token = np.array([r.first_token for r in done], dtype=np.float64)
+    finish = np.array([r.finish for r in done], dtype=np.float64)
+    scheduled = np.array([r.first_scheduled for r in done], dtype=np.float64)
+    out_tok = np.array([r.output_tokens for r in done], dtype=np.int64)
+    in_tok = np.array([r.prompt_tokens for r in done], dtype=np.int64)
+
+    ttft = first_token - arrival
+    e2el = finish - arrival
+    multi = out_tok > 1
+    tpot_all = np.zeros(len(done))  # vLLM scores single-token requests as TPOT 0 for goodput
+    tpot_all[multi] = (e2el[multi] - ttft[multi]) / (out_tok[multi] - 1)
+
+    duration = float(result.duration)
+    n_done = len(done)
+    total_out = int(out_tok.sum())
+    total_in = int(in_tok.sum())
+
+    goodput = slo_attainment = NAN
+    if slos is not None:
+        good = np.ones(n_done, dtype=bool)
+        for limit, vals in ((slos.ttft, ttft), (slos.tpot, tpot_all), (slos.e2el, e2el)):
+            if limit is not None:
+                good &= vals <= limit
+        goodput = _ratio(int(good.sum()), duration)
+        slo_attainment = _ratio(int(good.sum()), len(reqs))
+
+    s = result.steps
+    dur = np.asarray(s["duration"], dtype=np.float64)
+    cap = np.asarray(s["kv_capacity_blocks"], dtype=np.float64)
+    cap = np.where(cap > 0, cap, float(result.kv_capacity_blocks))
+    used = np.asarray(s["kv_blocks_used"], dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        usage = np.where(cap > 0, used / cap, np.nan)
+    has_cap = ~np.isnan(usage)
+    kv_usage = {
+        "mean": _time_weighted_mean(usage[has_cap], dur[has_cap]),
+        "max": float(usage[has_cap].max()) if has_cap.any() else NAN,
+    }
+    slots = (used + np.asarray(s["kv_blocks_reserved"], dtype=np.float64)) * result.block_size
+    alloc = slots > 0
+    kv_tok_util = _time_weighted_mean(np.asarray(s["kv_tokens"], dtype=np.float64)[alloc] / slots[alloc], dur[alloc])
+
+    replicas = num_replicas(result)
+    busy = float(dur.sum())
+    flops = float(np.asarray(s["flops"], dtype=np.float64).sum())
+    computed = float(
+        np.sum(s["prefill_tokens"], dtype=np.float64)
+        + np.sum(s["decode_tokens"], dtype=np.float64)
+        + np.sum(s["padding_tokens"], dtype=np.float64)
+    )
+
+    out = {
+        "num_requests": len(reqs),
+        "num_completed": n_done,
+        "num_rejected": sum(1 for r in reqs if r.outcome == Outcome.REJECTED.value),
+        "num_failed": sum(1 for r in reqs if r.outcome == Outcome.FAILED.value),
+        "num_preemptions": sum(r.num_preemptions for r in reqs),
+        "num_steps": int(dur.size),
+        "num_replicas": replicas,
+        "duration": duration,
+        "total_input_tokens": total_in,
+        "total_output_tokens": total_out,
+        "request_throughput": _ratio(n_done, duration),
+        "output_throughput": _ratio(total_out, duration),
+        "total_token_throughput": _ratio(total_in + total_out, duration),
+        "goodput": goodput,
+        "slo_attainment": slo_attainment,
+        "slos": None if slos is None else slos.as_dict(),
+        "ttft": latency_stats(ttft),
+        "tpot": latency_stats(tpot_all[multi]),
+        "itl": latency_stats(result.itl_gaps, result.itl_counts),
+        "e2el": latency_stats(e2el),
+        "queue": latency_stats(scheduled - arrival),
+        "kv_usage": kv_usage,
+        "kv_token_utilization": kv_tok_util,
+        "busy_fraction": _ratio(busy, duration * replicas),
+        "mfu": _ratio(flops, duration * replicas * result.peak_flops) if result.peak_flops > 0 else NAN,
+        "mean_batch_size": _time_weighted_mean(np.asarray(s["batch_size"], dtype=np.float64), dur),
+        "padding_fraction": _ratio(float(np.sum(s["padding_tokens"], dtype=np.float64)), computed),
+    }
+    assert tuple(out) == SUMMARY_KEYS
+    return out
+
+
+# Thresholds of bottleneck(), as fractions.
+KV_FULL_MEAN = 0.85  # KV usage averaged over busy time at or above this: memory-bound
+KV_FULL_PEAK = 0.95  # ...or peaking at or above this while requests were preempted or rejected
+GPU_SATURATED = 0.85  # busy fraction at or above this: the GPU is the limit
+MFU_COMPUTE = 0.30  # a saturated GPU at or above this MFU is compute-bound; below, bandwidth/overhead-bound
+
+
+def _pct(x: float) -> str:
+    return "n/a" if x is None or not math.isfinite(x) else f"{100 * x:.0f}%"
+
+
+def bottleneck(summary: dict) -> str:
+    """One sentence naming the resource that limits the run, with the numbers behind the verdict.
+
+    - memory-bound: KV usage mean >= KV_FULL_MEAN, or peak >= KV_FULL_PEAK with preemptions or rejections;
+    - compute-bound: busy fraction >= GPU_SATURATED and MFU >= MFU_COMPUTE;
+    - bandwidth-bound: busy fraction >= GPU_SATURATED but MFU below MFU_COMPUTE (steps dominated by weight and
+      KV reads or fixed overhead); "GPU-bound" when MFU is unknown;
+    - underloaded: otherwise (the GPU idles and KV has room: more load would fit).
+    """
+    if summary["num_steps"] == 0:
+        return "no steps ran: nothing to diagnose."
+    kv_mean, kv_max = summary["kv_usage"]["mean"], summary["kv_usage"]["max"]
+    busy, mfu = summary["busy_fraction"], summary["mfu"]
+    pressure = summary["num_preemptions"] + summary["num_rejected"]
+
+    def fin(x: float | None) -> float:
+        return x if x is not None and math.isfinite(x) else 0.0
+
+    if fin(kv_mean) >= KV_FULL_MEAN or (fin(kv_max) >= KV_FULL_PEAK and pressure > 0):
+        verdict = "memory-bound"
+    elif fin(busy) >= GPU_SATURATED:
+        if mfu is None or not math.isfinite(mfu):
+            verdict = "GPU-bound"
+        else:
+            verdict = "compute-bound" if mfu >= MFU_COMPUTE else "bandwidth-bound"
+    else:
+        verdict = "underloaded"
+    text = (
+        f"{verdict}: KV usage {_pct(kv_mean)} on average (peak {_pct(kv_max)}), compute (MFU) {_pct(mfu)}, "
+        f"GPU busy {_pct(busy)} of the time"
+    )
+    extras = []
+    if summary["num_preemptions"]:
+        extras.append(f"{summary['num_preemptions']} preemptions")
+    if summary["num_rejected"]:
+        extras.append(f"{summary['num_rejected']} requests rejected")
+    if summary["num_failed"]:
+        extras.append(f"{summary['num_failed']} failed")
+    return text + ("; " + ", ".join(extras) if extras else "") + "."

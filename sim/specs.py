@@ -1,0 +1,715 @@
+"""Model and hardware specifications, and the KV-cache budget they leave.
+
+Everything here is plain arithmetic on published shapes and datasheet numbers: no torch, no GPU. The simulator's
+cost models read these specs; the real engine builds its random-weight model from the same ``ModelSpec``.
+
+Units: bytes, seconds, bytes per second, FLOP per second. "Per GPU" always means one tensor-parallel shard.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field, fields
+from os import PathLike
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+GiB = 1 << 30
+MiB = 1 << 20
+
+# ---------------------------------------------------------------------------------------------------------------
+# dtypes
+
+DType = Literal["fp32", "bf16", "fp16", "fp8", "int8", "int4"]
+
+# Bits per element. int4 packs two weights per byte; it exists for weights only.
+DTYPE_BITS: dict[str, int] = {"fp32": 32, "bf16": 16, "fp16": 16, "fp8": 8, "int8": 8, "int4": 4}
+_DTYPE_ALIASES = {
+    "float32": "fp32",
+    "float": "fp32",
+    "bfloat16": "bf16",
+    "float16": "fp16",
+    "half": "fp16",
+    "float8": "fp8",
+    "fp8_e4m3": "fp8",
+    "fp8_e5m2": "fp8",
+    "e4m3": "fp8",
+    "e5m2": "fp8",
+}
+QUANTIZED_DTYPES = frozenset({"fp8", "int8", "int4"})
+
+
+def canonical_dtype(name: str) -> str:
+    """``name`` as one of ``fp32 bf16 fp16 fp8 int8 int4`` (also accepts torch-style names such as bfloat16)."""
+    key = str(name).strip().lower()
+    key = _DTYPE_ALIASES.get(key, key)
+    if key not in DTYPE_BITS:
+        raise ValueError(f"unknown dtype {name!r}; expected one of {', '.join(DTYPE_BITS)}")
+    return key
+
+
+def dtype_bytes(name: str) -> float:
+    """Bytes per element (0.5 for int4)."""
+    return DTYPE_BITS[canonical_dtype(name)] / 8
+
+
+def kv_dtype_bytes(name: str) -> int:
+    """Bytes per element of a KV-cache dtype. int4 is a weight-only format and is refused here."""
+    key = canonical_dtype(name)
+    if key == "int4":
+        raise ValueError("int4 is a weight-only format; the KV cache supports fp32, bf16, fp16, fp8 or int8")
+    return DTYPE_BITS[key] // 8
+
+
+def activation_dtype(weight_dtype: str) -> str:
+    """The dtype activations (and unquantized tensors) use with these weights: fp32 and fp16 models keep their
+    dtype; bf16 and every quantized format run their activations in bf16, as vLLM does by default."""
+    key = canonical_dtype(weight_dtype)
+    return key if key in ("fp32", "fp16") else "bf16"
+
+
+def resolve_kv_dtype(kv_dtype: str, weight_dtype: str) -> str:
+    """vLLM's ``kv_cache_dtype``: ``auto`` means the activation dtype of the model."""
+    if str(kv_dtype).strip().lower() == "auto":
+        return activation_dtype(weight_dtype)
+    key = canonical_dtype(kv_dtype)
+    kv_dtype_bytes(key)  # refuses int4
+    return key
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# models
+
+
+@dataclass(frozen=True, slots=True)
+class ShardSpec:
+    """Parameter counts held by one GPU under tensor parallelism (vLLM's column/row-parallel layout).
+
+    Attention heads and MLP columns are split; KV heads are split while there are at least as many as GPUs and
+    replicated (one per GPU) beyond; the vocabulary of the embedding and of the LM head is split; norms, learned
+    position embeddings and the biases of row-parallel layers are replicated.
+    """
+
+    tensor_parallel_size: int
+    num_attention_heads: int  # per GPU
+    num_key_value_heads: int  # per GPU (replicated when tp > kv heads)
+    intermediate_size: int  # per GPU
+    vocab_size: int  # per GPU (rounded up)
+    layer_matmul_params: int  # linear-layer weights of one decoder layer on this GPU
+    body_matmul_params: int  # all decoder layers plus OPT's project_in/out: the matmuls computed for every token
+    lm_head_params: int  # LM head weights on this GPU: computed only for the rows that sample
+    embedding_params: int  # token (and learned position) embedding rows on this GPU
+    other_params: int  # norms and biases on this GPU
+    tied: bool  # LM head shares the token embedding (stored once)
+
+    @property
+    def stored_params(self) -> int:
+        """Parameters resident on this GPU."""
+        head = 0 if self.tied else self.lm_head_params
+        return self.body_matmul_params + head + self.embedding_params + self.other_params
+
+    def weight_bytes(self, dtype: str) -> int:
+        """Bytes of weights resident on this GPU. Quantized formats (fp8, int8, int4) apply to the decoder's linear
+        layers; embeddings, LM head, norms and biases stay in bf16, as in vLLM's fp8/GPTQ/AWQ checkpoints.
+        Quantization scales (a few per cent for int4 group-wise) are not counted."""
+        key = canonical_dtype(dtype)
+        hi_bits = DTYPE_BITS[activation_dtype(key)]
+        rest = self.stored_params - self.body_matmul_params
+        return math.ceil((self.body_matmul_params * DTYPE_BITS[key] + rest * hi_bits) / 8)
+
+    def weight_bytes_read_per_step(self, dtype: str) -> int:
+        """Bytes of weights every forward step streams from memory: all matmul weights (body and LM head, the
+        latter even when tied) plus norms and biases. Embedding lookups touch a few rows only and are left out."""
+        key = canonical_dtype(dtype)
+        hi_bits = DTYPE_BITS[activation_dtype(key)]
+        return math.ceil(
+            (self.body_matmul_params * DTYPE_BITS[key] + (self.lm_head_params + self.other_params) * hi_bits) / 8
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """Shape of a decoder-only transformer, enough for exact parameter counts, FLOPs and KV bytes.
+
+    Llama, Mistral, Qwen2 and SmolLM are ``mlp="gated"`` (SwiGLU: gate, up and down matrices), RMSNorm, rotary
+    positions. OPT is ``mlp="plain"`` (fc1, fc2), LayerNorm with bias, biases on every linear layer, and a learned
+    position table with two extra rows (``num_position_embeddings = max_position_embeddings + 2``).
+    """
+
+    name: str
+    hidden_size: int
+    num_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    intermediate_size: int
+    vocab_size: int
+    max_position_embeddings: int
+    head_dim: int = 0  # 0: hidden_size // num_attention_heads
+    tie_word_embeddings: bool = False
+    mlp: Literal["gated", "plain"] = "gated"
+    norm: Literal["rms", "layer"] = "rms"  # LayerNorm has a bias as well as a weight
+    qkv_bias: bool = False  # Qwen2: biases on q, k and v only
+    o_bias: bool = False
+    mlp_bias: bool = False
+    num_position_embeddings: int = 0  # rows of a learned position table; 0 for rotary embeddings
+    word_embed_proj_dim: int = 0  # OPT: embedding width when it differs from hidden_size (adds project_in/out)
+    final_norm: bool = True  # a norm after the last layer (OPT's post-norm variants have none)
+    model_type: str = "llama"  # Hugging Face model_type, kept for the real engine and for round trips
+    rope_theta: float = 10000.0  # rotary base (unused when num_position_embeddings > 0)
+    norm_eps: float = 1e-5
+
+    def __post_init__(self) -> None:
+        for f in ("hidden_size", "num_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size",
+                  "vocab_size", "max_position_embeddings"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"model {self.name!r}: {f} must be a positive integer, got {v!r}")
+        if self.head_dim == 0:
+            if self.hidden_size % self.num_attention_heads:
+                raise ValueError(f"model {self.name!r}: hidden_size {self.hidden_size} is not divisible by "
+                                 f"num_attention_heads {self.num_attention_heads}; give head_dim explicitly")
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
+        if self.head_dim < 1:
+            raise ValueError(f"model {self.name!r}: head_dim must be positive, got {self.head_dim}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(f"model {self.name!r}: num_attention_heads {self.num_attention_heads} is not a "
+                             f"multiple of num_key_value_heads {self.num_key_value_heads}")
+        if self.mlp not in ("gated", "plain"):
+            raise ValueError(f"model {self.name!r}: mlp must be 'gated' or 'plain', got {self.mlp!r}")
+        if self.norm not in ("rms", "layer"):
+            raise ValueError(f"model {self.name!r}: norm must be 'rms' or 'layer', got {self.norm!r}")
+        if self.word_embed_proj_dim == 0:
+            object.__setattr__(self, "word_embed_proj_dim", self.hidden_size)
+
+    # --- parameter counts (tensor_parallel_size=1 is the whole model) -------------------------------------------
+
+    def shard(self, tensor_parallel_size: int = 1) -> ShardSpec:
+        """Parameter counts on one of ``tensor_parallel_size`` GPUs; see ``ShardSpec``."""
+        tp = check_tensor_parallel(self, tensor_parallel_size)
+        h, hd, e = self.hidden_size, self.head_dim, self.word_embed_proj_dim
+        heads = self.num_attention_heads // tp
+        kv = max(1, self.num_key_value_heads // tp)
+        inter = -(-self.intermediate_size // tp)
+        vocab = -(-self.vocab_size // tp)
+        n_up = 2 if self.mlp == "gated" else 1
+        layer_mm = h * (heads + 2 * kv) * hd + heads * hd * h + (n_up + 1) * h * inter
+        layer_other = (2 if self.norm == "layer" else 1) * h * 2  # two norms per layer
+        if self.qkv_bias:
+            layer_other += (heads + 2 * kv) * hd
+        if self.o_bias:
+            layer_other += h
+        if self.mlp_bias:
+            layer_other += n_up * inter + h
+        proj = 2 * e * h if e != h else 0
+        final = (2 if self.norm == "layer" else 1) * h if self.final_norm else 0
+        return ShardSpec(
+            tensor_parallel_size=tp,
+            num_attention_heads=heads,
+            num_key_value_heads=kv,
+            intermediate_size=inter,
+            vocab_size=vocab,
+            layer_matmul_params=layer_mm,
+            body_matmul_params=self.num_layers * layer_mm + proj,
+            lm_head_params=vocab * e,
+            embedding_params=vocab * e + self.num_position_embeddings * h,
+            other_params=self.num_layers * layer_other + final,
+            tied=self.tie_word_embeddings,
+        )
+
+    @property
+    def num_params(self) -> int:
+        """Exact parameter count: embeddings, attention, MLP, norms, biases, and the LM head unless tied."""
+        return self.shard(1).stored_params
+
+    @property
+    def matmul_params(self) -> int:
+        """Weights of the linear layers a token passes through, LM head included (tied or not), embeddings
+        excluded. ``2 * matmul_params`` is the classic forward FLOPs per token."""
+        s = self.shard(1)
+        return s.body_matmul_params + s.lm_head_params
+
+    @property
+    def flops_per_token(self) -> int:
+        """Forward FLOPs per token in the linear layers (incl. LM head), attention excluded: 2 * matmul_params."""
+        return 2 * self.matmul_params
+
+    @property
+    def attn_flops_per_pair(self) -> int:
+        """Attention FLOPs per causal query-key pair: QK^T and PV, 2 FLOPs per multiply-add each, every layer."""
+        return 4 * self.num_layers * self.num_attention_heads * self.head_dim
+
+    def attention_flops(self, attn_pairs: int | float) -> int | float:
+        """Attention FLOPs for ``attn_pairs`` query-key pairs (see ``StepShape.attn_pairs``)."""
+        return attn_pairs * self.attn_flops_per_pair
+
+    def weight_bytes(self, dtype: str = "bf16") -> int:
+        """Bytes of all weights; see ``ShardSpec.weight_bytes`` for what a quantized dtype covers."""
+        return self.shard(1).weight_bytes(dtype)
+
+    def kv_bytes_per_token(self, kv_dtype: str = "bf16") -> int:
+        """KV-cache bytes one token occupies: 2 (K and V) * layers * kv heads * head_dim * bytes per element."""
+        return 2 * self.num_layers * self.num_key_value_heads * self.head_dim * kv_dtype_bytes(kv_dtype)
+
+    # --- construction ---------------------------------------------------------------------------------------------
+
+    @classmethod
+    def from_hf_config(cls, config: Mapping[str, Any] | str | PathLike[str], name: str | None = None) -> "ModelSpec":
+        """Read a Hugging Face ``config.json`` (a dict, a file, or a folder holding config.json).
+
+        Llama-like types (llama, mistral, qwen2, smollm, ...) read ``hidden_size, num_hidden_layers,
+        num_attention_heads, num_key_value_heads (default: heads), head_dim (default: hidden/heads),
+        intermediate_size, vocab_size, max_position_embeddings, tie_word_embeddings, attention_bias, mlp_bias``;
+        ``opt`` reads ``ffn_dim`` instead of intermediate_size, plus ``word_embed_proj_dim, do_layer_norm_before,
+        enable_bias``.
+        """
+        if isinstance(config, Mapping):
+            cfg = dict(config)
+            source = "config"
+        else:
+            path = Path(config)
+            if path.is_dir():
+                path = path / "config.json"
+            cfg = json.loads(path.read_text())
+            source = str(path)
+        model_type = str(cfg.get("model_type", "llama")).lower()
+        if name is None:
+            name = str(cfg.get("_name_or_path") or cfg.get("name") or model_type)
+
+        def need(key: str) -> Any:
+            if cfg.get(key) is None:
+                raise ValueError(f"{source} ({model_type}) lacks the field {key!r}, needed for the model's shape")
+            return cfg[key]
+
+        hidden = int(need("hidden_size"))
+        heads = int(need("num_attention_heads"))
+        common = dict(
+            name=name,
+            hidden_size=hidden,
+            num_layers=int(need("num_hidden_layers")),
+            num_attention_heads=heads,
+            vocab_size=int(need("vocab_size")),
+            max_position_embeddings=int(need("max_position_embeddings")),
+            model_type=model_type,
+        )
+        if model_type == "opt":
+            enable_bias = bool(cfg.get("enable_bias", True))
+            pre_norm = bool(cfg.get("do_layer_norm_before", True))
+            return cls(
+                **common,
+                num_key_value_heads=heads,
+                intermediate_size=int(need("ffn_dim")),
+                tie_word_embeddings=bool(cfg.get("tie_word_embeddings", True)),
+                mlp="plain",
+                norm="layer",
+                qkv_bias=enable_bias,
+                o_bias=enable_bias,
+                mlp_bias=enable_bias,
+                num_position_embeddings=common["max_position_embeddings"] + 2,  # OPT's learned table has offset 2
+                word_embed_proj_dim=int(cfg.get("word_embed_proj_dim") or hidden),
+                final_norm=pre_norm and not cfg.get("_remove_final_layer_norm", False),
+                norm_eps=1e-5,
+            )
+        attention_bias = bool(cfg.get("attention_bias", False))
+        return cls(
+            **common,
+            num_key_value_heads=int(cfg.get("num_key_value_heads") or heads),
+            head_dim=int(cfg.get("head_dim") or 0),
+            intermediate_size=int(need("intermediate_size")),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            qkv_bias=attention_bias or model_type == "qwen2",
+            o_bias=attention_bias,
+            mlp_bias=bool(cfg.get("mlp_bias", False)),
+            rope_theta=float(cfg.get("rope_theta", 10000.0)),
+            norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
+        )
+
+    def to_hf_config(self) -> dict[str, Any]:
+        """The Hugging Face config fields this spec holds; ``from_hf_config`` reads them back to an equal spec."""
+        cfg: dict[str, Any] = {
+            "_name_or_path": self.name,
+            "model_type": self.model_type,
+            "hidden_size": self.hidden_size,
+            "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "vocab_size": self.vocab_size,
+            "max_position_embeddings": self.max_position_embeddings,
+            "tie_word_embeddings": self.tie_word_embeddings,
+        }
+        if self.model_type == "opt":
+            cfg.update(
+                ffn_dim=self.intermediate_size,
+                word_embed_proj_dim=self.word_embed_proj_dim,
+                do_layer_norm_before=self.final_norm,
+                enable_bias=self.qkv_bias,
+            )
+            return cfg
+        cfg.update(
+            num_key_value_heads=self.num_key_value_heads,
+            head_dim=self.head_dim,
+            intermediate_size=self.intermediate_size,
+            attention_bias=self.o_bias,
+            mlp_bias=self.mlp_bias,
+            rope_theta=self.rope_theta,
+            rms_norm_eps=self.norm_eps,
+        )
+        return cfg
+
+    @classmethod
+    def from_name(cls, name: str) -> "ModelSpec":
+        """A preset by name, case-insensitive (see ``MODEL_PRESETS``)."""
+        key = name.strip().lower()
+        key = _MODEL_ALIASES.get(key, key)
+        if key not in MODEL_PRESETS:
+            raise ValueError(f"unknown model {name!r}; presets: {', '.join(MODEL_PRESETS)} "
+                             "(or use ModelSpec.from_hf_config with a config.json)")
+        return cls.from_hf_config(MODEL_PRESETS[key], name=key)
+
+
+def check_tensor_parallel(model: ModelSpec, tensor_parallel_size: int) -> int:
+    """Validate a tensor-parallel degree the way vLLM does: it must divide the attention heads, and either divide
+    the KV heads or be a multiple of them (KV heads are then replicated)."""
+    tp = tensor_parallel_size
+    if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
+        raise ValueError(f"tensor_parallel_size must be a positive integer, got {tp!r}")
+    kv = model.num_key_value_heads
+    if model.num_attention_heads % tp or (kv % tp and tp % kv):
+        raise ValueError(f"tensor_parallel_size={tp} does not split {model.name}: it must divide its "
+                         f"{model.num_attention_heads} attention heads and divide or be a multiple of its {kv} "
+                         "KV heads")
+    return tp
+
+
+# Presets: the shape fields of each model's published config.json.
+MODEL_PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": {  # a test model small enough for a CPU
+        "model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 256, "max_position_embeddings": 2048,
+        "tie_word_embeddings": False, "rope_theta": 10000.0, "rms_norm_eps": 1e-5,
+    },
+    "smollm2-135m": {  # HuggingFaceTB/SmolLM2-135M
+        "model_type": "llama", "hidden_size": 576, "num_hidden_layers": 30, "num_attention_heads": 9,
+        "num_key_value_heads": 3, "intermediate_size": 1536, "vocab_size": 49152, "max_position_embeddings": 8192,
+        "tie_word_embeddings": True, "rope_theta": 100000.0, "rms_norm_eps": 1e-5,
+    },
+    "llama-3.2-1b": {  # meta-llama/Llama-3.2-1B
+        "model_type": "llama", "hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 32,
+        "num_key_value_heads": 8, "head_dim": 64, "intermediate_size": 8192, "vocab_size": 128256,
+        "max_position_embeddings": 131072, "tie_word_embeddings": True, "rope_theta": 500000.0,
+        "rms_norm_eps": 1e-5,
+    },
+    "llama-3.1-8b": {  # meta-llama/Llama-3.1-8B
+        "model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+        "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256,
+        "max_position_embeddings": 131072, "tie_word_embeddings": False, "rope_theta": 500000.0,
+        "rms_norm_eps": 1e-5,
+    },
+    "llama-3.1-70b": {  # meta-llama/Llama-3.1-70B
+        "model_type": "llama", "hidden_size": 8192, "num_hidden_layers": 80, "num_attention_heads": 64,
+        "num_key_value_heads": 8, "intermediate_size": 28672, "vocab_size": 128256,
+        "max_position_embeddings": 131072, "tie_word_embeddings": False, "rope_theta": 500000.0,
+        "rms_norm_eps": 1e-5,
+    },
+    "mistral-7b": {  # mistralai/Mistral-7B-v0.3 (v0.1 is the same shape with a 32000-token vocabulary)
+        "model_type": "mistral", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+        "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 32768,
+        "max_position_embeddings": 32768, "tie_word_embeddings": False, "rope_theta": 1000000.0,
+        "rms_norm_eps": 1e-5,
+    },
+    "qwen2.5-7b": {  # Qwen/Qwen2.5-7B
+        "model_type": "qwen2", "hidden_size": 3584, "num_hidden_layers": 28, "num_attention_heads": 28,
+        "num_key_value_heads": 4, "intermediate_size": 18944, "vocab_size": 152064,
+        "max_position_embeddings": 131072, "tie_word_embeddings": False, "rope_theta": 1000000.0,
+        "rms_norm_eps": 1e-6,
+    },
+    "opt-13b": {  # facebook/opt-13b
+        "model_type": "opt", "hidden_size": 5120, "num_hidden_layers": 40, "num_attention_heads": 40,
+        "ffn_dim": 20480, "vocab_size": 50272, "max_position_embeddings": 2048, "word_embed_proj_dim": 5120,
+        "do_layer_norm_before": True, "enable_bias": True, "tie_word_embeddings": True,
+    },
+}
+_MODEL_ALIASES = {
+    "llama-3.2-1b-instruct": "llama-3.2-1b",
+    "llama-3.1-8b-instruct": "llama-3.1-8b",
+    "llama-3.1-70b-instruct": "llama-3.1-70b",
+    "mistral-7b-v0.3": "mistral-7b",
+    "qwen2.5-7b-instruct": "qwen2.5-7b",
+    "smollm2-135m-instruct": "smollm2-135m",
+}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# GPUs
+
+
+@dataclass(frozen=True, slots=True)
+class GPUSpec:
+    """One accelerator. ``peak_flops`` holds dense (non-sparse) tensor-core FLOP/s by dtype; 0 or absent means
+    the dtype has no hardware support (the A100 has no fp8). Treat the dict as read-only."""
+
+    name: str
+    memory_bytes: int  # memory.total as nvidia-smi reports it (what vLLM's gpu_memory_utilization multiplies)
+    mem_bandwidth: float  # B/s, datasheet peak
+    peak_flops: dict[str, float] = field(hash=False)  # FLOP/s by dtype: fp32, bf16, fp16, fp8, int8
+    pcie_bandwidth: float  # B/s, effective host<->device copy rate in one direction (pinned memory)
+    nvlink_bandwidth: float = 0.0  # B/s per GPU in one direction (half the datasheet bidirectional total); 0: none
+    price_per_hour: float = 0.0  # USD per GPU-hour on demand (an assumption, see GPU_PRESETS)
+
+    def __post_init__(self) -> None:
+        if self.memory_bytes <= 0 or self.mem_bandwidth <= 0 or self.pcie_bandwidth <= 0:
+            raise ValueError(f"GPU {self.name!r}: memory_bytes, mem_bandwidth and pcie_bandwidth must be positive")
+        if self.nvlink_bandwidth < 0 or self.price_per_hour < 0:
+            raise ValueError(f"GPU {self.name!r}: nvlink_bandwidth and price_per_hour must be >= 0")
+        peaks = {canonical_dtype(k): float(v) for k, v in dict(self.peak_flops).items()}
+        if any(v < 0 for v in peaks.values()):
+            raise ValueError(f"GPU {self.name!r}: peak_flops must be >= 0")
+        if "bf16" in peaks and "fp16" not in peaks:
+            peaks["fp16"] = peaks["bf16"]
+        if peaks.get("bf16", 0.0) <= 0 and peaks.get("fp16", 0.0) <= 0:
+            raise ValueError(f"GPU {self.name!r}: peak_flops needs a positive bf16 (or fp16) rate")
+        object.__setattr__(self, "peak_flops", peaks)
+
+    def peak(self, dtype: str) -> float:
+        """Dense peak FLOP/s for matmuls in ``dtype``; 0.0 when unsupported."""
+        return self.peak_flops.get(canonical_dtype(dtype), 0.0)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "GPUSpec":
+        """A custom GPU from a mapping with this class's field names (unknown keys are refused)."""
+        names = {f.name for f in fields(cls)}
+        unknown = set(d) - names
+        if unknown:
+            raise ValueError(f"unknown GPU field(s) {sorted(unknown)}; expected {sorted(names)}")
+        missing = {"name", "memory_bytes", "mem_bandwidth", "peak_flops", "pcie_bandwidth"} - set(d)
+        if missing:
+            raise ValueError(f"GPU spec lacks the field(s) {sorted(missing)}")
+        return cls(**dict(d))
+
+    @classmethod
+    def from_name(cls, name: str) -> "GPUSpec":
+        """A preset by name, case-insensitive (see ``GPU_PRESETS``)."""
+        key = name.strip().lower().replace("_", "-")
+        key = _GPU_ALIASES.get(key, key)
+        if key not in GPU_PRESETS:
+            raise ValueError(f"unknown GPU {name!r}; presets: {', '.join(GPU_PRESETS)} (or GPUSpec.from_dict)")
+        return GPU_PRESETS[key]
+
+
+_T = 1e12
+_G = 1e9
+# Datasheet dense rates (sparsity figures halved). fp32 is the plain (non-tensor-core) rate.
+# Memory: nvidia-smi's memory.total. PCIe: effective pinned-memory copy rate per direction, about 50 GB/s for
+# Gen5 x16 and 25 GB/s for Gen4 x16. NVLink: per GPU per direction (900 GB/s total on Hopper, 600 on A100).
+# Prices: typical on-demand USD per GPU-hour at specialist GPU clouds in 2024-25; no single source, an
+# assumption for cost-per-token comparisons only; override with GPUSpec.from_dict for a real quote.
+GPU_PRESETS: dict[str, GPUSpec] = {
+    "h200": GPUSpec(
+        name="h200", memory_bytes=143771 * MiB, mem_bandwidth=4.8e12,
+        peak_flops={"fp32": 67 * _T, "bf16": 989.4 * _T, "fp16": 989.4 * _T, "fp8": 1978.9 * _T,
+                    "int8": 1978.9 * _T},
+        pcie_bandwidth=50 * _G, nvlink_bandwidth=450 * _G, price_per_hour=3.50,
+    ),
+    "h100-sxm": GPUSpec(
+        name="h100-sxm", memory_bytes=81559 * MiB, mem_bandwidth=3.35e12,
+        peak_flops={"fp32": 67 * _T, "bf16": 989.4 * _T, "fp16": 989.4 * _T, "fp8": 1978.9 * _T,
+                    "int8": 1978.9 * _T},
+        pcie_bandwidth=50 * _G, nvlink_bandwidth=450 * _G, price_per_hour=2.50,
+    ),
+    "a100-80gb": GPUSpec(
+        name="a100-80gb", memory_bytes=81920 * MiB, mem_bandwidth=2.039e12,
+        peak_flops={"fp32": 19.5 * _T, "bf16": 312 * _T, "fp16": 312 * _T, "fp8": 0.0, "int8": 624 * _T},
+        pcie_bandwidth=25 * _G, nvlink_bandwidth=300 * _G, price_per_hour=1.60,
+    ),
+    "a100-40gb": GPUSpec(
+        name="a100-40gb", memory_bytes=40960 * MiB, mem_bandwidth=1.555e12,
+        peak_flops={"fp32": 19.5 * _T, "bf16": 312 * _T, "fp16": 312 * _T, "fp8": 0.0, "int8": 624 * _T},
+        pcie_bandwidth=25 * _G, nvlink_bandwidth=300 * _G, price_per_hour=1.20,
+    ),
+    "l40s": GPUSpec(
+        name="l40s", memory_bytes=46068 * MiB, mem_bandwidth=864 * _G,
+        peak_flops={"fp32": 91.6 * _T, "bf16": 362.05 * _T, "fp16": 362.05 * _T, "fp8": 733 * _T,
+                    "int8": 733 * _T},
+        pcie_bandwidth=25 * _G, nvlink_bandwidth=0.0, price_per_hour=0.90,
+    ),
+    "l4": GPUSpec(
+        name="l4", memory_bytes=23034 * MiB, mem_bandwidth=300 * _G,
+        peak_flops={"fp32": 30.3 * _T, "bf16": 121 * _T, "fp16": 121 * _T, "fp8": 242.5 * _T,
+                    "int8": 242.5 * _T},
+        pcie_bandwidth=25 * _G, nvlink_bandwidth=0.0, price_per_hour=0.70,
+    ),
+}
+_GPU_ALIASES = {"h100": "h100-sxm", "h100-80gb": "h100-sxm", "a100": "a100-80gb", "h200-sxm": "h200"}
+
+
+def _as_model(model: ModelSpec | str) -> ModelSpec:
+    return model if isinstance(model, ModelSpec) else ModelSpec.from_name(model)
+
+
+def _as_gpu(gpu: GPUSpec | str | Mapping[str, Any]) -> GPUSpec:
+    if isinstance(gpu, GPUSpec):
+        return gpu
+    if isinstance(gpu, Mapping):
+        return GPUSpec.from_dict(gpu)
+    return GPUSpec.from_name(gpu)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# KV budget
+
+# Memory outside PyTorch's view that vLLM's profiling sees grow: CUDA context share, cuBLAS/NCCL workspaces and
+# allocator fragmentation. CUDA graphs are captured after the KV cache is sized and live in the
+# (1 - gpu_memory_utilization) headroom, so they are not counted here.
+DEFAULT_RUNTIME_OVERHEAD_BYTES = 1 * GiB
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192  # vLLM v1's default for online serving on large GPUs
+DEFAULT_MAX_NUM_SEQS = 256  # vLLM's default
+
+
+class ModelDoesNotFitError(ValueError):
+    """The weights plus the activation reserve leave no room for a single KV block on one GPU."""
+
+
+@dataclass(frozen=True, slots=True)
+class KVBudget:
+    """How vLLM would size the paged KV cache. Memory figures are per GPU (one tensor-parallel shard)."""
+
+    model: str
+    gpu: str
+    weight_dtype: str
+    kv_dtype: str
+    tensor_parallel_size: int
+    gpu_memory_utilization: float
+    total_memory: int  # bytes on one GPU
+    usable_memory: int  # total_memory * gpu_memory_utilization
+    weight_bytes: int  # resident weights on one GPU
+    activation_reserve: int  # peak activations of the profiling forward plus runtime overhead
+    kv_memory: int  # usable - weights - reserve: what the KV cache may take
+    block_size: int  # tokens per KV block
+    bytes_per_token: int  # KV bytes one token takes on one GPU
+    kv_bytes_per_block: int  # block_size * bytes_per_token
+    num_gpu_blocks: int  # blocks the cache holds (kv_memory // kv_bytes_per_block, or the override)
+
+    @property
+    def capacity_tokens(self) -> int:
+        """Tokens the KV cache holds when every block is full."""
+        return self.num_gpu_blocks * self.block_size
+
+
+def estimate_activation_reserve(
+    model: ModelSpec | str,
+    *,
+    weight_dtype: str = "bf16",
+    tensor_parallel_size: int = 1,
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
+    runtime_overhead_bytes: int = DEFAULT_RUNTIME_OVERHEAD_BYTES,
+) -> int:
+    """Bytes vLLM's profiling forward would find in use besides weights and KV, estimated from the shapes.
+
+    vLLM runs one dummy forward of ``max_num_batched_tokens`` tokens and one sampler pass over ``max_num_seqs``
+    rows, and reserves their peak. The peak sits in the MLP of one layer: per token about 4 hidden-sized tensors
+    (residual, normed input, attention output, allocator slack) and the up projection(s) plus the activated
+    output (3 intermediate-sized tensors for SwiGLU, 2 for a plain MLP), in the activation dtype. The sampler
+    holds fp32 logits and one same-sized copy (softmax) per row. Add ``runtime_overhead_bytes``.
+
+        reserve = max_num_batched_tokens * (4 * hidden + k * intermediate / tp) * act_bytes
+                  + max_num_seqs * vocab * 4 * 2 + runtime_overhead_bytes        (k = 3 gated, 2 plain)
+
+    For Llama-3.1-8B in bf16 with the defaults this is about 2.15 GiB, in line with what vLLM reports on an H100.
+    """
+    m = _as_model(model)
+    s = m.shard(tensor_parallel_size)
+    act = int(dtype_bytes(activation_dtype(weight_dtype)))
+    k = 3 if m.mlp == "gated" else 2
+    per_token = (4 * m.hidden_size + k * s.intermediate_size) * act
+    logits = max_num_seqs * m.vocab_size * 4 * 2
+    return max_num_batched_tokens * per_token + logits + runtime_overhead_bytes
+
+
+def _kv_memory(m: ModelSpec, g: GPUSpec, util: float, weight_dtype: str, tp: int, reserve: int | None,
+               reserve_kwargs: dict[str, Any]) -> tuple[int, int, int, int]:
+    usable = int(g.memory_bytes * util)
+    weights = m.shard(tp).weight_bytes(weight_dtype)
+    if reserve is None:
+        reserve = estimate_activation_reserve(m, weight_dtype=weight_dtype, tensor_parallel_size=tp,
+                                              **reserve_kwargs)
+    return usable, weights, reserve, usable - weights - reserve
+
+
+def kv_budget(
+    model: ModelSpec | str,
+    gpu: GPUSpec | str | Mapping[str, Any],
+    *,
+    gpu_memory_utilization: float = 0.9,
+    weight_dtype: str = "bf16",
+    kv_dtype: str = "auto",
+    block_size: int = 16,
+    tensor_parallel_size: int = 1,
+    activation_reserve_bytes: int | None = None,
+    num_gpu_blocks_override: int | None = None,
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
+) -> KVBudget:
+    """Size the KV cache as vLLM does, per GPU:
+
+        usable      = int(memory_bytes * gpu_memory_utilization)
+        kv_memory   = usable - weight_bytes(per GPU) - activation_reserve
+        num_blocks  = kv_memory // (block_size * kv_bytes_per_token(per GPU))
+
+    ``activation_reserve_bytes`` replaces the estimate of ``estimate_activation_reserve`` (which uses
+    ``max_num_batched_tokens`` and ``max_num_seqs``). ``kv_dtype="auto"`` is the model's activation dtype.
+    ``num_gpu_blocks_override`` fixes the block count (as vLLM's option does) once the weights are known to fit.
+    Raises ``ModelDoesNotFitError`` when not even one block fits, with suggestions that would.
+    """
+    m, g = _as_model(model), _as_gpu(gpu)
+    wd = canonical_dtype(weight_dtype)
+    kd = resolve_kv_dtype(kv_dtype, wd)
+    tp = check_tensor_parallel(m, tensor_parallel_size)
+    if not 0.0 < gpu_memory_utilization <= 1.0:
+        raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    rk = dict(max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs)
+    usable, weights, reserve, kv_mem = _kv_memory(m, g, gpu_memory_utilization, wd, tp, activation_reserve_bytes,
+                                                  rk)
+    per_token = 2 * m.num_layers * m.shard(tp).num_key_value_heads * m.head_dim * kv_dtype_bytes(kd)
+    per_block = block_size * per_token
+    if kv_mem < per_block:
+        options = []
+        # the same dtype on more GPUs, then smaller weight formats (fp8 runs weight-only where unsupported)
+        for dt in [wd] + [d for d in ("fp8", "int4") if DTYPE_BITS[d] < DTYPE_BITS[wd]]:
+            for t in (1, 2, 4, 8):
+                try:
+                    check_tensor_parallel(m, t)
+                except ValueError:
+                    continue
+                kvt = 2 * m.num_layers * m.shard(t).num_key_value_heads * m.head_dim * kv_dtype_bytes(kd)
+                if _kv_memory(m, g, gpu_memory_utilization, dt, t, activation_reserve_bytes, rk)[3] >= \
+                        block_size * kvt:
+                    options.append(f"tensor_parallel_size={t} with weight_dtype={dt}")
+                    break
+        hint = ("; options that fit on " + g.name + ": " + ", ".join(options)) if options else \
+            f"; no weight dtype with up to 8 x {g.name} fits: use a GPU with more memory"
+        raise ModelDoesNotFitError(
+            f"{m.name} does not fit on {tp} x {g.name}: per GPU it needs {weights / GiB:.2f} GiB of {wd} weights "
+            f"+ {reserve / GiB:.2f} GiB activation reserve + {per_block / MiB:.2f} MiB for one KV block, but "
+            f"{gpu_memory_utilization} x {g.memory_bytes / GiB:.2f} GiB = {usable / GiB:.2f} GiB is available"
+            f"{hint}"
+        )
+    blocks = kv_mem // per_block
+    if num_gpu_blocks_override is not None:
+        if num_gpu_blocks_override < 1:
+            raise ValueError(f"num_gpu_blocks_override must be >= 1, got {num_gpu_blocks_override}")
+        blocks = num_gpu_blocks_override
+    return KVBudget(
+        model=m.name, gpu=g.name, weight_dtype=wd, kv_dtype=kd, tensor_parallel_size=tp,
+        gpu_memory_utilization=gpu_memory_utilization, total_memory=g.memory_bytes, usable_memory=usable,
+        weight_bytes=weights, activation_reserve=reserve, kv_memory=kv_mem, block_size=block_size,
+        bytes_per_token=per_token, kv_bytes_per_block=per_block, num_gpu_blocks=int(blocks),
+    )
+
+
+def max_concurrent_sequences(budget: KVBudget, context_len: int) -> int:
+    """How many sequences of ``context_len`` tokens (prompt + output) the cache holds at once, whole blocks each."""
+    if context_len < 1:
+        raise ValueError(f"context_len must be >= 1, got {context_len}")
+    return budget.num_gpu_blocks // -(-context_len // budget.block_size)

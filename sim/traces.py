@@ -1,0 +1,411 @@
+"""Readers for real LLM serving traces: the Azure 2023 CSVs and the Mooncake JSONL.
+
+Standard library parsing, numpy arrays out. Three traces ship with the package (see ``sim/data/traces/NOTICE.md``
+for their sources and licences) and are named ``azure-code``, ``azure-conv`` and ``mooncake``; any other string is
+a path whose extension picks the format (``.csv``: Azure, ``.jsonl``: Mooncake).
+
+Replay transforms, applied in this order by :func:`load_trace`:
+
+1. window: keep requests whose time since the trace's first request lies in ``[start, end)`` (original seconds);
+2. ``max_requests``: keep the first N of the window;
+3. scale: arrivals (relative to the window's first request) are multiplied by ``time_scale / rate_scale``.
+   ``time_scale`` stretches time (0.5 replays twice as fast), ``rate_scale`` multiplies the request rate (2.0 is
+   twice the rate); they compose as one factor, so ``time_scale=0.5`` and ``rate_scale=2.0`` are the same thing and
+   using both gives ``time_scale=0.5, rate_scale=2`` -> four times the rate;
+4. ``repeat_to=N``: the (scaled) window is tiled back to back, each copy shifted by the window's span plus one mean
+   gap, until exactly N requests exist (the last copy is cut; N below the window's size just cuts the window).
+
+Lengths of 0 in a file are clamped to 1 (a request needs at least one prompt and one output token); negative or
+non-integer lengths are errors. The shipped traces contain no zero lengths.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+from dataclasses import dataclass
+from datetime import date
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+TRACE_DIR = Path(__file__).resolve().parent / "data" / "traces"
+
+# Shipped traces by name.
+TRACES: dict[str, str] = {
+    "azure-code": "azure2023_code.csv",
+    "azure-conv": "azure2023_conv.csv",
+    "mooncake": "mooncake_conversation.jsonl",
+}
+
+MOONCAKE_BLOCK_SIZE = 512  # tokens named by one Mooncake hash id
+
+_AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class TraceData:
+    """A trace ready to replay: one entry per request, sorted by arrival. Arrays are read-only."""
+
+    arrival: np.ndarray  # float64 seconds since the first request of the window (the first is 0.0)
+    prompt_len: np.ndarray  # int64 prompt tokens, >= 1
+    output_len: np.ndarray  # int64 output tokens, >= 1
+    hash_ids: list[tuple[int, ...]] | None = None  # Mooncake only: one id per 512-token prompt block
+    source: str = ""  # file the requests came from
+    hash_block_size: int = MOONCAKE_BLOCK_SIZE  # tokens named by one hash id
+
+    def __len__(self) -> int:
+        return int(self.arrival.shape[0])
+
+    @property
+    def duration(self) -> float:
+        """Seconds from the first to the last arrival."""
+        return float(self.arrival[-1] - self.arrival[0]) if len(self) else 0.0
+
+    @property
+    def mean_rate(self) -> float:
+        """Requests per second: the inverse of the mean inter-arrival gap; inf when every arrival coincides."""
+        n = len(self)
+        if n < 2:
+            return math.nan
+        span = self.duration
+        return (n - 1) / span if span > 0 else math.inf
+
+
+def resolve_trace(name_or_path: str | os.PathLike[str]) -> Path:
+    """Path of a shipped trace name, or the given path. Raises FileNotFoundError naming the path."""
+    if isinstance(name_or_path, str) and name_or_path in TRACES:
+        path = TRACE_DIR / TRACES[name_or_path]
+    else:
+        path = Path(name_or_path).expanduser()
+    if not path.is_file():
+        known = ", ".join(TRACES)
+        raise FileNotFoundError(f"trace file not found: {path} (shipped traces are named {known})")
+    return path
+
+
+def load_trace(
+    name_or_path: str | os.PathLike[str],
+    *,
+    start: float = 0.0,
+    end: float | None = None,
+    time_scale: float = 1.0,
+    rate_scale: float = 1.0,
+    max_requests: int | None = None,
+    repeat_to: int | None = None,
+) -> TraceData:
+    """Load a trace and apply the replay transforms described in the module docstring.
+
+    ``start``/``end`` are seconds of the original trace since its first request; the returned arrivals start at
+    0.0 at the window's first request. Raises FileNotFoundError for a missing file, ValueError for a malformed
+    row (naming the file and line), an unknown extension, bad arguments or an empty window.
+    """
+    if not (math.isfinite(start) and start >= 0):
+        raise ValueError(f"start must be a finite number >= 0, got {start}")
+    if end is not None and not end > start:
+        raise ValueError(f"end must be greater than start ({start}), got {end}")
+    for label, value in (("time_scale", time_scale), ("rate_scale", rate_scale)):
+        if not (math.isfinite(value) and value > 0):
+            raise ValueError(f"{label} must be a finite number > 0, got {value}")
+    if max_requests is not None and max_requests < 1:
+        raise ValueError(f"max_requests must be >= 1, got {max_requests}")
+    if repeat_to is not None and repeat_to < 1:
+        raise ValueError(f"repeat_to must be >= 1, got {repeat_to}")
+
+    path = resolve_trace(name_or_path)
+    stat = path.stat()
+    times, prompt, output, hash_ids = _read_cached(str(path), stat.st_mtime_ns, stat.st_size)
+
+    # 1-2. Window on the original clock, then the first max_requests of it.
+    lo = int(np.searchsorted(times, start, side="left"))
+    hi = len(times) if end is None else int(np.searchsorted(times, end, side="left"))
+    if max_requests is not None:
+        hi = min(hi, lo + max_requests)
+    if hi <= lo:
+        raise ValueError(f"{path}: no requests in the window [{start}, {end}) s")
+    arrival = times[lo:hi] - times[lo]
+    prompt, output = prompt[lo:hi], output[lo:hi]
+    ids = None if hash_ids is None else list(hash_ids[lo:hi])
+
+    # 3. One factor, so both scales act exactly as documented on every gap and on the span.
+    factor = time_scale / rate_scale
+    if factor != 1.0:
+        arrival = arrival * factor
+
+    # 4. Tiling.
+    if repeat_to is not None:
+        arrival, prompt, output, ids = _tile(path, arrival, prompt, output, ids, repeat_to)
+
+    return TraceData(
+        arrival=_frozen(np.ascontiguousarray(arrival, dtype=np.float64)),
+        prompt_len=_frozen(np.ascontiguousarray(prompt, dtype=np.int64)),
+        output_len=_frozen(np.ascontiguousarray(output, dtype=np.int64)),
+        hash_ids=ids,
+        source=str(path),
+    )
+
+
+def _tile(
+    path: Path,
+    arrival: np.ndarray,
+    prompt: np.ndarray,
+    output: np.ndarray,
+    ids: list[tuple[int, ...]] | None,
+    n: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[tuple[int, ...]] | None]:
+    m = len(arrival)
+    if n <= m:
+        return arrival[:n], prompt[:n], output[:n], None if ids is None else ids[:n]
+    if m < 2:
+        raise ValueError(f"{path}: repeat_to needs a window of at least 2 requests (to measure a mean gap)")
+    span = float(arrival[-1] - arrival[0])
+    shift = span + span / (m - 1)  # the window's span plus one mean gap
+    copies = -(-n // m)
+    offsets = np.repeat(np.arange(copies, dtype=np.float64) * shift, m)[:n]
+    arrival = np.tile(arrival, copies)[:n] + offsets
+    prompt = np.tile(prompt, copies)[:n]
+    output = np.tile(output, copies)[:n]
+    if ids is not None:
+        # Each copy is new traffic, not a replay of the same prompts: shift its ids past every id of the window
+        # so that copies share no prefix with one another (sharing inside each copy is kept).
+        stride = 1 + max((max(t) for t in ids if t), default=-1)
+        tiled: list[tuple[int, ...]] = []
+        for c in range(copies):
+            base = c * stride
+            chunk = ids if base == 0 else [tuple(h + base for h in t) for t in ids]
+            tiled.extend(chunk[: n - len(tiled)])
+        ids = tiled
+    return arrival, prompt, output, ids
+
+
+def _frozen(a: np.ndarray) -> np.ndarray:
+    a.setflags(write=False)
+    return a
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Parsing. Cached on (path, mtime, size) so that a workload sampled many times reads its file once; the arrays
+# are read-only so the cache cannot be corrupted by a caller.
+
+_Parsed = tuple[np.ndarray, np.ndarray, np.ndarray, "tuple[tuple[int, ...], ...] | None"]
+
+
+@lru_cache(maxsize=8)
+def _read_cached(path: str, mtime_ns: int, size: int) -> _Parsed:
+    suffix = Path(path).suffix.lower()
+    if suffix == ".csv":
+        times, prompt, output = _read_azure(path)
+        hash_ids = None
+    elif suffix == ".jsonl":
+        times, prompt, output, hash_ids = _read_mooncake(path)
+    else:
+        raise ValueError(f"{path}: unknown trace format {suffix!r} (expected .csv for Azure, .jsonl for Mooncake)")
+    if len(times) == 0:
+        raise ValueError(f"{path}: the trace holds no requests")
+    # Relative to the first request; stable sort if a file is out of order (the shipped ones are sorted).
+    if np.any(times[1:] < times[:-1]):
+        order = np.argsort(times, kind="stable")
+        times, prompt, output = times[order], prompt[order], output[order]
+        if hash_ids is not None:
+            hash_ids = tuple(hash_ids[i] for i in order)
+    times = times - times[0]
+    for a in (times, prompt, output):
+        a.setflags(write=False)
+    return times, prompt, output, hash_ids
+
+
+def _length(text: str | int, path: str, line: int, column: str) -> int:
+    if type(text) is int:  # exact type: a JSON true/false or 12.5 is not a length
+        value = text
+    else:
+        try:
+            value = int(text) if isinstance(text, str) else None
+        except ValueError:
+            value = None
+        if value is None:
+            raise ValueError(f"{path}:{line}: {column} must be an integer, got {text!r}")
+    if value < 0:
+        raise ValueError(f"{path}:{line}: {column} must be >= 0, got {value}")
+    return value if value > 0 else 1  # clamp 0 -> 1: a request needs at least one token of each
+
+
+def _read_azure(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Azure LLM inference trace: ``TIMESTAMP,ContextTokens,GeneratedTokens`` with a header row.
+
+    A vectorised fast path handles well-formed files; anything it does not accept (a bad row, quoting, another
+    column order, blank lines) is re-read row by row, which either parses it or names the offending line.
+    """
+    with open(path, encoding="utf-8", newline="") as f:
+        text = f.read()
+    try:
+        return _read_azure_fast(text)
+    except (ValueError, IndexError, UnicodeEncodeError):
+        return _read_azure_rows(path)
+
+
+def _read_azure_fast(text: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    lines = text.splitlines()
+    if not lines or [h.strip() for h in lines[0].split(",")] != list(_AZURE_COLUMNS):
+        raise ValueError("not the plain layout")
+    rows = [line.split(",") for line in lines[1:]]
+    if not rows:
+        return np.empty(0), np.empty(0, np.int64), np.empty(0, np.int64)
+    if any(len(r) != 3 for r in rows):
+        raise ValueError("ragged rows")
+    stamps, context, generated = zip(*rows)
+    prompt = np.array(list(map(int, context)), dtype=np.int64)
+    output = np.array(list(map(int, generated)), dtype=np.int64)
+    if prompt.min() < 0 or output.min() < 0:
+        raise ValueError("negative length")
+    return _timestamps_ns_fast(stamps), np.maximum(prompt, 1), np.maximum(output, 1)
+
+
+def _timestamps_ns_fast(stamps: tuple[str, ...]) -> np.ndarray:
+    """Fixed-width ``YYYY-MM-DD HH:MM:SS[.f...]`` strings to seconds since the earliest, exactly, with numpy."""
+    width = len(stamps[0])
+    if width < 19 or width == 20 or any(len(x) != width for x in stamps):
+        raise ValueError("timestamps of varying width")
+    c = np.frombuffer("".join(stamps).encode("ascii"), dtype=np.uint8).reshape(len(stamps), width)
+    seps = {4: b"-", 7: b"-", 13: b":", 16: b":", 19: b"."}
+    if any(np.any(c[:, k] != ord(v)) for k, v in seps.items() if k < width):
+        raise ValueError("separators")
+    if np.any((c[:, 10] != ord(" ")) & (c[:, 10] != ord("T"))):
+        raise ValueError("separators")
+    d = c.astype(np.int64) - ord("0")
+    digit_cols = [k for k in range(width) if k not in seps and k != 10]
+    if np.any((d[:, digit_cols] < 0) | (d[:, digit_cols] > 9)):
+        raise ValueError("digits")
+
+    def number(a: int, b: int) -> np.ndarray:
+        out = np.zeros(len(d), dtype=np.int64)
+        for k in range(a, b):
+            out = out * 10 + d[:, k]
+        return out
+
+    hour, minute, second = number(11, 13), number(14, 16), number(17, 19)
+    if hour.max() > 23 or minute.max() > 59 or second.max() > 60:
+        raise ValueError("time of day")
+    ymd = number(0, 4) * 10000 + number(5, 7) * 100 + number(8, 10)
+    keys, which = np.unique(ymd, return_inverse=True)
+    ordinals = np.array([date(k // 10000, k // 100 % 100, k % 100).toordinal() for k in keys.tolist()])
+    day = (ordinals - ordinals.min())[which]
+    ns = np.zeros(len(d), dtype=np.int64)
+    for j, k in enumerate(range(20, min(width, 29))):  # digits past nanoseconds are dropped
+        ns += d[:, k] * 10 ** (8 - j)
+    # Integer ns (exact); relative values fit float64 exactly for any span under 104 days.
+    total = (day * 86400 + hour * 3600 + minute * 60 + second) * 1_000_000_000 + ns
+    return (total - total.min()) / 1e9
+
+
+def _read_azure_rows(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    with open(path, newline="", encoding="utf-8") as f:
+        reader = csv.reader(f)
+        header = next(reader, None)
+        if header is None:
+            raise ValueError(f"{path}: empty file (expected the header {','.join(_AZURE_COLUMNS)})")
+        names = [h.strip() for h in header]
+        try:
+            it, ip, io = (names.index(c) for c in _AZURE_COLUMNS)
+        except ValueError:
+            raise ValueError(
+                f"{path}:1: header must name the columns {', '.join(_AZURE_COLUMNS)}, got {header}"
+            ) from None
+        width = len(names)
+        days: dict[str, int] = {}
+        ticks: list[int] = []
+        prompt: list[int] = []
+        output: list[int] = []
+        for row in reader:
+            if not row:
+                continue
+            line = reader.line_num
+            if len(row) != width:
+                raise ValueError(f"{path}:{line}: expected {width} fields, got {len(row)}: {row}")
+            ticks.append(_parse_timestamp_ns(row[it], days, path, line))
+            prompt.append(_length(row[ip], path, line, "ContextTokens"))
+            output.append(_length(row[io], path, line, "GeneratedTokens"))
+    if not ticks:
+        return np.empty(0), np.empty(0, np.int64), np.empty(0, np.int64)
+    t0 = min(ticks)
+    times = np.array([t - t0 for t in ticks], dtype=np.int64) / 1e9
+    return times, np.array(prompt, dtype=np.int64), np.array(output, dtype=np.int64)
+
+
+def _parse_timestamp_ns(s: str, days: dict[str, int], path: str, line: int) -> int:
+    """``YYYY-MM-DD HH:MM:SS[.fffffff]`` (space or ``T``; any number of fractional digits) to integer ns.
+
+    Parsed by hand: exact (no float rounding of the 7 fractional digits) and independent of what
+    ``datetime.fromisoformat`` accepts on a given Python version.
+    """
+    s = s.strip()
+    try:
+        if len(s) < 19 or s[4] != "-" or s[7] != "-" or s[10] not in " T" or s[13] != ":" or s[16] != ":":
+            raise ValueError
+        day = days.get(s[:10])
+        if day is None:
+            ymd = s[0:4], s[5:7], s[8:10]
+            if not all(x.isascii() and x.isdigit() for x in ymd):
+                raise ValueError
+            day = days[s[:10]] = date(*map(int, ymd)).toordinal()
+        hh, mm, ss = s[11:13], s[14:16], s[17:19]
+        if not all(x.isascii() and x.isdigit() for x in (hh, mm, ss)):
+            raise ValueError
+        h, m, sec = int(hh), int(mm), int(ss)
+        if h > 23 or m > 59 or sec > 60:
+            raise ValueError
+        ns = 0
+        if len(s) > 19:
+            frac = s[20:]
+            if s[19] != "." or not frac or not (frac.isascii() and frac.isdigit()):
+                raise ValueError
+            ns = int((frac + "000000000")[:9])  # digits past nanoseconds are dropped
+    except ValueError:
+        raise ValueError(f"{path}:{line}: bad TIMESTAMP {s!r} (expected YYYY-MM-DD HH:MM:SS.fffffff)") from None
+    return ((day * 86400 + h * 3600 + m * 60 + sec) * 1_000_000_000) + ns
+
+
+def _read_mooncake(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[tuple[int, ...], ...]]:
+    """Mooncake trace: one JSON object per line with timestamp (ms), input_length, output_length, hash_ids.
+
+    The lines are decoded in one ``json.loads`` call; if that fails they are decoded one by one to name the line.
+    """
+    with open(path, encoding="utf-8") as f:
+        lines = [(n, t) for n, t in enumerate(f.read().splitlines(), start=1) if t.strip()]
+    try:
+        records = json.loads("[" + ",".join(t for _, t in lines) + "]")
+        if len(records) != len(lines):  # a line holding two values separated by a comma
+            raise ValueError
+    except ValueError:
+        records = []
+        for line, text in lines:
+            try:
+                records.append(json.loads(text))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{line}: not valid JSON ({e.msg})") from None
+    stamps: list[float] = []
+    prompt: list[int] = []
+    output: list[int] = []
+    hash_ids: list[tuple[int, ...]] = []
+    for (line, _), rec in zip(lines, records):
+        if not isinstance(rec, dict):
+            raise ValueError(f"{path}:{line}: expected a JSON object, got {type(rec).__name__}")
+        try:
+            ts, ilen, olen = rec["timestamp"], rec["input_length"], rec["output_length"]
+        except KeyError as e:
+            raise ValueError(f"{path}:{line}: missing field {e.args[0]!r}") from None
+        ids = rec.get("hash_ids", [])
+        if type(ts) not in (int, float) or not math.isfinite(ts):
+            raise ValueError(f"{path}:{line}: timestamp must be a number of milliseconds, got {ts!r}")
+        if type(ids) is not list or not set(map(type, ids)) <= {int}:
+            raise ValueError(f"{path}:{line}: hash_ids must be a list of integers")
+        stamps.append(ts)
+        prompt.append(_length(ilen, path, line, "input_length"))
+        output.append(_length(olen, path, line, "output_length"))
+        hash_ids.append(tuple(ids))
+    # Integer milliseconds are exact in float64; subtract before dividing so arrivals are exact to the ms.
+    ms = np.array(stamps, dtype=np.float64)
+    times = (ms - ms.min()) / 1000.0 if len(ms) else ms
+    return times, np.array(prompt, dtype=np.int64), np.array(output, dtype=np.int64), tuple(hash_ids)

@@ -1,0 +1,536 @@
+"""The workload section of a scenario: when requests arrive and how long their prompts and outputs are.
+
+Pydantic models validate the YAML (one discriminated union per pluggable axis, keyed by ``type``);
+:meth:`Workload.generate` turns a validated workload into plain :class:`~sim.request.RequestSpec` records with
+numpy, so that every compared variant of a run replays the very same requests.
+
+Conventions:
+
+- Renewal arrival processes (``poisson``, ``gamma``, ``constant``) start at t=0 and the i-th request (counting from
+  1) arrives after i inter-arrival gaps, so ``constant`` with rate r sends at 1/r, 2/r, ...
+- Token lengths are whole numbers >= 1: continuous distributions are rounded to the nearest integer, then clipped
+  to ``[min, max]`` (the clip puts mass on the bounds, so the clipped mean differs from the nominal one).
+- ``shared_prefix`` prepends the same system prompt to every request: ``prompt_len`` grows by that many tokens and
+  the request carries hash ids for the prefix's whole blocks of :data:`PREFIX_HASH_BLOCK_SIZE` tokens (ids 0, 1,
+  ...). Prompt blocks past the end of ``hash_ids`` belong to the request alone, the same reading as an empty
+  ``hash_ids``. A prefix shorter than one block therefore shares nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Annotated, Literal, Union
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from sim.request import RequestSpec
+from sim.traces import TRACES, TraceData, load_trace
+
+PREFIX_HASH_BLOCK_SIZE = 16  # tokens named by one hash id of a synthetic shared prefix (vLLM's default block size)
+_LENGTH_CEILING = 2**40  # keeps unbounded draws inside int64; no model has a context near this
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _g(x: float) -> str:
+    return f"{x:g}"
+
+
+def _clip_round(x: np.ndarray, low: int, high: int | None) -> np.ndarray:
+    hi = _LENGTH_CEILING if high is None else high
+    return np.clip(np.rint(x), low, hi).astype(np.int64)
+
+
+def _bounds(low: int, high: int | None) -> str:
+    return f"[{low}, {'inf' if high is None else high}]"
+
+
+def _check_min_max(low: float, high: float | None, what: str = "min", what_hi: str = "max") -> None:
+    if high is not None and high < low:
+        raise ValueError(f"{what} ({low}) must be <= {what_hi} ({high})")
+
+
+def _lognormal_params(mean: float, std: float) -> tuple[float, float]:
+    """mu and sigma of the underlying normal for a lognormal with the given mean and standard deviation."""
+    sigma2 = math.log1p((std / mean) ** 2)
+    return math.log(mean) - sigma2 / 2, math.sqrt(sigma2)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Length distributions (tokens). Each samples n whole numbers >= 1 as an int64 array.
+
+
+class FixedLength(_Model):
+    """Every request gets the same length."""
+
+    type: Literal["fixed"] = "fixed"
+    value: int = Field(ge=1, description="Length in tokens.")
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return np.full(n, self.value, dtype=np.int64)
+
+    def describe(self) -> str:
+        return f"fixed {self.value}"
+
+
+class UniformLength(_Model):
+    """Whole numbers drawn uniformly from ``[low, high]``, both ends included."""
+
+    type: Literal["uniform"] = "uniform"
+    low: int = Field(ge=1, description="Smallest length in tokens (included).")
+    high: int = Field(ge=1, description="Largest length in tokens (included); >= low.")
+
+    @model_validator(mode="after")
+    def _check(self) -> UniformLength:
+        _check_min_max(self.low, self.high, "low", "high")
+        return self
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return rng.integers(self.low, self.high, size=n, endpoint=True, dtype=np.int64)
+
+    def describe(self) -> str:
+        return f"uniform [{self.low}, {self.high}]"
+
+
+class NormalLength(_Model):
+    """Normal draws rounded to whole tokens and clipped to ``[min, max]``."""
+
+    type: Literal["normal"] = "normal"
+    mean: float = Field(gt=0, allow_inf_nan=False, description="Mean before clipping, in tokens.")
+    std: float = Field(ge=0, allow_inf_nan=False, description="Standard deviation before clipping, in tokens.")
+    min: int = Field(default=1, ge=1, description="Lower clip in tokens.")
+    max: int | None = Field(default=None, ge=1, description="Upper clip in tokens; none: no upper clip.")
+
+    @model_validator(mode="after")
+    def _check(self) -> NormalLength:
+        _check_min_max(self.min, self.max)
+        return self
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return _clip_round(rng.normal(self.mean, self.std, size=n), self.min, self.max)
+
+    def describe(self) -> str:
+        return f"normal(mean={_g(self.mean)}, std={_g(self.std)}) clipped to {_bounds(self.min, self.max)}"
+
+
+class LognormalLength(_Model):
+    """Lognormal draws, rounded and clipped to ``[min, max]``.
+
+    Parametrised by the mean and standard deviation of the lengths themselves (not of their logarithm), which is
+    how traces are summarised: sigma^2 = ln(1 + std^2/mean^2), mu = ln(mean) - sigma^2/2.
+    """
+
+    type: Literal["lognormal"] = "lognormal"
+    mean: float = Field(gt=0, allow_inf_nan=False, description="Mean length before clipping, in tokens.")
+    std: float = Field(gt=0, allow_inf_nan=False, description="Standard deviation before clipping, in tokens.")
+    min: int = Field(default=1, ge=1, description="Lower clip in tokens.")
+    max: int | None = Field(default=None, ge=1, description="Upper clip in tokens; none: no upper clip.")
+
+    @model_validator(mode="after")
+    def _check(self) -> LognormalLength:
+        _check_min_max(self.min, self.max)
+        return self
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        mu, sigma = _lognormal_params(self.mean, self.std)
+        return _clip_round(rng.lognormal(mu, sigma, size=n), self.min, self.max)
+
+    def describe(self) -> str:
+        return f"lognormal(mean={_g(self.mean)}, std={_g(self.std)}) clipped to {_bounds(self.min, self.max)}"
+
+
+class ExponentialLength(_Model):
+    """Exponential draws, rounded and clipped to ``[min, max]`` (``max`` caps the long tail)."""
+
+    type: Literal["exponential"] = "exponential"
+    mean: float = Field(gt=0, allow_inf_nan=False, description="Mean before clipping, in tokens.")
+    min: int = Field(default=1, ge=1, description="Lower clip in tokens.")
+    max: int | None = Field(default=None, ge=1, description="Cap in tokens; none: no cap.")
+
+    @model_validator(mode="after")
+    def _check(self) -> ExponentialLength:
+        _check_min_max(self.min, self.max)
+        return self
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return _clip_round(rng.exponential(self.mean, size=n), self.min, self.max)
+
+    def describe(self) -> str:
+        return f"exponential(mean={_g(self.mean)}) clipped to {_bounds(self.min, self.max)}"
+
+
+class EmpiricalLength(_Model):
+    """Lengths drawn with replacement from one column of a trace (its marginal; pairs are not kept)."""
+
+    type: Literal["empirical"] = "empirical"
+    trace: str = Field(
+        description=f"Shipped trace name ({', '.join(TRACES)}) or path to an Azure .csv / Mooncake .jsonl file."
+    )
+    column: Literal["prompt", "output"] = Field(description="Which lengths to sample: prompt or output tokens.")
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        data = load_trace(self.trace)
+        values = data.prompt_len if self.column == "prompt" else data.output_len
+        return values[rng.integers(0, len(values), size=n)]
+
+    def describe(self) -> str:
+        return f"empirical {self.column} lengths of {self.trace}"
+
+
+LengthDistribution = Annotated[
+    Union[FixedLength, UniformLength, NormalLength, LognormalLength, ExponentialLength, EmpiricalLength],
+    Field(discriminator="type"),
+]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Think times of closed-loop users (seconds, >= 0).
+
+
+class FixedThinkTime(_Model):
+    """Every pause lasts the same time."""
+
+    type: Literal["fixed"] = "fixed"
+    value: float = Field(ge=0, allow_inf_nan=False, description="Pause in seconds.")
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return np.full(n, self.value, dtype=np.float64)
+
+    def describe(self) -> str:
+        return f"{_g(self.value)} s"
+
+
+class ExponentialThinkTime(_Model):
+    """Exponentially distributed pauses (memoryless users)."""
+
+    type: Literal["exponential"] = "exponential"
+    mean: float = Field(gt=0, allow_inf_nan=False, description="Mean pause in seconds.")
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return rng.exponential(self.mean, size=n)
+
+    def describe(self) -> str:
+        return f"exponential(mean={_g(self.mean)} s)"
+
+
+class UniformThinkTime(_Model):
+    """Pauses drawn uniformly from ``[low, high]`` seconds."""
+
+    type: Literal["uniform"] = "uniform"
+    low: float = Field(ge=0, allow_inf_nan=False, description="Shortest pause in seconds.")
+    high: float = Field(ge=0, allow_inf_nan=False, description="Longest pause in seconds; >= low.")
+
+    @model_validator(mode="after")
+    def _check(self) -> UniformThinkTime:
+        _check_min_max(self.low, self.high, "low", "high")
+        return self
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return rng.uniform(self.low, self.high, size=n)
+
+    def describe(self) -> str:
+        return f"uniform [{_g(self.low)}, {_g(self.high)}] s"
+
+
+class LognormalThinkTime(_Model):
+    """Lognormal pauses, parametrised by the mean and standard deviation of the pauses themselves."""
+
+    type: Literal["lognormal"] = "lognormal"
+    mean: float = Field(gt=0, allow_inf_nan=False, description="Mean pause in seconds.")
+    std: float = Field(gt=0, allow_inf_nan=False, description="Standard deviation of the pause in seconds.")
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        mu, sigma = _lognormal_params(self.mean, self.std)
+        return rng.lognormal(mu, sigma, size=n)
+
+    def describe(self) -> str:
+        return f"lognormal(mean={_g(self.mean)} s, std={_g(self.std)} s)"
+
+
+ThinkTime = Annotated[
+    Union[FixedThinkTime, ExponentialThinkTime, UniformThinkTime, LognormalThinkTime],
+    Field(discriminator="type"),
+]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Arrival processes.
+
+
+class PoissonArrival(_Model):
+    """Open loop, exponential inter-arrival gaps (what ``vllm bench serve --request-rate`` sends)."""
+
+    type: Literal["poisson"] = "poisson"
+    rate: float = Field(gt=0, allow_inf_nan=False, description="Mean request rate in requests per second.")
+
+    def times(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return np.cumsum(rng.exponential(1.0 / self.rate, size=n))
+
+    def describe(self) -> str:
+        return f"poisson {_g(self.rate)} req/s"
+
+
+class GammaArrival(_Model):
+    """Open loop, gamma inter-arrival gaps: cv=1 is Poisson, cv>1 burstier, cv<1 more regular."""
+
+    type: Literal["gamma"] = "gamma"
+    rate: float = Field(gt=0, allow_inf_nan=False, description="Mean request rate in requests per second.")
+    cv: float = Field(
+        gt=0, allow_inf_nan=False, description="Coefficient of variation of the gaps (std / mean), unitless."
+    )
+
+    def times(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        shape = 1.0 / self.cv**2  # mean shape*scale = 1/rate, cv = 1/sqrt(shape)
+        return np.cumsum(rng.gamma(shape, 1.0 / (self.rate * shape), size=n))
+
+    def describe(self) -> str:
+        return f"gamma {_g(self.rate)} req/s, cv {_g(self.cv)}"
+
+
+class ConstantArrival(_Model):
+    """Open loop, evenly spaced requests."""
+
+    type: Literal["constant"] = "constant"
+    rate: float = Field(gt=0, allow_inf_nan=False, description="Request rate in requests per second.")
+
+    def times(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return np.arange(1, n + 1, dtype=np.float64) / self.rate
+
+    def describe(self) -> str:
+        return f"constant {_g(self.rate)} req/s"
+
+
+class AllAtOnceArrival(_Model):
+    """Offline batch: every request is there at t=0."""
+
+    type: Literal["all_at_once"] = "all_at_once"
+
+    def times(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return np.zeros(n, dtype=np.float64)
+
+    def describe(self) -> str:
+        return "all at once (offline batch)"
+
+
+class ClosedLoopArrival(_Model):
+    """Closed loop: ``num_users`` users each send a request, wait for it to finish, think, and send the next."""
+
+    type: Literal["closed_loop"] = "closed_loop"
+    num_users: int = Field(ge=1, description="Concurrent users, each with at most one request in flight.")
+    think_time: ThinkTime = Field(
+        default_factory=lambda: FixedThinkTime(value=0.0),
+        description="Pause in seconds between a request's completion (or rejection) and the user's next send.",
+    )
+
+    def describe(self) -> str:
+        return f"closed loop, {self.num_users} users, think time {self.think_time.describe()}"
+
+
+class TraceArrival(_Model):
+    """Replay a trace's arrival times; its (prompt, output) pairs too unless ``prompt_len``/``output_len`` are set.
+
+    ``start``/``end`` pick a window in seconds of the original trace (since its first request); arrivals are then
+    multiplied by ``time_scale / rate_scale`` and, with ``repeat_to``, tiled up to that many requests (see
+    :func:`sim.traces.load_trace`).
+    """
+
+    type: Literal["trace"] = "trace"
+    trace: str = Field(
+        description=f"Shipped trace name ({', '.join(TRACES)}) or path to an Azure .csv / Mooncake .jsonl file."
+    )
+    start: float = Field(
+        default=0.0, ge=0, allow_inf_nan=False, description="Window start in seconds of the original trace."
+    )
+    end: float | None = Field(
+        default=None, gt=0, allow_inf_nan=False, description="Window end in seconds (excluded); none: to the end."
+    )
+    time_scale: float = Field(
+        default=1.0, gt=0, allow_inf_nan=False, description="Multiplies inter-arrival times (0.5: twice as fast)."
+    )
+    rate_scale: float = Field(
+        default=1.0, gt=0, allow_inf_nan=False, description="Multiplies the request rate (2: twice the rate)."
+    )
+    repeat_to: int | None = Field(
+        default=None,
+        ge=1,
+        description="Tile the window back to back until this many requests exist; none: the window once.",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> TraceArrival:
+        if self.end is not None and self.end <= self.start:
+            raise ValueError(f"end ({self.end}) must be greater than start ({self.start})")
+        return self
+
+    def load(self) -> TraceData:
+        return load_trace(
+            self.trace,
+            start=self.start,
+            end=self.end,
+            time_scale=self.time_scale,
+            rate_scale=self.rate_scale,
+            repeat_to=self.repeat_to,
+        )
+
+    def describe(self) -> str:
+        parts = [f"trace {self.trace}"]
+        if self.start or self.end is not None:
+            parts.append(f"window [{_g(self.start)}, {'end' if self.end is None else _g(self.end)}) s")
+        if self.time_scale != 1.0:
+            parts.append(f"time x{_g(self.time_scale)}")
+        if self.rate_scale != 1.0:
+            parts.append(f"rate x{_g(self.rate_scale)}")
+        if self.repeat_to is not None:
+            parts.append(f"tiled to {self.repeat_to} requests")
+        return ", ".join(parts)
+
+
+ArrivalProcess = Annotated[
+    Union[PoissonArrival, GammaArrival, ConstantArrival, AllAtOnceArrival, ClosedLoopArrival, TraceArrival],
+    Field(discriminator="type"),
+]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The workload and what it generates.
+
+
+@dataclass(slots=True, eq=False)
+class ClosedLoop:
+    """How the simulator drives a closed-loop workload.
+
+    Request i belongs to user ``i % num_users`` (its ``session_id``); each user sends its requests in id order.
+    Every user sends its first request at t=0; when request i completes or is rejected at time t, its user sends
+    the next one at ``t + think_times[i]``. Pre-drawn, so every compared variant sees the same pauses.
+    """
+
+    num_users: int
+    think_times: np.ndarray  # float64 seconds, one per request id
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class GeneratedWorkload:
+    """The requests of one run, sorted by arrival, with ids 0..n-1 in that order."""
+
+    requests: tuple[RequestSpec, ...]
+    closed_loop: ClosedLoop | None = None
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+
+class Workload(_Model):
+    """The workload section of a scenario."""
+
+    arrival: ArrivalProcess = Field(description="When requests are sent.")
+    num_requests: int | None = Field(
+        default=None,
+        ge=1,
+        description="Requests to generate. Required unless arrival is a trace; for a trace: its first "
+        "num_requests (none: all of the window, tiled if repeat_to is set).",
+    )
+    prompt_len: LengthDistribution | None = Field(
+        default=None,
+        description="Prompt length in tokens (without shared_prefix). Required unless arrival is a trace; for a "
+        "trace it replaces the trace's prompt lengths (and drops its prefix hash ids).",
+    )
+    output_len: LengthDistribution | None = Field(
+        default=None,
+        description="Output tokens to generate. Required unless arrival is a trace; for a trace it replaces the "
+        "trace's output lengths.",
+    )
+    shared_prefix: int = Field(
+        default=0,
+        ge=0,
+        description="Tokens of a system prompt prepended to every prompt and shared by all requests (prefix "
+        f"caching can reuse its whole {PREFIX_HASH_BLOCK_SIZE}-token blocks); 0: none.",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> Workload:
+        if not isinstance(self.arrival, TraceArrival):
+            missing = [k for k in ("num_requests", "prompt_len", "output_len") if getattr(self, k) is None]
+            if missing:
+                raise ValueError(f"arrival type {self.arrival.type!r} needs {', '.join(missing)}")
+        return self
+
+    def describe(self) -> str:
+        """One line for the CLI; reads no file."""
+        parts = [self.arrival.describe()]
+        if self.num_requests is not None:
+            parts.append(f"{self.num_requests} requests")
+        trace = isinstance(self.arrival, TraceArrival)
+        for label, dist in (("prompt", self.prompt_len), ("output", self.output_len)):
+            parts.append(f"{label} {'from trace' if dist is None and trace else dist.describe()} tokens")
+        if self.shared_prefix:
+            parts.append(f"shared prefix {self.shared_prefix} tokens")
+        return "; ".join(parts)
+
+    def generate(self, rng: np.random.Generator) -> GeneratedWorkload:
+        """Draw the requests. Arrivals, prompt lengths, output lengths and think times use four child streams
+        spawned from ``rng`` (which advances its spawn counter), so changing one distribution leaves the others'
+        draws unchanged. Raises FileNotFoundError / ValueError from trace loading, and ValueError when a trace
+        holds fewer than ``num_requests`` or carries its own hash ids together with ``shared_prefix``.
+        """
+        arrival_rng, prompt_rng, output_rng, think_rng = rng.spawn(4)
+        hash_ids: list[tuple[int, ...]] | None = None
+        hash_block_size = 512  # RequestSpec's default; only read alongside hash ids
+        arrival = self.arrival
+
+        if isinstance(arrival, TraceArrival):
+            data = arrival.load()
+            n = len(data) if self.num_requests is None else self.num_requests
+            if n > len(data):
+                raise ValueError(
+                    f"{arrival.describe()} holds {len(data)} requests, fewer than num_requests={n} "
+                    "(widen the window or set repeat_to)"
+                )
+            times = data.arrival[:n]
+            prompt = data.prompt_len[:n] if self.prompt_len is None else self.prompt_len.sample(prompt_rng, n)
+            output = data.output_len[:n] if self.output_len is None else self.output_len.sample(output_rng, n)
+            if data.hash_ids is not None and self.prompt_len is None:  # ids describe the trace's own prompts
+                hash_ids, hash_block_size = data.hash_ids[:n], data.hash_block_size
+        else:
+            n = self.num_requests
+            assert n is not None and self.prompt_len is not None and self.output_len is not None  # validated
+            if isinstance(arrival, ClosedLoopArrival):
+                times = np.zeros(n, dtype=np.float64)  # the simulator sets real send times
+            else:
+                times = arrival.times(arrival_rng, n)
+            prompt = self.prompt_len.sample(prompt_rng, n)
+            output = self.output_len.sample(output_rng, n)
+
+        if self.shared_prefix:
+            if hash_ids is not None:
+                raise ValueError(
+                    "shared_prefix cannot be combined with a trace that carries its own hash ids "
+                    f"({arrival.describe()}); set prompt_len to replace the trace's prompts"
+                )
+            prompt = prompt + self.shared_prefix
+            prefix_ids = tuple(range(self.shared_prefix // PREFIX_HASH_BLOCK_SIZE))
+            hash_block_size = PREFIX_HASH_BLOCK_SIZE
+        else:
+            prefix_ids = ()
+
+        # Sorted by arrival (a no-op for every built-in process; kept so ids always follow arrival order).
+        order = None if n < 2 or bool(np.all(times[1:] >= times[:-1])) else np.argsort(times, kind="stable")
+        if order is not None:
+            times, prompt, output = times[order], prompt[order], output[order]
+            if hash_ids is not None:
+                hash_ids = [hash_ids[i] for i in order]
+
+        closed = None
+        sessions: list[int | None] = [None] * n
+        if isinstance(arrival, ClosedLoopArrival):
+            closed = ClosedLoop(arrival.num_users, arrival.think_time.sample(think_rng, n))
+            sessions = [i % arrival.num_users for i in range(n)]
+        ids = hash_ids if hash_ids is not None else [prefix_ids] * n
+        requests = tuple(
+            RequestSpec(i, t, p, o, h, hash_block_size, s)
+            for i, (t, p, o, h, s) in enumerate(zip(times.tolist(), prompt.tolist(), output.tolist(), ids, sessions))
+        )
+        return GeneratedWorkload(requests, closed)

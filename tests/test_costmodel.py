@@ -1,0 +1,280 @@
+"""Cost models: roofline behaviour against first principles, scalar/array bit-identity, monotonicity, profiles."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sim.costmodel import AnalyticCostModel, CostModel, FittedCostModel, StepShape
+from sim.specs import GPUSpec, ModelSpec
+
+H100 = GPUSpec.from_name("h100-sxm")
+LLAMA8 = ModelSpec.from_name("llama-3.1-8b")
+
+
+def decode(batch: int, context: int) -> StepShape:
+    """``batch`` rows each computing one token after ``context - 1`` cached tokens."""
+    return StepShape(num_seqs=batch, num_tokens=batch, num_decode_seqs=batch, kv_read_tokens=batch * context,
+                     attn_pairs=batch * context)
+
+
+def prefill(prompts: int, length: int) -> StepShape:
+    """``prompts`` fresh prompts of ``length`` tokens each."""
+    return StepShape(num_seqs=prompts, num_tokens=prompts * length, num_decode_seqs=0,
+                     kv_read_tokens=prompts * length, attn_pairs=prompts * length * (length + 1) // 2)
+
+
+MODELS = {
+    "8b-h100": AnalyticCostModel(LLAMA8, H100),
+    "8b-h100-tp2-fp8kv": AnalyticCostModel(LLAMA8, H100, tensor_parallel_size=2, kv_dtype="fp8"),
+    "8b-h100-fp8": AnalyticCostModel(LLAMA8, H100, weight_dtype="fp8"),
+    "70b-a100-int4-tp4": AnalyticCostModel("llama-3.1-70b", "a100-80gb", weight_dtype="int4", tensor_parallel_size=4),
+    "13b-l40s-tp2": AnalyticCostModel("opt-13b", "l40s", weight_dtype="fp16", tensor_parallel_size=2),
+    "tiny-l4": AnalyticCostModel("tiny", "l4"),
+    "fitted": FittedCostModel(step=1e-3, token=2e-5, decode_seq=3e-6, seq=1e-5, attn_pair=1e-11,
+                              kv_read_token=4e-8, swap_block=5e-5),
+}
+
+FIELDS = ("num_seqs", "num_tokens", "num_decode_seqs", "kv_read_tokens", "attn_pairs", "num_padding_tokens",
+          "swap_blocks")
+row = st.fixed_dictionaries({
+    "num_seqs": st.integers(0, 2048),
+    "num_tokens": st.integers(0, 65536),
+    "num_decode_seqs": st.integers(0, 2048),
+    "kv_read_tokens": st.integers(0, 10**7),
+    "attn_pairs": st.integers(0, 10**11),
+    "num_padding_tokens": st.integers(0, 1000),
+    "swap_blocks": st.integers(0, 10**4),
+})
+
+
+# --- protocol ------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_protocol_and_types(name: str) -> None:
+    cm: CostModel = MODELS[name]
+    t = cm.step_time(decode(4, 100))
+    assert type(t) is float and t > 0
+    assert type(cm.step_flops(decode(4, 100))) is float
+    assert isinstance(cm.peak_flops, float)
+    arr = cm.step_time(StepShape(*(np.array([1, 2]) for _ in range(5))))
+    assert isinstance(arr, np.ndarray) and arr.shape == (2,)
+
+
+# --- scalar and array forms are bit-identical ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+@settings(max_examples=60, deadline=None)
+@given(rows=st.lists(row, min_size=1, max_size=20), scalar_swap=st.booleans())
+def test_array_and_scalar_bit_identical(name: str, rows: list[dict[str, int]], scalar_swap: bool) -> None:
+    cm = MODELS[name]
+    cols = {f: np.array([r[f] for r in rows], dtype=np.int64) for f in FIELDS}
+    if scalar_swap:  # mixed: some fields arrays, others plain ints
+        cols["swap_blocks"] = rows[0]["swap_blocks"]
+        cols["num_padding_tokens"] = 0
+    times = cm.step_time(StepShape(**cols))
+    flops = cm.step_flops(StepShape(**cols))
+    for i, r in enumerate(rows):
+        if scalar_swap:
+            r = dict(r, swap_blocks=rows[0]["swap_blocks"], num_padding_tokens=0)
+        one = StepShape(**r)
+        assert cm.step_time(one) == times[i]  # exact, not approximate
+        assert cm.step_flops(one) == flops[i]
+        # numpy integer scalars behave like Python ints
+        assert cm.step_time(StepShape(**{f: np.int64(v) for f, v in r.items()})) == times[i]
+
+
+# --- monotone ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+@settings(max_examples=40, deadline=None)
+@given(r=row, field_name=st.sampled_from(FIELDS), extra=st.integers(1, 10**6))
+def test_monotone_in_every_field(name: str, r: dict[str, int], field_name: str, extra: int) -> None:
+    cm = MODELS[name]
+    bigger = dict(r, **{field_name: r[field_name] + extra})
+    assert cm.step_time(StepShape(**bigger)) >= cm.step_time(StepShape(**r))
+
+
+# --- roofline against first principles ---------------------------------------------------------------------------
+
+
+def test_small_batch_decode_is_memory_bound_and_flat() -> None:
+    cm = MODELS["8b-h100"]
+    t1, t8 = cm.step_time(decode(1, 1024)), cm.step_time(decode(8, 1024))
+    assert t8 / t1 - 1 < 0.15
+    parts = cm.breakdown(decode(8, 1024))
+    assert not parts["linear_compute_bound"] and not parts["attention_compute_bound"]
+
+
+def test_batch_one_decode_from_first_principles() -> None:
+    cm = MODELS["8b-h100"]
+    weights = 2 * LLAMA8.matmul_params  # bf16 bytes streamed per step (norms are negligible)
+    expected = weights / (3.35e12 * 0.8) + 1.5e-3  # ~6.0 ms of weights + 1.5 ms overhead
+    assert cm.step_time(decode(1, 1)) == pytest.approx(expected, rel=0.01)
+    assert 6.5e-3 < cm.step_time(decode(1, 1)) < 8.5e-3
+
+
+def test_large_prefill_is_compute_bound_and_linear() -> None:
+    cm = MODELS["8b-h100"]
+    a, b = cm.step_time(prefill(4, 2048)), cm.step_time(prefill(8, 2048))  # 8192 and 16384 tokens
+    assert (b - 1.5e-3) / (a - 1.5e-3) == pytest.approx(2.0, rel=0.02)
+    parts = cm.breakdown(prefill(4, 2048))
+    assert parts["linear_compute_bound"] and parts["attention_compute_bound"]
+    # first principles: 2 * 7.5e9 FLOPs per token at 60 % of 989 TFLOP/s, plus attention
+    flops = 8192 * 2 * LLAMA8.shard(1).body_matmul_params + 4 * 2048 * 2049 // 2 * LLAMA8.attn_flops_per_pair
+    assert a == pytest.approx(flops / (989.4e12 * 0.6), rel=0.05)
+
+
+def test_long_context_decode_waits_on_kv() -> None:
+    cm = MODELS["8b-h100"]
+    parts = cm.breakdown(decode(64, 32768))
+    kv_time = 64 * 32769 * 131072 / (3.35e12 * 0.8)
+    assert parts["attention"] == pytest.approx(kv_time)
+    fp8kv = AnalyticCostModel(LLAMA8, H100, kv_dtype="fp8")
+    assert fp8kv.breakdown(decode(64, 32768))["attention"] == pytest.approx(kv_time / 2)
+
+
+def test_breakdown_sums_to_step_time() -> None:
+    for cm in (MODELS["8b-h100"], MODELS["8b-h100-tp2-fp8kv"]):
+        for shape in (decode(3, 500), prefill(2, 4000), StepShape(5, 900, 4, 20000, 100000, 0, 7)):
+            parts = cm.breakdown(shape)
+            total = sum(float(parts[k]) for k in ("overhead", "linear", "attention", "allreduce", "swap"))
+            assert total == pytest.approx(cm.step_time(shape), rel=1e-12)
+
+
+# --- dtypes --------------------------------------------------------------------------------------------------------
+
+
+def test_fp8_on_h100_speeds_up_compute_bound_prefill() -> None:
+    bf16, fp8 = MODELS["8b-h100"], MODELS["8b-h100-fp8"]
+    assert fp8.compute_dtype == "fp8" and not fp8.weight_only
+    assert fp8.step_time(prefill(4, 2048)) < 0.7 * bf16.step_time(prefill(4, 2048))
+    assert fp8.step_time(decode(1, 100)) < bf16.step_time(decode(1, 100))  # half the weight bytes
+    assert fp8.peak_flops == pytest.approx(1978.9e12)
+
+
+def test_fp8_on_a100_falls_back_to_weight_only() -> None:
+    bf16 = AnalyticCostModel(LLAMA8, "a100-80gb")
+    fp8 = AnalyticCostModel(LLAMA8, "a100-80gb", weight_dtype="fp8")
+    assert fp8.compute_dtype == "bf16" and fp8.weight_only
+    assert fp8.peak_flops == bf16.peak_flops == 312e12
+    assert fp8.step_time(decode(1, 100)) < bf16.step_time(decode(1, 100))  # fewer bytes
+    # compute-bound: the same bf16 math plus the dequantization overhead
+    lin_bf16 = float(bf16.breakdown(prefill(4, 2048))["linear"])
+    lin_fp8 = float(fp8.breakdown(prefill(4, 2048))["linear"])
+    assert lin_fp8 == pytest.approx(lin_bf16 * 1.1, rel=1e-9)
+
+
+def test_int4_weight_only() -> None:
+    cm = AnalyticCostModel(LLAMA8, H100, weight_dtype="int4")
+    assert cm.weight_only and cm.compute_dtype == "bf16" and cm.kv_dtype == "bf16"
+    assert cm.step_time(decode(1, 100)) < MODELS["8b-h100-fp8"].step_time(decode(1, 100))
+
+
+# --- swaps and tensor parallelism ----------------------------------------------------------------------------------
+
+
+def test_swap_time_proportional_to_blocks() -> None:
+    cm = MODELS["8b-h100"]
+    base = decode(8, 1000)
+    per_block = 16 * 131072 / 50e9  # bytes of one block over PCIe Gen5
+    for k in (1, 10, 1000):
+        shape = StepShape(8, 8, 8, 8000, 8000, 0, k)
+        assert cm.step_time(shape) - cm.step_time(base) == pytest.approx(k * per_block, rel=1e-6)
+
+
+def test_tensor_parallel() -> None:
+    tp1, tp2 = MODELS["8b-h100"], AnalyticCostModel(LLAMA8, H100, tensor_parallel_size=2)
+    assert tp2.peak_flops == 2 * tp1.peak_flops
+    assert tp2.kv_bytes_per_token == 65536
+    lin1 = float(tp1.breakdown(decode(1, 100))["linear"])
+    assert float(tp2.breakdown(decode(1, 100))["linear"]) == pytest.approx(lin1 / 2, rel=0.01)
+    ar = float(tp2.breakdown(decode(1, 100))["allreduce"])
+    assert ar == pytest.approx(64 * (1e-5 + 1.0 * 4096 * 2 / (450e9 * 0.8)))
+    assert tp2.step_time(decode(1, 100)) < tp1.step_time(decode(1, 100))
+    # without NVLink the all-reduce crosses PCIe
+    l40s = MODELS["13b-l40s-tp2"]
+    ar_pcie = float(l40s.breakdown(prefill(1, 4096))["allreduce"])
+    assert ar_pcie == pytest.approx(80 * (1e-5 + 1.0 * 4096 * 5120 * 2 / 25e9))
+
+
+def test_invalid_settings() -> None:
+    with pytest.raises(ValueError, match="tensor_parallel_size=3"):
+        AnalyticCostModel(LLAMA8, H100, tensor_parallel_size=3)
+    with pytest.raises(ValueError, match="compute_efficiency"):
+        AnalyticCostModel(LLAMA8, H100, compute_efficiency=1.5)
+    with pytest.raises(ValueError, match="weight-only"):
+        AnalyticCostModel(LLAMA8, H100, kv_dtype="int4")
+    with pytest.raises(ValueError, match="step_overhead"):
+        AnalyticCostModel(LLAMA8, H100, step_overhead=-1.0)
+
+
+def test_step_flops() -> None:
+    cm = MODELS["8b-h100-tp2-fp8kv"]  # FLOPs are the whole model's, whatever the sharding
+    assert cm.step_flops(decode(1, 1)) == LLAMA8.flops_per_token + LLAMA8.attn_flops_per_pair
+    padded = StepShape(num_seqs=1, num_tokens=10, num_decode_seqs=0, kv_read_tokens=10, attn_pairs=0,
+                       num_padding_tokens=4)
+    assert cm.step_flops(padded) == 6 * 2 * LLAMA8.shard(1).body_matmul_params + 2 * LLAMA8.shard(1).lm_head_params
+
+
+# --- fitted model -------------------------------------------------------------------------------------------------
+
+
+def profile_dict() -> dict:
+    return {
+        "schema_version": 1,
+        "model": "llama-3.1-8b",
+        "device": "NVIDIA H200",
+        "coefficients": {"step": 1e-3, "token": 2e-5, "seq": 1e-5, "attn_pair": 1e-11, "kv_read_token": 4e-8},
+        "peak_flops": 989.4e12,
+        "provenance": {"date": "2025-01-01", "torch": "2.5.1"},
+    }
+
+
+def test_fitted_from_profile(tmp_path) -> None:
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(profile_dict()))
+    cm = FittedCostModel.from_profile(path)
+    shape = StepShape(num_seqs=4, num_tokens=300, num_decode_seqs=3, kv_read_tokens=5000, attn_pairs=60000,
+                      swap_blocks=2)
+    assert cm.step_time(shape) == pytest.approx(1e-3 + 300 * 2e-5 + 4 * 1e-5 + 60000 * 1e-11 + 5000 * 4e-8)
+    assert cm.decode_seq == 0.0 and cm.swap_block == 0.0  # absent coefficients are zero
+    assert cm.peak_flops == 989.4e12
+    assert cm.provenance["torch"] == "2.5.1"
+    # FLOPs from the named preset
+    assert cm.step_flops(decode(1, 1)) == LLAMA8.flops_per_token + LLAMA8.attn_flops_per_pair
+    assert FittedCostModel.from_dict(cm.to_dict()) == cm
+
+
+def test_fitted_profile_validation() -> None:
+    bad = profile_dict()
+    bad["coefficients"]["token"] = -1.0
+    with pytest.raises(ValueError):
+        FittedCostModel.from_dict(bad)
+    typo = profile_dict()
+    typo["coefficients"]["tokens"] = 1e-5
+    with pytest.raises(ValueError, match="tokens"):
+        FittedCostModel.from_dict(typo)
+    old = dict(profile_dict(), schema_version=0)
+    with pytest.raises(ValueError, match="schema_version"):
+        FittedCostModel.from_dict(old)
+    with pytest.raises(ValueError):
+        FittedCostModel(step=-1e-3)
+
+
+def test_fitted_without_model_or_peak() -> None:
+    cm = FittedCostModel.from_dict({"coefficients": {"step": 2e-3}, "model": "my-own-model"})
+    assert cm.peak_flops == 0.0  # metrics report MFU as NaN
+    assert cm.step_flops(decode(2, 10)) == 0.0
+    assert cm.step_time(decode(2, 10)) == 2e-3
+    from_cfg = FittedCostModel.from_dict({"coefficients": {}, "model": ModelSpec.from_name("tiny").to_hf_config()})
+    assert from_cfg.flops_per_token == 2 * ModelSpec.from_name("tiny").shard(1).body_matmul_params
+    assert not math.isnan(from_cfg.step_time(decode(1, 1)))

@@ -1,0 +1,356 @@
+"""The run folder (summary.json, CSVs, report.html), the terminal table and the report's figures."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+import sim.output as output
+from sim.metrics import SUMMARY_KEYS, SLOs, summarize
+from sim.output import (
+    format_table,
+    read_requests,
+    read_steps,
+    read_summary,
+    write_run,
+)
+from sim.records import REQUEST_FIELDS, STEP_COLUMNS, RequestRecord, RunResult
+from sim.report import (
+    MAX_POINTS,
+    amount_per_window,
+    build_report,
+    ecdf_points,
+    fig_kv_memory,
+    fig_latency_cdfs,
+    fig_throughput,
+    fig_timeline,
+    state_per_window,
+    trace_points,
+    write_report,
+)
+
+RUN_FILES = {"summary.json", "requests.csv", "steps.csv", "report.html"}
+
+
+def rec(id, arrival, first, finish, out, outcome="completed", replica=0) -> RequestRecord:
+    return RequestRecord(
+        id=id,
+        arrival=arrival,
+        first_scheduled=arrival + 0.125 if outcome != "rejected" else -1.0,
+        first_token=first,
+        finish=finish,
+        prompt_tokens=37 * (id + 1),
+        output_tokens=out,
+        target_output_tokens=max(out, 3),
+        num_preemptions=id % 2,
+        outcome=outcome,
+        reason="" if outcome == "completed" else "no room, \"quoted\", with comma",
+        replica=replica,
+        session_id=-1 if id % 2 else 11,
+    )
+
+
+def small_run(name: str, slow: float = 1.0) -> RunResult:
+    requests = [
+        rec(2, 0.3, 0.3 + 0.41 * slow, 0.3 + 2.17 * slow, 9),
+        rec(0, 0.1, 0.1 + 0.37 * slow, 0.1 + 1.93 * slow, 7),
+        rec(1, 0.2, 0.2 + 0.29 * slow, 0.2 + 0.29 * slow, 1),
+        rec(3, 0.7, -1.0, 0.7, 0, outcome="rejected"),
+    ]
+    n = 9
+    rng = np.random.default_rng(7)
+    dur = rng.uniform(0.05, 0.2, n) * slow
+    start = 0.15 + np.cumsum(dur) - dur + np.arange(n) * 0.013
+    steps = {
+        "start": start,
+        "duration": dur,
+        "batch_size": rng.integers(1, 4, n),
+        "padded_rows": np.zeros(n, dtype=np.int64),
+        "prefill_tokens": rng.integers(0, 300, n),
+        "decode_tokens": rng.integers(1, 4, n),
+        "padding_tokens": rng.integers(0, 3, n),
+        "kv_blocks_used": rng.integers(5, 60, n),
+        "kv_blocks_reserved": rng.integers(0, 9, n),
+        "kv_tokens": rng.integers(50, 700, n),
+        "kv_capacity_blocks": np.full(n, 64),
+        "num_running": rng.integers(1, 4, n),
+        "num_waiting": rng.integers(0, 5, n),
+        "num_swapped": np.zeros(n, dtype=np.int64),
+        "num_preempted": rng.integers(0, 2, n),
+        "num_rejected": np.zeros(n, dtype=np.int64),
+        "swap_blocks": np.zeros(n, dtype=np.int64),
+        "flops": rng.uniform(1e11, 9e11, n),
+    }
+    steps = {k: np.asarray(v, dtype=STEP_COLUMNS[k]) for k, v in steps.items()}
+    return RunResult(
+        name=name,
+        requests=requests,
+        steps=steps,
+        itl_gaps=rng.uniform(0.01, 0.09, 20),
+        itl_counts=rng.integers(1, 6, 20),
+        duration=float(0.2 + 2.17 * slow),
+        peak_flops=3.12e14,
+        kv_capacity_blocks=64,
+        block_size=16,
+        kv_bytes_per_block=2.0**21,
+    )
+
+
+@pytest.fixture
+def two_runs() -> tuple[list[RunResult], dict]:
+    results = [small_run("continuous"), small_run("static", slow=1.7)]
+    slos = SLOs(ttft=0.5, e2el=3.0)
+    return results, {r.name: summarize(r, slos) for r in results}
+
+
+def test_summary_json_layout(tmp_path, two_runs):
+    results, summaries = two_runs
+    scenario = {"seed": 3, "policy": {"kind": "continuous"}, "path": tmp_path / "x.yaml"}
+    write_run(tmp_path, results, summaries, scenario=scenario)
+    text = (tmp_path / "summary.json").read_text()
+    doc = json.loads(text)  # strict JSON: no NaN or Infinity tokens
+    assert "NaN" not in text and "Infinity" not in text
+    assert set(doc) == {"variants", "scenario", "servesim_version"}
+    assert doc["scenario"] == {"seed": 3, "policy": {"kind": "continuous"}, "path": str(tmp_path / "x.yaml")}
+    assert list(doc["variants"]) == ["continuous", "static"]
+    for metrics in doc["variants"].values():
+        assert tuple(metrics) == SUMMARY_KEYS
+        for key in ("ttft", "tpot", "itl", "e2el"):
+            assert list(metrics[key]) == ["mean", "p50", "p90", "p95", "p99"]
+        assert list(metrics["kv_usage"]) == ["mean", "max"]
+        for key in ("output_throughput", "request_throughput", "goodput", "busy_fraction", "mfu"):
+            assert isinstance(metrics[key], float)
+        for key in ("num_preemptions", "num_rejected", "num_completed"):
+            assert isinstance(metrics[key], int)
+    assert read_summary(tmp_path) == doc == read_summary(tmp_path / "summary.json")
+
+
+def test_nan_becomes_null(tmp_path):
+    r = small_run("x")
+    r.peak_flops = 0.0  # MFU undefined
+    write_run(tmp_path, [r], {"x": summarize(r)})  # no SLOs: goodput undefined
+    m = read_summary(tmp_path)["variants"]["x"]
+    assert m["mfu"] is None and m["goodput"] is None and m["slo_attainment"] is None and m["slos"] is None
+
+
+def test_csv_round_trip(tmp_path, two_runs):
+    results, summaries = two_runs
+    write_run(tmp_path, results, summaries)
+    with open(tmp_path / "requests.csv") as f:
+        assert f.readline().rstrip("\n").split(",") == ["variant", *REQUEST_FIELDS]
+    with open(tmp_path / "steps.csv") as f:
+        assert f.readline().rstrip("\n").split(",") == ["variant", *STEP_COLUMNS]
+    reqs = read_requests(tmp_path)
+    steps = read_steps(tmp_path)
+    for res in results:
+        assert reqs[res.name] == sorted(res.requests, key=lambda r: r.id)
+        for k, t in STEP_COLUMNS.items():
+            assert steps[res.name][k].dtype == t
+            np.testing.assert_array_equal(steps[res.name][k], res.steps[k])  # exact: floats written with repr
+
+
+def test_same_inputs_give_identical_bytes(tmp_path, two_runs):
+    results, summaries = two_runs
+    a, b = tmp_path / "a", tmp_path / "b"
+    write_run(a, results, summaries, scenario={"seed": 1})
+    first = {n: (a / n).read_bytes() for n in RUN_FILES}
+    write_run(a, results, summaries, scenario={"seed": 1})  # overwrite in place
+    write_run(b, results, summaries, scenario={"seed": 1})
+    for n in RUN_FILES:
+        assert (a / n).read_bytes() == first[n] == (b / n).read_bytes(), n
+
+
+def test_write_leaves_no_temporary_files_and_keeps_other_files(tmp_path, two_runs):
+    results, summaries = two_runs
+    (tmp_path / "notes.txt").write_text("mine")
+    write_run(tmp_path, results, summaries)
+    write_run(tmp_path, results, summaries)
+    assert set(os.listdir(tmp_path)) == RUN_FILES | {"notes.txt"}
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_failed_write_changes_nothing(tmp_path, two_runs, monkeypatch):
+    results, summaries = two_runs
+    write_run(tmp_path, results[:1], {results[0].name: summaries[results[0].name]})
+    before = {n: (tmp_path / n).read_bytes() for n in RUN_FILES}
+
+    def broken(results):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(output, "steps_csv", broken)
+    with pytest.raises(RuntimeError, match="disk full"):
+        write_run(tmp_path, results, summaries)
+    assert set(os.listdir(tmp_path)) == RUN_FILES  # no temporary file left behind
+    assert {n: (tmp_path / n).read_bytes() for n in RUN_FILES} == before
+
+
+def test_failed_replace_leaves_no_temporary_files(tmp_path, two_runs, monkeypatch):
+    results, summaries = two_runs
+    real_replace = os.replace
+    calls = []
+
+    def flaky(src, dst):
+        calls.append(dst)
+        if len(calls) == 2:
+            raise OSError("interrupted")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(output.os, "replace", flaky)
+    with pytest.raises(OSError, match="interrupted"):
+        write_run(tmp_path, results, summaries)
+    assert not [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]
+
+
+def test_duplicate_variant_names_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="unique"):
+        write_run(tmp_path, [small_run("a"), small_run("a")])
+
+
+def test_format_table(two_runs):
+    results, summaries = two_runs
+    text = format_table(summaries)
+    lines = text.splitlines()
+    header = lines[0].split()
+    assert header == ["metric", "continuous", "static", "×"]
+    rows = {line[: len("TTFT p50 (ms)")]: line for line in lines[2:]}
+    assert "TTFT p50 (ms)" in rows and "output tok/s" in text and "KV usage max" in text and "MFU" in text
+    completed = next(line for line in lines if line.startswith("completed")).split()
+    assert completed == ["completed", "3", "3", "1.00"]
+    ttft = next(line for line in lines if line.startswith("TTFT p50 (ms)")).split()
+    c, s = summaries["continuous"]["ttft"]["p50"], summaries["static"]["ttft"]["p50"]
+    assert ttft[-3:] == [f"{1e3 * c:.1f}", f"{1e3 * s:.1f}", f"{s / c:.2f}"]
+    # numbers are right-aligned in fixed-width columns
+    ends = {len(line) for line in lines[2:] if not line.endswith("-")}
+    assert len(ends) == 1
+
+
+def test_format_table_without_ratio_and_with_missing_values():
+    r = small_run("only")
+    r.peak_flops = 0.0
+    text = format_table({"only": summarize(r)})
+    assert "×" not in text.splitlines()[0]
+    mfu = next(line for line in text.splitlines() if line.startswith("MFU"))
+    assert mfu.split() == ["MFU", "-"]
+
+
+def test_report_is_self_contained(tmp_path, two_runs):
+    results, summaries = two_runs
+    html = build_report(results, summaries, "a <b> title")
+    assert html.count("plotly.js v") == 1  # the bundle, inlined once
+    assert html.count("Plotly.newPlot(") == 2 + 2 * len(results)  # CDFs, throughput, timeline and KV each
+    assert '<table class="summary">' in html and "TTFT p99 (ms)" in html
+    assert "a &lt;b&gt; title" in html
+    assert "<script src=" not in html and '<link rel="stylesheet" href' not in html  # nothing to fetch
+    for name in ("continuous", "static"):
+        assert f"<li><b>{name}</b>: " in html
+    p = write_report(tmp_path / "r" / "report.html", results, summaries, "t")
+    assert p.read_text().count("plotly.js v") == 1
+    assert os.listdir(p.parent) == ["report.html"]
+
+
+def test_figures_have_a_curve_per_variant(two_runs):
+    results, _ = two_runs
+    cdf = fig_latency_cdfs(results)
+    names = {t.name for t in cdf.data if t.mode == "lines"}
+    assert names == {"continuous", "static"}
+    assert len([t for t in cdf.data if t.mode == "lines"]) == 3 * len(results)
+    tl = fig_timeline(results[0])
+    assert {"busy", "MFU", "KV used", "waiting", "running", "rejections", "preemptions"} <= {t.name for t in tl.data}
+    kv = fig_kv_memory(results[0])
+    assert [t.name for t in kv.data] == ["used", "reserved, empty", "capacity"]
+    assert kv.data[2].y[0] == pytest.approx(64 * 2.0**21 / 2**30)
+    assert len(fig_throughput(results).data) == 3 * len(results)
+
+
+def test_amount_per_window_is_exact_for_overlapping_steps():
+    starts = np.array([0.5, 1.0, 1.0, 2.75])
+    durs = np.array([1.0, 2.0, 0.0, 0.5])  # overlapping, and one step of zero length
+    amounts = np.array([4.0, 8.0, 3.0, 2.0])
+    edges = np.array([0.0, 1.0, 2.0, 3.0, 4.0])
+    got = amount_per_window(starts, durs, amounts, edges)
+    np.testing.assert_allclose(got, [2.0, 2.0 + 3.0 + 4.0, 4.0 + 1.0, 1.0], rtol=1e-12)
+    assert got.sum() == pytest.approx(amounts.sum())
+
+
+def test_state_per_window_aggregates_and_holds():
+    t = np.array([0.1, 0.2, 0.3, 2.5])
+    v = np.array([3.0, 7.0, 5.0, 1.0])
+    edges = np.array([0.0, 1.0, 2.0, 3.0])
+    np.testing.assert_array_equal(state_per_window(t, v, edges, "max"), [7.0, 7.0, 1.0])
+    np.testing.assert_array_equal(state_per_window(t, v, edges, "mean"), [5.0, 5.0, 1.0])
+
+
+def test_ecdf_points():
+    small = ecdf_points(np.array([3.0, 1.0, 2.0]))
+    np.testing.assert_array_equal(small["x"], [1.0, 2.0, 3.0])
+    assert small["y0"] == small["dy"] == pytest.approx(1 / 3)
+    big = ecdf_points(np.random.default_rng(1).exponential(size=50_000), max_points=500)
+    assert len(big["x"]) == 500 and np.all(np.diff(big["x"]) >= 0)
+
+
+def big_run(n_steps: int = 600_000, n_requests: int = 30_000) -> RunResult:
+    """A long run: 600k steps over about 3 hours, 30k requests."""
+    rng = np.random.default_rng(42)
+    dur = rng.uniform(0.01, 0.025, n_steps)
+    start = np.cumsum(dur + rng.exponential(0.002, n_steps)) - dur
+    used = rng.integers(100, 5000, n_steps)
+    steps = {
+        "start": start,
+        "duration": dur,
+        "batch_size": rng.integers(1, 64, n_steps),
+        "padded_rows": np.zeros(n_steps),
+        "prefill_tokens": rng.integers(0, 2048, n_steps),
+        "decode_tokens": rng.integers(1, 64, n_steps),
+        "padding_tokens": np.zeros(n_steps),
+        "kv_blocks_used": used,
+        "kv_blocks_reserved": rng.integers(0, 100, n_steps),
+        "kv_tokens": used * 15,
+        "kv_capacity_blocks": np.full(n_steps, 5120),
+        "num_running": rng.integers(1, 64, n_steps),
+        "num_waiting": rng.integers(0, 200, n_steps),
+        "num_swapped": np.zeros(n_steps),
+        "num_preempted": rng.binomial(1, 0.01, n_steps),
+        "num_rejected": np.zeros(n_steps),
+        "swap_blocks": np.zeros(n_steps),
+        "flops": rng.uniform(0.05, 0.6, n_steps) * dur * 9.89e14,
+    }
+    steps = {k: np.asarray(v, dtype=STEP_COLUMNS[k]) for k, v in steps.items()}
+    end = float(start[-1] + dur[-1])
+    arrival = np.sort(rng.uniform(0, end * 0.95, n_requests))
+    ttft = rng.exponential(0.3, n_requests)
+    e2el = ttft + rng.uniform(1.0, 20.0, n_requests)
+    rejected = rng.random(n_requests) < 0.05
+    reqs = [
+        replace(
+            rec(i, float(arrival[i]), float(arrival[i] + ttft[i]), float(min(arrival[i] + e2el[i], end)), 200),
+            prompt_tokens=512,
+        )
+        if not rejected[i]
+        else rec(i, float(arrival[i]), -1.0, float(arrival[i]), 0, outcome="rejected")
+        for i in range(n_requests)
+    ]
+    return RunResult(
+        name="long",
+        requests=reqs,
+        steps=steps,
+        itl_gaps=dur,
+        itl_counts=steps["decode_tokens"],
+        duration=end,
+        peak_flops=9.89e14,
+        kv_capacity_blocks=5120,
+        block_size=16,
+        kv_bytes_per_block=2.0**20,
+    )
+
+
+def test_long_run_is_downsampled_and_small():
+    run = big_run()
+    summaries = {run.name: summarize(run)}
+    for fig in (fig_latency_cdfs([run]), fig_timeline(run), fig_kv_memory(run), fig_throughput([run])):
+        assert 0 < trace_points(fig) <= MAX_POINTS
+    html = build_report([run], summaries, "long run")
+    assert len(html.encode()) < 5_000_000

@@ -1,0 +1,242 @@
+"""Trace readers: counts, rates and shapes of the shipped traces, replay transforms, and error messages."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sim import traces
+from sim.traces import TRACE_DIR, TRACES, load_trace
+
+# From sim/data/traces/NOTICE.md: requests, mean rate (req/s), mean prompt and mean output tokens.
+SHAPES = {
+    "azure-code": (8819, 2.57, 2048, 28),
+    "azure-conv": (19366, 5.53, 1155, 211),
+    "mooncake": (12031, 3.40, 12035, 343),
+}
+
+
+def _lines(path: Path) -> int:
+    """Requests in a file: data lines, counting a last line without its newline."""
+    with open(path, encoding="utf-8") as f:
+        n = sum(1 for line in f if line.strip())
+    return n - 1 if path.suffix == ".csv" else n  # the CSV header
+
+
+def _azure_rows(name: str) -> list[tuple[int, int]]:
+    with open(TRACE_DIR / TRACES[name], newline="") as f:
+        return [(int(r[1]), int(r[2])) for r in list(csv.reader(f))[1:]]
+
+
+@pytest.mark.parametrize("name", list(SHAPES))
+def test_shipped_trace_counts_rates_and_means(name: str) -> None:
+    n, rate, prompt_mean, output_mean = SHAPES[name]
+    t = load_trace(name)
+    assert len(t) == n == _lines(TRACE_DIR / TRACES[name])
+    assert t.arrival.dtype == np.float64 and t.prompt_len.dtype == np.int64 and t.output_len.dtype == np.int64
+    assert t.arrival[0] == 0.0 and np.all(np.diff(t.arrival) >= 0)
+    assert t.mean_rate == pytest.approx(rate, abs=0.005)  # NOTICE rounds to 2 decimals
+    assert t.prompt_len.mean() == pytest.approx(prompt_mean, abs=0.5)
+    assert t.output_len.mean() == pytest.approx(output_mean, abs=0.5)
+    assert t.prompt_len.min() >= 1 and t.output_len.min() >= 1
+    assert not t.arrival.flags.writeable  # the parse cache cannot be corrupted
+    assert (t.hash_ids is not None) == (name == "mooncake")
+
+
+def test_azure_timestamps_are_exact() -> None:
+    code = load_trace("azure-code")
+    # 18:17:03.9799600 -> 18:17:04.0319600 -> 18:17:04.0...: integer ns, then one rounding.
+    assert code.arrival[1] == 0.052
+    conv = load_trace("azure-conv")
+    # 18:15:46.6805900 -> 19:14:08.4025270
+    assert conv.arrival[-1] == 3501.721937
+
+
+def test_azure_pairs_are_kept_in_file_order() -> None:
+    t = load_trace("azure-conv")
+    rows = np.array(_azure_rows("azure-conv"))
+    np.testing.assert_array_equal(t.prompt_len, rows[:, 0])
+    np.testing.assert_array_equal(t.output_len, rows[:, 1])
+
+
+def test_mooncake_hash_ids_cover_the_prompt() -> None:
+    t = load_trace("mooncake")
+    assert t.hash_block_size == 512 and t.hash_ids is not None
+    assert t.hash_ids[0] == tuple(range(14))
+    assert all(len(h) == math.ceil(p / 512) for h, p in zip(t.hash_ids, t.prompt_len.tolist()))
+    with open(TRACE_DIR / TRACES["mooncake"]) as f:
+        first = json.loads(f.readline())
+    assert (t.prompt_len[0], t.output_len[0]) == (first["input_length"], first["output_length"])
+
+
+def test_fast_and_row_parsers_agree() -> None:
+    for name in ("azure-code", "azure-conv"):
+        path = str(TRACE_DIR / TRACES[name])
+        for fast, slow in zip(traces._read_azure(path), traces._read_azure_rows(path)):
+            np.testing.assert_array_equal(fast, slow)
+
+
+def test_azure_parse_speed() -> None:
+    path = str(TRACE_DIR / TRACES["azure-conv"])  # 19,366 rows; uncached
+    best = math.inf
+    for _ in range(3):
+        t0 = time.perf_counter()
+        traces._read_azure(path)
+        best = min(best, time.perf_counter() - t0)
+    assert best < 0.2
+
+
+def test_window_selects_original_seconds() -> None:
+    full = load_trace("azure-conv")
+    w = load_trace("azure-conv", start=600.0, end=1200.0)
+    keep = (full.arrival >= 600.0) & (full.arrival < 1200.0)
+    assert len(w) == keep.sum() > 0
+    np.testing.assert_array_equal(w.arrival, full.arrival[keep] - full.arrival[keep][0])
+    np.testing.assert_array_equal(w.prompt_len, full.prompt_len[keep])
+    np.testing.assert_array_equal(w.output_len, full.output_len[keep])
+    # Open end and max_requests.
+    tail = load_trace("azure-conv", start=3000.0)
+    assert len(tail) == (full.arrival >= 3000.0).sum()
+    head = load_trace("azure-conv", start=600.0, max_requests=10)
+    np.testing.assert_array_equal(head.prompt_len, full.prompt_len[keep][:10])
+
+
+def test_time_and_rate_scale_combine_as_one_factor() -> None:
+    base = load_trace("azure-code")
+    half_time = load_trace("azure-code", time_scale=0.5)
+    double_rate = load_trace("azure-code", rate_scale=2.0)
+    np.testing.assert_array_equal(half_time.arrival, base.arrival * 0.5)
+    np.testing.assert_array_equal(double_rate.arrival, half_time.arrival)
+    assert half_time.duration == base.duration / 2
+    both = load_trace("azure-code", time_scale=0.5, rate_scale=2.0)
+    assert both.duration == base.duration / 4
+    assert both.mean_rate == pytest.approx(4 * base.mean_rate, rel=1e-12)
+    third = load_trace("azure-code", time_scale=2.0, rate_scale=3.0)
+    np.testing.assert_array_equal(third.arrival, base.arrival * (2.0 / 3.0))
+    np.testing.assert_array_equal(third.prompt_len, base.prompt_len)  # lengths untouched
+
+
+def test_repeat_to_tiles_the_window() -> None:
+    w = load_trace("azure-conv", end=300.0, rate_scale=2.0)
+    m = len(w)
+    n = 100_000
+    t = load_trace("azure-conv", end=300.0, rate_scale=2.0, repeat_to=n)
+    assert len(t) == n
+    assert np.all(np.diff(t.arrival) >= 0)
+    shift = w.duration + w.duration / (m - 1)
+    for k in (1, 2, n // m):
+        chunk = slice(k * m, min((k + 1) * m, n))
+        length = chunk.stop - chunk.start
+        np.testing.assert_allclose(t.arrival[chunk], w.arrival[:length] + k * shift, rtol=1e-12)
+        np.testing.assert_array_equal(t.prompt_len[chunk], w.prompt_len[:length])
+        np.testing.assert_array_equal(t.output_len[chunk], w.output_len[:length])
+    # The gap across a seam is one mean gap.
+    assert t.arrival[m] - t.arrival[m - 1] == pytest.approx(w.duration / (m - 1))
+    # Fewer than the window: a cut.
+    short = load_trace("azure-conv", end=300.0, repeat_to=5)
+    np.testing.assert_array_equal(short.arrival, load_trace("azure-conv", max_requests=5).arrival)
+
+
+def test_repeat_to_gives_copies_their_own_prefix_ids() -> None:
+    w = load_trace("mooncake", max_requests=100)
+    t = load_trace("mooncake", max_requests=100, repeat_to=250)
+    assert t.hash_ids is not None and w.hash_ids is not None and len(t.hash_ids) == 250
+    assert t.hash_ids[:100] == w.hash_ids
+    first = {h for ids in t.hash_ids[:100] for h in ids}
+    second = {h for ids in t.hash_ids[100:200] for h in ids}
+    assert not first & second
+    # Sharing inside a copy is kept: equal ids in the window stay equal in the copy.
+    assert (t.hash_ids[100][0] == t.hash_ids[101][0]) == (w.hash_ids[0][0] == w.hash_ids[1][0])
+    assert [len(h) for h in t.hash_ids[100:200]] == [len(h) for h in w.hash_ids]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Errors and edge cases, on small files written for the test.
+
+HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+
+
+def _write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_missing_file_names_the_path(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.csv"
+    with pytest.raises(FileNotFoundError, match="nope.csv"):
+        load_trace(missing)
+    with pytest.raises(FileNotFoundError, match="azure-cod"):
+        load_trace("azure-cod")  # a misspelt name is read as a path
+
+
+@pytest.mark.parametrize(
+    ("body", "line", "what"),
+    [
+        ("2023-11-16 18:00:00.0000000,10,5\n2023-11-16 18:00:01.0000000,ten,5\n", 3, "ContextTokens"),
+        ("2023-11-16 18:00:00.0000000,10,5\n2023-11-16 18:00:01.0000000,10,-5\n", 3, "GeneratedTokens"),
+        ("2023-11-16 18:00:00.0000000,10,5\n2023-11-16 18:00:01.0000000,10,5\n2023-11-16 18:0x:02,1,1\n", 4,
+         "TIMESTAMP"),
+        ("2023-11-16 18:00:00.0000000,10,5\n2023-02-30 18:00:01.0000000,10,5\n", 3, "TIMESTAMP"),
+        ("2023-11-16 18:00:00.0000000,10\n", 2, "fields"),
+    ],
+)
+def test_malformed_csv_row_names_file_and_line(tmp_path: Path, body: str, line: int, what: str) -> None:
+    path = _write(tmp_path, "bad.csv", HEADER + body)
+    with pytest.raises(ValueError, match=f"bad.csv:{line}: .*{what}"):
+        load_trace(path)
+
+
+def test_malformed_jsonl_names_file_and_line(tmp_path: Path) -> None:
+    good = '{"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": [0]}\n'
+    path = _write(tmp_path, "bad.jsonl", good + '{"timestamp": 5, "input_length": 10,\n')
+    with pytest.raises(ValueError, match="bad.jsonl:2: not valid JSON"):
+        load_trace(path)
+    path = _write(tmp_path, "miss.jsonl", good + good + '{"timestamp": 5, "output_length": 2}\n')
+    with pytest.raises(ValueError, match="miss.jsonl:3: missing field 'input_length'"):
+        load_trace(path)
+    path = _write(tmp_path, "float.jsonl", good + '{"timestamp": 5, "input_length": 10.5, "output_length": 2}\n')
+    with pytest.raises(ValueError, match="float.jsonl:2: input_length must be an integer"):
+        load_trace(path)
+
+
+def test_other_errors(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="unknown trace format"):
+        load_trace(_write(tmp_path, "t.txt", "x"))
+    with pytest.raises(ValueError, match="header"):
+        load_trace(_write(tmp_path, "h.csv", "time,in,out\n"))
+    with pytest.raises(ValueError, match="no requests"):
+        load_trace(_write(tmp_path, "empty.csv", HEADER))
+    with pytest.raises(ValueError, match="no requests in the window"):
+        load_trace("azure-code", start=1e6)
+    with pytest.raises(ValueError, match="at least 2 requests"):
+        load_trace("azure-code", max_requests=1, repeat_to=10)
+    for kwargs in ({"time_scale": 0.0}, {"rate_scale": -1.0}, {"start": 5.0, "end": 5.0}, {"repeat_to": 0}):
+        with pytest.raises(ValueError):
+            load_trace("azure-code", **kwargs)
+
+
+def test_zero_lengths_are_clamped_and_disorder_sorted(tmp_path: Path) -> None:
+    body = (
+        "2023-11-16 23:59:59.5000000,0,7\n"
+        "2023-11-16 23:59:58.2500000,30,0\n"  # earlier than the row above
+        "2023-11-17 00:00:01.0000001,40,9\n"  # across midnight, 100 ns resolution
+    )
+    t = load_trace(_write(tmp_path, "z.csv", HEADER + body))
+    np.testing.assert_array_equal(t.arrival, [0.0, 1.25, 2.7500001])
+    np.testing.assert_array_equal(t.prompt_len, [30, 1, 40])
+    np.testing.assert_array_equal(t.output_len, [1, 7, 9])
+
+
+def test_row_reader_handles_quoting_and_column_order(tmp_path: Path) -> None:
+    text = 'GeneratedTokens,TIMESTAMP,ContextTokens\n"5",2023-11-16 18:00:00,"10"\n6,2023-11-16T18:00:02.5,11\n'
+    t = load_trace(_write(tmp_path, "q.csv", text))
+    np.testing.assert_array_equal(t.arrival, [0.0, 2.5])
+    np.testing.assert_array_equal(t.prompt_len, [10, 11])
+    np.testing.assert_array_equal(t.output_len, [5, 6])
