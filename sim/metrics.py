@@ -52,7 +52,7 @@ SUMMARY_KEYS: tuple[str, ...] = (
     "e2el",
     "queue",
     "kv_usage",  # {mean, max} of kv_blocks_used / kv_capacity_blocks
-    "kv_token_utilization",  # tokens stored / token slots of allocated (used + reserved) blocks
+    "kv_token_utilization",  # tokens stored / token slots of allocated blocks (kv_blocks_used)
     "busy_fraction",  # time the GPU computed / duration
     "mfu",  # model FLOPs utilisation over the whole run
     "mean_batch_size",  # requests per step, weighted by step duration
@@ -193,7 +193,7 @@ def summarize(result: RunResult, slos: SLOs | None = None) -> dict:
         "mean": _time_weighted_mean(usage[has_cap], dur[has_cap]),
         "max": float(usage[has_cap].max()) if has_cap.any() else NAN,
     }
-    slots = (used + np.asarray(s["kv_blocks_reserved"], dtype=np.float64)) * result.block_size
+    slots = used * result.block_size  # kv_blocks_reserved is the empty part of kv_blocks_used
     alloc = slots > 0
     kv_tok_util = _time_weighted_mean(np.asarray(s["kv_tokens"], dtype=np.float64)[alloc] / slots[alloc], dur[alloc])
 

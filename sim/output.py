@@ -87,9 +87,12 @@ def steps_csv(results: list[RunResult]) -> str:
 def _write_atomically(out_dir: Path, contents: dict[str, str]) -> None:
     """Write every file under a temporary name, then move them all into place."""
     temps: dict[str, str] = {}
+    umask = os.umask(0)
+    os.umask(umask)
     try:
         for name, text in contents.items():
             fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=out_dir)
+            os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; results are ordinary files
             temps[name] = tmp
             with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
                 f.write(text)

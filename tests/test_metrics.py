@@ -123,8 +123,8 @@ def test_step_metrics():
     assert m["mfu"] == pytest.approx(1e13 / (8 * 1e13), rel=1e-15)
     assert m["kv_usage"]["max"] == 0.5
     assert m["kv_usage"]["mean"] == pytest.approx((0.1 * 0.5 + 0.2 * 0.5 + 0.5 * 1 + 0.4 * 2) / 4, rel=1e-15)
-    # tokens / ((used + reserved) * block_size): 150/160, 300/320, 720/960, 600/800
-    assert m["kv_token_utilization"] == pytest.approx((0.9375 * 1.0 + 0.75 * 3.0) / 4, rel=1e-15)
+    # tokens / (used * block_size), reserved being the empty part of used: 150/160, 300/320, 720/800, 600/640
+    assert m["kv_token_utilization"] == pytest.approx((0.9375 * 1.0 + 0.9 * 1.0 + 0.9375 * 2.0) / 4, rel=1e-15)
     assert m["mean_batch_size"] == pytest.approx(5.5 / 4, rel=1e-15)
     assert m["padding_fraction"] == pytest.approx(6 / 610, rel=1e-15)
 

@@ -1,0 +1,137 @@
+"""Running a scenario: every variant (and sweep point) on the same seeded workload. Plain functions, shared by
+the command line and the notebooks."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sim.core import ServingCore
+from sim.metrics import summarize
+from sim.records import RunResult
+from sim.request import Request
+from sim.scenario import (
+    Scenario,
+    ScenarioError,
+    VariantConfig,
+    apply_point,
+    build,
+    slos_of,
+    sweep_points,
+    variant_configs,
+)
+from sim.simulator import ClosedLoopPlan, Simulation, result_of
+from sim.workload import GeneratedWorkload
+
+
+@dataclass(slots=True)
+class ScenarioRun:
+    """What a scenario produced: one result and one summary per variant (and sweep point)."""
+
+    scenario: Scenario
+    results: list[RunResult] = field(default_factory=list)
+    summaries: dict[str, dict] = field(default_factory=dict)
+    sweep: list[dict[str, Any]] = field(default_factory=list)  # rows: params, variant, name
+
+
+def generate_workload(scenario: Scenario) -> GeneratedWorkload:
+    """The scenario's requests, drawn from one generator seeded with the scenario's seed."""
+    rng = np.random.default_rng(scenario.seed)
+    try:
+        return scenario.workload.generate(rng)
+    except FileNotFoundError as e:
+        raise ScenarioError(f"workload: trace file not found: {e.filename or e}") from None
+    except ValueError as e:
+        raise ScenarioError(f"workload: {e}") from None
+
+
+def _label(params: dict[str, Any]) -> str:
+    return ",".join(f"{k.split('.')[-1]}={v}" for k, v in params.items())
+
+
+def simulate_variant(
+    cfg: VariantConfig,
+    workload: GeneratedWorkload,
+    *,
+    name: str | None = None,
+    keep_token_times: bool = False,
+    fast_path: bool = True,
+    progress: Callable[[int], None] | None = None,
+) -> tuple[RunResult, list[Request], ServingCore]:
+    """Simulate one variant on a workload; returns its result, its requests and its core."""
+    policy, kv, cost, built = build(cfg)
+    core = ServingCore(policy, kv, fast_path=fast_path, keep_token_times=keep_token_times)
+    closed = workload.closed_loop
+    plan = None if closed is None else ClosedLoopPlan(closed.num_users, closed.think_times)
+    sim = Simulation(workload.requests, [(core, cost)], closed_loop=plan, progress=progress, fast_forward=fast_path)
+    sim.run()
+    budget = built.budget
+    result = result_of(
+        name or cfg.name,
+        sim.requests,
+        core,
+        cost,
+        config=cfg.to_dict(),
+        weight_bytes=float(budget.weight_bytes * cfg.deployment.tensor_parallel_size),
+        kv_bytes_per_block=float(budget.kv_bytes_per_block * cfg.deployment.tensor_parallel_size),
+    )
+    return result, sim.requests, core
+
+
+def run_scenario(
+    scenario: Scenario,
+    raw: dict[str, Any] | None = None,
+    *,
+    source: str = "scenario",
+    progress: bool = False,
+) -> ScenarioRun:
+    """Run every variant of the scenario (at every sweep point) on the same workload."""
+    points = sweep_points(scenario)
+    if scenario.sweep and raw is None:
+        raw = scenario.model_dump(mode="json")
+    # resolve everything first, so that a bad variant fails before anything runs
+    plans: list[tuple[dict[str, Any], Scenario, list[VariantConfig]]] = []
+    for point in points:
+        sc = apply_point(raw, point, source) if point else scenario
+        cfgs = variant_configs(sc)
+        for cfg in cfgs:
+            build(cfg)
+        plans.append((point, sc, [VariantConfig(c.name, c.deployment, c.kv_cache, c.policy, c.admission, point) for c in cfgs]))
+    out = ScenarioRun(scenario)
+    workloads: dict[str, GeneratedWorkload] = {}
+    total = sum(len(cfgs) for _, _, cfgs in plans)
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=total, desc=scenario.name, unit="run", leave=False)
+    for point, sc, cfgs in plans:
+        key = sc.workload.model_dump_json()
+        if key not in workloads:
+            workloads[key] = generate_workload(sc)
+        wl = workloads[key]
+        for cfg in cfgs:
+            name = cfg.name if not point else f"{cfg.name}[{_label(point)}]"
+            result, _, _ = simulate_variant(cfg, wl, name=name, keep_token_times=sc.keep_token_times)
+            out.results.append(result)
+            out.summaries[name] = summarize(result, slos_of(sc))
+            if point:
+                out.sweep.append({"name": name, "variant": cfg.name, **point})
+            if bar is not None:
+                bar.update(1)
+    if bar is not None:
+        bar.close()
+    return out
+
+
+def write_scenario_run(run: ScenarioRun, out_dir: str | Path, raw: dict[str, Any] | None = None) -> Path:
+    from sim.output import write_run
+
+    scenario = run.scenario.model_dump(mode="json")
+    if run.sweep:
+        scenario["sweep_points"] = run.sweep
+    return write_run(out_dir, run.results, run.summaries, scenario=scenario, title=f"servesim: {run.scenario.name}")

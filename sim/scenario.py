@@ -1,0 +1,483 @@
+"""Scenario files: what to simulate, validated at the boundary, and turned into the objects that run it.
+
+A scenario names one workload and one or more *variants* (policy, KV cache, deployment) that all replay that
+very workload, plus optional SLOs and a sweep (a grid over any parameters). The top-level ``deployment``,
+``kv_cache``, ``policy`` and ``admission`` sections are the defaults every variant starts from; a variant
+replaces ``kv_cache``, ``policy`` or ``admission`` whole and merges its ``deployment`` keys into the default.
+
+    name: naive-vs-continuous
+    seed: 0
+    workload: {arrival: {type: poisson, rate: 4}, num_requests: 400, prompt_len: ..., output_len: ...}
+    deployment: {model: llama-3.1-8b, gpu: a100-80gb}
+    variants:
+      - {name: naive, policy: {type: static, batch_size: 8}, kv_cache: {type: contiguous}}
+      - {name: continuous, policy: {type: continuous}}
+
+Everything here is pydantic (``extra="forbid"``); the simulator's hot path sees only plain objects.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from sim.block_manager import PagedBlockManager
+from sim.contiguous_allocator import ContiguousAllocator
+from sim.costmodel import AnalyticCostModel, FittedCostModel
+from sim.metrics import SLOs
+from sim.policies import Admission, ContinuousPolicy, Limits, StaticPolicy
+from sim.specs import GPUSpec, KVBudget, ModelDoesNotFitError, ModelSpec, kv_budget
+from sim.workload import TraceArrival, Workload
+
+
+class ScenarioError(ValueError):
+    """A scenario that cannot run: the message names the field and the reason."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# ---- deployment -----------------------------------------------------------------------------------------------
+class AnalyticCost(_Model):
+    type: Literal["analytic"] = "analytic"
+    compute_efficiency: float | None = Field(None, gt=0, le=1, description="Share of peak FLOP/s matmuls reach.")
+    bandwidth_efficiency: float | None = Field(None, gt=0, le=1, description="Share of HBM bandwidth reached.")
+    step_overhead: float | None = Field(None, ge=0, description="Fixed seconds per step (CPU, launches).")
+    per_request_overhead: float | None = Field(None, ge=0, description="Seconds per request per step.")
+
+
+class FittedCost(_Model):
+    type: Literal["fitted"] = "fitted"
+    profile: str = Field(description="Path of a calibration profile JSON (see `servesim calibrate`).")
+
+
+CostModelConfig = Annotated[Union[AnalyticCost, FittedCost], Field(discriminator="type")]
+
+
+class Deployment(_Model):
+    model: str | dict[str, Any] = Field(
+        "llama-3.1-8b", description="Model preset name, path to a Hugging Face config.json, or its fields inline."
+    )
+    gpu: str | dict[str, Any] = Field("h100-sxm", description="GPU preset name, or GPUSpec fields inline.")
+    weight_dtype: Literal["fp32", "bf16", "fp16", "fp8", "int8", "int4"] = Field(
+        "bf16", description="Data type of the weights."
+    )
+    kv_dtype: Literal["auto", "fp32", "bf16", "fp16", "fp8", "int8"] = Field(
+        "auto", description="Data type of the KV cache; auto: the model's activation dtype."
+    )
+    tensor_parallel_size: int = Field(1, ge=1, description="GPUs one replica's weights and KV are split over.")
+    gpu_memory_utilization: float = Field(
+        0.9, gt=0, le=1, description="Share of GPU memory the engine may use (weights + activations + KV)."
+    )
+    num_gpu_blocks: int | None = Field(None, ge=1, description="Override the KV block count vLLM would size.")
+    block_size: int = Field(16, ge=1, description="Tokens per KV block.")
+    max_model_len: int | None = Field(
+        None, ge=1, description="Longest prompt+output a request may have; none: the model's context length."
+    )
+    swap_space: float = Field(4.0, ge=0, description="CPU swap space per GPU in GiB (vLLM's swap_space).")
+    cost_model: CostModelConfig = Field(default_factory=AnalyticCost, description="How step times are predicted.")
+
+
+# ---- KV cache -------------------------------------------------------------------------------------------------
+class PagedKV(_Model):
+    type: Literal["paged"] = "paged"
+    enable_prefix_caching: bool = Field(False, description="Reuse KV blocks of equal prompt prefixes.")
+
+
+class ContiguousKV(_Model):
+    type: Literal["contiguous"] = "contiguous"
+    reserve: Literal["max_model_len", "request"] = Field(
+        "max_model_len",
+        description="What each request reserves up front: max_model_len tokens (what a server that does not know "
+        "the output length must do), or its own prompt+output (an oracle; still wastes the unfilled part).",
+    )
+
+
+KVCacheConfig = Annotated[Union[PagedKV, ContiguousKV], Field(discriminator="type")]
+
+
+# ---- policies -------------------------------------------------------------------------------------------------
+class StaticPolicyConfig(_Model):
+    type: Literal["static"] = "static"
+    batch_size: int = Field(8, ge=1, description="Requests per batch.")
+    max_wait: float = Field(1.0, ge=0, description="Seconds the oldest queued request waits for a full batch.")
+    preemption_mode: Literal["recompute", "swap"] = Field("recompute", description="If paged KV runs out.")
+
+
+class ContinuousPolicyConfig(_Model):
+    type: Literal["continuous"] = "continuous"
+    max_num_seqs: int = Field(256, ge=1, description="Requests in one step at most.")
+    max_num_batched_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="Tokens computed in one step at most; none: 8192 with chunked prefill, else "
+        "max(8192, max_model_len).",
+    )
+    enable_chunked_prefill: bool = Field(False, description="Cut prompts into chunks that fill each step.")
+    prefill_mode: Literal["prefill_first", "mixed"] = Field(
+        "prefill_first", description="Without chunking: prompts-only steps first (vLLM v0), or mixed steps."
+    )
+    preemption_mode: Literal["recompute", "swap"] = Field(
+        "recompute", description="What happens to the latest-admitted request when blocks run out."
+    )
+
+
+PolicyConfig = Annotated[Union[StaticPolicyConfig, ContinuousPolicyConfig], Field(discriminator="type")]
+
+
+class AdmissionConfig(_Model):
+    max_queue_len: int | None = Field(None, ge=0, description="Reject arrivals beyond this many waiting requests.")
+    max_queue_delay: float | None = Field(
+        None, gt=0, description="Reject a request still waiting (never scheduled) after this many seconds."
+    )
+
+
+class SLOConfig(_Model):
+    ttft: float | None = Field(None, gt=0, description="Time to first token bound, seconds.")
+    tpot: float | None = Field(None, gt=0, description="Time per output token bound, seconds.")
+    e2el: float | None = Field(None, gt=0, description="End-to-end latency bound, seconds.")
+
+
+class Variant(_Model):
+    name: str = Field(min_length=1, description="Name in tables and summary.json.")
+    deployment: dict[str, Any] | None = Field(None, description="Keys merged into the default deployment.")
+    kv_cache: KVCacheConfig | None = Field(None, description="Replaces the default KV cache.")
+    policy: PolicyConfig | None = Field(None, description="Replaces the default policy.")
+    admission: AdmissionConfig | None = Field(None, description="Replaces the default admission control.")
+
+
+class Scenario(_Model):
+    name: str = Field("scenario", description="Scenario name.")
+    description: str = Field("", description="What the scenario shows.")
+    seed: int = Field(0, ge=0, description="Seed of the run's one random generator.")
+    workload: Workload
+    deployment: Deployment = Field(default_factory=Deployment)
+    kv_cache: KVCacheConfig = Field(default_factory=PagedKV)
+    policy: PolicyConfig = Field(default_factory=ContinuousPolicyConfig)
+    admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
+    slos: SLOConfig | None = Field(None, description="Service-level objectives for goodput.")
+    variants: list[Variant] = Field(
+        default_factory=list, description="Compared configurations; none: one variant named after the scenario."
+    )
+    sweep: dict[str, list[Any]] | None = Field(
+        None,
+        description="Grid over parameters: dotted path -> values, e.g. {policy.max_num_seqs: [8, 32]}; paths "
+        "start with workload, deployment, kv_cache, policy or admission and apply to every variant.",
+    )
+    keep_token_times: bool = Field(False, description="Keep every token's timestamp on the requests (memory!).")
+
+    @model_validator(mode="after")
+    def _check(self) -> "Scenario":
+        names = [v.name for v in self.variants]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ValueError(f"variant names must be unique; repeated: {sorted(dup)}")
+        for key in self.sweep or {}:
+            head = key.split(".")[0]
+            if head not in ("workload", "deployment", "kv_cache", "policy", "admission"):
+                raise ValueError(f"sweep key {key!r} must start with workload, deployment, kv_cache, policy or admission")
+            if not self.sweep[key]:
+                raise ValueError(f"sweep key {key!r} has no values")
+        return self
+
+
+# ---- loading --------------------------------------------------------------------------------------------------
+def _format_validation(err: ValidationError, source: str) -> str:
+    lines = []
+    for e in err.errors()[:5]:
+        loc = ".".join(str(p) for p in e["loc"] if not (isinstance(p, str) and p in _UNION_TAGS))
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key"
+        lines.append(f"{source}: {loc or '(top level)'}: {msg}")
+    more = len(err.errors()) - 5
+    if more > 0:
+        lines.append(f"... and {more} more problem(s)")
+    return "\n".join(lines)
+
+
+_UNION_TAGS = {
+    "analytic", "fitted", "paged", "contiguous", "static", "continuous", "poisson", "gamma", "constant",
+    "all_at_once", "closed_loop", "trace", "fixed", "uniform", "normal", "lognormal", "exponential", "empirical",
+}
+
+
+def set_path(d: dict, dotted: str, value: Any) -> None:
+    """Set ``a.b.c`` in nested dicts, creating levels as needed."""
+    keys = dotted.split(".")
+    for k in keys[:-1]:
+        nxt = d.get(k)
+        if not isinstance(nxt, dict):
+            nxt = {}
+            d[k] = nxt
+        d = nxt
+    d[keys[-1]] = value
+
+
+def parse_value(text: str) -> Any:
+    """A ``--set key=value`` value, read as YAML (numbers, booleans, lists, null)."""
+    return yaml.safe_load(text)
+
+
+def load_scenario(
+    path: str | Path, overrides: dict[str, Any] | None = None
+) -> tuple["Scenario", dict[str, Any]]:
+    """Read and validate a scenario file. ``overrides`` maps dotted paths to values (the CLI's ``--set``).
+    Returns the validated scenario and the raw dict it came from. Raises ScenarioError with one clear message."""
+    p = Path(path)
+    if not p.is_file():
+        raise ScenarioError(f"{p}: scenario file not found")
+    try:
+        raw = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        raise ScenarioError(f"{p}: not valid YAML: {e}") from None
+    if not isinstance(raw, dict):
+        raise ScenarioError(f"{p}: a scenario must be a mapping of keys to values, got {type(raw).__name__}")
+    for key, value in (overrides or {}).items():
+        set_path(raw, key, value)
+    _resolve_relative_paths(raw, p.parent)
+    return parse_scenario(raw, source=str(p)), raw
+
+
+def parse_scenario(raw: dict[str, Any], source: str = "scenario") -> "Scenario":
+    try:
+        return Scenario.model_validate(raw)
+    except ValidationError as e:
+        raise ScenarioError(_format_validation(e, source)) from None
+
+
+def _resolve_relative_paths(raw: dict, base: Path) -> None:
+    """Trace and profile paths in a scenario are relative to the scenario file when they exist there."""
+
+    def fix(d: Any, key: str) -> None:
+        if isinstance(d, dict) and isinstance(d.get(key), str):
+            v = d[key]
+            if ("/" in v or v.endswith((".csv", ".jsonl", ".json"))) and not Path(v).is_absolute():
+                cand = base / v
+                if cand.exists():
+                    d[key] = str(cand)
+
+    wl = raw.get("workload")
+    if isinstance(wl, dict):
+        fix(wl.get("arrival"), "trace")
+        fix(wl.get("prompt_len"), "trace")
+        fix(wl.get("output_len"), "trace")
+    for section in [raw.get("deployment")] + [v.get("deployment") for v in raw.get("variants") or [] if isinstance(v, dict)]:
+        if isinstance(section, dict):
+            fix(section.get("cost_model"), "profile")
+            if isinstance(section.get("model"), str) and section["model"].endswith(".json"):
+                fix(section, "model")
+
+
+# ---- resolving a variant into objects -------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class VariantConfig:
+    """One variant with every default filled in: what runs."""
+
+    name: str
+    deployment: Deployment
+    kv_cache: PagedKV | ContiguousKV
+    policy: StaticPolicyConfig | ContinuousPolicyConfig
+    admission: AdmissionConfig
+    params: dict[str, Any]  # sweep point, {} without a sweep
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "deployment": self.deployment.model_dump(mode="json"),
+            "kv_cache": self.kv_cache.model_dump(mode="json"),
+            "policy": self.policy.model_dump(mode="json"),
+            "admission": self.admission.model_dump(mode="json"),
+            "params": self.params,
+        }
+
+
+def variant_configs(scenario: Scenario) -> list[VariantConfig]:
+    """The scenario's variants (one per variant; the scenario itself when it lists none), defaults filled in."""
+    variants = scenario.variants or [Variant(name=scenario.name)]
+    out = []
+    for v in variants:
+        dep = scenario.deployment.model_dump()
+        if v.deployment:
+            dep.update(v.deployment)
+        try:
+            deployment = Deployment.model_validate(dep)
+        except ValidationError as e:
+            raise ScenarioError(_format_validation(e, f"variant {v.name!r} deployment")) from None
+        out.append(
+            VariantConfig(
+                name=v.name,
+                deployment=deployment,
+                kv_cache=v.kv_cache or scenario.kv_cache,
+                policy=v.policy or scenario.policy,
+                admission=v.admission or scenario.admission,
+                params={},
+            )
+        )
+    return out
+
+
+def sweep_points(scenario: Scenario) -> list[dict[str, Any]]:
+    """Every combination of the sweep's values ({} once without a sweep)."""
+    if not scenario.sweep:
+        return [{}]
+    keys = list(scenario.sweep)
+    return [dict(zip(keys, combo)) for combo in itertools.product(*(scenario.sweep[k] for k in keys))]
+
+
+def apply_point(raw: dict[str, Any], point: dict[str, Any], source: str) -> Scenario:
+    """The scenario at one sweep point: each path set in the defaults and in every variant that overrides it."""
+    d = copy.deepcopy(raw)
+    d.pop("sweep", None)
+    for key, value in point.items():
+        set_path(d, key, value)
+        head, _, rest = key.partition(".")
+        for v in d.get("variants") or []:
+            if isinstance(v, dict) and head in v and isinstance(v[head], dict) and rest:
+                set_path(v[head], rest, value)
+    return parse_scenario(d, source=f"{source} at {point}")
+
+
+@dataclass(frozen=True, slots=True)
+class Built:
+    """The plain objects one variant runs with."""
+
+    model: ModelSpec
+    gpu: GPUSpec
+    budget: KVBudget
+    limits: Limits
+    max_model_len: int
+
+
+def _model_spec(model: str | dict[str, Any]) -> ModelSpec:
+    if isinstance(model, dict):
+        return ModelSpec.from_hf_config(model)
+    if model.endswith(".json") or "/" in model:
+        return ModelSpec.from_hf_config(model)
+    return ModelSpec.from_name(model)
+
+
+def build(cfg: VariantConfig):
+    """Resolve a variant into (policy, kv manager, cost model, Built). Raises ScenarioError naming the field."""
+    dep = cfg.deployment
+    where = f"variant {cfg.name!r}"
+    try:
+        model = _model_spec(dep.model)
+    except (ValueError, KeyError, FileNotFoundError) as e:
+        raise ScenarioError(f"{where}: deployment.model: {e}") from None
+    try:
+        gpu = GPUSpec.from_dict(dep.gpu) if isinstance(dep.gpu, dict) else GPUSpec.from_name(dep.gpu)
+    except (ValueError, TypeError) as e:
+        raise ScenarioError(f"{where}: deployment.gpu: {e}") from None
+    pol = cfg.policy
+    max_model_len = dep.max_model_len or model.max_position_embeddings
+    if isinstance(pol, ContinuousPolicyConfig):
+        mnbt = pol.max_num_batched_tokens or (8192 if pol.enable_chunked_prefill else max(8192, max_model_len))
+        limits = Limits(pol.max_num_seqs, mnbt, max_model_len)
+    else:
+        # a padded batch computes at most batch_size x max_model_len tokens in one step
+        limits = Limits(max(256, pol.batch_size), pol.batch_size * max_model_len, max_model_len)
+    try:
+        budget = kv_budget(
+            model,
+            gpu,
+            gpu_memory_utilization=dep.gpu_memory_utilization,
+            weight_dtype=dep.weight_dtype,
+            kv_dtype=dep.kv_dtype,
+            block_size=dep.block_size,
+            tensor_parallel_size=dep.tensor_parallel_size,
+            num_gpu_blocks_override=dep.num_gpu_blocks,
+            max_num_batched_tokens=limits.max_num_batched_tokens,
+            max_num_seqs=limits.max_num_seqs,
+        )
+    except ModelDoesNotFitError as e:
+        raise ScenarioError(f"{where}: deployment: {e}") from None
+    except ValueError as e:
+        raise ScenarioError(f"{where}: deployment: {e}") from None
+    if max_model_len > budget.capacity_tokens:
+        # vLLM refuses to start in this case; say what would fit
+        raise ScenarioError(
+            f"{where}: deployment.max_model_len {max_model_len} is larger than the KV cache holds "
+            f"({budget.capacity_tokens} tokens in {budget.num_gpu_blocks} blocks); set max_model_len <= "
+            f"{budget.capacity_tokens}, raise gpu_memory_utilization, or use more GPUs or a smaller kv_dtype"
+        )
+    num_cpu_blocks = int(dep.swap_space * 2**30 // budget.kv_bytes_per_block) if budget.kv_bytes_per_block else 0
+    admission = Admission(cfg.admission.max_queue_len, cfg.admission.max_queue_delay)
+    try:
+        if isinstance(pol, ContinuousPolicyConfig):
+            policy = ContinuousPolicy(
+                limits=limits,
+                enable_chunked_prefill=pol.enable_chunked_prefill,
+                prefill_mode=pol.prefill_mode,
+                preemption_mode=pol.preemption_mode,
+                admission=admission,
+            )
+        else:
+            policy = StaticPolicy(
+                batch_size=pol.batch_size,
+                max_wait=pol.max_wait,
+                limits=limits,
+                preemption_mode=pol.preemption_mode,
+                admission=admission,
+            )
+    except ValueError as e:
+        raise ScenarioError(f"{where}: policy: {e}") from None
+    kvc = cfg.kv_cache
+    if isinstance(kvc, PagedKV):
+        kv = PagedBlockManager(
+            budget.num_gpu_blocks,
+            dep.block_size,
+            enable_prefix_caching=kvc.enable_prefix_caching,
+            num_cpu_blocks=num_cpu_blocks,
+        )
+    else:
+        kv = ContiguousAllocator(
+            budget.num_gpu_blocks,
+            dep.block_size,
+            max_model_len=max_model_len,
+            reserve=kvc.reserve,
+            num_cpu_blocks=num_cpu_blocks,
+        )
+    cm = dep.cost_model
+    try:
+        if isinstance(cm, FittedCost):
+            cost = FittedCostModel.from_profile(cm.profile)
+        else:
+            extra = {k: v for k, v in cm.model_dump().items() if k != "type" and v is not None}
+            cost = AnalyticCostModel(
+                model,
+                gpu,
+                weight_dtype=dep.weight_dtype,
+                kv_dtype=dep.kv_dtype,
+                tensor_parallel_size=dep.tensor_parallel_size,
+                block_size=dep.block_size,
+                **extra,
+            )
+    except FileNotFoundError as e:
+        raise ScenarioError(f"{where}: deployment.cost_model.profile: file not found: {e.filename or e}") from None
+    except ValueError as e:
+        raise ScenarioError(f"{where}: deployment.cost_model: {e}") from None
+    return policy, kv, cost, Built(model, gpu, budget, limits, max_model_len)
+
+
+def slos_of(scenario: Scenario) -> SLOs | None:
+    s = scenario.slos
+    return None if s is None else SLOs(ttft=s.ttft, tpot=s.tpot, e2el=s.e2el)
+
+
+def is_trace(scenario: Scenario) -> bool:
+    return isinstance(scenario.workload.arrival, TraceArrival)
+
+
+def json_schema() -> dict[str, Any]:
+    """JSON Schema of scenario files, for editors."""
+    schema = Scenario.model_json_schema()
+    schema["title"] = "servesim scenario"
+    return schema
