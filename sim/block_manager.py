@@ -30,6 +30,10 @@ class KVBudget(Protocol):
         """Return what ``req`` holds (a planned preemption)."""
         ...
 
+    def take(self, n: int) -> bool:
+        """Reserve ``n`` free blocks without naming a request; False (nothing reserved) if not enough."""
+        ...
+
     def can_swap_out(self, req: Request) -> bool:
         ...
 
@@ -61,7 +65,7 @@ class KVManager(Protocol):
 
     def can_grow(self, n: int) -> bool: ...
 
-    def grow_one(self, req: Request) -> None: ...
+    def grow(self, reqs: list[Request]) -> None: ...
 
     def budget(self) -> KVBudget: ...
 
@@ -273,9 +277,18 @@ class PagedBlockManager:
     def can_grow(self, n: int) -> bool:
         return n <= self._num_free
 
-    def grow_one(self, req: Request) -> None:
-        """Append one block to a decoding request's table (the decode fast path knows it crosses a boundary)."""
-        self.tables[req.id] += self._take(1)
+    def grow(self, reqs: list[Request]) -> None:
+        """Append one block to each decoding request's table (the decode fast path knows they cross a block
+        boundary this step), in order."""
+        tables = self.tables
+        if self.enable_prefix_caching:
+            for r in reqs:
+                tables[r.id].append(self._take_free())
+            return
+        free = self._free
+        for r in reqs:
+            tables[r.id].append(free.pop())
+        self._num_free -= len(reqs)
 
     def free(self, req: Request) -> None:
         """Release every block of the request. The tail is released first so that, with prefix caching, a
@@ -372,6 +385,13 @@ class PagedBudget:
         planned = self._planned.pop(req.id, 0)
         if planned:
             self.free += m.blocks_needed(req, planned)
+
+    def take(self, n: int) -> bool:
+        """Reserve ``n`` free blocks (the decode group's growth this step)."""
+        if n > self.free:
+            return False
+        self.free -= n
+        return True
 
     def can_swap_out(self, req: Request) -> bool:
         return self._m.num_blocks_of(req) <= self.cpu_free

@@ -134,8 +134,8 @@ class ContiguousAllocator:
     def can_grow(self, n: int) -> bool:
         return True  # decoding writes into the reservation
 
-    def grow_one(self, req: Request) -> None:
-        pass
+    def grow(self, reqs: list[Request]) -> None:
+        pass  # decoding writes into the reservation
 
     def free(self, req: Request) -> None:
         r = self.ranges.pop(req.id, None)
@@ -144,7 +144,7 @@ class ContiguousAllocator:
             self._num_free += r[1]
 
     def swap_out(self, req: Request) -> int:
-        n = cdiv(req.num_computed_tokens, self.block_size)  # only the filled part travels
+        n = self.ranges[req.id][1]  # the whole reservation travels, as a naive server copies its buffer
         if n > self.num_free_cpu_blocks:
             raise BlockError(f"request {req.id} needs {n} CPU blocks, {self.num_free_cpu_blocks} free")
         self.free(req)
@@ -212,11 +212,14 @@ class ContiguousBudget:
         if r is not None:
             _give_back(self.holes, *r)
 
+    def take(self, n: int) -> bool:
+        return n == 0  # decoding writes into reservations; nothing else is taken without a request
+
     def can_swap_out(self, req: Request) -> bool:
-        return cdiv(req.num_computed_tokens, self._m.block_size) <= self.cpu_free
+        return self._m.num_blocks_of(req) <= self.cpu_free
 
     def swap_out(self, req: Request) -> None:
-        self.cpu_free -= cdiv(req.num_computed_tokens, self._m.block_size)
+        self.cpu_free -= self._m.num_blocks_of(req)
         self.release(req)
 
     def swap_in(self, req: Request) -> bool:

@@ -8,13 +8,12 @@ An executor (the SimPy simulator, or the real engine on a wall clock) drives it 
 
 The core owns every state change, so both executors share one scheduler and differ only in timing.
 
-Decode fast path. Long stretches of serving are pure decode: the same requests each compute one token per
-step, and the policy's answer cannot change until something happens (an arrival, a finish, a block shortage,
-a deadline; see ``sim.policies.base``). In such a stretch the core stops asking the policy and stops touching
-every request every step: it advances shared counters, allocates the blocks of exactly those requests that
-cross a block boundary, and brings the requests up to date when the stretch ends. The results are identical
-to stepping one by one (a test checks it, byte for byte); the real engine turns this off because it needs
-every request's state every step.
+Fast path (the simulator's; the real engine turns it off because it needs every request every step). Running
+requests that decode join a ``DecodeGroup`` and are stepped in aggregate; a policy that knows the group plans
+it with one flag (``Plan.decode_group``) instead of one entry per request. When nothing can change the
+policy's answer (no arrival, no finish, no block shortage, no deadline; see ``sim.policies.base``) the core
+repeats the last plan without asking, and ``fast_forward`` takes a whole stretch of such steps with one
+vectorised cost-model call. The results are identical to stepping one by one; the tests check it byte for byte.
 """
 
 from __future__ import annotations
@@ -24,8 +23,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.block_manager import BlockError, KVManager, cdiv
+from sim.block_manager import BlockError, KVManager, PagedBlockManager, cdiv
 from sim.costmodel import StepShape
+from sim.decode_group import DecodeGroup
 from sim.policies.base import Plan, Policy, View
 from sim.records import GapLog, StepLog
 from sim.request import Outcome, Request, Status
@@ -50,25 +50,8 @@ class Batch:
     swap_blocks: int
     num_preempted: int
     num_rejected: int
-    fast: bool = False  # a decode fast-path step (requests' own counters are not current during it)
-
-
-@dataclass(slots=True)
-class _DecodeRun:
-    """A stretch of fast-path decode steps. Members' own counters stay as they were at the start (``c0``)
-    until they leave the stretch; ``steps`` says how far they really are."""
-
-    reqs: list[Request]  # members, in running order
-    steps: int  # fast steps done so far
-    stop_at: int  # last fast step allowed (a padded batch stops before its first finish)
-    finish_at: dict[int, list[Request]]  # fast step -> members that sample their last token in it
-    crossers: dict[int, list[Request]]  # fast step -> members that need a new KV block in it
-    rows: int  # rows of each step's shape (padding included)
-    kv_read: int  # attended tokens of the last step (for one-token rows this is also the causal pair count)
-    deadline: float | None  # the policy's wake time: no fast step may start at or after it
-    prev_end: float
-    plan: Plan  # the plan being repeated
-    ends: list[float] | None = None  # step ends, when per-token timestamps are kept
+    group_size: int = 0  # decode-group members computing one token each (part of num_scheduled)
+    group_blocks: int = 0  # blocks the group took for this step
 
 
 @dataclass(slots=True)
@@ -78,6 +61,9 @@ class CoreStats:
     num_rejected: int = 0
     num_failed: int = 0
     num_completed: int = 0
+
+
+_STEADY_PLAN = Plan(decode_group=True)  # what a group-aware policy plans when nothing waits and all decode
 
 
 class ServingCore:
@@ -94,11 +80,10 @@ class ServingCore:
         self.policy = policy
         self.kv = kv
         self.limits = policy.limits
-        self.fast_path = fast_path and getattr(policy, "fast_path", True)
         self.keep_token_times = keep_token_times
         self.replica = replica
         self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []
+        self.running: list[Request] = []  # admission order
         self.swapped: deque[Request] = deque()
         self.done: list[Request] = []  # requests with an outcome, in the order they got it
         self.steps = StepLog()
@@ -108,12 +93,21 @@ class ServingCore:
         self.filled_blocks = 0  # sum over running requests of ceil(computed / block_size)
         self.plans: list[tuple[tuple[int, int], ...]] | None = [] if record_plans else None
         self.on_finish = None  # optional callback(request), e.g. a closed-loop user sending its next request
-        self._run: _DecodeRun | None = None
-        self._dirty = True  # something outside the decode stretch happened (arrival, abort)
-        self._view = View(0.0, self.waiting, self.running, self.swapped, kv, self.limits)
-        # A policy that, with nothing waiting or swapped and every running request decoding, schedules every
-        # running request for one token: the core may then continue decode stretches past finishes.
-        self._decode_all_when_idle = bool(getattr(policy, "decode_all_when_idle", False))
+        # The decode group exists only for a policy that plans it (``uses_decode_group``) and with the fast path.
+        self.group: DecodeGroup | None = None
+        if fast_path and getattr(policy, "uses_decode_group", False):
+            self.group = DecodeGroup(kv.block_size, kv.grows_on_decode, keep_token_times)
+        # A group-aware policy that, with nothing waiting or swapped and every running request decoding,
+        # schedules exactly the group: the core may then step without asking it.
+        self._steady_ok = bool(getattr(policy, "decode_all_when_idle", False))
+        self._admit_seq = 0
+        self._dirty = True  # something the policy has not seen happened (arrival, finish, abort, join)
+        self._repeatable: Plan | None = None  # a group-only plan the policy would give again
+        self._deadline: float | None = None  # the policy's wake time when it last planned
+        # running requests outside the decode group, in admission order (the same list as running without one)
+        self.outside: list[Request] = [] if self.group is not None else self.running
+        self._view = View(0.0, self.waiting, self.running, self.swapped, kv, self.limits, self.group, self.outside)
+        self._view.ungroup = self.ungroup
 
     # ---- inputs ------------------------------------------------------------------------------------------------
     def add_request(self, req: Request, now: float) -> bool:
@@ -137,13 +131,13 @@ class ServingCore:
 
     def abort(self, req: Request, now: float, reason: str, *, leak: bool = False) -> None:
         """End a request mid-flight with outcome ``failed`` (client disconnect, error). ``leak=True`` keeps its
-        KV blocks allocated forever: the bug the failure-mode scenarios show."""
+        KV blocks allocated forever: the bug the failure-mode scenarios show. If a step is in flight, the
+        request simply gets nothing more from it."""
         if req.status is Status.FINISHED:
             return
-        self._sync_run()
         self._dirty = True
         if req.status is Status.RUNNING:
-            self.running.remove(req)
+            self._leave_running(req)
             if not leak:
                 self._drop_kv(req)
             else:  # the blocks stay allocated; the tokens no longer count as useful
@@ -158,10 +152,6 @@ class ServingCore:
 
     # ---- queries -----------------------------------------------------------------------------------------------
     @property
-    def in_decode_run(self) -> bool:
-        return self._run is not None
-
-    @property
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self.swapped)
 
@@ -174,29 +164,58 @@ class ServingCore:
         return self.policy.wake_time(self._view)
 
     def view(self, now: float) -> View:
-        self._sync_run()
+        """The policy's view, every request up to date (the decode group dissolved)."""
+        self.ungroup()
         self._view.now = now
         return self._view
 
+    def ungroup(self) -> None:
+        """Bring every decode-group member up to date and out of the group."""
+        if self.group is not None and self.group.members:
+            self.group.dissolve()
+            self.outside[:] = self.running
+            self._repeatable = None
+
     # ---- the step ----------------------------------------------------------------------------------------------
     def schedule(self, now: float) -> Batch | None:
-        run = self._run
-        if run is not None:
-            batch = self._fast_step(run, now)
-            if batch is not None:
-                return batch
-            self._sync_run()
-        self._view.now = now
-        plan = self.policy.schedule(self._view)
-        self._dirty = False
+        plan = self._plan_without_policy(now)
+        if plan is None:
+            self._view.now = now
+            plan = self.policy.schedule(self._view)
+            self._dirty = False
+            self._deadline = self.policy.wake_time(self._view) if self.group is not None else None
+            only_group = plan.decode_group and not (plan.scheduled or plan.preempt or plan.swap_in or plan.reject)
+            self._repeatable = plan if only_group else None
         return self._apply(plan, now)
+
+    def _plan_without_policy(self, now: float) -> Plan | None:
+        """The plan the policy is certain to give, when it need not be asked: only the decode group runs."""
+        g = self.group
+        if g is None or self._dirty or not g.members or len(g.members) != len(self.running):
+            return None
+        if now != g.prev_end or (self._deadline is not None and now >= self._deadline):
+            return None  # the executor idled, or a deadline passed: let the policy look
+        if g.grows and not self.kv.can_grow(g.next_blocks):
+            return None  # a block shortage: the policy decides whom to preempt
+        if self._repeatable is not None:
+            return self._repeatable
+        if self._steady_ok and not self.waiting and not self.swapped:
+            if g.size <= self.limits.max_num_seqs and g.size <= self.limits.max_num_batched_tokens:
+                return _STEADY_PLAN
+        return None
 
     def complete(self, batch: Batch, end: float, flops: float = 0.0) -> list[Request]:
         """Advance the batch's requests to the end of the step; returns those that completed."""
-        if batch.fast:
-            return self._complete_fast(batch, end, flops)
         bs = self.kv.block_size
         finished: list[Request] = []
+        g = self.group
+        if batch.group_size:
+            if batch.group_blocks:
+                self.filled_blocks += batch.group_blocks
+            self.kv_tokens += g.size
+            self.gaps.add(end - g.prev_end, g.size)
+            finished = g.advance(end)
+        joiners: list[Request] = []
         gaps = self.gaps
         for r, n in batch.plan.scheduled:
             if r.status is not Status.RUNNING:
@@ -217,20 +236,39 @@ class ServingCore:
                     r.token_times.append(end)
                 if r.num_output_tokens == r.output_len:
                     finished.append(r)
+                elif g is not None:
+                    joiners.append(r)
         self._record(batch, end, flops)
-        for r in finished:
-            self.running.remove(r)
-            self._drop_kv(r)
-            self._finish(r, end, Outcome.COMPLETED, "")
         if finished:
-            self._dirty = True
-        if self.fast_path and self.running:
-            self._maybe_start_run(batch, end)
+            # Room was freed: a policy with requests waiting must look again. With nothing waiting, the steady
+            # plan (the group decodes) is what it would say, so no need to ask.
+            self._repeatable = None
+            if batch.group_size and batch.plan.scheduled:
+                finished.sort(key=_admit_order)  # the order stepping one by one would finish them in
+            for r in finished:
+                self._leave_running(r)
+                self._drop_kv(r)
+                self._finish(r, end, Outcome.COMPLETED, "")
+        if joiners and (not g.members or g.prev_end == end):
+            g.prev_end = end
+            outside = self.outside
+            for r in joiners:
+                g.join(r)
+                outside.remove(r)
+            self._repeatable = None
         return finished
+
+    def _leave_running(self, r: Request) -> None:
+        if r.group_base >= 0:
+            self.group.leave(r)
+        elif self.group is not None:
+            self.outside.remove(r)
+        self.running.remove(r)
 
     # ---- applying a plan ---------------------------------------------------------------------------------------
     def _apply(self, plan: Plan, now: float) -> Batch | None:
         kv = self.kv
+        g = self.group
         for r, reason in plan.reject:
             if r.status is Status.WAITING:
                 self.waiting.remove(r)
@@ -245,7 +283,7 @@ class ServingCore:
         for r, mode in plan.preempt:
             if r.status is not Status.RUNNING:
                 raise PlanError(f"policy preempted request {r.id}, which is {r.status.value}")
-            self.running.remove(r)
+            self._leave_running(r)
             r.num_preemptions += 1
             self.stats.num_preemptions += 1
             self.kv_tokens -= r.num_computed_tokens
@@ -267,31 +305,38 @@ class ServingCore:
                 raise PlanError(f"policy swapped in request {r.id}, which is {r.status.value}")
             self.swapped.remove(r)
             swap_blocks += kv.swap_in(r)
-            r.status = Status.RUNNING
-            self.running.append(r)
+            self._admit(r)
             self.kv_tokens += r.num_computed_tokens
             self.filled_blocks += cdiv(r.num_computed_tokens, kv.block_size)
-        if not plan.scheduled:
+        group_size = group_blocks = 0
+        if plan.decode_group:
+            if g is None or not g.members:
+                raise PlanError("plan schedules the decode group, but there is none")
+            group_size = g.size
+            crossing = g.crossing() if g.grows else ()
+            if crossing:
+                if not kv.can_grow(len(crossing)):
+                    raise PlanError(f"plan grows the decode group past the free KV ({kv.num_free_blocks} free)")
+                kv.grow(crossing)
+                group_blocks = len(crossing)
+            elif not g.grows:
+                group_blocks = len(g.crossing())
+        if not plan.scheduled and not group_size:
             if plan.preempt or plan.swap_in:
                 raise PlanError("policy preempted or swapped in requests but scheduled nothing")
             return None
         limits = self.limits
-        if len(plan.scheduled) > limits.max_num_seqs:
-            raise PlanError(f"plan schedules {len(plan.scheduled)} requests > max_num_seqs {limits.max_num_seqs}")
-        total = 0
-        seen: set[int] = set()
-        prefill = decode = 0
-        max_n = max_c = 0
-        kv_read = attn = 0
+        total = decode = group_size
+        prefill = 0
+        max_n = 1 if group_size else 0
+        kv_read = attn = (g.ctx + group_size) if group_size else 0
+        max_c = 0
         bs = kv.block_size
         for r, n in plan.scheduled:
-            if r.id in seen:
-                raise PlanError(f"plan schedules request {r.id} twice")
-            seen.add(r.id)
-            if r.status is Status.WAITING:
+            st = r.status
+            if st is Status.WAITING:
                 self.waiting.remove(r)
-                r.status = Status.RUNNING
-                self.running.append(r)
+                self._admit(r)
                 c_before = r.num_computed_tokens
                 try:
                     kv.allocate(r, n)
@@ -302,13 +347,15 @@ class ServingCore:
                 self.filled_blocks += cdiv(r.num_computed_tokens, bs) - cdiv(c_before, bs)
                 if r.first_scheduled < 0:
                     r.first_scheduled = now
-            elif r.status is Status.RUNNING:
+            elif st is Status.RUNNING:
+                if r.group_base >= 0:
+                    raise PlanError(f"plan schedules request {r.id} on its own, but it is in the decode group")
                 try:
                     kv.allocate(r, n)
                 except BlockError as e:
                     raise PlanError(f"plan grows request {r.id} past the free KV: {e}") from e
             else:
-                raise PlanError(f"plan schedules request {r.id}, which is {r.status.value}")
+                raise PlanError(f"plan schedules request {r.id}, which is {st.value}")
             c = r.num_computed_tokens
             if n < 1 or c + n > r.prompt_len + r.num_output_tokens:
                 raise PlanError(f"plan computes {n} tokens of request {r.id}, which has {r.num_remaining} left")
@@ -323,10 +370,17 @@ class ServingCore:
                 max_n = n
             if c > max_c:
                 max_c = c
+        num_scheduled = len(plan.scheduled) + group_size
+        if len({id(r) for r, _ in plan.scheduled}) != len(plan.scheduled):
+            raise PlanError("plan schedules a request twice")
+        if num_scheduled > limits.max_num_seqs:
+            raise PlanError(f"plan schedules {num_scheduled} requests > max_num_seqs {limits.max_num_seqs}")
         if total > limits.max_num_batched_tokens:
             raise PlanError(f"plan computes {total} tokens > max_num_batched_tokens {limits.max_num_batched_tokens}")
-        rows = len(plan.scheduled) + plan.padded_rows
+        rows = num_scheduled + plan.padded_rows
         if plan.pad_to_longest:  # every row is as long as the longest (padded tensors)
+            if group_size:
+                max_c = max(max_c, g.max_computed())
             num_tokens = rows * max_n
             kv_read = rows * (max_c + max_n)
             attn = rows * (max_n * max_c + max_n * (max_n + 1) // 2)
@@ -342,21 +396,34 @@ class ServingCore:
             num_padding_tokens=num_tokens - total,
             swap_blocks=swap_blocks,
         )
-        if self.plans is not None:
-            self.plans.append(tuple((r.id, n) for r, n in plan.scheduled))
+        if self.plans is not None:  # canonical: sorted by request id, whoever planned it
+            entries = [(r.id, n) for r, n in plan.scheduled]
+            if group_size:
+                entries += [(i, 1) for i in g.members]
+            self.plans.append(tuple(sorted(entries)))
         return Batch(
             plan=plan,
             shape=shape,
             start=now,
             num_rows=rows,
-            num_scheduled=len(plan.scheduled),
+            num_scheduled=num_scheduled,
             prefill_tokens=prefill,
             decode_tokens=decode,
             padding_tokens=num_tokens - total,
             swap_blocks=swap_blocks,
             num_preempted=len(plan.preempt),
             num_rejected=len(plan.reject),
+            group_size=group_size,
+            group_blocks=group_blocks,
         )
+
+    def _admit(self, r: Request) -> None:
+        r.status = Status.RUNNING
+        self._admit_seq += 1
+        r.admit_seq = self._admit_seq
+        self.running.append(r)
+        if self.group is not None:
+            self.outside.append(r)
 
     def _record(self, batch: Batch, end: float, flops: float) -> None:
         kv = self.kv
@@ -400,229 +467,164 @@ class ServingCore:
         if self.on_finish is not None:
             self.on_finish(r)
 
-    # ---- decode fast path --------------------------------------------------------------------------------------
-    def _maybe_start_run(self, batch: Batch, end: float) -> None:
-        """After a normal step: start a decode stretch if the next steps are certain to be pure decode."""
-        plan = batch.plan
-        running = self.running
-        repeat = not self._dirty and plan.is_decode_only and len(plan.scheduled) == len(running)
-        steady = (
-            self._decode_all_when_idle
-            and not self.waiting
-            and not self.swapped
-            and len(running) <= self.limits.max_num_seqs
-            and len(running) <= self.limits.max_num_batched_tokens
-        )
-        if not (repeat or steady):
-            return
-        for r in running:  # every member must have sampled in this very step (equal inter-token gaps)
-            if r.last_token != end or r.num_computed_tokens != r.prompt_len + r.num_output_tokens - 1:
-                return
-        if not repeat:  # the policy was not asked, but would plan exactly this
-            plan = Plan(scheduled=[(r, 1) for r in running])
-        padded = plan.pad_to_longest
-        rows = len(running) + plan.padded_rows
-        bs = self.kv.block_size
-        finish_at: dict[int, list[Request]] = {}
-        crossers: dict[int, list[Request]] = {}
-        max_c = kv_read = 0
-        first_finish = 1 << 62
-        for r in running:
-            c0 = r.num_computed_tokens
-            kv_read += c0
-            if c0 > max_c:
-                max_c = c0
-            f = r.output_len - r.num_output_tokens  # the fast step that samples its last token
-            finish_at.setdefault(f, []).append(r)
-            if f < first_finish:
-                first_finish = f
-            # fast step j computes token c0 + j - 1 (0-based); it opens a new block when that is a multiple of bs
-            j = (-c0) % bs + 1
-            while j <= f:
-                crossers.setdefault(j, []).append(r)
-                j += bs
-        stop_at = first_finish - 1 if padded else 1 << 62
-        if stop_at < 1:
-            return
-        self._view.now = end
-        self._dirty = False
-        self._run = _DecodeRun(
-            reqs=list(running),
-            steps=0,
-            stop_at=stop_at,
-            finish_at=finish_at,
-            crossers=crossers,
-            rows=rows,
-            kv_read=rows * max_c if padded else kv_read,
-            deadline=self.policy.wake_time(self._view),
-            prev_end=end,
-            plan=plan,
-            ends=[] if self.keep_token_times else None,
-        )
-
-    def _fast_step(self, run: _DecodeRun, now: float) -> Batch | None:
-        j = run.steps + 1
-        if self._dirty or j > run.stop_at or (run.deadline is not None and now >= run.deadline):
-            return None
-        if now != run.prev_end:
-            return None  # the executor idled between steps: let the policy look again
-        crossing = run.crossers.get(j)
-        if crossing:
-            kv = self.kv
-            if not kv.can_grow(len(crossing)):
-                return None  # a block shortage: the policy decides whom to preempt
-            for r in crossing:
-                kv.grow_one(r)
-        run.kv_read += run.rows
-        b = len(run.reqs)
-        rows = run.rows
-        shape = StepShape(
-            num_seqs=rows,
-            num_tokens=rows,
-            num_decode_seqs=rows,
-            kv_read_tokens=run.kv_read,
-            attn_pairs=run.kv_read,
-            num_padding_tokens=rows - b,
-            swap_blocks=0,
-        )
-        if self.plans is not None:
-            self.plans.append(tuple((r.id, 1) for r in run.reqs))
-        return Batch(
-            plan=run.plan,
-            shape=shape,
-            start=now,
-            num_rows=rows,
-            num_scheduled=b,
-            prefill_tokens=0,
-            decode_tokens=b,
-            padding_tokens=rows - b,
-            swap_blocks=0,
-            num_preempted=0,
-            num_rejected=0,
-            fast=True,
-        )
-
-    def _complete_fast(self, batch: Batch, end: float, flops: float) -> list[Request]:
-        run = self._run
-        assert run is not None
-        j = run.steps = run.steps + 1
-        b = len(run.reqs)
-        self.kv_tokens += b
-        crossing = run.crossers.pop(j, None)
-        if crossing:
-            self.filled_blocks += len(crossing)
-        self.gaps.add(end - run.prev_end, b)
-        run.prev_end = end
-        if run.ends is not None:
-            run.ends.append(end)
-        self._record(batch, end, flops)
-        finishing = run.finish_at.pop(j, None)
-        if not finishing:
-            return []
-        for r in finishing:  # leave the stretch: bring the request up to date, then finish it
-            self._catch_up(r, run, j)
-            run.reqs.remove(r)
-            self.running.remove(r)
-            run.rows -= 1
-            run.kv_read -= r.num_computed_tokens
-            self._drop_kv(r)
-            self._finish(r, end, Outcome.COMPLETED, "")
-        if not (self._decode_all_when_idle and run.reqs and not self.waiting and not self.swapped):
-            self._sync_run()  # the policy may now admit someone into the freed room
-            self._dirty = True
-        return finishing
-
+    # ---- many steps at once --------------------------------------------------------------------------------------
     def fast_forward(
         self, now: float, horizon: float, cost, *, finishes: bool = True
     ) -> tuple[list[float], float] | None:
-        """Take several steps of the decode stretch at once: price them with one vectorised cost-model call,
-        then apply them one by one through the same code as single fast steps (so the records are identical
-        by construction). Stops before any step that would end at or after ``horizon`` (the next event from
-        outside, such as an arrival) or start at or after the policy's deadline. ``finishes=False`` also stops
-        before a step in which a request completes (when a completion can start an outside event, such as a
-        closed-loop user's next request). Returns (step durations, end of the last step), or None."""
-        run = self._run
-        if run is None or self._dirty or now != run.prev_end or now >= horizon:
+        """Take several group-only steps at once: price them with one vectorised cost-model call, then apply them
+        through ``schedule``/``complete`` (so the records are identical to stepping one by one). Stops before any
+        step that would end at or after ``horizon`` (the next event from outside, such as an arrival) or when the
+        policy must be asked again; ``finishes=False`` also stops before a step in which a request completes
+        (when a completion can start an outside event, such as a closed-loop user's next request). Returns
+        (step durations, end of the last step), or None when fewer than two steps qualify."""
+        g = self.group
+        if g is None or now >= horizon or self._plan_without_policy(now) is None:
             return None
-        if run.deadline is not None and now >= run.deadline:
-            return None
-        j0 = run.steps
-        # finishes end the stretch unless the policy keeps decoding everyone with nothing waiting
-        keep_going = finishes and self._decode_all_when_idle and not self.waiting and not self.swapped
-        first_finish = min(run.finish_at, default=1 << 62)
-        last = min(run.stop_at, j0 + _MAX_SEGMENT)
+        plan = self._repeatable if self._repeatable is not None else _STEADY_PLAN
+        if plan.pad_to_longest:
+            return None  # a padded batch's shape depends on its longest member; step it one by one
+        j0 = g.steps
+        # a finish makes the policy look again unless nothing waits (then the steady plan continues)
+        keep_going = finishes and self._steady_ok and not self.waiting and not self.swapped
+        last = j0 + _MAX_SEGMENT
         if not keep_going:
-            last = min(last, first_finish - 1)
-        if horizon != float("inf") and self.steps:
-            # a guess at how many steps fit before the horizon; more are taken next time if it was short
-            last_duration = max(float(self.steps.last_duration), 1e-9)
-            last = min(last, j0 + int((horizon - now) / last_duration) + 2)
+            last = min(last, min(g.finish_at, default=1 << 62) - 1)
+        pad = plan.padded_rows
+        if horizon != float("inf"):
+            # how many steps fit before the horizon, from the first step's time (decode steps change slowly;
+            # if the guess falls short, the rest are taken next time)
+            first = cost.step_time(StepShape(g.size + pad, g.size + pad, g.size + pad, g.ctx + g.size, g.ctx + g.size, pad, 0))
+            last = min(last, j0 + int((horizon - now) / max(first, 1e-9)) + 2)
         k = last - j0
         if k < 2:
             return None
-        # predict each step's rows and attended tokens, members leaving after their finishing step
+        # predict each step's rows and attended tokens (members leave after their finishing step)
         rows_l = [0] * k
         read_l = [0] * k
-        rows, kv_read = run.rows, run.kv_read
+        size, ctx = g.size, g.ctx
+        finish_at = g.finish_at
         for i in range(k):
-            j = j0 + 1 + i
-            kv_read += rows
-            rows_l[i] = rows
-            read_l[i] = kv_read
-            leaving = run.finish_at.get(j)
+            rows_l[i] = size + pad
+            read_l[i] = ctx + size
+            ctx += size
+            leaving = finish_at.get(j0 + 1 + i)
             if leaving:
-                rows -= len(leaving)
-                kv_read -= sum(r.num_computed_tokens + j for r in leaving)
-        rows_a = np.asarray(rows_l, dtype=np.int64)
-        read_a = np.asarray(read_l, dtype=np.int64)
-        shape = StepShape(
-            num_seqs=rows_a,
-            num_tokens=rows_a,
-            num_decode_seqs=rows_a,
-            kv_read_tokens=read_a,
-            attn_pairs=read_a,
-            num_padding_tokens=np.full(k, run.rows - len(run.reqs), dtype=np.int64),
-            swap_blocks=np.zeros(k, dtype=np.int64),
-        )
-        durations = np.asarray(cost.step_time(shape), dtype=np.float64).tolist()
-        flops = np.asarray(cost.step_flops(shape), dtype=np.float64).tolist()
+                size -= len(leaving)
+                steps = j0 + 1 + i
+                ctx -= sum(r.num_computed_tokens + steps - r.group_base for r in leaving)
+        if k <= _SCALAR_BELOW:  # numpy's per-call overhead outweighs a few scalar calls
+            shapes = [StepShape(n, n, n, c, c, pad, 0) for n, c in zip(rows_l, read_l)]
+            durations = [cost.step_time(sh) for sh in shapes]
+            flops = [cost.step_flops(sh) for sh in shapes]
+        else:
+            rows_a = np.asarray(rows_l, dtype=np.int64)
+            read_a = np.asarray(read_l, dtype=np.int64)
+            shape = StepShape(
+                num_seqs=rows_a,
+                num_tokens=rows_a,
+                num_decode_seqs=rows_a,
+                kv_read_tokens=read_a,
+                attn_pairs=read_a,
+                num_padding_tokens=np.full(k, pad, dtype=np.int64),
+                swap_blocks=np.zeros(k, dtype=np.int64),
+            )
+            durations = np.asarray(cost.step_time(shape), dtype=np.float64).tolist()
+            flops = np.asarray(cost.step_flops(shape), dtype=np.float64).tolist()
+        # The loop below is ``_apply`` + ``complete`` for a group-only, unpadded plan, written out because it
+        # is the simulator's innermost loop; the tests check that it records exactly what they would. Nothing
+        # from outside can happen inside it (it stops before the horizon), so only finishes and block
+        # shortages end it early.
+        kv = self.kv
+        grows = g.grows
+        plain = grows and isinstance(kv, PagedBlockManager) and not kv.enable_prefix_caching
+        free_list = kv._free if plain else None
+        tables = kv.tables if plain else None
+        buckets = g.buckets
+        bs = len(buckets)
+        finish_at = g.finish_at
+        running, waiting, swapped = self.running, self.waiting, self.swapped
+        num_blocks = kv.num_blocks
+        self.steps.compact()
+        self.gaps.compact()
+        rows_append = self.steps._rows.append
+        gap_values, gap_counts = self.gaps._gaps, self.gaps._counts
+        deadline = self._deadline if self._deadline is not None else float("inf")
+        plans = self.plans
+        members = g.members
+        m = len(members)
+        used = kv.num_used_blocks
+        filled = self.filled_blocks
+        kv_tokens = self.kv_tokens
+        n_run, n_wait, n_swap = len(running), len(waiting), len(swapped)
+        steps, ctx, prev_end = g.steps, g.ctx, g.prev_end
+        ends = g.ends
         taken: list[float] = []
         t = now
         for i in range(k):
-            end = t + durations[i]
-            if end >= horizon or (run.deadline is not None and t >= run.deadline):
+            d = durations[i]
+            end = t + d
+            if end >= horizon or t >= deadline:
                 break
-            batch = self._fast_step(run, t)
-            if batch is None:
-                break  # a block shortage: the policy must decide
-            if batch.shape.kv_read_tokens != read_l[i] or batch.num_rows != rows_l[i]:
-                raise AssertionError("decode fast-forward predicted a different step shape")
-            self._complete_fast(batch, end, flops[i])
-            taken.append(durations[i])
+            crossing = buckets[steps % bs]
+            nb = len(crossing)
+            if nb and grows:
+                if plain:
+                    if nb > kv._num_free:
+                        break  # a block shortage: the policy decides whom to preempt
+                    for r in crossing:
+                        tables[r.id].append(free_list.pop())
+                    kv._num_free -= nb
+                else:
+                    if not kv.can_grow(nb):
+                        break
+                    kv.grow(crossing)
+                used += nb
+            if ctx + m != read_l[i]:
+                raise AssertionError("fast_forward predicted a different step shape")
+            if plans is not None:
+                plans.append(tuple(sorted((j, 1) for j in members)))
+            filled += nb
+            kv_tokens += m
+            gap_values.append(end - prev_end)
+            gap_counts.append(m)
+            steps += 1
+            ctx += m
+            prev_end = end
+            if ends is not None:
+                ends.append(end)
+            rows_append(
+                (t, end - t, m, 0, 0, m, 0, used, max(0, used - filled), kv_tokens,
+                 num_blocks, n_run, n_wait, n_swap, 0, 0, 0, flops[i])
+            )
+            taken.append(d)
             t = end
-            if self._run is not run:
-                break  # a finish ended the stretch
+            finished = finish_at.pop(steps, None)
+            if finished:
+                g.steps, g.ctx, g.prev_end = steps, ctx, prev_end
+                self.filled_blocks, self.kv_tokens = filled, kv_tokens
+                self._repeatable = None
+                for r in finished:
+                    self._leave_running(r)
+                    self._drop_kv(r)
+                    self._finish(r, end, Outcome.COMPLETED, "")
+                m = len(members)
+                if not keep_going or not m:
+                    break
+                plan = _STEADY_PLAN
+                used = kv.num_used_blocks
+                filled, kv_tokens = self.filled_blocks, self.kv_tokens
+                n_run = len(running)
+                ctx = g.ctx
+        g.steps, g.ctx, g.prev_end = steps, ctx, prev_end
+        self.filled_blocks, self.kv_tokens = filled, kv_tokens
         if not taken:
             return None
         return taken, t
 
-    @staticmethod
-    def _catch_up(r: Request, run: _DecodeRun, k: int) -> None:
-        r.num_computed_tokens += k
-        r.num_output_tokens += k
-        r.last_token = run.prev_end
-        if r.token_times is not None and run.ends is not None:
-            r.token_times.extend(run.ends)
 
-    def _sync_run(self) -> None:
-        """Bring every member of the decode stretch up to date and leave the fast path."""
-        run = self._run
-        if run is None:
-            return
-        self._run = None
-        if run.steps:
-            for r in run.reqs:
-                self._catch_up(r, run, run.steps)
+def _admit_order(r: Request) -> int:
+    return r.admit_seq
 
 
 _MAX_SEGMENT = 4096  # fast-forward at most this many steps at once (bounds the arrays it builds)
+_SCALAR_BELOW = 12  # price segments this short with scalar cost-model calls

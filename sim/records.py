@@ -80,6 +80,9 @@ STEP_COLUMNS: dict[str, type] = {
 }
 
 
+_CHUNK = 1 << 16  # rows kept as Python objects before they move into numpy columns
+
+
 class StepLog:
     """Columnar per-step log: rows appended one at a time, or many at once as numpy arrays."""
 
@@ -90,6 +93,14 @@ class StepLog:
     def append(self, *row: float) -> None:
         """Append one step; values in STEP_COLUMNS order."""
         self._rows.append(row)
+        if len(self._rows) >= _CHUNK:
+            self._flush()
+
+    def compact(self) -> None:
+        """Move appended rows into numpy columns once there are many (Python tuples of floats cost about
+        seventy bytes a value; a long run would otherwise hold gigabytes of them)."""
+        if len(self._rows) >= _CHUNK:
+            self._flush()
 
     def extend(self, **cols: np.ndarray) -> None:
         """Append many steps; one array (or scalar, broadcast) per column in STEP_COLUMNS."""
@@ -139,14 +150,23 @@ class GapLog:
     def add(self, gap: float, count: int = 1) -> None:
         self._gaps.append(gap)
         self._counts.append(count)
+        if len(self._gaps) >= _CHUNK:
+            self.compact()
+
+    def compact(self, force: bool = False) -> None:
+        """Move the recorded gaps into numpy chunks once there are many (see ``StepLog.compact``)."""
+        if len(self._gaps) >= _CHUNK or (force and self._gaps):
+            self._chunks.append((np.asarray(self._gaps, dtype=np.float64), np.asarray(self._counts, dtype=np.int64)))
+            self._gaps = []
+            self._counts = []
 
     def extend(self, gaps: np.ndarray, counts: np.ndarray) -> None:
         self._chunks.append((np.asarray(gaps, dtype=np.float64), np.asarray(counts, dtype=np.int64)))
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray]:
         """(gaps, counts), in the order they were recorded."""
-        parts = [(np.asarray(self._gaps, dtype=np.float64), np.asarray(self._counts, dtype=np.int64))]
-        parts += self._chunks
+        self.compact(force=True)
+        parts = [(np.zeros(0), np.zeros(0, dtype=np.int64))] + self._chunks
         return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 
 

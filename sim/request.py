@@ -65,6 +65,8 @@ class Request:
     outcome: Outcome | None = None
     reason: str = ""  # why a request was rejected or failed
     replica: int = 0
+    admit_seq: int = 0  # order of (last) admission into the running set: the policies' allocation order
+    group_base: int = -1  # decode-group step at which it joined the group; -1 when not a member
     # Optional per-token timestamps; kept only when the run asks for them (they are large at scale).
     token_times: list[float] | None = field(default=None)
     # copies of the spec's fields, read on every step (a plain attribute is cheaper than a property)

@@ -13,10 +13,12 @@ long stretches of pure decode steps without asking the policy each step (the dec
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from sim.block_manager import KVBudget, KVManager
+from sim.decode_group import DecodeGroup
 from sim.request import Request
 
 
@@ -78,7 +80,12 @@ class Admission:
 
 @dataclass(slots=True)
 class View:
-    """What a policy may look at. The queues are the core's own containers: read them, never change them."""
+    """What a policy may look at. The queues are the core's own containers: read them, never change them.
+
+    With the simulator's fast path, decoding requests sit in a decode group (``group``) whose members'
+    own counters are not current: a policy that sets ``uses_decode_group`` plans them all with
+    ``Plan.decode_group`` and looks one by one only at ``outside``; it calls ``ungroup()`` first if it needs to
+    see every running request as it is."""
 
     now: float
     waiting: deque[Request]  # FCFS; recompute-preempted requests go back to the front
@@ -86,6 +93,9 @@ class View:
     swapped: deque[Request]
     kv: KVManager
     limits: Limits
+    group: DecodeGroup | None = None
+    outside: list[Request] | None = None  # running requests not in the group (all of them without a group)
+    ungroup: Callable[[], None] = lambda: None
 
     def budget(self) -> KVBudget:
         """A scratch copy of the free KV space to plan with."""
@@ -103,13 +113,14 @@ class Plan:
     reject: list[tuple[Request, str]] = field(default_factory=list)  # (waiting or swapped request, reason)
     padded_rows: int = 0  # rows the step computes for nobody (static batching keeps finished rows)
     pad_to_longest: bool = False  # every row computes as many tokens as the longest row (padded prefill)
+    decode_group: bool = False  # every member of the core's decode group computes one token
 
     @property
     def is_decode_only(self) -> bool:
         """Every scheduled request computes exactly one token and nothing else happens: the shape the decode
         fast path may repeat."""
         return (
-            bool(self.scheduled)
+            bool(self.scheduled or self.decode_group)
             and not (self.preempt or self.swap_in or self.reject)
             and all(n == 1 for _, n in self.scheduled)
         )
@@ -127,6 +138,19 @@ class Policy(Protocol):
         """The next time the policy's decision may change without any arrival or finish (a batch timeout, an
         admission deadline), or None."""
         ...
+
+
+def plan_group(view: View, plan: Plan, budget: KVBudget, tokens: int) -> tuple[list[Request], int]:
+    """Schedule the decode group as a whole when the token budget and the free blocks allow (one token and
+    at most one new block per member); else dissolve it. Returns the running requests left to plan one by one
+    and the tokens left."""
+    g = view.group
+    if g is not None and g.members:
+        if g.size <= tokens and budget.take(g.next_blocks):
+            plan.decode_group = True
+            return view.outside, tokens - g.size
+        view.ungroup()
+    return view.running, tokens
 
 
 def preempt_for(

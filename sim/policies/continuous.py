@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from sim.policies.base import Admission, Limits, Plan, View, preempt_for
+from sim.policies.base import Admission, Limits, Plan, View, plan_group, preempt_for
 
 
 @dataclass(slots=True)
@@ -26,6 +26,7 @@ class ContinuousPolicy:
     # With nothing waiting or swapped and every running request decoding, every running request gets one
     # token: the core may skip asking (see sim.core's decode fast path).
     decode_all_when_idle: ClassVar[bool] = True
+    uses_decode_group: ClassVar[bool] = True  # plans the core's decode group as a whole (sim.decode_group)
 
     limits: Limits = field(default_factory=Limits)
     enable_chunked_prefill: bool = False
@@ -50,6 +51,14 @@ class ContinuousPolicy:
         return self.admission.deadline(view.waiting)
 
     def schedule(self, view: View) -> Plan:
+        plan = self._schedule(view)
+        if plan.decode_group and plan.preempt:
+            # Preemption picks victims in admission order, which the group's members hide: look one by one.
+            view.ungroup()
+            plan = self._schedule(view)
+        return plan
+
+    def _schedule(self, view: View) -> Plan:
         plan = Plan(reject=self.admission.rejections(view))
         rejected = {r.id for r, _ in plan.reject}
         budget = view.budget()
@@ -73,7 +82,8 @@ class ContinuousPolicy:
     def _schedule_running(self, view: View, plan: Plan, budget, tokens: int) -> int:
         taken: set[int] = set()
         chunked = self.enable_chunked_prefill
-        for r in view.running:
+        candidates, tokens = plan_group(view, plan, budget, tokens)
+        for r in candidates:
             if r.id in taken:
                 continue  # preempted to make room for an earlier request
             n = r.num_remaining
@@ -91,9 +101,10 @@ class ContinuousPolicy:
         return tokens
 
     def _schedule_swapped(self, view: View, plan: Plan, budget, tokens: int) -> int:
+        group = view.group.size if plan.decode_group else 0
         for r in view.swapped:
             n = r.num_remaining
-            if len(plan.scheduled) >= self.limits.max_num_seqs or n > tokens:
+            if len(plan.scheduled) + group >= self.limits.max_num_seqs or n > tokens:
                 break
             if not budget.swap_in(r):
                 break

@@ -10,8 +10,9 @@ mostly idle waiting for the longest request in the batch".
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
-from sim.policies.base import Admission, Limits, Plan, View, preempt_for
+from sim.policies.base import Admission, Limits, Plan, View, plan_group, preempt_for
 
 
 @dataclass(slots=True)
@@ -22,6 +23,7 @@ class StaticPolicy:
     preemption_mode: str = "recompute"  # only when the KV manager is paged and runs out mid-batch
     admission: Admission = field(default_factory=Admission)
     _rows: int = 0  # rows of the batch in flight (finished requests stay as padding rows)
+    uses_decode_group: ClassVar[bool] = True  # plans the core's decode group as a whole (sim.decode_group)
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -39,18 +41,27 @@ class StaticPolicy:
         return min(times) if times else None
 
     def schedule(self, view: View) -> Plan:
+        plan = self._schedule(view)
+        if plan.decode_group and plan.preempt:
+            view.ungroup()  # victims are chosen in admission order, which the group hides
+            plan = self._schedule(view)
+        return plan
+
+    def _schedule(self, view: View) -> Plan:
         plan = Plan(reject=self.admission.rejections(view), pad_to_longest=True)
         budget = view.budget()
         if view.running:  # the batch in flight runs to completion
             taken: set[int] = set()
-            for r in view.running:
+            candidates, _ = plan_group(view, plan, budget, 1 << 62)
+            for r in candidates:
                 if r.id in taken:
                     continue
                 n = r.num_remaining
                 if preempt_for(r, n, view.running, budget, plan, self.preemption_mode, taken):
                     taken.add(r.id)
                     plan.scheduled.append((r, n))
-            plan.padded_rows = max(0, self._rows - len(plan.scheduled))
+            group = view.group.size if plan.decode_group else 0
+            plan.padded_rows = max(0, self._rows - len(plan.scheduled) - group)
             return plan
         rejected = {r.id for r, _ in plan.reject}
         queued = [r for r in view.waiting if r.id not in rejected]
