@@ -512,7 +512,10 @@ class ServingCore:
                 size -= len(leaving)
                 steps = j0 + 1 + i
                 ctx -= sum(r.num_computed_tokens + steps - r.group_base for r in leaving)
-        if k <= _SCALAR_BELOW:  # numpy's per-call overhead outweighs a few scalar calls
+        decode_steps = getattr(cost, "decode_steps", None)
+        if k <= _SCALAR_BELOW and decode_steps is not None and not pad:
+            durations, flops = decode_steps(rows_l, read_l)  # numpy's per-call overhead outweighs a short loop
+        elif k <= _SCALAR_BELOW:
             shapes = [StepShape(n, n, n, c, c, pad, 0) for n, c in zip(rows_l, read_l)]
             durations = [cost.step_time(sh) for sh in shapes]
             flops = [cost.step_flops(sh) for sh in shapes]
@@ -627,4 +630,4 @@ def _admit_order(r: Request) -> int:
 
 
 _MAX_SEGMENT = 4096  # fast-forward at most this many steps at once (bounds the arrays it builds)
-_SCALAR_BELOW = 12  # price segments this short with scalar cost-model calls
+_SCALAR_BELOW = 64  # price segments this short with scalar cost-model calls

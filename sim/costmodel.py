@@ -260,6 +260,22 @@ class AnalyticCostModel:
             return self._time(a, b, c, d, e, np.maximum)
         return float(self._time(a, b, c, d, e, max))
 
+    def decode_steps(self, rows: list[int], reads: list[int]) -> tuple[list[float], list[float]]:
+        """Times and FLOPs of unpadded one-token-per-row steps (``rows[i]`` rows attending ``reads[i]`` tokens):
+        ``step_time``/``step_flops`` of those shapes, written out for the simulator's decode loop. The expression
+        and its order are ``_time``'s, so the results are bit-identical."""
+        k0, k1, k2, k3, k4, k5, k6, k7, k8, k9, k10, k11 = self._k
+        f_tok, f_row, f_pair = self._flops
+        times = []
+        flops = []
+        for n, c in zip(rows, reads):
+            times.append(
+                k0 + n * k1 + max(n * k2 + n * k3, k4 + n * k5 + n * k6) + max(c * k7, (c + n) * k8)
+                + (k9 + n * k10) + 0 * k11
+            )
+            flops.append(float((n - 0) * f_tok + n * f_row + c * f_pair))
+        return times, flops
+
     def breakdown(self, shape: StepShape) -> dict[str, Any]:
         """The step time's parts in seconds (they sum to ``step_time`` up to rounding) and, for the two roofline
         parts, whether compute (True) or memory traffic (False) bounds them. For teaching and debugging."""
@@ -437,3 +453,12 @@ class FittedCostModel:
         a, b, p, d = shape.num_seqs, shape.num_tokens, shape.num_padding_tokens, shape.attn_pairs
         r = (b - p) * self.flops_per_token + a * self.flops_per_seq + d * self.flops_per_attn_pair
         return r if _is_array(a, b, p, d) else float(r)
+
+    def decode_steps(self, rows: list[int], reads: list[int]) -> tuple[list[float], list[float]]:
+        """``step_time``/``step_flops`` of unpadded one-token-per-row steps, bit-identical (same expression)."""
+        step, token, dseq, seq = self.step, self.token, self.decode_seq, self.seq
+        pair, kvr, swap = self.attn_pair, self.kv_read_token, self.swap_block
+        ft, fs, fp = self.flops_per_token, self.flops_per_seq, self.flops_per_attn_pair
+        times = [step + n * token + n * dseq + n * seq + c * pair + c * kvr + 0 * swap for n, c in zip(rows, reads)]
+        flops = [float((n - 0) * ft + n * fs + c * fp) for n, c in zip(rows, reads)]
+        return times, flops

@@ -118,8 +118,9 @@ class StepLog:
 
     def _flush(self) -> None:
         if self._rows:
-            arr = list(zip(*self._rows))
-            self._chunks.append({k: np.asarray(arr[i], dtype=t) for i, (k, t) in enumerate(STEP_COLUMNS.items())})
+            # one C-level conversion of the whole block (counts are far below 2**53, so float64 holds them exactly)
+            m = np.array(self._rows, dtype=np.float64)
+            self._chunks.append({k: m[:, i].astype(t) for i, (k, t) in enumerate(STEP_COLUMNS.items())})
             self._rows = []
 
     def columns(self) -> dict[str, np.ndarray]:
