@@ -151,6 +151,7 @@ class Simulation:
             self._user_pos = [0] * closed_loop.num_users
             self._pending_users = closed_loop.num_users
             for u in range(closed_loop.num_users):
+                heapq.heappush(self._timers, 0.0)
                 self.env.process(self._user_send(u, 0.0))
 
     def _dispatch(self, spec: RequestSpec) -> None:
@@ -184,10 +185,11 @@ class Simulation:
         self._close()
 
     def _user_send(self, user: int, delay: float):
+        # the caller has already put now + delay on the timer heap (the horizon must see it at once, before
+        # this process first runs)
         if delay > 0:
-            heapq.heappush(self._timers, self.env.now + delay)
             yield self.env.timeout(delay)
-            heapq.heappop(self._timers)
+        heapq.heappop(self._timers)
         queue = self._user_queues[user]
         pos = self._user_pos[user]
         if pos >= len(queue):
@@ -204,7 +206,9 @@ class Simulation:
             self.progress(1)
         if self.closed_loop is not None:
             user = req.spec.session_id or 0
-            self.env.process(self._user_send(user, float(self.closed_loop.think_times[req.id])))
+            think = float(self.closed_loop.think_times[req.id])
+            heapq.heappush(self._timers, self.env.now + think)
+            self.env.process(self._user_send(user, think))
 
     def run(self) -> None:
         # The run allocates millions of small, short-lived objects and creates almost no reference cycles;
