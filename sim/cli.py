@@ -34,8 +34,8 @@ def _overrides(sets: list[str], num_requests: int | None) -> dict:
             _fail(f"--set expects KEY=VALUE (dotted key), got {s!r}")
         try:
             out[key.strip()] = parse_value(value)
-        except Exception as e:  # a YAML error in one value
-            _fail(f"--set {key}: cannot read value {value!r}: {e}")
+        except ScenarioError as e:  # a YAML error in one value
+            _fail(f"--set {key}: {e}")
     if num_requests is not None:
         if num_requests < 1:
             _fail(f"--num-requests must be >= 1, got {num_requests}")
@@ -54,17 +54,25 @@ def run(
     """Simulate every variant of a scenario on the same workload; print the comparison, write the run folder."""
     from sim.metrics import bottleneck
     from sim.output import format_table
-    from sim.run import run_scenario, write_scenario_run
+    from sim.run import prepare_scenario, run_scenario, write_scenario_run
 
+    overrides = _overrides(set_, num_requests)
     try:
-        sc, raw = load_scenario(scenario, _overrides(set_, num_requests))
-        typer.echo(f"{sc.name}: {sc.workload.describe()}", err=True)
-        result = run_scenario(sc, raw, source=str(scenario), progress=not quiet and sys.stderr.isatty())
+        sc, raw = load_scenario(scenario, overrides)
+        # everything that can be wrong with the input fails here, before any output
+        prepared = prepare_scenario(sc, raw, source=str(scenario))
     except ScenarioError as e:
         _fail(str(e))
         return
     out_dir = out or Path("runs") / sc.name
-    write_scenario_run(result, out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        _fail(f"--out {out_dir}: exists and is not a folder")
+    typer.echo(f"{sc.name}: {sc.workload.describe()}", err=True)
+    result = run_scenario(prepared, progress=not quiet and sys.stderr.isatty())
+    try:
+        write_scenario_run(result, out_dir)
+    except OSError as e:
+        _fail(f"--out {out_dir}: cannot write the run folder: {e.strerror or e}")
     typer.echo(format_table(result.summaries))
     for name, s in result.summaries.items():
         typer.echo(f"{name}: {bottleneck(s)}")

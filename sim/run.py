@@ -44,8 +44,10 @@ def generate_workload(scenario: Scenario) -> GeneratedWorkload:
     try:
         return scenario.workload.generate(rng)
     except FileNotFoundError as e:
-        raise ScenarioError(f"workload: trace file not found: {e.filename or e}") from None
-    except ValueError as e:
+        # the trace reader's own message already says "trace file not found: PATH"
+        msg = str(e) if e.filename is None else f"file not found: {e.filename}"
+        raise ScenarioError(f"workload: {msg}") from None
+    except (ValueError, OSError) as e:
         raise ScenarioError(f"workload: {e}") from None
 
 
@@ -82,38 +84,65 @@ def simulate_variant(
     return result, sim.requests, core
 
 
+@dataclass(slots=True)
+class PreparedScenario:
+    """A scenario with every variant (at every sweep point) resolved and every workload generated: what is left
+    can only fail on a bug, not on the input."""
+
+    scenario: Scenario
+    plans: list[tuple[dict[str, Any], Scenario, list[VariantConfig]]]  # (sweep point, scenario there, variants)
+    workloads: dict[str, GeneratedWorkload]  # by the workload section's JSON
+
+    @property
+    def num_runs(self) -> int:
+        return sum(len(cfgs) for _, _, cfgs in self.plans)
+
+
+def prepare_scenario(
+    scenario: Scenario, raw: dict[str, Any] | None = None, *, source: str = "scenario"
+) -> PreparedScenario:
+    """Resolve every variant at every sweep point and generate the workloads, so that bad input fails here with a
+    ScenarioError before anything is simulated."""
+    points = sweep_points(scenario)
+    if scenario.sweep and raw is None:
+        raw = scenario.model_dump(mode="json")
+    plans: list[tuple[dict[str, Any], Scenario, list[VariantConfig]]] = []
+    workloads: dict[str, GeneratedWorkload] = {}
+    for point in points:
+        sc = apply_point(raw, point, source) if point else scenario
+        where = source if not point else f"{source} at {point}"
+        try:
+            cfgs = variant_configs(sc)
+            for cfg in cfgs:
+                build(cfg)
+            key = sc.workload.model_dump_json()
+            if key not in workloads:
+                workloads[key] = generate_workload(sc)
+        except ScenarioError as e:
+            raise ScenarioError(f"{where}: {e}") from None
+        plans.append((point, sc, [VariantConfig(c.name, c.deployment, c.kv_cache, c.policy, c.admission, point)
+                                  for c in cfgs]))
+    return PreparedScenario(scenario, plans, workloads)
+
+
 def run_scenario(
-    scenario: Scenario,
+    scenario: Scenario | PreparedScenario,
     raw: dict[str, Any] | None = None,
     *,
     source: str = "scenario",
     progress: bool = False,
 ) -> ScenarioRun:
-    """Run every variant of the scenario (at every sweep point) on the same workload."""
-    points = sweep_points(scenario)
-    if scenario.sweep and raw is None:
-        raw = scenario.model_dump(mode="json")
-    # resolve everything first, so that a bad variant fails before anything runs
-    plans: list[tuple[dict[str, Any], Scenario, list[VariantConfig]]] = []
-    for point in points:
-        sc = apply_point(raw, point, source) if point else scenario
-        cfgs = variant_configs(sc)
-        for cfg in cfgs:
-            build(cfg)
-        plans.append((point, sc, [VariantConfig(c.name, c.deployment, c.kv_cache, c.policy, c.admission, point) for c in cfgs]))
-    out = ScenarioRun(scenario)
-    workloads: dict[str, GeneratedWorkload] = {}
-    total = sum(len(cfgs) for _, _, cfgs in plans)
+    """Run every variant of the scenario (at every sweep point) on the same workload. Accepts a scenario or what
+    :func:`prepare_scenario` made of it."""
+    prepared = scenario if isinstance(scenario, PreparedScenario) else prepare_scenario(scenario, raw, source=source)
+    out = ScenarioRun(prepared.scenario)
     bar = None
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=total, desc=scenario.name, unit="run", leave=False)
-    for point, sc, cfgs in plans:
-        key = sc.workload.model_dump_json()
-        if key not in workloads:
-            workloads[key] = generate_workload(sc)
-        wl = workloads[key]
+        bar = tqdm(total=prepared.num_runs, desc=prepared.scenario.name, unit="run", leave=False)
+    for point, sc, cfgs in prepared.plans:
+        wl = prepared.workloads[sc.workload.model_dump_json()]
         for cfg in cfgs:
             name = cfg.name if not point else f"{cfg.name}[{_label(point)}]"
             result, _, _ = simulate_variant(cfg, wl, name=name, keep_token_times=sc.keep_token_times)

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import copy
 import itertools
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from sim.block_manager import PagedBlockManager
 from sim.contiguous_allocator import ContiguousAllocator
@@ -33,6 +34,7 @@ from sim.costmodel import AnalyticCostModel, FittedCostModel
 from sim.metrics import SLOs
 from sim.policies import Admission, ContinuousPolicy, Limits, StaticPolicy
 from sim.specs import GPUSpec, KVBudget, ModelDoesNotFitError, ModelSpec, kv_budget
+from sim.traces import resolve_trace
 from sim.workload import TraceArrival, Workload
 
 
@@ -153,6 +155,9 @@ class Variant(_Model):
     admission: AdmissionConfig | None = Field(None, description="Replaces the default admission control.")
 
 
+_SWEEP_HEADS = ("workload", "deployment", "kv_cache", "policy", "admission")
+
+
 class Scenario(_Model):
     name: str = Field("scenario", description="Scenario name.")
     description: str = Field("", description="What the scenario shows.")
@@ -173,57 +178,176 @@ class Scenario(_Model):
     )
     keep_token_times: bool = Field(False, description="Keep every token's timestamp on the requests (memory!).")
 
-    @model_validator(mode="after")
-    def _check(self) -> "Scenario":
-        names = [v.name for v in self.variants]
+    @field_validator("variants")
+    @classmethod
+    def _unique_names(cls, variants: list[Variant]) -> list[Variant]:
+        names = [v.name for v in variants]
         dup = {n for n in names if names.count(n) > 1}
         if dup:
             raise ValueError(f"variant names must be unique; repeated: {sorted(dup)}")
-        for key in self.sweep or {}:
+        return variants
+
+    @field_validator("sweep")
+    @classmethod
+    def _sweep_keys(cls, sweep: dict[str, list[Any]] | None) -> dict[str, list[Any]] | None:
+        for key, values in (sweep or {}).items():
             head = key.split(".")[0]
-            if head not in ("workload", "deployment", "kv_cache", "policy", "admission"):
-                raise ValueError(f"sweep key {key!r} must start with workload, deployment, kv_cache, policy or admission")
-            if not self.sweep[key]:
-                raise ValueError(f"sweep key {key!r} has no values")
-        return self
+            if head not in _SWEEP_HEADS:
+                raise ValueError(f"key {key!r} must start with {', '.join(_SWEEP_HEADS)}")
+            if not values:
+                raise ValueError(f"key {key!r} has no values")
+        return sweep
 
 
 # ---- loading --------------------------------------------------------------------------------------------------
-def _format_validation(err: ValidationError, source: str) -> str:
-    lines = []
-    for e in err.errors()[:5]:
-        loc = ".".join(str(p) for p in e["loc"] if not (isinstance(p, str) and p in _UNION_TAGS))
-        msg = e["msg"]
-        if e["type"] == "extra_forbidden":
-            msg = "unknown key"
-        lines.append(f"{source}: {loc or '(top level)'}: {msg}")
-    more = len(err.errors()) - 5
-    if more > 0:
-        lines.append(f"... and {more} more problem(s)")
-    return "\n".join(lines)
+_MAX_PROBLEMS = 5  # validation problems listed in one message
 
 
+def _clean_loc(loc: tuple[Any, ...], raw: Any, keep_last: bool = False) -> str:
+    """A pydantic error location as the dotted path of the scenario file.
+
+    pydantic inserts the member a union tried (a ``type`` tag such as ``poisson``, or a type name such as ``str``)
+    into the location; those are not keys of the file. Walking the input keeps only the parts that are keys (or
+    list indices) there, plus a final part that is absent (a missing or unknown key)."""
+    parts: list[str] = []
+    node = raw
+    for i, p in enumerate(loc):
+        last = i == len(loc) - 1
+        if isinstance(node, dict) and p in node:
+            node = node[p]
+            parts.append(str(p))
+        elif isinstance(node, list) and isinstance(p, int) and 0 <= p < len(node):
+            node = node[p]
+            parts.append(str(p))
+        elif last and (keep_last or not (isinstance(p, str) and (p in _UNION_TAGS or "[" in p or p in _TYPE_LABELS))):
+            parts.append(str(p))
+        # else: a union member label: not part of the file
+    return ".".join(parts)
+
+
+_TYPE_LABELS = {"str", "int", "float", "bool", "none", "list", "dict", "tuple"}
 _UNION_TAGS = {
     "analytic", "fitted", "paged", "contiguous", "static", "continuous", "poisson", "gamma", "constant",
     "all_at_once", "closed_loop", "trace", "fixed", "uniform", "normal", "lognormal", "exponential", "empirical",
 }
 
 
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+_EXPECTED = {  # pydantic error type -> what the file should hold there
+    "model_attributes_type": "a mapping of keys to values",
+    "model_type": "a mapping of keys to values",
+    "dict_type": "a mapping of keys to values",
+    "string_type": "a string",
+    "int_type": "an integer",
+    "int_parsing": "an integer",
+    "int_from_float": "a whole number",
+    "float_type": "a number",
+    "float_parsing": "a number",
+    "bool_type": "true or false",
+    "bool_parsing": "true or false",
+    "list_type": "a list",
+    "none_required": "null",
+}
+
+
+def _reason(e: dict[str, Any]) -> str:
+    kind = e["type"]
+    if kind in _EXPECTED:
+        return "expected " + _EXPECTED[kind]
+    if kind == "union_tag_invalid":
+        return f"unknown type {e['ctx']['tag']}; expected one of {e['ctx']['expected_tags']}"
+    msg = e["msg"].removeprefix("Value error, ")
+    return "must be " + msg.removeprefix("Input should be ") if msg.startswith("Input should be ") else msg
+
+
+def _format_validation(err: ValidationError, source: str, raw: Any = None, prefix: str = "") -> str:
+    """One line per offending key: ``source: dotted.path: reason (got value)``. The errors a union reports once
+    per member at the same key are merged into one line."""
+    grouped: dict[str, list[dict[str, Any]]] = {}
+    for e in err.errors():
+        loc = _clean_loc(tuple(e["loc"]), raw, keep_last=e["type"] in ("missing", "extra_forbidden"))
+        if e["type"] in ("union_tag_invalid", "union_tag_not_found"):  # name the tag key itself
+            loc = ".".join(x for x in (loc, str(e["ctx"]["discriminator"]).strip("'")) if x)
+        loc = prefix + loc if loc else prefix.rstrip(".")
+        grouped.setdefault(loc, []).append(e)
+    lines = []
+    for loc, errs in list(grouped.items())[:_MAX_PROBLEMS]:
+        kinds = {e["type"] for e in errs}
+        if "extra_forbidden" in kinds:
+            reason = "unknown key"
+        elif kinds & {"missing", "union_tag_not_found"}:
+            reason = "required key is missing"
+        else:
+            reasons: list[str] = []
+            for e in errs:
+                r = _reason(e)
+                if r not in reasons:
+                    reasons.append(r)
+            if len(reasons) > 1 and all(r.startswith("expected ") for r in reasons):
+                reason = "expected " + " or ".join(r.removeprefix("expected ") for r in reasons)
+            else:
+                reason = "; or ".join(reasons)
+            value = errs[0].get("input")
+            scalar = not isinstance(value, (dict, list))
+            if "union_tag_invalid" not in kinds and (scalar or kinds & set(_EXPECTED)):
+                reason += f" (got {_short(value)})"
+        lines.append(f"{source}: {loc or '(top level)'}: {reason}")
+    more = len(grouped) - _MAX_PROBLEMS
+    if more > 0:
+        lines.append(f"... and {more} more problem(s)")
+    return "\n".join(lines)
+
+
 def set_path(d: dict, dotted: str, value: Any) -> None:
-    """Set ``a.b.c`` in nested dicts, creating levels as needed."""
+    """Set ``a.b.c`` in nested dicts, creating levels as needed; a numeric part indexes an existing list
+    (``variants.0.name``)."""
     keys = dotted.split(".")
-    for k in keys[:-1]:
-        nxt = d.get(k)
-        if not isinstance(nxt, dict):
+    if any(not k for k in keys):
+        raise ScenarioError(f"{dotted!r}: empty part in a dotted key")
+    node: Any = d
+    for i, k in enumerate(keys):
+        last = i == len(keys) - 1
+        if isinstance(node, list):
+            if not (re.fullmatch(r"-?[0-9]+", k) and -len(node) <= int(k) < len(node)):
+                raise ScenarioError(f"{'.'.join(keys[:i + 1])}: no item {k} in a list of {len(node)}")
+            if last:
+                node[int(k)] = value
+                return
+            node = node[int(k)]
+            continue
+        if last:
+            node[k] = value
+            return
+        nxt = node.get(k)
+        if not isinstance(nxt, (dict, list)):
             nxt = {}
-            d[k] = nxt
-        d = nxt
-    d[keys[-1]] = value
+            node[k] = nxt
+        node = nxt
 
 
 def parse_value(text: str) -> Any:
-    """A ``--set key=value`` value, read as YAML (numbers, booleans, lists, null)."""
-    return yaml.safe_load(text)
+    """A ``--set key=value`` value, read as YAML (numbers, booleans, lists, null). Raises ScenarioError."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ScenarioError(f"cannot read value {text!r} as YAML: {_yaml_error(e)}") from None
+
+
+def _yaml_error(e: yaml.YAMLError) -> str:
+    """A YAML error on one line: ``line:column: problem (context)``."""
+    mark = getattr(e, "problem_mark", None)
+    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    context = getattr(e, "context", None)
+    cmark = getattr(e, "context_mark", None)
+    ctx = ""
+    if context:
+        ctx = f" ({context}" + (f" at line {cmark.line + 1}, column {cmark.column + 1}" if cmark else "") + ")"
+    return f"{where}{problem}{ctx}"
 
 
 def load_scenario(
@@ -232,25 +356,59 @@ def load_scenario(
     """Read and validate a scenario file. ``overrides`` maps dotted paths to values (the CLI's ``--set``).
     Returns the validated scenario and the raw dict it came from. Raises ScenarioError with one clear message."""
     p = Path(path)
-    if not p.is_file():
+    if not p.exists():
         raise ScenarioError(f"{p}: scenario file not found")
+    if not p.is_file():
+        raise ScenarioError(f"{p}: not a file (a scenario is a YAML file)")
     try:
-        raw = yaml.safe_load(p.read_text())
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ScenarioError(f"{p}: cannot read the file: {e}") from None
+    try:
+        raw = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise ScenarioError(f"{p}: not valid YAML: {e}") from None
+        raise ScenarioError(f"{p}: not valid YAML: {_yaml_error(e)}") from None
     if not isinstance(raw, dict):
-        raise ScenarioError(f"{p}: a scenario must be a mapping of keys to values, got {type(raw).__name__}")
+        got = "an empty file" if raw is None else f"a {type(raw).__name__}"
+        raise ScenarioError(f"{p}: a scenario must be a mapping of keys to values, got {got}")
     for key, value in (overrides or {}).items():
-        set_path(raw, key, value)
+        try:
+            set_path(raw, key, value)
+        except ScenarioError as e:
+            raise ScenarioError(f"--set {e}") from None
     _resolve_relative_paths(raw, p.parent)
     return parse_scenario(raw, source=str(p)), raw
 
 
 def parse_scenario(raw: dict[str, Any], source: str = "scenario") -> "Scenario":
+    """Validate a scenario dict: its schema, every variant's merged deployment, and that trace files exist.
+    Raises ScenarioError naming the key path and the reason."""
     try:
-        return Scenario.model_validate(raw)
+        scenario = Scenario.model_validate(raw)
     except ValidationError as e:
-        raise ScenarioError(_format_validation(e, source)) from None
+        raise ScenarioError(_format_validation(e, source, raw)) from None
+    base = scenario.deployment.model_dump()
+    for i, v in enumerate(scenario.variants):
+        if v.deployment:
+            try:
+                Deployment.model_validate({**base, **v.deployment})
+            except ValidationError as e:
+                raise ScenarioError(
+                    _format_validation(e, source, v.deployment, prefix=f"variants.{i}.deployment.")
+                ) from None
+    _check_trace_files(scenario, source)
+    return scenario
+
+
+def _check_trace_files(scenario: "Scenario", source: str) -> None:
+    wl = scenario.workload
+    for key, part in (("arrival", wl.arrival), ("prompt_len", wl.prompt_len), ("output_len", wl.output_len)):
+        trace = getattr(part, "trace", None)
+        if isinstance(trace, str):
+            try:
+                resolve_trace(trace)
+            except FileNotFoundError as e:
+                raise ScenarioError(f"{source}: workload.{key}.trace: {e}") from None
 
 
 def _resolve_relative_paths(raw: dict, base: Path) -> None:
@@ -269,7 +427,9 @@ def _resolve_relative_paths(raw: dict, base: Path) -> None:
         fix(wl.get("arrival"), "trace")
         fix(wl.get("prompt_len"), "trace")
         fix(wl.get("output_len"), "trace")
-    for section in [raw.get("deployment")] + [v.get("deployment") for v in raw.get("variants") or [] if isinstance(v, dict)]:
+    variants = raw.get("variants")
+    variants = variants if isinstance(variants, list) else []
+    for section in [raw.get("deployment")] + [v.get("deployment") for v in variants if isinstance(v, dict)]:
         if isinstance(section, dict):
             fix(section.get("cost_model"), "profile")
             if isinstance(section.get("model"), str) and section["model"].endswith(".json"):
@@ -333,16 +493,54 @@ def sweep_points(scenario: Scenario) -> list[dict[str, Any]]:
 
 
 def apply_point(raw: dict[str, Any], point: dict[str, Any], source: str) -> Scenario:
-    """The scenario at one sweep point: each path set in the defaults and in every variant that overrides it."""
+    """The scenario at one sweep point: each path set in the defaults and in every variant that overrides its
+    section, wherever that section has the key (``policy.max_num_seqs`` changes continuous policies and leaves a
+    static one alone). A key that no variant's section has is an error."""
     d = copy.deepcopy(raw)
     d.pop("sweep", None)
+    variants = [v for v in d.get("variants") or [] if isinstance(v, dict)]
     for key, value in point.items():
-        set_path(d, key, value)
         head, _, rest = key.partition(".")
-        for v in d.get("variants") or []:
-            if isinstance(v, dict) and head in v and isinstance(v[head], dict) and rest:
-                set_path(v[head], rest, value)
+        field = rest.split(".")[0]
+        if not isinstance(d.get(head), dict) and head in _DEFAULT_SECTIONS:
+            # the file relies on the default section: spell it out, so that e.g. policy.max_num_seqs keeps the
+            # default policy's type instead of replacing the section with a type-less {max_num_seqs: ...}
+            d[head] = _DEFAULT_SECTIONS[head]().model_dump(mode="json")
+        default_has = not rest or _has_key(head, d.get(head), field)
+        used = not variants  # without variants the defaults run
+        try:
+            if default_has:
+                set_path(d, key, value)
+            for v in variants:
+                section = v.get(head)
+                if rest and isinstance(section, dict):
+                    if _has_key(head, section, field):
+                        set_path(section, rest, value)
+                        used = True
+                else:
+                    used = used or default_has
+        except ScenarioError as e:
+            raise ScenarioError(f"{source}: sweep: {e}") from None
+        if not used:
+            raise ScenarioError(f"{source}: sweep: {key}: no variant's {head} has the key {field!r}")
     return parse_scenario(d, source=f"{source} at {point}")
+
+
+_DEFAULT_SECTIONS = {"deployment": Deployment, "kv_cache": PagedKV, "policy": ContinuousPolicyConfig,
+                     "admission": AdmissionConfig}
+_SECTION_KINDS: dict[str, dict[str, type[BaseModel]]] = {
+    "kv_cache": {"paged": PagedKV, "contiguous": ContiguousKV},
+    "policy": {"static": StaticPolicyConfig, "continuous": ContinuousPolicyConfig},
+}
+
+
+def _has_key(head: str, section: Any, field: str) -> bool:
+    """Whether a section of the file (of kind ``head``) has ``field``; True when unsure, so that validation,
+    not the sweep, reports a bad key."""
+    kinds = _SECTION_KINDS.get(head)
+    if kinds is None or not isinstance(section, dict) or section.get("type") not in kinds:
+        return True
+    return field in kinds[section["type"]].model_fields
 
 
 @dataclass(frozen=True, slots=True)
@@ -370,14 +568,24 @@ def build(cfg: VariantConfig):
     where = f"variant {cfg.name!r}"
     try:
         model = _model_spec(dep.model)
-    except (ValueError, KeyError, FileNotFoundError) as e:
+    except FileNotFoundError as e:
+        raise ScenarioError(f"{where}: deployment.model: file not found: {e.filename or e}") from None
+    except KeyError as e:
+        raise ScenarioError(f"{where}: deployment.model: lacks the field {e}") from None
+    except (ValueError, TypeError, OSError) as e:
         raise ScenarioError(f"{where}: deployment.model: {e}") from None
     try:
         gpu = GPUSpec.from_dict(dep.gpu) if isinstance(dep.gpu, dict) else GPUSpec.from_name(dep.gpu)
-    except (ValueError, TypeError) as e:
+    except (ValueError, TypeError, AttributeError) as e:
         raise ScenarioError(f"{where}: deployment.gpu: {e}") from None
     pol = cfg.policy
     max_model_len = dep.max_model_len or model.max_position_embeddings
+    if max_model_len > model.max_position_embeddings:
+        # vLLM refuses this too: positions past the trained context are not defined
+        raise ScenarioError(
+            f"{where}: deployment.max_model_len {max_model_len} is longer than {model.name}'s context of "
+            f"{model.max_position_embeddings} tokens"
+        )
     if isinstance(pol, ContinuousPolicyConfig):
         mnbt = pol.max_num_batched_tokens or (8192 if pol.enable_chunked_prefill else max(8192, max_model_len))
         limits = Limits(pol.max_num_seqs, mnbt, max_model_len)
@@ -398,7 +606,15 @@ def build(cfg: VariantConfig):
             max_num_seqs=limits.max_num_seqs,
         )
     except ModelDoesNotFitError as e:
-        raise ScenarioError(f"{where}: deployment: {e}") from None
+        hint = ""
+        weights = model.shard(dep.tensor_parallel_size).weight_bytes(dep.weight_dtype)
+        if limits.max_num_batched_tokens > 8192 and weights < gpu.memory_bytes * dep.gpu_memory_utilization:
+            # vLLM sizes the activation reserve for the largest step, so a long max_model_len without chunking
+            # costs memory too
+            hint = (f" (the activation reserve is sized for max_num_batched_tokens "
+                    f"{limits.max_num_batched_tokens}: a smaller deployment.max_model_len or "
+                    f"policy.max_num_batched_tokens, or enable_chunked_prefill, lowers it)")
+        raise ScenarioError(f"{where}: deployment: {e}{hint}") from None
     except ValueError as e:
         raise ScenarioError(f"{where}: deployment: {e}") from None
     if max_model_len > budget.capacity_tokens:
@@ -462,8 +678,11 @@ def build(cfg: VariantConfig):
             )
     except FileNotFoundError as e:
         raise ScenarioError(f"{where}: deployment.cost_model.profile: file not found: {e.filename or e}") from None
-    except ValueError as e:
-        raise ScenarioError(f"{where}: deployment.cost_model: {e}") from None
+    except KeyError as e:
+        raise ScenarioError(f"{where}: deployment.cost_model.profile: lacks the field {e}") from None
+    except (ValueError, TypeError, OSError) as e:
+        field = "cost_model.profile" if isinstance(cm, FittedCost) else "cost_model"
+        raise ScenarioError(f"{where}: deployment.{field}: {e}") from None
     return policy, kv, cost, Built(model, gpu, budget, limits, max_model_len)
 
 

@@ -1,0 +1,387 @@
+"""The command line on bad input: one clear message naming the field and the reason, exit code 2, no traceback,
+and no run folder written. Hand-picked cases first, then hypothesis feeding mutated scenarios."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from sim.cli import app
+from sim.run import prepare_scenario
+from sim.scenario import ScenarioError, parse_scenario
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# A small valid scenario touching every section; the cases below break one thing in it.
+VALID: dict[str, Any] = {
+    "name": "cli-test",
+    "seed": 7,
+    "workload": {
+        "arrival": {"type": "poisson", "rate": 20.0},
+        "num_requests": 6,
+        "prompt_len": {"type": "uniform", "low": 16, "high": 64},
+        "output_len": {"type": "fixed", "value": 4},
+    },
+    "deployment": {
+        "model": "llama-3.2-1b",
+        "gpu": "l4",
+        "gpu_memory_utilization": 0.9,
+        "max_model_len": 1024,
+        "block_size": 16,
+    },
+    "policy": {"type": "continuous", "max_num_seqs": 8, "enable_chunked_prefill": True, "max_num_batched_tokens": 256},
+    "admission": {"max_queue_len": 50, "max_queue_delay": 30.0},
+    "slos": {"ttft": 1.0, "tpot": 0.1},
+    "variants": [
+        {"name": "a"},
+        {"name": "b", "deployment": {"block_size": 32}, "kv_cache": {"type": "paged", "enable_prefix_caching": True}},
+    ],
+}
+
+
+def invoke(tmp_path: Path, scenario: Any | None = None, *, text: str | None = None, args: tuple[str, ...] = ()):
+    """Run ``servesim run`` in-process on a scenario (a dict or YAML text) written to tmp_path."""
+    path = tmp_path / "scenario.yaml"
+    if text is None:
+        text = yaml.safe_dump(scenario, sort_keys=False)
+    path.write_text(text)
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["run", str(path), "--out", str(out), "-q", *args])
+    return result, out
+
+
+def assert_clean_error(result, out: Path, *needles: str) -> str:
+    """Exit code 2, stderr one ``error:`` line holding every needle, nothing on stdout, no traceback, no output."""
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    assert result.exit_code == 2, (result.exit_code, result.output)
+    err = result.stderr.strip()
+    assert err.startswith("error: "), err
+    assert len(err.splitlines()) == 1, err
+    assert "Traceback" not in result.output
+    assert result.stdout == ""
+    for needle in needles:
+        assert needle in err, (needle, err)
+    assert not out.exists()
+    return err
+
+
+def test_valid_scenario_runs(tmp_path: Path) -> None:
+    result, out = invoke(tmp_path, VALID)
+    assert result.exit_code == 0, result.output
+    assert "a: " in result.stdout and "b: " in result.stdout
+    for f in ("summary.json", "requests.csv", "steps.csv", "report.html"):
+        assert (out / f).is_file()
+
+
+def _with(path: str, value: Any) -> dict:
+    """VALID with a dotted path set (creating levels)."""
+    d = copy.deepcopy(VALID)
+    node = d
+    keys = path.split(".")
+    for k in keys[:-1]:
+        node = node[int(k)] if isinstance(node, list) else node.setdefault(k, {})
+    node[keys[-1]] = value
+    return d
+
+
+def _without(path: str) -> dict:
+    d = copy.deepcopy(VALID)
+    node = d
+    keys = path.split(".")
+    for k in keys[:-1]:
+        node = node[int(k)] if isinstance(node, list) else node[k]
+    del node[keys[-1]]
+    return d
+
+
+CASES = {
+    "unknown top-level key": (_with("replicas", 2), ["replicas", "unknown key"]),
+    "unknown nested key": (_with("workload.arrival.burst", 3), ["workload.arrival.burst", "unknown key"]),
+    "unknown key in a variant's deployment": (
+        _with("variants.1.deployment.blocksize", 8),
+        ["variants.1.deployment.blocksize", "unknown key"],
+    ),
+    "wrong type": (_with("workload.num_requests", "many"), ["workload.num_requests", "integer", "'many'"]),
+    "wrong type of a section": (_with("slos", [1, 2]), ["slos", "mapping"]),
+    "negative rate": (_with("workload.arrival.rate", -3), ["workload.arrival.rate", "greater than 0", "-3"]),
+    "unknown arrival type": (_with("workload.arrival.type", "poison"), ["workload.arrival.type", "poison", "poisson"]),
+    "missing required key": (_without("workload.arrival.rate"), ["workload.arrival.rate", "missing"]),
+    "missing trace file": (
+        _with("workload", {"arrival": {"type": "trace", "trace": "no/such/trace.csv"}}),
+        ["workload.arrival.trace", "not found", "trace.csv"],
+    ),
+    "block size 0": (_with("deployment.block_size", 0), ["deployment.block_size", "greater than or equal to 1"]),
+    "block size 0 in a variant": (
+        _with("variants.1.deployment.block_size", 0),
+        ["variants.1.deployment.block_size", "greater than or equal to 1"],
+    ),
+    "model does not fit": (
+        _with("deployment", {"model": "llama-3.1-70b", "gpu": "l4", "max_model_len": 4096}),
+        ["deployment", "llama-3.1-70b does not fit", "l4", "GiB"],
+    ),
+    "unknown model": (_with("deployment.model", "llama-9"), ["deployment.model", "unknown model", "llama-9"]),
+    "unknown gpu": (_with("deployment.gpu", "tpu-v9"), ["deployment.gpu", "unknown GPU", "tpu-v9"]),
+    "max_model_len larger than the KV cache": (
+        _with("deployment", {"model": "llama-3.1-8b", "gpu": "l4", "max_model_len": 100000}),
+        ["deployment.max_model_len", "100000", "larger than the KV cache"],
+    ),
+    "max_model_len beyond the model's context": (
+        _with("deployment.max_model_len", 10**6),
+        ["deployment.max_model_len", "context"],
+    ),
+    "duplicate variant names": (_with("variants.1.name", "a"), ["variants", "unique", "'a'"]),
+    "bad sweep key": (_with("sweep", {"polcy.max_num_seqs": [1, 2]}), ["sweep", "polcy.max_num_seqs"]),
+    "bad sweep value": (_with("sweep", {"policy.max_num_seqs": [4, -1]}), ["policy.max_num_seqs", "-1"]),
+    "sweep key no variant has": (
+        _with("sweep", {"policy.max_num_seq": [4, 8]}),
+        ["sweep", "policy.max_num_seq", "no variant"],
+    ),
+}
+
+
+@pytest.mark.parametrize("scenario,needles", CASES.values(), ids=list(CASES))
+def test_bad_scenario(tmp_path: Path, scenario: dict, needles: list[str]) -> None:
+    result, out = invoke(tmp_path, scenario)
+    assert_clean_error(result, out, *needles)
+
+
+TEXT_CASES = {
+    "invalid YAML": ("name: [unclosed\nseed: 1\n", ["not valid YAML", "line "]),
+    "YAML that is a list": ("- name: a\n- name: b\n", ["mapping", "list"]),
+    "empty file": ("", ["mapping", "empty"]),
+    "tabs": ("name: x\n\tseed: 1\n", ["not valid YAML"]),
+}
+
+
+@pytest.mark.parametrize("text,needles", TEXT_CASES.values(), ids=list(TEXT_CASES))
+def test_bad_yaml(tmp_path: Path, text: str, needles: list[str]) -> None:
+    result, out = invoke(tmp_path, text=text)
+    assert_clean_error(result, out, "scenario.yaml", *needles)
+
+
+def test_nonexistent_scenario_path(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["run", str(tmp_path / "nope.yaml"), "--out", str(out)])
+    assert_clean_error(result, out, "nope.yaml", "not found")
+
+
+def test_scenario_path_is_a_folder(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["run", str(tmp_path), "--out", str(out)])
+    assert_clean_error(result, out, str(tmp_path), "not a file")
+
+
+@pytest.mark.parametrize(
+    "args,needles",
+    [
+        (("--set", "seed"), ["--set", "KEY=VALUE"]),
+        (("--set", "workload.arrival.rate=-1"), ["workload.arrival.rate", "greater than 0"]),
+        (("--set", "workload.arrival.rate=[1"), ["--set workload.arrival.rate"]),
+        (("--set", "variants.5.name=x"), ["--set", "variants.5", "no item"]),
+        (("--set", "deployment..gpu=l4"), ["--set", "empty part"]),
+        (("--num-requests", "0"), ["--num-requests", ">= 1"]),
+    ],
+)
+def test_bad_options(tmp_path: Path, args: tuple[str, ...], needles: list[str]) -> None:
+    result, out = invoke(tmp_path, VALID, args=args)
+    assert_clean_error(result, out, *needles)
+
+
+def test_set_indexes_lists(tmp_path: Path) -> None:
+    result, out = invoke(tmp_path, VALID, args=("--set", "variants.1.name=renamed"))
+    assert result.exit_code == 0, result.output
+    assert "renamed: " in result.stdout
+
+
+def test_out_is_a_file(tmp_path: Path) -> None:
+    path = tmp_path / "scenario.yaml"
+    path.write_text(yaml.safe_dump(VALID))
+    out = tmp_path / "taken"
+    out.write_text("not a folder")
+    result = CliRunner().invoke(app, ["run", str(path), "--out", str(out), "-q"])
+    assert result.exit_code == 2
+    assert result.stderr.strip().startswith("error: --out")
+    assert out.read_text() == "not a folder"
+
+
+def test_no_traceback_reaches_the_terminal(tmp_path: Path) -> None:
+    """The real entry point, in a subprocess: what a user sees on a bad file is one line."""
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(_with("deployment.block_size", 0)))
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, "-m", "sim.cli", "run", str(path), "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert proc.stderr.strip().splitlines() == [
+        f"error: {path}: deployment.block_size: must be greater than or equal to 1 (got 0)"
+    ]
+    assert proc.stdout == ""
+    assert not out.exists()
+
+
+# ---- property tests: random malformations of VALID ------------------------------------------------------------
+def _leaves(d: Any, prefix: tuple = ()) -> list[tuple]:
+    """Paths of every scalar leaf (bools included)."""
+    if isinstance(d, dict):
+        return [p for k, v in d.items() for p in _leaves(v, prefix + (k,))]
+    if isinstance(d, list):
+        return [p for i, v in enumerate(d) for p in _leaves(v, prefix + (i,))]
+    return [prefix]
+
+
+def _mappings(d: Any, prefix: tuple = ()) -> list[tuple]:
+    """Paths of every mapping, the top level included."""
+    out = []
+    if isinstance(d, dict):
+        out.append(prefix)
+        for k, v in d.items():
+            out += _mappings(v, prefix + (k,))
+    elif isinstance(d, list):
+        for i, v in enumerate(d):
+            out += _mappings(v, prefix + (i,))
+    return out
+
+
+def _get(d: Any, path: tuple) -> Any:
+    for k in path:
+        d = d[k]
+    return d
+
+
+def _dotted(path: tuple) -> str:
+    return ".".join(str(k) for k in path)
+
+
+LEAVES = _leaves(VALID)
+NUMBERS = [p for p in LEAVES if type(_get(VALID, p)) in (int, float)]  # bools are not numbers here
+MAPPINGS = _mappings(VALID)
+# keys whose absence the schema refuses (the others have defaults)
+REQUIRED = [
+    ("workload",),
+    ("workload", "arrival"),
+    ("workload", "arrival", "type"),
+    ("workload", "arrival", "rate"),
+    ("workload", "num_requests"),
+    ("workload", "prompt_len"),
+    ("workload", "prompt_len", "type"),
+    ("workload", "prompt_len", "low"),
+    ("workload", "prompt_len", "high"),
+    ("workload", "output_len"),
+    ("workload", "output_len", "value"),
+    ("policy", "type"),
+    ("variants", 0, "name"),
+    ("variants", 1, "name"),
+    ("variants", 1, "kv_cache", "type"),
+]
+
+
+def _wrong_value(value: Any, choice: int) -> Any:
+    """A value of a type the key cannot take."""
+    if isinstance(value, bool):
+        return ["maybe", 2.5, [True]][choice]
+    if isinstance(value, (int, float)):
+        return ["lots", [value], {"n": value}][choice]
+    return [[value], 2.5, None][choice]  # strings: a list, a number, null
+
+
+@st.composite
+def mutations(draw) -> tuple[dict, str, str]:
+    """(mutated scenario, kind, dotted path of the offending key)."""
+    d = copy.deepcopy(VALID)
+    kind = draw(st.sampled_from(["unknown key", "wrong type", "negative", "missing"]))
+    if kind == "unknown key":
+        path = draw(st.sampled_from(MAPPINGS))
+        name = draw(st.from_regex(r"zz_[a-z_]{1,10}", fullmatch=True))  # never a real key
+        node = _get(d, path)
+        node[name] = draw(st.sampled_from([1, "x", True, [1], {"a": 1}]))
+        return d, kind, _dotted(path + (name,))
+    if kind == "wrong type":
+        path = draw(st.sampled_from(LEAVES))
+        parent = _get(d, path[:-1])
+        parent[path[-1]] = _wrong_value(parent[path[-1]], draw(st.integers(0, 2)))
+        return d, kind, _dotted(path)
+    if kind == "negative":
+        path = draw(st.sampled_from(NUMBERS))
+        parent = _get(d, path[:-1])
+        parent[path[-1]] = -parent[path[-1]]
+        return d, kind, _dotted(path)
+    path = draw(st.sampled_from(REQUIRED))
+    del _get(d, path[:-1])[path[-1]]
+    return d, kind, _dotted(path)
+
+
+def _names_the_key(err: str, dotted: str) -> bool:
+    """The message names the offending key: its whole path, or (for a rule across keys, such as "poisson needs
+    num_requests") its parent's path and its own name."""
+    parent, _, leaf = dotted.rpartition(".")
+    return f": {dotted}:" in err or f": {dotted} " in err or ((not parent or parent in err) and leaf in err)
+
+
+@settings(
+    max_examples=50,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(case=mutations())
+def test_malformed_scenarios_fail_cleanly(tmp_path: Path, case: tuple[dict, str, str]) -> None:
+    scenario, kind, dotted = case
+    out = tmp_path / "out"
+    if out.exists():  # tmp_path is shared by the examples; a failure would have stopped at the first
+        raise AssertionError("a run folder was written")
+    result, out = invoke(tmp_path, scenario)
+    err = assert_clean_error(result, out)
+    assert _names_the_key(err, dotted), (kind, dotted, err)
+
+
+def _every_malformation() -> list[tuple[dict, str, str]]:
+    cases = []
+    for path in LEAVES:
+        for choice in range(3):
+            d = copy.deepcopy(VALID)
+            parent = _get(d, path[:-1])
+            parent[path[-1]] = _wrong_value(parent[path[-1]], choice)
+            cases.append((d, "wrong type", _dotted(path)))
+    for path in NUMBERS:
+        d = copy.deepcopy(VALID)
+        parent = _get(d, path[:-1])
+        parent[path[-1]] = -parent[path[-1]]
+        cases.append((d, "negative", _dotted(path)))
+    for path in REQUIRED:
+        d = copy.deepcopy(VALID)
+        del _get(d, path[:-1])[path[-1]]
+        cases.append((d, "missing", _dotted(path)))
+    for path in MAPPINGS:
+        d = copy.deepcopy(VALID)
+        _get(d, path)["zz_unknown"] = 1
+        cases.append((d, "unknown key", _dotted(path + ("zz_unknown",))))
+    return cases
+
+
+def test_every_single_malformation_is_named() -> None:
+    """The same four mutations, exhaustively, through the library (no CLI): fast, so every path is tried."""
+    cases = _every_malformation()
+    assert len(cases) > 100
+    for scenario, kind, dotted in cases:
+        with pytest.raises(ScenarioError) as info:
+            prepare_scenario(parse_scenario(scenario, "s.yaml"), scenario, source="s.yaml")
+        msg = str(info.value)
+        assert len(msg.splitlines()) == 1, msg
+        assert msg.startswith("s.yaml: "), msg
+        assert _names_the_key("error: " + msg, dotted), (kind, dotted, msg)

@@ -1,0 +1,285 @@
+"""Every scenario file runs here, scaled down, and the lesson it teaches is checked; plus determinism of a run
+folder, the exported JSON Schema, and sweeps.
+
+The scaled-down settings keep each file's configuration and cut only the workload (fewer requests, or a shorter
+trace window), chosen so that the effect the file shows is still there. Full-size figures are in each file's
+comments.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from sim.cli import app
+from sim.metrics import bottleneck
+from sim.run import run_scenario, write_scenario_run
+from sim.scenario import json_schema, load_scenario
+
+SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
+FILES = sorted(SCENARIOS.glob("*.yaml"))
+
+Summaries = dict[str, dict]
+
+
+# ---- per-file checks ------------------------------------------------------------------------------------------
+def check_naive_vs_continuous(s: Summaries) -> None:
+    naive, cont = s["naive"], s["continuous"]
+    assert cont["output_throughput"] >= 3 * naive["output_throughput"]
+    assert cont["ttft"]["p50"] < naive["ttft"]["p50"]
+    assert cont["ttft"]["p99"] < 2.0  # continuous keeps up: no queue builds
+    assert cont["goodput"] > naive["goodput"]
+    # the naive server wastes most of what it reserves; paged KV stores tokens in nearly every slot it allocates
+    assert naive["kv_token_utilization"] < 0.5 < 0.9 < cont["kv_token_utilization"]
+
+
+def check_memory_ceiling(s: Summaries) -> None:
+    bf16, fp8 = s["bf16-kv"], s["fp8-kv"]
+    assert bf16["kv_usage"]["max"] > 0.9
+    assert bf16["mfu"] < 0.15  # compute far from saturated
+    assert bf16["num_rejected"] > 0
+    assert bf16["num_preemptions"] > 0
+    assert "memory" in bottleneck(bf16)
+    # twice the KV capacity: more served, fewer refused, on the same GPU and weights
+    assert fp8["output_throughput"] > 1.2 * bf16["output_throughput"]
+    assert fp8["num_rejected"] < bf16["num_rejected"]
+    assert fp8["mean_batch_size"] > bf16["mean_batch_size"]
+
+
+def check_mooncake(s: Summaries) -> None:
+    off, on = s["no-prefix-cache"], s["prefix-cache"]
+    assert on["ttft"]["mean"] < 0.5 * off["ttft"]["mean"]
+    assert on["output_throughput"] > off["output_throughput"]
+    assert on["goodput"] > off["goodput"]
+    assert on["num_preemptions"] < off["num_preemptions"]
+
+
+def check_azure_conv(s: Summaries) -> None:
+    assert len(s) == 6  # 3 variants x 2 rates
+    for rate in ("1.0", "3.0"):
+        chunked, unchunked, seqs64 = (s[f"{v}[rate_scale={rate}]"] for v in ("chunked", "unchunked", "seqs64"))
+        for x in (chunked, unchunked, seqs64):
+            assert x["num_completed"] == x["num_requests"] > 100
+            assert x["num_rejected"] == x["num_preemptions"] == 0
+            assert x["kv_usage"]["max"] < 0.5  # one H100 has KV to spare for this trace
+            assert x["ttft"]["p50"] < 0.5
+            assert 0.005 < x["tpot"]["p50"] < 0.05
+        # chunking spreads prompts over steps, so decodes never wait long for a step
+        assert chunked["itl"]["p99"] <= unchunked["itl"]["p99"]
+    slow, fast = s["chunked[rate_scale=1.0]"], s["chunked[rate_scale=3.0]"]
+    assert fast["request_throughput"] > 2 * slow["request_throughput"]
+    # the cap of 64 requests per step is what queues first
+    assert s["seqs64[rate_scale=3.0]"]["ttft"]["p99"] > s["chunked[rate_scale=3.0]"]["ttft"]["p99"]
+
+
+def check_azure_code(s: Summaries) -> None:
+    chunked, unchunked, adm = s["chunked"], s["unchunked"], s["admission-2s"]
+    for x in (chunked, unchunked):
+        assert x["num_completed"] == x["num_requests"] > 300
+        assert x["ttft"]["p99"] > 5.0  # the burst queues seconds of prefill
+    # decodes stall behind whole prompts without chunking
+    assert unchunked["tpot"]["p99"] > 5 * chunked["tpot"]["p99"]
+    # admission control refuses some of the burst and bounds the wait of the rest
+    assert adm["num_rejected"] > 0
+    assert adm["num_completed"] + adm["num_rejected"] == adm["num_requests"]
+    assert adm["queue"]["p99"] <= 2.5  # max_queue_delay 2 s, checked at step boundaries
+    assert adm["ttft"]["p99"] < chunked["ttft"]["p99"] / 2
+    assert adm["goodput"] > chunked["goodput"]
+
+
+# file stem -> (overrides that scale it down, checks)
+CASES: dict[str, tuple[dict, Callable[[Summaries], None]]] = {
+    "naive-vs-continuous": ({"workload.num_requests": 200}, check_naive_vs_continuous),
+    "memory-ceiling": ({"workload.num_requests": 80}, check_memory_ceiling),
+    "mooncake-long-context": ({"workload.arrival.end": 200}, check_mooncake),
+    "azure-conv": ({"workload.arrival.end": 60}, check_azure_conv),
+    # the largest burst of the first 20 minutes lies in this minute
+    "azure-code-bursty": ({"workload.arrival.start": 840, "workload.arrival.end": 900}, check_azure_code),
+}
+
+
+def _check_invariants(name: str, s: dict) -> None:
+    n = s["num_requests"]
+    assert s["num_completed"] + s["num_rejected"] + s["num_failed"] == n, name
+    assert s["num_completed"] > 0, name
+    for metric in ("ttft", "tpot", "e2el", "queue"):
+        for key, v in s[metric].items():
+            assert math.isfinite(v) and v >= 0, (name, metric, key, v)
+    assert s["ttft"]["p50"] <= s["ttft"]["p99"] and s["ttft"]["p99"] <= s["e2el"]["p99"] + 1e-9, name
+    assert 0 <= s["kv_usage"]["mean"] <= s["kv_usage"]["max"] <= 1 + 1e-9, name
+    assert 0 < s["mfu"] < 1, name
+    assert 0 < s["busy_fraction"] <= 1 + 1e-9, name
+    assert 0 <= s["slo_attainment"] <= 1, name
+    assert isinstance(bottleneck(s), str)
+
+
+@pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
+def test_scenario_file(path: Path) -> None:
+    if path.stem not in CASES:
+        pytest.fail(f"{path.name} has no scaled-down setting and checks in tests/test_scenarios.py CASES")
+    overrides, check = CASES[path.stem]
+    scenario, raw = load_scenario(path, overrides)
+    assert scenario.name == path.stem
+    assert scenario.description
+    run = run_scenario(scenario, raw, source=str(path))
+    for name, s in run.summaries.items():
+        _check_invariants(name, s)
+    check(run.summaries)
+
+
+def test_every_scenario_has_a_case() -> None:
+    assert {p.stem for p in FILES} == set(CASES)
+
+
+@pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
+def test_scenario_files_are_documented(path: Path) -> None:
+    """A file explains itself in comments and states its measured full-size run time."""
+    text = path.read_text()
+    comments = [line for line in text.splitlines() if line.lstrip().startswith("#")]
+    assert len(comments) >= 5
+    assert any("Full size" in c and " s " in c + " " for c in comments)
+
+
+# ---- determinism ----------------------------------------------------------------------------------------------
+RUN_FILES = ("summary.json", "requests.csv", "steps.csv")
+
+
+@pytest.mark.parametrize(
+    "stem,args",
+    [
+        ("naive-vs-continuous", ["-n", "60"]),
+        ("memory-ceiling", ["-n", "15"]),  # preemptions and rejections
+        ("mooncake-long-context", ["--set", "workload.arrival.end=20"]),  # trace replay with prefix hashes
+    ],
+)
+def test_same_seed_same_run_folder(tmp_path: Path, stem: str, args: list[str]) -> None:
+    runner = CliRunner()
+    outs = []
+    for k in range(2):
+        out = tmp_path / f"run{k}"
+        res = runner.invoke(app, ["run", str(SCENARIOS / f"{stem}.yaml"), "--out", str(out), "-q", *args])
+        assert res.exit_code == 0, res.output
+        outs.append(out)
+    for f in RUN_FILES:
+        assert (outs[0] / f).read_bytes() == (outs[1] / f).read_bytes(), f
+
+
+def test_other_seed_other_workload(tmp_path: Path) -> None:
+    runs = []
+    for seed in (0, 1):
+        sc, raw = load_scenario(SCENARIOS / "naive-vs-continuous.yaml", {"workload.num_requests": 30, "seed": seed})
+        runs.append(write_scenario_run(run_scenario(sc, raw), tmp_path / f"seed{seed}"))
+    assert (runs[0] / "requests.csv").read_bytes() != (runs[1] / "requests.csv").read_bytes()
+
+
+# ---- JSON Schema ----------------------------------------------------------------------------------------------
+def test_schema_command_prints_json_schema() -> None:
+    res = CliRunner().invoke(app, ["schema"])
+    assert res.exit_code == 0
+    schema = json.loads(res.stdout)
+    assert schema == json.loads(json.dumps(json_schema()))
+    assert schema["type"] == "object"
+    assert "workload" in schema["required"]
+    assert {"workload", "deployment", "kv_cache", "policy", "admission", "slos", "variants", "sweep"} <= set(
+        schema["properties"]
+    )
+    assert schema["additionalProperties"] is False
+    jsonschema = pytest.importorskip("jsonschema")
+    jsonschema.Draft202012Validator.check_schema(schema)
+    validator = jsonschema.Draft202012Validator(schema)
+    for path in FILES:  # what editors check against accepts every shipped file...
+        validator.validate(yaml.safe_load(path.read_text()))
+    bad = yaml.safe_load((SCENARIOS / "naive-vs-continuous.yaml").read_text())
+    bad["deployment"]["bogus"] = 1  # ...and flags an unknown key
+    assert not validator.is_valid(bad)
+
+
+# ---- sweeps ---------------------------------------------------------------------------------------------------
+SWEEP = """
+name: sweep-test
+seed: 3
+workload:
+  arrival: {type: poisson, rate: 20}
+  num_requests: 30
+  prompt_len: {type: uniform, low: 50, high: 300}
+  output_len: {type: uniform, low: 5, high: 40}
+deployment: {model: llama-3.2-1b, gpu: l4, max_model_len: 1024}
+slos: {ttft: 0.5}
+variants:
+  - name: continuous
+  - name: chunked
+    policy: {type: continuous, enable_chunked_prefill: true, max_num_batched_tokens: 256}
+sweep:
+  policy.max_num_seqs: [2, 8]
+  workload.arrival.rate: [5, 20]
+"""
+
+
+def test_sweep_rows(tmp_path: Path) -> None:
+    path = tmp_path / "sweep.yaml"
+    path.write_text(SWEEP)
+    out = tmp_path / "out"
+    res = CliRunner().invoke(app, ["run", str(path), "--out", str(out), "-q"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads((out / "summary.json").read_text())
+    expected = [
+        f"{v}[max_num_seqs={m},rate={r}]" for m in (2, 8) for r in (5, 20) for v in ("continuous", "chunked")
+    ]
+    assert list(doc["variants"]) == expected
+    rows = doc["scenario"]["sweep_points"]
+    assert [r["name"] for r in rows] == expected
+    assert {(r["variant"], r["policy.max_num_seqs"], r["workload.arrival.rate"]) for r in rows} == {
+        (v, m, r) for m in (2, 8) for r in (5, 20) for v in ("continuous", "chunked")
+    }
+    for name in expected:
+        assert doc["variants"][name]["num_requests"] == 30
+    # one row per run in the CSVs too
+    with open(out / "requests.csv", newline="") as f:
+        variants_in_csv = {row["variant"] for row in csv.DictReader(f)}
+    assert variants_in_csv == set(expected)
+    # the point's values reached the policy that ran: a cap of 2 keeps batches at 2 or below
+    for name in expected:
+        if "max_num_seqs=2" in name:
+            assert doc["variants"][name]["mean_batch_size"] <= 2
+
+
+def test_sweep_applies_to_the_default_policy(tmp_path: Path) -> None:
+    """A sweep over policy.* works when the file leaves the policy at its default (no policy section)."""
+    raw = yaml.safe_load(SWEEP)
+    raw["variants"] = [{"name": "continuous"}]
+    raw["sweep"] = {"policy.max_num_seqs": [1, 4]}
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    sc, raw = load_scenario(path)
+    run = run_scenario(sc, raw, source=str(path))
+    assert list(run.summaries) == ["continuous[max_num_seqs=1]", "continuous[max_num_seqs=4]"]
+    assert [r.config["policy"]["max_num_seqs"] for r in run.results] == [1, 4]
+    assert [r.config["policy"]["type"] for r in run.results] == ["continuous", "continuous"]
+    assert run.summaries["continuous[max_num_seqs=1]"]["mean_batch_size"] <= 1
+
+
+def test_sweep_changes_only_the_sections_that_have_the_key(tmp_path: Path) -> None:
+    """policy.max_num_seqs sweeps the continuous variant; the static variant has no such key and runs unchanged."""
+    raw = yaml.safe_load(SWEEP)
+    raw["variants"] = [
+        {"name": "naive", "policy": {"type": "static", "batch_size": 4}, "kv_cache": {"type": "contiguous"}},
+        {"name": "continuous"},
+    ]
+    raw["sweep"] = {"policy.max_num_seqs": [1, 4]}
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    sc, raw = load_scenario(path)
+    run = run_scenario(sc, raw, source=str(path))
+    s = run.summaries
+    assert list(s) == ["naive[max_num_seqs=1]", "continuous[max_num_seqs=1]", "naive[max_num_seqs=4]",
+                       "continuous[max_num_seqs=4]"]
+    same = [json.dumps(s[f"naive[max_num_seqs={m}]"], sort_keys=True) for m in (1, 4)]
+    assert same[0] == same[1]
+    assert s["continuous[max_num_seqs=1]"]["mean_batch_size"] <= 1 < s["continuous[max_num_seqs=4]"]["mean_batch_size"]
