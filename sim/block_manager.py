@@ -230,11 +230,23 @@ class PagedBlockManager:
 
     def allocate(self, req: Request, num_new_tokens: int) -> int:
         """Make room for ``num_new_tokens`` more tokens. A request that holds no KV first takes its prefix-cache
-        hits, which advances its ``num_computed_tokens``. Returns the number of cached tokens it got."""
+        hits, which advances its ``num_computed_tokens``; hits the caller did not count (a request with the same
+        prefix allocated just before) shorten ``num_new_tokens`` to what is left. Returns the cached tokens it got."""
         table = self.tables.get(req.id)
         hit_tokens = 0
         if table is None:
             hits = self._hits(req)
+            bs = self.block_size
+            c = req.num_computed_tokens
+            if hits and len(hits) * bs > c:
+                hit_tokens = len(hits) * bs
+                num_new_tokens = min(num_new_tokens, req.num_tokens - hit_tokens)
+                c = hit_tokens
+            # check before changing anything, so that a failed allocation leaves no trace
+            revived = sum(1 for b in hits if self.ref_count[b] == 0)
+            need = cdiv(c + num_new_tokens, bs) - len(hits) + revived
+            if need > self._num_free:
+                raise BlockError(f"request {req.id} needs {need} blocks, {self._num_free} free")
             if self.enable_prefix_caching and req.spec.hash_ids:
                 self.num_queried_tokens += req.num_tokens
             table = []
@@ -244,13 +256,9 @@ class PagedBlockManager:
                     self._num_free -= 1
                 self.ref_count[b] += 1
                 table.append(b)
-            if hits:
-                hit_tokens = len(hits) * self.block_size
-                if hit_tokens > req.num_computed_tokens:
-                    self.num_hit_tokens += hit_tokens - req.num_computed_tokens
-                    req.num_computed_tokens = hit_tokens
-                else:
-                    hit_tokens = 0
+            if hit_tokens:
+                self.num_hit_tokens += hit_tokens - req.num_computed_tokens
+                req.num_computed_tokens = hit_tokens
             self.tables[req.id] = table
         c0 = req.num_computed_tokens
         total = c0 + num_new_tokens

@@ -332,16 +332,23 @@ class ServingCore:
         kv_read = attn = (g.ctx + group_size) if group_size else 0
         max_c = 0
         bs = kv.block_size
+        clamped: list[tuple[Request, int]] = []
         for r, n in plan.scheduled:
+            planned_n = n
             st = r.status
             if st is Status.WAITING:
                 self.waiting.remove(r)
                 self._admit(r)
                 c_before = r.num_computed_tokens
                 try:
-                    kv.allocate(r, n)
+                    # prefix-cache hits the policy could not see (a request with the same prefix admitted
+                    # earlier in this very plan) shorten the work, as in vLLM
+                    if kv.allocate(r, n):
+                        n = min(n, r.num_tokens - r.num_computed_tokens)
                 except BlockError as e:
                     raise PlanError(f"plan admits request {r.id} past the free KV: {e}") from e
+                if n != planned_n:
+                    clamped.append((r, n))
                 # prefix-cache hits count as computed tokens the request now holds
                 self.kv_tokens += r.num_computed_tokens - c_before
                 self.filled_blocks += cdiv(r.num_computed_tokens, bs) - cdiv(c_before, bs)
@@ -370,6 +377,9 @@ class ServingCore:
                 max_n = n
             if c > max_c:
                 max_c = c
+        if clamped:  # the step computes what the requests really need
+            fix = {id(r): n for r, n in clamped}
+            plan.scheduled = [(r, fix.get(id(r), n)) for r, n in plan.scheduled]
         num_scheduled = len(plan.scheduled) + group_size
         if len({id(r) for r, _ in plan.scheduled}) != len(plan.scheduled):
             raise PlanError("plan schedules a request twice")
@@ -611,13 +621,13 @@ class ServingCore:
                     self._drop_kv(r)
                     self._finish(r, end, Outcome.COMPLETED, "")
                 m = len(members)
-                if not keep_going or not m:
-                    break
-                plan = _STEADY_PLAN
                 used = kv.num_used_blocks
                 filled, kv_tokens = self.filled_blocks, self.kv_tokens
                 n_run = len(running)
                 ctx = g.ctx
+                if not keep_going or not m:
+                    break
+                plan = _STEADY_PLAN
         g.steps, g.ctx, g.prev_end = steps, ctx, prev_end
         self.filled_blocks, self.kv_tokens = filled, kv_tokens
         if not taken:

@@ -68,11 +68,11 @@ class Admission:
         if self.max_queue_delay is None:
             return []
         out: list[tuple[Request, str]] = []
-        limit = view.now - self.max_queue_delay
+        delay, now = self.max_queue_delay, view.now
         for r in view.waiting:  # FCFS, so the never-scheduled ones are in arrival order
             if r.first_scheduled >= 0:
                 continue  # preempted, not new: it has been admitted once
-            if r.arrival > limit:
+            if r.arrival + delay > now:  # the same sum as ``deadline``, so the wake-up time rejects it
                 break
             out.append((r, f"waited longer than max_queue_delay {self.max_queue_delay} s"))
         return out

@@ -104,7 +104,9 @@ class ContinuousPolicy:
         group = view.group.size if plan.decode_group else 0
         for r in view.swapped:
             n = r.num_remaining
-            if len(plan.scheduled) + group >= self.limits.max_num_seqs or n > tokens:
+            if self.enable_chunked_prefill:
+                n = min(n, tokens)  # a request swapped out mid-prompt resumes chunk by chunk
+            if len(plan.scheduled) + group >= self.limits.max_num_seqs or n > tokens or n < 1:
                 break
             if not budget.swap_in(r):
                 break

@@ -50,7 +50,7 @@ class StaticPolicy:
     def _schedule(self, view: View) -> Plan:
         plan = Plan(reject=self.admission.rejections(view), pad_to_longest=True)
         budget = view.budget()
-        if view.running:  # the batch in flight runs to completion
+        if view.running or view.swapped:  # the batch in flight runs to completion
             taken: set[int] = set()
             candidates, _ = plan_group(view, plan, budget, 1 << 62)
             for r in candidates:
@@ -59,6 +59,16 @@ class StaticPolicy:
                 n = r.num_remaining
                 if preempt_for(r, n, view.running, budget, plan, self.preemption_mode, taken):
                     taken.add(r.id)
+                    plan.scheduled.append((r, n))
+            if not plan.preempt:  # members of the batch swapped out come back as room allows
+                for r in view.swapped:
+                    n = r.num_remaining
+                    if not budget.swap_in(r):
+                        break
+                    if not budget.allocate(r, n):
+                        budget.release(r)
+                        break
+                    plan.swap_in.append(r)
                     plan.scheduled.append((r, n))
             group = view.group.size if plan.decode_group else 0
             plan.padded_rows = max(0, self._rows - len(plan.scheduled) - group)
@@ -71,7 +81,7 @@ class StaticPolicy:
         if not full and view.now < queued[0].arrival + self.max_wait:
             return plan  # keep waiting for a full batch
         for r in queued[: self.batch_size]:
-            n = r.num_remaining
+            n = r.num_tokens - max(r.num_computed_tokens, view.kv.num_cached_tokens(r))
             if not budget.allocate(r, n):
                 break
             plan.scheduled.append((r, n))
