@@ -364,19 +364,31 @@ class PagedBlockManager:
 class PagedBudget:
     """Free-block arithmetic for planning a step against a ``PagedBlockManager``."""
 
-    __slots__ = ("_m", "free", "cpu_free", "_planned")
+    __slots__ = ("_m", "free", "cpu_free", "_planned", "_released")
 
     def __init__(self, m: PagedBlockManager) -> None:
         self._m = m
         self.free = m.num_free_blocks
         self.cpu_free = m.num_free_cpu_blocks
         self._planned: dict[int, int] = {}  # request id -> tokens planned this step
+        self._released: dict[int, int] = {}  # block -> references the planned preemptions drop (prefix caching)
+
+    def _refs(self, b: int) -> int:
+        return self._m.ref_count[b] - self._released.get(b, 0)
+
+    def _needed(self, req: Request, num_new_tokens: int) -> int:
+        m = self._m
+        if not m.enable_prefix_caching or req.id in m.tables or req.id in m.cpu_tables or not self._released:
+            return m.blocks_needed(req, num_new_tokens)
+        # a hit on a block that this plan's preemptions release is no longer shared: reviving it costs a block
+        hits = m._hits(req)
+        computed = max(req.num_computed_tokens, len(hits) * m.block_size)
+        return cdiv(computed + num_new_tokens, m.block_size) - sum(1 for b in hits if self._refs(b) > 0)
 
     def allocate(self, req: Request, num_new_tokens: int) -> bool:
         planned = self._planned.get(req.id, 0)
-        m = self._m
-        before = m.blocks_needed(req, planned) if planned else 0
-        need = m.blocks_needed(req, planned + num_new_tokens) - before
+        before = self._needed(req, planned) if planned else 0
+        need = self._needed(req, planned + num_new_tokens) - before
         if need > self.free:
             return False
         self.free -= need
@@ -387,7 +399,11 @@ class PagedBudget:
         m = self._m
         table = m.tables.get(req.id, ())
         if m.enable_prefix_caching:
-            self.free += sum(1 for b in table if m.ref_count[b] == 1)
+            released = self._released
+            for b in table:  # a block comes free when the last of its references goes
+                released[b] = released.get(b, 0) + 1
+                if m.ref_count[b] == released[b]:
+                    self.free += 1
         else:
             self.free += len(table)
         planned = self._planned.pop(req.id, 0)
