@@ -1,0 +1,80 @@
+"""Shared helpers for the serving-core tests: tiny deterministic cost models and a one-call simulation."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from sim.block_manager import PagedBlockManager
+from sim.core import ServingCore
+from sim.records import RunResult
+from sim.request import Request, RequestSpec
+from sim.simulator import ClosedLoopPlan, Simulation, result_of
+
+
+class LinearCost:
+    """Step time linear in the shape; works on ints and on numpy arrays (the fast-forward path)."""
+
+    peak_flops = 1e12
+
+    def step_time(self, s):
+        return 0.005 + 2e-5 * s.num_tokens + 1e-8 * s.kv_read_tokens + 1e-4 * s.swap_blocks
+
+    def step_flops(self, s):
+        return 2e6 * (s.num_tokens - s.num_padding_tokens) + 0.0
+
+
+@dataclass(frozen=True)
+class ConstCost:
+    """Every step takes ``d`` seconds, whatever its shape."""
+
+    d: float = 1.0
+    peak_flops: float = 1e12
+
+    def step_time(self, s):
+        n = s.num_tokens
+        return self.d if np.ndim(n) == 0 else np.full(np.shape(n), self.d)
+
+    def step_flops(self, s):
+        return 2e6 * (s.num_tokens - s.num_padding_tokens) + 0.0
+
+
+@dataclass
+class Run:
+    sim: Simulation
+    core: ServingCore
+    result: RunResult
+
+    @property
+    def requests(self) -> dict[int, Request]:
+        return {r.id: r for r in self.sim.requests}
+
+
+def simulate(
+    specs: Sequence[RequestSpec],
+    policy,
+    kv=None,
+    *,
+    cost=None,
+    fast: bool = True,
+    closed_loop: ClosedLoopPlan | None = None,
+    keep_token_times: bool = True,
+    record_plans: bool = True,
+) -> Run:
+    """Run one replica to the end; ``fast=False`` turns off both the core's fast path and fast-forwarding."""
+    kv = kv if kv is not None else PagedBlockManager(1024, 16)
+    cost = cost if cost is not None else LinearCost()
+    core = ServingCore(
+        policy, kv, fast_path=fast, keep_token_times=keep_token_times, record_plans=record_plans
+    )
+    sim = Simulation(specs, [(core, cost)], closed_loop=closed_loop, fast_forward=fast)
+    sim.run()
+    return Run(sim, core, result_of("test", sim.requests, core, cost))
+
+
+def sorted_plans(core: ServingCore) -> list[tuple[tuple[int, int], ...]]:
+    """Recorded plans with each step's entries in request-id order (the order within a step is not behaviour)."""
+    assert core.plans is not None
+    return [tuple(sorted(p)) for p in core.plans]
