@@ -478,6 +478,26 @@ class ServingCore:
             self.on_finish(r)
 
     # ---- many steps at once --------------------------------------------------------------------------------------
+    def _predict(self, k: int, pad: int) -> tuple[list[int], list[int]]:
+        """Rows and attended tokens of the decode group's next ``k`` steps, members leaving after the step that
+        samples their last token."""
+        g = self.group
+        j0 = g.steps
+        rows_l = [0] * k
+        read_l = [0] * k
+        size, ctx = g.size, g.ctx
+        finish_at = g.finish_at
+        for i in range(k):
+            rows_l[i] = size + pad
+            read_l[i] = ctx + size
+            ctx += size
+            leaving = finish_at.get(j0 + 1 + i)
+            if leaving:
+                size -= len(leaving)
+                steps = j0 + 1 + i
+                ctx -= sum(r.num_computed_tokens + steps - r.group_base for r in leaving)
+        return rows_l, read_l
+
     def fast_forward(
         self, now: float, horizon: float, cost, *, finishes: bool = True
     ) -> tuple[list[float], float] | None:
@@ -486,7 +506,7 @@ class ServingCore:
         step that would end at or after ``horizon`` (the next event from outside, such as an arrival) or when the
         policy must be asked again; ``finishes=False`` also stops before a step in which a request completes
         (when a completion can start an outside event, such as a closed-loop user's next request). Returns
-        (step durations, end of the last step), or None when fewer than two steps qualify."""
+        (step durations, end of the last step), or None when no step qualifies."""
         g = self.group
         if g is None or now >= horizon or self._plan_without_policy(now) is None:
             return None
@@ -506,22 +526,16 @@ class ServingCore:
             first = cost.step_time(StepShape(g.size + pad, g.size + pad, g.size + pad, g.ctx + g.size, g.ctx + g.size, pad, 0))
             last = min(last, j0 + int((horizon - now) / max(first, 1e-9)) + 2)
         k = last - j0
-        if k < 2:
+        if k < 1:
             return None
         # predict each step's rows and attended tokens (members leave after their finishing step)
-        rows_l = [0] * k
-        read_l = [0] * k
         size, ctx = g.size, g.ctx
         finish_at = g.finish_at
-        for i in range(k):
-            rows_l[i] = size + pad
-            read_l[i] = ctx + size
-            ctx += size
-            leaving = finish_at.get(j0 + 1 + i)
-            if leaving:
-                size -= len(leaving)
-                steps = j0 + 1 + i
-                ctx -= sum(r.num_computed_tokens + steps - r.group_base for r in leaving)
+        if not finish_at or min(finish_at) > j0 + k:  # nobody leaves: constant rows, evenly growing context
+            rows_l = [size + pad] * k
+            read_l = list(range(ctx + size, ctx + size * (k + 1), size)) if size else [ctx] * k
+        else:
+            rows_l, read_l = self._predict(k, pad)
         decode_steps = getattr(cost, "decode_steps", None)
         if k <= _SCALAR_BELOW and decode_steps is not None and not pad:
             durations, flops = decode_steps(rows_l, read_l)  # numpy's per-call overhead outweighs a short loop
@@ -571,7 +585,7 @@ class ServingCore:
         n_run, n_wait, n_swap = len(running), len(waiting), len(swapped)
         steps, ctx, prev_end = g.steps, g.ctx, g.prev_end
         ends = g.ends
-        taken: list[float] = []
+        taken = 0
         t = now
         for i in range(k):
             d = durations[i]
@@ -606,10 +620,10 @@ class ServingCore:
             if ends is not None:
                 ends.append(end)
             rows_append(
-                (t, end - t, m, 0, 0, m, 0, used, max(0, used - filled), kv_tokens,
+                (t, end - t, m, 0, 0, m, 0, used, used - filled if used > filled else 0, kv_tokens,
                  num_blocks, n_run, n_wait, n_swap, 0, 0, 0, flops[i])
             )
-            taken.append(d)
+            taken += 1
             t = end
             finished = finish_at.pop(steps, None)
             if finished:
@@ -632,7 +646,7 @@ class ServingCore:
         self.filled_blocks, self.kv_tokens = filled, kv_tokens
         if not taken:
             return None
-        return taken, t
+        return durations[:taken], t
 
 
 def _admit_order(r: Request) -> int:
