@@ -155,10 +155,6 @@ class ServingCore:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self.swapped)
 
-    @property
-    def num_unfinished(self) -> int:
-        return len(self.waiting) + len(self.running) + len(self.swapped)
-
     def wake_time(self, now: float) -> float | None:
         self._view.now = now
         return self.policy.wake_time(self._view)

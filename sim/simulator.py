@@ -51,7 +51,6 @@ class Replica:
         self.core = core
         self.cost = cost
         self.index = index
-        self.busy_until = 0.0
         self._idle: simpy.Event | None = None
         self.closed = False  # no more arrivals will come
         self.process = env.process(self._loop())
@@ -80,7 +79,6 @@ class Replica:
                     else:  # the clock must land on exactly the same float as step by step
                         for d in durations:
                             yield env.timeout(d)
-                    self.busy_until = env.now
                     continue
             batch = core.schedule(env.now)
             if batch is None:
@@ -97,7 +95,6 @@ class Replica:
             duration = float(step_time(batch.shape))
             flops = float(step_flops(batch.shape))
             yield env.timeout(duration)
-            self.busy_until = env.now
             core.complete(batch, env.now, flops)
 
 

@@ -115,16 +115,6 @@ class Plan:
     pad_to_longest: bool = False  # every row computes as many tokens as the longest row (padded prefill)
     decode_group: bool = False  # every member of the core's decode group computes one token
 
-    @property
-    def is_decode_only(self) -> bool:
-        """Every scheduled request computes exactly one token and nothing else happens: the shape the decode
-        fast path may repeat."""
-        return (
-            bool(self.scheduled or self.decode_group)
-            and not (self.preempt or self.swap_in or self.reject)
-            and all(n == 1 for _, n in self.scheduled)
-        )
-
 
 class Policy(Protocol):
     """A scheduling policy. ``limits`` are checked by the core against every plan."""
