@@ -143,6 +143,18 @@ def plan_group(view: View, plan: Plan, budget: KVBudget, tokens: int) -> tuple[l
     return view.running, tokens
 
 
+def swap_back(r: Request, n: int, budget: KVBudget, plan: Plan) -> bool:
+    """Plan bringing a swapped request back and computing ``n`` of its tokens, if the KV allows."""
+    if not budget.swap_in(r):  # type: ignore[attr-defined]
+        return False
+    if not budget.allocate(r, n):
+        budget.release(r)
+        return False
+    plan.swap_in.append(r)
+    plan.scheduled.append((r, n))
+    return True
+
+
 def preempt_for(
     req: Request,
     n: int,

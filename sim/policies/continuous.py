@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from sim.policies.base import Admission, Limits, Plan, View, plan_group, preempt_for
+from sim.policies.base import Admission, Limits, Plan, View, plan_group, preempt_for, swap_back
 
 
 @dataclass(slots=True)
@@ -108,13 +108,8 @@ class ContinuousPolicy:
                 n = min(n, tokens)  # a request swapped out mid-prompt resumes chunk by chunk
             if len(plan.scheduled) + group >= self.limits.max_num_seqs or n > tokens or n < 1:
                 break
-            if not budget.swap_in(r):
+            if not swap_back(r, n, budget, plan):
                 break
-            if not budget.allocate(r, n):
-                budget.release(r)
-                break
-            plan.swap_in.append(r)
-            plan.scheduled.append((r, n))
             tokens -= n
         return tokens
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from sim.policies.base import Admission, Limits, Plan, View, plan_group, preempt_for
+from sim.policies.base import Admission, Limits, Plan, View, plan_group, preempt_for, swap_back
 
 
 @dataclass(slots=True)
@@ -62,14 +62,8 @@ class StaticPolicy:
                     plan.scheduled.append((r, n))
             if not plan.preempt:  # members of the batch swapped out come back as room allows
                 for r in view.swapped:
-                    n = r.num_remaining
-                    if not budget.swap_in(r):
+                    if not swap_back(r, r.num_remaining, budget, plan):
                         break
-                    if not budget.allocate(r, n):
-                        budget.release(r)
-                        break
-                    plan.swap_in.append(r)
-                    plan.scheduled.append((r, n))
             group = view.group.size if plan.decode_group else 0
             plan.padded_rows = max(0, self._rows - len(plan.scheduled) - group)
             return plan
