@@ -104,6 +104,7 @@ class ServingCore:
         self._dirty = True  # something the policy has not seen happened (arrival, finish, abort, join)
         self._repeatable: Plan | None = None  # a group-only plan the policy would give again
         self._deadline: float | None = None  # the policy's wake time when it last planned
+        self.overshot = False  # the last fast_forward took the step during which its horizon fell
         # running requests outside the decode group, in admission order (the same list as running without one)
         self.outside: list[Request] = [] if self.group is not None else self.running
         self._view = View(0.0, self.waiting, self.running, self.swapped, kv, self.limits, self.group, self.outside)
@@ -495,14 +496,20 @@ class ServingCore:
         return rows_l, read_l
 
     def fast_forward(
-        self, now: float, horizon: float, cost, *, finishes: bool = True
+        self, now: float, horizon: float, cost, *, finishes: bool = True, overshoot: bool = False
     ) -> tuple[list[float], float] | None:
         """Take several group-only steps at once: price them with one vectorised cost-model call, then apply them
         through ``schedule``/``complete`` (so the records are identical to stepping one by one). Stops before any
         step that would end at or after ``horizon`` (the next event from outside, such as an arrival) or when the
         policy must be asked again; ``finishes=False`` also stops before a step in which a request completes
-        (when a completion can start an outside event, such as a closed-loop user's next request). Returns
-        (step durations, end of the last step), or None when no step qualifies."""
+        (when a completion can start an outside event, such as a closed-loop user's next request).
+
+        ``overshoot=True`` also takes the step during which the horizon falls, when the event there is an
+        arrival: an arrival during a step only joins the queue, which nothing in the step reads, so the step can
+        be applied before the executor's clock reaches the arrival. The step's row then records the queue
+        length before the arrival; the executor corrects it with ``steps.set_last_waiting`` once the clock has
+        caught up (stepping one by one records the queue at the step's end). Returns (step durations, end of
+        the last step), or None when no step qualifies."""
         g = self.group
         if g is None or now >= horizon or self._plan_without_policy(now) is None:
             return None
@@ -583,11 +590,16 @@ class ServingCore:
         ends = g.ends
         taken = 0
         t = now
+        last = False
         for i in range(k):
             d = durations[i]
             end = t + d
-            if end >= horizon or t >= deadline:
+            if t >= deadline:
                 break
+            if end >= horizon:
+                if not overshoot:
+                    break
+                last = True  # the arrival falls in this step: take it, then stop
             crossing = buckets[steps % bs]
             nb = len(crossing)
             if nb and grows:
@@ -622,6 +634,8 @@ class ServingCore:
             taken += 1
             t = end
             finished = finish_at.pop(steps, None)
+            if last and not finished:
+                break
             if finished:
                 g.steps, g.ctx, g.prev_end = steps, ctx, prev_end
                 self.filled_blocks, self.kv_tokens = filled, kv_tokens
@@ -635,13 +649,14 @@ class ServingCore:
                 filled, kv_tokens = self.filled_blocks, self.kv_tokens
                 n_run = len(running)
                 ctx = g.ctx
-                if not keep_going or not m:
+                if last or not keep_going or not m:
                     break
                 plan = _STEADY_PLAN
         g.steps, g.ctx, g.prev_end = steps, ctx, prev_end
         self.filled_blocks, self.kv_tokens = filled, kv_tokens
         if not taken:
             return None
+        self.overshot = last
         return durations[:taken], t
 
 

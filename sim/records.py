@@ -85,6 +85,9 @@ STEP_COLUMNS: dict[str, type] = {
 _CHUNK = 1 << 16  # rows kept as Python objects before they move into numpy columns
 
 
+_WAITING = list(STEP_COLUMNS).index("num_waiting")
+
+
 class StepLog:
     """Columnar per-step log: rows appended one at a time, or many at once as numpy arrays."""
 
@@ -111,6 +114,11 @@ class StepLog:
         self._chunks.append(
             {k: np.broadcast_to(np.asarray(cols[k], dtype=t), (n,)).copy() for k, t in STEP_COLUMNS.items()}
         )
+
+    def set_last_waiting(self, num_waiting: int) -> None:
+        """Correct the queue length of the last step appended (see ``ServingCore.fast_forward``)."""
+        row = self._rows[-1]
+        self._rows[-1] = row[:_WAITING] + (num_waiting,) + row[_WAITING + 1 :]
 
     @property
     def last_duration(self) -> float:

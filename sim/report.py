@@ -1,13 +1,18 @@
 """The offline HTML report: a summary table, a bottleneck verdict per variant and plotly figures.
 
+The figures, in page order: the rows of the batch over time (``fig_batch_slots``), GPU memory as a stack of
+weights and KV (``fig_memory_stack``), utilisation on one time axis (``fig_timeline``), latency CDFs
+(``fig_latency_cdfs``), throughput and tail latency against the swept parameter when the run is a sweep
+(``fig_sweep``), and throughput over time (``fig_throughput``).
+
 Each figure comes from a ``fig_*`` function, so a notebook can show the same pictures. The page embeds
 plotly.js once (the first figure) and the later figures refer to it, so the file opens without a network.
 
 Long runs are reduced before plotting, never drawn point by point: quantities that accumulate (busy time,
 FLOPs, tokens) are integrated exactly over at most ``max_points`` windows; states (KV usage, queue length) take
-their maximum (timeline) or mean (KV memory) per window; CDFs are sampled at evenly spaced probabilities. Window
-series are written with ``x0``/``dx`` and float32 values, which keeps a 600k-step run well under 5 MB, plotly.js
-included.
+their maximum (timeline) or mean (memory) per window; CDFs are sampled at evenly spaced probabilities; the slot
+chart draws one window in which no variant starts more than ``SLOT_REQUESTS`` requests. Window series are
+written with ``x0``/``dx`` and float32 values, which keeps a 600k-step run well under 5 MB, plotly.js included.
 
 To add a section, write a builder ``(results, summaries) -> list[Section]`` and append it to ``SECTIONS`` (or
 pass ``sections=`` to ``build_report``).
@@ -15,8 +20,10 @@ pass ``sections=`` to ``build_report``).
 
 from __future__ import annotations
 
+import heapq
 import html
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,10 +31,11 @@ from pathlib import Path
 import numpy as np
 import plotly.graph_objects as go
 import plotly.io as pio
+import yaml
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
-from sim.metrics import bottleneck
+from sim.metrics import bottleneck, summarize
 from sim.output import _write_atomically, table_cells
 from sim.records import RunResult
 from sim.request import Outcome
@@ -412,6 +420,444 @@ def fig_throughput(results: list[RunResult], max_points: int = MAX_POINTS) -> go
     return fig
 
 
+# --- batch slots ------------------------------------------------------------------------------------------------
+#
+# The records do not say which row of the batch a request occupied, only when it was first scheduled and when it
+# finished. Rows are therefore reconstructed: each request holds a row over an interval, and intervals are packed
+# into rows greedily in order of their start, each taking the lowest row free at that moment. That is the
+# classic colouring of an interval graph, and it is optimal: a new row opens only when every open row is busy, so
+# the number of rows equals the most intervals that overlap at any instant, and no assignment can use fewer.
+#
+# What interval a request holds depends on the policy, which the steps log reveals. Under static batching a
+# finished request keeps its row as padding until the whole batch is done (steps log ``padded_rows > 0``); a batch
+# is the set of requests first scheduled in the same step on the same replica, and it ends with its last finish.
+# Without padded rows a request holds its row from its first scheduled step to its finish. A preempted request is
+# drawn as if it held its row throughout: the records keep no times of its eviction and return.
+
+SLOT_REQUESTS = 300  # most requests drawn per variant in the slot chart
+SLOT_PANELS = 8  # most variants (or sweep points) the slot chart draws
+
+
+@dataclass(frozen=True, slots=True)
+class SlotLayout:
+    """Every scheduled request of one run placed on a row of the batch. Arrays are aligned, one entry per request
+    that was ever scheduled, in requests.csv order."""
+
+    ids: np.ndarray  # request ids
+    start: np.ndarray  # first scheduled (s)
+    finish: np.ndarray  # last token or failure (s)
+    held_until: np.ndarray  # when its row is free again (s): the batch's end under static batching, else finish
+    row: np.ndarray  # 0-based row, replicas stacked one above the other
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray
+    num_rows: int  # rows in use at the busiest instant (replicas summed)
+    batch_held: bool  # whether rows were held to the end of a batch (padding inferred from the steps log)
+
+    def padded_rows_at(self, t: np.ndarray) -> np.ndarray:
+        """How many rows are padding (finished, still held) at each time t."""
+        t = np.asarray(t, dtype=np.float64)
+        done = np.searchsorted(np.sort(self.finish), t, side="right")
+        freed = np.searchsorted(np.sort(self.held_until), t, side="right")
+        return done - freed
+
+
+def assign_slots(start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """A row for each half-open interval [start, end), no two overlapping intervals on one row, in the fewest rows
+    possible (the most intervals alive at one instant). Greedy in order of start (ties in input order); each
+    interval takes the lowest-numbered free row. An interval with end <= start still takes a row at its start."""
+    start = np.asarray(start, dtype=np.float64)
+    end = np.maximum(np.asarray(end, dtype=np.float64), start)
+    rows = np.empty(len(start), dtype=np.int64)
+    busy: list[tuple[float, int]] = []  # (end, row) of rows in use
+    free: list[int] = []  # released rows, lowest first
+    opened = 0
+    for i in np.argsort(start, kind="stable").tolist():
+        s = start[i]
+        while busy and busy[0][0] <= s:
+            heapq.heappush(free, heapq.heappop(busy)[1])
+        if free:
+            r = heapq.heappop(free)
+        else:
+            r = opened
+            opened += 1
+        rows[i] = r
+        heapq.heappush(busy, (end[i], r))
+    return rows
+
+
+def slot_layout(result: RunResult) -> SlotLayout:
+    """Rows of the batch for one run (see the comment above ``SLOT_REQUESTS``)."""
+    reqs = [r for r in result.requests if r.first_scheduled >= 0]
+    start = np.array([r.first_scheduled for r in reqs], dtype=np.float64)
+    finish = np.maximum(np.array([r.finish for r in reqs], dtype=np.float64), start)
+    replica = np.array([r.replica for r in reqs], dtype=np.int64)
+    batch_held = bool(np.any(np.asarray(result.steps["padded_rows"]) > 0))
+    held = finish.copy()
+    if batch_held and len(reqs):
+        # a batch: the requests first scheduled in one step of one replica; it ends with its last finish
+        keys = np.stack([replica.astype(np.float64), start])
+        _, group = np.unique(keys, axis=1, return_inverse=True)
+        group = group.ravel()
+        batch_end = np.full(group.max() + 1, -np.inf)
+        np.maximum.at(batch_end, group, finish)
+        held = batch_end[group]
+    row = np.zeros(len(reqs), dtype=np.int64)
+    offset = 0
+    for rep in np.unique(replica):
+        on = replica == rep
+        row[on] = assign_slots(start[on], held[on]) + offset
+        offset = int(row[on].max()) + 1
+    return SlotLayout(
+        ids=np.array([r.id for r in reqs], dtype=np.int64),
+        start=start,
+        finish=finish,
+        held_until=held,
+        row=row,
+        prompt_tokens=np.array([r.prompt_tokens for r in reqs], dtype=np.int64),
+        output_tokens=np.array([r.output_tokens for r in reqs], dtype=np.int64),
+        num_rows=offset,
+        batch_held=batch_held,
+    )
+
+
+def _policy(result: RunResult) -> dict:
+    pol = (result.config or {}).get("policy")
+    return pol if isinstance(pol, dict) else {}
+
+
+def _slot_limit(result: RunResult) -> tuple[str, int] | None:
+    """The configured number of rows, when the run recorded its policy: batch_size or max_num_seqs."""
+    pol = _policy(result)
+    for key in ("batch_size", "max_num_seqs"):
+        if isinstance(pol.get(key), int):
+            return key, pol[key]
+    return None
+
+
+def slot_window(layouts: list[SlotLayout], max_requests: int = SLOT_REQUESTS) -> float:
+    """The end of the common time window [0, t] in which no run starts more than max_requests requests: the
+    earliest time at which some run starts its request number max_requests + 1 (the end of the runs when none
+    does)."""
+    ends = [float(lay.held_until.max()) for lay in layouts if len(lay.start)]
+    t_end = max(ends, default=1.0)
+    for lay in layouts:
+        if len(lay.start) > max_requests:
+            t_end = min(t_end, float(np.sort(lay.start)[max_requests]))
+    return t_end
+
+
+SLOT_COLORS = qualitative.D3  # one colour per request, cycling: neighbours in a row differ
+PAD_COLOR = "#bbbbbb"
+
+
+def fig_batch_slots(
+    results: list[RunResult], max_requests: int = SLOT_REQUESTS, t_end: float | None = None
+) -> go.Figure:
+    """Rows of the batch over time, one panel per variant on one shared time axis: a coloured bar per request
+    from its first scheduled step to its finish, grey hatched bars where a finished request still holds its row
+    (static batching's padding), blank where a row is idle. Draws the window [0, t_end] (default: the longest
+    window in which no variant starts more than max_requests requests); bars are cut at its end."""
+    layouts = [slot_layout(r) for r in results]
+    t_end = slot_window(layouts, max_requests) if t_end is None else float(t_end)
+    titles = []
+    shown: list[np.ndarray] = []
+    for res, lay in zip(results, layouts):
+        keep = lay.start < t_end
+        shown.append(keep)
+        rows = f"{lay.num_rows} rows at the busiest instant"
+        limit = _slot_limit(res)
+        if limit is not None:
+            rows += f"; {limit[0]}={limit[1]}"
+        titles.append(f"{res.name}: {int(keep.sum())} of {len(lay.start)} scheduled requests drawn; {rows}")
+    heights = []
+    for res, lay, keep in zip(results, layouts, shown):
+        top = int(lay.row[keep].max()) + 1 if keep.any() else 1
+        limit = _slot_limit(res)
+        if limit is not None and limit[0] == "batch_size":
+            top = max(top, limit[1])  # the empty rows of a partial batch are idle slots too
+        heights.append(top)
+    fig = make_subplots(
+        rows=len(results),
+        cols=1,
+        shared_xaxes=True,
+        vertical_spacing=min(0.08, 0.3 / max(len(results), 1)),
+        subplot_titles=titles,
+        row_heights=[h + 4 for h in heights],
+    )
+    for i, (res, lay, keep, top) in enumerate(zip(results, layouts, shown, heights), start=1):
+        s = lay.start[keep]
+        f = np.minimum(lay.finish[keep], t_end)
+        h = np.minimum(lay.held_until[keep], t_end)
+        colors = [SLOT_COLORS[k % len(SLOT_COLORS)] for k in lay.ids[keep].tolist()]
+        custom = np.stack(
+            [lay.ids[keep], lay.prompt_tokens[keep], lay.output_tokens[keep]], axis=1
+        ).astype(np.int32)
+        fig.add_trace(
+            go.Bar(
+                name="request",
+                legendgroup="request",
+                showlegend=i == 1,
+                orientation="h",
+                base=s.astype(np.float32),
+                x=(f - s).astype(np.float32),
+                y=lay.row[keep].astype(np.int32),
+                width=0.85,
+                marker=dict(color=colors, line=dict(width=0)),
+                customdata=custom,
+                hovertemplate="request %{customdata[0]}: %{customdata[1]} prompt, %{customdata[2]} output tokens"
+                "<br>%{base:.3f} s to %{x:.3f} s later<extra></extra>",
+            ),
+            row=i,
+            col=1,
+        )
+        pad = h > f
+        if pad.any():
+            fig.add_trace(
+                go.Bar(
+                    name="padding: finished, row still held",
+                    legendgroup="padding",
+                    showlegend=True,
+                    orientation="h",
+                    base=f[pad].astype(np.float32),
+                    x=(h[pad] - f[pad]).astype(np.float32),
+                    y=lay.row[keep][pad].astype(np.int32),
+                    width=0.85,
+                    marker=dict(color="white", line=dict(width=0), pattern=dict(shape="/", fgcolor=PAD_COLOR)),
+                    hovertemplate="padding row %{y}: %{x:.3f} s<extra></extra>",
+                ),
+                row=i,
+                col=1,
+            )
+        fig.update_yaxes(
+            title_text="row", range=[top - 0.5, -0.5], showgrid=False, zeroline=False, row=i, col=1
+        )
+    fig.update_xaxes(range=[0.0, t_end], row=len(results), col=1, title_text="time (s)")
+    fig.update_layout(
+        template=TEMPLATE,
+        barmode="overlay",
+        bargap=0,
+        hovermode="closest",
+        height=int(min(1600, 140 + sum(max(120.0, 9.0 * (h + 4)) for h in heights))),
+        title=dict(
+            text=f"Batch slots over the first {t_end:.4g} s (at most {max_requests} requests per variant)",
+            x=0.01,
+            xanchor="left",
+        ),
+        margin=dict(t=90),
+        legend=dict(orientation="h", yref="container", y=0.995, yanchor="top", x=1.0, xanchor="right"),
+    )
+    return fig
+
+
+# --- GPU memory stack -----------------------------------------------------------------------------------------
+
+MEMORY_LAYERS = (
+    ("weights", "model weights", "#7f7f7f"),
+    ("kv_stored", "KV: tokens stored", "#1f77b4"),
+    ("kv_slack", "KV: empty tail of partly filled blocks", "#9ecae1"),
+    ("kv_reserved", "KV: reserved blocks, still empty", "#ff7f0e"),
+    ("kv_free", "KV: free blocks", "#e8f4e8"),
+)
+
+
+def memory_layers(result: RunResult) -> tuple[dict[str, np.ndarray], float, str]:
+    """Per step (sorted by start), the memory the run's GPUs hold, as the layers of ``MEMORY_LAYERS``; with the
+    unit's scale and name (GiB when the run knows its bytes per block, else KV blocks with no weights layer).
+
+    The KV pool splits exactly: stored tokens + the rest of their blocks + reserved empty blocks + free blocks =
+    capacity. With prefix caching a shared token counts once per request that uses it, so the stored layer is
+    capped at the room of the blocks that hold tokens."""
+    s = _sorted_steps(result)
+    bpb = float(result.kv_bytes_per_block)
+    scale, unit = (bpb / 2**30, "GiB") if bpb > 0 else (1.0, "KV blocks")
+    bs = max(int(result.block_size), 1)
+    cap = _kv_capacity(s, result)
+    used = np.minimum(s["kv_blocks_used"].astype(np.float64), cap)
+    reserved = np.clip(s["kv_blocks_reserved"].astype(np.float64), 0.0, used)
+    filled = used - reserved
+    stored = np.minimum(s["kv_tokens"].astype(np.float64) / bs, filled)  # in blocks
+    weights = float(result.weight_bytes) / bpb if bpb > 0 else 0.0  # in blocks
+    layers = {
+        "weights": np.full(len(used), weights),
+        "kv_stored": stored,
+        "kv_slack": filled - stored,
+        "kv_reserved": reserved,
+        "kv_free": cap - used,
+    }
+    return {k: v * scale for k, v in layers.items()}, scale, unit
+
+
+def _gpu_total_bytes(result: RunResult) -> float | None:
+    """Memory of the GPUs one replica runs on, when the run recorded a preset or inline GPU."""
+    dep = (result.config or {}).get("deployment")
+    if not isinstance(dep, dict):
+        return None
+    from sim.specs import GPUSpec
+
+    try:
+        gpu = GPUSpec.from_dict(dep["gpu"]) if isinstance(dep.get("gpu"), dict) else GPUSpec.from_name(dep["gpu"])
+    except (KeyError, ValueError, TypeError, AttributeError):
+        return None
+    return float(gpu.memory_bytes) * int(dep.get("tensor_parallel_size", 1) or 1)
+
+
+def fig_memory_stack(result: RunResult, max_points: int = MAX_POINTS) -> go.Figure:
+    """GPU memory over time as a stack (per-window means): the weights at the bottom, then KV holding tokens, the
+    unfilled tail of their blocks, blocks reserved but still empty, and free blocks, up to the capacity line
+    (weights + KV pool). Also the GPU's total memory when the run recorded which GPU it ran on: the gap is the
+    activation reserve and the share gpu_memory_utilization keeps back."""
+    layers, scale, unit = memory_layers(result)
+    s = _sorted_steps(result)
+    t = s["start"]
+    edges = window_edges(run_end(result), len(t), max_points)
+    fig = go.Figure()
+    for key, label, c in MEMORY_LAYERS:
+        v = layers[key]
+        if key == "weights" and not np.any(v > 0):
+            continue
+        fig.add_trace(
+            go.Scatter(
+                name=label,
+                stackgroup="memory",
+                line=dict(color=c, width=0.5),
+                fillcolor=c,
+                hovertemplate=f"%{{y:.3f}} {unit}",
+                **_state_trace(t, v, edges, "mean", max_points),
+            )
+        )
+    cap = float(layers["weights"][0] + _kv_capacity(s, result).max() * scale) if len(t) else 0.0
+    x_end = float(edges[-1])
+    fig.add_trace(
+        go.Scatter(
+            name="capacity: weights + KV pool",
+            x=[0.0, x_end],
+            y=[cap, cap],
+            mode="lines",
+            line=dict(color="black", dash="dash"),
+        )
+    )
+    total = _gpu_total_bytes(result)
+    if total is not None and unit == "GiB":
+        fig.add_trace(
+            go.Scatter(
+                name="GPU memory",
+                x=[0.0, x_end],
+                y=[total / 2**30] * 2,
+                mode="lines",
+                line=dict(color="#d62728", dash="dot"),
+            )
+        )
+    fig.update_layout(
+        template=TEMPLATE,
+        height=380,
+        title=f"GPU memory: {result.name}",
+        xaxis_title="time (s)",
+        yaxis_title=f"memory ({unit})",
+        yaxis_rangemode="tozero",
+    )
+    return fig
+
+
+# --- sweeps -----------------------------------------------------------------------------------------------------
+
+_SWEEP_NAME = re.compile(r"^(?P<variant>.*)\[(?P<params>[^\[\]]*)\]$")
+
+
+def _parse_value(text: str):
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def sweep_params(result: RunResult) -> tuple[str, dict] | None:
+    """(variant, {parameter: value}) of a sweep point: the run's recorded ``config['params']`` when it has them,
+    else parsed from a name such as ``continuous[max_num_seqs=8,rate=2]``; None for a run outside a sweep."""
+    cfg = result.config or {}
+    params = cfg.get("params")
+    if isinstance(params, dict) and params:
+        return str(cfg.get("name", result.name)), {k.split(".")[-1]: v for k, v in params.items()}
+    m = _SWEEP_NAME.match(result.name)
+    if not m or "=" not in m["params"]:
+        return None
+    out = {}
+    for part in m["params"].split(","):
+        k, sep, v = part.partition("=")
+        if not sep:
+            return None
+        out[k.strip()] = _parse_value(v.strip())
+    return m["variant"], out
+
+
+SWEEP_PANELS = (
+    ("output_throughput", None, "output tokens/s", 1.0),
+    ("ttft", "p99", "TTFT p99 (s)", 1.0),
+    ("tpot", "p99", "TPOT p99 (ms)", 1e3),
+    ("e2el", "p99", "E2EL p99 (s)", 1.0),
+)
+
+
+def _metric(summary: dict, key: str, sub: str | None) -> float:
+    v = summary.get(key)
+    if sub is not None:
+        v = v.get(sub) if isinstance(v, dict) else None
+    return float("nan") if v is None else float(v)
+
+
+def fig_sweep(results: list[RunResult], summaries: dict | None = None) -> go.Figure | None:
+    """Throughput and tail latency against the first swept parameter, one line per variant (and per value of
+    any other swept parameter). None when no run belongs to a sweep."""
+    points = [(r, sweep_params(r)) for r in results]
+    points = [(r, p) for r, p in points if p is not None]
+    if not points:
+        return None
+    summaries = summaries or {}
+    x_key = next(iter(points[0][1][1]))
+    lines: dict[str, list[tuple]] = {}
+    for res, (variant, params) in points:
+        if x_key not in params:
+            continue
+        rest = ",".join(f"{k}={v}" for k, v in params.items() if k != x_key)
+        label = f"{variant}[{rest}]" if rest else variant
+        summ = summaries.get(res.name) or summarize(res)
+        lines.setdefault(label, []).append((params[x_key], summ))
+    numeric = all(
+        isinstance(x, (int, float)) and not isinstance(x, bool) for pts in lines.values() for x, _ in pts
+    )
+    fig = make_subplots(
+        rows=1, cols=len(SWEEP_PANELS), subplot_titles=[p[2] for p in SWEEP_PANELS], horizontal_spacing=0.06
+    )
+    for i, (label, pts) in enumerate(lines.items()):
+        if numeric:
+            pts = sorted(pts, key=lambda p: p[0])
+        xs = [p[0] if numeric else str(p[0]) for p in pts]
+        for col, (key, sub, title, scale) in enumerate(SWEEP_PANELS, start=1):
+            fig.add_trace(
+                go.Scatter(
+                    name=label,
+                    legendgroup=label,
+                    showlegend=col == 1,
+                    x=xs,
+                    y=[_metric(s, key, sub) * scale for _, s in pts],
+                    mode="lines+markers",
+                    line=dict(color=color(i)),
+                    hovertemplate=f"{x_key}=%{{x}}<br>{title}: %{{y:.4g}}<extra>{html.escape(label)}</extra>",
+                ),
+                row=1,
+                col=col,
+            )
+    xs_all = [x for pts in lines.values() for x, _ in pts]
+    log_x = numeric and min(xs_all) > 0 and max(xs_all) / min(xs_all) >= 8
+    ticks = sorted(set(xs_all)) if numeric and len(set(xs_all)) <= 12 else None
+    for col in range(1, len(SWEEP_PANELS) + 1):
+        fig.update_xaxes(title_text=x_key, type="log" if log_x else None, tickvals=ticks, row=1, col=col)
+        fig.update_yaxes(rangemode="tozero", row=1, col=col)
+    fig.update_layout(
+        template=TEMPLATE, height=380, hovermode="closest", title=f"Throughput and tail latency against {x_key}"
+    )
+    return fig
+
+
 # --- the page --------------------------------------------------------------------------------------------------
 
 
@@ -424,24 +870,100 @@ class Section:
     html: str = ""
 
 
+def _p(text: str) -> str:
+    return f'<p class="note">{html.escape(text)}</p>'
+
+
+def per_run_points(num_results: int) -> int:
+    """Points per series in figures drawn once per run: fewer when a sweep makes many runs, so that the page stays
+    small (the full MAX_POINTS up to four runs)."""
+    return MAX_POINTS if num_results <= 4 else max(200, MAX_POINTS * 4 // num_results)
+
+
+def _slots_section(results: list[RunResult], summaries: dict) -> list[Section]:
+    dropped = len(results) - SLOT_PANELS
+    results = results[:SLOT_PANELS]
+    layouts = [slot_layout(r) for r in results]
+    notes = [
+        f"The first {SLOT_PANELS} of {SLOT_PANELS + dropped} runs are drawn." if dropped > 0 else "",
+        "One row per slot of the batch, one coloured bar per request from the step that first computed it to its "
+        "last token. The records keep no slot numbers, so rows are rebuilt from those intervals: packed greedily "
+        "in order of start, each into the lowest free row. That colouring of an interval graph is optimal, so the "
+        "number of rows is the most requests that held a row at one instant. Blank space is an idle slot.",
+    ]
+    for res, lay in zip(results, layouts):
+        if lay.batch_held:
+            s = _sorted_steps(res)
+            match = float(np.mean(lay.padded_rows_at(s["start"]) == s["padded_rows"])) if len(s["start"]) else 1.0
+            notes.append(
+                f"{res.name}: the steps log records padded rows, so a batch (the requests first scheduled in the "
+                f"same step) keeps all its rows until its last request finishes; grey hatching is a finished "
+                f"request's row still computed as padding. The padding drawn agrees with the steps log's "
+                f"padded_rows at {100 * match:.1f}% of the steps."
+            )
+    notes.append(
+        "What to look at: under static batching whole batches wait for their longest request (hatched rows), and "
+        "no new request starts until the batch is done; under continuous batching a freed row is refilled at the "
+        "next step, so the rows stay full of colour."
+    )
+    return [Section("Batch slots", fig_batch_slots(results), "".join(_p(n) for n in notes if n))]
+
+
+def _memory_sections(results: list[RunResult], summaries: dict) -> list[Section]:
+    note = _p(
+        "The ceiling is memory: the weights sit at the bottom for the whole run, and every running request's KV "
+        "cache must stay resident above them until it finishes. Reserved-but-empty blocks (contiguous reservation "
+        "sets aside a request's maximum length up front) and the empty tails of partly filled blocks take room "
+        "that holds no token. Values are means over short windows; the dashed line is the weights plus the KV "
+        "pool, the dotted one the GPU's whole memory."
+    )
+    points = per_run_points(len(results))
+    return [
+        Section(f"GPU memory: {r.name}", fig_memory_stack(r, points), note if i == 0 else "")
+        for i, r in enumerate(results)
+    ]
+
+
 def _latency_section(results: list[RunResult], summaries: dict) -> list[Section]:
     return [Section("Latency", fig_latency_cdfs(results))]
 
 
 def _timeline_sections(results: list[RunResult], summaries: dict) -> list[Section]:
-    return [Section(f"Utilisation: {r.name}", fig_timeline(r)) for r in results]
+    points = per_run_points(len(results))
+    return [Section(f"Utilisation: {r.name}", fig_timeline(r, points)) for r in results]
 
 
 def _kv_sections(results: list[RunResult], summaries: dict) -> list[Section]:
     return [Section(f"KV memory: {r.name}", fig_kv_memory(r)) for r in results]
 
 
+def _sweep_section(results: list[RunResult], summaries: dict) -> list[Section]:
+    fig = fig_sweep(results, summaries)
+    if fig is None:
+        return []
+    note = _p(
+        "Each point is one run of the sweep. Throughput usually climbs and then flattens as the batch limit or "
+        "the load grows, while the p99 latencies stay low and then rise sharply: the knee is where more batching "
+        "stops buying throughput and starts costing tail latency."
+    )
+    return [Section("Sweep", fig, note)]
+
+
 def _throughput_section(results: list[RunResult], summaries: dict) -> list[Section]:
-    return [Section("Throughput", fig_throughput(results))]
+    return [Section("Throughput", fig_throughput(results, per_run_points(len(results))))]
 
 
 SectionBuilder = Callable[[list[RunResult], dict], list[Section]]
-SECTIONS: list[SectionBuilder] = [_latency_section, _timeline_sections, _kv_sections, _throughput_section]
+# The GPU memory stack shows what fig_kv_memory shows (used, reserved, capacity) and more, so the report draws
+# only the stack; fig_kv_memory stays for notebooks.
+SECTIONS: list[SectionBuilder] = [
+    _slots_section,
+    _memory_sections,
+    _timeline_sections,
+    _latency_section,
+    _sweep_section,
+    _throughput_section,
+]
 
 
 def summary_table_html(summaries: dict) -> str:
@@ -469,6 +991,7 @@ table.summary th, table.summary td { padding: 3px 12px; border-bottom: 1px solid
 table.summary td { text-align: right; }
 table.summary tbody th { text-align: left; font-weight: normal; }
 ul.bottleneck li { margin: 0.3em 0; }
+p.note { max-width: 75em; line-height: 1.4; }
 """
 
 

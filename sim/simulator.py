@@ -48,6 +48,9 @@ class Replica:
         # up to it); without it every step is its own SimPy event
         self.horizon = horizon
         self.finishes_are_silent = True  # a completion starts no outside event (False for closed loops)
+        # the next outside event is an arrival that only joins the queue, which no one else reads meanwhile
+        # (single replica: a router would read this replica's state at the arrival)
+        self.overshoot = False
         self.core = core
         self.cost = cost
         self.index = index
@@ -70,7 +73,9 @@ class Replica:
         step_time, step_flops = cost.step_time, cost.step_flops
         while True:
             if self.horizon is not None and core.group is not None and core.group.members:
-                seg = core.fast_forward(env.now, self.horizon(), cost, finishes=self.finishes_are_silent)
+                seg = core.fast_forward(
+                    env.now, self.horizon(), cost, finishes=self.finishes_are_silent, overshoot=self.overshoot
+                )
                 if seg is not None:
                     durations, end = seg
                     delay = end - env.now
@@ -79,6 +84,8 @@ class Replica:
                     else:  # the clock must land on exactly the same float as step by step
                         for d in durations:
                             yield env.timeout(d)
+                    if core.overshot:  # the last step's row must show the queue at its end, arrivals included
+                        core.steps.set_last_waiting(len(core.waiting))
                     continue
             batch = core.schedule(env.now)
             if batch is None:
@@ -139,6 +146,7 @@ class Simulation:
         for rep in self.replicas:
             rep.core.on_finish = self._on_finish
             rep.finishes_are_silent = closed_loop is None
+            rep.overshoot = len(self.replicas) == 1
         if closed_loop is None:
             self.env.process(self._open_loop())
         else:
