@@ -576,7 +576,7 @@ class ServingCore:
         num_blocks = kv.num_blocks
         self.steps.compact()
         self.gaps.compact()
-        rows_append = self.steps._rows.append
+        rows_append = self.steps._flat.extend
         gap_values, gap_counts = self.gaps._gaps, self.gaps._counts
         deadline = self._deadline if self._deadline is not None else float("inf")
         plans = self.plans

@@ -86,25 +86,27 @@ _CHUNK = 1 << 16  # rows kept as Python objects before they move into numpy colu
 
 
 _WAITING = list(STEP_COLUMNS).index("num_waiting")
+_NCOL = len(STEP_COLUMNS)
 
 
 class StepLog:
-    """Columnar per-step log: rows appended one at a time, or many at once as numpy arrays."""
+    """Columnar per-step log. Rows are appended as flat runs of values into one Python list (the cheapest thing
+    Python can do per step) and move into numpy columns in blocks."""
 
     def __init__(self) -> None:
-        self._rows: list[tuple] = []
+        self._flat: list[float] = []  # rows of _NCOL values, back to back
         self._chunks: list[dict[str, np.ndarray]] = []
 
     def append(self, *row: float) -> None:
         """Append one step; values in STEP_COLUMNS order."""
-        self._rows.append(row)
-        if len(self._rows) >= _CHUNK:
+        self._flat.extend(row)
+        if len(self._flat) >= _CHUNK * _NCOL:
             self._flush()
 
     def compact(self) -> None:
-        """Move appended rows into numpy columns once there are many (Python tuples of floats cost about
-        seventy bytes a value; a long run would otherwise hold gigabytes of them)."""
-        if len(self._rows) >= _CHUNK:
+        """Move appended rows into numpy columns once there are many (a Python float costs 24 bytes plus its
+        list slot; a long run would otherwise hold gigabytes of them)."""
+        if len(self._flat) >= _CHUNK * _NCOL:
             self._flush()
 
     def extend(self, **cols: np.ndarray) -> None:
@@ -117,21 +119,21 @@ class StepLog:
 
     def set_last_waiting(self, num_waiting: int) -> None:
         """Correct the queue length of the last step appended (see ``ServingCore.fast_forward``)."""
-        row = self._rows[-1]
-        self._rows[-1] = row[:_WAITING] + (num_waiting,) + row[_WAITING + 1 :]
+        self._flat[_WAITING - _NCOL] = num_waiting
 
     @property
     def last_duration(self) -> float:
-        if self._rows:
-            return self._rows[-1][1]
+        if self._flat:
+            return self._flat[1 - _NCOL]
         return float(self._chunks[-1]["duration"][-1]) if self._chunks else 0.0
 
     def _flush(self) -> None:
-        if self._rows:
+        flat = self._flat
+        if flat:
             # one C-level conversion of the whole block (counts are far below 2**53, so float64 holds them exactly)
-            m = np.array(self._rows, dtype=np.float64)
+            m = np.fromiter(flat, dtype=np.float64, count=len(flat)).reshape(-1, _NCOL)
             self._chunks.append({k: m[:, i].astype(t) for i, (k, t) in enumerate(STEP_COLUMNS.items())})
-            self._rows = []
+            self._flat = []
 
     def columns(self) -> dict[str, np.ndarray]:
         """All steps so far, one array per column."""
@@ -143,10 +145,10 @@ class StepLog:
         return self._chunks[0]
 
     def __len__(self) -> int:
-        return len(self._rows) + sum(len(c["start"]) for c in self._chunks)
+        return len(self._flat) // _NCOL + sum(len(c["start"]) for c in self._chunks)
 
     def __bool__(self) -> bool:
-        return bool(self._rows or self._chunks)
+        return bool(self._flat or self._chunks)
 
 
 class GapLog:
