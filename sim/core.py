@@ -596,10 +596,9 @@ class ServingCore:
             end = t + d
             if t >= deadline:
                 break
-            if end >= horizon:
-                if not overshoot:
-                    break
-                last = True  # the arrival falls in this step: take it, then stop
+            over = end >= horizon
+            if over and not overshoot:
+                break
             crossing = buckets[steps % bs]
             nb = len(crossing)
             if nb and grows:
@@ -614,6 +613,8 @@ class ServingCore:
                         break
                     kv.grow(crossing)
                 used += nb
+            if over:
+                last = True  # the arrival falls in this step: take it, then stop
             if ctx + m != read_l[i]:
                 raise AssertionError("fast_forward predicted a different step shape")
             if plans is not None:
