@@ -450,7 +450,7 @@ class SlotLayout:
     row: np.ndarray  # 0-based row, replicas stacked one above the other
     prompt_tokens: np.ndarray
     output_tokens: np.ndarray
-    num_rows: int  # rows in use at the busiest instant (replicas summed)
+    num_rows: int  # per replica the most requests holding a row at one instant, summed over replicas
     batch_held: bool  # whether rows were held to the end of a batch (padding inferred from the steps log)
 
     def padded_rows_at(self, t: np.ndarray) -> np.ndarray:
@@ -464,24 +464,25 @@ class SlotLayout:
 def assign_slots(start: np.ndarray, end: np.ndarray) -> np.ndarray:
     """A row for each half-open interval [start, end), no two overlapping intervals on one row, in the fewest rows
     possible (the most intervals alive at one instant). Greedy in order of start (ties in input order); each
-    interval takes the lowest-numbered free row. An interval with end <= start still takes a row at its start."""
+    interval takes the lowest-numbered free row. An interval with end <= start holds its row for an instant: a
+    later start frees it, one at the same instant does not."""
     start = np.asarray(start, dtype=np.float64)
     end = np.maximum(np.asarray(end, dtype=np.float64), start)
     rows = np.empty(len(start), dtype=np.int64)
-    busy: list[tuple[float, int]] = []  # (end, row) of rows in use
+    busy: list[tuple[float, bool, int]] = []  # (end, zero length, row) of rows in use
     free: list[int] = []  # released rows, lowest first
     opened = 0
     for i in np.argsort(start, kind="stable").tolist():
         s = start[i]
-        while busy and busy[0][0] <= s:
-            heapq.heappush(free, heapq.heappop(busy)[1])
+        while busy and (busy[0][0] < s or (busy[0][0] == s and not busy[0][1])):
+            heapq.heappush(free, heapq.heappop(busy)[2])
         if free:
             r = heapq.heappop(free)
         else:
             r = opened
             opened += 1
         rows[i] = r
-        heapq.heappush(busy, (end[i], r))
+        heapq.heappush(busy, (end[i], bool(end[i] == s), r))
     return rows
 
 
@@ -557,6 +558,8 @@ def fig_batch_slots(
     from its first scheduled step to its finish, grey hatched bars where a finished request still holds its row
     (static batching's padding), blank where a row is idle. Draws the window [0, t_end] (default: the longest
     window in which no variant starts more than max_requests requests); bars are cut at its end."""
+    if not results:
+        return go.Figure(layout=dict(template=TEMPLATE, title="Batch slots: no runs"))
     layouts = [slot_layout(r) for r in results]
     t_end = slot_window(layouts, max_requests) if t_end is None else float(t_end)
     titles = []
@@ -651,6 +654,8 @@ def fig_batch_slots(
 
 # --- GPU memory stack -----------------------------------------------------------------------------------------
 
+MEMORY_POINTS = MAX_POINTS // 2  # windows of the memory stack: five layers of them, and a smooth picture already
+
 MEMORY_LAYERS = (
     ("weights", "model weights", "#7f7f7f"),
     ("kv_stored", "KV: tokens stored", "#1f77b4"),
@@ -701,7 +706,7 @@ def _gpu_total_bytes(result: RunResult) -> float | None:
     return float(gpu.memory_bytes) * int(dep.get("tensor_parallel_size", 1) or 1)
 
 
-def fig_memory_stack(result: RunResult, max_points: int = MAX_POINTS) -> go.Figure:
+def fig_memory_stack(result: RunResult, max_points: int = MEMORY_POINTS) -> go.Figure:
     """GPU memory over time as a stack (per-window means): the weights at the bottom, then KV holding tokens, the
     unfilled tail of their blocks, blocks reserved but still empty, and free blocks, up to the capacity line
     (weights + KV pool). Also the GPU's total memory when the run recorded which GPU it ran on: the gap is the
@@ -919,7 +924,7 @@ def _memory_sections(results: list[RunResult], summaries: dict) -> list[Section]
     )
     points = per_run_points(len(results))
     return [
-        Section(f"GPU memory: {r.name}", fig_memory_stack(r, points), note if i == 0 else "")
+        Section(f"GPU memory: {r.name}", fig_memory_stack(r, min(points, MEMORY_POINTS)), note if i == 0 else "")
         for i, r in enumerate(results)
     ]
 

@@ -1,0 +1,227 @@
+"""The report's teaching figures: batch slots, the GPU memory stack and the sweep panel."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sim.report import (
+    MEMORY_LAYERS,
+    assign_slots,
+    build_report,
+    fig_batch_slots,
+    fig_memory_stack,
+    fig_sweep,
+    memory_layers,
+    slot_layout,
+    sweep_params,
+)
+from sim.run import run_scenario
+from sim.scenario import load_scenario
+from sim.teaching import find_scenario, static_batching_estimate
+
+MB = 1_000_000
+
+
+def most_at_once(start: np.ndarray, end: np.ndarray) -> int:
+    """Most half-open intervals [start, end) alive at one instant, an interval with end <= start counting at its
+    start (by brute force over the starts, where the maximum is always reached)."""
+    end = np.maximum(end, start)
+    best = 0
+    for s in start:
+        alive = (start <= s) & ((end > s) | ((start == s) & (end == s)))
+        best = max(best, int(alive.sum()))
+    return best
+
+
+def check_rows(start: np.ndarray, end: np.ndarray, rows: np.ndarray) -> None:
+    end = np.maximum(end, start)
+    for r in np.unique(rows):
+        on = np.flatnonzero(rows == r)
+        order = on[np.argsort(start[on], kind="stable")]
+        # consecutive intervals of one row do not overlap (a zero-length one still needs its instant)
+        s, e = start[order], end[order]
+        assert np.all(s[1:] >= e[:-1]), f"row {r} holds overlapping intervals"
+        zero = e[:-1] == s[:-1]
+        assert not np.any(zero & (s[1:] == s[:-1])), f"row {r} holds two requests at one instant"
+    assert set(np.unique(rows).tolist()) == set(range(len(np.unique(rows))))  # rows 0..n-1, no gaps
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 40), st.integers(0, 15)),  # (start, length) on a coarse grid: many ties
+        min_size=0,
+        max_size=60,
+    )
+)
+def test_assign_slots_never_overlaps_and_uses_fewest_rows(intervals):
+    start = np.array([s for s, _ in intervals], dtype=np.float64) / 4
+    end = start + np.array([d for _, d in intervals], dtype=np.float64) / 4
+    rows = assign_slots(start, end)
+    assert len(rows) == len(start)
+    if not len(start):
+        return
+    check_rows(start, end, rows)
+    assert rows.max() + 1 == most_at_once(start, end)
+
+
+def test_assign_slots_reuses_the_lowest_free_row():
+    start = np.array([0.0, 0.0, 1.0, 2.0, 2.0])
+    end = np.array([1.0, 3.0, 2.0, 4.0, 3.0])
+    # at 1.0 row 0 is free again; at 2.0 row 0 frees and a third row opens
+    np.testing.assert_array_equal(assign_slots(start, end), [0, 1, 0, 0, 2])
+
+
+@pytest.fixture(scope="module")
+def nvc():
+    """naive-vs-continuous on 300 requests: static batches of 16 with contiguous KV against continuous batching
+    with paged KV."""
+    scenario, raw = load_scenario(find_scenario("naive-vs-continuous"), {"workload.num_requests": 300})
+    return run_scenario(scenario, raw)
+
+
+def test_static_slots_match_the_steps_log(nvc):
+    naive = nvc.results[0]
+    lay = slot_layout(naive)
+    assert lay.batch_held
+    assert lay.num_rows == naive.config["policy"]["batch_size"] == 16
+    check_rows(lay.start, lay.held_until, lay.row)
+    s = naive.steps
+    # padding rows inferred from the records equal the padding rows the core recorded, step by step
+    np.testing.assert_array_equal(lay.padded_rows_at(s["start"]), s["padded_rows"])
+    assert np.all(lay.held_until >= lay.finish)
+
+
+def test_continuous_slots(nvc):
+    cont = nvc.results[1]
+    lay = slot_layout(cont)
+    assert not lay.batch_held
+    np.testing.assert_array_equal(lay.held_until, lay.finish)
+    check_rows(lay.start, lay.finish, lay.row)
+    s = cont.steps
+    # every request computing in a step holds a row at the step's start
+    assert lay.num_rows >= int(s["batch_size"].max())
+    assert lay.num_rows == most_at_once(lay.start, lay.finish)
+    assert lay.num_rows <= cont.config["policy"]["max_num_seqs"]
+
+
+def test_slot_chart_caps_and_shares_the_time_axis(nvc):
+    fig = fig_batch_slots(nvc.results, max_requests=50)
+    bars = [t for t in fig.data if t.name == "request"]
+    assert len(bars) == 2
+    assert max(len(t.y) for t in bars) == 50  # the busiest variant hits the cap, no more
+    padding = [t for t in fig.data if t.name.startswith("padding")]
+    assert len(padding) == 1 and len(padding[0].y) > 0  # only static batching holds finished rows
+    t_end = fig.layout.xaxis2.range[1]
+    for t in fig.data:
+        assert np.all(np.asarray(t.base) + np.asarray(t.x) <= np.float32(t_end) * (1 + 1e-6))
+    assert fig.layout.xaxis.matches == "x2" or fig.layout.xaxis2.matches == "x"  # one time axis
+    assert "at most 50 requests" in fig.layout.title.text
+
+
+@pytest.mark.parametrize("which", [0, 1])
+def test_memory_stack_stays_under_capacity(nvc, which):
+    res = nvc.results[which]
+    layers, scale, unit = memory_layers(res)
+    assert unit == "GiB"
+    for key, _, _ in MEMORY_LAYERS:
+        assert np.all(layers[key] >= 0), key
+    total = sum(layers[k] for k, _, _ in MEMORY_LAYERS)
+    capacity = (res.weight_bytes + res.kv_capacity_blocks * res.kv_bytes_per_block) / 2**30
+    np.testing.assert_allclose(total, capacity, rtol=1e-12)  # the layers split the capacity exactly
+    assert layers["weights"][0] == pytest.approx(res.weight_bytes / 2**30)
+    fig = fig_memory_stack(res)
+    stacked = [t for t in fig.data if t.stackgroup == "memory"]
+    assert [t.name for t in stacked] == [label for _, label, _ in MEMORY_LAYERS]
+    top = np.sum([np.asarray(t.y, dtype=np.float64) for t in stacked], axis=0)
+    drawn = ~np.isnan(top)  # windows before the first step have no value
+    assert drawn.mean() > 0.9
+    line = next(t for t in fig.data if t.name.startswith("capacity"))
+    assert line.y[0] == pytest.approx(capacity)
+    assert np.all(top[drawn] <= line.y[0] * (1 + 1e-6))  # float32 rounding only
+    used = top - np.asarray(stacked[-1].y, dtype=np.float64)  # everything but the free blocks
+    assert np.all(used[drawn] <= line.y[0] * (1 + 1e-6))
+    assert np.all(used[drawn] >= layers["weights"][0] * (1 - 1e-6))
+
+
+def test_contiguous_reservation_shows_as_reserved_memory(nvc):
+    naive, cont = (memory_layers(r)[0] for r in nvc.results)
+    # each request reserves max_model_len (4096) tokens for a few hundred: most of its KV holds nothing
+    assert naive["kv_reserved"].mean() > 2 * naive["kv_stored"].mean()
+    assert cont["kv_reserved"].max() == 0  # paged KV allocates a block when a token needs it
+
+
+def test_report_has_the_new_figures_and_stays_small(nvc):
+    page = build_report(nvc.results, nvc.summaries, "naive vs continuous, 300 requests")
+    for heading in ("<h2>Batch slots</h2>", "<h2>GPU memory: naive</h2>", "<h2>GPU memory: continuous</h2>"):
+        assert heading in page
+    assert "padding: finished, row still held" in page and "capacity: weights + KV pool" in page
+    assert "<h2>Sweep</h2>" not in page  # not a sweep
+    assert page.count("plotly.js v") == 1
+    assert len(page.encode()) < 6 * MB
+
+
+@pytest.mark.slow
+def test_full_naive_vs_continuous_report_is_under_6_mb():
+    scenario, raw = load_scenario(find_scenario("naive-vs-continuous"))
+    run = run_scenario(scenario, raw)
+    assert len(build_report(run.results, run.summaries, "full").encode()) < 6 * MB
+
+
+def test_sweep_panel():
+    scenario, raw = load_scenario(
+        find_scenario("naive-vs-continuous"),
+        {"workload.num_requests": 60, "sweep": {"policy.max_num_seqs": [4, 16]}},
+    )
+    run = run_scenario(scenario, raw)
+    assert [sweep_params(r) for r in run.results][:2] == [
+        ("naive", {"max_num_seqs": 4}),
+        ("continuous", {"max_num_seqs": 4}),
+    ]
+    fig = fig_sweep(run.results, run.summaries)
+    thr = [t for t in fig.data if t.xaxis == "x"]
+    assert {t.name for t in thr} == {"naive", "continuous"}
+    cont = next(t for t in thr if t.name == "continuous")
+    assert list(cont.x) == [4, 16]
+    want = [run.summaries[f"continuous[max_num_seqs={m}]"]["output_throughput"] for m in (4, 16)]
+    np.testing.assert_allclose(cont.y, want)
+    page = build_report(run.results, run.summaries, "sweep")
+    assert "<h2>Sweep</h2>" in page
+    assert fig_sweep(run.results[:0]) is None
+
+
+def test_sweep_params_from_names_alone(nvc):
+    from dataclasses import replace
+
+    res = replace(nvc.results[1], name="continuous[max_num_seqs=8,rate=2.5]", config=None)
+    assert sweep_params(res) == ("continuous", {"max_num_seqs": 8, "rate": 2.5})
+    assert sweep_params(replace(res, name="continuous")) is None
+    assert sweep_params(nvc.results[1]) is None  # a run outside a sweep has empty params
+
+
+def test_static_batching_estimate():
+    assert static_batching_estimate([5, 5, 5, 5], 2) == 1.0
+    # batches (1, 3) and (2,): 2 rows x 3 + 1 row x 2 over 6 useful row-steps
+    assert static_batching_estimate([1, 3, 2], 2) == pytest.approx(8 / 6)
+
+
+def test_replicas_get_rows_of_their_own():
+    from sim.records import STEP_COLUMNS, RequestRecord, RunResult
+
+    def rec(i, start, finish, replica):
+        return RequestRecord(i, start, start, start + 0.1, finish, 10, 5, 5, 0, "completed", "", replica, -1)
+
+    reqs = [rec(0, 0.0, 2.0, 0), rec(1, 0.5, 1.0, 1), rec(2, 1.0, 3.0, 0), rec(3, 0.5, 3.0, 1), rec(4, 1.5, 2.5, 1)]
+    steps = {k: np.zeros(0, dtype=t) for k, t in STEP_COLUMNS.items()}
+    res = RunResult("two replicas", reqs, steps, np.zeros(0), np.zeros(0, dtype=np.int64), 3.0, 1.0, 8, 16)
+    lay = slot_layout(res)
+    rep = np.array([r.replica for r in reqs])
+    assert lay.num_rows == 2 + 2  # replica 0 needs two rows at 1.0, replica 1 two at 0.5 and at 1.5
+    assert set(lay.row[rep == 0]) == {0, 1} and set(lay.row[rep == 1]) == {2, 3}
+    for r in (0, 1):
+        check_rows(lay.start[rep == r], lay.held_until[rep == r], lay.row[rep == r] - 2 * r)
+    fig = fig_batch_slots([res])
+    assert len(fig.data[0].y) == 5
