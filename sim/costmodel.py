@@ -268,12 +268,16 @@ class AnalyticCostModel:
         f_tok, f_row, f_pair = self._flops
         times = []
         flops = []
+        n_prev = -1
         for n, c in zip(rows, reads):
-            times.append(
-                k0 + n * k1 + max(n * k2 + n * k3, k4 + n * k5 + n * k6) + max(c * k7, (c + n) * k8)
-                + (k9 + n * k10) + 0 * k11
-            )
-            flops.append(float((n - 0) * f_tok + n * f_row + c * f_pair))
+            if n != n_prev:  # the parts that depend on the row count alone, summed in _time's order
+                n_prev = n
+                head = k0 + n * k1 + max(n * k2 + n * k3, k4 + n * k5 + n * k6)
+                tail = k9 + n * k10
+                f_n = (n - 0) * f_tok + n * f_row
+            # ``+ 0 * k11`` (no swap) adds +0.0, which changes no float, so it is left out
+            times.append(head + max(c * k7, (c + n) * k8) + tail)
+            flops.append(float(f_n + c * f_pair))
         return times, flops
 
     def breakdown(self, shape: StepShape) -> dict[str, Any]:
