@@ -477,22 +477,24 @@ class ServingCore:
     # ---- many steps at once --------------------------------------------------------------------------------------
     def _predict(self, k: int, pad: int) -> tuple[list[int], list[int]]:
         """Rows and attended tokens of the decode group's next ``k`` steps, members leaving after the step that
-        samples their last token."""
+        samples their last token: runs of equal rows with evenly growing context between departures."""
         g = self.group
         j0 = g.steps
-        rows_l = [0] * k
-        read_l = [0] * k
-        size, ctx = g.size, g.ctx
         finish_at = g.finish_at
-        for i in range(k):
-            rows_l[i] = size + pad
-            read_l[i] = ctx + size
-            ctx += size
-            leaving = finish_at.get(j0 + 1 + i)
+        rows_l: list[int] = []
+        read_l: list[int] = []
+        size, ctx = g.size, g.ctx
+        pos = j0
+        for f in sorted(f for f in finish_at if f < j0 + k) + [j0 + k]:
+            n = f - pos  # steps pos+1 .. f, all with the current members
+            rows_l += [size + pad] * n
+            read_l += range(ctx + size, ctx + size * (n + 1), size) if size else [ctx] * n
+            ctx += size * n
+            pos = f
+            leaving = finish_at.get(f) if f < j0 + k else None
             if leaving:
                 size -= len(leaving)
-                steps = j0 + 1 + i
-                ctx -= sum(r.num_computed_tokens + steps - r.group_base for r in leaving)
+                ctx -= sum(r.num_computed_tokens + f - r.group_base for r in leaving)
         return rows_l, read_l
 
     def fast_forward(
