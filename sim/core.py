@@ -528,7 +528,12 @@ class ServingCore:
         if horizon != float("inf"):
             # how many steps fit before the horizon, from the first step's time (decode steps change slowly;
             # if the guess falls short, the rest are taken next time)
-            first = cost.step_time(StepShape(g.size + pad, g.size + pad, g.size + pad, g.ctx + g.size, g.ctx + g.size, pad, 0))
+            rows, read = g.size + pad, g.ctx + g.size
+            decode_steps = getattr(cost, "decode_steps", None)
+            if decode_steps is not None and not pad:
+                first = decode_steps([rows], [read])[0][0]
+            else:
+                first = cost.step_time(StepShape(rows, rows, rows, read, read, pad, 0))
             last = min(last, j0 + int((horizon - now) / max(first, 1e-9)) + 2)
         k = last - j0
         if k < 1:
