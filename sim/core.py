@@ -52,6 +52,10 @@ class Batch:
     num_rejected: int
     group_size: int = 0  # decode-group members computing one token each (part of num_scheduled)
     group_blocks: int = 0  # blocks the group took for this step
+    # KV moved by this step's swaps, as the block manager decided it: (request id, GPU blocks) copied out to CPU
+    # before the blocks are reused, and (request id, GPU blocks) filled from CPU. The real engine copies these.
+    swapped_out: list[tuple[int, list[int]]] | None = None
+    swapped_in: list[tuple[int, list[int]]] | None = None
 
 
 @dataclass(slots=True)
@@ -93,6 +97,7 @@ class ServingCore:
         self.filled_blocks = 0  # sum over running requests of ceil(computed / block_size)
         self.plans: list[tuple[tuple[int, int], ...]] | None = [] if record_plans else None
         self.on_finish = None  # optional callback(request), e.g. a closed-loop user sending its next request
+        self.finish_listeners: list = []  # more callbacks(request), e.g. the real engine releasing its state
         # The decode group exists only for a policy that plans it (``uses_decode_group``) and with the fast path.
         self.group: DecodeGroup | None = None
         if fast_path and getattr(policy, "uses_decode_group", False):
@@ -277,6 +282,8 @@ class ServingCore:
             self.stats.num_rejected += 1
             self._finish(r, now, Outcome.REJECTED, reason)
         swap_blocks = 0
+        swapped_out: list[tuple[int, list[int]]] | None = None
+        swapped_in: list[tuple[int, list[int]]] | None = None
         for r, mode in plan.preempt:
             if r.status is not Status.RUNNING:
                 raise PlanError(f"policy preempted request {r.id}, which is {r.status.value}")
@@ -286,7 +293,9 @@ class ServingCore:
             self.kv_tokens -= r.num_computed_tokens
             self.filled_blocks -= cdiv(r.num_computed_tokens, kv.block_size)
             if mode == "swap":
+                blocks = list(getattr(kv, "tables", {}).get(r.id, ()))
                 swap_blocks += kv.swap_out(r)
+                swapped_out = (swapped_out or []) + [(r.id, blocks)]
                 r.status = Status.SWAPPED
                 self.swapped.append(r)
                 self.stats.num_swaps += 1
@@ -302,6 +311,7 @@ class ServingCore:
                 raise PlanError(f"policy swapped in request {r.id}, which is {r.status.value}")
             self.swapped.remove(r)
             swap_blocks += kv.swap_in(r)
+            swapped_in = (swapped_in or []) + [(r.id, list(getattr(kv, "tables", {}).get(r.id, ())))]
             self._admit(r)
             self.kv_tokens += r.num_computed_tokens
             self.filled_blocks += cdiv(r.num_computed_tokens, kv.block_size)
@@ -422,6 +432,8 @@ class ServingCore:
             num_rejected=len(plan.reject),
             group_size=group_size,
             group_blocks=group_blocks,
+            swapped_out=swapped_out,
+            swapped_in=swapped_in,
         )
 
     def _admit(self, r: Request) -> None:
@@ -473,6 +485,8 @@ class ServingCore:
         self.done.append(r)
         if self.on_finish is not None:
             self.on_finish(r)
+        for listener in self.finish_listeners:
+            listener(r)
 
     # ---- many steps at once --------------------------------------------------------------------------------------
     def _predict(self, k: int, pad: int) -> tuple[list[int], list[int]]:

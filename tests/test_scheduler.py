@@ -676,3 +676,41 @@ def test_core_accepts_the_same_plan_within_limits() -> None:
     assert batch is not None and batch.num_scheduled == 3 and batch.prefill_tokens == 12
     done = core.complete(batch, 1.0)
     assert done == [] and all(r.num_output_tokens == 1 for r in core.running)
+
+
+def test_batch_records_the_blocks_each_swap_moves() -> None:
+    """A swap's GPU blocks, as the block manager chose them, travel with the batch (the real engine copies
+    exactly these), and finish listeners hear about every request that ends."""
+    from sim.block_manager import PagedBlockManager
+    from sim.core import ServingCore
+    from sim.policies import ContinuousPolicy, Limits
+    from sim.request import Request, RequestSpec
+
+    kv = PagedBlockManager(6, 4, num_cpu_blocks=8)
+    core = ServingCore(
+        ContinuousPolicy(Limits(4, 64, 24), prefill_mode="mixed", preemption_mode="swap"), kv, fast_path=False
+    )
+    ended: list[int] = []
+    core.finish_listeners.append(lambda r: ended.append(r.id))
+    reqs = [Request(RequestSpec(i, 0.0, 8, 9), arrival=0.0) for i in range(2)]
+    for r in reqs:
+        core.add_request(r, 0.0)
+    t, outs, ins, tables = 0.0, [], [], {}
+    while core.has_work:
+        batch = core.schedule(t)
+        assert batch is not None
+        if batch.swapped_out:
+            for rid, blocks in batch.swapped_out:
+                assert blocks == tables[rid]  # the blocks it held before the step
+                outs.append((rid, len(blocks)))
+        if batch.swapped_in:
+            for rid, blocks in batch.swapped_in:
+                # the blocks that receive the CPU copy lead its table (the step may append one to grow)
+                assert blocks == kv.tables[rid][: len(blocks)]
+                ins.append((rid, len(blocks)))
+        core.complete(batch, t + 1.0)
+        tables = {rid: list(b) for rid, b in kv.tables.items()}
+        t += 1.0
+    assert [o[0] for o in outs] == [1] and ins == outs  # the latest admitted went out and came back whole
+    assert sorted(ended) == [0, 1]
+    kv.check_invariants()
