@@ -12,8 +12,9 @@ Fast path (the simulator's; the real engine turns it off because it needs every 
 requests that decode join a ``DecodeGroup`` and are stepped in aggregate; a policy that knows the group plans
 it with one flag (``Plan.decode_group``) instead of one entry per request. When nothing can change the
 policy's answer (no arrival, no finish, no block shortage, no deadline; see ``sim.policies.base``) the core
-repeats the last plan without asking, and ``fast_forward`` takes a whole stretch of such steps with one
-vectorised cost-model call. The results are identical to stepping one by one; the tests check it byte for byte.
+repeats the last plan without asking, and ``fast_forward`` takes a whole stretch of such steps at once, priced
+together (``decode_steps`` or one vectorised ``step_time`` call) and applied in one tight loop. The results are
+identical to stepping one by one; the tests check it byte for byte.
 """
 
 from __future__ import annotations
@@ -514,8 +515,8 @@ class ServingCore:
     def fast_forward(
         self, now: float, horizon: float, cost, *, finishes: bool = True, overshoot: bool = False
     ) -> tuple[list[float], float] | None:
-        """Take several group-only steps at once: price them with one vectorised cost-model call, then apply them
-        through ``schedule``/``complete`` (so the records are identical to stepping one by one). Stops before any
+        """Take several group-only steps at once: price them together, then apply them in one loop that records
+        exactly what ``schedule``/``complete`` would (the tests compare the two). Stops before any
         step that would end at or after ``horizon`` (the next event from outside, such as an arrival) or when the
         policy must be asked again; ``finishes=False`` also stops before a step in which a request completes
         (when a completion can start an outside event, such as a closed-loop user's next request).
