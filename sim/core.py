@@ -549,7 +549,8 @@ class ServingCore:
                 first = decode_steps([rows], [read])[0][0]
             else:
                 first = cost.step_time(StepShape(rows, rows, rows, read, read, pad, 0))
-            last = min(last, j0 + int((horizon - now) / max(first, 1e-9)) + 2)
+            # (generous: departures shorten later steps, and an unused prediction costs little)
+            last = min(last, j0 + int((horizon - now) / max(first, 1e-9) * 1.25) + 4)
         k = last - j0
         if k < 1:
             return None
