@@ -69,40 +69,71 @@ class Replica:
             self._idle.succeed()
 
     def _loop(self):
+        """The step loop. With a horizon (the time of the next event from outside), steps that end before it are
+        applied at once, ahead of the SimPy clock, which then catches up in one timeout: nothing outside can
+        happen before the horizon, so the results are those of stepping one by one (the tests compare them)."""
         env, core, cost = self.env, self.core, self.cost
         step_time, step_flops = cost.step_time, cost.step_flops
+        ahead = self.horizon is not None and self.finishes_are_silent
         while True:
-            if self.horizon is not None and core.group is not None and core.group.members:
-                seg = core.fast_forward(
-                    env.now, self.horizon(), cost, finishes=self.finishes_are_silent, overshoot=self.overshoot
-                )
-                if seg is not None:
-                    durations, end = seg
-                    delay = end - env.now
-                    if env.now + delay == end:
-                        yield env.timeout(delay)
-                    else:  # the clock must land on exactly the same float as step by step
-                        for d in durations:
-                            yield env.timeout(d)
-                    if core.overshot:  # the last step's row must show the queue at its end, arrivals included
-                        core.steps.set_last_waiting(len(core.waiting))
+            t = env.now
+            taken: list[float] = []  # durations of the steps applied ahead of the clock
+            inflight = None  # a step that an outside event falls in: it runs on the clock
+            overshot = False
+            batch = None
+            while True:
+                horizon = self.horizon() if self.horizon is not None else None
+                if horizon is not None and core.group is not None and core.group.members:
+                    seg = core.fast_forward(
+                        t, horizon, cost, finishes=self.finishes_are_silent, overshoot=self.overshoot
+                    )
+                    if seg is not None:
+                        taken += seg[0]
+                        t = seg[1]
+                        if core.overshot:
+                            overshot = True
+                            break
+                        if not ahead:
+                            break
+                        continue
+                batch = core.schedule(t)
+                if batch is None:
+                    break
+                duration = float(step_time(batch.shape))
+                flops = float(step_flops(batch.shape))
+                end = t + duration
+                if ahead and end < horizon:
+                    core.complete(batch, end, flops)
+                    taken.append(duration)
+                    t = end
                     continue
-            batch = core.schedule(env.now)
-            if batch is None:
-                if self.closed and not core.has_work:
-                    return
-                self._idle = env.event()
-                wake = core.wake_time(env.now) if core.has_work else None
-                if wake is not None and wake > env.now:
-                    yield env.any_of([self._idle, env.timeout(wake - env.now)])
+                inflight = (batch, duration, flops)
+                break
+            if taken:  # let the clock catch up, landing on exactly the float stepping one by one would
+                delay = t - env.now
+                if env.now + delay == t:
+                    yield env.timeout(delay)
                 else:
-                    yield self._idle
-                self._idle = None
+                    for d in taken:
+                        yield env.timeout(d)
+                if overshot:  # the last step's row must show the queue at its end, arrivals included
+                    core.steps.set_last_waiting(len(core.waiting))
+            if inflight is not None:
+                batch, duration, flops = inflight
+                yield env.timeout(duration)
+                core.complete(batch, env.now, flops)
                 continue
-            duration = float(step_time(batch.shape))
-            flops = float(step_flops(batch.shape))
-            yield env.timeout(duration)
-            core.complete(batch, env.now, flops)
+            if overshot or taken:
+                continue
+            if self.closed and not core.has_work:
+                return
+            self._idle = env.event()
+            wake = core.wake_time(env.now) if core.has_work else None
+            if wake is not None and wake > env.now:
+                yield env.any_of([self._idle, env.timeout(wake - env.now)])
+            else:
+                yield self._idle
+            self._idle = None
 
 
 Router = Callable[[Request, Sequence[Replica]], int]
