@@ -94,6 +94,20 @@ def check_azure_code(s: Summaries) -> None:
     assert adm["goodput"] > chunked["goodput"]
 
 
+def check_lesson_continuous_batching(s: Summaries) -> None:
+    # the 4-8x range itself is asserted in tests/test_lessons.py
+    assert s["continuous"]["output_throughput"] > 4 * s["naive"]["output_throughput"]
+
+
+def check_lesson_paged_memory(s: Summaries) -> None:
+    assert s["contiguous"]["kv_token_utilization"] < 0.4 < 0.95 < s["paged"]["kv_token_utilization"]
+
+
+def check_lesson_memory_bound(s: Summaries) -> None:
+    assert "memory" in bottleneck(s["bf16-two-gpus"])
+    assert s["bf16-two-gpus"]["num_rejected"] > 0 == s["fp8-weights-and-kv"]["num_rejected"]
+
+
 # file stem -> (overrides that scale it down, checks)
 CASES: dict[str, tuple[dict, Callable[[Summaries], None]]] = {
     "naive-vs-continuous": ({"workload.num_requests": 200}, check_naive_vs_continuous),
@@ -102,6 +116,10 @@ CASES: dict[str, tuple[dict, Callable[[Summaries], None]]] = {
     "azure-conv": ({"workload.arrival.end": 60}, check_azure_conv),
     # the largest burst of the first 20 minutes lies in this minute
     "azure-code-bursty": ({"workload.arrival.start": 840, "workload.arrival.end": 900}, check_azure_code),
+    # the lessons (tests/test_lessons.py checks their published ranges on the same settings)
+    "lesson-continuous-batching": ({"workload.num_requests": 600}, check_lesson_continuous_batching),
+    "lesson-paged-memory": ({"workload.num_requests": 300}, check_lesson_paged_memory),
+    "lesson-memory-bound": ({"workload.num_requests": 200}, check_lesson_memory_bound),
 }
 
 
