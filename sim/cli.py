@@ -85,6 +85,89 @@ def schema() -> None:
     typer.echo(json.dumps(json_schema(), indent=2))
 
 
+engine_app = typer.Typer(no_args_is_help=True, help="Run a scenario on the real engine (realengine/, needs torch).")
+app.add_typer(engine_app, name="engine")
+
+
+@engine_app.command("run")
+def engine_run(
+    scenario: Path = typer.Argument(..., help="Scenario YAML file."),
+    device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Run folder to write (default: runs/NAME-engine)."),
+    model: Optional[str] = typer.Option(None, "--model", help="Replace the scenario's model (e.g. tiny)."),
+    num_requests: Optional[int] = typer.Option(None, "--num-requests", "-n", help="Override workload.num_requests."),
+    time_scale: float = typer.Option(1.0, "--time-scale", help="Arrival a comes at a * X wall seconds."),
+    num_gpu_blocks: Optional[int] = typer.Option(
+        None, "--num-gpu-blocks", help="KV cache blocks (default: sized as vLLM does on CUDA, capped on CPU)."
+    ),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="fp32, bf16, fp16 (default: fp32 on CPU, the "
+                                        "deployment's weight_dtype on CUDA)."),
+    set_: list[str] = typer.Option([], "--set", help="Override a scenario value: dotted.key=value (repeatable)."),
+) -> None:
+    """Replay the scenario's workload on the real engine, every variant in turn; write the same run folder as
+    `servesim run` (with measured step durations) plus memory.csv."""
+    from sim.metrics import summarize
+    from sim.output import format_table
+    from sim.run import generate_workload
+    from sim.scenario import slos_of, variant_configs
+
+    if device not in ("cpu", "cuda"):
+        _fail(f"--device must be cpu or cuda, got {device!r}")
+    if time_scale < 0:
+        _fail(f"--time-scale must be >= 0, got {time_scale}")
+    if num_gpu_blocks is not None and num_gpu_blocks < 1:
+        _fail(f"--num-gpu-blocks must be >= 1, got {num_gpu_blocks}")
+    overrides = _overrides(set_, num_requests)
+    try:
+        sc, raw = load_scenario(scenario, overrides)
+        if sc.sweep:
+            raise ScenarioError("sweeps are not supported by `servesim engine run`; run one point (--set)")
+        cfgs = variant_configs(sc)
+        wl = generate_workload(sc)
+        if wl.closed_loop is not None:
+            raise ScenarioError("workload: closed-loop workloads are not supported by the engine yet")
+    except ScenarioError as e:
+        _fail(str(e))
+        return
+    try:
+        import torch  # noqa: F401
+
+        from realengine.engine import engine_config, run_engine, write_engine_run
+        from realengine.model import torch_dtype
+    except ImportError as e:
+        _fail(f"the engine needs torch: {e}")
+        return
+    try:
+        tdtype = torch_dtype(dtype) if dtype is not None else None
+    except ValueError as e:
+        _fail(f"--dtype: {e}")
+        return
+    if device == "cuda" and not torch.cuda.is_available():
+        _fail("--device cuda: torch sees no CUDA device")
+    try:  # everything the input can get wrong fails here, before any run
+        for cfg in cfgs:
+            engine_config(cfg, model_spec=model, num_gpu_blocks=num_gpu_blocks, device=device)
+    except (ScenarioError, ValueError) as e:
+        _fail(str(e))
+    out_dir = out or Path("runs") / f"{sc.name}-engine"
+    if out_dir.exists() and not out_dir.is_dir():
+        _fail(f"--out {out_dir}: exists and is not a folder")
+    typer.echo(f"{sc.name}: {sc.workload.describe()} on the engine ({device})", err=True)
+    results, summaries, memory = [], {}, []
+    for cfg in cfgs:
+        result, _, _ = run_engine(cfg, wl, device=device, dtype=tdtype, model_spec=model,
+                                  num_gpu_blocks=num_gpu_blocks, time_scale=time_scale, memory_samples=memory)
+        results.append(result)
+        summaries[result.name] = summarize(result, slos_of(sc))
+    try:
+        write_engine_run(out_dir, results, memory, summaries, scenario=sc.model_dump(mode="json"),
+                         title=f"servesim engine ({device}): {sc.name}")
+    except OSError as e:
+        _fail(f"--out {out_dir}: cannot write the run folder: {e.strerror or e}")
+    typer.echo(format_table(summaries))
+    typer.echo(f"wrote {out_dir}/summary.json, requests.csv, steps.csv, report.html, memory.csv")
+
+
 def main() -> None:  # pragma: no cover - console entry
     app()
 

@@ -1,0 +1,278 @@
+"""The real-time engine loop: a scenario's workload replayed against the wall clock on a real model.
+
+The serving core, its policy and its KV block manager are the very objects the simulator builds
+(``sim.scenario.build``); only the executor differs. One iteration of the loop::
+
+    add every request whose (scaled) arrival time has passed     # at the loop's clock, see below
+    batch = core.schedule(now)                                  # None: sleep to the next arrival / wake time
+    runner.execute(batch)                                       # the real forward pass (synchronised)
+    core.complete(batch, end)                                   # end measured on the wall clock
+
+The engine's clock: ``now`` is the time the step starts, and every step ends at ``end = now + d`` where ``d`` is
+the measured wall time since ``now`` (``perf_counter``). A step that follows another starts exactly at the
+previous step's end, so the scheduler's bookkeeping between two forward passes is part of a step's measured
+duration, as in any real engine's step time. When the engine idles, it sleeps until the next arrival (or the
+policy's wake time) and the next step starts exactly at that time: the oversleep (the OS's wake-up latency) is
+folded into the step's duration. Requests are admitted at the loop top when their arrival time is at or before
+``now``, with their true (scaled) arrival time. Thus every scheduling decision depends only on arrivals at or
+before the step's start, and the clock is ``start + duration`` step by step: exactly what the simulator computes
+when it is given the measured durations, which makes the parity check (same plans, same preemptions) exact.
+
+Open-loop workloads only; closed-loop ones raise ``NotImplementedError``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import resource
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from realengine.attention import build_metadata
+from realengine.kv_cache import kv_bytes_per_block, profile_num_blocks
+from realengine.model import LlamaModel, torch_dtype
+from realengine.runner import ModelRunner
+from sim.core import ServingCore
+from sim.records import RunResult
+from sim.request import Request
+from sim.scenario import PagedKV, ScenarioError, VariantConfig, build
+from sim.simulator import result_of
+from sim.specs import ModelSpec
+
+CPU_KV_BYTES = 512 * 2**20  # CPU runs without num_gpu_blocks: KV cache of at most this many bytes
+MEMORY_COLUMNS = ("variant", "step", "time", "rss_bytes", "max_rss_bytes", "cuda_allocated_bytes",
+                  "cuda_max_allocated_bytes", "nvml_used_bytes", "nvml_gpu_util")
+
+
+def _rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return _max_rss_bytes()
+
+
+def _max_rss_bytes() -> int:
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux: KiB
+
+
+class MemorySampler:
+    """Process memory (and on CUDA torch's allocator and, if pynvml is installed, NVML) every ``every`` steps."""
+
+    def __init__(self, variant: str, device: torch.device, every: int = 8) -> None:
+        self.variant = variant
+        self.device = device
+        self.every = max(1, every)
+        self.rows: list[dict[str, Any]] = []
+        self._nvml = None
+        if device.type == "cuda":
+            try:  # optional
+                import pynvml
+
+                pynvml.nvmlInit()
+                index = device.index if device.index is not None else torch.cuda.current_device()
+                self._nvml = (pynvml, pynvml.nvmlDeviceGetHandleByIndex(index))
+            except Exception:  # noqa: BLE001 - no pynvml, no driver access: torch's statistics only
+                self._nvml = None
+
+    def sample(self, step: int, now: float, force: bool = False) -> None:
+        if not force and step % self.every:
+            return
+        row: dict[str, Any] = {"variant": self.variant, "step": step, "time": now, "rss_bytes": _rss_bytes(),
+                               "max_rss_bytes": _max_rss_bytes(), "cuda_allocated_bytes": "",
+                               "cuda_max_allocated_bytes": "", "nvml_used_bytes": "", "nvml_gpu_util": ""}
+        if self.device.type == "cuda":
+            row["cuda_allocated_bytes"] = torch.cuda.memory_allocated(self.device)
+            row["cuda_max_allocated_bytes"] = torch.cuda.max_memory_allocated(self.device)
+            if self._nvml is not None:
+                nv, handle = self._nvml
+                row["nvml_used_bytes"] = nv.nvmlDeviceGetMemoryInfo(handle).used
+                row["nvml_gpu_util"] = nv.nvmlDeviceGetUtilizationRates(handle).gpu
+        self.rows.append(row)
+
+
+def _with_deployment(cfg: VariantConfig, **update: Any) -> VariantConfig:
+    return dataclasses.replace(cfg, deployment=cfg.deployment.model_copy(update=update))
+
+
+def engine_config(cfg: VariantConfig, *, model_spec: str | None = None, num_gpu_blocks: int | None = None,
+                  dtype: torch.dtype = torch.float32, device: str = "cpu") -> VariantConfig:
+    """The variant as the engine runs it: the model replaced (``model_spec``, e.g. ``"tiny"``; max_model_len cut to
+    its context), the KV block count given, or capped on CPU, and the swap space cut to what the engine can hold
+    (on CPU at most as many blocks as the device cache: the CPU swap tensors are allocated up front)."""
+    if model_spec is not None:
+        spec = ModelSpec.from_name(model_spec)
+        mml = cfg.deployment.max_model_len
+        cfg = _with_deployment(cfg, model=model_spec,
+                               max_model_len=None if mml is None else min(mml, spec.max_position_embeddings))
+    if num_gpu_blocks is not None:
+        if num_gpu_blocks < 1:
+            raise ScenarioError(f"--num-gpu-blocks must be >= 1, got {num_gpu_blocks}")
+        cfg = _with_deployment(cfg, num_gpu_blocks=num_gpu_blocks)
+    _, kv, _, built = build(cfg)
+    real_bpb = kv_bytes_per_block(built.model, dtype, cfg.deployment.block_size)
+    if device != "cuda" and cfg.deployment.num_gpu_blocks is None:
+        cap = max(1, CPU_KV_BYTES // real_bpb)
+        if kv.num_blocks > cap:
+            cfg = _with_deployment(cfg, num_gpu_blocks=cap)
+            _, kv, _, built = build(cfg)
+    cpu_blocks = getattr(kv, "num_cpu_blocks", 0)
+    want = cpu_blocks if device == "cuda" else min(cpu_blocks, kv.num_blocks)
+    if want != cpu_blocks and built.budget.kv_bytes_per_block:
+        # build() takes int(swap_space * 2**30 // kv_bytes_per_block) blocks: this float gives exactly ``want``
+        cfg = _with_deployment(cfg, swap_space=want * built.budget.kv_bytes_per_block / 2**30)
+    return cfg
+
+
+def _default_dtype(cfg: VariantConfig, device: str) -> torch.dtype:
+    if device != "cuda":
+        return torch.float32
+    wd = cfg.deployment.weight_dtype
+    return torch_dtype(wd) if wd in ("fp32", "bf16", "fp16") else torch.bfloat16
+
+
+def run_engine(
+    cfg: VariantConfig,
+    workload,
+    *,
+    device: str = "cpu",
+    dtype: str | torch.dtype | None = None,
+    model_spec: str | None = None,
+    num_gpu_blocks: int | None = None,
+    time_scale: float = 1.0,
+    max_wall_s: float | None = None,
+    name: str | None = None,
+    seed: int = 0,
+    record_plans: bool = False,
+    memory_every: int = 8,
+    memory_samples: list | None = None,
+    kv_layout: str = "paged",
+) -> tuple[RunResult, list[Request], ServingCore]:
+    """Run one variant on the real model, replaying ``workload`` (a ``GeneratedWorkload`` or a list of
+    ``RequestSpec``) against the wall clock; arrival ``a`` comes at ``a * time_scale`` seconds after the start.
+
+    Returns ``(result, requests, core)`` like ``sim.run.simulate_variant``; every time in them is wall-clock
+    seconds since the start. ``memory_samples``: a list the memory samples (dicts of ``MEMORY_COLUMNS``) are
+    appended to. ``max_wall_s``: requests still in flight then end ``failed`` and unsent ones are dropped.
+    """
+    requests_in = getattr(workload, "requests", workload)
+    if getattr(workload, "closed_loop", None) is not None:
+        raise NotImplementedError("realengine: closed-loop workloads (users with think times) are not supported by "
+                                  "the engine yet; use an open-loop arrival process")
+    if time_scale < 0:
+        raise ValueError(f"time_scale must be >= 0, got {time_scale}")
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device 'cuda' requested but torch sees no CUDA device")
+    tdtype = torch_dtype(dtype) if dtype is not None else _default_dtype(cfg, device)
+    cfg = engine_config(cfg, model_spec=model_spec, num_gpu_blocks=num_gpu_blocks, dtype=tdtype, device=device)
+    _, _, _, built = build(cfg)
+    model = LlamaModel(built.model, dtype=tdtype, device=device, seed=seed)
+    if device == "cuda" and cfg.deployment.num_gpu_blocks is None:  # size the cache as vLLM does
+        blocks = profile_num_blocks(model, block_size=cfg.deployment.block_size,
+                                    max_num_batched_tokens=built.limits.max_num_batched_tokens,
+                                    max_num_seqs=built.limits.max_num_seqs,
+                                    gpu_memory_utilization=cfg.deployment.gpu_memory_utilization)
+        cfg = engine_config(cfg, num_gpu_blocks=blocks, dtype=tdtype, device=device)
+    policy, kv, cost, built = build(cfg)
+    if kv_layout == "paged" and not isinstance(cfg.kv_cache, PagedKV):
+        kv_layout = "contiguous"  # the contiguous allocator has no block tables
+    runner = ModelRunner(built.model, block_manager=kv, model=model, kv_layout=kv_layout,
+                         max_num_seqs=min(built.limits.max_num_seqs, 1024), max_model_len=built.max_model_len)
+    core = ServingCore(policy, kv, fast_path=False, record_plans=record_plans)
+    core.finish_listeners.append(lambda r: runner.release(r.id))
+    is_cuda = device == "cuda"
+    price = cost if is_cuda else SimpleNamespace(peak_flops=0.0)
+    sampler = MemorySampler(name or cfg.name, runner.device, memory_every)
+
+    # warm-up outside the clock: the first forward pays one-off costs (allocator, kernels' first calls)
+    with torch.inference_mode():
+        meta = build_metadata([0], [8], device=runner.device, block_size=kv.block_size)
+        model(torch.zeros(8, dtype=torch.long, device=runner.device), meta.positions, meta, None)
+    if is_cuda:
+        torch.cuda.synchronize(runner.device)
+
+    pending = sorted(requests_in, key=lambda s: (s.arrival, s.id))
+    due = [s.arrival * time_scale for s in pending]
+    requests: list[Request] = []
+    i = 0
+    steps = 0
+    clock = time.perf_counter
+    t0 = clock()
+    now = 0.0
+    while True:
+        while i < len(pending) and due[i] <= now:
+            req = Request(pending[i], due[i])
+            requests.append(req)
+            core.add_request(req, due[i])
+            i += 1
+        if max_wall_s is not None and clock() - t0 > max_wall_s:
+            for r in list(core.waiting) + list(core.running) + list(core.swapped):
+                core.abort(r, now, "engine wall-clock limit")
+            break
+        batch = core.schedule(now) if core.has_work else None
+        if batch is None:
+            nxt = due[i] if i < len(pending) else None
+            wake = core.wake_time(now) if core.has_work else None
+            if wake is not None and wake > now and (nxt is None or wake < nxt):
+                nxt = wake
+            if nxt is None:
+                if core.has_work:
+                    raise RuntimeError(f"engine stalled at {now:.3f}s: {len(core.waiting)} waiting, "
+                                       f"{len(core.running)} running, {len(core.swapped)} swapped and the policy "
+                                       f"schedules nothing")
+                break
+            delay = nxt - (clock() - t0)
+            if delay > 0:
+                time.sleep(delay)
+            now = nxt  # the step starts at the arrival (wake) time; the oversleep counts in its duration
+            continue
+        runner.execute(batch)
+        if is_cuda:
+            torch.cuda.synchronize(runner.device)
+        end = now + ((clock() - t0) - now)
+        # requests that arrived during the step join the queue before the step completes, as in the simulator
+        # (the step's row then shows them waiting)
+        while i < len(pending) and due[i] <= end:
+            req = Request(pending[i], due[i])
+            requests.append(req)
+            core.add_request(req, due[i])
+            i += 1
+        flops = float(cost.step_flops(batch.shape)) if is_cuda else 0.0
+        core.complete(batch, end, flops)
+        sampler.sample(steps, end)
+        steps += 1
+        now = end
+    sampler.sample(steps, clock() - t0, force=True)
+    if memory_samples is not None:
+        memory_samples.extend(sampler.rows)
+    result = result_of(name or cfg.name, requests, core, price, config=cfg.to_dict(),
+                       weight_bytes=float(model.weight_bytes()),
+                       kv_bytes_per_block=float(kv_bytes_per_block(built.model, tdtype, kv.block_size)))
+    return result, requests, core
+
+
+def write_memory_csv(out_dir: str | os.PathLike, samples: list[dict[str, Any]]) -> Path:
+    path = Path(out_dir) / "memory.csv"
+    lines = [",".join(MEMORY_COLUMNS)]
+    for row in samples:
+        lines.append(",".join(str(row[c]) for c in MEMORY_COLUMNS))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def write_engine_run(out_dir: str | os.PathLike, results: list[RunResult], memory_samples: list[dict[str, Any]],
+                     summaries: dict | None = None, *, scenario: dict | None = None,
+                     title: str | None = None) -> Path:
+    """The simulator's run folder (summary.json, requests.csv, steps.csv, report.html) plus memory.csv."""
+    from sim.output import write_run
+
+    out = write_run(out_dir, results, summaries, scenario=scenario, title=title)
+    write_memory_csv(out, memory_samples)
+    return out

@@ -1,0 +1,228 @@
+"""The real-time engine loop (realengine/engine.py) on the tiny model, CPU, one thread.
+
+- an open-loop run completes every request and writes the simulator's run folder (plus memory.csv);
+- parity: the simulator, fed the engine's measured step durations in order, reproduces the engine's schedule step
+  by step (plans, preemptions by recompute and by swap, token counts, clock);
+- static versus continuous batching on a mixed-length workload: continuous has clearly higher throughput;
+- the ``servesim engine run`` command.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+torch = pytest.importorskip("torch")
+
+from typer.testing import CliRunner  # noqa: E402
+
+from realengine.engine import MEMORY_COLUMNS, engine_config, run_engine, write_engine_run  # noqa: E402
+from sim.cli import app  # noqa: E402
+from sim.core import ServingCore  # noqa: E402
+from sim.output import read_steps, write_run  # noqa: E402
+from sim.request import RequestSpec  # noqa: E402
+from sim.run import generate_workload, simulate_variant  # noqa: E402
+from sim.scenario import build, parse_scenario, variant_configs  # noqa: E402
+from sim.simulator import Simulation  # noqa: E402
+
+torch.set_num_threads(1)
+
+NUM_BLOCKS = 12  # 48 tokens of 4-token blocks: a handful of requests of up to 36 tokens force preemptions
+
+
+def scenario(preemption_mode: str = "recompute", num_requests: int = 12, rate: float = 40.0) -> dict:
+    return {
+        "name": "engine-small",
+        "seed": 3,
+        "workload": {
+            "arrival": {"type": "poisson", "rate": rate},
+            "num_requests": num_requests,
+            "prompt_len": {"type": "uniform", "low": 4, "high": 24},
+            "output_len": {"type": "uniform", "low": 2, "high": 12},
+        },
+        "deployment": {"model": "tiny", "max_model_len": 40, "block_size": 4},
+        "policy": {"type": "continuous", "max_num_seqs": 8, "max_num_batched_tokens": 64,
+                   "preemption_mode": preemption_mode},
+    }
+
+
+def small_run(preemption_mode: str = "recompute"):
+    sc = parse_scenario(scenario(preemption_mode))
+    cfg = variant_configs(sc)[0]
+    wl = generate_workload(sc)
+    memory: list = []
+    result, requests, core = run_engine(cfg, wl, num_gpu_blocks=NUM_BLOCKS, time_scale=0.05, record_plans=True,
+                                        memory_samples=memory, memory_every=4)
+    return sc, cfg, wl, result, requests, core, memory
+
+
+RUNS = {mode: small_run(mode) for mode in ("recompute", "swap")}
+
+
+def test_open_loop_run_completes_and_writes_the_run_folder(tmp_path: Path) -> None:
+    sc, cfg, wl, result, requests, core, memory = RUNS["recompute"]
+    assert len(requests) == len(wl.requests) == 12
+    assert all(r.outcome.value == "completed" for r in requests)
+    assert all(r.num_output_tokens == r.output_len for r in requests)
+    assert core.stats.num_preemptions > 0  # the small cache forces some
+    steps = result.steps
+    assert len(steps["duration"]) > 10 and (steps["duration"] > 0).all()
+    # back-to-back steps: a step starts where the previous one ended (idle gaps only before an arrival)
+    ends = steps["start"] + steps["duration"]
+    assert (steps["start"][1:] >= ends[:-1] - 1e-12).all()
+    # every block free at the end
+    assert core.kv.num_free_blocks == core.kv.num_blocks
+    write_engine_run(tmp_path / "engine", [result], memory)
+    sim_result, _, _ = simulate_variant(engine_config(cfg, num_gpu_blocks=NUM_BLOCKS), wl)
+    write_run(tmp_path / "sim", [sim_result])
+    for name in ("summary.json", "requests.csv", "steps.csv", "report.html"):
+        assert (tmp_path / "engine" / name).is_file()
+    for name in ("requests.csv", "steps.csv"):
+        head_engine = (tmp_path / "engine" / name).read_text().splitlines()[0]
+        head_sim = (tmp_path / "sim" / name).read_text().splitlines()[0]
+        assert head_engine == head_sim
+    read = read_steps(tmp_path / "engine" / "steps.csv")["engine-small"]
+    assert np.allclose(read["duration"], steps["duration"])
+    with open(tmp_path / "engine" / "memory.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert tuple(rows[0]) == MEMORY_COLUMNS and len(rows) >= 3
+    assert all(int(r["rss_bytes"]) > 0 for r in rows)
+
+
+class ReplayedDurations:
+    """A cost model that returns the engine's measured step durations, in order."""
+
+    peak_flops = 0.0
+
+    def __init__(self, durations) -> None:
+        self.durations = [float(d) for d in durations]
+        self.used = 0
+
+    def step_time(self, shape) -> float:
+        d = self.durations[self.used]
+        self.used += 1
+        return d
+
+    def step_flops(self, shape) -> float:
+        return 0.0
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_parity_simulator_reproduces_the_engine_schedule(mode: str) -> None:
+    sc, cfg, wl, result, requests, core, _ = RUNS[mode]
+    assert core.stats.num_preemptions > 0
+    if mode == "swap":
+        assert core.stats.num_swaps > 0
+    # the same policy and KV manager the engine ran (the engine's config: model, block count, swap space)
+    policy, kv, _, _ = build(engine_config(cfg, num_gpu_blocks=NUM_BLOCKS))
+    sim_core = ServingCore(policy, kv, fast_path=False, record_plans=True)
+    # durations as steps.csv has them (end - start): the simulator's clock then lands on the engine's step ends
+    cost = ReplayedDurations(result.steps["duration"])
+    # arrivals: the times at which the engine admitted the requests
+    specs = [dataclasses.replace(r.spec, arrival=r.arrival) for r in requests]
+    sim = Simulation(specs, [(sim_core, cost)], fast_forward=False)
+    sim.run()
+    assert cost.used == len(cost.durations)
+    assert sim_core.plans == core.plans
+    assert sim_core.stats == core.stats
+    a, b = sim_core.steps.columns(), core.steps.columns()
+    for col in ("batch_size", "prefill_tokens", "decode_tokens", "kv_blocks_used", "kv_tokens", "num_running",
+                "num_waiting", "num_swapped", "num_preempted", "swap_blocks"):
+        assert np.array_equal(a[col], b[col]), col
+    assert np.allclose(a["start"], b["start"], rtol=0, atol=1e-9)
+    assert np.allclose(a["duration"], b["duration"], rtol=0, atol=1e-9)
+    eng = {r.id: r for r in requests}
+    for r in sim.requests:
+        e = eng[r.id]
+        assert (r.num_preemptions, r.num_output_tokens, r.outcome) == (e.num_preemptions, e.num_output_tokens,
+                                                                       e.outcome)
+        assert abs(r.first_token - e.first_token) < 1e-9 and abs(r.finish - e.finish) < 1e-9
+
+
+def mixed_workload(n: int = 32) -> list[RequestSpec]:
+    """All at once; in every 8 requests one long output (48 tokens) and seven short ones (3 tokens)."""
+    return [RequestSpec(id=i, arrival=0.0, prompt_len=8 + (i * 5) % 9, output_len=48 if i % 8 == 0 else 3)
+            for i in range(n)]
+
+
+def test_continuous_beats_static_batching_on_mixed_lengths() -> None:
+    raw = scenario()
+    raw["deployment"]["max_model_len"] = 64
+    raw["variants"] = [
+        {"name": "static", "policy": {"type": "static", "batch_size": 8, "max_wait": 0.0}},
+        {"name": "continuous", "policy": {"type": "continuous", "max_num_seqs": 8, "max_num_batched_tokens": 128}},
+    ]
+    cfgs = variant_configs(parse_scenario(raw))
+    specs = mixed_workload()
+    tput = {}
+    for cfg in cfgs:
+        result, requests, core = run_engine(cfg, specs, num_gpu_blocks=256)
+        assert all(r.outcome.value == "completed" for r in requests)
+        tput[cfg.name] = sum(r.num_output_tokens for r in requests) / result.duration
+    # Static: 4 batches, each runs until its 48-token request is done (~4 x 49 steps), 7 of 8 rows idle most of
+    # the time. Continuous: the 4 long requests decode together while the short ones stream through the other
+    # slots (~60 steps). A step of the tiny model costs about the same whatever its size on a CPU, so the ratio
+    # follows the step-count ratio, plus static's padding rows (prompts padded to the longest): 4.6x measured
+    # (391 against 1,820 tok/s on a 2-core CPU); 2.5x leaves room for a noisy machine.
+    ratio = tput["continuous"] / tput["static"]
+    print(f"throughput static {tput['static']:.0f} tok/s, continuous {tput['continuous']:.0f} tok/s, "
+          f"ratio {ratio:.2f}")
+    assert ratio >= 2.5
+
+
+def test_closed_loop_is_refused() -> None:
+    raw = scenario()
+    raw["workload"]["arrival"] = {"type": "closed_loop", "num_users": 2, "think_time": {"type": "fixed", "value": 0.1}}
+    sc = parse_scenario(raw)
+    wl = generate_workload(sc)
+    assert wl.closed_loop is not None
+    with pytest.raises(NotImplementedError, match="closed-loop"):
+        run_engine(variant_configs(sc)[0], wl, num_gpu_blocks=NUM_BLOCKS)
+
+
+def test_cli_engine_run_writes_the_folder(tmp_path: Path) -> None:
+    path = tmp_path / "s.yaml"
+    raw = scenario()
+    raw["deployment"]["model"] = "llama-3.1-8b"  # replaced by --model tiny
+    path.write_text(yaml.safe_dump(raw))
+    out = tmp_path / "out"
+    res = CliRunner().invoke(app, ["engine", "run", str(path), "--device", "cpu", "--out", str(out),
+                                   "--model", "tiny", "--num-requests", "6", "--time-scale", "0.05",
+                                   "--num-gpu-blocks", "32"])
+    assert res.exit_code == 0, res.output
+    for name in ("summary.json", "requests.csv", "steps.csv", "report.html", "memory.csv"):
+        assert (out / name).is_file(), name
+    rows = list(csv.DictReader(open(out / "requests.csv")))
+    assert len(rows) == 6 and all(r["outcome"] == "completed" for r in rows)
+
+
+@pytest.mark.parametrize("edit, needle", [
+    (lambda raw: raw["policy"].update(max_num_seqs=0), "max_num_seqs"),
+    (lambda raw: raw["deployment"].update(model="no-such-model"), "no-such-model"),
+])
+def test_cli_engine_run_bad_scenario_exits_2(tmp_path: Path, edit, needle: str) -> None:
+    raw = scenario()
+    edit(raw)
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    res = CliRunner().invoke(app, ["engine", "run", str(path), "--out", str(tmp_path / "out")])
+    assert res.exit_code == 2
+    assert needle in res.output and "Traceback" not in res.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_wall_clock_limit_fails_requests_in_flight_and_frees_everything() -> None:
+    raw = scenario()
+    raw["deployment"]["max_model_len"] = 256
+    raw["policy"]["max_num_batched_tokens"] = 256
+    cfg = variant_configs(parse_scenario(raw))[0]
+    specs = [RequestSpec(id=i, arrival=0.0, prompt_len=6, output_len=200) for i in range(3)]
+    result, requests, core = run_engine(cfg, specs, num_gpu_blocks=256, max_wall_s=0.05)
+    assert len(requests) == 3 and all(r.outcome.value == "failed" for r in requests)
+    assert all(0 < r.num_output_tokens < 200 for r in requests)
+    assert core.kv.num_free_blocks == core.kv.num_blocks and not core.has_work
