@@ -763,6 +763,78 @@ def fig_memory_stack(result: RunResult, max_points: int = MEMORY_POINTS) -> go.F
     return fig
 
 
+REQUEST_KV_REQUESTS = 60  # most requests drawn as their own band in the per-request memory chart
+REQUEST_KV_POINTS = 60  # time samples of that chart (evenly spaced, so the traces carry no x arrays)
+
+
+def request_kv_window(result: RunResult, max_requests: int = REQUEST_KV_REQUESTS) -> float:
+    """End of the window in which at most ``max_requests`` requests start computing: every request holding KV
+    in ``[0, end)`` is then drawn."""
+    starts = np.sort([r.first_scheduled for r in result.requests if r.first_scheduled >= 0])
+    if len(starts) == 0:
+        return 0.0
+    if len(starts) > max_requests:
+        return float(starts[max_requests])
+    return max(r.finish for r in result.requests)
+
+
+def request_kv_tokens(result: RunResult, t: np.ndarray, max_requests: int = REQUEST_KV_REQUESTS) -> dict[int, np.ndarray]:
+    """Per request id, the KV tokens it holds at the times ``t``: its prompt from its first step, then one more
+    token per output token, spread evenly between its first token and its finish (the records keep no per-token
+    times), nothing after it ends. Preemptions are not in the records, so a preempted request is drawn as if it
+    kept its KV."""
+    out: dict[int, np.ndarray] = {}
+    for r in sorted(result.requests, key=lambda r: (r.first_scheduled, r.id)):
+        if r.first_scheduled < 0 or len(out) >= max_requests:
+            continue
+        end = r.finish if r.finish >= 0 else float("inf")
+        alive = (t >= r.first_scheduled) & (t < end)
+        tokens = np.where(alive, float(r.prompt_tokens), 0.0)
+        if r.first_token >= 0 and r.output_tokens > 1 and end > r.first_token:
+            frac = np.clip((t - r.first_token) / (end - r.first_token), 0.0, 1.0)
+            tokens = tokens + np.where(alive & (t >= r.first_token), 1.0 + frac * (r.output_tokens - 1), 0.0)
+        out[r.id] = tokens
+    return out
+
+
+def fig_memory_by_request(result: RunResult, max_requests: int = REQUEST_KV_REQUESTS,
+                          points: int = REQUEST_KV_POINTS) -> go.Figure:
+    """GPU memory as weights plus one band per active request's KV cache, up to the capacity line: every
+    session's cache must stay resident, and the bands pile up against the ceiling."""
+    end = request_kv_window(result, max_requests)
+    t = np.linspace(0.0, end, points) if end > 0 else np.zeros(1)
+    bpb = float(result.kv_bytes_per_block)
+    bs = max(int(result.block_size), 1)
+    scale, unit = (bpb / bs / 2**30, "GiB") if bpb > 0 else (1.0 / bs, "KV blocks")
+    weights = float(result.weight_bytes) / 2**30 if bpb > 0 else 0.0
+    fig = go.Figure()
+    even = dict(x0=0.0, dx=float(t[1] - t[0]) if len(t) > 1 else 1.0)
+    if weights > 0:
+        fig.add_trace(go.Scatter(name="model weights", y=np.full(len(t), weights), stackgroup="m", **even,
+                                 line=dict(color="#7f7f7f", width=0.5), fillcolor="#7f7f7f"))
+    for i, (rid, tokens) in enumerate(request_kv_tokens(result, t, max_requests).items()):
+        fig.add_trace(go.Scatter(name=f"request {rid}", y=(tokens * scale).astype(np.float32), stackgroup="m", **even,
+                                 line=dict(width=0.3, color=color(i)), fillcolor=color(i), showlegend=False,
+                                 hovertemplate=f"request {rid}: %{{y:.3f}} {unit}<extra></extra>"))
+    cap = weights + float(result.kv_capacity_blocks) * bpb / 2**30 if bpb > 0 else float(result.kv_capacity_blocks)
+    fig.add_trace(go.Scatter(name="capacity: weights + KV pool", x=[0.0, float(t[-1])], y=[cap, cap],
+                             mode="lines", line=dict(color="black", dash="dash")))
+    fig.update_layout(template=TEMPLATE, height=380, xaxis_title="time (s)", yaxis_title=f"memory ({unit})",
+                      title=f"GPU memory by request: {result.name} (first {end:.0f} s, at most {max_requests} "
+                            "requests, one band each)", yaxis_rangemode="tozero")
+    return fig
+
+
+def _request_memory_sections(results: list[RunResult], summaries: dict) -> list[Section]:
+    note = _p(
+        "Every active request's KV cache as its own band above the weights: each session holds its cache until it "
+        "finishes, and the pile of bands is what meets the ceiling. Drawn from the request records (prompt at the "
+        "first step, output tokens spread evenly to the finish), over the opening window."
+    )
+    return [Section(f"KV cache by request: {r.name}", fig_memory_by_request(r), note if i == 0 else "")
+            for i, r in enumerate(results[:8])]
+
+
 # --- sweeps -----------------------------------------------------------------------------------------------------
 
 _SWEEP_NAME = re.compile(r"^(?P<variant>.*)\[(?P<params>[^\[\]]*)\]$")
@@ -964,6 +1036,7 @@ SectionBuilder = Callable[[list[RunResult], dict], list[Section]]
 SECTIONS: list[SectionBuilder] = [
     _slots_section,
     _memory_sections,
+    _request_memory_sections,
     _timeline_sections,
     _latency_section,
     _sweep_section,

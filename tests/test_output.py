@@ -241,7 +241,8 @@ def test_report_is_self_contained(tmp_path, two_runs):
     results, summaries = two_runs
     html = build_report(results, summaries, "a <b> title")
     assert html.count("plotly.js v") == 1  # the bundle, inlined once
-    assert html.count("Plotly.newPlot(") == 3 + 2 * len(results)  # slots, CDFs, throughput; timeline, memory each
+    # slots, CDFs, throughput; timeline, memory stack and KV by request for each variant
+    assert html.count("Plotly.newPlot(") == 3 + 3 * len(results)
     assert '<table class="summary">' in html and "TTFT p99 (ms)" in html
     assert "a &lt;b&gt; title" in html
     assert "<script src=" not in html and '<link rel="stylesheet" href' not in html  # nothing to fetch

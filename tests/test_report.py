@@ -225,3 +225,35 @@ def test_replicas_get_rows_of_their_own():
         check_rows(lay.start[rep == r], lay.held_until[rep == r], lay.row[rep == r] - 2 * r)
     fig = fig_batch_slots([res])
     assert len(fig.data[0].y) == 5
+
+
+def test_memory_by_request_bands_follow_each_request() -> None:
+    """Each drawn request's band is its prompt from its first step, grows to prompt + output by its finish,
+    and is zero outside its life; the bands plus the weights never exceed the capacity line."""
+    from sim.report import fig_memory_by_request, request_kv_tokens
+    from sim.run import generate_workload, simulate_variant
+    from sim.scenario import parse_scenario, variant_configs
+
+    sc = parse_scenario({
+        "workload": {"arrival": {"type": "poisson", "rate": 6.0}, "num_requests": 60,
+                     "prompt_len": {"type": "uniform", "low": 50, "high": 900},
+                     "output_len": {"type": "uniform", "low": 2, "high": 300}},
+        "deployment": {"model": "llama-3.1-8b", "gpu": "a100-80gb", "max_model_len": 4096},
+        "policy": {"type": "continuous", "enable_chunked_prefill": True},
+    })
+    (cfg,) = variant_configs(sc)
+    result, _, _ = simulate_variant(cfg, generate_workload(sc))
+    t = np.linspace(0.0, max(r.finish for r in result.requests), 400)
+    bands = request_kv_tokens(result, t, max_requests=60)
+    assert len(bands) == 60
+    for r in result.requests:
+        y = bands[r.id]
+        assert np.all(y[t < r.first_scheduled] == 0) and np.all(y[t >= r.finish] == 0)
+        alive = (t >= r.first_scheduled) & (t < r.finish)
+        assert np.all(y[alive] >= r.prompt_tokens) and np.all(y[alive] <= r.prompt_tokens + r.output_tokens)
+    fig = fig_memory_by_request(result, max_requests=60)
+    bands_y = [np.asarray(tr.y, dtype=float) for tr in fig.data if tr.name and tr.name.startswith("request ")]
+    weights = [np.asarray(tr.y, dtype=float) for tr in fig.data if tr.name == "model weights"][0]
+    cap = [tr.y[0] for tr in fig.data if tr.name.startswith("capacity")][0]
+    assert len(bands_y) == 60
+    assert np.all(weights + np.sum(bands_y, axis=0) <= cap * (1 + 1e-6))
