@@ -24,9 +24,12 @@ Open-loop workloads only; closed-loop ones raise ``NotImplementedError``.
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import os
 import resource
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -37,9 +40,10 @@ from realengine.attention import build_metadata
 from realengine.kv_cache import kv_bytes_per_block, profile_num_blocks
 from realengine.model import LlamaModel, torch_dtype
 from realengine.runner import ModelRunner
-from sim.core import ServingCore
+from sim.core import Batch, ServingCore
+from sim.failures import FailurePlan
 from sim.records import RunResult
-from sim.request import Request
+from sim.request import Request, Status
 from sim.scenario import PagedKV, ScenarioError, VariantConfig, build
 from sim.simulator import result_of
 from sim.specs import ModelSpec
@@ -62,13 +66,26 @@ def _max_rss_bytes() -> int:
 
 
 class MemorySampler:
-    """Process memory (and on CUDA torch's allocator and, if pynvml is installed, NVML) every ``every`` steps."""
+    """Memory (and on CUDA utilisation) sampled by a background thread every ``interval_s`` seconds of the run.
 
-    def __init__(self, variant: str, device: torch.device, every: int = 8) -> None:
+    CPU: the process's resident and peak memory. CUDA: also torch's allocator statistics and, where pynvml can
+    reach the driver, NVML's device memory used and GPU utilisation (NVML's own sampling window is about
+    1/6 s to 1 s, so utilisation is only meaningful over runs longer than that). A thread, not a per-step
+    call, so that a long step (a big prefill) is sampled while it runs, and the step loop pays nothing but a
+    shared integer (``step``, the number of steps done, which labels each row).
+    """
+
+    def __init__(self, variant: str, device: torch.device, interval_s: float = 0.05) -> None:
+        if not interval_s > 0:
+            raise ValueError(f"the memory sampling interval must be > 0 seconds, got {interval_s}")
         self.variant = variant
         self.device = device
-        self.every = max(1, every)
+        self.interval_s = interval_s
         self.rows: list[dict[str, Any]] = []
+        self.step = 0
+        self._t0 = time.perf_counter()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
         self._nvml = None
         if device.type == "cuda":
             try:  # optional
@@ -80,12 +97,30 @@ class MemorySampler:
             except Exception:  # noqa: BLE001 - no pynvml, no driver access: torch's statistics only
                 self._nvml = None
 
-    def sample(self, step: int, now: float, force: bool = False) -> None:
-        if not force and step % self.every:
-            return
-        row: dict[str, Any] = {"variant": self.variant, "step": step, "time": now, "rss_bytes": _rss_bytes(),
-                               "max_rss_bytes": _max_rss_bytes(), "cuda_allocated_bytes": "",
-                               "cuda_max_allocated_bytes": "", "nvml_used_bytes": "", "nvml_gpu_util": ""}
+    def start(self, t0: float) -> None:
+        """Sample now and then every interval, times counted from ``t0`` (a ``perf_counter`` reading)."""
+        self._t0 = t0
+        self.sample()
+        self._thread = threading.Thread(target=self._run, name=f"memory-sampler-{self.variant}", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the thread and take a last sample."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        self.sample()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.sample()
+
+    def sample(self) -> None:
+        row: dict[str, Any] = {"variant": self.variant, "step": self.step, "time": time.perf_counter() - self._t0,
+                               "rss_bytes": _rss_bytes(), "max_rss_bytes": _max_rss_bytes(),
+                               "cuda_allocated_bytes": "", "cuda_max_allocated_bytes": "", "nvml_used_bytes": "",
+                               "nvml_gpu_util": ""}
         if self.device.type == "cuda":
             row["cuda_allocated_bytes"] = torch.cuda.memory_allocated(self.device)
             row["cuda_max_allocated_bytes"] = torch.cuda.max_memory_allocated(self.device)
@@ -93,7 +128,7 @@ class MemorySampler:
                 nv, handle = self._nvml
                 row["nvml_used_bytes"] = nv.nvmlDeviceGetMemoryInfo(handle).used
                 row["nvml_gpu_util"] = nv.nvmlDeviceGetUtilizationRates(handle).gpu
-        self.rows.append(row)
+        self.rows.append(row)  # list.append is atomic under the GIL: the loop thread only reads after stop()
 
 
 def _with_deployment(cfg: VariantConfig, **update: Any) -> VariantConfig:
@@ -149,9 +184,12 @@ def run_engine(
     name: str | None = None,
     seed: int = 0,
     record_plans: bool = False,
-    memory_every: int = 8,
+    memory_interval_s: float = 0.05,
     memory_samples: list | None = None,
     kv_layout: str = "paged",
+    failures: FailurePlan | None = None,
+    decode_kernel: str = "auto",
+    on_runner: Callable[[ModelRunner], None] | None = None,
 ) -> tuple[RunResult, list[Request], ServingCore]:
     """Run one variant on the real model, replaying ``workload`` (a ``GeneratedWorkload`` or a list of
     ``RequestSpec``) against the wall clock; arrival ``a`` comes at ``a * time_scale`` seconds after the start.
@@ -159,6 +197,9 @@ def run_engine(
     Returns ``(result, requests, core)`` like ``sim.run.simulate_variant``; every time in them is wall-clock
     seconds since the start. ``memory_samples``: a list the memory samples (dicts of ``MEMORY_COLUMNS``) are
     appended to. ``max_wall_s``: requests still in flight then end ``failed`` and unsent ones are dropped.
+    ``failures``: cancellations, request errors and out-of-memory steps to inject (``sim.failures``).
+    ``decode_kernel``: on CUDA, ``"triton"`` (the paged decode kernel), ``"ref"`` (gather + SDPA) or ``"auto"``
+    (Triton where it imports). ``on_runner``: called with the ``ModelRunner`` once built (tests inspect its cache).
     """
     requests_in = getattr(workload, "requests", workload)
     if getattr(workload, "closed_loop", None) is not None:
@@ -168,8 +209,13 @@ def run_engine(
         raise ValueError(f"time_scale must be >= 0, got {time_scale}")
     if device not in ("cpu", "cuda"):
         raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+    if decode_kernel not in ("auto", "triton", "ref"):
+        raise ValueError(f"decode_kernel must be 'auto', 'triton' or 'ref', got {decode_kernel!r}")
     if device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("device 'cuda' requested but torch sees no CUDA device")
+    failures = failures or FailurePlan()
+    if device == "cuda":
+        _select_decode_kernel(decode_kernel)
     tdtype = torch_dtype(dtype) if dtype is not None else _default_dtype(cfg, device)
     cfg = engine_config(cfg, model_spec=model_spec, num_gpu_blocks=num_gpu_blocks, dtype=tdtype, device=device)
     _, _, _, built = build(cfg)
@@ -187,9 +233,11 @@ def run_engine(
                          max_num_seqs=min(built.limits.max_num_seqs, 1024), max_model_len=built.max_model_len)
     core = ServingCore(policy, kv, fast_path=False, record_plans=record_plans)
     core.finish_listeners.append(lambda r: runner.release(r.id))
+    if on_runner is not None:
+        on_runner(runner)
     is_cuda = device == "cuda"
     price = cost if is_cuda else SimpleNamespace(peak_flops=0.0)
-    sampler = MemorySampler(name or cfg.name, runner.device, memory_every)
+    sampler = MemorySampler(name or cfg.name, runner.device, memory_interval_s)
 
     # warm-up outside the clock: the first forward pays one-off costs (allocator, kernels' first calls)
     with torch.inference_mode():
@@ -201,61 +249,128 @@ def run_engine(
     pending = sorted(requests_in, key=lambda s: (s.arrival, s.id))
     due = [s.arrival * time_scale for s in pending]
     requests: list[Request] = []
+    live: dict[int, Request] = {}  # arrived requests by id (those a fault can still reach)
+    cancels: list[tuple[float, int]] = []  # (time, id) heap of the clients that will disconnect
     i = 0
     steps = 0
+
+    def arrive(upto: float) -> None:
+        nonlocal i
+        while i < len(pending) and due[i] <= upto:
+            spec = pending[i]
+            req = Request(spec, due[i])
+            requests.append(req)
+            core.add_request(req, due[i])
+            live[req.id] = req
+            delay = failures.cancel_after.get(req.id)
+            if delay is not None:
+                heapq.heappush(cancels, (due[i] + delay * time_scale, req.id))
+            i += 1
+
     clock = time.perf_counter
     t0 = clock()
+    sampler.start(t0)
     now = 0.0
-    while True:
-        while i < len(pending) and due[i] <= now:
-            req = Request(pending[i], due[i])
-            requests.append(req)
-            core.add_request(req, due[i])
-            i += 1
-        if max_wall_s is not None and clock() - t0 > max_wall_s:
-            for r in list(core.waiting) + list(core.running) + list(core.swapped):
-                core.abort(r, now, "engine wall-clock limit")
-            break
-        batch = core.schedule(now) if core.has_work else None
-        if batch is None:
-            nxt = due[i] if i < len(pending) else None
-            wake = core.wake_time(now) if core.has_work else None
-            if wake is not None and wake > now and (nxt is None or wake < nxt):
-                nxt = wake
-            if nxt is None:
-                if core.has_work:
-                    raise RuntimeError(f"engine stalled at {now:.3f}s: {len(core.waiting)} waiting, "
-                                       f"{len(core.running)} running, {len(core.swapped)} swapped and the policy "
-                                       f"schedules nothing")
+    try:
+        while True:
+            arrive(now)
+            while cancels and cancels[0][0] <= now:
+                _, rid = heapq.heappop(cancels)
+                core.abort(live[rid], now, "cancelled by the client")
+            if max_wall_s is not None and clock() - t0 > max_wall_s:
+                for r in list(core.waiting) + list(core.running) + list(core.swapped):
+                    core.abort(r, now, "engine wall-clock limit")
                 break
-            delay = nxt - (clock() - t0)
-            if delay > 0:
-                time.sleep(delay)
-            now = nxt  # the step starts at the arrival (wake) time; the oversleep counts in its duration
-            continue
-        runner.execute(batch)
-        if is_cuda:
-            torch.cuda.synchronize(runner.device)
-        end = now + ((clock() - t0) - now)
-        # requests that arrived during the step join the queue before the step completes, as in the simulator
-        # (the step's row then shows them waiting)
-        while i < len(pending) and due[i] <= end:
-            req = Request(pending[i], due[i])
-            requests.append(req)
-            core.add_request(req, due[i])
-            i += 1
-        flops = float(cost.step_flops(batch.shape)) if is_cuda else 0.0
-        core.complete(batch, end, flops)
-        sampler.sample(steps, end)
-        steps += 1
-        now = end
-    sampler.sample(steps, clock() - t0, force=True)
+            batch = core.schedule(now) if core.has_work else None
+            if batch is None:
+                nxt = due[i] if i < len(pending) else None
+                wake = core.wake_time(now) if core.has_work else None
+                if wake is not None and wake > now and (nxt is None or wake < nxt):
+                    nxt = wake
+                if cancels and core.has_work and (nxt is None or cancels[0][0] < nxt):
+                    nxt = cancels[0][0]
+                if nxt is None:
+                    if core.has_work:
+                        raise RuntimeError(f"engine stalled at {now:.3f}s: {len(core.waiting)} waiting, "
+                                           f"{len(core.running)} running, {len(core.swapped)} swapped and the "
+                                           f"policy schedules nothing")
+                    break
+                delay = nxt - (clock() - t0)
+                if delay > 0:
+                    time.sleep(delay)
+                now = nxt  # the step starts at the arrival (wake) time; the oversleep counts in its duration
+                continue
+            oom = _execute(runner, batch, steps in failures.oom_steps)
+            if is_cuda:
+                torch.cuda.synchronize(runner.device)
+            end = now + ((clock() - t0) - now)
+            # requests that arrived during the step join the queue before the step completes, as in the
+            # simulator (the step's row then shows them waiting)
+            arrive(end)
+            if oom is not None:  # the step produced nothing: every request in it fails, its blocks freed
+                for r in _batch_requests(batch):
+                    core.abort(r, end, f"out of memory: {oom}")
+                if is_cuda:
+                    torch.cuda.empty_cache()
+            elif failures.error_after:
+                for r, _ in batch.plan.scheduled:
+                    n = failures.error_after.get(r.id)
+                    if n is not None and r.num_output_tokens >= n and r.status is not Status.FINISHED:
+                        core.abort(r, end, f"injected error after {r.num_output_tokens} output tokens")
+            flops = float(cost.step_flops(batch.shape)) if is_cuda and oom is None else 0.0
+            core.complete(batch, end, flops)
+            steps += 1
+            sampler.step = steps
+            now = end
+    finally:
+        sampler.stop()
     if memory_samples is not None:
         memory_samples.extend(sampler.rows)
     result = result_of(name or cfg.name, requests, core, price, config=cfg.to_dict(),
                        weight_bytes=float(model.weight_bytes()),
                        kv_bytes_per_block=float(kv_bytes_per_block(built.model, tdtype, kv.block_size)))
     return result, requests, core
+
+
+def _select_decode_kernel(choice: str) -> None:
+    from realengine import attention
+
+    if choice == "ref":
+        attention.register_cuda_decode_kernel(None)
+        return
+    try:
+        from realengine import triton_decode
+    except ImportError:
+        if choice == "triton":
+            raise
+        attention.register_cuda_decode_kernel(None)
+        return
+    triton_decode.register()
+
+
+def _batch_requests(batch: Batch) -> list[Request]:
+    """The requests a step works for: those it computes tokens for and those it swaps back in."""
+    seen = {r.id: r for r, _ in batch.plan.scheduled}
+    for r in batch.plan.swap_in:
+        seen.setdefault(r.id, r)
+    return list(seen.values())
+
+
+def _execute(runner: ModelRunner, batch: Batch, inject_oom: bool) -> str | None:
+    """Run the step; on out-of-memory (real, or injected just before the forward pass) return its message."""
+    if inject_oom:
+        runner.fault = _raise_oom
+    try:
+        runner.execute(batch)
+    except torch.OutOfMemoryError as e:
+        return str(e).splitlines()[0] if str(e) else "OutOfMemoryError"
+    finally:
+        runner.fault = None
+    return None
+
+
+def _raise_oom(batch: Batch) -> None:
+    raise torch.OutOfMemoryError("injected: the step's activations did not fit")
 
 
 def write_memory_csv(out_dir: str | os.PathLike, samples: list[dict[str, Any]]) -> Path:

@@ -21,7 +21,9 @@ K/V. Call ``release(req_id)`` when a request ends (completed, rejected, failed):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from os import PathLike
+from typing import Any
 
 import numpy as np
 import torch
@@ -118,6 +120,9 @@ class ModelRunner:
         self.num_blocks_swapped_in = 0
         self.last_num_tokens = 0  # rows the last step computed for requests
         self.last_num_padding_tokens = 0  # rows it computed for nobody (static batching's padding)
+        # called with the batch just before the forward pass, where a real out-of-memory error is raised: the
+        # engine's fault injection sets it for one step
+        self.fault: Callable[[Any], None] | None = None
 
     # ---- state ---------------------------------------------------------------------------------------------
     @property
@@ -200,6 +205,8 @@ class ModelRunner:
                                   row_len=self.kv.row_len, sample=sample, pad_lens=pads)
         self.last_num_tokens, self.last_num_padding_tokens = len(ids), sum(pads)
         input_ids = torch.tensor(ids + [0] * sum(pads), dtype=torch.long, device=self.device)
+        if self.fault is not None:
+            self.fault(batch)
         logits = self.model(input_ids, meta.positions, meta, self.kv)
         sampled = logits.argmax(dim=-1).tolist()  # also waits for the device: the step is done
         out: dict[int, int] = {}

@@ -57,7 +57,7 @@ def small_run(preemption_mode: str = "recompute"):
     wl = generate_workload(sc)
     memory: list = []
     result, requests, core = run_engine(cfg, wl, num_gpu_blocks=NUM_BLOCKS, time_scale=0.05, record_plans=True,
-                                        memory_samples=memory, memory_every=4)
+                                        memory_samples=memory, memory_interval_s=0.01)
     return sc, cfg, wl, result, requests, core, memory
 
 
