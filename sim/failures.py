@@ -65,8 +65,8 @@ class FailurePlan:
             raise ValueError(f"cancel_after must be (low, high) with 0 <= low <= high, got {cancel_after}")
         ids = np.array([s.id for s in specs], dtype=np.int64)
         outs = {s.id: s.output_len for s in specs}
-        n_cancel = int(round(cancel_fraction * len(ids)))
-        n_error = int(round(error_fraction * len(ids)))
+        n_cancel = round(cancel_fraction * len(ids))
+        n_error = round(error_fraction * len(ids))
         order = rng.permutation(ids)
         cancelled = order[:n_cancel]
         erroring = order[n_cancel : n_cancel + n_error]

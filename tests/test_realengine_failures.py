@@ -13,10 +13,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from realengine.engine import run_engine  # noqa: E402
-from sim.failures import FailurePlan  # noqa: E402
-from sim.request import RequestSpec  # noqa: E402
-from sim.scenario import parse_scenario, variant_configs  # noqa: E402
+from realengine.engine import run_engine
+from sim.failures import FailurePlan
+from sim.request import RequestSpec
+from sim.scenario import parse_scenario, variant_configs
 
 NUM_BLOCKS = 24
 

@@ -13,9 +13,9 @@ os.environ["TRITON_INTERPRET"] = "1"
 triton = pytest.importorskip("triton")
 torch = pytest.importorskip("torch")
 
-from realengine import attention  # noqa: E402
-from realengine.attention import paged_decode_attention_ref  # noqa: E402
-from realengine.triton_decode import default_num_splits, paged_decode_attention, register  # noqa: E402
+from realengine import attention
+from realengine.attention import paged_decode_attention_ref
+from realengine.triton_decode import default_num_splits, paged_decode_attention, register
 
 CASES = [
     # batch, heads, kv heads, head dim, block size, sequence lengths, splits, tile
