@@ -18,7 +18,8 @@ folded into the step's duration. Requests are admitted at the loop top when thei
 before the step's start, and the clock is ``start + duration`` step by step: exactly what the simulator computes
 when it is given the measured durations, which makes the parity check (same plans, same preemptions) exact.
 
-Open-loop workloads only; closed-loop ones raise ``NotImplementedError``.
+Closed-loop workloads too: each user sends its next request a (scaled) think time after its previous one ended,
+on the engine's clock, exactly as the simulator's users do.
 """
 
 from __future__ import annotations
@@ -202,9 +203,6 @@ def run_engine(
     (Triton where it imports). ``on_runner``: called with the ``ModelRunner`` once built (tests inspect its cache).
     """
     requests_in = getattr(workload, "requests", workload)
-    if getattr(workload, "closed_loop", None) is not None:
-        raise NotImplementedError("realengine: closed-loop workloads (users with think times) are not supported by "
-                                  "the engine yet; use an open-loop arrival process")
     if time_scale < 0:
         raise ValueError(f"time_scale must be >= 0, got {time_scale}")
     if device not in ("cpu", "cuda"):
@@ -246,26 +244,49 @@ def run_engine(
     if is_cuda:
         torch.cuda.synchronize(runner.device)
 
-    pending = sorted(requests_in, key=lambda s: (s.arrival, s.id))
-    due = [s.arrival * time_scale for s in pending]
+    # Requests not sent yet, as a heap of (send time, order, spec). Open loop: every request at its (scaled)
+    # arrival time. Closed loop: each user's first request at time 0, the next one a (scaled) think time after
+    # the previous one ended, whatever its outcome (as the simulator's users do).
+    sends: list[tuple[float, int, Any]] = []
+    closed = getattr(workload, "closed_loop", None)
+    user_queues: list[list] = []
+    if closed is None:
+        for k, spec in enumerate(sorted(requests_in, key=lambda s: (s.arrival, s.id))):
+            sends.append((spec.arrival * time_scale, k, spec))
+    else:
+        user_queues = [[] for _ in range(closed.num_users)]
+        for spec in sorted(requests_in, key=lambda s: s.id):
+            user_queues[spec.session_id or 0].append(spec)
+        for queue in user_queues:
+            queue.reverse()  # pop() takes the user's next request
+        sends = [(0.0, u, q.pop()) for u, q in enumerate(user_queues) if q]
+    order = len(sends)
     requests: list[Request] = []
     live: dict[int, Request] = {}  # arrived requests by id (those a fault can still reach)
     cancels: list[tuple[float, int]] = []  # (time, id) heap of the clients that will disconnect
-    i = 0
     steps = 0
 
     def arrive(upto: float) -> None:
-        nonlocal i
-        while i < len(pending) and due[i] <= upto:
-            spec = pending[i]
-            req = Request(spec, due[i])
+        while sends and sends[0][0] <= upto:
+            due, _, spec = heapq.heappop(sends)
+            req = Request(spec, due)
             requests.append(req)
-            core.add_request(req, due[i])
+            core.add_request(req, due)
             live[req.id] = req
             delay = failures.cancel_after.get(req.id)
             if delay is not None:
-                heapq.heappush(cancels, (due[i] + delay * time_scale, req.id))
-            i += 1
+                heapq.heappush(cancels, (due + delay * time_scale, req.id))
+
+    def next_send(r: Request) -> None:
+        nonlocal order
+        queue = user_queues[r.spec.session_id or 0]
+        if queue:
+            think = float(closed.think_times[r.id]) * time_scale
+            heapq.heappush(sends, (r.finish + think, order, queue.pop()))
+            order += 1
+
+    if closed is not None:
+        core.finish_listeners.append(next_send)
 
     clock = time.perf_counter
     t0 = clock()
@@ -283,7 +304,7 @@ def run_engine(
                 break
             batch = core.schedule(now) if core.has_work else None
             if batch is None:
-                nxt = due[i] if i < len(pending) else None
+                nxt = sends[0][0] if sends else None
                 wake = core.wake_time(now) if core.has_work else None
                 if wake is not None and wake > now and (nxt is None or wake < nxt):
                     nxt = wake

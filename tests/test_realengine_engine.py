@@ -28,7 +28,7 @@ from sim.output import read_steps, write_run  # noqa: E402
 from sim.request import RequestSpec  # noqa: E402
 from sim.run import generate_workload, simulate_variant  # noqa: E402
 from sim.scenario import build, parse_scenario, variant_configs  # noqa: E402
-from sim.simulator import Simulation  # noqa: E402
+from sim.simulator import ClosedLoopPlan, Simulation  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -175,14 +175,34 @@ def test_continuous_beats_static_batching_on_mixed_lengths() -> None:
     assert ratio >= 2.5
 
 
-def test_closed_loop_is_refused() -> None:
+def test_closed_loop_users_wait_for_their_answers_and_match_the_simulator() -> None:
     raw = scenario()
-    raw["workload"]["arrival"] = {"type": "closed_loop", "num_users": 2, "think_time": {"type": "fixed", "value": 0.1}}
+    raw["workload"]["arrival"] = {"type": "closed_loop", "num_users": 3,
+                                  "think_time": {"type": "exponential", "mean": 0.01}}
     sc = parse_scenario(raw)
     wl = generate_workload(sc)
-    assert wl.closed_loop is not None
-    with pytest.raises(NotImplementedError, match="closed-loop"):
-        run_engine(variant_configs(sc)[0], wl, num_gpu_blocks=NUM_BLOCKS)
+    cfg = variant_configs(sc)[0]
+    result, requests, core = run_engine(cfg, wl, num_gpu_blocks=NUM_BLOCKS, record_plans=True)
+    assert len(requests) == 12 and all(r.outcome.value == "completed" for r in requests)
+    by_user: dict[int, list] = {}
+    for r in sorted(requests, key=lambda r: r.id):
+        by_user.setdefault(r.spec.session_id or 0, []).append(r)
+    assert len(by_user) == 3
+    for rs in by_user.values():  # one request in flight per user, the next sent a think time after the last
+        assert rs[0].arrival == 0.0
+        for prev, nxt in zip(rs, rs[1:]):
+            assert nxt.arrival == pytest.approx(prev.finish + float(wl.closed_loop.think_times[prev.id]), abs=1e-12)
+    # parity: the simulator, fed the measured durations, makes the same sends and the same schedule
+    policy, kv, _, _ = build(engine_config(cfg, num_gpu_blocks=NUM_BLOCKS))
+    sim_core = ServingCore(policy, kv, fast_path=False, record_plans=True)
+    cost = ReplayedDurations(result.steps["duration"])
+    plan = ClosedLoopPlan(wl.closed_loop.num_users, wl.closed_loop.think_times)
+    sim = Simulation(list(wl.requests), [(sim_core, cost)], closed_loop=plan, fast_forward=False)
+    sim.run()
+    assert sim_core.plans == core.plans and cost.used == len(cost.durations)
+    eng = {r.id: r for r in requests}
+    for r in sim.requests:
+        assert abs(r.arrival - eng[r.id].arrival) < 1e-9 and abs(r.finish - eng[r.id].finish) < 1e-9
 
 
 def test_cli_engine_run_writes_the_folder(tmp_path: Path) -> None:
