@@ -19,16 +19,16 @@ import yaml
 
 torch = pytest.importorskip("torch")
 
-from typer.testing import CliRunner  # noqa: E402
+from typer.testing import CliRunner
 
-from realengine.engine import MEMORY_COLUMNS, engine_config, run_engine, write_engine_run  # noqa: E402
-from sim.cli import app  # noqa: E402
-from sim.core import ServingCore  # noqa: E402
-from sim.output import read_steps, write_run  # noqa: E402
-from sim.request import RequestSpec  # noqa: E402
-from sim.run import generate_workload, simulate_variant  # noqa: E402
-from sim.scenario import build, parse_scenario, variant_configs  # noqa: E402
-from sim.simulator import ClosedLoopPlan, Simulation  # noqa: E402
+from realengine.engine import MEMORY_COLUMNS, engine_config, run_engine, write_engine_run
+from sim.cli import app
+from sim.core import ServingCore
+from sim.output import read_steps, write_run
+from sim.request import RequestSpec
+from sim.run import generate_workload, simulate_variant
+from sim.scenario import build, parse_scenario, variant_configs
+from sim.simulator import ClosedLoopPlan, Simulation
 
 torch.set_num_threads(1)
 
