@@ -198,7 +198,8 @@ def run_engine(
     Returns ``(result, requests, core)`` like ``sim.run.simulate_variant``; every time in them is wall-clock
     seconds since the start. ``memory_samples``: a list the memory samples (dicts of ``MEMORY_COLUMNS``) are
     appended to. ``max_wall_s``: requests still in flight then end ``failed`` and unsent ones are dropped.
-    ``failures``: cancellations, request errors and out-of-memory steps to inject (``sim.failures``).
+    ``failures``: cancellations, request errors and out-of-memory steps to inject (``sim.failures``); default:
+    the workload's own (a scenario's ``workload.failures``), taken between steps as the simulator takes them.
     ``decode_kernel``: on CUDA, ``"triton"`` (the paged decode kernel), ``"ref"`` (gather + SDPA) or ``"auto"``
     (Triton where it imports). ``on_runner``: called with the ``ModelRunner`` once built (tests inspect its cache).
     """
@@ -211,7 +212,9 @@ def run_engine(
         raise ValueError(f"decode_kernel must be 'auto', 'triton' or 'ref', got {decode_kernel!r}")
     if device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("device 'cuda' requested but torch sees no CUDA device")
-    failures = failures or FailurePlan()
+    if failures is None:  # the scenario's timed failures (workload.failures), if any
+        failures = getattr(workload, "failures", None) or FailurePlan()
+    leak = cfg.deployment.leak_kv_on_failure
     if device == "cuda":
         _select_decode_kernel(decode_kernel)
     tdtype = torch_dtype(dtype) if dtype is not None else _default_dtype(cfg, device)
@@ -297,7 +300,8 @@ def run_engine(
             arrive(now)
             while cancels and cancels[0][0] <= now:
                 _, rid = heapq.heappop(cancels)
-                core.abort(live[rid], now, "cancelled by the client")
+                if live[rid].outcome is None:
+                    core.abort(live[rid], now, failures.cancel_reason, leak=leak)
             if max_wall_s is not None and clock() - t0 > max_wall_s:
                 for r in list(core.waiting) + list(core.running) + list(core.swapped):
                     core.abort(r, now, "engine wall-clock limit")

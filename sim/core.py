@@ -181,6 +181,8 @@ class ServingCore:
 
     # ---- the step ----------------------------------------------------------------------------------------------
     def schedule(self, now: float) -> Batch | None:
+        if not self.running and (self.waiting or self.swapped):
+            self._reject_unservable(now)
         plan = self._plan_without_policy(now)
         if plan is None:
             self._view.now = now
@@ -330,9 +332,12 @@ class ServingCore:
             elif not g.grows:
                 group_blocks = len(g.crossing())
         if not plan.scheduled and not group_size:
-            if plan.preempt or plan.swap_in:
-                raise PlanError("policy preempted or swapped in requests but scheduled nothing")
-            return None
+            if plan.swap_in:
+                raise PlanError("policy swapped in requests but scheduled nothing")
+            if not plan.preempt:
+                return None
+            # Only preemptions: the KV ran out under the running requests and the last one had to go too, which
+            # only blocks lost to a leak make possible. The step moves (swap) or drops their KV, computing nothing.
         limits = self.limits
         total = decode = group_size
         prefill = 0
@@ -436,6 +441,31 @@ class ServingCore:
             swapped_out=swapped_out,
             swapped_in=swapped_in,
         )
+
+    def _reject_unservable(self, now: float) -> None:
+        """With nothing running, no block will be freed: a request at the head of the queue that needs more blocks
+        to finish than are free can never complete (it would preempt itself forever). Only blocks that no live
+        request holds make this possible (a leak: ``abort(leak=True)``); a sound deployment never gets here,
+        since max_model_len fits in the cache. Rejected, as vLLM refuses a prompt longer than its cache."""
+        kv = self.kv
+        for queue in (self.swapped, self.waiting):
+            while queue:
+                r = queue[0]
+                if r.status is Status.SWAPPED:  # its swap-in takes back as many GPU blocks as it has on the CPU
+                    computed, held = r.num_computed_tokens, kv.cpu_tables[r.id]
+                else:
+                    computed, held = max(r.num_computed_tokens, kv.num_cached_tokens(r)), 0
+                need = held + kv.blocks_needed(r, max(1, r.prompt_len + r.output_len - 1 - computed))
+                free = kv.num_free_blocks
+                if need <= free:
+                    break
+                queue.remove(r)
+                if r.status is Status.SWAPPED:
+                    kv.drop_swapped(r)
+                self.stats.num_rejected += 1
+                self._finish(r, now, Outcome.REJECTED,
+                             f"needs {need} more KV blocks to finish, {free} free and nothing running to free "
+                             f"more ({kv.num_used_blocks} held by no live request: leaked)")
 
     def _admit(self, r: Request) -> None:
         r.status = Status.RUNNING

@@ -24,11 +24,14 @@ class FailurePlan:
     between steps, as a server notices a closed connection). ``error_after[id]``: the request fails in the step
     that would give it its next token once it has this many output tokens (0: in its prefill); the step's other
     requests go on. ``oom_steps``: indices of the steps (0-based, counting executed steps) whose forward pass runs
-    out of memory: every request in such a step fails."""
+    out of memory: every request in such a step fails. A scenario's ``workload.failures`` section gives timed
+    failures only (``cancel_after``, named ``cancel_reason``), which both executors apply; the token- and
+    step-indexed faults are the real engine's, for its tests."""
 
     cancel_after: dict[int, float] = field(default_factory=dict)
     error_after: dict[int, int] = field(default_factory=dict)
     oom_steps: frozenset[int] = frozenset()
+    cancel_reason: str = "cancelled by the client"  # what a timed failure is called in the records
 
     def __post_init__(self) -> None:
         bad = {i: t for i, t in self.cancel_after.items() if not t >= 0}

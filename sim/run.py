@@ -69,7 +69,8 @@ def simulate_variant(
     core = ServingCore(policy, kv, fast_path=fast_path, keep_token_times=keep_token_times)
     closed = workload.closed_loop
     plan = None if closed is None else ClosedLoopPlan(closed.num_users, closed.think_times)
-    sim = Simulation(workload.requests, [(core, cost)], closed_loop=plan, progress=progress, fast_forward=fast_path)
+    sim = Simulation(workload.requests, [(core, cost)], closed_loop=plan, progress=progress, fast_forward=fast_path,
+                     failures=workload.failures, leak=cfg.deployment.leak_kv_on_failure)
     sim.run()
     budget = built.budget
     result = result_of(

@@ -85,6 +85,11 @@ class Deployment(_Model):
     )
     swap_space: float = Field(4.0, ge=0, description="CPU swap space per GPU in GiB (vLLM's swap_space).")
     cost_model: CostModelConfig = Field(default_factory=AnalyticCost, description="How step times are predicted.")
+    leak_kv_on_failure: bool = Field(
+        False,
+        description="The bug the failure-mode scenarios show: the KV blocks of a request that fails mid-flight "
+        "are never freed. Off: they are freed at once, as a correct server does.",
+    )
 
 
 # ---- KV cache -------------------------------------------------------------------------------------------------
@@ -147,6 +152,51 @@ class SLOConfig(_Model):
     e2el: float | None = Field(None, gt=0, description="End-to-end latency bound, seconds.")
 
 
+# ---- plan (servesim plan) -------------------------------------------------------------------------------------
+class ApiPrice(_Model):
+    input: float = Field(ge=0, allow_inf_nan=False, description="USD per million input (prompt) tokens.")
+    output: float = Field(gt=0, allow_inf_nan=False, description="USD per million output tokens.")
+
+
+PlanWeightDType = Literal["fp32", "bf16", "fp16", "fp8", "int8", "int4"]
+PlanKVDType = Literal["auto", "fp32", "bf16", "fp16", "fp8", "int8"]
+
+
+class PlanConfig(_Model):
+    """The deployment space `servesim plan` searches for the cheapest configuration meeting the scenario's SLOs.
+    The scenario's own deployment, kv_cache, policy and admission sections give everything else (model,
+    max_model_len, block size, cost model efficiencies, max_num_batched_tokens)."""
+
+    gpus: list[str | dict[str, Any]] | None = Field(
+        None, min_length=1, description="GPU presets (or GPUSpec fields inline) to consider; none: every preset."
+    )
+    tensor_parallel_sizes: list[Annotated[int, Field(ge=1)]] = Field(
+        [1, 2, 4, 8], min_length=1, description="Tensor-parallel degrees; those that do not split the model are "
+        "skipped."
+    )
+    weight_dtypes: list[PlanWeightDType] = Field(
+        ["bf16", "fp8", "int8", "int4"], min_length=1,
+        description="Weight data types (quality differs: the simulator does not model it; list only those you "
+        "accept).",
+    )
+    kv_dtypes: list[PlanKVDType] = Field(["auto", "fp8"], min_length=1, description="KV cache data types.")
+    max_num_seqs: list[Annotated[int, Field(ge=1)]] = Field(
+        [64, 256], min_length=1, description="Values of the policy's max_num_seqs."
+    )
+    enable_chunked_prefill: list[bool] = Field([True, False], min_length=1, description="Chunked prefill on/off.")
+    max_gpus: int = Field(8, ge=1, description="Most GPUs in one deployment (replicas x tensor_parallel_size).")
+    percentile: Literal[50, 90, 95, 99] = Field(
+        99, description="The SLOs bound this percentile of TTFT, TPOT and E2EL (99: p99 TTFT <= slos.ttft)."
+    )
+    api_price: ApiPrice | None = Field(
+        None, description="A hosted API's price, for the break-even volume; none: no break-even."
+    )
+    stop_early: bool = Field(
+        True, description="Stop simulating once the cheapest cost level with a configuration meeting the SLOs is "
+        "done (costlier ones cannot be chosen); false: simulate every survivor, for the whole Pareto front.",
+    )
+
+
 class Variant(_Model):
     name: str = Field(min_length=1, description="Name in tables and summary.json.")
     deployment: dict[str, Any] | None = Field(None, description="Keys merged into the default deployment.")
@@ -177,6 +227,7 @@ class Scenario(_Model):
         "start with workload, deployment, kv_cache, policy or admission and apply to every variant.",
     )
     keep_token_times: bool = Field(False, description="Keep every token's timestamp on the requests (memory!).")
+    plan: PlanConfig | None = Field(None, description="Search space and API price for `servesim plan`.")
 
     @field_validator("variants")
     @classmethod

@@ -19,6 +19,7 @@ import simpy
 
 from sim.core import ServingCore
 from sim.costmodel import CostModel
+from sim.failures import FailurePlan
 from sim.records import RequestRecord, RunResult
 from sim.request import Request, RequestSpec
 
@@ -56,6 +57,12 @@ class Replica:
         self.index = index
         self._idle: simpy.Event | None = None
         self.closed = False  # no more arrivals will come
+        # Requests of this replica that fail mid-flight: a heap of (time, id, request). A server notices a failure
+        # between two steps, so each is taken at the first step boundary at or after its time (or at once when
+        # the replica idles): the real engine's rule too.
+        self.aborts: list[tuple[float, int, Request]] = []
+        self.abort_reason = "cancelled by the client"
+        self.leak = False  # the bug of the failure-mode scenarios: failed requests' KV blocks are never freed
         self.process = env.process(self._loop())
 
     def submit(self, req: Request) -> None:
@@ -68,6 +75,13 @@ class Replica:
         if self._idle is not None and not self._idle.triggered:
             self._idle.succeed()
 
+    def _take_aborts(self, now: float) -> None:
+        aborts = self.aborts
+        while aborts and aborts[0][0] <= now:
+            req = heapq.heappop(aborts)[2]
+            if req.outcome is None:  # not finished (or rejected) meanwhile
+                self.core.abort(req, now, self.abort_reason, leak=self.leak)
+
     def _loop(self):
         """The step loop. With a horizon (the time of the next event from outside), steps that end before it are
         applied at once, ahead of the SimPy clock, which then catches up in one timeout: nothing outside can
@@ -77,6 +91,8 @@ class Replica:
         ahead = self.horizon is not None and self.finishes_are_silent
         while True:
             t = env.now
+            if self.aborts:
+                self._take_aborts(t)
             taken: list[float] = []  # durations of the steps applied ahead of the clock
             inflight = None  # a step that an outside event falls in: it runs on the clock
             overshot = False
@@ -84,8 +100,10 @@ class Replica:
             while True:
                 horizon = self.horizon() if self.horizon is not None else None
                 if horizon is not None and core.group is not None and core.group.members:
+                    # no overshoot past a pending failure: it must be taken at the first step boundary after it
                     seg = core.fast_forward(
-                        t, horizon, cost, finishes=self.finishes_are_silent, overshoot=self.overshoot
+                        t, horizon, cost, finishes=self.finishes_are_silent,
+                        overshoot=self.overshoot and not self.aborts,
                     )
                     if seg is not None:
                         taken += seg[0]
@@ -162,6 +180,8 @@ class Simulation:
         router: Router | None = None,
         progress: Callable[[int], None] | None = None,
         fast_forward: bool = True,
+        failures: FailurePlan | None = None,
+        leak: bool = False,
     ) -> None:
         self.env = simpy.Environment()
         self.specs = list(specs)
@@ -174,7 +194,11 @@ class Simulation:
         self.progress = progress
         self.requests: list[Request] = []
         self._finished = 0
+        self._fail_after = failures.cancel_after if failures is not None else {}
         for rep in self.replicas:
+            rep.leak = leak
+            if failures is not None:
+                rep.abort_reason = failures.cancel_reason
             rep.core.on_finish = self._on_finish
             rep.finishes_are_silent = closed_loop is None
             rep.overshoot = len(self.replicas) == 1
@@ -193,7 +217,16 @@ class Simulation:
     def _dispatch(self, spec: RequestSpec) -> None:
         req = Request(spec=spec, arrival=self.env.now)
         self.requests.append(req)
-        self.replicas[self.router(req, self.replicas)].submit(req)
+        rep = self.replicas[self.router(req, self.replicas)]
+        delay = self._fail_after.get(req.id)
+        if delay is not None:  # on the heap before the replica runs: its horizon must see it at once
+            heapq.heappush(rep.aborts, (self.env.now + delay, req.id, req))
+            self.env.process(self._wake_at(rep, delay))
+        rep.submit(req)
+
+    def _wake_at(self, rep: Replica, delay: float):
+        yield self.env.timeout(delay)
+        rep.poke()  # an idle replica takes the failure now; a busy one at the end of its step
 
     def _close(self) -> None:
         for rep in self.replicas:
@@ -205,8 +238,14 @@ class Simulation:
         if self.closed_loop is not None:
             if len(self.replicas) > 1:
                 return self.env.now  # another replica's finish can start a send at any time
-            return self._timers[0] if self._timers else float("inf")
-        return self._next_arrival
+            nxt = self._timers[0] if self._timers else float("inf")
+        else:
+            nxt = self._next_arrival
+        if self._fail_after:
+            for rep in self.replicas:
+                if rep.aborts and rep.aborts[0][0] < nxt:
+                    nxt = rep.aborts[0][0]
+        return nxt
 
     def _open_loop(self):
         env = self.env

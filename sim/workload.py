@@ -25,6 +25,7 @@ from typing import Annotated, Literal, Union
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from sim.failures import FailurePlan
 from sim.request import RequestSpec
 from sim.traces import TRACES, TraceData, load_trace
 
@@ -395,6 +396,28 @@ ArrivalProcess = Annotated[
 ]
 
 
+class Failures(_Model):
+    """Requests that end mid-flight: a share of them, each a drawn time after its arrival (client disconnects,
+    errors). A request already finished by then is untouched. The same requests fail at the same times in every
+    compared variant; a variant with ``deployment.leak_kv_on_failure`` is the server that forgets to free them."""
+
+    fraction: float = Field(ge=0, le=1, allow_inf_nan=False, description="Share of the requests that fail.")
+    after: ThinkTime = Field(description="Seconds after its arrival at which a failing request fails.")
+    reason: Literal["cancelled", "error"] = Field(
+        "cancelled", description="What the failure is, in the records: a client cancellation or a server error."
+    )
+
+    def describe(self) -> str:
+        return f"{_g(100 * self.fraction)}% {self.reason} after {self.after.describe()}"
+
+    def draw(self, rng: np.random.Generator, ids: np.ndarray) -> FailurePlan:
+        n = round(self.fraction * len(ids))
+        chosen = np.sort(rng.permutation(ids)[:n])
+        delays = self.after.sample(rng, n)
+        reason = "cancelled by the client" if self.reason == "cancelled" else "server error"
+        return FailurePlan(cancel_after={int(i): float(d) for i, d in zip(chosen, delays)}, cancel_reason=reason)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The workload and what it generates.
 
@@ -418,6 +441,7 @@ class GeneratedWorkload:
 
     requests: tuple[RequestSpec, ...]
     closed_loop: ClosedLoop | None = None
+    failures: FailurePlan | None = None  # requests that fail mid-flight (the workload's failures section)
 
     def __len__(self) -> int:
         return len(self.requests)
@@ -449,6 +473,9 @@ class Workload(_Model):
         description="Tokens of a system prompt prepended to every prompt and shared by all requests (prefix "
         f"caching can reuse its whole {PREFIX_HASH_BLOCK_SIZE}-token blocks); 0: none.",
     )
+    failures: Failures | None = Field(
+        default=None, description="Requests that fail mid-flight (cancellations, errors); none by default."
+    )
 
     @model_validator(mode="after")
     def _check(self) -> Workload:
@@ -468,6 +495,8 @@ class Workload(_Model):
             parts.append(f"{label} {'from trace' if dist is None and trace else dist.describe()} tokens")
         if self.shared_prefix:
             parts.append(f"shared prefix {self.shared_prefix} tokens")
+        if self.failures is not None:
+            parts.append(f"failures: {self.failures.describe()}")
         return "; ".join(parts)
 
     def generate(self, rng: np.random.Generator) -> GeneratedWorkload:
@@ -477,6 +506,8 @@ class Workload(_Model):
         holds fewer than ``num_requests`` or carries its own hash ids together with ``shared_prefix``.
         """
         arrival_rng, prompt_rng, output_rng, think_rng = rng.spawn(4)
+        # spawned only when asked for, so that workloads without failures draw exactly what they always drew
+        failure_rng = rng.spawn(1)[0] if self.failures is not None else None
         hash_ids: list[tuple[int, ...]] | None = None
         hash_block_size = 512  # RequestSpec's default; only read alongside hash ids
         arrival = self.arrival
@@ -533,4 +564,7 @@ class Workload(_Model):
             RequestSpec(i, t, p, o, h, hash_block_size, s)
             for i, (t, p, o, h, s) in enumerate(zip(times.tolist(), prompt.tolist(), output.tolist(), ids, sessions))
         )
-        return GeneratedWorkload(requests, closed)
+        failures = None
+        if self.failures is not None:
+            failures = self.failures.draw(failure_rng, np.arange(n, dtype=np.int64))
+        return GeneratedWorkload(requests, closed, failures)

@@ -108,6 +108,15 @@ def check_lesson_memory_bound(s: Summaries) -> None:
     assert s["bf16-two-gpus"]["num_rejected"] > 0 == s["fp8-weights-and-kv"]["num_rejected"]
 
 
+def check_failure_leak(s: Summaries) -> None:
+    ok, leak, leak2x = s["correct-40gb"], s["leaky-40gb"], s["leaky-80gb"]
+    assert ok["num_failed"] > 0 and ok["num_rejected"] == 0 and ok["kv_usage"]["max"] < 0.3
+    assert leak["kv_usage"]["max"] > 0.99 and leak["num_rejected"] > 0 and "memory" in bottleneck(leak)
+    # twice the memory: the same stall, later and smaller
+    assert 0 < leak2x["num_rejected"] < leak["num_rejected"]
+    assert ok["kv_usage"]["mean"] < leak2x["kv_usage"]["mean"] < leak["kv_usage"]["mean"]
+
+
 # file stem -> (overrides that scale it down, checks)
 CASES: dict[str, tuple[dict, Callable[[Summaries], None]]] = {
     "naive-vs-continuous": ({"workload.num_requests": 200}, check_naive_vs_continuous),
@@ -120,6 +129,8 @@ CASES: dict[str, tuple[dict, Callable[[Summaries], None]]] = {
     "lesson-continuous-batching": ({"workload.num_requests": 600}, check_lesson_continuous_batching),
     "lesson-paged-memory": ({"workload.num_requests": 300}, check_lesson_paged_memory),
     "lesson-memory-bound": ({"workload.num_requests": 200}, check_lesson_memory_bound),
+    # more failures, fewer requests: the leak still fills both caches
+    "failure-leak": ({"workload.num_requests": 3000, "workload.failures.fraction": 0.6}, check_failure_leak),
 }
 
 
