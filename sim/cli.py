@@ -85,6 +85,59 @@ def schema() -> None:
     typer.echo(json.dumps(json_schema(), indent=2))
 
 
+@app.command()
+def sweep(
+    scenario: Path = typer.Argument(..., help="Scenario YAML file (its sweep section gives the points)."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Sweep folder (default: runs/NAME-sweep)."),
+    executor: str = typer.Option("local", "--executor", help="local (a process pool) or ray."),
+    workers: Optional[int] = typer.Option(None, "--workers", "-j", help="Parallel runs (default: all cores)."),
+    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster to join (default: start one here)."),
+    fresh: bool = typer.Option(False, "--fresh", help="Redo every run, even those already in the folder."),
+    set_: list[str] = typer.Option([], "--set", help="Override a scenario value: dotted.key=value (repeatable)."),
+    num_requests: Optional[int] = typer.Option(None, "--num-requests", "-n", help="Override workload.num_requests."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+) -> None:
+    """Run every (sweep point, variant) in parallel, one row per run streamed to OUT/sweep.csv; an interrupted
+    sweep resumes without redoing finished runs. Writes OUT/sweep.html at the end."""
+    from sim.sweep import run_sweep
+
+    if workers is not None and workers < 1:
+        _fail(f"--workers must be >= 1, got {workers}")
+    overrides = _overrides(set_, num_requests)
+    try:
+        sc, raw = load_scenario(scenario, overrides)
+    except ScenarioError as e:
+        _fail(str(e))
+        return
+    out_dir = out or Path("runs") / f"{sc.name}-sweep"
+    bar = None
+    if not quiet and sys.stderr.isatty():
+        from tqdm import tqdm
+
+        bar = tqdm(desc=sc.name, unit="run", leave=False)
+
+    def progress(done: int, total: int) -> None:
+        if bar is not None:
+            bar.total = total
+            bar.n = done
+            bar.refresh()
+
+    try:
+        res = run_sweep(sc, raw, out_dir, source=str(scenario), executor=executor, workers=workers,
+                        address=address, fresh=fresh, progress=progress)
+    except ScenarioError as e:
+        _fail(str(e))
+        return
+    except OSError as e:
+        _fail(f"--out {out_dir}: {e.strerror or e}")
+        return
+    finally:
+        if bar is not None:
+            bar.close()
+    typer.echo(f"{sc.name}: {len(res.rows)} runs ({res.ran} run now, {res.resumed} already done)")
+    typer.echo(f"wrote {res.out_dir}/sweep.csv, sweep.html")
+
+
 engine_app = typer.Typer(no_args_is_help=True, help="Run a scenario on the real engine (realengine/, needs torch).")
 app.add_typer(engine_app, name="engine")
 
@@ -124,8 +177,6 @@ def engine_run(
             raise ScenarioError("sweeps are not supported by `servesim engine run`; run one point (--set)")
         cfgs = variant_configs(sc)
         wl = generate_workload(sc)
-        if wl.closed_loop is not None:
-            raise ScenarioError("workload: closed-loop workloads are not supported by the engine yet")
     except ScenarioError as e:
         _fail(str(e))
         return
