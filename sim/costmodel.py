@@ -309,8 +309,9 @@ class AnalyticCostModel:
 # ---------------------------------------------------------------------------------------------------------------
 # Fitted cost model
 
-PROFILE_SCHEMA_VERSION = 1
-COEFFICIENT_NAMES = ("step", "token", "decode_seq", "seq", "attn_pair", "kv_read_token", "swap_block")
+PROFILE_SCHEMA_VERSION = 2
+SUPPORTED_PROFILE_VERSIONS = (1, 2)  # version 2 added the optional calibration record (samples, fit, overheads)
+COEFFICIENT_NAMES = ("step", "token", "decode_seq", "seq", "attn_pair", "kv_read_token", "swap_block", "prefill_seq")
 
 
 class ProfileCoefficients(BaseModel):
@@ -324,6 +325,8 @@ class ProfileCoefficients(BaseModel):
     attn_pair: float = Field(0.0, ge=0, description="s per causal query-key pair (attn_pairs)")
     kv_read_token: float = Field(0.0, ge=0, description="s per token of KV read (kv_read_tokens)")
     swap_block: float = Field(0.0, ge=0, description="s per KV block swapped (swap_blocks)")
+    prefill_seq: float = Field(0.0, ge=0, description="s per row that is not a decode (num_seqs - num_decode_seqs): "
+                               "engines run each prompt chunk's attention on its own (schema version 2)")
 
 
 class ProfileFlops(BaseModel):
@@ -347,11 +350,16 @@ class CalibrationProfile(BaseModel):
           "peak_flops": 9.894e14,             # optional: FLOP/s of the device (all shards); 0 -> MFU is NaN
           "flops": {"token": ..., "seq": ..., "attn_pair": ...},   # optional; default from "model" when it is
                                                                    # a preset name or a config dict, else 0
-          "provenance": {"date": "...", "torch": "...", "engine_commit": "...", "grid": "...", "rmse": ...}
+          "provenance": {"date": "...", "torch": "...", "engine_commit": "...", "grid": "...", "rmse": ...},
+          # version 2, all optional (written by `servesim calibrate`; step_time does not read them):
+          "num_gpu_blocks": 2048,             # KV blocks the engine got for this model on this device
+          "overheads": {"step": ..., "token": ..., "seq": ...},   # host-side share (scheduling, input, sampling)
+          "fit": {"heldout": {"decode": {"n": ..., "median_abs": ...}, ...}, ...},   # fit quality per class
+          "samples": [{"script": ..., "kind": ..., "num_seqs": ..., "duration": ...}, ...]   # the measurements
         }
 
     Coefficient units are seconds per unit (see ``ProfileCoefficients``); unknown keys are refused so that a
-    misspelt coefficient cannot silently count as zero.
+    misspelt coefficient cannot silently count as zero. Version 1 files (without the calibration record) load.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -362,6 +370,10 @@ class CalibrationProfile(BaseModel):
     peak_flops: float = Field(0.0, ge=0)
     flops: ProfileFlops | None = None
     provenance: dict[str, Any] = Field(default_factory=dict)
+    num_gpu_blocks: int | None = Field(None, ge=1, description="KV blocks the engine got (calibration record)")
+    overheads: dict[str, float] = Field(default_factory=dict, description="host-side s per step, token, row")
+    fit: dict[str, Any] = Field(default_factory=dict, description="fit method and held-out errors per class")
+    samples: list[dict[str, Any]] = Field(default_factory=list, description="the measured steps")
 
 
 @dataclass(frozen=True, slots=True)
@@ -371,6 +383,7 @@ class FittedCostModel:
 
         time = step + token * num_tokens + decode_seq * num_decode_seqs + seq * num_seqs
              + attn_pair * attn_pairs + kv_read_token * kv_read_tokens + swap_block * swap_blocks
+             + prefill_seq * (num_seqs - num_decode_seqs)
 
     Scalar and array shapes give bit-identical results (the same expression). Load one with ``from_profile``;
     the file format is ``CalibrationProfile``.
@@ -383,6 +396,7 @@ class FittedCostModel:
     attn_pair: float = 0.0  # s per causal query-key pair
     kv_read_token: float = 0.0  # s per token of KV read
     swap_block: float = 0.0  # s per KV block swapped
+    prefill_seq: float = 0.0  # s per row that is not a decode (its own attention call)
     peak_flops: float = 0.0  # FLOP/s of the device over all shards; 0: unknown (MFU reported as NaN)
     flops_per_token: float = 0.0  # model FLOPs per non-padding token
     flops_per_seq: float = 0.0  # model FLOPs per row (LM head)
@@ -401,9 +415,12 @@ class FittedCostModel:
     def from_dict(cls, data: Mapping[str, Any]) -> "FittedCostModel":
         """From a parsed profile (see ``CalibrationProfile``)."""
         p = CalibrationProfile.model_validate(dict(data))
-        if p.schema_version != PROFILE_SCHEMA_VERSION:
+        if p.schema_version not in SUPPORTED_PROFILE_VERSIONS:
             raise ValueError(f"calibration profile schema_version {p.schema_version} is not supported "
-                             f"(expected {PROFILE_SCHEMA_VERSION})")
+                             f"(this servesim reads versions {', '.join(map(str, SUPPORTED_PROFILE_VERSIONS))})")
+        if p.schema_version == 1 and (p.num_gpu_blocks is not None or p.overheads or p.fit or p.samples):
+            raise ValueError("calibration profile schema_version 1 has no num_gpu_blocks, overheads, fit or samples "
+                             "(those came with version 2)")
         flops = p.flops
         label = p.model if isinstance(p.model, str) else str(p.model.get("_name_or_path", "custom"))
         if flops is None:
@@ -449,7 +466,7 @@ class FittedCostModel:
         a, b, c = shape.num_seqs, shape.num_tokens, shape.num_decode_seqs
         d, e, f = shape.attn_pairs, shape.kv_read_tokens, shape.swap_blocks
         t = (self.step + b * self.token + c * self.decode_seq + a * self.seq + d * self.attn_pair
-             + e * self.kv_read_token + f * self.swap_block)
+             + e * self.kv_read_token + f * self.swap_block + (a - c) * self.prefill_seq)
         return t if _is_array(a, b, c, d, e, f) else float(t)
 
     def step_flops(self, shape: StepShape) -> float | np.ndarray:
@@ -461,8 +478,9 @@ class FittedCostModel:
     def decode_steps(self, rows: list[int], reads: list[int]) -> tuple[list[float], list[float]]:
         """``step_time``/``step_flops`` of unpadded one-token-per-row steps, bit-identical (same expression)."""
         step, token, dseq, seq = self.step, self.token, self.decode_seq, self.seq
-        pair, kvr, swap = self.attn_pair, self.kv_read_token, self.swap_block
+        pair, kvr, swap, pseq = self.attn_pair, self.kv_read_token, self.swap_block, self.prefill_seq
         ft, fs, fp = self.flops_per_token, self.flops_per_seq, self.flops_per_attn_pair
-        times = [step + n * token + n * dseq + n * seq + c * pair + c * kvr + 0 * swap for n, c in zip(rows, reads)]
+        times = [step + n * token + n * dseq + n * seq + c * pair + c * kvr + 0 * swap + (n - n) * pseq
+                 for n, c in zip(rows, reads)]
         flops = [float((n - 0) * ft + n * fs + c * fp) for n, c in zip(rows, reads)]
         return times, flops

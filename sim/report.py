@@ -183,7 +183,8 @@ def trace_points(fig: go.Figure) -> int:
 # --- figures ---------------------------------------------------------------------------------------------------
 
 
-def _latencies(result: RunResult) -> dict[str, np.ndarray]:
+def latencies(result: RunResult) -> dict[str, np.ndarray]:
+    """TTFT, TPOT and E2EL of the completed requests (seconds)."""
     done = [r for r in result.requests if r.completed]
     arr = np.array([r.arrival for r in done], dtype=np.float64)
     ft = np.array([r.first_token for r in done], dtype=np.float64)
@@ -205,7 +206,7 @@ def fig_latency_cdfs(results: list[RunResult], max_points: int = MAX_POINTS) -> 
     """CDFs of TTFT, TPOT and E2EL side by side, one curve per variant, with p50/p95/p99 marked."""
     fig = make_subplots(rows=1, cols=3, subplot_titles=[p[1] for p in CDF_PANELS], horizontal_spacing=0.07)
     for i, res in enumerate(results):
-        lat = _latencies(res)
+        lat = latencies(res)
         for col, (key, label, scale) in enumerate(CDF_PANELS, start=1):
             v = lat[key] * scale
             if len(v) == 0:

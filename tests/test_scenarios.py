@@ -117,6 +117,14 @@ def check_failure_leak(s: Summaries) -> None:
     assert ok["kv_usage"]["mean"] < leak2x["kv_usage"]["mean"] < leak["kv_usage"]["mean"]
 
 
+def check_plan_chat(s: Summaries) -> None:
+    # `servesim run` simulates its deployment section (one H100), which meets the SLOs the plan targets;
+    # tests/test_planner.py runs the plan itself
+    (x,) = s.values()
+    assert x["num_completed"] == x["num_requests"]
+    assert x["ttft"]["p99"] < 0.5 and x["tpot"]["p99"] < 0.03 and x["slo_attainment"] == 1.0
+
+
 # file stem -> (overrides that scale it down, checks)
 CASES: dict[str, tuple[dict, Callable[[Summaries], None]]] = {
     "naive-vs-continuous": ({"workload.num_requests": 200}, check_naive_vs_continuous),
@@ -129,6 +137,7 @@ CASES: dict[str, tuple[dict, Callable[[Summaries], None]]] = {
     "lesson-continuous-batching": ({"workload.num_requests": 600}, check_lesson_continuous_batching),
     "lesson-paged-memory": ({"workload.num_requests": 300}, check_lesson_paged_memory),
     "lesson-memory-bound": ({"workload.num_requests": 200}, check_lesson_memory_bound),
+    "plan-chat": ({"workload.num_requests": 200}, check_plan_chat),
     # more failures, fewer requests: the leak still fills both caches
     "failure-leak": ({"workload.num_requests": 3000, "workload.failures.fraction": 0.6}, check_failure_leak),
 }

@@ -1,0 +1,223 @@
+"""Fitting the simulator's cost model to measured step times (torch-free).
+
+The model is ``sim.costmodel.FittedCostModel``: a step's time is a non-negative combination of its shape's
+aggregates, each a physical cost of the engine::
+
+    time = step                        fixed per step: Python scheduling, input preparation, launches, sampling
+         + token       * num_tokens     linear layers (weights x new tokens), embedding, RoPE, KV writes
+         + decode_seq  * num_decode_seqs  per decode row: its metadata, its share of the batched decode attention
+         + prefill_seq * (num_seqs - num_decode_seqs)  per prompt (chunk) row: metadata, its own attention call
+         + attn_pair   * attn_pairs     causal query-key pairs: prefill attention FLOPs, chunk x cached context
+         + kv_read_token * kv_read_tokens  KV tokens read: the memory-bound side of attention
+         + swap_block  * swap_blocks    KV blocks copied between device and host
+
+Coefficients come from non-negative least squares (``scipy.optimize.nnls``) on relative errors (each sample
+weighted by 1 / its time, so a 1 ms decode step counts as much as a 100 ms prefill), with the swap cost measured
+on its own. Held-out error: every script of the grid is left out in turn, the model is fitted on the others and
+asked to predict the steps it never saw; the errors are reported per shape class.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+from scipy.optimize import nnls
+
+from sim.costmodel import COEFFICIENT_NAMES, PROFILE_SCHEMA_VERSION, FittedCostModel, StepShape
+
+# the columns the fit solves for, in the order of the design matrix (swap_block is measured separately)
+# (``seq`` is left at 0: every row is either a decode row or a prompt row, so ``seq`` would be the sum of the two
+# columns below and the fit would not be unique)
+FIT_TERMS: tuple[str, ...] = ("step", "token", "decode_seq", "prefill_seq", "attn_pair", "kv_read_token")
+CLASSES: tuple[str, ...] = ("decode", "prefill", "mixed", "padded")
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One measured step: its shape (the core's ``StepShape`` aggregates), its median duration over the repeats,
+    the forward pass's share of it and the spread of the repeats (interquartile range / median)."""
+
+    script: str  # the grid script it comes from (the unit held out together)
+    kind: str  # shape class of the script: decode | prefill | mixed | padded
+    index: int  # step number within the script
+    num_seqs: int
+    num_tokens: int
+    num_decode_seqs: int
+    kv_read_tokens: int
+    attn_pairs: int
+    num_padding_tokens: int
+    swap_blocks: int
+    duration: float  # s, median over repeats
+    forward: float = 0.0  # s, median time in the model's forward pass
+    spread: float = 0.0  # (p75 - p25) / median of the repeats
+
+    @property
+    def shape(self) -> StepShape:
+        return StepShape(self.num_seqs, self.num_tokens, self.num_decode_seqs, self.kv_read_tokens, self.attn_pairs,
+                         self.num_padding_tokens, self.swap_blocks)
+
+    @property
+    def step_class(self) -> str:
+        """The class of the step itself (a decode script's first step is a prefill of every prompt)."""
+        if self.kind == "padded":
+            return "padded"
+        if self.num_decode_seqs == self.num_seqs:
+            return "decode"
+        return "prefill" if self.num_decode_seqs == 0 else "mixed"
+
+
+def samples_to_columns(samples: Sequence[Sample]) -> dict[str, np.ndarray]:
+    """The samples as numpy columns (one per field)."""
+    cols = {k: [] for k in Sample.__slots__}
+    for s in samples:
+        for k in cols:
+            cols[k].append(getattr(s, k))
+    return {k: np.asarray(v) for k, v in cols.items()}
+
+
+def design_matrix(samples: Sequence[Sample]) -> np.ndarray:
+    """Rows: samples; columns: ``FIT_TERMS`` (the constant column is 1)."""
+    c = samples_to_columns(samples)
+    n = len(samples)
+    return np.column_stack([np.ones(n), c["num_tokens"], c["num_decode_seqs"],
+                            c["num_seqs"] - c["num_decode_seqs"], c["attn_pairs"],
+                            c["kv_read_tokens"]]).astype(np.float64)
+
+
+def nnls_fit(x: np.ndarray, y: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
+    """``argmin ||w * (x @ b - y)||`` over ``b >= 0``, with the columns scaled to unit norm for conditioning (a
+    per-pair coefficient is 10 orders of magnitude below the per-step one). All-zero columns get 0."""
+    w = np.ones(len(y)) if weights is None else np.asarray(weights, dtype=np.float64)
+    xw = x * w[:, None]
+    norms = np.linalg.norm(xw, axis=0)
+    live = norms > 0
+    b = np.zeros(x.shape[1])
+    if live.any():
+        sol, _ = nnls(xw[:, live] / norms[live], y * w, maxiter=50 * x.shape[1])
+        b[live] = sol / norms[live]
+    return b
+
+
+def fit_coefficients(samples: Sequence[Sample]) -> dict[str, float]:
+    """NNLS on relative error: the coefficients of ``FIT_TERMS`` (seconds per unit)."""
+    if len(samples) < len(FIT_TERMS):
+        raise ValueError(f"{len(samples)} samples cannot fit {len(FIT_TERMS)} terms")
+    x = design_matrix(samples)
+    y = np.array([s.duration for s in samples], dtype=np.float64)
+    if not (y > 0).all():
+        raise ValueError("every sample needs a positive duration")
+    b = nnls_fit(x, y, 1.0 / y)
+    return dict(zip(FIT_TERMS, (float(v) for v in b)))
+
+
+def predict(coefficients: dict[str, float], samples: Sequence[Sample]) -> np.ndarray:
+    return design_matrix(samples) @ np.array([coefficients.get(k, 0.0) for k in FIT_TERMS])
+
+
+def _error_stats(rel: np.ndarray) -> dict[str, float | int]:
+    a = np.abs(rel)
+    if a.size == 0:
+        return {"n": 0, "median_abs": float("nan"), "p90_abs": float("nan"), "max_abs": float("nan"),
+                "mean_signed": float("nan")}
+    return {"n": int(a.size), "median_abs": float(np.median(a)), "p90_abs": float(np.percentile(a, 90)),
+            "max_abs": float(a.max()), "mean_signed": float(np.mean(rel))}
+
+
+def heldout_errors(samples: Sequence[Sample]) -> tuple[dict[str, dict[str, float | int]], np.ndarray]:
+    """Leave-one-script-out: for each script, fit on every other script and predict its steps. Returns the
+    relative error statistics per step class (plus ``"all"``) and the held-out prediction of every sample."""
+    scripts = sorted({s.script for s in samples})
+    pred = np.full(len(samples), np.nan)
+    idx = {name: [i for i, s in enumerate(samples) if s.script == name] for name in scripts}
+    for name in scripts:
+        train = [s for s in samples if s.script != name]
+        coef = fit_coefficients(train)
+        test = idx[name]
+        pred[test] = predict(coef, [samples[i] for i in test])
+    y = np.array([s.duration for s in samples])
+    rel = (pred - y) / y
+    classes = np.array([s.step_class for s in samples])
+    out = {c: _error_stats(rel[classes == c]) for c in CLASSES if (classes == c).any()}
+    out["all"] = _error_stats(rel)
+    return out, pred
+
+
+def fit_errors(coefficients: dict[str, float], samples: Sequence[Sample]) -> dict[str, dict[str, float | int]]:
+    """In-sample relative errors of a fit, per step class (and ``"all"``)."""
+    y = np.array([s.duration for s in samples])
+    rel = (predict(coefficients, samples) - y) / y
+    classes = np.array([s.step_class for s in samples])
+    out = {c: _error_stats(rel[classes == c]) for c in CLASSES if (classes == c).any()}
+    out["all"] = _error_stats(rel)
+    return out
+
+
+def host_overheads(samples: Sequence[Sample]) -> dict[str, float]:
+    """The engine's host-side cost per step (step time minus forward pass: the core's bookkeeping, the policy,
+    input preparation, sampling), fitted as a fixed cost per step plus a cost per row and per token."""
+    c = samples_to_columns(samples)
+    x = np.column_stack([np.ones(len(samples)), c["num_tokens"], c["num_seqs"]]).astype(np.float64)
+    y = np.array([max(s.duration - s.forward, 0.0) for s in samples])
+    d = np.array([s.duration for s in samples])
+    b = nnls_fit(x, y, 1.0 / d)
+    return {"step": float(b[0]), "token": float(b[1]), "seq": float(b[2]),
+            "host_fraction_median": float(np.median(y / d))}
+
+
+def build_profile(model: str, device: str, samples: Sequence[Sample], *, swap_block: float = 0.0,
+                  num_gpu_blocks: int | None = None, peak_flops: float = 0.0,
+                  provenance: dict[str, Any] | None = None, keep_samples: bool = True) -> dict[str, Any]:
+    """Fit and assemble a calibration profile (the ``sim.costmodel.CalibrationProfile`` dict)."""
+    coef = fit_coefficients(samples)
+    heldout, _ = heldout_errors(samples)
+    coefficients = {name: 0.0 for name in COEFFICIENT_NAMES}
+    coefficients.update(coef)
+    coefficients["swap_block"] = float(swap_block)
+    cols = samples_to_columns(samples)
+    profile: dict[str, Any] = {
+        "schema_version": PROFILE_SCHEMA_VERSION,
+        "model": model,
+        "device": device,
+        "coefficients": coefficients,
+        "peak_flops": float(peak_flops),
+        "num_gpu_blocks": num_gpu_blocks,
+        "overheads": host_overheads(samples),
+        "fit": {
+            "method": "scipy.optimize.nnls on relative error; swap_block measured separately",
+            "num_samples": len(samples),
+            "num_scripts": len({s.script for s in samples}),
+            "heldout": heldout,
+            "insample": fit_errors(coef, samples),
+            "median_repeat_spread": float(np.median(cols["spread"])) if len(samples) else 0.0,
+        },
+        "provenance": dict(provenance or {}),
+        "samples": [asdict(s) for s in samples] if keep_samples else [],
+    }
+    FittedCostModel.from_dict(profile)  # the profile must load
+    return profile
+
+
+def samples_from_profile(profile: dict[str, Any]) -> list[Sample]:
+    return [Sample(**s) for s in profile.get("samples", [])]
+
+
+def format_errors(errors: dict[str, dict[str, Any]], title: str = "held-out error") -> str:
+    """A small table: per class, samples and |relative error| median, p90 and max."""
+    lines = [f"{title:<16}{'steps':>7}{'median':>9}{'p90':>9}{'max':>9}{'bias':>9}"]
+    for cls, e in errors.items():
+        if not e.get("n"):
+            continue
+        lines.append(f"{cls:<16}{e['n']:>7}{100 * e['median_abs']:>8.1f}%{100 * e['p90_abs']:>8.1f}%"
+                     f"{100 * e['max_abs']:>8.1f}%{100 * e['mean_signed']:>+8.1f}%")
+    return "\n".join(lines)
+
+
+def summarize_coefficients(coefficients: dict[str, float]) -> Iterable[str]:
+    units = {"step": ("ms/step", 1e3), "token": ("us/token", 1e6), "seq": ("us/row", 1e6),
+             "decode_seq": ("us/decode row", 1e6), "prefill_seq": ("us/prompt row", 1e6), "attn_pair": ("ns/pair", 1e9),
+             "kv_read_token": ("ns/KV token", 1e9), "swap_block": ("us/block", 1e6)}
+    for k, (unit, scale) in units.items():
+        yield f"{k:<14}{coefficients.get(k, 0.0) * scale:>12.4g} {unit}"

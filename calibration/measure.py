@@ -1,0 +1,468 @@
+"""Measuring the real engine's step times over a grid of step shapes (needs torch).
+
+A calibration is a list of *scripts*: small workloads driven through the engine's own step loop (the serving
+core with a real policy and KV block manager, ``realengine.ModelRunner`` and the model), with requests arriving
+at chosen step numbers instead of wall-clock times. No wall clock is involved in scheduling, so a script makes
+the very same sequence of steps every time it is run: each step is measured once per repeat, and its sample is
+the median over the repeats of that step. Every step a script makes is a sample, labelled with the exact
+``StepShape`` the core computed for it, so nothing about a step's shape is guessed.
+
+What a step's duration covers is what ``realengine.engine.run_engine`` counts: from the end of the previous step
+to the end of this one, i.e. the core's bookkeeping of the previous step (``complete``), admitting arrivals,
+the policy's ``schedule``, input preparation, the forward pass and sampling. The forward pass alone is timed too
+(a wrapper around the model), so that the host's share (Python scheduling, input preparation, sampling) is
+reported separately as the engine's fixed per-step and per-request overheads.
+
+Shape classes (``Script.kind``): ``decode`` (B requests decoding at context c), ``prefill`` (one prompt in
+chunks of q tokens over a cached context c = 0, q, 2q, ...), ``mixed`` (B decodes plus a prefill chunk, as
+chunked prefill schedules them) and ``padded`` (static batching: rows padded to the longest, finished rows kept).
+Rounds interleave the scripts (script 1, 2, ..., then again), so that a slow spell of a shared machine spreads
+over many shapes instead of biasing one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import os
+import platform
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from realengine.engine import CPU_KV_BYTES
+from realengine.kv_cache import KVCache, kv_bytes_per_block, profile_num_blocks
+from realengine.model import LlamaModel, torch_dtype
+from realengine.runner import ModelRunner
+from sim.block_manager import PagedBlockManager
+from sim.core import ServingCore
+from sim.request import Request, RequestSpec
+from sim.scenario import ScenarioError, build, parse_scenario, variant_configs
+from sim.specs import ModelSpec
+
+from calibration.fit import Sample
+
+
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    step: int  # the request arrives before this step is scheduled (0: at the start)
+    prompt_len: int
+    output_len: int
+
+
+@dataclass(frozen=True, slots=True)
+class Script:
+    """One calibration workload: a policy and requests arriving at given step numbers."""
+
+    name: str
+    kind: str  # shape class: decode | prefill | mixed | padded
+    policy: dict[str, Any]  # a scenario's policy section (continuous or static)
+    arrivals: tuple[Arrival, ...]
+
+    @property
+    def max_tokens(self) -> int:
+        return sum(a.prompt_len + a.output_len for a in self.arrivals)
+
+
+@dataclass(frozen=True, slots=True)
+class Grid:
+    """Which step shapes a calibration measures. ``tiny_cpu`` keeps the whole calibration of the tiny model
+    within seconds on a 2-core CPU; ``gpu`` covers a 1B-class model on a datacenter GPU."""
+
+    decode_batches: tuple[int, ...]  # B: requests decoding together
+    decode_contexts: tuple[int, ...]  # c: their prompt length (the context grows by one per step)
+    decode_steps: int  # decode steps per decode script
+    prefill_chunks: tuple[int, ...]  # q: chunk size of a chunked prompt
+    prefill_len: int  # prompt length of the prefill scripts: chunks at contexts 0, q, 2q, ... < prefill_len
+    mixed_batches: tuple[int, ...]  # B decodes beside a prefill chunk
+    mixed_chunks: tuple[int, ...]  # q of that chunk
+    mixed_prompt: int  # prompt being chunked in the mixed scripts
+    static_batches: tuple[int, ...]  # static batching batch sizes (padded steps)
+    static_max_prompt: int
+    static_max_output: int
+    swap_blocks: tuple[int, ...] = (1, 4, 16, 64)  # block counts of the swap copy measurement
+
+    @classmethod
+    def tiny_cpu(cls) -> "Grid":
+        return cls(
+            decode_batches=(1, 2, 4, 8, 16, 32), decode_contexts=(16, 128, 384), decode_steps=10,
+            prefill_chunks=(16, 64, 256, 768), prefill_len=768,
+            mixed_batches=(2, 8, 24), mixed_chunks=(32, 128), mixed_prompt=384,
+            static_batches=(4, 16), static_max_prompt=160, static_max_output=24,
+        )
+
+    @classmethod
+    def gpu(cls) -> "Grid":
+        return cls(
+            decode_batches=(1, 4, 16, 64, 128, 256), decode_contexts=(128, 1024, 4096), decode_steps=16,
+            prefill_chunks=(128, 512, 2048, 8192), prefill_len=8192,
+            mixed_batches=(8, 64, 192), mixed_chunks=(256, 1024), mixed_prompt=4096,
+            static_batches=(16, 64), static_max_prompt=1024, static_max_output=128,
+            swap_blocks=(1, 16, 64, 256),
+        )
+
+    def describe(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def default_grid(device: str) -> Grid:
+    return Grid.gpu() if device == "cuda" else Grid.tiny_cpu()
+
+
+def scripts_of(grid: Grid, seed: int = 0) -> list[Script]:
+    """The grid as scripts. Lengths of the padded (static batching) scripts are drawn from ``seed``."""
+    out: list[Script] = []
+    big = 1 << 20  # a budget no script reaches: the batch is limited by max_num_seqs only
+    for b in grid.decode_batches:
+        for c in grid.decode_contexts:
+            # all prompts in one first step, then decode_steps steps of b decodes at contexts c, c + 1, ...
+            out.append(Script(f"decode-b{b}-c{c}", "decode",
+                              {"type": "continuous", "enable_chunked_prefill": True, "max_num_seqs": b,
+                               "max_num_batched_tokens": big},
+                              tuple(Arrival(0, c, grid.decode_steps + 1) for _ in range(b))))
+    for q in grid.prefill_chunks:
+        # one prompt cut into chunks of q: steps of q new tokens over cached contexts 0, q, 2q, ...
+        n = max(1, grid.prefill_len // q)
+        out.append(Script(f"prefill-q{q}", "prefill",
+                          {"type": "continuous", "enable_chunked_prefill": True, "max_num_seqs": 1,
+                           "max_num_batched_tokens": q},
+                          (Arrival(0, n * q, 1),)))
+    for b in grid.mixed_batches:
+        for q in grid.mixed_chunks:
+            # b short requests decode while a long prompt arrives at step 2 and is chunked beside them
+            # (the decoders' own 16-token prompts take the first few steps, in chunks of the same budget)
+            chunks = max(1, grid.mixed_prompt // q)
+            start = -(-16 * b // (b + q)) + 1
+            decoders = tuple(Arrival(0, 16, start + chunks + 4) for _ in range(b))
+            out.append(Script(f"mixed-b{b}-q{q}", "mixed",
+                              {"type": "continuous", "enable_chunked_prefill": True, "max_num_seqs": b + 1,
+                               "max_num_batched_tokens": b + q},
+                              decoders + (Arrival(start, chunks * q, 1),)))
+    rng = np.random.default_rng(seed)
+    for b in grid.static_batches:
+        prompts = rng.integers(8, grid.static_max_prompt + 1, size=2 * b)
+        outputs = rng.integers(2, grid.static_max_output + 1, size=2 * b)
+        out.append(Script(f"static-b{b}", "padded",
+                          {"type": "static", "batch_size": b, "max_wait": 0.0},
+                          tuple(Arrival(0, int(p), int(o)) for p, o in zip(prompts, outputs))))
+    return out
+
+
+class _TimedModel:
+    """Wraps the model the runner calls, adding up the time spent in its forward passes."""
+
+    def __init__(self, model: LlamaModel, sync: Callable[[], None]) -> None:
+        self.model = model
+        self.sync = sync
+        self.spec = model.spec
+        self.device = model.device
+        self.dtype = model.dtype
+        self.elapsed = 0.0
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        t = time.perf_counter()
+        out = self.model(*args, **kwargs)
+        self.sync()
+        self.elapsed += time.perf_counter() - t
+        return out
+
+
+@dataclass(slots=True)
+class _Step:
+    shape: tuple[int, int, int, int, int, int, int]  # StepShape fields, in order
+    duration: float
+    forward: float
+
+
+def _policy_for(script: Script, model: str, max_model_len: int, block_size: int, num_blocks: int):
+    raw = {
+        "name": script.name,
+        "workload": {"arrival": {"type": "all_at_once"}, "num_requests": 1,
+                     "prompt_len": {"type": "fixed", "value": 1}, "output_len": {"type": "fixed", "value": 1}},
+        "deployment": {"model": model, "max_model_len": max_model_len, "block_size": block_size,
+                       "num_gpu_blocks": num_blocks},
+        "policy": script.policy,
+    }
+    policy, _, _, _ = build(variant_configs(parse_scenario(raw, source=f"calibration script {script.name}"))[0])
+    return policy
+
+
+class _Bench:
+    """The model, the KV cache and the runner, built once and reused by every script."""
+
+    def __init__(self, spec: ModelSpec, model_name: str, device: str, dtype: torch.dtype, block_size: int,
+                 num_blocks: int, seed: int) -> None:
+        self.spec = spec
+        self.model_name = model_name
+        self.device = device
+        self.block_size = block_size
+        self.kv = PagedBlockManager(num_blocks, block_size)
+        model = LlamaModel(spec, dtype=dtype, device=device, seed=seed)
+        self.is_cuda = device == "cuda"
+        self.sync: Callable[[], None] = (lambda: torch.cuda.synchronize()) if self.is_cuda else (lambda: None)
+        self.runner = ModelRunner(spec, block_manager=self.kv, model=model)
+        self.timed = _TimedModel(model, self.sync)
+        self.runner.model = self.timed  # the runner calls self.model(...): time the forward passes
+        self.next_id = 0
+
+    def run(self, script: Script, policy) -> list[_Step]:
+        """Drive the script to the end as ``run_engine``'s loop does; one ``_Step`` per step."""
+        kv, runner, timed = self.kv, self.runner, self.timed
+        core = ServingCore(policy, kv, fast_path=False)
+        core.finish_listeners.append(lambda r: runner.release(r.id))
+        pending = sorted(script.arrivals, key=lambda a: a.step)
+        steps: list[_Step] = []
+        clock = time.perf_counter
+        t0 = clock()
+        prev = t0
+        i = 0
+        k = 0
+        while True:
+            now = prev - t0
+            while i < len(pending) and pending[i].step <= k:
+                a = pending[i]
+                spec = RequestSpec(id=self.next_id, arrival=now, prompt_len=a.prompt_len, output_len=a.output_len)
+                self.next_id += 1
+                core.add_request(Request(spec, now), now)
+                i += 1
+            batch = core.schedule(now) if core.has_work else None
+            if batch is None:
+                if core.has_work:
+                    raise RuntimeError(f"calibration script {script.name} stalled at step {k}")
+                if i < len(pending):  # nothing to run until the next arrival: let it arrive now
+                    k = pending[i].step
+                    prev = clock()
+                    continue
+                break
+            f0 = timed.elapsed
+            runner.execute(batch)
+            self.sync()
+            end = clock()
+            core.complete(batch, end - t0)
+            s = batch.shape
+            steps.append(_Step((int(s.num_seqs), int(s.num_tokens), int(s.num_decode_seqs), int(s.kv_read_tokens),
+                                int(s.attn_pairs), int(s.num_padding_tokens), int(s.swap_blocks)),
+                               end - prev, timed.elapsed - f0))
+            prev = end
+            k += 1
+        if kv.num_free_blocks != kv.num_blocks:
+            raise RuntimeError(f"calibration script {script.name} left {kv.num_blocks - kv.num_free_blocks} blocks")
+        return steps
+
+    def swap_per_block(self, counts: tuple[int, ...], repeats: int) -> float:
+        """Seconds to copy one KV block (all layers' K and V) between device and CPU memory, one way: the slope
+        of the copy time against the block count, out and in measured alike."""
+        n_max = max(counts)
+        cache = KVCache(self.spec, block_size=self.block_size, dtype=self.timed.dtype, device=self.device,
+                        num_blocks=n_max, num_cpu_blocks=n_max)
+        xs, ys = [], []
+        for _ in range(repeats + 1):
+            for n in counts:
+                blocks = list(range(n))
+                t = time.perf_counter()
+                h = cache.swap_out(blocks)
+                cache.swap_in(h, blocks)
+                self.sync()
+                xs.append(2 * n)
+                ys.append(time.perf_counter() - t)
+        x, y = np.asarray(xs[len(counts):], float), np.asarray(ys[len(counts):], float)  # first round: warm-up
+        slope = float(np.polyfit(x, y, 1)[0])
+        return max(slope, 0.0)
+
+
+def _host_cpu() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _git_commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                             cwd=Path(__file__).resolve().parent)
+        return out.stdout.strip() if out.returncode == 0 else ""
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def engine_num_blocks(spec: ModelSpec, model: LlamaModel | None, device: str, dtype: torch.dtype, block_size: int,
+                      max_num_batched_tokens: int, max_num_seqs: int, gpu_memory_utilization: float = 0.9) -> int:
+    """The KV block count ``run_engine`` gives this model on this device when the scenario names none: on CUDA
+    sized from device memory after a warm-up forward (as vLLM does), on CPU capped at ``CPU_KV_BYTES``."""
+    if device == "cuda" and model is not None:
+        return int(profile_num_blocks(model, block_size=block_size, max_num_batched_tokens=max_num_batched_tokens,
+                                      max_num_seqs=max_num_seqs, gpu_memory_utilization=gpu_memory_utilization))
+    return max(1, CPU_KV_BYTES // kv_bytes_per_block(spec, dtype, block_size))
+
+
+@dataclass(slots=True)
+class Measurements:
+    """What ``measure`` returns: one sample per script step (median over repeats) and the context."""
+
+    samples: list[Sample]
+    swap_block: float  # s per block copied one way
+    num_gpu_blocks: int  # the engine's KV block count for this model and device (see ``engine_num_blocks``)
+    provenance: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0  # wall time of the measurement
+
+
+def measure(
+    model: str = "tiny",
+    *,
+    device: str = "cpu",
+    dtype: str | None = None,
+    grid: Grid | None = None,
+    repeats: int = 5,
+    block_size: int = 16,
+    seed: int = 0,
+    progress: bool = False,
+) -> Measurements:
+    """Run every script of the grid ``repeats`` times (after one warm-up round) and return the median step
+    times. Raises ``ScenarioError`` for an unknown model or device, ``ValueError`` for bad settings."""
+    t_start = time.perf_counter()
+    if device not in ("cpu", "cuda"):
+        raise ScenarioError(f"--device must be cpu or cuda, got {device!r}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ScenarioError("--device cuda: torch sees no CUDA device")
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    try:
+        spec = ModelSpec.from_name(model)
+    except ValueError as e:
+        raise ScenarioError(f"--model: {e}") from None
+    tdtype = torch_dtype(dtype) if dtype else (torch.float32 if device == "cpu" else torch.bfloat16)
+    grid = grid or default_grid(device)
+    scripts = scripts_of(grid, seed)
+    max_len = max(max(a.prompt_len + a.output_len for a in s.arrivals) for s in scripts)
+    if max_len > spec.max_position_embeddings:
+        raise ValueError(f"the grid needs {max_len} positions; {spec.name} has {spec.max_position_embeddings}")
+    need = max(sum(-(-(a.prompt_len + a.output_len) // block_size) for a in s.arrivals) for s in scripts)
+    bench = _Bench(spec, model, device, tdtype, block_size, need + 8, seed)
+    policies = [_policy_for(s, model, max_len, block_size, need + 8) for s in scripts]
+    num_blocks = engine_num_blocks(spec, bench.timed.model, device, tdtype, block_size,
+                                   max_num_batched_tokens=max(grid.prefill_chunks), max_num_seqs=256)
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=(repeats + 1) * len(scripts), desc=f"calibrate {model} on {device}", unit="script",
+                   leave=False)
+    runs: list[list[list[_Step]]] = [[] for _ in scripts]  # script -> repeat -> steps
+    with torch.inference_mode():
+        for rnd in range(repeats + 1):
+            for j, (script, policy) in enumerate(zip(scripts, policies)):
+                steps = bench.run(script, policy)
+                if rnd > 0:  # round 0 warms up every shape (allocator, kernels' first calls)
+                    runs[j].append(steps)
+                if bar is not None:
+                    bar.update(1)
+        swap = bench.swap_per_block(grid.swap_blocks, repeats)
+    if bar is not None:
+        bar.close()
+    samples: list[Sample] = []
+    for script, reps in zip(scripts, runs):
+        n = len(reps[0])
+        for r in reps[1:]:
+            if len(r) != n or any(a.shape != b.shape for a, b in zip(r, reps[0])):
+                raise RuntimeError(f"calibration script {script.name} did not repeat its steps")
+        for k in range(n):
+            d = np.array([r[k].duration for r in reps])
+            f = np.array([r[k].forward for r in reps])
+            q1, q3 = np.percentile(d, [25, 75])
+            med = float(np.median(d))
+            samples.append(Sample(script.name, script.kind, k, *reps[0][k].shape, duration=med,
+                                  forward=float(np.median(f)), spread=float((q3 - q1) / med) if med > 0 else 0.0))
+    if device == "cuda":
+        dev_name = torch.cuda.get_device_name()
+    else:
+        dev_name = f"cpu ({_host_cpu()}, {torch.get_num_threads()} torch threads)"
+    provenance = {
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "device": dev_name,
+        "host_cpu": _host_cpu(),
+        "host_cpus": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda if device == "cuda" else None,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "engine_commit": _git_commit(),
+        "dtype": str(tdtype).replace("torch.", ""),
+        "block_size": block_size,
+        "model_config": dataclasses.asdict(spec),
+        "grid": grid.describe(),
+        "repeats": repeats,
+        "warmup_rounds": 1,
+        "seed": seed,
+    }
+    return Measurements(samples, swap, num_blocks, provenance, time.perf_counter() - t_start)
+
+
+REFERENCE_KIND = "decode"
+
+
+def reference_script(profile: dict[str, Any]) -> Script | None:
+    """The decode script of the profile's grid used to measure the machine's speed later: the middle batch size
+    at the middle context. None when the profile carries no grid (not made by ``servesim calibrate``)."""
+    g = profile.get("provenance", {}).get("grid")
+    if not g:
+        return None
+    grid = Grid(**{k: tuple(v) if isinstance(v, list) else v for k, v in g.items()})
+    b = grid.decode_batches[len(grid.decode_batches) // 2]
+    c = grid.decode_contexts[len(grid.decode_contexts) // 2]
+    name = f"decode-b{b}-c{c}"
+    return next((s for s in scripts_of(grid, profile["provenance"].get("seed", 0)) if s.name == name), None)
+
+
+class SpeedProbe:
+    """Measures how fast this machine runs the profile's reference script now, against the profile's samples
+    of that script: ``ratio() > 1`` means slower than at calibration (another process sharing the CPU, a
+    different clock). Built once (model and cache), run around each validation run."""
+
+    def __init__(self, profile: dict[str, Any], *, device: str = "cpu") -> None:
+        self.script = reference_script(profile)
+        self.base: float | None = None
+        if self.script is None:
+            return
+        samples = [s for s in profile.get("samples", []) if s["script"] == self.script.name]
+        if not samples:
+            self.script = None
+            return
+        # the decode steps only (the first step prefills the prompts)
+        self.base = float(np.median([s["duration"] for s in samples if s["num_decode_seqs"] == s["num_seqs"]]))
+        prov = profile["provenance"]
+        spec = ModelSpec.from_name(profile["model"])
+        dtype = torch_dtype(prov.get("dtype", "float32"))
+        bs = int(prov.get("block_size", 16))
+        need = sum(-(-(a.prompt_len + a.output_len) // bs) for a in self.script.arrivals) + 8
+        self.bench = _Bench(spec, profile["model"], device, dtype, bs, need, int(prov.get("seed", 0)))
+        max_len = max(a.prompt_len + a.output_len for a in self.script.arrivals)
+        self.policy_args = (profile["model"], max_len, bs, need)
+
+    def measure(self, repeats: int = 5) -> float | None:
+        """Median decode step time of the reference script now (seconds), over ``repeats`` runs after one
+        warm-up run."""
+        if self.script is None:
+            return None
+        times: list[float] = []
+        with torch.inference_mode():
+            for r in range(repeats + 1):
+                steps = self.bench.run(self.script, _policy_for(self.script, *self.policy_args))
+                if r:
+                    times += [s.duration for s in steps if s.shape[2] == s.shape[0]]
+        return float(np.median(times))
+
+    def ratio(self, repeats: int = 5) -> float | None:
+        now = self.measure(repeats)
+        return None if now is None or not self.base else now / self.base

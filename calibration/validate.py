@@ -1,0 +1,427 @@
+"""Validation: the same workload on the real engine and in the calibrated simulator, metric by metric.
+
+For every variant of a scenario: replay the workload on the engine (``realengine.engine.run_engine``), then
+simulate it with the fitted profile as the cost model and the engine's actual KV block count (and swap space),
+the arrivals scaled as the engine scaled them. Both runs go through the same policy and KV block manager code,
+so every difference is the cost model's (and the machine's noise). The comparison per variant and metric
+(TTFT, TPOT, ITL, E2EL at p50, p90 and p99; output throughput; KV usage; preemptions) is the real value, the
+simulated value and the relative error ``(simulated - real) / real``.
+
+``compare`` and the figures are torch-free; ``validate`` needs torch (the engine).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import html
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import plotly.graph_objects as go
+import plotly.io as pio
+from plotly.subplots import make_subplots
+
+from sim.costmodel import FittedCostModel
+from sim.metrics import summarize
+from sim.records import RunResult
+from sim.report import TEMPLATE, color, ecdf_points
+from sim.scenario import FittedCost, Scenario, ScenarioError, VariantConfig, load_scenario, variant_configs
+
+PERCENTILE_KEYS = ("p50", "p90", "p99")
+LATENCIES = ("ttft", "tpot", "itl", "e2el")
+# metric name -> path in a summary
+METRICS: dict[str, tuple[str, ...]] = {
+    **{f"{m}_{p}": (m, p) for m in LATENCIES for p in PERCENTILE_KEYS},
+    "output_throughput": ("output_throughput",),
+    "kv_usage_mean": ("kv_usage", "mean"),
+    "kv_usage_max": ("kv_usage", "max"),
+    "num_preemptions": ("num_preemptions",),
+}
+
+
+def _get(summary: dict, path: tuple[str, ...]) -> float:
+    v: Any = summary
+    for k in path:
+        v = v[k]
+    return float(v) if v is not None else math.nan
+
+
+def relative_error(real: float, sim: float) -> float | None:
+    """``(sim - real) / |real|``; 0 when both are 0; None when only the real value is 0 or either is NaN."""
+    if not (math.isfinite(real) and math.isfinite(sim)):
+        return None
+    if real == 0:
+        return 0.0 if sim == 0 else None
+    return (sim - real) / abs(real)
+
+
+def compare(real: dict, sim: dict) -> dict[str, dict[str, float | None]]:
+    """Per metric of ``METRICS``: {real, sim, rel_error} from two ``summarize`` dicts."""
+    out = {}
+    for name, path in METRICS.items():
+        r, s = _get(real, path), _get(sim, path)
+        out[name] = {"real": r if math.isfinite(r) else None, "sim": s if math.isfinite(s) else None,
+                     "rel_error": relative_error(r, s)}
+    return out
+
+
+@dataclass(slots=True)
+class VariantValidation:
+    name: str
+    num_gpu_blocks: int
+    real: RunResult
+    sim: RunResult
+    real_summary: dict
+    sim_summary: dict
+    metrics: dict[str, dict[str, float | None]]
+    # How much slower the machine ran the profile's reference step around this run than at calibration (1.0:
+    # as fast; None: not measured), and the comparison again with the simulator's step times scaled by it.
+    machine_slowdown: float | None = None
+    adjusted_metrics: dict[str, dict[str, float | None]] | None = None
+
+    def step_stats(self) -> dict[str, Any]:
+        dr, ds = self.real.steps["duration"], self.sim.steps["duration"]
+        return {"real_steps": int(dr.size), "sim_steps": int(ds.size),
+                "real_busy_s": float(dr.sum()), "sim_busy_s": float(ds.sum()),
+                "real_mean_step_ms": float(dr.mean() * 1e3) if dr.size else None,
+                "sim_mean_step_ms": float(ds.mean() * 1e3) if ds.size else None}
+
+
+@dataclass(slots=True)
+class Validation:
+    scenario: str
+    profile: str
+    device: str
+    model: str
+    time_scale: float
+    variants: list[VariantValidation] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "scenario": self.scenario,
+            "profile": self.profile,
+            "device": self.device,
+            "model": self.model,
+            "time_scale": self.time_scale,
+            "metric_definitions": "vllm bench serve: TTFT, TPOT, ITL, E2EL in seconds; output_throughput in tokens/s; "
+                                  "kv_usage = allocated KV blocks / capacity (time-weighted mean, max); "
+                                  "rel_error = (sim - real) / real",
+            "variants": {
+                v.name: {
+                    "num_gpu_blocks": v.num_gpu_blocks,
+                    "num_requests": v.real_summary["num_requests"],
+                    "num_completed": {"real": v.real_summary["num_completed"], "sim": v.sim_summary["num_completed"]},
+                    "steps": v.step_stats(),
+                    "metrics": v.metrics,
+                    "machine_slowdown": v.machine_slowdown,
+                    "speed_adjusted_metrics": v.adjusted_metrics,
+                }
+                for v in self.variants
+            },
+        }
+
+    def table(self) -> str:
+        """Real, simulated and error per metric, one block per variant."""
+        lines = []
+        for v in self.variants:
+            slow = "" if v.machine_slowdown is None else f", machine {v.machine_slowdown:.2f}x calibration's step time"
+            lines.append(f"{v.name} ({v.num_gpu_blocks} KV blocks, {v.real_summary['num_requests']} requests{slow})")
+            lines.append(f"  {'metric':<20}{'real':>12}{'sim':>12}{'error':>9}")
+            for name, m in v.metrics.items():
+                scale, unit = (1e3, " ms") if name.split("_")[0] in LATENCIES else (1.0, "")
+                if name.startswith("kv_usage"):
+                    scale, unit = 100.0, " %"
+                r = "n/a" if m["real"] is None else f"{m['real'] * scale:.4g}"
+                s = "n/a" if m["sim"] is None else f"{m['sim'] * scale:.4g}"
+                e = "n/a" if m["rel_error"] is None else f"{100 * m['rel_error']:+.1f}%"
+                lines.append(f"  {name + unit:<20}{r:>12}{s:>12}{e:>9}")
+        return "\n".join(lines)
+
+
+# --- the runs ------------------------------------------------------------------------------------------------------
+
+
+def load_profile(path: str | Path) -> FittedCostModel:
+    """The profile as a cost model; every problem with the file as one ``ScenarioError`` naming it."""
+    p = Path(path)
+    if not p.is_file():
+        raise ScenarioError(f"--profile {p}: file not found")
+    try:
+        return FittedCostModel.from_profile(p)
+    except json.JSONDecodeError as e:
+        raise ScenarioError(f"--profile {p}: not valid JSON: {e}") from None
+    except (ValueError, TypeError) as e:  # pydantic's ValidationError is a ValueError
+        first = str(e).strip().splitlines()
+        msg = " ".join(line.strip() for line in first[:3])
+        raise ScenarioError(f"--profile {p}: not a calibration profile: {msg}") from None
+
+
+def resolve_model(profile: FittedCostModel, model: str | None) -> str:
+    """The model the engine runs: the one the profile measured, which ``model`` (when given) must name."""
+    from sim.specs import ModelSpec
+
+    name = model or profile.model
+    if not name:
+        raise ScenarioError("--model: the profile names no model; give --model")
+    try:
+        spec = ModelSpec.from_name(name)
+    except ValueError as e:
+        raise ScenarioError(f"--model: {e}") from None
+    if model and profile.model and _is_preset(profile.model) and ModelSpec.from_name(profile.model).name != spec.name:
+        raise ScenarioError(f"--model {model}: the profile was measured on {profile.model}, not {model}")
+    return spec.name
+
+
+def _is_preset(name: str) -> bool:
+    from sim.specs import ModelSpec
+
+    try:
+        ModelSpec.from_name(name)
+        return True
+    except ValueError:
+        return False
+
+
+def prepare(scenario_path: str | Path, overrides: dict[str, Any] | None = None) -> tuple[Scenario, list[VariantConfig],
+                                                                                          Any]:
+    """Scenario, variants and workload, with every input problem as a ``ScenarioError``."""
+    from sim.run import generate_workload
+
+    sc, _ = load_scenario(scenario_path, overrides)
+    if sc.sweep:
+        raise ScenarioError("sweeps are not supported by `servesim validate`; validate one point (--set)")
+    cfgs = variant_configs(sc)
+    wl = generate_workload(sc)
+    if wl.closed_loop is not None:
+        raise ScenarioError("workload: closed-loop workloads are not supported by the engine yet")
+    return sc, cfgs, wl
+
+
+def _simulate(cfg: VariantConfig, specs: tuple, cost, name: str) -> RunResult:
+    """``sim.run.simulate_variant`` with a cost model given as an object (the speed-adjusted profile)."""
+    from sim.core import ServingCore
+    from sim.scenario import build
+    from sim.simulator import Simulation, result_of
+
+    policy, kv, _, built = build(cfg)
+    core = ServingCore(policy, kv)
+    sim = Simulation(specs, [(core, cost)])
+    sim.run()
+    return result_of(name, sim.requests, core, cost, config=cfg.to_dict(),
+                     weight_bytes=float(built.budget.weight_bytes),
+                     kv_bytes_per_block=float(built.budget.kv_bytes_per_block))
+
+
+def scaled(model: FittedCostModel, factor: float) -> FittedCostModel:
+    """The same cost model with every time coefficient multiplied by ``factor``."""
+    from sim.costmodel import COEFFICIENT_NAMES
+
+    return dataclasses.replace(model, **{k: getattr(model, k) * factor for k in COEFFICIENT_NAMES})
+
+
+def validate_variant(cfg: VariantConfig, workload, profile_path: str | Path, *, model: str, device: str = "cpu",
+                     num_gpu_blocks: int | None = None, time_scale: float = 1.0, seed: int = 0,
+                     memory: list | None = None, probe=None) -> VariantValidation:
+    """One variant on the engine, then in the simulator with the profile and the engine's KV block count. With a
+    ``SpeedProbe``, the machine's speed is measured before and after the engine run, and the comparison is
+    repeated with the profile scaled by the slowdown."""
+    from realengine.engine import engine_config, run_engine
+    from sim.run import simulate_variant
+
+    before = probe.measure() if probe is not None else None
+    real, requests, core = run_engine(cfg, workload, device=device, model_spec=model, num_gpu_blocks=num_gpu_blocks,
+                                      time_scale=time_scale, seed=seed, memory_samples=memory)
+    blocks = int(core.kv.num_blocks)
+    sim_cfg = engine_config(cfg, model_spec=model, num_gpu_blocks=blocks, device=device)
+    dep = sim_cfg.deployment.model_copy(update={"cost_model": FittedCost(profile=str(Path(profile_path).resolve()))})
+    sim_cfg = dataclasses.replace(sim_cfg, deployment=dep)
+    specs = getattr(workload, "requests", workload)
+    wl_scaled = dataclasses.replace(workload, requests=tuple(dataclasses.replace(s, arrival=s.arrival * time_scale)
+                                                          for s in specs)) if hasattr(workload, "requests") else \
+        _Plain(tuple(dataclasses.replace(s, arrival=s.arrival * time_scale) for s in specs))
+    after = probe.measure() if probe is not None else None
+    sim, _, _ = simulate_variant(sim_cfg, wl_scaled, name=real.name)
+    rs, ss = summarize(real), summarize(sim)
+    out = VariantValidation(real.name, blocks, real, sim, rs, ss, compare(rs, ss))
+    if before is not None and after is not None and probe.base:
+        out.machine_slowdown = float(np.sqrt(before * after)) / probe.base
+        cost = scaled(load_profile(profile_path), out.machine_slowdown)
+        adj = _simulate(sim_cfg, wl_scaled.requests, cost, real.name)
+        out.adjusted_metrics = compare(rs, summarize(adj))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class _Plain:
+    requests: tuple
+    closed_loop: None = None
+
+
+def validate(scenario_path: str | Path, profile_path: str | Path, *, device: str = "cpu", model: str | None = None,
+             num_gpu_blocks: int | None = None, time_scale: float = 1.0, overrides: dict[str, Any] | None = None,
+             progress: bool = False, speed_probe: bool = True) -> Validation:
+    """Every variant of the scenario on the engine and in the simulator (see the module docstring). With
+    ``speed_probe`` (and a profile made by ``servesim calibrate``), the profile's reference step is timed around
+    every engine run, and each variant also carries the comparison with the profile scaled by the slowdown."""
+    import torch
+
+    if device not in ("cpu", "cuda"):
+        raise ScenarioError(f"--device must be cpu or cuda, got {device!r}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ScenarioError("--device cuda: torch sees no CUDA device")
+    if time_scale < 0:
+        raise ScenarioError(f"--time-scale must be >= 0, got {time_scale}")
+    if num_gpu_blocks is not None and num_gpu_blocks < 1:
+        raise ScenarioError(f"--num-gpu-blocks must be >= 1, got {num_gpu_blocks}")
+    profile = load_profile(profile_path)
+    name = resolve_model(profile, model)
+    sc, cfgs, wl = prepare(scenario_path, overrides)
+    from realengine.engine import engine_config
+
+    for cfg in cfgs:  # everything the input can get wrong fails before the first run
+        try:
+            engine_config(cfg, model_spec=name, num_gpu_blocks=num_gpu_blocks, device=device)
+        except ValueError as e:
+            raise ScenarioError(str(e)) from None
+    out = Validation(sc.name, str(profile_path), device, name, time_scale)
+    probe = None
+    if speed_probe:
+        from calibration.measure import SpeedProbe
+
+        with open(profile_path) as f:
+            raw_profile = json.load(f)
+        if raw_profile.get("model") and _is_preset(raw_profile["model"]):
+            probe = SpeedProbe(raw_profile, device=device)
+            if probe.script is None:
+                probe = None
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(cfgs), desc=f"validate {sc.name}", unit="variant", leave=False)
+    for cfg in cfgs:
+        out.variants.append(validate_variant(cfg, wl, profile_path, model=name, device=device,
+                                             num_gpu_blocks=num_gpu_blocks, time_scale=time_scale, seed=sc.seed,
+                                             probe=probe))
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    return out
+
+
+# --- figures and the page -------------------------------------------------------------------------------------
+
+
+def _latency_values(result: RunResult) -> dict[str, np.ndarray]:
+    """The report's latencies, plus every inter-token gap (expanded from the pooled counts)."""
+    from sim.report import latencies
+
+    gaps, counts = np.asarray(result.itl_gaps, float), np.asarray(result.itl_counts, np.int64)
+    return {**latencies(result), "itl": np.repeat(gaps[counts > 0], counts[counts > 0])}
+
+
+PANELS = (("ttft", "TTFT (ms)"), ("tpot", "TPOT (ms)"), ("itl", "ITL (ms)"), ("e2el", "E2EL (ms)"))
+
+
+def fig_real_vs_sim_cdfs(v: VariantValidation) -> go.Figure:
+    """Latency CDFs of one variant: the engine (solid) and the simulator (dashed)."""
+    fig = make_subplots(rows=1, cols=4, subplot_titles=[p[1] for p in PANELS], horizontal_spacing=0.06)
+    for i, (label, res) in enumerate((("engine", v.real), ("simulator", v.sim))):
+        lat = _latency_values(res)
+        for col, (key, title) in enumerate(PANELS, start=1):
+            x = lat[key] * 1e3
+            if x.size == 0:
+                continue
+            fig.add_trace(go.Scatter(name=label, legendgroup=label, showlegend=col == 1, mode="lines",
+                                     line=dict(color=color(i), dash="solid" if i == 0 else "dash"),
+                                     hovertemplate=f"{title}: %{{x:.4g}}<br>fraction: %{{y:.3f}}",
+                                     **ecdf_points(x)), row=1, col=col)
+            fig.update_xaxes(title_text=title, row=1, col=col)
+    fig.update_yaxes(title_text="fraction", range=[0, 1.02], row=1, col=1)
+    fig.update_layout(template=TEMPLATE, height=360, hovermode="closest",
+                      title=f"{v.name}: latency distributions, engine vs simulator")
+    return fig
+
+
+def _kv_series(res: RunResult, max_points: int = 2000) -> tuple[np.ndarray, np.ndarray]:
+    s = res.steps
+    order = np.argsort(s["start"], kind="stable")
+    t = np.asarray(s["start"])[order] + np.asarray(s["duration"])[order]
+    cap = np.asarray(s["kv_capacity_blocks"], float)[order]
+    cap = np.where(cap > 0, cap, float(res.kv_capacity_blocks))
+    u = np.asarray(s["kv_blocks_used"], float)[order] / np.maximum(cap, 1.0)
+    if t.size > max_points:
+        keep = np.linspace(0, t.size - 1, max_points).astype(np.int64)
+        t, u = t[keep], u[keep]
+    return t, u
+
+
+def fig_kv_over_time(v: VariantValidation) -> go.Figure:
+    """KV blocks in use over capacity against time: the engine and the simulator."""
+    fig = go.Figure()
+    for i, (label, res) in enumerate((("engine", v.real), ("simulator", v.sim))):
+        t, u = _kv_series(res)
+        fig.add_trace(go.Scatter(x=t, y=100 * u, name=label, mode="lines", line_shape="hv",
+                                 line=dict(color=color(i), dash="solid" if i == 0 else "dash")))
+    fig.update_layout(template=TEMPLATE, height=320, title=f"{v.name}: KV usage over time",
+                      xaxis_title="time (s)", yaxis_title="KV blocks used (%)")
+    return fig
+
+
+_CSS = ("body{font-family:sans-serif;max-width:1200px;margin:2em auto;color:#222}"
+        "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}"
+        "th{background:#f3f3f3}td:first-child{text-align:left}.bad{color:#b00}")
+
+
+def _table_html(v: VariantValidation) -> str:
+    rows = ["<table><tr><th>metric</th><th>engine</th><th>simulator</th><th>error</th></tr>"]
+    for name, m in v.metrics.items():
+        e = m["rel_error"]
+        cls = ' class="bad"' if e is not None and abs(e) > 0.10 else ""
+        fmt = (lambda x: "n/a" if x is None else f"{x:.4g}")
+        rows.append(f"<tr><td>{html.escape(name)}</td><td>{fmt(m['real'])}</td><td>{fmt(m['sim'])}</td>"
+                    f"<td{cls}>{'n/a' if e is None else f'{100 * e:+.1f}%'}</td></tr>")
+    rows.append("</table>")
+    return "".join(rows)
+
+
+def build_page(val: Validation) -> str:
+    """One offline HTML page: per variant the error table, the CDF overlay and the KV usage over time."""
+    parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+             f"<title>servesim validation: {html.escape(val.scenario)}</title><style>{_CSS}</style></head><body>",
+             f"<h1>Validation: {html.escape(val.scenario)}</h1>",
+             f"<p>Engine: {html.escape(val.model)} on {html.escape(val.device)}; simulator: profile "
+             f"{html.escape(val.profile)}. Latencies in seconds (table) and ms (figures); error = (sim - real) / "
+             "real.</p>"]
+    n = 0
+    for v in val.variants:
+        parts.append(f"<h2>{html.escape(v.name)} ({v.num_gpu_blocks} KV blocks)</h2>")
+        parts.append(_table_html(v))
+        for fig in (fig_real_vs_sim_cdfs(v), fig_kv_over_time(v)):
+            parts.append(pio.to_html(fig, include_plotlyjs=n == 0, full_html=False, div_id=f"fig-{n}",
+                                     config={"displaylogo": False, "responsive": True}))
+            n += 1
+    parts.append("</body></html>\n")
+    return "\n".join(parts)
+
+
+def write_validation(out_dir: str | Path, val: Validation, *, runs: bool = True) -> Path:
+    """DIR/validation.json and DIR/validation.html; with ``runs``, also the two run folders DIR/engine and
+    DIR/sim (summary.json, requests.csv, steps.csv, report.html)."""
+    from sim.output import to_jsonable, write_run
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "validation.json").write_text(json.dumps(to_jsonable(val.to_dict()), indent=2, allow_nan=False) + "\n")
+    (out / "validation.html").write_text(build_page(val))
+    if runs:
+        write_run(out / "engine", [v.real for v in val.variants],
+                  {v.name: v.real_summary for v in val.variants}, title=f"engine: {val.scenario}")
+        write_run(out / "sim", [v.sim for v in val.variants],
+                  {v.name: v.sim_summary for v in val.variants}, title=f"simulator: {val.scenario}")
+    return out

@@ -1,0 +1,268 @@
+"""Calibration and validation (calibration/, `servesim calibrate`, `servesim validate`).
+
+- the fit (torch-free): NNLS recovers known coefficients from seeded noisy synthetic steps; held-out errors per
+  class; the profile (schema 2, with the new prefill_seq term) loads, and version-1 profiles still do;
+- the fidelity check CI can afford: calibrate the tiny model on the CPU at the start (one torch thread), then
+  validate on a workload the grid never saw (gamma arrivals, lognormal prompts, exponential outputs; static,
+  continuous, chunked-prefill and a small-cache run with preemptions) and check the errors against bounds a
+  noisy shared 2-core machine holds (see BOUNDS);
+- the commands: output files, and one clear message (exit code 2) for each kind of bad input.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from calibration.fit import (
+    FIT_TERMS,
+    Sample,
+    build_profile,
+    fit_coefficients,
+    heldout_errors,
+    nnls_fit,
+    samples_from_profile,
+)
+from sim.costmodel import FittedCostModel, StepShape
+
+ROOT = Path(__file__).resolve().parent.parent
+SCENARIO = ROOT / "calibration" / "scenarios" / "validate-tiny.yaml"
+SHIPPED = ROOT / "calibration" / "profiles" / "tiny-cpu.json"
+
+# --- the fit, on synthetic steps -----------------------------------------------------------------------------------
+
+TRUE = {"step": 1.2e-3, "token": 5e-6, "decode_seq": 1.3e-5, "prefill_seq": 7e-5, "attn_pair": 1.5e-8,
+        "kv_read_token": 1.4e-7}
+
+
+def synthetic(rng: np.random.Generator, noise: float = 0.02) -> list[Sample]:
+    """Steps of every class with durations from TRUE times seeded multiplicative noise."""
+    out = []
+    for k in range(240):
+        kind = ("decode", "prefill", "mixed", "padded")[k % 4]
+        b = int(rng.integers(1, 33))
+        c = int(rng.integers(0, 700))
+        if kind == "decode":
+            rows, dec, q = b, b, np.ones(b, int)
+        elif kind == "prefill":
+            rows, dec, q = 1, 0, np.array([int(rng.integers(8, 512))])
+        else:
+            rows, dec = b + 1, b
+            q = np.concatenate([np.ones(b, int), [int(rng.integers(8, 256))]])
+        ctx = np.full(rows, c)
+        tokens = int(q.sum())
+        kv = int((ctx + q).sum())
+        pairs = int((q * ctx + q * (q + 1) // 2).sum())
+        t = (TRUE["step"] + TRUE["token"] * tokens + TRUE["decode_seq"] * dec + TRUE["prefill_seq"] * (rows - dec)
+             + TRUE["attn_pair"] * pairs + TRUE["kv_read_token"] * kv)
+        out.append(Sample(f"s{k % 24}", kind, k, rows, tokens, dec, kv, pairs, 0, 0,
+                          duration=float(t * (1 + noise * rng.standard_normal())), forward=0.8 * t))
+    return out
+
+
+def test_nnls_recovers_known_coefficients() -> None:
+    samples = synthetic(np.random.default_rng(0), noise=0.0)
+    coef = fit_coefficients(samples)
+    for k in FIT_TERMS:
+        assert coef[k] == pytest.approx(TRUE[k], rel=1e-6, abs=1e-12), k
+
+
+def test_noisy_fit_is_close_and_nonnegative() -> None:
+    samples = synthetic(np.random.default_rng(1), noise=0.03)
+    coef = fit_coefficients(samples)
+    assert all(v >= 0 for v in coef.values())
+    assert coef["step"] == pytest.approx(TRUE["step"], rel=0.05)
+    assert coef["token"] == pytest.approx(TRUE["token"], rel=0.2)  # the terms that carry most of the time
+    assert coef["kv_read_token"] + coef["attn_pair"] > 0
+    errors, pred = heldout_errors(samples)
+    assert set(errors) == {"decode", "prefill", "mixed", "padded", "all"}
+    assert errors["all"]["n"] == len(samples) and np.isfinite(pred).all()
+    # 3% noise: held-out median error near 0.67 * 3%
+    assert 0.005 < errors["all"]["median_abs"] < 0.04
+
+
+def test_nnls_clamps_a_negative_solution_to_zero() -> None:
+    x = np.array([[1.0, 1.0], [1.0, 2.0], [1.0, 3.0]])
+    y = np.array([3.0, 2.0, 1.0])  # unconstrained slope -1
+    b = nnls_fit(x, y)
+    assert b[1] == 0.0 and b[0] == pytest.approx(2.0)
+
+
+def test_profile_round_trip_and_schema_versions(tmp_path: Path) -> None:
+    samples = synthetic(np.random.default_rng(2))
+    prof = build_profile("tiny", "test cpu", samples, swap_block=2e-6, num_gpu_blocks=64,
+                         provenance={"torch": "x"})
+    assert prof["schema_version"] == 2 and prof["num_gpu_blocks"] == 64
+    assert set(prof["fit"]["heldout"]) >= {"decode", "prefill", "mixed", "all"}
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(prof))
+    cm = FittedCostModel.from_profile(path)
+    assert cm.prefill_seq == pytest.approx(prof["coefficients"]["prefill_seq"]) and cm.swap_block == 2e-6
+    assert samples_from_profile(prof) == samples
+    s = samples[1]
+    assert cm.step_time(s.shape) == pytest.approx(
+        sum(prof["coefficients"][k] * v for k, v in (("token", s.num_tokens), ("seq", s.num_seqs),
+                                                      ("decode_seq", s.num_decode_seqs),
+                                                      ("prefill_seq", s.num_seqs - s.num_decode_seqs),
+                                                      ("attn_pair", s.attn_pairs),
+                                                      ("kv_read_token", s.kv_read_tokens)))
+        + prof["coefficients"]["step"])
+    # the prefill term: scalar, array and decode_steps stay bit-identical
+    arr = StepShape(np.array([3, 5]), np.array([3, 40]), np.array([3, 4]), np.array([30, 90]), np.array([30, 700]))
+    one = StepShape(5, 40, 4, 90, 700)
+    assert cm.step_time(arr)[1] == cm.step_time(one)
+    times, _ = cm.decode_steps([3, 7], [30, 200])
+    assert times == [cm.step_time(StepShape(3, 3, 3, 30, 30)), cm.step_time(StepShape(7, 7, 7, 200, 200))]
+    # version 1 still loads; version-2 fields in a version-1 file are refused
+    v1 = {"schema_version": 1, "model": "tiny", "coefficients": {"step": 1e-3}}
+    assert FittedCostModel.from_dict(v1).step == 1e-3
+    with pytest.raises(ValueError, match="version 2"):
+        FittedCostModel.from_dict(dict(v1, samples=[{"x": 1}]))
+
+
+def test_shipped_profile_loads_and_was_made_by_the_command() -> None:
+    prof = json.loads(SHIPPED.read_text())
+    cm = FittedCostModel.from_profile(SHIPPED)
+    assert prof["model"] == "tiny" and cm.step > 0
+    for key in ("date", "device", "torch", "host_cpu", "model_config", "grid", "dtype"):
+        assert prof["provenance"][key], key
+    assert prof["num_gpu_blocks"] >= 1 and len(prof["samples"]) > 100
+    assert {"decode", "prefill", "mixed", "padded"} <= set(prof["fit"]["heldout"])
+
+
+# --- calibrate on the CPU, then validate ----------------------------------------------------------------------------
+
+torch = pytest.importorskip("torch")
+
+from typer.testing import CliRunner  # noqa: E402
+
+from sim.cli import app  # noqa: E402
+
+torch.set_num_threads(1)
+
+# Bounds that a shared, noisy 2-core machine holds every time (the strict targets are benchmarks/
+# bench_validation.py's). Measured on this project's 2-core VM while other engineers' test runs shared it (load
+# average 2-3): the engine ran 0-25% slower than at calibration, and in bursts up to 2x; raw median latencies
+# came out 3-50% low, p99 up to 75% low; with the profile scaled by the measured slowdown (validate's speed
+# probe) most errors fall within 10%, bursts shorter than the run still leaving 20-40%. Output throughput stays
+# within 8% (at this load it follows the arrivals). So: the speed-adjusted errors are held to BOUNDS, the raw
+# simulated latencies to within RAW_FACTOR of the engine's. A broken fit or a unit slip (a factor of 2 in the
+# step time, 10 on one term) still fails them.
+# Static batching's TTFT and E2EL are a queue behind whole batches, which amplifies any slowdown of the engine
+# (measured up to 57% low with no sustained slowdown, i.e. bursts): their bound is wider. p99s are where the bursts land: held only to RAW_FACTOR (measured up to 3.6x under load average 3).
+BOUNDS = {"p50": 0.45, "static_queue_p50": 0.8, "output_throughput": 0.15}
+RAW_FACTOR = 5.0
+NUM_REQUESTS = 120
+
+
+@pytest.fixture(scope="module")
+def calibrated(tmp_path_factory) -> tuple[Path, str, float]:
+    out = tmp_path_factory.mktemp("calibration") / "tiny-cpu.json"
+    t0 = time.perf_counter()
+    res = CliRunner().invoke(app, ["calibrate", "--device", "cpu", "--model", "tiny", "--out", str(out),
+                                   "--repeats", "3", "--threads", "1", "--quiet"])
+    seconds = time.perf_counter() - t0
+    assert res.exit_code == 0, res.output
+    return out, res.output, seconds
+
+
+@pytest.fixture(scope="module")
+def validated(calibrated, tmp_path_factory) -> tuple[Path, dict, str]:
+    profile, _, _ = calibrated
+    out = tmp_path_factory.mktemp("validation")
+    res = CliRunner().invoke(app, ["validate", str(SCENARIO), "--profile", str(profile), "--device", "cpu",
+                                   "--out", str(out), "--num-requests", str(NUM_REQUESTS), "--quiet"])
+    assert res.exit_code == 0, res.output
+    return out, json.loads((out / "validation.json").read_text()), res.output
+
+
+def test_calibrate_writes_a_fitted_profile(calibrated) -> None:
+    path, output, seconds = calibrated
+    print(f"calibration took {seconds:.1f} s")
+    prof = json.loads(path.read_text())
+    assert "held-out error" in output and "decode" in output
+    cm = FittedCostModel.from_profile(path)
+    # physically sensible on a CPU: a fixed cost per step of about a millisecond (Python, launches), and steps
+    # grow with tokens (linear layers) and with attention work
+    assert 2e-4 < cm.step < 5e-3
+    assert cm.token > 0 and (cm.attn_pair > 0 or cm.kv_read_token > 0)
+    held = prof["fit"]["heldout"]
+    # held-out median error per class: 2-6% on a quiet machine; up to 26% (prefill) measured while other test
+    # runs shared the two cores during the calibration itself
+    for cls in ("decode", "prefill", "mixed", "padded"):
+        assert held[cls]["n"] >= 10, cls
+        assert held[cls]["median_abs"] < 0.5, (cls, held[cls])
+    assert prof["overheads"]["step"] > 0 and 0 < prof["overheads"]["host_fraction_median"] < 1
+    assert prof["provenance"]["torch_threads"] == 1 and prof["num_gpu_blocks"] >= 1
+    # the fitted model predicts the measured steps it was fitted on (not on zeros: every sample is a real step)
+    samples = samples_from_profile(prof)
+    pred = np.array([cm.step_time(s.shape) for s in samples])
+    meas = np.array([s.duration for s in samples])
+    assert (meas > 0).all() and np.median(np.abs(pred / meas - 1)) < 0.3
+
+
+def test_validation_errors_within_bounds(validated) -> None:
+    out, doc, output = validated
+    assert (out / "validation.html").is_file() and (out / "engine" / "steps.csv").is_file()
+    assert set(doc["variants"]) == {"static", "continuous", "chunked", "preempt"}
+    failures = []
+    for name, v in doc["variants"].items():
+        m = v["metrics"]
+        assert v["num_completed"]["real"] == v["num_completed"]["sim"] == NUM_REQUESTS, name
+        for metric, entry in m.items():
+            assert set(entry) == {"real", "sim", "rel_error"}
+        adj = v["speed_adjusted_metrics"]
+        assert v["machine_slowdown"] is not None and 0.2 < v["machine_slowdown"] < 5, v["machine_slowdown"]
+        for metric in ("ttft_p50", "tpot_p50", "e2el_p50", "itl_p50"):
+            queued = name == "static" and metric in ("ttft_p50", "e2el_p50")
+            bound = BOUNDS["static_queue_p50"] if queued else BOUNDS["p50"]
+            if abs(adj[metric]["rel_error"]) > bound:
+                failures.append((name, metric, "adjusted", adj[metric], v["machine_slowdown"]))
+        for metric in ("ttft_p50", "tpot_p50", "e2el_p50", "itl_p50", "ttft_p99", "tpot_p99", "e2el_p99"):
+            ratio = m[metric]["sim"] / m[metric]["real"]
+            if not 1 / RAW_FACTOR < ratio < RAW_FACTOR:
+                failures.append((name, metric, "raw", m[metric]))
+        if abs(m["output_throughput"]["rel_error"]) > BOUNDS["output_throughput"]:
+            failures.append((name, "output_throughput", m["output_throughput"]))
+    print(output)
+    assert not failures, failures
+    pre = doc["variants"]["preempt"]
+    assert pre["num_gpu_blocks"] == 24
+    assert pre["metrics"]["num_preemptions"]["real"] > 0 and pre["metrics"]["num_preemptions"]["sim"] > 0
+    assert pre["metrics"]["kv_usage_max"]["real"] == pytest.approx(1.0, abs=0.1)
+    assert doc["variants"]["continuous"]["num_gpu_blocks"] > 1000  # the engine's own CPU sizing, passed on
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--profile", "no/such/profile.json"], "no/such/profile.json: file not found"),
+    (["--profile", "{bad}"], "not a calibration profile"),
+    (["--profile", "{v9}"], "schema_version 9"),
+    (["--profile", "{ok}", "--model", "no-such-model"], "no-such-model"),
+    (["--profile", "{ok}", "--model", "llama-3.1-8b"], "measured on tiny"),
+    (["--profile", "{ok}", "--device", "tpu"], "--device"),
+])
+def test_validate_bad_input_exits_2(tmp_path: Path, args: list[str], needle: str) -> None:
+    (tmp_path / "bad.json").write_text(json.dumps({"schema_version": 2, "coefficients": {"step": -1}}))
+    (tmp_path / "v9.json").write_text(json.dumps({"schema_version": 9, "coefficients": {}}))
+    subst = {"{bad}": str(tmp_path / "bad.json"), "{v9}": str(tmp_path / "v9.json"), "{ok}": str(SHIPPED)}
+    args = [subst.get(a, a) for a in args]
+    res = CliRunner().invoke(app, ["validate", str(SCENARIO), "--out", str(tmp_path / "out"), *args])
+    assert res.exit_code == 2, res.output
+    assert needle in res.output and "Traceback" not in res.output
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--model", "no-such-model"], "no-such-model"),
+    (["--device", "tpu"], "--device"),
+    (["--repeats", "0"], "--repeats"),
+])
+def test_calibrate_bad_input_exits_2(tmp_path: Path, args: list[str], needle: str) -> None:
+    res = CliRunner().invoke(app, ["calibrate", "--out", str(tmp_path / "p.json"), *args])
+    assert res.exit_code == 2, res.output
+    assert needle in res.output and "Traceback" not in res.output
+    assert not (tmp_path / "p.json").exists()

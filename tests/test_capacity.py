@@ -1,0 +1,172 @@
+"""Capacity figures against hand computations for two real models, and the ``servesim capacity`` command.
+
+The hand computations spell out each step from the models' published config.json shapes and the H100's
+nvidia-smi memory (81,559 MiB), with vLLM's KV sizing: usable = memory * 0.9; KV memory = usable - weights -
+activation reserve; blocks = KV memory // (16 tokens * KV bytes per token).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from sim.capacity import capacity_row, capacity_table, format_capacity
+from sim.cli import app
+from sim.specs import GiB, GPUSpec, ModelSpec
+
+H100_BYTES = 81559 * 2**20  # 85,520,809,984
+USABLE = int(H100_BYTES * 0.9)  # 76,968,728,985
+
+
+def test_llama_3_1_8b_bf16_on_h100_by_hand() -> None:
+    # Parameters: embeddings and the (untied) LM head, 128,256 x 4,096 each; per layer q and o 4096 x 4096, k and v
+    # 4096 x 1024 (8 KV heads x 128), gate/up/down 3 x 4096 x 14336; two RMSNorm weights per layer, one final.
+    embed = 128256 * 4096  # 525,336,576
+    layer = 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336  # 218,103,808
+    params = 2 * embed + 32 * layer + 32 * 2 * 4096 + 4096
+    assert params == 8_030_261_248
+    weights = 2 * params  # bf16: 16.06 GB, "16 GB of weights"
+    assert weights == 16_060_522_496
+    # KV per token: K and V, 32 layers, 8 KV heads of 128, 2 bytes: 128 KiB
+    kv_token = 2 * 32 * 8 * 128 * 2
+    assert kv_token == 128 * 1024
+    # activation reserve (sim.specs.estimate_activation_reserve): 8192 tokens x (4 x 4096 + 3 x 14336) x 2 bytes,
+    # plus 256 rows x 128,256 fp32 logits x 2 copies, plus 1 GiB of runtime overhead
+    reserve = 8192 * (4 * 4096 + 3 * 14336) * 2 + 256 * 128256 * 4 * 2 + GiB
+    assert reserve == 2_309_488_640
+    kv_memory = USABLE - weights - reserve  # 58,598,717,849 bytes, 54.6 GiB
+    blocks = kv_memory // (16 * kv_token)
+    assert blocks == 27_942  # 447,072 tokens
+    sessions_4k = blocks // (4096 // 16)  # a 4,096-token session is 256 blocks
+    assert sessions_4k == 109
+
+    table = capacity_table("llama-3.1-8b", "h100-sxm", contexts=[1000, 4096, 8192, 131072])
+    r = table.row("bf16", "auto", 1)
+    assert (r.weight_dtype, r.kv_dtype, r.fits) == ("bf16", "bf16", True)
+    assert r.weight_bytes == weights
+    assert r.kv_bytes_per_token == r.kv_bytes_per_token_replica == kv_token
+    assert r.activation_reserve == reserve
+    assert r.kv_memory == kv_memory
+    assert r.num_gpu_blocks == blocks and r.capacity_tokens == 447_072
+    # 1,000 tokens take 63 blocks (the last one partly filled): 27,942 // 63 = 443
+    assert r.sessions == (blocks // 63, sessions_4k, blocks // 512, blocks // 8192) == (443, 109, 54, 3)
+    assert table.kv_bytes_per_session(4096) == 4096 * kv_token == 512 * 2**20
+
+    # fp8 KV halves the bytes per token, so twice the blocks fit in the same KV memory
+    f = table.row("bf16", "fp8", 1)
+    assert f.kv_bytes_per_token == kv_token // 2
+    assert f.num_gpu_blocks == kv_memory // (16 * kv_token // 2) == 55_884
+    # fp8 weights: the decoder's linear layers in one byte each, embeddings, LM head and norms stay bf16
+    w8 = table.row("fp8", "auto", 1)
+    assert w8.weight_bytes == 32 * layer + 2 * (2 * embed + 32 * 2 * 4096 + 4096) == 9_081_200_640
+    assert w8.kv_dtype == "bf16"  # auto: the activation dtype of fp8 weights
+    # int4: half a byte per linear weight
+    assert table.row("int4", "auto", 1).weight_bytes == 32 * layer // 2 + 2 * (2 * embed + 32 * 2 * 4096 + 4096)
+
+
+def test_llama_3_1_70b_on_h100_by_hand() -> None:
+    # 80 layers, hidden 8192, 64 heads, 8 KV heads of 128, MLP 28,672, vocabulary 128,256
+    embed = 128256 * 8192
+    layer = 2 * 8192 * 8192 + 2 * 8192 * 1024 + 3 * 8192 * 28672  # 855,638,016
+    params = 2 * embed + 80 * layer + 80 * 2 * 8192 + 8192
+    assert params == 70_553_706_496  # 141.1 GB in bf16: more than one H100 holds
+    kv_token = 2 * 80 * 8 * 128 * 2
+    assert kv_token == 320 * 1024
+
+    table = capacity_table("llama-3.1-70b", "h100-sxm", weight_dtypes=["bf16", "int4"], kv_dtypes=["auto"])
+    one = table.row("bf16", "bf16", 1)
+    assert not one.fits and one.weight_bytes == 2 * params and "does not fit" not in one.reason
+    assert "weights" in one.reason and "usable" in one.reason
+
+    # tp=4: each GPU holds 16 of the 64 heads, 2 of the 8 KV heads, a quarter of the MLP and of the vocabulary
+    vocab = 128256 // 4
+    layer4 = 8192 * (16 + 2 * 2) * 128 + 16 * 128 * 8192 + 3 * 8192 * (28672 // 4)  # 213,909,504
+    per_gpu = 80 * layer4 + 2 * vocab * 8192 + 80 * 2 * 8192 + 8192  # norms are replicated
+    r = table.row("bf16", "bf16", 4)
+    assert r.weight_bytes == 2 * per_gpu == 35_278_831_616
+    assert r.kv_bytes_per_token == 2 * 80 * 2 * 128 * 2 == 80 * 1024  # a quarter of the KV heads per GPU
+    assert r.kv_bytes_per_token_replica == kv_token
+    reserve = 8192 * (4 * 8192 + 3 * (28672 // 4)) * 2 + 256 * 128256 * 8 + GiB
+    assert r.activation_reserve == reserve == 2_225_602_560
+    blocks = (USABLE - 2 * per_gpu - reserve) // (16 * 80 * 1024)
+    assert r.num_gpu_blocks == blocks == 30_108
+    assert r.sessions[table.contexts.index(4096)] == blocks // 256 == 117
+    assert r.sessions_per_gpu[table.contexts.index(4096)] == 117 / 4
+
+    # tp=8 has one KV head per GPU: 40 KiB per token per GPU
+    assert table.row("bf16", "bf16", 8).kv_bytes_per_token == 40 * 1024
+    # int4 weights fit on a single H100: 68.45 B linear weights at half a byte + 2.1 B in bf16
+    q = table.row("int4", "bf16", 1)
+    assert q.fits and q.weight_bytes == 80 * layer // 2 + 2 * (2 * embed + 80 * 2 * 8192 + 8192)
+
+
+def test_tp_beyond_kv_heads_replicates_kv() -> None:
+    # Qwen2.5-7B has 4 KV heads: at tp=4 each GPU keeps one, and tp=2 halves them
+    m = ModelSpec.from_name("qwen2.5-7b")
+    g = GPUSpec.from_name("a100-80gb")
+    rows = {tp: capacity_row(m, g, weight_dtype="bf16", kv_dtype="auto", tensor_parallel_size=tp) for tp in (1, 2, 4)}
+    assert [rows[t].kv_bytes_per_token for t in (1, 2, 4)] == [2 * 28 * h * 128 * 2 for h in (4, 2, 1)]
+    assert rows[4].kv_bytes_per_token_replica == rows[1].kv_bytes_per_token  # no replication up to the KV heads
+
+
+def test_contexts_beyond_the_model_are_marked() -> None:
+    t = capacity_table("mistral-7b", "l40s", contexts=[4096, 65536], weight_dtypes=["bf16"], kv_dtypes=["auto"],
+                       tensor_parallel_sizes=[1])
+    (r,) = t.rows
+    assert r.sessions[1] is None and r.sessions[0] > 0  # Mistral's context is 32,768 tokens
+    assert "-" in format_capacity(t).splitlines()[-4]
+
+
+def test_default_tp_keeps_only_degrees_that_split_the_model() -> None:
+    t = capacity_table("smollm2-135m", "l4", weight_dtypes=["bf16"], kv_dtypes=["auto"])
+    assert sorted({r.tensor_parallel_size for r in t.rows}) == [1]  # 9 heads, 3 KV heads: 2, 4, 8 do not divide
+    with pytest.raises(ValueError, match="does not split"):
+        capacity_table("llama-3.1-8b", "h100", tensor_parallel_sizes=[3])
+
+
+# ---- command line ---------------------------------------------------------------------------------------------
+def test_capacity_command_table() -> None:
+    res = CliRunner().invoke(app, ["capacity", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--context", "4096",
+                                   "--context", "32768", "--tp", "1", "--tp", "2"])
+    assert res.exit_code == 0, res.output
+    out = res.stdout
+    assert "KV per token (whole model): 128.0 KiB in bf16, 64.0 KiB in fp8" in out
+    assert "16.06 GB in bf16" in out
+    lines = [ln.split() for ln in out.splitlines()]
+    row = next(ln for ln in lines if ln[:3] == ["bf16", "bf16", "1"])
+    assert row[-2:] == ["109", "13"]  # sessions at 4k and 32k, as computed by hand above
+    # 4 weight dtypes x 2 KV dtypes x 2 tp degrees
+    assert sum(1 for ln in lines if len(ln) > 3 and ln[2] in ("1", "2") and ln[0] in ("bf16", "fp8", "int8", "int4")) \
+        == 16
+
+
+def test_capacity_command_json() -> None:
+    res = CliRunner().invoke(app, ["capacity", "--model", "llama-3.1-70b", "--gpu", "h100", "--tp", "4",
+                                   "--weight-dtype", "bf16", "--kv-dtype", "auto", "--json"])
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.stdout)
+    assert d["model"] == "llama-3.1-70b" and d["gpu"] == "h100-sxm"
+    assert d["kv_bytes_per_token"]["bf16"] == 327_680
+    (row,) = d["rows"]
+    assert row["num_gpu_blocks"] == 30_108 and row["sessions"]["4096"] == 117
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--model", "llama-9b", "--gpu", "h100"], "unknown model 'llama-9b'"),
+        (["--model", "llama-3.1-8b", "--gpu", "tpu"], "unknown GPU 'tpu'"),
+        (["--model", "llama-3.1-8b", "--gpu", "h100", "--tp", "3"], "tensor_parallel_size=3 does not split"),
+        (["--model", "llama-3.1-8b", "--gpu", "h100", "--kv-dtype", "int4"], "weight-only"),
+        (["--model", "llama-3.1-8b", "--gpu", "h100", "--weight-dtype", "fp4"], "unknown dtype 'fp4'"),
+        (["--model", "llama-3.1-8b", "--gpu", "h100", "--context", "0"], "context lengths must be >= 1"),
+        (["--model", "llama-3.1-8b", "--gpu", "h100", "--gpu-memory-utilization", "1.5"], "gpu_memory_utilization"),
+    ],
+)
+def test_capacity_command_bad_input(args: list[str], needle: str) -> None:
+    res = CliRunner().invoke(app, ["capacity", *args])
+    assert res.exit_code == 2
+    assert needle in res.stderr
+    assert res.stderr.startswith("error: ") and "Traceback" not in res.output

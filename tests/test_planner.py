@@ -1,0 +1,323 @@
+"""The planner: its choice on cases whose answer is known by construction, the soundness of the analytic bounds
+it prunes with (every pruned configuration, simulated anyway, really fails), the break-even arithmetic, and the
+``servesim plan`` command."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from sim.cli import app
+from sim.costmodel import StepShape
+from sim.metrics import summarize
+from sim.planner import (
+    Candidate,
+    Evaluation,
+    PlanResult,
+    WorkloadShape,
+    _resolve,
+    break_even,
+    format_plan,
+    latency_bounds,
+    plan,
+    simulate_replicas,
+    work_lower_bound,
+)
+from sim.run import generate_workload
+from sim.scenario import (
+    ContinuousPolicyConfig,
+    Deployment,
+    PagedKV,
+    ScenarioError,
+    VariantConfig,
+    build,
+    json_schema,
+    load_scenario,
+    parse_scenario,
+    slos_of,
+)
+from sim.specs import GPUSpec, ModelSpec
+
+ROOT = Path(__file__).resolve().parent.parent
+PLAN_CHAT = ROOT / "scenarios" / "plan-chat.yaml"
+
+
+def chat(rate: float, n: int, *, ttft: float, tpot: float, gpus: list[str], seed: int = 1, **plan_keys: Any) -> dict:
+    """A small Llama-3.2-1B chat scenario with a narrow plan section (one point per axis unless given)."""
+    plan_section = {"gpus": gpus, "tensor_parallel_sizes": [1], "weight_dtypes": ["bf16"], "kv_dtypes": ["auto"],
+                    "max_num_seqs": [256], "enable_chunked_prefill": [True]}
+    plan_section.update(plan_keys)
+    return {
+        "name": "plan-test",
+        "seed": seed,
+        "workload": {
+            "arrival": {"type": "poisson", "rate": rate},
+            "num_requests": n,
+            "prompt_len": {"type": "uniform", "low": 200, "high": 600},
+            "output_len": {"type": "uniform", "low": 20, "high": 200},
+        },
+        "deployment": {"model": "llama-3.2-1b", "max_model_len": 2048},
+        "slos": {"ttft": ttft, "tpot": tpot},
+        "plan": plan_section,
+    }
+
+
+def by_label(result: PlanResult) -> dict[str, Evaluation]:
+    return {e.candidate.label(): e for e in result.evaluations}
+
+
+# ---- choices known by construction ----------------------------------------------------------------------------
+def test_tiny_load_picks_the_cheapest_gpu_and_never_simulates_a_costlier_one() -> None:
+    # One request every 2 s of a 1B model: any GPU idles; the SLOs are far above a lone request's latency. The
+    # cheapest GPU (an L4 at $0.70/h) must be chosen, and the H100 ($2.50/h) is not even simulated.
+    sc = parse_scenario(chat(0.5, 20, ttft=2.0, tpot=0.1, gpus=["h100-sxm", "l4"]))
+    r = plan(sc)
+    assert r.chosen is not None
+    assert (r.chosen.candidate.gpu, r.chosen.candidate.num_gpus) == ("l4", 1)
+    assert r.chosen.meets and r.chosen.candidate.cost_per_hour == pytest.approx(0.70)
+    h100 = [e for e in r.evaluations if e.candidate.gpu == "h100-sxm"]
+    assert h100 and all(e.status == "not simulated" for e in h100)
+    assert len(r.simulated) == 1  # stopping early is sound: everything else costs more
+    # the whole front: the H100 meets the SLOs too, faster, but costs more, so it is not chosen
+    full = plan(sc, stop_early=False)
+    assert full.chosen is not None and full.chosen.candidate == r.chosen.candidate
+    h = by_label(full)["h100-sxm, weights bf16, KV bf16, max_num_seqs 256, chunked prefill on"]
+    assert h.meets and h.latency["tpot"] < full.chosen.latency["tpot"]
+    assert h in full.pareto_front() and full.chosen in full.pareto_front()
+
+
+def test_an_slo_only_two_replicas_meet() -> None:
+    # 40 req/s on L4s: the bounds let a single L4 through (utilisation bound 0.86 < 1), but simulated it misses
+    # p99 TPOT 20 ms (33 ms: its batches are large); two L4 replicas meet it. So the choice is 2 x L4, and the
+    # simulator, not a bound, decided it.
+    sc = parse_scenario(chat(40, 300, ttft=0.2, tpot=0.02, gpus=["l4"], max_gpus=4))
+    r = plan(sc)
+    one = next(e for e in r.evaluations if e.candidate.replicas == 1)
+    assert one.status == "missed" and one.latency["tpot"] > 0.02 and 0.5 < one.utilization_bound < 1
+    assert r.chosen is not None and r.chosen.candidate.replicas == 2 and r.chosen.candidate.num_gpus == 2
+    assert r.chosen.latency["tpot"] <= 0.02 and r.chosen.latency["ttft"] <= 0.2
+    assert r.chosen.num_completed == r.chosen.num_requests == 300
+    assert {e.status for e in r.evaluations if e.candidate.replicas > 2} == {"not simulated"}
+    assert "fewest unfinished requests" in " ".join(r.notes)
+
+
+def test_equal_cost_prefers_precision() -> None:
+    # bf16 and fp8 weights on the same single L40S cost the same; both meet this easy SLO, bf16 wins the tie.
+    sc = parse_scenario(chat(1, 20, ttft=2.0, tpot=0.1, gpus=["l40s"], weight_dtypes=["fp8", "int4", "bf16"]))
+    r = plan(sc)
+    assert r.chosen is not None and r.chosen.candidate.weight_dtype == "bf16"
+    skipped = [e for e in r.evaluations if e.status == "not simulated"]
+    assert {e.candidate.weight_dtype for e in skipped if e.candidate.replicas == 1} == {"fp8", "int4"}
+
+
+def test_nothing_meets() -> None:
+    sc = parse_scenario(chat(1, 20, ttft=1e-4, tpot=0.1, gpus=["l4"], max_gpus=2))
+    r = plan(sc)
+    assert r.chosen is None and r.break_even is None
+    assert r.count("pruned", "ttft") == 2  # both replica counts: no GPU makes one prefill that fast
+    assert "no deployment in the space meets the SLOs" in format_plan(r)
+
+
+# ---- the bounds are sound -------------------------------------------------------------------------------------
+def _variant(raw: dict, gpu: str, *, tp: int = 1, wd: str = "bf16", kd: str = "auto", mns: int = 256,
+             chunk: bool = True, prefix: bool = False) -> VariantConfig:
+    sc = parse_scenario(raw)
+    dep = Deployment.model_validate({**sc.deployment.model_dump(), "gpu": gpu, "tensor_parallel_size": tp,
+                                     "weight_dtype": wd, "kv_dtype": kd})
+    pol = ContinuousPolicyConfig(max_num_seqs=mns, enable_chunked_prefill=chunk)
+    return VariantConfig("v", dep, PagedKV(enable_prefix_caching=prefix), pol, sc.admission, {})
+
+
+@pytest.mark.parametrize(
+    "gpu,tp,wd,mns,chunk,rate,replicas,overloaded",
+    [
+        ("l4", 1, "bf16", 256, True, 40, 1, False),  # near saturation
+        ("l4", 1, "bf16", 256, False, 80, 1, True),  # overloaded, unchunked
+        ("l4", 1, "int4", 16, True, 80, 2, False),  # weight-only int4, small batches, two replicas
+        ("h100-sxm", 2, "fp8", 64, True, 60, 1, False),  # tensor parallel, fp8 compute
+        ("a100-80gb", 1, "fp8", 256, False, 10, 1, False),  # fp8 falls back to weight-only on an A100
+    ],
+)
+def test_simulated_runs_respect_the_bounds(gpu: str, tp: int, wd: str, mns: int, chunk: bool, rate: float,
+                                           replicas: int, overloaded: bool) -> None:
+    raw = chat(rate, 200, ttft=1.0, tpot=0.1, gpus=[gpu], seed=3)
+    sc = parse_scenario(raw)
+    wl = generate_workload(sc)
+    shape = WorkloadShape.of(wl)
+    vcfg = _variant(raw, gpu, tp=tp, wd=wd, mns=mns, chunk=chunk)
+    model = ModelSpec.from_name("llama-3.2-1b")
+    cost, budget, mnbt = _resolve(vcfg, model, GPUSpec.from_name(gpu))
+    result = simulate_replicas(vcfg, wl, replicas)
+    s = summarize(result)
+    assert s["num_completed"] == 200 and s["num_replicas"] == replicas
+    for q in (50, 90, 99):
+        lb = latency_bounds(cost, shape, q)
+        for k in ("ttft", "tpot", "e2el"):
+            assert s[k][f"p{q}"] >= lb[k] * (1 - 1e-12), (k, q, s[k][f"p{q}"], lb[k])
+    # per request, not only in percentiles
+    recs = sorted(result.requests, key=lambda r: r.id)
+    ttft = np.array([r.first_token - r.arrival for r in recs])
+    p = shape.prompt
+    lb_ttft = np.asarray(cost.step_time(StepShape(np.ones_like(p), p, 0 * p, p, p * (p + 1) // 2)))
+    assert np.all(ttft >= lb_ttft * (1 - 1e-12))
+    # the busy time of all replicas together is at least the work bound
+    busy = float(np.sum(result.steps["duration"]))
+    work = work_lower_bound(cost, shape, max_num_seqs=mns, max_num_batched_tokens=mnbt,
+                            num_gpu_blocks=budget.num_gpu_blocks, block_size=budget.block_size)
+    assert busy >= work * (1 - 1e-12), (busy, work)
+    if overloaded:  # where the queue is long, batches are full, and the bound (which assumes the largest
+        assert work > 0.5 * busy  # batch) is not loose; light loads run small batches and need more time
+
+
+def test_bounds_with_prefix_caching_hold() -> None:
+    raw = chat(20, 150, ttft=1.0, tpot=0.1, gpus=["l4"], seed=5)
+    raw["workload"]["shared_prefix"] = 1024
+    raw["kv_cache"] = {"type": "paged", "enable_prefix_caching": True}
+    sc = parse_scenario(raw)
+    wl = generate_workload(sc)
+    shape = WorkloadShape.of(wl)
+    vcfg = _variant(raw, "l4", prefix=True)
+    cost, budget, mnbt = _resolve(vcfg, ModelSpec.from_name("llama-3.2-1b"), GPUSpec.from_name("l4"))
+    result = simulate_replicas(vcfg, wl, 1)
+    s = summarize(result)
+    lb = latency_bounds(cost, shape, 99, prefix_caching=True)
+    assert all(s[k]["p99"] >= lb[k] for k in ("ttft", "tpot", "e2el"))
+    work = work_lower_bound(cost, shape, max_num_seqs=256, max_num_batched_tokens=mnbt,
+                            num_gpu_blocks=budget.num_gpu_blocks, block_size=budget.block_size, prefix_caching=True)
+    assert float(np.sum(result.steps["duration"])) >= work
+
+
+def test_pruned_configurations_really_fail() -> None:
+    # Llama-3.1-8B on an L4 and an H100 at a load one L4 cannot carry, with a TPOT SLO a bf16 L4 cannot meet even
+    # alone (reading 15 GiB of weights at 240 GB/s takes 67 ms), and a 70B-sized deployment that cannot fit.
+    raw = chat(6, 150, ttft=1.0, tpot=0.05, gpus=["l4", "h100-sxm"], seed=2, weight_dtypes=["bf16", "int4"],
+               max_gpus=2)
+    raw["deployment"]["model"] = "llama-3.1-8b"
+    raw["workload"]["prompt_len"] = {"type": "uniform", "low": 500, "high": 1500}
+    sc = parse_scenario(raw)
+    r = plan(sc, stop_early=False)
+    ev = by_label(r)
+    wl = generate_workload(sc)
+    slos = slos_of(sc)
+
+    tpot = ev["l4, weights bf16, KV bf16, max_num_seqs 256, chunked prefill on"]
+    assert tpot.status == "pruned" and tpot.bound == "tpot" and tpot.lower_bounds["tpot"] > 0.05
+    res = summarize(simulate_replicas(_variant(raw, "l4"), wl, 1), slos)
+    assert res["tpot"]["p99"] >= tpot.lower_bounds["tpot"] > 0.05  # simulated: it misses, as bound
+
+    thr = ev["l4, weights int4, KV bf16, max_num_seqs 256, chunked prefill on"]
+    assert thr.status == "pruned" and thr.bound == "throughput" and thr.utilization_bound > 1
+    res = summarize(simulate_replicas(_variant(raw, "l4", wd="int4"), wl, 1), slos)
+    assert res["ttft"]["p99"] > 1.0  # simulated: the queue grows, the TTFT SLO is missed
+    two = ev["2 x l4, weights int4, KV bf16, max_num_seqs 256, chunked prefill on"]
+    assert two.status != "pruned"  # two replicas pass the bound
+
+    # memory: a 70B model on one L4 is refused by build() exactly as the planner says
+    raw70 = copy.deepcopy(raw)
+    raw70["deployment"]["model"] = "llama-3.1-70b"
+    r70 = plan(parse_scenario(raw70))
+    l4 = [e for e in r70.evaluations if e.candidate.gpu == "l4"]
+    assert l4 and all(e.status == "pruned" and e.bound == "memory" for e in l4)
+    assert "does not fit" in l4[0].reason
+    with pytest.raises(ScenarioError, match="does not fit"):
+        build(_variant(raw70, "l4"))
+    assert r70.chosen is None or r70.chosen.candidate.gpu == "h100-sxm"
+
+
+# ---- economics ------------------------------------------------------------------------------------------------
+def test_break_even_by_hand() -> None:
+    # $1.80/h of GPUs; the API charges $0.10 per M input and $0.20 per M output tokens; the workload sends
+    # 1,000 input tokens per 400 output tokens (4 requests): 2.5 input tokens per output token, so each million
+    # output tokens costs 0.20 + 2.5 x 0.10 = $0.45 at the API. Break-even: 1.80 / 0.45 = 4 M output tokens per
+    # hour = 1,111 tok/s = 11.1 requests/s of 100 output tokens.
+    be = break_even(1.80, 0.10, 0.20, input_tokens=1000, output_tokens=400, num_requests=4, output_throughput=500.0)
+    assert be.input_per_output == 2.5
+    assert be.api_per_million_output == pytest.approx(0.45)
+    assert be.break_even_output_tokens_per_hour == pytest.approx(4_000_000)
+    assert be.break_even_requests_per_second == pytest.approx(4_000_000 / 3600 / 100)
+    assert be.load_output_tokens_per_hour == 1_800_000  # 500 tok/s
+    assert be.api_cost_per_hour_at_load == pytest.approx(1.8 * 0.45)  # $0.81/h: below the break-even
+
+
+def test_cost_per_million_output_tokens() -> None:
+    c = Candidate("h100-sxm", 2, 3, "fp8", "fp8", 256, True, 2.50)
+    assert c.num_gpus == 6 and c.cost_per_hour == 15.0
+    e = Evaluation(c, status="met", output_throughput=5000.0)
+    # $15/h over 18 M output tokens per hour
+    assert e.cost_per_million_output_tokens == pytest.approx(15.0 / 18.0)
+
+
+def test_plan_chat_scenario() -> None:
+    sc, _ = load_scenario(PLAN_CHAT, {"workload.num_requests": 200})
+    r = plan(sc)
+    assert r.chosen is not None and r.chosen.meets and r.break_even is not None
+    # every simulated deployment cheaper than the choice missed the SLOs
+    cost = r.chosen.candidate.cost_per_hour
+    assert all(not e.meets for e in r.simulated if e.candidate.cost_per_hour < cost - 1e-9)
+    assert r.count("pruned") > 0 and r.count("not simulated") > 0
+    assert r.chosen in r.pareto_front()
+    be = r.break_even
+    assert be.break_even_output_tokens_per_hour == pytest.approx(cost / be.api_per_million_output * 1e6)
+
+
+# ---- scenario schema and command line -------------------------------------------------------------------------
+def test_plan_section_in_schema_and_validation() -> None:
+    assert "plan" in json_schema()["properties"]
+    bad = chat(1, 5, ttft=1.0, tpot=0.1, gpus=["l4"])
+    bad["plan"]["max_gpu"] = 4
+    with pytest.raises(ScenarioError, match=r"plan\.max_gpu: unknown key"):
+        parse_scenario(bad)
+    bad = chat(1, 5, ttft=1.0, tpot=0.1, gpus=["l4"], weight_dtypes=["fp4"])
+    with pytest.raises(ScenarioError, match=r"plan\.weight_dtypes\.0"):
+        parse_scenario(bad)
+
+
+def test_plan_command(tmp_path: Path) -> None:
+    res = CliRunner().invoke(app, ["plan", str(PLAN_CHAT), "-n", "120", "-q"])
+    assert res.exit_code == 0, res.output
+    out = res.stdout
+    for needle in ("Pareto front", "chosen: ", "per million output tokens", "self-hosting is cheaper above",
+                   "pruned by analytic bounds"):
+        assert needle in out
+    res = CliRunner().invoke(app, ["plan", str(PLAN_CHAT), "-n", "120", "--json"])
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.stdout)
+    assert d["chosen"]["status"] == "met" and d["break_even"]["break_even_output_tokens_per_hour"] > 0
+    assert d["counts"]["simulated"] == len(d["simulated"]) > 0
+
+
+@pytest.mark.parametrize(
+    "change,needle",
+    [
+        (lambda d: d.pop("slos"), "no slos to meet"),
+        (lambda d: d["deployment"].update(cost_model={"type": "fitted", "profile": "x.json"}), "fitted profile"),
+        (lambda d: d["plan"].update(gpus=["tpu-v9"]), "plan.gpus: unknown GPU 'tpu-v9'"),
+    ],
+)
+def test_plan_command_bad_input(tmp_path: Path, change: Any, needle: str) -> None:
+    d = chat(1, 5, ttft=1.0, tpot=0.1, gpus=["l4"])
+    change(d)
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(d))
+    res = CliRunner().invoke(app, ["plan", str(path), "-q"])
+    assert res.exit_code == 2, res.output
+    assert needle in res.stderr and res.stderr.startswith("error: ")
+    assert "Traceback" not in res.output
+
+
+def test_format_has_the_numbers() -> None:
+    sc = parse_scenario(chat(0.5, 10, ttft=2.0, tpot=0.1, gpus=["l4"], api_price={"input": 0.1, "output": 0.2}))
+    r = plan(sc)
+    text = format_plan(r)
+    assert r.chosen is not None and r.break_even is not None
+    assert f"${r.chosen.cost_per_million_output_tokens:.3f} per million output tokens" in text
+    assert "the API is cheaper" in text  # a 1B model at 0.5 req/s: far below the break-even volume
+    assert math.isfinite(r.seconds) and r.seconds < 30
