@@ -191,6 +191,8 @@ def run_engine(
     failures: FailurePlan | None = None,
     decode_kernel: str = "auto",
     on_runner: Callable[[ModelRunner], None] | None = None,
+    real_model=None,
+    texts: list | None = None,
 ) -> tuple[RunResult, list[Request], ServingCore]:
     """Run one variant on the real model, replaying ``workload`` (a ``GeneratedWorkload`` or a list of
     ``RequestSpec``) against the wall clock; arrival ``a`` comes at ``a * time_scale`` seconds after the start.
@@ -202,6 +204,10 @@ def run_engine(
     the workload's own (a scenario's ``workload.failures``), taken between steps as the simulator takes them.
     ``decode_kernel``: on CUDA, ``"triton"`` (the paged decode kernel), ``"ref"`` (gather + SDPA) or ``"auto"``
     (Triton where it imports). ``on_runner``: called with the ``ModelRunner`` once built (tests inspect its cache).
+    ``real_model``: a ``realengine.gguf_model.RealModel`` (real weights and a tokenizer) to run instead of random
+    weights; its spec must be the run's model, and prompts are then real text (``text.text_prompt_ids``, exactly
+    the workload's prompt lengths). ``texts``: a list that gets one dict per finished request with its prompt and
+    output text (real models only; see ``write_engine_run``).
     """
     requests_in = getattr(workload, "requests", workload)
     if time_scale < 0:
@@ -220,7 +226,13 @@ def run_engine(
     tdtype = torch_dtype(dtype) if dtype is not None else _default_dtype(cfg, device)
     cfg = engine_config(cfg, model_spec=model_spec, num_gpu_blocks=num_gpu_blocks, dtype=tdtype, device=device)
     _, _, _, built = build(cfg)
-    model = LlamaModel(built.model, dtype=tdtype, device=device, seed=seed)
+    if real_model is not None:
+        model = real_model.model
+        if model.spec != built.model or model.dtype != tdtype or model.device.type != device:
+            raise ValueError(f"the real model is {model.spec.name} ({model.dtype}, {model.device.type}); the run "
+                             f"needs {built.model.name} ({tdtype}, {device})")
+    else:
+        model = LlamaModel(built.model, dtype=tdtype, device=device, seed=seed)
     if device == "cuda" and cfg.deployment.num_gpu_blocks is None:  # size the cache as vLLM does
         blocks = profile_num_blocks(model, block_size=cfg.deployment.block_size,
                                     max_num_batched_tokens=built.limits.max_num_batched_tokens,
@@ -230,9 +242,22 @@ def run_engine(
     policy, kv, cost, built = build(cfg)
     if kv_layout == "paged" and not isinstance(cfg.kv_cache, PagedKV):
         kv_layout = "contiguous"  # the contiguous allocator has no block tables
+    prompt_fn = None
+    if real_model is not None:
+        from realengine.text import text_prompt_ids
+
+        tok = real_model.tokenizer
+
+        def prompt_fn(spec):
+            return text_prompt_ids(spec.id, spec.prompt_len, tok, seed=seed)
+
     runner = ModelRunner(built.model, block_manager=kv, model=model, kv_layout=kv_layout,
-                         max_num_seqs=min(built.limits.max_num_seqs, 1024), max_model_len=built.max_model_len)
+                         max_num_seqs=min(built.limits.max_num_seqs, 1024), max_model_len=built.max_model_len,
+                         prompt_fn=prompt_fn)
     core = ServingCore(policy, kv, fast_path=False, record_plans=record_plans)
+    if real_model is not None and texts is not None:
+        core.finish_listeners.append(lambda r: texts.append(_request_text(r, runner, real_model.tokenizer,
+                                                                          name or cfg.name)))
     core.finish_listeners.append(lambda r: runner.release(r.id))
     if on_runner is not None:
         on_runner(runner)
@@ -357,6 +382,15 @@ def run_engine(
     return result, requests, core
 
 
+def _request_text(r: Request, runner: ModelRunner, tokenizer, variant: str) -> dict[str, Any]:
+    """A finished request's prompt and output as text (before the runner releases its tokens)."""
+    toks = runner.tokens(r.id) if r.id in runner.live_requests else []
+    prompt, output = toks[: r.prompt_len], toks[r.prompt_len :]
+    return {"variant": variant, "id": r.id, "outcome": None if r.outcome is None else str(r.outcome.value),
+            "prompt_tokens": len(prompt), "output_tokens": len(output), "prompt": tokenizer.decode(prompt),
+            "output": tokenizer.decode(output)}
+
+
 def _select_decode_kernel(choice: str) -> None:
     from realengine import attention
 
@@ -409,10 +443,17 @@ def write_memory_csv(out_dir: str | os.PathLike, samples: list[dict[str, Any]]) 
 
 def write_engine_run(out_dir: str | os.PathLike, results: list[RunResult], memory_samples: list[dict[str, Any]],
                      summaries: dict | None = None, *, scenario: dict | None = None,
-                     title: str | None = None) -> Path:
-    """The simulator's run folder (summary.json, requests.csv, steps.csv, report.html) plus memory.csv."""
+                     title: str | None = None, texts: list[dict[str, Any]] | None = None) -> Path:
+    """The simulator's run folder (summary.json, requests.csv, steps.csv, report.html) plus memory.csv, and with a
+    real model ``texts.jsonl``: one JSON object per request (variant, id, outcome, token counts, prompt and
+    output text; output lengths are the workload's, so the text runs on past the model's end-of-turn token)."""
+    import json
+
     from sim.output import write_run
 
     out = write_run(out_dir, results, summaries, scenario=scenario, title=title)
     write_memory_csv(out, memory_samples)
+    if texts:
+        rows = sorted(texts, key=lambda t: (t["variant"], t["id"]))
+        (Path(out) / "texts.jsonl").write_text("".join(json.dumps(t, ensure_ascii=False) + "\n" for t in rows))
     return out

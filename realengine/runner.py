@@ -87,6 +87,7 @@ class ModelRunner:
         model: LlamaModel | None = None,  # a model built already (e.g. to size the cache from a warm-up)
         weights_path: str | PathLike[str] | None = None,
         token_seed: int | None = None,
+        prompt_fn: Callable[[RequestSpec], list[int]] | None = None,  # prompt token ids (default: prompt_token_ids)
     ) -> None:
         if model is None:
             model = LlamaModel(model_spec, dtype=dtype, device=device, seed=seed, weights_path=weights_path)
@@ -112,6 +113,7 @@ class ModelRunner:
             num_cpu_blocks=getattr(block_manager, "num_cpu_blocks", 0),
         )
         self.token_seed = seed if token_seed is None else token_seed
+        self.prompt_fn = prompt_fn  # a real model's text prompts (realengine.text.text_prompt_ids)
         self._tokens: dict[int, list[int]] = {}  # request id -> prompt + sampled token ids
         self._blocks: dict[int, list[int]] = {}  # paged: block table as the request's last step left it
         self._slots: dict[int, int] = {}  # contiguous: the request's cache row
@@ -171,7 +173,8 @@ class ModelRunner:
         for r, n in rows:
             toks = self._tokens.get(r.id)
             if toks is None:
-                toks = self._tokens[r.id] = prompt_token_ids(r.spec, self.spec.vocab_size, self.token_seed)
+                toks = self._tokens[r.id] = (prompt_token_ids(r.spec, self.spec.vocab_size, self.token_seed)
+                                             if self.prompt_fn is None else list(self.prompt_fn(r.spec)))
             c = r.num_computed_tokens
             if len(toks) != r.num_tokens:
                 raise RuntimeError(f"request {r.id}: the runner holds {len(toks)} tokens, the core counts "
