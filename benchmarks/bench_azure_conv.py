@@ -12,9 +12,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from sim.run import simulate_variant
+from sim.run import generate_workload, simulate_variant
 from sim.scenario import parse_scenario, variant_configs
-from sim.run import generate_workload
 
 
 def main() -> None:
@@ -41,10 +40,10 @@ def main() -> None:
         import pstats
 
         with cProfile.Profile() as pr:
-            result, _, core = simulate_variant(cfg, workload, fast_path=not args.no_fast_path)
+            result, _, _ = simulate_variant(cfg, workload, fast_path=not args.no_fast_path)
         pstats.Stats(pr).sort_stats("tottime").print_stats(20)
     else:
-        result, _, core = simulate_variant(cfg, workload, fast_path=not args.no_fast_path)
+        result, _, _ = simulate_variant(cfg, workload, fast_path=not args.no_fast_path)
     t2 = time.perf_counter()
     c2 = time.process_time()
     steps = len(result.steps["start"])

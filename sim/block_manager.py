@@ -171,6 +171,8 @@ class PagedBlockManager:
 
     def num_cached_tokens(self, req: Request) -> int:
         """Tokens of a request that holds no KV yet that the prefix cache already has."""
+        if not self.enable_prefix_caching:
+            return 0  # (the policies ask for every waiting request they look at)
         return len(self._hits(req)) * self.block_size
 
     def blocks_needed(self, req: Request, num_new_tokens: int) -> int:
@@ -181,6 +183,8 @@ class PagedBlockManager:
         swapped = self.cpu_tables.get(req.id)
         if swapped is not None:  # beyond the blocks its swap-in brings back
             return max(0, cdiv(req.num_computed_tokens + num_new_tokens, self.block_size) - swapped)
+        if not self.enable_prefix_caching:
+            return cdiv(req.num_computed_tokens + num_new_tokens, self.block_size)
         hits = self._hits(req)
         computed = max(req.num_computed_tokens, len(hits) * self.block_size)
         shared = sum(1 for b in hits if self.ref_count[b] > 0)  # hits exist only with prefix caching
@@ -243,7 +247,7 @@ class PagedBlockManager:
                 num_new_tokens = min(num_new_tokens, req.num_tokens - hit_tokens)
                 c = hit_tokens
             # check before changing anything, so that a failed allocation leaves no trace
-            revived = sum(1 for b in hits if self.ref_count[b] == 0)
+            revived = sum(1 for b in hits if self.ref_count[b] == 0) if hits else 0
             need = cdiv(c + num_new_tokens, bs) - len(hits) + revived
             if need > self._num_free:
                 raise BlockError(f"request {req.id} needs {need} blocks, {self._num_free} free")

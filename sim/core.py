@@ -19,8 +19,10 @@ identical to stepping one by one; the tests check it byte for byte.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass
+from itertools import accumulate
 
 import numpy as np
 
@@ -91,6 +93,8 @@ class ServingCore:
         self.running: list[Request] = []  # admission order
         self.swapped: deque[Request] = deque()
         self.done: list[Request] = []  # requests with an outcome, in the order they got it
+        self.busy_time = 0.0  # seconds of steps completed (an autoscaler's "GPU busy" reads its growth)
+        self.flops_done = 0.0  # FLOPs of those steps (its "compute utilisation")
         self.steps = StepLog()
         self.gaps = GapLog()
         self.stats = CoreStats()
@@ -165,6 +169,13 @@ class ServingCore:
     def wake_time(self, now: float) -> float | None:
         self._view.now = now
         return self.policy.wake_time(self._view)
+
+    def itl_gaps(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every inter-token gap so far as (gap seconds, tokens that saw it) pairs: those ``complete`` recorded
+        and those of the decode fast path's runs, which the step log holds (``StepLog.group_gaps``)."""
+        gaps, counts = self.gaps.arrays()
+        run_gaps, run_counts = self.steps.group_gaps()
+        return np.concatenate([gaps, run_gaps]), np.concatenate([counts, run_counts])
 
     def view(self, now: float) -> View:
         """The policy's view, every request up to date (the decode group dissolved)."""
@@ -476,11 +487,13 @@ class ServingCore:
             self.outside.append(r)
 
     def _record(self, batch: Batch, end: float, flops: float) -> None:
+        self.busy_time += end - batch.start
+        self.flops_done += flops
         kv = self.kv
         used = kv.num_used_blocks
         self.steps.append(
             batch.start,
-            end - batch.start,
+            end,
             batch.num_scheduled,
             batch.num_rows - batch.num_scheduled,
             batch.prefill_tokens,
@@ -571,16 +584,16 @@ class ServingCore:
             last = min(last, min(g.finish_at, default=1 << 62) - 1)
         pad = plan.padded_rows
         if horizon != float("inf"):
-            # how many steps fit before the horizon, from the first step's time (decode steps change slowly;
-            # if the guess falls short, the rest are taken next time)
+            # how many steps fit before the horizon, from the first step's time. Later steps attend to more
+            # tokens, so they are no shorter unless members leave; a small margin covers that (a guess that falls
+            # short leaves the rest for the next call; one too long prices steps never taken).
             rows, read = g.size + pad, g.ctx + g.size
             decode_steps = getattr(cost, "decode_steps", None)
             if decode_steps is not None and not pad:
                 first = decode_steps([rows], [read])[0][0]
             else:
                 first = cost.step_time(StepShape(rows, rows, rows, read, read, pad, 0))
-            # (generous: departures shorten later steps, and an unused prediction costs little)
-            last = min(last, j0 + int((horizon - now) / max(first, 1e-9) * 1.25) + 4)
+            last = min(last, j0 + int((horizon - now) / max(first, 1e-9) * 1.02) + 2)
         k = last - j0
         if k < 1:
             return None
@@ -615,8 +628,16 @@ class ServingCore:
             flops = np.asarray(cost.step_flops(shape), dtype=np.float64).tolist()
         # The loop below is ``_apply`` + ``complete`` for a group-only, unpadded plan, written out because it
         # is the simulator's innermost loop; the tests check that it records exactly what they would. Nothing
-        # from outside can happen inside it (it stops before the horizon), so only finishes and block
-        # shortages end it early.
+        # from outside can happen inside it, so only the horizon, the deadline, finishes and block shortages end
+        # it, and the first two are known in advance from the steps' ends (running sums of the durations, added
+        # in order as stepping one by one adds them): no step may start at or after the deadline, nor end at or
+        # after the horizon, except (overshooting) the one the horizon falls in. The steps between two finishes
+        # form one run in the step log, which keeps per step only what changes from one to the next (see
+        # ``StepLog``), the members' inter-token gaps included.
+        ends = list(accumulate(durations, initial=now))  # step i runs from ends[i] to ends[i + 1]
+        deadline = self._deadline if self._deadline is not None else float("inf")
+        over = bisect_left(ends, horizon) - 1  # the step in which the horizon falls (k if none)
+        n = min(k, bisect_left(ends, deadline), over + 1 if overshoot else over)
         kv = self.kv
         grows = g.grows
         plain = grows and isinstance(kv, PagedBlockManager) and not kv.enable_prefix_caching
@@ -625,33 +646,18 @@ class ServingCore:
         buckets = g.buckets
         bs = len(buckets)
         finish_at = g.finish_at
-        running, waiting, swapped = self.running, self.waiting, self.swapped
-        num_blocks = kv.num_blocks
-        self.steps.compact()
-        self.gaps.compact()
-        rows_append = self.steps._flat.extend
-        gap_values, gap_counts = self.gaps._gaps, self.gaps._counts
-        deadline = self._deadline if self._deadline is not None else float("inf")
-        plans = self.plans
         members = g.members
+        log = self.steps
+        log.compact()
+        step_values = log.per_step.extend
         m = len(members)
         used = kv.num_used_blocks
         filled = self.filled_blocks
         kv_tokens = self.kv_tokens
-        n_run, n_wait, n_swap = len(running), len(waiting), len(swapped)
-        steps, ctx, prev_end = g.steps, g.ctx, g.prev_end
-        ends = g.ends
-        taken = 0
-        t = now
-        last = False
-        for i in range(k):
-            d = durations[i]
-            end = t + d
-            if t >= deadline:
-                break
-            over = end >= horizon
-            if over and not overshoot:
-                break
+        steps = g.steps
+        next_finish = min(finish_at, default=-1)  # the next group step in which members sample their last token
+        run = 0  # the first step of the current run
+        for i in range(n):
             crossing = buckets[steps % bs]
             nb = len(crossing)
             if nb and grows:
@@ -666,52 +672,54 @@ class ServingCore:
                         break
                     kv.grow(crossing)
                 used += nb
-            if over:
-                last = True  # the arrival falls in this step: take it, then stop
-            if ctx + m != read_l[i]:
-                raise AssertionError("fast_forward predicted a different step shape")
-            if plans is not None:
-                plans.append(tuple(sorted((j, 1) for j in members)))
             filled += nb
             kv_tokens += m
-            gap_values.append(end - prev_end)
-            gap_counts.append(m)
             steps += 1
-            ctx += m
-            prev_end = end
-            if ends is not None:
-                ends.append(end)
-            rows_append(
-                (t, end - t, m, 0, 0, m, 0, used, used - filled if used > filled else 0, kv_tokens,
-                 num_blocks, n_run, n_wait, n_swap, 0, 0, 0, flops[i])
-            )
-            taken += 1
-            t = end
-            finished = finish_at.pop(steps, None)
-            if last and not finished:
-                break
-            if finished:
-                g.steps, g.ctx, g.prev_end = steps, ctx, prev_end
+            step_values((ends[i + 1], used, used - filled if used > filled else 0, kv_tokens, flops[i]))
+            if steps == next_finish:
+                self._end_run(run, i + 1, ends, read_l)
+                run = i + 1
                 self.filled_blocks, self.kv_tokens = filled, kv_tokens
                 self._repeatable = None
-                for r in finished:
+                for r in finish_at.pop(steps):
                     self._leave_running(r)
                     self._drop_kv(r)
-                    self._finish(r, end, Outcome.COMPLETED, "")
+                    self._finish(r, ends[i + 1], Outcome.COMPLETED, "")
                 m = len(members)
                 used = kv.num_used_blocks
                 filled, kv_tokens = self.filled_blocks, self.kv_tokens
-                n_run = len(running)
-                ctx = g.ctx
-                if last or not keep_going or not m:
+                next_finish = min(finish_at, default=-1)
+                if i == over or not keep_going or not m:
                     break
-                plan = _STEADY_PLAN
-        g.steps, g.ctx, g.prev_end = steps, ctx, prev_end
+        taken = steps - j0
+        if taken > run:
+            self._end_run(run, taken, ends, read_l)
         self.filled_blocks, self.kv_tokens = filled, kv_tokens
         if not taken:
             return None
-        self.overshot = last
-        return durations[:taken], t
+        self.overshot = taken > over
+        self.busy_time += ends[taken] - now
+        self.flops_done += sum(flops[:taken])
+        return durations[:taken], ends[taken]
+
+    def _end_run(self, first: int, stop: int, ends: list[float], read_l: list[int]) -> None:
+        """Account steps ``first`` to ``stop - 1`` of a ``fast_forward`` segment, all with the same members, in
+        the decode group and the step log (their per-step values are in the log already)."""
+        g = self.group
+        m = len(g.members)
+        n = stop - first
+        if g.ctx + m != read_l[first] or g.ctx + m * n != read_l[stop - 1]:
+            raise AssertionError("fast_forward predicted a different step shape")
+        g.steps += n
+        g.ctx += m * n
+        g.prev_end = ends[stop]
+        if g.ends is not None:  # token timestamps
+            g.ends += ends[first + 1 : stop + 1]
+        if self.plans is not None:
+            self.plans += [tuple(sorted((i, 1) for i in g.members))] * n
+        self.steps.end_decode_run(
+            n, ends[first], m, self.kv.num_blocks, len(self.running), len(self.waiting), len(self.swapped)
+        )
 
 
 def _admit_order(r: Request) -> int:

@@ -34,20 +34,22 @@ class RequestRecord:
     @classmethod
     def from_request(cls, r: Request) -> "RequestRecord":
         assert r.outcome is not None, f"request {r.id} has no outcome yet"
+        session = r.spec.session_id
+        # positional, in field order: a run makes 10^5 records, and keywords cost a third more
         return cls(
-            id=r.id,
-            arrival=r.arrival,
-            first_scheduled=r.first_scheduled,
-            first_token=r.first_token,
-            finish=r.finish,
-            prompt_tokens=r.prompt_len,
-            output_tokens=r.num_output_tokens,
-            target_output_tokens=r.output_len,
-            num_preemptions=r.num_preemptions,
-            outcome=_OUTCOME_TEXT[r.outcome],
-            reason=r.reason,
-            replica=r.replica,
-            session_id=-1 if r.spec.session_id is None else r.spec.session_id,
+            r.id,
+            r.arrival,
+            r.first_scheduled,
+            r.first_token,
+            r.finish,
+            r.prompt_len,  # prompt_tokens
+            r.num_output_tokens,  # output_tokens
+            r.output_len,  # target_output_tokens
+            r.num_preemptions,
+            _OUTCOME_TEXT[r.outcome],
+            r.reason,
+            r.replica,
+            -1 if session is None else session,
         )
 
     @property
@@ -82,78 +84,165 @@ STEP_COLUMNS: dict[str, type] = {
 }
 
 
-_CHUNK = 1 << 16  # rows kept as Python objects before they move into numpy columns
+_CHUNK = 1 << 16  # steps kept as Python objects before they move into numpy columns
 
-
-_WAITING = list(STEP_COLUMNS).index("num_waiting")
-_NCOL = len(STEP_COLUMNS)
+# Most steps come from the decode fast path, in runs of consecutive steps that differ only in their timing, KV
+# blocks, KV tokens and FLOPs. So the step log keeps, per step, only those values (``STEP_VARYING``), and per run
+# the columns that stay constant over it (``RUN_CONSTANT``): a fifth of the Python objects per step, which counts
+# at millions of steps. A run's first step starts at the run's ``start``, each later one when the step before it
+# ended. A run of the decode fast path (``group_gaps``) also stands for its members' inter-token gaps: each of
+# its steps is one gap, its duration, for each of its ``batch_size`` requests.
+STEP_VARYING: tuple[str, ...] = ("end", "kv_blocks_used", "kv_blocks_reserved", "kv_tokens", "flops")
+RUN_CONSTANT: tuple[str, ...] = (
+    "num_steps", "start", "batch_size", "padded_rows", "prefill_tokens", "decode_tokens", "padding_tokens",
+    "kv_capacity_blocks", "num_running", "num_waiting", "num_swapped", "num_preempted", "num_rejected",
+    "swap_blocks", "group_gaps",
+)  # fmt: skip
+_NV = len(STEP_VARYING)
+_NR = len(RUN_CONSTANT)
+_RUN_WAITING = RUN_CONSTANT.index("num_waiting")
 
 
 class StepLog:
-    """Columnar per-step log. Rows are appended as flat runs of values into one Python list (the cheapest thing
-    Python can do per step) and move into numpy columns in blocks."""
+    """Columnar per-step log, stored as runs of steps (see ``STEP_VARYING``). Each step's varying values go back
+    to back into the flat list ``per_step``, and after a run's steps its constant values into ``per_run`` (flat
+    Python lists are the cheapest thing Python can append to). They move into numpy arrays in blocks, between
+    runs, and the runs expand into rows when the columns are read."""
 
     def __init__(self) -> None:
-        self._flat: list[float] = []  # rows of _NCOL values, back to back
-        self._chunks: list[dict[str, np.ndarray]] = []
+        self.per_step: list[float] = []
+        self.per_run: list[float] = []
+        self._chunks: list[tuple[np.ndarray, np.ndarray]] = []  # (per-step values, per-run values) in numpy
+        self._num_flushed = 0  # steps in _chunks
+        self._columns: dict[str, np.ndarray] | None = None  # the runs expanded into rows, once asked for
+        self._in_group_run = np.zeros(0, dtype=bool)
 
-    def append(self, *row: float) -> None:
-        """Append one step; values in STEP_COLUMNS order."""
-        self._flat.extend(row)
-        if len(self._flat) >= _CHUNK * _NCOL:
-            self._flush()
+    def append(
+        self,
+        start: float,
+        end: float,
+        batch_size: int,
+        padded_rows: int,
+        prefill_tokens: int,
+        decode_tokens: int,
+        padding_tokens: int,
+        kv_blocks_used: int,
+        kv_blocks_reserved: int,
+        kv_tokens: int,
+        kv_capacity_blocks: int,
+        num_running: int,
+        num_waiting: int,
+        num_swapped: int,
+        num_preempted: int,
+        num_rejected: int,
+        swap_blocks: int,
+        flops: float,
+    ) -> None:
+        """Append one step (a run of one)."""
+        self.per_step.extend((end, kv_blocks_used, kv_blocks_reserved, kv_tokens, flops))
+        self.per_run.extend(
+            (1, start, batch_size, padded_rows, prefill_tokens, decode_tokens, padding_tokens, kv_capacity_blocks,
+             num_running, num_waiting, num_swapped, num_preempted, num_rejected, swap_blocks, 0)
+        )  # fmt: skip
+        self.compact()
+
+    def end_decode_run(
+        self,
+        num_steps: int,
+        start: float,
+        batch_size: int,
+        kv_capacity_blocks: int,
+        num_running: int,
+        num_waiting: int,
+        num_swapped: int,
+    ) -> None:
+        """Close a run of the decode fast path: the last ``num_steps`` steps appended to ``per_step``, the first
+        starting at ``start``, in each of which the ``batch_size`` members of the decode group compute one token
+        and sample it (no prefill, padding, preemption, rejection or swap)."""
+        self.per_run.extend(
+            (num_steps, start, batch_size, 0, 0, batch_size, 0, kv_capacity_blocks, num_running, num_waiting,
+             num_swapped, 0, 0, 0, 1)
+        )  # fmt: skip
 
     def compact(self) -> None:
-        """Move appended rows into numpy columns once there are many (a Python float costs 24 bytes plus its
-        list slot; a long run would otherwise hold gigabytes of them)."""
-        if len(self._flat) >= _CHUNK * _NCOL:
+        """Move appended steps into numpy arrays once there are many (a Python float costs 24 bytes plus its
+        list slot; a long run would otherwise hold gigabytes of them). Only between runs."""
+        if len(self.per_step) >= _CHUNK * _NV:
             self._flush()
-
-    def extend(self, **cols: np.ndarray) -> None:
-        """Append many steps; one array (or scalar, broadcast) per column in STEP_COLUMNS."""
-        self._flush()
-        n = len(cols["start"])
-        self._chunks.append(
-            {k: np.broadcast_to(np.asarray(cols[k], dtype=t), (n,)).copy() for k, t in STEP_COLUMNS.items()}
-        )
 
     def set_last_waiting(self, num_waiting: int) -> None:
         """Correct the queue length of the last step appended (see ``ServingCore.fast_forward``)."""
-        self._flat[_WAITING - _NCOL] = num_waiting
-
-    @property
-    def last_duration(self) -> float:
-        if self._flat:
-            return self._flat[1 - _NCOL]
-        return float(self._chunks[-1]["duration"][-1]) if self._chunks else 0.0
+        runs = self.per_run
+        i = len(runs) - _NR  # the last run
+        if runs[i + _RUN_WAITING] == num_waiting:
+            return
+        if runs[i] > 1:  # split the last step off its run: it starts when the step before it ended
+            last = runs[i:]
+            runs[i] -= 1
+            last[0] = 1
+            last[1] = self.per_step[-2 * _NV]
+            runs += last
+        runs[-_NR + _RUN_WAITING] = num_waiting
 
     def _flush(self) -> None:
-        flat = self._flat
-        if flat:
-            # one C-level conversion of the whole block (counts are far below 2**53, so float64 holds them exactly)
-            m = np.fromiter(flat, dtype=np.float64, count=len(flat)).reshape(-1, _NCOL)
-            self._chunks.append({k: m[:, i].astype(t) for i, (k, t) in enumerate(STEP_COLUMNS.items())})
-            self._flat = []
+        if not self.per_run:
+            return
+        # one C-level conversion of each list (counts are far below 2**53, so float64 holds them exactly); the
+        # runs stay compact until the columns are asked for
+        steps = np.fromiter(self.per_step, dtype=np.float64, count=len(self.per_step)).reshape(-1, _NV)
+        runs = np.fromiter(self.per_run, dtype=np.float64, count=len(self.per_run)).reshape(-1, _NR)
+        self.per_step = []
+        self.per_run = []
+        self._chunks.append((steps, runs))
+        self._num_flushed += len(steps)
+        self._columns = None
+
+    def _expand(self) -> dict[str, np.ndarray]:
+        """The runs as rows: STEP_COLUMNS, plus the group gaps' mask (cached until more steps come)."""
+        self._flush()
+        if self._columns is not None:
+            return self._columns
+        if len(self._chunks) > 1:
+            self._chunks = [tuple(np.concatenate(parts) for parts in zip(*self._chunks))]
+        steps, runs = self._chunks[0] if self._chunks else (np.zeros((0, _NV)), np.zeros((0, _NR)))
+        vary = dict(zip(STEP_VARYING, steps.T))
+        const = dict(zip(RUN_CONSTANT, runs.T))
+        n = const["num_steps"].astype(np.int64)
+        end = vary["end"]
+        start = np.empty_like(end)
+        start[1:] = end[:-1]
+        start[np.cumsum(n) - n] = const["start"]  # the first step of each run
+        cols = {"start": start, "duration": end - start}  # as the executors compute it: end - start
+        for k, t in STEP_COLUMNS.items():
+            if k in vary:
+                cols[k] = vary[k].astype(t)
+            elif k not in cols:
+                cols[k] = np.repeat(const[k].astype(t), n)
+        self._columns = {k: cols[k] for k in STEP_COLUMNS}
+        self._in_group_run = np.repeat(const["group_gaps"] > 0, n)
+        return self._columns
 
     def columns(self) -> dict[str, np.ndarray]:
         """All steps so far, one array per column."""
-        self._flush()
-        if not self._chunks:
-            return {k: np.zeros(0, dtype=t) for k, t in STEP_COLUMNS.items()}
-        if len(self._chunks) > 1:
-            self._chunks = [{k: np.concatenate([c[k] for c in self._chunks]) for k in STEP_COLUMNS}]
-        return self._chunks[0]
+        return self._expand()
+
+    def group_gaps(self) -> tuple[np.ndarray, np.ndarray]:
+        """The inter-token gaps that the decode fast path's runs stand for, as (gap seconds, tokens that saw it)
+        pairs: one per step, its duration, seen by each of its batch."""
+        cols = self._expand()
+        return cols["duration"][self._in_group_run], cols["batch_size"][self._in_group_run]
 
     def __len__(self) -> int:
-        return len(self._flat) // _NCOL + sum(len(c["start"]) for c in self._chunks)
+        return len(self.per_step) // _NV + self._num_flushed
 
     def __bool__(self) -> bool:
-        return bool(self._flat or self._chunks)
+        return bool(self.per_step or self._chunks)
 
 
 class GapLog:
-    """Pooled inter-token latencies (ITL) as (gap seconds, count) pairs: a decode run of k steps adds each step's
-    duration once with weight equal to the batch, instead of one float per token."""
+    """Pooled inter-token latencies (ITL) as (gap seconds, count) pairs: a step of the decode group adds its gap
+    once with weight equal to the group, instead of one float per token. (The decode fast path's runs leave theirs
+    in the step log: see ``StepLog.group_gaps``.)"""
 
     def __init__(self) -> None:
         self._gaps: list[float] = []
@@ -199,3 +288,4 @@ class RunResult:
     weight_bytes: float = 0.0  # for the memory picture in the report
     kv_bytes_per_block: float = 0.0
     config: dict | None = None  # the resolved variant configuration, recorded with the results
+    cluster: dict | None = None  # several replicas: replica count over time, GPU-hours, cost (sim/cluster.py)

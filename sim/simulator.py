@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import gc
 import heapq
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
+from operator import attrgetter
 
 import numpy as np
 import simpy
@@ -53,6 +55,7 @@ class Replica:
         # (single replica: a router would read this replica's state at the arrival)
         self.overshoot = False
         self.core = core
+        core.replica = index  # the core stamps its requests with it
         self.cost = cost
         self.index = index
         self._idle: simpy.Event | None = None
@@ -157,6 +160,19 @@ class Replica:
 Router = Callable[[Request, Sequence[Replica]], int]
 
 
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector. A run allocates millions of small objects and creates almost no
+    reference cycles; the collector's full passes over them would cost a quarter of the run time."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def round_robin() -> Router:
     state = {"next": 0}
 
@@ -217,12 +233,17 @@ class Simulation:
     def _dispatch(self, spec: RequestSpec) -> None:
         req = Request(spec=spec, arrival=self.env.now)
         self.requests.append(req)
-        rep = self.replicas[self.router(req, self.replicas)]
+        serving = self._routable()
+        rep = serving[self.router(req, serving)]
         delay = self._fail_after.get(req.id)
         if delay is not None:  # on the heap before the replica runs: its horizon must see it at once
             heapq.heappush(rep.aborts, (self.env.now + delay, req.id, req))
             self.env.process(self._wake_at(rep, delay))
         rep.submit(req)
+
+    def _routable(self) -> list[Replica]:
+        """The replicas a router may choose from (a cluster leaves out provisioning and draining ones)."""
+        return self.replicas
 
     def _wake_at(self, rep: Replica, delay: float):
         yield self.env.timeout(delay)
@@ -286,15 +307,8 @@ class Simulation:
             self.env.process(self._user_send(user, think))
 
     def run(self) -> None:
-        # The run allocates millions of small, short-lived objects and creates almost no reference cycles;
-        # the cyclic collector's full passes over them cost a quarter of the run time, so it pauses meanwhile.
-        was_enabled = gc.isenabled()
-        gc.disable()
-        try:
+        with gc_paused():
             self.env.run()
-        finally:
-            if was_enabled:
-                gc.enable()
         unfinished = [r for r in self.requests if r.outcome is None]
         if unfinished or len(self.requests) != len(self.specs):
             raise RuntimeError(
@@ -314,8 +328,9 @@ def result_of(
     kv_bytes_per_block: float = 0.0,
 ) -> RunResult:
     """Gather one replica's records into a ``RunResult``."""
-    records = [RequestRecord.from_request(r) for r in sorted(requests, key=lambda r: r.id)]
-    gaps, counts = core.gaps.arrays()
+    with gc_paused():  # 10^5 new records, on a heap of millions of objects
+        records = [RequestRecord.from_request(r) for r in sorted(requests, key=attrgetter("id"))]
+    gaps, counts = core.itl_gaps()
     # One canonical form of the pooled gaps (sorted distinct values with their counts), so that the summary
     # does not depend on whether the gaps were recorded one by one or a decode stretch at a time.
     uniq, inverse = np.unique(gaps, return_inverse=True)
