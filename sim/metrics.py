@@ -198,6 +198,8 @@ def summarize(result: RunResult, slos: SLOs | None = None) -> dict:
     kv_tok_util = _time_weighted_mean(np.asarray(s["kv_tokens"], dtype=np.float64)[alloc] / slots[alloc], dur[alloc])
 
     replicas = num_replicas(result)
+    # replica-seconds the fleet was up: an autoscaled cluster's replicas come and go
+    up = result.cluster["replica_seconds"] if result.cluster else duration * replicas
     busy = float(dur.sum())
     flops = float(np.asarray(s["flops"], dtype=np.float64).sum())
     computed = float(
@@ -230,12 +232,17 @@ def summarize(result: RunResult, slos: SLOs | None = None) -> dict:
         "queue": latency_stats(scheduled - arrival),
         "kv_usage": kv_usage,
         "kv_token_utilization": kv_tok_util,
-        "busy_fraction": _ratio(busy, duration * replicas),
-        "mfu": _ratio(flops, duration * replicas * result.peak_flops) if result.peak_flops > 0 else NAN,
+        "busy_fraction": _ratio(busy, up),
+        "mfu": _ratio(flops, up * result.peak_flops) if result.peak_flops > 0 else NAN,
         "mean_batch_size": _time_weighted_mean(np.asarray(s["batch_size"], dtype=np.float64), dur),
         "padding_fraction": _ratio(float(np.sum(s["padding_tokens"], dtype=np.float64)), computed),
     }
     assert tuple(out) == SUMMARY_KEYS
+    if result.cluster:  # several replicas: what the fleet cost
+        c = result.cluster
+        out["cluster"] = {k: c[k] for k in ("router", "replicas_start", "replicas_max", "replicas_mean",
+                                            "gpu_hours", "cost_usd", "price_per_replica_hour")}
+        out["cluster"]["cost_per_million_output_tokens"] = _ratio(c["cost_usd"] * 1e6, total_out)
     return out
 
 

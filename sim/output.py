@@ -247,6 +247,13 @@ TABLE_ROWS: tuple[tuple[str, str, Callable[[float], str]], ...] = (
     ("completed", "num_completed", _int),
     ("requests", "num_requests", _int),
 )
+# shown when a run is a cluster (summary["cluster"])
+CLUSTER_ROWS: tuple[tuple[str, str, Callable[[float], str]], ...] = (
+    ("replicas mean", "cluster.replicas_mean", _s),
+    ("replicas max", "cluster.replicas_max", _int),
+    ("GPU-hours", "cluster.gpu_hours", _s),
+    ("cost ($)", "cluster.cost_usd", _s),
+)
 
 
 def table_cells(summaries: dict) -> tuple[list[str], list[list[str]]]:
@@ -258,7 +265,8 @@ def table_cells(summaries: dict) -> tuple[list[str], list[list[str]]]:
     if two:
         header.append("×")
     rows = []
-    for label, key, fmt in TABLE_ROWS:
+    cluster = any("cluster" in summaries[n] for n in names)
+    for label, key, fmt in TABLE_ROWS + (CLUSTER_ROWS if cluster else ()):
         vals = [_get(summaries[n], key) for n in names]
         row = [label] + [fmt(v) if math.isfinite(v) else "-" for v in vals]
         if two:

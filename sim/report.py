@@ -1027,6 +1027,56 @@ def _sweep_section(results: list[RunResult], summaries: dict) -> list[Section]:
     return [Section("Sweep", fig, note)]
 
 
+def fig_replicas(results: list[RunResult]) -> go.Figure | None:
+    """Replicas paid for over time (a step function: provisioning to release) per cluster run, with the
+    autoscaler's signal on a second axis when there is one."""
+    runs = [r for r in results if r.cluster]
+    if not runs:
+        return None
+    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    for i, r in enumerate(runs):
+        c = r.cluster
+        t, n = list(c["replicas_over_time"]["t"]), list(c["replicas_over_time"]["n"])
+        t.append(run_end(r))
+        n.append(n[-1])
+        fig.add_trace(go.Scatter(x=t, y=n, mode="lines", line={"shape": "hv", "color": color(i), "width": 2},
+                                 name=f"{r.name}: replicas"), secondary_y=False)
+        a = c.get("autoscaler")
+        if a and a["times"]:
+            fig.add_trace(go.Scatter(x=a["times"], y=a["values"], mode="lines", name=f"{r.name}: {a['signal']}",
+                                     line={"color": color(i), "width": 1, "dash": "dot"}), secondary_y=True)
+    fig.update_layout(height=380, margin={"t": 30}, legend={"orientation": "h", "y": -0.2})
+    fig.update_xaxes(title_text="time (s)")
+    fig.update_yaxes(title_text="replicas paid for", rangemode="tozero", secondary_y=False)
+    fig.update_yaxes(title_text="autoscaler signal", rangemode="tozero", secondary_y=True)
+    return fig
+
+
+def _cluster_section(results: list[RunResult], summaries: dict) -> list[Section]:
+    fig = fig_replicas(results)
+    if fig is None:
+        return []
+    rows = []
+    for r in results:
+        if not r.cluster:
+            continue
+        for p in r.cluster["per_replica"]:
+            cells = [r.name, p["replica"], f"{p['provisioned']:.0f}", f"{p['ready']:.0f}",
+                     "" if p["released"] is None else f"{p['released']:.0f}", p["requests"],
+                     "" if p["output_throughput"] is None else f"{p['output_throughput']:.0f}",
+                     "" if p["kv_usage_mean"] is None else f"{100 * p['kv_usage_mean']:.1f}%"]
+            rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
+    head = "".join(f"<th>{h}</th>" for h in ("run", "replica", "provisioned (s)", "serving from (s)",
+                                              "released (s)", "requests", "output tok/s", "KV usage mean"))
+    table = f'<table class="summary"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
+    note = _p(
+        "Replicas paid for over time (solid) and the autoscaler's signal (dotted). A new replica is paid for "
+        "from the moment it is ordered and serves after its provisioning delay; a drained one stops costing when "
+        "its last request ends. The summary's cost rows add up the GPU-hours."
+    )
+    return [Section("Cluster", fig, note + table)]
+
+
 def _throughput_section(results: list[RunResult], summaries: dict) -> list[Section]:
     return [Section("Throughput", fig_throughput(results, per_run_points(len(results))))]
 
@@ -1042,6 +1092,7 @@ SECTIONS: list[SectionBuilder] = [
     _latency_section,
     _sweep_section,
     _throughput_section,
+    _cluster_section,
 ]
 
 

@@ -4,6 +4,7 @@ the command line and the notebooks."""
 from __future__ import annotations
 
 from collections.abc import Callable
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,7 +65,11 @@ def simulate_variant(
     fast_path: bool = True,
     progress: Callable[[int], None] | None = None,
 ) -> tuple[RunResult, list[Request], ServingCore]:
-    """Simulate one variant on a workload; returns its result, its requests and its core."""
+    """Simulate one variant on a workload; returns its result, its requests and its core (a cluster's: the first
+    replica's; the result covers every replica)."""
+    if cfg.cluster is not None:
+        return _simulate_cluster(cfg, workload, name=name, keep_token_times=keep_token_times, fast_path=fast_path,
+                                 progress=progress)
     policy, kv, cost, built = build(cfg)
     core = ServingCore(policy, kv, fast_path=fast_path, keep_token_times=keep_token_times)
     closed = workload.closed_loop
@@ -83,6 +88,45 @@ def simulate_variant(
         kv_bytes_per_block=float(budget.kv_bytes_per_block * cfg.deployment.tensor_parallel_size),
     )
     return result, sim.requests, core
+
+
+def _simulate_cluster(cfg, workload, *, name, keep_token_times, fast_path, progress):
+    from sim.autoscaler import AutoscalerConfig
+    from sim.cluster import ClusterSimulation, cluster_result
+
+    cl = cfg.cluster
+    costs = []
+    built = None
+
+    def make_replica():
+        nonlocal built
+        policy, kv, cost, built = build(cfg)  # every replica its own policy, KV memory and cost model
+        costs.append(cost)
+        return ServingCore(policy, kv, fast_path=fast_path, keep_token_times=keep_token_times), cost
+
+    auto = None
+    if cl.autoscaler is not None:
+        a = cl.autoscaler
+        try:
+            auto = AutoscalerConfig(a.signal, a.scale_up, a.scale_down, a.interval, a.cooldown,
+                                    a.provisioning_delay, a.min_replicas, a.max_replicas)
+        except ValueError as e:
+            raise ScenarioError(f"variant {cfg.name!r}: cluster: {e}") from None
+    closed = workload.closed_loop
+    plan = None if closed is None else ClosedLoopPlan(closed.num_users, closed.think_times)
+    try:
+        sim = ClusterSimulation(workload.requests, make_replica, replicas=cl.replicas, router=cl.router,
+                                autoscaler=auto, closed_loop=plan, progress=progress, fast_forward=fast_path,
+                                failures=workload.failures, leak=cfg.deployment.leak_kv_on_failure)
+    except ValueError as e:
+        raise ScenarioError(f"variant {cfg.name!r}: {e}") from None
+    sim.run()
+    budget = built.budget
+    tp = cfg.deployment.tensor_parallel_size
+    result = cluster_result(name or cfg.name, sim, costs, price_per_hour=built.gpu.price_per_hour * tp,
+                            config=cfg.to_dict(), weight_bytes=float(budget.weight_bytes * tp),
+                            kv_bytes_per_block=float(budget.kv_bytes_per_block * tp))
+    return result, sim.requests, sim.replicas[0].core
 
 
 @dataclass(slots=True)
@@ -121,8 +165,7 @@ def prepare_scenario(
                 workloads[key] = generate_workload(sc)
         except ScenarioError as e:
             raise ScenarioError(f"{where}: {e}") from None
-        plans.append((point, sc, [VariantConfig(c.name, c.deployment, c.kv_cache, c.policy, c.admission, point)
-                                  for c in cfgs]))
+        plans.append((point, sc, [dataclasses.replace(c, params=point) for c in cfgs]))
     return PreparedScenario(scenario, plans, workloads)
 
 

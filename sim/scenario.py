@@ -197,12 +197,40 @@ class PlanConfig(_Model):
     )
 
 
+# ---- cluster (many replicas behind a router) -------------------------------------------------------------------
+class AutoscalerSection(_Model):
+    signal: Literal["busy", "compute", "kv_usage", "queue", "ttft"] = Field(
+        description="What it watches: busy (share of time replicas run steps, the usual GPU 'utilisation'), "
+        "compute (FLOPs done over peak FLOPs, i.e. MFU), "
+        "kv_usage (KV blocks in use or needed by queued prompts), queue (waiting requests per replica) or ttft "
+        "(mean seconds to first token over the last interval)."
+    )
+    scale_up: float = Field(gt=0, description="Add a replica when the signal is above this.")
+    scale_down: float = Field(ge=0, description="Drain a replica when the signal is below this.")
+    interval: float = Field(10.0, gt=0, description="Seconds between two looks at the signal.")
+    cooldown: float = Field(60.0, ge=0, description="Seconds after an action before the next one.")
+    provisioning_delay: float = Field(
+        120.0, ge=0, description="Seconds from ordering a GPU to it serving (boot, weights); paid meanwhile."
+    )
+    min_replicas: int = Field(1, ge=1, description="Fewest replicas.")
+    max_replicas: int = Field(8, ge=1, description="Most replicas, provisioning ones included.")
+
+
+class ClusterConfig(_Model):
+    replicas: int = Field(1, ge=1, description="Replicas at the start (each a GPU or a tensor-parallel group).")
+    router: Literal["round_robin", "least_outstanding", "least_kv", "prefix_affinity"] = Field(
+        "round_robin", description="Which replica gets an arriving request."
+    )
+    autoscaler: AutoscalerSection | None = Field(None, description="Add and remove replicas; none: a fixed fleet.")
+
+
 class Variant(_Model):
     name: str = Field(min_length=1, description="Name in tables and summary.json.")
     deployment: dict[str, Any] | None = Field(None, description="Keys merged into the default deployment.")
     kv_cache: KVCacheConfig | None = Field(None, description="Replaces the default KV cache.")
     policy: PolicyConfig | None = Field(None, description="Replaces the default policy.")
     admission: AdmissionConfig | None = Field(None, description="Replaces the default admission control.")
+    cluster: ClusterConfig | None = Field(None, description="Replaces the default cluster.")
 
 
 _SWEEP_HEADS = ("workload", "deployment", "kv_cache", "policy", "admission")
@@ -228,6 +256,9 @@ class Scenario(_Model):
     )
     keep_token_times: bool = Field(False, description="Keep every token's timestamp on the requests (memory!).")
     plan: PlanConfig | None = Field(None, description="Search space and API price for `servesim plan`.")
+    cluster: ClusterConfig | None = Field(
+        None, description="Several replicas behind a router, optionally autoscaled; none: one replica."
+    )
 
     @field_validator("variants")
     @classmethod
@@ -498,9 +529,10 @@ class VariantConfig:
     policy: StaticPolicyConfig | ContinuousPolicyConfig
     admission: AdmissionConfig
     params: dict[str, Any]  # sweep point, {} without a sweep
+    cluster: ClusterConfig | None = None  # several replicas; None: one
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "name": self.name,
             "deployment": self.deployment.model_dump(mode="json"),
             "kv_cache": self.kv_cache.model_dump(mode="json"),
@@ -508,6 +540,9 @@ class VariantConfig:
             "admission": self.admission.model_dump(mode="json"),
             "params": self.params,
         }
+        if self.cluster is not None:
+            out["cluster"] = self.cluster.model_dump(mode="json")
+        return out
 
 
 def variant_configs(scenario: Scenario) -> list[VariantConfig]:
@@ -530,6 +565,7 @@ def variant_configs(scenario: Scenario) -> list[VariantConfig]:
                 policy=v.policy or scenario.policy,
                 admission=v.admission or scenario.admission,
                 params={},
+                cluster=v.cluster or scenario.cluster,
             )
         )
     return out

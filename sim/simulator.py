@@ -24,6 +24,7 @@ from sim.costmodel import CostModel
 from sim.failures import FailurePlan
 from sim.records import RequestRecord, RunResult
 from sim.request import Request, RequestSpec
+from sim.routers import Router, round_robin
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,7 +158,6 @@ class Replica:
             self._idle = None
 
 
-Router = Callable[[Request, Sequence[Replica]], int]
 
 
 @contextmanager
@@ -171,17 +171,6 @@ def gc_paused() -> Iterator[None]:
     finally:
         if was_enabled:
             gc.enable()
-
-
-def round_robin() -> Router:
-    state = {"next": 0}
-
-    def route(req: Request, replicas: Sequence[Replica]) -> int:
-        i = state["next"] % len(replicas)
-        state["next"] += 1
-        return i
-
-    return route
 
 
 class Simulation:

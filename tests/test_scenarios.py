@@ -125,6 +125,17 @@ def check_plan_chat(s: Summaries) -> None:
     assert x["ttft"]["p99"] < 0.5 and x["tpot"]["p99"] < 0.03 and x["slo_attainment"] == 1.0
 
 
+def check_autoscale_memory_bound(s: Summaries) -> None:
+    compute, busy, kv = s["scale-on-compute"], s["scale-on-busy"], s["scale-on-kv"]
+    # the compute signal never sees the memory-bound overload: one replica, most requests refused
+    assert compute["cluster"]["replicas_max"] == 1 and compute["slo_attainment"] < 0.3
+    assert compute["mfu"] < 0.15 and compute["kv_usage"]["mean"] > 0.7
+    # KV pressure catches it, for less than scaling on busy (which reads ~100% at any load and maxes out)
+    assert kv["slo_attainment"] > compute["slo_attainment"] + 0.5
+    assert kv["cluster"]["cost_usd"] < busy["cluster"]["cost_usd"]
+    assert kv["cluster"]["replicas_mean"] < busy["cluster"]["replicas_mean"]
+
+
 # file stem -> (overrides that scale it down, checks)
 CASES: dict[str, tuple[dict, Callable[[Summaries], None]]] = {
     "naive-vs-continuous": ({"workload.num_requests": 200}, check_naive_vs_continuous),
@@ -140,6 +151,7 @@ CASES: dict[str, tuple[dict, Callable[[Summaries], None]]] = {
     "plan-chat": ({"workload.num_requests": 200}, check_plan_chat),
     # more failures, fewer requests: the leak still fills both caches
     "failure-leak": ({"workload.num_requests": 3000, "workload.failures.fraction": 0.6}, check_failure_leak),
+    "autoscale-memory-bound": ({"workload.num_requests": 250}, check_autoscale_memory_bound),
 }
 
 

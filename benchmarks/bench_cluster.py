@@ -1,0 +1,60 @@
+"""Speed benchmark of a cluster: the Azure 2023 conversation trace on 16 replicas of Llama-3.1-8B on H100 SXM
+behind a KV-aware router (least_kv), continuous batching with chunked prefill.
+
+    python benchmarks/bench_cluster.py [--replicas 16] [--rate-scale 16] [--requests N] [--router least_kv]
+
+``--rate-scale 16`` (the default) sends the trace's arrivals 16 times as fast, so that each of the 16 replicas
+sees about the load one replica sees at the trace's own rate; ``--requests`` tiles the trace to that many
+requests. Prints the simulated time over the wall time. Target: at least 200x real time on a 2-core machine.
+Not part of the test suite (timings are not tests).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from sim.metrics import summarize
+from sim.run import generate_workload, simulate_variant
+from sim.scenario import parse_scenario, variant_configs
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--replicas", type=int, default=16)
+    ap.add_argument("--rate-scale", type=float, default=16.0)
+    ap.add_argument("--requests", type=int, default=100_000)
+    ap.add_argument("--router", default="least_kv")
+    args = ap.parse_args()
+    scenario = parse_scenario(
+        {
+            "name": "bench-cluster",
+            "workload": {"arrival": {"type": "trace", "trace": "azure-conv", "repeat_to": args.requests,
+                                     "rate_scale": args.rate_scale}},
+            "deployment": {"model": "llama-3.1-8b", "gpu": "h100-sxm", "max_model_len": 8192},
+            "policy": {"type": "continuous", "enable_chunked_prefill": True},
+            "cluster": {"replicas": args.replicas, "router": args.router},
+        }
+    )
+    c0 = time.process_time()
+    t0 = time.perf_counter()
+    workload = generate_workload(scenario)
+    t1 = time.perf_counter()
+    (cfg,) = variant_configs(scenario)
+    result, _, _ = simulate_variant(cfg, workload)
+    t2 = time.perf_counter()
+    c2 = time.process_time()
+    s = summarize(result)
+    sim_time = result.duration
+    print(f"replicas          {args.replicas:>12} ({args.router})")
+    print(f"requests          {len(workload.requests):>12,} (trace rate x {args.rate_scale:g})")
+    print(f"workload build    {t1 - t0:>12.2f} s")
+    print(f"simulation        {t2 - t1:>12.2f} s wall ({c2 - c0:.2f} s CPU in all)")
+    print(f"simulated time    {sim_time:>12.0f} s ({sim_time / (t2 - t1):,.0f}x real time)")
+    print(f"steps             {len(result.steps['start']):>12,}")
+    print(f"per replica       {s['request_throughput'] / args.replicas:>12.2f} req/s, "
+          f"KV usage {100 * s['kv_usage']['mean']:.1f}%, TTFT p99 {1e3 * s['ttft']['p99']:.0f} ms")
+
+
+if __name__ == "__main__":
+    main()

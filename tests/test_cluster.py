@@ -1,0 +1,202 @@
+"""Clusters: replicas behind a router, and the autoscaler that adds and drains them."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from sim.autoscaler import AutoscalerConfig
+from sim.block_manager import PagedBlockManager
+from sim.cluster import ClusterSimulation, cluster_result
+from sim.core import ServingCore
+from sim.metrics import summarize
+from sim.policies import ContinuousPolicy, Limits
+from sim.request import Request, RequestSpec
+from sim.routers import kv_pressure, least_kv, least_outstanding, make_router, prefix_affinity
+from sim.run import generate_workload, simulate_variant
+from sim.scenario import ScenarioError, parse_scenario, variant_configs
+from tests.conftest import LinearCost
+
+WORKLOAD = {
+    "arrival": {"type": "poisson", "rate": 12.0},
+    "num_requests": 300,
+    "prompt_len": {"type": "lognormal", "mean": 400, "std": 300, "min": 16, "max": 2000},
+    "output_len": {"type": "lognormal", "mean": 150, "std": 100, "min": 4, "max": 600},
+}
+
+
+def scenario(cluster: dict | None, **extra) -> dict:
+    raw = {"seed": 2, "workload": WORKLOAD,
+           "deployment": {"model": "llama-3.1-8b", "gpu": "h100-sxm", "max_model_len": 4096, "num_gpu_blocks": 1500},
+           "policy": {"type": "continuous", "enable_chunked_prefill": True, "max_num_batched_tokens": 1024},
+           **extra}
+    if cluster is not None:
+        raw["cluster"] = cluster
+    return raw
+
+
+def run(raw: dict, fast: bool = True):
+    sc = parse_scenario(raw)
+    wl = generate_workload(sc)
+    return simulate_variant(variant_configs(sc)[0], wl, keep_token_times=True, fast_path=fast)
+
+
+def test_a_cluster_of_one_is_the_single_replica_run() -> None:
+    one, _, _ = run(scenario({"replicas": 1, "router": "least_kv"}))
+    plain, _, _ = run(scenario(None))
+    assert one.requests == plain.requests
+    for col in plain.steps:
+        assert np.array_equal(one.steps[col], plain.steps[col]), col
+    assert one.cluster["replicas_max"] == 1 and plain.cluster is None
+
+
+@pytest.mark.parametrize("router", ["round_robin", "least_outstanding", "least_kv"])
+def test_fast_path_matches_step_by_step_on_a_cluster(router: str) -> None:
+    auto = {"signal": "kv_usage", "scale_up": 0.3, "scale_down": 0.05, "interval": 2.0, "cooldown": 4.0,
+            "provisioning_delay": 3.0, "max_replicas": 4}
+    raw = scenario({"replicas": 2, "router": router, "autoscaler": auto})
+    fast, qf, _ = run(raw)
+    slow, qs, _ = run(raw, fast=False)
+    assert fast.requests == slow.requests
+    for col in slow.steps:
+        assert np.array_equal(fast.steps[col], slow.steps[col]), col
+    assert {r.id: r.token_times for r in qf} == {r.id: r.token_times for r in qs}
+    assert fast.cluster["autoscaler"]["actions"] == slow.cluster["autoscaler"]["actions"]
+
+
+def test_round_robin_spreads_requests_evenly_and_costs_replicas_times_time() -> None:
+    result, requests, _ = run(scenario({"replicas": 3, "router": "round_robin"}))
+    assert [r.replica for r in sorted(requests, key=lambda r: r.id)] == [i % 3 for i in range(300)]
+    c = result.cluster
+    end = max(r.finish for r in result.requests)
+    assert c["replica_seconds"] == pytest.approx(3 * end)
+    assert c["cost_usd"] == pytest.approx(3 * end / 3600 * 2.50)  # h100-sxm preset: $2.50 per GPU-hour, tp 1
+    s = summarize(result)
+    assert s["cluster"]["replicas_mean"] == pytest.approx(3 * end / result.duration)
+    assert s["num_completed"] == 300 and 0 < s["busy_fraction"] <= 1
+    assert [p["requests"] for p in c["per_replica"]] == [100, 100, 100]
+
+
+def test_load_aware_routers_beat_round_robin_on_the_tail() -> None:
+    """Two replicas with small KV caches near their capacity: lognormal lengths make round robin pile long
+    requests on one replica now and then, whose queue then waits for memory; a router that counts requests helps
+    a little, one that counts KV blocks (held and needed by the queue) keeps both caches evenly filled.
+    Measured: TTFT p99 0.50 s (round robin), 0.43 s (least outstanding), 0.05 s (least KV)."""
+    p99 = {}
+    for router in ("round_robin", "least_outstanding", "least_kv"):
+        raw = scenario({"replicas": 2, "router": router})
+        raw["workload"] = dict(WORKLOAD, arrival={"type": "poisson", "rate": 14.0})
+        raw["deployment"]["num_gpu_blocks"] = 400
+        result, _, _ = run(raw)
+        p99[router] = summarize(result)["ttft"]["p99"]
+    assert p99["least_outstanding"] < p99["round_robin"]
+    assert p99["least_kv"] < 0.5 * p99["round_robin"]
+
+
+class FakeReplica:
+    def __init__(self, core):
+        self.core = core
+
+
+def _core(num_blocks: int = 64, prefix: bool = False) -> ServingCore:
+    policy = ContinuousPolicy(limits=Limits(16, 512, 256))
+    return ServingCore(policy, PagedBlockManager(num_blocks, 16, enable_prefix_caching=prefix), fast_path=False)
+
+
+def test_router_choices_on_known_states() -> None:
+    a, b = _core(), _core()
+    # a: one running request holding 3 blocks; b: two short waiting prompts (1 block each)
+    a.add_request(Request(RequestSpec(0, 0.0, 40, 10), 0.0), 0.0)
+    batch = a.schedule(0.0)
+    a.complete(batch, 0.01)
+    for i in (1, 2):
+        b.add_request(Request(RequestSpec(i, 0.0, 10, 10), 0.0), 0.0)
+    reps = [FakeReplica(a), FakeReplica(b)]
+    req = Request(RequestSpec(9, 0.0, 10, 10), 0.0)
+    assert kv_pressure(a) == pytest.approx(3 / 64) and kv_pressure(b) == pytest.approx(2 / 64)
+    assert least_outstanding()(req, reps) == 0  # 1 request against 2
+    assert least_kv()(req, reps) == 1  # 2 blocks (queued) against 3 (held)
+    with pytest.raises(ValueError, match="unknown router"):
+        make_router("random")
+
+
+def test_prefix_affinity_follows_the_cached_prefix() -> None:
+    a, b = _core(prefix=True), _core(prefix=True)
+    shared = tuple(range(100, 104))  # four 16-token blocks of a system prompt
+    first = Request(RequestSpec(0, 0.0, 64, 4, shared, 16), 0.0)
+    b.add_request(first, 0.0)
+    b.complete(b.schedule(0.0), 0.01)
+    reps = [FakeReplica(a), FakeReplica(b)]
+    same = Request(RequestSpec(1, 0.0, 64, 4, shared, 16), 0.0)
+    other = Request(RequestSpec(2, 0.0, 64, 4, (7, 8, 9, 10), 16), 0.0)
+    assert prefix_affinity()(same, reps) == 1  # b holds its 64-token prefix
+    assert prefix_affinity()(other, reps) == 0  # no hit anywhere: the less loaded replica
+
+
+def test_autoscaler_provisions_with_delay_respects_cooldown_and_drains() -> None:
+    # 20 req/s for 40 s, more than one replica serves (100 blocks: 7 requests of 200 tokens), then a trickle
+    specs = [RequestSpec(i, 0.05 * i, 100, 100) for i in range(800)]
+    specs += [RequestSpec(800 + i, 80.0 + 2.0 * i, 50, 10) for i in range(20)]
+
+    def make():
+        return _core(num_blocks=100), LinearCost()
+
+    auto = AutoscalerConfig("queue", scale_up=2.0, scale_down=0.5, interval=1.0, cooldown=5.0,
+                            provisioning_delay=3.0, min_replicas=1, max_replicas=3)
+    sim = ClusterSimulation(specs, make, replicas=1, router="least_outstanding", autoscaler=auto)
+    sim.run()
+    lives = sim.log.lives
+    assert len(lives) >= 3 and any(kind == "up" for _, kind, _ in sim.log.actions)
+    # never more than max_replicas serving or on their way (draining ones excepted)
+    for t, _, _ in sim.log.actions:
+        assert sum(1 for li in lives if li.provisioned <= t and li.draining > t) <= 3
+    for life in lives[1:]:
+        assert life.ready == life.provisioned + 3.0
+        routed = [r for r in sim.requests if r.replica == life.index]
+        assert routed and min(r.arrival for r in routed) >= life.ready  # no traffic before it serves
+    times = [t for t, _, _ in sim.log.actions]
+    assert all(b - a >= 5.0 for a, b in itertools.pairwise(times))  # cooldown
+    downs = [(t, i) for t, kind, i in sim.log.actions if kind == "down"]
+    assert downs, "the trickle should let it drain"
+    for t, i in downs:
+        life = lives[i]
+        last = max((r.finish for r in sim.requests if r.replica == i), default=t)
+        assert life.draining == t and life.released == pytest.approx(max(t, last))
+        assert all(r.arrival < t for r in sim.requests if r.replica == i)  # nothing routed after draining
+    assert all(r.outcome.value == "completed" for r in sim.requests)
+    res = cluster_result("x", sim, [LinearCost()] * len(sim.replicas), price_per_hour=2.0)
+    end = max(r.finish for r in sim.requests)
+    assert res.cluster["replica_seconds"] == pytest.approx(sum(min(li.released, end) - li.provisioned
+                                                               for li in lives))
+
+
+def test_bad_cluster_settings_are_refused() -> None:
+    with pytest.raises(ScenarioError, match="router"):
+        parse_scenario(scenario({"replicas": 2, "router": "random"}))
+    bad = {"replicas": 5, "autoscaler": {"signal": "busy", "scale_up": 0.9, "scale_down": 0.2, "max_replicas": 3}}
+    with pytest.raises(ScenarioError, match="outside the autoscaler"):
+        run(scenario(bad))
+    inverted = {"replicas": 1, "autoscaler": {"signal": "busy", "scale_up": 0.2, "scale_down": 0.9}}
+    with pytest.raises(ScenarioError, match="scale_down"):
+        run(scenario(inverted))
+
+
+def test_report_shows_the_fleet_over_time() -> None:
+    from sim.report import build_report, fig_replicas
+
+    auto = {"signal": "queue", "scale_up": 1.0, "scale_down": 0.1, "interval": 2.0, "cooldown": 4.0,
+            "provisioning_delay": 3.0, "max_replicas": 3}
+    raw = scenario({"replicas": 1, "router": "least_kv", "autoscaler": auto})
+    raw["workload"] = dict(WORKLOAD, arrival={"type": "poisson", "rate": 14.0})
+    raw["deployment"]["num_gpu_blocks"] = 400
+    result, _, _ = run(raw)
+    c = result.cluster
+    assert c["replicas_max"] > 1  # it did scale
+    fig = fig_replicas([result])
+    steps = fig.data[0]  # replicas paid for: +1 per provisioning, -1 per release, ending at the run's end
+    assert max(steps.y) == c["replicas_max"] and steps.x[0] == 0.0
+    assert list(fig.data[1].y) == c["autoscaler"]["values"]
+    page = build_report([result], {result.name: summarize(result)}, "t")
+    assert "<h2>Cluster</h2>" in page and "serving from (s)" in page and "cost ($)" in page
