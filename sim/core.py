@@ -588,9 +588,9 @@ class ServingCore:
             # tokens, so they are no shorter unless members leave; a small margin covers that (a guess that falls
             # short leaves the rest for the next call; one too long prices steps never taken).
             rows, read = g.size + pad, g.ctx + g.size
-            decode_steps = getattr(cost, "decode_steps", None)
-            if decode_steps is not None and not pad:
-                first = decode_steps([rows], [read])[0][0]
+            one_step = getattr(cost, "decode_step_time", None)
+            if one_step is not None and not pad:
+                first = one_step(rows, read)
             else:
                 first = cost.step_time(StepShape(rows, rows, rows, read, read, pad, 0))
             last = min(last, j0 + int((horizon - now) / max(first, 1e-9) * 1.02) + 2)

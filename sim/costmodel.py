@@ -266,8 +266,12 @@ class AnalyticCostModel:
         and its order are ``_time``'s, so the results are bit-identical."""
         k0, k1, k2, k3, k4, k5, k6, k7, k8, k9, k10, k11 = self._k
         f_tok, f_row, f_pair = self._flops
-        times = []
-        flops = []
+        times: list[float] = []
+        flops: list[float] = []
+        add_t, add_f = times.append, flops.append
+        # When k8 >= k7 the attention term max(c * k7, (c + n) * k8) is the memory one for every c, n >= 0 (a
+        # decode's query-key pairs are its KV reads): max() would return exactly that product, so it is skipped.
+        memory_bound = k8 >= k7
         n_prev = -1
         for n, c in zip(rows, reads):
             if n != n_prev:  # the parts that depend on the row count alone, summed in _time's order
@@ -276,9 +280,18 @@ class AnalyticCostModel:
                 tail = k9 + n * k10
                 f_n = (n - 0) * f_tok + n * f_row
             # ``+ 0 * k11`` (no swap) adds +0.0, which changes no float, so it is left out
-            times.append(head + max(c * k7, (c + n) * k8) + tail)
-            flops.append(float(f_n + c * f_pair))
+            if memory_bound:
+                add_t(head + (c + n) * k8 + tail)
+            else:
+                add_t(head + max(c * k7, (c + n) * k8) + tail)
+            add_f(float(f_n + c * f_pair))
         return times, flops
+
+    def decode_step_time(self, n: int, c: int) -> float:
+        """One unpadded decode step's time (``decode_steps`` for a single step, without the lists)."""
+        k0, k1, k2, k3, k4, k5, k6, k7, k8, k9, k10, k11 = self._k
+        return (k0 + n * k1 + max(n * k2 + n * k3, k4 + n * k5 + n * k6) + max(c * k7, (c + n) * k8)
+                + (k9 + n * k10))
 
     def breakdown(self, shape: StepShape) -> dict[str, Any]:
         """The step time's parts in seconds (they sum to ``step_time`` up to rounding) and, for the two roofline

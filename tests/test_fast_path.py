@@ -105,8 +105,12 @@ def test_fast_path_matches_closed_loop():
 )
 def test_decode_steps_bit_identical_to_step_time(rows, base, tp, wd):
     reads = [base + 7 * i + r for i, r in enumerate(rows)]
+    compute_bound = AnalyticCostModel("llama-3.1-8b", "h100-sxm", weight_dtype=wd, tensor_parallel_size=tp,
+                                      compute_efficiency=0.0005)
+    assert compute_bound._k[7] > compute_bound._k[8]  # decode_steps' other branch: attention bound by compute
     models = [
         AnalyticCostModel("llama-3.1-8b", "h100-sxm", weight_dtype=wd, tensor_parallel_size=tp),
+        compute_bound,
         FittedCostModel(step=1.1e-3, token=2.3e-5, decode_seq=1.7e-6, seq=3.1e-6, attn_pair=1.3e-11,
                         kv_read_token=4.7e-9, swap_block=2.9e-5, flops_per_token=1.6e10, flops_per_seq=1.1e9,
                         flops_per_attn_pair=2.6e5),
@@ -116,6 +120,8 @@ def test_decode_steps_bit_identical_to_step_time(rows, base, tp, wd):
         for n, c, t, f in zip(rows, reads, times, flops):
             shape = StepShape(n, n, n, c, c, 0, 0)
             assert t == cost.step_time(shape)
+            if hasattr(cost, "decode_step_time"):
+                assert cost.decode_step_time(n, c) == t
             assert f == cost.step_flops(shape)
         arr = StepShape(*(np.asarray(x, dtype=np.int64) for x in (rows, rows, rows, reads, reads)),
                         np.zeros(len(rows), dtype=np.int64), np.zeros(len(rows), dtype=np.int64))
