@@ -494,6 +494,10 @@ def plan(
                               "front), not only up to the cheapest deployment meeting the SLOs."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of the text report."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+    executor: str = typer.Option("local", "--executor", help="local (a process pool) or ray."),
+    workers: Optional[int] = typer.Option(None, "--workers", "-j", help="Parallel simulations (default: all "
+                                          "cores)."),
+    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster to join (default: start one here)."),
 ) -> None:
     """Find the cheapest deployment (GPU type and count, tensor parallelism, weight and KV precision,
     max_num_seqs, chunked prefill) meeting the scenario's SLOs at its load: analytic bounds prune, the simulator
@@ -507,8 +511,11 @@ def plan(
         check_plan(sc)
         if not quiet:
             typer.echo(f"{sc.name}: {sc.workload.describe()}", err=True)
+        if workers is not None and workers < 1:
+            raise ScenarioError(f"--workers must be >= 1, got {workers}")
         result = plan_deployment(sc, stop_early=False if all_ else None,
-                                 progress=not quiet and not as_json and sys.stderr.isatty())
+                                 progress=not quiet and not as_json and sys.stderr.isatty(),
+                                 executor=executor, workers=workers, address=address)
     except ScenarioError as e:
         _fail(str(e))
         return

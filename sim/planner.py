@@ -35,20 +35,18 @@ Replicas run in one simulation: a router sends each arrival to the replica with 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from sim.capacity import resolve_gpu, resolve_model
-from sim.core import ServingCore
 from sim.costmodel import AnalyticCostModel, StepShape
 from sim.metrics import SLOs, summarize
 from sim.records import RunResult
-from sim.request import Request
 from sim.scenario import (
     AnalyticCost,
     ContinuousPolicyConfig,
@@ -59,10 +57,8 @@ from sim.scenario import (
     Scenario,
     ScenarioError,
     VariantConfig,
-    build,
     slos_of,
 )
-from sim.simulator import ClosedLoopPlan, Replica, Simulation, result_of
 from sim.specs import (
     DTYPE_BITS,
     GPU_PRESETS,
@@ -74,6 +70,7 @@ from sim.specs import (
     kv_budget,
     resolve_kv_dtype,
 )
+from sim.sweep import parallel_map
 from sim.workload import GeneratedWorkload
 
 NAN = float("nan")
@@ -376,49 +373,29 @@ def work_lower_bound(cost: AnalyticCostModel, shape: WorkloadShape, *, max_num_s
 
 
 # ---- simulation -----------------------------------------------------------------------------------------------
-def shortest_queue(req: Request, replicas: Sequence[Replica]) -> int:
-    """Route to the replica with the fewest unfinished requests (waiting, running or swapped); ties: lowest index."""
-    best, best_n = 0, None
-    for i, rep in enumerate(replicas):
-        c = rep.core
-        n = len(c.waiting) + len(c.running) + len(c.swapped)
-        if best_n is None or n < best_n:
-            best, best_n = i, n
-    return best
-
-
 def simulate_replicas(cfg: VariantConfig, workload: GeneratedWorkload, replicas: int = 1, *,
                       name: str | None = None) -> RunResult:
-    """Simulate ``replicas`` copies of a variant behind a shortest-queue router; one ``RunResult`` with every
-    request, the steps of all replicas and their pooled inter-token gaps (``summarize`` divides busy time and
-    FLOPs by the replica count it reads from the requests)."""
+    """Simulate ``replicas`` copies of a variant behind a least-outstanding-requests router (``sim.cluster``);
+    one ``RunResult`` over every request and every replica's steps."""
+    from sim.run import simulate_variant
+    from sim.scenario import ClusterConfig
+
     if replicas < 1:
         raise ValueError(f"replicas must be >= 1, got {replicas}")
-    cores = []
-    built = None
-    for i in range(replicas):
-        policy, kv, cost, built = build(cfg)
-        cores.append((ServingCore(policy, kv, replica=i), cost))
-    closed = workload.closed_loop
-    plan = None if closed is None else ClosedLoopPlan(closed.num_users, closed.think_times)
-    sim = Simulation(workload.requests, cores, closed_loop=plan, router=shortest_queue)
-    sim.run()
-    tp = cfg.deployment.tensor_parallel_size
-    assert built is not None
-    result = result_of(name or cfg.name, sim.requests, cores[0][0], cores[0][1], config=cfg.to_dict(),
-                       weight_bytes=float(built.budget.weight_bytes * tp),
-                       kv_bytes_per_block=float(built.budget.kv_bytes_per_block * tp))
-    if replicas > 1:
-        cols = [c.steps.columns() for c, _ in cores]
-        order = np.argsort(np.concatenate([c["start"] for c in cols]), kind="stable")
-        result.steps = {k: np.concatenate([c[k] for c in cols])[order] for k in cols[0]}
-        pairs = [c.gaps.arrays() for c, _ in cores]
-        gaps = np.concatenate([g for g, _ in pairs])
-        counts = np.concatenate([n for _, n in pairs])
-        uniq, inverse = np.unique(gaps, return_inverse=True)
-        result.itl_gaps = uniq
-        result.itl_counts = np.bincount(inverse, weights=counts, minlength=len(uniq)).astype(np.int64)
+    fleet = dataclasses.replace(cfg, cluster=ClusterConfig(replicas=replicas, router="least_outstanding"))
+    result, _, _ = simulate_variant(fleet, workload, name=name)
     return result
+
+
+def _simulate_job(workload: GeneratedWorkload, job: tuple[VariantConfig, int, str]) -> tuple[RunResult | str, float]:
+    """One planner simulation in a worker: its result (or the build error's message) and its wall seconds."""
+    vcfg, replicas, name = job
+    t0 = time.perf_counter()
+    try:
+        result: RunResult | str = simulate_replicas(vcfg, workload, replicas, name=name)
+    except ScenarioError as e:
+        result = str(e)
+    return result, time.perf_counter() - t0
 
 
 # ---- the search -----------------------------------------------------------------------------------------------
@@ -472,10 +449,13 @@ def check_plan(scenario: Scenario) -> tuple[PlanConfig, SLOs, ModelSpec, list[tu
 
 
 def plan(scenario: Scenario, *, stop_early: bool | None = None, progress: bool = False,
-         workload: GeneratedWorkload | None = None) -> PlanResult:
+         workload: GeneratedWorkload | None = None, executor: str = "local", workers: int | None = 1,
+         address: str | None = None) -> PlanResult:
     """Search the scenario's deployment space (its ``plan`` section, defaults when absent) for the cheapest
     configuration whose simulated percentile of TTFT, TPOT and E2EL meet ``slos`` with every request completed.
-    ``stop_early`` overrides ``plan.stop_early``. Raises ScenarioError for a scenario the planner cannot use."""
+    ``stop_early`` overrides ``plan.stop_early``. The simulations of one cost level run in parallel on
+    ``executor`` ("local": a process pool of ``workers``, None: every core; "ray": a Ray cluster at ``address``);
+    the result does not depend on it. Raises ScenarioError for a scenario the planner cannot use."""
     from sim.run import generate_workload
 
     start = time.perf_counter()
@@ -541,45 +521,51 @@ def plan(scenario: Scenario, *, stop_early: bool | None = None, progress: bool =
         bar = tqdm(total=len(survivors), desc=f"plan {scenario.name}", unit="sim", leave=False)
     chosen: Evaluation | None = None
     level_cost: float | None = None
+    # Survivors of one cost level are simulated together (in parallel), then judged in the sorted order, so the
+    # choice is the one a serial search makes; with stop_early nothing costlier than the choice is simulated.
+    levels: dict[float, list[tuple[Evaluation, VariantConfig]]] = {}
     for ev, vcfg in survivors:
-        c = ev.candidate
-        cost = round(c.cost_per_hour, 6)
-        if chosen is not None and stop and cost > level_cost:  # type: ignore[operator]
-            ev.status = "not simulated"
-            ev.reason = f"costlier than the choice (${chosen.candidate.cost_per_hour:.2f}/h)"
-        elif chosen is not None and stop and cost == level_cost and c.precision < chosen.candidate.precision:
-            ev.status = "not simulated"
-            ev.reason = "as costly as the choice, with lower precision"
-        if ev.status == "not simulated":
+        levels.setdefault(round(ev.candidate.cost_per_hour, 6), []).append((ev, vcfg))
+    for cost, group in levels.items():
+        if chosen is not None and stop:
+            for ev, _ in group:
+                ev.status = "not simulated"
+                ev.reason = f"costlier than the choice (${chosen.candidate.cost_per_hour:.2f}/h)"
+            if bar is not None:
+                bar.update(len(group))
+            continue
+        jobs = [(vcfg, ev.candidate.replicas, ev.candidate.label()) for ev, vcfg in group]
+        results: list = [None] * len(group)
+        for i, out in parallel_map(_simulate_job, jobs, shared=wl, executor=executor, workers=workers,
+                                   address=address):
+            results[i] = out
             if bar is not None:
                 bar.update(1)
-            continue
-        t0 = time.perf_counter()
-        try:
-            result = simulate_replicas(vcfg, wl, c.replicas, name=c.label())
-        except ScenarioError as e:  # build refused what the bounds let through: the same memory check, reworded
-            ev.status, ev.bound, ev.reason = "pruned", "memory", str(e)
-            if bar is not None:
-                bar.update(1)
-            continue
-        s = summarize(result, slos)
-        ev.sim_seconds = time.perf_counter() - t0
-        ev.latency = {k: s[k][f"p{q}"] for k in SLO_METRICS}
-        ev.output_throughput = s["output_throughput"]
-        ev.total_input_tokens, ev.total_output_tokens = s["total_input_tokens"], s["total_output_tokens"]
-        ev.num_completed, ev.num_requests = s["num_completed"], s["num_requests"]
-        ok = ev.num_completed == ev.num_requests and _meets(ev.latency, slos)
-        ev.status = "met" if ok else "missed"
-        if not ok and ev.num_completed < ev.num_requests:
-            ev.reason = f"{ev.num_requests - ev.num_completed} requests not completed"
-        if ok:
-            better = chosen is None or (c.precision, -_slo_ratio(ev, slos)) > (
-                chosen.candidate.precision, -_slo_ratio(chosen, slos))
-            if chosen is None or (cost == level_cost and better):
-                chosen, level_cost = ev, cost
-        if bar is not None:
-            bar.update(1)
-            bar.set_postfix_str(f"${c.cost_per_hour:.2f}/h", refresh=False)
+                bar.set_postfix_str(f"${group[i][0].candidate.cost_per_hour:.2f}/h", refresh=False)
+        for (ev, _), (result, seconds) in zip(group, results):
+            c = ev.candidate
+            if chosen is not None and stop and c.precision < chosen.candidate.precision:
+                ev.status = "not simulated"  # simulated already (in parallel), but a serial search skips it
+                ev.reason = "as costly as the choice, with lower precision"
+                continue
+            if isinstance(result, str):  # build refused what the bounds let through: the memory check, reworded
+                ev.status, ev.bound, ev.reason = "pruned", "memory", result
+                continue
+            s = summarize(result, slos)
+            ev.sim_seconds = seconds
+            ev.latency = {k: s[k][f"p{q}"] for k in SLO_METRICS}
+            ev.output_throughput = s["output_throughput"]
+            ev.total_input_tokens, ev.total_output_tokens = s["total_input_tokens"], s["total_output_tokens"]
+            ev.num_completed, ev.num_requests = s["num_completed"], s["num_requests"]
+            ok = ev.num_completed == ev.num_requests and _meets(ev.latency, slos)
+            ev.status = "met" if ok else "missed"
+            if not ok and ev.num_completed < ev.num_requests:
+                ev.reason = f"{ev.num_requests - ev.num_completed} requests not completed"
+            if ok:
+                better = chosen is None or (c.precision, -_slo_ratio(ev, slos)) > (
+                    chosen.candidate.precision, -_slo_ratio(chosen, slos))
+                if chosen is None or (cost == level_cost and better):
+                    chosen, level_cost = ev, cost
     if bar is not None:
         bar.close()
 
@@ -590,7 +576,7 @@ def plan(scenario: Scenario, *, stop_early: bool | None = None, progress: bool =
                         chosen.output_throughput)
     if any(e.candidate.replicas > 1 for e in evaluations if e.simulated):
         notes.append("replicas are simulated together behind a router sending each request to the replica with "
-                     "the fewest unfinished requests")
+                     "the fewest unfinished requests (sim/cluster.py, least_outstanding)")
     return PlanResult(
         scenario=scenario.name,
         percentile=q,

@@ -115,50 +115,84 @@ def run_task(task: SweepTask) -> dict[str, Any]:
     return row
 
 
-# ---- executors ---------------------------------------------------------------------------------------------------
-def _run_local(tasks: Sequence[SweepTask], workers: int) -> Iterator[dict[str, Any]]:
-    if workers <= 1 or len(tasks) <= 1:
-        for t in tasks:
-            yield run_task(t)
+def _sweep_job(_shared: Any, task: SweepTask) -> dict[str, Any]:
+    return run_task(task)
+
+
+# ---- any independent jobs ----------------------------------------------------------------------------------------
+_SHARED: Any = None  # per worker process: the value every job of a parallel_map shares (e.g. a workload)
+
+
+def _init_shared(value: Any) -> None:
+    global _SHARED
+    _SHARED = value
+
+
+def _call_shared(fn: Callable[[Any, Any], Any], item: Any) -> Any:
+    return fn(_SHARED, item)
+
+
+def parallel_map(
+    fn: Callable[[Any, Any], Any],
+    items: Sequence[Any],
+    *,
+    shared: Any = None,
+    executor: str = "local",
+    workers: int | None = None,
+    address: str | None = None,
+) -> Iterator[tuple[int, Any]]:
+    """``fn(shared, item)`` for every item, in parallel; yields ``(index, result)`` as jobs finish. ``shared`` is
+    shipped once per worker (local) or once to the object store (Ray), not once per job. ``fn`` must be a
+    top-level function. ``workers=1`` (or a single item) runs here, in order."""
+    workers = workers or os.cpu_count() or 1
+    if executor == "local" and (workers <= 1 or len(items) <= 1):
+        for i, item in enumerate(items):
+            yield i, fn(shared, item)
         return
-    import concurrent.futures as cf
-    import multiprocessing as mp
+    if executor == "local":
+        import concurrent.futures as cf
+        import multiprocessing as mp
 
-    # fork would copy whatever this process holds; spawn starts clean workers that import only the simulator
-    with cf.ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
-        futures = [pool.submit(run_task, t) for t in tasks]
-        try:
-            for f in cf.as_completed(futures):
-                yield f.result()
-        except BaseException:
-            for f in futures:
-                f.cancel()
-            raise
+        with cf.ProcessPoolExecutor(max_workers=min(workers, len(items)), mp_context=mp.get_context("spawn"),
+                                    initializer=_init_shared, initargs=(shared,)) as pool:
+            futures = {pool.submit(_call_shared, fn, item): i for i, item in enumerate(items)}
+            try:
+                for f in cf.as_completed(futures):
+                    yield futures[f], f.result()
+            except BaseException:
+                for f in futures:
+                    f.cancel()
+                raise
+        return
+    if executor != "ray":
+        raise ScenarioError(f"--executor must be 'local' or 'ray', got {executor!r}")
+    ray, started = _ray_init(workers, address)
+    try:
+        ref = ray.put(shared)
+        remote = ray.remote(fn)
+        pending = {remote.remote(ref, item): i for i, item in enumerate(items)}
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1)
+            for r in done:
+                yield pending.pop(r), ray.get(r)
+    finally:
+        if started:
+            ray.shutdown()
 
 
-def _run_ray(tasks: Sequence[SweepTask], workers: int, address: str | None) -> Iterator[dict[str, Any]]:
+def _ray_init(workers: int, address: str | None):
     try:
         import ray
     except ImportError:
         raise ScenarioError("--executor ray needs Ray: pip install 'servesim[ray]'") from None
-    started = False
-    if not ray.is_initialized():
-        kw: dict[str, Any] = {"address": address} if address else {"num_cpus": workers or None}
-        # the workers import the project from the driver's working directory
-        kw["runtime_env"] = {"env_vars": {"PYTHONPATH": os.pathsep.join(filter(None, [
-            str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")]))}}
-        ray.init(include_dashboard=False, log_to_driver=False, **kw)
-        started = True
-    try:
-        remote = ray.remote(run_task)
-        pending = [remote.remote(t) for t in tasks]
-        while pending:
-            done, pending = ray.wait(pending, num_returns=1)
-            for ref in done:
-                yield ray.get(ref)
-    finally:
-        if started:
-            ray.shutdown()
+    if ray.is_initialized():
+        return ray, False
+    kw: dict[str, Any] = {"address": address} if address else {"num_cpus": workers or None}
+    # the workers import the project from the driver's source tree
+    kw["runtime_env"] = {"env_vars": {"PYTHONPATH": os.pathsep.join(filter(None, [
+        str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")]))}}
+    ray.init(include_dashboard=False, log_to_driver=False, **kw)
+    return ray, True
 
 
 # ---- the sweep ---------------------------------------------------------------------------------------------------
@@ -232,8 +266,7 @@ def run_sweep(
         if new_file:
             w.writeheader()
             f.flush()
-        stream = _run_local(todo, workers) if executor == "local" else _run_ray(todo, workers, address)
-        for row in stream:
+        for _, row in parallel_map(_sweep_job, todo, executor=executor, workers=workers, address=address):
             w.writerow(row)
             f.flush()  # a finished run survives an interruption
             done[row["key"]] = row

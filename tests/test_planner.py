@@ -268,6 +268,21 @@ def test_plan_chat_scenario() -> None:
     assert be.break_even_output_tokens_per_hour == pytest.approx(cost / be.api_per_million_output * 1e6)
 
 
+def _outcome(r) -> list[tuple]:
+    return [(e.candidate.label(), e.status, e.reason, e.latency, e.output_throughput) for e in r.evaluations]
+
+
+@pytest.mark.parametrize("executor", ["local", "ray"])
+def test_parallel_plans_choose_what_the_serial_plan_chooses(executor: str) -> None:
+    if executor == "ray":
+        pytest.importorskip("ray")
+    sc, _ = load_scenario(PLAN_CHAT, {"workload.num_requests": 120})
+    serial = plan(sc, workers=1)
+    parallel = plan(sc, workers=2, executor=executor)
+    assert parallel.chosen is not None and parallel.chosen.candidate == serial.chosen.candidate
+    assert _outcome(parallel) == _outcome(serial)
+
+
 # ---- scenario schema and command line -------------------------------------------------------------------------
 def test_plan_section_in_schema_and_validation() -> None:
     assert "plan" in json_schema()["properties"]
