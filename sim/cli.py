@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -46,9 +45,9 @@ def _overrides(sets: list[str], num_requests: int | None) -> dict:
 @app.command()
 def run(
     scenario: Path = typer.Argument(..., help="Scenario YAML file."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Run folder to write (default: runs/NAME)."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Run folder to write (default: runs/NAME)."),
     set_: list[str] = typer.Option([], "--set", help="Override a scenario value: dotted.key=value (repeatable)."),
-    num_requests: Optional[int] = typer.Option(None, "--num-requests", "-n", help="Override workload.num_requests."),
+    num_requests: int | None = typer.Option(None, "--num-requests", "-n", help="Override workload.num_requests."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
     """Simulate every variant of a scenario on the same workload; print the comparison, write the run folder."""
@@ -88,13 +87,13 @@ def schema() -> None:
 @app.command()
 def sweep(
     scenario: Path = typer.Argument(..., help="Scenario YAML file (its sweep section gives the points)."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Sweep folder (default: runs/NAME-sweep)."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Sweep folder (default: runs/NAME-sweep)."),
     executor: str = typer.Option("local", "--executor", help="local (a process pool) or ray."),
-    workers: Optional[int] = typer.Option(None, "--workers", "-j", help="Parallel runs (default: all cores)."),
-    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster to join (default: start one here)."),
+    workers: int | None = typer.Option(None, "--workers", "-j", help="Parallel runs (default: all cores)."),
+    address: str | None = typer.Option(None, "--address", help="Ray cluster to join (default: start one here)."),
     fresh: bool = typer.Option(False, "--fresh", help="Redo every run, even those already in the folder."),
     set_: list[str] = typer.Option([], "--set", help="Override a scenario value: dotted.key=value (repeatable)."),
-    num_requests: Optional[int] = typer.Option(None, "--num-requests", "-n", help="Override workload.num_requests."),
+    num_requests: int | None = typer.Option(None, "--num-requests", "-n", help="Override workload.num_requests."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
     """Run every (sweep point, variant) in parallel, one row per run streamed to OUT/sweep.csv; an interrupted
@@ -146,14 +145,14 @@ app.add_typer(engine_app, name="engine")
 def engine_run(
     scenario: Path = typer.Argument(..., help="Scenario YAML file."),
     device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Run folder to write (default: runs/NAME-engine)."),
-    model: Optional[str] = typer.Option(None, "--model", help="Replace the scenario's model (e.g. tiny)."),
-    num_requests: Optional[int] = typer.Option(None, "--num-requests", "-n", help="Override workload.num_requests."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Run folder to write (default: runs/NAME-engine)."),
+    model: str | None = typer.Option(None, "--model", help="Replace the scenario's model (e.g. tiny)."),
+    num_requests: int | None = typer.Option(None, "--num-requests", "-n", help="Override workload.num_requests."),
     time_scale: float = typer.Option(1.0, "--time-scale", help="Arrival a comes at a * X wall seconds."),
-    num_gpu_blocks: Optional[int] = typer.Option(
+    num_gpu_blocks: int | None = typer.Option(
         None, "--num-gpu-blocks", help="KV cache blocks (default: sized as vLLM does on CUDA, capped on CPU)."
     ),
-    dtype: Optional[str] = typer.Option(None, "--dtype", help="fp32, bf16, fp16 (default: fp32 on CPU, the "
+    dtype: str | None = typer.Option(None, "--dtype", help="fp32, bf16, fp16 (default: fp32 on CPU, the "
                                         "deployment's weight_dtype on CUDA)."),
     set_: list[str] = typer.Option([], "--set", help="Override a scenario value: dotted.key=value (repeatable)."),
     weights: str = typer.Option("auto", "--weights", help="auto (real weights where the model has them here, "
@@ -183,7 +182,7 @@ def engine_run(
         _fail(str(e))
         return
     try:
-        import torch  # noqa: F401
+        import torch
 
         from realengine.engine import engine_config, run_engine, write_engine_run
         from realengine.model import torch_dtype
@@ -254,16 +253,16 @@ def engine_quality(
                                     help="int8, int4, fp8 (weights), kv-fp8, kv-int8 (KV cache), or joined with "
                                     "'+' (int4+kv-fp8); repeatable."),
     device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
-    dtype: Optional[str] = typer.Option(None, "--dtype", help="Baseline dtype (default: fp32 on CPU, bf16 on CUDA)."),
-    threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads (default: torch's)."),
-    texts: Optional[int] = typer.Option(None, "--texts", help="Evaluation texts per category (default: all)."),
-    max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="Score only each text's first N tokens."),
+    dtype: str | None = typer.Option(None, "--dtype", help="Baseline dtype (default: fp32 on CPU, bf16 on CUDA)."),
+    threads: int | None = typer.Option(None, "--threads", help="torch CPU threads (default: torch's)."),
+    texts: int | None = typer.Option(None, "--texts", help="Evaluation texts per category (default: all)."),
+    max_tokens: int | None = typer.Option(None, "--max-tokens", help="Score only each text's first N tokens."),
     chunk: int = typer.Option(16, "--chunk", help="Tokens per prefill chunk when scoring (through the KV cache)."),
     throughput: bool = typer.Option(True, "--throughput/--no-throughput", help="Time decode steps."),
     decode_batch: int = typer.Option(8, "--decode-batch", help="Sequences per timed decode step."),
     decode_context: int = typer.Option(128, "--decode-context", help="Cached tokens per sequence when timing."),
     decode_steps: int = typer.Option(8, "--decode-steps", help="Timed decode steps (after 2 untimed)."),
-    json_out: Optional[Path] = typer.Option(None, "--json", help="Also write the reports as JSON here."),
+    json_out: Path | None = typer.Option(None, "--json", help="Also write the reports as JSON here."),
 ) -> None:
     """Quantization measured on a real model: weight and KV memory, decode throughput, and per category of text
     (prose, code, digits, arithmetic) the perplexity change and top-1 agreement against the unquantized model."""
@@ -325,13 +324,13 @@ def engine_quality(
 def calibrate(
     device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
     model: str = typer.Option("tiny", "--model", help="Model preset the engine runs (e.g. tiny, llama-3.2-1b)."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Profile JSON to write "
+    out: Path | None = typer.Option(None, "--out", "-o", help="Profile JSON to write "
                                        "(default: calibration/profiles/MODEL-DEVICE.json)."),
     repeats: int = typer.Option(5, "--repeats", help="Measured rounds over the grid (after one warm-up round)."),
-    dtype: Optional[str] = typer.Option(None, "--dtype", help="fp32, bf16, fp16 (default: fp32 on CPU, bf16 on "
+    dtype: str | None = typer.Option(None, "--dtype", help="fp32, bf16, fp16 (default: fp32 on CPU, bf16 on "
                                         "CUDA)."),
-    threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads (default: torch's)."),
-    gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU preset whose peak FLOP/s the profile records (for "
+    threads: int | None = typer.Option(None, "--threads", help="torch CPU threads (default: torch's)."),
+    gpu: str | None = typer.Option(None, "--gpu", help="GPU preset whose peak FLOP/s the profile records (for "
                                       "MFU), e.g. h100-sxm."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
@@ -408,13 +407,13 @@ def validate(
     scenario: Path = typer.Argument(..., help="Scenario YAML file (its workload is replayed on both)."),
     profile: Path = typer.Option(..., "--profile", help="Calibration profile JSON (servesim calibrate)."),
     device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Folder to write (default: runs/NAME-validation)."),
-    model: Optional[str] = typer.Option(None, "--model", help="Model the engine runs (default: the profile's)."),
-    num_requests: Optional[int] = typer.Option(None, "--num-requests", "-n", help="Override workload.num_requests."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Folder to write (default: runs/NAME-validation)."),
+    model: str | None = typer.Option(None, "--model", help="Model the engine runs (default: the profile's)."),
+    num_requests: int | None = typer.Option(None, "--num-requests", "-n", help="Override workload.num_requests."),
     time_scale: float = typer.Option(1.0, "--time-scale", help="Arrival a comes at a * X wall seconds."),
-    num_gpu_blocks: Optional[int] = typer.Option(None, "--num-gpu-blocks", help="KV cache blocks of every variant "
+    num_gpu_blocks: int | None = typer.Option(None, "--num-gpu-blocks", help="KV cache blocks of every variant "
                                                  "(default: the engine's sizing)."),
-    threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads (default: the profile's)."),
+    threads: int | None = typer.Option(None, "--threads", help="torch CPU threads (default: the profile's)."),
     set_: list[str] = typer.Option([], "--set", help="Override a scenario value: dotted.key=value (repeatable)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
@@ -427,7 +426,8 @@ def validate(
     try:
         import torch
 
-        from calibration.validate import load_profile, validate as run_validation, write_validation
+        from calibration.validate import load_profile, write_validation
+        from calibration.validate import validate as run_validation
     except ImportError as e:
         _fail(f"validation needs torch: {e}")
         return
@@ -489,15 +489,15 @@ def capacity(
 def plan(
     scenario: Path = typer.Argument(..., help="Scenario YAML file with slos (and optionally a plan section)."),
     set_: list[str] = typer.Option([], "--set", help="Override a scenario value: dotted.key=value (repeatable)."),
-    num_requests: Optional[int] = typer.Option(None, "--num-requests", "-n", help="Override workload.num_requests."),
+    num_requests: int | None = typer.Option(None, "--num-requests", "-n", help="Override workload.num_requests."),
     all_: bool = typer.Option(False, "--all", help="Simulate every survivor of the bounds (the whole Pareto "
                               "front), not only up to the cheapest deployment meeting the SLOs."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of the text report."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
     executor: str = typer.Option("local", "--executor", help="local (a process pool) or ray."),
-    workers: Optional[int] = typer.Option(None, "--workers", "-j", help="Parallel simulations (default: all "
+    workers: int | None = typer.Option(None, "--workers", "-j", help="Parallel simulations (default: all "
                                           "cores)."),
-    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster to join (default: start one here)."),
+    address: str | None = typer.Option(None, "--address", help="Ray cluster to join (default: start one here)."),
 ) -> None:
     """Find the cheapest deployment (GPU type and count, tensor parallelism, weight and KV precision,
     max_num_seqs, chunked prefill) meeting the scenario's SLOs at its load: analytic bounds prune, the simulator
