@@ -177,6 +177,10 @@ def engine_run(
         if sc.sweep:
             raise ScenarioError("sweeps are not supported by `servesim engine run`; run one point (--set)")
         cfgs = variant_configs(sc)
+        for cfg in cfgs:
+            if cfg.cluster is not None and (cfg.cluster.replicas != 1 or cfg.cluster.autoscaler is not None):
+                raise ScenarioError(f"variant {cfg.name!r}: cluster: the engine runs one replica; simulate "
+                                    "clusters with `servesim run`")
         wl = generate_workload(sc)
     except ScenarioError as e:
         _fail(str(e))

@@ -224,6 +224,7 @@ def test_cli_engine_run_writes_the_folder(tmp_path: Path) -> None:
 @pytest.mark.parametrize("edit, needle", [
     (lambda raw: raw["policy"].update(max_num_seqs=0), "max_num_seqs"),
     (lambda raw: raw["deployment"].update(model="no-such-model"), "no-such-model"),
+    (lambda raw: raw.update(cluster={"replicas": 2}), "the engine runs one replica"),
 ])
 def test_cli_engine_run_bad_scenario_exits_2(tmp_path: Path, edit, needle: str) -> None:
     raw = scenario()
