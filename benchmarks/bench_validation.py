@@ -53,6 +53,7 @@ def main() -> int:
         t = time.perf_counter()
         m = measure("tiny", device="cpu", repeats=args.calibration_repeats)
         prof = build_profile("tiny", m.provenance["device"], m.samples, swap_block=m.swap_block,
+                             wake_curve=m.wake_curve,
                              num_gpu_blocks=m.num_gpu_blocks, provenance=m.provenance)
         path = Path(tempfile.mkdtemp()) / "tiny-cpu.json"
         import json

@@ -168,6 +168,7 @@ def host_overheads(samples: Sequence[Sample]) -> dict[str, float]:
 
 
 def build_profile(model: str, device: str, samples: Sequence[Sample], *, swap_block: float = 0.0,
+                  wake_curve: Sequence[tuple[float, float]] = (),
                   num_gpu_blocks: int | None = None, peak_flops: float = 0.0,
                   provenance: dict[str, Any] | None = None, keep_samples: bool = True) -> dict[str, Any]:
     """Fit and assemble a calibration profile (the ``sim.costmodel.CalibrationProfile`` dict)."""
@@ -186,7 +187,7 @@ def build_profile(model: str, device: str, samples: Sequence[Sample], *, swap_bl
         "num_gpu_blocks": num_gpu_blocks,
         "overheads": host_overheads(samples),
         "fit": {
-            "method": "scipy.optimize.nnls on relative error; swap_block measured separately",
+            "method": "scipy.optimize.nnls on relative error; swap_block and the wake-up curve measured separately",
             "num_samples": len(samples),
             "num_scripts": len({s.script for s in samples}),
             "heldout": heldout,
@@ -195,6 +196,7 @@ def build_profile(model: str, device: str, samples: Sequence[Sample], *, swap_bl
         },
         "provenance": dict(provenance or {}),
         "samples": [asdict(s) for s in samples] if keep_samples else [],
+        "wake_curve": [[float(a), float(b)] for a, b in wake_curve],
     }
     FittedCostModel.from_dict(profile)  # the profile must load
     return profile

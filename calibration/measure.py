@@ -193,6 +193,10 @@ def _policy_for(script: Script, model: str, max_model_len: int, block_size: int,
     return policy
 
 
+# idle times at which the wake-up cost is measured (seconds); past the last one it is taken as flat
+WAKE_IDLES = (0.0002, 0.001, 0.003, 0.008, 0.02)
+
+
 class _Bench:
     """The model, the KV cache and the runner, built once and reused by every script."""
 
@@ -211,8 +215,10 @@ class _Bench:
         self.runner.model = self.timed  # the runner calls self.model(...): time the forward passes
         self.next_id = 0
 
-    def run(self, script: Script, policy) -> list[_Step]:
-        """Drive the script to the end as ``run_engine``'s loop does; one ``_Step`` per step."""
+    def run(self, script: Script, policy, idle: float = 0.0) -> list[_Step]:
+        """Drive the script to the end as ``run_engine``'s loop does; one ``_Step`` per step. ``idle > 0``
+        sleeps that long before every step and times the step from the moment the sleep should have ended, as
+        the engine times a step that follows an idle period (its wake-up included)."""
         kv, runner, timed = self.kv, self.runner, self.timed
         core = ServingCore(policy, kv, fast_path=False)
         core.finish_listeners.append(lambda r: runner.release(r.id))
@@ -240,6 +246,10 @@ class _Bench:
                     prev = clock()
                     continue
                 break
+            if idle > 0:
+                wake = clock() + idle
+                time.sleep(idle)
+                prev = wake
             f0 = timed.elapsed
             runner.execute(batch)
             self.sync()
@@ -254,6 +264,24 @@ class _Bench:
         if kv.num_free_blocks != kv.num_blocks:
             raise RuntimeError(f"calibration script {script.name} left {kv.num_blocks - kv.num_free_blocks} blocks")
         return steps
+
+    def wake_curve(self, scripts: list[Script], policies: list, repeats: int,
+                   idles: tuple[float, ...] = WAKE_IDLES) -> list[tuple[float, float]]:
+        """How much longer a step takes after the engine idled: per idle time, the median over matched steps
+        of (after that sleep - back to back) on the grid's first decode and prefill scripts. On a shared VM it
+        grows from tens of microseconds (sub-millisecond idles) to about a millisecond (the CPU leaves its
+        power-saving state, caches are cold), which is what makes time to first token long at light load."""
+        picked = [next((s, p) for s, p in zip(scripts, policies) if s.kind == kind) for kind in ("decode", "prefill")]
+        curve = [(0.0, 0.0)]
+        for idle in idles:
+            diffs: list[float] = []
+            for _ in range(repeats):
+                for script, policy in picked:
+                    busy = self.run(script, policy)
+                    woken = self.run(script, policy, idle=idle)
+                    diffs += [w.duration - b.duration for b, w in zip(busy, woken)]
+            curve.append((idle, max(float(np.median(diffs)), 0.0)))
+        return curve
 
     def swap_per_block(self, counts: tuple[int, ...], repeats: int) -> float:
         """Seconds to copy one KV block (all layers' K and V) between device and CPU memory, one way: the slope
@@ -315,6 +343,7 @@ class Measurements:
     num_gpu_blocks: int  # the engine's KV block count for this model and device (see ``engine_num_blocks``)
     provenance: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0  # wall time of the measurement
+    wake_curve: list[tuple[float, float]] = field(default_factory=list)  # see ``_Bench.wake_curve``
 
 
 def measure(
@@ -368,6 +397,7 @@ def measure(
                 if bar is not None:
                     bar.update(1)
         swap = bench.swap_per_block(grid.swap_blocks, repeats)
+        wake = bench.wake_curve(scripts, policies, max(1, repeats // 2))
     if bar is not None:
         bar.close()
     samples: list[Sample] = []
@@ -406,7 +436,7 @@ def measure(
         "warmup_rounds": 1,
         "seed": seed,
     }
-    return Measurements(samples, swap, num_blocks, provenance, time.perf_counter() - t_start)
+    return Measurements(samples, swap, num_blocks, provenance, time.perf_counter() - t_start, wake)
 
 
 REFERENCE_KIND = "decode"

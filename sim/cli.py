@@ -390,7 +390,7 @@ def calibrate(
         _fail(str(e))
         return
     profile = build_profile(model, m.provenance["device"], m.samples, swap_block=m.swap_block,
-                            num_gpu_blocks=m.num_gpu_blocks, peak_flops=peak,
+                            wake_curve=m.wake_curve, num_gpu_blocks=m.num_gpu_blocks, peak_flops=peak,
                             provenance={**m.provenance, "calibration_seconds": round(m.seconds, 2)})
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -402,6 +402,9 @@ def calibrate(
     typer.echo("coefficients:")
     for line in summarize_coefficients(profile["coefficients"]):
         typer.echo(f"  {line}")
+    if profile["wake_curve"]:
+        typer.echo("wake-up after idling: " + ", ".join(f"{1e3 * a:g} ms +{1e6 * b:.0f} us"
+                                                         for a, b in profile["wake_curve"][1:]))
     typer.echo(format_errors(profile["fit"]["heldout"], "held-out error"))
     typer.echo(f"wrote {path}")
 

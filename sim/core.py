@@ -95,6 +95,7 @@ class ServingCore:
         self.done: list[Request] = []  # requests with an outcome, in the order they got it
         self.busy_time = 0.0  # seconds of steps completed (an autoscaler's "GPU busy" reads its growth)
         self.flops_done = 0.0  # FLOPs of those steps (its "compute utilisation")
+        self.last_end = 0.0  # end of the last step: a step that starts later follows an idle period
         self.steps = StepLog()
         self.gaps = GapLog()
         self.stats = CoreStats()
@@ -429,6 +430,7 @@ class ServingCore:
             attn_pairs=attn,
             num_padding_tokens=num_tokens - total,
             swap_blocks=swap_blocks,
+            idle_before=now - self.last_end if now > self.last_end else 0.0,
         )
         if self.plans is not None:  # canonical: sorted by request id, whoever planned it
             entries = [(r.id, n) for r, n in plan.scheduled]
@@ -488,6 +490,7 @@ class ServingCore:
 
     def _record(self, batch: Batch, end: float, flops: float) -> None:
         self.busy_time += end - batch.start
+        self.last_end = end
         self.flops_done += flops
         kv = self.kv
         used = kv.num_used_blocks
@@ -699,6 +702,7 @@ class ServingCore:
             return None
         self.overshot = taken > over
         self.busy_time += ends[taken] - now
+        self.last_end = ends[taken]
         self.flops_done += sum(flops[:taken])
         return durations[:taken], ends[taken]
 

@@ -14,7 +14,7 @@ from os import PathLike
 from typing import Any, Callable, Mapping, Protocol
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sim.specs import (
     DTYPE_BITS,
@@ -40,6 +40,10 @@ class StepShape:
     attn_pairs: int | np.ndarray  # sum over rows of q*c + q*(q+1)/2 (causal query-key pairs): attention FLOPs
     num_padding_tokens: int | np.ndarray = 0  # of num_tokens, how many are padding (wasted work)
     swap_blocks: int | np.ndarray = 0  # KV blocks copied between GPU and CPU memory this step (out + in)
+    # seconds the executor idled just before this step (0: it starts where the previous step ended). A real
+    # engine pays a wake-up after idling (the OS's timer slack, a CPU or GPU leaving its power-saving state,
+    # cold caches) that grows with the idle time; a fitted profile measures it
+    idle_before: float | np.ndarray = 0.0
 
 
 class CostModel(Protocol):
@@ -387,6 +391,19 @@ class CalibrationProfile(BaseModel):
     overheads: dict[str, float] = Field(default_factory=dict, description="host-side s per step, token, row")
     fit: dict[str, Any] = Field(default_factory=dict, description="fit method and held-out errors per class")
     samples: list[dict[str, Any]] = Field(default_factory=list, description="the measured steps")
+    wake_curve: list[tuple[float, float]] = Field(
+        default_factory=list,
+        description="[idle seconds, extra seconds] pairs, idle increasing from 0: how much longer a step takes "
+        "after the engine idled that long (interpolated, flat past the last point); empty: no wake-up cost")
+
+    @field_validator("wake_curve")
+    @classmethod
+    def _wake_curve_ok(cls, v: list[tuple[float, float]]) -> list[tuple[float, float]]:
+        if v:
+            idle = [p[0] for p in v]
+            if tuple(v[0]) != (0, 0) or any(b <= a for a, b in zip(idle, idle[1:])) or any(p[1] < 0 for p in v):
+                raise ValueError("wake_curve must start at [0, 0] with idle increasing and extra times >= 0")
+        return v
 
 
 @dataclass(frozen=True, slots=True)
@@ -397,6 +414,7 @@ class FittedCostModel:
         time = step + token * num_tokens + decode_seq * num_decode_seqs + seq * num_seqs
              + attn_pair * attn_pairs + kv_read_token * kv_read_tokens + swap_block * swap_blocks
              + prefill_seq * (num_seqs - num_decode_seqs)
+             (+ the wake-up curve at idle_before, when the profile has one)
 
     Scalar and array shapes give bit-identical results (the same expression). Load one with ``from_profile``;
     the file format is ``CalibrationProfile``.
@@ -417,6 +435,8 @@ class FittedCostModel:
     model: str = ""
     device: str = ""
     provenance: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    wake_idle: tuple[float, ...] = ()  # the wake-up curve: idle seconds (from 0, increasing) ...
+    wake_extra: tuple[float, ...] = ()  # ... and the seconds a step then takes longer
 
     def __post_init__(self) -> None:
         for name in COEFFICIENT_NAMES + ("peak_flops", "flops_per_token", "flops_per_seq", "flops_per_attn_pair"):
@@ -453,7 +473,8 @@ class FittedCostModel:
                 flops = ProfileFlops()
         return cls(**p.coefficients.model_dump(), peak_flops=p.peak_flops, flops_per_token=flops.token,
                    flops_per_seq=flops.seq, flops_per_attn_pair=flops.attn_pair, model=label, device=p.device,
-                   provenance=dict(p.provenance))
+                   provenance=dict(p.provenance), wake_idle=tuple(float(a) for a, _ in p.wake_curve),
+                   wake_extra=tuple(float(b) for _, b in p.wake_curve))
 
     @classmethod
     def from_profile(cls, path: str | PathLike[str]) -> "FittedCostModel":
@@ -472,6 +493,7 @@ class FittedCostModel:
             "flops": {"token": self.flops_per_token, "seq": self.flops_per_seq,
                       "attn_pair": self.flops_per_attn_pair},
             "provenance": dict(self.provenance),
+            "wake_curve": [[a, b] for a, b in zip(self.wake_idle, self.wake_extra)],
         }
 
     def step_time(self, shape: StepShape) -> float | np.ndarray:
@@ -480,7 +502,10 @@ class FittedCostModel:
         d, e, f = shape.attn_pairs, shape.kv_read_tokens, shape.swap_blocks
         t = (self.step + b * self.token + c * self.decode_seq + a * self.seq + d * self.attn_pair
              + e * self.kv_read_token + f * self.swap_block + (a - c) * self.prefill_seq)
-        return t if _is_array(a, b, c, d, e, f) else float(t)
+        g = shape.idle_before
+        if self.wake_idle:  # a step after an idle period: the engine's wake-up, interpolated from the curve
+            t = t + np.interp(g, self.wake_idle, self.wake_extra)
+        return t if _is_array(a, b, c, d, e, f, g) else float(t)
 
     def step_flops(self, shape: StepShape) -> float | np.ndarray:
         """Useful model FLOPs of the step (0 when the profile names no model FLOPs)."""

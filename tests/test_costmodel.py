@@ -278,3 +278,45 @@ def test_fitted_without_model_or_peak() -> None:
     from_cfg = FittedCostModel.from_dict({"coefficients": {}, "model": ModelSpec.from_name("tiny").to_hf_config()})
     assert from_cfg.flops_per_token == 2 * ModelSpec.from_name("tiny").shard(1).body_matmul_params
     assert not math.isnan(from_cfg.step_time(decode(1, 1)))
+
+
+def test_wake_curve_adds_the_engines_wake_up_after_idling() -> None:
+    from sim.costmodel import CalibrationProfile
+
+    base = {"schema_version": 2, "model": "tiny", "coefficients": {"step": 1e-3, "token": 2e-5}}
+    curve = [[0.0, 0.0], [0.001, 2e-4], [0.01, 1e-3]]
+    cm = FittedCostModel.from_dict({**base, "wake_curve": curve})
+    plain = FittedCostModel.from_dict(base)
+    busy = StepShape(4, 4, 4, 40, 40)
+    assert cm.step_time(busy) == plain.step_time(busy)  # back to back: no wake-up
+    after = [StepShape(4, 4, 4, 40, 40, idle_before=x) for x in (0.0005, 0.001, 0.004, 0.05)]
+    extra = [cm.step_time(s) - plain.step_time(s) for s in after]
+    assert extra == pytest.approx([1e-4, 2e-4, 2e-4 + 3 / 9 * 8e-4, 1e-3])  # interpolated, flat past the end
+    arr = StepShape(*(np.full(4, v) for v in (4, 4, 4, 40, 40)), np.zeros(4, dtype=np.int64),
+                    np.zeros(4, dtype=np.int64), np.array([s.idle_before for s in after]))
+    assert np.asarray(cm.step_time(arr)).tolist() == [cm.step_time(s) for s in after]
+    assert FittedCostModel.from_dict(cm.to_dict()) == cm
+    for bad in ([[0.001, 0.0]], [[0.0, 0.0], [0.002, 1e-4], [0.001, 2e-4]], [[0.0, 0.0], [0.001, -1e-4]]):
+        with pytest.raises(ValueError, match="wake_curve"):
+            CalibrationProfile.model_validate({**base, "wake_curve": bad})
+
+
+def test_core_tells_the_cost_model_how_long_it_idled() -> None:
+    from sim.block_manager import PagedBlockManager
+    from sim.core import ServingCore
+    from sim.policies import ContinuousPolicy, Limits
+    from sim.request import Request, RequestSpec
+
+    core = ServingCore(ContinuousPolicy(limits=Limits(8, 256, 128)), PagedBlockManager(64, 16), fast_path=False)
+    core.add_request(Request(RequestSpec(0, 0.0, 10, 3), 0.0), 0.0)
+    b = core.schedule(0.0)
+    assert b.shape.idle_before == 0.0  # the first step at time 0: nothing idled
+    core.complete(b, 0.01)
+    b = core.schedule(0.01)
+    assert b.shape.idle_before == 0.0  # back to back
+    core.complete(b, 0.02)
+    b = core.schedule(0.02)
+    core.complete(b, 0.03)  # the request is done; the executor idles until the next arrival
+    core.add_request(Request(RequestSpec(1, 0.5, 10, 3), 0.5), 0.5)
+    b = core.schedule(0.5)
+    assert b.shape.idle_before == pytest.approx(0.47)
