@@ -13,6 +13,9 @@ Sections (each one timed and guarded: a failure is recorded and the next section
    achieved bandwidth (weights + KV read per step / step time) as a share of the measured copy bandwidth.
    Target on an H200: batch-1 decode of the 1B shape at 60% or more.
 5. ``batching``: static versus continuous batching on one mixed workload through the engine (run_engine).
+6. ``quant``: decode of the 1B shape at batch 1 and 64 with int8, fp8 and int4 weights (realengine/quant.py;
+   fp8 products through torch._scaled_mm where the card has them) against bfloat16: tokens/s and the speed-up
+   (the seed documents quote 1.4-1.7x for fp8 on Hopper).
 
 The GPU machine has torch and triton but not simpy, pydantic or PyYAML, which section 5 needs (the serving core
 reads scenarios): carry them as wheels (see the device tool's notes) or that section records the ImportError.
@@ -211,6 +214,39 @@ def measure_decode(dev: torch.device, quick: bool, bandwidth_GBps: float | None)
     return out
 
 
+# ---- 6. quantized weights: decode speed against the unquantized model ------------------------------------------
+def measure_quant(dev: torch.device, quick: bool) -> dict:
+    from realengine.quant import quantize_model
+
+    timer = Timer(dev)
+    spec = ModelSpec.from_name("tiny" if quick else "llama-3.2-1b")
+    dt = torch.float32 if dev.type != "cuda" else torch.bfloat16
+    base = LlamaModel(spec, dtype=dt, device=dev, seed=0)
+    ctx, bs = (32, 16) if quick else (512, 16)
+    out: dict = {"model": spec.name, "baseline_dtype": str(dt).replace("torch.", ""), "context": ctx}
+    for b in ([1, 4] if quick else [1, 64]):
+        width = math.ceil((ctx + 1) / bs)
+        kv = KVCache(spec, block_size=bs, dtype=dt, device=dev, num_blocks=b * width)
+        for t in kv.k + kv.v:
+            t.normal_()
+        tables = torch.arange(b * width, device=dev).view(b, width).tolist()
+        ids = torch.randint(0, spec.vocab_size, (b,), device=dev)
+        meta = build_metadata([ctx] * b, [1] * b, device=dev, block_size=bs, block_tables=tables)
+        row = {}
+        for fmt in ("base", "int8", "fp8", "int4"):
+            try:
+                model = base if fmt == "base" else quantize_model(base, fmt)
+                ms = timer(lambda: model(ids, meta.positions, meta, kv).argmax(-1), iters=10)
+                row[fmt] = {"step_ms": ms, "tokens_per_s": b / ms * 1e3}
+            except Exception as e:  # noqa: BLE001 - a format the card cannot run: record it, go on
+                row[fmt] = {"error": f"{type(e).__name__}: {e}"}
+        for fmt in ("int8", "fp8", "int4"):
+            if "step_ms" in row[fmt]:
+                row[fmt]["speedup_vs_base"] = row["base"]["step_ms"] / row[fmt]["step_ms"]
+        out[f"batch{b}"] = row
+    return out
+
+
 # ---- 5. static versus continuous batching on the engine ----------------------------------------------------------
 def measure_batching(dev: torch.device, quick: bool) -> dict:
     from realengine.engine import run_engine
@@ -274,7 +310,8 @@ def main() -> None:
                 ("paging", lambda: measure_paging(dev, args.quick)),
                 ("decode", lambda: measure_decode(dev, args.quick, report["sections"].get("device", {})
                                                   .get("copy_bandwidth_GBps"))),
-                ("batching", lambda: measure_batching(dev, args.quick))]
+                ("batching", lambda: measure_batching(dev, args.quick)),
+                ("quant", lambda: measure_quant(dev, args.quick))]
     for name, fn in sections:
         if args.only and name not in args.only:
             continue

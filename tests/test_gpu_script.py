@@ -23,11 +23,15 @@ def test_quick_cpu_run_fills_every_section(tmp_path: Path) -> None:
     (path,) = tmp_path.glob("*.json")
     report = json.loads(path.read_text())
     s = report["sections"]
-    assert set(s) == {"kernel", "device", "paging", "decode", "batching"}
+    assert set(s) == {"kernel", "device", "paging", "decode", "batching", "quant"}
     assert not [name for name, res in s.items() if "error" in res], s
     assert s["device"]["copy_bandwidth_GBps"] > 0 and s["device"]["matmul_fp32_TFLOPs"] > 0
     assert s["paging"]["contiguous_sdpa_ms"] > 0 and s["paging"]["paged_gather_ref_ms"] > 0
     for row in (s["decode"]["tiny/batch1"], s["decode"]["tiny/batch4"]):
         assert row["tokens_per_s"] > 0 and 0 < row["share_of_copy_bandwidth"]
+    for batch in ("batch1", "batch4"):
+        q = s["quant"][batch]
+        assert q["base"]["tokens_per_s"] > 0
+        assert all(q[f]["speedup_vs_base"] > 0 for f in ("int8", "fp8", "int4"))
     b = s["batching"]
     assert b["static"]["output_tokens"] == b["continuous"]["output_tokens"] > 0
