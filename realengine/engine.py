@@ -193,6 +193,7 @@ def run_engine(
     on_runner: Callable[[ModelRunner], None] | None = None,
     real_model=None,
     texts: list | None = None,
+    weight_quant: str | None = None,
 ) -> tuple[RunResult, list[Request], ServingCore]:
     """Run one variant on the real model, replaying ``workload`` (a ``GeneratedWorkload`` or a list of
     ``RequestSpec``) against the wall clock; arrival ``a`` comes at ``a * time_scale`` seconds after the start.
@@ -207,7 +208,9 @@ def run_engine(
     ``real_model``: a ``realengine.gguf_model.RealModel`` (real weights and a tokenizer) to run instead of random
     weights; its spec must be the run's model, and prompts are then real text (``text.text_prompt_ids``, exactly
     the workload's prompt lengths). ``texts``: a list that gets one dict per finished request with its prompt and
-    output text (real models only; see ``write_engine_run``).
+    output text (real models only; see ``write_engine_run``). ``weight_quant``: run the decoder's linear layers
+    quantized (``int8``, ``int4`` or ``fp8``, ``realengine.quant``); the KV cache is sized after quantizing, as
+    vLLM sizes it after loading the quantized weights.
     """
     requests_in = getattr(workload, "requests", workload)
     if time_scale < 0:
@@ -233,6 +236,10 @@ def run_engine(
                              f"needs {built.model.name} ({tdtype}, {device})")
     else:
         model = LlamaModel(built.model, dtype=tdtype, device=device, seed=seed)
+    if weight_quant is not None:
+        from realengine.quant import quantize_model
+
+        model = quantize_model(model, weight_quant)
     if device == "cuda" and cfg.deployment.num_gpu_blocks is None:  # size the cache as vLLM does
         blocks = profile_num_blocks(model, block_size=cfg.deployment.block_size,
                                     max_num_batched_tokens=built.limits.max_num_batched_tokens,

