@@ -36,6 +36,7 @@ METRICS: tuple[str, ...] = (
     "request_throughput", "output_throughput", "total_token_throughput", "goodput", "slo_attainment",
     *(f"{m}.{q}" for m in ("ttft", "tpot", "itl", "e2el", "queue") for q in ("mean", "p50", "p90", "p99")),
     "kv_usage.mean", "kv_usage.max", "kv_token_utilization", "busy_fraction", "mfu", "mean_batch_size",
+    "cluster.replicas_mean", "cluster.replicas_max", "cluster.gpu_hours", "cluster.cost_usd",  # clusters only
     "bottleneck",
 )
 PLOTTED = ("output_throughput", "goodput", "ttft.p99", "tpot.p99", "e2el.p99", "kv_usage.mean")
