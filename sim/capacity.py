@@ -27,6 +27,7 @@ from sim.specs import (
     estimate_activation_reserve,
     kv_budget,
     kv_dtype_bytes,
+    resolve_gpu,
     resolve_kv_dtype,
 )
 
@@ -146,13 +147,6 @@ def resolve_model(model: ModelSpec | str) -> ModelSpec:
     return ModelSpec.from_name(model)
 
 
-def resolve_gpu(gpu: GPUSpec | str | Mapping[str, Any]) -> GPUSpec:
-    """A preset name or a mapping of ``GPUSpec`` fields."""
-    if isinstance(gpu, GPUSpec):
-        return gpu
-    if isinstance(gpu, Mapping):
-        return GPUSpec.from_dict(gpu)
-    return GPUSpec.from_name(gpu)
 
 
 def capacity_row(

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from os import PathLike
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -239,7 +240,7 @@ class ModelSpec:
         """Attention FLOPs per causal query-key pair: QK^T and PV, 2 FLOPs per multiply-add each, every layer."""
         return 4 * self.num_layers * self.num_attention_heads * self.head_dim
 
-    def attention_flops(self, attn_pairs: int | float) -> int | float:
+    def attention_flops(self, attn_pairs: float) -> int | float:
         """Attention FLOPs for ``attn_pairs`` query-key pairs (see ``StepShape.attn_pairs``)."""
         return attn_pairs * self.attn_flops_per_pair
 
@@ -254,7 +255,7 @@ class ModelSpec:
     # --- construction ---------------------------------------------------------------------------------------------
 
     @classmethod
-    def from_hf_config(cls, config: Mapping[str, Any] | str | PathLike[str], name: str | None = None) -> "ModelSpec":
+    def from_hf_config(cls, config: Mapping[str, Any] | str | PathLike[str], name: str | None = None) -> ModelSpec:
         """Read a Hugging Face ``config.json`` (a dict, a file, or a folder holding config.json).
 
         Llama-like types (llama, mistral, qwen2, smollm, ...) read ``hidden_size, num_hidden_layers,
@@ -356,7 +357,7 @@ class ModelSpec:
         return cfg
 
     @classmethod
-    def from_name(cls, name: str) -> "ModelSpec":
+    def from_name(cls, name: str) -> ModelSpec:
         """A preset by name, case-insensitive (see ``MODEL_PRESETS``)."""
         key = name.strip().lower()
         key = _MODEL_ALIASES.get(key, key)
@@ -474,7 +475,7 @@ class GPUSpec:
         return self.peak_flops.get(canonical_dtype(dtype), 0.0)
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "GPUSpec":
+    def from_dict(cls, d: Mapping[str, Any]) -> GPUSpec:
         """A custom GPU from a mapping with this class's field names (unknown keys are refused)."""
         names = {f.name for f in fields(cls)}
         unknown = set(d) - names
@@ -486,7 +487,7 @@ class GPUSpec:
         return cls(**dict(d))
 
     @classmethod
-    def from_name(cls, name: str) -> "GPUSpec":
+    def from_name(cls, name: str) -> GPUSpec:
         """A preset by name, case-insensitive (see ``GPU_PRESETS``)."""
         key = name.strip().lower().replace("_", "-")
         key = _GPU_ALIASES.get(key, key)
@@ -545,7 +546,8 @@ def _as_model(model: ModelSpec | str) -> ModelSpec:
     return model if isinstance(model, ModelSpec) else ModelSpec.from_name(model)
 
 
-def _as_gpu(gpu: GPUSpec | str | Mapping[str, Any]) -> GPUSpec:
+def resolve_gpu(gpu: GPUSpec | str | Mapping[str, Any]) -> GPUSpec:
+    """A GPUSpec, a preset name, or a mapping of ``GPUSpec`` fields."""
     if isinstance(gpu, GPUSpec):
         return gpu
     if isinstance(gpu, Mapping):
@@ -660,7 +662,7 @@ def kv_budget(
     ``num_gpu_blocks_override`` fixes the block count (as vLLM's option does) once the weights are known to fit.
     Raises ``ModelDoesNotFitError`` when not even one block fits, with suggestions that would.
     """
-    m, g = _as_model(model), _as_gpu(gpu)
+    m, g = _as_model(model), resolve_gpu(gpu)
     wd = canonical_dtype(weight_dtype)
     kd = resolve_kv_dtype(kv_dtype, wd)
     tp = check_tensor_parallel(m, tensor_parallel_size)
