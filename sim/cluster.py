@@ -49,8 +49,6 @@ class ClusterSimulation(Simulation):
         self.autoscaler = autoscaler
         self._next_tick = float("inf")
         self._arrivals_done = False
-        self._leak = leak
-        self._failures = failures
         super().__init__(specs, [make_replica() for _ in range(replicas)], closed_loop=closed_loop,
                          router=make_router(router), progress=progress, fast_forward=fast_forward,
                          failures=failures, leak=leak)
@@ -64,6 +62,8 @@ class ClusterSimulation(Simulation):
             self.env.process(self._autoscale())
 
     # ---- hooks of Simulation -------------------------------------------------------------------------------
+    _single_replica = False
+
     def _routable(self) -> list[Replica]:
         return self.serving
 
@@ -146,17 +146,9 @@ class ClusterSimulation(Simulation):
             log.total.append(sum(1 for life in log.lives if life.released == float("inf")))
 
     def _provision(self, now: float, delay: float) -> None:
-        core, cost = self.make_replica()
-        index = len(self.replicas)
-        rep = Replica(self.env, core, cost, index, self._horizon)
-        rep.finishes_are_silent = self.closed_loop is None
-        rep.overshoot = False
-        rep.leak = self._leak
-        if self._failures is not None:
-            rep.abort_reason = self._failures.cancel_reason
-        core.on_finish = self._on_finish
+        rep = self._add_replica(*self.make_replica())
+        index = rep.index
         rep.closed = self._arrivals_done
-        self.replicas.append(rep)
         self._busy_seen.append(0.0)
         self._flops_seen.append(0.0)
         self.log.lives.append(ReplicaLife(index, now, now + delay))

@@ -192,21 +192,21 @@ class Simulation:
         self.specs = list(specs)
         self._next_arrival = float("inf")
         self._timers: list[float] = []  # pending closed-loop sends (a heap of times)
-        horizon = self._horizon if fast_forward else None
-        self.replicas = [Replica(self.env, c, m, i, horizon) for i, (c, m) in enumerate(cores_and_costs)]
         self.router = router or round_robin()
         self.closed_loop = closed_loop
         self.progress = progress
         self.requests: list[Request] = []
         self._finished = 0
+        self._fast_forward = fast_forward
+        self._failures = failures
+        self._leak = leak
         self._fail_after = failures.cancel_after if failures is not None else {}
-        for rep in self.replicas:
-            rep.leak = leak
-            if failures is not None:
-                rep.abort_reason = failures.cancel_reason
-            rep.core.on_finish = self._on_finish
-            rep.finishes_are_silent = closed_loop is None
-            rep.overshoot = len(self.replicas) == 1
+        self.replicas: list[Replica] = []
+        for core, cost in cores_and_costs:
+            self._add_replica(core, cost)
+        if len(self.replicas) == 1 and self._single_replica:
+            # the next outside event is an arrival that only joins the queue, which no router reads
+            self.replicas[0].overshoot = True
         if closed_loop is None:
             self.env.process(self._open_loop())
         else:
@@ -218,6 +218,21 @@ class Simulation:
             for u in range(closed_loop.num_users):
                 heapq.heappush(self._timers, 0.0)
                 self.env.process(self._user_send(u, 0.0))
+
+    # A cluster (sim/cluster.py) sets this False: its routers and autoscaler read replicas at outside events,
+    # so no replica may take a step past one, even while it is the only replica.
+    _single_replica = True
+
+    def _add_replica(self, core: ServingCore, cost: CostModel) -> Replica:
+        """A new replica wired to this simulation (its step loop starts at the current time)."""
+        rep = Replica(self.env, core, cost, len(self.replicas), self._horizon if self._fast_forward else None)
+        rep.leak = self._leak
+        if self._failures is not None:
+            rep.abort_reason = self._failures.cancel_reason
+        core.on_finish = self._on_finish
+        rep.finishes_are_silent = self.closed_loop is None
+        self.replicas.append(rep)
+        return rep
 
     def _dispatch(self, spec: RequestSpec) -> None:
         req = Request(spec=spec, arrival=self.env.now)

@@ -52,11 +52,16 @@ def test_a_cluster_of_one_is_the_single_replica_run() -> None:
     assert one.cluster["replicas_max"] == 1 and plain.cluster is None
 
 
-@pytest.mark.parametrize("router", ["round_robin", "least_outstanding", "least_kv"])
-def test_fast_path_matches_step_by_step_on_a_cluster(router: str) -> None:
+@pytest.mark.parametrize("router, start", [("round_robin", 2), ("least_outstanding", 2), ("least_kv", 2),
+                                           ("least_kv", 1)])
+def test_fast_path_matches_step_by_step_on_a_cluster(router: str, start: int) -> None:
+    """Also starting from one replica: a lone replica of a cluster must not take a step past an autoscaler tick
+    or an arrival the way a plain single-replica run may (it did, and the fast path then drifted)."""
     auto = {"signal": "kv_usage", "scale_up": 0.3, "scale_down": 0.05, "interval": 2.0, "cooldown": 4.0,
             "provisioning_delay": 3.0, "max_replicas": 4}
-    raw = scenario({"replicas": 2, "router": router, "autoscaler": auto})
+    raw = scenario({"replicas": start, "router": router, "autoscaler": auto})
+    raw["workload"] = dict(WORKLOAD, arrival={"type": "poisson", "rate": 14.0})
+    raw["deployment"]["num_gpu_blocks"] = 400
     fast, qf, _ = run(raw)
     slow, qs, _ = run(raw, fast=False)
     assert fast.requests == slow.requests
