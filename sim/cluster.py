@@ -21,7 +21,7 @@ from sim.metrics import summarize
 from sim.records import RunResult
 from sim.request import Request
 from sim.routers import kv_pressure, make_router, outstanding
-from sim.simulator import ClosedLoopPlan, Replica, Simulation, gc_paused, result_of
+from sim.simulator import ClosedLoopPlan, Replica, Simulation, gc_paused, pooled_gaps, result_of
 
 
 class ClusterSimulation(Simulation):
@@ -196,10 +196,8 @@ def cluster_result(
     steps = {k: np.concatenate([p.steps[k] for p in parts]) for k in parts[0].steps}
     order = np.argsort(steps["start"], kind="stable")
     steps = {k: v[order] for k, v in steps.items()}
-    gaps = np.concatenate([p.itl_gaps for p in parts])
-    counts = np.concatenate([p.itl_counts for p in parts])
-    uniq, inverse = np.unique(gaps, return_inverse=True)
-    counts = np.bincount(inverse, weights=counts, minlength=len(uniq)).astype(np.int64)
+    uniq, counts = pooled_gaps(np.concatenate([p.itl_gaps for p in parts]),
+                               np.concatenate([p.itl_counts for p in parts]))
     start = min((r.arrival for r in records), default=0.0)
     end = max((r.finish for r in records), default=0.0)
     log = sim.log

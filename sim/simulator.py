@@ -321,6 +321,14 @@ class Simulation:
             )
 
 
+def pooled_gaps(gaps: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One canonical form of pooled inter-token gaps (sorted distinct values with their counts), so that a
+    summary does not depend on whether they were recorded one by one, a decode stretch at a time, or replica
+    by replica."""
+    uniq, inverse = np.unique(gaps, return_inverse=True)
+    return uniq, np.bincount(inverse, weights=counts, minlength=len(uniq)).astype(np.int64)
+
+
 def result_of(
     name: str,
     requests: Sequence[Request],
@@ -334,11 +342,7 @@ def result_of(
     """Gather one replica's records into a ``RunResult``."""
     with gc_paused():  # 10^5 new records, on a heap of millions of objects
         records = [RequestRecord.from_request(r) for r in sorted(requests, key=attrgetter("id"))]
-    gaps, counts = core.itl_gaps()
-    # One canonical form of the pooled gaps (sorted distinct values with their counts), so that the summary
-    # does not depend on whether the gaps were recorded one by one or a decode stretch at a time.
-    uniq, inverse = np.unique(gaps, return_inverse=True)
-    counts = np.bincount(inverse, weights=counts, minlength=len(uniq)).astype(np.int64)
+    uniq, counts = pooled_gaps(*core.itl_gaps())
     start = min((r.arrival for r in records), default=0.0)
     end = max((r.finish for r in records), default=0.0)
     return RunResult(
