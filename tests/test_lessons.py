@@ -14,7 +14,6 @@ file's comments.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -24,16 +23,12 @@ from sim.run import run_scenario
 from sim.scenario import load_scenario
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
-MAX_SECONDS = 10.0  # each scaled-down lesson; they take about 1 s on a 2-core CPU
 
 
 def run_lesson(stem: str, overrides: dict) -> dict[str, dict]:
     path = SCENARIOS / f"{stem}.yaml"
     scenario, raw = load_scenario(path, overrides)
-    t0 = time.perf_counter()
     run = run_scenario(scenario, raw, source=str(path))
-    elapsed = time.perf_counter() - t0
-    assert elapsed < MAX_SECONDS, f"{stem} took {elapsed:.1f} s scaled down"
     return run.summaries
 
 
