@@ -30,7 +30,7 @@ def _run_both(raw: dict):
 
 def _assert_same(name, fast, slow):
     (rf, qf, cf), (rs, qs, cs) = fast, slow
-    assert rf.requests == rs.requests, name
+    assert rf.requests == rs.requests and cf.stats == cs.stats, name
     for col in rs.steps:
         assert np.array_equal(rf.steps[col], rs.steps[col]), (name, col)
     assert np.array_equal(rf.itl_gaps, rs.itl_gaps) and np.array_equal(rf.itl_counts, rs.itl_counts), name
