@@ -194,6 +194,7 @@ def run_engine(
     real_model=None,
     texts: list | None = None,
     weight_quant: str | None = None,
+    clock: str = "virtual",
 ) -> tuple[RunResult, list[Request], ServingCore]:
     """Run one variant on the real model, replaying ``workload`` (a ``GeneratedWorkload`` or a list of
     ``RequestSpec``) against the wall clock; arrival ``a`` comes at ``a * time_scale`` seconds after the start.
@@ -211,7 +212,34 @@ def run_engine(
     output text (real models only; see ``write_engine_run``). ``weight_quant``: run the decoder's linear layers
     quantized (``int8``, ``int4`` or ``fp8``, ``realengine.quant``); the KV cache is sized after quantizing, as
     vLLM sizes it after loading the quantized weights.
+
+    ``clock``: ``"virtual"`` (default) or ``"wall"``. Wall: the engine replays the arrivals against the wall
+    clock, sleeping through idle gaps, and a step lasts the wall time it took. Virtual: time advances only by the
+    measured step durations and jumps over idle gaps (to the next arrival, wake or cancellation time); a step's
+    duration is, on CPU, the serving thread's CPU time (``time.thread_time``), so that other processes on a
+    shared machine cannot lengthen it (torch then runs with one intra-op thread, restored afterwards), and on CUDA
+    the synchronised ``perf_counter`` time. ``max_wall_s`` is wall-clock seconds in both.
     """
+    if clock not in ("virtual", "wall"):
+        raise ValueError(f"clock must be 'virtual' or 'wall', got {clock!r}")
+    threads = torch.get_num_threads()
+    if clock == "virtual" and device != "cuda":
+        torch.set_num_threads(1)  # the thread's CPU time is then the forward pass's whole cost
+    try:
+        return _run_engine(cfg, workload, device=device, dtype=dtype, model_spec=model_spec,
+                           num_gpu_blocks=num_gpu_blocks, time_scale=time_scale, max_wall_s=max_wall_s, name=name,
+                           seed=seed, record_plans=record_plans, memory_interval_s=memory_interval_s,
+                           memory_samples=memory_samples, kv_layout=kv_layout, failures=failures,
+                           decode_kernel=decode_kernel, on_runner=on_runner, real_model=real_model, texts=texts,
+                           weight_quant=weight_quant, virtual=clock == "virtual")
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run_engine(cfg: VariantConfig, workload, *, device, dtype, model_spec, num_gpu_blocks, time_scale,
+                max_wall_s, name, seed, record_plans, memory_interval_s, memory_samples, kv_layout, failures,
+                decode_kernel, on_runner, real_model, texts, weight_quant, virtual: bool,
+                ) -> tuple[RunResult, list[Request], ServingCore]:
     requests_in = getattr(workload, "requests", workload)
     if time_scale < 0:
         raise ValueError(f"time_scale must be >= 0, got {time_scale}")
@@ -324,9 +352,13 @@ def run_engine(
         core.finish_listeners.append(next_send)
 
     clock = time.perf_counter
+    # a step's duration under the virtual clock: the serving thread's CPU time on CPU (neighbours cannot move
+    # it), synchronised wall time on CUDA (the GPU's work is not the thread's CPU time)
+    step_clock = time.perf_counter if is_cuda else time.thread_time
     t0 = clock()
     sampler.start(t0)
     now = 0.0
+    mark = step_clock()  # where the current step's host work began (virtual clock)
     try:
         while True:
             arrive(now)
@@ -352,6 +384,10 @@ def run_engine(
                                            f"{len(core.running)} running, {len(core.swapped)} swapped and the "
                                            f"policy schedules nothing")
                     break
+                if virtual:  # jump over the idle gap; the next step's work starts counting now
+                    now = nxt
+                    mark = step_clock()
+                    continue
                 delay = nxt - (clock() - t0)
                 if delay > 0:
                     time.sleep(delay)
@@ -360,7 +396,14 @@ def run_engine(
             oom = _execute(runner, batch, steps in failures.oom_steps)
             if is_cuda:
                 torch.cuda.synchronize(runner.device)
-            end = now + ((clock() - t0) - now)
+            if virtual:
+                # the step covers the host work since the previous step's end (complete, arrivals, schedule)
+                # and the forward pass, as the wall clock's step does
+                tick = step_clock()
+                end = now + (tick - mark)
+                mark = tick
+            else:
+                end = now + ((clock() - t0) - now)
             # requests that arrived during the step join the queue before the step completes, as in the
             # simulator (the step's row then shows them waiting)
             arrive(end)

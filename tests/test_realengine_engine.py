@@ -288,3 +288,40 @@ def test_wall_clock_limit_fails_requests_in_flight_and_frees_everything() -> Non
     assert len(requests) == 3 and all(r.outcome.value == "failed" for r in requests)
     assert all(0 < r.num_output_tokens < 200 for r in requests)
     assert core.kv.num_free_blocks == core.kv.num_blocks and not core.has_work
+
+
+def test_virtual_clock_jumps_idle_gaps_and_runs_one_thread() -> None:
+    """Under the virtual clock a step starts either where the previous one ended or exactly at an arrival: the
+    100 s gaps between these requests cost no waiting, and torch runs one intra-op thread only during the run."""
+    cfg = variant_configs(parse_scenario(scenario()))[0]
+    specs = [RequestSpec(id=i, arrival=100.0 * i, prompt_len=6, output_len=3) for i in range(3)]
+    inside: list[int] = []
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        result, requests, core = run_engine(cfg, specs, num_gpu_blocks=64,
+                                            on_runner=lambda r: inside.append(torch.get_num_threads()))
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    assert inside == [1]
+    assert all(r.outcome.value == "completed" for r in requests)
+    steps = result.steps
+    starts, ends = steps["start"], steps["start"] + steps["duration"]
+    arrivals = {100.0 * i for i in range(3)}
+    assert starts[0] == 0.0
+    for k in range(1, len(starts)):
+        assert starts[k] == ends[k - 1] or starts[k] in arrivals, (k, starts[k])
+    assert sorted(float(s) for s in starts if s in arrivals) == sorted(arrivals)
+    assert 200.0 < result.duration < 201.0  # one step of the tiny model: far under a second of CPU time
+    assert len(steps["duration"]) == 9 and (steps["duration"] > 0).all()
+
+
+def test_wall_clock_still_replays_in_real_time() -> None:
+    cfg = variant_configs(parse_scenario(scenario()))[0]
+    specs = [RequestSpec(id=i, arrival=0.02 * i, prompt_len=6, output_len=3) for i in range(3)]
+    result, requests, _ = run_engine(cfg, specs, num_gpu_blocks=64, clock="wall")
+    assert all(r.outcome.value == "completed" for r in requests)
+    assert result.duration >= 0.04  # the last arrival at 40 ms: the wall clock waited for it
+    with pytest.raises(ValueError, match="clock"):
+        run_engine(cfg, specs, num_gpu_blocks=64, clock="simulated")
