@@ -45,8 +45,8 @@ from sim.core import Batch, ServingCore
 from sim.failures import FailurePlan
 from sim.records import RunResult
 from sim.request import Request, Status
+from sim.results import result_of
 from sim.scenario import PagedKV, ScenarioError, VariantConfig, build
-from sim.simulator import result_of
 from sim.specs import ModelSpec
 
 CPU_KV_BYTES = 512 * 2**20  # CPU runs without num_gpu_blocks: KV cache of at most this many bytes

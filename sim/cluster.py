@@ -20,8 +20,9 @@ from sim.costmodel import CostModel
 from sim.metrics import summarize
 from sim.records import RunResult
 from sim.request import Request
+from sim.results import gc_paused, pooled_gaps, result_of
 from sim.routers import kv_pressure, make_router, outstanding
-from sim.simulator import ClosedLoopPlan, Replica, Simulation, gc_paused, pooled_gaps, result_of
+from sim.simulator import ClosedLoopPlan, Replica, Simulation
 
 
 class ClusterSimulation(Simulation):

@@ -3,8 +3,8 @@ the command line and the notebooks."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,6 +15,7 @@ from sim.core import ServingCore
 from sim.metrics import summarize
 from sim.records import RunResult
 from sim.request import Request
+from sim.results import result_of
 from sim.scenario import (
     Scenario,
     ScenarioError,
@@ -25,7 +26,7 @@ from sim.scenario import (
     sweep_points,
     variant_configs,
 )
-from sim.simulator import ClosedLoopPlan, Simulation, result_of
+from sim.simulator import ClosedLoopPlan, Simulation
 from sim.workload import GeneratedWorkload
 
 
