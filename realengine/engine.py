@@ -1,52 +1,47 @@
-"""The real-time engine loop: a scenario's workload replayed against the wall clock on a real model.
+"""The real engine: a scenario's workload served by a real model, driven by the simulator's own serving loop.
 
 The serving core, its policy and its KV block manager are the very objects the simulator builds
-(``sim.scenario.build``); only the executor differs. One iteration of the loop::
+(``sim.scenario.build``), and so is the loop: ``sim.simulator.Simulation`` with one replica whose executor is
+``realengine.executor.EngineExecutor`` (the batch runs on the model; the step lasts what it measurably took)
+instead of a cost model. Arrivals, closed-loop users, cancellations, per-request errors and out-of-memory steps
+are therefore handled by the same code in both, and the parity check (the simulator fed the engine's measured
+step durations makes the same plans, preemptions and clock) holds by construction: every scheduling decision
+depends only on what arrived at or before the step's start, and the clock is ``start + duration`` step by step.
 
-    add every request whose (scaled) arrival time has passed     # at the loop's clock, see below
-    batch = core.schedule(now)                                  # None: sleep to the next arrival / wake time
-    runner.execute(batch)                                       # the real forward pass (synchronised)
-    core.complete(batch, end)                                   # end measured on the wall clock
-
-The engine's clock: ``now`` is the time the step starts, and every step ends at ``end = now + d`` where ``d`` is
-the measured wall time since ``now`` (``perf_counter``). A step that follows another starts exactly at the
-previous step's end, so the scheduler's bookkeeping between two forward passes is part of a step's measured
-duration, as in any real engine's step time. When the engine idles, it sleeps until the next arrival (or the
-policy's wake time) and the next step starts exactly at that time: the oversleep (the OS's wake-up latency) is
-folded into the step's duration. Requests are admitted at the loop top when their arrival time is at or before
-``now``, with their true (scaled) arrival time. Thus every scheduling decision depends only on arrivals at or
-before the step's start, and the clock is ``start + duration`` step by step: exactly what the simulator computes
-when it is given the measured durations, which makes the parity check (same plans, same preemptions) exact.
-
-Closed-loop workloads too: each user sends its next request a (scaled) think time after its previous one ended,
-on the engine's clock, exactly as the simulator's users do.
+Two clocks (``run_engine(clock=...)``): ``"virtual"`` (a ``simpy.Environment`` advanced by measured durations:
+on CPU the serving thread's CPU time, on CUDA synchronised wall time; idle gaps are skipped) and ``"wall"``
+(``simpy.rt.RealtimeEnvironment``: the workload replayed in real time, for live runs). See
+``realengine.executor``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import heapq
 import os
 import resource
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
+import simpy
+import simpy.rt
 import torch
 
 from realengine.attention import build_metadata
+from realengine.executor import EngineExecutor
 from realengine.kv_cache import kv_bytes_per_block, profile_num_blocks
 from realengine.model import LlamaModel, torch_dtype
 from realengine.runner import ModelRunner
-from sim.core import Batch, ServingCore
+from sim.core import ServingCore
 from sim.failures import FailurePlan
 from sim.records import RunResult
-from sim.request import Request, Status
+from sim.request import Request
 from sim.results import result_of
 from sim.scenario import PagedKV, ScenarioError, VariantConfig, build
+from sim.simulator import ClosedLoopPlan, Simulation
 from sim.specs import ModelSpec
 
 CPU_KV_BYTES = 512 * 2**20  # CPU runs without num_gpu_blocks: KV cache of at most this many bytes
@@ -297,8 +292,14 @@ def _run_engine(cfg: VariantConfig, workload, *, device, dtype, model_spec, num_
     if on_runner is not None:
         on_runner(runner)
     is_cuda = device == "cuda"
-    price = cost if is_cuda else SimpleNamespace(peak_flops=0.0)
+    executor = EngineExecutor(runner, clock="virtual" if virtual else "wall", price=cost if is_cuda else None,
+                              oom_steps=failures.oom_steps)
     sampler = MemorySampler(name or cfg.name, runner.device, memory_interval_s)
+
+    def count_step(n: int) -> None:
+        sampler.step = n
+
+    executor.on_step = count_step
 
     # warm-up outside the clock: the first forward pays one-off costs (allocator, kernels' first calls)
     with torch.inference_mode():
@@ -307,126 +308,33 @@ def _run_engine(cfg: VariantConfig, workload, *, device, dtype, model_spec, num_
     if is_cuda:
         torch.cuda.synchronize(runner.device)
 
-    # Requests not sent yet, as a heap of (send time, order, spec). Open loop: every request at its (scaled)
-    # arrival time. Closed loop: each user's first request at time 0, the next one a (scaled) think time after
-    # the previous one ended, whatever its outcome (as the simulator's users do).
-    sends: list[tuple[float, int, Any]] = []
+    # The simulator's own loop (sim.simulator) drives the engine: every time it handles, the arrivals', the
+    # users' think times and the clients' patience, is scaled by time_scale here.
+    specs = [dataclasses.replace(s, arrival=s.arrival * time_scale) for s in requests_in]
     closed = getattr(workload, "closed_loop", None)
-    user_queues: list[list] = []
-    if closed is None:
-        for k, spec in enumerate(sorted(requests_in, key=lambda s: (s.arrival, s.id))):
-            sends.append((spec.arrival * time_scale, k, spec))
-    else:
-        user_queues = [[] for _ in range(closed.num_users)]
-        for spec in sorted(requests_in, key=lambda s: s.id):
-            user_queues[spec.session_id or 0].append(spec)
-        for queue in user_queues:
-            queue.reverse()  # pop() takes the user's next request
-        sends = [(0.0, u, q.pop()) for u, q in enumerate(user_queues) if q]
-    order = len(sends)
-    requests: list[Request] = []
-    live: dict[int, Request] = {}  # arrived requests by id (those a fault can still reach)
-    cancels: list[tuple[float, int]] = []  # (time, id) heap of the clients that will disconnect
-    steps = 0
+    plan = None if closed is None else ClosedLoopPlan(closed.num_users, np.asarray(closed.think_times) * time_scale)
+    timed = dataclasses.replace(failures, cancel_after={i: d * time_scale for i, d in failures.cancel_after.items()})
+    env = simpy.Environment() if virtual else simpy.rt.RealtimeEnvironment(strict=False)
+    executor.env = env
+    t0 = time.perf_counter()
 
-    def arrive(upto: float) -> None:
-        while sends and sends[0][0] <= upto:
-            due, _, spec = heapq.heappop(sends)
-            req = Request(spec, due)
-            requests.append(req)
-            core.add_request(req, due)
-            live[req.id] = req
-            delay = failures.cancel_after.get(req.id)
-            if delay is not None:
-                heapq.heappush(cancels, (due + delay * time_scale, req.id))
+    def wall_limit() -> str | None:
+        return "engine wall-clock limit" if time.perf_counter() - t0 > max_wall_s else None  # type: ignore[operator]
 
-    def next_send(r: Request) -> None:
-        nonlocal order
-        queue = user_queues[r.spec.session_id or 0]
-        if queue:
-            think = float(closed.think_times[r.id]) * time_scale
-            heapq.heappush(sends, (r.finish + think, order, queue.pop()))
-            order += 1
-
-    if closed is not None:
-        core.finish_listeners.append(next_send)
-
-    clock = time.perf_counter
-    # a step's duration under the virtual clock: the serving thread's CPU time on CPU (neighbours cannot move
-    # it), synchronised wall time on CUDA (the GPU's work is not the thread's CPU time)
-    step_clock = time.perf_counter if is_cuda else time.thread_time
-    t0 = clock()
+    sim = Simulation(specs, [(core, executor)], closed_loop=plan, fast_forward=False, failures=timed, leak=leak,
+                     env=env, limit=None if max_wall_s is None else wall_limit)
     sampler.start(t0)
-    now = 0.0
-    mark = step_clock()  # where the current step's host work began (virtual clock)
+    if not virtual:
+        env.sync()  # type: ignore[attr-defined]  # a RealtimeEnvironment: its time 0 is now
     try:
-        while True:
-            arrive(now)
-            while cancels and cancels[0][0] <= now:
-                _, rid = heapq.heappop(cancels)
-                if live[rid].outcome is None:
-                    core.abort(live[rid], now, failures.cancel_reason, leak=leak)
-            if max_wall_s is not None and clock() - t0 > max_wall_s:
-                for r in list(core.waiting) + list(core.running) + list(core.swapped):
-                    core.abort(r, now, "engine wall-clock limit")
-                break
-            batch = core.schedule(now) if core.has_work else None
-            if batch is None:
-                nxt = sends[0][0] if sends else None
-                wake = core.wake_time(now) if core.has_work else None
-                if wake is not None and wake > now and (nxt is None or wake < nxt):
-                    nxt = wake
-                if cancels and core.has_work and (nxt is None or cancels[0][0] < nxt):
-                    nxt = cancels[0][0]
-                if nxt is None:
-                    if core.has_work:
-                        raise RuntimeError(f"engine stalled at {now:.3f}s: {len(core.waiting)} waiting, "
-                                           f"{len(core.running)} running, {len(core.swapped)} swapped and the "
-                                           f"policy schedules nothing")
-                    break
-                if virtual:  # jump over the idle gap; the next step's work starts counting now
-                    now = nxt
-                    mark = step_clock()
-                    continue
-                delay = nxt - (clock() - t0)
-                if delay > 0:
-                    time.sleep(delay)
-                now = nxt  # the step starts at the arrival (wake) time; the oversleep counts in its duration
-                continue
-            oom = _execute(runner, batch, steps in failures.oom_steps)
-            if is_cuda:
-                torch.cuda.synchronize(runner.device)
-            if virtual:
-                # the step covers the host work since the previous step's end (complete, arrivals, schedule)
-                # and the forward pass, as the wall clock's step does
-                tick = step_clock()
-                end = now + (tick - mark)
-                mark = tick
-            else:
-                end = now + ((clock() - t0) - now)
-            # requests that arrived during the step join the queue before the step completes, as in the
-            # simulator (the step's row then shows them waiting)
-            arrive(end)
-            if oom is not None:  # the step produced nothing: every request in it fails, its blocks freed
-                for r in _batch_requests(batch):
-                    core.abort(r, end, f"out of memory: {oom}")
-                if is_cuda:
-                    torch.cuda.empty_cache()
-            elif failures.error_after:
-                for r, _ in batch.plan.scheduled:
-                    n = failures.error_after.get(r.id)
-                    if n is not None and r.num_output_tokens >= n and r.status is not Status.FINISHED:
-                        core.abort(r, end, f"injected error after {r.num_output_tokens} output tokens")
-            flops = float(cost.step_flops(batch.shape)) if is_cuda and oom is None else 0.0
-            core.complete(batch, end, flops)
-            steps += 1
-            sampler.step = steps
-            now = end
+        with torch.inference_mode():
+            sim.run()
     finally:
         sampler.stop()
+    requests = sim.requests
     if memory_samples is not None:
         memory_samples.extend(sampler.rows)
-    result = result_of(name or cfg.name, requests, core, price, config=cfg.to_dict(),
+    result = result_of(name or cfg.name, requests, core, executor, config=cfg.to_dict(),
                        weight_bytes=float(model.weight_bytes()),
                        kv_bytes_per_block=float(kv_bytes_per_block(built.model, tdtype, kv.block_size)))
     return result, requests, core
@@ -455,31 +363,6 @@ def _select_decode_kernel(choice: str) -> None:
         attention.register_cuda_decode_kernel(None)
         return
     triton_decode.register()
-
-
-def _batch_requests(batch: Batch) -> list[Request]:
-    """The requests a step works for: those it computes tokens for and those it swaps back in."""
-    seen = {r.id: r for r, _ in batch.plan.scheduled}
-    for r in batch.plan.swap_in:
-        seen.setdefault(r.id, r)
-    return list(seen.values())
-
-
-def _execute(runner: ModelRunner, batch: Batch, inject_oom: bool) -> str | None:
-    """Run the step; on out-of-memory (real, or injected just before the forward pass) return its message."""
-    if inject_oom:
-        runner.fault = _raise_oom
-    try:
-        runner.execute(batch)
-    except torch.OutOfMemoryError as e:
-        return str(e).splitlines()[0] if str(e) else "OutOfMemoryError"
-    finally:
-        runner.fault = None
-    return None
-
-
-def _raise_oom(batch: Batch) -> None:
-    raise torch.OutOfMemoryError("injected: the step's activations did not fit")
 
 
 def write_memory_csv(out_dir: str | os.PathLike, samples: list[dict[str, Any]]) -> Path:
