@@ -25,6 +25,7 @@ import torch
 
 from realengine.runner import ModelRunner
 from sim.core import Batch
+from sim.costmodel import CostModel
 
 CLOCKS = ("virtual", "wall")
 
@@ -42,7 +43,7 @@ class EngineExecutor:
         self.runner = runner
         self.clock = clock
         self.is_cuda = runner.device.type == "cuda"
-        self.cost = None  # measured, not priced: no fast path
+        self.cost: CostModel | None = None  # measured, not priced: no fast path
         self._price = price
         self.peak_flops = float(price.peak_flops) if price is not None else 0.0
         self.failure: str | None = None

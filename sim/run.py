@@ -155,7 +155,9 @@ def prepare_scenario(
     plans: list[tuple[dict[str, Any], Scenario, list[VariantConfig]]] = []
     workloads: dict[str, GeneratedWorkload] = {}
     for point in points:
-        sc = apply_point(raw, point, source) if point else scenario
+        if point:
+            assert raw is not None  # a sweep point comes from a sweep, whose raw dict is set above
+        sc = apply_point(raw, point, source) if point and raw is not None else scenario
         where = source if not point else f"{source} at {point}"
         try:
             cfgs = variant_configs(sc)

@@ -282,7 +282,8 @@ class Simulation:
             rep.limit = self._check_limit
         if self._failures is not None:
             rep.abort_reason = self._failures.cancel_reason
-        core.on_finish = self._on_finish
+        # ServingCore declares on_finish as None (sim/core.py), but it is the one optional finish callback
+        core.on_finish = self._on_finish  # type: ignore[assignment]
         rep.finishes_are_silent = self.closed_loop is None
         self.replicas.append(rep)
         return rep
