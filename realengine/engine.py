@@ -35,11 +35,13 @@ from realengine.executor import EngineExecutor
 from realengine.kv_cache import kv_bytes_per_block, profile_num_blocks
 from realengine.model import LlamaModel, torch_dtype
 from realengine.runner import ModelRunner
+from sim.cluster import ClusterSimulation, cluster_result
 from sim.core import ServingCore
 from sim.failures import FailurePlan
 from sim.records import RunResult
 from sim.request import Request
 from sim.results import result_of
+from sim.run import autoscaler_of
 from sim.scenario import PagedKV, ScenarioError, VariantConfig, build
 from sim.simulator import ClosedLoopPlan, Simulation
 from sim.specs import ModelSpec
@@ -269,7 +271,7 @@ def _run_engine(cfg: VariantConfig, workload, *, device, dtype, model_spec, num_
                                     max_num_seqs=built.limits.max_num_seqs,
                                     gpu_memory_utilization=cfg.deployment.gpu_memory_utilization)
         cfg = engine_config(cfg, num_gpu_blocks=blocks, dtype=tdtype, device=device)
-    policy, kv, cost, built = build(cfg)
+    _, kv0, _, built = build(cfg)
     if kv_layout == "paged" and not isinstance(cfg.kv_cache, PagedKV):
         kv_layout = "contiguous"  # the contiguous allocator has no block tables
     prompt_fn = None
@@ -281,32 +283,18 @@ def _run_engine(cfg: VariantConfig, workload, *, device, dtype, model_spec, num_
         def prompt_fn(spec):
             return text_prompt_ids(spec.id, spec.prompt_len, tok, seed=seed)
 
-    runner = ModelRunner(built.model, block_manager=kv, model=model, kv_layout=kv_layout,
-                         max_num_seqs=min(built.limits.max_num_seqs, 1024), max_model_len=built.max_model_len,
-                         prompt_fn=prompt_fn)
-    core = ServingCore(policy, kv, fast_path=False, record_plans=record_plans)
-    if real_model is not None and texts is not None:
-        core.finish_listeners.append(lambda r: texts.append(_request_text(r, runner, real_model.tokenizer,
-                                                                          name or cfg.name)))
-    core.finish_listeners.append(lambda r: runner.release(r.id))
-    if on_runner is not None:
-        on_runner(runner)
     is_cuda = device == "cuda"
-    executor = EngineExecutor(runner, clock="virtual" if virtual else "wall", price=cost if is_cuda else None,
-                              oom_steps=failures.oom_steps)
-    sampler = MemorySampler(name or cfg.name, runner.device, memory_interval_s)
+    sampler = MemorySampler(name or cfg.name, model.device, memory_interval_s)
 
-    def count_step(n: int) -> None:
-        sampler.step = n
-
-    executor.on_step = count_step
+    def count_step(_: int) -> None:
+        sampler.step += 1  # steps done by every replica together
 
     # warm-up outside the clock: the first forward pays one-off costs (allocator, kernels' first calls)
     with torch.inference_mode():
-        meta = build_metadata([0], [8], device=runner.device, block_size=kv.block_size)
-        model(torch.zeros(8, dtype=torch.long, device=runner.device), meta.positions, meta, None)
+        meta = build_metadata([0], [8], device=model.device, block_size=kv0.block_size)
+        model(torch.zeros(8, dtype=torch.long, device=model.device), meta.positions, meta, None)
     if is_cuda:
-        torch.cuda.synchronize(runner.device)
+        torch.cuda.synchronize(model.device)
 
     # The simulator's own loop (sim.simulator) drives the engine: every time it handles, the arrivals', the
     # users' think times and the clients' patience, is scaled by time_scale here.
@@ -315,14 +303,47 @@ def _run_engine(cfg: VariantConfig, workload, *, device, dtype, model_spec, num_
     plan = None if closed is None else ClosedLoopPlan(closed.num_users, np.asarray(closed.think_times) * time_scale)
     timed = dataclasses.replace(failures, cancel_after={i: d * time_scale for i, d in failures.cancel_after.items()})
     env = simpy.Environment() if virtual else simpy.rt.RealtimeEnvironment(strict=False)
-    executor.env = env
+    executors: list[EngineExecutor] = []
+
+    def make_replica() -> tuple[ServingCore, EngineExecutor]:
+        """One engine replica: its own policy, KV memory, cache tensors and runner; the model's weights are
+        shared (read-only), as replicas of one checkpoint hold the same weights."""
+        policy, kv, cost, built = build(cfg)
+        runner = ModelRunner(built.model, block_manager=kv, model=model, kv_layout=kv_layout,
+                             max_num_seqs=min(built.limits.max_num_seqs, 1024), max_model_len=built.max_model_len,
+                             prompt_fn=prompt_fn)
+        core = ServingCore(policy, kv, fast_path=False, record_plans=record_plans)
+        if real_model is not None and texts is not None:
+            core.finish_listeners.append(lambda r: texts.append(_request_text(r, runner, real_model.tokenizer,
+                                                                              name or cfg.name)))
+        core.finish_listeners.append(lambda r: runner.release(r.id))
+        if on_runner is not None:
+            on_runner(runner)
+        executor = EngineExecutor(runner, clock="virtual" if virtual else "wall",
+                                  price=cost if is_cuda else None, oom_steps=failures.oom_steps)
+        executor.env = env
+        executor.on_step = count_step
+        executors.append(executor)
+        return core, executor
+
     t0 = time.perf_counter()
 
     def wall_limit() -> str | None:
         return "engine wall-clock limit" if time.perf_counter() - t0 > max_wall_s else None  # type: ignore[operator]
 
-    sim = Simulation(specs, [(core, executor)], closed_loop=plan, fast_forward=False, failures=timed, leak=leak,
-                     env=env, limit=None if max_wall_s is None else wall_limit)
+    limit = None if max_wall_s is None else wall_limit
+    tp = cfg.deployment.tensor_parallel_size
+    sim: Simulation
+    if cfg.cluster is not None:  # replicas behind a router (and an autoscaler): the simulator's cluster
+        if not virtual or max_wall_s is not None:
+            raise ValueError("a cluster runs on the engine under the virtual clock only, without max_wall_s")
+        cl = cfg.cluster
+        sim = ClusterSimulation(specs, make_replica, replicas=cl.replicas, router=cl.router,
+                                autoscaler=autoscaler_of(cfg), closed_loop=plan, fast_forward=False, failures=timed,
+                                leak=leak)
+    else:
+        sim = Simulation(specs, [make_replica()], closed_loop=plan, fast_forward=False, failures=timed, leak=leak,
+                         env=env, limit=limit)
     sampler.start(t0)
     if not virtual:
         env.sync()  # type: ignore[attr-defined]  # a RealtimeEnvironment: its time 0 is now
@@ -334,9 +355,15 @@ def _run_engine(cfg: VariantConfig, workload, *, device, dtype, model_spec, num_
     requests = sim.requests
     if memory_samples is not None:
         memory_samples.extend(sampler.rows)
-    result = result_of(name or cfg.name, requests, core, executor, config=cfg.to_dict(),
-                       weight_bytes=float(model.weight_bytes()),
-                       kv_bytes_per_block=float(kv_bytes_per_block(built.model, tdtype, kv.block_size)))
+    weight_bytes = float(model.weight_bytes())
+    bpb = float(kv_bytes_per_block(built.model, tdtype, kv0.block_size))
+    core = sim.replicas[0].core
+    if isinstance(sim, ClusterSimulation):
+        result = cluster_result(name or cfg.name, sim, executors, price_per_hour=built.gpu.price_per_hour * tp,
+                                config=cfg.to_dict(), weight_bytes=weight_bytes, kv_bytes_per_block=bpb)
+    else:
+        result = result_of(name or cfg.name, requests, core, executors[0], config=cfg.to_dict(),
+                           weight_bytes=weight_bytes, kv_bytes_per_block=bpb)
     return result, requests, core
 
 

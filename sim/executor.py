@@ -23,13 +23,21 @@ from sim.costmodel import CostModel
 class Executor(Protocol):
     """Runs (or prices) one step at a time for one replica."""
 
-    # FLOP/s the model-FLOPs utilisation is measured against (0: not reported)
-    peak_flops: float
-    # why the step just executed produced nothing (an out-of-memory forward pass), else None: the loop then fails
-    # every request of that step through the core
-    failure: str | None
-    # the cost model behind a priced executor (the fast path needs one); None for a measured executor
-    cost: CostModel | None
+    @property
+    def peak_flops(self) -> float:
+        """FLOP/s the model-FLOPs utilisation is measured against (0: not reported)."""
+        ...
+
+    @property
+    def failure(self) -> str | None:
+        """Why the step just executed produced nothing (an out-of-memory forward pass), else None: the loop then
+        fails every request of that step through the core."""
+        ...
+
+    @property
+    def cost(self) -> CostModel | None:
+        """The cost model behind a priced executor (the fast path needs one); None for a measured executor."""
+        ...
 
     def resume(self) -> None:
         """The replica's loop has just resumed: host work from here on (completing the previous step, taking

@@ -17,7 +17,10 @@ from sim.request import Request
 
 
 class HasPeakFlops(Protocol):
-    peak_flops: float  # FLOP/s the model-FLOPs utilisation is measured against (0: not reported)
+    @property
+    def peak_flops(self) -> float:
+        """FLOP/s the model-FLOPs utilisation is measured against (0: not reported)."""
+        ...
 
 
 @contextmanager

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from sim.autoscaler import AutoscalerConfig
 from sim.core import ServingCore
 from sim.metrics import summarize
 from sim.records import RunResult
@@ -91,8 +92,20 @@ def simulate_variant(
     return result, sim.requests, core
 
 
+def autoscaler_of(cfg: VariantConfig) -> AutoscalerConfig | None:
+    """The variant's cluster autoscaler, if it has one (both executors' clusters build it here)."""
+    cl = cfg.cluster
+    if cl is None or cl.autoscaler is None:
+        return None
+    a = cl.autoscaler
+    try:
+        return AutoscalerConfig(a.signal, a.scale_up, a.scale_down, a.interval, a.cooldown, a.provisioning_delay,
+                                a.min_replicas, a.max_replicas)
+    except ValueError as e:
+        raise ScenarioError(f"variant {cfg.name!r}: cluster: {e}") from None
+
+
 def _simulate_cluster(cfg, workload, *, name, keep_token_times, fast_path, progress):
-    from sim.autoscaler import AutoscalerConfig
     from sim.cluster import ClusterSimulation, cluster_result
 
     cl = cfg.cluster
@@ -105,14 +118,7 @@ def _simulate_cluster(cfg, workload, *, name, keep_token_times, fast_path, progr
         costs.append(cost)
         return ServingCore(policy, kv, fast_path=fast_path, keep_token_times=keep_token_times), cost
 
-    auto = None
-    if cl.autoscaler is not None:
-        a = cl.autoscaler
-        try:
-            auto = AutoscalerConfig(a.signal, a.scale_up, a.scale_down, a.interval, a.cooldown,
-                                    a.provisioning_delay, a.min_replicas, a.max_replicas)
-        except ValueError as e:
-            raise ScenarioError(f"variant {cfg.name!r}: cluster: {e}") from None
+    auto = autoscaler_of(cfg)
     closed = workload.closed_loop
     plan = None if closed is None else ClosedLoopPlan(closed.num_users, closed.think_times)
     try:

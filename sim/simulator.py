@@ -105,7 +105,7 @@ class Replica:
         freed); otherwise the requests whose injected error is due fail and the others go on."""
         core = self.core
         if failure is not None:
-            for r in batch_requests(batch):
+            for r in batch_requests(batch, core):
                 core.abort(r, end, f"out of memory: {failure}")
             return
         errors = self.errors
@@ -194,9 +194,13 @@ class Replica:
             self._idle = None
 
 
-def batch_requests(batch: Batch) -> list[Request]:
-    """The requests a step works for: those it computes tokens for and those it swaps back in."""
+def batch_requests(batch: Batch, core: ServingCore) -> list[Request]:
+    """The requests a step works for: those it computes tokens for (the decode group's members too, when the
+    step ran the group) and those it swaps back in."""
     seen = {r.id: r for r, _ in batch.plan.scheduled}
+    if batch.group_size and core.group is not None:
+        for r in list(core.group.members.values()):
+            seen.setdefault(r.id, r)
     for r in batch.plan.swap_in:
         seen.setdefault(r.id, r)
     return list(seen.values())
@@ -277,6 +281,10 @@ class Simulation:
         """A new replica wired to this simulation (its step loop starts at the current time)."""
         rep = Replica(self.env, core, cost, len(self.replicas), self._horizon if self._fast_forward else None)
         rep.leak = self._leak
+        if self._errors and core.group is not None:
+            # the decode group advances its members in aggregate: their token counts are not at hand per step
+            raise ValueError("per-request errors (failures.error_after) are checked request by request: "
+                             "build the core with fast_path=False")
         rep.errors = self._errors
         if self._limit is not None:
             rep.limit = self._check_limit
