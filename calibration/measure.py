@@ -7,11 +7,14 @@ the very same sequence of steps every time it is run: each step is measured once
 the median over the repeats of that step. Every step a script makes is a sample, labelled with the exact
 ``StepShape`` the core computed for it, so nothing about a step's shape is guessed.
 
-What a step's duration covers is what ``realengine.engine.run_engine`` counts: from the end of the previous step
-to the end of this one, i.e. the core's bookkeeping of the previous step (``complete``), admitting arrivals,
-the policy's ``schedule``, input preparation, the forward pass and sampling. The forward pass alone is timed too
-(a wrapper around the model), so that the host's share (Python scheduling, input preparation, sampling) is
-reported separately as the engine's fixed per-step and per-request overheads.
+What a step's duration covers is what ``realengine.engine.run_engine`` counts, since a script runs through the
+same serving loop (``sim.simulator``) and executor (``realengine.executor.EngineExecutor``): from the moment the
+loop resumes after the previous step to the end of this one, i.e. the core's bookkeeping of the previous step
+(``complete``), admitting arrivals, the policy's ``schedule``, input preparation, the forward pass and sampling;
+by the engine's clock (``clock``: ``"virtual"``, the serving thread's CPU time on CPU, synchronised wall time on
+CUDA; or ``"wall"``). The forward pass alone is timed too (a wrapper around the model, on the same clock), so that
+the host's share (Python scheduling, input preparation, sampling) is reported separately as the engine's fixed
+per-step and per-request overheads.
 
 Shape classes (``Script.kind``): ``decode`` (B requests decoding at context c), ``prefill`` (one prompt in
 chunks of q tokens over a cached context c = 0, q, 2q, ...), ``mixed`` (B decodes plus a prefill chunk, as
@@ -36,17 +39,19 @@ from typing import Any
 import numpy as np
 import torch
 
+from calibration.fit import Sample
 from realengine.engine import CPU_KV_BYTES
+from realengine.executor import EngineExecutor
 from realengine.kv_cache import KVCache, kv_bytes_per_block, profile_num_blocks
 from realengine.model import LlamaModel, torch_dtype
 from realengine.runner import ModelRunner
 from sim.block_manager import PagedBlockManager
-from sim.core import ServingCore
-from sim.request import Request, RequestSpec
+from sim.core import Batch, ServingCore
+from sim.costmodel import CostModel
+from sim.request import RequestSpec
 from sim.scenario import ScenarioError, build, parse_scenario, variant_configs
+from sim.simulator import Simulation
 from sim.specs import ModelSpec
-
-from calibration.fit import Sample
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +94,7 @@ class Grid:
     swap_blocks: tuple[int, ...] = (1, 4, 16, 64)  # block counts of the swap copy measurement
 
     @classmethod
-    def tiny_cpu(cls) -> "Grid":
+    def tiny_cpu(cls) -> Grid:
         return cls(
             decode_batches=(1, 2, 4, 8, 16, 32), decode_contexts=(16, 128, 384), decode_steps=10,
             prefill_chunks=(16, 64, 256, 768), prefill_len=768,
@@ -98,7 +103,7 @@ class Grid:
         )
 
     @classmethod
-    def gpu(cls) -> "Grid":
+    def gpu(cls) -> Grid:
         return cls(
             decode_batches=(1, 4, 16, 64, 128, 256), decode_contexts=(128, 1024, 4096), decode_steps=16,
             prefill_chunks=(128, 512, 2048, 8192), prefill_len=8192,
@@ -150,12 +155,13 @@ def scripts_of(grid: Grid, seed: int = 0) -> list[Script]:
         outputs = rng.integers(2, grid.static_max_output + 1, size=2 * b)
         out.append(Script(f"static-b{b}", "padded",
                           {"type": "static", "batch_size": b, "max_wait": 0.0},
-                          tuple(Arrival(0, int(p), int(o)) for p, o in zip(prompts, outputs))))
+                          tuple(Arrival(0, int(p), int(o)) for p, o in zip(prompts, outputs, strict=True))))
     return out
 
 
 class _TimedModel:
-    """Wraps the model the runner calls, adding up the time spent in its forward passes."""
+    """Wraps the model the runner calls, adding up the time spent in its forward passes (by ``timer``: the same
+    clock the step's duration is read from)."""
 
     def __init__(self, model: LlamaModel, sync: Callable[[], None]) -> None:
         self.model = model
@@ -164,12 +170,13 @@ class _TimedModel:
         self.device = model.device
         self.dtype = model.dtype
         self.elapsed = 0.0
+        self.timer: Callable[[], float] = time.perf_counter
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        t = time.perf_counter()
+        t = self.timer()
         out = self.model(*args, **kwargs)
         self.sync()
-        self.elapsed += time.perf_counter() - t
+        self.elapsed += self.timer() - t
         return out
 
 
@@ -193,6 +200,72 @@ def _policy_for(script: Script, model: str, max_model_len: int, block_size: int,
     return policy
 
 
+class _Recorder:
+    """The engine's executor, recording each step's shape, duration and forward-pass time."""
+
+    def __init__(self, engine: EngineExecutor, timed: _TimedModel, idle: float) -> None:
+        self.engine = engine
+        self.timed = timed
+        self.idle = idle
+        self.cost: CostModel | None = None  # measured: no fast path
+        self.peak_flops = 0.0
+        self.failure: str | None = None
+        self.steps: list[_Step] = []
+
+    def resume(self) -> None:
+        self.engine.resume()
+
+    def execute(self, batch: Batch) -> float:
+        if self.idle > 0:
+            wake = self.engine.timer() + self.idle
+            time.sleep(self.idle)
+            self.engine.resume(at=wake)
+        f0 = self.timed.elapsed
+        duration = self.engine.execute(batch)
+        self.failure = self.engine.failure
+        s = batch.shape
+        self.steps.append(_Step((int(s.num_seqs), int(s.num_tokens), int(s.num_decode_seqs), int(s.kv_read_tokens),
+                                 int(s.attn_pairs), int(s.num_padding_tokens), int(s.swap_blocks)),
+                                duration, self.timed.elapsed - f0))
+        return duration
+
+    def step_flops(self, batch: Batch) -> float:
+        return 0.0
+
+
+def _scripted(pending: list[Arrival], specs: list[RequestSpec]):
+    """An arrival source for the serving loop: request j arrives just before step ``pending[j].step`` is
+    scheduled (counting the replica's steps); when nothing is left to run before the next arrival, it arrives at
+    once (the step count jumps to it)."""
+
+    def source(sim: Simulation):
+        rep = sim.replicas[0]
+        k, i = 0, 0
+
+        def send_due() -> None:
+            nonlocal k, i
+            while i < len(pending) and pending[i].step <= k:
+                sim.send(specs[i])
+                i += 1
+            if i < len(pending) and not rep.core.has_work:  # nothing to run until the next arrival
+                k = pending[i].step
+                send_due()
+            elif i == len(pending):
+                sim.close_arrivals()
+
+        def after_step(_rep) -> None:
+            nonlocal k
+            k += 1
+            if i < len(pending):
+                send_due()
+
+        rep.step_listeners.append(after_step)
+        send_due()
+        yield sim.env.timeout(0)
+
+    return source
+
+
 # idle times at which the wake-up cost is measured (seconds); past the last one it is taken as flat
 WAKE_IDLES = (0.0002, 0.001, 0.003, 0.008, 0.02)
 
@@ -212,58 +285,39 @@ class _Bench:
         self.sync: Callable[[], None] = (lambda: torch.cuda.synchronize()) if self.is_cuda else (lambda: None)
         self.runner = ModelRunner(spec, block_manager=self.kv, model=model)
         self.timed = _TimedModel(model, self.sync)
-        self.runner.model = self.timed  # the runner calls self.model(...): time the forward passes
+        # duck-typed: the runner only calls its model and reads spec, device and dtype
+        self.runner.model = self.timed  # type: ignore[assignment]  # the runner calls self.model(...): time the forward passes
         self.next_id = 0
 
-    def run(self, script: Script, policy, idle: float = 0.0) -> list[_Step]:
-        """Drive the script to the end as ``run_engine``'s loop does; one ``_Step`` per step. ``idle > 0``
-        sleeps that long before every step and times the step from the moment the sleep should have ended, as
-        the engine times a step that follows an idle period (its wake-up included)."""
+    def run(self, script: Script, policy, idle: float = 0.0, wall: bool = False) -> list[_Step]:
+        """Drive the script to the end through the serving loop (``sim.simulator``) on the engine's executor, as
+        ``run_engine`` does with its virtual clock; one ``_Step`` per step. ``wall``: time steps by the wall clock
+        (``perf_counter``) instead of the engine's virtual clock. ``idle > 0`` sleeps that long before every step
+        and times the step from the moment the sleep should have ended, as the wall clock times a step that
+        follows an idle period (its wake-up included); only meaningful with ``wall``."""
         kv, runner, timed = self.kv, self.runner, self.timed
         core = ServingCore(policy, kv, fast_path=False)
         core.finish_listeners.append(lambda r: runner.release(r.id))
+        engine = EngineExecutor(runner, timer=time.perf_counter if wall else None)
+        timed.timer = engine.timer
+        rec = _Recorder(engine, timed, idle)
         pending = sorted(script.arrivals, key=lambda a: a.step)
-        steps: list[_Step] = []
-        clock = time.perf_counter
-        t0 = clock()
-        prev = t0
-        i = 0
-        k = 0
-        while True:
-            now = prev - t0
-            while i < len(pending) and pending[i].step <= k:
-                a = pending[i]
-                spec = RequestSpec(id=self.next_id, arrival=now, prompt_len=a.prompt_len, output_len=a.output_len)
-                self.next_id += 1
-                core.add_request(Request(spec, now), now)
-                i += 1
-            batch = core.schedule(now) if core.has_work else None
-            if batch is None:
-                if core.has_work:
-                    raise RuntimeError(f"calibration script {script.name} stalled at step {k}")
-                if i < len(pending):  # nothing to run until the next arrival: let it arrive now
-                    k = pending[i].step
-                    prev = clock()
-                    continue
-                break
-            if idle > 0:
-                wake = clock() + idle
-                time.sleep(idle)
-                prev = wake
-            f0 = timed.elapsed
-            runner.execute(batch)
-            self.sync()
-            end = clock()
-            core.complete(batch, end - t0)
-            s = batch.shape
-            steps.append(_Step((int(s.num_seqs), int(s.num_tokens), int(s.num_decode_seqs), int(s.kv_read_tokens),
-                                int(s.attn_pairs), int(s.num_padding_tokens), int(s.swap_blocks)),
-                               end - prev, timed.elapsed - f0))
-            prev = end
-            k += 1
+        specs = [RequestSpec(id=self.next_id + j, arrival=0.0, prompt_len=a.prompt_len, output_len=a.output_len)
+                 for j, a in enumerate(pending)]
+        self.next_id += len(specs)
+        sim = Simulation(specs, [(core, rec)], fast_forward=False, arrivals=_scripted(pending, specs))
+        threads = torch.get_num_threads()
+        if not self.is_cuda and not wall:
+            torch.set_num_threads(1)  # the virtual clock counts the serving thread's CPU time only
+        try:
+            sim.run()
+        except RuntimeError as e:
+            raise RuntimeError(f"calibration script {script.name}: {e}") from None
+        finally:
+            torch.set_num_threads(threads)
         if kv.num_free_blocks != kv.num_blocks:
             raise RuntimeError(f"calibration script {script.name} left {kv.num_blocks - kv.num_free_blocks} blocks")
-        return steps
+        return rec.steps
 
     def wake_curve(self, scripts: list[Script], policies: list, repeats: int,
                    idles: tuple[float, ...] = WAKE_IDLES) -> list[tuple[float, float]]:
@@ -271,15 +325,16 @@ class _Bench:
         of (after that sleep - back to back) on the grid's first decode and prefill scripts. On a shared VM it
         grows from tens of microseconds (sub-millisecond idles) to about a millisecond (the CPU leaves its
         power-saving state, caches are cold), which is what makes time to first token long at light load."""
-        picked = [next((s, p) for s, p in zip(scripts, policies) if s.kind == kind) for kind in ("decode", "prefill")]
+        picked = [next((s, p) for s, p in zip(scripts, policies, strict=True) if s.kind == kind)
+                  for kind in ("decode", "prefill")]
         curve = [(0.0, 0.0)]
         for idle in idles:
             diffs: list[float] = []
             for _ in range(repeats):
                 for script, policy in picked:
-                    busy = self.run(script, policy)
-                    woken = self.run(script, policy, idle=idle)
-                    diffs += [w.duration - b.duration for b, w in zip(busy, woken)]
+                    busy = self.run(script, policy, wall=True)
+                    woken = self.run(script, policy, idle=idle, wall=True)
+                    diffs += [w.duration - b.duration for b, w in zip(busy, woken, strict=True)]
             curve.append((idle, max(float(np.median(diffs)), 0.0)))
         return curve
 
@@ -356,9 +411,15 @@ def measure(
     block_size: int = 16,
     seed: int = 0,
     progress: bool = False,
+    clock: str = "virtual",
 ) -> Measurements:
     """Run every script of the grid ``repeats`` times (after one warm-up round) and return the median step
-    times. Raises ``ScenarioError`` for an unknown model or device, ``ValueError`` for bad settings."""
+    times. ``clock``: the engine clock the profile is for (``run_engine(clock=...)``); only the wall clock
+    measures the wake-up after idling (the virtual clock never sleeps, so its profile has no wake-up curve).
+    Raises ``ScenarioError`` for an unknown model or device, ``ValueError`` for bad settings."""
+    if clock not in ("virtual", "wall"):
+        raise ValueError(f"clock must be 'virtual' or 'wall', got {clock!r}")
+    wall = clock == "wall"
     t_start = time.perf_counter()
     if device not in ("cpu", "cuda"):
         raise ScenarioError(f"--device must be cpu or cuda, got {device!r}")
@@ -390,21 +451,21 @@ def measure(
     runs: list[list[list[_Step]]] = [[] for _ in scripts]  # script -> repeat -> steps
     with torch.inference_mode():
         for rnd in range(repeats + 1):
-            for j, (script, policy) in enumerate(zip(scripts, policies)):
-                steps = bench.run(script, policy)
+            for j, (script, policy) in enumerate(zip(scripts, policies, strict=True)):
+                steps = bench.run(script, policy, wall=wall)
                 if rnd > 0:  # round 0 warms up every shape (allocator, kernels' first calls)
                     runs[j].append(steps)
                 if bar is not None:
                     bar.update(1)
         swap = bench.swap_per_block(grid.swap_blocks, repeats)
-        wake = bench.wake_curve(scripts, policies, max(1, repeats // 2))
+        wake = bench.wake_curve(scripts, policies, max(1, repeats // 2)) if wall else []
     if bar is not None:
         bar.close()
     samples: list[Sample] = []
-    for script, reps in zip(scripts, runs):
+    for script, reps in zip(scripts, runs, strict=True):
         n = len(reps[0])
         for r in reps[1:]:
-            if len(r) != n or any(a.shape != b.shape for a, b in zip(r, reps[0])):
+            if len(r) != n or any(a.shape != b.shape for a, b in zip(r, reps[0], strict=False)):
                 raise RuntimeError(f"calibration script {script.name} did not repeat its steps")
         for k in range(n):
             d = np.array([r[k].duration for r in reps])
@@ -413,16 +474,19 @@ def measure(
             med = float(np.median(d))
             samples.append(Sample(script.name, script.kind, k, *reps[0][k].shape, duration=med,
                                   forward=float(np.median(f)), spread=float((q3 - q1) / med) if med > 0 else 0.0))
+    # the virtual clock runs the steps on one torch thread (``_Bench.run``)
+    threads = torch.get_num_threads() if wall or device == "cuda" else 1
     if device == "cuda":
         dev_name = torch.cuda.get_device_name()
     else:
-        dev_name = f"cpu ({_host_cpu()}, {torch.get_num_threads()} torch threads)"
+        dev_name = f"cpu ({_host_cpu()}, {threads} torch threads)"
     provenance = {
-        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "device": dev_name,
         "host_cpu": _host_cpu(),
         "host_cpus": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
+        "torch_threads": threads,
+        "clock": clock,
         "torch": torch.__version__,
         "cuda": torch.version.cuda if device == "cuda" else None,
         "python": platform.python_version(),
@@ -448,7 +512,8 @@ def reference_script(profile: dict[str, Any]) -> Script | None:
     g = profile.get("provenance", {}).get("grid")
     if not g:
         return None
-    grid = Grid(**{k: tuple(v) if isinstance(v, list) else v for k, v in g.items()})
+    # a stored grid: JSON lists back to tuples (mypy cannot type a dict of mixed fields)
+    grid = Grid(**{k: tuple(v) if isinstance(v, list) else v for k, v in g.items()})  # type: ignore[arg-type]
     b = grid.decode_batches[len(grid.decode_batches) // 2]
     c = grid.decode_contexts[len(grid.decode_contexts) // 2]
     name = f"decode-b{b}-c{c}"

@@ -1,52 +1,49 @@
-"""The real-time engine loop: a scenario's workload replayed against the wall clock on a real model.
+"""The real engine: a scenario's workload served by a real model, driven by the simulator's own serving loop.
 
 The serving core, its policy and its KV block manager are the very objects the simulator builds
-(``sim.scenario.build``); only the executor differs. One iteration of the loop::
+(``sim.scenario.build``), and so is the loop: ``sim.simulator.Simulation`` with one replica whose executor is
+``realengine.executor.EngineExecutor`` (the batch runs on the model; the step lasts what it measurably took)
+instead of a cost model. Arrivals, closed-loop users, cancellations, per-request errors and out-of-memory steps
+are therefore handled by the same code in both, and the parity check (the simulator fed the engine's measured
+step durations makes the same plans, preemptions and clock) holds by construction: every scheduling decision
+depends only on what arrived at or before the step's start, and the clock is ``start + duration`` step by step.
 
-    add every request whose (scaled) arrival time has passed     # at the loop's clock, see below
-    batch = core.schedule(now)                                  # None: sleep to the next arrival / wake time
-    runner.execute(batch)                                       # the real forward pass (synchronised)
-    core.complete(batch, end)                                   # end measured on the wall clock
-
-The engine's clock: ``now`` is the time the step starts, and every step ends at ``end = now + d`` where ``d`` is
-the measured wall time since ``now`` (``perf_counter``). A step that follows another starts exactly at the
-previous step's end, so the scheduler's bookkeeping between two forward passes is part of a step's measured
-duration, as in any real engine's step time. When the engine idles, it sleeps until the next arrival (or the
-policy's wake time) and the next step starts exactly at that time: the oversleep (the OS's wake-up latency) is
-folded into the step's duration. Requests are admitted at the loop top when their arrival time is at or before
-``now``, with their true (scaled) arrival time. Thus every scheduling decision depends only on arrivals at or
-before the step's start, and the clock is ``start + duration`` step by step: exactly what the simulator computes
-when it is given the measured durations, which makes the parity check (same plans, same preemptions) exact.
-
-Closed-loop workloads too: each user sends its next request a (scaled) think time after its previous one ended,
-on the engine's clock, exactly as the simulator's users do.
+Two clocks (``run_engine(clock=...)``): ``"virtual"`` (a ``simpy.Environment`` advanced by measured durations:
+on CPU the serving thread's CPU time, on CUDA synchronised wall time; idle gaps are skipped) and ``"wall"``
+(``simpy.rt.RealtimeEnvironment``: the workload replayed in real time, for live runs). See
+``realengine.executor``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import heapq
 import os
 import resource
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
+import simpy
+import simpy.rt
 import torch
 
 from realengine.attention import build_metadata
+from realengine.executor import EngineExecutor
 from realengine.kv_cache import kv_bytes_per_block, profile_num_blocks
 from realengine.model import LlamaModel, torch_dtype
 from realengine.runner import ModelRunner
-from sim.core import Batch, ServingCore
+from sim.cluster import ClusterSimulation, cluster_result
+from sim.core import ServingCore
 from sim.failures import FailurePlan
 from sim.records import RunResult
-from sim.request import Request, Status
+from sim.request import Request
+from sim.results import result_of
+from sim.run import autoscaler_of
 from sim.scenario import PagedKV, ScenarioError, VariantConfig, build
-from sim.simulator import result_of
+from sim.simulator import ClosedLoopPlan, Simulation
 from sim.specs import ModelSpec
 
 CPU_KV_BYTES = 512 * 2**20  # CPU runs without num_gpu_blocks: KV cache of at most this many bytes
@@ -194,6 +191,7 @@ def run_engine(
     real_model=None,
     texts: list | None = None,
     weight_quant: str | None = None,
+    clock: str = "virtual",
 ) -> tuple[RunResult, list[Request], ServingCore]:
     """Run one variant on the real model, replaying ``workload`` (a ``GeneratedWorkload`` or a list of
     ``RequestSpec``) against the wall clock; arrival ``a`` comes at ``a * time_scale`` seconds after the start.
@@ -211,7 +209,34 @@ def run_engine(
     output text (real models only; see ``write_engine_run``). ``weight_quant``: run the decoder's linear layers
     quantized (``int8``, ``int4`` or ``fp8``, ``realengine.quant``); the KV cache is sized after quantizing, as
     vLLM sizes it after loading the quantized weights.
+
+    ``clock``: ``"virtual"`` (default) or ``"wall"``. Wall: the engine replays the arrivals against the wall
+    clock, sleeping through idle gaps, and a step lasts the wall time it took. Virtual: time advances only by the
+    measured step durations and jumps over idle gaps (to the next arrival, wake or cancellation time); a step's
+    duration is, on CPU, the serving thread's CPU time (``time.thread_time``), so that other processes on a
+    shared machine cannot lengthen it (torch then runs with one intra-op thread, restored afterwards), and on CUDA
+    the synchronised ``perf_counter`` time. ``max_wall_s`` is wall-clock seconds in both.
     """
+    if clock not in ("virtual", "wall"):
+        raise ValueError(f"clock must be 'virtual' or 'wall', got {clock!r}")
+    threads = torch.get_num_threads()
+    if clock == "virtual" and device != "cuda":
+        torch.set_num_threads(1)  # the thread's CPU time is then the forward pass's whole cost
+    try:
+        return _run_engine(cfg, workload, device=device, dtype=dtype, model_spec=model_spec,
+                           num_gpu_blocks=num_gpu_blocks, time_scale=time_scale, max_wall_s=max_wall_s, name=name,
+                           seed=seed, record_plans=record_plans, memory_interval_s=memory_interval_s,
+                           memory_samples=memory_samples, kv_layout=kv_layout, failures=failures,
+                           decode_kernel=decode_kernel, on_runner=on_runner, real_model=real_model, texts=texts,
+                           weight_quant=weight_quant, virtual=clock == "virtual")
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run_engine(cfg: VariantConfig, workload, *, device, dtype, model_spec, num_gpu_blocks, time_scale,
+                max_wall_s, name, seed, record_plans, memory_interval_s, memory_samples, kv_layout, failures,
+                decode_kernel, on_runner, real_model, texts, weight_quant, virtual: bool,
+                ) -> tuple[RunResult, list[Request], ServingCore]:
     requests_in = getattr(workload, "requests", workload)
     if time_scale < 0:
         raise ValueError(f"time_scale must be >= 0, got {time_scale}")
@@ -246,7 +271,7 @@ def run_engine(
                                     max_num_seqs=built.limits.max_num_seqs,
                                     gpu_memory_utilization=cfg.deployment.gpu_memory_utilization)
         cfg = engine_config(cfg, num_gpu_blocks=blocks, dtype=tdtype, device=device)
-    policy, kv, cost, built = build(cfg)
+    _, kv0, _, built = build(cfg)
     if kv_layout == "paged" and not isinstance(cfg.kv_cache, PagedKV):
         kv_layout = "contiguous"  # the contiguous allocator has no block tables
     prompt_fn = None
@@ -258,134 +283,87 @@ def run_engine(
         def prompt_fn(spec):
             return text_prompt_ids(spec.id, spec.prompt_len, tok, seed=seed)
 
-    runner = ModelRunner(built.model, block_manager=kv, model=model, kv_layout=kv_layout,
-                         max_num_seqs=min(built.limits.max_num_seqs, 1024), max_model_len=built.max_model_len,
-                         prompt_fn=prompt_fn)
-    core = ServingCore(policy, kv, fast_path=False, record_plans=record_plans)
-    if real_model is not None and texts is not None:
-        core.finish_listeners.append(lambda r: texts.append(_request_text(r, runner, real_model.tokenizer,
-                                                                          name or cfg.name)))
-    core.finish_listeners.append(lambda r: runner.release(r.id))
-    if on_runner is not None:
-        on_runner(runner)
     is_cuda = device == "cuda"
-    price = cost if is_cuda else SimpleNamespace(peak_flops=0.0)
-    sampler = MemorySampler(name or cfg.name, runner.device, memory_interval_s)
+    sampler = MemorySampler(name or cfg.name, model.device, memory_interval_s)
+
+    def count_step(_: int) -> None:
+        sampler.step += 1  # steps done by every replica together
 
     # warm-up outside the clock: the first forward pays one-off costs (allocator, kernels' first calls)
     with torch.inference_mode():
-        meta = build_metadata([0], [8], device=runner.device, block_size=kv.block_size)
-        model(torch.zeros(8, dtype=torch.long, device=runner.device), meta.positions, meta, None)
+        meta = build_metadata([0], [8], device=model.device, block_size=kv0.block_size)
+        model(torch.zeros(8, dtype=torch.long, device=model.device), meta.positions, meta, None)
     if is_cuda:
-        torch.cuda.synchronize(runner.device)
+        torch.cuda.synchronize(model.device)
 
-    # Requests not sent yet, as a heap of (send time, order, spec). Open loop: every request at its (scaled)
-    # arrival time. Closed loop: each user's first request at time 0, the next one a (scaled) think time after
-    # the previous one ended, whatever its outcome (as the simulator's users do).
-    sends: list[tuple[float, int, Any]] = []
+    # The simulator's own loop (sim.simulator) drives the engine: every time it handles, the arrivals', the
+    # users' think times and the clients' patience, is scaled by time_scale here.
+    specs = [dataclasses.replace(s, arrival=s.arrival * time_scale) for s in requests_in]
     closed = getattr(workload, "closed_loop", None)
-    user_queues: list[list] = []
-    if closed is None:
-        for k, spec in enumerate(sorted(requests_in, key=lambda s: (s.arrival, s.id))):
-            sends.append((spec.arrival * time_scale, k, spec))
+    plan = None if closed is None else ClosedLoopPlan(closed.num_users, np.asarray(closed.think_times) * time_scale)
+    timed = dataclasses.replace(failures, cancel_after={i: d * time_scale for i, d in failures.cancel_after.items()})
+    env = simpy.Environment() if virtual else simpy.rt.RealtimeEnvironment(strict=False)
+    executors: list[EngineExecutor] = []
+
+    def make_replica() -> tuple[ServingCore, EngineExecutor]:
+        """One engine replica: its own policy, KV memory, cache tensors and runner; the model's weights are
+        shared (read-only), as replicas of one checkpoint hold the same weights."""
+        policy, kv, cost, built = build(cfg)
+        runner = ModelRunner(built.model, block_manager=kv, model=model, kv_layout=kv_layout,
+                             max_num_seqs=min(built.limits.max_num_seqs, 1024), max_model_len=built.max_model_len,
+                             prompt_fn=prompt_fn)
+        core = ServingCore(policy, kv, fast_path=False, record_plans=record_plans)
+        if real_model is not None and texts is not None:
+            core.finish_listeners.append(lambda r: texts.append(_request_text(r, runner, real_model.tokenizer,
+                                                                              name or cfg.name)))
+        core.finish_listeners.append(lambda r: runner.release(r.id))
+        if on_runner is not None:
+            on_runner(runner)
+        executor = EngineExecutor(runner, clock="virtual" if virtual else "wall",
+                                  price=cost if is_cuda else None, oom_steps=failures.oom_steps)
+        executor.env = env
+        executor.on_step = count_step
+        executors.append(executor)
+        return core, executor
+
+    t0 = time.perf_counter()
+
+    def wall_limit() -> str | None:
+        return "engine wall-clock limit" if time.perf_counter() - t0 > max_wall_s else None  # type: ignore[operator]
+
+    limit = None if max_wall_s is None else wall_limit
+    tp = cfg.deployment.tensor_parallel_size
+    sim: Simulation
+    if cfg.cluster is not None:  # replicas behind a router (and an autoscaler): the simulator's cluster
+        if not virtual or max_wall_s is not None:
+            raise ValueError("a cluster runs on the engine under the virtual clock only, without max_wall_s")
+        cl = cfg.cluster
+        sim = ClusterSimulation(specs, make_replica, replicas=cl.replicas, router=cl.router,
+                                autoscaler=autoscaler_of(cfg), closed_loop=plan, fast_forward=False, failures=timed,
+                                leak=leak)
     else:
-        user_queues = [[] for _ in range(closed.num_users)]
-        for spec in sorted(requests_in, key=lambda s: s.id):
-            user_queues[spec.session_id or 0].append(spec)
-        for queue in user_queues:
-            queue.reverse()  # pop() takes the user's next request
-        sends = [(0.0, u, q.pop()) for u, q in enumerate(user_queues) if q]
-    order = len(sends)
-    requests: list[Request] = []
-    live: dict[int, Request] = {}  # arrived requests by id (those a fault can still reach)
-    cancels: list[tuple[float, int]] = []  # (time, id) heap of the clients that will disconnect
-    steps = 0
-
-    def arrive(upto: float) -> None:
-        while sends and sends[0][0] <= upto:
-            due, _, spec = heapq.heappop(sends)
-            req = Request(spec, due)
-            requests.append(req)
-            core.add_request(req, due)
-            live[req.id] = req
-            delay = failures.cancel_after.get(req.id)
-            if delay is not None:
-                heapq.heappush(cancels, (due + delay * time_scale, req.id))
-
-    def next_send(r: Request) -> None:
-        nonlocal order
-        queue = user_queues[r.spec.session_id or 0]
-        if queue:
-            think = float(closed.think_times[r.id]) * time_scale
-            heapq.heappush(sends, (r.finish + think, order, queue.pop()))
-            order += 1
-
-    if closed is not None:
-        core.finish_listeners.append(next_send)
-
-    clock = time.perf_counter
-    t0 = clock()
+        sim = Simulation(specs, [make_replica()], closed_loop=plan, fast_forward=False, failures=timed, leak=leak,
+                         env=env, limit=limit)
     sampler.start(t0)
-    now = 0.0
+    if not virtual:
+        env.sync()  # type: ignore[attr-defined]  # a RealtimeEnvironment: its time 0 is now
     try:
-        while True:
-            arrive(now)
-            while cancels and cancels[0][0] <= now:
-                _, rid = heapq.heappop(cancels)
-                if live[rid].outcome is None:
-                    core.abort(live[rid], now, failures.cancel_reason, leak=leak)
-            if max_wall_s is not None and clock() - t0 > max_wall_s:
-                for r in list(core.waiting) + list(core.running) + list(core.swapped):
-                    core.abort(r, now, "engine wall-clock limit")
-                break
-            batch = core.schedule(now) if core.has_work else None
-            if batch is None:
-                nxt = sends[0][0] if sends else None
-                wake = core.wake_time(now) if core.has_work else None
-                if wake is not None and wake > now and (nxt is None or wake < nxt):
-                    nxt = wake
-                if cancels and core.has_work and (nxt is None or cancels[0][0] < nxt):
-                    nxt = cancels[0][0]
-                if nxt is None:
-                    if core.has_work:
-                        raise RuntimeError(f"engine stalled at {now:.3f}s: {len(core.waiting)} waiting, "
-                                           f"{len(core.running)} running, {len(core.swapped)} swapped and the "
-                                           f"policy schedules nothing")
-                    break
-                delay = nxt - (clock() - t0)
-                if delay > 0:
-                    time.sleep(delay)
-                now = nxt  # the step starts at the arrival (wake) time; the oversleep counts in its duration
-                continue
-            oom = _execute(runner, batch, steps in failures.oom_steps)
-            if is_cuda:
-                torch.cuda.synchronize(runner.device)
-            end = now + ((clock() - t0) - now)
-            # requests that arrived during the step join the queue before the step completes, as in the
-            # simulator (the step's row then shows them waiting)
-            arrive(end)
-            if oom is not None:  # the step produced nothing: every request in it fails, its blocks freed
-                for r in _batch_requests(batch):
-                    core.abort(r, end, f"out of memory: {oom}")
-                if is_cuda:
-                    torch.cuda.empty_cache()
-            elif failures.error_after:
-                for r, _ in batch.plan.scheduled:
-                    n = failures.error_after.get(r.id)
-                    if n is not None and r.num_output_tokens >= n and r.status is not Status.FINISHED:
-                        core.abort(r, end, f"injected error after {r.num_output_tokens} output tokens")
-            flops = float(cost.step_flops(batch.shape)) if is_cuda and oom is None else 0.0
-            core.complete(batch, end, flops)
-            steps += 1
-            sampler.step = steps
-            now = end
+        with torch.inference_mode():
+            sim.run()
     finally:
         sampler.stop()
+    requests = sim.requests
     if memory_samples is not None:
         memory_samples.extend(sampler.rows)
-    result = result_of(name or cfg.name, requests, core, price, config=cfg.to_dict(),
-                       weight_bytes=float(model.weight_bytes()),
-                       kv_bytes_per_block=float(kv_bytes_per_block(built.model, tdtype, kv.block_size)))
+    weight_bytes = float(model.weight_bytes())
+    bpb = float(kv_bytes_per_block(built.model, tdtype, kv0.block_size))
+    core = sim.replicas[0].core
+    if isinstance(sim, ClusterSimulation):
+        result = cluster_result(name or cfg.name, sim, executors, price_per_hour=built.gpu.price_per_hour * tp,
+                                config=cfg.to_dict(), weight_bytes=weight_bytes, kv_bytes_per_block=bpb)
+    else:
+        result = result_of(name or cfg.name, requests, core, executors[0], config=cfg.to_dict(),
+                           weight_bytes=weight_bytes, kv_bytes_per_block=bpb)
     return result, requests, core
 
 
@@ -412,31 +390,6 @@ def _select_decode_kernel(choice: str) -> None:
         attention.register_cuda_decode_kernel(None)
         return
     triton_decode.register()
-
-
-def _batch_requests(batch: Batch) -> list[Request]:
-    """The requests a step works for: those it computes tokens for and those it swaps back in."""
-    seen = {r.id: r for r, _ in batch.plan.scheduled}
-    for r in batch.plan.swap_in:
-        seen.setdefault(r.id, r)
-    return list(seen.values())
-
-
-def _execute(runner: ModelRunner, batch: Batch, inject_oom: bool) -> str | None:
-    """Run the step; on out-of-memory (real, or injected just before the forward pass) return its message."""
-    if inject_oom:
-        runner.fault = _raise_oom
-    try:
-        runner.execute(batch)
-    except torch.OutOfMemoryError as e:
-        return str(e).splitlines()[0] if str(e) else "OutOfMemoryError"
-    finally:
-        runner.fault = None
-    return None
-
-
-def _raise_oom(batch: Batch) -> None:
-    raise torch.OutOfMemoryError("injected: the step's activations did not fit")
 
 
 def write_memory_csv(out_dir: str | os.PathLike, samples: list[dict[str, Any]]) -> Path:

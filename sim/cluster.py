@@ -17,11 +17,13 @@ import numpy as np
 from sim.autoscaler import AutoscalerConfig, ReplicaLife, ScalingLog
 from sim.core import ServingCore
 from sim.costmodel import CostModel
+from sim.executor import Executor
 from sim.metrics import summarize
 from sim.records import RunResult
 from sim.request import Request
+from sim.results import HasPeakFlops, gc_paused, pooled_gaps, result_of
 from sim.routers import kv_pressure, make_router, outstanding
-from sim.simulator import ClosedLoopPlan, Replica, Simulation, gc_paused, pooled_gaps, result_of
+from sim.simulator import ClosedLoopPlan, Replica, Simulation
 
 
 class ClusterSimulation(Simulation):
@@ -30,7 +32,7 @@ class ClusterSimulation(Simulation):
     def __init__(
         self,
         specs,
-        make_replica: Callable[[], tuple[ServingCore, CostModel]],
+        make_replica: Callable[[], tuple[ServingCore, Executor | CostModel]],
         *,
         replicas: int,
         router: str = "round_robin",
@@ -174,7 +176,7 @@ class ClusterSimulation(Simulation):
 def cluster_result(
     name: str,
     sim: ClusterSimulation,
-    costs: Sequence[CostModel],
+    costs: Sequence[HasPeakFlops],
     *,
     price_per_hour: float,
     config: dict | None = None,

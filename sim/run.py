@@ -3,18 +3,20 @@ the command line and the notebooks."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from sim.autoscaler import AutoscalerConfig
 from sim.core import ServingCore
 from sim.metrics import summarize
 from sim.records import RunResult
 from sim.request import Request
+from sim.results import result_of
 from sim.scenario import (
     Scenario,
     ScenarioError,
@@ -25,7 +27,7 @@ from sim.scenario import (
     sweep_points,
     variant_configs,
 )
-from sim.simulator import ClosedLoopPlan, Simulation, result_of
+from sim.simulator import ClosedLoopPlan, Simulation
 from sim.workload import GeneratedWorkload
 
 
@@ -90,8 +92,20 @@ def simulate_variant(
     return result, sim.requests, core
 
 
+def autoscaler_of(cfg: VariantConfig) -> AutoscalerConfig | None:
+    """The variant's cluster autoscaler, if it has one (both executors' clusters build it here)."""
+    cl = cfg.cluster
+    if cl is None or cl.autoscaler is None:
+        return None
+    a = cl.autoscaler
+    try:
+        return AutoscalerConfig(a.signal, a.scale_up, a.scale_down, a.interval, a.cooldown, a.provisioning_delay,
+                                a.min_replicas, a.max_replicas)
+    except ValueError as e:
+        raise ScenarioError(f"variant {cfg.name!r}: cluster: {e}") from None
+
+
 def _simulate_cluster(cfg, workload, *, name, keep_token_times, fast_path, progress):
-    from sim.autoscaler import AutoscalerConfig
     from sim.cluster import ClusterSimulation, cluster_result
 
     cl = cfg.cluster
@@ -104,14 +118,7 @@ def _simulate_cluster(cfg, workload, *, name, keep_token_times, fast_path, progr
         costs.append(cost)
         return ServingCore(policy, kv, fast_path=fast_path, keep_token_times=keep_token_times), cost
 
-    auto = None
-    if cl.autoscaler is not None:
-        a = cl.autoscaler
-        try:
-            auto = AutoscalerConfig(a.signal, a.scale_up, a.scale_down, a.interval, a.cooldown,
-                                    a.provisioning_delay, a.min_replicas, a.max_replicas)
-        except ValueError as e:
-            raise ScenarioError(f"variant {cfg.name!r}: cluster: {e}") from None
+    auto = autoscaler_of(cfg)
     closed = workload.closed_loop
     plan = None if closed is None else ClosedLoopPlan(closed.num_users, closed.think_times)
     try:
@@ -154,7 +161,9 @@ def prepare_scenario(
     plans: list[tuple[dict[str, Any], Scenario, list[VariantConfig]]] = []
     workloads: dict[str, GeneratedWorkload] = {}
     for point in points:
-        sc = apply_point(raw, point, source) if point else scenario
+        if point:
+            assert raw is not None  # a sweep point comes from a sweep, whose raw dict is set above
+        sc = apply_point(raw, point, source) if point and raw is not None else scenario
         where = source if not point else f"{source} at {point}"
         try:
             cfgs = variant_configs(sc)

@@ -1,29 +1,34 @@
-"""The simulator: SimPy processes for arrivals and for each replica's step loop, timed by a cost model.
+"""The serving loop: SimPy processes for arrivals and for each replica's step loop, whatever executes the steps.
 
-Each replica is a ``ServingCore`` plus a ``CostModel``. Its process asks the core for a batch, waits the
-predicted step time on the SimPy clock, and completes the batch; with nothing to run it sleeps until a request
-arrives or the policy's wake time (a batch timeout, an admission deadline) comes. Arrivals are open loop
-(the workload's arrival times) or closed loop (each user sends its next request a think time after its
-previous one ended).
+Each replica is a ``ServingCore`` plus an executor (``sim.executor``). Its process asks the core for a batch,
+hands it to the executor, waits the step's duration on the SimPy clock, and completes the batch; with nothing to
+run it sleeps until a request arrives or the policy's wake time (a batch timeout, an admission deadline) comes.
+Arrivals are open loop (the workload's arrival times), closed loop (each user sends its next request a think
+time after its previous one ended) or a scripted source (calibration's requests arriving at step numbers).
+
+The executor decides what a step's duration is: a cost model's prediction (``CostExecutor``: the simulator) or
+the measured time of the step run on a real model (``realengine.executor.EngineExecutor``: the engine). The clock
+is the environment's: ``simpy.Environment`` advances by the durations alone (the simulator, and the engine's
+virtual clock), ``simpy.rt.RealtimeEnvironment(strict=False)`` keeps pace with the wall clock (the engine's
+live runs). Routers, the autoscaler, closed loops and timed failures are therefore the same code for both.
 """
 
 from __future__ import annotations
 
-import gc
 import heapq
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
-from operator import attrgetter
 
 import numpy as np
 import simpy
+from simpy.core import StopSimulation
 
-from sim.core import ServingCore
+from sim.core import Batch, ServingCore
 from sim.costmodel import CostModel
+from sim.executor import CostExecutor, Executor, as_executor
 from sim.failures import FailurePlan
-from sim.records import RequestRecord, RunResult
-from sim.request import Request, RequestSpec
+from sim.request import Request, RequestSpec, Status
+from sim.results import gc_paused
 from sim.routers import Router, round_robin
 
 
@@ -43,21 +48,23 @@ class Replica:
         self,
         env: simpy.Environment,
         core: ServingCore,
-        cost: CostModel,
+        executor: Executor | CostModel,
         index: int = 0,
         horizon: Callable[[], float] | None = None,
     ) -> None:
         self.env = env
+        self.executor = as_executor(executor)
+        # what prices or runs this replica's steps (clusters read its peak_flops)
+        self.cost = self.executor
         # when the next event from outside this replica can happen (decode stretches are taken in one go
-        # up to it); without it every step is its own SimPy event
-        self.horizon = horizon
+        # up to it); without it every step is its own SimPy event. Only a priced executor can look ahead.
+        self.horizon = horizon if isinstance(self.executor, CostExecutor) else None
         self.finishes_are_silent = True  # a completion starts no outside event (False for closed loops)
         # the next outside event is an arrival that only joins the queue, which no one else reads meanwhile
         # (single replica: a router would read this replica's state at the arrival)
         self.overshoot = False
         self.core = core
         core.replica = index  # the core stamps its requests with it
-        self.cost = cost
         self.index = index
         self._idle: simpy.Event | None = None
         self.closed = False  # no more arrivals will come
@@ -67,6 +74,13 @@ class Replica:
         self.aborts: list[tuple[float, int, Request]] = []
         self.abort_reason = "cancelled by the client"
         self.leak = False  # the bug of the failure-mode scenarios: failed requests' KV blocks are never freed
+        # per-request errors (FailurePlan.error_after): id -> output tokens after which the request fails
+        self.errors: dict[int, int] = {}
+        # checked at every step boundary; True: the run has been halted (see Simulation.halt) and the loop ends
+        self.limit: Callable[[], bool] | None = None
+        # called after every step this loop completes one by one (not the fast path's: a scripted source that
+        # listens runs without it)
+        self.step_listeners: list[Callable[[Replica], None]] = []
         self.process = env.process(self._loop())
 
     def submit(self, req: Request) -> None:
@@ -86,15 +100,39 @@ class Replica:
             if req.outcome is None:  # not finished (or rejected) meanwhile
                 self.core.abort(req, now, self.abort_reason, leak=self.leak)
 
+    def _fail_in_step(self, batch: Batch, end: float, failure: str | None) -> None:
+        """The step's failures, before it completes: an out-of-memory step fails every request in it (its blocks
+        freed); otherwise the requests whose injected error is due fail and the others go on."""
+        core = self.core
+        if failure is not None:
+            for r in batch_requests(batch, core):
+                core.abort(r, end, f"out of memory: {failure}")
+            return
+        errors = self.errors
+        for r, _ in batch.plan.scheduled:
+            n = errors.get(r.id)
+            if n is not None and r.num_output_tokens >= n and r.status is not Status.FINISHED:
+                core.abort(r, end, f"injected error after {r.num_output_tokens} output tokens")
+
     def _loop(self):
         """The step loop. With a horizon (the time of the next event from outside), steps that end before it are
         applied at once, ahead of the SimPy clock, which then catches up in one timeout: nothing outside can
         happen before the horizon, so the results are those of stepping one by one (the tests compare them)."""
-        env, core, cost = self.env, self.core, self.cost
-        step_time, step_flops = cost.step_time, cost.step_flops
+        env, core, ex = self.env, self.core, self.executor
+        execute, step_flops = ex.execute, ex.step_flops
+        priced = isinstance(ex, CostExecutor)
+        if priced:  # the cost model called directly: what CostExecutor.execute does, without its extra call
+            cost = ex.cost
+            step_time, shape_flops = cost.step_time, cost.step_flops  # type: ignore[union-attr]  # priced: a model
+        fast = ex.fast_forward if isinstance(ex, CostExecutor) else None
+        measured = ex.cost is None  # its steps' clock starts when the loop resumes
         ahead = self.horizon is not None and self.finishes_are_silent
         while True:
+            if measured:
+                ex.resume()
             t = env.now
+            if self.limit is not None and self.limit():
+                return
             if self.aborts:
                 self._take_aborts(t)
             taken: list[float] = []  # durations of the steps applied ahead of the clock
@@ -103,12 +141,10 @@ class Replica:
             batch = None
             while True:
                 horizon = self.horizon() if self.horizon is not None else None
-                if horizon is not None and core.group is not None and core.group.members:
+                if fast is not None and horizon is not None and core.group is not None and core.group.members:
                     # no overshoot past a pending failure: it must be taken at the first step boundary after it
-                    seg = core.fast_forward(
-                        t, horizon, cost, finishes=self.finishes_are_silent,
-                        overshoot=self.overshoot and not self.aborts,
-                    )
+                    seg = fast(core, t, horizon, finishes=self.finishes_are_silent,
+                               overshoot=self.overshoot and not self.aborts)
                     if seg is not None:
                         taken += seg[0]
                         t = seg[1]
@@ -121,15 +157,20 @@ class Replica:
                 batch = core.schedule(t)
                 if batch is None:
                     break
-                duration = float(step_time(batch.shape))
-                flops = float(step_flops(batch.shape))
+                if priced:
+                    shape = batch.shape
+                    duration = float(step_time(shape))
+                    flops = float(shape_flops(shape))
+                else:
+                    duration = float(execute(batch))
+                    flops = float(step_flops(batch))
                 end = t + duration
-                if ahead and end < horizon:
+                if ahead and end < horizon:  # type: ignore[operator]  # ahead implies a horizon
                     core.complete(batch, end, flops)
                     taken.append(duration)
                     t = end
                     continue
-                inflight = (batch, duration, flops)
+                inflight = (batch, duration, flops, ex.failure)
                 break
             if taken:  # let the clock catch up, landing on exactly the float stepping one by one would
                 delay = t - env.now
@@ -141,9 +182,13 @@ class Replica:
                 if overshot:  # the last step's row must show the queue at its end, arrivals included
                     core.steps.set_last_waiting(len(core.waiting))
             if inflight is not None:
-                batch, duration, flops = inflight
+                batch, duration, flops, failure = inflight
                 yield env.timeout(duration)
+                if failure is not None or self.errors:
+                    self._fail_in_step(batch, env.now, failure)
                 core.complete(batch, env.now, flops)
+                for listener in self.step_listeners:
+                    listener(self)
                 continue
             if overshot or taken:
                 continue
@@ -158,28 +203,36 @@ class Replica:
             self._idle = None
 
 
+def batch_requests(batch: Batch, core: ServingCore) -> list[Request]:
+    """The requests a step works for: those it computes tokens for (the decode group's members too, when the
+    step ran the group) and those it swaps back in."""
+    seen = {r.id: r for r, _ in batch.plan.scheduled}
+    if batch.group_size and core.group is not None:
+        for r in list(core.group.members.values()):
+            seen.setdefault(r.id, r)
+    for r in batch.plan.swap_in:
+        seen.setdefault(r.id, r)
+    return list(seen.values())
 
 
-@contextmanager
-def gc_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector. A run allocates millions of small objects and creates almost no
-    reference cycles; the collector's full passes over them would cost a quarter of the run time."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
+ArrivalSource = Callable[["Simulation"], Generator[simpy.Event, object, None]]
 
 
 class Simulation:
-    """Wire a workload to replicas and run it to the end (every request completed, rejected or failed)."""
+    """Wire a workload to replicas and run it to the end (every request completed, rejected or failed).
+
+    ``cores_and_costs``: one (core, executor) pair per replica; a cost model is taken as a ``CostExecutor``.
+    ``env``: the clock (default ``simpy.Environment``: simulated time; a ``simpy.rt.RealtimeEnvironment`` keeps
+    pace with the wall clock). ``limit``: asked at every step boundary; a reason (a string) halts the run there
+    (``halt``). ``arrivals``: a process of its own instead of the open or closed loop (it sends with ``send``
+    and ends with ``close_arrivals``). ``failures``: cancellations (timed), per-request errors (token-indexed:
+    these are checked step by step, so they turn the fast path off).
+    """
 
     def __init__(
         self,
         specs: Sequence[RequestSpec],
-        cores_and_costs: Sequence[tuple[ServingCore, CostModel]],
+        cores_and_costs: Sequence[tuple[ServingCore, Executor | CostModel]],
         *,
         closed_loop: ClosedLoopPlan | None = None,
         router: Router | None = None,
@@ -187,8 +240,16 @@ class Simulation:
         fast_forward: bool = True,
         failures: FailurePlan | None = None,
         leak: bool = False,
+        env: simpy.Environment | None = None,
+        limit: Callable[[], str | None] | None = None,
+        arrivals: ArrivalSource | None = None,
     ) -> None:
-        self.env = simpy.Environment()
+        self.env = env if env is not None else simpy.Environment()
+        self._limit = limit
+        self.halted: str | None = None  # the reason the run was halted, if it was
+        self._errors = dict(failures.error_after) if failures is not None else {}
+        if self._errors:
+            fast_forward = False  # a per-request error is checked at the end of every step
         self.specs = list(specs)
         self._next_arrival = float("inf")
         self._timers: list[float] = []  # pending closed-loop sends (a heap of times)
@@ -207,7 +268,9 @@ class Simulation:
         if len(self.replicas) == 1 and self._single_replica:
             # the next outside event is an arrival that only joins the queue, which no router reads
             self.replicas[0].overshoot = True
-        if closed_loop is None:
+        if arrivals is not None:
+            self.env.process(arrivals(self))
+        elif closed_loop is None:
             self.env.process(self._open_loop())
         else:
             self._user_queues: list[list[RequestSpec]] = [[] for _ in range(closed_loop.num_users)]
@@ -223,18 +286,58 @@ class Simulation:
     # so no replica may take a step past one, even while it is the only replica.
     _single_replica = True
 
-    def _add_replica(self, core: ServingCore, cost: CostModel) -> Replica:
+    def _add_replica(self, core: ServingCore, cost: Executor | CostModel) -> Replica:
         """A new replica wired to this simulation (its step loop starts at the current time)."""
         rep = Replica(self.env, core, cost, len(self.replicas), self._horizon if self._fast_forward else None)
         rep.leak = self._leak
+        if self._errors and core.group is not None:
+            # the decode group advances its members in aggregate: their token counts are not at hand per step
+            raise ValueError("per-request errors (failures.error_after) are checked request by request: "
+                             "build the core with fast_path=False")
+        rep.errors = self._errors
+        if self._limit is not None:
+            rep.limit = self._check_limit
         if self._failures is not None:
             rep.abort_reason = self._failures.cancel_reason
-        core.on_finish = self._on_finish
+        # ServingCore declares on_finish as None (sim/core.py), but it is the one optional finish callback
+        core.on_finish = self._on_finish  # type: ignore[assignment]
         rep.finishes_are_silent = self.closed_loop is None
         self.replicas.append(rep)
         return rep
 
+    def send(self, spec: RequestSpec) -> None:
+        """An arrival source's request arrives now (routed to a replica)."""
+        self._dispatch(spec)
+
+    def close_arrivals(self) -> None:
+        """An arrival source has sent its last request."""
+        self._close()
+
+    def _check_limit(self) -> bool:
+        if self.halted is None:
+            reason = self._limit() if self._limit is not None else None
+            if reason is not None:
+                self.halt(reason)
+        return self.halted is not None
+
+    def halt(self, reason: str) -> None:
+        """End the run now: every request in flight on every replica fails with ``reason`` (its blocks freed),
+        requests not sent yet are dropped, and ``run`` returns once the current instant's events are done."""
+        if self.halted is not None:
+            return
+        self.halted = reason
+        now = self.env.now
+        for rep in self.replicas:
+            core = rep.core
+            for r in list(core.waiting) + list(core.running) + list(core.swapped):
+                core.abort(r, now, reason)
+        stop = self.env.event()
+        stop.callbacks.append(StopSimulation.callback)  # what env.run(until=...) does: run() returns there
+        stop.succeed()
+
     def _dispatch(self, spec: RequestSpec) -> None:
+        if self.halted is not None:
+            return  # the run has ended: nothing more is sent
         req = Request(spec=spec, arrival=self.env.now)
         self.requests.append(req)
         serving = self._routable()
@@ -313,49 +416,11 @@ class Simulation:
     def run(self) -> None:
         with gc_paused():
             self.env.run()
+        if self.halted is not None:
+            return  # requests in flight failed; unsent ones were dropped
         unfinished = [r for r in self.requests if r.outcome is None]
         if unfinished or len(self.requests) != len(self.specs):
             raise RuntimeError(
                 f"simulation stalled: {len(unfinished)} requests without outcome, "
                 f"{len(self.specs) - len(self.requests)} never sent (a policy never schedules them?)"
             )
-
-
-def pooled_gaps(gaps: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """One canonical form of pooled inter-token gaps (sorted distinct values with their counts), so that a
-    summary does not depend on whether they were recorded one by one, a decode stretch at a time, or replica
-    by replica."""
-    uniq, inverse = np.unique(gaps, return_inverse=True)
-    return uniq, np.bincount(inverse, weights=counts, minlength=len(uniq)).astype(np.int64)
-
-
-def result_of(
-    name: str,
-    requests: Sequence[Request],
-    core: ServingCore,
-    cost: CostModel,
-    *,
-    config: dict | None = None,
-    weight_bytes: float = 0.0,
-    kv_bytes_per_block: float = 0.0,
-) -> RunResult:
-    """Gather one replica's records into a ``RunResult``."""
-    with gc_paused():  # 10^5 new records, on a heap of millions of objects
-        records = [RequestRecord.from_request(r) for r in sorted(requests, key=attrgetter("id"))]
-    uniq, counts = pooled_gaps(*core.itl_gaps())
-    start = min((r.arrival for r in records), default=0.0)
-    end = max((r.finish for r in records), default=0.0)
-    return RunResult(
-        name=name,
-        requests=records,
-        steps=core.steps.columns(),
-        itl_gaps=uniq,
-        itl_counts=counts,
-        duration=max(end - start, 0.0),
-        peak_flops=float(cost.peak_flops),
-        kv_capacity_blocks=core.kv.num_blocks,
-        block_size=core.kv.block_size,
-        weight_bytes=weight_bytes,
-        kv_bytes_per_block=kv_bytes_per_block,
-        config=config,
-    )

@@ -11,7 +11,8 @@ from sim.block_manager import PagedBlockManager
 from sim.core import ServingCore
 from sim.records import RunResult
 from sim.request import Request, RequestSpec
-from sim.simulator import ClosedLoopPlan, Simulation, result_of
+from sim.results import result_of
+from sim.simulator import ClosedLoopPlan, Simulation
 
 
 class LinearCost:

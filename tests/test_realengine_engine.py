@@ -4,6 +4,10 @@
 - parity: the simulator, fed the engine's measured step durations in order, reproduces the engine's schedule step
   by step (plans, preemptions by recompute and by swap, token counts, clock);
 - static versus continuous batching on a mixed-length workload: continuous has clearly higher throughput;
+- the virtual clock (the default) skips idle gaps and times steps in the serving thread's CPU time; the wall clock
+  replays in real time;
+- the simulator's loop drives the engine: failures (cancellations, errors, an out-of-memory step), two engine
+  replicas behind a router and the autoscaler, each reproduced by the simulator fed the measured durations;
 - the ``servesim engine run`` command.
 """
 
@@ -19,18 +23,27 @@ import yaml
 
 torch = pytest.importorskip("torch")
 
-from typer.testing import CliRunner
+from typer.testing import CliRunner  # noqa: E402 - after the torch skip
 
-from realengine.engine import MEMORY_COLUMNS, engine_config, run_engine, write_engine_run
-from sim.cli import app
-from sim.core import ServingCore
-from sim.output import read_steps, write_run
-from sim.request import RequestSpec
-from sim.run import generate_workload, simulate_variant
-from sim.scenario import build, parse_scenario, variant_configs
-from sim.simulator import ClosedLoopPlan, Simulation
+from realengine.engine import MEMORY_COLUMNS, engine_config, run_engine, write_engine_run  # noqa: E402 - after the torch skip
+from realengine.executor import EngineExecutor  # noqa: E402 - after the torch skip
+from realengine.model import LlamaModel  # noqa: E402 - after the torch skip
+from realengine.runner import ModelRunner  # noqa: E402 - after the torch skip
+from sim.cli import app  # noqa: E402 - after the torch skip
+from sim.cluster import ClusterSimulation  # noqa: E402 - after the torch skip
+from sim.core import ServingCore  # noqa: E402 - after the torch skip
+from sim.failures import FailurePlan  # noqa: E402 - after the torch skip
+from sim.output import read_steps, write_run  # noqa: E402 - after the torch skip
+from sim.request import RequestSpec  # noqa: E402 - after the torch skip
+from sim.run import generate_workload, simulate_variant  # noqa: E402 - after the torch skip
+from sim.scenario import build, parse_scenario, variant_configs  # noqa: E402 - after the torch skip
+from sim.simulator import ClosedLoopPlan, Simulation  # noqa: E402 - after the torch skip
 
 torch.set_num_threads(1)
+
+
+def outcome(r) -> str | None:
+    return None if r.outcome is None else r.outcome.value
 
 NUM_BLOCKS = 12  # 48 tokens of 4-token blocks: a handful of requests of up to 36 tokens force preemptions
 
@@ -67,7 +80,7 @@ RUNS = {mode: small_run(mode) for mode in ("recompute", "swap")}
 def test_open_loop_run_completes_and_writes_the_run_folder(tmp_path: Path) -> None:
     sc, cfg, wl, result, requests, core, memory = RUNS["recompute"]
     assert len(requests) == len(wl.requests) == 12
-    assert all(r.outcome.value == "completed" for r in requests)
+    assert all(outcome(r) == "completed" for r in requests)
     assert all(r.num_output_tokens == r.output_len for r in requests)
     assert core.stats.num_preemptions > 0  # the small cache forces some
     steps = result.steps
@@ -162,7 +175,7 @@ def test_continuous_beats_static_batching_on_mixed_lengths() -> None:
     tput = {}
     for cfg in cfgs:
         result, requests, core = run_engine(cfg, specs, num_gpu_blocks=256)
-        assert all(r.outcome.value == "completed" for r in requests)
+        assert all(outcome(r) == "completed" for r in requests)
         tput[cfg.name] = sum(r.num_output_tokens for r in requests) / result.duration
     # Static: 4 batches, each runs until its 48-token request is done (~4 x 49 steps), 7 of 8 rows idle most of
     # the time. Continuous: the 4 long requests decode together while the short ones stream through the other
@@ -181,22 +194,24 @@ def test_closed_loop_users_wait_for_their_answers_and_match_the_simulator() -> N
                                   "think_time": {"type": "exponential", "mean": 0.01}}
     sc = parse_scenario(raw)
     wl = generate_workload(sc)
+    closed = wl.closed_loop
+    assert closed is not None
     cfg = variant_configs(sc)[0]
     result, requests, core = run_engine(cfg, wl, num_gpu_blocks=NUM_BLOCKS, record_plans=True)
-    assert len(requests) == 12 and all(r.outcome.value == "completed" for r in requests)
+    assert len(requests) == 12 and all(outcome(r) == "completed" for r in requests)
     by_user: dict[int, list] = {}
     for r in sorted(requests, key=lambda r: r.id):
         by_user.setdefault(r.spec.session_id or 0, []).append(r)
     assert len(by_user) == 3
     for rs in by_user.values():  # one request in flight per user, the next sent a think time after the last
         assert rs[0].arrival == 0.0
-        for prev, nxt in zip(rs, rs[1:]):
-            assert nxt.arrival == pytest.approx(prev.finish + float(wl.closed_loop.think_times[prev.id]), abs=1e-12)
+        for prev, nxt in zip(rs, rs[1:], strict=False):
+            assert nxt.arrival == pytest.approx(prev.finish + float(closed.think_times[prev.id]), abs=1e-12)
     # parity: the simulator, fed the measured durations, makes the same sends and the same schedule
     policy, kv, _, _ = build(engine_config(cfg, num_gpu_blocks=NUM_BLOCKS))
     sim_core = ServingCore(policy, kv, fast_path=False, record_plans=True)
     cost = ReplayedDurations(result.steps["duration"])
-    plan = ClosedLoopPlan(wl.closed_loop.num_users, wl.closed_loop.think_times)
+    plan = ClosedLoopPlan(closed.num_users, closed.think_times)
     sim = Simulation(list(wl.requests), [(sim_core, cost)], closed_loop=plan, fast_forward=False)
     sim.run()
     assert sim_core.plans == core.plans and cost.used == len(cost.durations)
@@ -254,10 +269,10 @@ def test_quantized_weights_generate_what_the_full_model_mostly_generates() -> No
             runner.release = recording
 
         _, requests, _ = run_engine(cfg, specs, num_gpu_blocks=64, weight_quant=quant, on_runner=keep)
-        assert all(r.outcome.value == "completed" for r in requests)
+        assert all(outcome(r) == "completed" for r in requests)
         tokens[quant] = got
     outs = [(a[-6:], tokens["int8"][i][-6:]) for i, a in tokens[None].items()]
-    agree = sum(x == y for a, b in outs for x, y in zip(a, b)) / sum(len(a) for a, _ in outs)
+    agree = sum(x == y for a, b in outs for x, y in zip(a, b, strict=False)) / sum(len(a) for a, _ in outs)
     print(f"int8 vs full precision: {agree:.0%} of generated tokens agree")
     assert agree >= 0.5, agree
 
@@ -285,6 +300,162 @@ def test_wall_clock_limit_fails_requests_in_flight_and_frees_everything() -> Non
     cfg = variant_configs(parse_scenario(raw))[0]
     specs = [RequestSpec(id=i, arrival=0.0, prompt_len=6, output_len=200) for i in range(3)]
     result, requests, core = run_engine(cfg, specs, num_gpu_blocks=256, max_wall_s=0.05)
-    assert len(requests) == 3 and all(r.outcome.value == "failed" for r in requests)
+    assert len(requests) == 3 and all(outcome(r) == "failed" for r in requests)
     assert all(0 < r.num_output_tokens < 200 for r in requests)
     assert core.kv.num_free_blocks == core.kv.num_blocks and not core.has_work
+
+
+def test_virtual_clock_jumps_idle_gaps_and_runs_one_thread() -> None:
+    """Under the virtual clock a step starts either where the previous one ended or exactly at an arrival: the
+    100 s gaps between these requests cost no waiting, and torch runs one intra-op thread only during the run."""
+    cfg = variant_configs(parse_scenario(scenario()))[0]
+    specs = [RequestSpec(id=i, arrival=100.0 * i, prompt_len=6, output_len=3) for i in range(3)]
+    inside: list[int] = []
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        result, requests, core = run_engine(cfg, specs, num_gpu_blocks=64,
+                                            on_runner=lambda r: inside.append(torch.get_num_threads()))
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    assert inside == [1]
+    assert all(outcome(r) == "completed" for r in requests)
+    steps = result.steps
+    starts, ends = steps["start"], steps["start"] + steps["duration"]
+    arrivals = {100.0 * i for i in range(3)}
+    assert starts[0] == 0.0
+    for k in range(1, len(starts)):
+        assert starts[k] == ends[k - 1] or starts[k] in arrivals, (k, starts[k])
+    assert sorted(float(s) for s in starts if s in arrivals) == sorted(arrivals)
+    assert 200.0 < result.duration < 201.0  # one step of the tiny model: far under a second of CPU time
+    assert len(steps["duration"]) == 9 and (steps["duration"] > 0).all()
+
+
+def test_wall_clock_still_replays_in_real_time() -> None:
+    cfg = variant_configs(parse_scenario(scenario()))[0]
+    specs = [RequestSpec(id=i, arrival=0.02 * i, prompt_len=6, output_len=3) for i in range(3)]
+    result, requests, _ = run_engine(cfg, specs, num_gpu_blocks=64, clock="wall")
+    assert all(outcome(r) == "completed" for r in requests)
+    assert result.duration >= 0.04  # the last arrival at 40 ms: the wall clock waited for it
+    with pytest.raises(ValueError, match="clock"):
+        run_engine(cfg, specs, num_gpu_blocks=64, clock="simulated")
+
+
+class ReplayedSteps(ReplayedDurations):
+    """The engine's measured step durations, in order, and its out-of-memory steps (as a failed executor)."""
+
+    cost = None  # an executor, not a cost model: it also reports failed steps
+
+    def __init__(self, durations, oom_steps=frozenset()) -> None:
+        super().__init__(durations)
+        self.oom_steps = oom_steps
+        self.failure: str | None = None
+
+    def resume(self) -> None:
+        pass
+
+    def execute(self, batch) -> float:
+        self.failure = "injected: the step's activations did not fit" if self.used in self.oom_steps else None
+        return self.step_time(batch.shape)
+
+    def step_flops(self, batch) -> float:  # type: ignore[override]  # the executor's signature: a batch
+        return 0.0
+
+
+FAULTS = FailurePlan(cancel_after={0: 0.0, 3: 0.002, 7: 0.004}, error_after={1: 0, 5: 2, 9: 3},
+                     oom_steps=frozenset({12}))
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_failures_on_the_engine_are_the_simulators(mode: str) -> None:
+    """Cancellations, errors and an out-of-memory step on the engine; the simulator, fed the measured durations
+    and the failed step, makes the same plans and fails the same requests with the same reasons at the same
+    times: one loop handles failures for both executors."""
+    sc = parse_scenario(scenario(mode, num_requests=14, rate=400.0))
+    cfg = variant_configs(sc)[0]
+    wl = generate_workload(sc)
+    result, requests, core = run_engine(cfg, wl, num_gpu_blocks=NUM_BLOCKS, failures=FAULTS, record_plans=True)
+    by_id = {r.id: r for r in requests}
+    assert outcome(by_id[0]) == "failed" and by_id[0].num_output_tokens == 0
+    assert by_id[1].reason == "injected error after 0 output tokens"
+    assert sum("out of memory" in r.reason for r in requests) >= 1
+    assert core.stats.num_preemptions > 0 and (mode == "recompute" or core.stats.num_swaps > 0)  # 2-3 measured
+    assert core.kv.num_free_blocks == core.kv.num_blocks and not core.has_work
+    policy, kv, _, _ = build(engine_config(cfg, num_gpu_blocks=NUM_BLOCKS))
+    sim_core = ServingCore(policy, kv, fast_path=False, record_plans=True)
+    replay = ReplayedSteps(result.steps["duration"], FAULTS.oom_steps)
+    sim = Simulation(list(wl.requests), [(sim_core, replay)], fast_forward=False, failures=FAULTS)
+    sim.run()
+    assert replay.used == len(replay.durations)
+    assert sim_core.plans == core.plans and sim_core.stats == core.stats
+    for r in sim.requests:
+        e = by_id[r.id]
+        assert (r.outcome, r.reason, r.num_output_tokens) == (e.outcome, e.reason, e.num_output_tokens)
+        assert abs(r.finish - e.finish) < 1e-9
+
+
+def engine_replica(cfg, model):
+    """A replica of the engine for the simulator's own cluster: core, runner and executor, nothing else."""
+    policy, kv, _, built = build(cfg)
+    runner = ModelRunner(built.model, block_manager=kv, model=model)
+    core = ServingCore(policy, kv, fast_path=False, record_plans=True)
+    core.finish_listeners.append(lambda r: runner.release(r.id))
+    return core, EngineExecutor(runner)
+
+
+def test_two_engine_replicas_behind_a_router() -> None:
+    """Two engine replicas behind the simulator's least-outstanding router, in turns on one CPU under the virtual
+    clock; the simulator's cluster, fed each replica's measured durations, routes and schedules the same."""
+    sc = parse_scenario(scenario(num_requests=16, rate=300.0))
+    cfg = engine_config(variant_configs(sc)[0], num_gpu_blocks=NUM_BLOCKS)
+    wl = generate_workload(sc)
+    model = LlamaModel(build(cfg)[3].model, seed=0)
+    threads = torch.get_num_threads()
+    sim = ClusterSimulation(list(wl.requests), lambda: engine_replica(cfg, model), replicas=2,
+                            router="least_outstanding", fast_forward=False)
+    with torch.inference_mode():
+        sim.run()
+    assert torch.get_num_threads() == threads
+    assert all(outcome(r) == "completed" and r.num_output_tokens == r.output_len for r in sim.requests)
+    served = {rep.index: sum(1 for r in sim.requests if r.replica == rep.index) for rep in sim.replicas}
+    assert served[0] > 0 and served[1] > 0 and sum(served.values()) == 16
+    for rep in sim.replicas:
+        assert rep.core.kv.num_free_blocks == rep.core.kv.num_blocks
+        assert isinstance(rep.executor, EngineExecutor) and rep.executor.runner.live_requests == set()
+    replays = iter([ReplayedDurations(rep.core.steps.columns()["duration"]) for rep in sim.replicas])
+
+    def sim_replica():
+        policy, kv, _, _ = build(cfg)
+        return ServingCore(policy, kv, fast_path=False, record_plans=True), next(replays)
+
+    twin = ClusterSimulation(list(wl.requests), sim_replica, replicas=2, router="least_outstanding",
+                             fast_forward=False)
+    twin.run()
+    for a, b in zip(sim.replicas, twin.replicas, strict=True):
+        assert a.core.plans == b.core.plans and a.core.stats == b.core.stats
+    eng = {r.id: r for r in sim.requests}
+    for r in twin.requests:
+        assert r.replica == eng[r.id].replica and abs(r.finish - eng[r.id].finish) < 1e-9
+
+
+def test_run_engine_serves_a_cluster_with_its_autoscaler() -> None:
+    """run_engine on a cluster variant: the simulator's router and autoscaler over engine replicas. A burst
+    queues on one replica; the autoscaler (queue signal) adds a second one, which then takes traffic."""
+    raw = scenario(num_requests=40, rate=2000.0)
+    raw["cluster"] = {"replicas": 1, "router": "least_outstanding",
+                      "autoscaler": {"signal": "queue", "scale_up": 2.0, "scale_down": 0.0, "interval": 0.002,
+                                     "cooldown": 0.0, "provisioning_delay": 0.001, "min_replicas": 1,
+                                     "max_replicas": 2}}
+    sc = parse_scenario(raw)
+    runners: list = []
+    result, requests, _ = run_engine(variant_configs(sc)[0], generate_workload(sc), num_gpu_blocks=NUM_BLOCKS,
+                                     on_runner=runners.append)
+    assert all(outcome(r) == "completed" for r in requests)
+    cluster = result.cluster
+    assert cluster is not None and cluster["replicas_max"] == 2 and len(runners) == 2
+    assert {r.replica for r in requests} == {0, 1}
+    assert [a[1] for a in cluster["autoscaler"]["actions"]][0] == "up"
+    assert all(run.live_requests == set() for run in runners)
+    with pytest.raises(ValueError, match="virtual clock"):
+        run_engine(variant_configs(sc)[0], generate_workload(sc), num_gpu_blocks=NUM_BLOCKS, clock="wall")
