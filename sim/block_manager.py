@@ -39,11 +39,12 @@ class KVBudget(Protocol):
 
 
 class KVManager(Protocol):
-    """What the core and the policies need from a KV cache manager (paged or contiguous)."""
+    """What the core, the fast path and the policies need from a KV cache manager (paged or contiguous)."""
 
     block_size: int
     num_blocks: int
     grows_on_decode: bool  # decoding takes new blocks (paged) or writes into a reservation (contiguous)
+    cpu_tables: dict[int, int]  # request id -> blocks it holds in CPU swap space
 
     @property
     def num_free_blocks(self) -> int: ...
@@ -51,25 +52,54 @@ class KVManager(Protocol):
     @property
     def num_used_blocks(self) -> int: ...
 
-    def num_cached_tokens(self, req: Request) -> int: ...
+    def num_cached_tokens(self, req: Request) -> int:
+        """Tokens of a request that holds no KV yet that the prefix cache already has."""
+        ...
+
+    def blocks_needed(self, req: Request, num_new_tokens: int) -> int:
+        """Free blocks ``allocate(req, num_new_tokens)`` would take."""
+        ...
 
     def can_ever_fit(self, req: Request) -> bool: ...
 
-    def allocate(self, req: Request, num_new_tokens: int) -> int: ...
+    def holds(self, req: Request) -> bool: ...
+
+    def block_table(self, req: Request) -> list[int]:
+        """The GPU blocks holding the request's KV, in token order (a copy); empty when it holds none."""
+        ...
+
+    def allocate(self, req: Request, num_new_tokens: int) -> int:
+        """Make room for ``num_new_tokens`` more tokens; returns the prefix-cache tokens the request got."""
+        ...
 
     def free(self, req: Request) -> None: ...
 
-    def swap_out(self, req: Request) -> int: ...
+    def swap_out(self, req: Request) -> int:
+        """Move the request's KV to CPU swap space; returns blocks copied."""
+        ...
 
-    def swap_in(self, req: Request) -> int: ...
+    def swap_in(self, req: Request) -> int:
+        """Bring a swapped request's KV back to the GPU; returns blocks copied."""
+        ...
 
-    def can_grow(self, n: int) -> bool: ...
+    def drop_swapped(self, req: Request) -> None:
+        """Forget a swapped request's CPU copy (aborted or rejected while swapped)."""
+        ...
 
-    def grow(self, reqs: list[Request]) -> None: ...
+    def can_grow(self, n: int) -> bool:
+        """Whether ``n`` decoding requests can each take one more block (always, where decoding takes none)."""
+        ...
+
+    def grow(self, reqs: list[Request]) -> None:
+        """Give each decoding request one more block, in order (the core checked ``can_grow`` first)."""
+        ...
+
+    def try_grow(self, reqs: list[Request]) -> bool:
+        """``grow(reqs)`` if ``can_grow(len(reqs))``, in one call (the fast path's inner loop); False, and
+        nothing changed, when the blocks are not there."""
+        ...
 
     def budget(self) -> KVBudget: ...
-
-    def holds(self, req: Request) -> bool: ...
 
 
 class BlockError(RuntimeError):
@@ -127,6 +157,9 @@ class PagedBlockManager:
 
     def holds(self, req: Request) -> bool:
         return req.id in self.tables
+
+    def block_table(self, req: Request) -> list[int]:
+        return list(self.tables.get(req.id, ()))
 
     def num_blocks_of(self, req: Request) -> int:
         t = self.tables.get(req.id)
@@ -302,6 +335,22 @@ class PagedBlockManager:
             tables[r.id].append(free.pop())
         self._num_free -= len(reqs)
 
+    def try_grow(self, reqs: list[Request]) -> bool:
+        """``grow(reqs)`` when there are blocks for all of them, else False and nothing taken."""
+        n = len(reqs)
+        if n > self._num_free:
+            return False
+        tables = self.tables
+        if self.enable_prefix_caching:
+            for r in reqs:
+                tables[r.id].append(self._take_free())
+            return True
+        free = self._free
+        for r in reqs:
+            tables[r.id].append(free.pop())
+        self._num_free -= n
+        return True
+
     def free(self, req: Request) -> None:
         """Release every block of the request. The tail is released first so that, with prefix caching, a
         request's deepest blocks are evicted before the prefix others are likeliest to share."""
@@ -335,7 +384,7 @@ class PagedBlockManager:
         n = self.cpu_tables.pop(req.id, 0)
         self.num_free_cpu_blocks += n
 
-    def budget(self) -> "PagedBudget":
+    def budget(self) -> PagedBudget:
         return PagedBudget(self)
 
     def check_invariants(self) -> None:

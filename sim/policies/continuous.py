@@ -18,11 +18,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from sim.policies.base import Admission, Limits, Plan, View, plan_group, preempt_for, swap_back
+from sim.policies.base import Admission, Limits, Plan, Policy, View, plan_group, preempt_for, swap_back
 
 
 @dataclass(slots=True)
-class ContinuousPolicy:
+class ContinuousPolicy(Policy):
     # With nothing waiting or swapped and every running request decoding, every running request gets one
     # token: the core may skip asking (see sim.core's decode fast path).
     decode_all_when_idle: ClassVar[bool] = True

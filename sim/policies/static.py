@@ -12,11 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from sim.policies.base import Admission, Limits, Plan, View, plan_group, preempt_for, swap_back
+from sim.policies.base import Admission, Limits, Plan, Policy, View, plan_group, preempt_for, swap_back
 
 
 @dataclass(slots=True)
-class StaticPolicy:
+class StaticPolicy(Policy):
     batch_size: int = 8  # requests per batch
     max_wait: float = 1.0  # seconds the oldest queued request waits for a full batch
     limits: Limits = field(default_factory=lambda: Limits(max_num_batched_tokens=1 << 30))
