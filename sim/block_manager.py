@@ -9,6 +9,7 @@ recently freed first.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import MutableSequence
 from typing import Protocol
 
 from sim.request import Request
@@ -35,6 +36,15 @@ class KVBudget(Protocol):
         ...
 
     def can_swap_out(self, req: Request) -> bool:
+        """Whether the CPU swap space has room for what ``req`` holds."""
+        ...
+
+    def swap_out(self, req: Request) -> None:
+        """Plan moving ``req``'s KV to CPU swap space: its GPU blocks come free (call ``can_swap_out`` first)."""
+        ...
+
+    def swap_in(self, req: Request) -> bool:
+        """Plan bringing a swapped request's KV back; False (nothing reserved) if the GPU blocks are not free."""
         ...
 
 
@@ -133,9 +143,11 @@ class PagedBlockManager:
         self.block_hash: list[int | None] = [None] * num_blocks
         # Free queue, least recently freed first. With prefix caching a free block can be revived by a hit; its
         # queue entry then goes stale and is skipped when it reaches the head (``in_free`` says which are live).
-        self._free: deque[int] | list[int] = (
-            deque(range(num_blocks)) if enable_prefix_caching else list(range(num_blocks - 1, -1, -1))
-        )
+        # Two views of the one free container, so that each path is typed: a queue with prefix caching (taken
+        # from the head), a stack without (taken from the end in bulk slices).
+        self._queue: deque[int] = deque(range(num_blocks)) if enable_prefix_caching else deque()
+        self._stack: list[int] = [] if enable_prefix_caching else list(range(num_blocks - 1, -1, -1))
+        self._free: MutableSequence[int] = self._queue if enable_prefix_caching else self._stack
         self._in_free = [True] * num_blocks
         self._num_free = num_blocks
         self.cached: dict[int, int] = {}  # prefix hash -> block holding it
@@ -225,7 +237,7 @@ class PagedBlockManager:
 
     # ---- mutations (the core calls these) ------------------------------------------------------------------
     def _take_free(self) -> int:
-        free, in_free = self._free, self._in_free
+        free, in_free = self._queue, self._in_free
         while True:
             b = free.popleft()
             if in_free[b]:
@@ -243,7 +255,7 @@ class PagedBlockManager:
     def _take(self, n: int) -> list[int]:
         if self.enable_prefix_caching:
             return [self._take_free() for _ in range(n)]
-        free = self._free
+        free = self._stack
         out = free[len(free) - n :]
         del free[len(free) - n :]
         self._num_free -= n
@@ -325,15 +337,8 @@ class PagedBlockManager:
     def grow(self, reqs: list[Request]) -> None:
         """Append one block to each decoding request's table (the decode fast path knows they cross a block
         boundary this step), in order."""
-        tables = self.tables
-        if self.enable_prefix_caching:
-            for r in reqs:
-                tables[r.id].append(self._take_free())
-            return
-        free = self._free
-        for r in reqs:
-            tables[r.id].append(free.pop())
-        self._num_free -= len(reqs)
+        if not self.try_grow(reqs):
+            raise BlockError(f"{len(reqs)} decoding requests need a block each, {self._num_free} free")
 
     def try_grow(self, reqs: list[Request]) -> bool:
         """``grow(reqs)`` when there are blocks for all of them, else False and nothing taken."""
@@ -345,7 +350,7 @@ class PagedBlockManager:
             for r in reqs:
                 tables[r.id].append(self._take_free())
             return True
-        free = self._free
+        free = self._stack
         for r in reqs:
             tables[r.id].append(free.pop())
         self._num_free -= n

@@ -348,9 +348,11 @@ class ServingCore:
             self.kv_tokens += r.num_computed_tokens
             self.filled_blocks += cdiv(r.num_computed_tokens, kv.block_size)
         group_size = group_blocks = 0
+        stepping: DecodeGroup | None = None  # the decode group when it takes this step
         if plan.decode_group:
             if g is None or not g.members:
                 raise PlanError("plan schedules the decode group, but there is none")
+            stepping = g
             group_size = g.size
             crossing = g.crossing() if g.grows else ()
             if crossing:
@@ -371,7 +373,7 @@ class ServingCore:
         total = decode = group_size
         prefill = 0
         max_n = 1 if group_size else 0
-        kv_read = attn = (g.ctx + group_size) if group_size else 0
+        kv_read = attn = (stepping.ctx + group_size) if stepping is not None else 0
         max_c = 0
         bs = kv.block_size
         clamped: list[tuple[Request, int]] = []
@@ -431,8 +433,8 @@ class ServingCore:
             raise PlanError(f"plan computes {total} tokens > max_num_batched_tokens {limits.max_num_batched_tokens}")
         rows = num_scheduled + plan.padded_rows
         if plan.pad_to_longest:  # every row is as long as the longest (padded tensors)
-            if group_size:
-                max_c = max(max_c, g.max_computed())
+            if stepping is not None:
+                max_c = max(max_c, stepping.max_computed())
             num_tokens = rows * max_n
             kv_read = rows * (max_c + max_n)
             attn = rows * (max_n * max_c + max_n * (max_n + 1) // 2)
@@ -451,8 +453,8 @@ class ServingCore:
         )
         if self.plans is not None:  # canonical: sorted by request id, whoever planned it
             entries = [(r.id, n) for r, n in plan.scheduled]
-            if group_size:
-                entries += [(i, 1) for i in g.members]
+            if stepping is not None:
+                entries += [(i, 1) for i in stepping.members]
             self.plans.append(tuple(sorted(entries)))
         return Batch(
             plan=plan,

@@ -153,6 +153,7 @@ def plan_group(view: View, plan: Plan, budget: KVBudget, tokens: int) -> tuple[l
     if g is not None and g.members:
         if g.size <= tokens and budget.take(g.next_blocks):
             plan.decode_group = True
+            assert view.outside is not None  # the core always lists the requests outside its group
             return view.outside, tokens - g.size
         view.ungroup()
     return view.running, tokens
@@ -160,7 +161,7 @@ def plan_group(view: View, plan: Plan, budget: KVBudget, tokens: int) -> tuple[l
 
 def swap_back(r: Request, n: int, budget: KVBudget, plan: Plan) -> bool:
     """Plan bringing a swapped request back and computing ``n`` of its tokens, if the KV allows."""
-    if not budget.swap_in(r):  # type: ignore[attr-defined]
+    if not budget.swap_in(r):
         return False
     if not budget.allocate(r, n):
         budget.release(r)
@@ -198,7 +199,7 @@ def preempt_for(
 
 def _preempt(req: Request, budget: KVBudget, plan: Plan, mode: str) -> None:
     if mode == "swap" and budget.can_swap_out(req):
-        budget.swap_out(req)  # type: ignore[attr-defined]
+        budget.swap_out(req)
         plan.preempt.append((req, "swap"))
     else:  # recompute, or swap space is full
         budget.release(req)

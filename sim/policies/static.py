@@ -34,10 +34,10 @@ class StaticPolicy(Policy):
             raise ValueError(f"batch_size {self.batch_size} exceeds max_num_seqs {self.limits.max_num_seqs}")
 
     def wake_time(self, view: View) -> float | None:
-        times = [self.admission.deadline(view.waiting)]
+        deadline = self.admission.deadline(view.waiting)
+        times = [] if deadline is None else [deadline]
         if not view.running and view.waiting:
             times.append(view.waiting[0].arrival + self.max_wait)
-        times = [t for t in times if t is not None]
         return min(times) if times else None
 
     def schedule(self, view: View) -> Plan:
@@ -64,7 +64,7 @@ class StaticPolicy(Policy):
                 for r in view.swapped:
                     if not swap_back(r, r.num_remaining, budget, plan):
                         break
-            group = view.group.size if plan.decode_group else 0
+            group = view.group.size if plan.decode_group and view.group is not None else 0
             plan.padded_rows = max(0, self._rows - len(plan.scheduled) - group)
             return plan
         rejected = {r.id for r, _ in plan.reject}
