@@ -11,16 +11,17 @@ copy of the model. A session of ``c`` tokens (prompt + output) occupies ``ceil(c
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from sim.specs import (
     DEFAULT_MAX_NUM_BATCHED_TOKENS,
     DEFAULT_MAX_NUM_SEQS,
     GiB,
+    GPULike,
     GPUSpec,
+    ModelLike,
     ModelSpec,
     canonical_dtype,
     check_tensor_parallel,
@@ -29,6 +30,7 @@ from sim.specs import (
     kv_dtype_bytes,
     resolve_gpu,
     resolve_kv_dtype,
+    resolve_model,
 )
 
 KiB = 1 << 10
@@ -90,8 +92,8 @@ class CapacityRow:
             "block_size": self.block_size,
             "num_gpu_blocks": self.num_gpu_blocks,
             "capacity_tokens": self.capacity_tokens,
-            "sessions": {str(c): s for c, s in zip(self.contexts, self.sessions)},
-            "sessions_per_gpu": {str(c): s for c, s in zip(self.contexts, self.sessions_per_gpu)},
+            "sessions": {str(c): s for c, s in zip(self.contexts, self.sessions, strict=True)},
+            "sessions_per_gpu": {str(c): s for c, s in zip(self.contexts, self.sessions_per_gpu, strict=True)},
         }
 
 
@@ -136,15 +138,6 @@ class CapacityTable:
                                      for d in kv_dtypes},
             "rows": [r.to_dict() for r in self.rows],
         }
-
-
-def resolve_model(model: ModelSpec | str) -> ModelSpec:
-    """A preset name, or a path to a Hugging Face config.json (or its folder)."""
-    if isinstance(model, ModelSpec):
-        return model
-    if model.endswith(".json") or "/" in model or Path(model).is_dir():
-        return ModelSpec.from_hf_config(model)
-    return ModelSpec.from_name(model)
 
 
 
@@ -193,8 +186,8 @@ def capacity_row(
 
 
 def capacity_table(
-    model: ModelSpec | str,
-    gpu: GPUSpec | str | Mapping[str, Any],
+    model: ModelLike,
+    gpu: GPULike,
     *,
     contexts: Sequence[int] | None = None,
     weight_dtypes: Sequence[str] | None = None,

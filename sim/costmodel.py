@@ -24,8 +24,11 @@ from sim.specs import (
     activation_dtype,
     canonical_dtype,
     check_tensor_parallel,
+    is_model_preset,
     kv_dtype_bytes,
+    resolve_gpu,
     resolve_kv_dtype,
+    resolve_model,
 )
 
 
@@ -156,8 +159,8 @@ class AnalyticCostModel(CostModel):
     bit-identical. A scalar shape gives a Python float.
     """
 
-    model: ModelSpec  # a preset name is accepted and resolved
-    gpu: GPUSpec  # a preset name or a GPUSpec.from_dict mapping is accepted and resolved
+    model: ModelSpec  # anything sim.specs.resolve_model accepts (a preset name, a config) is resolved
+    gpu: GPUSpec  # anything sim.specs.resolve_gpu accepts (a preset name, a mapping of fields) is resolved
     weight_dtype: str = "bf16"
     kv_dtype: str = "auto"  # "auto": the model's activation dtype
     tensor_parallel_size: int = 1
@@ -178,12 +181,7 @@ class AnalyticCostModel(CostModel):
     _peak: float = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        m = self.model if isinstance(self.model, ModelSpec) else ModelSpec.from_name(self.model)
-        g = self.gpu
-        if isinstance(g, str):
-            g = GPUSpec.from_name(g)
-        elif isinstance(g, Mapping):
-            g = GPUSpec.from_dict(g)
+        m, g = resolve_model(self.model), resolve_gpu(self.gpu)
         wd = canonical_dtype(self.weight_dtype)
         kd = resolve_kv_dtype(self.kv_dtype, wd)
         tp = check_tensor_parallel(m, self.tensor_parallel_size)
@@ -485,12 +483,9 @@ class FittedCostModel(CostModel):
         if flops is None:
             spec = None
             if isinstance(p.model, dict):
-                spec = ModelSpec.from_hf_config(p.model)
-            elif p.model:
-                try:
-                    spec = ModelSpec.from_name(p.model)
-                except ValueError:
-                    spec = None
+                spec = resolve_model(p.model)
+            elif p.model and is_model_preset(p.model):  # else a free-text label: no model FLOPs
+                spec = resolve_model(p.model)
             if spec is not None:
                 s = spec.shard(1)
                 flops = ProfileFlops(token=2.0 * s.body_matmul_params, seq=2.0 * s.lm_head_params,

@@ -698,10 +698,10 @@ def _gpu_total_bytes(result: RunResult) -> float | None:
     dep = (result.config or {}).get("deployment")
     if not isinstance(dep, dict):
         return None
-    from sim.specs import GPUSpec
+    from sim.specs import resolve_gpu
 
     try:
-        gpu = GPUSpec.from_dict(dep["gpu"]) if isinstance(dep.get("gpu"), dict) else GPUSpec.from_name(dep["gpu"])
+        gpu = resolve_gpu(dep["gpu"])
     except (KeyError, ValueError, TypeError, AttributeError):
         return None
     return float(gpu.memory_bytes) * int(dep.get("tensor_parallel_size", 1) or 1)
