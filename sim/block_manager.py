@@ -54,6 +54,8 @@ class KVManager(Protocol):
     block_size: int
     num_blocks: int
     grows_on_decode: bool  # decoding takes new blocks (paged) or writes into a reservation (contiguous)
+    num_cpu_blocks: int  # CPU swap space, in blocks
+    num_free_cpu_blocks: int
     cpu_tables: dict[int, int]  # request id -> blocks it holds in CPU swap space
 
     @property
