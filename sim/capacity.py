@@ -165,7 +165,7 @@ def capacity_row(
     reserve = estimate_activation_reserve(model, weight_dtype=wd, tensor_parallel_size=tp,
                                           max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs)
     usable = int(gpu.memory_bytes * gpu_memory_utilization)
-    common = dict(model=model.name, gpu=gpu.name, weight_dtype=wd, kv_dtype=kd, tensor_parallel_size=tp,
+    common: dict[str, Any] = dict(model=model.name, gpu=gpu.name, weight_dtype=wd, kv_dtype=kd, tensor_parallel_size=tp,
                   weight_bytes=weights, activation_reserve=reserve, usable_memory=usable,
                   kv_bytes_per_token=per_token, kv_bytes_per_token_replica=per_token * tp, block_size=block_size,
                   contexts=tuple(contexts))

@@ -284,7 +284,7 @@ class ModelSpec:
 
         hidden = int(need("hidden_size"))
         heads = int(need("num_attention_heads"))
-        common = dict(
+        common: dict[str, Any] = dict(  # the fields every model type reads alike
             name=name,
             hidden_size=hidden,
             num_layers=int(need("num_hidden_layers")),
