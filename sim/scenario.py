@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 import itertools
 import re
+import typing
 from abc import abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
@@ -613,8 +614,8 @@ class VariantConfig:
 
     name: str
     deployment: Deployment
-    kv_cache: PagedKV | ContiguousKV
-    policy: StaticPolicyConfig | ContinuousPolicyConfig
+    kv_cache: KVCacheConfigBase  # one of KVCacheConfig's kinds
+    policy: PolicyConfigBase  # one of PolicyConfig's kinds
     admission: AdmissionConfig
     params: dict[str, Any]  # sweep point, {} without a sweep
     cluster: ClusterConfig | None = None  # several replicas; None: one
@@ -703,10 +704,16 @@ def apply_point(raw: dict[str, Any], point: dict[str, Any], source: str) -> Scen
 
 _DEFAULT_SECTIONS = {"deployment": Deployment, "kv_cache": PagedKV, "policy": ContinuousPolicyConfig,
                      "admission": AdmissionConfig}
-_SECTION_KINDS: dict[str, dict[str, type[BaseModel]]] = {
-    "kv_cache": {"paged": PagedKV, "contiguous": ContiguousKV},
-    "policy": {"static": StaticPolicyConfig, "continuous": ContinuousPolicyConfig},
-}
+
+
+def _kinds(union: Any) -> dict[str, type[BaseModel]]:
+    """A discriminated union's members by their ``type`` tag (``Annotated[A | B, Field(...)]``), so that a new
+    kind is known here as soon as it is in its union."""
+    return {m.model_fields["type"].default: m for m in typing.get_args(typing.get_args(union)[0])}
+
+
+_SECTION_KINDS: dict[str, dict[str, type[BaseModel]]] = {"kv_cache": _kinds(KVCacheConfig),
+                                                         "policy": _kinds(PolicyConfig)}
 
 
 def _has_key(head: str, section: Any, field: str) -> bool:
