@@ -161,29 +161,24 @@ def load_profile(path: str | Path) -> FittedCostModel:
 
 
 def resolve_model(profile: FittedCostModel, model: str | None) -> str:
-    """The model the engine runs: the one the profile measured, which ``model`` (when given) must name."""
-    from sim.specs import ModelSpec
+    """The preset name the engine runs (it builds its model from a preset): the one the profile measured, which
+    ``model`` (when given) must name. The spec comes from ``sim.specs.resolve_model``, the one model resolver;
+    this adds only that the engine needs a preset and that it must agree with the profile."""
+    from sim.specs import is_model_preset
+    from sim.specs import resolve_model as resolve_spec
 
     name = model or profile.model
     if not name:
         raise ScenarioError("--model: the profile names no model; give --model")
     try:
-        spec = ModelSpec.from_name(name)
-    except ValueError as e:
+        spec = resolve_spec(name)
+    except (ValueError, OSError, KeyError) as e:
         raise ScenarioError(f"--model: {e}") from None
-    if model and profile.model and _is_preset(profile.model) and ModelSpec.from_name(profile.model).name != spec.name:
+    if not is_model_preset(spec.name):
+        raise ScenarioError(f"--model {name}: the engine runs preset models only (see sim.specs.MODEL_PRESETS)")
+    if model and profile.model and is_model_preset(profile.model) and resolve_spec(profile.model).name != spec.name:
         raise ScenarioError(f"--model {model}: the profile was measured on {profile.model}, not {model}")
     return spec.name
-
-
-def _is_preset(name: str) -> bool:
-    from sim.specs import ModelSpec
-
-    try:
-        ModelSpec.from_name(name)
-        return True
-    except ValueError:
-        return False
 
 
 def prepare(scenario_path: str | Path, overrides: dict[str, Any] | None = None) -> tuple[Scenario, list[VariantConfig],
@@ -292,10 +287,11 @@ def validate(scenario_path: str | Path, profile_path: str | Path, *, device: str
     probe = None
     if speed_probe:
         from calibration.measure import SpeedProbe
+        from sim.specs import is_model_preset
 
         with open(profile_path) as f:
             raw_profile = json.load(f)
-        if raw_profile.get("model") and _is_preset(raw_profile["model"]):
+        if raw_profile.get("model") and is_model_preset(raw_profile["model"]):
             probe = SpeedProbe(raw_profile, device=device)
             if probe.script is None:
                 probe = None

@@ -9,6 +9,7 @@ recently freed first.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import MutableSequence
 from typing import Protocol
 
 from sim.request import Request
@@ -35,15 +36,27 @@ class KVBudget(Protocol):
         ...
 
     def can_swap_out(self, req: Request) -> bool:
+        """Whether the CPU swap space has room for what ``req`` holds."""
+        ...
+
+    def swap_out(self, req: Request) -> None:
+        """Plan moving ``req``'s KV to CPU swap space: its GPU blocks come free (call ``can_swap_out`` first)."""
+        ...
+
+    def swap_in(self, req: Request) -> bool:
+        """Plan bringing a swapped request's KV back; False (nothing reserved) if the GPU blocks are not free."""
         ...
 
 
 class KVManager(Protocol):
-    """What the core and the policies need from a KV cache manager (paged or contiguous)."""
+    """What the core, the fast path and the policies need from a KV cache manager (paged or contiguous)."""
 
     block_size: int
     num_blocks: int
     grows_on_decode: bool  # decoding takes new blocks (paged) or writes into a reservation (contiguous)
+    num_cpu_blocks: int  # CPU swap space, in blocks
+    num_free_cpu_blocks: int
+    cpu_tables: dict[int, int]  # request id -> blocks it holds in CPU swap space
 
     @property
     def num_free_blocks(self) -> int: ...
@@ -51,25 +64,54 @@ class KVManager(Protocol):
     @property
     def num_used_blocks(self) -> int: ...
 
-    def num_cached_tokens(self, req: Request) -> int: ...
+    def num_cached_tokens(self, req: Request) -> int:
+        """Tokens of a request that holds no KV yet that the prefix cache already has."""
+        ...
+
+    def blocks_needed(self, req: Request, num_new_tokens: int) -> int:
+        """Free blocks ``allocate(req, num_new_tokens)`` would take."""
+        ...
 
     def can_ever_fit(self, req: Request) -> bool: ...
 
-    def allocate(self, req: Request, num_new_tokens: int) -> int: ...
+    def holds(self, req: Request) -> bool: ...
+
+    def block_table(self, req: Request) -> list[int]:
+        """The GPU blocks holding the request's KV, in token order (a copy); empty when it holds none."""
+        ...
+
+    def allocate(self, req: Request, num_new_tokens: int) -> int:
+        """Make room for ``num_new_tokens`` more tokens; returns the prefix-cache tokens the request got."""
+        ...
 
     def free(self, req: Request) -> None: ...
 
-    def swap_out(self, req: Request) -> int: ...
+    def swap_out(self, req: Request) -> int:
+        """Move the request's KV to CPU swap space; returns blocks copied."""
+        ...
 
-    def swap_in(self, req: Request) -> int: ...
+    def swap_in(self, req: Request) -> int:
+        """Bring a swapped request's KV back to the GPU; returns blocks copied."""
+        ...
 
-    def can_grow(self, n: int) -> bool: ...
+    def drop_swapped(self, req: Request) -> None:
+        """Forget a swapped request's CPU copy (aborted or rejected while swapped)."""
+        ...
 
-    def grow(self, reqs: list[Request]) -> None: ...
+    def can_grow(self, n: int) -> bool:
+        """Whether ``n`` decoding requests can each take one more block (always, where decoding takes none)."""
+        ...
+
+    def grow(self, reqs: list[Request]) -> None:
+        """Give each decoding request one more block, in order (the core checked ``can_grow`` first)."""
+        ...
+
+    def try_grow(self, reqs: list[Request]) -> bool:
+        """``grow(reqs)`` if ``can_grow(len(reqs))``, in one call (the fast path's inner loop); False, and
+        nothing changed, when the blocks are not there."""
+        ...
 
     def budget(self) -> KVBudget: ...
-
-    def holds(self, req: Request) -> bool: ...
 
 
 class BlockError(RuntimeError):
@@ -103,9 +145,11 @@ class PagedBlockManager:
         self.block_hash: list[int | None] = [None] * num_blocks
         # Free queue, least recently freed first. With prefix caching a free block can be revived by a hit; its
         # queue entry then goes stale and is skipped when it reaches the head (``in_free`` says which are live).
-        self._free: deque[int] | list[int] = (
-            deque(range(num_blocks)) if enable_prefix_caching else list(range(num_blocks - 1, -1, -1))
-        )
+        # Two views of the one free container, so that each path is typed: a queue with prefix caching (taken
+        # from the head), a stack without (taken from the end in bulk slices).
+        self._queue: deque[int] = deque(range(num_blocks)) if enable_prefix_caching else deque()
+        self._stack: list[int] = [] if enable_prefix_caching else list(range(num_blocks - 1, -1, -1))
+        self._free: MutableSequence[int] = self._queue if enable_prefix_caching else self._stack
         self._in_free = [True] * num_blocks
         self._num_free = num_blocks
         self.cached: dict[int, int] = {}  # prefix hash -> block holding it
@@ -127,6 +171,9 @@ class PagedBlockManager:
 
     def holds(self, req: Request) -> bool:
         return req.id in self.tables
+
+    def block_table(self, req: Request) -> list[int]:
+        return list(self.tables.get(req.id, ()))
 
     def num_blocks_of(self, req: Request) -> int:
         t = self.tables.get(req.id)
@@ -192,7 +239,7 @@ class PagedBlockManager:
 
     # ---- mutations (the core calls these) ------------------------------------------------------------------
     def _take_free(self) -> int:
-        free, in_free = self._free, self._in_free
+        free, in_free = self._queue, self._in_free
         while True:
             b = free.popleft()
             if in_free[b]:
@@ -210,7 +257,7 @@ class PagedBlockManager:
     def _take(self, n: int) -> list[int]:
         if self.enable_prefix_caching:
             return [self._take_free() for _ in range(n)]
-        free = self._free
+        free = self._stack
         out = free[len(free) - n :]
         del free[len(free) - n :]
         self._num_free -= n
@@ -292,15 +339,24 @@ class PagedBlockManager:
     def grow(self, reqs: list[Request]) -> None:
         """Append one block to each decoding request's table (the decode fast path knows they cross a block
         boundary this step), in order."""
+        if not self.try_grow(reqs):
+            raise BlockError(f"{len(reqs)} decoding requests need a block each, {self._num_free} free")
+
+    def try_grow(self, reqs: list[Request]) -> bool:
+        """``grow(reqs)`` when there are blocks for all of them, else False and nothing taken."""
+        n = len(reqs)
+        if n > self._num_free:
+            return False
         tables = self.tables
         if self.enable_prefix_caching:
             for r in reqs:
                 tables[r.id].append(self._take_free())
-            return
-        free = self._free
+            return True
+        free = self._stack
         for r in reqs:
             tables[r.id].append(free.pop())
-        self._num_free -= len(reqs)
+        self._num_free -= n
+        return True
 
     def free(self, req: Request) -> None:
         """Release every block of the request. The tail is released first so that, with prefix caching, a
@@ -335,7 +391,7 @@ class PagedBlockManager:
         n = self.cpu_tables.pop(req.id, 0)
         self.num_free_cpu_blocks += n
 
-    def budget(self) -> "PagedBudget":
+    def budget(self) -> PagedBudget:
         return PagedBudget(self)
 
     def check_invariants(self) -> None:

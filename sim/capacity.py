@@ -11,16 +11,17 @@ copy of the model. A session of ``c`` tokens (prompt + output) occupies ``ceil(c
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from sim.specs import (
     DEFAULT_MAX_NUM_BATCHED_TOKENS,
     DEFAULT_MAX_NUM_SEQS,
     GiB,
+    GPULike,
     GPUSpec,
+    ModelLike,
     ModelSpec,
     canonical_dtype,
     check_tensor_parallel,
@@ -29,6 +30,7 @@ from sim.specs import (
     kv_dtype_bytes,
     resolve_gpu,
     resolve_kv_dtype,
+    resolve_model,
 )
 
 KiB = 1 << 10
@@ -90,8 +92,8 @@ class CapacityRow:
             "block_size": self.block_size,
             "num_gpu_blocks": self.num_gpu_blocks,
             "capacity_tokens": self.capacity_tokens,
-            "sessions": {str(c): s for c, s in zip(self.contexts, self.sessions)},
-            "sessions_per_gpu": {str(c): s for c, s in zip(self.contexts, self.sessions_per_gpu)},
+            "sessions": {str(c): s for c, s in zip(self.contexts, self.sessions, strict=True)},
+            "sessions_per_gpu": {str(c): s for c, s in zip(self.contexts, self.sessions_per_gpu, strict=True)},
         }
 
 
@@ -138,15 +140,6 @@ class CapacityTable:
         }
 
 
-def resolve_model(model: ModelSpec | str) -> ModelSpec:
-    """A preset name, or a path to a Hugging Face config.json (or its folder)."""
-    if isinstance(model, ModelSpec):
-        return model
-    if model.endswith(".json") or "/" in model or Path(model).is_dir():
-        return ModelSpec.from_hf_config(model)
-    return ModelSpec.from_name(model)
-
-
 
 
 def capacity_row(
@@ -172,7 +165,7 @@ def capacity_row(
     reserve = estimate_activation_reserve(model, weight_dtype=wd, tensor_parallel_size=tp,
                                           max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs)
     usable = int(gpu.memory_bytes * gpu_memory_utilization)
-    common = dict(model=model.name, gpu=gpu.name, weight_dtype=wd, kv_dtype=kd, tensor_parallel_size=tp,
+    common: dict[str, Any] = dict(model=model.name, gpu=gpu.name, weight_dtype=wd, kv_dtype=kd, tensor_parallel_size=tp,
                   weight_bytes=weights, activation_reserve=reserve, usable_memory=usable,
                   kv_bytes_per_token=per_token, kv_bytes_per_token_replica=per_token * tp, block_size=block_size,
                   contexts=tuple(contexts))
@@ -193,8 +186,8 @@ def capacity_row(
 
 
 def capacity_table(
-    model: ModelSpec | str,
-    gpu: GPUSpec | str | Mapping[str, Any],
+    model: ModelLike,
+    gpu: GPULike,
     *,
     contexts: Sequence[int] | None = None,
     weight_dtypes: Sequence[str] | None = None,

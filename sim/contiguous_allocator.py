@@ -104,6 +104,10 @@ class ContiguousAllocator:
         r = self.ranges.get(req.id)
         return 0 if r is None else r[1]
 
+    def block_table(self, req: Request) -> list[int]:
+        r = self.ranges.get(req.id)
+        return [] if r is None else list(range(r[0], r[0] + r[1]))
+
     def can_ever_fit(self, req: Request) -> bool:
         return self.reserve_blocks(req) <= self.num_blocks
 
@@ -137,6 +141,9 @@ class ContiguousAllocator:
     def grow(self, reqs: list[Request]) -> None:
         pass  # decoding writes into the reservation
 
+    def try_grow(self, reqs: list[Request]) -> bool:
+        return True  # decoding writes into the reservation
+
     def free(self, req: Request) -> None:
         r = self.ranges.pop(req.id, None)
         if r is not None:
@@ -166,7 +173,7 @@ class ContiguousAllocator:
     def drop_swapped(self, req: Request) -> None:
         self.num_free_cpu_blocks += self.cpu_tables.pop(req.id, 0)
 
-    def budget(self) -> "ContiguousBudget":
+    def budget(self) -> ContiguousBudget:
         return ContiguousBudget(self)
 
     def check_invariants(self) -> None:

@@ -12,24 +12,25 @@ Fast path (the simulator's; the real engine turns it off because it needs every 
 requests that decode join a ``DecodeGroup`` and are stepped in aggregate; a policy that knows the group plans
 it with one flag (``Plan.decode_group``) instead of one entry per request. When nothing can change the
 policy's answer (no arrival, no finish, no block shortage, no deadline; see ``sim.policies.base``) the core
-repeats the last plan without asking, and ``fast_forward`` takes a whole stretch of such steps at once, priced
-together (``decode_steps`` or one vectorised ``step_time`` call) and applied in one tight loop. The results are
-identical to stepping one by one; the tests check it byte for byte.
+repeats the last plan without asking (``plan_without_policy``), and ``fast_forward`` (``sim.fast_path``) takes a
+whole stretch of such steps at once. The results are identical to stepping one by one; the tests check it byte
+for byte.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from itertools import accumulate
 
 import numpy as np
 
-from sim.block_manager import BlockError, KVManager, PagedBlockManager, cdiv
-from sim.costmodel import StepShape
+from sim import fast_path
+from sim.block_manager import BlockError, KVManager, cdiv
+from sim.costmodel import CostModel, StepShape
 from sim.decode_group import DecodeGroup
-from sim.policies.base import Plan, Policy, View
+from sim.fast_path import STEADY_PLAN
+from sim.policies.base import Admission, Plan, Policy, View
 from sim.records import GapLog, StepLog
 from sim.request import Outcome, Request, Status
 
@@ -70,9 +71,6 @@ class CoreStats:
     num_completed: int = 0
 
 
-_STEADY_PLAN = Plan(decode_group=True)  # what a group-aware policy plans when nothing waits and all decode
-
-
 class ServingCore:
     def __init__(
         self,
@@ -102,19 +100,25 @@ class ServingCore:
         self.kv_tokens = 0  # tokens held in GPU KV by running requests
         self.filled_blocks = 0  # sum over running requests of ceil(computed / block_size)
         self.plans: list[tuple[tuple[int, int], ...]] | None = [] if record_plans else None
-        self.on_finish = None  # optional callback(request), e.g. a closed-loop user sending its next request
-        self.finish_listeners: list = []  # more callbacks(request), e.g. the real engine releasing its state
+        # optional callback(request), e.g. a closed-loop user sending its next request
+        self.on_finish: Callable[[Request], object] | None = None
+        # more callbacks(request), e.g. the real engine releasing its state
+        self.finish_listeners: list[Callable[[Request], object]] = []
+        # The policy's optional members, read once. Their defaults are the ones ``Policy`` declares; a policy that
+        # implements the protocol without subclassing it may lack them.
+        self.admission: Admission | None = getattr(policy, "admission", Policy.admission)
         # The decode group exists only for a policy that plans it (``uses_decode_group``) and with the fast path.
         self.group: DecodeGroup | None = None
-        if fast_path and getattr(policy, "uses_decode_group", False):
+        if fast_path and getattr(policy, "uses_decode_group", Policy.uses_decode_group):
             self.group = DecodeGroup(kv.block_size, kv.grows_on_decode, keep_token_times)
         # A group-aware policy that, with nothing waiting or swapped and every running request decoding,
         # schedules exactly the group: the core may then step without asking it.
-        self._steady_ok = bool(getattr(policy, "decode_all_when_idle", False))
+        self.steady_ok = bool(getattr(policy, "decode_all_when_idle", Policy.decode_all_when_idle))
         self._admit_seq = 0
         self._dirty = True  # something the policy has not seen happened (arrival, finish, abort, join)
-        self._repeatable: Plan | None = None  # a group-only plan the policy would give again
-        self._deadline: float | None = None  # the policy's wake time when it last planned
+        # What the fast path (sim.fast_path) reads and updates besides the queues and counters:
+        self.repeatable: Plan | None = None  # a group-only plan the policy would give again
+        self.policy_deadline: float | None = None  # the policy's wake time when it last planned
         self.overshot = False  # the last fast_forward took the step during which its horizon fell
         # running requests outside the decode group, in admission order (the same list as running without one)
         self.outside: list[Request] = [] if self.group is not None else self.running
@@ -129,7 +133,7 @@ class ServingCore:
         if self.keep_token_times and req.token_times is None:
             req.token_times = []
         self._dirty = True
-        admission = getattr(self.policy, "admission", None)
+        admission = self.admission
         if admission is not None:
             self._view.now = now
             reason = admission.on_arrival(req, self._view)
@@ -189,36 +193,36 @@ class ServingCore:
         if self.group is not None and self.group.members:
             self.group.dissolve()
             self.outside[:] = self.running
-            self._repeatable = None
+            self.repeatable = None
 
     # ---- the step ----------------------------------------------------------------------------------------------
     def schedule(self, now: float) -> Batch | None:
         if not self.running and (self.waiting or self.swapped):
             self._reject_unservable(now)
-        plan = self._plan_without_policy(now)
+        plan = self.plan_without_policy(now)
         if plan is None:
             self._view.now = now
             plan = self.policy.schedule(self._view)
             self._dirty = False
-            self._deadline = self.policy.wake_time(self._view) if self.group is not None else None
+            self.policy_deadline = self.policy.wake_time(self._view) if self.group is not None else None
             only_group = plan.decode_group and not (plan.scheduled or plan.preempt or plan.swap_in or plan.reject)
-            self._repeatable = plan if only_group else None
+            self.repeatable = plan if only_group else None
         return self._apply(plan, now)
 
-    def _plan_without_policy(self, now: float) -> Plan | None:
+    def plan_without_policy(self, now: float) -> Plan | None:
         """The plan the policy is certain to give, when it need not be asked: only the decode group runs."""
         g = self.group
         if g is None or self._dirty or not g.members or len(g.members) != len(self.running):
             return None
-        if now != g.prev_end or (self._deadline is not None and now >= self._deadline):
+        if now != g.prev_end or (self.policy_deadline is not None and now >= self.policy_deadline):
             return None  # the executor idled, or a deadline passed: let the policy look
         if g.grows and not self.kv.can_grow(g.next_blocks):
             return None  # a block shortage: the policy decides whom to preempt
-        if self._repeatable is not None:
-            return self._repeatable
-        if self._steady_ok and not self.waiting and not self.swapped:
+        if self.repeatable is not None:
+            return self.repeatable
+        if self.steady_ok and not self.waiting and not self.swapped:
             if g.size <= self.limits.max_num_seqs and g.size <= self.limits.max_num_batched_tokens:
-                return _STEADY_PLAN
+                return STEADY_PLAN
         return None
 
     def complete(self, batch: Batch, end: float, flops: float = 0.0) -> list[Request]:
@@ -227,6 +231,7 @@ class ServingCore:
         finished: list[Request] = []
         g = self.group
         if batch.group_size:
+            assert g is not None  # _apply checked it
             if batch.group_blocks:
                 self.filled_blocks += batch.group_blocks
             self.kv_tokens += g.size
@@ -259,26 +264,38 @@ class ServingCore:
         if finished:
             # Room was freed: a policy with requests waiting must look again. With nothing waiting, the steady
             # plan (the group decodes) is what it would say, so no need to ask.
-            self._repeatable = None
+            self.repeatable = None
             if batch.group_size and batch.plan.scheduled:
                 finished.sort(key=_admit_order)  # the order stepping one by one would finish them in
             for r in finished:
-                self._leave_running(r)
-                self._drop_kv(r)
-                self._finish(r, end, Outcome.COMPLETED, "")
-        if joiners and (not g.members or g.prev_end == end):
+                self.retire(r, end)
+        if joiners and g is not None and (not g.members or g.prev_end == end):
             g.prev_end = end
             outside = self.outside
             for r in joiners:
                 g.join(r)
                 outside.remove(r)
-            self._repeatable = None
+            self.repeatable = None
         return finished
 
+    def retire(self, r: Request, end: float) -> None:
+        """``r`` sampled its last token at ``end``: it leaves the running set, its KV is freed, it completes."""
+        self._leave_running(r)
+        self._drop_kv(r)
+        self._finish(r, end, Outcome.COMPLETED, "")
+
+    def fast_forward(
+        self, now: float, horizon: float, cost: CostModel, *, finishes: bool = True, overshoot: bool = False
+    ) -> tuple[list[float], float] | None:
+        """Several decode-group steps at once, exactly as stepping would take them: see ``sim.fast_path``."""
+        return fast_path.fast_forward(self, now, horizon, cost, finishes=finishes, overshoot=overshoot)
+
     def _leave_running(self, r: Request) -> None:
+        g = self.group
         if r.group_base >= 0:
-            self.group.leave(r)
-        elif self.group is not None:
+            assert g is not None  # only a group has members
+            g.leave(r)
+        elif g is not None:
             self.outside.remove(r)
         self.running.remove(r)
 
@@ -308,7 +325,7 @@ class ServingCore:
             self.kv_tokens -= r.num_computed_tokens
             self.filled_blocks -= cdiv(r.num_computed_tokens, kv.block_size)
             if mode == "swap":
-                blocks = list(getattr(kv, "tables", {}).get(r.id, ()))
+                blocks = kv.block_table(r)
                 swap_blocks += kv.swap_out(r)
                 swapped_out = (swapped_out or []) + [(r.id, blocks)]
                 r.status = Status.SWAPPED
@@ -326,14 +343,16 @@ class ServingCore:
                 raise PlanError(f"policy swapped in request {r.id}, which is {r.status.value}")
             self.swapped.remove(r)
             swap_blocks += kv.swap_in(r)
-            swapped_in = (swapped_in or []) + [(r.id, list(getattr(kv, "tables", {}).get(r.id, ())))]
+            swapped_in = (swapped_in or []) + [(r.id, kv.block_table(r))]
             self._admit(r)
             self.kv_tokens += r.num_computed_tokens
             self.filled_blocks += cdiv(r.num_computed_tokens, kv.block_size)
         group_size = group_blocks = 0
+        stepping: DecodeGroup | None = None  # the decode group when it takes this step
         if plan.decode_group:
             if g is None or not g.members:
                 raise PlanError("plan schedules the decode group, but there is none")
+            stepping = g
             group_size = g.size
             crossing = g.crossing() if g.grows else ()
             if crossing:
@@ -354,7 +373,7 @@ class ServingCore:
         total = decode = group_size
         prefill = 0
         max_n = 1 if group_size else 0
-        kv_read = attn = (g.ctx + group_size) if group_size else 0
+        kv_read = attn = (stepping.ctx + group_size) if stepping is not None else 0
         max_c = 0
         bs = kv.block_size
         clamped: list[tuple[Request, int]] = []
@@ -414,8 +433,8 @@ class ServingCore:
             raise PlanError(f"plan computes {total} tokens > max_num_batched_tokens {limits.max_num_batched_tokens}")
         rows = num_scheduled + plan.padded_rows
         if plan.pad_to_longest:  # every row is as long as the longest (padded tensors)
-            if group_size:
-                max_c = max(max_c, g.max_computed())
+            if stepping is not None:
+                max_c = max(max_c, stepping.max_computed())
             num_tokens = rows * max_n
             kv_read = rows * (max_c + max_n)
             attn = rows * (max_n * max_c + max_n * (max_n + 1) // 2)
@@ -434,8 +453,8 @@ class ServingCore:
         )
         if self.plans is not None:  # canonical: sorted by request id, whoever planned it
             entries = [(r.id, n) for r, n in plan.scheduled]
-            if group_size:
-                entries += [(i, 1) for i in g.members]
+            if stepping is not None:
+                entries += [(i, 1) for i in stepping.members]
             self.plans.append(tuple(sorted(entries)))
         return Batch(
             plan=plan,
@@ -535,200 +554,7 @@ class ServingCore:
         for listener in self.finish_listeners:
             listener(r)
 
-    # ---- many steps at once --------------------------------------------------------------------------------------
-    def _predict(self, k: int, pad: int) -> tuple[list[int], list[int]]:
-        """Rows and attended tokens of the decode group's next ``k`` steps, members leaving after the step that
-        samples their last token: runs of equal rows with evenly growing context between departures."""
-        g = self.group
-        j0 = g.steps
-        finish_at = g.finish_at
-        rows_l: list[int] = []
-        read_l: list[int] = []
-        size, ctx = g.size, g.ctx
-        pos = j0
-        for f in sorted(f for f in finish_at if f < j0 + k) + [j0 + k]:
-            n = f - pos  # steps pos+1 .. f, all with the current members
-            rows_l += [size + pad] * n
-            read_l += range(ctx + size, ctx + size * (n + 1), size) if size else [ctx] * n
-            ctx += size * n
-            pos = f
-            leaving = finish_at.get(f) if f < j0 + k else None
-            if leaving:
-                size -= len(leaving)
-                ctx -= sum(r.num_computed_tokens + f - r.group_base for r in leaving)
-        return rows_l, read_l
-
-    def fast_forward(
-        self, now: float, horizon: float, cost, *, finishes: bool = True, overshoot: bool = False
-    ) -> tuple[list[float], float] | None:
-        """Take several group-only steps at once: price them together, then apply them in one loop that records
-        exactly what ``schedule``/``complete`` would (the tests compare the two). Stops before any
-        step that would end at or after ``horizon`` (the next event from outside, such as an arrival) or when the
-        policy must be asked again; ``finishes=False`` also stops before a step in which a request completes
-        (when a completion can start an outside event, such as a closed-loop user's next request).
-
-        ``overshoot=True`` also takes the step during which the horizon falls, when the event there is an
-        arrival: an arrival during a step only joins the queue, which nothing in the step reads, so the step can
-        be applied before the executor's clock reaches the arrival. The step's row then records the queue
-        length before the arrival; the executor corrects it with ``steps.set_last_waiting`` once the clock has
-        caught up (stepping one by one records the queue at the step's end). Returns (step durations, end of
-        the last step), or None when no step qualifies."""
-        g = self.group
-        if g is None or now >= horizon or self._plan_without_policy(now) is None:
-            return None
-        plan = self._repeatable if self._repeatable is not None else _STEADY_PLAN
-        if plan.pad_to_longest:
-            return None  # a padded batch's shape depends on its longest member; step it one by one
-        j0 = g.steps
-        # a finish makes the policy look again unless nothing waits (then the steady plan continues)
-        keep_going = finishes and self._steady_ok and not self.waiting and not self.swapped
-        last = j0 + _MAX_SEGMENT
-        if not keep_going:
-            last = min(last, min(g.finish_at, default=1 << 62) - 1)
-        pad = plan.padded_rows
-        if horizon != float("inf"):
-            # how many steps fit before the horizon, from the first step's time. Later steps attend to more
-            # tokens, so they are no shorter unless members leave; a small margin covers that (a guess that falls
-            # short leaves the rest for the next call; one too long prices steps never taken).
-            rows, read = g.size + pad, g.ctx + g.size
-            one_step = getattr(cost, "decode_step_time", None)
-            if one_step is not None and not pad:
-                first = one_step(rows, read)
-            else:
-                first = cost.step_time(StepShape(rows, rows, rows, read, read, pad, 0))
-            last = min(last, j0 + int((horizon - now) / max(first, 1e-9) * 1.02) + 2)
-        k = last - j0
-        if k < 1:
-            return None
-        # predict each step's rows and attended tokens (members leave after their finishing step)
-        size, ctx = g.size, g.ctx
-        finish_at = g.finish_at
-        if not finish_at or min(finish_at) > j0 + k:  # nobody leaves: constant rows, evenly growing context
-            rows_l = [size + pad] * k
-            read_l = list(range(ctx + size, ctx + size * (k + 1), size)) if size else [ctx] * k
-        else:
-            rows_l, read_l = self._predict(k, pad)
-        decode_steps = getattr(cost, "decode_steps", None)
-        if k <= _SCALAR_BELOW and decode_steps is not None and not pad:
-            durations, flops = decode_steps(rows_l, read_l)  # numpy's per-call overhead outweighs a short loop
-        elif k <= _SCALAR_BELOW:
-            shapes = [StepShape(n, n, n, c, c, pad, 0) for n, c in zip(rows_l, read_l)]
-            durations = [cost.step_time(sh) for sh in shapes]
-            flops = [cost.step_flops(sh) for sh in shapes]
-        else:
-            rows_a = np.asarray(rows_l, dtype=np.int64)
-            read_a = np.asarray(read_l, dtype=np.int64)
-            shape = StepShape(
-                num_seqs=rows_a,
-                num_tokens=rows_a,
-                num_decode_seqs=rows_a,
-                kv_read_tokens=read_a,
-                attn_pairs=read_a,
-                num_padding_tokens=np.full(k, pad, dtype=np.int64),
-                swap_blocks=np.zeros(k, dtype=np.int64),
-            )
-            durations = np.asarray(cost.step_time(shape), dtype=np.float64).tolist()
-            flops = np.asarray(cost.step_flops(shape), dtype=np.float64).tolist()
-        # The loop below is ``_apply`` + ``complete`` for a group-only, unpadded plan, written out because it
-        # is the simulator's innermost loop; the tests check that it records exactly what they would. Nothing
-        # from outside can happen inside it, so only the horizon, the deadline, finishes and block shortages end
-        # it, and the first two are known in advance from the steps' ends (running sums of the durations, added
-        # in order as stepping one by one adds them): no step may start at or after the deadline, nor end at or
-        # after the horizon, except (overshooting) the one the horizon falls in. The steps between two finishes
-        # form one run in the step log, which keeps per step only what changes from one to the next (see
-        # ``StepLog``), the members' inter-token gaps included.
-        ends = list(accumulate(durations, initial=now))  # step i runs from ends[i] to ends[i + 1]
-        deadline = self._deadline if self._deadline is not None else float("inf")
-        over = bisect_left(ends, horizon) - 1  # the step in which the horizon falls (k if none)
-        n = min(k, bisect_left(ends, deadline), over + 1 if overshoot else over)
-        kv = self.kv
-        grows = g.grows
-        plain = grows and isinstance(kv, PagedBlockManager) and not kv.enable_prefix_caching
-        free_list = kv._free if plain else None
-        tables = kv.tables if plain else None
-        buckets = g.buckets
-        bs = len(buckets)
-        finish_at = g.finish_at
-        members = g.members
-        log = self.steps
-        log.compact()
-        step_values = log.per_step.extend
-        m = len(members)
-        used = kv.num_used_blocks
-        filled = self.filled_blocks
-        kv_tokens = self.kv_tokens
-        steps = g.steps
-        next_finish = min(finish_at, default=-1)  # the next group step in which members sample their last token
-        run = 0  # the first step of the current run
-        for i in range(n):
-            crossing = buckets[steps % bs]
-            nb = len(crossing)
-            if nb and grows:
-                if plain:
-                    if nb > kv._num_free:
-                        break  # a block shortage: the policy decides whom to preempt
-                    for r in crossing:
-                        tables[r.id].append(free_list.pop())
-                    kv._num_free -= nb
-                else:
-                    if not kv.can_grow(nb):
-                        break
-                    kv.grow(crossing)
-                used += nb
-            filled += nb
-            kv_tokens += m
-            steps += 1
-            step_values((ends[i + 1], used, used - filled if used > filled else 0, kv_tokens, flops[i]))
-            if steps == next_finish:
-                self._end_run(run, i + 1, ends, read_l)
-                run = i + 1
-                self.filled_blocks, self.kv_tokens = filled, kv_tokens
-                self._repeatable = None
-                for r in finish_at.pop(steps):
-                    self._leave_running(r)
-                    self._drop_kv(r)
-                    self._finish(r, ends[i + 1], Outcome.COMPLETED, "")
-                m = len(members)
-                used = kv.num_used_blocks
-                filled, kv_tokens = self.filled_blocks, self.kv_tokens
-                next_finish = min(finish_at, default=-1)
-                if i == over or not keep_going or not m:
-                    break
-        taken = steps - j0
-        if taken > run:
-            self._end_run(run, taken, ends, read_l)
-        self.filled_blocks, self.kv_tokens = filled, kv_tokens
-        if not taken:
-            return None
-        self.overshot = taken > over
-        self.busy_time += ends[taken] - now
-        self.last_end = ends[taken]
-        self.flops_done += sum(flops[:taken])
-        return durations[:taken], ends[taken]
-
-    def _end_run(self, first: int, stop: int, ends: list[float], read_l: list[int]) -> None:
-        """Account steps ``first`` to ``stop - 1`` of a ``fast_forward`` segment, all with the same members, in
-        the decode group and the step log (their per-step values are in the log already)."""
-        g = self.group
-        m = len(g.members)
-        n = stop - first
-        if g.ctx + m != read_l[first] or g.ctx + m * n != read_l[stop - 1]:
-            raise AssertionError("fast_forward predicted a different step shape")
-        g.steps += n
-        g.ctx += m * n
-        g.prev_end = ends[stop]
-        if g.ends is not None:  # token timestamps
-            g.ends += ends[first + 1 : stop + 1]
-        if self.plans is not None:
-            self.plans += [tuple(sorted((i, 1) for i in g.members))] * n
-        self.steps.end_decode_run(
-            n, ends[first], m, self.kv.num_blocks, len(self.running), len(self.waiting), len(self.swapped)
-        )
-
 
 def _admit_order(r: Request) -> int:
     return r.admit_seq
 
-
-_MAX_SEGMENT = 4096  # fast-forward at most this many steps at once (bounds the arrays it builds)
-_SCALAR_BELOW = 64  # price segments this short with scalar cost-model calls

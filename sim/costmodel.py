@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from os import PathLike
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -23,8 +24,11 @@ from sim.specs import (
     activation_dtype,
     canonical_dtype,
     check_tensor_parallel,
+    is_model_preset,
     kv_dtype_bytes,
+    resolve_gpu,
     resolve_kv_dtype,
+    resolve_model,
 )
 
 
@@ -48,7 +52,15 @@ class StepShape:
 
 class CostModel(Protocol):
     """Predicts step times. Implementations: ``AnalyticCostModel`` (roofline from specs) and
-    ``FittedCostModel`` (coefficients fitted to a real engine by calibration)."""
+    ``FittedCostModel`` (coefficients fitted to a real engine by calibration).
+
+    ``step_time``, ``step_flops`` and ``peak_flops`` are required. ``decode_steps`` and ``decode_step_time`` are
+    the simulator's decode fast path (``sim.fast_path``); their defaults here price through ``step_time``, and
+    a model overrides them only to be faster, never to give other numbers (the tests check bit-identity). A class
+    that subclasses ``CostModel`` inherits the defaults; one that only has the required members gets them through
+    ``optional_member``."""
+
+    __slots__ = ()  # keeps the slots of the dataclasses that subclass it
 
     def step_time(self, shape: StepShape) -> float | np.ndarray:
         """Seconds the step takes (an array when the shape's fields are arrays)."""
@@ -62,6 +74,22 @@ class CostModel(Protocol):
     def peak_flops(self) -> float:
         """The device's peak dense FLOP/s for the model's compute dtype, summed over its shards."""
         ...
+
+    def decode_steps(self, rows: list[int], reads: list[int]) -> tuple[list[float], list[float]]:
+        """Times and FLOPs of unpadded one-token-per-row steps: ``rows[i]`` rows attending ``reads[i]`` tokens."""
+        shapes = [StepShape(n, n, n, c, c) for n, c in zip(rows, reads, strict=True)]
+        return [float(self.step_time(s)) for s in shapes], [float(self.step_flops(s)) for s in shapes]
+
+    def decode_step_time(self, n: int, c: int) -> float:
+        """One unpadded decode step's time: ``n`` rows attending ``c`` tokens."""
+        return float(self.step_time(StepShape(n, n, n, c, c)))
+
+
+def optional_member(cost: object, name: str) -> Any:
+    """``cost``'s member ``name``, one of ``CostModel``'s members with a default; that default, bound to ``cost``,
+    when ``cost`` implements the protocol without subclassing it and lacks the member (a test's few-line model)."""
+    member = getattr(cost, name, None)
+    return member if member is not None else getattr(CostModel, name).__get__(cost)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -94,7 +122,7 @@ def _is_array(*xs: Any) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
-class AnalyticCostModel:
+class AnalyticCostModel(CostModel):
     """Step time from first principles: FLOPs and bytes moved against the GPU's peak rates.
 
     A step's time is a sum of per-part rooflines, each part bound by whichever of compute or memory it waits on:
@@ -131,8 +159,8 @@ class AnalyticCostModel:
     bit-identical. A scalar shape gives a Python float.
     """
 
-    model: ModelSpec  # a preset name is accepted and resolved
-    gpu: GPUSpec  # a preset name or a GPUSpec.from_dict mapping is accepted and resolved
+    model: ModelSpec  # anything sim.specs.resolve_model accepts (a preset name, a config) is resolved
+    gpu: GPUSpec  # anything sim.specs.resolve_gpu accepts (a preset name, a mapping of fields) is resolved
     weight_dtype: str = "bf16"
     kv_dtype: str = "auto"  # "auto": the model's activation dtype
     tensor_parallel_size: int = 1
@@ -153,12 +181,7 @@ class AnalyticCostModel:
     _peak: float = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        m = self.model if isinstance(self.model, ModelSpec) else ModelSpec.from_name(self.model)
-        g = self.gpu
-        if isinstance(g, str):
-            g = GPUSpec.from_name(g)
-        elif isinstance(g, Mapping):
-            g = GPUSpec.from_dict(g)
+        m, g = resolve_model(self.model), resolve_gpu(self.gpu)
         wd = canonical_dtype(self.weight_dtype)
         kd = resolve_kv_dtype(self.kv_dtype, wd)
         tp = check_tensor_parallel(m, self.tensor_parallel_size)
@@ -277,7 +300,7 @@ class AnalyticCostModel:
         # decode's query-key pairs are its KV reads): max() would return exactly that product, so it is skipped.
         memory_bound = k8 >= k7
         n_prev = -1
-        for n, c in zip(rows, reads):
+        for n, c in zip(rows, reads, strict=True):
             if n != n_prev:  # the parts that depend on the row count alone, summed in _time's order
                 n_prev = n
                 head = k0 + n * k1 + max(n * k2 + n * k3, k4 + n * k5 + n * k6)
@@ -401,13 +424,14 @@ class CalibrationProfile(BaseModel):
     def _wake_curve_ok(cls, v: list[tuple[float, float]]) -> list[tuple[float, float]]:
         if v:
             idle = [p[0] for p in v]
-            if tuple(v[0]) != (0, 0) or any(b <= a for a, b in zip(idle, idle[1:])) or any(p[1] < 0 for p in v):
+            repeats = any(b <= a for a, b in zip(idle, idle[1:], strict=False))  # idle must increase
+            if tuple(v[0]) != (0, 0) or repeats or any(p[1] < 0 for p in v):
                 raise ValueError("wake_curve must start at [0, 0] with idle increasing and extra times >= 0")
         return v
 
 
 @dataclass(frozen=True, slots=True)
-class FittedCostModel:
+class FittedCostModel(CostModel):
     """Step time as a non-negative linear combination of the ``StepShape`` aggregates, with coefficients fitted
     to a real engine by calibration::
 
@@ -445,7 +469,7 @@ class FittedCostModel:
                 raise ValueError(f"FittedCostModel: {name} must be finite and >= 0, got {v}")
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "FittedCostModel":
+    def from_dict(cls, data: Mapping[str, Any]) -> FittedCostModel:
         """From a parsed profile (see ``CalibrationProfile``)."""
         p = CalibrationProfile.model_validate(dict(data))
         if p.schema_version not in SUPPORTED_PROFILE_VERSIONS:
@@ -459,12 +483,9 @@ class FittedCostModel:
         if flops is None:
             spec = None
             if isinstance(p.model, dict):
-                spec = ModelSpec.from_hf_config(p.model)
-            elif p.model:
-                try:
-                    spec = ModelSpec.from_name(p.model)
-                except ValueError:
-                    spec = None
+                spec = resolve_model(p.model)
+            elif p.model and is_model_preset(p.model):  # else a free-text label: no model FLOPs
+                spec = resolve_model(p.model)
             if spec is not None:
                 s = spec.shard(1)
                 flops = ProfileFlops(token=2.0 * s.body_matmul_params, seq=2.0 * s.lm_head_params,
@@ -477,7 +498,7 @@ class FittedCostModel:
                    wake_extra=tuple(float(b) for _, b in p.wake_curve))
 
     @classmethod
-    def from_profile(cls, path: str | PathLike[str]) -> "FittedCostModel":
+    def from_profile(cls, path: str | PathLike[str]) -> FittedCostModel:
         """Load a calibration profile JSON file."""
         with open(path) as f:
             return cls.from_dict(json.load(f))
@@ -493,7 +514,7 @@ class FittedCostModel:
             "flops": {"token": self.flops_per_token, "seq": self.flops_per_seq,
                       "attn_pair": self.flops_per_attn_pair},
             "provenance": dict(self.provenance),
-            "wake_curve": [[a, b] for a, b in zip(self.wake_idle, self.wake_extra)],
+            "wake_curve": [[a, b] for a, b in zip(self.wake_idle, self.wake_extra, strict=True)],
         }
 
     def step_time(self, shape: StepShape) -> float | np.ndarray:
@@ -519,6 +540,6 @@ class FittedCostModel:
         pair, kvr, swap, pseq = self.attn_pair, self.kv_read_token, self.swap_block, self.prefill_seq
         ft, fs, fp = self.flops_per_token, self.flops_per_seq, self.flops_per_attn_pair
         times = [step + n * token + n * dseq + n * seq + c * pair + c * kvr + 0 * swap + (n - n) * pseq
-                 for n, c in zip(rows, reads)]
-        flops = [float((n - 0) * ft + n * fs + c * fp) for n, c in zip(rows, reads)]
+                 for n, c in zip(rows, reads, strict=True)]
+        flops = [float((n - 0) * ft + n * fs + c * fp) for n, c in zip(rows, reads, strict=True)]
         return times, flops

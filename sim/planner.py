@@ -43,7 +43,6 @@ from typing import Any
 
 import numpy as np
 
-from sim.capacity import resolve_gpu, resolve_model
 from sim.costmodel import AnalyticCostModel, StepShape
 from sim.metrics import SLOs, summarize
 from sim.records import RunResult
@@ -57,6 +56,8 @@ from sim.scenario import (
     Scenario,
     ScenarioError,
     VariantConfig,
+    resolve_max_model_len,
+    size_kv_cache,
     slos_of,
 )
 from sim.specs import (
@@ -67,8 +68,9 @@ from sim.specs import (
     ModelDoesNotFitError,
     ModelSpec,
     check_tensor_parallel,
-    kv_budget,
+    resolve_gpu,
     resolve_kv_dtype,
+    resolve_model,
 )
 from sim.sweep import parallel_map
 from sim.workload import GeneratedWorkload
@@ -255,10 +257,7 @@ class PlanResult:
         front = []
         for e in pts:
             v = vec(e)
-            dominated = any(
-                all(a <= b for a, b in zip(vec(o), v)) and any(a < b for a, b in zip(vec(o), v))
-                for o in pts if o is not e
-            )
+            dominated = any(_dominates(vec(o), v) for o in pts if o is not e)
             if not dominated:
                 front.append(e)
         # equal points: keep the first of each
@@ -293,6 +292,12 @@ class PlanResult:
         if all_evaluations:
             out["evaluations"] = [e.to_dict() for e in self.evaluations]
         return out
+
+
+def _dominates(a: tuple[float, ...], b: tuple[float, ...]) -> bool:
+    """``a`` is at most ``b`` everywhere and below it somewhere."""
+    pairs = list(zip(a, b, strict=True))
+    return all(x <= y for x, y in pairs) and any(x < y for x, y in pairs)
 
 
 # ---- bounds ---------------------------------------------------------------------------------------------------
@@ -399,11 +404,6 @@ def _simulate_job(workload: GeneratedWorkload, job: tuple[VariantConfig, int, st
 
 
 # ---- the search -----------------------------------------------------------------------------------------------
-def _model_of(deployment: Deployment) -> ModelSpec:
-    m = deployment.model
-    return ModelSpec.from_hf_config(m) if isinstance(m, dict) else resolve_model(m)
-
-
 def _gpus_of(cfg: PlanConfig) -> list[tuple[str | dict[str, Any], GPUSpec]]:
     names: list[str | dict[str, Any]] = list(cfg.gpus) if cfg.gpus else list(GPU_PRESETS)
     out = []
@@ -442,7 +442,7 @@ def check_plan(scenario: Scenario) -> tuple[PlanConfig, SLOs, ModelSpec, list[tu
         raise ScenarioError("plan: deployment.cost_model is a fitted profile, which describes one device; the "
                             "planner compares GPUs with the analytic cost model")
     try:
-        model = _model_of(dep)
+        model = resolve_model(dep.model)
     except (ValueError, OSError, KeyError) as e:
         raise ScenarioError(f"plan: deployment.model: {e}") from None
     return cfg, slos, model, _gpus_of(cfg)
@@ -542,7 +542,7 @@ def plan(scenario: Scenario, *, stop_early: bool | None = None, progress: bool =
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix_str(f"${group[i][0].candidate.cost_per_hour:.2f}/h", refresh=False)
-        for (ev, _), (result, seconds) in zip(group, results):
+        for (ev, _), (result, seconds) in zip(group, results, strict=True):
             c = ev.candidate
             if chosen is not None and stop and c.precision < chosen.candidate.precision:
                 ev.status = "not simulated"  # simulated already (in parallel), but a serial search skips it
@@ -590,24 +590,14 @@ def plan(scenario: Scenario, *, stop_early: bool | None = None, progress: bool =
 
 
 def _resolve(vcfg: VariantConfig, model: ModelSpec, gpu: GPUSpec) -> tuple[AnalyticCostModel, KVBudget, int]:
-    """The cost model, KV budget and token limit one replica of ``vcfg`` gets: what ``sim.scenario.build``
-    resolves, without building the KV block manager (the bounds need only its size). Raises
-    ModelDoesNotFitError or ValueError where ``build`` refuses the deployment for its memory."""
+    """The cost model, KV budget and token limit one replica of ``vcfg`` gets, from the very builders
+    ``sim.scenario.build`` uses, without building the KV block manager (the bounds need only its size). Raises
+    ScenarioError (a ValueError) where ``build`` refuses the deployment."""
     dep, pol = vcfg.deployment, vcfg.policy
-    assert isinstance(pol, ContinuousPolicyConfig) and isinstance(dep.cost_model, AnalyticCost)
-    max_model_len = dep.max_model_len or model.max_position_embeddings
-    mnbt = pol.max_num_batched_tokens or (8192 if pol.enable_chunked_prefill else max(8192, max_model_len))
-    budget = kv_budget(model, gpu, gpu_memory_utilization=dep.gpu_memory_utilization,
-                       weight_dtype=dep.weight_dtype, kv_dtype=dep.kv_dtype, block_size=dep.block_size,
-                       tensor_parallel_size=dep.tensor_parallel_size, max_num_batched_tokens=mnbt,
-                       max_num_seqs=pol.max_num_seqs)
-    if max_model_len > budget.capacity_tokens:
-        raise ValueError(f"max_model_len {max_model_len} is larger than the KV cache holds "
-                         f"({budget.capacity_tokens} tokens)")
-    extra = {k: v for k, v in dep.cost_model.model_dump().items() if k != "type" and v is not None}
-    cost = AnalyticCostModel(model, gpu, weight_dtype=dep.weight_dtype, kv_dtype=dep.kv_dtype,
-                             tensor_parallel_size=dep.tensor_parallel_size, block_size=dep.block_size, **extra)
-    return cost, budget, mnbt
+    assert isinstance(dep.cost_model, AnalyticCost)  # check_plan refuses the others
+    limits = pol.limits(resolve_max_model_len(dep, model))
+    budget = size_kv_cache(dep, model, gpu, limits)
+    return dep.cost_model.build(model, gpu, dep), budget, limits.max_num_batched_tokens
 
 
 def _evaluate_replica_config(

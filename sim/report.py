@@ -35,10 +35,11 @@ import yaml
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
+from sim.files import write_atomically
 from sim.metrics import bottleneck, summarize
-from sim.output import _write_atomically, table_cells
 from sim.records import RunResult
 from sim.request import Outcome
+from sim.table import table_cells
 
 MAX_POINTS = 1000  # most points a plotted series may have
 MIN_WINDOWS = 20  # fewest windows a timeline uses, however short the run
@@ -565,7 +566,7 @@ def fig_batch_slots(
     t_end = slot_window(layouts, max_requests) if t_end is None else float(t_end)
     titles = []
     shown: list[np.ndarray] = []
-    for res, lay in zip(results, layouts):
+    for res, lay in zip(results, layouts, strict=True):
         keep = lay.start < t_end
         shown.append(keep)
         rows = f"{lay.num_rows} rows at the busiest instant"
@@ -574,7 +575,7 @@ def fig_batch_slots(
             rows += f"; {limit[0]}={limit[1]}"
         titles.append(f"{res.name}: {int(keep.sum())} of {len(lay.start)} scheduled requests drawn; {rows}")
     heights = []
-    for res, lay, keep in zip(results, layouts, shown):
+    for res, lay, keep in zip(results, layouts, shown, strict=True):
         top = int(lay.row[keep].max()) + 1 if keep.any() else 1
         limit = _slot_limit(res)
         if limit is not None and limit[0] == "batch_size":
@@ -588,7 +589,7 @@ def fig_batch_slots(
         subplot_titles=titles,
         row_heights=[h + 4 for h in heights],
     )
-    for i, (res, lay, keep, top) in enumerate(zip(results, layouts, shown, heights), start=1):
+    for i, (lay, keep, top) in enumerate(zip(layouts, shown, heights, strict=True), start=1):
         s = lay.start[keep]
         f = np.minimum(lay.finish[keep], t_end)
         h = np.minimum(lay.held_until[keep], t_end)
@@ -698,10 +699,10 @@ def _gpu_total_bytes(result: RunResult) -> float | None:
     dep = (result.config or {}).get("deployment")
     if not isinstance(dep, dict):
         return None
-    from sim.specs import GPUSpec
+    from sim.specs import resolve_gpu
 
     try:
-        gpu = GPUSpec.from_dict(dep["gpu"]) if isinstance(dep.get("gpu"), dict) else GPUSpec.from_name(dep["gpu"])
+        gpu = resolve_gpu(dep["gpu"])
     except (KeyError, ValueError, TypeError, AttributeError):
         return None
     return float(gpu.memory_bytes) * int(dep.get("tensor_parallel_size", 1) or 1)
@@ -779,7 +780,9 @@ def request_kv_window(result: RunResult, max_requests: int = REQUEST_KV_REQUESTS
     return max(r.finish for r in result.requests)
 
 
-def request_kv_tokens(result: RunResult, t: np.ndarray, max_requests: int = REQUEST_KV_REQUESTS) -> dict[int, np.ndarray]:
+def request_kv_tokens(
+    result: RunResult, t: np.ndarray, max_requests: int = REQUEST_KV_REQUESTS
+) -> dict[int, np.ndarray]:
     """Per request id, the KV tokens it holds at the times ``t``: its prompt from its first step, then one more
     token per output token, spread evenly between its first token and its finish (the records keep no per-token
     times), nothing after it ends. Preemptions are not in the records, so a preempted request is drawn as if it
@@ -885,8 +888,7 @@ def _metric(summary: dict, key: str, sub: str | None) -> float:
 def fig_sweep(results: list[RunResult], summaries: dict | None = None) -> go.Figure | None:
     """Throughput and tail latency against the first swept parameter, one line per variant (and per value of
     any other swept parameter). None when no run belongs to a sweep."""
-    points = [(r, sweep_params(r)) for r in results]
-    points = [(r, p) for r, p in points if p is not None]
+    points = [(r, p) for r in results if (p := sweep_params(r)) is not None]
     if not points:
         return None
     summaries = summaries or {}
@@ -969,7 +971,7 @@ def _slots_section(results: list[RunResult], summaries: dict) -> list[Section]:
         "in order of start, each into the lowest free row. That colouring of an interval graph is optimal, so the "
         "number of rows is the most requests that held a row at one instant. Blank space is an idle slot.",
     ]
-    for res, lay in zip(results, layouts):
+    for res, lay in zip(results, layouts, strict=True):
         if lay.batch_held:
             s = _sorted_steps(res)
             match = float(np.mean(lay.padded_rows_at(s["start"]) == s["padded_rows"])) if len(s["start"]) else 1.0
@@ -1036,6 +1038,7 @@ def fig_replicas(results: list[RunResult]) -> go.Figure | None:
     fig = make_subplots(specs=[[{"secondary_y": True}]])
     for i, r in enumerate(runs):
         c = r.cluster
+        assert c is not None  # runs holds cluster runs only
         t, n = list(c["replicas_over_time"]["t"]), list(c["replicas_over_time"]["n"])
         t.append(run_end(r))
         n.append(n[-1])
@@ -1097,7 +1100,7 @@ SECTIONS: list[SectionBuilder] = [
 
 
 def summary_table_html(summaries: dict) -> str:
-    """The comparison table of ``sim.output.format_table`` as an HTML table."""
+    """The comparison table of ``sim.table.format_table`` as an HTML table."""
     header, rows = table_cells(summaries)
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
     body = "".join(
@@ -1172,5 +1175,5 @@ def write_report(
     """Write build_report's page to path, atomically (a temporary file in the same folder, then a rename)."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    _write_atomically(p.parent, {p.name: build_report(results, summaries, title)})
+    write_atomically(p.parent, {p.name: build_report(results, summaries, title)})
     return p

@@ -21,19 +21,22 @@ from __future__ import annotations
 import copy
 import itertools
 import re
+import typing
+from abc import abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_core import ErrorDetails
 
-from sim.block_manager import PagedBlockManager
+from sim.block_manager import KVManager, PagedBlockManager
 from sim.contiguous_allocator import ContiguousAllocator
-from sim.costmodel import AnalyticCostModel, FittedCostModel
+from sim.costmodel import AnalyticCostModel, CostModel, FittedCostModel
 from sim.metrics import SLOs
-from sim.policies import Admission, ContinuousPolicy, Limits, StaticPolicy
-from sim.specs import GPUSpec, KVBudget, ModelDoesNotFitError, ModelSpec, kv_budget
+from sim.policies import Admission, ContinuousPolicy, Limits, Policy, StaticPolicy
+from sim.specs import GPUSpec, KVBudget, ModelDoesNotFitError, ModelSpec, kv_budget, resolve_gpu, resolve_model
 from sim.traces import resolve_trace
 from sim.workload import TraceArrival, Workload
 
@@ -47,20 +50,55 @@ class _Model(BaseModel):
 
 
 # ---- deployment -----------------------------------------------------------------------------------------------
-class AnalyticCost(_Model):
+class CostModelConfigBase(_Model):
+    """A ``cost_model`` section: each kind builds its own cost model (``build``), so adding a kind touches only
+    its class and the ``CostModelConfig`` union."""
+
+    @abstractmethod
+    def build(self, model: ModelSpec, gpu: GPUSpec, deployment: Deployment) -> CostModel:
+        """The cost model of one replica of ``deployment`` (``model`` on ``gpu``, already resolved)."""
+
+
+class AnalyticCost(CostModelConfigBase):
     type: Literal["analytic"] = "analytic"
     compute_efficiency: float | None = Field(None, gt=0, le=1, description="Share of peak FLOP/s matmuls reach.")
     bandwidth_efficiency: float | None = Field(None, gt=0, le=1, description="Share of HBM bandwidth reached.")
     step_overhead: float | None = Field(None, ge=0, description="Fixed seconds per step (CPU, launches).")
     per_request_overhead: float | None = Field(None, ge=0, description="Seconds per request per step.")
 
+    def build(self, model: ModelSpec, gpu: GPUSpec, deployment: Deployment) -> AnalyticCostModel:
+        """The roofline of ``model`` on ``gpu`` in the deployment's dtypes and parallelism; the efficiencies and
+        overheads given here replace the cost model's defaults."""
+        extra = {k: v for k, v in self.model_dump().items() if k != "type" and v is not None}
+        return AnalyticCostModel(
+            model,
+            gpu,
+            weight_dtype=deployment.weight_dtype,
+            kv_dtype=deployment.kv_dtype,
+            tensor_parallel_size=deployment.tensor_parallel_size,
+            block_size=deployment.block_size,
+            **extra,
+        )
 
-class FittedCost(_Model):
+
+class FittedCost(CostModelConfigBase):
     type: Literal["fitted"] = "fitted"
     profile: str = Field(description="Path of a calibration profile JSON (see `servesim calibrate`).")
 
+    def build(self, model: ModelSpec, gpu: GPUSpec, deployment: Deployment) -> FittedCostModel:
+        """The profile's fitted model (it describes one device and model: ``model`` and ``gpu`` are not read).
+        A profile that cannot be read is a ``ScenarioError`` naming ``cost_model.profile``."""
+        try:
+            return FittedCostModel.from_profile(self.profile)
+        except FileNotFoundError as e:
+            raise ScenarioError(f"cost_model.profile: file not found: {e.filename or e}") from None
+        except KeyError as e:
+            raise ScenarioError(f"cost_model.profile: lacks the field {e}") from None
+        except (ValueError, TypeError, OSError) as e:
+            raise ScenarioError(f"cost_model.profile: {e}") from None
 
-CostModelConfig = Annotated[Union[AnalyticCost, FittedCost], Field(discriminator="type")]
+
+CostModelConfig = Annotated[AnalyticCost | FittedCost, Field(discriminator="type")]
 
 
 class Deployment(_Model):
@@ -93,12 +131,25 @@ class Deployment(_Model):
 
 
 # ---- KV cache -------------------------------------------------------------------------------------------------
-class PagedKV(_Model):
+class KVCacheConfigBase(_Model):
+    """A ``kv_cache`` section: each kind builds its own KV manager (``build``)."""
+
+    @abstractmethod
+    def build(self, num_blocks: int, block_size: int, *, max_model_len: int, num_cpu_blocks: int) -> KVManager:
+        """A KV manager of ``num_blocks`` GPU blocks of ``block_size`` tokens and ``num_cpu_blocks`` of swap."""
+
+
+class PagedKV(KVCacheConfigBase):
     type: Literal["paged"] = "paged"
     enable_prefix_caching: bool = Field(False, description="Reuse KV blocks of equal prompt prefixes.")
 
+    def build(self, num_blocks: int, block_size: int, *, max_model_len: int,
+              num_cpu_blocks: int) -> PagedBlockManager:
+        return PagedBlockManager(num_blocks, block_size, enable_prefix_caching=self.enable_prefix_caching,
+                                 num_cpu_blocks=num_cpu_blocks)
 
-class ContiguousKV(_Model):
+
+class ContiguousKV(KVCacheConfigBase):
     type: Literal["contiguous"] = "contiguous"
     reserve: Literal["max_model_len", "request"] = Field(
         "max_model_len",
@@ -106,19 +157,45 @@ class ContiguousKV(_Model):
         "the output length must do), or its own prompt+output (an oracle; still wastes the unfilled part).",
     )
 
+    def build(self, num_blocks: int, block_size: int, *, max_model_len: int,
+              num_cpu_blocks: int) -> ContiguousAllocator:
+        return ContiguousAllocator(num_blocks, block_size, max_model_len=max_model_len, reserve=self.reserve,
+                                   num_cpu_blocks=num_cpu_blocks)
 
-KVCacheConfig = Annotated[Union[PagedKV, ContiguousKV], Field(discriminator="type")]
+
+KVCacheConfig = Annotated[PagedKV | ContiguousKV, Field(discriminator="type")]
 
 
 # ---- policies -------------------------------------------------------------------------------------------------
-class StaticPolicyConfig(_Model):
+class PolicyConfigBase(_Model):
+    """A ``policy`` section: each kind gives its per-step limits and builds its policy, so adding a policy
+    touches only its class and the ``PolicyConfig`` union (and a kind that lacks either cannot be created)."""
+
+    @abstractmethod
+    def limits(self, max_model_len: int) -> Limits:
+        """The per-step limits the core checks this policy's plans against."""
+
+    @abstractmethod
+    def build(self, limits: Limits, admission: Admission) -> Policy:
+        """The policy, planning within ``limits`` (from ``limits()``) and refusing whom ``admission`` says."""
+
+
+class StaticPolicyConfig(PolicyConfigBase):
     type: Literal["static"] = "static"
     batch_size: int = Field(8, ge=1, description="Requests per batch.")
     max_wait: float = Field(1.0, ge=0, description="Seconds the oldest queued request waits for a full batch.")
     preemption_mode: Literal["recompute", "swap"] = Field("recompute", description="If paged KV runs out.")
 
+    def limits(self, max_model_len: int) -> Limits:
+        # a padded batch computes at most batch_size x max_model_len tokens in one step
+        return Limits(max(256, self.batch_size), self.batch_size * max_model_len, max_model_len)
 
-class ContinuousPolicyConfig(_Model):
+    def build(self, limits: Limits, admission: Admission) -> StaticPolicy:
+        return StaticPolicy(batch_size=self.batch_size, max_wait=self.max_wait, limits=limits,
+                            preemption_mode=self.preemption_mode, admission=admission)
+
+
+class ContinuousPolicyConfig(PolicyConfigBase):
     type: Literal["continuous"] = "continuous"
     max_num_seqs: int = Field(256, ge=1, description="Requests in one step at most.")
     max_num_batched_tokens: int | None = Field(
@@ -135,8 +212,17 @@ class ContinuousPolicyConfig(_Model):
         "recompute", description="What happens to the latest-admitted request when blocks run out."
     )
 
+    def limits(self, max_model_len: int) -> Limits:
+        mnbt = self.max_num_batched_tokens or (8192 if self.enable_chunked_prefill else max(8192, max_model_len))
+        return Limits(self.max_num_seqs, mnbt, max_model_len)
 
-PolicyConfig = Annotated[Union[StaticPolicyConfig, ContinuousPolicyConfig], Field(discriminator="type")]
+    def build(self, limits: Limits, admission: Admission) -> ContinuousPolicy:
+        return ContinuousPolicy(limits=limits, enable_chunked_prefill=self.enable_chunked_prefill,
+                                prefill_mode=self.prefill_mode, preemption_mode=self.preemption_mode,
+                                admission=admission)
+
+
+PolicyConfig = Annotated[StaticPolicyConfig | ContinuousPolicyConfig, Field(discriminator="type")]
 
 
 class AdmissionConfig(_Model):
@@ -144,6 +230,9 @@ class AdmissionConfig(_Model):
     max_queue_delay: float | None = Field(
         None, gt=0, description="Reject a request still waiting (never scheduled) after this many seconds."
     )
+
+    def build(self) -> Admission:
+        return Admission(self.max_queue_len, self.max_queue_delay)
 
 
 class SLOConfig(_Model):
@@ -336,7 +425,7 @@ _EXPECTED = {  # pydantic error type -> what the file should hold there
 }
 
 
-def _reason(e: dict[str, Any]) -> str:
+def _reason(e: ErrorDetails) -> str:
     kind = e["type"]
     if kind in _EXPECTED:
         return "expected " + _EXPECTED[kind]
@@ -349,7 +438,7 @@ def _reason(e: dict[str, Any]) -> str:
 def _format_validation(err: ValidationError, source: str, raw: Any = None, prefix: str = "") -> str:
     """One line per offending key: ``source: dotted.path: reason (got value)``. The errors a union reports once
     per member at the same key are merged into one line."""
-    grouped: dict[str, list[dict[str, Any]]] = {}
+    grouped: dict[str, list[ErrorDetails]] = {}
     for e in err.errors():
         loc = _clean_loc(tuple(e["loc"]), raw, keep_last=e["type"] in ("missing", "extra_forbidden"))
         if e["type"] in ("union_tag_invalid", "union_tag_not_found"):  # name the tag key itself
@@ -434,7 +523,7 @@ def _yaml_error(e: yaml.YAMLError) -> str:
 
 def load_scenario(
     path: str | Path, overrides: dict[str, Any] | None = None
-) -> tuple["Scenario", dict[str, Any]]:
+) -> tuple[Scenario, dict[str, Any]]:
     """Read and validate a scenario file. ``overrides`` maps dotted paths to values (the CLI's ``--set``).
     Returns the validated scenario and the raw dict it came from. Raises ScenarioError with one clear message."""
     p = Path(path)
@@ -462,7 +551,7 @@ def load_scenario(
     return parse_scenario(raw, source=str(p)), raw
 
 
-def parse_scenario(raw: dict[str, Any], source: str = "scenario") -> "Scenario":
+def parse_scenario(raw: dict[str, Any], source: str = "scenario") -> Scenario:
     """Validate a scenario dict: its schema, every variant's merged deployment, and that trace files exist.
     Raises ScenarioError naming the key path and the reason."""
     try:
@@ -482,7 +571,7 @@ def parse_scenario(raw: dict[str, Any], source: str = "scenario") -> "Scenario":
     return scenario
 
 
-def _check_trace_files(scenario: "Scenario", source: str) -> None:
+def _check_trace_files(scenario: Scenario, source: str) -> None:
     wl = scenario.workload
     for key, part in (("arrival", wl.arrival), ("prompt_len", wl.prompt_len), ("output_len", wl.output_len)):
         trace = getattr(part, "trace", None)
@@ -525,8 +614,8 @@ class VariantConfig:
 
     name: str
     deployment: Deployment
-    kv_cache: PagedKV | ContiguousKV
-    policy: StaticPolicyConfig | ContinuousPolicyConfig
+    kv_cache: KVCacheConfigBase  # one of KVCacheConfig's kinds
+    policy: PolicyConfigBase  # one of PolicyConfig's kinds
     admission: AdmissionConfig
     params: dict[str, Any]  # sweep point, {} without a sweep
     cluster: ClusterConfig | None = None  # several replicas; None: one
@@ -576,7 +665,7 @@ def sweep_points(scenario: Scenario) -> list[dict[str, Any]]:
     if not scenario.sweep:
         return [{}]
     keys = list(scenario.sweep)
-    return [dict(zip(keys, combo)) for combo in itertools.product(*(scenario.sweep[k] for k in keys))]
+    return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*(scenario.sweep[k] for k in keys))]
 
 
 def apply_point(raw: dict[str, Any], point: dict[str, Any], source: str) -> Scenario:
@@ -615,10 +704,16 @@ def apply_point(raw: dict[str, Any], point: dict[str, Any], source: str) -> Scen
 
 _DEFAULT_SECTIONS = {"deployment": Deployment, "kv_cache": PagedKV, "policy": ContinuousPolicyConfig,
                      "admission": AdmissionConfig}
-_SECTION_KINDS: dict[str, dict[str, type[BaseModel]]] = {
-    "kv_cache": {"paged": PagedKV, "contiguous": ContiguousKV},
-    "policy": {"static": StaticPolicyConfig, "continuous": ContinuousPolicyConfig},
-}
+
+
+def _kinds(union: Any) -> dict[str, type[BaseModel]]:
+    """A discriminated union's members by their ``type`` tag (``Annotated[A | B, Field(...)]``), so that a new
+    kind is known here as soon as it is in its union."""
+    return {m.model_fields["type"].default: m for m in typing.get_args(typing.get_args(union)[0])}
+
+
+_SECTION_KINDS: dict[str, dict[str, type[BaseModel]]] = {"kv_cache": _kinds(KVCacheConfig),
+                                                         "policy": _kinds(PolicyConfig)}
 
 
 def _has_key(head: str, section: Any, field: str) -> bool:
@@ -641,44 +736,22 @@ class Built:
     max_model_len: int
 
 
-def _model_spec(model: str | dict[str, Any]) -> ModelSpec:
-    if isinstance(model, dict):
-        return ModelSpec.from_hf_config(model)
-    if model.endswith(".json") or "/" in model:
-        return ModelSpec.from_hf_config(model)
-    return ModelSpec.from_name(model)
-
-
-def build(cfg: VariantConfig):
-    """Resolve a variant into (policy, kv manager, cost model, Built). Raises ScenarioError naming the field."""
-    dep = cfg.deployment
-    where = f"variant {cfg.name!r}"
-    try:
-        model = _model_spec(dep.model)
-    except FileNotFoundError as e:
-        raise ScenarioError(f"{where}: deployment.model: file not found: {e.filename or e}") from None
-    except KeyError as e:
-        raise ScenarioError(f"{where}: deployment.model: lacks the field {e}") from None
-    except (ValueError, TypeError, OSError) as e:
-        raise ScenarioError(f"{where}: deployment.model: {e}") from None
-    try:
-        gpu = GPUSpec.from_dict(dep.gpu) if isinstance(dep.gpu, dict) else GPUSpec.from_name(dep.gpu)
-    except (ValueError, TypeError, AttributeError) as e:
-        raise ScenarioError(f"{where}: deployment.gpu: {e}") from None
-    pol = cfg.policy
-    max_model_len = dep.max_model_len or model.max_position_embeddings
+def resolve_max_model_len(deployment: Deployment, model: ModelSpec) -> int:
+    """The deployment's ``max_model_len``, the model's context when none is given; a ScenarioError past it."""
+    max_model_len = deployment.max_model_len or model.max_position_embeddings
     if max_model_len > model.max_position_embeddings:
         # vLLM refuses this too: positions past the trained context are not defined
         raise ScenarioError(
-            f"{where}: deployment.max_model_len {max_model_len} is longer than {model.name}'s context of "
+            f"deployment.max_model_len {max_model_len} is longer than {model.name}'s context of "
             f"{model.max_position_embeddings} tokens"
         )
-    if isinstance(pol, ContinuousPolicyConfig):
-        mnbt = pol.max_num_batched_tokens or (8192 if pol.enable_chunked_prefill else max(8192, max_model_len))
-        limits = Limits(pol.max_num_seqs, mnbt, max_model_len)
-    else:
-        # a padded batch computes at most batch_size x max_model_len tokens in one step
-        limits = Limits(max(256, pol.batch_size), pol.batch_size * max_model_len, max_model_len)
+    return max_model_len
+
+
+def size_kv_cache(deployment: Deployment, model: ModelSpec, gpu: GPUSpec, limits: Limits) -> KVBudget:
+    """The KV cache one GPU of the deployment gets, as vLLM sizes it for ``limits`` (its activation reserve
+    follows the largest step); a ScenarioError, with what would fit, where vLLM refuses to start."""
+    dep = deployment
     try:
         budget = kv_budget(
             model,
@@ -701,75 +774,70 @@ def build(cfg: VariantConfig):
             hint = (f" (the activation reserve is sized for max_num_batched_tokens "
                     f"{limits.max_num_batched_tokens}: a smaller deployment.max_model_len or "
                     f"policy.max_num_batched_tokens, or enable_chunked_prefill, lowers it)")
-        raise ScenarioError(f"{where}: deployment: {e}{hint}") from None
+        raise ScenarioError(f"deployment: {e}{hint}") from None
     except ValueError as e:
-        raise ScenarioError(f"{where}: deployment: {e}") from None
+        raise ScenarioError(f"deployment: {e}") from None
+    max_model_len = limits.max_model_len
     if max_model_len > budget.capacity_tokens:
         # vLLM refuses to start in this case; say what would fit
         raise ScenarioError(
-            f"{where}: deployment.max_model_len {max_model_len} is larger than the KV cache holds "
+            f"deployment.max_model_len {max_model_len} is larger than the KV cache holds "
             f"({budget.capacity_tokens} tokens in {budget.num_gpu_blocks} blocks); set max_model_len <= "
             f"{budget.capacity_tokens}, raise gpu_memory_utilization, or use more GPUs or a smaller kv_dtype"
         )
-    num_cpu_blocks = int(dep.swap_space * 2**30 // budget.kv_bytes_per_block) if budget.kv_bytes_per_block else 0
-    admission = Admission(cfg.admission.max_queue_len, cfg.admission.max_queue_delay)
+    return budget
+
+
+def _section(value: Any, base: type, field: str, where: str) -> Any:
+    """``value`` when it is a config of the kind ``base`` (it then knows how to build its object); a clear error
+    for anything else, instead of an AttributeError deep inside ``build``."""
+    if not isinstance(value, base):
+        raise ScenarioError(f"{where}: {field}: {type(value).__name__} is not a {base.__name__} (every {field} "
+                            f"config subclasses sim.scenario.{base.__name__} and defines how it builds)")
+    return value
+
+
+def build(cfg: VariantConfig) -> tuple[Policy, KVManager, CostModel, Built]:
+    """Resolve a variant into (policy, kv manager, cost model, Built). Raises ScenarioError naming the field.
+
+    Each section builds its own object (``PolicyConfigBase.build``, ``KVCacheConfigBase.build``,
+    ``CostModelConfigBase.build``); this function only resolves what they share (model, GPU, limits, KV size)
+    and words the errors."""
+    dep = cfg.deployment
+    where = f"variant {cfg.name!r}"
+    pol: PolicyConfigBase = _section(cfg.policy, PolicyConfigBase, "policy", where)
+    kvc: KVCacheConfigBase = _section(cfg.kv_cache, KVCacheConfigBase, "kv_cache", where)
+    cm: CostModelConfigBase = _section(dep.cost_model, CostModelConfigBase, "deployment.cost_model", where)
     try:
-        if isinstance(pol, ContinuousPolicyConfig):
-            policy = ContinuousPolicy(
-                limits=limits,
-                enable_chunked_prefill=pol.enable_chunked_prefill,
-                prefill_mode=pol.prefill_mode,
-                preemption_mode=pol.preemption_mode,
-                admission=admission,
-            )
-        else:
-            policy = StaticPolicy(
-                batch_size=pol.batch_size,
-                max_wait=pol.max_wait,
-                limits=limits,
-                preemption_mode=pol.preemption_mode,
-                admission=admission,
-            )
+        model = resolve_model(dep.model)
+    except FileNotFoundError as e:
+        raise ScenarioError(f"{where}: deployment.model: file not found: {e.filename or e}") from None
+    except KeyError as e:
+        raise ScenarioError(f"{where}: deployment.model: lacks the field {e}") from None
+    except (ValueError, TypeError, OSError) as e:
+        raise ScenarioError(f"{where}: deployment.model: {e}") from None
+    try:
+        gpu = resolve_gpu(dep.gpu)
+    except (ValueError, TypeError, AttributeError) as e:
+        raise ScenarioError(f"{where}: deployment.gpu: {e}") from None
+    try:
+        max_model_len = resolve_max_model_len(dep, model)
+        limits = pol.limits(max_model_len)
+        budget = size_kv_cache(dep, model, gpu, limits)
+    except ScenarioError as e:
+        raise ScenarioError(f"{where}: {e}") from None
+    num_cpu_blocks = int(dep.swap_space * 2**30 // budget.kv_bytes_per_block) if budget.kv_bytes_per_block else 0
+    try:
+        policy = pol.build(limits, cfg.admission.build())
     except ValueError as e:
         raise ScenarioError(f"{where}: policy: {e}") from None
-    kvc = cfg.kv_cache
-    if isinstance(kvc, PagedKV):
-        kv = PagedBlockManager(
-            budget.num_gpu_blocks,
-            dep.block_size,
-            enable_prefix_caching=kvc.enable_prefix_caching,
-            num_cpu_blocks=num_cpu_blocks,
-        )
-    else:
-        kv = ContiguousAllocator(
-            budget.num_gpu_blocks,
-            dep.block_size,
-            max_model_len=max_model_len,
-            reserve=kvc.reserve,
-            num_cpu_blocks=num_cpu_blocks,
-        )
-    cm = dep.cost_model
+    kv = kvc.build(budget.num_gpu_blocks, dep.block_size, max_model_len=max_model_len, num_cpu_blocks=num_cpu_blocks)
     try:
-        if isinstance(cm, FittedCost):
-            cost = FittedCostModel.from_profile(cm.profile)
-        else:
-            extra = {k: v for k, v in cm.model_dump().items() if k != "type" and v is not None}
-            cost = AnalyticCostModel(
-                model,
-                gpu,
-                weight_dtype=dep.weight_dtype,
-                kv_dtype=dep.kv_dtype,
-                tensor_parallel_size=dep.tensor_parallel_size,
-                block_size=dep.block_size,
-                **extra,
-            )
-    except FileNotFoundError as e:
-        raise ScenarioError(f"{where}: deployment.cost_model.profile: file not found: {e.filename or e}") from None
-    except KeyError as e:
-        raise ScenarioError(f"{where}: deployment.cost_model.profile: lacks the field {e}") from None
+        cost = cm.build(model, gpu, dep)
+    except ScenarioError as e:  # the section named its own field
+        raise ScenarioError(f"{where}: deployment.{e}") from None
     except (ValueError, TypeError, OSError) as e:
-        field = "cost_model.profile" if isinstance(cm, FittedCost) else "cost_model"
-        raise ScenarioError(f"{where}: deployment.{field}: {e}") from None
+        raise ScenarioError(f"{where}: deployment.cost_model: {e}") from None
     return policy, kv, cost, Built(model, gpu, budget, limits, max_model_len)
 
 

@@ -284,7 +284,7 @@ class ModelSpec:
 
         hidden = int(need("hidden_size"))
         heads = int(need("num_attention_heads"))
-        common = dict(
+        common: dict[str, Any] = dict(  # the fields every model type reads alike
             name=name,
             hidden_size=hidden,
             num_layers=int(need("num_hidden_layers")),
@@ -542,12 +542,38 @@ GPU_PRESETS: dict[str, GPUSpec] = {
 _GPU_ALIASES = {"h100": "h100-sxm", "h100-80gb": "h100-sxm", "a100": "a100-80gb", "h200-sxm": "h200"}
 
 
-def _as_model(model: ModelSpec | str) -> ModelSpec:
-    return model if isinstance(model, ModelSpec) else ModelSpec.from_name(model)
+ModelLike = ModelSpec | str | PathLike[str] | Mapping[str, Any]
+GPULike = GPUSpec | str | Mapping[str, Any]
 
 
-def resolve_gpu(gpu: GPUSpec | str | Mapping[str, Any]) -> GPUSpec:
-    """A GPUSpec, a preset name, or a mapping of ``GPUSpec`` fields."""
+def resolve_model(model: ModelLike) -> ModelSpec:
+    """The one way a model given by the user becomes a ``ModelSpec``: a spec as it is; a mapping of Hugging Face
+    ``config.json`` fields; a path to a config.json, or to the folder holding one; a preset name
+    (case-insensitive, see ``MODEL_PRESETS``). A string that ends in ``.json`` or holds a ``/`` is a path; any
+    other string is a preset unless it names no preset and an existing folder does."""
+    if isinstance(model, ModelSpec):
+        return model
+    if isinstance(model, Mapping):
+        return ModelSpec.from_hf_config(model)
+    text = str(model)
+    if not isinstance(model, str) or text.endswith(".json") or "/" in text:
+        return ModelSpec.from_hf_config(model)
+    if not is_model_preset(text) and Path(text).is_dir():
+        return ModelSpec.from_hf_config(text)
+    return ModelSpec.from_name(text)
+
+
+def is_model_preset(name: object) -> bool:
+    """Whether ``name`` is a string ``ModelSpec.from_name`` knows (case-insensitive, aliases included)."""
+    if not isinstance(name, str):
+        return False
+    key = name.strip().lower()
+    return _MODEL_ALIASES.get(key, key) in MODEL_PRESETS
+
+
+def resolve_gpu(gpu: GPULike) -> GPUSpec:
+    """The one way a GPU given by the user becomes a ``GPUSpec``: a spec as it is, a preset name
+    (case-insensitive, see ``GPU_PRESETS``), or a mapping of ``GPUSpec`` fields."""
     if isinstance(gpu, GPUSpec):
         return gpu
     if isinstance(gpu, Mapping):
@@ -597,7 +623,7 @@ class KVBudget:
 
 
 def estimate_activation_reserve(
-    model: ModelSpec | str,
+    model: ModelLike,
     *,
     weight_dtype: str = "bf16",
     tensor_parallel_size: int = 1,
@@ -618,7 +644,7 @@ def estimate_activation_reserve(
 
     For Llama-3.1-8B in bf16 with the defaults this is about 2.15 GiB, in line with what vLLM reports on an H100.
     """
-    m = _as_model(model)
+    m = resolve_model(model)
     s = m.shard(tensor_parallel_size)
     act = int(dtype_bytes(activation_dtype(weight_dtype)))
     k = 3 if m.mlp == "gated" else 2
@@ -638,7 +664,7 @@ def _kv_memory(m: ModelSpec, g: GPUSpec, util: float, weight_dtype: str, tp: int
 
 
 def kv_budget(
-    model: ModelSpec | str,
+    model: ModelLike,
     gpu: GPUSpec | str | Mapping[str, Any],
     *,
     gpu_memory_utilization: float = 0.9,
@@ -662,7 +688,7 @@ def kv_budget(
     ``num_gpu_blocks_override`` fixes the block count (as vLLM's option does) once the weights are known to fit.
     Raises ``ModelDoesNotFitError`` when not even one block fits, with suggestions that would.
     """
-    m, g = _as_model(model), resolve_gpu(gpu)
+    m, g = resolve_model(model), resolve_gpu(gpu)
     wd = canonical_dtype(weight_dtype)
     kd = resolve_kv_dtype(kv_dtype, wd)
     tp = check_tensor_parallel(m, tensor_parallel_size)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 from sim.block_manager import KVBudget, KVManager
 from sim.decode_group import DecodeGroup
@@ -52,7 +52,7 @@ class Admission:
                 return r.arrival + self.max_queue_delay
         return None
 
-    def on_arrival(self, req: Request, view: "View") -> str | None:
+    def on_arrival(self, req: Request, view: View) -> str | None:
         """Why a newly arrived request is refused at once (as an API server answers an error), or None."""
         kv, limits = view.kv, view.limits
         if req.max_len > limits.max_model_len:
@@ -63,7 +63,7 @@ class Admission:
             return f"queue already holds max_queue_len {self.max_queue_len} requests"
         return None
 
-    def rejections(self, view: "View") -> list[tuple[Request, str]]:
+    def rejections(self, view: View) -> list[tuple[Request, str]]:
         """Waiting requests that have waited too long without ever being scheduled."""
         if self.max_queue_delay is None:
             return []
@@ -117,9 +117,24 @@ class Plan:
 
 
 class Policy(Protocol):
-    """A scheduling policy. ``limits`` are checked by the core against every plan."""
+    """A scheduling policy. ``limits`` are checked by the core against every plan.
+
+    ``limits``, ``schedule`` and ``wake_time`` are required; the other members have the defaults written here,
+    which a class that subclasses ``Policy`` inherits (the core reads them once, with these defaults for a policy
+    that implements the protocol without subclassing it)."""
+
+    __slots__ = ()  # keeps the slots of the dataclasses that subclass it
 
     limits: Limits
+    # Who is refused at arrival or after waiting too long (``Admission.on_arrival``, ``rejections``); None: the
+    # core refuses nobody at arrival.
+    admission: Admission | None = None
+    # The policy plans the core's decode group as a whole (``Plan.decode_group``, ``plan_group``): the core then
+    # keeps one (sim.decode_group) when its fast path is on.
+    uses_decode_group: ClassVar[bool] = False
+    # With nothing waiting or swapped and every running request decoding, the policy schedules exactly the
+    # decode group: the core may then take such steps without asking it (sim.fast_path).
+    decode_all_when_idle: ClassVar[bool] = False
 
     def schedule(self, view: View) -> Plan:
         ...
@@ -138,6 +153,7 @@ def plan_group(view: View, plan: Plan, budget: KVBudget, tokens: int) -> tuple[l
     if g is not None and g.members:
         if g.size <= tokens and budget.take(g.next_blocks):
             plan.decode_group = True
+            assert view.outside is not None  # the core always lists the requests outside its group
             return view.outside, tokens - g.size
         view.ungroup()
     return view.running, tokens
@@ -145,7 +161,7 @@ def plan_group(view: View, plan: Plan, budget: KVBudget, tokens: int) -> tuple[l
 
 def swap_back(r: Request, n: int, budget: KVBudget, plan: Plan) -> bool:
     """Plan bringing a swapped request back and computing ``n`` of its tokens, if the KV allows."""
-    if not budget.swap_in(r):  # type: ignore[attr-defined]
+    if not budget.swap_in(r):
         return False
     if not budget.allocate(r, n):
         budget.release(r)
@@ -183,7 +199,7 @@ def preempt_for(
 
 def _preempt(req: Request, budget: KVBudget, plan: Plan, mode: str) -> None:
     if mode == "swap" and budget.can_swap_out(req):
-        budget.swap_out(req)  # type: ignore[attr-defined]
+        budget.swap_out(req)
         plan.preempt.append((req, "swap"))
     else:  # recompute, or swap space is full
         budget.release(req)

@@ -18,11 +18,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from sim.policies.base import Admission, Limits, Plan, View, plan_group, preempt_for, swap_back
+from sim.block_manager import KVBudget
+from sim.policies.base import Admission, Limits, Plan, Policy, View, plan_group, preempt_for, swap_back
 
 
 @dataclass(slots=True)
-class ContinuousPolicy:
+class ContinuousPolicy(Policy):
     # With nothing waiting or swapped and every running request decoding, every running request gets one
     # token: the core may skip asking (see sim.core's decode fast path).
     decode_all_when_idle: ClassVar[bool] = True
@@ -79,7 +80,7 @@ class ContinuousPolicy:
             self._schedule_swapped(view, plan, budget, tokens)
         return plan
 
-    def _schedule_running(self, view: View, plan: Plan, budget, tokens: int) -> int:
+    def _schedule_running(self, view: View, plan: Plan, budget: KVBudget, tokens: int) -> int:
         taken: set[int] = set()
         chunked = self.enable_chunked_prefill
         candidates, tokens = plan_group(view, plan, budget, tokens)
@@ -100,8 +101,8 @@ class ContinuousPolicy:
             tokens -= n
         return tokens
 
-    def _schedule_swapped(self, view: View, plan: Plan, budget, tokens: int) -> int:
-        group = view.group.size if plan.decode_group else 0
+    def _schedule_swapped(self, view: View, plan: Plan, budget: KVBudget, tokens: int) -> int:
+        group = view.group.size if plan.decode_group and view.group is not None else 0
         for r in view.swapped:
             n = r.num_remaining
             if self.enable_chunked_prefill:
@@ -113,7 +114,7 @@ class ContinuousPolicy:
             tokens -= n
         return tokens
 
-    def _schedule_waiting(self, view: View, plan: Plan, budget, tokens: int, rejected: set[int]) -> int:
+    def _schedule_waiting(self, view: View, plan: Plan, budget: KVBudget, tokens: int, rejected: set[int]) -> int:
         num_seqs = len(view.running) - len(plan.preempt) + len(plan.swap_in)
         if not (self.enable_chunked_prefill or self.prefill_mode == "mixed"):
             num_seqs = len(view.running)  # prefill-first: the running requests still hold their slots

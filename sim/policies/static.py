@@ -12,11 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from sim.policies.base import Admission, Limits, Plan, View, plan_group, preempt_for, swap_back
+from sim.policies.base import Admission, Limits, Plan, Policy, View, plan_group, preempt_for, swap_back
 
 
 @dataclass(slots=True)
-class StaticPolicy:
+class StaticPolicy(Policy):
     batch_size: int = 8  # requests per batch
     max_wait: float = 1.0  # seconds the oldest queued request waits for a full batch
     limits: Limits = field(default_factory=lambda: Limits(max_num_batched_tokens=1 << 30))
@@ -34,10 +34,10 @@ class StaticPolicy:
             raise ValueError(f"batch_size {self.batch_size} exceeds max_num_seqs {self.limits.max_num_seqs}")
 
     def wake_time(self, view: View) -> float | None:
-        times = [self.admission.deadline(view.waiting)]
+        deadline = self.admission.deadline(view.waiting)
+        times = [] if deadline is None else [deadline]
         if not view.running and view.waiting:
             times.append(view.waiting[0].arrival + self.max_wait)
-        times = [t for t in times if t is not None]
         return min(times) if times else None
 
     def schedule(self, view: View) -> Plan:
@@ -64,7 +64,7 @@ class StaticPolicy:
                 for r in view.swapped:
                     if not swap_back(r, r.num_remaining, budget, plan):
                         break
-            group = view.group.size if plan.decode_group else 0
+            group = view.group.size if plan.decode_group and view.group is not None else 0
             plan.padded_rows = max(0, self._rows - len(plan.scheduled) - group)
             return plan
         rejected = {r.id for r, _ in plan.reject}

@@ -1,0 +1,213 @@
+"""The simulator's decode fast path: a whole stretch of decode-group steps taken at once.
+
+When nothing can change the policy's answer (no arrival, no finish, no block shortage, no deadline; see
+``sim.policies.base``), the core repeats the last group-only plan without asking (``ServingCore.plan_without_policy``).
+``fast_forward`` goes further: it prices a run of such steps together (``CostModel.decode_steps`` or one vectorised
+``step_time`` call) and applies them in one tight loop that records exactly what ``ServingCore.schedule`` and
+``ServingCore.complete`` would, step by step; the tests compare the two byte for byte.
+
+It lives apart from the core because it is an optimisation of it, not a part of the serving logic: the core is
+correct without it (the real engine never calls it), and a reader of the core need not read it.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from itertools import accumulate
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from sim.costmodel import CostModel, StepShape, optional_member
+from sim.decode_group import DecodeGroup
+from sim.policies.base import Plan
+
+if TYPE_CHECKING:
+    from sim.core import ServingCore
+
+STEADY_PLAN = Plan(decode_group=True)  # what a group-aware policy plans when nothing waits and all decode
+MAX_SEGMENT = 4096  # fast-forward at most this many steps at once (bounds the arrays it builds)
+SCALAR_BELOW = 64  # price segments this short with scalar cost-model calls
+
+
+def predict(g: DecodeGroup, k: int, pad: int) -> tuple[list[int], list[int]]:
+    """Rows and attended tokens of the decode group's next ``k`` steps, members leaving after the step that
+    samples their last token: runs of equal rows with evenly growing context between departures."""
+    j0 = g.steps
+    finish_at = g.finish_at
+    rows_l: list[int] = []
+    read_l: list[int] = []
+    size, ctx = g.size, g.ctx
+    pos = j0
+    for f in sorted(f for f in finish_at if f < j0 + k) + [j0 + k]:
+        n = f - pos  # steps pos+1 .. f, all with the current members
+        rows_l += [size + pad] * n
+        read_l += range(ctx + size, ctx + size * (n + 1), size) if size else [ctx] * n
+        ctx += size * n
+        pos = f
+        leaving = finish_at.get(f) if f < j0 + k else None
+        if leaving:
+            size -= len(leaving)
+            ctx -= sum(r.num_computed_tokens + f - r.group_base for r in leaving)
+    return rows_l, read_l
+
+
+def _price(cost: CostModel, rows_l: list[int], read_l: list[int], pad: int) -> tuple[list[float], list[float]]:
+    """Durations and FLOPs of the predicted steps, bit-identical to pricing each step's shape on its own."""
+    k = len(rows_l)
+    if k <= SCALAR_BELOW and not pad:
+        # numpy's per-call overhead outweighs a short loop
+        decode_steps = optional_member(cost, "decode_steps")
+        return decode_steps(rows_l, read_l)
+    if k <= SCALAR_BELOW:
+        shapes = [StepShape(n, n, n, c, c, pad, 0) for n, c in zip(rows_l, read_l, strict=True)]
+        return [float(cost.step_time(sh)) for sh in shapes], [float(cost.step_flops(sh)) for sh in shapes]
+    rows_a = np.asarray(rows_l, dtype=np.int64)
+    read_a = np.asarray(read_l, dtype=np.int64)
+    shape = StepShape(
+        num_seqs=rows_a,
+        num_tokens=rows_a,
+        num_decode_seqs=rows_a,
+        kv_read_tokens=read_a,
+        attn_pairs=read_a,
+        num_padding_tokens=np.full(k, pad, dtype=np.int64),
+        swap_blocks=np.zeros(k, dtype=np.int64),
+    )
+    durations = np.asarray(cost.step_time(shape), dtype=np.float64).tolist()
+    flops = np.asarray(cost.step_flops(shape), dtype=np.float64).tolist()
+    return durations, flops
+
+
+def fast_forward(
+    core: ServingCore, now: float, horizon: float, cost: CostModel, *, finishes: bool = True,
+    overshoot: bool = False,
+) -> tuple[list[float], float] | None:
+    """Take several group-only steps of ``core`` at once: price them together, then apply them in one loop that
+    records exactly what ``schedule``/``complete`` would (the tests compare the two). Stops before any step that
+    would end at or after ``horizon`` (the next event from outside, such as an arrival) or when the policy must
+    be asked again; ``finishes=False`` also stops before a step in which a request completes (when a completion
+    can start an outside event, such as a closed-loop user's next request).
+
+    ``overshoot=True`` also takes the step during which the horizon falls, when the event there is an arrival:
+    an arrival during a step only joins the queue, which nothing in the step reads, so the step can be applied
+    before the executor's clock reaches the arrival. The step's row then records the queue length before the
+    arrival; the executor corrects it with ``steps.set_last_waiting`` once the clock has caught up (stepping one
+    by one records the queue at the step's end). Returns (step durations, end of the last step), or None when no
+    step qualifies."""
+    g = core.group
+    if g is None or now >= horizon or core.plan_without_policy(now) is None:
+        return None
+    plan = core.repeatable if core.repeatable is not None else STEADY_PLAN
+    if plan.pad_to_longest:
+        return None  # a padded batch's shape depends on its longest member; step it one by one
+    j0 = g.steps
+    # a finish makes the policy look again unless nothing waits (then the steady plan continues)
+    keep_going = finishes and core.steady_ok and not core.waiting and not core.swapped
+    last = j0 + MAX_SEGMENT
+    if not keep_going:
+        last = min(last, min(g.finish_at, default=1 << 62) - 1)
+    pad = plan.padded_rows
+    if horizon != float("inf"):
+        # how many steps fit before the horizon, from the first step's time. Later steps attend to more tokens,
+        # so they are no shorter unless members leave; a small margin covers that (a guess that falls short
+        # leaves the rest for the next call; one too long prices steps never taken).
+        rows, read = g.size + pad, g.ctx + g.size
+        if not pad:
+            first = optional_member(cost, "decode_step_time")(rows, read)
+        else:
+            first = float(cost.step_time(StepShape(rows, rows, rows, read, read, pad, 0)))
+        last = min(last, j0 + int((horizon - now) / max(first, 1e-9) * 1.02) + 2)
+    k = last - j0
+    if k < 1:
+        return None
+    # predict each step's rows and attended tokens (members leave after their finishing step)
+    size, ctx = g.size, g.ctx
+    finish_at = g.finish_at
+    if not finish_at or min(finish_at) > j0 + k:  # nobody leaves: constant rows, evenly growing context
+        rows_l = [size + pad] * k
+        read_l = list(range(ctx + size, ctx + size * (k + 1), size)) if size else [ctx] * k
+    else:
+        rows_l, read_l = predict(g, k, pad)
+    durations, flops = _price(cost, rows_l, read_l, pad)
+    # The loop below is ``_apply`` + ``complete`` for a group-only, unpadded plan, written out because it is the
+    # simulator's innermost loop; the tests check that it records exactly what they would. Nothing from outside
+    # can happen inside it, so only the horizon, the deadline, finishes and block shortages end it, and the first
+    # two are known in advance from the steps' ends (running sums of the durations, added in order as stepping
+    # one by one adds them): no step may start at or after the deadline, nor end at or after the horizon, except
+    # (overshooting) the one the horizon falls in. The steps between two finishes form one run in the step log,
+    # which keeps per step only what changes from one to the next (see ``StepLog``), the members' inter-token
+    # gaps included.
+    ends = list(accumulate(durations, initial=now))  # step i runs from ends[i] to ends[i + 1]
+    deadline = core.policy_deadline if core.policy_deadline is not None else float("inf")
+    over = bisect_left(ends, horizon) - 1  # the step in which the horizon falls (k if none)
+    n = min(k, bisect_left(ends, deadline), over + 1 if overshoot else over)
+    kv = core.kv
+    grows = g.grows
+    try_grow = kv.try_grow
+    buckets = g.buckets
+    bs = len(buckets)
+    members = g.members
+    log = core.steps
+    log.compact()
+    step_values = log.per_step.extend
+    m = len(members)
+    used = kv.num_used_blocks
+    filled = core.filled_blocks
+    kv_tokens = core.kv_tokens
+    steps = g.steps
+    next_finish = min(finish_at, default=-1)  # the next group step in which members sample their last token
+    run = 0  # the first step of the current run
+    for i in range(n):
+        crossing = buckets[steps % bs]
+        nb = len(crossing)
+        if nb and grows:
+            if not try_grow(crossing):
+                break  # a block shortage: the policy decides whom to preempt
+            used += nb
+        filled += nb
+        kv_tokens += m
+        steps += 1
+        step_values((ends[i + 1], used, used - filled if used > filled else 0, kv_tokens, flops[i]))
+        if steps == next_finish:
+            _end_run(core, g, run, i + 1, ends, read_l)
+            run = i + 1
+            core.filled_blocks, core.kv_tokens = filled, kv_tokens
+            core.repeatable = None
+            for r in finish_at.pop(steps):
+                core.retire(r, ends[i + 1])
+            m = len(members)
+            used = kv.num_used_blocks
+            filled, kv_tokens = core.filled_blocks, core.kv_tokens
+            next_finish = min(finish_at, default=-1)
+            if i == over or not keep_going or not m:
+                break
+    taken = steps - j0
+    if taken > run:
+        _end_run(core, g, run, taken, ends, read_l)
+    core.filled_blocks, core.kv_tokens = filled, kv_tokens
+    if not taken:
+        return None
+    core.overshot = taken > over
+    core.busy_time += ends[taken] - now
+    core.last_end = ends[taken]
+    core.flops_done += sum(flops[:taken])
+    return durations[:taken], ends[taken]
+
+
+def _end_run(core: ServingCore, g: DecodeGroup, first: int, stop: int, ends: list[float], read_l: list[int]) -> None:
+    """Account steps ``first`` to ``stop - 1`` of a ``fast_forward`` segment, all with the same members, in the
+    decode group and the step log (their per-step values are in the log already)."""
+    m = len(g.members)
+    n = stop - first
+    if g.ctx + m != read_l[first] or g.ctx + m * n != read_l[stop - 1]:
+        raise AssertionError("fast_forward predicted a different step shape")
+    g.steps += n
+    g.ctx += m * n
+    g.prev_end = ends[stop]
+    if g.ends is not None:  # token timestamps
+        g.ends += ends[first + 1 : stop + 1]
+    if core.plans is not None:
+        core.plans += [tuple(sorted((i, 1) for i in g.members))] * n
+    core.steps.end_decode_run(
+        n, ends[first], m, core.kv.num_blocks, len(core.running), len(core.waiting), len(core.swapped)
+    )

@@ -1,0 +1,106 @@
+"""The comparison table of a run's variants: one row per metric, one column per variant, as cells
+(``table_cells``, which the HTML report renders) or as fixed-width text for the terminal (``format_table``)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+
+def _get(summary: dict, key: str) -> float:
+    v: object = summary
+    for part in key.split("."):
+        if not isinstance(v, dict) or part not in v:
+            return math.nan
+        v = v[part]
+    return math.nan if v is None else float(v)  # type: ignore[arg-type]
+
+
+def _ms(x: float) -> str:
+    return f"{1e3 * x:.1f}"
+
+
+def _s(x: float) -> str:
+    return f"{x:.2f}"
+
+
+def _rate(x: float) -> str:
+    return f"{x:.2f}" if abs(x) < 100 else f"{x:.0f}"
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def _int(x: float) -> str:
+    return f"{x:.0f}"
+
+
+# (label, summary key with dots for nesting, formatter)
+TABLE_ROWS: tuple[tuple[str, str, Callable[[float], str]], ...] = (
+    ("TTFT mean (ms)", "ttft.mean", _ms),
+    ("TTFT p50 (ms)", "ttft.p50", _ms),
+    ("TTFT p99 (ms)", "ttft.p99", _ms),
+    ("TPOT mean (ms)", "tpot.mean", _ms),
+    ("TPOT p50 (ms)", "tpot.p50", _ms),
+    ("TPOT p99 (ms)", "tpot.p99", _ms),
+    ("ITL p50 (ms)", "itl.p50", _ms),
+    ("ITL p99 (ms)", "itl.p99", _ms),
+    ("E2EL p50 (s)", "e2el.p50", _s),
+    ("E2EL p99 (s)", "e2el.p99", _s),
+    ("queue p99 (s)", "queue.p99", _s),
+    ("output tok/s", "output_throughput", _rate),
+    ("total tok/s", "total_token_throughput", _rate),
+    ("req/s", "request_throughput", _rate),
+    ("goodput (req/s)", "goodput", _rate),
+    ("SLO attainment", "slo_attainment", _pct),
+    ("KV usage mean", "kv_usage.mean", _pct),
+    ("KV usage max", "kv_usage.max", _pct),
+    ("KV token util", "kv_token_utilization", _pct),
+    ("GPU busy", "busy_fraction", _pct),
+    ("MFU", "mfu", _pct),
+    ("mean batch", "mean_batch_size", _s),
+    ("preemptions", "num_preemptions", _int),
+    ("rejected", "num_rejected", _int),
+    ("completed", "num_completed", _int),
+    ("requests", "num_requests", _int),
+)
+# shown when a run is a cluster (summary["cluster"])
+CLUSTER_ROWS: tuple[tuple[str, str, Callable[[float], str]], ...] = (
+    ("replicas mean", "cluster.replicas_mean", _s),
+    ("replicas max", "cluster.replicas_max", _int),
+    ("GPU-hours", "cluster.gpu_hours", _s),
+    ("cost ($)", "cluster.cost_usd", _s),
+)
+
+
+def table_cells(summaries: dict) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of strings: one row per TABLE_ROWS entry, one column per variant, plus a ratio column
+    (last variant over the first) when exactly two variants are compared. Undefined values show as "-"."""
+    names = list(summaries)
+    header = ["metric"] + names
+    two = len(names) == 2
+    if two:
+        header.append("×")
+    rows = []
+    cluster = any("cluster" in summaries[n] for n in names)
+    for label, key, fmt in TABLE_ROWS + (CLUSTER_ROWS if cluster else ()):
+        vals = [_get(summaries[n], key) for n in names]
+        row = [label] + [fmt(v) if math.isfinite(v) else "-" for v in vals]
+        if two:
+            a, b = vals
+            row.append(f"{b / a:.2f}" if math.isfinite(a) and math.isfinite(b) and a != 0 else "-")
+        rows.append(row)
+    return header, rows
+
+
+def format_table(summaries: dict) -> str:
+    """A fixed-width comparison table for the terminal: metric names left, numbers right-aligned."""
+    header, rows = table_cells(summaries)
+    widths = [max(len(r[i]) for r in [header] + rows) for i in range(len(header))]
+    lines = []
+    for r in [header] + rows:
+        cells = [r[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(r[1:], widths[1:], strict=True)]
+        lines.append("  ".join(cells).rstrip())
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines) + "\n"
