@@ -35,24 +35,24 @@ from sim.metrics import SLOs
 from sim.policies import Admission, ContinuousPolicy, Limits, StaticPolicy
 from sim.specs import GPUSpec, KVBudget, ModelDoesNotFitError, ModelSpec, kv_budget
 from sim.traces import resolve_trace
-from sim.workload import TraceArrival, Workload
+from sim.workload import MAX_REQUESTS, Float, InputModel, Int, TraceArrival, Workload
 
 
 class ScenarioError(ValueError):
     """A scenario that cannot run: the message names the field and the reason."""
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class _Model(InputModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 # ---- deployment -----------------------------------------------------------------------------------------------
 class AnalyticCost(_Model):
     type: Literal["analytic"] = "analytic"
-    compute_efficiency: float | None = Field(None, gt=0, le=1, description="Share of peak FLOP/s matmuls reach.")
-    bandwidth_efficiency: float | None = Field(None, gt=0, le=1, description="Share of HBM bandwidth reached.")
-    step_overhead: float | None = Field(None, ge=0, description="Fixed seconds per step (CPU, launches).")
-    per_request_overhead: float | None = Field(None, ge=0, description="Seconds per request per step.")
+    compute_efficiency: Float | None = Field(None, gt=0, le=1, description="Share of peak FLOP/s matmuls reach.")
+    bandwidth_efficiency: Float | None = Field(None, gt=0, le=1, description="Share of HBM bandwidth reached.")
+    step_overhead: Float | None = Field(None, ge=0, description="Fixed seconds per step (CPU, launches).")
+    per_request_overhead: Float | None = Field(None, ge=0, description="Seconds per request per step.")
 
 
 class FittedCost(_Model):
@@ -74,16 +74,16 @@ class Deployment(_Model):
     kv_dtype: Literal["auto", "fp32", "bf16", "fp16", "fp8", "int8"] = Field(
         "auto", description="Data type of the KV cache; auto: the model's activation dtype."
     )
-    tensor_parallel_size: int = Field(1, ge=1, description="GPUs one replica's weights and KV are split over.")
-    gpu_memory_utilization: float = Field(
+    tensor_parallel_size: Int = Field(1, ge=1, description="GPUs one replica's weights and KV are split over.")
+    gpu_memory_utilization: Float = Field(
         0.9, gt=0, le=1, description="Share of GPU memory the engine may use (weights + activations + KV)."
     )
-    num_gpu_blocks: int | None = Field(None, ge=1, description="Override the KV block count vLLM would size.")
-    block_size: int = Field(16, ge=1, description="Tokens per KV block.")
-    max_model_len: int | None = Field(
+    num_gpu_blocks: Int | None = Field(None, ge=1, description="Override the KV block count vLLM would size.")
+    block_size: Int = Field(16, ge=1, description="Tokens per KV block.")
+    max_model_len: Int | None = Field(
         None, ge=1, description="Longest prompt+output a request may have; none: the model's context length."
     )
-    swap_space: float = Field(4.0, ge=0, description="CPU swap space per GPU in GiB (vLLM's swap_space).")
+    swap_space: Float = Field(4.0, ge=0, description="CPU swap space per GPU in GiB (vLLM's swap_space).")
     cost_model: CostModelConfig = Field(default_factory=AnalyticCost, description="How step times are predicted.")
     leak_kv_on_failure: bool = Field(
         False,
@@ -113,15 +113,15 @@ KVCacheConfig = Annotated[Union[PagedKV, ContiguousKV], Field(discriminator="typ
 # ---- policies -------------------------------------------------------------------------------------------------
 class StaticPolicyConfig(_Model):
     type: Literal["static"] = "static"
-    batch_size: int = Field(8, ge=1, description="Requests per batch.")
-    max_wait: float = Field(1.0, ge=0, description="Seconds the oldest queued request waits for a full batch.")
+    batch_size: Int = Field(8, ge=1, description="Requests per batch.")
+    max_wait: Float = Field(1.0, ge=0, description="Seconds the oldest queued request waits for a full batch.")
     preemption_mode: Literal["recompute", "swap"] = Field("recompute", description="If paged KV runs out.")
 
 
 class ContinuousPolicyConfig(_Model):
     type: Literal["continuous"] = "continuous"
-    max_num_seqs: int = Field(256, ge=1, description="Requests in one step at most.")
-    max_num_batched_tokens: int | None = Field(
+    max_num_seqs: Int = Field(256, ge=1, description="Requests in one step at most.")
+    max_num_batched_tokens: Int | None = Field(
         None,
         ge=1,
         description="Tokens computed in one step at most; none: 8192 with chunked prefill, else "
@@ -140,22 +140,22 @@ PolicyConfig = Annotated[Union[StaticPolicyConfig, ContinuousPolicyConfig], Fiel
 
 
 class AdmissionConfig(_Model):
-    max_queue_len: int | None = Field(None, ge=0, description="Reject arrivals beyond this many waiting requests.")
-    max_queue_delay: float | None = Field(
+    max_queue_len: Int | None = Field(None, ge=0, description="Reject arrivals beyond this many waiting requests.")
+    max_queue_delay: Float | None = Field(
         None, gt=0, description="Reject a request still waiting (never scheduled) after this many seconds."
     )
 
 
 class SLOConfig(_Model):
-    ttft: float | None = Field(None, gt=0, description="Time to first token bound, seconds.")
-    tpot: float | None = Field(None, gt=0, description="Time per output token bound, seconds.")
-    e2el: float | None = Field(None, gt=0, description="End-to-end latency bound, seconds.")
+    ttft: Float | None = Field(None, gt=0, description="Time to first token bound, seconds.")
+    tpot: Float | None = Field(None, gt=0, description="Time per output token bound, seconds.")
+    e2el: Float | None = Field(None, gt=0, description="End-to-end latency bound, seconds.")
 
 
 # ---- plan (servesim plan) -------------------------------------------------------------------------------------
 class ApiPrice(_Model):
-    input: float = Field(ge=0, allow_inf_nan=False, description="USD per million input (prompt) tokens.")
-    output: float = Field(gt=0, allow_inf_nan=False, description="USD per million output tokens.")
+    input: Float = Field(ge=0, allow_inf_nan=False, description="USD per million input (prompt) tokens.")
+    output: Float = Field(gt=0, allow_inf_nan=False, description="USD per million output tokens.")
 
 
 PlanWeightDType = Literal["fp32", "bf16", "fp16", "fp8", "int8", "int4"]
@@ -170,7 +170,7 @@ class PlanConfig(_Model):
     gpus: list[str | dict[str, Any]] | None = Field(
         None, min_length=1, description="GPU presets (or GPUSpec fields inline) to consider; none: every preset."
     )
-    tensor_parallel_sizes: list[Annotated[int, Field(ge=1)]] = Field(
+    tensor_parallel_sizes: list[Annotated[Int, Field(ge=1)]] = Field(
         [1, 2, 4, 8], min_length=1, description="Tensor-parallel degrees; those that do not split the model are "
         "skipped."
     )
@@ -180,11 +180,11 @@ class PlanConfig(_Model):
         "accept).",
     )
     kv_dtypes: list[PlanKVDType] = Field(["auto", "fp8"], min_length=1, description="KV cache data types.")
-    max_num_seqs: list[Annotated[int, Field(ge=1)]] = Field(
+    max_num_seqs: list[Annotated[Int, Field(ge=1)]] = Field(
         [64, 256], min_length=1, description="Values of the policy's max_num_seqs."
     )
     enable_chunked_prefill: list[bool] = Field([True, False], min_length=1, description="Chunked prefill on/off.")
-    max_gpus: int = Field(8, ge=1, description="Most GPUs in one deployment (replicas x tensor_parallel_size).")
+    max_gpus: Int = Field(8, ge=1, description="Most GPUs in one deployment (replicas x tensor_parallel_size).")
     percentile: Literal[50, 90, 95, 99] = Field(
         99, description="The SLOs bound this percentile of TTFT, TPOT and E2EL (99: p99 TTFT <= slos.ttft)."
     )
@@ -205,19 +205,19 @@ class AutoscalerSection(_Model):
         "kv_usage (KV blocks in use or needed by queued prompts), queue (waiting requests per replica) or ttft "
         "(mean seconds to first token over the last interval)."
     )
-    scale_up: float = Field(gt=0, description="Add a replica when the signal is above this.")
-    scale_down: float = Field(ge=0, description="Drain a replica when the signal is below this.")
-    interval: float = Field(10.0, gt=0, description="Seconds between two looks at the signal.")
-    cooldown: float = Field(60.0, ge=0, description="Seconds after an action before the next one.")
-    provisioning_delay: float = Field(
+    scale_up: Float = Field(gt=0, description="Add a replica when the signal is above this.")
+    scale_down: Float = Field(ge=0, description="Drain a replica when the signal is below this.")
+    interval: Float = Field(10.0, gt=0, description="Seconds between two looks at the signal.")
+    cooldown: Float = Field(60.0, ge=0, description="Seconds after an action before the next one.")
+    provisioning_delay: Float = Field(
         120.0, ge=0, description="Seconds from ordering a GPU to it serving (boot, weights); paid meanwhile."
     )
-    min_replicas: int = Field(1, ge=1, description="Fewest replicas.")
-    max_replicas: int = Field(8, ge=1, description="Most replicas, provisioning ones included.")
+    min_replicas: Int = Field(1, ge=1, description="Fewest replicas.")
+    max_replicas: Int = Field(8, ge=1, description="Most replicas, provisioning ones included.")
 
 
 class ClusterConfig(_Model):
-    replicas: int = Field(1, ge=1, description="Replicas at the start (each a GPU or a tensor-parallel group).")
+    replicas: Int = Field(1, ge=1, description="Replicas at the start (each a GPU or a tensor-parallel group).")
     router: Literal["round_robin", "least_outstanding", "least_kv", "prefix_affinity"] = Field(
         "round_robin", description="Which replica gets an arriving request."
     )
@@ -239,7 +239,7 @@ _SWEEP_HEADS = ("workload", "deployment", "kv_cache", "policy", "admission")
 class Scenario(_Model):
     name: str = Field("scenario", description="Scenario name.")
     description: str = Field("", description="What the scenario shows.")
-    seed: int = Field(0, ge=0, description="Seed of the run's one random generator.")
+    seed: Int = Field(0, ge=0, description="Seed of the run's one random generator.")
     workload: Workload
     deployment: Deployment = Field(default_factory=Deployment)
     kv_cache: KVCacheConfig = Field(default_factory=PagedKV)
