@@ -616,7 +616,7 @@ class ServingCore:
         if k <= _SCALAR_BELOW and decode_steps is not None and not pad:
             durations, flops = decode_steps(rows_l, read_l)  # numpy's per-call overhead outweighs a short loop
         elif k <= _SCALAR_BELOW:
-            shapes = [StepShape(n, n, n, c, c, pad, 0) for n, c in zip(rows_l, read_l)]
+            shapes = [StepShape(n, n, n, c, c, pad, 0) for n, c in zip(rows_l, read_l, strict=True)]
             durations = [cost.step_time(sh) for sh in shapes]
             flops = [cost.step_flops(sh) for sh in shapes]
         else:

@@ -19,14 +19,18 @@ Everything here is pydantic (``extra="forbid"``); the simulator's hot path sees 
 from __future__ import annotations
 
 import copy
+import difflib
 import itertools
+import math
 import re
+import reprlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from sim.block_manager import PagedBlockManager
 from sim.contiguous_allocator import ContiguousAllocator
@@ -35,11 +39,17 @@ from sim.metrics import SLOs
 from sim.policies import Admission, ContinuousPolicy, Limits, StaticPolicy
 from sim.specs import GPUSpec, KVBudget, ModelDoesNotFitError, ModelSpec, kv_budget
 from sim.traces import resolve_trace
-from sim.workload import MAX_REQUESTS, Float, InputModel, Int, TraceArrival, Workload
+from sim.workload import Float, InputModel, Int, TraceArrival, Workload
 
 
 class ScenarioError(ValueError):
     """A scenario that cannot run: the message names the field and the reason."""
+
+
+# Size limits: a run past them would exhaust memory or never end; each is refused up front, saying what it needs.
+MAX_SWEEP_RUNS = 100_000  # (sweep point, variant) runs in one scenario
+MAX_REPLICAS = 1024  # replicas of one cluster (each its own policy, KV manager and cost model)
+MAX_SIM_BLOCKS = 1 << 22  # KV blocks one replica simulates (about 60 B each); 4 Mi blocks is ~250 MB
 
 
 class _Model(InputModel):
@@ -49,10 +59,10 @@ class _Model(InputModel):
 # ---- deployment -----------------------------------------------------------------------------------------------
 class AnalyticCost(_Model):
     type: Literal["analytic"] = "analytic"
-    compute_efficiency: Float | None = Field(None, gt=0, le=1, description="Share of peak FLOP/s matmuls reach.")
-    bandwidth_efficiency: Float | None = Field(None, gt=0, le=1, description="Share of HBM bandwidth reached.")
-    step_overhead: Float | None = Field(None, ge=0, description="Fixed seconds per step (CPU, launches).")
-    per_request_overhead: Float | None = Field(None, ge=0, description="Seconds per request per step.")
+    compute_efficiency: Float | None = Field(None, ge=1e-4, le=1, description="Share of peak FLOP/s matmuls reach.")
+    bandwidth_efficiency: Float | None = Field(None, ge=1e-4, le=1, description="Share of HBM bandwidth reached.")
+    step_overhead: Float | None = Field(None, ge=0, le=3600, description="Fixed seconds per step (CPU, launches).")
+    per_request_overhead: Float | None = Field(None, ge=0, le=3600, description="Seconds per request per step.")
 
 
 class FittedCost(_Model):
@@ -60,7 +70,7 @@ class FittedCost(_Model):
     profile: str = Field(description="Path of a calibration profile JSON (see `servesim calibrate`).")
 
 
-CostModelConfig = Annotated[Union[AnalyticCost, FittedCost], Field(discriminator="type")]
+CostModelConfig = Annotated[AnalyticCost | FittedCost, Field(discriminator="type")]
 
 
 class Deployment(_Model):
@@ -78,12 +88,14 @@ class Deployment(_Model):
     gpu_memory_utilization: Float = Field(
         0.9, gt=0, le=1, description="Share of GPU memory the engine may use (weights + activations + KV)."
     )
-    num_gpu_blocks: Int | None = Field(None, ge=1, description="Override the KV block count vLLM would size.")
+    num_gpu_blocks: Int | None = Field(
+        None, ge=1, le=MAX_SIM_BLOCKS, description="Override the KV block count vLLM would size."
+    )
     block_size: Int = Field(16, ge=1, description="Tokens per KV block.")
     max_model_len: Int | None = Field(
         None, ge=1, description="Longest prompt+output a request may have; none: the model's context length."
     )
-    swap_space: Float = Field(4.0, ge=0, description="CPU swap space per GPU in GiB (vLLM's swap_space).")
+    swap_space: Float = Field(4.0, ge=0, le=1 << 20, description="CPU swap space per GPU in GiB (vLLM's swap_space).")
     cost_model: CostModelConfig = Field(default_factory=AnalyticCost, description="How step times are predicted.")
     leak_kv_on_failure: bool = Field(
         False,
@@ -107,14 +119,16 @@ class ContiguousKV(_Model):
     )
 
 
-KVCacheConfig = Annotated[Union[PagedKV, ContiguousKV], Field(discriminator="type")]
+KVCacheConfig = Annotated[PagedKV | ContiguousKV, Field(discriminator="type")]
 
 
 # ---- policies -------------------------------------------------------------------------------------------------
 class StaticPolicyConfig(_Model):
     type: Literal["static"] = "static"
     batch_size: Int = Field(8, ge=1, description="Requests per batch.")
-    max_wait: Float = Field(1.0, ge=0, description="Seconds the oldest queued request waits for a full batch.")
+    max_wait: Float = Field(
+        1.0, ge=0, le=1e9, description="Seconds the oldest queued request waits for a full batch."
+    )
     preemption_mode: Literal["recompute", "swap"] = Field("recompute", description="If paged KV runs out.")
 
 
@@ -136,7 +150,7 @@ class ContinuousPolicyConfig(_Model):
     )
 
 
-PolicyConfig = Annotated[Union[StaticPolicyConfig, ContinuousPolicyConfig], Field(discriminator="type")]
+PolicyConfig = Annotated[StaticPolicyConfig | ContinuousPolicyConfig, Field(discriminator="type")]
 
 
 class AdmissionConfig(_Model):
@@ -212,16 +226,35 @@ class AutoscalerSection(_Model):
     provisioning_delay: Float = Field(
         120.0, ge=0, description="Seconds from ordering a GPU to it serving (boot, weights); paid meanwhile."
     )
-    min_replicas: Int = Field(1, ge=1, description="Fewest replicas.")
-    max_replicas: Int = Field(8, ge=1, description="Most replicas, provisioning ones included.")
+    min_replicas: Int = Field(1, ge=1, le=MAX_REPLICAS, description="Fewest replicas.")
+    max_replicas: Int = Field(8, ge=1, le=MAX_REPLICAS, description="Most replicas, provisioning ones included.")
+
+    @model_validator(mode="after")
+    def _ranges(self) -> AutoscalerSection:
+        # checked here so that a bad range fails at load (exit 2), not as the cluster is built
+        if not self.scale_down < self.scale_up:
+            raise ValueError(f"scale_down ({self.scale_down}) must be below scale_up ({self.scale_up})")
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"min_replicas ({self.min_replicas}) must be <= max_replicas ({self.max_replicas})")
+        return self
 
 
 class ClusterConfig(_Model):
-    replicas: Int = Field(1, ge=1, description="Replicas at the start (each a GPU or a tensor-parallel group).")
+    replicas: Int = Field(
+        1, ge=1, le=MAX_REPLICAS, description="Replicas at the start (each a GPU or a tensor-parallel group)."
+    )
     router: Literal["round_robin", "least_outstanding", "least_kv", "prefix_affinity"] = Field(
         "round_robin", description="Which replica gets an arriving request."
     )
     autoscaler: AutoscalerSection | None = Field(None, description="Add and remove replicas; none: a fixed fleet.")
+
+    @model_validator(mode="after")
+    def _start_in_range(self) -> ClusterConfig:
+        a = self.autoscaler
+        if a is not None and not a.min_replicas <= self.replicas <= a.max_replicas:
+            raise ValueError(f"replicas ({self.replicas}) must lie in the autoscaler's [min_replicas, max_replicas] "
+                             f"= [{a.min_replicas}, {a.max_replicas}]")
+        return self
 
 
 class Variant(_Model):
@@ -273,12 +306,28 @@ class Scenario(_Model):
     @classmethod
     def _sweep_keys(cls, sweep: dict[str, list[Any]] | None) -> dict[str, list[Any]] | None:
         for key, values in (sweep or {}).items():
-            head = key.split(".")[0]
-            if head not in _SWEEP_HEADS:
+            parts = key.split(".")
+            if parts[0] not in _SWEEP_HEADS:
                 raise ValueError(f"key {key!r} must start with {', '.join(_SWEEP_HEADS)}")
+            if any(not p for p in parts) or len(parts) < 2:
+                raise ValueError(f"key {key!r}: a dotted path with no empty part is needed (e.g. policy.max_num_seqs)")
+            problem = _unknown_key(Scenario, parts, None)
+            if problem is not None:
+                raise ValueError(problem)
             if not values:
                 raise ValueError(f"key {key!r} has no values")
         return sweep
+
+    @model_validator(mode="after")
+    def _sweep_size(self) -> Scenario:
+        # counted before any point is built: itertools.product over 10^12 points would never end
+        if self.sweep:
+            points = math.prod(len(v) for v in self.sweep.values())
+            runs = points * max(1, len(self.variants))
+            if runs > MAX_SWEEP_RUNS:
+                raise ValueError(f"sweep: {points} points x {max(1, len(self.variants))} variant(s) = {runs} runs; "
+                                 f"at most {MAX_SWEEP_RUNS} (fewer values, or split the sweep)")
+        return self
 
 
 # ---- loading --------------------------------------------------------------------------------------------------
@@ -314,8 +363,13 @@ _UNION_TAGS = {
 }
 
 
+_REPR = reprlib.Repr()  # Python 3.11 takes no keyword arguments here
+_REPR.maxlevel, _REPR.maxdict, _REPR.maxlist, _REPR.maxstring, _REPR.maxother, _REPR.maxlong = 3, 4, 4, 50, 50, 50
+
+
 def _short(value: Any) -> str:
-    text = repr(value)
+    # reprlib: a value that aliases expand to millions of items is not rendered whole
+    text = _REPR.repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
 
@@ -411,12 +465,80 @@ def set_path(d: dict, dotted: str, value: Any) -> None:
         node = nxt
 
 
+MAX_SCENARIO_BYTES = 1 << 20  # a scenario file is a few KB; 1 MiB leaves room and refuses a runaway file
+MAX_YAML_DEPTH = 50  # nesting of mappings and lists (a scenario needs 6)
+MAX_YAML_ALIASES = 100  # *alias uses in one document
+MAX_YAML_NODES = 100_000  # values once every alias is expanded ("billion laughs" stops here)
+
+
+class _LimitedLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses documents nested too deeply or using too many aliases, before building them:
+    the composer recurses once per level (500 levels end in a RecursionError), and aliases let a few hundred
+    bytes stand for billions of values."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+        self._aliases = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            self._aliases += 1
+            if self._aliases > MAX_YAML_ALIASES:
+                mark = self.peek_event().start_mark
+                raise yaml.composer.ComposerError(
+                    None, None, f"more than {MAX_YAML_ALIASES} aliases (*name); write the values out", mark)
+        self._depth += 1
+        try:
+            if self._depth > MAX_YAML_DEPTH:
+                raise yaml.composer.ComposerError(
+                    None, None, f"nested more than {MAX_YAML_DEPTH} levels deep", self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+def _expanded_size(value: Any, limit: int) -> int:
+    """Values in ``value`` counting every alias expansion (shared objects counted each time they appear),
+    computed once per distinct object; stops counting past ``limit``."""
+    memo: dict[int, int] = {}
+
+    def size(v: Any) -> int:
+        if not isinstance(v, (dict, list)):
+            return 1
+        key = id(v)
+        if key not in memo:
+            memo[key] = limit + 1  # a cycle (an alias inside its own anchor) counts as too large
+            items = list(v.keys()) + list(v.values()) if isinstance(v, dict) else v
+            total = 1
+            for item in items:
+                total += size(item)
+                if total > limit:
+                    break
+            memo[key] = total
+        return memo[key]
+
+    return size(value)
+
+
+def safe_load_limited(text: str) -> Any:
+    """``yaml.safe_load`` with limits on nesting, aliases and expanded size. Raises yaml.YAMLError."""
+    loader = _LimitedLoader(text)
+    try:
+        value = loader.get_single_data()
+    finally:
+        loader.dispose()
+    if _expanded_size(value, MAX_YAML_NODES) > MAX_YAML_NODES:
+        raise yaml.YAMLError(f"more than {MAX_YAML_NODES} values once aliases are expanded")
+    return value
+
+
 def parse_value(text: str) -> Any:
     """A ``--set key=value`` value, read as YAML (numbers, booleans, lists, null). Raises ScenarioError."""
     try:
-        return yaml.safe_load(text)
+        return safe_load_limited(text)
     except yaml.YAMLError as e:
-        raise ScenarioError(f"cannot read value {text!r} as YAML: {_yaml_error(e)}") from None
+        raise ScenarioError(f"cannot read value {_short(text)} as YAML: {_yaml_error(e)}") from None
 
 
 def _yaml_error(e: yaml.YAMLError) -> str:
@@ -434,7 +556,7 @@ def _yaml_error(e: yaml.YAMLError) -> str:
 
 def load_scenario(
     path: str | Path, overrides: dict[str, Any] | None = None
-) -> tuple["Scenario", dict[str, Any]]:
+) -> tuple[Scenario, dict[str, Any]]:
     """Read and validate a scenario file. ``overrides`` maps dotted paths to values (the CLI's ``--set``).
     Returns the validated scenario and the raw dict it came from. Raises ScenarioError with one clear message."""
     p = Path(path)
@@ -443,26 +565,35 @@ def load_scenario(
     if not p.is_file():
         raise ScenarioError(f"{p}: not a file (a scenario is a YAML file)")
     try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise ScenarioError(f"{p}: cannot read the file: {e}") from None
+        with p.open("rb") as f:
+            data = f.read(MAX_SCENARIO_BYTES + 1)
+    except OSError as e:
+        raise ScenarioError(f"{p}: cannot read the file: {e.strerror or e}") from None
+    if len(data) > MAX_SCENARIO_BYTES:
+        raise ScenarioError(f"{p}: larger than {MAX_SCENARIO_BYTES >> 20} MiB, too large for a scenario file")
     try:
-        raw = yaml.safe_load(text)
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise ScenarioError(f"{p}: not UTF-8 text (byte {e.start} is {data[e.start]:#04x})") from None
+    try:
+        raw = safe_load_limited(text)
     except yaml.YAMLError as e:
         raise ScenarioError(f"{p}: not valid YAML: {_yaml_error(e)}") from None
     if not isinstance(raw, dict):
         got = "an empty file" if raw is None else f"a {type(raw).__name__}"
         raise ScenarioError(f"{p}: a scenario must be a mapping of keys to values, got {got}")
+    # an alias shares one object between keys: copy, so that a --set or sweep value lands at one key only
+    raw = copy.deepcopy(raw)
     for key, value in (overrides or {}).items():
         try:
-            set_path(raw, key, value)
+            apply_override(raw, key, value)
         except ScenarioError as e:
-            raise ScenarioError(f"--set {e}") from None
+            raise ScenarioError(f"{p}: --set {e}") from None
     _resolve_relative_paths(raw, p.parent)
     return parse_scenario(raw, source=str(p)), raw
 
 
-def parse_scenario(raw: dict[str, Any], source: str = "scenario") -> "Scenario":
+def parse_scenario(raw: dict[str, Any], source: str = "scenario") -> Scenario:
     """Validate a scenario dict: its schema, every variant's merged deployment, and that trace files exist.
     Raises ScenarioError naming the key path and the reason."""
     try:
@@ -482,7 +613,7 @@ def parse_scenario(raw: dict[str, Any], source: str = "scenario") -> "Scenario":
     return scenario
 
 
-def _check_trace_files(scenario: "Scenario", source: str) -> None:
+def _check_trace_files(scenario: Scenario, source: str) -> None:
     wl = scenario.workload
     for key, part in (("arrival", wl.arrival), ("prompt_len", wl.prompt_len), ("output_len", wl.output_len)):
         trace = getattr(part, "trace", None)
@@ -576,58 +707,164 @@ def sweep_points(scenario: Scenario) -> list[dict[str, Any]]:
     if not scenario.sweep:
         return [{}]
     keys = list(scenario.sweep)
-    return [dict(zip(keys, combo)) for combo in itertools.product(*(scenario.sweep[k] for k in keys))]
+    return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*(scenario.sweep[k] for k in keys))]
 
 
 def apply_point(raw: dict[str, Any], point: dict[str, Any], source: str) -> Scenario:
-    """The scenario at one sweep point: each path set in the defaults and in every variant that overrides its
-    section, wherever that section has the key (``policy.max_num_seqs`` changes continuous policies and leaves a
-    static one alone). A key that no variant's section has is an error."""
+    """The scenario at one sweep point: each path set as :func:`apply_override` sets it (in the defaults and in
+    every variant whose section has the key)."""
     d = copy.deepcopy(raw)
     d.pop("sweep", None)
-    variants = [v for v in d.get("variants") or [] if isinstance(v, dict)]
     for key, value in point.items():
-        head, _, rest = key.partition(".")
-        field = rest.split(".")[0]
-        if not isinstance(d.get(head), dict) and head in _DEFAULT_SECTIONS:
-            # the file relies on the default section: spell it out, so that e.g. policy.max_num_seqs keeps the
-            # default policy's type instead of replacing the section with a type-less {max_num_seqs: ...}
-            d[head] = _DEFAULT_SECTIONS[head]().model_dump(mode="json")
-        default_has = not rest or _has_key(head, d.get(head), field)
-        used = not variants  # without variants the defaults run
         try:
-            if default_has:
-                set_path(d, key, value)
-            for v in variants:
-                section = v.get(head)
-                if rest and isinstance(section, dict):
-                    if _has_key(head, section, field):
-                        set_path(section, rest, value)
-                        used = True
-                else:
-                    used = used or default_has
+            apply_override(d, key, value)
         except ScenarioError as e:
             raise ScenarioError(f"{source}: sweep: {e}") from None
-        if not used:
-            raise ScenarioError(f"{source}: sweep: {key}: no variant's {head} has the key {field!r}")
     return parse_scenario(d, source=f"{source} at {point}")
 
 
+_VARIANT_SECTIONS = ("deployment", "kv_cache", "policy", "admission", "cluster")
 _DEFAULT_SECTIONS = {"deployment": Deployment, "kv_cache": PagedKV, "policy": ContinuousPolicyConfig,
                      "admission": AdmissionConfig}
-_SECTION_KINDS: dict[str, dict[str, type[BaseModel]]] = {
-    "kv_cache": {"paged": PagedKV, "contiguous": ContiguousKV},
-    "policy": {"static": StaticPolicyConfig, "continuous": ContinuousPolicyConfig},
-}
 
 
-def _has_key(head: str, section: Any, field: str) -> bool:
-    """Whether a section of the file (of kind ``head``) has ``field``; True when unsure, so that validation,
-    not the sweep, reports a bad key."""
-    kinds = _SECTION_KINDS.get(head)
-    if kinds is None or not isinstance(section, dict) or section.get("type") not in kinds:
-        return True
-    return field in kinds[section["type"]].model_fields
+def _members(tp: Any) -> list[Any]:
+    """The concrete types an annotation allows (Annotated and Optional unwrapped, unions spread)."""
+    origin = get_origin(tp)
+    if origin is Annotated:
+        return _members(get_args(tp)[0])
+    if origin in (Union, UnionType):
+        return [m for a in get_args(tp) for m in _members(a) if m is not type(None)]
+    return [tp]
+
+
+def _models(tp: Any) -> list[type[BaseModel]]:
+    return [m for m in _members(tp) if isinstance(m, type) and issubclass(m, BaseModel)]
+
+
+def _narrow(models: list[type[BaseModel]], node: Any) -> list[type[BaseModel]]:
+    """The members of a discriminated union that a section of the file (with its ``type``) can be."""
+    tag = node.get("type") if isinstance(node, dict) else None
+    if len(models) > 1 and isinstance(tag, str):
+        picked = [m for m in models if "type" in m.model_fields and m.model_fields["type"].default == tag]
+        return picked or models
+    return models
+
+
+def _field_type(model: type[BaseModel], name: str) -> Any:
+    if model is Variant and name == "deployment":
+        return Deployment  # a variant's deployment is a partial Deployment, merged into the default
+    return model.model_fields[name].annotation
+
+
+def _unknown_key(tp: Any, parts: list[str], node: Any, done: str = "") -> str | None:
+    """Why the dotted path ``parts`` names no key of the schema below ``tp`` (None: it may), with the closest
+    key as a suggestion. ``node`` is the file's value there, when it has one, to pick a union's member."""
+    if not parts:
+        return None
+    part, rest = parts[0], parts[1:]
+    where = f"{done}.{part}" if done else part
+    members = _members(tp)
+    models = _narrow(_models(tp), node)
+    if models:
+        fields = sorted({f for m in models for f in m.model_fields})
+        if part not in fields:
+            if len(models) < len(_models(tp)) and any(part in m.model_fields for m in _models(tp)):
+                return None  # another member has it: the sweep or --set rules decide
+            close = difflib.get_close_matches(part, fields, n=1)
+            hint = f"; did you mean {(done + '.' if done else '') + close[0]}?" if close else \
+                f"; known keys: {', '.join(fields)}"
+            return f"{where}: unknown key{hint}"
+        child = node.get(part) if isinstance(node, dict) else None
+        for m in models:
+            if part in m.model_fields:
+                return _unknown_key(_field_type(m, part), rest, child, where)
+        return None
+    for m in members:
+        origin = get_origin(m)
+        if origin is list and get_args(m):
+            if not re.fullmatch(r"-?[0-9]+", part):
+                return f"{where}: a list is indexed by a number, got {part!r}"
+            item = node[int(part)] if isinstance(node, list) and -len(node) <= int(part) < len(node) else None
+            return _unknown_key(get_args(m)[0], rest, item, where)
+    return None  # a free-form value (a dict of GPU fields, a model config, any): checked where it is used
+
+
+def _fill_defaults(tp: Any, node: dict[str, Any], parts: list[str]) -> None:
+    """Spell out the default of each missing section along ``parts`` (all but the last), so that setting one
+    key keeps the default's type: deployment.cost_model.step_overhead needs cost_model's ``type: analytic``."""
+    for part in parts[:-1]:
+        models = _narrow(_models(tp), node)
+        model = next((m for m in models if part in m.model_fields), None)
+        if model is None:
+            return
+        field = model.model_fields[part]
+        if not isinstance(node.get(part), dict):
+            default = field.get_default(call_default_factory=True)
+            if not isinstance(default, BaseModel):
+                return
+            node[part] = default.model_dump(mode="json")
+        node = node[part]
+        tp = field.annotation
+
+
+def _has_path(tp: Any, node: Any, parts: list[str]) -> bool:
+    """Whether a section of the file (of schema type ``tp``) can hold the dotted path: False when the kind of
+    section it is (its ``type``) lacks a key on the way."""
+    for part in parts:
+        models = _narrow(_models(tp), node)
+        if not models:
+            return True
+        model = next((m for m in models if part in m.model_fields), None)
+        if model is None:
+            return False
+        tp = _field_type(model, part)
+        node = node.get(part) if isinstance(node, dict) else None
+    return True
+
+
+def apply_override(d: dict[str, Any], key: str, value: Any) -> None:
+    """Set a dotted key as ``--set`` and sweeps do. A key of a section that variants may override
+    (deployment, kv_cache, policy, admission, cluster) is set in the defaults and in every variant whose own
+    section has the key (``policy.max_num_seqs`` changes continuous policies and leaves a static one alone; a
+    variant's partial deployment gets it only where it sets that key itself, the rest inherit the default).
+    A missing default section is spelled out first, keeping its type. A key that exists nowhere in the schema,
+    or that no variant's section has, is an error naming the closest key."""
+    parts = key.split(".")
+    if any(not k for k in parts):
+        raise ScenarioError(f"{key!r}: empty part in a dotted key")
+    problem = _unknown_key(Scenario, parts, d)
+    if problem is not None:
+        raise ScenarioError(problem)
+    head, rest = parts[0], parts[1:]
+    if head not in _VARIANT_SECTIONS or not rest:
+        set_path(d, key, value)
+        return
+    tp = _field_type(Scenario, head)
+    variants = [v for v in d.get("variants") or [] if isinstance(v, dict)]
+    if not isinstance(d.get(head), dict):
+        default = _DEFAULT_SECTIONS.get(head)
+        d[head] = default().model_dump(mode="json") if default is not None else {}
+    default_has = _has_path(tp, d[head], rest)
+    if default_has:
+        _fill_defaults(tp, d[head], rest)
+        set_path(d[head], ".".join(rest), value)
+    used = default_has
+    if variants:
+        used = False
+        for v in variants:
+            section = v.get(head)
+            if not isinstance(section, dict):
+                used = used or default_has  # the variant runs the default section
+                continue
+            if head == "deployment" and rest[0] not in section:
+                used = used or default_has  # merged: the default's value reaches it
+                continue
+            if _has_path(Deployment if head == "deployment" else tp, section, rest):
+                set_path(section, ".".join(rest), value)
+                used = True
+    if not used:
+        raise ScenarioError(f"{key}: no variant's {head} has the key {rest[-1]!r}")
 
 
 @dataclass(frozen=True, slots=True)

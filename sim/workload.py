@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
@@ -136,8 +136,8 @@ class NormalLength(_Model):
     """Normal draws rounded to whole tokens and clipped to ``[min, max]``."""
 
     type: Literal["normal"] = "normal"
-    mean: Float = Field(gt=0, le=MAX_LENGTH, allow_inf_nan=False, description="Mean before clipping, in tokens.")
-    std: Float = Field(ge=0, le=MAX_LENGTH, allow_inf_nan=False, description="Standard deviation before clipping, in tokens.")
+    mean: Float = Field(gt=0, le=MAX_LENGTH, description="Mean before clipping, in tokens.")
+    std: Float = Field(ge=0, le=MAX_LENGTH, description="Standard deviation before clipping, in tokens.")
     min: Length = Field(default=1, description="Lower clip in tokens.")
     max: Length | None = Field(default=None, description="Upper clip in tokens; none: no upper clip.")
 
@@ -161,8 +161,8 @@ class LognormalLength(_Model):
     """
 
     type: Literal["lognormal"] = "lognormal"
-    mean: Float = Field(gt=0, le=MAX_LENGTH, allow_inf_nan=False, description="Mean length before clipping, in tokens.")
-    std: Float = Field(gt=0, le=MAX_LENGTH, allow_inf_nan=False, description="Standard deviation before clipping, in tokens.")
+    mean: Float = Field(gt=0, le=MAX_LENGTH, description="Mean length before clipping, in tokens.")
+    std: Float = Field(gt=0, le=MAX_LENGTH, description="Standard deviation before clipping, in tokens.")
     min: Length = Field(default=1, description="Lower clip in tokens.")
     max: Length | None = Field(default=None, description="Upper clip in tokens; none: no upper clip.")
 
@@ -183,7 +183,7 @@ class ExponentialLength(_Model):
     """Exponential draws, rounded and clipped to ``[min, max]`` (``max`` caps the long tail)."""
 
     type: Literal["exponential"] = "exponential"
-    mean: Float = Field(gt=0, le=MAX_LENGTH, allow_inf_nan=False, description="Mean before clipping, in tokens.")
+    mean: Float = Field(gt=0, le=MAX_LENGTH, description="Mean before clipping, in tokens.")
     min: Length = Field(default=1, description="Lower clip in tokens.")
     max: Length | None = Field(default=None, description="Cap in tokens; none: no cap.")
 
@@ -218,7 +218,7 @@ class EmpiricalLength(_Model):
 
 
 LengthDistribution = Annotated[
-    Union[FixedLength, UniformLength, NormalLength, LognormalLength, ExponentialLength, EmpiricalLength],
+    FixedLength | UniformLength | NormalLength | LognormalLength | ExponentialLength | EmpiricalLength,
     Field(discriminator="type"),
 ]
 
@@ -288,7 +288,7 @@ class LognormalThinkTime(_Model):
 
 
 ThinkTime = Annotated[
-    Union[FixedThinkTime, ExponentialThinkTime, UniformThinkTime, LognormalThinkTime],
+    FixedThinkTime | ExponentialThinkTime | UniformThinkTime | LognormalThinkTime,
     Field(discriminator="type"),
 ]
 
@@ -434,7 +434,7 @@ class TraceArrival(_Model):
 
 
 ArrivalProcess = Annotated[
-    Union[PoissonArrival, GammaArrival, ConstantArrival, AllAtOnceArrival, ClosedLoopArrival, TraceArrival],
+    PoissonArrival | GammaArrival | ConstantArrival | AllAtOnceArrival | ClosedLoopArrival | TraceArrival,
     Field(discriminator="type"),
 ]
 
@@ -458,7 +458,8 @@ class Failures(_Model):
         chosen = np.sort(rng.permutation(ids)[:n])
         delays = self.after.sample(rng, n)
         reason = "cancelled by the client" if self.reason == "cancelled" else "server error"
-        return FailurePlan(cancel_after={int(i): float(d) for i, d in zip(chosen, delays)}, cancel_reason=reason)
+        return FailurePlan(cancel_after={int(i): float(d) for i, d in zip(chosen, delays, strict=True)},
+                           cancel_reason=reason)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -613,7 +614,9 @@ class Workload(_Model):
         ids = hash_ids if hash_ids is not None else [prefix_ids] * n
         requests = tuple(
             RequestSpec(i, t, p, o, h, hash_block_size, s)
-            for i, (t, p, o, h, s) in enumerate(zip(times.tolist(), prompt.tolist(), output.tolist(), ids, sessions))
+            for i, (t, p, o, h, s) in enumerate(
+                zip(times.tolist(), prompt.tolist(), output.tolist(), ids, sessions, strict=True)
+            )
         )
         failures = None
         if self.failures is not None:
