@@ -30,7 +30,7 @@ from types import UnionType
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from sim.block_manager import PagedBlockManager
 from sim.contiguous_allocator import ContiguousAllocator
@@ -38,7 +38,7 @@ from sim.costmodel import AnalyticCostModel, FittedCostModel
 from sim.metrics import SLOs
 from sim.policies import Admission, ContinuousPolicy, Limits, StaticPolicy
 from sim.specs import GPUSpec, KVBudget, ModelDoesNotFitError, ModelSpec, kv_budget
-from sim.traces import resolve_trace
+from sim.traces import load_trace, resolve_trace
 from sim.workload import Float, InputModel, Int, TraceArrival, Workload
 
 
@@ -50,6 +50,8 @@ class ScenarioError(ValueError):
 MAX_SWEEP_RUNS = 100_000  # (sweep point, variant) runs in one scenario
 MAX_REPLICAS = 1024  # replicas of one cluster (each its own policy, KV manager and cost model)
 MAX_SIM_BLOCKS = 1 << 22  # KV blocks one replica simulates (about 60 B each); 4 Mi blocks is ~250 MB
+MAX_CLUSTER_BLOCKS = 1 << 24  # KV blocks of all replicas of a cluster together
+_BLOCK_BYTES = 60  # simulator memory per paged KV block (ref count, hash, free-list and membership entries)
 
 
 class _Model(InputModel):
@@ -88,9 +90,7 @@ class Deployment(_Model):
     gpu_memory_utilization: Float = Field(
         0.9, gt=0, le=1, description="Share of GPU memory the engine may use (weights + activations + KV)."
     )
-    num_gpu_blocks: Int | None = Field(
-        None, ge=1, le=MAX_SIM_BLOCKS, description="Override the KV block count vLLM would size."
-    )
+    num_gpu_blocks: Int | None = Field(None, ge=1, description="Override the KV block count vLLM would size.")
     block_size: Int = Field(16, ge=1, description="Tokens per KV block.")
     max_model_len: Int | None = Field(
         None, ge=1, description="Longest prompt+output a request may have; none: the model's context length."
@@ -102,6 +102,14 @@ class Deployment(_Model):
         description="The bug the failure-mode scenarios show: the KV blocks of a request that fails mid-flight "
         "are never freed. Off: they are freed at once, as a correct server does.",
     )
+
+    @field_validator("num_gpu_blocks")
+    @classmethod
+    def _blocks_cap(cls, n: int | None) -> int | None:
+        if n is not None and n > MAX_SIM_BLOCKS:
+            raise ValueError(f"{n} blocks would need about {n * _BLOCK_BYTES / 1e9:.3g} GB of simulator memory; "
+                             f"at most {MAX_SIM_BLOCKS} (a larger block_size holds the same tokens in fewer)")
+        return n
 
 
 # ---- KV cache -------------------------------------------------------------------------------------------------
@@ -212,6 +220,13 @@ class PlanConfig(_Model):
 
 
 # ---- cluster (many replicas behind a router) -------------------------------------------------------------------
+def _replicas_cap(n: int) -> int:
+    if n > MAX_REPLICAS:
+        raise ValueError(f"{n} replicas would each hold a policy, a KV cache and a cost model in memory; at most "
+                         f"{MAX_REPLICAS}")
+    return n
+
+
 class AutoscalerSection(_Model):
     signal: Literal["busy", "compute", "kv_usage", "queue", "ttft"] = Field(
         description="What it watches: busy (share of time replicas run steps, the usual GPU 'utilisation'), "
@@ -226,8 +241,10 @@ class AutoscalerSection(_Model):
     provisioning_delay: Float = Field(
         120.0, ge=0, description="Seconds from ordering a GPU to it serving (boot, weights); paid meanwhile."
     )
-    min_replicas: Int = Field(1, ge=1, le=MAX_REPLICAS, description="Fewest replicas.")
-    max_replicas: Int = Field(8, ge=1, le=MAX_REPLICAS, description="Most replicas, provisioning ones included.")
+    min_replicas: Int = Field(1, ge=1, description="Fewest replicas.")
+    max_replicas: Int = Field(8, ge=1, description="Most replicas, provisioning ones included.")
+
+    _cap = field_validator("min_replicas", "max_replicas")(classmethod(lambda cls, n: _replicas_cap(n)))
 
     @model_validator(mode="after")
     def _ranges(self) -> AutoscalerSection:
@@ -241,12 +258,14 @@ class AutoscalerSection(_Model):
 
 class ClusterConfig(_Model):
     replicas: Int = Field(
-        1, ge=1, le=MAX_REPLICAS, description="Replicas at the start (each a GPU or a tensor-parallel group)."
+        1, ge=1, description="Replicas at the start (each a GPU or a tensor-parallel group)."
     )
     router: Literal["round_robin", "least_outstanding", "least_kv", "prefix_affinity"] = Field(
         "round_robin", description="Which replica gets an arriving request."
     )
     autoscaler: AutoscalerSection | None = Field(None, description="Add and remove replicas; none: a fixed fleet.")
+
+    _cap = field_validator("replicas")(classmethod(lambda cls, n: _replicas_cap(n)))
 
     @model_validator(mode="after")
     def _start_in_range(self) -> ClusterConfig:
@@ -318,16 +337,18 @@ class Scenario(_Model):
                 raise ValueError(f"key {key!r} has no values")
         return sweep
 
-    @model_validator(mode="after")
-    def _sweep_size(self) -> Scenario:
+    @field_validator("sweep")
+    @classmethod
+    def _sweep_size(cls, sweep: dict[str, list[Any]] | None, info: ValidationInfo) -> dict[str, list[Any]] | None:
         # counted before any point is built: itertools.product over 10^12 points would never end
-        if self.sweep:
-            points = math.prod(len(v) for v in self.sweep.values())
-            runs = points * max(1, len(self.variants))
+        if sweep:
+            points = math.prod(len(v) for v in sweep.values())
+            variants = max(1, len(info.data.get("variants") or []))
+            runs = points * variants
             if runs > MAX_SWEEP_RUNS:
-                raise ValueError(f"sweep: {points} points x {max(1, len(self.variants))} variant(s) = {runs} runs; "
-                                 f"at most {MAX_SWEEP_RUNS} (fewer values, or split the sweep)")
-        return self
+                raise ValueError(f"{points} points x {variants} variant(s) = {runs} runs; at most {MAX_SWEEP_RUNS} "
+                                 "(fewer values, or split the sweep)")
+        return sweep
 
 
 # ---- loading --------------------------------------------------------------------------------------------------
@@ -614,13 +635,19 @@ def parse_scenario(raw: dict[str, Any], source: str = "scenario") -> Scenario:
 
 
 def _check_trace_files(scenario: Scenario, source: str) -> None:
+    """Read every trace the workload names (the reader caches it), so that a missing or malformed file fails here
+    naming its key, not later as the workload is drawn."""
     wl = scenario.workload
     for key, part in (("arrival", wl.arrival), ("prompt_len", wl.prompt_len), ("output_len", wl.output_len)):
         trace = getattr(part, "trace", None)
         if isinstance(trace, str):
             try:
                 resolve_trace(trace)
-            except FileNotFoundError as e:
+                if isinstance(part, TraceArrival):
+                    part.load()
+                else:
+                    load_trace(trace)
+            except (ValueError, OSError) as e:  # FileNotFoundError is an OSError
                 raise ScenarioError(f"{source}: workload.{key}.trace: {e}") from None
 
 
@@ -941,6 +968,17 @@ def build(cfg: VariantConfig):
         raise ScenarioError(f"{where}: deployment: {e}{hint}") from None
     except ValueError as e:
         raise ScenarioError(f"{where}: deployment: {e}") from None
+    replicas = 1 if cfg.cluster is None else max(
+        cfg.cluster.replicas, cfg.cluster.autoscaler.max_replicas if cfg.cluster.autoscaler else 0)
+    if budget.num_gpu_blocks > MAX_SIM_BLOCKS or replicas * budget.num_gpu_blocks > MAX_CLUSTER_BLOCKS:
+        # the paged manager keeps a few list entries per block: refuse before allocating them
+        total = replicas * budget.num_gpu_blocks
+        raise ScenarioError(
+            f"{where}: deployment: the KV cache would have {budget.num_gpu_blocks} blocks of {dep.block_size} "
+            f"tokens{f' on each of {replicas} replicas' if replicas > 1 else ''}, about "
+            f"{total * _BLOCK_BYTES / 1e9:.3g} GB of simulator memory; at most {MAX_SIM_BLOCKS} per replica and "
+            f"{MAX_CLUSTER_BLOCKS} in all (set deployment.num_gpu_blocks, a larger block_size, or fewer replicas)"
+        )
     if max_model_len > budget.capacity_tokens:
         # vLLM refuses to start in this case; say what would fit
         raise ScenarioError(
