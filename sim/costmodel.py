@@ -7,11 +7,11 @@ once, and the same arithmetic then gives bit-identical times to asking one by on
 
 from __future__ import annotations
 
-import json
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from os import PathLike
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -24,6 +24,7 @@ from sim.specs import (
     canonical_dtype,
     check_tensor_parallel,
     kv_dtype_bytes,
+    read_json_file,
     resolve_kv_dtype,
 )
 
@@ -277,7 +278,7 @@ class AnalyticCostModel:
         # decode's query-key pairs are its KV reads): max() would return exactly that product, so it is skipped.
         memory_bound = k8 >= k7
         n_prev = -1
-        for n, c in zip(rows, reads):
+        for n, c in zip(rows, reads, strict=True):
             if n != n_prev:  # the parts that depend on the row count alone, summed in _time's order
                 n_prev = n
                 head = k0 + n * k1 + max(n * k2 + n * k3, k4 + n * k5 + n * k6)
@@ -401,7 +402,8 @@ class CalibrationProfile(BaseModel):
     def _wake_curve_ok(cls, v: list[tuple[float, float]]) -> list[tuple[float, float]]:
         if v:
             idle = [p[0] for p in v]
-            if tuple(v[0]) != (0, 0) or any(b <= a for a, b in zip(idle, idle[1:])) or any(p[1] < 0 for p in v):
+            increasing = all(a < b for a, b in zip(idle, idle[1:], strict=False))
+            if tuple(v[0]) != (0, 0) or not increasing or any(p[1] < 0 for p in v):
                 raise ValueError("wake_curve must start at [0, 0] with idle increasing and extra times >= 0")
         return v
 
@@ -443,9 +445,23 @@ class FittedCostModel:
             v = getattr(self, name)
             if not (v >= 0 and math.isfinite(v)):
                 raise ValueError(f"FittedCostModel: {name} must be finite and >= 0, got {v}")
+        for name in COEFFICIENT_NAMES:  # seconds per unit: past an hour a sum of steps could overflow to inf
+            if getattr(self, name) > 3600:
+                raise ValueError(f"FittedCostModel: coefficients.{name} must be at most 3600 s, "
+                                 f"got {getattr(self, name)}")
+        idle, extra = self.wake_idle, self.wake_extra
+        if len(idle) != len(extra):
+            raise ValueError("FittedCostModel: wake_curve needs one extra time per idle time")
+        for i, (a, b) in enumerate(zip(idle, extra, strict=True)):
+            if not (math.isfinite(a) and math.isfinite(b) and a >= 0 and 0 <= b <= 3600):
+                raise ValueError(f"FittedCostModel: wake_curve.{i} must be [idle seconds >= 0, extra seconds in "
+                                 f"[0, 3600]], both finite, got [{a}, {b}]")
+            if i and a < idle[i - 1]:
+                raise ValueError(f"FittedCostModel: wake_curve.{i}: idle times must increase, got {a} after "
+                                 f"{idle[i - 1]}")
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "FittedCostModel":
+    def from_dict(cls, data: Mapping[str, Any]) -> FittedCostModel:
         """From a parsed profile (see ``CalibrationProfile``)."""
         p = CalibrationProfile.model_validate(dict(data))
         if p.schema_version not in SUPPORTED_PROFILE_VERSIONS:
@@ -477,10 +493,12 @@ class FittedCostModel:
                    wake_extra=tuple(float(b) for _, b in p.wake_curve))
 
     @classmethod
-    def from_profile(cls, path: str | PathLike[str]) -> "FittedCostModel":
-        """Load a calibration profile JSON file."""
-        with open(path) as f:
-            return cls.from_dict(json.load(f))
+    def from_profile(cls, path: str | PathLike[str]) -> FittedCostModel:
+        """Load a calibration profile JSON file (at most 64 MiB are read: /dev/zero is not a profile)."""
+        data = read_json_file(path, 64 << 20)
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: a calibration profile is a JSON object, got a {type(data).__name__}")
+        return cls.from_dict(data)
 
     def to_dict(self) -> dict[str, Any]:
         """This model as a profile dict (``from_dict`` reads it back)."""
@@ -493,7 +511,7 @@ class FittedCostModel:
             "flops": {"token": self.flops_per_token, "seq": self.flops_per_seq,
                       "attn_pair": self.flops_per_attn_pair},
             "provenance": dict(self.provenance),
-            "wake_curve": [[a, b] for a, b in zip(self.wake_idle, self.wake_extra)],
+            "wake_curve": [[a, b] for a, b in zip(self.wake_idle, self.wake_extra, strict=True)],
         }
 
     def step_time(self, shape: StepShape) -> float | np.ndarray:
@@ -519,6 +537,6 @@ class FittedCostModel:
         pair, kvr, swap, pseq = self.attn_pair, self.kv_read_token, self.swap_block, self.prefill_seq
         ft, fs, fp = self.flops_per_token, self.flops_per_seq, self.flops_per_attn_pair
         times = [step + n * token + n * dseq + n * seq + c * pair + c * kvr + 0 * swap + (n - n) * pseq
-                 for n, c in zip(rows, reads)]
-        flops = [float((n - 0) * ft + n * fs + c * fp) for n, c in zip(rows, reads)]
+                 for n, c in zip(rows, reads, strict=True)]
+        flops = [float((n - 0) * ft + n * fs + c * fp) for n, c in zip(rows, reads, strict=True)]
         return times, flops
