@@ -52,7 +52,7 @@ SUMMARY_KEYS: tuple[str, ...] = (
     "e2el",
     "queue",
     "kv_usage",  # {mean, max} of kv_blocks_used / kv_capacity_blocks
-    "kv_token_utilization",  # tokens stored / token slots of allocated blocks (kv_blocks_used)
+    "kv_token_utilization",  # share of the token slots of allocated blocks holding a token (shared ones once)
     "busy_fraction",  # time the GPU computed / duration
     "mfu",  # model FLOPs utilisation over the whole run
     "mean_batch_size",  # requests per step, weighted by step duration
@@ -122,7 +122,7 @@ def latency_stats(values: np.ndarray, counts: np.ndarray | None = None) -> dict[
             return {k: NAN for k in LATENCY_KEYS}
         out = {"mean": float(np.mean(values))}
         pcts = np.percentile(values, PERCENTILES)
-        out.update({f"p{q}": float(p) for q, p in zip(PERCENTILES, pcts)})
+        out.update({f"p{q}": float(p) for q, p in zip(PERCENTILES, pcts, strict=True)})
         return out
     counts = np.asarray(counts, dtype=np.int64)
     total = int(counts[counts > 0].sum()) if counts.size else 0
@@ -193,9 +193,15 @@ def summarize(result: RunResult, slos: SLOs | None = None) -> dict:
         "mean": _time_weighted_mean(usage[has_cap], dur[has_cap]),
         "max": float(usage[has_cap].max()) if has_cap.any() else NAN,
     }
-    slots = used * result.block_size  # kv_blocks_reserved is the empty part of kv_blocks_used
+    # A share of the token slots of the blocks in use that hold a token. kv_tokens counts a token once per
+    # request that reads it, so a block shared by prefix caching would count several times (174% was seen):
+    # the stored tokens are capped at the slots of the blocks that hold tokens (used minus reserved-empty),
+    # as the report's memory panel draws them, which keeps the share within [0, 1].
+    slots = used * result.block_size
+    filled = np.clip(used - np.asarray(s["kv_blocks_reserved"], dtype=np.float64), 0.0, used) * result.block_size
+    stored = np.minimum(np.asarray(s["kv_tokens"], dtype=np.float64), filled)
     alloc = slots > 0
-    kv_tok_util = _time_weighted_mean(np.asarray(s["kv_tokens"], dtype=np.float64)[alloc] / slots[alloc], dur[alloc])
+    kv_tok_util = _time_weighted_mean(stored[alloc] / slots[alloc], dur[alloc])
 
     replicas = num_replicas(result)
     # replica-seconds the fleet was up: an autoscaled cluster's replicas come and go
