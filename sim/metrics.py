@@ -194,12 +194,11 @@ def summarize(result: RunResult, slos: SLOs | None = None) -> dict:
         "max": float(usage[has_cap].max()) if has_cap.any() else NAN,
     }
     # A share of the token slots of the blocks in use that hold a token. kv_tokens counts a token once per
-    # request that reads it, so a block shared by prefix caching would count several times (174% was seen):
-    # the stored tokens are capped at the slots of the blocks that hold tokens (used minus reserved-empty),
-    # as the report's memory panel draws them, which keeps the share within [0, 1].
+    # request that reads it, so a block shared by prefix caching counts several times (174% was seen); shared
+    # blocks are full prompt blocks, so the stored tokens are capped at the slots in use: the share stays in
+    # [0, 1] and is exact without prefix caching.
     slots = used * result.block_size
-    filled = np.clip(used - np.asarray(s["kv_blocks_reserved"], dtype=np.float64), 0.0, used) * result.block_size
-    stored = np.minimum(np.asarray(s["kv_tokens"], dtype=np.float64), filled)
+    stored = np.minimum(np.asarray(s["kv_tokens"], dtype=np.float64), slots)
     alloc = slots > 0
     kv_tok_util = _time_weighted_mean(stored[alloc] / slots[alloc], dur[alloc])
 
