@@ -365,6 +365,8 @@ def _clean_loc(loc: tuple[Any, ...], raw: Any, keep_last: bool = False) -> str:
     node = raw
     for i, p in enumerate(loc):
         last = i == len(loc) - 1
+        if not last and isinstance(node, dict) and p in _UNION_TAGS and node.get("type") == p:
+            continue  # the member label of a tagged union, also a key there (a trace arrival has a ``trace`` key)
         if isinstance(node, dict) and p in node:
             node = node[p]
             parts.append(str(p))
@@ -542,6 +544,15 @@ def _expanded_size(value: Any, limit: int) -> int:
     return size(value)
 
 
+def _unshared(value: Any) -> Any:
+    """A copy in which no two keys share a dict or list (deepcopy would keep the sharing aliases create)."""
+    if isinstance(value, dict):
+        return {k: _unshared(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_unshared(v) for v in value]
+    return value
+
+
 def safe_load_limited(text: str) -> Any:
     """``yaml.safe_load`` with limits on nesting, aliases and expanded size. Raises yaml.YAMLError."""
     loader = _LimitedLoader(text)
@@ -604,7 +615,7 @@ def load_scenario(
         got = "an empty file" if raw is None else f"a {type(raw).__name__}"
         raise ScenarioError(f"{p}: a scenario must be a mapping of keys to values, got {got}")
     # an alias shares one object between keys: copy, so that a --set or sweep value lands at one key only
-    raw = copy.deepcopy(raw)
+    raw = _unshared(raw)
     for key, value in (overrides or {}).items():
         try:
             apply_override(raw, key, value)
