@@ -227,7 +227,8 @@ def engine_run(
             engine_config(cfg, model_spec=model, num_gpu_blocks=num_gpu_blocks, device=device)
     except (ScenarioError, ValueError) as e:
         _fail(str(e))
-    real, texts = _real_weights(weights, {str(model or c.deployment.model) for c in cfgs}, tdtype, device), []
+    real = _real_weights(weights, {str(model or c.deployment.model) for c in cfgs}, tdtype, device)
+    texts: list[dict] = []
     if real is not None:
         tdtype = real.model.dtype
         typer.echo(f"real weights: {real.describe()}", err=True)
@@ -235,7 +236,10 @@ def engine_run(
     if out_dir.exists() and not out_dir.is_dir():
         _fail(f"--out {out_dir}: exists and is not a folder")
     typer.echo(f"{sc.name}: {sc.workload.describe()} on the engine ({device})", err=True)
-    results, summaries, memory, held = [], {}, [], {}
+    results: list = []
+    summaries: dict = {}
+    memory: list[dict] = []
+    held: dict[str, dict] = {}
     for cfg in cfgs:
         result, _, core = run_engine(cfg, wl, device=device, dtype=tdtype, model_spec=model,
                                      num_gpu_blocks=num_gpu_blocks, time_scale=time_scale, memory_samples=memory,

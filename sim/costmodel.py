@@ -486,7 +486,7 @@ class FittedCostModel:
                 flops = ProfileFlops(token=2.0 * s.body_matmul_params, seq=2.0 * s.lm_head_params,
                                      attn_pair=float(spec.attn_flops_per_pair))
             else:
-                flops = ProfileFlops()
+                flops = ProfileFlops(token=0.0, seq=0.0, attn_pair=0.0)  # an unknown model: no FLOPs counted
         return cls(**p.coefficients.model_dump(), peak_flops=p.peak_flops, flops_per_token=flops.token,
                    flops_per_seq=flops.seq, flops_per_attn_pair=flops.attn_pair, model=label, device=p.device,
                    provenance=dict(p.provenance), wake_idle=tuple(float(a) for a, _ in p.wake_curve),

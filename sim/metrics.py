@@ -245,9 +245,10 @@ def summarize(result: RunResult, slos: SLOs | None = None) -> dict:
     assert tuple(out) == SUMMARY_KEYS
     if result.cluster:  # several replicas: what the fleet cost
         c = result.cluster
-        out["cluster"] = {k: c[k] for k in ("router", "replicas_start", "replicas_max", "replicas_mean",
-                                            "gpu_hours", "cost_usd", "price_per_replica_hour")}
-        out["cluster"]["cost_per_million_output_tokens"] = _ratio(c["cost_usd"] * 1e6, total_out)
+        fleet = {k: c[k] for k in ("router", "replicas_start", "replicas_max", "replicas_mean", "gpu_hours",
+                                   "cost_usd", "price_per_replica_hour")}
+        fleet["cost_per_million_output_tokens"] = _ratio(c["cost_usd"] * 1e6, total_out)
+        out["cluster"] = fleet
     return out
 
 

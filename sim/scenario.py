@@ -31,6 +31,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic_core import ErrorDetails
 
 from sim.block_manager import PagedBlockManager
 from sim.contiguous_allocator import ContiguousAllocator
@@ -61,10 +62,16 @@ class _Model(InputModel):
 # ---- deployment -----------------------------------------------------------------------------------------------
 class AnalyticCost(_Model):
     type: Literal["analytic"] = "analytic"
-    compute_efficiency: Float | None = Field(None, ge=1e-4, le=1, description="Share of peak FLOP/s matmuls reach.")
-    bandwidth_efficiency: Float | None = Field(None, ge=1e-4, le=1, description="Share of HBM bandwidth reached.")
-    step_overhead: Float | None = Field(None, ge=0, le=3600, description="Fixed seconds per step (CPU, launches).")
-    per_request_overhead: Float | None = Field(None, ge=0, le=3600, description="Seconds per request per step.")
+    compute_efficiency: Float | None = Field(
+        default=None, ge=1e-4, le=1, description="Share of peak FLOP/s matmuls reach."
+    )
+    bandwidth_efficiency: Float | None = Field(
+        default=None, ge=1e-4, le=1, description="Share of HBM bandwidth reached."
+    )
+    step_overhead: Float | None = Field(
+        default=None, ge=0, le=3600, description="Fixed seconds per step (CPU, launches)."
+    )
+    per_request_overhead: Float | None = Field(default=None, ge=0, le=3600, description="Seconds per request per step.")
 
 
 class FittedCost(_Model):
@@ -77,28 +84,31 @@ CostModelConfig = Annotated[AnalyticCost | FittedCost, Field(discriminator="type
 
 class Deployment(_Model):
     model: str | dict[str, Any] = Field(
-        "llama-3.1-8b", description="Model preset name, path to a Hugging Face config.json, or its fields inline."
+        default="llama-3.1-8b",
+        description="Model preset name, path to a Hugging Face config.json, or its fields inline.",
     )
-    gpu: str | dict[str, Any] = Field("h100-sxm", description="GPU preset name, or GPUSpec fields inline.")
+    gpu: str | dict[str, Any] = Field(default="h100-sxm", description="GPU preset name, or GPUSpec fields inline.")
     weight_dtype: Literal["fp32", "bf16", "fp16", "fp8", "int8", "int4"] = Field(
-        "bf16", description="Data type of the weights."
+        default="bf16", description="Data type of the weights."
     )
     kv_dtype: Literal["auto", "fp32", "bf16", "fp16", "fp8", "int8"] = Field(
-        "auto", description="Data type of the KV cache; auto: the model's activation dtype."
+        default="auto", description="Data type of the KV cache; auto: the model's activation dtype."
     )
-    tensor_parallel_size: Int = Field(1, ge=1, description="GPUs one replica's weights and KV are split over.")
+    tensor_parallel_size: Int = Field(default=1, ge=1, description="GPUs one replica's weights and KV are split over.")
     gpu_memory_utilization: Float = Field(
-        0.9, gt=0, le=1, description="Share of GPU memory the engine may use (weights + activations + KV)."
+        default=0.9, gt=0, le=1, description="Share of GPU memory the engine may use (weights + activations + KV)."
     )
-    num_gpu_blocks: Int | None = Field(None, ge=1, description="Override the KV block count vLLM would size.")
-    block_size: Int = Field(16, ge=1, description="Tokens per KV block.")
+    num_gpu_blocks: Int | None = Field(default=None, ge=1, description="Override the KV block count vLLM would size.")
+    block_size: Int = Field(default=16, ge=1, description="Tokens per KV block.")
     max_model_len: Int | None = Field(
-        None, ge=1, description="Longest prompt+output a request may have; none: the model's context length."
+        default=None, ge=1, description="Longest prompt+output a request may have; none: the model's context length."
     )
-    swap_space: Float = Field(4.0, ge=0, le=1 << 20, description="CPU swap space per GPU in GiB (vLLM's swap_space).")
+    swap_space: Float = Field(
+        default=4.0, ge=0, le=1 << 20, description="CPU swap space per GPU in GiB (vLLM's swap_space)."
+    )
     cost_model: CostModelConfig = Field(default_factory=AnalyticCost, description="How step times are predicted.")
     leak_kv_on_failure: bool = Field(
-        False,
+        default=False,
         description="The bug the failure-mode scenarios show: the KV blocks of a request that fails mid-flight "
         "are never freed. Off: they are freed at once, as a correct server does.",
     )
@@ -115,13 +125,13 @@ class Deployment(_Model):
 # ---- KV cache -------------------------------------------------------------------------------------------------
 class PagedKV(_Model):
     type: Literal["paged"] = "paged"
-    enable_prefix_caching: bool = Field(False, description="Reuse KV blocks of equal prompt prefixes.")
+    enable_prefix_caching: bool = Field(default=False, description="Reuse KV blocks of equal prompt prefixes.")
 
 
 class ContiguousKV(_Model):
     type: Literal["contiguous"] = "contiguous"
     reserve: Literal["max_model_len", "request"] = Field(
-        "max_model_len",
+        default="max_model_len",
         description="What each request reserves up front: max_model_len tokens (what a server that does not know "
         "the output length must do), or its own prompt+output (an oracle; still wastes the unfilled part).",
     )
@@ -133,28 +143,28 @@ KVCacheConfig = Annotated[PagedKV | ContiguousKV, Field(discriminator="type")]
 # ---- policies -------------------------------------------------------------------------------------------------
 class StaticPolicyConfig(_Model):
     type: Literal["static"] = "static"
-    batch_size: Int = Field(8, ge=1, description="Requests per batch.")
+    batch_size: Int = Field(default=8, ge=1, description="Requests per batch.")
     max_wait: Float = Field(
-        1.0, ge=0, le=1e9, description="Seconds the oldest queued request waits for a full batch."
+        default=1.0, ge=0, le=1e9, description="Seconds the oldest queued request waits for a full batch."
     )
-    preemption_mode: Literal["recompute", "swap"] = Field("recompute", description="If paged KV runs out.")
+    preemption_mode: Literal["recompute", "swap"] = Field(default="recompute", description="If paged KV runs out.")
 
 
 class ContinuousPolicyConfig(_Model):
     type: Literal["continuous"] = "continuous"
-    max_num_seqs: Int = Field(256, ge=1, description="Requests in one step at most.")
+    max_num_seqs: Int = Field(default=256, ge=1, description="Requests in one step at most.")
     max_num_batched_tokens: Int | None = Field(
-        None,
+        default=None,
         ge=1,
         description="Tokens computed in one step at most; none: 8192 with chunked prefill, else "
         "max(8192, max_model_len).",
     )
-    enable_chunked_prefill: bool = Field(False, description="Cut prompts into chunks that fill each step.")
+    enable_chunked_prefill: bool = Field(default=False, description="Cut prompts into chunks that fill each step.")
     prefill_mode: Literal["prefill_first", "mixed"] = Field(
-        "prefill_first", description="Without chunking: prompts-only steps first (vLLM v0), or mixed steps."
+        default="prefill_first", description="Without chunking: prompts-only steps first (vLLM v0), or mixed steps."
     )
     preemption_mode: Literal["recompute", "swap"] = Field(
-        "recompute", description="What happens to the latest-admitted request when blocks run out."
+        default="recompute", description="What happens to the latest-admitted request when blocks run out."
     )
 
 
@@ -162,16 +172,18 @@ PolicyConfig = Annotated[StaticPolicyConfig | ContinuousPolicyConfig, Field(disc
 
 
 class AdmissionConfig(_Model):
-    max_queue_len: Int | None = Field(None, ge=0, description="Reject arrivals beyond this many waiting requests.")
+    max_queue_len: Int | None = Field(
+        default=None, ge=0, description="Reject arrivals beyond this many waiting requests."
+    )
     max_queue_delay: Float | None = Field(
-        None, gt=0, description="Reject a request still waiting (never scheduled) after this many seconds."
+        default=None, gt=0, description="Reject a request still waiting (never scheduled) after this many seconds."
     )
 
 
 class SLOConfig(_Model):
-    ttft: Float | None = Field(None, gt=0, description="Time to first token bound, seconds.")
-    tpot: Float | None = Field(None, gt=0, description="Time per output token bound, seconds.")
-    e2el: Float | None = Field(None, gt=0, description="End-to-end latency bound, seconds.")
+    ttft: Float | None = Field(default=None, gt=0, description="Time to first token bound, seconds.")
+    tpot: Float | None = Field(default=None, gt=0, description="Time per output token bound, seconds.")
+    e2el: Float | None = Field(default=None, gt=0, description="End-to-end latency bound, seconds.")
 
 
 # ---- plan (servesim plan) -------------------------------------------------------------------------------------
@@ -190,31 +202,36 @@ class PlanConfig(_Model):
     max_model_len, block size, cost model efficiencies, max_num_batched_tokens)."""
 
     gpus: list[str | dict[str, Any]] | None = Field(
-        None, min_length=1, description="GPU presets (or GPUSpec fields inline) to consider; none: every preset."
+        default=None,
+        min_length=1,
+        description="GPU presets (or GPUSpec fields inline) to consider; none: every preset.",
     )
     tensor_parallel_sizes: list[Annotated[Int, Field(ge=1)]] = Field(
-        [1, 2, 4, 8], min_length=1, description="Tensor-parallel degrees; those that do not split the model are "
-        "skipped."
+        default=[1, 2, 4, 8], min_length=1,
+        description="Tensor-parallel degrees; those that do not split the model are skipped."
     )
     weight_dtypes: list[PlanWeightDType] = Field(
-        ["bf16", "fp8", "int8", "int4"], min_length=1,
+        default=["bf16", "fp8", "int8", "int4"], min_length=1,
         description="Weight data types (quality differs: the simulator does not model it; list only those you "
         "accept).",
     )
-    kv_dtypes: list[PlanKVDType] = Field(["auto", "fp8"], min_length=1, description="KV cache data types.")
+    kv_dtypes: list[PlanKVDType] = Field(default=["auto", "fp8"], min_length=1, description="KV cache data types.")
     max_num_seqs: list[Annotated[Int, Field(ge=1)]] = Field(
-        [64, 256], min_length=1, description="Values of the policy's max_num_seqs."
+        default=[64, 256], min_length=1, description="Values of the policy's max_num_seqs."
     )
-    enable_chunked_prefill: list[bool] = Field([True, False], min_length=1, description="Chunked prefill on/off.")
-    max_gpus: Int = Field(8, ge=1, description="Most GPUs in one deployment (replicas x tensor_parallel_size).")
+    enable_chunked_prefill: list[bool] = Field(
+        default=[True, False], min_length=1, description="Chunked prefill on/off."
+    )
+    max_gpus: Int = Field(default=8, ge=1, description="Most GPUs in one deployment (replicas x tensor_parallel_size).")
     percentile: Literal[50, 90, 95, 99] = Field(
-        99, description="The SLOs bound this percentile of TTFT, TPOT and E2EL (99: p99 TTFT <= slos.ttft)."
+        default=99, description="The SLOs bound this percentile of TTFT, TPOT and E2EL (99: p99 TTFT <= slos.ttft)."
     )
     api_price: ApiPrice | None = Field(
-        None, description="A hosted API's price, for the break-even volume; none: no break-even."
+        default=None, description="A hosted API's price, for the break-even volume; none: no break-even."
     )
     stop_early: bool = Field(
-        True, description="Stop simulating once the cheapest cost level with a configuration meeting the SLOs is "
+        default=True,
+        description="Stop simulating once the cheapest cost level with a configuration meeting the SLOs is "
         "done (costlier ones cannot be chosen); false: simulate every survivor, for the whole Pareto front.",
     )
 
@@ -236,13 +253,13 @@ class AutoscalerSection(_Model):
     )
     scale_up: Float = Field(gt=0, description="Add a replica when the signal is above this.")
     scale_down: Float = Field(ge=0, description="Drain a replica when the signal is below this.")
-    interval: Float = Field(10.0, gt=0, description="Seconds between two looks at the signal.")
-    cooldown: Float = Field(60.0, ge=0, description="Seconds after an action before the next one.")
+    interval: Float = Field(default=10.0, gt=0, description="Seconds between two looks at the signal.")
+    cooldown: Float = Field(default=60.0, ge=0, description="Seconds after an action before the next one.")
     provisioning_delay: Float = Field(
-        120.0, ge=0, description="Seconds from ordering a GPU to it serving (boot, weights); paid meanwhile."
+        default=120.0, ge=0, description="Seconds from ordering a GPU to it serving (boot, weights); paid meanwhile."
     )
-    min_replicas: Int = Field(1, ge=1, description="Fewest replicas.")
-    max_replicas: Int = Field(8, ge=1, description="Most replicas, provisioning ones included.")
+    min_replicas: Int = Field(default=1, ge=1, description="Fewest replicas.")
+    max_replicas: Int = Field(default=8, ge=1, description="Most replicas, provisioning ones included.")
 
     _cap = field_validator("min_replicas", "max_replicas")(classmethod(lambda cls, n: _replicas_cap(n)))
 
@@ -258,12 +275,14 @@ class AutoscalerSection(_Model):
 
 class ClusterConfig(_Model):
     replicas: Int = Field(
-        1, ge=1, description="Replicas at the start (each a GPU or a tensor-parallel group)."
+        default=1, ge=1, description="Replicas at the start (each a GPU or a tensor-parallel group)."
     )
     router: Literal["round_robin", "least_outstanding", "least_kv", "prefix_affinity"] = Field(
-        "round_robin", description="Which replica gets an arriving request."
+        default="round_robin", description="Which replica gets an arriving request."
     )
-    autoscaler: AutoscalerSection | None = Field(None, description="Add and remove replicas; none: a fixed fleet.")
+    autoscaler: AutoscalerSection | None = Field(
+        default=None, description="Add and remove replicas; none: a fixed fleet."
+    )
 
     _cap = field_validator("replicas")(classmethod(lambda cls, n: _replicas_cap(n)))
 
@@ -278,38 +297,38 @@ class ClusterConfig(_Model):
 
 class Variant(_Model):
     name: str = Field(min_length=1, description="Name in tables and summary.json.")
-    deployment: dict[str, Any] | None = Field(None, description="Keys merged into the default deployment.")
-    kv_cache: KVCacheConfig | None = Field(None, description="Replaces the default KV cache.")
-    policy: PolicyConfig | None = Field(None, description="Replaces the default policy.")
-    admission: AdmissionConfig | None = Field(None, description="Replaces the default admission control.")
-    cluster: ClusterConfig | None = Field(None, description="Replaces the default cluster.")
+    deployment: dict[str, Any] | None = Field(default=None, description="Keys merged into the default deployment.")
+    kv_cache: KVCacheConfig | None = Field(default=None, description="Replaces the default KV cache.")
+    policy: PolicyConfig | None = Field(default=None, description="Replaces the default policy.")
+    admission: AdmissionConfig | None = Field(default=None, description="Replaces the default admission control.")
+    cluster: ClusterConfig | None = Field(default=None, description="Replaces the default cluster.")
 
 
 _SWEEP_HEADS = ("workload", "deployment", "kv_cache", "policy", "admission")
 
 
 class Scenario(_Model):
-    name: str = Field("scenario", description="Scenario name.")
-    description: str = Field("", description="What the scenario shows.")
-    seed: Int = Field(0, ge=0, description="Seed of the run's one random generator.")
+    name: str = Field(default="scenario", description="Scenario name.")
+    description: str = Field(default="", description="What the scenario shows.")
+    seed: Int = Field(default=0, ge=0, description="Seed of the run's one random generator.")
     workload: Workload
     deployment: Deployment = Field(default_factory=Deployment)
     kv_cache: KVCacheConfig = Field(default_factory=PagedKV)
     policy: PolicyConfig = Field(default_factory=ContinuousPolicyConfig)
     admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
-    slos: SLOConfig | None = Field(None, description="Service-level objectives for goodput.")
+    slos: SLOConfig | None = Field(default=None, description="Service-level objectives for goodput.")
     variants: list[Variant] = Field(
         default_factory=list, description="Compared configurations; none: one variant named after the scenario."
     )
     sweep: dict[str, list[Any]] | None = Field(
-        None,
+        default=None,
         description="Grid over parameters: dotted path -> values, e.g. {policy.max_num_seqs: [8, 32]}; paths "
         "start with workload, deployment, kv_cache, policy or admission and apply to every variant.",
     )
-    keep_token_times: bool = Field(False, description="Keep every token's timestamp on the requests (memory!).")
-    plan: PlanConfig | None = Field(None, description="Search space and API price for `servesim plan`.")
+    keep_token_times: bool = Field(default=False, description="Keep every token's timestamp on the requests (memory!).")
+    plan: PlanConfig | None = Field(default=None, description="Search space and API price for `servesim plan`.")
     cluster: ClusterConfig | None = Field(
-        None, description="Several replicas behind a router, optionally autoscaled; none: one replica."
+        default=None, description="Several replicas behind a router, optionally autoscaled; none: one replica."
     )
 
     @field_validator("variants")
@@ -413,7 +432,7 @@ _EXPECTED = {  # pydantic error type -> what the file should hold there
 }
 
 
-def _reason(e: dict[str, Any]) -> str:
+def _reason(e: ErrorDetails) -> str:
     kind = e["type"]
     if kind in _EXPECTED:
         return "expected " + _EXPECTED[kind]
@@ -426,7 +445,7 @@ def _reason(e: dict[str, Any]) -> str:
 def _format_validation(err: ValidationError, source: str, raw: Any = None, prefix: str = "") -> str:
     """One line per offending key: ``source: dotted.path: reason (got value)``. The errors a union reports once
     per member at the same key are merged into one line."""
-    grouped: dict[str, list[dict[str, Any]]] = {}
+    grouped: dict[str, list[ErrorDetails]] = {}
     for e in err.errors():
         loc = _clean_loc(tuple(e["loc"]), raw, keep_last=e["type"] in ("missing", "extra_forbidden"))
         if e["type"] in ("union_tag_invalid", "union_tag_not_found"):  # name the tag key itself
@@ -999,6 +1018,9 @@ def build(cfg: VariantConfig):
         )
     num_cpu_blocks = int(dep.swap_space * 2**30 // budget.kv_bytes_per_block) if budget.kv_bytes_per_block else 0
     admission = Admission(cfg.admission.max_queue_len, cfg.admission.max_queue_delay)
+    policy: ContinuousPolicy | StaticPolicy
+    kv: PagedBlockManager | ContiguousAllocator
+    cost: FittedCostModel | AnalyticCostModel
     try:
         if isinstance(pol, ContinuousPolicyConfig):
             policy = ContinuousPolicy(

@@ -346,7 +346,7 @@ class ModelSpec:
 
         hidden = need("hidden_size")
         heads = need("num_attention_heads")
-        common = dict(
+        common: dict[str, Any] = dict(
             name=name,
             hidden_size=hidden,
             num_layers=need("num_hidden_layers"),

@@ -231,15 +231,17 @@ def _read_parsed(path: str) -> _Parsed:
 
 
 def _length(text: str | int, path: str, line: int, column: str) -> int:
+    parsed: int | None
     if type(text) is int:  # exact type: a JSON true/false or 12.5 is not a length
-        value = text
+        parsed = text
     else:
         try:
-            value = int(text) if isinstance(text, str) else None
+            parsed = int(text) if isinstance(text, str) else None
         except ValueError:
-            value = None
-        if value is None:
-            raise ValueError(f"{path}:{line}: {column} must be an integer, got {text!r}")
+            parsed = None
+    if parsed is None:
+        raise ValueError(f"{path}:{line}: {column} must be an integer, got {text!r}")
+    value = parsed
     if value < 0:
         raise ValueError(f"{path}:{line}: {column} must be >= 0, got {value}")
     if value > MAX_TRACE_LENGTH:

@@ -447,7 +447,7 @@ class Failures(_Model):
     fraction: Float = Field(ge=0, le=1, allow_inf_nan=False, description="Share of the requests that fail.")
     after: ThinkTime = Field(description="Seconds after its arrival at which a failing request fails.")
     reason: Literal["cancelled", "error"] = Field(
-        "cancelled", description="What the failure is, in the records: a client cancellation or a server error."
+        default="cancelled", description="What the failure is, in the records: a client cancellation or a server error."
     )
 
     def describe(self) -> str:
@@ -542,9 +542,9 @@ class Workload(_Model):
         parts = [self.arrival.describe()]
         if self.num_requests is not None:
             parts.append(f"{self.num_requests} requests")
-        trace = isinstance(self.arrival, TraceArrival)
         for label, dist in (("prompt", self.prompt_len), ("output", self.output_len)):
-            parts.append(f"{label} {'from trace' if dist is None and trace else dist.describe()} tokens")
+            text = "from trace" if dist is None else dist.describe()  # validated: None only with a trace
+            parts.append(f"{label} {text} tokens")
         if self.shared_prefix:
             parts.append(f"shared prefix {self.shared_prefix} tokens")
         if self.failures is not None:
@@ -578,8 +578,8 @@ class Workload(_Model):
             if data.hash_ids is not None and self.prompt_len is None:  # ids describe the trace's own prompts
                 hash_ids, hash_block_size = data.hash_ids[:n], data.hash_block_size
         else:
-            n = self.num_requests
-            assert n is not None and self.prompt_len is not None and self.output_len is not None  # validated
+            assert self.num_requests is not None and self.prompt_len is not None and self.output_len is not None
+            n = self.num_requests  # validated: set unless the arrival is a trace
             if isinstance(arrival, ClosedLoopArrival):
                 times = np.zeros(n, dtype=np.float64)  # the simulator sets real send times
             else:
@@ -620,5 +620,6 @@ class Workload(_Model):
         )
         failures = None
         if self.failures is not None:
+            assert failure_rng is not None  # spawned above whenever failures are set
             failures = self.failures.draw(failure_rng, np.arange(n, dtype=np.int64))
         return GeneratedWorkload(requests, closed, failures)
