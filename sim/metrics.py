@@ -200,7 +200,8 @@ def summarize(result: RunResult, slos: SLOs | None = None) -> dict:
     slots = used * result.block_size
     stored = np.minimum(np.asarray(s["kv_tokens"], dtype=np.float64), slots)
     alloc = slots > 0
-    kv_tok_util = _time_weighted_mean(stored[alloc] / slots[alloc], dur[alloc])
+    # each value is at most 1; the weighted mean can round to 1 + 2e-16
+    kv_tok_util = min(_time_weighted_mean(stored[alloc] / slots[alloc], dur[alloc]), 1.0)
 
     replicas = num_replicas(result)
     # replica-seconds the fleet was up: an autoscaled cluster's replicas come and go

@@ -50,9 +50,11 @@ class ScenarioError(ValueError):
 # Size limits: a run past them would exhaust memory or never end; each is refused up front, saying what it needs.
 MAX_SWEEP_RUNS = 100_000  # (sweep point, variant) runs in one scenario
 MAX_REPLICAS = 1024  # replicas of one cluster (each its own policy, KV manager and cost model)
-MAX_SIM_BLOCKS = 1 << 22  # KV blocks one replica simulates (about 60 B each); 4 Mi blocks is ~250 MB
-MAX_CLUSTER_BLOCKS = 1 << 24  # KV blocks of all replicas of a cluster together
-_BLOCK_BYTES = 60  # simulator memory per paged KV block (ref count, hash, free-list and membership entries)
+# KV blocks one replica simulates: the paged manager keeps 64 B per block (measured: ref count, hash, free-list and
+# membership entries), so 32 Mi blocks are ~2 GB; vLLM's sizing of a test model on a large GPU stays below
+MAX_SIM_BLOCKS = 1 << 25
+MAX_CLUSTER_BLOCKS = 1 << 26  # KV blocks of all replicas of a cluster together (~4 GB)
+_BLOCK_BYTES = 64
 
 
 class _Model(InputModel):
