@@ -349,8 +349,8 @@ class Scenario(_Model):
             parts = key.split(".")
             if parts[0] not in _SWEEP_HEADS:
                 raise ValueError(f"key {key!r} must start with {', '.join(_SWEEP_HEADS)}")
-            if any(not p for p in parts) or len(parts) < 2:
-                raise ValueError(f"key {key!r}: a dotted path with no empty part is needed (e.g. policy.max_num_seqs)")
+            if any(not p for p in parts):
+                raise ValueError(f"key {key!r}: empty part in a dotted key (e.g. policy.max_num_seqs)")
             problem = _unknown_key(Scenario, parts, None)
             if problem is not None:
                 raise ValueError(problem)

@@ -299,3 +299,17 @@ def test_inf_overhead_once_leaked_numpy_warnings(tmp_path: Path) -> None:
     result, out = invoke(tmp_path, BASE)
     assert_ran(result, out)
     assert "RuntimeWarning" not in result.stderr
+
+
+def test_sweep_without_variants_changes_what_runs() -> None:
+    """The other half of the sweep-typo case: a real key, no variants, takes effect at every point."""
+    raw = w("sweep", {"policy.max_num_seqs": [1, 8]})
+    run = run_scenario(prepare_scenario(parse_scenario(raw), raw))
+    assert [r.config["policy"]["max_num_seqs"] for r in run.results] == [1, 8]
+    assert [r.config["policy"]["type"] for r in run.results] == ["continuous", "continuous"]
+
+
+def test_sweep_over_a_whole_section() -> None:
+    raw = w("sweep", {"kv_cache": [{"type": "paged"}, {"type": "contiguous"}]})
+    run = run_scenario(prepare_scenario(parse_scenario(raw), raw))
+    assert [r.config["kv_cache"]["type"] for r in run.results] == ["paged", "contiguous"]
