@@ -11,6 +11,11 @@ Each latency holds mean, p50, p90, p95 and p99 in seconds (numpy's default linea
 figures (KV usage, batch size, ...) are weighted by step duration, i.e. averaged over the time the GPU computed.
 An undefined value (no completed request, no steps, no SLO given) is NaN here and ``null`` in summary.json.
 
+KV token utilisation is a share in [0, 1]: per step, the tokens stored over the token slots of the blocks in use
+(kv_blocks_used x block_size), time-weighted. A token in a block shared by prefix caching is stored once but read
+by several requests; the per-request count is capped at the slots in use, which reads shared blocks as full
+(they are: only whole prompt blocks are shared). Without prefix caching the figure is exact.
+
 Statistics only: formatting lives in ``sim.output`` and plotting in ``sim.report``.
 """
 
