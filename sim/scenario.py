@@ -208,6 +208,17 @@ class PlanConfig(_Model):
         min_length=1,
         description="GPU presets (or GPUSpec fields inline) to consider; none: every preset.",
     )
+
+    @field_validator("gpus")
+    @classmethod
+    def _gpus_resolve(cls, gpus: list[str | dict[str, Any]] | None) -> list[str | dict[str, Any]] | None:
+        # resolved here, so that `servesim run` refuses a bad plan section too instead of ignoring it
+        for i, g in enumerate(gpus or []):
+            try:
+                GPUSpec.from_dict(g) if isinstance(g, dict) else GPUSpec.from_name(g)
+            except (ValueError, TypeError) as e:
+                raise ValueError(str(e) if len(gpus or []) == 1 else f"item {i}: {e}") from None
+        return gpus
     tensor_parallel_sizes: list[Annotated[Int, Field(ge=1)]] = Field(
         default=[1, 2, 4, 8], min_length=1,
         description="Tensor-parallel degrees; those that do not split the model are skipped."

@@ -313,3 +313,8 @@ def test_sweep_over_a_whole_section() -> None:
     raw = w("sweep", {"kv_cache": [{"type": "paged"}, {"type": "contiguous"}]})
     run = run_scenario(prepare_scenario(parse_scenario(raw), raw))
     assert [r.config["kv_cache"]["type"] for r in run.results] == ["paged", "contiguous"]
+
+
+def test_a_bad_gpu_in_the_plan_section_is_refused_by_run_too(tmp_path: Path) -> None:
+    result, out = invoke(tmp_path, w("plan", {"gpus": ["l4", {"q": 1}]}))
+    assert_refused(result, out, "plan.gpus", "item 1")
