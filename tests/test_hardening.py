@@ -318,3 +318,27 @@ def test_sweep_over_a_whole_section() -> None:
 def test_a_bad_gpu_in_the_plan_section_is_refused_by_run_too(tmp_path: Path) -> None:
     result, out = invoke(tmp_path, w("plan", {"gpus": ["l4", {"q": 1}]}))
     assert_refused(result, out, "plan.gpus", "item 1")
+
+
+def test_engine_run_folder_states_the_kv_still_held(tmp_path: Path) -> None:
+    """summary.json's kv_leak: 0 blocks on a correct server; the leaky variant keeps its failed requests' KV."""
+    pytest.importorskip("torch")
+    raw = {"name": "leak", "seed": 3,
+           "workload": {"arrival": {"type": "poisson", "rate": 40.0}, "num_requests": 10,
+                        "prompt_len": {"type": "uniform", "low": 8, "high": 24},
+                        "output_len": {"type": "fixed", "value": 30},
+                        "failures": {"fraction": 0.5, "after": {"type": "fixed", "value": 0.05}}},
+           "deployment": {"model": "tiny", "max_model_len": 64, "block_size": 4},
+           "policy": {"type": "continuous", "max_num_seqs": 8, "max_num_batched_tokens": 64},
+           "variants": [{"name": "correct"}, {"name": "leaky", "deployment": {"leak_kv_on_failure": True}}]}
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    out = tmp_path / "out"
+    res = CliRunner().invoke(app, ["engine", "run", str(path), "--device", "cpu", "--out", str(out),
+                                   "--num-gpu-blocks", "200", "--weights", "random"])
+    assert res.exit_code == 0, res.output
+    variants = json.loads((out / "summary.json").read_text())["variants"]
+    assert variants["correct"]["kv_leak"] == {"blocks": 0, "bytes": 0, "requests": 0}
+    leak = variants["leaky"]["kv_leak"]
+    failed = variants["leaky"]["num_failed"]
+    assert failed > 0 and leak["requests"] == failed and leak["blocks"] >= failed and leak["bytes"] > 0
