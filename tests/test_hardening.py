@@ -114,6 +114,9 @@ REFUSED = {
     "replicas outside the autoscaler's range": (
         w("cluster", {"replicas": 9, "autoscaler": {"signal": "queue", "scale_up": 2, "scale_down": 1}}),
         ["cluster", "replicas (9)", "[1, 8]"]),
+    "autoscaler interval 1e-300 (hung)": (
+        w("cluster", {"autoscaler": {"signal": "queue", "scale_up": 2, "scale_down": 1, "interval": 1e-300}}),
+        ["cluster.autoscaler.interval", "greater than or equal to 0.1"]),
     "scale_down >= scale_up": (w("cluster", {"autoscaler": {"signal": "queue", "scale_up": 2, "scale_down": 2}}),
                                ["cluster.autoscaler", "scale_down"]),
     # 6. overflows
@@ -305,14 +308,15 @@ def test_sweep_without_variants_changes_what_runs() -> None:
     """The other half of the sweep-typo case: a real key, no variants, takes effect at every point."""
     raw = w("sweep", {"policy.max_num_seqs": [1, 8]})
     run = run_scenario(prepare_scenario(parse_scenario(raw), raw))
-    assert [r.config["policy"]["max_num_seqs"] for r in run.results] == [1, 8]
-    assert [r.config["policy"]["type"] for r in run.results] == ["continuous", "continuous"]
+    configs = [r.config or {} for r in run.results]
+    assert [c["policy"]["max_num_seqs"] for c in configs] == [1, 8]
+    assert [c["policy"]["type"] for c in configs] == ["continuous", "continuous"]
 
 
 def test_sweep_over_a_whole_section() -> None:
     raw = w("sweep", {"kv_cache": [{"type": "paged"}, {"type": "contiguous"}]})
     run = run_scenario(prepare_scenario(parse_scenario(raw), raw))
-    assert [r.config["kv_cache"]["type"] for r in run.results] == ["paged", "contiguous"]
+    assert [(r.config or {})["kv_cache"]["type"] for r in run.results] == ["paged", "contiguous"]
 
 
 def test_a_bad_gpu_in_the_plan_section_is_refused_by_run_too(tmp_path: Path) -> None:
