@@ -41,6 +41,7 @@ from sim.policies import Admission, ContinuousPolicy, Limits, StaticPolicy
 from sim.specs import GPUSpec, KVBudget, ModelDoesNotFitError, ModelSpec, kv_budget
 from sim.traces import load_trace, resolve_trace
 from sim.workload import Float, InputModel, Int, TraceArrival, Workload
+from sim.yaml_limits import MAX_SCENARIO_BYTES, safe_load_limited, unshared
 
 
 class ScenarioError(ValueError):
@@ -521,83 +522,6 @@ def set_path(d: dict, dotted: str, value: Any) -> None:
         node = nxt
 
 
-MAX_SCENARIO_BYTES = 1 << 20  # a scenario file is a few KB; 1 MiB leaves room and refuses a runaway file
-MAX_YAML_DEPTH = 50  # nesting of mappings and lists (a scenario needs 6)
-MAX_YAML_ALIASES = 100  # *alias uses in one document
-MAX_YAML_NODES = 100_000  # values once every alias is expanded ("billion laughs" stops here)
-
-
-class _LimitedLoader(yaml.SafeLoader):
-    """yaml.SafeLoader that refuses documents nested too deeply or using too many aliases, before building them:
-    the composer recurses once per level (500 levels end in a RecursionError), and aliases let a few hundred
-    bytes stand for billions of values."""
-
-    def __init__(self, stream: str) -> None:
-        super().__init__(stream)
-        self._depth = 0
-        self._aliases = 0
-
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        if self.check_event(yaml.AliasEvent):
-            self._aliases += 1
-            if self._aliases > MAX_YAML_ALIASES:
-                mark = self.peek_event().start_mark
-                raise yaml.composer.ComposerError(
-                    None, None, f"more than {MAX_YAML_ALIASES} aliases (*name); write the values out", mark)
-        self._depth += 1
-        try:
-            if self._depth > MAX_YAML_DEPTH:
-                raise yaml.composer.ComposerError(
-                    None, None, f"nested more than {MAX_YAML_DEPTH} levels deep", self.peek_event().start_mark)
-            return super().compose_node(parent, index)
-        finally:
-            self._depth -= 1
-
-
-def _expanded_size(value: Any, limit: int) -> int:
-    """Values in ``value`` counting every alias expansion (shared objects counted each time they appear),
-    computed once per distinct object; stops counting past ``limit``."""
-    memo: dict[int, int] = {}
-
-    def size(v: Any) -> int:
-        if not isinstance(v, (dict, list)):
-            return 1
-        key = id(v)
-        if key not in memo:
-            memo[key] = limit + 1  # a cycle (an alias inside its own anchor) counts as too large
-            items = list(v.keys()) + list(v.values()) if isinstance(v, dict) else v
-            total = 1
-            for item in items:
-                total += size(item)
-                if total > limit:
-                    break
-            memo[key] = total
-        return memo[key]
-
-    return size(value)
-
-
-def _unshared(value: Any) -> Any:
-    """A copy in which no two keys share a dict or list (deepcopy would keep the sharing aliases create)."""
-    if isinstance(value, dict):
-        return {k: _unshared(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_unshared(v) for v in value]
-    return value
-
-
-def safe_load_limited(text: str) -> Any:
-    """``yaml.safe_load`` with limits on nesting, aliases and expanded size. Raises yaml.YAMLError."""
-    loader = _LimitedLoader(text)
-    try:
-        value = loader.get_single_data()
-    finally:
-        loader.dispose()
-    if _expanded_size(value, MAX_YAML_NODES) > MAX_YAML_NODES:
-        raise yaml.YAMLError(f"more than {MAX_YAML_NODES} values once aliases are expanded")
-    return value
-
-
 def parse_value(text: str) -> Any:
     """A ``--set key=value`` value, read as YAML (numbers, booleans, lists, null). Raises ScenarioError."""
     try:
@@ -648,7 +572,7 @@ def load_scenario(
         got = "an empty file" if raw is None else f"a {type(raw).__name__}"
         raise ScenarioError(f"{p}: a scenario must be a mapping of keys to values, got {got}")
     # an alias shares one object between keys: copy, so that a --set or sweep value lands at one key only
-    raw = _unshared(raw)
+    raw = unshared(raw)
     for key, value in (overrides or {}).items():
         try:
             apply_override(raw, key, value)

@@ -330,19 +330,22 @@ def test_engine_run_folder_states_the_kv_still_held(tmp_path: Path) -> None:
     raw = {"name": "leak", "seed": 3,
            "workload": {"arrival": {"type": "poisson", "rate": 40.0}, "num_requests": 10,
                         "prompt_len": {"type": "uniform", "low": 8, "high": 24},
-                        "output_len": {"type": "fixed", "value": 30},
-                        "failures": {"fraction": 0.5, "after": {"type": "fixed", "value": 0.05}}},
-           "deployment": {"model": "tiny", "max_model_len": 64, "block_size": 4},
-           "policy": {"type": "continuous", "max_num_seqs": 8, "max_num_batched_tokens": 64},
+                        "output_len": {"type": "fixed", "value": 400},  # long: failures land mid-decode, whatever the CPU
+                        "failures": {"fraction": 0.5, "after": {"type": "fixed", "value": 0.02}}},
+           "deployment": {"model": "tiny", "max_model_len": 512, "block_size": 16},
+           "policy": {"type": "continuous", "max_num_seqs": 16, "max_num_batched_tokens": 512},
            "variants": [{"name": "correct"}, {"name": "leaky", "deployment": {"leak_kv_on_failure": True}}]}
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump(raw))
     out = tmp_path / "out"
     res = CliRunner().invoke(app, ["engine", "run", str(path), "--device", "cpu", "--out", str(out),
-                                   "--num-gpu-blocks", "200", "--weights", "random"])
+                                   "--num-gpu-blocks", "400", "--weights", "random"])
     assert res.exit_code == 0, res.output
     variants = json.loads((out / "summary.json").read_text())["variants"]
     assert variants["correct"]["kv_leak"] == {"blocks": 0, "bytes": 0, "requests": 0}
     leak = variants["leaky"]["kv_leak"]
     failed = variants["leaky"]["num_failed"]
-    assert failed > 0 and leak["requests"] == failed and leak["blocks"] >= failed and leak["bytes"] > 0
+    # a request that fails before its first step holds nothing; the engine's timing (wall clock) decides how
+    # many got KV first, so the count is bounded, not exact
+    assert failed > 0 and 1 <= leak["requests"] <= failed
+    assert leak["blocks"] >= leak["requests"] and leak["bytes"] > 0
