@@ -330,7 +330,7 @@ def test_engine_run_folder_states_the_kv_still_held(tmp_path: Path) -> None:
     raw = {"name": "leak", "seed": 3,
            "workload": {"arrival": {"type": "poisson", "rate": 40.0}, "num_requests": 10,
                         "prompt_len": {"type": "uniform", "low": 8, "high": 24},
-                        "output_len": {"type": "fixed", "value": 400},  # long: failures land mid-decode, whatever the CPU
+                        "output_len": {"type": "fixed", "value": 400},  # failures land mid-decode
                         "failures": {"fraction": 0.5, "after": {"type": "fixed", "value": 0.02}}},
            "deployment": {"model": "tiny", "max_model_len": 512, "block_size": 16},
            "policy": {"type": "continuous", "max_num_seqs": 16, "max_num_batched_tokens": 512},
