@@ -401,16 +401,29 @@ def write_memory_csv(out_dir: str | os.PathLike, samples: list[dict[str, Any]]) 
     return path
 
 
+def kv_held_at_end(core: ServingCore, result: RunResult) -> dict[str, Any]:
+    """The KV a finished run still holds: blocks no request gives back (0 on a correct server; a server that
+    leaks the KV of failed requests keeps theirs), their bytes, and how many requests' tables hold them."""
+    blocks = int(core.kv.num_used_blocks)
+    holders = len(getattr(core.kv, "tables", None) or getattr(core.kv, "ranges", None) or {})
+    return {"blocks": blocks, "bytes": int(blocks * result.kv_bytes_per_block), "requests": holders}
+
+
 def write_engine_run(out_dir: str | os.PathLike, results: list[RunResult], memory_samples: list[dict[str, Any]],
                      summaries: dict | None = None, *, scenario: dict | None = None,
-                     title: str | None = None, texts: list[dict[str, Any]] | None = None) -> Path:
+                     title: str | None = None, texts: list[dict[str, Any]] | None = None,
+                     kv_leak: dict[str, dict[str, Any]] | None = None) -> Path:
     """The simulator's run folder (summary.json, requests.csv, steps.csv, report.html) plus memory.csv, and with a
     real model ``texts.jsonl``: one JSON object per request (variant, id, outcome, token counts, prompt and
-    output text; output lengths are the workload's, so the text runs on past the model's end-of-turn token)."""
+    output text; output lengths are the workload's, so the text runs on past the model's end-of-turn token).
+    ``kv_leak`` (variant name -> :func:`kv_held_at_end`) goes into each variant's summary as ``kv_leak``, so that
+    a leak is visible from outside the run."""
     import json
 
     from sim.output import write_run
 
+    if kv_leak and summaries is not None:
+        summaries = {name: {**s, "kv_leak": kv_leak[name]} if name in kv_leak else s for name, s in summaries.items()}
     out = write_run(out_dir, results, summaries, scenario=scenario, title=title)
     write_memory_csv(out, memory_samples)
     if texts:

@@ -3,12 +3,18 @@
 Bad input ends with one message naming the field and the reason, exit code 2, and no traceback.
 """
 
+# typer declares every option as a call in a default (its documented idiom), hence the one rule off here:
+# ruff: noqa: B008
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import typer
 
 from sim.scenario import ScenarioError, json_schema, load_scenario, parse_value
@@ -23,6 +29,16 @@ app = typer.Typer(
 def _fail(message: str) -> None:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(2)
+
+
+@contextlib.contextmanager
+def _quiet_numpy() -> Iterator[None]:
+    """No numpy RuntimeWarnings on the terminal: a metric with no data is NaN on purpose (n/a in the table, null
+    in summary.json), and the warning numpy prints while computing it would only alarm a user."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        with np.errstate(all="ignore"):
+            yield
 
 
 def _overrides(sets: list[str], num_requests: int | None) -> dict:
@@ -67,11 +83,12 @@ def run(
     if out_dir.exists() and not out_dir.is_dir():
         _fail(f"--out {out_dir}: exists and is not a folder")
     typer.echo(f"{sc.name}: {sc.workload.describe()}", err=True)
-    result = run_scenario(prepared, progress=not quiet and sys.stderr.isatty())
-    try:
-        write_scenario_run(result, out_dir)
-    except OSError as e:
-        _fail(f"--out {out_dir}: cannot write the run folder: {e.strerror or e}")
+    with _quiet_numpy():
+        result = run_scenario(prepared, progress=not quiet and sys.stderr.isatty())
+        try:
+            write_scenario_run(result, out_dir)
+        except OSError as e:
+            _fail(f"--out {out_dir}: cannot write the run folder: {e.strerror or e}")
     typer.echo(format_table(result.summaries))
     for name, s in result.summaries.items():
         typer.echo(f"{name}: {bottleneck(s)}")
@@ -122,8 +139,9 @@ def sweep(
             bar.refresh()
 
     try:
-        res = run_sweep(sc, raw, out_dir, source=str(scenario), executor=executor, workers=workers,
-                        address=address, fresh=fresh, progress=progress)
+        with _quiet_numpy():
+            res = run_sweep(sc, raw, out_dir, source=str(scenario), executor=executor, workers=workers,
+                            address=address, fresh=fresh, progress=progress)
     except ScenarioError as e:
         _fail(str(e))
         return
@@ -192,7 +210,7 @@ def engine_run(
     try:
         import torch
 
-        from realengine.engine import engine_config, run_engine, write_engine_run
+        from realengine.engine import engine_config, kv_held_at_end, run_engine, write_engine_run
         from realengine.model import torch_dtype
     except ImportError as e:
         _fail(f"the engine needs torch: {e}")
@@ -209,7 +227,8 @@ def engine_run(
             engine_config(cfg, model_spec=model, num_gpu_blocks=num_gpu_blocks, device=device)
     except (ScenarioError, ValueError) as e:
         _fail(str(e))
-    real, texts = _real_weights(weights, {str(model or c.deployment.model) for c in cfgs}, tdtype, device), []
+    real = _real_weights(weights, {str(model or c.deployment.model) for c in cfgs}, tdtype, device)
+    texts: list[dict] = []
     if real is not None:
         tdtype = real.model.dtype
         typer.echo(f"real weights: {real.describe()}", err=True)
@@ -217,16 +236,20 @@ def engine_run(
     if out_dir.exists() and not out_dir.is_dir():
         _fail(f"--out {out_dir}: exists and is not a folder")
     typer.echo(f"{sc.name}: {sc.workload.describe()} on the engine ({device})", err=True)
-    results, summaries, memory = [], {}, []
+    results: list = []
+    summaries: dict = {}
+    memory: list[dict] = []
+    held: dict[str, dict] = {}
     for cfg in cfgs:
-        result, _, _ = run_engine(cfg, wl, device=device, dtype=tdtype, model_spec=model,
-                                  num_gpu_blocks=num_gpu_blocks, time_scale=time_scale, memory_samples=memory,
-                                  real_model=real, texts=texts, weight_quant=quant)
+        result, _, core = run_engine(cfg, wl, device=device, dtype=tdtype, model_spec=model,
+                                     num_gpu_blocks=num_gpu_blocks, time_scale=time_scale, memory_samples=memory,
+                                     real_model=real, texts=texts, weight_quant=quant)
         results.append(result)
         summaries[result.name] = summarize(result, slos_of(sc))
+        held[result.name] = kv_held_at_end(core, result)
     try:
         write_engine_run(out_dir, results, memory, summaries, scenario=sc.model_dump(mode="json"),
-                         title=f"servesim engine ({device}): {sc.name}", texts=texts)
+                         title=f"servesim engine ({device}): {sc.name}", texts=texts, kv_leak=held)
     except OSError as e:
         _fail(f"--out {out_dir}: cannot write the run folder: {e.strerror or e}")
     typer.echo(format_table(summaries))

@@ -27,6 +27,7 @@ import numpy as np
 
 from sim import fast_path
 from sim.block_manager import BlockError, KVManager, cdiv
+from sim.contiguous_allocator import ContiguousAllocator
 from sim.costmodel import CostModel, StepShape
 from sim.decode_group import DecodeGroup
 from sim.fast_path import STEADY_PLAN
@@ -488,7 +489,9 @@ class ServingCore:
                 else:
                     computed, held = max(r.num_computed_tokens, kv.num_cached_tokens(r)), 0
                 need = held + kv.blocks_needed(r, max(1, r.prompt_len + r.output_len - 1 - computed))
-                free = kv.num_free_blocks
+                # contiguous KV places a reservation in one gap: free blocks scattered between leaked ranges
+                # do not add up to room for it
+                free = kv.largest_hole if isinstance(kv, ContiguousAllocator) else kv.num_free_blocks
                 if need <= free:
                     break
                 queue.remove(r)
@@ -496,8 +499,9 @@ class ServingCore:
                     kv.drop_swapped(r)
                 self.stats.num_rejected += 1
                 self._finish(r, now, Outcome.REJECTED,
-                             f"needs {need} more KV blocks to finish, {free} free and nothing running to free "
-                             f"more ({kv.num_used_blocks} held by no live request: leaked)")
+                             f"needs {need} more KV blocks to finish, {free} free"
+                             f"{' in one gap' if isinstance(kv, ContiguousAllocator) else ''} and nothing running "
+                             f"to free more ({kv.num_used_blocks} held by no live request: leaked)")
 
     def _admit(self, r: Request) -> None:
         r.status = Status.RUNNING

@@ -7,7 +7,6 @@ once, and the same arithmetic then gives bit-identical times to asking one by on
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ from sim.specs import (
     check_tensor_parallel,
     is_model_preset,
     kv_dtype_bytes,
+    read_json_file,
     resolve_gpu,
     resolve_kv_dtype,
     resolve_model,
@@ -424,8 +424,8 @@ class CalibrationProfile(BaseModel):
     def _wake_curve_ok(cls, v: list[tuple[float, float]]) -> list[tuple[float, float]]:
         if v:
             idle = [p[0] for p in v]
-            repeats = any(b <= a for a, b in zip(idle, idle[1:], strict=False))  # idle must increase
-            if tuple(v[0]) != (0, 0) or repeats or any(p[1] < 0 for p in v):
+            increasing = all(a < b for a, b in zip(idle, idle[1:], strict=False))
+            if tuple(v[0]) != (0, 0) or not increasing or any(p[1] < 0 for p in v):
                 raise ValueError("wake_curve must start at [0, 0] with idle increasing and extra times >= 0")
         return v
 
@@ -467,6 +467,20 @@ class FittedCostModel(CostModel):
             v = getattr(self, name)
             if not (v >= 0 and math.isfinite(v)):
                 raise ValueError(f"FittedCostModel: {name} must be finite and >= 0, got {v}")
+        for name in COEFFICIENT_NAMES:  # seconds per unit: past an hour a sum of steps could overflow to inf
+            if getattr(self, name) > 3600:
+                raise ValueError(f"FittedCostModel: coefficients.{name} must be at most 3600 s, "
+                                 f"got {getattr(self, name)}")
+        idle, extra = self.wake_idle, self.wake_extra
+        if len(idle) != len(extra):
+            raise ValueError("FittedCostModel: wake_curve needs one extra time per idle time")
+        for i, (a, b) in enumerate(zip(idle, extra, strict=True)):
+            if not (math.isfinite(a) and math.isfinite(b) and a >= 0 and 0 <= b <= 3600):
+                raise ValueError(f"FittedCostModel: wake_curve.{i} must be [idle seconds >= 0, extra seconds in "
+                                 f"[0, 3600]], both finite, got [{a}, {b}]")
+            if i and a < idle[i - 1]:
+                raise ValueError(f"FittedCostModel: wake_curve.{i}: idle times must increase, got {a} after "
+                                 f"{idle[i - 1]}")
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> FittedCostModel:
@@ -491,7 +505,7 @@ class FittedCostModel(CostModel):
                 flops = ProfileFlops(token=2.0 * s.body_matmul_params, seq=2.0 * s.lm_head_params,
                                      attn_pair=float(spec.attn_flops_per_pair))
             else:
-                flops = ProfileFlops()
+                flops = ProfileFlops(token=0.0, seq=0.0, attn_pair=0.0)  # an unknown model: no FLOPs counted
         return cls(**p.coefficients.model_dump(), peak_flops=p.peak_flops, flops_per_token=flops.token,
                    flops_per_seq=flops.seq, flops_per_attn_pair=flops.attn_pair, model=label, device=p.device,
                    provenance=dict(p.provenance), wake_idle=tuple(float(a) for a, _ in p.wake_curve),
@@ -499,9 +513,11 @@ class FittedCostModel(CostModel):
 
     @classmethod
     def from_profile(cls, path: str | PathLike[str]) -> FittedCostModel:
-        """Load a calibration profile JSON file."""
-        with open(path) as f:
-            return cls.from_dict(json.load(f))
+        """Load a calibration profile JSON file (at most 64 MiB are read: /dev/zero is not a profile)."""
+        data = read_json_file(path, 64 << 20)
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: a calibration profile is a JSON object, got a {type(data).__name__}")
+        return cls.from_dict(data)
 
     def to_dict(self) -> dict[str, Any]:
         """This model as a profile dict (``from_dict`` reads it back)."""

@@ -11,6 +11,11 @@ Each latency holds mean, p50, p90, p95 and p99 in seconds (numpy's default linea
 figures (KV usage, batch size, ...) are weighted by step duration, i.e. averaged over the time the GPU computed.
 An undefined value (no completed request, no steps, no SLO given) is NaN here and ``null`` in summary.json.
 
+KV token utilisation is a share in [0, 1]: per step, the tokens stored over the token slots of the blocks in use
+(kv_blocks_used x block_size), time-weighted. A token in a block shared by prefix caching is stored once but read
+by several requests; the per-request count is capped at the slots in use, which reads shared blocks as full
+(they are: only whole prompt blocks are shared). Without prefix caching the figure is exact.
+
 Statistics only: formatting lives in ``sim.output`` and plotting in ``sim.report``.
 """
 
@@ -52,7 +57,7 @@ SUMMARY_KEYS: tuple[str, ...] = (
     "e2el",
     "queue",
     "kv_usage",  # {mean, max} of kv_blocks_used / kv_capacity_blocks
-    "kv_token_utilization",  # tokens stored / token slots of allocated blocks (kv_blocks_used)
+    "kv_token_utilization",  # share of the token slots of allocated blocks holding a token (shared ones once)
     "busy_fraction",  # time the GPU computed / duration
     "mfu",  # model FLOPs utilisation over the whole run
     "mean_batch_size",  # requests per step, weighted by step duration
@@ -122,7 +127,7 @@ def latency_stats(values: np.ndarray, counts: np.ndarray | None = None) -> dict[
             return {k: NAN for k in LATENCY_KEYS}
         out = {"mean": float(np.mean(values))}
         pcts = np.percentile(values, PERCENTILES)
-        out.update({f"p{q}": float(p) for q, p in zip(PERCENTILES, pcts)})
+        out.update({f"p{q}": float(p) for q, p in zip(PERCENTILES, pcts, strict=True)})
         return out
     counts = np.asarray(counts, dtype=np.int64)
     total = int(counts[counts > 0].sum()) if counts.size else 0
@@ -193,9 +198,15 @@ def summarize(result: RunResult, slos: SLOs | None = None) -> dict:
         "mean": _time_weighted_mean(usage[has_cap], dur[has_cap]),
         "max": float(usage[has_cap].max()) if has_cap.any() else NAN,
     }
-    slots = used * result.block_size  # kv_blocks_reserved is the empty part of kv_blocks_used
+    # A share of the token slots of the blocks in use that hold a token. kv_tokens counts a token once per
+    # request that reads it, so a block shared by prefix caching counts several times (174% was seen); shared
+    # blocks are full prompt blocks, so the stored tokens are capped at the slots in use: the share stays in
+    # [0, 1] and is exact without prefix caching.
+    slots = used * result.block_size
+    stored = np.minimum(np.asarray(s["kv_tokens"], dtype=np.float64), slots)
     alloc = slots > 0
-    kv_tok_util = _time_weighted_mean(np.asarray(s["kv_tokens"], dtype=np.float64)[alloc] / slots[alloc], dur[alloc])
+    # each value is at most 1; the weighted mean can round to 1 + 2e-16
+    kv_tok_util = min(_time_weighted_mean(stored[alloc] / slots[alloc], dur[alloc]), 1.0)
 
     replicas = num_replicas(result)
     # replica-seconds the fleet was up: an autoscaled cluster's replicas come and go
@@ -240,9 +251,10 @@ def summarize(result: RunResult, slos: SLOs | None = None) -> dict:
     assert tuple(out) == SUMMARY_KEYS
     if result.cluster:  # several replicas: what the fleet cost
         c = result.cluster
-        out["cluster"] = {k: c[k] for k in ("router", "replicas_start", "replicas_max", "replicas_mean",
-                                            "gpu_hours", "cost_usd", "price_per_replica_hour")}
-        out["cluster"]["cost_per_million_output_tokens"] = _ratio(c["cost_usd"] * 1e6, total_out)
+        fleet = {k: c[k] for k in ("router", "replicas_start", "replicas_max", "replicas_mean", "gpu_hours",
+                                   "cost_usd", "price_per_replica_hour")}
+        fleet["cost_per_million_output_tokens"] = _ratio(c["cost_usd"] * 1e6, total_out)
+        out["cluster"] = fleet
     return out
 
 

@@ -19,16 +19,19 @@ Everything here is pydantic (``extra="forbid"``); the simulator's hot path sees 
 from __future__ import annotations
 
 import copy
+import difflib
 import itertools
+import math
 import re
-import typing
+import reprlib
 from abc import abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import ErrorDetails
 
 from sim.block_manager import KVManager, PagedBlockManager
@@ -37,16 +40,27 @@ from sim.costmodel import AnalyticCostModel, CostModel, FittedCostModel
 from sim.metrics import SLOs
 from sim.policies import Admission, ContinuousPolicy, Limits, Policy, StaticPolicy
 from sim.specs import GPUSpec, KVBudget, ModelDoesNotFitError, ModelSpec, kv_budget, resolve_gpu, resolve_model
-from sim.traces import resolve_trace
-from sim.workload import TraceArrival, Workload
+from sim.traces import load_trace, resolve_trace
+from sim.workload import Float, InputModel, Int, TraceArrival, Workload
+from sim.yaml_limits import MAX_SCENARIO_BYTES, safe_load_limited, unshared
 
 
 class ScenarioError(ValueError):
     """A scenario that cannot run: the message names the field and the reason."""
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+# Size limits: a run past them would exhaust memory or never end; each is refused up front, saying what it needs.
+MAX_SWEEP_RUNS = 100_000  # (sweep point, variant) runs in one scenario
+MAX_REPLICAS = 1024  # replicas of one cluster (each its own policy, KV manager and cost model)
+# KV blocks one replica simulates: the paged manager keeps 64 B per block (measured: ref count, hash, free-list and
+# membership entries), so 32 Mi blocks are ~2 GB; vLLM's sizing of a test model on a large GPU stays below
+MAX_SIM_BLOCKS = 1 << 25
+MAX_CLUSTER_BLOCKS = 1 << 26  # KV blocks of all replicas of a cluster together (~4 GB)
+_BLOCK_BYTES = 64
+
+
+class _Model(InputModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 # ---- deployment -----------------------------------------------------------------------------------------------
@@ -61,10 +75,16 @@ class CostModelConfigBase(_Model):
 
 class AnalyticCost(CostModelConfigBase):
     type: Literal["analytic"] = "analytic"
-    compute_efficiency: float | None = Field(None, gt=0, le=1, description="Share of peak FLOP/s matmuls reach.")
-    bandwidth_efficiency: float | None = Field(None, gt=0, le=1, description="Share of HBM bandwidth reached.")
-    step_overhead: float | None = Field(None, ge=0, description="Fixed seconds per step (CPU, launches).")
-    per_request_overhead: float | None = Field(None, ge=0, description="Seconds per request per step.")
+    compute_efficiency: Float | None = Field(
+        default=None, ge=1e-4, le=1, description="Share of peak FLOP/s matmuls reach."
+    )
+    bandwidth_efficiency: Float | None = Field(
+        default=None, ge=1e-4, le=1, description="Share of HBM bandwidth reached."
+    )
+    step_overhead: Float | None = Field(
+        default=None, ge=0, le=3600, description="Fixed seconds per step (CPU, launches)."
+    )
+    per_request_overhead: Float | None = Field(default=None, ge=0, le=3600, description="Seconds per request per step.")
 
     def build(self, model: ModelSpec, gpu: GPUSpec, deployment: Deployment) -> AnalyticCostModel:
         """The roofline of ``model`` on ``gpu`` in the deployment's dtypes and parallelism; the efficiencies and
@@ -103,31 +123,42 @@ CostModelConfig = Annotated[AnalyticCost | FittedCost, Field(discriminator="type
 
 class Deployment(_Model):
     model: str | dict[str, Any] = Field(
-        "llama-3.1-8b", description="Model preset name, path to a Hugging Face config.json, or its fields inline."
+        default="llama-3.1-8b",
+        description="Model preset name, path to a Hugging Face config.json, or its fields inline.",
     )
-    gpu: str | dict[str, Any] = Field("h100-sxm", description="GPU preset name, or GPUSpec fields inline.")
+    gpu: str | dict[str, Any] = Field(default="h100-sxm", description="GPU preset name, or GPUSpec fields inline.")
     weight_dtype: Literal["fp32", "bf16", "fp16", "fp8", "int8", "int4"] = Field(
-        "bf16", description="Data type of the weights."
+        default="bf16", description="Data type of the weights."
     )
     kv_dtype: Literal["auto", "fp32", "bf16", "fp16", "fp8", "int8"] = Field(
-        "auto", description="Data type of the KV cache; auto: the model's activation dtype."
+        default="auto", description="Data type of the KV cache; auto: the model's activation dtype."
     )
-    tensor_parallel_size: int = Field(1, ge=1, description="GPUs one replica's weights and KV are split over.")
-    gpu_memory_utilization: float = Field(
-        0.9, gt=0, le=1, description="Share of GPU memory the engine may use (weights + activations + KV)."
+    tensor_parallel_size: Int = Field(default=1, ge=1, description="GPUs one replica's weights and KV are split over.")
+    gpu_memory_utilization: Float = Field(
+        default=0.9, gt=0, le=1, description="Share of GPU memory the engine may use (weights + activations + KV)."
     )
-    num_gpu_blocks: int | None = Field(None, ge=1, description="Override the KV block count vLLM would size.")
-    block_size: int = Field(16, ge=1, description="Tokens per KV block.")
-    max_model_len: int | None = Field(
-        None, ge=1, description="Longest prompt+output a request may have; none: the model's context length."
+    num_gpu_blocks: Int | None = Field(default=None, ge=1, description="Override the KV block count vLLM would size.")
+    block_size: Int = Field(default=16, ge=1, description="Tokens per KV block.")
+    max_model_len: Int | None = Field(
+        default=None, ge=1, description="Longest prompt+output a request may have; none: the model's context length."
     )
-    swap_space: float = Field(4.0, ge=0, description="CPU swap space per GPU in GiB (vLLM's swap_space).")
+    swap_space: Float = Field(
+        default=4.0, ge=0, le=1 << 20, description="CPU swap space per GPU in GiB (vLLM's swap_space)."
+    )
     cost_model: CostModelConfig = Field(default_factory=AnalyticCost, description="How step times are predicted.")
     leak_kv_on_failure: bool = Field(
-        False,
+        default=False,
         description="The bug the failure-mode scenarios show: the KV blocks of a request that fails mid-flight "
         "are never freed. Off: they are freed at once, as a correct server does.",
     )
+
+    @field_validator("num_gpu_blocks")
+    @classmethod
+    def _blocks_cap(cls, n: int | None) -> int | None:
+        if n is not None and n > MAX_SIM_BLOCKS:
+            raise ValueError(f"{n} blocks would need about {n * _BLOCK_BYTES / 1e9:.3g} GB of simulator memory; "
+                             f"at most {MAX_SIM_BLOCKS} (a larger block_size holds the same tokens in fewer)")
+        return n
 
 
 # ---- KV cache -------------------------------------------------------------------------------------------------
@@ -141,7 +172,7 @@ class KVCacheConfigBase(_Model):
 
 class PagedKV(KVCacheConfigBase):
     type: Literal["paged"] = "paged"
-    enable_prefix_caching: bool = Field(False, description="Reuse KV blocks of equal prompt prefixes.")
+    enable_prefix_caching: bool = Field(default=False, description="Reuse KV blocks of equal prompt prefixes.")
 
     def build(self, num_blocks: int, block_size: int, *, max_model_len: int,
               num_cpu_blocks: int) -> PagedBlockManager:
@@ -152,7 +183,7 @@ class PagedKV(KVCacheConfigBase):
 class ContiguousKV(KVCacheConfigBase):
     type: Literal["contiguous"] = "contiguous"
     reserve: Literal["max_model_len", "request"] = Field(
-        "max_model_len",
+        default="max_model_len",
         description="What each request reserves up front: max_model_len tokens (what a server that does not know "
         "the output length must do), or its own prompt+output (an oracle; still wastes the unfilled part).",
     )
@@ -182,9 +213,11 @@ class PolicyConfigBase(_Model):
 
 class StaticPolicyConfig(PolicyConfigBase):
     type: Literal["static"] = "static"
-    batch_size: int = Field(8, ge=1, description="Requests per batch.")
-    max_wait: float = Field(1.0, ge=0, description="Seconds the oldest queued request waits for a full batch.")
-    preemption_mode: Literal["recompute", "swap"] = Field("recompute", description="If paged KV runs out.")
+    batch_size: Int = Field(default=8, ge=1, description="Requests per batch.")
+    max_wait: Float = Field(
+        default=1.0, ge=0, le=1e9, description="Seconds the oldest queued request waits for a full batch."
+    )
+    preemption_mode: Literal["recompute", "swap"] = Field(default="recompute", description="If paged KV runs out.")
 
     def limits(self, max_model_len: int) -> Limits:
         # a padded batch computes at most batch_size x max_model_len tokens in one step
@@ -197,19 +230,19 @@ class StaticPolicyConfig(PolicyConfigBase):
 
 class ContinuousPolicyConfig(PolicyConfigBase):
     type: Literal["continuous"] = "continuous"
-    max_num_seqs: int = Field(256, ge=1, description="Requests in one step at most.")
-    max_num_batched_tokens: int | None = Field(
-        None,
+    max_num_seqs: Int = Field(default=256, ge=1, description="Requests in one step at most.")
+    max_num_batched_tokens: Int | None = Field(
+        default=None,
         ge=1,
         description="Tokens computed in one step at most; none: 8192 with chunked prefill, else "
         "max(8192, max_model_len).",
     )
-    enable_chunked_prefill: bool = Field(False, description="Cut prompts into chunks that fill each step.")
+    enable_chunked_prefill: bool = Field(default=False, description="Cut prompts into chunks that fill each step.")
     prefill_mode: Literal["prefill_first", "mixed"] = Field(
-        "prefill_first", description="Without chunking: prompts-only steps first (vLLM v0), or mixed steps."
+        default="prefill_first", description="Without chunking: prompts-only steps first (vLLM v0), or mixed steps."
     )
     preemption_mode: Literal["recompute", "swap"] = Field(
-        "recompute", description="What happens to the latest-admitted request when blocks run out."
+        default="recompute", description="What happens to the latest-admitted request when blocks run out."
     )
 
     def limits(self, max_model_len: int) -> Limits:
@@ -226,9 +259,11 @@ PolicyConfig = Annotated[StaticPolicyConfig | ContinuousPolicyConfig, Field(disc
 
 
 class AdmissionConfig(_Model):
-    max_queue_len: int | None = Field(None, ge=0, description="Reject arrivals beyond this many waiting requests.")
-    max_queue_delay: float | None = Field(
-        None, gt=0, description="Reject a request still waiting (never scheduled) after this many seconds."
+    max_queue_len: Int | None = Field(
+        default=None, ge=0, description="Reject arrivals beyond this many waiting requests."
+    )
+    max_queue_delay: Float | None = Field(
+        default=None, gt=0, description="Reject a request still waiting (never scheduled) after this many seconds."
     )
 
     def build(self) -> Admission:
@@ -236,15 +271,15 @@ class AdmissionConfig(_Model):
 
 
 class SLOConfig(_Model):
-    ttft: float | None = Field(None, gt=0, description="Time to first token bound, seconds.")
-    tpot: float | None = Field(None, gt=0, description="Time per output token bound, seconds.")
-    e2el: float | None = Field(None, gt=0, description="End-to-end latency bound, seconds.")
+    ttft: Float | None = Field(default=None, gt=0, description="Time to first token bound, seconds.")
+    tpot: Float | None = Field(default=None, gt=0, description="Time per output token bound, seconds.")
+    e2el: Float | None = Field(default=None, gt=0, description="End-to-end latency bound, seconds.")
 
 
 # ---- plan (servesim plan) -------------------------------------------------------------------------------------
 class ApiPrice(_Model):
-    input: float = Field(ge=0, allow_inf_nan=False, description="USD per million input (prompt) tokens.")
-    output: float = Field(gt=0, allow_inf_nan=False, description="USD per million output tokens.")
+    input: Float = Field(ge=0, allow_inf_nan=False, description="USD per million input (prompt) tokens.")
+    output: Float = Field(gt=0, allow_inf_nan=False, description="USD per million output tokens.")
 
 
 PlanWeightDType = Literal["fp32", "bf16", "fp16", "fp8", "int8", "int4"]
@@ -257,36 +292,59 @@ class PlanConfig(_Model):
     max_model_len, block size, cost model efficiencies, max_num_batched_tokens)."""
 
     gpus: list[str | dict[str, Any]] | None = Field(
-        None, min_length=1, description="GPU presets (or GPUSpec fields inline) to consider; none: every preset."
+        default=None,
+        min_length=1,
+        description="GPU presets (or GPUSpec fields inline) to consider; none: every preset.",
     )
-    tensor_parallel_sizes: list[Annotated[int, Field(ge=1)]] = Field(
-        [1, 2, 4, 8], min_length=1, description="Tensor-parallel degrees; those that do not split the model are "
-        "skipped."
+
+    @field_validator("gpus")
+    @classmethod
+    def _gpus_resolve(cls, gpus: list[str | dict[str, Any]] | None) -> list[str | dict[str, Any]] | None:
+        # resolved here, so that `servesim run` refuses a bad plan section too instead of ignoring it
+        for i, g in enumerate(gpus or []):
+            try:
+                GPUSpec.from_dict(g) if isinstance(g, dict) else GPUSpec.from_name(g)
+            except (ValueError, TypeError) as e:
+                raise ValueError(str(e) if len(gpus or []) == 1 else f"item {i}: {e}") from None
+        return gpus
+    tensor_parallel_sizes: list[Annotated[Int, Field(ge=1)]] = Field(
+        default=[1, 2, 4, 8], min_length=1,
+        description="Tensor-parallel degrees; those that do not split the model are skipped."
     )
     weight_dtypes: list[PlanWeightDType] = Field(
-        ["bf16", "fp8", "int8", "int4"], min_length=1,
+        default=["bf16", "fp8", "int8", "int4"], min_length=1,
         description="Weight data types (quality differs: the simulator does not model it; list only those you "
         "accept).",
     )
-    kv_dtypes: list[PlanKVDType] = Field(["auto", "fp8"], min_length=1, description="KV cache data types.")
-    max_num_seqs: list[Annotated[int, Field(ge=1)]] = Field(
-        [64, 256], min_length=1, description="Values of the policy's max_num_seqs."
+    kv_dtypes: list[PlanKVDType] = Field(default=["auto", "fp8"], min_length=1, description="KV cache data types.")
+    max_num_seqs: list[Annotated[Int, Field(ge=1)]] = Field(
+        default=[64, 256], min_length=1, description="Values of the policy's max_num_seqs."
     )
-    enable_chunked_prefill: list[bool] = Field([True, False], min_length=1, description="Chunked prefill on/off.")
-    max_gpus: int = Field(8, ge=1, description="Most GPUs in one deployment (replicas x tensor_parallel_size).")
+    enable_chunked_prefill: list[bool] = Field(
+        default=[True, False], min_length=1, description="Chunked prefill on/off."
+    )
+    max_gpus: Int = Field(default=8, ge=1, description="Most GPUs in one deployment (replicas x tensor_parallel_size).")
     percentile: Literal[50, 90, 95, 99] = Field(
-        99, description="The SLOs bound this percentile of TTFT, TPOT and E2EL (99: p99 TTFT <= slos.ttft)."
+        default=99, description="The SLOs bound this percentile of TTFT, TPOT and E2EL (99: p99 TTFT <= slos.ttft)."
     )
     api_price: ApiPrice | None = Field(
-        None, description="A hosted API's price, for the break-even volume; none: no break-even."
+        default=None, description="A hosted API's price, for the break-even volume; none: no break-even."
     )
     stop_early: bool = Field(
-        True, description="Stop simulating once the cheapest cost level with a configuration meeting the SLOs is "
+        default=True,
+        description="Stop simulating once the cheapest cost level with a configuration meeting the SLOs is "
         "done (costlier ones cannot be chosen); false: simulate every survivor, for the whole Pareto front.",
     )
 
 
 # ---- cluster (many replicas behind a router) -------------------------------------------------------------------
+def _replicas_cap(n: int) -> int:
+    if n > MAX_REPLICAS:
+        raise ValueError(f"{n} replicas would each hold a policy, a KV cache and a cost model in memory; at most "
+                         f"{MAX_REPLICAS}")
+    return n
+
+
 class AutoscalerSection(_Model):
     signal: Literal["busy", "compute", "kv_usage", "queue", "ttft"] = Field(
         description="What it watches: busy (share of time replicas run steps, the usual GPU 'utilisation'), "
@@ -294,59 +352,85 @@ class AutoscalerSection(_Model):
         "kv_usage (KV blocks in use or needed by queued prompts), queue (waiting requests per replica) or ttft "
         "(mean seconds to first token over the last interval)."
     )
-    scale_up: float = Field(gt=0, description="Add a replica when the signal is above this.")
-    scale_down: float = Field(ge=0, description="Drain a replica when the signal is below this.")
-    interval: float = Field(10.0, gt=0, description="Seconds between two looks at the signal.")
-    cooldown: float = Field(60.0, ge=0, description="Seconds after an action before the next one.")
-    provisioning_delay: float = Field(
-        120.0, ge=0, description="Seconds from ordering a GPU to it serving (boot, weights); paid meanwhile."
+    scale_up: Float = Field(gt=0, description="Add a replica when the signal is above this.")
+    scale_down: Float = Field(ge=0, description="Drain a replica when the signal is below this.")
+    # at least 0.1 s: an interval of 1e-300 s never advances the clock (the run hung)
+    interval: Float = Field(default=10.0, ge=0.1, description="Seconds between two looks at the signal.")
+    cooldown: Float = Field(default=60.0, ge=0, description="Seconds after an action before the next one.")
+    provisioning_delay: Float = Field(
+        default=120.0, ge=0, description="Seconds from ordering a GPU to it serving (boot, weights); paid meanwhile."
     )
-    min_replicas: int = Field(1, ge=1, description="Fewest replicas.")
-    max_replicas: int = Field(8, ge=1, description="Most replicas, provisioning ones included.")
+    min_replicas: Int = Field(default=1, ge=1, description="Fewest replicas.")
+    max_replicas: Int = Field(default=8, ge=1, description="Most replicas, provisioning ones included.")
+
+    _cap = field_validator("min_replicas", "max_replicas")(classmethod(lambda cls, n: _replicas_cap(n)))
+
+    @model_validator(mode="after")
+    def _ranges(self) -> AutoscalerSection:
+        # checked here so that a bad range fails at load (exit 2), not as the cluster is built
+        if not self.scale_down < self.scale_up:
+            raise ValueError(f"scale_down ({self.scale_down}) must be below scale_up ({self.scale_up})")
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"min_replicas ({self.min_replicas}) must be <= max_replicas ({self.max_replicas})")
+        return self
 
 
 class ClusterConfig(_Model):
-    replicas: int = Field(1, ge=1, description="Replicas at the start (each a GPU or a tensor-parallel group).")
-    router: Literal["round_robin", "least_outstanding", "least_kv", "prefix_affinity"] = Field(
-        "round_robin", description="Which replica gets an arriving request."
+    replicas: Int = Field(
+        default=1, ge=1, description="Replicas at the start (each a GPU or a tensor-parallel group)."
     )
-    autoscaler: AutoscalerSection | None = Field(None, description="Add and remove replicas; none: a fixed fleet.")
+    router: Literal["round_robin", "least_outstanding", "least_kv", "prefix_affinity"] = Field(
+        default="round_robin", description="Which replica gets an arriving request."
+    )
+    autoscaler: AutoscalerSection | None = Field(
+        default=None, description="Add and remove replicas; none: a fixed fleet."
+    )
+
+    _cap = field_validator("replicas")(classmethod(lambda cls, n: _replicas_cap(n)))
+
+    @model_validator(mode="after")
+    def _start_in_range(self) -> ClusterConfig:
+        a = self.autoscaler
+        if a is not None and not a.min_replicas <= self.replicas <= a.max_replicas:
+            raise ValueError(f"replicas ({self.replicas}) must lie in the autoscaler's [min_replicas, max_replicas] "
+                             f"= [{a.min_replicas}, {a.max_replicas}]")
+        return self
 
 
 class Variant(_Model):
     name: str = Field(min_length=1, description="Name in tables and summary.json.")
-    deployment: dict[str, Any] | None = Field(None, description="Keys merged into the default deployment.")
-    kv_cache: KVCacheConfig | None = Field(None, description="Replaces the default KV cache.")
-    policy: PolicyConfig | None = Field(None, description="Replaces the default policy.")
-    admission: AdmissionConfig | None = Field(None, description="Replaces the default admission control.")
-    cluster: ClusterConfig | None = Field(None, description="Replaces the default cluster.")
+    deployment: dict[str, Any] | None = Field(default=None, description="Keys merged into the default deployment.")
+    kv_cache: KVCacheConfig | None = Field(default=None, description="Replaces the default KV cache.")
+    policy: PolicyConfig | None = Field(default=None, description="Replaces the default policy.")
+    admission: AdmissionConfig | None = Field(default=None, description="Replaces the default admission control.")
+    cluster: ClusterConfig | None = Field(default=None, description="Replaces the default cluster.")
 
 
 _SWEEP_HEADS = ("workload", "deployment", "kv_cache", "policy", "admission")
 
 
 class Scenario(_Model):
-    name: str = Field("scenario", description="Scenario name.")
-    description: str = Field("", description="What the scenario shows.")
-    seed: int = Field(0, ge=0, description="Seed of the run's one random generator.")
+    name: str = Field(default="scenario", description="Scenario name.")
+    description: str = Field(default="", description="What the scenario shows.")
+    seed: Int = Field(default=0, ge=0, description="Seed of the run's one random generator.")
     workload: Workload
     deployment: Deployment = Field(default_factory=Deployment)
     kv_cache: KVCacheConfig = Field(default_factory=PagedKV)
     policy: PolicyConfig = Field(default_factory=ContinuousPolicyConfig)
     admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
-    slos: SLOConfig | None = Field(None, description="Service-level objectives for goodput.")
+    slos: SLOConfig | None = Field(default=None, description="Service-level objectives for goodput.")
     variants: list[Variant] = Field(
         default_factory=list, description="Compared configurations; none: one variant named after the scenario."
     )
     sweep: dict[str, list[Any]] | None = Field(
-        None,
+        default=None,
         description="Grid over parameters: dotted path -> values, e.g. {policy.max_num_seqs: [8, 32]}; paths "
         "start with workload, deployment, kv_cache, policy or admission and apply to every variant.",
     )
-    keep_token_times: bool = Field(False, description="Keep every token's timestamp on the requests (memory!).")
-    plan: PlanConfig | None = Field(None, description="Search space and API price for `servesim plan`.")
+    keep_token_times: bool = Field(default=False, description="Keep every token's timestamp on the requests (memory!).")
+    plan: PlanConfig | None = Field(default=None, description="Search space and API price for `servesim plan`.")
     cluster: ClusterConfig | None = Field(
-        None, description="Several replicas behind a router, optionally autoscaled; none: one replica."
+        default=None, description="Several replicas behind a router, optionally autoscaled; none: one replica."
     )
 
     @field_validator("variants")
@@ -362,11 +446,29 @@ class Scenario(_Model):
     @classmethod
     def _sweep_keys(cls, sweep: dict[str, list[Any]] | None) -> dict[str, list[Any]] | None:
         for key, values in (sweep or {}).items():
-            head = key.split(".")[0]
-            if head not in _SWEEP_HEADS:
+            parts = key.split(".")
+            if parts[0] not in _SWEEP_HEADS:
                 raise ValueError(f"key {key!r} must start with {', '.join(_SWEEP_HEADS)}")
+            if any(not p for p in parts):
+                raise ValueError(f"key {key!r}: empty part in a dotted key (e.g. policy.max_num_seqs)")
+            problem = _unknown_key(Scenario, parts, None)
+            if problem is not None:
+                raise ValueError(problem)
             if not values:
                 raise ValueError(f"key {key!r} has no values")
+        return sweep
+
+    @field_validator("sweep")
+    @classmethod
+    def _sweep_size(cls, sweep: dict[str, list[Any]] | None, info: ValidationInfo) -> dict[str, list[Any]] | None:
+        # counted before any point is built: itertools.product over 10^12 points would never end
+        if sweep:
+            points = math.prod(len(v) for v in sweep.values())
+            variants = max(1, len(info.data.get("variants") or []))
+            runs = points * variants
+            if runs > MAX_SWEEP_RUNS:
+                raise ValueError(f"{points} points x {variants} variant(s) = {runs} runs; at most {MAX_SWEEP_RUNS} "
+                                 "(fewer values, or split the sweep)")
         return sweep
 
 
@@ -384,6 +486,8 @@ def _clean_loc(loc: tuple[Any, ...], raw: Any, keep_last: bool = False) -> str:
     node = raw
     for i, p in enumerate(loc):
         last = i == len(loc) - 1
+        if not last and isinstance(node, dict) and p in _UNION_TAGS and node.get("type") == p:
+            continue  # the member label of a tagged union, also a key there (a trace arrival has a ``trace`` key)
         if isinstance(node, dict) and p in node:
             node = node[p]
             parts.append(str(p))
@@ -403,8 +507,13 @@ _UNION_TAGS = {
 }
 
 
+_REPR = reprlib.Repr()  # Python 3.11 takes no keyword arguments here
+_REPR.maxlevel, _REPR.maxdict, _REPR.maxlist, _REPR.maxstring, _REPR.maxother, _REPR.maxlong = 3, 4, 4, 50, 50, 50
+
+
 def _short(value: Any) -> str:
-    text = repr(value)
+    # reprlib: a value that aliases expand to millions of items is not rendered whole
+    text = _REPR.repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
 
@@ -503,9 +612,9 @@ def set_path(d: dict, dotted: str, value: Any) -> None:
 def parse_value(text: str) -> Any:
     """A ``--set key=value`` value, read as YAML (numbers, booleans, lists, null). Raises ScenarioError."""
     try:
-        return yaml.safe_load(text)
+        return safe_load_limited(text)
     except yaml.YAMLError as e:
-        raise ScenarioError(f"cannot read value {text!r} as YAML: {_yaml_error(e)}") from None
+        raise ScenarioError(f"cannot read value {_short(text)} as YAML: {_yaml_error(e)}") from None
 
 
 def _yaml_error(e: yaml.YAMLError) -> str:
@@ -532,21 +641,30 @@ def load_scenario(
     if not p.is_file():
         raise ScenarioError(f"{p}: not a file (a scenario is a YAML file)")
     try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise ScenarioError(f"{p}: cannot read the file: {e}") from None
+        with p.open("rb") as f:
+            data = f.read(MAX_SCENARIO_BYTES + 1)
+    except OSError as e:
+        raise ScenarioError(f"{p}: cannot read the file: {e.strerror or e}") from None
+    if len(data) > MAX_SCENARIO_BYTES:
+        raise ScenarioError(f"{p}: larger than {MAX_SCENARIO_BYTES >> 20} MiB, too large for a scenario file")
     try:
-        raw = yaml.safe_load(text)
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise ScenarioError(f"{p}: not UTF-8 text (byte {e.start} is {data[e.start]:#04x})") from None
+    try:
+        raw = safe_load_limited(text)
     except yaml.YAMLError as e:
         raise ScenarioError(f"{p}: not valid YAML: {_yaml_error(e)}") from None
     if not isinstance(raw, dict):
         got = "an empty file" if raw is None else f"a {type(raw).__name__}"
         raise ScenarioError(f"{p}: a scenario must be a mapping of keys to values, got {got}")
+    # an alias shares one object between keys: copy, so that a --set or sweep value lands at one key only
+    raw = unshared(raw)
     for key, value in (overrides or {}).items():
         try:
-            set_path(raw, key, value)
+            apply_override(raw, key, value)
         except ScenarioError as e:
-            raise ScenarioError(f"--set {e}") from None
+            raise ScenarioError(f"{p}: --set {e}") from None
     _resolve_relative_paths(raw, p.parent)
     return parse_scenario(raw, source=str(p)), raw
 
@@ -572,13 +690,19 @@ def parse_scenario(raw: dict[str, Any], source: str = "scenario") -> Scenario:
 
 
 def _check_trace_files(scenario: Scenario, source: str) -> None:
+    """Read every trace the workload names (the reader caches it), so that a missing or malformed file fails here
+    naming its key, not later as the workload is drawn."""
     wl = scenario.workload
     for key, part in (("arrival", wl.arrival), ("prompt_len", wl.prompt_len), ("output_len", wl.output_len)):
         trace = getattr(part, "trace", None)
         if isinstance(trace, str):
             try:
                 resolve_trace(trace)
-            except FileNotFoundError as e:
+                if isinstance(part, TraceArrival):
+                    part.load()
+                else:
+                    load_trace(trace)
+            except (ValueError, OSError) as e:  # FileNotFoundError is an OSError
                 raise ScenarioError(f"{source}: workload.{key}.trace: {e}") from None
 
 
@@ -669,60 +793,160 @@ def sweep_points(scenario: Scenario) -> list[dict[str, Any]]:
 
 
 def apply_point(raw: dict[str, Any], point: dict[str, Any], source: str) -> Scenario:
-    """The scenario at one sweep point: each path set in the defaults and in every variant that overrides its
-    section, wherever that section has the key (``policy.max_num_seqs`` changes continuous policies and leaves a
-    static one alone). A key that no variant's section has is an error."""
+    """The scenario at one sweep point: each path set as :func:`apply_override` sets it (in the defaults and in
+    every variant whose section has the key)."""
     d = copy.deepcopy(raw)
     d.pop("sweep", None)
-    variants = [v for v in d.get("variants") or [] if isinstance(v, dict)]
     for key, value in point.items():
-        head, _, rest = key.partition(".")
-        field = rest.split(".")[0]
-        if not isinstance(d.get(head), dict) and head in _DEFAULT_SECTIONS:
-            # the file relies on the default section: spell it out, so that e.g. policy.max_num_seqs keeps the
-            # default policy's type instead of replacing the section with a type-less {max_num_seqs: ...}
-            d[head] = _DEFAULT_SECTIONS[head]().model_dump(mode="json")
-        default_has = not rest or _has_key(head, d.get(head), field)
-        used = not variants  # without variants the defaults run
         try:
-            if default_has:
-                set_path(d, key, value)
-            for v in variants:
-                section = v.get(head)
-                if rest and isinstance(section, dict):
-                    if _has_key(head, section, field):
-                        set_path(section, rest, value)
-                        used = True
-                else:
-                    used = used or default_has
+            apply_override(d, key, value)
         except ScenarioError as e:
             raise ScenarioError(f"{source}: sweep: {e}") from None
-        if not used:
-            raise ScenarioError(f"{source}: sweep: {key}: no variant's {head} has the key {field!r}")
     return parse_scenario(d, source=f"{source} at {point}")
 
 
+_VARIANT_SECTIONS = ("deployment", "kv_cache", "policy", "admission", "cluster")
 _DEFAULT_SECTIONS = {"deployment": Deployment, "kv_cache": PagedKV, "policy": ContinuousPolicyConfig,
                      "admission": AdmissionConfig}
 
 
-def _kinds(union: Any) -> dict[str, type[BaseModel]]:
-    """A discriminated union's members by their ``type`` tag (``Annotated[A | B, Field(...)]``), so that a new
-    kind is known here as soon as it is in its union."""
-    return {m.model_fields["type"].default: m for m in typing.get_args(typing.get_args(union)[0])}
+def _members(tp: Any) -> list[Any]:
+    """The concrete types an annotation allows (Annotated and Optional unwrapped, unions spread)."""
+    origin = get_origin(tp)
+    if origin is Annotated:
+        return _members(get_args(tp)[0])
+    if origin in (Union, UnionType):
+        return [m for a in get_args(tp) for m in _members(a) if m is not type(None)]
+    return [tp]
 
 
-_SECTION_KINDS: dict[str, dict[str, type[BaseModel]]] = {"kv_cache": _kinds(KVCacheConfig),
-                                                         "policy": _kinds(PolicyConfig)}
+def _models(tp: Any) -> list[type[BaseModel]]:
+    return [m for m in _members(tp) if isinstance(m, type) and issubclass(m, BaseModel)]
 
 
-def _has_key(head: str, section: Any, field: str) -> bool:
-    """Whether a section of the file (of kind ``head``) has ``field``; True when unsure, so that validation,
-    not the sweep, reports a bad key."""
-    kinds = _SECTION_KINDS.get(head)
-    if kinds is None or not isinstance(section, dict) or section.get("type") not in kinds:
-        return True
-    return field in kinds[section["type"]].model_fields
+def _narrow(models: list[type[BaseModel]], node: Any) -> list[type[BaseModel]]:
+    """The members of a discriminated union that a section of the file (with its ``type``) can be."""
+    tag = node.get("type") if isinstance(node, dict) else None
+    if len(models) > 1 and isinstance(tag, str):
+        picked = [m for m in models if "type" in m.model_fields and m.model_fields["type"].default == tag]
+        return picked or models
+    return models
+
+
+def _field_type(model: type[BaseModel], name: str) -> Any:
+    if model is Variant and name == "deployment":
+        return Deployment  # a variant's deployment is a partial Deployment, merged into the default
+    return model.model_fields[name].annotation
+
+
+def _unknown_key(tp: Any, parts: list[str], node: Any, done: str = "") -> str | None:
+    """Why the dotted path ``parts`` names no key of the schema below ``tp`` (None: it may), with the closest
+    key as a suggestion. ``node`` is the file's value there, when it has one, to pick a union's member."""
+    if not parts:
+        return None
+    part, rest = parts[0], parts[1:]
+    where = f"{done}.{part}" if done else part
+    members = _members(tp)
+    models = _narrow(_models(tp), node)
+    if models:
+        fields = sorted({f for m in models for f in m.model_fields})
+        if part not in fields:
+            if len(models) < len(_models(tp)) and any(part in m.model_fields for m in _models(tp)):
+                return None  # another member has it: the sweep or --set rules decide
+            close = difflib.get_close_matches(part, fields, n=1)
+            hint = f"; did you mean {(done + '.' if done else '') + close[0]}?" if close else \
+                f"; known keys: {', '.join(fields)}"
+            return f"{where}: unknown key{hint}"
+        child = node.get(part) if isinstance(node, dict) else None
+        for m in models:
+            if part in m.model_fields:
+                return _unknown_key(_field_type(m, part), rest, child, where)
+        return None
+    for m in members:
+        origin = get_origin(m)
+        if origin is list and get_args(m):
+            if not re.fullmatch(r"-?[0-9]+", part):
+                return f"{where}: a list is indexed by a number, got {part!r}"
+            item = node[int(part)] if isinstance(node, list) and -len(node) <= int(part) < len(node) else None
+            return _unknown_key(get_args(m)[0], rest, item, where)
+    return None  # a free-form value (a dict of GPU fields, a model config, any): checked where it is used
+
+
+def _fill_defaults(tp: Any, node: dict[str, Any], parts: list[str]) -> None:
+    """Spell out the default of each missing section along ``parts`` (all but the last), so that setting one
+    key keeps the default's type: deployment.cost_model.step_overhead needs cost_model's ``type: analytic``."""
+    for part in parts[:-1]:
+        models = _narrow(_models(tp), node)
+        model = next((m for m in models if part in m.model_fields), None)
+        if model is None:
+            return
+        field = model.model_fields[part]
+        if not isinstance(node.get(part), dict):
+            default = field.get_default(call_default_factory=True)
+            if not isinstance(default, BaseModel):
+                return
+            node[part] = default.model_dump(mode="json")
+        node = node[part]
+        tp = field.annotation
+
+
+def _has_path(tp: Any, node: Any, parts: list[str]) -> bool:
+    """Whether a section of the file (of schema type ``tp``) can hold the dotted path: False when the kind of
+    section it is (its ``type``) lacks a key on the way."""
+    for part in parts:
+        models = _narrow(_models(tp), node)
+        if not models:
+            return True
+        model = next((m for m in models if part in m.model_fields), None)
+        if model is None:
+            return False
+        tp = _field_type(model, part)
+        node = node.get(part) if isinstance(node, dict) else None
+    return True
+
+
+def apply_override(d: dict[str, Any], key: str, value: Any) -> None:
+    """Set a dotted key as ``--set`` and sweeps do. A key of a section that variants may override
+    (deployment, kv_cache, policy, admission, cluster) is set in the defaults and in every variant whose own
+    section has the key (``policy.max_num_seqs`` changes continuous policies and leaves a static one alone; a
+    variant's partial deployment gets it only where it sets that key itself, the rest inherit the default).
+    A missing default section is spelled out first, keeping its type. A key that exists nowhere in the schema,
+    or that no variant's section has, is an error naming the closest key."""
+    parts = key.split(".")
+    if any(not k for k in parts):
+        raise ScenarioError(f"{key!r}: empty part in a dotted key")
+    problem = _unknown_key(Scenario, parts, d)
+    if problem is not None:
+        raise ScenarioError(problem)
+    head, rest = parts[0], parts[1:]
+    if head not in _VARIANT_SECTIONS or not rest:
+        set_path(d, key, value)
+        return
+    tp = _field_type(Scenario, head)
+    variants = [v for v in d.get("variants") or [] if isinstance(v, dict)]
+    if not isinstance(d.get(head), dict):
+        default = _DEFAULT_SECTIONS.get(head)
+        d[head] = default().model_dump(mode="json") if default is not None else {}
+    default_has = _has_path(tp, d[head], rest)
+    if default_has:
+        _fill_defaults(tp, d[head], rest)
+        set_path(d[head], ".".join(rest), value)
+    used = default_has
+    if variants:
+        used = False
+        for v in variants:
+            section = v.get(head)
+            if not isinstance(section, dict):
+                used = used or default_has  # the variant runs the default section
+                continue
+            if head == "deployment" and rest[0] not in section:
+                used = used or default_has  # merged: the default's value reaches it
+                continue
+            if _has_path(Deployment if head == "deployment" else tp, section, rest):
+                set_path(section, ".".join(rest), value)
+                used = True
+    if not used:
+        raise ScenarioError(f"{key}: no variant's {head} has the key {rest[-1]!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -826,6 +1050,17 @@ def build(cfg: VariantConfig) -> tuple[Policy, KVManager, CostModel, Built]:
         budget = size_kv_cache(dep, model, gpu, limits)
     except ScenarioError as e:
         raise ScenarioError(f"{where}: {e}") from None
+    replicas = 1 if cfg.cluster is None else max(
+        cfg.cluster.replicas, cfg.cluster.autoscaler.max_replicas if cfg.cluster.autoscaler else 0)
+    if budget.num_gpu_blocks > MAX_SIM_BLOCKS or replicas * budget.num_gpu_blocks > MAX_CLUSTER_BLOCKS:
+        # the paged manager keeps a few list entries per block: refuse before allocating them
+        total = replicas * budget.num_gpu_blocks
+        raise ScenarioError(
+            f"{where}: deployment: the KV cache would have {budget.num_gpu_blocks} blocks of {dep.block_size} "
+            f"tokens{f' on each of {replicas} replicas' if replicas > 1 else ''}, about "
+            f"{total * _BLOCK_BYTES / 1e9:.3g} GB of simulator memory; at most {MAX_SIM_BLOCKS} per replica and "
+            f"{MAX_CLUSTER_BLOCKS} in all (set deployment.num_gpu_blocks, a larger block_size, or fewer replicas)"
+        )
     num_cpu_blocks = int(dep.swap_space * 2**30 // budget.kv_bytes_per_block) if budget.kv_bytes_per_block else 0
     try:
         policy = pol.build(limits, cfg.admission.build())

@@ -19,6 +19,33 @@ from typing import Any, Literal
 GiB = 1 << 30
 MiB = 1 << 20
 
+MAX_SHAPE = 1 << 40  # largest model dimension taken (far past any model; keeps products inside float range)
+MAX_CONFIG_BYTES = 4 * MiB  # a config.json is a few KB; a larger "file" (/dev/zero, a weights file) is refused
+
+
+def _finite_number(v: Any) -> bool:
+    """A real number (bools are not), finite."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def read_json_file(path: str | PathLike[str], max_bytes: int) -> Any:
+    """A JSON file's value, reading at most ``max_bytes`` (so that /dev/zero or a huge file cannot exhaust
+    memory). Raises OSError (FileNotFoundError when absent) or ValueError naming the file and the problem."""
+    with open(path, "rb") as f:
+        data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise ValueError(f"{path}: larger than {max_bytes // MiB} MiB, not a JSON file this reads")
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError(f"{path}: JSON nested too deeply") from None
+    except ValueError as e:  # json.JSONDecodeError
+        raise ValueError(f"{path}: not valid JSON: {e}") from None
+
 # ---------------------------------------------------------------------------------------------------------------
 # dtypes
 
@@ -164,8 +191,16 @@ class ModelSpec:
         for f in ("hidden_size", "num_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size",
                   "vocab_size", "max_position_embeddings"):
             v = getattr(self, f)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"model {self.name!r}: {f} must be a positive integer, got {v!r}")
+            if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= MAX_SHAPE:
+                raise ValueError(f"model {self.name!r}: {f} must be a positive integer up to {MAX_SHAPE}, got {v!r}")
+        for f in ("head_dim", "num_position_embeddings", "word_embed_proj_dim"):  # 0: derived or none
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= MAX_SHAPE:
+                raise ValueError(f"model {self.name!r}: {f} must be an integer in [0, {MAX_SHAPE}], got {v!r}")
+        for f in ("rope_theta", "norm_eps"):
+            v = getattr(self, f)
+            if not _finite_number(v) or v <= 0:
+                raise ValueError(f"model {self.name!r}: {f} must be a finite number > 0, got {v!r}")
         if self.head_dim == 0:
             if self.hidden_size % self.num_attention_heads:
                 raise ValueError(f"model {self.name!r}: hidden_size {self.hidden_size} is not divisible by "
@@ -271,58 +306,85 @@ class ModelSpec:
             path = Path(config)
             if path.is_dir():
                 path = path / "config.json"
-            cfg = json.loads(path.read_text())
             source = str(path)
+            loaded = read_json_file(path, MAX_CONFIG_BYTES)
+            if not isinstance(loaded, dict):
+                raise ValueError(f"{source}: a config.json must be a JSON object of fields, got a "
+                                 f"{type(loaded).__name__}")
+            cfg = loaded
         model_type = str(cfg.get("model_type", "llama")).lower()
         if name is None:
             name = str(cfg.get("_name_or_path") or cfg.get("name") or model_type)
 
-        def need(key: str) -> Any:
+        def whole(key: str, value: Any, low: int = 1) -> int:
+            # int(1.5) would be 1 and int(True) 1: a shape field must be an integer as written
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                kind = "a positive integer" if low >= 1 else "an integer >= 0"
+                raise ValueError(f"{source}: {key} must be {kind}, got {value!r}")
+            return value
+
+        def need(key: str) -> int:
             if cfg.get(key) is None:
                 raise ValueError(f"{source} ({model_type}) lacks the field {key!r}, needed for the model's shape")
-            return cfg[key]
+            return whole(key, cfg[key])
 
-        hidden = int(need("hidden_size"))
-        heads = int(need("num_attention_heads"))
+        def optional(key: str, default: int) -> int:
+            # absent or null: the default; 0 is a value (and refused where it must be positive), not "unset"
+            return default if cfg.get(key) is None else whole(key, cfg[key])
+
+        def number(key: str, default: float) -> float:
+            v = cfg.get(key, default)
+            if not _finite_number(v) or v <= 0:
+                raise ValueError(f"{source}: {key} must be a finite number > 0, got {v!r}")
+            return float(v)
+
+        def flag(key: str, default: bool) -> bool:
+            v = cfg.get(key, default)
+            if not isinstance(v, bool):
+                raise ValueError(f"{source}: {key} must be true or false, got {v!r}")
+            return v
+
+        hidden = need("hidden_size")
+        heads = need("num_attention_heads")
         common: dict[str, Any] = dict(  # the fields every model type reads alike
             name=name,
             hidden_size=hidden,
-            num_layers=int(need("num_hidden_layers")),
+            num_layers=need("num_hidden_layers"),
             num_attention_heads=heads,
-            vocab_size=int(need("vocab_size")),
-            max_position_embeddings=int(need("max_position_embeddings")),
+            vocab_size=need("vocab_size"),
+            max_position_embeddings=need("max_position_embeddings"),
             model_type=model_type,
         )
         if model_type == "opt":
-            enable_bias = bool(cfg.get("enable_bias", True))
-            pre_norm = bool(cfg.get("do_layer_norm_before", True))
+            enable_bias = flag("enable_bias", True)
+            pre_norm = flag("do_layer_norm_before", True)
             return cls(
                 **common,
                 num_key_value_heads=heads,
-                intermediate_size=int(need("ffn_dim")),
-                tie_word_embeddings=bool(cfg.get("tie_word_embeddings", True)),
+                intermediate_size=need("ffn_dim"),
+                tie_word_embeddings=flag("tie_word_embeddings", True),
                 mlp="plain",
                 norm="layer",
                 qkv_bias=enable_bias,
                 o_bias=enable_bias,
                 mlp_bias=enable_bias,
                 num_position_embeddings=common["max_position_embeddings"] + 2,  # OPT's learned table has offset 2
-                word_embed_proj_dim=int(cfg.get("word_embed_proj_dim") or hidden),
-                final_norm=pre_norm and not cfg.get("_remove_final_layer_norm", False),
+                word_embed_proj_dim=optional("word_embed_proj_dim", hidden),
+                final_norm=pre_norm and not flag("_remove_final_layer_norm", False),
                 norm_eps=1e-5,
             )
-        attention_bias = bool(cfg.get("attention_bias", False))
+        attention_bias = flag("attention_bias", False)
         return cls(
             **common,
-            num_key_value_heads=int(cfg.get("num_key_value_heads") or heads),
-            head_dim=int(cfg.get("head_dim") or 0),
-            intermediate_size=int(need("intermediate_size")),
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            num_key_value_heads=optional("num_key_value_heads", heads),
+            head_dim=optional("head_dim", 0),  # absent: hidden_size // heads
+            intermediate_size=need("intermediate_size"),
+            tie_word_embeddings=flag("tie_word_embeddings", False),
             qkv_bias=attention_bias or model_type == "qwen2",
             o_bias=attention_bias,
-            mlp_bias=bool(cfg.get("mlp_bias", False)),
-            rope_theta=float(cfg.get("rope_theta", 10000.0)),
-            norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
+            mlp_bias=flag("mlp_bias", False),
+            rope_theta=number("rope_theta", 10000.0),
+            norm_eps=number("rms_norm_eps", 1e-5),
         )
 
     def to_hf_config(self) -> dict[str, Any]:
@@ -457,13 +519,31 @@ class GPUSpec:
     price_per_hour: float = 0.0  # USD per GPU-hour on demand (an assumption, see GPU_PRESETS)
 
     def __post_init__(self) -> None:
-        if self.memory_bytes <= 0 or self.mem_bandwidth <= 0 or self.pcie_bandwidth <= 0:
-            raise ValueError(f"GPU {self.name!r}: memory_bytes, mem_bandwidth and pcie_bandwidth must be positive")
-        if self.nvlink_bandwidth < 0 or self.price_per_hour < 0:
-            raise ValueError(f"GPU {self.name!r}: nvlink_bandwidth and price_per_hour must be >= 0")
-        peaks = {canonical_dtype(k): float(v) for k, v in dict(self.peak_flops).items()}
-        if any(v < 0 for v in peaks.values()):
-            raise ValueError(f"GPU {self.name!r}: peak_flops must be >= 0")
+        # Rates are divided by: a NaN or infinite one, or one below 1 per second, makes step times NaN or
+        # infinite, so each must be a finite number, rates at least 1 (or 0 where 0 means "none").
+        for f in ("memory_bytes", "mem_bandwidth", "pcie_bandwidth"):
+            v = getattr(self, f)
+            if not _finite_number(v) or v < 1:
+                raise ValueError(f"GPU {self.name!r}: {f} must be a finite number >= 1, got {v!r}")
+        v = self.nvlink_bandwidth
+        if not _finite_number(v) or v < 0 or 0 < v < 1:
+            raise ValueError(f"GPU {self.name!r}: nvlink_bandwidth must be 0 (none) or a finite number >= 1, "
+                             f"got {v!r}")
+        if not _finite_number(self.price_per_hour) or self.price_per_hour < 0:
+            raise ValueError(f"GPU {self.name!r}: price_per_hour must be a finite number >= 0, "
+                             f"got {self.price_per_hour!r}")
+        if not float(self.memory_bytes).is_integer():
+            raise ValueError(f"GPU {self.name!r}: memory_bytes must be a whole number of bytes, "
+                             f"got {self.memory_bytes!r}")
+        object.__setattr__(self, "memory_bytes", int(self.memory_bytes))
+        if not isinstance(self.peak_flops, Mapping):
+            raise ValueError(f"GPU {self.name!r}: peak_flops must map dtypes to FLOP/s, got {self.peak_flops!r}")
+        peaks: dict[str, float] = {}
+        for k, v in self.peak_flops.items():
+            if not _finite_number(v) or v < 0 or 0 < v < 1:
+                raise ValueError(f"GPU {self.name!r}: peak_flops.{k} must be 0 (unsupported) or a finite number "
+                                 f">= 1 FLOP/s, got {v!r}")
+            peaks[canonical_dtype(k)] = float(v)
         if "bf16" in peaks and "fp16" not in peaks:
             peaks["fp16"] = peaks["bf16"]
         if peaks.get("bf16", 0.0) <= 0 and peaks.get("fp16", 0.0) <= 0:

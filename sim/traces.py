@@ -44,6 +44,8 @@ TRACES: dict[str, str] = {
 MOONCAKE_BLOCK_SIZE = 512  # tokens named by one Mooncake hash id
 
 _AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+MAX_TRACE_LENGTH = 2**40  # tokens of one prompt or output (the workload's cap); longer is a corrupt file
+MAX_TRACE_BYTES = 4 << 30  # a trace file is read whole
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -195,6 +197,17 @@ _Parsed = tuple[np.ndarray, np.ndarray, np.ndarray, "tuple[tuple[int, ...], ...]
 
 @lru_cache(maxsize=8)
 def _read_cached(path: str, mtime_ns: int, size: int) -> _Parsed:
+    if size > MAX_TRACE_BYTES:
+        raise ValueError(f"{path}: {size / 2**30:.3g} GiB, larger than the {MAX_TRACE_BYTES >> 30} GiB a trace may be")
+    try:
+        return _read_parsed(path)
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    except RecursionError:
+        raise ValueError(f"{path}: a JSON line nested too deeply") from None
+
+
+def _read_parsed(path: str) -> _Parsed:
     suffix = Path(path).suffix.lower()
     if suffix == ".csv":
         times, prompt, output = _read_azure(path)
@@ -218,17 +231,21 @@ def _read_cached(path: str, mtime_ns: int, size: int) -> _Parsed:
 
 
 def _length(text: str | int, path: str, line: int, column: str) -> int:
+    parsed: int | None
     if type(text) is int:  # exact type: a JSON true/false or 12.5 is not a length
-        value = text
+        parsed = text
     else:
         try:
-            value = int(text) if isinstance(text, str) else None
+            parsed = int(text) if isinstance(text, str) else None
         except ValueError:
-            value = None
-        if value is None:
-            raise ValueError(f"{path}:{line}: {column} must be an integer, got {text!r}")
+            parsed = None
+    if parsed is None:
+        raise ValueError(f"{path}:{line}: {column} must be an integer, got {text!r}")
+    value = parsed
     if value < 0:
         raise ValueError(f"{path}:{line}: {column} must be >= 0, got {value}")
+    if value > MAX_TRACE_LENGTH:
+        raise ValueError(f"{path}:{line}: {column} must be at most {MAX_TRACE_LENGTH} tokens, got {value}")
     return value if value > 0 else 1  # clamp 0 -> 1: a request needs at least one token of each
 
 
@@ -238,11 +255,11 @@ def _read_azure(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     A vectorised fast path handles well-formed files; anything it does not accept (a bad row, quoting, another
     column order, blank lines) is re-read row by row, which either parses it or names the offending line.
     """
-    with open(path, encoding="utf-8", newline="") as f:
+    with open(path, encoding="utf-8-sig", newline="") as f:  # -sig: Excel writes a byte-order mark
         text = f.read()
     try:
         return _read_azure_fast(text)
-    except (ValueError, IndexError, UnicodeEncodeError):
+    except (ValueError, IndexError, UnicodeEncodeError, OverflowError):  # OverflowError: a length past int64
         return _read_azure_rows(path)
 
 
@@ -255,11 +272,11 @@ def _read_azure_fast(text: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         return np.empty(0), np.empty(0, np.int64), np.empty(0, np.int64)
     if any(len(r) != 3 for r in rows):
         raise ValueError("ragged rows")
-    stamps, context, generated = zip(*rows)
+    stamps, context, generated = zip(*rows, strict=True)
     prompt = np.array(list(map(int, context)), dtype=np.int64)
     output = np.array(list(map(int, generated)), dtype=np.int64)
-    if prompt.min() < 0 or output.min() < 0:
-        raise ValueError("negative length")
+    if prompt.min() < 0 or output.min() < 0 or max(prompt.max(), output.max()) > MAX_TRACE_LENGTH:
+        raise ValueError("length out of range")  # the row-by-row reader names the line
     return _timestamps_ns_fast(stamps), np.maximum(prompt, 1), np.maximum(output, 1)
 
 
@@ -301,7 +318,7 @@ def _timestamps_ns_fast(stamps: tuple[str, ...]) -> np.ndarray:
 
 
 def _read_azure_rows(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    with open(path, newline="", encoding="utf-8") as f:
+    with open(path, newline="", encoding="utf-8-sig") as f:
         reader = csv.reader(f)
         header = next(reader, None)
         if header is None:
@@ -372,7 +389,7 @@ def _read_mooncake(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple
 
     The lines are decoded in one ``json.loads`` call; if that fails they are decoded one by one to name the line.
     """
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding="utf-8-sig") as f:
         lines = [(n, t) for n, t in enumerate(f.read().splitlines(), start=1) if t.strip()]
     try:
         records = json.loads("[" + ",".join(t for _, t in lines) + "]")
@@ -389,7 +406,7 @@ def _read_mooncake(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple
     prompt: list[int] = []
     output: list[int] = []
     hash_ids: list[tuple[int, ...]] = []
-    for (line, _), rec in zip(lines, records):
+    for (line, _), rec in zip(lines, records, strict=True):
         if not isinstance(rec, dict):
             raise ValueError(f"{path}:{line}: expected a JSON object, got {type(rec).__name__}")
         try:
@@ -397,7 +414,7 @@ def _read_mooncake(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple
         except KeyError as e:
             raise ValueError(f"{path}:{line}: missing field {e.args[0]!r}") from None
         ids = rec.get("hash_ids", [])
-        if type(ts) not in (int, float) or not math.isfinite(ts):
+        if type(ts) not in (int, float) or not math.isfinite(ts) or abs(ts) > 2**53:
             raise ValueError(f"{path}:{line}: timestamp must be a number of milliseconds, got {ts!r}")
         if type(ids) is not list or not set(map(type, ids)) <= {int}:
             raise ValueError(f"{path}:{line}: hash_ids must be a list of integers")

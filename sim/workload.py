@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Annotated, Literal, Union
+from typing import Annotated, Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from sim.failures import FailurePlan
 from sim.request import RequestSpec
@@ -31,10 +31,37 @@ from sim.traces import TRACES, TraceData, load_trace
 
 PREFIX_HASH_BLOCK_SIZE = 16  # tokens named by one hash id of a synthetic shared prefix (vLLM's default block size)
 _LENGTH_CEILING = 2**40  # keeps unbounded draws inside int64; no model has a context near this
+MAX_LENGTH = _LENGTH_CEILING  # the longest prompt or output a scenario may ask for, in tokens
+# Requests one run may hold: each costs about 1 KB of records and state while it runs (measured: see
+# tests/test_hardening.py), so this bound keeps a run within a few GB, and refuses a typo of 1e8 up front.
+MAX_REQUESTS = 2_000_000
+_REQUEST_BYTES = 1000  # approximate memory per request, for the message that refuses a larger run
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+def _not_bool(value: Any) -> Any:
+    # pydantic's lax mode reads true/false as 1/0; in a scenario file that is always a slip
+    if isinstance(value, bool):
+        raise ValueError(f"expected a number, not {str(value).lower()}")
+    return value
+
+
+Int = Annotated[int, BeforeValidator(_not_bool)]  # an integer field of a scenario file
+Float = Annotated[float, BeforeValidator(_not_bool)]  # a number field of a scenario file (finite: see InputModel)
+
+
+class InputModel(BaseModel):
+    """Base of every section of a scenario file: unknown keys are refused and every float must be finite
+    (``.inf`` and ``.nan`` are refused where they enter). Number fields use ``Int`` and ``Float``, which refuse
+    ``true``/``false``."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class _Model(InputModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+Length = Annotated[Int, Field(ge=1, le=MAX_LENGTH)]  # tokens
 
 
 def _g(x: float) -> str:
@@ -57,8 +84,16 @@ def _check_min_max(low: float, high: float | None, what: str = "min", what_hi: s
 
 def _lognormal_params(mean: float, std: float) -> tuple[float, float]:
     """mu and sigma of the underlying normal for a lognormal with the given mean and standard deviation."""
-    sigma2 = math.log1p((std / mean) ** 2)
+    ratio = std / mean
+    # log1p(r^2) overflows past r ~ 1e154; there it equals 2 ln r to double precision
+    sigma2 = math.log1p(ratio * ratio) if ratio < 1e150 else 2 * (math.log(std) - math.log(mean))
     return math.log(mean) - sigma2 / 2, math.sqrt(sigma2)
+
+
+def too_many_requests(n: int) -> str:
+    """Why a run of ``n`` requests is refused, with what it would need."""
+    return (f"{n} requests would need about {n * _REQUEST_BYTES / 1e9:.3g} GB of memory for their records; a run "
+            f"holds at most {MAX_REQUESTS} (split the load over several runs, or sample it)")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -69,7 +104,7 @@ class FixedLength(_Model):
     """Every request gets the same length."""
 
     type: Literal["fixed"] = "fixed"
-    value: int = Field(ge=1, description="Length in tokens.")
+    value: Length = Field(description="Length in tokens.")
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         return np.full(n, self.value, dtype=np.int64)
@@ -82,8 +117,8 @@ class UniformLength(_Model):
     """Whole numbers drawn uniformly from ``[low, high]``, both ends included."""
 
     type: Literal["uniform"] = "uniform"
-    low: int = Field(ge=1, description="Smallest length in tokens (included).")
-    high: int = Field(ge=1, description="Largest length in tokens (included); >= low.")
+    low: Length = Field(description="Smallest length in tokens (included).")
+    high: Length = Field(description="Largest length in tokens (included); >= low.")
 
     @model_validator(mode="after")
     def _check(self) -> UniformLength:
@@ -101,10 +136,10 @@ class NormalLength(_Model):
     """Normal draws rounded to whole tokens and clipped to ``[min, max]``."""
 
     type: Literal["normal"] = "normal"
-    mean: float = Field(gt=0, allow_inf_nan=False, description="Mean before clipping, in tokens.")
-    std: float = Field(ge=0, allow_inf_nan=False, description="Standard deviation before clipping, in tokens.")
-    min: int = Field(default=1, ge=1, description="Lower clip in tokens.")
-    max: int | None = Field(default=None, ge=1, description="Upper clip in tokens; none: no upper clip.")
+    mean: Float = Field(gt=0, le=MAX_LENGTH, description="Mean before clipping, in tokens.")
+    std: Float = Field(ge=0, le=MAX_LENGTH, description="Standard deviation before clipping, in tokens.")
+    min: Length = Field(default=1, description="Lower clip in tokens.")
+    max: Length | None = Field(default=None, description="Upper clip in tokens; none: no upper clip.")
 
     @model_validator(mode="after")
     def _check(self) -> NormalLength:
@@ -126,10 +161,10 @@ class LognormalLength(_Model):
     """
 
     type: Literal["lognormal"] = "lognormal"
-    mean: float = Field(gt=0, allow_inf_nan=False, description="Mean length before clipping, in tokens.")
-    std: float = Field(gt=0, allow_inf_nan=False, description="Standard deviation before clipping, in tokens.")
-    min: int = Field(default=1, ge=1, description="Lower clip in tokens.")
-    max: int | None = Field(default=None, ge=1, description="Upper clip in tokens; none: no upper clip.")
+    mean: Float = Field(gt=0, le=MAX_LENGTH, description="Mean length before clipping, in tokens.")
+    std: Float = Field(gt=0, le=MAX_LENGTH, description="Standard deviation before clipping, in tokens.")
+    min: Length = Field(default=1, description="Lower clip in tokens.")
+    max: Length | None = Field(default=None, description="Upper clip in tokens; none: no upper clip.")
 
     @model_validator(mode="after")
     def _check(self) -> LognormalLength:
@@ -148,9 +183,9 @@ class ExponentialLength(_Model):
     """Exponential draws, rounded and clipped to ``[min, max]`` (``max`` caps the long tail)."""
 
     type: Literal["exponential"] = "exponential"
-    mean: float = Field(gt=0, allow_inf_nan=False, description="Mean before clipping, in tokens.")
-    min: int = Field(default=1, ge=1, description="Lower clip in tokens.")
-    max: int | None = Field(default=None, ge=1, description="Cap in tokens; none: no cap.")
+    mean: Float = Field(gt=0, le=MAX_LENGTH, description="Mean before clipping, in tokens.")
+    min: Length = Field(default=1, description="Lower clip in tokens.")
+    max: Length | None = Field(default=None, description="Cap in tokens; none: no cap.")
 
     @model_validator(mode="after")
     def _check(self) -> ExponentialLength:
@@ -183,7 +218,7 @@ class EmpiricalLength(_Model):
 
 
 LengthDistribution = Annotated[
-    Union[FixedLength, UniformLength, NormalLength, LognormalLength, ExponentialLength, EmpiricalLength],
+    FixedLength | UniformLength | NormalLength | LognormalLength | ExponentialLength | EmpiricalLength,
     Field(discriminator="type"),
 ]
 
@@ -196,7 +231,7 @@ class FixedThinkTime(_Model):
     """Every pause lasts the same time."""
 
     type: Literal["fixed"] = "fixed"
-    value: float = Field(ge=0, allow_inf_nan=False, description="Pause in seconds.")
+    value: Float = Field(ge=0, allow_inf_nan=False, description="Pause in seconds.")
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         return np.full(n, self.value, dtype=np.float64)
@@ -209,7 +244,7 @@ class ExponentialThinkTime(_Model):
     """Exponentially distributed pauses (memoryless users)."""
 
     type: Literal["exponential"] = "exponential"
-    mean: float = Field(gt=0, allow_inf_nan=False, description="Mean pause in seconds.")
+    mean: Float = Field(gt=0, allow_inf_nan=False, description="Mean pause in seconds.")
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         return rng.exponential(self.mean, size=n)
@@ -222,8 +257,8 @@ class UniformThinkTime(_Model):
     """Pauses drawn uniformly from ``[low, high]`` seconds."""
 
     type: Literal["uniform"] = "uniform"
-    low: float = Field(ge=0, allow_inf_nan=False, description="Shortest pause in seconds.")
-    high: float = Field(ge=0, allow_inf_nan=False, description="Longest pause in seconds; >= low.")
+    low: Float = Field(ge=0, allow_inf_nan=False, description="Shortest pause in seconds.")
+    high: Float = Field(ge=0, allow_inf_nan=False, description="Longest pause in seconds; >= low.")
 
     @model_validator(mode="after")
     def _check(self) -> UniformThinkTime:
@@ -241,8 +276,8 @@ class LognormalThinkTime(_Model):
     """Lognormal pauses, parametrised by the mean and standard deviation of the pauses themselves."""
 
     type: Literal["lognormal"] = "lognormal"
-    mean: float = Field(gt=0, allow_inf_nan=False, description="Mean pause in seconds.")
-    std: float = Field(gt=0, allow_inf_nan=False, description="Standard deviation of the pause in seconds.")
+    mean: Float = Field(gt=0, allow_inf_nan=False, description="Mean pause in seconds.")
+    std: Float = Field(gt=0, allow_inf_nan=False, description="Standard deviation of the pause in seconds.")
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         mu, sigma = _lognormal_params(self.mean, self.std)
@@ -253,7 +288,7 @@ class LognormalThinkTime(_Model):
 
 
 ThinkTime = Annotated[
-    Union[FixedThinkTime, ExponentialThinkTime, UniformThinkTime, LognormalThinkTime],
+    FixedThinkTime | ExponentialThinkTime | UniformThinkTime | LognormalThinkTime,
     Field(discriminator="type"),
 ]
 
@@ -266,7 +301,7 @@ class PoissonArrival(_Model):
     """Open loop, exponential inter-arrival gaps (what ``vllm bench serve --request-rate`` sends)."""
 
     type: Literal["poisson"] = "poisson"
-    rate: float = Field(gt=0, allow_inf_nan=False, description="Mean request rate in requests per second.")
+    rate: Float = Field(gt=0, allow_inf_nan=False, description="Mean request rate in requests per second.")
 
     def times(self, rng: np.random.Generator, n: int) -> np.ndarray:
         return np.cumsum(rng.exponential(1.0 / self.rate, size=n))
@@ -279,8 +314,8 @@ class GammaArrival(_Model):
     """Open loop, gamma inter-arrival gaps: cv=1 is Poisson, cv>1 burstier, cv<1 more regular."""
 
     type: Literal["gamma"] = "gamma"
-    rate: float = Field(gt=0, allow_inf_nan=False, description="Mean request rate in requests per second.")
-    cv: float = Field(
+    rate: Float = Field(gt=0, allow_inf_nan=False, description="Mean request rate in requests per second.")
+    cv: Float = Field(
         gt=0, allow_inf_nan=False, description="Coefficient of variation of the gaps (std / mean), unitless."
     )
 
@@ -296,7 +331,7 @@ class ConstantArrival(_Model):
     """Open loop, evenly spaced requests."""
 
     type: Literal["constant"] = "constant"
-    rate: float = Field(gt=0, allow_inf_nan=False, description="Request rate in requests per second.")
+    rate: Float = Field(gt=0, allow_inf_nan=False, description="Request rate in requests per second.")
 
     def times(self, rng: np.random.Generator, n: int) -> np.ndarray:
         return np.arange(1, n + 1, dtype=np.float64) / self.rate
@@ -321,7 +356,7 @@ class ClosedLoopArrival(_Model):
     """Closed loop: ``num_users`` users each send a request, wait for it to finish, think, and send the next."""
 
     type: Literal["closed_loop"] = "closed_loop"
-    num_users: int = Field(ge=1, description="Concurrent users, each with at most one request in flight.")
+    num_users: Int = Field(ge=1, description="Concurrent users, each with at most one request in flight.")
     think_time: ThinkTime = Field(
         default_factory=lambda: FixedThinkTime(value=0.0),
         description="Pause in seconds between a request's completion (or rejection) and the user's next send.",
@@ -343,23 +378,31 @@ class TraceArrival(_Model):
     trace: str = Field(
         description=f"Shipped trace name ({', '.join(TRACES)}) or path to an Azure .csv / Mooncake .jsonl file."
     )
-    start: float = Field(
+    start: Float = Field(
         default=0.0, ge=0, allow_inf_nan=False, description="Window start in seconds of the original trace."
     )
-    end: float | None = Field(
+    end: Float | None = Field(
         default=None, gt=0, allow_inf_nan=False, description="Window end in seconds (excluded); none: to the end."
     )
-    time_scale: float = Field(
-        default=1.0, gt=0, allow_inf_nan=False, description="Multiplies inter-arrival times (0.5: twice as fast)."
+    # bounded so that their ratio times a trace's span stays a finite number of seconds
+    time_scale: Float = Field(
+        default=1.0, ge=1e-6, le=1e6, description="Multiplies inter-arrival times (0.5: twice as fast)."
     )
-    rate_scale: float = Field(
-        default=1.0, gt=0, allow_inf_nan=False, description="Multiplies the request rate (2: twice the rate)."
+    rate_scale: Float = Field(
+        default=1.0, ge=1e-6, le=1e6, description="Multiplies the request rate (2: twice the rate)."
     )
-    repeat_to: int | None = Field(
+    repeat_to: Int | None = Field(
         default=None,
         ge=1,
         description="Tile the window back to back until this many requests exist; none: the window once.",
     )
+
+    @field_validator("repeat_to")
+    @classmethod
+    def _not_too_many(cls, n: int | None) -> int | None:
+        if n is not None and n > MAX_REQUESTS:
+            raise ValueError(too_many_requests(n))
+        return n
 
     @model_validator(mode="after")
     def _check(self) -> TraceArrival:
@@ -391,7 +434,7 @@ class TraceArrival(_Model):
 
 
 ArrivalProcess = Annotated[
-    Union[PoissonArrival, GammaArrival, ConstantArrival, AllAtOnceArrival, ClosedLoopArrival, TraceArrival],
+    PoissonArrival | GammaArrival | ConstantArrival | AllAtOnceArrival | ClosedLoopArrival | TraceArrival,
     Field(discriminator="type"),
 ]
 
@@ -401,10 +444,10 @@ class Failures(_Model):
     errors). A request already finished by then is untouched. The same requests fail at the same times in every
     compared variant; a variant with ``deployment.leak_kv_on_failure`` is the server that forgets to free them."""
 
-    fraction: float = Field(ge=0, le=1, allow_inf_nan=False, description="Share of the requests that fail.")
+    fraction: Float = Field(ge=0, le=1, allow_inf_nan=False, description="Share of the requests that fail.")
     after: ThinkTime = Field(description="Seconds after its arrival at which a failing request fails.")
     reason: Literal["cancelled", "error"] = Field(
-        "cancelled", description="What the failure is, in the records: a client cancellation or a server error."
+        default="cancelled", description="What the failure is, in the records: a client cancellation or a server error."
     )
 
     def describe(self) -> str:
@@ -415,7 +458,8 @@ class Failures(_Model):
         chosen = np.sort(rng.permutation(ids)[:n])
         delays = self.after.sample(rng, n)
         reason = "cancelled by the client" if self.reason == "cancelled" else "server error"
-        return FailurePlan(cancel_after={int(i): float(d) for i, d in zip(chosen, delays)}, cancel_reason=reason)
+        return FailurePlan(cancel_after={int(i): float(d) for i, d in zip(chosen, delays, strict=True)},
+                           cancel_reason=reason)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -451,7 +495,7 @@ class Workload(_Model):
     """The workload section of a scenario."""
 
     arrival: ArrivalProcess = Field(description="When requests are sent.")
-    num_requests: int | None = Field(
+    num_requests: Int | None = Field(
         default=None,
         ge=1,
         description="Requests to generate. Required unless arrival is a trace; for a trace: its first "
@@ -467,15 +511,23 @@ class Workload(_Model):
         description="Output tokens to generate. Required unless arrival is a trace; for a trace it replaces the "
         "trace's output lengths.",
     )
-    shared_prefix: int = Field(
+    shared_prefix: Int = Field(
         default=0,
         ge=0,
+        le=MAX_LENGTH,
         description="Tokens of a system prompt prepended to every prompt and shared by all requests (prefix "
         f"caching can reuse its whole {PREFIX_HASH_BLOCK_SIZE}-token blocks); 0: none.",
     )
     failures: Failures | None = Field(
         default=None, description="Requests that fail mid-flight (cancellations, errors); none by default."
     )
+
+    @field_validator("num_requests")
+    @classmethod
+    def _not_too_many(cls, n: int | None) -> int | None:
+        if n is not None and n > MAX_REQUESTS:
+            raise ValueError(too_many_requests(n))
+        return n
 
     @model_validator(mode="after")
     def _check(self) -> Workload:
@@ -490,9 +542,9 @@ class Workload(_Model):
         parts = [self.arrival.describe()]
         if self.num_requests is not None:
             parts.append(f"{self.num_requests} requests")
-        trace = isinstance(self.arrival, TraceArrival)
         for label, dist in (("prompt", self.prompt_len), ("output", self.output_len)):
-            parts.append(f"{label} {'from trace' if dist is None and trace else dist.describe()} tokens")
+            text = "from trace" if dist is None else dist.describe()  # validated: None only with a trace
+            parts.append(f"{label} {text} tokens")
         if self.shared_prefix:
             parts.append(f"shared prefix {self.shared_prefix} tokens")
         if self.failures is not None:
@@ -526,8 +578,8 @@ class Workload(_Model):
             if data.hash_ids is not None and self.prompt_len is None:  # ids describe the trace's own prompts
                 hash_ids, hash_block_size = data.hash_ids[:n], data.hash_block_size
         else:
-            n = self.num_requests
-            assert n is not None and self.prompt_len is not None and self.output_len is not None  # validated
+            assert self.num_requests is not None and self.prompt_len is not None and self.output_len is not None
+            n = self.num_requests  # validated: set unless the arrival is a trace
             if isinstance(arrival, ClosedLoopArrival):
                 times = np.zeros(n, dtype=np.float64)  # the simulator sets real send times
             else:
@@ -562,9 +614,12 @@ class Workload(_Model):
         ids = hash_ids if hash_ids is not None else [prefix_ids] * n
         requests = tuple(
             RequestSpec(i, t, p, o, h, hash_block_size, s)
-            for i, (t, p, o, h, s) in enumerate(zip(times.tolist(), prompt.tolist(), output.tolist(), ids, sessions))
+            for i, (t, p, o, h, s) in enumerate(
+                zip(times.tolist(), prompt.tolist(), output.tolist(), ids, sessions, strict=True)
+            )
         )
         failures = None
         if self.failures is not None:
+            assert failure_rng is not None  # spawned above whenever failures are set
             failures = self.failures.draw(failure_rng, np.arange(n, dtype=np.int64))
         return GeneratedWorkload(requests, closed, failures)

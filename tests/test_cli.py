@@ -141,9 +141,13 @@ CASES = {
     "duplicate variant names": (_with("variants.1.name", "a"), ["variants", "unique", "'a'"]),
     "bad sweep key": (_with("sweep", {"polcy.max_num_seqs": [1, 2]}), ["sweep", "polcy.max_num_seqs"]),
     "bad sweep value": (_with("sweep", {"policy.max_num_seqs": [4, -1]}), ["policy.max_num_seqs", "-1"]),
-    "sweep key no variant has": (
+    "sweep key that exists nowhere": (
         _with("sweep", {"policy.max_num_seq": [4, 8]}),
-        ["sweep", "policy.max_num_seq", "no variant"],
+        ["sweep", "policy.max_num_seq", "unknown key", "did you mean policy.max_num_seqs"],
+    ),
+    "sweep key no variant has": (
+        _with("sweep", {"policy.batch_size": [4, 8]}),  # a static policy's key; every variant runs continuous
+        ["sweep", "policy.batch_size", "no variant"],
     ),
 }
 
