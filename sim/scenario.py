@@ -354,8 +354,9 @@ class AutoscalerSection(_Model):
     )
     scale_up: Float = Field(gt=0, description="Add a replica when the signal is above this.")
     scale_down: Float = Field(ge=0, description="Drain a replica when the signal is below this.")
-    # at least 0.1 s: an interval of 1e-300 s never advances the clock (the run hung)
-    interval: Float = Field(default=10.0, ge=0.1, description="Seconds between two looks at the signal.")
+    # at least 1 ms: an interval of 1e-300 s never advanced the clock (the run hung); 1 ms still lets the autoscaler
+    # act between the millisecond steps of the CPU engine
+    interval: Float = Field(default=10.0, ge=1e-3, description="Seconds between two looks at the signal.")
     cooldown: Float = Field(default=60.0, ge=0, description="Seconds after an action before the next one.")
     provisioning_delay: Float = Field(
         default=120.0, ge=0, description="Seconds from ordering a GPU to it serving (boot, weights); paid meanwhile."

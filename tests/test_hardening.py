@@ -116,7 +116,7 @@ REFUSED = {
         ["cluster", "replicas (9)", "[1, 8]"]),
     "autoscaler interval 1e-300 (hung)": (
         w("cluster", {"autoscaler": {"signal": "queue", "scale_up": 2, "scale_down": 1, "interval": 1e-300}}),
-        ["cluster.autoscaler.interval", "greater than or equal to 0.1"]),
+        ["cluster.autoscaler.interval", "greater than or equal to 0.001"]),
     "scale_down >= scale_up": (w("cluster", {"autoscaler": {"signal": "queue", "scale_up": 2, "scale_down": 2}}),
                                ["cluster.autoscaler", "scale_down"]),
     # 6. overflows
