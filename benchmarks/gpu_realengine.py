@@ -34,6 +34,7 @@ import time
 import traceback
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -112,7 +113,7 @@ def measure_device(dev: torch.device, quick: bool) -> dict:
     src.random_(0, 255)  # never measure on zeros: some paths compress them
     dst = torch.empty_like(src)
     ms = timer(lambda: dst.copy_(src), iters=20)
-    out = {"copy_bytes": size, "copy_ms": ms, "copy_bandwidth_GBps": 2 * size / ms / 1e6}
+    out: dict[str, Any] = {"copy_bytes": size, "copy_ms": ms, "copy_bandwidth_GBps": 2 * size / ms / 1e6}
     n = 512 if quick else 8192
     for name in (("fp32",) if dev.type != "cuda" else ("bf16", "fp16", "fp32")):
         a = torch.randn(n, n, device=dev, dtype=_dtype(name))
@@ -145,7 +146,7 @@ def measure_paging(dev: torch.device, quick: bool) -> dict:
     def contiguous():
         return sdpa(q[:, :, None, :], k_cont, v_cont, scale=scale, enable_gqa=True)
 
-    out = {"batch": b, "context": ctx, "heads": h, "kv_heads": hkv, "head_dim": d, "dtype": str(dt),
+    out: dict[str, Any] = {"batch": b, "context": ctx, "heads": h, "kv_heads": hkv, "head_dim": d, "dtype": str(dt),
            "contiguous_sdpa_ms": timer(contiguous, iters=20),
            "paged_gather_ref_ms": timer(lambda: paged_decode_attention_ref(q, k_pages, v_pages, table, lens, ctx,
                                                                             scale), iters=20)}
@@ -163,48 +164,56 @@ def measure_paging(dev: torch.device, quick: bool) -> dict:
 
 
 # ---- 4. decode throughput ----------------------------------------------------------------------------------------
+def _decode_model(spec: ModelSpec, dev: torch.device, dt: torch.dtype, batches: list[int], ctx: int, bs: int,
+                  timer: Timer, bandwidth_GBps: float | None) -> dict[str, Any]:
+    """``measure_decode``'s rows for one model: eager and CUDA-graph decode steps at each batch size."""
+    from realengine.cuda_graph import DecodeGraph
+
+    out: dict[str, Any] = {}
+    model = LlamaModel(spec, dtype=dt, device=dev, seed=0)
+    for b in batches:
+        width = math.ceil((ctx + 1) / bs)
+        kv = KVCache(spec, block_size=bs, dtype=dt, device=dev, num_blocks=b * width + 1)
+        for t in kv.k + kv.v:
+            t.normal_()
+        tables = torch.arange(1, b * width + 1, device=dev).view(b, width)  # block 0: the graph's scratch
+        ctxs = torch.full((b,), ctx, device=dev)
+        ids = torch.randint(0, spec.vocab_size, (b,), device=dev)
+        meta = build_metadata([ctx] * b, [1] * b, device=dev, block_size=bs, block_tables=tables.tolist())
+        eager_ms = timer(lambda: model(ids, meta.positions, meta, kv).argmax(-1), iters=10)
+        row: dict[str, Any] = {"eager_ms": eager_ms}
+        try:
+            graph = DecodeGraph(model, kv, b, width)
+            row["graph"] = graph.graph is not None
+            row["graph_ms"] = timer(lambda: graph.step(ids, ctxs, tables), iters=20)
+        except Exception as e:  # noqa: BLE001 - record and go on with the eager figure
+            row["graph_error"] = f"{type(e).__name__}: {e}"
+        best = min(row.get("graph_ms", math.inf), eager_ms)
+        step_bytes = model.weight_bytes() + b * ctx * kv_bytes_per_block(spec, dt, 1)
+        row.update(tokens_per_s=b / best * 1e3, bytes_per_step=step_bytes,
+                   achieved_GBps=step_bytes / best / 1e6)
+        if bandwidth_GBps:
+            row["share_of_copy_bandwidth"] = row["achieved_GBps"] / bandwidth_GBps
+        out[f"{spec.name}/batch{b}"] = row
+    return out
+
+
 def measure_decode(dev: torch.device, quick: bool, bandwidth_GBps: float | None) -> dict:
     from realengine import attention
-    from realengine.cuda_graph import DecodeGraph
 
     if dev.type == "cuda":
         from realengine import triton_decode
 
         triton_decode.register()
     timer = Timer(dev)
-    out = {}
+    out: dict[str, Any] = {}
     models = ["tiny"] if quick else ["llama-3.2-1b", "llama-3.1-8b"]
     batches = [1, 4] if quick else [1, 64]
     ctx, bs = (32, 16) if quick else (512, 16)
     dt = torch.float32 if dev.type != "cuda" else torch.bfloat16
     for name in models:
-        spec = ModelSpec.from_name(name)
-        model = LlamaModel(spec, dtype=dt, device=dev, seed=0)
-        for b in batches:
-            width = math.ceil((ctx + 1) / bs)
-            kv = KVCache(spec, block_size=bs, dtype=dt, device=dev, num_blocks=b * width + 1)
-            for t in kv.k + kv.v:
-                t.normal_()
-            tables = torch.arange(1, b * width + 1, device=dev).view(b, width)  # block 0: the graph's scratch
-            ctxs = torch.full((b,), ctx, device=dev)
-            ids = torch.randint(0, spec.vocab_size, (b,), device=dev)
-            meta = build_metadata([ctx] * b, [1] * b, device=dev, block_size=bs, block_tables=tables.tolist())
-            eager_ms = timer(lambda: model(ids, meta.positions, meta, kv).argmax(-1), iters=10)
-            row = {"eager_ms": eager_ms}
-            try:
-                graph = DecodeGraph(model, kv, b, width)
-                row["graph"] = graph.graph is not None
-                row["graph_ms"] = timer(lambda: graph.step(ids, ctxs, tables), iters=20)
-            except Exception as e:  # noqa: BLE001 - record and go on with the eager figure
-                row["graph_error"] = f"{type(e).__name__}: {e}"
-            best = min(row.get("graph_ms", math.inf), eager_ms)
-            step_bytes = model.weight_bytes() + b * ctx * kv_bytes_per_block(spec, dt, 1)
-            row.update(tokens_per_s=b / best * 1e3, bytes_per_step=step_bytes,
-                       achieved_GBps=step_bytes / best / 1e6)
-            if bandwidth_GBps:
-                row["share_of_copy_bandwidth"] = row["achieved_GBps"] / bandwidth_GBps
-            out[f"{name}/batch{b}"] = row
-        model = kv = graph = None  # free the 1B shape's memory before the 8B one
+        # one function call per model: its tensors are freed when it returns, before the next (8B) model
+        out.update(_decode_model(ModelSpec.from_name(name), dev, dt, batches, ctx, bs, timer, bandwidth_GBps))
         if dev.type == "cuda":
             torch.cuda.empty_cache()
     attention.register_cuda_decode_kernel(None)
@@ -232,7 +241,7 @@ def measure_quant(dev: torch.device, quick: bool) -> dict:
         tables = torch.arange(b * width, device=dev).view(b, width).tolist()
         ids = torch.randint(0, spec.vocab_size, (b,), device=dev)
         meta = build_metadata([ctx] * b, [1] * b, device=dev, block_size=bs, block_tables=tables)
-        row = {}
+        row: dict[str, dict[str, Any]] = {}
         for fmt in ("base", "int8", "fp8", "int4"):
             try:
                 model = base if fmt == "base" else quantize_model(base, fmt)
@@ -268,7 +277,7 @@ def measure_batching(dev: torch.device, quick: bool) -> dict:
     }
     sc = parse_scenario(raw)
     wl = generate_workload(sc)
-    out = {}
+    out: dict[str, Any] = {}
     for cfg in variant_configs(sc):
         t = time.perf_counter()
         result, requests, _ = run_engine(cfg, wl, device=dev.type, model_spec="tiny" if quick else None,
@@ -288,6 +297,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="tiny shapes: a smoke run of every section")
     ap.add_argument("--out", type=Path, default=Path("calibration/gpu"))
     ap.add_argument("--only", nargs="*", default=None, help="run only these sections")
+    ap.add_argument("--copy-bandwidth-GBps", type=float, default=None,
+                    help="the device section's copy bandwidth, for decode's share when device is not run with it "
+                         "(benchmarks/gpu/run_all.py runs each section in its own process)")
     args = ap.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("gpu_realengine: --device cuda but torch sees no CUDA device (use --device cpu --quick)")
@@ -309,9 +321,12 @@ def main() -> None:
                 ("device", lambda: measure_device(dev, args.quick)),
                 ("paging", lambda: measure_paging(dev, args.quick)),
                 ("decode", lambda: measure_decode(dev, args.quick, report["sections"].get("device", {})
-                                                  .get("copy_bandwidth_GBps"))),
+                                                  .get("copy_bandwidth_GBps", args.copy_bandwidth_GBps))),
                 ("batching", lambda: measure_batching(dev, args.quick)),
                 ("quant", lambda: measure_quant(dev, args.quick))]
+    args.out.mkdir(parents=True, exist_ok=True)
+    slug = "".join(c if c.isalnum() else "-" for c in card.lower()).strip("-")
+    path = args.out / f"{slug}{'-quick' if args.quick else ''}.json"
     for name, fn in sections:
         if args.only and name not in args.only:
             continue
@@ -323,12 +338,10 @@ def main() -> None:
         res["seconds"] = round(time.perf_counter() - t, 2)
         report["sections"][name] = res
         print(f"{name}: {json.dumps(res, default=str)[:600]}", flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    slug = "".join(c if c.isalnum() else "-" for c in card.lower()).strip("-")
-    path = args.out / f"{slug}{'-quick' if args.quick else ''}.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(report, indent=2, default=str) + "\n")
-    tmp.replace(path)  # written whole or not at all
+        # rewritten after every section: a run killed in a later one keeps what the earlier ones measured
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(report, indent=2, default=str) + "\n")
+        tmp.replace(path)  # written whole or not at all
     print(f"wrote {path}")
 
 

@@ -261,26 +261,29 @@ def attention(q: Tensor, k: Tensor, v: Tensor, kv: tuple[Tensor, Tensor] | None,
     nt = qsl[-1]
     if kv is not None:
         k_cache, v_cache = kv
-        write_kv(k_cache, v_cache, k[:nt], v[:nt], meta.slot_mapping)
+        slots, seq_lens = meta.slot_mapping, meta.seq_lens
+        assert slots is not None and seq_lens is not None, "a step over a cache has slot_mapping and seq_lens"
+        write_kv(k_cache, v_cache, k[:nt], v[:nt], slots)
         nd = meta.num_decodes
-        paged = meta.block_tables is not None
+        tables, rows = meta.block_tables, meta.seq_slots  # paged: block tables; contiguous: one row per sequence
         if nd:
-            if paged:
-                out[:nd] = paged_decode_attention(q[:nd], k_cache, v_cache, meta.block_tables[:nd],
-                                                  meta.seq_lens[:nd], meta.max_decode_len, scale)
+            if tables is not None:
+                out[:nd] = paged_decode_attention(q[:nd], k_cache, v_cache, tables[:nd], seq_lens[:nd],
+                                                  meta.max_decode_len, scale)
             else:
-                out[:nd] = contiguous_decode_attention(q[:nd], k_cache, v_cache, meta.seq_slots[:nd],
-                                                       meta.seq_slots_t[:nd], meta.seq_lens[:nd],
-                                                       meta.max_decode_len, scale)
+                assert rows is not None and meta.seq_slots_t is not None, "the contiguous layout has seq_slots"
+                out[:nd] = contiguous_decode_attention(q[:nd], k_cache, v_cache, rows[:nd], meta.seq_slots_t[:nd],
+                                                       seq_lens[:nd], meta.max_decode_len, scale)
         for i in range(nd, meta.num_seqs):
             a, b = qsl[i], qsl[i + 1]
             ctx = meta.context_lens[i]
             if ctx == 0:  # a fresh prompt: its keys are exactly the ones just written
                 out[a:b] = causal_attention(q[a:b], k[a:b], v[a:b], scale)
-            elif paged:
-                out[a:b] = paged_prefill_attention(q[a:b], k_cache, v_cache, meta.block_tables[i], ctx, scale)
+            elif tables is not None:
+                out[a:b] = paged_prefill_attention(q[a:b], k_cache, v_cache, tables[i], ctx, scale)
             else:
-                out[a:b] = contiguous_prefill_attention(q[a:b], k_cache, v_cache, meta.seq_slots[i], ctx, scale)
+                assert rows is not None, "the contiguous layout has seq_slots"
+                out[a:b] = contiguous_prefill_attention(q[a:b], k_cache, v_cache, rows[i], ctx, scale)
     else:
         for i in range(meta.num_seqs):
             a, b = qsl[i], qsl[i + 1]

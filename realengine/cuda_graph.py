@@ -53,7 +53,7 @@ class DecodeGraph:
             seq_lens=self.seq_lens,
         )
         self.tokens = torch.zeros(b, dtype=torch.long, device=dev)
-        self.graph = None
+        self.graph: torch.cuda.CUDAGraph | None = None
         if self.capture:
             self._capture()
 
@@ -70,9 +70,10 @@ class DecodeGraph:
             for _ in range(2):  # warm-up on a side stream, as capture requires (allocator, autotuning)
                 self._forward()
         torch.cuda.current_stream().wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
             self._forward()
+        self.graph = graph
 
     def step(self, input_ids: Tensor, context_lens: Tensor, block_tables: Tensor) -> Tensor:
         """Decode one token for each sequence: ``input_ids [B]`` (its last token), ``context_lens [B]`` (tokens

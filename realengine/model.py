@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 from os import PathLike
 from pathlib import Path
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -55,7 +56,8 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
 class Linear(nn.Module):
     """``y = x W^T (+ b)`` without nn.Linear's kaiming initialisation (slow at 8B, and overwritten anyway)."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool, *, dtype: torch.dtype, device) -> None:
+    def __init__(self, in_features: int, out_features: int, bias: bool, *, dtype: torch.dtype,
+                 device: torch.device | str) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype, device=device),
                                    requires_grad=False)
@@ -67,7 +69,7 @@ class Linear(nn.Module):
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float, *, dtype: torch.dtype, device) -> None:
+    def __init__(self, size: int, eps: float, *, dtype: torch.dtype, device: torch.device | str) -> None:
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.empty(size, dtype=dtype, device=device), requires_grad=False)
@@ -94,7 +96,7 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 class Attention(nn.Module):
-    def __init__(self, spec: ModelSpec, *, dtype: torch.dtype, device) -> None:
+    def __init__(self, spec: ModelSpec, *, dtype: torch.dtype, device: torch.device | str) -> None:
         super().__init__()
         self.num_heads = spec.num_attention_heads
         self.num_kv_heads = spec.num_key_value_heads
@@ -117,7 +119,7 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, spec: ModelSpec, *, dtype: torch.dtype, device) -> None:
+    def __init__(self, spec: ModelSpec, *, dtype: torch.dtype, device: torch.device | str) -> None:
         super().__init__()
         self.intermediate_size = spec.intermediate_size
         self.gate_up_proj = Linear(spec.hidden_size, 2 * spec.intermediate_size, spec.mlp_bias,
@@ -130,7 +132,7 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, spec: ModelSpec, *, dtype: torch.dtype, device) -> None:
+    def __init__(self, spec: ModelSpec, *, dtype: torch.dtype, device: torch.device | str) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(spec.hidden_size, spec.norm_eps, dtype=dtype, device=device)
         self.self_attn = Attention(spec, dtype=dtype, device=device)
@@ -172,12 +174,14 @@ class LlamaModel(nn.Module):
         self.spec = spec
         self.dtype = torch_dtype(dtype)
         device = torch.device(device)
-        kw = dict(dtype=self.dtype, device=device)
-        self.embed_tokens = nn.Parameter(torch.empty(spec.vocab_size, spec.hidden_size, **kw), requires_grad=False)
-        self.layers = nn.ModuleList(DecoderLayer(spec, **kw) for _ in range(spec.num_layers))
-        self.norm = RMSNorm(spec.hidden_size, spec.norm_eps, **kw)
+        dt = self.dtype
+        self.embed_tokens = nn.Parameter(torch.empty(spec.vocab_size, spec.hidden_size, dtype=dt, device=device),
+                                         requires_grad=False)
+        self.layers = nn.ModuleList(DecoderLayer(spec, dtype=dt, device=device) for _ in range(spec.num_layers))
+        self.norm = RMSNorm(spec.hidden_size, spec.norm_eps, dtype=dt, device=device)
         self.lm_head = (None if spec.tie_word_embeddings else
-                        nn.Parameter(torch.empty(spec.vocab_size, spec.hidden_size, **kw), requires_grad=False))
+                        nn.Parameter(torch.empty(spec.vocab_size, spec.hidden_size, dtype=dt, device=device),
+                                     requires_grad=False))
         if device.type != "meta":
             if weights_path is not None:
                 self.load_hf_state_dict(load_safetensors(weights_path))
@@ -187,6 +191,12 @@ class LlamaModel(nn.Module):
     @property
     def device(self) -> torch.device:
         return self.embed_tokens.device
+
+    @property
+    def decoder_layers(self) -> list[DecoderLayer]:
+        """``layers`` as what they are: iterating an ``nn.ModuleList`` yields plain ``Module``s to a type checker.
+        (``quantize_model`` swaps the linear layers inside them, never the layers themselves.)"""
+        return cast(list[DecoderLayer], list(self.layers))
 
     def init_random(self, seed: int, std: float = 0.02) -> None:
         """Fill every parameter from ``torch.Generator(device).manual_seed(seed)``, in registration order."""
@@ -209,7 +219,7 @@ class LlamaModel(nn.Module):
     def forward(self, input_ids: Tensor, positions: Tensor, meta: AttentionMetadata, kv_cache=None) -> Tensor:
         x = F.embedding(input_ids, self.embed_tokens)
         cos, sin = rope_cos_sin(positions, self.spec.head_dim, self.spec.rope_theta, self.dtype)
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(self.decoder_layers):
             x = layer(x, cos, sin, meta, None if kv_cache is None else kv_cache.layer(i))
         x = self.norm(x[meta.logits_indices])  # only the rows that sample reach the LM head
         return F.linear(x, self.lm_head_weight)
@@ -223,7 +233,7 @@ class LlamaModel(nn.Module):
                                   "model.norm.weight": self.norm.weight.data}
         if self.lm_head is not None:
             out["lm_head.weight"] = self.lm_head.data
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(self.decoder_layers):
             p = f"model.layers.{i}."
             a, m = layer.self_attn, layer.mlp
             out[p + "input_layernorm.weight"] = layer.input_layernorm.weight.data
@@ -231,7 +241,7 @@ class LlamaModel(nn.Module):
             for part, name in (("weight", "weight"), ("bias", "bias")):
                 t = getattr(a.qkv_proj, part)
                 if t is not None:
-                    for proj, piece in zip("qkv", t.data.split((q, kv, kv), dim=0)):
+                    for proj, piece in zip("qkv", t.data.split((q, kv, kv), dim=0), strict=True):
                         out[p + f"self_attn.{proj}_proj.{name}"] = piece
                 t = getattr(a.o_proj, part)
                 if t is not None:
@@ -248,7 +258,6 @@ class LlamaModel(nn.Module):
     def load_hf_state_dict(self, state: dict[str, Tensor]) -> None:
         """Copy weights given under Hugging Face Llama names; every parameter must be present. A checkpoint's
         ``lm_head.weight`` is ignored when the spec ties the head to the embedding."""
-        s = self.spec
         mine = self.hf_state_dict()  # views into this model's parameters, except the fused ones (split copies)
         missing = sorted(set(mine) - set(state))
         if missing:
@@ -266,21 +275,22 @@ class LlamaModel(nn.Module):
             put(self.norm.weight.data, "model.norm.weight")
             if self.lm_head is not None:
                 put(self.lm_head.data, "lm_head.weight")
-            for i, layer in enumerate(self.layers):
+            for i, layer in enumerate(self.decoder_layers):
                 p = f"model.layers.{i}."
                 a, m = layer.self_attn, layer.mlp
                 put(layer.input_layernorm.weight.data, p + "input_layernorm.weight")
                 put(layer.post_attention_layernorm.weight.data, p + "post_attention_layernorm.weight")
                 put(a.qkv_proj.weight.data, *(p + f"self_attn.{x}_proj.weight" for x in "qkv"))
-                if s.qkv_bias:
+                if a.qkv_proj.bias is not None:  # present exactly when the spec has the bias
                     put(a.qkv_proj.bias.data, *(p + f"self_attn.{x}_proj.bias" for x in "qkv"))
                 put(a.o_proj.weight.data, p + "self_attn.o_proj.weight")
-                if s.o_bias:
+                if a.o_proj.bias is not None:
                     put(a.o_proj.bias.data, p + "self_attn.o_proj.bias")
                 put(m.gate_up_proj.weight.data, p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight")
                 put(m.down_proj.weight.data, p + "mlp.down_proj.weight")
-                if s.mlp_bias:
+                if m.gate_up_proj.bias is not None:
                     put(m.gate_up_proj.bias.data, p + "mlp.gate_proj.bias", p + "mlp.up_proj.bias")
+                if m.down_proj.bias is not None:
                     put(m.down_proj.bias.data, p + "mlp.down_proj.bias")
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -192,13 +192,13 @@ class QualityReport:
         return "\n".join(lines)
 
 
-def eval_token_ids(tokenizer, eval_set: dict[str, Sequence[str]] | None = None, per_category: int | None = None,
+def eval_token_ids(tokenizer, eval_set: Mapping[str, Sequence[str]] | None = None, per_category: int | None = None,
                    max_tokens: int | None = None) -> dict[str, list[list[int]]]:
     """The evaluation texts as token ids, per category (the first ``per_category`` texts of each, each cut to its
     first ``max_tokens`` tokens)."""
-    eval_set = eval_set or EVAL_SET
+    texts_of: Mapping[str, Sequence[str]] = eval_set or EVAL_SET
     return {cat: [tokenizer.encode(t)[:max_tokens] for t in list(texts)[:per_category]]
-            for cat, texts in eval_set.items()}
+            for cat, texts in texts_of.items()}
 
 
 def score_set(model: LlamaModel, ids: dict[str, list[list[int]]], *, chunk: int = 16,
@@ -214,7 +214,7 @@ def compare(base: dict[str, list[torch.Tensor]], quant: dict[str, list[torch.Ten
     for cat, texts in ids.items():
         nll_b = nll_q = 0.0
         agree = n = 0
-        for t, lb, lq in zip(texts, base[cat], quant[cat]):
+        for t, lb, lq in zip(texts, base[cat], quant[cat], strict=True):
             target = torch.tensor(t[1:], dtype=torch.long)
             nll_b += float(torch.nn.functional.cross_entropy(lb[:-1], target, reduction="sum"))
             nll_q += float(torch.nn.functional.cross_entropy(lq[:-1], target, reduction="sum"))
@@ -269,7 +269,7 @@ def evaluate_quant(
     chunk: int = 16,
     per_category: int | None = None,
     max_tokens: int | None = None,
-    eval_set: dict[str, Sequence[str]] | None = None,
+    eval_set: Mapping[str, Sequence[str]] | None = None,
     base_logits: dict[str, list[torch.Tensor]] | None = None,
     throughput: bool = True,
     decode_batch: int = 8,
@@ -313,9 +313,12 @@ def evaluate_quant(
         threads=torch.get_num_threads(),
     )
     if throughput:
-        kw = dict(batch=decode_batch, context=decode_context, steps=decode_steps)
-        report.decode_tok_s_base = base_tok_s if base_tok_s is not None else decode_throughput(model, **kw)
-        report.decode_tok_s = decode_throughput(qmodel, cache_cls=kv_cls, **kw)
+        def tok_s(m: LlamaModel, cache_cls: Callable[..., KVCache] = KVCache) -> float:
+            return decode_throughput(m, batch=decode_batch, context=decode_context, steps=decode_steps,
+                                     cache_cls=cache_cls)
+
+        report.decode_tok_s_base = base_tok_s if base_tok_s is not None else tok_s(model)
+        report.decode_tok_s = tok_s(qmodel, kv_cls)
         report.decode_batch, report.decode_context = decode_batch, decode_context
         if model.device.type == "cpu" and (q.weights or q.kv):
             report.notes.append("On a CPU the quantized formats dequantize on the fly: they save memory, not time.")

@@ -65,6 +65,10 @@ class QuantLinear(nn.Module):
     patterns ``[out, in]`` (fp8). ``scale``: float32 ``[out, 1]`` (int8, fp8) or float16 ``[out, in / group]``
     (int4)."""
 
+    # registered buffers, declared so that a type checker sees tensors rather than ``Module.__getattr__``'s union
+    qweight: Tensor
+    scale: Tensor
+
     def __init__(self, weight: Tensor, bias: Tensor | None, fmt: str, *, group_size: int = 64,
                  cuda_fast_path: bool = True) -> None:
         super().__init__()
@@ -109,6 +113,7 @@ class QuantLinear(nn.Module):
         if self.fmt == "int8":
             w = self.qweight.to(dtype) * self.scale.to(dtype)
         elif self.fmt == "fp8":
+            assert self._lut is not None  # built in __init__ for fp8
             w = torch.take(self._lut, self.qweight.long()).to(dtype) * self.scale.to(dtype)
         else:
             q = self.qweight
@@ -149,7 +154,7 @@ def quantize_model(model: LlamaModel, fmt: str, *, group_size: int = 64, cuda_fa
     tensor (embedding, norms) with the original, which is left unchanged."""
     if fmt not in WEIGHT_FORMATS:
         raise ValueError(f"weight format {fmt!r}: expected one of {', '.join(WEIGHT_FORMATS)}")
-    memo = {id(p): p for p in model.parameters()}  # deepcopy shares the parameters instead of copying them
+    memo: dict[int, Tensor] = {id(p): p for p in model.parameters()}  # deepcopy shares them instead of copying
     memo.update({id(b): b for b in model.buffers()})
     q = copy.deepcopy(model, memo)
     for layer in q.layers:
@@ -269,6 +274,7 @@ class QuantKVTensor:
             data, scale = self.quantize(src)
         self.data.index_copy_(0, index, data)
         if self.scale is not None:
+            assert scale is not None, "int8 KV is written with its scales"
             self.scale.index_copy_(0, index, scale)
         return self
 
@@ -281,8 +287,10 @@ class QuantKVTensor:
 
     def dequantize(self, data: Tensor, scale: Tensor | None) -> Tensor:
         if self.fmt == "fp8":
+            assert self._lut is not None  # built in __init__ for fp8
             x = torch.take(self._lut, data.long())
             return (x * self.fp8_scale if self.fp8_scale != 1.0 else x).to(self.out_dtype)
+        assert scale is not None, "int8 KV is stored with its scales"
         return (data.to(self.out_dtype) * scale.to(self.out_dtype)[..., None])
 
     def __getitem__(self, idx) -> Tensor:
@@ -311,10 +319,13 @@ class QuantKVCache(KVCache):
                                     pin_memory=pin and not on_device)
             return QuantKVTensor(data, scale, kv_format, dtype, fp8_scale)
 
-        self.k = [wrap(t, True) for t in self.k]
-        self.v = [wrap(t, True) for t in self.v]
-        self.cpu_k = [wrap(t, False) for t in self.cpu_k]
-        self.cpu_v = [wrap(t, False) for t in self.cpu_v]
+        def wrap_all(ts: list[Tensor], on_device: bool) -> list[Tensor]:
+            # QuantKVTensor is not a Tensor: it duck-types the few Tensor operations that KVCache, the swap code and
+            # the gather attention apply to a layer's cache (see its doc), so the lists keep the base class's type.
+            return [wrap(t, on_device) for t in ts]  # type: ignore[misc]
+
+        self.k, self.v = wrap_all(self.k, True), wrap_all(self.v, True)
+        self.cpu_k, self.cpu_v = wrap_all(self.cpu_k, False), wrap_all(self.cpu_v, False)
 
     @property
     def nbytes(self) -> int:

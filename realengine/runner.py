@@ -183,7 +183,7 @@ class ModelRunner:
             ctx.append(c)
             qlens.append(n)
             sample.append(c + n == len(toks))
-            if self.paged:
+            if tables is not None:  # paged
                 table = tables[r.id]
                 snap = self._blocks.get(r.id)
                 if snap is None or len(snap) != len(table) or snap[-1] != table[-1]:
@@ -214,7 +214,7 @@ class ModelRunner:
         sampled = logits.argmax(dim=-1).tolist()  # also waits for the device: the step is done
         out: dict[int, int] = {}
         it = iter(sampled)
-        for (r, _), s in zip(rows, sample):
+        for (r, _), s in zip(rows, sample, strict=True):
             if s:
                 t = next(it)
                 self._tokens[r.id].append(t)
@@ -237,9 +237,9 @@ class ModelRunner:
             self.num_blocks_swapped_out += len(blocks)
         else:  # recompute: the KV is simply dropped; the tokens stay
             self._blocks.pop(r.id, None)
-            slot = self._slots.pop(r.id, None)
-            if slot is not None:
-                self.kv.free_slot(slot)
+            row = self._slots.pop(r.id, None)  # contiguous layout: the cache row it held, if any
+            if row is not None:
+                self.kv.free_slot(row)
 
     def _swap_in(self, r) -> None:
         handle = self._swapped.pop(r.id)

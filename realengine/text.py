@@ -128,7 +128,7 @@ def greedy_generate(
         gen.step_rows.append(list(live))
         nxt = logits.argmax(-1).tolist()
         still = []
-        for i, t in zip(live, nxt):
+        for i, t in zip(live, nxt, strict=True):
             ctx[i] = len(seqs[i])
             seqs[i].append(t)
             out[i].append(t)

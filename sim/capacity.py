@@ -165,10 +165,11 @@ def capacity_row(
     reserve = estimate_activation_reserve(model, weight_dtype=wd, tensor_parallel_size=tp,
                                           max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs)
     usable = int(gpu.memory_bytes * gpu_memory_utilization)
-    common: dict[str, Any] = dict(model=model.name, gpu=gpu.name, weight_dtype=wd, kv_dtype=kd, tensor_parallel_size=tp,
-                  weight_bytes=weights, activation_reserve=reserve, usable_memory=usable,
-                  kv_bytes_per_token=per_token, kv_bytes_per_token_replica=per_token * tp, block_size=block_size,
-                  contexts=tuple(contexts))
+    # the fields both rows share; Any because they are of several types (CapacityRow's fields check them)
+    common: dict[str, Any] = dict(
+        model=model.name, gpu=gpu.name, weight_dtype=wd, kv_dtype=kd, tensor_parallel_size=tp, weight_bytes=weights,
+        activation_reserve=reserve, usable_memory=usable, kv_bytes_per_token=per_token,
+        kv_bytes_per_token_replica=per_token * tp, block_size=block_size, contexts=tuple(contexts))
     if usable - weights - reserve < block_size * per_token:
         reason = (f"{weights / GiB:.1f} GiB weights + {reserve / GiB:.1f} GiB activations per GPU > "
                   f"{usable / GiB:.1f} GiB usable")

@@ -91,6 +91,7 @@ class ClusterSimulation(Simulation):
     # ---- the autoscaler ------------------------------------------------------------------------------------
     def _signal(self, now: float, interval: float) -> float:
         cfg = self.autoscaler
+        assert cfg is not None, "the signal is read only by the autoscaler's own process"
         reps = self.serving
         if cfg.signal == "busy":
             vals = [min(1.0, (rep.core.busy_time - self._busy_seen[rep.index]) / interval) for rep in reps]
@@ -190,7 +191,7 @@ def cluster_result(
     by_replica: dict[int, list[Request]] = {}
     for r in sim.requests:
         by_replica.setdefault(r.replica, []).append(r)
-    for rep, cost in zip(sim.replicas, costs):
+    for rep, cost in zip(sim.replicas, costs, strict=True):
         parts.append(result_of(f"{name}/replica-{rep.index}", by_replica.get(rep.index, []), rep.core, cost,
                                config=config, weight_bytes=weight_bytes, kv_bytes_per_block=kv_bytes_per_block))
     with gc_paused():
@@ -205,7 +206,7 @@ def cluster_result(
     log = sim.log
     replica_seconds = log.replica_seconds(end)
     per_replica = []
-    for p, life in zip(parts, log.lives):
+    for p, life in zip(parts, log.lives, strict=True):
         s = summarize(p, slos) if p.requests else None
         per_replica.append({
             "replica": life.index, "provisioned": life.provisioned, "ready": life.ready,

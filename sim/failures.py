@@ -75,7 +75,7 @@ class FailurePlan:
         erroring = order[n_cancel : n_cancel + n_error]
         delays = rng.uniform(lo, hi, size=len(cancelled))
         return cls(
-            cancel_after={int(i): float(d) for i, d in zip(cancelled, delays)},
+            cancel_after={int(i): float(d) for i, d in zip(cancelled, delays, strict=True)},
             error_after={int(i): int(rng.integers(0, outs[int(i)])) for i in erroring},
             oom_steps=frozenset(int(s) for s in oom_steps),
         )

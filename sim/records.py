@@ -32,7 +32,7 @@ class RequestRecord:
     session_id: int  # -1 when the workload has no sessions
 
     @classmethod
-    def from_request(cls, r: Request) -> "RequestRecord":
+    def from_request(cls, r: Request) -> RequestRecord:
         assert r.outcome is not None, f"request {r.id} has no outcome yet"
         session = r.spec.session_id
         # positional, in field order: a run makes 10^5 records, and keywords cost a third more
@@ -203,10 +203,11 @@ class StepLog:
         if self._columns is not None:
             return self._columns
         if len(self._chunks) > 1:
-            self._chunks = [tuple(np.concatenate(parts) for parts in zip(*self._chunks))]
+            chunks = self._chunks
+            self._chunks = [(np.concatenate([c[0] for c in chunks]), np.concatenate([c[1] for c in chunks]))]
         steps, runs = self._chunks[0] if self._chunks else (np.zeros((0, _NV)), np.zeros((0, _NR)))
-        vary = dict(zip(STEP_VARYING, steps.T))
-        const = dict(zip(RUN_CONSTANT, runs.T))
+        vary = dict(zip(STEP_VARYING, steps.T, strict=True))
+        const = dict(zip(RUN_CONSTANT, runs.T, strict=True))
         n = const["num_steps"].astype(np.int64)
         end = vary["end"]
         start = np.empty_like(end)

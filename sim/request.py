@@ -9,17 +9,17 @@ preemption are therefore the same rule.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 
 
-class Status(str, Enum):
+class Status(StrEnum):  # a str too: compares and serialises as its value
     WAITING = "waiting"  # queued, holds no KV (new, or preempted by recompute)
     RUNNING = "running"  # holds KV on the GPU
     SWAPPED = "swapped"  # preempted by swap: its KV lives in CPU memory
     FINISHED = "finished"
 
 
-class Outcome(str, Enum):
+class Outcome(StrEnum):
     COMPLETED = "completed"
     REJECTED = "rejected"  # refused by admission control; never ran to completion
     FAILED = "failed"  # aborted mid-flight (error, cancellation, out of memory)
