@@ -329,7 +329,7 @@ def _run_engine(cfg: VariantConfig, workload, *, device, dtype, model_spec, num_
     t0 = time.perf_counter()
 
     def wall_limit() -> str | None:
-        return "engine wall-clock limit" if time.perf_counter() - t0 > max_wall_s else None  # type: ignore[operator]
+        return "engine wall-clock limit" if time.perf_counter() - t0 > max_wall_s else None
 
     limit = None if max_wall_s is None else wall_limit
     tp = cfg.deployment.tensor_parallel_size

@@ -56,10 +56,11 @@ class Executor(Protocol):
 class CostExecutor:
     """A cost model as an executor: a step takes what the model predicts for its shape."""
 
-    __slots__ = ("cost", "peak_flops", "failure", "_step_time", "_step_flops")
+    __slots__ = ("cost", "peak_flops", "failure", "_model", "_step_time", "_step_flops")
 
     def __init__(self, cost: CostModel) -> None:
         self.cost: CostModel | None = cost
+        self._model = cost  # the same, typed as present: the fast path prices with it
         self.peak_flops = float(cost.peak_flops)
         self.failure: str | None = None  # a priced step never runs out of memory
         self._step_time = cost.step_time
@@ -77,7 +78,7 @@ class CostExecutor:
     def fast_forward(self, core: ServingCore, now: float, horizon: float, *, finishes: bool,
                      overshoot: bool) -> tuple[list[float], float] | None:
         """The core's fast path, priced by this executor's cost model (see ``ServingCore.fast_forward``)."""
-        return core.fast_forward(now, horizon, self.cost, finishes=finishes, overshoot=overshoot)
+        return core.fast_forward(now, horizon, self._model, finishes=finishes, overshoot=overshoot)
 
 
 def as_executor(x: Executor | CostModel) -> Executor:

@@ -195,7 +195,7 @@ class BreakEven:
     api_cost_per_hour_at_load: float
 
     def to_dict(self) -> dict[str, float]:
-        return {f: getattr(self, f) for f in self.__slots__}  # type: ignore[attr-defined]
+        return {f: getattr(self, f) for f in self.__slots__}
 
 
 def break_even(cost_per_hour: float, api_input_per_million: float, api_output_per_million: float,

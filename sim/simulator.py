@@ -123,7 +123,7 @@ class Replica:
         priced = isinstance(ex, CostExecutor)
         if priced:  # the cost model called directly: what CostExecutor.execute does, without its extra call
             cost = ex.cost
-            step_time, shape_flops = cost.step_time, cost.step_flops  # type: ignore[union-attr]  # priced: a model
+            step_time, shape_flops = cost.step_time, cost.step_flops
         fast = ex.fast_forward if isinstance(ex, CostExecutor) else None
         measured = ex.cost is None  # its steps' clock starts when the loop resumes
         ahead = self.horizon is not None and self.finishes_are_silent
@@ -165,7 +165,7 @@ class Replica:
                     duration = float(execute(batch))
                     flops = float(step_flops(batch))
                 end = t + duration
-                if ahead and end < horizon:  # type: ignore[operator]  # ahead implies a horizon
+                if ahead and end < horizon:
                     core.complete(batch, end, flops)
                     taken.append(duration)
                     t = end
@@ -299,8 +299,7 @@ class Simulation:
             rep.limit = self._check_limit
         if self._failures is not None:
             rep.abort_reason = self._failures.cancel_reason
-        # ServingCore declares on_finish as None (sim/core.py), but it is the one optional finish callback
-        core.on_finish = self._on_finish  # type: ignore[assignment]
+        core.on_finish = self._on_finish
         rep.finishes_are_silent = self.closed_loop is None
         self.replicas.append(rep)
         return rep
