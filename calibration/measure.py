@@ -47,6 +47,7 @@ from sim.scenario import ScenarioError, build, parse_scenario, variant_configs
 from sim.specs import ModelSpec
 
 from calibration.fit import Sample
+from calibration.serving import shape_row
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +88,11 @@ class Grid:
     static_max_prompt: int
     static_max_output: int
     swap_blocks: tuple[int, ...] = (1, 4, 16, 64)  # block counts of the swap copy measurement
+    # ragged decodes: B requests decoding at unequal contexts, one at c and the others at 16 tokens. The engine's
+    # batched decode attention gathers every row padded to the longest context, so these steps separate its
+    # rows x longest-context cost from the sum of contexts (equal in the decode scripts)
+    ragged_batches: tuple[int, ...] = ()
+    ragged_contexts: tuple[int, ...] = ()
 
     @classmethod
     def tiny_cpu(cls) -> "Grid":
@@ -95,6 +101,19 @@ class Grid:
             prefill_chunks=(16, 64, 256, 768), prefill_len=768,
             mixed_batches=(2, 8, 24), mixed_chunks=(32, 128), mixed_prompt=384,
             static_batches=(4, 16), static_max_prompt=160, static_max_output=24,
+            ragged_batches=(4, 16), ragged_contexts=(384,),
+        )
+
+    @classmethod
+    def medium_cpu(cls) -> "Grid":
+        """For a CPU model of tens of millions of parameters (``llama-57m``): steps of 5-50 ms at the batch
+        sizes and chunks its workloads use, the whole calibration within a couple of minutes."""
+        return cls(
+            decode_batches=(1, 2, 4, 8, 16), decode_contexts=(16, 128, 320), decode_steps=5,
+            prefill_chunks=(16, 64, 128, 256), prefill_len=512,
+            mixed_batches=(2, 8), mixed_chunks=(32, 96), mixed_prompt=256,
+            static_batches=(4, 8), static_max_prompt=128, static_max_output=12,
+            ragged_batches=(4, 12), ragged_contexts=(256, 640),
         )
 
     @classmethod
@@ -111,8 +130,12 @@ class Grid:
         return dataclasses.asdict(self)
 
 
-def default_grid(device: str) -> Grid:
-    return Grid.gpu() if device == "cuda" else Grid.tiny_cpu()
+def default_grid(device: str, spec: ModelSpec | None = None) -> Grid:
+    """The GPU grid on CUDA; on a CPU the tiny grid for a model of a few million parameters or fewer (its steps
+    are about a millisecond), the medium grid for anything bigger."""
+    if device == "cuda":
+        return Grid.gpu()
+    return Grid.tiny_cpu() if spec is None or spec.num_params < 5e6 else Grid.medium_cpu()
 
 
 def scripts_of(grid: Grid, seed: int = 0) -> list[Script]:
@@ -144,6 +167,13 @@ def scripts_of(grid: Grid, seed: int = 0) -> list[Script]:
                               {"type": "continuous", "enable_chunked_prefill": True, "max_num_seqs": b + 1,
                                "max_num_batched_tokens": b + q},
                               decoders + (Arrival(start, chunks * q, 1),)))
+    for b in grid.ragged_batches:
+        for c in grid.ragged_contexts:
+            out.append(Script(f"ragged-b{b}-c{c}", "decode",
+                              {"type": "continuous", "enable_chunked_prefill": True, "max_num_seqs": b,
+                               "max_num_batched_tokens": big},
+                              (Arrival(0, c, grid.decode_steps + 1),)
+                              + tuple(Arrival(0, 16, grid.decode_steps + 1) for _ in range(b - 1))))
     rng = np.random.default_rng(seed)
     for b in grid.static_batches:
         prompts = rng.integers(8, grid.static_max_prompt + 1, size=2 * b)
@@ -154,28 +184,42 @@ def scripts_of(grid: Grid, seed: int = 0) -> list[Script]:
     return out
 
 
+CLOCKS = ("virtual", "wall")
+
+
+def step_clock(device: str, clock: str = "virtual") -> Callable[[], float]:
+    """The clock steps are timed by, the engine's: ``virtual`` times a CPU step by the serving thread's CPU time
+    (``time.thread_time``: what the step itself costs, which other processes sharing the cores cannot stretch;
+    torch runs on the calling thread with one torch thread) and a CUDA step by synchronized wall time; ``wall``
+    is wall time everywhere (what a live run sees, neighbours included)."""
+    if clock not in CLOCKS:
+        raise ValueError(f"clock must be one of {', '.join(CLOCKS)}, got {clock!r}")
+    return time.thread_time if clock == "virtual" and device != "cuda" else time.perf_counter
+
+
 class _TimedModel:
     """Wraps the model the runner calls, adding up the time spent in its forward passes."""
 
-    def __init__(self, model: LlamaModel, sync: Callable[[], None]) -> None:
+    def __init__(self, model: LlamaModel, sync: Callable[[], None], clock: Callable[[], float]) -> None:
         self.model = model
         self.sync = sync
+        self.clock = clock
         self.spec = model.spec
         self.device = model.device
         self.dtype = model.dtype
         self.elapsed = 0.0
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        t = time.perf_counter()
+        t = self.clock()
         out = self.model(*args, **kwargs)
         self.sync()
-        self.elapsed += time.perf_counter() - t
+        self.elapsed += self.clock() - t
         return out
 
 
 @dataclass(slots=True)
 class _Step:
-    shape: tuple[int, int, int, int, int, int, int]  # StepShape fields, in order
+    shape: tuple[int, ...]  # StepShape fields, in order, then the longest decode context (see shape_row)
     duration: float
     forward: float
 
@@ -201,7 +245,7 @@ class _Bench:
     """The model, the KV cache and the runner, built once and reused by every script."""
 
     def __init__(self, spec: ModelSpec, model_name: str, device: str, dtype: torch.dtype, block_size: int,
-                 num_blocks: int, seed: int) -> None:
+                 num_blocks: int, seed: int, clock: str = "virtual") -> None:
         self.spec = spec
         self.model_name = model_name
         self.device = device
@@ -211,7 +255,8 @@ class _Bench:
         self.is_cuda = device == "cuda"
         self.sync: Callable[[], None] = (lambda: torch.cuda.synchronize()) if self.is_cuda else (lambda: None)
         self.runner = ModelRunner(spec, block_manager=self.kv, model=model)
-        self.timed = _TimedModel(model, self.sync)
+        self.clock = step_clock(device, clock)
+        self.timed = _TimedModel(model, self.sync, self.clock)
         self.runner.model = self.timed  # the runner calls self.model(...): time the forward passes
         self.next_id = 0
 
@@ -224,7 +269,7 @@ class _Bench:
         core.finish_listeners.append(lambda r: runner.release(r.id))
         pending = sorted(script.arrivals, key=lambda a: a.step)
         steps: list[_Step] = []
-        clock = time.perf_counter
+        clock = self.clock
         t0 = clock()
         prev = t0
         i = 0
@@ -246,19 +291,17 @@ class _Bench:
                     prev = clock()
                     continue
                 break
-            if idle > 0:
+            if idle > 0:  # (wall clock only: a thread's CPU time does not run while it sleeps)
                 wake = clock() + idle
                 time.sleep(idle)
                 prev = wake
             f0 = timed.elapsed
+            row = shape_row(batch)  # before the step runs: the contexts the runner uses
             runner.execute(batch)
             self.sync()
             end = clock()
             core.complete(batch, end - t0)
-            s = batch.shape
-            steps.append(_Step((int(s.num_seqs), int(s.num_tokens), int(s.num_decode_seqs), int(s.kv_read_tokens),
-                                int(s.attn_pairs), int(s.num_padding_tokens), int(s.swap_blocks)),
-                               end - prev, timed.elapsed - f0))
+            steps.append(_Step(row, end - prev, timed.elapsed - f0))
             prev = end
             k += 1
         if kv.num_free_blocks != kv.num_blocks:
@@ -293,12 +336,12 @@ class _Bench:
         for _ in range(repeats + 1):
             for n in counts:
                 blocks = list(range(n))
-                t = time.perf_counter()
+                t = self.clock()
                 h = cache.swap_out(blocks)
                 cache.swap_in(h, blocks)
                 self.sync()
                 xs.append(2 * n)
-                ys.append(time.perf_counter() - t)
+                ys.append(self.clock() - t)
         x, y = np.asarray(xs[len(counts):], float), np.asarray(ys[len(counts):], float)  # first round: warm-up
         slope = float(np.polyfit(x, y, 1)[0])
         return max(slope, 0.0)
@@ -356,9 +399,13 @@ def measure(
     block_size: int = 16,
     seed: int = 0,
     progress: bool = False,
+    clock: str = "virtual",
 ) -> Measurements:
     """Run every script of the grid ``repeats`` times (after one warm-up round) and return the median step
-    times. Raises ``ScenarioError`` for an unknown model or device, ``ValueError`` for bad settings."""
+    times. ``clock``: how steps are timed (see ``step_clock``; the engine's ``virtual`` clock by default). The
+    wake-up curve is measured only on the wall clock: under the virtual clock the engine never sleeps, and a
+    sleeping thread's CPU time does not run. Raises ``ScenarioError`` for an unknown model or device,
+    ``ValueError`` for bad settings."""
     t_start = time.perf_counter()
     if device not in ("cpu", "cuda"):
         raise ScenarioError(f"--device must be cpu or cuda, got {device!r}")
@@ -366,18 +413,20 @@ def measure(
         raise ScenarioError("--device cuda: torch sees no CUDA device")
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
+    if clock not in CLOCKS:
+        raise ScenarioError(f"--clock must be one of {', '.join(CLOCKS)}, got {clock!r}")
     try:
         spec = ModelSpec.from_name(model)
     except ValueError as e:
         raise ScenarioError(f"--model: {e}") from None
     tdtype = torch_dtype(dtype) if dtype else (torch.float32 if device == "cpu" else torch.bfloat16)
-    grid = grid or default_grid(device)
+    grid = grid or default_grid(device, spec)
     scripts = scripts_of(grid, seed)
     max_len = max(max(a.prompt_len + a.output_len for a in s.arrivals) for s in scripts)
     if max_len > spec.max_position_embeddings:
         raise ValueError(f"the grid needs {max_len} positions; {spec.name} has {spec.max_position_embeddings}")
     need = max(sum(-(-(a.prompt_len + a.output_len) // block_size) for a in s.arrivals) for s in scripts)
-    bench = _Bench(spec, model, device, tdtype, block_size, need + 8, seed)
+    bench = _Bench(spec, model, device, tdtype, block_size, need + 8, seed, clock)
     policies = [_policy_for(s, model, max_len, block_size, need + 8) for s in scripts]
     num_blocks = engine_num_blocks(spec, bench.timed.model, device, tdtype, block_size,
                                    max_num_batched_tokens=max(grid.prefill_chunks), max_num_seqs=256)
@@ -397,7 +446,7 @@ def measure(
                 if bar is not None:
                     bar.update(1)
         swap = bench.swap_per_block(grid.swap_blocks, repeats)
-        wake = bench.wake_curve(scripts, policies, max(1, repeats // 2))
+        wake = bench.wake_curve(scripts, policies, max(1, repeats // 2)) if clock == "wall" else []
     if bar is not None:
         bar.close()
     samples: list[Sample] = []
@@ -411,8 +460,9 @@ def measure(
             f = np.array([r[k].forward for r in reps])
             q1, q3 = np.percentile(d, [25, 75])
             med = float(np.median(d))
-            samples.append(Sample(script.name, script.kind, k, *reps[0][k].shape, duration=med,
-                                  forward=float(np.median(f)), spread=float((q3 - q1) / med) if med > 0 else 0.0))
+            shape = reps[0][k].shape
+            samples.append(Sample(script.name, script.kind, k, *shape[:7], duration=med, forward=float(np.median(f)),
+                                  spread=float((q3 - q1) / med) if med > 0 else 0.0, max_decode_len=shape[7]))
     if device == "cuda":
         dev_name = torch.cuda.get_device_name()
     else:
@@ -435,6 +485,7 @@ def measure(
         "repeats": repeats,
         "warmup_rounds": 1,
         "seed": seed,
+        "clock": clock,
     }
     return Measurements(samples, swap, num_blocks, provenance, time.perf_counter() - t_start, wake)
 
@@ -476,7 +527,8 @@ class SpeedProbe:
         dtype = torch_dtype(prov.get("dtype", "float32"))
         bs = int(prov.get("block_size", 16))
         need = sum(-(-(a.prompt_len + a.output_len) // bs) for a in self.script.arrivals) + 8
-        self.bench = _Bench(spec, profile["model"], device, dtype, bs, need, int(prov.get("seed", 0)))
+        self.bench = _Bench(spec, profile["model"], device, dtype, bs, need, int(prov.get("seed", 0)),
+                            prov.get("clock", "wall"))  # profiles before the virtual clock were timed by wall
         max_len = max(a.prompt_len + a.output_len for a in self.script.arrivals)
         self.policy_args = (profile["model"], max_len, bs, need)
 

@@ -225,16 +225,17 @@ def scaled(model: FittedCostModel, factor: float) -> FittedCostModel:
 
 def validate_variant(cfg: VariantConfig, workload, profile_path: str | Path, *, model: str, device: str = "cpu",
                      num_gpu_blocks: int | None = None, time_scale: float = 1.0, seed: int = 0,
-                     memory: list | None = None, probe=None) -> VariantValidation:
+                     memory: list | None = None, probe=None, on_runner=None) -> VariantValidation:
     """One variant on the engine, then in the simulator with the profile and the engine's KV block count. With a
     ``SpeedProbe``, the machine's speed is measured before and after the engine run, and the comparison is
-    repeated with the profile scaled by the slowdown."""
+    repeated with the profile scaled by the slowdown. ``on_runner`` goes to ``run_engine`` (a
+    ``calibration.serving.StepRecorder``'s ``attach`` logs the engine's step shapes)."""
     from realengine.engine import engine_config, run_engine
     from sim.run import simulate_variant
 
     before = probe.measure() if probe is not None else None
     real, requests, core = run_engine(cfg, workload, device=device, model_spec=model, num_gpu_blocks=num_gpu_blocks,
-                                      time_scale=time_scale, seed=seed, memory_samples=memory)
+                                      time_scale=time_scale, seed=seed, memory_samples=memory, on_runner=on_runner)
     blocks = int(core.kv.num_blocks)
     sim_cfg = engine_config(cfg, model_spec=model, num_gpu_blocks=blocks, device=device)
     dep = sim_cfg.deployment.model_copy(update={"cost_model": FittedCost(profile=str(Path(profile_path).resolve()))})

@@ -356,6 +356,7 @@ class ServingCore:
         max_n = 1 if group_size else 0
         kv_read = attn = (g.ctx + group_size) if group_size else 0
         max_c = 0
+        max_dec = (g.max_computed() + 1) if group_size else 0  # longest decode row (attended tokens)
         bs = kv.block_size
         clamped: list[tuple[Request, int]] = []
         for r, n in plan.scheduled:
@@ -394,6 +395,8 @@ class ServingCore:
             total += n
             if n == 1:
                 decode += 1
+                if c >= max_dec:
+                    max_dec = c + 1
             else:
                 prefill += n
             kv_read += c + n
@@ -431,6 +434,7 @@ class ServingCore:
             num_padding_tokens=num_tokens - total,
             swap_blocks=swap_blocks,
             idle_before=now - self.last_end if now > self.last_end else 0.0,
+            max_decode_len=max_dec,
         )
         if self.plans is not None:  # canonical: sorted by request id, whoever planned it
             entries = [(r.id, n) for r, n in plan.scheduled]
@@ -536,27 +540,34 @@ class ServingCore:
             listener(r)
 
     # ---- many steps at once --------------------------------------------------------------------------------------
-    def _predict(self, k: int, pad: int) -> tuple[list[int], list[int]]:
-        """Rows and attended tokens of the decode group's next ``k`` steps, members leaving after the step that
-        samples their last token: runs of equal rows with evenly growing context between departures."""
+    def _predict(self, k: int, pad: int) -> tuple[list[int], list[int], list[int]]:
+        """Rows, attended tokens and longest row (``StepShape.max_decode_len``) of the decode group's next ``k``
+        steps, members leaving after the step that samples their last token: runs of equal rows with evenly
+        growing context between departures."""
         g = self.group
         j0 = g.steps
         finish_at = g.finish_at
         rows_l: list[int] = []
         read_l: list[int] = []
+        max_l: list[int] = []
         size, ctx = g.size, g.ctx
+        left = list(g.members.values())
         pos = j0
         for f in sorted(f for f in finish_at if f < j0 + k) + [j0 + k]:
             n = f - pos  # steps pos+1 .. f, all with the current members
             rows_l += [size + pad] * n
             read_l += range(ctx + size, ctx + size * (n + 1), size) if size else [ctx] * n
+            top = max((r.num_computed_tokens + pos - r.group_base for r in left), default=-1) + 1
+            max_l += range(top, top + n) if left else [0] * n
             ctx += size * n
             pos = f
             leaving = finish_at.get(f) if f < j0 + k else None
             if leaving:
                 size -= len(leaving)
                 ctx -= sum(r.num_computed_tokens + f - r.group_base for r in leaving)
-        return rows_l, read_l
+                gone = {id(r) for r in leaving}
+                left = [r for r in left if id(r) not in gone]
+        return rows_l, read_l, max_l
 
     def fast_forward(
         self, now: float, horizon: float, cost, *, finishes: bool = True, overshoot: bool = False
@@ -606,13 +617,15 @@ class ServingCore:
         if not finish_at or min(finish_at) > j0 + k:  # nobody leaves: constant rows, evenly growing context
             rows_l = [size + pad] * k
             read_l = list(range(ctx + size, ctx + size * (k + 1), size)) if size else [ctx] * k
+            top = g.max_computed() + 1 if size else 0
+            max_l = list(range(top, top + k)) if size else [0] * k
         else:
-            rows_l, read_l = self._predict(k, pad)
+            rows_l, read_l, max_l = self._predict(k, pad)
         decode_steps = getattr(cost, "decode_steps", None)
         if k <= _SCALAR_BELOW and decode_steps is not None and not pad:
-            durations, flops = decode_steps(rows_l, read_l)  # numpy's per-call overhead outweighs a short loop
+            durations, flops = decode_steps(rows_l, read_l, max_l)  # numpy's per-call overhead outweighs a loop
         elif k <= _SCALAR_BELOW:
-            shapes = [StepShape(n, n, n, c, c, pad, 0) for n, c in zip(rows_l, read_l)]
+            shapes = [StepShape(n, n, n, c, c, pad, 0, max_decode_len=m) for n, c, m in zip(rows_l, read_l, max_l)]
             durations = [cost.step_time(sh) for sh in shapes]
             flops = [cost.step_flops(sh) for sh in shapes]
         else:
@@ -626,6 +639,7 @@ class ServingCore:
                 attn_pairs=read_a,
                 num_padding_tokens=np.full(k, pad, dtype=np.int64),
                 swap_blocks=np.zeros(k, dtype=np.int64),
+                max_decode_len=np.asarray(max_l, dtype=np.int64),
             )
             durations = np.asarray(cost.step_time(shape), dtype=np.float64).tolist()
             flops = np.asarray(cost.step_flops(shape), dtype=np.float64).tolist()
