@@ -40,6 +40,7 @@ from calibration.fidelity import (  # noqa: E402
     WorkloadRun,
     error_table,
     format_table,
+    make_probe,
     resimulate,
     run_family,
 )
@@ -90,20 +91,30 @@ def main() -> int:
 
             def done(run: WorkloadRun) -> None:
                 e = run.errors()
+                sl = "n/a" if run.slowdown is None else f"{run.slowdown:.2f}"
                 print(f"  {run.workload.name:<52} rho {run.workload.rho:4.2f} "
                       f"ttft50 {_fmt(e['ttft_p50'])} tpot50 {_fmt(e['tpot_p50'])} e2el50 {_fmt(e['e2el_p50'])} "
-                      f"thr {_fmt(e[THROUGHPUT_METRIC])}  ({time.perf_counter() - t0:.0f} s)", flush=True)
+                      f"thr {_fmt(e[THROUGHPUT_METRIC])}  machine x{sl}  ({time.perf_counter() - t0:.0f} s)",
+                      flush=True)
 
             print(f"\n{model}: {len(wls)} workloads, profile {path}", flush=True)
-            runs = run_family(wls, path, model=model, on_done=done)
+            probe = make_probe(path)
+            runs = run_family(wls, path, model=model, on_done=done, probe=probe)
             table = error_table([r.errors() for r in runs])
-            print(format_table(table, f"\n{model}: |relative error| across {len(runs)} workloads "
-                                      f"({sum(r.workload.saturated for r in runs)} saturated), profile {path}"))
-            doc = {"model": model, "profile": path, "seed": args.seed, "table": table,
+            sat = sum(r.workload.saturated for r in runs)
+            print(format_table(table, f"\n{model}: |relative error| across {len(runs)} workloads ({sat} saturated), "
+                                      f"profile {path}"))
+            adjusted = error_table([r.errors(adjusted=True) for r in runs]) if probe is not None else None
+            if adjusted is not None:
+                slow = [r.slowdown for r in runs if r.slowdown is not None]
+                print(format_table(adjusted, f"\n{model}: the same, simulator scaled by the machine's slowdown "
+                                             f"around each run (x{min(slow):.2f} to x{max(slow):.2f})"))
+            doc = {"model": model, "profile": path, "seed": args.seed, "table": table, "adjusted_table": adjusted,
                    "seconds": time.perf_counter() - t0,
                    "load_average_end": os.getloadavg()[0], "hog": hog is not None,
                    "workloads": [{"name": r.workload.name, "rho": r.workload.rho, "rate": r.rate,
                                   "saturated": r.workload.saturated, "errors": r.errors(),
+                                  "adjusted_errors": r.errors(adjusted=True), "machine_slowdown": r.slowdown,
                                   "real_steps": int(r.validation.real.steps["duration"].size)} for r in runs]}
             if model in compare:
                 other = [_errors_of(r, resimulate(r, compare[model], model=model)) for r in runs]

@@ -45,9 +45,17 @@ class WorkloadRun:
     validation: VariantValidation
     samples: list[Sample]  # the engine's steps as calibration samples (one script per workload)
 
-    def errors(self) -> dict[str, float | None]:
-        """Relative error per judged metric (throughput only when saturated, else None)."""
-        m = self.validation.metrics
+    @property
+    def slowdown(self) -> float | None:
+        """How much slower the machine ran the profile's reference step around this run (None: no probe)."""
+        return self.validation.machine_slowdown
+
+    def errors(self, adjusted: bool = False) -> dict[str, float | None]:
+        """Relative error per judged metric (throughput only when saturated, else None); ``adjusted``: with the
+        simulator's step times scaled by the machine's measured slowdown (None without a probe)."""
+        m = self.validation.adjusted_metrics if adjusted else self.validation.metrics
+        if m is None:
+            return {k: None for k in TARGETS}
         out: dict[str, float | None] = {k: m[k]["rel_error"] for k in LATENCY_METRICS}
         out[THROUGHPUT_METRIC] = m[THROUGHPUT_METRIC]["rel_error"] if self.workload.saturated else None
         return out
@@ -72,22 +80,41 @@ def saturated_rate(cfg: VariantConfig, fw: FamilyWorkload, profile_path: str | P
     return len(reqs) / max(float(res.duration), 1e-9)  # duration: from time 0 to the last completion
 
 
-def run_workload(fw: FamilyWorkload, profile_path: str | Path, *, model: str, device: str = "cpu") -> WorkloadRun:
+def run_workload(fw: FamilyWorkload, profile_path: str | Path, *, model: str, device: str = "cpu",
+                 probe: Any = None) -> WorkloadRun:
+    """One workload on the engine and in the simulator. With a ``calibration.measure.SpeedProbe``, the
+    profile's reference step is timed before and after the engine run (``WorkloadRun.slowdown``)."""
     cfg = variant_of(fw)
     cap = saturated_rate(cfg, fw, profile_path, model=model, device=device)
     rate = fw.rho * cap
     wl = GeneratedWorkload(fw.with_rate(rate))
     rec = StepRecorder()
-    v = validate_variant(cfg, wl, profile_path, model=model, device=device, seed=fw.seed, on_runner=rec.attach)
+    v = validate_variant(cfg, wl, profile_path, model=model, device=device, seed=fw.seed, on_runner=rec.attach,
+                         probe=probe)
     return WorkloadRun(fw, rate, cap, v, rec.samples(v.real.steps, fw.name))
 
 
+def make_probe(profile_path: str | Path, device: str = "cpu") -> Any:
+    """A ``SpeedProbe`` for the profile (None when it has no reference script), sized to take about a second:
+    fewer runs of the reference script for a model whose steps are tens of milliseconds."""
+    import json
+
+    from calibration.measure import SpeedProbe
+
+    with open(profile_path) as f:
+        probe = SpeedProbe(json.load(f), device=device)
+    if probe.script is None or not probe.base:
+        return None
+    probe.repeats = 5 if probe.base < 5e-3 else 2
+    return probe
+
+
 def run_family(workloads: Sequence[FamilyWorkload], profile_path: str | Path, *, model: str, device: str = "cpu",
-               on_done: Callable[[WorkloadRun], None] | None = None) -> list[WorkloadRun]:
+               on_done: Callable[[WorkloadRun], None] | None = None, probe: Any = None) -> list[WorkloadRun]:
     """Every workload on the engine and in the simulator; ``on_done`` is called after each."""
     runs = []
     for fw in workloads:
-        run = run_workload(fw, profile_path, model=model, device=device)
+        run = run_workload(fw, profile_path, model=model, device=device, probe=probe)
         runs.append(run)
         if on_done is not None:
             on_done(run)
@@ -165,8 +192,17 @@ def refit_with_serving(profile: dict[str, Any], serving: Sequence[Sample]) -> di
 def serving_steps(profile_path: str | Path, model: str, n: int, *, device: str = "cpu", seed: int = CALIBRATION_SEED,
                   on_done: Callable[[WorkloadRun], None] | None = None) -> list[Sample]:
     """Run ``n`` workloads of the calibration family on the engine (rates from the profile) and return their
-    steps as samples."""
+    steps as samples, each run's durations divided by the machine's slowdown around it (the profile's reference
+    step timed before and after): on a shared machine the speed drifts between runs (measured on this
+    project's 2-core VM: the tiny model's reference step at 0.84x to 2.4x its calibration time within 40 s, in
+    thread CPU time), and the fit must see every run at the grid's speed."""
     from calibration.workloads import family
 
-    runs = run_family(family(n, model, seed), profile_path, model=model, device=device, on_done=on_done)
-    return [s for r in runs for s in r.samples]
+    probe = make_probe(profile_path, device)
+    runs = run_family(family(n, model, seed), profile_path, model=model, device=device, on_done=on_done,
+                      probe=probe)
+    out: list[Sample] = []
+    for r in runs:
+        k = r.slowdown or 1.0
+        out += [dataclasses.replace(s, duration=s.duration / k) for s in r.samples]
+    return out

@@ -514,6 +514,7 @@ class SpeedProbe:
     def __init__(self, profile: dict[str, Any], *, device: str = "cpu") -> None:
         self.script = reference_script(profile)
         self.base: float | None = None
+        self.repeats = 5  # runs of the script per measurement (after one warm-up run)
         if self.script is None:
             return
         samples = [s for s in profile.get("samples", []) if s["script"] == self.script.name]
@@ -532,11 +533,12 @@ class SpeedProbe:
         max_len = max(a.prompt_len + a.output_len for a in self.script.arrivals)
         self.policy_args = (profile["model"], max_len, bs, need)
 
-    def measure(self, repeats: int = 5) -> float | None:
-        """Median decode step time of the reference script now (seconds), over ``repeats`` runs after one
-        warm-up run."""
+    def measure(self, repeats: int | None = None) -> float | None:
+        """Median decode step time of the reference script now (seconds), over ``repeats`` runs (default
+        ``self.repeats``) after one warm-up run."""
         if self.script is None:
             return None
+        repeats = self.repeats if repeats is None else repeats
         times: list[float] = []
         with torch.inference_mode():
             for r in range(repeats + 1):
@@ -545,6 +547,6 @@ class SpeedProbe:
                     times += [s.duration for s in steps if s.shape[2] == s.shape[0]]
         return float(np.median(times))
 
-    def ratio(self, repeats: int = 5) -> float | None:
+    def ratio(self, repeats: int | None = None) -> float | None:
         now = self.measure(repeats)
         return None if now is None or not self.base else now / self.base
