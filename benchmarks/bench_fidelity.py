@@ -72,7 +72,8 @@ def main() -> int:
     ap.add_argument("--models", nargs="+", default=["tiny", "llama-57m"])
     ap.add_argument("--workloads", type=int, default=20)
     ap.add_argument("--seed", type=int, default=VALIDATION_SEED)
-    ap.add_argument("--profile", nargs="*", default=[], help="MODEL=PATH (default: calibration/profiles/MODEL-cpu.json)")
+    ap.add_argument("--profile", nargs="*", default=[],
+                    help="MODEL=PATH (default: calibration/profiles/MODEL-cpu.json)")
     ap.add_argument("--compare-profile", nargs="*", default=[], help="MODEL=PATH: re-simulate with it too")
     ap.add_argument("--no-hog", action="store_true", help="no CPU-bound process beside the benchmark")
     ap.add_argument("--out", type=Path)
@@ -89,7 +90,7 @@ def main() -> int:
             t0 = time.perf_counter()
             wls = family(args.workloads, model, args.seed)
 
-            def done(run: WorkloadRun) -> None:
+            def done(run: WorkloadRun, t0: float = t0) -> None:
                 e = run.errors()
                 sl = "n/a" if run.slowdown is None else f"{run.slowdown:.2f}"
                 print(f"  {run.workload.name:<52} rho {run.workload.rho:4.2f} "

@@ -124,11 +124,10 @@ def run_family(workloads: Sequence[FamilyWorkload], profile_path: str | Path, *,
 def resimulate(run: WorkloadRun, profile_path: str | Path, *, model: str, device: str = "cpu") -> dict[str, Any]:
     """The simulator's side of a run again with another profile (the engine's run is kept): the metrics dict of
     ``calibration.validate.compare``. Same arrivals, same KV blocks."""
+    from calibration.validate import compare
     from realengine.engine import engine_config
     from sim.metrics import summarize
     from sim.run import simulate_variant
-
-    from calibration.validate import compare
 
     v = run.validation
     cfg = engine_config(variant_of(run.workload), model_spec=model, num_gpu_blocks=v.num_gpu_blocks, device=device)
@@ -143,8 +142,8 @@ def error_table(errors: Sequence[dict[str, float | None]]) -> dict[str, dict[str
     p90 < twice it) and whether both are met."""
     out: dict[str, dict[str, Any]] = {}
     for metric, target in TARGETS.items():
-        vals = np.array([abs(e[metric]) for e in errors if e.get(metric) is not None
-                         and math.isfinite(e[metric])], dtype=np.float64)  # type: ignore[arg-type]
+        given = [e.get(metric) for e in errors]
+        vals = np.array([abs(v) for v in given if v is not None and math.isfinite(v)], dtype=np.float64)
         med = float(np.median(vals)) if vals.size else math.nan
         p90 = float(np.percentile(vals, 90)) if vals.size else math.nan
         out[metric] = {"n": int(vals.size), "median_abs": med, "p90_abs": p90, "target": target,

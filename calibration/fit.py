@@ -143,9 +143,10 @@ def fit_coefficients(samples: Sequence[Sample], curve: bool = False) -> dict[str
     if not (y > 0).all():
         raise ValueError("every sample needs a positive duration")
     b = nnls_fit(x, y, 1.0 / y)
-    out: dict[str, Any] = dict(zip(FIT_TERMS, (float(v) for v in b)))
+    out: dict[str, Any] = dict(zip(FIT_TERMS, (float(v) for v in b), strict=False))
     if len(knots) > 1:
-        out[TOKEN_CURVE_KEY] = [[1.0, 0.0]] + [[float(k), float(v)] for k, v in zip(knots[1:], b[len(FIT_TERMS):])]
+        weights = b[len(FIT_TERMS):]
+        out[TOKEN_CURVE_KEY] = [[1.0, 0.0]] + [[float(k), float(v)] for k, v in zip(knots[1:], weights, strict=True)]
     return out
 
 

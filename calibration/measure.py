@@ -36,6 +36,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from calibration.fit import Sample
+from calibration.serving import shape_row
 from realengine.engine import CPU_KV_BYTES
 from realengine.kv_cache import KVCache, kv_bytes_per_block, profile_num_blocks
 from realengine.model import LlamaModel, torch_dtype
@@ -45,9 +47,6 @@ from sim.core import ServingCore
 from sim.request import Request, RequestSpec
 from sim.scenario import ScenarioError, build, parse_scenario, variant_configs
 from sim.specs import ModelSpec
-
-from calibration.fit import Sample
-from calibration.serving import shape_row
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +94,7 @@ class Grid:
     ragged_contexts: tuple[int, ...] = ()
 
     @classmethod
-    def tiny_cpu(cls) -> "Grid":
+    def tiny_cpu(cls) -> Grid:
         return cls(
             decode_batches=(1, 2, 4, 8, 16, 32), decode_contexts=(16, 128, 384), decode_steps=10,
             prefill_chunks=(16, 64, 256, 768), prefill_len=768,
@@ -105,7 +104,7 @@ class Grid:
         )
 
     @classmethod
-    def medium_cpu(cls) -> "Grid":
+    def medium_cpu(cls) -> Grid:
         """For a CPU model of tens of millions of parameters (``llama-57m``): steps of 5-50 ms at the batch
         sizes and chunks its workloads use, the whole calibration within a couple of minutes."""
         return cls(
@@ -117,7 +116,7 @@ class Grid:
         )
 
     @classmethod
-    def gpu(cls) -> "Grid":
+    def gpu(cls) -> Grid:
         return cls(
             decode_batches=(1, 4, 16, 64, 128, 256), decode_contexts=(128, 1024, 4096), decode_steps=16,
             prefill_chunks=(128, 512, 2048, 8192), prefill_len=8192,
@@ -180,7 +179,7 @@ def scripts_of(grid: Grid, seed: int = 0) -> list[Script]:
         outputs = rng.integers(2, grid.static_max_output + 1, size=2 * b)
         out.append(Script(f"static-b{b}", "padded",
                           {"type": "static", "batch_size": b, "max_wait": 0.0},
-                          tuple(Arrival(0, int(p), int(o)) for p, o in zip(prompts, outputs))))
+                          tuple(Arrival(0, int(p), int(o)) for p, o in zip(prompts, outputs, strict=False))))
     return out
 
 
@@ -314,7 +313,8 @@ class _Bench:
         of (after that sleep - back to back) on the grid's first decode and prefill scripts. On a shared VM it
         grows from tens of microseconds (sub-millisecond idles) to about a millisecond (the CPU leaves its
         power-saving state, caches are cold), which is what makes time to first token long at light load."""
-        picked = [next((s, p) for s, p in zip(scripts, policies) if s.kind == kind) for kind in ("decode", "prefill")]
+        picked = [next((s, p) for s, p in zip(scripts, policies, strict=True) if s.kind == kind)
+                  for kind in ("decode", "prefill")]
         curve = [(0.0, 0.0)]
         for idle in idles:
             diffs: list[float] = []
@@ -322,7 +322,7 @@ class _Bench:
                 for script, policy in picked:
                     busy = self.run(script, policy)
                     woken = self.run(script, policy, idle=idle)
-                    diffs += [w.duration - b.duration for b, w in zip(busy, woken)]
+                    diffs += [w.duration - b.duration for b, w in zip(busy, woken, strict=False)]
             curve.append((idle, max(float(np.median(diffs)), 0.0)))
         return curve
 
@@ -439,7 +439,7 @@ def measure(
     runs: list[list[list[_Step]]] = [[] for _ in scripts]  # script -> repeat -> steps
     with torch.inference_mode():
         for rnd in range(repeats + 1):
-            for j, (script, policy) in enumerate(zip(scripts, policies)):
+            for j, (script, policy) in enumerate(zip(scripts, policies, strict=False)):
                 steps = bench.run(script, policy)
                 if rnd > 0:  # round 0 warms up every shape (allocator, kernels' first calls)
                     runs[j].append(steps)
@@ -450,10 +450,10 @@ def measure(
     if bar is not None:
         bar.close()
     samples: list[Sample] = []
-    for script, reps in zip(scripts, runs):
+    for script, reps in zip(scripts, runs, strict=False):
         n = len(reps[0])
         for r in reps[1:]:
-            if len(r) != n or any(a.shape != b.shape for a, b in zip(r, reps[0])):
+            if len(r) != n or any(a.shape != b.shape for a, b in zip(r, reps[0], strict=False)):
                 raise RuntimeError(f"calibration script {script.name} did not repeat its steps")
         for k in range(n):
             d = np.array([r[k].duration for r in reps])
@@ -461,14 +461,15 @@ def measure(
             q1, q3 = np.percentile(d, [25, 75])
             med = float(np.median(d))
             shape = reps[0][k].shape
-            samples.append(Sample(script.name, script.kind, k, *shape[:7], duration=med, forward=float(np.median(f)),
+            samples.append(Sample(script.name, script.kind, k, shape[0], shape[1], shape[2], shape[3], shape[4],
+                                  shape[5], shape[6], duration=med, forward=float(np.median(f)),
                                   spread=float((q3 - q1) / med) if med > 0 else 0.0, max_decode_len=shape[7]))
     if device == "cuda":
         dev_name = torch.cuda.get_device_name()
     else:
         dev_name = f"cpu ({_host_cpu()}, {torch.get_num_threads()} torch threads)"
     provenance = {
-        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "device": dev_name,
         "host_cpu": _host_cpu(),
         "host_cpus": os.cpu_count(),

@@ -4,9 +4,9 @@ The grid measures scripted shapes; serving makes shapes no grid lists (ragged co
 a dozen decodes at unequal lengths, a step that swaps). ``StepRecorder`` sits between the engine's loop and its
 model runner (``run_engine(on_runner=recorder.attach)``) and notes every step's exact shape as the runner sees
 it: the core's ``StepShape`` aggregates, the longest decode context (which the engine's batched decode
-attention pads every decode row to) included. After the run, ``samples`` pairs those shapes with the durations the engine
-measured for the same steps (its step log, in order), giving ``calibration.fit.Sample`` rows that the fit takes
-beside the grid's. A serving run is one "script" of the held-out error: it is held out whole.
+attention pads every decode row to) included. After the run, ``samples`` pairs those shapes with the durations
+the engine measured for the same steps (its step log, in order), giving ``calibration.fit.Sample`` rows that the
+fit takes beside the grid's. A serving run is one "script" of the held-out error: it is held out whole.
 """
 
 from __future__ import annotations
@@ -52,8 +52,9 @@ class StepRecorder:
         dur = np.asarray(steps["duration"], dtype=np.float64)[order]
         if dur.size != len(self.rows):
             raise RuntimeError(f"{script}: the engine logged {dur.size} steps, the recorder saw {len(self.rows)}")
-        return [Sample(script, kind, k, *row[:7], duration=float(d), max_decode_len=row[7])
-                for k, (row, d) in enumerate(zip(self.rows, dur.tolist())) if d > 0]
+        return [Sample(script, kind, k, row[0], row[1], row[2], row[3], row[4], row[5], row[6], duration=float(d),
+                       max_decode_len=row[7])
+                for k, (row, d) in enumerate(zip(self.rows, dur.tolist(), strict=False)) if d > 0]
 
 
 def serving_samples(runs: Sequence[tuple[StepRecorder, dict[str, np.ndarray], str]]) -> list[Sample]:

@@ -384,7 +384,10 @@ def _table_html(v: VariantValidation) -> str:
     for name, m in v.metrics.items():
         e = m["rel_error"]
         cls = ' class="bad"' if e is not None and abs(e) > 0.10 else ""
-        fmt = (lambda x: "n/a" if x is None else f"{x:.4g}")
+
+        def fmt(x: float | None) -> str:
+            return "n/a" if x is None else f"{x:.4g}"
+
         rows.append(f"<tr><td>{html.escape(name)}</td><td>{fmt(m['real'])}</td><td>{fmt(m['sim'])}</td>"
                     f"<td{cls}>{'n/a' if e is None else f'{100 * e:+.1f}%'}</td></tr>")
     rows.append("</table>")

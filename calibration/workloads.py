@@ -106,7 +106,7 @@ class FamilyWorkload:
             raise ValueError(f"rate must be > 0, got {rate}")
         t = np.cumsum(np.asarray(self.gaps, dtype=np.float64)) / rate
         t -= t[0]
-        return tuple(replace(r, arrival=float(a)) for r, a in zip(self.requests, t))
+        return tuple(replace(r, arrival=float(a)) for r, a in zip(self.requests, t, strict=False))
 
 
 def _gaps(rng: np.random.Generator, kind: str, n: int) -> np.ndarray:
@@ -199,7 +199,7 @@ def make_workload(seed: int, index: int, model: str, settings: FamilySettings | 
         deployment["num_gpu_blocks"] = int(max(-(-mml // bs) + 2, rng.uniform(0.3, 0.6) * typical))
     kv_cache = {"type": "paged", "enable_prefix_caching": prefix}
     requests = tuple(RequestSpec(i, 0.0, int(p), int(o), h, PREFIX_BLOCK if h else 512)
-                     for i, (p, o, h) in enumerate(zip(prompts, outputs, hash_ids)))
+                     for i, (p, o, h) in enumerate(zip(prompts, outputs, hash_ids, strict=False)))
     return FamilyWorkload(index, seed, arrival, lengths, policy_kind, cache, prefix, rho, policy, deployment,
                           kv_cache, requests, tuple(float(g) for g in gaps))
 

@@ -625,7 +625,8 @@ class ServingCore:
         if k <= _SCALAR_BELOW and decode_steps is not None and not pad:
             durations, flops = decode_steps(rows_l, read_l, max_l)  # numpy's per-call overhead outweighs a loop
         elif k <= _SCALAR_BELOW:
-            shapes = [StepShape(n, n, n, c, c, pad, 0, max_decode_len=m) for n, c, m in zip(rows_l, read_l, max_l)]
+            shapes = [StepShape(n, n, n, c, c, pad, 0, max_decode_len=m)
+                      for n, c, m in zip(rows_l, read_l, max_l, strict=True)]
             durations = [cost.step_time(sh) for sh in shapes]
             flops = [cost.step_flops(sh) for sh in shapes]
         else:

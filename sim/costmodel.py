@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from os import PathLike
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -282,7 +283,7 @@ class AnalyticCostModel:
         # decode's query-key pairs are its KV reads): max() would return exactly that product, so it is skipped.
         memory_bound = k8 >= k7
         n_prev = -1
-        for n, c in zip(rows, reads):
+        for n, c in zip(rows, reads, strict=False):
             if n != n_prev:  # the parts that depend on the row count alone, summed in _time's order
                 n_prev = n
                 head = k0 + n * k1 + max(n * k2 + n * k3, k4 + n * k5 + n * k6)
@@ -417,7 +418,8 @@ class CalibrationProfile(BaseModel):
     def _token_curve_ok(cls, v: list[tuple[float, float]]) -> list[tuple[float, float]]:
         if v:
             x = [p[0] for p in v]
-            if tuple(v[0]) != (1, 0) or any(b <= a for a, b in zip(x, x[1:])) or any(not p[1] >= 0 for p in v):
+            increasing = all(b > a for a, b in zip(x, x[1:], strict=False))
+            if tuple(v[0]) != (1, 0) or not increasing or any(not p[1] >= 0 for p in v):
                 raise ValueError("token_curve must start at [1, 0] with tokens increasing and extra times >= 0")
         return v
 
@@ -426,7 +428,8 @@ class CalibrationProfile(BaseModel):
     def _wake_curve_ok(cls, v: list[tuple[float, float]]) -> list[tuple[float, float]]:
         if v:
             idle = [p[0] for p in v]
-            if tuple(v[0]) != (0, 0) or any(b <= a for a, b in zip(idle, idle[1:])) or any(p[1] < 0 for p in v):
+            increasing = all(b > a for a, b in zip(idle, idle[1:], strict=False))
+            if tuple(v[0]) != (0, 0) or not increasing or any(p[1] < 0 for p in v):
                 raise ValueError("wake_curve must start at [0, 0] with idle increasing and extra times >= 0")
         return v
 
@@ -473,7 +476,7 @@ class FittedCostModel:
                 raise ValueError(f"FittedCostModel: {name} must be finite and >= 0, got {v}")
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "FittedCostModel":
+    def from_dict(cls, data: Mapping[str, Any]) -> FittedCostModel:
         """From a parsed profile (see ``CalibrationProfile``)."""
         p = CalibrationProfile.model_validate(dict(data))
         if p.schema_version not in SUPPORTED_PROFILE_VERSIONS:
@@ -507,7 +510,7 @@ class FittedCostModel:
                    token_extra=tuple(float(b) for _, b in p.token_curve))
 
     @classmethod
-    def from_profile(cls, path: str | PathLike[str]) -> "FittedCostModel":
+    def from_profile(cls, path: str | PathLike[str]) -> FittedCostModel:
         """Load a calibration profile JSON file."""
         with open(path) as f:
             return cls.from_dict(json.load(f))
@@ -523,8 +526,8 @@ class FittedCostModel:
             "flops": {"token": self.flops_per_token, "seq": self.flops_per_seq,
                       "attn_pair": self.flops_per_attn_pair},
             "provenance": dict(self.provenance),
-            "wake_curve": [[a, b] for a, b in zip(self.wake_idle, self.wake_extra)],
-            "token_curve": [[a, b] for a, b in zip(self.token_knots, self.token_extra)],
+            "wake_curve": [[a, b] for a, b in zip(self.wake_idle, self.wake_extra, strict=False)],
+            "token_curve": [[a, b] for a, b in zip(self.token_knots, self.token_extra, strict=False)],
         }
 
     def step_time(self, shape: StepShape) -> float | np.ndarray:
@@ -561,13 +564,14 @@ class FittedCostModel:
         pair, kvr, swap, pseq = self.attn_pair, self.kv_read_token, self.swap_block, self.prefill_seq
         ft, fs, fp = self.flops_per_token, self.flops_per_seq, self.flops_per_attn_pair
         times = [step + n * token + n * dseq + n * seq + c * pair + c * kvr + 0 * swap + (n - n) * pseq
-                 for n, c in zip(rows, reads)]
+                 for n, c in zip(rows, reads, strict=False)]
         if self.token_knots:
             kx, ky = self.token_knots, self.token_extra
-            times = [float(t + np.interp(n, kx, ky)) for t, n in zip(times, rows)]
+            times = [float(t + np.interp(n, kx, ky)) for t, n in zip(times, rows, strict=False)]
         h = self.decode_pad_token
         if h:
             ms = longest if longest is not None else [0] * len(rows)
-            times = [t + (n * m if m > 0 else c * n / max(n, 1)) * h for t, n, c, m in zip(times, rows, reads, ms)]
-        flops = [float((n - 0) * ft + n * fs + c * fp) for n, c in zip(rows, reads)]
+            times = [t + (n * m if m > 0 else c * n / max(n, 1)) * h
+                     for t, n, c, m in zip(times, rows, reads, ms, strict=True)]
+        flops = [float((n - 0) * ft + n * fs + c * fp) for n, c in zip(rows, reads, strict=False)]
         return times, flops

@@ -114,7 +114,8 @@ def test_profile_round_trip_and_schema_versions(tmp_path: Path) -> None:
                                                       ("attn_pair", s.attn_pairs),
                                                       ("kv_read_token", s.kv_read_tokens),
                                                       ("decode_pad_token", s.num_decode_seqs * s.max_decode_len)))
-        + prof["coefficients"]["step"] + np.interp(s.num_tokens, *zip(*prof["token_curve"])))
+        + prof["coefficients"]["step"]
+        + np.interp(s.num_tokens, [p[0] for p in prof["token_curve"]], [p[1] for p in prof["token_curve"]]))
     assert s.max_decode_len > 0 and prof["token_curve"][0] == [1.0, 0.0] and len(prof["token_curve"]) >= 2
     # the prefill term: scalar, array and decode_steps stay bit-identical
     arr = StepShape(np.array([3, 5]), np.array([3, 40]), np.array([3, 4]), np.array([30, 90]), np.array([30, 700]))
@@ -158,7 +159,8 @@ torch.set_num_threads(1)
 # simulated latencies to within RAW_FACTOR of the engine's. A broken fit or a unit slip (a factor of 2 in the
 # step time, 10 on one term) still fails them.
 # Static batching's TTFT and E2EL are a queue behind whole batches, which amplifies any slowdown of the engine
-# (measured up to 57% low with no sustained slowdown, i.e. bursts): their bound is wider. p99s are where the bursts land: held only to RAW_FACTOR (measured up to 3.6x under load average 3).
+# (measured up to 57% low with no sustained slowdown, i.e. bursts): their bound is wider. p99s are where the
+# bursts land: held only to RAW_FACTOR (measured up to 3.6x under load average 3).
 BOUNDS = {"p50": 0.45, "static_queue_p50": 0.8, "output_throughput": 0.15}
 RAW_FACTOR = 5.0
 NUM_REQUESTS = 120
@@ -238,7 +240,7 @@ def test_validation_errors_within_bounds(validated, calibrated, tmp_path) -> Non
     assert set(doc["variants"]) == {"static", "continuous", "chunked", "preempt"}
     for name, v in doc["variants"].items():
         assert v["num_completed"]["real"] == v["num_completed"]["sim"] == NUM_REQUESTS, name
-        for metric, entry in v["metrics"].items():
+        for entry in v["metrics"].values():
             assert set(entry) == {"real", "sim", "rel_error"}
         assert v["machine_slowdown"] is not None and 0.2 < v["machine_slowdown"] < 5, v["machine_slowdown"]
     failures = _bound_failures(doc)

@@ -50,7 +50,7 @@ def test_every_workload_is_servable(seed: int, index: int, model: str) -> None:
     if w.cache == "ample":
         assert blocks is None
     else:  # small, but every request fits alone, and the policy preempts the way the workload names
-        assert blocks * 16 >= mml and cfg.policy.preemption_mode == w.cache
+        assert blocks is not None and blocks * 16 >= mml and cfg.policy.preemption_mode == w.cache
     for r in w.requests:
         if r.hash_ids:  # a shared system prompt: whole 16-token blocks inside the prompt
             assert w.prefix and r.hash_block_size == 16 and len(r.hash_ids) * 16 <= r.prompt_len
@@ -111,8 +111,8 @@ def test_padded_decode_and_token_curve_are_bit_identical_scalar_array_and_decode
     cm = FittedCostModel.from_profile(_profile(tmp_path, decode_pad_token=5e-8))
     rows, reads, longest = [1, 3, 7, 7, 40], [20, 90, 700, 707, 9000], [20, 60, 300, 301, 800]
     times, _ = cm.decode_steps(rows, reads, longest)
-    arr = StepShape(*(np.asarray(x, dtype=np.int64) for x in (rows, rows, rows, reads, reads)),
-                    np.zeros(5, dtype=np.int64), np.zeros(5, dtype=np.int64),
+    ra, ca = np.asarray(rows, dtype=np.int64), np.asarray(reads, dtype=np.int64)
+    arr = StepShape(ra, ra, ra, ca, ca, np.zeros(5, dtype=np.int64), np.zeros(5, dtype=np.int64),
                     max_decode_len=np.asarray(longest, dtype=np.int64))
     assert np.asarray(cm.step_time(arr)).tolist() == times
     for n, c, m, t in zip(rows, reads, longest, times, strict=True):
@@ -149,7 +149,8 @@ def test_fast_path_matches_step_by_step_with_padded_decode(tmp_path: Path) -> No
         assert len(slow.steps["start"]) > 300
     # and the padding is priced: the same workload keeps the engine busier than with the term off
     off_cost = {"type": "fitted", "profile": str(_profile(tmp_path, "off"))}
-    off_sc = parse_scenario({**raw, "deployment": {**raw["deployment"], "cost_model": off_cost}})
+    off_dep: dict = {**raw["deployment"], "cost_model": off_cost}  # type: ignore[dict-item]
+    off_sc = parse_scenario({**raw, "deployment": off_dep})
     on, off = (simulate_variant(variant_configs(x)[0], wl)[0] for x in (sc, off_sc))
     assert on.steps["duration"].sum() > 1.05 * off.steps["duration"].sum()
 
@@ -170,7 +171,7 @@ def test_error_table_median_and_p90_across_workloads() -> None:
     assert t["e2el_p50"]["n"] == 0 and math.isnan(t["e2el_p50"]["median_abs"]) and t["e2el_p50"]["met"] is False
 
 
-# --- serving steps from the engine -------------------------------------------------------------------------------------
+# --- serving steps from the engine ---------------------------------------------------------------------------------
 
 torch = pytest.importorskip("torch")
 
@@ -195,5 +196,5 @@ def test_serving_steps_are_the_engines_steps(tmp_path: Path) -> None:
         assert (s.max_decode_len > 0) == (s.num_decode_seqs > 0)
         if s.num_decode_seqs:  # the longest decode row attends at least the mean of the rows' reads
             assert s.max_decode_len * s.num_seqs >= s.kv_read_tokens or s.num_decode_seqs < s.num_seqs
-    assert run.validation.metrics["num_preemptions"]["real"] > 0  # the small cache preempted
-    assert run.validation.metrics["num_preemptions"]["sim"] > 0
+    pre = run.validation.metrics["num_preemptions"]
+    assert (pre["real"] or 0) > 0 and (pre["sim"] or 0) > 0  # the small cache preempted, in both
