@@ -31,8 +31,9 @@ from sim.costmodel import COEFFICIENT_NAMES, PROFILE_SCHEMA_VERSION, FittedCostM
 # the columns the fit solves for, in the order of the design matrix (swap_block is measured separately)
 # (``seq`` is left at 0: every row is either a decode row or a prompt row, so ``seq`` would be the sum of the two
 # columns below and the fit would not be unique)
-FIT_TERMS: tuple[str, ...] = ("step", "token", "decode_seq", "prefill_seq", "attn_pair", "kv_read_token")
-CLASSES: tuple[str, ...] = ("decode", "prefill", "mixed", "padded")
+FIT_TERMS: tuple[str, ...] = ("step", "token", "decode_seq", "prefill_seq", "attn_pair", "kv_read_token",
+                              "decode_pad_token")
+CLASSES: tuple[str, ...] = ("decode", "prefill", "mixed", "padded", "serving")
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,17 +54,20 @@ class Sample:
     duration: float  # s, median over repeats
     forward: float = 0.0  # s, median time in the model's forward pass
     spread: float = 0.0  # (p75 - p25) / median of the repeats
+    # tokens attended by the longest decode row (its context + 1; 0: no decodes, or not recorded): the engine's
+    # batched decode attention pads every decode row to it
+    max_decode_len: int = 0
 
     @property
     def shape(self) -> StepShape:
         return StepShape(self.num_seqs, self.num_tokens, self.num_decode_seqs, self.kv_read_tokens, self.attn_pairs,
-                         self.num_padding_tokens, self.swap_blocks)
+                         self.num_padding_tokens, self.swap_blocks, max_decode_len=self.max_decode_len)
 
     @property
     def step_class(self) -> str:
         """The class of the step itself (a decode script's first step is a prefill of every prompt)."""
-        if self.kind == "padded":
-            return "padded"
+        if self.kind in ("padded", "serving"):
+            return self.kind
         if self.num_decode_seqs == self.num_seqs:
             return "decode"
         return "prefill" if self.num_decode_seqs == 0 else "mixed"
@@ -71,20 +75,44 @@ class Sample:
 
 def samples_to_columns(samples: Sequence[Sample]) -> dict[str, np.ndarray]:
     """The samples as numpy columns (one per field)."""
-    cols = {k: [] for k in Sample.__slots__}
+    cols: dict[str, list[Any]] = {k: [] for k in Sample.__slots__}
     for s in samples:
         for k in cols:
             cols[k].append(getattr(s, k))
     return {k: np.asarray(v) for k, v in cols.items()}
 
 
-def design_matrix(samples: Sequence[Sample]) -> np.ndarray:
-    """Rows: samples; columns: ``FIT_TERMS`` (the constant column is 1)."""
+def token_knots(samples: Sequence[Sample], min_samples: int = 3) -> tuple[int, ...]:
+    """Where the token curve bends: 1, then every power of two that at least ``min_samples`` steps compute
+    exactly (a knot between measured row counts would be guessed, not measured)."""
+    counts: dict[int, int] = {}
+    for s in samples:
+        counts[s.num_tokens] = counts.get(s.num_tokens, 0) + 1
+    top = max(counts, default=1)
+    return (1,) + tuple(k for k in (2**i for i in range(1, max(top, 2).bit_length() + 1))
+                        if counts.get(k, 0) >= min_samples)
+
+
+def design_matrix(samples: Sequence[Sample], knots: Sequence[int] = ()) -> np.ndarray:
+    """Rows: samples; columns: ``FIT_TERMS`` (the constant column is 1), then one column per knot after the
+    first: the hat function of the token curve there (``np.interp`` of a unit value, flat past the last)."""
     c = samples_to_columns(samples)
     n = len(samples)
-    return np.column_stack([np.ones(n), c["num_tokens"], c["num_decode_seqs"],
-                            c["num_seqs"] - c["num_decode_seqs"], c["attn_pairs"],
-                            c["kv_read_tokens"]]).astype(np.float64)
+    cols = [np.ones(n), c["num_tokens"], c["num_decode_seqs"], c["num_seqs"] - c["num_decode_seqs"],
+            c["attn_pairs"], c["kv_read_tokens"], padded_decode_tokens(c)]
+    if len(knots) > 1:
+        tok = c["num_tokens"].astype(np.float64)
+        for i in range(1, len(knots)):
+            cols.append(np.interp(tok, knots, np.eye(len(knots))[i]))
+    return np.column_stack(cols).astype(np.float64)
+
+
+def padded_decode_tokens(c: dict[str, np.ndarray]) -> np.ndarray:
+    """Decode rows x the longest decode context: the tokens the engine's batched decode attention gathers. An
+    unrecorded longest context (0) is taken as the rows' mean, as ``FittedCostModel.step_time`` takes it."""
+    nd, m = c["num_decode_seqs"].astype(np.float64), c["max_decode_len"].astype(np.float64)
+    mean = c["kv_read_tokens"] * nd / np.maximum(c["num_seqs"], 1)
+    return np.where(m > 0, nd * m, mean)
 
 
 def nnls_fit(x: np.ndarray, y: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
@@ -101,20 +129,32 @@ def nnls_fit(x: np.ndarray, y: np.ndarray, weights: np.ndarray | None = None) ->
     return b
 
 
-def fit_coefficients(samples: Sequence[Sample]) -> dict[str, float]:
-    """NNLS on relative error: the coefficients of ``FIT_TERMS`` (seconds per unit)."""
-    if len(samples) < len(FIT_TERMS):
+TOKEN_CURVE_KEY = "token_curve"  # in a fit's result: [[tokens, extra seconds], ...] (see FittedCostModel)
+
+
+def fit_coefficients(samples: Sequence[Sample], curve: bool = False) -> dict[str, Any]:
+    """NNLS on relative error: the coefficients of ``FIT_TERMS`` (seconds per unit); with ``curve``, also the
+    token curve at ``token_knots(samples)`` under ``TOKEN_CURVE_KEY``."""
+    knots = token_knots(samples) if curve else ()
+    if len(samples) < len(FIT_TERMS) + max(len(knots) - 1, 0):
         raise ValueError(f"{len(samples)} samples cannot fit {len(FIT_TERMS)} terms")
-    x = design_matrix(samples)
+    x = design_matrix(samples, knots)
     y = np.array([s.duration for s in samples], dtype=np.float64)
     if not (y > 0).all():
         raise ValueError("every sample needs a positive duration")
     b = nnls_fit(x, y, 1.0 / y)
-    return dict(zip(FIT_TERMS, (float(v) for v in b)))
+    out: dict[str, Any] = dict(zip(FIT_TERMS, (float(v) for v in b), strict=False))
+    if len(knots) > 1:
+        weights = b[len(FIT_TERMS):]
+        out[TOKEN_CURVE_KEY] = [[1.0, 0.0]] + [[float(k), float(v)] for k, v in zip(knots[1:], weights, strict=True)]
+    return out
 
 
-def predict(coefficients: dict[str, float], samples: Sequence[Sample]) -> np.ndarray:
-    return design_matrix(samples) @ np.array([coefficients.get(k, 0.0) for k in FIT_TERMS])
+def predict(coefficients: dict[str, Any], samples: Sequence[Sample]) -> np.ndarray:
+    curve = coefficients.get(TOKEN_CURVE_KEY) or []
+    knots = [p[0] for p in curve]
+    beta = [coefficients.get(k, 0.0) for k in FIT_TERMS] + [p[1] for p in curve[1:]]
+    return design_matrix(samples, knots) @ np.array(beta, dtype=np.float64)
 
 
 def _error_stats(rel: np.ndarray) -> dict[str, float | int]:
@@ -126,7 +166,8 @@ def _error_stats(rel: np.ndarray) -> dict[str, float | int]:
             "max_abs": float(a.max()), "mean_signed": float(np.mean(rel))}
 
 
-def heldout_errors(samples: Sequence[Sample]) -> tuple[dict[str, dict[str, float | int]], np.ndarray]:
+def heldout_errors(samples: Sequence[Sample], curve: bool = False
+                   ) -> tuple[dict[str, dict[str, float | int]], np.ndarray]:
     """Leave-one-script-out: for each script, fit on every other script and predict its steps. Returns the
     relative error statistics per step class (plus ``"all"``) and the held-out prediction of every sample."""
     scripts = sorted({s.script for s in samples})
@@ -134,7 +175,7 @@ def heldout_errors(samples: Sequence[Sample]) -> tuple[dict[str, dict[str, float
     idx = {name: [i for i, s in enumerate(samples) if s.script == name] for name in scripts}
     for name in scripts:
         train = [s for s in samples if s.script != name]
-        coef = fit_coefficients(train)
+        coef = fit_coefficients(train, curve)
         test = idx[name]
         pred[test] = predict(coef, [samples[i] for i in test])
     y = np.array([s.duration for s in samples])
@@ -145,7 +186,7 @@ def heldout_errors(samples: Sequence[Sample]) -> tuple[dict[str, dict[str, float
     return out, pred
 
 
-def fit_errors(coefficients: dict[str, float], samples: Sequence[Sample]) -> dict[str, dict[str, float | int]]:
+def fit_errors(coefficients: dict[str, Any], samples: Sequence[Sample]) -> dict[str, dict[str, float | int]]:
     """In-sample relative errors of a fit, per step class (and ``"all"``)."""
     y = np.array([s.duration for s in samples])
     rel = (predict(coefficients, samples) - y) / y
@@ -170,11 +211,14 @@ def host_overheads(samples: Sequence[Sample]) -> dict[str, float]:
 def build_profile(model: str, device: str, samples: Sequence[Sample], *, swap_block: float = 0.0,
                   wake_curve: Sequence[tuple[float, float]] = (),
                   num_gpu_blocks: int | None = None, peak_flops: float = 0.0,
-                  provenance: dict[str, Any] | None = None, keep_samples: bool = True) -> dict[str, Any]:
-    """Fit and assemble a calibration profile (the ``sim.costmodel.CalibrationProfile`` dict)."""
-    coef = fit_coefficients(samples)
-    heldout, _ = heldout_errors(samples)
+                  provenance: dict[str, Any] | None = None, keep_samples: bool = True,
+                  token_curve: bool = True) -> dict[str, Any]:
+    """Fit and assemble a calibration profile (the ``sim.costmodel.CalibrationProfile`` dict). ``token_curve``:
+    fit the linear layers' cost in stairs of the row count too (``token_knots``)."""
+    coef = fit_coefficients(samples, token_curve)
+    heldout, _ = heldout_errors(samples, token_curve)
     coefficients = {name: 0.0 for name in COEFFICIENT_NAMES}
+    curve = coef.pop(TOKEN_CURVE_KEY, [])
     coefficients.update(coef)
     coefficients["swap_block"] = float(swap_block)
     cols = samples_to_columns(samples)
@@ -191,12 +235,13 @@ def build_profile(model: str, device: str, samples: Sequence[Sample], *, swap_bl
             "num_samples": len(samples),
             "num_scripts": len({s.script for s in samples}),
             "heldout": heldout,
-            "insample": fit_errors(coef, samples),
+            "insample": fit_errors({**coef, TOKEN_CURVE_KEY: curve}, samples),
             "median_repeat_spread": float(np.median(cols["spread"])) if len(samples) else 0.0,
         },
         "provenance": dict(provenance or {}),
         "samples": [asdict(s) for s in samples] if keep_samples else [],
         "wake_curve": [[float(a), float(b)] for a, b in wake_curve],
+        "token_curve": curve,
     }
     FittedCostModel.from_dict(profile)  # the profile must load
     return profile
@@ -204,6 +249,11 @@ def build_profile(model: str, device: str, samples: Sequence[Sample], *, swap_bl
 
 def samples_from_profile(profile: dict[str, Any]) -> list[Sample]:
     return [Sample(**s) for s in profile.get("samples", [])]
+
+
+def profile_coefficients(profile: dict[str, Any]) -> dict[str, Any]:
+    """A profile's coefficients with its token curve, as ``predict`` and ``fit_errors`` take them."""
+    return {**profile["coefficients"], TOKEN_CURVE_KEY: profile.get("token_curve", [])}
 
 
 def format_errors(errors: dict[str, dict[str, Any]], title: str = "held-out error") -> str:
@@ -220,6 +270,7 @@ def format_errors(errors: dict[str, dict[str, Any]], title: str = "held-out erro
 def summarize_coefficients(coefficients: dict[str, float]) -> Iterable[str]:
     units = {"step": ("ms/step", 1e3), "token": ("us/token", 1e6), "seq": ("us/row", 1e6),
              "decode_seq": ("us/decode row", 1e6), "prefill_seq": ("us/prompt row", 1e6), "attn_pair": ("ns/pair", 1e9),
-             "kv_read_token": ("ns/KV token", 1e9), "swap_block": ("us/block", 1e6)}
+             "kv_read_token": ("ns/KV token", 1e9), "decode_pad_token": ("ns/padded decode token", 1e9),
+             "swap_block": ("us/block", 1e6)}
     for k, (unit, scale) in units.items():
         yield f"{k:<14}{coefficients.get(k, 0.0) * scale:>12.4g} {unit}"

@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from calibration.fit import Sample
+from calibration.serving import shape_row
 from realengine.engine import CPU_KV_BYTES
 from realengine.executor import EngineExecutor
 from realengine.kv_cache import KVCache, kv_bytes_per_block, profile_num_blocks
@@ -92,6 +93,11 @@ class Grid:
     static_max_prompt: int
     static_max_output: int
     swap_blocks: tuple[int, ...] = (1, 4, 16, 64)  # block counts of the swap copy measurement
+    # ragged decodes: B requests decoding at unequal contexts, one at c and the others at 16 tokens. The engine's
+    # batched decode attention gathers every row padded to the longest context, so these steps separate its
+    # rows x longest-context cost from the sum of contexts (equal in the decode scripts)
+    ragged_batches: tuple[int, ...] = ()
+    ragged_contexts: tuple[int, ...] = ()
 
     @classmethod
     def tiny_cpu(cls) -> Grid:
@@ -100,6 +106,19 @@ class Grid:
             prefill_chunks=(16, 64, 256, 768), prefill_len=768,
             mixed_batches=(2, 8, 24), mixed_chunks=(32, 128), mixed_prompt=384,
             static_batches=(4, 16), static_max_prompt=160, static_max_output=24,
+            ragged_batches=(4, 16), ragged_contexts=(384,),
+        )
+
+    @classmethod
+    def medium_cpu(cls) -> Grid:
+        """For a CPU model of tens of millions of parameters (``llama-57m``): steps of 5-50 ms at the batch
+        sizes and chunks its workloads use, the whole calibration within a couple of minutes."""
+        return cls(
+            decode_batches=(1, 2, 4, 8, 16), decode_contexts=(16, 128, 320), decode_steps=5,
+            prefill_chunks=(16, 64, 128, 256), prefill_len=512,
+            mixed_batches=(2, 8), mixed_chunks=(32, 96), mixed_prompt=256,
+            static_batches=(4, 8), static_max_prompt=128, static_max_output=12,
+            ragged_batches=(4, 12), ragged_contexts=(256, 640),
         )
 
     @classmethod
@@ -116,8 +135,12 @@ class Grid:
         return dataclasses.asdict(self)
 
 
-def default_grid(device: str) -> Grid:
-    return Grid.gpu() if device == "cuda" else Grid.tiny_cpu()
+def default_grid(device: str, spec: ModelSpec | None = None) -> Grid:
+    """The GPU grid on CUDA; on a CPU the tiny grid for a model of a few million parameters or fewer (its steps
+    are about a millisecond), the medium grid for anything bigger."""
+    if device == "cuda":
+        return Grid.gpu()
+    return Grid.tiny_cpu() if spec is None or spec.num_params < 5e6 else Grid.medium_cpu()
 
 
 def scripts_of(grid: Grid, seed: int = 0) -> list[Script]:
@@ -149,6 +172,13 @@ def scripts_of(grid: Grid, seed: int = 0) -> list[Script]:
                               {"type": "continuous", "enable_chunked_prefill": True, "max_num_seqs": b + 1,
                                "max_num_batched_tokens": b + q},
                               decoders + (Arrival(start, chunks * q, 1),)))
+    for b in grid.ragged_batches:
+        for c in grid.ragged_contexts:
+            out.append(Script(f"ragged-b{b}-c{c}", "decode",
+                              {"type": "continuous", "enable_chunked_prefill": True, "max_num_seqs": b,
+                               "max_num_batched_tokens": big},
+                              (Arrival(0, c, grid.decode_steps + 1),)
+                              + tuple(Arrival(0, 16, grid.decode_steps + 1) for _ in range(b - 1))))
     rng = np.random.default_rng(seed)
     for b in grid.static_batches:
         prompts = rng.integers(8, grid.static_max_prompt + 1, size=2 * b)
@@ -157,6 +187,19 @@ def scripts_of(grid: Grid, seed: int = 0) -> list[Script]:
                           {"type": "static", "batch_size": b, "max_wait": 0.0},
                           tuple(Arrival(0, int(p), int(o)) for p, o in zip(prompts, outputs, strict=True))))
     return out
+
+
+CLOCKS = ("virtual", "wall")
+
+
+def step_clock(device: str, clock: str = "virtual") -> Callable[[], float]:
+    """The clock steps are timed by, the engine's: ``virtual`` times a CPU step by the serving thread's CPU time
+    (``time.thread_time``: what the step itself costs, which other processes sharing the cores cannot stretch;
+    torch runs on the calling thread with one torch thread) and a CUDA step by synchronized wall time; ``wall``
+    is wall time everywhere (what a live run sees, neighbours included)."""
+    if clock not in CLOCKS:
+        raise ValueError(f"clock must be one of {', '.join(CLOCKS)}, got {clock!r}")
+    return time.thread_time if clock == "virtual" and device != "cuda" else time.perf_counter
 
 
 class _TimedModel:
@@ -182,7 +225,7 @@ class _TimedModel:
 
 @dataclass(slots=True)
 class _Step:
-    shape: tuple[int, int, int, int, int, int, int]  # StepShape fields, in order
+    shape: tuple[int, ...]  # StepShape fields, in order, then the longest decode context (see shape_row)
     duration: float
     forward: float
 
@@ -223,10 +266,7 @@ class _Recorder:
         f0 = self.timed.elapsed
         duration = self.engine.execute(batch)
         self.failure = self.engine.failure
-        s = batch.shape
-        self.steps.append(_Step((int(s.num_seqs), int(s.num_tokens), int(s.num_decode_seqs), int(s.kv_read_tokens),
-                                 int(s.attn_pairs), int(s.num_padding_tokens), int(s.swap_blocks)),
-                                duration, self.timed.elapsed - f0))
+        self.steps.append(_Step(shape_row(batch), duration, self.timed.elapsed - f0))
         return duration
 
     def step_flops(self, batch: Batch) -> float:
@@ -274,7 +314,7 @@ class _Bench:
     """The model, the KV cache and the runner, built once and reused by every script."""
 
     def __init__(self, spec: ModelSpec, model_name: str, device: str, dtype: torch.dtype, block_size: int,
-                 num_blocks: int, seed: int) -> None:
+                 num_blocks: int, seed: int, clock: str = "virtual") -> None:
         self.spec = spec
         self.model_name = model_name
         self.device = device
@@ -284,6 +324,7 @@ class _Bench:
         self.is_cuda = device == "cuda"
         self.sync: Callable[[], None] = (lambda: torch.cuda.synchronize()) if self.is_cuda else (lambda: None)
         self.runner = ModelRunner(spec, block_manager=self.kv, model=model)
+        self.clock = step_clock(device, clock)  # what the swap copies are timed by (the steps: the engine's timer)
         self.timed = _TimedModel(model, self.sync)
         # duck-typed: the runner only calls its model and reads spec, device and dtype
         self.runner.model = self.timed  # type: ignore[assignment]  # the runner calls self.model(...): time the forward passes
@@ -348,12 +389,12 @@ class _Bench:
         for _ in range(repeats + 1):
             for n in counts:
                 blocks = list(range(n))
-                t = time.perf_counter()
+                t = self.clock()
                 h = cache.swap_out(blocks)
                 cache.swap_in(h, blocks)
                 self.sync()
                 xs.append(2 * n)
-                ys.append(time.perf_counter() - t)
+                ys.append(self.clock() - t)
         x, y = np.asarray(xs[len(counts):], float), np.asarray(ys[len(counts):], float)  # first round: warm-up
         slope = float(np.polyfit(x, y, 1)[0])
         return max(slope, 0.0)
@@ -427,18 +468,20 @@ def measure(
         raise ScenarioError("--device cuda: torch sees no CUDA device")
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
+    if clock not in CLOCKS:
+        raise ScenarioError(f"--clock must be one of {', '.join(CLOCKS)}, got {clock!r}")
     try:
         spec = ModelSpec.from_name(model)
     except ValueError as e:
         raise ScenarioError(f"--model: {e}") from None
     tdtype = torch_dtype(dtype) if dtype else (torch.float32 if device == "cpu" else torch.bfloat16)
-    grid = grid or default_grid(device)
+    grid = grid or default_grid(device, spec)
     scripts = scripts_of(grid, seed)
     max_len = max(max(a.prompt_len + a.output_len for a in s.arrivals) for s in scripts)
     if max_len > spec.max_position_embeddings:
         raise ValueError(f"the grid needs {max_len} positions; {spec.name} has {spec.max_position_embeddings}")
     need = max(sum(-(-(a.prompt_len + a.output_len) // block_size) for a in s.arrivals) for s in scripts)
-    bench = _Bench(spec, model, device, tdtype, block_size, need + 8, seed)
+    bench = _Bench(spec, model, device, tdtype, block_size, need + 8, seed, clock)
     policies = [_policy_for(s, model, max_len, block_size, need + 8) for s in scripts]
     num_blocks = engine_num_blocks(spec, bench.timed.model, device, tdtype, block_size,
                                    max_num_batched_tokens=max(grid.prefill_chunks), max_num_seqs=256)
@@ -472,8 +515,10 @@ def measure(
             f = np.array([r[k].forward for r in reps])
             q1, q3 = np.percentile(d, [25, 75])
             med = float(np.median(d))
-            samples.append(Sample(script.name, script.kind, k, *reps[0][k].shape, duration=med,
-                                  forward=float(np.median(f)), spread=float((q3 - q1) / med) if med > 0 else 0.0))
+            shape = reps[0][k].shape
+            samples.append(Sample(script.name, script.kind, k, shape[0], shape[1], shape[2], shape[3], shape[4],
+                                  shape[5], shape[6], duration=med, forward=float(np.median(f)),
+                                  spread=float((q3 - q1) / med) if med > 0 else 0.0, max_decode_len=shape[7]))
     # the virtual clock runs the steps on one torch thread (``_Bench.run``)
     threads = torch.get_num_threads() if wall or device == "cuda" else 1
     if device == "cuda":
@@ -528,6 +573,7 @@ class SpeedProbe:
     def __init__(self, profile: dict[str, Any], *, device: str = "cpu") -> None:
         self.script = reference_script(profile)
         self.base: float | None = None
+        self.repeats = 5  # runs of the script per measurement (after one warm-up run)
         if self.script is None:
             return
         samples = [s for s in profile.get("samples", []) if s["script"] == self.script.name]
@@ -541,15 +587,17 @@ class SpeedProbe:
         dtype = torch_dtype(prov.get("dtype", "float32"))
         bs = int(prov.get("block_size", 16))
         need = sum(-(-(a.prompt_len + a.output_len) // bs) for a in self.script.arrivals) + 8
-        self.bench = _Bench(spec, profile["model"], device, dtype, bs, need, int(prov.get("seed", 0)))
+        self.bench = _Bench(spec, profile["model"], device, dtype, bs, need, int(prov.get("seed", 0)),
+                            prov.get("clock", "wall"))  # profiles before the virtual clock were timed by wall
         max_len = max(a.prompt_len + a.output_len for a in self.script.arrivals)
         self.policy_args = (profile["model"], max_len, bs, need)
 
-    def measure(self, repeats: int = 5) -> float | None:
-        """Median decode step time of the reference script now (seconds), over ``repeats`` runs after one
-        warm-up run."""
+    def measure(self, repeats: int | None = None) -> float | None:
+        """Median decode step time of the reference script now (seconds), over ``repeats`` runs (default
+        ``self.repeats``) after one warm-up run."""
         if self.script is None:
             return None
+        repeats = self.repeats if repeats is None else repeats
         times: list[float] = []
         with torch.inference_mode():
             for r in range(repeats + 1):
@@ -558,6 +606,6 @@ class SpeedProbe:
                     times += [s.duration for s in steps if s.shape[2] == s.shape[0]]
         return float(np.median(times))
 
-    def ratio(self, repeats: int = 5) -> float | None:
+    def ratio(self, repeats: int | None = None) -> float | None:
         now = self.measure(repeats)
         return None if now is None or not self.base else now / self.base

@@ -30,6 +30,7 @@ from sim.metrics import summarize
 from sim.records import RunResult
 from sim.report import TEMPLATE, color, ecdf_points
 from sim.scenario import FittedCost, Scenario, ScenarioError, VariantConfig, load_scenario, variant_configs
+from sim.workload import GeneratedWorkload
 
 PERCENTILE_KEYS = ("p50", "p90", "p99")
 LATENCIES = ("ttft", "tpot", "itl", "e2el")
@@ -221,24 +222,25 @@ def scaled(model: FittedCostModel, factor: float) -> FittedCostModel:
 
 def validate_variant(cfg: VariantConfig, workload, profile_path: str | Path, *, model: str, device: str = "cpu",
                      num_gpu_blocks: int | None = None, time_scale: float = 1.0, seed: int = 0,
-                     memory: list | None = None, probe=None) -> VariantValidation:
+                     memory: list | None = None, probe=None, on_runner=None) -> VariantValidation:
     """One variant on the engine, then in the simulator with the profile and the engine's KV block count. With a
     ``SpeedProbe``, the machine's speed is measured before and after the engine run, and the comparison is
-    repeated with the profile scaled by the slowdown."""
+    repeated with the profile scaled by the slowdown. ``on_runner`` goes to ``run_engine`` (a
+    ``calibration.serving.StepRecorder``'s ``attach`` logs the engine's step shapes)."""
     from realengine.engine import engine_config, run_engine
     from sim.run import simulate_variant
 
     before = probe.measure() if probe is not None else None
     real, requests, core = run_engine(cfg, workload, device=device, model_spec=model, num_gpu_blocks=num_gpu_blocks,
-                                      time_scale=time_scale, seed=seed, memory_samples=memory)
+                                      time_scale=time_scale, seed=seed, memory_samples=memory, on_runner=on_runner)
     blocks = int(core.kv.num_blocks)
     sim_cfg = engine_config(cfg, model_spec=model, num_gpu_blocks=blocks, device=device)
     dep = sim_cfg.deployment.model_copy(update={"cost_model": FittedCost(profile=str(Path(profile_path).resolve()))})
     sim_cfg = dataclasses.replace(sim_cfg, deployment=dep)
     specs = getattr(workload, "requests", workload)
-    wl_scaled = dataclasses.replace(workload, requests=tuple(dataclasses.replace(s, arrival=s.arrival * time_scale)
-                                                          for s in specs)) if hasattr(workload, "requests") else \
-        _Plain(tuple(dataclasses.replace(s, arrival=s.arrival * time_scale) for s in specs))
+    arrived = tuple(dataclasses.replace(s, arrival=s.arrival * time_scale) for s in specs)
+    wl_scaled = dataclasses.replace(workload, requests=arrived) if isinstance(workload, GeneratedWorkload) else \
+        GeneratedWorkload(arrived)
     after = probe.measure() if probe is not None else None
     sim, _, _ = simulate_variant(sim_cfg, wl_scaled, name=real.name)
     rs, ss = summarize(real), summarize(sim)
@@ -249,12 +251,6 @@ def validate_variant(cfg: VariantConfig, workload, profile_path: str | Path, *, 
         adj = _simulate(sim_cfg, wl_scaled.requests, cost, real.name)
         out.adjusted_metrics = compare(rs, summarize(adj))
     return out
-
-
-@dataclass(frozen=True, slots=True)
-class _Plain:
-    requests: tuple
-    closed_loop: None = None
 
 
 def validate(scenario_path: str | Path, profile_path: str | Path, *, device: str = "cpu", model: str | None = None,
@@ -380,7 +376,10 @@ def _table_html(v: VariantValidation) -> str:
     for name, m in v.metrics.items():
         e = m["rel_error"]
         cls = ' class="bad"' if e is not None and abs(e) > 0.10 else ""
-        fmt = (lambda x: "n/a" if x is None else f"{x:.4g}")
+
+        def fmt(x: float | None) -> str:
+            return "n/a" if x is None else f"{x:.4g}"
+
         rows.append(f"<tr><td>{html.escape(name)}</td><td>{fmt(m['real'])}</td><td>{fmt(m['sim'])}</td>"
                     f"<td{cls}>{'n/a' if e is None else f'{100 * e:+.1f}%'}</td></tr>")
     rows.append("</table>")

@@ -363,10 +363,14 @@ def calibrate(
     threads: int | None = typer.Option(None, "--threads", help="torch CPU threads (default: torch's)."),
     gpu: str | None = typer.Option(None, "--gpu", help="GPU preset whose peak FLOP/s the profile records (for "
                                       "MFU), e.g. h100-sxm."),
+    serving_workloads: int = typer.Option(0, "--serving-workloads", help="Also fit on the steps of this many "
+                                          "engine runs of random workloads (calibration/workloads.py)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
     """Measure the real engine over a grid of step shapes, fit the cost model (non-negative least squares) and
     write a calibration profile; prints the coefficients and the held-out error per shape class."""
+    if serving_workloads < 0:
+        _fail(f"--serving-workloads must be >= 0, got {serving_workloads}")
     if device not in ("cpu", "cuda"):
         _fail(f"--device must be cpu or cuda, got {device!r}")
     if repeats < 1:
@@ -419,6 +423,17 @@ def calibrate(
     profile = build_profile(model, m.provenance["device"], m.samples, swap_block=m.swap_block,
                             wake_curve=m.wake_curve, num_gpu_blocks=m.num_gpu_blocks, peak_flops=peak,
                             provenance={**m.provenance, "calibration_seconds": round(m.seconds, 2)})
+    if serving_workloads:  # rates from the grid fit, then the grid and the serving steps fitted together
+        import tempfile
+
+        from calibration.fidelity import refit_with_serving, serving_steps
+
+        with tempfile.TemporaryDirectory() as tmp:
+            grid_path = Path(tmp) / "grid.json"
+            grid_path.write_text(json.dumps(profile))
+            serving = serving_steps(grid_path, model, serving_workloads, device=device)
+        profile = refit_with_serving(profile, serving)
+        typer.echo(format_errors(profile["fit"]["serving_before"], "grid fit, serving steps"))
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(profile, indent=1) + "\n")

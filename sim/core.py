@@ -376,6 +376,7 @@ class ServingCore:
         max_n = 1 if group_size else 0
         kv_read = attn = (stepping.ctx + group_size) if stepping is not None else 0
         max_c = 0
+        max_dec = (stepping.max_computed() + 1) if stepping is not None and group_size else 0  # longest decode row
         bs = kv.block_size
         clamped: list[tuple[Request, int]] = []
         for r, n in plan.scheduled:
@@ -414,6 +415,8 @@ class ServingCore:
             total += n
             if n == 1:
                 decode += 1
+                if c >= max_dec:
+                    max_dec = c + 1
             else:
                 prefill += n
             kv_read += c + n
@@ -451,6 +454,7 @@ class ServingCore:
             num_padding_tokens=num_tokens - total,
             swap_blocks=swap_blocks,
             idle_before=now - self.last_end if now > self.last_end else 0.0,
+            max_decode_len=max_dec,
         )
         if self.plans is not None:  # canonical: sorted by request id, whoever planned it
             entries = [(r.id, n) for r, n in plan.scheduled]

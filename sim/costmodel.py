@@ -48,6 +48,9 @@ class StepShape:
     # engine pays a wake-up after idling (the OS's timer slack, a CPU or GPU leaving its power-saving state,
     # cold caches) that grows with the idle time; a fitted profile measures it
     idle_before: float | np.ndarray = 0.0
+    # tokens attended by the longest decode row (its context + 1; 0: unknown). An engine whose decode attention
+    # gathers every row padded to the longest context pays rows x this, not the sum of the contexts
+    max_decode_len: int | np.ndarray = 0
 
 
 class CostModel(Protocol):
@@ -75,9 +78,12 @@ class CostModel(Protocol):
         """The device's peak dense FLOP/s for the model's compute dtype, summed over its shards."""
         ...
 
-    def decode_steps(self, rows: list[int], reads: list[int]) -> tuple[list[float], list[float]]:
-        """Times and FLOPs of unpadded one-token-per-row steps: ``rows[i]`` rows attending ``reads[i]`` tokens."""
-        shapes = [StepShape(n, n, n, c, c) for n, c in zip(rows, reads, strict=True)]
+    def decode_steps(self, rows: list[int], reads: list[int],
+                     longest: list[int] | None = None) -> tuple[list[float], list[float]]:
+        """Times and FLOPs of unpadded one-token-per-row steps: ``rows[i]`` rows attending ``reads[i]`` tokens,
+        the longest of them ``longest[i]`` (``StepShape.max_decode_len``; 0 when not given)."""
+        ms = longest if longest is not None else [0] * len(rows)
+        shapes = [StepShape(n, n, n, c, c, max_decode_len=m) for n, c, m in zip(rows, reads, ms, strict=True)]
         return [float(self.step_time(s)) for s in shapes], [float(self.step_flops(s)) for s in shapes]
 
     def decode_step_time(self, n: int, c: int) -> float:
@@ -287,10 +293,12 @@ class AnalyticCostModel(CostModel):
             return self._time(a, b, c, d, e, np.maximum)
         return float(self._time(a, b, c, d, e, max))
 
-    def decode_steps(self, rows: list[int], reads: list[int]) -> tuple[list[float], list[float]]:
+    def decode_steps(self, rows: list[int], reads: list[int],
+                     longest: list[int] | None = None) -> tuple[list[float], list[float]]:
         """Times and FLOPs of unpadded one-token-per-row steps (``rows[i]`` rows attending ``reads[i]`` tokens):
         ``step_time``/``step_flops`` of those shapes, written out for the simulator's decode loop. The expression
-        and its order are ``_time``'s, so the results are bit-identical."""
+        and its order are ``_time``'s, so the results are bit-identical. (``longest``, each step's longest decode
+        context, does not enter the roofline: a GPU's paged decode kernel reads each row's own context.)"""
         k0, k1, k2, k3, k4, k5, k6, k7, k8, k9, k10, k11 = self._k
         f_tok, f_row, f_pair = self._flops
         times: list[float] = []
@@ -351,7 +359,8 @@ class AnalyticCostModel(CostModel):
 
 PROFILE_SCHEMA_VERSION = 2
 SUPPORTED_PROFILE_VERSIONS = (1, 2)  # version 2 added the optional calibration record (samples, fit, overheads)
-COEFFICIENT_NAMES = ("step", "token", "decode_seq", "seq", "attn_pair", "kv_read_token", "swap_block", "prefill_seq")
+COEFFICIENT_NAMES = ("step", "token", "decode_seq", "seq", "attn_pair", "kv_read_token", "swap_block", "prefill_seq",
+                     "decode_pad_token")
 
 
 class ProfileCoefficients(BaseModel):
@@ -367,6 +376,9 @@ class ProfileCoefficients(BaseModel):
     swap_block: float = Field(0.0, ge=0, description="s per KV block swapped (swap_blocks)")
     prefill_seq: float = Field(0.0, ge=0, description="s per row that is not a decode (num_seqs - num_decode_seqs): "
                                "engines run each prompt chunk's attention on its own (schema version 2)")
+    decode_pad_token: float = Field(0.0, ge=0, description="s per token of the padded decode batch (decode rows x "
+                                    "max_decode_len): the decode attention's gather of every row padded to the "
+                                    "longest context")
 
 
 class ProfileFlops(BaseModel):
@@ -419,6 +431,23 @@ class CalibrationProfile(BaseModel):
         description="[idle seconds, extra seconds] pairs, idle increasing from 0: how much longer a step takes "
         "after the engine idled that long (interpolated, flat past the last point); empty: no wake-up cost")
 
+    token_curve: list[tuple[float, float]] = Field(
+        default_factory=list,
+        description="[new tokens, extra seconds] pairs, tokens increasing from 1, the first extra 0: the linear "
+        "layers' cost as a function of the step's new tokens beyond the linear `token` term (a CPU BLAS or a GPU "
+        "kernel picks its tiling by the row count, so the cost climbs in stairs); interpolated, flat past the last "
+        "point; empty: none")
+
+    @field_validator("token_curve")
+    @classmethod
+    def _token_curve_ok(cls, v: list[tuple[float, float]]) -> list[tuple[float, float]]:
+        if v:
+            x = [p[0] for p in v]
+            increasing = all(b > a for a, b in zip(x, x[1:], strict=False))
+            if tuple(v[0]) != (1, 0) or not increasing or any(not p[1] >= 0 for p in v):
+                raise ValueError("token_curve must start at [1, 0] with tokens increasing and extra times >= 0")
+        return v
+
     @field_validator("wake_curve")
     @classmethod
     def _wake_curve_ok(cls, v: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -452,6 +481,7 @@ class FittedCostModel(CostModel):
     kv_read_token: float = 0.0  # s per token of KV read
     swap_block: float = 0.0  # s per KV block swapped
     prefill_seq: float = 0.0  # s per row that is not a decode (its own attention call)
+    decode_pad_token: float = 0.0  # s per token of the padded decode batch (decode rows x longest decode context)
     peak_flops: float = 0.0  # FLOP/s of the device over all shards; 0: unknown (MFU reported as NaN)
     flops_per_token: float = 0.0  # model FLOPs per non-padding token
     flops_per_seq: float = 0.0  # model FLOPs per row (LM head)
@@ -461,6 +491,8 @@ class FittedCostModel(CostModel):
     provenance: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
     wake_idle: tuple[float, ...] = ()  # the wake-up curve: idle seconds (from 0, increasing) ...
     wake_extra: tuple[float, ...] = ()  # ... and the seconds a step then takes longer
+    token_knots: tuple[float, ...] = ()  # the token curve: new tokens (from 1, increasing) ...
+    token_extra: tuple[float, ...] = ()  # ... and the linear layers' seconds beyond the ``token`` term
 
     def __post_init__(self) -> None:
         for name in COEFFICIENT_NAMES + ("peak_flops", "flops_per_token", "flops_per_seq", "flops_per_attn_pair"):
@@ -509,7 +541,9 @@ class FittedCostModel(CostModel):
         return cls(**p.coefficients.model_dump(), peak_flops=p.peak_flops, flops_per_token=flops.token,
                    flops_per_seq=flops.seq, flops_per_attn_pair=flops.attn_pair, model=label, device=p.device,
                    provenance=dict(p.provenance), wake_idle=tuple(float(a) for a, _ in p.wake_curve),
-                   wake_extra=tuple(float(b) for _, b in p.wake_curve))
+                   wake_extra=tuple(float(b) for _, b in p.wake_curve),
+                   token_knots=tuple(float(a) for a, _ in p.token_curve),
+                   token_extra=tuple(float(b) for _, b in p.token_curve))
 
     @classmethod
     def from_profile(cls, path: str | PathLike[str]) -> FittedCostModel:
@@ -531,6 +565,7 @@ class FittedCostModel(CostModel):
                       "attn_pair": self.flops_per_attn_pair},
             "provenance": dict(self.provenance),
             "wake_curve": [[a, b] for a, b in zip(self.wake_idle, self.wake_extra, strict=True)],
+            "token_curve": [[a, b] for a, b in zip(self.token_knots, self.token_extra, strict=True)],
         }
 
     def step_time(self, shape: StepShape) -> float | np.ndarray:
@@ -539,10 +574,19 @@ class FittedCostModel(CostModel):
         d, e, f = shape.attn_pairs, shape.kv_read_tokens, shape.swap_blocks
         t = (self.step + b * self.token + c * self.decode_seq + a * self.seq + d * self.attn_pair
              + e * self.kv_read_token + f * self.swap_block + (a - c) * self.prefill_seq)
+        if self.token_knots:  # the linear layers' stairs in the row count
+            t = t + np.interp(b, self.token_knots, self.token_extra)
+        h = self.decode_pad_token
+        if h:  # the padded decode gather; an unknown longest context (0) is taken as the decode rows' mean
+            m = shape.max_decode_len
+            if _is_array(a, c, e, m):
+                t = t + np.where(np.asarray(m) > 0, c * m, e * c / np.maximum(a, 1)) * h
+            else:
+                t = t + (c * m if m > 0 else e * c / max(a, 1)) * h
         g = shape.idle_before
         if self.wake_idle:  # a step after an idle period: the engine's wake-up, interpolated from the curve
             t = t + np.interp(g, self.wake_idle, self.wake_extra)
-        return t if _is_array(a, b, c, d, e, f, g) else float(t)
+        return t if _is_array(a, b, c, d, e, f, g, shape.max_decode_len) else float(t)
 
     def step_flops(self, shape: StepShape) -> float | np.ndarray:
         """Useful model FLOPs of the step (0 when the profile names no model FLOPs)."""
@@ -550,12 +594,22 @@ class FittedCostModel(CostModel):
         r = (b - p) * self.flops_per_token + a * self.flops_per_seq + d * self.flops_per_attn_pair
         return r if _is_array(a, b, p, d) else float(r)
 
-    def decode_steps(self, rows: list[int], reads: list[int]) -> tuple[list[float], list[float]]:
-        """``step_time``/``step_flops`` of unpadded one-token-per-row steps, bit-identical (same expression)."""
+    def decode_steps(self, rows: list[int], reads: list[int],
+                     longest: list[int] | None = None) -> tuple[list[float], list[float]]:
+        """``step_time``/``step_flops`` of unpadded one-token-per-row steps, bit-identical (same expression).
+        ``longest[i]``: step i's ``max_decode_len`` (None: unknown)."""
         step, token, dseq, seq = self.step, self.token, self.decode_seq, self.seq
         pair, kvr, swap, pseq = self.attn_pair, self.kv_read_token, self.swap_block, self.prefill_seq
         ft, fs, fp = self.flops_per_token, self.flops_per_seq, self.flops_per_attn_pair
         times = [step + n * token + n * dseq + n * seq + c * pair + c * kvr + 0 * swap + (n - n) * pseq
                  for n, c in zip(rows, reads, strict=True)]
+        if self.token_knots:
+            kx, ky = self.token_knots, self.token_extra
+            times = [float(t + np.interp(n, kx, ky)) for t, n in zip(times, rows, strict=True)]
+        h = self.decode_pad_token
+        if h:
+            ms = longest if longest is not None else [0] * len(rows)
+            times = [t + (n * m if m > 0 else c * n / max(n, 1)) * h
+                     for t, n, c, m in zip(times, rows, reads, ms, strict=True)]
         flops = [float((n - 0) * ft + n * fs + c * fp) for n, c in zip(rows, reads, strict=True)]
         return times, flops

@@ -30,37 +30,46 @@ MAX_SEGMENT = 4096  # fast-forward at most this many steps at once (bounds the a
 SCALAR_BELOW = 64  # price segments this short with scalar cost-model calls
 
 
-def predict(g: DecodeGroup, k: int, pad: int) -> tuple[list[int], list[int]]:
-    """Rows and attended tokens of the decode group's next ``k`` steps, members leaving after the step that
-    samples their last token: runs of equal rows with evenly growing context between departures."""
+def predict(g: DecodeGroup, k: int, pad: int) -> tuple[list[int], list[int], list[int]]:
+    """Rows, attended tokens and longest row (``StepShape.max_decode_len``) of the decode group's next ``k``
+    steps, members leaving after the step that samples their last token: runs of equal rows with evenly growing
+    context between departures."""
     j0 = g.steps
     finish_at = g.finish_at
     rows_l: list[int] = []
     read_l: list[int] = []
+    max_l: list[int] = []
     size, ctx = g.size, g.ctx
+    left = list(g.members.values())
     pos = j0
     for f in sorted(f for f in finish_at if f < j0 + k) + [j0 + k]:
         n = f - pos  # steps pos+1 .. f, all with the current members
         rows_l += [size + pad] * n
         read_l += range(ctx + size, ctx + size * (n + 1), size) if size else [ctx] * n
+        top = max((r.num_computed_tokens + pos - r.group_base for r in left), default=-1) + 1
+        max_l += range(top, top + n) if left else [0] * n
         ctx += size * n
         pos = f
         leaving = finish_at.get(f) if f < j0 + k else None
         if leaving:
             size -= len(leaving)
             ctx -= sum(r.num_computed_tokens + f - r.group_base for r in leaving)
-    return rows_l, read_l
+            gone = {id(r) for r in leaving}
+            left = [r for r in left if id(r) not in gone]
+    return rows_l, read_l, max_l
 
 
-def _price(cost: CostModel, rows_l: list[int], read_l: list[int], pad: int) -> tuple[list[float], list[float]]:
+def _price(cost: CostModel, rows_l: list[int], read_l: list[int], max_l: list[int],
+           pad: int) -> tuple[list[float], list[float]]:
     """Durations and FLOPs of the predicted steps, bit-identical to pricing each step's shape on its own."""
     k = len(rows_l)
     if k <= SCALAR_BELOW and not pad:
         # numpy's per-call overhead outweighs a short loop
         decode_steps = optional_member(cost, "decode_steps")
-        return decode_steps(rows_l, read_l)
+        return decode_steps(rows_l, read_l, max_l)
     if k <= SCALAR_BELOW:
-        shapes = [StepShape(n, n, n, c, c, pad, 0) for n, c in zip(rows_l, read_l, strict=True)]
+        shapes = [StepShape(n, n, n, c, c, pad, 0, max_decode_len=m)
+                  for n, c, m in zip(rows_l, read_l, max_l, strict=True)]
         return [float(cost.step_time(sh)) for sh in shapes], [float(cost.step_flops(sh)) for sh in shapes]
     rows_a = np.asarray(rows_l, dtype=np.int64)
     read_a = np.asarray(read_l, dtype=np.int64)
@@ -72,6 +81,7 @@ def _price(cost: CostModel, rows_l: list[int], read_l: list[int], pad: int) -> t
         attn_pairs=read_a,
         num_padding_tokens=np.full(k, pad, dtype=np.int64),
         swap_blocks=np.zeros(k, dtype=np.int64),
+        max_decode_len=np.asarray(max_l, dtype=np.int64),
     )
     durations = np.asarray(cost.step_time(shape), dtype=np.float64).tolist()
     flops = np.asarray(cost.step_flops(shape), dtype=np.float64).tolist()
@@ -126,9 +136,11 @@ def fast_forward(
     if not finish_at or min(finish_at) > j0 + k:  # nobody leaves: constant rows, evenly growing context
         rows_l = [size + pad] * k
         read_l = list(range(ctx + size, ctx + size * (k + 1), size)) if size else [ctx] * k
+        top = g.max_computed() + 1 if size else 0
+        max_l = list(range(top, top + k)) if size else [0] * k
     else:
-        rows_l, read_l = predict(g, k, pad)
-    durations, flops = _price(cost, rows_l, read_l, pad)
+        rows_l, read_l, max_l = predict(g, k, pad)
+    durations, flops = _price(cost, rows_l, read_l, max_l, pad)
     # The loop below is ``_apply`` + ``complete`` for a group-only, unpadded plan, written out because it is the
     # simulator's innermost loop; the tests check that it records exactly what they would. Nothing from outside
     # can happen inside it, so only the horizon, the deadline, finishes and block shortages end it, and the first

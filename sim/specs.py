@@ -450,6 +450,15 @@ MODEL_PRESETS: dict[str, dict[str, Any]] = {
         "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 256, "max_position_embeddings": 2048,
         "tie_word_embeddings": False, "rope_theta": 10000.0, "rms_norm_eps": 1e-5,
     },
+    # A CPU model whose steps look like a GPU's: about 57 M parameters (random weights), so that on one CPU thread
+    # a step takes 5-50 ms and is dominated by the forward pass (matmuls, attention), not by Python, the way a
+    # real model's step is on a GPU; tiny's 1 ms steps are mostly the host's bookkeeping. A small Llama shape:
+    # 8 layers, hidden 512, grouped-query attention (8 query heads over 2 KV heads), a 32000-token vocabulary.
+    "llama-57m": {
+        "model_type": "llama", "hidden_size": 512, "num_hidden_layers": 8, "num_attention_heads": 8,
+        "num_key_value_heads": 2, "intermediate_size": 1536, "vocab_size": 32000, "max_position_embeddings": 2048,
+        "tie_word_embeddings": False, "rope_theta": 10000.0, "rms_norm_eps": 1e-5,
+    },
     "smollm2-135m": {  # HuggingFaceTB/SmolLM2-135M
         "model_type": "llama", "hidden_size": 576, "num_hidden_layers": 30, "num_attention_heads": 9,
         "num_key_value_heads": 3, "intermediate_size": 1536, "vocab_size": 49152, "max_position_embeddings": 8192,
