@@ -23,7 +23,6 @@ import difflib
 import itertools
 import math
 import re
-import reprlib
 from abc import abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,13 +31,13 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
-from pydantic_core import ErrorDetails
 
 from sim.block_manager import KVManager, PagedBlockManager
 from sim.contiguous_allocator import ContiguousAllocator
 from sim.costmodel import AnalyticCostModel, CostModel, FittedCostModel
 from sim.metrics import SLOs
 from sim.policies import Admission, ContinuousPolicy, Limits, Policy, StaticPolicy
+from sim.scenario_messages import format_validation, short, yaml_error
 from sim.specs import GPUSpec, KVBudget, ModelDoesNotFitError, ModelSpec, kv_budget, resolve_gpu, resolve_model
 from sim.traces import load_trace, resolve_trace
 from sim.workload import Float, InputModel, Int, TraceArrival, Workload
@@ -474,115 +473,6 @@ class Scenario(_Model):
 
 
 # ---- loading --------------------------------------------------------------------------------------------------
-_MAX_PROBLEMS = 5  # validation problems listed in one message
-
-
-def _clean_loc(loc: tuple[Any, ...], raw: Any, keep_last: bool = False) -> str:
-    """A pydantic error location as the dotted path of the scenario file.
-
-    pydantic inserts the member a union tried (a ``type`` tag such as ``poisson``, or a type name such as ``str``)
-    into the location; those are not keys of the file. Walking the input keeps only the parts that are keys (or
-    list indices) there, plus a final part that is absent (a missing or unknown key)."""
-    parts: list[str] = []
-    node = raw
-    for i, p in enumerate(loc):
-        last = i == len(loc) - 1
-        if not last and isinstance(node, dict) and p in _UNION_TAGS and node.get("type") == p:
-            continue  # the member label of a tagged union, also a key there (a trace arrival has a ``trace`` key)
-        if isinstance(node, dict) and p in node:
-            node = node[p]
-            parts.append(str(p))
-        elif isinstance(node, list) and isinstance(p, int) and 0 <= p < len(node):
-            node = node[p]
-            parts.append(str(p))
-        elif last and (keep_last or not (isinstance(p, str) and (p in _UNION_TAGS or "[" in p or p in _TYPE_LABELS))):
-            parts.append(str(p))
-        # else: a union member label: not part of the file
-    return ".".join(parts)
-
-
-_TYPE_LABELS = {"str", "int", "float", "bool", "none", "list", "dict", "tuple"}
-_UNION_TAGS = {
-    "analytic", "fitted", "paged", "contiguous", "static", "continuous", "poisson", "gamma", "constant",
-    "all_at_once", "closed_loop", "trace", "fixed", "uniform", "normal", "lognormal", "exponential", "empirical",
-}
-
-
-_REPR = reprlib.Repr()  # Python 3.11 takes no keyword arguments here
-_REPR.maxlevel, _REPR.maxdict, _REPR.maxlist, _REPR.maxstring, _REPR.maxother, _REPR.maxlong = 3, 4, 4, 50, 50, 50
-
-
-def _short(value: Any) -> str:
-    # reprlib: a value that aliases expand to millions of items is not rendered whole
-    text = _REPR.repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-_EXPECTED = {  # pydantic error type -> what the file should hold there
-    "model_attributes_type": "a mapping of keys to values",
-    "model_type": "a mapping of keys to values",
-    "dict_type": "a mapping of keys to values",
-    "string_type": "a string",
-    "int_type": "an integer",
-    "int_parsing": "an integer",
-    "int_from_float": "a whole number",
-    "float_type": "a number",
-    "float_parsing": "a number",
-    "bool_type": "true or false",
-    "bool_parsing": "true or false",
-    "list_type": "a list",
-    "none_required": "null",
-}
-
-
-def _reason(e: ErrorDetails) -> str:
-    kind = e["type"]
-    if kind in _EXPECTED:
-        return "expected " + _EXPECTED[kind]
-    if kind == "union_tag_invalid":
-        return f"unknown type {e['ctx']['tag']}; expected one of {e['ctx']['expected_tags']}"
-    msg = e["msg"].removeprefix("Value error, ")
-    return "must be " + msg.removeprefix("Input should be ") if msg.startswith("Input should be ") else msg
-
-
-def _format_validation(err: ValidationError, source: str, raw: Any = None, prefix: str = "") -> str:
-    """One line per offending key: ``source: dotted.path: reason (got value)``. The errors a union reports once
-    per member at the same key are merged into one line."""
-    grouped: dict[str, list[ErrorDetails]] = {}
-    for e in err.errors():
-        loc = _clean_loc(tuple(e["loc"]), raw, keep_last=e["type"] in ("missing", "extra_forbidden"))
-        if e["type"] in ("union_tag_invalid", "union_tag_not_found"):  # name the tag key itself
-            loc = ".".join(x for x in (loc, str(e["ctx"]["discriminator"]).strip("'")) if x)
-        loc = prefix + loc if loc else prefix.rstrip(".")
-        grouped.setdefault(loc, []).append(e)
-    lines = []
-    for loc, errs in list(grouped.items())[:_MAX_PROBLEMS]:
-        kinds = {e["type"] for e in errs}
-        if "extra_forbidden" in kinds:
-            reason = "unknown key"
-        elif kinds & {"missing", "union_tag_not_found"}:
-            reason = "required key is missing"
-        else:
-            reasons: list[str] = []
-            for e in errs:
-                r = _reason(e)
-                if r not in reasons:
-                    reasons.append(r)
-            if len(reasons) > 1 and all(r.startswith("expected ") for r in reasons):
-                reason = "expected " + " or ".join(r.removeprefix("expected ") for r in reasons)
-            else:
-                reason = "; or ".join(reasons)
-            value = errs[0].get("input")
-            scalar = not isinstance(value, (dict, list))
-            if "union_tag_invalid" not in kinds and (scalar or kinds & set(_EXPECTED)):
-                reason += f" (got {_short(value)})"
-        lines.append(f"{source}: {loc or '(top level)'}: {reason}")
-    more = len(grouped) - _MAX_PROBLEMS
-    if more > 0:
-        lines.append(f"... and {more} more problem(s)")
-    return "\n".join(lines)
-
-
 def set_path(d: dict, dotted: str, value: Any) -> None:
     """Set ``a.b.c`` in nested dicts, creating levels as needed; a numeric part indexes an existing list
     (``variants.0.name``)."""
@@ -615,20 +505,7 @@ def parse_value(text: str) -> Any:
     try:
         return safe_load_limited(text)
     except yaml.YAMLError as e:
-        raise ScenarioError(f"cannot read value {_short(text)} as YAML: {_yaml_error(e)}") from None
-
-
-def _yaml_error(e: yaml.YAMLError) -> str:
-    """A YAML error on one line: ``line:column: problem (context)``."""
-    mark = getattr(e, "problem_mark", None)
-    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
-    context = getattr(e, "context", None)
-    cmark = getattr(e, "context_mark", None)
-    ctx = ""
-    if context:
-        ctx = f" ({context}" + (f" at line {cmark.line + 1}, column {cmark.column + 1}" if cmark else "") + ")"
-    return f"{where}{problem}{ctx}"
+        raise ScenarioError(f"cannot read value {short(text)} as YAML: {yaml_error(e)}") from None
 
 
 def load_scenario(
@@ -655,7 +532,7 @@ def load_scenario(
     try:
         raw = safe_load_limited(text)
     except yaml.YAMLError as e:
-        raise ScenarioError(f"{p}: not valid YAML: {_yaml_error(e)}") from None
+        raise ScenarioError(f"{p}: not valid YAML: {yaml_error(e)}") from None
     if not isinstance(raw, dict):
         got = "an empty file" if raw is None else f"a {type(raw).__name__}"
         raise ScenarioError(f"{p}: a scenario must be a mapping of keys to values, got {got}")
@@ -676,7 +553,7 @@ def parse_scenario(raw: dict[str, Any], source: str = "scenario") -> Scenario:
     try:
         scenario = Scenario.model_validate(raw)
     except ValidationError as e:
-        raise ScenarioError(_format_validation(e, source, raw)) from None
+        raise ScenarioError(format_validation(e, source, raw)) from None
     base = scenario.deployment.model_dump()
     for i, v in enumerate(scenario.variants):
         if v.deployment:
@@ -684,7 +561,7 @@ def parse_scenario(raw: dict[str, Any], source: str = "scenario") -> Scenario:
                 Deployment.model_validate({**base, **v.deployment})
             except ValidationError as e:
                 raise ScenarioError(
-                    _format_validation(e, source, v.deployment, prefix=f"variants.{i}.deployment.")
+                    format_validation(e, source, v.deployment, prefix=f"variants.{i}.deployment.")
                 ) from None
     _check_trace_files(scenario, source)
     return scenario
@@ -770,7 +647,7 @@ def variant_configs(scenario: Scenario) -> list[VariantConfig]:
         try:
             deployment = Deployment.model_validate(dep)
         except ValidationError as e:
-            raise ScenarioError(_format_validation(e, f"variant {v.name!r} deployment")) from None
+            raise ScenarioError(format_validation(e, f"variant {v.name!r} deployment")) from None
         out.append(
             VariantConfig(
                 name=v.name,

@@ -194,12 +194,14 @@ def _bound_failures(doc: dict) -> list:
     failures = []
     for name, v in doc["variants"].items():
         m = v["metrics"]
-        adj = v["speed_adjusted_metrics"]
+        # the plain comparison: under the engine's virtual clock a step lasts the serving thread's CPU time, which
+        # a neighbour moves far less than the wall clock; the speed-adjusted one (the profile scaled by a probe
+        # timed around the run) is reported but not bounded: the probe's slowdown is not the run's
         for metric in ("ttft_p50", "tpot_p50", "e2el_p50", "itl_p50"):
             queued = name == "static" and metric in ("ttft_p50", "e2el_p50")
             bound = BOUNDS["static_queue_p50"] if queued else BOUNDS["p50"]
-            if abs(adj[metric]["rel_error"]) > bound:
-                failures.append((name, metric, "adjusted", adj[metric], v["machine_slowdown"]))
+            if abs(m[metric]["rel_error"]) > bound:
+                failures.append((name, metric, "plain", m[metric], v["machine_slowdown"]))
         for metric in ("ttft_p50", "tpot_p50", "e2el_p50", "itl_p50", "ttft_p99", "tpot_p99", "e2el_p99"):
             ratio = m[metric]["sim"] / m[metric]["real"]
             if not 1 / RAW_FACTOR < ratio < RAW_FACTOR:
@@ -253,6 +255,8 @@ def test_validation_errors_within_bounds(validated, calibrated, tmp_path) -> Non
         out, doc, output = _validate(calibrated[0], tmp_path / "again")
         failures = _bound_failures(doc)
     print(output)
+    for name, v in doc["variants"].items():
+        print(name, {k: round(e["rel_error"], 3) for k, e in v["metrics"].items() if k.endswith(("p50", "p99"))})
     assert not failures, failures
     pre = doc["variants"]["preempt"]
     assert pre["num_gpu_blocks"] == 24

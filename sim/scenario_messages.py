@@ -1,0 +1,133 @@
+"""Error messages of scenario loading: a pydantic validation error or a YAML error as lines that name the key of
+the file and say what it should hold, with the offending value shortened (aliases can expand a value to millions of
+items: it is never rendered whole)."""
+
+from __future__ import annotations
+
+import reprlib
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+from pydantic_core import ErrorDetails
+
+_MAX_PROBLEMS = 5  # validation problems listed in one message
+
+
+def _clean_loc(loc: tuple[Any, ...], raw: Any, keep_last: bool = False) -> str:
+    """A pydantic error location as the dotted path of the scenario file.
+
+    pydantic inserts the member a union tried (a ``type`` tag such as ``poisson``, or a type name such as ``str``)
+    into the location; those are not keys of the file. Walking the input keeps only the parts that are keys (or
+    list indices) there, plus a final part that is absent (a missing or unknown key)."""
+    parts: list[str] = []
+    node = raw
+    for i, p in enumerate(loc):
+        last = i == len(loc) - 1
+        if not last and isinstance(node, dict) and p in _UNION_TAGS and node.get("type") == p:
+            continue  # the member label of a tagged union, also a key there (a trace arrival has a ``trace`` key)
+        if isinstance(node, dict) and p in node:
+            node = node[p]
+            parts.append(str(p))
+        elif isinstance(node, list) and isinstance(p, int) and 0 <= p < len(node):
+            node = node[p]
+            parts.append(str(p))
+        elif last and (keep_last or not (isinstance(p, str) and (p in _UNION_TAGS or "[" in p or p in _TYPE_LABELS))):
+            parts.append(str(p))
+        # else: a union member label: not part of the file
+    return ".".join(parts)
+
+
+_TYPE_LABELS = {"str", "int", "float", "bool", "none", "list", "dict", "tuple"}
+_UNION_TAGS = {
+    "analytic", "fitted", "paged", "contiguous", "static", "continuous", "poisson", "gamma", "constant",
+    "all_at_once", "closed_loop", "trace", "fixed", "uniform", "normal", "lognormal", "exponential", "empirical",
+}
+
+
+_REPR = reprlib.Repr()  # Python 3.11 takes no keyword arguments here
+_REPR.maxlevel, _REPR.maxdict, _REPR.maxlist, _REPR.maxstring, _REPR.maxother, _REPR.maxlong = 3, 4, 4, 50, 50, 50
+
+
+def short(value: Any) -> str:
+    # reprlib: a value that aliases expand to millions of items is not rendered whole
+    text = _REPR.repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+_EXPECTED = {  # pydantic error type -> what the file should hold there
+    "model_attributes_type": "a mapping of keys to values",
+    "model_type": "a mapping of keys to values",
+    "dict_type": "a mapping of keys to values",
+    "string_type": "a string",
+    "int_type": "an integer",
+    "int_parsing": "an integer",
+    "int_from_float": "a whole number",
+    "float_type": "a number",
+    "float_parsing": "a number",
+    "bool_type": "true or false",
+    "bool_parsing": "true or false",
+    "list_type": "a list",
+    "none_required": "null",
+}
+
+
+def _reason(e: ErrorDetails) -> str:
+    kind = e["type"]
+    if kind in _EXPECTED:
+        return "expected " + _EXPECTED[kind]
+    if kind == "union_tag_invalid":
+        return f"unknown type {e['ctx']['tag']}; expected one of {e['ctx']['expected_tags']}"
+    msg = e["msg"].removeprefix("Value error, ")
+    return "must be " + msg.removeprefix("Input should be ") if msg.startswith("Input should be ") else msg
+
+
+def format_validation(err: ValidationError, source: str, raw: Any = None, prefix: str = "") -> str:
+    """One line per offending key: ``source: dotted.path: reason (got value)``. The errors a union reports once
+    per member at the same key are merged into one line."""
+    grouped: dict[str, list[ErrorDetails]] = {}
+    for e in err.errors():
+        loc = _clean_loc(tuple(e["loc"]), raw, keep_last=e["type"] in ("missing", "extra_forbidden"))
+        if e["type"] in ("union_tag_invalid", "union_tag_not_found"):  # name the tag key itself
+            loc = ".".join(x for x in (loc, str(e["ctx"]["discriminator"]).strip("'")) if x)
+        loc = prefix + loc if loc else prefix.rstrip(".")
+        grouped.setdefault(loc, []).append(e)
+    lines = []
+    for loc, errs in list(grouped.items())[:_MAX_PROBLEMS]:
+        kinds = {e["type"] for e in errs}
+        if "extra_forbidden" in kinds:
+            reason = "unknown key"
+        elif kinds & {"missing", "union_tag_not_found"}:
+            reason = "required key is missing"
+        else:
+            reasons: list[str] = []
+            for e in errs:
+                r = _reason(e)
+                if r not in reasons:
+                    reasons.append(r)
+            if len(reasons) > 1 and all(r.startswith("expected ") for r in reasons):
+                reason = "expected " + " or ".join(r.removeprefix("expected ") for r in reasons)
+            else:
+                reason = "; or ".join(reasons)
+            value = errs[0].get("input")
+            scalar = not isinstance(value, (dict, list))
+            if "union_tag_invalid" not in kinds and (scalar or kinds & set(_EXPECTED)):
+                reason += f" (got {short(value)})"
+        lines.append(f"{source}: {loc or '(top level)'}: {reason}")
+    more = len(grouped) - _MAX_PROBLEMS
+    if more > 0:
+        lines.append(f"... and {more} more problem(s)")
+    return "\n".join(lines)
+
+
+def yaml_error(e: yaml.YAMLError) -> str:
+    """A YAML error on one line: ``line:column: problem (context)``."""
+    mark = getattr(e, "problem_mark", None)
+    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    context = getattr(e, "context", None)
+    cmark = getattr(e, "context_mark", None)
+    ctx = ""
+    if context:
+        ctx = f" ({context}" + (f" at line {cmark.line + 1}, column {cmark.column + 1}" if cmark else "") + ")"
+    return f"{where}{problem}{ctx}"
