@@ -167,7 +167,8 @@ RAW_FACTOR = 5.0
 # STATIC_QUEUE: static batching's TTFT and E2EL are a queue behind whole batches; with the machine oversubscribed
 # (the suite, two CPU-bound processes and a benchmark on 2 cores) one slow step moved them from -85% to +90% in two
 # runs while every per-token metric stayed in bounds. They are bounded only while the machine is not oversubscribed
-# (one-minute load average below the core count when the tests are collected); benchmarks/bench_fidelity.py measures them.
+# (one-minute load average below the core count when the tests are collected); benchmarks/bench_fidelity.py
+# measures them.
 LOADED = os.getloadavg()[0] >= (os.cpu_count() or 1)
 NUM_REQUESTS = 120
 
