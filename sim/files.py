@@ -1,11 +1,25 @@
-"""Writing result files so that a crash never leaves a half-written one: each goes to a temporary name in its
-folder and is moved into place with ``os.replace`` once all of them are complete."""
+"""Input and result files. Reading: a text file is read up to a size cap (so that /dev/zero or a huge file cannot
+exhaust memory) and decoded as UTF-8. Writing: so that a crash never leaves a half-written file, each goes to a
+temporary name in its folder and is moved into place with ``os.replace`` once all of them are complete."""
 
 from __future__ import annotations
 
 import os
 import tempfile
 from pathlib import Path
+
+
+def read_text_capped(path: str | os.PathLike[str], max_bytes: int, what: str) -> str:
+    """The file's text (UTF-8, a byte-order mark dropped), reading at most ``max_bytes``. Raises OSError
+    (FileNotFoundError when absent) or ValueError naming the file, the cap in MiB and ``what`` the file should be."""
+    with open(path, "rb") as f:
+        data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise ValueError(f"{path}: larger than {max_bytes >> 20} MiB, too large for {what}")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text (byte {e.start} is {data[e.start]:#04x})") from None
 
 
 def write_atomically(out_dir: Path, contents: dict[str, str]) -> None:

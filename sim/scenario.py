@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from sim.block_manager import KVManager, PagedBlockManager
 from sim.contiguous_allocator import ContiguousAllocator
 from sim.costmodel import AnalyticCostModel, CostModel, FittedCostModel
+from sim.files import read_text_capped
 from sim.metrics import SLOs
 from sim.policies import Admission, ContinuousPolicy, Limits, Policy, StaticPolicy
 from sim.scenario_messages import format_validation, short, yaml_error
@@ -519,16 +520,11 @@ def load_scenario(
     if not p.is_file():
         raise ScenarioError(f"{p}: not a file (a scenario is a YAML file)")
     try:
-        with p.open("rb") as f:
-            data = f.read(MAX_SCENARIO_BYTES + 1)
+        text = read_text_capped(p, MAX_SCENARIO_BYTES, "a scenario file")
     except OSError as e:
         raise ScenarioError(f"{p}: cannot read the file: {e.strerror or e}") from None
-    if len(data) > MAX_SCENARIO_BYTES:
-        raise ScenarioError(f"{p}: larger than {MAX_SCENARIO_BYTES >> 20} MiB, too large for a scenario file")
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        raise ScenarioError(f"{p}: not UTF-8 text (byte {e.start} is {data[e.start]:#04x})") from None
+    except ValueError as e:
+        raise ScenarioError(str(e)) from None
     try:
         raw = safe_load_limited(text)
     except yaml.YAMLError as e:

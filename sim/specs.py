@@ -16,11 +16,14 @@ from os import PathLike
 from pathlib import Path
 from typing import Any, Literal
 
+from sim.files import read_text_capped
+
 GiB = 1 << 30
 MiB = 1 << 20
 
 MAX_SHAPE = 1 << 40  # largest model dimension taken (far past any model; keeps products inside float range)
 MAX_CONFIG_BYTES = 4 * MiB  # a config.json is a few KB; a larger "file" (/dev/zero, a weights file) is refused
+
 
 
 def _finite_number(v: Any) -> bool:
@@ -31,14 +34,7 @@ def _finite_number(v: Any) -> bool:
 def read_json_file(path: str | PathLike[str], max_bytes: int) -> Any:
     """A JSON file's value, reading at most ``max_bytes`` (so that /dev/zero or a huge file cannot exhaust
     memory). Raises OSError (FileNotFoundError when absent) or ValueError naming the file and the problem."""
-    with open(path, "rb") as f:
-        data = f.read(max_bytes + 1)
-    if len(data) > max_bytes:
-        raise ValueError(f"{path}: larger than {max_bytes // MiB} MiB, not a JSON file this reads")
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    text = read_text_capped(path, max_bytes, "a JSON file this reads")
     try:
         return json.loads(text)
     except RecursionError:
