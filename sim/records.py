@@ -63,6 +63,7 @@ REQUEST_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(RequestRecord))
 
 # Columns of steps.csv, with their dtypes. One row per step (idle time has no rows; it is the gap between them).
 STEP_COLUMNS: dict[str, type] = {
+    "replica": np.int64,  # the replica that ran the step (0 without a cluster); per-replica views filter on it
     "start": np.float64,  # seconds
     "duration": np.float64,  # seconds (predicted by the cost model, or measured by the engine)
     "batch_size": np.int64,  # requests computing tokens this step (padding rows excluded)
@@ -116,6 +117,8 @@ class StepLog:
         self._num_flushed = 0  # steps in _chunks
         self._columns: dict[str, np.ndarray] | None = None  # the runs expanded into rows, once asked for
         self._in_group_run = np.zeros(0, dtype=bool)
+        # constant over a log (one core per replica), so it costs nothing per step; set by sim.simulator.Replica
+        self.replica = 0
 
     def append(
         self,
@@ -214,6 +217,7 @@ class StepLog:
         start[1:] = end[:-1]
         start[np.cumsum(n) - n] = const["start"]  # the first step of each run
         cols = {"start": start, "duration": end - start}  # as the executors compute it: end - start
+        cols["replica"] = np.full(len(end), self.replica, dtype=np.int64)
         for k, t in STEP_COLUMNS.items():
             if k in vary:
                 cols[k] = vary[k].astype(t)

@@ -65,6 +65,7 @@ class Replica:
         self.overshoot = False
         self.core = core
         core.replica = index  # the core stamps its requests with it
+        core.steps.replica = index  # and its steps
         self.index = index
         self._idle: simpy.Event | None = None
         self.closed = False  # no more arrivals will come
