@@ -66,6 +66,7 @@ def small_run(name: str, slow: float = 1.0) -> RunResult:
     dur = rng.uniform(0.05, 0.2, n) * slow
     start = 0.15 + np.cumsum(dur) - dur + np.arange(n) * 0.013
     steps = {
+        "replica": np.zeros(n, dtype=np.int64),
         "start": start,
         "duration": dur,
         "batch_size": rng.integers(1, 4, n),
