@@ -1,0 +1,50 @@
+"""The vllm bench serve reader: units, deployment hints, and malformed fields named with their file."""
+
+from pathlib import Path
+
+import pytest
+
+from sim.benchfiles import BenchFileError, read_vllm_bench
+
+DATA = Path(__file__).parent / "data" / "bench"
+
+
+def test_detailed_file_reads_lists_in_seconds_and_aggregates_ms_to_s() -> None:
+    run = read_vllm_bench(DATA / "vllm_detailed.json")
+    assert run.model == "meta-llama/Llama-3.1-8B-Instruct"
+    assert run.request_rate == 4.0 and run.burstiness == 1.0 and run.max_concurrency is None
+    assert run.input_lens == [100, 200, 300] and run.output_lens == [3, 3, 3]
+    assert run.ttfts_s == [0.03, 0.04, 0.08]
+    assert run.itls_s == [[0.01, 0.01]] * 3
+    assert run.aggregates["mean_ttft"] == pytest.approx(0.05)
+    assert run.aggregates["p99_e2el"] == pytest.approx(0.0894)
+    assert run.skipped == []
+
+
+def test_aggregate_only_file_skips_the_bad_field_and_keeps_the_rest() -> None:
+    path = DATA / "vllm_aggregate.json"
+    run = read_vllm_bench(path)
+    assert run.request_rate is None  # "inf": all requests at once
+    assert run.max_concurrency == 8
+    assert run.aggregates == {"mean_ttft": pytest.approx(0.0125), "mean_e2el": pytest.approx(0.1)}
+    assert run.skipped == [f"{path}: p99_ttft_ms: not a non-negative number"]
+
+
+def test_file_with_nothing_readable_raises_one_message_naming_file(tmp_path: Path) -> None:
+    bad = tmp_path / "x.json"
+    bad.write_text('{"model_id": "m"}')
+    with pytest.raises(BenchFileError, match=r"x\.json: no metrics"):
+        read_vllm_bench(bad)
+    bad.write_text("[1, 2")
+    with pytest.raises(BenchFileError, match=r"x\.json: not readable JSON"):
+        read_vllm_bench(bad)
+
+
+def test_mismatched_list_lengths_skip_per_request_data(tmp_path: Path) -> None:
+    f = tmp_path / "y.json"
+    f.write_text(
+        '{"mean_ttft_ms": 1.0, "input_lens": [1, 2], "output_lens": [1], "ttfts": [0.1, 0.2], "itls": [[], []]}'
+    )
+    run = read_vllm_bench(f)
+    assert run.input_lens == [] and run.aggregates == {"mean_ttft": pytest.approx(0.001)}
+    assert run.skipped == [f"{f}: output_lens: length 1 != input_lens' 2; per-request comparison skipped"]
