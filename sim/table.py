@@ -74,6 +74,15 @@ CLUSTER_ROWS: tuple[tuple[str, str, Callable[[float], str]], ...] = (
 )
 
 
+def ratio_text(r: float) -> str:
+    """A ratio that stays readable across decades: a 2000x fall in latency reads "1/2,000", never "0.00"."""
+    if r == 0:
+        return "0"
+    if abs(r) < 0.1:
+        return f"1/{1 / r:,.0f}"
+    return f"{r:.2f}" if abs(r) < 100 else f"{r:,.0f}"
+
+
 def table_cells(summaries: dict) -> tuple[list[str], list[list[str]]]:
     """Header and rows of strings: one row per TABLE_ROWS entry, one column per variant, plus a ratio column
     (last variant over the first) when exactly two variants are compared. Undefined values show as "-"."""
@@ -89,7 +98,7 @@ def table_cells(summaries: dict) -> tuple[list[str], list[list[str]]]:
         row = [label] + [fmt(v) if math.isfinite(v) else "-" for v in vals]
         if two:
             a, b = vals
-            row.append(f"{b / a:.2f}" if math.isfinite(a) and math.isfinite(b) and a != 0 else "-")
+            row.append(ratio_text(b / a) if math.isfinite(a) and math.isfinite(b) and a != 0 else "-")
         rows.append(row)
     return header, rows
 

@@ -32,6 +32,7 @@ from sim.report import (
     trace_points,
     write_report,
 )
+from sim.table import ratio_text
 
 RUN_FILES = {"summary.json", "requests.csv", "steps.csv", "report.html"}
 
@@ -223,10 +224,20 @@ def test_format_table(two_runs):
     assert completed == ["completed", "3", "3", "1.00"]
     ttft = next(line for line in lines if line.startswith("TTFT p50 (ms)")).split()
     c, s = summaries["continuous"]["ttft"]["p50"], summaries["static"]["ttft"]["p50"]
-    assert ttft[-3:] == [f"{1e3 * c:.1f}", f"{1e3 * s:.1f}", f"{s / c:.2f}"]
+    assert ttft[-3:] == [f"{1e3 * c:.1f}", f"{1e3 * s:.1f}", ratio_text(s / c)]
     # numbers are right-aligned in fixed-width columns
     ends = {len(line) for line in lines[2:] if not line.endswith("-")}
     assert len(ends) == 1
+
+
+@pytest.mark.parametrize(
+    "ratio, text",
+    [(1 / 2000, "1/2,000"), (1 / 1124.4, "1/1,124"), (0.03, "1/33"), (0.1, "0.10"), (1.0, "1.00"),
+     (99.994, "99.99"), (250.95, "251"), (2000.0, "2,000"), (0.0, "0")],
+)
+def test_ratio_column_reads_across_decades(ratio, text):
+    """A 2000x fall in TTFT used to print as 0.00, indistinguishable from a zero."""
+    assert ratio_text(ratio) == text
 
 
 def test_format_table_without_ratio_and_with_missing_values():

@@ -1,0 +1,94 @@
+"""The report as a user sees it: rendered by a real headless Chromium, every figure drawn, no script error.
+
+The checks that read the HTML as text (tests/test_report.py) cannot tell whether plotly.js actually draws the
+figures: a bad trace, a NaN in a layout or a script that throws leaves an empty div that only a browser shows.
+This test needs Debian's ``chromium`` and ``chromium-driver`` packages (``.ci/run`` installs them) and selenium;
+where either is missing it is skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from sim.report import write_report
+from sim.run import run_scenario
+from sim.scenario import load_scenario
+from sim.teaching import find_scenario
+
+webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (the test extra has it)")
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None or CHROMEDRIVER is None,
+    reason="no headless browser: install Debian's chromium and chromium-driver (.ci/run does)",
+)
+
+# Drawing a 5 MB page with a dozen figures takes a second or two on a quiet machine; a loaded CI box is given a
+# generous bound, polled, so a fast machine does not wait for it.
+RENDER_TIMEOUT_S = 120.0
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    opts = Options()
+    opts.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--window-size=1400,1000"):
+        opts.add_argument(arg)
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    # an explicit driver path, so Selenium Manager never tries to download one (there is no network for it)
+    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=opts)
+    driver.set_page_load_timeout(RENDER_TIMEOUT_S)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def _drawn_figures(driver) -> tuple[int, int]:
+    """(figure divs on the page, figures plotly has drawn: a div holding its main SVG with at least one trace)."""
+    return driver.execute_script(
+        """
+        const divs = Array.from(document.querySelectorAll('.plotly-graph-div'));
+        const drawn = divs.filter(d => d.querySelector('svg.main-svg') !== null
+                                    && d._fullData !== undefined && d._fullData.length > 0);
+        return [divs.length, drawn.length];
+        """
+    )
+
+
+def _render(driver, page: Path, shot: Path) -> tuple[int, int, list[dict]]:
+    driver.get(page.resolve().as_uri())
+    deadline = time.monotonic() + RENDER_TIMEOUT_S
+    total, drawn = _drawn_figures(driver)
+    while (total == 0 or drawn < total) and time.monotonic() < deadline:
+        time.sleep(0.25)
+        total, drawn = _drawn_figures(driver)
+    driver.save_screenshot(str(shot))
+    return total, drawn, driver.get_log("browser")
+
+
+def test_naive_vs_continuous_report_draws_every_figure(browser, tmp_path):
+    scenario, raw = load_scenario(find_scenario("naive-vs-continuous"), {"workload.num_requests": 300})
+    run = run_scenario(scenario, raw)
+    page = tmp_path / "report.html"
+    write_report(page, run.results, run.summaries, title="naive vs continuous, 300 requests")
+
+    shot = Path(os.environ.get("SERVESIM_SCREENSHOT_DIR", tmp_path)) / "report.png"
+    total, drawn, logs = _render(browser, page, shot)
+
+    severe = [entry["message"] for entry in logs if entry.get("level") == "SEVERE"]
+    assert severe == [], f"script errors in the report: {severe}"
+    # the report has the summary, slots, memory, utilisation, latency and throughput figures
+    assert total >= 6, f"only {total} figures on the page"
+    assert drawn == total, f"{total - drawn} of {total} figures were not drawn within {RENDER_TIMEOUT_S:.0f} s"
+    assert shot.stat().st_size > 10_000  # a blank page's screenshot is a few kB
