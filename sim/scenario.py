@@ -549,7 +549,7 @@ def parse_scenario(raw: dict[str, Any], source: str = "scenario") -> Scenario:
     try:
         scenario = Scenario.model_validate(raw)
     except ValidationError as e:
-        raise ScenarioError(format_validation(e, source, raw)) from None
+        raise ScenarioError(format_validation(e, source, raw, model=Scenario)) from None
     base = scenario.deployment.model_dump()
     for i, v in enumerate(scenario.variants):
         if v.deployment:
@@ -557,7 +557,7 @@ def parse_scenario(raw: dict[str, Any], source: str = "scenario") -> Scenario:
                 Deployment.model_validate({**base, **v.deployment})
             except ValidationError as e:
                 raise ScenarioError(
-                    format_validation(e, source, v.deployment, prefix=f"variants.{i}.deployment.")
+                    format_validation(e, source, v.deployment, prefix=f"variants.{i}.deployment.", model=Deployment)
                 ) from None
     _check_trace_files(scenario, source)
     return scenario
@@ -643,7 +643,7 @@ def variant_configs(scenario: Scenario) -> list[VariantConfig]:
         try:
             deployment = Deployment.model_validate(dep)
         except ValidationError as e:
-            raise ScenarioError(format_validation(e, f"variant {v.name!r} deployment")) from None
+            raise ScenarioError(format_validation(e, f"variant {v.name!r} deployment", model=Deployment)) from None
         out.append(
             VariantConfig(
                 name=v.name,

@@ -4,11 +4,14 @@ items: it is never rendered whole)."""
 
 from __future__ import annotations
 
+import difflib
 import reprlib
+import types
+import typing
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
 _MAX_PROBLEMS = 5  # validation problems listed in one message
@@ -82,9 +85,100 @@ def _reason(e: ErrorDetails) -> str:
     return "must be " + msg.removeprefix("Input should be ") if msg.startswith("Input should be ") else msg
 
 
-def format_validation(err: ValidationError, source: str, raw: Any = None, prefix: str = "") -> str:
+def _member_types(annotation: Any) -> list[Any]:
+    """The types a value of this annotation can hold, with Annotated, Optional and unions unwrapped."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return _member_types(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType):
+        return [t for a in typing.get_args(annotation) for t in _member_types(a)]
+    return [annotation]
+
+
+def _is_model(t: Any) -> bool:
+    return isinstance(t, type) and issubclass(t, BaseModel)
+
+
+def _models_at(model: type[BaseModel], path: tuple[Any, ...]) -> list[type[BaseModel]]:
+    """The models that can stand at ``path`` below ``model``. A path element that names no field (a tagged
+    union's tag, as pydantic puts it in an error's location) is stepped over."""
+    current: list[Any] = [model]
+    for part in path:
+        nxt: list[Any] = []
+        for t in current:
+            if isinstance(part, int):  # an item of a list or tuple field
+                nxt += [m for a in typing.get_args(t) for m in _member_types(a)]
+            elif _is_model(t) and part in t.model_fields:
+                nxt += _member_types(t.model_fields[part].annotation)
+        if not nxt and not isinstance(part, int):
+            continue
+        current = nxt
+    return [t for t in current if _is_model(t)]
+
+
+def _acronym(name: str) -> str:
+    return "".join(w[0] for w in name.split("_") if w)
+
+
+def closest_key(unknown: str, known: list[str]) -> str | None:
+    """The known key a misspelt or abbreviated one most likely meant: ``tp`` -> ``tensor_parallel_size`` (the
+    initials of its words, as vLLM's users abbreviate them), ``max_num_seq`` -> ``max_num_seqs`` (spelling)."""
+    key = unknown.lower()
+    words = key.split("_")
+    for rule in (
+        lambda k: len(key) >= 2 and "_" not in key and _acronym(k).startswith(key),  # tp
+        lambda k: len(k.split("_")) == len(words) and all(  # gpu_mem_util
+            w and kw.startswith(w) for w, kw in zip(words, k.split("_"), strict=True)
+        ),
+    ):
+        hits = sorted((k for k in known if rule(k)), key=len)
+        # the shortest when several share the initials: tensor_parallel_size before the plan's _sizes
+        if hits and (len(hits) == 1 or len(hits[0]) < len(hits[1])):
+            return hits[0]
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.75)
+    return close[0] if close else None
+
+
+def _schema_keys(model: type[BaseModel], where: str = "", seen: set[type] | None = None) -> dict[str, str]:
+    """Every key of the schema below ``model``, each with the dotted place it first appears."""
+    seen = set() if seen is None else seen
+    if model in seen:
+        return {}
+    seen.add(model)
+    keys: dict[str, str] = {}
+    for name, field in model.model_fields.items():
+        keys.setdefault(name, where)
+        for t in _member_types(field.annotation):
+            for sub in [t, *(a for a in typing.get_args(t) for a in _member_types(a))]:
+                if _is_model(sub):
+                    for k, w in _schema_keys(sub, f"{where}.{name}" if where else name, seen).items():
+                        keys.setdefault(k, w)
+    return keys
+
+
+def unknown_key_hint(model: type[BaseModel] | None, loc: tuple[Any, ...]) -> str:
+    """``; did you mean ...?`` for an unknown key at ``loc``: a key of the same section first, else one from
+    elsewhere in the schema with the section it belongs to; empty when nothing is close."""
+    if model is None or not loc or not isinstance(loc[-1], str):
+        return ""
+    here = sorted({k for m in _models_at(model, tuple(loc[:-1])) for k in m.model_fields})
+    best = closest_key(loc[-1], here)
+    if best is not None:
+        return f"; did you mean {best}?"
+    everywhere = _schema_keys(model)
+    best = closest_key(loc[-1], sorted(everywhere))
+    if best is None:
+        return ""
+    where = everywhere[best]
+    return f"; did you mean {best}" + (f" (a key of {where})?" if where else "?")
+
+
+def format_validation(
+    err: ValidationError, source: str, raw: Any = None, prefix: str = "", model: type[BaseModel] | None = None
+) -> str:
     """One line per offending key: ``source: dotted.path: reason (got value)``. The errors a union reports once
-    per member at the same key are merged into one line."""
+    per member at the same key are merged into one line. With the validated ``model``, an unknown key names the
+    closest known one."""
     grouped: dict[str, list[ErrorDetails]] = {}
     for e in err.errors():
         loc = _clean_loc(tuple(e["loc"]), raw, keep_last=e["type"] in ("missing", "extra_forbidden"))
@@ -96,7 +190,7 @@ def format_validation(err: ValidationError, source: str, raw: Any = None, prefix
     for loc, errs in list(grouped.items())[:_MAX_PROBLEMS]:
         kinds = {e["type"] for e in errs}
         if "extra_forbidden" in kinds:
-            reason = "unknown key"
+            reason = "unknown key" + unknown_key_hint(model, tuple(errs[0]["loc"]))
         elif kinds & {"missing", "union_tag_not_found"}:
             reason = "required key is missing"
         else:

@@ -1,0 +1,59 @@
+"""An unknown key names the key the user most likely meant, in the one error line that names the key."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from sim.scenario import ScenarioError, parse_scenario
+from sim.scenario_messages import closest_key
+
+BASE = {
+    "name": "hints",
+    "workload": {"num_requests": 10, "arrival": {"type": "poisson", "rate": 1.0},
+                 "prompt_len": {"type": "fixed", "value": 8}, "output_len": {"type": "fixed", "value": 4}},
+    "deployment": {"model": "tiny", "gpu": "h100-sxm"},
+    "variants": [{"name": "a", "policy": {"type": "continuous"}}],
+}
+
+
+def _error(change) -> str:
+    raw = copy.deepcopy(BASE)
+    change(raw)
+    with pytest.raises(ScenarioError) as e:
+        parse_scenario(raw, source="s.yaml")
+    return str(e.value)
+
+
+@pytest.mark.parametrize(
+    "change, line",
+    [
+        (lambda r: r["deployment"].update(tp=2),
+         "s.yaml: deployment.tp: unknown key; did you mean tensor_parallel_size?"),
+        (lambda r: r["deployment"].update(gpu_mem_util=0.5),
+         "s.yaml: deployment.gpu_mem_util: unknown key; did you mean gpu_memory_utilization?"),
+        (lambda r: r["variants"][0]["policy"].update(max_num_seq=4),
+         "s.yaml: variants.0.policy.max_num_seq: unknown key; did you mean max_num_seqs?"),
+        # a key that belongs to another section says which
+        (lambda r: r["variants"][0].update(tp=2),
+         "s.yaml: variants.0.tp: unknown key; did you mean tensor_parallel_size (a key of deployment)?"),
+        # a variant's deployment keys are checked against the deployment schema
+        (lambda r: r["variants"][0].update(deployment={"blocksize": 8}),
+         "s.yaml: variants.0.deployment.blocksize: unknown key; did you mean block_size?"),
+        # nothing close: no guess
+        (lambda r: r["deployment"].update(colour="red"), "s.yaml: deployment.colour: unknown key"),
+    ],
+)
+def test_unknown_key_names_the_closest(change, line):
+    assert line in _error(change).splitlines()
+
+
+def test_closest_key_rules():
+    known = ["tensor_parallel_size", "tensor_parallel_sizes", "max_num_seqs", "max_num_batched_tokens", "block_size"]
+    assert closest_key("tp", known) == "tensor_parallel_size"  # initials; the shorter of two
+    assert closest_key("mnbt", known) == "max_num_batched_tokens"
+    assert closest_key("max_num_seq", known) == "max_num_seqs"  # spelling
+    assert closest_key("Block_Size", known) == "block_size"  # case
+    assert closest_key("m", known) is None  # one letter says too little
+    assert closest_key("zzz", known) is None
