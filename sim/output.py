@@ -68,22 +68,53 @@ def summary_json(summaries: dict, scenario: dict | None = None) -> str:
     return json.dumps(to_jsonable(doc), indent=2, allow_nan=False) + "\n"
 
 
+# requests.csv's columns. Times are seconds, and each time column says so in its name; a time or session that
+# never happened is an empty cell (a -1 would pass for a value and break averages). The latency columns are
+# derived with summarize's definitions, so a user's average over them matches summary.json.
+_TIME_FIELDS = ("arrival", "first_scheduled", "first_token", "finish")
+_ABSENT_IF_NEGATIVE = frozenset(_TIME_FIELDS + ("session_id",))
+LATENCY_COLUMNS = ("queue_s", "ttft_s", "tpot_s", "e2el_s")
+REQUEST_COLUMNS: tuple[str, ...] = tuple(f"{f}_s" if f in _TIME_FIELDS else f for f in REQUEST_FIELDS) + LATENCY_COLUMNS
+
+
+def _latencies(r: RequestRecord) -> list[float | str]:
+    """queue, TTFT, TPOT and E2EL of one request in seconds; empty where it is undefined (never scheduled, no
+    first token, not completed; TPOT needs two tokens: it excludes the first, as vLLM's benchmark does)."""
+    queue: float | str = r.first_scheduled - r.arrival if r.first_scheduled >= 0 else ""
+    ttft: float | str = r.first_token - r.arrival if r.first_token >= 0 else ""
+    done = r.completed
+    e2el: float | str = r.finish - r.arrival if done else ""
+    tpot: float | str = ""
+    if done and r.output_tokens > 1 and r.first_token >= 0:
+        tpot = (r.finish - r.first_token) / (r.output_tokens - 1)
+    return [queue, ttft, tpot, e2el]
+
+
 def requests_csv(results: list[RunResult]) -> str:
     """One row per request (sorted by id within a variant), the variant name first."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow(("variant",) + REQUEST_FIELDS)
+    w.writerow(("variant",) + REQUEST_COLUMNS)
+    absent = [f in _ABSENT_IF_NEGATIVE for f in REQUEST_FIELDS]
     for res in results:
         for r in sorted(res.requests, key=lambda r: r.id):
-            w.writerow([res.name] + [getattr(r, f) for f in REQUEST_FIELDS])
+            values = [getattr(r, f) for f in REQUEST_FIELDS]
+            cells = ["" if gone and v < 0 else v for v, gone in zip(values, absent, strict=True)]
+            w.writerow([res.name] + cells + _latencies(r))
     return buf.getvalue()
+
+
+# steps.csv's columns: STEP_COLUMNS, with the unit in the name of each time column (the same convention as
+# requests.csv). read_steps also takes the older names.
+_STEP_TIME_COLUMNS = ("start", "duration")
+STEP_CSV_COLUMNS: tuple[str, ...] = tuple(f"{c}_s" if c in _STEP_TIME_COLUMNS else c for c in STEP_COLUMNS)
 
 
 def steps_csv(results: list[RunResult]) -> str:
     """One row per step, the variant name first. ``tolist`` gives Python floats, which csv writes with repr."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow(("variant",) + tuple(STEP_COLUMNS))
+    w.writerow(("variant",) + STEP_CSV_COLUMNS)
     for res in results:
         cols = [np.asarray(res.steps[k], dtype=t).tolist() for k, t in STEP_COLUMNS.items()]
         n = len(cols[0])
@@ -136,23 +167,32 @@ _FIELD_TYPES: dict[str, Callable[[str], object]] = {"int": int, "float": float, 
 
 
 def read_requests(path: str | os.PathLike) -> dict[str, list[RequestRecord]]:
-    """requests.csv back into records, grouped by variant (in file order)."""
+    """requests.csv back into records, grouped by variant (in file order). Reads today's columns and the older
+    ones (time columns without the ``_s``, -1 for what never happened); the derived latency columns are
+    recomputed from the times, not read."""
     p = Path(path)
     if p.is_dir():
         p = p / REQUESTS_FILE
 
     conv = {f.name: _FIELD_TYPES[str(f.type)] for f in fields(RequestRecord)}
+    field_of = {f"{f}_s": f for f in _TIME_FIELDS}
     out: dict[str, list[RequestRecord]] = {}
     with open(p, newline="", encoding="utf-8") as f:
         for row in csv.DictReader(f):
             variant = row.pop("variant")
-            values: dict[str, Any] = {k: conv[k](v) for k, v in row.items()}  # each converted to its field's type
+            values: dict[str, Any] = {}
+            for column, text in row.items():
+                name = field_of.get(column, column)
+                if name not in conv:  # a derived column
+                    continue
+                # each converted to its field's type; an empty cell is what never happened
+                values[name] = conv[name]("-1" if text == "" and name in _ABSENT_IF_NEGATIVE else text)
             out.setdefault(variant, []).append(RequestRecord(**values))
     return out
 
 
 def read_steps(path: str | os.PathLike) -> dict[str, dict[str, np.ndarray]]:
-    """steps.csv back into columns (STEP_COLUMNS dtypes), one dict per variant."""
+    """steps.csv back into columns (STEP_COLUMNS names and dtypes), one dict per variant."""
     p = Path(path)
     if p.is_dir():
         p = p / STEPS_FILE
@@ -160,7 +200,7 @@ def read_steps(path: str | os.PathLike) -> dict[str, dict[str, np.ndarray]]:
     with open(p, newline="", encoding="utf-8") as f:
         reader = csv.reader(f)
         header = next(reader)
-        if tuple(header) != ("variant",) + tuple(STEP_COLUMNS):
+        if tuple(header) not in (("variant",) + STEP_CSV_COLUMNS, ("variant",) + tuple(STEP_COLUMNS)):
             raise ValueError(f"{p}: unexpected columns {header}")
         for row in reader:
             rows.setdefault(row[0], []).append(row[1:])

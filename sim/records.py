@@ -15,7 +15,8 @@ from sim.request import Outcome, Request
 
 @dataclass(frozen=True, slots=True)
 class RequestRecord:
-    """One row of requests.csv. Times in seconds since the start of the run; -1 where it never happened."""
+    """One request of a run. Times in seconds since the start of the run; -1 where it never happened (requests.csv
+    writes those as empty cells and names each time column with its unit: ``arrival_s``...)."""
 
     id: int
     arrival: float

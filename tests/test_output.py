@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 from dataclasses import replace
@@ -12,6 +13,8 @@ import pytest
 import sim.output as output
 from sim.metrics import SUMMARY_KEYS, SLOs, summarize
 from sim.output import (
+    REQUEST_COLUMNS,
+    STEP_CSV_COLUMNS,
     format_table,
     read_requests,
     read_steps,
@@ -143,9 +146,9 @@ def test_csv_round_trip(tmp_path, two_runs):
     results, summaries = two_runs
     write_run(tmp_path, results, summaries)
     with open(tmp_path / "requests.csv") as f:
-        assert f.readline().rstrip("\n").split(",") == ["variant", *REQUEST_FIELDS]
+        assert f.readline().rstrip("\n").split(",") == ["variant", *REQUEST_COLUMNS]
     with open(tmp_path / "steps.csv") as f:
-        assert f.readline().rstrip("\n").split(",") == ["variant", *STEP_COLUMNS]
+        assert f.readline().rstrip("\n").split(",") == ["variant", *STEP_CSV_COLUMNS]
     reqs = read_requests(tmp_path)
     steps = read_steps(tmp_path)
     for res in results:
@@ -153,6 +156,52 @@ def test_csv_round_trip(tmp_path, two_runs):
         for k, t in STEP_COLUMNS.items():
             assert steps[res.name][k].dtype == t
             np.testing.assert_array_equal(steps[res.name][k], res.steps[k])  # exact: floats written with repr
+
+
+def test_requests_csv_latency_columns_and_empty_cells(tmp_path, two_runs):
+    """Each request's latencies in seconds, with summarize's definitions (their means are summary.json's means);
+    what never happened is an empty cell, not a -1 that would pass for a value."""
+    results, summaries = two_runs
+    write_run(tmp_path, results, summaries)
+    with open(tmp_path / "requests.csv", newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["variant"] == results[0].name]
+    by_id = {int(r["id"]): r for r in rows}
+    assert float(by_id[0]["ttft_s"]) == pytest.approx(0.37)
+    assert float(by_id[0]["e2el_s"]) == pytest.approx(1.93)
+    assert float(by_id[0]["tpot_s"]) == pytest.approx((1.93 - 0.37) / 6)
+    assert float(by_id[0]["queue_s"]) == pytest.approx(0.125)
+    assert by_id[1]["tpot_s"] == ""  # one output token: no time per output token
+    rejected = by_id[3]
+    assert [rejected[c] for c in ("first_scheduled_s", "first_token_s", "queue_s", "ttft_s", "tpot_s", "e2el_s")] \
+        == [""] * 6
+    assert by_id[1]["session_id"] == "" and by_id[0]["session_id"] == "11"
+    m = summaries[results[0].name]
+    assert np.mean([float(r["ttft_s"]) for r in rows if r["ttft_s"]]) == pytest.approx(m["ttft"]["mean"])
+    assert np.mean([float(r["e2el_s"]) for r in rows if r["e2el_s"]]) == pytest.approx(m["e2el"]["mean"])
+
+
+def test_older_run_folders_still_read(tmp_path, two_runs):
+    """Run folders written before the unit suffixes (time columns without _s, -1 for what never happened) read
+    into the same records and columns."""
+    results, summaries = two_runs
+    write_run(tmp_path, results, summaries)
+    new_reqs, new_steps = read_requests(tmp_path), read_steps(tmp_path)
+    old = tmp_path / "old"
+    old.mkdir()
+    with open(old / "requests.csv", "w", newline="") as f:
+        w = csv.writer(f, lineterminator="\n")
+        w.writerow(("variant",) + REQUEST_FIELDS)
+        for res in results:
+            for r in sorted(res.requests, key=lambda r: r.id):
+                w.writerow([res.name] + [getattr(r, k) for k in REQUEST_FIELDS])
+    lines = (tmp_path / "steps.csv").read_text().splitlines()
+    lines[0] = ",".join(["variant", *STEP_COLUMNS])
+    (old / "steps.csv").write_text("\n".join(lines) + "\n")
+    assert read_requests(old) == new_reqs
+    old_steps = read_steps(old)
+    for name, cols in new_steps.items():
+        for k in STEP_COLUMNS:
+            np.testing.assert_array_equal(old_steps[name][k], cols[k])
 
 
 def test_same_inputs_give_identical_bytes(tmp_path, two_runs):
