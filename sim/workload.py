@@ -113,23 +113,40 @@ class FixedLength(_Model):
         return f"fixed {self.value}"
 
 
+def _uniform_bounds(data: Any) -> Any:
+    """Every distribution names its bounds ``min`` and ``max``; ``uniform`` once took ``low`` and ``high``, which
+    scenario files written then still use. Those are read as ``min`` and ``max``; both spellings at once is an
+    error rather than a silent choice."""
+    if not isinstance(data, dict):
+        return data
+    out = dict(data)
+    for old, new in (("low", "min"), ("high", "max")):
+        if old in out:
+            if new in out:
+                raise ValueError(f"give {new} or {old} (its older name), not both")
+            out[new] = out.pop(old)
+    return out
+
+
 class UniformLength(_Model):
-    """Whole numbers drawn uniformly from ``[low, high]``, both ends included."""
+    """Whole numbers drawn uniformly from ``[min, max]``, both ends included (``low``/``high`` also read)."""
 
     type: Literal["uniform"] = "uniform"
-    low: Length = Field(description="Smallest length in tokens (included).")
-    high: Length = Field(description="Largest length in tokens (included); >= low.")
+    min: Length = Field(description="Smallest length in tokens (included).")
+    max: Length = Field(description="Largest length in tokens (included); >= min.")
+
+    _older_names = model_validator(mode="before")(_uniform_bounds)
 
     @model_validator(mode="after")
     def _check(self) -> UniformLength:
-        _check_min_max(self.low, self.high, "low", "high")
+        _check_min_max(self.min, self.max)
         return self
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        return rng.integers(self.low, self.high, size=n, endpoint=True, dtype=np.int64)
+        return rng.integers(self.min, self.max, size=n, endpoint=True, dtype=np.int64)
 
     def describe(self) -> str:
-        return f"uniform [{self.low}, {self.high}]"
+        return f"uniform [{self.min}, {self.max}]"
 
 
 class NormalLength(_Model):
@@ -254,22 +271,24 @@ class ExponentialThinkTime(_Model):
 
 
 class UniformThinkTime(_Model):
-    """Pauses drawn uniformly from ``[low, high]`` seconds."""
+    """Pauses drawn uniformly from ``[min, max]`` seconds (``low``/``high`` also read)."""
 
     type: Literal["uniform"] = "uniform"
-    low: Float = Field(ge=0, allow_inf_nan=False, description="Shortest pause in seconds.")
-    high: Float = Field(ge=0, allow_inf_nan=False, description="Longest pause in seconds; >= low.")
+    min: Float = Field(ge=0, allow_inf_nan=False, description="Shortest pause in seconds.")
+    max: Float = Field(ge=0, allow_inf_nan=False, description="Longest pause in seconds; >= min.")
+
+    _older_names = model_validator(mode="before")(_uniform_bounds)
 
     @model_validator(mode="after")
     def _check(self) -> UniformThinkTime:
-        _check_min_max(self.low, self.high, "low", "high")
+        _check_min_max(self.min, self.max)
         return self
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        return rng.uniform(self.low, self.high, size=n)
+        return rng.uniform(self.min, self.max, size=n)
 
     def describe(self) -> str:
-        return f"uniform [{_g(self.low)}, {_g(self.high)}] s"
+        return f"uniform [{_g(self.min)}, {_g(self.max)}] s"
 
 
 class LognormalThinkTime(_Model):

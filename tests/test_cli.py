@@ -28,7 +28,7 @@ VALID: dict[str, Any] = {
     "workload": {
         "arrival": {"type": "poisson", "rate": 20.0},
         "num_requests": 6,
-        "prompt_len": {"type": "uniform", "low": 16, "high": 64},
+        "prompt_len": {"type": "uniform", "min": 16, "max": 64},
         "output_len": {"type": "fixed", "value": 4},
     },
     "deployment": {

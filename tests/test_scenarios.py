@@ -258,8 +258,8 @@ seed: 3
 workload:
   arrival: {type: poisson, rate: 20}
   num_requests: 30
-  prompt_len: {type: uniform, low: 50, high: 300}
-  output_len: {type: uniform, low: 5, high: 40}
+  prompt_len: {type: uniform, min: 50, max: 300}
+  output_len: {type: uniform, min: 5, max: 40}
 deployment: {model: llama-3.2-1b, gpu: l4, max_model_len: 1024}
 slos: {ttft: 0.5}
 variants:
