@@ -203,7 +203,7 @@ def engine_run(
             if cfg.cluster is not None and (cfg.cluster.replicas != 1 or cfg.cluster.autoscaler is not None):
                 raise ScenarioError(f"variant {cfg.name!r}: cluster: the engine runs one replica; simulate "
                                     "clusters with `servesim run`")
-        wl = generate_workload(sc)
+        wls = {cfg.name: generate_workload(sc, cfg.workload) for cfg in cfgs}
     except ScenarioError as e:
         _fail(str(e))
         return
@@ -241,7 +241,7 @@ def engine_run(
     memory: list[dict] = []
     held: dict[str, dict] = {}
     for cfg in cfgs:
-        result, _, core = run_engine(cfg, wl, device=device, dtype=tdtype, model_spec=model,
+        result, _, core = run_engine(cfg, wls[cfg.name], device=device, dtype=tdtype, model_spec=model,
                                      num_gpu_blocks=num_gpu_blocks, time_scale=time_scale, memory_samples=memory,
                                      real_model=real, texts=texts, weight_quant=quant)
         results.append(result)

@@ -90,17 +90,17 @@ _WORKLOADS: dict[str, Any] = {}  # per worker process: a workload drawn once ser
 def run_task(task: SweepTask) -> dict[str, Any]:
     """Simulate one run and return its row. Top-level, so that process pools and Ray can ship it."""
     from sim.metrics import bottleneck, summarize
-    from sim.run import generate_workload, simulate_variant
+    from sim.run import generate_workload, simulate_variant, workload_key
     from sim.scenario import slos_of
 
     sc = apply_point(task.raw, task.point, task.source)  # the empty point: the scenario itself
     cfg = next(c for c in variant_configs(sc) if c.name == task.variant)
-    wkey = sc.workload.model_dump_json() + f"|{sc.seed}"
+    wkey = workload_key(sc, cfg) + f"|{sc.seed}"
     wl = _WORKLOADS.get(wkey)
     if wl is None:
         if len(_WORKLOADS) > 8:  # a worker may see many points; keep the few most recent workloads
             _WORKLOADS.pop(next(iter(_WORKLOADS)))
-        wl = _WORKLOADS[wkey] = generate_workload(sc)
+        wl = _WORKLOADS[wkey] = generate_workload(sc, cfg.workload)
     result, _, _ = simulate_variant(cfg, wl, name=task.key)
     summary = summarize(result, slos_of(sc))
     row: dict[str, Any] = {"index": task.index, "key": task.key, "variant": task.variant, **task.point}
