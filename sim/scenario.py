@@ -41,8 +41,8 @@ from sim.metrics import SLOs
 from sim.policies import Admission, ContinuousPolicy, Limits, Policy, StaticPolicy
 from sim.scenario_messages import format_validation, short, yaml_error
 from sim.specs import GPUSpec, KVBudget, ModelDoesNotFitError, ModelSpec, kv_budget, resolve_gpu, resolve_model
-from sim.traces import load_trace, resolve_trace
-from sim.workload import Float, InputModel, Int, TraceArrival, Workload
+from sim.traces import resolve_trace
+from sim.workload import EmpiricalLength, Float, InputModel, Int, TraceArrival, Workload
 from sim.yaml_limits import MAX_SCENARIO_BYTES, safe_load_limited, unshared
 
 
@@ -582,14 +582,10 @@ def _check_trace_files(wl: Workload, source: str, where: str = "workload") -> No
     """Read every trace the workload names (the reader caches it), so that a missing or malformed file fails here
     naming its key, not later as the workload is drawn."""
     for key, part in (("arrival", wl.arrival), ("prompt_len", wl.prompt_len), ("output_len", wl.output_len)):
-        trace = getattr(part, "trace", None)
-        if isinstance(trace, str):
+        if isinstance(part, (TraceArrival, EmpiricalLength)):
             try:
-                resolve_trace(trace)
-                if isinstance(part, TraceArrival):
-                    part.load()
-                else:
-                    load_trace(trace)
+                resolve_trace(part.trace)
+                part.load()  # read as the workload will read it (its columns too)
             except (ValueError, OSError) as e:  # FileNotFoundError is an OSError
                 raise ScenarioError(f"{source}: {where}.{key}.trace: {e}") from None
 

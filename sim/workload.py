@@ -27,6 +27,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_valida
 
 from sim.failures import FailurePlan
 from sim.request import RequestSpec
+from sim.trace_columns import TraceColumns
 from sim.traces import TRACES, TraceData, load_trace
 
 PREFIX_HASH_BLOCK_SIZE = 16  # tokens named by one hash id of a synthetic shared prefix (vLLM's default block size)
@@ -216,17 +217,41 @@ class ExponentialLength(_Model):
         return f"exponential(mean={_g(self.mean)}) clipped to {_bounds(self.min, self.max)}"
 
 
+class TraceColumnsConfig(_Model):
+    """Which columns of a user's own CSV or JSONL trace hold what (for files that are not Azure's or Mooncake's
+    layout). Without it, common names are recognised: arrival_s / timestamp, prompt_tokens / input_length...
+    """
+
+    timestamp: str | None = Field(
+        default="timestamp", description="Column of the arrival time; none: a lengths-only file (not as arrivals)."
+    )
+    prompt_len: str = Field(default="prompt_len", description="Column of the prompt length in tokens.")
+    output_len: str = Field(default="output_len", description="Column of the output length in tokens.")
+    time_unit: Literal["s", "ms", "us", "ns", "datetime"] = Field(
+        default="s", description="Unit of the timestamp column: seconds (default), ms, us, ns, or a date and time."
+    )
+
+    def build(self) -> TraceColumns:
+        return TraceColumns(self.timestamp, self.prompt_len, self.output_len, self.time_unit)
+
+
+_TRACE_FILE = (f"Shipped trace name ({', '.join(TRACES)}) or path to a .csv / .jsonl file (Azure's and Mooncake's "
+               "layouts read as they are; others through columns).")
+
+
 class EmpiricalLength(_Model):
     """Lengths drawn with replacement from one column of a trace (its marginal; pairs are not kept)."""
 
     type: Literal["empirical"] = "empirical"
-    trace: str = Field(
-        description=f"Shipped trace name ({', '.join(TRACES)}) or path to an Azure .csv / Mooncake .jsonl file."
-    )
+    trace: str = Field(description=_TRACE_FILE)
     column: Literal["prompt", "output"] = Field(description="Which lengths to sample: prompt or output tokens.")
+    columns: TraceColumnsConfig | None = Field(default=None, description="Column names of a user's own file.")
+
+    def load(self) -> TraceData:
+        return load_trace(self.trace, columns=None if self.columns is None else self.columns.build())
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        data = load_trace(self.trace)
+        data = self.load()
         values = data.prompt_len if self.column == "prompt" else data.output_len
         return values[rng.integers(0, len(values), size=n)]
 
@@ -394,9 +419,8 @@ class TraceArrival(_Model):
     """
 
     type: Literal["trace"] = "trace"
-    trace: str = Field(
-        description=f"Shipped trace name ({', '.join(TRACES)}) or path to an Azure .csv / Mooncake .jsonl file."
-    )
+    trace: str = Field(description=_TRACE_FILE)
+    columns: TraceColumnsConfig | None = Field(default=None, description="Column names of a user's own file.")
     start: Float = Field(
         default=0.0, ge=0, allow_inf_nan=False, description="Window start in seconds of the original trace."
     )
@@ -427,6 +451,8 @@ class TraceArrival(_Model):
     def _check(self) -> TraceArrival:
         if self.end is not None and self.end <= self.start:
             raise ValueError(f"end ({self.end}) must be greater than start ({self.start})")
+        if self.columns is not None and self.columns.timestamp is None:
+            raise ValueError("columns.timestamp: a trace replayed as arrivals needs its arrival-time column")
         return self
 
     def load(self) -> TraceData:
@@ -437,6 +463,7 @@ class TraceArrival(_Model):
             time_scale=self.time_scale,
             rate_scale=self.rate_scale,
             repeat_to=self.repeat_to,
+            columns=None if self.columns is None else self.columns.build(),
         )
 
     def describe(self) -> str:
