@@ -63,8 +63,24 @@ def to_jsonable(x):
     raise TypeError(f"cannot write {type(x).__name__} to JSON: {x!r}")
 
 
+# The unit of each summary key, written into summary.json beside the figures (whose keys keep their names, so
+# older readers still work). Latency blocks (ttft, tpot, itl, e2el, queue) hold seconds in each statistic.
+SUMMARY_UNITS: dict[str, str] = {
+    "num_requests": "requests", "num_completed": "requests", "num_rejected": "requests", "num_failed": "requests",
+    "num_preemptions": "preemptions", "num_steps": "steps", "num_replicas": "replicas", "duration": "s",
+    "total_input_tokens": "tokens", "total_output_tokens": "tokens", "request_throughput": "requests/s",
+    "output_throughput": "tokens/s", "total_token_throughput": "tokens/s", "goodput": "requests/s",
+    "slo_attainment": "fraction", "slos": "s", "ttft": "s", "tpot": "s", "itl": "s", "e2el": "s", "queue": "s",
+    "kv_usage": "fraction", "kv_token_utilization": "fraction", "busy_fraction": "fraction", "mfu": "fraction",
+    "mean_batch_size": "requests", "padding_fraction": "fraction",
+    "cluster.gpu_hours": "GPU hours", "cluster.cost_usd": "USD", "cluster.price_per_replica_hour": "USD/hour",
+    "cluster.cost_per_million_output_tokens": "USD",
+}
+
+
 def summary_json(summaries: dict, scenario: dict | None = None) -> str:
-    doc = {"servesim_version": servesim_version(), "scenario": scenario, "variants": summaries}
+    doc = {"servesim_version": servesim_version(), "units": SUMMARY_UNITS, "scenario": scenario,
+           "variants": summaries}
     return json.dumps(to_jsonable(doc), indent=2, allow_nan=False) + "\n"
 
 

@@ -39,7 +39,17 @@ METRICS: tuple[str, ...] = (
     "cluster.replicas_mean", "cluster.replicas_max", "cluster.gpu_hours", "cluster.cost_usd",  # clusters only
     "bottleneck",
 )
-PLOTTED = ("output_throughput", "goodput", "ttft.p99", "tpot.p99", "e2el.p99", "kv_usage.mean")
+_SECONDS = ("duration", "ttft.", "tpot.", "itl.", "e2el.", "queue.")
+
+
+def column(metric: str) -> str:
+    """sweep.csv's column for a metric: a time in seconds says so in its name (``ttft.p99_s``), as in
+    requests.csv; rates are per second by their names (``output_throughput``: tokens/s)."""
+    return f"{metric}_s" if metric.startswith(_SECONDS) else metric
+
+
+PLOTTED = tuple(column(m) for m in ("output_throughput", "goodput", "ttft.p99", "tpot.p99", "e2el.p99",
+                                      "kv_usage.mean"))
 
 
 @dataclass(frozen=True)
@@ -80,7 +90,7 @@ def columns_for(tasks: Sequence[SweepTask]) -> list[str]:
         for k in t.point:
             if k not in params:
                 params.append(k)
-    return ["index", "key", "variant", *params, *METRICS]
+    return ["index", "key", "variant", *params, *map(column, METRICS)]
 
 
 # ---- one run (in a worker) ---------------------------------------------------------------------------------------
@@ -112,7 +122,7 @@ def run_task(task: SweepTask) -> dict[str, Any]:
         v = summary.get(head)
         if sub:
             v = v.get(sub) if isinstance(v, dict) else None
-        row[m] = v
+        row[column(m)] = v
     return row
 
 
@@ -257,6 +267,9 @@ def run_sweep(
         if old.get("fingerprint") != meta["fingerprint"]:
             raise ScenarioError(f"{out} holds a sweep of another scenario (or other runs); use another --out, or "
                                 "--fresh to start over")
+        if old.get("columns") != cols:
+            raise ScenarioError(f"{out}/sweep.csv has other columns (written by another servesim version); use "
+                                "another --out, or --fresh to start over")
         done = {r["key"]: r for r in read_rows(table)}
     meta_path.write_text(json.dumps(meta, indent=2) + "\n")
     todo = [t for t in tasks if t.key not in done]

@@ -119,7 +119,9 @@ def test_summary_json_layout(tmp_path, two_runs):
     text = (tmp_path / "summary.json").read_text()
     doc = json.loads(text)  # strict JSON: no NaN or Infinity tokens
     assert "NaN" not in text and "Infinity" not in text
-    assert set(doc) == {"variants", "scenario", "servesim_version"}
+    assert set(doc) == {"variants", "scenario", "servesim_version", "units"}
+    assert set(SUMMARY_KEYS) <= set(doc["units"])  # every figure's unit is stated beside it
+    assert doc["units"]["ttft"] == doc["units"]["duration"] == "s" and doc["units"]["output_throughput"] == "tokens/s"
     assert doc["scenario"] == {"seed": 3, "policy": {"kind": "continuous"}, "path": str(tmp_path / "x.yaml")}
     assert list(doc["variants"]) == ["continuous", "static"]
     for metrics in doc["variants"].values():
