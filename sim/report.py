@@ -40,6 +40,7 @@ from sim.metrics import bottleneck, summarize
 from sim.records import RunResult
 from sim.request import Outcome
 from sim.table import table_cells
+from sim.verdict import rank_limits
 
 MAX_POINTS = 1000  # most points a plotted series may have
 MIN_WINDOWS = 20  # fewest windows a timeline uses, however short the run
@@ -1111,10 +1112,15 @@ def summary_table_html(summaries: dict) -> str:
 
 
 def bottlenecks_html(summaries: dict) -> str:
-    items = "".join(
-        f"<li><b>{html.escape(name)}</b>: {html.escape(bottleneck(s))}</li>" for name, s in summaries.items()
-    )
-    return f'<ul class="bottleneck">{items}</ul>'
+    """Per variant: the one-line verdict, then every limit found, strongest first, with its score and numbers."""
+    items = []
+    for name, s in summaries.items():
+        ranked = "".join(
+            f"<li>{html.escape(lim.name)} ({lim.score:.2f}): {html.escape(lim.evidence)}</li>"
+            for lim in rank_limits(s).limits
+        )
+        items.append(f"<li><b>{html.escape(name)}</b>: {html.escape(bottleneck(s))}<ol>{ranked}</ol></li>")
+    return f'<ul class="bottleneck">{"".join(items)}</ul>'
 
 
 _CSS = """

@@ -105,3 +105,13 @@ def test_old_summary_without_limits_still_gets_a_line(naive):
     old = {k: v for k, v in naive.items() if k != "limits"}
     text = bottleneck(old)
     assert text.endswith(".") and "padding" in text
+
+
+def test_padding_share_in_the_table_and_the_report(naive):
+    from sim.report import bottlenecks_html
+    from sim.table import format_table
+
+    row = [line for line in format_table({"naive": naive}).splitlines() if line.startswith("padding")]
+    assert len(row) == 1 and row[0].split()[-1] == f"{100 * naive['padding_fraction']:.1f}%"
+    page = bottlenecks_html({"naive": naive})
+    assert "<ol><li>overloaded (1.00): offered " in page and "<li>padding (0.6" in page
