@@ -786,14 +786,16 @@ def request_kv_tokens(
 ) -> dict[int, np.ndarray]:
     """Per request id, the KV tokens it holds at the times ``t``: its prompt from its first step, then one more
     token per output token, spread evenly between its first token and its finish (the records keep no per-token
-    times), nothing after it ends. Preemptions are not in the records, so a preempted request is drawn as if it
-    kept its KV."""
+    times), nothing after it ends. A preempted request holds nothing from its preemption to its resume (the
+    records keep both times), so the bands of a preempting run stay under the capacity."""
     out: dict[int, np.ndarray] = {}
     for r in sorted(result.requests, key=lambda r: (r.first_scheduled, r.id)):
         if r.first_scheduled < 0 or len(out) >= max_requests:
             continue
         end = r.finish if r.finish >= 0 else float("inf")
-        alive = (t >= r.first_scheduled) & (t < end)
+        alive = np.zeros(len(t), dtype=bool)
+        for lo, hi in r.kv_intervals(end):
+            alive |= (t >= lo) & (t < hi)
         tokens = np.where(alive, float(r.prompt_tokens), 0.0)
         if r.first_token >= 0 and r.output_tokens > 1 and end > r.first_token:
             frac = np.clip((t - r.first_token) / (end - r.first_token), 0.0, 1.0)
@@ -802,10 +804,15 @@ def request_kv_tokens(
     return out
 
 
+REQUEST_KV_CAPACITY_IN_RANGE = 2.0  # the KV pool is drawn when it is at most this many times the peak drawn
+
+
 def fig_memory_by_request(result: RunResult, max_requests: int = REQUEST_KV_REQUESTS,
                           points: int = REQUEST_KV_POINTS) -> go.Figure:
-    """GPU memory as weights plus one band per active request's KV cache, up to the capacity line: every
-    session's cache must stay resident, and the bands pile up against the ceiling."""
+    """One band per active request's KV cache, stacked: every session's cache must stay resident, and the bands
+    pile up towards the KV pool. The y axis spans the KV in use (a 1 GiB pile on a 70 GiB axis is invisible); the
+    pool's capacity is drawn as a line when it is within REQUEST_KV_CAPACITY_IN_RANGE times the peak, else
+    named in the title. The weights are not stacked: they are constant and named in the title."""
     end = request_kv_window(result, max_requests)
     t = np.linspace(0.0, end, points) if end > 0 else np.zeros(1)
     bpb = float(result.kv_bytes_per_block)
@@ -814,27 +821,36 @@ def fig_memory_by_request(result: RunResult, max_requests: int = REQUEST_KV_REQU
     weights = float(result.weight_bytes) / 2**30 if bpb > 0 else 0.0
     fig = go.Figure()
     even = dict(x0=0.0, dx=float(t[1] - t[0]) if len(t) > 1 else 1.0)
-    if weights > 0:
-        fig.add_trace(go.Scatter(name="model weights", y=np.full(len(t), weights), stackgroup="m", **even,
-                                 line=dict(color="#7f7f7f", width=0.5), fillcolor="#7f7f7f"))
+    total = np.zeros(len(t))
     for i, (rid, tokens) in enumerate(request_kv_tokens(result, t, max_requests).items()):
-        fig.add_trace(go.Scatter(name=f"request {rid}", y=(tokens * scale).astype(np.float32), stackgroup="m", **even,
+        y = (tokens * scale).astype(np.float32)
+        total += y
+        fig.add_trace(go.Scatter(name=f"request {rid}", y=y, stackgroup="m", **even,
                                  line=dict(width=0.3, color=color(i)), fillcolor=color(i), showlegend=False,
                                  hovertemplate=f"request {rid}: %{{y:.3f}} {unit}<extra></extra>"))
-    cap = weights + float(result.kv_capacity_blocks) * bpb / 2**30 if bpb > 0 else float(result.kv_capacity_blocks)
-    fig.add_trace(go.Scatter(name="capacity: weights + KV pool", x=[0.0, float(t[-1])], y=[cap, cap],
-                             mode="lines", line=dict(color="black", dash="dash")))
-    fig.update_layout(template=TEMPLATE, height=380, xaxis_title="time (s)", yaxis_title=f"memory ({unit})",
-                      title=f"GPU memory by request: {result.name} (first {end:.0f} s, at most {max_requests} "
-                            "requests, one band each)", yaxis_rangemode="tozero")
+    cap = float(result.kv_capacity_blocks) * (bpb / 2**30 if bpb > 0 else 1.0)
+    peak = float(total.max()) if total.size else 0.0
+    title = f"KV cache by request: {result.name} (first {end:.0f} s, at most {max_requests} requests, one band each"
+    if weights > 0:
+        title += f"; weights {weights:.1f} GiB not stacked"
+    if cap > 0 and (peak <= 0 or cap <= REQUEST_KV_CAPACITY_IN_RANGE * peak):
+        fig.add_trace(go.Scatter(name="KV pool capacity", x=[0.0, float(t[-1])], y=[cap, cap],
+                                 mode="lines", line=dict(color="black", dash="dash")))
+        top = cap
+    else:
+        title += f"; KV pool {cap:.1f} {unit}, off the scale"
+        top = peak
+    fig.update_layout(template=TEMPLATE, height=380, xaxis_title="time (s)", yaxis_title=f"KV cache ({unit})",
+                      title=title + ")", yaxis_range=[0.0, 1.05 * top if top > 0 else 1.0])
     return fig
 
 
 def _request_memory_sections(results: list[RunResult], summaries: dict) -> list[Section]:
     note = _p(
-        "Every active request's KV cache as its own band above the weights: each session holds its cache until it "
-        "finishes, and the pile of bands is what meets the ceiling. Drawn from the request records (prompt at the "
-        "first step, output tokens spread evenly to the finish), over the opening window."
+        "Every active request's KV cache as its own band: each session holds its cache until it finishes or is "
+        "preempted, and the pile of bands is what meets the KV pool's capacity. Drawn from the request records "
+        "(prompt at the first step, output tokens spread evenly to the finish, nothing while preempted), over the "
+        "opening window."
     )
     return [Section(f"KV cache by request: {r.name}", fig_memory_by_request(r), note if i == 0 else "")
             for i, r in enumerate(results[:8])]
