@@ -443,12 +443,12 @@ SLOT_PANELS = 8  # most variants (or sweep points) the slot chart draws
 
 @dataclass(frozen=True, slots=True)
 class SlotLayout:
-    """Every scheduled request of one run placed on a row of the batch. Arrays are aligned, one entry per request
-    that was ever scheduled, in requests.csv order."""
+    """Every scheduled request of one run placed on a row of the batch. Arrays are aligned, one entry per span in
+    which a request held a row (one per request, plus one per resume after a preemption), in requests.csv order."""
 
     ids: np.ndarray  # request ids
-    start: np.ndarray  # first scheduled (s)
-    finish: np.ndarray  # last token or failure (s)
+    start: np.ndarray  # first scheduled, or resumed (s)
+    finish: np.ndarray  # last token, failure or preemption (s)
     held_until: np.ndarray  # when its row is free again (s): the batch's end under static batching, else finish
     row: np.ndarray  # 0-based row, replicas stacked one above the other
     prompt_tokens: np.ndarray
@@ -490,10 +490,13 @@ def assign_slots(start: np.ndarray, end: np.ndarray) -> np.ndarray:
 
 
 def slot_layout(result: RunResult) -> SlotLayout:
-    """Rows of the batch for one run (see the comment above ``SLOT_REQUESTS``)."""
-    reqs = [r for r in result.requests if r.first_scheduled >= 0]
-    start = np.array([r.first_scheduled for r in reqs], dtype=np.float64)
-    finish = np.maximum(np.array([r.finish for r in reqs], dtype=np.float64), start)
+    """Rows of the batch for one run (see the comment above ``SLOT_REQUESTS``). A preempted request holds no row
+    from its preemption to its resume, so it takes one entry per span it ran (``RequestRecord.kv_intervals``)."""
+    spans = [(r, lo, hi) for r in result.requests if r.first_scheduled >= 0
+             for lo, hi in r.kv_intervals(max(r.finish, r.first_scheduled))]
+    reqs = [sp[0] for sp in spans]
+    start = np.array([sp[1] for sp in spans], dtype=np.float64)
+    finish = np.maximum(np.array([sp[2] for sp in spans], dtype=np.float64), start)
     replica = np.array([r.replica for r in reqs], dtype=np.int64)
     batch_held = bool(np.any(np.asarray(result.steps["padded_rows"]) > 0))
     held = finish.copy()

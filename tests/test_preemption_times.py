@@ -13,14 +13,14 @@ from sim.run import generate_workload, simulate_variant
 from sim.scenario import parse_scenario, variant_configs
 
 
-def _tiny_kv_run(mode: str = "recompute"):
+def _tiny_kv_run(max_num_seqs: int = 256):
     sc = parse_scenario({
         "seed": 0,
         "workload": {"arrival": {"type": "poisson", "rate": 8.0}, "num_requests": 80,
                      "prompt_len": {"type": "uniform", "low": 200, "high": 1400},
                      "output_len": {"type": "uniform", "low": 50, "high": 400}},
         "deployment": {"model": "llama-3.1-8b", "gpu": "a100-80gb", "max_model_len": 2048, "num_gpu_blocks": 160},
-        "policy": {"type": "continuous", "preemption_mode": mode} if mode != "recompute" else {"type": "continuous"},
+        "policy": {"type": "continuous", "max_num_seqs": max_num_seqs},
     })
     (cfg,) = variant_configs(sc)
     result, _, _ = simulate_variant(cfg, generate_workload(sc))
@@ -69,3 +69,20 @@ def test_kv_by_request_stack_stays_under_capacity(tiny_kv):
     assert stacked.max() > 0.5 * cap  # the pile does reach the ceiling
     assert np.all(stacked <= cap * (1 + 1e-6)), f"{stacked.max():.3f} GiB stacked over a {cap:.3f} GiB pool"
     assert fig.layout.yaxis.range[1] == pytest.approx(1.05 * cap)
+
+
+def test_batch_slot_rows_stay_within_max_num_seqs_under_preemption():
+    from sim.report import fig_batch_slots, slot_layout
+
+    run = _tiny_kv_run(max_num_seqs=6)
+    assert sum(r.num_preemptions for r in run.requests) > 0
+    lay = slot_layout(run)
+    # each resume starts a new bar: more bars than requests (one bar per request before the records had times)
+    resumes = sum(len(r.resumed_at) for r in run.requests)
+    assert resumes > 0 and len(lay.ids) == len({int(i) for i in lay.ids}) + resumes
+    assert lay.num_rows <= 6  # a preempted request gives its row back until it resumes
+    # at every span boundary, the spans alive number at most max_num_seqs
+    for t in np.concatenate([lay.start, lay.finish]):
+        assert int(np.sum((lay.start <= t) & (t < lay.finish))) <= 6
+    fig = fig_batch_slots([run])
+    assert max(fig.data[0].y) <= 5
