@@ -260,9 +260,34 @@ def _kv_capacity(s: dict[str, np.ndarray], result: RunResult) -> np.ndarray:
     return np.where(cap > 0, cap, float(result.kv_capacity_blocks))
 
 
+REPLICA_LINES = 8  # replicas drawn one line each in the utilisation panels; more: their mean with a min-max band
+
+
+def _replica_lines(fig: go.Figure, edges: np.ndarray, series: list[np.ndarray], name: str, colour: str,
+                   row: int) -> None:
+    """Per-window fractions of one GPU, one series per replica: a line each (one unnamed replica: a plain line),
+    or beyond REPLICA_LINES the mean over replicas within a band from the least to the most loaded one."""
+    if len(series) == 1:
+        fig.add_trace(go.Scatter(name=name, line=dict(color=colour), **_windowed(edges, series[0])), row=row, col=1)
+        return
+    if len(series) <= REPLICA_LINES:
+        for i, y in enumerate(series):
+            fig.add_trace(go.Scatter(name=f"{name}: replica {i}", line=dict(color=color(i), width=1),
+                                     legendgroup=f"replica {i}", **_windowed(edges, y)), row=row, col=1)
+        return
+    stack = np.stack(series)
+    lo, hi = stack.min(axis=0), stack.max(axis=0)
+    fig.add_trace(go.Scatter(name=f"{name}: least loaded replica", line=dict(color=colour, width=0),
+                             showlegend=False, **_windowed(edges, lo)), row=row, col=1)
+    fig.add_trace(go.Scatter(name=f"{name}: min-max over {len(series)} replicas", line=dict(color=colour, width=0),
+                             fill="tonexty", **_windowed(edges, hi)), row=row, col=1)
+    fig.add_trace(go.Scatter(name=f"{name}: mean over replicas", line=dict(color=colour),
+                             **_windowed(edges, stack.mean(axis=0))), row=row, col=1)
+
+
 def fig_timeline(result: RunResult, max_points: int = MAX_POINTS) -> go.Figure:
-    """One variant's utilisation on a shared time axis: GPU busy fraction and MFU per window, KV usage, queue
-    length, and cumulative rejections and preemptions."""
+    """One variant's utilisation on a shared time axis: GPU busy fraction and MFU per window (per replica, on a 0-1
+    axis), KV usage, queue length, and cumulative rejections and preemptions."""
     s = _sorted_steps(result)
     n = len(s["start"])
     edges = window_edges(run_end(result), n, max_points)
@@ -274,18 +299,26 @@ def fig_timeline(result: RunResult, max_points: int = MAX_POINTS) -> go.Figure:
         shared_xaxes=True,
         vertical_spacing=0.03,
         subplot_titles=(
-            "GPU busy (fraction of each window)",
-            "MFU (per window)",
+            "GPU busy (fraction of each window, per replica)",
+            "MFU (per window, per replica)",
             "KV usage (fraction of capacity; per-window peak)",
             "requests (per-window peak)",
             "cumulative rejections and preemptions",
         ),
     )
-    busy = amount_per_window(t, s["duration"], s["duration"], edges) / width
-    fig.add_trace(go.Scatter(name="busy", line=dict(color=color(0)), **_windowed(edges, busy)), row=1, col=1)
-    if result.peak_flops > 0:
-        mfu = amount_per_window(t, s["duration"], s["flops"], edges) / (width * result.peak_flops)
-        fig.add_trace(go.Scatter(name="MFU", line=dict(color=color(1)), **_windowed(edges, mfu)), row=2, col=1)
+    # Per replica: each replica's steps run in parallel with the others', so their busy time over a window can sum
+    # to several windows; a fraction of one GPU is only meaningful replica by replica.
+    rep = np.asarray(s["replica"], dtype=np.int64)
+    per_busy, per_mfu = [], []
+    for r in np.unique(rep):
+        on = rep == r
+        per_busy.append(amount_per_window(t[on], s["duration"][on], s["duration"][on], edges) / width)
+        if result.peak_flops > 0:
+            per_mfu.append(amount_per_window(t[on], s["duration"][on], s["flops"][on], edges)
+                           / (width * result.peak_flops))
+    _replica_lines(fig, edges, per_busy, "busy", color(0), row=1)
+    if per_mfu:
+        _replica_lines(fig, edges, per_mfu, "MFU", color(1), row=2)
     cap = _kv_capacity(s, result)
     with np.errstate(divide="ignore", invalid="ignore"):
         used = s["kv_blocks_used"] / cap
@@ -332,8 +365,8 @@ def fig_timeline(result: RunResult, max_points: int = MAX_POINTS) -> go.Figure:
         row=5,
         col=1,
     )
-    fig.update_yaxes(range=[0, 1.05], row=1, col=1)
-    fig.update_yaxes(rangemode="tozero", row=2, col=1)
+    fig.update_yaxes(range=[0, 1], row=1, col=1)
+    fig.update_yaxes(range=[0, 1], row=2, col=1)
     fig.update_yaxes(range=[0, 1.05], row=3, col=1)
     fig.update_xaxes(title_text="time (s)", row=5, col=1)
     fig.update_layout(template=TEMPLATE, height=900, title=f"Utilisation over time: {result.name}")
