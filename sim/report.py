@@ -308,7 +308,7 @@ def fig_timeline(result: RunResult, max_points: int = MAX_POINTS) -> go.Figure:
     )
     # Per replica: each replica's steps run in parallel with the others', so their busy time over a window can sum
     # to several windows; a fraction of one GPU is only meaningful replica by replica.
-    rep = np.asarray(s["replica"], dtype=np.int64)
+    rep = np.asarray(s["replica"], dtype=np.int64) if "replica" in s else np.zeros(n, dtype=np.int64)
     per_busy, per_mfu = [], []
     for r in np.unique(rep):
         on = rep == r
