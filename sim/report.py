@@ -68,6 +68,11 @@ def color(i: int) -> str:
 # --- reducing long series --------------------------------------------------------------------------------------
 
 
+def common_end(results: list[RunResult]) -> float:
+    """One time axis for the per-variant charts: the latest end over the runs, so the variants line up."""
+    return max((run_end(r) for r in results), default=1.0)
+
+
 def run_end(result: RunResult) -> float:
     """The end of the run's time axis: the last step's end, the last finish or the duration, whichever is last."""
     s = result.steps
@@ -202,13 +207,25 @@ def latencies(result: RunResult) -> dict[str, np.ndarray]:
 
 CDF_PANELS = (("ttft", "TTFT (ms)", 1e3), ("tpot", "TPOT (ms)", 1e3), ("e2el", "E2EL (s)", 1.0))
 MARKED_PERCENTILES = (50, 95, 99)
+CDF_LOG_SPAN = 100.0  # a panel whose values span more than this ratio (two decades) gets a log x axis
+
+
+def spans_decades(values: list[np.ndarray], ratio: float = CDF_LOG_SPAN) -> bool:
+    """Whether the positive values span more than ``ratio`` (max over min): on a linear axis the small ones
+    collapse into a vertical line (a 0.3 s TTFT next to a 700 s one)."""
+    pos = [v[v > 0] for v in values if len(v)]
+    pos = [v for v in pos if len(v)]
+    if not pos:
+        return False
+    lo, hi = min(float(v.min()) for v in pos), max(float(v.max()) for v in pos)
+    return hi > ratio * lo
 
 
 def fig_latency_cdfs(results: list[RunResult], max_points: int = MAX_POINTS) -> go.Figure:
     """CDFs of TTFT, TPOT and E2EL side by side, one curve per variant, with p50/p95/p99 marked."""
     fig = make_subplots(rows=1, cols=3, subplot_titles=[p[1] for p in CDF_PANELS], horizontal_spacing=0.07)
-    for i, res in enumerate(results):
-        lat = latencies(res)
+    lats = [latencies(res) for res in results]
+    for i, (res, lat) in enumerate(zip(results, lats, strict=True)):
         for col, (key, label, scale) in enumerate(CDF_PANELS, start=1):
             v = lat[key] * scale
             if len(v) == 0:
@@ -244,6 +261,9 @@ def fig_latency_cdfs(results: list[RunResult], max_points: int = MAX_POINTS) -> 
                 col=col,
             )
             fig.update_xaxes(title_text=label, row=1, col=col)
+    for col, (key, label, scale) in enumerate(CDF_PANELS, start=1):
+        if spans_decades([lat[key] * scale for lat in lats]):
+            fig.update_xaxes(type="log", title_text=f"{label}, log scale", row=1, col=col)
     fig.update_yaxes(title_text="fraction of requests", range=[0, 1.02], row=1, col=1)
     fig.update_layout(template=TEMPLATE, height=380, title="Latency CDFs (completed requests)", hovermode="closest")
     return fig
@@ -285,12 +305,14 @@ def _replica_lines(fig: go.Figure, edges: np.ndarray, series: list[np.ndarray], 
                              **_windowed(edges, stack.mean(axis=0))), row=row, col=1)
 
 
-def fig_timeline(result: RunResult, max_points: int = MAX_POINTS) -> go.Figure:
+def fig_timeline(result: RunResult, max_points: int = MAX_POINTS, x_end: float | None = None) -> go.Figure:
     """One variant's utilisation on a shared time axis: GPU busy fraction and MFU per window (per replica, on a 0-1
-    axis), KV usage, queue length, and cumulative rejections and preemptions."""
+    axis), KV usage, queue length, and cumulative rejections and preemptions. ``x_end``: the end of the time
+    axis (default: the run's end); the report passes the latest end over the variants, so they line up."""
     s = _sorted_steps(result)
     n = len(s["start"])
-    edges = window_edges(run_end(result), n, max_points)
+    x_end = run_end(result) if x_end is None else max(float(x_end), run_end(result))
+    edges = window_edges(x_end, n, max_points)
     width = edges[1] - edges[0]
     t = s["start"]
     fig = make_subplots(
@@ -369,6 +391,7 @@ def fig_timeline(result: RunResult, max_points: int = MAX_POINTS) -> go.Figure:
     fig.update_yaxes(range=[0, 1], row=2, col=1)
     fig.update_yaxes(range=[0, 1.05], row=3, col=1)
     fig.update_xaxes(title_text="time (s)", row=5, col=1)
+    fig.update_xaxes(range=[0.0, x_end])
     fig.update_layout(template=TEMPLATE, height=900, title=f"Utilisation over time: {result.name}")
     return fig
 
@@ -686,7 +709,8 @@ def fig_batch_slots(
             xanchor="left",
         ),
         margin=dict(t=90),
-        legend=dict(orientation="h", yref="container", y=0.995, yanchor="top", x=1.0, xanchor="right"),
+        # below the plot: the modebar sits at the top right, where the legend used to be and covered it
+        legend=dict(orientation="h", yref="container", y=0.005, yanchor="bottom", x=0.0, xanchor="left"),
     )
     return fig
 
@@ -745,15 +769,16 @@ def _gpu_total_bytes(result: RunResult) -> float | None:
     return float(gpu.memory_bytes) * int(dep.get("tensor_parallel_size", 1) or 1)
 
 
-def fig_memory_stack(result: RunResult, max_points: int = MEMORY_POINTS) -> go.Figure:
+def fig_memory_stack(result: RunResult, max_points: int = MEMORY_POINTS, x_end: float | None = None) -> go.Figure:
     """GPU memory over time as a stack (per-window means): the weights at the bottom, then KV holding tokens, the
     unfilled tail of their blocks, blocks reserved but still empty, and free blocks, up to the capacity line
     (weights + KV pool). Also the GPU's total memory when the run recorded which GPU it ran on: the gap is the
-    activation reserve and the share gpu_memory_utilization keeps back."""
+    activation reserve and the share gpu_memory_utilization keeps back. ``x_end`` as in ``fig_timeline``."""
     layers, scale, unit = memory_layers(result)
     s = _sorted_steps(result)
     t = s["start"]
-    edges = window_edges(run_end(result), len(t), max_points)
+    end = run_end(result) if x_end is None else max(float(x_end), run_end(result))
+    edges = window_edges(end, len(t), max_points)
     fig = go.Figure()
     for key, label, c in MEMORY_LAYERS:
         v = layers[key]
@@ -796,6 +821,7 @@ def fig_memory_stack(result: RunResult, max_points: int = MEMORY_POINTS) -> go.F
         height=380,
         title=f"GPU memory: {result.name}",
         xaxis_title="time (s)",
+        xaxis_range=[0.0, x_end],
         yaxis_title=f"memory ({unit})",
         yaxis_rangemode="tozero",
     )
@@ -844,12 +870,13 @@ REQUEST_KV_CAPACITY_IN_RANGE = 2.0  # the KV pool is drawn when it is at most th
 
 
 def fig_memory_by_request(result: RunResult, max_requests: int = REQUEST_KV_REQUESTS,
-                          points: int = REQUEST_KV_POINTS) -> go.Figure:
+                          points: int = REQUEST_KV_POINTS, x_end: float | None = None) -> go.Figure:
     """One band per active request's KV cache, stacked: every session's cache must stay resident, and the bands
     pile up towards the KV pool. The y axis spans the KV in use (a 1 GiB pile on a 70 GiB axis is invisible); the
     pool's capacity is drawn as a line when it is within REQUEST_KV_CAPACITY_IN_RANGE times the peak, else
-    named in the title. The weights are not stacked: they are constant and named in the title."""
-    end = request_kv_window(result, max_requests)
+    named in the title. The weights are not stacked: they are constant and named in the title. ``x_end``: the
+    window's end (default: ``request_kv_window``); the report passes one end to every variant."""
+    end = request_kv_window(result, max_requests) if x_end is None else float(x_end)
     t = np.linspace(0.0, end, points) if end > 0 else np.zeros(1)
     bpb = float(result.kv_bytes_per_block)
     bs = max(int(result.block_size), 1)
@@ -877,7 +904,8 @@ def fig_memory_by_request(result: RunResult, max_requests: int = REQUEST_KV_REQU
         title += f"; KV pool {cap:.1f} {unit}, off the scale"
         top = peak
     fig.update_layout(template=TEMPLATE, height=380, xaxis_title="time (s)", yaxis_title=f"KV cache ({unit})",
-                      title=title + ")", yaxis_range=[0.0, 1.05 * top if top > 0 else 1.0])
+                      title=title + ")", yaxis_range=[0.0, 1.05 * top if top > 0 else 1.0],
+                      xaxis_range=[0.0, float(t[-1])])
     return fig
 
 
@@ -888,8 +916,11 @@ def _request_memory_sections(results: list[RunResult], summaries: dict) -> list[
         "(prompt at the first step, output tokens spread evenly to the finish, nothing while preempted), over the "
         "opening window."
     )
-    return [Section(f"KV cache by request: {r.name}", fig_memory_by_request(r), note if i == 0 else "")
-            for i, r in enumerate(results[:8])]
+    results = results[:8]
+    end = max((request_kv_window(r) for r in results), default=0.0)  # one time range for every variant
+    return [Section(f"KV cache by request: {r.name}", fig_memory_by_request(r, x_end=end or None),
+                    note if i == 0 else "")
+            for i, r in enumerate(results)]
 
 
 # --- sweeps -----------------------------------------------------------------------------------------------------
@@ -1051,8 +1082,10 @@ def _memory_sections(results: list[RunResult], summaries: dict) -> list[Section]
         "pool, the dotted one the GPU's whole memory."
     )
     points = per_run_points(len(results))
+    end = common_end(results)
     return [
-        Section(f"GPU memory: {r.name}", fig_memory_stack(r, min(points, MEMORY_POINTS)), note if i == 0 else "")
+        Section(f"GPU memory: {r.name}", fig_memory_stack(r, min(points, MEMORY_POINTS), x_end=end),
+                note if i == 0 else "")
         for i, r in enumerate(results)
     ]
 
@@ -1063,7 +1096,8 @@ def _latency_section(results: list[RunResult], summaries: dict) -> list[Section]
 
 def _timeline_sections(results: list[RunResult], summaries: dict) -> list[Section]:
     points = per_run_points(len(results))
-    return [Section(f"Utilisation: {r.name}", fig_timeline(r, points)) for r in results]
+    end = common_end(results)
+    return [Section(f"Utilisation: {r.name}", fig_timeline(r, points, x_end=end)) for r in results]
 
 
 def _kv_sections(results: list[RunResult], summaries: dict) -> list[Section]:
