@@ -41,7 +41,8 @@ def test_cdfs_use_a_log_axis_when_values_span_decades(naive_vs_continuous):
     fig = fig_latency_cdfs(results)
     # TTFT: a queueing naive server (tens of seconds) next to continuous batching (tens of ms)
     assert fig.layout.xaxis.type == "log"
-    ttft = [np.asarray(tr.x, dtype=float) for tr in fig.data if tr.xaxis in (None, "x") and "percentiles" not in tr.name]
+    ttft = [np.asarray(tr.x, dtype=float) for tr in fig.data
+            if tr.xaxis in (None, "x") and "percentiles" not in tr.name]
     assert max(v.max() for v in ttft) > 100 * min(v[v > 0].min() for v in ttft)
     # one variant alone with TPOT in a narrow band stays linear
     one = fig_latency_cdfs(results[1:])
