@@ -65,3 +65,21 @@ def test_batch_slot_legend_sits_below_the_plot_away_from_the_modebar(naive_vs_co
     legend = fig_batch_slots(results).layout.legend
     # the modebar is drawn at the top right of the figure; a legend at the bottom cannot be under it
     assert legend.yref == "container" and legend.y < 0.1 and legend.yanchor == "bottom"
+
+
+def test_notebook_02_bars_get_a_panel_each():
+    """Notebook 02's throughput and rejection bars: on twin y axes of one panel, barmode "group" does not offset
+    bars across axes, so the rejection bars were drawn over the throughput bars; bf16's was hidden."""
+    from sim.teaching import fig_metric_panels
+
+    summaries = {"bf16": {"output_throughput": 900.0, "num_rejected": 40},
+                 "fp8 KV": {"output_throughput": 1400.0, "num_rejected": 0}}
+    fig = fig_metric_panels(summaries, [("output_throughput", "output tokens / s"),
+                                        ("num_rejected", "requests rejected")])
+    bars = [tr for tr in fig.data if tr.type == "bar"]
+    assert [(tr.xaxis, tr.yaxis) for tr in bars] == [("x", "y"), ("x2", "y2")]  # own panel, own axes
+    for name in ("yaxis", "yaxis2"):
+        assert fig.layout[name].overlaying is None
+    # the bf16 throughput bar is drawn and nothing shares its axes
+    assert list(bars[0].x) == ["bf16", "fp8 KV"] and bars[0].y[0] == 900.0
+    assert fig.layout.xaxis.domain[1] < fig.layout.xaxis2.domain[0]
