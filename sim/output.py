@@ -88,9 +88,20 @@ def summary_json(summaries: dict, scenario: dict | None = None) -> str:
 # never happened is an empty cell (a -1 would pass for a value and break averages). The latency columns are
 # derived with summarize's definitions, so a user's average over them matches summary.json.
 _TIME_FIELDS = ("arrival", "first_scheduled", "first_token", "finish")
+_TIME_LIST_FIELDS = ("preempted_at", "resumed_at")  # ';'-joined seconds, empty for none
 _ABSENT_IF_NEGATIVE = frozenset(_TIME_FIELDS + ("session_id",))
 LATENCY_COLUMNS = ("queue_s", "ttft_s", "tpot_s", "e2el_s")
-REQUEST_COLUMNS: tuple[str, ...] = tuple(f"{f}_s" if f in _TIME_FIELDS else f for f in REQUEST_FIELDS) + LATENCY_COLUMNS
+REQUEST_COLUMNS: tuple[str, ...] = tuple(
+    f"{f}_s" if f in _TIME_FIELDS + _TIME_LIST_FIELDS else f for f in REQUEST_FIELDS
+) + LATENCY_COLUMNS
+
+
+def _join_times(times: tuple[float, ...]) -> str:
+    return ";".join(repr(float(t)) for t in times)
+
+
+def _split_times(text: str) -> tuple[float, ...]:
+    return tuple(float(t) for t in text.split(";")) if text else ()
 
 
 def _latencies(r: RequestRecord) -> list[float | str]:
@@ -112,10 +123,14 @@ def requests_csv(results: list[RunResult]) -> str:
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(("variant",) + REQUEST_COLUMNS)
     absent = [f in _ABSENT_IF_NEGATIVE for f in REQUEST_FIELDS]
+    lists = [f in _TIME_LIST_FIELDS for f in REQUEST_FIELDS]
     for res in results:
         for r in sorted(res.requests, key=lambda r: r.id):
             values = [getattr(r, f) for f in REQUEST_FIELDS]
-            cells = ["" if gone and v < 0 else v for v, gone in zip(values, absent, strict=True)]
+            cells = [
+                _join_times(v) if many else "" if gone and v < 0 else v
+                for v, gone, many in zip(values, absent, lists, strict=True)
+            ]
             w.writerow([res.name] + cells + _latencies(r))
     return buf.getvalue()
 
@@ -179,7 +194,8 @@ def read_summary(path: str | os.PathLike) -> dict:
     return json.loads(p.read_text(encoding="utf-8"))
 
 
-_FIELD_TYPES: dict[str, Callable[[str], object]] = {"int": int, "float": float, "str": str}
+_FIELD_TYPES: dict[str, Callable[[str], object]] = {"int": int, "float": float, "str": str,
+                                                     "tuple[float, ...]": _split_times}
 
 
 def read_requests(path: str | os.PathLike) -> dict[str, list[RequestRecord]]:
@@ -191,7 +207,7 @@ def read_requests(path: str | os.PathLike) -> dict[str, list[RequestRecord]]:
         p = p / REQUESTS_FILE
 
     conv = {f.name: _FIELD_TYPES[str(f.type)] for f in fields(RequestRecord)}
-    field_of = {f"{f}_s": f for f in _TIME_FIELDS}
+    field_of = {f"{f}_s": f for f in _TIME_FIELDS + _TIME_LIST_FIELDS}
     out: dict[str, list[RequestRecord]] = {}
     with open(p, newline="", encoding="utf-8") as f:
         for row in csv.DictReader(f):
