@@ -73,6 +73,9 @@ SUMMARY_UNITS: dict[str, str] = {
     "slo_attainment": "fraction", "slos": "s", "ttft": "s", "tpot": "s", "itl": "s", "e2el": "s", "queue": "s",
     "kv_usage": "fraction", "kv_token_utilization": "fraction", "busy_fraction": "fraction", "mfu": "fraction",
     "mean_batch_size": "requests", "padding_fraction": "fraction",
+    "limits": "fraction (the shares and busy_mfu; others as limits.* say)", "limits.offered_rate": "requests/s",
+    "limits.served_rate": "requests/s", "limits.queue_start": "requests", "limits.queue_end": "requests",
+    "limits.mean_running": "requests", "limits.slot_cap": "requests",
     "cluster.gpu_hours": "GPU hours", "cluster.cost_usd": "USD", "cluster.price_per_replica_hour": "USD/hour",
     "cluster.cost_per_million_output_tokens": "USD",
 }
