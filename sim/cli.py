@@ -580,15 +580,20 @@ def teach(
     the batch slots, the memory, the utilisation and the latency change. Needs the teach extra (dash)."""
     if not 0 < port < 65536:
         _fail(f"--port must be in 1..65535, got {port}")
+    import socket
+
+    # the server would print its own complaint and exit 1 on a port in use: ask first, for one clear message
+    try:
+        with socket.create_server((host, port)):
+            pass
+    except OSError as e:
+        _fail(f"--host {host} --port {port}: cannot listen: {e.strerror or e}")
     try:
         from sim.teach.app import serve
     except ImportError as e:
         _fail(f"servesim teach needs dash ({e}): pip install 'servesim[teach]'")
         return
-    try:
-        serve(host, port)
-    except OSError as e:
-        _fail(f"--host {host} --port {port}: cannot listen: {e.strerror or e}")
+    serve(host, port)
 
 
 def main() -> None:  # pragma: no cover - console entry

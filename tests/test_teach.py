@@ -203,3 +203,53 @@ def test_compare_states_the_ratio():
     text = ex.compare(_summary(output_throughput=300.0), _summary(output_throughput=1500.0))
     assert text.startswith("This run serves 5.00x the output tokens per second of the pinned one (1,500 against 300")
     assert ex.compare(_summary(output_throughput=0.0), _summary()).startswith("The pinned run completed no output")
+
+
+# ---- the command ----------------------------------------------------------------------------------------------
+def _teach(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "sim.cli", "teach", *args], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)
+
+
+def test_teach_refuses_a_bad_port():
+    res = _teach("--port", "0")
+    assert res.returncode == 2 and res.stderr.strip() == "error: --port must be in 1..65535, got 0"
+
+
+def test_teach_refuses_a_port_in_use():
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        port = busy.getsockname()[1]
+        res = _teach("--port", str(port))
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.strip().startswith(f"error: --host 127.0.0.1 --port {port}: cannot listen: ")
+    assert "Traceback" not in res.stderr
+
+
+def test_teach_serves_the_page_on_the_port_given():
+    pytest.importorskip("dash", reason="dash is not installed (the test extra has it)")
+    import os
+    import socket
+    import urllib.request
+
+    with socket.create_server(("127.0.0.1", 0)) as s:
+        port = s.getsockname()[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path[1:]])}
+    proc = subprocess.Popen([sys.executable, "-m", "sim.cli", "teach", "--port", str(port)], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 90
+        page = None
+        while page is None and time.monotonic() < deadline and proc.poll() is None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as r:
+                    page = r.read().decode()
+            except OSError:
+                time.sleep(0.3)
+        assert page is not None, "the page never answered"
+        assert "<title>servesim teach</title>" in page
+        assert "/_dash-component-suites/" in page and "cdn" not in page.lower()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -124,7 +124,7 @@ def redraw(knobs: Knobs, pinned: Knobs | None) -> dict[str, Any]:
 def create_app() -> Dash:
     """A new page with its callbacks; nothing is shared between two browsers but this code."""
     app = Dash(__name__, serve_locally=True, title="servesim teach", assets_folder="no-assets",
-               update_title=None)
+               update_title="")
     app.layout = layout
 
     @app.callback([Output("base", "data")] + [Output(k, "value") for k in UI_KEYS],
