@@ -139,14 +139,15 @@ def test_page_draws_and_reacts_to_its_knobs(server, browser, shots):
     )
     assert urls and all(u.startswith(server) for u in urls), urls
 
-    # a lower arrival rate: the naive server is no longer saturated, and serves fewer tokens per second
-    slow = None
-    _set_number(browser, "rate", "0.5")
+    # the arrival-rate slider to its lowest rate: the naive server is no longer saturated, serves fewer tokens/s
+    handle = browser.find_element(By.CSS_SELECTOR, "#rate [role='slider']")
+    handle.send_keys(Keys.HOME)
+    _wait(lambda: handle.get_attribute("aria-valuenow") == "0.05", "the slider at its lowest rate")
     slow = _wait(lambda: (t := _text(browser, "throughput")) != first and t, "the throughput to change")
-    assert _tok_s(slow) < _tok_s(first)
+    assert _tok_s(slow) < _tok_s(first) / 10
 
     # pin the naive run, switch to continuous batching: a second slot panel, refilled rows instead of batches
-    _set_number(browser, "rate", "8")
+    browser.get(server)  # a fresh page: the preset again
     _wait(lambda: _text(browser, "throughput") == first, "the first throughput again")
     naive_slots = _slot_rows(browser)
     assert "batch_size=16" in naive_slots
@@ -161,6 +162,18 @@ def test_page_draws_and_reacts_to_its_knobs(server, browser, shots):
     assert "x the output tokens per second of the pinned one" in _text(browser, "explanation")
     _wait(lambda: _drawn(browser) == 4, "the figures redrawn")
     browser.save_screenshot(str(shots / "teach.png"))
+
+    # a second student (another tab: its own page state) starts from the preset, and moves nothing here
+    first_tab = browser.current_window_handle
+    browser.switch_to.new_window("tab")
+    browser.get(server)
+    assert _wait(lambda: _text(browser, "throughput"), "the second tab's throughput") == first
+    assert _text(browser, "pinned-throughput") == ""
+    browser.find_element(By.CSS_SELECTOR, "#rate [role='slider']").send_keys(Keys.END)
+    _wait(lambda: _text(browser, "throughput") not in ("", first), "the second tab's own run")
+    browser.close()
+    browser.switch_to.window(first_tab)
+    assert _text(browser, "throughput") == now and _text(browser, "pinned-throughput")
 
     # an out-of-range value: the CLI's message, and the charts keep the last good run
     _set_number(browser, "gpu_memory_utilization", "1.5")

@@ -36,7 +36,17 @@ FIGURES = ("slots", "memory", "utilisation", "cdfs")
 LABEL_STYLE = {"fontSize": "0.85em", "marginTop": "0.5em", "display": "block"}
 
 
+# requests/s: min, max, step of the arrival-rate slider (dash 4's slider has its own number box beside it; every
+# lesson's rate lies inside)
+RATE_SLIDER = (0.05, 20.0, 0.05)
+
+
 def _control(key: str, label: str, value: Any) -> html.Div:
+    if key == "rate":
+        lo, hi, step = RATE_SLIDER
+        slider = dcc.Slider(id=key, min=lo, max=hi, step=step, value=min(max(value, lo), hi),
+                            marks={v: str(v) for v in (1, 5, 10, 15, 20)}, updatemode="mouseup")
+        return html.Div([html.Label(label, htmlFor=key, style=LABEL_STYLE), slider])
     if key in CHOICES:
         ctl: Any = dcc.RadioItems(id=key, options=[{"label": v, "value": k} for k, v in CHOICES[key].items()],
                                   value=value, labelStyle={"display": "block"})
