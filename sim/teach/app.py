@@ -45,8 +45,11 @@ def _control(key: str, label: str, value: Any) -> html.Div:
     if key == "rate":
         lo, hi, step = RATE_SLIDER
         slider = dcc.Slider(id=key, min=lo, max=hi, step=step, value=min(max(value, lo), hi),
-                            marks={v: str(v) for v in (1, 5, 10, 15, 20)}, updatemode="mouseup")
-        return html.Div([html.Label(label, htmlFor=key, style=LABEL_STYLE), slider])
+                            marks={v: str(v) for v in (1, 5, 10, 15, 20)}, updatemode="mouseup",
+                            tooltip={"placement": "top", "always_visible": True})
+        # room above the slider for its value, always shown
+        return html.Div([html.Label(label, htmlFor=key, style=LABEL_STYLE),
+                         html.Div(slider, style={"paddingTop": "1.6em"})])
     if key in CHOICES:
         ctl: Any = dcc.RadioItems(id=key, options=[{"label": v, "value": k} for k, v in CHOICES[key].items()],
                                   value=value, labelStyle={"display": "block"})
