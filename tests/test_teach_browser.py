@@ -114,7 +114,7 @@ def _set_number(driver, element_id: str, value: str) -> None:
     box.send_keys(Keys.CONTROL, "a")
     box.send_keys(Keys.BACKSPACE)
     box.send_keys(value)
-    box.send_keys(Keys.ENTER)  # debounce=True: the value is sent on Enter or blur
+    box.send_keys(Keys.ENTER)  # the value is sent on Enter (or after a pause)
 
 
 def _drawn(driver) -> int:
@@ -183,5 +183,18 @@ def test_page_draws_and_reacts_to_its_knobs(server, browser, shots):
     browser.save_screenshot(str(shots / "teach-error.png"))
     _set_number(browser, "gpu_memory_utilization", "0.9")
     _wait(lambda: not _text(browser, "error"), "the error to clear")
+
+    # a value typed, replaced by a preset, typed again: the second time it must still reach the run
+    _set_number(browser, "max_num_seqs", "4")
+    few = _wait(lambda: (t := _text(browser, "throughput")) != now and t, "the run with max_num_seqs=4")
+    browser.find_element(By.ID, "preset").click()
+    _wait(lambda: browser.find_elements(By.CSS_SELECTOR, "[role='option']"), "the preset list")
+    option = [o for o in browser.find_elements(By.CSS_SELECTOR, "[role='option']")
+              if o.text == "lesson-continuous-batching/continuous"]
+    option[0].click()
+    _wait(lambda: browser.find_element(By.ID, "max_num_seqs").get_attribute("value") == "256", "the preset's 256")
+    preset_run = _wait(lambda: (t := _text(browser, "throughput")) not in (few, "") and t, "the preset's run")
+    _set_number(browser, "max_num_seqs", "4")
+    _wait(lambda: _text(browser, "throughput") != preset_run, "max_num_seqs=4 typed again to take effect")
     severe = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
     assert severe == [], severe

@@ -57,8 +57,10 @@ def _control(key: str, label: str, value: Any) -> html.Div:
         ctl = dcc.Dropdown(id=key, options=list(GPU_PRESETS), value=value, clearable=False)
     else:
         # no min/max on the box: an out-of-range value must reach the scenario validation, which names the key
-        # and the bound exactly as the CLI does (a browser-side bound would silently turn it into None)
-        ctl = dcc.Input(id=key, type="number", value=value, debounce=True, style={"width": "8em"})
+        # and the bound exactly as the CLI does (a browser-side bound would silently turn it into None). A
+        # numeric debounce (sent on Enter or after a pause): dash 4.4's debounce=True never sends a value equal
+        # to the last one it sent, so retyping a value after a preset had changed it did nothing.
+        ctl = dcc.Input(id=key, type="number", value=value, debounce=0.8, style={"width": "8em"})
     return html.Div([html.Label(label, htmlFor=key, style=LABEL_STYLE), ctl])
 
 
