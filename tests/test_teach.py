@@ -199,6 +199,20 @@ def test_the_naive_lesson_explains_padding_and_queue():
     assert [t.split(":")[0] for t in texts] == ["The queue is growing", "Padding", "Reserved KV is mostly empty"]
 
 
+@pytest.mark.parametrize(
+    ("name", "heads"),
+    [
+        ("lesson-memory-bound/bf16-two-gpus", ["The queue is growing", "The memory ceiling is hit"]),
+        ("lesson-paged-memory/contiguous", ["The memory ceiling is hit", "Reserved KV is mostly empty"]),
+        ("lesson-paged-memory/paged", ["The server keeps up"]),
+    ],
+)
+def test_the_lessons_explain_their_point(name, heads):
+    k = preset(name)
+    s = next(iter(simulate(k).summaries.values()))
+    assert [t.split(":")[0] for t in ex.explain(s, offered_rate=k["rate"])] == heads
+
+
 def test_compare_states_the_ratio():
     text = ex.compare(_summary(output_throughput=300.0), _summary(output_throughput=1500.0))
     assert text.startswith("This run serves 5.00x the output tokens per second of the pinned one (1,500 against 300")
