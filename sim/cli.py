@@ -571,6 +571,31 @@ def plan(
     typer.echo(json.dumps(result.to_dict(), indent=1) if as_json else format_plan(result))
 
 
+@app.command()
+def teach(
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: a class on one server)."),
+    port: int = typer.Option(8050, "--port", help="TCP port to listen on."),
+) -> None:
+    """Start the interactive teaching page: move a knob (policy, max_num_seqs, KV memory, load, lengths) and watch
+    the batch slots, the memory, the utilisation and the latency change. Needs the teach extra (dash)."""
+    if not 0 < port < 65536:
+        _fail(f"--port must be in 1..65535, got {port}")
+    import socket
+
+    # the server would print its own complaint and exit 1 on a port in use: ask first, for one clear message
+    try:
+        with socket.create_server((host, port)):
+            pass
+    except OSError as e:
+        _fail(f"--host {host} --port {port}: cannot listen: {e.strerror or e}")
+    try:
+        from sim.teach.app import serve
+    except ImportError as e:
+        _fail(f"servesim teach needs dash ({e}): pip install 'servesim[teach]'")
+        return
+    serve(host, port)
+
+
 def main() -> None:  # pragma: no cover - console entry
     app()
 
