@@ -454,7 +454,12 @@ def calibrate(
 @app.command()
 def validate(
     scenario: Path = typer.Argument(..., help="Scenario YAML file (its workload is replayed on both)."),
-    profile: Path = typer.Option(..., "--profile", help="Calibration profile JSON (servesim calibrate)."),
+    profile: Path | None = typer.Option(None, "--profile", help="Calibration profile JSON (servesim calibrate)."),
+    against: list[Path] = typer.Option([], "--against", help="Benchmark result files to compare with instead of "
+                                       "the engine: vllm bench serve JSON, GuideLLM report, genai-perf export "
+                                       "(repeatable; several files of one deployment are a load sweep)."),
+    variant: str | None = typer.Option(None, "--variant", help="With --against: the variant to simulate "
+                                       "(default: the first)."),
     device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
     out: Path | None = typer.Option(None, "--out", "-o", help="Folder to write (default: runs/NAME-validation)."),
     model: str | None = typer.Option(None, "--model", help="Model the engine runs (default: the profile's)."),
@@ -468,10 +473,16 @@ def validate(
 ) -> None:
     """Replay the scenario's workload on the engine and in the simulator (with the profile and the engine's KV
     block count); write DIR/validation.json (real, simulated, relative error per variant and metric) and
-    DIR/validation.html."""
+    DIR/validation.html. With --against: compare the simulated scenario with benchmark result files instead."""
     if threads is not None and threads < 1:
         _fail(f"--threads must be >= 1, got {threads}")
     overrides = _overrides(set_, num_requests)
+    if against:
+        _validate_against(scenario, against, variant, overrides, out)
+        return
+    if profile is None:
+        _fail("validate needs --profile (the engine run) or --against FILE (benchmark results)")
+        return
     try:
         import torch
 
@@ -499,6 +510,27 @@ def validate(
         _fail(f"--out {out_dir}: cannot write: {e.strerror or e}")
     typer.echo(val.table())
     typer.echo(f"wrote {out_dir}/validation.json, validation.html, engine/, sim/")
+
+
+def _validate_against(scenario: Path, files: list[Path], variant: str | None, overrides: dict,
+                      out: Path | None) -> None:
+    from sim.benchfiles.common import BenchFileError
+    from sim.benchfiles.validate import validate_against, write_bench_validation
+
+    try:
+        val = validate_against(scenario, list(files), variant=variant, overrides=overrides)
+    except (ScenarioError, BenchFileError) as e:
+        _fail(str(e))
+        return
+    out_dir = out or Path("runs") / f"{val.scenario}-validation"
+    if out_dir.exists() and not out_dir.is_dir():
+        _fail(f"--out {out_dir}: exists and is not a folder")
+    try:
+        write_bench_validation(out_dir, val)
+    except OSError as e:
+        _fail(f"--out {out_dir}: cannot write: {e.strerror or e}")
+    typer.echo(val.table())
+    typer.echo(f"wrote {out_dir}/validation.json, validation.html")
 
 
 @app.command()

@@ -92,3 +92,34 @@ def run_stats(result: RunResult, percentiles: Iterable[float] = DEFAULT_PERCENTI
         float(result.duration),
         percentiles,
     )
+
+
+def _weighted(name: str, values: np.ndarray, weights: np.ndarray, percentiles: Iterable[float]) -> dict[str, float]:
+    """GuideLLM-style weighted statistics: mean exact; median/pNN the first value whose cumulative weight reaches
+    the fraction (GuideLLM's own interpolation may differ slightly at small counts)."""
+    keep = weights > 0
+    v, w = values[keep], weights[keep].astype(np.float64)
+    if not v.size:
+        return {}
+    order = np.argsort(v, kind="stable")
+    v, w = v[order], w[order]
+    cum = np.cumsum(w) / w.sum()
+    mean = float(np.sum(v * w) / w.sum())
+    out = {f"mean_{name}": mean, f"std_{name}": float(np.sqrt(np.sum(w * (v - mean) ** 2) / w.sum()))}
+    for key, q in (("median", 0.5), *((p_word(p), p / 100.0) for p in percentiles)):
+        out[f"{key}_{name}"] = float(v[min(int(np.searchsorted(cum, q - 1e-12)), v.size - 1)])
+    return out
+
+
+def guidellm_stats(result: RunResult, percentiles: Iterable[float] = (50.0, 90.0, 95.0, 99.0)) -> dict[str, float]:
+    """GuideLLM's ITL and TPOT (see sim/benchfiles/guidellm.py) of a simulated run, keyed gl_itl / gl_tpot."""
+    done = [r for r in result.requests if r.outcome == "completed"]
+    ttft = np.array([r.first_token - r.arrival for r in done], dtype=np.float64)
+    e2el = np.array([r.finish - r.arrival for r in done], dtype=np.float64)
+    out = np.array([r.output_tokens for r in done], dtype=np.int64)
+    multi = out > 1
+    itl = np.zeros(len(done))
+    itl[multi] = (e2el[multi] - ttft[multi]) / (out[multi] - 1)
+    tpot = np.divide(e2el, out, out=np.zeros(len(done)), where=out > 0)
+    pct = tuple(percentiles)
+    return {**_weighted("gl_itl", itl, np.where(multi, out - 1, 0), pct), **_weighted("gl_tpot", tpot, out, pct)}
