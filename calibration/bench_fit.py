@@ -41,8 +41,7 @@ BOUNDS = {"compute_efficiency": (0.02, 1.0), "bandwidth_efficiency": (0.02, 1.0)
           "per_request_overhead": (1e-8, 1e-2)}
 # means and medians: tail percentiles move in jumps as the order of events changes, which finite differences
 # cannot follow
-FIT_METRICS = ("mean_ttft", "mean_tpot", "mean_itl", "mean_e2el",
-)
+FIT_METRICS = ("mean_ttft", "mean_tpot", "mean_itl", "mean_e2el", "output_throughput")
 DEFAULTS = {"compute_efficiency": 0.6, "bandwidth_efficiency": 0.8, "step_overhead": 1.5e-3,
             "per_request_overhead": 1e-5}  # sim/costmodel.py's defaults: the fit starts there
 
@@ -52,14 +51,18 @@ def with_knobs(cfg: VariantConfig, knobs: dict[str, float]) -> VariantConfig:
     return dataclasses.replace(cfg, deployment=dep)
 
 
-def simulate_runs(cfg: VariantConfig, runs: list[BenchRun], knobs: dict[str, float], seed: int = 0
+Deployments = VariantConfig | list[VariantConfig]  # one for every run, or one per run (rows of many deployments)
+
+
+def simulate_runs(cfg: Deployments, runs: list[BenchRun], knobs: dict[str, float], seed: int = 0
                   ) -> list[dict[str, float]]:
     from sim.run import simulate_variant
 
-    c = with_knobs(cfg, knobs)
+    cfgs = cfg if isinstance(cfg, list) else [cfg] * len(runs)
     out = []
-    for run in runs:
-        wl, _ = rebuild_workload(run, seed=seed, max_len=int(cfg.deployment.max_model_len or (1 << 20)))
+    for base, run in zip(cfgs, runs, strict=True):
+        c = with_knobs(base, knobs)
+        wl, _ = rebuild_workload(run, seed=seed, max_len=int(base.deployment.max_model_len or (1 << 20)))
         result, _, _ = simulate_variant(c, wl, name=c.name)
         out.append(simulated_metrics(result, list(run.aggregates)))
     return out
@@ -84,7 +87,7 @@ class BenchFit:
         return float(np.median(errs)) if errs else None
 
 
-def fit_knobs(cfg: VariantConfig, train: list[BenchRun], *, x0: dict[str, float] | None = None, seed: int = 0,
+def fit_knobs(cfg: Deployments, train: list[BenchRun], *, x0: dict[str, float] | None = None, seed: int = 0,
               max_iter: int = 12, knobs: tuple[str, ...] = DEFAULT_FREE) -> tuple[dict[str, float], float, int]:
     """Bounded least squares over the knobs; returns them, the training median |relative error| and the number
     of evaluations."""
