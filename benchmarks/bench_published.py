@@ -58,8 +58,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--engine", default="TensorRT-LLM v0.17")
     ap.add_argument("--gpu", default="H100-SXM-80GB")
-    ap.add_argument("--requests", type=int, default=512, help="requests per row (all queued at once)")
-    ap.add_argument("--max-iter", type=int, default=6)
+    ap.add_argument("--requests", type=int, default=256, help="requests per row (all queued at once)")
+    ap.add_argument("--max-iter", type=int, default=4)
+    ap.add_argument("--robust", type=float, default=0.1, help="soft-L1 scale of the log errors (0: plain squares)")
     args = ap.parse_args()
     rows = rows_of(args.engine, args.gpu)
     cfgs = [deployment_of(r) for r in rows]
@@ -74,7 +75,8 @@ def main() -> None:
                          for i, s in zip(idx, sims, strict=True)])
 
     before = errors(DEFAULTS, test)
-    knobs, train_err, nfev = fit_knobs([cfgs[i] for i in train], [runs[i] for i in train], max_iter=args.max_iter)
+    knobs, train_err, nfev = fit_knobs([cfgs[i] for i in train], [runs[i] for i in train], max_iter=args.max_iter,
+                                       robust=args.robust or None)
     after = errors(knobs, test)
     print(f"{args.engine} on {args.gpu}: {len(rows)} rows, {len(train)} to fit, {len(test)} held out, "
           f"{args.requests} requests per row")

@@ -88,7 +88,7 @@ class BenchFit:
 
 
 def fit_knobs(cfg: Deployments, train: list[BenchRun], *, x0: dict[str, float] | None = None, seed: int = 0,
-              max_iter: int = 12, knobs: tuple[str, ...] = DEFAULT_FREE) -> tuple[dict[str, float], float, int]:
+              max_iter: int = 12, knobs: tuple[str, ...] = DEFAULT_FREE, robust: float | None = None) -> tuple[dict[str, float], float, int]:
     """Bounded least squares over the knobs; returns them, the training median |relative error| and the number
     of evaluations."""
     from scipy.optimize import least_squares
@@ -104,7 +104,12 @@ def fit_knobs(cfg: Deployments, train: list[BenchRun], *, x0: dict[str, float] |
 
     def residuals(x: np.ndarray) -> np.ndarray:
         pairs = _pairs(train, simulate_runs(cfg, train, knobs_of(x), seed))
-        return np.array([math.log(max(s, 1e-12) / m) for _, _, m, s in pairs])
+        r = np.array([math.log(max(s, 1e-12) / m) for _, _, m, s in pairs])
+        if robust is None:
+            return r
+        # scipy's soft_l1 loss written into the residuals (their squares sum to it): a few points the model
+        # cannot describe at all pull the knobs by their sign, not by their size
+        return np.sign(r) * robust * np.sqrt(2.0 * (np.sqrt(1.0 + (r / robust) ** 2) - 1.0))
 
     # The simulated metrics are a staircase in the knobs at fine scale (a knob that reorders two events moves a
     # request into another step), so a trust-region solver on the simulator itself shrinks its region onto a
@@ -164,7 +169,7 @@ def split_holdout(runs: list[BenchRun], holdout_every: int) -> tuple[list[BenchR
 
 
 def calibrate_from_bench(cfg: VariantConfig, runs: list[BenchRun], *, holdout_every: int = 4, seed: int = 0,
-                         max_iter: int = 12, knobs: tuple[str, ...] = DEFAULT_FREE) -> BenchFit:
+                         max_iter: int = 12, knobs: tuple[str, ...] = DEFAULT_FREE, robust: float | None = None) -> BenchFit:
     if len(runs) < 2:
         raise ValueError("calibrate --from-bench needs at least 2 benchmark runs: knobs are never fitted to one")
     train, held = split_holdout(runs, holdout_every)
