@@ -177,6 +177,8 @@ def write_run(
     if len(set(names)) != len(names):
         raise ValueError(f"variant names must be unique, got {names}")
     html = build_report(results, summaries, title or "servesim: " + " vs ".join(names))
+    from sim.benchfiles.exports import export_files  # per variant: vllm-bench JSON and OpenMetrics text
+
     write_atomically(
         out,
         {
@@ -184,6 +186,7 @@ def write_run(
             REQUESTS_FILE: requests_csv(results),
             STEPS_FILE: steps_csv(results),
             REPORT_FILE: html,
+            **export_files(results, scenario),
         },
     )
     return out

@@ -86,11 +86,23 @@ class AnalyticCost(CostModelConfigBase):
         default=None, ge=0, le=3600, description="Fixed seconds per step (CPU, launches)."
     )
     per_request_overhead: Float | None = Field(default=None, ge=0, le=3600, description="Seconds per request per step.")
+    profile: str | None = Field(default=None, description="Knobs fitted by `servesim calibrate --from-bench` (JSON); "
+                                "knobs given here override the profile's.")
 
     def build(self, model: ModelSpec, gpu: GPUSpec, deployment: Deployment) -> AnalyticCostModel:
         """The roofline of ``model`` on ``gpu`` in the deployment's dtypes and parallelism; the efficiencies and
-        overheads given here replace the cost model's defaults."""
-        extra = {k: v for k, v in self.model_dump().items() if k != "type" and v is not None}
+        overheads given here (or in the profile) replace the cost model's defaults."""
+        extra: dict[str, Any] = {}
+        if self.profile is not None:
+            from sim.benchfiles.knobs import read_knob_profile
+
+            try:
+                extra = read_knob_profile(self.profile)
+            except FileNotFoundError as e:
+                raise ScenarioError(f"cost_model.profile: file not found: {e.filename or e}") from None
+            except (ValueError, OSError) as e:
+                raise ScenarioError(f"cost_model.profile: {e}") from None
+        extra.update({k: v for k, v in self.model_dump().items() if k not in ("type", "profile") and v is not None})
         return AnalyticCostModel(
             model,
             gpu,

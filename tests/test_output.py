@@ -40,6 +40,11 @@ from sim.table import ratio_text
 RUN_FILES = {"summary.json", "requests.csv", "steps.csv", "report.html"}
 
 
+def _exports(results) -> set[str]:
+    """Per variant, the vllm-bench JSON and the OpenMetrics text a run folder also holds (sim/benchfiles)."""
+    return {r.name + suffix for r in results for suffix in (".vllm-bench.json", ".metrics.prom")}
+
+
 def rec(id, arrival, first, finish, out, outcome="completed", replica=0) -> RequestRecord:
     return RequestRecord(
         id=id,
@@ -223,7 +228,7 @@ def test_write_leaves_no_temporary_files_and_keeps_other_files(tmp_path, two_run
     (tmp_path / "notes.txt").write_text("mine")
     write_run(tmp_path, results, summaries)
     write_run(tmp_path, results, summaries)
-    assert set(os.listdir(tmp_path)) == RUN_FILES | {"notes.txt"}
+    assert set(os.listdir(tmp_path)) == RUN_FILES | _exports(results) | {"notes.txt"}
     assert (tmp_path / "notes.txt").read_text() == "mine"
 
 
@@ -238,7 +243,7 @@ def test_failed_write_changes_nothing(tmp_path, two_runs, monkeypatch):
     monkeypatch.setattr(output, "steps_csv", broken)
     with pytest.raises(RuntimeError, match="disk full"):
         write_run(tmp_path, results, summaries)
-    assert set(os.listdir(tmp_path)) == RUN_FILES  # no temporary file left behind
+    assert set(os.listdir(tmp_path)) == RUN_FILES | _exports(results[:1])  # no temporary file left behind
     assert {n: (tmp_path / n).read_bytes() for n in RUN_FILES} == before
 
 
