@@ -156,7 +156,7 @@ class PagedMachine(RuleBasedStateMachine):
         free0 = m.num_free_blocks
         if need > free0:
             event("admission refused")
-            refs0 = list(m.ref_count)
+            refs0 = dict(m.ref_count)
             with pytest.raises(BlockError):
                 m.allocate(r, n)
             assert not m.holds(r) and r.num_computed_tokens == 0  # a failed allocation leaves no trace
@@ -809,7 +809,7 @@ def test_failed_allocate_changes_nothing(prefix: bool) -> None:
     m.allocate(a, 8)
     compute(a, 8)
     r = req(1, 40, hash_ids=(1, 2, 3))
-    refs0, free0 = list(m.ref_count), m.num_free_blocks
+    refs0, free0 = dict(m.ref_count), m.num_free_blocks
     with pytest.raises(BlockError):
         m.allocate(r, 40 - m.num_cached_tokens(r))
     assert (m.holds(r), r.num_computed_tokens, m.num_free_blocks) == (False, 0, free0)
