@@ -431,7 +431,7 @@ class PagedBlockManager:
         if not self.enable_prefix_caching:
             assert all(r <= 1 for r in refs.values()), "a block is in two tables without prefix caching"
             free = self._stack
-            assert len(free) == len(set(free)) == self._num_free - untouched, "free stack has duplicates or a wrong count"
+            assert len(free) == len(set(free)) == self._num_free - untouched, "free stack: duplicates or wrong count"
             assert all(b not in refs and b < self._next for b in free), "a free block is in a table"
             assert self._num_free + len(refs) == self.num_blocks, "blocks not conserved"
             return
