@@ -69,6 +69,7 @@ def run(
     """Simulate every variant of a scenario on the same workload; print the comparison, write the run folder."""
     from sim.metrics import bottleneck
     from sim.output import format_table
+    from sim.progress import BarProgress
     from sim.run import prepare_scenario, run_scenario, write_scenario_run
 
     overrides = _overrides(set_, num_requests)
@@ -83,12 +84,18 @@ def run(
     if out_dir.exists() and not out_dir.is_dir():
         _fail(f"--out {out_dir}: exists and is not a folder")
     typer.echo(f"{sc.name}: {sc.workload.describe()}", err=True)
+    # one bar: simulated requests of every run with simulated time, then a line per writing phase
+    bar = BarProgress(prepared.num_requests, sc.name) if not quiet and sys.stderr.isatty() else None
     with _quiet_numpy():
-        result = run_scenario(prepared, progress=not quiet and sys.stderr.isatty())
         try:
-            write_scenario_run(result, out_dir)
-        except OSError as e:
-            _fail(f"--out {out_dir}: cannot write the run folder: {e.strerror or e}")
+            result = run_scenario(prepared, progress=bar or False)
+            try:
+                write_scenario_run(result, out_dir, progress=bar)
+            except OSError as e:
+                _fail(f"--out {out_dir}: cannot write the run folder: {e.strerror or e}")
+        finally:
+            if bar is not None:
+                bar.close()
     typer.echo(format_table(result.summaries))
     for name, s in result.summaries.items():
         typer.echo(f"{name}: {bottleneck(s)}")

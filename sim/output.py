@@ -129,10 +129,11 @@ def write_run(
     *,
     scenario: dict | None = None,
     title: str | None = None,
+    phase: Callable[[str], None] | None = None,
 ) -> Path:
     """Write summary.json, requests.csv, steps.csv and report.html into out_dir (created if missing; other files
     in it are left alone). ``summaries`` maps variant name to ``summarize()``'s dict, computed when omitted.
-    Returns the folder."""
+    ``phase`` hears what is being written (the progress line). Returns the folder."""
     from sim.report import build_report  # plotly is only needed here, not for the table or the CSVs
 
     out = Path(out_dir)
@@ -142,7 +143,11 @@ def write_run(
     names = [r.name for r in results]
     if len(set(names)) != len(names):
         raise ValueError(f"variant names must be unique, got {names}")
+    if phase is not None:
+        phase(f"building {REPORT_FILE}")
     html = build_report(results, summaries, title or "servesim: " + " vs ".join(names))
+    if phase is not None:
+        phase(f"writing {out}/: {SUMMARY_FILE}, {REQUESTS_FILE}, {STEPS_FILE}, {REPORT_FILE}")
     write_atomically(
         out,
         {
