@@ -247,18 +247,31 @@ def engine_run(
     summaries: dict = {}
     memory: list[dict] = []
     held: dict[str, dict] = {}
+    from sim.progress import BarProgress
+
+    bar = BarProgress(len(wl.requests) * len(cfgs), f"{sc.name} engine") if sys.stderr.isatty() else None
     for cfg in cfgs:
+        if bar is not None:
+            bar.begin(cfg.name, len(wl.requests))
         result, _, core = run_engine(cfg, wl, device=device, dtype=tdtype, model_spec=model,
                                      num_gpu_blocks=num_gpu_blocks, time_scale=time_scale, memory_samples=memory,
-                                     real_model=real, texts=texts, weight_quant=quant)
+                                     real_model=real, texts=texts, weight_quant=quant,
+                                     progress=None if bar is None else bar.advance)
+        if bar is not None:
+            bar.end()
         results.append(result)
         summaries[result.name] = summarize(result, slos_of(sc))
         held[result.name] = kv_held_at_end(core, result)
     try:
+        if bar is not None:
+            bar.phase(f"writing {out_dir}/")
         write_engine_run(out_dir, results, memory, summaries, scenario=sc.model_dump(mode="json"),
                          title=f"servesim engine ({device}): {sc.name}", texts=texts, kv_leak=held)
     except OSError as e:
         _fail(f"--out {out_dir}: cannot write the run folder: {e.strerror or e}")
+    finally:
+        if bar is not None:
+            bar.close()
     typer.echo(format_table(summaries))
     typer.echo(f"wrote {out_dir}/summary.json, requests.csv, steps.csv, report.html, memory.csv"
                + (", texts.jsonl" if texts else ""))
