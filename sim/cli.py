@@ -564,8 +564,8 @@ def plan(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of the text report."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
     executor: str = typer.Option("local", "--executor", help="local (a process pool) or ray."),
-    workers: int | None = typer.Option(None, "--workers", "-j", help="Parallel simulations (default: all "
-                                          "cores)."),
+    workers: int | None = typer.Option(None, "--workers", "-j", help="Parallel simulations (default: 1 "
+                                          "below 4 cores, else all cores but one)."),
     address: str | None = typer.Option(None, "--address", help="Ray cluster to join (default: start one here)."),
 ) -> None:
     """Find the cheapest deployment (GPU type and count, tensor parallelism, weight and KV precision,
@@ -582,6 +582,10 @@ def plan(
             typer.echo(f"{sc.name}: {sc.workload.describe()}", err=True)
         if workers is not None and workers < 1:
             raise ScenarioError(f"--workers must be >= 1, got {workers}")
+        if workers is None:
+            from sim.limits import default_workers
+
+            workers = default_workers()
         result = plan_deployment(sc, stop_early=False if all_ else None,
                                  progress=not quiet and not as_json and sys.stderr.isatty(),
                                  executor=executor, workers=workers, address=address)

@@ -75,3 +75,15 @@ def test_bar_shows_requests_simulated_time_and_phases() -> None:
     text = f.getvalue()
     assert "200/200" in text and "req" in text and "sim 100 s" in text
     assert "writing out/ ..." in text and "done in" in text
+
+
+def test_plan_default_parallelism_follows_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On 2 cores a process pool was slower than one worker (issue 17 point 6): below 4 cores plan runs in-process,
+    above it keeps one core for the parent."""
+    import os
+
+    from sim.limits import default_workers
+
+    for cores, expected in [(1, 1), (2, 1), (3, 1), (4, 3), (16, 15)]:
+        monkeypatch.setattr(os, "sched_getaffinity", lambda _pid, c=cores: set(range(c)))
+        assert default_workers() == expected
