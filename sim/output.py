@@ -16,7 +16,7 @@ import os
 from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
@@ -110,15 +110,26 @@ _STEP_TIME_COLUMNS = ("start", "duration")
 STEP_CSV_COLUMNS: tuple[str, ...] = tuple(f"{c}_s" if c in _STEP_TIME_COLUMNS else c for c in STEP_COLUMNS)
 
 
-def steps_csv(results: list[RunResult]) -> str:
-    """One row per step, the variant name first. ``tolist`` gives Python floats, which csv writes with repr."""
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
+STEP_CHUNK_ROWS = 1 << 16  # steps.csv rows converted and written at a time: memory stays bounded (a few MB)
+
+
+def write_steps_csv(f: IO[str], results: list[RunResult], chunk: int = STEP_CHUNK_ROWS) -> None:
+    """steps.csv streamed into ``f`` in chunks of ``chunk`` rows, so that a run of millions of steps never holds
+    its whole text (1 M requests made a 5 GB string). ``tolist`` gives Python floats, which csv writes with repr."""
+    w = csv.writer(f, lineterminator="\n")
     w.writerow(("variant",) + STEP_CSV_COLUMNS)
     for res in results:
-        cols = [np.asarray(res.steps[k], dtype=t).tolist() for k, t in STEP_COLUMNS.items()]
-        n = len(cols[0])
-        w.writerows(zip([res.name] * n, *cols, strict=True))
+        arrays: list[np.ndarray] = [np.asarray(res.steps[k], dtype=t) for k, t in STEP_COLUMNS.items()]
+        n = len(arrays[0])
+        for lo in range(0, n, chunk):
+            cols = [a[lo : lo + chunk].tolist() for a in arrays]
+            w.writerows(zip([res.name] * len(cols[0]), *cols, strict=True))
+
+
+def steps_csv(results: list[RunResult]) -> str:
+    """One row per step, the variant name first (the whole text; write_run streams it instead)."""
+    buf = io.StringIO()
+    write_steps_csv(buf, results)
     return buf.getvalue()
 
 
@@ -153,7 +164,7 @@ def write_run(
         {
             SUMMARY_FILE: summary_json(summaries, scenario),
             REQUESTS_FILE: requests_csv(results),
-            STEPS_FILE: steps_csv(results),
+            STEPS_FILE: lambda f: write_steps_csv(f, results),
             REPORT_FILE: html,
         },
     )

@@ -23,7 +23,16 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from sim.failures import FailurePlan
 from sim.length_pairs import LengthPairs
@@ -534,6 +543,15 @@ class Workload(_Model):
         if n is not None and n > MAX_REQUESTS:
             raise ValueError(too_many_requests(n))
         return n
+
+    @model_serializer(mode="wrap")
+    def _without_unset_lengths(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # a workload without lengths pairs dumps as it did before they existed, so that summary.json of every
+        # earlier scenario stays byte-identical (the run folder records the resolved scenario)
+        d = handler(self)
+        if d.get("lengths", ...) is None:
+            del d["lengths"]
+        return d
 
     @model_validator(mode="after")
     def _check(self) -> Workload:
