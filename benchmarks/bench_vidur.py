@@ -38,7 +38,7 @@ def main() -> None:
         write_scenario_run(run, out)
         c3 = time.process_time()
         sizes = {p.name: p.stat().st_size for p in sorted(out.iterdir())}
-    steps = sum(len(r.steps) for r in run.results)
+    steps = sum(len(r.steps["start"]) for r in run.results)
     sim_time = max(r.finish for res in run.results for r in res.requests)
     print(f"{args.requests} requests, {steps} steps, {sim_time:,.0f} s simulated")
     print(f"prepare {c1 - c0:.2f} s  simulate {c2 - c1:.2f} s ({steps / max(c2 - c1, 1e-9):,.0f} steps/s)  "

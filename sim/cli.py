@@ -65,6 +65,8 @@ def run(
     set_: list[str] = typer.Option([], "--set", help="Override a scenario value: dotted.key=value (repeatable)."),
     num_requests: int | None = typer.Option(None, "--num-requests", "-n", help="Override workload.num_requests."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+    steps: str = typer.Option("auto", "--steps", help="full: steps.csv, one row per step; binned: "
+                              "steps_binned.csv, per time bin; auto: full up to 200,000 steps, else binned."),
 ) -> None:
     """Simulate every variant of a scenario on the same workload; print the comparison, write the run folder."""
     from sim.metrics import bottleneck
@@ -72,6 +74,8 @@ def run(
     from sim.progress import BarProgress
     from sim.run import prepare_scenario, run_scenario, write_scenario_run
 
+    if steps not in ("auto", "full", "binned"):
+        _fail(f"--steps must be auto, full or binned, got {steps!r}")
     overrides = _overrides(set_, num_requests)
     try:
         sc, raw = load_scenario(scenario, overrides)
@@ -90,7 +94,7 @@ def run(
         try:
             result = run_scenario(prepared, progress=bar or False)
             try:
-                write_scenario_run(result, out_dir, progress=bar)
+                write_scenario_run(result, out_dir, progress=bar, steps=steps)
             except OSError as e:
                 _fail(f"--out {out_dir}: cannot write the run folder: {e.strerror or e}")
         finally:
@@ -99,7 +103,8 @@ def run(
     typer.echo(format_table(result.summaries))
     for name, s in result.summaries.items():
         typer.echo(f"{name}: {bottleneck(s)}")
-    typer.echo(f"wrote {out_dir}/summary.json, requests.csv, steps.csv, report.html")
+    steps_file = "steps.csv" if (out_dir / "steps.csv").exists() else "steps_binned.csv (--steps full for every step)"
+    typer.echo(f"wrote {out_dir}/summary.json, requests.csv, {steps_file}, report.html")
 
 
 @app.command()

@@ -33,6 +33,7 @@ __all__ = [  # format_table and table_cells live in sim.table; they are named he
 SUMMARY_FILE = "summary.json"
 REQUESTS_FILE = "requests.csv"
 STEPS_FILE = "steps.csv"
+BINNED_STEPS_FILE = "steps_binned.csv"  # long runs: steps per time bin (sim/steps_binned.py)
 REPORT_FILE = "report.html"
 
 
@@ -141,10 +142,19 @@ def write_run(
     scenario: dict | None = None,
     title: str | None = None,
     phase: Callable[[str], None] | None = None,
+    steps: str = "auto",
 ) -> Path:
     """Write summary.json, requests.csv, steps.csv and report.html into out_dir (created if missing; other files
     in it are left alone). ``summaries`` maps variant name to ``summarize()``'s dict, computed when omitted.
-    ``phase`` hears what is being written (the progress line). Returns the folder."""
+    ``phase`` hears what is being written (the progress line). ``steps``: "full" writes steps.csv (one row per
+    step), "binned" steps_binned.csv (per time bin, see sim/steps_binned.py), "auto" the full log up to
+    FULL_STEPS_MAX steps and the binned table past it. Returns the folder."""
+    from sim.steps_binned import FULL_STEPS_MAX, write_binned_steps_csv
+
+    if steps not in ("auto", "full", "binned"):
+        raise ValueError(f"steps must be auto, full or binned, got {steps!r}")
+    if steps == "auto":
+        steps = "full" if sum(len(r.steps["start"]) for r in results) <= FULL_STEPS_MAX else "binned"
     from sim.report import build_report  # plotly is only needed here, not for the table or the CSVs
 
     out = Path(out_dir)
@@ -154,20 +164,23 @@ def write_run(
     names = [r.name for r in results]
     if len(set(names)) != len(names):
         raise ValueError(f"variant names must be unique, got {names}")
+    steps_file, stale = (STEPS_FILE, BINNED_STEPS_FILE) if steps == "full" else (BINNED_STEPS_FILE, STEPS_FILE)
     if phase is not None:
         phase(f"building {REPORT_FILE}")
     html = build_report(results, summaries, title or "servesim: " + " vs ".join(names))
     if phase is not None:
-        phase(f"writing {out}/: {SUMMARY_FILE}, {REQUESTS_FILE}, {STEPS_FILE}, {REPORT_FILE}")
+        phase(f"writing {out}/: {SUMMARY_FILE}, {REQUESTS_FILE}, {steps_file}, {REPORT_FILE}")
     write_atomically(
         out,
         {
             SUMMARY_FILE: summary_json(summaries, scenario),
             REQUESTS_FILE: requests_csv(results),
-            STEPS_FILE: lambda f: write_steps_csv(f, results),
+            steps_file: (lambda f: write_steps_csv(f, results)) if steps == "full"
+            else (lambda f: write_binned_steps_csv(f, results)),
             REPORT_FILE: html,
         },
     )
+    (out / stale).unlink(missing_ok=True)  # an earlier run's other steps table would pass for this run's
     return out
 
 

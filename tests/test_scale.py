@@ -122,3 +122,45 @@ def test_steps_csv_streamed_in_chunks_equals_the_whole_text() -> None:
         write_steps_csv(buf, results, chunk=chunk)
         assert buf.getvalue() == whole
     assert whole.count("\n") == 1 + sum(len(r.steps["start"]) for r in results)
+
+
+def test_binned_steps_keep_the_totals(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past FULL_STEPS_MAX steps the run folder holds steps_binned.csv instead of steps.csv: per replica and time
+    bin, the same step count, busy time, tokens and peaks as the full log; --steps full brings the log back."""
+    import sim.steps_binned as sb
+    from sim.output import write_run
+    from sim.run import run_scenario
+
+    sc, raw = load_scenario(ROOT / "scenarios/autoscale-memory-bound.yaml", {"workload.num_requests": 40})
+    run = run_scenario(sc, raw)
+    out = tmp_path / "out"
+    write_run(out, run.results, run.summaries)
+    assert (out / "steps.csv").exists() and not (out / "steps_binned.csv").exists()
+    monkeypatch.setattr(sb, "FULL_STEPS_MAX", 10)
+    write_run(out, run.results, run.summaries)
+    assert not (out / "steps.csv").exists()  # the earlier run's full log is not left to pass for this one's
+    with open(out / "steps_binned.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    for res in run.results:
+        mine = [r for r in rows if r["variant"] == res.name]
+        s = res.steps
+        assert sum(int(r["num_steps"]) for r in mine) == len(s["start"])
+        assert sum(float(r["busy_s"]) for r in mine) == pytest.approx(float(np.sum(s["duration"])), rel=1e-9)
+        assert sum(int(r["decode_tokens"]) for r in mine) == int(np.sum(s["decode_tokens"]))
+        assert max(int(r["max_kv_blocks_used"]) for r in mine) == int(np.max(s["kv_blocks_used"]))
+        assert {int(r["replica"]) for r in mine} == set(np.asarray(s["replica"]).tolist())
+        assert len(mine) <= sb.MAX_BINS * len(set(np.asarray(s["replica"]).tolist()))
+    write_run(out, run.results, run.summaries, steps="full")
+    assert (out / "steps.csv").exists() and not (out / "steps_binned.csv").exists()
+
+
+def test_bin_width_is_a_round_number() -> None:
+    from sim.steps_binned import bin_width
+
+    assert bin_width(49_619.0) == 50.0 and bin_width(2000.0) == 1.0 and bin_width(2001.0) == 2.0
+    assert bin_width(0.3) == 0.0002
+
+
+def test_cli_refuses_an_unknown_steps_mode(tmp_path: Path) -> None:
+    res = CliRunner().invoke(app, ["run", str(ROOT / "scenarios/plan-chat.yaml"), "-q", "--steps", "some"])
+    assert res.exit_code == 2 and "--steps must be auto, full or binned" in res.output
