@@ -48,6 +48,8 @@ CASES = [
     ("block_size 1, llama-57m, 200 requests", "llama-57m", ["--set", "deployment.block_size=1"], ""),
     ("block_size 16, llama-57m, 200 requests", "llama-57m", [], ""),
     ("block_size 1, tiny, 200 requests", "tiny", ["--set", "deployment.block_size=1"], ""),
+    ("block_size 1, tiny, prefix caching", "tiny", ["--set", "deployment.block_size=1", "--set",
+                                                   "kv_cache={type: paged, enable_prefix_caching: true}"], ""),
 ]
 REPEAT = ("repeat_to 1e12", ["--set", "workload.arrival.repeat_to=1000000000000"])
 
