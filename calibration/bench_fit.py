@@ -88,7 +88,8 @@ class BenchFit:
 
 
 def fit_knobs(cfg: Deployments, train: list[BenchRun], *, x0: dict[str, float] | None = None, seed: int = 0,
-              max_iter: int = 12, knobs: tuple[str, ...] = DEFAULT_FREE, robust: float | None = None) -> tuple[dict[str, float], float, int]:
+              max_iter: int = 12, knobs: tuple[str, ...] = DEFAULT_FREE,
+              robust: float | None = None) -> tuple[dict[str, float], float, int]:
     """Bounded least squares over the knobs; returns them, the training median |relative error| and the number
     of evaluations."""
     from scipy.optimize import least_squares
@@ -169,7 +170,8 @@ def split_holdout(runs: list[BenchRun], holdout_every: int) -> tuple[list[BenchR
 
 
 def calibrate_from_bench(cfg: VariantConfig, runs: list[BenchRun], *, holdout_every: int = 4, seed: int = 0,
-                         max_iter: int = 12, knobs: tuple[str, ...] = DEFAULT_FREE, robust: float | None = None) -> BenchFit:
+                         max_iter: int = 12, knobs: tuple[str, ...] = DEFAULT_FREE,
+                         robust: float | None = None) -> BenchFit:
     if len(runs) < 2:
         raise ValueError("calibrate --from-bench needs at least 2 benchmark runs: knobs are never fitted to one")
     train, held = split_holdout(runs, holdout_every)

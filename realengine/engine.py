@@ -192,6 +192,7 @@ def run_engine(
     texts: list | None = None,
     weight_quant: str | None = None,
     clock: str = "virtual",
+    progress: Callable[[int, float], None] | None = None,
 ) -> tuple[RunResult, list[Request], ServingCore]:
     """Run one variant on the real model, replaying ``workload`` (a ``GeneratedWorkload`` or a list of
     ``RequestSpec``) against the wall clock; arrival ``a`` comes at ``a * time_scale`` seconds after the start.
@@ -216,6 +217,7 @@ def run_engine(
     duration is, on CPU, the serving thread's CPU time (``time.thread_time``), so that other processes on a
     shared machine cannot lengthen it (torch then runs with one intra-op thread, restored afterwards), and on CUDA
     the synchronised ``perf_counter`` time. ``max_wall_s`` is wall-clock seconds in both.
+    ``progress(n, t)``: n more requests finished, the last at engine time t.
     """
     if clock not in ("virtual", "wall"):
         raise ValueError(f"clock must be 'virtual' or 'wall', got {clock!r}")
@@ -228,14 +230,15 @@ def run_engine(
                            seed=seed, record_plans=record_plans, memory_interval_s=memory_interval_s,
                            memory_samples=memory_samples, kv_layout=kv_layout, failures=failures,
                            decode_kernel=decode_kernel, on_runner=on_runner, real_model=real_model, texts=texts,
-                           weight_quant=weight_quant, virtual=clock == "virtual")
+                           weight_quant=weight_quant, virtual=clock == "virtual",
+                           progress=progress)
     finally:
         torch.set_num_threads(threads)
 
 
 def _run_engine(cfg: VariantConfig, workload, *, device, dtype, model_spec, num_gpu_blocks, time_scale,
                 max_wall_s, name, seed, record_plans, memory_interval_s, memory_samples, kv_layout, failures,
-                decode_kernel, on_runner, real_model, texts, weight_quant, virtual: bool,
+                decode_kernel, on_runner, real_model, texts, weight_quant, virtual: bool, progress=None,
                 ) -> tuple[RunResult, list[Request], ServingCore]:
     requests_in = getattr(workload, "requests", workload)
     if time_scale < 0:
@@ -340,10 +343,10 @@ def _run_engine(cfg: VariantConfig, workload, *, device, dtype, model_spec, num_
         cl = cfg.cluster
         sim = ClusterSimulation(specs, make_replica, replicas=cl.replicas, router=cl.router,
                                 autoscaler=autoscaler_of(cfg), closed_loop=plan, fast_forward=False, failures=timed,
-                                leak=leak)
+                                leak=leak, progress=progress)
     else:
         sim = Simulation(specs, [make_replica()], closed_loop=plan, fast_forward=False, failures=timed, leak=leak,
-                         env=env, limit=limit)
+                         env=env, limit=limit, progress=progress)
     sampler.start(t0)
     if not virtual:
         env.sync()  # type: ignore[attr-defined]  # a RealtimeEnvironment: its time 0 is now

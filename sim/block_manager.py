@@ -139,18 +139,21 @@ class PagedBlockManager:
         self.num_blocks = num_blocks
         self.enable_prefix_caching = enable_prefix_caching
         self.num_cpu_blocks = num_cpu_blocks
-        # Reference counts are kept only with prefix caching, the one case where blocks are shared; without it
-        # every block in a table has exactly one reference and the free list is a plain stack (bulk slicing).
-        self.ref_count = [0] * num_blocks
-        self.block_hash: list[int | None] = [None] * num_blocks
-        # Free queue, least recently freed first. With prefix caching a free block can be revived by a hit; its
-        # queue entry then goes stale and is skipped when it reaches the head (``in_free`` says which are live).
-        # Two views of the one free container, so that each path is typed: a queue with prefix caching (taken
-        # from the head), a stack without (taken from the end in bulk slices).
-        self._queue: deque[int] = deque(range(num_blocks)) if enable_prefix_caching else deque()
-        self._stack: list[int] = [] if enable_prefix_caching else list(range(num_blocks - 1, -1, -1))
+        # Host memory follows the blocks in use, not the pool: blocks never handed out yet are one range
+        # [_next, num_blocks), taken in ascending order, so a pool of 10^8 one-token blocks costs nothing until it is
+        # used. Per-block state (reference counts, prefix hashes, free flags) lives in dicts keyed by touched blocks.
+        # The order blocks are handed out is the one a full free list would give: the stack (no prefix caching) has
+        # the untouched range below the freed blocks, the queue (prefix caching) has it ahead of them.
+        self._next = 0
+        self.ref_count: dict[int, int] = {}  # block -> references (prefix caching; 1 per table block otherwise)
+        self.block_hash: dict[int, int] = {}  # block -> prefix hash it holds (prefix caching)
+        # Freed blocks. With prefix caching a free block can be revived by a hit; its queue entry then goes stale
+        # and is skipped when it reaches the head (``_in_free`` holds the live ones). Two views of the one
+        # container so that each path is typed: a queue with prefix caching, a stack without (bulk slices).
+        self._queue: deque[int] = deque()
+        self._stack: list[int] = []
         self._free: MutableSequence[int] = self._queue if enable_prefix_caching else self._stack
-        self._in_free = [True] * num_blocks
+        self._in_free: set[int] = set()
         self._num_free = num_blocks
         self.cached: dict[int, int] = {}  # prefix hash -> block holding it
         self.tables: dict[int, list[int]] = {}  # request id -> block ids, in token order
@@ -239,29 +242,49 @@ class PagedBlockManager:
 
     # ---- mutations (the core calls these) ------------------------------------------------------------------
     def _take_free(self) -> int:
+        b = self._pop_queue()
+        self._num_free -= 1
+        self.ref_count[b] = 1
+        return b
+
+    def _pop_queue(self) -> int:
+        if self._next < self.num_blocks:
+            b = self._next
+            self._next += 1
+            return b
         free, in_free = self._queue, self._in_free
         while True:
             b = free.popleft()
-            if in_free[b]:
+            if b in in_free:
                 break
-        in_free[b] = False
-        self._num_free -= 1
-        h = self.block_hash[b]
-        if h is not None:  # evict the prefix this free block still held
-            if self.cached.get(h) == b:
-                del self.cached[h]
-            self.block_hash[b] = None
-        self.ref_count[b] = 1
+        in_free.discard(b)
+        h = self.block_hash.pop(b, None)
+        if h is not None and self.cached.get(h) == b:  # evict the prefix this free block still held
+            del self.cached[h]
         return b
 
     def _take(self, n: int) -> list[int]:
         if self.enable_prefix_caching:
             return [self._take_free() for _ in range(n)]
         free = self._stack
-        out = free[len(free) - n :]
-        del free[len(free) - n :]
         self._num_free -= n
+        if n <= len(free):
+            out = free[len(free) - n :]
+            del free[len(free) - n :]
+            return out
+        # the stack's bottom is the untouched range in descending order, ending with ``_next``
+        k = n - len(free)
+        out = list(range(self._next + k - 1, self._next - 1, -1)) + free
+        self._next += k
+        free.clear()
         return out
+
+    def _pop(self) -> int:
+        if self._stack:
+            return self._stack.pop()
+        b = self._next
+        self._next += 1
+        return b
 
     def _release_table(self, table: list[int]) -> None:
         if self.enable_prefix_caching:
@@ -275,7 +298,7 @@ class PagedBlockManager:
         rc = self.ref_count[b] - 1
         self.ref_count[b] = rc
         if rc == 0:
-            self._in_free[b] = True
+            self._in_free.add(b)
             self._free.append(b)
             self._num_free += 1
 
@@ -303,7 +326,7 @@ class PagedBlockManager:
             table = []
             for b in hits:
                 if self.ref_count[b] == 0:
-                    self._in_free[b] = False  # its queue entry goes stale
+                    self._in_free.discard(b)  # its queue entry goes stale
                     self._num_free -= 1
                 self.ref_count[b] += 1
                 table.append(b)
@@ -327,7 +350,7 @@ class PagedBlockManager:
         hashes = self.prefix_hashes(req)
         for j in range(first, min(end, len(hashes))):
             b = table[j]
-            if self.block_hash[b] is None:
+            if b not in self.block_hash:
                 h = hashes[j]
                 if h not in self.cached:
                     self.cached[h] = b
@@ -352,9 +375,9 @@ class PagedBlockManager:
             for r in reqs:
                 tables[r.id].append(self._take_free())
             return True
-        free = self._stack
+        pop = self._pop
         for r in reqs:
-            tables[r.id].append(free.pop())
+            tables[r.id].append(pop())
         self._num_free -= n
         return True
 
@@ -396,29 +419,30 @@ class PagedBlockManager:
 
     def check_invariants(self) -> None:
         """Blocks are conserved and ref counts match the block tables (used by the property tests)."""
-        refs = [0] * self.num_blocks
+        refs: dict[int, int] = {}
         for table in self.tables.values():
             for b in table:
-                refs[b] += 1
-        if not self.enable_prefix_caching:
-            assert all(r <= 1 for r in refs), "a block is in two tables without prefix caching"
-            free = list(self._free)
-            assert len(free) == len(set(free)) == self._num_free, "free stack has duplicates or a wrong count"
-            assert all(refs[b] == 0 for b in free), "a free block is in a table"
-            assert self._num_free + sum(refs) == self.num_blocks, "blocks not conserved"
-            assert 0 <= self.num_free_cpu_blocks <= self.num_cpu_blocks
-            assert self.num_cpu_blocks - self.num_free_cpu_blocks == sum(self.cpu_tables.values())
-            return
-        assert refs == self.ref_count, "ref counts differ from block tables"
-        live_free = [b for b in set(self._free) if self._in_free[b]]
-        assert len(live_free) == self._num_free, "free count differs from free queue"
-        assert all(self.ref_count[b] == 0 for b in live_free), "a free block is referenced"
-        assert sum(1 for b in range(self.num_blocks) if self._in_free[b]) == self._num_free
-        assert self._num_free + sum(1 for r in self.ref_count if r > 0) == self.num_blocks, "blocks not conserved"
-        for h, b in self.cached.items():
-            assert self.block_hash[b] == h, "prefix cache points at a block holding another prefix"
+                assert 0 <= b < self._next, "a table holds a block never handed out"
+                refs[b] = refs.get(b, 0) + 1
+        untouched = self.num_blocks - self._next
+        assert 0 <= untouched <= self._num_free, "more untouched blocks than free ones"
         assert 0 <= self.num_free_cpu_blocks <= self.num_cpu_blocks
         assert self.num_cpu_blocks - self.num_free_cpu_blocks == sum(self.cpu_tables.values())
+        if not self.enable_prefix_caching:
+            assert all(r <= 1 for r in refs.values()), "a block is in two tables without prefix caching"
+            free = self._stack
+            assert len(free) == len(set(free)) == self._num_free - untouched, "free stack: duplicates or wrong count"
+            assert all(b not in refs and b < self._next for b in free), "a free block is in a table"
+            assert self._num_free + len(refs) == self.num_blocks, "blocks not conserved"
+            return
+        assert refs == {b: r for b, r in self.ref_count.items() if r > 0}, "ref counts differ from block tables"
+        live_free = self._in_free
+        assert live_free <= set(self._queue), "a free block is missing from the free queue"
+        assert len(live_free) + untouched == self._num_free, "free count differs from free queue"
+        assert all(self.ref_count.get(b, 0) == 0 for b in live_free), "a free block is referenced"
+        assert self._num_free + len(refs) == self.num_blocks, "blocks not conserved"
+        for h, b in self.cached.items():
+            assert self.block_hash.get(b) == h, "prefix cache points at a block holding another prefix"
 
 
 class PagedBudget:

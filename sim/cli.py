@@ -65,12 +65,17 @@ def run(
     set_: list[str] = typer.Option([], "--set", help="Override a scenario value: dotted.key=value (repeatable)."),
     num_requests: int | None = typer.Option(None, "--num-requests", "-n", help="Override workload.num_requests."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+    steps: str = typer.Option("auto", "--steps", help="full: steps.csv, one row per step; binned: "
+                              "steps_binned.csv, per time bin; auto: full up to 200,000 steps, else binned."),
 ) -> None:
     """Simulate every variant of a scenario on the same workload; print the comparison, write the run folder."""
     from sim.metrics import bottleneck
     from sim.output import format_table
+    from sim.progress import BarProgress
     from sim.run import prepare_scenario, run_scenario, write_scenario_run
 
+    if steps not in ("auto", "full", "binned"):
+        _fail(f"--steps must be auto, full or binned, got {steps!r}")
     overrides = _overrides(set_, num_requests)
     try:
         sc, raw = load_scenario(scenario, overrides)
@@ -83,16 +88,23 @@ def run(
     if out_dir.exists() and not out_dir.is_dir():
         _fail(f"--out {out_dir}: exists and is not a folder")
     typer.echo(f"{sc.name}: {sc.workload.describe()}", err=True)
+    # one bar: simulated requests of every run with simulated time, then a line per writing phase
+    bar = BarProgress(prepared.num_requests, sc.name) if not quiet and sys.stderr.isatty() else None
     with _quiet_numpy():
-        result = run_scenario(prepared, progress=not quiet and sys.stderr.isatty())
         try:
-            write_scenario_run(result, out_dir)
-        except OSError as e:
-            _fail(f"--out {out_dir}: cannot write the run folder: {e.strerror or e}")
+            result = run_scenario(prepared, progress=bar or False)
+            try:
+                write_scenario_run(result, out_dir, progress=bar, steps=steps)
+            except OSError as e:
+                _fail(f"--out {out_dir}: cannot write the run folder: {e.strerror or e}")
+        finally:
+            if bar is not None:
+                bar.close()
     typer.echo(format_table(result.summaries))
     for name, s in result.summaries.items():
         typer.echo(f"{name}: {bottleneck(s)}")
-    typer.echo(f"wrote {out_dir}/summary.json, requests.csv, steps.csv, report.html")
+    steps_file = "steps.csv" if (out_dir / "steps.csv").exists() else "steps_binned.csv (--steps full for every step)"
+    typer.echo(f"wrote {out_dir}/summary.json, requests.csv, {steps_file}, report.html")
 
 
 @app.command()
@@ -240,18 +252,31 @@ def engine_run(
     summaries: dict = {}
     memory: list[dict] = []
     held: dict[str, dict] = {}
+    from sim.progress import BarProgress
+
+    bar = BarProgress(sum(len(w.requests) for w in wls.values()), f"{sc.name} engine") if sys.stderr.isatty() else None
     for cfg in cfgs:
+        if bar is not None:
+            bar.begin(cfg.name, len(wls[cfg.name].requests))
         result, _, core = run_engine(cfg, wls[cfg.name], device=device, dtype=tdtype, model_spec=model,
                                      num_gpu_blocks=num_gpu_blocks, time_scale=time_scale, memory_samples=memory,
-                                     real_model=real, texts=texts, weight_quant=quant)
+                                     real_model=real, texts=texts, weight_quant=quant,
+                                     progress=None if bar is None else bar.advance)
+        if bar is not None:
+            bar.end()
         results.append(result)
         summaries[result.name] = summarize(result, slos_of(sc))
         held[result.name] = kv_held_at_end(core, result)
     try:
+        if bar is not None:
+            bar.phase(f"writing {out_dir}/")
         write_engine_run(out_dir, results, memory, summaries, scenario=sc.model_dump(mode="json"),
                          title=f"servesim engine ({device}): {sc.name}", texts=texts, kv_leak=held)
     except OSError as e:
         _fail(f"--out {out_dir}: cannot write the run folder: {e.strerror or e}")
+    finally:
+        if bar is not None:
+            bar.close()
     typer.echo(format_table(summaries))
     typer.echo(f"wrote {out_dir}/summary.json, requests.csv, steps.csv, report.html, memory.csv"
                + (", texts.jsonl" if texts else ""))
@@ -639,8 +664,8 @@ def plan(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of the text report."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
     executor: str = typer.Option("local", "--executor", help="local (a process pool) or ray."),
-    workers: int | None = typer.Option(None, "--workers", "-j", help="Parallel simulations (default: all "
-                                          "cores)."),
+    workers: int | None = typer.Option(None, "--workers", "-j", help="Parallel simulations (default: 1 "
+                                          "below 4 cores, else all cores but one)."),
     address: str | None = typer.Option(None, "--address", help="Ray cluster to join (default: start one here)."),
 ) -> None:
     """Find the cheapest deployment (GPU type and count, tensor parallelism, weight and KV precision,
@@ -657,6 +682,10 @@ def plan(
             typer.echo(f"{sc.name}: {sc.workload.describe()}", err=True)
         if workers is not None and workers < 1:
             raise ScenarioError(f"--workers must be >= 1, got {workers}")
+        if workers is None:
+            from sim.limits import default_workers
+
+            workers = default_workers()
         result = plan_deployment(sc, stop_early=False if all_ else None,
                                  progress=not quiet and not as_json and sys.stderr.isatty(),
                                  executor=executor, workers=workers, address=address)

@@ -38,7 +38,7 @@ class ClusterSimulation(Simulation):
         router: str = "round_robin",
         autoscaler: AutoscalerConfig | None = None,
         closed_loop: ClosedLoopPlan | None = None,
-        progress: Callable[[int], None] | None = None,
+        progress: Callable[[int, float], None] | None = None,
         fast_forward: bool = True,
         failures=None,
         leak: bool = False,

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import IO
 
 
 def read_text_capped(path: str | os.PathLike[str], max_bytes: int, what: str) -> str:
@@ -22,8 +24,9 @@ def read_text_capped(path: str | os.PathLike[str], max_bytes: int, what: str) ->
         raise ValueError(f"{path}: not UTF-8 text (byte {e.start} is {data[e.start]:#04x})") from None
 
 
-def write_atomically(out_dir: Path, contents: dict[str, str]) -> None:
-    """Write every file under a temporary name, then move them all into place."""
+def write_atomically(out_dir: Path, contents: Mapping[str, str | Callable[[IO[str]], None]]) -> None:
+    """Write every file under a temporary name, then move them all into place. A value is the text, or a
+    function that streams it into the open file (a large table, written in bounded chunks)."""
     temps: dict[str, str] = {}
     umask = os.umask(0)
     os.umask(umask)
@@ -33,7 +36,10 @@ def write_atomically(out_dir: Path, contents: dict[str, str]) -> None:
             os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; results are ordinary files
             temps[name] = tmp
             with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-                f.write(text)
+                if isinstance(text, str):
+                    f.write(text)
+                else:
+                    text(f)
         for name, tmp in temps.items():
             os.replace(tmp, out_dir / name)
     finally:

@@ -16,7 +16,7 @@ import os
 from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
@@ -33,6 +33,7 @@ __all__ = [  # format_table and table_cells live in sim.table; they are named he
 SUMMARY_FILE = "summary.json"
 REQUESTS_FILE = "requests.csv"
 STEPS_FILE = "steps.csv"
+BINNED_STEPS_FILE = "steps_binned.csv"  # long runs: steps per time bin (sim/steps_binned.py)
 REPORT_FILE = "report.html"
 
 
@@ -144,15 +145,26 @@ _STEP_TIME_COLUMNS = ("start", "duration")
 STEP_CSV_COLUMNS: tuple[str, ...] = tuple(f"{c}_s" if c in _STEP_TIME_COLUMNS else c for c in STEP_COLUMNS)
 
 
-def steps_csv(results: list[RunResult]) -> str:
-    """One row per step, the variant name first. ``tolist`` gives Python floats, which csv writes with repr."""
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
+STEP_CHUNK_ROWS = 1 << 16  # steps.csv rows converted and written at a time: memory stays bounded (a few MB)
+
+
+def write_steps_csv(f: IO[str], results: list[RunResult], chunk: int = STEP_CHUNK_ROWS) -> None:
+    """steps.csv streamed into ``f`` in chunks of ``chunk`` rows, so that a run of millions of steps never holds
+    its whole text (1 M requests made a 5 GB string). ``tolist`` gives Python floats, which csv writes with repr."""
+    w = csv.writer(f, lineterminator="\n")
     w.writerow(("variant",) + STEP_CSV_COLUMNS)
     for res in results:
-        cols = [np.asarray(res.steps[k], dtype=t).tolist() for k, t in STEP_COLUMNS.items()]
-        n = len(cols[0])
-        w.writerows(zip([res.name] * n, *cols, strict=True))
+        arrays: list[np.ndarray] = [np.asarray(res.steps[k], dtype=t) for k, t in STEP_COLUMNS.items()]
+        n = len(arrays[0])
+        for lo in range(0, n, chunk):
+            cols = [a[lo : lo + chunk].tolist() for a in arrays]
+            w.writerows(zip([res.name] * len(cols[0]), *cols, strict=True))
+
+
+def steps_csv(results: list[RunResult]) -> str:
+    """One row per step, the variant name first (the whole text; write_run streams it instead)."""
+    buf = io.StringIO()
+    write_steps_csv(buf, results)
     return buf.getvalue()
 
 
@@ -163,10 +175,20 @@ def write_run(
     *,
     scenario: dict | None = None,
     title: str | None = None,
+    phase: Callable[[str], None] | None = None,
+    steps: str = "auto",
 ) -> Path:
     """Write summary.json, requests.csv, steps.csv and report.html into out_dir (created if missing; other files
     in it are left alone). ``summaries`` maps variant name to ``summarize()``'s dict, computed when omitted.
-    Returns the folder."""
+    ``phase`` hears what is being written (the progress line). ``steps``: "full" writes steps.csv (one row per
+    step), "binned" steps_binned.csv (per time bin, see sim/steps_binned.py), "auto" the full log up to
+    FULL_STEPS_MAX steps and the binned table past it. Returns the folder."""
+    from sim.steps_binned import FULL_STEPS_MAX, write_binned_steps_csv
+
+    if steps not in ("auto", "full", "binned"):
+        raise ValueError(f"steps must be auto, full or binned, got {steps!r}")
+    if steps == "auto":
+        steps = "full" if sum(len(r.steps["start"]) for r in results) <= FULL_STEPS_MAX else "binned"
     from sim.report import build_report  # plotly is only needed here, not for the table or the CSVs
 
     out = Path(out_dir)
@@ -176,19 +198,26 @@ def write_run(
     names = [r.name for r in results]
     if len(set(names)) != len(names):
         raise ValueError(f"variant names must be unique, got {names}")
+    steps_file, stale = (STEPS_FILE, BINNED_STEPS_FILE) if steps == "full" else (BINNED_STEPS_FILE, STEPS_FILE)
+    if phase is not None:
+        phase(f"building {REPORT_FILE}")
     html = build_report(results, summaries, title or "servesim: " + " vs ".join(names))
     from sim.benchfiles.exports import export_files  # per variant: vllm-bench JSON and OpenMetrics text
 
+    if phase is not None:
+        phase(f"writing {out}/: {SUMMARY_FILE}, {REQUESTS_FILE}, {steps_file}, {REPORT_FILE}")
     write_atomically(
         out,
         {
             SUMMARY_FILE: summary_json(summaries, scenario),
             REQUESTS_FILE: requests_csv(results),
-            STEPS_FILE: steps_csv(results),
+            steps_file: (lambda f: write_steps_csv(f, results)) if steps == "full"
+            else (lambda f: write_binned_steps_csv(f, results)),
             REPORT_FILE: html,
             **export_files(results, scenario),
         },
     )
+    (out / stale).unlink(missing_ok=True)  # an earlier run's other steps table would pass for this run's
     return out
 
 

@@ -14,6 +14,7 @@ import numpy as np
 from sim.autoscaler import AutoscalerConfig
 from sim.core import ServingCore
 from sim.metrics import summarize
+from sim.progress import BarProgress, Progress
 from sim.records import RunResult
 from sim.request import Request
 from sim.results import result_of
@@ -66,7 +67,7 @@ def simulate_variant(
     name: str | None = None,
     keep_token_times: bool = False,
     fast_path: bool = True,
-    progress: Callable[[int], None] | None = None,
+    progress: Callable[[int, float], None] | None = None,
 ) -> tuple[RunResult, list[Request], ServingCore]:
     """Simulate one variant on a workload; returns its result, its requests and its core (a cluster's: the first
     replica's; the result covers every replica)."""
@@ -155,6 +156,12 @@ class PreparedScenario:
     def num_runs(self) -> int:
         return sum(len(cfgs) for _, _, cfgs in self.plans)
 
+    @property
+    def num_requests(self) -> int:
+        """Requests simulated over every run (what the progress bar counts)."""
+        return sum(len(cfgs) * len(self.workloads[sc.workload.model_dump_json()].requests)
+                   for _, sc, cfgs in self.plans)
+
 
 def prepare_scenario(
     scenario: Scenario, raw: dict[str, Any] | None = None, *, source: str = "scenario"
@@ -190,37 +197,43 @@ def run_scenario(
     raw: dict[str, Any] | None = None,
     *,
     source: str = "scenario",
-    progress: bool = False,
+    progress: bool | Progress = False,
 ) -> ScenarioRun:
     """Run every variant of the scenario (at every sweep point) on the same workload. Accepts a scenario or what
-    :func:`prepare_scenario` made of it."""
+    :func:`prepare_scenario` made of it. ``progress``: True for a bar on stderr counting simulated requests of all
+    runs, or a :class:`~sim.progress.Progress` to report to (the caller then closes it)."""
     prepared = scenario if isinstance(scenario, PreparedScenario) else prepare_scenario(scenario, raw, source=source)
     out = ScenarioRun(prepared.scenario)
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=prepared.num_runs, desc=prepared.scenario.name, unit="run", leave=False)
+    sink: Progress | None = None
+    if progress is True:
+        sink = BarProgress(prepared.num_requests, prepared.scenario.name)
+    elif progress is not False:
+        sink = progress
     for point, sc, cfgs in prepared.plans:
         for cfg in cfgs:
             wl = prepared.workloads[workload_key(sc, cfg)]
             name = cfg.name if not point else f"{cfg.name}[{_label(point)}]"
-            result, _, _ = simulate_variant(cfg, wl, name=name, keep_token_times=sc.keep_token_times)
+            if sink is not None:
+                sink.begin(name, len(wl.requests))
+            result, _, _ = simulate_variant(cfg, wl, name=name, keep_token_times=sc.keep_token_times,
+                                            progress=None if sink is None else sink.advance)
+            if sink is not None:
+                sink.end()
             out.results.append(result)
             out.summaries[name] = summarize(result, slos_of(sc))
             if point:
                 out.sweep.append({"name": name, "variant": cfg.name, **point})
-            if bar is not None:
-                bar.update(1)
-    if bar is not None:
-        bar.close()
+    if progress is True and sink is not None:
+        sink.close()
     return out
 
 
-def write_scenario_run(run: ScenarioRun, out_dir: str | Path, raw: dict[str, Any] | None = None) -> Path:
+def write_scenario_run(run: ScenarioRun, out_dir: str | Path, raw: dict[str, Any] | None = None, *,
+                       progress: Progress | None = None, steps: str = "auto") -> Path:
     from sim.output import write_run
 
     scenario = run.scenario.model_dump(mode="json")
     if run.sweep:
         scenario["sweep_points"] = run.sweep
-    return write_run(out_dir, run.results, run.summaries, scenario=scenario, title=f"servesim: {run.scenario.name}")
+    return write_run(out_dir, run.results, run.summaries, scenario=scenario, title=f"servesim: {run.scenario.name}",
+                     phase=None if progress is None else progress.phase, steps=steps)

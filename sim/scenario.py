@@ -37,6 +37,7 @@ from sim.block_manager import KVManager, PagedBlockManager
 from sim.contiguous_allocator import ContiguousAllocator
 from sim.costmodel import AnalyticCostModel, CostModel, FittedCostModel
 from sim.files import read_text_capped
+from sim.limits import MAX_POOL_BLOCKS, check_kv_footprint, kv_footprint
 from sim.metrics import SLOs
 from sim.policies import Admission, ContinuousPolicy, Limits, Policy, StaticPolicy
 from sim.scenario_messages import format_validation, short, yaml_error
@@ -53,11 +54,7 @@ class ScenarioError(ValueError):
 # Size limits: a run past them would exhaust memory or never end; each is refused up front, saying what it needs.
 MAX_SWEEP_RUNS = 100_000  # (sweep point, variant) runs in one scenario
 MAX_REPLICAS = 1024  # replicas of one cluster (each its own policy, KV manager and cost model)
-# KV blocks one replica simulates: the paged manager keeps 64 B per block (measured: ref count, hash, free-list and
-# membership entries), so 32 Mi blocks are ~2 GB; vLLM's sizing of a test model on a large GPU stays below
-MAX_SIM_BLOCKS = 1 << 25
-MAX_CLUSTER_BLOCKS = 1 << 26  # KV blocks of all replicas of a cluster together (~4 GB)
-_BLOCK_BYTES = 64
+# KV blocks: sim/limits.py bounds what the KV managers can touch, not the pool (untouched blocks cost nothing)
 
 
 class _Model(InputModel):
@@ -168,9 +165,9 @@ class Deployment(_Model):
     @field_validator("num_gpu_blocks")
     @classmethod
     def _blocks_cap(cls, n: int | None) -> int | None:
-        if n is not None and n > MAX_SIM_BLOCKS:
-            raise ValueError(f"{n} blocks would need about {n * _BLOCK_BYTES / 1e9:.3g} GB of simulator memory; "
-                             f"at most {MAX_SIM_BLOCKS} (a larger block_size holds the same tokens in fewer)")
+        if n is not None and n > MAX_POOL_BLOCKS:
+            raise ValueError(f"{n} blocks is past any GPU (at most {MAX_POOL_BLOCKS}); the simulator tracks only the "
+                             "blocks in use, so size the pool as the GPU would")
         return n
 
 
@@ -966,15 +963,13 @@ def build(cfg: VariantConfig) -> tuple[Policy, KVManager, CostModel, Built]:
         raise ScenarioError(f"{where}: {e}") from None
     replicas = 1 if cfg.cluster is None else max(
         cfg.cluster.replicas, cfg.cluster.autoscaler.max_replicas if cfg.cluster.autoscaler else 0)
-    if budget.num_gpu_blocks > MAX_SIM_BLOCKS or replicas * budget.num_gpu_blocks > MAX_CLUSTER_BLOCKS:
-        # the paged manager keeps a few list entries per block: refuse before allocating them
-        total = replicas * budget.num_gpu_blocks
-        raise ScenarioError(
-            f"{where}: deployment: the KV cache would have {budget.num_gpu_blocks} blocks of {dep.block_size} "
-            f"tokens{f' on each of {replicas} replicas' if replicas > 1 else ''}, about "
-            f"{total * _BLOCK_BYTES / 1e9:.3g} GB of simulator memory; at most {MAX_SIM_BLOCKS} per replica and "
-            f"{MAX_CLUSTER_BLOCKS} in all (set deployment.num_gpu_blocks, a larger block_size, or fewer replicas)"
-        )
+    prefix = bool(getattr(kvc, "enable_prefix_caching", False))
+    fp = kv_footprint(budget.num_gpu_blocks, dep.block_size, max_model_len, limits.max_num_seqs,
+                      prefix_caching=prefix, replicas=replicas)
+    too_big = check_kv_footprint(fp, num_blocks=budget.num_gpu_blocks, block_size=dep.block_size,
+                                 prefix_caching=prefix)
+    if too_big is not None:  # refuse before the run grows into it
+        raise ScenarioError(f"{where}: deployment: {too_big}")
     num_cpu_blocks = int(dep.swap_space * 2**30 // budget.kv_bytes_per_block) if budget.kv_bytes_per_block else 0
     try:
         policy = pol.build(limits, cfg.admission.build())

@@ -237,7 +237,7 @@ class Simulation:
         *,
         closed_loop: ClosedLoopPlan | None = None,
         router: Router | None = None,
-        progress: Callable[[int], None] | None = None,
+        progress: Callable[[int, float], None] | None = None,  # (requests finished, simulated now)
         fast_forward: bool = True,
         failures: FailurePlan | None = None,
         leak: bool = False,
@@ -406,7 +406,7 @@ class Simulation:
     def _on_finish(self, req: Request) -> None:
         self._finished += 1
         if self.progress is not None:
-            self.progress(1)
+            self.progress(1, req.finish)  # (the fast path runs ahead of env.now)
         if self.closed_loop is not None:
             user = req.spec.session_id or 0
             think = float(self.closed_loop.think_times[req.id])

@@ -23,9 +23,19 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from sim.failures import FailurePlan
+from sim.length_pairs import LengthPairs
 from sim.request import RequestSpec
 from sim.trace_columns import TraceColumns
 from sim.traces import TRACES, TraceData, load_trace
@@ -557,6 +567,11 @@ class Workload(_Model):
         description="Output tokens to generate. Required unless arrival is a trace; for a trace it replaces the "
         "trace's output lengths.",
     )
+    lengths: LengthPairs | None = Field(
+        default=None,
+        description="(prompt, output) lengths drawn together from a lengths file, instead of prompt_len and "
+        "output_len (for a trace: instead of its own lengths).",
+    )
     shared_prefix: Int = Field(
         default=0,
         ge=0,
@@ -575,10 +590,24 @@ class Workload(_Model):
             raise ValueError(too_many_requests(n))
         return n
 
+    @model_serializer(mode="wrap")
+    def _without_unset_lengths(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # a workload without lengths pairs dumps as it did before they existed, so that summary.json of every
+        # earlier scenario stays byte-identical (the run folder records the resolved scenario)
+        d = handler(self)
+        if d.get("lengths", ...) is None:
+            del d["lengths"]
+        return d
+
     @model_validator(mode="after")
     def _check(self) -> Workload:
+        if self.lengths is not None:
+            both = [k for k in ("prompt_len", "output_len") if getattr(self, k) is not None]
+            if both:
+                raise ValueError(f"lengths draws prompt and output lengths together; drop {', '.join(both)}")
         if not isinstance(self.arrival, TraceArrival):
-            missing = [k for k in ("num_requests", "prompt_len", "output_len") if getattr(self, k) is None]
+            needed = ("num_requests",) if self.lengths is not None else ("num_requests", "prompt_len", "output_len")
+            missing = [k for k in needed if getattr(self, k) is None]
             if missing:
                 raise ValueError(f"arrival type {self.arrival.type!r} needs {', '.join(missing)}")
         return self
@@ -588,7 +617,9 @@ class Workload(_Model):
         parts = [self.arrival.describe()]
         if self.num_requests is not None:
             parts.append(f"{self.num_requests} requests")
-        for label, dist in (("prompt", self.prompt_len), ("output", self.output_len)):
+        if self.lengths is not None:
+            parts.append(self.lengths.describe())
+        for label, dist in (("prompt", self.prompt_len), ("output", self.output_len)) if self.lengths is None else ():
             text = "from trace" if dist is None else dist.describe()  # validated: None only with a trace
             parts.append(f"{label} {text} tokens")
         if self.shared_prefix:
@@ -621,17 +652,23 @@ class Workload(_Model):
             times = data.arrival[:n]
             prompt = data.prompt_len[:n] if self.prompt_len is None else self.prompt_len.sample(prompt_rng, n)
             output = data.output_len[:n] if self.output_len is None else self.output_len.sample(output_rng, n)
-            if data.hash_ids is not None and self.prompt_len is None:  # ids describe the trace's own prompts
+            if self.lengths is not None:  # the pairs replace the trace's lengths (and its prompts' hash ids)
+                prompt, output = self.lengths.draw(prompt_rng, n)
+            elif data.hash_ids is not None and self.prompt_len is None:  # ids describe the trace's own prompts
                 hash_ids, hash_block_size = data.hash_ids[:n], data.hash_block_size
         else:
-            assert self.num_requests is not None and self.prompt_len is not None and self.output_len is not None
+            assert self.num_requests is not None
             n = self.num_requests  # validated: set unless the arrival is a trace
             if isinstance(arrival, ClosedLoopArrival):
                 times = np.zeros(n, dtype=np.float64)  # the simulator sets real send times
             else:
                 times = arrival.times(arrival_rng, n)
-            prompt = self.prompt_len.sample(prompt_rng, n)
-            output = self.output_len.sample(output_rng, n)
+            if self.lengths is not None:  # one stream draws the rows: a pair's two lengths come from one row
+                prompt, output = self.lengths.draw(prompt_rng, n)
+            else:
+                assert self.prompt_len is not None and self.output_len is not None  # validated
+                prompt = self.prompt_len.sample(prompt_rng, n)
+                output = self.output_len.sample(output_rng, n)
 
         if self.shared_prefix:
             if hash_ids is not None:

@@ -156,7 +156,7 @@ class PagedMachine(RuleBasedStateMachine):
         free0 = m.num_free_blocks
         if need > free0:
             event("admission refused")
-            refs0 = list(m.ref_count)
+            refs0 = dict(m.ref_count)
             with pytest.raises(BlockError):
                 m.allocate(r, n)
             assert not m.holds(r) and r.num_computed_tokens == 0  # a failed allocation leaves no trace
@@ -809,7 +809,7 @@ def test_failed_allocate_changes_nothing(prefix: bool) -> None:
     m.allocate(a, 8)
     compute(a, 8)
     r = req(1, 40, hash_ids=(1, 2, 3))
-    refs0, free0 = list(m.ref_count), m.num_free_blocks
+    refs0, free0 = dict(m.ref_count), m.num_free_blocks
     with pytest.raises(BlockError):
         m.allocate(r, 40 - m.num_cached_tokens(r))
     assert (m.holds(r), r.num_computed_tokens, m.num_free_blocks) == (False, 0, free0)
@@ -883,3 +883,60 @@ def test_uncounted_hits_shorten_the_allocation() -> None:
     assert m.allocate(b, 64) == 48
     assert b.num_computed_tokens == 48 and m.num_blocks_of(b) == 4 and m.num_free_blocks == 16 - 5
     m.check_invariants()
+
+
+def test_block_order_equals_a_full_free_list() -> None:
+    """Untouched blocks kept as a range hand out the very blocks a full free stack did (results stay
+    byte-identical): a seeded random mix of allocations, decode growth and frees, against that stack."""
+    import random
+
+    rnd = random.Random(7)
+    n = 64
+    m = PagedBlockManager(n, 4)
+    stack = list(range(n - 1, -1, -1))  # the former free list: block 0 on top
+    ref: dict[int, list[int]] = {}
+    live: dict[int, Request] = {}
+    for step in range(2000):
+        op = rnd.random()
+        if op < 0.4:
+            r = req(step, rnd.randint(1, 40))
+            need = cdiv(r.num_tokens, 4)
+            if need > len(stack):
+                continue
+            m.allocate(r, r.num_tokens)
+            ref[r.id] = stack[len(stack) - need :]
+            del stack[len(stack) - need :]
+            live[r.id] = r
+        elif op < 0.7 and live:
+            ids = rnd.sample(sorted(live), min(len(live), rnd.randint(1, 3)))
+            if len(ids) > len(stack):
+                continue
+            grow_blocks(m, [live[i] for i in ids])
+            for i in ids:
+                ref[i].append(stack.pop())
+        elif live:
+            i = rnd.choice(sorted(live))
+            m.free(live.pop(i))
+            stack.extend(reversed(ref.pop(i)))
+        assert {i: m.block_table(r) for i, r in live.items()} == ref
+        assert m.num_free_blocks == len(stack)
+    m.check_invariants()
+
+
+@pytest.mark.parametrize("prefix", [False, True])
+def test_host_memory_follows_blocks_in_use(prefix: bool) -> None:
+    """A pool of 10^9 one-token blocks costs nothing until blocks are used (issue 15: block_size 1 on a large GPU
+    took gigabytes for a few requests)."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        m = PagedBlockManager(10**9, 1, enable_prefix_caching=prefix)
+        reqs = [req(i, 1000) for i in range(10)]
+        for r in reqs:
+            m.allocate(r, 1000)
+        used = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert m.num_used_blocks == 10_000
+    assert used < 10_000 * 400  # measured ~40 B a block without prefix caching, ~275 B with it

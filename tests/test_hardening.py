@@ -126,14 +126,17 @@ REFUSED = {
                             ["workload.prompt_len.std"]),
     # 7. size limits, saying what the run would need
     "num_requests 1e8": (w("workload.num_requests", 10**8), ["workload.num_requests", "GB", "at most 2000000"]),
-    "num_gpu_blocks 1e8": (w("deployment.num_gpu_blocks", 10**8), ["deployment.num_gpu_blocks", "GB"]),
+    "num_gpu_blocks 2^41": (w("deployment.num_gpu_blocks", 2**41), ["deployment.num_gpu_blocks", "at most"]),
     "replicas 1e6": (w("cluster", {"replicas": 10**6}), ["cluster.replicas", "at most 1024"]),
     "sweep grid of 10^12 points": (
         w("sweep", {"policy.max_num_seqs": list(range(1, 1001)), "workload.num_requests": list(range(1, 1001)),
                     "deployment.block_size": list(range(1, 1001)), "workload.shared_prefix": list(range(1000))}),
         ["sweep", "1000000000000 points", "at most"]),
-    "a KV cache sized past the block cap": (w("deployment", {"model": TINY, "gpu": "h200", "block_size": 1}),
-                                            ["deployment", "blocks", "GB of simulator memory"]),
+    # with prefix caching every block of the pool is touched before any is reused: a huge pool is refused
+    "a prefix-cached KV cache past the memory cap": (
+        w("kv_cache", {"type": "paged", "enable_prefix_caching": True},
+          w("deployment", {"model": TINY, "gpu": "h200", "block_size": 1})),
+        ["deployment", "blocks", "GB of memory", "enable_prefix_caching off"]),
     "repeat_to 1e12": (w("workload", {"arrival": {"type": "trace", "trace": "azure-conv", "repeat_to": 10**12}}),
                        ["workload.arrival.repeat_to", "GB"]),
     # 8. smaller
@@ -145,6 +148,22 @@ REFUSED = {
     "num_requests true": (w("workload.num_requests", True), ["workload.num_requests", "not true"]),
     "rate true": (w("workload.arrival.rate", True), ["workload.arrival.rate", "not true"]),
 }
+
+
+# Without prefix caching a freed block is reused at once, so a pool of any size costs only the blocks in use: these
+# run (issue 15) where they were refused when the manager kept a list entry per block of the pool.
+BOUNDED = {
+    "num_gpu_blocks 1e8": w("deployment.num_gpu_blocks", 10**8),
+    "tiny model on an H200 with block_size 1 (~3e8 blocks)": w("deployment", {"model": TINY, "gpu": "h200",
+                                                                              "block_size": 1}),
+}
+
+
+@pytest.mark.parametrize("scenario", BOUNDED.values(), ids=list(BOUNDED))
+def test_huge_pools_run_in_bounded_memory(tmp_path: Path, scenario: dict) -> None:
+    result, out = invoke(tmp_path, scenario)
+    assert result.exit_code == 0, result.output
+    assert (out / "summary.json").exists()
 
 
 @pytest.mark.parametrize("scenario,needles", REFUSED.values(), ids=list(REFUSED))

@@ -237,10 +237,11 @@ def test_failed_write_changes_nothing(tmp_path, two_runs, monkeypatch):
     write_run(tmp_path, results[:1], {results[0].name: summaries[results[0].name]})
     before = {n: (tmp_path / n).read_bytes() for n in RUN_FILES}
 
-    def broken(results):
+    def broken(f, results):  # steps.csv is streamed: fail after part of it is in the temporary file
+        f.write("variant,start_s\n")
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr(output, "steps_csv", broken)
+    monkeypatch.setattr(output, "write_steps_csv", broken)
     with pytest.raises(RuntimeError, match="disk full"):
         write_run(tmp_path, results, summaries)
     assert set(os.listdir(tmp_path)) == RUN_FILES | _exports(results[:1])  # no temporary file left behind

@@ -459,3 +459,14 @@ def test_run_engine_serves_a_cluster_with_its_autoscaler() -> None:
     assert all(run.live_requests == set() for run in runners)
     with pytest.raises(ValueError, match="virtual clock"):
         run_engine(variant_configs(sc)[0], generate_workload(sc), num_gpu_blocks=NUM_BLOCKS, clock="wall")
+
+
+def test_engine_reports_progress_per_finished_request() -> None:
+    """`servesim engine run` shows a bar: the engine reports each finished request with its engine time."""
+    sc = parse_scenario(scenario(num_requests=6))
+    cfg = variant_configs(sc)[0]
+    seen: list[tuple[int, float]] = []
+    result, requests, _ = run_engine(cfg, generate_workload(sc), num_gpu_blocks=NUM_BLOCKS, time_scale=0.05,
+                                     progress=lambda n, t: seen.append((n, t)))
+    assert sum(n for n, _ in seen) == 6 == len(requests)
+    assert sorted(t for _, t in seen) == sorted(r.finish for r in requests)

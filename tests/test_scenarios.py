@@ -137,6 +137,15 @@ def check_autoscale_memory_bound(s: Summaries) -> None:
 
 
 # file stem -> (overrides that scale it down, checks)
+def check_vidur(s: Summaries) -> None:
+    (v,) = s.values()
+    assert v["num_completed"] == v["num_requests"] == 300
+    # the arxiv pairs: prefill mean 2,588, decode mean 291 over the file (300 draws: within 10%)
+    assert abs(v["total_input_tokens"] / 300 - 2588) < 259 and abs(v["total_output_tokens"] / 300 - 291) < 45
+    # 70B weights leave ~19,000 KV tokens on two A100s: a handful of arxiv requests fit at once
+    assert v["mean_batch_size"] < 10 and v["busy_fraction"] > 0.9
+
+
 CASES: dict[str, tuple[dict, Callable[[Summaries], None]]] = {
     "naive-vs-continuous": ({"workload.num_requests": 200}, check_naive_vs_continuous),
     "memory-ceiling": ({"workload.num_requests": 80}, check_memory_ceiling),
@@ -152,6 +161,7 @@ CASES: dict[str, tuple[dict, Callable[[Summaries], None]]] = {
     # more failures, fewer requests: the leak still fills both caches
     "failure-leak": ({"workload.num_requests": 3000, "workload.failures.fraction": 0.6}, check_failure_leak),
     "autoscale-memory-bound": ({"workload.num_requests": 250}, check_autoscale_memory_bound),
+    "vidur-arxiv-llama2-70b": ({"workload.num_requests": 300}, check_vidur),
 }
 
 
