@@ -6,7 +6,7 @@ Each fenced block runs top to bottom in one scratch folder (so ``servesim compar
 before it wrote) that links the checkout's ``scenarios/`` and ``calibration/scenarios/`` and holds a copy of
 ``calibration/profiles/`` (so ``servesim calibrate --out calibration/profiles/...`` never overwrites the shipped
 profile). A command that takes ``--num-requests`` and gives none gets ``--num-requests N`` appended, N from
-``SERVESIM_README_NUM_REQUESTS`` (default 40); the README says so. Commands that need a GPU are skipped, the reason
+``SERVESIM_README_NUM_REQUESTS`` (default 40), and ``calibrate`` gets ``--repeats 1``; the README says so. Commands that need a GPU are skipped, the reason
 named; commands that need torch skip where it is not installed.
 """
 
@@ -101,9 +101,12 @@ def skip_reason(block: Block) -> str | None:
 
 
 def fast(argv: list[str]) -> list[str]:
-    """argv with ``--num-requests N`` appended where the subcommand takes it and the README gives none."""
+    """argv with ``--num-requests N`` appended where the subcommand takes it and the README gives none, and
+    ``--repeats 1`` for ``calibrate`` (one measured round over the grid instead of five)."""
     if _subcommand(argv) in TAKES_NUM_REQUESTS and not ({"-n", "--num-requests"} & set(argv)):
         return argv + ["--num-requests", NUM_REQUESTS]
+    if argv[:1] == ["calibrate"] and "--repeats" not in argv:
+        return argv + ["--repeats", "1"]
     return argv
 
 
@@ -143,7 +146,7 @@ def test_fast_override():
     assert fast(["run", "x.yaml"]) == ["run", "x.yaml", "--num-requests", NUM_REQUESTS]
     assert fast(["run", "x.yaml", "-n", "5"]) == ["run", "x.yaml", "-n", "5"]
     assert fast(["engine", "run", "x.yaml"])[-2:] == ["--num-requests", NUM_REQUESTS]
-    assert fast(["calibrate", "--device", "cpu"]) == ["calibrate", "--device", "cpu"]
+    assert fast(["calibrate", "--device", "cpu"]) == ["calibrate", "--device", "cpu", "--repeats", "1"]
     assert fast(["compare", "a", "b"]) == ["compare", "a", "b"]
 
 
