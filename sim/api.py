@@ -62,6 +62,10 @@ class Results:
         self.source = source  # the run folder a loaded result came from
         self._requests = requests
         self._steps = steps
+        # a sweep's runs: one row per (point, variant) with its name in ``summary``, the variant and the point's
+        # values by dotted key (empty when the scenario has no sweep)
+        points = (scenario or {}).get("sweep_points")
+        self.sweep: list[dict[str, Any]] = list(points) if isinstance(points, list) else []
 
     def __repr__(self) -> str:
         return f"Results({self.title!r}, variants={list(self.summary)})"

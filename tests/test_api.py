@@ -184,3 +184,12 @@ def test_every_public_name_has_a_docstring():
     for name in ("variants", "results", "requests", "steps", "to_pandas", "table", "report", "write", "figures",
                  "compare"):
         assert getattr(servesim.Results, name).__doc__, name
+
+
+def test_sweep_rows():
+    swept = {**SMALL, "variants": [{"name": "a"}], "sweep": {"policy.max_num_seqs": [2, 8]}}
+    res = servesim.run(swept, num_requests=4)
+    assert res.sweep == [{"name": "a[max_num_seqs=2]", "variant": "a", "policy.max_num_seqs": 2},
+                         {"name": "a[max_num_seqs=8]", "variant": "a", "policy.max_num_seqs": 8}]
+    assert list(res.summary) == [row["name"] for row in res.sweep]
+    assert servesim.run(SMALL, num_requests=4).sweep == []
