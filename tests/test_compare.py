@@ -154,3 +154,42 @@ def test_engine_run_folder_compares_with_a_simulated_one(runs, tmp_path):
     row = next(line for line in c.output.splitlines() if line.startswith("requests")).split()
     assert row[1:4] == ["10", "3", "0.30"]
     assert (tmp_path / "c" / "compare.html").is_file()
+
+
+def test_page_draws_in_a_headless_browser(runs, tmp_path):
+    """The page as a user sees it: Chromium draws the CDF figure with no script error (skipped, with the reason,
+    where selenium or Debian's chromium and chromium-driver are missing; .ci/run installs them)."""
+    import shutil
+    import time
+
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (the test extra has it)")
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver_path = shutil.which("chromedriver")
+    if chromium is None or driver_path is None:
+        pytest.skip("no headless browser: install Debian's chromium and chromium-driver (.ci/run does)")
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    page = Comparison(read_run(runs[0]), read_run(runs[1])).write(tmp_path)
+    opts = Options()
+    opts.binary_location = chromium
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1400,900"):
+        opts.add_argument(arg)
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(executable_path=driver_path), options=opts)
+    try:
+        driver.get(page.resolve().as_uri())
+        script = ("const d = document.querySelector('.plotly-graph-div');"
+                  "return d !== null && d.querySelector('svg.main-svg') !== null && d._fullData !== undefined"
+                  " ? d._fullData.length : -1;")
+        deadline = time.monotonic() + 120  # polled: a loaded machine gets time, a fast one does not wait
+        traces = driver.execute_script(script)
+        while traces < 0 and time.monotonic() < deadline:
+            time.sleep(0.25)
+            traces = driver.execute_script(script)
+        driver.save_screenshot(str(tmp_path / "compare.png"))
+        errors = [e for e in driver.get_log("browser") if e.get("level") == "SEVERE"]
+    finally:
+        driver.quit()
+    assert traces == 12, "the CDF figure was not drawn"
+    assert not errors, errors
