@@ -81,7 +81,9 @@ class Results:
         functions. A loaded run rebuilds them from its CSV files (pooled ITL gaps are not stored there)."""
         if self._results is None:
             assert self.source is not None
-            self._results = _rebuild(Path(self.source), self.summary)
+            dep = (self.scenario or {}).get("deployment")
+            block = dep.get("block_size") if isinstance(dep, dict) else None
+            self._results = _rebuild(Path(self.source), self.summary, block if isinstance(block, int) else 16)
         return self._results
 
     @property
@@ -282,9 +284,10 @@ def _side(x: Results | str | os.PathLike, label: str):
     raise ScenarioError(f"compare takes Results or run folders, got {type(x).__name__}")
 
 
-def _rebuild(folder: Path, summary: dict[str, dict]) -> list[RunResult]:
+def _rebuild(folder: Path, summary: dict[str, dict], block_size: int) -> list[RunResult]:
     """RunResults from a run folder's CSV files, for the report's figures. What the files do not hold (pooled
-    ITL gaps, the device's peak FLOP/s) is left empty; the summary keeps the true metrics."""
+    ITL gaps, the device's peak FLOP/s, a variant's own block size: the scenario's default is taken) is left
+    empty; the summary keeps the true metrics."""
     try:
         reqs = read_requests(folder)
         steps = read_steps(folder)
@@ -299,6 +302,6 @@ def _rebuild(folder: Path, summary: dict[str, dict]) -> list[RunResult]:
             name=name, requests=reqs.get(name, []), steps=st, itl_gaps=np.zeros(0), itl_counts=np.zeros(0, np.int64),
             duration=float(duration) if isinstance(duration, (int, float)) and math.isfinite(duration) else 0.0,
             peak_flops=0.0, kv_capacity_blocks=int(cap.max()) if cap is not None and len(cap) else 0,
-            block_size=16, cluster=s.get("cluster") if isinstance(s.get("cluster"), dict) else None,
+            block_size=block_size, cluster=s.get("cluster") if isinstance(s.get("cluster"), dict) else None,
         ))
     return out
