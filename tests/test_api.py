@@ -193,3 +193,25 @@ def test_sweep_rows():
                          {"name": "a[max_num_seqs=8]", "variant": "a", "policy.max_num_seqs": 8}]
     assert list(res.summary) == [row["name"] for row in res.sweep]
     assert servesim.run(SMALL, num_requests=4).sweep == []
+
+
+def test_the_api_works_without_torch():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'torch' or name.startswith('torch.'):\n"
+        "            raise ImportError('torch is blocked in this test')\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "import servesim, sim.compare\n"
+        f"res = servesim.run({SMALL!r}, num_requests=3)\n"
+        "assert res.summary['a']['num_completed'] == 3\n"
+        "assert 'torch' not in sys.modules\n"
+        "print('ok')\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "ok"
