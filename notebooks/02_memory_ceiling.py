@@ -38,7 +38,7 @@ import yaml
 from sim.output import format_table
 from sim.report import TEMPLATE, color, fig_memory_stack
 from sim.specs import GiB, ModelSpec, kv_budget, max_concurrent_sequences
-from sim.teaching import fast_mode, find_scenario, result_named, run_shipped, simulate
+from sim.teaching import fast_mode, fig_metric_panels, find_scenario, result_named, run_shipped, simulate
 
 FAST = fast_mode()
 KiB = 1024
@@ -213,16 +213,10 @@ for name, s in quant_run.summaries.items():
     print(f"{name:<24}{s['output_throughput']:>7.0f}{s['mean_batch_size']:>7.1f}{s['kv_usage']['mean']:>9.0%}"
           f"{s['mfu']:>6.0%}{s['num_preemptions']:>9}{s['num_rejected']:>10}")
 
-fig = go.Figure()
-labels = list(quant_run.summaries)
-fig.add_trace(go.Bar(name="output tok/s", x=labels, y=[quant_run.summaries[n]["output_throughput"] for n in labels],
-                     marker_color=color(0)))
-fig.add_trace(go.Bar(name="requests rejected", x=labels, y=[quant_run.summaries[n]["num_rejected"] for n in labels],
-                     marker_color=color(3), yaxis="y2"))
-fig.update_layout(template=TEMPLATE, height=420, barmode="group", title="Llama-3.1-70B on 2 x H100: what 8 bits buy",
-                  yaxis=dict(title="output tokens / s"),
-                  yaxis2=dict(title="requests rejected", overlaying="y", side="right", rangemode="tozero"))
-fig.show()
+# two panels, one per unit: on twin axes of one panel the rejection bars covered the throughput bars
+fig_metric_panels(quant_run.summaries, [("output_throughput", "output tokens / s"),
+                                        ("num_rejected", "requests rejected")],
+                  title="Llama-3.1-70B on 2 x H100: what 8 bits buy").show()
 
 # %% [markdown]
 # **What to look at.** With everything in bf16 the cache is nearly full, requests are preempted (and, once the

@@ -231,7 +231,7 @@ def engine_run(
             if cfg.cluster is not None and (cfg.cluster.replicas != 1 or cfg.cluster.autoscaler is not None):
                 raise ScenarioError(f"variant {cfg.name!r}: cluster: the engine runs one replica; simulate "
                                     "clusters with `servesim run`")
-        wl = generate_workload(sc)
+        wls = {cfg.name: generate_workload(sc, cfg.workload) for cfg in cfgs}
     except ScenarioError as e:
         _fail(str(e))
         return
@@ -269,7 +269,7 @@ def engine_run(
     memory: list[dict] = []
     held: dict[str, dict] = {}
     for cfg in cfgs:
-        result, _, core = run_engine(cfg, wl, device=device, dtype=tdtype, model_spec=model,
+        result, _, core = run_engine(cfg, wls[cfg.name], device=device, dtype=tdtype, model_spec=model,
                                      num_gpu_blocks=num_gpu_blocks, time_scale=time_scale, memory_samples=memory,
                                      real_model=real, texts=texts, weight_quant=quant)
         results.append(result)
@@ -394,9 +394,24 @@ def calibrate(
     serving_workloads: int = typer.Option(0, "--serving-workloads", help="Also fit on the steps of this many "
                                           "engine runs of random workloads (calibration/workloads.py)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+    from_bench: list[Path] = typer.Option([], "--from-bench", help="Fit the analytic model's knobs to these "
+                                          "benchmark result files instead (vllm bench serve, GuideLLM, genai-perf; "
+                                          "repeatable); needs --model and --gpu."),
+    holdout_every: int = typer.Option(4, "--holdout-every", help="With --from-bench: hold out every Nth file by "
+                                      "load and print its error (0: none)."),
+    knobs: str = typer.Option("compute_efficiency,bandwidth_efficiency,step_overhead", "--knobs",
+                              help="With --from-bench: the knobs to fit, comma-separated (also "
+                              "per_request_overhead); the others keep their defaults."),
+    scenario: Path | None = typer.Option(None, "--scenario", help="With --from-bench: take the deployment and "
+                                         "policy from this scenario's first variant (default: --model on --gpu, "
+                                         "continuous batching)."),
 ) -> None:
     """Measure the real engine over a grid of step shapes, fit the cost model (non-negative least squares) and
-    write a calibration profile; prints the coefficients and the held-out error per shape class."""
+    write a calibration profile; prints the coefficients and the held-out error per shape class. With
+    --from-bench: fit the analytic model's knobs to benchmark files and write a knob profile."""
+    if from_bench:
+        _calibrate_from_bench(from_bench, model, gpu, out, holdout_every, knobs, scenario)
+        return
     if serving_workloads < 0:
         _fail(f"--serving-workloads must be >= 0, got {serving_workloads}")
     if device not in ("cpu", "cuda"):
@@ -482,7 +497,12 @@ def calibrate(
 @app.command()
 def validate(
     scenario: Path = typer.Argument(..., help="Scenario YAML file (its workload is replayed on both)."),
-    profile: Path = typer.Option(..., "--profile", help="Calibration profile JSON (servesim calibrate)."),
+    profile: Path | None = typer.Option(None, "--profile", help="Calibration profile JSON (servesim calibrate)."),
+    against: list[Path] = typer.Option([], "--against", help="Benchmark result files to compare with instead of "
+                                       "the engine: vllm bench serve JSON, GuideLLM report, genai-perf export "
+                                       "(repeatable; several files of one deployment are a load sweep)."),
+    variant: str | None = typer.Option(None, "--variant", help="With --against: the variant to simulate "
+                                       "(default: the first)."),
     device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
     out: Path | None = typer.Option(None, "--out", "-o", help="Folder to write (default: runs/NAME-validation)."),
     model: str | None = typer.Option(None, "--model", help="Model the engine runs (default: the profile's)."),
@@ -496,10 +516,16 @@ def validate(
 ) -> None:
     """Replay the scenario's workload on the engine and in the simulator (with the profile and the engine's KV
     block count); write DIR/validation.json (real, simulated, relative error per variant and metric) and
-    DIR/validation.html."""
+    DIR/validation.html. With --against: compare the simulated scenario with benchmark result files instead."""
     if threads is not None and threads < 1:
         _fail(f"--threads must be >= 1, got {threads}")
     overrides = _overrides(set_, num_requests)
+    if against:
+        _validate_against(scenario, against, variant, overrides, out)
+        return
+    if profile is None:
+        _fail("validate needs --profile (the engine run) or --against FILE (benchmark results)")
+        return
     try:
         import torch
 
@@ -527,6 +553,75 @@ def validate(
         _fail(f"--out {out_dir}: cannot write: {e.strerror or e}")
     typer.echo(val.table())
     typer.echo(f"wrote {out_dir}/validation.json, validation.html, engine/, sim/")
+
+
+def _calibrate_from_bench(files: list[Path], model: str, gpu: str | None, out: Path | None, holdout_every: int,
+                          knobs: str, scenario: Path | None) -> None:
+    from calibration.bench_fit import calibrate_from_bench, profile_dict
+    from sim.benchfiles.common import BenchFileError
+    from sim.benchfiles.knobs import KNOBS
+    from sim.benchfiles.validate import read_bench_files
+    from sim.scenario import load_scenario, parse_scenario, variant_configs
+
+    if gpu is None:
+        _fail("--from-bench needs --gpu (the GPU preset the benchmarks ran on)")
+        return
+    if holdout_every < 0:
+        _fail(f"--holdout-every must be >= 0, got {holdout_every}")
+    free = tuple(k.strip() for k in knobs.split(",") if k.strip())
+    bad = [k for k in free if k not in KNOBS]
+    if bad or not free:
+        _fail(f"--knobs: unknown {', '.join(bad) or '(none given)'}; choose from {', '.join(KNOBS)}")
+    try:
+        if scenario is not None:
+            sc, _ = load_scenario(scenario, {"deployment.model": model, "deployment.gpu": gpu})
+        else:
+            sc = parse_scenario({"name": "calibrate-from-bench", "workload": {"arrival": {"type": "poisson", "rate": 1},
+                                 "num_requests": 1, "prompt_len": {"type": "fixed", "value": 1},
+                                 "output_len": {"type": "fixed", "value": 1}},
+                                 "deployment": {"model": model, "gpu": gpu}}, "--model/--gpu")
+        cfg = variant_configs(sc)[0]
+        runs = read_bench_files(list(files))
+        fit = calibrate_from_bench(cfg, runs, holdout_every=holdout_every, knobs=free)
+    except (ScenarioError, BenchFileError, ValueError) as e:
+        _fail(str(e))
+        return
+    path = out or Path("calibration") / "profiles" / f"{model}-{gpu}-bench.json"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(profile_dict(fit, model=model, gpu=gpu), indent=1) + "\n")
+    except OSError as e:
+        _fail(f"--out {path}: cannot write: {e.strerror or e}")
+    typer.echo(f"fitted on {len(fit.train)} runs ({fit.nfev} simulations of the set): " +
+               ", ".join(f"{k}={v:.4g}" for k, v in fit.knobs.items()))
+    typer.echo(f"training median |error| {fit.train_median_abs_error:.1%}")
+    for name, errs in fit.heldout_errors.items():
+        shown = ", ".join(f"{k} {e:+.1%}" for k, e in errs.items() if e is not None and k.startswith(("mean_", "p99_")))
+        typer.echo(f"held out {name}: {shown}")
+    if fit.heldout_errors:
+        typer.echo(f"held-out median |error| {fit.heldout_median_abs_error():.1%}")
+    typer.echo(f"wrote {path} (use it with deployment.cost_model: {{type: analytic, profile: {path}}})")
+
+
+def _validate_against(scenario: Path, files: list[Path], variant: str | None, overrides: dict,
+                      out: Path | None) -> None:
+    from sim.benchfiles.common import BenchFileError
+    from sim.benchfiles.validate import validate_against, write_bench_validation
+
+    try:
+        val = validate_against(scenario, list(files), variant=variant, overrides=overrides)
+    except (ScenarioError, BenchFileError) as e:
+        _fail(str(e))
+        return
+    out_dir = out or Path("runs") / f"{val.scenario}-validation"
+    if out_dir.exists() and not out_dir.is_dir():
+        _fail(f"--out {out_dir}: exists and is not a folder")
+    try:
+        write_bench_validation(out_dir, val)
+    except OSError as e:
+        _fail(f"--out {out_dir}: cannot write: {e.strerror or e}")
+    typer.echo(val.table())
+    typer.echo(f"wrote {out_dir}/validation.json, validation.html")
 
 
 @app.command()
@@ -597,6 +692,31 @@ def plan(
         _fail(str(e))
         return
     typer.echo(json.dumps(result.to_dict(), indent=1) if as_json else format_plan(result))
+
+
+@app.command()
+def teach(
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: a class on one server)."),
+    port: int = typer.Option(8050, "--port", help="TCP port to listen on."),
+) -> None:
+    """Start the interactive teaching page: move a knob (policy, max_num_seqs, KV memory, load, lengths) and watch
+    the batch slots, the memory, the utilisation and the latency change. Needs the teach extra (dash)."""
+    if not 0 < port < 65536:
+        _fail(f"--port must be in 1..65535, got {port}")
+    import socket
+
+    # the server would print its own complaint and exit 1 on a port in use: ask first, for one clear message
+    try:
+        with socket.create_server((host, port)):
+            pass
+    except OSError as e:
+        _fail(f"--host {host} --port {port}: cannot listen: {e.strerror or e}")
+    try:
+        from sim.teach.app import serve
+    except ImportError as e:
+        _fail(f"servesim teach needs dash ({e}): pip install 'servesim[teach]'")
+        return
+    serve(host, port)
 
 
 def main() -> None:  # pragma: no cover - console entry

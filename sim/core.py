@@ -322,6 +322,9 @@ class ServingCore:
                 raise PlanError(f"policy preempted request {r.id}, which is {r.status.value}")
             self._leave_running(r)
             r.num_preemptions += 1
+            if r.preempted_at is None:
+                r.preempted_at, r.resumed_at = [], []
+            r.preempted_at.append(now)
             self.stats.num_preemptions += 1
             self.kv_tokens -= r.num_computed_tokens
             self.filled_blocks -= cdiv(r.num_computed_tokens, kv.block_size)
@@ -343,6 +346,8 @@ class ServingCore:
             if r.status is not Status.SWAPPED:
                 raise PlanError(f"policy swapped in request {r.id}, which is {r.status.value}")
             self.swapped.remove(r)
+            if r.resumed_at is not None:
+                r.resumed_at.append(now)
             swap_blocks += kv.swap_in(r)
             swapped_in = (swapped_in or []) + [(r.id, kv.block_table(r))]
             self._admit(r)
@@ -400,6 +405,8 @@ class ServingCore:
                 self.filled_blocks += cdiv(r.num_computed_tokens, bs) - cdiv(c_before, bs)
                 if r.first_scheduled < 0:
                     r.first_scheduled = now
+                elif r.resumed_at is not None:  # back from a recompute preemption
+                    r.resumed_at.append(now)
             elif st is Status.RUNNING:
                 if r.group_base >= 0:
                     raise PlanError(f"plan schedules request {r.id} on its own, but it is in the decode group")

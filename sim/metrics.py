@@ -28,6 +28,7 @@ import numpy as np
 
 from sim.records import RunResult
 from sim.request import Outcome
+from sim.verdict import limit_inputs, rank_limits
 
 PERCENTILES: tuple[int, ...] = (50, 90, 95, 99)
 LATENCY_KEYS: tuple[str, ...] = ("mean",) + tuple(f"p{q}" for q in PERCENTILES)
@@ -62,6 +63,7 @@ SUMMARY_KEYS: tuple[str, ...] = (
     "mfu",  # model FLOPs utilisation over the whole run
     "mean_batch_size",  # requests per step, weighted by step duration
     "padding_fraction",  # padding tokens / all computed tokens
+    "limits",  # what the verdict reads: offered vs served rate, queue trend, slot fill, MFU while busy (sim.verdict)
 )
 
 NAN = float("nan")
@@ -247,6 +249,7 @@ def summarize(result: RunResult, slos: SLOs | None = None) -> dict:
         "mfu": _ratio(flops, up * result.peak_flops) if result.peak_flops > 0 else NAN,
         "mean_batch_size": _time_weighted_mean(np.asarray(s["batch_size"], dtype=np.float64), dur),
         "padding_fraction": _ratio(float(np.sum(s["padding_tokens"], dtype=np.float64)), computed),
+        "limits": limit_inputs(result),
     }
     assert tuple(out) == SUMMARY_KEYS
     if result.cluster:  # several replicas: what the fleet cost
@@ -258,53 +261,8 @@ def summarize(result: RunResult, slos: SLOs | None = None) -> dict:
     return out
 
 
-# Thresholds of bottleneck(), as fractions.
-KV_FULL_MEAN = 0.85  # KV usage averaged over busy time at or above this: memory-bound
-KV_FULL_PEAK = 0.95  # ...or peaking at or above this while requests were preempted or rejected
-GPU_SATURATED = 0.85  # busy fraction at or above this: the GPU is the limit
-MFU_COMPUTE = 0.30  # a saturated GPU at or above this MFU is compute-bound; below, bandwidth/overhead-bound
-
-
-def _pct(x: float) -> str:
-    return "n/a" if x is None or not math.isfinite(x) else f"{100 * x:.0f}%"
-
-
 def bottleneck(summary: dict) -> str:
-    """One sentence naming the resource that limits the run, with the numbers behind the verdict.
-
-    - memory-bound: KV usage mean >= KV_FULL_MEAN, or peak >= KV_FULL_PEAK with preemptions or rejections;
-    - compute-bound: busy fraction >= GPU_SATURATED and MFU >= MFU_COMPUTE;
-    - bandwidth-bound: busy fraction >= GPU_SATURATED but MFU below MFU_COMPUTE (steps dominated by weight and
-      KV reads or fixed overhead); "GPU-bound" when MFU is unknown;
-    - underloaded: otherwise (the GPU idles and KV has room: more load would fit).
-    """
-    if summary["num_steps"] == 0:
-        return "no steps ran: nothing to diagnose."
-    kv_mean, kv_max = summary["kv_usage"]["mean"], summary["kv_usage"]["max"]
-    busy, mfu = summary["busy_fraction"], summary["mfu"]
-    pressure = summary["num_preemptions"] + summary["num_rejected"]
-
-    def fin(x: float | None) -> float:
-        return x if x is not None and math.isfinite(x) else 0.0
-
-    if fin(kv_mean) >= KV_FULL_MEAN or (fin(kv_max) >= KV_FULL_PEAK and pressure > 0):
-        verdict = "memory-bound"
-    elif fin(busy) >= GPU_SATURATED:
-        if mfu is None or not math.isfinite(mfu):
-            verdict = "GPU-bound"
-        else:
-            verdict = "compute-bound" if mfu >= MFU_COMPUTE else "bandwidth-bound"
-    else:
-        verdict = "underloaded"
-    text = (
-        f"{verdict}: KV usage {_pct(kv_mean)} on average (peak {_pct(kv_max)}), compute (MFU) {_pct(mfu)}, "
-        f"GPU busy {_pct(busy)} of the time"
-    )
-    extras = []
-    if summary["num_preemptions"]:
-        extras.append(f"{summary['num_preemptions']} preemptions")
-    if summary["num_rejected"]:
-        extras.append(f"{summary['num_rejected']} requests rejected")
-    if summary["num_failed"]:
-        extras.append(f"{summary['num_failed']} failed")
-    return text + ("; " + ", ".join(extras) if extras else "") + "."
+    """One line naming what limits the run, with the numbers behind it: the top of ``sim.verdict.rank_limits``
+    (overload first when requests pile up, then the strongest of batch-slot cap, KV memory, padding and the step
+    roofline: compute- or bandwidth-bound)."""
+    return rank_limits(summary).text

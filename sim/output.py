@@ -63,8 +63,27 @@ def to_jsonable(x):
     raise TypeError(f"cannot write {type(x).__name__} to JSON: {x!r}")
 
 
+# The unit of each summary key, written into summary.json beside the figures (whose keys keep their names, so
+# older readers still work). Latency blocks (ttft, tpot, itl, e2el, queue) hold seconds in each statistic.
+SUMMARY_UNITS: dict[str, str] = {
+    "num_requests": "requests", "num_completed": "requests", "num_rejected": "requests", "num_failed": "requests",
+    "num_preemptions": "preemptions", "num_steps": "steps", "num_replicas": "replicas", "duration": "s",
+    "total_input_tokens": "tokens", "total_output_tokens": "tokens", "request_throughput": "requests/s",
+    "output_throughput": "tokens/s", "total_token_throughput": "tokens/s", "goodput": "requests/s",
+    "slo_attainment": "fraction", "slos": "s", "ttft": "s", "tpot": "s", "itl": "s", "e2el": "s", "queue": "s",
+    "kv_usage": "fraction", "kv_token_utilization": "fraction", "busy_fraction": "fraction", "mfu": "fraction",
+    "mean_batch_size": "requests", "padding_fraction": "fraction",
+    "limits": "fraction (the shares and busy_mfu; others as limits.* say)", "limits.offered_rate": "requests/s",
+    "limits.served_rate": "requests/s", "limits.queue_start": "requests", "limits.queue_end": "requests",
+    "limits.mean_running": "requests", "limits.slot_cap": "requests",
+    "cluster.gpu_hours": "GPU hours", "cluster.cost_usd": "USD", "cluster.price_per_replica_hour": "USD/hour",
+    "cluster.cost_per_million_output_tokens": "USD",
+}
+
+
 def summary_json(summaries: dict, scenario: dict | None = None) -> str:
-    doc = {"servesim_version": servesim_version(), "scenario": scenario, "variants": summaries}
+    doc = {"servesim_version": servesim_version(), "units": SUMMARY_UNITS, "scenario": scenario,
+           "variants": summaries}
     return json.dumps(to_jsonable(doc), indent=2, allow_nan=False) + "\n"
 
 
@@ -72,9 +91,20 @@ def summary_json(summaries: dict, scenario: dict | None = None) -> str:
 # never happened is an empty cell (a -1 would pass for a value and break averages). The latency columns are
 # derived with summarize's definitions, so a user's average over them matches summary.json.
 _TIME_FIELDS = ("arrival", "first_scheduled", "first_token", "finish")
+_TIME_LIST_FIELDS = ("preempted_at", "resumed_at")  # ';'-joined seconds, empty for none
 _ABSENT_IF_NEGATIVE = frozenset(_TIME_FIELDS + ("session_id",))
 LATENCY_COLUMNS = ("queue_s", "ttft_s", "tpot_s", "e2el_s")
-REQUEST_COLUMNS: tuple[str, ...] = tuple(f"{f}_s" if f in _TIME_FIELDS else f for f in REQUEST_FIELDS) + LATENCY_COLUMNS
+REQUEST_COLUMNS: tuple[str, ...] = tuple(
+    f"{f}_s" if f in _TIME_FIELDS + _TIME_LIST_FIELDS else f for f in REQUEST_FIELDS
+) + LATENCY_COLUMNS
+
+
+def _join_times(times: tuple[float, ...]) -> str:
+    return ";".join(repr(float(t)) for t in times)
+
+
+def _split_times(text: str) -> tuple[float, ...]:
+    return tuple(float(t) for t in text.split(";")) if text else ()
 
 
 def _latencies(r: RequestRecord) -> list[float | str]:
@@ -96,10 +126,14 @@ def requests_csv(results: list[RunResult]) -> str:
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(("variant",) + REQUEST_COLUMNS)
     absent = [f in _ABSENT_IF_NEGATIVE for f in REQUEST_FIELDS]
+    lists = [f in _TIME_LIST_FIELDS for f in REQUEST_FIELDS]
     for res in results:
         for r in sorted(res.requests, key=lambda r: r.id):
             values = [getattr(r, f) for f in REQUEST_FIELDS]
-            cells = ["" if gone and v < 0 else v for v, gone in zip(values, absent, strict=True)]
+            cells = [
+                _join_times(v) if many else "" if gone and v < 0 else v
+                for v, gone, many in zip(values, absent, lists, strict=True)
+            ]
             w.writerow([res.name] + cells + _latencies(r))
     return buf.getvalue()
 
@@ -143,6 +177,8 @@ def write_run(
     if len(set(names)) != len(names):
         raise ValueError(f"variant names must be unique, got {names}")
     html = build_report(results, summaries, title or "servesim: " + " vs ".join(names))
+    from sim.benchfiles.exports import export_files  # per variant: vllm-bench JSON and OpenMetrics text
+
     write_atomically(
         out,
         {
@@ -150,6 +186,7 @@ def write_run(
             REQUESTS_FILE: requests_csv(results),
             STEPS_FILE: steps_csv(results),
             REPORT_FILE: html,
+            **export_files(results, scenario),
         },
     )
     return out
@@ -163,7 +200,8 @@ def read_summary(path: str | os.PathLike) -> dict:
     return json.loads(p.read_text(encoding="utf-8"))
 
 
-_FIELD_TYPES: dict[str, Callable[[str], object]] = {"int": int, "float": float, "str": str}
+_FIELD_TYPES: dict[str, Callable[[str], object]] = {"int": int, "float": float, "str": str,
+                                                     "tuple[float, ...]": _split_times}
 
 
 def read_requests(path: str | os.PathLike) -> dict[str, list[RequestRecord]]:
@@ -175,7 +213,7 @@ def read_requests(path: str | os.PathLike) -> dict[str, list[RequestRecord]]:
         p = p / REQUESTS_FILE
 
     conv = {f.name: _FIELD_TYPES[str(f.type)] for f in fields(RequestRecord)}
-    field_of = {f"{f}_s": f for f in _TIME_FIELDS}
+    field_of = {f"{f}_s": f for f in _TIME_FIELDS + _TIME_LIST_FIELDS}
     out: dict[str, list[RequestRecord]] = {}
     with open(p, newline="", encoding="utf-8") as f:
         for row in csv.DictReader(f):

@@ -660,10 +660,11 @@ def _evaluate_replica_config(
 
 
 # ---- text -----------------------------------------------------------------------------------------------------
-def _s(x: float) -> str:
+def _ms(x: float | None) -> str:
+    """A latency in seconds as milliseconds: every latency the plan prints is in ms, as in the run table."""
     if x is None or not math.isfinite(x):
         return "-"
-    return f"{x:.3f} s" if x >= 0.1 else f"{x * 1000:.1f} ms"
+    return f"{x * 1000:,.1f}"
 
 
 def _metric_names(result: PlanResult) -> list[str]:
@@ -674,7 +675,7 @@ def format_plan(result: PlanResult) -> str:
     """The search in words: counts, the Pareto front, the choice, its cost per token and the break-even."""
     q = result.percentile
     keys = _metric_names(result)
-    slo_text = ", ".join(f"p{q} {k.upper()} <= {result.slos[k]:g} s" for k in keys)
+    slo_text = ", ".join(f"p{q} {k.upper()} <= {_ms(result.slos[k])} ms" for k in keys)
     n = len(result.evaluations)
     pruned = {b: result.count("pruned", b) for b in ("memory", "ttft", "tpot", "e2el", "throughput", "max_gpus")}
     pruned_text = ", ".join(f"{b} {v:,}" for b, v in pruned.items() if v)
@@ -688,11 +689,11 @@ def format_plan(result: PlanResult) -> str:
         "",
         f"Pareto front of the simulated deployments (cost vs p{q} latency):",
     ]
-    head = f"  {'$/h':>7} {'GPUs':>4}  " + "".join(f"{k.upper() + ' p' + str(q):>11}" for k in keys)
+    head = f"  {'$/h':>7} {'GPUs':>4}  " + "".join(f"{k.upper() + ' p' + str(q) + ' ms':>14}" for k in keys)
     head += f"  {'meets':<5} {'$/M out':>8}  deployment"
     lines.append(head)
     for e in result.pareto_front():
-        cells = "".join(f"{_s(e.latency[k]):>11}" for k in keys)
+        cells = "".join(f"{_ms(e.latency[k]):>14}" for k in keys)
         lines.append(f"  {e.candidate.cost_per_hour:>7.2f} {e.candidate.num_gpus:>4}  {cells}  "
                      f"{'yes' if e.meets else 'no':<5} {e.cost_per_million_output_tokens:>8.3f}  "
                      f"{e.candidate.label()}")
@@ -703,7 +704,7 @@ def format_plan(result: PlanResult) -> str:
                      "relax the SLOs")
     else:
         c = ch.candidate
-        lat = ", ".join(f"p{q} {k.upper()} {_s(ch.latency[k])} (SLO {result.slos[k]:g} s)" for k in keys)
+        lat = ", ".join(f"p{q} {k.upper()} {_ms(ch.latency[k])} ms (SLO {_ms(result.slos[k])} ms)" for k in keys)
         lines += [
             f"chosen: {c.label()}",
             f"  {c.num_gpus} GPU(s) at ${c.gpu_price_per_hour:.2f}/h = ${c.cost_per_hour:.2f}/h; {lat}",

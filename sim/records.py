@@ -31,6 +31,11 @@ class RequestRecord:
     reason: str  # why it was rejected or failed, else ""
     replica: int
     session_id: int  # -1 when the workload has no sessions
+    # Seconds at which each preemption freed the request's GPU KV, and at which it held GPU KV again (recompute:
+    # the step that scheduled it again; swap: its swap-in). resumed_at is one shorter when it ended preempted
+    # (rejected or failed while waiting). requests.csv writes each as ';'-joined seconds.
+    preempted_at: tuple[float, ...] = ()
+    resumed_at: tuple[float, ...] = ()
 
     @classmethod
     def from_request(cls, r: Request) -> RequestRecord:
@@ -51,13 +56,25 @@ class RequestRecord:
             r.reason,
             r.replica,
             -1 if session is None else session,
+            _EMPTY if r.preempted_at is None else tuple(r.preempted_at),
+            _EMPTY if r.resumed_at is None else tuple(r.resumed_at),
         )
 
     @property
     def completed(self) -> bool:
         return self.outcome == Outcome.COMPLETED.value
 
+    def kv_intervals(self, end: float) -> list[tuple[float, float]]:
+        """The half-open spans [start, stop) in which the request held GPU KV (or its batch row): from its first
+        scheduled step to ``end``, cut at each preemption and restarted at each resume. Empty if never scheduled."""
+        if self.first_scheduled < 0:
+            return []
+        starts = [self.first_scheduled, *self.resumed_at]
+        stops = [*self.preempted_at, end]
+        return list(zip(starts, stops[: len(starts)], strict=True))
 
+
+_EMPTY: tuple[float, ...] = ()
 _OUTCOME_TEXT = {o: o.value for o in Outcome}  # Enum.value is a slow property; a run makes 10^5 records
 
 REQUEST_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(RequestRecord))

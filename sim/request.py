@@ -62,6 +62,10 @@ class Request:
     last_token: float = -1.0
     finish: float = -1.0
     num_preemptions: int = 0
+    # when each preemption freed its GPU KV and when it held KV again (recompute: next scheduled; swap: swapped
+    # in); None until the first preemption, so the 10^5 requests that are never preempted carry no list
+    preempted_at: list[float] | None = None
+    resumed_at: list[float] | None = None
     outcome: Outcome | None = None
     reason: str = ""  # why a request was rejected or failed
     replica: int = 0

@@ -28,7 +28,7 @@ from sim.scenario import (
     variant_configs,
 )
 from sim.simulator import ClosedLoopPlan, Simulation
-from sim.workload import GeneratedWorkload
+from sim.workload import GeneratedWorkload, Workload
 
 
 @dataclass(slots=True)
@@ -41,11 +41,12 @@ class ScenarioRun:
     sweep: list[dict[str, Any]] = field(default_factory=list)  # rows: params, variant, name
 
 
-def generate_workload(scenario: Scenario) -> GeneratedWorkload:
-    """The scenario's requests, drawn from one generator seeded with the scenario's seed."""
+def generate_workload(scenario: Scenario, workload: Workload | None = None) -> GeneratedWorkload:
+    """The scenario's requests (or those of a variant's own ``workload``), drawn from one generator seeded with
+    the scenario's seed."""
     rng = np.random.default_rng(scenario.seed)
     try:
-        return scenario.workload.generate(rng)
+        return (workload or scenario.workload).generate(rng)
     except FileNotFoundError as e:
         # the trace reader's own message already says "trace file not found: PATH"
         msg = str(e) if e.filename is None else f"file not found: {e.filename}"
@@ -136,6 +137,11 @@ def _simulate_cluster(cfg, workload, *, name, keep_token_times, fast_path, progr
     return result, sim.requests, sim.replicas[0].core
 
 
+def workload_key(sc: Scenario, cfg: VariantConfig) -> str:
+    """What identifies a drawn workload: variants with equal keys replay the very same requests."""
+    return (cfg.workload or sc.workload).model_dump_json()
+
+
 @dataclass(slots=True)
 class PreparedScenario:
     """A scenario with every variant (at every sweep point) resolved and every workload generated: what is left
@@ -169,9 +175,10 @@ def prepare_scenario(
             cfgs = variant_configs(sc)
             for cfg in cfgs:
                 build(cfg)
-            key = sc.workload.model_dump_json()
-            if key not in workloads:
-                workloads[key] = generate_workload(sc)
+            for cfg in cfgs:
+                key = workload_key(sc, cfg)
+                if key not in workloads:
+                    workloads[key] = generate_workload(sc, cfg.workload)
         except ScenarioError as e:
             raise ScenarioError(f"{where}: {e}") from None
         plans.append((point, sc, [dataclasses.replace(c, params=point) for c in cfgs]))
@@ -195,8 +202,8 @@ def run_scenario(
 
         bar = tqdm(total=prepared.num_runs, desc=prepared.scenario.name, unit="run", leave=False)
     for point, sc, cfgs in prepared.plans:
-        wl = prepared.workloads[sc.workload.model_dump_json()]
         for cfg in cfgs:
+            wl = prepared.workloads[workload_key(sc, cfg)]
             name = cfg.name if not point else f"{cfg.name}[{_label(point)}]"
             result, _, _ = simulate_variant(cfg, wl, name=name, keep_token_times=sc.keep_token_times)
             out.results.append(result)

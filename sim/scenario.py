@@ -1,9 +1,10 @@
 """Scenario files: what to simulate, validated at the boundary, and turned into the objects that run it.
 
 A scenario names one workload and one or more *variants* (policy, KV cache, deployment) that all replay that
-very workload, plus optional SLOs and a sweep (a grid over any parameters). The top-level ``deployment``,
-``kv_cache``, ``policy`` and ``admission`` sections are the defaults every variant starts from; a variant
-replaces ``kv_cache``, ``policy`` or ``admission`` whole and merges its ``deployment`` keys into the default.
+very workload, plus optional SLOs and a sweep (a grid over any parameters). The top-level ``workload``,
+``deployment``, ``kv_cache``, ``policy`` and ``admission`` sections are the defaults every variant starts from; a
+variant replaces ``kv_cache``, ``policy`` or ``admission`` whole and merges its ``deployment`` and ``workload``
+keys into the default (a variant with workload keys of its own runs its own requests, drawn from the same seed).
 
     name: naive-vs-continuous
     seed: 0
@@ -40,8 +41,8 @@ from sim.metrics import SLOs
 from sim.policies import Admission, ContinuousPolicy, Limits, Policy, StaticPolicy
 from sim.scenario_messages import format_validation, short, yaml_error
 from sim.specs import GPUSpec, KVBudget, ModelDoesNotFitError, ModelSpec, kv_budget, resolve_gpu, resolve_model
-from sim.traces import load_trace, resolve_trace
-from sim.workload import Float, InputModel, Int, TraceArrival, Workload
+from sim.traces import resolve_trace
+from sim.workload import EmpiricalLength, Float, InputModel, Int, TraceArrival, Workload
 from sim.yaml_limits import MAX_SCENARIO_BYTES, safe_load_limited, unshared
 
 
@@ -85,11 +86,23 @@ class AnalyticCost(CostModelConfigBase):
         default=None, ge=0, le=3600, description="Fixed seconds per step (CPU, launches)."
     )
     per_request_overhead: Float | None = Field(default=None, ge=0, le=3600, description="Seconds per request per step.")
+    profile: str | None = Field(default=None, description="Knobs fitted by `servesim calibrate --from-bench` (JSON); "
+                                "knobs given here override the profile's.")
 
     def build(self, model: ModelSpec, gpu: GPUSpec, deployment: Deployment) -> AnalyticCostModel:
         """The roofline of ``model`` on ``gpu`` in the deployment's dtypes and parallelism; the efficiencies and
-        overheads given here replace the cost model's defaults."""
-        extra = {k: v for k, v in self.model_dump().items() if k != "type" and v is not None}
+        overheads given here (or in the profile) replace the cost model's defaults."""
+        extra: dict[str, Any] = {}
+        if self.profile is not None:
+            from sim.benchfiles.knobs import read_knob_profile
+
+            try:
+                extra = read_knob_profile(self.profile)
+            except FileNotFoundError as e:
+                raise ScenarioError(f"cost_model.profile: file not found: {e.filename or e}") from None
+            except (ValueError, OSError) as e:
+                raise ScenarioError(f"cost_model.profile: {e}") from None
+        extra.update({k: v for k, v in self.model_dump().items() if k not in ("type", "profile") and v is not None})
         return AnalyticCostModel(
             model,
             gpu,
@@ -400,6 +413,11 @@ class ClusterConfig(_Model):
 
 class Variant(_Model):
     name: str = Field(min_length=1, description="Name in tables and summary.json.")
+    workload: dict[str, Any] | None = Field(
+        default=None,
+        description="Keys merged into the default workload (e.g. {arrival: {type: poisson, rate: 8}}); none: the "
+        "variant replays the default workload's very requests. A changed workload is drawn from the same seed.",
+    )
     deployment: dict[str, Any] | None = Field(default=None, description="Keys merged into the default deployment.")
     kv_cache: KVCacheConfig | None = Field(default=None, description="Replaces the default KV cache.")
     policy: PolicyConfig | None = Field(default=None, description="Replaces the default policy.")
@@ -551,6 +569,7 @@ def parse_scenario(raw: dict[str, Any], source: str = "scenario") -> Scenario:
     except ValidationError as e:
         raise ScenarioError(format_validation(e, source, raw, model=Scenario)) from None
     base = scenario.deployment.model_dump()
+    workloads = [("workload", scenario.workload)]
     for i, v in enumerate(scenario.variants):
         if v.deployment:
             try:
@@ -559,25 +578,28 @@ def parse_scenario(raw: dict[str, Any], source: str = "scenario") -> Scenario:
                 raise ScenarioError(
                     format_validation(e, source, v.deployment, prefix=f"variants.{i}.deployment.", model=Deployment)
                 ) from None
-    _check_trace_files(scenario, source)
+        if v.workload:
+            try:
+                workloads.append((f"variants.{i}.workload", merged_workload(scenario.workload, v.workload)))
+            except ValidationError as e:
+                raise ScenarioError(
+                    format_validation(e, source, v.workload, prefix=f"variants.{i}.workload.", model=Workload)
+                ) from None
+    for where, wl in workloads:
+        _check_trace_files(wl, source, where)
     return scenario
 
 
-def _check_trace_files(scenario: Scenario, source: str) -> None:
+def _check_trace_files(wl: Workload, source: str, where: str = "workload") -> None:
     """Read every trace the workload names (the reader caches it), so that a missing or malformed file fails here
     naming its key, not later as the workload is drawn."""
-    wl = scenario.workload
     for key, part in (("arrival", wl.arrival), ("prompt_len", wl.prompt_len), ("output_len", wl.output_len)):
-        trace = getattr(part, "trace", None)
-        if isinstance(trace, str):
+        if isinstance(part, (TraceArrival, EmpiricalLength)):
             try:
-                resolve_trace(trace)
-                if isinstance(part, TraceArrival):
-                    part.load()
-                else:
-                    load_trace(trace)
+                resolve_trace(part.trace)
+                part.load()  # read as the workload will read it (its columns too)
             except (ValueError, OSError) as e:  # FileNotFoundError is an OSError
-                raise ScenarioError(f"{source}: workload.{key}.trace: {e}") from None
+                raise ScenarioError(f"{source}: {where}.{key}.trace: {e}") from None
 
 
 def _resolve_relative_paths(raw: dict, base: Path) -> None:
@@ -617,6 +639,7 @@ class VariantConfig:
     admission: AdmissionConfig
     params: dict[str, Any]  # sweep point, {} without a sweep
     cluster: ClusterConfig | None = None  # several replicas; None: one
+    workload: Workload | None = None  # the variant's own workload; None: the scenario's
 
     def to_dict(self) -> dict[str, Any]:
         out = {
@@ -629,6 +652,8 @@ class VariantConfig:
         }
         if self.cluster is not None:
             out["cluster"] = self.cluster.model_dump(mode="json")
+        if self.workload is not None:
+            out["workload"] = self.workload.model_dump(mode="json")
         return out
 
 
@@ -644,6 +669,12 @@ def variant_configs(scenario: Scenario) -> list[VariantConfig]:
             deployment = Deployment.model_validate(dep)
         except ValidationError as e:
             raise ScenarioError(format_validation(e, f"variant {v.name!r} deployment", model=Deployment)) from None
+        workload = None
+        if v.workload:
+            try:
+                workload = merged_workload(scenario.workload, v.workload)
+            except ValidationError as e:
+                raise ScenarioError(format_validation(e, f"variant {v.name!r} workload", model=Workload)) from None
         out.append(
             VariantConfig(
                 name=v.name,
@@ -653,9 +684,16 @@ def variant_configs(scenario: Scenario) -> list[VariantConfig]:
                 admission=v.admission or scenario.admission,
                 params={},
                 cluster=v.cluster or scenario.cluster,
+                workload=workload,
             )
         )
     return out
+
+
+def merged_workload(default: Workload, keys: dict[str, Any]) -> Workload:
+    """A variant's workload: its keys replace the default's whole (``arrival``, ``prompt_len``...), the rest
+    inherited, as a variant's deployment keys are."""
+    return Workload.model_validate({**default.model_dump(mode="json", exclude_none=True), **keys})
 
 
 def sweep_points(scenario: Scenario) -> list[dict[str, Any]]:
@@ -679,7 +717,8 @@ def apply_point(raw: dict[str, Any], point: dict[str, Any], source: str) -> Scen
     return parse_scenario(d, source=f"{source} at {point}")
 
 
-_VARIANT_SECTIONS = ("deployment", "kv_cache", "policy", "admission", "cluster")
+_VARIANT_SECTIONS = ("workload", "deployment", "kv_cache", "policy", "admission", "cluster")
+_PARTIAL_SECTIONS: dict[str, type[BaseModel]] = {"deployment": Deployment, "workload": Workload}
 _DEFAULT_SECTIONS = {"deployment": Deployment, "kv_cache": PagedKV, "policy": ContinuousPolicyConfig,
                      "admission": AdmissionConfig}
 
@@ -708,8 +747,8 @@ def _narrow(models: list[type[BaseModel]], node: Any) -> list[type[BaseModel]]:
 
 
 def _field_type(model: type[BaseModel], name: str) -> Any:
-    if model is Variant and name == "deployment":
-        return Deployment  # a variant's deployment is a partial Deployment, merged into the default
+    if model is Variant and name in _PARTIAL_SECTIONS:
+        return _PARTIAL_SECTIONS[name]  # a variant's deployment or workload is partial, merged into the default
     return model.model_fields[name].annotation
 
 
@@ -781,9 +820,10 @@ def _has_path(tp: Any, node: Any, parts: list[str]) -> bool:
 
 def apply_override(d: dict[str, Any], key: str, value: Any) -> None:
     """Set a dotted key as ``--set`` and sweeps do. A key of a section that variants may override
-    (deployment, kv_cache, policy, admission, cluster) is set in the defaults and in every variant whose own
-    section has the key (``policy.max_num_seqs`` changes continuous policies and leaves a static one alone; a
-    variant's partial deployment gets it only where it sets that key itself, the rest inherit the default).
+    (workload, deployment, kv_cache, policy, admission, cluster) is set in the defaults and in every variant whose
+    own section has the key (``policy.max_num_seqs`` changes continuous policies and leaves a static one alone; a
+    variant's partial workload or deployment gets it only where it sets that key itself, the rest inherit the
+    default).
     A missing default section is spelled out first, keeping its type. A key that exists nowhere in the schema,
     or that no variant's section has, is an error naming the closest key."""
     parts = key.split(".")
@@ -813,10 +853,10 @@ def apply_override(d: dict[str, Any], key: str, value: Any) -> None:
             if not isinstance(section, dict):
                 used = used or default_has  # the variant runs the default section
                 continue
-            if head == "deployment" and rest[0] not in section:
+            if head in _PARTIAL_SECTIONS and rest[0] not in section:
                 used = used or default_has  # merged: the default's value reaches it
                 continue
-            if _has_path(Deployment if head == "deployment" else tp, section, rest):
+            if _has_path(_PARTIAL_SECTIONS.get(head, tp), section, rest):
                 set_path(section, ".".join(rest), value)
                 used = True
     if not used:

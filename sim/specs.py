@@ -311,6 +311,7 @@ class ModelSpec:
         model_type = str(cfg.get("model_type", "llama")).lower()
         if name is None:
             name = str(cfg.get("_name_or_path") or cfg.get("name") or model_type)
+        _refuse_what_is_not_modelled(cfg, model_type, source)
 
         def whole(key: str, value: Any, low: int = 1) -> int:
             # int(1.5) would be 1 and int(True) 1: a shape field must be an integer as written
@@ -423,6 +424,37 @@ class ModelSpec:
             raise ValueError(f"unknown model {name!r}; presets: {', '.join(MODEL_PRESETS)} "
                              "(or use ModelSpec.from_hf_config with a config.json)")
         return cls.from_hf_config(MODEL_PRESETS[key], name=key)
+
+
+# The Hugging Face model types whose shape ModelSpec represents whole: dense decoder-only transformers with
+# full attention (Llama-like gated MLP and RMSNorm, or OPT). Another type may hold fields that change the cost
+# (Gemma-2's soft-capping and alternating windows, Qwen3's MoE variants, Phi's partial rotary), so it is refused
+# by name rather than read as a Llama.
+KNOWN_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "opt"})
+# Fields that make a model a mixture of experts in the configs of Mixtral, Qwen-MoE, DeepSeek, DBRX and others.
+_MOE_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts", "num_experts_per_tok",
+               "moe_intermediate_size", "n_shared_experts", "moe_layer_freq")
+
+
+def _refuse_what_is_not_modelled(cfg: Mapping[str, Any], model_type: str, source: str) -> None:
+    """A config.json whose model the spec would misread is an error naming the field: a mixture of experts read as
+    dense counts one expert's parameters (Mixtral-8x7B: 7.2 B of its 46.7 B), a sliding window it ignores makes
+    long contexts' KV and attention too costly."""
+    for key in _MOE_FIELDS:
+        v = cfg.get(key)
+        if v not in (None, 0, 1, False, [], {}):
+            raise ValueError(f"{source}: {key} = {v!r}: a mixture-of-experts model, which servesim does not model "
+                             "yet (it would count only the dense part of its parameters); use a dense model")
+    window = cfg.get("sliding_window")
+    if window is not None and cfg.get("use_sliding_window", True) is not False:
+        limit = cfg.get("max_position_embeddings")
+        if not (isinstance(window, int) and isinstance(limit, int) and window >= limit):
+            raise ValueError(f"{source}: sliding_window = {window!r}: attention over a window of the context, which "
+                             "servesim does not model (it would price full attention); set sliding_window to null "
+                             "to model full attention")
+    if model_type not in KNOWN_MODEL_TYPES:
+        raise ValueError(f"{source}: model_type {model_type!r} is not one servesim reads (known: "
+                         f"{', '.join(sorted(KNOWN_MODEL_TYPES))}); its fields may change the model's cost")
 
 
 def check_tensor_parallel(model: ModelSpec, tensor_parallel_size: int) -> int:

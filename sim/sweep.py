@@ -39,7 +39,17 @@ METRICS: tuple[str, ...] = (
     "cluster.replicas_mean", "cluster.replicas_max", "cluster.gpu_hours", "cluster.cost_usd",  # clusters only
     "bottleneck",
 )
-PLOTTED = ("output_throughput", "goodput", "ttft.p99", "tpot.p99", "e2el.p99", "kv_usage.mean")
+_SECONDS = ("duration", "ttft.", "tpot.", "itl.", "e2el.", "queue.")
+
+
+def column(metric: str) -> str:
+    """sweep.csv's column for a metric: a time in seconds says so in its name (``ttft.p99_s``), as in
+    requests.csv; rates are per second by their names (``output_throughput``: tokens/s)."""
+    return f"{metric}_s" if metric.startswith(_SECONDS) else metric
+
+
+PLOTTED = tuple(column(m) for m in ("output_throughput", "goodput", "ttft.p99", "tpot.p99", "e2el.p99",
+                                      "kv_usage.mean"))
 
 
 @dataclass(frozen=True)
@@ -80,7 +90,7 @@ def columns_for(tasks: Sequence[SweepTask]) -> list[str]:
         for k in t.point:
             if k not in params:
                 params.append(k)
-    return ["index", "key", "variant", *params, *METRICS]
+    return ["index", "key", "variant", *params, *map(column, METRICS)]
 
 
 # ---- one run (in a worker) ---------------------------------------------------------------------------------------
@@ -90,17 +100,17 @@ _WORKLOADS: dict[str, Any] = {}  # per worker process: a workload drawn once ser
 def run_task(task: SweepTask) -> dict[str, Any]:
     """Simulate one run and return its row. Top-level, so that process pools and Ray can ship it."""
     from sim.metrics import bottleneck, summarize
-    from sim.run import generate_workload, simulate_variant
+    from sim.run import generate_workload, simulate_variant, workload_key
     from sim.scenario import slos_of
 
     sc = apply_point(task.raw, task.point, task.source)  # the empty point: the scenario itself
     cfg = next(c for c in variant_configs(sc) if c.name == task.variant)
-    wkey = sc.workload.model_dump_json() + f"|{sc.seed}"
+    wkey = workload_key(sc, cfg) + f"|{sc.seed}"
     wl = _WORKLOADS.get(wkey)
     if wl is None:
         if len(_WORKLOADS) > 8:  # a worker may see many points; keep the few most recent workloads
             _WORKLOADS.pop(next(iter(_WORKLOADS)))
-        wl = _WORKLOADS[wkey] = generate_workload(sc)
+        wl = _WORKLOADS[wkey] = generate_workload(sc, cfg.workload)
     result, _, _ = simulate_variant(cfg, wl, name=task.key)
     summary = summarize(result, slos_of(sc))
     row: dict[str, Any] = {"index": task.index, "key": task.key, "variant": task.variant, **task.point}
@@ -112,7 +122,7 @@ def run_task(task: SweepTask) -> dict[str, Any]:
         v = summary.get(head)
         if sub:
             v = v.get(sub) if isinstance(v, dict) else None
-        row[m] = v
+        row[column(m)] = v
     return row
 
 
@@ -257,6 +267,9 @@ def run_sweep(
         if old.get("fingerprint") != meta["fingerprint"]:
             raise ScenarioError(f"{out} holds a sweep of another scenario (or other runs); use another --out, or "
                                 "--fresh to start over")
+        if old.get("columns") != cols:
+            raise ScenarioError(f"{out}/sweep.csv has other columns (written by another servesim version); use "
+                                "another --out, or --fresh to start over")
         done = {r["key"]: r for r in read_rows(table)}
     meta_path.write_text(json.dumps(meta, indent=2) + "\n")
     todo = [t for t in tasks if t.key not in done]

@@ -60,6 +60,7 @@ TABLE_ROWS: tuple[tuple[str, str, Callable[[float], str]], ...] = (
     ("GPU busy", "busy_fraction", _pct),
     ("MFU", "mfu", _pct),
     ("mean batch", "mean_batch_size", _s),
+    ("padding", "padding_fraction", _pct),  # share of computed tokens that were padding (static batching)
     ("preemptions", "num_preemptions", _int),
     ("rejected", "num_rejected", _int),
     ("completed", "num_completed", _int),

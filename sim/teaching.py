@@ -140,3 +140,21 @@ def fig_ratio_by_spread(
         yaxis_rangemode="tozero",
     )
     return fig
+
+
+def fig_metric_panels(summaries: dict, metrics: Sequence[tuple[str, str]], title: str = "") -> go.Figure:
+    """One bar panel per metric side by side, one bar per variant in each: metrics with different units get their
+    own axis each. (Two metrics' bars on twin y axes of one panel are drawn over each other, and the second one
+    hid the first.) ``metrics``: (summary key, axis title) pairs."""
+    from plotly.subplots import make_subplots
+
+    names = list(summaries)
+    fig = make_subplots(rows=1, cols=len(metrics), subplot_titles=[label for _, label in metrics],
+                        horizontal_spacing=0.12)
+    for col, (key, label) in enumerate(metrics, start=1):
+        ys = [float(summaries[n][key]) for n in names]
+        fig.add_trace(go.Bar(name=label, x=names, y=ys, marker_color=color(col - 1), showlegend=False,
+                             text=[f"{y:,.0f}" for y in ys], textposition="outside"), row=1, col=col)
+        fig.update_yaxes(title_text=label, rangemode="tozero", row=1, col=col)
+    fig.update_layout(template=TEMPLATE, height=420, title=title)
+    return fig

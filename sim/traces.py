@@ -2,7 +2,9 @@
 
 Standard library parsing, numpy arrays out. Three traces ship with the package (see ``sim/data/traces/NOTICE.md``
 for their sources and licences) and are named ``azure-code``, ``azure-conv`` and ``mooncake``; any other string is
-a path whose extension picks the format (``.csv``: Azure, ``.jsonl``: Mooncake).
+a path whose extension picks the format (``.csv``: Azure, ``.jsonl``: Mooncake). A user's own CSV or JSONL with
+other column names, or times in plain seconds, is read through a column mapping (:mod:`sim.trace_columns`), given
+or guessed from common names.
 
 Replay transforms, applied in this order by :func:`load_trace`:
 
@@ -31,6 +33,8 @@ from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
+
+from sim.trace_columns import TraceColumns, read_mapped
 
 TRACE_DIR = Path(__file__).resolve().parent / "data" / "traces"
 
@@ -98,6 +102,7 @@ def load_trace(
     rate_scale: float = 1.0,
     max_requests: int | None = None,
     repeat_to: int | None = None,
+    columns: TraceColumns | None = None,
 ) -> TraceData:
     """Load a trace and apply the replay transforms described in the module docstring.
 
@@ -119,7 +124,7 @@ def load_trace(
 
     path = resolve_trace(name_or_path)
     stat = path.stat()
-    times, prompt, output, hash_ids = _read_cached(str(path), stat.st_mtime_ns, stat.st_size)
+    times, prompt, output, hash_ids = _read_cached(str(path), stat.st_mtime_ns, stat.st_size, columns)
 
     # 1-2. Window on the original clock, then the first max_requests of it.
     lo = int(np.searchsorted(times, start, side="left"))
@@ -196,26 +201,28 @@ _Parsed = tuple[np.ndarray, np.ndarray, np.ndarray, "tuple[tuple[int, ...], ...]
 
 
 @lru_cache(maxsize=8)
-def _read_cached(path: str, mtime_ns: int, size: int) -> _Parsed:
+def _read_cached(path: str, mtime_ns: int, size: int, columns: TraceColumns | None = None) -> _Parsed:
     if size > MAX_TRACE_BYTES:
         raise ValueError(f"{path}: {size / 2**30:.3g} GiB, larger than the {MAX_TRACE_BYTES >> 30} GiB a trace may be")
     try:
-        return _read_parsed(path)
+        return _read_parsed(path, columns)
     except UnicodeDecodeError as e:
         raise ValueError(f"{path}: not UTF-8 text (byte {e.start})") from None
     except RecursionError:
         raise ValueError(f"{path}: a JSON line nested too deeply") from None
 
 
-def _read_parsed(path: str) -> _Parsed:
+def _read_parsed(path: str, columns: TraceColumns | None = None) -> _Parsed:
     suffix = Path(path).suffix.lower()
-    if suffix == ".csv":
+    hash_ids = None
+    if suffix not in (".csv", ".jsonl"):
+        raise ValueError(f"{path}: unknown trace format {suffix!r} (expected .csv or .jsonl)")
+    if columns is not None or not _known_layout(path, suffix):
+        times, prompt, output = read_mapped(path, suffix, columns, _length)
+    elif suffix == ".csv":
         times, prompt, output = _read_azure(path)
-        hash_ids = None
-    elif suffix == ".jsonl":
-        times, prompt, output, hash_ids = _read_mooncake(path)
     else:
-        raise ValueError(f"{path}: unknown trace format {suffix!r} (expected .csv for Azure, .jsonl for Mooncake)")
+        times, prompt, output, hash_ids = _read_mooncake(path)
     if len(times) == 0:
         raise ValueError(f"{path}: the trace holds no requests")
     # Relative to the first request; stable sort if a file is out of order (the shipped ones are sorted).
@@ -228,6 +235,21 @@ def _read_parsed(path: str) -> _Parsed:
     for a in (times, prompt, output):
         a.setflags(write=False)
     return times, prompt, output, hash_ids
+
+
+def _known_layout(path: str, suffix: str) -> bool:
+    """Whether the file is Azure's CSV (its header names Azure's columns) or Mooncake's JSONL (its first object
+    has Mooncake's keys); an empty or unreadable first line is left to those readers to report."""
+    with open(path, encoding="utf-8-sig", newline="") as f:
+        first = next((line for line in f if line.strip()), "")
+    if suffix == ".csv":
+        names = {h.strip() for h in next(csv.reader([first]), [])}
+        return not names or set(_AZURE_COLUMNS) <= names
+    try:
+        rec = json.loads(first) if first else None
+    except ValueError:
+        return True
+    return not isinstance(rec, dict) or {"timestamp", "input_length", "output_length"} <= set(rec)
 
 
 def _length(text: str | int, path: str, line: int, column: str) -> int:

@@ -27,6 +27,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_valida
 
 from sim.failures import FailurePlan
 from sim.request import RequestSpec
+from sim.trace_columns import TraceColumns
 from sim.traces import TRACES, TraceData, load_trace
 
 PREFIX_HASH_BLOCK_SIZE = 16  # tokens named by one hash id of a synthetic shared prefix (vLLM's default block size)
@@ -113,23 +114,40 @@ class FixedLength(_Model):
         return f"fixed {self.value}"
 
 
+def _uniform_bounds(data: Any) -> Any:
+    """Every distribution names its bounds ``min`` and ``max``; ``uniform`` once took ``low`` and ``high``, which
+    scenario files written then still use. Those are read as ``min`` and ``max``; both spellings at once is an
+    error rather than a silent choice."""
+    if not isinstance(data, dict):
+        return data
+    out = dict(data)
+    for old, new in (("low", "min"), ("high", "max")):
+        if old in out:
+            if new in out:
+                raise ValueError(f"give {new} or {old} (its older name), not both")
+            out[new] = out.pop(old)
+    return out
+
+
 class UniformLength(_Model):
-    """Whole numbers drawn uniformly from ``[low, high]``, both ends included."""
+    """Whole numbers drawn uniformly from ``[min, max]``, both ends included (``low``/``high`` also read)."""
 
     type: Literal["uniform"] = "uniform"
-    low: Length = Field(description="Smallest length in tokens (included).")
-    high: Length = Field(description="Largest length in tokens (included); >= low.")
+    min: Length = Field(description="Smallest length in tokens (included).")
+    max: Length = Field(description="Largest length in tokens (included); >= min.")
+
+    _older_names = model_validator(mode="before")(_uniform_bounds)
 
     @model_validator(mode="after")
     def _check(self) -> UniformLength:
-        _check_min_max(self.low, self.high, "low", "high")
+        _check_min_max(self.min, self.max)
         return self
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        return rng.integers(self.low, self.high, size=n, endpoint=True, dtype=np.int64)
+        return rng.integers(self.min, self.max, size=n, endpoint=True, dtype=np.int64)
 
     def describe(self) -> str:
-        return f"uniform [{self.low}, {self.high}]"
+        return f"uniform [{self.min}, {self.max}]"
 
 
 class NormalLength(_Model):
@@ -199,17 +217,41 @@ class ExponentialLength(_Model):
         return f"exponential(mean={_g(self.mean)}) clipped to {_bounds(self.min, self.max)}"
 
 
+class TraceColumnsConfig(_Model):
+    """Which columns of a user's own CSV or JSONL trace hold what (for files that are not Azure's or Mooncake's
+    layout). Without it, common names are recognised: arrival_s / timestamp, prompt_tokens / input_length...
+    """
+
+    timestamp: str | None = Field(
+        default="timestamp", description="Column of the arrival time; none: a lengths-only file (not as arrivals)."
+    )
+    prompt_len: str = Field(default="prompt_len", description="Column of the prompt length in tokens.")
+    output_len: str = Field(default="output_len", description="Column of the output length in tokens.")
+    time_unit: Literal["s", "ms", "us", "ns", "datetime"] = Field(
+        default="s", description="Unit of the timestamp column: seconds (default), ms, us, ns, or a date and time."
+    )
+
+    def build(self) -> TraceColumns:
+        return TraceColumns(self.timestamp, self.prompt_len, self.output_len, self.time_unit)
+
+
+_TRACE_FILE = (f"Shipped trace name ({', '.join(TRACES)}) or path to a .csv / .jsonl file (Azure's and Mooncake's "
+               "layouts read as they are; others through columns).")
+
+
 class EmpiricalLength(_Model):
     """Lengths drawn with replacement from one column of a trace (its marginal; pairs are not kept)."""
 
     type: Literal["empirical"] = "empirical"
-    trace: str = Field(
-        description=f"Shipped trace name ({', '.join(TRACES)}) or path to an Azure .csv / Mooncake .jsonl file."
-    )
+    trace: str = Field(description=_TRACE_FILE)
     column: Literal["prompt", "output"] = Field(description="Which lengths to sample: prompt or output tokens.")
+    columns: TraceColumnsConfig | None = Field(default=None, description="Column names of a user's own file.")
+
+    def load(self) -> TraceData:
+        return load_trace(self.trace, columns=None if self.columns is None else self.columns.build())
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        data = load_trace(self.trace)
+        data = self.load()
         values = data.prompt_len if self.column == "prompt" else data.output_len
         return values[rng.integers(0, len(values), size=n)]
 
@@ -254,22 +296,24 @@ class ExponentialThinkTime(_Model):
 
 
 class UniformThinkTime(_Model):
-    """Pauses drawn uniformly from ``[low, high]`` seconds."""
+    """Pauses drawn uniformly from ``[min, max]`` seconds (``low``/``high`` also read)."""
 
     type: Literal["uniform"] = "uniform"
-    low: Float = Field(ge=0, allow_inf_nan=False, description="Shortest pause in seconds.")
-    high: Float = Field(ge=0, allow_inf_nan=False, description="Longest pause in seconds; >= low.")
+    min: Float = Field(ge=0, allow_inf_nan=False, description="Shortest pause in seconds.")
+    max: Float = Field(ge=0, allow_inf_nan=False, description="Longest pause in seconds; >= min.")
+
+    _older_names = model_validator(mode="before")(_uniform_bounds)
 
     @model_validator(mode="after")
     def _check(self) -> UniformThinkTime:
-        _check_min_max(self.low, self.high, "low", "high")
+        _check_min_max(self.min, self.max)
         return self
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        return rng.uniform(self.low, self.high, size=n)
+        return rng.uniform(self.min, self.max, size=n)
 
     def describe(self) -> str:
-        return f"uniform [{_g(self.low)}, {_g(self.high)}] s"
+        return f"uniform [{_g(self.min)}, {_g(self.max)}] s"
 
 
 class LognormalThinkTime(_Model):
@@ -375,9 +419,8 @@ class TraceArrival(_Model):
     """
 
     type: Literal["trace"] = "trace"
-    trace: str = Field(
-        description=f"Shipped trace name ({', '.join(TRACES)}) or path to an Azure .csv / Mooncake .jsonl file."
-    )
+    trace: str = Field(description=_TRACE_FILE)
+    columns: TraceColumnsConfig | None = Field(default=None, description="Column names of a user's own file.")
     start: Float = Field(
         default=0.0, ge=0, allow_inf_nan=False, description="Window start in seconds of the original trace."
     )
@@ -408,6 +451,8 @@ class TraceArrival(_Model):
     def _check(self) -> TraceArrival:
         if self.end is not None and self.end <= self.start:
             raise ValueError(f"end ({self.end}) must be greater than start ({self.start})")
+        if self.columns is not None and self.columns.timestamp is None:
+            raise ValueError("columns.timestamp: a trace replayed as arrivals needs its arrival-time column")
         return self
 
     def load(self) -> TraceData:
@@ -418,6 +463,7 @@ class TraceArrival(_Model):
             time_scale=self.time_scale,
             rate_scale=self.rate_scale,
             repeat_to=self.repeat_to,
+            columns=None if self.columns is None else self.columns.build(),
         )
 
     def describe(self) -> str:

@@ -28,7 +28,7 @@ VALID: dict[str, Any] = {
     "workload": {
         "arrival": {"type": "poisson", "rate": 20.0},
         "num_requests": 6,
-        "prompt_len": {"type": "uniform", "low": 16, "high": 64},
+        "prompt_len": {"type": "uniform", "min": 16, "max": 64},
         "output_len": {"type": "fixed", "value": 4},
     },
     "deployment": {
@@ -283,8 +283,8 @@ REQUIRED = [
     ("workload", "num_requests"),
     ("workload", "prompt_len"),
     ("workload", "prompt_len", "type"),
-    ("workload", "prompt_len", "low"),
-    ("workload", "prompt_len", "high"),
+    ("workload", "prompt_len", "min"),
+    ("workload", "prompt_len", "max"),
     ("workload", "output_len"),
     ("workload", "output_len", "value"),
     ("policy", "type"),

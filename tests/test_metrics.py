@@ -268,6 +268,9 @@ def _summary(kv_mean, kv_max, busy, mfu, preempt=0, rejected=0):
     m = summarize(known_run())
     m.update(busy_fraction=busy, mfu=mfu, num_preemptions=preempt, num_rejected=rejected, num_failed=0)
     m["kv_usage"] = {"mean": kv_mean, "max": kv_max}
+    # no arrival window and no MFU-while-busy: the verdict reads KV, busy fraction and MFU alone
+    m["limits"] = {**m["limits"], "offered_rate": float("nan"), "served_rate": float("nan"), "queue_share": 0.0,
+                   "busy_mfu": float("nan")}
     return m
 
 
@@ -276,27 +279,29 @@ def _summary(kv_mean, kv_max, busy, mfu, preempt=0, rejected=0):
     [
         ((0.93, 0.99, 0.40, 0.12, 0, 120), "memory-bound"),
         ((0.60, 0.97, 0.40, 0.12, 5, 0), "memory-bound"),  # full at the peak and preempting
-        ((0.60, 0.97, 0.40, 0.12, 0, 0), "underloaded"),  # a full peak without pressure is fine
+        ((0.60, 0.97, 0.40, 0.12, 0, 0), "compute-bound"),  # a full peak without pressure is fine; MFU 30% busy
         ((0.50, 0.70, 0.95, 0.45), "compute-bound"),
         ((0.50, 0.70, 0.95, 0.08), "bandwidth-bound"),
         ((0.50, 0.70, 0.95, float("nan")), "GPU-bound"),
-        ((0.20, 0.30, 0.35, 0.05), "underloaded"),
+        ((0.20, 0.30, 0.35, 0.05), "bandwidth-bound"),  # MFU 14% while computing, the GPU idle 65%
     ],
 )
 def test_bottleneck_verdicts(args, verdict):
     text = bottleneck(_summary(*args))
     assert text.startswith(verdict + ":")
     assert text.endswith(".")
+    assert ("more load would fit" in text) == (args[2] < 0.5)
 
 
 def test_bottleneck_sentence_has_the_numbers():
     text = bottleneck(_summary(0.93, 0.97, 0.40, 0.12, 0, 120))
     assert text == (
-        "memory-bound: KV usage 93% on average (peak 97%), compute (MFU) 12%, GPU busy 40% of the time; "
-        "120 requests rejected."
+        "memory-bound: KV usage 93% on average (peak 97%), 120 rejected; then compute-bound: MFU 30% while "
+        "computing, GPU busy 40% of the time (more load would fit), prefill 98% of tokens."
     )
 
 
 def test_bottleneck_reads_a_summary_from_json():
     m = json.loads(json.dumps({**summarize(known_run()), "mfu": None}))  # NaN written as null
-    assert bottleneck(m).startswith("underloaded:")
+    # five requests in 2.5 s, two completed by the last arrival: offered 1.6 req/s, served 0.4
+    assert bottleneck(m).startswith("overloaded: offered 1.60 req/s, served 0.40 req/s")

@@ -40,6 +40,11 @@ from sim.table import ratio_text
 RUN_FILES = {"summary.json", "requests.csv", "steps.csv", "report.html"}
 
 
+def _exports(results) -> set[str]:
+    """Per variant, the vllm-bench JSON and the OpenMetrics text a run folder also holds (sim/benchfiles)."""
+    return {r.name + suffix for r in results for suffix in (".vllm-bench.json", ".metrics.prom")}
+
+
 def rec(id, arrival, first, finish, out, outcome="completed", replica=0) -> RequestRecord:
     return RequestRecord(
         id=id,
@@ -119,7 +124,9 @@ def test_summary_json_layout(tmp_path, two_runs):
     text = (tmp_path / "summary.json").read_text()
     doc = json.loads(text)  # strict JSON: no NaN or Infinity tokens
     assert "NaN" not in text and "Infinity" not in text
-    assert set(doc) == {"variants", "scenario", "servesim_version"}
+    assert set(doc) == {"variants", "scenario", "servesim_version", "units"}
+    assert set(SUMMARY_KEYS) <= set(doc["units"])  # every figure's unit is stated beside it
+    assert doc["units"]["ttft"] == doc["units"]["duration"] == "s" and doc["units"]["output_throughput"] == "tokens/s"
     assert doc["scenario"] == {"seed": 3, "policy": {"kind": "continuous"}, "path": str(tmp_path / "x.yaml")}
     assert list(doc["variants"]) == ["continuous", "static"]
     for metrics in doc["variants"].values():
@@ -190,10 +197,11 @@ def test_older_run_folders_still_read(tmp_path, two_runs):
     old.mkdir()
     with open(old / "requests.csv", "w", newline="") as f:
         w = csv.writer(f, lineterminator="\n")
-        w.writerow(("variant",) + REQUEST_FIELDS)
+        older = [k for k in REQUEST_FIELDS if k not in ("preempted_at", "resumed_at")]  # not written back then
+        w.writerow(["variant", *older])
         for res in results:
             for r in sorted(res.requests, key=lambda r: r.id):
-                w.writerow([res.name] + [getattr(r, k) for k in REQUEST_FIELDS])
+                w.writerow([res.name] + [getattr(r, k) for k in older])
     lines = (tmp_path / "steps.csv").read_text().splitlines()
     lines[0] = ",".join(["variant", *STEP_COLUMNS])
     (old / "steps.csv").write_text("\n".join(lines) + "\n")
@@ -220,7 +228,7 @@ def test_write_leaves_no_temporary_files_and_keeps_other_files(tmp_path, two_run
     (tmp_path / "notes.txt").write_text("mine")
     write_run(tmp_path, results, summaries)
     write_run(tmp_path, results, summaries)
-    assert set(os.listdir(tmp_path)) == RUN_FILES | {"notes.txt"}
+    assert set(os.listdir(tmp_path)) == RUN_FILES | _exports(results) | {"notes.txt"}
     assert (tmp_path / "notes.txt").read_text() == "mine"
 
 
@@ -235,7 +243,7 @@ def test_failed_write_changes_nothing(tmp_path, two_runs, monkeypatch):
     monkeypatch.setattr(output, "steps_csv", broken)
     with pytest.raises(RuntimeError, match="disk full"):
         write_run(tmp_path, results, summaries)
-    assert set(os.listdir(tmp_path)) == RUN_FILES  # no temporary file left behind
+    assert set(os.listdir(tmp_path)) == RUN_FILES | _exports(results[:1])  # no temporary file left behind
     assert {n: (tmp_path / n).read_bytes() for n in RUN_FILES} == before
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -335,4 +336,11 @@ def test_format_has_the_numbers() -> None:
     assert r.chosen is not None and r.break_even is not None
     assert f"${r.chosen.cost_per_million_output_tokens:.3f} per million output tokens" in text
     assert "the API is cheaper" in text  # a 1B model at 0.5 req/s: far below the break-even volume
+    # one unit for latencies: milliseconds everywhere, SLOs included (it printed "0.185 s" beside "56.4 ms")
+    assert "SLOs p99 TTFT <= 2,000.0 ms, p99 TPOT <= 100.0 ms" in text
+    ttft = r.chosen.latency["ttft"]
+    assert f"p99 TTFT {1000 * ttft:,.1f} ms (SLO 2,000.0 ms)" in text
+    lines = text.splitlines()
+    latency_lines = [lines[0], *lines[2:]]  # the second line's "; 2.1 s" is the search's own wall time
+    assert not any(re.search(r"\d s\b", line) for line in latency_lines), text
     assert math.isfinite(r.seconds) and r.seconds < 30

@@ -229,7 +229,7 @@ def test_replicas_get_rows_of_their_own():
 
 def test_memory_by_request_bands_follow_each_request() -> None:
     """Each drawn request's band is its prompt from its first step, grows to prompt + output by its finish,
-    and is zero outside its life; the bands plus the weights never exceed the capacity line."""
+    and is zero outside its life; the y axis spans the KV in use, not the GPU."""
     from sim.report import fig_memory_by_request, request_kv_tokens
     from sim.run import generate_workload, simulate_variant
     from sim.scenario import parse_scenario, variant_configs
@@ -253,7 +253,10 @@ def test_memory_by_request_bands_follow_each_request() -> None:
         assert np.all(y[alive] >= r.prompt_tokens) and np.all(y[alive] <= r.prompt_tokens + r.output_tokens)
     fig = fig_memory_by_request(result, max_requests=60)
     bands_y = [np.asarray(tr.y, dtype=float) for tr in fig.data if tr.name and tr.name.startswith("request ")]
-    weights = [np.asarray(tr.y, dtype=float) for tr in fig.data if tr.name == "model weights"][0]
-    cap = [tr.y[0] for tr in fig.data if tr.name.startswith("capacity")][0]
     assert len(bands_y) == 60
-    assert np.all(weights + np.sum(bands_y, axis=0) <= cap * (1 + 1e-6))
+    peak = float(np.sum(bands_y, axis=0).max())
+    # a light run: about 1 GiB of KV against a pool of tens of GiB, which is named in the title instead of drawn
+    lo, hi = fig.layout.yaxis.range
+    assert lo == 0 and hi == pytest.approx(1.05 * peak, rel=1e-6)
+    assert "off the scale" in fig.layout.title.text
+    assert not [tr for tr in fig.data if tr.name and "capacity" in tr.name]

@@ -258,8 +258,8 @@ seed: 3
 workload:
   arrival: {type: poisson, rate: 20}
   num_requests: 30
-  prompt_len: {type: uniform, low: 50, high: 300}
-  output_len: {type: uniform, low: 5, high: 40}
+  prompt_len: {type: uniform, min: 50, max: 300}
+  output_len: {type: uniform, min: 5, max: 40}
 deployment: {model: llama-3.2-1b, gpu: l4, max_model_len: 1024}
 slos: {ttft: 0.5}
 variants:
@@ -333,3 +333,50 @@ def test_sweep_changes_only_the_sections_that_have_the_key(tmp_path: Path) -> No
     same = [json.dumps(s[f"naive[max_num_seqs={m}]"], sort_keys=True) for m in (1, 4)]
     assert same[0] == same[1]
     assert s["continuous[max_num_seqs=1]"]["mean_batch_size"] <= 1 < s["continuous[max_num_seqs=4]"]["mean_batch_size"]
+
+
+WORKLOAD_VARIANTS = {
+    "name": "own-workloads", "seed": 3,
+    "workload": {"arrival": {"type": "poisson", "rate": 2}, "num_requests": 50,
+                 "prompt_len": {"type": "fixed", "value": 64}, "output_len": {"type": "fixed", "value": 8}},
+    "deployment": {"model": "llama-3.1-8b", "gpu": "a100-80gb"},
+    "variants": [{"name": "base"}, {"name": "same"},
+                 {"name": "busy", "workload": {"arrival": {"type": "poisson", "rate": 8}}}],
+}
+
+
+def test_a_variant_can_change_the_workload() -> None:
+    """A variant's workload keys merge into the default; the variants without any replay the very same requests,
+    and one with its own arrival rate runs requests that arrive four times as fast (same seed, same lengths)."""
+    from sim.scenario import parse_scenario
+
+    runs = {r.name: r for r in run_scenario(parse_scenario(WORKLOAD_VARIANTS)).results}
+    arrivals = {n: [q.arrival for q in sorted(r.requests, key=lambda q: q.id)] for n, r in runs.items()}
+    assert arrivals["base"] == arrivals["same"]
+    assert len(arrivals["busy"]) == 50
+    assert arrivals["busy"][-1] == pytest.approx(arrivals["base"][-1] / 4)  # same seed: the gaps scale by the rate
+    assert {q.prompt_tokens for q in runs["busy"].requests} == {64}
+
+
+def test_a_variants_workload_is_checked_with_its_path(tmp_path: Path) -> None:
+    from sim.scenario import ScenarioError, apply_override, parse_scenario
+
+    for keys, message in (({"arival": {"type": "poisson", "rate": 8}}, "variants.0.workload.arival: unknown key; "
+                           "did you mean arrival?"),
+                          ({"arrival": {"type": "poisson", "rate": -1}}, "variants.0.workload.arrival.rate: must be "
+                           "greater than 0")):
+        with pytest.raises(ScenarioError, match=message.replace("?", r"\?")):
+            parse_scenario({**WORKLOAD_VARIANTS, "variants": [{"name": "x", "workload": keys}]})
+    # --set reaches a variant's own section where it has the key; elsewhere the variant inherits the default
+    d = json.loads(json.dumps(WORKLOAD_VARIANTS))
+    apply_override(d, "workload.arrival.rate", 5)
+    assert d["workload"]["arrival"]["rate"] == 5 and d["variants"][2]["workload"]["arrival"]["rate"] == 5
+    apply_override(d, "workload.num_requests", 7)
+    assert d["workload"]["num_requests"] == 7 and "num_requests" not in d["variants"][2]["workload"]
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(WORKLOAD_VARIANTS))
+    res = CliRunner().invoke(app, ["run", str(path), "--out", str(tmp_path / "out"), "-n", "20"])
+    assert res.exit_code == 0, res.output
+    reqs = list(csv.DictReader(open(tmp_path / "out" / "requests.csv")))
+    assert {v: sum(r["variant"] == v for r in reqs) for v in ("base", "same", "busy")} == {"base": 20, "same": 20,
+                                                                                             "busy": 20}

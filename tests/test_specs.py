@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -300,3 +301,44 @@ def test_seventy_b_fits_on_two_h100() -> None:
     assert b.num_gpu_blocks > 0
     with pytest.raises(ModelDoesNotFitError, match="tensor_parallel_size=2 with weight_dtype=bf16"):
         kv_budget("llama-3.1-70b", "h100-sxm", tensor_parallel_size=1)
+
+
+# A config.json the spec would misread is refused, naming the field (issue 13: Mixtral read as 7.24 B dense).
+MIXTRAL_8X7B = {  # mistralai/Mixtral-8x7B-v0.1 config.json (shape fields)
+    "model_type": "mixtral", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+    "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 32000, "max_position_embeddings": 32768,
+    "num_local_experts": 8, "num_experts_per_tok": 2, "sliding_window": None,
+}
+
+
+@pytest.mark.parametrize("change, field", [
+    ({}, "num_local_experts = 8"),
+    ({"model_type": "llama"}, "num_local_experts = 8"),  # relabelled, still a mixture of experts
+    ({"model_type": "mistral", "num_local_experts": None, "num_experts_per_tok": None, "sliding_window": 4096},
+     "sliding_window = 4096"),  # Mistral-7B v0.1's window over a 32k context
+    ({"model_type": "gemma2", "num_local_experts": None, "num_experts_per_tok": None}, "model_type 'gemma2'"),
+])
+def test_config_the_spec_would_misread_is_refused(change: dict, field: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(field)):
+        ModelSpec.from_hf_config({**MIXTRAL_8X7B, **change})
+
+
+def test_configs_it_represents_still_read() -> None:
+    dense = {**MIXTRAL_8X7B, "model_type": "mistral", "num_local_experts": None, "num_experts_per_tok": None}
+    assert ModelSpec.from_hf_config(dense).num_params > 7e9
+    # Qwen2's config names a window it does not use; a window as long as the context is full attention
+    assert ModelSpec.from_hf_config({**dense, "model_type": "qwen2", "sliding_window": 131072,
+                                     "use_sliding_window": False})
+    assert ModelSpec.from_hf_config({**dense, "sliding_window": 32768})
+
+
+def test_refused_config_exits_2_naming_the_field(tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from sim.cli import app
+
+    (tmp_path / "config.json").write_text(json.dumps(MIXTRAL_8X7B))
+    res = CliRunner().invoke(app, ["capacity", "--model", str(tmp_path / "config.json"), "--gpu", "h100",
+                                   "--context", "4096"])
+    assert res.exit_code == 2, res.output
+    assert "num_local_experts = 8: a mixture-of-experts model" in res.output and "Traceback" not in res.output

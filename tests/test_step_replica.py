@@ -29,7 +29,7 @@ def test_each_step_carries_the_replica_that_ran_it() -> None:
 def test_replica_column_round_trips_through_steps_csv(tmp_path) -> None:
     result, _, _ = run(scenario({"replicas": 2, "router": "round_robin"}))
     text = steps_csv([result])
-    assert text.splitlines()[0].split(",")[:3] == ["variant", "replica", "start"]
+    assert text.splitlines()[0].split(",")[:3] == ["variant", "replica", "start_s"]
     (tmp_path / "steps.csv").write_text(text)
     back = read_steps(tmp_path)
     cols = next(iter(back.values()))

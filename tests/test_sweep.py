@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from sim.cli import app
 from sim.scenario import ScenarioError, load_scenario
-from sim.sweep import METRICS, plan_sweep, read_rows, run_sweep
+from sim.sweep import METRICS, column, plan_sweep, read_rows, run_sweep
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
 OVERRIDES = {"workload.num_requests": 60, "sweep": {"workload.arrival.rate": [2.0, 4.0, 8.0]}}
@@ -92,7 +92,8 @@ def test_cli_sweep(tmp_path: Path) -> None:
     rows = read_rows(out / "sweep.csv")
     assert {r["key"] for r in rows} == {"naive[policy.max_num_seqs=4]", "naive[policy.max_num_seqs=16]",
                                         "continuous[policy.max_num_seqs=4]", "continuous[policy.max_num_seqs=16]"}
-    assert set(METRICS) <= set(rows[0])
+    assert {column(m) for m in METRICS} <= set(rows[0])
+    assert {"duration_s", "ttft.p99_s", "e2el.mean_s", "output_throughput"} <= set(rows[0])  # unit in the name
     bad = runner.invoke(app, ["sweep", str(SCENARIOS / "naive-vs-continuous.yaml"), "--executor", "dask"])
     assert bad.exit_code == 2 and "--executor" in bad.output
 

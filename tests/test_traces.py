@@ -198,7 +198,7 @@ def test_malformed_jsonl_names_file_and_line(tmp_path: Path) -> None:
 def test_other_errors(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="unknown trace format"):
         load_trace(_write(tmp_path, "t.txt", "x"))
-    with pytest.raises(ValueError, match="header"):
+    with pytest.raises(ValueError, match="columns .* name no prompt and output lengths; map them"):
         load_trace(_write(tmp_path, "h.csv", "time,in,out\n"))
     with pytest.raises(ValueError, match="no requests"):
         load_trace(_write(tmp_path, "empty.csv", HEADER))
@@ -229,3 +229,50 @@ def test_row_reader_handles_quoting_and_column_order(tmp_path: Path) -> None:
     np.testing.assert_array_equal(t.arrival, [0.0, 2.5])
     np.testing.assert_array_equal(t.prompt_len, [10, 11])
     np.testing.assert_array_equal(t.output_len, [5, 6])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A user's own trace: other column names, plain seconds, CSV or JSONL.
+
+
+def test_own_csv_in_plain_seconds_with_common_names(tmp_path: Path) -> None:
+    t = load_trace(_write(tmp_path, "mine.csv", "arrival_s,prompt_tokens,output_tokens\n0.5,12,3\n2.25,40,9\n1.0,7,1\n"))
+    np.testing.assert_array_equal(t.arrival, [0.0, 0.5, 1.75])  # sorted, relative to the first
+    np.testing.assert_array_equal(t.prompt_len, [12, 7, 40])
+    np.testing.assert_array_equal(t.output_len, [3, 1, 9])
+
+
+def test_own_jsonl_through_a_column_mapping(tmp_path: Path) -> None:
+    from sim.trace_columns import TraceColumns
+
+    body = '{"t": 1000, "in": 5, "out": 2, "user": "a"}\n{"t": 1250, "in": 6.0, "out": 3}\n'
+    t = load_trace(_write(tmp_path, "mine.jsonl", body), columns=TraceColumns("t", "in", "out", "ms"))
+    np.testing.assert_array_equal(t.arrival, [0.0, 0.25])
+    np.testing.assert_array_equal(t.prompt_len, [5, 6])
+    with pytest.raises(ValueError, match=r"mine.jsonl: no column 'tokens_in'"):
+        load_trace(tmp_path / "mine.jsonl", columns=TraceColumns("t", "tokens_in", "out", "ms"))
+    with pytest.raises(ValueError, match=r"mine2.jsonl:2: t must be a number of ms, got 'soon'"):
+        load_trace(_write(tmp_path, "mine2.jsonl", '{"t": 1, "in": 5, "out": 2}\n{"t": "soon", "in": 5, "out": 2}\n'),
+                   columns=TraceColumns("t", "in", "out", "ms"))
+    with pytest.raises(ValueError, match="time_unit must be one of"):
+        TraceColumns("t", "in", "out", "hours")
+
+
+def test_own_trace_in_a_scenario(tmp_path: Path) -> None:
+    """A scenario replays a user's CSV with renamed columns and dates; a mapping naming a missing column is one
+    clear error naming the key."""
+    from sim.run import run_scenario
+    from sim.scenario import ScenarioError, parse_scenario
+
+    path = _write(tmp_path, "log.csv", "when,req_in,req_out\n2026-01-01 10:00:00,30,4\n2026-01-01 10:00:02.5,50,6\n")
+    arrival = {"type": "trace", "trace": str(path),
+               "columns": {"timestamp": "when", "prompt_len": "req_in", "output_len": "req_out",
+                           "time_unit": "datetime"}}
+    sc = {"name": "own", "workload": {"arrival": arrival}, "deployment": {"model": "llama-3.1-8b", "gpu": "a100-80gb"}}
+    (res,) = run_scenario(parse_scenario(sc)).results
+    assert sorted((r.arrival, r.prompt_tokens) for r in res.requests) == [(0.0, 30), (2.5, 50)]
+    bad = {**arrival, "columns": {**arrival["columns"], "prompt_len": "tokens"}}
+    with pytest.raises(ScenarioError, match=r"workload\.arrival\.trace: .*log.csv: no column 'tokens'"):
+        parse_scenario({**sc, "workload": {"arrival": bad}})
+    with pytest.raises(ScenarioError, match="needs its arrival-time column"):
+        parse_scenario({**sc, "workload": {"arrival": {**arrival, "columns": {"timestamp": None}}}})

@@ -14,7 +14,13 @@ import pytest
 from pydantic import TypeAdapter, ValidationError
 
 from sim.traces import load_trace
-from sim.workload import PREFIX_HASH_BLOCK_SIZE, GeneratedWorkload, LengthDistribution, Workload
+from sim.workload import (
+    PREFIX_HASH_BLOCK_SIZE,
+    GeneratedWorkload,
+    LengthDistribution,
+    UniformThinkTime,
+    Workload,
+)
 
 N = 100_000
 
@@ -112,9 +118,24 @@ def test_requests_sorted_with_dense_ids() -> None:
 
 def test_fixed_and_uniform() -> None:
     assert set(lengths({"type": "fixed", "value": 77}, n=100).tolist()) == {77}
-    x = lengths({"type": "uniform", "low": 3, "high": 9})
+    x = lengths({"type": "uniform", "min": 3, "max": 9})
     assert set(x.tolist()) == set(range(3, 10))  # both ends included, every value drawn
     assert x.mean() == pytest.approx(6.0, abs=0.03)
+
+
+def test_every_distribution_names_its_bounds_min_and_max() -> None:
+    """uniform takes min/max like normal, lognormal and exponential; its older low/high still read the same."""
+    bounded = {"type": "uniform", "min": 3, "max": 9}
+    assert np.array_equal(lengths(bounded), lengths({"type": "uniform", "low": 3, "high": 9}))
+    for spec in ({"type": "normal", "mean": 6, "std": 9}, {"type": "lognormal", "mean": 6, "std": 9},
+                 {"type": "exponential", "mean": 6}, {"type": "uniform"}):
+        x = lengths({**spec, "min": 3, "max": 9})
+        assert x.min() >= 3 and x.max() <= 9, spec
+    with pytest.raises(ValueError, match="give min or low"):
+        lengths({"type": "uniform", "low": 3, "min": 4, "max": 9})
+    think = TypeAdapter(UniformThinkTime)
+    assert think.validate_python({"type": "uniform", "low": 0.5, "high": 2}) == think.validate_python(
+        {"type": "uniform", "min": 0.5, "max": 2})
 
 
 def test_normal_is_clipped() -> None:

@@ -1,9 +1,12 @@
 """Reader for `vllm bench serve --save-result` JSON (with or without --save-detailed).
 
 Field facts (vllm/benchmarks/serve.py): aggregates are `<stat>_<metric>_ms` with stat in mean/median/std/pNN and
-metric in ttft/tpot/itl/e2el, in milliseconds; the detailed lists `input_lens`, `output_lens`, `ttfts` (seconds) and
-`itls` (a list of per-request lists, seconds); deployment hints `model_id`, `request_rate` ("inf" or a number),
-`burstiness`, `max_concurrency`, `duration` (seconds). TPOT there already excludes the first token, as servesim's does.
+metric in ttft/tpot/itl/e2el, in milliseconds (pNN also p99.9); throughputs `request_throughput`,
+`output_throughput`, `total_token_throughput`; the detailed lists (one entry per request sent, failed ones too, with
+output 0 and a non-empty `errors` entry) `input_lens`, `output_lens`, `ttfts`, `itls` (per-request lists), and in
+current versions `latencies` and `start_times` (perf_counter seconds, when each request was sent), all in seconds;
+deployment hints `model_id`, `request_rate` ("inf" or a number), `burstiness`, `max_concurrency`, `duration`
+(seconds). TPOT there already excludes the first token, as servesim's does.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Any
 from sim.benchfiles.common import BenchFileError, BenchRun
 
 _AGG = re.compile(r"^(mean|median|std|p\d+(?:\.\d+)?)_(ttft|tpot|itl|e2el)_ms$")
+THROUGHPUT_FIELDS = ("request_throughput", "output_throughput", "total_token_throughput")
 
 
 def _num(v: Any) -> float | None:
@@ -67,45 +71,86 @@ def read_vllm_bench(path: str | Path) -> BenchRun:
             skip(f"{p}: {key}: not a non-negative number")
         else:
             run.aggregates[f"{m.group(1)}_{m.group(2)}"] = v / 1000.0  # ms -> s
+    for key in THROUGHPUT_FIELDS:
+        if key in data:
+            v = _num(data[key])
+            if v is None or v < 0:
+                skip(f"{p}: {key}: not a non-negative number")
+            else:
+                run.aggregates[key] = v
     _read_detailed(p, data, run)
     if not run.aggregates and not run.input_lens:
         raise BenchFileError(f"{p}: no metrics: neither *_ms aggregates nor detailed per-request lists readable")
     return run
 
 
+def _ints(v: list[Any]) -> bool:
+    return all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v)
+
+
 def _read_detailed(p: Path, data: dict[str, Any], run: BenchRun) -> None:
     if "input_lens" not in data:
         return  # saved without --save-detailed: aggregates only
     lists: dict[str, list[Any]] = {}
-    for name in ("input_lens", "output_lens", "ttfts", "itls"):
+    for name in ("input_lens", "output_lens", "ttfts"):
         v = data.get(name)
         if not isinstance(v, list):
             run.skipped.append(f"{p}: {name}: missing or not a list; per-request comparison skipped")
             return
         lists[name] = v
     n = len(lists["input_lens"])
+    optional = {}
+    for name in ("itls", "latencies", "start_times", "errors"):
+        v = data.get(name)
+        if v is None:
+            continue
+        if not isinstance(v, list) or len(v) != n:
+            run.skipped.append(f"{p}: {name}: not a list of {n} entries (one per request); not used")
+        else:
+            optional[name] = v
     for name, v in lists.items():
         if len(v) != n:
             run.skipped.append(f"{p}: {name}: length {len(v)} != input_lens' {n}; per-request comparison skipped")
             return
-    if not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in lists["input_lens"]):
-        run.skipped.append(f"{p}: input_lens: not all non-negative integers; per-request comparison skipped")
-        return
-    if not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in lists["output_lens"]):
-        run.skipped.append(f"{p}: output_lens: not all non-negative integers; per-request comparison skipped")
-        return
+    for name in ("input_lens", "output_lens"):
+        if not _ints(lists[name]):
+            run.skipped.append(f"{p}: {name}: not all non-negative integers; per-request comparison skipped")
+            return
     ttfts = [_num(x) for x in lists["ttfts"]]
     if any(t is None for t in ttfts):
         run.skipped.append(f"{p}: ttfts: not all numbers; per-request comparison skipped")
         return
-    itls: list[list[float]] = []
-    for row in lists["itls"]:
-        vals = [_num(x) for x in row] if isinstance(row, list) else [None]
+    # a request failed when its errors entry is non-empty (vLLM writes "" for a success) or it produced nothing
+    errors = optional.get("errors", [""] * n)
+    ok = [not e and out > 0 for e, out in zip(errors, lists["output_lens"], strict=True)]
+    run.num_failed = n - sum(ok)
+
+    def floats(name: str) -> list[float] | None:
+        if name not in optional:
+            return None
+        vals = [_num(x) for x, good in zip(optional[name], ok, strict=True) if good]
         if any(x is None for x in vals):
-            run.skipped.append(f"{p}: itls: not all lists of numbers; per-request comparison skipped")
-            return
-        itls.append([float(x) for x in vals if x is not None])
-    run.input_lens = list(lists["input_lens"])
-    run.output_lens = list(lists["output_lens"])
-    run.ttfts_s = [float(t) for t in ttfts if t is not None]  # already seconds in vllm's file
+            run.skipped.append(f"{p}: {name}: not all numbers; not used")
+            return None
+        return [float(x) for x in vals if x is not None]
+
+    itls: list[list[float]] | None = None
+    if "itls" in optional:
+        itls = []
+        for row, good in zip(optional["itls"], ok, strict=True):
+            vals = [_num(x) for x in row] if isinstance(row, list) else [None]
+            if any(x is None for x in vals):
+                run.skipped.append(f"{p}: itls: not all lists of numbers; per-request ITLs not used")
+                itls = None
+                break
+            if good:
+                itls.append([float(x) for x in vals if x is not None])
+    starts = floats("start_times")
+    run.latencies_s = floats("latencies")
+    if starts:
+        t0 = min(starts)
+        run.arrival_times_s = [t - t0 for t in starts]
+    run.input_lens = [x for x, good in zip(lists["input_lens"], ok, strict=True) if good]
+    run.output_lens = [x for x, good in zip(lists["output_lens"], ok, strict=True) if good]
+    run.ttfts_s = [float(t) for t, good in zip(ttfts, ok, strict=True) if good and t is not None]  # seconds already
     run.itls_s = itls

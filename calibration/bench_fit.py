@@ -1,0 +1,198 @@
+"""`servesim calibrate --from-bench FILE... --model M --gpu G`: fit the analytic cost model's few knobs to a user's
+own benchmark results.
+
+The knobs are the analytic (roofline) model's: ``compute_efficiency`` and ``bandwidth_efficiency`` (shares of the
+GPU's peak FLOP/s and HBM bandwidth reached), ``step_overhead`` (host seconds per step: scheduling, launches) and
+``per_request_overhead`` (host seconds per row per step: input preparation, sampling, detokenization). Every
+evaluation replays each training file's workload in the simulator with those knobs (sim/benchfiles/validate.py),
+and the residuals are log(simulated / measured) over the latency statistics the files hold, so that each metric
+weighs by its relative error whatever its size. ``scipy.optimize.least_squares`` (trust-region reflective) keeps
+every knob inside physical bounds. Knobs are fitted only to several files together, never one constant per file.
+
+Held-out files (every ``holdout_every``-th, by load) are simulated with the fitted knobs and their errors printed:
+that is the error to expect on a load the fit did not see. The profile written is JSON::
+
+    {"kind": "servesim-analytic-knobs", "schema_version": 1, "model": ..., "gpu": ...,
+     "cost_model": {"type": "analytic", "compute_efficiency": ..., ...},
+     "fit": {"train": [...files], "heldout": [...files], "train_median_abs_error": ..., "heldout_errors": {...}}}
+
+and a scenario uses it with ``deployment.cost_model: {type: analytic, profile: PATH}``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from sim.benchfiles.common import BenchRun
+from sim.benchfiles.knobs import PROFILE_KIND
+from sim.benchfiles.validate import rebuild_workload, relative_error, simulated_metrics
+from sim.scenario import AnalyticCost, VariantConfig
+
+# fitted unless told otherwise: per_request_overhead moves TPOT by a share that grows with the batch, which a few
+# noisy files rarely separate from the bandwidth term; it stays at its default unless asked for (--knobs)
+DEFAULT_FREE = ("compute_efficiency", "bandwidth_efficiency", "step_overhead")
+# the solver works on log(knob): every knob moves by relative steps, whatever its size
+BOUNDS = {"compute_efficiency": (0.02, 1.0), "bandwidth_efficiency": (0.02, 1.0), "step_overhead": (1e-6, 0.1),
+          "per_request_overhead": (1e-8, 1e-2)}
+# means and medians: tail percentiles move in jumps as the order of events changes, which finite differences
+# cannot follow
+FIT_METRICS = ("mean_ttft", "mean_tpot", "mean_itl", "mean_e2el", "output_throughput")
+DEFAULTS = {"compute_efficiency": 0.6, "bandwidth_efficiency": 0.8, "step_overhead": 1.5e-3,
+            "per_request_overhead": 1e-5}  # sim/costmodel.py's defaults: the fit starts there
+
+
+def with_knobs(cfg: VariantConfig, knobs: dict[str, float]) -> VariantConfig:
+    dep = cfg.deployment.model_copy(update={"cost_model": AnalyticCost(**knobs)})
+    return dataclasses.replace(cfg, deployment=dep)
+
+
+Deployments = VariantConfig | list[VariantConfig]  # one for every run, or one per run (rows of many deployments)
+
+
+def simulate_runs(cfg: Deployments, runs: list[BenchRun], knobs: dict[str, float], seed: int = 0
+                  ) -> list[dict[str, float]]:
+    from sim.run import simulate_variant
+
+    cfgs = cfg if isinstance(cfg, list) else [cfg] * len(runs)
+    out = []
+    for base, run in zip(cfgs, runs, strict=True):
+        c = with_knobs(base, knobs)
+        wl, _ = rebuild_workload(run, seed=seed, max_len=int(base.deployment.max_model_len or (1 << 20)))
+        result, _, _ = simulate_variant(c, wl, name=c.name)
+        out.append(simulated_metrics(result, list(run.aggregates)))
+    return out
+
+
+def _pairs(runs: list[BenchRun], sims: list[dict[str, float]]) -> list[tuple[int, str, float, float]]:
+    return [(i, k, run.aggregates[k], sim[k]) for i, (run, sim) in enumerate(zip(runs, sims, strict=True))
+            for k in FIT_METRICS if k in run.aggregates and k in sim and run.aggregates[k] > 0]
+
+
+@dataclass
+class BenchFit:
+    knobs: dict[str, float]
+    train: list[str]
+    heldout: list[str]
+    train_median_abs_error: float
+    heldout_errors: dict[str, dict[str, float | None]] = field(default_factory=dict)  # file -> metric -> error
+    nfev: int = 0
+
+    def heldout_median_abs_error(self) -> float | None:
+        errs = [abs(e) for m in self.heldout_errors.values() for e in m.values() if e is not None]
+        return float(np.median(errs)) if errs else None
+
+
+def fit_knobs(cfg: Deployments, train: list[BenchRun], *, x0: dict[str, float] | None = None, seed: int = 0,
+              max_iter: int = 12, knobs: tuple[str, ...] = DEFAULT_FREE, robust: float | None = None) -> tuple[dict[str, float], float, int]:
+    """Bounded least squares over the knobs; returns them, the training median |relative error| and the number
+    of evaluations."""
+    from scipy.optimize import least_squares
+
+    start = {**DEFAULTS, **(x0 or {})}
+    free = knobs
+    lo = np.log([BOUNDS[k][0] for k in free])
+    hi = np.log([BOUNDS[k][1] for k in free])
+    x_start = np.clip(np.log([start[k] for k in free]), lo, hi)
+
+    def knobs_of(x: np.ndarray) -> dict[str, float]:
+        return {**start, **{k: float(np.exp(v)) for k, v in zip(free, x, strict=True)}}
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        pairs = _pairs(train, simulate_runs(cfg, train, knobs_of(x), seed))
+        r = np.array([math.log(max(s, 1e-12) / m) for _, _, m, s in pairs])
+        if robust is None:
+            return r
+        # scipy's soft_l1 loss written into the residuals (their squares sum to it): a few points the model
+        # cannot describe at all pull the knobs by their sign, not by their size
+        return np.sign(r) * robust * np.sqrt(2.0 * (np.sqrt(1.0 + (r / robust) ** 2) - 1.0))
+
+    # The simulated metrics are a staircase in the knobs at fine scale (a knob that reorders two events moves a
+    # request into another step), so a trust-region solver on the simulator itself shrinks its region onto a
+    # stair and stops. Instead: Gauss-Newton with coarse central differences (steps of 5% in every knob), each
+    # step's bounded linear subproblem solved by least_squares, and a backtracking line search on the
+    # simulator's true cost; stop when a step no longer lowers it.
+    x = x_start
+    r = residuals(x)
+    nfev = 1
+    h = 0.05
+    lam = 1e-3 * float(r.size)
+    for _ in range(max_iter):
+        jac = np.empty((r.size, x.size))
+        for j in range(x.size):
+            up, down = x.copy(), x.copy()
+            up[j], down[j] = min(x[j] + h, hi[j]), max(x[j] - h, lo[j])
+            jac[:, j] = (residuals(up) - residuals(down)) / (up[j] - down[j])
+            nfev += 2
+        # Levenberg damping: a rejected step is retried shorter and turned towards the gradient
+        best = None
+        for _ in range(8):
+            damp = math.sqrt(lam)
+
+            def model(d: np.ndarray, jac: np.ndarray = jac, r: np.ndarray = r, damp: float = damp) -> np.ndarray:
+                return np.concatenate([r + jac @ d, damp * d])
+
+            sub = least_squares(model, np.zeros(x.size), bounds=(lo - x, hi - x), method="trf")
+            cand = np.clip(x + sub.x, lo, hi)
+            rc = residuals(cand)
+            nfev += 1
+            if rc @ rc < r @ r:
+                best = (cand, rc)
+                lam /= 3.0
+                break
+            lam *= 4.0
+        if best is None:
+            break
+        gain = r @ r - best[1] @ best[1]
+        x, r = best
+        if gain < 1e-4 * (r @ r):
+            break
+            break
+        x, r = best
+    fitted = knobs_of(x)
+    pairs = _pairs(train, simulate_runs(cfg, train, fitted, seed))
+    errs = [abs(s - m) / m for _, _, m, s in pairs]
+    return fitted, float(np.median(errs)) if errs else math.nan, nfev
+
+
+def split_holdout(runs: list[BenchRun], holdout_every: int) -> tuple[list[BenchRun], list[BenchRun]]:
+    """Every ``holdout_every``-th run by load (starting with the second) is held out; 0 holds none out."""
+    order = sorted(range(len(runs)), key=lambda i: (runs[i].load or math.inf, i))
+    if holdout_every <= 0 or len(runs) < 3:
+        return [runs[i] for i in order], []
+    held = {order[j] for j in range(1, len(order), holdout_every)}
+    return [runs[i] for i in order if i not in held], [runs[i] for i in order if i in held]
+
+
+def calibrate_from_bench(cfg: VariantConfig, runs: list[BenchRun], *, holdout_every: int = 4, seed: int = 0,
+                         max_iter: int = 12, knobs: tuple[str, ...] = DEFAULT_FREE, robust: float | None = None) -> BenchFit:
+    if len(runs) < 2:
+        raise ValueError("calibrate --from-bench needs at least 2 benchmark runs: knobs are never fitted to one")
+    train, held = split_holdout(runs, holdout_every)
+    fitted, train_err, nfev = fit_knobs(cfg, train, seed=seed, max_iter=max_iter, knobs=knobs)
+    held_errors: dict[str, dict[str, float | None]] = {}
+    if held:
+        for run, sim in zip(held, simulate_runs(cfg, held, fitted, seed), strict=True):
+            name = run.source + (f" {run.label}" if run.label else "")
+            held_errors[name] = {k: relative_error(v, sim[k]) for k, v in run.aggregates.items() if k in sim}
+    label = [r.source + (f" {r.label}" if r.label else "") for r in train]
+    return BenchFit(fitted, label, list(held_errors), train_err, held_errors, nfev)
+
+
+def profile_dict(fit: BenchFit, *, model: str, gpu: str) -> dict[str, Any]:
+    return {
+        "kind": PROFILE_KIND,
+        "schema_version": 1,
+        "model": model,
+        "gpu": gpu,
+        "cost_model": {"type": "analytic", **fit.knobs},
+        "fit": {"method": "scipy.optimize.least_squares (trf, bounded), residuals log(sim / measured)",
+                "metrics": list(FIT_METRICS), "train": fit.train, "heldout": fit.heldout,
+                "train_median_abs_error": fit.train_median_abs_error,
+                "heldout_median_abs_error": fit.heldout_median_abs_error(), "heldout_errors": fit.heldout_errors,
+                "evaluations": fit.nfev},
+    }

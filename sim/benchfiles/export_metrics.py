@@ -1,0 +1,118 @@
+"""A simulated run as an OpenMetrics text exposition under vLLM's metric names (vllm/v1/metrics/loggers.py), so
+that the dashboards and queries users have for a real server's ``/metrics`` read a simulated one.
+
+Gauges are time series: one timestamped sample per step (thinned to at most ``max_points`` per engine), the
+timestamp being the simulated time in seconds since the start of the run (not a Unix time). ``engine`` is the
+replica index, as vLLM labels data-parallel engines. The KV usage is written under both of vLLM's names
+(``kv_cache_usage_perc`` in v1, ``gpu_cache_usage_perc`` before; a fraction in [0, 1] despite the name, as in
+vLLM). Histograms and the preemption counter are the state at the end of the run; the counter is also a series.
+TPOT is written under v1's per-request name and the older ``time_per_output_token_seconds``; ITL (pooled gaps)
+under ``inter_token_latency_seconds``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from sim.benchfiles.export_vllm import _model_of
+from sim.benchfiles.stats import pooled_itls
+from sim.records import RunResult
+
+# vLLM's bucket boundaries (seconds) for these histograms
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                40.0, 80.0, 160.0, 640.0, 2560.0)
+TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                40.0, 80.0)
+E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+               480.0, 960.0, 1920.0, 7680.0)
+
+
+def _esc(s: str) -> str:
+    return s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _num(x: float) -> str:
+    return repr(float(x))
+
+
+def _histogram(lines: list[str], name: str, help_: str, labels: str, values: np.ndarray, buckets: Sequence[float],
+               ts: str) -> None:
+    lines += [f"# TYPE {name} histogram", f"# HELP {name} {help_}", f"# UNIT {name} seconds"] \
+        if name.endswith("_seconds") else [f"# TYPE {name} histogram", f"# HELP {name} {help_}"]
+    v = np.sort(np.asarray(values, dtype=np.float64))
+    for b in buckets:
+        lines.append(f'{name}_bucket{{{labels},le="{_num(b)}"}} {int(np.searchsorted(v, b, side="right"))}{ts}')
+    lines.append(f'{name}_bucket{{{labels},le="+Inf"}} {v.size}{ts}')
+    lines.append(f"{name}_count{{{labels}}} {v.size}{ts}")
+    lines.append(f"{name}_sum{{{labels}}} {_num(v.sum())}{ts}")
+
+
+def _thin(idx: np.ndarray, max_points: int) -> np.ndarray:
+    if idx.size <= max_points:
+        return idx
+    return idx[np.linspace(0, idx.size - 1, max_points).round().astype(np.int64)]
+
+
+def openmetrics_text(result: RunResult, *, max_points: int = 2000) -> str:
+    model = _esc(_model_of(result) or result.name)
+    s = result.steps
+    start = np.asarray(s["start"], dtype=np.float64)
+    dur = np.asarray(s["duration"], dtype=np.float64)
+    end = start + dur
+    replica = np.asarray(s["replica"], dtype=np.int64)
+    cap = np.asarray(s["kv_capacity_blocks"], dtype=np.float64)
+    cap = np.where(cap > 0, cap, float(result.kv_capacity_blocks))
+    used = np.asarray(s["kv_blocks_used"], dtype=np.float64)
+    usage = np.divide(used, cap, out=np.zeros_like(used), where=cap > 0)
+    preempt = np.asarray(s["num_preempted"], dtype=np.int64)
+    engines = sorted({int(r) for r in replica}) or [0]
+    series: dict[str, list[str]] = {k: [] for k in (
+        "num_requests_running", "num_requests_waiting", "kv_cache_usage_perc", "gpu_cache_usage_perc",
+        "num_preemptions")}
+    for e in engines:
+        mine = np.flatnonzero(replica == e)
+        mine = mine[np.argsort(end[mine], kind="stable")]
+        # one sample per distinct timestamp (the last step ending then), times strictly increasing
+        keep = mine[np.r_[end[mine][1:] != end[mine][:-1], True]] if mine.size else mine
+        cum = np.cumsum(preempt[mine])
+        cum_at = dict(zip(mine.tolist(), cum.tolist(), strict=True))
+        lab = f'model_name="{model}",engine="{e}"'
+        for i in _thin(keep, max_points).tolist():
+            t = f" {_num(end[i])}"
+            series["num_requests_running"].append(f"vllm:num_requests_running{{{lab}}} {int(s['num_running'][i])}{t}")
+            series["num_requests_waiting"].append(f"vllm:num_requests_waiting{{{lab}}} {int(s['num_waiting'][i])}{t}")
+            series["kv_cache_usage_perc"].append(f"vllm:kv_cache_usage_perc{{{lab}}} {_num(usage[i])}{t}")
+            series["gpu_cache_usage_perc"].append(f"vllm:gpu_cache_usage_perc{{{lab}}} {_num(usage[i])}{t}")
+            series["num_preemptions"].append(f"vllm:num_preemptions_total{{{lab}}} {int(cum_at[i])}{t}")
+    helps = {
+        "num_requests_running": ("gauge", "Number of requests in model execution batches."),
+        "num_requests_waiting": ("gauge", "Number of requests waiting to be processed."),
+        "kv_cache_usage_perc": ("gauge", "KV-cache usage. 1 means 100 percent usage."),
+        "gpu_cache_usage_perc": ("gauge", "GPU KV-cache usage. 1 means 100 percent usage (older name)."),
+        "num_preemptions": ("counter", "Cumulative number of preemption from the engine."),
+    }
+    lines: list[str] = []
+    for key, (kind, help_) in helps.items():
+        lines += [f"# TYPE vllm:{key} {kind}", f"# HELP vllm:{key} {help_}", *series[key]]
+    done = [r for r in result.requests if r.outcome == "completed"]
+    ttft = np.array([r.first_token - r.arrival for r in done], dtype=np.float64)
+    e2el = np.array([r.finish - r.arrival for r in done], dtype=np.float64)
+    out_tok = np.array([r.output_tokens for r in done], dtype=np.int64)
+    multi = out_tok > 1
+    tpot = (e2el[multi] - ttft[multi]) / (out_tok[multi] - 1)
+    ts = f" {_num(float(end.max()) if end.size else 0.0)}"
+    lab = f'model_name="{model}",engine="0"'
+    _histogram(lines, "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", lab, ttft,
+               TTFT_BUCKETS, ts)
+    _histogram(lines, "vllm:request_time_per_output_token_seconds",
+               "Histogram of time_per_output_token_seconds per request.", lab, tpot, TPOT_BUCKETS, ts)
+    _histogram(lines, "vllm:time_per_output_token_seconds", "Histogram of time per output token in seconds.", lab,
+               tpot, TPOT_BUCKETS, ts)
+    _histogram(lines, "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", lab,
+               pooled_itls(result), TPOT_BUCKETS, ts)
+    _histogram(lines, "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", lab, e2el,
+               E2E_BUCKETS, ts)
+    lines.append("# EOF")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,223 @@
+"""What limits a run: the candidate limits ranked, each with a score in [0, 1] and the numbers that show it.
+
+A run can be limited by several things at once, and the one a user must hear first is often not a hardware
+roofline: a server that is offered more requests than it serves is overloaded whatever its GPU does, and the
+reason it cannot keep up is the next limit in the list. The candidates:
+
+- overloaded: requests arrive faster than they complete (offered vs served rate over the arrival window), the
+  queue grows, and queueing delay is a large share of E2EL. Listed first whenever present: it is the symptom;
+  the limits after it say why.
+- batch-slot cap: the running batch sits at ``max_num_seqs`` (or a static batch's ``batch_size``) while requests
+  wait. Static batching counts only rows that compute for a request: padded rows fill slots for nobody.
+- memory-bound: KV usage near capacity, with preemptions or rejections.
+- padding: the share of computed tokens that were padding (static batching).
+- compute-bound or bandwidth-bound: what bounds the steps themselves, from MFU while the GPU computed (the
+  analytic cost model is a roofline, so a step at high MFU sits on its compute roof and one at low MFU waits on
+  weight and KV reads or fixed overhead); weighted by the share of time the GPU computed.
+
+``limit_inputs`` measures the figures a verdict needs from a run (summary.json keeps them under ``limits``), and
+``rank_limits`` turns a summary into the ranking, so a summary read back from JSON gets the same verdict.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from sim.records import RunResult
+
+# Thresholds, as fractions.
+OVERLOAD_RATIO = 1.05  # offered / served rate above this: requests pile up
+QUEUE_SHARE_OVERLOAD = 0.5  # queueing delay at or above this share of mean E2EL: the queue dominates latency
+KV_FULL_MEAN = 0.85  # KV usage averaged over busy time at or above this: memory is the limit
+KV_FULL_PEAK = 0.95  # ...or peaking at or above this while requests were preempted or rejected
+MFU_COMPUTE = 0.30  # MFU while computing at or above this: steps sit on the compute roof
+LISTED = 0.05  # limits scoring below this are left out of the ranking (but the step roofline always stays)
+
+NAN = float("nan")
+
+
+@dataclass(frozen=True, slots=True)
+class Limit:
+    """One candidate limit: its name, a score in [0, 1] (how strongly the run shows it) and the numbers behind it."""
+
+    name: str
+    score: float
+    evidence: str
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """The limits of a run, strongest first (overload, when present, leads), and a one-line text."""
+
+    limits: tuple[Limit, ...]
+    text: str
+
+    @property
+    def names(self) -> list[str]:
+        return [lim.name for lim in self.limits]
+
+    @property
+    def causes(self) -> list[str]:
+        """The limits other than overload: why the server cannot keep up (or what bounds it when it can)."""
+        return [n for n in self.names if n != "overloaded"]
+
+
+def _fin(x: object) -> float:
+    return float(x) if isinstance(x, int | float) and math.isfinite(x) else 0.0
+
+
+def _pct(x: object) -> str:
+    return f"{100 * float(x):.0f}%" if isinstance(x, int | float) and math.isfinite(x) else "n/a"
+
+
+def _slot_cap(config: dict | None) -> tuple[float, bool]:
+    """(slots per step, static batching?) from a variant's resolved configuration; NaN when unknown."""
+    policy = (config or {}).get("policy") or {}
+    if policy.get("type") == "static":
+        return float(policy.get("batch_size", NAN)), True
+    return float(policy.get("max_num_seqs", NAN)), False
+
+
+def limit_inputs(result: RunResult) -> dict:
+    """The figures ``rank_limits`` reads, measured on a run (summary.json's ``limits``; rates in req/s, times in s).
+
+    - offered_rate: requests over the arrival window (first to last arrival); served_rate: requests completed
+      within that window over its length (NaN for a window under a millisecond: one burst, no rate);
+    - queue_share: mean queueing delay over mean E2EL of completed requests;
+    - queue_start / queue_end: mean waiting requests over the first and the last quarter of the arrival window;
+    - waiting_share: share of GPU time whose steps ran with requests waiting;
+    - mean_running: requests computing per step (padded rows excluded), time-weighted; slot_cap: max_num_seqs or
+      the static batch size (per replica); static: whether the policy batches statically;
+    - busy_mfu: MFU while computing (FLOPs over busy time x peak); prefill_share: prefill tokens / computed tokens.
+    """
+    reqs = result.requests
+    arrivals = np.sort(np.array([r.arrival for r in reqs], dtype=np.float64))
+    done = [r for r in reqs if r.completed]
+    offered = served = NAN
+    q_start = q_end = NAN
+    s = result.steps
+    start = np.asarray(s["start"], dtype=np.float64)
+    dur = np.asarray(s["duration"], dtype=np.float64)
+    waiting = np.asarray(s["num_waiting"], dtype=np.float64)
+    if arrivals.size > 1 and arrivals[-1] - arrivals[0] >= 1e-3:
+        t0, t1 = float(arrivals[0]), float(arrivals[-1])
+        span = t1 - t0
+        offered = (arrivals.size - 1) / span  # n arrivals bound n - 1 gaps
+        served = sum(1 for r in done if r.finish <= t1) / span
+        quarter = span / 4
+        for lo, hi, which in ((t0, t0 + quarter, "start"), (t1 - quarter, t1, "end")):
+            sel = (start >= lo) & (start < hi)
+            v = float(np.dot(waiting[sel], dur[sel]) / dur[sel].sum()) if dur[sel].sum() > 0 else NAN
+            if which == "start":
+                q_start = v
+            else:
+                q_end = v
+    e2el = np.array([r.finish - r.arrival for r in done], dtype=np.float64)
+    queue = np.array([r.first_scheduled - r.arrival for r in done], dtype=np.float64)
+    queue_share = float(queue.mean() / e2el.mean()) if e2el.size and e2el.mean() > 0 else NAN
+    busy = float(dur.sum())
+    running = np.asarray(s["batch_size"], dtype=np.float64)
+    computed = float(
+        np.sum(s["prefill_tokens"], dtype=np.float64)
+        + np.sum(s["decode_tokens"], dtype=np.float64)
+        + np.sum(s["padding_tokens"], dtype=np.float64)
+    )
+    cap, static = _slot_cap(result.config)
+    flops = float(np.asarray(s["flops"], dtype=np.float64).sum())
+    return {
+        "offered_rate": offered,
+        "served_rate": served,
+        "queue_share": queue_share,
+        "queue_start": q_start,
+        "queue_end": q_end,
+        "waiting_share": float(dur[waiting > 0].sum() / busy) if busy > 0 else NAN,
+        "mean_running": float(np.dot(running, dur) / busy) if busy > 0 else NAN,
+        "slot_cap": cap,
+        "static": static,
+        "busy_mfu": flops / (busy * result.peak_flops) if busy > 0 and result.peak_flops > 0 else NAN,
+        "prefill_share": float(np.sum(s["prefill_tokens"], dtype=np.float64)) / computed if computed > 0 else NAN,
+    }
+
+
+def _overload(lim: dict) -> Limit | None:
+    offered, served, share = lim.get("offered_rate"), lim.get("served_rate"), lim.get("queue_share")
+    ratio = _fin(offered) / _fin(served) if _fin(served) > 0 else (math.inf if _fin(offered) > 0 else 0.0)
+    score = max(min(1.0, (ratio - 1.0) * 2.0) if ratio > OVERLOAD_RATIO else 0.0,
+                _fin(share) if _fin(share) >= QUEUE_SHARE_OVERLOAD else 0.0)
+    if score <= 0:
+        return None
+    qs, qe = lim.get("queue_start"), lim.get("queue_end")
+    text = f"offered {_fin(offered):.2f} req/s, served {_fin(served):.2f} req/s"
+    if isinstance(qs, int | float) and isinstance(qe, int | float) and math.isfinite(qs) and math.isfinite(qe):
+        text += f", queue {qs:.0f} -> {qe:.0f} waiting"
+    text += f", queueing {_pct(share)} of E2EL"
+    return Limit("overloaded", score, text)
+
+
+def rank_limits(summary: dict) -> Verdict:
+    """The verdict of a summary (``sim.metrics.summarize``'s, or one read back from summary.json)."""
+    if summary.get("num_steps", 0) == 0:
+        return Verdict((), "no steps ran: nothing to diagnose.")
+    lim = summary.get("limits") or {}
+    found: list[Limit] = []
+
+    over = _overload(lim)
+
+    cap, running = _fin(lim.get("slot_cap")), _fin(lim.get("mean_running"))
+    if cap > 0:
+        fill = min(1.0, running / cap)
+        kind = "batch_size" if lim.get("static") else "max_num_seqs"
+        found.append(Limit("batch-slot cap", fill * _fin(lim.get("waiting_share")),
+                           f"{running:.1f} of {kind} {cap:.0f} running, requests waiting "
+                           f"{_pct(lim.get('waiting_share'))} of busy time"))
+
+    kv = summary.get("kv_usage") or {}
+    kv_mean, kv_max = _fin(kv.get("mean")), _fin(kv.get("max"))
+    pressure = _fin(summary.get("num_preemptions")) + _fin(summary.get("num_rejected"))
+    kv_score = kv_mean if kv_mean >= KV_FULL_MEAN else 0.0  # a half-full cache without pressure limits nothing
+    if pressure > 0 and kv_max >= KV_FULL_PEAK:
+        kv_score = max(kv_score, kv_max)
+    extras = [f"{summary['num_preemptions']} preemptions"] if summary.get("num_preemptions") else []
+    if summary.get("num_rejected"):
+        extras.append(f"{summary['num_rejected']} rejected")
+    found.append(Limit("memory-bound", kv_score, f"KV usage {_pct(kv.get('mean'))} on average (peak "
+                       f"{_pct(kv.get('max'))})" + (", " + ", ".join(extras) if extras else "")))
+
+    pad = _fin(summary.get("padding_fraction"))
+    found.append(Limit("padding", pad, f"{_pct(pad)} of computed tokens were padding"))
+
+    busy = _fin(summary.get("busy_fraction"))
+    busy_mfu = lim.get("busy_mfu")
+    if not isinstance(busy_mfu, int | float) or not math.isfinite(busy_mfu):
+        mfu = summary.get("mfu")  # an older summary: MFU over the run, scaled to busy time
+        busy_mfu = _fin(mfu) / busy if busy > 0 and isinstance(mfu, int | float) and math.isfinite(mfu) else NAN
+    if math.isfinite(busy_mfu):
+        roof = "compute-bound" if busy_mfu >= MFU_COMPUTE else "bandwidth-bound"
+        roof_text = f"MFU {_pct(busy_mfu)} while computing"
+    else:
+        roof, roof_text = "GPU-bound", "MFU unknown"
+    roof_text += f", GPU busy {_pct(busy)} of the time"
+    if busy < 0.5:
+        roof_text += " (more load would fit)"
+    if math.isfinite(_fin(lim.get("prefill_share"))) and "prefill_share" in lim:
+        roof_text += f", prefill {_pct(lim.get('prefill_share'))} of tokens"
+    # The roofline bounds every step, so it is always listed; it is the run's limit only as far as nothing else
+    # is: a server whose slots are full or whose rows compute padding would not go faster on a faster roof.
+    strongest = max((x.score for x in found), default=0.0)
+    roofline = Limit(roof, busy * (1.0 - strongest), roof_text)
+
+    ranked = [x for x in found if x.score >= LISTED] + [roofline]
+    ranked.sort(key=lambda x: -x.score)
+    if over is not None:
+        ranked.insert(0, over)
+    top = ranked[0]
+    text = f"{top.name}: {top.evidence}"
+    if len(ranked) > 1:
+        nxt = ranked[1]
+        text += f"; then {nxt.name}: {nxt.evidence}"
+    if summary.get("num_failed"):
+        text += f"; {summary['num_failed']} failed"
+    return Verdict(tuple(ranked), text + ".")

@@ -1,0 +1,94 @@
+"""calibrate --from-bench: knobs planted in simulated measurements with 5% seeded noise come back (issue 14)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from calibration.bench_fit import calibrate_from_bench, profile_dict, with_knobs
+from sim.benchfiles.common import BenchRun
+from sim.benchfiles.stats import bench_stats, run_stats
+from sim.benchfiles.validate import rebuild_workload
+from sim.run import simulate_variant
+from sim.scenario import load_scenario, variant_configs
+
+DATA = Path(__file__).parent / "data" / "bench"
+ROOT = Path(__file__).parent.parent
+PLANTED = {"compute_efficiency": 0.45, "bandwidth_efficiency": 0.7, "step_overhead": 3e-3,
+           "per_request_overhead": 1e-5}
+# (request rate, mean prompt, mean output): a load sweep over mixes, as a user's benchmark files would be
+LOADS = [(1, 1500, 60), (4, 300, 150), (8, 800, 100), (16, 200, 200), (2, 3000, 40), (12, 500, 120)]
+
+
+def measured_runs(cfg, n: int = 60, seed: int = 7) -> list[BenchRun]:
+    """Simulated 'measurements' with the planted knobs; each request's TTFT and decode time get 5% lognormal
+    noise (seeded), and the statistics are recomputed as vLLM would from the noisy values."""
+    rng = np.random.default_rng(seed)
+    runs = []
+    for i, (rate, pmean, omean) in enumerate(LOADS):
+        ins = np.clip(rng.lognormal(np.log(pmean), 0.5, n).astype(int), 8, 3500)
+        outs = np.clip(rng.exponential(omean, n).astype(int) + 20, 20, 500)
+        arrivals = np.cumsum(rng.exponential(1 / rate, n))
+        run = BenchRun(source=f"load{i}", request_rate=float(rate), input_lens=ins.tolist(),
+                       output_lens=outs.tolist(), arrival_times_s=arrivals.tolist())
+        wl, _ = rebuild_workload(run)
+        res, _, _ = simulate_variant(with_knobs(cfg, PLANTED), wl)
+        done = sorted(res.requests, key=lambda r: r.id)
+        ttft = [(r.first_token - r.arrival) * rng.lognormal(0, 0.05) for r in done]
+        e2el = [t + (r.finish - r.first_token) * rng.lognormal(0, 0.05) for t, r in zip(ttft, done, strict=True)]
+        stats = bench_stats(ttft, e2el, [r.output_tokens for r in done], [r.prompt_tokens for r in done],
+                            np.zeros(0), res.duration)
+        run.aggregates = {k: v for k, v in stats.items() if "_itl" not in k}  # no per-token times: no ITL
+        runs.append(run)
+    return runs
+
+
+@pytest.fixture(scope="module")
+def cfg():
+    sc, _ = load_scenario(DATA / "scenario.yaml")
+    return variant_configs(sc)[0]
+
+
+def test_planted_knobs_recovered_from_noisy_measurements(cfg) -> None:
+    fit = calibrate_from_bench(cfg, measured_runs(cfg), holdout_every=0)
+    got = fit.knobs
+    assert got["compute_efficiency"] == pytest.approx(PLANTED["compute_efficiency"], rel=0.02)
+    assert got["bandwidth_efficiency"] == pytest.approx(PLANTED["bandwidth_efficiency"], rel=0.02)
+    # the per-step overhead trades against the bandwidth term (both are a constant per decode step); with 5%
+    # noise on 6 files of 60 requests it is found within 5%, not 2% (measured: -2.6%)
+    assert got["step_overhead"] == pytest.approx(PLANTED["step_overhead"], rel=0.05)
+    assert got["per_request_overhead"] == PLANTED["per_request_overhead"]  # not fitted by default: its default
+    assert fit.train_median_abs_error < 0.02
+
+
+def test_holdout_errors_and_profile_used_by_a_scenario(cfg, tmp_path: Path) -> None:
+    runs = measured_runs(cfg, n=40, seed=3)
+    fit = calibrate_from_bench(cfg, runs, holdout_every=3)
+    assert len(fit.train) == 4 and len(fit.heldout) == 2
+    med = fit.heldout_median_abs_error()
+    assert med is not None and med < 0.1
+    prof = tmp_path / "knobs.json"
+    prof.write_text(json.dumps(profile_dict(fit, model="llama-3.1-8b", gpu="a100-80gb")))
+    sc, _ = load_scenario(DATA / "scenario.yaml", {"deployment.cost_model": {"type": "analytic", "profile": str(prof)}})
+    other = variant_configs(sc)[0]
+    wl, _ = rebuild_workload(runs[0])
+    a, _, _ = simulate_variant(other, wl)
+    b, _, _ = simulate_variant(with_knobs(cfg, fit.knobs), wl)
+    assert run_stats(a) == run_stats(b)
+
+
+def test_one_file_is_refused_and_cli_errors_exit_2(cfg, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="at least 2"):
+        calibrate_from_bench(cfg, measured_runs(cfg, n=10)[:1])
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    base = [sys.executable, "-m", "sim.cli", "calibrate", "--from-bench", str(DATA / "vllm_detailed.json"),
+            "--model", "llama-3.1-8b"]
+    r = subprocess.run(base, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert r.returncode == 2 and "--from-bench needs --gpu" in r.stderr and "Traceback" not in r.stderr
+    r = subprocess.run([*base, "--gpu", "a100-80gb", "--knobs", "speed"], capture_output=True, text=True, env=env,
+                       cwd=tmp_path, timeout=300)
+    assert r.returncode == 2 and "--knobs: unknown speed" in r.stderr

@@ -1,0 +1,132 @@
+"""validate --against and the run folder's exports (issue 14): round trip, formats, OpenMetrics, bad input."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from prometheus_client.openmetrics.parser import text_string_to_metric_families
+
+from sim.benchfiles import BenchFileError
+from sim.benchfiles.genai_perf import read_genai_perf
+from sim.benchfiles.guidellm import read_guidellm
+from sim.benchfiles.validate import rebuild_workload, validate_against, write_bench_validation
+from sim.benchfiles.vllm_bench import read_vllm_bench
+from sim.run import run_scenario, write_scenario_run
+from sim.scenario import load_scenario
+
+DATA = Path(__file__).parent / "data" / "bench"
+SCENARIO = DATA / "scenario.yaml"
+ROOT = Path(__file__).parent.parent
+
+
+@pytest.fixture(scope="module")
+def run_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    sc, raw = load_scenario(SCENARIO)
+    out = tmp_path_factory.mktemp("run")
+    write_scenario_run(run_scenario(sc, raw), out, raw)
+    return out
+
+
+def test_run_folder_holds_vllm_bench_json_in_vllms_units(run_folder: Path) -> None:
+    data = json.loads((run_folder / "cb.vllm-bench.json").read_text())
+    assert data["num_prompts"] == 40 and data["completed"] == 40 and data["request_rate"] == 4.0
+    assert data["burstiness"] == 1.0
+    # aggregates in ms, per-request lists in s: the mean of the ttfts list is mean_ttft_ms / 1000
+    assert sum(data["ttfts"]) / 40 * 1000 == pytest.approx(data["mean_ttft_ms"], rel=1e-12)
+    assert data["total_output_tokens"] == sum(data["output_lens"])
+    run = read_vllm_bench(run_folder / "cb.vllm-bench.json")
+    assert run.skipped == [] and len(run.arrival_times_s or []) == 40
+
+
+def test_openmetrics_export_parses_under_vllms_names(run_folder: Path) -> None:
+    text = (run_folder / "cb.metrics.prom").read_text()
+    fams = {f.name: f for f in text_string_to_metric_families(text)}
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+                 "vllm:gpu_cache_usage_perc"):
+        assert fams[name].type == "gauge" and len(fams[name].samples) > 10
+    assert fams["vllm:num_preemptions"].type == "counter"
+    for name in ("vllm:time_to_first_token_seconds", "vllm:request_time_per_output_token_seconds",
+                 "vllm:time_per_output_token_seconds", "vllm:e2e_request_latency_seconds",
+                 "vllm:inter_token_latency_seconds"):
+        assert fams[name].type == "histogram"
+    count = [s for s in fams["vllm:e2e_request_latency_seconds"].samples if s.name.endswith("_count")]
+    assert count[0].value == 40
+    usage = [s.value for s in fams["vllm:kv_cache_usage_perc"].samples]
+    assert all(0.0 <= u <= 1.0 for u in usage)
+
+
+def test_round_trip_own_vllm_json_gives_zero_error_on_every_metric(run_folder: Path, tmp_path: Path) -> None:
+    val = validate_against(SCENARIO, [run_folder / "cb.vllm-bench.json"])
+    (f,) = val.files
+    assert f.skipped == [] and len(f.metrics) == 19  # 4 latencies x (mean, median, std, p99) + 3 throughputs
+    for key, m in f.metrics.items():
+        assert m["error"] is not None and abs(m["error"]) < 1e-9, key
+    write_bench_validation(tmp_path, val)
+    saved = json.loads((tmp_path / "validation.json").read_text())
+    assert saved["files"][0]["metrics"]["p99_ttft"]["error"] == pytest.approx(0.0, abs=1e-9)
+    assert "<table>" in (tmp_path / "validation.html").read_text()
+
+
+def test_genai_perf_reader_maps_its_itl_to_tpot_and_names_the_bad_field() -> None:
+    path = DATA / "genai_perf.json"
+    run = read_genai_perf(path)
+    assert run.format == "genai-perf" and run.max_concurrency == 4 and run.num_requests == 30
+    assert run.aggregates["mean_tpot"] == pytest.approx(0.012) and run.aggregates["median_e2el"] == pytest.approx(1.1)
+    assert run.aggregates["p99_ttft"] == pytest.approx(0.12) and run.aggregates["output_throughput"] == 250.0
+    assert "p99_tpot" not in run.aggregates
+    assert run.skipped == [f"{path}: inter_token_latency.p99: not a non-negative number"]
+    wl, notes = rebuild_workload(run)
+    assert len(wl) == 30 and wl.closed_loop is not None and wl.closed_loop.num_users == 4
+    assert {r.prompt_len for r in wl.requests} == {500} and {r.output_len for r in wl.requests} == {100}
+    assert "drawn from the file's length statistics" in notes[0]
+
+
+def test_guidellm_reader_one_run_per_benchmark_with_loads() -> None:
+    path = DATA / "guidellm.json"
+    a, b = read_guidellm(path)
+    assert a.max_concurrency == 2 and a.input_lens == [300, 500, 200, 800]
+    assert a.aggregates["mean_gl_itl"] == pytest.approx(0.012) and a.aggregates["median_ttft"] == pytest.approx(0.045)
+    assert f"{path}: benchmarks[0].metrics.requests_per_second: a rate distribution over time; not compared" \
+        in a.skipped
+    assert b.request_rate == 3.0 and b.burstiness == 1.0
+    assert f"{path}: benchmarks[1].metrics.time_to_first_token_ms.successful: missing or not an object" in b.skipped
+
+
+def test_guidellm_sweep_validates_every_benchmark_and_draws_curves(tmp_path: Path) -> None:
+    val = validate_against(SCENARIO, [DATA / "guidellm.json"])
+    assert [f.load for f in val.files] == [2.0, 3.0]
+    assert set(val.files[0].metrics) >= {"mean_ttft", "p99_e2el", "mean_gl_itl", "p99_gl_tpot"}
+    # GuideLLM's token-weighted ITL mean is the pooled gap mean: equal to vLLM's mean ITL of the same run
+    from sim.benchfiles.stats import guidellm_stats, run_stats
+
+    res = val.files[0].result
+    assert res is not None
+    assert guidellm_stats(res)["mean_gl_itl"] == pytest.approx(run_stats(res)["mean_itl"], rel=1e-9)
+    write_bench_validation(tmp_path, val)
+    assert "fig-sweep" in (tmp_path / "validation.html").read_text()
+
+
+def test_malformed_files_raise_one_message_naming_file_and_field(tmp_path: Path) -> None:
+    bad = tmp_path / "g.json"
+    bad.write_text('{"benchmarks": [{"metrics": 3}]}')
+    with pytest.raises(BenchFileError, match=r"g\.json: benchmarks\[0\]\.metrics: missing or not an object"):
+        validate_against(SCENARIO, [bad])
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "sim.cli", *args], capture_output=True, text=True, env=env, cwd=ROOT,
+                          timeout=300)
+
+
+def test_cli_validate_against_bad_file_exits_2_without_traceback(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.json"
+    r = _cli("validate", str(SCENARIO), "--against", str(missing), "--out", str(tmp_path / "o"))
+    assert r.returncode == 2 and "nope.json: file not found" in r.stderr and "Traceback" not in r.stderr
+    r = _cli("validate", str(SCENARIO), "--against", str(DATA / "genai_perf.json"), "--out", str(tmp_path / "o"))
+    assert r.returncode == 0, r.stderr
+    assert "inter_token_latency.p99: not a non-negative number" in r.stdout
+    assert (tmp_path / "o" / "validation.json").exists()
