@@ -67,6 +67,8 @@ def test_requests_and_steps_are_column_dicts_matching_the_csv_files(small, tmp_p
                 v = table[col][i]
                 if isinstance(v, str):  # text columns (variant, outcome, reason) as written
                     assert v == cell
+                elif isinstance(v, tuple):  # times of several events (preemptions): ';'-joined in the file
+                    assert ([float(t) for t in cell.split(";")] if cell else []) == list(v), (col, i)
                 elif cell == "":  # what never happened
                     assert v is None, (col, i)
                 else:  # csv writes floats with repr: the same number back
