@@ -6,8 +6,9 @@ Each fenced block runs top to bottom in one scratch folder (so ``servesim compar
 before it wrote) that links the checkout's ``scenarios/`` and ``calibration/scenarios/`` and holds a copy of
 ``calibration/profiles/`` (so ``servesim calibrate --out calibration/profiles/...`` never overwrites the shipped
 profile). A command that takes ``--num-requests`` and gives none gets ``--num-requests N`` appended, N from
-``SERVESIM_README_NUM_REQUESTS`` (default 40), and ``calibrate`` gets ``--repeats 1``; the README says so. Commands that need a GPU are skipped, the reason
-named; commands that need torch skip where it is not installed.
+``SERVESIM_README_NUM_REQUESTS`` (default 40), and ``calibrate`` gets ``--repeats 1``; the README says so.
+Commands that need a GPU, and commands shown on the reader's own files (``PLACEHOLDERS``), are skipped with the
+reason named; commands that need torch skip where it is not installed.
 """
 
 from __future__ import annotations
@@ -87,11 +88,20 @@ def _subcommand(argv: list[str]) -> tuple[str, ...]:
     return tuple(argv[:2]) if argv[:1] == ["engine"] else tuple(argv[:1])
 
 
+# Blocks that show the form of a command on the reader's own files (placeholders), by a file name they use.
+PLACEHOLDERS = {
+    "my-deployment.yaml": "runs on the reader's own scenario and `vllm bench serve` results (placeholder files)",
+}
+
+
 def skip_reason(block: Block) -> str | None:
     """Why a block cannot run here (None: it runs)."""
     for _, argv in block.commands:
         if "cuda" in argv and "--device" in argv:
             return "needs a CUDA GPU (--device cuda)"
+        for name, reason in PLACEHOLDERS.items():
+            if name in argv:
+                return reason
     needs_torch = any(a[:1] and a[0] in NEEDS_TORCH for _, a in block.commands)
     if block.lang == "python":
         needs_torch = "realengine" in block.text or "calibration" in block.text
