@@ -29,17 +29,15 @@
 # `SERVESIM_NOTEBOOK_FAST=1` for the even smaller settings the test suite uses.
 
 # %%
-import numpy as np
-
-from sim.output import format_table
+import servesim
 from sim.report import fig_batch_slots, fig_memory_stack
 from sim.teaching import (
     fast_mode,
     fig_ratio_by_spread,
+    find_scenario,
     length_spread,
     output_lengths,
     result_named,
-    run_shipped,
     simulate,
     static_batching_estimate,
     throughput_ratio,
@@ -57,8 +55,8 @@ print("fast settings" if FAST else "notebook settings")
 # requests per second. We run it with fewer requests than the file asks for.
 
 # %%
-run = run_shipped("naive-vs-continuous", {"workload.num_requests": 120 if FAST else 400})
-print(format_table(run.summaries))
+run = servesim.run(find_scenario("naive-vs-continuous"), num_requests=120 if FAST else 400)
+print(run.table())
 
 # %% [markdown]
 # The chart below rebuilds the batch's rows from the request records (the simulator records when each request

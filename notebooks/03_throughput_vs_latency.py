@@ -30,8 +30,9 @@
 import numpy as np
 import plotly.graph_objects as go
 
+import servesim
 from sim.report import TEMPLATE, color
-from sim.teaching import fast_mode, simulate
+from sim.teaching import fast_mode
 
 FAST = fast_mode()
 print("fast settings" if FAST else "notebook settings")
@@ -67,11 +68,11 @@ scenario = {
     "variants": [{"name": "chat"}],
     "sweep": {"policy.max_num_seqs": SEQS, "workload.arrival.rate": RATES},
 }
-run = simulate(scenario)
+run = servesim.run(scenario)
 
 points = []  # one row per run
 for row in run.sweep:
-    s = run.summaries[row["name"]]
+    s = run.summary[row["name"]]
     points.append({
         "seqs": row["policy.max_num_seqs"], "rate": row["workload.arrival.rate"],
         "tok_s": s["output_throughput"], "req_s": s["request_throughput"], "goodput": s["goodput"],

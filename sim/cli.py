@@ -108,6 +108,34 @@ def run(
 
 
 @app.command()
+def compare(
+    run_a: Path = typer.Argument(..., help="Run folder A (written by `servesim run` or `servesim engine run`)."),
+    run_b: Path = typer.Argument(..., help="Run folder B; ratios are B / A."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Also write DIR/compare.html (table and CDFs)."),
+) -> None:
+    """Two runs side by side: every summary metric of A and B with the ratio B / A, variants paired by name;
+    with --out, an offline HTML page with the table and both runs' latency CDFs overlaid."""
+    from sim.compare import compare_runs, read_run
+
+    try:
+        cmp = compare_runs(read_run(run_a), read_run(run_b))
+    except ScenarioError as e:
+        _fail(str(e))
+        return
+    if out is not None and out.exists() and not out.is_dir():
+        _fail(f"--out {out}: exists and is not a folder")
+    typer.echo(cmp.table(), nl=False)
+    if out is not None:
+        try:
+            with _quiet_numpy():
+                path = cmp.write(out)
+        except OSError as e:
+            _fail(f"--out {out}: cannot write: {e.strerror or e}")
+            return
+        typer.echo(f"wrote {path}")
+
+
+@app.command()
 def schema() -> None:
     """Print the JSON Schema of scenario files (for editor completion)."""
     typer.echo(json.dumps(json_schema(), indent=2))

@@ -1,0 +1,307 @@
+"""The Python API: one call runs a scenario (a file or a dict) and returns a :class:`Results` whose tables go
+straight into pandas, without making pandas a dependency. ``servesim`` (the top-level package) re-exports it:
+
+    import servesim
+    res = servesim.run("scenarios/naive-vs-continuous.yaml", num_requests=100, seed=1,
+                       set={"deployment.max_num_seqs": 64})
+    print(res.table())
+    df = pandas.DataFrame(res.requests)
+
+Bad input raises :class:`ScenarioError` with the message ``servesim run`` prints.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+import warnings
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sim.compare import Comparison, RunFolderError, compare_runs
+from sim.output import REQUEST_COLUMNS, STEP_CSV_COLUMNS, _latencies, read_requests, read_steps
+from sim.records import REQUEST_FIELDS, STEP_COLUMNS, RunResult
+from sim.scenario import ScenarioError, apply_override, load_scenario, parse_scenario
+
+__all__ = ["Comparison", "Results", "RunFolderError", "ScenarioError", "compare", "load", "run"]
+
+# request fields whose negative value means "never happened" (output.py writes them as empty cells)
+_ABSENT = frozenset(("arrival", "first_scheduled", "first_token", "finish", "session_id"))
+
+
+@contextmanager
+def _quiet() -> Iterator[None]:
+    """A metric with no data is NaN on purpose; numpy's warning while computing it would only alarm a user."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        with np.errstate(all="ignore"):
+            yield
+
+
+class Results:
+    """What a run produced, one entry per variant (and sweep point), from :func:`run` or :func:`load`.
+
+    ``summary`` maps variant name to its summary (the dict of ``summary.json``'s ``variants``; times in seconds).
+    ``requests`` and ``steps`` are column dicts (column name -> list, a ``variant`` column first) with the very
+    columns of requests.csv and steps.csv: ``pandas.DataFrame(res.requests)`` is one line. A value that never
+    happened (no first token, say) is None, which pandas reads as missing.
+    """
+
+    def __init__(self, results: list[RunResult] | None, summary: dict[str, dict], *, scenario: dict | None = None,
+                 title: str = "servesim", requests: dict[str, list] | None = None,
+                 steps: dict[str, list] | None = None, source: str | None = None) -> None:
+        self._results = results
+        self.summary: dict[str, dict] = summary
+        self.scenario: dict | None = scenario  # the resolved scenario, as summary.json records it
+        self.title = title
+        self.source = source  # the run folder a loaded result came from
+        self._requests = requests
+        self._steps = steps
+        # a sweep's runs: one row per (point, variant) with its name in ``summary``, the variant and the point's
+        # values by dotted key (empty when the scenario has no sweep)
+        points = (scenario or {}).get("sweep_points")
+        self.sweep: list[dict[str, Any]] = list(points) if isinstance(points, list) else []
+
+    def __repr__(self) -> str:
+        return f"Results({self.title!r}, variants={list(self.summary)})"
+
+    @property
+    def variants(self) -> list[str]:
+        """The variant names, in run order."""
+        return list(self.summary)
+
+    @property
+    def results(self) -> list[RunResult]:
+        """The simulator's own records per variant (``sim.records.RunResult``), for the ``sim.report.fig_*``
+        functions. A loaded run rebuilds them from its CSV files (pooled ITL gaps are not stored there)."""
+        if self._results is None:
+            assert self.source is not None
+            dep = (self.scenario or {}).get("deployment")
+            block = dep.get("block_size") if isinstance(dep, dict) else None
+            self._results = _rebuild(Path(self.source), self.summary, block if isinstance(block, int) else 16)
+        return self._results
+
+    @property
+    def requests(self) -> dict[str, list]:
+        """requests.csv as columns: ``variant`` then ``REQUEST_COLUMNS`` (times in seconds, ``_s`` names)."""
+        if self._requests is None:
+            self._requests = _request_columns(self.results)
+        return self._requests
+
+    @property
+    def steps(self) -> dict[str, list]:
+        """steps.csv as columns: ``variant`` then ``STEP_CSV_COLUMNS`` (one row per engine step)."""
+        if self._steps is None:
+            self._steps = _step_columns(self.results)
+        return self._steps
+
+    def to_pandas(self, table: str = "requests"):
+        """``requests``, ``steps`` or ``summary`` (one row per variant, nested keys joined by dots) as a pandas
+        DataFrame; needs pandas installed."""
+        try:
+            import pandas as pd
+        except ImportError:
+            raise ImportError("to_pandas needs pandas (pip install pandas); res.requests and res.steps are plain "
+                              "column dicts otherwise") from None
+        if table == "requests":
+            return pd.DataFrame(self.requests)
+        if table == "steps":
+            return pd.DataFrame(self.steps)
+        if table == "summary":
+            return pd.DataFrame([{"variant": n, **_flat(s)} for n, s in self.summary.items()])
+        raise ValueError(f"table must be requests, steps or summary, got {table!r}")
+
+    def table(self) -> str:
+        """The comparison table ``servesim run`` prints (one row per metric, one column per variant)."""
+        from sim.table import format_table
+
+        return format_table(self.summary)
+
+    def figures(self) -> dict[str, Any]:
+        """The report's plotly figures by section title (``fig.show()`` in a notebook)."""
+        from sim.report import SECTIONS
+
+        out: dict[str, Any] = {}
+        with _quiet():
+            for builder in SECTIONS:
+                for sec in builder(self.results, self.summary):
+                    if sec.figure is not None:
+                        out[sec.title] = sec.figure
+        return out
+
+    def report(self, path: str | os.PathLike) -> Path:
+        """Write the offline HTML report (``report.html`` of a run folder) to ``path``; returns the path."""
+        from sim.report import write_report
+
+        with _quiet():
+            return write_report(path, self.results, self.summary, self.title)
+
+    def write(self, out_dir: str | os.PathLike) -> Path:
+        """Write the run folder ``servesim run --out`` writes: summary.json, requests.csv, steps.csv and
+        report.html. Returns the folder."""
+        from sim.output import write_run
+
+        with _quiet():
+            return write_run(out_dir, self.results, self.summary, scenario=self.scenario, title=self.title)
+
+    def compare(self, other: Results | str | os.PathLike) -> Comparison:
+        """This run (A) against another (B); see :func:`compare`."""
+        return compare(self, other)
+
+
+def _flat(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, Mapping):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _request_columns(results: list[RunResult]) -> dict[str, list]:
+    names = ("variant",) + REQUEST_COLUMNS
+    cols: dict[str, list] = {n: [] for n in names}
+    lists = [cols[n] for n in names]
+    for res in results:
+        for r in sorted(res.requests, key=lambda r: r.id):
+            values: list[Any] = [res.name]
+            for f in REQUEST_FIELDS:
+                v = getattr(r, f)
+                values.append(None if f in _ABSENT and v < 0 else v)
+            values += [None if x == "" else x for x in _latencies(r)]
+            for col, v in zip(lists, values, strict=True):
+                col.append(v)
+    return cols
+
+
+def _step_columns(results: list[RunResult]) -> dict[str, list]:
+    cols: dict[str, list] = {"variant": []}
+    for c in STEP_CSV_COLUMNS:
+        cols[c] = []
+    for res in results:
+        n = len(res.steps["start"]) if "start" in res.steps else 0
+        cols["variant"] += [res.name] * n
+        for k, c in zip(STEP_COLUMNS, STEP_CSV_COLUMNS, strict=True):
+            cols[c] += np.asarray(res.steps[k], dtype=STEP_COLUMNS[k]).tolist()
+    return cols
+
+
+def _overrides(num_requests: int | None, seed: int | None, set: Mapping[str, Any] | None) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in (set or {}).items():
+        if not isinstance(key, str) or not key.strip():
+            raise ScenarioError(f"set: keys are dotted scenario keys (e.g. 'deployment.max_num_seqs'), got {key!r}")
+        out[key.strip()] = value
+    if num_requests is not None:
+        if isinstance(num_requests, bool) or not isinstance(num_requests, int) or num_requests < 1:
+            raise ScenarioError(f"num_requests must be an integer >= 1, got {num_requests!r}")
+        out["workload.num_requests"] = num_requests
+    if seed is not None:
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise ScenarioError(f"seed must be an integer >= 0, got {seed!r}")
+        out["seed"] = seed
+    return out
+
+
+def run(
+    scenario: str | os.PathLike | Mapping[str, Any],
+    *,
+    num_requests: int | None = None,
+    seed: int | None = None,
+    set: Mapping[str, Any] | None = None,  # the CLI's --set, by the same name
+    progress: bool = False,
+) -> Results:
+    """Simulate every variant of a scenario on the same workload, as ``servesim run`` does, and return the
+    :class:`Results` (nothing is written; call ``.write(dir)`` for the run folder).
+
+    ``scenario`` is a YAML file's path or the same content as a dict. ``num_requests`` and ``seed`` replace
+    ``workload.num_requests`` and ``seed``; ``set`` maps dotted keys to values, like ``--set`` (the values are
+    Python values, not YAML text). Raises :class:`ScenarioError` with one message naming what is wrong.
+    """
+    from sim.run import prepare_scenario, run_scenario
+
+    overrides = _overrides(num_requests, seed, set)
+    if isinstance(scenario, Mapping):
+        raw = copy.deepcopy(dict(scenario))
+        for key, value in overrides.items():
+            try:
+                apply_override(raw, key, value)
+            except ScenarioError as e:
+                raise ScenarioError(f"scenario: set {e}") from None
+        source = "scenario"
+        sc = parse_scenario(raw, source=source)
+    elif isinstance(scenario, (str, os.PathLike)):
+        source = os.fspath(scenario)
+        sc, raw = load_scenario(Path(scenario), overrides)
+    else:
+        raise ScenarioError(f"scenario must be a YAML file's path or a dict, got {type(scenario).__name__}")
+    prepared = prepare_scenario(sc, raw, source=source)
+    with _quiet():
+        out = run_scenario(prepared, progress=progress)
+    doc = sc.model_dump(mode="json")
+    if out.sweep:
+        doc["sweep_points"] = out.sweep
+    return Results(out.results, out.summaries, scenario=doc, title=f"servesim: {sc.name}")
+
+
+def load(run_dir: str | os.PathLike) -> Results:
+    """Read a run folder written by ``servesim run``, ``servesim engine run`` or :meth:`Results.write` back into
+    :class:`Results`. Raises :class:`RunFolderError` (a :class:`ScenarioError`) when the folder or its
+    summary.json is missing or unreadable."""
+    from sim.compare import read_run
+
+    side = read_run(run_dir)
+    p = Path(run_dir)
+    doc = side.document
+    scenario = doc.get("scenario") if isinstance(doc.get("scenario"), dict) else None
+    name = scenario.get("name") if scenario else p.name
+    return Results(None, side.summaries, scenario=scenario, title=f"servesim: {name}", source=str(p))
+
+
+def compare(a: Results | str | os.PathLike, b: Results | str | os.PathLike) -> Comparison:
+    """Run A against run B (each a :class:`Results` or a run folder): ``.table()`` is the summary side by side
+    with the ratio B / A per metric, ``.figure()`` the overlaid latency CDFs, ``.write(dir)`` the HTML page
+    ``servesim compare --out`` writes."""
+    return compare_runs(_side(a, "A"), _side(b, "B"))
+
+
+def _side(x: Results | str | os.PathLike, label: str):
+    from sim.compare import RunSide, read_run
+
+    if isinstance(x, Results):
+        if x.source is not None and x._results is None:
+            return read_run(x.source)
+        recs = {r.name: list(r.requests) for r in x.results}
+        return RunSide(label, x.summary, recs, {"variants": x.summary})
+    if isinstance(x, (str, os.PathLike)):
+        return read_run(x)
+    raise ScenarioError(f"compare takes Results or run folders, got {type(x).__name__}")
+
+
+def _rebuild(folder: Path, summary: dict[str, dict], block_size: int) -> list[RunResult]:
+    """RunResults from a run folder's CSV files, for the report's figures. What the files do not hold (pooled
+    ITL gaps, the device's peak FLOP/s, a variant's own block size: the scenario's default is taken) is left
+    empty; the summary keeps the true metrics."""
+    try:
+        reqs = read_requests(folder)
+        steps = read_steps(folder)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise RunFolderError(f"{folder}: cannot read requests.csv / steps.csv: {e}") from None
+    out = []
+    for name, s in summary.items():
+        st = steps.get(name) or {k: np.zeros(0, dtype=t) for k, t in STEP_COLUMNS.items()}
+        cap = st.get("kv_capacity_blocks")
+        duration = s.get("duration")
+        out.append(RunResult(
+            name=name, requests=reqs.get(name, []), steps=st, itl_gaps=np.zeros(0), itl_counts=np.zeros(0, np.int64),
+            duration=float(duration) if isinstance(duration, (int, float)) and math.isfinite(duration) else 0.0,
+            peak_flops=0.0, kv_capacity_blocks=int(cap.max()) if cap is not None and len(cap) else 0,
+            block_size=block_size, cluster=s.get("cluster") if isinstance(s.get("cluster"), dict) else None,
+        ))
+    return out

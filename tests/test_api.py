@@ -1,0 +1,219 @@
+"""The Python API (``import servesim``): one call runs a scenario file or dict; the results' tables are plain
+column dicts with requests.csv's and steps.csv's very columns; ``write`` gives the files ``servesim run`` writes,
+byte for byte; ``load`` reads a run folder back; bad input raises ScenarioError with the CLI's message."""
+
+from __future__ import annotations
+
+import copy
+import csv
+import importlib.util
+import math
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import servesim
+from sim.cli import app
+from sim.output import to_jsonable
+
+ROOT = Path(__file__).resolve().parent.parent
+SCENARIO = ROOT / "scenarios" / "naive-vs-continuous.yaml"
+
+SMALL = {
+    "name": "api-test",
+    "seed": 3,
+    "workload": {
+        "arrival": {"type": "all_at_once"},
+        "num_requests": 12,
+        "prompt_len": {"type": "uniform", "low": 16, "high": 64},
+        "output_len": {"type": "fixed", "value": 5},
+    },
+    "deployment": {"model": "llama-3.2-1b", "gpu": "l4", "max_model_len": 1024},
+    "policy": {"type": "continuous", "max_num_seqs": 8},
+    "variants": [{"name": "a"}, {"name": "b", "policy": {"type": "continuous", "max_num_seqs": 2}}],
+}
+
+
+@pytest.fixture(scope="module")
+def small() -> servesim.Results:
+    return servesim.run(SMALL)
+
+
+def test_run_a_dict_returns_one_summary_per_variant(small):
+    assert small.variants == ["a", "b"]
+    for s in small.summary.values():
+        assert s["num_requests"] == 12 and s["num_completed"] == 12
+    # the cap of 2 sequences queues requests: the mean batch of b is at most 2, a's exceeds it
+    assert small.summary["b"]["mean_batch_size"] <= 2.0 < small.summary["a"]["mean_batch_size"]
+
+
+def test_the_dict_given_is_not_changed():
+    raw = copy.deepcopy(SMALL)
+    servesim.run(raw, num_requests=4, seed=9, set={"policy.max_num_seqs": 4})
+    assert raw == SMALL
+
+
+def test_requests_and_steps_are_column_dicts_matching_the_csv_files(small, tmp_path):
+    out = small.write(tmp_path / "run")
+    for table, file in ((small.requests, "requests.csv"), (small.steps, "steps.csv")):
+        with open(out / file, newline="") as f:
+            rows = list(csv.reader(f))
+        assert list(table) == rows[0]
+        lengths = {len(v) for v in table.values()}
+        assert lengths == {len(rows) - 1}
+        for i, row in enumerate(rows[1:]):
+            for col, cell in zip(rows[0], row, strict=True):
+                v = table[col][i]
+                if isinstance(v, str):  # text columns (variant, outcome, reason) as written
+                    assert v == cell
+                elif isinstance(v, tuple):  # times of several events (preemptions): ';'-joined in the file
+                    assert ([float(t) for t in cell.split(";")] if cell else []) == list(v), (col, i)
+                elif cell == "":  # what never happened
+                    assert v is None, (col, i)
+                else:  # csv writes floats with repr: the same number back
+                    assert float(cell) == v, (col, i)
+    assert len(small.requests["variant"]) == 24
+    assert set(small.requests["variant"]) == {"a", "b"}
+    # latencies derived as summary.json's: the mean of ttft_s is the summary's mean TTFT
+    ttft = [t for t, v in zip(small.requests["ttft_s"], small.requests["variant"], strict=True) if v == "a"]
+    assert math.isclose(sum(ttft) / len(ttft), small.summary["a"]["ttft"]["mean"], rel_tol=1e-12)
+
+
+def test_write_gives_the_files_of_servesim_run(tmp_path):
+    cli_out = tmp_path / "cli"
+    r = CliRunner().invoke(app, ["run", str(SCENARIO), "-n", "30", "--set", "policy.max_num_seqs=64", "-q",
+                                 "--out", str(cli_out)])
+    assert r.exit_code == 0, r.output
+    res = servesim.run(SCENARIO, num_requests=30, set={"policy.max_num_seqs": 64})
+    api_out = res.write(tmp_path / "api")
+    for name in ("summary.json", "requests.csv", "steps.csv", "report.html"):
+        assert (api_out / name).read_bytes() == (cli_out / name).read_bytes(), name
+    assert res.table() in r.output
+
+
+def test_seed_and_num_requests_override():
+    a = servesim.run(SMALL, num_requests=5, seed=1)
+    b = servesim.run(SMALL, num_requests=5, seed=2)
+    assert a.summary["a"]["num_requests"] == 5
+    assert a.requests["prompt_tokens"] != b.requests["prompt_tokens"]  # another seed, other prompts
+    assert servesim.run(SMALL, num_requests=5, seed=1).requests == a.requests
+
+
+def test_load_reads_a_run_folder_back(small, tmp_path):
+    out = small.write(tmp_path / "run")
+    back = servesim.load(out)
+    assert back.summary == to_jsonable(small.summary)  # NaN (no data) is null in summary.json
+    assert back.requests == small.requests
+    assert back.steps == small.steps
+    assert back.table() == small.table()
+    assert back.scenario["name"] == "api-test"
+    assert "Latency" in back.figures()
+    page = back.report(tmp_path / "again.html")
+    assert page.read_text().startswith("<!DOCTYPE html>")
+
+
+def test_figures_and_report(small, tmp_path):
+    figs = small.figures()
+    assert "Latency" in figs and "Batch slots" in figs
+    assert all(hasattr(f, "to_json") for f in figs.values())
+    p = small.report(tmp_path / "r.html")
+    assert "servesim: api-test" in p.read_text()
+
+
+def test_compare_results_and_folders(small, tmp_path):
+    other = servesim.run(SMALL, set={"policy.max_num_seqs": 4})
+    cmp = servesim.compare(small, other)
+    text = cmp.table()
+    assert "A: a" in text and "B: b" in text
+    row = next(line for line in text.splitlines() if line.startswith("requests"))
+    assert row.split() == ["requests", "12", "12", "1.00", "12", "12", "1.00"]
+    folder = small.write(tmp_path / "run")
+    assert servesim.compare(folder, folder).cells() == servesim.compare(small, small).cells()
+    assert small.compare(folder).cells()[1] == cmp.__class__(cmp.a, cmp.a).cells()[1]
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"scenario": "scenarios/no-such.yaml"}, "scenarios/no-such.yaml: scenario file not found"),
+        ({"scenario": SMALL, "num_requests": 0}, "num_requests must be an integer >= 1, got 0"),
+        ({"scenario": SMALL, "seed": -1}, "seed must be an integer >= 0, got -1"),
+        ({"scenario": SMALL, "set": {"deployment.tp": 2}}, "deployment.tp: unknown key"),
+        ({"scenario": {**SMALL, "policy": {"type": "greedy"}}}, "policy"),
+        ({"scenario": 42}, "scenario must be a YAML file's path or a dict, got int"),
+    ],
+)
+def test_bad_input_raises_scenario_error(kwargs, message):
+    with pytest.raises(servesim.ScenarioError) as e:
+        servesim.run(**kwargs)
+    assert message in str(e.value)
+
+
+def test_bad_file_gives_the_cli_message(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nworkload: {num_requests: -3}\n")
+    r = CliRunner().invoke(app, ["run", str(bad), "-q", "--out", str(tmp_path / "o")])
+    assert r.exit_code == 2
+    with pytest.raises(servesim.ScenarioError) as e:
+        servesim.run(bad)
+    assert f"error: {e.value}" in r.output
+
+
+def test_load_missing_folder(tmp_path):
+    with pytest.raises(servesim.ScenarioError, match="run folder not found"):
+        servesim.load(tmp_path / "nothing")
+    with pytest.raises(servesim.RunFolderError, match="no summary.json"):
+        servesim.load(tmp_path)
+
+
+def test_to_pandas(small):
+    if importlib.util.find_spec("pandas") is None:
+        with pytest.raises(ImportError, match="needs pandas"):
+            small.to_pandas()
+        pytest.skip("pandas is not installed: checked the message instead")
+    df = small.to_pandas()
+    assert list(df.columns) == list(small.requests) and len(df) == 24
+    assert len(small.to_pandas("steps")) == len(small.steps["variant"])
+    assert list(small.to_pandas("summary")["variant"]) == ["a", "b"]
+
+
+def test_every_public_name_has_a_docstring():
+    for name in servesim.__all__:
+        obj = getattr(servesim, name)
+        if callable(obj):
+            assert obj.__doc__, name
+    for name in ("variants", "results", "requests", "steps", "to_pandas", "table", "report", "write", "figures",
+                 "compare"):
+        assert getattr(servesim.Results, name).__doc__, name
+
+
+def test_sweep_rows():
+    swept = {**SMALL, "variants": [{"name": "a"}], "sweep": {"policy.max_num_seqs": [2, 8]}}
+    res = servesim.run(swept, num_requests=4)
+    assert res.sweep == [{"name": "a[max_num_seqs=2]", "variant": "a", "policy.max_num_seqs": 2},
+                         {"name": "a[max_num_seqs=8]", "variant": "a", "policy.max_num_seqs": 8}]
+    assert list(res.summary) == [row["name"] for row in res.sweep]
+    assert servesim.run(SMALL, num_requests=4).sweep == []
+
+
+def test_the_api_works_without_torch():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'torch' or name.startswith('torch.'):\n"
+        "            raise ImportError('torch is blocked in this test')\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "import servesim, sim.compare\n"
+        f"res = servesim.run({SMALL!r}, num_requests=3)\n"
+        "assert res.summary['a']['num_completed'] == 3\n"
+        "assert 'torch' not in sys.modules\n"
+        "print('ok')\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "ok"
