@@ -103,9 +103,9 @@ for variant in ("naive", "continuous"):
 # %%
 DISTRIBUTIONS = {
     "all 250": {"type": "fixed", "value": 250},
-    "uniform 200-300": {"type": "uniform", "low": 200, "high": 300},
-    "uniform 100-400": {"type": "uniform", "low": 100, "high": 400},
-    "uniform 1-500": {"type": "uniform", "low": 1, "high": 500},
+    "uniform 200-300": {"type": "uniform", "min": 200, "max": 300},
+    "uniform 100-400": {"type": "uniform", "min": 100, "max": 400},
+    "uniform 1-500": {"type": "uniform", "min": 1, "max": 500},
     "lognormal, std 250": {"type": "lognormal", "mean": 250, "std": 250, "min": 1, "max": 1024},
     "exponential": {"type": "exponential", "mean": 250, "min": 1, "max": 1024},
     "lognormal, std 500": {"type": "lognormal", "mean": 250, "std": 500, "min": 1, "max": 1024},

@@ -164,8 +164,8 @@ if REAL:
     sc = parse_scenario({
         "name": "real-answers", "seed": 2,
         "workload": {"arrival": {"type": "all_at_once"}, "num_requests": 4,
-                     "prompt_len": {"type": "uniform", "low": 24, "high": 48},
-                     "output_len": {"type": "uniform", "low": 2, "high": 12 if FAST else 32}},
+                     "prompt_len": {"type": "uniform", "min": 24, "max": 48},
+                     "output_len": {"type": "uniform", "min": 2, "max": 12 if FAST else 32}},
         "deployment": {"model": "smollm2-135m", "max_model_len": 128, "block_size": 16},
         "variants": [{"name": "static", "policy": {"type": "static", "batch_size": 2}},
                      {"name": "continuous", "policy": {"type": "continuous", "max_num_seqs": 2}}],

@@ -26,7 +26,7 @@ SMALL = {
     "workload": {
         "arrival": {"type": "all_at_once"},
         "num_requests": 12,
-        "prompt_len": {"type": "uniform", "low": 16, "high": 64},
+        "prompt_len": {"type": "uniform", "min": 16, "max": 64},
         "output_len": {"type": "fixed", "value": 5},
     },
     "deployment": {"model": "llama-3.2-1b", "gpu": "l4", "max_model_len": 1024},

@@ -21,7 +21,7 @@ WORKLOAD = {
     "num_requests": 160,
     "prompt_len": {"type": "lognormal", "mean": 300, "std": 200, "min": 8, "max": 1500},
     "output_len": {"type": "exponential", "mean": 150, "max": 600},
-    "failures": {"fraction": 0.25, "after": {"type": "uniform", "low": 0.0, "high": 1.0}},
+    "failures": {"fraction": 0.25, "after": {"type": "uniform", "min": 0.0, "max": 1.0}},
 }
 
 
@@ -108,8 +108,8 @@ def test_the_leak_stalls_admission_and_more_memory_only_delays_it() -> None:
     policy = {"type": "continuous", "enable_chunked_prefill": True, "max_num_batched_tokens": 512}
     admission = {"max_queue_delay": 5.0}
     # ~115 of 600 requests fail before they finish, each leaking ~25 blocks: ~2900 blocks, more than either holds
-    workload = dict(WORKLOAD, num_requests=600, failures={"fraction": 0.3, "after": {"type": "uniform", "low": 0.0,
-                                                                                        "high": 1.0}})
+    workload = dict(WORKLOAD, num_requests=600, failures={"fraction": 0.3, "after": {"type": "uniform", "min": 0.0,
+                                                                                        "max": 1.0}})
     first_reject = {}
     for label, leak, blocks in (("correct", False, 1200), ("leaky", True, 1200), ("leaky-2x", True, 2400)):
         _, (_, requests, _) = run(scenario(policy, leak=leak, blocks=blocks, admission=admission,
