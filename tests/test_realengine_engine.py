@@ -172,20 +172,24 @@ def test_continuous_beats_static_batching_on_mixed_lengths() -> None:
     ]
     cfgs = variant_configs(parse_scenario(raw))
     specs = mixed_workload()
-    tput = {}
+    tput, steps = {}, {}
     for cfg in cfgs:
         result, requests, core = run_engine(cfg, specs, num_gpu_blocks=256)
         assert all(outcome(r) == "completed" for r in requests)
         tput[cfg.name] = sum(r.num_output_tokens for r in requests) / result.duration
+        steps[cfg.name] = len(result.steps["duration"])
     # Static: 4 batches, each runs until its 48-token request is done (~4 x 49 steps), 7 of 8 rows idle most of
     # the time. Continuous: the 4 long requests decode together while the short ones stream through the other
     # slots (~60 steps). A step of the tiny model costs about the same whatever its size on a CPU, so the ratio
     # follows the step-count ratio, plus static's padding rows (prompts padded to the longest): 4.6x measured
-    # (391 against 1,820 tok/s on a 2-core CPU); 2.5x leaves room for a noisy machine.
+    # (391 against 1,820 tok/s on a 2-core CPU). The schedule is exact whatever the machine's speed, so the step
+    # counts carry the strict claim; the throughput ratio is bounded loosely, since a CPU-bound neighbour moves a
+    # 1 ms step's CPU time too (2.35x measured with one running beside the suite).
     ratio = tput["continuous"] / tput["static"]
     print(f"throughput static {tput['static']:.0f} tok/s, continuous {tput['continuous']:.0f} tok/s, "
-          f"ratio {ratio:.2f}")
-    assert ratio >= 2.5
+          f"ratio {ratio:.2f}; steps {steps}")
+    assert steps["static"] >= 3 * steps["continuous"]
+    assert ratio >= 1.5
 
 
 def test_closed_loop_users_wait_for_their_answers_and_match_the_simulator() -> None:
