@@ -20,7 +20,7 @@ import numpy as np
 
 from sim.records import RequestRecord
 from sim.scenario import ScenarioError
-from sim.table import CLUSTER_ROWS, TABLE_ROWS, ratio_text
+from sim.table import CLUSTER_ROWS, TABLE_ROWS, metric_value, ratio_text
 
 COMPARE_FILE = "compare.html"
 
@@ -79,18 +79,6 @@ def pairs(a: RunSide, b: RunSide) -> list[tuple[str | None, str | None]]:
     return out
 
 
-def _get(summary: dict, key: str) -> float:
-    v: Any = summary
-    for part in key.split("."):
-        if not isinstance(v, dict) or part not in v:
-            return math.nan
-        v = v[part]
-    try:
-        return math.nan if v is None else float(v)
-    except (TypeError, ValueError):
-        return math.nan
-
-
 @dataclass(slots=True)
 class Comparison:
     """Run A against run B. ``table()`` for the terminal, ``html()`` / ``write(dir)`` for the page."""
@@ -122,8 +110,8 @@ class Comparison:
         for label, key, fmt in rows_spec:
             row = [label]
             for va, vb in ps:
-                x = _get(self.a.summaries[va], key) if va is not None else math.nan
-                y = _get(self.b.summaries[vb], key) if vb is not None else math.nan
+                x = metric_value(self.a.summaries[va], key) if va is not None else math.nan
+                y = metric_value(self.b.summaries[vb], key) if vb is not None else math.nan
                 if va is not None:
                     row.append(fmt(x) if math.isfinite(x) else "-")
                 if vb is not None:

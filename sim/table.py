@@ -7,13 +7,19 @@ import math
 from collections.abc import Callable
 
 
-def _get(summary: dict, key: str) -> float:
+def metric_value(summary: dict, key: str) -> float:
+    """A summary's figure at a dotted key (``ttft.p99``) as a float; NaN where it is absent, null or not a number
+    (a summary read back from an older or other run folder)."""
     v: object = summary
     for part in key.split("."):
         if not isinstance(v, dict) or part not in v:
             return math.nan
         v = v[part]
-    return math.nan if v is None else float(v)  # type: ignore[arg-type]
+    try:
+        return math.nan if v is None else float(v)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return math.nan
+
 
 
 def _ms(x: float) -> str:
@@ -95,7 +101,7 @@ def table_cells(summaries: dict) -> tuple[list[str], list[list[str]]]:
     rows = []
     cluster = any("cluster" in summaries[n] for n in names)
     for label, key, fmt in TABLE_ROWS + (CLUSTER_ROWS if cluster else ()):
-        vals = [_get(summaries[n], key) for n in names]
+        vals = [metric_value(summaries[n], key) for n in names]
         row = [label] + [fmt(v) if math.isfinite(v) else "-" for v in vals]
         if two:
             a, b = vals
