@@ -7,8 +7,9 @@ nbviewer, a PDF export): plotly's JSON output alone is blank there.
 
 Needs the ``notebooks`` extra (``pip install -e '.[notebooks]'``: jupytext, nbclient, ipykernel and kaleido,
 which draws the PNGs in a headless Chromium; set ``BROWSER_PATH`` if Chromium is not on the PATH). The ``.py``
-files stay the source of truth; ``tests/test_notebook_figures.py`` checks that each committed ``.ipynb`` holds the
-code of its source and an image for every figure.
+files are the source of truth and the only notebooks in git (the built ``.ipynb`` are ignored: outputs stay out of
+version control; publish them where notebooks are read). ``tests/test_notebook_figures.py`` builds one and checks
+that it holds its source's cells and an image beside every figure.
 """
 
 from __future__ import annotations
