@@ -20,7 +20,7 @@ import numpy as np
 
 from sim.records import RequestRecord
 from sim.scenario import ScenarioError
-from sim.table import CLUSTER_ROWS, TABLE_ROWS, metric_value, ratio_text
+from sim.table import CLUSTER_ROWS, TABLE_ROWS, format_cells, metric_value, ratio_text
 
 COMPARE_FILE = "compare.html"
 
@@ -124,15 +124,8 @@ class Comparison:
 
     def table(self) -> str:
         """The side-by-side table as fixed-width text, with a line naming A and B."""
-        header, rows = self.cells()
-        widths = [max(len(r[i]) for r in [header] + rows) for i in range(len(header))]
-        lines = []
-        for r in [header] + rows:
-            cells = [r[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(r[1:], widths[1:], strict=True)]
-            lines.append("  ".join(cells).rstrip())
-        lines.insert(1, "  ".join("-" * w for w in widths))
         la, lb = self.labels()
-        return "\n".join(lines) + f"\n× is B / A (A = {la}, B = {lb})\n"
+        return format_cells(*self.cells()) + f"× is B / A (A = {la}, B = {lb})\n"
 
     def figure(self):
         """Latency CDFs of both runs overlaid (TTFT, TPOT, E2EL; log time axes, since two runs can differ by

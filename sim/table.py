@@ -110,9 +110,9 @@ def table_cells(summaries: dict) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
-def format_table(summaries: dict) -> str:
-    """A fixed-width comparison table for the terminal: metric names left, numbers right-aligned."""
-    header, rows = table_cells(summaries)
+def format_cells(header: list[str], rows: list[list[str]]) -> str:
+    """Cells as fixed-width text: the first column left-aligned, the others right-aligned, a rule under the
+    header (the run table and ``servesim compare`` alike)."""
     widths = [max(len(r[i]) for r in [header] + rows) for i in range(len(header))]
     lines = []
     for r in [header] + rows:
@@ -120,3 +120,8 @@ def format_table(summaries: dict) -> str:
         lines.append("  ".join(cells).rstrip())
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines) + "\n"
+
+
+def format_table(summaries: dict) -> str:
+    """A fixed-width comparison table for the terminal: metric names left, numbers right-aligned."""
+    return format_cells(*table_cells(summaries))
