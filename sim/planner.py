@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from sim.costmodel import AnalyticCostModel, StepShape
+from sim.engines import resolve_policy
 from sim.metrics import SLOs, summarize
 from sim.records import RunResult
 from sim.scenario import (
@@ -595,7 +596,8 @@ def _resolve(vcfg: VariantConfig, model: ModelSpec, gpu: GPUSpec) -> tuple[Analy
     ScenarioError (a ValueError) where ``build`` refuses the deployment."""
     dep, pol = vcfg.deployment, vcfg.policy
     assert isinstance(dep.cost_model, AnalyticCost)  # check_plan refuses the others
-    limits = pol.limits(resolve_max_model_len(dep, model))
+    max_model_len = resolve_max_model_len(dep, model)
+    limits = resolve_policy(pol, dep, model, gpu, max_model_len).limits(max_model_len)
     budget = size_kv_cache(dep, model, gpu, limits)
     return dep.cost_model.build(model, gpu, dep), budget, limits.max_num_batched_tokens
 
