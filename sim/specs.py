@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from sim.files import read_text_capped
+from sim.presets.gpus import MORE_GPU_ALIASES, MORE_GPU_PRESETS
+from sim.presets.models import MORE_MODEL_ALIASES, MORE_MODEL_PRESETS
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -536,6 +538,8 @@ _MODEL_ALIASES = {
     "qwen2.5-7b-instruct": "qwen2.5-7b",
     "smollm2-135m-instruct": "smollm2-135m",
 }
+MODEL_PRESETS.update(MORE_MODEL_PRESETS)  # sim/presets/models.py
+_MODEL_ALIASES.update(MORE_MODEL_ALIASES)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -657,6 +661,8 @@ GPU_PRESETS: dict[str, GPUSpec] = {
     ),
 }
 _GPU_ALIASES = {"h100": "h100-sxm", "h100-80gb": "h100-sxm", "a100": "a100-80gb", "h200-sxm": "h200"}
+GPU_PRESETS.update({k: GPUSpec(**v) for k, v in MORE_GPU_PRESETS.items()})  # sim/presets/gpus.py
+_GPU_ALIASES.update(MORE_GPU_ALIASES)
 
 
 ModelLike = ModelSpec | str | PathLike[str] | Mapping[str, Any]

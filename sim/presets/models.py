@@ -1,0 +1,39 @@
+"""Dense model presets: the shape fields of each model's published Hugging Face config.json (the repository named
+beside each). sim/specs.py merges them into MODEL_PRESETS."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _llama(hidden: int, layers: int, heads: int, kv: int, inter: int, vocab: int, ctx: int, theta: float,
+           eps: float = 1e-5) -> dict[str, Any]:
+    return {"model_type": "llama", "hidden_size": hidden, "num_hidden_layers": layers, "num_attention_heads": heads,
+            "num_key_value_heads": kv, "intermediate_size": inter, "vocab_size": vocab,
+            "max_position_embeddings": ctx, "tie_word_embeddings": False, "rope_theta": theta, "rms_norm_eps": eps}
+
+
+def _qwen2(hidden: int, layers: int, heads: int, kv: int, inter: int, ctx: int = 131072,
+           eps: float = 1e-6) -> dict[str, Any]:
+    return {"model_type": "qwen2", "hidden_size": hidden, "num_hidden_layers": layers, "num_attention_heads": heads,
+            "num_key_value_heads": kv, "intermediate_size": inter, "vocab_size": 152064,
+            "max_position_embeddings": ctx, "tie_word_embeddings": False, "rope_theta": 1000000.0,
+            "rms_norm_eps": eps}
+
+
+MORE_MODEL_PRESETS: dict[str, dict[str, Any]] = {
+    "llama-7b": _llama(4096, 32, 32, 32, 11008, 32000, 2048, 10000.0, 1e-6),  # huggyllama/llama-7b (LLaMA 1)
+    "llama-13b": _llama(5120, 40, 40, 40, 13824, 32000, 2048, 10000.0, 1e-6),  # huggyllama/llama-13b (LLaMA 1)
+    "llama-2-7b": _llama(4096, 32, 32, 32, 11008, 32000, 4096, 10000.0),  # meta-llama/Llama-2-7b-hf
+    "llama-2-13b": _llama(5120, 40, 40, 40, 13824, 32000, 4096, 10000.0),  # meta-llama/Llama-2-13b-hf
+    "llama-2-70b": _llama(8192, 80, 64, 8, 28672, 32000, 4096, 10000.0),  # meta-llama/Llama-2-70b-hf
+    "llama-3-8b": _llama(4096, 32, 32, 8, 14336, 128256, 8192, 500000.0),  # meta-llama/Meta-Llama-3-8B
+    "llama-3-70b": _llama(8192, 80, 64, 8, 28672, 128256, 8192, 500000.0),  # meta-llama/Meta-Llama-3-70B
+    "llama-3.3-70b": _llama(8192, 80, 64, 8, 28672, 128256, 131072, 500000.0),  # meta-llama/Llama-3.3-70B-Instruct
+    "llama-3.1-405b": _llama(16384, 126, 128, 8, 53248, 128256, 131072, 500000.0),  # meta-llama/Llama-3.1-405B
+    "qwen2.5-14b": _qwen2(5120, 48, 40, 8, 13824, eps=1e-5),  # Qwen/Qwen2.5-14B
+    "qwen2.5-32b": _qwen2(5120, 64, 40, 8, 27648, eps=1e-5),  # Qwen/Qwen2.5-32B
+    "qwen2.5-72b": _qwen2(8192, 80, 64, 8, 29568, eps=1e-5),  # Qwen/Qwen2.5-72B
+}
+MORE_MODEL_ALIASES = {"llama-3.3-70b-instruct": "llama-3.3-70b", "meta-llama-3-8b": "llama-3-8b",
+                      "meta-llama-3-70b": "llama-3-70b"}
