@@ -911,9 +911,11 @@ def resolve_max_model_len(deployment: Deployment, model: ModelSpec) -> int:
     return max_model_len
 
 
-def size_kv_cache(deployment: Deployment, model: ModelSpec, gpu: GPUSpec, limits: Limits) -> KVBudget:
+def size_kv_cache(deployment: Deployment, model: ModelSpec, gpu: GPUSpec, limits: Limits, *,
+                  static: bool = False) -> KVBudget:
     """The KV cache one GPU of the deployment gets, as vLLM sizes it for ``limits`` (its activation reserve
-    follows the largest step); a ScenarioError, with what would fit, where vLLM refuses to start."""
+    follows the largest step); a ScenarioError, with what would fit, where vLLM refuses to start. ``static``: the
+    policy is static batching (the hint then names the keys that policy has)."""
     dep = deployment
     try:
         budget = engine_kv_budget(dep.engine, model, gpu,
@@ -927,6 +929,10 @@ def size_kv_cache(deployment: Deployment, model: ModelSpec, gpu: GPUSpec, limits
             hint = (f" (the activation reserve is sized for max_num_batched_tokens "
                     f"{limits.max_num_batched_tokens}: a smaller deployment.max_model_len or "
                     f"policy.max_num_batched_tokens, or enable_chunked_prefill, lowers it)")
+            if static:  # a static policy has neither key: its largest step is a padded batch of whole sequences
+                hint = (f" (the activation reserve is sized for batch_size x max_model_len = "
+                        f"{limits.max_num_batched_tokens} tokens, the largest step a padded static batch takes: a "
+                        f"smaller policy.batch_size or deployment.max_model_len lowers it)")
         raise ScenarioError(f"deployment: {e}{hint}") from None
     except ValueError as e:
         raise ScenarioError(f"deployment: {e}") from None
@@ -977,7 +983,7 @@ def build(cfg: VariantConfig) -> tuple[Policy, KVManager, CostModel, Built]:
         max_model_len = resolve_max_model_len(dep, model)
         pol = resolve_policy(pol, dep, model, gpu, max_model_len)  # the engine's defaults where policy has none
         limits = pol.limits(max_model_len)
-        budget = size_kv_cache(dep, model, gpu, limits)
+        budget = size_kv_cache(dep, model, gpu, limits, static=isinstance(pol, StaticPolicyConfig))
     except ScenarioError as e:
         raise ScenarioError(f"{where}: {e}") from None
     replicas = 1 if cfg.cluster is None else max(

@@ -149,3 +149,15 @@ def test_no_engine_records_the_classic_config() -> None:
     assert "engine" not in d["deployment"] and "capacity_scheduler_policy" not in d["policy"]
     assert (d["policy"]["max_num_seqs"], d["policy"]["enable_chunked_prefill"], d["policy"]["prefill_mode"]) == \
         (256, False, "prefill_first")
+
+
+def test_static_policy_hint_names_its_own_keys() -> None:
+    raw = {"name": "t", "workload": WL, "policy": {"type": "static", "batch_size": 64},
+           "kv_cache": {"type": "contiguous"},
+           "deployment": {"model": "llama-3.1-70b", "gpu": "h100-sxm", "tensor_parallel_size": 2,
+                          "max_model_len": 4096}}
+    with pytest.raises(ScenarioError) as e:
+        build(variant_configs(parse_scenario(raw, "t"))[0])
+    msg = str(e.value)
+    assert "policy.batch_size" in msg and "max_num_batched_tokens 262144" not in msg
+    assert "enable_chunked_prefill" not in msg and "policy.max_num_batched_tokens" not in msg
