@@ -406,7 +406,9 @@ def _simulate_job(workload: GeneratedWorkload, job: tuple[VariantConfig, int, st
 
 # ---- the search -----------------------------------------------------------------------------------------------
 def _gpus_of(cfg: PlanConfig) -> list[tuple[str | dict[str, Any], GPUSpec]]:
-    names: list[str | dict[str, Any]] = list(cfg.gpus) if cfg.gpus else list(GPU_PRESETS)
+    # by default every preset with a price (sim/presets/gpus.py's have none: a cost search cannot rank them)
+    names: list[str | dict[str, Any]] = list(cfg.gpus) if cfg.gpus else \
+        [n for n, g in GPU_PRESETS.items() if g.price_per_hour > 0]
     out = []
     for g in names:
         try:

@@ -326,7 +326,7 @@ class PlanConfig(_Model):
     gpus: list[str | dict[str, Any]] | None = Field(
         default=None,
         min_length=1,
-        description="GPU presets (or GPUSpec fields inline) to consider; none: every preset.",
+        description="GPU presets (or GPUSpec fields inline) to consider; none: every preset with a price.",
     )
 
     @field_validator("gpus")

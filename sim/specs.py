@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from sim.files import read_text_capped
+from sim.moe import MOE_MODEL_TYPES
 from sim.presets.gpus import MORE_GPU_ALIASES, MORE_GPU_PRESETS
 from sim.presets.models import MORE_MODEL_ALIASES, MORE_MODEL_PRESETS
 
@@ -128,6 +129,22 @@ class ShardSpec:
     embedding_params: int  # token (and learned position) embedding rows on this GPU
     other_params: int  # norms and biases on this GPU
     tied: bool  # LM head shares the token embedding (stored once)
+    num_experts: int = 0  # MoE: experts per layer (0: a dense model)
+    experts_per_tok: int = 0  # MoE: experts each token is routed to
+    expert_params: int = 0  # MoE: matmul weights of one expert of one layer on this GPU
+    num_moe_layers: int = 0  # MoE: decoder layers holding experts
+
+    @property
+    def active_body_params(self) -> int:
+        """Matmul weights one token passes through in the decoder (its ``experts_per_tok`` experts, not all)."""
+        if not self.num_experts:
+            return self.body_matmul_params
+        return self.body_matmul_params - (self.num_experts - self.experts_per_tok) * self.expert_params * \
+            self.num_moe_layers
+
+    def expert_bytes(self, dtype: str) -> int:
+        """MoE: bytes of one expert in every layer (what reading one more distinct expert per layer costs)."""
+        return math.ceil(self.num_moe_layers * self.expert_params * DTYPE_BITS[canonical_dtype(dtype)] / 8)
 
     @property
     def stored_params(self) -> int:
@@ -146,11 +163,13 @@ class ShardSpec:
 
     def weight_bytes_read_per_step(self, dtype: str) -> int:
         """Bytes of weights every forward step streams from memory: all matmul weights (body and LM head, the
-        latter even when tied) plus norms and biases. Embedding lookups touch a few rows only and are left out."""
+        latter even when tied) plus norms and biases. Embedding lookups touch a few rows only and are left out.
+        MoE: the experts are left out too (``expert_bytes`` times the experts a step touches, sim.moe)."""
         key = canonical_dtype(dtype)
         hi_bits = DTYPE_BITS[activation_dtype(key)]
+        body = self.body_matmul_params - self.num_experts * self.expert_params * self.num_moe_layers
         return math.ceil(
-            (self.body_matmul_params * DTYPE_BITS[key] + (self.lm_head_params + self.other_params) * hi_bits) / 8
+            (body * DTYPE_BITS[key] + (self.lm_head_params + self.other_params) * hi_bits) / 8
         )
 
 
@@ -184,6 +203,10 @@ class ModelSpec:
     model_type: str = "llama"  # Hugging Face model_type, kept for the real engine and for round trips
     rope_theta: float = 10000.0  # rotary base (unused when num_position_embeddings > 0)
     norm_eps: float = 1e-5
+    qk_norm: bool = False  # Qwen3: RMSNorm over each query and key head (head_dim weights each, per layer)
+    num_experts: int = 0  # MoE (Mixtral, Qwen3-MoE): experts per layer replacing the MLP; 0: dense (sim/moe.py)
+    num_experts_per_tok: int = 0  # MoE: experts each token is routed to (top-k)
+    moe_intermediate_size: int = 0  # MoE: one expert's intermediate width; 0: intermediate_size
 
     def __post_init__(self) -> None:
         for f in ("hidden_size", "num_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size",
@@ -215,6 +238,15 @@ class ModelSpec:
             raise ValueError(f"model {self.name!r}: norm must be 'rms' or 'layer', got {self.norm!r}")
         if self.word_embed_proj_dim == 0:
             object.__setattr__(self, "word_embed_proj_dim", self.hidden_size)
+        if self.num_experts or self.num_experts_per_tok:
+            if not (isinstance(self.num_experts, int) and isinstance(self.num_experts_per_tok, int)
+                    and 1 <= self.num_experts_per_tok <= self.num_experts <= MAX_SHAPE):
+                raise ValueError(f"model {self.name!r}: a mixture of experts needs 1 <= num_experts_per_tok "
+                                 f"({self.num_experts_per_tok!r}) <= num_experts ({self.num_experts!r})")
+            if self.mlp != "gated":
+                raise ValueError(f"model {self.name!r}: experts are gated MLPs (mlp='gated')")
+            if self.moe_intermediate_size == 0:
+                object.__setattr__(self, "moe_intermediate_size", self.intermediate_size)
 
     # --- parameter counts (tensor_parallel_size=1 is the whole model) -------------------------------------------
 
@@ -227,8 +259,18 @@ class ModelSpec:
         inter = -(-self.intermediate_size // tp)
         vocab = -(-self.vocab_size // tp)
         n_up = 2 if self.mlp == "gated" else 1
-        layer_mm = h * (heads + 2 * kv) * hd + heads * hd * h + (n_up + 1) * h * inter
+        experts = expert = 0
+        if self.num_experts:
+            # vLLM splits every expert's intermediate width over the GPUs; the router is replicated
+            inter = -(-self.moe_intermediate_size // tp)
+            expert = 3 * h * inter
+            experts = self.num_experts
+            layer_mm = h * (heads + 2 * kv) * hd + heads * hd * h + h * experts + experts * expert
+        else:
+            layer_mm = h * (heads + 2 * kv) * hd + heads * hd * h + (n_up + 1) * h * inter
         layer_other = (2 if self.norm == "layer" else 1) * h * 2  # two norms per layer
+        if self.qk_norm:
+            layer_other += 2 * hd
         if self.qkv_bias:
             layer_other += (heads + 2 * kv) * hd
         if self.o_bias:
@@ -249,6 +291,10 @@ class ModelSpec:
             embedding_params=vocab * e + self.num_position_embeddings * h,
             other_params=self.num_layers * layer_other + final,
             tied=self.tie_word_embeddings,
+            num_experts=experts,
+            experts_per_tok=self.num_experts_per_tok if experts else 0,
+            expert_params=expert,
+            num_moe_layers=self.num_layers if experts else 0,
         )
 
     @property
@@ -261,7 +307,7 @@ class ModelSpec:
         """Weights of the linear layers a token passes through, LM head included (tied or not), embeddings
         excluded. ``2 * matmul_params`` is the classic forward FLOPs per token."""
         s = self.shard(1)
-        return s.body_matmul_params + s.lm_head_params
+        return s.active_body_params + s.lm_head_params
 
     @property
     def flops_per_token(self) -> int:
@@ -373,8 +419,14 @@ class ModelSpec:
                 norm_eps=1e-5,
             )
         attention_bias = flag("attention_bias", False)
+        moe: dict[str, Any] = {}
+        if model_type in MOE_MODEL_TYPES:
+            moe = dict(num_experts=need(MOE_MODEL_TYPES[model_type]), num_experts_per_tok=need("num_experts_per_tok"),
+                       moe_intermediate_size=optional("moe_intermediate_size", 0))
         return cls(
             **common,
+            **moe,
+            qk_norm=model_type in ("qwen3", "qwen3_moe"),
             num_key_value_heads=optional("num_key_value_heads", heads),
             head_dim=optional("head_dim", 0),  # absent: hidden_size // heads
             intermediate_size=need("intermediate_size"),
@@ -415,6 +467,9 @@ class ModelSpec:
             rope_theta=self.rope_theta,
             rms_norm_eps=self.norm_eps,
         )
+        if self.num_experts:
+            cfg[MOE_MODEL_TYPES.get(self.model_type, "num_local_experts")] = self.num_experts
+            cfg.update(num_experts_per_tok=self.num_experts_per_tok, moe_intermediate_size=self.moe_intermediate_size)
         return cfg
 
     @classmethod
@@ -430,23 +485,28 @@ class ModelSpec:
 
 # The Hugging Face model types whose shape ModelSpec represents whole: dense decoder-only transformers with
 # full attention (Llama-like gated MLP and RMSNorm, or OPT). Another type may hold fields that change the cost
-# (Gemma-2's soft-capping and alternating windows, Qwen3's MoE variants, Phi's partial rotary), so it is refused
+# (Gemma-2's soft-capping and alternating windows, DeepSeek's MLA and shared experts, Phi's partial
+# rotary), so it is refused
 # by name rather than read as a Llama.
-KNOWN_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "opt"})
+KNOWN_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "opt", "qwen3", *MOE_MODEL_TYPES})
 # Fields that make a model a mixture of experts in the configs of Mixtral, Qwen-MoE, DeepSeek, DBRX and others.
 _MOE_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts", "num_experts_per_tok",
-               "moe_intermediate_size", "n_shared_experts", "moe_layer_freq")
+               "moe_intermediate_size", "n_shared_experts", "moe_layer_freq", "shared_expert_intermediate_size")
 
 
 def _refuse_what_is_not_modelled(cfg: Mapping[str, Any], model_type: str, source: str) -> None:
     """A config.json whose model the spec would misread is an error naming the field: a mixture of experts read as
     dense counts one expert's parameters (Mixtral-8x7B: 7.2 B of its 46.7 B), a sliding window it ignores makes
     long contexts' KV and attention too costly."""
+    read = {MOE_MODEL_TYPES[model_type], "num_experts_per_tok", "moe_intermediate_size"} \
+        if model_type in MOE_MODEL_TYPES else set()
     for key in _MOE_FIELDS:
         v = cfg.get(key)
-        if v not in (None, 0, 1, False, [], {}):
-            raise ValueError(f"{source}: {key} = {v!r}: a mixture-of-experts model, which servesim does not model "
-                             "yet (it would count only the dense part of its parameters); use a dense model")
+        unset: tuple[Any, ...] = (None, 0, False, [], {}) if "shared" in key else (None, 0, 1, False, [], {})
+        if key not in read and v not in unset:  # (one expert is a dense model)
+            raise ValueError(f"{source}: {key} = {v!r}: a mixture-of-experts model whose experts servesim does not "
+                             f"read from this config (it reads {', '.join(sorted(MOE_MODEL_TYPES))} experts, without "
+                             "shared experts); it would count only the dense part of its parameters")
     window = cfg.get("sliding_window")
     if window is not None and cfg.get("use_sliding_window", True) is not False:
         limit = cfg.get("max_position_embeddings")
@@ -454,6 +514,11 @@ def _refuse_what_is_not_modelled(cfg: Mapping[str, Any], model_type: str, source
             raise ValueError(f"{source}: sliding_window = {window!r}: attention over a window of the context, which "
                              "servesim does not model (it would price full attention); set sliding_window to null "
                              "to model full attention")
+    if model_type == "qwen3_moe":  # layers without experts, or experts only every n-th layer: not modelled
+        for key, dense in (("decoder_sparse_step", 1), ("mlp_only_layers", [])):
+            if cfg.get(key) not in (None, dense):
+                raise ValueError(f"{source}: {key} = {cfg.get(key)!r}: dense layers among the MoE ones, which "
+                                 "servesim does not model (every layer is taken to hold experts)")
     if model_type not in KNOWN_MODEL_TYPES:
         raise ValueError(f"{source}: model_type {model_type!r} is not one servesim reads (known: "
                          f"{', '.join(sorted(KNOWN_MODEL_TYPES))}); its fields may change the model's cost")
@@ -771,7 +836,8 @@ def estimate_activation_reserve(
     s = m.shard(tensor_parallel_size)
     act = int(dtype_bytes(activation_dtype(weight_dtype)))
     k = 3 if m.mlp == "gated" else 2
-    per_token = (4 * m.hidden_size + k * s.intermediate_size) * act
+    # MoE: each token's k experts hold their intermediate tensors at once (vLLM's fused-MoE caches)
+    per_token = (4 * m.hidden_size + k * s.intermediate_size * max(1, s.experts_per_tok)) * act
     logits = max_num_seqs * m.vocab_size * 4 * 2
     return max_num_batched_tokens * per_token + logits + runtime_overhead_bytes
 

@@ -1,4 +1,4 @@
-"""Dense model presets: the shape fields of each model's published Hugging Face config.json (the repository named
+"""Model presets: the shape fields of each model's published Hugging Face config.json (the repository named
 beside each). sim/specs.py merges them into MODEL_PRESETS."""
 
 from __future__ import annotations
@@ -35,5 +35,29 @@ MORE_MODEL_PRESETS: dict[str, dict[str, Any]] = {
     "qwen2.5-32b": _qwen2(5120, 64, 40, 8, 27648, eps=1e-5),  # Qwen/Qwen2.5-32B
     "qwen2.5-72b": _qwen2(8192, 80, 64, 8, 29568, eps=1e-5),  # Qwen/Qwen2.5-72B
 }
-MORE_MODEL_ALIASES = {"llama-3.3-70b-instruct": "llama-3.3-70b", "meta-llama-3-8b": "llama-3-8b",
-                      "meta-llama-3-70b": "llama-3-70b"}
+
+def _qwen3(hidden: int, layers: int, heads: int, kv: int, inter: int, **moe: int) -> dict[str, Any]:
+    return {"model_type": "qwen3_moe" if moe else "qwen3", "hidden_size": hidden, "num_hidden_layers": layers,
+            "num_attention_heads": heads, "num_key_value_heads": kv, "head_dim": 128, "intermediate_size": inter,
+            "vocab_size": 151936, "max_position_embeddings": 40960, "tie_word_embeddings": False,
+            "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, **moe}
+
+
+def _mixtral(hidden: int, layers: int, heads: int, inter: int, ctx: int) -> dict[str, Any]:
+    return {"model_type": "mixtral", "hidden_size": hidden, "num_hidden_layers": layers, "num_attention_heads": heads,
+            "num_key_value_heads": 8, "intermediate_size": inter, "vocab_size": 32000, "max_position_embeddings": ctx,
+            "tie_word_embeddings": False, "rope_theta": 1000000.0, "rms_norm_eps": 1e-5, "num_local_experts": 8,
+            "num_experts_per_tok": 2}
+
+
+MORE_MODEL_PRESETS.update({
+    "qwen3-8b": _qwen3(4096, 36, 32, 8, 12288),  # Qwen/Qwen3-8B
+    "qwen3-32b": _qwen3(5120, 64, 64, 8, 25600),  # Qwen/Qwen3-32B
+    # mixtures of experts (sim/moe.py)
+    "qwen3-30b-a3b": _qwen3(2048, 48, 32, 4, 6144, num_experts=128, num_experts_per_tok=8,
+                            moe_intermediate_size=768),  # Qwen/Qwen3-30B-A3B
+    "mixtral-8x7b": _mixtral(4096, 32, 32, 14336, 32768),  # mistralai/Mixtral-8x7B-v0.1
+    "mixtral-8x22b": _mixtral(6144, 56, 48, 16384, 65536),  # mistralai/Mixtral-8x22B-v0.1
+})
+MORE_MODEL_ALIASES = {"llama-3.3-70b-instruct": "llama-3.3-70b", "mixtral-8x7b-v0.1": "mixtral-8x7b",
+                      "meta-llama-3-8b": "llama-3-8b", "meta-llama-3-70b": "llama-3-70b"}
