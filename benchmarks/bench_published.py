@@ -39,7 +39,8 @@ from sim.scenario import ScenarioError, VariantConfig, build, parse_scenario, va
 DATA = Path("/work/shared/data/published-dev/published-dev.csv")
 MODELS = {"Llama-3.1-8B": "llama-3.1-8b", "Llama-3.1-70B": "llama-3.1-70b", "Llama-3.1-405B": "llama-3.1-405b",
           "Llama-3-8B": "llama-3-8b", "Llama-3-70B": "llama-3-70b", "Llama-2-7B": "llama-2-7b",
-          "Llama-2-13B": "llama-2-13b", "Llama-2-70B": "llama-2-70b", "LLaMA-7B": "llama-7b", "LLaMA-13B": "llama-13b"}
+          "Llama-2-13B": "llama-2-13b", "Llama-2-70B": "llama-2-70b", "LLaMA-7B": "llama-7b", "LLaMA-13B": "llama-13b",
+          "Mixtral-8x7B-v0.1": "mixtral-8x7b"}
 GPUS = {"H100-SXM-80GB": "h100-sxm", "H200-SXM-141GB": "h200", "A100-SXM4-80GB": "a100-80gb",
         "A100-SXM-80GB": "a100-80gb", "A100-40GB": "a100-40gb", "A10G-24GB": "a10g", "GH200": "gh200"}
 # engine column prefix -> deployment.engine (None: servesim's classic engine)
