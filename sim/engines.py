@@ -38,8 +38,8 @@ from sim.specs import (
 )
 from sim.workload import Float, InputModel
 
-EngineName = Literal["vllm-v1", "vllm-v0", "tensorrt-llm", "sglang"]
-ENGINE_NAMES: tuple[str, ...] = ("vllm-v1", "vllm-v0", "tensorrt-llm", "sglang")
+EngineName = Literal["vllm-v1", "vllm-v0", "tensorrt-llm", "sglang", "classic"]
+ENGINE_NAMES: tuple[str, ...] = ("vllm-v1", "vllm-v0", "tensorrt-llm", "sglang", "classic")
 
 # ---- the engines' own defaults, each with the version and the source it follows ----------------------------------
 
@@ -86,7 +86,8 @@ class EngineConfig(InputModel):
     """``deployment.engine``: which serving engine the simulated deployment runs (a name, or these keys)."""
 
     name: EngineName = Field(default="vllm-v1", description="vllm-v1 (0.8-0.11), vllm-v0 (0.5-0.6), tensorrt-llm "
-                             "(0.17), sglang (0.4).")
+                             "(0.17), sglang (0.4), or classic: servesim's own idealised vLLM, what a deployment "
+                             "without an engine runs (to pin a scenario to it).")
     usage_context: Literal["api_server", "offline"] = Field(
         default="api_server", description="vLLM v1 sizes its step budget by how it is run: the OpenAI API server "
         "(8192 tokens on large GPUs) or the offline LLM class (16384).")
@@ -198,7 +199,7 @@ def apply_engine(policy: Any, engine: EngineConfig | None, gpu: GPUSpec, max_mod
     policy, or no engine, comes back as it is (the policy's own classic defaults then apply)."""
     if getattr(policy, "type", None) != "continuous":
         return policy
-    if engine is None:
+    if engine is None or engine.name == "classic":
         return classic_policy(policy)
     d = scheduler_defaults(engine, gpu, max_model_len, kv_tokens)
     update = {k: getattr(d, k) for k in ("enable_chunked_prefill", "max_num_seqs", "prefill_mode",
@@ -220,7 +221,7 @@ def engine_kv_budget(engine: EngineConfig | None, model: ModelSpec, gpu: GPUSpec
     - SGLang (model_runner.py profile_max_num_token): ``mem_fraction_static x total - weights - runtime
       overhead`` (what is in use besides the weights when it measures the free memory).
     """
-    if engine is None or engine.name in ("vllm-v1", "vllm-v0"):
+    if engine is None or engine.name in ("vllm-v1", "vllm-v0", "classic"):
         return kv_budget(model, gpu, **kw)
     tp = kw.get("tensor_parallel_size", 1)
     weights = model.shard(tp).weight_bytes(kw.get("weight_dtype", "bf16"))

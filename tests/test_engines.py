@@ -161,3 +161,11 @@ def test_static_policy_hint_names_its_own_keys() -> None:
     msg = str(e.value)
     assert "policy.batch_size" in msg and "max_num_batched_tokens 262144" not in msg
     assert "enable_chunked_prefill" not in msg and "policy.max_num_batched_tokens" not in msg
+
+
+def test_classic_pins_the_behaviour_of_no_engine() -> None:
+    a = _built(None, policy={"type": "continuous"})
+    b = _built("classic", policy={"type": "continuous"})
+    assert (a[0].limits, a[0].enable_chunked_prefill, a[0].prefill_mode) == \
+        (b[0].limits, b[0].enable_chunked_prefill, b[0].prefill_mode)
+    assert a[3].budget == b[3].budget
