@@ -18,8 +18,8 @@ from typing import Any, Literal
 
 from sim.files import read_text_capped
 from sim.moe import MOE_MODEL_TYPES
-from sim.presets.gpus import MORE_GPU_ALIASES, MORE_GPU_PRESETS
-from sim.presets.models import MORE_MODEL_ALIASES, MORE_MODEL_PRESETS
+from sim.presets.gpus import BASE_GPU_ALIASES, BASE_GPU_PRESETS, MORE_GPU_ALIASES, MORE_GPU_PRESETS
+from sim.presets.models import BASE_MODEL_ALIASES, BASE_MODEL_PRESETS, MORE_MODEL_ALIASES, MORE_MODEL_PRESETS
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -538,73 +538,9 @@ def check_tensor_parallel(model: ModelSpec, tensor_parallel_size: int) -> int:
     return tp
 
 
-# Presets: the shape fields of each model's published config.json.
-MODEL_PRESETS: dict[str, dict[str, Any]] = {
-    "tiny": {  # a test model small enough for a CPU
-        "model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 256, "max_position_embeddings": 2048,
-        "tie_word_embeddings": False, "rope_theta": 10000.0, "rms_norm_eps": 1e-5,
-    },
-    # A CPU model whose steps look like a GPU's: about 57 M parameters (random weights), so that on one CPU thread
-    # a step takes 5-50 ms and is dominated by the forward pass (matmuls, attention), not by Python, the way a
-    # real model's step is on a GPU; tiny's 1 ms steps are mostly the host's bookkeeping. A small Llama shape:
-    # 8 layers, hidden 512, grouped-query attention (8 query heads over 2 KV heads), a 32000-token vocabulary.
-    "llama-57m": {
-        "model_type": "llama", "hidden_size": 512, "num_hidden_layers": 8, "num_attention_heads": 8,
-        "num_key_value_heads": 2, "intermediate_size": 1536, "vocab_size": 32000, "max_position_embeddings": 2048,
-        "tie_word_embeddings": False, "rope_theta": 10000.0, "rms_norm_eps": 1e-5,
-    },
-    "smollm2-135m": {  # HuggingFaceTB/SmolLM2-135M
-        "model_type": "llama", "hidden_size": 576, "num_hidden_layers": 30, "num_attention_heads": 9,
-        "num_key_value_heads": 3, "intermediate_size": 1536, "vocab_size": 49152, "max_position_embeddings": 8192,
-        "tie_word_embeddings": True, "rope_theta": 100000.0, "rms_norm_eps": 1e-5,
-    },
-    "llama-3.2-1b": {  # meta-llama/Llama-3.2-1B
-        "model_type": "llama", "hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 32,
-        "num_key_value_heads": 8, "head_dim": 64, "intermediate_size": 8192, "vocab_size": 128256,
-        "max_position_embeddings": 131072, "tie_word_embeddings": True, "rope_theta": 500000.0,
-        "rms_norm_eps": 1e-5,
-    },
-    "llama-3.1-8b": {  # meta-llama/Llama-3.1-8B
-        "model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
-        "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256,
-        "max_position_embeddings": 131072, "tie_word_embeddings": False, "rope_theta": 500000.0,
-        "rms_norm_eps": 1e-5,
-    },
-    "llama-3.1-70b": {  # meta-llama/Llama-3.1-70B
-        "model_type": "llama", "hidden_size": 8192, "num_hidden_layers": 80, "num_attention_heads": 64,
-        "num_key_value_heads": 8, "intermediate_size": 28672, "vocab_size": 128256,
-        "max_position_embeddings": 131072, "tie_word_embeddings": False, "rope_theta": 500000.0,
-        "rms_norm_eps": 1e-5,
-    },
-    "mistral-7b": {  # mistralai/Mistral-7B-v0.3 (v0.1 is the same shape with a 32000-token vocabulary)
-        "model_type": "mistral", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
-        "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 32768,
-        "max_position_embeddings": 32768, "tie_word_embeddings": False, "rope_theta": 1000000.0,
-        "rms_norm_eps": 1e-5,
-    },
-    "qwen2.5-7b": {  # Qwen/Qwen2.5-7B
-        "model_type": "qwen2", "hidden_size": 3584, "num_hidden_layers": 28, "num_attention_heads": 28,
-        "num_key_value_heads": 4, "intermediate_size": 18944, "vocab_size": 152064,
-        "max_position_embeddings": 131072, "tie_word_embeddings": False, "rope_theta": 1000000.0,
-        "rms_norm_eps": 1e-6,
-    },
-    "opt-13b": {  # facebook/opt-13b
-        "model_type": "opt", "hidden_size": 5120, "num_hidden_layers": 40, "num_attention_heads": 40,
-        "ffn_dim": 20480, "vocab_size": 50272, "max_position_embeddings": 2048, "word_embed_proj_dim": 5120,
-        "do_layer_norm_before": True, "enable_bias": True, "tie_word_embeddings": True,
-    },
-}
-_MODEL_ALIASES = {
-    "llama-3.2-1b-instruct": "llama-3.2-1b",
-    "llama-3.1-8b-instruct": "llama-3.1-8b",
-    "llama-3.1-70b-instruct": "llama-3.1-70b",
-    "mistral-7b-v0.3": "mistral-7b",
-    "qwen2.5-7b-instruct": "qwen2.5-7b",
-    "smollm2-135m-instruct": "smollm2-135m",
-}
-MODEL_PRESETS.update(MORE_MODEL_PRESETS)  # sim/presets/models.py
-_MODEL_ALIASES.update(MORE_MODEL_ALIASES)
+# Presets: the shape fields of each model's published config.json (sim/presets/models.py).
+MODEL_PRESETS: dict[str, dict[str, Any]] = dict(BASE_MODEL_PRESETS) | MORE_MODEL_PRESETS
+_MODEL_ALIASES = dict(BASE_MODEL_ALIASES) | MORE_MODEL_ALIASES
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -682,52 +618,9 @@ class GPUSpec:
         return GPU_PRESETS[key]
 
 
-_T = 1e12
-_G = 1e9
-# Datasheet dense rates (sparsity figures halved). fp32 is the plain (non-tensor-core) rate.
-# Memory: nvidia-smi's memory.total. PCIe: effective pinned-memory copy rate per direction, about 50 GB/s for
-# Gen5 x16 and 25 GB/s for Gen4 x16. NVLink: per GPU per direction (900 GB/s total on Hopper, 600 on A100).
-# Prices: typical on-demand USD per GPU-hour at specialist GPU clouds in 2024-25; no single source, an
-# assumption for cost-per-token comparisons only; override with GPUSpec.from_dict for a real quote.
-GPU_PRESETS: dict[str, GPUSpec] = {
-    "h200": GPUSpec(
-        name="h200", memory_bytes=143771 * MiB, mem_bandwidth=4.8e12,
-        peak_flops={"fp32": 67 * _T, "bf16": 989.4 * _T, "fp16": 989.4 * _T, "fp8": 1978.9 * _T,
-                    "int8": 1978.9 * _T},
-        pcie_bandwidth=50 * _G, nvlink_bandwidth=450 * _G, price_per_hour=3.50,
-    ),
-    "h100-sxm": GPUSpec(
-        name="h100-sxm", memory_bytes=81559 * MiB, mem_bandwidth=3.35e12,
-        peak_flops={"fp32": 67 * _T, "bf16": 989.4 * _T, "fp16": 989.4 * _T, "fp8": 1978.9 * _T,
-                    "int8": 1978.9 * _T},
-        pcie_bandwidth=50 * _G, nvlink_bandwidth=450 * _G, price_per_hour=2.50,
-    ),
-    "a100-80gb": GPUSpec(
-        name="a100-80gb", memory_bytes=81920 * MiB, mem_bandwidth=2.039e12,
-        peak_flops={"fp32": 19.5 * _T, "bf16": 312 * _T, "fp16": 312 * _T, "fp8": 0.0, "int8": 624 * _T},
-        pcie_bandwidth=25 * _G, nvlink_bandwidth=300 * _G, price_per_hour=1.60,
-    ),
-    "a100-40gb": GPUSpec(
-        name="a100-40gb", memory_bytes=40960 * MiB, mem_bandwidth=1.555e12,
-        peak_flops={"fp32": 19.5 * _T, "bf16": 312 * _T, "fp16": 312 * _T, "fp8": 0.0, "int8": 624 * _T},
-        pcie_bandwidth=25 * _G, nvlink_bandwidth=300 * _G, price_per_hour=1.20,
-    ),
-    "l40s": GPUSpec(
-        name="l40s", memory_bytes=46068 * MiB, mem_bandwidth=864 * _G,
-        peak_flops={"fp32": 91.6 * _T, "bf16": 362.05 * _T, "fp16": 362.05 * _T, "fp8": 733 * _T,
-                    "int8": 733 * _T},
-        pcie_bandwidth=25 * _G, nvlink_bandwidth=0.0, price_per_hour=0.90,
-    ),
-    "l4": GPUSpec(
-        name="l4", memory_bytes=23034 * MiB, mem_bandwidth=300 * _G,
-        peak_flops={"fp32": 30.3 * _T, "bf16": 121 * _T, "fp16": 121 * _T, "fp8": 242.5 * _T,
-                    "int8": 242.5 * _T},
-        pcie_bandwidth=25 * _G, nvlink_bandwidth=0.0, price_per_hour=0.70,
-    ),
-}
-_GPU_ALIASES = {"h100": "h100-sxm", "h100-80gb": "h100-sxm", "a100": "a100-80gb", "h200-sxm": "h200"}
-GPU_PRESETS.update({k: GPUSpec(**v) for k, v in MORE_GPU_PRESETS.items()})  # sim/presets/gpus.py
-_GPU_ALIASES.update(MORE_GPU_ALIASES)
+# Datasheet figures, with their sources and assumptions, in sim/presets/gpus.py.
+GPU_PRESETS: dict[str, GPUSpec] = {k: GPUSpec(**v) for k, v in (BASE_GPU_PRESETS | MORE_GPU_PRESETS).items()}
+_GPU_ALIASES = dict(BASE_GPU_ALIASES) | MORE_GPU_ALIASES
 
 
 ModelLike = ModelSpec | str | PathLike[str] | Mapping[str, Any]

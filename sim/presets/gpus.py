@@ -1,6 +1,7 @@
-"""GPU presets beyond sim/specs.py's: datasheet dense tensor rates (sparsity figures halved), memory as the
-driver reports it (rounded from the datasheet capacity where no nvidia-smi figure is at hand), HBM/GDDR
-bandwidth, PCIe and NVLink per direction. The source is named beside each; prices are left at 0 (unknown)."""
+"""GPU presets (sim/specs.py makes GPUSpecs of them): datasheet dense tensor rates (sparsity figures halved),
+memory as the driver reports it (rounded from the datasheet capacity where no nvidia-smi figure is at hand),
+HBM/GDDR bandwidth, PCIe and NVLink per direction. The source is named beside each added preset; their prices
+are left at 0 (unknown)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,52 @@ from typing import Any
 _T = 1e12
 _G = 1e9
 _MiB = 1 << 20
+
+
+# Datasheet dense rates (sparsity figures halved). fp32 is the plain (non-tensor-core) rate.
+# Memory: nvidia-smi's memory.total. PCIe: effective pinned-memory copy rate per direction, about 50 GB/s for
+# Gen5 x16 and 25 GB/s for Gen4 x16. NVLink: per GPU per direction (900 GB/s total on Hopper, 600 on A100).
+# Prices: typical on-demand USD per GPU-hour at specialist GPU clouds in 2024-25; no single source, an
+# assumption for cost-per-token comparisons only; override with GPUSpec.from_dict for a real quote.
+# The presets added later carry no price (0): `servesim plan` leaves them out unless named.
+# The presets servesim started with.
+BASE_GPU_PRESETS: dict[str, dict[str, Any]] = {
+    "h200": dict(
+        name="h200", memory_bytes=143771 * _MiB, mem_bandwidth=4.8e12,
+        peak_flops={"fp32": 67 * _T, "bf16": 989.4 * _T, "fp16": 989.4 * _T, "fp8": 1978.9 * _T,
+                    "int8": 1978.9 * _T},
+        pcie_bandwidth=50 * _G, nvlink_bandwidth=450 * _G, price_per_hour=3.50,
+    ),
+    "h100-sxm": dict(
+        name="h100-sxm", memory_bytes=81559 * _MiB, mem_bandwidth=3.35e12,
+        peak_flops={"fp32": 67 * _T, "bf16": 989.4 * _T, "fp16": 989.4 * _T, "fp8": 1978.9 * _T,
+                    "int8": 1978.9 * _T},
+        pcie_bandwidth=50 * _G, nvlink_bandwidth=450 * _G, price_per_hour=2.50,
+    ),
+    "a100-80gb": dict(
+        name="a100-80gb", memory_bytes=81920 * _MiB, mem_bandwidth=2.039e12,
+        peak_flops={"fp32": 19.5 * _T, "bf16": 312 * _T, "fp16": 312 * _T, "fp8": 0.0, "int8": 624 * _T},
+        pcie_bandwidth=25 * _G, nvlink_bandwidth=300 * _G, price_per_hour=1.60,
+    ),
+    "a100-40gb": dict(
+        name="a100-40gb", memory_bytes=40960 * _MiB, mem_bandwidth=1.555e12,
+        peak_flops={"fp32": 19.5 * _T, "bf16": 312 * _T, "fp16": 312 * _T, "fp8": 0.0, "int8": 624 * _T},
+        pcie_bandwidth=25 * _G, nvlink_bandwidth=300 * _G, price_per_hour=1.20,
+    ),
+    "l40s": dict(
+        name="l40s", memory_bytes=46068 * _MiB, mem_bandwidth=864 * _G,
+        peak_flops={"fp32": 91.6 * _T, "bf16": 362.05 * _T, "fp16": 362.05 * _T, "fp8": 733 * _T,
+                    "int8": 733 * _T},
+        pcie_bandwidth=25 * _G, nvlink_bandwidth=0.0, price_per_hour=0.90,
+    ),
+    "l4": dict(
+        name="l4", memory_bytes=23034 * _MiB, mem_bandwidth=300 * _G,
+        peak_flops={"fp32": 30.3 * _T, "bf16": 121 * _T, "fp16": 121 * _T, "fp8": 242.5 * _T,
+                    "int8": 242.5 * _T},
+        pcie_bandwidth=25 * _G, nvlink_bandwidth=0.0, price_per_hour=0.70,
+    ),
+}
+BASE_GPU_ALIASES = {"h100": "h100-sxm", "h100-80gb": "h100-sxm", "a100": "a100-80gb", "h200-sxm": "h200"}
 
 
 def _gpu(name: str, mem_mib: int, bw: float, bf16: float, fp8: float, int8: float, fp32: float, pcie: float,

@@ -1,9 +1,75 @@
 """Model presets: the shape fields of each model's published Hugging Face config.json (the repository named
-beside each). sim/specs.py merges them into MODEL_PRESETS."""
+beside each). sim/specs.py joins them into MODEL_PRESETS."""
 
 from __future__ import annotations
 
 from typing import Any
+
+# The presets servesim started with (tests and notebooks use them).
+BASE_MODEL_PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": {  # a test model small enough for a CPU
+        "model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 256, "max_position_embeddings": 2048,
+        "tie_word_embeddings": False, "rope_theta": 10000.0, "rms_norm_eps": 1e-5,
+    },
+    # A CPU model whose steps look like a GPU's: about 57 M parameters (random weights), so that on one CPU thread
+    # a step takes 5-50 ms and is dominated by the forward pass (matmuls, attention), not by Python, the way a
+    # real model's step is on a GPU; tiny's 1 ms steps are mostly the host's bookkeeping. A small Llama shape:
+    # 8 layers, hidden 512, grouped-query attention (8 query heads over 2 KV heads), a 32000-token vocabulary.
+    "llama-57m": {
+        "model_type": "llama", "hidden_size": 512, "num_hidden_layers": 8, "num_attention_heads": 8,
+        "num_key_value_heads": 2, "intermediate_size": 1536, "vocab_size": 32000, "max_position_embeddings": 2048,
+        "tie_word_embeddings": False, "rope_theta": 10000.0, "rms_norm_eps": 1e-5,
+    },
+    "smollm2-135m": {  # HuggingFaceTB/SmolLM2-135M
+        "model_type": "llama", "hidden_size": 576, "num_hidden_layers": 30, "num_attention_heads": 9,
+        "num_key_value_heads": 3, "intermediate_size": 1536, "vocab_size": 49152, "max_position_embeddings": 8192,
+        "tie_word_embeddings": True, "rope_theta": 100000.0, "rms_norm_eps": 1e-5,
+    },
+    "llama-3.2-1b": {  # meta-llama/Llama-3.2-1B
+        "model_type": "llama", "hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 32,
+        "num_key_value_heads": 8, "head_dim": 64, "intermediate_size": 8192, "vocab_size": 128256,
+        "max_position_embeddings": 131072, "tie_word_embeddings": True, "rope_theta": 500000.0,
+        "rms_norm_eps": 1e-5,
+    },
+    "llama-3.1-8b": {  # meta-llama/Llama-3.1-8B
+        "model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+        "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256,
+        "max_position_embeddings": 131072, "tie_word_embeddings": False, "rope_theta": 500000.0,
+        "rms_norm_eps": 1e-5,
+    },
+    "llama-3.1-70b": {  # meta-llama/Llama-3.1-70B
+        "model_type": "llama", "hidden_size": 8192, "num_hidden_layers": 80, "num_attention_heads": 64,
+        "num_key_value_heads": 8, "intermediate_size": 28672, "vocab_size": 128256,
+        "max_position_embeddings": 131072, "tie_word_embeddings": False, "rope_theta": 500000.0,
+        "rms_norm_eps": 1e-5,
+    },
+    "mistral-7b": {  # mistralai/Mistral-7B-v0.3 (v0.1 is the same shape with a 32000-token vocabulary)
+        "model_type": "mistral", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+        "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 32768,
+        "max_position_embeddings": 32768, "tie_word_embeddings": False, "rope_theta": 1000000.0,
+        "rms_norm_eps": 1e-5,
+    },
+    "qwen2.5-7b": {  # Qwen/Qwen2.5-7B
+        "model_type": "qwen2", "hidden_size": 3584, "num_hidden_layers": 28, "num_attention_heads": 28,
+        "num_key_value_heads": 4, "intermediate_size": 18944, "vocab_size": 152064,
+        "max_position_embeddings": 131072, "tie_word_embeddings": False, "rope_theta": 1000000.0,
+        "rms_norm_eps": 1e-6,
+    },
+    "opt-13b": {  # facebook/opt-13b
+        "model_type": "opt", "hidden_size": 5120, "num_hidden_layers": 40, "num_attention_heads": 40,
+        "ffn_dim": 20480, "vocab_size": 50272, "max_position_embeddings": 2048, "word_embed_proj_dim": 5120,
+        "do_layer_norm_before": True, "enable_bias": True, "tie_word_embeddings": True,
+    },
+}
+BASE_MODEL_ALIASES = {
+    "llama-3.2-1b-instruct": "llama-3.2-1b",
+    "llama-3.1-8b-instruct": "llama-3.1-8b",
+    "llama-3.1-70b-instruct": "llama-3.1-70b",
+    "mistral-7b-v0.3": "mistral-7b",
+    "qwen2.5-7b-instruct": "qwen2.5-7b",
+    "smollm2-135m-instruct": "smollm2-135m",
+}
 
 
 def _llama(hidden: int, layers: int, heads: int, kv: int, inter: int, vocab: int, ctx: int, theta: float,
