@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from sim.costmodel import AnalyticCostModel, StepShape
+from sim.engines import resolve_policy
 from sim.metrics import SLOs, summarize
 from sim.records import RunResult
 from sim.scenario import (
@@ -405,7 +406,9 @@ def _simulate_job(workload: GeneratedWorkload, job: tuple[VariantConfig, int, st
 
 # ---- the search -----------------------------------------------------------------------------------------------
 def _gpus_of(cfg: PlanConfig) -> list[tuple[str | dict[str, Any], GPUSpec]]:
-    names: list[str | dict[str, Any]] = list(cfg.gpus) if cfg.gpus else list(GPU_PRESETS)
+    # by default every preset with a price (sim/presets/gpus.py's have none: a cost search cannot rank them)
+    names: list[str | dict[str, Any]] = list(cfg.gpus) if cfg.gpus else \
+        [n for n, g in GPU_PRESETS.items() if g.price_per_hour > 0]
     out = []
     for g in names:
         try:
@@ -595,7 +598,8 @@ def _resolve(vcfg: VariantConfig, model: ModelSpec, gpu: GPUSpec) -> tuple[Analy
     ScenarioError (a ValueError) where ``build`` refuses the deployment."""
     dep, pol = vcfg.deployment, vcfg.policy
     assert isinstance(dep.cost_model, AnalyticCost)  # check_plan refuses the others
-    limits = pol.limits(resolve_max_model_len(dep, model))
+    max_model_len = resolve_max_model_len(dep, model)
+    limits = resolve_policy(pol, dep, model, gpu, max_model_len).limits(max_model_len)
     budget = size_kv_cache(dep, model, gpu, limits)
     return dep.cost_model.build(model, gpu, dep), budget, limits.max_num_batched_tokens
 

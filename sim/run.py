@@ -87,7 +87,7 @@ def simulate_variant(
         sim.requests,
         core,
         cost,
-        config=cfg.to_dict(),
+        config=cfg.to_dict(built.policy),
         weight_bytes=float(budget.weight_bytes * cfg.deployment.tensor_parallel_size),
         kv_bytes_per_block=float(budget.kv_bytes_per_block * cfg.deployment.tensor_parallel_size),
     )
@@ -133,7 +133,7 @@ def _simulate_cluster(cfg, workload, *, name, keep_token_times, fast_path, progr
     budget = built.budget
     tp = cfg.deployment.tensor_parallel_size
     result = cluster_result(name or cfg.name, sim, costs, price_per_hour=built.gpu.price_per_hour * tp,
-                            config=cfg.to_dict(), weight_bytes=float(budget.weight_bytes * tp),
+                            config=cfg.to_dict(built.policy), weight_bytes=float(budget.weight_bytes * tp),
                             kv_bytes_per_block=float(budget.kv_bytes_per_block * tp))
     return result, sim.requests, sim.replicas[0].core
 

@@ -36,12 +36,22 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from sim.block_manager import KVManager, PagedBlockManager
 from sim.contiguous_allocator import ContiguousAllocator
 from sim.costmodel import AnalyticCostModel, CostModel, FittedCostModel
+from sim.engines import (
+    EngineConfig,
+    EngineField,
+    budget_kwargs,
+    classic_policy,
+    engine_kv_budget,
+    engine_validator,
+    recorded_config,
+    resolve_policy,
+)
 from sim.files import read_text_capped
 from sim.limits import MAX_POOL_BLOCKS, check_kv_footprint, kv_footprint
 from sim.metrics import SLOs
 from sim.policies import Admission, ContinuousPolicy, Limits, Policy, StaticPolicy
 from sim.scenario_messages import format_validation, short, yaml_error
-from sim.specs import GPUSpec, KVBudget, ModelDoesNotFitError, ModelSpec, kv_budget, resolve_gpu, resolve_model
+from sim.specs import GPUSpec, KVBudget, ModelDoesNotFitError, ModelSpec, resolve_gpu, resolve_model
 from sim.traces import resolve_trace
 from sim.workload import EmpiricalLength, Float, InputModel, Int, TraceArrival, Workload
 from sim.yaml_limits import MAX_SCENARIO_BYTES, safe_load_limited, unshared
@@ -156,6 +166,8 @@ class Deployment(_Model):
         default=4.0, ge=0, le=1 << 20, description="CPU swap space per GPU in GiB (vLLM's swap_space)."
     )
     cost_model: CostModelConfig = Field(default_factory=AnalyticCost, description="How step times are predicted.")
+    engine: EngineConfig | None = EngineField  # sim/engines.py
+    _engine = engine_validator
     leak_kv_on_failure: bool = Field(
         default=False,
         description="The bug the failure-mode scenarios show: the KV blocks of a request that fails mid-flight "
@@ -240,29 +252,39 @@ class StaticPolicyConfig(PolicyConfigBase):
 
 class ContinuousPolicyConfig(PolicyConfigBase):
     type: Literal["continuous"] = "continuous"
-    max_num_seqs: Int = Field(default=256, ge=1, description="Requests in one step at most.")
+    # None: the deployment.engine's default (sim/engines.py), or without an engine the classic one named here
+    max_num_seqs: Int | None = Field(default=None, ge=1, description="Requests in one step at most; none: the "
+                                     "engine's default (256 without deployment.engine).")
     max_num_batched_tokens: Int | None = Field(
         default=None,
         ge=1,
-        description="Tokens computed in one step at most; none: 8192 with chunked prefill, else "
-        "max(8192, max_model_len).",
+        description="Tokens computed in one step at most; none: the engine's default (without deployment.engine: "
+        "8192 with chunked prefill, else max(8192, max_model_len)).",
     )
-    enable_chunked_prefill: bool = Field(default=False, description="Cut prompts into chunks that fill each step.")
-    prefill_mode: Literal["prefill_first", "mixed"] = Field(
-        default="prefill_first", description="Without chunking: prompts-only steps first (vLLM v0), or mixed steps."
+    enable_chunked_prefill: bool | None = Field(
+        default=None, description="Cut prompts into chunks that fill each step; none: the engine's default (off "
+        "without deployment.engine).")
+    prefill_mode: Literal["prefill_first", "mixed"] | None = Field(
+        default=None, description="Without chunking: prompts-only steps first (vLLM v0), or mixed steps; none: the "
+        "engine's default (prefill_first without deployment.engine)."
     )
+    capacity_scheduler_policy: Literal["guaranteed_no_evict", "max_utilization"] | None = Field(
+        default=None, description="Admission (TensorRT-LLM's names): guaranteed_no_evict admits a request only when "
+        "the KV of its whole prompt + output fits beside the running requests' (nothing is ever preempted); "
+        "max_utilization admits while blocks are free now. none: the engine's default (max_utilization without "
+        "deployment.engine).")
     preemption_mode: Literal["recompute", "swap"] = Field(
         default="recompute", description="What happens to the latest-admitted request when blocks run out."
     )
 
     def limits(self, max_model_len: int) -> Limits:
         mnbt = self.max_num_batched_tokens or (8192 if self.enable_chunked_prefill else max(8192, max_model_len))
-        return Limits(self.max_num_seqs, mnbt, max_model_len)
+        return Limits(self.max_num_seqs or 256, mnbt, max_model_len)
 
     def build(self, limits: Limits, admission: Admission) -> ContinuousPolicy:
-        return ContinuousPolicy(limits=limits, enable_chunked_prefill=self.enable_chunked_prefill,
-                                prefill_mode=self.prefill_mode, preemption_mode=self.preemption_mode,
-                                admission=admission)
+        return ContinuousPolicy(limits=limits, enable_chunked_prefill=bool(self.enable_chunked_prefill),
+                                prefill_mode=self.prefill_mode or "prefill_first", preemption_mode=self.preemption_mode,
+                                admission=admission, no_evict=self.capacity_scheduler_policy == "guaranteed_no_evict")
 
 
 PolicyConfig = Annotated[StaticPolicyConfig | ContinuousPolicyConfig, Field(discriminator="type")]
@@ -304,7 +326,7 @@ class PlanConfig(_Model):
     gpus: list[str | dict[str, Any]] | None = Field(
         default=None,
         min_length=1,
-        description="GPU presets (or GPUSpec fields inline) to consider; none: every preset.",
+        description="GPU presets (or GPUSpec fields inline) to consider; none: every preset with a price.",
     )
 
     @field_validator("gpus")
@@ -638,12 +660,17 @@ class VariantConfig:
     cluster: ClusterConfig | None = None  # several replicas; None: one
     workload: Workload | None = None  # the variant's own workload; None: the scenario's
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, policy: PolicyConfigBase | None = None) -> dict[str, Any]:
+        """The variant as a run records it; ``policy``: the policy as resolved against the engine (Built.policy)."""
+        if policy is None and self.deployment.engine is None:
+            policy = classic_policy(self.policy)
+        dep, pol = recorded_config(self.deployment.model_dump(mode="json"),
+                                   (policy or self.policy).model_dump(mode="json"))
         out = {
             "name": self.name,
-            "deployment": self.deployment.model_dump(mode="json"),
+            "deployment": dep,
             "kv_cache": self.kv_cache.model_dump(mode="json"),
-            "policy": self.policy.model_dump(mode="json"),
+            "policy": pol,
             "admission": self.admission.model_dump(mode="json"),
             "params": self.params,
         }
@@ -869,6 +896,7 @@ class Built:
     budget: KVBudget
     limits: Limits
     max_model_len: int
+    policy: PolicyConfigBase | None = None  # the policy section with the engine's defaults filled in
 
 
 def resolve_max_model_len(deployment: Deployment, model: ModelSpec) -> int:
@@ -883,23 +911,15 @@ def resolve_max_model_len(deployment: Deployment, model: ModelSpec) -> int:
     return max_model_len
 
 
-def size_kv_cache(deployment: Deployment, model: ModelSpec, gpu: GPUSpec, limits: Limits) -> KVBudget:
+def size_kv_cache(deployment: Deployment, model: ModelSpec, gpu: GPUSpec, limits: Limits, *,
+                  static: bool = False) -> KVBudget:
     """The KV cache one GPU of the deployment gets, as vLLM sizes it for ``limits`` (its activation reserve
-    follows the largest step); a ScenarioError, with what would fit, where vLLM refuses to start."""
+    follows the largest step); a ScenarioError, with what would fit, where vLLM refuses to start. ``static``: the
+    policy is static batching (the hint then names the keys that policy has)."""
     dep = deployment
     try:
-        budget = kv_budget(
-            model,
-            gpu,
-            gpu_memory_utilization=dep.gpu_memory_utilization,
-            weight_dtype=dep.weight_dtype,
-            kv_dtype=dep.kv_dtype,
-            block_size=dep.block_size,
-            tensor_parallel_size=dep.tensor_parallel_size,
-            num_gpu_blocks_override=dep.num_gpu_blocks,
-            max_num_batched_tokens=limits.max_num_batched_tokens,
-            max_num_seqs=limits.max_num_seqs,
-        )
+        budget = engine_kv_budget(dep.engine, model, gpu,
+                                  **budget_kwargs(dep, limits.max_num_batched_tokens, limits.max_num_seqs))
     except ModelDoesNotFitError as e:
         hint = ""
         weights = model.shard(dep.tensor_parallel_size).weight_bytes(dep.weight_dtype)
@@ -909,6 +929,10 @@ def size_kv_cache(deployment: Deployment, model: ModelSpec, gpu: GPUSpec, limits
             hint = (f" (the activation reserve is sized for max_num_batched_tokens "
                     f"{limits.max_num_batched_tokens}: a smaller deployment.max_model_len or "
                     f"policy.max_num_batched_tokens, or enable_chunked_prefill, lowers it)")
+            if static:  # a static policy has neither key: its largest step is a padded batch of whole sequences
+                hint = (f" (the activation reserve is sized for batch_size x max_model_len = "
+                        f"{limits.max_num_batched_tokens} tokens, the largest step a padded static batch takes: a "
+                        f"smaller policy.batch_size or deployment.max_model_len lowers it)")
         raise ScenarioError(f"deployment: {e}{hint}") from None
     except ValueError as e:
         raise ScenarioError(f"deployment: {e}") from None
@@ -957,8 +981,9 @@ def build(cfg: VariantConfig) -> tuple[Policy, KVManager, CostModel, Built]:
         raise ScenarioError(f"{where}: deployment.gpu: {e}") from None
     try:
         max_model_len = resolve_max_model_len(dep, model)
+        pol = resolve_policy(pol, dep, model, gpu, max_model_len)  # the engine's defaults where policy has none
         limits = pol.limits(max_model_len)
-        budget = size_kv_cache(dep, model, gpu, limits)
+        budget = size_kv_cache(dep, model, gpu, limits, static=isinstance(pol, StaticPolicyConfig))
     except ScenarioError as e:
         raise ScenarioError(f"{where}: {e}") from None
     replicas = 1 if cfg.cluster is None else max(
@@ -982,7 +1007,7 @@ def build(cfg: VariantConfig) -> tuple[Policy, KVManager, CostModel, Built]:
         raise ScenarioError(f"{where}: deployment.{e}") from None
     except (ValueError, TypeError, OSError) as e:
         raise ScenarioError(f"{where}: deployment.cost_model: {e}") from None
-    return policy, kv, cost, Built(model, gpu, budget, limits, max_model_len)
+    return policy, kv, cost, Built(model, gpu, budget, limits, max_model_len, pol)
 
 
 def slos_of(scenario: Scenario) -> SLOs | None:
