@@ -41,6 +41,7 @@ from sim.limits import MAX_POOL_BLOCKS, check_kv_footprint, kv_footprint
 from sim.metrics import SLOs
 from sim.policies import Admission, ContinuousPolicy, Limits, Policy, StaticPolicy
 from sim.scenario_messages import format_validation, short, yaml_error
+from sim import spec_decode
 from sim.specs import GPUSpec, KVBudget, ModelDoesNotFitError, ModelSpec, kv_budget, resolve_gpu, resolve_model
 from sim.traces import resolve_trace
 from sim.workload import EmpiricalLength, Float, InputModel, Int, TraceArrival, Workload
@@ -156,6 +157,8 @@ class Deployment(_Model):
         default=4.0, ge=0, le=1 << 20, description="CPU swap space per GPU in GiB (vLLM's swap_space)."
     )
     cost_model: CostModelConfig = Field(default_factory=AnalyticCost, description="How step times are predicted.")
+    speculative: spec_decode.SpeculativeConfig | None = Field(
+        default=None, description="Speculative decoding (vLLM's speculative_config); none: off.")
     leak_kv_on_failure: bool = Field(
         default=False,
         description="The bug the failure-mode scenarios show: the KV blocks of a request that fails mid-flight "
@@ -961,6 +964,11 @@ def build(cfg: VariantConfig) -> tuple[Policy, KVManager, CostModel, Built]:
         budget = size_kv_cache(dep, model, gpu, limits)
     except ScenarioError as e:
         raise ScenarioError(f"{where}: {e}") from None
+    if dep.speculative is not None:  # the proposer's weights and KV take memory from the target's KV
+        try:
+            budget = spec_decode.budget_for(dep, budget, model, max_model_len)
+        except ValueError as e:
+            raise ScenarioError(f"{where}: deployment.speculative: {e}") from None
     replicas = 1 if cfg.cluster is None else max(
         cfg.cluster.replicas, cfg.cluster.autoscaler.max_replicas if cfg.cluster.autoscaler else 0)
     prefix = bool(getattr(kvc, "enable_prefix_caching", False))
@@ -982,6 +990,11 @@ def build(cfg: VariantConfig) -> tuple[Policy, KVManager, CostModel, Built]:
         raise ScenarioError(f"{where}: deployment.{e}") from None
     except (ValueError, TypeError, OSError) as e:
         raise ScenarioError(f"{where}: deployment.cost_model: {e}") from None
+    if dep.speculative is not None:
+        try:
+            cost = spec_decode.cost_for(dep, cost, model, gpu)
+        except ValueError as e:
+            raise ScenarioError(f"{where}: deployment.speculative: {e}") from None
     return policy, kv, cost, Built(model, gpu, budget, limits, max_model_len)
 
 
