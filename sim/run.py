@@ -92,7 +92,7 @@ def simulate_variant(
         weight_bytes=float(budget.weight_bytes * cfg.deployment.tensor_parallel_size),
         kv_bytes_per_block=float(budget.kv_bytes_per_block * cfg.deployment.tensor_parallel_size),
     )
-    if core.spec is not None:
+    if core.spec is not None and cfg.deployment.speculative is not None:
         result.spec_decode = summary_inputs([core.spec], [cost], cfg.deployment.speculative)
     return result, sim.requests, core
 

@@ -33,6 +33,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from sim import spec_decode
 from sim.block_manager import KVManager, PagedBlockManager
 from sim.contiguous_allocator import ContiguousAllocator
 from sim.costmodel import AnalyticCostModel, CostModel, FittedCostModel
@@ -41,7 +42,6 @@ from sim.limits import MAX_POOL_BLOCKS, check_kv_footprint, kv_footprint
 from sim.metrics import SLOs
 from sim.policies import Admission, ContinuousPolicy, Limits, Policy, StaticPolicy
 from sim.scenario_messages import format_validation, short, yaml_error
-from sim import spec_decode
 from sim.specs import GPUSpec, KVBudget, ModelDoesNotFitError, ModelSpec, kv_budget, resolve_gpu, resolve_model
 from sim.traces import resolve_trace
 from sim.workload import EmpiricalLength, Float, InputModel, Int, TraceArrival, Workload

@@ -51,7 +51,16 @@ from pydantic import Field, field_validator, model_validator
 from sim.costmodel import AnalyticCostModel, CostModel, StepShape
 from sim.files import read_text_capped
 from sim.request import Request
-from sim.specs import DTYPE_BITS, GPUSpec, KVBudget, ModelSpec, canonical_dtype, kv_dtype_bytes, resolve_kv_dtype, resolve_model
+from sim.specs import (
+    DTYPE_BITS,
+    GPUSpec,
+    KVBudget,
+    ModelSpec,
+    canonical_dtype,
+    kv_dtype_bytes,
+    resolve_kv_dtype,
+    resolve_model,
+)
 from sim.workload import Float, InputModel, Int
 
 METHODS = ("draft_model", "ngram", "eagle")
@@ -228,7 +237,7 @@ def budget_with_draft(cfg: SpeculativeConfig, budget: KVBudget, target: ModelSpe
 
 
 @dataclasses.dataclass(slots=True)
-class SpecDecodeCost:
+class SpecDecodeCost(CostModel):
     """The target's cost model plus the proposer's time. A step with speculating rows takes the target's time
     for its shape (the rows' k + 1 tokens included) plus, for a draft model or an EAGLE head: one pass over the
     step's shape (catching up on the new tokens) and k - 1 decode passes of the speculating rows."""
