@@ -299,7 +299,9 @@ def budget_for(dep: Any, budget: KVBudget, target: ModelSpec, max_model_len: int
 
 
 def cost_for(dep: Any, target_cost: CostModel, target: ModelSpec, gpu: GPUSpec) -> SpecDecodeCost:
-    """``build_cost`` for a scenario's deployment."""
+    """``build_cost`` for a scenario's deployment; the acceptance model is built once here too, so that a bad
+    acceptance file fails while the scenario is resolved, before anything runs."""
+    build_acceptor(dep.speculative)
     return build_cost(dep.speculative, target_cost, target, gpu, weight_dtype=dep.weight_dtype,
                       kv_dtype=dep.kv_dtype, tensor_parallel_size=dep.tensor_parallel_size, block_size=dep.block_size)
 
