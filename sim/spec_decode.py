@@ -469,6 +469,22 @@ def summarize_spec(inputs: dict, busy_seconds: float) -> dict:
     }
 
 
+def openmetrics_lines(inputs: dict, labels: str, ts: str) -> list[str]:
+    """vLLM v1's speculative decoding counters (``vllm:spec_decode_*``) as OpenMetrics lines: ``labels`` the
+    sample's labels (model_name, engine), ``ts`` its timestamp suffix."""
+    lines: list[str] = []
+    for key, help_ in (("num_drafts", "Number of spec decoding drafts."),
+                       ("num_draft_tokens", "Number of draft tokens."),
+                       ("num_accepted_tokens", "Number of accepted tokens.")):
+        name = f"vllm:spec_decode_{key}"
+        lines += [f"# TYPE {name} counter", f"# HELP {name} {help_}", f"{name}_total{{{labels}}} {int(inputs[key])}{ts}"]
+    name = "vllm:spec_decode_num_accepted_tokens_per_pos"
+    lines += [f"# TYPE {name} counter", f"# HELP {name} Accepted tokens per draft position."]
+    lines += [f'{name}_total{{{labels},position="{i}"}} {int(n)}{ts}'
+              for i, n in enumerate(inputs["num_accepted_tokens_per_pos"])]
+    return lines
+
+
 def write_measured(path: str | Path, accepted: dict[int, list[int]]) -> None:
     """Write an engine's accepted counts as a MeasuredAcceptance file (replayed draft by draft)."""
     Path(path).write_text(json.dumps({"accepted": {str(k): v for k, v in sorted(accepted.items())}}))

@@ -234,3 +234,31 @@ def test_bad_speculative_section_exits_2(tmp_path: Path, spec: dict, needle: str
     res = CliRunner().invoke(app, ["run", str(path), "-q", "-o", str(tmp_path / "out")])
     assert res.exit_code == 2, res.output
     assert needle in res.output and "Traceback" not in res.output
+
+
+def test_report_section_and_openmetrics_export(tmp_path: Path):
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families
+
+    from sim.benchfiles.export_metrics import openmetrics_text
+
+    raw = scenario()
+    raw["variants"] = [{"name": "plain"}, {"name": "ngram", "deployment": {"speculative": {
+        "method": "ngram", "num_speculative_tokens": 3, "acceptance": {"type": "geometric", "rate": 0.6}}}}]
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    out = tmp_path / "out"
+    res = CliRunner().invoke(app, ["run", str(path), "-q", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    page = (out / "report.html").read_text()
+    assert "Speculative decoding</h2>" in page and "mean acceptance length" in page
+    summary = json.loads((out / "summary.json").read_text())["variants"]
+    assert "spec_decode" in summary["ngram"] and "spec_decode" not in summary["plain"]
+    sd = summary["ngram"]["spec_decode"]
+    run = run_scenario(parse_scenario(raw))
+    text = openmetrics_text(run.results[1])
+    fams = {f.name: f for f in text_string_to_metric_families(text)}
+    assert fams["vllm:spec_decode_num_drafts"].samples[0].value == sd["num_drafts"]
+    assert fams["vllm:spec_decode_num_accepted_tokens"].samples[0].value == sd["num_accepted_tokens"]
+    per_pos = fams["vllm:spec_decode_num_accepted_tokens_per_pos"].samples
+    assert [s.value for s in per_pos] == sd["num_accepted_tokens_per_pos"]
+    assert "vllm:spec_decode_num_drafts" not in openmetrics_text(run.results[0])
