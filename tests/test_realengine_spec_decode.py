@@ -22,7 +22,15 @@ from sim.core import ServingCore  # noqa: E402 - after the torch skip
 from sim.run import generate_workload  # noqa: E402 - after the torch skip
 from sim.scenario import build, parse_scenario, variant_configs  # noqa: E402 - after the torch skip
 from sim.simulator import Simulation  # noqa: E402 - after the torch skip
-from sim.spec_decode import ReplayAcceptor, SpecDecoder, summarize_spec  # noqa: E402 - after the torch skip
+from sim.spec_decode import (  # noqa: E402 - after the torch skip
+    MeasuredAcceptance,
+    ReplayAcceptor,
+    SpecDecoder,
+    SpeculativeConfig,
+    build_acceptor,
+    summarize_spec,
+    write_measured,
+)
 from sim.specs import ModelSpec  # noqa: E402 - after the torch skip
 
 torch.set_num_threads(1)
@@ -118,7 +126,13 @@ class ReplayedDurations:
 def test_parity_simulator_fed_the_engine_times_and_acceptance(runs, tmp_path: Path):
     _, (cfg, result, requests, core, _, runner) = runs
     policy, kv, _, _ = build(engine_config(cfg, num_gpu_blocks=NUM_BLOCKS))
-    spec = SpecDecoder(K, ReplayAcceptor(runner.measured))
+    # the engine's measured acceptance, through the file a scenario's acceptance: {type: measured} reads
+    path = tmp_path / "acceptance.json"
+    write_measured(path, runner.measured)
+    acceptor = build_acceptor(SpeculativeConfig(method="ngram", num_speculative_tokens=K,
+                                                acceptance=MeasuredAcceptance(file=str(path))))
+    assert isinstance(acceptor, ReplayAcceptor)
+    spec = SpecDecoder(K, acceptor)
     sim_core = ServingCore(policy, kv, fast_path=False, record_plans=True, spec=spec)
     cost = ReplayedDurations(result.steps["duration"])
     specs = [dataclasses.replace(r.spec, arrival=r.arrival) for r in requests]

@@ -18,6 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from sim.cli import app
@@ -262,3 +264,29 @@ def test_report_section_and_openmetrics_export(tmp_path: Path):
     per_pos = fams["vllm:spec_decode_num_accepted_tokens_per_pos"].samples
     assert [s.value for s in per_pos] == sd["num_accepted_tokens_per_pos"]
     assert "vllm:spec_decode_num_drafts" not in openmetrics_text(run.results[0])
+
+
+@settings(max_examples=25, deadline=None)
+@given(k=st.integers(1, 6), rate=st.floats(0, 1), blocks=st.integers(16, 40),
+       mode=st.sampled_from(["recompute", "swap"]), kv=st.sampled_from(["paged", "contiguous"]),
+       seed=st.integers(0, 3))
+def test_speculation_under_preemption_conserves_requests_and_blocks(k, rate, blocks, mode, kv, seed):
+    raw = scenario(method="ngram", num_speculative_tokens=k, acceptance={"type": "geometric", "rate": rate})
+    raw["seed"] = seed
+    raw["deployment"]["num_gpu_blocks"] = blocks
+    raw["kv_cache"] = {"type": kv}
+    raw["policy"]["preemption_mode"] = mode
+    raw["workload"]["arrival"] = {"type": "all_at_once"}  # contention: the cache fills, requests are preempted
+    sc = parse_scenario(raw)
+    cfg = variant_configs(sc)[0]
+    res, reqs, core = simulate_variant(cfg, generate_workload(sc))
+    assert all(r.outcome is not None for r in reqs)
+    for r in reqs:
+        if r.outcome.value == "completed":
+            assert r.num_output_tokens == r.output_len
+    assert core.kv.num_free_blocks == core.kv.num_blocks
+    steps = res.steps
+    assert (steps["prefill_tokens"] + steps["decode_tokens"] <= 64).all()
+    assert (steps["batch_size"] <= 8).all()
+    sd = res.spec_decode
+    assert sd is not None and sd["num_accepted_tokens"] <= sd["num_draft_tokens"] <= k * sd["num_drafts"]
