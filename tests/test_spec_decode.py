@@ -256,6 +256,11 @@ def test_report_section_and_openmetrics_export(tmp_path: Path):
     summary = json.loads((out / "summary.json").read_text())["variants"]
     assert "spec_decode" in summary["ngram"] and "spec_decode" not in summary["plain"]
     sd = summary["ngram"]["spec_decode"]
+    # a folder read back (servesim.load) draws the section from the summary's counters
+    import servesim
+
+    again = servesim.load(out).report(tmp_path / "again.html").read_text()
+    assert "Speculative decoding</h2>" in again
     run = run_scenario(parse_scenario(raw))
     text = openmetrics_text(run.results[1])
     fams = {f.name: f for f in text_string_to_metric_families(text)}
