@@ -53,6 +53,12 @@ def draft_layers(cfg: SpeculativeConfig, target: ModelSpec) -> int:
     return spec.num_layers
 
 
+def check_engine_draft(speculative: SpeculativeConfig | None, target: ModelSpec) -> None:
+    """A ValueError, before anything runs, for a speculative section the engine cannot run."""
+    if speculative is not None:
+        draft_layers(speculative, target)
+
+
 @torch.inference_mode()
 def forward_layers(model: LlamaModel, input_ids: torch.Tensor, meta, kv_cache, num_layers: int) -> torch.Tensor:
     """``model``'s forward through its first ``num_layers`` layers, then its final norm and LM head."""

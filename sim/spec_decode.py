@@ -115,7 +115,10 @@ class MeasuredAcceptance(InputModel):
     run exactly)."""
 
     type: Literal["measured"] = "measured"
-    file: str = Field(description="JSON file of measured acceptance (see the type's description).")
+    file: str = Field(description="JSON file of measured acceptance (see the type's description), or a run "
+                      "folder's summary.json (an engine run's, say): its spec_decode counters.")
+    variant: str | None = Field(default=None, description="summary.json: the variant whose counters to take "
+                                "(default: the first that speculated).")
 
     def load(self) -> dict[str, Any]:
         try:
@@ -124,6 +127,13 @@ class MeasuredAcceptance(InputModel):
             raise ValueError(f"acceptance file not found: {self.file}") from None
         except (OSError, ValueError) as e:  # JSONDecodeError is a ValueError, as is the size cap
             raise ValueError(f"acceptance file {self.file}: {e}") from None
+        if isinstance(data, dict) and isinstance(data.get("variants"), dict):  # a run folder's summary.json
+            found = {n: v["spec_decode"] for n, v in data["variants"].items()
+                     if isinstance(v, dict) and isinstance(v.get("spec_decode"), dict)}
+            if not found or (self.variant is not None and self.variant not in found):
+                raise ValueError(f"acceptance file {self.file}: no variant {self.variant or ''} with spec_decode "
+                                 f"counters (speculating: {', '.join(found) or 'none'})")
+            data = found[self.variant] if self.variant is not None else next(iter(found.values()))
         if not isinstance(data, dict) or not ({"accepted"} <= set(data) or {"num_accepted_tokens_per_pos",
                                                                            "num_drafts"} <= set(data)):
             raise ValueError(f"acceptance file {self.file}: needs 'accepted' or 'num_accepted_tokens_per_pos' and "

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import numpy as np
@@ -161,3 +162,33 @@ def test_engine_refuses_a_draft_it_cannot_run():
     sc = parse_scenario(raw)
     with pytest.raises(ValueError, match="draft_model"):
         run_engine(variant_configs(sc)[0], generate_workload(sc), num_gpu_blocks=NUM_BLOCKS)
+
+
+def test_cli_engine_run_then_simulate_with_its_measured_acceptance(tmp_path: Path):
+    import yaml
+    from typer.testing import CliRunner
+
+    from sim.cli import app
+
+    raw = scenario(True)
+    raw["workload"]["num_requests"] = 6
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    eng = tmp_path / "engine"
+    res = CliRunner().invoke(app, ["engine", "run", str(path), "--num-gpu-blocks", str(NUM_BLOCKS), "-o", str(eng)])
+    assert res.exit_code == 0, res.output
+    measured = json.loads((eng / "summary.json").read_text())["variants"]["engine-spec"]["spec_decode"]
+    assert measured["num_accepted_tokens"] > 0
+    # the simulator takes the engine's per-position acceptance from its summary.json
+    raw["deployment"]["speculative"]["acceptance"] = {"type": "measured", "file": str(eng / "summary.json")}
+    path.write_text(yaml.safe_dump(raw))
+    res = CliRunner().invoke(app, ["run", str(path), "-q", "-o", str(tmp_path / "sim")])
+    assert res.exit_code == 0, res.output
+    sim_sd = json.loads((tmp_path / "sim" / "summary.json").read_text())["variants"]["engine-spec"]["spec_decode"]
+    assert sim_sd["num_drafts"] > 0
+    # a draft the engine cannot run: exit 2, one line, before anything runs
+    raw["deployment"]["speculative"]["model"] = draft_model(2)  # as deep as the target: not a draft
+    path.write_text(yaml.safe_dump(raw))
+    res = CliRunner().invoke(app, ["engine", "run", str(path), "--num-gpu-blocks", str(NUM_BLOCKS),
+                                   "-o", str(tmp_path / "bad")])
+    assert res.exit_code == 2 and "first layers" in res.output and "Traceback" not in res.output
