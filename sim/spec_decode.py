@@ -487,7 +487,8 @@ def openmetrics_lines(inputs: dict, labels: str, ts: str) -> list[str]:
                        ("num_draft_tokens", "Number of draft tokens."),
                        ("num_accepted_tokens", "Number of accepted tokens.")):
         name = f"vllm:spec_decode_{key}"
-        lines += [f"# TYPE {name} counter", f"# HELP {name} {help_}", f"{name}_total{{{labels}}} {int(inputs[key])}{ts}"]
+        lines += [f"# TYPE {name} counter", f"# HELP {name} {help_}",
+                  f"{name}_total{{{labels}}} {int(inputs[key])}{ts}"]
     name = "vllm:spec_decode_num_accepted_tokens_per_pos"
     lines += [f"# TYPE {name} counter", f"# HELP {name} Accepted tokens per draft position."]
     lines += [f'{name}_total{{{labels},position="{i}"}} {int(n)}{ts}'
