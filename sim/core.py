@@ -249,18 +249,12 @@ class ServingCore:
             finished = g.advance(end)
         joiners: list[Request] = []
         gaps = self.gaps
-        drafts = batch.drafts
+        drafts, spec = batch.drafts, self.spec
         for r, n in batch.plan.scheduled:
             if r.status is not Status.RUNNING:
                 continue  # aborted during the step
-            if drafts is not None and r.id in drafts:
-                assert self.spec is not None  # only it drafts
-                a = self.spec.accept(r, drafts[r.id])  # accepted drafts are output tokens whose KV is computed
-                if a:
-                    n += a
-                    r.num_output_tokens += a
-                    if r.token_times is not None:
-                        r.token_times.extend([end] * a)
+            if drafts and spec is not None and r.id in drafts:  # accepted drafts: output tokens with their KV
+                n += spec.emit(r, drafts[r.id], end)
             c0 = r.num_computed_tokens
             c1 = c0 + n
             r.num_computed_tokens = c1
@@ -455,10 +449,8 @@ class ServingCore:
         if self.spec is not None and decode and not plan.pad_to_longest:
             drafts, spec_rows, spec_tokens, spec_ctx, pairs = self.spec.propose(
                 plan.scheduled, kv, limits.max_num_batched_tokens - total)
-            total += spec_tokens
-            kv_read += spec_tokens
-            attn += pairs
-            decode -= spec_rows  # a verifying row computes 1 + k tokens: priced as a prefill chunk
+            # a verifying row computes 1 + k tokens: priced as a prefill chunk, not a one-token row
+            total, kv_read, attn, decode = total + spec_tokens, kv_read + spec_tokens, attn + pairs, decode - spec_rows
         if clamped:  # the step computes what the requests really need
             fix = {id(r): n for r, n in clamped}
             plan.scheduled = [(r, fix.get(id(r), n)) for r, n in plan.scheduled]

@@ -426,6 +426,16 @@ class SpecDecoder:
             pairs += k * c + q * (q + 1) // 2 - 1  # beyond the 1 token's c + 1 pairs the core counted
         return drafts, len(drafts), tokens, ctx, pairs
 
+    def emit(self, r: Request, k: int, end: float) -> int:
+        """``r`` verified ``k`` drafts in the step that ended at ``end``: the accepted ones become output tokens
+        (their KV computed); returns how many. The core then samples the target's own token as usual."""
+        a = self.accept(r, k)
+        if a:
+            r.num_output_tokens += a
+            if r.token_times is not None:
+                r.token_times.extend([end] * a)
+        return a
+
     def accept(self, r: Request, k: int) -> int:
         a = self.acceptor(r, k)
         if not 0 <= a <= k:
