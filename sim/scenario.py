@@ -625,6 +625,11 @@ def _resolve_relative_paths(raw: dict, base: Path) -> None:
             fix(section.get("cost_model"), "profile")
             if isinstance(section.get("model"), str) and section["model"].endswith(".json"):
                 fix(section, "model")
+            spec = section.get("speculative")
+            if isinstance(spec, dict):  # the draft's config.json and a measured acceptance file
+                fix(spec.get("acceptance"), "file")
+                if isinstance(spec.get("model"), str) and spec["model"].endswith(".json"):
+                    fix(spec, "model")
 
 
 # ---- resolving a variant into objects -------------------------------------------------------------------------

@@ -295,3 +295,15 @@ def test_speculation_under_preemption_conserves_requests_and_blocks(k, rate, blo
     assert (steps["batch_size"] <= 8).all()
     sd = res.spec_decode
     assert sd is not None and sd["num_accepted_tokens"] <= sd["num_draft_tokens"] <= k * sd["num_drafts"]
+
+
+def test_acceptance_file_is_relative_to_the_scenario(tmp_path: Path):
+    sub = tmp_path / "sc"
+    sub.mkdir()
+    (sub / "acc.json").write_text(json.dumps({"num_drafts": 10, "num_accepted_tokens_per_pos": [6, 3]}))
+    raw = scenario(method="ngram", num_speculative_tokens=2, acceptance={"type": "measured", "file": "acc.json"})
+    (sub / "s.yaml").write_text(yaml.safe_dump(raw))
+    res = CliRunner().invoke(app, ["run", str(sub / "s.yaml"), "-q", "-o", str(tmp_path / "out")])
+    assert res.exit_code == 0, res.output
+    sd = json.loads((tmp_path / "out" / "summary.json").read_text())["variants"]["spec"]["spec_decode"]
+    assert abs(sd["per_position_acceptance_rate"][0] - 0.6) < 0.15  # drawn from the file's 0.6, 0.3
