@@ -307,3 +307,12 @@ def test_acceptance_file_is_relative_to_the_scenario(tmp_path: Path):
     assert res.exit_code == 0, res.output
     sd = json.loads((tmp_path / "out" / "summary.json").read_text())["variants"]["spec"]["spec_decode"]
     assert abs(sd["per_position_acceptance_rate"][0] - 0.6) < 0.15  # drawn from the file's 0.6, 0.3
+
+
+def test_plan_refuses_speculative_decoding(tmp_path: Path):
+    raw = scenario(method="ngram", num_speculative_tokens=2, acceptance={"type": "geometric", "rate": 0.5})
+    raw["slos"] = {"ttft": 1.0}
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    res = CliRunner().invoke(app, ["plan", str(path)])
+    assert res.exit_code == 2 and "does not search speculative decoding" in res.output, res.output
