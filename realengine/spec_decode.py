@@ -85,7 +85,7 @@ class SpecDecodeRunner(ModelRunner):
         if not self.paged:
             raise ValueError("speculative decoding on the engine needs the paged KV layout")
         self.draft_num_layers = draft_layers(cfg, self.spec)
-        return SpecDecoder(cfg.num_speculative_tokens, EngineAcceptor(self))
+        return SpecDecoder(cfg.num_speculative_tokens, EngineAcceptor(self), cfg.disable_by_batch_size)
 
     @torch.inference_mode()
     def execute(self, batch) -> dict[int, int]:

@@ -175,6 +175,9 @@ class SpeculativeConfig(InputModel):
     draft_tensor_parallel_size: Int | None = Field(
         default=None, ge=1, description="GPUs the draft is split over: 1 or the target's (default: the target's).")
     acceptance: AcceptanceConfig = Field(description="How many drafts the target accepts.")
+    disable_by_batch_size: Int | None = Field(
+        default=None, ge=1, description="Draft nothing in a step that schedules at least this many requests "
+        "(vLLM's disable_by_batch_size: speculation off under load); none: always draft.")
     seed: Int = Field(default=0, ge=0, description="Seed of the acceptance draws (a stream of their own: the "
                       "workload's draws are untouched).")
     draft_step_overhead: Float = Field(default=DEFAULT_DRAFT_STEP_OVERHEAD, ge=0,
@@ -397,8 +400,9 @@ def build_acceptor(cfg: SpeculativeConfig) -> Acceptor:
 class SpecDecoder:
     """What the serving core calls: ``propose`` when it applies a plan, ``accept`` when it completes the step."""
 
-    def __init__(self, k: int, acceptor: Acceptor) -> None:
+    def __init__(self, k: int, acceptor: Acceptor, disable_by_batch_size: int | None = None) -> None:
         self.k = k
+        self.disable_by_batch_size = disable_by_batch_size
         self.acceptor = acceptor
         self.stats = SpecStats(k)
         # per request, accepted drafts in order (what an engine measured can be replayed from: MeasuredAcceptance)
@@ -410,6 +414,8 @@ class SpecDecoder:
         attention pairs). ``room``: tokens left under max_num_batched_tokens. Takes the KV slots for them."""
         drafts: dict[int, int] = {}
         tokens = ctx = pairs = 0
+        if self.disable_by_batch_size is not None and len(scheduled) >= self.disable_by_batch_size:
+            return drafts, 0, 0, 0, 0
         for r, n in scheduled:
             if room <= 0:
                 break
@@ -457,7 +463,7 @@ class SpecDecoder:
 
 
 def build_decoder(cfg: SpeculativeConfig) -> SpecDecoder:
-    return SpecDecoder(cfg.num_speculative_tokens, build_acceptor(cfg))
+    return SpecDecoder(cfg.num_speculative_tokens, build_acceptor(cfg), cfg.disable_by_batch_size)
 
 
 # ---- summary -------------------------------------------------------------------------------------------------

@@ -138,3 +138,16 @@ def test_speculative_decoding_gain_shrinks_then_turns_into_a_loss(speculative):
     assert 0.8 <= ratio[256] < 1.0 and 0.8 <= ratio[512] < 1.0, ratio
     # the loss shows in the latency too: each token of a busy server's reply comes later
     assert s["draft-k4[num_users=512]"]["tpot"]["mean"] > s["no-spec[num_users=512]"]["tpot"]["mean"]
+
+
+def test_speculation_off_under_load_keeps_the_gain_and_drops_the_loss(speculative):
+    # vLLM's disable_by_batch_size (SmartSpec's point: speculate by the load)
+    ratio, s = speculative
+
+    def gain(users: int) -> float:
+        off = s[f"draft-k4-off-under-load[num_users={users}]"]["output_throughput"]
+        return off / s[f"no-spec[num_users={users}]"]["output_throughput"]
+
+    for users in (1, 16, 64):  # below the threshold: the very runs of draft-k4
+        assert gain(users) == ratio[users]
+    assert 0.99 <= gain(256) <= 1.1 and 0.99 <= gain(512) <= 1.1, (gain(256), gain(512))

@@ -316,3 +316,17 @@ def test_plan_refuses_speculative_decoding(tmp_path: Path):
     path.write_text(yaml.safe_dump(raw))
     res = CliRunner().invoke(app, ["plan", str(path)])
     assert res.exit_code == 2 and "does not search speculative decoding" in res.output, res.output
+
+
+def test_disable_by_batch_size_drafts_only_in_smaller_steps():
+    cfg = variant_configs(parse_scenario(scenario()))[0]
+    policy, kv, _, _ = build(cfg)
+    spec = SpecDecoder(2, RateAcceptor([1.0, 1.0], seed=0), disable_by_batch_size=2)
+    core = ServingCore(policy, kv, spec=spec)
+    cost = UnitCost()
+    # two requests together: no drafts while both run; the longer one drafts once alone
+    sim = Simulation([RequestSpec(0, 0.0, 4, 3), RequestSpec(1, 0.0, 4, 9)], [(core, cost)])
+    sim.run()
+    rows = [(int(s.num_seqs), int(s.num_draft_tokens)) for s in cost.shapes]
+    assert all(d == 0 for n, d in rows if n >= 2) and any(d > 0 for n, d in rows if n == 1), rows
+    assert [r.num_output_tokens for r in sim.requests] == [3, 9]
