@@ -46,7 +46,7 @@ def draft_model(layers: int = 1) -> dict:
     return cfg
 
 
-def scenario(speculative: bool) -> dict:
+def scenario(speculative: bool, mode: str = "recompute") -> dict:
     dep: dict = {"model": "tiny", "max_model_len": 96, "block_size": 4}
     if speculative:
         dep["speculative"] = {"method": "draft_model", "model": draft_model(), "num_speculative_tokens": K,
@@ -57,12 +57,12 @@ def scenario(speculative: bool) -> dict:
                      "prompt_len": {"type": "uniform", "min": 4, "max": 24},
                      "output_len": {"type": "uniform", "min": 8, "max": 48}},
         "deployment": dep,
-        "policy": {"type": "continuous", "max_num_seqs": 8, "max_num_batched_tokens": 96},
+        "policy": {"type": "continuous", "max_num_seqs": 8, "max_num_batched_tokens": 96, "preemption_mode": mode},
     }
 
 
-def engine_run(speculative: bool):
-    sc = parse_scenario(scenario(speculative))
+def engine_run(speculative: bool, mode: str = "recompute"):
+    sc = parse_scenario(scenario(speculative, mode))
     cfg = variant_configs(sc)[0]
     wl = generate_workload(sc)
     outputs: dict[int, list[int]] = {}
@@ -87,6 +87,11 @@ def engine_run(speculative: bool):
 @pytest.fixture(scope="module")
 def runs():
     return engine_run(False), engine_run(True)
+
+
+@pytest.fixture(scope="module")
+def swap_run():
+    return engine_run(True, "swap")
 
 
 def test_drafts_are_accepted_for_real_and_change_no_token(runs):
@@ -124,8 +129,13 @@ class ReplayedDurations:
         return 0.0
 
 
-def test_parity_simulator_fed_the_engine_times_and_acceptance(runs, tmp_path: Path):
-    _, (cfg, result, requests, core, _, runner) = runs
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_parity_simulator_fed_the_engine_times_and_acceptance(runs, swap_run, tmp_path: Path, mode: str):
+    cfg, result, requests, core, outputs, runner = runs[1] if mode == "recompute" else swap_run
+    assert core.stats.num_preemptions > 0  # the small cache preempts requests with drafts in flight
+    if mode == "swap":
+        assert core.stats.num_swaps > 0
+        assert outputs == runs[0][4]  # lossless across swaps too
     policy, kv, _, _ = build(engine_config(cfg, num_gpu_blocks=NUM_BLOCKS))
     # the engine's measured acceptance, through the file a scenario's acceptance: {type: measured} reads
     path = tmp_path / "acceptance.json"
@@ -145,7 +155,7 @@ def test_parity_simulator_fed_the_engine_times_and_acceptance(runs, tmp_path: Pa
     assert spec.stats == core.spec.stats
     a, b = sim_core.steps.columns(), core.steps.columns()
     for col in ("batch_size", "prefill_tokens", "decode_tokens", "kv_blocks_used", "kv_tokens", "num_running",
-                "num_waiting", "num_preempted"):
+                "num_waiting", "num_swapped", "num_preempted", "swap_blocks"):
         assert np.array_equal(a[col], b[col]), col
     assert np.allclose(a["start"], b["start"], rtol=0, atol=1e-9)
     eng = {r.id: r for r in requests}
