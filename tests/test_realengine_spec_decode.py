@@ -3,7 +3,8 @@
 - the draft is tiny's first layer: its greedy drafts are accepted for real (a good share, not 0 and not all);
 - greedy speculative decoding emits exactly the tokens plain greedy decoding emits;
 - parity: the simulator, fed the engine's measured step durations and its measured acceptance (replayed draft by
-  draft), reproduces the engine's schedule step by step;
+  draft), reproduces the engine's schedule step by step, under recompute and swap preemption;
+- `servesim engine run` writes the measured counters, which `servesim run` then reads as its acceptance;
 - a draft the engine cannot run is refused with a clear error.
 """
 
