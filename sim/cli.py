@@ -252,6 +252,8 @@ def engine_run(
 
         from realengine.engine import engine_config, kv_held_at_end, run_engine, write_engine_run
         from realengine.model import torch_dtype
+        from realengine.spec_decode import check_engine_draft
+        from sim.specs import resolve_model
     except ImportError as e:
         _fail(f"the engine needs torch: {e}")
         return
@@ -264,7 +266,8 @@ def engine_run(
         _fail("--device cuda: torch sees no CUDA device")
     try:  # everything the input can get wrong fails here, before any run
         for cfg in cfgs:
-            engine_config(cfg, model_spec=model, num_gpu_blocks=num_gpu_blocks, device=device)
+            ecfg = engine_config(cfg, model_spec=model, num_gpu_blocks=num_gpu_blocks, device=device)
+            check_engine_draft(ecfg.deployment.speculative, resolve_model(ecfg.deployment.model))
     except (ScenarioError, ValueError) as e:
         _fail(str(e))
     real = _real_weights(weights, {str(model or c.deployment.model) for c in cfgs}, tdtype, device)

@@ -52,6 +52,12 @@ class StepShape:
     # tokens attended by the longest decode row (its context + 1; 0: unknown). An engine whose decode attention
     # gathers every row padded to the longest context pays rows x this, not the sum of the contexts
     max_decode_len: int | np.ndarray = 0
+    # speculative decoding (sim.spec_decode): rows verifying draft tokens (each computes 1 + its drafts, counted
+    # in num_tokens), the draft tokens of the step, and those rows' cached context. The target's cost model
+    # prices the step as it is; sim.spec_decode.SpecDecodeCost adds the proposer's time from these
+    num_spec_seqs: int = 0
+    num_draft_tokens: int = 0
+    spec_context_tokens: int = 0
 
 
 class CostModel(Protocol):

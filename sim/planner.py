@@ -444,6 +444,9 @@ def check_plan(scenario: Scenario) -> tuple[PlanConfig, SLOs, ModelSpec, list[tu
     if isinstance(dep.cost_model, FittedCost):
         raise ScenarioError("plan: deployment.cost_model is a fitted profile, which describes one device; the "
                             "planner compares GPUs with the analytic cost model")
+    if dep.speculative is not None:  # its candidates would be priced without the drafts: refuse, not mislead
+        raise ScenarioError("plan: deployment.speculative: the planner does not search speculative decoding; "
+                            "compare variants with and without it with `servesim run`")
     try:
         model = resolve_model(dep.model)
     except (ValueError, OSError, KeyError) as e:

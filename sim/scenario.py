@@ -33,6 +33,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from sim import spec_decode
 from sim.block_manager import KVManager, PagedBlockManager
 from sim.contiguous_allocator import ContiguousAllocator
 from sim.costmodel import AnalyticCostModel, CostModel, FittedCostModel
@@ -168,6 +169,8 @@ class Deployment(_Model):
     cost_model: CostModelConfig = Field(default_factory=AnalyticCost, description="How step times are predicted.")
     engine: EngineConfig | None = EngineField  # sim/engines.py
     _engine = engine_validator
+    speculative: spec_decode.SpeculativeConfig | None = Field(
+        default=None, description="Speculative decoding (vLLM's speculative_config); none: off.")
     leak_kv_on_failure: bool = Field(
         default=False,
         description="The bug the failure-mode scenarios show: the KV blocks of a request that fails mid-flight "
@@ -644,6 +647,11 @@ def _resolve_relative_paths(raw: dict, base: Path) -> None:
             fix(section.get("cost_model"), "profile")
             if isinstance(section.get("model"), str) and section["model"].endswith(".json"):
                 fix(section, "model")
+            spec = section.get("speculative")
+            if isinstance(spec, dict):  # the draft's config.json and a measured acceptance file
+                fix(spec.get("acceptance"), "file")
+                if isinstance(spec.get("model"), str) and spec["model"].endswith(".json"):
+                    fix(spec, "model")
 
 
 # ---- resolving a variant into objects -------------------------------------------------------------------------
@@ -986,6 +994,11 @@ def build(cfg: VariantConfig) -> tuple[Policy, KVManager, CostModel, Built]:
         budget = size_kv_cache(dep, model, gpu, limits, static=isinstance(pol, StaticPolicyConfig))
     except ScenarioError as e:
         raise ScenarioError(f"{where}: {e}") from None
+    if dep.speculative is not None:  # the proposer's weights and KV take memory from the target's KV
+        try:
+            budget = spec_decode.budget_for(dep, budget, model, max_model_len)
+        except ValueError as e:
+            raise ScenarioError(f"{where}: deployment.speculative: {e}") from None
     replicas = 1 if cfg.cluster is None else max(
         cfg.cluster.replicas, cfg.cluster.autoscaler.max_replicas if cfg.cluster.autoscaler else 0)
     prefix = bool(getattr(kvc, "enable_prefix_caching", False))
@@ -1007,6 +1020,11 @@ def build(cfg: VariantConfig) -> tuple[Policy, KVManager, CostModel, Built]:
         raise ScenarioError(f"{where}: deployment.{e}") from None
     except (ValueError, TypeError, OSError) as e:
         raise ScenarioError(f"{where}: deployment.cost_model: {e}") from None
+    if dep.speculative is not None:
+        try:
+            cost = spec_decode.cost_for(dep, cost, model, gpu)
+        except ValueError as e:
+            raise ScenarioError(f"{where}: deployment.speculative: {e}") from None
     return policy, kv, cost, Built(model, gpu, budget, limits, max_model_len, pol)
 
 

@@ -108,6 +108,14 @@ def check_lesson_memory_bound(s: Summaries) -> None:
     assert s["bf16-two-gpus"]["num_rejected"] > 0 == s["fp8-weights-and-kv"]["num_rejected"]
 
 
+def check_lesson_speculative_decoding(s: Summaries) -> None:
+    # a speed-up at batch 1 and a loss at 512 users (the ranges: tests/test_lessons.py)
+    for users, faster in ((1, True), (512, False)):
+        spec, base = s[f"draft-k4[num_users={users}]"], s[f"no-spec[num_users={users}]"]
+        assert (spec["output_throughput"] > base["output_throughput"]) is faster, users
+        assert "spec_decode" in spec and "spec_decode" not in base
+
+
 def check_failure_leak(s: Summaries) -> None:
     ok, leak, leak2x = s["correct-40gb"], s["leaky-40gb"], s["leaky-80gb"]
     assert ok["num_failed"] > 0 and ok["num_rejected"] == 0 and ok["kv_usage"]["max"] < 0.3
@@ -157,6 +165,7 @@ CASES: dict[str, tuple[dict, Callable[[Summaries], None]]] = {
     "lesson-continuous-batching": ({"workload.num_requests": 600}, check_lesson_continuous_batching),
     "lesson-paged-memory": ({"workload.num_requests": 300}, check_lesson_paged_memory),
     "lesson-memory-bound": ({"workload.num_requests": 200}, check_lesson_memory_bound),
+    "lesson-speculative-decoding": ({"workload.num_requests": 600}, check_lesson_speculative_decoding),
     "plan-chat": ({"workload.num_requests": 200}, check_plan_chat),
     # more failures, fewer requests: the leak still fills both caches
     "failure-leak": ({"workload.num_requests": 3000, "workload.failures.fraction": 0.6}, check_failure_leak),

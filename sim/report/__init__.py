@@ -97,6 +97,7 @@ from sim.report.slots import (
     slot_layout,
     slot_window,
 )
+from sim.report.spec_decode import spec_decode_parts
 from sim.report.sweep import (
     _SWEEP_NAME,
     SWEEP_PANELS,
@@ -271,6 +272,10 @@ def _throughput_section(results: list[RunResult], summaries: dict) -> list[Secti
     return [Section("Throughput", fig_throughput(results, per_run_points(len(results))))]
 
 
+def _spec_decode_section(results: list[RunResult], summaries: dict) -> list[Section]:
+    return [Section(t, f, h) for t, f, h in spec_decode_parts(results, summaries)]
+
+
 SectionBuilder = Callable[[list[RunResult], dict], list[Section]]
 # The GPU memory stack shows what fig_kv_memory shows (used, reserved, capacity) and more, so the report draws
 # only the stack; fig_kv_memory stays for notebooks.
@@ -283,6 +288,7 @@ SECTIONS: list[SectionBuilder] = [
     _sweep_section,
     _throughput_section,
     _cluster_section,
+    _spec_decode_section,
 ]
 
 
