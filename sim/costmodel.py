@@ -51,6 +51,9 @@ class StepShape:
     # tokens attended by the longest decode row (its context + 1; 0: unknown). An engine whose decode attention
     # gathers every row padded to the longest context pays rows x this, not the sum of the contexts
     max_decode_len: int | np.ndarray = 0
+    # seconds of prefix blocks loaded back from the host-memory tier before the step (sim.host_kv_tier): the
+    # tier prices its own link, so every cost model adds it as it is
+    host_load_time: float = 0.0
 
 
 class CostModel(Protocol):
@@ -290,8 +293,11 @@ class AnalyticCostModel(CostModel):
         a, b, c, d, e = shape.num_seqs, shape.num_tokens, shape.kv_read_tokens, shape.attn_pairs, shape.swap_blocks
         nd = np.ndarray
         if a.__class__ is nd or b.__class__ is nd or c.__class__ is nd or d.__class__ is nd or e.__class__ is nd:
-            return self._time(a, b, c, d, e, np.maximum)
-        return float(self._time(a, b, c, d, e, max))
+            t = self._time(a, b, c, d, e, np.maximum)
+        else:
+            t = float(self._time(a, b, c, d, e, max))
+        h = shape.host_load_time
+        return t + h if h else t
 
     def decode_steps(self, rows: list[int], reads: list[int],
                      longest: list[int] | None = None) -> tuple[list[float], list[float]]:
@@ -586,6 +592,8 @@ class FittedCostModel(CostModel):
         g = shape.idle_before
         if self.wake_idle:  # a step after an idle period: the engine's wake-up, interpolated from the curve
             t = t + np.interp(g, self.wake_idle, self.wake_extra)
+        if shape.host_load_time:
+            t = t + shape.host_load_time
         return t if _is_array(a, b, c, d, e, f, g, shape.max_decode_len) else float(t)
 
     def step_flops(self, shape: StepShape) -> float | np.ndarray:

@@ -74,4 +74,5 @@ def result_of(
         weight_bytes=weight_bytes,
         kv_bytes_per_block=kv_bytes_per_block,
         config=config,
+        host_kv=None if core.kv.host is None else core.kv.host.summary(core.kv.block_size),
     )

@@ -37,6 +37,7 @@ from sim.block_manager import KVManager, PagedBlockManager
 from sim.contiguous_allocator import ContiguousAllocator
 from sim.costmodel import AnalyticCostModel, CostModel, FittedCostModel
 from sim.files import read_text_capped
+from sim.host_kv_config import HostCacheConfig, attach_host_tier
 from sim.limits import MAX_POOL_BLOCKS, check_kv_footprint, kv_footprint
 from sim.metrics import SLOs
 from sim.policies import Admission, ContinuousPolicy, Limits, Policy, StaticPolicy
@@ -183,6 +184,8 @@ class KVCacheConfigBase(_Model):
 class PagedKV(KVCacheConfigBase):
     type: Literal["paged"] = "paged"
     enable_prefix_caching: bool = Field(default=False, description="Reuse KV blocks of equal prompt prefixes.")
+    host_cache: HostCacheConfig | None = Field(
+        default=None, description="Keep evicted prefix blocks in host memory, loaded back on a hit; none: off.")
 
     def build(self, num_blocks: int, block_size: int, *, max_model_len: int,
               num_cpu_blocks: int) -> PagedBlockManager:
@@ -976,6 +979,10 @@ def build(cfg: VariantConfig) -> tuple[Policy, KVManager, CostModel, Built]:
     except ValueError as e:
         raise ScenarioError(f"{where}: policy: {e}") from None
     kv = kvc.build(budget.num_gpu_blocks, dep.block_size, max_model_len=max_model_len, num_cpu_blocks=num_cpu_blocks)
+    try:
+        attach_host_tier(kv, getattr(kvc, "host_cache", None), budget, gpu)
+    except ValueError as e:
+        raise ScenarioError(f"{where}: kv_cache: {e}") from None
     try:
         cost = cm.build(model, gpu, dep)
     except ScenarioError as e:  # the section named its own field
