@@ -258,6 +258,8 @@ def summarize(result: RunResult, slos: SLOs | None = None) -> dict:
                                    "cost_usd", "price_per_replica_hour")}
         fleet["cost_per_million_output_tokens"] = _ratio(c["cost_usd"] * 1e6, total_out)
         out["cluster"] = fleet
+    if result.pipeline:  # pipeline stages (sim/pipeline.py)
+        out["pipeline"] = dict(result.pipeline)
     if result.host_kv:  # the prefix cache's host tier (sim/host_kv_tier.py)
         out["host_kv"] = dict(result.host_kv)
     return out

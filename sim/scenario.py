@@ -40,6 +40,7 @@ from sim.files import read_text_capped
 from sim.host_kv_config import HostCacheConfig, attach_host_tier
 from sim.limits import MAX_POOL_BLOCKS, check_kv_footprint, kv_footprint
 from sim.metrics import SLOs
+from sim.pipeline import PipelineLink, stage_model, wrap_pipeline
 from sim.policies import Admission, ContinuousPolicy, Limits, Policy, StaticPolicy
 from sim.scenario_messages import format_validation, short, yaml_error
 from sim.specs import GPUSpec, KVBudget, ModelDoesNotFitError, ModelSpec, kv_budget, resolve_gpu, resolve_model
@@ -145,6 +146,11 @@ class Deployment(_Model):
         default="auto", description="Data type of the KV cache; auto: the model's activation dtype."
     )
     tensor_parallel_size: Int = Field(default=1, ge=1, description="GPUs one replica's weights and KV are split over.")
+    pipeline_parallel_size: Int = Field(
+        default=1, ge=1, le=1024, description="Pipeline stages the layers are split over, each tensor_parallel_size "
+        "GPUs (sim/pipeline.py); a replica has tp x pp GPUs.")
+    pipeline_link: PipelineLink = Field(default="auto", description="Link between pipeline stages: nvlink, pcie or "
+                                        "infiniband (between nodes); auto: NVLink when the GPU has it, else PCIe.")
     gpu_memory_utilization: Float = Field(
         default=0.9, gt=0, le=1, description="Share of GPU memory the engine may use (weights + activations + KV)."
     )
@@ -888,8 +894,13 @@ def resolve_max_model_len(deployment: Deployment, model: ModelSpec) -> int:
 
 def size_kv_cache(deployment: Deployment, model: ModelSpec, gpu: GPUSpec, limits: Limits) -> KVBudget:
     """The KV cache one GPU of the deployment gets, as vLLM sizes it for ``limits`` (its activation reserve
-    follows the largest step); a ScenarioError, with what would fit, where vLLM refuses to start."""
+    follows the largest step); a ScenarioError, with what would fit, where vLLM refuses to start. With pipeline
+    stages, one GPU holds its stage's layers only."""
     dep = deployment
+    try:
+        model = stage_model(model, dep.pipeline_parallel_size)
+    except ValueError as e:
+        raise ScenarioError(f"deployment: {e}") from None
     try:
         budget = kv_budget(
             model,
@@ -985,6 +996,8 @@ def build(cfg: VariantConfig) -> tuple[Policy, KVManager, CostModel, Built]:
         raise ScenarioError(f"{where}: kv_cache: {e}") from None
     try:
         cost = cm.build(model, gpu, dep)
+        cost = wrap_pipeline(cost, model, gpu, pipeline_parallel_size=dep.pipeline_parallel_size,
+                             link=dep.pipeline_link, weight_dtype=dep.weight_dtype)
     except ScenarioError as e:  # the section named its own field
         raise ScenarioError(f"{where}: deployment.{e}") from None
     except (ValueError, TypeError, OSError) as e:
