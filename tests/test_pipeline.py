@@ -1,0 +1,153 @@
+"""Pipeline parallelism (sim/pipeline.py): stage memory, round times, bubbles, the scenario keys, and the lesson's
+range (GPipe's bubble at one micro-batch, gone with one micro-batch per stage)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from sim.cli import app
+from sim.costmodel import AnalyticCostModel, StepShape
+from sim.pipeline import LINK_PRESETS, PipelineCostModel, resolve_link, stage_model, wrap_pipeline
+from sim.run import run_scenario
+from sim.scenario import ScenarioError, build, load_scenario, parse_scenario, variant_configs
+from sim.specs import kv_budget, resolve_gpu, resolve_model
+
+SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
+M70 = resolve_model("llama-3.1-70b")
+H100 = resolve_gpu("h100-sxm")
+
+
+def pipeline(pp: int = 4, link: str = "nvlink") -> PipelineCostModel:
+    cost = wrap_pipeline(AnalyticCostModel(M70, H100), M70, H100, pipeline_parallel_size=pp, link=link)
+    assert isinstance(cost, PipelineCostModel)
+    return cost
+
+
+def test_one_stage_is_the_cost_model_itself() -> None:
+    inner = AnalyticCostModel(M70, H100)
+    assert wrap_pipeline(inner, M70, H100, pipeline_parallel_size=1) is inner
+    assert stage_model(M70, 1) is M70
+
+
+def test_stage_holds_its_layers_weights_and_kv() -> None:
+    st = stage_model(M70, 4)
+    assert st.num_layers == 20  # 80 layers over 4 stages
+    assert stage_model(resolve_model("llama-3.1-8b"), 3).num_layers == 11  # 32 / 3: the largest stage
+    whole = kv_budget(M70, H100, tensor_parallel_size=4)
+    piped = kv_budget(st, H100)
+    # a stage's KV per token is a quarter of the model's, as with tp=4 (8 KV heads split in 4)
+    assert piped.bytes_per_token * 4 == 2 * 80 * 8 * 128 * 2  # K and V, 80 layers, 8 KV heads of 128, bf16
+    assert piped.bytes_per_token == whole.bytes_per_token
+    # weights per GPU: a quarter of the layers, but embedding and LM head whole (tp splits those too)
+    assert whole.weight_bytes < piped.weight_bytes < 1.1 * whole.weight_bytes
+    with pytest.raises(ValueError, match="exceeds"):
+        stage_model(M70, 81)
+
+
+def test_round_is_one_micro_batch_through_every_stage_plus_hops() -> None:
+    pp = pipeline()
+    inner = pp.inner
+    assert isinstance(inner, AnalyticCostModel)
+    bw, lat = LINK_PRESETS["nvlink"]
+    hop = lat + 8192 * 2 / bw  # one decode token's activations, bf16
+    one = StepShape(1, 1, 1, 500, 500)
+    assert pp.step_time(one) == pytest.approx(inner.step_time(one) + 3 * hop, rel=1e-12)
+    # 8 rows: 4 micro-batches of 2 rows; the host overhead of all 8 rows once
+    eight, two = StepShape(8, 8, 8, 4000, 4000), StepShape(2, 2, 2, 1000, 1000)
+    o8 = inner.step_overhead + 8 * inner.per_request_overhead
+    o2 = inner.step_overhead + 2 * inner.per_request_overhead
+    hop2 = lat + 2 * 8192 * 2 / bw
+    assert pp.step_time(eight) == pytest.approx(o8 + inner.step_time(two) - o2 + 3 * hop2, rel=1e-12)
+    assert pp.peak_flops == 4 * inner.peak_flops
+    assert pp.step_flops(eight) == inner.step_flops(eight)
+
+
+def test_arrays_give_the_scalars() -> None:
+    pp = pipeline()
+    rows = [1, 2, 3, 7, 64]
+    arr = pp.step_time(StepShape(np.array(rows), np.array(rows), np.array(rows), np.array(rows) * 300,
+                                 np.array(rows) * 300))
+    assert list(arr) == [pp.step_time(StepShape(n, n, n, n * 300, n * 300)) for n in rows]
+    times, _ = pp.decode_steps(rows, [n * 300 for n in rows])
+    assert times == list(arr)
+
+
+def test_stage_busy_inverts_the_round() -> None:
+    pp = pipeline()
+    rows = np.array([1, 2, 4, 16])
+    tokens = rows.copy()
+    dur = np.array([pp.step_time(StepShape(n, n, n, n * 300, n * 300)) for n in rows])
+    busy = pp.stage_busy(rows, tokens, dur)
+    inner = pp.inner
+    assert isinstance(inner, AnalyticCostModel)
+    for n, b, d in zip(rows, busy, dur, strict=True):
+        m = min(n, 4)
+        mb = StepShape(n / m, n / m, n / m, n / m * 300, n / m * 300)
+        work = inner.step_time(mb) - inner.step_overhead - n / m * inner.per_request_overhead
+        assert b == pytest.approx(m * work / 4, rel=1e-9)
+    util = busy / dur
+    assert 0.24 < util[0] < 0.25 and util[1] == pytest.approx(2 * util[0], rel=0.02) and util[3] > 0.95
+
+
+def test_links() -> None:
+    assert resolve_link("auto", H100)[0] == "nvlink"
+    assert resolve_link("auto", resolve_gpu("l40s"))[0] == "pcie"  # no NVLink
+    slow, fast = pipeline(link="infiniband"), pipeline(link="nvlink")
+    one = StepShape(1, 1, 1, 500, 500)
+    assert slow.step_time(one) - fast.step_time(one) == pytest.approx(3 * (20e-6 - 5e-6 + 16384 / 50e9 - 16384 / 450e9))
+
+
+def _scenario(**dep) -> dict:
+    return {"workload": {"arrival": {"type": "poisson", "rate": 1}, "num_requests": 10,
+                         "prompt_len": {"type": "fixed", "value": 64}, "output_len": {"type": "fixed", "value": 8}},
+            "deployment": {"model": "llama-3.1-70b", "gpu": "h100-sxm", "max_model_len": 4096, **dep}}
+
+
+def test_scenario_builds_a_pipeline_and_refuses_too_many_stages() -> None:
+    _, _, cost, built = build(variant_configs(parse_scenario(_scenario(pipeline_parallel_size=4)))[0])
+    assert isinstance(cost, PipelineCostModel) and cost.pipeline_parallel_size == 4 and cost.link == "nvlink"
+    assert built.budget.weight_bytes < 40 * 2**30  # a quarter of 141 GB of bf16 weights, and the embeddings
+    with pytest.raises(ScenarioError, match="pipeline_parallel_size=81 exceeds"):
+        build(variant_configs(parse_scenario(_scenario(pipeline_parallel_size=81)))[0])
+    with pytest.raises(ScenarioError, match="pipeline_link"):
+        parse_scenario(_scenario(pipeline_parallel_size=2, pipeline_link="carrier-pigeon"))
+
+
+def test_cli_refuses_a_bad_degree_with_exit_2(tmp_path: Path) -> None:
+    f = tmp_path / "s.yaml"
+    f.write_text("workload: {arrival: {type: poisson, rate: 1}, num_requests: 4, prompt_len: {type: fixed, value: 8}, "
+                 "output_len: {type: fixed, value: 8}}\n"
+                 "deployment: {model: llama-3.1-8b, pipeline_parallel_size: 40}\n")
+    res = CliRunner().invoke(app, ["run", str(f), "-q", "-o", str(tmp_path / "out")])
+    assert res.exit_code == 2 and "exceeds" in res.output and "Traceback" not in res.output
+
+
+@pytest.fixture(scope="module")
+def bubbles() -> dict[int, dict]:
+    path = SCENARIOS / "lesson-pipeline-bubbles.yaml"
+    scenario, raw = load_scenario(path, {"workload.num_requests": 32})
+    run = run_scenario(scenario, raw, source=str(path))
+    return {int(k.split("num_users=")[1].rstrip("]")): v for k, v in run.summaries.items()}
+
+
+def test_lesson_bubble_is_gpipes_at_one_micro_batch_and_gone_at_one_per_stage(bubbles) -> None:
+    # GPipe (Huang et al. 2019): bubble (p - 1) / (m + p - 1) = 0.75 for p = 4, m = 1; the host overhead and the
+    # hops add a little. Measured (32 requests): 0.757, 0.514, 0.029, 0.031
+    b = {u: s["pipeline"]["bubble_fraction"] for u, s in bubbles.items()}
+    assert 0.74 <= b[1] <= 0.80
+    assert 0.48 <= b[2] <= 0.56  # two micro-batches: each stage works half the time
+    assert b[4] < 0.06 and b[16] < 0.06
+    assert b[1] > b[2] > b[4]
+    assert bubbles[1]["pipeline"]["mean_micro_batches"] == 1.0 and bubbles[16]["pipeline"]["mean_micro_batches"] == 4.0
+
+
+def test_lesson_throughput_follows_the_micro_batches_not_the_latency(bubbles) -> None:
+    tput = {u: s["output_throughput"] for u, s in bubbles.items()}
+    tpot = {u: s["tpot"]["mean"] for u, s in bubbles.items()}
+    assert tput[4] / tput[1] == pytest.approx(4.0, rel=0.05)
+    assert tput[16] / tput[4] > 3.5  # 4 rows per micro-batch: still bandwidth-bound, almost free
+    assert max(tpot.values()) / min(tpot.values()) < 1.02  # one token still crosses all four stages
