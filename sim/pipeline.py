@@ -155,10 +155,18 @@ class PipelineCostModel(CostModel):
         rows = steps["batch_size"] + steps["padded_rows"]
         tokens = steps["prefill_tokens"] + steps["decode_tokens"] + steps["padding_tokens"]
         dur = np.asarray(steps["duration"], dtype=np.float64)
-        busy = float(self.stage_busy(rows, tokens, dur).sum())
+        per_step = self.stage_busy(rows, tokens, dur)
+        busy = float(per_step.sum())
         total = float(dur.sum())
         util = busy / total if total > 0 else float("nan")
         m = np.clip(np.asarray(rows, dtype=np.float64), 1, self.pipeline_parallel_size)
+        # by micro-batches in flight (what the bubble depends on): share of the run's step time, utilisation
+        by_m = []
+        for k in np.unique(m):
+            sel = m == k
+            t = float(dur[sel].sum())
+            by_m.append({"micro_batches": int(k), "time_fraction": t / total if total > 0 else float("nan"),
+                         "stage_utilization": float(per_step[sel].sum()) / t if t > 0 else float("nan")})
         return {
             "pipeline_parallel_size": self.pipeline_parallel_size,
             "link": self.link,
@@ -166,6 +174,7 @@ class PipelineCostModel(CostModel):
             "bubble_fraction": 1.0 - util,
             "mean_micro_batches": float((m * dur).sum() / total) if total > 0 else float("nan"),
             "hop_seconds": float(((self.pipeline_parallel_size - 1) * self.hop_time(tokens / m)).sum()),
+            "by_micro_batches": by_m,
         }
 
 

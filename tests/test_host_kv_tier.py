@@ -170,3 +170,17 @@ def test_lesson_host_tier_cuts_prefill_and_ttft_on_mooncake(host_lesson) -> None
     assert h1t["goodput"] > gpu["goodput"]
     # the loads cost far less than the prefill they replace: 1 TiB loads ~1.1 M tokens in well under a minute
     assert h1t["host_kv"]["load_seconds"] < 60
+
+
+def test_report_has_the_host_tier_section(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from sim.cli import app
+
+    out = tmp_path / "out"
+    res = CliRunner().invoke(app, ["run", str(SCENARIOS / "lesson-host-kv-cache.yaml"), "-q", "-o", str(out),
+                                   "--set", "workload.arrival.end=30"])
+    assert res.exit_code == 0, res.output
+    page = (out / "report.html").read_text()
+    assert "Host tier of the prefix cache" in page and "prefill tokens saved" in page
+    assert "Pipeline stages" not in page

@@ -151,3 +151,13 @@ def test_lesson_throughput_follows_the_micro_batches_not_the_latency(bubbles) ->
     assert tput[4] / tput[1] == pytest.approx(4.0, rel=0.05)
     assert tput[16] / tput[4] > 3.5  # 4 rows per micro-batch: still bandwidth-bound, almost free
     assert max(tpot.values()) / min(tpot.values()) < 1.02  # one token still crosses all four stages
+
+
+def test_report_has_the_pipeline_section_only_when_pipelined(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    res = CliRunner().invoke(app, ["run", str(SCENARIOS / "lesson-pipeline-bubbles.yaml"), "-q", "-o", str(out),
+                                   "--set", "workload.num_requests=8"])
+    assert res.exit_code == 0, res.output
+    page = (out / "report.html").read_text()
+    assert "Pipeline stages" in page and "GPipe m / (m + p - 1)" in page
+    assert "Host tier of the prefix cache" not in page

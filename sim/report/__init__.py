@@ -84,6 +84,7 @@ from sim.report.memory import (
     request_kv_tokens,
     request_kv_window,
 )
+from sim.report.pipeline import host_kv_sections, pipeline_sections
 from sim.report.slots import (
     PAD_COLOR,
     SLOT_COLORS,
@@ -283,6 +284,8 @@ SECTIONS: list[SectionBuilder] = [
     _sweep_section,
     _throughput_section,
     _cluster_section,
+    pipeline_sections,
+    host_kv_sections,
 ]
 
 
