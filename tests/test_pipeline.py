@@ -161,3 +161,34 @@ def test_report_has_the_pipeline_section_only_when_pipelined(tmp_path: Path) -> 
     page = (out / "report.html").read_text()
     assert "Pipeline stages" in page and "GPipe m" in page and "stage utilisation" in page
     assert "Host tier of the prefix cache" not in page
+
+
+def test_capacity_lists_every_split_of_a_gpu_count() -> None:
+    from sim.capacity import capacity_table, format_capacity
+
+    t = capacity_table("llama-3.1-70b", "h100-sxm", num_gpus=8, weight_dtypes=["bf16"], kv_dtypes=["auto"])
+    assert [(r.tensor_parallel_size, r.pipeline_parallel_size) for r in t.rows] == [(1, 8), (2, 4), (4, 2), (8, 1)]
+    by = {r.pipeline_parallel_size: r for r in t.rows}
+    # every split holds about the same KV (the layers or the heads are divided 8 ways); stages repeat the
+    # embedding and LM head, so a deeper pipeline keeps a little less
+    assert by[8].kv_bytes_per_token == by[1].kv_bytes_per_token == 2 * 10 * 8 * 128 * 2
+    assert by[8].capacity_tokens < by[4].capacity_tokens < by[2].capacity_tokens < by[1].capacity_tokens
+    assert by[8].capacity_tokens > 0.9 * by[1].capacity_tokens
+    assert by[2].sessions_per_gpu[0] == by[2].sessions[0] / 8
+    assert t.row("bf16", "auto", 2, 4) is by[4]
+    text = format_capacity(t)
+    assert " tp pp " in text and "pp: pipeline stages" in text
+    plain = format_capacity(capacity_table("llama-3.1-70b", "h100-sxm", tensor_parallel_sizes=[4]))
+    assert " pp " not in plain  # the default table is as it was
+
+
+def test_capacity_cli_gpus_and_bad_pp(tmp_path: Path) -> None:
+    res = CliRunner().invoke(app, ["capacity", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "4",
+                                   "--weight-dtype", "bf16", "--kv-dtype", "auto", "--json"])
+    assert res.exit_code == 0, res.output
+    import json
+
+    rows = json.loads(res.stdout)["rows"]
+    assert [(r["tensor_parallel_size"], r["pipeline_parallel_size"]) for r in rows] == [(1, 4), (2, 2), (4, 1)]
+    res = CliRunner().invoke(app, ["capacity", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--pp", "64"])
+    assert res.exit_code == 2 and "exceeds" in res.output and "Traceback" not in res.output
