@@ -330,6 +330,11 @@ class PlanConfig(_Model):
         default=[1, 2, 4, 8], min_length=1,
         description="Tensor-parallel degrees; those that do not split the model are skipped."
     )
+    pipeline_parallel_sizes: list[Annotated[Int, Field(ge=1, le=1024)]] = Field(
+        default=[1], min_length=1,
+        description="Pipeline-parallel degrees, each combined with every tensor-parallel degree (tp x pp GPUs per "
+        "replica); those with more stages than layers are skipped.",
+    )
     weight_dtypes: list[PlanWeightDType] = Field(
         default=["bf16", "fp8", "int8", "int4"], min_length=1,
         description="Weight data types (quality differs: the simulator does not model it; list only those you "
@@ -342,7 +347,7 @@ class PlanConfig(_Model):
     enable_chunked_prefill: list[bool] = Field(
         default=[True, False], min_length=1, description="Chunked prefill on/off."
     )
-    max_gpus: Int = Field(default=8, ge=1, description="Most GPUs in one deployment (replicas x tensor_parallel_size).")
+    max_gpus: Int = Field(default=8, ge=1, description="Most GPUs in one deployment (replicas x tp x pp).")
     percentile: Literal[50, 90, 95, 99] = Field(
         default=99, description="The SLOs bound this percentile of TTFT, TPOT and E2EL (99: p99 TTFT <= slos.ttft)."
     )

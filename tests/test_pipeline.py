@@ -192,3 +192,32 @@ def test_capacity_cli_gpus_and_bad_pp(tmp_path: Path) -> None:
     assert [(r["tensor_parallel_size"], r["pipeline_parallel_size"]) for r in rows] == [(1, 4), (2, 2), (4, 1)]
     res = CliRunner().invoke(app, ["capacity", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--pp", "64"])
     assert res.exit_code == 2 and "exceeds" in res.output and "Traceback" not in res.output
+
+
+def test_plan_searches_tp_x_pp(tmp_path: Path) -> None:
+    from sim.planner import plan
+
+    f = tmp_path / "plan.yaml"
+    f.write_text("""
+name: plan-pp
+workload: {arrival: {type: poisson, rate: 2}, num_requests: 100, prompt_len: {type: fixed, value: 512},
+           output_len: {type: fixed, value: 128}}
+deployment: {model: llama-3.1-70b, gpu: h100-sxm, max_model_len: 4096}
+slos: {ttft: 2.0, tpot: 0.1}
+plan: {gpus: [h100-sxm], tensor_parallel_sizes: [1, 2, 4], pipeline_parallel_sizes: [1, 2, 4, 96],
+       weight_dtypes: [bf16], kv_dtypes: [auto], max_num_seqs: [64], enable_chunked_prefill: [true], max_gpus: 4,
+       stop_early: false}
+""")
+    sc, _ = load_scenario(f)
+    r = plan(sc)
+    got = {(e.candidate.tensor_parallel_size, e.candidate.pipeline_parallel_size, e.candidate.replicas): e
+           for e in r.evaluations}
+    # every tp x pp x replicas of at most 4 GPUs; 96 stages exceed the 80 layers and are skipped
+    assert set(got) == {(1, 1, 1), (1, 1, 2), (1, 1, 3), (1, 1, 4), (2, 1, 1), (2, 1, 2), (4, 1, 1),
+                        (1, 2, 1), (1, 2, 2), (2, 2, 1), (1, 4, 1)}
+    assert got[(1, 1, 1)].status == "pruned" and got[(1, 1, 1)].bound == "memory"  # 141 GB on one H100
+    assert got[(1, 4, 1)].status == "met" and got[(1, 4, 1)].candidate.num_gpus == 4
+    assert "pp4" in got[(1, 4, 1)].candidate.label() and got[(2, 2, 1)].candidate.to_dict()["pipeline_parallel_size"] == 2
+    # a pipeline's TPOT is the whole model's on one stage group: tp4 decodes faster than pp4 on the same 4 GPUs
+    assert got[(4, 1, 1)].latency["tpot"] < got[(1, 4, 1)].latency["tpot"]
+    assert r.chosen is not None and r.chosen.candidate.num_gpus == 2
