@@ -221,3 +221,15 @@ plan: {gpus: [h100-sxm], tensor_parallel_sizes: [1, 2, 4], pipeline_parallel_siz
     # a pipeline's TPOT is the whole model's on one stage group: tp4 decodes faster than pp4 on the same 4 GPUs
     assert got[(4, 1, 1)].latency["tpot"] < got[(1, 4, 1)].latency["tpot"]
     assert r.chosen is not None and r.chosen.candidate.num_gpus == 2
+
+
+@pytest.mark.parametrize("section", ["pipeline", "host"])
+def test_real_engine_refuses_what_it_does_not_run(section: str) -> None:
+    pytest.importorskip("torch")
+    from realengine.engine import engine_config
+
+    raw = _scenario(pipeline_parallel_size=2) if section == "pipeline" else {
+        **_scenario(), "kv_cache": {"type": "paged", "enable_prefix_caching": True, "host_cache": {"size_gib": 1}}}
+    cfg = variant_configs(parse_scenario(raw))[0]
+    with pytest.raises(ScenarioError, match="pipeline_parallel_size" if section == "pipeline" else "host_cache"):
+        engine_config(cfg, model_spec="tiny")
