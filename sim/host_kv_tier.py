@@ -109,3 +109,12 @@ class HostKVTier:
             "load_seconds": self.loads * self.latency + self.loaded_blocks * self.bytes_per_block / self.bandwidth,
         }
 
+
+
+def merge_summaries(parts: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The ``host_kv`` of a fleet: every replica's pool and counts added up (the link is each replica's own)."""
+    if not parts:
+        return None
+    out = {k: sum(p[k] for p in parts) for k in parts[0] if k != "link_bandwidth"}
+    out["link_bandwidth"] = parts[0]["link_bandwidth"]
+    return {k: out[k] for k in parts[0]}

@@ -184,3 +184,14 @@ def test_report_has_the_host_tier_section(tmp_path: Path) -> None:
     page = (out / "report.html").read_text()
     assert "Host tier of the prefix cache" in page and "prefill tokens saved" in page
     assert "Pipeline stages" not in page
+
+
+def test_cluster_adds_up_its_replicas_host_tiers() -> None:
+    path = SCENARIOS / "lesson-host-kv-cache.yaml"
+    scenario, raw = load_scenario(path, {"workload.arrival.end": 40, "variants": [
+        {"name": "fleet", "cluster": {"replicas": 2, "router": "prefix_affinity"},
+         "kv_cache": {"type": "paged", "enable_prefix_caching": True, "host_cache": {"size_gib": 1}}}]})
+    run = run_scenario(scenario, raw, source=str(path))
+    h = run.summaries["fleet"]["host_kv"]
+    assert h["capacity_blocks"] == 2 * 512  # two pools of 1 GiB in 2 MiB blocks
+    assert h["stored_blocks"] >= h["evicted_blocks"] >= 0 and h["loaded_bytes"] == h["loaded_blocks"] * (2 << 20)
