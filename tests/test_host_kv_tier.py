@@ -195,3 +195,21 @@ def test_cluster_adds_up_its_replicas_host_tiers() -> None:
     h = run.summaries["fleet"]["host_kv"]
     assert h["capacity_blocks"] == 2 * 512  # two pools of 1 GiB in 2 MiB blocks
     assert h["stored_blocks"] >= h["evicted_blocks"] >= 0 and h["loaded_bytes"] == h["loaded_blocks"] * (2 << 20)
+
+
+def test_fast_path_gives_the_steps_of_stepping_one_by_one() -> None:
+    import numpy as np
+
+    from sim.run import generate_workload, simulate_variant
+
+    path = SCENARIOS / "lesson-host-kv-cache.yaml"
+    sc, _ = load_scenario(path, {"workload.arrival.end": 60, "deployment.num_gpu_blocks": 8192,
+                                 "deployment.max_model_len": 131072})
+    cfg = variant_configs(sc)[2]  # host-1024
+    wl = generate_workload(sc)
+    fast, _, _ = simulate_variant(cfg, wl, fast_path=True)
+    slow, _, _ = simulate_variant(cfg, wl, fast_path=False)
+    assert fast.host_kv is not None and fast.host_kv["loaded_blocks"] > 0  # a small GPU cache: the host serves
+    for k in fast.steps:
+        assert np.array_equal(fast.steps[k], slow.steps[k]), k
+    assert fast.host_kv == slow.host_kv

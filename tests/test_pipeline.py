@@ -233,3 +233,22 @@ def test_real_engine_refuses_what_it_does_not_run(section: str) -> None:
     cfg = variant_configs(parse_scenario(raw))[0]
     with pytest.raises(ScenarioError, match="pipeline_parallel_size" if section == "pipeline" else "host_cache"):
         engine_config(cfg, model_spec="tiny")
+
+
+def test_fast_path_gives_the_steps_of_stepping_one_by_one() -> None:
+    from sim.run import generate_workload, simulate_variant
+
+    raw = _scenario(pipeline_parallel_size=4)
+    raw["workload"] = {"arrival": {"type": "poisson", "rate": 4}, "num_requests": 60,
+                       "prompt_len": {"type": "uniform", "low": 16, "high": 600},
+                       "output_len": {"type": "uniform", "low": 2, "high": 200}}
+    sc = parse_scenario(raw)
+    cfg = variant_configs(sc)[0]
+    wl = generate_workload(sc)
+    fast, _, _ = simulate_variant(cfg, wl, fast_path=True)
+    slow, _, _ = simulate_variant(cfg, wl, fast_path=False)
+    for k in fast.steps:
+        assert np.array_equal(fast.steps[k], slow.steps[k]), k
+    assert [(r.id, r.first_token, r.finish) for r in fast.requests] == \
+        [(r.id, r.first_token, r.finish) for r in slow.requests]
+    assert fast.pipeline == slow.pipeline
