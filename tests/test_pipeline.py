@@ -252,3 +252,11 @@ def test_fast_path_gives_the_steps_of_stepping_one_by_one() -> None:
     assert [(r.id, r.first_token, r.finish) for r in fast.requests] == \
         [(r.id, r.first_token, r.finish) for r in slow.requests]
     assert fast.pipeline == slow.pipeline
+
+
+def test_verdict_names_the_bubble_when_stages_idle(bubbles) -> None:
+    from sim.verdict import rank_limits
+
+    v = rank_limits(bubbles[1])
+    assert v.names[0] == "pipeline bubbles" and "1.0 micro-batches in flight for 4 stages" in v.text
+    assert "pipeline bubbles" not in rank_limits(bubbles[16]).names  # 3% idle: below what the ranking lists
