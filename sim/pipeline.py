@@ -8,17 +8,20 @@ overestimate on the first and last). ``stage_model`` is the model one GPU sizes 
 Time. vLLM keeps up to ``pp`` batches in flight (v0's virtual engines, v1's batch queue): the running requests
 are split into ``m = min(pp, rows)`` micro-batches that follow one another through the stages. One step of the
 simulator is one round in which every running request advances by its tokens; a request's next token needs its
-previous one, so a round lasts as long as one micro-batch takes through the whole pipeline::
+previous one, so a round lasts as long as one micro-batch takes through the whole pipeline (or, with uneven
+stages, as long as the slowest stage takes for all of them)::
 
-    round = overhead(rows) + work(micro-batch) + (pp - 1) * hop(micro-batch tokens)
+    round = overhead(rows) + max(work + (pp - 1) * hop, m * work * largest stage's share of the layers)
 
 where ``work`` is the cost model's time of a micro-batch of ``rows / m`` rows on all layers (each stage does its
-``1 / pp`` share of it, weights and KV read included), ``overhead`` the host's per-step cost (scheduling, input
+share of it, weights and KV read included), ``overhead`` the host's per-step cost (scheduling, input
 preparation, sampling) and ``hop = link latency + tokens x hidden_size x activation bytes / link bandwidth``.
-Each stage computes ``m`` micro-batches of ``work / pp`` per round, so its utilisation is
-``m * work / (pp * round)``: with one micro-batch the stages take turns and each idles ``(pp - 1) / pp`` of the
-time (the *bubble*, GPipe's ``(p - 1) / (m + p - 1)`` at ``m = 1``); with ``pp`` micro-batches every stage is
-busy but for the hops and the host overhead. A pipeline therefore raises throughput only with load, and never
+The second term binds only when the layers do not split evenly (32 over 3 stages: the 11-layer stages set the
+pace once 3 micro-batches are in flight). Rows and tokens are split evenly over the micro-batches, an optimistic
+balance (vLLM's virtual engines each schedule their own requests). The stages compute ``m`` micro-batches, a
+total of ``m * work`` per round, so their mean utilisation is ``m * work / (pp * round)``: with one micro-batch
+the stages take turns and each idles ``(pp - 1) / pp`` of the time (the *bubble*, GPipe's ``(p - 1) / (m + p -
+1)`` at ``m = 1``); with ``pp`` micro-batches every stage is busy but for the hops and the host overhead. A pipeline therefore raises throughput only with load, and never
 lowers a single request's latency below the whole model's.
 """
 
@@ -102,6 +105,7 @@ class PipelineCostModel(CostModel):
     link: str = "nvlink"
     link_bandwidth: float = LINK_PRESETS["nvlink"][0]  # B/s
     link_latency: float = LINK_PRESETS["nvlink"][1]  # s per hop
+    stage_share: float = 0.0  # the largest stage's share of the layers; 0: 1 / pipeline_parallel_size
     _peak: float = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -109,6 +113,10 @@ class PipelineCostModel(CostModel):
             raise ValueError("PipelineCostModel: pipeline_parallel_size >= 1, link_bandwidth > 0 and "
                              "link_latency >= 0 are required")
         object.__setattr__(self, "_peak", float(self.inner.peak_flops) * self.pipeline_parallel_size)
+        if self.stage_share == 0.0:
+            object.__setattr__(self, "stage_share", 1.0 / self.pipeline_parallel_size)
+        if not 1.0 / self.pipeline_parallel_size <= self.stage_share <= 1.0:
+            raise ValueError(f"PipelineCostModel: stage_share must be in [1/pp, 1], got {self.stage_share}")
 
     @property
     def peak_flops(self) -> float:
@@ -132,7 +140,10 @@ class PipelineCostModel(CostModel):
                        shape.kv_read_tokens / m, shape.attn_pairs / m, shape.num_padding_tokens / m,
                        shape.swap_blocks, shape.idle_before, shape.max_decode_len)
         work = self.inner.step_time(mb) - _overhead(self.inner, mb.num_seqs)
-        t = _overhead(self.inner, shape.num_seqs) + work + (p - 1) * self.hop_time(mb.num_tokens)
+        through = work + (p - 1) * self.hop_time(mb.num_tokens)  # one micro-batch through every stage
+        pace = m * work * self.stage_share  # the slowest stage computing all m micro-batches
+        mx = np.maximum if isinstance(through, np.ndarray) or isinstance(pace, np.ndarray) else max
+        t = _overhead(self.inner, shape.num_seqs) + mx(through, pace)
         if shape.host_load_time:
             t = t + shape.host_load_time
         return t if isinstance(t, np.ndarray) else float(t)
@@ -146,8 +157,10 @@ class PipelineCostModel(CostModel):
         p = self.pipeline_parallel_size
         rows = np.asarray(rows, dtype=np.float64)
         m = np.clip(rows, 1, p)
-        work = (np.asarray(duration, dtype=np.float64) - _overhead(self.inner, rows)
-                - (p - 1) * self.hop_time(np.asarray(tokens, dtype=np.float64) / m))
+        span = np.asarray(duration, dtype=np.float64) - _overhead(self.inner, rows)
+        # span = max(work + hops, m * work * share): each reading gives work where its term binds, more elsewhere
+        work = np.minimum(span - (p - 1) * self.hop_time(np.asarray(tokens, dtype=np.float64) / m),
+                          span / (m * self.stage_share))
         return np.maximum(work, 0.0) * m / p
 
     def summary(self, steps: dict[str, np.ndarray]) -> dict[str, Any]:
@@ -186,4 +199,5 @@ def wrap_pipeline(cost: CostModel, model: ModelSpec, gpu: GPUSpec, *, pipeline_p
         return cost
     name, bw, lat = resolve_link(link, gpu)
     act_bytes = DTYPE_BITS[activation_dtype(weight_dtype)] / 8
-    return PipelineCostModel(cost, pp, model.hidden_size, act_bytes, name, bw, lat)
+    share = stage_layers(model.num_layers, pp) / model.num_layers
+    return PipelineCostModel(cost, pp, model.hidden_size, act_bytes, name, bw, lat, share)

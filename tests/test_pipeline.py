@@ -260,3 +260,18 @@ def test_verdict_names_the_bubble_when_stages_idle(bubbles) -> None:
     v = rank_limits(bubbles[1])
     assert v.names[0] == "pipeline bubbles" and "1.0 micro-batches in flight for 4 stages" in v.text
     assert "pipeline bubbles" not in rank_limits(bubbles[16]).names  # 3% idle: below what the ranking lists
+
+
+def test_uneven_stages_set_the_pace_once_full() -> None:
+    m8 = resolve_model("llama-3.1-8b")
+    inner = AnalyticCostModel(m8, H100)
+    pp = wrap_pipeline(inner, m8, H100, pipeline_parallel_size=3)
+    assert isinstance(pp, PipelineCostModel) and pp.stage_share == 11 / 32  # 11 + 11 + 10 layers
+    big, mb = StepShape(48, 48, 48, 48 * 1000, 48 * 1000), StepShape(16, 16, 16, 16000, 16000)
+    o = inner.step_overhead + 48 * inner.per_request_overhead
+    work = inner.step_time(mb) - inner.step_overhead - 16 * inner.per_request_overhead
+    # three micro-batches of 16 rows: the 11-layer stages compute 3 x 11/32 of a micro-batch's work per round,
+    # longer than one micro-batch's trip through the stages
+    assert pp.step_time(big) == pytest.approx(o + 3 * work * 11 / 32, rel=1e-12)
+    busy = pp.stage_busy(np.array([48]), np.array([48]), np.array([pp.step_time(big)]))
+    assert busy[0] == pytest.approx(3 * work / 3, rel=1e-9)
