@@ -21,8 +21,9 @@ pace once 3 micro-batches are in flight). Rows and tokens are split evenly over 
 balance (vLLM's virtual engines each schedule their own requests). The stages compute ``m`` micro-batches, a
 total of ``m * work`` per round, so their mean utilisation is ``m * work / (pp * round)``: with one micro-batch
 the stages take turns and each idles ``(pp - 1) / pp`` of the time (the *bubble*, GPipe's ``(p - 1) / (m + p -
-1)`` at ``m = 1``); with ``pp`` micro-batches every stage is busy but for the hops and the host overhead. A pipeline therefore raises throughput only with load, and never
-lowers a single request's latency below the whole model's.
+1)`` at ``m = 1``); with ``pp`` micro-batches every stage is busy but for the hops and the host overhead. A
+pipeline therefore raises throughput only with load, and never lowers a single request's latency below the whole
+model's.
 """
 
 from __future__ import annotations
