@@ -463,8 +463,10 @@ class ServingCore:
             idle_before=now - self.last_end if now > self.last_end else 0.0,
             max_decode_len=max_dec,
         )
-        host = kv.host
-        if host is not None:  # prefix blocks this step's admissions load from the host tier (sim.host_kv_tier)
+        # prefix blocks this step's admissions loaded from the host tier (sim.host_kv_tier); a KV manager written
+        # before KVManager declared ``host`` has none
+        host = getattr(kv, "host", None)
+        if host is not None:
             shape.host_load_time = host.take_pending()
         if self.plans is not None:  # canonical: sorted by request id, whoever planned it
             entries = [(r.id, n) for r, n in plan.scheduled]

@@ -61,6 +61,7 @@ def result_of(
         records = [RequestRecord.from_request(r) for r in sorted(requests, key=attrgetter("id"))]
     uniq, counts = pooled_gaps(*core.itl_gaps())
     steps = core.steps.columns()
+    host = getattr(core.kv, "host", None)  # the prefix cache's host tier, if the KV manager has one
     start = min((r.arrival for r in records), default=0.0)
     end = max((r.finish for r in records), default=0.0)
     return RunResult(
@@ -76,6 +77,6 @@ def result_of(
         weight_bytes=weight_bytes,
         kv_bytes_per_block=kv_bytes_per_block,
         config=config,
-        host_kv=None if core.kv.host is None else core.kv.host.summary(core.kv.block_size),
+        host_kv=None if host is None else host.summary(core.kv.block_size),
         pipeline=cost.summary(steps) if isinstance(cost, PipelineCostModel) else None,
     )
