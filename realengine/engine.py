@@ -140,6 +140,13 @@ def engine_config(cfg: VariantConfig, *, model_spec: str | None = None, num_gpu_
     """The variant as the engine runs it: the model replaced (``model_spec``, e.g. ``"tiny"``; max_model_len cut to
     its context), the KV block count given, or capped on CPU, and the swap space cut to what the engine can hold
     (on CPU at most as many blocks as the device cache: the CPU swap tensors are allocated up front)."""
+    # what the simulator models but this engine does not run: refused rather than run as something else
+    if cfg.deployment.pipeline_parallel_size > 1:
+        raise ScenarioError(f"variant {cfg.name!r}: deployment.pipeline_parallel_size: the engine runs the model on "
+                            "one device; pipeline stages are simulated only (servesim run)")
+    if getattr(cfg.kv_cache, "host_cache", None) is not None:
+        raise ScenarioError(f"variant {cfg.name!r}: kv_cache.host_cache: the engine keeps no host copy of evicted "
+                            "prefix blocks; the host tier is simulated only (servesim run)")
     if model_spec is not None:
         spec = ModelSpec.from_name(model_spec)
         mml = cfg.deployment.max_model_len

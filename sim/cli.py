@@ -667,15 +667,17 @@ def capacity(
                                                  "the engine may use."),
     block_size: int = typer.Option(16, "--block-size", help="Tokens per KV block."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of the table."),
+    pp: list[int] = typer.Option([], "--pp", help="Pipeline-parallel degree (repeatable; default 1)."),
+    gpus: int | None = typer.Option(None, "--gpus", help="Every tp x pp split of this many GPUs instead."),
 ) -> None:
     """Weights, KV bytes per token and per session, and the most concurrent sessions per replica at several
-    context lengths, for each weight dtype x KV dtype x tensor-parallel degree (vLLM's KV sizing)."""
+    context lengths, for each weight dtype x KV dtype x tensor-parallel (x pipeline) degree (vLLM's KV sizing)."""
     from sim.capacity import capacity_table, format_capacity
 
     try:
         table = capacity_table(model, gpu, contexts=context, weight_dtypes=weight_dtype, kv_dtypes=kv_dtype,
                                tensor_parallel_sizes=tp, gpu_memory_utilization=gpu_memory_utilization,
-                               block_size=block_size)
+                               block_size=block_size, pipeline_parallel_sizes=pp, num_gpus=gpus)
     except FileNotFoundError as e:
         _fail(f"--model: file not found: {e.filename or e}")
         return

@@ -485,6 +485,11 @@ class ServingCore:
             num_draft_tokens=spec_tokens,
             spec_context_tokens=spec_ctx,
         )
+        # prefix blocks this step's admissions loaded from the host tier (sim.host_kv_tier); a KV manager written
+        # before KVManager declared ``host`` has none
+        host = getattr(kv, "host", None)
+        if host is not None:
+            shape.host_load_time = host.take_pending()
         if self.plans is not None:  # canonical: sorted by request id, whoever planned it
             entries = [(r.id, n) for r, n in plan.scheduled]
             if stepping is not None:

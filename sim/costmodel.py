@@ -58,6 +58,9 @@ class StepShape:
     num_spec_seqs: int = 0
     num_draft_tokens: int = 0
     spec_context_tokens: int = 0
+    # seconds of prefix blocks loaded back from the host-memory tier before the step (sim.host_kv_tier): the
+    # tier prices its own link, so every cost model adds it as it is
+    host_load_time: float = 0.0
 
 
 class CostModel(Protocol):
@@ -316,10 +319,13 @@ class AnalyticCostModel(CostModel):
         array = a.__class__ is nd or b.__class__ is nd or c.__class__ is nd or d.__class__ is nd or e.__class__ is nd
         if self._moe is not None:
             t = self._time_moe(a, b, c, d, e)
-            return t if array else float(t)
-        if array:
-            return self._time(a, b, c, d, e, np.maximum)
-        return float(self._time(a, b, c, d, e, max))
+            t = t if array else float(t)
+        elif array:
+            t = self._time(a, b, c, d, e, np.maximum)
+        else:
+            t = float(self._time(a, b, c, d, e, max))
+        h = shape.host_load_time
+        return t + h if h else t
 
     def decode_steps(self, rows: list[int], reads: list[int],
                      longest: list[int] | None = None) -> tuple[list[float], list[float]]:
@@ -620,6 +626,8 @@ class FittedCostModel(CostModel):
         g = shape.idle_before
         if self.wake_idle:  # a step after an idle period: the engine's wake-up, interpolated from the curve
             t = t + np.interp(g, self.wake_idle, self.wake_extra)
+        if shape.host_load_time:
+            t = t + shape.host_load_time
         return t if _is_array(a, b, c, d, e, f, g, shape.max_decode_len) else float(t)
 
     def step_flops(self, shape: StepShape) -> float | np.ndarray:

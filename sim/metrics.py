@@ -261,6 +261,10 @@ def summarize(result: RunResult, slos: SLOs | None = None) -> dict:
         out["cluster"] = fleet
     if result.spec_decode:  # speculative decoding: acceptance and the proposer's share of the busy time
         out["spec_decode"] = summarize_spec(result.spec_decode, busy)
+    if result.pipeline:  # pipeline stages (sim/pipeline.py)
+        out["pipeline"] = dict(result.pipeline)
+    if result.host_kv:  # the prefix cache's host tier (sim/host_kv_tier.py)
+        out["host_kv"] = dict(result.host_kv)
     return out
 
 

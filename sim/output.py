@@ -79,6 +79,10 @@ SUMMARY_UNITS: dict[str, str] = {
     "limits.mean_running": "requests", "limits.slot_cap": "requests",
     "cluster.gpu_hours": "GPU hours", "cluster.cost_usd": "USD", "cluster.price_per_replica_hour": "USD/hour",
     "cluster.cost_per_million_output_tokens": "USD",
+    "pipeline.stage_utilization": "fraction", "pipeline.bubble_fraction": "fraction",
+    "pipeline.mean_micro_batches": "micro-batches", "pipeline.hop_seconds": "s",
+    "host_kv.capacity_gib": "GiB per GPU", "host_kv.link_bandwidth": "B/s", "host_kv.loaded_bytes": "B",
+    "host_kv.recompute_saved_tokens": "tokens", "host_kv.load_seconds": "s",
 }
 
 

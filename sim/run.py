@@ -83,14 +83,15 @@ def simulate_variant(
                      failures=workload.failures, leak=cfg.deployment.leak_kv_on_failure)
     sim.run()
     budget = built.budget
+    gpus = cfg.deployment.tensor_parallel_size * cfg.deployment.pipeline_parallel_size  # a replica's GPUs
     result = result_of(
         name or cfg.name,
         sim.requests,
         core,
         cost,
         config=cfg.to_dict(built.policy),
-        weight_bytes=float(budget.weight_bytes * cfg.deployment.tensor_parallel_size),
-        kv_bytes_per_block=float(budget.kv_bytes_per_block * cfg.deployment.tensor_parallel_size),
+        weight_bytes=float(budget.weight_bytes * gpus),
+        kv_bytes_per_block=float(budget.kv_bytes_per_block * gpus),
     )
     if core.spec is not None and cfg.deployment.speculative is not None:
         result.spec_decode = summary_inputs([core.spec], [cost], cfg.deployment.speculative)
@@ -146,7 +147,7 @@ def _simulate_cluster(cfg, workload, *, name, keep_token_times, fast_path, progr
         raise ScenarioError(f"variant {cfg.name!r}: {e}") from None
     sim.run()
     budget = built.budget
-    tp = cfg.deployment.tensor_parallel_size
+    tp = cfg.deployment.tensor_parallel_size * cfg.deployment.pipeline_parallel_size  # a replica's GPUs
     result = cluster_result(name or cfg.name, sim, costs, price_per_hour=built.gpu.price_per_hour * tp,
                             config=cfg.to_dict(built.policy), weight_bytes=float(budget.weight_bytes * tp),
                             kv_bytes_per_block=float(budget.kv_bytes_per_block * tp))

@@ -48,8 +48,10 @@ from sim.engines import (
     resolve_policy,
 )
 from sim.files import read_text_capped
+from sim.host_kv_config import HostCacheConfig, attach_host_tier
 from sim.limits import MAX_POOL_BLOCKS, check_kv_footprint, kv_footprint
 from sim.metrics import SLOs
+from sim.pipeline import PipelineLink, stage_model, wrap_pipeline
 from sim.policies import Admission, ContinuousPolicy, Limits, Policy, StaticPolicy
 from sim.scenario_messages import format_validation, short, yaml_error
 from sim.specs import GPUSpec, KVBudget, ModelDoesNotFitError, ModelSpec, resolve_gpu, resolve_model
@@ -155,6 +157,11 @@ class Deployment(_Model):
         default="auto", description="Data type of the KV cache; auto: the model's activation dtype."
     )
     tensor_parallel_size: Int = Field(default=1, ge=1, description="GPUs one replica's weights and KV are split over.")
+    pipeline_parallel_size: Int = Field(
+        default=1, ge=1, le=1024, description="Pipeline stages the layers are split over, each tensor_parallel_size "
+        "GPUs (sim/pipeline.py); a replica has tp x pp GPUs.")
+    pipeline_link: PipelineLink = Field(default="auto", description="Link between pipeline stages: nvlink, pcie or "
+                                        "infiniband (between nodes); auto: NVLink when the GPU has it, else PCIe.")
     gpu_memory_utilization: Float = Field(
         default=0.9, gt=0, le=1, description="Share of GPU memory the engine may use (weights + activations + KV)."
     )
@@ -198,6 +205,8 @@ class KVCacheConfigBase(_Model):
 class PagedKV(KVCacheConfigBase):
     type: Literal["paged"] = "paged"
     enable_prefix_caching: bool = Field(default=False, description="Reuse KV blocks of equal prompt prefixes.")
+    host_cache: HostCacheConfig | None = Field(
+        default=None, description="Keep evicted prefix blocks in host memory, loaded back on a hit; none: off.")
 
     def build(self, num_blocks: int, block_size: int, *, max_model_len: int,
               num_cpu_blocks: int) -> PagedBlockManager:
@@ -346,6 +355,11 @@ class PlanConfig(_Model):
         default=[1, 2, 4, 8], min_length=1,
         description="Tensor-parallel degrees; those that do not split the model are skipped."
     )
+    pipeline_parallel_sizes: list[Annotated[Int, Field(ge=1, le=1024)]] = Field(
+        default=[1], min_length=1,
+        description="Pipeline-parallel degrees, each combined with every tensor-parallel degree (tp x pp GPUs per "
+        "replica); those with more stages than layers are skipped.",
+    )
     weight_dtypes: list[PlanWeightDType] = Field(
         default=["bf16", "fp8", "int8", "int4"], min_length=1,
         description="Weight data types (quality differs: the simulator does not model it; list only those you "
@@ -358,7 +372,7 @@ class PlanConfig(_Model):
     enable_chunked_prefill: list[bool] = Field(
         default=[True, False], min_length=1, description="Chunked prefill on/off."
     )
-    max_gpus: Int = Field(default=8, ge=1, description="Most GPUs in one deployment (replicas x tensor_parallel_size).")
+    max_gpus: Int = Field(default=8, ge=1, description="Most GPUs in one deployment (replicas x tp x pp).")
     percentile: Literal[50, 90, 95, 99] = Field(
         default=99, description="The SLOs bound this percentile of TTFT, TPOT and E2EL (99: p99 TTFT <= slos.ttft)."
     )
@@ -923,8 +937,13 @@ def size_kv_cache(deployment: Deployment, model: ModelSpec, gpu: GPUSpec, limits
                   static: bool = False) -> KVBudget:
     """The KV cache one GPU of the deployment gets, as vLLM sizes it for ``limits`` (its activation reserve
     follows the largest step); a ScenarioError, with what would fit, where vLLM refuses to start. ``static``: the
-    policy is static batching (the hint then names the keys that policy has)."""
+    policy is static batching (the hint then names the keys that policy has). With pipeline stages, one GPU holds
+    its stage's layers only."""
     dep = deployment
+    try:
+        model = stage_model(model, dep.pipeline_parallel_size)
+    except ValueError as e:
+        raise ScenarioError(f"deployment: {e}") from None
     try:
         budget = engine_kv_budget(dep.engine, model, gpu,
                                   **budget_kwargs(dep, limits.max_num_batched_tokens, limits.max_num_seqs))
@@ -1015,7 +1034,13 @@ def build(cfg: VariantConfig) -> tuple[Policy, KVManager, CostModel, Built]:
         raise ScenarioError(f"{where}: policy: {e}") from None
     kv = kvc.build(budget.num_gpu_blocks, dep.block_size, max_model_len=max_model_len, num_cpu_blocks=num_cpu_blocks)
     try:
+        attach_host_tier(kv, getattr(kvc, "host_cache", None), budget, gpu)
+    except ValueError as e:
+        raise ScenarioError(f"{where}: kv_cache: {e}") from None
+    try:
         cost = cm.build(model, gpu, dep)
+        cost = wrap_pipeline(cost, model, gpu, pipeline_parallel_size=dep.pipeline_parallel_size,
+                             link=dep.pipeline_link, weight_dtype=dep.weight_dtype)
     except ScenarioError as e:  # the section named its own field
         raise ScenarioError(f"{where}: deployment.{e}") from None
     except (ValueError, TypeError, OSError) as e:

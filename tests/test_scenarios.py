@@ -144,6 +144,18 @@ def check_autoscale_memory_bound(s: Summaries) -> None:
     assert kv["cluster"]["replicas_mean"] < busy["cluster"]["replicas_mean"]
 
 
+def check_lesson_pipeline_bubbles(s: Summaries) -> None:
+    # tests/test_pipeline.py checks the lesson's range; here: one micro-batch idles most of each stage
+    users = {int(k.split("num_users=")[1].rstrip("]")): v for k, v in s.items()}
+    assert users[1]["pipeline"]["bubble_fraction"] > 0.6 > 0.2 > users[16]["pipeline"]["bubble_fraction"]
+
+
+def check_lesson_host_kv_cache(s: Summaries) -> None:
+    # tests/test_host_kv_tier.py checks the lesson's range; here: the tier loads prefixes back and TTFT falls
+    assert "host_kv" not in s["gpu-only"] and s["host-1024"]["host_kv"]["loaded_blocks"] > 0
+    assert s["host-1024"]["ttft"]["mean"] < s["gpu-only"]["ttft"]["mean"]
+
+
 # file stem -> (overrides that scale it down, checks)
 def check_vidur(s: Summaries) -> None:
     (v,) = s.values()
@@ -171,6 +183,8 @@ CASES: dict[str, tuple[dict, Callable[[Summaries], None]]] = {
     "failure-leak": ({"workload.num_requests": 3000, "workload.failures.fraction": 0.6}, check_failure_leak),
     "autoscale-memory-bound": ({"workload.num_requests": 250}, check_autoscale_memory_bound),
     "vidur-arxiv-llama2-70b": ({"workload.num_requests": 300}, check_vidur),
+    "lesson-pipeline-bubbles": ({"workload.num_requests": 32}, check_lesson_pipeline_bubbles),
+    "lesson-host-kv-cache": ({"workload.arrival.end": 120}, check_lesson_host_kv_cache),
 }
 
 

@@ -84,6 +84,7 @@ from sim.report.memory import (
     request_kv_tokens,
     request_kv_window,
 )
+from sim.report.pipeline import host_kv_sections, pipeline_sections
 from sim.report.slots import (
     PAD_COLOR,
     SLOT_COLORS,
@@ -289,6 +290,8 @@ SECTIONS: list[SectionBuilder] = [
     _throughput_section,
     _cluster_section,
     _spec_decode_section,
+    pipeline_sections,
+    host_kv_sections,
 ]
 
 
