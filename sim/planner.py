@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from sim.costmodel import AnalyticCostModel, CostModel, StepShape
+from sim.costmodel import CostModel, StepShape
 from sim.engines import resolve_policy
 from sim.metrics import SLOs, summarize
 from sim.pipeline import check_pipeline, wrap_pipeline
