@@ -37,6 +37,7 @@ from sim import spec_decode
 from sim.block_manager import KVManager, PagedBlockManager
 from sim.contiguous_allocator import ContiguousAllocator
 from sim.costmodel import AnalyticCostModel, CostModel, FittedCostModel
+from sim.engine_sched import configure_kv, engine_kv_cache
 from sim.engines import (
     EngineConfig,
     EngineField,
@@ -1020,6 +1021,7 @@ def build(cfg: VariantConfig) -> tuple[Policy, KVManager, CostModel, Built]:
             raise ScenarioError(f"{where}: deployment.speculative: {e}") from None
     replicas = 1 if cfg.cluster is None else max(
         cfg.cluster.replicas, cfg.cluster.autoscaler.max_replicas if cfg.cluster.autoscaler else 0)
+    kvc = engine_kv_cache(kvc, dep.engine)  # vLLM v1 caches prefixes by default (sim/engine_sched.py)
     prefix = bool(getattr(kvc, "enable_prefix_caching", False))
     fp = kv_footprint(budget.num_gpu_blocks, dep.block_size, max_model_len, limits.max_num_seqs,
                       prefix_caching=prefix, replicas=replicas)
@@ -1033,6 +1035,7 @@ def build(cfg: VariantConfig) -> tuple[Policy, KVManager, CostModel, Built]:
     except ValueError as e:
         raise ScenarioError(f"{where}: policy: {e}") from None
     kv = kvc.build(budget.num_gpu_blocks, dep.block_size, max_model_len=max_model_len, num_cpu_blocks=num_cpu_blocks)
+    kv = configure_kv(kv, dep.engine)
     try:
         attach_host_tier(kv, getattr(kvc, "host_cache", None), budget, gpu)
     except ValueError as e:
