@@ -172,6 +172,11 @@ class PagedBlockManager:
         # (vllm/v1/core/kv_cache_manager.py get_computed_blocks; kv_cache_utils.py hash_request_tokens). Set by
         # sim.engines for engine vllm-v1 with prefix caching on; off, only the workload's hash ids are cached.
         self.cache_own_blocks = False
+        # With cache_own_blocks, the free queue is exact LRU as vLLM's (block_pool.py FreeKVCacheBlockQueue removes a
+        # revived block from its list): a block revived by a hit and freed again is evicted from its new place at
+        # the tail, not from its stale entry's older place. stale[b] counts b's entries ahead of its live one. (The
+        # classic prefix cache keeps the older order, which existing results depend on.)
+        self._stale: dict[int, int] = {}
 
     # ---- read-only queries (policies may call these) -------------------------------------------------------
     @property
@@ -214,7 +219,7 @@ class PagedBlockManager:
                     h.append(prev)
             if self.cache_own_blocks:  # the blocks past the shared ids belong to this request alone
                 for j in range(len(h), spec.prompt_len // self.block_size):
-                    prev = hash((prev, -1 - req.id, j))
+                    prev = hash((prev, "own", req.id, j))
                     h.append(prev)
             self._hashes[req.id] = h
         return h
@@ -283,8 +288,16 @@ class PagedBlockManager:
             self._next += 1
             return b
         free, in_free = self._queue, self._in_free
+        stale = self._stale
         while True:
             b = free.popleft()
+            k = stale.get(b) if stale else None
+            if k is not None:  # an entry left behind when b was revived
+                if k > 1:
+                    stale[b] = k - 1
+                else:
+                    del stale[b]
+                continue
             if b in in_free:
                 break
         in_free.discard(b)
@@ -364,6 +377,8 @@ class PagedBlockManager:
             for b in hits:
                 if self.ref_count[b] == 0:
                     self._in_free.discard(b)  # its queue entry goes stale
+                    if self.cache_own_blocks:
+                        self._stale[b] = self._stale.get(b, 0) + 1
                     self._num_free -= 1
                 self.ref_count[b] += 1
                 table.append(b)
