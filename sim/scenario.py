@@ -692,7 +692,7 @@ class VariantConfig:
         out = {
             "name": self.name,
             "deployment": dep,
-            "kv_cache": self.kv_cache.model_dump(mode="json"),
+            "kv_cache": engine_kv_cache(self.kv_cache, self.deployment.engine).model_dump(mode="json"),
             "policy": pol,
             "admission": self.admission.model_dump(mode="json"),
             "params": self.params,
