@@ -125,6 +125,9 @@ class ServingCore:
         # schedules exactly the group: the core may then step without asking it.
         self.steady_ok = bool(getattr(policy, "decode_all_when_idle", Policy.decode_all_when_idle))
         self._admit_seq = 0
+        # vLLM 0.6 multi-step (sim/engine_sched.py): decode-only steps come in blocks of this many
+        self.multi_step = int(getattr(policy, "num_scheduler_steps", 1))
+        self.decode_run = 0  # consecutive decode-only steps just taken
         self._dirty = True  # something the policy has not seen happened (arrival, finish, abort, join)
         # What the fast path (sim.fast_path) reads and updates besides the queues and counters:
         self.repeatable: Plan | None = None  # a group-only plan the policy would give again
@@ -211,7 +214,7 @@ class ServingCore:
             self._reject_unservable(now)
         plan = self.plan_without_policy(now)
         if plan is None:
-            self._view.now = now
+            self._view.now, self._view.decode_run = now, self.decode_run
             plan = self.policy.schedule(self._view)
             self._dirty = False
             self.policy_deadline = self.policy.wake_time(self._view) if self.group is not None else None
@@ -228,6 +231,8 @@ class ServingCore:
             return None  # the executor idled, or a deadline passed: let the policy look
         if g.grows and not self.kv.can_grow(g.next_blocks):
             return None  # a block shortage: the policy decides whom to preempt
+        if self.multi_step > 1 and not self.decode_run % self.multi_step and (self.waiting or self.swapped):
+            return None  # a multi-step block ends: the policy may start a prompt
         if self.repeatable is not None:
             return self.repeatable
         if self.steady_ok and not self.waiting and not self.swapped:
@@ -554,6 +559,8 @@ class ServingCore:
         self.busy_time += end - batch.start
         self.last_end = end
         self.flops_done += flops
+        decode = (batch.decode_tokens or batch.group_size) and not batch.prefill_tokens
+        self.decode_run = self.decode_run + 1 if decode else 0
         kv = self.kv
         used = kv.num_used_blocks
         self.steps.append(

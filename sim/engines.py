@@ -36,7 +36,7 @@ from sim.specs import (
     estimate_activation_reserve,
     kv_budget,
 )
-from sim.workload import Float, InputModel
+from sim.workload import Float, InputModel, Int
 
 EngineName = Literal["vllm-v1", "vllm-v0", "tensorrt-llm", "sglang", "classic"]
 ENGINE_NAMES: tuple[str, ...] = ("vllm-v1", "vllm-v0", "tensorrt-llm", "sglang", "classic")
@@ -101,6 +101,10 @@ class EngineConfig(InputModel):
         default=None, description="Admission: guaranteed_no_evict admits a request only when the KV of its whole "
         "prompt + output fits beside the running ones' (never preempts); max_utilization admits while blocks are "
         "free now (preempts when they run out). none: guaranteed_no_evict for tensorrt-llm, else max_utilization.")
+    # ---- scheduler behaviours (sim/engine_sched.py) ----
+    num_scheduler_steps: Int | None = Field(
+        default=None, ge=1, le=1024, description="vllm-v0: vLLM 0.6's --num-scheduler-steps, decode steps run as "
+        "one block; a prompt that arrives waits for the running block to end (chunked prefill off). none: 1.")
 
     @model_validator(mode="after")
     def _keys_of_the_engine(self) -> EngineConfig:
@@ -108,6 +112,9 @@ class EngineConfig(InputModel):
             raise ValueError(f"kv_cache_free_gpu_mem_fraction is tensorrt-llm's; engine {self.name} sizes its KV "
                              "cache with " + ("mem_fraction_static" if self.name == "sglang"
                                               else "deployment.gpu_memory_utilization"))
+        if self.num_scheduler_steps is not None and self.name != "vllm-v0":
+            raise ValueError(f"num_scheduler_steps is vllm-v0's (vLLM 0.6 multi-step); engine {self.name} schedules "
+                             "every step")
         if self.mem_fraction_static is not None and self.name != "sglang":
             raise ValueError(f"mem_fraction_static is sglang's; engine {self.name} sizes its KV cache with " +
                              ("kv_cache_free_gpu_mem_fraction" if self.name == "tensorrt-llm"

@@ -116,6 +116,8 @@ def fast_forward(
     last = j0 + MAX_SEGMENT
     if not keep_going:
         last = min(last, min(g.finish_at, default=1 << 62) - 1)
+    if core.multi_step > 1 and (core.waiting or core.swapped):  # stop where the multi-step block ends
+        last = min(last, j0 + (-core.decode_run) % core.multi_step)
     pad = plan.padded_rows
     if horizon != float("inf"):
         # how many steps fit before the horizon, from the first step's time. Later steps attend to more tokens,
@@ -200,6 +202,7 @@ def fast_forward(
     if not taken:
         return None
     core.overshot = taken > over
+    core.decode_run += taken
     core.busy_time += ends[taken] - now
     core.last_end = ends[taken]
     core.flops_done += sum(flops[:taken])

@@ -37,7 +37,7 @@ from sim import spec_decode
 from sim.block_manager import KVManager, PagedBlockManager
 from sim.contiguous_allocator import ContiguousAllocator
 from sim.costmodel import AnalyticCostModel, CostModel, FittedCostModel
-from sim.engine_sched import configure_kv, engine_kv_cache
+from sim.engine_sched import configure_kv, configure_policy, engine_kv_cache
 from sim.engines import (
     EngineConfig,
     EngineField,
@@ -1031,7 +1031,7 @@ def build(cfg: VariantConfig) -> tuple[Policy, KVManager, CostModel, Built]:
         raise ScenarioError(f"{where}: deployment: {too_big}")
     num_cpu_blocks = int(dep.swap_space * 2**30 // budget.kv_bytes_per_block) if budget.kv_bytes_per_block else 0
     try:
-        policy = pol.build(limits, cfg.admission.build())
+        policy = configure_policy(pol.build(limits, cfg.admission.build()), dep.engine)
     except ValueError as e:
         raise ScenarioError(f"{where}: policy: {e}") from None
     kv = kvc.build(budget.num_gpu_blocks, dep.block_size, max_model_len=max_model_len, num_cpu_blocks=num_cpu_blocks)

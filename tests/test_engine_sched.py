@@ -9,8 +9,8 @@ from sim.block_manager import PagedBlockManager
 from sim.policies import ContinuousPolicy, Limits
 from sim.request import RequestSpec
 from sim.run import run_scenario
-from sim.scenario import parse_scenario
-from tests.conftest import ConstCost, simulate
+from sim.scenario import ScenarioError, build, parse_scenario, variant_configs
+from tests.conftest import ConstCost, simulate, sorted_plans
 
 
 def _own_cache(on: bool) -> PagedBlockManager:
@@ -75,3 +75,51 @@ def test_chunked_prefill_near_capacity_does_not_thrash_under_vllm_v1() -> None:
     assert v1["unchunked"]["preemptions"] <= 40
     plain = _thrash(enable_prefix_caching=False)
     assert plain["chunked"]["preemptions"] >= 500
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_multi_step_a_prompt_waits_for_the_running_block(fast: bool) -> None:
+    """Prefill-first, steps of 1 s, blocks of 4 decode steps. r0 (4 + 10 tokens) prefills in S1 [0, 1] and
+    starts a block at S2 [1, 2]; r1 (4 + 2) arrives at 1.5, inside it, and waits through S3-S5 (the block's
+    steps 2-4) to prefill in S6 [5, 6]: first token at 6, not 3 as with one step at a time. Both decode in S7
+    (r1 ends at 7); r0, which lost only S6, ends at 11 either way."""
+    specs = [RequestSpec(0, 0.0, 4, 10), RequestSpec(1, 1.5, 4, 2)]
+
+    def run(steps: int):
+        pol = ContinuousPolicy(limits=Limits(8, 64, 32), num_scheduler_steps=steps)
+        return simulate(specs, pol, PagedBlockManager(64, 4), cost=ConstCost(), fast=fast)
+
+    multi = run(4).requests
+    assert [(multi[i].first_token, multi[i].finish) for i in (0, 1)] == [(1.0, 11.0), (6.0, 7.0)]
+    assert multi[0].token_times == [1.0, 2.0, 3.0, 4.0, 5.0, 7.0, 8.0, 9.0, 10.0, 11.0]
+    single = run(1).requests
+    assert [(single[i].first_token, single[i].finish) for i in (0, 1)] == [(1.0, 11.0), (3.0, 4.0)]
+
+
+def test_multi_step_fast_path_equals_stepping() -> None:
+    """Many requests arriving during decode blocks of 8: the fast path (decode group, fast-forward) and stepping
+    one by one give the same plans and the same token times."""
+    specs = [RequestSpec(i, 0.013 * i, 5 + (7 * i) % 23, 3 + (11 * i) % 40) for i in range(40)]
+
+    def run(fast: bool):
+        pol = ContinuousPolicy(limits=Limits(6, 256, 128), num_scheduler_steps=8)
+        return simulate(specs, pol, PagedBlockManager(20, 4), fast=fast)
+
+    a, b = run(True), run(False)
+    assert sorted_plans(a.core) == sorted_plans(b.core)
+    assert [r.token_times for r in a.sim.requests] == [r.token_times for r in b.sim.requests]
+    assert sum(r.num_preemptions for r in a.sim.requests) > 0  # the block shortage path is exercised too
+
+
+def test_multi_step_is_vllm_v0s_key_and_needs_chunking_off() -> None:
+    dep = {"model": "llama-3.1-8b", "gpu": "h100-sxm", "max_model_len": 4096}
+    wl = {"arrival": {"type": "all_at_once"}, "num_requests": 2, "prompt_len": {"type": "fixed", "value": 100},
+          "output_len": {"type": "fixed", "value": 10}}
+    ok = {"name": "t", "workload": wl, "deployment": {**dep, "engine": {"name": "vllm-v0", "num_scheduler_steps": 8}}}
+    policy = build(variant_configs(parse_scenario(ok, "t"))[0])[0]
+    assert policy.num_scheduler_steps == 8 and not policy.enable_chunked_prefill
+    with pytest.raises(ScenarioError, match="num_scheduler_steps is vllm-v0's"):
+        parse_scenario({**ok, "deployment": {**dep, "engine": {"name": "vllm-v1", "num_scheduler_steps": 8}}}, "t")
+    chunked = {**ok, "policy": {"type": "continuous", "enable_chunked_prefill": True}}
+    with pytest.raises(ScenarioError, match="enable_chunked_prefill: false"):
+        build(variant_configs(parse_scenario(chunked, "t"))[0])

@@ -39,12 +39,20 @@ class ContinuousPolicy(Policy):
     preemption_mode: str = "recompute"  # "recompute" or "swap"
     admission: Admission = field(default_factory=Admission)
     no_evict: bool = False  # admit only what is guaranteed to finish without preemption (see the module doc)
+    # vLLM 0.6's --num-scheduler-steps (sim/engine_sched.py): decodes run in blocks of this many steps, and no
+    # prompt (nor swap-in) starts inside a block; chunked prefill off
+    num_scheduler_steps: int = 1
 
     def __post_init__(self) -> None:
         if self.prefill_mode not in ("prefill_first", "mixed"):
             raise ValueError(f"prefill_mode must be 'prefill_first' or 'mixed', got {self.prefill_mode!r}")
         if self.preemption_mode not in ("recompute", "swap"):
             raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got {self.preemption_mode!r}")
+        if self.num_scheduler_steps < 1:
+            raise ValueError(f"num_scheduler_steps must be >= 1, got {self.num_scheduler_steps}")
+        if self.num_scheduler_steps > 1 and self.enable_chunked_prefill:
+            raise ValueError("num_scheduler_steps > 1 is modelled with chunked prefill off (vLLM 0.6's multi-step "
+                             "decode blocks): set enable_chunked_prefill: false")
         lim = self.limits
         if not self.enable_chunked_prefill and lim.max_model_len > lim.max_num_batched_tokens:
             # as vLLM refuses at start: a prompt longer than one step's budget could never be scheduled
@@ -68,6 +76,10 @@ class ContinuousPolicy(Policy):
         plan = Plan(reject=self.admission.rejections(view))
         rejected = {r.id for r, _ in plan.reject}
         budget = view.budget()
+        n = self.num_scheduler_steps
+        if n > 1 and view.decode_run % n and view.running:  # inside a block of decode steps: decodes only
+            self._schedule_running(view, plan, budget, self.limits.max_num_batched_tokens)
+            return plan
         if self.enable_chunked_prefill or self.prefill_mode == "mixed":
             tokens = self._schedule_running(view, plan, budget, self.limits.max_num_batched_tokens)
             if not plan.preempt:
