@@ -21,6 +21,13 @@ steps). servesim counts the decode-only steps taken since the last step with a p
 inside a block (a count that is not a multiple of N) the policy schedules the running decodes only. Not
 modelled: the lookahead slots vLLM reserves for a whole block (blocks are taken step by step here) and the slots
 a request that finishes inside a block keeps until it ends (it leaves at once here).
+
+SGLang's prefill priority (0.4, python/sglang/srt/managers/scheduler.py ``get_next_batch_to_run``): each
+iteration first tries to form a prefill batch from the waiting queue (``get_new_batch_prefill``, chunks of
+``chunked_prefill_size`` through schedule_policy.py's PrefillAdder, admitting while the KV pool has room) and
+runs it alone; only when no prompt can start does it run the decode batch. The one request whose prompt is
+being chunked continues first. ``--enable-mixed-chunk`` (off by default) mixes the chunk into the decode batch
+instead, which is servesim's mixed chunked step.
 """
 
 from __future__ import annotations
@@ -49,6 +56,9 @@ def configure_kv(kv: KVManager, engine: Any) -> KVManager:
 
 def configure_policy(policy: Any, engine: Any) -> Any:
     """The engine's scheduler behaviours that the policy's own config does not name: vLLM 0.6's multi-step."""
+    if getattr(engine, "name", None) == "sglang" and not engine.enable_mixed_chunk \
+            and hasattr(policy, "prefill_priority"):
+        policy.prefill_priority = True
     steps = getattr(engine, "num_scheduler_steps", None)
     if steps is not None and steps > 1 and hasattr(policy, "num_scheduler_steps"):
         if policy.enable_chunked_prefill:

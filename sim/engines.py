@@ -102,6 +102,9 @@ class EngineConfig(InputModel):
         "prompt + output fits beside the running ones' (never preempts); max_utilization admits while blocks are "
         "free now (preempts when they run out). none: guaranteed_no_evict for tensorrt-llm, else max_utilization.")
     # ---- scheduler behaviours (sim/engine_sched.py) ----
+    enable_mixed_chunk: bool | None = Field(
+        default=None, description="sglang: mix prompt chunks and decodes in one step (--enable-mixed-chunk); none: "
+        "off, a step of prompts whenever one can run, else a step of decodes.")
     num_scheduler_steps: Int | None = Field(
         default=None, ge=1, le=1024, description="vllm-v0: vLLM 0.6's --num-scheduler-steps, decode steps run as "
         "one block; a prompt that arrives waits for the running block to end (chunked prefill off). none: 1.")
@@ -115,6 +118,9 @@ class EngineConfig(InputModel):
         if self.num_scheduler_steps is not None and self.name != "vllm-v0":
             raise ValueError(f"num_scheduler_steps is vllm-v0's (vLLM 0.6 multi-step); engine {self.name} schedules "
                              "every step")
+        if self.enable_mixed_chunk is not None and self.name != "sglang":
+            raise ValueError(f"enable_mixed_chunk is sglang's; engine {self.name} sets how steps mix with "
+                             "policy.enable_chunked_prefill and policy.prefill_mode")
         if self.mem_fraction_static is not None and self.name != "sglang":
             raise ValueError(f"mem_fraction_static is sglang's; engine {self.name} sizes its KV cache with " +
                              ("kv_cache_free_gpu_mem_fraction" if self.name == "tensorrt-llm"

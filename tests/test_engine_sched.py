@@ -123,3 +123,51 @@ def test_multi_step_is_vllm_v0s_key_and_needs_chunking_off() -> None:
     chunked = {**ok, "policy": {"type": "continuous", "enable_chunked_prefill": True}}
     with pytest.raises(ScenarioError, match="enable_chunked_prefill: false"):
         build(variant_configs(parse_scenario(chunked, "t"))[0])
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_sglang_runs_prompt_steps_before_decodes(fast: bool) -> None:
+    """Chunks of 8 tokens, steps of 1 s. r0 (4 + 6) prefills in S1 and decodes in S2; r1 (12 + 2) arrives at
+    1.5. SGLang's prefill priority: S3 is r1's first chunk alone (8 tokens; r0 stalls), S4 its last 4 (first token
+    at 4), S5 decodes both (r1 ends), r0's last three tokens at 6, 7, 8. Mixed steps (vLLM v1, --enable-mixed-chunk):
+    S3 is r0's decode + 7 tokens of r1, S4 r0 + r1's last 5: r0 never stalls and ends at 6."""
+    specs = [RequestSpec(0, 0.0, 4, 6), RequestSpec(1, 1.5, 12, 2)]
+
+    def run(priority: bool):
+        pol = ContinuousPolicy(limits=Limits(8, 8, 64), enable_chunked_prefill=True, prefill_priority=priority)
+        return simulate(specs, pol, PagedBlockManager(64, 4), cost=ConstCost(), fast=fast).requests
+
+    sg = run(True)
+    assert sg[0].token_times == [1.0, 2.0, 5.0, 6.0, 7.0, 8.0] and (sg[1].first_token, sg[1].finish) == (4.0, 5.0)
+    mixed = run(False)
+    assert mixed[0].token_times == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+    assert (mixed[1].first_token, mixed[1].finish) == (4.0, 5.0)
+
+
+def test_sglang_prefill_priority_fast_path_equals_stepping() -> None:
+    specs = [RequestSpec(i, 0.013 * i, 5 + (7 * i) % 23, 3 + (11 * i) % 40) for i in range(40)]
+
+    def run(fast: bool):
+        pol = ContinuousPolicy(limits=Limits(6, 16, 128), enable_chunked_prefill=True, prefill_priority=True)
+        return simulate(specs, pol, PagedBlockManager(20, 4), fast=fast)
+
+    a, b = run(True), run(False)
+    assert sorted_plans(a.core) == sorted_plans(b.core)
+    assert [r.token_times for r in a.sim.requests] == [r.token_times for r in b.sim.requests]
+    assert sum(r.num_preemptions for r in a.sim.requests) > 0
+
+
+def test_sglang_engine_sets_prefill_priority_unless_mixed_chunk() -> None:
+    wl = {"arrival": {"type": "all_at_once"}, "num_requests": 2, "prompt_len": {"type": "fixed", "value": 100},
+          "output_len": {"type": "fixed", "value": 10}}
+
+    def policy(engine):
+        raw = {"name": "t", "workload": wl,
+               "deployment": {"model": "llama-3.1-8b", "gpu": "h100-sxm", "max_model_len": 4096, "engine": engine}}
+        return build(variant_configs(parse_scenario(raw, "t"))[0])[0]
+
+    assert policy("sglang").prefill_priority
+    assert not policy({"name": "sglang", "enable_mixed_chunk": True}).prefill_priority
+    assert not policy("vllm-v1").prefill_priority
+    with pytest.raises(ScenarioError, match="enable_mixed_chunk is sglang's"):
+        policy({"name": "vllm-v1", "enable_mixed_chunk": True})

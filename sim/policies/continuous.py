@@ -42,6 +42,9 @@ class ContinuousPolicy(Policy):
     # vLLM 0.6's --num-scheduler-steps (sim/engine_sched.py): decodes run in blocks of this many steps, and no
     # prompt (nor swap-in) starts inside a block; chunked prefill off
     num_scheduler_steps: int = 1
+    # SGLang's scheduler (sim/engine_sched.py): a step of prompts (chunks) whenever one can run, decodes only
+    # when none can, never both in one step
+    prefill_priority: bool = False
 
     def __post_init__(self) -> None:
         if self.prefill_mode not in ("prefill_first", "mixed"):
@@ -80,7 +83,11 @@ class ContinuousPolicy(Policy):
         if n > 1 and view.decode_run % n and view.running:  # inside a block of decode steps: decodes only
             self._schedule_running(view, plan, budget, self.limits.max_num_batched_tokens)
             return plan
-        if self.enable_chunked_prefill or self.prefill_mode == "mixed":
+        if self.prefill_priority:
+            self._schedule_prompts(view, plan, budget, rejected)
+            if plan.scheduled:
+                return plan
+        elif self.enable_chunked_prefill or self.prefill_mode == "mixed":
             tokens = self._schedule_running(view, plan, budget, self.limits.max_num_batched_tokens)
             if not plan.preempt:
                 tokens = self._schedule_swapped(view, plan, budget, tokens)
@@ -88,7 +95,7 @@ class ContinuousPolicy(Policy):
                     self._schedule_waiting(view, plan, budget, tokens, rejected)
             return plan
         # prefill-first: a step of new prompts if any can start, else a step of decodes
-        if not view.swapped:
+        if not view.swapped and not self.prefill_priority:  # (SGLang's prompts step was tried above)
             self._schedule_waiting(view, plan, budget, self.limits.max_num_batched_tokens, rejected)
             if plan.scheduled:
                 return plan
@@ -96,6 +103,20 @@ class ContinuousPolicy(Policy):
         if not plan.preempt:
             self._schedule_swapped(view, plan, budget, tokens)
         return plan
+
+    def _schedule_prompts(self, view: View, plan: Plan, budget: KVBudget, rejected: set[int]) -> None:
+        """SGLang's prefill batch: the running request whose prompt is part-computed continues its chunk, then
+        waiting prompts fill the step's budget while blocks are free (nobody is preempted for a prompt)."""
+        tokens = self.limits.max_num_batched_tokens
+        for r in view.outside if view.outside is not None else view.running:
+            if r.num_remaining > 1 and tokens > 0:  # mid-prompt (a decoding request has one token left)
+                n = min(r.num_remaining, tokens)
+                if not budget.allocate(r, n):
+                    return
+                plan.scheduled.append((r, n))
+                tokens -= n
+        if not view.swapped and tokens > 0:
+            self._schedule_waiting(view, plan, budget, tokens, rejected)
 
     def _schedule_running(self, view: View, plan: Plan, budget: KVBudget, tokens: int) -> int:
         taken: set[int] = set()
