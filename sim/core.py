@@ -30,6 +30,7 @@ from sim.block_manager import BlockError, KVManager, cdiv
 from sim.contiguous_allocator import ContiguousAllocator
 from sim.costmodel import CostModel, StepShape
 from sim.decode_group import DecodeGroup
+from sim.engine_sched import graph_padding
 from sim.fast_path import STEADY_PLAN
 from sim.policies.base import Admission, Plan, Policy, View
 from sim.records import GapLog, StepLog
@@ -128,6 +129,7 @@ class ServingCore:
         # vLLM 0.6 multi-step (sim/engine_sched.py): decode-only steps come in blocks of this many
         self.multi_step = int(getattr(policy, "num_scheduler_steps", 1))
         self.decode_run = 0  # consecutive decode-only steps just taken
+        self.graph_sizes: tuple[int, ...] = tuple(getattr(policy, "cudagraph_capture_sizes", ()))
         self._dirty = True  # something the policy has not seen happened (arrival, finish, abort, join)
         # What the fast path (sim.fast_path) reads and updates besides the queues and counters:
         self.repeatable: Plan | None = None  # a group-only plan the policy would give again
@@ -467,6 +469,8 @@ class ServingCore:
         if total > limits.max_num_batched_tokens:
             raise PlanError(f"plan computes {total} tokens > max_num_batched_tokens {limits.max_num_batched_tokens}")
         rows = num_scheduled + plan.padded_rows
+        gpad = graph_padding(self.graph_sizes, rows) if not prefill and not spec_rows and self.graph_sizes else 0
+        rows += gpad  # CUDA-graph padding of a decode step (sim/engine_sched.py)
         if plan.pad_to_longest:  # every row is as long as the longest (padded tensors)
             if stepping is not None:
                 max_c = max(max_c, stepping.max_computed())
@@ -474,8 +478,8 @@ class ServingCore:
             kv_read = rows * (max_c + max_n)
             attn = rows * (max_n * max_c + max_n * (max_n + 1) // 2)
         else:
-            num_tokens = total
-        decode_rows = rows if (plan.pad_to_longest and max_n == 1) else decode
+            num_tokens = total + gpad
+        decode_rows = rows if (plan.pad_to_longest and max_n == 1) else decode + gpad
         shape = StepShape(
             num_seqs=rows,
             num_tokens=num_tokens,

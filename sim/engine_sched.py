@@ -28,10 +28,21 @@ iteration first tries to form a prefill batch from the waiting queue (``get_new_
 runs it alone; only when no prompt can start does it run the decode batch. The one request whose prompt is
 being chunked continues first. ``--enable-mixed-chunk`` (off by default) mixes the chunk into the decode batch
 instead, which is servesim's mixed chunked step.
+
+CUDA-graph batch padding. vLLM replays a CUDA graph captured for a fixed batch size, so a decode step of B
+requests runs (and is priced) as the next captured size up, the extra rows computing nothing; a batch above
+the largest size runs eagerly, unpadded. vLLM v1 (0.11, vllm/config/vllm.py ``_set_cudagraph_sizes``): sizes
+1, 2, 4, then multiples of 8 below 256 and of 16 from 256 up to min(2 x max_num_seqs, 512). vLLM v0 (0.5-0.6,
+vllm/worker/model_runner.py ``_BATCH_SIZES_TO_CAPTURE``, decode only): 1, 2, 4 and multiples of 8 up to 256, no
+larger than max_num_seqs padded the same way. ``enforce_eager`` turns it off; ``cudagraph_capture_sizes`` (vLLM's
+name) replaces the list. Only decode-only steps are padded here (v1 also pads small mixed steps, under its
+piecewise graphs: not modelled); TensorRT-LLM 0.17 (CUDA graphs off by default in its C++ runtime), SGLang and
+classic run unpadded.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from typing import Any
 
 from sim.block_manager import KVManager, PagedBlockManager
@@ -59,6 +70,8 @@ def configure_policy(policy: Any, engine: Any) -> Any:
     if getattr(engine, "name", None) == "sglang" and not engine.enable_mixed_chunk \
             and hasattr(policy, "prefill_priority"):
         policy.prefill_priority = True
+    if hasattr(policy, "cudagraph_capture_sizes"):
+        policy.cudagraph_capture_sizes = capture_sizes(engine, policy.limits.max_num_seqs)
     steps = getattr(engine, "num_scheduler_steps", None)
     if steps is not None and steps > 1 and hasattr(policy, "num_scheduler_steps"):
         if policy.enable_chunked_prefill:
@@ -66,3 +79,25 @@ def configure_policy(policy: Any, engine: Any) -> Any:
                              "policy.enable_chunked_prefill: false")
         policy.num_scheduler_steps = steps
     return policy
+
+
+def capture_sizes(engine: Any, max_num_seqs: int) -> tuple[int, ...]:
+    """The decode batch sizes the engine captures CUDA graphs for, ascending; () where it runs eagerly."""
+    name = getattr(engine, "name", None)
+    if name not in ("vllm-v1", "vllm-v0") or engine.enforce_eager:
+        return ()
+    if engine.cudagraph_capture_sizes is not None:
+        return tuple(sorted(set(engine.cudagraph_capture_sizes)))
+    if name == "vllm-v1":
+        top = min(2 * max_num_seqs, 512)
+        return tuple(s for s in (1, 2, 4, *range(8, 256, 8), *range(256, 513, 16)) if s <= top)
+    v0 = (1, 2, 4, *range(8, 257, 8))
+    cap = next((s for s in v0 if s >= max_num_seqs), v0[-1])
+    return tuple(s for s in v0 if s <= cap)
+
+
+def graph_padding(sizes: tuple[int, ...], rows: int) -> int:
+    """Rows a decode step of ``rows`` runs for nobody: up to the next captured size; 0 above the largest."""
+    if not sizes or rows > sizes[-1]:
+        return 0
+    return sizes[bisect_left(sizes, rows)] - rows

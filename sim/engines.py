@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -102,6 +102,11 @@ class EngineConfig(InputModel):
         "prompt + output fits beside the running ones' (never preempts); max_utilization admits while blocks are "
         "free now (preempts when they run out). none: guaranteed_no_evict for tensorrt-llm, else max_utilization.")
     # ---- scheduler behaviours (sim/engine_sched.py) ----
+    enforce_eager: bool = Field(
+        default=False, description="vllm-v1/vllm-v0: no CUDA graphs, so decode batches are not padded.")
+    cudagraph_capture_sizes: list[Annotated[Int, Field(ge=1, le=1 << 20)]] | None = Field(
+        default=None, min_length=1, description="vllm-v1/vllm-v0: decode batch sizes with a CUDA graph; a decode "
+        "step is priced as the next size up (none: vLLM's list, 1, 2, 4, 8, 16, ... up to 512 (v1) or 256 (v0)).")
     enable_mixed_chunk: bool | None = Field(
         default=None, description="sglang: mix prompt chunks and decodes in one step (--enable-mixed-chunk); none: "
         "off, a step of prompts whenever one can run, else a step of decodes.")
@@ -118,6 +123,10 @@ class EngineConfig(InputModel):
         if self.num_scheduler_steps is not None and self.name != "vllm-v0":
             raise ValueError(f"num_scheduler_steps is vllm-v0's (vLLM 0.6 multi-step); engine {self.name} schedules "
                              "every step")
+        if (self.enforce_eager or self.cudagraph_capture_sizes is not None) and self.name not in ("vllm-v1",
+                                                                                                  "vllm-v0"):
+            raise ValueError(f"enforce_eager and cudagraph_capture_sizes are vLLM's; servesim runs engine "
+                             f"{self.name} without CUDA-graph padding")
         if self.enable_mixed_chunk is not None and self.name != "sglang":
             raise ValueError(f"enable_mixed_chunk is sglang's; engine {self.name} sets how steps mix with "
                              "policy.enable_chunked_prefill and policy.prefill_mode")

@@ -171,3 +171,70 @@ def test_sglang_engine_sets_prefill_priority_unless_mixed_chunk() -> None:
     assert not policy("vllm-v1").prefill_priority
     with pytest.raises(ScenarioError, match="enable_mixed_chunk is sglang's"):
         policy({"name": "vllm-v1", "enable_mixed_chunk": True})
+
+
+class TokensCost:
+    """A step takes 1 s plus 1 s per token computed, padding included (so padding shows in the clock)."""
+
+    peak_flops = 1e12
+
+    def step_time(self, s):
+        return 1.0 + s.num_tokens
+
+    def step_flops(self, s):
+        return 2e6 * (s.num_tokens - s.num_padding_tokens) + 0.0
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_cuda_graph_pads_decode_steps_to_the_next_size(fast: bool) -> None:
+    """Three requests of 2 + 3 tokens at t=0, graphs for 1, 2, 4 and 8 rows. S1 computes the three prompts
+    (6 tokens, never padded): 7 s, first tokens at 7. S2 and S3 decode 3 rows run as 4: 5 s each, finish at
+    17, one padding row per decode step. Eager: 4 s each, finish at 15."""
+    specs = [RequestSpec(i, 0.0, 2, 3) for i in range(3)]
+
+    def run(sizes: tuple[int, ...]):
+        pol = ContinuousPolicy(limits=Limits(8, 64, 32), cudagraph_capture_sizes=sizes)
+        return simulate(specs, pol, PagedBlockManager(64, 4), cost=TokensCost(), fast=fast)
+
+    padded = run((1, 2, 4, 8))
+    assert [r.token_times for r in padded.sim.requests] == [[7.0, 12.0, 17.0]] * 3
+    cols = padded.core.steps.columns()
+    assert list(cols["padded_rows"]) == [0, 1, 1] and list(cols["padding_tokens"]) == [0, 1, 1]
+    assert list(cols["decode_tokens"]) == [0, 3, 3]
+    eager = run(())
+    assert [r.token_times for r in eager.sim.requests] == [[7.0, 11.0, 15.0]] * 3
+
+
+def test_cuda_graph_padding_fast_path_equals_stepping() -> None:
+    """Batches that shrink as requests finish cross capture sizes; above the largest size (8) steps run unpadded."""
+    specs = [RequestSpec(i, 0.002 * i, 5 + (7 * i) % 23, 3 + (11 * i) % 60) for i in range(60)]
+
+    def run(fast: bool):
+        pol = ContinuousPolicy(limits=Limits(12, 256, 128), cudagraph_capture_sizes=(1, 2, 4, 8))
+        return simulate(specs, pol, PagedBlockManager(400, 4), fast=fast)
+
+    a, b = run(True), run(False)
+    assert sorted_plans(a.core) == sorted_plans(b.core)
+    assert [r.token_times for r in a.sim.requests] == [r.token_times for r in b.sim.requests]
+    ca, cb = a.core.steps.columns(), b.core.steps.columns()
+    for k in ("padded_rows", "padding_tokens", "batch_size", "start", "duration", "flops"):
+        assert list(ca[k]) == list(cb[k]), k
+    assert 0 < sum(ca["padded_rows"]) and max(ca["batch_size"]) > 8
+
+
+def test_cuda_graph_sizes_per_engine() -> None:
+    from sim.engine_sched import capture_sizes, graph_padding
+    from sim.engines import EngineConfig
+
+    v1 = capture_sizes(EngineConfig(name="vllm-v1"), 1024)
+    assert v1[:5] == (1, 2, 4, 8, 16) and v1[-3:] == (480, 496, 512) and 248 in v1 and 264 not in v1
+    assert capture_sizes(EngineConfig(name="vllm-v1"), 64)[-1] == 128  # min(2 x max_num_seqs, 512)
+    v0 = capture_sizes(EngineConfig(name="vllm-v0"), 256)
+    assert v0[-1] == 256 and len(v0) == 3 + 32
+    assert capture_sizes(EngineConfig(name="vllm-v0"), 20)[-1] == 24
+    assert capture_sizes(EngineConfig(name="vllm-v1", enforce_eager=True), 256) == ()
+    assert capture_sizes(EngineConfig(name="vllm-v1", cudagraph_capture_sizes=[16, 4]), 256) == (4, 16)
+    assert capture_sizes(EngineConfig(name="sglang"), 256) == capture_sizes(None, 256) == ()
+    assert [graph_padding(v1, n) for n in (1, 3, 9, 250, 257, 512, 513)] == [0, 1, 7, 6, 15, 0, 0]
+    with pytest.raises(ValueError, match="vLLM's"):
+        EngineConfig(name="tensorrt-llm", enforce_eager=True)

@@ -45,6 +45,9 @@ class ContinuousPolicy(Policy):
     # SGLang's scheduler (sim/engine_sched.py): a step of prompts (chunks) whenever one can run, decodes only
     # when none can, never both in one step
     prefill_priority: bool = False
+    # decode batch sizes the executor has CUDA graphs for (sim/engine_sched.py): a decode-only step is priced as
+    # the next size up; (): unpadded. Read by the core, not by the plan.
+    cudagraph_capture_sizes: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.prefill_mode not in ("prefill_first", "mixed"):
