@@ -12,10 +12,11 @@ Every value is a default: a key given in the scenario's ``policy`` section wins.
 ``deployment.engine`` servesim keeps its classic idealised vLLM (chunked prefill off, prefill-first steps, 256
 sequences, vLLM's memory rule): existing scenarios give the same results byte for byte.
 
-Not modelled yet (kept out rather than guessed): per-engine host overheads (every engine uses the analytic cost
-model's ``step_overhead``, set it there), vLLM 0.6's multi-step scheduling (``--num-scheduler-steps``),
-CUDA-graph batch padding, per-request front-end time (HTTP, tokenization), SGLang's prefill-priority steps and
-its new-token-ratio admission (it is modelled as mixed chunked steps with recompute on shortage).
+Scheduler behaviours beyond these defaults (vLLM v1's prefix cache over every prompt block, vLLM 0.6's multi-step,
+CUDA-graph batch padding, SGLang's prefill priority) are in ``sim/engine_sched.py``; their keys are in their own
+block below. Not modelled yet (kept out rather than guessed): per-engine host overheads (every engine uses the
+analytic cost model's ``step_overhead``, set it there), per-request front-end time (HTTP, tokenization), SGLang's
+new-token-ratio admission (it admits while blocks are free and recomputes on shortage).
 """
 
 from __future__ import annotations
