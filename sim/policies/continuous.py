@@ -9,6 +9,10 @@ while the token budget and the KV blocks allow. Three flavours:
   (vLLM v0's default; decodes stall while prompts are computed);
 - ``mixed`` without chunking: decodes plus whole prompts that fit the remaining budget in one step.
 
+Engine behaviours set by sim/engine_sched.py: ``prefill_priority`` (SGLang: a step of prompt chunks whenever one
+can start, else decodes), ``num_scheduler_steps`` (vLLM 0.6 multi-step: no prompt starts inside a block of that
+many decode steps) and ``cudagraph_capture_sizes`` (read by the core, which pads decode steps to them).
+
 With ``no_evict`` (TensorRT-LLM's GUARANTEED_NO_EVICT capacity scheduler) a waiting request is admitted only
 when the blocks of its whole prompt + output fit beside what every running and swapped request may still grow
 to, so no running request ever runs out of blocks. Otherwise (MAX_UTILIZATION, vLLM, SGLang) requests are
