@@ -26,6 +26,11 @@ from sim.routers import kv_pressure, make_router, outstanding
 from sim.simulator import ClosedLoopPlan, Replica, Simulation
 
 
+# routers that read only the running, waiting and swapped sets and the used blocks (prefix_affinity reads the
+# prefix cache, which a finish changes)
+OVERSHOOT_ROUTERS = ("round_robin", "least_outstanding", "least_kv")
+
+
 class ClusterSimulation(Simulation):
     """``Simulation`` with a router over the serving replicas and an optional autoscaler."""
 
@@ -62,6 +67,13 @@ class ClusterSimulation(Simulation):
         if autoscaler is not None:
             self._next_tick = autoscaler.interval
             self.env.process(self._autoscale())
+        elif router in OVERSHOOT_ROUTERS and failures is None:
+            # The router reads a replica at an arrival as it stands in the middle of its step: the step's blocks
+            # taken, its finishes not yet done. A decode step without finishes is therefore taken whole before the
+            # arrival, as a lone replica does (no autoscaler tick may fall in it: it reads busy time and FLOPs).
+            for rep in self.replicas:
+                rep.overshoot = True
+                rep.overshoot_finish = False
 
     # ---- hooks of Simulation -------------------------------------------------------------------------------
     _single_replica = False

@@ -286,10 +286,12 @@ class ServingCore:
         self._finish(r, end, Outcome.COMPLETED, "")
 
     def fast_forward(
-        self, now: float, horizon: float, cost: CostModel, *, finishes: bool = True, overshoot: bool = False
+        self, now: float, horizon: float, cost: CostModel, *, finishes: bool = True, overshoot: bool = False,
+        overshoot_finish: bool = True,
     ) -> tuple[list[float], float] | None:
         """Several decode-group steps at once, exactly as stepping would take them: see ``sim.fast_path``."""
-        return fast_path.fast_forward(self, now, horizon, cost, finishes=finishes, overshoot=overshoot)
+        return fast_path.fast_forward(self, now, horizon, cost, finishes=finishes, overshoot=overshoot,
+                                      overshoot_finish=overshoot_finish)
 
     def _leave_running(self, r: Request) -> None:
         g = self.group

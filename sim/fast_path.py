@@ -90,7 +90,7 @@ def _price(cost: CostModel, rows_l: list[int], read_l: list[int], max_l: list[in
 
 def fast_forward(
     core: ServingCore, now: float, horizon: float, cost: CostModel, *, finishes: bool = True,
-    overshoot: bool = False,
+    overshoot: bool = False, overshoot_finish: bool = True,
 ) -> tuple[list[float], float] | None:
     """Take several group-only steps of ``core`` at once: price them together, then apply them in one loop that
     records exactly what ``schedule``/``complete`` would (the tests compare the two). Stops before any step that
@@ -102,8 +102,10 @@ def fast_forward(
     an arrival during a step only joins the queue, which nothing in the step reads, so the step can be applied
     before the executor's clock reaches the arrival. The step's row then records the queue length before the
     arrival; the executor corrects it with ``steps.set_last_waiting`` once the clock has caught up (stepping one
-    by one records the queue at the step's end). Returns (step durations, end of the last step), or None when no
-    step qualifies."""
+    by one records the queue at the step's end). ``overshoot_finish=False`` overshoots only into a step in which
+    no member finishes (a cluster's router reads the running set and the free blocks at the arrival, and a finish
+    changes both only at the step's end). Returns (step durations, end of the last step), or None when no step
+    qualifies."""
     g = core.group
     if g is None or now >= horizon or core.plan_without_policy(now) is None:
         return None
@@ -152,6 +154,8 @@ def fast_forward(
     ends = list(accumulate(durations, initial=now))  # step i runs from ends[i] to ends[i + 1]
     deadline = core.policy_deadline if core.policy_deadline is not None else float("inf")
     over = bisect_left(ends, horizon) - 1  # the step in which the horizon falls (k if none)
+    if overshoot and not overshoot_finish and j0 + over + 1 in finish_at:
+        overshoot = False
     n = min(k, bisect_left(ends, deadline), over + 1 if overshoot else over)
     kv = core.kv
     grows = g.grows

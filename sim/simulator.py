@@ -63,6 +63,8 @@ class Replica:
         # the next outside event is an arrival that only joins the queue, which no one else reads meanwhile
         # (single replica: a router would read this replica's state at the arrival)
         self.overshoot = False
+        # with overshoot, also into a step in which members finish (False: a router reads the running set)
+        self.overshoot_finish = True
         self.core = core
         core.replica = index  # the core stamps its requests with it
         core.steps.replica = index  # and its steps
@@ -145,7 +147,7 @@ class Replica:
                 if fast is not None and horizon is not None and core.group is not None and core.group.members:
                     # no overshoot past a pending failure: it must be taken at the first step boundary after it
                     seg = fast(core, t, horizon, finishes=self.finishes_are_silent,
-                               overshoot=self.overshoot and not self.aborts)
+                               overshoot=self.overshoot and not self.aborts, overshoot_finish=self.overshoot_finish)
                     if seg is not None:
                         taken += seg[0]
                         t = seg[1]

@@ -72,6 +72,22 @@ def test_fast_path_matches_step_by_step_on_a_cluster(router: str, start: int) ->
     assert fast.cluster["autoscaler"]["actions"] == slow.cluster["autoscaler"]["actions"]
 
 
+@pytest.mark.parametrize("router", ["round_robin", "least_outstanding", "least_kv", "prefix_affinity"])
+@pytest.mark.parametrize("seed, blocks", [(2, 400), (5, 1500)])
+def test_fast_path_matches_step_by_step_without_autoscaler(router: str, seed: int, blocks: int) -> None:
+    """Without an autoscaler, replicas take a decode step across an arrival whole (the router reads them as they
+    stand mid-step): the results must be those of stepping every request one by one."""
+    raw = scenario({"replicas": 3, "router": router}, seed=seed)
+    raw["workload"] = dict(WORKLOAD, arrival={"type": "poisson", "rate": 20.0})
+    raw["deployment"]["num_gpu_blocks"] = blocks
+    fast, qf, _ = run(raw)
+    slow, qs, _ = run(raw, fast=False)
+    assert fast.requests == slow.requests
+    for col in slow.steps:
+        assert np.array_equal(fast.steps[col], slow.steps[col]), col
+    assert {r.id: r.token_times for r in qf} == {r.id: r.token_times for r in qs}
+
+
 def test_round_robin_spreads_requests_evenly_and_costs_replicas_times_time() -> None:
     result, requests, _ = run(scenario({"replicas": 3, "router": "round_robin"}))
     assert [r.replica for r in sorted(requests, key=lambda r: r.id)] == [i % 3 for i in range(300)]
