@@ -29,6 +29,7 @@ from sim.simulator import ClosedLoopPlan, Replica, Simulation
 # routers that read only the running, waiting and swapped sets and the used blocks (prefix_affinity reads the
 # prefix cache, which a finish changes)
 OVERSHOOT_ROUTERS = ("round_robin", "least_outstanding", "least_kv")
+LOOKAHEAD = 32  # decode steps priced past the next arrival (see DecodeGroup.lookahead)
 
 
 class ClusterSimulation(Simulation):
@@ -74,6 +75,9 @@ class ClusterSimulation(Simulation):
             for rep in self.replicas:
                 rep.overshoot = True
                 rep.overshoot_finish = False
+                if rep.core.group is not None:
+                    # a replica is read at every arrival: a few steps per call, the rest priced ahead and kept
+                    rep.core.group.lookahead = LOOKAHEAD
 
     # ---- hooks of Simulation -------------------------------------------------------------------------------
     _single_replica = False

@@ -119,30 +119,24 @@ def fast_forward(
     if not keep_going:
         last = min(last, min(g.finish_at, default=1 << 62) - 1)
     pad = plan.padded_rows
-    if horizon != float("inf"):
-        # how many steps fit before the horizon, from the first step's time. Later steps attend to more tokens,
-        # so they are no shorter unless members leave; a small margin covers that (a guess that falls short
-        # leaves the rest for the next call; one too long prices steps never taken).
-        rows, read = g.size + pad, g.ctx + g.size
-        if not pad:
-            first = optional_member(cost, "decode_step_time")(rows, read)
-        else:
-            first = float(cost.step_time(StepShape(rows, rows, rows, read, read, pad, 0)))
-        last = min(last, j0 + int((horizon - now) / max(first, 1e-9) * 1.02) + 2)
-    k = last - j0
-    if k < 1:
-        return None
-    # predict each step's rows and attended tokens (members leave after their finishing step)
-    size, ctx = g.size, g.ctx
-    finish_at = g.finish_at
-    if not finish_at or min(finish_at) > j0 + k:  # nobody leaves: constant rows, evenly growing context
-        rows_l = [size + pad] * k
-        read_l = list(range(ctx + size, ctx + size * (k + 1), size)) if size else [ctx] * k
-        top = g.max_computed() + 1 if size else 0
-        max_l = list(range(top, top + k)) if size else [0] * k
+    priced = g.priced
+    if (priced is not None and priced.version == g.version and priced.pad == pad
+            and priced.j0 <= j0 < priced.j0 + len(priced.durations)):
+        # steps priced by an earlier call with the same members: their shapes are this call's
+        o = j0 - priced.j0
+        durations, flops, read_l, ends = priced.durations, priced.flops, priced.read, priced.ends
+        if ends[o] != now:  # the group got here another way (a step with others in it): new running sums
+            ends[o:] = accumulate(durations[o:], initial=now)
+        stop = min(last, priced.j0 + len(durations)) - priced.j0  # one past the last step this call may take
     else:
-        rows_l, read_l, max_l = predict(g, k, pad)
-    durations, flops = _price(cost, rows_l, read_l, max_l, pad)
+        o = 0
+        durations, flops, read_l = _predict_and_price(core, g, cost, now, horizon, last, pad, keep_going)
+        if not durations:
+            return None
+        ends = list(accumulate(durations, initial=now))  # step i runs from ends[i] to ends[i + 1]
+        if g.lookahead:
+            g.priced = Priced(g.version, pad, j0, read_l, durations, flops, ends)
+        stop = len(durations)
     # The loop below is ``_apply`` + ``complete`` for a group-only, unpadded plan, written out because it is the
     # simulator's innermost loop; the tests check that it records exactly what they would. Nothing from outside
     # can happen inside it, so only the horizon, the deadline, finishes and block shortages end it, and the first
@@ -150,13 +144,13 @@ def fast_forward(
     # one by one adds them): no step may start at or after the deadline, nor end at or after the horizon, except
     # (overshooting) the one the horizon falls in. The steps between two finishes form one run in the step log,
     # which keeps per step only what changes from one to the next (see ``StepLog``), the members' inter-token
-    # gaps included.
-    ends = list(accumulate(durations, initial=now))  # step i runs from ends[i] to ends[i + 1]
+    # gaps included. Indices into the priced lists: this call's first step is ``o``.
     deadline = core.policy_deadline if core.policy_deadline is not None else float("inf")
-    over = bisect_left(ends, horizon) - 1  # the step in which the horizon falls (k if none)
-    if overshoot and not overshoot_finish and j0 + over + 1 in finish_at:
+    over = bisect_left(ends, horizon, o) - 1  # the step in which the horizon falls (past ``stop`` if none)
+    finish_at = g.finish_at
+    if overshoot and not overshoot_finish and j0 + over - o + 1 in finish_at:
         overshoot = False
-    n = min(k, bisect_left(ends, deadline), over + 1 if overshoot else over)
+    n = min(stop, bisect_left(ends, deadline, o), over + 1 if overshoot else over)
     kv = core.kv
     grows = g.grows
     try_grow = kv.try_grow
@@ -170,10 +164,10 @@ def fast_forward(
     used = kv.num_used_blocks
     filled = core.filled_blocks
     kv_tokens = core.kv_tokens
-    steps = g.steps
+    steps = j0
     next_finish = min(finish_at, default=-1)  # the next group step in which members sample their last token
-    run = 0  # the first step of the current run
-    for i in range(n):
+    run = o  # the first step of the current run
+    for i in range(o, n):
         crossing = buckets[steps % bs]
         nb = len(crossing)
         if nb and grows:
@@ -197,17 +191,67 @@ def fast_forward(
             next_finish = min(finish_at, default=-1)
             if i == over or not keep_going or not m:
                 break
-    taken = steps - j0
-    if taken > run:
-        _end_run(core, g, run, taken, ends, read_l)
+    end = o + steps - j0  # one past the last step taken
+    if end > run:
+        _end_run(core, g, run, end, ends, read_l)
     core.filled_blocks, core.kv_tokens = filled, kv_tokens
-    if not taken:
+    if end == o:
         return None
-    core.overshot = taken > over
-    core.busy_time += ends[taken] - now
-    core.last_end = ends[taken]
-    core.flops_done += sum(flops[:taken])
-    return durations[:taken], ends[taken]
+    core.overshot = end > over
+    core.busy_time += ends[end] - now
+    core.last_end = ends[end]
+    core.flops_done += sum(flops[o:end])
+    return durations[o:end], ends[end]
+
+
+class Priced:
+    """Steps of a decode group priced ahead (``DecodeGroup.priced``): step ``i`` of the lists is group step
+    ``j0 + i + 1``, running from ``ends[i]`` to ``ends[i + 1]``."""
+
+    __slots__ = ("version", "pad", "j0", "read", "durations", "flops", "ends")
+
+    def __init__(self, version: int, pad: int, j0: int, read: list[int], durations: list[float],
+                 flops: list[float], ends: list[float]) -> None:
+        self.version, self.pad, self.j0, self.read = version, pad, j0, read
+        self.durations, self.flops, self.ends = durations, flops, ends
+
+
+def _predict_and_price(core: ServingCore, g: DecodeGroup, cost: CostModel, now: float, horizon: float, last: int,
+                       pad: int, keep_going: bool) -> tuple[list[float], list[float], list[int]]:
+    """Durations, FLOPs and attended tokens of the group's next steps, up to group step ``last`` and about as many
+    as fit before ``horizon`` (plus ``g.lookahead``, up to the next finish, when the group keeps what it priced)."""
+    j0 = g.steps
+    if horizon != float("inf"):
+        # how many steps fit before the horizon, from the first step's time. Later steps attend to more tokens,
+        # so they are no shorter unless members leave; a small margin covers that (a guess that falls short
+        # leaves the rest for the next call; one too long prices steps never taken).
+        rows, read = g.size + pad, g.ctx + g.size
+        if not pad:
+            first = optional_member(cost, "decode_step_time")(rows, read)
+        else:
+            first = float(cost.step_time(StepShape(rows, rows, rows, read, read, pad, 0)))
+        fit = int((horizon - now) / max(first, 1e-9) * 1.02) + 2
+        if g.lookahead:
+            # priced steps are kept until the members change, which the next finish does
+            fit += g.lookahead
+            if keep_going and g.finish_at:
+                last = min(last, min(g.finish_at))
+        last = min(last, j0 + fit)
+    k = last - j0
+    if k < 1:
+        return [], [], []
+    # predict each step's rows and attended tokens (members leave after their finishing step)
+    size, ctx = g.size, g.ctx
+    finish_at = g.finish_at
+    if not finish_at or min(finish_at) > j0 + k:  # nobody leaves: constant rows, evenly growing context
+        rows_l = [size + pad] * k
+        read_l = list(range(ctx + size, ctx + size * (k + 1), size)) if size else [ctx] * k
+        top = g.max_computed() + 1 if size else 0
+        max_l = list(range(top, top + k)) if size else [0] * k
+    else:
+        rows_l, read_l, max_l = predict(g, k, pad)
+    durations, flops = _price(cost, rows_l, read_l, max_l, pad)
+    return durations, flops, read_l
 
 
 def _end_run(core: ServingCore, g: DecodeGroup, first: int, stop: int, ends: list[float], read_l: list[int]) -> None:
