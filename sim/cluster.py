@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from sim.autoscaler import AutoscalerConfig, ReplicaLife, ScalingLog
+from sim.cluster_fast import KEYS, IndexedRouter
 from sim.core import ServingCore
 from sim.costmodel import CostModel
 from sim.executor import Executor
@@ -57,6 +58,7 @@ class ClusterSimulation(Simulation):
         self.autoscaler = autoscaler
         self._next_tick = float("inf")
         self._arrivals_done = False
+        self._indexed: IndexedRouter | None = None
         super().__init__(specs, [make_replica() for _ in range(replicas)], closed_loop=closed_loop,
                          router=make_router(router), progress=progress, fast_forward=fast_forward,
                          failures=failures, leak=leak)
@@ -78,6 +80,10 @@ class ClusterSimulation(Simulation):
                 if rep.core.group is not None:
                     # a replica is read at every arrival: a few steps per call, the rest priced ahead and kept
                     rep.core.group.lookahead = LOOKAHEAD
+            if router in KEYS:
+                self.router = self._indexed = IndexedRouter(router, self.replicas)
+                for rep in self.replicas:
+                    rep.on_yield = self._indexed.update
 
     # ---- hooks of Simulation -------------------------------------------------------------------------------
     _single_replica = False
@@ -91,6 +97,8 @@ class ClusterSimulation(Simulation):
 
     def _dispatch(self, spec) -> None:
         super()._dispatch(spec)
+        if self._indexed is not None and self.halted is None:
+            self._indexed.update(self.replicas[self.requests[-1].replica])  # its queue grew
         if self.autoscaler is not None and self.autoscaler.signal == "ttft":
             self._awaiting_first.append(self.requests[-1])
 

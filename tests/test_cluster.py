@@ -227,3 +227,27 @@ def test_report_shows_the_fleet_over_time() -> None:
     assert list(fig.data[1].y) == c["autoscaler"]["values"]
     page = build_report([result], {result.name: summarize(result)}, "t")
     assert "<h2>Cluster</h2>" in page and "serving from (s)" in page and "cost ($)" in page
+
+
+@pytest.mark.parametrize("router", ["least_outstanding", "least_kv"])
+def test_indexed_router_chooses_what_the_scan_chooses(router: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without an autoscaler a cluster routes least_kv and least_outstanding from a heap of the replicas' keys
+    (sim.cluster_fast): at every arrival its choice must be the full scan's."""
+    from sim.cluster_fast import IndexedRouter
+
+    scan = make_router(router)
+    indexed_call = IndexedRouter.__call__
+    choices: list[int] = []
+
+    def checked(self, req, replicas):
+        got = indexed_call(self, req, replicas)
+        assert got == scan(req, replicas)
+        choices.append(got)
+        return got
+
+    monkeypatch.setattr(IndexedRouter, "__call__", checked)
+    raw = scenario({"replicas": 5, "router": router})
+    raw["workload"] = dict(WORKLOAD, arrival={"type": "poisson", "rate": 30.0})
+    raw["deployment"]["num_gpu_blocks"] = 600
+    run(raw)
+    assert len(choices) == 300 and len(set(choices)) == 5
