@@ -115,9 +115,11 @@ def fast_forward(
     j0 = g.steps
     # a finish makes the policy look again unless nothing waits (then the steady plan continues)
     keep_going = finishes and core.steady_ok and not core.waiting and not core.swapped
+    finish_at = g.finish_at
+    next_finish = min(finish_at, default=-1)  # the next group step in which members sample their last token
     last = j0 + MAX_SEGMENT
-    if not keep_going:
-        last = min(last, min(g.finish_at, default=1 << 62) - 1)
+    if not keep_going and next_finish >= 0:
+        last = min(last, next_finish - 1)
     pad = plan.padded_rows
     priced = g.priced
     if (priced is not None and priced.version == g.version and priced.pad == pad
@@ -130,7 +132,8 @@ def fast_forward(
         stop = min(last, priced.j0 + len(durations)) - priced.j0  # one past the last step this call may take
     else:
         o = 0
-        durations, flops, read_l = _predict_and_price(core, g, cost, now, horizon, last, pad, keep_going)
+        durations, flops, read_l = _predict_and_price(core, g, cost, now, horizon, last, pad,
+                                                      next_finish if keep_going else -1)
         if not durations:
             return None
         ends = list(accumulate(durations, initial=now))  # step i runs from ends[i] to ends[i + 1]
@@ -147,7 +150,6 @@ def fast_forward(
     # gaps included. Indices into the priced lists: this call's first step is ``o``.
     deadline = core.policy_deadline if core.policy_deadline is not None else float("inf")
     over = bisect_left(ends, horizon, o) - 1  # the step in which the horizon falls (past ``stop`` if none)
-    finish_at = g.finish_at
     if overshoot and not overshoot_finish and j0 + over - o + 1 in finish_at:
         overshoot = False
     n = min(stop, bisect_left(ends, deadline, o), over + 1 if overshoot else over)
@@ -165,7 +167,6 @@ def fast_forward(
     filled = core.filled_blocks
     kv_tokens = core.kv_tokens
     steps = j0
-    next_finish = min(finish_at, default=-1)  # the next group step in which members sample their last token
     run = o  # the first step of the current run
     for i in range(o, n):
         crossing = buckets[steps % bs]
@@ -217,9 +218,10 @@ class Priced:
 
 
 def _predict_and_price(core: ServingCore, g: DecodeGroup, cost: CostModel, now: float, horizon: float, last: int,
-                       pad: int, keep_going: bool) -> tuple[list[float], list[float], list[int]]:
+                       pad: int, next_finish: int) -> tuple[list[float], list[float], list[int]]:
     """Durations, FLOPs and attended tokens of the group's next steps, up to group step ``last`` and about as many
-    as fit before ``horizon`` (plus ``g.lookahead``, up to the next finish, when the group keeps what it priced)."""
+    as fit before ``horizon`` (plus ``g.lookahead``, up to ``next_finish`` when that is not -1, when the group keeps
+    what it priced)."""
     j0 = g.steps
     if horizon != float("inf"):
         # how many steps fit before the horizon, from the first step's time. Later steps attend to more tokens,
@@ -234,8 +236,8 @@ def _predict_and_price(core: ServingCore, g: DecodeGroup, cost: CostModel, now: 
         if g.lookahead:
             # priced steps are kept until the members change, which the next finish does
             fit += g.lookahead
-            if keep_going and g.finish_at:
-                last = min(last, min(g.finish_at))
+            if next_finish >= 0:
+                last = min(last, next_finish)
         last = min(last, j0 + fit)
     k = last - j0
     if k < 1:
@@ -243,7 +245,7 @@ def _predict_and_price(core: ServingCore, g: DecodeGroup, cost: CostModel, now: 
     # predict each step's rows and attended tokens (members leave after their finishing step)
     size, ctx = g.size, g.ctx
     finish_at = g.finish_at
-    if not finish_at or min(finish_at) > j0 + k:  # nobody leaves: constant rows, evenly growing context
+    if not finish_at or min(finish_at) >= j0 + k:  # nobody leaves before the last step: constant rows
         rows_l = [size + pad] * k
         read_l = list(range(ctx + size, ctx + size * (k + 1), size)) if size else [ctx] * k
         top = g.max_computed() + 1 if size else 0
