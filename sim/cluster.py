@@ -26,7 +26,6 @@ from sim.results import HasPeakFlops, gc_paused, pooled_gaps, result_of
 from sim.routers import kv_pressure, make_router, outstanding
 from sim.simulator import ClosedLoopPlan, Replica, Simulation
 
-
 # routers that read only the running, waiting and swapped sets and the used blocks (prefix_affinity reads the
 # prefix cache, which a finish changes)
 OVERSHOOT_ROUTERS = ("round_robin", "least_outstanding", "least_kv")

@@ -229,11 +229,11 @@ def run_scenario(
 
 
 def write_scenario_run(run: ScenarioRun, out_dir: str | Path, raw: dict[str, Any] | None = None, *,
-                       progress: Progress | None = None, steps: str = "auto") -> Path:
+                       progress: Progress | None = None, steps: str = "auto", table_format: str = "csv") -> Path:
     from sim.output import write_run
 
     scenario = run.scenario.model_dump(mode="json")
     if run.sweep:
         scenario["sweep_points"] = run.sweep
     return write_run(out_dir, run.results, run.summaries, scenario=scenario, title=f"servesim: {run.scenario.name}",
-                     phase=None if progress is None else progress.phase, steps=steps)
+                     phase=None if progress is None else progress.phase, steps=steps, table_format=table_format)
