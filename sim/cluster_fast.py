@@ -17,8 +17,15 @@ import heapq
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import simpy
+
+from sim import fast_path
+from sim.costmodel import CostModel
+from sim.executor import CostExecutor
+from sim.fast_path import Timeline
 from sim.request import Request
 from sim.routers import kv_pressure, outstanding
+from sim.simulator import Replica
 
 # the key each indexed router orders replicas by, without the index (the scan in sim.routers appends it)
 KEYS: dict[str, Callable[[Any], tuple]] = {
@@ -58,3 +65,137 @@ class IndexedRouter:
         while heap[0][-1] != stamp[heap[0][-2]]:
             heapq.heappop(heap)
         return heap[0][-2]
+
+
+class ParkingReplica(Replica):
+    """A replica that, in a steady decode stretch, parks instead of waking at every step: it publishes what
+    its next steps will look like (``sim.fast_path.Timeline``), so that a router reads its state at an arrival
+    without running it, and it runs only when the stretch ends (its first finish, a block shortage, the policy's
+    deadline, the end of what it priced) or when the router sends it a request (``submit``: it first takes its
+    steps up to the arrival, in one call). Between those, no other replica and no router pays for its steps.
+
+    For open-loop traffic without autoscaler, failures or limits, priced by a cost model (``ClusterSimulation``
+    checks). Its loop keeps its own clock ``t``: after a park, SimPy's clock only wakes it, at about the right
+    time; every time it records is computed as stepping one by one computes it."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.parked: Timeline | None = None
+        self._t = 0.0  # the loop's clock while parked
+        self._park_wake: simpy.Event | None = None
+        self._woken: tuple[float, tuple | None] | None = None  # what submit's advance left: (clock, step in flight)
+        ex = self.executor
+        assert isinstance(ex, CostExecutor)
+        self._cost: CostModel = ex._model
+
+    # ---- what a router reads ---------------------------------------------------------------------------------
+    def key(self, name: str, now: float) -> tuple:
+        core = self.core
+        tl = self.parked
+        if tl is None:
+            return KEYS[name](core)
+        # parked: nothing waits or is swapped, and no member finishes before the timeline's end
+        if name == "least_outstanding":
+            return (len(core.running),)
+        kv = core.kv
+        return (tl.used_at(now, kv.num_used_blocks) / kv.num_blocks, len(core.running))
+
+    # ---- the loop ----------------------------------------------------------------------------------------------
+    def submit(self, req: Request) -> None:
+        if self.parked is not None:  # take the steps up to now first: the request arrives during or after them
+            self.parked = None
+            self._woken = self._run(self._t, self.env.now)
+            ev = self._park_wake
+            if ev is not None and not ev.triggered:
+                ev.succeed()
+        super().submit(req)
+
+    def _run(self, t: float, horizon: float) -> tuple[float, tuple | None]:
+        """Run from ``t`` as ``Replica._loop`` runs until ``horizon``: steps that end before it applied at once,
+        a decode step without finishes across it applied too (overshoot); returns the clock and the step in
+        flight at the horizon, if any, as (batch, end, flops)."""
+        core = self.core
+        cost = self._cost
+        while True:
+            g = core.group
+            if g is not None and g.members:
+                seg = fast_path.fast_forward(core, t, horizon, cost, overshoot=True, overshoot_finish=False)
+                if seg is not None:
+                    t = seg[1]
+                    if core.overshot:
+                        return t, None
+                    continue
+            batch = core.schedule(t)
+            if batch is None:
+                return t, None
+            shape = batch.shape
+            end = t + float(cost.step_time(shape))
+            flops = float(cost.step_flops(shape))
+            if end < horizon:
+                core.complete(batch, end, flops)
+                t = end
+                continue
+            return t, (batch, end, flops)
+
+    def _loop(self):
+        env, core = self.env, self.core
+        horizon = self.horizon
+        assert horizon is not None
+        t = env.now
+        woken: tuple[float, tuple | None] | None = None
+        while True:
+            if woken is None:
+                t, inflight = self._run(t, horizon())
+            else:
+                (t, inflight), woken = woken, None
+            if inflight is not None:
+                batch, end, flops = inflight
+                if end > env.now:
+                    yield env.timeout(end - env.now)
+                core.complete(batch, end, flops)
+                t = end
+                continue
+            if t > env.now or core.overshot:
+                if t > env.now:
+                    yield env.timeout(t - env.now)
+                if core.overshot:  # the last step's row must show the queue at its end, arrivals included
+                    core.overshot = False
+                    core.steps.set_last_waiting(len(core.waiting))
+                if not self.closed:
+                    tl = fast_path.timeline(core, t, self._cost)
+                    if tl is not None and tl.expiry > horizon():
+                        self.parked, self._t = tl, t
+                        self._park_wake = env.event()
+                        yield env.any_of([self._park_wake, env.timeout(max(tl.expiry - env.now, 0.0))])
+                        self._park_wake = None
+                        if self._woken is not None:  # submit took the steps up to its arrival
+                            woken, self._woken = self._woken, None
+                        self.parked = None
+                continue
+            if self.closed and not core.has_work:
+                return
+            # idle from t, as Replica._loop idles (it lands on t exactly; this clock is t)
+            self._idle = idle = env.event()
+            wake = core.wake_time(t) if core.has_work else None
+            if wake is not None and wake > t:
+                w = t + (wake - t)
+                yield env.any_of([idle, env.timeout(max(w - env.now, 0.0))])
+                t = env.now if idle.triggered else w
+            else:
+                yield idle
+                t = env.now
+            self._idle = None
+
+
+class TimelineRouter:
+    """``least_kv`` or ``least_outstanding`` by the full scan of ``sim.routers``, reading a parked replica's
+    state from its timeline (``ParkingReplica.key``)."""
+
+    def __init__(self, name: str, env: simpy.Environment) -> None:
+        self.name = name
+        self.env = env
+
+    def __call__(self, req: Request, replicas: Sequence[Any]) -> int:
+        now = self.env.now
+        name = self.name
+        return min(range(len(replicas)), key=lambda i: (*replicas[i].key(name, now), i))

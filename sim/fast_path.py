@@ -273,3 +273,76 @@ def _end_run(core: ServingCore, g: DecodeGroup, first: int, stop: int, ends: lis
     core.steps.end_decode_run(
         n, ends[first], m, core.kv.num_blocks, len(core.running), len(core.waiting), len(core.swapped)
     )
+
+
+class Timeline:
+    """What a replica in a steady decode stretch will look like over its next steps, without taking them: step
+    ``k`` (``o <= k < o + n``) runs from ``ends[k]`` to ``ends[k + 1]`` with ``used[k - o]`` KV blocks in use
+    once it has taken its blocks. Its last step is the first in which members finish, or the last before a
+    block shortage, the policy's deadline or the end of what was priced."""
+
+    __slots__ = ("ends", "o", "n", "used", "expiry")
+
+    def __init__(self, ends: list[float], o: int, used: list[int]) -> None:
+        self.ends, self.o, self.n, self.used = ends, o, len(used), used
+        self.expiry = ends[o + len(used)]
+
+    def used_at(self, t: float, now_used: int) -> int:
+        """KV blocks in use at time ``t`` as a router reads them (a step in flight has taken its blocks);
+        ``now_used`` before the first step."""
+        k = bisect_left(self.ends, t, self.o, self.o + self.n + 1) - 1
+        return now_used if k < self.o else self.used[k - self.o]
+
+
+def timeline(core: ServingCore, now: float, cost: CostModel) -> Timeline | None:
+    """The core's next steps as a ``Timeline``, when it is in a steady decode stretch (only the decode group
+    runs, nothing waits or is swapped, no padding); None otherwise. Prices through the group's ``priced`` cache,
+    so the ``fast_forward`` that takes the steps later reuses the prices."""
+    g = core.group
+    if g is None or not g.members or core.waiting or core.swapped or not core.steady_ok:
+        return None
+    if core.plan_without_policy(now) is None:
+        return None
+    plan = core.repeatable if core.repeatable is not None else STEADY_PLAN
+    if plan.pad_to_longest or plan.padded_rows:
+        return None
+    j0 = g.steps
+    next_finish = min(g.finish_at, default=-1)
+    priced = g.priced
+    if (priced is not None and priced.version == g.version and priced.pad == 0
+            and priced.j0 <= j0 < priced.j0 + len(priced.durations)):
+        o = j0 - priced.j0
+        ends = priced.ends
+        if ends[o] != now:
+            ends[o:] = accumulate(priced.durations[o:], initial=now)
+        stop = len(priced.durations)
+    else:
+        durations, flops, read_l = _predict_and_price(core, g, cost, now, now, j0 + MAX_SEGMENT, 0, next_finish)
+        if not durations:
+            return None
+        ends = list(accumulate(durations, initial=now))
+        g.priced = Priced(g.version, 0, j0, read_l, durations, flops, ends)
+        o, stop = 0, len(durations)
+    deadline = core.policy_deadline if core.policy_deadline is not None else float("inf")
+    kv = core.kv
+    used = kv.num_used_blocks
+    buckets = g.buckets
+    bs = len(buckets)
+    grows = g.grows
+    need = 0
+    steps = j0
+    out: list[int] = []
+    for i in range(o, stop):
+        if ends[i] >= deadline:
+            break
+        nb = len(buckets[steps % bs]) if grows else 0
+        if nb:
+            need += nb
+            if not kv.can_grow(need):
+                break
+            used += nb
+        out.append(used)
+        steps += 1
+        if steps == next_finish:
+            break
+    return Timeline(ends, o, out) if out else None

@@ -294,10 +294,12 @@ class Simulation:
     # A cluster (sim/cluster.py) sets this False: its routers and autoscaler read replicas at outside events,
     # so no replica may take a step past one, even while it is the only replica.
     _single_replica = True
+    replica_class: type[Replica] = Replica  # a cluster may run its replicas' loops its own way (sim.cluster_fast)
 
     def _add_replica(self, core: ServingCore, cost: Executor | CostModel) -> Replica:
         """A new replica wired to this simulation (its step loop starts at the current time)."""
-        rep = Replica(self.env, core, cost, len(self.replicas), self._horizon if self._fast_forward else None)
+        rep = self.replica_class(self.env, core, cost, len(self.replicas),
+                                 self._horizon if self._fast_forward else None)
         rep.leak = self._leak
         if self._errors and core.group is not None:
             # the decode group advances its members in aggregate: their token counts are not at hand per step

@@ -73,12 +73,14 @@ def test_fast_path_matches_step_by_step_on_a_cluster(router: str, start: int) ->
 
 
 @pytest.mark.parametrize("router", ["round_robin", "least_outstanding", "least_kv", "prefix_affinity"])
-@pytest.mark.parametrize("seed, blocks", [(2, 400), (5, 1500)])
-def test_fast_path_matches_step_by_step_without_autoscaler(router: str, seed: int, blocks: int) -> None:
+@pytest.mark.parametrize("seed, blocks, replicas", [(2, 400, 3), (5, 1500, 3), (7, 300, 6)])
+def test_fast_path_matches_step_by_step_without_autoscaler(router: str, seed: int, blocks: int,
+                                                           replicas: int) -> None:
     """Without an autoscaler, replicas take a decode step across an arrival whole (the router reads them as they
-    stand mid-step): the results must be those of stepping every request one by one."""
-    raw = scenario({"replicas": 3, "router": router}, seed=seed)
-    raw["workload"] = dict(WORKLOAD, arrival={"type": "poisson", "rate": 20.0})
+    stand mid-step) and park through steady decode stretches (the router reads their timelines): the results must
+    be those of stepping every request one by one."""
+    raw = scenario({"replicas": replicas, "router": router}, seed=seed)
+    raw["workload"] = dict(WORKLOAD, arrival={"type": "poisson", "rate": 10.0 * replicas})
     raw["deployment"]["num_gpu_blocks"] = blocks
     fast, qf, _ = run(raw)
     slow, qs, _ = run(raw, fast=False)
@@ -246,6 +248,7 @@ def test_indexed_router_chooses_what_the_scan_chooses(router: str, monkeypatch: 
         return got
 
     monkeypatch.setattr(IndexedRouter, "__call__", checked)
+    monkeypatch.setattr("sim.cluster.PARK_MAX", 0)  # a fleet this small parks its replicas instead
     raw = scenario({"replicas": 5, "router": router})
     raw["workload"] = dict(WORKLOAD, arrival={"type": "poisson", "rate": 30.0})
     raw["deployment"]["num_gpu_blocks"] = 600
