@@ -15,11 +15,10 @@ from typing import Any
 import numpy as np
 
 from sim.autoscaler import AutoscalerConfig, ReplicaLife, ScalingLog
-from sim.cluster_fast import KEYS, IndexedRouter, ParkingReplica, TimelineRouter
+from sim.cluster_fast import KEYS, IndexedRouter, ParkingReplica, TimelineRouter, replica_figures
 from sim.core import ServingCore
 from sim.costmodel import CostModel
 from sim.executor import CostExecutor, Executor
-from sim.metrics import summarize
 from sim.records import RunResult
 from sim.request import Request
 from sim.results import HasPeakFlops, gc_paused, pooled_gaps, result_of
@@ -243,14 +242,14 @@ def cluster_result(
     replica_seconds = log.replica_seconds(end)
     per_replica = []
     for p, life in zip(parts, log.lives, strict=True):
-        s = summarize(p, slos) if p.requests else None
+        figures = replica_figures(p) if p.requests else None
         per_replica.append({
             "replica": life.index, "provisioned": life.provisioned, "ready": life.ready,
             "draining": None if life.draining == float("inf") else life.draining,
             "released": None if life.released == float("inf") else life.released,
             "requests": len(p.requests),
-            "output_throughput": None if s is None else s["output_throughput"],
-            "kv_usage_mean": None if s is None else s["kv_usage"]["mean"],
+            "output_throughput": None if figures is None else figures[0],
+            "kv_usage_mean": None if figures is None else figures[1],
             "busy_seconds": float(np.sum(p.steps["duration"])),
         })
     # the replica count as a step function: +1 at each provisioning, -1 at each release

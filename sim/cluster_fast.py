@@ -17,6 +17,7 @@ import heapq
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import simpy
 
 from sim import fast_path
@@ -199,3 +200,20 @@ class TimelineRouter:
         now = self.env.now
         name = self.name
         return min(range(len(replicas)), key=lambda i: (*replicas[i].key(name, now), i))
+
+
+def replica_figures(result: Any) -> tuple[float, float]:
+    """A replica's output throughput and time-weighted mean KV usage, exactly as ``summarize`` computes them
+    (the cluster's per-replica lines need only these; a whole summary per replica cost a tenth of the run)."""
+    from sim.metrics import _ratio, _time_weighted_mean
+
+    total_out = int(np.array([r.output_tokens for r in result.requests if r.completed], dtype=np.int64).sum())
+    s = result.steps
+    dur = np.asarray(s["duration"], dtype=np.float64)
+    cap = np.asarray(s["kv_capacity_blocks"], dtype=np.float64)
+    cap = np.where(cap > 0, cap, float(result.kv_capacity_blocks))
+    used = np.asarray(s["kv_blocks_used"], dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        usage = np.where(cap > 0, used / cap, np.nan)
+    has_cap = ~np.isnan(usage)
+    return _ratio(total_out, float(result.duration)), _time_weighted_mean(usage[has_cap], dur[has_cap])

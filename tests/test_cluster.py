@@ -254,3 +254,14 @@ def test_indexed_router_chooses_what_the_scan_chooses(router: str, monkeypatch: 
     raw["deployment"]["num_gpu_blocks"] = 600
     run(raw)
     assert len(choices) == 300 and len(set(choices)) == 5
+
+
+def test_replica_figures_are_summarize_s() -> None:
+    from sim.cluster_fast import replica_figures
+
+    for raw in (scenario(None), scenario({"replicas": 2, "router": "least_kv"})):
+        res, _, _ = run(raw)
+        s = summarize(res)
+        assert replica_figures(res) == (s["output_throughput"], s["kv_usage"]["mean"])
+    per = res.cluster["per_replica"]
+    assert [p["requests"] for p in per] and all(p["output_throughput"] > 0 for p in per)
