@@ -15,10 +15,10 @@ from typing import Any
 import numpy as np
 
 from sim.autoscaler import AutoscalerConfig, ReplicaLife, ScalingLog
-from sim.cluster_fast import KEYS, IndexedRouter, ParkingReplica, TimelineRouter, replica_figures
+from sim.cluster_fast import KEYS, BoundedRouter, ParkingReplica, TimelineRouter, replica_figures
 from sim.core import ServingCore
 from sim.costmodel import CostModel
-from sim.executor import CostExecutor, Executor
+from sim.executor import CostExecutor, Executor, as_executor
 from sim.records import RunResult
 from sim.request import Request
 from sim.results import HasPeakFlops, gc_paused, pooled_gaps, result_of
@@ -29,7 +29,7 @@ from sim.simulator import ClosedLoopPlan, Replica, Simulation
 # prefix cache, which a finish changes)
 OVERSHOOT_ROUTERS = ("round_robin", "least_outstanding", "least_kv")
 LOOKAHEAD = 32  # decode steps priced past the next arrival (see DecodeGroup.lookahead)
-PARK_MAX = 64  # replicas up to which they park (see ClusterSimulation.__init__)
+SCAN_MAX = 32  # replicas up to which a parking fleet's router scans them all (past it: BoundedRouter)
 
 
 class ClusterSimulation(Simulation):
@@ -57,15 +57,16 @@ class ClusterSimulation(Simulation):
         self.autoscaler = autoscaler
         self._next_tick = float("inf")
         self._arrivals_done = False
-        self._indexed: IndexedRouter | None = None
+        self._indexed: BoundedRouter | None = None
+        pairs = [make_replica() for _ in range(replicas)]
         # Replicas that park through steady decode stretches (sim.cluster_fast.ParkingReplica): open loop, no
-        # autoscaler or failures, priced steps; a router that reads state scans the fleet at every arrival, so
-        # past PARK_MAX replicas the indexed router (which needs every replica to report as it waits) wins.
+        # autoscaler or failures, steps priced by a cost model, a router that reads no prefix cache.
         self._parking = (autoscaler is None and failures is None and closed_loop is None and fast_forward
-                         and router in OVERSHOOT_ROUTERS and replicas <= PARK_MAX)
+                         and router in OVERSHOOT_ROUTERS
+                         and all(isinstance(as_executor(c), CostExecutor) for _, c in pairs))
         if self._parking:
             self.replica_class = ParkingReplica
-        super().__init__(specs, [make_replica() for _ in range(replicas)], closed_loop=closed_loop,
+        super().__init__(specs, pairs, closed_loop=closed_loop,
                          router=make_router(router), progress=progress, fast_forward=fast_forward,
                          failures=failures, leak=leak)
         self.serving: list[Replica] = list(self.replicas)
@@ -86,13 +87,13 @@ class ClusterSimulation(Simulation):
                 if rep.core.group is not None:
                     # a replica is read at every arrival: a few steps per call, the rest priced ahead and kept
                     rep.core.group.lookahead = LOOKAHEAD
-            if self._parking:
-                if any(not isinstance(rep.executor, CostExecutor) for rep in self.replicas):
-                    raise ValueError("parking replicas need priced steps")
-                if router in KEYS:
-                    self.router = TimelineRouter(router, self.env)
-            elif router in KEYS:
-                self.router = self._indexed = IndexedRouter(router, self.replicas)
+        if self._parking and router in KEYS:
+            # a parked replica's state is read from its timeline: a scan of the fleet, or past SCAN_MAX replicas
+            # a heap of lower bounds that reads only the replicas that could be the least loaded
+            if len(self.replicas) <= SCAN_MAX:
+                self.router = TimelineRouter(router, self.env)
+            else:
+                self.router = self._indexed = BoundedRouter(router, self.env, self.replicas)
                 for rep in self.replicas:
                     rep.on_yield = self._indexed.update
 

@@ -1,14 +1,19 @@
-"""Cluster speed-ups that change no result: a router that finds the least loaded replica without reading every one.
+"""Cluster speed-ups that change no result: replicas that do not pay for each other's steps.
 
-``least_kv`` and ``least_outstanding`` pick the replica with the smallest key (its KV pressure or outstanding
-requests, then its index). Read at every arrival, that is a scan of the whole fleet per request: with 256
-replicas the scan costs more than simulating. ``IndexedRouter`` keeps each replica's key in a heap instead,
-refreshed whenever the replica's state can have changed: when its step loop is about to wait (``Replica.on_yield``:
-its state then holds until it runs again) and when a request is submitted to it. An arrival then pops stale
-entries off the heap's top until the top is current: the same choice as the scan, in O(log n) per change.
+In a cluster every arrival is an outside event for every replica: the router reads each one's state then. So a
+replica stepping normally must stop at every arrival, and with 16 replicas at 16 times a trace's rate that is
+nearly every step. Two things here remove that cost, with the results of stepping one by one (the tests compare):
 
-It needs the routable set to be the whole fleet (no autoscaler: provisioning and draining replicas are left out
-of a router's choice, and their indices would no longer be list positions).
+- ``ParkingReplica``: in a steady decode stretch (only the decode group runs, nothing waits) a replica's next
+  steps are known in advance (``sim.fast_path.Timeline``: when each runs, how many KV blocks it holds). The
+  replica parks; a router reads its state at an arrival from the timeline; it runs only when the stretch ends or
+  when it gets a request, and then takes all its steps up to that moment in one call.
+- ``TimelineRouter`` and ``BoundedRouter``: ``least_kv`` and ``least_outstanding`` reading parked replicas from
+  their timelines; the first by a scan of the fleet, the second (past ``sim.cluster.SCAN_MAX`` replicas) from a
+  heap of lower bounds, so that an arrival reads only the replicas that could be the least loaded.
+
+They need the routable set to be the whole fleet and nothing else reading replicas (no autoscaler: it reads busy
+time and provisioning changes the fleet; no failures; open-loop arrivals).
 """
 
 from __future__ import annotations
@@ -28,44 +33,11 @@ from sim.request import Request
 from sim.routers import kv_pressure, outstanding
 from sim.simulator import Replica
 
-# the key each indexed router orders replicas by, without the index (the scan in sim.routers appends it)
+# the key each of these routers orders replicas by, without the index (as sim.routers' scans, which append it)
 KEYS: dict[str, Callable[[Any], tuple]] = {
     "least_kv": lambda core: (kv_pressure(core), outstanding(core)),
     "least_outstanding": lambda core: (outstanding(core),),
 }
-
-
-class IndexedRouter:
-    """``least_kv`` or ``least_outstanding`` over a fixed fleet, with a heap of the replicas' keys (see the module
-    docstring). Call ``update(replica)`` after anything that changes what the key reads."""
-
-    def __init__(self, name: str, replicas: Sequence[Any]) -> None:
-        self.name = name
-        self._key = KEYS[name]
-        self._stamp = [0] * len(replicas)  # the heap entry of replica i that is current carries stamp[i]
-        self._heap: list[tuple] = []
-        for rep in replicas:
-            self.update(rep)
-
-    def update(self, rep: Any) -> None:
-        i = rep.index
-        s = self._stamp[i] + 1
-        self._stamp[i] = s
-        heap = self._heap
-        heapq.heappush(heap, (*self._key(rep.core), i, s))
-        if len(heap) > 8 * len(self._stamp) + 1024:
-            # stale entries pile up under the top: keep the current ones only
-            stamp = self._stamp
-            self._heap = [e for e in heap if e[-1] == stamp[e[-2]]]
-            heapq.heapify(self._heap)
-
-    def __call__(self, req: Request, replicas: Sequence[Any]) -> int:
-        heap, stamp = self._heap, self._stamp
-        if len(replicas) != len(stamp):
-            raise AssertionError("an indexed router routes over the whole fleet")
-        while heap[0][-1] != stamp[heap[0][-2]]:
-            heapq.heappop(heap)
-        return heap[0][-2]
 
 
 class ParkingReplica(Replica):
@@ -143,6 +115,7 @@ class ParkingReplica(Replica):
         horizon = self.horizon
         assert horizon is not None
         t = env.now
+        report = self.on_yield
         woken: tuple[float, tuple | None] | None = None
         while True:
             if woken is None:
@@ -151,6 +124,8 @@ class ParkingReplica(Replica):
                 (t, inflight), woken = woken, None
             if inflight is not None:
                 batch, end, flops = inflight
+                if report is not None:
+                    report(self)
                 if end > env.now:
                     yield env.timeout(end - env.now)
                 core.complete(batch, end, flops)
@@ -158,6 +133,8 @@ class ParkingReplica(Replica):
                 continue
             if t > env.now or core.overshot:
                 if t > env.now:
+                    if report is not None:
+                        report(self)
                     yield env.timeout(t - env.now)
                 if core.overshot:  # the last step's row must show the queue at its end, arrivals included
                     core.overshot = False
@@ -167,6 +144,8 @@ class ParkingReplica(Replica):
                     if tl is not None and tl.expiry > horizon():
                         self.parked, self._t = tl, t
                         self._park_wake = env.event()
+                        if report is not None:
+                            report(self)
                         yield env.any_of([self._park_wake, env.timeout(max(tl.expiry - env.now, 0.0))])
                         self._park_wake = None
                         if self._woken is not None:  # submit took the steps up to its arrival
@@ -177,6 +156,8 @@ class ParkingReplica(Replica):
                 return
             # idle from t, as Replica._loop idles (it lands on t exactly; this clock is t)
             self._idle = idle = env.event()
+            if report is not None:
+                report(self)
             wake = core.wake_time(t) if core.has_work else None
             if wake is not None and wake > t:
                 w = t + (wake - t)
@@ -217,3 +198,56 @@ def replica_figures(result: Any) -> tuple[float, float]:
         usage = np.where(cap > 0, used / cap, np.nan)
     has_cap = ~np.isnan(usage)
     return _ratio(total_out, float(result.duration)), _time_weighted_mean(usage[has_cap], dur[has_cap])
+
+
+class BoundedRouter:
+    """``least_kv`` or ``least_outstanding`` over parking replicas without scanning the fleet: a heap of each
+    replica's key as it stood when its loop last waited (``Replica.on_yield``) or got a request. For a running
+    replica that is its key now; for a parked one a lower bound (its blocks in use only grow until its timeline
+    ends, and nothing else it counts changes). An arrival takes entries off the top in order, computing each
+    one's key now, until the next entry's bound exceeds the best key found: the scan's choice, reading only the
+    replicas that could be it."""
+
+    def __init__(self, name: str, env: simpy.Environment, replicas: Sequence[Any]) -> None:
+        self.name = name
+        self.env = env
+        self._key = KEYS[name]
+        self._stamp = [0] * len(replicas)
+        self._heap: list[tuple] = []
+        for rep in replicas:
+            self.update(rep)
+
+    def update(self, rep: Any) -> None:
+        i = rep.index
+        s = self._stamp[i] + 1
+        self._stamp[i] = s
+        heap = self._heap
+        heapq.heappush(heap, (*self._key(rep.core), i, s))
+        if len(heap) > 8 * len(self._stamp) + 1024:
+            stamp = self._stamp
+            self._heap = [e for e in heap if e[-1] == stamp[e[-2]]]
+            heapq.heapify(self._heap)
+
+    def __call__(self, req: Request, replicas: Sequence[Any]) -> int:
+        heap, stamp = self._heap, self._stamp
+        if len(replicas) != len(stamp):
+            raise AssertionError("a bounded router routes over the whole fleet")
+        now, name = self.env.now, self.name
+        taken: list[tuple] = []
+        best: tuple | None = None
+        while heap:
+            top = heap[0]
+            i = top[-2]
+            if top[-1] != stamp[i]:
+                heapq.heappop(heap)
+                continue
+            if best is not None and top[:-1] > best:
+                break
+            taken.append(heapq.heappop(heap))
+            exact = (*replicas[i].key(name, now), i)
+            if best is None or exact < best:
+                best = exact
+        for e in taken:
+            heapq.heappush(heap, e)
+        assert best is not None
+        return best[-1]

@@ -232,28 +232,22 @@ def test_report_shows_the_fleet_over_time() -> None:
 
 
 @pytest.mark.parametrize("router", ["least_outstanding", "least_kv"])
-def test_indexed_router_chooses_what_the_scan_chooses(router: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Without an autoscaler a cluster routes least_kv and least_outstanding from a heap of the replicas' keys
-    (sim.cluster_fast): at every arrival its choice must be the full scan's."""
-    from sim.cluster_fast import IndexedRouter
-
-    scan = make_router(router)
-    indexed_call = IndexedRouter.__call__
-    choices: list[int] = []
-
-    def checked(self, req, replicas):
-        got = indexed_call(self, req, replicas)
-        assert got == scan(req, replicas)
-        choices.append(got)
-        return got
-
-    monkeypatch.setattr(IndexedRouter, "__call__", checked)
-    monkeypatch.setattr("sim.cluster.PARK_MAX", 0)  # a fleet this small parks its replicas instead
-    raw = scenario({"replicas": 5, "router": router})
-    raw["workload"] = dict(WORKLOAD, arrival={"type": "poisson", "rate": 30.0})
-    raw["deployment"]["num_gpu_blocks"] = 600
-    run(raw)
-    assert len(choices) == 300 and len(set(choices)) == 5
+@pytest.mark.parametrize("scan_max", [0, 32])
+def test_parked_routers_choose_what_stepping_chooses(router: str, scan_max: int,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Parked replicas are read from their timelines, by a scan (up to SCAN_MAX replicas) or from a heap of
+    lower bounds (past it): the same routing as stepping every request one by one, and the same results."""
+    monkeypatch.setattr("sim.cluster.SCAN_MAX", scan_max)
+    raw = scenario({"replicas": 8, "router": router}, seed=3)
+    raw["workload"] = dict(WORKLOAD, arrival={"type": "poisson", "rate": 60.0})
+    raw["deployment"]["num_gpu_blocks"] = 500
+    fast, _, _ = run(raw)
+    slow, _, _ = run(raw, fast=False)
+    assert [r.replica for r in fast.requests] == [r.replica for r in slow.requests]
+    assert len({r.replica for r in fast.requests}) == 8
+    assert fast.requests == slow.requests
+    for col in slow.steps:
+        assert np.array_equal(fast.steps[col], slow.steps[col]), col
 
 
 def test_replica_figures_are_summarize_s() -> None:
