@@ -259,3 +259,24 @@ def test_replica_figures_are_summarize_s() -> None:
         assert replica_figures(res) == (s["output_throughput"], s["kv_usage"]["mean"])
     per = res.cluster["per_replica"]
     assert [p["requests"] for p in per] and all(p["output_throughput"] > 0 for p in per)
+
+
+@pytest.mark.parametrize("router", ["least_kv", "round_robin"])
+def test_parking_matches_stepping_with_prefix_caching_and_contiguous_kv(router: str) -> None:
+    """Parked replicas' timelines count blocks as the block manager does, with prefix caching (freed blocks stay
+    cached and are taken back) and with contiguous reservations (decoding takes no block)."""
+    for kv in ({"type": "paged", "enable_prefix_caching": True}, {"type": "contiguous"}):
+        raw = {
+            "workload": {"arrival": {"type": "trace", "trace": "mooncake", "end": 60, "rate_scale": 3.0},
+                         "num_requests": 150},
+            "deployment": {"model": "llama-3.2-1b", "gpu": "a100-80gb", "max_model_len": 131072},
+            "policy": {"type": "continuous", "enable_chunked_prefill": True},
+            "kv_cache": kv,
+            "cluster": {"replicas": 4, "router": router},
+        }
+        fast, qf, _ = run(raw)
+        slow, qs, _ = run(raw, fast=False)
+        assert fast.requests == slow.requests, kv
+        for col in slow.steps:
+            assert np.array_equal(fast.steps[col], slow.steps[col]), (kv, col)
+        assert {r.id: r.token_times for r in qf} == {r.id: r.token_times for r in qs}
