@@ -54,6 +54,9 @@ class ParkingReplica(Replica):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.parked: Timeline | None = None
+        # called whenever the loop is about to wait (its state then holds until it runs again, or, parked, is a
+        # lower bound of what it will be): BoundedRouter keeps its key of the replica with it
+        self.on_yield: Callable[[Replica], None] | None = None
         self._t = 0.0  # the loop's clock while parked
         self._park_wake: simpy.Event | None = None
         self._woken: tuple[float, tuple | None] | None = None  # what submit's advance left: (clock, step in flight)

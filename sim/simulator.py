@@ -84,9 +84,6 @@ class Replica:
         # called after every step this loop completes one by one (not the fast path's: a scripted source that
         # listens runs without it)
         self.step_listeners: list[Callable[[Replica], None]] = []
-        # called whenever the loop is about to wait (its state then holds until it runs again): an indexed router
-        # (sim.cluster_fast) keeps its key of the replica up to date with it
-        self.on_yield: Callable[[Replica], None] | None = None
         self.process = env.process(self._loop())
 
     def submit(self, req: Request) -> None:
@@ -133,7 +130,6 @@ class Replica:
         fast = ex.fast_forward if isinstance(ex, CostExecutor) else None
         measured = ex.cost is None  # its steps' clock starts when the loop resumes
         ahead = self.horizon is not None and self.finishes_are_silent
-        on_yield = self.on_yield
         while True:
             if measured:
                 ex.resume()
@@ -179,8 +175,6 @@ class Replica:
                     continue
                 inflight = (batch, duration, flops, ex.failure)
                 break
-            if on_yield is not None:  # the state outside events read until the loop runs again
-                on_yield(self)
             if taken:  # let the clock catch up, landing on exactly the float stepping one by one would
                 delay = t - env.now
                 if env.now + delay == t:
