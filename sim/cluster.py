@@ -95,6 +95,7 @@ class ClusterSimulation(Simulation):
             else:
                 self.router = self._indexed = BoundedRouter(router, self.env, self.replicas)
                 for rep in self.replicas:
+                    assert isinstance(rep, ParkingReplica)
                     rep.on_yield = self._indexed.update
 
     # ---- hooks of Simulation -------------------------------------------------------------------------------
