@@ -258,6 +258,10 @@ def summarize(result: RunResult, slos: SLOs | None = None) -> dict:
                                    "cost_usd", "price_per_replica_hour")}
         fleet["cost_per_million_output_tokens"] = _ratio(c["cost_usd"] * 1e6, total_out)
         out["cluster"] = fleet
+    if result.disaggregation:  # prefill/decode pools: transfers and each pool's use
+        from sim.disagg.pools import disagg_summary
+
+        out["disaggregation"] = disagg_summary(result)
     return out
 
 

@@ -312,3 +312,4 @@ class RunResult:
     kv_bytes_per_block: float = 0.0
     config: dict | None = None  # the resolved variant configuration, recorded with the results
     cluster: dict | None = None  # several replicas: replica count over time, GPU-hours, cost (sim/cluster.py)
+    disaggregation: dict | None = None  # prefill/decode pools: transfers and pools (sim/disagg/pools.py)

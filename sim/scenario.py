@@ -36,6 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from sim.block_manager import KVManager, PagedBlockManager
 from sim.contiguous_allocator import ContiguousAllocator
 from sim.costmodel import AnalyticCostModel, CostModel, FittedCostModel
+from sim.disagg.config import DisaggConfig
 from sim.files import read_text_capped
 from sim.limits import MAX_POOL_BLOCKS, check_kv_footprint, kv_footprint
 from sim.metrics import SLOs
@@ -420,6 +421,8 @@ class Variant(_Model):
     policy: PolicyConfig | None = Field(default=None, description="Replaces the default policy.")
     admission: AdmissionConfig | None = Field(default=None, description="Replaces the default admission control.")
     cluster: ClusterConfig | None = Field(default=None, description="Replaces the default cluster.")
+    disaggregation: DisaggConfig | None = Field(
+        default=None, description="Prefill/decode disaggregation: a prefill pool, a decode pool, the KV link.")
 
 
 _SWEEP_HEADS = ("workload", "deployment", "kv_cache", "policy", "admission")
@@ -637,6 +640,7 @@ class VariantConfig:
     params: dict[str, Any]  # sweep point, {} without a sweep
     cluster: ClusterConfig | None = None  # several replicas; None: one
     workload: Workload | None = None  # the variant's own workload; None: the scenario's
+    disaggregation: DisaggConfig | None = None  # prefill and decode pools (sim/disagg); None: colocated
 
     def to_dict(self) -> dict[str, Any]:
         out = {
@@ -651,6 +655,8 @@ class VariantConfig:
             out["cluster"] = self.cluster.model_dump(mode="json")
         if self.workload is not None:
             out["workload"] = self.workload.model_dump(mode="json")
+        if self.disaggregation is not None:
+            out["disaggregation"] = self.disaggregation.model_dump(mode="json")
         return out
 
 
@@ -682,6 +688,7 @@ def variant_configs(scenario: Scenario) -> list[VariantConfig]:
                 params={},
                 cluster=v.cluster or scenario.cluster,
                 workload=workload,
+                disaggregation=v.disaggregation,
             )
         )
     return out
