@@ -130,6 +130,8 @@ class DisaggSimulation(Simulation):
         self.proxies: dict[int, Request] = {}  # id -> the request as the prefill pool serves it
         self.decoding: dict[int, Request] = {}  # id -> the request as the decode pool serves it
         self.transfers: dict[int, Transfer] = {}
+        self._arrivals_done = False
+        self._in_flight = 0  # transfers under way
         super().__init__(specs, [*prefill, *decode], closed_loop=closed_loop, router=make_router(prefill_router),
                          progress=progress, fast_forward=False, env=env)
 
@@ -143,6 +145,23 @@ class DisaggSimulation(Simulation):
 
     def _routable(self) -> list[Replica]:
         return self.prefill_replicas
+
+    def _close(self) -> None:
+        # the decode pool keeps taking requests until the last prefill has ended and its KV has arrived
+        self._arrivals_done = True
+        for rep in self.prefill_replicas:
+            rep.closed = True
+            rep.poke()
+        self._maybe_close_decode()
+
+    def _maybe_close_decode(self) -> None:
+        if not self._arrivals_done or self._in_flight:
+            return
+        if any(r.outcome is None for r in self.proxies.values()):
+            return
+        for rep in self.decode_replicas:
+            rep.closed = True
+            rep.poke()
 
     def _dispatch(self, spec: RequestSpec) -> None:
         if self.halted is not None:
@@ -160,6 +179,7 @@ class DisaggSimulation(Simulation):
                 self._send_kv(req)
                 return
             super()._on_finish(req)  # refused by the prefill pool: the request ends here
+            self._maybe_close_decode()
             return
         super()._on_finish(req)
 
@@ -168,6 +188,7 @@ class DisaggSimulation(Simulation):
         nbytes = kv_bytes(proxy.prompt_len, self.kv_bytes_per_token)
         start, end = link.send(proxy.finish, nbytes)
         self.transfers[proxy.id] = Transfer(proxy.finish, start, end, nbytes, proxy.replica)
+        self._in_flight += 1
         self.env.process(self._arrive_at_decode(proxy, end))
 
     def _arrive_at_decode(self, proxy: Request, at: float):
@@ -182,6 +203,8 @@ class DisaggSimulation(Simulation):
         self.decoding[spec.id] = dec
         pool = self.decode_replicas
         pool[self.decode_router(dec, pool)].submit(dec)
+        self._in_flight -= 1
+        self._maybe_close_decode()
 
     @property
     def specs_by_id(self) -> dict[int, RequestSpec]:
