@@ -172,3 +172,22 @@ def test_lesson_gain_vanishes_under_loose_slos() -> None:
     s = _lesson(0, {"ttft": 2.0, "tpot": 0.05})
     gain = s["2P2D"]["goodput"] / s["colocated"]["goodput"]
     assert gain <= 1.02, f"2P2D / colocated goodput = {gain:.3f} under loose SLOs"
+
+
+def test_report_has_the_disaggregation_section(tmp_path: Path) -> None:
+    from sim.report.disagg import fig_disagg
+    from sim.run import write_scenario_run
+
+    sc, raw = load_scenario(LESSON, {"workload.num_requests": 60})
+    run = run_scenario(sc, raw)
+    fig = fig_disagg(run.results, run.summaries)
+    assert fig is not None
+    names = [t.name for t in fig.data]
+    # busy and KV-use bars per disaggregated run, and its transfer-time curve; colocated runs draw nothing here
+    assert names == ["2P2D: busy", "2P2D: KV use", "2P2D: transfer", "3P1D: busy", "3P1D: KV use", "3P1D: transfer"]
+    curve = fig.data[2]
+    assert curve.y[-1] == 1.0 and np.all(np.diff(curve.x) >= 0)
+    out = write_scenario_run(run, tmp_path / "out", raw)
+    page = (out / "report.html").read_text()
+    assert "Disaggregation" in page and "transfer p99 (ms)" in page
+    assert fig_disagg([r for r in run.results if r.disaggregation is None], run.summaries) is None
