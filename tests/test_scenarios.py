@@ -108,6 +108,12 @@ def check_lesson_memory_bound(s: Summaries) -> None:
     assert s["bf16-two-gpus"]["num_rejected"] > 0 == s["fp8-weights-and-kv"]["num_rejected"]
 
 
+def check_lesson_disaggregation(s: Summaries) -> None:
+    # the 1.1-1.6x range itself is asserted in tests/test_disagg.py; the bad split loses
+    assert s["2P2D"]["goodput"] > s["colocated"]["goodput"] > s["3P1D"]["goodput"]
+    assert s["2P2D"]["disaggregation"]["num_transfers"] == s["2P2D"]["num_completed"]
+
+
 def check_failure_leak(s: Summaries) -> None:
     ok, leak, leak2x = s["correct-40gb"], s["leaky-40gb"], s["leaky-80gb"]
     assert ok["num_failed"] > 0 and ok["num_rejected"] == 0 and ok["kv_usage"]["max"] < 0.3
@@ -157,6 +163,7 @@ CASES: dict[str, tuple[dict, Callable[[Summaries], None]]] = {
     "lesson-continuous-batching": ({"workload.num_requests": 600}, check_lesson_continuous_batching),
     "lesson-paged-memory": ({"workload.num_requests": 300}, check_lesson_paged_memory),
     "lesson-memory-bound": ({"workload.num_requests": 200}, check_lesson_memory_bound),
+    "lesson-disaggregation": ({}, check_lesson_disaggregation),
     "plan-chat": ({"workload.num_requests": 200}, check_plan_chat),
     # more failures, fewer requests: the leak still fills both caches
     "failure-leak": ({"workload.num_requests": 3000, "workload.failures.fraction": 0.6}, check_failure_leak),
