@@ -92,6 +92,7 @@ class Candidate:
     max_num_seqs: int
     enable_chunked_prefill: bool
     gpu_price_per_hour: float  # USD per GPU-hour
+    prefill_replicas: int = 0  # > 0: disaggregated, this many of the replicas prefill, the rest decode
 
     @property
     def num_gpus(self) -> int:
@@ -110,6 +111,8 @@ class Candidate:
     def label(self) -> str:
         rep = f"{self.replicas} x " if self.replicas > 1 else ""
         tp = f" tp{self.tensor_parallel_size}" if self.tensor_parallel_size > 1 else ""
+        if self.prefill_replicas:
+            rep = f"{self.prefill_replicas}P{self.replicas - self.prefill_replicas}D x "
         return (f"{rep}{self.gpu}{tp}, weights {self.weight_dtype}, KV {self.kv_dtype}, max_num_seqs "
                 f"{self.max_num_seqs}, chunked prefill {'on' if self.enable_chunked_prefill else 'off'}")
 
@@ -125,6 +128,7 @@ class Candidate:
             "enable_chunked_prefill": self.enable_chunked_prefill,
             "gpu_price_per_hour": self.gpu_price_per_hour,
             "cost_per_hour": self.cost_per_hour,
+            **({"prefill_replicas": self.prefill_replicas} if self.prefill_replicas else {}),
         }
 
 
@@ -387,6 +391,8 @@ def simulate_replicas(cfg: VariantConfig, workload: GeneratedWorkload, replicas:
 
     if replicas < 1:
         raise ValueError(f"replicas must be >= 1, got {replicas}")
+    if cfg.disaggregation is not None:  # a split of the replicas into pools (sim/disagg/plan.py)
+        return simulate_variant(cfg, workload, name=name)[0]
     fleet = dataclasses.replace(cfg, cluster=ClusterConfig(replicas=replicas, router="least_outstanding"))
     result, _, _ = simulate_variant(fleet, workload, name=name)
     return result
@@ -512,7 +518,8 @@ def plan(scenario: Scenario, *, stop_early: bool | None = None, progress: bool =
                                     survivors.append((ev, vcfg))
 
     survivors.sort(key=lambda s: (round(s[0].candidate.cost_per_hour, 6), tuple(-x for x in s[0].candidate.precision),
-                                  s[0].candidate.replicas, -s[0].candidate.max_num_seqs,
+                                  s[0].candidate.replicas, s[0].candidate.prefill_replicas,
+                                  -s[0].candidate.max_num_seqs,
                                   not s[0].candidate.enable_chunked_prefill, s[0].candidate.gpu))
     bar = None
     if progress:
@@ -650,6 +657,10 @@ def _evaluate_replica_config(
             out.append((ev, None))
         else:
             out.append((ev, vcfg))
+    if cfg.disaggregation is not None and not prefix:
+        from sim.disagg.plan import split_candidates
+
+        out += [split for ev, v in list(out) for split in split_candidates(ev, v, cfg.disaggregation)]
     if not any(v is not None for _, v in out) and shape.span > 0:
         need = math.ceil(work / shape.span)
         if need * tp > cfg.max_gpus:

@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from sim.block_manager import KVManager, PagedBlockManager
 from sim.contiguous_allocator import ContiguousAllocator
 from sim.costmodel import AnalyticCostModel, CostModel, FittedCostModel
-from sim.disagg.config import DisaggConfig
+from sim.disagg.config import DisaggConfig, PlanDisaggConfig
 from sim.files import read_text_capped
 from sim.limits import MAX_POOL_BLOCKS, check_kv_footprint, kv_footprint
 from sim.metrics import SLOs
@@ -341,6 +341,9 @@ class PlanConfig(_Model):
     api_price: ApiPrice | None = Field(
         default=None, description="A hosted API's price, for the break-even volume; none: no break-even."
     )
+    disaggregation: PlanDisaggConfig | None = Field(
+        default=None, description="Also search prefill/decode splits (xPyD) of each replica count; none: colocated "
+        "replicas only.")
     stop_early: bool = Field(
         default=True,
         description="Stop simulating once the cheapest cost level with a configuration meeting the SLOs is "

@@ -191,3 +191,35 @@ def test_report_has_the_disaggregation_section(tmp_path: Path) -> None:
     page = (out / "report.html").read_text()
     assert "Disaggregation" in page and "transfer p99 (ms)" in page
     assert fig_disagg([r for r in run.results if r.disaggregation is None], run.summaries) is None
+
+
+def test_plan_searches_splits_and_picks_one_where_colocated_misses() -> None:
+    from sim.planner import plan
+
+    from sim.scenario import PlanConfig
+
+    sc, _ = load_scenario(LESSON, {"workload.num_requests": 300})
+    sc = sc.model_copy(update={"variants": [], "plan": PlanConfig.model_validate({
+        "gpus": ["h100-sxm"], "tensor_parallel_sizes": [1], "weight_dtypes": ["bf16"], "kv_dtypes": ["auto"],
+        "max_num_seqs": [256], "enable_chunked_prefill": [False], "max_gpus": 5, "percentile": 90,
+        "disaggregation": {"kv_link": {"kind": "infiniband"}}})})
+    res = plan(sc)
+    labels = {e.candidate.label().split(" x ")[0]: e for e in res.evaluations}
+    # every split of 2..5 replicas is a candidate, priced like the colocated fleet of the same size
+    assert {"1P1D", "2P1D", "1P2D", "2P2D", "1P3D", "3P1D", "4P1D"} <= set(labels)
+    assert labels["2P2D"].candidate.cost_per_hour == labels["4"].candidate.cost_per_hour
+    # measured: 4 colocated replicas miss the p90 TPOT bound (16.4 ms > 15 ms), 2P2D meets both (399 ms, 10.9 ms)
+    assert labels["4"].status == "missed" and labels["2P2D"].status == "met"
+    assert res.chosen is not None and res.chosen.candidate.prefill_replicas == 2
+    assert res.chosen.candidate.replicas == 4
+
+
+def test_plan_without_the_section_has_no_splits() -> None:
+    from sim.planner import plan
+    from sim.scenario import PlanConfig
+
+    sc, _ = load_scenario(LESSON, {"workload.num_requests": 100})
+    sc = sc.model_copy(update={"variants": [], "plan": PlanConfig.model_validate({
+        "gpus": ["h100-sxm"], "tensor_parallel_sizes": [1], "weight_dtypes": ["bf16"], "kv_dtypes": ["auto"],
+        "max_num_seqs": [256], "enable_chunked_prefill": [False], "max_gpus": 3})})
+    assert all(e.candidate.prefill_replicas == 0 for e in plan(sc).evaluations)

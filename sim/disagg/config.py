@@ -102,3 +102,10 @@ class DisaggConfig(_Model):
     def ratio(self) -> str:
         """The xPyD name of the split (vLLM's and the papers' spelling)."""
         return f"{self.prefill.replicas}P{self.decode.replicas}D"
+
+
+class PlanDisaggConfig(_Model):
+    """``plan.disaggregation``: also search prefill/decode splits (sim/disagg/plan.py)."""
+
+    kv_link: KVLinkConfig = Field(default_factory=KVLinkConfig, description="The link every split moves KV over.")
+    min_replicas_per_pool: Int = Field(default=1, ge=1, description="Fewest replicas in either pool.")
