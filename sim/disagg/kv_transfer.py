@@ -32,10 +32,11 @@ class KVLink:
         """Seconds one request's KV of ``nbytes`` (all shards) takes on an idle link."""
         return self.latency + nbytes / self.tensor_parallel_size / self.bandwidth
 
-    def send(self, now: float, nbytes: float) -> tuple[float, float]:
-        """Queue a transfer of ``nbytes`` ready at ``now``; returns (start, end)."""
+    def send(self, now: float, nbytes: float, duration: float | None = None) -> tuple[float, float]:
+        """Queue a transfer of ``nbytes`` ready at ``now``; returns (start, end). ``duration``: the copy's
+        seconds when it was measured (the real engine's), instead of the link's model."""
         start = max(now, self.free_at)
-        d = self.transfer_time(nbytes)
+        d = self.transfer_time(nbytes) if duration is None else duration
         end = start + d
         self.free_at = end
         self.bytes_moved += nbytes

@@ -120,7 +120,11 @@ class DisaggSimulation(Simulation):
         closed_loop: ClosedLoopPlan | None = None,
         progress: Callable[[int, float], None] | None = None,
         env=None,
+        kv_mover: Callable[[Request], float] | None = None,
     ) -> None:
+        """``kv_mover``: called with each request whose prefill ended (at that instant, before any other step
+        runs) to move its KV for real; it returns the copy's measured seconds, which replace the link's model
+        (realengine/disagg.py; a replay passes the measured seconds back)."""
         if len(links) != len(prefill):
             raise ValueError("one KV link per prefill replica")
         self.num_prefill = len(prefill)
@@ -130,6 +134,7 @@ class DisaggSimulation(Simulation):
         self.proxies: dict[int, Request] = {}  # id -> the request as the prefill pool serves it
         self.decoding: dict[int, Request] = {}  # id -> the request as the decode pool serves it
         self.transfers: dict[int, Transfer] = {}
+        self.kv_mover = kv_mover
         self._arrivals_done = False
         self._in_flight = 0  # transfers under way
         super().__init__(specs, [*prefill, *decode], closed_loop=closed_loop, router=make_router(prefill_router),
@@ -186,7 +191,7 @@ class DisaggSimulation(Simulation):
     def _send_kv(self, proxy: Request) -> None:
         link = self.links[proxy.replica]
         nbytes = kv_bytes(proxy.prompt_len, self.kv_bytes_per_token)
-        start, end = link.send(proxy.finish, nbytes)
+        start, end = link.send(proxy.finish, nbytes, None if self.kv_mover is None else self.kv_mover(proxy))
         self.transfers[proxy.id] = Transfer(proxy.finish, start, end, nbytes, proxy.replica)
         self._in_flight += 1
         self.env.process(self._arrive_at_decode(proxy, end))
