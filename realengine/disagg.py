@@ -31,7 +31,7 @@ from realengine.attention import cdiv
 from realengine.engine import engine_config
 from realengine.executor import EngineExecutor
 from realengine.kv_cache import kv_bytes_per_block
-from realengine.model import LlamaModel
+from realengine.model import LlamaModel, torch_dtype
 from realengine.runner import ModelRunner
 from sim.core import ServingCore
 from sim.disagg.config import DisaggConfig
@@ -130,20 +130,25 @@ class DisaggEngineRun:
 
 
 def run_disagg_engine(cfg: VariantConfig, workload, *, model: LlamaModel | None = None, seed: int = 0,
-                      dtype: str | torch.dtype = "float32", name: str | None = None) -> DisaggEngineRun:
-    """Serve ``workload`` on engine replicas split as ``cfg.disaggregation`` says (CPU or CUDA, the model of
-    ``cfg``'s deployment, random weights from ``seed``). The pools' block counts come from their deployments
-    (give ``num_gpu_blocks`` on CPU)."""
+                      dtype: str | torch.dtype = "float32", device: str = "cpu", name: str | None = None,
+                      model_spec: str | None = None, num_gpu_blocks: int | None = None) -> DisaggEngineRun:
+    """Serve ``workload`` (a ``GeneratedWorkload`` or a list of ``RequestSpec``) on engine replicas split as
+    ``cfg.disaggregation`` says, on the virtual clock: the model of ``cfg``'s deployment (or ``model_spec``),
+    random weights from ``seed`` (or ``model``). Each pool's KV block count is its deployment's, else
+    ``num_gpu_blocks``, else what ``engine_config`` caps it to on CPU."""
     d = cfg.disaggregation
     assert isinstance(d, DisaggConfig)
     pools = check_disaggregation(cfg)
+    dev = model.device.type if model is not None else device
+    tdtype = model.dtype if model is not None else torch_dtype(dtype)
+    for role in POOLS:  # each pool as the engine runs it: its KV (and swap) within what the device holds
+        own = pools[role][0].deployment.num_gpu_blocks is not None
+        pcfg = engine_config(pools[role][0], model_spec=model_spec, num_gpu_blocks=None if own else num_gpu_blocks,
+                             dtype=tdtype, device="cuda" if dev == "cuda" else "cpu")
+        pools[role] = (pcfg, build(pcfg)[3])
     spec = pools["prefill"][1].model
     if model is None:
-        model = LlamaModel(spec, seed=seed, dtype=dtype)
-    device = "cuda" if model.device.type == "cuda" else "cpu"
-    for role in POOLS:  # each pool as the engine runs it: its KV (and swap) within what the device holds
-        pcfg = engine_config(pools[role][0], dtype=model.dtype, device=device)
-        pools[role] = (pcfg, build(pcfg)[3])
+        model = LlamaModel(spec, seed=seed, dtype=tdtype, device=device)
     staged: dict[int, StagedKV] = {}
     replicas: dict[str, list[tuple[ServingCore, EngineExecutor]]] = {role: [] for role in POOLS}
     runners: dict[str, list] = {role: [] for role in POOLS}
@@ -180,7 +185,8 @@ def run_disagg_engine(cfg: VariantConfig, workload, *, model: LlamaModel | None 
         return dt
 
     links = [KVLink(d.kv_link.bandwidth, d.kv_link.latency, 1) for _ in replicas["prefill"]]
-    sim = DisaggSimulation(list(workload.requests), replicas["prefill"], replicas["decode"], links=links,
+    specs = list(workload.requests if hasattr(workload, "requests") else workload)
+    sim = DisaggSimulation(specs, replicas["prefill"], replicas["decode"], links=links,
                            kv_bytes_per_token=float(kv_bytes_per_block(spec, model.dtype, 1)),  # the engine's dtype
                            prefill_router=d.prefill.router, decode_router=d.decode.router, kv_mover=mover)
     with torch.inference_mode():
@@ -188,3 +194,26 @@ def run_disagg_engine(cfg: VariantConfig, workload, *, model: LlamaModel | None 
     result = disagg_result(name or cfg.name, sim, pools, d, config=cfg.to_dict())
     return DisaggEngineRun(sim, result, runners["prefill"], runners["decode"], transfer_seconds, staged_bytes,
                            tokens)
+
+
+def serve_disaggregated(cfg: VariantConfig, workload, *, device: str, dtype, model_spec: str | None,
+                        num_gpu_blocks: int | None, seed: int, name: str | None, clock: str, failures, kv_layout: str,
+                        real_model, weight_quant: str | None) -> tuple[RunResult, list[Request], ServingCore]:
+    """``realengine.engine.run_engine`` for a disaggregated variant: ``(result, requests, first core)``. What
+    the disaggregated engine does not do is refused, naming it."""
+    from sim.scenario import ScenarioError
+
+    unsupported = [what for what, on in (("the wall clock", clock != "virtual"), ("failures", failures is not None),
+                                         ("the contiguous KV layout", kv_layout != "paged"),
+                                         ("real weights", real_model is not None),
+                                         ("quantized weights", weight_quant is not None)) if on]
+    if getattr(workload, "failures", None) is not None:
+        unsupported.append("workload failures")
+    if unsupported:
+        raise ScenarioError(f"variant {cfg.name!r}: the disaggregated engine runs random weights on the virtual "
+                            f"clock, without {', '.join(unsupported)}")
+    if dtype is None:
+        dtype = torch.float32 if device != "cuda" else torch.bfloat16
+    run = run_disagg_engine(cfg, workload, seed=seed, dtype=dtype, device=device, name=name, model_spec=model_spec,
+                            num_gpu_blocks=num_gpu_blocks)
+    return run.result, run.sim.merged(), run.sim.replicas[0].core

@@ -159,3 +159,23 @@ def test_parity_simulator_fed_the_measured_times_reproduces_the_schedule() -> No
         m = mine[r.id]
         assert m.replica == r.replica
         assert abs(m.first_token - r.first_token) < 1e-9 and abs(m.finish - r.finish) < 1e-9
+
+
+def test_engine_run_command_serves_a_disaggregated_variant(tmp_path) -> None:
+    import json
+
+    import yaml
+    from typer.testing import CliRunner
+
+    from sim.cli import app
+
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(scenario(num_requests=6)))
+    res = CliRunner().invoke(app, ["engine", "run", str(path), "--out", str(tmp_path / "out")])
+    assert res.exit_code == 0, res.output
+    s = json.loads((tmp_path / "out" / "summary.json").read_text())["variants"]["1P2D"]
+    assert s["num_completed"] == 6 and s["disaggregation"]["num_transfers"] == 6
+    # float32 KV of the tiny model: 512 bytes per token
+    assert s["disaggregation"]["bytes_moved"] == s["total_input_tokens"] * 512
+    res = CliRunner().invoke(app, ["engine", "run", str(path), "--out", str(tmp_path / "o2"), "--quant", "int8"])
+    assert res.exit_code == 2 and "unquantized" in res.output
