@@ -190,7 +190,7 @@ def prepare_scenario(
                 if cfg.disaggregation is not None:
                     from sim.disagg.pools import check_disaggregation
 
-                    check_disaggregation(cfg)
+                    check_disaggregation(cfg, cfg.workload or sc.workload)
             for cfg in cfgs:
                 key = workload_key(sc, cfg)
                 if key not in workloads:

@@ -223,3 +223,59 @@ def test_plan_without_the_section_has_no_splits() -> None:
         "gpus": ["h100-sxm"], "tensor_parallel_sizes": [1], "weight_dtypes": ["bf16"], "kv_dtypes": ["auto"],
         "max_num_seqs": [256], "enable_chunked_prefill": [False], "max_gpus": 3})})
     assert all(e.candidate.prefill_replicas == 0 for e in plan(sc).evaluations)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_every_request_ends_once_and_kv_accounting_stays_sound(seed: int) -> None:
+    """Seeded random splits, loads, decode caches and policies: every request ends (completed, or rejected by
+    a pool's admission), the decode pool's KV never goes past its capacity nor below zero, and every block is
+    free at the end."""
+    rng = np.random.default_rng(seed)
+    x, y = (int(v) for v in rng.integers(1, 4, size=2))
+    disagg = {"prefill": {"replicas": x, "policy": {"type": "continuous",
+                                                    "enable_chunked_prefill": bool(rng.integers(2)),
+                                                    "max_num_batched_tokens": 4096}},
+              "decode": {"replicas": y, "router": ["round_robin", "least_outstanding", "least_kv"][seed % 3],
+                         "deployment": {"num_gpu_blocks": int(rng.integers(300, 1200))}},
+              "kv_link": {"kind": ["nvlink", "infiniband", "roce", "pcie"][seed % 4]}}
+    raw = _raw(disagg, requests=80, rate=float(rng.uniform(5, 60)), output=int(rng.integers(2, 60)),
+               prompt=int(rng.integers(50, 3000)))
+    if seed % 2:
+        raw["admission"] = {"max_queue_len": 5}
+    result, reqs, _ = _run(raw)
+    assert sorted(r.id for r in result.requests) == list(range(80))
+    assert all(r.outcome in ("completed", "rejected") for r in result.requests)
+    done = [r for r in result.requests if r.outcome == "completed"]
+    assert all(r.output_tokens == r.target_output_tokens and r.first_token >= r.arrival for r in done)
+    s = result.steps
+    assert np.all(s["kv_tokens"] >= 0) and np.all(s["kv_blocks_used"] <= s["kv_capacity_blocks"])
+    d = result.disaggregation
+    assert d is not None and np.all(d["transfer_end"] >= d["transfer_start"]) and np.all(
+        d["transfer_start"] >= d["prefill_end"])
+
+
+def test_closed_loop_users_wait_for_the_decode_pool() -> None:
+    raw = _raw({"decode": {"replicas": 2}}, requests=30, output=30)
+    raw["workload"]["arrival"] = {"type": "closed_loop", "num_users": 3, "think_time": {"type": "fixed",
+                                                                                        "value": 0.1}}
+    result, _, _ = _run(raw)
+    assert all(r.outcome == "completed" for r in result.requests)
+    by_user: dict[int, list] = {}
+    for r in result.requests:
+        by_user.setdefault(r.session_id, []).append(r)
+    for rs in by_user.values():  # a user's next request leaves a think time after its previous one ended
+        rs.sort(key=lambda r: r.arrival)
+        for a, b in zip(rs, rs[1:], strict=False):
+            assert b.arrival == pytest.approx(a.finish + 0.1, abs=1e-12)
+
+
+def test_workload_failures_are_refused_at_load(tmp_path: Path) -> None:
+    import yaml
+
+    raw = _raw({})
+    raw["workload"]["failures"] = {"fraction": 0.1, "after": {"type": "fixed", "value": 0.5}}
+    p = tmp_path / "f.yaml"
+    p.write_text(yaml.safe_dump(raw))
+    proc = subprocess.run([sys.executable, "-m", "sim.cli", "run", str(p), "-o", str(tmp_path / "o")],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 2 and "workload.failures" in proc.stderr and "Traceback" not in proc.stderr

@@ -66,8 +66,11 @@ def pool_variant(cfg: VariantConfig, role: str) -> VariantConfig:
                                disaggregation=None)
 
 
-def check_disaggregation(cfg: VariantConfig) -> dict[str, tuple[VariantConfig, Built]]:
-    """Resolve both pools (a ScenarioError naming the field where one cannot run): {role: (variant, built)}."""
+def check_disaggregation(cfg: VariantConfig, workload: Any = None) -> dict[str, tuple[VariantConfig, Built]]:
+    """Resolve both pools (a ScenarioError naming the field where one cannot run): {role: (variant, built)}.
+    ``workload``: the variant's workload section, checked for what the pools do not model."""
+    if workload is not None and getattr(workload, "failures", None) is not None:
+        raise ScenarioError(f"variant {cfg.name!r}: disaggregation does not model workload.failures")
     if cfg.cluster is not None:
         raise ScenarioError(f"variant {cfg.name!r}: disaggregation and cluster exclude each other (each pool has "
                             "its own replicas and router)")
