@@ -206,6 +206,7 @@ def write_run(
         phase(f"building {REPORT_FILE}")
     html = build_report(results, summaries, title or "servesim: " + " vs ".join(names))
     from sim.benchfiles.exports import export_files  # per variant: vllm-bench JSON and OpenMetrics text
+    from sim.disagg.output import transfer_files
 
     if phase is not None:
         phase(f"writing {out}/: {SUMMARY_FILE}, {REQUESTS_FILE}, {steps_file}, {REPORT_FILE}")
@@ -218,6 +219,7 @@ def write_run(
             else (lambda f: write_binned_steps_csv(f, results)),
             REPORT_FILE: html,
             **export_files(results, scenario),
+            **transfer_files(results),  # disaggregated runs: one row per KV transfer
         },
     )
     (out / stale).unlink(missing_ok=True)  # an earlier run's other steps table would pass for this run's

@@ -190,6 +190,15 @@ def test_report_has_the_disaggregation_section(tmp_path: Path) -> None:
     out = write_scenario_run(run, tmp_path / "out", raw)
     page = (out / "report.html").read_text()
     assert "Disaggregation" in page and "transfer p99 (ms)" in page
+    import csv
+
+    with open(out / "transfers.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 2 * 60 and {r["variant"] for r in rows} == {"2P2D", "3P1D"}
+    for row in rows:  # the link's arithmetic, row by row (InfiniBand preset, TP 1)
+        t = float(row["transfer_end_s"]) - float(row["transfer_start_s"])
+        assert t == pytest.approx(20e-6 + float(row["bytes"]) / 50e9, rel=1e-9)
+        assert float(row["bytes"]) == int(row["prompt_tokens"]) * 131072
     assert fig_disagg([r for r in run.results if r.disaggregation is None], run.summaries) is None
 
 

@@ -354,6 +354,8 @@ def disagg_result(name: str, sim: DisaggSimulation, pools: dict[str, tuple[Varia
         "transfer_start": np.array([t.start for t in tr], dtype=np.float64),
         "transfer_end": np.array([t.end for t in tr], dtype=np.float64),
         "arrival": np.array([proxies[i].arrival for i in ids], dtype=np.float64),
+        "prefill_replica": np.array([t.prefill_replica for t in tr], dtype=np.int64),
+        "decode_replica": np.array([decoding[i].replica if i in decoding else -1 for i in ids], dtype=np.int64),
         "decode_admitted": np.array([decoding[i].first_scheduled if i in decoding else -1.0 for i in ids],
                                     dtype=np.float64),
         "link_busy_seconds": [link.busy_time for link in sim.links],
