@@ -288,3 +288,13 @@ def test_workload_failures_are_refused_at_load(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "sim.cli", "run", str(p), "-o", str(tmp_path / "o")],
                           capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 2 and "workload.failures" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_run_table_shows_the_disaggregation_rows_only_when_a_run_has_them() -> None:
+    from sim.table import format_table
+
+    sc, _ = load_scenario(LESSON, {"workload.num_requests": 40})
+    summaries = run_scenario(sc).summaries
+    text = format_table(summaries)
+    assert "KV transfer p99 (ms)" in text and "decode pool busy" in text
+    assert "KV transfer" not in format_table({"colocated": summaries["colocated"]})

@@ -405,6 +405,7 @@ def disagg_summary(result: RunResult) -> dict[str, Any]:
         "kv_link": dict(d["kv_link"]),
         "num_transfers": int(transfer.size),
         "bytes_moved": float(d["transfer_bytes"].sum()),
+        "gib_moved": float(d["transfer_bytes"].sum()) / 2**30,
         "transfer": latency_stats(transfer),  # prefill end -> KV at the decode pool (link queue + copy)
         "link_wait": latency_stats(d["transfer_start"] - d["prefill_end"]),
         "prefill_ttft": latency_stats(d["prefill_end"] - d["arrival"]),  # DistServe's TTFT
