@@ -13,7 +13,14 @@ instance that reads the prefill's KV blocks):
    policy admits it (bounded by the replica's free KV blocks and ``max_num_seqs``, like any waiting request)
    holding ``prompt_len - 1`` computed tokens: its first decode step computes the last prompt token over the
    received context and samples the first output token (vLLM's decode side recomputes that one token, the
-   scheduler needing at least one token to compute), then it decodes to the end.
+   scheduler needing at least one token to compute: ``_update_waiting_for_remote_kv`` takes one off a full
+   prompt), then it decodes to the end.
+
+One difference from vLLM's order, kept on purpose: vLLM's decode scheduler first allocates the request's blocks,
+then the connector pulls the KV into them (the request waits in ``WAITING_FOR_REMOTE_KVS``) while the prefill
+instance holds its copy until the pull ends. Here the copy leaves as soon as the prefill ends and lands in the
+link's buffer, and the decode admission comes after it; so a full decode pool delays the decode step, not the
+copy, and the prefill replica's blocks are free for the next prompts at once. Both count the same parts in TTFT.
 
 TTFT therefore counts what the client sees: prefill queue + prefill + transfer (queue and copy) + decode queue +
 its first decode step. ``disaggregation.prefill_ttft`` gives DistServe's measure beside it (arrival to the end of
