@@ -66,6 +66,11 @@ def test_presets_and_overrides() -> None:
     link = DisaggConfig.model_validate({"kv_link": {"kind": "roce", "latency_s": 0.001}}).kv_link
     assert link.bandwidth == LINK_PRESETS["roce"][0] * 1e9 and link.latency == 0.001
     assert DisaggConfig.model_validate({"prefill": {"replicas": 3}, "decode": {"replicas": 2}}).ratio == "3P2D"
+    d = DisaggConfig.model_validate({"xpyd": "2P1D", "decode": {"router": "least_kv"}})
+    assert (d.prefill.replicas, d.decode.replicas, d.decode.router, d.ratio) == (2, 1, "least_kv", "2P1D")
+    for bad, needle in (({"xpyd": "2x1"}, "form xPyD"), ({"xpyd": "2P1D", "prefill": {"replicas": 3}}, "says")):
+        with pytest.raises(ValueError, match=needle):
+            DisaggConfig.model_validate(bad)
 
 
 def test_one_request_ttft_is_prefill_plus_transfer_plus_first_decode_step() -> None:

@@ -18,6 +18,7 @@ The sections here hold the pool's deployment and policy as plain mappings, valid
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, TypeAdapter, ValidationError, model_validator
@@ -94,9 +95,30 @@ class PoolConfig(_Model):
 class DisaggConfig(_Model):
     """Prefill/decode disaggregation (see sim/disagg/config.py)."""
 
+    xpyd: str | None = Field(
+        default=None, description="The split in vLLM's spelling, e.g. 2P1D: sets prefill.replicas and "
+        "decode.replicas (which may then be left out, or must agree).")
     prefill: PoolConfig = Field(default_factory=PoolConfig, description="The pool that computes prompts.")
     decode: PoolConfig = Field(default_factory=PoolConfig, description="The pool that generates the output.")
     kv_link: KVLinkConfig = Field(default_factory=KVLinkConfig, description="The link the KV moves over.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _split(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or data.get("xpyd") is None:
+            return data
+        m = re.fullmatch(r"([1-9][0-9]*)P([1-9][0-9]*)D", str(data["xpyd"]))
+        if m is None:
+            raise ValueError(f"xpyd: {data['xpyd']!r} is not of the form xPyD (e.g. 2P1D)")
+        out = dict(data)
+        for role, n in (("prefill", int(m.group(1))), ("decode", int(m.group(2)))):
+            pool = dict(out.get(role) or {})
+            if pool.get("replicas", n) != n:
+                raise ValueError(f"xpyd {data['xpyd']} says {n} {role} replicas, {role}.replicas says "
+                                 f"{pool['replicas']}")
+            pool["replicas"] = n
+            out[role] = pool
+        return out
 
     @property
     def ratio(self) -> str:
