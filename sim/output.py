@@ -79,9 +79,9 @@ SUMMARY_UNITS: dict[str, str] = {
     "limits.mean_running": "requests", "limits.slot_cap": "requests",
     "cluster.gpu_hours": "GPU hours", "cluster.cost_usd": "USD", "cluster.price_per_replica_hour": "USD/hour",
     "cluster.cost_per_million_output_tokens": "USD",
-    "disaggregation.bytes_moved": "bytes", "disaggregation.gib_moved": "GiB", "disaggregation.transfer": "s", "disaggregation.link_wait": "s",
-    "disaggregation.prefill_ttft": "s", "disaggregation.decode_queue": "s", "disaggregation.kv_link.bandwidth":
-    "bytes/s per GPU", "disaggregation.kv_link.latency": "s",
+    "disaggregation.bytes_moved": "bytes", "disaggregation.gib_moved": "GiB", "disaggregation.transfer": "s",
+    "disaggregation.link_wait": "s", "disaggregation.prefill_ttft": "s", "disaggregation.decode_queue": "s",
+    "disaggregation.kv_link.bandwidth": "bytes/s per GPU", "disaggregation.kv_link.latency": "s",
 }
 
 
