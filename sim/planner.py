@@ -487,6 +487,8 @@ def plan(scenario: Scenario, *, stop_early: bool | None = None, progress: bool =
     q = cfg.percentile
     if shape.span <= 0:
         notes.append("no offered rate (closed loop or all at once): the throughput bound is not applied")
+    if cfg.disaggregation is not None and prefix:
+        notes.append("plan.disaggregation is ignored: disaggregated pools run without prefix caching")
 
     evaluations: list[Evaluation] = []
     survivors: list[tuple[Evaluation, VariantConfig]] = []
