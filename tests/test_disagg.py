@@ -303,3 +303,27 @@ def test_run_table_shows_the_disaggregation_rows_only_when_a_run_has_them() -> N
     text = format_table(summaries)
     assert "KV transfer p99 (ms)" in text and "decode pool busy" in text
     assert "KV transfer" not in format_table({"colocated": summaries["colocated"]})
+
+
+def test_pools_on_different_gpus_are_priced_each_at_its_own_rate() -> None:
+    # Splitwise's point: prompts on the fast GPU, decodes on a cheaper one
+    from sim.metrics import summarize
+    from sim.specs import GPUSpec
+
+    result, _, _ = _run(_raw({"prefill": {"deployment": {"tensor_parallel_size": 2}},
+                              "decode": {"replicas": 2, "deployment": {"gpu": "a100-80gb"}}}, requests=20, rate=5.0))
+    h100, a100 = GPUSpec.from_name("h100-sxm").price_per_hour, GPUSpec.from_name("a100-80gb").price_per_hour
+    c = result.cluster
+    assert c is not None
+    hours = result.duration / 3600
+    assert c["cost_usd"] == pytest.approx(hours * (2 * h100 + 2 * a100), rel=1e-12)
+    assert c["gpu_hours"] == pytest.approx(4 * hours, rel=1e-12)
+    pools = summarize(result)["disaggregation"]["pools"]
+    assert (pools["prefill"]["gpu"], pools["prefill"]["tensor_parallel_size"]) == ("h100-sxm", 2)
+    assert (pools["decode"]["gpu"], pools["decode"]["replicas"]) == ("a100-80gb", 2)
+    # TP 2 prefill: each GPU sends its half of the KV on its own link
+    d = result.disaggregation
+    assert d is not None
+    link = LINK_PRESETS["infiniband"]
+    assert np.allclose(d["transfer_end"] - d["transfer_start"], link[1] + d["transfer_bytes"] / 2 / (link[0] * 1e9),
+                       rtol=1e-12, atol=0)
