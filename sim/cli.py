@@ -243,6 +243,8 @@ def engine_run(
             if cfg.cluster is not None and (cfg.cluster.replicas != 1 or cfg.cluster.autoscaler is not None):
                 raise ScenarioError(f"variant {cfg.name!r}: cluster: the engine runs one replica; simulate "
                                     "clusters with `servesim run`")
+            if cfg.disaggregation is not None and quant is not None:
+                raise ScenarioError(f"variant {cfg.name!r}: the disaggregated engine runs unquantized weights")
         wls = {cfg.name: generate_workload(sc, cfg.workload) for cfg in cfgs}
     except ScenarioError as e:
         _fail(str(e))
@@ -271,6 +273,8 @@ def engine_run(
     except (ScenarioError, ValueError) as e:
         _fail(str(e))
     real = _real_weights(weights, {str(model or c.deployment.model) for c in cfgs}, tdtype, device)
+    if real is not None and any(c.disaggregation is not None for c in cfgs):
+        _fail("the disaggregated engine runs random weights: give --weights random")
     texts: list[dict] = []
     if real is not None:
         tdtype = real.model.dtype

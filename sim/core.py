@@ -402,7 +402,9 @@ class ServingCore:
             if st is Status.WAITING:
                 self.waiting.remove(r)
                 self._admit(r)
-                c_before = r.num_computed_tokens
+                # a request that arrives holding KV computed elsewhere (a disaggregated decode: sim/disagg) has
+                # those tokens in the cache from its admission on; any other waiting request holds none here
+                c_before = r.num_computed_tokens if r.first_scheduled >= 0 else 0
                 try:
                     # prefix-cache hits the policy could not see (a request with the same prefix admitted
                     # earlier in this very plan) shorten the work, as in vLLM

@@ -83,6 +83,9 @@ SUMMARY_UNITS: dict[str, str] = {
     "pipeline.mean_micro_batches": "micro-batches", "pipeline.hop_seconds": "s",
     "host_kv.capacity_gib": "GiB per GPU", "host_kv.link_bandwidth": "B/s", "host_kv.loaded_bytes": "B",
     "host_kv.recompute_saved_tokens": "tokens", "host_kv.load_seconds": "s",
+    "disaggregation.bytes_moved": "bytes", "disaggregation.gib_moved": "GiB", "disaggregation.transfer": "s",
+    "disaggregation.link_wait": "s", "disaggregation.prefill_ttft": "s", "disaggregation.decode_queue": "s",
+    "disaggregation.kv_link.bandwidth": "bytes/s per GPU", "disaggregation.kv_link.latency": "s",
 }
 
 
@@ -207,6 +210,7 @@ def write_run(
         phase(f"building {REPORT_FILE}")
     html = build_report(results, summaries, title or "servesim: " + " vs ".join(names))
     from sim.benchfiles.exports import export_files  # per variant: vllm-bench JSON and OpenMetrics text
+    from sim.disagg.output import transfer_files
 
     if phase is not None:
         phase(f"writing {out}/: {SUMMARY_FILE}, {REQUESTS_FILE}, {steps_file}, {REPORT_FILE}")
@@ -219,6 +223,7 @@ def write_run(
             else (lambda f: write_binned_steps_csv(f, results)),
             REPORT_FILE: html,
             **export_files(results, scenario),
+            **transfer_files(results),  # disaggregated runs: one row per KV transfer
         },
     )
     (out / stale).unlink(missing_ok=True)  # an earlier run's other steps table would pass for this run's

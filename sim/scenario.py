@@ -47,6 +47,7 @@ from sim.engines import (
     recorded_config,
     resolve_policy,
 )
+from sim.disagg.config import DisaggConfig, PlanDisaggConfig
 from sim.files import read_text_capped
 from sim.host_kv_config import HostCacheConfig, attach_host_tier
 from sim.limits import MAX_POOL_BLOCKS, check_kv_footprint, kv_footprint
@@ -379,6 +380,9 @@ class PlanConfig(_Model):
     api_price: ApiPrice | None = Field(
         default=None, description="A hosted API's price, for the break-even volume; none: no break-even."
     )
+    disaggregation: PlanDisaggConfig | None = Field(
+        default=None, description="Also search prefill/decode splits (xPyD) of each replica count; none: colocated "
+        "replicas only.")
     stop_early: bool = Field(
         default=True,
         description="Stop simulating once the cheapest cost level with a configuration meeting the SLOs is "
@@ -459,6 +463,8 @@ class Variant(_Model):
     policy: PolicyConfig | None = Field(default=None, description="Replaces the default policy.")
     admission: AdmissionConfig | None = Field(default=None, description="Replaces the default admission control.")
     cluster: ClusterConfig | None = Field(default=None, description="Replaces the default cluster.")
+    disaggregation: DisaggConfig | None = Field(
+        default=None, description="Prefill/decode disaggregation: a prefill pool, a decode pool, the KV link.")
 
 
 _SWEEP_HEADS = ("workload", "deployment", "kv_cache", "policy", "admission")
@@ -681,6 +687,7 @@ class VariantConfig:
     params: dict[str, Any]  # sweep point, {} without a sweep
     cluster: ClusterConfig | None = None  # several replicas; None: one
     workload: Workload | None = None  # the variant's own workload; None: the scenario's
+    disaggregation: DisaggConfig | None = None  # prefill and decode pools (sim/disagg); None: colocated
 
     def to_dict(self, policy: PolicyConfigBase | None = None) -> dict[str, Any]:
         """The variant as a run records it; ``policy``: the policy as resolved against the engine (Built.policy)."""
@@ -700,6 +707,8 @@ class VariantConfig:
             out["cluster"] = self.cluster.model_dump(mode="json")
         if self.workload is not None:
             out["workload"] = self.workload.model_dump(mode="json")
+        if self.disaggregation is not None:
+            out["disaggregation"] = self.disaggregation.model_dump(mode="json")
         return out
 
 
@@ -731,6 +740,7 @@ def variant_configs(scenario: Scenario) -> list[VariantConfig]:
                 params={},
                 cluster=v.cluster or scenario.cluster,
                 workload=workload,
+                disaggregation=v.disaggregation,
             )
         )
     return out
