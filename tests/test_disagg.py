@@ -155,6 +155,19 @@ def test_disaggregation_and_cluster_exclude_each_other() -> None:
         _run(raw)
 
 
+@pytest.mark.parametrize(("deployment", "needle"), [
+    ({"pipeline_parallel_size": 2}, "pipeline_parallel_size > 1 is not modelled"),
+    ({"speculative": {"method": "ngram", "num_speculative_tokens": 2, "acceptance": {"type": "geometric",
+                                                                                  "rate": 0.5}}},
+     "speculative is not modelled"),
+])
+def test_what_the_pools_do_not_model_is_refused(deployment: dict, needle: str) -> None:
+    raw = _raw({})
+    raw["variants"][0]["deployment"] = deployment
+    with pytest.raises(ScenarioError, match=needle):
+        _run(raw)
+
+
 # ---- the lesson ----------------------------------------------------------------------------------------------
 def _lesson(seed: int, slos: dict | None = None) -> dict[str, dict]:
     over = {"seed": seed, **({f"slos.{k}": v for k, v in slos.items()} if slos else {})}

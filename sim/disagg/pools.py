@@ -86,6 +86,13 @@ def check_disaggregation(cfg: VariantConfig, workload: Any = None) -> dict[str, 
     out = {}
     for role in POOLS:
         pcfg = pool_variant(cfg, role)
+        # what the pools do not model yet is refused, not run as something else: the decode loop here does not
+        # draft, and a pipelined pool's KV lives on several GPUs whose transfers are not priced
+        if pcfg.deployment.speculative is not None:
+            raise ScenarioError(f"disaggregation.{role}: deployment.speculative is not modelled with disaggregation")
+        if pcfg.deployment.pipeline_parallel_size > 1:
+            raise ScenarioError(f"disaggregation.{role}: deployment.pipeline_parallel_size > 1 is not modelled with "
+                                "disaggregation")
         try:
             _, _, _, built = build(pcfg)
         except ScenarioError as e:
@@ -294,7 +301,8 @@ def simulate_disaggregated(
                            prefill_router=d.prefill.router, decode_router=d.decode.router, closed_loop=plan,
                            progress=progress)
     sim.run()
-    result = disagg_result(name or cfg.name, sim, pools, d, config=cfg.to_dict())
+    # recorded with the decode pool's policy as its engine resolved it: the slots that bound the run's concurrency
+    result = disagg_result(name or cfg.name, sim, pools, d, config=cfg.to_dict(pools["decode"][1].policy))
     return result, sim.merged(), sim.replicas[0].core
 
 
