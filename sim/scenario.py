@@ -1056,6 +1056,8 @@ def build(cfg: VariantConfig) -> tuple[Policy, KVManager, CostModel, Built]:
     except (ValueError, TypeError, OSError) as e:
         raise ScenarioError(f"{where}: deployment.cost_model: {e}") from None
     if dep.speculative is not None:
+        if dep.pipeline_parallel_size > 1:  # the draft's stages and the verify step's pipeline are not modelled
+            raise ScenarioError(f"{where}: deployment.speculative with pipeline_parallel_size > 1 is not modelled")
         try:
             cost = spec_decode.cost_for(dep, cost, model, gpu)
         except ValueError as e:
