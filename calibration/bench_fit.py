@@ -152,8 +152,6 @@ def fit_knobs(cfg: Deployments, train: list[BenchRun], *, x0: dict[str, float] |
         x, r = best
         if gain < 1e-4 * (r @ r):
             break
-            break
-        x, r = best
     fitted = knobs_of(x)
     pairs = _pairs(train, simulate_runs(cfg, train, fitted, seed))
     errs = [abs(s - m) / m for _, _, m, s in pairs]

@@ -35,6 +35,7 @@ from realengine.executor import EngineExecutor
 from realengine.kv_cache import kv_bytes_per_block, profile_num_blocks
 from realengine.model import LlamaModel, torch_dtype
 from realengine.runner import ModelRunner
+from realengine.spec_decode import SpecDecodeRunner
 from sim.cluster import ClusterSimulation, cluster_result
 from sim.core import ServingCore
 from sim.failures import FailurePlan
@@ -44,6 +45,7 @@ from sim.results import result_of
 from sim.run import autoscaler_of
 from sim.scenario import PagedKV, ScenarioError, VariantConfig, build
 from sim.simulator import ClosedLoopPlan, Simulation
+from sim.spec_decode import summary_inputs
 from sim.specs import ModelSpec
 
 CPU_KV_BYTES = 512 * 2**20  # CPU runs without num_gpu_blocks: KV cache of at most this many bytes
@@ -138,6 +140,13 @@ def engine_config(cfg: VariantConfig, *, model_spec: str | None = None, num_gpu_
     """The variant as the engine runs it: the model replaced (``model_spec``, e.g. ``"tiny"``; max_model_len cut to
     its context), the KV block count given, or capped on CPU, and the swap space cut to what the engine can hold
     (on CPU at most as many blocks as the device cache: the CPU swap tensors are allocated up front)."""
+    # what the simulator models but this engine does not run: refused rather than run as something else
+    if cfg.deployment.pipeline_parallel_size > 1:
+        raise ScenarioError(f"variant {cfg.name!r}: deployment.pipeline_parallel_size: the engine runs the model on "
+                            "one device; pipeline stages are simulated only (servesim run)")
+    if getattr(cfg.kv_cache, "host_cache", None) is not None:
+        raise ScenarioError(f"variant {cfg.name!r}: kv_cache.host_cache: the engine keeps no host copy of evicted "
+                            "prefix blocks; the host tier is simulated only (servesim run)")
     if model_spec is not None:
         spec = ModelSpec.from_name(model_spec)
         mml = cfg.deployment.max_model_len
@@ -225,6 +234,13 @@ def run_engine(
     if clock == "virtual" and device != "cuda":
         torch.set_num_threads(1)  # the thread's CPU time is then the forward pass's whole cost
     try:
+        if cfg.disaggregation is not None:  # prefill and decode pools of engine replicas (realengine/disagg.py)
+            from realengine.disagg import serve_disaggregated
+
+            return serve_disaggregated(cfg, workload, device=device, dtype=dtype, model_spec=model_spec,
+                                       num_gpu_blocks=num_gpu_blocks, seed=seed, name=name, clock=clock,
+                                       failures=failures, kv_layout=kv_layout, real_model=real_model,
+                                       weight_quant=weight_quant)
         return _run_engine(cfg, workload, device=device, dtype=dtype, model_spec=model_spec,
                            num_gpu_blocks=num_gpu_blocks, time_scale=time_scale, max_wall_s=max_wall_s, name=name,
                            seed=seed, record_plans=record_plans, memory_interval_s=memory_interval_s,
@@ -307,15 +323,23 @@ def _run_engine(cfg: VariantConfig, workload, *, device, dtype, model_spec, num_
     timed = dataclasses.replace(failures, cancel_after={i: d * time_scale for i, d in failures.cancel_after.items()})
     env = simpy.Environment() if virtual else simpy.rt.RealtimeEnvironment(strict=False)
     executors: list[EngineExecutor] = []
+    spec_runners: list[SpecDecodeRunner] = []  # speculative decoding: what each replica's drafts measured
 
     def make_replica() -> tuple[ServingCore, EngineExecutor]:
         """One engine replica: its own policy, KV memory, cache tensors and runner; the model's weights are
         shared (read-only), as replicas of one checkpoint hold the same weights."""
         policy, kv, cost, built = build(cfg)
-        runner = ModelRunner(built.model, block_manager=kv, model=model, kv_layout=kv_layout,
-                             max_num_seqs=min(built.limits.max_num_seqs, 1024), max_model_len=built.max_model_len,
-                             prompt_fn=prompt_fn)
-        core = ServingCore(policy, kv, fast_path=False, record_plans=record_plans)
+        speculative = cfg.deployment.speculative
+        args = dict(block_manager=kv, model=model, kv_layout=kv_layout, max_num_seqs=min(built.limits.max_num_seqs,
+                    1024), max_model_len=built.max_model_len, prompt_fn=prompt_fn)
+        spec = None
+        if speculative is None:
+            runner = ModelRunner(built.model, **args)
+        else:  # drafts with the target's first layers (realengine.spec_decode)
+            runner = spec_runner = SpecDecodeRunner(built.model, **args)
+            spec = spec_runner.speculate(speculative)
+            spec_runners.append(spec_runner)
+        core = ServingCore(policy, kv, fast_path=False, record_plans=record_plans, spec=spec)
         if real_model is not None and texts is not None:
             core.finish_listeners.append(lambda r: texts.append(_request_text(r, runner, real_model.tokenizer,
                                                                               name or cfg.name)))
@@ -367,6 +391,9 @@ def _run_engine(cfg: VariantConfig, workload, *, device, dtype, model_spec, num_
     else:
         result = result_of(name or cfg.name, requests, core, executors[0], config=cfg.to_dict(),
                            weight_bytes=weight_bytes, kv_bytes_per_block=bpb)
+    if cfg.deployment.speculative is not None:  # the measured acceptance, summed over replicas
+        result.spec_decode = summary_inputs([r.core.spec for r in sim.replicas if r.core.spec is not None],
+                                            spec_runners, cfg.deployment.speculative)
     return result, requests, core
 
 

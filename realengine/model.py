@@ -167,6 +167,9 @@ class LlamaModel(nn.Module):
         if spec.mlp != "gated" or spec.norm != "rms" or spec.num_position_embeddings:
             raise ValueError(f"model {spec.name!r} ({spec.model_type}) is not Llama-like (gated MLP, RMSNorm, "
                              "rotary positions); the real engine builds only those")
+        if spec.num_experts or spec.qk_norm:  # the simulator prices them (sim/moe.py); no layer here builds them
+            raise ValueError(f"model {spec.name!r}: mixture-of-experts layers and per-head q/k norms are not built by "
+                             "the real engine")
         if spec.word_embed_proj_dim != spec.hidden_size or not spec.final_norm:
             raise ValueError(f"model {spec.name!r}: embedding projections and missing final norms are not built")
         if spec.head_dim % 2:

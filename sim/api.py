@@ -303,5 +303,7 @@ def _rebuild(folder: Path, summary: dict[str, dict], block_size: int) -> list[Ru
             duration=float(duration) if isinstance(duration, (int, float)) and math.isfinite(duration) else 0.0,
             peak_flops=0.0, kv_capacity_blocks=int(cap.max()) if cap is not None and len(cap) else 0,
             block_size=block_size, cluster=s.get("cluster") if isinstance(s.get("cluster"), dict) else None,
+            # the summary's spec_decode block holds every counter the report's section reads
+            spec_decode=s.get("spec_decode") if isinstance(s.get("spec_decode"), dict) else None,
         ))
     return out

@@ -12,6 +12,7 @@ from collections import deque
 from collections.abc import MutableSequence
 from typing import Protocol
 
+from sim.host_kv_tier import HostKVTier
 from sim.request import Request
 
 
@@ -57,6 +58,7 @@ class KVManager(Protocol):
     num_cpu_blocks: int  # CPU swap space, in blocks
     num_free_cpu_blocks: int
     cpu_tables: dict[int, int]  # request id -> blocks it holds in CPU swap space
+    host: HostKVTier | None  # the prefix cache's host-memory tier (paged with prefix caching only); None: none
 
     @property
     def num_free_blocks(self) -> int: ...
@@ -162,6 +164,9 @@ class PagedBlockManager:
         self._hashes: dict[int, list[int]] = {}  # request id -> chained hashes of its full prompt blocks
         self.num_hit_tokens = 0  # prefix-cache statistics
         self.num_queried_tokens = 0
+        # host-memory tier under the prefix cache (sim.host_kv_tier): evicted prefixes go there, and a prompt
+        # continuing past its GPU hits loads the blocks the host holds instead of computing them; None: off
+        self.host: HostKVTier | None = None
 
     # ---- read-only queries (policies may call these) -------------------------------------------------------
     @property
@@ -219,11 +224,21 @@ class PagedBlockManager:
             hits.append(b)
         return hits
 
+    def _host_hits(self, req: Request, num_gpu_hits: int) -> list[int]:
+        """Prefix hashes of the blocks past the request's ``num_gpu_hits`` GPU hits that the host tier holds,
+        in order (empty without a tier; the same one-token-left rule as ``_hits``)."""
+        host = self.host
+        if host is None or not len(host) or req.id in self.tables or not req.spec.hash_ids:
+            return []
+        hashes = self.prefix_hashes(req)[num_gpu_hits:(req.num_tokens - 1) // self.block_size]
+        return hashes[:host.run_length(hashes)]
+
     def num_cached_tokens(self, req: Request) -> int:
-        """Tokens of a request that holds no KV yet that the prefix cache already has."""
+        """Tokens of a request that holds no KV yet that the prefix cache (and its host tier) already has."""
         if not self.enable_prefix_caching:
             return 0  # (the policies ask for every waiting request they look at)
-        return len(self._hits(req)) * self.block_size
+        n = len(self._hits(req))
+        return (n + len(self._host_hits(req, n))) * self.block_size
 
     def blocks_needed(self, req: Request, num_new_tokens: int) -> int:
         """Free blocks that ``allocate(req, num_new_tokens)`` would take (cache hits on used blocks are free)."""
@@ -236,7 +251,9 @@ class PagedBlockManager:
         if not self.enable_prefix_caching:
             return cdiv(req.num_computed_tokens + num_new_tokens, self.block_size)
         hits = self._hits(req)
-        computed = max(req.num_computed_tokens, len(hits) * self.block_size)
+        # blocks loaded from the host tier need fresh GPU blocks, like computed ones
+        cached = len(hits) + len(self._host_hits(req, len(hits))) if self.host is not None else len(hits)
+        computed = max(req.num_computed_tokens, cached * self.block_size)
         shared = sum(1 for b in hits if self.ref_count[b] > 0)  # hits exist only with prefix caching
         return cdiv(computed + num_new_tokens, self.block_size) - shared
 
@@ -261,6 +278,8 @@ class PagedBlockManager:
         h = self.block_hash.pop(b, None)
         if h is not None and self.cached.get(h) == b:  # evict the prefix this free block still held
             del self.cached[h]
+            if self.host is not None:  # offloaded to host memory rather than lost
+                self.host.store(h)
         return b
 
     def _take(self, n: int) -> list[int]:
@@ -308,12 +327,17 @@ class PagedBlockManager:
         prefix allocated just before) shorten ``num_new_tokens`` to what is left. Returns the cached tokens it got."""
         table = self.tables.get(req.id)
         hit_tokens = 0
+        loaded: list[int] = []  # prefix hashes of the blocks loaded from the host tier
         if table is None:
             hits = self._hits(req)
             bs = self.block_size
             c = req.num_computed_tokens
-            if hits and len(hits) * bs > c:
-                hit_tokens = len(hits) * bs
+            if self.host is not None:
+                loaded = self._host_hits(req, len(hits))
+                if (len(hits) + len(loaded)) * bs <= c:
+                    loaded = []
+            if (hits or loaded) and (len(hits) + len(loaded)) * bs > c:
+                hit_tokens = (len(hits) + len(loaded)) * bs
                 num_new_tokens = min(num_new_tokens, req.num_tokens - hit_tokens)
                 c = hit_tokens
             # check before changing anything, so that a failed allocation leaves no trace
@@ -331,9 +355,12 @@ class PagedBlockManager:
                 self.ref_count[b] += 1
                 table.append(b)
             if hit_tokens:
-                self.num_hit_tokens += hit_tokens - req.num_computed_tokens
+                # GPU hits only: the host tier counts its own (HostKVTier.loaded_blocks)
+                self.num_hit_tokens += max(len(hits) * bs, req.num_computed_tokens) - req.num_computed_tokens
                 req.num_computed_tokens = hit_tokens
             self.tables[req.id] = table
+            if loaded and self.host is not None:  # before the blocks are taken: evictions to host keep these
+                self.host.load(loaded)
         c0 = req.num_computed_tokens
         total = c0 + num_new_tokens
         need = cdiv(total, self.block_size) - len(table)
@@ -341,6 +368,8 @@ class PagedBlockManager:
             raise BlockError(f"request {req.id} needs {need} blocks, {self._num_free} free")
         if need > 0:
             table += self._take(need)
+            if loaded:  # the loaded blocks hold their prefixes on the GPU again
+                self._register(req, table, len(table) - need, len(table) - need + len(loaded))
         if self.enable_prefix_caching and req.spec.hash_ids and c0 < req.prompt_len:
             self._register(req, table, c0 // self.block_size, min(total, req.prompt_len) // self.block_size)
         return hit_tokens
@@ -466,7 +495,8 @@ class PagedBudget:
             return m.blocks_needed(req, num_new_tokens)
         # a hit on a block that this plan's preemptions release is no longer shared: reviving it costs a block
         hits = m._hits(req)
-        computed = max(req.num_computed_tokens, len(hits) * m.block_size)
+        cached = len(hits) + len(m._host_hits(req, len(hits))) if m.host is not None else len(hits)
+        computed = max(req.num_computed_tokens, cached * m.block_size)
         return cdiv(computed + num_new_tokens, m.block_size) - sum(1 for b in hits if self._refs(b) > 0)
 
     def allocate(self, req: Request, num_new_tokens: int) -> bool:

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from sim.pipeline import check_pipeline, stage_model
 from sim.specs import (
     DEFAULT_MAX_NUM_BATCHED_TOKENS,
     DEFAULT_MAX_NUM_SEQS,
@@ -63,6 +64,12 @@ class CapacityRow:
     num_gpu_blocks: int  # blocks per GPU (each replica's GPUs hold the same block count)
     contexts: tuple[int, ...]  # session lengths in tokens
     sessions: tuple[int | None, ...]  # sessions one replica holds at once, per context; None: beyond the model
+    pipeline_parallel_size: int = 1  # stages, each of tp GPUs holding its share of the layers (sim/pipeline.py)
+
+    @property
+    def num_gpus(self) -> int:
+        """GPUs of one replica: tp x pp."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
 
     @property
     def capacity_tokens(self) -> int:
@@ -71,8 +78,8 @@ class CapacityRow:
 
     @property
     def sessions_per_gpu(self) -> tuple[float | None, ...]:
-        """``sessions`` divided by the replica's GPU count (the figure to compare across tp degrees)."""
-        return tuple(None if s is None else s / self.tensor_parallel_size for s in self.sessions)
+        """``sessions`` divided by the replica's GPU count (the figure to compare across tp and pp degrees)."""
+        return tuple(None if s is None else s / self.num_gpus for s in self.sessions)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -81,6 +88,7 @@ class CapacityRow:
             "weight_dtype": self.weight_dtype,
             "kv_dtype": self.kv_dtype,
             "tensor_parallel_size": self.tensor_parallel_size,
+            "pipeline_parallel_size": self.pipeline_parallel_size,
             "fits": self.fits,
             "reason": self.reason,
             "weight_bytes_per_gpu": self.weight_bytes,
@@ -113,14 +121,16 @@ class CapacityTable:
         parallel replication, no block rounding): context * kv_bytes_per_token."""
         return context * self.model.kv_bytes_per_token(kv_dtype)
 
-    def row(self, weight_dtype: str, kv_dtype: str, tensor_parallel_size: int = 1) -> CapacityRow:
+    def row(self, weight_dtype: str, kv_dtype: str, tensor_parallel_size: int = 1,
+            pipeline_parallel_size: int = 1) -> CapacityRow:
         """The row of these settings (``kv_dtype`` may be ``auto``)."""
         wd = canonical_dtype(weight_dtype)
         kd = resolve_kv_dtype(kv_dtype, wd)
+        key = (wd, kd, tensor_parallel_size, pipeline_parallel_size)
         for r in self.rows:
-            if (r.weight_dtype, r.kv_dtype, r.tensor_parallel_size) == (wd, kd, tensor_parallel_size):
+            if (r.weight_dtype, r.kv_dtype, r.tensor_parallel_size, r.pipeline_parallel_size) == key:
                 return r
-        raise KeyError(f"no row for weights {wd}, KV {kd}, tp {tensor_parallel_size}")
+        raise KeyError(f"no row for weights {wd}, KV {kd}, tp {tensor_parallel_size}, pp {pipeline_parallel_size}")
 
     def to_dict(self) -> dict[str, Any]:
         kv_dtypes = sorted({r.kv_dtype for r in self.rows}, key=lambda d: -kv_dtype_bytes(d))
@@ -154,11 +164,15 @@ def capacity_row(
     block_size: int = 16,
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
     max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
+    pipeline_parallel_size: int = 1,
 ) -> CapacityRow:
-    """One row; a combination that does not fit gives ``fits=False`` and the reason rather than an error."""
+    """One row; a combination that does not fit gives ``fits=False`` and the reason rather than an error. With
+    pipeline stages, each GPU holds its (largest) stage's layers."""
     wd = canonical_dtype(weight_dtype)
     kd = resolve_kv_dtype(kv_dtype, wd)
     tp = check_tensor_parallel(model, tensor_parallel_size)
+    pp = pipeline_parallel_size
+    whole, model = model, stage_model(model, pp)  # the layers one GPU holds
     shard = model.shard(tp)
     per_token = 2 * model.num_layers * shard.num_key_value_heads * model.head_dim * kv_dtype_bytes(kd)
     weights = shard.weight_bytes(wd)
@@ -167,9 +181,10 @@ def capacity_row(
     usable = int(gpu.memory_bytes * gpu_memory_utilization)
     # the fields both rows share; Any because they are of several types (CapacityRow's fields check them)
     common: dict[str, Any] = dict(
-        model=model.name, gpu=gpu.name, weight_dtype=wd, kv_dtype=kd, tensor_parallel_size=tp, weight_bytes=weights,
+        model=whole.name, gpu=gpu.name, weight_dtype=wd, kv_dtype=kd, tensor_parallel_size=tp, weight_bytes=weights,
         activation_reserve=reserve, usable_memory=usable, kv_bytes_per_token=per_token,
-        kv_bytes_per_token_replica=per_token * tp, block_size=block_size, contexts=tuple(contexts))
+        kv_bytes_per_token_replica=per_token * tp * pp, block_size=block_size, contexts=tuple(contexts),
+        pipeline_parallel_size=pp)
     if usable - weights - reserve < block_size * per_token:
         reason = (f"{weights / GiB:.1f} GiB weights + {reserve / GiB:.1f} GiB activations per GPU > "
                   f"{usable / GiB:.1f} GiB usable")
@@ -196,12 +211,16 @@ def capacity_table(
     tensor_parallel_sizes: Sequence[int] | None = None,
     gpu_memory_utilization: float = 0.9,
     block_size: int = 16,
+    pipeline_parallel_sizes: Sequence[int] | None = None,
+    num_gpus: int | None = None,
 ) -> CapacityTable:
     """Capacity of ``model`` on ``gpu`` for every weight dtype x KV dtype x tensor-parallel degree.
 
     Defaults: contexts 1k, 4k, 32k, 128k tokens; weights bf16, fp8, int8, int4; KV auto (bf16) and fp8; tp 1, 2,
-    4, 8, keeping only the degrees that split the model (given ones that do not are an error, as in vLLM). The
-    activation reserve is vLLM's profile for its defaults (8192 batched tokens, 256 sequences). Raises ValueError
+    4, 8, keeping only the degrees that split the model (given ones that do not are an error, as in vLLM);
+    pipeline stages 1 (``pipeline_parallel_sizes`` adds others). ``num_gpus``: instead, every tp x pp split of that
+    many GPUs (tp from those given, or any that splits the model). The activation reserve is vLLM's
+    profile for its defaults (8192 batched tokens, 256 sequences). Raises ValueError
     for unknown names, dtypes or impossible settings.
     """
     m, g = resolve_model(model), resolve_gpu(gpu)
@@ -223,15 +242,33 @@ def capacity_table(
                 tps.append(check_tensor_parallel(m, t))
             except ValueError:
                 continue
+    pps = list(dict.fromkeys(check_pipeline(m, p) for p in (pipeline_parallel_sizes or [1])))
+    splits = [(tp, pp) for pp in pps for tp in tps]
+    if num_gpus is not None:
+        if num_gpus < 1:
+            raise ValueError(f"the GPU count must be >= 1, got {num_gpus}")
+        if not tensor_parallel_sizes:  # any degree that splits the model, up to the GPU count
+            tps = [t for t in range(1, num_gpus + 1) if _splits(m, t)]
+        splits = [(t, num_gpus // t) for t in tps if num_gpus % t == 0 and num_gpus // t <= m.num_layers]
+        if not splits:
+            raise ValueError(f"no tp x pp split of {num_gpus} GPUs suits {m.name}")
     rows = []
     for wd in wds:
         kds = list(dict.fromkeys(resolve_kv_dtype(k, wd) for k in (kv_dtypes or DEFAULT_KV_DTYPES)))
         for kd in kds:
-            for tp in tps:
+            for tp, pp in splits:
                 rows.append(capacity_row(m, g, weight_dtype=wd, kv_dtype=kd, tensor_parallel_size=tp,
                                          contexts=ctxs, gpu_memory_utilization=gpu_memory_utilization,
-                                         block_size=block_size))
+                                         block_size=block_size, pipeline_parallel_size=pp))
     return CapacityTable(m, g, gpu_memory_utilization, block_size, ctxs, tuple(rows))
+
+
+def _splits(m: ModelSpec, tp: int) -> bool:
+    try:
+        check_tensor_parallel(m, tp)
+    except ValueError:
+        return False
+    return True
 
 
 # ---- text -----------------------------------------------------------------------------------------------------
@@ -263,13 +300,17 @@ def format_capacity(table: CapacityTable) -> str:
         lines.append(f"  {d:<14}" + "".join(f"{_bytes(table.kv_bytes_per_session(c, d)):>11}"
                                            for c in table.contexts))
     lines.append("")
-    head = f"{'weights':<8}{'kv':<6}{'tp':>3}{'weights/GPU':>13}{'KV cache/GPU':>14}{'KV tokens':>11}"
+    piped = any(r.pipeline_parallel_size > 1 for r in table.rows)  # a pp column only when a row has stages
+    pp_head = f"{'pp':>3}" if piped else ""
+    head = f"{'weights':<8}{'kv':<6}{'tp':>3}{pp_head}{'weights/GPU':>13}{'KV cache/GPU':>14}{'KV tokens':>11}"
     head += "".join(f"{'@' + _tokens(c):>8}" for c in table.contexts)
-    lines.append(" " * len(f"{'weights':<8}{'kv':<6}{'tp':>3}{'weights/GPU':>13}{'KV cache/GPU':>14}{'':>11}")
-                 + "  max concurrent sessions per replica")
+    lines.append(" " * len(f"{'weights':<8}{'kv':<6}{'tp':>3}{pp_head}{'weights/GPU':>13}{'KV cache/GPU':>14}"
+                           f"{'':>11}") + "  max concurrent sessions per replica")
     lines.append(head)
     for r in table.rows:
-        left = f"{r.weight_dtype:<8}{r.kv_dtype:<6}{r.tensor_parallel_size:>3}{_bytes(r.weight_bytes):>13}"
+        pp_cell = f"{r.pipeline_parallel_size:>3}" if piped else ""
+        left = (f"{r.weight_dtype:<8}{r.kv_dtype:<6}{r.tensor_parallel_size:>3}{pp_cell}"
+                f"{_bytes(r.weight_bytes):>13}")
         if not r.fits:
             lines.append(f"{left}  does not fit: {r.reason}")
             continue
@@ -278,6 +319,11 @@ def format_capacity(table: CapacityTable) -> str:
     notes = [
         (f"sessions: requests of that many tokens (prompt + output) one replica of tp GPUs holds in KV at once, in "
         f"whole blocks; divide by tp for per GPU; '-': beyond {m.name}'s {m.max_position_embeddings:,}-token context."),
+    ]
+    if piped:
+        notes.append("pp: pipeline stages of tp GPUs each; a GPU holds its stage's layers (weights and KV), so a "
+                     "replica has tp x pp GPUs and sessions per GPU divide by both.")
+    notes += [
         ("activation reserve as vLLM profiles it for 8192 batched tokens and 256 sequences (vLLM's max_num_seqs "
         "also caps concurrency at 256 by default)."),
     ]

@@ -254,6 +254,8 @@ def engine_run(
             if cfg.cluster is not None and (cfg.cluster.replicas != 1 or cfg.cluster.autoscaler is not None):
                 raise ScenarioError(f"variant {cfg.name!r}: cluster: the engine runs one replica; simulate "
                                     "clusters with `servesim run`")
+            if cfg.disaggregation is not None and quant is not None:
+                raise ScenarioError(f"variant {cfg.name!r}: the disaggregated engine runs unquantized weights")
         wls = {cfg.name: generate_workload(sc, cfg.workload) for cfg in cfgs}
     except ScenarioError as e:
         _fail(str(e))
@@ -263,6 +265,8 @@ def engine_run(
 
         from realengine.engine import engine_config, kv_held_at_end, run_engine, write_engine_run
         from realengine.model import torch_dtype
+        from realengine.spec_decode import check_engine_draft
+        from sim.specs import resolve_model
     except ImportError as e:
         _fail(f"the engine needs torch: {e}")
         return
@@ -275,10 +279,13 @@ def engine_run(
         _fail("--device cuda: torch sees no CUDA device")
     try:  # everything the input can get wrong fails here, before any run
         for cfg in cfgs:
-            engine_config(cfg, model_spec=model, num_gpu_blocks=num_gpu_blocks, device=device)
+            ecfg = engine_config(cfg, model_spec=model, num_gpu_blocks=num_gpu_blocks, device=device)
+            check_engine_draft(ecfg.deployment.speculative, resolve_model(ecfg.deployment.model))
     except (ScenarioError, ValueError) as e:
         _fail(str(e))
     real = _real_weights(weights, {str(model or c.deployment.model) for c in cfgs}, tdtype, device)
+    if real is not None and any(c.disaggregation is not None for c in cfgs):
+        _fail("the disaggregated engine runs random weights: give --weights random")
     texts: list[dict] = []
     if real is not None:
         tdtype = real.model.dtype
@@ -675,15 +682,17 @@ def capacity(
                                                  "the engine may use."),
     block_size: int = typer.Option(16, "--block-size", help="Tokens per KV block."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of the table."),
+    pp: list[int] = typer.Option([], "--pp", help="Pipeline-parallel degree (repeatable; default 1)."),
+    gpus: int | None = typer.Option(None, "--gpus", help="Every tp x pp split of this many GPUs instead."),
 ) -> None:
     """Weights, KV bytes per token and per session, and the most concurrent sessions per replica at several
-    context lengths, for each weight dtype x KV dtype x tensor-parallel degree (vLLM's KV sizing)."""
+    context lengths, for each weight dtype x KV dtype x tensor-parallel (x pipeline) degree (vLLM's KV sizing)."""
     from sim.capacity import capacity_table, format_capacity
 
     try:
         table = capacity_table(model, gpu, contexts=context, weight_dtypes=weight_dtype, kv_dtypes=kv_dtype,
                                tensor_parallel_sizes=tp, gpu_memory_utilization=gpu_memory_utilization,
-                               block_size=block_size)
+                               block_size=block_size, pipeline_parallel_sizes=pp, num_gpus=gpus)
     except FileNotFoundError as e:
         _fail(f"--model: file not found: {e.filename or e}")
         return

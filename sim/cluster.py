@@ -19,6 +19,8 @@ from sim.cluster_fast import KEYS, BoundedRouter, ParkingReplica, TimelineRouter
 from sim.core import ServingCore
 from sim.costmodel import CostModel
 from sim.executor import CostExecutor, Executor, as_executor
+from sim.host_kv_tier import merge_summaries
+from sim.pipeline import PipelineCostModel
 from sim.records import RunResult
 from sim.request import Request
 from sim.results import HasPeakFlops, gc_paused, pooled_gaps, result_of
@@ -283,5 +285,7 @@ def cluster_result(
         duration=max(end - start, 0.0), peak_flops=first.peak_flops, kv_capacity_blocks=first.kv_capacity_blocks,
         block_size=first.block_size, weight_bytes=weight_bytes, kv_bytes_per_block=kv_bytes_per_block,
         config=config, cluster=cluster,
+        host_kv=merge_summaries([p.host_kv for p in parts if p.host_kv]),
+        pipeline=costs[0].summary(steps) if isinstance(costs[0], PipelineCostModel) else None,
     )
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from bisect import insort
 
 from sim.block_manager import BlockError, cdiv
+from sim.host_kv_tier import HostKVTier
 from sim.request import Request
 
 
@@ -48,6 +49,7 @@ class ContiguousAllocator:
     """Reserve ``reserve_blocks(req)`` blocks per request, contiguously, at its first allocation."""
 
     grows_on_decode = False
+    host: HostKVTier | None = None  # no prefix cache, so no host tier under it
 
     def __init__(
         self,

@@ -34,6 +34,7 @@ from sim.fast_path import STEADY_PLAN
 from sim.policies.base import Admission, Plan, Policy, View
 from sim.records import GapLog, StepLog
 from sim.request import Outcome, Request, Status
+from sim.spec_decode import SpecDecoder
 
 
 class PlanError(RuntimeError):
@@ -61,6 +62,8 @@ class Batch:
     # before the blocks are reused, and (request id, GPU blocks) filled from CPU. The real engine copies these.
     swapped_out: list[tuple[int, list[int]]] | None = None
     swapped_in: list[tuple[int, list[int]]] | None = None
+    # speculative decoding (sim.spec_decode): request id -> draft tokens its row verifies this step
+    drafts: dict[int, int] | None = None
 
 
 @dataclass(slots=True)
@@ -82,8 +85,14 @@ class ServingCore:
         keep_token_times: bool = False,
         record_plans: bool = False,
         replica: int = 0,
+        spec: SpecDecoder | None = None,
     ) -> None:
         self.policy = policy
+        # speculative decoding: rows draft and verify several tokens a step, which the decode group's one token
+        # per member cannot express, so the fast path is off
+        self.spec = spec
+        if spec is not None:
+            fast_path = False
         self.kv = kv
         self.limits = policy.limits
         self.keep_token_times = keep_token_times
@@ -240,9 +249,12 @@ class ServingCore:
             finished = g.advance(end)
         joiners: list[Request] = []
         gaps = self.gaps
+        drafts, spec = batch.drafts, self.spec
         for r, n in batch.plan.scheduled:
             if r.status is not Status.RUNNING:
                 continue  # aborted during the step
+            if drafts and spec is not None and r.id in drafts:  # accepted drafts: output tokens with their KV
+                n += spec.emit(r, drafts[r.id], end)
             c0 = r.num_computed_tokens
             c1 = c0 + n
             r.num_computed_tokens = c1
@@ -392,7 +404,9 @@ class ServingCore:
             if st is Status.WAITING:
                 self.waiting.remove(r)
                 self._admit(r)
-                c_before = r.num_computed_tokens
+                # a request that arrives holding KV computed elsewhere (a disaggregated decode: sim/disagg) has
+                # those tokens in the cache from its admission on; any other waiting request holds none here
+                c_before = r.num_computed_tokens if r.first_scheduled >= 0 else 0
                 try:
                     # prefix-cache hits the policy could not see (a request with the same prefix admitted
                     # earlier in this very plan) shorten the work, as in vLLM
@@ -434,6 +448,13 @@ class ServingCore:
                 max_n = n
             if c > max_c:
                 max_c = c
+        spec_rows = spec_tokens = spec_ctx = 0
+        drafts: dict[int, int] | None = None
+        if self.spec is not None and decode and not plan.pad_to_longest:
+            drafts, spec_rows, spec_tokens, spec_ctx, pairs = self.spec.propose(
+                plan.scheduled, kv, limits.max_num_batched_tokens - total)
+            # a verifying row computes 1 + k tokens: priced as a prefill chunk, not a one-token row
+            total, kv_read, attn, decode = total + spec_tokens, kv_read + spec_tokens, attn + pairs, decode - spec_rows
         if clamped:  # the step computes what the requests really need
             fix = {id(r): n for r, n in clamped}
             plan.scheduled = [(r, fix.get(id(r), n)) for r, n in plan.scheduled]
@@ -464,7 +485,15 @@ class ServingCore:
             swap_blocks=swap_blocks,
             idle_before=now - self.last_end if now > self.last_end else 0.0,
             max_decode_len=max_dec,
+            num_spec_seqs=spec_rows,
+            num_draft_tokens=spec_tokens,
+            spec_context_tokens=spec_ctx,
         )
+        # prefix blocks this step's admissions loaded from the host tier (sim.host_kv_tier); a KV manager written
+        # before KVManager declared ``host`` has none
+        host = getattr(kv, "host", None)
+        if host is not None:
+            shape.host_load_time = host.take_pending()
         if self.plans is not None:  # canonical: sorted by request id, whoever planned it
             entries = [(r.id, n) for r, n in plan.scheduled]
             if stepping is not None:
@@ -477,7 +506,7 @@ class ServingCore:
             num_rows=rows,
             num_scheduled=num_scheduled,
             prefill_tokens=prefill,
-            decode_tokens=decode,
+            decode_tokens=decode + spec_rows + spec_tokens,  # verifying rows' tokens are decode work
             padding_tokens=num_tokens - total,
             swap_blocks=swap_blocks,
             num_preempted=len(plan.preempt),
@@ -486,6 +515,7 @@ class ServingCore:
             group_blocks=group_blocks,
             swapped_out=swapped_out,
             swapped_in=swapped_in,
+            drafts=drafts or None,
         )
 
     def _reject_unservable(self, now: float) -> None:

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from sim.moe import expected_experts
 from sim.specs import (
     DTYPE_BITS,
     GPUSpec,
@@ -51,6 +52,15 @@ class StepShape:
     # tokens attended by the longest decode row (its context + 1; 0: unknown). An engine whose decode attention
     # gathers every row padded to the longest context pays rows x this, not the sum of the contexts
     max_decode_len: int | np.ndarray = 0
+    # speculative decoding (sim.spec_decode): rows verifying draft tokens (each computes 1 + its drafts, counted
+    # in num_tokens), the draft tokens of the step, and those rows' cached context. The target's cost model
+    # prices the step as it is; sim.spec_decode.SpecDecodeCost adds the proposer's time from these
+    num_spec_seqs: int = 0
+    num_draft_tokens: int = 0
+    spec_context_tokens: int = 0
+    # seconds of prefix blocks loaded back from the host-memory tier before the step (sim.host_kv_tier): the
+    # tier prices its own link, so every cost model adds it as it is
+    host_load_time: float = 0.0
 
 
 class CostModel(Protocol):
@@ -185,6 +195,7 @@ class AnalyticCostModel(CostModel):
     _k: tuple[float, ...] = field(init=False, repr=False, compare=False)
     _flops: tuple[int, int, int] = field(init=False, repr=False, compare=False)
     _peak: float = field(init=False, repr=False, compare=False)
+    _moe: tuple[float, int, int] | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         m, g = resolve_model(self.model), resolve_gpu(self.gpu)
@@ -224,10 +235,11 @@ class AnalyticCostModel(CostModel):
         h, hd = m.hidden_size, m.head_dim
         n_up = 2 if m.mlp == "gated" else 1
         # inputs + outputs of each matmul of one layer, per token (elementwise kernels assumed fused)
+        per_expert = max(1, s.experts_per_tok)  # MoE: a token's activations pass through its k experts
         layer_act = (h + (s.num_attention_heads + 2 * s.num_key_value_heads) * hd  # qkv
                      + s.num_attention_heads * hd + h  # o
-                     + h + n_up * s.intermediate_size  # up (and gate)
-                     + s.intermediate_size + h)  # down
+                     + (h + n_up * s.intermediate_size  # up (and gate)
+                        + s.intermediate_size + h) * per_expert)  # down
         act_bytes_token = m.num_layers * layer_act * act_b
         act_bytes_row = m.word_embed_proj_dim * act_b + s.vocab_size * 4  # LM head input, fp32 logits
         kv_token = 2 * m.num_layers * s.num_key_value_heads * hd * kv_dtype_bytes(kd)
@@ -241,7 +253,7 @@ class AnalyticCostModel(CostModel):
         k = (
             self.step_overhead,  # 0: s per step
             self.per_request_overhead,  # 1: s per row
-            2.0 * s.body_matmul_params * t_flop_lin,  # 2: linear compute, s per token
+            2.0 * s.active_body_params * t_flop_lin,  # 2: linear compute, s per token (MoE: its k experts)
             2.0 * s.lm_head_params * t_flop_lin,  # 3: LM head compute, s per row
             s.weight_bytes_read_per_step(wd) / bw,  # 4: weights, s per step
             act_bytes_token / bw,  # 5: activations, s per token
@@ -259,7 +271,10 @@ class AnalyticCostModel(CostModel):
         object.__setattr__(self, "compute_dtype", cd)
         object.__setattr__(self, "weight_only", weight_only)
         object.__setattr__(self, "_k", k)
-        body, head = m.shard(1).body_matmul_params, m.shard(1).lm_head_params
+        body, head = m.shard(1).active_body_params, m.shard(1).lm_head_params
+        # MoE: seconds to read one expert of every layer, experts per layer, experts per token (sim/moe.py)
+        moe = (s.expert_bytes(wd) / bw, s.num_experts, s.experts_per_tok) if s.num_experts else None
+        object.__setattr__(self, "_moe", moe)
         object.__setattr__(self, "_flops", (2 * body, 2 * head, m.attn_flops_per_pair))
         object.__setattr__(self, "_peak", peak_lin * tp)
 
@@ -285,13 +300,32 @@ class AnalyticCostModel(CostModel):
                 + (k9 + n_tok * k10)  # tensor-parallel all-reduces
                 + swap * k11)  # swap copies over PCIe
 
+    def _time_moe(self, n_seqs: Any, n_tok: Any, kv_read: Any, pairs: Any, swap: Any) -> Any:
+        # _time with the experts a step reads (sim.moe.expected_experts) on the memory side of the linear layers;
+        # numpy for scalars and arrays alike, so both round identically
+        k0, k1, k2, k3, k4, k5, k6, k7, k8, k9, k10, k11 = self._k
+        per_expert, num_experts, top_k = self._moe  # type: ignore[misc]
+        experts = expected_experts(num_experts, top_k, n_tok) * per_expert
+        return (k0 + n_seqs * k1
+                + np.maximum(n_tok * k2 + n_seqs * k3, k4 + experts + n_tok * k5 + n_seqs * k6)
+                + np.maximum(pairs * k7, (kv_read + n_tok) * k8)
+                + (k9 + n_tok * k10)
+                + swap * k11)
+
     def step_time(self, shape: StepShape) -> float | np.ndarray:
         """Seconds the step takes (an array when the shape's fields are arrays)."""
         a, b, c, d, e = shape.num_seqs, shape.num_tokens, shape.kv_read_tokens, shape.attn_pairs, shape.swap_blocks
         nd = np.ndarray
-        if a.__class__ is nd or b.__class__ is nd or c.__class__ is nd or d.__class__ is nd or e.__class__ is nd:
-            return self._time(a, b, c, d, e, np.maximum)
-        return float(self._time(a, b, c, d, e, max))
+        array = a.__class__ is nd or b.__class__ is nd or c.__class__ is nd or d.__class__ is nd or e.__class__ is nd
+        if self._moe is not None:
+            t = self._time_moe(a, b, c, d, e)
+            t = t if array else float(t)
+        elif array:
+            t = self._time(a, b, c, d, e, np.maximum)
+        else:
+            t = float(self._time(a, b, c, d, e, max))
+        h = shape.host_load_time
+        return t + h if h else t
 
     def decode_steps(self, rows: list[int], reads: list[int],
                      longest: list[int] | None = None) -> tuple[list[float], list[float]]:
@@ -299,6 +333,8 @@ class AnalyticCostModel(CostModel):
         ``step_time``/``step_flops`` of those shapes, written out for the simulator's decode loop. The expression
         and its order are ``_time``'s, so the results are bit-identical. (``longest``, each step's longest decode
         context, does not enter the roofline: a GPU's paged decode kernel reads each row's own context.)"""
+        if self._moe is not None:  # the experts read grow with the rows: priced through step_time
+            return CostModel.decode_steps(self, rows, reads, longest)
         k0, k1, k2, k3, k4, k5, k6, k7, k8, k9, k10, k11 = self._k
         f_tok, f_row, f_pair = self._flops
         times: list[float] = []
@@ -324,6 +360,8 @@ class AnalyticCostModel(CostModel):
 
     def decode_step_time(self, n: int, c: int) -> float:
         """One unpadded decode step's time (``decode_steps`` for a single step, without the lists)."""
+        if self._moe is not None:
+            return float(self.step_time(StepShape(n, n, n, c, c)))
         k0, k1, k2, k3, k4, k5, k6, k7, k8, k9, k10, k11 = self._k
         return (k0 + n * k1 + max(n * k2 + n * k3, k4 + n * k5 + n * k6) + max(c * k7, (c + n) * k8)
                 + (k9 + n * k10))
@@ -334,6 +372,8 @@ class AnalyticCostModel(CostModel):
         a, b, c, d, e = shape.num_seqs, shape.num_tokens, shape.kv_read_tokens, shape.attn_pairs, shape.swap_blocks
         k0, k1, k2, k3, k4, k5, k6, k7, k8, k9, k10, k11 = self._k
         lin_c, lin_m = b * k2 + a * k3, k4 + b * k5 + a * k6
+        if self._moe is not None:
+            lin_m = lin_m + expected_experts(self._moe[1], self._moe[2], b) * self._moe[0]
         att_c, att_m = d * k7, (c + b) * k8
         return {
             "overhead": k0 + a * k1,
@@ -534,7 +574,7 @@ class FittedCostModel(CostModel):
                 spec = resolve_model(p.model)
             if spec is not None:
                 s = spec.shard(1)
-                flops = ProfileFlops(token=2.0 * s.body_matmul_params, seq=2.0 * s.lm_head_params,
+                flops = ProfileFlops(token=2.0 * s.active_body_params, seq=2.0 * s.lm_head_params,
                                      attn_pair=float(spec.attn_flops_per_pair))
             else:
                 flops = ProfileFlops(token=0.0, seq=0.0, attn_pair=0.0)  # an unknown model: no FLOPs counted
@@ -586,6 +626,8 @@ class FittedCostModel(CostModel):
         g = shape.idle_before
         if self.wake_idle:  # a step after an idle period: the engine's wake-up, interpolated from the curve
             t = t + np.interp(g, self.wake_idle, self.wake_extra)
+        if shape.host_load_time:
+            t = t + shape.host_load_time
         return t if _is_array(a, b, c, d, e, f, g, shape.max_decode_len) else float(t)
 
     def step_flops(self, shape: StepShape) -> float | np.ndarray:

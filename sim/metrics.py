@@ -28,6 +28,7 @@ import numpy as np
 
 from sim.records import RunResult
 from sim.request import Outcome
+from sim.spec_decode import summarize_spec
 from sim.verdict import limit_inputs, rank_limits
 
 PERCENTILES: tuple[int, ...] = (50, 90, 95, 99)
@@ -258,6 +259,16 @@ def summarize(result: RunResult, slos: SLOs | None = None) -> dict:
                                    "cost_usd", "price_per_replica_hour")}
         fleet["cost_per_million_output_tokens"] = _ratio(c["cost_usd"] * 1e6, total_out)
         out["cluster"] = fleet
+    if result.spec_decode:  # speculative decoding: acceptance and the proposer's share of the busy time
+        out["spec_decode"] = summarize_spec(result.spec_decode, busy)
+    if result.pipeline:  # pipeline stages (sim/pipeline.py)
+        out["pipeline"] = dict(result.pipeline)
+    if result.host_kv:  # the prefix cache's host tier (sim/host_kv_tier.py)
+        out["host_kv"] = dict(result.host_kv)
+    if result.disaggregation:  # prefill/decode pools: transfers and each pool's use
+        from sim.disagg.pools import disagg_summary
+
+        out["disaggregation"] = disagg_summary(result)
     return out
 
 

@@ -79,6 +79,13 @@ SUMMARY_UNITS: dict[str, str] = {
     "limits.mean_running": "requests", "limits.slot_cap": "requests",
     "cluster.gpu_hours": "GPU hours", "cluster.cost_usd": "USD", "cluster.price_per_replica_hour": "USD/hour",
     "cluster.cost_per_million_output_tokens": "USD",
+    "pipeline.stage_utilization": "fraction", "pipeline.bubble_fraction": "fraction",
+    "pipeline.mean_micro_batches": "micro-batches", "pipeline.hop_seconds": "s",
+    "host_kv.capacity_gib": "GiB per GPU", "host_kv.link_bandwidth": "B/s", "host_kv.loaded_bytes": "B",
+    "host_kv.recompute_saved_tokens": "tokens", "host_kv.load_seconds": "s",
+    "disaggregation.bytes_moved": "bytes", "disaggregation.gib_moved": "GiB", "disaggregation.transfer": "s",
+    "disaggregation.link_wait": "s", "disaggregation.prefill_ttft": "s", "disaggregation.decode_queue": "s",
+    "disaggregation.kv_link.bandwidth": "bytes/s per GPU", "disaggregation.kv_link.latency": "s",
 }
 
 
@@ -219,6 +226,7 @@ def write_run(
         phase(f"building {REPORT_FILE}")
     html = build_report(results, summaries, title or "servesim: " + " vs ".join(names))
     from sim.benchfiles.exports import export_files  # per variant: vllm-bench JSON and OpenMetrics text
+    from sim.disagg.output import transfer_files
 
     if phase is not None:
         phase(f"writing {out}/: {SUMMARY_FILE}, {', '.join(tables)}, {REPORT_FILE}")
@@ -229,6 +237,7 @@ def write_run(
             **tables,
             REPORT_FILE: html,
             **export_files(results, scenario),
+            **transfer_files(results),  # disaggregated runs: one row per KV transfer
         },
     )
     for name in stale_files:

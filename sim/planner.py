@@ -1,8 +1,9 @@
 """Capacity planning by simulation: the cheapest deployment that meets a scenario's SLOs at its load.
 
-The space (the scenario's ``plan`` section, see ``PlanConfig``): GPU type x tensor-parallel degree x replicas
-(whole GPUs, at most ``max_gpus``) x weight dtype x KV dtype x ``max_num_seqs`` x chunked prefill. Everything
-else (model, ``max_model_len``, block size, cost-model efficiencies, admission) comes from the scenario.
+The space (the scenario's ``plan`` section, see ``PlanConfig``): GPU type x tensor-parallel degree x pipeline
+stages x replicas (whole GPUs, at most ``max_gpus``) x weight dtype x KV dtype x ``max_num_seqs`` x chunked
+prefill. Everything else (model, ``max_model_len``, block size, cost-model efficiencies, admission) comes from the
+scenario.
 
 Every point is first checked against analytic bounds; only the survivors are simulated, cheapest first.
 
@@ -43,8 +44,10 @@ from typing import Any
 
 import numpy as np
 
-from sim.costmodel import AnalyticCostModel, StepShape
+from sim.costmodel import CostModel, StepShape
+from sim.engines import resolve_policy
 from sim.metrics import SLOs, summarize
+from sim.pipeline import check_pipeline, wrap_pipeline
 from sim.records import RunResult
 from sim.scenario import (
     AnalyticCost,
@@ -92,10 +95,12 @@ class Candidate:
     max_num_seqs: int
     enable_chunked_prefill: bool
     gpu_price_per_hour: float  # USD per GPU-hour
+    pipeline_parallel_size: int = 1  # stages of tp GPUs each (sim/pipeline.py)
+    prefill_replicas: int = 0  # > 0: disaggregated, this many of the replicas prefill, the rest decode
 
     @property
     def num_gpus(self) -> int:
-        return self.replicas * self.tensor_parallel_size
+        return self.replicas * self.tensor_parallel_size * self.pipeline_parallel_size
 
     @property
     def cost_per_hour(self) -> float:
@@ -110,6 +115,9 @@ class Candidate:
     def label(self) -> str:
         rep = f"{self.replicas} x " if self.replicas > 1 else ""
         tp = f" tp{self.tensor_parallel_size}" if self.tensor_parallel_size > 1 else ""
+        tp += f" pp{self.pipeline_parallel_size}" if self.pipeline_parallel_size > 1 else ""
+        if self.prefill_replicas:
+            rep = f"{self.prefill_replicas}P{self.replicas - self.prefill_replicas}D x "
         return (f"{rep}{self.gpu}{tp}, weights {self.weight_dtype}, KV {self.kv_dtype}, max_num_seqs "
                 f"{self.max_num_seqs}, chunked prefill {'on' if self.enable_chunked_prefill else 'off'}")
 
@@ -117,6 +125,7 @@ class Candidate:
         return {
             "gpu": self.gpu,
             "tensor_parallel_size": self.tensor_parallel_size,
+            "pipeline_parallel_size": self.pipeline_parallel_size,
             "replicas": self.replicas,
             "num_gpus": self.num_gpus,
             "weight_dtype": self.weight_dtype,
@@ -125,6 +134,7 @@ class Candidate:
             "enable_chunked_prefill": self.enable_chunked_prefill,
             "gpu_price_per_hour": self.gpu_price_per_hour,
             "cost_per_hour": self.cost_per_hour,
+            **({"prefill_replicas": self.prefill_replicas} if self.prefill_replicas else {}),
         }
 
 
@@ -321,7 +331,7 @@ class WorkloadShape:
         return cls(prompt, output, span)
 
 
-def latency_bounds(cost: AnalyticCostModel, shape: WorkloadShape, percentile: int, *,
+def latency_bounds(cost: CostModel, shape: WorkloadShape, percentile: int, *,
                    prefix_caching: bool = False) -> dict[str, float]:
     """The ``percentile`` of per-request lower bounds on TTFT, TPOT and E2EL (seconds).
 
@@ -352,7 +362,7 @@ def max_decode_rows(shape: WorkloadShape, *, max_num_seqs: int, max_num_batched_
     return max(rows, 1)
 
 
-def work_lower_bound(cost: AnalyticCostModel, shape: WorkloadShape, *, max_num_seqs: int,
+def work_lower_bound(cost: CostModel, shape: WorkloadShape, *, max_num_seqs: int,
                      max_num_batched_tokens: int, num_gpu_blocks: int, block_size: int,
                      prefix_caching: bool = False) -> float:
     """Seconds of busy GPU time, summed over replicas, that any schedule of the workload needs (see the module
@@ -387,6 +397,8 @@ def simulate_replicas(cfg: VariantConfig, workload: GeneratedWorkload, replicas:
 
     if replicas < 1:
         raise ValueError(f"replicas must be >= 1, got {replicas}")
+    if cfg.disaggregation is not None:  # a split of the replicas into pools (sim/disagg/plan.py)
+        return simulate_variant(cfg, workload, name=name)[0]
     fleet = dataclasses.replace(cfg, cluster=ClusterConfig(replicas=replicas, router="least_outstanding"))
     result, _, _ = simulate_variant(fleet, workload, name=name)
     return result
@@ -405,7 +417,9 @@ def _simulate_job(workload: GeneratedWorkload, job: tuple[VariantConfig, int, st
 
 # ---- the search -----------------------------------------------------------------------------------------------
 def _gpus_of(cfg: PlanConfig) -> list[tuple[str | dict[str, Any], GPUSpec]]:
-    names: list[str | dict[str, Any]] = list(cfg.gpus) if cfg.gpus else list(GPU_PRESETS)
+    # by default every preset with a price (sim/presets/gpus.py's have none: a cost search cannot rank them)
+    names: list[str | dict[str, Any]] = list(cfg.gpus) if cfg.gpus else \
+        [n for n, g in GPU_PRESETS.items() if g.price_per_hour > 0]
     out = []
     for g in names:
         try:
@@ -441,6 +455,9 @@ def check_plan(scenario: Scenario) -> tuple[PlanConfig, SLOs, ModelSpec, list[tu
     if isinstance(dep.cost_model, FittedCost):
         raise ScenarioError("plan: deployment.cost_model is a fitted profile, which describes one device; the "
                             "planner compares GPUs with the analytic cost model")
+    if dep.speculative is not None:  # its candidates would be priced without the drafts: refuse, not mislead
+        raise ScenarioError("plan: deployment.speculative: the planner does not search speculative decoding; "
+                            "compare variants with and without it with `servesim run`")
     try:
         model = resolve_model(dep.model)
     except (ValueError, OSError, KeyError) as e:
@@ -481,6 +498,8 @@ def plan(scenario: Scenario, *, stop_early: bool | None = None, progress: bool =
     q = cfg.percentile
     if shape.span <= 0:
         notes.append("no offered rate (closed loop or all at once): the throughput bound is not applied")
+    if cfg.disaggregation is not None and prefix:
+        notes.append("plan.disaggregation is ignored: disaggregated pools run without prefix caching")
 
     evaluations: list[Evaluation] = []
     survivors: list[tuple[Evaluation, VariantConfig]] = []
@@ -491,12 +510,15 @@ def plan(scenario: Scenario, *, stop_early: bool | None = None, progress: bool =
         if g.price_per_hour <= 0:
             notes.append(f"{g.name} has no price_per_hour: left out")
             continue
-        for tp in dict.fromkeys(cfg.tensor_parallel_sizes):
+        splits = [(tp, pp) for pp in dict.fromkeys(cfg.pipeline_parallel_sizes)
+                  for tp in dict.fromkeys(cfg.tensor_parallel_sizes)]
+        for tp, pp in splits:
             try:
                 check_tensor_parallel(model, tp)
+                check_pipeline(model, pp)
             except ValueError:
                 continue
-            if tp > cfg.max_gpus:
+            if tp * pp > cfg.max_gpus:
                 continue
             for wd in dict.fromkeys(cfg.weight_dtypes):
                 for kd in dict.fromkeys(resolve_kv_dtype(k, wd) for k in cfg.kv_dtypes):
@@ -504,7 +526,7 @@ def plan(scenario: Scenario, *, stop_early: bool | None = None, progress: bool =
                         for chunk in dict.fromkeys(cfg.enable_chunked_prefill):
                             per = _evaluate_replica_config(
                                 scenario, model, base, base_policy, gname, g, tp, wd, kd, mns, chunk, cfg, slos, shape,
-                                q, prefix, latency_cache,
+                                q, prefix, latency_cache, pp,
                             )
                             for ev, vcfg in per:
                                 evaluations.append(ev)
@@ -512,7 +534,8 @@ def plan(scenario: Scenario, *, stop_early: bool | None = None, progress: bool =
                                     survivors.append((ev, vcfg))
 
     survivors.sort(key=lambda s: (round(s[0].candidate.cost_per_hour, 6), tuple(-x for x in s[0].candidate.precision),
-                                  s[0].candidate.replicas, -s[0].candidate.max_num_seqs,
+                                  s[0].candidate.replicas, s[0].candidate.prefill_replicas,
+                                  -s[0].candidate.max_num_seqs,
                                   not s[0].candidate.enable_chunked_prefill, s[0].candidate.gpu))
     bar = None
     if progress:
@@ -589,34 +612,39 @@ def plan(scenario: Scenario, *, stop_early: bool | None = None, progress: bool =
     )
 
 
-def _resolve(vcfg: VariantConfig, model: ModelSpec, gpu: GPUSpec) -> tuple[AnalyticCostModel, KVBudget, int]:
+def _resolve(vcfg: VariantConfig, model: ModelSpec, gpu: GPUSpec) -> tuple[CostModel, KVBudget, int]:
     """The cost model, KV budget and token limit one replica of ``vcfg`` gets, from the very builders
     ``sim.scenario.build`` uses, without building the KV block manager (the bounds need only its size). Raises
     ScenarioError (a ValueError) where ``build`` refuses the deployment."""
     dep, pol = vcfg.deployment, vcfg.policy
     assert isinstance(dep.cost_model, AnalyticCost)  # check_plan refuses the others
-    limits = pol.limits(resolve_max_model_len(dep, model))
+    max_model_len = resolve_max_model_len(dep, model)
+    limits = resolve_policy(pol, dep, model, gpu, max_model_len).limits(max_model_len)
     budget = size_kv_cache(dep, model, gpu, limits)
-    return dep.cost_model.build(model, gpu, dep), budget, limits.max_num_batched_tokens
+    cost = wrap_pipeline(dep.cost_model.build(model, gpu, dep), model, gpu,
+                         pipeline_parallel_size=dep.pipeline_parallel_size, link=dep.pipeline_link,
+                         weight_dtype=dep.weight_dtype)
+    return cost, budget, limits.max_num_batched_tokens
 
 
 def _evaluate_replica_config(
     scenario: Scenario, model: ModelSpec, base: dict[str, Any], base_policy: ContinuousPolicyConfig,
     gname: str | dict[str, Any], g: GPUSpec, tp: int, wd: str, kd: str, mns: int, chunk: bool, cfg: PlanConfig,
     slos: SLOs, shape: WorkloadShape, q: int, prefix: bool, latency_cache: dict[tuple, dict[str, float]],
+    pp: int = 1,
 ) -> list[tuple[Evaluation, VariantConfig | None]]:
     """Every replica count of one per-replica configuration: pruned ones with their reason, survivors with the
     variant that simulates them."""
-    counts = range(1, cfg.max_gpus // tp + 1)
+    counts = range(1, cfg.max_gpus // (tp * pp) + 1)
 
     def cand(r: int) -> Candidate:
-        return Candidate(g.name, tp, r, wd, kd, mns, chunk, g.price_per_hour)
+        return Candidate(g.name, tp, r, wd, kd, mns, chunk, g.price_per_hour, pp)
 
     def pruned(bound: str, reason: str, **kw: Any) -> list[tuple[Evaluation, VariantConfig | None]]:
         return [(Evaluation(cand(r), status="pruned", bound=bound, reason=reason, **kw), None) for r in counts]
 
     dep = Deployment.model_validate({**base, "gpu": gname, "tensor_parallel_size": tp, "weight_dtype": wd,
-                                     "kv_dtype": kd})
+                                     "kv_dtype": kd, "pipeline_parallel_size": pp})
     pol = base_policy.model_copy(update={"max_num_seqs": mns, "enable_chunked_prefill": chunk})
     vcfg = VariantConfig(name="plan", deployment=dep, kv_cache=scenario.kv_cache, policy=pol,
                          admission=scenario.admission, params={})
@@ -624,7 +652,7 @@ def _evaluate_replica_config(
         cost, budget, max_num_batched_tokens = _resolve(vcfg, model, g)
     except (ModelDoesNotFitError, ValueError) as e:
         return pruned("memory", str(e))
-    key = (g.name, tp, wd, kd)
+    key = (g.name, tp, wd, kd, pp)
     if key not in latency_cache:
         latency_cache[key] = latency_bounds(cost, shape, q, prefix_caching=prefix)
     lb = latency_cache[key]
@@ -650,12 +678,16 @@ def _evaluate_replica_config(
             out.append((ev, None))
         else:
             out.append((ev, vcfg))
+    if cfg.disaggregation is not None and not prefix:
+        from sim.disagg.plan import split_candidates
+
+        out += [split for ev, v in list(out) for split in split_candidates(ev, v, cfg.disaggregation)]
     if not any(v is not None for _, v in out) and shape.span > 0:
         need = math.ceil(work / shape.span)
-        if need * tp > cfg.max_gpus:
+        if need * tp * pp > cfg.max_gpus:
             for ev, _ in out:
                 ev.bound = "max_gpus" if ev.bound == "throughput" else ev.bound
-                ev.reason += f" ({need * tp} GPUs > plan.max_gpus {cfg.max_gpus})"
+                ev.reason += f" ({need * tp * pp} GPUs > plan.max_gpus {cfg.max_gpus})"
     return out
 
 

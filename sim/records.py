@@ -312,3 +312,7 @@ class RunResult:
     kv_bytes_per_block: float = 0.0
     config: dict | None = None  # the resolved variant configuration, recorded with the results
     cluster: dict | None = None  # several replicas: replica count over time, GPU-hours, cost (sim/cluster.py)
+    spec_decode: dict | None = None  # speculative decoding's counters (sim.spec_decode.summary_inputs)
+    pipeline: dict | None = None  # pipeline stages: utilisation, bubble fraction (sim/pipeline.py)
+    host_kv: dict | None = None  # prefix cache host tier: hits, bytes loaded, recompute saved (sim/host_kv_tier.py)
+    disaggregation: dict | None = None  # prefill/decode pools: transfers and pools (sim/disagg/pools.py)

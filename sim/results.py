@@ -12,6 +12,7 @@ from typing import Protocol
 import numpy as np
 
 from sim.core import ServingCore
+from sim.pipeline import PipelineCostModel
 from sim.records import RequestRecord, RunResult
 from sim.request import Request
 
@@ -59,12 +60,14 @@ def result_of(
     with gc_paused():  # 10^5 new records, on a heap of millions of objects
         records = [RequestRecord.from_request(r) for r in sorted(requests, key=attrgetter("id"))]
     uniq, counts = pooled_gaps(*core.itl_gaps())
+    steps = core.steps.columns()
+    host = getattr(core.kv, "host", None)  # the prefix cache's host tier, if the KV manager has one
     start = min((r.arrival for r in records), default=0.0)
     end = max((r.finish for r in records), default=0.0)
     return RunResult(
         name=name,
         requests=records,
-        steps=core.steps.columns(),
+        steps=steps,
         itl_gaps=uniq,
         itl_counts=counts,
         duration=max(end - start, 0.0),
@@ -74,4 +77,6 @@ def result_of(
         weight_bytes=weight_bytes,
         kv_bytes_per_block=kv_bytes_per_block,
         config=config,
+        host_kv=None if host is None else host.summary(core.kv.block_size),
+        pipeline=cost.summary(steps) if isinstance(cost, PipelineCostModel) else None,
     )

@@ -29,6 +29,7 @@ from sim.scenario import (
     variant_configs,
 )
 from sim.simulator import ClosedLoopPlan, Simulation
+from sim.spec_decode import SpecDecoder, build_decoder, summary_inputs
 from sim.workload import GeneratedWorkload, Workload
 
 
@@ -71,27 +72,46 @@ def simulate_variant(
 ) -> tuple[RunResult, list[Request], ServingCore]:
     """Simulate one variant on a workload; returns its result, its requests and its core (a cluster's: the first
     replica's; the result covers every replica)."""
+    if cfg.disaggregation is not None:
+        from sim.disagg.pools import simulate_disaggregated
+
+        return simulate_disaggregated(cfg, workload, name=name, keep_token_times=keep_token_times,
+                                      fast_path=fast_path, progress=progress)
     if cfg.cluster is not None:
         return _simulate_cluster(cfg, workload, name=name, keep_token_times=keep_token_times, fast_path=fast_path,
                                  progress=progress)
     policy, kv, cost, built = build(cfg)
-    core = ServingCore(policy, kv, fast_path=fast_path, keep_token_times=keep_token_times)
+    core = ServingCore(policy, kv, fast_path=fast_path, keep_token_times=keep_token_times, spec=spec_decoder(cfg))
     closed = workload.closed_loop
     plan = None if closed is None else ClosedLoopPlan(closed.num_users, closed.think_times)
     sim = Simulation(workload.requests, [(core, cost)], closed_loop=plan, progress=progress, fast_forward=fast_path,
                      failures=workload.failures, leak=cfg.deployment.leak_kv_on_failure)
     sim.run()
     budget = built.budget
+    gpus = cfg.deployment.tensor_parallel_size * cfg.deployment.pipeline_parallel_size  # a replica's GPUs
     result = result_of(
         name or cfg.name,
         sim.requests,
         core,
         cost,
-        config=cfg.to_dict(),
-        weight_bytes=float(budget.weight_bytes * cfg.deployment.tensor_parallel_size),
-        kv_bytes_per_block=float(budget.kv_bytes_per_block * cfg.deployment.tensor_parallel_size),
+        config=cfg.to_dict(built.policy),
+        weight_bytes=float(budget.weight_bytes * gpus),
+        kv_bytes_per_block=float(budget.kv_bytes_per_block * gpus),
     )
+    if core.spec is not None and cfg.deployment.speculative is not None:
+        result.spec_decode = summary_inputs([core.spec], [cost], cfg.deployment.speculative)
     return result, sim.requests, core
+
+
+def spec_decoder(cfg: VariantConfig) -> SpecDecoder | None:
+    """The variant's speculative decoder (a fresh acceptance stream per replica), None without speculation."""
+    spec = cfg.deployment.speculative
+    if spec is None:
+        return None
+    try:
+        return build_decoder(spec)
+    except ValueError as e:
+        raise ScenarioError(f"variant {cfg.name!r}: deployment.speculative: {e}") from None
 
 
 def autoscaler_of(cfg: VariantConfig) -> AutoscalerConfig | None:
@@ -118,7 +138,8 @@ def _simulate_cluster(cfg, workload, *, name, keep_token_times, fast_path, progr
         nonlocal built
         policy, kv, cost, built = build(cfg)  # every replica its own policy, KV memory and cost model
         costs.append(cost)
-        return ServingCore(policy, kv, fast_path=fast_path, keep_token_times=keep_token_times), cost
+        return ServingCore(policy, kv, fast_path=fast_path, keep_token_times=keep_token_times,
+                           spec=spec_decoder(cfg)), cost
 
     auto = autoscaler_of(cfg)
     closed = workload.closed_loop
@@ -131,10 +152,13 @@ def _simulate_cluster(cfg, workload, *, name, keep_token_times, fast_path, progr
         raise ScenarioError(f"variant {cfg.name!r}: {e}") from None
     sim.run()
     budget = built.budget
-    tp = cfg.deployment.tensor_parallel_size
+    tp = cfg.deployment.tensor_parallel_size * cfg.deployment.pipeline_parallel_size  # a replica's GPUs
     result = cluster_result(name or cfg.name, sim, costs, price_per_hour=built.gpu.price_per_hour * tp,
-                            config=cfg.to_dict(), weight_bytes=float(budget.weight_bytes * tp),
+                            config=cfg.to_dict(built.policy), weight_bytes=float(budget.weight_bytes * tp),
                             kv_bytes_per_block=float(budget.kv_bytes_per_block * tp))
+    if cfg.deployment.speculative is not None:
+        result.spec_decode = summary_inputs([r.core.spec for r in sim.replicas if r.core.spec is not None], costs,
+                                            cfg.deployment.speculative)
     return result, sim.requests, sim.replicas[0].core
 
 
@@ -182,6 +206,10 @@ def prepare_scenario(
             cfgs = variant_configs(sc)
             for cfg in cfgs:
                 build(cfg)
+                if cfg.disaggregation is not None:
+                    from sim.disagg.pools import check_disaggregation
+
+                    check_disaggregation(cfg, cfg.workload or sc.workload)
             for cfg in cfgs:
                 key = workload_key(sc, cfg)
                 if key not in workloads:

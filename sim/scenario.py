@@ -33,15 +33,29 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from sim import spec_decode
 from sim.block_manager import KVManager, PagedBlockManager
 from sim.contiguous_allocator import ContiguousAllocator
 from sim.costmodel import AnalyticCostModel, CostModel, FittedCostModel
+from sim.engines import (
+    EngineConfig,
+    EngineField,
+    budget_kwargs,
+    classic_policy,
+    engine_kv_budget,
+    engine_validator,
+    recorded_config,
+    resolve_policy,
+)
+from sim.disagg.config import DisaggConfig, PlanDisaggConfig
 from sim.files import read_text_capped
+from sim.host_kv_config import HostCacheConfig, attach_host_tier
 from sim.limits import MAX_POOL_BLOCKS, check_kv_footprint, kv_footprint
 from sim.metrics import SLOs
+from sim.pipeline import PipelineLink, stage_model, wrap_pipeline
 from sim.policies import Admission, ContinuousPolicy, Limits, Policy, StaticPolicy
 from sim.scenario_messages import format_validation, short, yaml_error
-from sim.specs import GPUSpec, KVBudget, ModelDoesNotFitError, ModelSpec, kv_budget, resolve_gpu, resolve_model
+from sim.specs import GPUSpec, KVBudget, ModelDoesNotFitError, ModelSpec, resolve_gpu, resolve_model
 from sim.traces import resolve_trace
 from sim.workload import EmpiricalLength, Float, InputModel, Int, TraceArrival, Workload
 from sim.yaml_limits import MAX_SCENARIO_BYTES, safe_load_limited, unshared
@@ -144,6 +158,11 @@ class Deployment(_Model):
         default="auto", description="Data type of the KV cache; auto: the model's activation dtype."
     )
     tensor_parallel_size: Int = Field(default=1, ge=1, description="GPUs one replica's weights and KV are split over.")
+    pipeline_parallel_size: Int = Field(
+        default=1, ge=1, le=1024, description="Pipeline stages the layers are split over, each tensor_parallel_size "
+        "GPUs (sim/pipeline.py); a replica has tp x pp GPUs.")
+    pipeline_link: PipelineLink = Field(default="auto", description="Link between pipeline stages: nvlink, pcie or "
+                                        "infiniband (between nodes); auto: NVLink when the GPU has it, else PCIe.")
     gpu_memory_utilization: Float = Field(
         default=0.9, gt=0, le=1, description="Share of GPU memory the engine may use (weights + activations + KV)."
     )
@@ -156,6 +175,10 @@ class Deployment(_Model):
         default=4.0, ge=0, le=1 << 20, description="CPU swap space per GPU in GiB (vLLM's swap_space)."
     )
     cost_model: CostModelConfig = Field(default_factory=AnalyticCost, description="How step times are predicted.")
+    engine: EngineConfig | None = EngineField  # sim/engines.py
+    _engine = engine_validator
+    speculative: spec_decode.SpeculativeConfig | None = Field(
+        default=None, description="Speculative decoding (vLLM's speculative_config); none: off.")
     leak_kv_on_failure: bool = Field(
         default=False,
         description="The bug the failure-mode scenarios show: the KV blocks of a request that fails mid-flight "
@@ -183,6 +206,8 @@ class KVCacheConfigBase(_Model):
 class PagedKV(KVCacheConfigBase):
     type: Literal["paged"] = "paged"
     enable_prefix_caching: bool = Field(default=False, description="Reuse KV blocks of equal prompt prefixes.")
+    host_cache: HostCacheConfig | None = Field(
+        default=None, description="Keep evicted prefix blocks in host memory, loaded back on a hit; none: off.")
 
     def build(self, num_blocks: int, block_size: int, *, max_model_len: int,
               num_cpu_blocks: int) -> PagedBlockManager:
@@ -240,29 +265,39 @@ class StaticPolicyConfig(PolicyConfigBase):
 
 class ContinuousPolicyConfig(PolicyConfigBase):
     type: Literal["continuous"] = "continuous"
-    max_num_seqs: Int = Field(default=256, ge=1, description="Requests in one step at most.")
+    # None: the deployment.engine's default (sim/engines.py), or without an engine the classic one named here
+    max_num_seqs: Int | None = Field(default=None, ge=1, description="Requests in one step at most; none: the "
+                                     "engine's default (256 without deployment.engine).")
     max_num_batched_tokens: Int | None = Field(
         default=None,
         ge=1,
-        description="Tokens computed in one step at most; none: 8192 with chunked prefill, else "
-        "max(8192, max_model_len).",
+        description="Tokens computed in one step at most; none: the engine's default (without deployment.engine: "
+        "8192 with chunked prefill, else max(8192, max_model_len)).",
     )
-    enable_chunked_prefill: bool = Field(default=False, description="Cut prompts into chunks that fill each step.")
-    prefill_mode: Literal["prefill_first", "mixed"] = Field(
-        default="prefill_first", description="Without chunking: prompts-only steps first (vLLM v0), or mixed steps."
+    enable_chunked_prefill: bool | None = Field(
+        default=None, description="Cut prompts into chunks that fill each step; none: the engine's default (off "
+        "without deployment.engine).")
+    prefill_mode: Literal["prefill_first", "mixed"] | None = Field(
+        default=None, description="Without chunking: prompts-only steps first (vLLM v0), or mixed steps; none: the "
+        "engine's default (prefill_first without deployment.engine)."
     )
+    capacity_scheduler_policy: Literal["guaranteed_no_evict", "max_utilization"] | None = Field(
+        default=None, description="Admission (TensorRT-LLM's names): guaranteed_no_evict admits a request only when "
+        "the KV of its whole prompt + output fits beside the running requests' (nothing is ever preempted); "
+        "max_utilization admits while blocks are free now. none: the engine's default (max_utilization without "
+        "deployment.engine).")
     preemption_mode: Literal["recompute", "swap"] = Field(
         default="recompute", description="What happens to the latest-admitted request when blocks run out."
     )
 
     def limits(self, max_model_len: int) -> Limits:
         mnbt = self.max_num_batched_tokens or (8192 if self.enable_chunked_prefill else max(8192, max_model_len))
-        return Limits(self.max_num_seqs, mnbt, max_model_len)
+        return Limits(self.max_num_seqs or 256, mnbt, max_model_len)
 
     def build(self, limits: Limits, admission: Admission) -> ContinuousPolicy:
-        return ContinuousPolicy(limits=limits, enable_chunked_prefill=self.enable_chunked_prefill,
-                                prefill_mode=self.prefill_mode, preemption_mode=self.preemption_mode,
-                                admission=admission)
+        return ContinuousPolicy(limits=limits, enable_chunked_prefill=bool(self.enable_chunked_prefill),
+                                prefill_mode=self.prefill_mode or "prefill_first", preemption_mode=self.preemption_mode,
+                                admission=admission, no_evict=self.capacity_scheduler_policy == "guaranteed_no_evict")
 
 
 PolicyConfig = Annotated[StaticPolicyConfig | ContinuousPolicyConfig, Field(discriminator="type")]
@@ -304,7 +339,7 @@ class PlanConfig(_Model):
     gpus: list[str | dict[str, Any]] | None = Field(
         default=None,
         min_length=1,
-        description="GPU presets (or GPUSpec fields inline) to consider; none: every preset.",
+        description="GPU presets (or GPUSpec fields inline) to consider; none: every preset with a price.",
     )
 
     @field_validator("gpus")
@@ -321,6 +356,11 @@ class PlanConfig(_Model):
         default=[1, 2, 4, 8], min_length=1,
         description="Tensor-parallel degrees; those that do not split the model are skipped."
     )
+    pipeline_parallel_sizes: list[Annotated[Int, Field(ge=1, le=1024)]] = Field(
+        default=[1], min_length=1,
+        description="Pipeline-parallel degrees, each combined with every tensor-parallel degree (tp x pp GPUs per "
+        "replica); those with more stages than layers are skipped.",
+    )
     weight_dtypes: list[PlanWeightDType] = Field(
         default=["bf16", "fp8", "int8", "int4"], min_length=1,
         description="Weight data types (quality differs: the simulator does not model it; list only those you "
@@ -333,13 +373,16 @@ class PlanConfig(_Model):
     enable_chunked_prefill: list[bool] = Field(
         default=[True, False], min_length=1, description="Chunked prefill on/off."
     )
-    max_gpus: Int = Field(default=8, ge=1, description="Most GPUs in one deployment (replicas x tensor_parallel_size).")
+    max_gpus: Int = Field(default=8, ge=1, description="Most GPUs in one deployment (replicas x tp x pp).")
     percentile: Literal[50, 90, 95, 99] = Field(
         default=99, description="The SLOs bound this percentile of TTFT, TPOT and E2EL (99: p99 TTFT <= slos.ttft)."
     )
     api_price: ApiPrice | None = Field(
         default=None, description="A hosted API's price, for the break-even volume; none: no break-even."
     )
+    disaggregation: PlanDisaggConfig | None = Field(
+        default=None, description="Also search prefill/decode splits (xPyD) of each replica count; none: colocated "
+        "replicas only.")
     stop_early: bool = Field(
         default=True,
         description="Stop simulating once the cheapest cost level with a configuration meeting the SLOs is "
@@ -420,6 +463,8 @@ class Variant(_Model):
     policy: PolicyConfig | None = Field(default=None, description="Replaces the default policy.")
     admission: AdmissionConfig | None = Field(default=None, description="Replaces the default admission control.")
     cluster: ClusterConfig | None = Field(default=None, description="Replaces the default cluster.")
+    disaggregation: DisaggConfig | None = Field(
+        default=None, description="Prefill/decode disaggregation: a prefill pool, a decode pool, the KV link.")
 
 
 _SWEEP_HEADS = ("workload", "deployment", "kv_cache", "policy", "admission")
@@ -622,6 +667,11 @@ def _resolve_relative_paths(raw: dict, base: Path) -> None:
             fix(section.get("cost_model"), "profile")
             if isinstance(section.get("model"), str) and section["model"].endswith(".json"):
                 fix(section, "model")
+            spec = section.get("speculative")
+            if isinstance(spec, dict):  # the draft's config.json and a measured acceptance file
+                fix(spec.get("acceptance"), "file")
+                if isinstance(spec.get("model"), str) and spec["model"].endswith(".json"):
+                    fix(spec, "model")
 
 
 # ---- resolving a variant into objects -------------------------------------------------------------------------
@@ -637,13 +687,19 @@ class VariantConfig:
     params: dict[str, Any]  # sweep point, {} without a sweep
     cluster: ClusterConfig | None = None  # several replicas; None: one
     workload: Workload | None = None  # the variant's own workload; None: the scenario's
+    disaggregation: DisaggConfig | None = None  # prefill and decode pools (sim/disagg); None: colocated
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, policy: PolicyConfigBase | None = None) -> dict[str, Any]:
+        """The variant as a run records it; ``policy``: the policy as resolved against the engine (Built.policy)."""
+        if policy is None and self.deployment.engine is None:
+            policy = classic_policy(self.policy)
+        dep, pol = recorded_config(self.deployment.model_dump(mode="json"),
+                                   (policy or self.policy).model_dump(mode="json"))
         out = {
             "name": self.name,
-            "deployment": self.deployment.model_dump(mode="json"),
+            "deployment": dep,
             "kv_cache": self.kv_cache.model_dump(mode="json"),
-            "policy": self.policy.model_dump(mode="json"),
+            "policy": pol,
             "admission": self.admission.model_dump(mode="json"),
             "params": self.params,
         }
@@ -651,6 +707,8 @@ class VariantConfig:
             out["cluster"] = self.cluster.model_dump(mode="json")
         if self.workload is not None:
             out["workload"] = self.workload.model_dump(mode="json")
+        if self.disaggregation is not None:
+            out["disaggregation"] = self.disaggregation.model_dump(mode="json")
         return out
 
 
@@ -682,6 +740,7 @@ def variant_configs(scenario: Scenario) -> list[VariantConfig]:
                 params={},
                 cluster=v.cluster or scenario.cluster,
                 workload=workload,
+                disaggregation=v.disaggregation,
             )
         )
     return out
@@ -869,6 +928,7 @@ class Built:
     budget: KVBudget
     limits: Limits
     max_model_len: int
+    policy: PolicyConfigBase | None = None  # the policy section with the engine's defaults filled in
 
 
 def resolve_max_model_len(deployment: Deployment, model: ModelSpec) -> int:
@@ -883,23 +943,20 @@ def resolve_max_model_len(deployment: Deployment, model: ModelSpec) -> int:
     return max_model_len
 
 
-def size_kv_cache(deployment: Deployment, model: ModelSpec, gpu: GPUSpec, limits: Limits) -> KVBudget:
+def size_kv_cache(deployment: Deployment, model: ModelSpec, gpu: GPUSpec, limits: Limits, *,
+                  static: bool = False) -> KVBudget:
     """The KV cache one GPU of the deployment gets, as vLLM sizes it for ``limits`` (its activation reserve
-    follows the largest step); a ScenarioError, with what would fit, where vLLM refuses to start."""
+    follows the largest step); a ScenarioError, with what would fit, where vLLM refuses to start. ``static``: the
+    policy is static batching (the hint then names the keys that policy has). With pipeline stages, one GPU holds
+    its stage's layers only."""
     dep = deployment
     try:
-        budget = kv_budget(
-            model,
-            gpu,
-            gpu_memory_utilization=dep.gpu_memory_utilization,
-            weight_dtype=dep.weight_dtype,
-            kv_dtype=dep.kv_dtype,
-            block_size=dep.block_size,
-            tensor_parallel_size=dep.tensor_parallel_size,
-            num_gpu_blocks_override=dep.num_gpu_blocks,
-            max_num_batched_tokens=limits.max_num_batched_tokens,
-            max_num_seqs=limits.max_num_seqs,
-        )
+        model = stage_model(model, dep.pipeline_parallel_size)
+    except ValueError as e:
+        raise ScenarioError(f"deployment: {e}") from None
+    try:
+        budget = engine_kv_budget(dep.engine, model, gpu,
+                                  **budget_kwargs(dep, limits.max_num_batched_tokens, limits.max_num_seqs))
     except ModelDoesNotFitError as e:
         hint = ""
         weights = model.shard(dep.tensor_parallel_size).weight_bytes(dep.weight_dtype)
@@ -909,6 +966,10 @@ def size_kv_cache(deployment: Deployment, model: ModelSpec, gpu: GPUSpec, limits
             hint = (f" (the activation reserve is sized for max_num_batched_tokens "
                     f"{limits.max_num_batched_tokens}: a smaller deployment.max_model_len or "
                     f"policy.max_num_batched_tokens, or enable_chunked_prefill, lowers it)")
+            if static:  # a static policy has neither key: its largest step is a padded batch of whole sequences
+                hint = (f" (the activation reserve is sized for batch_size x max_model_len = "
+                        f"{limits.max_num_batched_tokens} tokens, the largest step a padded static batch takes: a "
+                        f"smaller policy.batch_size or deployment.max_model_len lowers it)")
         raise ScenarioError(f"deployment: {e}{hint}") from None
     except ValueError as e:
         raise ScenarioError(f"deployment: {e}") from None
@@ -957,10 +1018,16 @@ def build(cfg: VariantConfig) -> tuple[Policy, KVManager, CostModel, Built]:
         raise ScenarioError(f"{where}: deployment.gpu: {e}") from None
     try:
         max_model_len = resolve_max_model_len(dep, model)
+        pol = resolve_policy(pol, dep, model, gpu, max_model_len)  # the engine's defaults where policy has none
         limits = pol.limits(max_model_len)
-        budget = size_kv_cache(dep, model, gpu, limits)
+        budget = size_kv_cache(dep, model, gpu, limits, static=isinstance(pol, StaticPolicyConfig))
     except ScenarioError as e:
         raise ScenarioError(f"{where}: {e}") from None
+    if dep.speculative is not None:  # the proposer's weights and KV take memory from the target's KV
+        try:
+            budget = spec_decode.budget_for(dep, budget, model, max_model_len)
+        except ValueError as e:
+            raise ScenarioError(f"{where}: deployment.speculative: {e}") from None
     replicas = 1 if cfg.cluster is None else max(
         cfg.cluster.replicas, cfg.cluster.autoscaler.max_replicas if cfg.cluster.autoscaler else 0)
     prefix = bool(getattr(kvc, "enable_prefix_caching", False))
@@ -977,12 +1044,25 @@ def build(cfg: VariantConfig) -> tuple[Policy, KVManager, CostModel, Built]:
         raise ScenarioError(f"{where}: policy: {e}") from None
     kv = kvc.build(budget.num_gpu_blocks, dep.block_size, max_model_len=max_model_len, num_cpu_blocks=num_cpu_blocks)
     try:
+        attach_host_tier(kv, getattr(kvc, "host_cache", None), budget, gpu)
+    except ValueError as e:
+        raise ScenarioError(f"{where}: kv_cache: {e}") from None
+    try:
         cost = cm.build(model, gpu, dep)
+        cost = wrap_pipeline(cost, model, gpu, pipeline_parallel_size=dep.pipeline_parallel_size,
+                             link=dep.pipeline_link, weight_dtype=dep.weight_dtype)
     except ScenarioError as e:  # the section named its own field
         raise ScenarioError(f"{where}: deployment.{e}") from None
     except (ValueError, TypeError, OSError) as e:
         raise ScenarioError(f"{where}: deployment.cost_model: {e}") from None
-    return policy, kv, cost, Built(model, gpu, budget, limits, max_model_len)
+    if dep.speculative is not None:
+        if dep.pipeline_parallel_size > 1:  # the draft's stages and the verify step's pipeline are not modelled
+            raise ScenarioError(f"{where}: deployment.speculative with pipeline_parallel_size > 1 is not modelled")
+        try:
+            cost = spec_decode.cost_for(dep, cost, model, gpu)
+        except ValueError as e:
+            raise ScenarioError(f"{where}: deployment.speculative: {e}") from None
+    return policy, kv, cost, Built(model, gpu, budget, limits, max_model_len, pol)
 
 
 def slos_of(scenario: Scenario) -> SLOs | None:

@@ -17,6 +17,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from sim.files import read_text_capped
+from sim.moe import MOE_MODEL_TYPES
+from sim.presets.gpus import BASE_GPU_ALIASES, BASE_GPU_PRESETS, MORE_GPU_ALIASES, MORE_GPU_PRESETS
+from sim.presets.models import BASE_MODEL_ALIASES, BASE_MODEL_PRESETS, MORE_MODEL_ALIASES, MORE_MODEL_PRESETS
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -126,6 +129,22 @@ class ShardSpec:
     embedding_params: int  # token (and learned position) embedding rows on this GPU
     other_params: int  # norms and biases on this GPU
     tied: bool  # LM head shares the token embedding (stored once)
+    num_experts: int = 0  # MoE: experts per layer (0: a dense model)
+    experts_per_tok: int = 0  # MoE: experts each token is routed to
+    expert_params: int = 0  # MoE: matmul weights of one expert of one layer on this GPU
+    num_moe_layers: int = 0  # MoE: decoder layers holding experts
+
+    @property
+    def active_body_params(self) -> int:
+        """Matmul weights one token passes through in the decoder (its ``experts_per_tok`` experts, not all)."""
+        if not self.num_experts:
+            return self.body_matmul_params
+        return self.body_matmul_params - (self.num_experts - self.experts_per_tok) * self.expert_params * \
+            self.num_moe_layers
+
+    def expert_bytes(self, dtype: str) -> int:
+        """MoE: bytes of one expert in every layer (what reading one more distinct expert per layer costs)."""
+        return math.ceil(self.num_moe_layers * self.expert_params * DTYPE_BITS[canonical_dtype(dtype)] / 8)
 
     @property
     def stored_params(self) -> int:
@@ -144,11 +163,13 @@ class ShardSpec:
 
     def weight_bytes_read_per_step(self, dtype: str) -> int:
         """Bytes of weights every forward step streams from memory: all matmul weights (body and LM head, the
-        latter even when tied) plus norms and biases. Embedding lookups touch a few rows only and are left out."""
+        latter even when tied) plus norms and biases. Embedding lookups touch a few rows only and are left out.
+        MoE: the experts are left out too (``expert_bytes`` times the experts a step touches, sim.moe)."""
         key = canonical_dtype(dtype)
         hi_bits = DTYPE_BITS[activation_dtype(key)]
+        body = self.body_matmul_params - self.num_experts * self.expert_params * self.num_moe_layers
         return math.ceil(
-            (self.body_matmul_params * DTYPE_BITS[key] + (self.lm_head_params + self.other_params) * hi_bits) / 8
+            (body * DTYPE_BITS[key] + (self.lm_head_params + self.other_params) * hi_bits) / 8
         )
 
 
@@ -182,6 +203,10 @@ class ModelSpec:
     model_type: str = "llama"  # Hugging Face model_type, kept for the real engine and for round trips
     rope_theta: float = 10000.0  # rotary base (unused when num_position_embeddings > 0)
     norm_eps: float = 1e-5
+    qk_norm: bool = False  # Qwen3: RMSNorm over each query and key head (head_dim weights each, per layer)
+    num_experts: int = 0  # MoE (Mixtral, Qwen3-MoE): experts per layer replacing the MLP; 0: dense (sim/moe.py)
+    num_experts_per_tok: int = 0  # MoE: experts each token is routed to (top-k)
+    moe_intermediate_size: int = 0  # MoE: one expert's intermediate width; 0: intermediate_size
 
     def __post_init__(self) -> None:
         for f in ("hidden_size", "num_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size",
@@ -213,6 +238,15 @@ class ModelSpec:
             raise ValueError(f"model {self.name!r}: norm must be 'rms' or 'layer', got {self.norm!r}")
         if self.word_embed_proj_dim == 0:
             object.__setattr__(self, "word_embed_proj_dim", self.hidden_size)
+        if self.num_experts or self.num_experts_per_tok:
+            if not (isinstance(self.num_experts, int) and isinstance(self.num_experts_per_tok, int)
+                    and 1 <= self.num_experts_per_tok <= self.num_experts <= MAX_SHAPE):
+                raise ValueError(f"model {self.name!r}: a mixture of experts needs 1 <= num_experts_per_tok "
+                                 f"({self.num_experts_per_tok!r}) <= num_experts ({self.num_experts!r})")
+            if self.mlp != "gated":
+                raise ValueError(f"model {self.name!r}: experts are gated MLPs (mlp='gated')")
+            if self.moe_intermediate_size == 0:
+                object.__setattr__(self, "moe_intermediate_size", self.intermediate_size)
 
     # --- parameter counts (tensor_parallel_size=1 is the whole model) -------------------------------------------
 
@@ -225,8 +259,18 @@ class ModelSpec:
         inter = -(-self.intermediate_size // tp)
         vocab = -(-self.vocab_size // tp)
         n_up = 2 if self.mlp == "gated" else 1
-        layer_mm = h * (heads + 2 * kv) * hd + heads * hd * h + (n_up + 1) * h * inter
+        experts = expert = 0
+        if self.num_experts:
+            # vLLM splits every expert's intermediate width over the GPUs; the router is replicated
+            inter = -(-self.moe_intermediate_size // tp)
+            expert = 3 * h * inter
+            experts = self.num_experts
+            layer_mm = h * (heads + 2 * kv) * hd + heads * hd * h + h * experts + experts * expert
+        else:
+            layer_mm = h * (heads + 2 * kv) * hd + heads * hd * h + (n_up + 1) * h * inter
         layer_other = (2 if self.norm == "layer" else 1) * h * 2  # two norms per layer
+        if self.qk_norm:
+            layer_other += 2 * hd
         if self.qkv_bias:
             layer_other += (heads + 2 * kv) * hd
         if self.o_bias:
@@ -247,6 +291,10 @@ class ModelSpec:
             embedding_params=vocab * e + self.num_position_embeddings * h,
             other_params=self.num_layers * layer_other + final,
             tied=self.tie_word_embeddings,
+            num_experts=experts,
+            experts_per_tok=self.num_experts_per_tok if experts else 0,
+            expert_params=expert,
+            num_moe_layers=self.num_layers if experts else 0,
         )
 
     @property
@@ -259,7 +307,7 @@ class ModelSpec:
         """Weights of the linear layers a token passes through, LM head included (tied or not), embeddings
         excluded. ``2 * matmul_params`` is the classic forward FLOPs per token."""
         s = self.shard(1)
-        return s.body_matmul_params + s.lm_head_params
+        return s.active_body_params + s.lm_head_params
 
     @property
     def flops_per_token(self) -> int:
@@ -371,8 +419,14 @@ class ModelSpec:
                 norm_eps=1e-5,
             )
         attention_bias = flag("attention_bias", False)
+        moe: dict[str, Any] = {}
+        if model_type in MOE_MODEL_TYPES:
+            moe = dict(num_experts=need(MOE_MODEL_TYPES[model_type]), num_experts_per_tok=need("num_experts_per_tok"),
+                       moe_intermediate_size=optional("moe_intermediate_size", 0))
         return cls(
             **common,
+            **moe,
+            qk_norm=model_type in ("qwen3", "qwen3_moe"),
             num_key_value_heads=optional("num_key_value_heads", heads),
             head_dim=optional("head_dim", 0),  # absent: hidden_size // heads
             intermediate_size=need("intermediate_size"),
@@ -413,6 +467,9 @@ class ModelSpec:
             rope_theta=self.rope_theta,
             rms_norm_eps=self.norm_eps,
         )
+        if self.num_experts:
+            cfg[MOE_MODEL_TYPES.get(self.model_type, "num_local_experts")] = self.num_experts
+            cfg.update(num_experts_per_tok=self.num_experts_per_tok, moe_intermediate_size=self.moe_intermediate_size)
         return cfg
 
     @classmethod
@@ -428,23 +485,28 @@ class ModelSpec:
 
 # The Hugging Face model types whose shape ModelSpec represents whole: dense decoder-only transformers with
 # full attention (Llama-like gated MLP and RMSNorm, or OPT). Another type may hold fields that change the cost
-# (Gemma-2's soft-capping and alternating windows, Qwen3's MoE variants, Phi's partial rotary), so it is refused
+# (Gemma-2's soft-capping and alternating windows, DeepSeek's MLA and shared experts, Phi's partial
+# rotary), so it is refused
 # by name rather than read as a Llama.
-KNOWN_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "opt"})
+KNOWN_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "opt", "qwen3", *MOE_MODEL_TYPES})
 # Fields that make a model a mixture of experts in the configs of Mixtral, Qwen-MoE, DeepSeek, DBRX and others.
 _MOE_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts", "num_experts_per_tok",
-               "moe_intermediate_size", "n_shared_experts", "moe_layer_freq")
+               "moe_intermediate_size", "n_shared_experts", "moe_layer_freq", "shared_expert_intermediate_size")
 
 
 def _refuse_what_is_not_modelled(cfg: Mapping[str, Any], model_type: str, source: str) -> None:
     """A config.json whose model the spec would misread is an error naming the field: a mixture of experts read as
     dense counts one expert's parameters (Mixtral-8x7B: 7.2 B of its 46.7 B), a sliding window it ignores makes
     long contexts' KV and attention too costly."""
+    read = {MOE_MODEL_TYPES[model_type], "num_experts_per_tok", "moe_intermediate_size"} \
+        if model_type in MOE_MODEL_TYPES else set()
     for key in _MOE_FIELDS:
         v = cfg.get(key)
-        if v not in (None, 0, 1, False, [], {}):
-            raise ValueError(f"{source}: {key} = {v!r}: a mixture-of-experts model, which servesim does not model "
-                             "yet (it would count only the dense part of its parameters); use a dense model")
+        unset: tuple[Any, ...] = (None, 0, False, [], {}) if "shared" in key else (None, 0, 1, False, [], {})
+        if key not in read and v not in unset:  # (one expert is a dense model)
+            raise ValueError(f"{source}: {key} = {v!r}: a mixture-of-experts model whose experts servesim does not "
+                             f"read from this config (it reads {', '.join(sorted(MOE_MODEL_TYPES))} experts, without "
+                             "shared experts); it would count only the dense part of its parameters")
     window = cfg.get("sliding_window")
     if window is not None and cfg.get("use_sliding_window", True) is not False:
         limit = cfg.get("max_position_embeddings")
@@ -452,6 +514,11 @@ def _refuse_what_is_not_modelled(cfg: Mapping[str, Any], model_type: str, source
             raise ValueError(f"{source}: sliding_window = {window!r}: attention over a window of the context, which "
                              "servesim does not model (it would price full attention); set sliding_window to null "
                              "to model full attention")
+    if model_type == "qwen3_moe":  # layers without experts, or experts only every n-th layer: not modelled
+        for key, dense in (("decoder_sparse_step", 1), ("mlp_only_layers", [])):
+            if cfg.get(key) not in (None, dense):
+                raise ValueError(f"{source}: {key} = {cfg.get(key)!r}: dense layers among the MoE ones, which "
+                                 "servesim does not model (every layer is taken to hold experts)")
     if model_type not in KNOWN_MODEL_TYPES:
         raise ValueError(f"{source}: model_type {model_type!r} is not one servesim reads (known: "
                          f"{', '.join(sorted(KNOWN_MODEL_TYPES))}); its fields may change the model's cost")
@@ -471,71 +538,9 @@ def check_tensor_parallel(model: ModelSpec, tensor_parallel_size: int) -> int:
     return tp
 
 
-# Presets: the shape fields of each model's published config.json.
-MODEL_PRESETS: dict[str, dict[str, Any]] = {
-    "tiny": {  # a test model small enough for a CPU
-        "model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 256, "max_position_embeddings": 2048,
-        "tie_word_embeddings": False, "rope_theta": 10000.0, "rms_norm_eps": 1e-5,
-    },
-    # A CPU model whose steps look like a GPU's: about 57 M parameters (random weights), so that on one CPU thread
-    # a step takes 5-50 ms and is dominated by the forward pass (matmuls, attention), not by Python, the way a
-    # real model's step is on a GPU; tiny's 1 ms steps are mostly the host's bookkeeping. A small Llama shape:
-    # 8 layers, hidden 512, grouped-query attention (8 query heads over 2 KV heads), a 32000-token vocabulary.
-    "llama-57m": {
-        "model_type": "llama", "hidden_size": 512, "num_hidden_layers": 8, "num_attention_heads": 8,
-        "num_key_value_heads": 2, "intermediate_size": 1536, "vocab_size": 32000, "max_position_embeddings": 2048,
-        "tie_word_embeddings": False, "rope_theta": 10000.0, "rms_norm_eps": 1e-5,
-    },
-    "smollm2-135m": {  # HuggingFaceTB/SmolLM2-135M
-        "model_type": "llama", "hidden_size": 576, "num_hidden_layers": 30, "num_attention_heads": 9,
-        "num_key_value_heads": 3, "intermediate_size": 1536, "vocab_size": 49152, "max_position_embeddings": 8192,
-        "tie_word_embeddings": True, "rope_theta": 100000.0, "rms_norm_eps": 1e-5,
-    },
-    "llama-3.2-1b": {  # meta-llama/Llama-3.2-1B
-        "model_type": "llama", "hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 32,
-        "num_key_value_heads": 8, "head_dim": 64, "intermediate_size": 8192, "vocab_size": 128256,
-        "max_position_embeddings": 131072, "tie_word_embeddings": True, "rope_theta": 500000.0,
-        "rms_norm_eps": 1e-5,
-    },
-    "llama-3.1-8b": {  # meta-llama/Llama-3.1-8B
-        "model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
-        "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256,
-        "max_position_embeddings": 131072, "tie_word_embeddings": False, "rope_theta": 500000.0,
-        "rms_norm_eps": 1e-5,
-    },
-    "llama-3.1-70b": {  # meta-llama/Llama-3.1-70B
-        "model_type": "llama", "hidden_size": 8192, "num_hidden_layers": 80, "num_attention_heads": 64,
-        "num_key_value_heads": 8, "intermediate_size": 28672, "vocab_size": 128256,
-        "max_position_embeddings": 131072, "tie_word_embeddings": False, "rope_theta": 500000.0,
-        "rms_norm_eps": 1e-5,
-    },
-    "mistral-7b": {  # mistralai/Mistral-7B-v0.3 (v0.1 is the same shape with a 32000-token vocabulary)
-        "model_type": "mistral", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
-        "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 32768,
-        "max_position_embeddings": 32768, "tie_word_embeddings": False, "rope_theta": 1000000.0,
-        "rms_norm_eps": 1e-5,
-    },
-    "qwen2.5-7b": {  # Qwen/Qwen2.5-7B
-        "model_type": "qwen2", "hidden_size": 3584, "num_hidden_layers": 28, "num_attention_heads": 28,
-        "num_key_value_heads": 4, "intermediate_size": 18944, "vocab_size": 152064,
-        "max_position_embeddings": 131072, "tie_word_embeddings": False, "rope_theta": 1000000.0,
-        "rms_norm_eps": 1e-6,
-    },
-    "opt-13b": {  # facebook/opt-13b
-        "model_type": "opt", "hidden_size": 5120, "num_hidden_layers": 40, "num_attention_heads": 40,
-        "ffn_dim": 20480, "vocab_size": 50272, "max_position_embeddings": 2048, "word_embed_proj_dim": 5120,
-        "do_layer_norm_before": True, "enable_bias": True, "tie_word_embeddings": True,
-    },
-}
-_MODEL_ALIASES = {
-    "llama-3.2-1b-instruct": "llama-3.2-1b",
-    "llama-3.1-8b-instruct": "llama-3.1-8b",
-    "llama-3.1-70b-instruct": "llama-3.1-70b",
-    "mistral-7b-v0.3": "mistral-7b",
-    "qwen2.5-7b-instruct": "qwen2.5-7b",
-    "smollm2-135m-instruct": "smollm2-135m",
-}
+# Presets: the shape fields of each model's published config.json (sim/presets/models.py).
+MODEL_PRESETS: dict[str, dict[str, Any]] = dict(BASE_MODEL_PRESETS) | MORE_MODEL_PRESETS
+_MODEL_ALIASES = dict(BASE_MODEL_ALIASES) | MORE_MODEL_ALIASES
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -613,50 +618,9 @@ class GPUSpec:
         return GPU_PRESETS[key]
 
 
-_T = 1e12
-_G = 1e9
-# Datasheet dense rates (sparsity figures halved). fp32 is the plain (non-tensor-core) rate.
-# Memory: nvidia-smi's memory.total. PCIe: effective pinned-memory copy rate per direction, about 50 GB/s for
-# Gen5 x16 and 25 GB/s for Gen4 x16. NVLink: per GPU per direction (900 GB/s total on Hopper, 600 on A100).
-# Prices: typical on-demand USD per GPU-hour at specialist GPU clouds in 2024-25; no single source, an
-# assumption for cost-per-token comparisons only; override with GPUSpec.from_dict for a real quote.
-GPU_PRESETS: dict[str, GPUSpec] = {
-    "h200": GPUSpec(
-        name="h200", memory_bytes=143771 * MiB, mem_bandwidth=4.8e12,
-        peak_flops={"fp32": 67 * _T, "bf16": 989.4 * _T, "fp16": 989.4 * _T, "fp8": 1978.9 * _T,
-                    "int8": 1978.9 * _T},
-        pcie_bandwidth=50 * _G, nvlink_bandwidth=450 * _G, price_per_hour=3.50,
-    ),
-    "h100-sxm": GPUSpec(
-        name="h100-sxm", memory_bytes=81559 * MiB, mem_bandwidth=3.35e12,
-        peak_flops={"fp32": 67 * _T, "bf16": 989.4 * _T, "fp16": 989.4 * _T, "fp8": 1978.9 * _T,
-                    "int8": 1978.9 * _T},
-        pcie_bandwidth=50 * _G, nvlink_bandwidth=450 * _G, price_per_hour=2.50,
-    ),
-    "a100-80gb": GPUSpec(
-        name="a100-80gb", memory_bytes=81920 * MiB, mem_bandwidth=2.039e12,
-        peak_flops={"fp32": 19.5 * _T, "bf16": 312 * _T, "fp16": 312 * _T, "fp8": 0.0, "int8": 624 * _T},
-        pcie_bandwidth=25 * _G, nvlink_bandwidth=300 * _G, price_per_hour=1.60,
-    ),
-    "a100-40gb": GPUSpec(
-        name="a100-40gb", memory_bytes=40960 * MiB, mem_bandwidth=1.555e12,
-        peak_flops={"fp32": 19.5 * _T, "bf16": 312 * _T, "fp16": 312 * _T, "fp8": 0.0, "int8": 624 * _T},
-        pcie_bandwidth=25 * _G, nvlink_bandwidth=300 * _G, price_per_hour=1.20,
-    ),
-    "l40s": GPUSpec(
-        name="l40s", memory_bytes=46068 * MiB, mem_bandwidth=864 * _G,
-        peak_flops={"fp32": 91.6 * _T, "bf16": 362.05 * _T, "fp16": 362.05 * _T, "fp8": 733 * _T,
-                    "int8": 733 * _T},
-        pcie_bandwidth=25 * _G, nvlink_bandwidth=0.0, price_per_hour=0.90,
-    ),
-    "l4": GPUSpec(
-        name="l4", memory_bytes=23034 * MiB, mem_bandwidth=300 * _G,
-        peak_flops={"fp32": 30.3 * _T, "bf16": 121 * _T, "fp16": 121 * _T, "fp8": 242.5 * _T,
-                    "int8": 242.5 * _T},
-        pcie_bandwidth=25 * _G, nvlink_bandwidth=0.0, price_per_hour=0.70,
-    ),
-}
-_GPU_ALIASES = {"h100": "h100-sxm", "h100-80gb": "h100-sxm", "a100": "a100-80gb", "h200-sxm": "h200"}
+# Datasheet figures, with their sources and assumptions, in sim/presets/gpus.py.
+GPU_PRESETS: dict[str, GPUSpec] = {k: GPUSpec(**v) for k, v in (BASE_GPU_PRESETS | MORE_GPU_PRESETS).items()}
+_GPU_ALIASES = dict(BASE_GPU_ALIASES) | MORE_GPU_ALIASES
 
 
 ModelLike = ModelSpec | str | PathLike[str] | Mapping[str, Any]
@@ -765,7 +729,8 @@ def estimate_activation_reserve(
     s = m.shard(tensor_parallel_size)
     act = int(dtype_bytes(activation_dtype(weight_dtype)))
     k = 3 if m.mlp == "gated" else 2
-    per_token = (4 * m.hidden_size + k * s.intermediate_size) * act
+    # MoE: each token's k experts hold their intermediate tensors at once (vLLM's fused-MoE caches)
+    per_token = (4 * m.hidden_size + k * s.intermediate_size * max(1, s.experts_per_tok)) * act
     logits = max_num_seqs * m.vocab_size * 4 * 2
     return max_num_batched_tokens * per_token + logits + runtime_overhead_bytes
 

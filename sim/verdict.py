@@ -11,6 +11,8 @@ reason it cannot keep up is the next limit in the list. The candidates:
   wait. Static batching counts only rows that compute for a request: padded rows fill slots for nobody.
 - memory-bound: KV usage near capacity, with preemptions or rejections.
 - padding: the share of computed tokens that were padding (static batching).
+- pipeline bubbles: the share of the step time pipeline stages sat idle (fewer micro-batches in flight than
+  stages, plus the hops between them).
 - compute-bound or bandwidth-bound: what bounds the steps themselves, from MFU while the GPU computed (the
   analytic cost model is a roofline, so a step at high MFU sits on its compute roof and one at low MFU waits on
   weight and KV reads or fixed overhead); weighted by the share of time the GPU computed.
@@ -78,7 +80,8 @@ def _slot_cap(config: dict | None) -> tuple[float, bool]:
     policy = (config or {}).get("policy") or {}
     if policy.get("type") == "static":
         return float(policy.get("batch_size", NAN)), True
-    return float(policy.get("max_num_seqs", NAN)), False
+    seqs = policy.get("max_num_seqs")
+    return (NAN if seqs is None else float(seqs)), False  # None: an engine's default the config did not resolve
 
 
 def limit_inputs(result: RunResult) -> dict:
@@ -188,6 +191,13 @@ def rank_limits(summary: dict) -> Verdict:
 
     pad = _fin(summary.get("padding_fraction"))
     found.append(Limit("padding", pad, f"{_pct(pad)} of computed tokens were padding"))
+
+    pipe = summary.get("pipeline") or {}  # pipeline stages (sim/pipeline.py): idle while micro-batches are elsewhere
+    bubble = _fin(pipe.get("bubble_fraction"))
+    if bubble > 0:
+        found.append(Limit("pipeline bubbles", bubble, f"stages idle {_pct(bubble)} of the step time, "
+                           f"{_fin(pipe.get('mean_micro_batches')):.1f} micro-batches in flight for "
+                           f"{pipe.get('pipeline_parallel_size')} stages"))
 
     busy = _fin(summary.get("busy_fraction"))
     busy_mfu = lim.get("busy_mfu")

@@ -14,7 +14,7 @@ from sim.benchfiles.common import BenchRun
 from sim.benchfiles.stats import bench_stats, run_stats
 from sim.benchfiles.validate import rebuild_workload
 from sim.run import simulate_variant
-from sim.scenario import load_scenario, variant_configs
+from sim.scenario import build, load_scenario, variant_configs
 
 DATA = Path(__file__).parent / "data" / "bench"
 ROOT = Path(__file__).parent.parent
@@ -53,14 +53,22 @@ def cfg():
     return variant_configs(sc)[0]
 
 
-def test_planted_knobs_recovered_from_noisy_measurements(cfg) -> None:
-    fit = calibrate_from_bench(cfg, measured_runs(cfg), holdout_every=0)
+def _decode_step(cfg, knobs: dict[str, float], rows: int, context: int) -> float:
+    return build(with_knobs(cfg, knobs))[2].decode_step_time(rows, context)
+
+
+@pytest.mark.parametrize("seed", [7, 1, 2])
+def test_planted_knobs_recovered_from_noisy_measurements(cfg, seed: int) -> None:
+    fit = calibrate_from_bench(cfg, measured_runs(cfg, seed=seed), holdout_every=0)
     got = fit.knobs
     assert got["compute_efficiency"] == pytest.approx(PLANTED["compute_efficiency"], rel=0.02)
-    assert got["bandwidth_efficiency"] == pytest.approx(PLANTED["bandwidth_efficiency"], rel=0.02)
-    # the per-step overhead trades against the bandwidth term (both are a constant per decode step); with 5%
-    # noise on 6 files of 60 requests it is found within 5%, not 2% (measured: -2.6%)
-    assert got["step_overhead"] == pytest.approx(PLANTED["step_overhead"], rel=0.05)
+    # What these files determine is the decode step itself: the per-step overhead and the bandwidth term both add
+    # a constant to every decode step, and only the KV reads (a few % of the bytes here) tell them apart, so
+    # their split is not identifiable at this noise. Measured over seeds 7, 1, 2, 3: compute -0.8%..+0.0%;
+    # bandwidth -15%..-1%; step overhead -65%..-3% (seed 7's -2.6% was luck); the decode step -0.6%..+0.2%.
+    for rows, context in [(1, 500), (8, 1000), (32, 2000)]:
+        assert _decode_step(cfg, got, rows, context) == pytest.approx(_decode_step(cfg, PLANTED, rows, context),
+                                                                      rel=0.02)
     assert got["per_request_overhead"] == PLANTED["per_request_overhead"]  # not fitted by default: its default
     assert fit.train_median_abs_error < 0.02
 

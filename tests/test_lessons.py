@@ -109,3 +109,45 @@ def test_memory_bound_remedy(memory_bound):
     assert fp8["output_throughput"] > 1.2 * s["output_throughput"]
     assert fp8["kv_usage"]["max"] < 0.5
     assert "memory-bound" not in rank_limits(fp8).causes[:1] and "memory-bound" not in bottleneck(fp8)
+
+
+# ---- speculative decoding -------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def speculative() -> dict[int, float]:
+    """Output throughput of draft-k4 over no-spec at each number of users (the batch)."""
+    s = run_lesson("lesson-speculative-decoding", {})
+    return {u: s[f"draft-k4[num_users={u}]"]["output_throughput"] / s[f"no-spec[num_users={u}]"]["output_throughput"]
+            for u in (1, 16, 64, 256, 512)}, s
+
+
+def test_speculative_decoding_speeds_up_batch_1(speculative):
+    # Leviathan et al. 2023: (1 - a^(k+1)) / ((1 - a)(k c + 1)) = 1.70x for a = 0.7, k = 4, c = 0.16
+    ratio, s = speculative
+    assert 1.5 <= ratio[1] <= 2.0, f"speed-up at batch 1 {ratio[1]:.2f}x, outside 1.5-2.0x"
+    spec = s["draft-k4[num_users=1]"]["spec_decode"]
+    assert 2.6 <= spec["mean_acceptance_length"] <= 2.9  # 1 + 0.7 (1 - 0.7^4) / 0.3 = 2.77
+    assert 0.3 <= spec["draft_time_share"] <= 0.45
+
+
+def test_speculative_decoding_gain_shrinks_then_turns_into_a_loss(speculative):
+    # vLLM docs (medium-to-low QPS) and Liu et al. 2024 (higher request rates: latency increases)
+    ratio, s = speculative
+    users = sorted(ratio)
+    assert all(ratio[a] > ratio[b] for a, b in zip(users, users[1:-1], strict=False)), ratio
+    assert ratio[64] > 1.0, ratio
+    assert 0.8 <= ratio[256] < 1.0 and 0.8 <= ratio[512] < 1.0, ratio
+    # the loss shows in the latency too: each token of a busy server's reply comes later
+    assert s["draft-k4[num_users=512]"]["tpot"]["mean"] > s["no-spec[num_users=512]"]["tpot"]["mean"]
+
+
+def test_speculation_off_under_load_keeps_the_gain_and_drops_the_loss(speculative):
+    # vLLM's disable_by_batch_size (SmartSpec's point: speculate by the load)
+    ratio, s = speculative
+
+    def gain(users: int) -> float:
+        off = s[f"draft-k4-off-under-load[num_users={users}]"]["output_throughput"]
+        return off / s[f"no-spec[num_users={users}]"]["output_throughput"]
+
+    for users in (1, 16, 64):  # below the threshold: the very runs of draft-k4
+        assert gain(users) == ratio[users]
+    assert 0.99 <= gain(256) <= 1.1 and 0.99 <= gain(512) <= 1.1, (gain(256), gain(512))

@@ -7,6 +7,7 @@ import re
 
 import pytest
 
+from sim.presets.gpus import MORE_GPU_PRESETS
 from sim.specs import (
     GPU_PRESETS,
     MODEL_PRESETS,
@@ -210,15 +211,15 @@ def test_invalid_shape() -> None:
 
 
 def test_gpu_presets() -> None:
-    assert set(GPU_PRESETS) == {"h200", "h100-sxm", "a100-80gb", "a100-40gb", "l40s", "l4"}
+    assert set(GPU_PRESETS) >= {"h200", "h100-sxm", "a100-80gb", "a100-40gb", "l40s", "l4"}  # + sim/presets/gpus.py
     h100 = GPUSpec.from_name("H100-SXM")
     assert h100.peak("bf16") == pytest.approx(989.4e12)
     assert h100.peak("fp8") == pytest.approx(2 * 989.4e12, rel=1e-3)
     assert h100.mem_bandwidth == 3.35e12
     assert GPUSpec.from_name("a100-80gb").peak("fp8") == 0.0
     assert GPUSpec.from_name("h200").memory_bytes > GPUSpec.from_name("h100-sxm").memory_bytes
-    for g in GPU_PRESETS.values():
-        assert g.peak("bf16") > 0 and g.price_per_hour > 0
+    for name, g in GPU_PRESETS.items():
+        assert g.peak("bf16") > 0 and (g.price_per_hour > 0 or name in MORE_GPU_PRESETS)
     with pytest.raises(ValueError, match="presets"):
         GPUSpec.from_name("tpu-v5")
 
@@ -312,7 +313,7 @@ MIXTRAL_8X7B = {  # mistralai/Mixtral-8x7B-v0.1 config.json (shape fields)
 
 
 @pytest.mark.parametrize("change, field", [
-    ({}, "num_local_experts = 8"),
+    ({"n_shared_experts": 2}, "n_shared_experts = 2"),  # shared experts: not modelled
     ({"model_type": "llama"}, "num_local_experts = 8"),  # relabelled, still a mixture of experts
     ({"model_type": "mistral", "num_local_experts": None, "num_experts_per_tok": None, "sliding_window": 4096},
      "sliding_window = 4096"),  # Mistral-7B v0.1's window over a 32k context
@@ -337,7 +338,7 @@ def test_refused_config_exits_2_naming_the_field(tmp_path) -> None:
 
     from sim.cli import app
 
-    (tmp_path / "config.json").write_text(json.dumps(MIXTRAL_8X7B))
+    (tmp_path / "config.json").write_text(json.dumps({**MIXTRAL_8X7B, "model_type": "llama"}))
     res = CliRunner().invoke(app, ["capacity", "--model", str(tmp_path / "config.json"), "--gpu", "h100",
                                    "--context", "4096"])
     assert res.exit_code == 2, res.output

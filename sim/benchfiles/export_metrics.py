@@ -19,6 +19,7 @@ import numpy as np
 from sim.benchfiles.export_vllm import _model_of
 from sim.benchfiles.stats import pooled_itls
 from sim.records import RunResult
+from sim.spec_decode import openmetrics_lines
 
 # vLLM's bucket boundaries (seconds) for these histograms
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
@@ -114,5 +115,7 @@ def openmetrics_text(result: RunResult, *, max_points: int = 2000) -> str:
                pooled_itls(result), TPOT_BUCKETS, ts)
     _histogram(lines, "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", lab, e2el,
                E2E_BUCKETS, ts)
+    if result.spec_decode:  # speculative decoding's counters, at the end of the run
+        lines += openmetrics_lines(result.spec_decode, lab, ts)
     lines.append("# EOF")
     return "\n".join(lines) + "\n"

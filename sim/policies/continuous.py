@@ -9,8 +9,12 @@ while the token budget and the KV blocks allow. Three flavours:
   (vLLM v0's default; decodes stall while prompts are computed);
 - ``mixed`` without chunking: decodes plus whole prompts that fit the remaining budget in one step.
 
-When a running request cannot get a block, the latest-admitted running request is preempted, by recompute
-(its KV is dropped and rebuilt later) or by swap (its KV is copied to CPU memory), as vLLM does.
+With ``no_evict`` (TensorRT-LLM's GUARANTEED_NO_EVICT capacity scheduler) a waiting request is admitted only
+when the blocks of its whole prompt + output fit beside what every running and swapped request may still grow
+to, so no running request ever runs out of blocks. Otherwise (MAX_UTILIZATION, vLLM, SGLang) requests are
+admitted while blocks are free now. When a running request cannot get a block, the latest-admitted running
+request is preempted, by recompute (its KV is dropped and rebuilt later) or by swap (its KV is copied to CPU
+memory), as vLLM does.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ class ContinuousPolicy(Policy):
     prefill_mode: str = "prefill_first"  # without chunking: "prefill_first" or "mixed"
     preemption_mode: str = "recompute"  # "recompute" or "swap"
     admission: Admission = field(default_factory=Admission)
+    no_evict: bool = False  # admit only what is guaranteed to finish without preemption (see the module doc)
 
     def __post_init__(self) -> None:
         if self.prefill_mode not in ("prefill_first", "mixed"):
@@ -118,11 +123,17 @@ class ContinuousPolicy(Policy):
         num_seqs = len(view.running) - len(plan.preempt) + len(plan.swap_in)
         if not (self.enable_chunked_prefill or self.prefill_mode == "mixed"):
             num_seqs = len(view.running)  # prefill-first: the running requests still hold their slots
+        headroom = self._headroom(view) if self.no_evict else 0
         for r in view.waiting:
             if r.id in rejected:
                 continue
             if num_seqs >= self.limits.max_num_seqs or tokens <= 0:
                 break
+            if self.no_evict:
+                need = -(-r.max_len // view.kv.block_size)
+                if need > headroom:
+                    break
+                headroom -= need
             n = r.num_tokens - max(r.num_computed_tokens, view.kv.num_cached_tokens(r))
             if self.enable_chunked_prefill:
                 n = min(n, tokens)
@@ -134,3 +145,12 @@ class ContinuousPolicy(Policy):
             tokens -= n
             num_seqs += 1
         return tokens
+
+    @staticmethod
+    def _headroom(view: View) -> int:
+        """Blocks not promised to a running or swapped request's whole prompt + output. It depends only on who
+        runs, not on how far they got (blocks held + blocks still to come = blocks of the whole request), so the
+        core's decode fast path may skip asking while nobody arrives or finishes."""
+        bs = view.kv.block_size
+        promised = sum(-(-r.max_len // bs) for r in view.running) + sum(-(-r.max_len // bs) for r in view.swapped)
+        return view.kv.num_blocks - promised

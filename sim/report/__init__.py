@@ -84,6 +84,7 @@ from sim.report.memory import (
     request_kv_tokens,
     request_kv_window,
 )
+from sim.report.pipeline import host_kv_sections, pipeline_sections
 from sim.report.slots import (
     PAD_COLOR,
     SLOT_COLORS,
@@ -97,6 +98,7 @@ from sim.report.slots import (
     slot_layout,
     slot_window,
 )
+from sim.report.spec_decode import spec_decode_parts
 from sim.report.sweep import (
     _SWEEP_NAME,
     SWEEP_PANELS,
@@ -267,8 +269,19 @@ def _cluster_section(results: list[RunResult], summaries: dict) -> list[Section]
     return [Section("Cluster", fig, note + table)]
 
 
+def _disagg_section(results: list[RunResult], summaries: dict) -> list[Section]:
+    from sim.report.disagg import NOTE, disagg_table_html, fig_disagg
+
+    fig = fig_disagg(results, summaries)
+    return [] if fig is None else [Section("Disaggregation", fig, _p(NOTE) + disagg_table_html(results, summaries))]
+
+
 def _throughput_section(results: list[RunResult], summaries: dict) -> list[Section]:
     return [Section("Throughput", fig_throughput(results, per_run_points(len(results))))]
+
+
+def _spec_decode_section(results: list[RunResult], summaries: dict) -> list[Section]:
+    return [Section(t, f, h) for t, f, h in spec_decode_parts(results, summaries)]
 
 
 SectionBuilder = Callable[[list[RunResult], dict], list[Section]]
@@ -283,6 +296,10 @@ SECTIONS: list[SectionBuilder] = [
     _sweep_section,
     _throughput_section,
     _cluster_section,
+    _spec_decode_section,
+    pipeline_sections,
+    host_kv_sections,
+    _disagg_section,
 ]
 
 

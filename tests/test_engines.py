@@ -1,0 +1,171 @@
+"""deployment.engine: each engine's KV memory rule and admission rule against hand computations."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from sim.block_manager import PagedBlockManager
+from sim.cli import app
+from sim.policies import ContinuousPolicy, Limits
+from sim.request import RequestSpec
+from sim.scenario import ScenarioError, build, parse_scenario, variant_configs
+from sim.specs import GiB, ModelSpec, estimate_activation_reserve, resolve_gpu
+from tests.conftest import ConstCost, simulate
+
+MML = 1024  # max_model_len of the deployments below
+WL = {"arrival": {"type": "all_at_once"}, "num_requests": 2, "prompt_len": {"type": "fixed", "value": 100},
+      "output_len": {"type": "fixed", "value": 10}}
+KV_BYTES_PER_TOKEN_70B_FP8 = 2 * 80 * 8 * 128 * 1  # K and V x layers x KV heads x head_dim x 1 byte
+
+
+def _built(engine, policy=None, **dep):
+    raw = {"name": "t", "workload": WL,
+           "deployment": {"model": "llama-3.1-70b", "gpu": "h100-sxm", "weight_dtype": "fp8", "kv_dtype": "fp8",
+                          "max_model_len": MML, **dep}}
+    if engine is not None:
+        raw["deployment"]["engine"] = engine
+    if policy is not None:
+        raw["policy"] = policy
+    cfg = variant_configs(parse_scenario(raw, "t"))[0]
+    return build(cfg)
+
+
+def _weights() -> int:
+    return ModelSpec.from_name("llama-3.1-70b").shard(1).weight_bytes("fp8")
+
+
+def test_vllm_v1_budget_and_scheduler_defaults() -> None:
+    policy, _, _, b = _built("vllm-v1")
+    total = resolve_gpu("h100-sxm").memory_bytes
+    # vLLM v1 on an 80 GB H100 (API server): 8192 batched tokens, 1024 sequences, chunked prefill on
+    assert (policy.limits.max_num_batched_tokens, policy.limits.max_num_seqs) == (8192, 1024)
+    assert policy.enable_chunked_prefill and not policy.no_evict
+    reserve = estimate_activation_reserve("llama-3.1-70b", weight_dtype="fp8", max_num_batched_tokens=8192,
+                                          max_num_seqs=1024)
+    kv = int(0.9 * total) - _weights() - reserve
+    assert b.budget.kv_memory == kv
+    assert b.budget.num_gpu_blocks == kv // (16 * KV_BYTES_PER_TOKEN_70B_FP8)
+
+
+def test_vllm_v1_offline_and_small_gpu() -> None:
+    policy, *_ = _built({"name": "vllm-v1", "usage_context": "offline"}, model="llama-3.1-8b", weight_dtype="bf16",
+                        kv_dtype="auto")
+    assert policy.limits.max_num_batched_tokens == 16384
+    raw = {"name": "t", "workload": WL,
+           "deployment": {"model": "llama-3.1-8b", "gpu": "a100-80gb", "engine": "vllm-v1", "max_model_len": MML}}
+    policy, *_ = build(variant_configs(parse_scenario(raw, "t"))[0])
+    # vLLM keeps an A100 on the small defaults (PR #17885): 2048 tokens, 256 sequences
+    assert (policy.limits.max_num_batched_tokens, policy.limits.max_num_seqs) == (2048, 256)
+
+
+def test_tensorrt_llm_free_fraction_and_no_evict() -> None:
+    policy, _, _, b = _built("tensorrt-llm")
+    total = resolve_gpu("h100-sxm").memory_bytes
+    assert (policy.limits.max_num_batched_tokens, policy.limits.max_num_seqs) == (8192, 2048)
+    assert policy.no_evict and not policy.enable_chunked_prefill and policy.prefill_mode == "mixed"
+    reserve = estimate_activation_reserve("llama-3.1-70b", weight_dtype="fp8", max_num_batched_tokens=8192,
+                                          max_num_seqs=2048)
+    kv = math.floor(0.9 * (total - _weights() - reserve))
+    assert b.budget.kv_memory == kv
+    assert b.budget.num_gpu_blocks == kv // (16 * KV_BYTES_PER_TOKEN_70B_FP8)
+    # what the fraction leaves is far more than vLLM's rule leaves for fp8 70B on one 80 GB GPU
+    assert b.budget.num_gpu_blocks > 5 * _built("vllm-v1")[3].budget.num_gpu_blocks
+    _, _, _, b95 = _built({"name": "tensorrt-llm", "kv_cache_free_gpu_mem_fraction": 0.95})
+    assert b95.budget.kv_memory == math.floor(0.95 * (total - _weights() - reserve))
+
+
+def test_sglang_static_fraction_and_request_pool() -> None:
+    policy, _, _, b = _built("sglang")
+    total = resolve_gpu("h100-sxm").memory_bytes
+    kv = math.floor(0.88 * total) - _weights() - 1 * GiB  # tp 1: mem_fraction_static 0.88
+    assert b.budget.kv_memory == kv
+    blocks = kv // (16 * KV_BYTES_PER_TOKEN_70B_FP8)
+    assert b.budget.num_gpu_blocks == blocks
+    assert policy.enable_chunked_prefill and policy.limits.max_num_batched_tokens == 8192
+    assert policy.limits.max_num_seqs == int(min(max(blocks * 16 / MML * 512, 2048), 4096))
+    _, _, _, b2 = _built("sglang", tensor_parallel_size=4)  # tp 4: 0.85
+    w4 = ModelSpec.from_name("llama-3.1-70b").shard(4).weight_bytes("fp8")
+    assert b2.budget.kv_memory == math.floor(0.85 * total) - w4 - 1 * GiB
+
+
+def test_vllm_v0_prefill_first_and_its_budget() -> None:
+    policy, *_ = _built("vllm-v0")
+    assert not policy.enable_chunked_prefill and policy.prefill_mode == "prefill_first"
+    assert (policy.limits.max_num_batched_tokens, policy.limits.max_num_seqs) == (max(MML, 2048), 256)
+
+
+def test_policy_keys_win_over_the_engine() -> None:
+    policy, *_ = _built("tensorrt-llm", policy={"type": "continuous", "max_num_seqs": 64,
+                                               "capacity_scheduler_policy": "max_utilization"})
+    assert policy.limits.max_num_seqs == 64 and not policy.no_evict
+    policy, *_ = _built("vllm-v1", policy={"type": "continuous", "enable_chunked_prefill": False})
+    assert not policy.enable_chunked_prefill and policy.limits.max_num_batched_tokens == 8192  # max(8192, 1024)
+
+
+def test_a_key_of_another_engine_is_refused() -> None:
+    with pytest.raises(ScenarioError, match="mem_fraction_static is sglang's"):
+        _built({"name": "vllm-v1", "mem_fraction_static": 0.8})
+
+
+def test_unknown_engine_exits_2_naming_it(tmp_path: Path) -> None:
+    p = tmp_path / "s.yaml"
+    p.write_text(yaml.safe_dump({"name": "t", "workload": WL,
+                                 "deployment": {"engine": "vllm-v9"}}))
+    res = CliRunner().invoke(app, ["run", str(p), "-q", "-o", str(tmp_path / "o")])
+    assert res.exit_code == 2 and "deployment.engine" in res.output and "Traceback" not in res.output
+
+
+def test_guaranteed_no_evict_against_max_utilization_by_hand() -> None:
+    """8 blocks of 4 tokens; three requests at t=0 of 4 prompt + 8 output tokens (12 tokens = 3 blocks at the
+    end); steps of 1 s. No-evict admits r0 and r1 (6 of 8 blocks promised; r2's 3 do not fit the 2 left): they
+    prefill in step 1 (first token at t=1), decode 7 more tokens and finish at t=8; r2 then runs alone from t=8:
+    first token at 9, finish at 16; nothing is ever preempted. Max-utilization admits all three at once (a block
+    each) and must preempt when their third blocks are due."""
+    specs = [RequestSpec(i, 0.0, 4, 8) for i in range(3)]
+    lim = Limits(max_num_seqs=8, max_num_batched_tokens=64, max_model_len=16)
+    safe = simulate(specs, ContinuousPolicy(limits=lim, enable_chunked_prefill=True, no_evict=True),
+                    PagedBlockManager(8, 4), cost=ConstCost())
+    r = safe.requests
+    assert [(r[i].first_token, r[i].finish) for i in range(3)] == [(1.0, 8.0), (1.0, 8.0), (9.0, 16.0)]
+    assert sum(x.num_preemptions for x in r.values()) == 0
+    greedy = simulate(specs, ContinuousPolicy(limits=lim, enable_chunked_prefill=True), PagedBlockManager(8, 4), cost=ConstCost())
+    assert sum(x.num_preemptions for x in greedy.requests.values()) > 0
+    # the fast path and step-by-step agree on the no-evict schedule
+    slow = simulate(specs, ContinuousPolicy(limits=lim, enable_chunked_prefill=True, no_evict=True),
+                    PagedBlockManager(8, 4), cost=ConstCost(), fast=False)
+    assert [(x.first_token, x.finish) for x in slow.requests.values()] == \
+        [(x.first_token, x.finish) for x in r.values()]
+
+
+def test_no_engine_records_the_classic_config() -> None:
+    raw = {"name": "t", "workload": WL, "deployment": {"max_model_len": MML}}
+    cfg = variant_configs(parse_scenario(raw, "t"))[0]
+    d = cfg.to_dict(build(cfg)[3].policy)
+    assert "engine" not in d["deployment"] and "capacity_scheduler_policy" not in d["policy"]
+    assert (d["policy"]["max_num_seqs"], d["policy"]["enable_chunked_prefill"], d["policy"]["prefill_mode"]) == \
+        (256, False, "prefill_first")
+
+
+def test_static_policy_hint_names_its_own_keys() -> None:
+    raw = {"name": "t", "workload": WL, "policy": {"type": "static", "batch_size": 64},
+           "kv_cache": {"type": "contiguous"},
+           "deployment": {"model": "llama-3.1-70b", "gpu": "h100-sxm", "tensor_parallel_size": 2,
+                          "max_model_len": 4096}}
+    with pytest.raises(ScenarioError) as e:
+        build(variant_configs(parse_scenario(raw, "t"))[0])
+    msg = str(e.value)
+    assert "policy.batch_size" in msg and "max_num_batched_tokens 262144" not in msg
+    assert "enable_chunked_prefill" not in msg and "policy.max_num_batched_tokens" not in msg
+
+
+def test_classic_pins_the_behaviour_of_no_engine() -> None:
+    a = _built(None, policy={"type": "continuous"})
+    b = _built("classic", policy={"type": "continuous"})
+    assert (a[0].limits, a[0].enable_chunked_prefill, a[0].prefill_mode) == \
+        (b[0].limits, b[0].enable_chunked_prefill, b[0].prefill_mode)
+    assert a[3].budget == b[3].budget

@@ -1,0 +1,277 @@
+"""Pipeline parallelism (sim/pipeline.py): stage memory, round times, bubbles, the scenario keys, and the lesson's
+range (GPipe's bubble at one micro-batch, gone with one micro-batch per stage)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from sim.cli import app
+from sim.costmodel import AnalyticCostModel, StepShape
+from sim.pipeline import LINK_PRESETS, PipelineCostModel, resolve_link, stage_model, wrap_pipeline
+from sim.run import run_scenario
+from sim.scenario import ScenarioError, build, load_scenario, parse_scenario, variant_configs
+from sim.specs import kv_budget, resolve_gpu, resolve_model
+
+SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
+M70 = resolve_model("llama-3.1-70b")
+H100 = resolve_gpu("h100-sxm")
+
+
+def pipeline(pp: int = 4, link: str = "nvlink") -> PipelineCostModel:
+    cost = wrap_pipeline(AnalyticCostModel(M70, H100), M70, H100, pipeline_parallel_size=pp, link=link)
+    assert isinstance(cost, PipelineCostModel)
+    return cost
+
+
+def test_one_stage_is_the_cost_model_itself() -> None:
+    inner = AnalyticCostModel(M70, H100)
+    assert wrap_pipeline(inner, M70, H100, pipeline_parallel_size=1) is inner
+    assert stage_model(M70, 1) is M70
+
+
+def test_stage_holds_its_layers_weights_and_kv() -> None:
+    st = stage_model(M70, 4)
+    assert st.num_layers == 20  # 80 layers over 4 stages
+    assert stage_model(resolve_model("llama-3.1-8b"), 3).num_layers == 11  # 32 / 3: the largest stage
+    whole = kv_budget(M70, H100, tensor_parallel_size=4)
+    piped = kv_budget(st, H100)
+    # a stage's KV per token is a quarter of the model's, as with tp=4 (8 KV heads split in 4)
+    assert piped.bytes_per_token * 4 == 2 * 80 * 8 * 128 * 2  # K and V, 80 layers, 8 KV heads of 128, bf16
+    assert piped.bytes_per_token == whole.bytes_per_token
+    # weights per GPU: a quarter of the layers, but embedding and LM head whole (tp splits those too)
+    assert whole.weight_bytes < piped.weight_bytes < 1.1 * whole.weight_bytes
+    with pytest.raises(ValueError, match="exceeds"):
+        stage_model(M70, 81)
+
+
+def test_round_is_one_micro_batch_through_every_stage_plus_hops() -> None:
+    pp = pipeline()
+    inner = pp.inner
+    assert isinstance(inner, AnalyticCostModel)
+    bw, lat = LINK_PRESETS["nvlink"]
+    hop = lat + 8192 * 2 / bw  # one decode token's activations, bf16
+    one = StepShape(1, 1, 1, 500, 500)
+    assert pp.step_time(one) == pytest.approx(inner.step_time(one) + 3 * hop, rel=1e-12)
+    # 8 rows: 4 micro-batches of 2 rows; the host overhead of all 8 rows once
+    eight, two = StepShape(8, 8, 8, 4000, 4000), StepShape(2, 2, 2, 1000, 1000)
+    o8 = inner.step_overhead + 8 * inner.per_request_overhead
+    o2 = inner.step_overhead + 2 * inner.per_request_overhead
+    hop2 = lat + 2 * 8192 * 2 / bw
+    assert pp.step_time(eight) == pytest.approx(o8 + inner.step_time(two) - o2 + 3 * hop2, rel=1e-12)
+    assert pp.peak_flops == 4 * inner.peak_flops
+    assert pp.step_flops(eight) == inner.step_flops(eight)
+
+
+def test_arrays_give_the_scalars() -> None:
+    pp = pipeline()
+    rows = [1, 2, 3, 7, 64]
+    arr = pp.step_time(StepShape(np.array(rows), np.array(rows), np.array(rows), np.array(rows) * 300,
+                                 np.array(rows) * 300))
+    assert list(arr) == [pp.step_time(StepShape(n, n, n, n * 300, n * 300)) for n in rows]
+    times, _ = pp.decode_steps(rows, [n * 300 for n in rows])
+    assert times == list(arr)
+
+
+def test_stage_busy_inverts_the_round() -> None:
+    pp = pipeline()
+    rows = np.array([1, 2, 4, 16])
+    tokens = rows.copy()
+    dur = np.array([pp.step_time(StepShape(n, n, n, n * 300, n * 300)) for n in rows])
+    busy = pp.stage_busy(rows, tokens, dur)
+    inner = pp.inner
+    assert isinstance(inner, AnalyticCostModel)
+    for n, b, d in zip(rows, busy, dur, strict=True):
+        m = min(n, 4)
+        mb = StepShape(n / m, n / m, n / m, n / m * 300, n / m * 300)
+        work = inner.step_time(mb) - inner.step_overhead - n / m * inner.per_request_overhead
+        assert b == pytest.approx(m * work / 4, rel=1e-9)
+    util = busy / dur
+    assert 0.24 < util[0] < 0.25 and util[1] == pytest.approx(2 * util[0], rel=0.02) and util[3] > 0.95
+
+
+def test_links() -> None:
+    assert resolve_link("auto", H100)[0] == "nvlink"
+    assert resolve_link("auto", resolve_gpu("l40s"))[0] == "pcie"  # no NVLink
+    slow, fast = pipeline(link="infiniband"), pipeline(link="nvlink")
+    one = StepShape(1, 1, 1, 500, 500)
+    assert slow.step_time(one) - fast.step_time(one) == pytest.approx(3 * (20e-6 - 5e-6 + 16384 / 50e9 - 16384 / 450e9))
+
+
+def _scenario(**dep) -> dict:
+    return {"workload": {"arrival": {"type": "poisson", "rate": 1}, "num_requests": 10,
+                         "prompt_len": {"type": "fixed", "value": 64}, "output_len": {"type": "fixed", "value": 8}},
+            "deployment": {"model": "llama-3.1-70b", "gpu": "h100-sxm", "max_model_len": 4096, **dep}}
+
+
+def test_scenario_builds_a_pipeline_and_refuses_too_many_stages() -> None:
+    _, _, cost, built = build(variant_configs(parse_scenario(_scenario(pipeline_parallel_size=4)))[0])
+    assert isinstance(cost, PipelineCostModel) and cost.pipeline_parallel_size == 4 and cost.link == "nvlink"
+    assert built.budget.weight_bytes < 40 * 2**30  # a quarter of 141 GB of bf16 weights, and the embeddings
+    with pytest.raises(ScenarioError, match="pipeline_parallel_size=81 exceeds"):
+        build(variant_configs(parse_scenario(_scenario(pipeline_parallel_size=81)))[0])
+    with pytest.raises(ScenarioError, match="pipeline_link"):
+        parse_scenario(_scenario(pipeline_parallel_size=2, pipeline_link="carrier-pigeon"))
+
+
+def test_cli_refuses_a_bad_degree_with_exit_2(tmp_path: Path) -> None:
+    f = tmp_path / "s.yaml"
+    f.write_text("workload: {arrival: {type: poisson, rate: 1}, num_requests: 4, prompt_len: {type: fixed, value: 8}, "
+                 "output_len: {type: fixed, value: 8}}\n"
+                 "deployment: {model: llama-3.1-8b, pipeline_parallel_size: 40}\n")
+    res = CliRunner().invoke(app, ["run", str(f), "-q", "-o", str(tmp_path / "out")])
+    assert res.exit_code == 2 and "exceeds" in res.output and "Traceback" not in res.output
+
+
+@pytest.fixture(scope="module")
+def bubbles() -> dict[int, dict]:
+    path = SCENARIOS / "lesson-pipeline-bubbles.yaml"
+    scenario, raw = load_scenario(path, {"workload.num_requests": 32})
+    run = run_scenario(scenario, raw, source=str(path))
+    return {int(k.split("num_users=")[1].rstrip("]")): v for k, v in run.summaries.items()}
+
+
+def test_lesson_bubble_is_gpipes_at_one_micro_batch_and_gone_at_one_per_stage(bubbles) -> None:
+    # GPipe (Huang et al. 2019): bubble (p - 1) / (m + p - 1) = 0.75 for p = 4, m = 1; the host overhead and the
+    # hops add a little. Measured (32 requests): 0.757, 0.514, 0.029, 0.031
+    b = {u: s["pipeline"]["bubble_fraction"] for u, s in bubbles.items()}
+    assert 0.74 <= b[1] <= 0.80
+    assert 0.48 <= b[2] <= 0.56  # two micro-batches: each stage works half the time
+    assert b[4] < 0.06 and b[16] < 0.06
+    assert b[1] > b[2] > b[4]
+    assert bubbles[1]["pipeline"]["mean_micro_batches"] == 1.0 and bubbles[16]["pipeline"]["mean_micro_batches"] == 4.0
+
+
+def test_lesson_throughput_follows_the_micro_batches_not_the_latency(bubbles) -> None:
+    tput = {u: s["output_throughput"] for u, s in bubbles.items()}
+    tpot = {u: s["tpot"]["mean"] for u, s in bubbles.items()}
+    assert tput[4] / tput[1] == pytest.approx(4.0, rel=0.05)
+    assert tput[16] / tput[4] > 3.5  # 4 rows per micro-batch: still bandwidth-bound, almost free
+    assert max(tpot.values()) / min(tpot.values()) < 1.02  # one token still crosses all four stages
+
+
+def test_report_has_the_pipeline_section_only_when_pipelined(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    res = CliRunner().invoke(app, ["run", str(SCENARIOS / "lesson-pipeline-bubbles.yaml"), "-q", "-o", str(out),
+                                   "--set", "workload.num_requests=8"])
+    assert res.exit_code == 0, res.output
+    page = (out / "report.html").read_text()
+    assert "Pipeline stages" in page and "GPipe m" in page and "stage utilisation" in page
+    assert "Host tier of the prefix cache" not in page
+
+
+def test_capacity_lists_every_split_of_a_gpu_count() -> None:
+    from sim.capacity import capacity_table, format_capacity
+
+    t = capacity_table("llama-3.1-70b", "h100-sxm", num_gpus=8, weight_dtypes=["bf16"], kv_dtypes=["auto"])
+    assert [(r.tensor_parallel_size, r.pipeline_parallel_size) for r in t.rows] == [(1, 8), (2, 4), (4, 2), (8, 1)]
+    by = {r.pipeline_parallel_size: r for r in t.rows}
+    # every split holds about the same KV (the layers or the heads are divided 8 ways); stages repeat the
+    # embedding and LM head, so a deeper pipeline keeps a little less
+    assert by[8].kv_bytes_per_token == by[1].kv_bytes_per_token == 2 * 10 * 8 * 128 * 2
+    assert by[8].capacity_tokens < by[4].capacity_tokens < by[2].capacity_tokens < by[1].capacity_tokens
+    assert by[8].capacity_tokens > 0.9 * by[1].capacity_tokens
+    assert by[2].sessions_per_gpu[0] == by[2].sessions[0] / 8
+    assert t.row("bf16", "auto", 2, 4) is by[4]
+    text = format_capacity(t)
+    assert " tp pp " in text and "pp: pipeline stages" in text
+    plain = format_capacity(capacity_table("llama-3.1-70b", "h100-sxm", tensor_parallel_sizes=[4]))
+    assert " pp " not in plain  # the default table is as it was
+
+
+def test_capacity_cli_gpus_and_bad_pp(tmp_path: Path) -> None:
+    res = CliRunner().invoke(app, ["capacity", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "4",
+                                   "--weight-dtype", "bf16", "--kv-dtype", "auto", "--json"])
+    assert res.exit_code == 0, res.output
+    import json
+
+    rows = json.loads(res.stdout)["rows"]
+    assert [(r["tensor_parallel_size"], r["pipeline_parallel_size"]) for r in rows] == [(1, 4), (2, 2), (4, 1)]
+    res = CliRunner().invoke(app, ["capacity", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--pp", "64"])
+    assert res.exit_code == 2 and "exceeds" in res.output and "Traceback" not in res.output
+
+
+def test_plan_searches_tp_x_pp(tmp_path: Path) -> None:
+    from sim.planner import plan
+
+    f = tmp_path / "plan.yaml"
+    f.write_text("""
+name: plan-pp
+workload: {arrival: {type: poisson, rate: 2}, num_requests: 100, prompt_len: {type: fixed, value: 512},
+           output_len: {type: fixed, value: 128}}
+deployment: {model: llama-3.1-70b, gpu: h100-sxm, max_model_len: 4096}
+slos: {ttft: 2.0, tpot: 0.1}
+plan: {gpus: [h100-sxm], tensor_parallel_sizes: [1, 2, 4], pipeline_parallel_sizes: [1, 2, 4, 96],
+       weight_dtypes: [bf16], kv_dtypes: [auto], max_num_seqs: [64], enable_chunked_prefill: [true], max_gpus: 4,
+       stop_early: false}
+""")
+    sc, _ = load_scenario(f)
+    r = plan(sc)
+    got = {(e.candidate.tensor_parallel_size, e.candidate.pipeline_parallel_size, e.candidate.replicas): e
+           for e in r.evaluations}
+    # every tp x pp x replicas of at most 4 GPUs; 96 stages exceed the 80 layers and are skipped
+    assert set(got) == {(1, 1, 1), (1, 1, 2), (1, 1, 3), (1, 1, 4), (2, 1, 1), (2, 1, 2), (4, 1, 1),
+                        (1, 2, 1), (1, 2, 2), (2, 2, 1), (1, 4, 1)}
+    assert got[(1, 1, 1)].status == "pruned" and got[(1, 1, 1)].bound == "memory"  # 141 GB on one H100
+    assert got[(1, 4, 1)].status == "met" and got[(1, 4, 1)].candidate.num_gpus == 4
+    assert "pp4" in got[(1, 4, 1)].candidate.label() and got[(2, 2, 1)].candidate.to_dict()["pipeline_parallel_size"] == 2
+    # a pipeline's TPOT is the whole model's on one stage group: tp4 decodes faster than pp4 on the same 4 GPUs
+    assert got[(4, 1, 1)].latency["tpot"] < got[(1, 4, 1)].latency["tpot"]
+    assert r.chosen is not None and r.chosen.candidate.num_gpus == 2
+
+
+@pytest.mark.parametrize("section", ["pipeline", "host"])
+def test_real_engine_refuses_what_it_does_not_run(section: str) -> None:
+    pytest.importorskip("torch")
+    from realengine.engine import engine_config
+
+    raw = _scenario(pipeline_parallel_size=2) if section == "pipeline" else {
+        **_scenario(), "kv_cache": {"type": "paged", "enable_prefix_caching": True, "host_cache": {"size_gib": 1}}}
+    cfg = variant_configs(parse_scenario(raw))[0]
+    with pytest.raises(ScenarioError, match="pipeline_parallel_size" if section == "pipeline" else "host_cache"):
+        engine_config(cfg, model_spec="tiny")
+
+
+def test_fast_path_gives_the_steps_of_stepping_one_by_one() -> None:
+    from sim.run import generate_workload, simulate_variant
+
+    raw = _scenario(pipeline_parallel_size=4)
+    raw["workload"] = {"arrival": {"type": "poisson", "rate": 4}, "num_requests": 60,
+                       "prompt_len": {"type": "uniform", "low": 16, "high": 600},
+                       "output_len": {"type": "uniform", "low": 2, "high": 200}}
+    sc = parse_scenario(raw)
+    cfg = variant_configs(sc)[0]
+    wl = generate_workload(sc)
+    fast, _, _ = simulate_variant(cfg, wl, fast_path=True)
+    slow, _, _ = simulate_variant(cfg, wl, fast_path=False)
+    for k in fast.steps:
+        assert np.array_equal(fast.steps[k], slow.steps[k]), k
+    assert [(r.id, r.first_token, r.finish) for r in fast.requests] == \
+        [(r.id, r.first_token, r.finish) for r in slow.requests]
+    assert fast.pipeline == slow.pipeline
+
+
+def test_verdict_names_the_bubble_when_stages_idle(bubbles) -> None:
+    from sim.verdict import rank_limits
+
+    v = rank_limits(bubbles[1])
+    assert v.names[0] == "pipeline bubbles" and "1.0 micro-batches in flight for 4 stages" in v.text
+    assert "pipeline bubbles" not in rank_limits(bubbles[16]).names  # 3% idle: below what the ranking lists
+
+
+def test_uneven_stages_set_the_pace_once_full() -> None:
+    m8 = resolve_model("llama-3.1-8b")
+    inner = AnalyticCostModel(m8, H100)
+    pp = wrap_pipeline(inner, m8, H100, pipeline_parallel_size=3)
+    assert isinstance(pp, PipelineCostModel) and pp.stage_share == 11 / 32  # 11 + 11 + 10 layers
+    big, mb = StepShape(48, 48, 48, 48 * 1000, 48 * 1000), StepShape(16, 16, 16, 16000, 16000)
+    o = inner.step_overhead + 48 * inner.per_request_overhead
+    work = inner.step_time(mb) - inner.step_overhead - 16 * inner.per_request_overhead
+    # three micro-batches of 16 rows: the 11-layer stages compute 3 x 11/32 of a micro-batch's work per round,
+    # longer than one micro-batch's trip through the stages
+    assert pp.step_time(big) == pytest.approx(o + 3 * work * 11 / 32, rel=1e-12)
+    busy = pp.stage_busy(np.array([48]), np.array([48]), np.array([pp.step_time(big)]))
+    assert busy[0] == pytest.approx(3 * work / 3, rel=1e-9)
