@@ -182,8 +182,23 @@ class TimelineRouter:
 
     def __call__(self, req: Request, replicas: Sequence[Any]) -> int:
         now = self.env.now
-        name = self.name
-        return min(range(len(replicas)), key=lambda i: (*replicas[i].key(name, now), i))
+        if self.name != "least_kv":
+            name = self.name
+            return min(range(len(replicas)), key=lambda i: (*replicas[i].key(name, now), i))
+        # least_kv written out (it runs at every arrival over the fleet): ParkingReplica.key's two cases inline
+        best: tuple | None = None
+        for i, rep in enumerate(replicas):
+            core = rep.core
+            tl = rep.parked
+            if tl is None:
+                k = (kv_pressure(core), outstanding(core), i)
+            else:
+                kv = core.kv
+                k = (tl.used_at(now, kv.num_used_blocks) / kv.num_blocks, len(core.running), i)
+            if best is None or k < best:
+                best = k
+        assert best is not None
+        return best[2]
 
 
 def replica_figures(result: Any) -> tuple[float, float]:
