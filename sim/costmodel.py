@@ -188,6 +188,9 @@ class AnalyticCostModel(CostModel):
     per_request_overhead: float = DEFAULT_PER_REQUEST_OVERHEAD  # s per row per step
     dequant_overhead: float = DEFAULT_DEQUANT_OVERHEAD  # fraction added to weight-only quantized matmul time
     allreduce_latency: float = DEFAULT_ALLREDUCE_LATENCY  # s per all-reduce (tp > 1 only)
+    # host (CPU) seconds per second of GPU work that the GPU waits for (sim/engine_costs.py: vLLM 0.5 and 0.6);
+    # 0: the host work overlaps the GPU, as in an engine without a synchronous CPU loop
+    host_time_ratio: float = 0.0
 
     # Derived in __post_init__.
     compute_dtype: str = field(init=False)  # dtype of the linear layers' arithmetic
@@ -209,7 +212,8 @@ class AnalyticCostModel(CostModel):
         attn_eff = self.compute_efficiency if self.attention_efficiency is None else self.attention_efficiency
         if not 0.0 < attn_eff <= 1.0:
             raise ValueError(f"attention_efficiency must be in (0, 1], got {attn_eff}")
-        for name in ("step_overhead", "per_request_overhead", "dequant_overhead", "allreduce_latency"):
+        for name in ("step_overhead", "per_request_overhead", "dequant_overhead", "allreduce_latency",
+                     "host_time_ratio"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.block_size < 1:
@@ -250,7 +254,7 @@ class AnalyticCostModel(CostModel):
             ar_token = n_ar * (2.0 * (tp - 1) / tp) * h * act_b / link
         else:
             ar_const = ar_token = 0.0
-        k = (
+        k: tuple[float, ...] = (
             self.step_overhead,  # 0: s per step
             self.per_request_overhead,  # 1: s per row
             2.0 * s.active_body_params * t_flop_lin,  # 2: linear compute, s per token (MoE: its k experts)
@@ -264,6 +268,9 @@ class AnalyticCostModel(CostModel):
             ar_token,  # 10: all-reduce transfer, s per token
             self.block_size * kv_token / g.pcie_bandwidth,  # 11: swap, s per block
         )
+        if self.host_time_ratio > 0:  # every GPU part stretched by the host time it waits for; overheads as they are
+            stretch = 1.0 + self.host_time_ratio
+            k = k[:2] + tuple(x * stretch for x in k[2:])
         object.__setattr__(self, "model", m)
         object.__setattr__(self, "gpu", g)
         object.__setattr__(self, "weight_dtype", wd)
@@ -273,7 +280,8 @@ class AnalyticCostModel(CostModel):
         object.__setattr__(self, "_k", k)
         body, head = m.shard(1).active_body_params, m.shard(1).lm_head_params
         # MoE: seconds to read one expert of every layer, experts per layer, experts per token (sim/moe.py)
-        moe = (s.expert_bytes(wd) / bw, s.num_experts, s.experts_per_tok) if s.num_experts else None
+        moe = (s.expert_bytes(wd) / bw * (1.0 + self.host_time_ratio), s.num_experts, s.experts_per_tok) \
+            if s.num_experts else None
         object.__setattr__(self, "_moe", moe)
         object.__setattr__(self, "_flops", (2 * body, 2 * head, m.attn_flops_per_pair))
         object.__setattr__(self, "_peak", peak_lin * tp)
