@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from sim.mla import mla_attn_flops_per_pair
 from sim.moe import expected_experts
 from sim.specs import (
     DTYPE_BITS,
@@ -128,6 +129,14 @@ DEFAULT_PER_REQUEST_OVERHEAD = 1.0e-5  # s per row per step
 DEFAULT_DEQUANT_OVERHEAD = 0.1  # fraction added to the compute time of weight-only quantized matmuls
 # One all-reduce's fixed cost (NCCL or vLLM's custom all-reduce on NVLink: 5-20 us).
 DEFAULT_ALLREDUCE_LATENCY = 1.0e-5  # s per all-reduce
+
+
+def _attn_flops_per_pair(m: ModelSpec, heads: int) -> float:
+    """Attention FLOPs per causal query-key pair of one GPU's ``heads`` heads, all layers (an exact integer as a
+    float, so the product with the time per FLOP rounds as it always did). MLA: sim/mla.py."""
+    if m.kv_lora_rank:
+        return float(mla_attn_flops_per_pair(m, heads))
+    return 4.0 * m.num_layers * heads * m.head_dim
 
 
 def _is_array(*xs: Any) -> bool:
@@ -246,7 +255,7 @@ class AnalyticCostModel(CostModel):
                         + s.intermediate_size + h) * per_expert)  # down
         act_bytes_token = m.num_layers * layer_act * act_b
         act_bytes_row = m.word_embed_proj_dim * act_b + s.vocab_size * 4  # LM head input, fp32 logits
-        kv_token = 2 * m.num_layers * s.num_key_value_heads * hd * kv_dtype_bytes(kd)
+        kv_token = m.kv_elements_per_token(tp) * kv_dtype_bytes(kd)
         if tp > 1:
             link = g.nvlink_bandwidth * self.bandwidth_efficiency if g.nvlink_bandwidth > 0 else g.pcie_bandwidth
             n_ar = 2 * m.num_layers
@@ -262,7 +271,7 @@ class AnalyticCostModel(CostModel):
             s.weight_bytes_read_per_step(wd) / bw,  # 4: weights, s per step
             act_bytes_token / bw,  # 5: activations, s per token
             act_bytes_row / bw,  # 6: LM head activations, s per row
-            4.0 * m.num_layers * s.num_attention_heads * hd * t_flop_attn,  # 7: attention, s per pair
+            _attn_flops_per_pair(m, s.num_attention_heads) * t_flop_attn,  # 7: attention, s per pair
             kv_token / bw,  # 8: KV read or written, s per token
             ar_const,  # 9: all-reduce latency, s per step
             ar_token,  # 10: all-reduce transfer, s per token
@@ -294,8 +303,7 @@ class AnalyticCostModel(CostModel):
     @property
     def kv_bytes_per_token(self) -> int:
         """KV bytes per token on one GPU."""
-        return 2 * self.model.num_layers * self.model.shard(self.tensor_parallel_size).num_key_value_heads * \
-            self.model.head_dim * kv_dtype_bytes(self.kv_dtype)
+        return self.model.kv_elements_per_token(self.tensor_parallel_size) * kv_dtype_bytes(self.kv_dtype)
 
     def _time(self, n_seqs: Any, n_tok: Any, kv_read: Any, pairs: Any, swap: Any,
               mx: Callable[[Any, Any], Any]) -> Any:
