@@ -137,5 +137,6 @@ MORE_MODEL_PRESETS.update({
         "num_experts_per_tok": 6, "moe_intermediate_size": 1408, "first_k_dense_replace": 1, "moe_layer_freq": 1,
     },
 })
-MORE_MODEL_ALIASES = {"llama-3.3-70b-instruct": "llama-3.3-70b", "deepseek-v2-lite-chat": "deepseek-v2-lite", "mixtral-8x7b-v0.1": "mixtral-8x7b",
+MORE_MODEL_ALIASES = {"llama-3.3-70b-instruct": "llama-3.3-70b", "deepseek-v2-lite-chat": "deepseek-v2-lite",
+                      "mixtral-8x7b-v0.1": "mixtral-8x7b",
                       "meta-llama-3-8b": "llama-3-8b", "meta-llama-3-70b": "llama-3-70b"}
