@@ -38,6 +38,7 @@ from sim.block_manager import KVManager, PagedBlockManager
 from sim.contiguous_allocator import ContiguousAllocator
 from sim.costmodel import AnalyticCostModel, CostModel, FittedCostModel
 from sim.engine_costs import engine_cost_knobs, static_reserve_tokens
+from sim.window import window_refusal
 from sim.engines import (
     EngineConfig,
     EngineField,
@@ -934,6 +935,9 @@ def resolve_max_model_len(deployment: Deployment, model: ModelSpec) -> int:
             f"deployment.max_model_len {max_model_len} is longer than {model.name}'s context of "
             f"{model.max_position_embeddings} tokens"
         )
+    window = window_refusal(model, max_model_len)  # Gemma-2's local layers (sim/window.py)
+    if window is not None:
+        raise ScenarioError(window)
     return max_model_len
 
 

@@ -216,6 +216,10 @@ class ModelSpec:
     q_lora_rank: int = 0  # MLA: width of the compressed query; 0: queries not compressed
     n_shared_experts: int = 0  # MoE: experts every token passes through besides its top-k routed ones
     first_k_dense_replace: int = 0  # MoE: the first layers keep a dense MLP of intermediate_size
+    # Gemma-2 (sim/window.py): local layers attend to the last sliding_window tokens; every pattern-th is global
+    sliding_window: int = 0  # 0: every layer attends to the whole context
+    sliding_window_pattern: int = 0  # every n-th layer (from 1) is global; 0: all layers local
+    norms_per_layer: int = 2  # RMSNorms per decoder layer (Gemma-2: 4, before and after attention and MLP)
 
     def __post_init__(self) -> None:
         for f in ("hidden_size", "num_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size",
@@ -288,7 +292,7 @@ class ModelSpec:
         else:
             layer_mm = attn_mm + (n_up + 1) * h * inter
         dense = self.first_k_dense_replace if experts else 0
-        layer_other = (2 if self.norm == "layer" else 1) * h * 2 + attn_norms  # two norms per layer (+ MLA's)
+        layer_other = (2 if self.norm == "layer" else 1) * h * self.norms_per_layer + attn_norms  # (+ MLA's)
         if self.qk_norm:
             layer_other += 2 * hd
         if self.qkv_bias:
@@ -461,6 +465,8 @@ class ModelSpec:
                        q_lora_rank=optional("q_lora_rank", 0), n_shared_experts=optional("n_shared_experts", 0),
                        first_k_dense_replace=optional("first_k_dense_replace", 0))
             head_dim = moe["qk_nope_head_dim"] + moe["qk_rope_head_dim"]  # a query/key head's width
+        if model_type == "gemma2":  # alternating local and global layers (sim/window.py)
+            moe.update(sliding_window=need("sliding_window"), sliding_window_pattern=2, norms_per_layer=4)
         return cls(
             **common,
             **moe,
@@ -468,7 +474,7 @@ class ModelSpec:
             num_key_value_heads=optional("num_key_value_heads", heads),
             head_dim=head_dim,  # absent: hidden_size // heads
             intermediate_size=need("intermediate_size"),
-            tie_word_embeddings=flag("tie_word_embeddings", False),
+            tie_word_embeddings=flag("tie_word_embeddings", model_type == "gemma2"),
             qkv_bias=attention_bias or model_type == "qwen2",
             o_bias=attention_bias,
             mlp_bias=flag("mlp_bias", False),
@@ -508,6 +514,8 @@ class ModelSpec:
         if self.num_experts:
             cfg[MOE_MODEL_TYPES.get(self.model_type, "num_local_experts")] = self.num_experts
             cfg.update(num_experts_per_tok=self.num_experts_per_tok, moe_intermediate_size=self.moe_intermediate_size)
+        if self.sliding_window:
+            cfg["sliding_window"] = self.sliding_window
         if self.kv_lora_rank:
             cfg.update({k: getattr(self, k) for k in DEEPSEEK_V2_FIELDS if k != "moe_layer_freq"})
             cfg["q_lora_rank"] = self.q_lora_rank or None
@@ -529,7 +537,7 @@ class ModelSpec:
 # (Gemma-2's soft-capping and alternating windows, DeepSeek's MLA and shared experts, Phi's partial
 # rotary), so it is refused
 # by name rather than read as a Llama.
-KNOWN_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "opt", "qwen3", *MOE_MODEL_TYPES})
+KNOWN_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "opt", "qwen3", "gemma2", *MOE_MODEL_TYPES})
 # Fields that make a model a mixture of experts in the configs of Mixtral, Qwen-MoE, DeepSeek, DBRX and others.
 _MOE_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts", "num_experts_per_tok",
                "moe_intermediate_size", "n_shared_experts", "moe_layer_freq", "shared_expert_intermediate_size")
@@ -554,7 +562,7 @@ def _refuse_what_is_not_modelled(cfg: Mapping[str, Any], model_type: str, source
                              f"read from this config (it reads {', '.join(sorted(MOE_MODEL_TYPES))} experts, without "
                              "shared experts); it would count only the dense part of its parameters")
     window = cfg.get("sliding_window")
-    if window is not None and cfg.get("use_sliding_window", True) is not False:
+    if window is not None and cfg.get("use_sliding_window", True) is not False and model_type != "gemma2":
         limit = cfg.get("max_position_embeddings")
         if not (isinstance(window, int) and isinstance(limit, int) and window >= limit):
             raise ValueError(f"{source}: sliding_window = {window!r}: attention over a window of the context, which "
