@@ -28,6 +28,16 @@ TensorRT-LLM's build takes ``max_input_len`` apart from ``max_seq_len`` (prompt 
 buffers for ``max_batch_size x max_input_len``. With ``deployment.engine`` set, servesim sizes a static batch's
 activation reserve for ``batch_size x policy.max_input_len`` tokens (none: ``max_model_len``, the longest a prompt
 may be); the classic engine keeps ``batch_size x max_model_len``, so that existing results stay the same.
+
+**Attention's achievable FLOP/s.** Prefill attention runs the engine's attention kernel, whose achievable share of
+the dense peak its authors measured: FlashAttention-2 (Dao, arXiv 2307.08691) reaches 50-73% of an A100's peak in
+the forward pass, the low end at the short sequences serving sees; on an H100 it reaches only 35%
+(FlashAttention-3, Shah et al., arXiv 2407.08608, abstract), and FlashAttention-3 reaches 75% there (740 TFLOP/s
+in FP16). vLLM 0.5-0.6 runs FlashAttention-2 (its vllm-flash-attn build) on both; vLLM V1 runs FlashAttention-3 on
+Hopper (vllm/attention/utils/fa_utils.py picks version 3 on compute capability 9.0) and 2 elsewhere. The
+presets set ``attention_efficiency`` from these; TensorRT-LLM's and SGLang's kernels have no such published
+figure and keep the cost model's default (its compute efficiency). Decode attention is bound by the KV reads
+(bandwidth), which this does not change.
 """
 
 from __future__ import annotations
@@ -63,11 +73,43 @@ def host_time_ratio(engine: Any, num_scheduler_steps: int = 1) -> float:
     return VLLM_V06_HOST_TIME_RATIO / steps
 
 
-def engine_cost_knobs(engine: Any) -> dict[str, float]:
+# achievable shares of the dense peak FLOP/s of the attention kernels (papers above)
+FA2_AMPERE_EFFICIENCY = 0.50  # FlashAttention-2 paper: 50-73% on A100, the low end at short sequences
+FA2_HOPPER_EFFICIENCY = 0.35  # FlashAttention-3 paper: FlashAttention-2 reaches 35% on H100
+FA3_HOPPER_EFFICIENCY = 0.75  # FlashAttention-3 paper: up to 740 TFLOP/s in FP16 on H100, 75%
+
+
+def _architecture(gpu: Any) -> str:
+    """``hopper``, ``ampere`` or ``other``, from the preset's name (FlashAttention-3 needs Hopper)."""
+    name = str(getattr(gpu, "name", "")).lower()
+    if name.startswith(("h100", "h200", "h20", "gh200")):
+        return "hopper"
+    if name.startswith(("a100", "a10g", "a10")):
+        return "ampere"
+    return "other"
+
+
+def attention_efficiency(engine: Any, gpu: Any) -> float | None:
+    """The preset's ``attention_efficiency`` on ``gpu``; None: the cost model's default."""
+    if engine is None or engine.name not in ("vllm-v0", "vllm-v1"):
+        return None
+    arch = _architecture(gpu)
+    if arch == "hopper":
+        return FA3_HOPPER_EFFICIENCY if engine.name == "vllm-v1" else FA2_HOPPER_EFFICIENCY
+    return FA2_AMPERE_EFFICIENCY if arch == "ampere" else None
+
+
+def engine_cost_knobs(engine: Any, gpu: Any = None) -> dict[str, float]:
     """``AnalyticCostModel`` keywords the engine sets (the scenario's own ``cost_model`` keys win); empty without
     an engine or when the engine adds nothing, so those runs build exactly the cost model they built before."""
+    knobs: dict[str, float] = {}
     r = host_time_ratio(engine)
-    return {"host_time_ratio": r} if r > 0 else {}
+    if r > 0:
+        knobs["host_time_ratio"] = r
+    a = attention_efficiency(engine, gpu)
+    if a is not None:
+        knobs["attention_efficiency"] = a
+    return knobs
 
 
 def static_reserve_tokens(engine: Any, batch_size: int, max_model_len: int, max_input_len: int | None) -> int:
@@ -76,3 +118,21 @@ def static_reserve_tokens(engine: Any, batch_size: int, max_model_len: int, max_
         return batch_size * max_model_len
     prompt = max_model_len if max_input_len is None else min(max_input_len, max_model_len)
     return batch_size * prompt
+
+
+
+def omit_when_unset(*keys: str) -> Any:
+    """A pydantic wrap serializer dropping ``keys`` while they are None: the keys this module added to
+    ``deployment.engine``, ``deployment.cost_model`` and the static policy are recorded only when set, so a run
+    that does not use them writes exactly what it wrote before."""
+    from pydantic import model_serializer
+
+    def serialize(self: Any, handler: Any) -> Any:
+        out = handler(self)
+        if isinstance(out, dict):
+            for k in keys:
+                if k in out and out[k] is None:
+                    del out[k]
+        return out
+
+    return model_serializer(mode="wrap")(serialize)

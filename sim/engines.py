@@ -26,6 +26,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from sim.engine_costs import omit_when_unset
 from sim.specs import (
     DEFAULT_RUNTIME_OVERHEAD_BYTES,
     GiB,
@@ -108,6 +109,8 @@ class EngineConfig(InputModel):
     host_time_ratio: Float | None = Field(
         default=None, ge=0, le=100, description="Host (CPU) seconds a step adds per second of GPU work, the engine "
         "not overlapping them; none: the version's (vllm-v0 0.5: 1.63, 0.6: 0.7; other engines 0).")
+
+    _record_set_keys = omit_when_unset("version", "host_time_ratio")  # sim/engine_costs.py
 
     @model_validator(mode="after")
     def _keys_of_the_engine(self) -> EngineConfig:

@@ -37,7 +37,7 @@ from sim import spec_decode
 from sim.block_manager import KVManager, PagedBlockManager
 from sim.contiguous_allocator import ContiguousAllocator
 from sim.costmodel import AnalyticCostModel, CostModel, FittedCostModel
-from sim.engine_costs import engine_cost_knobs, static_reserve_tokens
+from sim.engine_costs import engine_cost_knobs, omit_when_unset, static_reserve_tokens
 from sim.window import window_refusal
 from sim.engines import (
     EngineConfig,
@@ -94,6 +94,10 @@ class AnalyticCost(CostModelConfigBase):
     bandwidth_efficiency: Float | None = Field(
         default=None, ge=1e-4, le=1, description="Share of HBM bandwidth reached."
     )
+    attention_efficiency: Float | None = Field(
+        default=None, ge=1e-4, le=1, description="Share of peak FLOP/s attention kernels reach; none: the engine's "
+        "(sim/engine_costs.py: FlashAttention-2/3 for vLLM), else compute_efficiency.")
+    _record_set_keys = omit_when_unset("attention_efficiency")  # recorded only when given
     step_overhead: Float | None = Field(
         default=None, ge=0, le=3600, description="Fixed seconds per step (CPU, launches)."
     )
@@ -104,7 +108,7 @@ class AnalyticCost(CostModelConfigBase):
     def build(self, model: ModelSpec, gpu: GPUSpec, deployment: Deployment) -> AnalyticCostModel:
         """The roofline of ``model`` on ``gpu`` in the deployment's dtypes and parallelism; the efficiencies and
         overheads given here (or in the profile) replace the cost model's defaults."""
-        extra: dict[str, Any] = engine_cost_knobs(deployment.engine)  # sim/engine_costs.py; keys below win
+        extra: dict[str, Any] = engine_cost_knobs(deployment.engine, gpu)  # sim/engine_costs.py; keys below win
         if self.profile is not None:
             from sim.benchfiles.knobs import read_knob_profile
 
@@ -257,6 +261,7 @@ class StaticPolicyConfig(PolicyConfigBase):
     max_input_len: Int | None = Field(default=None, ge=1, description="Longest prompt the engine is built for "
                                       "(TensorRT-LLM's name): with deployment.engine the activations are sized for "
                                       "batch_size x this; none: max_model_len (sim/engine_costs.py).")
+    _record_set_keys = omit_when_unset("max_input_len")  # recorded only when given
 
     def limits(self, max_model_len: int) -> Limits:
         # a padded batch computes at most batch_size x max_model_len tokens in one step
