@@ -12,8 +12,8 @@ Every value is a default: a key given in the scenario's ``policy`` section wins.
 ``deployment.engine`` servesim keeps its classic idealised vLLM (chunked prefill off, prefill-first steps, 256
 sequences, vLLM's memory rule): existing scenarios give the same results byte for byte.
 
-Not modelled yet (kept out rather than guessed): per-engine host overheads (every engine uses the analytic cost
-model's ``step_overhead``, set it there), vLLM 0.6's multi-step scheduling (``--num-scheduler-steps``),
+Host time per step (vLLM 0.5 and 0.6's CPU work that the GPU waits for) is sim/engine_costs.py's. Not modelled
+yet (kept out rather than guessed): vLLM 0.6's multi-step scheduling (``--num-scheduler-steps``),
 CUDA-graph batch padding, per-request front-end time (HTTP, tokenization), SGLang's prefill-priority steps and
 its new-token-ratio admission (it is modelled as mixed chunked steps with recompute on shortage).
 """
@@ -26,6 +26,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from sim.engine_costs import omit_when_unset
 from sim.specs import (
     DEFAULT_RUNTIME_OVERHEAD_BYTES,
     GiB,
@@ -101,6 +102,15 @@ class EngineConfig(InputModel):
         default=None, description="Admission: guaranteed_no_evict admits a request only when the KV of its whole "
         "prompt + output fits beside the running ones' (never preempts); max_utilization admits while blocks are "
         "free now (preempts when they run out). none: guaranteed_no_evict for tensorrt-llm, else max_utilization.")
+    # host time per step (sim/engine_costs.py): the version it follows, and the ratio itself, overridable
+    version: Literal["0.5", "0.6"] | None = Field(
+        default=None, description="vllm-v0: the release followed, 0.5 (API server and scheduler in the GPU's "
+        "process: host time 1.63x the GPU time, vLLM's 0.5.3 profile) or 0.6 (0.7x: V1's speedup over it); none: 0.6.")
+    host_time_ratio: Float | None = Field(
+        default=None, ge=0, le=100, description="Host (CPU) seconds a step adds per second of GPU work, the engine "
+        "not overlapping them; none: the version's (vllm-v0 0.5: 1.63, 0.6: 0.7; other engines 0).")
+
+    _record_set_keys = omit_when_unset("version", "host_time_ratio")  # sim/engine_costs.py
 
     @model_validator(mode="after")
     def _keys_of_the_engine(self) -> EngineConfig:
@@ -108,6 +118,8 @@ class EngineConfig(InputModel):
             raise ValueError(f"kv_cache_free_gpu_mem_fraction is tensorrt-llm's; engine {self.name} sizes its KV "
                              "cache with " + ("mem_fraction_static" if self.name == "sglang"
                                               else "deployment.gpu_memory_utilization"))
+        if self.version is not None and self.name != "vllm-v0":
+            raise ValueError(f"version is vllm-v0's (0.5 or 0.6); engine {self.name} follows one release")
         if self.mem_fraction_static is not None and self.name != "sglang":
             raise ValueError(f"mem_fraction_static is sglang's; engine {self.name} sizes its KV cache with " +
                              ("kv_cache_free_gpu_mem_fraction" if self.name == "tensorrt-llm"
