@@ -234,6 +234,13 @@ def run_engine(
     if clock == "virtual" and device != "cuda":
         torch.set_num_threads(1)  # the thread's CPU time is then the forward pass's whole cost
     try:
+        if cfg.disaggregation is not None:  # prefill and decode pools of engine replicas (realengine/disagg.py)
+            from realengine.disagg import serve_disaggregated
+
+            return serve_disaggregated(cfg, workload, device=device, dtype=dtype, model_spec=model_spec,
+                                       num_gpu_blocks=num_gpu_blocks, seed=seed, name=name, clock=clock,
+                                       failures=failures, kv_layout=kv_layout, real_model=real_model,
+                                       weight_quant=weight_quant)
         return _run_engine(cfg, workload, device=device, dtype=dtype, model_spec=model_spec,
                            num_gpu_blocks=num_gpu_blocks, time_scale=time_scale, max_wall_s=max_wall_s, name=name,
                            seed=seed, record_plans=record_plans, memory_interval_s=memory_interval_s,

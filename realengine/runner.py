@@ -132,6 +132,11 @@ class ModelRunner:
         """Requests the runner holds anything for (tokens, a block table copy, a cache row, a CPU copy)."""
         return set(self._tokens) | set(self._blocks) | set(self._slots) | set(self._swapped)
 
+    def block_table(self, req_id: int) -> list[int]:
+        """The cache blocks a live request's KV is in, as its last step left them (a copy): still readable after
+        the core freed them, until another step runs (a disaggregated prefill's KV is copied out then)."""
+        return list(self._blocks[req_id])
+
     def tokens(self, req_id: int) -> list[int]:
         """Prompt + sampled token ids of a live request (a copy)."""
         return list(self._tokens[req_id])

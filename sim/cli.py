@@ -67,6 +67,8 @@ def run(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
     steps: str = typer.Option("auto", "--steps", help="full: steps.csv, one row per step; binned: "
                               "steps_binned.csv, per time bin; auto: full up to 200,000 steps, else binned."),
+    table_format: str = typer.Option("csv", "--format", help="csv: requests.csv and the steps table as CSV; "
+                                     "parquet: as .parquet (needs pyarrow: pip install 'servesim[parquet]')."),
 ) -> None:
     """Simulate every variant of a scenario on the same workload; print the comparison, write the run folder."""
     from sim.metrics import bottleneck
@@ -76,6 +78,13 @@ def run(
 
     if steps not in ("auto", "full", "binned"):
         _fail(f"--steps must be auto, full or binned, got {steps!r}")
+    if table_format not in ("csv", "parquet"):
+        _fail(f"--format must be csv or parquet, got {table_format!r}")
+    if table_format == "parquet":
+        from sim.parquet_out import pyarrow_missing
+
+        if (missing := pyarrow_missing()) is not None:
+            _fail(missing)
     overrides = _overrides(set_, num_requests)
     try:
         sc, raw = load_scenario(scenario, overrides)
@@ -94,7 +103,7 @@ def run(
         try:
             result = run_scenario(prepared, progress=bar or False)
             try:
-                write_scenario_run(result, out_dir, progress=bar, steps=steps)
+                write_scenario_run(result, out_dir, progress=bar, steps=steps, table_format=table_format)
             except OSError as e:
                 _fail(f"--out {out_dir}: cannot write the run folder: {e.strerror or e}")
         finally:
@@ -103,8 +112,10 @@ def run(
     typer.echo(format_table(result.summaries))
     for name, s in result.summaries.items():
         typer.echo(f"{name}: {bottleneck(s)}")
-    steps_file = "steps.csv" if (out_dir / "steps.csv").exists() else "steps_binned.csv (--steps full for every step)"
-    typer.echo(f"wrote {out_dir}/summary.json, requests.csv, {steps_file}, report.html")
+    ext = table_format
+    steps_file = f"steps.{ext}" if (out_dir / f"steps.{ext}").exists() \
+        else f"steps_binned.{ext} (--steps full for every step)"
+    typer.echo(f"wrote {out_dir}/summary.json, requests.{ext}, {steps_file}, report.html")
 
 
 @app.command()
@@ -243,6 +254,8 @@ def engine_run(
             if cfg.cluster is not None and (cfg.cluster.replicas != 1 or cfg.cluster.autoscaler is not None):
                 raise ScenarioError(f"variant {cfg.name!r}: cluster: the engine runs one replica; simulate "
                                     "clusters with `servesim run`")
+            if cfg.disaggregation is not None and quant is not None:
+                raise ScenarioError(f"variant {cfg.name!r}: the disaggregated engine runs unquantized weights")
         wls = {cfg.name: generate_workload(sc, cfg.workload) for cfg in cfgs}
     except ScenarioError as e:
         _fail(str(e))
@@ -271,6 +284,8 @@ def engine_run(
     except (ScenarioError, ValueError) as e:
         _fail(str(e))
     real = _real_weights(weights, {str(model or c.deployment.model) for c in cfgs}, tdtype, device)
+    if real is not None and any(c.disaggregation is not None for c in cfgs):
+        _fail("the disaggregated engine runs random weights: give --weights random")
     texts: list[dict] = []
     if real is not None:
         tdtype = real.model.dtype

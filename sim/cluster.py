@@ -15,17 +15,23 @@ from typing import Any
 import numpy as np
 
 from sim.autoscaler import AutoscalerConfig, ReplicaLife, ScalingLog
+from sim.cluster_fast import KEYS, BoundedRouter, ParkingReplica, TimelineRouter, replica_figures
 from sim.core import ServingCore
 from sim.costmodel import CostModel
-from sim.executor import Executor
+from sim.executor import CostExecutor, Executor, as_executor
 from sim.host_kv_tier import merge_summaries
-from sim.metrics import summarize
 from sim.pipeline import PipelineCostModel
 from sim.records import RunResult
 from sim.request import Request
 from sim.results import HasPeakFlops, gc_paused, pooled_gaps, result_of
 from sim.routers import kv_pressure, make_router, outstanding
 from sim.simulator import ClosedLoopPlan, Replica, Simulation
+
+# routers that read only the running, waiting and swapped sets and the used blocks (prefix_affinity reads the
+# prefix cache, which a finish changes)
+OVERSHOOT_ROUTERS = ("round_robin", "least_outstanding", "least_kv")
+LOOKAHEAD = 32  # decode steps priced past the next arrival (see DecodeGroup.lookahead)
+SCAN_MAX = 32  # replicas up to which a parking fleet's router scans them all (past it: BoundedRouter)
 
 
 class ClusterSimulation(Simulation):
@@ -53,7 +59,16 @@ class ClusterSimulation(Simulation):
         self.autoscaler = autoscaler
         self._next_tick = float("inf")
         self._arrivals_done = False
-        super().__init__(specs, [make_replica() for _ in range(replicas)], closed_loop=closed_loop,
+        self._indexed: BoundedRouter | None = None
+        pairs = [make_replica() for _ in range(replicas)]
+        # Replicas that park through steady decode stretches (sim.cluster_fast.ParkingReplica): open loop, no
+        # autoscaler or failures, steps priced by a cost model, a router that reads no prefix cache.
+        self._parking = (autoscaler is None and failures is None and closed_loop is None and fast_forward
+                         and router in OVERSHOOT_ROUTERS
+                         and all(isinstance(as_executor(c), CostExecutor) for _, c in pairs))
+        if self._parking:
+            self.replica_class = ParkingReplica
+        super().__init__(specs, pairs, closed_loop=closed_loop,
                          router=make_router(router), progress=progress, fast_forward=fast_forward,
                          failures=failures, leak=leak)
         self.serving: list[Replica] = list(self.replicas)
@@ -64,6 +79,26 @@ class ClusterSimulation(Simulation):
         if autoscaler is not None:
             self._next_tick = autoscaler.interval
             self.env.process(self._autoscale())
+        elif router in OVERSHOOT_ROUTERS and failures is None:
+            # The router reads a replica at an arrival as it stands in the middle of its step: the step's blocks
+            # taken, its finishes not yet done. A decode step without finishes is therefore taken whole before the
+            # arrival, as a lone replica does (no autoscaler tick may fall in it: it reads busy time and FLOPs).
+            for rep in self.replicas:
+                rep.overshoot = True
+                rep.overshoot_finish = False
+                if rep.core.group is not None:
+                    # a replica is read at every arrival: a few steps per call, the rest priced ahead and kept
+                    rep.core.group.lookahead = LOOKAHEAD
+        if self._parking and router in KEYS:
+            # a parked replica's state is read from its timeline: a scan of the fleet, or past SCAN_MAX replicas
+            # a heap of lower bounds that reads only the replicas that could be the least loaded
+            if len(self.replicas) <= SCAN_MAX:
+                self.router = TimelineRouter(router, self.env)
+            else:
+                self.router = self._indexed = BoundedRouter(router, self.env, self.replicas)
+                for rep in self.replicas:
+                    assert isinstance(rep, ParkingReplica)
+                    rep.on_yield = self._indexed.update
 
     # ---- hooks of Simulation -------------------------------------------------------------------------------
     _single_replica = False
@@ -77,6 +112,8 @@ class ClusterSimulation(Simulation):
 
     def _dispatch(self, spec) -> None:
         super()._dispatch(spec)
+        if self._indexed is not None and self.halted is None:
+            self._indexed.update(self.replicas[self.requests[-1].replica])  # its queue grew
         if self.autoscaler is not None and self.autoscaler.signal == "ttft":
             self._awaiting_first.append(self.requests[-1])
 
@@ -209,14 +246,14 @@ def cluster_result(
     replica_seconds = log.replica_seconds(end)
     per_replica = []
     for p, life in zip(parts, log.lives, strict=True):
-        s = summarize(p, slos) if p.requests else None
+        figures = replica_figures(p) if p.requests else None
         per_replica.append({
             "replica": life.index, "provisioned": life.provisioned, "ready": life.ready,
             "draining": None if life.draining == float("inf") else life.draining,
             "released": None if life.released == float("inf") else life.released,
             "requests": len(p.requests),
-            "output_throughput": None if s is None else s["output_throughput"],
-            "kv_usage_mean": None if s is None else s["kv_usage"]["mean"],
+            "output_throughput": None if figures is None else figures[0],
+            "kv_usage_mean": None if figures is None else figures[1],
             "busy_seconds": float(np.sum(p.steps["duration"])),
         })
     # the replica count as a step function: +1 at each provisioning, -1 at each release

@@ -305,10 +305,12 @@ class ServingCore:
         self._finish(r, end, Outcome.COMPLETED, "")
 
     def fast_forward(
-        self, now: float, horizon: float, cost: CostModel, *, finishes: bool = True, overshoot: bool = False
+        self, now: float, horizon: float, cost: CostModel, *, finishes: bool = True, overshoot: bool = False,
+        overshoot_finish: bool = True,
     ) -> tuple[list[float], float] | None:
         """Several decode-group steps at once, exactly as stepping would take them: see ``sim.fast_path``."""
-        return fast_path.fast_forward(self, now, horizon, cost, finishes=finishes, overshoot=overshoot)
+        return fast_path.fast_forward(self, now, horizon, cost, finishes=finishes, overshoot=overshoot,
+                                      overshoot_finish=overshoot_finish)
 
     def _leave_running(self, r: Request) -> None:
         g = self.group
@@ -409,7 +411,9 @@ class ServingCore:
             if st is Status.WAITING:
                 self.waiting.remove(r)
                 self._admit(r)
-                c_before = r.num_computed_tokens
+                # a request that arrives holding KV computed elsewhere (a disaggregated decode: sim/disagg) has
+                # those tokens in the cache from its admission on; any other waiting request holds none here
+                c_before = r.num_computed_tokens if r.first_scheduled >= 0 else 0
                 try:
                     # prefix-cache hits the policy could not see (a request with the same prefix admitted
                     # earlier in this very plan) shorten the work, as in vLLM

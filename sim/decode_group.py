@@ -12,8 +12,12 @@ stepping every request one by one, which the tests check byte for byte.
 from __future__ import annotations
 
 from bisect import insort
+from typing import TYPE_CHECKING
 
 from sim.request import Request
+
+if TYPE_CHECKING:
+    from sim.fast_path import Priced
 
 
 def _admit_order(r: Request) -> int:
@@ -24,7 +28,8 @@ class DecodeGroup:
     """Members' ``num_computed_tokens``, ``num_output_tokens`` and ``last_token`` are as of group step
     ``r.group_base``; ``steps - r.group_base`` tokens have been added since."""
 
-    __slots__ = ("block_size", "grows", "members", "steps", "finish_at", "buckets", "ctx", "prev_end", "ends")
+    __slots__ = ("block_size", "grows", "members", "steps", "finish_at", "buckets", "ctx", "prev_end", "ends",
+                 "version", "lookahead", "priced")
 
     def __init__(self, block_size: int, grows_on_decode: bool, keep_ends: bool) -> None:
         self.block_size = block_size
@@ -39,6 +44,13 @@ class DecodeGroup:
         self.ctx = 0  # sum over members of tokens in KV now
         self.prev_end = -1.0  # when every member last sampled
         self.ends: list[float] | None = [] if keep_ends else None  # end of every group step (token timestamps)
+        # The group's future steps' shapes follow from its members alone, so the fast path may price steps ahead
+        # and keep them (``priced``) until the members change: ``version`` counts joins and leaves. ``lookahead``:
+        # how many steps past the next outside event to price (0: none; a cluster's replicas are read at every
+        # arrival, so they take a few steps per call and reuse what was priced).
+        self.version = 0
+        self.lookahead = 0
+        self.priced: Priced | None = None
 
     @property
     def size(self) -> int:
@@ -64,6 +76,7 @@ class DecodeGroup:
     def join(self, r: Request) -> None:
         """Add a request that sampled at ``prev_end`` and has exactly one token to compute."""
         s = self.steps
+        self.version += 1
         r.group_base = s
         c = r.num_computed_tokens
         self.ctx += c
@@ -81,6 +94,7 @@ class DecodeGroup:
         base = r.group_base
         c = r.num_computed_tokens
         k = self.steps - base
+        self.version += 1
         self.buckets[(base - c) % self.block_size].remove(r)
         f = base + r.output_len - r.num_output_tokens
         lst = self.finish_at.get(f)

@@ -12,11 +12,11 @@ Every value is a default: a key given in the scenario's ``policy`` section wins.
 ``deployment.engine`` servesim keeps its classic idealised vLLM (chunked prefill off, prefill-first steps, 256
 sequences, vLLM's memory rule): existing scenarios give the same results byte for byte.
 
-Scheduler behaviours beyond these defaults (vLLM v1's prefix cache over every prompt block, vLLM 0.6's multi-step,
+Host time per step (vLLM 0.5 and 0.6's CPU work that the GPU waits for) is sim/engine_costs.py's. Scheduler
+behaviours beyond these defaults (vLLM v1's prefix cache over every prompt block, vLLM 0.6's multi-step,
 CUDA-graph batch padding, SGLang's prefill priority) are in ``sim/engine_sched.py``; their keys are in their own
-block below. Not modelled yet (kept out rather than guessed): per-engine host overheads (every engine uses the
-analytic cost model's ``step_overhead``, set it there), per-request front-end time (HTTP, tokenization), SGLang's
-new-token-ratio admission (it admits while blocks are free and recomputes on shortage).
+block below. Not modelled yet (kept out rather than guessed): per-request front-end time (HTTP, tokenization),
+SGLang's new-token-ratio admission (it admits while blocks are free and recomputes on shortage).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from sim.engine_costs import omit_when_unset
 from sim.specs import (
     DEFAULT_RUNTIME_OVERHEAD_BYTES,
     GiB,
@@ -102,9 +103,20 @@ class EngineConfig(InputModel):
         default=None, description="Admission: guaranteed_no_evict admits a request only when the KV of its whole "
         "prompt + output fits beside the running ones' (never preempts); max_utilization admits while blocks are "
         "free now (preempts when they run out). none: guaranteed_no_evict for tensorrt-llm, else max_utilization.")
+    # host time per step (sim/engine_costs.py): the version it follows, and the ratio itself, overridable
+    version: Literal["0.5", "0.6"] | None = Field(
+        default=None, description="vllm-v0: the release followed, 0.5 (API server and scheduler in the GPU's "
+        "process: host time 1.63x the GPU time, vLLM's 0.5.3 profile) or 0.6 (0.7x: V1's speedup over it); none: 0.6.")
+    host_time_ratio: Float | None = Field(
+        default=None, ge=0, le=100, description="Host (CPU) seconds a step adds per second of GPU work, the engine "
+        "not overlapping them; none: the version's (vllm-v0 0.5: 1.63, 0.6: 0.7; other engines 0).")
+
+    # sim/engine_costs.py's keys and sim/engine_sched.py's, recorded only when set
+    _record_set_keys = omit_when_unset("version", "host_time_ratio", "enforce_eager", "cudagraph_capture_sizes",
+                                       "enable_mixed_chunk", "num_scheduler_steps")
     # ---- scheduler behaviours (sim/engine_sched.py) ----
-    enforce_eager: bool = Field(
-        default=False, description="vllm-v1/vllm-v0: no CUDA graphs, so decode batches are not padded.")
+    enforce_eager: bool | None = Field(
+        default=None, description="vllm-v1/vllm-v0: no CUDA graphs, so decode batches are not padded; none: false.")
     cudagraph_capture_sizes: list[Annotated[Int, Field(ge=1, le=1 << 20)]] | None = Field(
         default=None, min_length=1, description="vllm-v1/vllm-v0: decode batch sizes with a CUDA graph; a decode "
         "step is priced as the next size up (none: vLLM's list, 1, 2, 4, 8, 16, ... up to 512 (v1) or 256 (v0)).")
@@ -121,6 +133,8 @@ class EngineConfig(InputModel):
             raise ValueError(f"kv_cache_free_gpu_mem_fraction is tensorrt-llm's; engine {self.name} sizes its KV "
                              "cache with " + ("mem_fraction_static" if self.name == "sglang"
                                               else "deployment.gpu_memory_utilization"))
+        if self.version is not None and self.name != "vllm-v0":
+            raise ValueError(f"version is vllm-v0's (0.5 or 0.6); engine {self.name} follows one release")
         if self.num_scheduler_steps is not None and self.name != "vllm-v0":
             raise ValueError(f"num_scheduler_steps is vllm-v0's (vLLM 0.6 multi-step); engine {self.name} schedules "
                              "every step")

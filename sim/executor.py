@@ -76,9 +76,10 @@ class CostExecutor:
         return float(self._step_flops(batch.shape))
 
     def fast_forward(self, core: ServingCore, now: float, horizon: float, *, finishes: bool,
-                     overshoot: bool) -> tuple[list[float], float] | None:
+                     overshoot: bool, overshoot_finish: bool = True) -> tuple[list[float], float] | None:
         """The core's fast path, priced by this executor's cost model (see ``ServingCore.fast_forward``)."""
-        return core.fast_forward(now, horizon, self._model, finishes=finishes, overshoot=overshoot)
+        return core.fast_forward(now, horizon, self._model, finishes=finishes, overshoot=overshoot,
+                                 overshoot_finish=overshoot_finish)
 
 
 def as_executor(x: Executor | CostModel) -> Executor:

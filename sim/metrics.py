@@ -265,6 +265,10 @@ def summarize(result: RunResult, slos: SLOs | None = None) -> dict:
         out["pipeline"] = dict(result.pipeline)
     if result.host_kv:  # the prefix cache's host tier (sim/host_kv_tier.py)
         out["host_kv"] = dict(result.host_kv)
+    if result.disaggregation:  # prefill/decode pools: transfers and each pool's use
+        from sim.disagg.pools import disagg_summary
+
+        out["disaggregation"] = disagg_summary(result)
     return out
 
 

@@ -83,6 +83,9 @@ SUMMARY_UNITS: dict[str, str] = {
     "pipeline.mean_micro_batches": "micro-batches", "pipeline.hop_seconds": "s",
     "host_kv.capacity_gib": "GiB per GPU", "host_kv.link_bandwidth": "B/s", "host_kv.loaded_bytes": "B",
     "host_kv.recompute_saved_tokens": "tokens", "host_kv.load_seconds": "s",
+    "disaggregation.bytes_moved": "bytes", "disaggregation.gib_moved": "GiB", "disaggregation.transfer": "s",
+    "disaggregation.link_wait": "s", "disaggregation.prefill_ttft": "s", "disaggregation.decode_queue": "s",
+    "disaggregation.kv_link.bandwidth": "bytes/s per GPU", "disaggregation.kv_link.latency": "s",
 }
 
 
@@ -181,12 +184,14 @@ def write_run(
     title: str | None = None,
     phase: Callable[[str], None] | None = None,
     steps: str = "auto",
+    table_format: str = "csv",
 ) -> Path:
     """Write summary.json, requests.csv, steps.csv and report.html into out_dir (created if missing; other files
     in it are left alone). ``summaries`` maps variant name to ``summarize()``'s dict, computed when omitted.
     ``phase`` hears what is being written (the progress line). ``steps``: "full" writes steps.csv (one row per
     step), "binned" steps_binned.csv (per time bin, see sim/steps_binned.py), "auto" the full log up to
-    FULL_STEPS_MAX steps and the binned table past it. Returns the folder."""
+    FULL_STEPS_MAX steps and the binned table past it. ``table_format``: "parquet" writes requests.parquet and
+    the steps table as .parquet instead of the CSVs (sim/parquet_out.py, needs pyarrow). Returns the folder."""
     from sim.steps_binned import FULL_STEPS_MAX, write_binned_steps_csv
 
     if steps not in ("auto", "full", "binned"):
@@ -203,25 +208,41 @@ def write_run(
     if len(set(names)) != len(names):
         raise ValueError(f"variant names must be unique, got {names}")
     steps_file, stale = (STEPS_FILE, BINNED_STEPS_FILE) if steps == "full" else (BINNED_STEPS_FILE, STEPS_FILE)
+    from sim import parquet_out
+
+    tables: dict[str, Any] = {
+        REQUESTS_FILE: requests_csv(results),
+        steps_file: (lambda f: write_steps_csv(f, results)) if steps == "full"
+        else (lambda f: write_binned_steps_csv(f, results)),
+    }
+    if table_format == "parquet":
+        tables = parquet_out.parquet_files(results, steps)
+    elif table_format != "csv":
+        raise ValueError(f"table_format must be csv or parquet, got {table_format!r}")
+    # an earlier run's other tables would pass for this run's
+    stale_files = [stale, *parquet_out.STALE_FILES] if table_format == "csv" else \
+        [REQUESTS_FILE, STEPS_FILE, BINNED_STEPS_FILE, *parquet_out.STALE_FILES]
     if phase is not None:
         phase(f"building {REPORT_FILE}")
     html = build_report(results, summaries, title or "servesim: " + " vs ".join(names))
     from sim.benchfiles.exports import export_files  # per variant: vllm-bench JSON and OpenMetrics text
+    from sim.disagg.output import transfer_files
 
     if phase is not None:
-        phase(f"writing {out}/: {SUMMARY_FILE}, {REQUESTS_FILE}, {steps_file}, {REPORT_FILE}")
+        phase(f"writing {out}/: {SUMMARY_FILE}, {', '.join(tables)}, {REPORT_FILE}")
     write_atomically(
         out,
         {
             SUMMARY_FILE: summary_json(summaries, scenario),
-            REQUESTS_FILE: requests_csv(results),
-            steps_file: (lambda f: write_steps_csv(f, results)) if steps == "full"
-            else (lambda f: write_binned_steps_csv(f, results)),
+            **tables,
             REPORT_FILE: html,
             **export_files(results, scenario),
+            **transfer_files(results),  # disaggregated runs: one row per KV transfer
         },
     )
-    (out / stale).unlink(missing_ok=True)  # an earlier run's other steps table would pass for this run's
+    for name in stale_files:
+        if name not in tables:
+            (out / name).unlink(missing_ok=True)
     return out
 
 
@@ -243,7 +264,12 @@ def read_requests(path: str | os.PathLike) -> dict[str, list[RequestRecord]]:
     recomputed from the times, not read."""
     p = Path(path)
     if p.is_dir():
-        p = p / REQUESTS_FILE
+        p = p / REQUESTS_FILE if (p / REQUESTS_FILE).exists() or not (p / "requests.parquet").exists() \
+            else p / "requests.parquet"
+    if p.suffix == ".parquet":
+        from sim.parquet_out import read_requests_parquet
+
+        return read_requests_parquet(p)
 
     conv = {f.name: _FIELD_TYPES[str(f.type)] for f in fields(RequestRecord)}
     field_of = {f"{f}_s": f for f in _TIME_FIELDS + _TIME_LIST_FIELDS}
@@ -266,7 +292,11 @@ def read_steps(path: str | os.PathLike) -> dict[str, dict[str, np.ndarray]]:
     """steps.csv back into columns (STEP_COLUMNS names and dtypes), one dict per variant."""
     p = Path(path)
     if p.is_dir():
-        p = p / STEPS_FILE
+        p = p / STEPS_FILE if (p / STEPS_FILE).exists() or not (p / "steps.parquet").exists() else p / "steps.parquet"
+    if p.suffix == ".parquet":
+        from sim.parquet_out import read_steps_parquet
+
+        return read_steps_parquet(p)
     rows: dict[str, list[list[str]]] = {}
     with open(p, newline="", encoding="utf-8") as f:
         reader = csv.reader(f)

@@ -96,6 +96,7 @@ class Candidate:
     enable_chunked_prefill: bool
     gpu_price_per_hour: float  # USD per GPU-hour
     pipeline_parallel_size: int = 1  # stages of tp GPUs each (sim/pipeline.py)
+    prefill_replicas: int = 0  # > 0: disaggregated, this many of the replicas prefill, the rest decode
 
     @property
     def num_gpus(self) -> int:
@@ -115,6 +116,8 @@ class Candidate:
         rep = f"{self.replicas} x " if self.replicas > 1 else ""
         tp = f" tp{self.tensor_parallel_size}" if self.tensor_parallel_size > 1 else ""
         tp += f" pp{self.pipeline_parallel_size}" if self.pipeline_parallel_size > 1 else ""
+        if self.prefill_replicas:
+            rep = f"{self.prefill_replicas}P{self.replicas - self.prefill_replicas}D x "
         return (f"{rep}{self.gpu}{tp}, weights {self.weight_dtype}, KV {self.kv_dtype}, max_num_seqs "
                 f"{self.max_num_seqs}, chunked prefill {'on' if self.enable_chunked_prefill else 'off'}")
 
@@ -131,6 +134,7 @@ class Candidate:
             "enable_chunked_prefill": self.enable_chunked_prefill,
             "gpu_price_per_hour": self.gpu_price_per_hour,
             "cost_per_hour": self.cost_per_hour,
+            **({"prefill_replicas": self.prefill_replicas} if self.prefill_replicas else {}),
         }
 
 
@@ -393,6 +397,8 @@ def simulate_replicas(cfg: VariantConfig, workload: GeneratedWorkload, replicas:
 
     if replicas < 1:
         raise ValueError(f"replicas must be >= 1, got {replicas}")
+    if cfg.disaggregation is not None:  # a split of the replicas into pools (sim/disagg/plan.py)
+        return simulate_variant(cfg, workload, name=name)[0]
     fleet = dataclasses.replace(cfg, cluster=ClusterConfig(replicas=replicas, router="least_outstanding"))
     result, _, _ = simulate_variant(fleet, workload, name=name)
     return result
@@ -492,6 +498,8 @@ def plan(scenario: Scenario, *, stop_early: bool | None = None, progress: bool =
     q = cfg.percentile
     if shape.span <= 0:
         notes.append("no offered rate (closed loop or all at once): the throughput bound is not applied")
+    if cfg.disaggregation is not None and prefix:
+        notes.append("plan.disaggregation is ignored: disaggregated pools run without prefix caching")
 
     evaluations: list[Evaluation] = []
     survivors: list[tuple[Evaluation, VariantConfig]] = []
@@ -526,7 +534,8 @@ def plan(scenario: Scenario, *, stop_early: bool | None = None, progress: bool =
                                     survivors.append((ev, vcfg))
 
     survivors.sort(key=lambda s: (round(s[0].candidate.cost_per_hour, 6), tuple(-x for x in s[0].candidate.precision),
-                                  s[0].candidate.replicas, -s[0].candidate.max_num_seqs,
+                                  s[0].candidate.replicas, s[0].candidate.prefill_replicas,
+                                  -s[0].candidate.max_num_seqs,
                                   not s[0].candidate.enable_chunked_prefill, s[0].candidate.gpu))
     bar = None
     if progress:
@@ -669,6 +678,10 @@ def _evaluate_replica_config(
             out.append((ev, None))
         else:
             out.append((ev, vcfg))
+    if cfg.disaggregation is not None and not prefix:
+        from sim.disagg.plan import split_candidates
+
+        out += [split for ev, v in list(out) for split in split_candidates(ev, v, cfg.disaggregation)]
     if not any(v is not None for _, v in out) and shape.span > 0:
         need = math.ceil(work / shape.span)
         if need * tp * pp > cfg.max_gpus:

@@ -316,3 +316,4 @@ class RunResult:
     spec_decode: dict | None = None  # speculative decoding's counters (sim.spec_decode.summary_inputs)
     pipeline: dict | None = None  # pipeline stages: utilisation, bubble fraction (sim/pipeline.py)
     host_kv: dict | None = None  # prefix cache host tier: hits, bytes loaded, recompute saved (sim/host_kv_tier.py)
+    disaggregation: dict | None = None  # prefill/decode pools: transfers and pools (sim/disagg/pools.py)

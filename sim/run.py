@@ -72,6 +72,11 @@ def simulate_variant(
 ) -> tuple[RunResult, list[Request], ServingCore]:
     """Simulate one variant on a workload; returns its result, its requests and its core (a cluster's: the first
     replica's; the result covers every replica)."""
+    if cfg.disaggregation is not None:
+        from sim.disagg.pools import simulate_disaggregated
+
+        return simulate_disaggregated(cfg, workload, name=name, keep_token_times=keep_token_times,
+                                      fast_path=fast_path, progress=progress)
     if cfg.cluster is not None:
         return _simulate_cluster(cfg, workload, name=name, keep_token_times=keep_token_times, fast_path=fast_path,
                                  progress=progress)
@@ -201,6 +206,10 @@ def prepare_scenario(
             cfgs = variant_configs(sc)
             for cfg in cfgs:
                 build(cfg)
+                if cfg.disaggregation is not None:
+                    from sim.disagg.pools import check_disaggregation
+
+                    check_disaggregation(cfg, cfg.workload or sc.workload)
             for cfg in cfgs:
                 key = workload_key(sc, cfg)
                 if key not in workloads:
@@ -248,11 +257,11 @@ def run_scenario(
 
 
 def write_scenario_run(run: ScenarioRun, out_dir: str | Path, raw: dict[str, Any] | None = None, *,
-                       progress: Progress | None = None, steps: str = "auto") -> Path:
+                       progress: Progress | None = None, steps: str = "auto", table_format: str = "csv") -> Path:
     from sim.output import write_run
 
     scenario = run.scenario.model_dump(mode="json")
     if run.sweep:
         scenario["sweep_points"] = run.sweep
     return write_run(out_dir, run.results, run.summaries, scenario=scenario, title=f"servesim: {run.scenario.name}",
-                     phase=None if progress is None else progress.phase, steps=steps)
+                     phase=None if progress is None else progress.phase, steps=steps, table_format=table_format)

@@ -63,6 +63,8 @@ class Replica:
         # the next outside event is an arrival that only joins the queue, which no one else reads meanwhile
         # (single replica: a router would read this replica's state at the arrival)
         self.overshoot = False
+        # with overshoot, also into a step in which members finish (False: a router reads the running set)
+        self.overshoot_finish = True
         self.core = core
         core.replica = index  # the core stamps its requests with it
         core.steps.replica = index  # and its steps
@@ -145,7 +147,7 @@ class Replica:
                 if fast is not None and horizon is not None and core.group is not None and core.group.members:
                     # no overshoot past a pending failure: it must be taken at the first step boundary after it
                     seg = fast(core, t, horizon, finishes=self.finishes_are_silent,
-                               overshoot=self.overshoot and not self.aborts)
+                               overshoot=self.overshoot and not self.aborts, overshoot_finish=self.overshoot_finish)
                     if seg is not None:
                         taken += seg[0]
                         t = seg[1]
@@ -286,10 +288,12 @@ class Simulation:
     # A cluster (sim/cluster.py) sets this False: its routers and autoscaler read replicas at outside events,
     # so no replica may take a step past one, even while it is the only replica.
     _single_replica = True
+    replica_class: type[Replica] = Replica  # a cluster may run its replicas' loops its own way (sim.cluster_fast)
 
     def _add_replica(self, core: ServingCore, cost: Executor | CostModel) -> Replica:
         """A new replica wired to this simulation (its step loop starts at the current time)."""
-        rep = Replica(self.env, core, cost, len(self.replicas), self._horizon if self._fast_forward else None)
+        rep = self.replica_class(self.env, core, cost, len(self.replicas),
+                                 self._horizon if self._fast_forward else None)
         rep.leak = self._leak
         if self._errors and core.group is not None:
             # the decode group advances its members in aggregate: their token counts are not at hand per step

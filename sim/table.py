@@ -81,6 +81,17 @@ CLUSTER_ROWS: tuple[tuple[str, str, Callable[[float], str]], ...] = (
 )
 
 
+# shown when a run splits prefill and decode (summary["disaggregation"], sim/disagg)
+DISAGG_ROWS: tuple[tuple[str, str, Callable[[float], str]], ...] = (
+    ("KV moved (GiB)", "disaggregation.gib_moved", _s),
+    ("KV transfer p50 (ms)", "disaggregation.transfer.p50", _ms),
+    ("KV transfer p99 (ms)", "disaggregation.transfer.p99", _ms),
+    ("prefill TTFT p99 (ms)", "disaggregation.prefill_ttft.p99", _ms),
+    ("prefill pool busy", "disaggregation.pools.prefill.busy_fraction", _pct),
+    ("decode pool busy", "disaggregation.pools.decode.busy_fraction", _pct),
+)
+
+
 def ratio_text(r: float) -> str:
     """A ratio that stays readable across decades: a 2000x fall in latency reads "1/2,000", never "0.00"."""
     if r == 0:
@@ -100,7 +111,8 @@ def table_cells(summaries: dict) -> tuple[list[str], list[list[str]]]:
         header.append("×")
     rows = []
     cluster = any("cluster" in summaries[n] for n in names)
-    for label, key, fmt in TABLE_ROWS + (CLUSTER_ROWS if cluster else ()):
+    disagg = any("disaggregation" in summaries[n] for n in names)
+    for label, key, fmt in TABLE_ROWS + (CLUSTER_ROWS if cluster else ()) + (DISAGG_ROWS if disagg else ()):
         vals = [metric_value(summaries[n], key) for n in names]
         row = [label] + [fmt(v) if math.isfinite(v) else "-" for v in vals]
         if two:

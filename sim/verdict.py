@@ -80,7 +80,8 @@ def _slot_cap(config: dict | None) -> tuple[float, bool]:
     policy = (config or {}).get("policy") or {}
     if policy.get("type") == "static":
         return float(policy.get("batch_size", NAN)), True
-    return float(policy.get("max_num_seqs", NAN)), False
+    seqs = policy.get("max_num_seqs")
+    return (NAN if seqs is None else float(seqs)), False  # None: an engine's default the config did not resolve
 
 
 def limit_inputs(result: RunResult) -> dict:

@@ -72,6 +72,24 @@ def test_fast_path_matches_step_by_step_on_a_cluster(router: str, start: int) ->
     assert fast.cluster["autoscaler"]["actions"] == slow.cluster["autoscaler"]["actions"]
 
 
+@pytest.mark.parametrize("router", ["round_robin", "least_outstanding", "least_kv", "prefix_affinity"])
+@pytest.mark.parametrize("seed, blocks, replicas", [(2, 400, 3), (5, 1500, 3), (7, 300, 6)])
+def test_fast_path_matches_step_by_step_without_autoscaler(router: str, seed: int, blocks: int,
+                                                           replicas: int) -> None:
+    """Without an autoscaler, replicas take a decode step across an arrival whole (the router reads them as they
+    stand mid-step) and park through steady decode stretches (the router reads their timelines): the results must
+    be those of stepping every request one by one."""
+    raw = scenario({"replicas": replicas, "router": router}, seed=seed)
+    raw["workload"] = dict(WORKLOAD, arrival={"type": "poisson", "rate": 10.0 * replicas})
+    raw["deployment"]["num_gpu_blocks"] = blocks
+    fast, qf, _ = run(raw)
+    slow, qs, _ = run(raw, fast=False)
+    assert fast.requests == slow.requests
+    for col in slow.steps:
+        assert np.array_equal(fast.steps[col], slow.steps[col]), col
+    assert {r.id: r.token_times for r in qf} == {r.id: r.token_times for r in qs}
+
+
 def test_round_robin_spreads_requests_evenly_and_costs_replicas_times_time() -> None:
     result, requests, _ = run(scenario({"replicas": 3, "router": "round_robin"}))
     assert [r.replica for r in sorted(requests, key=lambda r: r.id)] == [i % 3 for i in range(300)]
@@ -211,3 +229,54 @@ def test_report_shows_the_fleet_over_time() -> None:
     assert list(fig.data[1].y) == c["autoscaler"]["values"]
     page = build_report([result], {result.name: summarize(result)}, "t")
     assert "<h2>Cluster</h2>" in page and "serving from (s)" in page and "cost ($)" in page
+
+
+@pytest.mark.parametrize("router", ["least_outstanding", "least_kv"])
+@pytest.mark.parametrize("scan_max", [0, 32])
+def test_parked_routers_choose_what_stepping_chooses(router: str, scan_max: int,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Parked replicas are read from their timelines, by a scan (up to SCAN_MAX replicas) or from a heap of
+    lower bounds (past it): the same routing as stepping every request one by one, and the same results."""
+    monkeypatch.setattr("sim.cluster.SCAN_MAX", scan_max)
+    raw = scenario({"replicas": 8, "router": router}, seed=3)
+    raw["workload"] = dict(WORKLOAD, arrival={"type": "poisson", "rate": 60.0})
+    raw["deployment"]["num_gpu_blocks"] = 500
+    fast, _, _ = run(raw)
+    slow, _, _ = run(raw, fast=False)
+    assert [r.replica for r in fast.requests] == [r.replica for r in slow.requests]
+    assert len({r.replica for r in fast.requests}) == 8
+    assert fast.requests == slow.requests
+    for col in slow.steps:
+        assert np.array_equal(fast.steps[col], slow.steps[col]), col
+
+
+def test_replica_figures_are_summarize_s() -> None:
+    from sim.cluster_fast import replica_figures
+
+    for raw in (scenario(None), scenario({"replicas": 2, "router": "least_kv"})):
+        res, _, _ = run(raw)
+        s = summarize(res)
+        assert replica_figures(res) == (s["output_throughput"], s["kv_usage"]["mean"])
+    per = res.cluster["per_replica"]
+    assert [p["requests"] for p in per] and all(p["output_throughput"] > 0 for p in per)
+
+
+@pytest.mark.parametrize("router", ["least_kv", "round_robin"])
+def test_parking_matches_stepping_with_prefix_caching_and_contiguous_kv(router: str) -> None:
+    """Parked replicas' timelines count blocks as the block manager does, with prefix caching (freed blocks stay
+    cached and are taken back) and with contiguous reservations (decoding takes no block)."""
+    for kv in ({"type": "paged", "enable_prefix_caching": True}, {"type": "contiguous"}):
+        raw = {
+            "workload": {"arrival": {"type": "trace", "trace": "mooncake", "end": 60, "rate_scale": 3.0},
+                         "num_requests": 150},
+            "deployment": {"model": "llama-3.2-1b", "gpu": "a100-80gb", "max_model_len": 131072},
+            "policy": {"type": "continuous", "enable_chunked_prefill": True},
+            "kv_cache": kv,
+            "cluster": {"replicas": 4, "router": router},
+        }
+        fast, qf, _ = run(raw)
+        slow, qs, _ = run(raw, fast=False)
+        assert fast.requests == slow.requests, kv
+        for col in slow.steps:
+            assert np.array_equal(fast.steps[col], slow.steps[col]), (kv, col)
+        assert {r.id: r.token_times for r in qf} == {r.id: r.token_times for r in qs}

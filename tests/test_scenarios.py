@@ -114,6 +114,10 @@ def check_lesson_speculative_decoding(s: Summaries) -> None:
         spec, base = s[f"draft-k4[num_users={users}]"], s[f"no-spec[num_users={users}]"]
         assert (spec["output_throughput"] > base["output_throughput"]) is faster, users
         assert "spec_decode" in spec and "spec_decode" not in base
+def check_lesson_disaggregation(s: Summaries) -> None:
+    # the 1.1-1.6x range itself is asserted in tests/test_disagg.py; the bad split loses
+    assert s["2P2D"]["goodput"] > s["colocated"]["goodput"] > s["3P1D"]["goodput"]
+    assert s["2P2D"]["disaggregation"]["num_transfers"] == s["2P2D"]["num_completed"]
 
 
 def check_failure_leak(s: Summaries) -> None:
@@ -178,6 +182,7 @@ CASES: dict[str, tuple[dict, Callable[[Summaries], None]]] = {
     "lesson-paged-memory": ({"workload.num_requests": 300}, check_lesson_paged_memory),
     "lesson-memory-bound": ({"workload.num_requests": 200}, check_lesson_memory_bound),
     "lesson-speculative-decoding": ({"workload.num_requests": 600}, check_lesson_speculative_decoding),
+    "lesson-disaggregation": ({}, check_lesson_disaggregation),
     "plan-chat": ({"workload.num_requests": 200}, check_plan_chat),
     # more failures, fewer requests: the leak still fills both caches
     "failure-leak": ({"workload.num_requests": 3000, "workload.failures.fraction": 0.6}, check_failure_leak),

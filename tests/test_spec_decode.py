@@ -330,3 +330,11 @@ def test_disable_by_batch_size_drafts_only_in_smaller_steps():
     rows = [(int(s.num_seqs), int(s.num_draft_tokens)) for s in cost.shapes]
     assert all(d == 0 for n, d in rows if n >= 2) and any(d > 0 for n, d in rows if n == 1), rows
     assert [r.num_output_tokens for r in sim.requests] == [3, 9]
+
+
+def test_pipeline_stages_with_speculation_are_refused() -> None:
+    raw = scenario(method="ngram", num_speculative_tokens=2, acceptance={"type": "geometric", "rate": 0.5})
+    raw["deployment"].update(model="llama-3.1-8b", pipeline_parallel_size=2)
+    del raw["deployment"]["num_gpu_blocks"]
+    with pytest.raises(ValueError, match="speculative with pipeline_parallel_size > 1 is not modelled"):
+        build(variant_configs(parse_scenario(raw))[0])

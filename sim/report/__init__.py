@@ -269,6 +269,13 @@ def _cluster_section(results: list[RunResult], summaries: dict) -> list[Section]
     return [Section("Cluster", fig, note + table)]
 
 
+def _disagg_section(results: list[RunResult], summaries: dict) -> list[Section]:
+    from sim.report.disagg import NOTE, disagg_table_html, fig_disagg
+
+    fig = fig_disagg(results, summaries)
+    return [] if fig is None else [Section("Disaggregation", fig, _p(NOTE) + disagg_table_html(results, summaries))]
+
+
 def _throughput_section(results: list[RunResult], summaries: dict) -> list[Section]:
     return [Section("Throughput", fig_throughput(results, per_run_points(len(results))))]
 
@@ -292,6 +299,7 @@ SECTIONS: list[SectionBuilder] = [
     _spec_decode_section,
     pipeline_sections,
     host_kv_sections,
+    _disagg_section,
 ]
 
 
