@@ -47,10 +47,11 @@ from realengine.kv_cache import KVCache, kv_bytes_per_block, profile_num_blocks
 from realengine.model import LlamaModel, torch_dtype
 from realengine.runner import ModelRunner
 from sim.block_manager import PagedBlockManager
+from sim.build import build
 from sim.core import Batch, ServingCore
 from sim.costmodel import CostModel
 from sim.request import RequestSpec
-from sim.scenario import ScenarioError, build, parse_scenario, variant_configs
+from sim.scenario import ScenarioError, parse_scenario, variant_configs
 from sim.simulator import Simulation
 from sim.specs import ModelSpec
 

@@ -199,9 +199,9 @@ def prepare(scenario_path: str | Path, overrides: dict[str, Any] | None = None) 
 
 def _simulate(cfg: VariantConfig, specs: tuple, cost, name: str) -> RunResult:
     """``sim.run.simulate_variant`` with a cost model given as an object (the speed-adjusted profile)."""
+    from sim.build import build
     from sim.core import ServingCore
     from sim.results import result_of
-    from sim.scenario import build
     from sim.simulator import Simulation
 
     policy, kv, _, built = build(cfg)

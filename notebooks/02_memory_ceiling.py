@@ -31,7 +31,6 @@
 # %%
 import copy
 
-import numpy as np
 import plotly.graph_objects as go
 import yaml
 

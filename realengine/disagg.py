@@ -33,13 +33,14 @@ from realengine.executor import EngineExecutor
 from realengine.kv_cache import kv_bytes_per_block
 from realengine.model import LlamaModel, torch_dtype
 from realengine.runner import ModelRunner
+from sim.build import build
 from sim.core import ServingCore
 from sim.disagg.config import DisaggConfig
 from sim.disagg.kv_transfer import KVLink
 from sim.disagg.pools import POOLS, DisaggSimulation, check_disaggregation, disagg_result
 from sim.records import RunResult
 from sim.request import Request
-from sim.scenario import VariantConfig, build
+from sim.scenario import VariantConfig
 
 
 @dataclass(slots=True)

@@ -1,7 +1,7 @@
 """The real engine: a scenario's workload served by a real model, driven by the simulator's own serving loop.
 
 The serving core, its policy and its KV block manager are the very objects the simulator builds
-(``sim.scenario.build``), and so is the loop: ``sim.simulator.Simulation`` with one replica whose executor is
+(``sim.build.build``), and so is the loop: ``sim.simulator.Simulation`` with one replica whose executor is
 ``realengine.executor.EngineExecutor`` (the batch runs on the model; the step lasts what it measurably took)
 instead of a cost model. Arrivals, closed-loop users, cancellations, per-request errors and out-of-memory steps
 are therefore handled by the same code in both, and the parity check (the simulator fed the engine's measured
@@ -36,6 +36,7 @@ from realengine.kv_cache import kv_bytes_per_block, profile_num_blocks
 from realengine.model import LlamaModel, torch_dtype
 from realengine.runner import ModelRunner
 from realengine.spec_decode import SpecDecodeRunner
+from sim.build import build
 from sim.cluster import ClusterSimulation, cluster_result
 from sim.core import ServingCore
 from sim.failures import FailurePlan
@@ -43,7 +44,7 @@ from sim.records import RunResult
 from sim.request import Request
 from sim.results import result_of
 from sim.run import autoscaler_of
-from sim.scenario import PagedKV, ScenarioError, VariantConfig, build
+from sim.scenario import PagedKV, ScenarioError, VariantConfig
 from sim.simulator import ClosedLoopPlan, Simulation
 from sim.spec_decode import summary_inputs
 from sim.specs import ModelSpec

@@ -8,7 +8,7 @@ scenario.
 Every point is first checked against analytic bounds; only the survivors are simulated, cheapest first.
 
 - memory: the weights, vLLM's activation reserve and one ``max_model_len`` request's KV must fit per GPU (what
-  ``sim.scenario.build`` and vLLM refuse).
+  ``sim.build.build`` and vLLM refuse).
 - latency: request i's TTFT is at least the step time of its whole prompt computed alone (chunks only add per-step
   costs, other requests only add work), and each of its TPOT gaps at least one decode step of it alone, which is
   bound by reading the weights (``bandwidth-bound decode``). TTFT_i >= bound_i for every i, and a percentile is
@@ -44,6 +44,7 @@ from typing import Any
 
 import numpy as np
 
+from sim.build import resolve_max_model_len, size_kv_cache
 from sim.costmodel import CostModel, StepShape
 from sim.engines import resolve_policy
 from sim.metrics import SLOs, summarize
@@ -59,8 +60,6 @@ from sim.scenario import (
     Scenario,
     ScenarioError,
     VariantConfig,
-    resolve_max_model_len,
-    size_kv_cache,
     slos_of,
 )
 from sim.specs import (
@@ -614,7 +613,7 @@ def plan(scenario: Scenario, *, stop_early: bool | None = None, progress: bool =
 
 def _resolve(vcfg: VariantConfig, model: ModelSpec, gpu: GPUSpec) -> tuple[CostModel, KVBudget, int]:
     """The cost model, KV budget and token limit one replica of ``vcfg`` gets, from the very builders
-    ``sim.scenario.build`` uses, without building the KV block manager (the bounds need only its size). Raises
+    ``sim.build.build`` uses, without building the KV block manager (the bounds need only its size). Raises
     ScenarioError (a ValueError) where ``build`` refuses the deployment."""
     dep, pol = vcfg.deployment, vcfg.policy
     assert isinstance(dep.cost_model, AnalyticCost)  # check_plan refuses the others

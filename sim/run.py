@@ -12,22 +12,14 @@ from typing import Any
 import numpy as np
 
 from sim.autoscaler import AutoscalerConfig
+from sim.build import build
 from sim.core import ServingCore
 from sim.metrics import summarize
 from sim.progress import BarProgress, Progress
 from sim.records import RunResult
 from sim.request import Request
 from sim.results import result_of
-from sim.scenario import (
-    Scenario,
-    ScenarioError,
-    VariantConfig,
-    apply_point,
-    build,
-    slos_of,
-    sweep_points,
-    variant_configs,
-)
+from sim.scenario import Scenario, ScenarioError, VariantConfig, apply_point, slos_of, sweep_points, variant_configs
 from sim.simulator import ClosedLoopPlan, Simulation
 from sim.spec_decode import SpecDecoder, build_decoder, summary_inputs
 from sim.workload import GeneratedWorkload, Workload

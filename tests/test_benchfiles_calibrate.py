@@ -13,8 +13,9 @@ from calibration.bench_fit import calibrate_from_bench, profile_dict, with_knobs
 from sim.benchfiles.common import BenchRun
 from sim.benchfiles.stats import bench_stats, run_stats
 from sim.benchfiles.validate import rebuild_workload
+from sim.build import build
 from sim.run import simulate_variant
-from sim.scenario import build, load_scenario, variant_configs
+from sim.scenario import load_scenario, variant_configs
 
 DATA = Path(__file__).parent / "data" / "bench"
 ROOT = Path(__file__).parent.parent

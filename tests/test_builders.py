@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim.block_manager import BlockError, PagedBlockManager
+from sim.build import build
 from sim.contiguous_allocator import ContiguousAllocator
 from sim.core import ServingCore
 from sim.costmodel import AnalyticCostModel, CostModel, FittedCostModel, StepShape, optional_member
@@ -35,7 +36,6 @@ from sim.scenario import (
     ScenarioError,
     StaticPolicyConfig,
     VariantConfig,
-    build,
 )
 from sim.specs import GPU_PRESETS, MODEL_PRESETS, GPUSpec, ModelSpec, resolve_gpu, resolve_model
 

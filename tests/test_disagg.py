@@ -222,7 +222,6 @@ def test_report_has_the_disaggregation_section(tmp_path: Path) -> None:
 
 def test_plan_searches_splits_and_picks_one_where_colocated_misses() -> None:
     from sim.planner import plan
-
     from sim.scenario import PlanConfig
 
     sc, _ = load_scenario(LESSON, {"workload.num_requests": 300})

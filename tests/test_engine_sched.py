@@ -6,10 +6,11 @@ from __future__ import annotations
 import pytest
 
 from sim.block_manager import PagedBlockManager
+from sim.build import build
 from sim.policies import ContinuousPolicy, Limits
 from sim.request import RequestSpec
 from sim.run import run_scenario
-from sim.scenario import ScenarioError, build, parse_scenario, variant_configs
+from sim.scenario import ScenarioError, parse_scenario, variant_configs
 from tests.conftest import ConstCost, simulate, sorted_plans
 
 

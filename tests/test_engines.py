@@ -10,10 +10,11 @@ import yaml
 from typer.testing import CliRunner
 
 from sim.block_manager import PagedBlockManager
+from sim.build import build
 from sim.cli import app
 from sim.policies import ContinuousPolicy, Limits
 from sim.request import RequestSpec
-from sim.scenario import ScenarioError, build, parse_scenario, variant_configs
+from sim.scenario import ScenarioError, parse_scenario, variant_configs
 from sim.specs import GiB, ModelSpec, estimate_activation_reserve, resolve_gpu
 from tests.conftest import ConstCost, simulate
 

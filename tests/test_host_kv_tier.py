@@ -10,11 +10,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim.block_manager import PagedBlockManager
+from sim.build import build
 from sim.costmodel import AnalyticCostModel, FittedCostModel, StepShape
 from sim.host_kv_tier import HostKVTier
 from sim.request import Request, RequestSpec
 from sim.run import run_scenario
-from sim.scenario import ScenarioError, build, load_scenario, parse_scenario, variant_configs
+from sim.scenario import ScenarioError, load_scenario, parse_scenario, variant_configs
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from sim.build import build
 from sim.costmodel import AnalyticCostModel, StepShape
-from sim.scenario import build, parse_scenario, variant_configs
+from sim.scenario import parse_scenario, variant_configs
 from sim.specs import GiB, ModelSpec, kv_budget, resolve_gpu
 
 H, L, HEADS, VOCAB = 2048, 27, 16, 102400

@@ -16,6 +16,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from sim.build import build
 from sim.cli import app
 from sim.costmodel import StepShape
 from sim.metrics import summarize
@@ -39,7 +40,6 @@ from sim.scenario import (
     PagedKV,
     ScenarioError,
     VariantConfig,
-    build,
     json_schema,
     load_scenario,
     parse_scenario,

@@ -22,11 +22,12 @@ from realengine.engine import engine_config  # noqa: E402 - after the torch skip
 from realengine.kv_cache import kv_bytes_per_block  # noqa: E402 - after the torch skip
 from realengine.model import LlamaModel  # noqa: E402 - after the torch skip
 from realengine.runner import ModelRunner  # noqa: E402 - after the torch skip
+from sim.build import build  # noqa: E402 - after the torch skip
 from sim.core import ServingCore  # noqa: E402 - after the torch skip
 from sim.disagg.kv_transfer import KVLink  # noqa: E402 - after the torch skip
 from sim.disagg.pools import DisaggSimulation, check_disaggregation  # noqa: E402 - after the torch skip
 from sim.run import generate_workload  # noqa: E402 - after the torch skip
-from sim.scenario import build, parse_scenario, variant_configs  # noqa: E402 - after the torch skip
+from sim.scenario import parse_scenario, variant_configs  # noqa: E402 - after the torch skip
 from sim.simulator import Simulation  # noqa: E402 - after the torch skip
 
 torch.set_num_threads(1)

@@ -29,6 +29,7 @@ from realengine.engine import MEMORY_COLUMNS, engine_config, run_engine, write_e
 from realengine.executor import EngineExecutor  # noqa: E402 - after the torch skip
 from realengine.model import LlamaModel  # noqa: E402 - after the torch skip
 from realengine.runner import ModelRunner  # noqa: E402 - after the torch skip
+from sim.build import build  # noqa: E402 - after the torch skip
 from sim.cli import app  # noqa: E402 - after the torch skip
 from sim.cluster import ClusterSimulation  # noqa: E402 - after the torch skip
 from sim.core import ServingCore  # noqa: E402 - after the torch skip
@@ -36,7 +37,7 @@ from sim.failures import FailurePlan  # noqa: E402 - after the torch skip
 from sim.output import read_steps, write_run  # noqa: E402 - after the torch skip
 from sim.request import RequestSpec  # noqa: E402 - after the torch skip
 from sim.run import generate_workload, simulate_variant  # noqa: E402 - after the torch skip
-from sim.scenario import build, parse_scenario, variant_configs  # noqa: E402 - after the torch skip
+from sim.scenario import parse_scenario, variant_configs  # noqa: E402 - after the torch skip
 from sim.simulator import ClosedLoopPlan, Simulation  # noqa: E402 - after the torch skip
 
 torch.set_num_threads(1)

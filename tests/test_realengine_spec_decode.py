@@ -20,9 +20,10 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from realengine.engine import engine_config, run_engine  # noqa: E402 - after the torch skip
+from sim.build import build  # noqa: E402 - after the torch skip
 from sim.core import ServingCore  # noqa: E402 - after the torch skip
 from sim.run import generate_workload  # noqa: E402 - after the torch skip
-from sim.scenario import build, parse_scenario, variant_configs  # noqa: E402 - after the torch skip
+from sim.scenario import parse_scenario, variant_configs  # noqa: E402 - after the torch skip
 from sim.simulator import Simulation  # noqa: E402 - after the torch skip
 from sim.spec_decode import (  # noqa: E402 - after the torch skip
     MeasuredAcceptance,

@@ -22,12 +22,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
+from sim.build import build
 from sim.cli import app
 from sim.core import ServingCore
 from sim.costmodel import StepShape
 from sim.request import RequestSpec
 from sim.run import generate_workload, run_scenario, simulate_variant
-from sim.scenario import build, parse_scenario, variant_configs
+from sim.scenario import parse_scenario, variant_configs
 from sim.simulator import Simulation
 from sim.spec_decode import (
     GeometricAcceptance,

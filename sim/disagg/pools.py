@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 from pydantic import TypeAdapter, ValidationError
 
+from sim.build import Built, build
 from sim.core import ServingCore
 from sim.costmodel import CostModel
 from sim.disagg.config import DisaggConfig, PoolConfig
@@ -46,7 +47,7 @@ from sim.records import RequestRecord, RunResult
 from sim.request import Outcome, Request, RequestSpec, Status
 from sim.results import gc_paused, pooled_gaps
 from sim.routers import make_router
-from sim.scenario import Built, Deployment, PolicyConfig, ScenarioError, VariantConfig, build
+from sim.scenario import Deployment, PolicyConfig, ScenarioError, VariantConfig
 from sim.scenario_messages import format_validation
 from sim.simulator import ClosedLoopPlan, Replica, Simulation
 
