@@ -36,7 +36,8 @@ import numpy as np
 from sim.benchfiles.common import BenchRun
 from sim.build import build
 from sim.engine_costs import VLLM_V06_HOST_TIME_RATIO
-from sim.scenario import ScenarioError, VariantConfig, parse_scenario, variant_configs
+from sim.scenario import VariantConfig, parse_scenario, variant_configs
+from sim.schema import ScenarioError
 
 DATA = Path("/work/shared/data/published-dev/published-dev.csv")
 MODELS = {"Llama-3.1-8B": "llama-3.1-8b", "Llama-3.1-70B": "llama-3.1-70b", "Llama-3.1-405B": "llama-3.1-405b",

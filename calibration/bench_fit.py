@@ -31,7 +31,8 @@ import numpy as np
 from sim.benchfiles.common import BenchRun
 from sim.benchfiles.knobs import PROFILE_KIND
 from sim.benchfiles.validate import rebuild_workload, relative_error, simulated_metrics
-from sim.scenario import AnalyticCost, VariantConfig
+from sim.scenario import VariantConfig
+from sim.schema import AnalyticCost
 
 # fitted unless told otherwise: per_request_overhead moves TPOT by a share that grows with the batch, which a few
 # noisy files rarely separate from the bandwidth term; it stays at its default unless asked for (--knobs)

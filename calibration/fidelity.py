@@ -27,7 +27,8 @@ from calibration.fit import Sample
 from calibration.serving import StepRecorder
 from calibration.validate import VariantValidation, validate_variant
 from calibration.workloads import FamilyWorkload
-from sim.scenario import FittedCost, VariantConfig, parse_scenario, variant_configs
+from sim.scenario import VariantConfig, parse_scenario, variant_configs
+from sim.schema import FittedCost
 from sim.workload import GeneratedWorkload
 
 LATENCY_METRICS = ("ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "e2el_p50", "e2el_p99")

@@ -51,7 +51,8 @@ from sim.build import build
 from sim.core import Batch, ServingCore
 from sim.costmodel import CostModel
 from sim.request import RequestSpec
-from sim.scenario import ScenarioError, parse_scenario, variant_configs
+from sim.scenario import parse_scenario, variant_configs
+from sim.schema import ScenarioError
 from sim.simulator import Simulation
 from sim.specs import ModelSpec
 

@@ -29,7 +29,8 @@ from sim.costmodel import FittedCostModel
 from sim.metrics import summarize
 from sim.records import RunResult
 from sim.report import TEMPLATE, color, ecdf_points
-from sim.scenario import FittedCost, Scenario, ScenarioError, VariantConfig, load_scenario, variant_configs
+from sim.scenario import VariantConfig, load_scenario, variant_configs
+from sim.schema import FittedCost, Scenario, ScenarioError
 from sim.workload import GeneratedWorkload
 
 PERCENTILE_KEYS = ("p50", "p90", "p99")

@@ -202,7 +202,7 @@ def serve_disaggregated(cfg: VariantConfig, workload, *, device: str, dtype, mod
                         real_model, weight_quant: str | None) -> tuple[RunResult, list[Request], ServingCore]:
     """``realengine.engine.run_engine`` for a disaggregated variant: ``(result, requests, first core)``. What
     the disaggregated engine does not do is refused, naming it."""
-    from sim.scenario import ScenarioError
+    from sim.schema import ScenarioError
 
     unsupported = [what for what, on in (("the wall clock", clock != "virtual"), ("failures", failures is not None),
                                          ("the contiguous KV layout", kv_layout != "paged"),

@@ -44,7 +44,8 @@ from sim.records import RunResult
 from sim.request import Request
 from sim.results import result_of
 from sim.run import autoscaler_of
-from sim.scenario import PagedKV, ScenarioError, VariantConfig
+from sim.scenario import VariantConfig
+from sim.schema import PagedKV, ScenarioError
 from sim.simulator import ClosedLoopPlan, Simulation
 from sim.spec_decode import summary_inputs
 from sim.specs import ModelSpec

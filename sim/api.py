@@ -26,7 +26,8 @@ import numpy as np
 from sim.compare import Comparison, RunFolderError, compare_runs
 from sim.output import REQUEST_COLUMNS, STEP_CSV_COLUMNS, _latencies, read_requests, read_steps
 from sim.records import REQUEST_FIELDS, STEP_COLUMNS, RunResult
-from sim.scenario import ScenarioError, apply_override, load_scenario, parse_scenario
+from sim.scenario import apply_override, load_scenario, parse_scenario
+from sim.schema import ScenarioError
 
 __all__ = ["Comparison", "Results", "RunFolderError", "ScenarioError", "compare", "load", "run"]
 

@@ -21,14 +21,14 @@ from sim.host_kv_config import attach_host_tier
 from sim.limits import check_kv_footprint, kv_footprint
 from sim.pipeline import stage_model, wrap_pipeline
 from sim.policies import Limits, Policy
-from sim.scenario import (
+from sim.scenario import VariantConfig
+from sim.schema import (
     CostModelConfigBase,
     Deployment,
     KVCacheConfigBase,
     PolicyConfigBase,
     ScenarioError,
     StaticPolicyConfig,
-    VariantConfig,
 )
 from sim.specs import GPUSpec, KVBudget, ModelDoesNotFitError, ModelSpec, resolve_gpu, resolve_model
 from sim.window import window_refusal
@@ -108,7 +108,7 @@ def _section(value: Any, base: type, field: str, where: str) -> Any:
     for anything else, instead of an AttributeError deep inside ``build``."""
     if not isinstance(value, base):
         raise ScenarioError(f"{where}: {field}: {type(value).__name__} is not a {base.__name__} (every {field} "
-                            f"config subclasses sim.scenario.{base.__name__} and defines how it builds)")
+                            f"config subclasses sim.schema.{base.__name__} and defines how it builds)")
     return value
 
 

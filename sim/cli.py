@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 import typer
 
-from sim.scenario import ScenarioError, json_schema, load_scenario, parse_value
+from sim.scenario import json_schema, load_scenario, parse_value
+from sim.schema import ScenarioError
 
 app = typer.Typer(
     add_completion=False,

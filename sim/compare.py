@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from sim.records import RequestRecord
-from sim.scenario import ScenarioError
+from sim.schema import ScenarioError
 from sim.table import CLUSTER_ROWS, TABLE_ROWS, format_cells, metric_value, ratio_text
 
 COMPARE_FILE = "compare.html"

@@ -50,7 +50,8 @@ from sim.engines import resolve_policy
 from sim.metrics import SLOs, summarize
 from sim.pipeline import check_pipeline, wrap_pipeline
 from sim.records import RunResult
-from sim.scenario import (
+from sim.scenario import VariantConfig, slos_of
+from sim.schema import (
     AnalyticCost,
     ContinuousPolicyConfig,
     Deployment,
@@ -59,8 +60,6 @@ from sim.scenario import (
     PlanConfig,
     Scenario,
     ScenarioError,
-    VariantConfig,
-    slos_of,
 )
 from sim.specs import (
     DTYPE_BITS,
@@ -392,7 +391,7 @@ def simulate_replicas(cfg: VariantConfig, workload: GeneratedWorkload, replicas:
     """Simulate ``replicas`` copies of a variant behind a least-outstanding-requests router (``sim.cluster``);
     one ``RunResult`` over every request and every replica's steps."""
     from sim.run import simulate_variant
-    from sim.scenario import ClusterConfig
+    from sim.schema import ClusterConfig
 
     if replicas < 1:
         raise ValueError(f"replicas must be >= 1, got {replicas}")

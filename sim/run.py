@@ -19,7 +19,8 @@ from sim.progress import BarProgress, Progress
 from sim.records import RunResult
 from sim.request import Request
 from sim.results import result_of
-from sim.scenario import Scenario, ScenarioError, VariantConfig, apply_point, slos_of, sweep_points, variant_configs
+from sim.scenario import VariantConfig, apply_point, slos_of, sweep_points, variant_configs
+from sim.schema import Scenario, ScenarioError
 from sim.simulator import ClosedLoopPlan, Simulation
 from sim.spec_decode import SpecDecoder, build_decoder, summary_inputs
 from sim.workload import GeneratedWorkload, Workload

@@ -304,7 +304,7 @@ def build_cost(cfg: SpeculativeConfig, target_cost: CostModel, target: ModelSpec
 
 
 def budget_for(dep: Any, budget: KVBudget, target: ModelSpec, max_model_len: int) -> KVBudget:
-    """``budget_with_draft`` for a scenario's deployment (``sim.scenario.Deployment``); a ValueError where the
+    """``budget_with_draft`` for a scenario's deployment (``sim.schema.Deployment``); a ValueError where the
     longest request no longer fits."""
     cfg = dep.speculative
     out = budget_with_draft(cfg, budget, target, weight_dtype=dep.weight_dtype, kv_dtype=dep.kv_dtype,

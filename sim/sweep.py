@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sim.scenario import Scenario, ScenarioError, apply_point, sweep_points, variant_configs
+from sim.scenario import apply_point, sweep_points, variant_configs
+from sim.schema import Scenario, ScenarioError
 
 # The metrics a row keeps: summary keys, nested ones dotted (``ttft.p99``).
 METRICS: tuple[str, ...] = (

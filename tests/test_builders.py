@@ -20,7 +20,8 @@ from sim.costmodel import AnalyticCostModel, CostModel, FittedCostModel, StepSha
 from sim.planner import _resolve
 from sim.policies import Admission, ContinuousPolicy, Limits, Plan, Policy, StaticPolicy
 from sim.request import Request, RequestSpec
-from sim.scenario import (
+from sim.scenario import VariantConfig
+from sim.schema import (
     AdmissionConfig,
     AnalyticCost,
     ContiguousKV,
@@ -35,7 +36,6 @@ from sim.scenario import (
     PolicyConfigBase,
     ScenarioError,
     StaticPolicyConfig,
-    VariantConfig,
 )
 from sim.specs import GPU_PRESETS, MODEL_PRESETS, GPUSpec, ModelSpec, resolve_gpu, resolve_model
 

@@ -17,7 +17,8 @@ from typer.testing import CliRunner
 
 from sim.cli import app
 from sim.run import prepare_scenario
-from sim.scenario import ScenarioError, parse_scenario
+from sim.scenario import parse_scenario
+from sim.schema import ScenarioError
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -17,7 +17,8 @@ from sim.policies import ContinuousPolicy, Limits
 from sim.request import Request, RequestSpec
 from sim.routers import kv_pressure, least_kv, least_outstanding, make_router, prefix_affinity
 from sim.run import generate_workload, simulate_variant
-from sim.scenario import ScenarioError, parse_scenario, variant_configs
+from sim.scenario import parse_scenario, variant_configs
+from sim.schema import ScenarioError
 from tests.conftest import LinearCost
 
 WORKLOAD = {

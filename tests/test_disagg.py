@@ -14,7 +14,8 @@ import pytest
 from sim.disagg.config import LINK_PRESETS, DisaggConfig
 from sim.disagg.kv_transfer import KVLink, kv_bytes
 from sim.run import generate_workload, run_scenario, simulate_variant
-from sim.scenario import ScenarioError, json_schema, load_scenario, parse_scenario, variant_configs
+from sim.scenario import json_schema, load_scenario, parse_scenario, variant_configs
+from sim.schema import ScenarioError
 from sim.specs import ModelSpec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -222,7 +223,7 @@ def test_report_has_the_disaggregation_section(tmp_path: Path) -> None:
 
 def test_plan_searches_splits_and_picks_one_where_colocated_misses() -> None:
     from sim.planner import plan
-    from sim.scenario import PlanConfig
+    from sim.schema import PlanConfig
 
     sc, _ = load_scenario(LESSON, {"workload.num_requests": 300})
     sc = sc.model_copy(update={"variants": [], "plan": PlanConfig.model_validate({
@@ -242,7 +243,7 @@ def test_plan_searches_splits_and_picks_one_where_colocated_misses() -> None:
 
 def test_plan_without_the_section_has_no_splits() -> None:
     from sim.planner import plan
-    from sim.scenario import PlanConfig
+    from sim.schema import PlanConfig
 
     sc, _ = load_scenario(LESSON, {"workload.num_requests": 100})
     sc = sc.model_copy(update={"variants": [], "plan": PlanConfig.model_validate({

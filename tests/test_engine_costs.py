@@ -9,7 +9,8 @@ from sim.build import build
 from sim.costmodel import AnalyticCostModel, StepShape
 from sim.engine_costs import VLLM_V05_HOST_TIME_RATIO, VLLM_V06_HOST_TIME_RATIO, host_time_ratio
 from sim.engines import EngineConfig
-from sim.scenario import ScenarioError, parse_scenario, variant_configs
+from sim.scenario import parse_scenario, variant_configs
+from sim.schema import ScenarioError
 from sim.specs import DEFAULT_RUNTIME_OVERHEAD_BYTES, GiB, ModelSpec, resolve_gpu
 
 

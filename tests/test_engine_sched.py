@@ -10,7 +10,8 @@ from sim.build import build
 from sim.policies import ContinuousPolicy, Limits
 from sim.request import RequestSpec
 from sim.run import run_scenario
-from sim.scenario import ScenarioError, parse_scenario, variant_configs
+from sim.scenario import parse_scenario, variant_configs
+from sim.schema import ScenarioError
 from tests.conftest import ConstCost, simulate, sorted_plans
 
 

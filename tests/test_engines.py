@@ -14,7 +14,8 @@ from sim.build import build
 from sim.cli import app
 from sim.policies import ContinuousPolicy, Limits
 from sim.request import RequestSpec
-from sim.scenario import ScenarioError, parse_scenario, variant_configs
+from sim.scenario import parse_scenario, variant_configs
+from sim.schema import ScenarioError
 from sim.specs import GiB, ModelSpec, estimate_activation_reserve, resolve_gpu
 from tests.conftest import ConstCost, simulate
 

@@ -15,7 +15,8 @@ from pydantic import BaseModel
 
 from sim.costmodel import AnalyticCostModel, FittedCostModel, StepShape
 from sim.run import generate_workload, simulate_variant
-from sim.scenario import KVCacheConfig, PolicyConfig, parse_scenario, variant_configs
+from sim.scenario import parse_scenario, variant_configs
+from sim.schema import KVCacheConfig, PolicyConfig
 
 
 def _run_both(raw: dict):

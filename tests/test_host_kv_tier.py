@@ -15,7 +15,8 @@ from sim.costmodel import AnalyticCostModel, FittedCostModel, StepShape
 from sim.host_kv_tier import HostKVTier
 from sim.request import Request, RequestSpec
 from sim.run import run_scenario
-from sim.scenario import ScenarioError, load_scenario, parse_scenario, variant_configs
+from sim.scenario import load_scenario, parse_scenario, variant_configs
+from sim.schema import ScenarioError
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
 

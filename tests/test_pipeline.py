@@ -14,7 +14,8 @@ from sim.cli import app
 from sim.costmodel import AnalyticCostModel, StepShape
 from sim.pipeline import LINK_PRESETS, PipelineCostModel, resolve_link, stage_model, wrap_pipeline
 from sim.run import run_scenario
-from sim.scenario import ScenarioError, load_scenario, parse_scenario, variant_configs
+from sim.scenario import load_scenario, parse_scenario, variant_configs
+from sim.schema import ScenarioError
 from sim.specs import kv_budget, resolve_gpu, resolve_model
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"

@@ -34,17 +34,8 @@ from sim.planner import (
     work_lower_bound,
 )
 from sim.run import generate_workload
-from sim.scenario import (
-    ContinuousPolicyConfig,
-    Deployment,
-    PagedKV,
-    ScenarioError,
-    VariantConfig,
-    json_schema,
-    load_scenario,
-    parse_scenario,
-    slos_of,
-)
+from sim.scenario import VariantConfig, json_schema, load_scenario, parse_scenario, slos_of
+from sim.schema import ContinuousPolicyConfig, Deployment, PagedKV, ScenarioError
 from sim.specs import GPUSpec, ModelSpec
 
 ROOT = Path(__file__).resolve().parent.parent

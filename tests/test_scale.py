@@ -15,7 +15,8 @@ from typer.testing import CliRunner
 
 from sim.cli import app
 from sim.length_pairs import load_pairs, resolve_lengths
-from sim.scenario import ScenarioError, load_scenario, parse_scenario
+from sim.scenario import load_scenario, parse_scenario
+from sim.schema import ScenarioError
 from sim.workload import Workload
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -397,7 +397,8 @@ def test_a_variant_can_change_the_workload() -> None:
 
 
 def test_a_variants_workload_is_checked_with_its_path(tmp_path: Path) -> None:
-    from sim.scenario import ScenarioError, apply_override, parse_scenario
+    from sim.scenario import apply_override, parse_scenario
+    from sim.schema import ScenarioError
 
     for keys, message in (({"arival": {"type": "poisson", "rate": 8}}, "variants.0.workload.arival: unknown key; "
                            "did you mean arrival?"),

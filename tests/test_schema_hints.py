@@ -6,8 +6,9 @@ import copy
 
 import pytest
 
-from sim.scenario import ScenarioError, parse_scenario
+from sim.scenario import parse_scenario
 from sim.scenario_messages import closest_key
+from sim.schema import ScenarioError
 
 BASE = {
     "name": "hints",

@@ -10,7 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from sim.cli import app
-from sim.scenario import ScenarioError, load_scenario
+from sim.scenario import load_scenario
+from sim.schema import ScenarioError
 from sim.sweep import METRICS, column, plan_sweep, read_rows, run_sweep
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"

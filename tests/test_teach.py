@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sim.scenario import ScenarioError, parse_scenario
+from sim.scenario import parse_scenario
+from sim.schema import ScenarioError
 from sim.teach import explain as ex
 from sim.teach.knobs import (
     DEFAULT_PRESET,

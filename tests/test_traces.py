@@ -262,7 +262,8 @@ def test_own_trace_in_a_scenario(tmp_path: Path) -> None:
     """A scenario replays a user's CSV with renamed columns and dates; a mapping naming a missing column is one
     clear error naming the key."""
     from sim.run import run_scenario
-    from sim.scenario import ScenarioError, parse_scenario
+    from sim.scenario import parse_scenario
+    from sim.schema import ScenarioError
 
     path = _write(tmp_path, "log.csv", "when,req_in,req_out\n2026-01-01 10:00:00,30,4\n2026-01-01 10:00:02.5,50,6\n")
     arrival = {"type": "trace", "trace": str(path),

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from sim.build import build
-from sim.scenario import ScenarioError, parse_scenario, variant_configs
+from sim.scenario import parse_scenario, variant_configs
+from sim.schema import ScenarioError
 from sim.specs import ModelSpec
 from sim.window import num_local_layers, window_kv_elements
 

@@ -165,7 +165,8 @@ class BenchValidation:
 def validate_against(scenario_path: str | Path, files: list[str | Path], *, variant: str | None = None,
                      overrides: dict[str, Any] | None = None, seed: int | None = None) -> BenchValidation:
     from sim.run import simulate_variant
-    from sim.scenario import ScenarioError, load_scenario, variant_configs
+    from sim.scenario import load_scenario, variant_configs
+    from sim.schema import ScenarioError
 
     sc, _ = load_scenario(scenario_path, overrides)
     cfgs = variant_configs(sc)

@@ -13,7 +13,7 @@ scenario's default); its ``policy`` replaces the variant's. The xPyD ratio is ``
 requires: the decode pool reads the prefill pool's blocks as they are).
 
 The sections here hold the pool's deployment and policy as plain mappings, validated against
-``sim.scenario.Deployment`` and ``PolicyConfig`` at load (imported late: sim.scenario imports this module).
+``sim.schema.Deployment`` and ``PolicyConfig`` at load (imported late: sim.schema imports this module).
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ class PoolConfig(_Model):
 
     @model_validator(mode="after")
     def _sections(self) -> PoolConfig:
-        from sim.scenario import Deployment, PolicyConfig
+        from sim.schema import Deployment, PolicyConfig
 
         if self.deployment is not None:
             bad = sorted(set(self.deployment) - set(Deployment.model_fields))

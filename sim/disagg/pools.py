@@ -47,8 +47,9 @@ from sim.records import RequestRecord, RunResult
 from sim.request import Outcome, Request, RequestSpec, Status
 from sim.results import gc_paused, pooled_gaps
 from sim.routers import make_router
-from sim.scenario import Deployment, PolicyConfig, ScenarioError, VariantConfig
+from sim.scenario import VariantConfig
 from sim.scenario_messages import format_validation
+from sim.schema import Deployment, PolicyConfig, ScenarioError
 from sim.simulator import ClosedLoopPlan, Replica, Simulation
 
 POOLS = ("prefill", "decode")

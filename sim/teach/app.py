@@ -14,7 +14,7 @@ import dash
 from dash import Dash, Input, Output, State, ctx, dcc, html
 
 from sim.metrics import bottleneck
-from sim.scenario import ScenarioError
+from sim.schema import ScenarioError
 from sim.specs import GPU_PRESETS
 from sim.teach.explain import compare, explain
 from sim.teach.figures import fig_batch_slots, fig_latency_cdfs, fig_memories, fig_utilisation

@@ -14,7 +14,8 @@ import math
 from typing import Any
 
 from sim.run import PreparedScenario, ScenarioRun, prepare_scenario, run_scenario
-from sim.scenario import ScenarioError, parse_scenario
+from sim.scenario import parse_scenario
+from sim.schema import ScenarioError
 from sim.teaching import find_scenario
 from sim.yaml_limits import safe_load_limited
 
