@@ -68,6 +68,8 @@ def openmetrics_text(result: RunResult, *, max_points: int = 2000) -> str:
     used = np.asarray(s["kv_blocks_used"], dtype=np.float64)
     usage = np.divide(used, cap, out=np.zeros_like(used), where=cap > 0)
     preempt = np.asarray(s["num_preempted"], dtype=np.int64)
+    running = np.asarray(s["num_running"], dtype=np.int64)  # read once: the steps' columns may be lazy
+    waiting = np.asarray(s["num_waiting"], dtype=np.int64)
     engines = sorted({int(r) for r in replica}) or [0]
     series: dict[str, list[str]] = {k: [] for k in (
         "num_requests_running", "num_requests_waiting", "kv_cache_usage_perc", "gpu_cache_usage_perc",
@@ -82,8 +84,8 @@ def openmetrics_text(result: RunResult, *, max_points: int = 2000) -> str:
         lab = f'model_name="{model}",engine="{e}"'
         for i in _thin(keep, max_points).tolist():
             t = f" {_num(end[i])}"
-            series["num_requests_running"].append(f"vllm:num_requests_running{{{lab}}} {int(s['num_running'][i])}{t}")
-            series["num_requests_waiting"].append(f"vllm:num_requests_waiting{{{lab}}} {int(s['num_waiting'][i])}{t}")
+            series["num_requests_running"].append(f"vllm:num_requests_running{{{lab}}} {int(running[i])}{t}")
+            series["num_requests_waiting"].append(f"vllm:num_requests_waiting{{{lab}}} {int(waiting[i])}{t}")
             series["kv_cache_usage_perc"].append(f"vllm:kv_cache_usage_perc{{{lab}}} {_num(usage[i])}{t}")
             series["gpu_cache_usage_perc"].append(f"vllm:gpu_cache_usage_perc{{{lab}}} {_num(usage[i])}{t}")
             series["num_preemptions"].append(f"vllm:num_preemptions_total{{{lab}}} {int(cum_at[i])}{t}")
