@@ -14,7 +14,6 @@ from collections.abc import Iterator, Mapping
 
 import numpy as np
 
-
 _RECENT = 2  # expanded columns kept (see StepColumns._recent)
 
 

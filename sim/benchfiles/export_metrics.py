@@ -79,8 +79,8 @@ def openmetrics_text(result: RunResult, *, max_points: int = 2000) -> str:
         mine = mine[np.argsort(end[mine], kind="stable")]
         # one sample per distinct timestamp (the last step ending then), times strictly increasing
         keep = mine[np.r_[end[mine][1:] != end[mine][:-1], True]] if mine.size else mine
-        cum = np.cumsum(preempt[mine])
-        cum_at = dict(zip(mine.tolist(), cum.tolist(), strict=True))
+        cum_at = np.zeros(len(end), dtype=np.int64)  # by step row: a dict of every step cost 100 B a step
+        cum_at[mine] = np.cumsum(preempt[mine])
         lab = f'model_name="{model}",engine="{e}"'
         for i in _thin(keep, max_points).tolist():
             t = f" {_num(end[i])}"
