@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from sim.benchfiles.common import BenchRun
+from sim.engine_costs import VLLM_V06_HOST_TIME_RATIO
 from sim.scenario import ScenarioError, VariantConfig, build, parse_scenario, variant_configs
 
 DATA = Path("/work/shared/data/published-dev/published-dev.csv")
@@ -47,8 +48,11 @@ GPUS = {"H100-SXM-80GB": "h100-sxm", "H200-SXM-141GB": "h200", "A100-SXM4-80GB":
 ENGINES: dict[str, dict[str, Any] | None] = {
     "TensorRT-LLM v0.17": {"name": "tensorrt-llm", "kv_cache_free_gpu_mem_fraction": 0.95},
     "TensorRT-LLM r24.07": {"name": "tensorrt-llm"},
-    "vLLM v0.6.0": {"name": "vllm-v0"},
-    "vLLM v0.5.3": {"name": "vllm-v0"},
+    # multi-step scheduling (10 steps) spreads 0.6's host time over the steps (sim/engine_costs.py)
+    "vLLM v0.6.0 (--num-scheduler-steps 10)": {"name": "vllm-v0", "version": "0.6",
+                                               "host_time_ratio": VLLM_V06_HOST_TIME_RATIO / 10},
+    "vLLM v0.6.0": {"name": "vllm-v0", "version": "0.6"},
+    "vLLM v0.5.3": {"name": "vllm-v0", "version": "0.5"},
     "SGLang": {"name": "sglang"},
     "gpt-fast": None,
 }

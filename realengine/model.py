@@ -170,6 +170,9 @@ class LlamaModel(nn.Module):
         if spec.num_experts or spec.qk_norm:  # the simulator prices them (sim/moe.py); no layer here builds them
             raise ValueError(f"model {spec.name!r}: mixture-of-experts layers and per-head q/k norms are not built by "
                              "the real engine")
+        if spec.sliding_window or spec.kv_lora_rank:  # Gemma-2, DeepSeek-V2: the simulator prices them only
+            raise ValueError(f"model {spec.name!r}: sliding-window layers and latent attention (MLA) are not built "
+                             "by the real engine")
         if spec.word_embed_proj_dim != spec.hidden_size or not spec.final_norm:
             raise ValueError(f"model {spec.name!r}: embedding projections and missing final norms are not built")
         if spec.head_dim % 2:

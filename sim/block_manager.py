@@ -167,6 +167,16 @@ class PagedBlockManager:
         # host-memory tier under the prefix cache (sim.host_kv_tier): evicted prefixes go there, and a prompt
         # continuing past its GPU hits loads the blocks the host holds instead of computing them; None: off
         self.host: HostKVTier | None = None
+        # vLLM v1 hashes every full prompt block, not only the prefixes a workload declares shared: a request's own
+        # blocks stay in the cache once freed, so one preempted by recompute finds what it computed still there
+        # (vllm/v1/core/kv_cache_manager.py get_computed_blocks; kv_cache_utils.py hash_request_tokens). Set by
+        # sim.engines for engine vllm-v1 with prefix caching on; off, only the workload's hash ids are cached.
+        self.cache_own_blocks = False
+        # With cache_own_blocks, the free queue is exact LRU as vLLM's (block_pool.py FreeKVCacheBlockQueue removes a
+        # revived block from its list): a block revived by a hit and freed again is evicted from its new place at
+        # the tail, not from its stale entry's older place. stale[b] counts b's entries ahead of its live one. (The
+        # classic prefix cache keeps the older order, which existing results depend on.)
+        self._stale: dict[int, int] = {}
 
     # ---- read-only queries (policies may call these) -------------------------------------------------------
     @property
@@ -197,9 +207,9 @@ class PagedBlockManager:
         if h is None:
             spec = req.spec
             h = []
+            prev, prev_src = 0, -1
             if spec.hash_ids:
                 bs, hbs, ids = self.block_size, spec.hash_block_size, spec.hash_ids
-                prev, prev_src = 0, -1
                 for j in range(spec.prompt_len // bs):
                     src = ((j + 1) * bs - 1) // hbs
                     if src >= len(ids):
@@ -207,13 +217,21 @@ class PagedBlockManager:
                     prev = hash((prev, tuple(ids[prev_src + 1 : src + 1]), j))
                     prev_src = src
                     h.append(prev)
+            if self.cache_own_blocks:  # the blocks past the shared ids belong to this request alone
+                for j in range(len(h), spec.prompt_len // self.block_size):
+                    prev = hash((prev, "own", req.id, j))
+                    h.append(prev)
             self._hashes[req.id] = h
         return h
+
+    def _hashed(self, req: Request) -> bool:
+        """Whether the request's prompt blocks have hashes (the workload's ids, or its own blocks under vLLM v1)."""
+        return bool(req.spec.hash_ids) or self.cache_own_blocks
 
     def _hits(self, req: Request) -> list[int]:
         """Blocks of the prefix cache that hold the request's leading full prompt blocks (at least one token is
         always left to compute, so a fully cached prompt still recomputes its last block)."""
-        if not self.enable_prefix_caching or req.id in self.tables or not req.spec.hash_ids:
+        if not self.enable_prefix_caching or req.id in self.tables or not self._hashed(req):
             return []
         max_blocks = (req.num_tokens - 1) // self.block_size
         hits = []
@@ -228,7 +246,7 @@ class PagedBlockManager:
         """Prefix hashes of the blocks past the request's ``num_gpu_hits`` GPU hits that the host tier holds,
         in order (empty without a tier; the same one-token-left rule as ``_hits``)."""
         host = self.host
-        if host is None or not len(host) or req.id in self.tables or not req.spec.hash_ids:
+        if host is None or not len(host) or req.id in self.tables or not self._hashed(req):
             return []
         hashes = self.prefix_hashes(req)[num_gpu_hits:(req.num_tokens - 1) // self.block_size]
         return hashes[:host.run_length(hashes)]
@@ -270,8 +288,16 @@ class PagedBlockManager:
             self._next += 1
             return b
         free, in_free = self._queue, self._in_free
+        stale = self._stale
         while True:
             b = free.popleft()
+            k = stale.get(b) if stale else None
+            if k is not None:  # an entry left behind when b was revived
+                if k > 1:
+                    stale[b] = k - 1
+                else:
+                    del stale[b]
+                continue
             if b in in_free:
                 break
         in_free.discard(b)
@@ -345,12 +371,14 @@ class PagedBlockManager:
             need = cdiv(c + num_new_tokens, bs) - len(hits) + revived
             if need > self._num_free:
                 raise BlockError(f"request {req.id} needs {need} blocks, {self._num_free} free")
-            if self.enable_prefix_caching and req.spec.hash_ids:
+            if self.enable_prefix_caching and self._hashed(req):
                 self.num_queried_tokens += req.num_tokens
             table = []
             for b in hits:
                 if self.ref_count[b] == 0:
                     self._in_free.discard(b)  # its queue entry goes stale
+                    if self.cache_own_blocks:
+                        self._stale[b] = self._stale.get(b, 0) + 1
                     self._num_free -= 1
                 self.ref_count[b] += 1
                 table.append(b)
@@ -370,7 +398,7 @@ class PagedBlockManager:
             table += self._take(need)
             if loaded:  # the loaded blocks hold their prefixes on the GPU again
                 self._register(req, table, len(table) - need, len(table) - need + len(loaded))
-        if self.enable_prefix_caching and req.spec.hash_ids and c0 < req.prompt_len:
+        if self.enable_prefix_caching and self._hashed(req) and c0 < req.prompt_len:
             self._register(req, table, c0 // self.block_size, min(total, req.prompt_len) // self.block_size)
         return hit_tokens
 

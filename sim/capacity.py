@@ -174,7 +174,7 @@ def capacity_row(
     pp = pipeline_parallel_size
     whole, model = model, stage_model(model, pp)  # the layers one GPU holds
     shard = model.shard(tp)
-    per_token = 2 * model.num_layers * shard.num_key_value_heads * model.head_dim * kv_dtype_bytes(kd)
+    per_token = model.kv_elements_per_token(tp) * kv_dtype_bytes(kd)
     weights = shard.weight_bytes(wd)
     reserve = estimate_activation_reserve(model, weight_dtype=wd, tensor_parallel_size=tp,
                                           max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs)

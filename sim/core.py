@@ -30,6 +30,7 @@ from sim.block_manager import BlockError, KVManager, cdiv
 from sim.contiguous_allocator import ContiguousAllocator
 from sim.costmodel import CostModel, StepShape
 from sim.decode_group import DecodeGroup
+from sim.engine_sched import graph_padding
 from sim.fast_path import STEADY_PLAN
 from sim.policies.base import Admission, Plan, Policy, View
 from sim.records import GapLog, StepLog
@@ -125,6 +126,10 @@ class ServingCore:
         # schedules exactly the group: the core may then step without asking it.
         self.steady_ok = bool(getattr(policy, "decode_all_when_idle", Policy.decode_all_when_idle))
         self._admit_seq = 0
+        # vLLM 0.6 multi-step (sim/engine_sched.py): decode-only steps come in blocks of this many
+        self.multi_step = int(getattr(policy, "num_scheduler_steps", 1))
+        self.decode_run = 0  # consecutive decode-only steps just taken
+        self.graph_sizes: tuple[int, ...] = tuple(getattr(policy, "cudagraph_capture_sizes", ()))
         self._dirty = True  # something the policy has not seen happened (arrival, finish, abort, join)
         # What the fast path (sim.fast_path) reads and updates besides the queues and counters:
         self.repeatable: Plan | None = None  # a group-only plan the policy would give again
@@ -211,7 +216,7 @@ class ServingCore:
             self._reject_unservable(now)
         plan = self.plan_without_policy(now)
         if plan is None:
-            self._view.now = now
+            self._view.now, self._view.decode_run = now, self.decode_run
             plan = self.policy.schedule(self._view)
             self._dirty = False
             self.policy_deadline = self.policy.wake_time(self._view) if self.group is not None else None
@@ -228,6 +233,8 @@ class ServingCore:
             return None  # the executor idled, or a deadline passed: let the policy look
         if g.grows and not self.kv.can_grow(g.next_blocks):
             return None  # a block shortage: the policy decides whom to preempt
+        if self.multi_step > 1 and not self.decode_run % self.multi_step and (self.waiting or self.swapped):
+            return None  # a multi-step block ends: the policy may start a prompt
         if self.repeatable is not None:
             return self.repeatable
         if self.steady_ok and not self.waiting and not self.swapped:
@@ -466,6 +473,8 @@ class ServingCore:
         if total > limits.max_num_batched_tokens:
             raise PlanError(f"plan computes {total} tokens > max_num_batched_tokens {limits.max_num_batched_tokens}")
         rows = num_scheduled + plan.padded_rows
+        gpad = graph_padding(self.graph_sizes, rows) if not prefill and not spec_rows and self.graph_sizes else 0
+        rows += gpad  # CUDA-graph padding of a decode step (sim/engine_sched.py)
         if plan.pad_to_longest:  # every row is as long as the longest (padded tensors)
             if stepping is not None:
                 max_c = max(max_c, stepping.max_computed())
@@ -473,8 +482,8 @@ class ServingCore:
             kv_read = rows * (max_c + max_n)
             attn = rows * (max_n * max_c + max_n * (max_n + 1) // 2)
         else:
-            num_tokens = total
-        decode_rows = rows if (plan.pad_to_longest and max_n == 1) else decode
+            num_tokens = total + gpad
+        decode_rows = rows if (plan.pad_to_longest and max_n == 1) else decode + gpad
         shape = StepShape(
             num_seqs=rows,
             num_tokens=num_tokens,
@@ -558,6 +567,8 @@ class ServingCore:
         self.busy_time += end - batch.start
         self.last_end = end
         self.flops_done += flops
+        decode = (batch.decode_tokens or batch.group_size) and not batch.prefill_tokens
+        self.decode_run = self.decode_run + 1 if decode else 0
         kv = self.kv
         used = kv.num_used_blocks
         self.steps.append(

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from sim.mla import mla_attn_flops_per_pair
 from sim.moe import expected_experts
 from sim.specs import (
     DTYPE_BITS,
@@ -130,6 +131,14 @@ DEFAULT_DEQUANT_OVERHEAD = 0.1  # fraction added to the compute time of weight-o
 DEFAULT_ALLREDUCE_LATENCY = 1.0e-5  # s per all-reduce
 
 
+def _attn_flops_per_pair(m: ModelSpec, heads: int) -> float:
+    """Attention FLOPs per causal query-key pair of one GPU's ``heads`` heads, all layers (an exact integer as a
+    float, so the product with the time per FLOP rounds as it always did). MLA: sim/mla.py."""
+    if m.kv_lora_rank:
+        return float(mla_attn_flops_per_pair(m, heads))
+    return 4.0 * m.num_layers * heads * m.head_dim
+
+
 def _is_array(*xs: Any) -> bool:
     for x in xs:
         if x.__class__ is np.ndarray:
@@ -188,6 +197,9 @@ class AnalyticCostModel(CostModel):
     per_request_overhead: float = DEFAULT_PER_REQUEST_OVERHEAD  # s per row per step
     dequant_overhead: float = DEFAULT_DEQUANT_OVERHEAD  # fraction added to weight-only quantized matmul time
     allreduce_latency: float = DEFAULT_ALLREDUCE_LATENCY  # s per all-reduce (tp > 1 only)
+    # host (CPU) seconds per second of GPU work that the GPU waits for (sim/engine_costs.py: vLLM 0.5 and 0.6);
+    # 0: the host work overlaps the GPU, as in an engine without a synchronous CPU loop
+    host_time_ratio: float = 0.0
 
     # Derived in __post_init__.
     compute_dtype: str = field(init=False)  # dtype of the linear layers' arithmetic
@@ -209,7 +221,8 @@ class AnalyticCostModel(CostModel):
         attn_eff = self.compute_efficiency if self.attention_efficiency is None else self.attention_efficiency
         if not 0.0 < attn_eff <= 1.0:
             raise ValueError(f"attention_efficiency must be in (0, 1], got {attn_eff}")
-        for name in ("step_overhead", "per_request_overhead", "dequant_overhead", "allreduce_latency"):
+        for name in ("step_overhead", "per_request_overhead", "dequant_overhead", "allreduce_latency",
+                     "host_time_ratio"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.block_size < 1:
@@ -242,7 +255,7 @@ class AnalyticCostModel(CostModel):
                         + s.intermediate_size + h) * per_expert)  # down
         act_bytes_token = m.num_layers * layer_act * act_b
         act_bytes_row = m.word_embed_proj_dim * act_b + s.vocab_size * 4  # LM head input, fp32 logits
-        kv_token = 2 * m.num_layers * s.num_key_value_heads * hd * kv_dtype_bytes(kd)
+        kv_token = m.kv_elements_per_token(tp) * kv_dtype_bytes(kd)
         if tp > 1:
             link = g.nvlink_bandwidth * self.bandwidth_efficiency if g.nvlink_bandwidth > 0 else g.pcie_bandwidth
             n_ar = 2 * m.num_layers
@@ -250,7 +263,7 @@ class AnalyticCostModel(CostModel):
             ar_token = n_ar * (2.0 * (tp - 1) / tp) * h * act_b / link
         else:
             ar_const = ar_token = 0.0
-        k = (
+        k: tuple[float, ...] = (
             self.step_overhead,  # 0: s per step
             self.per_request_overhead,  # 1: s per row
             2.0 * s.active_body_params * t_flop_lin,  # 2: linear compute, s per token (MoE: its k experts)
@@ -258,12 +271,15 @@ class AnalyticCostModel(CostModel):
             s.weight_bytes_read_per_step(wd) / bw,  # 4: weights, s per step
             act_bytes_token / bw,  # 5: activations, s per token
             act_bytes_row / bw,  # 6: LM head activations, s per row
-            4.0 * m.num_layers * s.num_attention_heads * hd * t_flop_attn,  # 7: attention, s per pair
+            _attn_flops_per_pair(m, s.num_attention_heads) * t_flop_attn,  # 7: attention, s per pair
             kv_token / bw,  # 8: KV read or written, s per token
             ar_const,  # 9: all-reduce latency, s per step
             ar_token,  # 10: all-reduce transfer, s per token
             self.block_size * kv_token / g.pcie_bandwidth,  # 11: swap, s per block
         )
+        if self.host_time_ratio > 0:  # every GPU part stretched by the host time it waits for; overheads as they are
+            stretch = 1.0 + self.host_time_ratio
+            k = k[:2] + tuple(x * stretch for x in k[2:])
         object.__setattr__(self, "model", m)
         object.__setattr__(self, "gpu", g)
         object.__setattr__(self, "weight_dtype", wd)
@@ -273,7 +289,8 @@ class AnalyticCostModel(CostModel):
         object.__setattr__(self, "_k", k)
         body, head = m.shard(1).active_body_params, m.shard(1).lm_head_params
         # MoE: seconds to read one expert of every layer, experts per layer, experts per token (sim/moe.py)
-        moe = (s.expert_bytes(wd) / bw, s.num_experts, s.experts_per_tok) if s.num_experts else None
+        moe = (s.expert_bytes(wd) / bw * (1.0 + self.host_time_ratio), s.num_experts, s.experts_per_tok) \
+            if s.num_experts else None
         object.__setattr__(self, "_moe", moe)
         object.__setattr__(self, "_flops", (2 * body, 2 * head, m.attn_flops_per_pair))
         object.__setattr__(self, "_peak", peak_lin * tp)
@@ -286,8 +303,7 @@ class AnalyticCostModel(CostModel):
     @property
     def kv_bytes_per_token(self) -> int:
         """KV bytes per token on one GPU."""
-        return 2 * self.model.num_layers * self.model.shard(self.tensor_parallel_size).num_key_value_heads * \
-            self.model.head_dim * kv_dtype_bytes(self.kv_dtype)
+        return self.model.kv_elements_per_token(self.tensor_parallel_size) * kv_dtype_bytes(self.kv_dtype)
 
     def _time(self, n_seqs: Any, n_tok: Any, kv_read: Any, pairs: Any, swap: Any,
               mx: Callable[[Any, Any], Any]) -> Any:

@@ -12,20 +12,22 @@ Every value is a default: a key given in the scenario's ``policy`` section wins.
 ``deployment.engine`` servesim keeps its classic idealised vLLM (chunked prefill off, prefill-first steps, 256
 sequences, vLLM's memory rule): existing scenarios give the same results byte for byte.
 
-Not modelled yet (kept out rather than guessed): per-engine host overheads (every engine uses the analytic cost
-model's ``step_overhead``, set it there), vLLM 0.6's multi-step scheduling (``--num-scheduler-steps``),
-CUDA-graph batch padding, per-request front-end time (HTTP, tokenization), SGLang's prefill-priority steps and
-its new-token-ratio admission (it is modelled as mixed chunked steps with recompute on shortage).
+Host time per step (vLLM 0.5 and 0.6's CPU work that the GPU waits for) is sim/engine_costs.py's. Scheduler
+behaviours beyond these defaults (vLLM v1's prefix cache over every prompt block, vLLM 0.6's multi-step,
+CUDA-graph batch padding, SGLang's prefill priority) are in ``sim/engine_sched.py``; their keys are in their own
+block below. Not modelled yet (kept out rather than guessed): per-request front-end time (HTTP, tokenization),
+SGLang's new-token-ratio admission (it admits while blocks are free and recomputes on shortage).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from sim.engine_costs import omit_when_unset
 from sim.specs import (
     DEFAULT_RUNTIME_OVERHEAD_BYTES,
     GiB,
@@ -36,7 +38,7 @@ from sim.specs import (
     estimate_activation_reserve,
     kv_budget,
 )
-from sim.workload import Float, InputModel
+from sim.workload import Float, InputModel, Int
 
 EngineName = Literal["vllm-v1", "vllm-v0", "tensorrt-llm", "sglang", "classic"]
 ENGINE_NAMES: tuple[str, ...] = ("vllm-v1", "vllm-v0", "tensorrt-llm", "sglang", "classic")
@@ -101,6 +103,29 @@ class EngineConfig(InputModel):
         default=None, description="Admission: guaranteed_no_evict admits a request only when the KV of its whole "
         "prompt + output fits beside the running ones' (never preempts); max_utilization admits while blocks are "
         "free now (preempts when they run out). none: guaranteed_no_evict for tensorrt-llm, else max_utilization.")
+    # host time per step (sim/engine_costs.py): the version it follows, and the ratio itself, overridable
+    version: Literal["0.5", "0.6"] | None = Field(
+        default=None, description="vllm-v0: the release followed, 0.5 (API server and scheduler in the GPU's "
+        "process: host time 1.63x the GPU time, vLLM's 0.5.3 profile) or 0.6 (0.7x: V1's speedup over it); none: 0.6.")
+    host_time_ratio: Float | None = Field(
+        default=None, ge=0, le=100, description="Host (CPU) seconds a step adds per second of GPU work, the engine "
+        "not overlapping them; none: the version's (vllm-v0 0.5: 1.63, 0.6: 0.7; other engines 0).")
+
+    # sim/engine_costs.py's keys and sim/engine_sched.py's, recorded only when set
+    _record_set_keys = omit_when_unset("version", "host_time_ratio", "enforce_eager", "cudagraph_capture_sizes",
+                                       "enable_mixed_chunk", "num_scheduler_steps")
+    # ---- scheduler behaviours (sim/engine_sched.py) ----
+    enforce_eager: bool | None = Field(
+        default=None, description="vllm-v1/vllm-v0: no CUDA graphs, so decode batches are not padded; none: false.")
+    cudagraph_capture_sizes: list[Annotated[Int, Field(ge=1, le=1 << 20)]] | None = Field(
+        default=None, min_length=1, description="vllm-v1/vllm-v0: decode batch sizes with a CUDA graph; a decode "
+        "step is priced as the next size up (none: vLLM's list, 1, 2, 4, 8, 16, ... up to 512 (v1) or 256 (v0)).")
+    enable_mixed_chunk: bool | None = Field(
+        default=None, description="sglang: mix prompt chunks and decodes in one step (--enable-mixed-chunk); none: "
+        "off, a step of prompts whenever one can run, else a step of decodes.")
+    num_scheduler_steps: Int | None = Field(
+        default=None, ge=1, le=1024, description="vllm-v0: vLLM 0.6's --num-scheduler-steps, decode steps run as "
+        "one block; a prompt that arrives waits for the running block to end (chunked prefill off). none: 1.")
 
     @model_validator(mode="after")
     def _keys_of_the_engine(self) -> EngineConfig:
@@ -108,6 +133,18 @@ class EngineConfig(InputModel):
             raise ValueError(f"kv_cache_free_gpu_mem_fraction is tensorrt-llm's; engine {self.name} sizes its KV "
                              "cache with " + ("mem_fraction_static" if self.name == "sglang"
                                               else "deployment.gpu_memory_utilization"))
+        if self.version is not None and self.name != "vllm-v0":
+            raise ValueError(f"version is vllm-v0's (0.5 or 0.6); engine {self.name} follows one release")
+        if self.num_scheduler_steps is not None and self.name != "vllm-v0":
+            raise ValueError(f"num_scheduler_steps is vllm-v0's (vLLM 0.6 multi-step); engine {self.name} schedules "
+                             "every step")
+        if (self.enforce_eager or self.cudagraph_capture_sizes is not None) and self.name not in ("vllm-v1",
+                                                                                                  "vllm-v0"):
+            raise ValueError(f"enforce_eager and cudagraph_capture_sizes are vLLM's; servesim runs engine "
+                             f"{self.name} without CUDA-graph padding")
+        if self.enable_mixed_chunk is not None and self.name != "sglang":
+            raise ValueError(f"enable_mixed_chunk is sglang's; engine {self.name} sets how steps mix with "
+                             "policy.enable_chunked_prefill and policy.prefill_mode")
         if self.mem_fraction_static is not None and self.name != "sglang":
             raise ValueError(f"mem_fraction_static is sglang's; engine {self.name} sizes its KV cache with " +
                              ("kv_cache_free_gpu_mem_fraction" if self.name == "tensorrt-llm"

@@ -20,6 +20,7 @@ import numpy as np
 
 from sim.costmodel import CostModel, StepShape, optional_member
 from sim.decode_group import DecodeGroup
+from sim.engine_sched import graph_padding
 from sim.policies.base import Plan
 
 if TYPE_CHECKING:
@@ -60,16 +61,18 @@ def predict(g: DecodeGroup, k: int, pad: int) -> tuple[list[int], list[int], lis
 
 
 def _price(cost: CostModel, rows_l: list[int], read_l: list[int], max_l: list[int],
-           pad: int) -> tuple[list[float], list[float]]:
-    """Durations and FLOPs of the predicted steps, bit-identical to pricing each step's shape on its own."""
+           pad: int | list[int]) -> tuple[list[float], list[float]]:
+    """Durations and FLOPs of the predicted steps, bit-identical to pricing each step's shape on its own.
+    ``pad``: padding rows of every step, or of each (CUDA-graph padding)."""
     k = len(rows_l)
-    if k <= SCALAR_BELOW and not pad:
+    pads = pad if isinstance(pad, list) else [pad] * k
+    if k <= SCALAR_BELOW and not any(pads):
         # numpy's per-call overhead outweighs a short loop
         decode_steps = optional_member(cost, "decode_steps")
         return decode_steps(rows_l, read_l, max_l)
     if k <= SCALAR_BELOW:
-        shapes = [StepShape(n, n, n, c, c, pad, 0, max_decode_len=m)
-                  for n, c, m in zip(rows_l, read_l, max_l, strict=True)]
+        shapes = [StepShape(n, n, n, c, c, p, 0, max_decode_len=m)
+                  for n, c, m, p in zip(rows_l, read_l, max_l, pads, strict=True)]
         return [float(cost.step_time(sh)) for sh in shapes], [float(cost.step_flops(sh)) for sh in shapes]
     rows_a = np.asarray(rows_l, dtype=np.int64)
     read_a = np.asarray(read_l, dtype=np.int64)
@@ -79,7 +82,7 @@ def _price(cost: CostModel, rows_l: list[int], read_l: list[int], max_l: list[in
         num_decode_seqs=rows_a,
         kv_read_tokens=read_a,
         attn_pairs=read_a,
-        num_padding_tokens=np.full(k, pad, dtype=np.int64),
+        num_padding_tokens=np.asarray(pads, dtype=np.int64),
         swap_blocks=np.zeros(k, dtype=np.int64),
         max_decode_len=np.asarray(max_l, dtype=np.int64),
     )
@@ -120,6 +123,8 @@ def fast_forward(
     last = j0 + MAX_SEGMENT
     if not keep_going and next_finish >= 0:
         last = min(last, next_finish - 1)
+    if core.multi_step > 1 and (core.waiting or core.swapped):  # stop where the multi-step block ends
+        last = min(last, j0 + (-core.decode_run) % core.multi_step)
     pad = plan.padded_rows
     priced = g.priced
     if (priced is not None and priced.version == g.version and priced.pad == pad
@@ -199,6 +204,7 @@ def fast_forward(
     if end == o:
         return None
     core.overshot = end > over
+    core.decode_run += end - o
     core.busy_time += ends[end] - now
     core.last_end = ends[end]
     core.flops_done += sum(flops[o:end])
@@ -228,10 +234,12 @@ def _predict_and_price(core: ServingCore, g: DecodeGroup, cost: CostModel, now: 
         # so they are no shorter unless members leave; a small margin covers that (a guess that falls short
         # leaves the rest for the next call; one too long prices steps never taken).
         rows, read = g.size + pad, g.ctx + g.size
-        if not pad:
+        gp = graph_padding(core.graph_sizes, rows)
+        rows += gp
+        if not pad and not gp:
             first = optional_member(cost, "decode_step_time")(rows, read)
         else:
-            first = float(cost.step_time(StepShape(rows, rows, rows, read, read, pad, 0)))
+            first = float(cost.step_time(StepShape(rows, rows, rows, read, read, pad + gp, 0)))
         fit = int((horizon - now) / max(first, 1e-9) * 1.02) + 2
         if g.lookahead:
             # priced steps are kept until the members change, which the next finish does
@@ -252,7 +260,12 @@ def _predict_and_price(core: ServingCore, g: DecodeGroup, cost: CostModel, now: 
         max_l = list(range(top, top + k)) if size else [0] * k
     else:
         rows_l, read_l, max_l = predict(g, k, pad)
-    durations, flops = _price(cost, rows_l, read_l, max_l, pad)
+    price_pad: int | list[int] = pad
+    if core.graph_sizes:  # CUDA-graph padding: each step's rows up to the next captured size
+        gpads = [graph_padding(core.graph_sizes, r) for r in rows_l]
+        rows_l = [r + p for r, p in zip(rows_l, gpads, strict=True)]
+        price_pad = [pad + p for p in gpads]
+    durations, flops = _price(cost, rows_l, read_l, max_l, price_pad)
     return durations, flops, read_l
 
 
@@ -271,7 +284,8 @@ def _end_run(core: ServingCore, g: DecodeGroup, first: int, stop: int, ends: lis
     if core.plans is not None:
         core.plans += [tuple(sorted((i, 1) for i in g.members))] * n
     core.steps.end_decode_run(
-        n, ends[first], m, core.kv.num_blocks, len(core.running), len(core.waiting), len(core.swapped)
+        n, ends[first], m, core.kv.num_blocks, len(core.running), len(core.waiting), len(core.swapped),
+        graph_padding(core.graph_sizes, m),
     )
 
 

@@ -28,4 +28,4 @@ def expected_experts(num_experts: int, experts_per_tok: int, num_tokens: Any) ->
 
 
 # config.json fields of the MoE model types ModelSpec reads; anything else MoE is refused by name
-MOE_MODEL_TYPES = {"mixtral": "num_local_experts", "qwen3_moe": "num_experts"}
+MOE_MODEL_TYPES = {"mixtral": "num_local_experts", "qwen3_moe": "num_experts", "deepseek_v2": "n_routed_experts"}

@@ -177,13 +177,14 @@ class StepLog:
         num_running: int,
         num_waiting: int,
         num_swapped: int,
+        padded_rows: int = 0,
     ) -> None:
         """Close a run of the decode fast path: the last ``num_steps`` steps appended to ``per_step``, the first
         starting at ``start``, in each of which the ``batch_size`` members of the decode group compute one token
-        and sample it (no prefill, padding, preemption, rejection or swap)."""
+        and sample it (no prefill, preemption, rejection or swap; ``padded_rows`` rows of CUDA-graph padding)."""
         self.per_run.extend(
-            (num_steps, start, batch_size, 0, 0, batch_size, 0, kv_capacity_blocks, num_running, num_waiting,
-             num_swapped, 0, 0, 0, 1)
+            (num_steps, start, batch_size, padded_rows, 0, batch_size, padded_rows, kv_capacity_blocks, num_running,
+             num_waiting, num_swapped, 0, 0, 0, 1)
         )  # fmt: skip
 
     def compact(self) -> None:

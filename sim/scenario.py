@@ -25,7 +25,7 @@ import itertools
 import math
 import re
 from abc import abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import UnionType
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
@@ -37,6 +37,9 @@ from sim import spec_decode
 from sim.block_manager import KVManager, PagedBlockManager
 from sim.contiguous_allocator import ContiguousAllocator
 from sim.costmodel import AnalyticCostModel, CostModel, FittedCostModel
+from sim.disagg.config import DisaggConfig, PlanDisaggConfig
+from sim.engine_costs import engine_cost_knobs, omit_when_unset, static_reserve_tokens
+from sim.engine_sched import configure_kv, configure_policy, engine_kv_cache
 from sim.engines import (
     EngineConfig,
     EngineField,
@@ -47,7 +50,6 @@ from sim.engines import (
     recorded_config,
     resolve_policy,
 )
-from sim.disagg.config import DisaggConfig, PlanDisaggConfig
 from sim.files import read_text_capped
 from sim.host_kv_config import HostCacheConfig, attach_host_tier
 from sim.limits import MAX_POOL_BLOCKS, check_kv_footprint, kv_footprint
@@ -57,6 +59,7 @@ from sim.policies import Admission, ContinuousPolicy, Limits, Policy, StaticPoli
 from sim.scenario_messages import format_validation, short, yaml_error
 from sim.specs import GPUSpec, KVBudget, ModelDoesNotFitError, ModelSpec, resolve_gpu, resolve_model
 from sim.traces import resolve_trace
+from sim.window import window_refusal
 from sim.workload import EmpiricalLength, Float, InputModel, Int, TraceArrival, Workload
 from sim.yaml_limits import MAX_SCENARIO_BYTES, safe_load_limited, unshared
 
@@ -93,6 +96,10 @@ class AnalyticCost(CostModelConfigBase):
     bandwidth_efficiency: Float | None = Field(
         default=None, ge=1e-4, le=1, description="Share of HBM bandwidth reached."
     )
+    attention_efficiency: Float | None = Field(
+        default=None, ge=1e-4, le=1, description="Share of peak FLOP/s attention kernels reach; none: the engine's "
+        "(sim/engine_costs.py: FlashAttention-2/3 for vLLM), else compute_efficiency.")
+    _record_set_keys = omit_when_unset("attention_efficiency")  # recorded only when given
     step_overhead: Float | None = Field(
         default=None, ge=0, le=3600, description="Fixed seconds per step (CPU, launches)."
     )
@@ -103,12 +110,12 @@ class AnalyticCost(CostModelConfigBase):
     def build(self, model: ModelSpec, gpu: GPUSpec, deployment: Deployment) -> AnalyticCostModel:
         """The roofline of ``model`` on ``gpu`` in the deployment's dtypes and parallelism; the efficiencies and
         overheads given here (or in the profile) replace the cost model's defaults."""
-        extra: dict[str, Any] = {}
+        extra: dict[str, Any] = engine_cost_knobs(deployment.engine, gpu)  # sim/engine_costs.py; keys below win
         if self.profile is not None:
             from sim.benchfiles.knobs import read_knob_profile
 
             try:
-                extra = read_knob_profile(self.profile)
+                extra.update(read_knob_profile(self.profile))
             except FileNotFoundError as e:
                 raise ScenarioError(f"cost_model.profile: file not found: {e.filename or e}") from None
             except (ValueError, OSError) as e:
@@ -253,6 +260,10 @@ class StaticPolicyConfig(PolicyConfigBase):
         default=1.0, ge=0, le=1e9, description="Seconds the oldest queued request waits for a full batch."
     )
     preemption_mode: Literal["recompute", "swap"] = Field(default="recompute", description="If paged KV runs out.")
+    max_input_len: Int | None = Field(default=None, ge=1, description="Longest prompt the engine is built for "
+                                      "(TensorRT-LLM's name): with deployment.engine the activations are sized for "
+                                      "batch_size x this; none: max_model_len (sim/engine_costs.py).")
+    _record_set_keys = omit_when_unset("max_input_len")  # recorded only when given
 
     def limits(self, max_model_len: int) -> Limits:
         # a padded batch computes at most batch_size x max_model_len tokens in one step
@@ -698,7 +709,7 @@ class VariantConfig:
         out = {
             "name": self.name,
             "deployment": dep,
-            "kv_cache": self.kv_cache.model_dump(mode="json"),
+            "kv_cache": engine_kv_cache(self.kv_cache, self.deployment.engine).model_dump(mode="json"),
             "policy": pol,
             "admission": self.admission.model_dump(mode="json"),
             "params": self.params,
@@ -940,6 +951,9 @@ def resolve_max_model_len(deployment: Deployment, model: ModelSpec) -> int:
             f"deployment.max_model_len {max_model_len} is longer than {model.name}'s context of "
             f"{model.max_position_embeddings} tokens"
         )
+    window = window_refusal(model, max_model_len)  # Gemma-2's local layers (sim/window.py)
+    if window is not None:
+        raise ScenarioError(window)
     return max_model_len
 
 
@@ -967,9 +981,10 @@ def size_kv_cache(deployment: Deployment, model: ModelSpec, gpu: GPUSpec, limits
                     f"{limits.max_num_batched_tokens}: a smaller deployment.max_model_len or "
                     f"policy.max_num_batched_tokens, or enable_chunked_prefill, lowers it)")
             if static:  # a static policy has neither key: its largest step is a padded batch of whole sequences
-                hint = (f" (the activation reserve is sized for batch_size x max_model_len = "
+                hint = (f" (the activation reserve is sized for batch_size x the longest prompt = "
                         f"{limits.max_num_batched_tokens} tokens, the largest step a padded static batch takes: a "
-                        f"smaller policy.batch_size or deployment.max_model_len lowers it)")
+                        f"smaller policy.batch_size or deployment.max_model_len lowers it, or with "
+                        f"deployment.engine policy.max_input_len)")
         raise ScenarioError(f"deployment: {e}{hint}") from None
     except ValueError as e:
         raise ScenarioError(f"deployment: {e}") from None
@@ -1020,7 +1035,11 @@ def build(cfg: VariantConfig) -> tuple[Policy, KVManager, CostModel, Built]:
         max_model_len = resolve_max_model_len(dep, model)
         pol = resolve_policy(pol, dep, model, gpu, max_model_len)  # the engine's defaults where policy has none
         limits = pol.limits(max_model_len)
-        budget = size_kv_cache(dep, model, gpu, limits, static=isinstance(pol, StaticPolicyConfig))
+        static = isinstance(pol, StaticPolicyConfig)
+        sized = replace(limits, max_num_batched_tokens=static_reserve_tokens(  # sim/engine_costs.py
+            dep.engine, pol.batch_size, max_model_len, pol.max_input_len)) if isinstance(pol, StaticPolicyConfig) \
+            else limits
+        budget = size_kv_cache(dep, model, gpu, sized, static=static)
     except ScenarioError as e:
         raise ScenarioError(f"{where}: {e}") from None
     if dep.speculative is not None:  # the proposer's weights and KV take memory from the target's KV
@@ -1030,6 +1049,7 @@ def build(cfg: VariantConfig) -> tuple[Policy, KVManager, CostModel, Built]:
             raise ScenarioError(f"{where}: deployment.speculative: {e}") from None
     replicas = 1 if cfg.cluster is None else max(
         cfg.cluster.replicas, cfg.cluster.autoscaler.max_replicas if cfg.cluster.autoscaler else 0)
+    kvc = engine_kv_cache(kvc, dep.engine)  # vLLM v1 caches prefixes by default (sim/engine_sched.py)
     prefix = bool(getattr(kvc, "enable_prefix_caching", False))
     fp = kv_footprint(budget.num_gpu_blocks, dep.block_size, max_model_len, limits.max_num_seqs,
                       prefix_caching=prefix, replicas=replicas)
@@ -1039,10 +1059,11 @@ def build(cfg: VariantConfig) -> tuple[Policy, KVManager, CostModel, Built]:
         raise ScenarioError(f"{where}: deployment: {too_big}")
     num_cpu_blocks = int(dep.swap_space * 2**30 // budget.kv_bytes_per_block) if budget.kv_bytes_per_block else 0
     try:
-        policy = pol.build(limits, cfg.admission.build())
+        policy = configure_policy(pol.build(limits, cfg.admission.build()), dep.engine)
     except ValueError as e:
         raise ScenarioError(f"{where}: policy: {e}") from None
     kv = kvc.build(budget.num_gpu_blocks, dep.block_size, max_model_len=max_model_len, num_cpu_blocks=num_cpu_blocks)
+    kv = configure_kv(kv, dep.engine)
     try:
         attach_host_tier(kv, getattr(kvc, "host_cache", None), budget, gpu)
     except ValueError as e:

@@ -224,7 +224,7 @@ def draft_memory(cfg: SpeculativeConfig, target: ModelSpec, *, weight_dtype: str
     wd = canonical_dtype(weight_dtype)
     kd = resolve_kv_dtype(kv_dtype, wd)
     shard = spec.shard(tp)
-    kv_per_token = 2 * spec.num_layers * shard.num_key_value_heads * spec.head_dim * kv_dtype_bytes(kd)
+    kv_per_token = spec.kv_elements_per_token(tp) * kv_dtype_bytes(kd)
     if cfg.method == "eagle":  # one decoder layer (the 2-layer model less the 1-layer one) + the 2h x h projection
         two = dataclasses.replace(spec, num_layers=2).shard(tp).weight_bytes(wd)
         layer = two - shard.weight_bytes(wd)

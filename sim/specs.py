@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from sim.files import read_text_capped
+from sim.mla import DEEPSEEK_V2_FIELDS, mla_attention_params, mla_attn_flops_per_pair, mla_kv_elements_per_token
 from sim.moe import MOE_MODEL_TYPES
 from sim.presets.gpus import BASE_GPU_ALIASES, BASE_GPU_PRESETS, MORE_GPU_ALIASES, MORE_GPU_PRESETS
 from sim.presets.models import BASE_MODEL_ALIASES, BASE_MODEL_PRESETS, MORE_MODEL_ALIASES, MORE_MODEL_PRESETS
@@ -207,6 +208,18 @@ class ModelSpec:
     num_experts: int = 0  # MoE (Mixtral, Qwen3-MoE): experts per layer replacing the MLP; 0: dense (sim/moe.py)
     num_experts_per_tok: int = 0  # MoE: experts each token is routed to (top-k)
     moe_intermediate_size: int = 0  # MoE: one expert's intermediate width; 0: intermediate_size
+    # DeepSeek-V2 (sim/mla.py): multi-head latent attention when kv_lora_rank > 0, shared experts, dense first layers
+    kv_lora_rank: int = 0  # MLA: width of the cached KV latent; 0: ordinary attention
+    qk_rope_head_dim: int = 0  # MLA: rotary part of each query/key head (its key shared by the heads and cached)
+    qk_nope_head_dim: int = 0  # MLA: non-rotary part of each query/key head
+    v_head_dim: int = 0  # MLA: width of each value head
+    q_lora_rank: int = 0  # MLA: width of the compressed query; 0: queries not compressed
+    n_shared_experts: int = 0  # MoE: experts every token passes through besides its top-k routed ones
+    first_k_dense_replace: int = 0  # MoE: the first layers keep a dense MLP of intermediate_size
+    # Gemma-2 (sim/window.py): local layers attend to the last sliding_window tokens; every pattern-th is global
+    sliding_window: int = 0  # 0: every layer attends to the whole context
+    sliding_window_pattern: int = 0  # every n-th layer (from 1) is global; 0: all layers local
+    norms_per_layer: int = 2  # RMSNorms per decoder layer (Gemma-2: 4, before and after attention and MLP)
 
     def __post_init__(self) -> None:
         for f in ("hidden_size", "num_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size",
@@ -247,6 +260,12 @@ class ModelSpec:
                 raise ValueError(f"model {self.name!r}: experts are gated MLPs (mlp='gated')")
             if self.moe_intermediate_size == 0:
                 object.__setattr__(self, "moe_intermediate_size", self.intermediate_size)
+        if not 0 <= self.first_k_dense_replace < self.num_layers:
+            raise ValueError(f"model {self.name!r}: first_k_dense_replace must be in [0, num_layers), got "
+                             f"{self.first_k_dense_replace!r}")
+        if self.kv_lora_rank and min(self.qk_rope_head_dim, self.qk_nope_head_dim, self.v_head_dim) < 1:
+            raise ValueError(f"model {self.name!r}: MLA (kv_lora_rank > 0) needs qk_rope_head_dim, "
+                             "qk_nope_head_dim and v_head_dim")
 
     # --- parameter counts (tensor_parallel_size=1 is the whole model) -------------------------------------------
 
@@ -260,15 +279,20 @@ class ModelSpec:
         vocab = -(-self.vocab_size // tp)
         n_up = 2 if self.mlp == "gated" else 1
         experts = expert = 0
+        attn_mm, attn_norms = mla_attention_params(self, tp) if self.kv_lora_rank else \
+            (h * (heads + 2 * kv) * hd + heads * hd * h, 0)
+        dense_mm = 0  # DeepSeek: the first layers' dense MLP
         if self.num_experts:
+            dense_mm = (n_up + 1) * h * inter  # intermediate_size split over the GPUs, before inter is the expert's
             # vLLM splits every expert's intermediate width over the GPUs; the router is replicated
             inter = -(-self.moe_intermediate_size // tp)
             expert = 3 * h * inter
             experts = self.num_experts
-            layer_mm = h * (heads + 2 * kv) * hd + heads * hd * h + h * experts + experts * expert
+            layer_mm = attn_mm + h * experts + (experts + self.n_shared_experts) * expert
         else:
-            layer_mm = h * (heads + 2 * kv) * hd + heads * hd * h + (n_up + 1) * h * inter
-        layer_other = (2 if self.norm == "layer" else 1) * h * 2  # two norms per layer
+            layer_mm = attn_mm + (n_up + 1) * h * inter
+        dense = self.first_k_dense_replace if experts else 0
+        layer_other = (2 if self.norm == "layer" else 1) * h * self.norms_per_layer + attn_norms  # (+ MLA's)
         if self.qk_norm:
             layer_other += 2 * hd
         if self.qkv_bias:
@@ -286,7 +310,7 @@ class ModelSpec:
             intermediate_size=inter,
             vocab_size=vocab,
             layer_matmul_params=layer_mm,
-            body_matmul_params=self.num_layers * layer_mm + proj,
+            body_matmul_params=(self.num_layers - dense) * layer_mm + dense * (attn_mm + dense_mm) + proj,
             lm_head_params=vocab * e,
             embedding_params=vocab * e + self.num_position_embeddings * h,
             other_params=self.num_layers * layer_other + final,
@@ -294,7 +318,7 @@ class ModelSpec:
             num_experts=experts,
             experts_per_tok=self.num_experts_per_tok if experts else 0,
             expert_params=expert,
-            num_moe_layers=self.num_layers if experts else 0,
+            num_moe_layers=self.num_layers - dense if experts else 0,
         )
 
     @property
@@ -317,6 +341,8 @@ class ModelSpec:
     @property
     def attn_flops_per_pair(self) -> int:
         """Attention FLOPs per causal query-key pair: QK^T and PV, 2 FLOPs per multiply-add each, every layer."""
+        if self.kv_lora_rank:
+            return mla_attn_flops_per_pair(self, self.num_attention_heads)
         return 4 * self.num_layers * self.num_attention_heads * self.head_dim
 
     def attention_flops(self, attn_pairs: float) -> int | float:
@@ -328,8 +354,17 @@ class ModelSpec:
         return self.shard(1).weight_bytes(dtype)
 
     def kv_bytes_per_token(self, kv_dtype: str = "bf16") -> int:
-        """KV-cache bytes one token occupies: 2 (K and V) * layers * kv heads * head_dim * bytes per element."""
-        return 2 * self.num_layers * self.num_key_value_heads * self.head_dim * kv_dtype_bytes(kv_dtype)
+        """KV-cache bytes one token occupies: 2 (K and V) * layers * kv heads * head_dim * bytes per element
+        (MLA: layers * (kv_lora_rank + qk_rope_head_dim) * bytes, sim/mla.py)."""
+        return self.kv_elements_per_token(1) * kv_dtype_bytes(kv_dtype)
+
+    def kv_elements_per_token(self, tensor_parallel_size: int = 1) -> int:
+        """KV elements one token caches on each of ``tensor_parallel_size`` GPUs: 2 * layers * that GPU's KV heads
+        * head_dim (KV heads replicated past their count); MLA's latent is not split (sim/mla.py)."""
+        if self.kv_lora_rank:
+            return mla_kv_elements_per_token(self)
+        kv = max(1, self.num_key_value_heads // tensor_parallel_size)
+        return 2 * self.num_layers * kv * self.head_dim
 
     # --- construction ---------------------------------------------------------------------------------------------
 
@@ -423,14 +458,23 @@ class ModelSpec:
         if model_type in MOE_MODEL_TYPES:
             moe = dict(num_experts=need(MOE_MODEL_TYPES[model_type]), num_experts_per_tok=need("num_experts_per_tok"),
                        moe_intermediate_size=optional("moe_intermediate_size", 0))
+        head_dim = optional("head_dim", 0)
+        if model_type == "deepseek_v2":  # MLA and shared experts (sim/mla.py)
+            moe.update(kv_lora_rank=need("kv_lora_rank"), qk_rope_head_dim=need("qk_rope_head_dim"),
+                       qk_nope_head_dim=need("qk_nope_head_dim"), v_head_dim=need("v_head_dim"),
+                       q_lora_rank=optional("q_lora_rank", 0), n_shared_experts=optional("n_shared_experts", 0),
+                       first_k_dense_replace=optional("first_k_dense_replace", 0))
+            head_dim = moe["qk_nope_head_dim"] + moe["qk_rope_head_dim"]  # a query/key head's width
+        if model_type == "gemma2":  # alternating local and global layers (sim/window.py)
+            moe.update(sliding_window=need("sliding_window"), sliding_window_pattern=2, norms_per_layer=4)
         return cls(
             **common,
             **moe,
             qk_norm=model_type in ("qwen3", "qwen3_moe"),
             num_key_value_heads=optional("num_key_value_heads", heads),
-            head_dim=optional("head_dim", 0),  # absent: hidden_size // heads
+            head_dim=head_dim,  # absent: hidden_size // heads
             intermediate_size=need("intermediate_size"),
-            tie_word_embeddings=flag("tie_word_embeddings", False),
+            tie_word_embeddings=flag("tie_word_embeddings", model_type == "gemma2"),
             qkv_bias=attention_bias or model_type == "qwen2",
             o_bias=attention_bias,
             mlp_bias=flag("mlp_bias", False),
@@ -470,6 +514,11 @@ class ModelSpec:
         if self.num_experts:
             cfg[MOE_MODEL_TYPES.get(self.model_type, "num_local_experts")] = self.num_experts
             cfg.update(num_experts_per_tok=self.num_experts_per_tok, moe_intermediate_size=self.moe_intermediate_size)
+        if self.sliding_window:
+            cfg["sliding_window"] = self.sliding_window
+        if self.kv_lora_rank:
+            cfg.update({k: getattr(self, k) for k in DEEPSEEK_V2_FIELDS if k != "moe_layer_freq"})
+            cfg["q_lora_rank"] = self.q_lora_rank or None
         return cfg
 
     @classmethod
@@ -488,7 +537,7 @@ class ModelSpec:
 # (Gemma-2's soft-capping and alternating windows, DeepSeek's MLA and shared experts, Phi's partial
 # rotary), so it is refused
 # by name rather than read as a Llama.
-KNOWN_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "opt", "qwen3", *MOE_MODEL_TYPES})
+KNOWN_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "opt", "qwen3", "gemma2", *MOE_MODEL_TYPES})
 # Fields that make a model a mixture of experts in the configs of Mixtral, Qwen-MoE, DeepSeek, DBRX and others.
 _MOE_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts", "num_experts_per_tok",
                "moe_intermediate_size", "n_shared_experts", "moe_layer_freq", "shared_expert_intermediate_size")
@@ -500,6 +549,11 @@ def _refuse_what_is_not_modelled(cfg: Mapping[str, Any], model_type: str, source
     long contexts' KV and attention too costly."""
     read = {MOE_MODEL_TYPES[model_type], "num_experts_per_tok", "moe_intermediate_size"} \
         if model_type in MOE_MODEL_TYPES else set()
+    if model_type == "deepseek_v2":
+        read |= {"n_shared_experts"}
+        if cfg.get("moe_layer_freq", 1) != 1:
+            raise ValueError(f"{source}: moe_layer_freq = {cfg.get('moe_layer_freq')!r}: experts only every n-th "
+                             "layer, which servesim does not model (every layer past first_k_dense_replace holds them)")
     for key in _MOE_FIELDS:
         v = cfg.get(key)
         unset: tuple[Any, ...] = (None, 0, False, [], {}) if "shared" in key else (None, 0, 1, False, [], {})
@@ -508,7 +562,7 @@ def _refuse_what_is_not_modelled(cfg: Mapping[str, Any], model_type: str, source
                              f"read from this config (it reads {', '.join(sorted(MOE_MODEL_TYPES))} experts, without "
                              "shared experts); it would count only the dense part of its parameters")
     window = cfg.get("sliding_window")
-    if window is not None and cfg.get("use_sliding_window", True) is not False:
+    if window is not None and cfg.get("use_sliding_window", True) is not False and model_type != "gemma2":
         limit = cfg.get("max_position_embeddings")
         if not (isinstance(window, int) and isinstance(limit, int) and window >= limit):
             raise ValueError(f"{source}: sliding_window = {window!r}: attention over a window of the context, which "
@@ -781,7 +835,7 @@ def kv_budget(
     rk = dict(max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs)
     usable, weights, reserve, kv_mem = _kv_memory(m, g, gpu_memory_utilization, wd, tp, activation_reserve_bytes,
                                                   rk)
-    per_token = 2 * m.num_layers * m.shard(tp).num_key_value_heads * m.head_dim * kv_dtype_bytes(kd)
+    per_token = m.kv_elements_per_token(tp) * kv_dtype_bytes(kd)
     per_block = block_size * per_token
     if kv_mem < per_block:
         options = []
@@ -792,7 +846,7 @@ def kv_budget(
                     check_tensor_parallel(m, t)
                 except ValueError:
                     continue
-                kvt = 2 * m.num_layers * m.shard(t).num_key_value_heads * m.head_dim * kv_dtype_bytes(kd)
+                kvt = m.kv_elements_per_token(t) * kv_dtype_bytes(kd)
                 if _kv_memory(m, g, gpu_memory_utilization, dt, t, activation_reserve_bytes, rk)[3] >= \
                         block_size * kvt:
                     options.append(f"tensor_parallel_size={t} with weight_dtype={dt}")

@@ -62,6 +62,7 @@ class PagedMachine(RuleBasedStateMachine):
         self.content: dict[int, object] = {}  # block -> what its tokens are (shadow), None when meaningless
 
     prefix_caching = False
+    own_blocks = False  # vLLM v1's cache of every prompt block (engine vllm-v1)
 
     @initialize(
         num_blocks=st.integers(1, 32),
@@ -75,6 +76,7 @@ class PagedMachine(RuleBasedStateMachine):
         self.m = PagedBlockManager(
             num_blocks, block_size, enable_prefix_caching=self.prefix_caching, num_cpu_blocks=cpu
         )
+        self.m.cache_own_blocks = self.own_blocks
         self.bs = block_size
         self.hbs = hbs
         # a few "documents" that prompts share prefixes of
@@ -172,7 +174,8 @@ class PagedMachine(RuleBasedStateMachine):
         assert r.num_computed_tokens == hit
         for j in range(hit // self.bs):  # a hit holds exactly the prefix this request would have computed
             assert self.content.get(t[j]) == self.label(r, j)
-            assert self.label(r, j)[0] == "prefix"
+            # vLLM v1's own-block cache also returns the request's own blocks from before its preemption
+            assert self.label(r, j)[0] == "prefix" or (self.own_blocks and self.label(r, j)[1] == r.id)
         for b in t[hit // self.bs :]:
             self.content[b] = None  # fresh blocks hold nothing yet
         del self.new[r.id]
@@ -396,10 +399,17 @@ class PagedPrefixMachine(PagedMachine):
     prefix_caching = True
 
 
+class PagedOwnBlocksMachine(PagedMachine):
+    prefix_caching = True
+    own_blocks = True
+
+
 TestPagedNoPrefix = PagedMachine.TestCase
 TestPagedNoPrefix.settings = STATEFUL
 TestPagedPrefix = PagedPrefixMachine.TestCase
 TestPagedPrefix.settings = STATEFUL
+TestPagedOwnBlocks = PagedOwnBlocksMachine.TestCase
+TestPagedOwnBlocks.settings = STATEFUL
 
 
 # ---- contiguous: stateful --------------------------------------------------------------------------------------

@@ -317,7 +317,8 @@ MIXTRAL_8X7B = {  # mistralai/Mixtral-8x7B-v0.1 config.json (shape fields)
     ({"model_type": "llama"}, "num_local_experts = 8"),  # relabelled, still a mixture of experts
     ({"model_type": "mistral", "num_local_experts": None, "num_experts_per_tok": None, "sliding_window": 4096},
      "sliding_window = 4096"),  # Mistral-7B v0.1's window over a 32k context
-    ({"model_type": "gemma2", "num_local_experts": None, "num_experts_per_tok": None}, "model_type 'gemma2'"),
+    ({"model_type": "phi3", "num_local_experts": None, "num_experts_per_tok": None}, "model_type 'phi3'"),
+    ({"model_type": "gemma2", "num_local_experts": None, "num_experts_per_tok": None}, "'sliding_window'"),
 ])
 def test_config_the_spec_would_misread_is_refused(change: dict, field: str) -> None:
     with pytest.raises(ValueError, match=re.escape(field)):

@@ -6,7 +6,8 @@ rejected. It never mutates anything; the core checks the plan against the limits
 applies it. No policy knows whether the simulator or the real engine executes the step.
 
 A policy's decision may change only when the waiting, running or swapped sets change, a request finishes,
-a block allocation would fail, or the time its ``wake_time`` names has passed. The core relies on this to run
+a block allocation would fail, the time its ``wake_time`` names has passed, or (``num_scheduler_steps`` > 1)
+a block of that many decode steps ends. The core relies on this to run
 long stretches of pure decode steps without asking the policy each step (the decode fast path).
 """
 
@@ -96,6 +97,7 @@ class View:
     group: DecodeGroup | None = None
     outside: list[Request] | None = None  # running requests not in the group (all of them without a group)
     ungroup: Callable[[], None] = lambda: None
+    decode_run: int = 0  # consecutive decode-only steps just taken (vLLM 0.6 multi-step blocks: sim/engine_sched.py)
 
     def budget(self) -> KVBudget:
         """A scratch copy of the free KV space to plan with."""

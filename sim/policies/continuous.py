@@ -9,6 +9,10 @@ while the token budget and the KV blocks allow. Three flavours:
   (vLLM v0's default; decodes stall while prompts are computed);
 - ``mixed`` without chunking: decodes plus whole prompts that fit the remaining budget in one step.
 
+Engine behaviours set by sim/engine_sched.py: ``prefill_priority`` (SGLang: a step of prompt chunks whenever one
+can start, else decodes), ``num_scheduler_steps`` (vLLM 0.6 multi-step: no prompt starts inside a block of that
+many decode steps) and ``cudagraph_capture_sizes`` (read by the core, which pads decode steps to them).
+
 With ``no_evict`` (TensorRT-LLM's GUARANTEED_NO_EVICT capacity scheduler) a waiting request is admitted only
 when the blocks of its whole prompt + output fit beside what every running and swapped request may still grow
 to, so no running request ever runs out of blocks. Otherwise (MAX_UTILIZATION, vLLM, SGLang) requests are
@@ -39,12 +43,26 @@ class ContinuousPolicy(Policy):
     preemption_mode: str = "recompute"  # "recompute" or "swap"
     admission: Admission = field(default_factory=Admission)
     no_evict: bool = False  # admit only what is guaranteed to finish without preemption (see the module doc)
+    # vLLM 0.6's --num-scheduler-steps (sim/engine_sched.py): decodes run in blocks of this many steps, and no
+    # prompt (nor swap-in) starts inside a block; chunked prefill off
+    num_scheduler_steps: int = 1
+    # SGLang's scheduler (sim/engine_sched.py): a step of prompts (chunks) whenever one can run, decodes only
+    # when none can, never both in one step
+    prefill_priority: bool = False
+    # decode batch sizes the executor has CUDA graphs for (sim/engine_sched.py): a decode-only step is priced as
+    # the next size up; (): unpadded. Read by the core, not by the plan.
+    cudagraph_capture_sizes: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.prefill_mode not in ("prefill_first", "mixed"):
             raise ValueError(f"prefill_mode must be 'prefill_first' or 'mixed', got {self.prefill_mode!r}")
         if self.preemption_mode not in ("recompute", "swap"):
             raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got {self.preemption_mode!r}")
+        if self.num_scheduler_steps < 1:
+            raise ValueError(f"num_scheduler_steps must be >= 1, got {self.num_scheduler_steps}")
+        if self.num_scheduler_steps > 1 and self.enable_chunked_prefill:
+            raise ValueError("num_scheduler_steps > 1 is modelled with chunked prefill off (vLLM 0.6's multi-step "
+                             "decode blocks): set enable_chunked_prefill: false")
         lim = self.limits
         if not self.enable_chunked_prefill and lim.max_model_len > lim.max_num_batched_tokens:
             # as vLLM refuses at start: a prompt longer than one step's budget could never be scheduled
@@ -68,7 +86,15 @@ class ContinuousPolicy(Policy):
         plan = Plan(reject=self.admission.rejections(view))
         rejected = {r.id for r, _ in plan.reject}
         budget = view.budget()
-        if self.enable_chunked_prefill or self.prefill_mode == "mixed":
+        n = self.num_scheduler_steps
+        if n > 1 and view.decode_run % n and view.running:  # inside a block of decode steps: decodes only
+            self._schedule_running(view, plan, budget, self.limits.max_num_batched_tokens)
+            return plan
+        if self.prefill_priority:
+            self._schedule_prompts(view, plan, budget, rejected)
+            if plan.scheduled:
+                return plan
+        elif self.enable_chunked_prefill or self.prefill_mode == "mixed":
             tokens = self._schedule_running(view, plan, budget, self.limits.max_num_batched_tokens)
             if not plan.preempt:
                 tokens = self._schedule_swapped(view, plan, budget, tokens)
@@ -76,7 +102,7 @@ class ContinuousPolicy(Policy):
                     self._schedule_waiting(view, plan, budget, tokens, rejected)
             return plan
         # prefill-first: a step of new prompts if any can start, else a step of decodes
-        if not view.swapped:
+        if not view.swapped and not self.prefill_priority:  # (SGLang's prompts step was tried above)
             self._schedule_waiting(view, plan, budget, self.limits.max_num_batched_tokens, rejected)
             if plan.scheduled:
                 return plan
@@ -84,6 +110,20 @@ class ContinuousPolicy(Policy):
         if not plan.preempt:
             self._schedule_swapped(view, plan, budget, tokens)
         return plan
+
+    def _schedule_prompts(self, view: View, plan: Plan, budget: KVBudget, rejected: set[int]) -> None:
+        """SGLang's prefill batch: the running request whose prompt is part-computed continues its chunk, then
+        waiting prompts fill the step's budget while blocks are free (nobody is preempted for a prompt)."""
+        tokens = self.limits.max_num_batched_tokens
+        for r in view.outside if view.outside is not None else view.running:
+            if r.num_remaining > 1 and tokens > 0:  # mid-prompt (a decoding request has one token left)
+                n = min(r.num_remaining, tokens)
+                if not budget.allocate(r, n):
+                    return
+                plan.scheduled.append((r, n))
+                tokens -= n
+        if not view.swapped and tokens > 0:
+            self._schedule_waiting(view, plan, budget, tokens, rejected)
 
     def _schedule_running(self, view: View, plan: Plan, budget: KVBudget, tokens: int) -> int:
         taken: set[int] = set()

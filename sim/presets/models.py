@@ -116,6 +116,13 @@ def _mixtral(hidden: int, layers: int, heads: int, inter: int, ctx: int) -> dict
             "num_experts_per_tok": 2}
 
 
+def _gemma2(hidden: int, layers: int, heads: int, kv: int, head_dim: int, inter: int) -> dict[str, Any]:
+    return {"model_type": "gemma2", "hidden_size": hidden, "num_hidden_layers": layers, "num_attention_heads": heads,
+            "num_key_value_heads": kv, "head_dim": head_dim, "intermediate_size": inter, "vocab_size": 256000,
+            "max_position_embeddings": 8192, "sliding_window": 4096, "tie_word_embeddings": True,
+            "rope_theta": 10000.0, "rms_norm_eps": 1e-6}
+
+
 MORE_MODEL_PRESETS.update({
     "qwen3-8b": _qwen3(4096, 36, 32, 8, 12288),  # Qwen/Qwen3-8B
     "qwen3-32b": _qwen3(5120, 64, 64, 8, 25600),  # Qwen/Qwen3-32B
@@ -124,6 +131,23 @@ MORE_MODEL_PRESETS.update({
                             moe_intermediate_size=768),  # Qwen/Qwen3-30B-A3B
     "mixtral-8x7b": _mixtral(4096, 32, 32, 14336, 32768),  # mistralai/Mixtral-8x7B-v0.1
     "mixtral-8x22b": _mixtral(6144, 56, 48, 16384, 65536),  # mistralai/Mixtral-8x22B-v0.1
+    # google/gemma-2-9b and google/gemma-2-27b (their config.json): local layers of a 4,096-token window
+    # alternating with global ones over 8,192 (sim/window.py); tied embeddings
+    "gemma-2-9b": _gemma2(3584, 42, 16, 8, 256, 14336),
+    "gemma-2-27b": _gemma2(4608, 46, 32, 16, 128, 36864),
+    # deepseek-ai/DeepSeek-V2-Lite (its config.json; DeepSeek-V2 paper, arXiv 2405.04434, appendix B: 27 layers,
+    # hidden 2048, 16 heads, KV latent 512 + decoupled rotary key 64, queries not compressed, every layer but the
+    # first MoE with 2 shared + 64 routed experts of 1408, 6 routed per token; 15.7 B parameters, 2.4 B active).
+    # MLA: sim/mla.py
+    "deepseek-v2-lite": {
+        "model_type": "deepseek_v2", "hidden_size": 2048, "num_hidden_layers": 27, "num_attention_heads": 16,
+        "num_key_value_heads": 16, "intermediate_size": 10944, "vocab_size": 102400,
+        "max_position_embeddings": 163840, "tie_word_embeddings": False, "rope_theta": 10000.0,
+        "rms_norm_eps": 1e-6, "kv_lora_rank": 512, "q_lora_rank": None, "qk_nope_head_dim": 128,
+        "qk_rope_head_dim": 64, "v_head_dim": 128, "n_routed_experts": 64, "n_shared_experts": 2,
+        "num_experts_per_tok": 6, "moe_intermediate_size": 1408, "first_k_dense_replace": 1, "moe_layer_freq": 1,
+    },
 })
-MORE_MODEL_ALIASES = {"llama-3.3-70b-instruct": "llama-3.3-70b", "mixtral-8x7b-v0.1": "mixtral-8x7b",
+MORE_MODEL_ALIASES = {"llama-3.3-70b-instruct": "llama-3.3-70b", "deepseek-v2-lite-chat": "deepseek-v2-lite",
+                      "mixtral-8x7b-v0.1": "mixtral-8x7b",
                       "meta-llama-3-8b": "llama-3-8b", "meta-llama-3-70b": "llama-3-70b"}

@@ -1,0 +1,161 @@
+"""sim/engine_costs.py: the engines' host time per step and static batching's activation reserve, against hand
+computations."""
+
+from __future__ import annotations
+
+import pytest
+
+from sim.costmodel import AnalyticCostModel, StepShape
+from sim.engine_costs import VLLM_V05_HOST_TIME_RATIO, VLLM_V06_HOST_TIME_RATIO, host_time_ratio
+from sim.engines import EngineConfig
+from sim.scenario import ScenarioError, build, parse_scenario, variant_configs
+from sim.specs import DEFAULT_RUNTIME_OVERHEAD_BYTES, GiB, ModelSpec, resolve_gpu
+
+
+def _built(dep: dict, policy: dict | None = None, isl: int = 100, osl: int = 10):
+    raw = {"name": "t", "workload": {"arrival": {"type": "all_at_once"}, "num_requests": 2,
+                                     "prompt_len": {"type": "fixed", "value": isl},
+                                     "output_len": {"type": "fixed", "value": osl}},
+           "deployment": dep}
+    if policy is not None:
+        raw["policy"] = policy
+    return build(variant_configs(parse_scenario(raw, "t"))[0])
+
+
+def test_versions_ratios_from_the_profiles():
+    # vLLM 0.5.3's profile: 33% API server + 29% scheduling against 38% GPU; V1 up to 1.7x V0.6
+    assert VLLM_V05_HOST_TIME_RATIO == pytest.approx(0.62 / 0.38)
+    assert VLLM_V06_HOST_TIME_RATIO == pytest.approx(0.7)
+    assert host_time_ratio(EngineConfig(name="vllm-v0", version="0.5")) == VLLM_V05_HOST_TIME_RATIO
+    assert host_time_ratio(EngineConfig(name="vllm-v0")) == VLLM_V06_HOST_TIME_RATIO  # 0.6 by default
+    assert host_time_ratio(EngineConfig(name="vllm-v0", version="0.6"), num_scheduler_steps=10) == \
+        pytest.approx(0.07)
+    for name in ("vllm-v1", "tensorrt-llm", "sglang", "classic"):
+        assert host_time_ratio(EngineConfig(name=name)) == 0.0
+    assert host_time_ratio(EngineConfig(name="vllm-v1", host_time_ratio=0.25)) == 0.25  # overridable
+    assert host_time_ratio(None) == 0.0
+
+
+def test_version_belongs_to_vllm_v0():
+    with pytest.raises(ScenarioError, match="version is vllm-v0's"):
+        _built({"model": "llama-3.1-8b", "gpu": "h100-sxm", "engine": {"name": "sglang", "version": "0.5"}})
+
+
+def test_one_decode_step_by_hand():
+    """Llama-3.1-8B bf16 on one H100, one row attending 1,000 tokens: its GPU time is the weights and the KV read at
+    0.8 of 3.35 TB/s (memory-bound at batch 1) plus the tiny activations; vLLM 0.5 adds 1.63x of that on the host.
+    """
+    m, g = ModelSpec.from_name("llama-3.1-8b"), resolve_gpu("h100-sxm")
+    base = AnalyticCostModel(m, g)
+    v05 = AnalyticCostModel(m, g, host_time_ratio=VLLM_V05_HOST_TIME_RATIO)
+    shape = StepShape(1, 1, 1, 1000, 1000)
+    bw = g.mem_bandwidth * 0.8
+    kv = 2 * 32 * 8 * 128 * 2  # K and V x layers x KV heads x head_dim x bf16
+    weights = m.shard(1).weight_bytes_read_per_step("bf16")
+    parts = base.breakdown(shape)
+    gpu = float(parts["linear"] + parts["attention"])
+    assert float(parts["attention"]) == pytest.approx(1001 * kv / bw, rel=1e-12)
+    assert float(parts["linear"]) == pytest.approx(weights / bw, rel=1e-3)  # activations: < 0.1%
+    overhead = 1.5e-3 + 1.0e-5  # the analytic defaults: per step + per row
+    assert base.step_time(shape) == pytest.approx(overhead + gpu, rel=1e-12)
+    assert v05.step_time(shape) == pytest.approx(overhead + (1 + 0.62 / 0.38) * gpu, rel=1e-12)
+    # the weights a step reads (the embedding table is not) + 0.13 GB of KV at 2.68 TB/s: 5.65 ms of GPU work,
+    # 9.22 ms of host time on top
+    assert gpu == pytest.approx((weights + 1001 * kv) / bw, rel=1e-3)
+    assert gpu == pytest.approx(5.65e-3, abs=0.01e-3)
+    assert v05.step_time(shape) - base.step_time(shape) == pytest.approx(9.22e-3, abs=0.01e-3)
+    # the decode fast path gives the very same floats
+    times, _ = v05.decode_steps([1, 64, 64], [1000, 64000, 70000])
+    for t, (n, c) in zip(times, [(1, 1000), (64, 64000), (64, 70000)], strict=True):
+        assert t == v05.step_time(StepShape(n, n, n, c, c))
+        assert t == v05.decode_step_time(n, c)
+
+
+def test_engine_sets_the_ratio_and_cost_model_keys_win():
+    dep = {"model": "llama-3.1-8b", "gpu": "h100-sxm"}
+    assert _built({**dep, "engine": {"name": "vllm-v0", "version": "0.5"}})[2].host_time_ratio == \
+        VLLM_V05_HOST_TIME_RATIO
+    assert _built({**dep, "engine": "vllm-v0"})[2].host_time_ratio == VLLM_V06_HOST_TIME_RATIO
+    assert _built({**dep, "engine": {"name": "vllm-v0", "host_time_ratio": 0.1}})[2].host_time_ratio == 0.1
+    classic = _built(dep)[2]
+    v1 = _built({**dep, "engine": "vllm-v1"})[2]
+    assert classic.host_time_ratio == v1.host_time_ratio == 0.0
+    shape = StepShape(8, 8, 8, 8000, 8000)
+    assert classic.step_time(shape) == v1.step_time(shape)  # the classic knobs, bit for bit
+
+
+def test_moe_experts_stretched_too():
+    m, g = ModelSpec.from_name("mixtral-8x7b"), resolve_gpu("h100-sxm")
+    base, slow = AnalyticCostModel(m, g, tensor_parallel_size=2), AnalyticCostModel(
+        m, g, tensor_parallel_size=2, host_time_ratio=1.0)
+    shape = StepShape(4, 4, 4, 4000, 4000)
+    overhead = 1.5e-3 + 4 * 1.0e-5
+    assert slow.step_time(shape) - overhead == pytest.approx(2 * (base.step_time(shape) - overhead), rel=1e-12)
+
+
+# ---- static batching ------------------------------------------------------------------------------------------
+STATIC_70B = {"model": "llama-2-70b", "gpu": "a100-40gb", "tensor_parallel_size": 8, "max_model_len": 4096}
+
+
+def test_static_batch_that_ran_now_fits():
+    """Llama-2-70B, static batch 64 of 2048/2048 on 8 x A100-40GB: sized for 64 x 4096 tokens the activations
+    (22.3 GiB) leave no KV; a real engine built for 2048-token prompts sizes them for 64 x 2048 (11.7 GiB)."""
+    pol = {"type": "static", "batch_size": 64}
+    with pytest.raises(ScenarioError, match="does not fit"):
+        _built(STATIC_70B, pol, 2048, 2048)
+    with pytest.raises(ScenarioError, match="does not fit"):  # an engine without max_input_len: max_model_len
+        _built({**STATIC_70B, "engine": "vllm-v0"}, pol, 2048, 2048)
+    b = _built({**STATIC_70B, "engine": "vllm-v0"}, {**pol, "max_input_len": 2048}, 2048, 2048)[3]
+    h, inter, tp, vocab = 8192, 28672, 8, 32000
+    reserve = 64 * 2048 * (4 * h + 3 * inter // tp) * 2 + 256 * vocab * 4 * 2 + DEFAULT_RUNTIME_OVERHEAD_BYTES
+    assert b.budget.activation_reserve == reserve
+    assert reserve / GiB == pytest.approx(11.69, abs=0.01)
+    weights = ModelSpec.from_name("llama-2-70b").shard(8).weight_bytes("bf16")
+    kv_token = 2 * 80 * 1 * 128 * 2  # 8 KV heads over 8 GPUs: one per GPU
+    free = int(40 * GiB * 0.9) - weights - reserve
+    assert b.budget.num_gpu_blocks == free // (16 * kv_token)
+    assert b.budget.capacity_tokens // 4096 == 52  # it runs: 52 of the 64 sequences at their full length at once
+
+
+def test_static_classic_unchanged():
+    pol = {"type": "static", "batch_size": 8}
+    dep = {"model": "llama-3.1-8b", "gpu": "h100-sxm", "max_model_len": 4096}
+    classic = _built(dep, {**pol, "max_input_len": 1024})[3].budget  # the key is read only under an engine
+    assert classic == _built(dep, pol)[3].budget
+    assert classic.activation_reserve == _built({**dep, "engine": "vllm-v0"}, pol)[3].budget.activation_reserve
+
+
+def test_attention_efficiency_of_the_engines_kernels():
+    """One 2,048-token prompt of Llama-3.1-8B (bf16): its attention is compute-bound, 4 x layers x heads x head_dim
+    FLOPs per causal pair, at the achievable share of the dense bf16 peak that the engine's kernel reaches."""
+    pairs = 2048 * 2049 // 2
+    flops = pairs * 4 * 32 * 32 * 128
+    shape = StepShape(1, 2048, 0, 2048, pairs)
+    dep = {"model": "llama-3.1-8b", "gpu": "h100-sxm"}
+    expect = {"vllm-v0": 0.35, "vllm-v1": 0.75, "tensorrt-llm": 0.6, "sglang": 0.6}  # FA2, FA3, the default
+    peak = resolve_gpu("h100-sxm").peak("bf16")
+    for engine, eff in expect.items():
+        # (vllm-v0's host time left out here: it stretches the whole step, test_one_decode_step_by_hand)
+        cost = _built({**dep, "engine": {"name": engine, "host_time_ratio": 0}})[2]
+        assert float(cost.breakdown(shape)["attention"]) == pytest.approx(flops / (peak * eff), rel=1e-12), engine
+    assert _built({**dep, "gpu": "a100-80gb", "engine": "vllm-v1"})[2].attention_efficiency == 0.5  # FA2 on Ampere
+    assert _built({**dep, "gpu": "l40", "engine": "vllm-v1"})[2].attention_efficiency is None  # no published share
+    assert _built(dep)[2].attention_efficiency is None  # classic: the compute efficiency, as before
+    given = _built({**dep, "engine": "vllm-v1", "cost_model": {"type": "analytic", "attention_efficiency": 0.5}})[2]
+    assert given.attention_efficiency == 0.5  # the scenario's key wins
+
+
+def test_new_keys_recorded_only_when_set():
+    raw = {"name": "t", "workload": {"arrival": {"type": "all_at_once"}, "num_requests": 1,
+                                     "prompt_len": {"type": "fixed", "value": 10},
+                                     "output_len": {"type": "fixed", "value": 2}},
+           "deployment": {"model": "llama-3.1-8b", "gpu": "h100-sxm", "engine": "vllm-v0"},
+           "policy": {"type": "static", "batch_size": 2}}
+    d = parse_scenario(raw, "t").model_dump(mode="json")
+    assert "version" not in d["deployment"]["engine"] and "host_time_ratio" not in d["deployment"]["engine"]
+    assert "attention_efficiency" not in d["deployment"]["cost_model"] and "max_input_len" not in d["policy"]
+    raw["deployment"]["engine"] = {"name": "vllm-v0", "version": "0.5"}
+    raw["policy"]["max_input_len"] = 8
+    d = parse_scenario(raw, "t").model_dump(mode="json")
+    assert d["deployment"]["engine"]["version"] == "0.5" and d["policy"]["max_input_len"] == 8
+    assert parse_scenario(d, "again").model_dump(mode="json") == d  # reads back
