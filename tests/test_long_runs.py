@@ -85,3 +85,26 @@ def test_summary_of_lazy_columns_equals_that_of_a_dict() -> None:
     lazy = summarize(res)
     res.steps = eager
     assert summary_json({"x": summarize(res)}) == summary_json({"x": lazy})
+
+
+def test_itl_statistics_from_pairs_match_the_expanded_gaps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past ITL_EXPAND_MAX tokens the vllm-bench statistics and the OpenMetrics histogram come from the (gap,
+    count) pairs: percentiles and bucket counts exactly those of the expanded gaps, mean, std and sum to rounding."""
+    import sim.benchfiles.stats as stats
+
+    run = run_scenario(prepare_scenario(parse_scenario({**SCENARIO, "variants": SCENARIO["variants"][:1]})))
+    (res,) = run.results
+    expanded, text = stats.run_stats(res, (50.0, 90.0, 99.0)), openmetrics_text(res)
+    monkeypatch.setattr(stats, "ITL_EXPAND_MAX", 0)
+    paired, paired_text = stats.run_stats(res, (50.0, 90.0, 99.0)), openmetrics_text(res)
+    assert int(np.sum(res.itl_counts)) > 10_000
+    for k, v in expanded.items():
+        if k.startswith(("mean_itl", "std_itl")):
+            assert paired[k] == pytest.approx(v, rel=1e-12)
+        else:
+            assert paired[k] == v, k
+    lines = [(a, b) for a, b in zip(text.splitlines(), paired_text.splitlines(), strict=True) if a != b]
+    assert [a.split(" ")[0] for a, _ in lines] in ([], ['vllm:inter_token_latency_seconds_sum{model_name="llama-3.1-8b",'
+                                                        'engine="0"}'])
+    for a, b in lines:
+        assert float(b.split(" ")[1]) == pytest.approx(float(a.split(" ")[1]), rel=1e-12)

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from sim.benchfiles.export_vllm import _model_of
-from sim.benchfiles.stats import pooled_itls
+from sim.benchfiles.stats import itls_expand, pooled_itls
 from sim.records import RunResult
 from sim.spec_decode import openmetrics_lines
 
@@ -39,19 +39,23 @@ def _num(x: float) -> str:
 
 
 def _histogram(lines: list[str], name: str, help_: str, labels: str, values: np.ndarray, buckets: Sequence[float],
-               ts: str) -> None:
+               ts: str, weights: np.ndarray | None = None) -> None:
+    """``weights``: how many times each value counts (a long run's pooled ITLs as (gap, count) pairs)."""
     lines += [f"# TYPE {name} histogram", f"# HELP {name} {help_}", f"# UNIT {name} seconds"] \
         if name.endswith("_seconds") else [f"# TYPE {name} histogram", f"# HELP {name} {help_}"]
     v = np.asarray(values, dtype=np.float64)
     # each value's bucket by a search of the few bounds (not a sort of the values: millions of inter-token gaps in
     # a long run); counts[j] is then the number of values <= bounds[j], as the cumulative buckets need
     bounds = np.asarray(buckets, dtype=np.float64)
-    counts = np.cumsum(np.bincount(np.searchsorted(bounds, v, side="left"), minlength=bounds.size + 1))
+    w = None if weights is None else np.asarray(weights, dtype=np.int64)
+    counts = np.cumsum(np.bincount(np.searchsorted(bounds, v, side="left"), weights=w, minlength=bounds.size + 1))
+    size = v.size if w is None else int(w.sum())
+    total = v.sum() if w is None else np.dot(v, w.astype(np.float64))
     for b, c in zip(buckets, counts, strict=False):
         lines.append(f'{name}_bucket{{{labels},le="{_num(b)}"}} {int(c)}{ts}')
-    lines.append(f'{name}_bucket{{{labels},le="+Inf"}} {v.size}{ts}')
-    lines.append(f"{name}_count{{{labels}}} {v.size}{ts}")
-    lines.append(f"{name}_sum{{{labels}}} {_num(v.sum())}{ts}")
+    lines.append(f'{name}_bucket{{{labels},le="+Inf"}} {size}{ts}')
+    lines.append(f"{name}_count{{{labels}}} {size}{ts}")
+    lines.append(f"{name}_sum{{{labels}}} {_num(total)}{ts}")
 
 
 def _thin(idx: np.ndarray, max_points: int) -> np.ndarray:
@@ -129,7 +133,8 @@ def openmetrics_text(result: RunResult, *, max_points: int = 2000) -> str:
     _histogram(lines, "vllm:time_per_output_token_seconds", "Histogram of time per output token in seconds.", lab,
                tpot, TPOT_BUCKETS, ts)
     _histogram(lines, "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", lab,
-               pooled_itls(result), TPOT_BUCKETS, ts)
+               *((pooled_itls(result), TPOT_BUCKETS, ts) if itls_expand(result)
+                 else (result.itl_gaps, TPOT_BUCKETS, ts, result.itl_counts)))
     _histogram(lines, "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", lab, e2el,
                E2E_BUCKETS, ts)
     if result.spec_decode:  # speculative decoding's counters, at the end of the run
