@@ -15,6 +15,7 @@ from collections.abc import Iterator, Mapping
 import numpy as np
 
 _RECENT = 2  # expanded columns kept (see StepColumns._recent)
+_RECENT_MAX_ROWS = 1 << 20  # and only up to this many steps (8 MB a column)
 
 
 class StepColumns(Mapping[str, np.ndarray]):
@@ -88,6 +89,8 @@ class StepColumns(Mapping[str, np.ndarray]):
             return np.zeros(0, dtype=self._columns[key])
         col = parts[0] if len(parts) == 1 else np.concatenate(parts)
         col.flags.writeable = False  # shared by the readers that hit the cache
+        if len(col) > _RECENT_MAX_ROWS:  # a long run's column is 160 MB at 20 M steps: not kept
+            return col
         if len(self._recent) >= _RECENT:
             del self._recent[next(iter(self._recent))]
         self._recent[key] = col
