@@ -2,9 +2,10 @@
 
 A long run makes millions of steps (2 M for 100,000 Azure conversation requests, 20 M for a million). Held as
 19 expanded columns that is 152 bytes a step (3 GB at a million requests), while the step log's runs hold 40
-bytes a step plus a little per run (``sim.records.StepLog``). ``StepColumns`` is a read-only mapping that expands
-one column when it is read, from the runs, and does not keep it: memory follows the compact log, and each
-reader (summary, steps table, report) pays a transient column at a time. The values are exactly those the
+bytes a step plus 120 per run (56 a step on the Azure trace; ``sim.records.StepLog``). ``StepColumns`` is a
+read-only mapping that expands a column when it is read, from the runs, and keeps only the two last read (and
+those only up to 2^20 steps): memory follows the compact log, and each reader (summary, steps table, report) pays
+a transient column at a time. The values are exactly those the
 eager expansion gave (same arithmetic), so every output stays byte-identical.
 """
 
