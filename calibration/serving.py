@@ -11,7 +11,7 @@ fit takes beside the grid's. A serving run is one "script" of the held-out error
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -45,7 +45,7 @@ class StepRecorder:
 
         runner.execute = execute
 
-    def samples(self, steps: dict[str, np.ndarray], script: str, kind: str = "serving") -> list[Sample]:
+    def samples(self, steps: Mapping[str, np.ndarray], script: str, kind: str = "serving") -> list[Sample]:
         """The recorded shapes with the engine's measured durations (``RunResult.steps``, one row per step in
         the order they ran) as samples of one script. Raises if the two logs disagree on the step count."""
         order = np.argsort(np.asarray(steps["start"]), kind="stable")

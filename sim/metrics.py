@@ -197,10 +197,16 @@ def summarize(result: RunResult, slos: SLOs | None = None) -> dict:
     with np.errstate(divide="ignore", invalid="ignore"):
         usage = np.where(cap > 0, used / cap, np.nan)
     has_cap = ~np.isnan(usage)
+    del cap
+    if not has_cap.all():  # a masked copy only where some step has no capacity (long runs: memory)
+        usage, usage_dur = usage[has_cap], dur[has_cap]
+    else:
+        usage_dur = dur
     kv_usage = {
-        "mean": _time_weighted_mean(usage[has_cap], dur[has_cap]),
-        "max": float(usage[has_cap].max()) if has_cap.any() else NAN,
+        "mean": _time_weighted_mean(usage, usage_dur),
+        "max": float(usage.max()) if has_cap.any() else NAN,
     }
+    del usage, usage_dur, has_cap
     # A share of the token slots of the blocks in use that hold a token. kv_tokens counts a token once per
     # request that reads it, so a block shared by prefix caching counts several times (174% was seen); shared
     # blocks are full prompt blocks, so the stored tokens are capped at the slots in use: the share stays in
@@ -210,6 +216,7 @@ def summarize(result: RunResult, slos: SLOs | None = None) -> dict:
     alloc = slots > 0
     # each value is at most 1; the weighted mean can round to 1 + 2e-16
     kv_tok_util = min(_time_weighted_mean(stored[alloc] / slots[alloc], dur[alloc]), 1.0)
+    del used, slots, stored, alloc  # a long run's step columns are read one at a time (sim/step_columns.py)
 
     replicas = num_replicas(result)
     # replica-seconds the fleet was up: an autoscaled cluster's replicas come and go
@@ -222,13 +229,18 @@ def summarize(result: RunResult, slos: SLOs | None = None) -> dict:
         + np.sum(s["padding_tokens"], dtype=np.float64)
     )
 
+    mean_batch = _time_weighted_mean(np.asarray(s["batch_size"], dtype=np.float64), dur)
+    padding = float(np.sum(s["padding_tokens"], dtype=np.float64))
+    num_steps = int(dur.size)
+    del dur
+    limits = limit_inputs(result)
     out = {
         "num_requests": len(reqs),
         "num_completed": n_done,
         "num_rejected": sum(1 for r in reqs if r.outcome == Outcome.REJECTED.value),
         "num_failed": sum(1 for r in reqs if r.outcome == Outcome.FAILED.value),
         "num_preemptions": sum(r.num_preemptions for r in reqs),
-        "num_steps": int(dur.size),
+        "num_steps": num_steps,
         "num_replicas": replicas,
         "duration": duration,
         "total_input_tokens": total_in,
@@ -248,9 +260,9 @@ def summarize(result: RunResult, slos: SLOs | None = None) -> dict:
         "kv_token_utilization": kv_tok_util,
         "busy_fraction": _ratio(busy, up),
         "mfu": _ratio(flops, up * result.peak_flops) if result.peak_flops > 0 else NAN,
-        "mean_batch_size": _time_weighted_mean(np.asarray(s["batch_size"], dtype=np.float64), dur),
-        "padding_fraction": _ratio(float(np.sum(s["padding_tokens"], dtype=np.float64)), computed),
-        "limits": limit_inputs(result),
+        "mean_batch_size": mean_batch,
+        "padding_fraction": _ratio(padding, computed),
+        "limits": limits,
     }
     assert tuple(out) == SUMMARY_KEYS
     if result.cluster:  # several replicas: what the fleet cost

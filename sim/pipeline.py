@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -164,7 +165,7 @@ class PipelineCostModel(CostModel):
                           span / (m * self.stage_share))
         return np.maximum(work, 0.0) * m / p
 
-    def summary(self, steps: dict[str, np.ndarray]) -> dict[str, Any]:
+    def summary(self, steps: Mapping[str, np.ndarray]) -> dict[str, Any]:
         """``pipeline`` in summary.json: stage utilisation and bubble fraction over the run's steps."""
         rows = steps["batch_size"] + steps["padded_rows"]
         tokens = steps["prefill_tokens"] + steps["decode_tokens"] + steps["padding_tokens"]

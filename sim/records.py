@@ -6,11 +6,13 @@ field. Steps and gaps are stored in columns of numpy chunks, because a long simu
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
 import numpy as np
 
 from sim.request import Outcome, Request
+from sim.step_columns import StepColumns
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,8 +135,7 @@ class StepLog:
         self.per_run: list[float] = []
         self._chunks: list[tuple[np.ndarray, np.ndarray]] = []  # (per-step values, per-run values) in numpy
         self._num_flushed = 0  # steps in _chunks
-        self._columns: dict[str, np.ndarray] | None = None  # the runs expanded into rows, once asked for
-        self._in_group_run = np.zeros(0, dtype=bool)
+        self._columns: StepColumns | None = None  # the columns' view of _chunks, once asked for
         # constant over a log (one core per replica), so it costs nothing per step; set by sim.simulator.Replica
         self.replica = 0
 
@@ -219,42 +220,20 @@ class StepLog:
         self._num_flushed += len(steps)
         self._columns = None
 
-    def _expand(self) -> dict[str, np.ndarray]:
-        """The runs as rows: STEP_COLUMNS, plus the group gaps' mask (cached until more steps come)."""
+    def columns(self) -> StepColumns:
+        """All steps so far, one array per column, each expanded from the runs when read (see
+        ``sim.step_columns``: the log never holds all its rows at once)."""
         self._flush()
-        if self._columns is not None:
-            return self._columns
-        if len(self._chunks) > 1:
-            chunks = self._chunks
-            self._chunks = [(np.concatenate([c[0] for c in chunks]), np.concatenate([c[1] for c in chunks]))]
-        steps, runs = self._chunks[0] if self._chunks else (np.zeros((0, _NV)), np.zeros((0, _NR)))
-        vary = dict(zip(STEP_VARYING, steps.T, strict=True))
-        const = dict(zip(RUN_CONSTANT, runs.T, strict=True))
-        n = const["num_steps"].astype(np.int64)
-        end = vary["end"]
-        start = np.empty_like(end)
-        start[1:] = end[:-1]
-        start[np.cumsum(n) - n] = const["start"]  # the first step of each run
-        cols = {"start": start, "duration": end - start}  # as the executors compute it: end - start
-        cols["replica"] = np.full(len(end), self.replica, dtype=np.int64)
-        for k, t in STEP_COLUMNS.items():
-            if k in vary:
-                cols[k] = vary[k].astype(t)
-            elif k not in cols:
-                cols[k] = np.repeat(const[k].astype(t), n)
-        self._columns = {k: cols[k] for k in STEP_COLUMNS}
-        self._in_group_run = np.repeat(const["group_gaps"] > 0, n)
+        if self._columns is None:
+            self._columns = StepColumns(list(self._chunks), STEP_COLUMNS, STEP_VARYING, RUN_CONSTANT, self.replica)
         return self._columns
-
-    def columns(self) -> dict[str, np.ndarray]:
-        """All steps so far, one array per column."""
-        return self._expand()
 
     def group_gaps(self) -> tuple[np.ndarray, np.ndarray]:
         """The inter-token gaps that the decode fast path's runs stand for, as (gap seconds, tokens that saw it)
         pairs: one per step, its duration, seen by each of its batch."""
-        cols = self._expand()
-        return cols["duration"][self._in_group_run], cols["batch_size"][self._in_group_run]
+        cols = self.columns()
+        in_group_run = cols.constant("group_gaps") > 0
+        return cols["duration"][in_group_run], cols["batch_size"][in_group_run]
 
     def __len__(self) -> int:
         return len(self.per_step) // _NV + self._num_flushed
@@ -302,7 +281,7 @@ class RunResult:
 
     name: str
     requests: list[RequestRecord]
-    steps: dict[str, np.ndarray]  # STEP_COLUMNS -> array
+    steps: Mapping[str, np.ndarray]  # STEP_COLUMNS -> array (the step log's StepColumns, or a dict)
     itl_gaps: np.ndarray  # pooled inter-token gaps (seconds)
     itl_counts: np.ndarray  # how many tokens saw each gap
     duration: float  # seconds from the first arrival to the last completion or rejection

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from sim.benchfiles.export_vllm import _model_of
-from sim.benchfiles.stats import pooled_itls
+from sim.benchfiles.stats import itls_expand, pooled_itls
 from sim.records import RunResult
 from sim.spec_decode import openmetrics_lines
 
@@ -39,19 +39,23 @@ def _num(x: float) -> str:
 
 
 def _histogram(lines: list[str], name: str, help_: str, labels: str, values: np.ndarray, buckets: Sequence[float],
-               ts: str) -> None:
+               ts: str, weights: np.ndarray | None = None) -> None:
+    """``weights``: how many times each value counts (a long run's pooled ITLs as (gap, count) pairs)."""
     lines += [f"# TYPE {name} histogram", f"# HELP {name} {help_}", f"# UNIT {name} seconds"] \
         if name.endswith("_seconds") else [f"# TYPE {name} histogram", f"# HELP {name} {help_}"]
     v = np.asarray(values, dtype=np.float64)
     # each value's bucket by a search of the few bounds (not a sort of the values: millions of inter-token gaps in
     # a long run); counts[j] is then the number of values <= bounds[j], as the cumulative buckets need
     bounds = np.asarray(buckets, dtype=np.float64)
-    counts = np.cumsum(np.bincount(np.searchsorted(bounds, v, side="left"), minlength=bounds.size + 1))
+    w = None if weights is None else np.asarray(weights, dtype=np.int64)
+    counts = np.cumsum(np.bincount(np.searchsorted(bounds, v, side="left"), weights=w, minlength=bounds.size + 1))
+    size = v.size if w is None else int(w.sum())
+    total = v.sum() if w is None else np.dot(v, w.astype(np.float64))
     for b, c in zip(buckets, counts, strict=False):
         lines.append(f'{name}_bucket{{{labels},le="{_num(b)}"}} {int(c)}{ts}')
-    lines.append(f'{name}_bucket{{{labels},le="+Inf"}} {v.size}{ts}')
-    lines.append(f"{name}_count{{{labels}}} {v.size}{ts}")
-    lines.append(f"{name}_sum{{{labels}}} {_num(v.sum())}{ts}")
+    lines.append(f'{name}_bucket{{{labels},le="+Inf"}} {size}{ts}')
+    lines.append(f"{name}_count{{{labels}}} {size}{ts}")
+    lines.append(f"{name}_sum{{{labels}}} {_num(total)}{ts}")
 
 
 def _thin(idx: np.ndarray, max_points: int) -> np.ndarray:
@@ -63,34 +67,47 @@ def _thin(idx: np.ndarray, max_points: int) -> np.ndarray:
 def openmetrics_text(result: RunResult, *, max_points: int = 2000) -> str:
     model = _esc(_model_of(result) or result.name)
     s = result.steps
-    start = np.asarray(s["start"], dtype=np.float64)
-    dur = np.asarray(s["duration"], dtype=np.float64)
-    end = start + dur
+    # A long run has millions of steps and the text only samples max_points of them per engine: the full
+    # columns are read one at a time and only the sampled rows kept (a copy of every column was 1.5 GB at
+    # 300,000 requests).
+    end = np.asarray(s["start"], dtype=np.float64) + np.asarray(s["duration"], dtype=np.float64)
     replica = np.asarray(s["replica"], dtype=np.int64)
-    cap = np.asarray(s["kv_capacity_blocks"], dtype=np.float64)
-    cap = np.where(cap > 0, cap, float(result.kv_capacity_blocks))
-    used = np.asarray(s["kv_blocks_used"], dtype=np.float64)
-    usage = np.divide(used, cap, out=np.zeros_like(used), where=cap > 0)
+    engines = np.unique(replica).tolist() or [0]
     preempt = np.asarray(s["num_preempted"], dtype=np.int64)
-    engines = sorted({int(r) for r in replica}) or [0]
+    picked: list[tuple[int, np.ndarray, np.ndarray]] = []  # (engine, step rows, cumulative preemptions there)
+    for e in engines:
+        mine = np.flatnonzero(replica == e) if len(engines) > 1 else np.arange(len(end))
+        at = end[mine]
+        if at.size > 1 and not bool(np.all(at[1:] >= at[:-1])):  # in order already: the stable sort is a no-op
+            order = np.argsort(at, kind="stable")
+            mine, at = mine[order], at[order]
+        # one sample per distinct timestamp (the last step ending then), times strictly increasing
+        pos = np.flatnonzero(np.r_[at[1:] != at[:-1], True]) if mine.size else np.zeros(0, dtype=np.int64)
+        pos = _thin(pos, max_points)
+        picked.append((e, mine[pos], np.cumsum(preempt[mine])[pos]))
+    del replica, preempt
+
+    def at_rows(key: str, dtype: type) -> list[np.ndarray]:
+        col: np.ndarray = np.asarray(s[key], dtype=dtype)
+        return [col[rows] for _, rows, _ in picked]
+
+    running, waiting = at_rows("num_running", np.int64), at_rows("num_waiting", np.int64)
+    caps = [np.where(c > 0, c, float(result.kv_capacity_blocks)) for c in at_rows("kv_capacity_blocks", np.float64)]
+    usages = [np.divide(u, c, out=np.zeros_like(u), where=c > 0)
+              for u, c in zip(at_rows("kv_blocks_used", np.float64), caps, strict=True)]
     series: dict[str, list[str]] = {k: [] for k in (
         "num_requests_running", "num_requests_waiting", "kv_cache_usage_perc", "gpu_cache_usage_perc",
         "num_preemptions")}
-    for e in engines:
-        mine = np.flatnonzero(replica == e)
-        mine = mine[np.argsort(end[mine], kind="stable")]
-        # one sample per distinct timestamp (the last step ending then), times strictly increasing
-        keep = mine[np.r_[end[mine][1:] != end[mine][:-1], True]] if mine.size else mine
-        cum = np.cumsum(preempt[mine])
-        cum_at = dict(zip(mine.tolist(), cum.tolist(), strict=True))
+    for j, (e, rows, cum) in enumerate(picked):
         lab = f'model_name="{model}",engine="{e}"'
-        for i in _thin(keep, max_points).tolist():
+        for k, i in enumerate(rows.tolist()):
             t = f" {_num(end[i])}"
-            series["num_requests_running"].append(f"vllm:num_requests_running{{{lab}}} {int(s['num_running'][i])}{t}")
-            series["num_requests_waiting"].append(f"vllm:num_requests_waiting{{{lab}}} {int(s['num_waiting'][i])}{t}")
-            series["kv_cache_usage_perc"].append(f"vllm:kv_cache_usage_perc{{{lab}}} {_num(usage[i])}{t}")
-            series["gpu_cache_usage_perc"].append(f"vllm:gpu_cache_usage_perc{{{lab}}} {_num(usage[i])}{t}")
-            series["num_preemptions"].append(f"vllm:num_preemptions_total{{{lab}}} {int(cum_at[i])}{t}")
+            usage = usages[j][k]
+            series["num_requests_running"].append(f"vllm:num_requests_running{{{lab}}} {int(running[j][k])}{t}")
+            series["num_requests_waiting"].append(f"vllm:num_requests_waiting{{{lab}}} {int(waiting[j][k])}{t}")
+            series["kv_cache_usage_perc"].append(f"vllm:kv_cache_usage_perc{{{lab}}} {_num(usage)}{t}")
+            series["gpu_cache_usage_perc"].append(f"vllm:gpu_cache_usage_perc{{{lab}}} {_num(usage)}{t}")
+            series["num_preemptions"].append(f"vllm:num_preemptions_total{{{lab}}} {int(cum[k])}{t}")
     helps = {
         "num_requests_running": ("gauge", "Number of requests in model execution batches."),
         "num_requests_waiting": ("gauge", "Number of requests waiting to be processed."),
@@ -116,7 +133,8 @@ def openmetrics_text(result: RunResult, *, max_points: int = 2000) -> str:
     _histogram(lines, "vllm:time_per_output_token_seconds", "Histogram of time per output token in seconds.", lab,
                tpot, TPOT_BUCKETS, ts)
     _histogram(lines, "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", lab,
-               pooled_itls(result), TPOT_BUCKETS, ts)
+               *((pooled_itls(result), TPOT_BUCKETS, ts) if itls_expand(result)
+                 else (result.itl_gaps, TPOT_BUCKETS, ts, result.itl_counts)))
     _histogram(lines, "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", lab, e2el,
                E2E_BUCKETS, ts)
     if result.spec_decode:  # speculative decoding's counters, at the end of the run

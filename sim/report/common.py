@@ -3,6 +3,8 @@ states, CDF samples) that keep a long run's page small."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 import plotly.graph_objects as go
 from plotly.colors import qualitative
@@ -154,12 +156,17 @@ def trace_points(fig: go.Figure) -> int:
     return most
 
 
-def _sorted_steps(result: RunResult) -> dict[str, np.ndarray]:
+def _sorted_steps(result: RunResult) -> Mapping[str, np.ndarray]:
     s = result.steps
-    order = np.argsort(s["start"], kind="stable")
+    start = np.asarray(s["start"])
+    if start.size < 2 or bool(np.all(start[1:] >= start[:-1])):
+        # already in order (one replica's log; a cluster's merged log): the stable sort is the identity, and the
+        # steps stay as they are (a long run's columns are read lazily, not copied all at once)
+        return s
+    order = np.argsort(start, kind="stable")
     return {k: np.asarray(v)[order] for k, v in s.items()}
 
 
-def _kv_capacity(s: dict[str, np.ndarray], result: RunResult) -> np.ndarray:
+def _kv_capacity(s: Mapping[str, np.ndarray], result: RunResult) -> np.ndarray:
     cap = s["kv_capacity_blocks"].astype(np.float64)
     return np.where(cap > 0, cap, float(result.kv_capacity_blocks))

@@ -161,10 +161,14 @@ def fig_timeline(result: RunResult, max_points: int = MAX_POINTS, x_end: float |
     per_busy, per_mfu = [], []
     for r in np.unique(rep):
         on = rep == r
-        per_busy.append(amount_per_window(t[on], s["duration"][on], s["duration"][on], edges) / width)
+        every = bool(on.all())  # one replica: no masked copies of a long run's columns (the same values)
+        t_on, d_on = (t, s["duration"]) if every else (t[on], s["duration"][on])
+        per_busy.append(amount_per_window(t_on, d_on, d_on, edges) / width)
         if result.peak_flops > 0:
-            per_mfu.append(amount_per_window(t[on], s["duration"][on], s["flops"][on], edges)
+            per_mfu.append(amount_per_window(t_on, d_on, s["flops"] if every else s["flops"][on], edges)
                            / (width * result.peak_flops))
+        del t_on, d_on
+    del rep
     _replica_lines(fig, edges, per_busy, "busy", color(0), row=1)
     if per_mfu:
         _replica_lines(fig, edges, per_mfu, "MFU", color(1), row=2)

@@ -1,0 +1,110 @@
+"""Issue 15, long runs in bounded memory: the step log's columns are read lazily from its compact chunks
+(sim/step_columns.py), and what a run writes must not depend on how many chunks the log was cut into."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import sim.records as records
+from sim.benchfiles.export_metrics import openmetrics_text
+from sim.metrics import summarize
+from sim.output import requests_csv, steps_csv, summary_json
+from sim.run import prepare_scenario, run_scenario
+from sim.scenario import parse_scenario
+from sim.step_columns import StepColumns
+from sim.steps_binned import write_binned_steps_csv
+
+SCENARIO = {
+    "name": "long-run-chunks",
+    "seed": 3,
+    "workload": {"arrival": {"type": "trace", "trace": "azure-conv", "repeat_to": 400}},
+    "deployment": {"model": "llama-3.1-8b", "gpu": "h100-sxm", "max_model_len": 16384},
+    "slos": {"ttft": 1.0, "tpot": 0.05},
+    "variants": [
+        {"name": "chunked", "policy": {"type": "continuous", "enable_chunked_prefill": True,
+                                       "max_num_batched_tokens": 2048}},
+        {"name": "two", "cluster": {"replicas": 2, "router": "least_kv"},
+         "policy": {"type": "continuous", "enable_chunked_prefill": True, "max_num_batched_tokens": 2048}},
+    ],
+}
+
+
+def _outputs() -> dict[str, str]:
+    import io
+
+    run = run_scenario(prepare_scenario(parse_scenario(SCENARIO)))
+    binned = io.StringIO()
+    write_binned_steps_csv(binned, run.results)
+    return {
+        "summary": summary_json(run.summaries),
+        "requests": requests_csv(run.results),
+        "steps": steps_csv(run.results),
+        "binned": binned.getvalue(),
+        **{f"metrics {r.name}": openmetrics_text(r) for r in run.results},
+        "num_chunks": str(sum(1 for r in run.results if isinstance(r.steps, StepColumns)
+                              and len(r.steps._chunks) > 1)),
+    }
+
+
+def test_outputs_do_not_depend_on_the_step_log_chunking(monkeypatch: pytest.MonkeyPatch) -> None:
+    whole = _outputs()
+    monkeypatch.setattr(records, "_CHUNK", 7)  # a chunk every few runs: hundreds of chunks
+    cut = _outputs()
+    assert whole.pop("num_chunks") == "0"
+    assert int(cut.pop("num_chunks")) >= 1  # the single replica's log really was cut
+    assert cut == whole
+
+
+def test_columns_are_the_expanded_runs_and_read_only() -> None:
+    log = records.StepLog()
+    log.append(0.0, 1.0, 2, 0, 10, 1, 0, 3, 1, 30, 100, 2, 5, 0, 0, 0, 0, 7.0)
+    for end in (1.5, 2.5, 3.0):  # a decode run of three steps
+        log.per_step.extend((end, 4, 0, 33, 1.0))
+    log.end_decode_run(3, 1.0, 2, 100, 2, 4, 0)
+    cols = log.columns()
+    assert isinstance(cols, StepColumns) and len(cols["start"]) == 4
+    assert cols["start"].tolist() == [0.0, 1.0, 1.5, 2.5]
+    assert cols["duration"].tolist() == [1.0, 0.5, 1.0, 0.5]
+    assert cols["num_waiting"].tolist() == [5, 4, 4, 4] and cols["num_waiting"].dtype == np.int64
+    assert cols["decode_tokens"].tolist() == [1, 2, 2, 2]
+    gaps, counts = log.group_gaps()
+    assert gaps.tolist() == [0.5, 1.0, 0.5] and counts.tolist() == [2, 2, 2]
+    with pytest.raises(ValueError):
+        cols["start"][0] = 9.0  # shared by readers: nobody writes into it
+    with pytest.raises(KeyError):
+        cols["nope"]
+    assert set(cols) == set(records.STEP_COLUMNS)
+
+
+def test_summary_of_lazy_columns_equals_that_of_a_dict() -> None:
+    run = run_scenario(prepare_scenario(parse_scenario({**SCENARIO, "variants": SCENARIO["variants"][:1]})))
+    (res,) = run.results
+    assert isinstance(res.steps, StepColumns)
+    eager = {k: np.array(v) for k, v in res.steps.items()}
+    lazy = summarize(res)
+    res.steps = eager
+    assert summary_json({"x": summarize(res)}) == summary_json({"x": lazy})
+
+
+def test_itl_statistics_from_pairs_match_the_expanded_gaps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past ITL_EXPAND_MAX tokens the vllm-bench statistics and the OpenMetrics histogram come from the (gap,
+    count) pairs: percentiles and bucket counts exactly those of the expanded gaps, mean, std and sum to rounding."""
+    import sim.benchfiles.stats as stats
+
+    run = run_scenario(prepare_scenario(parse_scenario({**SCENARIO, "variants": SCENARIO["variants"][:1]})))
+    (res,) = run.results
+    expanded, text = stats.run_stats(res, (50.0, 90.0, 99.0)), openmetrics_text(res)
+    monkeypatch.setattr(stats, "ITL_EXPAND_MAX", 0)
+    paired, paired_text = stats.run_stats(res, (50.0, 90.0, 99.0)), openmetrics_text(res)
+    assert int(np.sum(res.itl_counts)) > 10_000
+    for k, v in expanded.items():
+        if k.startswith(("mean_itl", "std_itl")):
+            assert paired[k] == pytest.approx(v, rel=1e-12)
+        else:
+            assert paired[k] == v, k
+    lines = [(a, b) for a, b in zip(text.splitlines(), paired_text.splitlines(), strict=True) if a != b]
+    assert [a.split(" ")[0] for a, _ in lines] in ([], ['vllm:inter_token_latency_seconds_sum{model_name="llama-3.1-8b",'
+                                                        'engine="0"}'])
+    for a, b in lines:
+        assert float(b.split(" ")[1]) == pytest.approx(float(a.split(" ")[1]), rel=1e-12)
