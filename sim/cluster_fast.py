@@ -204,18 +204,11 @@ class TimelineRouter:
 def replica_figures(result: Any) -> tuple[float, float]:
     """A replica's output throughput and time-weighted mean KV usage, exactly as ``summarize`` computes them
     (the cluster's per-replica lines need only these; a whole summary per replica cost a tenth of the run)."""
-    from sim.metrics import _ratio, _time_weighted_mean
+    from sim.metrics import _ratio, _time_weighted_mean, kv_usage_per_step
 
     total_out = int(np.array([r.output_tokens for r in result.requests if r.completed], dtype=np.int64).sum())
-    s = result.steps
-    dur = np.asarray(s["duration"], dtype=np.float64)
-    cap = np.asarray(s["kv_capacity_blocks"], dtype=np.float64)
-    cap = np.where(cap > 0, cap, float(result.kv_capacity_blocks))
-    used = np.asarray(s["kv_blocks_used"], dtype=np.float64)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        usage = np.where(cap > 0, used / cap, np.nan)
-    has_cap = ~np.isnan(usage)
-    return _ratio(total_out, float(result.duration)), _time_weighted_mean(usage[has_cap], dur[has_cap])
+    usage, usage_dur, _ = kv_usage_per_step(result, np.asarray(result.steps["duration"], dtype=np.float64))
+    return _ratio(total_out, float(result.duration)), _time_weighted_mean(usage, usage_dur)
 
 
 class BoundedRouter:

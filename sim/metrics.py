@@ -156,6 +156,21 @@ def num_replicas(result: RunResult) -> int:
     return max((r.replica for r in result.requests), default=0) + 1
 
 
+def kv_usage_per_step(result: RunResult, dur: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The KV usage share of each step that has a KV capacity and those steps' durations, and the blocks used in
+    every step. A step logged without its capacity (0) uses the run's."""
+    s = result.steps
+    cap = np.asarray(s["kv_capacity_blocks"], dtype=np.float64)
+    cap = np.where(cap > 0, cap, float(result.kv_capacity_blocks))
+    used = np.asarray(s["kv_blocks_used"], dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        usage = np.where(cap > 0, used / cap, np.nan)
+    has_cap = ~np.isnan(usage)
+    if not has_cap.all():  # a masked copy only where some step has no capacity (long runs: memory)
+        return usage[has_cap], dur[has_cap], used
+    return usage, dur, used
+
+
 def summarize(result: RunResult, slos: SLOs | None = None) -> dict:
     """The metrics of one run, keyed as SUMMARY_KEYS. See the module docstring for the definitions."""
     if slos is not None and slos.empty:
@@ -191,22 +206,12 @@ def summarize(result: RunResult, slos: SLOs | None = None) -> dict:
 
     s = result.steps
     dur = np.asarray(s["duration"], dtype=np.float64)
-    cap = np.asarray(s["kv_capacity_blocks"], dtype=np.float64)
-    cap = np.where(cap > 0, cap, float(result.kv_capacity_blocks))
-    used = np.asarray(s["kv_blocks_used"], dtype=np.float64)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        usage = np.where(cap > 0, used / cap, np.nan)
-    has_cap = ~np.isnan(usage)
-    del cap
-    if not has_cap.all():  # a masked copy only where some step has no capacity (long runs: memory)
-        usage, usage_dur = usage[has_cap], dur[has_cap]
-    else:
-        usage_dur = dur
+    usage, usage_dur, used = kv_usage_per_step(result, dur)
     kv_usage = {
         "mean": _time_weighted_mean(usage, usage_dur),
-        "max": float(usage.max()) if has_cap.any() else NAN,
+        "max": float(usage.max()) if usage.size else NAN,
     }
-    del usage, usage_dur, has_cap
+    del usage, usage_dur
     # A share of the token slots of the blocks in use that hold a token. kv_tokens counts a token once per
     # request that reads it, so a block shared by prefix caching counts several times (174% was seen); shared
     # blocks are full prompt blocks, so the stored tokens are capped at the slots in use: the share stays in
