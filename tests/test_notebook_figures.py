@@ -71,3 +71,26 @@ def test_build_writes_a_png_beside_every_figure(tmp_path, monkeypatch):
         assert PLOTLY in data and "image/png" in data  # interactive where JavaScript runs, a PNG everywhere
         assert _png_size(data["image/png"])[0] == 1000
     assert _cells(nb) == _cells(jupytext.reads(source.read_text(encoding="utf-8"), fmt="py:percent"))
+
+
+def test_build_retries_once_past_kaleido_page_race_only(tmp_path, monkeypatch):
+    nbclient = pytest.importorskip("nbclient")
+    from servesim import notebooks
+
+    calls = []
+
+    def flaky(message):
+        def execute(self):
+            calls.append(message)
+            if len(calls) == 1:
+                raise nbclient.exceptions.CellExecutionError(message, "JavascriptError", message)
+        return execute
+
+    source = ROOT / "notebooks" / "01_naive_vs_continuous.py"
+    monkeypatch.setattr(nbclient.NotebookClient, "execute", flaky("ReferenceError: kaleido_scopes is not defined"))
+    assert notebooks.build(source, tmp_path / "a").is_file() and len(calls) == 2  # the race: one more try
+    calls.clear()
+    monkeypatch.setattr(nbclient.NotebookClient, "execute", flaky("NameError: name 'x' is not defined"))
+    with pytest.raises(nbclient.exceptions.CellExecutionError):
+        notebooks.build(source, tmp_path / "b")  # the notebook's own error: no retry
+    assert len(calls) == 1
