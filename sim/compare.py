@@ -136,6 +136,8 @@ class Comparison:
         """The whole comparison as one self-contained HTML page (plotly.js embedded, works offline)."""
         import plotly.io as pio
 
+        from sim.report import _CSS  # the run report's page style: one look for both pages
+
         la, lb = self.labels()
         header, rows = self.cells()
         head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
@@ -163,14 +165,6 @@ class Comparison:
         write_atomically(out, {COMPARE_FILE: self.html()})
         return out / COMPARE_FILE
 
-
-_CSS = """
-body { font-family: sans-serif; margin: 2em auto; max-width: 1300px; color: #222; }
-table.summary { border-collapse: collapse; font-variant-numeric: tabular-nums; }
-table.summary th, table.summary td { padding: 3px 12px; border-bottom: 1px solid #e5e5e5; }
-table.summary td { text-align: right; }
-table.summary tbody th { text-align: left; font-weight: normal; }
-"""
 
 
 def compare_runs(a: RunSide, b: RunSide) -> Comparison:
