@@ -7,10 +7,10 @@ as the number of requests per run grows.
 The design mixes request-rate runs with closed-loop runs at max_concurrency 1, 32 and 128 (long contexts, so that
 the KV reads separate the bandwidth term from the per-step overhead). Prints each knob's relative error, the
 evaluations and the CPU seconds of every fit. Measured on a 2-core VM with another CPU-bound process beside it:
-at 60 requests per run (seed 3) compute -0.03%, bandwidth -15.8%, step overhead -66.6% (3.1 s CPU); at 1000 requests per run
-seed 3 gave +0.01%, -1.2%, -3.3% (49.5 s CPU) and seed 1 -0.01%, -0.1%, -0.43% (105 s CPU). With few requests the
-event order, which a 0.1% change of a knob already moves, roughens the cost more than the bandwidth/overhead
-valley slopes. Not part of the test suite (too slow at useful sizes).
+at 60 requests per run (seed 3) compute -0.03%, bandwidth -15.8%, step overhead -66.6% (3.1 s CPU); at 1000
+requests per run seed 3 gave +0.01%, -1.2%, -3.3% (49.5 s CPU) and seed 1 -0.01%, -0.1%, -0.43% (105 s CPU).
+With few requests the event order, which a 0.1% change of a knob already moves, roughens the cost more than the
+bandwidth/overhead valley slopes. Not part of the test suite (too slow at useful sizes).
 """
 
 from __future__ import annotations
@@ -21,11 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from calibration.bench_fit import calibrate_from_bench, with_knobs
+from calibration.bench_fit import calibrate_from_bench, plant_measurements
 from sim.benchfiles.common import BenchRun
-from sim.benchfiles.stats import bench_stats
-from sim.benchfiles.validate import rebuild_workload
-from sim.run import simulate_variant
 from sim.scenario import VariantConfig, load_scenario, variant_configs
 
 SCENARIO = Path(__file__).parent.parent / "tests" / "data" / "bench" / "scenario.yaml"
@@ -45,15 +42,7 @@ def measured_runs(cfg: VariantConfig, n: int, seed: int) -> list[BenchRun]:
         arrivals = np.cumsum(rng.exponential(1 / rate, n)).tolist() if rate else None
         run = BenchRun(source=f"load{i}", request_rate=float(rate) if rate else None, max_concurrency=conc,
                        input_lens=ins.tolist(), output_lens=outs.tolist(), arrival_times_s=arrivals)
-        wl, _ = rebuild_workload(run)
-        res, _, _ = simulate_variant(with_knobs(cfg, PLANTED), wl)
-        done = sorted(res.requests, key=lambda r: r.id)
-        ttft = [(r.first_token - r.arrival) * rng.lognormal(0, 0.05) for r in done]
-        e2el = [t + (r.finish - r.first_token) * rng.lognormal(0, 0.05) for t, r in zip(ttft, done, strict=True)]
-        stats = bench_stats(ttft, e2el, [r.output_tokens for r in done], [r.prompt_tokens for r in done],
-                            np.zeros(0), res.duration)
-        run.aggregates = {k: v for k, v in stats.items() if "_itl" not in k}  # no per-token times: no ITL
-        runs.append(run)
+        runs.append(plant_measurements(cfg, run, PLANTED, rng))
     return runs
 
 

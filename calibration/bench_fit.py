@@ -69,6 +69,25 @@ def simulate_runs(cfg: Deployments, runs: list[BenchRun], knobs: dict[str, float
     return out
 
 
+def plant_measurements(cfg: VariantConfig, run: BenchRun, knobs: dict[str, float], rng: np.random.Generator,
+                       noise: float = 0.05) -> BenchRun:
+    """Fill ``run.aggregates`` as a benchmark of a deployment with ``knobs`` would: the run's workload simulated,
+    each request's TTFT and decode time multiplied by lognormal noise of that sigma, the statistics recomputed
+    from the noisy values as vLLM's would be (no per-token times: no ITL). For checking what a fit recovers."""
+    from sim.benchfiles.stats import bench_stats
+    from sim.run import simulate_variant
+
+    wl, _ = rebuild_workload(run)
+    res, _, _ = simulate_variant(with_knobs(cfg, knobs), wl)
+    done = sorted(res.requests, key=lambda r: r.id)
+    ttft = [(r.first_token - r.arrival) * rng.lognormal(0, noise) for r in done]
+    e2el = [t + (r.finish - r.first_token) * rng.lognormal(0, noise) for t, r in zip(ttft, done, strict=True)]
+    stats = bench_stats(ttft, e2el, [r.output_tokens for r in done], [r.prompt_tokens for r in done],
+                        np.zeros(0), res.duration)
+    run.aggregates = {k: v for k, v in stats.items() if "_itl" not in k}
+    return run
+
+
 def _pairs(runs: list[BenchRun], sims: list[dict[str, float]]) -> list[tuple[int, str, float, float]]:
     return [(i, k, run.aggregates[k], sim[k]) for i, (run, sim) in enumerate(zip(runs, sims, strict=True))
             for k in FIT_METRICS if k in run.aggregates and k in sim and run.aggregates[k] > 0]

@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from calibration.bench_fit import calibrate_from_bench, profile_dict, with_knobs
+from calibration.bench_fit import calibrate_from_bench, plant_measurements, profile_dict, with_knobs
 from sim.benchfiles.common import BenchRun
-from sim.benchfiles.stats import bench_stats, run_stats
+from sim.benchfiles.stats import run_stats
 from sim.benchfiles.validate import rebuild_workload
 from sim.build import build
 from sim.run import simulate_variant
@@ -36,15 +36,7 @@ def measured_runs(cfg, n: int = 60, seed: int = 7) -> list[BenchRun]:
         arrivals = np.cumsum(rng.exponential(1 / rate, n))
         run = BenchRun(source=f"load{i}", request_rate=float(rate), input_lens=ins.tolist(),
                        output_lens=outs.tolist(), arrival_times_s=arrivals.tolist())
-        wl, _ = rebuild_workload(run)
-        res, _, _ = simulate_variant(with_knobs(cfg, PLANTED), wl)
-        done = sorted(res.requests, key=lambda r: r.id)
-        ttft = [(r.first_token - r.arrival) * rng.lognormal(0, 0.05) for r in done]
-        e2el = [t + (r.finish - r.first_token) * rng.lognormal(0, 0.05) for t, r in zip(ttft, done, strict=True)]
-        stats = bench_stats(ttft, e2el, [r.output_tokens for r in done], [r.prompt_tokens for r in done],
-                            np.zeros(0), res.duration)
-        run.aggregates = {k: v for k, v in stats.items() if "_itl" not in k}  # no per-token times: no ITL
-        runs.append(run)
+        runs.append(plant_measurements(cfg, run, PLANTED, rng))
     return runs
 
 
