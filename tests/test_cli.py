@@ -390,3 +390,34 @@ def test_every_single_malformation_is_named() -> None:
         assert len(msg.splitlines()) == 1, msg
         assert msg.startswith("s.yaml: "), msg
         assert _names_the_key("error: " + msg, dotted), (kind, dotted, msg)
+
+
+def _commands(group, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Every command's argv path under a click group (`run`, `engine run`, ...)."""
+    out = []
+    for name, cmd in group.commands.items():
+        if hasattr(cmd, "commands"):  # a group (typer's own click, not necessarily the installed one)
+            out += _commands(cmd, (*path, name))
+        else:
+            out.append((*path, name))
+    return out
+
+
+def test_help_shows_extras_and_no_type_after_flags() -> None:
+    """Every command's --help: an extra named in the help text reads in full (Rich's markup once ate
+    `[parquet]`, leaving `pip install 'servesim'`), and a flag shows no value type (`--quiet <bool>` read as if
+    it took a value)."""
+    import typer.main
+
+    group = typer.main.get_command(app)
+    paths = _commands(group)
+    assert ("run",) in paths and ("engine", "run") in paths and ("sweep",) in paths
+    runner = CliRunner()
+    for path in [(), *paths]:
+        res = runner.invoke(app, [*path, "--help"], env={"COLUMNS": "200"})
+        assert res.exit_code == 0, (path, res.output)
+        assert "<bool>" not in res.output, (path, res.output)
+        assert "'servesim'" not in res.output, (path, res.output)
+    run_help = " ".join(runner.invoke(app, ["run", "--help"]).output.split())  # help wraps lines
+    assert "(needs pyarrow: pip install 'servesim[parquet]')" in run_help
+    assert "-q, --quiet No progress bar." in run_help
