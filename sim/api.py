@@ -72,6 +72,12 @@ class Results:
         return f"Results({self.title!r}, variants={list(self.summary)})"
 
     @property
+    def name(self) -> str:
+        """The run's name: its scenario's ``name`` (a comparison's label for a run not written to a folder)."""
+        name = (self.scenario or {}).get("name")
+        return name if isinstance(name, str) and name else self.title.removeprefix("servesim: ")
+
+    @property
     def variants(self) -> list[str]:
         """The variant names, in run order."""
         return list(self.summary)
@@ -150,9 +156,9 @@ class Results:
         with _quiet():
             return write_run(out_dir, self.results, self.summary, scenario=self.scenario, title=self.title)
 
-    def compare(self, other: Results | str | os.PathLike) -> Comparison:
+    def compare(self, other: Results | str | os.PathLike, *, labels: tuple[str, str] | None = None) -> Comparison:
         """This run (A) against another (B); see :func:`compare`."""
-        return compare(self, other)
+        return compare(self, other, labels=labels)
 
 
 def _flat(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -265,21 +271,30 @@ def load(run_dir: str | os.PathLike) -> Results:
     return Results(None, side.summaries, scenario=scenario, title=f"servesim: {name}", source=str(p))
 
 
-def compare(a: Results | str | os.PathLike, b: Results | str | os.PathLike) -> Comparison:
+def compare(a: Results | str | os.PathLike, b: Results | str | os.PathLike, *,
+            labels: tuple[str, str] | None = None) -> Comparison:
     """Run A against run B (each a :class:`Results` or a run folder): ``.table()`` is the summary side by side
     with the ratio B / A per metric, ``.figure()`` the overlaid latency CDFs, ``.write(dir)`` the HTML page
-    ``servesim compare --out`` writes."""
-    return compare_runs(_side(a, "A"), _side(b, "B"))
+    ``servesim compare --out`` writes. Each run is labelled by its folder's name, or an in-memory run by its
+    scenario's name; ``labels`` names them instead (two runs of one scenario, say). Where both labels are the
+    same the table falls back to A and B."""
+    sa, sb = _side(a), _side(b)
+    if labels is not None:
+        if (not isinstance(labels, (tuple, list)) or len(labels) != 2
+                or not all(isinstance(x, str) and x.strip() for x in labels)):
+            raise ScenarioError(f"labels must be two non-empty strings (A's, B's), got {labels!r}")
+        sa.label, sb.label = labels[0].strip(), labels[1].strip()
+    return compare_runs(sa, sb)
 
 
-def _side(x: Results | str | os.PathLike, label: str):
+def _side(x: Results | str | os.PathLike):
     from sim.compare import RunSide, read_run
 
     if isinstance(x, Results):
         if x.source is not None and x._results is None:
             return read_run(x.source)
         recs = {r.name: list(r.requests) for r in x.results}
-        return RunSide(label, x.summary, recs, {"variants": x.summary})
+        return RunSide(x.name, x.summary, recs, {"variants": x.summary})
     if isinstance(x, (str, os.PathLike)):
         return read_run(x)
     raise ScenarioError(f"compare takes Results or run folders, got {type(x).__name__}")

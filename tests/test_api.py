@@ -133,6 +133,24 @@ def test_compare_results_and_folders(small, tmp_path):
     assert small.compare(folder).cells()[1] == cmp.__class__(cmp.a, cmp.a).cells()[1]
 
 
+def test_compare_labels_an_in_memory_run_by_its_scenario_or_as_told(small, tmp_path):
+    """An in-memory run is labelled by its scenario's name (it was "B" whatever it was), a folder by its name;
+    ``labels`` names both; two runs of one scenario fall back to A and B."""
+    other = servesim.run(SMALL, set={"name": "api-other", "policy.max_num_seqs": 4})
+    folder = small.write(tmp_path / "run-8")
+    text = servesim.compare(folder, other).table()
+    assert "run-8: a" in text and "api-other: a" in text
+    assert text.endswith("× is B / A (A = run-8, B = api-other)\n")
+    assert servesim.compare(small, other).labels() == ("api-test", "api-other")
+    assert small.compare(other).labels() == ("api-test", "api-other")
+    assert servesim.compare(small, small).labels() == ("A", "B")
+    told = servesim.compare(small, servesim.run(SMALL, set={"policy.max_num_seqs": 4}), labels=("8 seqs", "4 seqs"))
+    assert told.table().endswith("(A = 8 seqs, B = 4 seqs)\n") and "4 seqs: b" in told.table()
+    assert small.compare(folder, labels=("x", "y")).labels() == ("x", "y")
+    with pytest.raises(servesim.ScenarioError, match="labels must be two non-empty strings"):
+        servesim.compare(small, other, labels=("only one",))
+
+
 @pytest.mark.parametrize(
     "kwargs, message",
     [
@@ -183,7 +201,7 @@ def test_every_public_name_has_a_docstring():
         obj = getattr(servesim, name)
         if callable(obj):
             assert obj.__doc__, name
-    for name in ("variants", "results", "requests", "steps", "to_pandas", "table", "report", "write", "figures",
+    for name in ("name", "variants", "results", "requests", "steps", "to_pandas", "table", "report", "write", "figures",
                  "compare"):
         assert getattr(servesim.Results, name).__doc__, name
 
