@@ -425,7 +425,8 @@ def _git_commit() -> str:
 def engine_num_blocks(spec: ModelSpec, model: LlamaModel | None, device: str, dtype: torch.dtype, block_size: int,
                       max_num_batched_tokens: int, max_num_seqs: int, gpu_memory_utilization: float = 0.9) -> int:
     """The KV block count ``run_engine`` gives this model on this device when the scenario names none: on CUDA
-    sized from device memory after a warm-up forward (as vLLM does), on CPU capped at ``CPU_KV_BYTES``."""
+    sized from device memory after a warm-up forward (as vLLM does); on CPU the ``CPU_KV_BYTES`` budget, of which
+    a variant gets fewer when its running requests can never hold them all (``realengine.engine.cpu_num_blocks``)."""
     if device == "cuda" and model is not None:
         return int(profile_num_blocks(model, block_size=block_size, max_num_batched_tokens=max_num_batched_tokens,
                                       max_num_seqs=max_num_seqs, gpu_memory_utilization=gpu_memory_utilization))

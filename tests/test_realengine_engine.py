@@ -475,3 +475,29 @@ def test_engine_reports_progress_per_finished_request() -> None:
                                      progress=lambda n, t: seen.append((n, t)))
     assert sum(n for n, _ in seen) == 6 == len(requests)
     assert sorted(t for _, t in seen) == sorted(r.finish for r in requests)
+
+
+def test_cpu_cache_is_sized_for_the_cpu_not_the_scenarios_gpu() -> None:
+    """Issue 35 item 8: on CPU without num_gpu_blocks, the tiny model got 65,536 blocks (512 MiB, and as much
+    again of swap) sized from the scenario's H100 preset, at 0.016% use; validation took 3.5 GB. The cache now
+    holds what the running requests can hold at most: max_num_seqs x the blocks of max_model_len."""
+    from realengine.engine import CPU_KV_BYTES
+    from realengine.kv_cache import kv_bytes_per_block
+
+    doc = scenario()  # max_num_seqs 8, max_model_len 40, block_size 4
+    cfg = variant_configs(parse_scenario(doc))[0]
+    _, kv, _, _ = build(engine_config(cfg))
+    assert kv.num_blocks == 8 * 10 and kv.num_cpu_blocks == 8 * 10
+    runners: list = []
+    run_engine(cfg, [RequestSpec(0, 0.0, 6, 3)], on_runner=runners.append)
+    held = sum(t.numel() * t.element_size() for t in runners[0].kv.k + runners[0].kv.v
+               + runners[0].kv.cpu_k + runners[0].kv.cpu_v)
+    assert held == 2 * 80 * kv_bytes_per_block(runners[0].spec, torch.float32, 4)
+    # prefix caching keeps freed prefixes in the spare blocks: the byte budget alone then applies
+    doc["kv_cache"] = {"type": "paged", "enable_prefix_caching": True}
+    _, kv, _, b = build(engine_config(variant_configs(parse_scenario(doc))[0]))
+    assert kv.num_blocks == CPU_KV_BYTES // kv_bytes_per_block(b.model, torch.float32, 4)
+    # the scenario's explicit count, and the caller's, are kept
+    doc["deployment"]["num_gpu_blocks"] = 24
+    assert build(engine_config(variant_configs(parse_scenario(doc))[0]))[1].num_blocks == 24
+    assert build(engine_config(cfg, num_gpu_blocks=500))[1].num_blocks == 500
