@@ -4,9 +4,10 @@ A run can be limited by several things at once, and the one a user must hear fir
 roofline: a server that is offered more requests than it serves is overloaded whatever its GPU does, and the
 reason it cannot keep up is the next limit in the list. The candidates:
 
-- overloaded: requests arrive faster than they complete (offered vs served rate over the arrival window), the
-  queue grows, and queueing delay is a large share of E2EL. Listed first whenever present: it is the symptom;
-  the limits after it say why.
+- overloaded: the queue of requests waiting for their first step grows over the arrival window (by at least
+  ``OVERLOAD_GROWTH`` of the offered rate), or queueing delay is a large share of E2EL. Listed first whenever
+  present: it is the symptom; the limits after it say why. Not a ratio of offered to completed rates: requests
+  still in flight when the arrivals end are no queue, and a short run holds enough of them to tip any ratio.
 - batch-slot cap: the running batch sits at ``max_num_seqs`` (or a static batch's ``batch_size``) while requests
   wait. Static batching counts only rows that compute for a request: padded rows fill slots for nobody.
 - memory-bound: KV usage near capacity, with preemptions or rejections.
@@ -31,7 +32,8 @@ import numpy as np
 from sim.records import RunResult
 
 # Thresholds, as fractions.
-OVERLOAD_RATIO = 1.05  # offered / served rate above this: requests pile up
+OVERLOAD_GROWTH = 0.05  # queue growth at or above this share of the offered rate: requests pile up
+QUEUE_GROWTH_MIN = 1.0  # ...and by at least this many waiting requests: less is the noise of a few bursts
 QUEUE_SHARE_OVERLOAD = 0.5  # queueing delay at or above this share of mean E2EL: the queue dominates latency
 KV_FULL_MEAN = 0.85  # KV usage averaged over busy time at or above this: memory is the limit
 KV_FULL_PEAK = 0.95  # ...or peaking at or above this while requests were preempted or rejected
@@ -84,13 +86,39 @@ def _slot_cap(config: dict | None) -> tuple[float, bool]:
     return (NAN if seqs is None else float(seqs)), False  # None: an engine's default the config did not resolve
 
 
+def _mean_waiting(starts: np.ndarray, stops: np.ndarray, lo: float, hi: float) -> float:
+    """Mean number of the half-open spans [start, stop) that cover a time in [lo, hi): the queue length there."""
+    overlap = np.clip(np.minimum(stops, hi) - np.maximum(starts, lo), 0.0, None)
+    return float(overlap.sum() / (hi - lo))
+
+
+def _waiting_spans(result: RunResult) -> tuple[np.ndarray, np.ndarray]:
+    """When each request waited for the GPU: from its arrival to its first step (or its end, never scheduled), and
+    from each preemption to its resume. Counted from the requests, so a cluster's replicas, its router and a
+    static batch's wait for a full batch all count alike."""
+    starts: list[float] = []
+    stops: list[float] = []
+    for r in result.requests:
+        starts.append(r.arrival)
+        stops.append(r.first_scheduled if r.first_scheduled >= 0 else r.finish)
+        for i, t in enumerate(r.preempted_at):
+            starts.append(t)
+            stops.append(r.resumed_at[i] if i < len(r.resumed_at) else r.finish)
+    return np.array(starts, dtype=np.float64), np.array(stops, dtype=np.float64)
+
+
 def limit_inputs(result: RunResult) -> dict:
     """The figures ``rank_limits`` reads, measured on a run (summary.json's ``limits``; rates in req/s, times in s).
 
-    - offered_rate: requests over the arrival window (first to last arrival); served_rate: requests completed
-      within that window over its length (NaN for a window under a millisecond: one burst, no rate);
+    All rates share one window, from the first to the last arrival (NaN for a window under a millisecond: one
+    burst, no rate):
+
+    - offered_rate: requests arriving; scheduled_rate: requests taking their first step (a server keeping up
+      schedules what arrives; one falling behind schedules at the pace it serves);
+    - queue_start / queue_end: mean requests waiting for the GPU (not yet scheduled, or preempted) over the first
+      and the last quarter of the window; queue_growth: their difference over the 3/4 of the window between the
+      quarters' midpoints, in requests/s;
     - queue_share: mean queueing delay over mean E2EL of completed requests;
-    - queue_start / queue_end: mean waiting requests over the first and the last quarter of the arrival window;
     - waiting_share: share of GPU time whose steps ran with requests waiting;
     - mean_running: requests computing per step (padded rows excluded), time-weighted; slot_cap: max_num_seqs or
       the static batch size (per replica); static: whether the policy batches statically;
@@ -99,25 +127,21 @@ def limit_inputs(result: RunResult) -> dict:
     reqs = result.requests
     arrivals = np.sort(np.array([r.arrival for r in reqs], dtype=np.float64))
     done = [r for r in reqs if r.completed]
-    offered = served = NAN
+    offered = scheduled = growth = NAN
     q_start = q_end = NAN
     s = result.steps
-    start = np.asarray(s["start"], dtype=np.float64)
     dur = np.asarray(s["duration"], dtype=np.float64)
     waiting = np.asarray(s["num_waiting"], dtype=np.float64)
     if arrivals.size > 1 and arrivals[-1] - arrivals[0] >= 1e-3:
         t0, t1 = float(arrivals[0]), float(arrivals[-1])
         span = t1 - t0
         offered = (arrivals.size - 1) / span  # n arrivals bound n - 1 gaps
-        served = sum(1 for r in done if r.finish <= t1) / span
+        scheduled = sum(1 for r in reqs if t0 <= r.first_scheduled <= t1) / span
+        w_start, w_stop = _waiting_spans(result)
         quarter = span / 4
-        for lo, hi, which in ((t0, t0 + quarter, "start"), (t1 - quarter, t1, "end")):
-            sel = (start >= lo) & (start < hi)
-            v = float(np.dot(waiting[sel], dur[sel]) / dur[sel].sum()) if dur[sel].sum() > 0 else NAN
-            if which == "start":
-                q_start = v
-            else:
-                q_end = v
+        q_start = _mean_waiting(w_start, w_stop, t0, t0 + quarter)
+        q_end = _mean_waiting(w_start, w_stop, t1 - quarter, t1)
+        growth = (q_end - q_start) / (span - quarter)
     e2el = np.array([r.finish - r.arrival for r in done], dtype=np.float64)
     queue = np.array([r.first_scheduled - r.arrival for r in done], dtype=np.float64)
     queue_share = float(queue.mean() / e2el.mean()) if e2el.size and e2el.mean() > 0 else NAN
@@ -132,10 +156,11 @@ def limit_inputs(result: RunResult) -> dict:
     flops = float(np.asarray(s["flops"], dtype=np.float64).sum())
     return {
         "offered_rate": offered,
-        "served_rate": served,
+        "scheduled_rate": scheduled,
         "queue_share": queue_share,
         "queue_start": q_start,
         "queue_end": q_end,
+        "queue_growth": growth,
         "waiting_share": float(dur[waiting > 0].sum() / busy) if busy > 0 else NAN,
         "mean_running": float(np.dot(running, dur) / busy) if busy > 0 else NAN,
         "slot_cap": cap,
@@ -146,14 +171,23 @@ def limit_inputs(result: RunResult) -> dict:
 
 
 def _overload(lim: dict) -> Limit | None:
-    offered, served, share = lim.get("offered_rate"), lim.get("served_rate"), lim.get("queue_share")
-    ratio = _fin(offered) / _fin(served) if _fin(served) > 0 else (math.inf if _fin(offered) > 0 else 0.0)
-    score = max(min(1.0, (ratio - 1.0) * 2.0) if ratio > OVERLOAD_RATIO else 0.0,
+    """Overloaded when the waiting queue grows (score: twice its growth over the offered rate, 1 when it gains
+    half the requests offered) or queueing is at least half of E2EL (score: that share). A summary written before
+    ``queue_growth`` existed is judged on the queue share alone."""
+    offered, share = _fin(lim.get("offered_rate")), lim.get("queue_share")
+    qs, qe, growth = lim.get("queue_start"), lim.get("queue_end"), _fin(lim.get("queue_growth"))
+    grew = (
+        offered > 0
+        and growth >= OVERLOAD_GROWTH * offered
+        and _fin(qe) - _fin(qs) >= QUEUE_GROWTH_MIN
+    )
+    score = max(min(1.0, 2.0 * growth / offered) if grew else 0.0,
                 _fin(share) if _fin(share) >= QUEUE_SHARE_OVERLOAD else 0.0)
     if score <= 0:
         return None
-    qs, qe = lim.get("queue_start"), lim.get("queue_end")
-    text = f"offered {_fin(offered):.2f} req/s, served {_fin(served):.2f} req/s"
+    text = f"offered {offered:.2f} req/s"
+    if "scheduled_rate" in lim:
+        text += f", scheduled {_fin(lim.get('scheduled_rate')):.2f} req/s (first to last arrival)"
     if isinstance(qs, int | float) and isinstance(qe, int | float) and math.isfinite(qs) and math.isfinite(qe):
         text += f", queue {qs:.0f} -> {qe:.0f} waiting"
     text += f", queueing {_pct(share)} of E2EL"

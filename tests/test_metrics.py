@@ -269,7 +269,7 @@ def _summary(kv_mean, kv_max, busy, mfu, preempt=0, rejected=0):
     m.update(busy_fraction=busy, mfu=mfu, num_preemptions=preempt, num_rejected=rejected, num_failed=0)
     m["kv_usage"] = {"mean": kv_mean, "max": kv_max}
     # no arrival window and no MFU-while-busy: the verdict reads KV, busy fraction and MFU alone
-    m["limits"] = {**m["limits"], "offered_rate": float("nan"), "served_rate": float("nan"), "queue_share": 0.0,
+    m["limits"] = {**m["limits"], "offered_rate": float("nan"), "scheduled_rate": float("nan"), "queue_share": 0.0,
                    "busy_mfu": float("nan")}
     return m
 
@@ -301,7 +301,22 @@ def test_bottleneck_sentence_has_the_numbers():
     )
 
 
+def test_requests_in_flight_at_the_last_arrival_are_no_queue():
+    # Five requests arrive in [0.5, 3.0] and only two finish by 3.0, but none waits long: the old verdict took
+    # "offered 1.60 req/s, served 0.40 req/s" for an overload. The waiting spans (arrival to first step) are
+    # r0 [0.5, 0.75), r1 [1.0, 1.5), r2 [2.0, 2.25), r3 none (rejected on arrival), r4 from 3.0: the first quarter
+    # [0.5, 1.125) holds 0.25 + 0.125 request-seconds, the last [2.375, 3.0) none.
+    lim = summarize(known_run())["limits"]
+    assert lim["offered_rate"] == 4 / 2.5
+    assert lim["scheduled_rate"] == 3 / 2.5  # first steps at 0.75, 1.5 and 2.25
+    assert lim["queue_start"] == 0.375 / 0.625
+    assert lim["queue_end"] == 0.0
+    assert lim["queue_growth"] == pytest.approx(-0.6 / 1.875, rel=1e-15)
+
+
 def test_bottleneck_reads_a_summary_from_json():
-    m = json.loads(json.dumps({**summarize(known_run()), "mfu": None}))  # NaN written as null
-    # five requests in 2.5 s, two completed by the last arrival: offered 1.6 req/s, served 0.4
-    assert bottleneck(m).startswith("overloaded: offered 1.60 req/s, served 0.40 req/s")
+    m = summarize(known_run())
+    again = json.loads(json.dumps({**m, "mfu": None}, default=float).replace("NaN", "null"))
+    assert bottleneck(again) == bottleneck(m) == (
+        "bandwidth-bound: MFU 25% while computing, GPU busy 50% of the time, prefill 98% of tokens; 1 failed."
+    )

@@ -9,13 +9,17 @@ for overload, slots or padding.
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 
 from sim.metrics import bottleneck
 from sim.run import run_scenario
-from sim.scenario import parse_scenario
+from sim.scenario import load_scenario, parse_scenario
 from sim.verdict import rank_limits
+
+SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
 
 
 def _run(workload: dict, variant: dict, deployment: dict | None = None) -> dict:
@@ -48,7 +52,7 @@ def test_naive_static_batching_is_overloaded_then_padding(naive):
     assert v.causes[0] == "padding"
     assert "bandwidth-bound" not in v.names[:2]
     lim = naive["limits"]
-    assert lim["offered_rate"] > 2 * lim["served_rate"]
+    assert lim["offered_rate"] > 2 * lim["scheduled_rate"]
     assert lim["queue_end"] > lim["queue_start"]  # the queue grows over the arrival window
     text = bottleneck(naive)
     assert text.startswith("overloaded: offered ") and "padding" in text and "bandwidth" not in text
@@ -114,4 +118,70 @@ def test_padding_share_in_the_table_and_the_report(naive):
     row = [line for line in format_table({"naive": naive}).splitlines() if line.startswith("padding")]
     assert len(row) == 1 and row[0].split()[-1] == f"{100 * naive['padding_fraction']:.1f}%"
     page = bottlenecks_html({"naive": naive})
-    assert "<ol><li>overloaded (1.00): offered " in page and "<li>padding (0.6" in page
+    assert "<br>symptom: overloaded (1.00): offered " in page and "<ol><li>padding (0.6" in page
+
+
+def _shipped(file: str, variants: list[str] | None = None, **overrides) -> dict:
+    _, raw = load_scenario(SCENARIOS / file, overrides)
+    if variants is not None:
+        raw["variants"] = [v for v in raw["variants"] if v["name"] in variants]
+    return run_scenario(parse_scenario(raw), raw).summaries
+
+
+def test_no_queue_is_no_overload_however_many_requests_are_in_flight_at_the_end():
+    # issue 35: at 300 requests the continuous server had finished 5.65 of 6.23 req/s by the last arrival (the
+    # rest still decoding) and was called "overloaded" with "queue 0 -> 0 waiting, queueing 0% of E2EL"
+    runs = _shipped("naive-vs-continuous.yaml", **{"workload.num_requests": 300})
+    cont, naive = runs["continuous"], runs["naive"]
+    assert cont["slo_attainment"] == 1.0 and cont["limits"]["queue_end"] < 1
+    assert "overloaded" not in rank_limits(cont).names, bottleneck(cont)
+    assert bottleneck(cont).startswith("bandwidth-bound: ")
+    assert rank_limits(naive).names[0] == "overloaded"  # its queue grows: 22 -> 207 waiting
+    assert naive["limits"]["queue_end"] - naive["limits"]["queue_start"] > 150
+    assert re.match(r"overloaded: offered 6\.23 req/s, scheduled \d\.\d\d req/s \(first to last arrival\), "
+                    r"queue \d+ -> \d+ waiting, queueing 9\d% of E2EL; then padding: ", bottleneck(naive))
+
+
+def test_disaggregation_lesson_is_not_overloaded():
+    # issue 35: colocated and 3P1D were "overloaded" with "queue 0 -> 0, queueing 1% of E2EL"
+    runs = _shipped("lesson-disaggregation.yaml", ["colocated", "3P1D"])
+    for name, s in runs.items():
+        assert "overloaded" not in rank_limits(s).names, (name, bottleneck(s))
+        assert s["limits"]["queue_growth"] < 0.05 * s["limits"]["offered_rate"]
+
+
+def _limits(naive: dict, **lim) -> dict:
+    return {**naive, "limits": {**naive["limits"], **lim}}
+
+
+@pytest.mark.parametrize(
+    "lim, score",
+    [
+        ({"queue_growth": 0.49, "queue_start": 0.0, "queue_end": 30.0}, None),  # 4.9% of 10 req/s: under 5%
+        ({"queue_growth": 0.5, "queue_start": 0.0, "queue_end": 30.0}, 0.1),  # 5%: overloaded, 2 x 5%
+        ({"queue_growth": 4.0, "queue_start": 10.0, "queue_end": 200.0}, 0.8),
+        ({"queue_growth": 6.0, "queue_start": 10.0, "queue_end": 200.0}, 1.0),
+        ({"queue_growth": 0.5, "queue_start": 0.0, "queue_end": 0.9}, None),  # under one request: noise
+        ({"queue_growth": 0.0, "queue_start": 0.0, "queue_end": 0.0, "queue_share": 0.6}, 0.6),  # queue dominates
+        ({"queue_growth": 0.0, "queue_start": 0.0, "queue_end": 0.0, "queue_share": 0.49}, None),
+    ],
+)
+def test_overload_needs_a_growing_queue_or_queueing_to_dominate(naive, lim, score):
+    s = _limits(naive, **{"offered_rate": 10.0, "scheduled_rate": 1.0, "queue_share": 0.0, **lim})
+    over = [x for x in rank_limits(s).limits if x.name == "overloaded"]
+    assert [x.score for x in over] == ([] if score is None else [pytest.approx(score, rel=1e-12)])
+
+
+def test_report_ranks_the_causes_by_score_and_sets_the_overload_apart(naive):
+    from sim.report import bottlenecks_html
+
+    # a queue that makes 60% of E2EL (overload 0.60) while 66% of the tokens are padding (0.66): the overload
+    # still leads the verdict, and the numbered ranking stays in score order
+    s = _limits(naive, queue_growth=0.0, queue_start=0.0, queue_end=0.0, queue_share=0.6)
+    assert rank_limits(s).names[:2] == ["overloaded", "padding"]
+    page = bottlenecks_html({"naive": s})
+    ranking = page.split("<ol>")[1]
+    scores = [float(x) for x in re.findall(r"<li>[a-z -]+ \((\d\.\d\d)\)", ranking)]
+    assert len(scores) >= 2 and scores == sorted(scores, reverse=True)
+    assert "overloaded" not in ranking
+    assert "<br>symptom: overloaded (0.60): offered " in page

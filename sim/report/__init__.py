@@ -315,14 +315,22 @@ def summary_table_html(summaries: dict) -> str:
 
 
 def bottlenecks_html(summaries: dict) -> str:
-    """Per variant: the one-line verdict, then every limit found, strongest first, with its score and numbers."""
+    """Per variant: the one-line verdict, the overload when there is one, then every other limit found, strongest
+    first, with its score and numbers. The overload stands apart, not at the head of the numbered ranking: it is
+    the symptom the limits explain and leads the verdict whatever its score, so a ranking that put "overloaded
+    (0.21)" above "bandwidth-bound (0.99)" would read as out of order."""
     items = []
     for name, s in summaries.items():
+        limits = rank_limits(s).limits
+        over = "".join(
+            f"<br>symptom: {html.escape(lim.name)} ({lim.score:.2f}): {html.escape(lim.evidence)}"
+            for lim in limits if lim.name == "overloaded"
+        )
         ranked = "".join(
             f"<li>{html.escape(lim.name)} ({lim.score:.2f}): {html.escape(lim.evidence)}</li>"
-            for lim in rank_limits(s).limits
+            for lim in limits if lim.name != "overloaded"
         )
-        items.append(f"<li><b>{html.escape(name)}</b>: {html.escape(bottleneck(s))}<ol>{ranked}</ol></li>")
+        items.append(f"<li><b>{html.escape(name)}</b>: {html.escape(bottleneck(s))}{over}<ol>{ranked}</ol></li>")
     return f'<ul class="bottleneck">{"".join(items)}</ul>'
 
 
