@@ -40,11 +40,13 @@ class RequestSpec:
     session_id: int | None = None  # conversation or closed-loop user the request belongs to
     # Request classes (the workload's ``classes:`` or a trace's columns). vLLM's convention: a lower priority value
     # is served sooner. ``slo_class`` names the class whose SLOs the request is held to; ``ttft_slo`` (seconds) is
-    # its own TTFT bound, so its deadline for a first token is ``arrival + ttft_slo`` (None: no bound).
+    # its own TTFT bound, so its deadline for a first token is ``arrival + ttft_slo`` (None: no bound); ``tpot_slo``
+    # (seconds per output token after the first) its TPOT bound.
     priority: int = 0
     tenant: str = ""
     slo_class: str = ""
     ttft_slo: float | None = None
+    tpot_slo: float | None = None
 
     def __post_init__(self) -> None:
         if self.prompt_len < 1:
@@ -55,6 +57,8 @@ class RequestSpec:
             raise ValueError(f"request {self.id}: arrival must be >= 0, got {self.arrival}")
         if self.ttft_slo is not None and not self.ttft_slo > 0:
             raise ValueError(f"request {self.id}: ttft_slo must be > 0 seconds, got {self.ttft_slo}")
+        if self.tpot_slo is not None and not self.tpot_slo > 0:
+            raise ValueError(f"request {self.id}: tpot_slo must be > 0 seconds, got {self.tpot_slo}")
 
 
 @dataclass(slots=True, eq=False)

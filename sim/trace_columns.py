@@ -5,6 +5,10 @@ matches either, so a trace may name its columns: which one holds the arrival tim
 prompt and output lengths. Without a mapping, a file whose columns are not Azure's or Mooncake's is read when it
 uses one of the common names below (``arrival_s``, ``prompt_tokens``...), and refused otherwise with the names it
 has, so the user sees what to map.
+
+Any trace (a user's own, Azure's or Mooncake's layout) may also carry request classes in columns named exactly
+``priority`` (an integer; lower is served sooner, vLLM's convention), ``tenant`` and ``slo_class`` (text). Each
+is read when the file has it; an empty cell is the field's default (0 or no name).
 """
 
 from __future__ import annotations
@@ -25,6 +29,74 @@ COMMON_TIME = ("arrival_s", "arrival_time", "arrival", "timestamp_s", "timestamp
 COMMON_PROMPT = ("prompt_len", "prompt_tokens", "input_len", "input_tokens", "input_length", "num_prefill_tokens",
                  "ContextTokens")
 COMMON_OUTPUT = ("output_len", "output_tokens", "output_length", "num_decode_tokens", "GeneratedTokens")
+
+
+CLASS_COLUMNS = ("priority", "tenant", "slo_class")  # optional request-class columns, read by these names
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ClassColumns:
+    """The request-class columns a trace carried, one entry per request (None: the file has no such column)."""
+
+    priority: np.ndarray | None = None  # int64
+    tenant: tuple[str, ...] | None = None
+    slo_class: tuple[str, ...] | None = None
+
+    def take(self, index: np.ndarray) -> ClassColumns:
+        """The entries at ``index`` (a window, a sort order or a tiling), in that order."""
+        idx = index.tolist()
+        return ClassColumns(
+            None if self.priority is None else self.priority[index],
+            None if self.tenant is None else tuple(self.tenant[i] for i in idx),
+            None if self.slo_class is None else tuple(self.slo_class[i] for i in idx),
+        )
+
+
+def read_class_columns(rows: list[tuple[int, dict]], names: list[str], path: str) -> ClassColumns | None:
+    """The ``priority``, ``tenant`` and ``slo_class`` columns of rows read as (line, dict), those the file names
+    (``names``: its header, or its first object's keys); None when it names none of them."""
+    have = [c for c in CLASS_COLUMNS if c in names]
+    if not have:
+        return None
+    priority: list[int] = []
+    text: dict[str, list[str]] = {"tenant": [], "slo_class": []}
+    for line, row in rows:
+        if "priority" in have:
+            priority.append(_priority(row.get("priority"), path, line))
+        for c in ("tenant", "slo_class"):
+            if c in have:
+                text[c].append(_name(row.get(c), path, line, c))
+    return ClassColumns(
+        np.array(priority, dtype=np.int64) if "priority" in have else None,
+        tuple(text["tenant"]) if "tenant" in have else None,
+        tuple(text["slo_class"]) if "slo_class" in have else None,
+    )
+
+
+def _priority(value: object, path: str, line: int) -> int:
+    value = _whole(value)
+    if value is None or value == "":
+        return 0
+    if type(value) is int:  # exact type: a JSON true/false or 1.5 is not a priority
+        parsed: int | None = value
+    else:
+        try:
+            parsed = int(value) if isinstance(value, str) else None
+        except ValueError:
+            parsed = None
+    if parsed is None or abs(parsed) > 2**62:
+        raise ValueError(f"{path}:{line}: priority must be an integer, got {value!r}")
+    return parsed
+
+
+def _name(value: object, path: str, line: int, column: str) -> str:
+    if value is None:
+        return ""
+    if type(value) is int:  # a JSON tenant id 7 names the tenant "7"
+        return str(value)
+    if not isinstance(value, str):
+        raise ValueError(f"{path}:{line}: {column} must be text, got {value!r}")
+    return value.strip()
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,9 +153,11 @@ def read_rows(path: str, suffix: str) -> tuple[list[str], list[tuple[int, dict]]
     return (list(rows[0][1]) if rows else []), rows
 
 
-def read_mapped(path: str, suffix: str, columns: TraceColumns | None, length) -> tuple[np.ndarray, ...]:
+def read_mapped(path: str, suffix: str, columns: TraceColumns | None, length
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, ClassColumns | None]:
     """Arrival seconds (relative to the earliest), prompt and output lengths of a file read through ``columns``
-    (guessed from the header when None). ``length(value, path, line, column)`` checks one length."""
+    (guessed from the header when None), and its request-class columns if it has any. ``length(value, path,
+    line, column)`` checks one length."""
     names, rows = read_rows(path, suffix)
     cols = columns if columns is not None else guess_columns(names)
     if cols is None:
@@ -114,7 +188,7 @@ def read_mapped(path: str, suffix: str, columns: TraceColumns | None, length) ->
     t = np.array(times, dtype=np.float64) if cols.timestamp is not None else np.zeros(len(rows))
     if len(t):
         t = t - t.min()
-    return t, np.array(prompt, dtype=np.int64), np.array(output, dtype=np.int64)
+    return t, np.array(prompt, dtype=np.int64), np.array(output, dtype=np.int64), read_class_columns(rows, names, path)
 
 
 def _whole(value: object) -> object:

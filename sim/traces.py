@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.trace_columns import TraceColumns, read_mapped
+from sim.trace_columns import CLASS_COLUMNS, ClassColumns, TraceColumns, read_class_columns, read_mapped
 
 TRACE_DIR = Path(__file__).resolve().parent / "data" / "traces"
 
@@ -62,6 +62,7 @@ class TraceData:
     hash_ids: list[tuple[int, ...]] | None = None  # Mooncake only: one id per 512-token prompt block
     source: str = ""  # file the requests came from
     hash_block_size: int = MOONCAKE_BLOCK_SIZE  # tokens named by one hash id
+    classes: ClassColumns | None = None  # the file's priority, tenant and slo_class columns, if it has any
 
     def __len__(self) -> int:
         return int(self.arrival.shape[0])
@@ -124,7 +125,7 @@ def load_trace(
 
     path = resolve_trace(name_or_path)
     stat = path.stat()
-    times, prompt, output, hash_ids = _read_cached(str(path), stat.st_mtime_ns, stat.st_size, columns)
+    times, prompt, output, hash_ids, classes = _read_cached(str(path), stat.st_mtime_ns, stat.st_size, columns)
 
     # 1-2. Window on the original clock, then the first max_requests of it.
     lo = int(np.searchsorted(times, start, side="left"))
@@ -136,6 +137,8 @@ def load_trace(
     arrival = times[lo:hi] - times[lo]
     prompt, output = prompt[lo:hi], output[lo:hi]
     ids = None if hash_ids is None else list(hash_ids[lo:hi])
+    if classes is not None:
+        classes = classes.take(np.arange(lo, hi))
 
     # 3. One factor, so both scales act exactly as documented on every gap and on the span.
     factor = time_scale / rate_scale
@@ -144,6 +147,8 @@ def load_trace(
 
     # 4. Tiling.
     if repeat_to is not None:
+        if classes is not None:  # each copy carries the window's classes, request for request
+            classes = classes.take(np.arange(repeat_to) % len(arrival))
         arrival, prompt, output, ids = _tile(path, arrival, prompt, output, ids, repeat_to)
 
     return TraceData(
@@ -152,6 +157,7 @@ def load_trace(
         output_len=_frozen(np.ascontiguousarray(output, dtype=np.int64)),
         hash_ids=ids,
         source=str(path),
+        classes=classes,
     )
 
 
@@ -197,7 +203,7 @@ def _frozen(a: np.ndarray) -> np.ndarray:
 # Parsing. Cached on (path, mtime, size) so that a workload sampled many times reads its file once; the arrays
 # are read-only so the cache cannot be corrupted by a caller.
 
-_Parsed = tuple[np.ndarray, np.ndarray, np.ndarray, "tuple[tuple[int, ...], ...] | None"]
+_Parsed = tuple[np.ndarray, np.ndarray, np.ndarray, "tuple[tuple[int, ...], ...] | None", ClassColumns | None]
 
 
 @lru_cache(maxsize=8)
@@ -218,11 +224,11 @@ def _read_parsed(path: str, columns: TraceColumns | None = None) -> _Parsed:
     if suffix not in (".csv", ".jsonl"):
         raise ValueError(f"{path}: unknown trace format {suffix!r} (expected .csv or .jsonl)")
     if columns is not None or not _known_layout(path, suffix):
-        times, prompt, output = read_mapped(path, suffix, columns, _length)
+        times, prompt, output, classes = read_mapped(path, suffix, columns, _length)
     elif suffix == ".csv":
-        times, prompt, output = _read_azure(path)
+        times, prompt, output, classes = _read_azure(path)
     else:
-        times, prompt, output, hash_ids = _read_mooncake(path)
+        times, prompt, output, hash_ids, classes = _read_mooncake(path)
     if len(times) == 0:
         raise ValueError(f"{path}: the trace holds no requests")
     # Relative to the first request; stable sort if a file is out of order (the shipped ones are sorted).
@@ -231,10 +237,13 @@ def _read_parsed(path: str, columns: TraceColumns | None = None) -> _Parsed:
         times, prompt, output = times[order], prompt[order], output[order]
         if hash_ids is not None:
             hash_ids = tuple(hash_ids[i] for i in order)
+        if classes is not None:
+            classes = classes.take(order)
     times = times - times[0]
-    for a in (times, prompt, output):
+    for a in (times, prompt, output) if classes is None or classes.priority is None else (
+            times, prompt, output, classes.priority):
         a.setflags(write=False)
-    return times, prompt, output, hash_ids
+    return times, prompt, output, hash_ids, classes
 
 
 def _known_layout(path: str, suffix: str) -> bool:
@@ -271,16 +280,18 @@ def _length(text: str | int, path: str, line: int, column: str) -> int:
     return value if value > 0 else 1  # clamp 0 -> 1: a request needs at least one token of each
 
 
-def _read_azure(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Azure LLM inference trace: ``TIMESTAMP,ContextTokens,GeneratedTokens`` with a header row.
+def _read_azure(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, ClassColumns | None]:
+    """Azure LLM inference trace: ``TIMESTAMP,ContextTokens,GeneratedTokens`` with a header row (and optionally
+    request-class columns, see :mod:`sim.trace_columns`).
 
     A vectorised fast path handles well-formed files; anything it does not accept (a bad row, quoting, another
-    column order, blank lines) is re-read row by row, which either parses it or names the offending line.
+    column order, extra columns, blank lines) is re-read row by row, which either parses it or names the
+    offending line.
     """
     with open(path, encoding="utf-8-sig", newline="") as f:  # -sig: Excel writes a byte-order mark
         text = f.read()
     try:
-        return _read_azure_fast(text)
+        return (*_read_azure_fast(text), None)
     except (ValueError, IndexError, UnicodeEncodeError, OverflowError):  # OverflowError: a length past int64
         return _read_azure_rows(path)
 
@@ -339,7 +350,7 @@ def _timestamps_ns_fast(stamps: tuple[str, ...]) -> np.ndarray:
     return (total - total.min()) / 1e9
 
 
-def _read_azure_rows(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _read_azure_rows(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, ClassColumns | None]:
     with open(path, newline="", encoding="utf-8-sig") as f:
         reader = csv.reader(f)
         header = next(reader, None)
@@ -357,6 +368,8 @@ def _read_azure_rows(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         ticks: list[int] = []
         prompt: list[int] = []
         output: list[int] = []
+        extra = [(c, names.index(c)) for c in CLASS_COLUMNS if c in names]
+        rows: list[tuple[int, dict]] = []  # (line, the class cells) when the file has class columns
         for row in reader:
             if not row:
                 continue
@@ -366,11 +379,14 @@ def _read_azure_rows(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             ticks.append(_parse_timestamp_ns(row[it], days, path, line))
             prompt.append(_length(row[ip], path, line, "ContextTokens"))
             output.append(_length(row[io], path, line, "GeneratedTokens"))
+            if extra:
+                rows.append((line, {c: row[k] for c, k in extra}))
+    classes = read_class_columns(rows, names, path)
     if not ticks:
-        return np.empty(0), np.empty(0, np.int64), np.empty(0, np.int64)
+        return np.empty(0), np.empty(0, np.int64), np.empty(0, np.int64), classes
     t0 = min(ticks)
     times = np.array([t - t0 for t in ticks], dtype=np.int64) / 1e9
-    return times, np.array(prompt, dtype=np.int64), np.array(output, dtype=np.int64)
+    return times, np.array(prompt, dtype=np.int64), np.array(output, dtype=np.int64), classes
 
 
 def _parse_timestamp_ns(s: str, days: dict[str, int], path: str, line: int) -> int:
@@ -406,7 +422,8 @@ def _parse_timestamp_ns(s: str, days: dict[str, int], path: str, line: int) -> i
     return ((day * 86400 + h * 3600 + m * 60 + sec) * 1_000_000_000) + ns
 
 
-def _read_mooncake(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[tuple[int, ...], ...]]:
+def _read_mooncake(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[tuple[int, ...], ...],
+                                       ClassColumns | None]:
     """Mooncake trace: one JSON object per line with timestamp (ms), input_length, output_length, hash_ids.
 
     The lines are decoded in one ``json.loads`` call; if that fails they are decoded one by one to name the line.
@@ -428,6 +445,7 @@ def _read_mooncake(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple
     prompt: list[int] = []
     output: list[int] = []
     hash_ids: list[tuple[int, ...]] = []
+    rows: list[tuple[int, dict]] = []
     for (line, _), rec in zip(lines, records, strict=True):
         if not isinstance(rec, dict):
             raise ValueError(f"{path}:{line}: expected a JSON object, got {type(rec).__name__}")
@@ -444,7 +462,10 @@ def _read_mooncake(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple
         prompt.append(_length(ilen, path, line, "input_length"))
         output.append(_length(olen, path, line, "output_length"))
         hash_ids.append(tuple(ids))
+        rows.append((line, rec))
+    names = [c for c in CLASS_COLUMNS if any(c in rec for _, rec in rows)]  # keys of any line, not just the first
     # Integer milliseconds are exact in float64; subtract before dividing so arrivals are exact to the ms.
     ms = np.array(stamps, dtype=np.float64)
     times = (ms - ms.min()) / 1000.0 if len(ms) else ms
-    return times, np.array(prompt, dtype=np.int64), np.array(output, dtype=np.int64), tuple(hash_ids)
+    return (times, np.array(prompt, dtype=np.int64), np.array(output, dtype=np.int64), tuple(hash_ids),
+            read_class_columns(rows, names, path))

@@ -14,6 +14,10 @@ Conventions:
   the request carries hash ids for the prefix's whole blocks of :data:`PREFIX_HASH_BLOCK_SIZE` tokens (ids 0, 1,
   ...). Prompt blocks past the end of ``hash_ids`` belong to the request alone, the same reading as an empty
   ``hash_ids``. A prefix shorter than one block therefore shares nothing.
+- ``classes`` splits the arrivals into request classes (interactive, batch...), each with its own priority,
+  tenant, SLOs and, optionally, its own length distributions. A request's class is drawn with the classes'
+  shares from a child stream of its own, spawned only when classes are given, so that a workload without classes
+  draws exactly what it drew before they existed.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from pydantic import (
 from sim.failures import FailurePlan
 from sim.length_pairs import LengthPairs
 from sim.request import RequestSpec
-from sim.trace_columns import TraceColumns
+from sim.trace_columns import ClassColumns, TraceColumns
 from sim.traces import TRACES, TraceData, load_trace
 
 PREFIX_HASH_BLOCK_SIZE = 16  # tokens named by one hash id of a synthetic shared prefix (vLLM's default block size)
@@ -519,6 +523,96 @@ class Failures(_Model):
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# Request classes.
+
+_SHARE_TOLERANCE = 1e-6  # shares written as decimals (0.1 + 0.2 + 0.7) sum to 1 only within rounding
+
+
+class ClassSLO(_Model):
+    """A class's service-level objectives, in seconds (vLLM's ``--goodput`` takes the same metrics, in ms)."""
+
+    ttft: Float | None = Field(default=None, gt=0, description="TTFT bound in seconds; none: no bound.")
+    tpot: Float | None = Field(
+        default=None, gt=0, description="TPOT bound in seconds per output token after the first; none: no bound."
+    )
+
+
+class RequestClass(_Model):
+    """One class of requests: its share of the arrivals, who sends it, how urgent it is and what it must meet."""
+
+    name: str = Field(min_length=1, description="The class's name (requests.csv's slo_class column).")
+    share: Float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="Fraction of the arrivals in this class; the classes' shares sum to 1. None (every class): "
+        "each request's class is named by its trace's slo_class column.",
+    )
+    priority: Int = Field(
+        default=0, ge=-(2**62), le=2**62, description="Scheduling priority; lower is served sooner (vLLM's convention)."
+    )
+    tenant: str = Field(default="", description="Tenant (customer, team) the class's requests belong to; '' none.")
+    slo: ClassSLO = Field(default_factory=ClassSLO, description="The SLOs the class's requests are held to.")
+    prompt_len: LengthDistribution | None = Field(
+        default=None, description="Prompt length in tokens for this class; none: the workload's."
+    )
+    output_len: LengthDistribution | None = Field(
+        default=None, description="Output tokens for this class; none: the workload's."
+    )
+
+    def describe(self) -> str:
+        parts = [self.name if self.share is None else f"{self.name} {_g(100 * self.share)}%"]
+        if self.priority:
+            parts.append(f"priority {self.priority}")
+        if self.tenant:
+            parts.append(f"tenant {self.tenant}")
+        for label, v in (("TTFT", self.slo.ttft), ("TPOT", self.slo.tpot)):
+            if v is not None:
+                parts.append(f"{label} <= {_g(v)} s")
+        for label, dist in (("prompt", self.prompt_len), ("output", self.output_len)):
+            if dist is not None:
+                parts.append(f"{label} {dist.describe()}")
+        return " ".join(parts[:1]) + ("" if len(parts) == 1 else f" ({', '.join(parts[1:])})")
+
+
+def _check_classes(classes: list[RequestClass]) -> None:
+    if not classes:
+        raise ValueError("classes: give at least one class, or leave classes out")
+    names = [c.name for c in classes]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(f"classes: names must be unique; {', '.join(map(repr, twice))} appear more than once")
+    given = [c.share is not None for c in classes]
+    if any(given) and not all(given):
+        raise ValueError("classes: give every class a share, or none (then a trace's slo_class column names them)")
+    if all(given):
+        total = sum(c.share for c in classes if c.share is not None)
+        if abs(total - 1.0) > _SHARE_TOLERANCE:
+            raise ValueError(f"classes: shares must sum to 1, got {total:g}")
+
+
+def _class_fields(classes: list[RequestClass], which: np.ndarray, trace: ClassColumns | None,
+                  n: int) -> list[tuple[int, str, str, float | None, float | None]]:
+    """(priority, tenant, slo_class, ttft_slo, tpot_slo) of each request: its class's, where a trace's own
+    priority or tenant column, if any, wins over the class's."""
+    per_class = [(c.priority, c.tenant, c.name, c.slo.ttft, c.slo.tpot) for c in classes]
+    rows = [per_class[k] for k in which.tolist()]
+    if trace is not None and trace.priority is not None:
+        rows = [(p, *r[1:]) for p, r in zip(trace.priority[:n].tolist(), rows, strict=True)]
+    if trace is not None and trace.tenant is not None:
+        rows = [(r[0], t, *r[2:]) for t, r in zip(trace.tenant[:n], rows, strict=True)]
+    return rows
+
+
+def _trace_fields(trace: ClassColumns, n: int) -> list[tuple[int, str, str, float | None, float | None]]:
+    """The request-class fields a trace's own columns give, without ``classes``: no SLOs."""
+    prio = [0] * n if trace.priority is None else trace.priority[:n].tolist()
+    tenant = ("",) * n if trace.tenant is None else trace.tenant[:n]
+    name = ("",) * n if trace.slo_class is None else trace.slo_class[:n]
+    return [(p, t, c, None, None) for p, t, c in zip(prio, tenant, name, strict=True)]
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # The workload and what it generates.
 
 
@@ -582,6 +676,11 @@ class Workload(_Model):
     failures: Failures | None = Field(
         default=None, description="Requests that fail mid-flight (cancellations, errors); none by default."
     )
+    classes: list[RequestClass] | None = Field(
+        default=None,
+        description="Request classes (e.g. interactive and batch), each with its share of the arrivals, priority, "
+        "tenant, SLOs and optionally its own lengths; none: every request alike (no class).",
+    )
 
     @field_validator("num_requests")
     @classmethod
@@ -595,12 +694,19 @@ class Workload(_Model):
         # a workload without lengths pairs dumps as it did before they existed, so that summary.json of every
         # earlier scenario stays byte-identical (the run folder records the resolved scenario)
         d = handler(self)
-        if d.get("lengths", ...) is None:
-            del d["lengths"]
+        for key in ("lengths", "classes"):  # likewise for classes
+            if d.get(key, ...) is None:
+                del d[key]
         return d
 
     @model_validator(mode="after")
     def _check(self) -> Workload:
+        if self.classes is not None:
+            _check_classes(self.classes)
+            if any(c.share is None for c in self.classes) and not isinstance(self.arrival, TraceArrival):
+                raise ValueError("classes: give each class a share (only a trace's slo_class column can name them)")
+            if self.lengths is not None and any(c.prompt_len or c.output_len for c in self.classes):
+                raise ValueError("classes: a class's prompt_len/output_len cannot be combined with lengths pairs")
         if self.lengths is not None:
             both = [k for k in ("prompt_len", "output_len") if getattr(self, k) is not None]
             if both:
@@ -626,6 +732,8 @@ class Workload(_Model):
             parts.append(f"shared prefix {self.shared_prefix} tokens")
         if self.failures is not None:
             parts.append(f"failures: {self.failures.describe()}")
+        if self.classes is not None:
+            parts.append(f"classes: {', '.join(c.describe() for c in self.classes)}")
         return "; ".join(parts)
 
     def generate(self, rng: np.random.Generator) -> GeneratedWorkload:
@@ -637,6 +745,8 @@ class Workload(_Model):
         arrival_rng, prompt_rng, output_rng, think_rng = rng.spawn(4)
         # spawned only when asked for, so that workloads without failures draw exactly what they always drew
         failure_rng = rng.spawn(1)[0] if self.failures is not None else None
+        class_rng = rng.spawn(1)[0] if self.classes is not None else None  # likewise: after the others
+        trace_classes: ClassColumns | None = None
         hash_ids: list[tuple[int, ...]] | None = None
         hash_block_size = 512  # RequestSpec's default; only read alongside hash ids
         arrival = self.arrival
@@ -656,6 +766,7 @@ class Workload(_Model):
                 prompt, output = self.lengths.draw(prompt_rng, n)
             elif data.hash_ids is not None and self.prompt_len is None:  # ids describe the trace's own prompts
                 hash_ids, hash_block_size = data.hash_ids[:n], data.hash_block_size
+            trace_classes = data.classes
         else:
             assert self.num_requests is not None
             n = self.num_requests  # validated: set unless the arrival is a trace
@@ -669,6 +780,12 @@ class Workload(_Model):
                 assert self.prompt_len is not None and self.output_len is not None  # validated
                 prompt = self.prompt_len.sample(prompt_rng, n)
                 output = self.output_len.sample(output_rng, n)
+
+        which = None  # each request's class index, when the workload has classes
+        if self.classes is not None:
+            assert class_rng is not None  # spawned above whenever classes are set
+            which = self._assign_classes(class_rng, n, trace_classes)
+            prompt, output = self._class_lengths(class_rng, which, prompt, output)
 
         if self.shared_prefix:
             if hash_ids is not None:
@@ -686,6 +803,10 @@ class Workload(_Model):
         order = None if n < 2 or bool(np.all(times[1:] >= times[:-1])) else np.argsort(times, kind="stable")
         if order is not None:
             times, prompt, output = times[order], prompt[order], output[order]
+            if which is not None:
+                which = which[order]
+            if trace_classes is not None:
+                trace_classes = trace_classes.take(order)
             if hash_ids is not None:
                 hash_ids = [hash_ids[i] for i in order]
 
@@ -695,14 +816,65 @@ class Workload(_Model):
             closed = ClosedLoop(arrival.num_users, arrival.think_time.sample(think_rng, n))
             sessions = [i % arrival.num_users for i in range(n)]
         ids = hash_ids if hash_ids is not None else [prefix_ids] * n
-        requests = tuple(
-            RequestSpec(i, t, p, o, h, hash_block_size, s)
-            for i, (t, p, o, h, s) in enumerate(
-                zip(times.tolist(), prompt.tolist(), output.tolist(), ids, sessions, strict=True)
+        if which is not None:
+            assert self.classes is not None
+            fields = _class_fields(self.classes, which, trace_classes, n)
+        elif trace_classes is not None:
+            fields = _trace_fields(trace_classes, n)
+        else:  # no class anywhere: the records exactly as before classes existed
+            fields = None
+        if fields is None:
+            requests = tuple(
+                RequestSpec(i, t, p, o, h, hash_block_size, s)
+                for i, (t, p, o, h, s) in enumerate(
+                    zip(times.tolist(), prompt.tolist(), output.tolist(), ids, sessions, strict=True)
+                )
             )
-        )
+        else:
+            requests = tuple(
+                RequestSpec(i, t, p, o, h, hash_block_size, s, *f)
+                for i, (t, p, o, h, s, f) in enumerate(
+                    zip(times.tolist(), prompt.tolist(), output.tolist(), ids, sessions, fields, strict=True)
+                )
+            )
         failures = None
         if self.failures is not None:
             assert failure_rng is not None  # spawned above whenever failures are set
             failures = self.failures.draw(failure_rng, np.arange(n, dtype=np.int64))
         return GeneratedWorkload(requests, closed, failures)
+
+    def _assign_classes(self, rng: np.random.Generator, n: int, trace: ClassColumns | None) -> np.ndarray:
+        """Each request's class index: named by the trace's slo_class column when it has one, else drawn with
+        the shares (one uniform draw per request from ``rng``)."""
+        assert self.classes is not None
+        names = [c.name for c in self.classes]
+        if trace is not None and trace.slo_class is not None:
+            index = {name: k for k, name in enumerate(names)}
+            unknown = sorted({c for c in trace.slo_class[:n] if c not in index})
+            if unknown:
+                raise ValueError(f"the trace's slo_class column names {', '.join(map(repr, unknown[:5]))}, which "
+                                 f"workload.classes does not define (it has {', '.join(map(repr, names))})")
+            return np.array([index[c] for c in trace.slo_class[:n]], dtype=np.int64)
+        shares = [c.share for c in self.classes]
+        if any(s is None for s in shares):
+            raise ValueError("classes without shares need a trace with an slo_class column to name each request's "
+                             "class; this trace has none (give each class a share)")
+        cum = np.cumsum(np.array(shares, dtype=np.float64))
+        cum[-1] = 1.0  # shares sum to 1 within rounding: the last class takes what rounding leaves
+        return np.searchsorted(cum, rng.random(n), side="right").astype(np.int64)
+
+    def _class_lengths(self, rng: np.random.Generator, which: np.ndarray, prompt: np.ndarray, output: np.ndarray
+                       ) -> tuple[np.ndarray, np.ndarray]:
+        """The lengths with each class's own distributions drawn in, for the requests of that class. Two child
+        streams per class (prompt, output), so one class's change leaves the others' draws alone."""
+        assert self.classes is not None
+        streams = rng.spawn(2 * len(self.classes))
+        prompt, output = prompt.copy(), output.copy()  # a trace's arrays are read-only
+        for k, c in enumerate(self.classes):
+            mine = which == k
+            m = int(mine.sum())
+            if c.prompt_len is not None:
+                prompt[mine] = c.prompt_len.sample(streams[2 * k], m)
+            if c.output_len is not None:
+                output[mine] = c.output_len.sample(streams[2 * k + 1], m)
+        return prompt, output
