@@ -368,3 +368,25 @@ def test_engine_run_folder_states_the_kv_still_held(tmp_path: Path) -> None:
     # many got KV first, so the count is bounded, not exact
     assert failed > 0 and 1 <= leak["requests"] <= failed
     assert leak["blocks"] >= leak["requests"] and leak["bytes"] > 0
+
+
+def test_closed_loop_with_more_users_than_requests_starts_only_users_with_a_request() -> None:
+    """Issue 35: a process was started per user, even those with no request (10^7 users, 20 requests: minutes and
+    7.4 GB). Users past the requests change nothing, so the run equals the one with a user per request."""
+    import tracemalloc
+
+    def run(users: int) -> list[tuple[float, float]]:
+        doc = w("workload.arrival", {"type": "closed_loop", "num_users": users,
+                                     "think_time": {"type": "fixed", "value": 0.5}})
+        doc["workload"]["num_requests"] = 20
+        res = run_scenario(parse_scenario(doc)).results[0]
+        return [(r.arrival, r.finish) for r in res.requests]
+
+    tracemalloc.start()
+    try:
+        many = run(300_000)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert many == run(20)
+    assert peak < 30 * 2**20  # a process, a queue and a counter per user: over 200 MB before
