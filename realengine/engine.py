@@ -464,8 +464,9 @@ def kv_held_at_end(core: ServingCore, result: RunResult) -> dict[str, Any]:
 def write_engine_run(out_dir: str | os.PathLike, results: list[RunResult], memory_samples: list[dict[str, Any]],
                      summaries: dict | None = None, *, scenario: dict | None = None,
                      title: str | None = None, texts: list[dict[str, Any]] | None = None,
-                     kv_leak: dict[str, dict[str, Any]] | None = None) -> Path:
-    """The simulator's run folder (summary.json, requests.csv, steps.csv, report.html) plus memory.csv, and with a
+                     kv_leak: dict[str, dict[str, Any]] | None = None, written: list[str] | None = None) -> Path:
+    """The simulator's run folder (summary.json, requests.csv, steps.csv, report.html, the per-variant exports;
+    ``written`` receives every file's name as :func:`sim.output.write_run` says) plus memory.csv, and with a
     real model ``texts.jsonl``: one JSON object per request (variant, id, outcome, token counts, prompt and
     output text; output lengths are the workload's, so the text runs on past the model's end-of-turn token).
     ``kv_leak`` (variant name -> :func:`kv_held_at_end`) goes into each variant's summary as ``kv_leak``, so that
@@ -476,9 +477,14 @@ def write_engine_run(out_dir: str | os.PathLike, results: list[RunResult], memor
 
     if kv_leak and summaries is not None:
         summaries = {name: {**s, "kv_leak": kv_leak[name]} if name in kv_leak else s for name, s in summaries.items()}
-    out = write_run(out_dir, results, summaries, scenario=scenario, title=title)
+    names: list[str] = []
+    out = write_run(out_dir, results, summaries, scenario=scenario, title=title, written=names)
     write_memory_csv(out, memory_samples)
+    names.append("memory.csv")
     if texts:
         rows = sorted(texts, key=lambda t: (t["variant"], t["id"]))
         (Path(out) / "texts.jsonl").write_text("".join(json.dumps(t, ensure_ascii=False) + "\n" for t in rows))
+        names.append("texts.jsonl")
+    if written is not None:
+        written.extend(names)
     return out

@@ -149,8 +149,8 @@ class Results:
             return write_report(path, self.results, self.summary, self.title)
 
     def write(self, out_dir: str | os.PathLike) -> Path:
-        """Write the run folder ``servesim run --out`` writes: summary.json, requests.csv, steps.csv and
-        report.html. Returns the folder."""
+        """Write the run folder ``servesim run --out`` writes: summary.json, requests.csv, steps.csv, report.html
+        and per variant NAME.vllm-bench.json and NAME.metrics.prom. Returns the folder."""
         from sim.output import write_run
 
         with _quiet():

@@ -113,11 +113,13 @@ def run(
     typer.echo(f"{sc.name}: {sc.workload.describe()}", err=True)
     # one bar: simulated requests of every run with simulated time, then a line per writing phase
     bar = BarProgress(prepared.num_requests, sc.name) if not quiet and sys.stderr.isatty() else None
+    written: list[str] = []
     with _quiet_numpy():
         try:
             result = run_scenario(prepared, progress=bar or False)
             try:
-                write_scenario_run(result, out_dir, progress=bar, steps=steps, table_format=table_format)
+                write_scenario_run(result, out_dir, progress=bar, steps=steps, table_format=table_format,
+                                   written=written)
             except OSError as e:
                 _fail(f"--out {out_dir}: cannot write the run folder: {e.strerror or e}")
         finally:
@@ -126,10 +128,21 @@ def run(
     typer.echo(format_table(result.summaries))
     for name, s in result.summaries.items():
         typer.echo(f"{name}: {bottleneck(s)}")
-    ext = table_format
-    steps_file = f"steps.{ext}" if (out_dir / f"steps.{ext}").exists() \
-        else f"steps_binned.{ext} (--steps full for every step)"
-    typer.echo(f"wrote {out_dir}/summary.json, requests.{ext}, {steps_file}, report.html")
+    typer.echo(_wrote(out_dir, written))
+
+
+def _wrote(out_dir: Path, names: list[str]) -> str:
+    """The closing line: every file the run wrote into its folder, the per-variant exports on a line of their own
+    (a run of many variants or sweep points writes two files for each)."""
+    from sim.benchfiles.exports import BENCH_SUFFIX, METRICS_SUFFIX
+
+    per_variant = [n for n in names if n.endswith((BENCH_SUFFIX, METRICS_SUFFIX))]
+    shared = [f"{n} (--steps full for every step)" if n.startswith("steps_binned.") else n
+              for n in names if n not in per_variant]
+    line = f"wrote {out_dir}/: {', '.join(shared)}"
+    if per_variant:
+        line += f"\nand per variant (vllm bench serve's result JSON, Prometheus metrics): {', '.join(per_variant)}"
+    return line
 
 
 @app.command()
@@ -328,19 +341,20 @@ def engine_run(
         results.append(result)
         summaries[result.name] = summarize(result, slos_of(sc))
         held[result.name] = kv_held_at_end(core, result)
+    written: list[str] = []
     try:
         if bar is not None:
             bar.phase(f"writing {out_dir}/")
         write_engine_run(out_dir, results, memory, summaries, scenario=sc.model_dump(mode="json"),
-                         title=f"servesim engine ({device}): {sc.name}", texts=texts, kv_leak=held)
+                         title=f"servesim engine ({device}): {sc.name}", texts=texts, kv_leak=held,
+                         written=written)
     except OSError as e:
         _fail(f"--out {out_dir}: cannot write the run folder: {e.strerror or e}")
     finally:
         if bar is not None:
             bar.close()
     typer.echo(format_table(summaries))
-    typer.echo(f"wrote {out_dir}/summary.json, requests.csv, steps.csv, report.html, memory.csv"
-               + (", texts.jsonl" if texts else ""))
+    typer.echo(_wrote(out_dir, written))
 
 
 def _real_weights(choice: str, names: set[str], dtype, device: str):

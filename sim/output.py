@@ -186,13 +186,16 @@ def write_run(
     phase: Callable[[str], None] | None = None,
     steps: str = "auto",
     table_format: str = "csv",
+    written: list[str] | None = None,
 ) -> Path:
-    """Write summary.json, requests.csv, steps.csv and report.html into out_dir (created if missing; other files
-    in it are left alone). ``summaries`` maps variant name to ``summarize()``'s dict, computed when omitted.
-    ``phase`` hears what is being written (the progress line). ``steps``: "full" writes steps.csv (one row per
-    step), "binned" steps_binned.csv (per time bin, see sim/steps_binned.py), "auto" the full log up to
-    FULL_STEPS_MAX steps and the binned table past it. ``table_format``: "parquet" writes requests.parquet and
-    the steps table as .parquet instead of the CSVs (sim/parquet_out.py, needs pyarrow). Returns the folder."""
+    """Write summary.json, requests.csv, steps.csv, report.html and per variant NAME.vllm-bench.json and
+    NAME.metrics.prom (sim/benchfiles/exports.py) into out_dir (created if missing; other files in it are left
+    alone). ``summaries`` maps variant name to ``summarize()``'s dict, computed when omitted. ``phase`` hears
+    what is being written (the progress line). ``steps``: "full" writes steps.csv (one row per step), "binned"
+    steps_binned.csv (per time bin, see sim/steps_binned.py), "auto" the full log up to FULL_STEPS_MAX steps and
+    the binned table past it. ``table_format``: "parquet" writes requests.parquet and the steps table as .parquet
+    instead of the CSVs (sim/parquet_out.py, needs pyarrow). ``written``, when given, receives the names of the
+    files written, in order (the command's closing line lists them). Returns the folder."""
     from sim.steps_binned import FULL_STEPS_MAX, write_binned_steps_csv
 
     if steps not in ("auto", "full", "binned"):
@@ -231,16 +234,16 @@ def write_run(
 
     if phase is not None:
         phase(f"writing {out}/: {SUMMARY_FILE}, {', '.join(tables)}, {REPORT_FILE}")
-    write_atomically(
-        out,
-        {
-            SUMMARY_FILE: summary_json(summaries, scenario),
-            **tables,
-            REPORT_FILE: html,
-            **export_files(results, scenario),
-            **transfer_files(results),  # disaggregated runs: one row per KV transfer
-        },
-    )
+    files = {
+        SUMMARY_FILE: summary_json(summaries, scenario),
+        **tables,
+        REPORT_FILE: html,
+        **export_files(results, scenario),
+        **transfer_files(results),  # disaggregated runs: one row per KV transfer
+    }
+    write_atomically(out, files)
+    if written is not None:
+        written.extend(files)
     for name in stale_files:
         if name not in tables:
             (out / name).unlink(missing_ok=True)

@@ -250,11 +250,13 @@ def run_scenario(
 
 
 def write_scenario_run(run: ScenarioRun, out_dir: str | Path, raw: dict[str, Any] | None = None, *,
-                       progress: Progress | None = None, steps: str = "auto", table_format: str = "csv") -> Path:
+                       progress: Progress | None = None, steps: str = "auto", table_format: str = "csv",
+                       written: list[str] | None = None) -> Path:
     from sim.output import write_run
 
     scenario = run.scenario.model_dump(mode="json")
     if run.sweep:
         scenario["sweep_points"] = run.sweep
     return write_run(out_dir, run.results, run.summaries, scenario=scenario, title=f"servesim: {run.scenario.name}",
-                     phase=None if progress is None else progress.phase, steps=steps, table_format=table_format)
+                     phase=None if progress is None else progress.phase, steps=steps, table_format=table_format,
+                     written=written)

@@ -83,6 +83,21 @@ def test_valid_scenario_runs(tmp_path: Path) -> None:
         assert (out / f).is_file()
 
 
+def test_the_closing_line_names_every_file_written(tmp_path: Path) -> None:
+    """The run folder holds 8 files; the closing line once named 4 (summary, requests, steps, report)."""
+    result, out = invoke(tmp_path, VALID)
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("wrote "))
+    assert lines[first].startswith(f"wrote {out}/: summary.json, requests.csv, steps.csv, report.html")
+    listed = lines[first].partition("/: ")[2].split(", ") + lines[first + 1].partition("): ")[2].split(", ")
+    assert lines[first + 1].startswith("and per variant (")
+    on_disk = sorted(p.name for p in out.iterdir())
+    assert sorted(listed) == on_disk
+    assert on_disk == ["a.metrics.prom", "a.vllm-bench.json", "b.metrics.prom", "b.vllm-bench.json", "report.html",
+                       "requests.csv", "steps.csv", "summary.json"]
+
+
 def _with(path: str, value: Any) -> dict:
     """VALID with a dotted path set (creating levels)."""
     d = copy.deepcopy(VALID)

@@ -149,6 +149,11 @@ def test_engine_run_folder_compares_with_a_simulated_one(runs, tmp_path):
     r = CliRunner().invoke(app, ["engine", "run", str(scenario), "--model", "tiny", "--time-scale", "0",
                                  "--weights", "random", "--out", str(eng)])
     assert r.exit_code == 0, r.output
+    # the closing lines name every file in the folder (memory.csv and the exports included)
+    lines = r.stdout.splitlines()
+    i = next(i for i, line in enumerate(lines) if line.startswith("wrote "))
+    listed = lines[i].partition("/: ")[2].split(", ") + lines[i + 1].partition("): ")[2].split(", ")
+    assert "memory.csv" in listed and sorted(listed) == sorted(p.name for p in eng.iterdir())
     c = CliRunner().invoke(app, ["compare", str(runs[0]), str(eng), "--out", str(tmp_path / "c")])
     assert c.exit_code == 0, c.output
     row = next(line for line in c.output.splitlines() if line.startswith("requests")).split()
