@@ -109,12 +109,12 @@ class Results:
 
     def to_pandas(self, table: str = "requests"):
         """``requests``, ``steps`` or ``summary`` (one row per variant, nested keys joined by dots) as a pandas
-        DataFrame; needs pandas installed."""
+        DataFrame; needs pandas (the notebooks extra installs it)."""
         try:
             import pandas as pd
         except ImportError:
-            raise ImportError("to_pandas needs pandas (pip install pandas); res.requests and res.steps are plain "
-                              "column dicts otherwise") from None
+            raise ImportError("to_pandas needs pandas: pip install 'servesim[notebooks]' or pip install pandas; "
+                              "res.requests and res.steps are plain column dicts otherwise") from None
         if table == "requests":
             return pd.DataFrame(self.requests)
         if table == "steps":

@@ -196,6 +196,20 @@ def test_to_pandas(small):
     assert list(small.to_pandas("summary")["variant"]) == ["a", "b"]
 
 
+def test_pandas_comes_with_the_notebooks_extra(small, monkeypatch):
+    """to_pandas and the README point to pandas: the notebooks extra installs it (and the test extra, so the
+    test above runs in CI), and the message without it says how to get it."""
+    import sys
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    for extra in ("notebooks", "test"):
+        assert any(req.startswith("pandas>=") for req in extras[extra]), extra
+    monkeypatch.setitem(sys.modules, "pandas", None)  # import pandas raises ImportError
+    with pytest.raises(ImportError, match=r"pip install 'servesim\[notebooks\]' or pip install pandas"):
+        small.to_pandas()
+
+
 def test_every_public_name_has_a_docstring():
     for name in servesim.__all__:
         obj = getattr(servesim, name)
