@@ -332,7 +332,7 @@ def test_figures_have_a_curve_per_variant(two_runs):
     tl = fig_timeline(results[0])
     assert {"busy", "MFU", "KV used", "waiting", "running", "rejections", "preemptions"} <= {t.name for t in tl.data}
     kv = fig_kv_memory(results[0])
-    assert [t.name for t in kv.data] == ["used", "reserved, empty", "capacity"]
+    assert [t.name for t in kv.data] == ["holding tokens", "reserved, empty", "capacity"]
     assert kv.data[2].y[0] == pytest.approx(64 * 2.0**21 / 2**30)
     assert len(fig_throughput(results).data) == 3 * len(results)
 

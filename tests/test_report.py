@@ -154,6 +154,29 @@ def test_contiguous_reservation_shows_as_reserved_memory(nvc):
     assert cont["kv_reserved"].max() == 0  # paged KV allocates a block when a token needs it
 
 
+def test_kv_lines_do_not_count_reserved_blocks_twice(nvc):
+    # kv_blocks_used already holds the reserved-but-empty blocks: adding kv_blocks_reserved again drew the naive
+    # server's KV at 31.6% where the table's KV usage peaks at 16.5% (issue 35)
+    from sim.report import fig_kv_memory, fig_timeline
+    from sim.report.common import _sorted_steps, _state_trace, run_end, window_edges
+
+    naive = nvc.results[0]
+    peak = nvc.summaries["naive"]["kv_usage"]["max"]
+    kv = {t.name: np.asarray(t.y, dtype=np.float64) for t in fig_timeline(naive).data if t.name.startswith("KV")}
+    assert list(kv) == ["KV used", "KV used, reserved-empty blocks left out"]
+    assert np.nanmax(kv["KV used"]) == pytest.approx(peak, rel=1e-6)
+    assert np.nanmax(kv["KV used, reserved-empty blocks left out"]) < 0.5 * peak  # mostly reservations
+
+    fig = fig_kv_memory(naive)
+    assert [t.name for t in fig.data] == ["holding tokens", "reserved, empty", "capacity"]
+    s = _sorted_steps(naive)
+    edges = window_edges(run_end(naive), len(s["start"]), 1000)
+    scale = naive.kv_bytes_per_block / 2**30
+    used = _state_trace(s["start"], s["kv_blocks_used"] * scale, edges, "mean", 1000)["y"]
+    top = np.asarray(fig.data[0].y, dtype=np.float64) + np.asarray(fig.data[1].y, dtype=np.float64)
+    np.testing.assert_allclose(top, used, rtol=1e-5)  # the stack's top is the blocks used, not used + reserved
+
+
 def test_report_has_the_new_figures_and_stays_small(nvc):
     page = build_report(nvc.results, nvc.summaries, "naive vs continuous, 300 requests")
     for heading in ("<h2>Batch slots</h2>", "<h2>GPU memory: naive</h2>", "<h2>GPU memory: continuous</h2>"):

@@ -173,9 +173,11 @@ def fig_timeline(result: RunResult, max_points: int = MAX_POINTS, x_end: float |
     if per_mfu:
         _replica_lines(fig, edges, per_mfu, "MFU", color(1), row=2)
     cap = _kv_capacity(s, result)
+    # kv_blocks_used counts reserved-but-empty blocks already (sim/records.py): "KV used" is the table's KV usage,
+    # and the dotted line under it is what is left without the reservations
     with np.errstate(divide="ignore", invalid="ignore"):
         used = s["kv_blocks_used"] / cap
-        alloc = (s["kv_blocks_used"] + s["kv_blocks_reserved"]) / cap
+        filled = (s["kv_blocks_used"] - s["kv_blocks_reserved"]) / cap
     fig.add_trace(
         go.Scatter(name="KV used", line=dict(color=color(2)), **_state_trace(t, used, edges, "max", max_points)),
         row=3,
@@ -184,9 +186,9 @@ def fig_timeline(result: RunResult, max_points: int = MAX_POINTS, x_end: float |
     if np.any(s["kv_blocks_reserved"] > 0):
         fig.add_trace(
             go.Scatter(
-                name="KV used + reserved",
+                name="KV used, reserved-empty blocks left out",
                 line=dict(color=color(2), dash="dot"),
-                **_state_trace(t, alloc, edges, "max", max_points),
+                **_state_trace(t, filled, edges, "max", max_points),
             ),
             row=3,
             col=1,
@@ -228,20 +230,23 @@ def fig_timeline(result: RunResult, max_points: int = MAX_POINTS, x_end: float |
 
 
 def fig_kv_memory(result: RunResult, max_points: int = MAX_POINTS) -> go.Figure:
-    """KV cache memory over time (per-window means): blocks holding data, blocks reserved but empty, and the
-    capacity. In GiB when the run knows the bytes per block, else in blocks."""
+    """KV cache memory over time (per-window means): blocks holding tokens and blocks reserved but empty, stacked
+    so that their top is the blocks used (kv_blocks_used counts both), and the capacity. In GiB when the run
+    knows the bytes per block, else in blocks."""
     s = _sorted_steps(result)
     edges = window_edges(run_end(result), len(s["start"]), max_points)
     scale, unit = (result.kv_bytes_per_block / 2**30, "GiB") if result.kv_bytes_per_block > 0 else (1.0, "blocks")
     t = s["start"]
     fig = go.Figure()
-    for col, label, c in (("kv_blocks_used", "used", color(2)), ("kv_blocks_reserved", "reserved, empty", color(4))):
+    reserved = s["kv_blocks_reserved"]
+    for blocks, label, c in ((s["kv_blocks_used"] - reserved, "holding tokens", color(2)),
+                             (reserved, "reserved, empty", color(4))):
         fig.add_trace(
             go.Scatter(
                 name=label,
                 stackgroup="kv",
                 line=dict(color=c),
-                **_state_trace(t, s[col] * scale, edges, "mean", max_points),
+                **_state_trace(t, blocks * scale, edges, "mean", max_points),
             )
         )
     cap = _kv_capacity(s, result) * scale
