@@ -177,6 +177,21 @@ def test_kv_lines_do_not_count_reserved_blocks_twice(nvc):
     np.testing.assert_allclose(top, used, rtol=1e-5)  # the stack's top is the blocks used, not used + reserved
 
 
+def test_memory_note_says_whether_memory_is_the_ceiling(nvc):
+    # the note said "The ceiling is memory" over KV peaks of 16.5% and 9.4% (issue 35)
+    from sim.report import memory_ceiling_text
+
+    text = memory_ceiling_text(nvc.results, nvc.summaries)
+    assert text == "Memory is not the ceiling here: KV usage peaks at 16.5% (naive) and 9.4% (continuous) of the pool."
+    assert text in build_report(nvc.results, nvc.summaries, "t")
+    full = {**nvc.summaries["naive"], "kv_usage": {"mean": 0.6, "max": 0.99}, "num_preemptions": 5}
+    text = memory_ceiling_text(nvc.results, {**nvc.summaries, "naive": full})
+    assert text == (
+        "The ceiling is memory for naive: KV usage peaks at 99.0% (naive) of the pool (naive: 5 preemptions, "
+        "0 rejected). Memory is not the ceiling for continuous: KV usage peaks at 9.4% (continuous) of the pool."
+    )
+
+
 def test_report_has_the_new_figures_and_stays_small(nvc):
     page = build_report(nvc.results, nvc.summaries, "naive vs continuous, 300 requests")
     for heading in ("<h2>Batch slots</h2>", "<h2>GPU memory: naive</h2>", "<h2>GPU memory: continuous</h2>"):

@@ -26,6 +26,7 @@ pass ``sections=`` to ``build_report``).
 from __future__ import annotations
 
 import html
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -107,7 +108,7 @@ from sim.report.sweep import (
     fig_sweep,
     sweep_params,
 )
-from sim.table import table_cells
+from sim.table import metric_value, table_cells
 from sim.verdict import rank_limits
 
 # --- the page --------------------------------------------------------------------------------------------------
@@ -161,14 +162,39 @@ def _slots_section(results: list[RunResult], summaries: dict) -> list[Section]:
     return [Section("Batch slots", fig_batch_slots(results), "".join(_p(n) for n in notes if n))]
 
 
+def _kv_peaks(names: list[str], summaries: dict) -> str:
+    return " and ".join(f"{100 * metric_value(summaries[n], 'kv_usage.max'):.1f}% ({n})" for n in names)
+
+
+def memory_ceiling_text(results: list[RunResult], summaries: dict) -> str:
+    """Whether memory is the ceiling, per the verdict (sim/verdict.py: "memory-bound"), with the KV peaks behind
+    it: the note once said "The ceiling is memory" over runs whose KV peaked at 9-16%."""
+    names = [r.name for r in results if r.name in summaries
+             and math.isfinite(metric_value(summaries[r.name], "kv_usage.max"))]
+    bound = [n for n in names if "memory-bound" in rank_limits(summaries[n]).names]
+    free = [n for n in names if n not in bound]
+    parts = []
+    if bound:
+        pressure = ", ".join(
+            f"{n}: {metric_value(summaries[n], 'num_preemptions'):.0f} preemptions, "
+            f"{metric_value(summaries[n], 'num_rejected'):.0f} rejected" for n in bound)
+        parts.append(f"The ceiling is memory for {', '.join(bound)}: KV usage peaks at {_kv_peaks(bound, summaries)} "
+                     f"of the pool ({pressure}).")
+    if free:
+        parts.append(f"Memory is not the ceiling{' for ' + ', '.join(free) if bound else ' here'}: KV usage peaks "
+                     f"at {_kv_peaks(free, summaries)} of the pool.")
+    return " ".join(parts)
+
+
 def _memory_sections(results: list[RunResult], summaries: dict) -> list[Section]:
-    note = _p(
-        "The ceiling is memory: the weights sit at the bottom for the whole run, and every running request's KV "
-        "cache must stay resident above them until it finishes. Reserved-but-empty blocks (contiguous reservation "
-        "sets aside a request's maximum length up front) and the empty tails of partly filled blocks take room "
-        "that holds no token. Values are means over short windows; the dashed line is the weights plus the KV "
-        "pool, the dotted one the GPU's whole memory."
+    general = (
+        "The weights sit at the bottom for the whole run, and every running request's KV cache must stay "
+        "resident above them until it finishes; when the KV pool fills, requests wait or are preempted. "
+        "Reserved-but-empty blocks (contiguous reservation sets aside a request's maximum length up front) and "
+        "the empty tails of partly filled blocks take room that holds no token. Values are means over short "
+        "windows; the dashed line is the weights plus the KV pool, the dotted one the GPU's whole memory."
     )
+    note = _p(" ".join(x for x in (memory_ceiling_text(results, summaries), general) if x))
     points = per_run_points(len(results))
     end = common_end(results)
     return [
