@@ -101,8 +101,11 @@ def layout() -> html.Div:
 
 
 def _line(name: str, s: dict) -> str:
+    # the summary's rates are over the whole run (first arrival to last completion), the verdict's over the arrival
+    # window (sim.verdict says so): each line names its window, or a student reads two "requests/s" as one
     return (f"{name}: output throughput {s['output_throughput']:,.0f} tok/s, {s['request_throughput']:.3g} "
-            f"requests/s, {s['num_completed']} of {s['num_requests']} completed, TTFT p99 {s['ttft']['p99']:.3g} s")
+            f"requests/s over the whole run ({s['duration']:.3g} s, first arrival to last completion), "
+            f"{s['num_completed']} of {s['num_requests']} completed, TTFT p99 {s['ttft']['p99']:.3g} s")
 
 
 def _knobs(base: Knobs, values: tuple[Any, ...]) -> Knobs:
@@ -155,7 +158,8 @@ def create_app() -> Dash:
         if ctx.triggered_id == "unpin":
             return None, ""
         k = _knobs(base, values)
-        return k, f"pinned: {POLICIES.get(k['policy'], k['policy'])}, {k['rate']} requests/s ({k['name']})"
+        return k, (f"pinned: {POLICIES.get(k['policy'], k['policy'])}, arrival rate {k['rate']} requests/s "
+                   f"({k['name']})")
 
     outputs = ["error", "throughput", "pinned-throughput", "verdict", "explanation"]
 
