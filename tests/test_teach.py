@@ -287,3 +287,15 @@ def test_the_header_and_the_verdict_each_name_the_window_of_their_rate():
     assert f", scheduled {scheduled:.2f} req/s (first to last arrival)" in verdict, verdict
     assert f"{done / res.duration:.3g}" != f"{scheduled:.3g}"  # the two windows give two different rates here
 
+
+
+def test_the_slot_chart_and_the_start_up_line_state_one_request_count():
+    """The slot chart's title said "at most 300 requests per variant" (the report's SLOT_REQUESTS) while start-up
+    said 200 per run: both come from TEACH_REQUESTS now, and every request of the run is drawn."""
+    pytest.importorskip("dash", reason="dash is not installed (the test extra has it)")
+    from sim.teach.app import redraw
+
+    fig = redraw(preset(DEFAULT_PRESET), None)["slots"]
+    assert fig.layout.title.text.endswith(f"(at most {TEACH_REQUESTS} requests per variant)"), fig.layout.title.text
+    (panel,) = [a.text for a in fig.layout.annotations]
+    assert f": {TEACH_REQUESTS} of {TEACH_REQUESTS} scheduled requests drawn;" in panel, panel

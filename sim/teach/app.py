@@ -132,7 +132,8 @@ def redraw(knobs: Knobs, pinned: Knobs | None) -> dict[str, Any]:
         "pinned-throughput": pinned_text,
         "verdict": f"bottleneck ({now_name}): {bottleneck(now)}",
         "explanation": texts,
-        "slots": fig_batch_slots(results),
+        # the page's own request count, not the report's SLOT_REQUESTS (300): the title then says what start-up says
+        "slots": fig_batch_slots(results, max_requests=TEACH_REQUESTS),
         "memory": fig_memories(results),
         "utilisation": fig_utilisation(summaries),
         "cdfs": fig_latency_cdfs(results),
