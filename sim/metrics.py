@@ -16,17 +16,22 @@ KV token utilisation is a share in [0, 1]: per step, the tokens stored over the 
 by several requests; the per-request count is capped at the slots in use, which reads shared blocks as full
 (they are: only whole prompt blocks are shared). Without prefix caching the figure is exact.
 
+A run whose requests carry classes (the workload's ``classes`` or a trace's columns) also gets ``classes``: the
+figures above for each class (``slo_class``), its goodput and SLO attainment against its own SLOs; and, when
+requests name tenants, ``tenants`` and ``fairness`` (Jain's index over the tenants, see :func:`tenant_fairness`).
+
 Statistics only: formatting lives in ``sim.output`` and plotting in ``sim.report``.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from sim.records import RunResult
+from sim.records import RequestRecord, RunResult, has_classes
 from sim.request import Outcome
 from sim.spec_decode import summarize_spec
 from sim.verdict import limit_inputs, rank_limits
@@ -68,6 +73,28 @@ SUMMARY_KEYS: tuple[str, ...] = (
 )
 
 NAN = float("nan")
+
+# Keys of each class's block in summary.json (``classes``), in order. Tests pin this list.
+CLASS_SUMMARY_KEYS: tuple[str, ...] = (
+    "num_requests",
+    "num_completed",
+    "num_rejected",
+    "num_failed",
+    "priority",  # the class's priority when all its requests share one, else null
+    "tenant",  # likewise its tenant
+    "slos",  # the thresholds its goodput counts: its own TTFT/TPOT SLOs, else the scenario's; null: none
+    "total_output_tokens",
+    "request_throughput",  # its completed requests / the run's duration
+    "output_throughput",
+    "goodput",  # its completed requests within its SLOs / the run's duration
+    "slo_attainment",  # its requests that completed within its SLOs / its requests
+    "ttft",
+    "tpot",
+    "itl",  # mean only: the run pools its gaps over all requests, so per-class percentiles are not kept
+    "e2el",
+    "queue",
+)
+NO_CLASS = "(no class)"  # the key of requests without a class name, in a run where others have one
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,18 +204,9 @@ def summarize(result: RunResult, slos: SLOs | None = None) -> dict:
         slos = None
     reqs = result.requests
     done = [r for r in reqs if r.completed]
-    arrival = np.array([r.arrival for r in done], dtype=np.float64)
-    first_token = np.array([r.first_token for r in done], dtype=np.float64)
-    finish = np.array([r.finish for r in done], dtype=np.float64)
-    scheduled = np.array([r.first_scheduled for r in done], dtype=np.float64)
-    out_tok = np.array([r.output_tokens for r in done], dtype=np.int64)
+    lat = _Latencies.of(done)
+    ttft, e2el, multi, tpot_all, out_tok = lat.ttft, lat.e2el, lat.multi, lat.tpot_all, lat.out_tok
     in_tok = np.array([r.prompt_tokens for r in done], dtype=np.int64)
-
-    ttft = first_token - arrival
-    e2el = finish - arrival
-    multi = out_tok > 1
-    tpot_all = np.zeros(len(done))  # vLLM scores single-token requests as TPOT 0 for goodput
-    tpot_all[multi] = (e2el[multi] - ttft[multi]) / (out_tok[multi] - 1)
 
     duration = float(result.duration)
     n_done = len(done)
@@ -260,7 +278,7 @@ def summarize(result: RunResult, slos: SLOs | None = None) -> dict:
         "tpot": latency_stats(tpot_all[multi]),
         "itl": latency_stats(result.itl_gaps, result.itl_counts),
         "e2el": latency_stats(e2el),
-        "queue": latency_stats(scheduled - arrival),
+        "queue": latency_stats(lat.queue),
         "kv_usage": kv_usage,
         "kv_token_utilization": kv_tok_util,
         "busy_fraction": _ratio(busy, up),
@@ -270,6 +288,10 @@ def summarize(result: RunResult, slos: SLOs | None = None) -> dict:
         "limits": limits,
     }
     assert tuple(out) == SUMMARY_KEYS
+    if has_classes(reqs):  # request classes: each class's figures, and the tenants' when requests name them
+        out["classes"] = class_summaries(reqs, duration, slos)
+        if any(r.tenant for r in reqs):
+            out["tenants"], out["fairness"] = tenant_fairness(reqs)
     if result.cluster:  # several replicas: what the fleet cost
         c = result.cluster
         fleet = {k: c[k] for k in ("router", "replicas_start", "replicas_max", "replicas_mean", "gpu_hours",
@@ -294,3 +316,157 @@ def bottleneck(summary: dict) -> str:
     (overload first when requests pile up, then the strongest of batch-slot cap, KV memory, padding and the step
     roofline: compute- or bandwidth-bound)."""
     return rank_limits(summary).text
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class _Latencies:
+    """Per-request latencies of completed requests, with summarize's definitions (seconds)."""
+
+    ttft: np.ndarray
+    e2el: np.ndarray
+    queue: np.ndarray
+    multi: np.ndarray  # requests with more than one output token (those that have a TPOT)
+    tpot_all: np.ndarray  # TPOT, 0 for single-token requests (vLLM's goodput reading)
+    out_tok: np.ndarray
+
+    @classmethod
+    def of(cls, done: Sequence[RequestRecord]) -> _Latencies:
+        arrival = np.array([r.arrival for r in done], dtype=np.float64)
+        first_token = np.array([r.first_token for r in done], dtype=np.float64)
+        finish = np.array([r.finish for r in done], dtype=np.float64)
+        scheduled = np.array([r.first_scheduled for r in done], dtype=np.float64)
+        out_tok = np.array([r.output_tokens for r in done], dtype=np.int64)
+        ttft = first_token - arrival
+        e2el = finish - arrival
+        multi = out_tok > 1
+        tpot_all = np.zeros(len(done))  # vLLM scores single-token requests as TPOT 0 for goodput
+        tpot_all[multi] = (e2el[multi] - ttft[multi]) / (out_tok[multi] - 1)
+        return cls(ttft, e2el, scheduled - arrival, multi, tpot_all, out_tok)
+
+
+def _one(values: set) -> object:
+    return next(iter(values)) if len(values) == 1 else None
+
+
+def _class_slos(group: list[RequestRecord], slos: SLOs | None) -> dict[str, float | None] | None:
+    """The thresholds the class is held to: its requests' own TTFT/TPOT SLOs (the first request's: a class's
+    requests share them), else the scenario's; E2EL the scenario's. None when no metric is bounded."""
+    first = group[0]
+    run = slos if slos is not None else SLOs()
+    out = {"ttft": first.ttft_slo if first.ttft_slo >= 0 else run.ttft,
+           "tpot": first.tpot_slo if first.tpot_slo >= 0 else run.tpot,
+           "e2el": run.e2el}
+    return None if all(v is None for v in out.values()) else out
+
+
+def _within_slos(done: Sequence[RequestRecord], lat: _Latencies, slos: SLOs | None) -> np.ndarray:
+    """Which completed requests met every SLO they are held to: their own TTFT/TPOT bounds where they carry one,
+    else the scenario's (a request with no bound at all meets them trivially)."""
+    run = slos if slos is not None else SLOs()
+    good = np.ones(len(done), dtype=bool)
+    for own, default, vals in (("ttft_slo", run.ttft, lat.ttft), ("tpot_slo", run.tpot, lat.tpot_all)):
+        limit = np.array([getattr(r, own) if getattr(r, own) >= 0 else (np.inf if default is None else default)
+                          for r in done], dtype=np.float64)
+        good &= vals <= limit
+    if run.e2el is not None:
+        good &= lat.e2el <= run.e2el
+    return good
+
+
+def class_summaries(reqs: Sequence[RequestRecord], duration: float, slos: SLOs | None = None) -> dict[str, dict]:
+    """Each class's figures (``CLASS_SUMMARY_KEYS``), keyed by class name in sorted order (requests without a
+    name under ``NO_CLASS``). Latencies over the class's completed requests, as summarize's; throughputs and
+    goodput over the whole run's duration, so the classes' figures add up to the run's. Goodput counts a
+    request against its own TTFT/TPOT SLOs, or the scenario's where it has none; null when the class is held to
+    no SLO at all."""
+    groups: dict[str, list[RequestRecord]] = {}
+    for r in sorted(reqs, key=lambda r: r.id):
+        groups.setdefault(r.slo_class or NO_CLASS, []).append(r)
+    out: dict[str, dict] = {}
+    for name in sorted(groups):
+        group = groups[name]
+        done = [r for r in group if r.completed]
+        lat = _Latencies.of(done)
+        bounds = _class_slos(group, slos)
+        goodput = attainment = NAN
+        if bounds is not None:
+            n_good = int(_within_slos(done, lat, slos).sum())
+            goodput, attainment = _ratio(n_good, duration), _ratio(n_good, len(group))
+        gaps = int((lat.out_tok - 1).sum()) if done else 0
+        itl = {k: NAN for k in LATENCY_KEYS}
+        # the mean of a class's pooled gaps is exact: its requests' gaps sum to finish - first token
+        itl["mean"] = _ratio(float((lat.e2el - lat.ttft).sum()), gaps)
+        total_out = int(lat.out_tok.sum())
+        block = {
+            "num_requests": len(group),
+            "num_completed": len(done),
+            "num_rejected": sum(1 for r in group if r.outcome == Outcome.REJECTED.value),
+            "num_failed": sum(1 for r in group if r.outcome == Outcome.FAILED.value),
+            "priority": _one({r.priority for r in group}),
+            "tenant": _one({r.tenant for r in group}),
+            "slos": bounds,
+            "total_output_tokens": total_out,
+            "request_throughput": _ratio(len(done), duration),
+            "output_throughput": _ratio(total_out, duration),
+            "goodput": goodput,
+            "slo_attainment": attainment,
+            "ttft": latency_stats(lat.ttft),
+            "tpot": latency_stats(lat.tpot_all[lat.multi]),
+            "itl": itl,
+            "e2el": latency_stats(lat.e2el),
+            "queue": latency_stats(lat.queue),
+        }
+        assert tuple(block) == CLASS_SUMMARY_KEYS
+        out[name] = block
+    return out
+
+
+def jain_index(x: Sequence[float] | np.ndarray) -> float:
+    """Jain's fairness index of the amounts ``x`` (one per party, each >= 0): ``(sum x)^2 / (n * sum x^2)``.
+
+    1.0 when every party gets the same amount, 1/n when one party gets everything and the others nothing; it is
+    unchanged when every amount is scaled by the same factor. NaN for no parties or when nobody got anything.
+    """
+    a = np.asarray(x, dtype=np.float64)
+    if a.size == 0:
+        return NAN
+    if np.any(a < 0):
+        raise ValueError(f"Jain's index takes amounts >= 0, got {a.min()}")
+    sq = float(np.dot(a, a))
+    return float(a.sum()) ** 2 / (a.size * sq) if sq > 0 else NAN
+
+
+def tenant_fairness(reqs: Sequence[RequestRecord]) -> tuple[dict[str, dict], dict]:
+    """Each tenant's service and Jain's fairness index over the tenants (requests without a tenant are left out).
+
+    A tenant's service is the output tokens its completed requests received divided by the output tokens all its
+    requests asked for (``target_output_tokens``): the share of its demand that was served. Normalising by demand
+    keeps a tenant that sends four times the traffic from reading as favoured, and the share does not depend on
+    the tenants' length mixes, which a latency (mean E2EL) would. It measures who got served at all (rejections,
+    failures, admission rules); how long each tenant waited is in its TTFT and E2EL beside it. The index is
+    :func:`jain_index` of those shares: 1.0 when every tenant got the same share of its demand.
+    """
+    groups: dict[str, list[RequestRecord]] = {}
+    for r in sorted(reqs, key=lambda r: r.id):
+        if r.tenant:
+            groups.setdefault(r.tenant, []).append(r)
+    tenants: dict[str, dict] = {}
+    for name in sorted(groups):
+        group = groups[name]
+        done = [r for r in group if r.completed]
+        lat = _Latencies.of(done)
+        served = int(lat.out_tok.sum())
+        demand = sum(r.target_output_tokens for r in group)
+        tenants[name] = {
+            "num_requests": len(group),
+            "num_completed": len(done),
+            "output_tokens_served": served,
+            "output_tokens_demanded": demand,
+            "service": _ratio(served, demand),
+            "ttft": latency_stats(lat.ttft),
+            "e2el": latency_stats(lat.e2el),
+        }
+    shares = [t["service"] for t in tenants.values()]
+    fairness = {"jain_index": jain_index(shares), "over": "tenants' output tokens served / demanded",
+                "num_tenants": len(tenants)}
+    return tenants, fairness

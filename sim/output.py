@@ -22,7 +22,7 @@ import numpy as np
 
 from sim.files import write_atomically
 from sim.metrics import summarize
-from sim.records import REQUEST_FIELDS, STEP_COLUMNS, RequestRecord, RunResult
+from sim.records import CLASS_FIELDS, REQUEST_FIELDS, STEP_COLUMNS, RequestRecord, RunResult, has_classes
 from sim.table import format_table, table_cells
 
 __all__ = [  # format_table and table_cells live in sim.table; they are named here too, where callers found them
@@ -106,6 +106,10 @@ LATENCY_COLUMNS = ("queue_s", "ttft_s", "tpot_s", "e2el_s")
 REQUEST_COLUMNS: tuple[str, ...] = tuple(
     f"{f}_s" if f in _TIME_FIELDS + _TIME_LIST_FIELDS else f for f in REQUEST_FIELDS
 ) + LATENCY_COLUMNS
+# Written after those only when the run has request classes, so a classless run's file is what it always was. The
+# SLO columns are seconds, empty for no bound.
+_SLO_FIELDS = ("ttft_slo", "tpot_slo")
+CLASS_COLUMNS: tuple[str, ...] = tuple(f"{f}_s" if f in _SLO_FIELDS else f for f in CLASS_FIELDS)
 
 
 def _join_times(times: tuple[float, ...]) -> str:
@@ -130,10 +134,12 @@ def _latencies(r: RequestRecord) -> list[float | str]:
 
 
 def requests_csv(results: list[RunResult]) -> str:
-    """One row per request (sorted by id within a variant), the variant name first."""
+    """One row per request (sorted by id within a variant), the variant name first; the class columns last when
+    any variant has request classes."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow(("variant",) + REQUEST_COLUMNS)
+    classes = any(has_classes(res.requests) for res in results)
+    w.writerow(("variant",) + REQUEST_COLUMNS + (CLASS_COLUMNS if classes else ()))
     absent = [f in _ABSENT_IF_NEGATIVE for f in REQUEST_FIELDS]
     lists = [f in _TIME_LIST_FIELDS for f in REQUEST_FIELDS]
     for res in results:
@@ -143,8 +149,14 @@ def requests_csv(results: list[RunResult]) -> str:
                 _join_times(v) if many else "" if gone and v < 0 else v
                 for v, gone, many in zip(values, absent, lists, strict=True)
             ]
-            w.writerow([res.name] + cells + _latencies(r))
+            extra = _class_cells(r) if classes else []
+            w.writerow([res.name] + cells + _latencies(r) + extra)
     return buf.getvalue()
+
+
+def _class_cells(r: RequestRecord) -> list[object]:
+    return [r.priority, r.tenant, r.slo_class, "" if r.ttft_slo < 0 else r.ttft_slo,
+            "" if r.tpot_slo < 0 else r.tpot_slo]
 
 
 # steps.csv's columns: STEP_COLUMNS, with the unit in the name of each time column (the same convention as
@@ -276,7 +288,7 @@ def read_requests(path: str | os.PathLike) -> dict[str, list[RequestRecord]]:
         return read_requests_parquet(p)
 
     conv = {f.name: _FIELD_TYPES[str(f.type)] for f in fields(RequestRecord)}
-    field_of = {f"{f}_s": f for f in _TIME_FIELDS + _TIME_LIST_FIELDS}
+    field_of = {f"{f}_s": f for f in _TIME_FIELDS + _TIME_LIST_FIELDS + _SLO_FIELDS}
     out: dict[str, list[RequestRecord]] = {}
     with open(p, newline="", encoding="utf-8") as f:
         for row in csv.DictReader(f):
@@ -287,7 +299,8 @@ def read_requests(path: str | os.PathLike) -> dict[str, list[RequestRecord]]:
                 if name not in conv:  # a derived column
                     continue
                 # each converted to its field's type; an empty cell is what never happened
-                values[name] = conv[name]("-1" if text == "" and name in _ABSENT_IF_NEGATIVE else text)
+                absent = name in _ABSENT_IF_NEGATIVE or name in _SLO_FIELDS
+                values[name] = conv[name]("-1" if text == "" and absent else text)
             out.setdefault(variant, []).append(RequestRecord(**values))
     return out
 

@@ -38,11 +38,19 @@ class RequestRecord:
     # (rejected or failed while waiting). requests.csv writes each as ';'-joined seconds.
     preempted_at: tuple[float, ...] = ()
     resumed_at: tuple[float, ...] = ()
+    # The request's class (the workload's classes or a trace's columns); see sim.request.RequestSpec. requests.csv
+    # writes these columns only when a run has classes (``CLASS_FIELDS``). SLOs in seconds; -1: no bound.
+    priority: int = 0
+    tenant: str = ""
+    slo_class: str = ""
+    ttft_slo: float = -1.0
+    tpot_slo: float = -1.0
 
     @classmethod
     def from_request(cls, r: Request) -> RequestRecord:
         assert r.outcome is not None, f"request {r.id} has no outcome yet"
-        session = r.spec.session_id
+        spec = r.spec
+        session = spec.session_id
         # positional, in field order: a run makes 10^5 records, and keywords cost a third more
         return cls(
             r.id,
@@ -60,6 +68,11 @@ class RequestRecord:
             -1 if session is None else session,
             _EMPTY if r.preempted_at is None else tuple(r.preempted_at),
             _EMPTY if r.resumed_at is None else tuple(r.resumed_at),
+            spec.priority,
+            spec.tenant,
+            spec.slo_class,
+            -1.0 if spec.ttft_slo is None else spec.ttft_slo,
+            -1.0 if spec.tpot_slo is None else spec.tpot_slo,
         )
 
     @property
@@ -79,7 +92,14 @@ class RequestRecord:
 _EMPTY: tuple[float, ...] = ()
 _OUTCOME_TEXT = {o: o.value for o in Outcome}  # Enum.value is a slow property; a run makes 10^5 records
 
-REQUEST_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(RequestRecord))
+# A request's class fields; a run without classes leaves them at their defaults and its files without them.
+CLASS_FIELDS: tuple[str, ...] = ("priority", "tenant", "slo_class", "ttft_slo", "tpot_slo")
+REQUEST_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(RequestRecord) if f.name not in CLASS_FIELDS)
+
+
+def has_classes(records: list[RequestRecord]) -> bool:
+    """Whether any request of a run carries a class: a priority, tenant, class name or SLO of its own."""
+    return any(r.priority or r.tenant or r.slo_class or r.ttft_slo >= 0 or r.tpot_slo >= 0 for r in records)
 
 # Columns of steps.csv, with their dtypes. One row per step (idle time has no rows; it is the gap between them).
 STEP_COLUMNS: dict[str, type] = {

@@ -10,8 +10,13 @@ from collections.abc import Callable
 def metric_value(summary: dict, key: str) -> float:
     """A summary's figure at a dotted key (``ttft.p99``) as a float; NaN where it is absent, null or not a number
     (a summary read back from an older or other run folder)."""
+    return value_at(summary, key.split("."))
+
+
+def value_at(summary: dict, parts: list[str]) -> float:
+    """:func:`metric_value` at a key given as its parts (a class name may hold a dot)."""
     v: object = summary
-    for part in key.split("."):
+    for part in parts:
         if not isinstance(v, dict) or part not in v:
             return math.nan
         v = v[part]
@@ -91,6 +96,31 @@ DISAGG_ROWS: tuple[tuple[str, str, Callable[[float], str]], ...] = (
     ("decode pool busy", "disaggregation.pools.decode.busy_fraction", _pct),
 )
 
+# shown for each request class (summary["classes"]), labelled with the class's name
+CLASS_ROWS: tuple[tuple[str, str, Callable[[float], str]], ...] = (
+    ("requests", "num_requests", _int),
+    ("TTFT p50 (ms)", "ttft.p50", _ms),
+    ("TTFT p99 (ms)", "ttft.p99", _ms),
+    ("TPOT p99 (ms)", "tpot.p99", _ms),
+    ("E2EL p99 (s)", "e2el.p99", _s),
+    ("output tok/s", "output_throughput", _rate),
+    ("goodput (req/s)", "goodput", _rate),
+    ("SLO attainment", "slo_attainment", _pct),
+)
+FAIRNESS_ROW = ("Jain fairness (tenants)", "fairness.jain_index", _s)
+
+
+def _class_rows(summaries: dict, names: list[str]) -> list[tuple[str, list[str], Callable[[float], str]]]:
+    """(label, key parts, formatter) of the per-class block: CLASS_ROWS for each class any variant has."""
+    classes: list[str] = []
+    for n in names:
+        classes += [c for c in summaries[n].get("classes") or {} if c not in classes]
+    rows = [(f"{c}: {label}", ["classes", c, *key.split(".")], fmt) for c in classes for label, key, fmt in CLASS_ROWS]
+    if any("fairness" in summaries[n] for n in names):
+        label, key, fmt = FAIRNESS_ROW
+        rows.append((label, key.split("."), fmt))
+    return rows
+
 
 def ratio_text(r: float) -> str:
     """A ratio that stays readable across decades: a 2000x fall in latency reads "1/2,000", never "0.00"."""
@@ -102,8 +132,9 @@ def ratio_text(r: float) -> str:
 
 
 def table_cells(summaries: dict) -> tuple[list[str], list[list[str]]]:
-    """Header and rows of strings: one row per TABLE_ROWS entry, one column per variant, plus a ratio column
-    (last variant over the first) when exactly two variants are compared. Undefined values show as "-"."""
+    """Header and rows of strings: one row per TABLE_ROWS entry (then a block per request class, and the tenants'
+    fairness, when a run has them), one column per variant, plus a ratio column (last variant over the first)
+    when exactly two variants are compared. Undefined values show as "-"."""
     names = list(summaries)
     header = ["metric"] + names
     two = len(names) == 2
@@ -112,8 +143,10 @@ def table_cells(summaries: dict) -> tuple[list[str], list[list[str]]]:
     rows = []
     cluster = any("cluster" in summaries[n] for n in names)
     disagg = any("disaggregation" in summaries[n] for n in names)
-    for label, key, fmt in TABLE_ROWS + (CLUSTER_ROWS if cluster else ()) + (DISAGG_ROWS if disagg else ()):
-        vals = [metric_value(summaries[n], key) for n in names]
+    plain = TABLE_ROWS + (CLUSTER_ROWS if cluster else ()) + (DISAGG_ROWS if disagg else ())
+    rows_of = [(label, key.split("."), fmt) for label, key, fmt in plain] + _class_rows(summaries, names)
+    for label, parts, fmt in rows_of:
+        vals = [value_at(summaries[n], parts) for n in names]
         row = [label] + [fmt(v) if math.isfinite(v) else "-" for v in vals]
         if two:
             a, b = vals

@@ -3,6 +3,7 @@ that a workload without classes draws exactly what it drew before they existed."
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -132,3 +133,163 @@ def test_trace_columns_reach_the_requests_and_name_their_classes(tmp_path: Path)
         (2, "acme", "batch", None, 40), (0, "web", "chat", 0.5, 3), (2, "web", "batch", None, 40)]
     with pytest.raises(ValueError, match=r"slo_class column names 'chat', which workload.classes does not define"):
         _gen({"arrival": arrival, "classes": [{"name": "batch"}]})
+
+
+# ---- per-class and per-tenant metrics --------------------------------------------------------------------------
+
+SCENARIO: dict[str, Any] = {
+    "name": "classes",
+    "seed": 3,
+    "workload": {
+        "arrival": {"type": "poisson", "rate": 12.0},
+        "num_requests": 240,
+        "prompt_len": {"type": "uniform", "min": 50, "max": 600},
+        "output_len": {"type": "uniform", "min": 1, "max": 300},
+        "classes": [
+            {"name": "interactive", "share": 0.3, "tenant": "web", "slo": {"ttft": 0.5, "tpot": 0.03}},
+            {"name": "batch", "share": 0.7, "priority": 1, "tenant": "etl"},
+        ],
+    },
+    "deployment": {"model": "llama-3.1-8b", "gpu": "a100-80gb", "max_model_len": 4096},
+    "slos": {"e2el": 8.0},
+    "policy": {"type": "continuous", "max_num_seqs": 16, "max_num_batched_tokens": 2048,
+               "enable_chunked_prefill": True},
+    "kv_cache": {"type": "paged"},
+}
+
+
+def _run_folder(tmp_path: Path, scenario: dict[str, Any]) -> Path:
+    from sim.run import run_scenario, write_scenario_run
+    from sim.scenario import parse_scenario
+
+    sc = parse_scenario(scenario)
+    out = tmp_path / "run"
+    write_scenario_run(run_scenario(sc), out)
+    return out
+
+
+def test_jain_index_is_exact_on_hand_made_inputs() -> None:
+    from sim.metrics import jain_index
+
+    assert jain_index([3.0, 3.0, 3.0, 3.0]) == 1.0  # equal service
+    assert jain_index([5.0, 0.0, 0.0, 0.0]) == 0.25  # one tenant of four served: 1/n
+    assert jain_index([1.0, 0.0]) == 0.5
+    assert jain_index([1.0, 3.0]) == 16 / 20  # (1 + 3)^2 / (2 * (1 + 9))
+    assert jain_index([2.0, 6.0]) == jain_index([1.0, 3.0])  # scale-free
+    assert math.isnan(jain_index([])) and math.isnan(jain_index([0.0, 0.0]))
+    with pytest.raises(ValueError, match=">= 0"):
+        jain_index([1.0, -1.0])
+
+
+def _rows_by_class(path: Path) -> dict[str, list[dict[str, str]]]:
+    import csv
+
+    out: dict[str, list[dict[str, str]]] = {}
+    with open(path, newline="", encoding="utf-8") as f:
+        for row in csv.DictReader(f):
+            out.setdefault(row["slo_class"], []).append(row)
+    return out
+
+
+def test_per_class_summary_equals_figures_from_requests_csv_rows(tmp_path: Path) -> None:
+    """Every class's figures in summary.json, recomputed from its requests.csv rows with numpy alone."""
+    import json
+
+    out = _run_folder(tmp_path, SCENARIO)
+    summary = json.loads((out / "summary.json").read_text())["variants"]["classes"]
+    rows = _rows_by_class(out / "requests.csv")
+    assert set(summary["classes"]) == set(rows) == {"interactive", "batch"}
+    duration = summary["duration"]
+    for name, block in summary["classes"].items():
+        mine = rows[name]
+        done = [r for r in mine if r["outcome"] == "completed"]
+        assert block["num_requests"] == len(mine) and block["num_completed"] == len(done) > 20
+        ttft = np.array([float(r["ttft_s"]) for r in done])
+        e2el = np.array([float(r["e2el_s"]) for r in done])
+        tpot = np.array([float(r["tpot_s"]) for r in done if r["tpot_s"]])
+        for key, values in (("ttft", ttft), ("e2el", e2el), ("tpot", tpot)):
+            assert block[key]["mean"] == pytest.approx(float(np.mean(values)), rel=1e-12)
+            for q in (50, 90, 99):
+                assert block[key][f"p{q}"] == pytest.approx(float(np.percentile(values, q)), rel=1e-12)
+        out_tok = sum(int(r["output_tokens"]) for r in done)
+        assert block["total_output_tokens"] == out_tok
+        assert block["output_throughput"] == pytest.approx(out_tok / duration, rel=1e-12)
+        assert block["request_throughput"] == pytest.approx(len(done) / duration, rel=1e-12)
+        itl_mean = sum(float(r["finish_s"]) - float(r["first_token_s"]) for r in done) / sum(
+            int(r["output_tokens"]) - 1 for r in done)
+        assert block["itl"]["mean"] == pytest.approx(itl_mean, rel=1e-9) and block["itl"]["p99"] is None
+        # goodput against the class's own SLOs (from its rows), and the scenario's e2el for every class
+        own_ttft = {r["ttft_slo_s"] for r in mine}
+        own_tpot = {r["tpot_slo_s"] for r in mine}
+        assert len(own_ttft) == len(own_tpot) == 1
+        t_lim = float(own_ttft.pop() or "inf")
+        p_lim = float(own_tpot.pop() or "inf")
+        good = sum(1 for r in done if float(r["ttft_s"]) <= t_lim and float(r["tpot_s"] or 0) <= p_lim
+                   and float(r["e2el_s"]) <= 8.0)
+        assert block["goodput"] == pytest.approx(good / duration, rel=1e-12)
+        assert block["slo_attainment"] == pytest.approx(good / len(mine), rel=1e-12)
+        assert block["slos"]["e2el"] == 8.0
+    inter = summary["classes"]["interactive"]
+    assert (inter["priority"], inter["tenant"], inter["slos"]) == (0, "web", {"ttft": 0.5, "tpot": 0.03,
+                                                                             "e2el": 8.0})
+    assert 0 < inter["slo_attainment"] < 1  # the TTFT SLO bites at this load: the check is not vacuous
+    # the tenants: service is output tokens served over those asked for; everything completed, so both are 1.0
+    assert summary["tenants"]["web"]["output_tokens_served"] == inter["total_output_tokens"]
+    assert summary["fairness"]["jain_index"] == 1.0 and summary["fairness"]["num_tenants"] == 2
+
+
+def test_rejections_lower_a_tenants_service_and_the_fairness_index() -> None:
+    from sim.metrics import tenant_fairness
+    from sim.records import RequestRecord
+
+    def rec(i: int, tenant: str, outcome: str, out: int, target: int) -> RequestRecord:
+        done = outcome == "completed"
+        return RequestRecord(i, 0.0, 0.0 if done else -1, 0.5 if done else -1, 1.0, 10, out, target, 0, outcome,
+                             "", 0, -1, tenant=tenant)
+
+    reqs = [rec(0, "a", "completed", 10, 10), rec(1, "a", "completed", 30, 30),
+            rec(2, "b", "completed", 10, 10), rec(3, "b", "rejected", 0, 30)]
+    tenants, fairness = tenant_fairness(reqs)
+    assert tenants["a"]["service"] == 1.0 and tenants["b"]["service"] == 0.25  # 10 of 40 tokens asked for
+    assert fairness["jain_index"] == (1.25**2) / (2 * (1 + 0.0625))
+
+
+def test_class_columns_table_export_and_report(tmp_path: Path) -> None:
+    import json
+
+    from sim.output import CLASS_COLUMNS, REQUEST_COLUMNS, format_table, read_requests
+
+    out = _run_folder(tmp_path, SCENARIO)
+    header = (out / "requests.csv").read_text().splitlines()[0].split(",")
+    assert header == ["variant", *REQUEST_COLUMNS, *CLASS_COLUMNS]
+    back = read_requests(out)["classes"]
+    assert {(r.slo_class, r.priority, r.tenant, r.ttft_slo, r.tpot_slo) for r in back} == {
+        ("interactive", 0, "web", 0.5, 0.03), ("batch", 1, "etl", -1.0, -1.0)}
+    summary = json.loads((out / "summary.json").read_text())["variants"]
+    table = format_table(summary)
+    assert "interactive: TTFT p99 (ms)" in table and "batch: SLO attainment" in table
+    assert "Jain fairness (tenants)" in table
+    bench = json.loads((out / "classes.vllm-bench.json").read_text())
+    assert set(bench["per_class"]) == {"interactive", "batch"}
+    inter = summary["classes"]["classes"]["interactive"]
+    assert bench["per_class"]["interactive"]["p99_ttft_ms"] == pytest.approx(inter["ttft"]["p99"] * 1000, rel=1e-12)
+    assert bench["per_class"]["interactive"]["completed"] == inter["num_completed"]
+    assert bench["per_class"]["batch"]["request_goodput"] is None  # batch has no SLO of its own
+    assert "Latency per class: classes" in (out / "report.html").read_text()
+
+
+def test_a_run_without_classes_writes_no_class_figures_or_columns(tmp_path: Path) -> None:
+    """The files of a classless run are what they were before classes existed: same requests.csv header, no
+    class keys in summary.json or the vllm-bench export, no per-class figure."""
+    import json
+
+    from sim.output import REQUEST_COLUMNS
+
+    plain = {**SCENARIO, "workload": {k: v for k, v in SCENARIO["workload"].items() if k != "classes"}}
+    out = _run_folder(tmp_path, plain)
+    assert (out / "requests.csv").read_text().splitlines()[0].split(",") == ["variant", *REQUEST_COLUMNS]
+    summary = json.loads((out / "summary.json").read_text())
+    assert "classes" not in summary["scenario"]["workload"]
+    assert not {"classes", "tenants", "fairness"} & set(summary["variants"]["classes"])
+    assert "per_class" not in json.loads((out / "classes.vllm-bench.json").read_text())
+    assert "Latency per class" not in (out / "report.html").read_text()

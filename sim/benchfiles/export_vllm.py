@@ -7,6 +7,11 @@ seconds, failed requests kept in the lists with output 0 and a non-empty error. 
 arrival times (vLLM writes perf_counter() values; readers use them relative to the first). The per-request
 ``itls`` lists need each token's time, which a run keeps only with ``keep_token_times``; without them the file has
 no ``itls`` list, and the ITL aggregates come from the run's pooled gaps, which are exact.
+
+A run with request classes adds ``per_class`` (vLLM's format has no classes; readers skip keys they do not know):
+per class name, its ``completed``, throughputs, ``request_goodput`` against the class's own TTFT/TPOT SLOs (null
+when it has none) and the TTFT, TPOT and E2EL aggregates under the same ``<stat>_<metric>_ms`` names. No ITL:
+the run pools its gaps over all requests.
 """
 
 from __future__ import annotations
@@ -15,8 +20,10 @@ import json
 import math
 from typing import Any
 
-from sim.benchfiles.stats import DEFAULT_PERCENTILES, LATENCY_METRICS, p_word, run_lists, run_stats
-from sim.records import RunResult
+import numpy as np
+
+from sim.benchfiles.stats import DEFAULT_PERCENTILES, LATENCY_METRICS, bench_stats, p_word, run_lists, run_stats
+from sim.records import RunResult, has_classes
 
 BACKEND = "servesim"
 
@@ -57,6 +64,29 @@ def vllm_bench_result(result: RunResult, *, request_rate: float | None = None, b
     for m in LATENCY_METRICS:
         for stat in ("mean", "median", "std", *(p_word(p) for p in percentiles)):
             out[f"{stat}_{m}_ms"] = stats[f"{stat}_{m}"] * 1000.0
+    if has_classes(result.requests):
+        out["per_class"] = _per_class(result, tuple(percentiles))
+    return out
+
+
+def _per_class(result: RunResult, percentiles: tuple[float, ...]) -> dict[str, dict[str, Any]]:
+    """Each class's figures in the result JSON's names (see the module docstring), keyed as summary.json's."""
+    from sim.metrics import NO_CLASS, class_summaries
+
+    goodput = {name: c["goodput"] for name, c in class_summaries(result.requests, float(result.duration)).items()}
+    out: dict[str, dict[str, Any]] = {}
+    for name in goodput:
+        done = [r for r in result.requests if r.completed and (r.slo_class or NO_CLASS) == name]
+        stats = bench_stats([r.first_token - r.arrival for r in done], [r.finish - r.arrival for r in done],
+                            [r.output_tokens for r in done], [r.prompt_tokens for r in done], np.zeros(0),
+                            float(result.duration), percentiles)
+        c: dict[str, Any] = {"completed": len(done), "request_goodput": goodput[name]}
+        for k in ("request_throughput", "output_throughput", "total_token_throughput"):
+            c[k] = stats.get(k, 0.0)
+        for m in ("ttft", "tpot", "e2el"):
+            for stat in ("mean", "median", "std", *(p_word(p) for p in percentiles)):
+                c[f"{stat}_{m}_ms"] = stats[f"{stat}_{m}"] * 1000.0
+        out[name] = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in c.items()}
     return out
 
 

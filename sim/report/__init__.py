@@ -39,7 +39,7 @@ from plotly.subplots import make_subplots
 
 from sim.files import write_atomically
 from sim.metrics import bottleneck
-from sim.records import RunResult
+from sim.records import RunResult, has_classes
 from sim.report.common import (
     COLORS,
     MAX_POINTS,
@@ -65,6 +65,7 @@ from sim.report.figures import (
     MARKED_PERCENTILES,
     REPLICA_LINES,
     _replica_lines,
+    fig_class_latency_cdfs,
     fig_kv_memory,
     fig_latency_cdfs,
     fig_throughput,
@@ -219,7 +220,9 @@ def _request_memory_sections(results: list[RunResult], summaries: dict) -> list[
 
 
 def _latency_section(results: list[RunResult], summaries: dict) -> list[Section]:
-    return [Section("Latency", fig_latency_cdfs(results))]
+    per_class = [Section(f"Latency per class: {r.name}", fig_class_latency_cdfs(r))
+                 for r in results[:8] if has_classes(r.requests)]  # 8 variants at most, as the memory sections
+    return [Section("Latency", fig_latency_cdfs(results)), *per_class]
 
 
 def _timeline_sections(results: list[RunResult], summaries: dict) -> list[Section]:
@@ -445,6 +448,7 @@ __all__ = [
     "MARKED_PERCENTILES",
     "CDF_LOG_SPAN",
     "spans_decades",
+    "fig_class_latency_cdfs",
     "fig_latency_cdfs",
     "REPLICA_LINES",
     "_replica_lines",

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import html
+from collections.abc import Sequence
 
 import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from sim.records import RunResult
+from sim.records import RequestRecord, RunResult
 from sim.report.common import (
     MAX_POINTS,
     TEMPLATE,
@@ -30,7 +31,12 @@ from sim.request import Outcome
 
 def latencies(result: RunResult) -> dict[str, np.ndarray]:
     """TTFT, TPOT and E2EL of the completed requests (seconds)."""
-    done = [r for r in result.requests if r.completed]
+    return latencies_of(result.requests)
+
+
+def latencies_of(records: Sequence[RequestRecord]) -> dict[str, np.ndarray]:
+    """TTFT, TPOT and E2EL of the completed requests among ``records`` (seconds)."""
+    done = [r for r in records if r.completed]
     arr = np.array([r.arrival for r in done], dtype=np.float64)
     ft = np.array([r.first_token for r in done], dtype=np.float64)
     fin = np.array([r.finish for r in done], dtype=np.float64)
@@ -61,17 +67,35 @@ def spans_decades(values: list[np.ndarray], ratio: float = CDF_LOG_SPAN) -> bool
 
 def fig_latency_cdfs(results: list[RunResult], max_points: int = MAX_POINTS) -> go.Figure:
     """CDFs of TTFT, TPOT and E2EL side by side, one curve per variant, with p50/p95/p99 marked."""
+    return _cdf_figure([(res.name, latencies(res)) for res in results], "Latency CDFs (completed requests)",
+                       max_points)
+
+
+def fig_class_latency_cdfs(result: RunResult, max_points: int = MAX_POINTS) -> go.Figure:
+    """One variant's TTFT, TPOT and E2EL CDFs with one curve per request class (sorted by name, as summary.json
+    keys them), p50/p95/p99 marked."""
+    from sim.metrics import NO_CLASS
+
+    groups: dict[str, list[RequestRecord]] = {}
+    for r in result.requests:
+        groups.setdefault(r.slo_class or NO_CLASS, []).append(r)
+    curves = [(name, latencies_of(groups[name])) for name in sorted(groups)]
+    return _cdf_figure(curves, f"Latency CDFs per class: {result.name} (completed requests)", max_points)
+
+
+def _cdf_figure(curves: list[tuple[str, dict[str, np.ndarray]]], title: str, max_points: int) -> go.Figure:
+    """CDF_PANELS side by side, one curve per (name, latencies), with p50/p95/p99 marked."""
     fig = make_subplots(rows=1, cols=3, subplot_titles=[p[1] for p in CDF_PANELS], horizontal_spacing=0.07)
-    lats = [latencies(res) for res in results]
-    for i, (res, lat) in enumerate(zip(results, lats, strict=True)):
+    lats = [lat for _, lat in curves]
+    for i, (name, lat) in enumerate(curves):
         for col, (key, label, scale) in enumerate(CDF_PANELS, start=1):
             v = lat[key] * scale
             if len(v) == 0:
                 continue
             fig.add_trace(
                 go.Scatter(
-                    name=res.name,
-                    legendgroup=res.name,
+                    name=name,
+                    legendgroup=name,
                     showlegend=col == 1,
                     mode="lines",
                     line=dict(color=color(i)),
@@ -90,10 +114,10 @@ def fig_latency_cdfs(results: list[RunResult], max_points: int = MAX_POINTS) -> 
                     text=[f"p{q}" for q in MARKED_PERCENTILES],
                     textposition="middle right",
                     marker=dict(color=color(i), size=7, symbol="diamond"),
-                    name=f"{res.name} percentiles",
-                    legendgroup=res.name,
+                    name=f"{name} percentiles",
+                    legendgroup=name,
                     showlegend=False,
-                    hovertemplate=f"%{{text}} {label}: %{{x:.4g}}<extra>{html.escape(res.name)}</extra>",
+                    hovertemplate=f"%{{text}} {label}: %{{x:.4g}}<extra>{html.escape(name)}</extra>",
                 ),
                 row=1,
                 col=col,
@@ -103,7 +127,7 @@ def fig_latency_cdfs(results: list[RunResult], max_points: int = MAX_POINTS) -> 
         if spans_decades([lat[key] * scale for lat in lats]):
             fig.update_xaxes(type="log", title_text=f"{label}, log scale", row=1, col=col)
     fig.update_yaxes(title_text="fraction of requests", range=[0, 1.02], row=1, col=1)
-    fig.update_layout(template=TEMPLATE, height=380, title="Latency CDFs (completed requests)", hovermode="closest")
+    fig.update_layout(template=TEMPLATE, height=380, title=title, hovermode="closest")
     return fig
 
 
