@@ -292,6 +292,13 @@ _DEFAULT_SECTIONS = {"deployment": Deployment, "kv_cache": PagedKV, "policy": Co
                      "admission": AdmissionConfig}
 
 
+def _spelled_out(default: BaseModel) -> dict[str, Any]:
+    """A default section as a file would write it: its ``type`` and the values its class does not default to.
+    Not every key: ``--set kv_cache.type=contiguous`` would then carry the paged cache's keys into the new type."""
+    return {**default.model_dump(mode="json", include={"type"}),
+            **default.model_dump(mode="json", exclude_defaults=True)}
+
+
 def _fill_defaults(tp: Any, node: dict[str, Any], parts: list[str]) -> None:
     """Spell out the default of each missing section along ``parts`` (all but the last), so that setting one
     key keeps the default's type: deployment.cost_model.step_overhead needs cost_model's ``type: analytic``."""
@@ -305,7 +312,7 @@ def _fill_defaults(tp: Any, node: dict[str, Any], parts: list[str]) -> None:
             default = field.get_default(call_default_factory=True)
             if not isinstance(default, BaseModel):
                 return
-            node[part] = default.model_dump(mode="json")
+            node[part] = _spelled_out(default)
         node = node[part]
         tp = field.annotation
 
@@ -316,8 +323,9 @@ def apply_override(d: dict[str, Any], key: str, value: Any) -> None:
     own section has the key (``policy.max_num_seqs`` changes continuous policies and leaves a static one alone; a
     variant's partial workload or deployment gets it only where it sets that key itself, the rest inherit the
     default).
-    A missing default section is spelled out first, keeping its type. A key that exists nowhere in the schema,
-    or that no variant's section has, is an error naming the closest key."""
+    A missing default section is spelled out first, keeping its type (and taking the new type's defaults when
+    the key is its ``type``). A key that exists nowhere in the schema, or that no variant's section has, is an
+    error naming the closest key."""
     parts = key.split(".")
     if any(not k for k in parts):
         raise ScenarioError(f"{key!r}: empty part in a dotted key")
@@ -332,7 +340,7 @@ def apply_override(d: dict[str, Any], key: str, value: Any) -> None:
     variants = [v for v in d.get("variants") or [] if isinstance(v, dict)]
     if not isinstance(d.get(head), dict):
         default = _DEFAULT_SECTIONS.get(head)
-        d[head] = default().model_dump(mode="json") if default is not None else {}
+        d[head] = _spelled_out(default()) if default is not None else {}
     default_has = has_path(tp, d[head], rest)
     if default_has:
         _fill_defaults(tp, d[head], rest)

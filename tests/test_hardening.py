@@ -390,3 +390,24 @@ def test_closed_loop_with_more_users_than_requests_starts_only_users_with_a_requ
         tracemalloc.stop()
     assert many == run(20)
     assert peak < 30 * 2**20  # a process, a queue and a counter per user: over 200 MB before
+
+
+@pytest.mark.parametrize(("key", "value", "section", "expected"), [
+    ("kv_cache.type", "contiguous", "kv_cache", {"type": "contiguous"}),
+    ("policy.type", "static", "policy", {"type": "static"}),
+])
+def test_set_type_on_a_missing_section_builds_the_new_type(key: str, value: str, section: str, expected: dict) -> None:
+    """Issue 35: the missing section was spelled out with the old type's every key, then its ``type`` changed:
+    "kv_cache.enable_prefix_caching: unknown key". It now holds the new type's defaults."""
+    from sim.scenario import apply_override, variant_configs
+
+    d = copy.deepcopy(BASE)
+    apply_override(d, key, value)
+    assert d[section] == expected
+    cfg = variant_configs(parse_scenario(d))[0]
+    assert getattr(cfg, section).type == value
+    # a nested default section likewise: the fitted cost model asks for its own key, not the analytic ones
+    d = copy.deepcopy(BASE)
+    apply_override(d, "deployment.cost_model.type", "fitted")
+    with pytest.raises(Exception, match=r"deployment\.cost_model\.profile: required key is missing"):
+        parse_scenario(d)
