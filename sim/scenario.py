@@ -299,6 +299,38 @@ def _spelled_out(default: BaseModel) -> dict[str, Any]:
             **default.model_dump(mode="json", exclude_defaults=True)}
 
 
+_OLDER_BOUNDS = {"low": "min", "high": "max"}  # uniform's older names (sim.workload._uniform_bounds)
+
+
+def _node_at(node: Any, parts: list[str]) -> Any:
+    for part in parts:
+        if isinstance(node, dict):
+            node = node.get(part)
+        elif isinstance(node, list) and re.fullmatch(r"-?[0-9]+", part) and -len(node) <= int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return None
+    return node
+
+
+def _current_bound_name(d: dict[str, Any], parts: list[str]) -> list[str]:
+    """``parts`` with a uniform bound under its current name (``min``, ``max``), whichever name ``--set`` used;
+    a uniform section of the file that spells that bound under the older name (``low``, ``high``) is renamed
+    too, so the two spellings never meet (which the schema refuses)."""
+    last = parts[-1]
+    new = _OLDER_BOUNDS.get(last, last)
+    if new not in _OLDER_BOUNDS.values():
+        return parts
+    if last != new and unknown_key(Scenario, parts[:-1] + [new], d) is not None:
+        return parts  # not a uniform's bound: the caller words the unknown key
+    old = next(k for k, v in _OLDER_BOUNDS.items() if v == new)
+    for root in [d] + [v for v in d.get("variants") or [] if isinstance(v, dict)]:
+        node = _node_at(root, parts[:-1])
+        if isinstance(node, dict) and node.get("type") == "uniform" and old in node and new not in node:
+            node[new] = node.pop(old)
+    return parts[:-1] + [new]
+
+
 def _fill_defaults(tp: Any, node: dict[str, Any], parts: list[str]) -> None:
     """Spell out the default of each missing section along ``parts`` (all but the last), so that setting one
     key keeps the default's type: deployment.cost_model.step_overhead needs cost_model's ``type: analytic``."""
@@ -324,11 +356,14 @@ def apply_override(d: dict[str, Any], key: str, value: Any) -> None:
     variant's partial workload or deployment gets it only where it sets that key itself, the rest inherit the
     default).
     A missing default section is spelled out first, keeping its type (and taking the new type's defaults when
-    the key is its ``type``). A key that exists nowhere in the schema, or that no variant's section has, is an
-    error naming the closest key."""
+    the key is its ``type``). A uniform's bound is set under either name, ``min``/``max`` or the older
+    ``low``/``high``. A key that exists nowhere in the schema, or that no variant's section has, is an error
+    naming the closest key."""
     parts = key.split(".")
     if any(not k for k in parts):
         raise ScenarioError(f"{key!r}: empty part in a dotted key")
+    parts = _current_bound_name(d, parts)
+    key = ".".join(parts)
     problem = unknown_key(Scenario, parts, d)
     if problem is not None:
         raise ScenarioError(problem)

@@ -411,3 +411,25 @@ def test_set_type_on_a_missing_section_builds_the_new_type(key: str, value: str,
     apply_override(d, "deployment.cost_model.type", "fitted")
     with pytest.raises(Exception, match=r"deployment\.cost_model\.profile: required key is missing"):
         parse_scenario(d)
+
+
+@pytest.mark.parametrize("name", ["min", "low", "max", "high"])
+def test_set_a_bound_written_under_its_older_name(tmp_path: Path, name: str) -> None:
+    """Issue 35: a file with uniform ``low``/``high`` could not have the bound overridden under either name
+    (``.high``: unknown key; ``.max``: give max or high, not both). Both names now set it."""
+    from sim.scenario import apply_override
+
+    doc = w("workload.prompt_len", {"type": "uniform", "low": 16, "high": 64})
+    doc["variants"] = [{"name": "a"}, {"name": "b", "workload": {"output_len": {"type": "uniform", "low": 2,
+                                                                               "high": 9}}}]
+    d = copy.deepcopy(doc)
+    apply_override(d, f"workload.prompt_len.{name}", 32)
+    sc = parse_scenario(d)
+    new = {"low": "min", "high": "max"}.get(name, name)
+    bounds = {"min": 16, "max": 64, new: 32}
+    assert (sc.workload.prompt_len.min, sc.workload.prompt_len.max) == (bounds["min"], bounds["max"])
+    # a variant's own section, and the command line
+    apply_override(d, f"workload.output_len.{name}", 5)
+    out = parse_scenario(d).variants[1].workload["output_len"]
+    assert out[new] == 5 and {"min": "low", "max": "high"}[new] not in out
+    assert_ran(*invoke(tmp_path, doc, args=("--set", f"workload.prompt_len.{name}=32")))
