@@ -59,8 +59,9 @@ class ReplicaLife:
     draining: float = float("inf")
     released: float = float("inf")
 
-    def gpu_seconds(self, end: float) -> float:
-        return max(0.0, min(self.released, end) - self.provisioned)
+    def gpu_seconds(self, end: float, start: float = 0.0) -> float:
+        """Seconds it was paid for within [start, end]."""
+        return max(0.0, min(self.released, end) - max(self.provisioned, start))
 
 
 @dataclass
@@ -74,5 +75,5 @@ class ScalingLog:
     actions: list[tuple[float, str, int]] = field(default_factory=list)  # (time, "up" | "down", replica)
     lives: list[ReplicaLife] = field(default_factory=list)
 
-    def replica_seconds(self, end: float) -> float:
-        return sum(life.gpu_seconds(end) for life in self.lives)
+    def replica_seconds(self, end: float, start: float = 0.0) -> float:
+        return sum(life.gpu_seconds(end, start) for life in self.lives)
