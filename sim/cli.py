@@ -774,7 +774,9 @@ def plan(
 
 @app.command()
 def teach(
-    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: a class on one server)."),
+    host: str = typer.Option("127.0.0.1", "--host",
+                             help="Address to listen on (0.0.0.0: a class on one server; the page is served by "
+                                  "waitress, a production WSGI server)."),
     port: int = typer.Option(8050, "--port", help="TCP port to listen on."),
 ) -> None:
     """Start the interactive teaching page: move a knob (policy, max_num_seqs, KV memory, load, lengths) and watch
@@ -792,7 +794,7 @@ def teach(
     try:
         from sim.teach.app import serve
     except ImportError as e:
-        _fail(f"servesim teach needs dash ({e}): pip install 'servesim[teach]'")
+        _fail(f"servesim teach needs the teach extra: dash and waitress ({e}): pip install 'servesim[teach]'")
         return
     serve(host, port)
 

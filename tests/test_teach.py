@@ -243,6 +243,8 @@ def test_teach_refuses_a_port_in_use():
 
 
 def test_teach_serves_the_page_on_the_port_given():
+    """Served by waitress, a production server: Flask's built-in one printed its red "development server, do not
+    use in production" warning on every start while the help suggests serving a class on 0.0.0.0."""
     pytest.importorskip("dash", reason="dash is not installed (the test extra has it)")
     import os
     import socket
@@ -255,19 +257,22 @@ def test_teach_serves_the_page_on_the_port_given():
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 90
-        page = None
+        page = server = None
         while page is None and time.monotonic() < deadline and proc.poll() is None:
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as r:
-                    page = r.read().decode()
+                    page, server = r.read().decode(), r.headers["Server"]
             except OSError:
                 time.sleep(0.3)
         assert page is not None, "the page never answered"
         assert "<title>servesim teach</title>" in page
         assert "/_dash-component-suites/" in page and "cdn" not in page.lower()
+        assert server == "servesim teach"  # waitress's ident (Flask's server answers "Werkzeug/...")
     finally:
         proc.terminate()
-        proc.wait(timeout=30)
+        out, _ = proc.communicate(timeout=30)
+    assert out.splitlines()[0] == f"servesim teach: http://127.0.0.1:{port}/ ({TEACH_REQUESTS} requests per run)"
+    assert "development server" not in out and "Traceback" not in out, out
 
 
 def test_the_header_and_the_verdict_each_name_the_window_of_their_rate():
@@ -282,8 +287,8 @@ def test_the_header_and_the_verdict_each_name_the_window_of_their_rate():
     header, verdict = shown["throughput"], shown["verdict"]
     assert f", {done / res.duration:.3g} requests/s over the whole run ({res.duration:.3g} s, first arrival to " \
         "last completion), " in header, header
-    last = max(r.arrival for r in res.requests)
-    scheduled = sum(0 <= r.first_scheduled <= last for r in res.requests) / (last - min(r.arrival for r in res.requests))
+    first, last = min(r.arrival for r in res.requests), max(r.arrival for r in res.requests)
+    scheduled = sum(0 <= r.first_scheduled <= last for r in res.requests) / (last - first)
     assert f", scheduled {scheduled:.2f} req/s (first to last arrival)" in verdict, verdict
     assert f"{done / res.duration:.3g}" != f"{scheduled:.3g}"  # the two windows give two different rates here
 

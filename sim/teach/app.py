@@ -12,6 +12,7 @@ from typing import Any
 
 import dash
 from dash import Dash, Input, Output, State, ctx, dcc, html
+from waitress import create_server
 
 from sim.metrics import bottleneck
 from sim.schema import ScenarioError
@@ -35,6 +36,10 @@ CHOICES: dict[str, dict[str, str]] = {"policy": POLICIES, "kv": KV_TYPES}
 FIGURES = ("slots", "memory", "utilisation", "cdfs")
 LABEL_STYLE = {"fontSize": "0.85em", "marginTop": "0.5em", "display": "block"}
 
+
+# Requests the server handles at once. A redraw is CPU-bound Python (one simulates at a time under the GIL), but
+# with spare threads the page's scripts and another student's first load are not queued behind redraws.
+SERVER_THREADS = 8
 
 # requests/s: min, max, step of the arrival-rate slider (dash 4's slider has its own number box beside it; every
 # lesson's rate lies inside)
@@ -178,6 +183,13 @@ def create_app() -> Dash:
 
 
 def serve(host: str = "127.0.0.1", port: int = 8050) -> None:
-    """Start the page and serve it until interrupted."""
-    print(f"servesim teach: http://{host}:{port}/ ({TEACH_REQUESTS} requests per run)")
-    create_app().run(host=host, port=port, debug=False)
+    """Serve the page with waitress, a production WSGI server, until interrupted (Flask's built-in server is for
+    development and says so in red on every start, while ``--host 0.0.0.0`` serves a whole class)."""
+    server = create_server(create_app().server, host=host, port=port, threads=SERVER_THREADS, ident="servesim teach")
+    print(f"servesim teach: http://{host}:{port}/ ({TEACH_REQUESTS} requests per run)", flush=True)
+    try:
+        server.run()
+    except KeyboardInterrupt:  # Ctrl-C is how a teacher stops the page: no traceback
+        pass
+    finally:
+        server.close()
