@@ -160,6 +160,18 @@ def check_lesson_host_kv_cache(s: Summaries) -> None:
     assert s["host-1024"]["ttft"]["mean"] < s["gpu-only"]["ttft"]["mean"]
 
 
+def check_classes_priority(s: Summaries) -> None:
+    (x,) = s.values()
+    inter, batch = x["classes"]["interactive"], x["classes"]["batch"]
+    assert abs(inter["num_requests"] / x["num_requests"] - 0.2) < 0.06  # 300 draws: binomial std 0.023
+    assert (inter["priority"], batch["priority"]) == (0, 1)
+    assert x["limits"]["queue_end"] > 10 * max(x["limits"]["queue_start"], 1)  # overloaded: the queue grows
+    # FCFS: one queue for both classes, so interactive waits as long as batch and misses its 1 s TTFT SLO
+    assert 0.5 < inter["ttft"]["p99"] / batch["ttft"]["p99"] < 2
+    assert inter["slo_attainment"] < 0.5 and batch["slo_attainment"] == 1.0
+    assert x["fairness"]["jain_index"] == 1.0  # every tenant fully served, only later
+
+
 # file stem -> (overrides that scale it down, checks)
 def check_vidur(s: Summaries) -> None:
     (v,) = s.values()
@@ -190,6 +202,7 @@ CASES: dict[str, tuple[dict, Callable[[Summaries], None]]] = {
     "vidur-arxiv-llama2-70b": ({"workload.num_requests": 300}, check_vidur),
     "lesson-pipeline-bubbles": ({"workload.num_requests": 32}, check_lesson_pipeline_bubbles),
     "lesson-host-kv-cache": ({"workload.arrival.end": 120}, check_lesson_host_kv_cache),
+    "classes-priority": ({"workload.num_requests": 300}, check_classes_priority),
 }
 
 
