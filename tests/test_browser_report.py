@@ -77,6 +77,27 @@ def _render(driver, page: Path, shot: Path) -> tuple[int, int, list[dict]]:
     return total, drawn, driver.get_log("browser")
 
 
+def _texts_under_the_mode_bar(driver) -> list[str]:
+    """Per figure, the texts whose boxes meet its mode bar's, measured from the page's layout (the icons are laid
+    out while hidden and show on hover, over whatever lies beneath)."""
+    return driver.execute_script(
+        """
+        const out = [];
+        for (const d of document.querySelectorAll('.plotly-graph-div')) {
+            const bar = d.querySelector('.modebar');
+            if (bar === null) continue;
+            const b = bar.getBoundingClientRect();
+            for (const t of d.querySelectorAll('svg text')) {
+                const r = t.getBoundingClientRect();
+                if (r.width > 0 && r.height > 0 && r.left < b.right && b.left < r.right && r.top < b.bottom
+                    && b.top < r.bottom) out.push(d.id + ': ' + t.textContent);
+            }
+        }
+        return out;
+        """
+    )
+
+
 def test_naive_vs_continuous_report_draws_every_figure(browser, tmp_path):
     scenario, raw = load_scenario(find_scenario("naive-vs-continuous"), {"workload.num_requests": 300})
     run = run_scenario(scenario, raw)
@@ -92,3 +113,5 @@ def test_naive_vs_continuous_report_draws_every_figure(browser, tmp_path):
     assert total >= 6, f"only {total} figures on the page"
     assert drawn == total, f"{total - drawn} of {total} figures were not drawn within {RENDER_TIMEOUT_S:.0f} s"
     assert shot.stat().st_size > 10_000  # a blank page's screenshot is a few kB
+    # issue 35: titles such as "KV cache by request: naive (...)" ran under the icons
+    assert _texts_under_the_mode_bar(browser) == []

@@ -192,6 +192,28 @@ def test_memory_note_says_whether_memory_is_the_ceiling(nvc):
     )
 
 
+def test_titles_sit_below_the_mode_bar(nvc):
+    # plotly draws its mode bar's icons over the top MODEBAR_PX of a figure and sets a title's baseline in the
+    # middle of the top margin: with a 50 px margin, "KV cache by request: ..." ran under the icons (issue 35).
+    # Every figure of a report on a single server and on clusters (replicas, disaggregation) keeps its title's
+    # glyphs (the font's size above the baseline) below the band, and its subplot titles on the plot area's edge.
+    from sim.report import SECTIONS
+    from sim.report.common import MODEBAR_PX
+
+    scenario, raw = load_scenario(find_scenario("lesson-disaggregation"), {"workload.num_requests": 30})
+    disagg = run_scenario(scenario, raw)
+    figures = [sec.figure for run in (nvc, disagg) for build in SECTIONS
+               for sec in build(run.results, run.summaries) if sec.figure is not None]
+    assert len(figures) >= 15
+    for fig in figures:
+        lay, tmpl = fig.layout, fig.layout.template.layout
+        top = lay.margin.t if lay.margin.t is not None else tmpl.margin.t
+        size = (lay.title.font.size or tmpl.title.font.size or 1.4 * (lay.font.size or tmpl.font.size))
+        name = lay.title.text or "untitled"
+        assert lay.title.y is None and top / 2 - size >= MODEBAR_PX, name
+        assert all(a.y is None or a.yref != "paper" or a.y <= 1.0 for a in lay.annotations), name
+
+
 def test_report_has_the_new_figures_and_stays_small(nvc):
     page = build_report(nvc.results, nvc.summaries, "naive vs continuous, 300 requests")
     for heading in ("<h2>Batch slots</h2>", "<h2>GPU memory: naive</h2>", "<h2>GPU memory: continuous</h2>"):

@@ -266,7 +266,7 @@ def fig_replicas(results: list[RunResult]) -> go.Figure | None:
         if a and a["times"]:
             fig.add_trace(go.Scatter(x=a["times"], y=a["values"], mode="lines", name=f"{r.name}: {a['signal']}",
                                      line={"color": color(i), "width": 1, "dash": "dot"}), secondary_y=True)
-    fig.update_layout(height=380, margin={"t": 30}, legend={"orientation": "h", "y": -0.2})
+    fig.update_layout(template=TEMPLATE, height=380, legend={"orientation": "h", "y": -0.2})
     fig.update_xaxes(title_text="time (s)")
     fig.update_yaxes(title_text="replicas paid for", rangemode="tozero", secondary_y=False)
     fig.update_yaxes(title_text="autoscaler signal", rangemode="tozero", secondary_y=True)

@@ -12,6 +12,10 @@ from plotly.colors import qualitative
 from sim.records import RunResult
 
 MAX_POINTS = 1000  # most points a plotted series may have
+MODEBAR_PX = 30  # plotly's mode bar: its icons fill the top 30 px of a figure, at the right, shown on hover
+# plotly sets a title's baseline in the middle of the top margin: at 48 px, under the mode bar's band rather than
+# in it (at a 50 px margin, titles such as "KV cache by request: ..." ran under its icons)
+TOP_MARGIN = 96
 MIN_WINDOWS = 20  # fewest windows a timeline uses, however short the run
 
 # A small template: plotly's named ones add about 7 kB of JSON to every figure.
@@ -23,7 +27,7 @@ TEMPLATE = go.layout.Template(
         xaxis=dict(gridcolor="#e5e5e5", zerolinecolor="#cccccc", showline=True, linecolor="#999999"),
         yaxis=dict(gridcolor="#e5e5e5", zerolinecolor="#cccccc", showline=True, linecolor="#999999"),
         hovermode="x unified",
-        margin=dict(l=70, r=30, t=50, b=50),
+        margin=dict(l=70, r=30, t=TOP_MARGIN, b=50),
     )
 )
 COLORS = qualitative.Plotly

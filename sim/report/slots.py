@@ -244,7 +244,6 @@ def fig_batch_slots(
             x=0.01,
             xanchor="left",
         ),
-        margin=dict(t=90),
         # below the plot: the modebar sits at the top right, where the legend used to be and covered it
         legend=dict(orientation="h", yref="container", y=0.005, yanchor="bottom", x=0.0, xanchor="left"),
     )
