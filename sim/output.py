@@ -98,7 +98,10 @@ def summary_json(summaries: dict, scenario: dict | None = None) -> str:
 
 # requests.csv's columns. Times are seconds, and each time column says so in its name; a time or session that
 # never happened is an empty cell (a -1 would pass for a value and break averages). The latency columns are
-# derived with summarize's definitions, so a user's average over them matches summary.json.
+# derived with summarize's definitions and cover the same requests, the completed ones (a failed or cancelled
+# request may have a first token, but no latency of its own in summary.json), so a user's mean over a column is
+# summary.json's mean; the time columns keep what happened to every request. What each column covers is
+# REQUEST_COLUMN_HELP (the README lists it).
 _TIME_FIELDS = ("arrival", "first_scheduled", "first_token", "finish")
 _TIME_LIST_FIELDS = ("preempted_at", "resumed_at")  # ';'-joined seconds, empty for none
 _ABSENT_IF_NEGATIVE = frozenset(_TIME_FIELDS + ("session_id",))
@@ -112,6 +115,36 @@ _SLO_FIELDS = ("ttft_slo", "tpot_slo")
 CLASS_COLUMNS: tuple[str, ...] = tuple(f"{f}_s" if f in _SLO_FIELDS else f for f in CLASS_FIELDS)
 
 
+REQUEST_COLUMN_HELP: dict[str, str] = {
+    "variant": "the variant's name",
+    "id": "the request's id, in arrival order",
+    "arrival_s": "when it arrived (every request)",
+    "first_scheduled_s": "the start of the first step that computed any of its tokens (empty: never scheduled)",
+    "first_token_s": "the end of the step that sampled its first output token (empty: none)",
+    "finish_s": "when it completed, was rejected or failed (every request)",
+    "prompt_tokens": "its prompt length",
+    "output_tokens": "the output tokens it got (the target when completed)",
+    "target_output_tokens": "the output tokens it asked for",
+    "num_preemptions": "how often it lost its KV cache",
+    "outcome": "completed, rejected or failed (a cancellation is a failure)",
+    "reason": "why it was rejected or failed (empty when completed)",
+    "replica": "the replica that served it",
+    "session_id": "its user or session (empty: none)",
+    "preempted_at_s": "';'-joined times at which a preemption freed its KV",
+    "resumed_at_s": "';'-joined times at which it held KV again",
+    "queue_s": "first_scheduled_s - arrival_s, completed requests only (summary.json's queue)",
+    "ttft_s": "first_token_s - arrival_s, completed requests only (summary.json's ttft)",
+    "tpot_s": "(e2el_s - ttft_s) / (output_tokens - 1), completed requests of 2 or more output tokens "
+              "(summary.json's tpot)",
+    "e2el_s": "finish_s - arrival_s, completed requests only (summary.json's e2el)",
+    "priority": "its class's priority, lower is served sooner (runs with request classes)",
+    "tenant": "its tenant (runs with request classes)",
+    "slo_class": "the class whose SLOs it is held to (runs with request classes)",
+    "ttft_slo_s": "its TTFT bound (empty: none; runs with request classes)",
+    "tpot_slo_s": "its TPOT bound (empty: none; runs with request classes)",
+}
+
+
 def _join_times(times: tuple[float, ...]) -> str:
     return ";".join(repr(float(t)) for t in times)
 
@@ -121,16 +154,13 @@ def _split_times(text: str) -> tuple[float, ...]:
 
 
 def _latencies(r: RequestRecord) -> list[float | str]:
-    """queue, TTFT, TPOT and E2EL of one request in seconds; empty where it is undefined (never scheduled, no
-    first token, not completed; TPOT needs two tokens: it excludes the first, as vLLM's benchmark does)."""
-    queue: float | str = r.first_scheduled - r.arrival if r.first_scheduled >= 0 else ""
-    ttft: float | str = r.first_token - r.arrival if r.first_token >= 0 else ""
-    done = r.completed
-    e2el: float | str = r.finish - r.arrival if done else ""
-    tpot: float | str = ""
-    if done and r.output_tokens > 1 and r.first_token >= 0:
-        tpot = (r.finish - r.first_token) / (r.output_tokens - 1)
-    return [queue, ttft, tpot, e2el]
+    """queue, TTFT, TPOT and E2EL of one request in seconds, as summary.json counts them: empty unless it
+    completed (a failed request's first token is in first_token_s), and TPOT needs two tokens (it excludes the
+    first, as vLLM's benchmark does)."""
+    if not r.completed:
+        return ["", "", "", ""]
+    tpot: float | str = (r.finish - r.first_token) / (r.output_tokens - 1) if r.output_tokens > 1 else ""
+    return [r.first_scheduled - r.arrival, r.first_token - r.arrival, tpot, r.finish - r.arrival]
 
 
 def requests_csv(results: list[RunResult]) -> str:

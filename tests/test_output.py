@@ -13,6 +13,7 @@ import pytest
 import sim.output as output
 from sim.metrics import SUMMARY_KEYS, SLOs, summarize
 from sim.output import (
+    LATENCY_COLUMNS,
     REQUEST_COLUMNS,
     STEP_CSV_COLUMNS,
     format_table,
@@ -425,3 +426,39 @@ def test_long_run_is_downsampled_and_small():
         assert 0 < trace_points(fig) <= MAX_POINTS
     html = build_report([run], summaries, "long run")
     assert len(html.encode()) < 5_000_000
+
+
+def test_requests_csv_latencies_cover_what_summary_json_covers(tmp_path) -> None:
+    """Issue 35: ttft_s and queue_s were written for failed and cancelled requests too, so their means differed
+    from summary.json's (over completed requests). A cancelled request keeps its first_token_s, not a ttft_s."""
+    from sim.run import run_scenario
+    from sim.scenario import parse_scenario
+
+    doc = {"name": "f", "seed": 3,
+           "workload": {"arrival": {"type": "poisson", "rate": 40.0}, "num_requests": 120,
+                        "prompt_len": {"type": "uniform", "min": 100, "max": 900},
+                        "output_len": {"type": "uniform", "min": 20, "max": 200},
+                        "failures": {"fraction": 0.3, "after": {"type": "uniform", "min": 0.05, "max": 1.5}}},
+           "deployment": {"model": "llama-3.2-1b", "gpu": "l4", "max_model_len": 2048}}
+    run = run_scenario(parse_scenario(doc))
+    write_run(tmp_path, run.results, run.summaries)
+    with open(tmp_path / "requests.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    failed = [r for r in rows if r["outcome"] == "failed"]
+    assert any(r["first_token_s"] for r in failed)  # the case: a first token, then the client left
+    assert all(r[c] == "" for r in failed for c in LATENCY_COLUMNS)
+    summary = run.summaries["f"]
+    for col, key in (("queue_s", "queue"), ("ttft_s", "ttft"), ("tpot_s", "tpot"), ("e2el_s", "e2el")):
+        assert np.mean([float(r[col]) for r in rows if r[col]]) == pytest.approx(summary[key]["mean"], rel=1e-12)
+    assert sum(bool(r["ttft_s"]) for r in rows) == summary["num_completed"]
+
+
+def test_every_requests_csv_column_is_explained_in_the_readme() -> None:
+    from pathlib import Path
+
+    from sim.output import CLASS_COLUMNS, REQUEST_COLUMN_HELP, REQUEST_COLUMNS
+
+    assert list(REQUEST_COLUMN_HELP) == ["variant", *REQUEST_COLUMNS, *CLASS_COLUMNS]
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    for col, text in REQUEST_COLUMN_HELP.items():
+        assert f"| `{col}` | {text} |" in readme, col
