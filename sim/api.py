@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from sim.compare import Comparison, RunFolderError, compare_runs
-from sim.output import REQUEST_COLUMNS, STEP_CSV_COLUMNS, _latencies, read_requests, read_steps
+from sim.output import REQUEST_COLUMNS, STEP_CSV_COLUMNS, _latencies, class_column_values, read_requests, read_steps
 from sim.records import REQUEST_FIELDS, STEP_COLUMNS, RunResult
 from sim.scenario import apply_override, load_scenario, parse_scenario
 from sim.schema import ScenarioError
@@ -95,7 +95,8 @@ class Results:
 
     @property
     def requests(self) -> dict[str, list]:
-        """requests.csv as columns: ``variant`` then ``REQUEST_COLUMNS`` (times in seconds, ``_s`` names)."""
+        """requests.csv as columns: ``variant`` then ``REQUEST_COLUMNS`` (times in seconds, ``_s`` names), then
+        ``CLASS_COLUMNS`` when the run has request classes."""
         if self._requests is None:
             self._requests = _request_columns(self.results)
         return self._requests
@@ -184,7 +185,7 @@ def _request_columns(results: list[RunResult]) -> dict[str, list]:
             values += [None if x == "" else x for x in _latencies(r)]
             for col, v in zip(lists, values, strict=True):
                 col.append(v)
-    return cols
+    return cols | (class_column_values(results) or {})  # requests.csv's class columns, when the run has them
 
 
 def _step_columns(results: list[RunResult]) -> dict[str, list]:

@@ -189,6 +189,20 @@ def _class_cells(r: RequestRecord) -> list[object]:
             "" if r.tpot_slo < 0 else r.tpot_slo]
 
 
+def class_column_values(results: list[RunResult]) -> dict[str, list] | None:
+    """requests.csv's class columns (``CLASS_COLUMNS``) for the other tables (Parquet, ``Results.requests``):
+    rows in the same order, None where the CSV cell is empty; None when no variant has classes."""
+    if not any(has_classes(res.requests) for res in results):
+        return None
+    cols: dict[str, list] = {c: [] for c in CLASS_COLUMNS}
+    lists = list(cols.values())
+    for res in results:
+        for r in sorted(res.requests, key=lambda r: r.id):
+            for col, v in zip(lists, _class_cells(r), strict=True):
+                col.append(None if v == "" else v)
+    return cols
+
+
 # steps.csv's columns: STEP_COLUMNS, with the unit in the name of each time column (the same convention as
 # requests.csv). read_steps also takes the older names.
 _STEP_TIME_COLUMNS = ("start", "duration")

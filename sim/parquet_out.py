@@ -18,7 +18,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from sim.records import REQUEST_FIELDS, STEP_COLUMNS, RequestRecord, RunResult
+from sim.records import CLASS_FIELDS, REQUEST_FIELDS, STEP_COLUMNS, RequestRecord, RunResult
 
 REQUESTS_PARQUET = "requests.parquet"
 STEPS_PARQUET = "steps.parquet"
@@ -45,7 +45,7 @@ def _pa() -> Any:
 
 
 def _request_table(results: list[RunResult]) -> Any:
-    from sim.output import LATENCY_COLUMNS, REQUEST_COLUMNS, _latencies
+    from sim.output import LATENCY_COLUMNS, REQUEST_COLUMNS, _latencies, class_column_values
 
     pa = _pa()
     times = ("arrival", "first_scheduled", "first_token", "finish")
@@ -74,7 +74,10 @@ def _request_table(results: list[RunResult]) -> Any:
             mask = a < 0 if f in absent_if_negative else None
             arrays.append(pa.array(a, type=kind, mask=mask))
     arrays += [pa.array(c, type=pa.float64()) for c in lat]
-    return pa.Table.from_arrays(arrays, names=["variant", *REQUEST_COLUMNS])
+    classes = class_column_values(results) or {}  # requests.csv's class columns, when the run has them
+    kinds = {"priority": pa.int64(), "tenant": pa.string(), "slo_class": pa.string()}
+    arrays += [pa.array(v, type=kinds.get(c, pa.float64())) for c, v in classes.items()]
+    return pa.Table.from_arrays(arrays, names=["variant", *REQUEST_COLUMNS, *classes])
 
 
 def write_requests_parquet(f: IO[bytes], results: list[RunResult]) -> None:
@@ -154,16 +157,18 @@ def read_requests_parquet(path: str | os.PathLike) -> dict[str, list[RequestReco
     """requests.parquet back into records, grouped by variant (in file order), as ``read_requests`` does."""
     import pyarrow.parquet as pq
 
-    from sim.output import _TIME_FIELDS, _TIME_LIST_FIELDS
+    from sim.output import _TIME_FIELDS, _TIME_LIST_FIELDS, CLASS_COLUMNS
 
     cols = pq.read_table(Path(path)).to_pydict()
     n = len(cols["variant"])
     named = {f: cols[f"{f}_s" if f in _TIME_FIELDS + _TIME_LIST_FIELDS else f] for f in REQUEST_FIELDS}
+    # the class columns, when the run had classes (an SLO column's null: no bound, -1 on the record)
+    named |= {f: cols[c] for f, c in zip(CLASS_FIELDS, CLASS_COLUMNS, strict=True) if c in cols}
     out: dict[str, list[RequestRecord]] = {}
     for i in range(n):
         v: dict[str, Any] = {}
-        for f in REQUEST_FIELDS:
-            x = named[f][i]
+        for f, values in named.items():
+            x = values[i]
             v[f] = tuple(x) if f in _TIME_LIST_FIELDS else (-1 if x is None else x)
         out.setdefault(cols["variant"][i], []).append(RequestRecord(**v))
     return out

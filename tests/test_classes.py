@@ -293,3 +293,25 @@ def test_a_run_without_classes_writes_no_class_figures_or_columns(tmp_path: Path
     assert not {"classes", "tenants", "fairness"} & set(summary["variants"]["classes"])
     assert "per_class" not in json.loads((out / "classes.vllm-bench.json").read_text())
     assert "Latency per class" not in (out / "report.html").read_text()
+
+
+def test_parquet_and_the_python_api_carry_the_class_columns(tmp_path: Path) -> None:
+    """requests.parquet and ``Results.requests`` hold requests.csv's class columns, and read back to the same
+    records."""
+    pytest.importorskip("pyarrow")
+    from sim.output import CLASS_COLUMNS, read_requests, write_run
+    from sim.run import run_scenario
+    from sim.scenario import parse_scenario
+
+    run = run_scenario(parse_scenario(SCENARIO))
+    write_run(tmp_path / "csv", run.results, run.summaries)
+    write_run(tmp_path / "pq", run.results, run.summaries, table_format="parquet")
+    assert read_requests(tmp_path / "pq") == read_requests(tmp_path / "csv")
+    assert {r.slo_class for r in read_requests(tmp_path / "pq")["classes"]} == {"interactive", "batch"}
+
+    import servesim
+
+    cols = servesim.run(SCENARIO).requests
+    assert set(CLASS_COLUMNS) <= set(cols)
+    assert {(c, t) for c, t in zip(cols["slo_class"], cols["ttft_slo_s"], strict=True)} == {
+        ("interactive", 0.5), ("batch", None)}
