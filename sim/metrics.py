@@ -17,7 +17,8 @@ by several requests; the per-request count is capped at the slots in use, which 
 (they are: only whole prompt blocks are shared). Without prefix caching the figure is exact.
 
 A run whose requests carry classes (the workload's ``classes`` or a trace's columns) also gets ``classes``: the
-figures above for each class (``slo_class``), its goodput and SLO attainment against its own SLOs; and, when
+figures above for each class (``slo_class``), its goodput and SLO attainment against its own SLOs (the run's
+goodput then counts each request against its own class's SLOs too, so it is the sum of the classes'); and, when
 requests name tenants, ``tenants`` and ``fairness`` (Jain's index over the tenants, see :func:`tenant_fairness`).
 
 Statistics only: formatting lives in ``sim.output`` and plotting in ``sim.report``.
@@ -55,7 +56,7 @@ SUMMARY_KEYS: tuple[str, ...] = (
     "request_throughput",  # completed requests / s
     "output_throughput",  # output tokens / s
     "total_token_throughput",  # (prompt + output) tokens / s
-    "goodput",  # completed requests meeting every SLO / s; null without SLOs
+    "goodput",  # completed requests meeting every SLO (a request's own class SLOs first) / s; null without SLOs
     "slo_attainment",  # fraction of all requests that completed within every SLO; null without SLOs
     "slos",  # the thresholds used, seconds, or null
     "ttft",
@@ -214,7 +215,11 @@ def summarize(result: RunResult, slos: SLOs | None = None) -> dict:
     total_in = int(in_tok.sum())
 
     goodput = slo_attainment = NAN
-    if slos is not None:
+    if any(r.ttft_slo >= 0 or r.tpot_slo >= 0 for r in reqs):  # request classes with SLOs of their own
+        good = _within_slos(done, lat, slos)  # so the run's figure is the sum of its classes'
+        goodput = _ratio(int(good.sum()), duration)
+        slo_attainment = _ratio(int(good.sum()), len(reqs))
+    elif slos is not None:
         good = np.ones(n_done, dtype=bool)
         for limit, vals in ((slos.ttft, ttft), (slos.tpot, tpot_all), (slos.e2el, e2el)):
             if limit is not None:

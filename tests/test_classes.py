@@ -229,6 +229,10 @@ def test_per_class_summary_equals_figures_from_requests_csv_rows(tmp_path: Path)
         assert block["goodput"] == pytest.approx(good / duration, rel=1e-12)
         assert block["slo_attainment"] == pytest.approx(good / len(mine), rel=1e-12)
         assert block["slos"]["e2el"] == 8.0
+    # the run's goodput counts each request against its own class's SLOs: the sum of the classes'
+    assert summary["goodput"] == pytest.approx(sum(c["goodput"] for c in summary["classes"].values()), rel=1e-12)
+    assert summary["slo_attainment"] * summary["num_requests"] == pytest.approx(
+        sum(c["slo_attainment"] * c["num_requests"] for c in summary["classes"].values()), rel=1e-12)
     inter = summary["classes"]["interactive"]
     assert (inter["priority"], inter["tenant"], inter["slos"]) == (0, "web", {"ttft": 0.5, "tpot": 0.03,
                                                                              "e2el": 8.0})
