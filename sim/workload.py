@@ -538,7 +538,12 @@ class ClassSLO(_Model):
 
 
 class RequestClass(_Model):
-    """One class of requests: its share of the arrivals, who sends it, how urgent it is and what it must meet."""
+    """One class of requests: its share of the arrivals, who sends it, how urgent it is and what it must meet.
+
+    The classes split the workload's one arrival process by share. With Poisson arrivals that is the same as an
+    arrival process per class: each class's arrivals are an independent Poisson process of rate share x rate
+    (thinning), so classes of rates r1 and r2 are ``rate: r1 + r2`` with shares r1/(r1 + r2) and r2/(r1 + r2).
+    """
 
     name: str = Field(min_length=1, description="The class's name (requests.csv's slo_class column).")
     share: Float | None = Field(
