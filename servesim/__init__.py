@@ -4,10 +4,17 @@
     res = servesim.run("scenarios/naive-vs-continuous.yaml", num_requests=100)
     print(res.table())
 
+A scheduling policy of one's own subclasses ``servesim.Policy`` (see :mod:`sim.policies.api` and
+docs/write-a-policy.md) and is named in a scenario by ``policy: {type: custom, cls: "my_policies.py:MyPolicy"}``.
+
 See :mod:`sim.api` for the details; the simulator itself lives in the ``sim`` package.
 """
 
 from sim import __version__
 from sim.api import Comparison, Results, RunFolderError, ScenarioError, compare, load, run
+from sim.policies.api import Budget, KVView, Limits, Plan, Policy, PolicyView, RequestView
+from sim.policies.queue import QueuePolicy
+from sim.policies.user import PolicyError
 
-__all__ = ["Comparison", "Results", "RunFolderError", "ScenarioError", "__version__", "compare", "load", "run"]
+__all__ = ["Budget", "Comparison", "KVView", "Limits", "Plan", "Policy", "PolicyError", "PolicyView", "QueuePolicy",
+           "RequestView", "Results", "RunFolderError", "ScenarioError", "__version__", "compare", "load", "run"]

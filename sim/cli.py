@@ -116,7 +116,14 @@ def run(
     written: list[str] = []
     with _quiet_numpy():
         try:
-            result = run_scenario(prepared, progress=bar or False)
+            try:
+                result = run_scenario(prepared, progress=bar or False)
+            except ScenarioError as e:  # a user's policy failed (sim.policies.user.PolicyError): nothing written
+                if bar is not None:
+                    bar.close()
+                    bar = None
+                _fail(str(e))
+                return
             try:
                 write_scenario_run(result, out_dir, progress=bar, steps=steps, table_format=table_format,
                                    written=written)

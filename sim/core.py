@@ -125,6 +125,11 @@ class ServingCore:
         # A group-aware policy that, with nothing waiting or swapped and every running request decoding,
         # schedules exactly the group: the core may then step without asking it.
         self.steady_ok = bool(getattr(policy, "decode_all_when_idle", Policy.decode_all_when_idle))
+        # A policy that declares its decision changes only with arrivals and finishes (``UserPolicy.may_repeat``,
+        # from the public ``depends_on``): after it planned a step in which every running request decoded one token
+        # and nothing else happened, the core may take such steps without asking until something changes.
+        self.may_repeat = bool(getattr(policy, "may_repeat", False))
+        self.all_decode = False  # the policy's last plan was such a step (reset by arrivals, finishes, asking)
         self._admit_seq = 0
         # vLLM 0.6 multi-step (sim/engine_sched.py): decode-only steps come in blocks of this many
         self.multi_step = int(getattr(policy, "num_scheduler_steps", 1))
@@ -222,7 +227,16 @@ class ServingCore:
             self.policy_deadline = self.policy.wake_time(self._view) if self.group is not None else None
             only_group = plan.decode_group and not (plan.scheduled or plan.preempt or plan.swap_in or plan.reject)
             self.repeatable = plan if only_group else None
+            self.all_decode = self.may_repeat and self._all_decode(plan)
         return self._apply(plan, now)
+
+    def _all_decode(self, plan: Plan) -> bool:
+        """Whether ``plan`` runs every running request for one decode token and does nothing else."""
+        if plan.preempt or plan.swap_in or plan.reject or plan.padded_rows or plan.pad_to_longest:
+            return False
+        if len(plan.scheduled) + (self.group.size if plan.decode_group and self.group else 0) != len(self.running):
+            return False
+        return all(n == 1 and r.status is Status.RUNNING and r.num_remaining == 1 for r, n in plan.scheduled)
 
     def plan_without_policy(self, now: float) -> Plan | None:
         """The plan the policy is certain to give, when it need not be asked: only the decode group runs."""
@@ -237,7 +251,7 @@ class ServingCore:
             return None  # a multi-step block ends: the policy may start a prompt
         if self.repeatable is not None:
             return self.repeatable
-        if self.steady_ok and not self.waiting and not self.swapped:
+        if self.all_decode or (self.steady_ok and not self.waiting and not self.swapped):
             if g.size <= self.limits.max_num_seqs and g.size <= self.limits.max_num_batched_tokens:
                 return STEADY_PLAN
         return None
@@ -285,6 +299,7 @@ class ServingCore:
             # Room was freed: a policy with requests waiting must look again. With nothing waiting, the steady
             # plan (the group decodes) is what it would say, so no need to ask.
             self.repeatable = None
+            self.all_decode = False  # a finish is an event a user's policy may act on (``depends_on``)
             if batch.group_size and batch.plan.scheduled:
                 finished.sort(key=_admit_order)  # the order stepping one by one would finish them in
             for r in finished:

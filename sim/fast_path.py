@@ -189,6 +189,7 @@ def fast_forward(
             run = i + 1
             core.filled_blocks, core.kv_tokens = filled, kv_tokens
             core.repeatable = None
+            core.all_decode = False
             for r in finish_at.pop(steps):
                 core.retire(r, ends[i + 1])
             m = len(members)

@@ -13,15 +13,16 @@ import numpy as np
 
 from sim.autoscaler import AutoscalerConfig
 from sim.build import build
-from sim.core import ServingCore
+from sim.core import PlanError, ServingCore
 from sim.metrics import summarize
+from sim.policies.user import PolicyError
 from sim.progress import BarProgress, Progress
 from sim.records import RunResult
 from sim.request import Request
 from sim.results import result_of
 from sim.scenario import VariantConfig, apply_point, slos_of, sweep_points, variant_configs
 from sim.schema import Scenario, ScenarioError
-from sim.simulator import ClosedLoopPlan, Simulation
+from sim.simulator import ClosedLoopPlan, Simulation, StalledError
 from sim.spec_decode import SpecDecoder, build_decoder, summary_inputs
 from sim.workload import GeneratedWorkload, Workload
 
@@ -64,7 +65,26 @@ def simulate_variant(
     progress: Callable[[int, float], None] | None = None,
 ) -> tuple[RunResult, list[Request], ServingCore]:
     """Simulate one variant on a workload; returns its result, its requests and its core (a cluster's: the first
-    replica's; the result covers every replica)."""
+    replica's; the result covers every replica). A policy that breaks a rule or leaves work waiting forever
+    raises ``PolicyError`` (a ``ScenarioError``) naming the variant and the policy."""
+    try:
+        return _simulate_variant(cfg, workload, name=name, keep_token_times=keep_token_times, fast_path=fast_path,
+                                 progress=progress)
+    except PolicyError as e:
+        raise PolicyError(f"variant {name or cfg.name!r}: {e}") from None
+    except (PlanError, StalledError) as e:  # a plan the core refused, or work left waiting with nothing to come
+        raise PolicyError(f"variant {name or cfg.name!r}: policy {getattr(cfg.policy, 'type', '?')}: {e}") from None
+
+
+def _simulate_variant(
+    cfg: VariantConfig,
+    workload: GeneratedWorkload,
+    *,
+    name: str | None,
+    keep_token_times: bool,
+    fast_path: bool,
+    progress: Callable[[int, float], None] | None,
+) -> tuple[RunResult, list[Request], ServingCore]:
     if cfg.disaggregation is not None:
         from sim.disagg.pools import simulate_disaggregated
 

@@ -169,6 +169,17 @@ def _resolve_relative_paths(raw: dict, base: Path) -> None:
                 if cand.exists():
                     d[key] = str(cand)
 
+    def fix_cls(d: Any) -> None:  # cls: "file.py:Class" of a user's policy
+        if isinstance(d, dict) and isinstance(d.get("cls"), str):
+            target, sep, name = d["cls"].rpartition(":")
+            if sep and target.endswith(".py") and not Path(target).is_absolute() and (base / target).exists():
+                d["cls"] = f"{base / target}:{name}"
+
+    fix_cls(raw.get("policy"))
+    listed = raw.get("variants")
+    for v in listed if isinstance(listed, list) else []:
+        if isinstance(v, dict):
+            fix_cls(v.get("policy"))
     wl = raw.get("workload")
     if isinstance(wl, dict):
         fix(wl.get("arrival"), "trace")

@@ -43,7 +43,11 @@ from sim.engines import (
 from sim.host_kv_config import HostCacheConfig
 from sim.limits import MAX_POOL_BLOCKS
 from sim.pipeline import PipelineLink
-from sim.policies import Admission, ContinuousPolicy, Limits, Policy, StaticPolicy
+from sim.policies import Admission
+from sim.policies.configs import ContinuousPolicyConfig as ContinuousPolicyConfig  # re-exported: the policy
+from sim.policies.configs import PolicyConfig as PolicyConfig  # sections live with the policies
+from sim.policies.configs import PolicyConfigBase as PolicyConfigBase
+from sim.policies.configs import StaticPolicyConfig as StaticPolicyConfig
 from sim.specs import GPUSpec, ModelSpec
 from sim.workload import Float, InputModel, Int, Workload
 
@@ -223,79 +227,6 @@ class ContiguousKV(KVCacheConfigBase):
 KVCacheConfig = Annotated[PagedKV | ContiguousKV, Field(discriminator="type")]
 
 
-# ---- policies -------------------------------------------------------------------------------------------------
-class PolicyConfigBase(_Model):
-    """A ``policy`` section: each kind gives its per-step limits and builds its policy, so adding a policy
-    touches only its class and the ``PolicyConfig`` union (and a kind that lacks either cannot be created)."""
-
-    @abstractmethod
-    def limits(self, max_model_len: int) -> Limits:
-        """The per-step limits the core checks this policy's plans against."""
-
-    @abstractmethod
-    def build(self, limits: Limits, admission: Admission) -> Policy:
-        """The policy, planning within ``limits`` (from ``limits()``) and refusing whom ``admission`` says."""
-
-
-class StaticPolicyConfig(PolicyConfigBase):
-    type: Literal["static"] = "static"
-    batch_size: Int = Field(default=8, ge=1, description="Requests per batch.")
-    max_wait: Float = Field(
-        default=1.0, ge=0, le=1e9, description="Seconds the oldest queued request waits for a full batch."
-    )
-    preemption_mode: Literal["recompute", "swap"] = Field(default="recompute", description="If paged KV runs out.")
-    max_input_len: Int | None = Field(default=None, ge=1, description="Longest prompt the engine is built for "
-                                      "(TensorRT-LLM's name): with deployment.engine the activations are sized for "
-                                      "batch_size x this; none: max_model_len (sim/engine_costs.py).")
-    _record_set_keys = omit_when_unset("max_input_len")  # recorded only when given
-
-    def limits(self, max_model_len: int) -> Limits:
-        # a padded batch computes at most batch_size x max_model_len tokens in one step
-        return Limits(max(256, self.batch_size), self.batch_size * max_model_len, max_model_len)
-
-    def build(self, limits: Limits, admission: Admission) -> StaticPolicy:
-        return StaticPolicy(batch_size=self.batch_size, max_wait=self.max_wait, limits=limits,
-                            preemption_mode=self.preemption_mode, admission=admission)
-
-
-class ContinuousPolicyConfig(PolicyConfigBase):
-    type: Literal["continuous"] = "continuous"
-    # None: the deployment.engine's default (sim/engines.py), or without an engine the classic one named here
-    max_num_seqs: Int | None = Field(default=None, ge=1, description="Requests in one step at most; none: the "
-                                     "engine's default (256 without deployment.engine).")
-    max_num_batched_tokens: Int | None = Field(
-        default=None,
-        ge=1,
-        description="Tokens computed in one step at most; none: the engine's default (without deployment.engine: "
-        "8192 with chunked prefill, else max(8192, max_model_len)).",
-    )
-    enable_chunked_prefill: bool | None = Field(
-        default=None, description="Cut prompts into chunks that fill each step; none: the engine's default (off "
-        "without deployment.engine).")
-    prefill_mode: Literal["prefill_first", "mixed"] | None = Field(
-        default=None, description="Without chunking: prompts-only steps first (vLLM v0), or mixed steps; none: the "
-        "engine's default (prefill_first without deployment.engine)."
-    )
-    capacity_scheduler_policy: Literal["guaranteed_no_evict", "max_utilization"] | None = Field(
-        default=None, description="Admission (TensorRT-LLM's names): guaranteed_no_evict admits a request only when "
-        "the KV of its whole prompt + output fits beside the running requests' (nothing is ever preempted); "
-        "max_utilization admits while blocks are free now. none: the engine's default (max_utilization without "
-        "deployment.engine).")
-    preemption_mode: Literal["recompute", "swap"] = Field(
-        default="recompute", description="What happens to the latest-admitted request when blocks run out."
-    )
-
-    def limits(self, max_model_len: int) -> Limits:
-        mnbt = self.max_num_batched_tokens or (8192 if self.enable_chunked_prefill else max(8192, max_model_len))
-        return Limits(self.max_num_seqs or 256, mnbt, max_model_len)
-
-    def build(self, limits: Limits, admission: Admission) -> ContinuousPolicy:
-        return ContinuousPolicy(limits=limits, enable_chunked_prefill=bool(self.enable_chunked_prefill),
-                                prefill_mode=self.prefill_mode or "prefill_first", preemption_mode=self.preemption_mode,
-                                admission=admission, no_evict=self.capacity_scheduler_policy == "guaranteed_no_evict")
-
-
-PolicyConfig = Annotated[StaticPolicyConfig | ContinuousPolicyConfig, Field(discriminator="type")]
 
 
 class AdmissionConfig(_Model):

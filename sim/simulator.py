@@ -32,6 +32,11 @@ from sim.results import gc_paused
 from sim.routers import Router, round_robin
 
 
+class StalledError(RuntimeError):
+    """The run ended with requests that never got an outcome: the policy left work waiting while nothing else
+    could happen (nothing running, no arrival or timer to come)."""
+
+
 @dataclass(frozen=True, slots=True)
 class ClosedLoopPlan:
     """Closed-loop traffic: ``num_users`` users; user u sends the requests whose session_id is u, in id order,
@@ -427,7 +432,7 @@ class Simulation:
             return  # requests in flight failed; unsent ones were dropped
         unfinished = [r for r in self.requests if r.outcome is None]
         if unfinished or len(self.requests) != len(self.specs):
-            raise RuntimeError(
+            raise StalledError(
                 f"simulation stalled: {len(unfinished)} requests without outcome, "
                 f"{len(self.specs) - len(self.requests)} never sent (a policy never schedules them?)"
             )

@@ -58,14 +58,17 @@ def _variant(policy=None, kv=None, cost=None, **deployment) -> VariantConfig:
 
 # ---- policies -------------------------------------------------------------------------------------------------
 def test_the_unions_list_every_config_kind() -> None:
-    assert sorted(k.__name__ for k in POLICY_KINDS) == ["ContinuousPolicyConfig", "StaticPolicyConfig"]
+    assert sorted(k.__name__ for k in POLICY_KINDS) == [
+        "ContinuousPolicyConfig", "CustomPolicyConfig", "EDFPolicyConfig", "FCFSPolicyConfig", "PriorityPolicyConfig",
+        "SJFPolicyConfig", "StaticPolicyConfig"]
     assert sorted(k.__name__ for k in KV_KINDS) == ["ContiguousKV", "PagedKV"]
     assert sorted(k.__name__ for k in COST_KINDS) == ["AnalyticCost", "FittedCost"]
 
 
 @pytest.mark.parametrize("kind", POLICY_KINDS, ids=lambda k: k.__name__)
 def test_every_policy_config_builds_its_policy(kind: type[PolicyConfigBase]) -> None:
-    cfg = kind()
+    # a user's class (custom) needs its name: the FCFS example on the public API
+    cfg = kind(cls="sim.policies.queue:FCFSPolicy") if kind.__name__ == "CustomPolicyConfig" else kind()
     limits = cfg.limits(4096)
     assert isinstance(limits, Limits) and limits.max_model_len == 4096
     admission = Admission(max_queue_len=3)

@@ -77,7 +77,9 @@ def _with_numbers(policy: dict) -> dict:
     """Numbers that make each policy behave non-trivially on CHAT: batches that wait, chunks that split prompts."""
     if policy["type"] == "static":
         return {**policy, "batch_size": 8, "max_wait": 0.2}
-    if policy.get("enable_chunked_prefill"):
+    if policy["type"] == "custom":  # a user's class: the FCFS example, loaded by module name
+        policy = {**policy, "cls": "sim.policies.queue:FCFSPolicy"}
+    if policy.get("enable_chunked_prefill", policy["type"] not in ("static", "continuous")):
         return {**policy, "max_num_batched_tokens": 512}
     return policy
 
@@ -87,7 +89,7 @@ KV_CACHES = [c for m in _union_members(KVCacheConfig) for c in _choices(m)]
 
 
 def test_every_option_is_enumerated():
-    assert {p["type"] for p in POLICIES} == {"static", "continuous"}
+    assert {p["type"] for p in POLICIES} == {"static", "continuous", "fcfs", "priority", "sjf", "edf", "custom"}
     assert {k["type"] for k in KV_CACHES} == {"paged", "contiguous"}
     assert len(POLICIES) >= 18 and len(KV_CACHES) >= 4  # 2 static + 16 continuous; 2 paged + 2 contiguous
 

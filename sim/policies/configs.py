@@ -1,0 +1,260 @@
+"""The ``policy`` section of a scenario: one config class per kind, each building its policy.
+
+Adding a policy kind touches its class here and the ``PolicyConfig`` union below; the built-in queue policies
+(``fcfs``, ``priority``, ``sjf``, ``edf``) and a user's own class (``custom``) all run on the public policy API
+(``sim.policies.api``) through ``sim.policies.user.UserPolicy``.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from typing import Annotated, Any, Literal
+
+from pydantic import ConfigDict, Field, PrivateAttr, model_validator
+
+from sim.engine_costs import omit_when_unset
+from sim.policies.base import Admission, Limits, Policy
+from sim.policies.continuous import ContinuousPolicy
+from sim.policies.static import StaticPolicy
+from sim.workload import Float, InputModel, Int
+
+
+class PolicyModel(InputModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+# ---- policies -------------------------------------------------------------------------------------------------
+class PolicyConfigBase(PolicyModel):
+    """A ``policy`` section: each kind gives its per-step limits and builds its policy, so adding a policy
+    touches only its class and the ``PolicyConfig`` union (and a kind that lacks either cannot be created)."""
+
+    @abstractmethod
+    def limits(self, max_model_len: int) -> Limits:
+        """The per-step limits the core checks this policy's plans against."""
+
+    @abstractmethod
+    def build(self, limits: Limits, admission: Admission) -> Policy:
+        """The policy, planning within ``limits`` (from ``limits()``) and refusing whom ``admission`` says."""
+
+
+class StaticPolicyConfig(PolicyConfigBase):
+    type: Literal["static"] = "static"
+    batch_size: Int = Field(default=8, ge=1, description="Requests per batch.")
+    max_wait: Float = Field(
+        default=1.0, ge=0, le=1e9, description="Seconds the oldest queued request waits for a full batch."
+    )
+    preemption_mode: Literal["recompute", "swap"] = Field(default="recompute", description="If paged KV runs out.")
+    max_input_len: Int | None = Field(default=None, ge=1, description="Longest prompt the engine is built for "
+                                      "(TensorRT-LLM's name): with deployment.engine the activations are sized for "
+                                      "batch_size x this; none: max_model_len (sim/engine_costs.py).")
+    _record_set_keys = omit_when_unset("max_input_len")  # recorded only when given
+
+    def limits(self, max_model_len: int) -> Limits:
+        # a padded batch computes at most batch_size x max_model_len tokens in one step
+        return Limits(max(256, self.batch_size), self.batch_size * max_model_len, max_model_len)
+
+    def build(self, limits: Limits, admission: Admission) -> StaticPolicy:
+        return StaticPolicy(batch_size=self.batch_size, max_wait=self.max_wait, limits=limits,
+                            preemption_mode=self.preemption_mode, admission=admission)
+
+
+class ContinuousPolicyConfig(PolicyConfigBase):
+    type: Literal["continuous"] = "continuous"
+    # None: the deployment.engine's default (sim/engines.py), or without an engine the classic one named here
+    max_num_seqs: Int | None = Field(default=None, ge=1, description="Requests in one step at most; none: the "
+                                     "engine's default (256 without deployment.engine).")
+    max_num_batched_tokens: Int | None = Field(
+        default=None,
+        ge=1,
+        description="Tokens computed in one step at most; none: the engine's default (without deployment.engine: "
+        "8192 with chunked prefill, else max(8192, max_model_len)).",
+    )
+    enable_chunked_prefill: bool | None = Field(
+        default=None, description="Cut prompts into chunks that fill each step; none: the engine's default (off "
+        "without deployment.engine).")
+    prefill_mode: Literal["prefill_first", "mixed"] | None = Field(
+        default=None, description="Without chunking: prompts-only steps first (vLLM v0), or mixed steps; none: the "
+        "engine's default (prefill_first without deployment.engine)."
+    )
+    capacity_scheduler_policy: Literal["guaranteed_no_evict", "max_utilization"] | None = Field(
+        default=None, description="Admission (TensorRT-LLM's names): guaranteed_no_evict admits a request only when "
+        "the KV of its whole prompt + output fits beside the running requests' (nothing is ever preempted); "
+        "max_utilization admits while blocks are free now. none: the engine's default (max_utilization without "
+        "deployment.engine).")
+    preemption_mode: Literal["recompute", "swap"] = Field(
+        default="recompute", description="What happens to the latest-admitted request when blocks run out."
+    )
+
+    def limits(self, max_model_len: int) -> Limits:
+        mnbt = self.max_num_batched_tokens or (8192 if self.enable_chunked_prefill else max(8192, max_model_len))
+        return Limits(self.max_num_seqs or 256, mnbt, max_model_len)
+
+    def build(self, limits: Limits, admission: Admission) -> ContinuousPolicy:
+        return ContinuousPolicy(limits=limits, enable_chunked_prefill=bool(self.enable_chunked_prefill),
+                                prefill_mode=self.prefill_mode or "prefill_first", preemption_mode=self.preemption_mode,
+                                admission=admission, no_evict=self.capacity_scheduler_policy == "guaranteed_no_evict")
+
+
+# ---- policies on the public API --------------------------------------------------------------------------------
+class OraclePredictorConfig(PolicyModel):
+    type: Literal["oracle"] = "oracle"
+
+    def build(self) -> Any:
+        from sim.policies.predictors import OraclePredictor
+
+        return OraclePredictor()
+
+
+class LognormalPredictorConfig(PolicyModel):
+    type: Literal["lognormal"] = "lognormal"
+    sigma: Float = Field(ge=0, le=10, description="Standard deviation of the log of (prediction / truth).")
+    seed: Int = Field(default=0, ge=0, description="Seed of the prediction noise (the same for every variant).")
+
+    def build(self) -> Any:
+        from sim.policies.predictors import NoisyOraclePredictor
+
+        return NoisyOraclePredictor(self.sigma, self.seed)
+
+
+class BucketPredictorConfig(PolicyModel):
+    type: Literal["buckets"] = "buckets"
+    edges: list[Int] = Field(min_length=1, max_length=1024, description="Increasing upper edges of the length "
+                             "buckets (tokens); a request is predicted at its bucket's upper edge.")
+
+    def build(self) -> Any:
+        from sim.policies.predictors import BucketPredictor
+
+        return BucketPredictor(self.edges)
+
+
+PredictorConfig = Annotated[OraclePredictorConfig | LognormalPredictorConfig | BucketPredictorConfig,
+                            Field(discriminator="type")]
+
+
+class QueuePolicyConfigBase(PolicyConfigBase):
+    """A policy that runs on the public API: the step limits with vLLM's names, and an optional output-length
+    predictor its requests' ``predicted_output_len`` reads."""
+
+    max_num_seqs: Int = Field(default=256, ge=1, description="Requests in one step at most.")
+    max_num_batched_tokens: Int | None = Field(
+        default=None, ge=1, description="Tokens computed in one step at most; none: 8192 with chunked prefill, "
+        "else max(8192, max_model_len).")
+    predictor: PredictorConfig | None = Field(
+        default=None, description="Output-length predictor (oracle, lognormal noise on the oracle, or buckets); "
+        "none: requests show no prediction.")
+
+    def chunked(self) -> bool:
+        return True
+
+    def limits(self, max_model_len: int) -> Limits:
+        mnbt = self.max_num_batched_tokens or (8192 if self.chunked() else max(8192, max_model_len))
+        return Limits(self.max_num_seqs, mnbt, max_model_len)
+
+    @abstractmethod
+    def make(self) -> Any:
+        """The public-API policy object."""
+
+    def build(self, limits: Limits, admission: Admission) -> Policy:
+        from sim.policies.user import UserPolicy
+
+        pred = self.predictor.build() if self.predictor is not None else None
+        return UserPolicy(self.make(), limits, admission, pred)
+
+
+class _BuiltinQueueConfig(QueuePolicyConfigBase):
+    enable_chunked_prefill: bool = Field(default=True, description="Cut prompts into chunks that fill each step "
+                                         "(vLLM v1); off: a prompt runs whole, beside the decodes.")
+    preemption_mode: Literal["recompute", "swap"] = Field(
+        default="recompute", description="What happens to the preemption victim when blocks run out.")
+
+    def chunked(self) -> bool:
+        return self.enable_chunked_prefill
+
+
+class FCFSPolicyConfig(_BuiltinQueueConfig):
+    """First come, first served (vLLM's --scheduling-policy fcfs), on the public API."""
+
+    type: Literal["fcfs"] = "fcfs"
+
+    def make(self) -> Any:
+        from sim.policies.queue import FCFSPolicy
+
+        return FCFSPolicy(self.enable_chunked_prefill, self.preemption_mode)
+
+
+class PriorityPolicyConfig(_BuiltinQueueConfig):
+    """vLLM's --scheduling-policy priority: lower priority value first; preempts lower-priority running work."""
+
+    type: Literal["priority"] = "priority"
+
+    def make(self) -> Any:
+        from sim.policies.priority import PriorityPolicy
+
+        return PriorityPolicy(self.enable_chunked_prefill, self.preemption_mode)
+
+
+class SJFPolicyConfig(_BuiltinQueueConfig):
+    """Shortest job first on the predictor's output length (default predictor: the oracle)."""
+
+    type: Literal["sjf"] = "sjf"
+    shortest_remaining: bool = Field(default=False, description="Rank by predicted tokens still to generate, and "
+                                     "let a shorter waiting request displace a running one (SRPT).")
+
+    @model_validator(mode="after")
+    def _default_oracle(self) -> SJFPolicyConfig:
+        if self.predictor is None:
+            self.predictor = OraclePredictorConfig()
+        return self
+
+    def make(self) -> Any:
+        from sim.policies.sjf import ShortestJobFirst
+
+        return ShortestJobFirst(self.enable_chunked_prefill, self.preemption_mode, self.shortest_remaining)
+
+
+class EDFPolicyConfig(_BuiltinQueueConfig):
+    """Earliest TTFT deadline first (arrival + the request's TTFT SLO)."""
+
+    type: Literal["edf"] = "edf"
+    reject_late: bool = Field(default=False, description="Reject a request whose TTFT deadline passed before it "
+                              "ever ran.")
+
+    def make(self) -> Any:
+        from sim.policies.edf import EarliestDeadlineFirst
+
+        return EarliestDeadlineFirst(self.enable_chunked_prefill, self.preemption_mode, self.reject_late)
+
+
+class CustomPolicyConfig(QueuePolicyConfigBase):
+    """A user's own class on the public API (``servesim.Policy``), named by file or module."""
+
+    type: Literal["custom"] = "custom"
+    cls: str = Field(min_length=3, max_length=4096, description="'path/to/file.py:Class' (relative to the scenario "
+                     "file) or 'package.module:Class'.")
+    args: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the class's constructor.")
+    _cls: Any = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _resolve(self) -> CustomPolicyConfig:
+        from sim.policies.loader import load_class
+
+        self._cls = load_class(self.cls)  # once, at validation: a bad name fails before anything runs
+        self.make()  # the constructor validates its args
+        return self
+
+    def make(self) -> Any:
+        from sim.policies import api
+
+        try:
+            obj = self._cls(**self.args)
+        except Exception as e:
+            raise ValueError(f"cls {self.cls}: constructing it with args {self.args} raised "
+                             f"{type(e).__name__}: {e}") from None
+        why = api.implements_policy(obj)
+        if why is not None:
+            raise ValueError(f"cls {self.cls}: {type(obj).__name__} {why} (subclass servesim.Policy)")
+        return obj
+
+
+PolicyConfig = Annotated[StaticPolicyConfig | ContinuousPolicyConfig | FCFSPolicyConfig | PriorityPolicyConfig
+                         | SJFPolicyConfig | EDFPolicyConfig | CustomPolicyConfig, Field(discriminator="type")]

@@ -1,0 +1,61 @@
+"""Finding a user's class from a scenario's ``cls: "file.py:Class"`` or ``cls: "package.module:Class"``.
+
+Resolved once, when the scenario is validated, so a missing file, a module that fails to import or a name that is
+not a class is reported before anything runs, naming what is wrong. A file is loaded as a module of its own
+(registered under a name derived from its path, so a process pool's workers find the same class).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import sys
+import traceback
+from pathlib import Path
+from types import ModuleType
+
+
+def _module_from_file(path: Path) -> ModuleType:
+    name = "servesim_user_" + hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ValueError(f"{path}: cannot be loaded as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:
+        del sys.modules[name]
+        frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename == str(path)]
+        where = f" (line {frames[-1].lineno})" if frames else ""
+        raise ValueError(f"{path}: importing it raised {type(e).__name__}: {e}{where}") from None
+    return module
+
+
+def load_class(spec: str) -> type:
+    """The class ``spec`` names. Raises ValueError with the reason."""
+    target, sep, name = spec.rpartition(":")
+    if not sep or not target or not name:
+        raise ValueError(f"{spec!r}: expected 'path/to/file.py:ClassName' or 'package.module:ClassName'")
+    if target.endswith(".py"):
+        path = Path(target)
+        if not path.is_file():
+            raise ValueError(f"{target}: file not found (a path is relative to the scenario file)")
+        module = _module_from_file(path)
+    else:
+        try:
+            module = importlib.import_module(target)
+        except ModuleNotFoundError as e:
+            raise ValueError(f"{target}: no such module ({e})") from None
+        except Exception as e:
+            raise ValueError(f"{target}: importing it raised {type(e).__name__}: {e}") from None
+    obj = getattr(module, name, None)
+    if obj is None:
+        found = sorted(k for k, v in vars(module).items() if isinstance(v, type) and v.__module__ == module.__name__)
+        raise ValueError(f"{target} has no {name!r} (its classes: {', '.join(found) or 'none'})")
+    if not isinstance(obj, type):
+        raise ValueError(f"{target}:{name} is a {type(obj).__name__}, not a class")
+    return obj

@@ -1,0 +1,173 @@
+"""Continuous batching written only against the public policy API, with one hook per decision.
+
+``QueuePolicy`` schedules as vLLM v1 does: the running requests first (decodes and unfinished prompt chunks, in
+admission order), then, if nobody had to be preempted, the swapped requests and then the waiting ones, while
+``max_num_seqs``, ``max_num_batched_tokens`` and the free KV blocks allow. With ``enable_chunked_prefill`` prompts
+are cut to fill the step's token budget; without it a prompt runs whole or waits (vLLM v0's mixed steps).
+
+A subclass changes one rule by overriding one hook:
+
+- ``rank(req)``: the order of the waiting queue, lower first (None, the default: first come first served, with
+  requests preempted by recompute at the front, as vLLM keeps its queue). When ``rank`` is given, the preemption
+  victim is the running request of the largest rank (vLLM's priority scheduler), else the latest admitted;
+- ``preempt_for_waiting``: a waiting request that finds no free KV or no free slot preempts running requests of a
+  larger rank (vLLM's priority policy: a higher-priority arrival displaces lower-priority work);
+- ``refuse(req, view)``: a reason to reject a waiting request for good, or None (an SLO-aware admission rule).
+
+Every order is total and deterministic: ranks end with the arrival time and the request id, sorts are stable.
+A victim that was already planned this step leaves the plan and gives its tokens back (the case that crashed vLLM,
+#23347). ``sim.policies.fcfs``, ``priority``, ``sjf`` and ``edf`` are subclasses of a few lines each.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sim.policies.api import Budget, Plan, Policy, PolicyView, RequestView
+
+
+class QueuePolicy(Policy):
+    """Continuous batching with one hook per decision (``rank``, ``preempt_for_waiting``, ``refuse``): subclass it
+    to change one rule; the module docstring says what each hook decides."""
+
+    # Nothing in these rules reads the clock or how far a running request got, so the decision can change only
+    # when a request arrives or finishes (or KV runs short, when the core always asks).
+    depends_on = frozenset({"arrivals", "finishes"})
+    preempt_for_waiting = False
+
+    def __init__(self, enable_chunked_prefill: bool = True, preemption_mode: str = "recompute") -> None:
+        if preemption_mode not in ("recompute", "swap"):
+            raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got {preemption_mode!r}")
+        if not isinstance(enable_chunked_prefill, bool):
+            raise ValueError(f"enable_chunked_prefill must be true or false, got {enable_chunked_prefill!r}")
+        self.enable_chunked_prefill = enable_chunked_prefill
+        self.preemption_mode = preemption_mode
+
+    # ---- the hooks ----------------------------------------------------------------------------------------------
+    def rank(self, req: RequestView) -> Any:
+        """Sort key of a request, lower served sooner and preempted later; None: first come first served."""
+        return None
+
+    def refuse(self, req: RequestView, view: PolicyView) -> str | None:
+        """Why a waiting request is rejected now, or None to keep it."""
+        return None
+
+    # ---- the step -----------------------------------------------------------------------------------------------
+    def schedule(self, view: PolicyView) -> Plan:
+        plan = Plan()
+        budget = view.kv.budget()
+        tokens = view.limits.max_num_batched_tokens
+        out: set[int] = set()  # ids preempted this step
+        tokens = self._running(view, plan, budget, tokens, out)
+        if plan.preempted:
+            return plan  # as vLLM: no admissions in a step that had to preempt
+        tokens = self._swapped(view, plan, budget, tokens)
+        if len(plan.swapped_in) == len(view.swapped):
+            self._waiting(view, plan, budget, tokens, out)
+        return plan
+
+    def _running(self, view: PolicyView, plan: Plan, budget: Budget, tokens: int, out: set[int]) -> int:
+        running = list(view.running)
+        for r in running:
+            if r.id in out:
+                continue  # preempted to make room for an earlier request
+            n = r.num_remaining
+            if self.enable_chunked_prefill:
+                n = min(n, tokens)
+            elif n > tokens:
+                continue
+            if n <= 0:
+                break
+            while not budget.allocate(r, n):
+                victim = self._victim(running, out)
+                tokens += self._preempt(victim, plan, budget, out)
+                if victim is r:
+                    break
+            else:
+                plan.schedule(r, n)
+                tokens -= n
+        return tokens
+
+    def _victim(self, running: list[RequestView], out: set[int]) -> RequestView:
+        left = [r for r in running if r.id not in out]
+        if self.rank(left[0]) is None:
+            return left[-1]  # the latest admitted
+        return max(left, key=self.rank)
+
+    def _preempt(self, victim: RequestView, plan: Plan, budget: Budget, out: set[int]) -> int:
+        """Preempt ``victim``; returns the tokens it had been planned this step (given back)."""
+        given_back = plan.unschedule(victim)
+        if self.preemption_mode == "swap" and budget.can_swap_out(victim):
+            budget.swap_out(victim)
+            plan.preempt(victim, "swap")
+        else:
+            budget.release(victim)
+            plan.preempt(victim, "recompute")
+        out.add(victim.id)
+        return given_back
+
+    def _swapped(self, view: PolicyView, plan: Plan, budget: Budget, tokens: int) -> int:
+        for r in view.swapped:
+            n = r.num_remaining
+            if self.enable_chunked_prefill:
+                n = min(n, tokens)
+            if len(plan.scheduled) >= view.limits.max_num_seqs or n > tokens or n < 1:
+                break
+            if not budget.swap_in(r):
+                break
+            if not budget.allocate(r, n):
+                budget.release(r)
+                break
+            plan.swap_in(r, n)
+            tokens -= n
+        return tokens
+
+    def _waiting(self, view: PolicyView, plan: Plan, budget: Budget, tokens: int, out: set[int]) -> None:
+        lim = view.limits
+        queue = list(view.waiting)
+        if queue and self.rank(queue[0]) is not None:
+            queue.sort(key=self.rank)  # stable: equal ranks keep the queue's order
+        num_seqs = len(view.running) - len(plan.preempted) + len(plan.swapped_in)
+        admitted = 0
+        for r in queue:
+            reason = self.refuse(r, view)
+            if reason is not None:
+                plan.reject(r, reason)
+                continue
+            if tokens <= 0:
+                break
+            n = r.num_tokens - max(r.num_computed_tokens, view.kv.num_cached_tokens(r))
+            if self.enable_chunked_prefill:
+                n = min(n, tokens)
+            elif n > tokens:
+                break
+            while num_seqs >= lim.max_num_seqs or not budget.allocate(r, n):
+                # Displace only before anyone was admitted this step: the core frees the victims' KV before it
+                # places the admitted requests, so a later preemption would reorder where they land (contiguous KV)
+                freed = self._displace(view, r, plan, budget, out) if not admitted and not plan.swapped_in else None
+                if freed is None:
+                    return
+                tokens += freed
+                num_seqs -= 1
+            plan.schedule(r, n)
+            tokens -= n
+            num_seqs += 1
+            admitted += 1
+
+    def _displace(self, view: PolicyView, r: RequestView, plan: Plan, budget: Budget, out: set[int]) -> int | None:
+        """Preempt the worst-ranked running request if ``r`` outranks it (``preempt_for_waiting``); returns the
+        tokens it gave back, None when nobody may be displaced."""
+        if not self.preempt_for_waiting:
+            return None
+        left = [x for x in view.running if x.id not in out]
+        if not left:
+            return None
+        victim = max(left, key=self.rank)
+        if not self.rank(victim) > self.rank(r):
+            return None
+        return self._preempt(victim, plan, budget, out)
+
+
+class FCFSPolicy(QueuePolicy):
+    """First come, first served: vLLM's default ``--scheduling-policy fcfs``. The same schedule as the built-in
+    continuous policy with the same chunking (the tests compare them step by step)."""

@@ -1,0 +1,165 @@
+"""How the serving core runs a policy written against the public API (``sim.policies.api``).
+
+``UserPolicy`` is the adapter between the core's internal contract (``sim.policies.base``: a ``View`` of the
+core's own containers in, an internal ``Plan`` out, decode groups for the fast path) and the public one (read-only
+``RequestView``s in, a public ``Plan`` out). It also makes a user's policy user input: an exception inside it, a
+plan that names a request twice or breaks a limit, or a return value that is not a plan each raise
+``PolicyError`` (a ``ScenarioError``: the command line prints it and exits 2), with the user's own frames of the
+traceback and the step's time.
+
+The fast path stays behind the core: before asking, the adapter brings every request up to date (the decode group
+is dissolved), so the policy always sees current counters. When the policy declares that its decision changes
+only with arrivals and finishes (``depends_on``), the core may repeat a step in which every running request decoded
+one token, and nothing else happened, without asking (``ServingCore.plan_without_policy``); ``check_fast_path``
+runs a policy with and without that and names the first step where the two differ.
+"""
+
+from __future__ import annotations
+
+import traceback
+from typing import Any
+
+from sim.policies import api
+from sim.policies.base import Admission, Limits, Policy, View
+from sim.policies.base import Plan as CorePlan
+from sim.request import Request, Status
+from sim.schema import ScenarioError
+
+
+class PolicyError(ScenarioError):
+    """A user's policy failed: it raised, returned something that is not a plan, or planned past a rule."""
+
+
+def _user_frames(exc: BaseException) -> str:
+    """The traceback of an exception raised in a policy, without servesim's own frames above the user's code."""
+    tb = traceback.extract_tb(exc.__traceback__)
+    here = __file__.rsplit(".", 1)[0]
+    frames = [f for f in tb if not f.filename.startswith(here)]
+    lines = traceback.format_list(frames) + traceback.format_exception_only(type(exc), exc)
+    return "".join(lines).rstrip()
+
+
+class UserPolicy(Policy):
+    """Runs a public-API policy inside the core (see the module docstring)."""
+
+    __slots__ = ("user", "limits", "admission", "predictor", "name", "may_repeat", "preemption_mode",
+                 "uses_decode_group")
+
+    def __init__(self, user: Any, limits: Limits, admission: Admission | None = None,
+                 predictor: api.Predictor | None = None) -> None:
+        why = api.implements_policy(user)
+        if why is not None:
+            raise PolicyError(f"{type(user).__name__} {why} (see servesim.Policy)")
+        self.user = user
+        self.limits = limits
+        self.admission = admission
+        self.predictor = predictor
+        self.name = type(user).__name__
+        dep = frozenset(getattr(user, "depends_on", api.Policy.depends_on))
+        # the core may repeat an all-decode step without asking only when the policy said nothing but arrivals
+        # and finishes (and block shortages, which always make the core ask) can change its decision
+        self.may_repeat = "every_step" not in dep
+        self.uses_decode_group = self.may_repeat  # type: ignore[misc]  # per object: from its depends_on
+        self.preemption_mode = str(getattr(user, "preemption_mode", "recompute"))
+
+    def describe(self) -> str:
+        d = getattr(self.user, "describe", None)
+        return str(d()) if callable(d) else self.name
+
+    def _public_view(self, view: View, hidden: set[int]) -> api.PolicyView:
+        pred = self.predictor
+        waiting = view.waiting if not hidden else [r for r in view.waiting if r.id not in hidden]
+        swapped = view.swapped if not hidden else [r for r in view.swapped if r.id not in hidden]
+        return api.PolicyView(view.now, api.views(waiting, pred), api.views(view.running, pred),
+                              api.views(swapped, pred), api.KVView(view.kv), view.limits)
+
+    def _call(self, what: str, fn: Any, *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except PolicyError:
+            raise
+        except Exception as e:
+            raise PolicyError(f"policy {self.name}: {what} raised {type(e).__name__}: {e}\n"
+                              f"{_user_frames(e)}") from None
+
+    def wake_time(self, view: View) -> float | None:
+        times = []
+        if self.admission is not None and (d := self.admission.deadline(view.waiting)) is not None:
+            times.append(d)
+        wt = getattr(self.user, "wake_time", None)
+        if callable(wt):
+            t = self._call("wake_time(view)", wt, self._public_view(view, set()))
+            if t is not None:
+                try:
+                    t = float(t)
+                except (TypeError, ValueError):
+                    raise PolicyError(f"policy {self.name}: wake_time returned {t!r}, not a time or None") from None
+                if t == t:  # NaN: no wake-up
+                    times.append(t)
+        return min(times) if times else None
+
+    def schedule(self, view: View) -> CorePlan:
+        view.ungroup()  # every request current: the policy never sees the fast path's aggregate
+        rejected = self.admission.rejections(view) if self.admission is not None else []
+        hidden = {r.id for r, _ in rejected}
+        pv = self._public_view(view, hidden)
+        up = self._call(f"schedule(view) at t={view.now:.6f} s", self.user.schedule, pv)
+        if not isinstance(up, api.Plan):
+            raise PolicyError(f"policy {self.name}: schedule returned {type(up).__name__}, not a servesim.Plan")
+        return self._translate(up, rejected, view.now)
+
+    def _translate(self, up: api.Plan, rejected: list[tuple[Request, str]], now: float) -> CorePlan:
+        name, lim = self.name, self.limits
+        where = f"policy {name} at t={now:.6f} s"
+        plan = CorePlan(reject=list(rejected))
+        for rv, reason in up.rejected:
+            r = self._req(rv, where, "rejects")
+            if r.status not in (Status.WAITING, Status.SWAPPED):
+                raise PolicyError(f"{where}: rejects request {r.id}, which is {r.status.value} (only waiting or "
+                                  "swapped requests can be rejected)")
+            plan.reject.append((r, str(reason)))
+        for rv, mode in up.preempted:
+            r = self._req(rv, where, "preempts")
+            if r.status is not Status.RUNNING:
+                raise PolicyError(f"{where}: preempts request {r.id}, which is {r.status.value}, not running")
+            if mode not in ("recompute", "swap"):
+                raise PolicyError(f"{where}: preempts request {r.id} with mode {mode!r}: use 'recompute' or 'swap'")
+            plan.preempt.append((r, mode))
+        gone = {r.id for r, _ in plan.preempt} | {r.id for r, _ in plan.reject}
+        for rv in up.swapped_in:
+            r = self._req(rv, where, "swaps in")
+            if r.status is not Status.SWAPPED or r.id in gone:
+                raise PolicyError(f"{where}: swaps in request {r.id}, which is {r.status.value}, not swapped")
+            plan.swap_in.append(r)
+        seen: set[int] = set()
+        total = 0
+        for rv, n in up.scheduled:
+            r = self._req(rv, where, "schedules")
+            if r.id in seen:
+                raise PolicyError(f"{where}: schedules request {r.id} twice")
+            seen.add(r.id)
+            if r.id in gone:
+                raise PolicyError(f"{where}: schedules request {r.id}, which the same plan preempts or rejects")
+            if not isinstance(n, int) or isinstance(n, bool):
+                raise PolicyError(f"{where}: schedules request {r.id} with {n!r} tokens, not an int")
+            left = r.prompt_len + r.num_output_tokens - r.num_computed_tokens
+            if not 1 <= n <= left:
+                raise PolicyError(f"{where}: schedules {n} tokens of request {r.id}, which has {left} to compute "
+                                  "(schedule 1 to num_remaining)")
+            total += n
+            plan.scheduled.append((r, n))
+        if len(seen) > lim.max_num_seqs:
+            raise PolicyError(f"{where}: schedules {len(seen)} requests, more than max_num_seqs {lim.max_num_seqs}")
+        if total > lim.max_num_batched_tokens:
+            raise PolicyError(f"{where}: schedules {total} tokens, more than max_num_batched_tokens "
+                              f"{lim.max_num_batched_tokens}")
+        return plan
+
+    @staticmethod
+    def _req(rv: Any, where: str, verb: str) -> Request:
+        if not isinstance(rv, api.RequestView):
+            raise PolicyError(f"{where}: {verb} {rv!r}, which is not a request of the view (a RequestView)")
+        r = rv._r
+        if r.status is Status.FINISHED:
+            raise PolicyError(f"{where}: {verb} request {r.id}, which has finished")
+        return r

@@ -1,0 +1,64 @@
+"""Deliberately broken user policies: each must end a run with exit 2 and one message naming what is wrong
+(tests/test_policy_errors.py)."""
+
+import servesim
+from sim.policies.queue import FCFSPolicy
+
+
+class NoSchedule(servesim.Policy):
+    pass
+
+
+class NotAPolicy:
+    def plan(self, view):
+        return None
+
+
+class Raises(FCFSPolicy):
+    def schedule(self, view):
+        if view.running:
+            return self.helper(view)
+        return super().schedule(view)
+
+    def helper(self, view):
+        return {}["no such key"]
+
+
+class ReturnsNone(servesim.Policy):
+    def schedule(self, view):
+        return None
+
+
+class TooMany(servesim.Policy):
+    """Schedules every request, past max_num_seqs."""
+
+    def schedule(self, view):
+        plan = servesim.Plan()
+        for r in view.running + view.waiting:
+            plan.schedule(r, r.num_remaining)
+        return plan
+
+
+class Twice(servesim.Policy):
+    def schedule(self, view):
+        plan = servesim.Plan()
+        if view.waiting:
+            r = view.waiting[0]
+            plan.schedule(r, 1)
+            plan.schedule(r, 1)
+        return plan
+
+
+class Idle(servesim.Policy):
+    """Never schedules anything: a livelock."""
+
+    def schedule(self, view):
+        return servesim.Plan()
+
+
+class NeedsArgs(FCFSPolicy):
+    def __init__(self, threshold: int) -> None:
+        super().__init__()
+        if threshold < 0:
+            raise ValueError(f"threshold must be >= 0, got {threshold}")
+        self.threshold = threshold

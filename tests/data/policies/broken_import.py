@@ -1,0 +1,3 @@
+import servesim
+
+x = 1 / 0

@@ -1,0 +1,69 @@
+"""A user's policy is user input: every way it can be wrong ends the run with exit 2 and one clear message, and no
+run folder is written."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+POLICIES = HERE / "data" / "policies"
+
+SCENARIO = """
+name: bad-policy
+seed: 0
+workload:
+  arrival: {{type: poisson, rate: 200.0}}
+  num_requests: 20
+  prompt_len: {{type: uniform, min: 20, max: 200}}
+  output_len: {{type: uniform, min: 2, max: 30}}
+deployment: {{model: llama-3.2-1b, gpu: l4, max_model_len: 1024}}
+policy: {{type: custom, cls: "{cls}", max_num_seqs: 4{extra}}}
+"""
+
+
+def _run(tmp_path: Path, cls: str, extra: str = "") -> subprocess.CompletedProcess:
+    (tmp_path / "bad_policies.py").write_text((POLICIES / "bad_policies.py").read_text())
+    (tmp_path / "broken_import.py").write_text((POLICIES / "broken_import.py").read_text())
+    sc = tmp_path / "s.yaml"
+    sc.write_text(SCENARIO.format(cls=cls, extra=extra))
+    return subprocess.run([sys.executable, "-m", "sim.cli", "run", str(sc), "--out", str(tmp_path / "out"), "-q"],
+                          capture_output=True, text=True, timeout=300, cwd=HERE.parent)
+
+
+CASES = [
+    ("missing.py:X", "", "missing.py: file not found"),
+    ("bad_policies.py:Nope", "", "has no 'Nope' (its classes: Idle, NeedsArgs, NoSchedule, NotAPolicy, Raises"),
+    ("bad_policies.py", "", "expected 'path/to/file.py:ClassName'"),
+    ("no_such_pkg.mod:X", "", "no_such_pkg.mod: no such module"),
+    ("broken_import.py:X", "", "importing it raised ZeroDivisionError: division by zero (line 3)"),
+    ("bad_policies.py:NoSchedule", "", "NoSchedule does not override schedule(view)"),
+    ("bad_policies.py:NotAPolicy", "", "NotAPolicy has no schedule(view) method"),
+    ("bad_policies.py:NeedsArgs", "", "constructing it with args {} raised TypeError"),
+    ("bad_policies.py:NeedsArgs", ", args: {threshold: -1}", "threshold must be >= 0, got -1"),
+    ("bad_policies.py:NeedsArgs", ", args: {thresh: 1}", "unexpected keyword argument 'thresh'"),
+    ("bad_policies.py:Raises", "", "Raises: schedule(view) at t="),
+    ("bad_policies.py:ReturnsNone", "", "schedule returned NoneType, not a servesim.Plan"),
+    ("bad_policies.py:TooMany", "", "more than max_num_seqs 4"),
+    ("bad_policies.py:Twice", "", "schedules request 0 twice"),
+    ("bad_policies.py:Idle", "", "simulation stalled: 20 requests without outcome"),
+]
+
+
+@pytest.mark.parametrize(("cls", "extra", "message"), CASES, ids=[c[0] + c[1] for c in CASES])
+def test_bad_policy_exits_2_with_one_message(tmp_path: Path, cls: str, extra: str, message: str) -> None:
+    p = _run(tmp_path, cls, extra)
+    assert p.returncode == 2, p.stderr
+    assert message in p.stderr, p.stderr
+    assert "Traceback (most recent call last)" not in p.stderr
+    assert not (tmp_path / "out").exists()  # nothing half-written
+
+
+def test_an_exception_in_a_policy_shows_the_users_frames(tmp_path: Path) -> None:
+    p = _run(tmp_path, "bad_policies.py:Raises")
+    assert "KeyError: 'no such key'" in p.stderr
+    assert "bad_policies.py" in p.stderr and "in helper" in p.stderr  # the user's own frames
+    assert "sim/policies/user.py" not in p.stderr  # not servesim's
