@@ -23,7 +23,7 @@ from sim.host_kv_tier import merge_summaries
 from sim.pipeline import PipelineCostModel
 from sim.records import RunResult
 from sim.request import Request
-from sim.results import HasPeakFlops, gc_paused, pooled_gaps, result_of
+from sim.results import HasPeakFlops, class_itl_gaps, gc_paused, pooled_gaps, result_of
 from sim.routers import kv_pressure, make_router, outstanding
 from sim.simulator import ClosedLoopPlan, Replica, Simulation
 
@@ -286,7 +286,7 @@ def cluster_result(
         name=name, requests=records, steps=steps, itl_gaps=uniq, itl_counts=counts,
         duration=max(end - start, 0.0), peak_flops=first.peak_flops, kv_capacity_blocks=first.kv_capacity_blocks,
         block_size=first.block_size, weight_bytes=weight_bytes, kv_bytes_per_block=kv_bytes_per_block,
-        config=config, cluster=cluster,
+        config=config, cluster=cluster, class_itl=class_itl_gaps(sim.requests),
         host_kv=merge_summaries([p.host_kv for p in parts if p.host_kv]),
         pipeline=costs[0].summary(steps) if isinstance(costs[0], PipelineCostModel) else None,
     )

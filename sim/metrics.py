@@ -91,7 +91,7 @@ CLASS_SUMMARY_KEYS: tuple[str, ...] = (
     "slo_attainment",  # its requests that completed within its SLOs / its requests
     "ttft",
     "tpot",
-    "itl",  # mean only: the run pools its gaps over all requests, so per-class percentiles are not kept
+    "itl",  # percentiles only when the run kept token times (keep_token_times); the mean always
     "e2el",
     "queue",
 )
@@ -294,7 +294,7 @@ def summarize(result: RunResult, slos: SLOs | None = None) -> dict:
     }
     assert tuple(out) == SUMMARY_KEYS
     if has_classes(reqs):  # request classes: each class's figures, and the tenants' when requests name them
-        out["classes"] = class_summaries(reqs, duration, slos)
+        out["classes"] = class_summaries(reqs, duration, slos, result.class_itl)
         if any(r.tenant for r in reqs):
             out["tenants"], out["fairness"] = tenant_fairness(reqs)
     if result.cluster:  # several replicas: what the fleet cost
@@ -378,12 +378,14 @@ def _within_slos(done: Sequence[RequestRecord], lat: _Latencies, slos: SLOs | No
     return good
 
 
-def class_summaries(reqs: Sequence[RequestRecord], duration: float, slos: SLOs | None = None) -> dict[str, dict]:
+def class_summaries(reqs: Sequence[RequestRecord], duration: float, slos: SLOs | None = None,
+                    itl: dict[str, tuple[np.ndarray, np.ndarray]] | None = None) -> dict[str, dict]:
     """Each class's figures (``CLASS_SUMMARY_KEYS``), keyed by class name in sorted order (requests without a
     name under ``NO_CLASS``). Latencies over the class's completed requests, as summarize's; throughputs and
     goodput over the whole run's duration, so the classes' figures add up to the run's. Goodput counts a
     request against its own TTFT/TPOT SLOs, or the scenario's where it has none; null when the class is held to
-    no SLO at all."""
+    no SLO at all. ITL: its mean from the records (exact), its percentiles only from ``itl``, the class's pooled
+    gaps (``RunResult.class_itl``, kept with the token times), else null."""
     groups: dict[str, list[RequestRecord]] = {}
     for r in sorted(reqs, key=lambda r: r.id):
         groups.setdefault(r.slo_class or NO_CLASS, []).append(r)
@@ -397,10 +399,13 @@ def class_summaries(reqs: Sequence[RequestRecord], duration: float, slos: SLOs |
         if bounds is not None:
             n_good = int(_within_slos(done, lat, slos).sum())
             goodput, attainment = _ratio(n_good, duration), _ratio(n_good, len(group))
-        gaps = int((lat.out_tok - 1).sum()) if done else 0
-        itl = {k: NAN for k in LATENCY_KEYS}
-        # the mean of a class's pooled gaps is exact: its requests' gaps sum to finish - first token
-        itl["mean"] = _ratio(float((lat.e2el - lat.ttft).sum()), gaps)
+        if itl is not None and name in itl:
+            itl_stats = latency_stats(*itl[name])
+        else:
+            gaps = int((lat.out_tok - 1).sum()) if done else 0
+            itl_stats = {k: NAN for k in LATENCY_KEYS}
+            # the mean of a class's pooled gaps is exact: its requests' gaps sum to finish - first token
+            itl_stats["mean"] = _ratio(float((lat.e2el - lat.ttft).sum()), gaps)
         total_out = int(lat.out_tok.sum())
         block = {
             "num_requests": len(group),
@@ -417,7 +422,7 @@ def class_summaries(reqs: Sequence[RequestRecord], duration: float, slos: SLOs |
             "slo_attainment": attainment,
             "ttft": latency_stats(lat.ttft),
             "tpot": latency_stats(lat.tpot_all[lat.multi]),
-            "itl": itl,
+            "itl": itl_stats,
             "e2el": latency_stats(lat.e2el),
             "queue": latency_stats(lat.queue),
         }

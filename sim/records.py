@@ -316,3 +316,6 @@ class RunResult:
     pipeline: dict | None = None  # pipeline stages: utilisation, bubble fraction (sim/pipeline.py)
     host_kv: dict | None = None  # prefix cache host tier: hits, bytes loaded, recompute saved (sim/host_kv_tier.py)
     disaggregation: dict | None = None  # prefill/decode pools: transfers and pools (sim/disagg/pools.py)
+    # per request class, the pooled inter-token gaps of its completed requests as (gaps, counts); only when the
+    # run kept token times and has classes (sim.results.class_itl_gaps)
+    class_itl: dict[str, tuple[np.ndarray, np.ndarray]] | None = None

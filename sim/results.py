@@ -12,9 +12,10 @@ from typing import Protocol
 import numpy as np
 
 from sim.core import ServingCore
+from sim.metrics import NO_CLASS
 from sim.pipeline import PipelineCostModel
 from sim.records import RequestRecord, RunResult
-from sim.request import Request
+from sim.request import Outcome, Request
 
 
 class HasPeakFlops(Protocol):
@@ -43,6 +44,23 @@ def pooled_gaps(gaps: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.nd
     by replica."""
     uniq, inverse = np.unique(gaps, return_inverse=True)
     return uniq, np.bincount(inverse, weights=counts, minlength=len(uniq)).astype(np.int64)
+
+
+def class_itl_gaps(requests: Sequence[Request]) -> dict[str, tuple[np.ndarray, np.ndarray]] | None:
+    """Each request class's pooled inter-token gaps, over its completed requests, from their token times: the
+    core pools every request's gaps together, so only kept token times (``keep_token_times``) give a class's ITL
+    percentiles. None when no request kept its token times or none carries a class."""
+    spec_fields = ((r.spec.priority, r.spec.tenant, r.spec.slo_class, r.spec.ttft_slo, r.spec.tpot_slo)
+                   for r in requests)
+    if not any(r.token_times is not None for r in requests) or not any(
+            p or t or c or a is not None or b is not None for p, t, c, a, b in spec_fields):
+        return None
+    per_class: dict[str, list[np.ndarray]] = {}
+    for r in sorted(requests, key=attrgetter("id")):
+        if r.outcome == Outcome.COMPLETED and r.token_times is not None:
+            per_class.setdefault(r.spec.slo_class or NO_CLASS, []).append(np.diff(r.token_times))
+    return {name: pooled_gaps(np.concatenate(g), np.ones(sum(len(x) for x in g), dtype=np.int64))
+            for name, g in per_class.items()}
 
 
 def result_of(
@@ -79,4 +97,5 @@ def result_of(
         config=config,
         host_kv=None if host is None else host.summary(core.kv.block_size),
         pipeline=cost.summary(steps) if isinstance(cost, PipelineCostModel) else None,
+        class_itl=class_itl_gaps(requests),
     )

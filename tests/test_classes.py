@@ -331,3 +331,30 @@ def test_a_share_of_poisson_arrivals_is_a_poisson_process_of_its_own() -> None:
         gaps = np.diff([r.arrival for r in reqs if r.slo_class == name])
         assert abs(gaps.mean() * share * 10.0 - 1) < 0.06
         assert abs(gaps.std() / gaps.mean() - 1) < 0.06
+
+
+def test_class_itl_percentiles_from_kept_token_times_match_the_cores_pool() -> None:
+    """With token times kept, each class's ITL comes from its requests' gaps; pooled over the classes they are the
+    core's own pool (recorded independently, partly by the decode fast path), so every statistic agrees."""
+    from sim.metrics import latency_stats
+    from sim.run import run_scenario
+    from sim.scenario import parse_scenario
+
+    run = run_scenario(parse_scenario({**SCENARIO, "keep_token_times": True}))
+    (result,) = run.results
+    (summary,) = run.summaries.values()
+    assert summary["num_completed"] == summary["num_requests"]
+    assert result.class_itl is not None and set(result.class_itl) == {"interactive", "batch"}
+    gaps = np.concatenate([g for g, _ in result.class_itl.values()])
+    counts = np.concatenate([c for _, c in result.class_itl.values()])
+    both = latency_stats(gaps, counts)
+    for k, v in summary["itl"].items():
+        assert both[k] == pytest.approx(v, rel=1e-9, abs=1e-12), k
+    for name, block in summary["classes"].items():
+        assert block["itl"] == latency_stats(*result.class_itl[name])
+        assert block["itl"]["p99"] >= block["itl"]["p50"] > 0
+    # without token times the percentiles are not known, and the mean is the same figure
+    plain = run_scenario(parse_scenario(SCENARIO)).summaries["classes"]["classes"]
+    for name, block in plain.items():
+        assert block["itl"]["p50"] is None or math.isnan(block["itl"]["p50"])
+        assert block["itl"]["mean"] == pytest.approx(summary["classes"][name]["itl"]["mean"], rel=1e-9)

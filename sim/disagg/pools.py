@@ -45,7 +45,7 @@ from sim.executor import Executor
 from sim.metrics import latency_stats
 from sim.records import RequestRecord, RunResult
 from sim.request import Outcome, Request, RequestSpec, Status
-from sim.results import gc_paused, pooled_gaps
+from sim.results import class_itl_gaps, gc_paused, pooled_gaps
 from sim.routers import make_router
 from sim.scenario import VariantConfig
 from sim.scenario_messages import format_validation
@@ -385,7 +385,7 @@ def disagg_result(name: str, sim: DisaggSimulation, pools: dict[str, tuple[Varia
         name=name, requests=records, steps=steps, itl_gaps=uniq, itl_counts=counts, duration=duration,
         peak_flops=peak, kv_capacity_blocks=first.core.kv.num_blocks, block_size=first.core.kv.block_size,
         weight_bytes=float(db.weight_bytes * dtp), kv_bytes_per_block=float(db.kv_bytes_per_block * dtp),
-        config=config, cluster=cluster, disaggregation=disagg,
+        config=config, cluster=cluster, disaggregation=disagg, class_itl=class_itl_gaps(merged),
     )
 
 
