@@ -27,16 +27,17 @@ def value_at(summary: dict, parts: list[str]) -> float:
 
 
 
+# Thousands separators throughout: a queued TTFT reads 366,841.4 ms, not 366841.4.
 def _ms(x: float) -> str:
-    return f"{1e3 * x:.1f}"
+    return f"{1e3 * x:,.1f}"
 
 
 def _s(x: float) -> str:
-    return f"{x:.2f}"
+    return f"{x:,.2f}"
 
 
 def _rate(x: float) -> str:
-    return f"{x:.2f}" if abs(x) < 100 else f"{x:.0f}"
+    return f"{x:.2f}" if abs(x) < 100 else f"{x:,.0f}"
 
 
 def _pct(x: float) -> str:
@@ -44,7 +45,7 @@ def _pct(x: float) -> str:
 
 
 def _int(x: float) -> str:
-    return f"{x:.0f}"
+    return f"{x:,.0f}"
 
 
 # (label, summary key with dots for nesting, formatter)
@@ -62,7 +63,7 @@ TABLE_ROWS: tuple[tuple[str, str, Callable[[float], str]], ...] = (
     ("queue p99 (s)", "queue.p99", _s),
     ("output tok/s", "output_throughput", _rate),
     ("total tok/s", "total_token_throughput", _rate),
-    ("req/s", "request_throughput", _rate),
+    ("req/s (completed)", "request_throughput", _rate),
     ("goodput (req/s)", "goodput", _rate),
     ("SLO attainment", "slo_attainment", _pct),
     ("KV usage mean", "kv_usage.mean", _pct),
@@ -123,23 +124,57 @@ def _class_rows(summaries: dict, names: list[str]) -> list[tuple[str, list[str],
 
 
 def ratio_text(r: float) -> str:
-    """A ratio that stays readable across decades: a 2000x fall in latency reads "1/2,000", never "0.00"."""
-    if r == 0:
-        return "0"
-    if abs(r) < 0.1:
-        return f"1/{1 / r:,.0f}"
-    return f"{r:.2f}" if abs(r) < 100 else f"{r:,.0f}"
+    """A ratio in one format for every row and every decade: three significant digits (0.000155 for a
+    6,447-fold fall, 0.570, 4.18, 60.0), whole numbers with separators from 100 up (251, 1,124). A ratio to zero
+    (or of an undefined value) means nothing and reads "-": padding 65.8% -> 0.0% is no "0"."""
+    if not math.isfinite(r) or r == 0:
+        return "-"
+    digits = math.floor(math.log10(abs(float(f"{r:.3g}"))))  # after rounding: 99.96 reads 100
+    return f"{r:,.0f}" if digits >= 2 else f"{r:.{2 - digits}f}"
+
+
+def _bound(seconds: float) -> str:
+    return f"{seconds:g} s" if seconds >= 1 else f"{1e3 * seconds:g} ms"
+
+
+def slos_text(slos: dict | None) -> str:
+    """The SLOs behind a goodput, as "TTFT <= 2 s and TPOT <= 100 ms"; "" when there are none."""
+    bounds = slos or {}
+    names = (("ttft", "TTFT"), ("tpot", "TPOT"), ("e2el", "E2EL"))
+    return " and ".join(f"{label} <= {_bound(float(bounds[k]))}" for k, label in names if bounds.get(k))
+
+
+def table_notes(summaries: dict) -> list[str]:
+    """What the table's figures are over, printed under it: the SLOs behind goodput and SLO attainment (the
+    run's, and each class's own where it differs), and the window of its rates (the verdict's offered and
+    scheduled rates span the arrivals only, and the workload's rate is the arrival process's setting)."""
+    notes = []
+    runs = {n: slos_text(s.get("slos")) for n, s in summaries.items()}
+    if len(set(runs.values())) == 1:
+        if next(iter(runs.values())):
+            notes.append(f"goodput, SLO attainment: requests completed within {next(iter(runs.values()))}.")
+    else:
+        notes.append("goodput, SLO attainment: requests completed within "
+                     + "; ".join(f"{t or 'no SLOs'} ({n})" for n, t in runs.items()) + ".")
+    for n, s in summaries.items():
+        for c, block in (s.get("classes") or {}).items():
+            own = slos_text(block.get("slos"))
+            note = f"{c}: goodput, SLO attainment within {own or 'no SLOs'}" + (f" ({n})" if len(summaries) > 1 else "")
+            if own != runs[n] and note + "." not in notes:
+                notes.append(note + ".")
+    notes.append("tok/s, req/s and goodput: per second from a run's first arrival to its last finish.")
+    return notes
 
 
 def table_cells(summaries: dict) -> tuple[list[str], list[list[str]]]:
     """Header and rows of strings: one row per TABLE_ROWS entry (then a block per request class, and the tenants'
-    fairness, when a run has them), one column per variant, plus a ratio column (last variant over the first)
-    when exactly two variants are compared. Undefined values show as "-"."""
+    fairness, when a run has them), one column per variant, plus a ratio column (last variant over the first,
+    headed "B / A" by their names) when exactly two variants are compared. Undefined values show as "-"."""
     names = list(summaries)
     header = ["metric"] + names
     two = len(names) == 2
     if two:
-        header.append("×")
+        header.append(f"{names[1]} / {names[0]}")
     rows = []
     cluster = any("cluster" in summaries[n] for n in names)
     disagg = any("disaggregation" in summaries[n] for n in names)
@@ -150,7 +185,7 @@ def table_cells(summaries: dict) -> tuple[list[str], list[list[str]]]:
         row = [label] + [fmt(v) if math.isfinite(v) else "-" for v in vals]
         if two:
             a, b = vals
-            row.append(ratio_text(b / a) if math.isfinite(a) and math.isfinite(b) and a != 0 else "-")
+            row.append(ratio_text(b / a) if a != 0 else "-")
         rows.append(row)
     return header, rows
 
@@ -168,5 +203,6 @@ def format_cells(header: list[str], rows: list[list[str]]) -> str:
 
 
 def format_table(summaries: dict) -> str:
-    """A fixed-width comparison table for the terminal: metric names left, numbers right-aligned."""
-    return format_cells(*table_cells(summaries))
+    """A fixed-width comparison table for the terminal: metric names left, numbers right-aligned, then the notes
+    saying what its goodput and rates are over."""
+    return format_cells(*table_cells(summaries)) + "".join(f"{n}\n" for n in table_notes(summaries))

@@ -105,7 +105,7 @@ def test_same_folder_name_labels_a_and_b(tmp_path):
     assert r.exit_code == 0, r.output
     assert "A: wide" in r.output and "B: wide" in r.output
     row = next(line for line in r.output.splitlines() if line.startswith("requests")).split()
-    assert row[1:] == ["10", "4", "0.40", "10", "4", "0.40"]
+    assert row[1:] == ["10", "4", "0.400", "10", "4", "0.400"]  # ratios to three significant digits
 
 
 def _side(label: str, *names: str) -> RunSide:
@@ -157,7 +157,7 @@ def test_engine_run_folder_compares_with_a_simulated_one(runs, tmp_path):
     c = CliRunner().invoke(app, ["compare", str(runs[0]), str(eng), "--out", str(tmp_path / "c")])
     assert c.exit_code == 0, c.output
     row = next(line for line in c.output.splitlines() if line.startswith("requests")).split()
-    assert row[1:4] == ["10", "3", "0.30"]
+    assert row[1:4] == ["10", "3", "0.300"]
     assert (tmp_path / "c" / "compare.html").is_file()
 
 

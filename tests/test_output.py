@@ -274,9 +274,9 @@ def test_duplicate_variant_names_are_refused(tmp_path):
 def test_format_table(two_runs):
     results, summaries = two_runs
     text = format_table(summaries)
-    lines = text.splitlines()
+    lines = [line for line in text.splitlines() if not line.endswith(".")]  # the notes under the table end so
     header = lines[0].split()
-    assert header == ["metric", "continuous", "static", "×"]
+    assert header == ["metric", "continuous", "static", "static", "/", "continuous"]
     rows = {line[: len("TTFT p50 (ms)")]: line for line in lines[2:]}
     assert "TTFT p50 (ms)" in rows and "output tok/s" in text and "KV usage max" in text and "MFU" in text
     completed = next(line for line in lines if line.startswith("completed")).split()
@@ -289,13 +289,80 @@ def test_format_table(two_runs):
     assert len(ends) == 1
 
 
+_SLOS = {"ttft": 2.0, "tpot": 0.1, "e2el": None}
+_NAIVE = {"ttft": {"mean": 366.1746, "p50": 366.8414, "p99": 719.1786}, "request_throughput": 1.30,
+          "output_throughput": 333.2, "goodput": 0.0083, "slo_attainment": 0.004, "padding_fraction": 0.664,
+          "num_requests": 1200, "num_completed": 1200, "num_preemptions": 0, "slos": _SLOS}
+_CONT = {"ttft": {"mean": 0.0772, "p50": 0.0569, "p99": 0.3462}, "request_throughput": 5.90,
+         "output_throughput": 1517.4, "goodput": 5.89, "slo_attainment": 0.999, "padding_fraction": 0.0,
+         "num_requests": 1200, "num_completed": 1200, "num_preemptions": 0, "slos": _SLOS}
+
+
+def test_table_text_labels_its_ratio_column_slos_and_rates():
+    # issue 35: an unlabelled "×" column mixing 1/N and decimals, "0" for padding 66.4% -> 0.0%, 366841.4 ms
+    # without separators, goodput without its SLOs, and a req/s beside other rates with no word on which
+    assert format_table({"naive": _NAIVE, "continuous": _CONT}) == """\
+metric                 naive  continuous  continuous / naive
+-----------------  ---------  ----------  ------------------
+TTFT mean (ms)     366,174.6        77.2            0.000211
+TTFT p50 (ms)      366,841.4        56.9            0.000155
+TTFT p99 (ms)      719,178.6       346.2            0.000481
+TPOT mean (ms)             -           -                   -
+TPOT p50 (ms)              -           -                   -
+TPOT p99 (ms)              -           -                   -
+ITL p50 (ms)               -           -                   -
+ITL p99 (ms)               -           -                   -
+E2EL p50 (s)               -           -                   -
+E2EL p99 (s)               -           -                   -
+queue p99 (s)              -           -                   -
+output tok/s             333       1,517                4.55
+total tok/s                -           -                   -
+req/s (completed)       1.30        5.90                4.54
+goodput (req/s)         0.01        5.89                 710
+SLO attainment          0.4%       99.9%                 250
+KV usage mean              -           -                   -
+KV usage max               -           -                   -
+KV token util              -           -                   -
+GPU busy                   -           -                   -
+MFU                        -           -                   -
+mean batch                 -           -                   -
+padding                66.4%        0.0%                   -
+preemptions                0           0                   -
+rejected                   -           -                   -
+completed              1,200       1,200                1.00
+requests               1,200       1,200                1.00
+goodput, SLO attainment: requests completed within TTFT <= 2 s and TPOT <= 100 ms.
+tok/s, req/s and goodput: per second from a run's first arrival to its last finish.
+"""
+
+
+def test_table_notes_give_each_variant_and_class_its_slos():
+    from sim.table import table_notes
+
+    naive = {**_NAIVE, "classes": {"interactive": {"slos": {"ttft": 1.0, "tpot": None, "e2el": None}},
+                                   "batch": {"slos": _SLOS}}}
+    cont = {**_CONT, "slos": {"ttft": 1.0, "tpot": None, "e2el": 30.0}}
+    assert table_notes({"naive": naive, "continuous": cont}) == [
+        "goodput, SLO attainment: requests completed within TTFT <= 2 s and TPOT <= 100 ms (naive); TTFT <= 1 s "
+        "and E2EL <= 30 s (continuous).",
+        "interactive: goodput, SLO attainment within TTFT <= 1 s (naive).",
+        "tok/s, req/s and goodput: per second from a run's first arrival to its last finish.",
+    ]
+    assert table_notes({"v": {}}) == ["tok/s, req/s and goodput: per second from a run's first arrival to its "
+                                      "last finish."]
+
+
 @pytest.mark.parametrize(
     "ratio, text",
-    [(1 / 2000, "1/2,000"), (1 / 1124.4, "1/1,124"), (0.03, "1/33"), (0.1, "0.10"), (1.0, "1.00"),
-     (99.994, "99.99"), (250.95, "251"), (2000.0, "2,000"), (0.0, "0")],
+    [(1 / 2000, "0.000500"), (1 / 1124.4, "0.000889"), (1 / 6447, "0.000155"), (0.03, "0.0300"), (0.1, "0.100"),
+     (0.57, "0.570"), (1.0, "1.00"), (4.184, "4.18"), (60.0, "60.0"), (99.94, "99.9"), (99.96, "100"),
+     (250.95, "251"), (1124.4, "1,124"), (2000.0, "2,000"),
+     (0.0, "-"), (float("nan"), "-"), (float("inf"), "-")],
 )
 def test_ratio_column_reads_across_decades(ratio, text):
-    """A 2000x fall in TTFT used to print as 0.00, indistinguishable from a zero."""
+    """A 2000x fall in TTFT once printed as 0.00, indistinguishable from a zero; then as 1/2,000 beside decimals
+    in the same column, and a fall to zero (padding 65.8% -> 0.0%) as "0" (issue 35). One format now: three
+    significant digits, whole numbers from 100 up, "-" where the ratio means nothing."""
     assert ratio_text(ratio) == text
 
 

@@ -109,7 +109,7 @@ from sim.report.sweep import (
     fig_sweep,
     sweep_params,
 )
-from sim.table import metric_value, table_cells
+from sim.table import metric_value, table_cells, table_notes
 from sim.verdict import rank_limits
 
 # --- the page --------------------------------------------------------------------------------------------------
@@ -333,14 +333,15 @@ SECTIONS: list[SectionBuilder] = [
 
 
 def summary_table_html(summaries: dict) -> str:
-    """The comparison table of ``sim.table.format_table`` as an HTML table."""
+    """The comparison table of ``sim.table.format_table`` as an HTML table, with its notes under it."""
     header, rows = table_cells(summaries)
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
     body = "".join(
         "<tr>" + f"<th>{html.escape(r[0])}</th>" + "".join(f"<td>{html.escape(c)}</td>" for c in r[1:]) + "</tr>"
         for r in rows
     )
-    return f'<table class="summary"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+    notes = "".join(_p(n) for n in table_notes(summaries))
+    return f'<table class="summary"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{notes}'
 
 
 def bottlenecks_html(summaries: dict) -> str:
