@@ -224,17 +224,24 @@ def run(
     seed: int | None = None,
     set: Mapping[str, Any] | None = None,  # the CLI's --set, by the same name
     progress: bool = False,
+    policy: Any = None,
 ) -> Results:
     """Simulate every variant of a scenario on the same workload, as ``servesim run`` does, and return the
     :class:`Results` (nothing is written; call ``.write(dir)`` for the run folder).
 
     ``scenario`` is a YAML file's path or the same content as a dict. ``num_requests`` and ``seed`` replace
     ``workload.num_requests`` and ``seed``; ``set`` maps dotted keys to values, like ``--set`` (the values are
-    Python values, not YAML text). Raises :class:`ScenarioError` with one message naming what is wrong.
+    Python values, not YAML text). ``policy``: a policy object of your own (a ``servesim.Policy``) that becomes
+    the scenario's default policy section, so every variant that names no policy of its own runs it (a fresh
+    copy each); its limits take their defaults unless ``set`` gives them (``{"policy.max_num_seqs": 8}``).
+    Raises :class:`ScenarioError` with one message naming what is wrong.
     """
     from sim.run import prepare_scenario, run_scenario
 
-    overrides = _overrides(num_requests, seed, set)
+    overrides: dict[str, Any] = {}
+    if policy is not None:  # first, so that set's policy.* keys apply to it
+        overrides["policy"] = {"type": "custom", "cls": f"python:{type(policy).__qualname__}", "instance": policy}
+    overrides.update(_overrides(num_requests, seed, set))
     if isinstance(scenario, Mapping):
         raw = copy.deepcopy(dict(scenario))
         for key, value in overrides.items():

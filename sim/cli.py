@@ -240,6 +240,39 @@ def sweep(
     typer.echo(f"wrote {res.out_dir}/sweep.csv, sweep.html")
 
 
+@app.command("check-policy")
+def check_policy(
+    scenario: Path = typer.Argument(..., help="Scenario YAML file whose variants' policies to check."),
+    set_: list[str] = _set_option(),
+    num_requests: int | None = typer.Option(None, "--num-requests", "-n", help="Override workload.num_requests."),
+) -> None:
+    """Run each variant's policy with the simulator's fast path and stepping one by one, and name the first step
+    where they differ (a policy's depends_on that misses what its decision reads). Exit 1 if any differs."""
+    from sim.policies.check import check_fast_path
+    from sim.run import generate_workload
+    from sim.scenario import variant_configs
+
+    overrides = _overrides(set_, num_requests)
+    try:
+        sc, _ = load_scenario(scenario, overrides)
+        cfgs = variant_configs(sc)
+        if sc.sweep:
+            _fail("check-policy runs a scenario's variants, not its sweep points: pick one with --set")
+        results = []
+        with _quiet_numpy():
+            for cfg in cfgs:
+                if cfg.cluster is not None or cfg.disaggregation is not None:
+                    typer.echo(f"{cfg.name}: skipped (a cluster or disaggregated pools: check one replica)")
+                    continue
+                results.append(check_fast_path(cfg, generate_workload(sc, cfg.workload)))
+                typer.echo(results[-1].line())
+    except ScenarioError as e:
+        _fail(str(e))
+        return
+    if any(r.difference is not None for r in results):
+        raise typer.Exit(1)
+
+
 engine_app = typer.Typer(no_args_is_help=True, rich_markup_mode=HELP_MARKUP,
                          help="Run a scenario on the real engine (realengine/, needs torch).")
 app.add_typer(engine_app, name="engine")

@@ -232,3 +232,34 @@ def test_public_names() -> None:
 
 def test_builtin_continuous_is_unchanged_by_the_api() -> None:
     assert not hasattr(ContinuousPolicy, "may_repeat")  # the built-ins keep their own fast path
+
+
+def test_run_from_python_with_a_policy_object() -> None:
+    """servesim.run(scenario, policy=obj): variants without a policy of their own run a fresh copy of ``obj``."""
+
+    class LongestPromptFirst(servesim.QueuePolicy):
+        def __init__(self) -> None:
+            super().__init__()
+            self.asked = 0
+
+        def schedule(self, view):
+            self.asked += 1  # state: each run must get its own copy
+            return super().schedule(view)
+
+        def rank(self, req):
+            return (-req.prompt_len, req.arrival, req.id)
+
+    obj = LongestPromptFirst()
+    scenario = {
+        "workload": {**CHAT, "num_requests": 80, "arrival": {"type": "poisson", "rate": 40.0}},
+        "deployment": {"model": "llama-3.1-8b", "gpu": "l4", "max_model_len": 4096},
+        "variants": [{"name": "fcfs", "policy": {"type": "fcfs"}}, {"name": "mine"}],
+    }
+    res = servesim.run(scenario, policy=obj, set={"policy.max_num_seqs": 4})
+    assert obj.asked == 0  # copied, never run itself
+    s = res.summary
+    assert s["mine"]["num_completed"] == s["fcfs"]["num_completed"] == 80
+    assert s["mine"]["ttft"]["p50"] != s["fcfs"]["ttft"]["p50"]  # a different order at 4 slots
+    assert res.results[1].config["policy"]["type"] == "custom"
+    assert res.results[1].config["policy"]["cls"] == "python:test_run_from_python_with_a_policy_object.<locals>." \
+        "LongestPromptFirst"

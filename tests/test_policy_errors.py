@@ -36,7 +36,7 @@ def _run(tmp_path: Path, cls: str, extra: str = "") -> subprocess.CompletedProce
 
 CASES = [
     ("missing.py:X", "", "missing.py: file not found"),
-    ("bad_policies.py:Nope", "", "has no 'Nope' (its classes: Idle, NeedsArgs, NoSchedule, NotAPolicy, Raises"),
+    ("bad_policies.py:Nope", "", "has no 'Nope' (its classes: ClockReader, Idle, NeedsArgs, NoSchedule, NotAPolicy"),
     ("bad_policies.py", "", "expected 'path/to/file.py:ClassName'"),
     ("no_such_pkg.mod:X", "", "no_such_pkg.mod: no such module"),
     ("broken_import.py:X", "", "importing it raised ZeroDivisionError: division by zero (line 3)"),
@@ -67,3 +67,24 @@ def test_an_exception_in_a_policy_shows_the_users_frames(tmp_path: Path) -> None
     assert "KeyError: 'no such key'" in p.stderr
     assert "bad_policies.py" in p.stderr and "in helper" in p.stderr  # the user's own frames
     assert "sim/policies/user.py" not in p.stderr  # not servesim's
+
+
+def _check(tmp_path: Path, cls: str) -> subprocess.CompletedProcess:
+    (tmp_path / "bad_policies.py").write_text((POLICIES / "bad_policies.py").read_text())
+    sc = tmp_path / "s.yaml"
+    sc.write_text(SCENARIO.format(cls=cls, extra="").replace("rate: 200.0", "rate: 20.0").replace(
+        "num_requests: 20", "num_requests: 60").replace("max: 30}", "max: 300}"))
+    return subprocess.run([sys.executable, "-m", "sim.cli", "check-policy", str(sc)], capture_output=True, text=True,
+                          timeout=300, cwd=HERE.parent)
+
+
+def test_check_mode_names_the_first_step_a_wrong_declaration_changes(tmp_path: Path) -> None:
+    p = _check(tmp_path, "bad_policies.py:ClockReader")
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "DIFFERS: step " in p.stdout and "depends_on misses" in p.stdout
+
+
+def test_check_mode_passes_a_correct_declaration(tmp_path: Path) -> None:
+    p = _check(tmp_path, "sim.policies.priority:PriorityPolicy")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "ok, the fast path gives the same" in p.stdout

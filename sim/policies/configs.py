@@ -232,24 +232,31 @@ class CustomPolicyConfig(QueuePolicyConfigBase):
     cls: str = Field(min_length=3, max_length=4096, description="'path/to/file.py:Class' (relative to the scenario "
                      "file) or 'package.module:Class'.")
     args: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the class's constructor.")
+    # From Python only (``servesim.run(..., policy=obj)``): a policy object, copied afresh for every variant,
+    # sweep point and replica so that no state leaks between runs; ``cls`` then only names it in the records.
+    instance: Any = Field(default=None, exclude=True, description="Python API only: a policy object to copy.")
     _cls: Any = PrivateAttr(default=None)
 
     @model_validator(mode="after")
     def _resolve(self) -> CustomPolicyConfig:
         from sim.policies.loader import load_class
 
-        self._cls = load_class(self.cls)  # once, at validation: a bad name fails before anything runs
+        if self.instance is None:
+            self._cls = load_class(self.cls)  # once, at validation: a bad name fails before anything runs
         self.make()  # the constructor validates its args
         return self
 
     def make(self) -> Any:
+        import copy
+
         from sim.policies import api
 
         try:
-            obj = self._cls(**self.args)
+            obj = copy.deepcopy(self.instance) if self.instance is not None else self._cls(**self.args)
         except Exception as e:
-            raise ValueError(f"cls {self.cls}: constructing it with args {self.args} raised "
-                             f"{type(e).__name__}: {e}") from None
+            what = "copying the policy object" if self.instance is not None \
+                else f"constructing it with args {self.args}"
+            raise ValueError(f"cls {self.cls}: {what} raised {type(e).__name__}: {e}") from None
         why = api.implements_policy(obj)
         if why is not None:
             raise ValueError(f"cls {self.cls}: {type(obj).__name__} {why} (subclass servesim.Policy)")

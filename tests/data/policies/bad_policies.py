@@ -62,3 +62,18 @@ class NeedsArgs(FCFSPolicy):
         if threshold < 0:
             raise ValueError(f"threshold must be >= 0, got {threshold}")
         self.threshold = threshold
+
+
+class ClockReader(FCFSPolicy):
+    """Declares arrivals and finishes, yet its decision reads the clock: it admits nothing during the first 0.2 s of
+    every second. Check mode must catch the wrong declaration."""
+
+    def schedule(self, view):
+        if view.now % 1.0 < 0.2:
+            plan = servesim.Plan()
+            budget = view.kv.budget()
+            for r in view.running:
+                if budget.allocate(r, 1) and r.num_remaining == 1:
+                    plan.schedule(r, 1)
+            return plan
+        return super().schedule(view)
