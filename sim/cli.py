@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import typer
 
+from sim.files import InterruptedAfterWrite
 from sim.scenario import json_schema, load_scenario, parse_value
 from sim.schema import ScenarioError
 
@@ -37,6 +38,12 @@ app = typer.Typer(
 def _fail(message: str) -> None:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(2)
+
+
+def _interrupted(what: str) -> None:
+    """Ctrl-C: say what it stopped, and exit 130 (128 + SIGINT), as a shell reports a process ended by it."""
+    typer.echo(f"\ninterrupted {what}", err=True)
+    raise typer.Exit(130)
 
 
 @contextlib.contextmanager
@@ -107,6 +114,9 @@ def run(
     except ScenarioError as e:
         _fail(str(e))
         return
+    except KeyboardInterrupt:
+        _interrupted(f"while reading {scenario} and drawing its workload; no run folder was written")
+        return
     out_dir = out or Path("runs") / sc.name
     if out_dir.exists() and not out_dir.is_dir():
         _fail(f"--out {out_dir}: exists and is not a folder")
@@ -114,6 +124,7 @@ def run(
     # one bar: simulated requests of every run with simulated time, then a line per writing phase
     bar = BarProgress(prepared.num_requests, sc.name) if not quiet and sys.stderr.isatty() else None
     written: list[str] = []
+    doing = f"simulating {sc.name}"
     with _quiet_numpy():
         try:
             try:
@@ -124,11 +135,17 @@ def run(
                     bar = None
                 _fail(str(e))
                 return
+            doing = f"writing {out_dir}"
             try:
                 write_scenario_run(result, out_dir, progress=bar, steps=steps, table_format=table_format,
                                    written=written)
             except OSError as e:
                 _fail(f"--out {out_dir}: cannot write the run folder: {e.strerror or e}")
+        except InterruptedAfterWrite:
+            _interrupted(f"after writing {out_dir}/ (complete)")
+        except KeyboardInterrupt:
+            _interrupted(f"while {doing}; {out_dir}/ was left as it was" if out_dir.exists() else
+                         f"while {doing}; no run folder was written")
         finally:
             if bar is not None:
                 bar.close()

@@ -4,11 +4,37 @@ temporary name in its folder and is moved into place with ``os.replace`` once al
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import tempfile
-from collections.abc import Callable, Mapping
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import IO
+
+
+class InterruptedAfterWrite(KeyboardInterrupt):
+    """Ctrl-C came while ``write_atomically`` moved its files into place: it moved them all first, so the
+    folder is complete, and then raised this."""
+
+
+@contextlib.contextmanager
+def _sigint_deferred() -> Iterator[None]:
+    """Hold Ctrl-C back until the block is done (the main thread only: no other can set a handler); then raise
+    ``InterruptedAfterWrite`` if one came."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield  # not Python's own Ctrl-C handling (ignored, or another's handler): leave it alone
+        return
+    came: list[int] = []
+    signal.signal(signal.SIGINT, lambda signum, frame: came.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if came:
+        raise InterruptedAfterWrite
 
 
 def read_text_capped(path: str | os.PathLike[str], max_bytes: int, what: str) -> str:
@@ -26,7 +52,9 @@ def read_text_capped(path: str | os.PathLike[str], max_bytes: int, what: str) ->
 
 def write_atomically(out_dir: Path, contents: Mapping[str, str | Callable[[IO[str]], None]]) -> None:
     """Write every file under a temporary name, then move them all into place. A value is the text, or a
-    function that streams it into the open file (a large table, written in bounded chunks)."""
+    function that streams it into the open file (a large table, written in bounded chunks). Ctrl-C while the
+    temporary files are written leaves ``out_dir`` as it was; while they are moved into place, it waits until
+    all of them are, then raises ``InterruptedAfterWrite``: never a folder of files from two runs."""
     temps: dict[str, str] = {}
     umask = os.umask(0)
     os.umask(umask)
@@ -40,8 +68,9 @@ def write_atomically(out_dir: Path, contents: Mapping[str, str | Callable[[IO[st
                     f.write(text)
                 else:
                     text(f)
-        for name, tmp in temps.items():
-            os.replace(tmp, out_dir / name)
+        with _sigint_deferred():
+            for name, tmp in temps.items():
+                os.replace(tmp, out_dir / name)
     finally:
         for tmp in temps.values():
             if os.path.exists(tmp):

@@ -8,6 +8,7 @@ depends on the clock or on random ids.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
@@ -20,7 +21,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from sim.files import write_atomically
+from sim.files import InterruptedAfterWrite, write_atomically
 from sim.metrics import summarize
 from sim.records import CLASS_FIELDS, REQUEST_FIELDS, STEP_COLUMNS, RequestRecord, RunResult, has_classes
 from sim.table import format_table, table_cells
@@ -261,7 +262,6 @@ def write_run(
     from sim.report import build_report  # plotly is only needed here, not for the table or the CSVs
 
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     if summaries is None:
         summaries = {r.name: summarize(r) for r in results}
     names = [r.name for r in results]
@@ -297,12 +297,25 @@ def write_run(
         **export_files(results, scenario),
         **transfer_files(results),  # disaggregated runs: one row per KV transfer
     }
-    write_atomically(out, files)
+    created = not out.exists()  # made here, just before the files: Ctrl-C before then leaves no empty folder
+    out.mkdir(parents=True, exist_ok=True)
+    interrupted = None
+    try:
+        write_atomically(out, files)
+    except InterruptedAfterWrite as e:
+        interrupted = e  # every file is in place: finish the folder, then stop
+    except BaseException:  # Ctrl-C or a full disk while the files were written: no empty run folder either
+        if created:
+            with contextlib.suppress(OSError):
+                out.rmdir()  # only if empty
+        raise
     if written is not None:
         written.extend(files)
     for name in stale_files:
         if name not in tables:
             (out / name).unlink(missing_ok=True)
+    if interrupted is not None:
+        raise interrupted
     return out
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -433,3 +434,86 @@ def test_set_a_bound_written_under_its_older_name(tmp_path: Path, name: str) -> 
     out = parse_scenario(d).variants[1].workload["output_len"]
     assert out[new] == 5 and {"min": "low", "max": "high"}[new] not in out
     assert_ran(*invoke(tmp_path, doc, args=("--set", f"workload.prompt_len.{name}=32")))
+
+
+_CHILD = """
+import os, signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as an interactive shell starts it, even under CI
+where = sys.argv[1]
+if where == "report":  # Ctrl-C while the report is built, after the simulation
+    import sim.report
+    real = sim.report.build_report
+    def build_report(*a, **k):
+        os.kill(os.getpid(), signal.SIGINT)
+        return real(*a, **k)
+    sim.report.build_report = build_report
+elif where == "commit":  # Ctrl-C while the files are moved into place
+    import sim.files
+    real_replace = os.replace
+    def replace(*a, **k):
+        if not getattr(replace, "sent", False):
+            replace.sent = True
+            os.kill(os.getpid(), signal.SIGINT)
+        return real_replace(*a, **k)
+    sim.files.os.replace = replace
+from sim.cli import app
+app(sys.argv[2:], prog_name="servesim")
+"""
+
+
+def _interrupt(tmp_path: Path, where: str, doc: dict, out: Path, wait_for_line: bool = False):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    root = Path(__file__).resolve().parents[1]
+    p = subprocess.Popen([sys.executable, "-c", _CHILD, where, "run", str(path), "--out", str(out), "-q"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env={**os.environ, "PYTHONPATH": str(root)})
+    if wait_for_line:  # the description line comes once the workload is drawn, as the simulation starts
+        assert p.stderr is not None
+        first = p.stderr.readline()
+        time.sleep(0.5)
+        p.send_signal(signal.SIGINT)
+        out_text, err = p.communicate(timeout=120)
+        err = first + err
+    else:
+        out_text, err = p.communicate(timeout=120)
+    return p.returncode, out_text, err
+
+
+def test_ctrl_c_while_simulating_says_so_and_writes_no_folder(tmp_path: Path) -> None:
+    """Issue 35: Ctrl-C exited 130 with no message."""
+    doc = w("workload.num_requests", 200_000)
+    out = tmp_path / "out"
+    rc, stdout, err = _interrupt(tmp_path, "none", doc, out, wait_for_line=True)
+    assert rc == 130, err
+    assert err.strip().splitlines()[-1] == "interrupted while simulating h; no run folder was written", err
+    assert "Traceback" not in err and stdout == "" and not out.exists()
+
+
+def test_ctrl_c_while_writing_leaves_no_empty_folder(tmp_path: Path) -> None:
+    """Issue 35: Ctrl-C while the run folder was prepared left it empty; an earlier run's folder stays whole."""
+    out = tmp_path / "runs" / "h"
+    rc, _, err = _interrupt(tmp_path, "report", BASE, out)
+    assert rc == 130, err
+    assert err.strip().splitlines()[-1] == f"interrupted while writing {out}; no run folder was written", err
+    assert not out.exists()
+    assert_ran(*invoke(tmp_path, BASE))  # an earlier run's folder, then the same Ctrl-C: left as it was
+    before = {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir()}
+    rc, _, err = _interrupt(tmp_path, "report", w("workload.num_requests", 9), tmp_path / "out")
+    assert rc == 130 and err.strip().endswith(f"{tmp_path / 'out'}/ was left as it was"), err
+    assert {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir()} == before
+
+
+def test_ctrl_c_while_moving_the_files_into_place_finishes_the_folder(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    assert_ran(*invoke(tmp_path, BASE))
+    rc, _, err = _interrupt(tmp_path, "commit", w("workload.num_requests", 9), out)
+    assert rc == 130 and err.strip().splitlines()[-1] == f"interrupted after writing {out}/ (complete)", err
+    assert json.loads((out / "summary.json").read_text())["variants"]["h"]["num_requests"] == 9
+    assert len((out / "requests.csv").read_text().splitlines()) == 1 + 9
+    assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]
