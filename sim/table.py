@@ -148,20 +148,26 @@ def table_notes(summaries: dict) -> list[str]:
     """What the table's figures are over, printed under it: the SLOs behind goodput and SLO attainment (the
     run's, and each class's own where it differs), and the window of its rates (the verdict's offered and
     scheduled rates span the arrivals only, and the workload's rate is the arrival process's setting)."""
-    notes = []
     runs = {n: slos_text(s.get("slos")) for n, s in summaries.items()}
-    if len(set(runs.values())) == 1:
-        if next(iter(runs.values())):
-            notes.append(f"goodput, SLO attainment: requests completed within {next(iter(runs.values()))}.")
+    # a class with SLOs of its own: its requests count against those in the run's goodput too (sim/metrics.py)
+    own = {n: {c: slos_text(b.get("slos")) for c, b in (s.get("classes") or {}).items()}
+           for n, s in summaries.items()}
+    own = {n: {c: t for c, t in cs.items() if t != runs[n]} for n, cs in own.items()}
+    texts = {n: (t or "no SLOs") + (", a class's own where it has them" if own[n] else "")
+             for n, t in runs.items()}
+    notes = []
+    if len(set(texts.values())) == 1:
+        if next(iter(runs.values())) or any(own.values()):
+            notes.append(f"goodput, SLO attainment: requests completed within {next(iter(texts.values()))}.")
     else:
         notes.append("goodput, SLO attainment: requests completed within "
-                     + "; ".join(f"{t or 'no SLOs'} ({n})" for n, t in runs.items()) + ".")
-    for n, s in summaries.items():
-        for c, block in (s.get("classes") or {}).items():
-            own = slos_text(block.get("slos"))
-            note = f"{c}: goodput, SLO attainment within {own or 'no SLOs'}" + (f" ({n})" if len(summaries) > 1 else "")
-            if own != runs[n] and note + "." not in notes:
-                notes.append(note + ".")
+                     + "; ".join(f"{t} ({n})" for n, t in texts.items()) + ".")
+    for n, cs in own.items():
+        for c, t in cs.items():
+            note = f"{c}: goodput, SLO attainment within {t or 'no SLOs'}"
+            note += f" ({n})." if len(summaries) > 1 else "."
+            if note not in notes:
+                notes.append(note)
     notes.append("tok/s, req/s and goodput: per second from a run's first arrival to its last finish.")
     return notes
 

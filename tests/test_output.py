@@ -343,11 +343,14 @@ def test_table_notes_give_each_variant_and_class_its_slos():
                                    "batch": {"slos": _SLOS}}}
     cont = {**_CONT, "slos": {"ttft": 1.0, "tpot": None, "e2el": 30.0}}
     assert table_notes({"naive": naive, "continuous": cont}) == [
-        "goodput, SLO attainment: requests completed within TTFT <= 2 s and TPOT <= 100 ms (naive); TTFT <= 1 s "
-        "and E2EL <= 30 s (continuous).",
+        "goodput, SLO attainment: requests completed within TTFT <= 2 s and TPOT <= 100 ms, a class's own where it "
+        "has them (naive); TTFT <= 1 s and E2EL <= 30 s (continuous).",
         "interactive: goodput, SLO attainment within TTFT <= 1 s (naive).",
         "tok/s, req/s and goodput: per second from a run's first arrival to its last finish.",
     ]
+    one = table_notes({"v": naive})
+    assert one[:2] == ["goodput, SLO attainment: requests completed within TTFT <= 2 s and TPOT <= 100 ms, a "
+                       "class's own where it has them.", "interactive: goodput, SLO attainment within TTFT <= 1 s."]
     assert table_notes({"v": {}}) == ["tok/s, req/s and goodput: per second from a run's first arrival to its "
                                       "last finish."]
 
