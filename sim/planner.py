@@ -30,6 +30,10 @@ cheapest. Among equally cheap ones that meet the SLOs the planner prefers higher
 KV precision (quality, which the simulator does not model), then the lowest tail latency relative to the SLOs;
 equally cheap ones of lower precision than a configuration already meeting the SLOs are not simulated.
 
+Price per token and the break-even volume are at the offered load, the output tokens the workload offers over its
+arrival window (``OutputLoad``): the run's own throughput counts the drain after the last arrival, so it would make
+them depend on ``num_requests``. A deployment that cannot keep up is marked saturated and priced at what it serves.
+
 Replicas run in one simulation: a router sends each arrival to the replica with the fewest unfinished requests
 (join the shortest queue, ties to the lowest index), as a load balancer in front of vLLM instances does.
 """
@@ -78,6 +82,11 @@ from sim.workload import GeneratedWorkload
 
 NAN = float("nan")
 SLO_METRICS = ("ttft", "tpot", "e2el")
+# Served over offered output rate, in the second half of the arrival window, below this: the deployment cannot keep
+# up. One that keeps up serves what arrives there less the growth of its in-flight work, which fills for about the
+# longest request's latency: plan-chat's 2 x L40S measured 0.90-0.92 at 400 requests, 0.98-1.01 from 1,000 on;
+# one that cannot serves its capacity, a ratio that does not rise with more requests (one L40S: 0.78-0.84).
+KEEPS_UP = 0.85
 
 
 # ---- the space ------------------------------------------------------------------------------------------------
@@ -136,6 +145,62 @@ class Candidate:
         }
 
 
+@dataclass(frozen=True, slots=True)
+class OutputLoad:
+    """The output rate a simulated deployment is priced at, measured on its run (tokens / s).
+
+    ``offered``: the workload's output tokens at its arrival rate, (n - 1) requests over the arrival window (n
+    arrivals bound n - 1 gaps) times the mean output length; NaN without a window (closed loop, all at once).
+    ``served`` and ``offered_late``: the output tokens produced, and those of the requests that arrived, in the
+    second half of the arrival window, per second; a request's first token counts at ``first_token`` and the rest
+    evenly up to its finish. The first half is left out: the server starts empty, so its output lags the arrivals
+    there by about one request's latency whatever its capacity. ``saturated``: served below ``KEEPS_UP`` x
+    offered_late, the queue grows. ``run``: the run's throughput, drain included (the fallback without a window).
+    """
+
+    offered: float
+    served: float
+    offered_late: float
+    run: float
+
+    @property
+    def saturated(self) -> bool:
+        return self.served < KEEPS_UP * self.offered_late
+
+    @property
+    def rate(self) -> float:
+        """Offered when the deployment keeps up, served when saturated, the run's without an arrival window."""
+        if not math.isfinite(self.offered):
+            return self.run
+        return self.served if self.saturated else self.offered
+
+
+def output_load(result: RunResult, run_throughput: float) -> OutputLoad:
+    """``OutputLoad`` of one run; ``run_throughput`` is its summary's ``output_throughput``."""
+    reqs = result.requests
+    arrival = np.array([r.arrival for r in reqs], dtype=np.float64)
+    if arrival.size < 2 or not arrival.max() - arrival.min() > 0:
+        return OutputLoad(NAN, NAN, NAN, run_throughput)
+    t0, t1 = float(arrival.min()), float(arrival.max())
+    target = np.array([r.target_output_tokens for r in reqs], dtype=np.float64)
+    offered = (arrival.size - 1) / (t1 - t0) * target.mean()
+    mid = (t0 + t1) / 2
+    out = np.array([r.output_tokens for r in reqs], dtype=np.float64)
+    first = np.array([r.first_token for r in reqs], dtype=np.float64)
+    finish = np.array([r.finish for r in reqs], dtype=np.float64)
+
+    def produced_by(t: float) -> float:
+        began = (out > 0) & (first >= 0) & (first <= t)
+        gap = np.maximum(finish - first, 1e-12)
+        share = np.clip((t - first) / gap, 0.0, 1.0)
+        return float(np.sum(np.where(began, 1.0 + (out - 1.0) * share, 0.0)))
+
+    late = (arrival > mid) & (arrival <= t1)
+    half = t1 - mid
+    return OutputLoad(offered, (produced_by(t1) - produced_by(mid)) / half, float(target[late].sum()) / half,
+                      run_throughput)
+
+
 @dataclass(slots=True)
 class Evaluation:
     """What the planner found out about one candidate."""
@@ -147,7 +212,8 @@ class Evaluation:
     lower_bounds: dict[str, float] = field(default_factory=dict)  # percentile of the per-request latency bounds
     utilization_bound: float = NAN  # lower bound on busy time / (replicas x arrival span); > 1: overloaded
     latency: dict[str, float] = field(default_factory=dict)  # simulated percentile of ttft, tpot, e2el
-    output_throughput: float = NAN  # simulated output tokens / s
+    output_throughput: float = NAN  # simulated output tokens / s over the run, the drain after the last arrival too
+    load: OutputLoad | None = None  # the output rate it is priced at (offered, or served when saturated)
     total_input_tokens: int = 0
     total_output_tokens: int = 0
     num_completed: int = 0
@@ -163,11 +229,25 @@ class Evaluation:
         return self.status == "met"
 
     @property
+    def output_rate(self) -> float:
+        """Output tokens / s the deployment is priced at: the offered load it keeps up with, what it serves under
+        load when saturated, the run's throughput without an offered rate (``OutputLoad.rate``)."""
+        if self.load is None:
+            return self.output_throughput
+        return self.load.rate
+
+    @property
+    def saturated(self) -> bool:
+        return self.load is not None and self.load.saturated
+
+    @property
     def cost_per_million_output_tokens(self) -> float:
-        """USD per million output tokens at the simulated throughput (NaN unless simulated)."""
-        if not self.simulated or not self.output_throughput > 0:
+        """USD per million output tokens at ``output_rate`` (NaN unless simulated). Not the finite run's
+        throughput: its drain after the last arrival would make the price depend on ``num_requests``."""
+        rate = self.output_rate
+        if not self.simulated or not rate > 0:
             return NAN
-        return self.candidate.cost_per_hour / (self.output_throughput * 3600.0) * 1e6
+        return self.candidate.cost_per_hour / (rate * 3600.0) * 1e6
 
     def to_dict(self) -> dict[str, Any]:
         def num(x: float) -> float | None:
@@ -182,6 +262,10 @@ class Evaluation:
             "utilization_bound": num(self.utilization_bound),
             "latency": {k: num(v) for k, v in self.latency.items()},
             "output_throughput": num(self.output_throughput),
+            "offered_output_rate": num(NAN if self.load is None else self.load.offered),
+            "served_output_rate": num(NAN if self.load is None else self.load.served),
+            "saturated": self.saturated,
+            "output_rate": num(self.output_rate),
             "cost_per_million_output_tokens": num(self.cost_per_million_output_tokens),
             "num_completed": self.num_completed,
             "num_requests": self.num_requests,
@@ -199,7 +283,7 @@ class BreakEven:
     cost_per_hour: float  # USD per hour of the deployment
     break_even_output_tokens_per_hour: float  # above this volume self-hosting is cheaper
     break_even_requests_per_second: float  # the same, in requests of the workload's mean output length
-    load_output_tokens_per_hour: float  # the scenario's load (simulated output throughput)
+    load_output_tokens_per_hour: float  # the scenario's load the deployment carries (``Evaluation.output_rate``)
     api_cost_per_hour_at_load: float
 
     def to_dict(self) -> dict[str, float]:
@@ -207,19 +291,19 @@ class BreakEven:
 
 
 def break_even(cost_per_hour: float, api_input_per_million: float, api_output_per_million: float,
-               input_tokens: int, output_tokens: int, num_requests: int, output_throughput: float) -> BreakEven:
+               input_tokens: int, output_tokens: int, num_requests: int, output_rate: float) -> BreakEven:
     """Break-even volume of a deployment costing ``cost_per_hour`` against an API charging per token.
 
         api $ per M output = output price + input price x (input tokens / output tokens)
         break-even output tokens per hour = cost_per_hour / api $ per M output x 1e6
 
     Above that volume the fixed hourly cost is cheaper than paying per token (as long as the deployment carries
-    the volume: it was sized for the scenario's load)."""
+    the volume: it was sized for the scenario's load). ``output_rate``: output tokens / s the deployment carries."""
     ratio = input_tokens / output_tokens if output_tokens else 0.0
     api_per_m = api_output_per_million + api_input_per_million * ratio
     tokens_per_hour = cost_per_hour / api_per_m * 1e6
     mean_out = output_tokens / num_requests if num_requests else NAN
-    load = output_throughput * 3600.0
+    load = output_rate * 3600.0
     return BreakEven(
         api_input_per_million=api_input_per_million,
         api_output_per_million=api_output_per_million,
@@ -576,6 +660,7 @@ def plan(scenario: Scenario, *, stop_early: bool | None = None, progress: bool =
             ev.sim_seconds = seconds
             ev.latency = {k: s[k][f"p{q}"] for k in SLO_METRICS}
             ev.output_throughput = s["output_throughput"]
+            ev.load = output_load(result, s["output_throughput"])
             ev.total_input_tokens, ev.total_output_tokens = s["total_input_tokens"], s["total_output_tokens"]
             ev.num_completed, ev.num_requests = s["num_completed"], s["num_requests"]
             ok = ev.num_completed == ev.num_requests and _meets(ev.latency, slos)
@@ -594,7 +679,7 @@ def plan(scenario: Scenario, *, stop_early: bool | None = None, progress: bool =
     if chosen is not None and cfg.api_price is not None and chosen.total_output_tokens > 0:
         be = break_even(chosen.candidate.cost_per_hour, cfg.api_price.input, cfg.api_price.output,
                         chosen.total_input_tokens, chosen.total_output_tokens, chosen.num_completed,
-                        chosen.output_throughput)
+                        chosen.output_rate)
     if any(e.candidate.replicas > 1 for e in evaluations if e.simulated):
         notes.append("replicas are simulated together behind a router sending each request to the replica with "
                      "the fewest unfinished requests (sim/cluster.py, least_outstanding)")
@@ -701,6 +786,18 @@ def _metric_names(result: PlanResult) -> list[str]:
     return [k for k in SLO_METRICS if result.slos.get(k) is not None]
 
 
+def _load_text(e: Evaluation) -> str:
+    """The output rate a deployment is priced at, and why that one (``OutputLoad``)."""
+    load = e.load
+    if load is None or not math.isfinite(load.offered):
+        return f"{e.output_throughput:,.0f} output tok/s over the run (no offered rate: closed loop or all at once)"
+    if load.saturated:
+        return (f"saturated: serves {load.served:,.0f} output tok/s of the {load.offered:,.0f} offered (second half "
+                "of the arrival window), it cannot keep up")
+    return (f"carries the offered {load.offered:,.0f} output tok/s (the run's {load.run:,.0f} counts the drain "
+            "after the last arrival)")
+
+
 def format_plan(result: PlanResult) -> str:
     """The search in words: counts, the Pareto front, the choice, its cost per token and the break-even."""
     q = result.percentile
@@ -722,11 +819,17 @@ def format_plan(result: PlanResult) -> str:
     head = f"  {'$/h':>7} {'GPUs':>4}  " + "".join(f"{k.upper() + ' p' + str(q) + ' ms':>14}" for k in keys)
     head += f"  {'meets':<5} {'$/M out':>8}  deployment"
     lines.append(head)
-    for e in result.pareto_front():
+    front = result.pareto_front()
+    for e in front:
         cells = "".join(f"{_ms(e.latency[k]):>14}" for k in keys)
         lines.append(f"  {e.candidate.cost_per_hour:>7.2f} {e.candidate.num_gpus:>4}  {cells}  "
-                     f"{'yes' if e.meets else 'no':<5} {e.cost_per_million_output_tokens:>8.3f}  "
-                     f"{e.candidate.label()}")
+                     f"{'yes' if e.meets else 'no':<5} {e.cost_per_million_output_tokens:>8.3f}"
+                     f"{'*' if e.saturated else ' '} {e.candidate.label()}")
+    offered = next((e.load.offered for e in front if e.load is not None and math.isfinite(e.load.offered)), NAN)
+    if math.isfinite(offered):
+        lines.append(f"$/M out: USD per million output tokens at the offered {offered:,.0f} output tok/s"
+                     + ("; *: saturated, at the rate it served in the second half of the arrival window"
+                        if any(e.saturated for e in front) else ""))
     lines.append("")
     ch = result.chosen
     if ch is None:
@@ -738,8 +841,7 @@ def format_plan(result: PlanResult) -> str:
         lines += [
             f"chosen: {c.label()}",
             f"  {c.num_gpus} GPU(s) at ${c.gpu_price_per_hour:.2f}/h = ${c.cost_per_hour:.2f}/h; {lat}",
-            (f"  {ch.output_throughput:,.0f} output tok/s: ${ch.cost_per_million_output_tokens:.3f} per million "
-            f"output tokens"),
+            f"  {_load_text(ch)}: ${ch.cost_per_million_output_tokens:.3f} per million output tokens",
         ]
         be = result.break_even
         if be is not None:
@@ -749,8 +851,11 @@ def format_plan(result: PlanResult) -> str:
                 f"/M output; {be.input_per_output:.2f} input tokens per output token: ${be.api_per_million_output:.3f}"
                 f" per M output tokens):"),
                 f"  self-hosting is cheaper above {be.break_even_output_tokens_per_hour / 1e6:.3f} M output "
-                f"tokens/hour ({be.break_even_requests_per_second:.3g} req/s of this workload); at the scenario's "
-                f"{be.load_output_tokens_per_hour / 1e6:.3f} M/hour it costs ${be.cost_per_hour:.2f}/h against "
+                f"tokens/hour ({be.break_even_requests_per_second:.3g} req/s of this workload); at "
+                + ("the" if ch.saturated else "the scenario's")
+                + f" {be.load_output_tokens_per_hour / 1e6:.3f} M/hour"
+                + (" it serves" if ch.saturated else "")
+                + f" it costs ${be.cost_per_hour:.2f}/h against "
                 f"${be.api_cost_per_hour_at_load:.2f}/h for the API: "
                 + ("self-hosting is cheaper" if cheaper else "the API is cheaper"),
             ]

@@ -9,6 +9,7 @@ import json
 import math
 import re
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -29,10 +30,12 @@ from sim.planner import (
     break_even,
     format_plan,
     latency_bounds,
+    output_load,
     plan,
     simulate_replicas,
     work_lower_bound,
 )
+from sim.records import RequestRecord
 from sim.run import generate_workload
 from sim.scenario import VariantConfig, json_schema, load_scenario, parse_scenario, slos_of
 from sim.schema import ContinuousPolicyConfig, Deployment, PagedKV, ScenarioError
@@ -230,7 +233,7 @@ def test_break_even_by_hand() -> None:
     # 1,000 input tokens per 400 output tokens (4 requests): 2.5 input tokens per output token, so each million
     # output tokens costs 0.20 + 2.5 x 0.10 = $0.45 at the API. Break-even: 1.80 / 0.45 = 4 M output tokens per
     # hour = 1,111 tok/s = 11.1 requests/s of 100 output tokens.
-    be = break_even(1.80, 0.10, 0.20, input_tokens=1000, output_tokens=400, num_requests=4, output_throughput=500.0)
+    be = break_even(1.80, 0.10, 0.20, input_tokens=1000, output_tokens=400, num_requests=4, output_rate=500.0)
     assert be.input_per_output == 2.5
     assert be.api_per_million_output == pytest.approx(0.45)
     assert be.break_even_output_tokens_per_hour == pytest.approx(4_000_000)
@@ -245,6 +248,81 @@ def test_cost_per_million_output_tokens() -> None:
     e = Evaluation(c, status="met", output_throughput=5000.0)
     # $15/h over 18 M output tokens per hour
     assert e.cost_per_million_output_tokens == pytest.approx(15.0 / 18.0)
+
+
+def _record(i: int, arrival: float, first_token: float, finish: float, tokens: int) -> RequestRecord:
+    return RequestRecord(i, arrival, arrival, first_token, finish, 100, tokens, tokens, 0, "completed", "", 0, -1)
+
+
+@pytest.mark.parametrize("decode_s,served,saturated", [(1.0, 11.0, False), (10.0, 2.5, True)])
+def test_output_load_by_hand(decode_s: float, served: float, saturated: bool) -> None:
+    # Arrivals at 0, 1 and 2 s, 11 output tokens each, the first 0.5 s after arrival, the other 10 evenly over
+    # decode_s. Offered: 2 gaps in 2 s x 11 tokens = 11 tok/s. Second half of the window, (1, 2]: the request
+    # arriving at 2 offers 11 tokens. decode_s 1: request 0 makes tokens 6..11 in it (5), request 1 its first and
+    # 5 more (6): 11 tok/s, it keeps up. decode_s 10: 1.5 -> 2.5 tokens and 0 -> 1.5: 2.5 tok/s, saturated.
+    recs = [_record(i, float(i), i + 0.5, i + 0.5 + decode_s, 11) for i in range(3)]
+    load = output_load(SimpleNamespace(requests=recs), run_throughput=7.0)  # type: ignore[arg-type]
+    assert load.offered == pytest.approx(11.0) and load.offered_late == pytest.approx(11.0)
+    assert load.served == pytest.approx(served) and load.saturated is saturated
+    assert load.rate == pytest.approx(served if saturated else 11.0)
+    # all at once: no offered rate, so the run's throughput
+    assert output_load(SimpleNamespace(requests=[_record(i, 0.0, 1.0, 2.0, 5) for i in range(3)]),  # type: ignore[arg-type]
+                       run_throughput=7.0).rate == 7.0
+
+
+def _issue35_70b(n: int, **plan_keys: Any) -> dict:
+    """Issue 35's setup: Llama-3.1-70B at 20 req/s on H100s, p99 TTFT <= 2 s, its plan narrowed to one point."""
+    return {
+        "name": "plan-70b", "seed": 0,
+        "workload": {"arrival": {"type": "poisson", "rate": 20.0}, "num_requests": n,
+                     "prompt_len": {"type": "lognormal", "mean": 600, "std": 500, "min": 16, "max": 3072},
+                     "output_len": {"type": "exponential", "mean": 250, "min": 1, "max": 1024}},
+        "deployment": {"model": "llama-3.1-70b", "max_model_len": 4096},
+        "slos": {"ttft": 2.0},
+        "plan": {"gpus": ["h100-sxm"], "max_num_seqs": [256], **plan_keys},
+    }
+
+
+def test_cost_per_token_does_not_depend_on_the_run_length() -> None:
+    # The choice of issue 35, 8 x H100 tp8 at $20/h, was priced at the finite run's output throughput, drain after
+    # the last arrival included: $1.480 per million output tokens at 600 requests, $1.162 at 3,000. It carries the
+    # offered load, 20 req/s x ~250 tokens, whatever the run's length: priced there, the two agree within 5%.
+    point = dict(tensor_parallel_sizes=[8], weight_dtypes=["bf16"], kv_dtypes=["auto"], enable_chunked_prefill=[False],
+                 api_price={"input": 0.1, "output": 0.2})
+    cost, load = {}, {}
+    for n in (600, 3000):
+        sc = parse_scenario(_issue35_70b(n, **point))
+        r = plan(sc)
+        ch = r.chosen
+        assert ch is not None and ch.candidate.num_gpus == 8 and not ch.saturated and r.break_even is not None
+        wl = generate_workload(sc)
+        arrivals = [q.arrival for q in wl.requests]
+        offered = (n - 1) / (max(arrivals) - min(arrivals)) * np.mean([q.output_len for q in wl.requests])
+        assert ch.output_rate == pytest.approx(offered)
+        assert ch.cost_per_million_output_tokens == pytest.approx(20.0 / (offered * 3600) * 1e6)
+        assert ch.output_throughput < 0.95 * offered  # the run's throughput, drain included, is well below it
+        assert r.break_even.load_output_tokens_per_hour == pytest.approx(offered * 3600)
+        cost[n], load[n] = ch.cost_per_million_output_tokens, r.break_even.load_output_tokens_per_hour
+        text = format_plan(r)
+        assert f"carries the offered {offered:,.0f} output tok/s" in text
+        assert f"at the scenario's {offered * 3600 / 1e6:.3f} M/hour" in text
+    assert cost[600] == pytest.approx(cost[3000], rel=0.05)
+    assert load[600] == pytest.approx(load[3000], rel=0.05)
+
+
+def test_a_saturated_deployment_is_priced_at_what_it_serves() -> None:
+    # 3 x H100 with fp8 weights and max_num_seqs 64 passes the throughput bound but serves about a sixth of the
+    # 20 req/s (p99 TTFT over 2 minutes): priced at the offered load it would look 6 times cheaper than it is.
+    sc = parse_scenario(_issue35_70b(600, tensor_parallel_sizes=[1], weight_dtypes=["fp8"], kv_dtypes=["fp8"],
+                                     max_num_seqs=[64], enable_chunked_prefill=[True], max_gpus=3))
+    r = plan(sc)
+    (e,) = r.simulated
+    assert e.candidate.replicas == 3 and not e.meets and e.saturated and e.load is not None
+    assert e.load.served < 0.3 * e.load.offered
+    assert e.cost_per_million_output_tokens == pytest.approx(7.5 / (e.load.served * 3600) * 1e6)
+    text = format_plan(r)
+    assert f"{e.cost_per_million_output_tokens:>8.3f}* 3 x h100-sxm" in text
+    assert "*: saturated, at the rate it served in the second half of the arrival window" in text
 
 
 def test_plan_chat_scenario() -> None:
