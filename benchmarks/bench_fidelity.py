@@ -63,6 +63,13 @@ def _errors_of(run: WorkloadRun, metrics: dict) -> dict[str, float | None]:
     return out
 
 
+def _recorded(path: str) -> str:
+    """A profile path as the results record it: relative to the repository root when inside it (the JSON files are
+    committed, and an absolute path names one machine), else as given."""
+    p = Path(path).resolve()
+    return p.relative_to(ROOT).as_posix() if p.is_relative_to(ROOT) else path
+
+
 def _fmt(e: float | None) -> str:
     return "    n/a" if e is None else f"{100 * e:+6.1f}%"
 
@@ -98,19 +105,20 @@ def main() -> int:
                       f"thr {_fmt(e[THROUGHPUT_METRIC])}  machine x{sl}  ({time.perf_counter() - t0:.0f} s)",
                       flush=True)
 
-            print(f"\n{model}: {len(wls)} workloads, profile {path}", flush=True)
+            shown = _recorded(path)
+            print(f"\n{model}: {len(wls)} workloads, profile {shown}", flush=True)
             probe = make_probe(path)
             runs = run_family(wls, path, model=model, on_done=done, probe=probe)
             table = error_table([r.errors() for r in runs])
             sat = sum(r.workload.saturated for r in runs)
             print(format_table(table, f"\n{model}: |relative error| across {len(runs)} workloads ({sat} saturated), "
-                                      f"profile {path}"))
+                                      f"profile {shown}"))
             adjusted = error_table([r.errors(adjusted=True) for r in runs]) if probe is not None else None
             if adjusted is not None:
                 slow = [r.slowdown for r in runs if r.slowdown is not None]
                 print(format_table(adjusted, f"\n{model}: the same, simulator scaled by the machine's slowdown "
                                              f"around each run (x{min(slow):.2f} to x{max(slow):.2f})"))
-            doc = {"model": model, "profile": path, "seed": args.seed, "table": table, "adjusted_table": adjusted,
+            doc = {"model": model, "profile": shown, "seed": args.seed, "table": table, "adjusted_table": adjusted,
                    "seconds": time.perf_counter() - t0,
                    "load_average_end": os.getloadavg()[0], "hog": hog is not None,
                    "workloads": [{"name": r.workload.name, "rho": r.workload.rho, "rate": r.rate,
@@ -120,8 +128,9 @@ def main() -> int:
             if model in compare:
                 other = [_errors_of(r, resimulate(r, compare[model], model=model)) for r in runs]
                 t2 = error_table(other)
-                print(format_table(t2, f"\n{model}: the same engine runs, simulated with {compare[model]}"))
-                doc["compare"] = {"profile": compare[model], "table": t2, "errors": other}
+                print(format_table(t2, f"\n{model}: the same engine runs, simulated with "
+                                       f"{_recorded(compare[model])}"))
+                doc["compare"] = {"profile": _recorded(compare[model]), "table": t2, "errors": other}
             if args.out is not None:
                 args.out.mkdir(parents=True, exist_ok=True)
                 (args.out / f"fidelity-{model}.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")

@@ -1,8 +1,9 @@
 """Published serving figures against the simulator's analytic model, each row run on its engine's preset.
 
-The rows (/work/shared/data/published-dev/published-dev.csv; its README says where each comes from) are figures
-others measured and published: TensorRT-LLM 0.17's offline throughput table, gpt-fast's batch-1 decode speeds,
-the vLLM blog posts' serving throughput and TPOT. Every row the simulator can represent becomes one run:
+The rows (``../shared/data/published-dev/published-dev.csv`` from the repository root, or ``--data``; its README
+says where each comes from) are figures others measured and published: TensorRT-LLM 0.17's offline throughput
+table, gpt-fast's batch-1 decode speeds, the vLLM blog posts' serving throughput and TPOT. Every row the
+simulator can represent becomes one run:
 
 - its model, GPU, tensor parallelism and dtypes, its engine's ``deployment.engine`` preset (sim/engines.py):
   TensorRT-LLM -> ``tensorrt-llm`` (0.17 rows with ``kv_cache_free_gpu_mem_fraction`` 0.95, as the source's
@@ -17,7 +18,7 @@ No constant is fitted to a row: the cost model runs with its documented defaults
 are listed with the reason. ``--fit`` instead repeats issue 14's held-out calibration on the rows of one engine
 and GPU (fit the knobs on every other row, predict the rest), now with the rows' engine preset.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/bench_published.py [--requests N] [--fit [--engine P --gpu P]]
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_published.py [--data CSV] [--requests N] [--fit [--engine P --gpu P]]
 """
 
 from __future__ import annotations
@@ -39,7 +40,9 @@ from sim.engine_costs import VLLM_V06_HOST_TIME_RATIO
 from sim.scenario import VariantConfig, parse_scenario, variant_configs
 from sim.schema import ScenarioError
 
-DATA = Path("/work/shared/data/published-dev/published-dev.csv")
+ROOT = Path(__file__).resolve().parent.parent
+# the shared data sit beside the repository, not in it: the development set is not shipped
+DATA = ROOT.parent / "shared" / "data" / "published-dev" / "published-dev.csv"
 MODELS = {"Llama-3.1-8B": "llama-3.1-8b", "Llama-3.1-70B": "llama-3.1-70b", "Llama-3.1-405B": "llama-3.1-405b",
           "Llama-3-8B": "llama-3-8b", "Llama-3-70B": "llama-3-70b", "Llama-2-7B": "llama-2-7b",
           "Llama-2-13B": "llama-2-13b", "Llama-2-70B": "llama-2-70b", "LLaMA-7B": "llama-7b", "LLaMA-13B": "llama-13b",
@@ -150,8 +153,8 @@ def _summary(label: str, errs: list[float]) -> str:
             f"  bias (median) {np.median(errs):+6.1%}")
 
 
-def report(n_offline: int, classic: bool = False) -> None:
-    with DATA.open() as f:
+def report(n_offline: int, classic: bool = False, data: Path = DATA) -> None:
+    with data.open() as f:
         rows = list(csv.DictReader(f))
     cases, refused = [], []
     for r in rows:
@@ -182,11 +185,12 @@ def report(n_offline: int, classic: bool = False) -> None:
         print(f"  {r['engine'][:28]:28s} {r['model']:18s} {r['gpu'][:16]:16s} {r['metric']:22s} {why}")
 
 
-def fit(engine: str, gpu: str, n: int, max_iter: int, robust: float, classic: bool = False) -> None:
+def fit(engine: str, gpu: str, n: int, max_iter: int, robust: float, classic: bool = False,
+        data: Path = DATA) -> None:
     """Issue 14's held-out check: fit the knobs on every other row of one engine and GPU, predict the rest."""
     from calibration.bench_fit import DEFAULTS, fit_knobs
 
-    with DATA.open() as f:
+    with data.open() as f:
         rows = [r for r in csv.DictReader(f) if r["engine"].startswith(engine) and r["gpu"].startswith(gpu)
                 and r["metric"] == "output_tok_s_total"]
     cases = []
@@ -216,6 +220,9 @@ def fit(engine: str, gpu: str, n: int, max_iter: int, robust: float, classic: bo
 
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--data", type=Path, default=DATA,
+                    help="published-dev.csv, or the folder holding it (default: ../shared/data/published-dev/ "
+                         "from the repository root)")
     ap.add_argument("--requests", type=int, default=None, help="requests per offline row (default: 3000; --fit 256)")
     ap.add_argument("--classic", action="store_true", help="every row on servesim's classic engine (no presets)")
     ap.add_argument("--fit", action="store_true", help="issue 14's held-out calibration instead of the report")
@@ -224,10 +231,13 @@ def main() -> None:
     ap.add_argument("--max-iter", type=int, default=4)
     ap.add_argument("--robust", type=float, default=0.1, help="soft-L1 scale of the log errors (0: plain squares)")
     args = ap.parse_args()
+    data = args.data / DATA.name if args.data.is_dir() else args.data
+    if not data.is_file():
+        ap.exit(2, f"error: {data}: the published development set is not there; give its CSV with --data\n")
     if args.fit:
-        fit(args.engine, args.gpu, args.requests or 256, args.max_iter, args.robust, args.classic)
+        fit(args.engine, args.gpu, args.requests or 256, args.max_iter, args.robust, args.classic, data)
     else:
-        report(args.requests or OFFLINE_REQUESTS, args.classic)
+        report(args.requests or OFFLINE_REQUESTS, args.classic, data)
 
 
 if __name__ == "__main__":
