@@ -203,12 +203,14 @@ def _simulate(cfg: VariantConfig, specs: tuple, cost, name: str) -> RunResult:
     from sim.build import build
     from sim.core import ServingCore
     from sim.results import result_of
+    from sim.run import policy_errors
     from sim.simulator import Simulation
 
     policy, kv, _, built = build(cfg)
     core = ServingCore(policy, kv)
     sim = Simulation(specs, [(core, cost)])
-    sim.run()
+    with policy_errors(cfg, name):  # other step times than the plain run's: a policy can fail here alone
+        sim.run()
     return result_of(name, sim.requests, core, cost, config=cfg.to_dict(),
                      weight_bytes=float(built.budget.weight_bytes),
                      kv_bytes_per_block=float(built.budget.kv_bytes_per_block))

@@ -45,7 +45,7 @@ from sim.limits import kv_footprint
 from sim.records import RunResult
 from sim.request import Request
 from sim.results import result_of
-from sim.run import autoscaler_of
+from sim.run import autoscaler_of, policy_errors
 from sim.scenario import VariantConfig
 from sim.schema import PagedKV, ScenarioError
 from sim.simulator import ClosedLoopPlan, Simulation
@@ -249,6 +249,9 @@ def run_engine(
     shared machine cannot lengthen it (torch then runs with one intra-op thread, restored afterwards), and on CUDA
     the synchronised ``perf_counter`` time. ``max_wall_s`` is wall-clock seconds in both.
     ``progress(n, t)``: n more requests finished, the last at engine time t.
+
+    A policy that raises, plans past a rule or leaves work waiting forever raises ``PolicyError`` (a
+    ``ScenarioError``) naming the variant, as ``sim.run.simulate_variant`` does.
     """
     if clock not in ("virtual", "wall"):
         raise ValueError(f"clock must be 'virtual' or 'wall', got {clock!r}")
@@ -256,20 +259,21 @@ def run_engine(
     if clock == "virtual" and device != "cuda":
         torch.set_num_threads(1)  # the thread's CPU time is then the forward pass's whole cost
     try:
-        if cfg.disaggregation is not None:  # prefill and decode pools of engine replicas (realengine/disagg.py)
-            from realengine.disagg import serve_disaggregated
+        # the same policy in the same loop as the simulator's: a user's policy fails here as it fails there
+        with policy_errors(cfg, name):
+            if cfg.disaggregation is not None:  # prefill and decode pools of engine replicas (realengine/disagg.py)
+                from realengine.disagg import serve_disaggregated
 
-            return serve_disaggregated(cfg, workload, device=device, dtype=dtype, model_spec=model_spec,
-                                       num_gpu_blocks=num_gpu_blocks, seed=seed, name=name, clock=clock,
-                                       failures=failures, kv_layout=kv_layout, real_model=real_model,
-                                       weight_quant=weight_quant)
-        return _run_engine(cfg, workload, device=device, dtype=dtype, model_spec=model_spec,
-                           num_gpu_blocks=num_gpu_blocks, time_scale=time_scale, max_wall_s=max_wall_s, name=name,
-                           seed=seed, record_plans=record_plans, memory_interval_s=memory_interval_s,
-                           memory_samples=memory_samples, kv_layout=kv_layout, failures=failures,
-                           decode_kernel=decode_kernel, on_runner=on_runner, real_model=real_model, texts=texts,
-                           weight_quant=weight_quant, virtual=clock == "virtual",
-                           progress=progress)
+                return serve_disaggregated(cfg, workload, device=device, dtype=dtype, model_spec=model_spec,
+                                           num_gpu_blocks=num_gpu_blocks, seed=seed, name=name, clock=clock,
+                                           failures=failures, kv_layout=kv_layout, real_model=real_model,
+                                           weight_quant=weight_quant)
+            return _run_engine(cfg, workload, device=device, dtype=dtype, model_spec=model_spec,
+                               num_gpu_blocks=num_gpu_blocks, time_scale=time_scale, max_wall_s=max_wall_s,
+                               name=name, seed=seed, record_plans=record_plans, memory_interval_s=memory_interval_s,
+                               memory_samples=memory_samples, kv_layout=kv_layout, failures=failures,
+                               decode_kernel=decode_kernel, on_runner=on_runner, real_model=real_model, texts=texts,
+                               weight_quant=weight_quant, virtual=clock == "virtual", progress=progress)
     finally:
         torch.set_num_threads(threads)
 

@@ -389,10 +389,16 @@ def engine_run(
     for cfg in cfgs:
         if bar is not None:
             bar.begin(cfg.name, len(wls[cfg.name].requests))
-        result, _, core = run_engine(cfg, wls[cfg.name], device=device, dtype=tdtype, model_spec=model,
-                                     num_gpu_blocks=num_gpu_blocks, time_scale=time_scale, memory_samples=memory,
-                                     real_model=real, texts=texts, weight_quant=quant,
-                                     progress=None if bar is None else bar.advance)
+        try:
+            result, _, core = run_engine(cfg, wls[cfg.name], device=device, dtype=tdtype, model_spec=model,
+                                         num_gpu_blocks=num_gpu_blocks, time_scale=time_scale, memory_samples=memory,
+                                         real_model=real, texts=texts, weight_quant=quant,
+                                         progress=None if bar is None else bar.advance)
+        except ScenarioError as e:  # a user's policy failed on the engine (sim.policies.user.PolicyError)
+            if bar is not None:
+                bar.close()
+            _fail(str(e))  # before anything is written: no half run folder
+            return
         if bar is not None:
             bar.end()
         results.append(result)

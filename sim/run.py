@@ -4,7 +4,8 @@ the command line and the notebooks."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -67,13 +68,26 @@ def simulate_variant(
     """Simulate one variant on a workload; returns its result, its requests and its core (a cluster's: the first
     replica's; the result covers every replica). A policy that breaks a rule or leaves work waiting forever
     raises ``PolicyError`` (a ``ScenarioError``) naming the variant and the policy."""
-    try:
+    with policy_errors(cfg, name):
         return _simulate_variant(cfg, workload, name=name, keep_token_times=keep_token_times, fast_path=fast_path,
                                  progress=progress)
+
+
+@contextmanager
+def policy_errors(cfg: VariantConfig, name: str | None = None) -> Iterator[None]:
+    """A policy's failure inside a run of ``cfg`` as user input: a ``PolicyError`` (a ``ScenarioError``, so the
+    command line prints one message and exits 2) naming the variant, where the run raised ``PolicyError`` (the
+    user's code raised or planned past a rule), ``PlanError`` (the core refused a plan) or ``StalledError`` (work
+    left waiting with nothing to come). The simulator and the real engine (``realengine.engine.run_engine``) run
+    the same policies in the same loop, so they fail the same way."""
+    try:
+        yield
     except PolicyError as e:
         raise PolicyError(f"variant {name or cfg.name!r}: {e}") from None
-    except (PlanError, StalledError) as e:  # a plan the core refused, or work left waiting with nothing to come
-        raise PolicyError(f"variant {name or cfg.name!r}: policy {getattr(cfg.policy, 'type', '?')}: {e}") from None
+    except (PlanError, StalledError) as e:
+        cls = getattr(cfg.policy, "cls", None)  # a user's class: its name, as PolicyError's own messages give it
+        what = cls.rpartition(":")[2] if isinstance(cls, str) else getattr(cfg.policy, "type", "?")
+        raise PolicyError(f"variant {name or cfg.name!r}: policy {what}: {e}") from None
 
 
 def _simulate_variant(

@@ -29,6 +29,7 @@ from sim.disagg.pools import DisaggSimulation, check_disaggregation  # noqa: E40
 from sim.run import generate_workload  # noqa: E402 - after the torch skip
 from sim.scenario import parse_scenario, variant_configs  # noqa: E402 - after the torch skip
 from sim.simulator import Simulation  # noqa: E402 - after the torch skip
+from tests.conftest import ReplayedDurations  # noqa: E402 - after the torch skip
 
 torch.set_num_threads(1)
 
@@ -110,24 +111,6 @@ def test_without_the_copy_the_output_changes(monkeypatch) -> None:
     assert broken.tokens != RUN.tokens
 
 
-class Replayed:
-    """A cost model returning one replica's measured step durations, in order."""
-
-    peak_flops = 0.0
-
-    def __init__(self, durations) -> None:
-        self.durations = [float(x) for x in durations]
-        self.used = 0
-
-    def step_time(self, shape) -> float:
-        d = self.durations[self.used]
-        self.used += 1
-        return d
-
-    def step_flops(self, shape) -> float:
-        return 0.0
-
-
 def test_parity_simulator_fed_the_measured_times_reproduces_the_schedule() -> None:
     d = CFG.disaggregation
     pools = check_disaggregation(CFG)
@@ -137,7 +120,7 @@ def test_parity_simulator_fed_the_measured_times_reproduces_the_schedule() -> No
         cores[role] = []
         for rep in (eng.prefill_replicas if role == "prefill" else eng.decode_replicas):
             policy, kv, _, _ = build(engine_config(pools[role][0], dtype=MODEL.dtype))
-            replay = Replayed(rep.core.steps.columns()["duration"])
+            replay = ReplayedDurations(rep.core.steps.columns()["duration"])
             replays.append(replay)
             cores[role].append((ServingCore(policy, kv, fast_path=False, record_plans=True), replay))
     links = [KVLink(d.kv_link.bandwidth, d.kv_link.latency, 1)]

@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import csv
-import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +38,7 @@ from sim.request import RequestSpec  # noqa: E402 - after the torch skip
 from sim.run import generate_workload, simulate_variant  # noqa: E402 - after the torch skip
 from sim.scenario import parse_scenario, variant_configs  # noqa: E402 - after the torch skip
 from sim.simulator import ClosedLoopPlan, Simulation  # noqa: E402 - after the torch skip
+from tests.conftest import ReplayedDurations, assert_replay_reproduces_engine  # noqa: E402 - after the torch skip
 
 torch.set_num_threads(1)
 
@@ -108,54 +108,13 @@ def test_open_loop_run_completes_and_writes_the_run_folder(tmp_path: Path) -> No
     assert all(int(r["rss_bytes"]) > 0 for r in rows)
 
 
-class ReplayedDurations:
-    """A cost model that returns the engine's measured step durations, in order."""
-
-    peak_flops = 0.0
-
-    def __init__(self, durations) -> None:
-        self.durations = [float(d) for d in durations]
-        self.used = 0
-
-    def step_time(self, shape) -> float:
-        d = self.durations[self.used]
-        self.used += 1
-        return d
-
-    def step_flops(self, shape) -> float:
-        return 0.0
-
-
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
 def test_parity_simulator_reproduces_the_engine_schedule(mode: str) -> None:
     sc, cfg, wl, result, requests, core, _ = RUNS[mode]
     assert core.stats.num_preemptions > 0
     if mode == "swap":
         assert core.stats.num_swaps > 0
-    # the same policy and KV manager the engine ran (the engine's config: model, block count, swap space)
-    policy, kv, _, _ = build(engine_config(cfg, num_gpu_blocks=NUM_BLOCKS))
-    sim_core = ServingCore(policy, kv, fast_path=False, record_plans=True)
-    # durations as steps.csv has them (end - start): the simulator's clock then lands on the engine's step ends
-    cost = ReplayedDurations(result.steps["duration"])
-    # arrivals: the times at which the engine admitted the requests
-    specs = [dataclasses.replace(r.spec, arrival=r.arrival) for r in requests]
-    sim = Simulation(specs, [(sim_core, cost)], fast_forward=False)
-    sim.run()
-    assert cost.used == len(cost.durations)
-    assert sim_core.plans == core.plans
-    assert sim_core.stats == core.stats
-    a, b = sim_core.steps.columns(), core.steps.columns()
-    for col in ("batch_size", "prefill_tokens", "decode_tokens", "kv_blocks_used", "kv_tokens", "num_running",
-                "num_waiting", "num_swapped", "num_preempted", "swap_blocks"):
-        assert np.array_equal(a[col], b[col]), col
-    assert np.allclose(a["start"], b["start"], rtol=0, atol=1e-9)
-    assert np.allclose(a["duration"], b["duration"], rtol=0, atol=1e-9)
-    eng = {r.id: r for r in requests}
-    for r in sim.requests:
-        e = eng[r.id]
-        assert (r.num_preemptions, r.num_output_tokens, r.outcome) == (e.num_preemptions, e.num_output_tokens,
-                                                                       e.outcome)
-        assert abs(r.first_token - e.first_token) < 1e-9 and abs(r.finish - e.finish) < 1e-9
+    assert_replay_reproduces_engine(engine_config(cfg, num_gpu_blocks=NUM_BLOCKS), result, requests, core)
 
 
 def mixed_workload(n: int = 32) -> list[RequestSpec]:

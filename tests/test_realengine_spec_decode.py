@@ -35,6 +35,7 @@ from sim.spec_decode import (  # noqa: E402 - after the torch skip
     write_measured,
 )
 from sim.specs import ModelSpec  # noqa: E402 - after the torch skip
+from tests.conftest import ReplayedDurations  # noqa: E402 - after the torch skip
 
 torch.set_num_threads(1)
 
@@ -112,23 +113,6 @@ def test_drafts_are_accepted_for_real_and_change_no_token(runs):
     # fewer steps for the same tokens
     assert len(spec.steps["duration"]) < len(plain.steps["duration"])
     assert core.kv.num_free_blocks == core.kv.num_blocks
-
-
-class ReplayedDurations:
-    """The engine's measured step durations, in order."""
-
-    peak_flops = 0.0
-
-    def __init__(self, durations) -> None:
-        self.durations = [float(d) for d in durations]
-        self.used = 0
-
-    def step_time(self, shape) -> float:
-        self.used += 1
-        return self.durations[self.used - 1]
-
-    def step_flops(self, shape) -> float:
-        return 0.0
 
 
 @pytest.mark.parametrize("mode", ["recompute", "swap"])

@@ -1,0 +1,160 @@
+"""A user's own policy, loaded from a file, drives the real engine (the tiny model on a CPU, one thread) exactly as
+it drives the simulator:
+
+- parity: the simulator fed the engine's measured step durations reproduces the engine's schedule step by step
+  (plans, preemptions, token counts, clock, each request's first token and finish), for a user's class and for
+  the built-in policies on the public API (priority, sjf with a noisy predictor, edf rejecting late requests);
+- the class is loaded once, at validation: the engine's policy and the simulator's are objects of that class;
+- ``servesim engine run`` and ``servesim validate`` run every policy kind from a scenario file (``cls`` relative
+  to it), and a policy that fails on the engine ends either command with exit 2, one message, nothing written.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+torch = pytest.importorskip("torch")
+
+from typer.testing import CliRunner  # noqa: E402 - after the torch skip
+
+from realengine.engine import engine_config, run_engine  # noqa: E402 - after the torch skip
+from sim.build import build  # noqa: E402 - after the torch skip
+from sim.cli import app  # noqa: E402 - after the torch skip
+from sim.policies.user import UserPolicy  # noqa: E402 - after the torch skip
+from sim.run import generate_workload  # noqa: E402 - after the torch skip
+from sim.scenario import parse_scenario, variant_configs  # noqa: E402 - after the torch skip
+from tests.conftest import assert_replay_reproduces_engine  # noqa: E402 - after the torch skip
+
+torch.set_num_threads(1)
+
+HERE = Path(__file__).parent
+POLICIES = HERE / "data" / "policies"
+USER_CLS = f"{POLICIES / 'priority_shortest.py'}:PriorityShortestPrompt"
+PROFILE = HERE.parent / "calibration" / "profiles" / "tiny-cpu.json"
+NUM_BLOCKS = 12  # 48 tokens of 4-token blocks for prompts of up to 24 tokens: preemptions, and displacements
+LIMITS = {"max_num_seqs": 8, "max_num_batched_tokens": 64}
+
+
+def scenario(policy: dict, num_requests: int = 30) -> dict:
+    """Two classes, interactive (priority 0, a 50 ms TTFT SLO) and batch (priority 1), arriving faster than the
+    engine serves them under time_scale 0.05, so that a queue forms and its order matters."""
+    return {
+        "name": "engine-user-policy",
+        "seed": 3,
+        "workload": {
+            "arrival": {"type": "poisson", "rate": 40.0},
+            "num_requests": num_requests,
+            "prompt_len": {"type": "uniform", "low": 4, "high": 24},
+            "output_len": {"type": "uniform", "low": 2, "high": 12},
+            "classes": [{"name": "interactive", "share": 0.3, "priority": 0, "slo": {"ttft": 0.05}},
+                        {"name": "batch", "share": 0.7, "priority": 1}],
+        },
+        "deployment": {"model": "tiny", "max_model_len": 40, "block_size": 4},
+        "policy": {**policy, **LIMITS},
+    }
+
+
+def engine_run(policy: dict):
+    sc = parse_scenario(scenario(policy))
+    cfg = variant_configs(sc)[0]
+    result, requests, core = run_engine(cfg, generate_workload(sc), num_gpu_blocks=NUM_BLOCKS, time_scale=0.05,
+                                        record_plans=True)
+    return cfg, result, requests, core
+
+
+USER_RUN = engine_run({"type": "custom", "cls": USER_CLS})
+
+
+def test_a_users_policy_from_a_file_has_exact_parity_on_the_engine() -> None:
+    cfg, result, requests, core = USER_RUN
+    assert all(r.outcome is not None and r.outcome.value == "completed" for r in requests)
+    # the user's order, not first come first served: some request started before one that arrived earlier
+    # (FCFS admits in arrival order), and waiting interactive requests displaced running batch ones
+    started = sorted(requests, key=lambda r: (r.first_scheduled, r.id))
+    inversions = sum(1 for i, a in enumerate(started) for b in started[i + 1:] if b.arrival < a.arrival)
+    assert inversions > 0 and core.stats.num_preemptions > 0
+    sim_core = assert_replay_reproduces_engine(engine_config(cfg, num_gpu_blocks=NUM_BLOCKS), result, requests,
+                                               core)
+    # one class, loaded once when the scenario was validated: the engine's policy and the simulator's are its
+    # objects (each replica builds its own instance of it)
+    cls = cfg.policy._cls
+    assert cls.__name__ == "PriorityShortestPrompt"
+    for c in (core, sim_core):
+        assert isinstance(c.policy, UserPolicy) and type(c.policy.user) is cls
+    assert core.policy.user is not sim_core.policy.user
+
+
+@pytest.mark.parametrize("policy", [
+    {"type": "priority"},
+    {"type": "sjf", "predictor": {"type": "lognormal", "sigma": 1.0, "seed": 5}},
+    {"type": "edf", "reject_late": True},
+], ids=["priority", "sjf-noisy", "edf-reject-late"])
+def test_builtin_policies_on_the_public_api_have_exact_parity_on_the_engine(policy: dict) -> None:
+    cfg, result, requests, core = engine_run(policy)
+    assert all(r.outcome is not None for r in requests)
+    assert_replay_reproduces_engine(engine_config(cfg, num_gpu_blocks=NUM_BLOCKS), result, requests, core)
+    assert type(build(cfg)[0]) is UserPolicy  # the public API's adapter, as for a user's class
+
+
+# ---- the commands ---------------------------------------------------------------------------------------------
+def write_scenario(tmp_path: Path, policy: dict, variants: list[dict] | None = None) -> Path:
+    (tmp_path / "policies").mkdir(exist_ok=True)
+    for name in ("priority_shortest.py", "bad_policies.py"):
+        (tmp_path / "policies" / name).write_text((POLICIES / name).read_text())
+    raw = scenario(policy, num_requests=20)
+    raw["deployment"]["num_gpu_blocks"] = NUM_BLOCKS
+    if variants:
+        raw["variants"] = variants
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+KINDS = [{"name": kind, "policy": {"type": kind, **LIMITS}} for kind in ("fcfs", "priority", "sjf", "edf")]
+MINE = {"type": "custom", "cls": "policies/priority_shortest.py:PriorityShortestPrompt", "args": {"displace": True}}
+
+
+def test_engine_run_command_runs_every_policy_kind(tmp_path: Path) -> None:
+    path = write_scenario(tmp_path, MINE, [{"name": "mine"}, *KINDS])
+    out = tmp_path / "out"
+    res = CliRunner().invoke(app, ["engine", "run", str(path), "--out", str(out), "--time-scale", "0.05"])
+    assert res.exit_code == 0, res.output
+    summary = json.loads((out / "summary.json").read_text())
+    runs = summary["variants"]
+    for name in ("mine", "fcfs", "priority", "sjf", "edf"):
+        assert runs[name]["num_completed"] == 20, name
+
+
+def test_validate_command_runs_a_users_policy(tmp_path: Path) -> None:
+    path = write_scenario(tmp_path, MINE)
+    out = tmp_path / "val"
+    res = CliRunner().invoke(app, ["validate", str(path), "--profile", str(PROFILE), "--out", str(out), "-q"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads((out / "validation.json").read_text())
+    (v,) = doc["variants"].values()
+    assert v["num_completed"]["real"] == v["num_completed"]["sim"] == 20
+
+
+BAD = [
+    ("Raises", "variant 'engine-user-policy': policy Raises: schedule(view) at t="),
+    ("Idle", "variant 'engine-user-policy': policy Idle: simulation stalled: 20 requests without outcome"),
+    ("Twice", "schedules request 0 twice"),
+]
+
+
+@pytest.mark.parametrize(("cls", "message"), BAD, ids=[c for c, _ in BAD])
+@pytest.mark.parametrize("command", ["engine", "validate"])
+def test_a_policy_failing_on_the_engine_exits_2_with_one_message(tmp_path: Path, command: str, cls: str,
+                                                                message: str) -> None:
+    path = write_scenario(tmp_path, {"type": "custom", "cls": f"policies/bad_policies.py:{cls}"})
+    out = tmp_path / "out"
+    args = ["engine", "run", str(path), "--time-scale", "0.05"] if command == "engine" else \
+        ["validate", str(path), "--profile", str(PROFILE), "-q"]
+    res = CliRunner().invoke(app, [*args, "--out", str(out)])
+    assert res.exit_code == 2, res.output
+    assert message in res.output and "Traceback" not in res.output
+    assert not out.exists()  # nothing half-written
