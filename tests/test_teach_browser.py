@@ -38,6 +38,92 @@ pytestmark = pytest.mark.skipif(
 # box is given a generous bound, polled, so a fast machine does not wait for it.
 WAIT_S = 90.0
 
+# The page's own layout, measured in the browser: a box for every visible text (each line of an HTML text node, from
+# a Range; each SVG <text> of the figures), and, as obstacles, each figure's legend box and its mode bar (shown on
+# hover or tap). Returns the pairs of boxes that overlap by more than a pixel each way, and the texts that stick out
+# of what clips them: an SVG clip-path (a plot's area), the <svg> itself, an HTML ancestor that hides its overflow,
+# or the page's width.
+TEXT_BOXES_JS = """
+const EPS = 1, boxes = [];
+const visible = (el) => {
+  for (let e = el; e && e.nodeType === 1; e = e.parentElement) {
+    const cs = getComputedStyle(e);
+    if (cs.display === 'none' || cs.visibility === 'hidden' || parseFloat(cs.opacity) === 0) return false;
+  }
+  return true;
+};
+const name = (el) => {
+  const fig = el.closest('.dash-graph');
+  return (fig ? fig.id + ' ' : '') + (el.getAttribute('class') || el.parentElement.getAttribute('class') || el.tagName);
+};
+const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+for (let n = walker.nextNode(); n; n = walker.nextNode()) {
+  const el = n.parentElement;
+  if (!n.textContent.trim() || el.closest('svg, script, style, option, select') || !visible(el)) continue;
+  const r = document.createRange();
+  r.selectNodeContents(n);
+  for (const b of r.getClientRects()) {
+    if (b.width > 0 && b.height > 0) boxes.push({el, text: n.textContent.trim().slice(0, 40), what: name(el), b});
+  }
+}
+for (const t of document.querySelectorAll('.js-plotly-plot svg text')) {
+  const b = t.getBoundingClientRect();
+  if (t.textContent.trim() && visible(t) && b.width > 0 && b.height > 0) {
+    boxes.push({el: t, text: t.textContent.trim().slice(0, 40), what: name(t), b});
+  }
+}
+for (const g of document.querySelectorAll('.js-plotly-plot g.legend, .js-plotly-plot .modebar')) {
+  const b = (g.querySelector('rect.bg') || g).getBoundingClientRect();
+  if (b.width > 0 && b.height > 0) boxes.push({el: g, text: '', what: name(g), b, solid: true});
+}
+const overlaps = [];
+for (let i = 0; i < boxes.length; i++) for (let j = i + 1; j < boxes.length; j++) {
+  const a = boxes[i], c = boxes[j];
+  if (a.el === c.el || a.el.contains(c.el) || c.el.contains(a.el) || (a.solid && c.solid)) continue;
+  if ((a.solid || c.solid) && a.el.closest('.js-plotly-plot') !== c.el.closest('.js-plotly-plot')) continue;
+  const w = Math.min(a.b.right, c.b.right) - Math.max(a.b.left, c.b.left);
+  const h = Math.min(a.b.bottom, c.b.bottom) - Math.max(a.b.top, c.b.top);
+  if (w > EPS && h > EPS) {
+    overlaps.push(`${a.what} "${a.text}" x ${c.what} "${c.text}" (${w.toFixed(1)} x ${h.toFixed(1)} px)`);
+  }
+}
+const clips = (el) => {
+  const out = [];
+  for (let e = el.parentElement; e && e !== document.documentElement; e = e.parentElement) {
+    const ref = e.getAttribute('clip-path');
+    const id = ref && ref.match(/url\\(["']?#([^"')]+)/);
+    const rect = id && document.getElementById(id[1]) && document.getElementById(id[1]).querySelector('rect');
+    if (rect && e.getScreenCTM) {  // the clip rectangle in the element's own coordinates, to the viewport's
+      const m = e.getScreenCTM(), x = +rect.getAttribute('x') || 0, y = +rect.getAttribute('y') || 0;
+      const p = new DOMPoint(x, y).matrixTransform(m);
+      const q = new DOMPoint(x + +rect.getAttribute('width'), y + +rect.getAttribute('height')).matrixTransform(m);
+      out.push({what: 'its plot area', left: Math.min(p.x, q.x), right: Math.max(p.x, q.x),
+                top: Math.min(p.y, q.y), bottom: Math.max(p.y, q.y)});
+    }
+    if (e.tagName.toLowerCase() === 'svg') {
+      out.push({what: 'its svg', ...e.getBoundingClientRect().toJSON()});
+    } else if (!(e instanceof SVGElement)) {
+      const cs = getComputedStyle(e);
+      if (cs.overflowX !== 'visible' || cs.overflowY !== 'visible') {
+        const r = e.getBoundingClientRect().toJSON();
+        out.push({what: 'the overflow of ' + (e.id || e.className || e.tagName), ...r});
+      }
+    }
+  }
+  out.push({what: 'the page width', left: 0, right: document.documentElement.clientWidth, top: -Infinity,
+            bottom: Infinity});
+  return out;
+};
+const clipped = [];
+for (const a of boxes) if (!a.solid) for (const c of clips(a.el)) {
+  const over = Math.max(c.left - a.b.left, a.b.right - c.right, c.top - a.b.top, a.b.bottom - c.bottom);
+  if (over > EPS) { clipped.push(`${a.what} "${a.text}" cut by ${c.what} (${over.toFixed(1)} px)`); break; }
+}
+const texts = boxes.filter(a => !a.solid).map(a => a.text);
+return {texts, overlaps, clipped, scrollWidth: document.documentElement.scrollWidth,
+        width: document.documentElement.clientWidth};
+"""
+
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[str]:
@@ -198,3 +284,61 @@ def test_page_draws_and_reacts_to_its_knobs(server, browser, shots):
     _wait(lambda: _text(browser, "throughput") != preset_run, "max_num_seqs=4 typed again to take effect")
     severe = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
     assert severe == [], severe
+
+
+def _layout_problems(driver) -> tuple[dict, list[str]]:
+    got = driver.execute_script(TEXT_BOXES_JS)
+    problems = got["overlaps"] + got["clipped"]
+    if got["scrollWidth"] > got["width"]:
+        problems.append(f"the page is {got['scrollWidth']} px wide in a {got['width']} px window")
+    return got, problems
+
+
+@pytest.mark.parametrize("width, height", [(1400, 1000), (390, 844)], ids=["desktop", "phone"])
+def test_no_text_overlaps_or_is_clipped(server, browser, shots, width, height):
+    """At a desktop and a phone width, alone and with a pinned run beside it: no two text boxes of the page overlap
+    (tick labels, axis and chart titles, legend entries, percentile labels, the slider's label, marks and value),
+    no text runs into a legend or the mode bar, and none is cut by its plot area, its figure or the page.
+
+    Measured before the fix at 1400 px: the slider's value over its label, "time (s)" over the tick "80", p95 over
+    p99 in the CDFs and both cut at the plot's right edge; at 390 px the page was 463 px wide and 173 boxes
+    overlapped."""
+    browser.set_window_size(width, height)
+    try:
+        browser.get(server)
+        _wait(lambda: _drawn(browser) == 4, "the four figures to be drawn")
+        narrow = width < 1200
+        rows = 3 if narrow else 1  # the CDF panels: stacked on a phone, side by side on a desktop
+        tops = browser.execute_script(
+            "const l = document.querySelector('#fig-cdfs .js-plotly-plot')._fullLayout;"
+            "return ['yaxis', 'yaxis2', 'yaxis3'].map(a => l[a].domain[1]);")
+        assert len(set(tops)) == rows, tops
+        got, problems = _layout_problems(browser)
+        assert problems == [], problems
+        # the texts the issue named are there, so the check saw them: the slider's label and value, axis titles
+        assert {"arrival rate (requests/s)", "time (s)", "p99", "p95"} <= set(got["texts"]), got["texts"]
+        assert browser.find_element(By.CSS_SELECTOR, "#rate input[type='number']").get_attribute("value") == "8"
+        _shot(browser, shots / f"teach-{width}.png")
+
+        browser.find_element(By.ID, "pin").click()
+        _wait(lambda: _text(browser, "pinned-throughput"), "the pinned run's line")
+        browser.find_element(By.CSS_SELECTOR, "#policy input[value='chunked']").click()
+        _wait(lambda: "max_num_seqs" in _slot_rows(browser), "the continuous slot chart beside the pinned one")
+        _wait(lambda: _drawn(browser) == 4, "the figures redrawn")
+        got, problems = _layout_problems(browser)
+        assert problems == [], problems
+        _shot(browser, shots / f"teach-{width}-pinned.png")
+    finally:
+        browser.set_window_size(1500, 1800)
+
+
+def _shot(driver, path: Path) -> None:
+    """A screenshot of the whole page: the window made as tall as the page, then back (the figures keep their
+    layout: the page chose it for the width, which does not change)."""
+    w, h = driver.get_window_size()["width"], driver.get_window_size()["height"]
+    page, chrome = driver.execute_script(
+        "return [document.documentElement.scrollHeight, window.outerHeight - window.innerHeight];")
+    driver.set_window_size(w, page + chrome)
+    time.sleep(0.5)  # plotly redraws at the new size
+    driver.save_screenshot(str(path))
+    driver.set_window_size(w, h)

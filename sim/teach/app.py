@@ -18,7 +18,7 @@ from sim.metrics import bottleneck
 from sim.schema import ScenarioError
 from sim.specs import GPU_PRESETS
 from sim.teach.explain import compare, explain
-from sim.teach.figures import fig_batch_slots, fig_latency_cdfs, fig_memories, fig_utilisation
+from sim.teach.figures import NARROW_PX, fig_latency_cdfs_page, fig_memories, fig_slots, fig_utilisation
 from sim.teach.knobs import (
     DEFAULT_PRESET,
     KV_TYPES,
@@ -41,20 +41,19 @@ LABEL_STYLE = {"fontSize": "0.85em", "marginTop": "0.5em", "display": "block"}
 # with spare threads the page's scripts and another student's first load are not queued behind redraws.
 SERVER_THREADS = 8
 
-# requests/s: min, max, step of the arrival-rate slider (dash 4's slider has its own number box beside it; every
-# lesson's rate lies inside)
+# requests/s: min, max, step of the arrival-rate slider (every lesson's rate lies inside). Its value shows in dash
+# 4's number box beside the slider, which dash hides in a container 300 px wide or less: hence CONTROLS_WIDTH. (An
+# always-visible tooltip above the handle covered the slider's label.)
 RATE_SLIDER = (0.05, 20.0, 0.05)
+CONTROLS_WIDTH = "320px"
 
 
 def _control(key: str, label: str, value: Any) -> html.Div:
     if key == "rate":
         lo, hi, step = RATE_SLIDER
         slider = dcc.Slider(id=key, min=lo, max=hi, step=step, value=min(max(value, lo), hi),
-                            marks={v: str(v) for v in (1, 5, 10, 15, 20)}, updatemode="mouseup",
-                            tooltip={"placement": "top", "always_visible": True})
-        # room above the slider for its value, always shown
-        return html.Div([html.Label(label, htmlFor=key, style=LABEL_STYLE),
-                         html.Div(slider, style={"paddingTop": "1.6em"})])
+                            marks={v: str(v) for v in (1, 5, 10, 15, 20)}, updatemode="mouseup")
+        return html.Div([html.Label(label, htmlFor=key, style=LABEL_STYLE), slider])
     if key in CHOICES:
         ctl: Any = dcc.RadioItems(id=key, options=[{"label": v, "value": k} for k, v in CHOICES[key].items()],
                                   value=value, labelStyle={"display": "block"})
@@ -86,7 +85,9 @@ def layout() -> html.Div:
         [
             dcc.Store(id="base", data=start),
             dcc.Store(id="pinned", data=None),
-            html.Div(controls, style={"width": "300px", "flex": "none", "padding": "0 1em"}),
+            dcc.Store(id="narrow", data=None),  # whether the window is narrow (a phone): set in the browser
+            # the knobs beside the charts on a wide screen, above them on a phone (the row wraps)
+            html.Div(controls, style={"flex": f"0 1 {CONTROLS_WIDTH}", "padding": "0 1em"}),
             html.Div(
                 [
                     html.H2("servesim teach: move a knob, watch the batch, the memory and the latency"),
@@ -98,10 +99,10 @@ def layout() -> html.Div:
                     html.Ul(id="explanation"),
                     *graphs,
                 ],
-                style={"flex": "1", "minWidth": "0"},
+                style={"flex": "1 1 340px", "minWidth": "0", "padding": "0 0.5em"},
             ),
         ],
-        style={"display": "flex", "fontFamily": "sans-serif"},
+        style={"display": "flex", "flexWrap": "wrap", "fontFamily": "sans-serif"},
     )
 
 
@@ -117,7 +118,7 @@ def _knobs(base: Knobs, values: tuple[Any, ...]) -> Knobs:
     return {**base, **dict(zip(UI_KEYS, values, strict=True))}
 
 
-def redraw(knobs: Knobs, pinned: Knobs | None) -> dict[str, Any]:
+def redraw(knobs: Knobs, pinned: Knobs | None, narrow: bool = False) -> dict[str, Any]:
     """Everything the page shows for a knob set (and the pinned one): figures, texts. Raises ScenarioError."""
     current = {**knobs, "label": f"now: {POLICIES[knobs['policy']] if knobs['policy'] in POLICIES else '?'}"}
     runs = [simulate(current)]
@@ -137,11 +138,10 @@ def redraw(knobs: Knobs, pinned: Knobs | None) -> dict[str, Any]:
         "pinned-throughput": pinned_text,
         "verdict": f"bottleneck ({now_name}): {bottleneck(now)}",
         "explanation": texts,
-        # the page's own request count, not the report's SLOT_REQUESTS (300): the title then says what start-up says
-        "slots": fig_batch_slots(results, max_requests=TEACH_REQUESTS),
-        "memory": fig_memories(results),
-        "utilisation": fig_utilisation(summaries),
-        "cdfs": fig_latency_cdfs(results),
+        "slots": fig_slots(results, narrow),
+        "memory": fig_memories(results, narrow),
+        "utilisation": fig_utilisation(summaries, narrow),
+        "cdfs": fig_latency_cdfs_page(results, narrow),
     }
 
 
@@ -167,13 +167,18 @@ def create_app() -> Dash:
         return k, (f"pinned: {POLICIES.get(k['policy'], k['policy'])}, arrival rate {k['rate']} requests/s "
                    f"({k['name']})")
 
+    # the window's width, read once when the page loads: the figures stack their panels on a phone
+    app.clientside_callback(f"function(_) {{ return window.innerWidth < {NARROW_PX}; }}",
+                            Output("narrow", "data"), Input("base", "id"))
+
     outputs = ["error", "throughput", "pinned-throughput", "verdict", "explanation"]
 
     @app.callback([Output(o, "children") for o in outputs] + [Output(f"fig-{f}", "figure") for f in FIGURES],
-                  Input("base", "data"), Input("pinned", "data"), *[Input(k, "value") for k in UI_KEYS])
-    def update(base: Knobs, pinned: Knobs | None, *values: Any) -> list[Any]:
+                  Input("base", "data"), Input("pinned", "data"), Input("narrow", "data"),
+                  *[Input(k, "value") for k in UI_KEYS])
+    def update(base: Knobs, pinned: Knobs | None, narrow: bool | None, *values: Any) -> list[Any]:
         try:
-            shown = redraw(_knobs(base, values), pinned)
+            shown = redraw(_knobs(base, values), pinned, bool(narrow))
         except ScenarioError as e:
             # the CLI's message, word for word; the charts keep showing the last good run
             return [str(e)] + [dash.no_update] * (len(outputs) - 1 + len(FIGURES))
