@@ -13,8 +13,10 @@ See :mod:`sim.api` for the details; the simulator itself lives in the ``sim`` pa
 from sim import __version__
 from sim.api import Comparison, Results, RunFolderError, ScenarioError, compare, load, run
 from sim.policies.api import Budget, KVView, Limits, Plan, Policy, PolicyView, RequestView
+from sim.policies.gates import Admission, AdmissionState, ReplicaView, Router, TokenBucket
 from sim.policies.queue import QueuePolicy
 from sim.policies.user import PolicyError
 
-__all__ = ["Budget", "Comparison", "KVView", "Limits", "Plan", "Policy", "PolicyError", "PolicyView", "QueuePolicy",
-           "RequestView", "Results", "RunFolderError", "ScenarioError", "__version__", "compare", "load", "run"]
+__all__ = ["Admission", "AdmissionState", "Budget", "Comparison", "KVView", "Limits", "Plan", "Policy", "PolicyError",
+           "PolicyView", "QueuePolicy", "ReplicaView", "RequestView", "Results", "Router", "RunFolderError",
+           "ScenarioError", "TokenBucket", "__version__", "compare", "load", "run"]

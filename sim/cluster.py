@@ -43,7 +43,7 @@ class ClusterSimulation(Simulation):
         make_replica: Callable[[], tuple[ServingCore, Executor | CostModel]],
         *,
         replicas: int,
-        router: str = "round_robin",
+        router: Any = "round_robin",  # a built-in router's name, or a CustomRouterConfig
         autoscaler: AutoscalerConfig | None = None,
         closed_loop: ClosedLoopPlan | None = None,
         progress: Callable[[int, float], None] | None = None,
@@ -55,7 +55,8 @@ class ClusterSimulation(Simulation):
             raise ValueError(f"cluster: {replicas} replicas at the start, outside the autoscaler's "
                              f"[{autoscaler.min_replicas}, {autoscaler.max_replicas}]")
         self.make_replica = make_replica
-        self.router_name = router
+        # a user's router is recorded by its class's name (its config is in the run's recorded cluster section)
+        self.router_name = router if isinstance(router, str) else f"custom {router.cls}"
         self.autoscaler = autoscaler
         self._next_tick = float("inf")
         self._arrivals_done = False

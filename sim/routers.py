@@ -82,7 +82,12 @@ ROUTERS: dict[str, Callable[[], Router]] = {
 }
 
 
-def make_router(name: str) -> Router:
+def make_router(name: Any) -> Router:
+    """A built-in router by name, or a user's (a ``CustomRouterConfig``: a fresh ``servesim.Router`` per run)."""
+    if not isinstance(name, str):
+        from sim.policies.gates import UserRouter
+
+        return UserRouter(name.make())
     try:
         return ROUTERS[name]()
     except KeyError:

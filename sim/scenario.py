@@ -175,11 +175,17 @@ def _resolve_relative_paths(raw: dict, base: Path) -> None:
             if sep and target.endswith(".py") and not Path(target).is_absolute() and (base / target).exists():
                 d["cls"] = f"{base / target}:{name}"
 
-    fix_cls(raw.get("policy"))
+    def fix_all(section: Any) -> None:  # a policy, a router and an admission rule may each name a user's class
+        if isinstance(section, dict):
+            fix_cls(section.get("policy"))
+            for head, key in (("cluster", "router"), ("admission", "rule")):
+                if isinstance(section.get(head), dict):
+                    fix_cls(section[head].get(key))
+
+    fix_all(raw)
     listed = raw.get("variants")
     for v in listed if isinstance(listed, list) else []:
-        if isinstance(v, dict):
-            fix_cls(v.get("policy"))
+        fix_all(v)
     wl = raw.get("workload")
     if isinstance(wl, dict):
         fix(wl.get("arrival"), "trace")

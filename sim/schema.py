@@ -44,6 +44,7 @@ from sim.host_kv_config import HostCacheConfig
 from sim.limits import MAX_POOL_BLOCKS
 from sim.pipeline import PipelineLink
 from sim.policies import Admission
+from sim.policies.configs import AdmissionRuleConfig, CustomRouterConfig
 from sim.policies.configs import ContinuousPolicyConfig as ContinuousPolicyConfig  # re-exported: the policy
 from sim.policies.configs import PolicyConfig as PolicyConfig  # sections live with the policies
 from sim.policies.configs import PolicyConfigBase as PolicyConfigBase
@@ -236,9 +237,16 @@ class AdmissionConfig(_Model):
     max_queue_delay: Float | None = Field(
         default=None, gt=0, description="Reject a request still waiting (never scheduled) after this many seconds."
     )
+    rule: AdmissionRuleConfig | None = Field(
+        default=None, description="A rule asked at each arrival after the limits above: token_bucket (a rate "
+        "limit) or custom (a servesim.Admission class); none: no rule.")
+    _record_set_keys = omit_when_unset("rule")  # recorded only when given
 
     def build(self) -> Admission:
-        return Admission(self.max_queue_len, self.max_queue_delay)
+        from sim.policies.gates import UserAdmission
+
+        rule = UserAdmission(self.rule.make()) if self.rule is not None else None  # a fresh one per replica
+        return Admission(self.max_queue_len, self.max_queue_delay, rule)
 
 
 class SLOConfig(_Model):
@@ -359,8 +367,9 @@ class ClusterConfig(_Model):
     replicas: Int = Field(
         default=1, ge=1, description="Replicas at the start (each a GPU or a tensor-parallel group)."
     )
-    router: Literal["round_robin", "least_outstanding", "least_kv", "prefix_affinity"] = Field(
-        default="round_robin", description="Which replica gets an arriving request."
+    router: Literal["round_robin", "least_outstanding", "least_kv", "prefix_affinity"] | CustomRouterConfig = Field(
+        default="round_robin", description="Which replica gets an arriving request: a built-in's name, or {type: "
+        "custom, cls: 'file.py:Class', args: {...}} for a servesim.Router of your own."
     )
     autoscaler: AutoscalerSection | None = Field(
         default=None, description="Add and remove replicas; none: a fixed fleet."

@@ -36,7 +36,7 @@ def _run(tmp_path: Path, cls: str, extra: str = "") -> subprocess.CompletedProce
 
 CASES = [
     ("missing.py:X", "", "missing.py: file not found"),
-    ("bad_policies.py:Nope", "", "has no 'Nope' (its classes: ClockReader, Idle, NeedsArgs, NoSchedule, NotAPolicy"),
+    ("bad_policies.py:Nope", "", "has no 'Nope' (its classes: ClockReader, Fewest, Idle, NeedsArgs, NoSchedule"),
     ("bad_policies.py", "", "expected 'path/to/file.py:ClassName'"),
     ("no_such_pkg.mod:X", "", "no_such_pkg.mod: no such module"),
     ("broken_import.py:X", "", "importing it raised ZeroDivisionError: division by zero (line 3)"),

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 from sim.block_manager import KVBudget, KVManager
 from sim.decode_group import DecodeGroup
@@ -43,6 +43,8 @@ class Admission:
 
     max_queue_len: int | None = None  # reject arrivals beyond this many waiting requests
     max_queue_delay: float | None = None  # seconds; reject a request still waiting (never run) after this long
+    # a user's or built-in rule on the public API (sim.policies.gates.UserAdmission), asked after the checks above
+    rule: Any = None
 
     def deadline(self, waiting: deque[Request]) -> float | None:
         """When the oldest never-scheduled request will have waited too long."""
@@ -62,6 +64,8 @@ class Admission:
             return f"needs more KV than the whole cache ({kv.num_blocks} blocks of {kv.block_size} tokens)"
         if self.max_queue_len is not None and len(view.waiting) >= self.max_queue_len:
             return f"queue already holds max_queue_len {self.max_queue_len} requests"
+        if self.rule is not None:
+            return self.rule.on_arrival(req, view.now, len(view.waiting), len(view.running), kv)
         return None
 
     def rejections(self, view: View) -> list[tuple[Request, str]]:

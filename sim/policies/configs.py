@@ -225,42 +225,99 @@ class EDFPolicyConfig(_BuiltinQueueConfig):
         return EarliestDeadlineFirst(self.enable_chunked_prefill, self.preemption_mode, self.reject_late)
 
 
-class CustomPolicyConfig(QueuePolicyConfigBase):
-    """A user's own class on the public API (``servesim.Policy``), named by file or module."""
+class UserClassConfig(PolicyModel):
+    """A user's class named by file or module, with the keyword arguments of its constructor: resolved and built
+    once at validation, so a missing file, a bad name or bad arguments fail before anything runs."""
 
-    type: Literal["custom"] = "custom"
     cls: str = Field(min_length=3, max_length=4096, description="'path/to/file.py:Class' (relative to the scenario "
                      "file) or 'package.module:Class'.")
     args: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the class's constructor.")
-    # From Python only (``servesim.run(..., policy=obj)``): a policy object, copied afresh for every variant,
-    # sweep point and replica so that no state leaks between runs; ``cls`` then only names it in the records.
-    instance: Any = Field(default=None, exclude=True, description="Python API only: a policy object to copy.")
+    # From Python only (``servesim.run(..., policy=obj)``): an object, copied afresh for every variant, sweep
+    # point and replica so that no state leaks between runs; ``cls`` then only names it in the records.
+    instance: Any = Field(default=None, exclude=True, description="Python API only: an object to copy.")
     _cls: Any = PrivateAttr(default=None)
 
     @model_validator(mode="after")
-    def _resolve(self) -> CustomPolicyConfig:
+    def _resolve(self) -> UserClassConfig:
         from sim.policies.loader import load_class
 
         if self.instance is None:
-            self._cls = load_class(self.cls)  # once, at validation: a bad name fails before anything runs
+            self._cls = load_class(self.cls)
         self.make()  # the constructor validates its args
         return self
+
+    @staticmethod
+    def problem(obj: Any) -> str | None:
+        """Why ``obj`` does not implement the API it is meant to, or None."""
+        return None
 
     def make(self) -> Any:
         import copy
 
-        from sim.policies import api
-
         try:
             obj = copy.deepcopy(self.instance) if self.instance is not None else self._cls(**self.args)
         except Exception as e:
-            what = "copying the policy object" if self.instance is not None \
-                else f"constructing it with args {self.args}"
+            what = "copying the object" if self.instance is not None else f"constructing it with args {self.args}"
             raise ValueError(f"cls {self.cls}: {what} raised {type(e).__name__}: {e}") from None
-        why = api.implements_policy(obj)
+        why = self.problem(obj)
         if why is not None:
-            raise ValueError(f"cls {self.cls}: {type(obj).__name__} {why} (subclass servesim.Policy)")
+            raise ValueError(f"cls {self.cls}: {type(obj).__name__} {why}")
         return obj
+
+
+class CustomPolicyConfig(UserClassConfig, QueuePolicyConfigBase):
+    """A user's own class on the public API (``servesim.Policy``), named by file or module."""
+
+    type: Literal["custom"] = "custom"
+
+    @staticmethod
+    def problem(obj: Any) -> str | None:
+        from sim.policies import api
+
+        why = api.implements_policy(obj)
+        return None if why is None else f"{why} (subclass servesim.Policy)"
+
+
+class CustomRouterConfig(UserClassConfig):
+    """A user's router (``servesim.Router``): route(request, replicas) -> index."""
+
+    type: Literal["custom"] = "custom"
+
+    @staticmethod
+    def problem(obj: Any) -> str | None:
+        from sim.policies.gates import implements_router
+
+        why = implements_router(obj)
+        return None if why is None else f"{why} (subclass servesim.Router)"
+
+
+class CustomAdmissionConfig(UserClassConfig):
+    """A user's admission rule (``servesim.Admission``): admit(request, state) -> None or a reason."""
+
+    type: Literal["custom"] = "custom"
+
+    @staticmethod
+    def problem(obj: Any) -> str | None:
+        from sim.policies.gates import implements_admission
+
+        why = implements_admission(obj)
+        return None if why is None else f"{why} (subclass servesim.Admission)"
+
+
+class TokenBucketConfig(PolicyModel):
+    """A rate limit: ``rate`` requests per second refill a bucket of ``burst`` requests (BLIS's token bucket)."""
+
+    type: Literal["token_bucket"] = "token_bucket"
+    rate: Float = Field(gt=0, le=1e9, description="Requests per second the bucket refills.")
+    burst: Float = Field(default=1.0, ge=1, le=1e9, description="Requests the bucket holds (a burst admitted at once).")
+
+    def make(self) -> Any:
+        from sim.policies.gates import TokenBucket
+
+        return TokenBucket(self.rate, self.burst)
+
+
+AdmissionRuleConfig = Annotated[TokenBucketConfig | CustomAdmissionConfig, Field(discriminator="type")]
 
 
 PolicyConfig = Annotated[StaticPolicyConfig | ContinuousPolicyConfig | FCFSPolicyConfig | PriorityPolicyConfig

@@ -17,6 +17,7 @@ runs a policy with and without that and names the first step where the two diffe
 from __future__ import annotations
 
 import traceback
+from pathlib import Path
 from typing import Any
 
 from sim.policies import api
@@ -33,10 +34,21 @@ class PolicyError(ScenarioError):
 def _user_frames(exc: BaseException) -> str:
     """The traceback of an exception raised in a policy, without servesim's own frames above the user's code."""
     tb = traceback.extract_tb(exc.__traceback__)
-    here = __file__.rsplit(".", 1)[0]
-    frames = [f for f in tb if not f.filename.startswith(here)]
+    adapters = {str(Path(__file__).with_name(n)) for n in ("user.py", "gates.py")}  # servesim's side of the call
+    frames = [f for f in tb if f.filename not in adapters]
     lines = traceback.format_list(frames) + traceback.format_exception_only(type(exc), exc)
     return "".join(lines).rstrip()
+
+
+def call_user(what: str, fn: Any, *args: Any) -> Any:
+    """``fn(*args)``, with an exception raised inside the user's code turned into one ``PolicyError`` that shows
+    the user's own frames."""
+    try:
+        return fn(*args)
+    except PolicyError:
+        raise
+    except Exception as e:
+        raise PolicyError(f"{what} raised {type(e).__name__}: {e}\n{_user_frames(e)}") from None
 
 
 class UserPolicy(Policy):
@@ -74,13 +86,7 @@ class UserPolicy(Policy):
                               api.views(swapped, pred), api.KVView(view.kv), view.limits)
 
     def _call(self, what: str, fn: Any, *args: Any) -> Any:
-        try:
-            return fn(*args)
-        except PolicyError:
-            raise
-        except Exception as e:
-            raise PolicyError(f"policy {self.name}: {what} raised {type(e).__name__}: {e}\n"
-                              f"{_user_frames(e)}") from None
+        return call_user(f"policy {self.name}: {what}", fn, *args)
 
     def wake_time(self, view: View) -> float | None:
         times = []

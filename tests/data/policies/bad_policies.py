@@ -77,3 +77,23 @@ class ClockReader(FCFSPolicy):
                     plan.schedule(r, 1)
             return plan
         return super().schedule(view)
+
+
+class Fewest(servesim.Router):
+    """The fewest outstanding requests, ties to the lowest index: the built-in least_outstanding, rewritten."""
+
+    def route(self, request, replicas):
+        return min(replicas, key=lambda r: (r.num_outstanding, r.index)).index
+
+
+class OutOfRange(servesim.Router):
+    def route(self, request, replicas):
+        return len(replicas)
+
+
+class ShortOnly(servesim.Admission):
+    def __init__(self, limit: int = 100) -> None:
+        self.limit = limit
+
+    def admit(self, request, state):
+        return None if request.prompt_len <= self.limit else f"prompt over {self.limit} tokens"

@@ -1,0 +1,148 @@
+"""The public face of the two other decisions a serving stack makes about a request: which replica gets it
+(``Router``) and whether it is accepted at all (``Admission``). Both read a frozen snapshot, never the live
+serving cores, and each answer may carry a reason (BLIS's ``RoutingDecision`` and ``Admit -> (bool, reason)``).
+
+    class FewestWaiting(servesim.Router):
+        def route(self, request, replicas):
+            return min(replicas, key=lambda r: (r.num_waiting, r.index)).index
+
+    class OnlyShortPrompts(servesim.Admission):
+        def admit(self, request, state):
+            return None if request.prompt_len <= 4096 else "prompt longer than 4096 tokens"
+
+A scenario names them as it names a policy: ``cluster: {router: {type: custom, cls: "file.py:Class", args: {}}}``
+and ``admission: {rule: {type: custom, cls: ..., args: ...}}``; ``admission: {rule: {type: token_bucket, rate, burst}}``
+is the built-in rate limiter, written on this same API. Errors inside them are the user's: one message, exit 2.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sim.policies.api import RequestView
+from sim.request import Request
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaView:
+    """One replica at the instant a request arrives."""
+
+    index: int  # what ``route`` returns to pick it
+    num_waiting: int
+    num_running: int
+    num_swapped: int
+    num_free_blocks: int
+    num_blocks: int
+    cached_tokens: int  # prompt tokens of the request being routed that this replica's prefix cache holds
+
+    @property
+    def num_outstanding(self) -> int:
+        return self.num_waiting + self.num_running + self.num_swapped
+
+    @property
+    def kv_usage(self) -> float:
+        return 1 - self.num_free_blocks / self.num_blocks if self.num_blocks else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionState:
+    """The replica a request arrives at, as the admission rule sees it."""
+
+    now: float
+    num_waiting: int
+    num_running: int
+    num_free_blocks: int
+    num_blocks: int
+
+
+class Router:
+    """Subclass and write ``route(request, replicas) -> index`` (an ``int``, one of ``replicas[i].index``)."""
+
+    def route(self, request: RequestView, replicas: Sequence[ReplicaView]) -> int:
+        raise NotImplementedError(f"{type(self).__name__} must define route(request, replicas) -> int")
+
+
+class Admission:
+    """Subclass and write ``admit(request, state) -> None`` to accept, or a reason string to refuse."""
+
+    def admit(self, request: RequestView, state: AdmissionState) -> str | None:
+        raise NotImplementedError(f"{type(self).__name__} must define admit(request, state) -> str | None")
+
+
+class TokenBucket(Admission):
+    """A rate limiter (BLIS's token-bucket admission; API gateways' usual limit): ``rate`` requests per second
+    refill a bucket of ``burst``; a request that finds it empty is refused."""
+
+    def __init__(self, rate: float, burst: float = 1.0) -> None:
+        if not (math.isfinite(rate) and rate > 0):
+            raise ValueError(f"rate must be a finite number > 0 (requests per second), got {rate}")
+        if not (math.isfinite(burst) and burst >= 1):
+            raise ValueError(f"burst must be a finite number >= 1 (requests), got {burst}")
+        self.rate, self.burst = float(rate), float(burst)
+        self._level, self._at = float(burst), 0.0
+
+    def admit(self, request: RequestView, state: AdmissionState) -> str | None:
+        self._level = min(self.burst, self._level + (state.now - self._at) * self.rate)
+        self._at = state.now
+        if self._level < 1:
+            return f"rate limit: token bucket of {self.burst:g} refilled at {self.rate:g} requests/s is empty"
+        self._level -= 1
+        return None
+
+
+def _implements(obj: Any, method: str, base: type) -> str | None:
+    fn = getattr(obj, method, None)
+    if not callable(fn):
+        return f"has no {method}() method"
+    if getattr(type(obj), method, None) is getattr(base, method):
+        return f"does not override {method}()"
+    return None
+
+
+def implements_router(obj: Any) -> str | None:
+    return _implements(obj, "route", Router)
+
+
+def implements_admission(obj: Any) -> str | None:
+    return _implements(obj, "admit", Admission)
+
+
+class UserRouter:
+    """A public ``Router`` as the simulator's router function ``(request, replicas) -> position``."""
+
+    def __init__(self, user: Any) -> None:
+        self.user = user
+        self.name = type(user).__name__
+
+    def __call__(self, req: Request, replicas: Sequence[Any]) -> int:
+        from sim.policies.user import PolicyError, call_user
+
+        snap = [ReplicaView(i, len(c.waiting), len(c.running), len(c.swapped), c.kv.num_free_blocks,
+                            c.kv.num_blocks, c.kv.num_cached_tokens(req) if not c.kv.holds(req) else 0)
+                for i, c in ((i, rep.core) for i, rep in enumerate(replicas))]
+        i = call_user(f"router {self.name}: route(request {req.id})", self.user.route, RequestView(req), tuple(snap))
+        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < len(snap):
+            raise PolicyError(f"router {self.name}: route(request {req.id}) returned {i!r}, not the index of one of "
+                              f"the {len(snap)} replicas (0..{len(snap) - 1})")
+        return i
+
+
+class UserAdmission:
+    """A public ``Admission`` as the core's extra arrival check."""
+
+    def __init__(self, user: Any) -> None:
+        self.user = user
+        self.name = type(user).__name__
+
+    def on_arrival(self, req: Request, now: float, waiting: int, running: int, kv: Any) -> str | None:
+        from sim.policies.user import PolicyError, call_user
+
+        state = AdmissionState(now, waiting, running, kv.num_free_blocks, kv.num_blocks)
+        why = call_user(f"admission {self.name}: admit(request {req.id})", self.user.admit, RequestView(req), state)
+        if why is not None and not isinstance(why, str):
+            raise PolicyError(f"admission {self.name}: admit(request {req.id}) returned {why!r}: return None to "
+                              "accept or a reason string to refuse")
+        return why

@@ -1,0 +1,85 @@
+"""Routers and admission rules of a user's own (servesim.Router, servesim.Admission) and the built-in token bucket,
+run from scenarios as a policy is."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import servesim
+from sim.policies.gates import AdmissionState, TokenBucket
+from sim.request import Request, RequestSpec
+from sim.run import generate_workload, simulate_variant
+from sim.scenario import load_scenario, variant_configs
+
+HERE = Path(__file__).parent
+POLICIES = HERE / "data" / "policies"
+
+SCENARIO = """
+name: gates
+seed: 1
+workload:
+  arrival: {type: poisson, rate: 40.0}
+  num_requests: 150
+  prompt_len: {type: uniform, min: 20, max: 400}
+  output_len: {type: uniform, min: 2, max: 80}
+deployment: {model: llama-3.2-1b, gpu: l4, max_model_len: 1024}
+variants:
+  - {name: builtin, cluster: {replicas: 3, router: least_outstanding}}
+  - {name: mine, cluster: {replicas: 3, router: {type: custom, cls: "bad_policies.py:Fewest"}}}
+  - {name: short, admission: {rule: {type: custom, cls: "bad_policies.py:ShortOnly", args: {limit: 200}}}}
+  - {name: bucket, admission: {rule: {type: token_bucket, rate: 10, burst: 5}}}
+"""
+
+
+def _scenario(tmp_path: Path, text: str = SCENARIO) -> Path:
+    (tmp_path / "bad_policies.py").write_text((POLICIES / "bad_policies.py").read_text())
+    p = tmp_path / "s.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_a_users_router_and_admission_rules_run_from_a_scenario(tmp_path: Path) -> None:
+    sc, _ = load_scenario(_scenario(tmp_path))
+    wl = generate_workload(sc)
+    runs = {cfg.name: simulate_variant(cfg, wl)[1] for cfg in variant_configs(sc)}
+    # the user's router is the built-in least_outstanding rewritten: the very same placement and times
+    assert [(r.replica, r.first_token, r.finish) for r in runs["mine"]] == \
+        [(r.replica, r.first_token, r.finish) for r in runs["builtin"]]
+    assert len({r.replica for r in runs["mine"]}) == 3
+    short = runs["short"]
+    refused = [r for r in short if r.outcome == "rejected"]
+    assert refused and all(r.prompt_len > 200 and r.reason == "prompt over 200 tokens" for r in refused)
+    assert all(r.outcome == "completed" for r in short if r.prompt_len <= 200)
+    bucket = [r for r in runs["bucket"] if r.outcome == "rejected"]
+    assert bucket and all(r.reason.startswith("rate limit: token bucket") for r in bucket)
+    # a bucket of 5 refilled at 10/s admits at most 5 + 10 x (last arrival - first) requests
+    admitted = [r for r in runs["bucket"] if r.outcome != "rejected"]
+    span = max(r.arrival for r in runs["bucket"]) - min(r.arrival for r in runs["bucket"])
+    assert len(admitted) <= 5 + 10 * span + 1e-9
+
+
+def test_token_bucket_exact() -> None:
+    tb = TokenBucket(rate=2.0, burst=3)
+    req = servesim.RequestView(Request(RequestSpec(0, 0.0, 10, 10), 0.0))
+    times = [0.0, 0.0, 0.0, 0.0, 0.25, 0.5, 1.0, 1.0, 1.0]
+    got = [tb.admit(req, AdmissionState(t, 0, 0, 10, 10)) is None for t in times]
+    # 3 at once, the 4th refused; 0.5 token by 0.25 s (refused), 1 by 0.5 s; 1 more by 1.0 s, then empty
+    assert got == [True, True, True, False, False, True, True, False, False]
+
+
+def test_a_router_returning_a_bad_index_exits_2(tmp_path: Path) -> None:
+    text = SCENARIO.replace("bad_policies.py:Fewest", "bad_policies.py:OutOfRange")
+    p = subprocess.run([sys.executable, "-m", "sim.cli", "run", str(_scenario(tmp_path, text)), "-q", "--out",
+                        str(tmp_path / "out")], capture_output=True, text=True, timeout=300, cwd=HERE.parent)
+    assert p.returncode == 2, p.stderr
+    assert "router OutOfRange: route(request 0) returned 3, not the index of one of the 3 replicas" in p.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_router_that_is_not_one_is_refused_at_load(tmp_path: Path) -> None:
+    text = SCENARIO.replace("bad_policies.py:Fewest", "bad_policies.py:ShortOnly")
+    p = subprocess.run([sys.executable, "-m", "sim.cli", "run", str(_scenario(tmp_path, text)), "-q"],
+                       capture_output=True, text=True, timeout=300, cwd=HERE.parent)
+    assert p.returncode == 2 and "ShortOnly has no route() method (subclass servesim.Router)" in p.stderr, p.stderr
