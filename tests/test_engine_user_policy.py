@@ -2,8 +2,9 @@
 it drives the simulator:
 
 - parity: the simulator fed the engine's measured step durations reproduces the engine's schedule step by step
-  (plans, preemptions, token counts, clock, each request's first token and finish), for a user's class and for
-  the built-in policies on the public API (priority, sjf with a noisy predictor, edf rejecting late requests);
+  (plans, preemptions, token counts, clock, each request's first token and finish), for a user's class, a policy
+  object given from Python, the three examples of examples/policies/ and the built-in policies on the public API
+  (priority, sjf with a noisy predictor, edf rejecting late requests);
 - the class is loaded once, at validation: the engine's policy and the simulator's are objects of that class;
 - ``servesim engine run`` and ``servesim validate`` run every policy kind from a scenario file (``cls`` relative
   to it), and a policy that fails on the engine ends either command with exit 2, one message, nothing written.
@@ -24,6 +25,7 @@ from typer.testing import CliRunner  # noqa: E402 - after the torch skip
 from realengine.engine import engine_config, run_engine  # noqa: E402 - after the torch skip
 from sim.build import build  # noqa: E402 - after the torch skip
 from sim.cli import app  # noqa: E402 - after the torch skip
+from sim.policies.loader import load_class  # noqa: E402 - after the torch skip
 from sim.policies.user import UserPolicy  # noqa: E402 - after the torch skip
 from sim.run import generate_workload  # noqa: E402 - after the torch skip
 from sim.scenario import parse_scenario, variant_configs  # noqa: E402 - after the torch skip
@@ -40,8 +42,8 @@ LIMITS = {"max_num_seqs": 8, "max_num_batched_tokens": 64}
 
 
 def scenario(policy: dict, num_requests: int = 30) -> dict:
-    """Two classes, interactive (priority 0, a 50 ms TTFT SLO) and batch (priority 1), arriving faster than the
-    engine serves them under time_scale 0.05, so that a queue forms and its order matters."""
+    """Two classes of two tenants, interactive (priority 0, a 50 ms TTFT SLO) and batch (priority 1), arriving
+    faster than the engine serves them under time_scale 0.05, so that a queue forms and its order matters."""
     return {
         "name": "engine-user-policy",
         "seed": 3,
@@ -50,8 +52,8 @@ def scenario(policy: dict, num_requests: int = 30) -> dict:
             "num_requests": num_requests,
             "prompt_len": {"type": "uniform", "low": 4, "high": 24},
             "output_len": {"type": "uniform", "low": 2, "high": 12},
-            "classes": [{"name": "interactive", "share": 0.3, "priority": 0, "slo": {"ttft": 0.05}},
-                        {"name": "batch", "share": 0.7, "priority": 1}],
+            "classes": [{"name": "interactive", "share": 0.3, "priority": 0, "tenant": "chat", "slo": {"ttft": 0.05}},
+                        {"name": "batch", "share": 0.7, "priority": 1, "tenant": "jobs"}],
         },
         "deployment": {"model": "tiny", "max_model_len": 40, "block_size": 4},
         "policy": {**policy, **LIMITS},
@@ -66,11 +68,8 @@ def engine_run(policy: dict):
     return cfg, result, requests, core
 
 
-USER_RUN = engine_run({"type": "custom", "cls": USER_CLS})
-
-
 def test_a_users_policy_from_a_file_has_exact_parity_on_the_engine() -> None:
-    cfg, result, requests, core = USER_RUN
+    cfg, result, requests, core = engine_run({"type": "custom", "cls": USER_CLS})
     assert all(r.outcome is not None and r.outcome.value == "completed" for r in requests)
     # the user's order, not first come first served: some request started before one that arrived earlier
     # (FCFS admits in arrival order), and waiting interactive requests displaced running batch ones
@@ -88,16 +87,41 @@ def test_a_users_policy_from_a_file_has_exact_parity_on_the_engine() -> None:
     assert core.policy.user is not sim_core.policy.user
 
 
-@pytest.mark.parametrize("policy", [
-    {"type": "priority"},
-    {"type": "sjf", "predictor": {"type": "lognormal", "sigma": 1.0, "seed": 5}},
-    {"type": "edf", "reject_late": True},
-], ids=["priority", "sjf-noisy", "edf-reject-late"])
-def test_builtin_policies_on_the_public_api_have_exact_parity_on_the_engine(policy: dict) -> None:
+def test_a_policy_object_from_python_has_exact_parity_on_the_engine() -> None:
+    """``servesim.run(scenario, policy=obj)``'s way in: the object in the policy section, copied for each run."""
+    obj = load_class(USER_CLS)(displace=False)
+    cfg, result, requests, core = engine_run({"type": "custom", "cls": "python:PriorityShortestPrompt",
+                                              "instance": obj})
+    sim_core = assert_replay_reproduces_engine(engine_config(cfg, num_gpu_blocks=NUM_BLOCKS), result, requests,
+                                               core)
+    for c in (core, sim_core):
+        assert type(c.policy.user) is type(obj) and c.policy.user is not obj
+        assert c.policy.user.preempt_for_waiting is False  # the object's own setting travelled with the copy
+
+
+EXAMPLES = HERE.parent / "examples" / "policies"
+POLICIES_ON_THE_API = {
+    "priority": {"type": "priority"},
+    "sjf-noisy": {"type": "sjf", "predictor": {"type": "lognormal", "sigma": 1.0, "seed": 5}},
+    "edf-reject-late": {"type": "edf", "reject_late": True},
+    # the examples a user copies (examples/policies/): a Policy from scratch, a stateful QueuePolicy asked every
+    # step, and one that rejects on its own clock (wake_time)
+    "example-shortest-prompt-first": {"type": "custom",
+                                      "cls": f"{EXAMPLES / 'shortest_prompt_first.py'}:ShortestPromptFirst"},
+    "example-fair-share": {"type": "custom", "cls": f"{EXAMPLES / 'fair_share.py'}:FairShare"},
+    "example-slo-admission": {"type": "custom", "cls": f"{EXAMPLES / 'slo_admission.py'}:SLOAdmission",
+                              "args": {"service_rate": 100.0}},
+}
+
+
+@pytest.mark.parametrize("policy", list(POLICIES_ON_THE_API.values()), ids=list(POLICIES_ON_THE_API))
+def test_policies_on_the_public_api_have_exact_parity_on_the_engine(policy: dict) -> None:
     cfg, result, requests, core = engine_run(policy)
     assert all(r.outcome is not None for r in requests)
-    assert_replay_reproduces_engine(engine_config(cfg, num_gpu_blocks=NUM_BLOCKS), result, requests, core)
-    assert type(build(cfg)[0]) is UserPolicy  # the public API's adapter, as for a user's class
+    sim_core = assert_replay_reproduces_engine(engine_config(cfg, num_gpu_blocks=NUM_BLOCKS), result, requests,
+                                               core)
+    assert type(core.policy) is type(sim_core.policy) is UserPolicy  # the public API's adapter
+    assert type(core.policy.user) is type(sim_core.policy.user) is type(build(cfg)[0].user)
 
 
 # ---- the commands ---------------------------------------------------------------------------------------------
