@@ -35,7 +35,7 @@ import numpy as np
 from sim.records import RequestRecord, RunResult, has_classes
 from sim.request import Outcome
 from sim.spec_decode import summarize_spec
-from sim.verdict import limit_inputs, rank_limits
+from sim.verdict import limit_inputs, rank_limits, rejection_reasons
 
 PERCENTILES: tuple[int, ...] = (50, 90, 95, 99)
 LATENCY_KEYS: tuple[str, ...] = ("mean",) + tuple(f"p{q}" for q in PERCENTILES)
@@ -71,6 +71,7 @@ SUMMARY_KEYS: tuple[str, ...] = (
     "mean_batch_size",  # requests per step, weighted by step duration
     "padding_fraction",  # padding tokens / all computed tokens
     "limits",  # what the verdict reads: offered vs served rate, queue trend, slot fill, MFU while busy (sim.verdict)
+    "rejections",  # why requests were rejected: {reason: requests}, most first ({} for none; sim.verdict)
 )
 
 NAN = float("nan")
@@ -291,6 +292,7 @@ def summarize(result: RunResult, slos: SLOs | None = None) -> dict:
         "mean_batch_size": mean_batch,
         "padding_fraction": _ratio(padding, computed),
         "limits": limits,
+        "rejections": rejection_reasons(reqs),
     }
     assert tuple(out) == SUMMARY_KEYS
     if has_classes(reqs):  # request classes: each class's figures, and the tenants' when requests name them

@@ -79,6 +79,7 @@ SUMMARY_UNITS: dict[str, str] = {
     "limits.scheduled_rate": "requests/s", "limits.queue_start": "requests", "limits.queue_end": "requests",
     "limits.queue_growth": "requests/s",
     "limits.mean_running": "requests", "limits.slot_cap": "requests",
+    "rejections": "requests (per reason)",
     "cluster.gpu_hours": "GPU hours", "cluster.cost_usd": "USD", "cluster.price_per_replica_hour": "USD/hour",
     "cluster.cost_per_million_output_tokens": "USD",
     "pipeline.stage_utilization": "fraction", "pipeline.bubble_fraction": "fraction",

@@ -25,11 +25,13 @@ reason it cannot keep up is the next limit in the list. The candidates:
 from __future__ import annotations
 
 import math
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from sim.records import RunResult
+from sim.records import RequestRecord, RunResult
 
 # Thresholds, as fractions.
 OVERLOAD_GROWTH = 0.05  # queue growth at or above this share of the offered rate: requests pile up
@@ -194,8 +196,36 @@ def _overload(lim: dict) -> Limit | None:
     return Limit("overloaded", score, text)
 
 
+_NUMBER = re.compile(r"[0-9]+(?:\.[0-9]+)?")
+
+
+def rejection_reasons(records: Sequence[RequestRecord]) -> dict[str, int]:
+    """Why requests were rejected, with how many, most first. Reasons that differ only in their numbers (each
+    request's own length) count as one, each number that varies written as its range: "prompt+output 617-994
+    tokens exceeds max_model_len 512"."""
+    groups: dict[tuple[str, ...], list[list[str]]] = {}
+    for r in records:
+        if r.outcome == "rejected":
+            reason = r.reason or "no reason given"
+            groups.setdefault(tuple(_NUMBER.split(reason)), []).append(_NUMBER.findall(reason))
+    out: dict[str, int] = {}
+    for pieces, numbers in sorted(groups.items(), key=lambda g: (-len(g[1]), g[0])):
+        text = pieces[0]
+        for i, piece in enumerate(pieces[1:]):
+            seen = sorted({n[i] for n in numbers}, key=float)
+            text += seen[0] if len(seen) == 1 else f"{seen[0]}-{seen[-1]}"
+            text += piece
+        out[text] = len(numbers)
+    return out
+
+
 def rank_limits(summary: dict) -> Verdict:
     """The verdict of a summary (``sim.metrics.summarize``'s, or one read back from summary.json)."""
+    n = summary.get("num_requests", 0)
+    if n and summary.get("num_rejected") == n:  # nothing ran to diagnose: why (summary.json's ``rejections``)
+        why = "; ".join(f"{text} ({count})" for text, count in (summary.get("rejections") or {}).items())
+        lead = "the only request was rejected" if n == 1 else f"all {n} requests were rejected"
+        return Verdict((), lead + (f": {why}." if why else "."))
     if summary.get("num_steps", 0) == 0:
         return Verdict((), "no steps ran: nothing to diagnose.")
     lim = summary.get("limits") or {}

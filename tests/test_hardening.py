@@ -4,6 +4,7 @@ found: each must end with exit 2 and one message naming the field (or, for valid
 from __future__ import annotations
 
 import copy
+import csv
 import json
 import math
 import os
@@ -517,3 +518,37 @@ def test_ctrl_c_while_moving_the_files_into_place_finishes_the_folder(tmp_path: 
     assert json.loads((out / "summary.json").read_text())["variants"]["h"]["num_requests"] == 9
     assert len((out / "requests.csv").read_text().splitlines()) == 1 + 9
     assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_a_run_whose_every_request_is_rejected_says_why(tmp_path: Path) -> None:
+    """Issue 35: such a run said only "no steps ran: nothing to diagnose". It now says that all N were rejected
+    and why, reasons that differ only in a request's own numbers counted together. The exit status stays 0: the
+    input was valid and the run's result is the rejection (exit 2 is for bad input)."""
+    doc = w("workload.prompt_len", {"type": "uniform", "min": 1100, "max": 1500})
+    res, out = invoke(tmp_path, doc)
+    summary = assert_ran(res, out)["variants"]["h"]
+    lengths = [int(r["prompt_tokens"]) + 4 for r in csv.DictReader(open(out / "requests.csv"))]
+    why = f"prompt+output {min(lengths)}-{max(lengths)} tokens exceeds max_model_len 1024"
+    assert summary["rejections"] == {why: 6}
+    assert f"h: all 6 requests were rejected: {why} (6).\n" in res.stdout
+
+
+def test_rejection_reasons_group_by_text_and_rank_by_count() -> None:
+    from sim.records import RequestRecord
+    from sim.verdict import rank_limits, rejection_reasons
+
+    def rec(i: int, outcome: str, reason: str) -> RequestRecord:
+        return RequestRecord(i, 0.0, -1.0, -1.0, 0.0, 10, 0, 5, 0, outcome, reason, 0, -1)
+
+    recs = [rec(0, "rejected", "prompt+output 900 tokens exceeds max_model_len 512"),
+            rec(1, "rejected", "queue full (8 waiting)"),
+            rec(2, "rejected", "prompt+output 700 tokens exceeds max_model_len 512"),
+            rec(3, "completed", ""),
+            rec(4, "rejected", "prompt+output 1000.5 tokens exceeds max_model_len 512")]
+    reasons = rejection_reasons(recs)
+    assert reasons == {"prompt+output 700-1000.5 tokens exceeds max_model_len 512": 3, "queue full (8 waiting)": 1}
+    assert rank_limits({"num_requests": 4, "num_rejected": 4, "num_steps": 0, "rejections": reasons}).text == (
+        "all 4 requests were rejected: prompt+output 700-1000.5 tokens exceeds max_model_len 512 (3); "
+        "queue full (8 waiting) (1).")
+    # a summary.json written before ``rejections``
+    assert rank_limits({"num_requests": 2, "num_rejected": 2, "num_steps": 0}).text == "all 2 requests were rejected."

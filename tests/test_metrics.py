@@ -182,7 +182,8 @@ def test_empty_run_is_nan_not_an_error():
         assert all(math.isnan(v) for v in m[key].values())
     assert math.isnan(m["kv_usage"]["mean"]) and math.isnan(m["mean_batch_size"])
     assert m["request_throughput"] == 0.0 and m["busy_fraction"] == 0.0
-    assert bottleneck(m) == "no steps ran: nothing to diagnose."
+    assert bottleneck(m) == "the only request was rejected: test (1)."  # its reason (issue 35)
+    assert bottleneck({**m, "num_rejected": 0}) == "no steps ran: nothing to diagnose."
 
 
 def test_summary_keys_are_fixed():
