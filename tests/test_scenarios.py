@@ -161,7 +161,7 @@ def check_lesson_host_kv_cache(s: Summaries) -> None:
 
 
 def check_classes_priority(s: Summaries) -> None:
-    (x,) = s.values()
+    x, p = s["fcfs"], s["priority"]
     inter, batch = x["classes"]["interactive"], x["classes"]["batch"]
     assert abs(inter["num_requests"] / x["num_requests"] - 0.2) < 0.06  # 300 draws: binomial std 0.023
     assert (inter["priority"], batch["priority"]) == (0, 1)
@@ -170,6 +170,10 @@ def check_classes_priority(s: Summaries) -> None:
     assert 0.5 < inter["ttft"]["p99"] / batch["ttft"]["p99"] < 2
     assert inter["slo_attainment"] < 0.5 and batch["slo_attainment"] == 1.0
     assert x["fairness"]["jain_index"] == 1.0  # every tenant fully served, only later
+    # priority: interactive served first (its TTFT p99 at least 5x lower than batch's), batch pays with preemptions
+    pi, pb = p["classes"]["interactive"], p["classes"]["batch"]
+    assert pi["ttft"]["p99"] * 5 <= pb["ttft"]["p99"] and pi["slo_attainment"] > 0.95
+    assert p["num_preemptions"] > 0 and p["num_completed"] == x["num_completed"]
 
 
 # file stem -> (overrides that scale it down, checks)
