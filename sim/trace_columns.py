@@ -126,6 +126,19 @@ def guess_columns(names: list[str]) -> TraceColumns | None:
     return TraceColumns(timestamp=time, prompt_len=prompt, output_len=output, time_unit=unit)
 
 
+def _unguessed(names: list[str]) -> str:
+    """Which length column a file without a mapping lacks: both, or exactly the one (with the names looked for)."""
+    prompt = next((c for c in COMMON_PROMPT if c in names), None)
+    output = next((c for c in COMMON_OUTPUT if c in names), None)
+    if prompt is not None:
+        return (f"columns {names} name the prompt lengths ({prompt}) but no output lengths (looked for "
+                f"{', '.join(COMMON_OUTPUT)})")
+    if output is not None:
+        return (f"columns {names} name the output lengths ({output}) but no prompt lengths (looked for "
+                f"{', '.join(COMMON_PROMPT)})")
+    return f"columns {names} name no prompt and output lengths"
+
+
 def read_rows(path: str, suffix: str) -> tuple[list[str], list[tuple[int, dict]]]:
     """The file's column names and its rows as (line, dict). JSONL: the union of the first object's keys."""
     rows: list[tuple[int, dict]] = []
@@ -161,10 +174,9 @@ def read_mapped(path: str, suffix: str, columns: TraceColumns | None, length
     names, rows = read_rows(path, suffix)
     cols = columns if columns is not None else guess_columns(names)
     if cols is None:
-        raise ValueError(
-            f"{path}: columns {names} name no prompt and output lengths; map them with the trace's columns: "
-            f"{{timestamp: ..., prompt_len: ..., output_len: ..., time_unit: s}} (or name them e.g. "
-            f"arrival_s, prompt_tokens, output_tokens)")
+        raise ValueError(f"{path}: {_unguessed(names)}; map them with the trace's columns: {{timestamp: ..., "
+                         f"prompt_len: ..., output_len: ..., time_unit: s}} (or name them e.g. arrival_s, "
+                         f"prompt_tokens, output_tokens)")
     wanted = [c for c in (cols.timestamp, cols.prompt_len, cols.output_len) if c is not None]
     if rows:
         missing = [c for c in wanted if c not in rows[0][1]]

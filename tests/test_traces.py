@@ -277,3 +277,22 @@ def test_own_trace_in_a_scenario(tmp_path: Path) -> None:
         parse_scenario({**sc, "workload": {"arrival": bad}})
     with pytest.raises(ScenarioError, match="needs its arrival-time column"):
         parse_scenario({**sc, "workload": {"arrival": {**arrival, "columns": {"timestamp": None}}}})
+
+
+def test_a_missing_length_column_is_named(tmp_path: Path) -> None:
+    """Issue 35: a trace lacking only its output-length column was told it named "no prompt and output lengths"."""
+    with pytest.raises(ValueError, match=r"name the prompt lengths \(prompt_tokens\) but no output lengths \(looked "
+                                         r"for output_len, output_tokens, "):
+        load_trace(_write(tmp_path, "p.csv", "arrival_s,prompt_tokens\n0.1,10\n0.2,20\n"))
+    with pytest.raises(ValueError, match=r"name the output lengths \(output_length\) but no prompt lengths"):
+        load_trace(_write(tmp_path, "o.jsonl", '{"timestamp": 0, "output_length": 2}\n'))
+    # and so does the command, with exit 2
+    from typer.testing import CliRunner
+
+    from sim.cli import app
+
+    doc = {"name": "t", "workload": {"arrival": {"type": "trace", "trace": str(tmp_path / "p.csv")}},
+           "deployment": {"model": "llama-3.2-1b", "gpu": "l4"}}
+    (tmp_path / "s.json").write_text(json.dumps(doc))
+    res = CliRunner().invoke(app, ["run", str(tmp_path / "s.json"), "-q", "-o", str(tmp_path / "out")])
+    assert res.exit_code == 2 and "name the prompt lengths (prompt_tokens) but no output lengths" in res.stderr
