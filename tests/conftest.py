@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -81,54 +81,13 @@ def sorted_plans(core: ServingCore) -> list[tuple[tuple[int, int], ...]]:
     return [tuple(sorted(p)) for p in core.plans]
 
 
-class ReplayedDurations:
-    """A cost model that returns the real engine's measured step durations, in order."""
-
-    peak_flops = 0.0
-
-    def __init__(self, durations) -> None:
-        self.durations = [float(d) for d in durations]
-        self.used = 0
-
-    def step_time(self, shape) -> float:
-        d = self.durations[self.used]
-        self.used += 1
-        return d
-
-    def step_flops(self, shape) -> float:
-        return 0.0
-
-
-ENGINE_STEP_COLUMNS = ("batch_size", "prefill_tokens", "decode_tokens", "kv_blocks_used", "kv_tokens", "num_running",
-                       "num_waiting", "num_swapped", "num_preempted", "swap_blocks")
-
 
 def assert_replay_reproduces_engine(engine_cfg, result: RunResult, requests: Sequence[Request],
                                     core: ServingCore) -> ServingCore:
-    """Parity: the simulator, with the policy and KV manager built from the engine's config (``engine_config``:
-    model, block count, swap space) and fed the engine's measured step durations in order (as steps.csv has them,
-    so its clock lands on the engine's step ends) with the arrivals at the times the engine admitted them, makes
-    the engine's every plan, step and per-request outcome. Returns the simulator's core."""
-    from sim.build import build
+    """Parity (``sim.replay``): the simulator fed the engine's measured step durations makes the engine's every
+    plan, step and per-request time. Returns the simulator's core."""
+    from sim.replay import compare, replay
 
-    policy, kv, _, _ = build(engine_cfg)
-    sim_core = ServingCore(policy, kv, fast_path=False, record_plans=True)
-    cost = ReplayedDurations(result.steps["duration"])
-    specs = [replace(r.spec, arrival=r.arrival) for r in requests]
-    sim = Simulation(specs, [(sim_core, cost)], fast_forward=False)
-    sim.run()
-    assert cost.used == len(cost.durations)
-    assert sim_core.plans == core.plans
-    assert sim_core.stats == core.stats
-    a, b = sim_core.steps.columns(), core.steps.columns()
-    for col in ENGINE_STEP_COLUMNS:
-        assert np.array_equal(a[col], b[col]), col
-    assert np.allclose(a["start"], b["start"], rtol=0, atol=1e-9)
-    assert np.allclose(a["duration"], b["duration"], rtol=0, atol=1e-9)
-    eng = {r.id: r for r in requests}
-    for r in sim.requests:
-        e = eng[r.id]
-        assert (r.num_preemptions, r.num_output_tokens, r.outcome) == (e.num_preemptions, e.num_output_tokens,
-                                                                       e.outcome)
-        assert abs(r.first_token - e.first_token) < 1e-9 and abs(r.finish - e.finish) < 1e-9
+    sim, sim_core, cost = replay(engine_cfg, result, requests)
+    assert compare(core, requests, sim, sim_core, cost) == []
     return sim_core

@@ -12,9 +12,11 @@ it drives the simulator:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -27,6 +29,7 @@ from sim.build import build  # noqa: E402 - after the torch skip
 from sim.cli import app  # noqa: E402 - after the torch skip
 from sim.policies.loader import load_class  # noqa: E402 - after the torch skip
 from sim.policies.user import UserPolicy  # noqa: E402 - after the torch skip
+from sim.replay import compare, replay  # noqa: E402 - after the torch skip
 from sim.run import generate_workload  # noqa: E402 - after the torch skip
 from sim.scenario import parse_scenario, variant_configs  # noqa: E402 - after the torch skip
 from tests.conftest import assert_replay_reproduces_engine  # noqa: E402 - after the torch skip
@@ -85,6 +88,17 @@ def test_a_users_policy_from_a_file_has_exact_parity_on_the_engine() -> None:
     for c in (core, sim_core):
         assert isinstance(c.policy, UserPolicy) and type(c.policy.user) is cls
     assert core.policy.user is not sim_core.policy.user
+    # the check is not vacuous: FCFS fed the same measured steps parts from the user's schedule, and so does the
+    # user's policy fed one step 1 ms longer
+    fcfs = parse_scenario(scenario({"type": "fcfs"}))
+    diff = compare(core, requests, *replay(engine_config(variant_configs(fcfs)[0], num_gpu_blocks=NUM_BLOCKS),
+                                           result, requests))
+    assert any(d.startswith("plans part at step") for d in diff), diff
+    longer = np.array(result.steps["duration"])
+    longer[5] += 1e-3
+    slower = dataclasses.replace(result, steps={**result.steps, "duration": longer})
+    diff = compare(core, requests, *replay(engine_config(cfg, num_gpu_blocks=NUM_BLOCKS), slower, requests))
+    assert "step column start differs by more than 1e-09 s" in diff, diff
 
 
 def test_a_policy_object_from_python_has_exact_parity_on_the_engine() -> None:

@@ -26,10 +26,10 @@ from sim.build import build  # noqa: E402 - after the torch skip
 from sim.core import ServingCore  # noqa: E402 - after the torch skip
 from sim.disagg.kv_transfer import KVLink  # noqa: E402 - after the torch skip
 from sim.disagg.pools import DisaggSimulation, check_disaggregation  # noqa: E402 - after the torch skip
+from sim.replay import MeasuredDurations  # noqa: E402 - after the torch skip
 from sim.run import generate_workload  # noqa: E402 - after the torch skip
 from sim.scenario import parse_scenario, variant_configs  # noqa: E402 - after the torch skip
 from sim.simulator import Simulation  # noqa: E402 - after the torch skip
-from tests.conftest import ReplayedDurations  # noqa: E402 - after the torch skip
 
 torch.set_num_threads(1)
 
@@ -120,7 +120,7 @@ def test_parity_simulator_fed_the_measured_times_reproduces_the_schedule() -> No
         cores[role] = []
         for rep in (eng.prefill_replicas if role == "prefill" else eng.decode_replicas):
             policy, kv, _, _ = build(engine_config(pools[role][0], dtype=MODEL.dtype))
-            replay = ReplayedDurations(rep.core.steps.columns()["duration"])
+            replay = MeasuredDurations(rep.core.steps.columns()["duration"])
             replays.append(replay)
             cores[role].append((ServingCore(policy, kv, fast_path=False, record_plans=True), replay))
     links = [KVLink(d.kv_link.bandwidth, d.kv_link.latency, 1)]

@@ -34,11 +34,12 @@ from sim.cluster import ClusterSimulation  # noqa: E402 - after the torch skip
 from sim.core import ServingCore  # noqa: E402 - after the torch skip
 from sim.failures import FailurePlan  # noqa: E402 - after the torch skip
 from sim.output import read_steps, write_run  # noqa: E402 - after the torch skip
+from sim.replay import MeasuredDurations  # noqa: E402 - after the torch skip
 from sim.request import RequestSpec  # noqa: E402 - after the torch skip
 from sim.run import generate_workload, simulate_variant  # noqa: E402 - after the torch skip
 from sim.scenario import parse_scenario, variant_configs  # noqa: E402 - after the torch skip
 from sim.simulator import ClosedLoopPlan, Simulation  # noqa: E402 - after the torch skip
-from tests.conftest import ReplayedDurations, assert_replay_reproduces_engine  # noqa: E402 - after the torch skip
+from tests.conftest import assert_replay_reproduces_engine  # noqa: E402 - after the torch skip
 
 torch.set_num_threads(1)
 
@@ -174,7 +175,7 @@ def test_closed_loop_users_wait_for_their_answers_and_match_the_simulator() -> N
     # parity: the simulator, fed the measured durations, makes the same sends and the same schedule
     policy, kv, _, _ = build(engine_config(cfg, num_gpu_blocks=NUM_BLOCKS))
     sim_core = ServingCore(policy, kv, fast_path=False, record_plans=True)
-    cost = ReplayedDurations(result.steps["duration"])
+    cost = MeasuredDurations(result.steps["duration"])
     plan = ClosedLoopPlan(closed.num_users, closed.think_times)
     sim = Simulation(list(wl.requests), [(sim_core, cost)], closed_loop=plan, fast_forward=False)
     sim.run()
@@ -306,7 +307,7 @@ def test_wall_clock_still_replays_in_real_time() -> None:
         run_engine(cfg, specs, num_gpu_blocks=64, clock="simulated")
 
 
-class ReplayedSteps(ReplayedDurations):
+class ReplayedSteps(MeasuredDurations):
     """The engine's measured step durations, in order, and its out-of-memory steps (as a failed executor)."""
 
     cost = None  # an executor, not a cost model: it also reports failed steps
@@ -387,7 +388,7 @@ def test_two_engine_replicas_behind_a_router() -> None:
     for rep in sim.replicas:
         assert rep.core.kv.num_free_blocks == rep.core.kv.num_blocks
         assert isinstance(rep.executor, EngineExecutor) and rep.executor.runner.live_requests == set()
-    replays = iter([ReplayedDurations(rep.core.steps.columns()["duration"]) for rep in sim.replicas])
+    replays = iter([MeasuredDurations(rep.core.steps.columns()["duration"]) for rep in sim.replicas])
 
     def sim_replica():
         policy, kv, _, _ = build(cfg)

@@ -22,6 +22,7 @@ torch = pytest.importorskip("torch")
 from realengine.engine import engine_config, run_engine  # noqa: E402 - after the torch skip
 from sim.build import build  # noqa: E402 - after the torch skip
 from sim.core import ServingCore  # noqa: E402 - after the torch skip
+from sim.replay import MeasuredDurations  # noqa: E402 - after the torch skip
 from sim.run import generate_workload  # noqa: E402 - after the torch skip
 from sim.scenario import parse_scenario, variant_configs  # noqa: E402 - after the torch skip
 from sim.simulator import Simulation  # noqa: E402 - after the torch skip
@@ -35,7 +36,6 @@ from sim.spec_decode import (  # noqa: E402 - after the torch skip
     write_measured,
 )
 from sim.specs import ModelSpec  # noqa: E402 - after the torch skip
-from tests.conftest import ReplayedDurations  # noqa: E402 - after the torch skip
 
 torch.set_num_threads(1)
 
@@ -131,7 +131,7 @@ def test_parity_simulator_fed_the_engine_times_and_acceptance(runs, swap_run, tm
     assert isinstance(acceptor, ReplayAcceptor)
     spec = SpecDecoder(K, acceptor)
     sim_core = ServingCore(policy, kv, fast_path=False, record_plans=True, spec=spec)
-    cost = ReplayedDurations(result.steps["duration"])
+    cost = MeasuredDurations(result.steps["duration"])
     specs = [dataclasses.replace(r.spec, arrival=r.arrival) for r in requests]
     sim = Simulation(specs, [(sim_core, cost)], fast_forward=False)
     sim.run()
