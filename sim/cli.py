@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import sys
 import warnings
 from collections.abc import Iterator
@@ -203,47 +204,108 @@ def schema() -> None:
     typer.echo(json.dumps(json_schema(), indent=2))
 
 
+def _sweep_grid(specs: list[str]) -> dict[str, list]:
+    """``--sweep KEY=V1,V2,...`` options as a sweep section: each value read as --set reads one (YAML: numbers,
+    booleans, strings, {flow: mappings}), the list being YAML's flow sequence ``[V1,V2,...]``."""
+    grid: dict[str, list] = {}
+    for spec in specs:
+        key, sep, values = spec.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            _fail(f"--sweep expects KEY=V1,V2,... (dotted key, comma-separated values), got {spec!r}")
+        if key in grid:
+            _fail(f"--sweep {key}: given twice; list every value in one --sweep {key}=V1,V2,...")
+        try:
+            parsed = parse_value(f"[{values}]")
+        except ScenarioError as e:  # the YAML error, without the brackets put around the values
+            _fail(f"--sweep {key}: cannot read {values!r} as comma-separated values: {str(e).partition(': ')[2]}")
+        if not isinstance(parsed, list) or not parsed or any(v is None for v in parsed):
+            _fail(f"--sweep {key}: expects comma-separated values, got {values!r}")
+        grid[key] = parsed
+    return grid
+
+
+class _CountBars:
+    """tqdm bars on stderr fed with (done, total) counts, one per phase (checking the points, then the runs), each
+    opened when its phase starts. Off a terminal (a log file) a bar redraws at most every 30 s, so a long sweep
+    leaves a line now and then, not one per run."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._bar: Any = None
+        self._phase = ""
+
+    def _open(self, phase: str, unit: str, total: int) -> None:
+        from tqdm import tqdm
+
+        self.close()
+        self._phase = phase
+        self._bar = tqdm(desc=f"{self._name}: {phase}", unit=unit, total=total, file=sys.stderr, leave=False,
+                         dynamic_ncols=True, mininterval=0.1 if sys.stderr.isatty() else 30.0)
+
+    def _update(self, phase: str, unit: str, done: int, total: int) -> None:
+        if self._phase != phase:
+            self._open(phase, unit, total)
+        self._bar.update(done - self._bar.n)
+
+    def checking(self, done: int, total: int) -> None:
+        self._update("checking points", "point", done, total)
+
+    def running(self, done: int, total: int) -> None:
+        self._update("runs", "run", done, total)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+
 @app.command()
 def sweep(
-    scenario: Path = typer.Argument(..., help="Scenario YAML file (its sweep section gives the points)."),
+    scenario: Path = typer.Argument(..., help="Scenario YAML file (its sweep section, or --sweep, gives the points)."),
     out: Path | None = typer.Option(None, "--out", "-o", help="Sweep folder (default: runs/NAME-sweep)."),
     executor: str = typer.Option("local", "--executor", help="local (a process pool) or ray."),
     workers: int | None = typer.Option(None, "--workers", "-j", help="Parallel runs (default: all cores)."),
     address: str | None = typer.Option(None, "--address", help="Ray cluster to join (default: start one here)."),
     fresh: bool = typer.Option(False, "--fresh", help="Redo every run, even those already in the folder."),
+    sweep_: list[str] = typer.Option([], "--sweep", metavar="KEY=V1,V2,...",
+                                     help="Sweep a dotted key over these values (read as --set reads a value); "
+                                     "repeatable, the grid is every combination; replaces the file's sweep section."),
     set_: list[str] = _set_option(),
     num_requests: int | None = typer.Option(None, "--num-requests", "-n", help="Override workload.num_requests."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
     """Run every (sweep point, variant) in parallel, one row per run streamed to OUT/sweep.csv; an interrupted
-    sweep resumes without redoing finished runs. Writes OUT/sweep.html at the end."""
-    from sim.sweep import run_sweep
+    sweep resumes without redoing finished runs. Prints a table of the runs and writes OUT/sweep.html at the end."""
+    from sim.sweep import format_sweep_table, run_sweep
 
+    if executor not in ("local", "ray"):
+        _fail(f"--executor must be 'local' or 'ray', got {executor!r}")
     if workers is not None and workers < 1:
         _fail(f"--workers must be >= 1, got {workers}")
     overrides = _overrides(set_, num_requests)
+    if sweep_:
+        overrides["sweep"] = _sweep_grid(sweep_)
     try:
         sc, raw = load_scenario(scenario, overrides)
     except ScenarioError as e:
         _fail(str(e))
         return
+    if not sc.sweep:  # one run would pass for a sweep of one point
+        _fail(f"{scenario}: nothing to sweep: the scenario has no sweep section; give --sweep KEY=V1,V2,... "
+              "(repeatable), or simulate the one point with `servesim run`")
+        return
     out_dir = out or Path("runs") / f"{sc.name}-sweep"
-    bar = None
-    if not quiet and sys.stderr.isatty():
-        from tqdm import tqdm
-
-        bar = tqdm(desc=sc.name, unit="run", leave=False)
-
-    def progress(done: int, total: int) -> None:
-        if bar is not None:
-            bar.total = total
-            bar.n = done
-            bar.refresh()
-
+    points = math.prod(len(v) for v in sc.sweep.values())
+    variants = max(1, len(sc.variants))
+    typer.echo(f"{sc.name}: {points:,} points x {variants} variant(s) = {points * variants:,} runs -> {out_dir}/",
+               err=True)
+    bars = None if quiet else _CountBars(sc.name)
     try:
         with _quiet_numpy():
             res = run_sweep(sc, raw, out_dir, source=str(scenario), executor=executor, workers=workers,
-                            address=address, fresh=fresh, progress=progress)
+                            address=address, fresh=fresh, progress=None if bars is None else bars.running,
+                            checking=None if bars is None else bars.checking)
     except ScenarioError as e:
         _fail(str(e))
         return
@@ -251,10 +313,11 @@ def sweep(
         _fail(f"--out {out_dir}: {e.strerror or e}")
         return
     finally:
-        if bar is not None:
-            bar.close()
-    typer.echo(f"{sc.name}: {len(res.rows)} runs ({res.ran} run now, {res.resumed} already done)")
-    typer.echo(f"wrote {res.out_dir}/sweep.csv, sweep.html")
+        if bars is not None:
+            bars.close()
+    typer.echo(format_sweep_table(res.table), nl=False)
+    typer.echo(f"{sc.name}: {res.runs} runs ({res.ran} run now, {res.resumed} already done)")
+    typer.echo(f"wrote {res.out_dir}/: sweep.csv, sweep.json, sweep.html")
 
 
 @app.command("check-policy")

@@ -5,10 +5,13 @@
 One run is one (sweep point, variant) of a scenario. Every run is seeded by the scenario and independent of the
 others, so its row does not depend on which executor, worker or order ran it: a sweep on a Ray cluster writes
 the same table as one on a laptop (the tests compare them). Each finished run is appended to ``DIR/sweep.csv``
-at once (one row of scalar metrics, flushed), so thousands of runs never sit in memory, and an interrupted
-sweep resumes where it stopped: runs whose row is already there are not redone. When every run is done the
-table is rewritten in run order and ``DIR/sweep.html`` shows it with one plot per metric against the swept
-parameter.
+at once (one row of scalar metrics, flushed), and an interrupted sweep resumes where it stopped: runs whose row is
+already there are not redone. When every run is done the table is rewritten in run order and ``DIR/sweep.html``
+shows it with one plot per metric against the swept parameter.
+
+Memory stays flat however many runs: no row is kept once written (the resume check keeps the finished runs' keys,
+the rewrite in run order keeps a file offset per row), at most a few runs per worker are in flight at once, and
+the page's table holds the first ``HTML_TABLE_ROWS`` rows (its plots every run).
 
 Executors: ``local`` (a process pool, one worker per core by default; ``workers=1`` runs in this process) and
 ``ray`` (tasks on an existing cluster, ``address``, or on a Ray instance started here). Ray is the optional
@@ -20,10 +23,11 @@ from __future__ import annotations
 import csv
 import hashlib
 import html
+import itertools
 import json
 import math
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,6 +55,8 @@ def column(metric: str) -> str:
 
 PLOTTED = tuple(column(m) for m in ("output_throughput", "goodput", "ttft.p99", "tpot.p99", "e2el.p99",
                                       "kv_usage.mean"))
+HTML_TABLE_ROWS = 2_000  # rows in sweep.html's table (a browser struggles past that; sweep.csv has every run)
+IN_FLIGHT_PER_WORKER = 4  # jobs handed out per worker at once: enough to keep it busy, bounded however many jobs
 
 
 @dataclass(frozen=True)
@@ -69,19 +75,29 @@ def _label(point: dict[str, Any]) -> str:
     return ",".join(f"{k}={v}" for k, v in point.items())
 
 
-def plan_sweep(scenario: Scenario, raw: dict[str, Any] | None = None, *, source: str = "scenario") -> list[SweepTask]:
-    """Every run of the scenario, checked: a point or variant that cannot be built fails here, before any run."""
+def _one_line(v: Any) -> Any:
+    """A text cell on one line: sweep.csv holds one row per line, which the rewrite in run order relies on."""
+    return " ".join(v.splitlines()) if isinstance(v, str) else v
+
+
+def plan_sweep(scenario: Scenario, raw: dict[str, Any] | None = None, *, source: str = "scenario",
+               progress: Callable[[int, int], None] | None = None) -> list[SweepTask]:
+    """Every run of the scenario, checked: a point or variant that cannot be built fails here, before any run.
+    ``progress(points checked, points)`` hears each point (checking 10,000 takes tens of seconds)."""
     raw = raw if raw is not None else scenario.model_dump(mode="json")
     tasks: list[SweepTask] = []
-    for point in sweep_points(scenario):
+    points = sweep_points(scenario)
+    for i, point in enumerate(points):
         sc = apply_point(raw, point, source) if point else scenario
         try:
             cfgs = variant_configs(sc)
         except ScenarioError as e:
             raise ScenarioError(f"{source} at {point}: {e}" if point else str(e)) from None
         for cfg in cfgs:
-            key = f"{cfg.name}[{_label(point)}]" if point else cfg.name
+            key = _one_line(f"{cfg.name}[{_label(point)}]" if point else cfg.name)
             tasks.append(SweepTask(len(tasks), key, cfg.name, dict(point), raw, source))
+        if progress is not None:
+            progress(i + 1, len(points))
     return tasks
 
 
@@ -155,37 +171,50 @@ def parallel_map(
 ) -> Iterator[tuple[int, Any]]:
     """``fn(shared, item)`` for every item, in parallel; yields ``(index, result)`` as jobs finish. ``shared`` is
     shipped once per worker (local) or once to the object store (Ray), not once per job. ``fn`` must be a
-    top-level function. ``workers=1`` (or a single item) runs here, in order."""
+    top-level function. ``workers=1`` (or a single item) runs here, in order. At most ``IN_FLIGHT_PER_WORKER``
+    jobs per worker are handed out at once, the next as one finishes, and a result is dropped once yielded: a
+    10,000-job map once held a future, and then its result, for every job until the end."""
     workers = workers or os.cpu_count() or 1
     if executor == "local" and (workers <= 1 or len(items) <= 1):
         for i, item in enumerate(items):
             yield i, fn(shared, item)
         return
+    window = IN_FLIGHT_PER_WORKER * workers
+    queue = enumerate(items)
     if executor == "local":
         import concurrent.futures as cf
         import multiprocessing as mp
 
         with cf.ProcessPoolExecutor(max_workers=min(workers, len(items)), mp_context=mp.get_context("spawn"),
                                     initializer=_init_shared, initargs=(shared,)) as pool:
-            futures = {pool.submit(_call_shared, fn, item): i for i, item in enumerate(items)}
+            running: dict[cf.Future, int] = {}
             try:
-                for f in cf.as_completed(futures):
-                    yield futures[f], f.result()
+                while True:
+                    for i, item in itertools.islice(queue, window - len(running)):
+                        running[pool.submit(_call_shared, fn, item)] = i
+                    if not running:
+                        return
+                    done, _ = cf.wait(running, return_when=cf.FIRST_COMPLETED)
+                    for f in done:
+                        yield running.pop(f), f.result()
             except BaseException:
-                for f in futures:
+                for f in running:
                     f.cancel()
                 raise
-        return
     if executor != "ray":
         raise ScenarioError(f"--executor must be 'local' or 'ray', got {executor!r}")
     ray, started = _ray_init(workers, address)
     try:
         ref = ray.put(shared)
         remote = ray.remote(fn)
-        pending = {remote.remote(ref, item): i for i, item in enumerate(items)}
-        while pending:
-            done, _ = ray.wait(list(pending), num_returns=1)
-            for r in done:
+        pending: dict[Any, int] = {}
+        while True:
+            for i, item in itertools.islice(queue, window - len(pending)):
+                pending[remote.remote(ref, item)] = i
+            if not pending:
+                return
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            for r in ready:
                 yield pending.pop(r), ray.get(r)
     finally:
         if started:
@@ -211,9 +240,18 @@ def _ray_init(workers: int, address: str | None):
 @dataclass
 class SweepOutcome:
     out_dir: Path
-    rows: list[dict[str, Any]]  # every run, in run order
+    runs: int  # every (point, variant) of the sweep
     ran: int  # runs simulated by this call
     resumed: int  # runs found done in the folder
+
+    @property
+    def table(self) -> Path:
+        return self.out_dir / "sweep.csv"
+
+    @property
+    def rows(self) -> list[dict[str, Any]]:
+        """Every run's row, in run order, read from sweep.csv (not kept in memory by the sweep)."""
+        return read_rows(self.table)
 
 
 def _fingerprint(tasks: Sequence[SweepTask]) -> str:
@@ -231,10 +269,44 @@ def _parse(v: str) -> Any:
     return int(x) if x.is_integer() and "." not in v and "e" not in v.lower() else x
 
 
+def iter_rows(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
+    """The rows of a sweep.csv one at a time, numbers parsed (empty cells: None)."""
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            yield {k: _parse(v) for k, v in row.items()}
+
+
 def read_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
     """The rows of a sweep.csv, numbers parsed (empty cells: None)."""
-    with open(path, newline="") as f:
-        return [{k: _parse(v) for k, v in row.items()} for row in csv.DictReader(f)]
+    return list(iter_rows(path))
+
+
+def _finished_keys(table: Path) -> set[str]:
+    """The keys of the runs already in a sweep.csv (only the keys: a resumed sweep does not hold its rows)."""
+    with open(table, newline="") as f:
+        return {row["key"] for row in csv.DictReader(f)}
+
+
+def _rewrite_in_run_order(table: Path) -> None:
+    """sweep.csv's rows sorted by run index, through one file offset per row (each row is one line, index first),
+    so a 100,000-run table is never read into memory whole."""
+    order: list[tuple[int, int]] = []
+    with open(table, "rb") as f:
+        header = f.readline()
+        while True:
+            pos = f.tell()
+            line = f.readline()
+            if not line:
+                break
+            order.append((int(line.split(b",", 1)[0]), pos))
+        order.sort()
+        tmp = table.with_suffix(".csv.tmp")
+        with open(tmp, "wb") as out:
+            out.write(header)
+            for _, pos in order:
+                f.seek(pos)
+                out.write(f.readline())
+    tmp.replace(table)
 
 
 def run_sweep(
@@ -248,11 +320,14 @@ def run_sweep(
     address: str | None = None,
     fresh: bool = False,
     progress: Callable[[int, int], None] | None = None,
+    checking: Callable[[int, int], None] | None = None,
 ) -> SweepOutcome:
-    """Run every (point, variant) of the scenario not already in ``out_dir``, appending rows as they finish."""
+    """Run every (point, variant) of the scenario not already in ``out_dir``, appending rows as they finish.
+    ``checking(points, total)`` hears the points being checked before any run; ``progress(runs done, total)``
+    hears the runs done, the resumed ones first."""
     if executor not in ("local", "ray"):
         raise ScenarioError(f"--executor must be 'local' or 'ray', got {executor!r}")
-    tasks = plan_sweep(scenario, raw, source=source)
+    tasks = plan_sweep(scenario, raw, source=source, progress=checking)
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise ScenarioError(f"--out {out}: exists and is not a folder")
@@ -260,7 +335,7 @@ def run_sweep(
     table, meta_path = out / "sweep.csv", out / "sweep.json"
     cols = columns_for(tasks)
     meta = {"scenario": scenario.name, "fingerprint": _fingerprint(tasks), "runs": len(tasks), "columns": cols}
-    done: dict[str, dict[str, Any]] = {}
+    done: set[str] = set()
     if fresh:
         table.unlink(missing_ok=True)
     elif table.exists():
@@ -271,9 +346,13 @@ def run_sweep(
         if old.get("columns") != cols:
             raise ScenarioError(f"{out}/sweep.csv has other columns (written by another servesim version); use "
                                 "another --out, or --fresh to start over")
-        done = {r["key"]: r for r in read_rows(table)}
+        done = _finished_keys(table)
     meta_path.write_text(json.dumps(meta, indent=2) + "\n")
     todo = [t for t in tasks if t.key not in done]
+    resumed = len(tasks) - len(todo)
+    del tasks, done  # the tasks to run are all that is needed from here
+    if progress is not None:
+        progress(resumed, resumed + len(todo))
     workers = workers or os.cpu_count() or 1
     new_file = not table.exists() or table.stat().st_size == 0
     with open(table, "a", newline="") as f:
@@ -281,21 +360,51 @@ def run_sweep(
         if new_file:
             w.writeheader()
             f.flush()
+        finished = resumed
         for _, row in parallel_map(_sweep_job, todo, executor=executor, workers=workers, address=address):
-            w.writerow(row)
+            w.writerow({k: _one_line(v) for k, v in row.items()})
             f.flush()  # a finished run survives an interruption
-            done[row["key"]] = row
+            finished += 1
             if progress is not None:
-                progress(len(done), len(tasks))
-    rows = sorted((read_rows(table)), key=lambda r: r["index"])
-    tmp = table.with_suffix(".csv.tmp")
-    with open(tmp, "w", newline="") as f:  # the final table, in run order, replaces the streamed one whole
-        w = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
-        w.writeheader()
-        w.writerows(rows)
-    tmp.replace(table)
-    write_sweep_html(out / "sweep.html", scenario.name, rows, cols)
-    return SweepOutcome(out, rows, ran=len(todo), resumed=len(tasks) - len(todo))
+                progress(finished, resumed + len(todo))
+    _rewrite_in_run_order(table)
+    write_sweep_html(out / "sweep.html", scenario.name, iter_rows(table), cols)
+    return SweepOutcome(out, runs=resumed + len(todo), ran=len(todo), resumed=resumed)
+
+
+# ---- the terminal table ------------------------------------------------------------------------------------------
+# (summary key, the run table's label) for the sweep's table: the headline figures of each run
+TABLE_METRICS: tuple[str, ...] = ("ttft.p99", "tpot.p99", "e2el.p99", "output_throughput", "goodput",
+                                  "slo_attainment", "kv_usage.max", "num_completed")
+TABLE_RUNS = 50  # rows printed; a bigger sweep's table says how many more sweep.csv holds
+
+
+def format_sweep_table(table: str | os.PathLike, *, limit: int = TABLE_RUNS) -> str:
+    """One row per run (variant, swept values, the headline metrics and what limits it), formatted as the run
+    table formats them; the first ``limit`` runs, then a line counting the rest."""
+    from sim.table import TABLE_ROWS, format_cells
+
+    spec = {key: (label, fmt) for label, key, fmt in TABLE_ROWS}
+    rows = iter_rows(table)
+    first = list(itertools.islice(rows, limit))
+    more = sum(1 for _ in rows)
+    if not first:
+        return "no runs\n"
+    cols = list(first[0])
+    params = cols[3 : len(cols) - len(METRICS)]
+    header = ["variant", *params, *(spec[m][0] for m in TABLE_METRICS), "limit"]
+    cells = []
+    for r in first:
+        line = [str(r["variant"]), *(_fmt(r.get(p)) for p in params)]
+        for m in TABLE_METRICS:
+            v = r.get(column(m))
+            line.append(spec[m][1](float(v)) if isinstance(v, (int, float)) and math.isfinite(v) else "-")
+        line.append(str(r.get("bottleneck") or "").partition(":")[0] or "-")
+        cells.append(line)
+    text = format_cells(header, cells)
+    if more:
+        text += f"... and {more:,} more runs in {table}\n"
+    return text
 
 
 # ---- the page ----------------------------------------------------------------------------------------------------
@@ -307,24 +416,35 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-def write_sweep_html(path: Path, title: str, rows: list[dict[str, Any]], cols: list[str]) -> Path:
-    """One table and one plot per metric: the metric against the first swept parameter, a line per variant."""
+def write_sweep_html(path: Path, title: str, rows: Iterable[dict[str, Any]], cols: list[str]) -> Path:
+    """One table and one plot per metric: the metric against the first swept parameter, a line per variant.
+    ``rows`` is read once (a stream from sweep.csv): the plots keep their points, the table its first
+    ``HTML_TABLE_ROWS`` rows."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
     params = cols[3 : len(cols) - len(METRICS)]
-    parts = [f"<h1>servesim sweep: {html.escape(title)}</h1>", f"<p>{len(rows)} runs.</p>"]
-    if params and rows:
+    # one line per variant and per value of the other parameters: (x, y per plotted metric) points
+    groups: dict[str, list[tuple[Any, list[Any]]]] = {}
+    body: list[str] = []
+    n = 0
+    for r in rows:
+        n += 1
+        if params:
+            rest = ",".join(f"{p}={r.get(p)}" for p in params[1:])
+            groups.setdefault(r["variant"] + (f" [{rest}]" if rest else ""), []).append(
+                (r.get(params[0]), [r.get(m) for m in PLOTTED]))
+        if n <= HTML_TABLE_ROWS:
+            body.append("<tr>" + "".join(f"<td>{html.escape(_fmt(r.get(c)))}</td>" for c in cols) + "</tr>")
+    shown = f" The table shows the first {HTML_TABLE_ROWS:,}; sweep.csv has them all." if n > HTML_TABLE_ROWS else ""
+    parts = [f"<h1>servesim sweep: {html.escape(title)}</h1>", f"<p>{n} runs.{shown}</p>"]
+    if groups:
         x_name = params[0]
         fig = make_subplots(rows=math.ceil(len(PLOTTED) / 2), cols=2, subplot_titles=PLOTTED)
-        groups: dict[str, list[dict[str, Any]]] = {}
-        for r in rows:  # one line per variant and per value of the other parameters
-            rest = ",".join(f"{p}={r.get(p)}" for p in params[1:])
-            groups.setdefault(r["variant"] + (f" [{rest}]" if rest else ""), []).append(r)
-        for gi, (name, rs) in enumerate(groups.items()):
-            for mi, m in enumerate(PLOTTED):
-                pts = [(r[x_name], r[m]) for r in rs if isinstance(r.get(m), (int, float))]
-                fig.add_trace(go.Scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], name=name, legendgroup=name,
+        for gi, (name, pts) in enumerate(groups.items()):
+            for mi in range(len(PLOTTED)):
+                xy = [(x, ys[mi]) for x, ys in pts if isinstance(ys[mi], (int, float))]
+                fig.add_trace(go.Scatter(x=[p[0] for p in xy], y=[p[1] for p in xy], name=name, legendgroup=name,
                                          showlegend=mi == 0, mode="lines+markers",
                                          line={"color": f"hsl({(gi * 67) % 360},60%,45%)"}),
                               row=mi // 2 + 1, col=mi % 2 + 1)
@@ -332,8 +452,7 @@ def write_sweep_html(path: Path, title: str, rows: list[dict[str, Any]], cols: l
         fig.update_layout(height=320 * math.ceil(len(PLOTTED) / 2), margin={"t": 40})
         parts.append(fig.to_html(full_html=False, include_plotlyjs=True))
     head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt(r.get(c)))}</td>" for c in cols) + "</tr>" for r in rows)
-    parts.append(f'<table class="sweep"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>')
+    parts.append(f'<table class="sweep"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>')
     style = ("body{font-family:sans-serif;margin:1.5em} table.sweep{border-collapse:collapse;font-size:12px}"
              "table.sweep td,table.sweep th{border:1px solid #ccc;padding:2px 5px;text-align:right}")
     path.write_text(f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)} sweep</title>"

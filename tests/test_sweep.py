@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from sim.cli import app
 from sim.scenario import load_scenario
 from sim.schema import ScenarioError
-from sim.sweep import METRICS, column, plan_sweep, read_rows, run_sweep
+from sim.sweep import METRICS, column, columns_for, plan_sweep, read_rows, run_sweep
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
 OVERRIDES = {"workload.num_requests": 60, "sweep": {"workload.arrival.rate": [2.0, 4.0, 8.0]}}
@@ -105,3 +105,141 @@ def test_ray_gives_the_local_rows(tmp_path: Path) -> None:
     local = run_sweep(sc, raw, tmp_path / "local", workers=1)
     on_ray = run_sweep(sc, raw, tmp_path / "ray", executor="ray", workers=2)
     assert on_ray.rows == local.rows
+
+
+def test_cli_sweep_prints_a_table_of_the_runs_and_takes_the_grid_on_the_command_line(tmp_path: Path) -> None:
+    """--sweep KEY=V1,V2 (repeatable: the grid is the product; values read as --set reads them) replaces the
+    file's sweep section, and the runs come back as a table, as `servesim run` prints its comparison."""
+    out = tmp_path / "cli"
+    res = CliRunner().invoke(app, ["sweep", str(SCENARIOS / "naive-vs-continuous.yaml"), "--out", str(out), "-n", "30",
+                                   "--set", "sweep={workload.num_requests: [5, 6]}",  # replaced by --sweep
+                                   "--sweep", "workload.arrival.rate=2,4.5", "--sweep", "policy.max_num_seqs=4,16",
+                                   "-j", "1", "-q"])
+    assert res.exit_code == 0, res.output
+    rows = read_rows(out / "sweep.csv")
+    assert [r["key"] for r in rows] == [f"{v}[workload.arrival.rate={rate},policy.max_num_seqs={m}]"
+                                        for rate in (2, 4.5) for m in (4, 16) for v in ("naive", "continuous")]
+    assert "workload.num_requests" not in rows[0]
+    lines = res.stdout.splitlines()
+    assert lines[0].split() == ["variant", "workload.arrival.rate", "policy.max_num_seqs", "TTFT", "p99", "(ms)",
+                                "TPOT", "p99", "(ms)", "E2EL", "p99", "(s)", "output", "tok/s", "goodput", "(req/s)",
+                                "SLO", "attainment", "KV", "usage", "max", "completed", "limit"]
+    table = [line.split() for line in lines[2:10]]
+    assert [(t[0], t[1], t[2]) for t in table] == [(r["variant"], str(r["workload.arrival.rate"]),
+                                                    str(r["policy.max_num_seqs"])) for r in rows]
+    assert [t[-2] for t in table] == ["30"] * 8  # completed, as sweep.csv says
+    assert [t[-2] for t in table] == [str(r["num_completed"]) for r in rows]
+    from sim.table import TABLE_ROWS
+
+    ttft_ms = next(fmt for _, key, fmt in TABLE_ROWS if key == "ttft.p99")
+    assert [t[3] for t in table] == [ttft_ms(r["ttft.p99_s"]) for r in rows]  # formatted as `run` formats it
+    assert [t[-1] for t in table] == [r["bottleneck"].partition(":")[0] for r in rows]
+    assert lines[10:] == ["naive-vs-continuous: 8 runs (8 run now, 0 already done)",
+                          f"wrote {out}/: sweep.csv, sweep.json, sweep.html"]
+
+
+def test_a_big_sweep_prints_the_first_runs_and_counts_the_rest(tmp_path: Path) -> None:
+    from sim.sweep import format_sweep_table
+
+    sc, raw = load()
+    run_sweep(sc, raw, tmp_path / "sw", workers=1)
+    text = format_sweep_table(tmp_path / "sw" / "sweep.csv", limit=4)
+    lines = text.splitlines()
+    assert len(lines) == 2 + 4 + 1 and lines[-1] == f"... and 2 more runs in {tmp_path / 'sw' / 'sweep.csv'}"
+
+
+def test_sweeping_a_scenario_without_a_sweep_is_refused(tmp_path: Path) -> None:
+    """It once ran the scenario once, as if that were a sweep."""
+    out = tmp_path / "none"
+    res = CliRunner().invoke(app, ["sweep", str(SCENARIOS / "naive-vs-continuous.yaml"), "--out", str(out), "-q"])
+    assert res.exit_code == 2 and res.stdout == ""
+    assert res.stderr.strip() == (f"error: {SCENARIOS / 'naive-vs-continuous.yaml'}: nothing to sweep: the scenario "
+                                  "has no sweep section; give --sweep KEY=V1,V2,... (repeatable), or simulate the one "
+                                  "point with `servesim run`")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("policy.max_num_seqs", "--sweep expects KEY=V1,V2,..."),
+    ("=1,2", "--sweep expects KEY=V1,V2,..."),
+    ("policy.max_num_seqs=", "--sweep policy.max_num_seqs: expects comma-separated values, got ''"),
+    ("policy.max_num_seqs=[1,", "--sweep policy.max_num_seqs: cannot read '[1,' as comma-separated values"),
+    ("polcy.max_num_seqs=1,2", "key 'polcy.max_num_seqs' must start with workload"),
+    ("policy.max_num_seqs=4,-1", "policy.max_num_seqs"),
+])
+def test_bad_sweep_options(tmp_path: Path, spec: str, message: str) -> None:
+    out = tmp_path / "bad"
+    res = CliRunner().invoke(app, ["sweep", str(SCENARIOS / "naive-vs-continuous.yaml"), "--out", str(out), "-q",
+                                   "--sweep", spec])
+    assert res.exit_code == 2, res.output
+    # one error (a point found bad while checking follows the line announcing the sweep)
+    assert res.stderr.count("error: ") == 1 and "Traceback" not in res.output
+    assert message in res.stderr
+    assert not out.exists()
+    twice = CliRunner().invoke(app, ["sweep", str(SCENARIOS / "naive-vs-continuous.yaml"), "--sweep",
+                                     "policy.max_num_seqs=1", "--sweep", "policy.max_num_seqs=2"])
+    assert twice.exit_code == 2 and "--sweep policy.max_num_seqs: given twice" in twice.stderr
+
+
+def test_cli_sweep_shows_progress_on_stderr_unless_quiet(tmp_path: Path) -> None:
+    args = ["sweep", str(SCENARIOS / "naive-vs-continuous.yaml"), "-n", "20", "--sweep", "workload.arrival.rate=2,3",
+            "-j", "1"]
+    shown = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "a")])
+    assert shown.exit_code == 0, shown.output
+    assert shown.stderr.startswith("naive-vs-continuous: 2 points x 2 variant(s) = 4 runs -> ")
+    assert "naive-vs-continuous: checking points:" in shown.stderr and "/2 [" in shown.stderr
+    assert "naive-vs-continuous: runs:" in shown.stderr and "/4 [" in shown.stderr
+    quiet = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "b"), "-q"])
+    assert quiet.exit_code == 0 and quiet.stderr.splitlines() == [shown.stderr.splitlines()[0].replace("/a/", "/b/")]
+
+
+class _Taken(list):
+    """A list that records how many of its items were taken when."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__(range(n))
+        self.taken = 0
+
+    def __iter__(self):
+        for x in super().__iter__():
+            self.taken += 1
+            yield x
+
+
+def test_parallel_map_hands_out_a_few_jobs_per_worker_at_a_time() -> None:
+    """A 10,000-run sweep once submitted every run at once and kept every future (and its row) to the end."""
+    import operator
+
+    from sim.sweep import IN_FLIGHT_PER_WORKER, parallel_map
+
+    items = _Taken(60)
+    seen = []
+    for i, result in parallel_map(operator.is_, items, workers=2):  # is_(None, item): a top-level function
+        assert items.taken <= len(seen) + 1 + IN_FLIGHT_PER_WORKER * 2
+        seen.append(i)
+        assert result is False
+    assert sorted(seen) == list(range(60))
+
+
+def test_rows_are_rewritten_in_run_order_one_line_each(tmp_path: Path) -> None:
+    from sim.sweep import _rewrite_in_run_order
+
+    table = tmp_path / "sweep.csv"
+    with open(table, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["index", "key", "bottleneck"])
+        for i in (2, 0, 3, 1):
+            w.writerow([i, f"k{i}", f'limit, "quoted" {i}'])
+    _rewrite_in_run_order(table)
+    assert [(r["index"], r["bottleneck"]) for r in read_rows(table)] == [(i, f'limit, "quoted" {i}') for i in range(4)]
+
+
+def test_the_page_holds_the_first_rows_and_plots_every_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sim.sweep as sweep
+
+    sc, raw = load()
+    res = run_sweep(sc, raw, tmp_path / "sw", workers=1)
+    monkeypatch.setattr(sweep, "HTML_TABLE_ROWS", 2)
+    page = sweep.write_sweep_html(tmp_path / "p.html", "t", sweep.iter_rows(res.table),
+                                  columns_for(plan_sweep(sc, raw))).read_text()
+    assert page.count("<tr>") == 1 + 2 and "6 runs. The table shows the first 2; sweep.csv has them all." in page
