@@ -13,18 +13,22 @@ that a hang or a crash costs that section only:
 2. ``kernel``, ``device``, ``paging``, ``decode``, ``batching``, ``quant``: ``benchmarks/gpu_realengine.py``'s
    sections (decode is given the device section's copy bandwidth).
 3. ``calibrate``: ``servesim calibrate`` of the llama-3.2-1b shape (``--quick``: the tiny model, one repeat).
-4. ``validate``: ``servesim validate`` of ``calibration/scenarios/validate-tiny.yaml`` on ``--workloads`` random
+4. ``policy``: ``benchmarks/gpu/user_policy.py``: a user's policy from a file
+   (``examples/policies/shortest_prompt_first.py``) against FCFS on the engine running the model above, each
+   replayed by the simulator fed its measured step durations (``sim.replay``: the schedule reproduced or not).
+5. ``validate``: ``servesim validate`` of ``calibration/scenarios/validate-tiny.yaml`` on ``--workloads`` random
    workloads (seed, arrival rate and burstiness, prompt and output lengths drawn from a seeded generator and set
    with ``--set``), each in its own process, with the profile just fitted and the engine running the model above.
-5. ``predict``: ``benchmarks/gpu/analytic.py``, the analytic model's uncalibrated predictions of ``--gpu`` for the
+6. ``predict``: ``benchmarks/gpu/analytic.py``, the analytic model's uncalibrated predictions of ``--gpu`` for the
    decode shapes and the same workloads.
 
 What comes back (at most 8 files, as the device tool returns them; rewritten after every section, so a run
 stopped at any point returns what was done): ``summary.json`` (each section's status, seconds, command),
 ``log.txt`` (every section's output), ``gpu_realengine.json`` (the sections of 2 merged: commit it as
-``calibration/gpu/h200.json``), ``profile.json``, ``validation.json`` (every workload's validation),
-``predictions.json`` and ``artifacts.tar.gz`` (the run folders' summaries, CSVs and validation files, without
-the HTML reports). Uses the standard library only: it runs before anything is installed.
+``calibration/gpu/h200.json``), ``profile.json``, ``user_policy.json`` (the policy section's figures and parity),
+``validation.json`` (every workload's validation), ``predictions.json`` and ``artifacts.tar.gz`` (the run
+folders' summaries, CSVs and validation files, without the HTML reports). Uses the standard library only: it runs
+before anything is installed.
 """
 
 from __future__ import annotations
@@ -46,12 +50,12 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 GPU_SECTIONS = ("kernel", "device", "paging", "decode", "batching", "quant")
-SECTIONS = ("install", *GPU_SECTIONS, "calibrate", "validate", "predict")
+SECTIONS = ("install", *GPU_SECTIONS, "calibrate", "policy", "validate", "predict")
 SCENARIO = ROOT / "calibration" / "scenarios" / "validate-tiny.yaml"
 # upper bounds in seconds on the H200, each well above what the section should take: a limit guards against a
 # hang; the budget, not these, is what keeps the whole run inside one call
 LIMITS = {"install": 90, "kernel": 60, "device": 30, "paging": 45, "decode": 90, "batching": 90, "quant": 60,
-          "calibrate": 150, "validate": 240, "predict": 90}
+          "calibrate": 150, "policy": 90, "validate": 240, "predict": 90}
 VALIDATE_ONE = 45  # seconds for one workload's validation
 SERVESIM = ("-c", "from sim.cli import app; app()")  # the CLI without an installed `servesim` script
 
@@ -185,9 +189,9 @@ def collect(r: Runner, workloads: list[dict[str, Any]]) -> None:
     vals = merge_validations(r.work / "validate", workloads)
     if vals:
         write_json(r.out / "validation.json", vals)
-    pred = r.work / "predictions.json"
-    if pred.exists():
-        write_json(r.out / "predictions.json", json.loads(pred.read_text()))
+    for name in ("user_policy.json", "predictions.json"):
+        if (r.work / name).exists():
+            write_json(r.out / name, json.loads((r.work / name).read_text()))
     pack(r.work, r.out / "artifacts.tar.gz")
 
 
@@ -281,6 +285,12 @@ def main() -> int:
         if args.device == "cuda":
             cmd += ["--gpu", args.gpu]  # the card's peak FLOP/s, for the profile's MFU
         r.record("calibrate", r.run("calibrate", cmd, LIMITS["calibrate"]))
+        collect(r, workloads)
+
+    if "policy" in wanted:  # before validate, whose workloads take whatever time the budget has left
+        cmd = [*py, "benchmarks/gpu/user_policy.py", "--device", args.device, "--model", model, "--requests",
+               str(requests), "--out", str(work / "user_policy.json")]
+        r.record("policy", r.run("policy", cmd, LIMITS["policy"]))
         collect(r, workloads)
 
     if "validate" in wanted:
