@@ -16,20 +16,23 @@ from sim.run import generate_workload, simulate_variant
 from sim.scenario import parse_scenario, variant_configs
 
 
+def scenario_dict(requests: int) -> dict:
+    """The benchmark's scenario (tests/test_pinned_outputs.py pins its summary at a few hundred requests)."""
+    return {
+        "name": "bench-azure-conv",
+        "workload": {"arrival": {"type": "trace", "trace": "azure-conv", "repeat_to": requests}},
+        "deployment": {"model": "llama-3.1-8b", "gpu": "h100-sxm", "max_model_len": 8192},
+        "policy": {"type": "continuous", "enable_chunked_prefill": True},
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--requests", type=int, default=100_000)
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--no-fast-path", action="store_true", help="step by step, for comparison")
     args = ap.parse_args()
-    scenario = parse_scenario(
-        {
-            "name": "bench-azure-conv",
-            "workload": {"arrival": {"type": "trace", "trace": "azure-conv", "repeat_to": args.requests}},
-            "deployment": {"model": "llama-3.1-8b", "gpu": "h100-sxm", "max_model_len": 8192},
-            "policy": {"type": "continuous", "enable_chunked_prefill": True},
-        }
-    )
+    scenario = parse_scenario(scenario_dict(args.requests))
     c0 = time.process_time()
     t0 = time.perf_counter()
     workload = generate_workload(scenario)

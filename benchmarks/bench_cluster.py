@@ -21,6 +21,18 @@ from sim.run import generate_workload, simulate_variant
 from sim.scenario import parse_scenario, variant_configs
 
 
+def scenario_dict(requests: int, replicas: int, rate_scale: float, router: str) -> dict:
+    """The benchmark's scenario (tests/test_pinned_outputs.py pins its summary at a few hundred requests)."""
+    return {
+        "name": "bench-cluster",
+        "workload": {"arrival": {"type": "trace", "trace": "azure-conv", "repeat_to": requests,
+                                 "rate_scale": rate_scale}},
+        "deployment": {"model": "llama-3.1-8b", "gpu": "h100-sxm", "max_model_len": 8192},
+        "policy": {"type": "continuous", "enable_chunked_prefill": True},
+        "cluster": {"replicas": replicas, "router": router},
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--replicas", type=int, default=16)
@@ -28,16 +40,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=100_000)
     ap.add_argument("--router", default="least_kv")
     args = ap.parse_args()
-    scenario = parse_scenario(
-        {
-            "name": "bench-cluster",
-            "workload": {"arrival": {"type": "trace", "trace": "azure-conv", "repeat_to": args.requests,
-                                     "rate_scale": args.rate_scale}},
-            "deployment": {"model": "llama-3.1-8b", "gpu": "h100-sxm", "max_model_len": 8192},
-            "policy": {"type": "continuous", "enable_chunked_prefill": True},
-            "cluster": {"replicas": args.replicas, "router": args.router},
-        }
-    )
+    scenario = parse_scenario(scenario_dict(args.requests, args.replicas, args.rate_scale, args.router))
     c0 = time.process_time()
     t0 = time.perf_counter()
     workload = generate_workload(scenario)
