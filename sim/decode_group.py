@@ -112,6 +112,22 @@ class DecodeGroup:
                 r.token_times.extend(self.ends[base : self.steps])
         r.group_base = -1
 
+    def sync(self) -> None:
+        """Bring every member's counters up to date while it stays a member (a policy on the public API reads
+        them). A member's bucket, ``(base - c) % block_size``, and its finishing step, ``base + output_len -
+        num_output_tokens``, do not change when its base and its counters advance together, nor does ``ctx``."""
+        s, ends = self.steps, self.ends
+        for r in self.members.values():
+            base = r.group_base
+            k = s - base
+            if k:
+                if r.token_times is not None and ends is not None:
+                    r.token_times.extend(ends[base:s])
+                r.num_computed_tokens += k
+                r.num_output_tokens += k
+                r.last_token = self.prev_end
+                r.group_base = s
+
     def dissolve(self) -> list[Request]:
         """Every member leaves (up to date); returns them."""
         out = list(self.members.values())

@@ -169,7 +169,7 @@ class Budget:
 
     def allocate(self, req: RequestView, num_new_tokens: int) -> bool:
         """Reserve room for ``num_new_tokens`` more tokens of ``req``; False (nothing reserved) if it does not fit."""
-        return self._b.allocate(_req(req), num_new_tokens)
+        return self._b.allocate(req._r if type(req) is RequestView else _req(req), num_new_tokens)
 
     def release(self, req: RequestView) -> None:
         """Give back what a running request holds (plan its preemption too)."""

@@ -12,7 +12,8 @@ A subclass changes one rule by overriding one hook:
   victim is the running request of the largest rank (vLLM's priority scheduler), else the latest admitted;
 - ``preempt_for_waiting``: a waiting request that finds no free KV or no free slot preempts running requests of a
   larger rank (vLLM's priority policy: a higher-priority arrival displaces lower-priority work);
-- ``refuse(req, view)``: a reason to reject a waiting request for good, or None (an SLO-aware admission rule).
+- ``refuse(req, view)``: a reason to reject a waiting request for good, or None (an SLO-aware admission rule);
+  asked of every waiting request whenever the policy plans, before anyone is admitted.
 
 Every order is total and deterministic: ranks end with the arrival time and the request id, sorts are stable.
 A victim that was already planned this step leaves the plan and gives its tokens back (the case that crashed vLLM,
@@ -58,12 +59,22 @@ class QueuePolicy(Policy):
         budget = view.kv.budget()
         tokens = view.limits.max_num_batched_tokens
         out: set[int] = set()  # ids preempted this step
+        waiting = view.waiting
+        if type(self).refuse is not QueuePolicy.refuse:  # every waiting request is asked, each step it waits
+            kept = []
+            for r in waiting:
+                reason = self.refuse(r, view)
+                if reason is None:
+                    kept.append(r)
+                else:
+                    plan.reject(r, reason)
+            waiting = tuple(kept)
         tokens = self._running(view, plan, budget, tokens, out)
         if plan.preempted:
             return plan  # as vLLM: no admissions in a step that had to preempt
         tokens = self._swapped(view, plan, budget, tokens)
         if len(plan.swapped_in) == len(view.swapped):
-            self._waiting(view, plan, budget, tokens, out)
+            self._waiting(view, waiting, plan, budget, tokens, out)
         return plan
 
     def _running(self, view: PolicyView, plan: Plan, budget: Budget, tokens: int, out: set[int]) -> int:
@@ -122,18 +133,15 @@ class QueuePolicy(Policy):
             tokens -= n
         return tokens
 
-    def _waiting(self, view: PolicyView, plan: Plan, budget: Budget, tokens: int, out: set[int]) -> None:
+    def _waiting(self, view: PolicyView, waiting: tuple[RequestView, ...], plan: Plan, budget: Budget, tokens: int,
+                 out: set[int]) -> None:
         lim = view.limits
-        queue = list(view.waiting)
+        queue = list(waiting)
         if queue and self.rank(queue[0]) is not None:
             queue.sort(key=self.rank)  # stable: equal ranks keep the queue's order
         num_seqs = len(view.running) - len(plan.preempted) + len(plan.swapped_in)
         admitted = 0
         for r in queue:
-            reason = self.refuse(r, view)
-            if reason is not None:
-                plan.reject(r, reason)
-                continue
             if tokens <= 0:
                 break
             n = r.num_tokens - max(r.num_computed_tokens, view.kv.num_cached_tokens(r))

@@ -93,7 +93,7 @@ class UserPolicy(Policy):
         if self.admission is not None and (d := self.admission.deadline(view.waiting)) is not None:
             times.append(d)
         wt = getattr(self.user, "wake_time", None)
-        if callable(wt):
+        if callable(wt) and getattr(type(self.user), "wake_time", None) is not api.Policy.wake_time:
             t = self._call("wake_time(view)", wt, self._public_view(view, set()))
             if t is not None:
                 try:
@@ -105,67 +105,94 @@ class UserPolicy(Policy):
         return min(times) if times else None
 
     def schedule(self, view: View) -> CorePlan:
-        view.ungroup()  # every request current: the policy never sees the fast path's aggregate
+        g = view.group
+        if g is not None:
+            g.sync()  # every request current: the policy never sees the fast path's aggregate
         rejected = self.admission.rejections(view) if self.admission is not None else []
         hidden = {r.id for r, _ in rejected}
         pv = self._public_view(view, hidden)
         up = self._call(f"schedule(view) at t={view.now:.6f} s", self.user.schedule, pv)
         if not isinstance(up, api.Plan):
             raise PolicyError(f"policy {self.name}: schedule returned {type(up).__name__}, not a servesim.Plan")
-        return self._translate(up, rejected, view.now)
+        return self._translate(up, rejected, view)
 
-    def _translate(self, up: api.Plan, rejected: list[tuple[Request, str]], now: float) -> CorePlan:
-        name, lim = self.name, self.limits
-        where = f"policy {name} at t={now:.6f} s"
+    def _translate(self, up: api.Plan, rejected: list[tuple[Request, str]], view: View) -> CorePlan:
         plan = CorePlan(reject=list(rejected))
         for rv, reason in up.rejected:
-            r = self._req(rv, where, "rejects")
+            r = self._req(rv, view.now, "rejects")
             if r.status not in (Status.WAITING, Status.SWAPPED):
-                raise PolicyError(f"{where}: rejects request {r.id}, which is {r.status.value} (only waiting or "
-                                  "swapped requests can be rejected)")
+                self._fail(view.now, f"rejects request {r.id}, which is {r.status.value} (only waiting or swapped "
+                           "requests can be rejected)")
             plan.reject.append((r, str(reason)))
         for rv, mode in up.preempted:
-            r = self._req(rv, where, "preempts")
+            r = self._req(rv, view.now, "preempts")
             if r.status is not Status.RUNNING:
-                raise PolicyError(f"{where}: preempts request {r.id}, which is {r.status.value}, not running")
+                self._fail(view.now, f"preempts request {r.id}, which is {r.status.value}, not running")
             if mode not in ("recompute", "swap"):
-                raise PolicyError(f"{where}: preempts request {r.id} with mode {mode!r}: use 'recompute' or 'swap'")
+                self._fail(view.now, f"preempts request {r.id} with mode {mode!r}: use 'recompute' or 'swap'")
             plan.preempt.append((r, mode))
         gone = {r.id for r, _ in plan.preempt} | {r.id for r, _ in plan.reject}
         for rv in up.swapped_in:
-            r = self._req(rv, where, "swaps in")
+            r = self._req(rv, view.now, "swaps in")
             if r.status is not Status.SWAPPED or r.id in gone:
-                raise PolicyError(f"{where}: swaps in request {r.id}, which is {r.status.value}, not swapped")
+                self._fail(view.now, f"swaps in request {r.id}, which is {r.status.value}, not swapped")
             plan.swap_in.append(r)
+        # The scheduled list is checked in one tight loop (it runs at every arrival and finish): a wrong entry is
+        # then looked at again by _explain, which names the request and the rule.
+        g = view.group
+        members = g.members if g is not None else {}
         seen: set[int] = set()
         total = 0
+        in_group = 0
+        out: list[tuple[Request, int]] = []
         for rv, n in up.scheduled:
-            r = self._req(rv, where, "schedules")
-            if r.id in seen:
-                raise PolicyError(f"{where}: schedules request {r.id} twice")
+            r = rv._r if type(rv) is api.RequestView else None
+            if r is None or r.id in seen or r.id in gone or type(n) is not int or r.status is Status.FINISHED or \
+                    not 1 <= n <= r.prompt_len + r.num_output_tokens - r.num_computed_tokens:
+                self._explain(rv, n, seen, gone, view.now)
+            assert r is not None  # _explain raised otherwise
             seen.add(r.id)
-            if r.id in gone:
-                raise PolicyError(f"{where}: schedules request {r.id}, which the same plan preempts or rejects")
-            if not isinstance(n, int) or isinstance(n, bool):
-                raise PolicyError(f"{where}: schedules request {r.id} with {n!r} tokens, not an int")
-            left = r.prompt_len + r.num_output_tokens - r.num_computed_tokens
-            if not 1 <= n <= left:
-                raise PolicyError(f"{where}: schedules {n} tokens of request {r.id}, which has {left} to compute "
-                                  "(schedule 1 to num_remaining)")
             total += n
-            plan.scheduled.append((r, n))
+            if r.group_base >= 0:
+                in_group += 1  # a member: it has exactly one token to compute, so n == 1
+            else:
+                out.append((r, n))
+        lim = self.limits
         if len(seen) > lim.max_num_seqs:
-            raise PolicyError(f"{where}: schedules {len(seen)} requests, more than max_num_seqs {lim.max_num_seqs}")
+            self._fail(view.now, f"schedules {len(seen)} requests, more than max_num_seqs {lim.max_num_seqs}")
         if total > lim.max_num_batched_tokens:
-            raise PolicyError(f"{where}: schedules {total} tokens, more than max_num_batched_tokens "
-                              f"{lim.max_num_batched_tokens}")
+            self._fail(view.now, f"schedules {total} tokens, more than max_num_batched_tokens "
+                       f"{lim.max_num_batched_tokens}")
+        if in_group and in_group == len(members) and not any(r.group_base >= 0 for r, _ in plan.preempt):
+            # The core's decode group takes one token per member as a whole (sim.decode_group): the plan gives
+            # every member exactly that, so it says so and lists the others one by one.
+            plan.decode_group = True
+            plan.scheduled = out
+            return plan
+        if members:
+            view.ungroup()  # the members are planned one by one (their counters are current: nothing changes)
+        plan.scheduled = [(rv._r, n) for rv, n in up.scheduled]
         return plan
 
-    @staticmethod
-    def _req(rv: Any, where: str, verb: str) -> Request:
+    def _fail(self, now: float, what: str) -> None:
+        raise PolicyError(f"policy {self.name} at t={now:.6f} s: {what}")
+
+    def _explain(self, rv: Any, n: Any, seen: set[int], gone: set[int], now: float) -> None:
+        r = self._req(rv, now, "schedules")
+        if r.id in seen:
+            self._fail(now, f"schedules request {r.id} twice")
+        if r.id in gone:
+            self._fail(now, f"schedules request {r.id}, which the same plan preempts or rejects")
+        if type(n) is not int:
+            self._fail(now, f"schedules request {r.id} with {n!r} tokens, not an int")
+        left = r.prompt_len + r.num_output_tokens - r.num_computed_tokens
+        self._fail(now, f"schedules {n} tokens of request {r.id}, which has {left} to compute (schedule 1 to "
+                   "num_remaining)")
+
+    def _req(self, rv: Any, now: float, verb: str) -> Request:
         if not isinstance(rv, api.RequestView):
-            raise PolicyError(f"{where}: {verb} {rv!r}, which is not a request of the view (a RequestView)")
+            self._fail(now, f"{verb} {rv!r}, which is not a request of the view (a RequestView)")
         r = rv._r
         if r.status is Status.FINISHED:
-            raise PolicyError(f"{where}: {verb} request {r.id}, which has finished")
+            self._fail(now, f"{verb} request {r.id}, which has finished")
         return r
