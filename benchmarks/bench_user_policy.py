@@ -64,8 +64,7 @@ def main() -> None:
             depends_on = frozenset({"every_step"})
 
         c0 = time.process_time()
-        res, _, _ = servesim.run(scenario(args.requests) | {"variants": [{"name": "every step"}]},
-                                 policy=EveryStep()).results[0], None, None
+        servesim.run(scenario(args.requests) | {"variants": [{"name": "every step"}]}, policy=EveryStep())
         print(f"{'user FCFS, every step':<28} {time.process_time() - c0:8.2f} s CPU (run, summary included)")
     a, b = (cfg.name for cfg in cfgs)
     same = records[a] == records[b]
