@@ -320,5 +320,21 @@ class TokenBucketConfig(PolicyModel):
 AdmissionRuleConfig = Annotated[TokenBucketConfig | CustomAdmissionConfig, Field(discriminator="type")]
 
 
+class VTCPolicyConfig(_BuiltinQueueConfig):
+    """Fair sharing between tenants by the Virtual Token Counter (Sheng et al., OSDI 2024)."""
+
+    type: Literal["vtc"] = "vtc"
+    input_weight: Float = Field(default=1.0, ge=0, le=1e6, description="Service counted per prompt token (the "
+                                "paper's w_p).")
+    output_weight: Float = Field(default=2.0, ge=0, le=1e6, description="Service counted per generated token (w_q).")
+
+    def make(self) -> Any:
+        from sim.policies.vtc import VirtualTokenCounter
+
+        return VirtualTokenCounter(self.enable_chunked_prefill, self.preemption_mode, self.input_weight,
+                                   self.output_weight)
+
+
 PolicyConfig = Annotated[StaticPolicyConfig | ContinuousPolicyConfig | FCFSPolicyConfig | PriorityPolicyConfig
-                         | SJFPolicyConfig | EDFPolicyConfig | CustomPolicyConfig, Field(discriminator="type")]
+                         | SJFPolicyConfig | EDFPolicyConfig | CustomPolicyConfig | VTCPolicyConfig,
+                         Field(discriminator="type")]

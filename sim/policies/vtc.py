@@ -1,0 +1,125 @@
+"""Fair sharing between tenants with the Virtual Token Counter (Sheng et al., "Fairness in Serving Large Language
+Models", OSDI 2024, Algorithm 2).
+
+Each tenant has a counter of the service it has received, in weighted tokens: ``input_weight`` per prompt token
+(the paper's w_p, charged when the request is admitted) plus ``output_weight`` per generated token (w_q, charged as
+the tokens come out). The waiting request served next is the earliest one of the tenant with the smallest counter,
+and after each admission that tenant's counter grows by its prompt, so one step's admissions alternate between
+tenants as the paper's loop does. A tenant that becomes backlogged (a request of it waits where none did) has its
+counter lifted to the smallest counter of the tenants already waiting, or, if none waits, to the counter of the
+last tenant that left the queue: time spent idle earns no credit, so a tenant cannot save service up and then
+starve the others.
+
+The paper bounds the gap this leaves: for any two tenants backlogged throughout an interval, the weighted service
+they receive in it differs by at most 2U, U = max(w_p * L_input, w_q * M), with L_input the longest prompt and M
+the most tokens a running batch holds (its Theorem 4.4; ``tests/test_fair_schedulers.py`` checks it after every
+step). Requests without a tenant share the tenant "". Running requests are preempted (when KV runs out) from the
+tenant with the largest counter, latest arrival first.
+
+The counters are read from the requests themselves when the policy is asked (output tokens so far), so the core may
+take decode stretches without asking (``depends_on``): the waiting order matters only when a request can be
+admitted, which takes an arrival, a finish or a shortage of blocks, when the core always asks.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+
+from sim.policies.api import Plan, PolicyView, RequestView
+from sim.policies.queue import QueuePolicy
+
+
+class VirtualTokenCounter(QueuePolicy):
+    """VTC fair queuing over tenants (module docstring); ``input_weight`` and ``output_weight`` are w_p and w_q."""
+
+    def __init__(self, enable_chunked_prefill: bool = True, preemption_mode: str = "recompute",
+                 input_weight: float = 1.0, output_weight: float = 2.0) -> None:
+        super().__init__(enable_chunked_prefill, preemption_mode)
+        for name, w in (("input_weight", input_weight), ("output_weight", output_weight)):
+            if isinstance(w, bool) or not isinstance(w, int | float) or not (math.isfinite(w) and w >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0 (service per token), got {w!r}")
+        if input_weight == output_weight == 0:
+            raise ValueError("input_weight and output_weight are both 0: no service would ever be counted")
+        self.input_weight, self.output_weight = float(input_weight), float(output_weight)
+        self.counters: dict[str, float] = {}  # tenant -> weighted tokens received (lifted as the paper says)
+        self._charged: set[int] = set()  # requests whose prompt was charged (a recomputed prompt is not again)
+        self._tracked: dict[int, tuple[RequestView, int]] = {}  # admitted, unfinished: (view, outputs charged)
+        self._backlogged: set[str] = set()  # tenants with a waiting request after the last plan
+        self._last_left = 0.0  # counter of the last tenant that stopped waiting
+        self._order: dict[int, int] = {}  # waiting request id -> its place in this step's VTC order
+
+    def describe(self) -> str:
+        return f"VirtualTokenCounter(w_p={self.input_weight:g}, w_q={self.output_weight:g})"
+
+    def rank(self, req: RequestView) -> tuple[float, float, int]:
+        pos = self._order.get(req.id)
+        if pos is not None:
+            return (float(pos), 0.0, req.id)
+        # a running request as a preemption victim: the most served tenant's latest request goes first
+        return (self.counters.get(req.tenant, 0.0), req.arrival, req.id)
+
+    def schedule(self, view: PolicyView) -> Plan:
+        self._charge_outputs()
+        self._lift(view)
+        self._order = self._vtc_order(view.waiting)
+        plan = super().schedule(view)
+        for r, _ in plan.scheduled:
+            if r.id not in self._charged:
+                self._charged.add(r.id)
+                self.counters[r.tenant] = self.counters.get(r.tenant, 0.0) + self.input_weight * r.prompt_len
+                self._tracked[r.id] = (r, r.num_output_tokens)
+        gone = {r.id for r, _ in plan.scheduled} | {r.id for r, _ in plan.rejected}
+        still = {r.tenant for r in view.waiting if r.id not in gone}
+        left = sorted({r.tenant for r in view.waiting} - still)
+        if left:
+            self._last_left = max(self.counters.get(t, 0.0) for t in left)
+        self._backlogged = still
+        return plan
+
+    def _charge_outputs(self) -> None:
+        """Add the tokens generated since the last call (the views read their requests' current state)."""
+        done = []
+        w = self.output_weight
+        for rid, (r, seen) in self._tracked.items():
+            n = r.num_output_tokens
+            if n != seen:
+                self.counters[r.tenant] += w * (n - seen)
+                self._tracked[rid] = (r, n)
+            if r.status == "finished":
+                done.append(rid)
+        for rid in done:
+            del self._tracked[rid]
+
+    def _lift(self, view: PolicyView) -> None:
+        """Lift the counter of each tenant that became backlogged since the last plan, in order of arrival."""
+        first: dict[str, float] = {}
+        for r in view.waiting:
+            if r.tenant not in self._backlogged and r.tenant not in first:
+                first[r.tenant] = r.arrival
+        waiting = {t for t in self._backlogged if any(r.tenant == t for r in view.waiting)}
+        for t in sorted(first, key=lambda t: (first[t], t)):
+            floor = min(self.counters.get(u, 0.0) for u in waiting) if waiting else self._last_left
+            self.counters[t] = max(self.counters.get(t, 0.0), floor)
+            waiting.add(t)
+
+    def _vtc_order(self, waiting: tuple[RequestView, ...]) -> dict[int, int]:
+        """The order VTC's admission loop takes the waiting requests in: the earliest of the tenant with the
+        smallest counter, that counter then raised by the prompt, and again (ties: the tenant whose request came
+        first)."""
+        queues: dict[str, list[RequestView]] = {}
+        for r in waiting:  # the core's order: requests preempted by recompute first, then by arrival
+            queues.setdefault(r.tenant, []).append(r)
+        heap = [(self.counters.get(t, 0.0), 0, q[0].arrival, q[0].id, t) for t, q in queues.items()]
+        heapq.heapify(heap)
+        order: dict[int, int] = {}
+        while heap:
+            c, i, _, _, t = heapq.heappop(heap)
+            r = queues[t][i]
+            order[r.id] = len(order)
+            if r.id not in self._charged:
+                c += self.input_weight * r.prompt_len
+            if i + 1 < len(queues[t]):
+                nxt = queues[t][i + 1]
+                heapq.heappush(heap, (c, i + 1, nxt.arrival, nxt.id, t))
+        return order
