@@ -529,6 +529,16 @@ class PagedBudget:
 
     def allocate(self, req: Request, num_new_tokens: int) -> bool:
         planned = self._planned.get(req.id, 0)
+        if not planned:
+            table = self._m.tables.get(req.id)
+            if table is not None:  # a running request's next blocks (what blocks_needed says), the common case
+                need = -(-(req.num_computed_tokens + num_new_tokens) // self._m.block_size) - len(table)
+                if need > self.free:
+                    return False
+                if need > 0:
+                    self.free -= need
+                self._planned[req.id] = num_new_tokens
+                return True
         before = self._needed(req, planned) if planned else 0
         need = self._needed(req, planned + num_new_tokens) - before
         if need > self.free:

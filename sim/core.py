@@ -228,7 +228,23 @@ class ServingCore:
             only_group = plan.decode_group and not (plan.scheduled or plan.preempt or plan.swap_in or plan.reject)
             self.repeatable = plan if only_group else None
             self.all_decode = self.may_repeat and self._all_decode(plan)
+            if self.may_repeat and not self.all_decode:
+                batch = self._apply(plan, now)
+                # Nothing left waiting and every request brought up to its next token: from the next step on all
+                # of them decode, which the policy (deciding only at arrivals and finishes) keeps doing.
+                self.all_decode = batch is not None and self._catches_up_all(batch)
+                return batch
         return self._apply(plan, now)
+
+    def _catches_up_all(self, batch: Batch) -> bool:
+        """Whether the step just applied leaves nobody waiting or swapped and computes every running request up
+        to its next sampled token (prompts whole, nothing preempted or rejected)."""
+        plan = batch.plan
+        if self.waiting or self.swapped or plan.preempt or plan.reject or plan.padded_rows or plan.pad_to_longest:
+            return False
+        if batch.num_scheduled != len(self.running):
+            return False
+        return all(r.num_computed_tokens + n == r.prompt_len + r.num_output_tokens for r, n in plan.scheduled)
 
     def _all_decode(self, plan: Plan) -> bool:
         """Whether ``plan`` runs every running request for one decode token and does nothing else."""
