@@ -41,7 +41,7 @@ import torch
 
 from calibration.fit import Sample
 from calibration.serving import shape_row
-from realengine.engine import CPU_KV_BYTES
+from realengine.config import CPU_KV_BYTES
 from realengine.executor import EngineExecutor
 from realengine.kv_cache import KVCache, kv_bytes_per_block, profile_num_blocks
 from realengine.model import LlamaModel, torch_dtype
@@ -426,7 +426,7 @@ def engine_num_blocks(spec: ModelSpec, model: LlamaModel | None, device: str, dt
                       max_num_batched_tokens: int, max_num_seqs: int, gpu_memory_utilization: float = 0.9) -> int:
     """The KV block count ``run_engine`` gives this model on this device when the scenario names none: on CUDA
     sized from device memory after a warm-up forward (as vLLM does); on CPU the ``CPU_KV_BYTES`` budget, of which
-    a variant gets fewer when its running requests can never hold them all (``realengine.engine.cpu_num_blocks``)."""
+    a variant gets fewer when its running requests can never hold them all (``realengine.config.cpu_num_blocks``)."""
     if device == "cuda" and model is not None:
         return int(profile_num_blocks(model, block_size=block_size, max_num_batched_tokens=max_num_batched_tokens,
                                       max_num_seqs=max_num_seqs, gpu_memory_utilization=gpu_memory_utilization))

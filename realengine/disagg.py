@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from realengine.attention import cdiv
-from realengine.engine import engine_config
+from realengine.config import engine_config
 from realengine.executor import EngineExecutor
 from realengine.kv_cache import kv_bytes_per_block
 from realengine.model import LlamaModel, torch_dtype

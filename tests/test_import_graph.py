@@ -25,7 +25,6 @@ PACKAGES = ("sim", "realengine", "calibration")
 # <-> sim.decode_group <-> sim.policies.base, is not here: its back edges, fast_path -> core and decode_group ->
 # fast_path, are TYPE_CHECKING-only today.)
 KNOWN_CIRCLES: list[frozenset[str]] = [
-    frozenset({"realengine.disagg", "realengine.engine"}),  # issue 36, circle 1
     frozenset({"sim.build", "sim.disagg.pools", "sim.metrics", "sim.results", "sim.scenario",
                "sim.simulator"}),  # issue 36, circle 2
     frozenset({"sim.disagg.config", "sim.policies.configs", "sim.policies.gates", "sim.policies.user",

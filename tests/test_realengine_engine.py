@@ -441,7 +441,7 @@ def test_cpu_cache_is_sized_for_the_cpu_not_the_scenarios_gpu() -> None:
     """Issue 35 item 8: on CPU without num_gpu_blocks, the tiny model got 65,536 blocks (512 MiB, and as much
     again of swap) sized from the scenario's H100 preset, at 0.016% use; validation took 3.5 GB. The cache now
     holds what the running requests can hold at most: max_num_seqs x the blocks of max_model_len."""
-    from realengine.engine import CPU_KV_BYTES
+    from realengine.config import CPU_KV_BYTES
     from realengine.kv_cache import kv_bytes_per_block
 
     doc = scenario()  # max_num_seqs 8, max_model_len 40, block_size 4

@@ -1,0 +1,81 @@
+"""The variant as the real engine runs it (``engine_config``) and the KV block count it gets on a CPU.
+
+Below both ``realengine.engine`` (one replica or a cluster) and ``realengine.disagg`` (prefill and decode pools),
+which each size their replicas with it: the engine dispatches to the pools, so the pools may not import the
+engine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from realengine.kv_cache import kv_bytes_per_block
+from sim.build import build
+from sim.engine_sched import engine_kv_cache
+from sim.limits import kv_footprint
+from sim.scenario import VariantConfig
+from sim.schema import ScenarioError
+from sim.specs import ModelSpec, resolve_model
+
+CPU_KV_BYTES = 512 * 2**20  # CPU runs without num_gpu_blocks: KV cache of at most this many bytes (cpu_num_blocks)
+
+
+def _with_deployment(cfg: VariantConfig, **update: Any) -> VariantConfig:
+    return dataclasses.replace(cfg, deployment=cfg.deployment.model_copy(update=update))
+
+
+def engine_config(cfg: VariantConfig, *, model_spec: str | None = None, num_gpu_blocks: int | None = None,
+                  dtype: torch.dtype = torch.float32, device: str = "cpu") -> VariantConfig:
+    """The variant as the engine runs it: the model replaced (``model_spec``, e.g. ``"tiny"``; max_model_len cut to
+    its context), the KV block count given, or capped on CPU, and the swap space cut to what the engine can hold
+    (on CPU at most as many blocks as the device cache: the CPU swap tensors are allocated up front)."""
+    # what the simulator models but this engine does not run: refused rather than run as something else
+    if cfg.deployment.pipeline_parallel_size > 1:
+        raise ScenarioError(f"variant {cfg.name!r}: deployment.pipeline_parallel_size: the engine runs the model on "
+                            "one device; pipeline stages are simulated only (servesim run)")
+    if getattr(cfg.kv_cache, "host_cache", None) is not None:
+        raise ScenarioError(f"variant {cfg.name!r}: kv_cache.host_cache: the engine keeps no host copy of evicted "
+                            "prefix blocks; the host tier is simulated only (servesim run)")
+    if model_spec is not None:
+        spec = ModelSpec.from_name(model_spec)
+        mml = cfg.deployment.max_model_len
+        cfg = _with_deployment(cfg, model=model_spec,
+                               max_model_len=None if mml is None else min(mml, spec.max_position_embeddings))
+    if num_gpu_blocks is not None:
+        if num_gpu_blocks < 1:
+            raise ScenarioError(f"--num-gpu-blocks must be >= 1, got {num_gpu_blocks}")
+        cfg = _with_deployment(cfg, num_gpu_blocks=num_gpu_blocks)
+    if device != "cuda" and cfg.deployment.num_gpu_blocks is None:
+        cfg = _with_deployment(cfg, num_gpu_blocks=cpu_num_blocks(cfg, dtype))
+    _, kv, _, built = build(cfg)
+    cpu_blocks = getattr(kv, "num_cpu_blocks", 0)
+    want = cpu_blocks if device == "cuda" else min(cpu_blocks, kv.num_blocks)
+    if want != cpu_blocks and built.budget.kv_bytes_per_block:
+        # build() takes int(swap_space * 2**30 // kv_bytes_per_block) blocks: this float gives exactly ``want``
+        cfg = _with_deployment(cfg, swap_space=want * built.budget.kv_bytes_per_block / 2**30)
+    return cfg
+
+
+def cpu_num_blocks(cfg: VariantConfig, dtype: torch.dtype) -> int:
+    """The KV block count the engine gives a variant on CPU when the scenario names none. It is sized for the
+    device the engine runs on, not the scenario's GPU preset (which gives the tiny model millions of blocks):
+    at most ``CPU_KV_BYTES`` of cache (vLLM's CPU backend likewise takes a fixed ``VLLM_CPU_KVCACHE_SPACE``), and
+    without prefix caching no more than the running requests can ever hold, ``max_num_seqs`` x the blocks of
+    ``max_model_len``: every further block would be allocated up front (swap space included) and never used.
+    With prefix caching the spare blocks keep freed prefixes, so the byte budget alone applies."""
+    dep = cfg.deployment
+    try:
+        model = resolve_model(dep.model)
+    except (KeyError, ValueError, TypeError, OSError):
+        build(cfg)  # raises the ScenarioError that names the field
+        raise
+    budget = max(1, CPU_KV_BYTES // kv_bytes_per_block(model, dtype, dep.block_size))
+    # sized with the byte budget, so that no GPU preset's memory enters; the limits and prefix caching as built
+    _, _, _, built = build(_with_deployment(cfg, num_gpu_blocks=budget))
+    kvc = engine_kv_cache(cfg.kv_cache, dep.engine)
+    running = kv_footprint(budget, dep.block_size, built.max_model_len, built.limits.max_num_seqs,
+                           prefix_caching=bool(getattr(kvc, "enable_prefix_caching", False))).touched_blocks
+    return max(1, min(budget, running))
