@@ -17,6 +17,7 @@ import csv
 import json
 import math
 from dataclasses import dataclass
+from datetime import date
 
 import numpy as np
 
@@ -203,6 +204,40 @@ def read_mapped(path: str, suffix: str, columns: TraceColumns | None, length
     return t, np.array(prompt, dtype=np.int64), np.array(output, dtype=np.int64), read_class_columns(rows, names, path)
 
 
+def parse_timestamp_ns(s: str, days: dict[str, int], path: str, line: int) -> int:
+    """``YYYY-MM-DD HH:MM:SS[.fffffff]`` (space or ``T``; any number of fractional digits) to integer ns.
+
+    The Azure reader's (:mod:`sim.traces`) and a mapped column's in unit ``datetime``. Parsed by hand: exact (no
+    float rounding of the 7 fractional digits) and independent of what ``datetime.fromisoformat`` accepts on a given
+    Python version.
+    """
+    s = s.strip()
+    try:
+        if len(s) < 19 or s[4] != "-" or s[7] != "-" or s[10] not in " T" or s[13] != ":" or s[16] != ":":
+            raise ValueError
+        day = days.get(s[:10])
+        if day is None:
+            ymd = s[0:4], s[5:7], s[8:10]
+            if not all(x.isascii() and x.isdigit() for x in ymd):
+                raise ValueError
+            day = days[s[:10]] = date(*map(int, ymd)).toordinal()
+        hh, mm, ss = s[11:13], s[14:16], s[17:19]
+        if not all(x.isascii() and x.isdigit() for x in (hh, mm, ss)):
+            raise ValueError
+        h, m, sec = int(hh), int(mm), int(ss)
+        if h > 23 or m > 59 or sec > 60:
+            raise ValueError
+        ns = 0
+        if len(s) > 19:
+            frac = s[20:]
+            if s[19] != "." or not frac or not (frac.isascii() and frac.isdigit()):
+                raise ValueError
+            ns = int((frac + "000000000")[:9])  # digits past nanoseconds are dropped
+    except ValueError:
+        raise ValueError(f"{path}:{line}: bad TIMESTAMP {s!r} (expected YYYY-MM-DD HH:MM:SS.fffffff)") from None
+    return ((day * 86400 + h * 3600 + m * 60 + sec) * 1_000_000_000) + ns
+
+
 def _whole(value: object) -> object:
     """A CSV cell "12" or a JSON 12 as given; a JSON 12.0 as 12 (a float that is a whole number)."""
     if type(value) is float and value.is_integer():
@@ -214,11 +249,9 @@ def _whole(value: object) -> object:
 
 def _seconds(value: object, unit: str, days: dict[str, int], path: str, line: int, column: str) -> float:
     if unit == "datetime":
-        from sim.traces import _parse_timestamp_ns  # the Azure reader's exact parser
-
         if not isinstance(value, str):
             raise ValueError(f"{path}:{line}: {column} must be a date and time, got {value!r}")
-        return _parse_timestamp_ns(value, days, path, line) / 1e9
+        return parse_timestamp_ns(value, days, path, line) / 1e9
     if isinstance(value, bool):
         value = None
     try:

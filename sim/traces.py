@@ -34,7 +34,14 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.trace_columns import CLASS_COLUMNS, ClassColumns, TraceColumns, read_class_columns, read_mapped
+from sim.trace_columns import (
+    CLASS_COLUMNS,
+    ClassColumns,
+    TraceColumns,
+    parse_timestamp_ns,
+    read_class_columns,
+    read_mapped,
+)
 
 TRACE_DIR = Path(__file__).resolve().parent / "data" / "traces"
 
@@ -376,7 +383,7 @@ def _read_azure_rows(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, Cla
             line = reader.line_num
             if len(row) != width:
                 raise ValueError(f"{path}:{line}: expected {width} fields, got {len(row)}: {row}")
-            ticks.append(_parse_timestamp_ns(row[it], days, path, line))
+            ticks.append(parse_timestamp_ns(row[it], days, path, line))
             prompt.append(_length(row[ip], path, line, "ContextTokens"))
             output.append(_length(row[io], path, line, "GeneratedTokens"))
             if extra:
@@ -387,39 +394,6 @@ def _read_azure_rows(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, Cla
     t0 = min(ticks)
     times = np.array([t - t0 for t in ticks], dtype=np.int64) / 1e9
     return times, np.array(prompt, dtype=np.int64), np.array(output, dtype=np.int64), classes
-
-
-def _parse_timestamp_ns(s: str, days: dict[str, int], path: str, line: int) -> int:
-    """``YYYY-MM-DD HH:MM:SS[.fffffff]`` (space or ``T``; any number of fractional digits) to integer ns.
-
-    Parsed by hand: exact (no float rounding of the 7 fractional digits) and independent of what
-    ``datetime.fromisoformat`` accepts on a given Python version.
-    """
-    s = s.strip()
-    try:
-        if len(s) < 19 or s[4] != "-" or s[7] != "-" or s[10] not in " T" or s[13] != ":" or s[16] != ":":
-            raise ValueError
-        day = days.get(s[:10])
-        if day is None:
-            ymd = s[0:4], s[5:7], s[8:10]
-            if not all(x.isascii() and x.isdigit() for x in ymd):
-                raise ValueError
-            day = days[s[:10]] = date(*map(int, ymd)).toordinal()
-        hh, mm, ss = s[11:13], s[14:16], s[17:19]
-        if not all(x.isascii() and x.isdigit() for x in (hh, mm, ss)):
-            raise ValueError
-        h, m, sec = int(hh), int(mm), int(ss)
-        if h > 23 or m > 59 or sec > 60:
-            raise ValueError
-        ns = 0
-        if len(s) > 19:
-            frac = s[20:]
-            if s[19] != "." or not frac or not (frac.isascii() and frac.isdigit()):
-                raise ValueError
-            ns = int((frac + "000000000")[:9])  # digits past nanoseconds are dropped
-    except ValueError:
-        raise ValueError(f"{path}:{line}: bad TIMESTAMP {s!r} (expected YYYY-MM-DD HH:MM:SS.fffffff)") from None
-    return ((day * 86400 + h * 3600 + m * 60 + sec) * 1_000_000_000) + ns
 
 
 def _read_mooncake(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[tuple[int, ...], ...],

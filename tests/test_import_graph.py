@@ -30,7 +30,6 @@ KNOWN_CIRCLES: list[frozenset[str]] = [
     frozenset({"sim.disagg.config", "sim.policies.configs", "sim.policies.gates", "sim.policies.user",
                "sim.schema"}),  # issue 36, circle 3
     frozenset({"sim.output", "sim.parquet_out"}),  # issue 36, circle 4
-    frozenset({"sim.trace_columns", "sim.traces"}),  # issue 36, circle 6
     frozenset({"sim.report", "sim.report.pipeline"}),  # the report package's face and one of its sections
 ]
 
