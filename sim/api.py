@@ -23,8 +23,9 @@ from typing import Any
 
 import numpy as np
 
+from sim.columns import REQUEST_COLUMNS, STEP_CSV_COLUMNS, class_column_values, request_latencies
 from sim.compare import Comparison, RunFolderError, compare_runs
-from sim.output import REQUEST_COLUMNS, STEP_CSV_COLUMNS, _latencies, class_column_values, read_requests, read_steps
+from sim.output import read_requests, read_steps
 from sim.records import REQUEST_FIELDS, STEP_COLUMNS, RunResult
 from sim.scenario import apply_override, load_scenario, parse_scenario
 from sim.schema import ScenarioError
@@ -182,7 +183,7 @@ def _request_columns(results: list[RunResult]) -> dict[str, list]:
             for f in REQUEST_FIELDS:
                 v = getattr(r, f)
                 values.append(None if f in _ABSENT and v < 0 else v)
-            values += [None if x == "" else x for x in _latencies(r)]
+            values += [None if x == "" else x for x in request_latencies(r)]
             for col, v in zip(lists, values, strict=True):
                 col.append(v)
     return cols | (class_column_values(results) or {})  # requests.csv's class columns, when the run has them

@@ -18,6 +18,17 @@ from typing import IO, Any
 
 import numpy as np
 
+from sim.columns import (
+    CLASS_COLUMNS,
+    LATENCY_COLUMNS,
+    REQUEST_COLUMNS,
+    STEP_CHUNK_ROWS,
+    STEP_CSV_COLUMNS,
+    TIME_FIELDS,
+    TIME_LIST_FIELDS,
+    class_column_values,
+    request_latencies,
+)
 from sim.records import CLASS_FIELDS, REQUEST_FIELDS, STEP_COLUMNS, RequestRecord, RunResult
 
 REQUESTS_PARQUET = "requests.parquet"
@@ -45,7 +56,6 @@ def _pa() -> Any:
 
 
 def _request_table(results: list[RunResult]) -> Any:
-    from sim.output import LATENCY_COLUMNS, REQUEST_COLUMNS, _latencies, class_column_values
 
     pa = _pa()
     times = ("arrival", "first_scheduled", "first_token", "finish")
@@ -59,7 +69,7 @@ def _request_table(results: list[RunResult]) -> Any:
         for f in REQUEST_FIELDS:
             values[f] += [getattr(r, f) for r in recs]
         for r in recs:
-            for col, x in zip(lat, _latencies(r), strict=True):
+            for col, x in zip(lat, request_latencies(r), strict=True):
                 col.append(None if x == "" else x)
     arrays = [pa.array(names, type=pa.string()).dictionary_encode()]
     for f in REQUEST_FIELDS:
@@ -88,7 +98,6 @@ def write_requests_parquet(f: IO[bytes], results: list[RunResult]) -> None:
 
 
 def _steps_schema() -> Any:
-    from sim.output import STEP_CSV_COLUMNS
 
     pa = _pa()
     fields = [pa.field("variant", pa.string())]
@@ -101,7 +110,6 @@ def write_steps_parquet(f: IO[bytes], results: list[RunResult], chunk: int | Non
     """steps.parquet into ``f``, one row group per ``chunk`` steps (``STEP_CHUNK_ROWS`` by default)."""
     import pyarrow.parquet as pq
 
-    from sim.output import STEP_CHUNK_ROWS
 
     pa = _pa()
     chunk = chunk or STEP_CHUNK_ROWS
@@ -157,11 +165,10 @@ def read_requests_parquet(path: str | os.PathLike) -> dict[str, list[RequestReco
     """requests.parquet back into records, grouped by variant (in file order), as ``read_requests`` does."""
     import pyarrow.parquet as pq
 
-    from sim.output import _TIME_FIELDS, _TIME_LIST_FIELDS, CLASS_COLUMNS
 
     cols = pq.read_table(Path(path)).to_pydict()
     n = len(cols["variant"])
-    named = {f: cols[f"{f}_s" if f in _TIME_FIELDS + _TIME_LIST_FIELDS else f] for f in REQUEST_FIELDS}
+    named = {f: cols[f"{f}_s" if f in TIME_FIELDS + TIME_LIST_FIELDS else f] for f in REQUEST_FIELDS}
     # the class columns, when the run had classes (an SLO column's null: no bound, -1 on the record)
     named |= {f: cols[c] for f, c in zip(CLASS_FIELDS, CLASS_COLUMNS, strict=True) if c in cols}
     out: dict[str, list[RequestRecord]] = {}
@@ -169,7 +176,7 @@ def read_requests_parquet(path: str | os.PathLike) -> dict[str, list[RequestReco
         v: dict[str, Any] = {}
         for f, values in named.items():
             x = values[i]
-            v[f] = tuple(x) if f in _TIME_LIST_FIELDS else (-1 if x is None else x)
+            v[f] = tuple(x) if f in TIME_LIST_FIELDS else (-1 if x is None else x)
         out.setdefault(cols["variant"][i], []).append(RequestRecord(**v))
     return out
 
@@ -178,7 +185,6 @@ def read_steps_parquet(path: str | os.PathLike) -> dict[str, dict[str, np.ndarra
     """steps.parquet back into columns (STEP_COLUMNS names and dtypes), one dict per variant."""
     import pyarrow.parquet as pq
 
-    from sim.output import STEP_CSV_COLUMNS
 
     table = pq.read_table(Path(path))
     variant = np.asarray(table.column("variant").to_pylist(), dtype=object)

@@ -29,7 +29,6 @@ KNOWN_CIRCLES: list[frozenset[str]] = [
                "sim.simulator"}),  # issue 36, circle 2
     frozenset({"sim.disagg.config", "sim.policies.configs", "sim.policies.gates", "sim.policies.user",
                "sim.schema"}),  # issue 36, circle 3
-    frozenset({"sim.output", "sim.parquet_out"}),  # issue 36, circle 4
     frozenset({"sim.report", "sim.report.pipeline"}),  # the report package's face and one of its sections
 ]
 

@@ -11,11 +11,9 @@ import numpy as np
 import pytest
 
 import sim.output as output
+from sim.columns import LATENCY_COLUMNS, REQUEST_COLUMNS, STEP_CSV_COLUMNS
 from sim.metrics import SUMMARY_KEYS, SLOs, summarize
 from sim.output import (
-    LATENCY_COLUMNS,
-    REQUEST_COLUMNS,
-    STEP_CSV_COLUMNS,
     format_table,
     read_requests,
     read_steps,
@@ -526,7 +524,7 @@ def test_requests_csv_latencies_cover_what_summary_json_covers(tmp_path) -> None
 def test_every_requests_csv_column_is_explained_in_the_readme() -> None:
     from pathlib import Path
 
-    from sim.output import CLASS_COLUMNS, REQUEST_COLUMN_HELP, REQUEST_COLUMNS
+    from sim.columns import CLASS_COLUMNS, REQUEST_COLUMN_HELP, REQUEST_COLUMNS
 
     assert list(REQUEST_COLUMN_HELP) == ["variant", *REQUEST_COLUMNS, *CLASS_COLUMNS]
     readme = (Path(__file__).parents[1] / "README.md").read_text()
