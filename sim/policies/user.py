@@ -146,11 +146,12 @@ class UserPolicy(Policy):
         in_group = 0
         out: list[tuple[Request, int]] = []
         for rv, n in up.scheduled:
-            r = rv._r if type(rv) is api.RequestView else None
-            if r is None or r.id in seen or r.id in gone or type(n) is not int or r.status is Status.FINISHED or \
-                    not 1 <= n <= r.prompt_len + r.num_output_tokens - r.num_computed_tokens:
+            q = rv._r if type(rv) is api.RequestView else None
+            if q is None or q.id in seen or q.id in gone or type(n) is not int or q.status is Status.FINISHED or \
+                    not 1 <= n <= q.prompt_len + q.num_output_tokens - q.num_computed_tokens:
                 self._explain(rv, n, seen, gone, view.now)
-            assert r is not None  # _explain raised otherwise
+            assert q is not None  # _explain raised otherwise
+            r = q
             seen.add(r.id)
             total += n
             if r.group_base >= 0:
