@@ -325,6 +325,7 @@ def check_policy(
     scenario: Path = typer.Argument(..., help="Scenario YAML file whose variants' policies to check."),
     set_: list[str] = _set_option(),
     num_requests: int | None = typer.Option(None, "--num-requests", "-n", help="Override workload.num_requests."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the variants that differ."),
 ) -> None:
     """Run each variant's policy with the simulator's fast path and stepping one by one, and name the first step
     where they differ (a policy's depends_on that misses what its decision reads). Exit 1 if any differs."""
@@ -345,7 +346,8 @@ def check_policy(
                     typer.echo(f"{cfg.name}: skipped (a cluster or disaggregated pools: check one replica)")
                     continue
                 results.append(check_fast_path(cfg, generate_workload(sc, cfg.workload)))
-                typer.echo(results[-1].line())
+                if not quiet or results[-1].difference is not None:
+                    typer.echo(results[-1].line())
     except ScenarioError as e:
         _fail(str(e))
         return
