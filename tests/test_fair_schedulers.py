@@ -14,6 +14,7 @@ from sim.core import ServingCore
 from sim.costmodel import AnalyticCostModel
 from sim.policies import Limits
 from sim.policies.api import PolicyView, RequestView
+from sim.policies.lpm import LongestPrefixMatch
 from sim.policies.queue import FCFSPolicy
 from sim.policies.user import UserPolicy
 from sim.policies.vtc import VirtualTokenCounter
@@ -28,8 +29,10 @@ def _cost() -> AnalyticCostModel:
     return AnalyticCostModel(resolve_model("llama-3.1-8b"), resolve_gpu("a100-80gb"))
 
 
-def _simulate(policy: Any, specs: list[RequestSpec], limits: Limits, blocks: int = 100_000) -> Simulation:
-    sim = Simulation(specs, [(ServingCore(UserPolicy(policy, limits), PagedBlockManager(blocks, 16)), _cost())])
+def _simulate(policy: Any, specs: list[RequestSpec], limits: Limits, blocks: int = 100_000,
+              prefix_caching: bool = False) -> Simulation:
+    kv = PagedBlockManager(blocks, 16, enable_prefix_caching=prefix_caching)
+    sim = Simulation(specs, [(ServingCore(UserPolicy(policy, limits), kv), _cost())])
     sim.run()
     return sim
 
@@ -181,3 +184,73 @@ def test_vtc_from_a_scenario_shields_the_light_tenant() -> None:
     ttft = {v: {t: s[v]["tenants"][t]["ttft"]["mean"] for t in ("heavy", "light")} for v in ("fcfs", "vtc")}
     assert ttft["vtc"]["light"] * 3 < ttft["vtc"]["heavy"], ttft
     assert ttft["fcfs"]["light"] > 0.5 * ttft["fcfs"]["heavy"], ttft
+
+
+def _hit_rate(policy: dict) -> tuple[float, float]:
+    """Share of the prompt tokens served from the prefix cache, and mean TTFT, on the first 300 s of the Mooncake
+    trace at half its rate (918 requests) on one H100 with 20,000 KV blocks of 16 tokens: a queue forms and the
+    cache is under pressure, which is where the order of admissions decides what is still cached."""
+    from sim.run import generate_workload, simulate_variant
+    from sim.scenario import parse_scenario, variant_configs
+
+    raw = {"seed": 0, "workload": {"arrival": {"type": "trace", "trace": "mooncake", "end": 300, "rate_scale": 0.5}},
+           "deployment": {"model": "llama-3.1-8b", "gpu": "h100-sxm", "num_gpu_blocks": 20_000},
+           "kv_cache": {"type": "paged", "enable_prefix_caching": True}, "policy": policy}
+    sc = parse_scenario(raw)
+    (cfg,) = variant_configs(sc)
+    _, reqs, core = simulate_variant(cfg, generate_workload(sc))
+    ttft = [r.first_token - r.arrival for r in reqs]
+    return core.kv.num_hit_tokens / sum(r.prompt_len for r in reqs), sum(ttft) / len(ttft)
+
+
+def test_lpm_raises_the_prefix_hit_rate_over_fcfs_on_mooncake() -> None:
+    """Measured: FCFS 72.5% of prompt tokens from the cache, LPM 74.1% (mean TTFT 104.8 s and 103.7 s). The gain
+    depends on cache pressure: with 30,000 blocks on the first 120 s at full rate LPM took 56.2% against FCFS's 58.4%
+    (it delays cold requests whose blocks later ones would have shared)."""
+    fcfs, fcfs_ttft = _hit_rate({"type": "fcfs"})
+    lpm, lpm_ttft = _hit_rate({"type": "lpm"})
+    assert lpm >= fcfs + 0.01, (lpm, fcfs)
+    assert lpm_ttft <= fcfs_ttft, (lpm_ttft, fcfs_ttft)
+
+
+def _warm_stream_and_one_cold() -> list[RequestSpec]:
+    """One slot; 300 requests sharing a 1,024-token prefix arrive every 0.5 s, and one request with no shared
+    prefix arrives at 1 s. Each takes longer than 0.5 s to serve (100 output tokens), so a queue of warm requests
+    waits throughout."""
+    shared = tuple(range(2))  # two 512-token hash blocks
+    warm = [RequestSpec(i, 0.5 * i, 1100, 100, hash_ids=shared + (1000 + i, )) for i in range(300)]
+    return warm + [RequestSpec(999, 1.0, 1100, 40, hash_ids=(5000, 5001, 5002))]
+
+
+def test_lpm_aging_keeps_a_cache_cold_request_from_starving() -> None:
+    """Measured: plain LPM (aging 0) serves the cold request after all 300 warm ones (it waits 323 s); with aging 16
+    tokens/s it waits 140 s. The queue bound is lifted here: above 128 waiting, LPM is FCFS and starves nobody."""
+    specs = _warm_stream_and_one_cold()
+    waits = {}
+    for aging in (0.0, 16.0):
+        sim = _simulate(LongestPrefixMatch(aging=aging, max_waiting=10_000), specs, Limits(1, 8192, 8192),
+                        prefix_caching=True)
+        cold = next(r for r in sim.requests if r.id == 999)
+        last_warm = max(r.first_scheduled for r in sim.requests if r.id != 999)
+        waits[aging] = (cold.first_scheduled - cold.arrival, last_warm)
+    plain, aged = waits[0.0], waits[16.0]
+    print(waits)
+    assert plain[0] >= plain[1]  # plain LPM: served after every warm request
+    # aged: its wait is credited 16 tokens/s, so it goes before the warm requests that arrived more than
+    # 1,024 / 16 = 64 s after it, long before the stream ends
+    assert aged[0] < 0.5 * plain[0], (aged, plain)
+
+
+def test_lpm_falls_back_to_fcfs_above_max_waiting() -> None:
+    specs = _warm_stream_and_one_cold()
+    fcfs = _simulate(FCFSPolicy(), specs, Limits(1, 8192, 8192), prefix_caching=True)
+    capped = _simulate(LongestPrefixMatch(aging=0.0, max_waiting=0), specs, Limits(1, 8192, 8192), prefix_caching=True)
+    assert [(r.first_scheduled, r.finish) for r in fcfs.requests] == \
+        [(r.first_scheduled, r.finish) for r in capped.requests]
+
+
+@pytest.mark.parametrize("args", [{"aging": -1.0}, {"aging": float("inf")}, {"max_waiting": -1},
+                                  {"max_waiting": 1.5}])
+def test_lpm_refuses_bad_arguments(args: dict) -> None:
+    with pytest.raises(ValueError, match="aging|max_waiting"):
+        LongestPrefixMatch(**args)

@@ -335,6 +335,22 @@ class VTCPolicyConfig(_BuiltinQueueConfig):
                                    self.output_weight)
 
 
+class LPMPolicyConfig(_BuiltinQueueConfig):
+    """SGLang's longest prefix match first (--schedule-policy lpm), bounded and aged."""
+
+    type: Literal["lpm"] = "lpm"
+    max_waiting: Int = Field(default=128, ge=0, le=10**9, description="Above this many waiting requests the order is "
+                             "first come first served (SGLang's bound on the cost of matching every prompt).")
+    aging: Float = Field(default=16.0, ge=0, le=1e9, description="Cached tokens a request is credited per second it "
+                         "has waited, so cache-cold requests are not starved; 0: SGLang's plain lpm.")
+
+    def make(self) -> Any:
+        from sim.policies.lpm import LongestPrefixMatch
+
+        return LongestPrefixMatch(self.enable_chunked_prefill, self.preemption_mode, self.max_waiting, self.aging)
+
+
 PolicyConfig = Annotated[StaticPolicyConfig | ContinuousPolicyConfig | FCFSPolicyConfig | PriorityPolicyConfig
-                         | SJFPolicyConfig | EDFPolicyConfig | CustomPolicyConfig | VTCPolicyConfig,
+                         | SJFPolicyConfig | EDFPolicyConfig | CustomPolicyConfig | VTCPolicyConfig
+                         | LPMPolicyConfig,
                          Field(discriminator="type")]
