@@ -10,7 +10,7 @@ import itertools
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -397,6 +397,8 @@ def apply_override(d: dict[str, Any], key: str, value: Any) -> None:
     if default_has:
         _fill_defaults(tp, d[head], rest)
         set_path(d[head], ".".join(rest), value)
+        if rest == ["type"]:
+            _retype(tp, d[head])
     used = default_has
     if variants:
         used = False
@@ -410,9 +412,22 @@ def apply_override(d: dict[str, Any], key: str, value: Any) -> None:
                 continue
             if has_path(PARTIAL_SECTIONS.get(head, tp), section, rest):
                 set_path(section, ".".join(rest), value)
+                if rest == ["type"]:
+                    _retype(tp, section)
                 used = True
     if not used:
         raise ScenarioError(f"{key}: no variant's {head} has the key {rest[-1]!r}")
+
+
+def _retype(tp: Any, section: dict[str, Any]) -> None:
+    """A section whose ``type`` was just changed keeps only the keys its new kind has: a custom policy's ``cls`` and
+    ``args`` mean nothing to ``fcfs``, and the limits both kinds share are kept."""
+    for kind in get_args(tp):
+        fields = getattr(kind, "model_fields", {})
+        if "type" in fields and section.get("type") in get_args(fields["type"].annotation):
+            for key in [k for k in section if k not in fields]:
+                del section[key]
+            return
 
 
 def slos_of(scenario: Scenario) -> SLOs | None:

@@ -263,3 +263,16 @@ def test_run_from_python_with_a_policy_object() -> None:
     assert res.results[1].config["policy"]["type"] == "custom"
     assert res.results[1].config["policy"]["cls"] == "python:test_run_from_python_with_a_policy_object.<locals>." \
         "LongestPromptFirst"
+
+
+def test_set_type_on_a_custom_policy_keeps_only_the_new_kinds_keys(tmp_path) -> None:
+    """--set policy.type=fcfs on a custom policy: cls and args go, the shared limits stay (was: 'policy.cls:
+    unknown key')."""
+    from sim.scenario import load_scenario
+
+    p = tmp_path / "s.yaml"
+    p.write_text("workload: {num_requests: 5, arrival: {type: poisson, rate: 1}, prompt_len: {type: fixed, value: 8},"
+                 " output_len: {type: fixed, value: 4}}\n"
+                 "policy: {type: custom, cls: 'sim.policies.queue:FCFSPolicy', args: {}, max_num_seqs: 7}\n")
+    sc, _ = load_scenario(p, {"policy.type": "fcfs"})
+    assert sc.policy.type == "fcfs" and sc.policy.max_num_seqs == 7
