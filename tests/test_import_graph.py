@@ -27,8 +27,11 @@ PACKAGES = ("sim", "realengine", "calibration")
 KNOWN_CIRCLES: list[frozenset[str]] = [
     frozenset({"sim.build", "sim.disagg.pools", "sim.metrics", "sim.results", "sim.scenario",
                "sim.simulator"}),  # issue 36, circle 2
+    # issue 36, circle 3: schema <-> disagg.config is broken (the deployment section and ScenarioError sit below
+    # both); what is left closes through sim/policies/user.py importing ScenarioError from sim.schema, gone once it
+    # imports it from sim.errors (the policy-API work owns sim/policies/)
     frozenset({"sim.disagg.config", "sim.policies.configs", "sim.policies.gates", "sim.policies.user",
-               "sim.schema"}),  # issue 36, circle 3
+               "sim.schema"}),
     frozenset({"sim.report", "sim.report.pipeline"}),  # the report package's face and one of its sections
 ]
 

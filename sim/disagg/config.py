@@ -13,7 +13,7 @@ scenario's default); its ``policy`` replaces the variant's. The xPyD ratio is ``
 requires: the decode pool reads the prefill pool's blocks as they are).
 
 The sections here hold the pool's deployment and policy as plain mappings, validated against
-``sim.schema.Deployment`` and ``PolicyConfig`` at load (imported late: sim.schema imports this module).
+``sim.deployment.Deployment`` and ``sim.policies.configs.PolicyConfig`` at load.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
+from sim.deployment import Deployment
+from sim.policies.configs import PolicyConfig
 from sim.workload import Float, InputModel, Int
 
 # Link presets: bandwidth per GPU in one direction (GB/s, 1e9 bytes) and the fixed cost of one transfer
@@ -76,8 +78,6 @@ class PoolConfig(_Model):
 
     @model_validator(mode="after")
     def _sections(self) -> PoolConfig:
-        from sim.schema import Deployment, PolicyConfig
-
         if self.deployment is not None:
             bad = sorted(set(self.deployment) - set(Deployment.model_fields))
             if bad:
