@@ -55,8 +55,10 @@ class ClusterSimulation(Simulation):
             raise ValueError(f"cluster: {replicas} replicas at the start, outside the autoscaler's "
                              f"[{autoscaler.min_replicas}, {autoscaler.max_replicas}]")
         self.make_replica = make_replica
-        # a user's router is recorded by its class's name (its config is in the run's recorded cluster section)
-        self.router_name = router if isinstance(router, str) else f"custom {router.cls}"
+        # a user's router is recorded by its class's name, a built-in one on the public API by its type (the
+        # config is in the run's recorded cluster section)
+        self.router_name = router if isinstance(router, str) else \
+            f"custom {router.cls}" if router.type == "custom" else router.type
         self.autoscaler = autoscaler
         self._next_tick = float("inf")
         self._arrivals_done = False

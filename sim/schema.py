@@ -41,7 +41,7 @@ from sim.engine_costs import omit_when_unset
 from sim.errors import ScenarioError as ScenarioError  # re-exported: where every caller finds it
 from sim.host_kv_config import HostCacheConfig
 from sim.policies import Admission
-from sim.policies.configs import AdmissionRuleConfig, CustomRouterConfig
+from sim.policies.configs import AdmissionRuleConfig, RouterConfig
 from sim.policies.configs import ContinuousPolicyConfig as ContinuousPolicyConfig  # re-exported: the policy
 from sim.policies.configs import PolicyConfig as PolicyConfig  # sections live with the policies
 from sim.policies.configs import PolicyConfigBase as PolicyConfigBase
@@ -236,9 +236,10 @@ class ClusterConfig(_Model):
     replicas: Int = Field(
         default=1, ge=1, description="Replicas at the start (each a GPU or a tensor-parallel group)."
     )
-    router: Literal["round_robin", "least_outstanding", "least_kv", "prefix_affinity"] | CustomRouterConfig = Field(
-        default="round_robin", description="Which replica gets an arriving request: a built-in's name, or {type: "
-        "custom, cls: 'file.py:Class', args: {...}} for a servesim.Router of your own."
+    router: Literal["round_robin", "least_outstanding", "least_kv", "prefix_affinity"] | RouterConfig = Field(
+        default="round_robin", description="Which replica gets an arriving request: a built-in's name; {type: "
+        "power_of_two | cache_load_score | slo_aware, ...} (sim/policies/routers_public.py); or {type: custom, "
+        "cls: 'file.py:Class', args: {...}} for a servesim.Router of your own."
     )
     autoscaler: AutoscalerSection | None = Field(
         default=None, description="Add and remove replicas; none: a fixed fleet."

@@ -8,7 +8,7 @@ Adding a policy kind touches its class here and the ``PolicyConfig`` union below
 from __future__ import annotations
 
 from abc import abstractmethod
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import ConfigDict, Field, PrivateAttr, model_validator
 
@@ -353,4 +353,52 @@ class LPMPolicyConfig(_BuiltinQueueConfig):
 PolicyConfig = Annotated[StaticPolicyConfig | ContinuousPolicyConfig | FCFSPolicyConfig | PriorityPolicyConfig
                          | SJFPolicyConfig | EDFPolicyConfig | CustomPolicyConfig | VTCPolicyConfig
                          | LPMPolicyConfig,
+                         Field(discriminator="type")]
+
+
+# ---- routers on the public API (sim.policies.routers_public) ----------------------------------------------------
+class _PublicRouterConfig(PolicyModel):
+    """A built-in router written on ``servesim.Router`` (``sim.policies.routers_public``): its fields other than
+    ``type`` are its constructor's keyword arguments; ``make()`` builds a fresh one per run."""
+
+    _router: ClassVar[str]  # the class's name in sim.policies.routers_public
+
+    def make(self) -> Any:
+        from sim.policies import routers_public
+
+        return getattr(routers_public, self._router)(**self.model_dump(exclude={"type"}))
+
+
+class PowerOfTwoRouterConfig(_PublicRouterConfig):
+    """Two replicas at random, the less loaded one (power of two choices), seeded."""
+
+    type: Literal["power_of_two"] = "power_of_two"
+    seed: Int = Field(default=0, ge=0, description="Seed of the random pairs (the same in every variant).")
+    _router = "PowerOfTwoChoices"
+
+
+class CacheLoadRouterConfig(_PublicRouterConfig):
+    """llm-d's weighted scorers: prefix-cache share, queue and free KV, the highest total wins."""
+
+    type: Literal["cache_load_score"] = "cache_load_score"
+    prefix_weight: Float = Field(default=2.0, ge=0, le=1e6, description="Weight of the share of the prompt the "
+                                 "replica's prefix cache holds.")
+    queue_weight: Float = Field(default=1.0, ge=0, le=1e6, description="Weight of the queue score (shortest "
+                                "waiting queue 1, longest 0).")
+    kv_weight: Float = Field(default=1.0, ge=0, le=1e6, description="Weight of the free share of the KV cache.")
+    _router = "CacheLoadScorer"
+
+
+class SLOAwareRouterConfig(_PublicRouterConfig):
+    """The replica predicted to meet the request's TTFT SLO that holds most of its prompt in cache."""
+
+    type: Literal["slo_aware"] = "slo_aware"
+    prefill_tokens_per_s: Float = Field(default=10_000.0, gt=0, le=1e12, description="Prompt tokens per second a "
+                                        "replica prefills, for the TTFT prediction.")
+    step_s: Float = Field(default=0.0, ge=0, le=1e6, description="Seconds added to the prediction per running "
+                          "request (the decode work a prefill shares steps with).")
+    _router = "SLOAwareRouter"
+
+
+RouterConfig = Annotated[CustomRouterConfig | PowerOfTwoRouterConfig | CacheLoadRouterConfig | SLOAwareRouterConfig,
                          Field(discriminator="type")]
