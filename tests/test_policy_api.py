@@ -276,3 +276,26 @@ def test_set_type_on_a_custom_policy_keeps_only_the_new_kinds_keys(tmp_path) -> 
                  "policy: {type: custom, cls: 'sim.policies.queue:FCFSPolicy', args: {}, max_num_seqs: 7}\n")
     sc, _ = load_scenario(p, {"policy.type": "fcfs"})
     assert sc.policy.type == "fcfs" and sc.policy.max_num_seqs == 7
+
+
+def test_set_and_sweeps_reach_a_custom_policys_args(tmp_path) -> None:
+    from sim.run import prepare_scenario
+    from sim.scenario import load_scenario
+
+    (tmp_path / "mine.py").write_text(
+        "import servesim\n\n\nclass Short(servesim.QueuePolicy):\n"
+        "    def __init__(self, short: int = 512) -> None:\n        super().__init__()\n"
+        "        if short < 1:\n            raise ValueError(f'short must be >= 1, got {short}')\n"
+        "        self.short = short\n\n"
+        "    def rank(self, req):\n        return (req.prompt_len > self.short, req.arrival, req.id)\n")
+    p = tmp_path / "s.yaml"
+    p.write_text("workload: {num_requests: 5, arrival: {type: poisson, rate: 1}, prompt_len: {type: fixed, value: 8},"
+                 " output_len: {type: fixed, value: 4}}\n"
+                 "policy: {type: custom, cls: 'mine.py:Short', args: {short: 100}}\n"
+                 "sweep: {policy.args.short: [10, 20]}\n")
+    sc, raw = load_scenario(p, {"policy.args.short": 64})
+    assert sc.policy.args == {"short": 64} and sc.policy.make().short == 64
+    prepared = prepare_scenario(sc, raw, source=str(p))
+    assert [c[0].policy.make().short for _, _, c in prepared.plans] == [10, 20]
+    with pytest.raises(servesim.ScenarioError, match="short must be >= 1, got 0"):
+        load_scenario(p, {"policy.args.short": 0})
