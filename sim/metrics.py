@@ -34,6 +34,7 @@ import numpy as np
 
 from sim.records import RequestRecord, RunResult, has_classes
 from sim.request import Outcome
+from sim.slos import SLOs
 from sim.spec_decode import summarize_spec
 from sim.verdict import limit_inputs, rank_limits, rejection_reasons
 
@@ -97,29 +98,6 @@ CLASS_SUMMARY_KEYS: tuple[str, ...] = (
     "queue",
 )
 NO_CLASS = "(no class)"  # the key of requests without a class name, in a run where others have one
-
-
-@dataclass(frozen=True, slots=True)
-class SLOs:
-    """Service-level objectives in seconds, as `vllm bench serve --goodput` takes them (it takes ms). A request
-    meets an objective when its value is at most the threshold; None means no bound on that metric."""
-
-    ttft: float | None = None
-    tpot: float | None = None  # requests with a single output token have TPOT 0, as in vLLM
-    e2el: float | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("ttft", "tpot", "e2el"):
-            v = getattr(self, name)
-            if v is not None and not v > 0:
-                raise ValueError(f"SLO {name} must be > 0 seconds, got {v}")
-
-    @property
-    def empty(self) -> bool:
-        return self.ttft is None and self.tpot is None and self.e2el is None
-
-    def as_dict(self) -> dict[str, float | None]:
-        return {"ttft": self.ttft, "tpot": self.tpot, "e2el": self.e2el}
 
 
 def weighted_percentile(values: np.ndarray, counts: np.ndarray, q: float) -> float:
@@ -311,10 +289,8 @@ def summarize(result: RunResult, slos: SLOs | None = None) -> dict:
         out["pipeline"] = dict(result.pipeline)
     if result.host_kv:  # the prefix cache's host tier (sim/host_kv_tier.py)
         out["host_kv"] = dict(result.host_kv)
-    if result.disaggregation:  # prefill/decode pools: transfers and each pool's use
-        from sim.disagg.pools import disagg_summary
-
-        out["disaggregation"] = disagg_summary(result)
+    for key, section in (result.summary_sections or {}).items():  # e.g. prefill/decode pools (sim/disagg/pools.py)
+        out[key] = section(result)
     return out
 
 

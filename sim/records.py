@@ -6,7 +6,7 @@ field. Steps and gaps are stored in columns of numpy chunks, because a long simu
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -319,3 +319,7 @@ class RunResult:
     # per request class, the pooled inter-token gaps of its completed requests as (gaps, counts); only when the
     # run kept token times and has classes (sim.results.class_itl_gaps)
     class_itl: dict[str, tuple[np.ndarray, np.ndarray]] | None = None
+    # summary blocks other layers contribute, key -> function of this result, appended after the built-in ones in
+    # this order (sim.metrics.summarize): the metrics layer need not know them. Module-level functions, so that
+    # a result still pickles (sweeps). Prefill/decode pools add "disaggregation" (sim/disagg/pools.py).
+    summary_sections: dict[str, Callable[[RunResult], dict]] | None = None

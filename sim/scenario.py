@@ -22,7 +22,6 @@ from sim.engines import (
     recorded_config,
 )
 from sim.files import read_text_capped
-from sim.metrics import SLOs
 from sim.scenario_messages import format_validation, short, yaml_error
 from sim.schema import (
     PARTIAL_SECTIONS,
@@ -42,6 +41,7 @@ from sim.schema import (
     narrow,
     unknown_key,
 )
+from sim.slos import SLOs
 from sim.traces import resolve_trace
 from sim.workload import EmpiricalLength, TraceArrival, Workload
 from sim.yaml_limits import MAX_SCENARIO_BYTES, safe_load_limited, unshared

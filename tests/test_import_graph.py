@@ -25,8 +25,6 @@ PACKAGES = ("sim", "realengine", "calibration")
 # <-> sim.decode_group <-> sim.policies.base, is not here: its back edges, fast_path -> core and decode_group ->
 # fast_path, are TYPE_CHECKING-only today.)
 KNOWN_CIRCLES: list[frozenset[str]] = [
-    frozenset({"sim.build", "sim.disagg.pools", "sim.metrics", "sim.results", "sim.scenario",
-               "sim.simulator"}),  # issue 36, circle 2
     # issue 36, circle 3: schema <-> disagg.config is broken (the deployment section and ScenarioError sit below
     # both); what is left closes through sim/policies/user.py importing ScenarioError from sim.schema, gone once it
     # imports it from sim.errors (the policy-API work owns sim/policies/)

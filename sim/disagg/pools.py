@@ -386,6 +386,7 @@ def disagg_result(name: str, sim: DisaggSimulation, pools: dict[str, tuple[Varia
         peak_flops=peak, kv_capacity_blocks=first.core.kv.num_blocks, block_size=first.core.kv.block_size,
         weight_bytes=float(db.weight_bytes * dtp), kv_bytes_per_block=float(db.kv_bytes_per_block * dtp),
         config=config, cluster=cluster, disaggregation=disagg, class_itl=class_itl_gaps(merged),
+        summary_sections={"disaggregation": disagg_summary},  # the transfers and each pool's use
     )
 
 
