@@ -31,7 +31,6 @@ KNOWN_BACK_EDGES: dict[tuple[str, str], str] = {
     # both); what is left closes through this import of ScenarioError, gone once sim/policies/user.py takes it from
     # sim.errors (the policy-API work owns sim/policies/)
     ("sim.policies.user", "sim.schema"): "ScenarioError",
-    ("sim.report.pipeline", "sim.report"): "Section",  # the report package's face and one of its sections
 }
 
 

@@ -29,7 +29,6 @@ import html
 import math
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -45,6 +44,7 @@ from sim.report.common import (
     MAX_POINTS,
     MIN_WINDOWS,
     TEMPLATE,
+    Section,
     _count_trace,
     _kv_capacity,
     _sorted_steps,
@@ -113,15 +113,6 @@ from sim.table import metric_value, table_cells, table_notes
 from sim.verdict import rank_limits
 
 # --- the page --------------------------------------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class Section:
-    """A heading with a figure and/or an HTML fragment (already escaped)."""
-
-    title: str
-    figure: go.Figure | None = None
-    html: str = ""
 
 
 def _p(text: str) -> str:

@@ -1,9 +1,10 @@
-"""Shared pieces of the report's figures: the template and colours, and the reductions of long series (windows,
-states, CDF samples) that keep a long run's page small."""
+"""Shared pieces of the report: the Section each builder returns, the template and colours, and the reductions of
+long series (windows, states, CDF samples) that keep a long run's page small."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
 import plotly.graph_objects as go
@@ -31,6 +32,15 @@ TEMPLATE = go.layout.Template(
     )
 )
 COLORS = qualitative.Plotly
+
+
+@dataclass(slots=True)
+class Section:
+    """A heading with a figure and/or an HTML fragment (already escaped)."""
+
+    title: str
+    figure: go.Figure | None = None
+    html: str = ""
 
 
 def color(i: int) -> str:

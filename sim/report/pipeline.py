@@ -4,15 +4,11 @@
 from __future__ import annotations
 
 import html
-from typing import TYPE_CHECKING
 
 import plotly.graph_objects as go
 
 from sim.records import RunResult
-from sim.report.common import TEMPLATE, color
-
-if TYPE_CHECKING:
-    from sim.report import Section
+from sim.report.common import TEMPLATE, Section, color
 
 
 def _table(head: tuple[str, ...], rows: list[list[str]]) -> str:
@@ -52,8 +48,6 @@ def fig_pipeline(results: list[RunResult]) -> go.Figure | None:
 
 
 def pipeline_sections(results: list[RunResult], summaries: dict) -> list[Section]:
-    from sim.report import Section
-
     fig = fig_pipeline(results)
     if fig is None:
         return []
@@ -91,8 +85,6 @@ def fig_host_kv(results: list[RunResult]) -> go.Figure | None:
 
 
 def host_kv_sections(results: list[RunResult], summaries: dict) -> list[Section]:
-    from sim.report import Section
-
     fig = fig_host_kv(results)
     if fig is None:
         return []
