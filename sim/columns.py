@@ -13,7 +13,7 @@ from sim.records import CLASS_FIELDS, REQUEST_FIELDS, STEP_COLUMNS, RequestRecor
 # derived with summarize's definitions and cover the same requests, the completed ones (a failed or cancelled
 # request may have a first token, but no latency of its own in summary.json), so a user's mean over a column is
 # summary.json's mean; the time columns keep what happened to every request. What each column covers is
-# REQUEST_COLUMN_HELP (the README lists it).
+# REQUEST_COLUMN_HELP (docs/outputs.md lists it).
 TIME_FIELDS = ("arrival", "first_scheduled", "first_token", "finish")
 TIME_LIST_FIELDS = ("preempted_at", "resumed_at")  # ';'-joined seconds, empty for none
 LATENCY_COLUMNS = ("queue_s", "ttft_s", "tpot_s", "e2el_s")

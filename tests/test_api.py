@@ -197,7 +197,7 @@ def test_to_pandas(small):
 
 
 def test_pandas_comes_with_the_notebooks_extra(small, monkeypatch):
-    """to_pandas and the README point to pandas: the notebooks extra installs it (and the test extra, so the
+    """to_pandas and docs/python-api.md point to pandas: the notebooks extra installs it (and the test extra, so the
     test above runs in CI), and the message without it says how to get it."""
     import sys
     import tomllib

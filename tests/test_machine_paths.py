@@ -1,5 +1,5 @@
 """No absolute machine paths where another machine reads them: the benchmarks, their committed results and the
-README name repository files relative to the repository, and shared data as ``../shared/...`` from its root (a
+README and docs/ name repository files relative to the repository, and shared data as ``../shared/...`` from its root (a
 checkout elsewhere found ``/work/shared/...`` missing and fidelity results naming ``/work/main/...``). The
 published-figures benchmark finds its data from the repository root, or where ``--data`` says."""
 
@@ -22,7 +22,7 @@ ABSOLUTE = re.compile(r"(?<![\w./~-])/(?:work|home)/")
 
 
 def _text_files() -> list[Path]:
-    files = [ROOT / "README.md"]
+    files = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
     for p in sorted((ROOT / "benchmarks").rglob("*")):
         if p.is_file() and "__pycache__" not in p.parts:
             files.append(p)
@@ -37,7 +37,7 @@ def test_the_pattern() -> None:
         assert not ABSOLUTE.search(miss), miss
 
 
-def test_no_absolute_machine_paths_in_benchmarks_or_readme() -> None:
+def test_no_absolute_machine_paths_in_benchmarks_or_docs() -> None:
     found = []
     for p in _text_files():
         try:

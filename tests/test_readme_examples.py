@@ -1,6 +1,8 @@
-"""The README's examples are executed: every command in a fenced block that starts with ``servesim`` (or
-``.venv/bin/servesim``, also after ``&&`` in a set-up line) and every ``python`` block. A README example that stops
-working fails here.
+"""The examples of the README and of the pages in ``docs/`` are executed (each page but ``write-a-policy.md``,
+whose blocks build on each other and run in order in tests/test_write_a_policy_doc.py): every command in a fenced
+block that starts with ``servesim`` (or
+``.venv/bin/servesim``, also after ``&&`` in a set-up line) and every ``python`` block. An example that stops working
+fails here.
 
 Each fenced block runs top to bottom in one scratch folder (so ``servesim compare`` finds the folders the commands
 before it wrote) that links the checkout's ``scenarios/`` and ``calibration/scenarios/`` and holds a copy of
@@ -27,6 +29,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+# the pages whose blocks stand alone: the README and every page of docs/ but the walk-through tested on its own
+PAGES = [README, *sorted(p for p in (ROOT / "docs").glob("*.md") if p.name != "write-a-policy.md")]
 NUM_REQUESTS = os.environ.get("SERVESIM_README_NUM_REQUESTS", "40")
 TIMEOUT = 600  # seconds per command; a hang fails, how fast they run is not this test's business
 # subcommands that take --num-requests (the fast override)
@@ -36,10 +40,11 @@ NEEDS_TORCH = {"engine", "calibrate", "validate"}  # they run the real engine
 
 @dataclass
 class Block:
-    line: int  # the README line of the opening fence
+    line: int  # the page's line of the opening fence
     lang: str
     text: str
-    commands: list[tuple[int, list[str]]] = field(default_factory=list)  # (README line, argv after `servesim`)
+    commands: list[tuple[int, list[str]]] = field(default_factory=list)  # (page line, argv after `servesim`)
+    page: str = "README.md"  # the file it is in, relative to the repository root
 
 
 def fenced_blocks(text: str) -> list[Block]:
@@ -74,7 +79,16 @@ def servesim_commands(block: Block) -> list[tuple[int, list[str]]]:
 
 def readme_blocks() -> list[Block]:
     out = []
-    for b in fenced_blocks(README.read_text(encoding="utf-8")):
+    for page in PAGES:
+        out += page_blocks(page)
+    return out
+
+
+def page_blocks(page: Path) -> list[Block]:
+    """The runnable blocks of one Markdown page."""
+    out = []
+    for b in fenced_blocks(page.read_text(encoding="utf-8")):
+        b.page = page.relative_to(ROOT).as_posix()
         if b.lang == "python":
             out.append(b)
         elif b.lang in ("", "sh", "bash", "shell", "console"):
@@ -141,15 +155,20 @@ BLOCKS = readme_blocks()
 def _param(b: Block):
     reason = skip_reason(b)
     marks = [pytest.mark.skip(reason=reason)] if reason else []
-    return pytest.param(b, marks=marks, id=f"README.md:{b.line}-{b.lang or 'shell'}")
+    return pytest.param(b, marks=marks, id=f"{b.page}:{b.line}-{b.lang or 'shell'}")
 
 
 def test_the_readme_has_examples():
-    """The extraction finds what the README shows, so an empty parse cannot pass."""
+    """The extraction finds what the README and the pages show, so an empty parse cannot pass."""
     argvs = [a for b in BLOCKS for _, a in b.commands]
     assert ["run", "scenarios/naive-vs-continuous.yaml", "--out", "runs/naive-vs-continuous"] in argvs
     assert any(a[:1] == ["compare"] for a in argvs)
     assert any(b.lang == "python" and "servesim.run(" in b.text for b in BLOCKS)
+    # the main job stays in the README, the examples that moved to docs/ are still found there
+    assert any(b.page == "README.md" and ["run", "scenarios/naive-vs-continuous.yaml", "--out",
+                                          "runs/naive-vs-continuous"] in [a for _, a in b.commands] for b in BLOCKS)
+    pages = {b.page for b in BLOCKS}
+    assert {"docs/running.md", "docs/python-api.md", "docs/calibration-and-validation.md"} <= pages, pages
 
 
 def test_fast_override():
@@ -171,6 +190,6 @@ def test_readme_example_runs(block: Block, tmp_path: Path):
     for line, cmd in steps:
         p = subprocess.run(cmd, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=TIMEOUT)
         shown = " ".join(cmd[2:]) if block.lang != "python" else "the python block"
-        assert p.returncode == 0, (f"README.md:{line}: `servesim {shown}` exited {p.returncode}\n"
+        assert p.returncode == 0, (f"{block.page}:{line}: `servesim {shown}` exited {p.returncode}\n"
                                    f"stdout:\n{p.stdout[-3000:]}\nstderr:\n{p.stderr[-3000:]}")
-        assert "Traceback" not in p.stderr, f"README.md:{line}: {p.stderr[-3000:]}"
+        assert "Traceback" not in p.stderr, f"{block.page}:{line}: {p.stderr[-3000:]}"

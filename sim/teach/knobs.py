@@ -22,7 +22,7 @@ from sim.yaml_limits import safe_load_limited
 Knobs = dict[str, Any]
 
 # Requests per page run: enough for the queue and the memory to show their shape, few enough that a redraw of
-# two pinned runs stays well under a second (measured in tests/test_teach.py and the README).
+# two pinned runs stays well under a second (measured in tests/test_teach.py and docs/lessons.md).
 TEACH_REQUESTS = 200
 
 SOURCE = "teach"  # where the page's messages say the bad value came from, as the CLI names the file
