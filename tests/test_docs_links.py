@@ -1,6 +1,7 @@
 """The documentation holds together: every relative link and image in README.md and docs/*.md names a file that
 exists, every ``#anchor`` matches a heading of its page by GitHub's slug, and README.md stays a short front door
-(under 12 KB). This is the documentation's CI check: no site generator runs in CI."""
+(under 12 KB). tests/test_docs_site.py also builds docs/ with MkDocs --strict; this check needs no MkDocs and
+covers the README, which the site leaves out."""
 
 from __future__ import annotations
 
