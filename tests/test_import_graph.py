@@ -26,12 +26,7 @@ PACKAGES = ("sim", "realengine", "calibration")
 # a second edge back up does. (Issue 36's circle 5, sim.core <-> sim.fast_path <-> sim.decode_group <->
 # sim.policies.base, is not here: its back edges, fast_path -> core and decode_group -> fast_path, are
 # TYPE_CHECKING-only today.)
-KNOWN_BACK_EDGES: dict[tuple[str, str], str] = {
-    # issue 36, circle 3: schema <-> disagg.config is broken (the deployment section and ScenarioError sit below
-    # both); what is left closes through this import of ScenarioError, gone once sim/policies/user.py takes it from
-    # sim.errors (the policy-API work owns sim/policies/)
-    ("sim.policies.user", "sim.schema"): "ScenarioError",
-}
+KNOWN_BACK_EDGES: dict[tuple[str, str], str] = {}  # none left: every circle of issue 36 is broken
 
 
 def _modules() -> dict[str, Path]:

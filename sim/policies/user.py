@@ -20,11 +20,11 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from sim.errors import ScenarioError
 from sim.policies import api
 from sim.policies.base import Admission, Limits, Policy, View
 from sim.policies.base import Plan as CorePlan
 from sim.request import Request, Status
-from sim.schema import ScenarioError
 
 
 class PolicyError(ScenarioError):
