@@ -32,7 +32,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.records import RequestRecord, RunResult, has_classes
+from sim.anomalies import anomalies as run_anomalies
+from sim.records import NO_CLASS, RequestRecord, RunResult, has_classes
 from sim.request import Outcome
 from sim.slos import SLOs
 from sim.spec_decode import summarize_spec
@@ -97,7 +98,6 @@ CLASS_SUMMARY_KEYS: tuple[str, ...] = (
     "e2el",
     "queue",
 )
-NO_CLASS = "(no class)"  # the key of requests without a class name, in a run where others have one
 
 
 def weighted_percentile(values: np.ndarray, counts: np.ndarray, q: float) -> float:
@@ -277,6 +277,10 @@ def summarize(result: RunResult, slos: SLOs | None = None) -> dict:
         out["classes"] = class_summaries(reqs, duration, slos, result.class_itl)
         if any(r.tenant for r in reqs):
             out["tenants"], out["fairness"] = tenant_fairness(reqs)
+    indices = [p["replica"] for p in result.cluster["per_replica"]] if result.cluster else list(range(replicas))
+    anomalies = run_anomalies(reqs, duration, indices)  # computed for every run, written when it has something to say
+    if anomalies is not None:
+        out["anomalies"] = anomalies
     if result.cluster:  # several replicas: what the fleet cost
         c = result.cluster
         fleet = {k: c[k] for k in ("router", "replicas_start", "replicas_max", "replicas_mean", "gpu_hours",

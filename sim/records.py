@@ -97,6 +97,9 @@ CLASS_FIELDS: tuple[str, ...] = ("priority", "tenant", "slo_class", "ttft_slo", 
 REQUEST_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(RequestRecord) if f.name not in CLASS_FIELDS)
 
 
+NO_CLASS = "(no class)"  # the key of requests without a class name, in a run where others have one
+
+
 def has_classes(records: list[RequestRecord]) -> bool:
     """Whether any request of a run carries a class: a priority, tenant, class name or SLO of its own."""
     return any(r.priority or r.tenant or r.slo_class or r.ttft_slo >= 0 or r.tpot_slo >= 0 for r in records)
