@@ -6,12 +6,15 @@
 
 A scheduling policy of one's own subclasses ``servesim.Policy`` (see :mod:`sim.policies.api` and
 docs/write-a-policy.md) and is named in a scenario by ``policy: {type: custom, cls: "my_policies.py:MyPolicy"}``.
+``servesim.evaluate(policy, scenario, seeds=...)`` scores one (an object, a class or source text) for a search
+loop, its failures returned as scores (:mod:`sim.evaluate`).
 
 See :mod:`sim.api` for the details; the simulator itself lives in the ``sim`` package.
 """
 
 from sim import __version__
 from sim.api import Comparison, Results, RunFolderError, ScenarioError, compare, load, run
+from sim.evaluate import Scores, WorkloadCache, evaluate
 from sim.policies.api import Budget, KVView, Limits, Plan, Policy, PolicyView, RequestView
 from sim.policies.gates import Admission, AdmissionState, ReplicaView, Router, TokenBucket
 from sim.policies.queue import QueuePolicy
@@ -19,4 +22,5 @@ from sim.policies.user import PolicyError
 
 __all__ = ["Admission", "AdmissionState", "Budget", "Comparison", "KVView", "Limits", "Plan", "Policy", "PolicyError",
            "PolicyView", "QueuePolicy", "ReplicaView", "RequestView", "Results", "Router", "RunFolderError",
-           "ScenarioError", "TokenBucket", "__version__", "compare", "load", "run"]
+           "ScenarioError", "Scores", "TokenBucket", "WorkloadCache", "__version__", "compare", "evaluate", "load",
+           "run"]

@@ -28,7 +28,7 @@ from sim.compare import Comparison, RunFolderError, compare_runs
 from sim.output import read_requests, read_steps
 from sim.records import REQUEST_FIELDS, STEP_COLUMNS, RunResult
 from sim.scenario import apply_override, load_scenario, parse_scenario
-from sim.schema import ScenarioError
+from sim.schema import Scenario, ScenarioError
 
 __all__ = ["Comparison", "Results", "RunFolderError", "ScenarioError", "compare", "load", "run"]
 
@@ -218,6 +218,24 @@ def _overrides(num_requests: int | None, seed: int | None, set: Mapping[str, Any
     return out
 
 
+def scenario_with(scenario: str | os.PathLike | Mapping[str, Any], overrides: Mapping[str, Any]
+                  ) -> tuple[Scenario, dict[str, Any], str]:
+    """(validated scenario, raw dict, source name) of a YAML file's path or a dict with ``overrides`` (dotted key
+    -> value, as ``--set``) applied; a dict is copied first."""
+    if isinstance(scenario, Mapping):
+        raw = copy.deepcopy(dict(scenario))
+        for key, value in overrides.items():
+            try:
+                apply_override(raw, key, value)
+            except ScenarioError as e:
+                raise ScenarioError(f"scenario: set {e}") from None
+        return parse_scenario(raw, source="scenario"), raw, "scenario"
+    if isinstance(scenario, (str, os.PathLike)):
+        sc, raw = load_scenario(Path(scenario), dict(overrides))
+        return sc, raw, os.fspath(scenario)
+    raise ScenarioError(f"scenario must be a YAML file's path or a dict, got {type(scenario).__name__}")
+
+
 def run(
     scenario: str | os.PathLike | Mapping[str, Any],
     *,
@@ -243,20 +261,7 @@ def run(
     if policy is not None:  # first, so that set's policy.* keys apply to it
         overrides["policy"] = {"type": "custom", "cls": f"python:{type(policy).__qualname__}", "instance": policy}
     overrides.update(_overrides(num_requests, seed, set))
-    if isinstance(scenario, Mapping):
-        raw = copy.deepcopy(dict(scenario))
-        for key, value in overrides.items():
-            try:
-                apply_override(raw, key, value)
-            except ScenarioError as e:
-                raise ScenarioError(f"scenario: set {e}") from None
-        source = "scenario"
-        sc = parse_scenario(raw, source=source)
-    elif isinstance(scenario, (str, os.PathLike)):
-        source = os.fspath(scenario)
-        sc, raw = load_scenario(Path(scenario), overrides)
-    else:
-        raise ScenarioError(f"scenario must be a YAML file's path or a dict, got {type(scenario).__name__}")
+    sc, raw, source = scenario_with(scenario, overrides)
     prepared = prepare_scenario(sc, raw, source=source)
     with _quiet():
         out = run_scenario(prepared, progress=progress)

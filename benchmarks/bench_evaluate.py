@@ -1,0 +1,91 @@
+"""Speed benchmark: servesim.evaluate() of a user's policy (a servesim.QueuePolicy subclass given as source text)
+on a 1,000-request chat scenario, as a policy-search loop calls it.
+
+    python benchmarks/bench_evaluate.py [--evals N] [--requests N] [--profile]
+
+The scenario: Poisson chat at 16 requests/s (prompts ~600 tokens, answers ~250) to Llama-3.1-8B on one H100,
+the chat traffic of scenarios/plan-chat.yaml, with its SLOs. Prints evaluations per CPU second, the CPU of this
+process and of its forked workers together (best of --evals after one warm-up, which also draws the workload),
+for the default worker process and in-process (``isolate=False``), and what the worker costs. ``--profile``
+shows where an evaluation's time goes (cProfile of the in-process runs). Target (issue 37): at least 10
+evaluations per CPU second on the 2-core machine. Not part of the test suite (timings are not tests).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import resource
+import time
+
+from sim.evaluate import WorkloadCache, evaluate
+
+POLICY = '''
+import servesim
+
+
+class ShortestPromptFirst(servesim.QueuePolicy):
+    def rank(self, req):
+        return (req.prompt_len, req.arrival, req.id)
+'''
+
+
+def scenario(n: int) -> dict:
+    return {
+        "name": "bench-evaluate",
+        "seed": 0,
+        "workload": {"arrival": {"type": "poisson", "rate": 16.0}, "num_requests": n,
+                     "prompt_len": {"type": "lognormal", "mean": 600, "std": 500, "min": 16, "max": 3072},
+                     "output_len": {"type": "exponential", "mean": 250, "min": 1, "max": 1024}},
+        "deployment": {"model": "llama-3.1-8b", "gpu": "h100-sxm", "max_model_len": 4096},
+        "slos": {"ttft": 0.5, "tpot": 0.03},
+    }
+
+
+def cpu() -> float:
+    """CPU seconds of this process and of its workers (those already waited for)."""
+    a = resource.getrusage(resource.RUSAGE_SELF)
+    b = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--evals", type=int, default=10, help="timed evaluations per mode")
+    ap.add_argument("--requests", type=int, default=1000)
+    ap.add_argument("--profile", action="store_true", help="show where the time of an evaluation goes")
+    args = ap.parse_args()
+    sc = scenario(args.requests)
+    cache = WorkloadCache()
+    first = evaluate(POLICY, sc, cache=cache)
+    assert first.ok, first.error
+    print(f"{args.requests} requests: goodput {first.goodput:.2f} req/s, TTFT p99 {first.ttft_p99:.3f} s, "
+          f"{first.summaries[0]['num_steps']:,} steps; workloads drawn: {cache.generated}")
+    per: dict[str, float] = {}
+    for name, isolate in (("worker (default)", True), ("in-process", False)):
+        times = []
+        for _ in range(args.evals):
+            c0 = cpu()
+            s = evaluate(POLICY, sc, cache=cache, isolate=isolate)
+            times.append(cpu() - c0)
+            assert s == first
+        per[name] = min(times)
+        print(f"{name:<18} best {min(times) * 1e3:6.1f} ms CPU, median {sorted(times)[len(times) // 2] * 1e3:6.1f} ms:"
+              f" {1 / min(times):5.2f} evaluations per CPU second (target >= 10)", flush=True)
+    assert cache.generated == 1
+    w, p = per["worker (default)"], per["in-process"]
+    print(f"the worker costs {(w - p) * 1e3:+.1f} ms CPU per evaluation ({(w - p) / p:+.1%})")
+    if args.profile:
+        prof = cProfile.Profile()
+        t0 = time.process_time()
+        prof.enable()
+        for _ in range(3):
+            evaluate(POLICY, sc, cache=cache, isolate=False)
+        prof.disable()
+        print(f"\nprofile of 3 in-process evaluations ({time.process_time() - t0:.2f} s CPU with the profiler):")
+        pstats.Stats(prof).sort_stats("tottime").print_stats(15)
+
+
+if __name__ == "__main__":
+    main()

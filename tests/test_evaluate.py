@@ -1,0 +1,162 @@
+"""servesim.evaluate(): a policy scored for a search loop, its failures returned as scores (sim/evaluate.py)."""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+
+import pytest
+
+import servesim
+from sim.evaluate import DEFAULT_WEIGHTS, WorkloadCache, evaluate
+
+SCENARIO = {
+    "name": "eval-chat",
+    "seed": 0,
+    "workload": {"arrival": {"type": "poisson", "rate": 16.0}, "num_requests": 150,
+                 "prompt_len": {"type": "lognormal", "mean": 600, "std": 500, "min": 16, "max": 3072},
+                 "output_len": {"type": "exponential", "mean": 120, "min": 1, "max": 1024}},
+    "deployment": {"model": "llama-3.1-8b", "gpu": "h100-sxm", "max_model_len": 4096},
+    "slos": {"ttft": 0.2, "tpot": 0.03},
+}
+LIMITS = {"policy.max_num_seqs": 16}  # a slot-bound server: the order of the queue matters
+
+HEADER = "import servesim\n\n\nclass P(servesim.QueuePolicy):\n    def rank(self, req):\n"
+SHORT_FIRST = HEADER + "        return (req.prompt_len, req.arrival, req.id)\n"
+ISOLATION = [pytest.param(True, id="worker"), pytest.param(False, id="in-process")]
+if not hasattr(os, "fork"):
+    ISOLATION = [pytest.param(False, id="in-process")]
+
+
+class ShortFirst(servesim.QueuePolicy):
+    def __init__(self, scale: float = 1.0, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.scale = scale
+
+    def rank(self, req: servesim.RequestView) -> tuple[float, float, int]:
+        return (self.scale * req.prompt_len, req.arrival, req.id)
+
+
+def score(policy, **kw):
+    kw.setdefault("set", LIMITS)
+    return evaluate(policy, SCENARIO, cache=WorkloadCache(), **kw)
+
+
+@pytest.mark.parametrize("isolate", ISOLATION)
+@pytest.mark.parametrize(("source", "reason", "says"), [
+    ("import servesim\nclass P(servesim.Policy:\n    pass\n", "syntax", "SyntaxError"),
+    (HEADER + "        return 1 / 0\n", "exception", "ZeroDivisionError: division by zero"),
+    (HEADER + "        while True:\n            pass\n", "timeout", "CPU-time budget"),
+    ("import servesim\nclass P(servesim.Policy):\n    def schedule(self, view):\n        return servesim.Plan()\n",
+     "stall", "stalled"),
+    ("import servesim\nclass P(servesim.Policy):\n    def schedule(self, view):\n        return None\n",
+     "bad_plan", "not a servesim.Plan"),
+    ("import servesim\nclass P(servesim.Policy):\n    def schedule(self, view):\n        plan = servesim.Plan()\n"
+     "        for r in view.waiting[:1]:\n            plan.schedule(r, 1)\n            plan.schedule(r, 1)\n"
+     "        return plan\n", "bad_plan", "twice"),
+    (SHORT_FIRST + "\n\nclass Q(P):\n    pass\n", "load", "exactly one servesim.Policy subclass, it defines 2 (P, Q)"),
+    ("import servesim\nraise RuntimeError('at import')\n", "load", "RuntimeError: at import"),
+])
+def test_a_failure_comes_back_as_a_score_with_its_reason(isolate, source, reason, says):
+    s = score(source, isolate=isolate, time_limit=1.0)
+    assert (s.ok, s.reason) == (False, reason), s.error
+    assert says in s.error
+    assert s.fitness == -math.inf and math.isnan(s.goodput)
+
+
+def test_the_traceback_shows_the_policys_own_lines():
+    s = score(HEADER + "        return 1 / 0\n", isolate=False)
+    assert '"<policy source>", line 6, in rank' in s.error and "return 1 / 0" in s.error
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_AS holds on Linux")
+def test_memory_budget_in_the_worker():
+    grows = "import servesim\nKEEP = []\n\n\nclass P(servesim.QueuePolicy):\n    def rank(self, req):\n" \
+            "        KEEP.append(bytearray(20 * 2**20))\n        return req.id\n"
+    s = score(grows, memory_limit=200, time_limit=20)
+    assert (s.ok, s.reason) == (False, "memory"), s.error
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="the worker needs fork")
+def test_a_worker_that_dies_is_a_crash_and_the_caller_lives_on():
+    s = score(HEADER + "        import os\n        os._exit(3)\n")
+    assert (s.ok, s.reason) == (False, "crash") and "status 3" in s.error
+
+
+def test_constructor_args_and_a_constructor_that_refuses():
+    assert score(ShortFirst, args={"scale": 2.0}, isolate=False).ok
+    s = score(ShortFirst, args={"nope": 1}, isolate=False)
+    assert (s.ok, s.reason) == (False, "load") and "unexpected keyword argument 'nope'" in s.error
+
+
+@pytest.mark.parametrize("isolate", ISOLATION)
+def test_scores_are_servesim_runs_summaries_and_their_means(isolate):
+    s = score(ShortFirst(), seeds=[0, 1], isolate=isolate)
+    assert s.ok and s.seeds == (0, 1)
+    summaries = []
+    for seed in (0, 1):
+        res = servesim.run(SCENARIO, policy=ShortFirst(), seed=seed, set=LIMITS)
+        summaries.append(res.summary[res.variants[0]])
+    assert list(s.summaries) == summaries  # the very figures, not close ones
+    assert s.goodput == (summaries[0]["goodput"] + summaries[1]["goodput"]) / 2
+    assert s.ttft_p99 == (summaries[0]["ttft"]["p99"] + summaries[1]["ttft"]["p99"]) / 2
+    assert s.throughput == (summaries[0]["request_throughput"] + summaries[1]["request_throughput"]) / 2
+    assert s.fitness == s.goodput  # the default weights
+    assert DEFAULT_WEIGHTS == {"goodput": 1.0}
+
+
+def test_source_text_object_and_class_score_the_same_and_repeat_exactly():
+    a = score(SHORT_FIRST, seeds=[3, 4])
+    assert a == score(SHORT_FIRST, seeds=[3, 4]) == score(ShortFirst, seeds=[3, 4]) == \
+        score(ShortFirst(), seeds=[3, 4], isolate=False)
+    assert all(math.isfinite(v) for v in a.metrics().values())
+    assert score(SHORT_FIRST, seeds=[5]).summaries != a.summaries[:1]  # another seed, another workload
+
+
+def test_the_workload_is_generated_once_per_scenario_and_seed():
+    cache = WorkloadCache()
+    for policy in (SHORT_FIRST, ShortFirst(), servesim.QueuePolicy()):
+        assert evaluate(policy, SCENARIO, seeds=[0, 1], set=LIMITS, cache=cache).ok
+    assert cache.generated == 2
+    evaluate(SHORT_FIRST, SCENARIO, seeds=[1, 2], set=LIMITS, cache=cache)  # seed 2 is new
+    assert cache.generated == 3
+    evaluate(SHORT_FIRST, SCENARIO, seeds=[0], num_requests=100, set=LIMITS, cache=cache)  # another workload
+    assert cache.generated == 4
+
+
+def test_fitness_is_the_weighted_sum_blis_spellings_included():
+    s = score(SHORT_FIRST, weights="goodput:1, p99_ttft:-2", isolate=False)
+    assert s.fitness == pytest.approx(s.goodput - 2 * s.ttft_p99, rel=1e-12)
+    assert score(SHORT_FIRST, weights={"throughput": 0.5}, isolate=False).fitness == 0.5 * s.throughput
+
+
+@pytest.mark.parametrize(("kw", "says"), [
+    ({"weights": {"latency": 1.0}}, "unknown metric 'latency'"),
+    ({"weights": "goodput"}, "is not 'key:weight'"),
+    ({"seeds": []}, "seeds must be"),
+    ({"time_limit": 0}, "time_limit must be a number > 0"),
+    ({"set": {"deployment.nope": 1}}, "nope"),
+])
+def test_a_mistake_in_the_call_itself_raises(kw, says):
+    with pytest.raises(servesim.ScenarioError, match=says):
+        score(SHORT_FIRST, **kw)
+
+
+def test_goodput_without_slos_is_refused_before_anything_runs():
+    no_slos = {k: v for k, v in SCENARIO.items() if k != "slos"}
+    with pytest.raises(servesim.ScenarioError, match="needs SLOs"):
+        evaluate(SHORT_FIRST, no_slos, cache=WorkloadCache())
+    assert evaluate(SHORT_FIRST, no_slos, weights={"e2el_mean": -1}, cache=WorkloadCache()).ok
+
+
+def test_nothing_is_written_unless_asked(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert score(SHORT_FIRST).ok
+    assert list(tmp_path.iterdir()) == []
+    s = score(SHORT_FIRST, seeds=[0, 1], out=tmp_path / "out")
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["scores.json", "seed-0", "seed-1"]
+    assert (tmp_path / "out" / "seed-1" / "summary.json").is_file()
+    import json
+
+    assert json.loads((tmp_path / "out" / "scores.json").read_text())["goodput"] == s.goodput
