@@ -272,7 +272,9 @@ class Variant(_Model):
         default=None, description="Prefill/decode disaggregation: a prefill pool, a decode pool, the KV link.")
 
 
-_SWEEP_HEADS = ("workload", "deployment", "kv_cache", "policy", "admission")
+# what a sweep may vary: a section's key, or the seed (a sweep over seeds gives the seed-to-seed spread; every
+# variant at one seed still replays the same requests)
+_SWEEP_HEADS = ("workload", "deployment", "kv_cache", "policy", "admission", "seed")
 
 
 class Scenario(_Model):

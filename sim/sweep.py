@@ -49,7 +49,11 @@ _SECONDS = ("duration", "ttft.", "tpot.", "itl.", "e2el.", "queue.")
 
 def column(metric: str) -> str:
     """sweep.csv's column for a metric: a time in seconds says so in its name (``ttft.p99_s``), as in
-    requests.csv; rates are per second by their names (``output_throughput``: tokens/s)."""
+    requests.csv; rates are per second by their names (``output_throughput``: tokens/s). A class's figure
+    (``classes.NAME.ttft.p99``, a name without dots) is named as the run's is."""
+    if metric.startswith("classes."):
+        _, name, rest = metric.split(".", 2)
+        return f"classes.{name}.{column(rest)}"
     return f"{metric}_s" if metric.startswith(_SECONDS) else metric
 
 
@@ -69,6 +73,9 @@ class SweepTask:
     point: dict[str, Any]
     raw: dict[str, Any]  # the scenario as a dict (sweep section included; apply_point drops it)
     source: str
+    # the summary keys its row keeps, METRICS first (a tournament adds fairness, the classes' figures and the
+    # WORKLOAD digest)
+    metrics: tuple[str, ...] = METRICS
 
 
 def _label(point: dict[str, Any]) -> str:
@@ -81,9 +88,11 @@ def _one_line(v: Any) -> Any:
 
 
 def plan_sweep(scenario: Scenario, raw: dict[str, Any] | None = None, *, source: str = "scenario",
-               progress: Callable[[int, int], None] | None = None) -> list[SweepTask]:
+               progress: Callable[[int, int], None] | None = None,
+               metrics: tuple[str, ...] = METRICS) -> list[SweepTask]:
     """Every run of the scenario, checked: a point or variant that cannot be built fails here, before any run.
-    ``progress(points checked, points)`` hears each point (checking 10,000 takes tens of seconds)."""
+    ``progress(points checked, points)`` hears each point (checking 10,000 takes tens of seconds). ``metrics``:
+    what each row keeps (METRICS first)."""
     raw = raw if raw is not None else scenario.model_dump(mode="json")
     tasks: list[SweepTask] = []
     points = sweep_points(scenario)
@@ -95,7 +104,7 @@ def plan_sweep(scenario: Scenario, raw: dict[str, Any] | None = None, *, source:
             raise ScenarioError(f"{source} at {point}: {e}" if point else str(e)) from None
         for cfg in cfgs:
             key = _one_line(f"{cfg.name}[{_label(point)}]" if point else cfg.name)
-            tasks.append(SweepTask(len(tasks), key, cfg.name, dict(point), raw, source))
+            tasks.append(SweepTask(len(tasks), key, cfg.name, dict(point), raw, source, metrics))
         if progress is not None:
             progress(i + 1, len(points))
     return tasks
@@ -107,7 +116,12 @@ def columns_for(tasks: Sequence[SweepTask]) -> list[str]:
         for k in t.point:
             if k not in params:
                 params.append(k)
-    return ["index", "key", "variant", *params, *map(column, METRICS)]
+    return ["index", "key", "variant", *params, *map(column, tasks[0].metrics if tasks else METRICS)]
+
+
+def _params(cols: Sequence[str]) -> list[str]:
+    """The swept parameters among a sweep.csv's columns: those between the variant and the first metric."""
+    return list(cols[3 : cols.index(column(METRICS[0]))])
 
 
 # ---- one run (in a worker) ---------------------------------------------------------------------------------------
@@ -131,16 +145,38 @@ def run_task(task: SweepTask) -> dict[str, Any]:
     result, _, _ = simulate_variant(cfg, wl, name=task.key)
     summary = summarize(result, slos_of(sc))
     row: dict[str, Any] = {"index": task.index, "key": task.key, "variant": task.variant, **task.point}
-    for m in METRICS:
+    for m in task.metrics:
         if m == "bottleneck":
             row[m] = bottleneck(summary)
-            continue
-        head, _, sub = m.partition(".")
-        v = summary.get(head)
-        if sub:
-            v = v.get(sub) if isinstance(v, dict) else None
-        row[column(m)] = v
+        elif m == WORKLOAD:
+            row[m] = workload_digest(result.requests)
+        elif m.startswith("classes."):  # a class name holds no dot here (column() relies on it too)
+            _, name, rest = m.split(".", 2)
+            row[column(m)] = _at(summary.get("classes", {}).get(name), rest)
+        else:
+            row[column(m)] = _at(summary, m)
     return row
+
+
+def _at(summary: Any, metric: str) -> Any:
+    """A summary's value at a dotted key (``ttft.p99``); None where it has none."""
+    v = summary
+    for part in metric.split("."):
+        v = v.get(part) if isinstance(v, dict) else None
+    return v
+
+
+WORKLOAD = "workload"  # a row's digest of the requests its run simulated (see workload_digest)
+
+
+def workload_digest(requests: Iterable[Any]) -> str:
+    """A short digest of the requests a run simulated (id, arrival, prompt and target output tokens, class,
+    priority, tenant), read from its request records: runs with equal digests served the very same requests."""
+    h = hashlib.sha256()
+    for r in sorted(requests, key=lambda r: r.id):
+        h.update(f"{r.id},{r.arrival!r},{r.prompt_tokens},{r.target_output_tokens},{r.slo_class},{r.priority},"
+                 f"{r.tenant}\n".encode())
+    return h.hexdigest()[:16]
 
 
 def _sweep_job(_shared: Any, task: SweepTask) -> dict[str, Any]:
@@ -321,13 +357,14 @@ def run_sweep(
     fresh: bool = False,
     progress: Callable[[int, int], None] | None = None,
     checking: Callable[[int, int], None] | None = None,
+    metrics: tuple[str, ...] = METRICS,
 ) -> SweepOutcome:
     """Run every (point, variant) of the scenario not already in ``out_dir``, appending rows as they finish.
     ``checking(points, total)`` hears the points being checked before any run; ``progress(runs done, total)``
-    hears the runs done, the resumed ones first."""
+    hears the runs done, the resumed ones first. ``metrics``: what each row keeps (METRICS first)."""
     if executor not in ("local", "ray"):
         raise ScenarioError(f"--executor must be 'local' or 'ray', got {executor!r}")
-    tasks = plan_sweep(scenario, raw, source=source, progress=checking)
+    tasks = plan_sweep(scenario, raw, source=source, progress=checking, metrics=metrics)
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise ScenarioError(f"--out {out}: exists and is not a folder")
@@ -391,7 +428,7 @@ def format_sweep_table(table: str | os.PathLike, *, limit: int = TABLE_RUNS) -> 
     if not first:
         return "no runs\n"
     cols = list(first[0])
-    params = cols[3 : len(cols) - len(METRICS)]
+    params = _params(cols)
     header = ["variant", *params, *(spec[m][0] for m in TABLE_METRICS), "limit"]
     cells = []
     for r in first:
@@ -423,7 +460,7 @@ def write_sweep_html(path: Path, title: str, rows: Iterable[dict[str, Any]], col
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    params = cols[3 : len(cols) - len(METRICS)]
+    params = _params(cols)
     # one line per variant and per value of the other parameters: (x, y per plotted metric) points
     groups: dict[str, list[tuple[Any, list[Any]]]] = {}
     body: list[str] = []

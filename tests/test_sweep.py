@@ -243,3 +243,12 @@ def test_the_page_holds_the_first_rows_and_plots_every_run(tmp_path: Path, monke
     page = sweep.write_sweep_html(tmp_path / "p.html", "t", sweep.iter_rows(res.table),
                                   columns_for(plan_sweep(sc, raw))).read_text()
     assert page.count("<tr>") == 1 + 2 and "6 runs. The table shows the first 2; sweep.csv has them all." in page
+
+
+def test_a_sweep_over_seeds_draws_a_workload_per_seed(tmp_path: Path) -> None:
+    """The seed was refused as a sweep key ('must start with workload, ...'); the tournament sweeps it."""
+    sc, raw = load(sweep={"seed": [0, 1]})
+    rows = run_sweep(sc, raw, tmp_path / "s", workers=1).rows
+    assert [(r["variant"], r["seed"]) for r in rows] == [("naive", 0), ("continuous", 0), ("naive", 1),
+                                                         ("continuous", 1)]
+    assert rows[0]["ttft.p99_s"] != rows[2]["ttft.p99_s"]  # another seed, other requests
