@@ -8,11 +8,12 @@ Bad input ends with one message naming the field and the reason, exit code 2, an
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -260,6 +261,24 @@ class _CountBars:
             self._bar = None
 
 
+def _with_bars(name: str, out_dir: Path, quiet: bool, work: Callable[..., Any]) -> Any:
+    """``work(progress=..., checking=...)`` (a sweep's runs) with progress bars on stderr unless ``quiet``; bad
+    input or an --out that cannot be written ends with exit 2."""
+    bars = None if quiet else _CountBars(name)
+    try:
+        with _quiet_numpy():
+            return work(progress=None if bars is None else bars.running,
+                        checking=None if bars is None else bars.checking)
+    except ScenarioError as e:
+        _fail(str(e))
+    except OSError as e:
+        _fail(f"--out {out_dir}: {e.strerror or e}")
+    finally:
+        if bars is not None:
+            bars.close()
+    return None  # not reached: _fail exits
+
+
 @app.command()
 def sweep(
     scenario: Path = typer.Argument(..., help="Scenario YAML file (its sweep section, or --sweep, gives the points)."),
@@ -300,24 +319,47 @@ def sweep(
     variants = max(1, len(sc.variants))
     typer.echo(f"{sc.name}: {points:,} points x {variants} variant(s) = {points * variants:,} runs -> {out_dir}/",
                err=True)
-    bars = None if quiet else _CountBars(sc.name)
-    try:
-        with _quiet_numpy():
-            res = run_sweep(sc, raw, out_dir, source=str(scenario), executor=executor, workers=workers,
-                            address=address, fresh=fresh, progress=None if bars is None else bars.running,
-                            checking=None if bars is None else bars.checking)
-    except ScenarioError as e:
-        _fail(str(e))
-        return
-    except OSError as e:
-        _fail(f"--out {out_dir}: {e.strerror or e}")
-        return
-    finally:
-        if bars is not None:
-            bars.close()
+    res = _with_bars(sc.name, out_dir, quiet, functools.partial(
+        run_sweep, sc, raw, out_dir, source=str(scenario), executor=executor, workers=workers, address=address,
+        fresh=fresh))
     typer.echo(format_sweep_table(res.table), nl=False)
     typer.echo(f"{sc.name}: {res.runs} runs ({res.ran} run now, {res.resumed} already done)")
     typer.echo(f"wrote {res.out_dir}/: sweep.csv, sweep.json, sweep.html")
+
+
+@app.command()
+def tournament(
+    spec: Path = typer.Argument(..., help="Tournament spec YAML: scenario, policies, loads, seeds, fitness."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Folder (default: runs/NAME-tournament)."),
+    executor: str = typer.Option("local", "--executor", help="local (a process pool) or ray."),
+    workers: int | None = typer.Option(None, "--workers", "-j", help="Parallel runs (default: all cores)."),
+    address: str | None = typer.Option(None, "--address", help="Ray cluster to join (default: start one here)."),
+    fresh: bool = typer.Option(False, "--fresh", help="Redo every run, even those already in the folder."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+) -> None:
+    """Run several policies over a load sweep and seeds on the same requests; print each policy's fitness,
+    goodput, latency percentiles and fairness per load with the winner of each, and write OUT/tournament.html.
+    The runs stream to OUT/sweep.csv; an interrupted tournament resumes. The spec's keys: docs in sim/tournament.py."""
+    from sim.tournament import format_standings, load_spec, run_tournament
+
+    if executor not in ("local", "ray"):
+        _fail(f"--executor must be 'local' or 'ray', got {executor!r}")
+    if workers is not None and workers < 1:
+        _fail(f"--workers must be >= 1, got {workers}")
+    try:
+        t = load_spec(spec)
+    except ScenarioError as e:
+        _fail(str(e))
+        return
+    out_dir = out or Path("runs") / f"{t.name}-tournament"
+    runs = len(t.policies) * len(t.loads) * len(t.spec.seeds)
+    typer.echo(f"{t.name}: {len(t.policies)} policies x {len(t.loads)} loads x {len(t.spec.seeds)} seeds = "
+               f"{runs:,} runs -> {out_dir}/", err=True)
+    res = _with_bars(t.name, out_dir, quiet, functools.partial(
+        run_tournament, t, out_dir, executor=executor, workers=workers, address=address, fresh=fresh))
+    typer.echo(format_standings(t, res.standings), nl=False)
+    typer.echo(f"{t.name}: {res.runs} runs ({res.ran} run now, {res.resumed} already done)")
+    typer.echo(f"wrote {res.out_dir}/: tournament.csv, tournament.json, tournament.html, sweep.csv")
 
 
 @app.command("check-policy")

@@ -1,0 +1,167 @@
+"""`servesim tournament`: every policy sees the very same requests at each (load, seed), the winner of each load is
+the best mean fitness, priority beats FCFS on the interactive class's TTFT, and a bad spec exits 2."""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from sim.cli import app
+from sim.run import generate_workload, simulate_variant
+from sim.scenario import apply_point, variant_configs
+from sim.sweep import read_rows, workload_digest
+from sim.tournament import fitness_of, load_spec, run_tournament
+
+SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
+LIMITS = "max_num_seqs: 32, enable_chunked_prefill: true, max_num_batched_tokens: 2048"
+
+
+def spec_file(tmp_path: Path, body: str, name: str = "t.yaml") -> Path:
+    p = tmp_path / name
+    p.write_text(body)
+    return p
+
+
+def classes_spec(tmp_path: Path, *, policies: str = "fcfs priority", loads: str = "[1.0, 1.5]",
+                 num_requests: int = 100, extra: str = "") -> Path:
+    kinds = {"fcfs": "continuous", "priority": "priority", "sjf": "sjf"}
+    lines = "".join(f"  {p}: {{type: {kinds[p]}, {LIMITS}}}\n" for p in policies.split())
+    return spec_file(tmp_path, f"scenario: {SCENARIOS / 'classes-priority.yaml'}\nnum_requests: {num_requests}\n"
+                               f"policies:\n{lines}loads: {{multiplier: {loads}}}\nseeds: [0, 1]\n{extra}")
+
+
+def test_every_policy_serves_the_same_requests_at_each_load_and_seed(tmp_path: Path) -> None:
+    t = load_spec(classes_spec(tmp_path))
+    res = run_tournament(t, tmp_path / "out", workers=1)
+    assert (res.runs, res.ran) == (8, 8)
+    rows = read_rows(tmp_path / "out" / "sweep.csv")
+    digests: dict[tuple, set] = {}
+    for r in rows:
+        digests.setdefault((r["workload.arrival.rate"], r["seed"]), set()).add(r["workload"])
+    assert sorted(digests) == [(13.5, 0), (13.5, 1), (20.25, 0), (20.25, 1)]
+    assert all(len(d) == 1 for d in digests.values())  # one workload per (load, seed) whatever the policy
+    assert len({next(iter(d)) for d in digests.values()}) == 4  # and a load or a seed changes it
+    # the digest is that of the requests simulated: the arrival sets of both policies, run here, are equal and
+    # give the row's digest
+    point = {"workload.arrival.rate": 20.25, "seed": 1}
+    sc = apply_point(t.raw, point, "test")
+    runs = {cfg.name: simulate_variant(cfg, generate_workload(sc))[0] for cfg in variant_configs(sc)}
+    arrivals = {name: sorted((r.id, r.arrival) for r in res_.requests) for name, res_ in runs.items()}
+    assert arrivals["fcfs"] == arrivals["priority"] and len(arrivals["fcfs"]) == 100
+    assert workload_digest(runs["fcfs"].requests) == next(iter(digests[(20.25, 1)]))
+    # run again: every run is found done
+    again = run_tournament(t, tmp_path / "out", workers=1)
+    assert (again.ran, again.resumed) == (0, 8)
+
+
+def test_the_winner_of_each_load_is_the_best_mean_fitness(tmp_path: Path) -> None:
+    spec = classes_spec(tmp_path, policies="sjf fcfs priority", loads="[0.75, 1.5]",
+                        extra="fitness: {weights: {p99_ttft: 1, goodput: 2}}\n")
+    out = tmp_path / "out"
+    res = CliRunner().invoke(app, ["tournament", str(spec), "--out", str(out), "-j", "1", "-q"])
+    assert res.exit_code == 0, res.output
+    t = load_spec(spec)
+    rows = read_rows(out / "sweep.csv")
+    best = {}
+    for load, rate in zip(t.loads, t.rates, strict=True):
+        means = {}
+        for p in t.policies:
+            fs = [fitness_of(r, t.spec.fitness) for r in rows
+                  if r["variant"] == p and r["workload.arrival.rate"] == rate]
+            assert len(fs) == 2
+            means[p] = sum(fs) / 2
+        best[t.load_label(load)] = max(means, key=lambda p: means[p])
+        assert sorted(means.values())[-1] > sorted(means.values())[-2]  # no tie: the argmax is one policy
+    line = next(x for x in res.stdout.splitlines() if x.startswith("winner per load: "))
+    assert line == "winner per load: " + ", ".join(f"{k} {v}" for k, v in best.items())
+    lines = res.stdout.splitlines()
+    table = lines[2 : next(i for i, x in enumerate(lines) if x.startswith("mean ±"))]
+    assert len(table) == 6
+    assert [m.group(1) for x in table if (m := re.search(r"(\S+) \*\s", x))] == list(best.values())
+    assert set(best.values()) != {t.policies[0]}  # the first listed does not win by default
+    assert (out / "tournament.html").read_text().count("<tr class='win'>") == 2
+
+
+def test_priority_beats_fcfs_on_the_interactive_class_ttft_under_overload(tmp_path: Path) -> None:
+    """At 1.5x the replica's capacity (the scenario's rate), interactive requests (priority 0) jump the queue:
+    their TTFT p99 under priority is at least 5x lower than under FCFS at each seed."""
+    t = load_spec(classes_spec(tmp_path, loads="[1.5]", num_requests=200))
+    res = run_tournament(t, tmp_path / "out", workers=1)
+    rows = read_rows(tmp_path / "out" / "sweep.csv")
+    p99 = {(r["variant"], r["seed"]): r["classes.interactive.ttft.p99_s"] for r in rows}
+    for seed in (0, 1):
+        assert p99[("priority", seed)] * 5 <= p99[("fcfs", seed)], p99
+    by = {s.policy: s for s in res.standings}
+    col = "classes.interactive.ttft.p99_s"
+    assert by["priority"].figures[col].max * 5 <= by["fcfs"].figures[col].min
+
+
+NVC = f"scenario: {SCENARIOS / 'naive-vs-continuous.yaml'}\n"
+ONE = "policies: {a: {type: continuous}}\nloads: {multiplier: [1]}\n"
+
+
+def inline(arrival: str) -> str:
+    """A scenario written in the spec, without SLOs."""
+    return (f"scenario: {{workload: {{arrival: {arrival}, num_requests: 20, prompt_len: {{type: fixed, value: 100}}, "
+            "output_len: {type: fixed, value: 10}}, deployment: {model: llama-3.1-8b, gpu: a100-80gb}}\n")
+
+
+BAD = [
+    (NVC + "policies: {}\n", "policies: give at least one policy"),
+    (NVC + "policies: {a: {type: continuous}}\nloads: {rate: [1], multiplier: [2]}\n", "give exactly one of rate"),
+    (NVC + ONE + "fitnes: {}\n", "fitnes: unknown key"),
+    (NVC + ONE + "fitness: {weights: {p99_tft: 1}}\n", "unknown fitness key 'p99_tft'"),
+    (NVC + "policies: {a: {type: contiuous}}\nloads: {multiplier: [1]}\n", "policies.a"),
+    (NVC + "policies: {a: {type: custom, cls: 'nowhere.py:Mine'}}\nloads: {multiplier: [1]}\n", "nowhere.py"),
+    (NVC + "policies: {a: {type: continuous}}\nloads: {multiplier: [1, 1]}\n", "loads must differ"),
+    (NVC + ONE + "seeds: [-1]\n", "seeds must be distinct"),
+    (NVC + ONE + "fitness: {weights: {jain_index: 1}}\n", "jain_index: the scenario's requests have no tenants"),
+    (inline("{type: poisson, rate: 2}") + ONE + "fitness: {weights: {goodput: 1}}\n",
+     "goodput: the scenario has no SLOs"),
+    (inline("{type: all_at_once}") + ONE, "the scenario's arrival (all_at_once) has no rate to set"),
+    (NVC + ONE.replace("multiplier", "rate") + "fitness: {weights: {p99_ttft: 0}}\n", "at least one weight above 0"),
+]
+
+
+@pytest.mark.parametrize(("body", "message"), BAD)
+def test_a_bad_spec_exits_2_with_one_message(tmp_path: Path, body: str, message: str) -> None:
+    spec = spec_file(tmp_path, body)
+    out = tmp_path / "out"
+    res = CliRunner().invoke(app, ["tournament", str(spec), "--out", str(out), "-q"])
+    assert res.exit_code == 2, res.output
+    assert message in res.stderr, res.stderr
+    assert res.stderr.startswith("error: ") and res.stdout == ""
+    assert not out.exists()
+
+
+def test_an_inline_scenario_runs(tmp_path: Path) -> None:
+    spec = spec_file(tmp_path, inline("{type: poisson, rate: 2}") + "policies: {a: {type: continuous}, "
+                     "b: {type: sjf}}\nloads: {rate: [1, 3]}\n")
+    res = CliRunner().invoke(app, ["tournament", str(spec), "--out", str(tmp_path / "out"), "-q"])
+    assert res.exit_code == 0, res.output
+    assert "1 req/s" in res.stdout and "goodput" not in res.stdout  # no SLOs: throughput instead
+    assert sorted(r["workload.arrival.rate"] for r in read_rows(tmp_path / "out" / "sweep.csv")) == [1, 1, 3, 3]
+
+
+def test_a_spec_file_that_is_no_spec_exits_2(tmp_path: Path) -> None:
+    for text, message in (("- a\n", "a tournament spec is a mapping"), ("a: [\n", "not valid YAML")):
+        spec = spec_file(tmp_path, text)
+        res = CliRunner().invoke(app, ["tournament", str(spec), "-q"])
+        assert res.exit_code == 2 and message in res.stderr, res.stderr
+    res = CliRunner().invoke(app, ["tournament", str(tmp_path / "missing.yaml")])
+    assert res.exit_code == 2 and "tournament spec not found" in res.stderr
+
+
+def test_fitness_maps_each_key_as_blis_does() -> None:
+    from sim.tournament import Fitness
+
+    row = {"request_throughput": 100.0, "ttft.p99_s": 1.0, "fairness.jain_index": 0.5, "goodput": None}
+    assert fitness_of(row, Fitness(weights={"throughput": 1})) == 0.5  # v / (v + 100 req/s)
+    assert fitness_of(row, Fitness(weights={"p99_ttft": 2})) == 1.0  # 2 x 1 / (1 + 1 s / 1 s)
+    assert fitness_of(row, Fitness(weights={"jain_index": 1, "goodput": 3})) == 0.5  # none of it scores 0
+    assert math.isclose(fitness_of(row, Fitness(weights={"p99_ttft": 1}, reference={"latency": 0.001})),
+                        1 / 1001)  # BLIS's 1 ms reference
