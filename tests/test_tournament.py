@@ -17,6 +17,7 @@ from sim.sweep import read_rows, workload_digest
 from sim.tournament import fitness_of, load_spec, run_tournament
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "policies"
 LIMITS = "max_num_seqs: 32, enable_chunked_prefill: true, max_num_batched_tokens: 2048"
 
 
@@ -138,9 +139,10 @@ def test_a_bad_spec_exits_2_with_one_message(tmp_path: Path, body: str, message:
     assert not out.exists()
 
 
-def test_an_inline_scenario_runs(tmp_path: Path) -> None:
+def test_an_inline_scenario_and_a_user_policy_file_run(tmp_path: Path) -> None:
+    (tmp_path / "mine.py").write_text((EXAMPLES / "shortest_prompt_first.py").read_text())
     spec = spec_file(tmp_path, inline("{type: poisson, rate: 2}") + "policies: {a: {type: continuous}, "
-                     "b: {type: sjf}}\nloads: {rate: [1, 3]}\n")
+                     "b: {type: custom, cls: 'mine.py:ShortestPromptFirst'}}\nloads: {rate: [1, 3]}\n")
     res = CliRunner().invoke(app, ["tournament", str(spec), "--out", str(tmp_path / "out"), "-q"])
     assert res.exit_code == 0, res.output
     assert "1 req/s" in res.stdout and "goodput" not in res.stdout  # no SLOs: throughput instead
