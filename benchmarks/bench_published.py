@@ -12,7 +12,9 @@ simulator can represent becomes one run:
 - its workload: the fixed lengths stated (the blog's ShareGPT and sonnet rows at their stated average lengths, an
   approximation: the real lengths vary), all requests at t=0 for offline and QPS-inf rows, Poisson at the rate
   stated otherwise;
-- the metric the row holds, computed as its source computes it.
+- the metric the row holds, computed as its source computes it;
+- rows measured through an engine's HTTP server by a serving benchmark (their workload names a QPS) with the
+  online-serving layer (``deployment.serving: online``, sim/online.py); ``--offline`` runs them without it.
 
 No constant is fitted to a row: the cost model runs with its documented defaults. The headline is the error per
 metric class (TTFT, decode speed, throughput, E2E) and per source (one document: sources are the unit a new engine
@@ -104,7 +106,15 @@ def source_of(row: dict[str, str]) -> str:
     return next((post for prefix, post in SOURCE_ALIASES.items() if key.startswith(prefix)), key)
 
 
-def case_of(row: dict[str, str], n_offline: int, classic: bool = False) -> Case:
+def online_row(row: dict[str, str]) -> bool:
+    """Whether the row was measured through the engine's HTTP server by a serving benchmark client: its workload
+    names a request rate (``QPS``, ``vllm bench serve``'s ``--request-rate``; the vLLM v0.6.0 post's recipe,
+    vllm-project/vllm#8176, runs benchmark_serving.py against each engine's server). trtllm-bench, gpt-fast's
+    generate.py and offline tables are not."""
+    return "QPS" in row["workload"]
+
+
+def case_of(row: dict[str, str], n_offline: int, classic: bool = False, online: bool = True) -> Case:
     """The run that represents ``row``; raises ValueError/KeyError/ScenarioError saying why it cannot be."""
     metric = row["metric"]
     if metric == "achieved_mem_bw_batch1":
@@ -126,6 +136,8 @@ def case_of(row: dict[str, str], n_offline: int, classic: bool = False) -> Case:
                            "weight_dtype": wd, "kv_dtype": kd, "max_model_len": isl + osl}
     if engine is not None and not classic:
         dep["engine"] = engine
+    if online and online_row(row):
+        dep["serving"] = "online"  # sim/online.py: tokenizer, HTTP and streaming, as the client times them
     arrival: dict[str, Any] = {"type": "all_at_once"}
     request_rate = None
     if rate not in ("inf", "n/a"):
@@ -168,19 +180,21 @@ def _summary(label: str, errs: list[float], width: int = 44) -> str:
             f"{np.mean(a <= 0.25):5.0%}  bias (median) {np.median(errs):+6.1%}")
 
 
-def report(n_offline: int, classic: bool = False, data: Path = DATA) -> None:
+def report(n_offline: int, classic: bool = False, data: Path = DATA, online: bool = True) -> None:
     with data.open() as f:
         rows = list(csv.DictReader(f))
     cases, refused = [], []
     for r in rows:
         try:
-            cases.append(case_of(r, n_offline, classic))
+            cases.append(case_of(r, n_offline, classic, online))
         except (ValueError, KeyError, ScenarioError) as e:
             refused.append((r, str(e).strip("'\"")))
     t0 = time.process_time()
     errs = predict(cases)
     print(f"{len(rows)} rows: {len(cases)} simulated, {len(refused)} not representable "
-          f"({time.process_time() - t0:.0f} s CPU)")
+          f"({time.process_time() - t0:.0f} s CPU); "
+          f"{sum(online_row(c.row) for c in cases)} measured through an HTTP server, run "
+          + ("with the online-serving layer (sim/online.py)" if online else "without the online-serving layer"))
     sources = [source_of(c.row) for c in cases]
     classes = [CLASS[c.row["metric"]] for c in cases]
     # The headline is what a new engine or GPU would see: every row predicted by a model that has not seen its
@@ -254,6 +268,8 @@ def main() -> None:
                          "from the repository root)")
     ap.add_argument("--requests", type=int, default=None, help="requests per offline row (default: 3000; --fit 256)")
     ap.add_argument("--classic", action="store_true", help="every row on servesim's classic engine (no presets)")
+    ap.add_argument("--offline", action="store_true", help="no online-serving layer on the rows measured through an "
+                    "HTTP server (the figures before it)")
     ap.add_argument("--fit", action="store_true", help="issue 14's held-out calibration instead of the report")
     ap.add_argument("--engine", default="TensorRT-LLM v0.17")
     ap.add_argument("--gpu", default="H100-SXM-80GB")
@@ -266,7 +282,7 @@ def main() -> None:
     if args.fit:
         fit(args.engine, args.gpu, args.requests or 256, args.max_iter, args.robust, args.classic, data)
     else:
-        report(args.requests or OFFLINE_REQUESTS, args.classic, data)
+        report(args.requests or OFFLINE_REQUESTS, args.classic, data, not args.offline)
 
 
 if __name__ == "__main__":

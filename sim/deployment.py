@@ -17,6 +17,7 @@ from sim.engine_costs import engine_cost_knobs, omit_when_unset
 from sim.engines import EngineConfig, EngineField, engine_validator
 from sim.errors import ScenarioError
 from sim.limits import MAX_POOL_BLOCKS
+from sim.online import ServingConfig
 from sim.pipeline import PipelineLink
 from sim.specs import GPUSpec, ModelSpec
 from sim.workload import Float, InputModel, Int
@@ -127,6 +128,11 @@ class Deployment(InputModel):
     cost_model: CostModelConfig = Field(default_factory=AnalyticCost, description="How step times are predicted.")
     engine: EngineConfig | None = EngineField  # sim/engines.py
     _engine = engine_validator
+    serving: ServingConfig | None = Field(
+        default=None, description="The run is an online benchmark through the engine's HTTP server: 'online' (the "
+        "engine preset's defaults) or {request_latency_s, tokenize_s_per_token, detokenize_s_per_token} "
+        "(sim/online.py); none: offline, nothing outside the engine.")
+    _record_set_keys = omit_when_unset("serving")  # recorded only when given, so offline runs write what they did
     speculative: spec_decode.SpeculativeConfig | None = Field(
         default=None, description="Speculative decoding (vLLM's speculative_config); none: off.")
     leak_kv_on_failure: bool = Field(

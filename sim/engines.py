@@ -15,8 +15,9 @@ sequences, vLLM's memory rule): existing scenarios give the same results byte fo
 Host time per step (vLLM 0.5 and 0.6's CPU work that the GPU waits for) is sim/engine_costs.py's. Scheduler
 behaviours beyond these defaults (vLLM v1's prefix cache over every prompt block, vLLM 0.6's multi-step,
 CUDA-graph batch padding, SGLang's prefill priority) are in ``sim/engine_sched.py``; their keys are in their own
-block below. Not modelled yet (kept out rather than guessed): per-request front-end time (HTTP, tokenization),
-SGLang's new-token-ratio admission (it admits while blocks are free and recomputes on shortage).
+block below. The per-request front end (HTTP, tokenization, streaming) of an online benchmark is sim/online.py's
+(``deployment.serving``). Not modelled yet (kept out rather than guessed): SGLang's new-token-ratio admission (it
+admits while blocks are free and recomputes on shortage).
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from sim import online
 from sim.autoscaler import AutoscalerConfig
 from sim.build import build
 from sim.core import PlanError, ServingCore
@@ -99,6 +100,10 @@ def _simulate_variant(
     fast_path: bool,
     progress: Callable[[int, float], None] | None,
 ) -> tuple[RunResult, list[Request], ServingCore]:
+    serving = cfg.deployment.serving
+    if serving is not None and (cfg.disaggregation is not None or cfg.cluster is not None):
+        raise ScenarioError(f"variant {name or cfg.name!r}: deployment.serving models one server's front end; "
+                            "a cluster or disaggregated pools behind one are not modelled yet")
     if cfg.disaggregation is not None:
         from sim.disagg.pools import simulate_disaggregated
 
@@ -109,11 +114,16 @@ def _simulate_variant(
                                  progress=progress)
     policy, kv, cost, built = build(cfg)
     core = ServingCore(policy, kv, fast_path=fast_path, keep_token_times=keep_token_times, spec=spec_decoder(cfg))
+    fe = None if serving is None else online.frontend(serving, cfg.deployment.engine)
+    if fe is not None:
+        workload, sends = online.to_engine(workload, fe)
     closed = workload.closed_loop
     plan = None if closed is None else ClosedLoopPlan(closed.num_users, closed.think_times)
     sim = Simulation(workload.requests, [(core, cost)], closed_loop=plan, progress=progress, fast_forward=fast_path,
                      failures=workload.failures, leak=cfg.deployment.leak_kv_on_failure)
     sim.run()
+    if fe is not None:
+        online.to_client(sim.requests, sends, closed is not None, fe)
     budget = built.budget
     gpus = cfg.deployment.tensor_parallel_size * cfg.deployment.pipeline_parallel_size  # a replica's GPUs
     result = result_of(
