@@ -3,6 +3,8 @@ llm-d's weighted cache/load scorers, and an SLO-aware router; each from a scenar
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -86,3 +88,70 @@ def test_each_router_runs_from_a_scenario(router: dict) -> None:
     assert all(r.outcome == "completed" for r in reqs)
     per = Counter(r.replica for r in reqs)
     assert len(per) == 3 and min(per.values()) > 10, per  # each router spreads the load
+
+
+def test_cache_load_scorer_raises_prefix_hits_over_least_outstanding_on_mooncake(monkeypatch) -> None:
+    """4 replicas of Llama-3.1-8B / H100 with 30,000 KV blocks each, prefix caching on, the first 300 s of the
+    Mooncake trace at its own rate (918 requests). Measured: 7.9% of prompt tokens from the prefix caches against
+    least_outstanding's 4.7%, mean TTFT 1.19 s against 1.39 s. (At twice the rate it took fewer hits, 48.7%
+    against 50.4%, but still the lowest mean TTFT, 14.1 s against 16.5 s.)"""
+    import sim.run as run_module
+    from sim.run import generate_workload, simulate_variant
+    from sim.scenario import parse_scenario, variant_configs
+
+    kvs: list = []
+    build = run_module.build
+
+    def recording(cfg):
+        out = build(cfg)
+        kvs.append(out[1])  # each replica's KV manager
+        return out
+
+    monkeypatch.setattr(run_module, "build", recording)
+    raw = {"seed": 0, "workload": {"arrival": {"type": "trace", "trace": "mooncake", "end": 300}},
+           "deployment": {"model": "llama-3.1-8b", "gpu": "h100-sxm", "num_gpu_blocks": 30_000},
+           "kv_cache": {"type": "paged", "enable_prefix_caching": True},
+           "policy": {"type": "continuous", "enable_chunked_prefill": True},
+           "variants": [{"name": "least", "cluster": {"replicas": 4, "router": "least_outstanding"}},
+                        {"name": "score", "cluster": {"replicas": 4, "router": {"type": "cache_load_score"}}}]}
+    sc = parse_scenario(raw)
+    wl = generate_workload(sc)
+    got = {}
+    for cfg in variant_configs(sc):
+        kvs.clear()
+        _, reqs, _ = simulate_variant(cfg, wl)
+        hits = sum(kv.num_hit_tokens for kv in kvs) / sum(r.prompt_len for r in reqs)
+        got[cfg.name] = (hits, float(np.mean([r.first_token - r.arrival for r in reqs])))
+    assert got["score"][0] >= 1.3 * got["least"][0], got
+    assert got["score"][1] < got["least"][1], got
+
+
+def test_slo_aware_router_meets_more_tight_ttft_slos() -> None:
+    """4 replicas of Llama-3.1-8B / A100, 1,500 chat requests at 24/s (prompts lognormal, mean 1,500 tokens), 30%
+    with a 0.5 s TTFT SLO and 70% with 10 s. Measured share of tight requests within their SLO: slo_aware 0.895,
+    least_outstanding 0.805, round_robin 0.758; every loose one within 10 s under all three."""
+    from sim.run import generate_workload, simulate_variant
+    from sim.scenario import parse_scenario, variant_configs
+
+    routers: dict[str, Any] = {"rr": "round_robin", "least": "least_outstanding",
+                               "slo": {"type": "slo_aware", "prefill_tokens_per_s": 20_000, "step_s": 0.02}}
+    raw = {"seed": 0,
+           "workload": {"arrival": {"type": "poisson", "rate": 24.0}, "num_requests": 1500,
+                        "prompt_len": {"type": "lognormal", "mean": 1500, "std": 1500, "min": 16, "max": 8000},
+                        "output_len": {"type": "exponential", "mean": 150, "max": 1000},
+                        "classes": [{"name": "tight", "share": 0.3, "slo": {"ttft": 0.5}},
+                                    {"name": "loose", "share": 0.7, "slo": {"ttft": 10.0}}]},
+           "deployment": {"model": "llama-3.1-8b", "gpu": "a100-80gb", "max_model_len": 16384},
+           "policy": {"type": "continuous", "enable_chunked_prefill": True, "max_num_batched_tokens": 2048},
+           "variants": [{"name": n, "cluster": {"replicas": 4, "router": r}} for n, r in routers.items()]}
+    sc = parse_scenario(raw)
+    wl = generate_workload(sc)
+    met = {}
+    for cfg in variant_configs(sc):
+        _, reqs, _ = simulate_variant(cfg, wl)
+        within = {c: [r.first_token - r.arrival <= r.spec.ttft_slo for r in reqs if r.spec.slo_class == c]
+                  for c in ("tight", "loose")}
+        met[cfg.name] = {c: float(np.mean(v)) for c, v in within.items()}
+    assert met["slo"]["tight"] >= met["rr"]["tight"] + 0.1, met
+    assert met["slo"]["tight"] >= met["least"]["tight"] + 0.05, met
+    assert min(m["loose"] for m in met.values()) == 1.0, met
