@@ -200,6 +200,9 @@ class AnalyticCostModel(CostModel):
     # host (CPU) seconds per second of GPU work that the GPU waits for (sim/engine_costs.py: vLLM 0.5 and 0.6);
     # 0: the host work overlaps the GPU, as in an engine without a synchronous CPU loop
     host_time_ratio: float = 0.0
+    # SM clock as a share of its full rate: below 1 when a power cap (deployment.power_limit_w) runs the clocks
+    # down (sim/energy.py). It divides the compute side of each roofline part; HBM bandwidth keeps its clock
+    compute_clock: float = 1.0
 
     # Derived in __post_init__.
     compute_dtype: str = field(init=False)  # dtype of the linear layers' arithmetic
@@ -227,6 +230,8 @@ class AnalyticCostModel(CostModel):
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+        if not 0.0 < self.compute_clock <= 1.0:
+            raise ValueError(f"compute_clock must be in (0, 1], got {self.compute_clock}")
 
         act = activation_dtype(wd)
         if wd in ("fp32", "bf16", "fp16"):
@@ -245,6 +250,9 @@ class AnalyticCostModel(CostModel):
         bw = g.mem_bandwidth * self.bandwidth_efficiency
         t_flop_lin = (1.0 + (self.dequant_overhead if weight_only else 0.0)) / (peak_lin * self.compute_efficiency)
         t_flop_attn = 1.0 / (peak_attn * attn_eff)
+        if self.compute_clock != 1.0:  # a capped GPU's slower SM clock (uncapped: the times as they always were)
+            t_flop_lin /= self.compute_clock
+            t_flop_attn /= self.compute_clock
         h, hd = m.hidden_size, m.head_dim
         n_up = 2 if m.mlp == "gated" else 1
         # inputs + outputs of each matmul of one layer, per token (elementwise kernels assumed fused)
@@ -400,6 +408,24 @@ class AnalyticCostModel(CostModel):
             "linear_compute_bound": np.greater_equal(lin_c, lin_m),
             "attention_compute_bound": np.greater_equal(att_c, att_m),
         }
+
+    def busy_times(self, shape: StepShape) -> tuple[np.ndarray, np.ndarray]:
+        """Seconds one GPU's arithmetic units and its memory are busy in each step of ``shape`` (array fields):
+        the compute and the memory side of the two roofline parts, summed (the step time takes the larger of each
+        pair; the power model, sim/energy.py, needs both). Overheads, all-reduces and swaps busy neither."""
+        a, b, c, d = (np.asarray(x, dtype=np.float64) for x in (shape.num_seqs, shape.num_tokens,
+                                                                shape.kv_read_tokens, shape.attn_pairs))
+        k0, k1, k2, k3, k4, k5, k6, k7, k8, k9, k10, k11 = self._k
+        memory = k4 + b * k5 + a * k6 + (c + b) * k8
+        if self._moe is not None:
+            memory = memory + expected_experts(self._moe[1], self._moe[2], b) * self._moe[0]
+        return b * k2 + a * k3 + d * k7, memory
+
+    @property
+    def flops_per_unit(self) -> tuple[int, int, int]:
+        """Model FLOPs per non-padding token, per row (LM head) and per query-key pair, all GPUs (``step_flops``'s
+        terms): the power model recovers a step's query-key pairs from its recorded FLOPs with them."""
+        return self._flops
 
     def step_flops(self, shape: StepShape) -> float | np.ndarray:
         """Useful FLOPs of the step over all GPUs: linear layers for the non-padding tokens, the LM head for every

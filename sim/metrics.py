@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sim.anomalies import anomalies as run_anomalies
+from sim.energy import energy_summary
 from sim.records import NO_CLASS, RequestRecord, RunResult, has_classes
 from sim.request import Outcome
 from sim.slos import SLOs
@@ -74,6 +75,7 @@ SUMMARY_KEYS: tuple[str, ...] = (
     "padding_fraction",  # padding tokens / all computed tokens
     "limits",  # what the verdict reads: offered vs served rate, queue trend, slot fill, MFU while busy (sim.verdict)
     "rejections",  # why requests were rejected: {reason: requests}, most first ({} for none; sim.verdict)
+    "energy",  # joules and watts (sim/energy.py): energy_j, j_per_output_token, mean_power_w...; null: not modelled
 )
 
 NAN = float("nan")
@@ -271,6 +273,8 @@ def summarize(result: RunResult, slos: SLOs | None = None) -> dict:
         "padding_fraction": _ratio(padding, computed),
         "limits": limits,
         "rejections": rejection_reasons(reqs),
+        # watts and joules (sim/energy.py); null where the GPU has no power figures or an engine measured the steps
+        "energy": energy_summary(result, total_out, duration, up),
     }
     assert tuple(out) == SUMMARY_KEYS
     if has_classes(reqs):  # request classes: each class's figures, and the tenants' when requests name them

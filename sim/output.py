@@ -91,6 +91,9 @@ SUMMARY_UNITS: dict[str, str] = {
     "limits.queue_growth": "requests/s",
     "limits.mean_running": "requests", "limits.slot_cap": "requests",
     "rejections": "requests (per reason)",
+    "energy": "J (energy_j, idle_energy_j, j_per_request), W (mean_power_w, peak_step_power_w, idle_w, tdp_w, "
+              "power_limit_w); null: not modelled",
+    "energy.j_per_output_token": "J/token",
     "cluster.gpu_hours": "GPU hours", "cluster.cost_usd": "USD", "cluster.price_per_replica_hour": "USD/hour",
     "cluster.cost_per_million_output_tokens": "USD",
     "pipeline.stage_utilization": "fraction", "pipeline.bubble_fraction": "fraction",

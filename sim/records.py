@@ -8,11 +8,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from sim.request import Outcome, Request
 from sim.step_columns import StepColumns
+
+if TYPE_CHECKING:
+    from sim.energy import PowerModel
 
 
 @dataclass(frozen=True, slots=True)
@@ -326,3 +330,5 @@ class RunResult:
     # this order (sim.metrics.summarize): the metrics layer need not know them. Module-level functions, so that
     # a result still pickles (sweeps). Prefill/decode pools add "disaggregation" (sim/disagg/pools.py).
     summary_sections: dict[str, Callable[[RunResult], dict]] | None = None
+    # the replica's power figures (sim/energy.py); None: not modelled (a GPU without them, or an engine's run)
+    power: PowerModel | None = None

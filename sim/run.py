@@ -16,6 +16,7 @@ from sim import online
 from sim.autoscaler import AutoscalerConfig
 from sim.build import build
 from sim.core import PlanError, ServingCore
+from sim.energy import power_model_of
 from sim.metrics import summarize
 from sim.policies.user import PolicyError
 from sim.progress import BarProgress, Progress
@@ -137,6 +138,7 @@ def _simulate_variant(
     )
     if core.spec is not None and cfg.deployment.speculative is not None:
         result.spec_decode = summary_inputs([core.spec], [cost], cfg.deployment.speculative)
+    result.power = power_model_of(built.gpu, cost, gpus, None)
     return result, sim.requests, core
 
 
@@ -196,6 +198,7 @@ def _simulate_cluster(cfg, workload, *, name, keep_token_times, fast_path, progr
     if cfg.deployment.speculative is not None:
         result.spec_decode = summary_inputs([r.core.spec for r in sim.replicas if r.core.spec is not None], costs,
                                             cfg.deployment.speculative)
+    result.power = power_model_of(built.gpu, costs[0], tp, None)
     return result, sim.requests, sim.replicas[0].core
 
 

@@ -613,6 +613,8 @@ class GPUSpec:
     pcie_bandwidth: float  # B/s, effective host<->device copy rate in one direction (pinned memory)
     nvlink_bandwidth: float = 0.0  # B/s per GPU in one direction (half the datasheet bidirectional total); 0: none
     price_per_hour: float = 0.0  # USD per GPU-hour on demand (an assumption, see GPU_PRESETS)
+    tdp_w: float = 0.0  # W, the board's default power limit (datasheet); 0: unknown (no energy is modelled)
+    idle_w: float = 0.0  # W drawn with nothing running (static power; an assumption, see sim/presets/gpus.py)
 
     def __post_init__(self) -> None:
         # Rates are divided by: a NaN or infinite one, or one below 1 per second, makes step times NaN or
@@ -628,6 +630,12 @@ class GPUSpec:
         if not _finite_number(self.price_per_hour) or self.price_per_hour < 0:
             raise ValueError(f"GPU {self.name!r}: price_per_hour must be a finite number >= 0, "
                              f"got {self.price_per_hour!r}")
+        for f in ("tdp_w", "idle_w"):
+            v = getattr(self, f)
+            if not _finite_number(v) or v < 0:
+                raise ValueError(f"GPU {self.name!r}: {f} must be a finite number >= 0, got {v!r}")
+        if self.idle_w > self.tdp_w:
+            raise ValueError(f"GPU {self.name!r}: idle_w ({self.idle_w}) must not exceed tdp_w ({self.tdp_w})")
         if not float(self.memory_bytes).is_integer():
             raise ValueError(f"GPU {self.name!r}: memory_bytes must be a whole number of bytes, "
                              f"got {self.memory_bytes!r}")

@@ -51,10 +51,11 @@ GOLDEN = {
 
 
 # What was added to the files since then, without changing a figure that was there: the preemption and resume
-# times of each request, the verdict's inputs and the rejection reasons per variant. They are left out before
-# hashing, so the hashes still say that every value written at 39d384f is written the same, byte for byte.
+# times of each request, the verdict's inputs, the rejection reasons and the energy (sim/energy.py) per variant.
+# They are left out before hashing, so the hashes still say that every value written at 39d384f is written the
+# same, byte for byte.
 ADDED_REQUEST_COLUMNS = ("preempted_at_s", "resumed_at_s")
-ADDED_SUMMARY_KEYS = ("limits", "rejections")
+ADDED_SUMMARY_KEYS = ("limits", "rejections", "energy")
 
 
 def _requests_as_before(path: Path) -> bytes:

@@ -1,0 +1,189 @@
+"""The power model (sim/energy.py): one step computed by hand, energy as the integral of power over steps and idle
+gaps, per-request energies summing to the run's, the power cap's effect on throughput, and the shape of joules per
+output token against batch size and output length."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import servesim
+from sim.costmodel import AnalyticCostModel, StepShape
+from sim.energy import MEMORY_POWER_SHARE, PowerModel, clock_share, power_over_time, run_energy
+from sim.records import RequestRecord, RunResult
+from sim.specs import GPUSpec
+
+
+def _scenario(*, arrival: dict, n: int, prompt: int = 256, output: int = 128, max_num_seqs: int = 64,
+              gpu: str = "h100-sxm", limit: float | None = None) -> dict:
+    dep: dict = {"model": "llama-3.1-8b", "gpu": gpu}
+    if limit is not None:
+        dep["power_limit_w"] = limit
+    return {
+        "name": "energy", "seed": 3,
+        "workload": {"arrival": arrival, "num_requests": n,
+                     "prompt_len": {"type": "fixed", "value": prompt},
+                     "output_len": {"type": "fixed", "value": output}},
+        "deployment": dep,
+        "policy": {"type": "continuous", "max_num_seqs": max_num_seqs},
+    }
+
+
+def _one(sc: dict) -> tuple[RunResult, dict]:
+    res = servesim.run(sc)
+    name = res.variants[0]
+    return res.results[0], res.summary[name]
+
+
+def _record(i: int, sched: float, first: float, finish: float, prompt: int, out: int) -> RequestRecord:
+    return RequestRecord(i, 0.0, sched, first, finish, prompt, out, out, 0, "completed", "", 0, -1)
+
+
+def _steps(rows: list[dict]) -> dict[str, np.ndarray]:
+    keys = ("start", "duration", "flops", "batch_size", "padded_rows", "prefill_tokens", "decode_tokens",
+            "padding_tokens", "kv_tokens", "replica")
+    return {k: np.array([r.get(k, 0) for r in rows], dtype=np.float64 if k in ("start", "duration", "flops")
+                        else np.int64) for k in keys}
+
+
+def test_one_step_by_hand_and_its_idle_gap() -> None:
+    # 100 W idle, 500 W TDP, a 1.6667 TFLOP/s replica: at the default 60% efficiency, 1 TFLOP/s. A 10 ms step of
+    # 4 GFLOP computes 4 ms (share 0.4) and streams memory the other 6 ms (share 0.6):
+    # P = 100 + 400 * min(1, 0.4 + 0.35 * 0.6) = 100 + 400 * 0.61 = 344 W, E = 3.44 J; the run lasts 1.01 s, so
+    # the GPU idles 1.0 s at 100 W: 100 J more.
+    pm = PowerModel(idle_w=100.0, tdp_w=500.0, limit_w=500.0, gpus=1, roofline=None, peak_flops=1e12 / 0.6)
+    steps = _steps([{"start": 1.0, "duration": 0.01, "flops": 4e9, "batch_size": 1, "prefill_tokens": 100}])
+    r = RunResult("x", [_record(0, 1.0, 1.01, 1.01, 100, 1)], steps, np.zeros(0), np.zeros(0, dtype=np.int64),
+                  duration=1.01, peak_flops=1e12 / 0.6, kv_capacity_blocks=10, block_size=16, power=pm)
+    e = run_energy(r)
+    assert e is not None
+    assert MEMORY_POWER_SHARE == 0.35
+    assert e.step_power_w[0] == pytest.approx(344.0, rel=1e-12)
+    assert e.step_energy_j[0] == pytest.approx(3.44, rel=1e-12)
+    assert e.idle_energy_j == pytest.approx(100.0, rel=1e-12)
+    assert e.energy_j == pytest.approx(103.44, rel=1e-12)
+    assert e.request_energy_j.tolist() == pytest.approx([103.44], rel=1e-12)
+    # the same 4 GFLOP over two such GPUs: 2 ms of compute each (share 0.2, memory 0.8), 100 + 400 * 0.48 = 292 W
+    # each uncapped, and 250 W each under a 250 W cap; two GPUs idle twice as much
+    r.power = PowerModel(100.0, 500.0, 500.0, 2, None, 2e12 / 0.6)
+    e2 = run_energy(r)
+    assert e2 is not None and e2.step_power_w[0] == pytest.approx(584.0, rel=1e-12)
+    r.power = PowerModel(100.0, 500.0, 250.0, 2, None, 2e12 / 0.6)
+    e3 = run_energy(r)
+    assert e3 is not None and e3.step_power_w[0] == 500.0 and e3.idle_energy_j == pytest.approx(200.0, rel=1e-12)
+
+
+def test_roofline_busy_times_of_a_decode_step_by_hand() -> None:
+    # A decode step of 8 rows attending 8,008 tokens on an H100 is memory-bound in both roofline parts, so its
+    # memory busy time is the step time less the overheads (1.5 ms + 10 us per row), and the compute side is the
+    # FLOPs over the 60%-efficient peak. The power model recovers the pairs from the recorded FLOPs.
+    cost = AnalyticCostModel("llama-3.1-8b", "h100-sxm")
+    shape = StepShape(8, 8, 8, 8008, 8008)
+    t = float(cost.step_time(shape))
+    flops = float(cost.step_flops(shape))
+    compute, memory = cost.busy_times(shape)
+    assert float(memory) == pytest.approx(t - 1.5e-3 - 8 * 1e-5, rel=1e-12)
+    assert float(compute) == pytest.approx(flops / (989.4e12 * 0.6), rel=1e-9)
+    pm = PowerModel(70.0, 700.0, 700.0, 1, cost, cost.peak_flops)
+    steps = _steps([{"start": 0.0, "duration": t, "flops": flops, "batch_size": 8, "decode_tokens": 8,
+                     "kv_tokens": 8008}])
+    recs = [_record(i, 0.0, 0.0, t, 1000, 2) for i in range(8)]
+    r = RunResult("x", recs, steps, np.zeros(0), np.zeros(0, dtype=np.int64), duration=t,
+                  peak_flops=cost.peak_flops, kv_capacity_blocks=10, block_size=16, power=pm)
+    e = run_energy(r)
+    assert e is not None
+    want = 70.0 + 630.0 * min(1.0, float(compute) / t + 0.35 * float(memory) / t)
+    assert e.step_power_w[0] == pytest.approx(want, rel=1e-9)
+    assert e.request_energy_j == pytest.approx(np.full(8, want * t / 8), rel=1e-9)  # equal shares
+
+
+def test_energy_is_the_integral_of_power_and_requests_sum_to_it() -> None:
+    # light Poisson load: the GPU idles between bursts
+    r, s = _one(_scenario(arrival={"type": "poisson", "rate": 2.0}, n=60))
+    e = run_energy(r)
+    assert e is not None and e.idle_energy_j > 0
+    starts, dur = np.asarray(r.steps["start"]), np.asarray(r.steps["duration"])
+    t0 = min(x.arrival for x in r.requests)
+    t1 = t0 + r.duration
+    # walk the timeline: each step at its power, each gap between steps (and before the first, after the last) idle
+    assert r.power is not None
+    joules, t = 0.0, t0
+    for st, d, p in zip(starts, dur, e.step_power_w, strict=True):
+        joules += (st - t) * r.power.idle_w + p * d
+        t = st + d
+    joules += (t1 - t) * r.power.idle_w
+    assert s["energy"]["energy_j"] == pytest.approx(joules, rel=1e-9)
+    assert s["energy"]["mean_power_w"] == pytest.approx(joules / r.duration, rel=1e-12)
+    assert float(e.request_energy_j.sum()) == pytest.approx(e.energy_j, rel=1e-12)
+    centres, watts = power_over_time(r, bins=50)  # type: ignore[misc]
+    assert float(watts.sum() * (t1 - t0) / 50) == pytest.approx(e.energy_j, rel=1e-9)
+    assert s["energy"]["j_per_output_token"] == pytest.approx(joules / s["total_output_tokens"], rel=1e-12)
+
+
+def test_requests_sum_to_the_fleets_energy_in_a_cluster() -> None:
+    sc = _scenario(arrival={"type": "poisson", "rate": 8.0}, n=80)
+    sc["cluster"] = {"replicas": 2}
+    r, s = _one(sc)
+    e = run_energy(r)
+    assert e is not None
+    assert float(e.request_energy_j.sum()) == pytest.approx(s["energy"]["energy_j"], rel=1e-12)
+    # both replicas were up the whole run: idle plus busy replica-seconds are 2 x the duration
+    assert r.cluster is not None and e.up_seconds == pytest.approx(r.cluster["replica_seconds"])
+
+
+def test_longer_requests_draw_more() -> None:
+    sc = _scenario(arrival={"type": "poisson", "rate": 4.0}, n=40)
+    sc["workload"]["output_len"] = {"type": "uniform", "low": 16, "high": 512}
+    r, _ = _one(sc)
+    e = run_energy(r)
+    assert e is not None
+    out = np.array([x.output_tokens for x in r.requests])
+    # not proportional: a token computed in a small batch costs more than one in a large batch (0.77 measured)
+    assert np.corrcoef(out, e.request_energy_j)[0, 1] > 0.6
+    assert e.request_energy_j[np.argmax(out)] > e.request_energy_j[np.argmin(out)]
+
+
+def test_clock_share() -> None:
+    assert clock_share(70, 700, 700) == 1.0
+    assert clock_share(70, 700, 800) == 1.0
+    assert clock_share(100, 500, 150) == pytest.approx((50 / 400) ** (1 / 3))  # 0.5
+
+
+def test_joules_per_token_fall_with_batch_size_and_rise_with_output_length() -> None:
+    by_batch = []
+    for seqs in (1, 8, 64):
+        _, s = _one(_scenario(arrival={"type": "closed_loop", "num_users": seqs}, n=4 * seqs, max_num_seqs=seqs))
+        by_batch.append(s["energy"]["j_per_output_token"])
+    assert by_batch[0] > by_batch[1] > by_batch[2], by_batch
+    # at an equal batch, a longer output reads more KV per token (short prompts, so that the prefill's share of a
+    # request, spread over fewer tokens, does not hide it)
+    by_len = []
+    for out in (128, 1024, 4096):
+        _, s = _one(_scenario(arrival={"type": "closed_loop", "num_users": 32}, n=64, prompt=16, output=out,
+                              max_num_seqs=32))
+        by_len.append(s["energy"]["j_per_output_token"])
+    assert by_len[0] < by_len[1] < by_len[2], by_len
+
+
+def test_b200_below_h100_at_equal_load() -> None:
+    j = {}
+    for gpu in ("h100-sxm", "b200"):
+        _, s = _one(_scenario(arrival={"type": "closed_loop", "num_users": 64}, n=128, gpu=gpu))
+        j[gpu] = s["energy"]["j_per_output_token"]
+    assert j["b200"] < j["h100-sxm"], j
+
+
+def test_bad_power_figures_are_refused() -> None:
+    with pytest.raises(ValueError, match="idle_w .* must not exceed tdp_w"):
+        GPUSpec("g", 1 << 30, 1e12, {"bf16": 1e14}, 1e10, tdp_w=100.0, idle_w=200.0)
+    with pytest.raises(ValueError, match="tdp_w must be a finite number"):
+        GPUSpec("g", 1 << 30, 1e12, {"bf16": 1e14}, 1e10, tdp_w=math.inf)
+
+
+def test_a_gpu_without_power_figures_has_no_energy() -> None:
+    sc = _scenario(arrival={"type": "poisson", "rate": 1.0}, n=4, gpu="a10g")
+    sc["deployment"]["model"] = "llama-3.2-1b"
+    _, s = _one(sc)
+    assert s["energy"] is None
