@@ -13,6 +13,7 @@ from pydantic import Field, field_validator
 
 from sim import spec_decode
 from sim.costmodel import AnalyticCostModel, CostModel, FittedCostModel
+from sim.energy import clock_share
 from sim.engine_costs import engine_cost_knobs, omit_when_unset
 from sim.engines import EngineConfig, EngineField, engine_validator
 from sim.errors import ScenarioError
@@ -65,6 +66,8 @@ class AnalyticCost(CostModelConfigBase):
             except (ValueError, OSError) as e:
                 raise ScenarioError(f"cost_model.profile: {e}") from None
         extra.update({k: v for k, v in self.model_dump().items() if k not in ("type", "profile") and v is not None})
+        if deployment.power_limit_w is not None:
+            extra["compute_clock"] = capped_clock(gpu, deployment.power_limit_w)
         return AnalyticCostModel(
             model,
             gpu,
@@ -74,6 +77,18 @@ class AnalyticCost(CostModelConfigBase):
             block_size=deployment.block_size,
             **extra,
         )
+
+
+def capped_clock(gpu: GPUSpec, limit_w: float) -> float:
+    """The SM clock share under ``deployment.power_limit_w`` (sim.energy.clock_share); a ScenarioError when the GPU
+    has no power figures or the cap is outside what its board accepts."""
+    if gpu.tdp_w <= 0:
+        raise ScenarioError(f"power_limit_w: GPU {gpu.name!r} has no tdp_w/idle_w power figures (give them in "
+                            "deployment.gpu)")
+    if not gpu.idle_w < limit_w <= gpu.tdp_w:
+        raise ScenarioError(f"power_limit_w: {limit_w:g} W is outside the range of GPU {gpu.name}: above its "
+                            f"idle {gpu.idle_w:g} W, at most its TDP {gpu.tdp_w:g} W")
+    return clock_share(gpu.idle_w, gpu.tdp_w, limit_w)
 
 
 class FittedCost(CostModelConfigBase):
@@ -132,9 +147,14 @@ class Deployment(InputModel):
         default=None, description="The run is an online benchmark through the engine's HTTP server: 'online' (the "
         "engine preset's defaults) or {request_latency_s, tokenize_s_per_token, detokenize_s_per_token} "
         "(sim/online.py); none: offline, nothing outside the engine.")
-    _record_set_keys = omit_when_unset("serving")  # recorded only when given, so offline runs write what they did
     speculative: spec_decode.SpeculativeConfig | None = Field(
         default=None, description="Speculative decoding (vLLM's speculative_config); none: off.")
+    power_limit_w: Float | None = Field(
+        default=None, gt=0, le=1e5, description="Board power limit per GPU in watts (nvidia-smi -pl); none: the "
+        "GPU's TDP. A cap below the TDP runs the SM clocks down: compute-bound steps slow, memory-bound ones barely "
+        "(sim/energy.py).")
+    # recorded only when given, so that runs without them write what they did
+    _record_set_keys = omit_when_unset("serving", "power_limit_w")
     leak_kv_on_failure: bool = Field(
         default=False,
         description="The bug the failure-mode scenarios show: the KV blocks of a request that fails mid-flight "

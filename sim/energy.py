@@ -50,7 +50,9 @@ def clock_share(idle_w: float, tdp_w: float, limit_w: float) -> float:
     """The SM clock, as a share of its full rate, at which a compute-bound step fits under a power cap of
     ``limit_w``: dynamic power goes as C V^2 f and the voltage scales with the clock in the DVFS range, so as f^3;
     at full clock a compute-bound step draws ``tdp_w``. 1.0 without a cap (or a cap at or above the TDP).
-    Memory-bound steps keep their speed: HBM keeps its clock (Ma et al. 2026, above)."""
+    That a cap lowers the SM clock and with it DGEMM throughput, while a memory-bound kernel keeps its speed, is
+    what "Architectural and Power-Capping Trade-offs in NVIDIA H100 and H200 GPUs" (arXiv 2604.11391) measured for
+    caps from 200 to 700 W, and Ma et al. (2026, above) for decode: HBM keeps its clock."""
     if limit_w >= tdp_w or tdp_w <= idle_w:
         return 1.0
     return float(((limit_w - idle_w) / (tdp_w - idle_w)) ** (1.0 / 3.0))

@@ -138,7 +138,7 @@ def _simulate_variant(
     )
     if core.spec is not None and cfg.deployment.speculative is not None:
         result.spec_decode = summary_inputs([core.spec], [cost], cfg.deployment.speculative)
-    result.power = power_model_of(built.gpu, cost, gpus, None)
+    result.power = power_model_of(built.gpu, cost, gpus, cfg.deployment.power_limit_w)
     return result, sim.requests, core
 
 
@@ -198,7 +198,7 @@ def _simulate_cluster(cfg, workload, *, name, keep_token_times, fast_path, progr
     if cfg.deployment.speculative is not None:
         result.spec_decode = summary_inputs([r.core.spec for r in sim.replicas if r.core.spec is not None], costs,
                                             cfg.deployment.speculative)
-    result.power = power_model_of(built.gpu, costs[0], tp, None)
+    result.power = power_model_of(built.gpu, costs[0], tp, cfg.deployment.power_limit_w)
     return result, sim.requests, sim.replicas[0].core
 
 

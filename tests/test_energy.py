@@ -13,6 +13,7 @@ import servesim
 from sim.costmodel import AnalyticCostModel, StepShape
 from sim.energy import MEMORY_POWER_SHARE, PowerModel, clock_share, power_over_time, run_energy
 from sim.records import RequestRecord, RunResult
+from sim.schema import ScenarioError
 from sim.specs import GPUSpec
 
 
@@ -145,6 +146,25 @@ def test_longer_requests_draw_more() -> None:
     assert e.request_energy_j[np.argmax(out)] > e.request_energy_j[np.argmin(out)]
 
 
+@pytest.mark.parametrize("workload", ["prefill", "decode"])
+def test_lowering_the_cap_never_raises_throughput(workload: str) -> None:
+    prompt, output = (4096, 4) if workload == "prefill" else (64, 512)
+    tput, joules = [], []
+    for limit in (700, 600, 500, 400, 300, 200):
+        _, s = _one(_scenario(arrival={"type": "all_at_once"}, n=64, prompt=prompt, output=output, limit=limit))
+        tput.append(s["total_token_throughput"])
+        joules.append(s["energy"]["j_per_output_token"])
+        assert s["energy"]["peak_step_power_w"] <= limit + 1e-9
+    assert all(b <= a for a, b in zip(tput, tput[1:], strict=False)), tput
+    # and the energy of the same work does not rise: the slower clock draws less power per operation (f^3 against f)
+    assert all(b <= a for a, b in zip(joules, joules[1:], strict=False)), joules
+    slow = tput[-1] / tput[0]
+    if workload == "prefill":  # compute-bound: a 200 W cap (clock share 0.63) costs about a third
+        assert slow < 0.75
+    else:  # memory-bound decode barely notices (Ma et al. 2026)
+        assert slow > 0.9
+
+
 def test_clock_share() -> None:
     assert clock_share(70, 700, 700) == 1.0
     assert clock_share(70, 700, 800) == 1.0
@@ -176,6 +196,11 @@ def test_b200_below_h100_at_equal_load() -> None:
 
 
 def test_bad_power_figures_are_refused() -> None:
+    with pytest.raises(ScenarioError, match="deployment.power_limit_w: 50 W is outside the range of GPU h100-sxm: "
+                       "above its idle 70 W"):
+        servesim.run(_scenario(arrival={"type": "poisson", "rate": 1.0}, n=2, limit=50))
+    with pytest.raises(ScenarioError, match="power_limit_w: 800 W is outside"):
+        servesim.run(_scenario(arrival={"type": "poisson", "rate": 1.0}, n=2, limit=800))
     with pytest.raises(ValueError, match="idle_w .* must not exceed tdp_w"):
         GPUSpec("g", 1 << 30, 1e12, {"bf16": 1e14}, 1e10, tdp_w=100.0, idle_w=200.0)
     with pytest.raises(ValueError, match="tdp_w must be a finite number"):
