@@ -19,9 +19,10 @@ simulator can represent becomes one run:
 No constant is fitted to a row: the cost model runs with its documented defaults. The headline is the error per
 metric class (TTFT, decode speed, throughput, E2E) and per source (one document: sources are the unit a new engine
 or GPU is new in) that leave-one-source-out gives; with nothing fitted, that is each row's plain error. Rows that
-cannot be represented are listed with the reason. ``--fit`` instead repeats issue 14's held-out calibration on
-the rows of one engine and GPU (fit the knobs on every other row, predict the rest), now with the rows' engine
-preset.
+cannot be represented are listed with the reason. Per class it prints the errors' 10th-90th percentiles (the 80%
+intervals of sim/intervals.py) and how many rows of each source the other sources' percentiles hold. ``--fit``
+instead repeats issue 14's held-out calibration on the rows of one engine and GPU (fit the knobs on every other
+row, predict the rest), now with the rows' engine preset.
 
     PYTHONPATH=. .venv/bin/python benchmarks/bench_published.py [--data CSV] [--requests N] [--fit [--engine P --gpu P]]
 """
@@ -180,6 +181,33 @@ def _summary(label: str, errs: list[float], width: int = 44) -> str:
             f"{np.mean(a <= 0.25):5.0%}  bias (median) {np.median(errs):+6.1%}")
 
 
+def loso_coverage(pairs: list[tuple[str, float]]) -> tuple[int, int, list[str]]:
+    """Rows whose error falls inside the 10th-90th percentiles of the other sources' errors (their class's rows
+    only), the rows that had such an interval, and the sources that had none (no other source in the class)."""
+    inside = total = 0
+    alone = []
+    for src in sorted({s for s, _ in pairs}):
+        others = [x for s, x in pairs if s != src]
+        if not others:
+            alone.append(src)
+            continue
+        lo, hi = np.percentile(others, [10, 90])
+        mine = [x for s, x in pairs if s == src]
+        inside += sum(lo <= x <= hi for x in mine)
+        total += len(mine)
+    return inside, total, alone
+
+
+def interval_line(cls: str, pairs: list[tuple[str, float]]) -> str:
+    if not pairs:
+        return f"{cls:14s} no rows: no interval"
+    lo, hi = np.percentile([x for _, x in pairs], [10, 90])
+    inside, total, alone = loso_coverage(pairs)
+    cover = f"leave-one-source-out coverage {inside}/{total} = {inside / total:.0%}" if total else \
+        "one source: no leave-one-source-out check"
+    return f"{cls:14s} error 10th-90th percentile over all {len(pairs)} rows [{lo:+.1%}, {hi:+.1%}]; {cover}"
+
+
 def report(n_offline: int, classic: bool = False, data: Path = DATA, online: bool = True) -> None:
     with data.open() as f:
         rows = list(csv.DictReader(f))
@@ -214,6 +242,10 @@ def report(n_offline: int, classic: bool = False, data: Path = DATA, online: boo
         by_source.setdefault((s, k), []).append(x)
     for (s, k), e in sorted(by_source.items(), key=lambda kv: (CLASSES.index(kv[0][1]), kv[0][0])):
         print("  " + _summary(f"{k:12s} {s[:62]}", e, 76))
+    print("80% intervals from leave-one-source-out residuals (each source's rows against the 10th-90th "
+          "percentiles of the other sources' errors in its class; target coverage 70-90%)")
+    for cls in CLASSES:
+        print("  " + interval_line(cls, [(s, x) for s, k, x in zip(sources, classes, errs, strict=True) if k == cls]))
     print("by engine and metric")
     groups: dict[str, list[float]] = {}
     for c, x in zip(cases, errs, strict=True):

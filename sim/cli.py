@@ -92,6 +92,8 @@ def run(
                               "steps_binned.csv, per time bin; auto: full up to 200,000 steps, else binned."),
     table_format: str = typer.Option("csv", "--format", help="csv: requests.csv and the steps table as CSV; "
                                      "parquet: as .parquet (needs pyarrow: pip install 'servesim[parquet]')."),
+    interval: bool = typer.Option(False, "--interval", help="Add each variant's 80% intervals (TPOT, throughput; "
+                                  "from published measurements, sim/intervals.py) to summary.json and the table."),
 ) -> None:
     """Simulate every variant of a scenario on the same workload; print the comparison, write the run folder."""
     from sim.metrics import bottleneck
@@ -137,6 +139,11 @@ def run(
                     bar = None
                 _fail(str(e))
                 return
+            if interval:
+                from sim.intervals import interval_80
+
+                for s in result.summaries.values():
+                    s["interval_80"] = interval_80(s)
             doing = f"writing {out_dir}"
             try:
                 write_scenario_run(result, out_dir, progress=bar, steps=steps, table_format=table_format,
@@ -152,6 +159,10 @@ def run(
             if bar is not None:
                 bar.close()
     typer.echo(format_table(result.summaries))
+    if interval:
+        from sim.intervals import interval_lines
+
+        typer.echo("\n".join(interval_lines(result.summaries)))
     for name, s in result.summaries.items():
         typer.echo(f"{name}: {bottleneck(s)}")
     typer.echo(_wrote(out_dir, written))

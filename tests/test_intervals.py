@@ -1,0 +1,76 @@
+"""sim/intervals.py and bench_published's leave-one-source-out coverage: the 80% intervals against hand
+computations, and ``servesim run --interval`` writing them while a plain run writes what it did before."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from test_cli import VALID, invoke
+
+from sim.intervals import ERROR_QUANTILES, interval_80, interval_lines
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("bench_published", ROOT / "benchmarks" / "bench_published.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["bench_published"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_interval_by_hand():
+    lo_d, hi_d = ERROR_QUANTILES["decode speed"]
+    lo_t, hi_t = ERROR_QUANTILES["throughput"]
+    iv = interval_80({"tpot": {"mean": 0.010, "p50": None}, "output_throughput": 1000.0, "ttft": {"mean": 0.1},
+                      "request_throughput": 0.0})
+    # a time measured as predicted x (1 + error); a rate as predicted / (1 + error)
+    assert iv == {"tpot.mean": pytest.approx([0.010 * (1 + lo_d), 0.010 * (1 + hi_d)]),
+                  "output_throughput": pytest.approx([1000 / (1 + hi_t), 1000 / (1 + lo_t)])}
+    assert "ttft.mean" not in iv  # no TTFT rows in the development set: no interval
+    lines = interval_lines({"a": {"interval_80": iv}, "b": {}})
+    assert lines[1] == (f"  a: tpot.mean {10 * (1 + lo_d):.1f}-{10 * (1 + hi_d):.1f} ms; output_throughput "
+                        f"{1000 / (1 + hi_t):,.0f}-{1000 / (1 + lo_t):,.0f}/s")
+    assert lines[2] == "  b: no metric with an interval"
+
+
+def test_leave_one_source_out_coverage_by_hand():
+    bench = _bench()
+    # source a's rows are judged against b's and c's errors only, and so on
+    pairs = [("a", 0.0), ("a", 0.5), ("b", 0.1), ("b", 0.2), ("c", 0.15), ("c", -0.3)]
+    inside, total, alone = bench.loso_coverage(pairs)
+    # a: others [0.1, 0.2, 0.15, -0.3] -> p10 -0.165, p90 0.185: 0.0 in, 0.5 out
+    # b: others [0, 0.5, 0.15, -0.3] -> p10 -0.21, p90 0.395: both in
+    # c: others [0, 0.5, 0.1, 0.2] -> p10 0.03, p90 0.41: 0.15 in, -0.3 out
+    assert (inside, total, alone) == (4, 6, [])
+    assert bench.loso_coverage([("a", 0.1)]) == (0, 0, ["a"])
+
+
+def test_source_is_the_document():
+    bench = _bench()
+    row = {"source": "github:pytorch-labs/gpt-fast@32971d3:README.md"}
+    assert bench.source_of(row) == bench.source_of({"source": "github:pytorch-labs/gpt-fast@744c927:README.md"})
+    chart = {"source": "github:vllm-project/vllm-project.github.io@c3a01c4:assets/figures/perf-v060/llama8B.png"}
+    assert bench.source_of(chart) == "vllm-project.github.io:_posts/2024-09-05-perf-update.md"
+
+
+def test_run_interval_flag(tmp_path):
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "iv").mkdir()
+    result, out = invoke(tmp_path / "plain", VALID)
+    assert result.exit_code == 0, result.output
+    plain = json.loads((out / "summary.json").read_text())
+    assert all("interval_80" not in v for v in plain["variants"].values())  # off: the run writes what it did
+    result, out = invoke(tmp_path / "iv", VALID, args=("--interval",))
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "summary.json").read_text())
+    for name, v in summary["variants"].items():
+        assert v.pop("interval_80") == interval_80(v)  # floats round-trip through JSON exactly
+        assert v == plain["variants"][name]  # nothing else moved
+    assert "80% interval (published measurements" in result.stdout
