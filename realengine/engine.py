@@ -217,6 +217,18 @@ def run_engine(
         torch.set_num_threads(threads)
 
 
+def sized_config(cfg: VariantConfig, model: LlamaModel, built, tdtype: torch.dtype, device: str) -> VariantConfig:
+    """On CUDA without a block count, the variant with its KV cache sized as vLLM sizes it (a profiling forward
+    pass, then what ``gpu_memory_utilization`` leaves); otherwise as it is."""
+    if device != "cuda" or cfg.deployment.num_gpu_blocks is not None:
+        return cfg
+    blocks = profile_num_blocks(model, block_size=cfg.deployment.block_size,
+                                max_num_batched_tokens=built.limits.max_num_batched_tokens,
+                                max_num_seqs=built.limits.max_num_seqs,
+                                gpu_memory_utilization=cfg.deployment.gpu_memory_utilization)
+    return engine_config(cfg, num_gpu_blocks=blocks, dtype=tdtype, device=device)
+
+
 def _run_engine(cfg: VariantConfig, workload, *, device, dtype, model_spec, num_gpu_blocks, time_scale,
                 max_wall_s, name, seed, record_plans, memory_interval_s, memory_samples, kv_layout, failures,
                 decode_kernel, on_runner, real_model, texts, weight_quant, virtual: bool, progress=None,
@@ -249,12 +261,7 @@ def _run_engine(cfg: VariantConfig, workload, *, device, dtype, model_spec, num_
         from realengine.quant import quantize_model
 
         model = quantize_model(model, weight_quant)
-    if device == "cuda" and cfg.deployment.num_gpu_blocks is None:  # size the cache as vLLM does
-        blocks = profile_num_blocks(model, block_size=cfg.deployment.block_size,
-                                    max_num_batched_tokens=built.limits.max_num_batched_tokens,
-                                    max_num_seqs=built.limits.max_num_seqs,
-                                    gpu_memory_utilization=cfg.deployment.gpu_memory_utilization)
-        cfg = engine_config(cfg, num_gpu_blocks=blocks, dtype=tdtype, device=device)
+    cfg = sized_config(cfg, model, built, tdtype, device)
     _, kv0, _, built = build(cfg)
     if kv_layout == "paged" and not isinstance(cfg.kv_cache, PagedKV):
         kv_layout = "contiguous"  # the contiguous allocator has no block tables

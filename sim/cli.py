@@ -980,6 +980,11 @@ def teach(
     serve(host, port)
 
 
+from sim import live_cli  # noqa: E402 - registers on the app above; it imports this module's helpers
+
+live_cli.register(app)
+
+
 def main() -> None:  # pragma: no cover - console entry
     app()
 

@@ -63,7 +63,8 @@ def request_latencies(r: RequestRecord) -> list[float | str]:
     if not r.completed:
         return ["", "", "", ""]
     tpot: float | str = (r.finish - r.first_token) / (r.output_tokens - 1) if r.output_tokens > 1 else ""
-    return [r.first_scheduled - r.arrival, r.first_token - r.arrival, tpot, r.finish - r.arrival]
+    queue: float | str = r.first_scheduled - r.arrival if r.first_scheduled >= 0 else ""  # unseen by observe
+    return [queue, r.first_token - r.arrival, tpot, r.finish - r.arrival]
 
 
 def class_cells(r: RequestRecord) -> list[object]:

@@ -332,7 +332,9 @@ class _Latencies:
         multi = out_tok > 1
         tpot_all = np.zeros(len(done))  # vLLM scores single-token requests as TPOT 0 for goodput
         tpot_all[multi] = (e2el[multi] - ttft[multi]) / (out_tok[multi] - 1)
-        return cls(ttft, e2el, scheduled - arrival, multi, tpot_all, out_tok)
+        # a request observed from outside (servesim observe) has no first scheduled step: no queueing delay
+        queue = (scheduled - arrival)[scheduled >= 0]
+        return cls(ttft, e2el, queue, multi, tpot_all, out_tok)
 
 
 def _one(values: set) -> object:

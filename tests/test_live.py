@@ -1,0 +1,272 @@
+"""`servesim serve` and `servesim observe` on localhost: the real engine (tiny model, CPU) behind the OpenAI API,
+driven by observe, and observe's faults against a stub server (refused, HTTP 500, a stream cut short, too slow,
+Ctrl-C)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("aiohttp")
+pytest.importorskip("torch")
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SCENARIO = """\
+name: live-tiny
+seed: 3
+workload:
+  arrival: {type: poisson, rate: 25}
+  num_requests: 24
+  prompt_len: {type: uniform, min: 4, max: 30}
+  output_len: {type: uniform, min: 2, max: 12}
+deployment:
+  model: tiny
+  max_model_len: 64
+  block_size: 4
+policy:
+  type: continuous
+"""
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+def _cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "sim.cli", *args], capture_output=True, text=True, timeout=timeout,
+                          env=_env(), cwd=ROOT)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """`servesim serve` on a free port: (endpoint, server log path, scenario path)."""
+    d = tmp_path_factory.mktemp("live")
+    scenario = d / "tiny.yaml"
+    scenario.write_text(SCENARIO)
+    log = d / "server.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "sim.cli", "serve", str(scenario), "--port", "0", "--log",
+                             str(log)], stderr=subprocess.PIPE, text=True, env=_env(), cwd=ROOT)
+    assert proc.stderr is not None
+    line = proc.stderr.readline()  # "serving ... on http://127.0.0.1:PORT/v1" once it listens
+    m = re.search(r"on (http://127\.0\.0\.1:\d+/v1)", line)
+    if m is None:
+        proc.kill()
+        pytest.fail(f"servesim serve did not start: {line}{proc.stderr.read()}")
+    yield m.group(1), log, scenario
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def _requests(out: Path) -> list[dict]:
+    with open(out / "requests.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def _scrape(endpoint: str) -> dict[str, float]:
+    from urllib.request import urlopen
+
+    from sim.observe import base_url, parse_metrics
+
+    with urlopen(base_url(endpoint) + "/metrics", timeout=10) as r:
+        return parse_metrics(r.read().decode())
+
+
+def test_observe_agrees_with_what_the_server_logged(served, tmp_path):
+    endpoint, log, scenario = served
+    before = _scrape(endpoint)
+    out = tmp_path / "obs"
+    p = _cli("observe", str(scenario), "--endpoint", endpoint, "-o", str(out), "--scrape-interval", "0.2", "-q")
+    assert p.returncode == 0, p.stderr
+    rows = _requests(out)
+    assert len(rows) == 24 and all(r["outcome"] == "completed" for r in rows)
+    # max_tokens with EOS ignored: every request got exactly the tokens it asked for
+    assert all(r["output_tokens"] == r["target_output_tokens"] for r in rows)
+    logged = {}
+    for line in log.read_text().splitlines():
+        row = json.loads(line)
+        if row["request_id"].startswith("servesim-observe-"):
+            logged[int(row["request_id"].rsplit("-", 1)[1])] = row
+    assert sorted(logged) == list(range(24))
+    for r in rows:
+        s = logged[int(r["id"])]
+        assert s["outcome"] == "completed"
+        # the prompt approximation is exact on this server: one word, one token
+        assert s["prompt_tokens"] == int(r["prompt_tokens"]) and s["output_tokens"] == int(r["output_tokens"])
+        # stream timing: the client sees each step's tokens after the server sent them, and not much later
+        server_ttft = s["first_token"] - s["arrival"]
+        server_e2el = s["finish"] - s["arrival"]
+        client_ttft, client_e2el = float(r["ttft_s"]), float(r["e2el_s"])
+        assert server_ttft - 0.002 <= client_ttft <= server_ttft + 0.15
+        assert server_e2el - 0.002 <= client_e2el <= server_e2el + 0.15
+        assert len(s["chunk_times"]) == int(r["output_tokens"])  # one chunk per step, one token per step here
+    info = json.loads((out / "observe.json").read_text())
+    assert info["partial"] is False and info["failures"] == {} and info["requests_sent"] == 24
+    # the scraped series ends on the server's own counters: the last scrape follows the last [DONE]
+    series: dict[str, list[tuple[float, float]]] = {}
+    with open(out / "metrics.csv") as f:
+        for row in csv.DictReader(f):
+            series.setdefault(row["metric"], []).append((float(row["time_s"]), float(row["value"])))
+    after = _scrape(endpoint)
+    for name in ("vllm:generation_tokens_total", "vllm:request_success_total", "vllm:prompt_tokens_total"):
+        assert series[name][-1][1] == after[name]
+    sent_out = sum(int(r["output_tokens"]) for r in rows)
+    assert after["vllm:generation_tokens_total"] - before.get("vllm:generation_tokens_total", 0) == sent_out
+    assert after["vllm:request_success_total"] - before.get("vllm:request_success_total", 0) == 24
+    assert after["vllm:num_requests_running"] == 0 and after["vllm:kv_cache_usage_perc"] == 0
+    assert all(0 <= v <= 1 for _, v in series["vllm:kv_cache_usage_perc"])
+    # the folder is a run folder: compare reads it
+    cmp = _cli("compare", str(out), str(out))
+    assert cmp.returncode == 0, cmp.stderr
+
+
+def test_serve_answers_the_openai_api(served):
+    from urllib.error import HTTPError
+    from urllib.request import Request, urlopen
+
+    endpoint = served[0]
+    body = json.dumps({"messages": [{"role": "user", "content": "one two three"}], "max_tokens": 5}).encode()
+    with urlopen(Request(endpoint + "/chat/completions", data=body), timeout=30) as r:
+        reply = json.loads(r.read())
+    assert reply["usage"] == {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}
+    assert len(reply["choices"][0]["message"]["content"].split()) == 5
+    too_long = json.dumps({"prompt": "x " * 60, "max_tokens": 10}).encode()
+    with pytest.raises(HTTPError) as e:
+        urlopen(Request(endpoint + "/completions", data=too_long), timeout=30)
+    assert e.value.code == 400 and b"maximum context length is 64" in e.value.read()
+
+
+# ---- faults, against a stub ------------------------------------------------------------------------------------
+
+class _Stub(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    mode = "ok"
+    answered: list[int] = []  # one entry per request answered in full (each stub gets its own list)
+
+    def log_message(self, *a):
+        pass
+
+    def do_GET(self):
+        self.send_response(404)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def do_POST(self):
+        try:
+            self._answer()
+        except (BrokenPipeError, ConnectionResetError):  # the client gave up (timeout, Ctrl-C): its business
+            self.close_connection = True
+
+    def _answer(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        if self.mode == "500":
+            data = b'{"message": "boom"}'
+            self.send_response(500)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            return
+        if self.mode == "slow":
+            time.sleep(1.5)
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        n = 2 if self.mode == "cut" else 3
+        for _ in range(n):
+            ev = b'data: {"choices": [{"index": 0, "text": " x"}]}\n\n'
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(ev), ev))
+            self.wfile.flush()
+        if self.mode == "cut":  # the connection dies mid-stream
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
+            return
+        ev = b"data: [DONE]\n\n"
+        self.wfile.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(ev), ev))
+        self.answered.append(1)
+
+
+@pytest.fixture
+def stub():
+    servers = []
+
+    def start(mode: str) -> str:
+        handler = type("H", (_Stub,), {"mode": mode, "answered": []})
+        srv = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        srv.daemon_threads = True
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        servers.append(srv)
+        return f"http://127.0.0.1:{srv.server_address[1]}/v1"
+
+    start.servers = servers  # type: ignore[attr-defined]
+    yield start
+    for s in servers:
+        s.shutdown()
+        s.server_close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("mode,reason", [("refuse", "unreachable"), ("500", "HTTP 500"),
+                                         ("cut", "stream cut short"), ("slow", "timeout")])
+def test_faults_are_counted_failures(stub, tmp_path, mode, reason):
+    from typer.testing import CliRunner
+
+    from sim.cli import app
+
+    endpoint = f"http://127.0.0.1:{_free_port()}/v1" if mode == "refuse" else stub(mode)
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(SCENARIO.replace("num_requests: 24", "num_requests: 4").replace("rate: 25", "rate: 100"))
+    out = tmp_path / "obs"
+    res = CliRunner().invoke(app, ["observe", str(scenario), "--endpoint", endpoint, "-o", str(out), "-q",
+                                   "--timeout", "0.5", "--scrape-interval", "0", "--served-model", "m"])
+    assert res.exit_code == 0, res.output
+    info = json.loads((out / "observe.json").read_text())
+    assert info["failures"] == {reason: 4} and info["partial"] is False
+    rows = _requests(out)
+    assert [r["outcome"] for r in rows] == ["failed"] * 4 and all(r["reason"].startswith(reason) for r in rows)
+    if mode == "cut":
+        assert all(r["output_tokens"] == "2" for r in rows)  # what arrived before the cut is kept
+
+
+def test_stub_ok_and_ctrl_c_keeps_a_partial_run(stub, tmp_path):
+    endpoint = stub("slow")
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(SCENARIO.replace("rate: 25", "rate: 4"))  # 24 requests over ~6 s, each 1.5 s
+    out = tmp_path / "obs"
+    proc = subprocess.Popen([sys.executable, "-m", "sim.cli", "observe", str(scenario), "--endpoint", endpoint,
+                             "-o", str(out), "-q", "--scrape-interval", "0", "--served-model", "m"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=ROOT)
+    answered = stub.servers[0].RequestHandlerClass.answered
+    deadline = time.monotonic() + 30
+    while len(answered) < 2 and time.monotonic() < deadline:  # the first requests are done, later ones not
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    info = json.loads((out / "observe.json").read_text())
+    assert info["partial"] is True
+    rows = _requests(out)
+    done = [r for r in rows if r["outcome"] == "completed"]
+    assert done and all(r["output_tokens"] == "3" for r in done)
+    assert 0 < info["requests_sent"] < 24 or info["failures"].get("interrupted before it finished", 0) > 0
+    assert json.loads((out / "summary.json").read_text())["variants"]["live-tiny"]["observed"]["partial"] is True
