@@ -55,6 +55,7 @@ class LiveEnvironment(simpy.rt.RealtimeEnvironment):
         super().__init__(strict=False)
         self._inbox: collections.deque[Callable[[], None]] = collections.deque()
         self._wake = threading.Event()
+        self.taken_at = 0.0  # the wall-clock time (on this clock) at which the inbox was last taken
 
     def call_soon(self, fn: Callable[[], None]) -> None:
         """Run ``fn()`` in the loop's thread as soon as it can (thread-safe)."""
@@ -68,7 +69,10 @@ class LiveEnvironment(simpy.rt.RealtimeEnvironment):
         inbox = self._inbox
         if not inbox:
             return
-        self._now = max(self._now, min(self.wall_now(), self.peek()))
+        # The clock moves to the wall time, but never past the next event: when the loop runs late (a step's end
+        # is processed after its time) the callbacks run at that event's time and read ``taken_at`` for the truth.
+        self.taken_at = self.wall_now()
+        self._now = max(self._now, min(self.taken_at, self.peek()))
         while inbox:
             inbox.popleft()()
 
@@ -219,8 +223,8 @@ class LiveEngine:
                 self.e2e.observe(r.finish - r.arrival)
                 self.prompt_tokens_total += r.prompt_len
                 self.generation_tokens_total += r.num_output_tokens
-                if r.first_scheduled >= 0:
-                    self.queue_time.observe(r.first_scheduled - r.arrival)
+                if r.first_scheduled >= 0:  # (a step that began while the loop ran late can start before it)
+                    self.queue_time.observe(max(r.first_scheduled - r.arrival, 0.0))
         if r.outcome is Outcome.COMPLETED:
             s.chunks.put(("done", {"prompt_tokens": r.prompt_len, "completion_tokens": r.num_output_tokens}))
         else:
@@ -255,7 +259,9 @@ class LiveEngine:
             self._streams[rid] = stream
             self.sim.send(RequestSpec(rid, self.env.now, prompt_len, max_tokens))
             if rid in self._streams:  # not refused at once by admission
-                stream.request = self.sim.requests[-1]
+                r = stream.request = self.sim.requests[-1]
+                # a loop running late takes the request at the overdue event's time: its arrival is when it came
+                r.arrival = max(r.arrival, self.env.taken_at)
 
         self.env.call_soon(arrive)
         return stream

@@ -112,8 +112,8 @@ def test_observe_agrees_with_what_the_server_logged(served, tmp_path):
         server_ttft = s["first_token"] - s["arrival"]
         server_e2el = s["finish"] - s["arrival"]
         client_ttft, client_e2el = float(r["ttft_s"]), float(r["e2el_s"])
-        assert server_ttft - 0.002 <= client_ttft <= server_ttft + 0.15
-        assert server_e2el - 0.002 <= client_e2el <= server_e2el + 0.15
+        assert server_ttft - 0.002 <= client_ttft <= server_ttft + 0.25
+        assert server_e2el - 0.002 <= client_e2el <= server_e2el + 0.25
         assert len(s["chunk_times"]) == int(r["output_tokens"])  # one chunk per step, one token per step here
     info = json.loads((out / "observe.json").read_text())
     assert info["partial"] is False and info["failures"] == {} and info["requests_sent"] == 24
