@@ -327,12 +327,15 @@ class VTCPolicyConfig(_BuiltinQueueConfig):
     input_weight: Float = Field(default=1.0, ge=0, le=1e6, description="Service counted per prompt token (the "
                                 "paper's w_p).")
     output_weight: Float = Field(default=2.0, ge=0, le=1e6, description="Service counted per generated token (w_q).")
+    tenant_weights: dict[str, Annotated[Float, Field(gt=0, le=1e6)]] = Field(
+        default_factory=dict, description="Each tenant's share (> 0; tenants not named weigh 1): backlogged tenants "
+        "are served in proportion.")
 
     def make(self) -> Any:
         from sim.policies.vtc import VirtualTokenCounter
 
         return VirtualTokenCounter(self.enable_chunked_prefill, self.preemption_mode, self.input_weight,
-                                   self.output_weight)
+                                   self.output_weight, self.tenant_weights)
 
 
 class LPMPolicyConfig(_BuiltinQueueConfig):

@@ -10,6 +10,9 @@ counter lifted to the smallest counter of the tenants already waiting, or, if no
 last tenant that left the queue: time spent idle earns no credit, so a tenant cannot save service up and then
 starve the others.
 
+With ``tenant_weights`` (the paper's weighted VTC) a tenant's counter grows by its weighted tokens divided by its
+weight, so backlogged tenants receive service in proportion to their weights (tenants not named weigh 1).
+
 The paper bounds the gap this leaves: for any two tenants backlogged throughout an interval, the weighted service
 they receive in it differs by at most 2U, U = max(w_p * L_input, w_q * M), with L_input the longest prompt and M
 the most tokens a running batch holds (its Theorem 4.4; ``tests/test_fair_schedulers.py`` checks it after every
@@ -31,10 +34,12 @@ from sim.policies.queue import QueuePolicy
 
 
 class VirtualTokenCounter(QueuePolicy):
-    """VTC fair queuing over tenants (module docstring); ``input_weight`` and ``output_weight`` are w_p and w_q."""
+    """VTC fair queuing over tenants (module docstring); ``input_weight`` and ``output_weight`` are w_p and w_q,
+    ``tenant_weights`` each tenant's share (default 1)."""
 
     def __init__(self, enable_chunked_prefill: bool = True, preemption_mode: str = "recompute",
-                 input_weight: float = 1.0, output_weight: float = 2.0) -> None:
+                 input_weight: float = 1.0, output_weight: float = 2.0,
+                 tenant_weights: dict[str, float] | None = None) -> None:
         super().__init__(enable_chunked_prefill, preemption_mode)
         for name, w in (("input_weight", input_weight), ("output_weight", output_weight)):
             if isinstance(w, bool) or not isinstance(w, int | float) or not (math.isfinite(w) and w >= 0):
@@ -42,6 +47,11 @@ class VirtualTokenCounter(QueuePolicy):
         if input_weight == output_weight == 0:
             raise ValueError("input_weight and output_weight are both 0: no service would ever be counted")
         self.input_weight, self.output_weight = float(input_weight), float(output_weight)
+        self.tenant_weights: dict[str, float] = {}
+        for t, w in (tenant_weights or {}).items():
+            if isinstance(w, bool) or not isinstance(w, int | float) or not (math.isfinite(w) and w > 0):
+                raise ValueError(f"tenant_weights[{t!r}] must be a finite number > 0 (its share), got {w!r}")
+            self.tenant_weights[str(t)] = float(w)
         self.counters: dict[str, float] = {}  # tenant -> weighted tokens received (lifted as the paper says)
         self._charged: set[int] = set()  # requests whose prompt was charged (a recomputed prompt is not again)
         self._tracked: dict[int, tuple[RequestView, int]] = {}  # admitted, unfinished: (view, outputs charged)
@@ -67,7 +77,7 @@ class VirtualTokenCounter(QueuePolicy):
         for r, _ in plan.scheduled:
             if r.id not in self._charged:
                 self._charged.add(r.id)
-                self.counters[r.tenant] = self.counters.get(r.tenant, 0.0) + self.input_weight * r.prompt_len
+                self.counters[r.tenant] = self.counters.get(r.tenant, 0.0) + self._cost(r.tenant, r.prompt_len, 0)
                 self._tracked[r.id] = (r, r.num_output_tokens)
         gone = {r.id for r, _ in plan.scheduled} | {r.id for r, _ in plan.rejected}
         still = {r.tenant for r in view.waiting if r.id not in gone}
@@ -77,14 +87,18 @@ class VirtualTokenCounter(QueuePolicy):
         self._backlogged = still
         return plan
 
+    def _cost(self, tenant: str, prompt: int, outputs: int) -> float:
+        """What ``prompt`` tokens and ``outputs`` generated tokens add to ``tenant``'s counter: the weighted tokens
+        over its share (1 unless ``tenant_weights`` names it)."""
+        return (self.input_weight * prompt + self.output_weight * outputs) / self.tenant_weights.get(tenant, 1.0)
+
     def _charge_outputs(self) -> None:
         """Add the tokens generated since the last call (the views read their requests' current state)."""
         done = []
-        w = self.output_weight
         for rid, (r, seen) in self._tracked.items():
             n = r.num_output_tokens
             if n != seen:
-                self.counters[r.tenant] += w * (n - seen)
+                self.counters[r.tenant] += self._cost(r.tenant, 0, n - seen)
                 self._tracked[rid] = (r, n)
             if r.status == "finished":
                 done.append(rid)
@@ -118,7 +132,7 @@ class VirtualTokenCounter(QueuePolicy):
             r = queues[t][i]
             order[r.id] = len(order)
             if r.id not in self._charged:
-                c += self.input_weight * r.prompt_len
+                c += self._cost(t, r.prompt_len, 0)
             if i + 1 < len(queues[t]):
                 nxt = queues[t][i + 1]
                 heapq.heappush(heap, (c, i + 1, nxt.arrival, nxt.id, t))
