@@ -269,3 +269,30 @@ def test_lpm_falls_back_to_fcfs_above_max_waiting() -> None:
 def test_lpm_refuses_bad_arguments(args: dict) -> None:
     with pytest.raises(ValueError, match="aging|max_waiting"):
         LongestPrefixMatch(**args)
+
+
+def test_lof_starts_the_longest_outputs_first_and_shortens_an_offline_batch() -> None:
+    """SGLang's lof on the oracle: 200 requests at t=0 on 8 slots, outputs lognormal (median 60, sigma 1.2):
+    served longest first, it finishes the batch sooner than FCFS and than shortest-first (sjf), whose mean E2EL
+    is the lowest (the trade it makes). Measured: makespan lof 36.1 s, FCFS 37.9 s, sjf 43.2 s; mean E2EL 29.6,
+    16.9 and 7.7 s."""
+    from sim.policies.lof import LongestOutputFirst
+    from sim.policies.predictors import OraclePredictor
+    from sim.policies.sjf import ShortestJobFirst
+
+    rng = np.random.default_rng(8)
+    out = np.clip(rng.lognormal(np.log(60), 1.2, 200), 1, 3000).astype(int)
+    specs = [RequestSpec(i, 0.0, 100, int(out[i])) for i in range(200)]
+    lim = Limits(8, 8192, 8192)
+    runs = {}
+    for name, policy in (("fcfs", FCFSPolicy()), ("lof", LongestOutputFirst()), ("sjf", ShortestJobFirst())):
+        sim = Simulation(specs, [(ServingCore(UserPolicy(policy, lim, predictor=OraclePredictor()),
+                                              PagedBlockManager(100_000, 16)), _cost())])
+        sim.run()
+        runs[name] = sim.requests
+    first = sorted(runs["lof"], key=lambda r: (r.first_scheduled, r.id))[:8]
+    assert sorted(r.spec.output_len for r in first) == sorted(out)[-8:]  # the 8 longest start first
+    makespan = {n: max(r.finish for r in reqs) for n, reqs in runs.items()}
+    mean_e2el = {n: float(np.mean([r.finish - r.arrival for r in reqs])) for n, reqs in runs.items()}
+    assert makespan["lof"] < makespan["fcfs"] and makespan["lof"] < makespan["sjf"], makespan
+    assert mean_e2el["sjf"] < mean_e2el["fcfs"] < mean_e2el["lof"], mean_e2el

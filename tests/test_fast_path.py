@@ -90,7 +90,7 @@ KV_CACHES = [c for m in _union_members(KVCacheConfig) for c in _choices(m)]
 
 def test_every_option_is_enumerated():
     assert {p["type"] for p in POLICIES} == {"static", "continuous", "fcfs", "priority", "sjf", "edf", "custom",
-                                             "vtc", "lpm"}
+                                             "vtc", "lpm", "lof"}
     assert {k["type"] for k in KV_CACHES} == {"paged", "contiguous"}
     assert len(POLICIES) >= 18 and len(KV_CACHES) >= 4  # 2 static + 16 continuous; 2 paged + 2 contiguous
 

@@ -353,9 +353,26 @@ class LPMPolicyConfig(_BuiltinQueueConfig):
         return LongestPrefixMatch(self.enable_chunked_prefill, self.preemption_mode, self.max_waiting, self.aging)
 
 
+class LOFPolicyConfig(_BuiltinQueueConfig):
+    """SGLang's longest output first (--schedule-policy lof) on the predictor's output length (default: oracle)."""
+
+    type: Literal["lof"] = "lof"
+
+    @model_validator(mode="after")
+    def _default_oracle(self) -> LOFPolicyConfig:
+        if self.predictor is None:
+            self.predictor = OraclePredictorConfig()
+        return self
+
+    def make(self) -> Any:
+        from sim.policies.lof import LongestOutputFirst
+
+        return LongestOutputFirst(self.enable_chunked_prefill, self.preemption_mode)
+
+
 PolicyConfig = Annotated[StaticPolicyConfig | ContinuousPolicyConfig | FCFSPolicyConfig | PriorityPolicyConfig
                          | SJFPolicyConfig | EDFPolicyConfig | CustomPolicyConfig | VTCPolicyConfig
-                         | LPMPolicyConfig,
+                         | LPMPolicyConfig | LOFPolicyConfig,
                          Field(discriminator="type")]
 
 
