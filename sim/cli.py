@@ -81,6 +81,21 @@ def _overrides(sets: list[str], num_requests: int | None) -> dict:
     return out
 
 
+def _policy_capabilities(prepared: Any) -> list[str]:
+    """One line per variant whose policy is a user's class (``type: custom``), saying when the core asks it."""
+    from sim.build import build
+    from sim.policies.user import UserPolicy
+
+    lines: list[str] = []
+    for _, _, cfgs in prepared.plans[:1]:  # the first sweep point's variants: the same classes at every point
+        for cfg in cfgs:
+            if getattr(cfg.policy, "type", None) == "custom" and cfg.cluster is None and cfg.disaggregation is None:
+                policy = build(cfg)[0]
+                if isinstance(policy, UserPolicy):
+                    lines.append(f"{cfg.name}: {policy.capabilities()}")
+    return lines
+
+
 @app.command()
 def run(
     scenario: Path = typer.Argument(..., help="Scenario YAML file."),
@@ -125,6 +140,8 @@ def run(
     if out_dir.exists() and not out_dir.is_dir():
         _fail(f"--out {out_dir}: exists and is not a folder")
     typer.echo(f"{sc.name}: {sc.workload.describe()}", err=True)
+    for line in _policy_capabilities(prepared):
+        typer.echo(line, err=True)
     # one bar: simulated requests of every run with simulated time, then a line per writing phase
     bar = BarProgress(prepared.num_requests, sc.name) if not quiet and sys.stderr.isatty() else None
     written: list[str] = []

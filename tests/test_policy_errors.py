@@ -88,3 +88,12 @@ def test_check_mode_passes_a_correct_declaration(tmp_path: Path) -> None:
     p = _check(tmp_path, "sim.policies.priority:PriorityPolicy")
     assert p.returncode == 0, p.stdout + p.stderr
     assert "ok, the fast path gives the same" in p.stdout
+
+
+def test_the_run_says_when_a_users_policy_is_asked(tmp_path: Path) -> None:
+    """A user on the wrong declaration should know what it costs (vLLM PR #43724: a custom scheduler silently lost
+    its fast path)."""
+    for cls, words in (("bad_policies.py:NeedsArgs", "asked at arrivals, finishes and KV shortages"),
+                       ("bad_policies.py:TooMany", "asked before every step")):
+        p = _run(tmp_path, cls, ", args: {threshold: 1}" if "NeedsArgs" in cls else "")
+        assert words in p.stderr, p.stderr

@@ -78,6 +78,15 @@ class UserPolicy(Policy):
         d = getattr(self.user, "describe", None)
         return str(d()) if callable(d) else self.name
 
+    def capabilities(self) -> str:
+        """What the core will do with this policy, in words: a user on the wrong declaration should know what it
+        costs (in vLLM a custom scheduler on the wrong base silently lost its fast path: PR #43724)."""
+        if self.may_repeat:
+            return (f"policy {self.name}: asked at arrivals, finishes and KV shortages (depends_on); decode "
+                    "stretches between them run without asking (servesim check-policy verifies the declaration)")
+        return (f"policy {self.name}: asked before every step (depends_on: every_step); declare "
+                "depends_on = {'arrivals', 'finishes'} if that is all its decision reads, for the fast path")
+
     def _public_view(self, view: View, hidden: set[int]) -> api.PolicyView:
         pred = self.predictor
         waiting = view.waiting if not hidden else [r for r in view.waiting if r.id not in hidden]
