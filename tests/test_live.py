@@ -270,3 +270,20 @@ def test_stub_ok_and_ctrl_c_keeps_a_partial_run(stub, tmp_path):
     assert done and all(r["output_tokens"] == "3" for r in done)
     assert 0 < info["requests_sent"] < 24 or info["failures"].get("interrupted before it finished", 0) > 0
     assert json.loads((out / "summary.json").read_text())["variants"]["live-tiny"]["observed"]["partial"] is True
+
+
+def test_the_openai_client_drives_serve(served):
+    """A real client: the openai package, streaming a completion and a chat completion."""
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=served[0], api_key="none", max_retries=0, timeout=30)
+    model = client.models.list().data[0].id
+    assert model == "tiny"
+    chunks = list(client.completions.create(model=model, prompt="a b c d", max_tokens=6, stream=True,
+                                            stream_options={"include_usage": True},
+                                            extra_body={"ignore_eos": True}))
+    texts = [c.choices[0].text for c in chunks if c.choices and c.choices[0].text]
+    assert len(texts) == 6 and chunks[-1].usage.completion_tokens == 6 and chunks[-1].usage.prompt_tokens == 4
+    chat = list(client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi there"}],
+                                               max_tokens=3, stream=True))
+    deltas = [c.choices[0].delta.content for c in chat if c.choices and c.choices[0].delta.content]
+    assert len(deltas) == 3 and chat[-1].choices[0].finish_reason == "length"
