@@ -167,3 +167,11 @@ def test_fitness_maps_each_key_as_blis_does() -> None:
     assert fitness_of(row, Fitness(weights={"jain_index": 1, "goodput": 3})) == 0.5  # none of it scores 0
     assert math.isclose(fitness_of(row, Fitness(weights={"p99_ttft": 1}, reference={"latency": 0.001})),
                         1 / 1001)  # BLIS's 1 ms reference
+
+
+def test_the_shipped_example_spec_is_valid() -> None:
+    """examples/tournaments/priority-vs-fcfs.yaml: its scenario and user policy resolve from the spec's folder and
+    every policy builds."""
+    t = load_spec(EXAMPLES.parent / "tournaments" / "priority-vs-fcfs.yaml")
+    assert t.policies == ["fcfs", "priority", "sjf", "shortest-prompt"]
+    assert t.rates == [6.75, 13.5, 20.25] and t.spec.seeds == [0, 1]
