@@ -87,6 +87,17 @@ CLUSTER_ROWS: tuple[tuple[str, str, Callable[[float], str]], ...] = (
 )
 
 
+def _sig(x: float) -> str:
+    return f"{x:.3g}"
+
+
+# shown when a run's GPU has power figures (summary["energy"], sim/energy.py)
+ENERGY_ROWS: tuple[tuple[str, str, Callable[[float], str]], ...] = (
+    ("J / output token", "energy.j_per_output_token", _sig),
+    ("mean power (W)", "energy.mean_power_w", _int),
+)
+
+
 # shown when a run splits prefill and decode (summary["disaggregation"], sim/disagg)
 DISAGG_ROWS: tuple[tuple[str, str, Callable[[float], str]], ...] = (
     ("KV moved (GiB)", "disaggregation.gib_moved", _s),
@@ -184,7 +195,9 @@ def table_cells(summaries: dict) -> tuple[list[str], list[list[str]]]:
     rows = []
     cluster = any("cluster" in summaries[n] for n in names)
     disagg = any("disaggregation" in summaries[n] for n in names)
-    plain = TABLE_ROWS + (CLUSTER_ROWS if cluster else ()) + (DISAGG_ROWS if disagg else ())
+    energy = any(summaries[n].get("energy") for n in names)
+    plain = TABLE_ROWS + (CLUSTER_ROWS if cluster else ()) + (ENERGY_ROWS if energy else ()) \
+        + (DISAGG_ROWS if disagg else ())
     rows_of = [(label, key.split("."), fmt) for label, key, fmt in plain] + _class_rows(summaries, names)
     for label, parts, fmt in rows_of:
         vals = [value_at(summaries[n], parts) for n in names]

@@ -212,3 +212,39 @@ def test_a_gpu_without_power_figures_has_no_energy() -> None:
     sc["deployment"]["model"] = "llama-3.2-1b"
     _, s = _one(sc)
     assert s["energy"] is None
+
+
+def test_exports_carry_the_energy() -> None:
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families
+
+    from sim.benchfiles.export_metrics import openmetrics_text
+    from sim.benchfiles.export_vllm import vllm_bench_result
+
+    sc = _scenario(arrival={"type": "poisson", "rate": 4.0}, n=40)
+    sc["deployment"]["tensor_parallel_size"] = 2
+    r, s = _one(sc)
+    bench = vllm_bench_result(r)
+    assert bench["energy_j"] == s["energy"]["energy_j"]
+    assert bench["j_per_output_token"] == pytest.approx(s["energy"]["j_per_output_token"], rel=1e-12)
+    assert len(bench["energies_j"]) == len(bench["ttfts"]) == 40
+    assert sum(bench["energies_j"]) == pytest.approx(bench["energy_j"], rel=1e-12)
+    fams = {f.name: f for f in text_string_to_metric_families(openmetrics_text(r))}
+    power = [x.value for x in fams["DCGM_FI_DEV_POWER_USAGE"].samples]
+    assert max(power) <= 700.0 and min(power) >= 70.0  # one GPU of the two, between idle and the TDP
+    joules = [x.value / 1000 for x in fams["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"].samples]
+    assert all(b >= a for a, b in zip(joules, joules[1:], strict=False))
+    # the last step ends the run: one GPU's energy then is half the run's (two GPUs)
+    assert 2 * joules[-1] == pytest.approx(s["energy"]["energy_j"], rel=1e-9)
+
+
+def test_report_and_table_show_the_energy() -> None:
+    from sim.report import build_report
+    from sim.table import format_table
+
+    r, s = _one(_scenario(arrival={"type": "poisson", "rate": 4.0}, n=20))
+    page = build_report([r], {r.name: s}, "t")
+    assert "<h2>Power and energy</h2>" in page and "power over time" in page
+    table = format_table({r.name: s})
+    rows = {line[:17].strip(): line[17:].strip() for line in table.splitlines()}
+    assert rows["J / output token"] == f"{s['energy']['j_per_output_token']:.3g}"
+    assert rows["mean power (W)"] == f"{s['energy']['mean_power_w']:,.0f}"

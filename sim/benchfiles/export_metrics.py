@@ -8,6 +8,12 @@ replica index, as vLLM labels data-parallel engines. The KV usage is written und
 vLLM). Histograms and the preemption counter are the state at the end of the run; the counter is also a series.
 TPOT is written under v1's per-request name and the older ``time_per_output_token_seconds``; ITL (pooled gaps)
 under ``inter_token_latency_seconds``.
+
+Power and energy (sim/energy.py), where the GPU has power figures, go under the names NVIDIA's DCGM exporter gives
+them, so that GPU dashboards read them: ``DCGM_FI_DEV_POWER_USAGE`` (W of one GPU of the engine, per sampled
+step) and ``DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION`` (mJ of one GPU since the start of the run, idle time at idle
+power), labelled ``gpu`` with the engine's index. Both are gauges here (DCGM's energy is a counter without the
+``_total`` suffix OpenMetrics requires of a counter's samples).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import numpy as np
 
 from sim.benchfiles.export_vllm import _model_of
 from sim.benchfiles.stats import itls_expand, pooled_itls
+from sim.energy import run_energy
 from sim.records import RunResult
 from sim.spec_decode import openmetrics_lines
 
@@ -62,6 +69,35 @@ def _thin(idx: np.ndarray, max_points: int) -> np.ndarray:
     if idx.size <= max_points:
         return idx
     return idx[np.linspace(0, idx.size - 1, max_points).round().astype(np.int64)]
+
+
+def _power_lines(result: RunResult, model: str, picked: list[tuple[int, np.ndarray, np.ndarray]],
+                 end: np.ndarray) -> list[str]:
+    """DCGM's power and energy series at the sampled steps (see the module docstring); none without power."""
+    energy = run_energy(result)
+    pm = result.power
+    if energy is None or pm is None:
+        return []
+    t0 = min((r.arrival for r in result.requests), default=0.0)
+    replica = np.asarray(result.steps["replica"], dtype=np.int64)
+    dur = np.asarray(result.steps["duration"], dtype=np.float64)
+    power, energy_mj = [], []
+    for e, rows, _ in picked:
+        mine = np.flatnonzero(replica == e)
+        mine = mine[np.argsort(end[mine], kind="stable")]
+        busy_j = np.cumsum(energy.step_energy_j[mine]) / pm.gpus  # one GPU's, to the end of each step
+        busy_s = np.cumsum(dur[mine])
+        at = np.searchsorted(end[mine], end[rows], side="right") - 1  # each sampled row in the engine's order
+        idle_s = np.maximum(end[rows] - t0 - busy_s[at], 0.0)
+        lab = f'gpu="{e}",modelName="{model}"'
+        for k, i in enumerate(rows.tolist()):
+            t = f" {_num(end[i])}"
+            power.append(f"DCGM_FI_DEV_POWER_USAGE{{{lab}}} {_num(energy.step_power_w[i] / pm.gpus)}{t}")
+            mj = 1000.0 * (busy_j[at[k]] + idle_s[k] * pm.idle_w)
+            energy_mj.append(f"DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{{{lab}}} {_num(mj)}{t}")
+    return ["# TYPE DCGM_FI_DEV_POWER_USAGE gauge", "# HELP DCGM_FI_DEV_POWER_USAGE Power draw (in W).",
+            *power, "# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION gauge",
+            "# HELP DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION Total energy consumption since boot (in mJ).", *energy_mj]
 
 
 def openmetrics_text(result: RunResult, *, max_points: int = 2000) -> str:
@@ -139,5 +175,6 @@ def openmetrics_text(result: RunResult, *, max_points: int = 2000) -> str:
                E2E_BUCKETS, ts)
     if result.spec_decode:  # speculative decoding's counters, at the end of the run
         lines += openmetrics_lines(result.spec_decode, lab, ts)
+    lines += _power_lines(result, model, picked, end)
     lines.append("# EOF")
     return "\n".join(lines) + "\n"

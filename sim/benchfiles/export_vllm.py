@@ -12,6 +12,9 @@ A run with request classes adds ``per_class`` (vLLM's format has no classes; rea
 per class name, its ``completed``, throughputs, ``request_goodput`` against the class's own TTFT/TPOT SLOs (null
 when it has none) and the TTFT, TPOT and E2EL aggregates under the same ``<stat>_<metric>_ms`` names. No ITL:
 the run pools its gaps over all requests.
+
+A run whose GPU has power figures (sim/energy.py) adds ``energy_j``, ``j_per_output_token``, ``mean_power_w`` and
+the per-request list ``energies_j`` (joules, in the lists' order), as servesim's own keys beside vLLM's.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from sim.benchfiles.stats import DEFAULT_PERCENTILES, LATENCY_METRICS, bench_stats, p_word, run_lists, run_stats
+from sim.energy import run_energy
 from sim.records import RunResult, has_classes
 
 BACKEND = "servesim"
@@ -66,6 +70,14 @@ def vllm_bench_result(result: RunResult, *, request_rate: float | None = None, b
             out[f"{stat}_{m}_ms"] = stats[f"{stat}_{m}"] * 1000.0
     if has_classes(result.requests):
         out["per_class"] = _per_class(result, tuple(percentiles))
+    energy = run_energy(result)
+    if energy is not None:  # vLLM has no energy keys: these are servesim's (sim/energy.py), skipped by its readers
+        total = energy.energy_j
+        out["energy_j"] = total
+        out["j_per_output_token"] = total / out["total_output_tokens"] if out["total_output_tokens"] else None
+        out["mean_power_w"] = total / float(result.duration) if result.duration > 0 else None
+        order = sorted(range(len(result.requests)), key=lambda i: result.requests[i].id)  # the lists' order
+        out["energies_j"] = [float(energy.request_energy_j[i]) for i in order]
     return out
 
 

@@ -59,6 +59,7 @@ from sim.report.common import (
     trace_points,
     window_edges,
 )
+from sim.report.energy import energy_sections
 from sim.report.fairness import fairness_sections
 from sim.report.figures import (
     CDF_LOG_SPAN,
@@ -317,6 +318,7 @@ SECTIONS: list[SectionBuilder] = [
     _sweep_section,
     _throughput_section,
     _cluster_section,
+    energy_sections,
     fairness_sections,
     _spec_decode_section,
     pipeline_sections,
