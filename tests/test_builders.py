@@ -59,8 +59,8 @@ def _variant(policy=None, kv=None, cost=None, **deployment) -> VariantConfig:
 # ---- policies -------------------------------------------------------------------------------------------------
 def test_the_unions_list_every_config_kind() -> None:
     assert sorted(k.__name__ for k in POLICY_KINDS) == [
-        "ContinuousPolicyConfig", "CustomPolicyConfig", "EDFPolicyConfig", "FCFSPolicyConfig", "LPMPolicyConfig",
-        "PriorityPolicyConfig", "SJFPolicyConfig", "StaticPolicyConfig", "VTCPolicyConfig"]
+        "ContinuousPolicyConfig", "CustomPolicyConfig", "EDFPolicyConfig", "FCFSPolicyConfig", "LOFPolicyConfig",
+        "LPMPolicyConfig", "PriorityPolicyConfig", "SJFPolicyConfig", "StaticPolicyConfig", "VTCPolicyConfig"]
     assert sorted(k.__name__ for k in KV_KINDS) == ["ContiguousKV", "PagedKV"]
     assert sorted(k.__name__ for k in COST_KINDS) == ["AnalyticCost", "FittedCost"]
 
