@@ -11,6 +11,7 @@ import contextlib
 import functools
 import json
 import math
+import os
 import sys
 import warnings
 from collections.abc import Callable, Iterator
@@ -28,6 +29,8 @@ from sim.schema import ScenarioError
 # "[parquet]", and its option table prints a value type after every flag ("--quiet <bool>", even "--help <bool>")
 # as if the flag took a value. Click's own help shows text as written and flags without a type.
 HELP_MARKUP = None
+DECISIONS_FILE = "decisions.jsonl"  # --trace decisions
+DECISIONS_PARTIAL = ".decisions.jsonl.partial"  # its rows while the run goes
 
 app = typer.Typer(
     add_completion=False,
@@ -109,6 +112,12 @@ def run(
                                      "parquet: as .parquet (needs pyarrow: pip install 'servesim[parquet]')."),
     interval: bool = typer.Option(False, "--interval", help="Add each variant's 80% intervals (TPOT, throughput; "
                                   "from published measurements, sim/intervals.py) to summary.json and the table."),
+    trace: str | None = typer.Option(None, "--trace", help="decisions: write decisions.jsonl (every admission, "
+                                     "schedule, preemption and routing decision, with routing regret) and a "
+                                     "decisions block per variant in summary.json; the fast path is off, so "
+                                     "the run is slower."),
+    trace_max_rows: int = typer.Option(200_000, "--trace-max-rows", help="Rows decisions.jsonl holds at most "
+                                       "(decisions past it are counted in the summary, not written)."),
 ) -> None:
     """Simulate every variant of a scenario on the same workload; print the comparison, write the run folder."""
     from sim.metrics import bottleneck
@@ -120,6 +129,10 @@ def run(
         _fail(f"--steps must be auto, full or binned, got {steps!r}")
     if table_format not in ("csv", "parquet"):
         _fail(f"--format must be csv or parquet, got {table_format!r}")
+    if trace not in (None, "decisions"):
+        _fail(f"--trace must be decisions, got {trace!r}")
+    if trace_max_rows < 1:
+        _fail(f"--trace-max-rows must be >= 1, got {trace_max_rows}")
     if table_format == "parquet":
         from sim.parquet_out import pyarrow_missing
 
@@ -146,10 +159,22 @@ def run(
     bar = BarProgress(prepared.num_requests, sc.name) if not quiet and sys.stderr.isatty() else None
     written: list[str] = []
     doing = f"simulating {sc.name}"
+    decisions = None
+    if trace is not None:  # rows streamed to a partial file in the folder, moved into place with the others
+        from sim.decisions import DecisionTrace
+
+        made = not out_dir.exists()  # a folder made here and left empty by a failed run goes again
+        try:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            sink = open(out_dir / DECISIONS_PARTIAL, "w")  # noqa: SIM115 (closed in the finally below)
+        except OSError as e:
+            _fail(f"--out {out_dir}: cannot write the run folder: {e.strerror or e}")
+            return
+        decisions = DecisionTrace(sink, max_rows=trace_max_rows)
     with _quiet_numpy():
         try:
             try:
-                result = run_scenario(prepared, progress=bar or False)
+                result = run_scenario(prepared, progress=bar or False, trace=decisions)
             except ScenarioError as e:  # a user's policy failed (sim.policies.user.PolicyError): nothing written
                 if bar is not None:
                     bar.close()
@@ -165,6 +190,10 @@ def run(
             try:
                 write_scenario_run(result, out_dir, progress=bar, steps=steps, table_format=table_format,
                                    written=written)
+                if decisions is not None and decisions.sink is not None:
+                    decisions.sink.close()
+                    os.replace(out_dir / DECISIONS_PARTIAL, out_dir / DECISIONS_FILE)
+                    written.append(DECISIONS_FILE)
             except OSError as e:
                 _fail(f"--out {out_dir}: cannot write the run folder: {e.strerror or e}")
         except InterruptedAfterWrite:
@@ -175,6 +204,12 @@ def run(
         finally:
             if bar is not None:
                 bar.close()
+            if decisions is not None and decisions.sink is not None:
+                decisions.sink.close()
+                with contextlib.suppress(FileNotFoundError):  # moved into place, or never to be
+                    (out_dir / DECISIONS_PARTIAL).unlink()
+                if made and not any(out_dir.iterdir()):
+                    out_dir.rmdir()
     typer.echo(format_table(result.summaries))
     if interval:
         from sim.intervals import interval_lines

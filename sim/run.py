@@ -16,6 +16,8 @@ from sim import online
 from sim.autoscaler import AutoscalerConfig
 from sim.build import build
 from sim.core import PlanError, ServingCore
+from sim.decisions import REGRET_MAX_REQUESTS, DecisionTrace, resimulated_regret, trace_core, trace_simulation
+from sim.decisions import summary as decisions_summary
 from sim.energy import power_model_of
 from sim.metrics import summarize
 from sim.policies.user import PolicyError
@@ -66,13 +68,17 @@ def simulate_variant(
     keep_token_times: bool = False,
     fast_path: bool = True,
     progress: Callable[[int, float], None] | None = None,
+    trace: DecisionTrace | None = None,
 ) -> tuple[RunResult, list[Request], ServingCore]:
     """Simulate one variant on a workload; returns its result, its requests and its core (a cluster's: the first
     replica's; the result covers every replica). A policy that breaks a rule or leaves work waiting forever
-    raises ``PolicyError`` (a ``ScenarioError``) naming the variant and the policy."""
+    raises ``PolicyError`` (a ``ScenarioError``) naming the variant and the policy. ``trace``: its decisions go
+    there (sim.decisions; the fast path is then off, and a disaggregated run is not traced)."""
+    if trace is not None:
+        fast_path = False  # the decode fast path takes steps without asking the policy the trace wraps
     with policy_errors(cfg, name):
         return _simulate_variant(cfg, workload, name=name, keep_token_times=keep_token_times, fast_path=fast_path,
-                                 progress=progress)
+                                 progress=progress, trace=trace)
 
 
 @contextmanager
@@ -100,6 +106,7 @@ def _simulate_variant(
     keep_token_times: bool,
     fast_path: bool,
     progress: Callable[[int, float], None] | None,
+    trace: DecisionTrace | None = None,
 ) -> tuple[RunResult, list[Request], ServingCore]:
     serving = cfg.deployment.serving
     if serving is not None and (cfg.disaggregation is not None or cfg.cluster is not None):
@@ -112,7 +119,7 @@ def _simulate_variant(
                                       fast_path=fast_path, progress=progress)
     if cfg.cluster is not None:
         return _simulate_cluster(cfg, workload, name=name, keep_token_times=keep_token_times, fast_path=fast_path,
-                                 progress=progress)
+                                 progress=progress, trace=trace)
     policy, kv, cost, built = build(cfg)
     core = ServingCore(policy, kv, fast_path=fast_path, keep_token_times=keep_token_times, spec=spec_decoder(cfg))
     fe = None if serving is None else online.frontend(serving, cfg.deployment.engine)
@@ -122,6 +129,8 @@ def _simulate_variant(
     plan = None if closed is None else ClosedLoopPlan(closed.num_users, closed.think_times)
     sim = Simulation(workload.requests, [(core, cost)], closed_loop=plan, progress=progress, fast_forward=fast_path,
                      failures=workload.failures, leak=cfg.deployment.leak_kv_on_failure)
+    if trace is not None:
+        trace_core(core, trace)
     sim.run()
     if fe is not None:
         online.to_client(sim.requests, sends, closed is not None, fe)
@@ -166,8 +175,43 @@ def autoscaler_of(cfg: VariantConfig) -> AutoscalerConfig | None:
         raise ScenarioError(f"variant {cfg.name!r}: cluster: {e}") from None
 
 
-def _simulate_cluster(cfg, workload, *, name, keep_token_times, fast_path, progress):
-    from sim.cluster import ClusterSimulation, cluster_result
+def _simulate_cluster(cfg, workload, *, name, keep_token_times, fast_path, progress, trace=None):
+    from sim.cluster import cluster_result
+
+    sim, costs, built = _cluster_simulation(cfg, workload, keep_token_times=keep_token_times, fast_path=fast_path,
+                                            progress=progress)
+    if trace is not None:
+        trace_simulation(sim, trace, sim.router_name)
+    sim.run()
+    if trace is not None:
+        trace.regret_rows = None
+        if (len(trace.routes) <= REGRET_MAX_REQUESTS and cfg.cluster.autoscaler is None
+                and workload.failures is None):
+            def rerun(router):
+                again, _, _ = _cluster_simulation(cfg, workload, keep_token_times=False, fast_path=False,
+                                                  progress=None)
+                again.router = router
+                again.run()
+                return again.requests
+
+            trace.regret_rows = resimulated_regret(rerun, trace.routes, trace.k)
+            for row in trace.regret_rows:
+                trace.write("regret", row)
+    tp = cfg.deployment.tensor_parallel_size * cfg.deployment.pipeline_parallel_size  # a replica's GPUs
+    budget = built.budget
+    result = cluster_result(name or cfg.name, sim, costs, price_per_hour=built.gpu.price_per_hour * tp,
+                            config=cfg.to_dict(built.policy), weight_bytes=float(budget.weight_bytes * tp),
+                            kv_bytes_per_block=float(budget.kv_bytes_per_block * tp))
+    if cfg.deployment.speculative is not None:
+        result.spec_decode = summary_inputs([r.core.spec for r in sim.replicas if r.core.spec is not None], costs,
+                                            cfg.deployment.speculative)
+    result.power = power_model_of(built.gpu, costs[0], tp, cfg.deployment.power_limit_w)
+    return result, sim.requests, sim.replicas[0].core
+
+
+def _cluster_simulation(cfg, workload, *, keep_token_times, fast_path, progress):
+    """The variant's cluster, built and not run, with its cost models and the last replica's build."""
+    from sim.cluster import ClusterSimulation
 
     cl = cfg.cluster
     costs = []
@@ -189,17 +233,7 @@ def _simulate_cluster(cfg, workload, *, name, keep_token_times, fast_path, progr
                                 failures=workload.failures, leak=cfg.deployment.leak_kv_on_failure)
     except ValueError as e:
         raise ScenarioError(f"variant {cfg.name!r}: {e}") from None
-    sim.run()
-    budget = built.budget
-    tp = cfg.deployment.tensor_parallel_size * cfg.deployment.pipeline_parallel_size  # a replica's GPUs
-    result = cluster_result(name or cfg.name, sim, costs, price_per_hour=built.gpu.price_per_hour * tp,
-                            config=cfg.to_dict(built.policy), weight_bytes=float(budget.weight_bytes * tp),
-                            kv_bytes_per_block=float(budget.kv_bytes_per_block * tp))
-    if cfg.deployment.speculative is not None:
-        result.spec_decode = summary_inputs([r.core.spec for r in sim.replicas if r.core.spec is not None], costs,
-                                            cfg.deployment.speculative)
-    result.power = power_model_of(built.gpu, costs[0], tp, cfg.deployment.power_limit_w)
-    return result, sim.requests, sim.replicas[0].core
+    return sim, costs, built
 
 
 def workload_key(sc: Scenario, cfg: VariantConfig) -> str:
@@ -266,10 +300,12 @@ def run_scenario(
     *,
     source: str = "scenario",
     progress: bool | Progress = False,
+    trace: DecisionTrace | None = None,
 ) -> ScenarioRun:
     """Run every variant of the scenario (at every sweep point) on the same workload. Accepts a scenario or what
     :func:`prepare_scenario` made of it. ``progress``: True for a bar on stderr counting simulated requests of all
-    runs, or a :class:`~sim.progress.Progress` to report to (the caller then closes it)."""
+    runs, or a :class:`~sim.progress.Progress` to report to (the caller then closes it). ``trace``: every run's
+    decisions go there, and each summary gets a ``decisions`` block (sim.decisions)."""
     prepared = scenario if isinstance(scenario, PreparedScenario) else prepare_scenario(scenario, raw, source=source)
     out = ScenarioRun(prepared.scenario)
     sink: Progress | None = None
@@ -283,12 +319,16 @@ def run_scenario(
             name = cfg.name if not point else f"{cfg.name}[{_label(point)}]"
             if sink is not None:
                 sink.begin(name, len(wl.requests))
+            if trace is not None:
+                trace.begin(name)
             result, _, _ = simulate_variant(cfg, wl, name=name, keep_token_times=sc.keep_token_times,
-                                            progress=None if sink is None else sink.advance)
+                                            progress=None if sink is None else sink.advance, trace=trace)
             if sink is not None:
                 sink.end()
             out.results.append(result)
             out.summaries[name] = summarize(result, slos_of(sc))
+            if trace is not None:
+                out.summaries[name]["decisions"] = decisions_summary(trace, trace.regret_rows, trace.k)
             if point:
                 out.sweep.append({"name": name, "variant": cfg.name, **point})
     if progress is True and sink is not None:

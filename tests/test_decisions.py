@@ -3,6 +3,10 @@ re-simulation: zero for a router no single change improves, positive for round r
 
 from __future__ import annotations
 
+import json
+from collections import Counter
+from pathlib import Path
+
 from sim.block_manager import PagedBlockManager
 from sim.core import ServingCore
 from sim.decisions import (
@@ -20,6 +24,7 @@ from sim.request import RequestSpec
 from sim.routers import Router, least_outstanding, round_robin
 from sim.simulator import Simulation
 from tests.conftest import LinearCost
+from tests.test_cli import assert_clean_error, invoke
 
 # Skewed: every other request has a 30x longer prompt, so round robin sends every long one to replica 0
 SKEWED = [RequestSpec(i, 0.015 * i, 1500 if i % 2 == 0 else 50, 20) for i in range(24)]
@@ -98,3 +103,42 @@ def test_the_row_cap_bounds_rows_not_counts() -> None:
     simulate(SKEWED, round_robin(), trace)
     assert len(trace.rows) == 10 and trace.rows_written == 10
     assert trace.counts["route"] == 24 and summary(trace, None)["counts"]["route"] == 24
+
+
+CLUSTER = {
+    "name": "traced", "seed": 3,
+    "workload": {"arrival": {"type": "poisson", "rate": 20.0}, "num_requests": 30,
+                 "prompt_len": {"type": "lognormal", "mean": 400, "std": 300, "min": 16, "max": 2000},
+                 "output_len": {"type": "lognormal", "mean": 60, "std": 40, "min": 4, "max": 200}},
+    "deployment": {"model": "llama-3.1-8b", "gpu": "h100-sxm", "max_model_len": 4096, "num_gpu_blocks": 400},
+    "policy": {"type": "continuous", "enable_chunked_prefill": True, "max_num_batched_tokens": 1024},
+    "cluster": {"replicas": 2, "router": "round_robin"},
+}
+
+
+def test_run_trace_decisions_writes_the_trace_and_its_summary(tmp_path: Path) -> None:
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "traced").mkdir()
+    plain, out_plain = invoke(tmp_path / "plain", CLUSTER)
+    traced, out = invoke(tmp_path / "traced", CLUSTER, args=("--trace", "decisions"))
+    assert plain.exit_code == 0 and traced.exit_code == 0, traced.output
+    assert "decisions.jsonl" in traced.output and not (out_plain / "decisions.jsonl").exists()
+    # the same requests, to the byte; only the traced summary has a decisions block
+    assert (out / "requests.csv").read_bytes() == (out_plain / "requests.csv").read_bytes()
+    assert "decisions" not in json.loads((out_plain / "summary.json").read_text())["variants"]["traced"]
+    block = json.loads((out / "summary.json").read_text())["variants"]["traced"]["decisions"]
+    rows = [json.loads(line) for line in (out / "decisions.jsonl").read_text().splitlines()]
+    kinds = Counter(r["kind"] for r in rows)
+    assert kinds["route"] == kinds["admission"] == kinds["regret"] == 30
+    assert block["counts"] == {k: n for k, n in sorted(kinds.items()) if k != "regret"}
+    reg = block["routing_regret"]
+    assert reg["method"] == "re-simulation" and reg["decisions"] == 30
+    assert reg["total"] == sum(r["regret"] for r in rows if r["kind"] == "regret")
+    assert not list(out.glob(".decisions*"))  # the partial file was moved into place
+
+
+def test_run_trace_bad_values_exit_2(tmp_path: Path) -> None:
+    result, out = invoke(tmp_path, CLUSTER, args=("--trace", "steps"))
+    assert_clean_error(result, out, "--trace must be decisions")
+    result, out = invoke(tmp_path, CLUSTER, args=("--trace", "decisions", "--trace-max-rows", "0"))
+    assert_clean_error(result, out, "--trace-max-rows must be >= 1")
