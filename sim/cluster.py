@@ -43,7 +43,7 @@ class ClusterSimulation(Simulation):
         make_replica: Callable[[], tuple[ServingCore, Executor | CostModel]],
         *,
         replicas: int,
-        router: Any = "round_robin",  # a built-in router's name, or a CustomRouterConfig
+        router: Any = "round_robin",  # a built-in router's name, or a RouterConfig (sim.policies.configs)
         autoscaler: AutoscalerConfig | None = None,
         closed_loop: ClosedLoopPlan | None = None,
         progress: Callable[[int, float], None] | None = None,

@@ -83,7 +83,8 @@ ROUTERS: dict[str, Callable[[], Router]] = {
 
 
 def make_router(name: Any) -> Router:
-    """A built-in router by name, or a user's (a ``CustomRouterConfig``: a fresh ``servesim.Router`` per run)."""
+    """A built-in router by name, or a router config (``RouterConfig``: a user's or one on the public API, a fresh
+    ``servesim.Router`` per run)."""
     if not isinstance(name, str):
         from sim.policies.gates import UserRouter
 
