@@ -135,6 +135,9 @@ def test_run_trace_decisions_writes_the_trace_and_its_summary(tmp_path: Path) ->
     assert reg["method"] == "re-simulation" and reg["decisions"] == 30
     assert reg["total"] == sum(r["regret"] for r in rows if r["kind"] == "regret")
     assert not list(out.glob(".decisions*"))  # the partial file was moved into place
+    report, plain_report = (out / "report.html").read_text(), (out_plain / "report.html").read_text()
+    assert "Routing regret (re-simulation, k=2) over 30 decisions" in report
+    assert "Routing regret" not in plain_report
 
 
 def test_run_trace_bad_values_exit_2(tmp_path: Path) -> None:

@@ -59,6 +59,7 @@ from sim.report.common import (
     trace_points,
     window_edges,
 )
+from sim.report.decisions import decisions_sections
 from sim.report.energy import energy_sections
 from sim.report.fairness import fairness_sections
 from sim.report.figures import (
@@ -320,6 +321,7 @@ SECTIONS: list[SectionBuilder] = [
     _cluster_section,
     energy_sections,
     fairness_sections,
+    decisions_sections,
     _spec_decode_section,
     pipeline_sections,
     host_kv_sections,
