@@ -137,6 +137,9 @@ def register(app: typer.Typer) -> None:
         timeout: float = typer.Option(600.0, "--timeout", help="Seconds a request may take in all."),
         scrape_interval: float = typer.Option(1.0, "--scrape-interval", help="Seconds between /metrics scrapes "
                                               "(0: none)."),
+        simulate: bool = typer.Option(True, "--simulate/--no-simulate", help="Simulate the variant on the "
+                                      "requests as sent and draw its step series over the scraped ones "
+                                      "(live.html)."),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
         set_: list[str] = _set_option(),
     ) -> None:
@@ -198,10 +201,19 @@ def register(app: typer.Typer) -> None:
         finally:
             if bar is not None:
                 bar.close()
+        sim_steps = None
+        if simulate:
+            from sim.observe import simulated_steps
+
+            try:
+                sim_steps = simulated_steps(run, cfg)
+            except ScenarioError as e:  # a user's policy that fails in the simulator: the observation still counts
+                typer.echo(f"warning: no simulation drawn in live.html: {e}", err=True)
         written: list[str] = []
         try:
             _, info = write_observed_run(out_dir, run, cfg.name, scenario=sc.model_dump(mode="json"),
-                                         slos=slos_of(sc), planned=len(specs), written=written)
+                                         slos=slos_of(sc), planned=len(specs), written=written,
+                                         sim_steps=sim_steps)
         except OSError as e:
             _fail(f"--out {out_dir}: cannot write the run folder: {e.strerror or e}")
             return

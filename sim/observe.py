@@ -386,10 +386,12 @@ def failures_by_reason(run: ObserveRun) -> dict[str, int]:
 
 
 def write_observed_run(out_dir, run: ObserveRun, name: str, *, scenario: dict | None = None,
-                       slos=None, planned: int = 0, written: list[str] | None = None):
+                       slos=None, planned: int = 0, written: list[str] | None = None,
+                       sim_steps: dict[str, np.ndarray] | None = None):
     """The run folder: the simulator's files (summary.json, requests.csv, report.html, NAME.vllm-bench.json...)
-    plus observe.json (endpoint, partial, the prompt approximation, failures by reason, the client's overhead)
-    and metrics.csv (the server's /metrics, scraped: time_s, metric, value)."""
+    plus observe.json (endpoint, partial, the prompt approximation, failures by reason, the client's overhead),
+    metrics.csv (the server's /metrics, scraped: time_s, metric, value) and live.html (the scraped gauges, with
+    ``sim_steps``, the simulation's step series from :func:`simulated_steps`, drawn over them)."""
     from pathlib import Path
 
     from sim.files import write_atomically
@@ -406,9 +408,76 @@ def write_observed_run(out_dir, run: ObserveRun, name: str, *, scenario: dict | 
     names: list[str] = []
     out = write_run(out_dir, [result], {name: summary}, scenario=scenario, title=f"servesim observe: {name}",
                     written=names)
-    write_atomically(Path(out), {"observe.json": json.dumps(to_jsonable(info), indent=2) + "\n",
-                                 "metrics.csv": metrics_csv(run)})
-    names += ["observe.json", "metrics.csv"]
+    extra = {"observe.json": json.dumps(to_jsonable(info), indent=2) + "\n", "metrics.csv": metrics_csv(run),
+             LIVE_FILE: live_html(run, sim_steps, f"servesim observe: {name} at {run.endpoint}")}
+    write_atomically(Path(out), extra)
+    names += list(extra)
     if written is not None:
         written.extend(names)
     return out, info
+
+
+# ---- the server's series against the simulation's ----------------------------------------------------------------
+
+LIVE_FILE = "live.html"
+# the scraped gauge and the simulated step column drawn in each panel: (title, server metrics, step column)
+LIVE_PANELS = (
+    ("requests running", ("vllm:num_requests_running", "sglang:num_running_reqs", "tgi_batch_current_size"),
+     "num_running"),
+    ("requests waiting", ("vllm:num_requests_waiting", "sglang:num_queue_reqs", "tgi_queue_size"), "num_waiting"),
+    ("KV cache usage (0-1)", ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage"),
+     "kv_usage"),
+)
+
+
+def simulated_steps(run: ObserveRun, cfg) -> dict[str, np.ndarray] | None:
+    """The variant simulated on the requests as they were sent (each at its observed send time): its step series
+    (start, num_running, num_waiting, kv_usage). None when nothing was sent."""
+    from sim.run import simulate_variant
+    from sim.workload import GeneratedWorkload
+
+    sent = sorted((r for r in run.results.values() if r.sent >= 0), key=lambda r: (r.sent, r.id))
+    if not sent:
+        return None
+    specs = tuple(RequestSpec(i, r.sent, max(r.prompt_tokens, 1), max(r.target, 1)) for i, r in enumerate(sent))
+    result, _, _ = simulate_variant(cfg, GeneratedWorkload(specs))
+    s = result.steps
+    cap = np.maximum(np.asarray(s["kv_capacity_blocks"], dtype=float), 1.0)
+    return {"start": np.asarray(s["start"], dtype=float), "num_running": np.asarray(s["num_running"], dtype=float),
+            "num_waiting": np.asarray(s["num_waiting"], dtype=float),
+            "kv_usage": np.asarray(s["kv_blocks_used"], dtype=float) / cap}
+
+
+def fig_live(run: ObserveRun, sim_steps: dict[str, np.ndarray] | None = None):
+    """The server's scraped gauges over the run, one panel each, with the simulation's step series over them."""
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=len(LIVE_PANELS), cols=1, shared_xaxes=True,
+                        subplot_titles=[p[0] for p in LIVE_PANELS])
+    for i, (_, names, column) in enumerate(LIVE_PANELS, start=1):
+        for name in names:
+            pts = [(t, v) for t, n, v in run.metrics if n == name]
+            if pts:
+                fig.add_scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines+markers", name=name,
+                                line={"shape": "hv", "color": "#1f77b4"}, row=i, col=1)
+                break
+        if sim_steps is not None and len(sim_steps["start"]):
+            fig.add_scatter(x=sim_steps["start"], y=sim_steps[column], mode="lines", name=f"simulated {column}",
+                            line={"shape": "hv", "color": "#ff7f0e"}, row=i, col=1)
+    fig.update_xaxes(title_text="seconds since observe started", row=len(LIVE_PANELS), col=1)
+    fig.update_layout(height=300 * len(LIVE_PANELS), title="the server's /metrics (scraped) and the simulation")
+    return fig
+
+
+def live_html(run: ObserveRun, sim_steps: dict[str, np.ndarray] | None, title: str) -> str:
+    import html
+
+    import plotly.io as pio
+
+    note = ("Blue: the server's own gauges, scraped from /metrics. Orange: the scenario's variant simulated on the "
+            "same requests, each arriving when observe sent it." if sim_steps is not None else
+            "The server's own gauges, scraped from /metrics (no simulation drawn: --no-simulate).")
+    body = pio.to_html(fig_live(run, sim_steps), include_plotlyjs=True, full_html=False, div_id="fig-live",
+                       config={"displaylogo": False, "responsive": True})
+    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
+            f'</head><body><h1>{html.escape(title)}</h1><p>{html.escape(note)}</p>\n{body}\n</body></html>\n')

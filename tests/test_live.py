@@ -130,6 +130,9 @@ def test_observe_agrees_with_what_the_server_logged(served, tmp_path):
     assert after["vllm:request_success_total"] - before.get("vllm:request_success_total", 0) == 24
     assert after["vllm:num_requests_running"] == 0 and after["vllm:kv_cache_usage_perc"] == 0
     assert all(0 <= v <= 1 for _, v in series["vllm:kv_cache_usage_perc"])
+    # live.html draws the scraped gauges and the simulation's step series over them
+    page = (out / "live.html").read_text()
+    assert "vllm:num_requests_running" in page and "simulated num_running" in page
     # the folder is a run folder: compare reads it
     cmp = _cli("compare", str(out), str(out))
     assert cmp.returncode == 0, cmp.stderr
