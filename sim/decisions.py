@@ -13,7 +13,8 @@ A trace records, as the run goes, every decision the serving stack takes with th
 Rows are JSON lines written as they come (``decisions.jsonl``), up to ``max_rows`` (the counts in the summary
 cover every decision, written or not), so a long run stays bounded. Tracing wraps the policy, its admission check
 and the router; it needs the core's step-by-step path (the decode fast path takes steps without asking the
-policy), so a traced run is slower than an untraced one.
+policy), so a traced run is slower than an untraced one (measured, one replica, 2,000 requests: 0.15 s of CPU
+with the fast path, 0.95 s step by step, 0.99 s traced).
 
 Routing regret is counterfactual: for decision i, the run is simulated again with request i sent to each of the
 top-k alternatives (ranked by the estimate below) and every other routing decision replayed as it was taken.
@@ -27,6 +28,10 @@ from the start: n decisions x k alternatives runs, quadratic in the run's length
 Past it, only the cheap estimate is given: the prefill tokens queued ahead of the request on the chosen replica
 minus on the best alternative (waiting prompts and running prefills not yet computed, the request's own prompt
 less what that replica has cached), clipped at 0; its agreement with re-simulation is reported where both ran.
+It is a weak predictor: on 200 requests over 3 replicas (12 requests/s, round robin and least_outstanding) it
+agreed with re-simulation on 43% and 45% of decisions where 57% had regret, since at that load queues drain
+between arrivals and regret comes from decode steps shared with a prefill (fewest outstanding or lowest KV
+pressure did no better: 44% to 65%).
 """
 
 from __future__ import annotations
