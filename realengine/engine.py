@@ -41,6 +41,7 @@ from sim.build import build
 from sim.cluster import ClusterSimulation, cluster_result
 from sim.core import ServingCore
 from sim.failures import FailurePlan
+from sim.metrics import summarize
 from sim.records import RunResult
 from sim.request import Request
 from sim.results import result_of
@@ -51,7 +52,7 @@ from sim.simulator import ClosedLoopPlan, Simulation
 from sim.spec_decode import summary_inputs
 
 MEMORY_COLUMNS = ("variant", "step", "time", "rss_bytes", "max_rss_bytes", "cuda_allocated_bytes",
-                  "cuda_max_allocated_bytes", "nvml_used_bytes", "nvml_gpu_util")
+                  "cuda_max_allocated_bytes", "nvml_used_bytes", "nvml_gpu_util", "nvml_power_w", "nvml_energy_j")
 
 
 def _rss_bytes() -> int:
@@ -71,7 +72,9 @@ class MemorySampler:
 
     CPU: the process's resident and peak memory. CUDA: also torch's allocator statistics and, where pynvml can
     reach the driver, NVML's device memory used and GPU utilisation (NVML's own sampling window is about
-    1/6 s to 1 s, so utilisation is only meaningful over runs longer than that). A thread, not a per-step
+    1/6 s to 1 s, so utilisation is only meaningful over runs longer than that), its power draw and its energy
+    counter (``nvmlDeviceGetTotalEnergyConsumption``, mJ since the driver loaded, Volta and later; written as
+    joules since the sampler's first reading): the run's measured energy (``measured_energy``). A thread, not a per-step
     call, so that a long step (a big prefill) is sampled while it runs, and the step loop pays nothing but a
     shared integer (``step``, the number of steps done, which labels each row).
     """
@@ -88,6 +91,7 @@ class MemorySampler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._nvml = None
+        self._energy0_mj: int | None = None  # the energy counter's first reading
         if device.type == "cuda":
             try:  # optional
                 import pynvml
@@ -121,7 +125,7 @@ class MemorySampler:
         row: dict[str, Any] = {"variant": self.variant, "step": self.step, "time": time.perf_counter() - self._t0,
                                "rss_bytes": _rss_bytes(), "max_rss_bytes": _max_rss_bytes(),
                                "cuda_allocated_bytes": "", "cuda_max_allocated_bytes": "", "nvml_used_bytes": "",
-                               "nvml_gpu_util": ""}
+                               "nvml_gpu_util": "", "nvml_power_w": "", "nvml_energy_j": ""}
         if self.device.type == "cuda":
             row["cuda_allocated_bytes"] = torch.cuda.memory_allocated(self.device)
             row["cuda_max_allocated_bytes"] = torch.cuda.max_memory_allocated(self.device)
@@ -129,6 +133,14 @@ class MemorySampler:
                 nv, handle = self._nvml
                 row["nvml_used_bytes"] = nv.nvmlDeviceGetMemoryInfo(handle).used
                 row["nvml_gpu_util"] = nv.nvmlDeviceGetUtilizationRates(handle).gpu
+                try:  # a GPU before Volta, or a driver that refuses: no power figures
+                    row["nvml_power_w"] = nv.nvmlDeviceGetPowerUsage(handle) / 1000.0
+                    mj = nv.nvmlDeviceGetTotalEnergyConsumption(handle)
+                    if self._energy0_mj is None:
+                        self._energy0_mj = mj
+                    row["nvml_energy_j"] = (mj - self._energy0_mj) / 1000.0
+                except Exception:  # noqa: BLE001 - pynvml.NVMLError_NotSupported and the like
+                    pass
         self.rows.append(row)  # list.append is atomic under the GIL: the loop thread only reads after stop()
 
 
@@ -403,6 +415,22 @@ def write_memory_csv(out_dir: str | os.PathLike, samples: list[dict[str, Any]]) 
     return path
 
 
+def measured_energy(samples: list[dict[str, Any]], variant: str, output_tokens: int) -> dict[str, Any]:
+    """summary.json's ``energy`` of an engine run, from its memory samples: the NVML energy counter's rise over
+    the variant's samples (one GPU: the device the engine ran on), its mean power and joules per output token;
+    ``{"measured": false, "reason": ...}`` where no sample has a counter reading (a CPU run: RAPL is not read)."""
+    rows = [r for r in samples if r["variant"] == variant and r.get("nvml_energy_j", "") != ""]
+    if len(rows) < 2:
+        return {"measured": False, "reason": "no NVML energy counter was read (a CPU run, or no pynvml or driver "
+                                             "access)"}
+    energy = float(rows[-1]["nvml_energy_j"]) - float(rows[0]["nvml_energy_j"])
+    seconds = float(rows[-1]["time"]) - float(rows[0]["time"])
+    return {"measured": True, "source": "nvml", "energy_j": energy,
+            "mean_power_w": energy / seconds if seconds > 0 else float("nan"),
+            "j_per_output_token": energy / output_tokens if output_tokens else float("nan"),
+            "seconds": seconds}
+
+
 def kv_held_at_end(core: ServingCore, result: RunResult) -> dict[str, Any]:
     """The KV a finished run still holds: blocks no request gives back (0 on a correct server; a server that
     leaks the KV of failed requests keeps theirs), their bytes, and how many requests' tables hold them."""
@@ -420,13 +448,19 @@ def write_engine_run(out_dir: str | os.PathLike, results: list[RunResult], memor
     real model ``texts.jsonl``: one JSON object per request (variant, id, outcome, token counts, prompt and
     output text; output lengths are the workload's, so the text runs on past the model's end-of-turn token).
     ``kv_leak`` (variant name -> :func:`kv_held_at_end`) goes into each variant's summary as ``kv_leak``, so that
-    a leak is visible from outside the run."""
+    a leak is visible from outside the run. Each variant's ``energy`` is what NVML measured
+    (:func:`measured_energy`), or says that nothing was."""
     import json
 
     from sim.output import write_run
 
     if kv_leak and summaries is not None:
         summaries = {name: {**s, "kv_leak": kv_leak[name]} if name in kv_leak else s for name, s in summaries.items()}
+    if summaries is None:
+        summaries = {r.name: summarize(r) for r in results}
+    # the engine's power is measured, not modelled (sim/energy.py models the simulator's)
+    summaries = {name: {**s, "energy": measured_energy(memory_samples, name, s["total_output_tokens"])}
+                 for name, s in summaries.items()}
     names: list[str] = []
     out = write_run(out_dir, results, summaries, scenario=scenario, title=title, written=names)
     write_memory_csv(out, memory_samples)

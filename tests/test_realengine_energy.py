@@ -1,0 +1,67 @@
+"""The engine's measured energy (realengine/engine.py): NVML's energy counter read with the memory samples on
+CUDA, and a run on the CPU marked unmeasured in summary.json."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from realengine.engine import MEMORY_COLUMNS, measured_energy, run_engine, write_engine_run  # noqa: E402
+from sim.run import generate_workload  # noqa: E402 - after the torch skip
+from sim.scenario import parse_scenario, variant_configs  # noqa: E402 - after the torch skip
+
+SCENARIO = {
+    "name": "energy-engine", "seed": 0,
+    "workload": {"arrival": {"type": "all_at_once"}, "num_requests": 6,
+                 "prompt_len": {"type": "fixed", "value": 8}, "output_len": {"type": "fixed", "value": 4}},
+    "deployment": {"model": "tiny", "gpu": "h100-sxm", "num_gpu_blocks": 64, "max_model_len": 64},
+    "policy": {"type": "continuous", "max_num_seqs": 4},
+}
+
+
+def _row(variant: str, t: float, joules: float | str) -> dict:
+    return {"variant": variant, "time": t, "nvml_energy_j": joules}
+
+
+def test_measured_energy_by_hand() -> None:
+    # the counter's rise over the variant's samples: 12.5 J in 1.25 s, 10 W; 25 output tokens: 0.5 J each
+    rows = [_row("a", 0.0, 0.0), _row("b", 0.1, 99.0), _row("a", 0.5, 5.0), _row("a", 1.25, 12.5)]
+    assert measured_energy(rows, "a", 25) == {"measured": True, "source": "nvml", "energy_j": 12.5,
+                                              "mean_power_w": 10.0, "j_per_output_token": 0.5, "seconds": 1.25}
+    cpu = measured_energy([_row("a", 0.0, ""), _row("a", 1.0, "")], "a", 25)
+    assert cpu["measured"] is False and "CPU" in cpu["reason"]
+
+
+def _run(tmp_path: Path, device: str) -> tuple[dict, list[dict]]:
+    sc = parse_scenario(SCENARIO)
+    cfg = variant_configs(sc)[0]
+    memory: list[dict] = []
+    result, _, _ = run_engine(cfg, generate_workload(sc), device=device, memory_samples=memory,
+                              memory_interval_s=0.01)
+    write_engine_run(tmp_path, [result], memory)
+    summary = json.loads((tmp_path / "summary.json").read_text())["variants"][result.name]
+    with open(tmp_path / "memory.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert tuple(rows[0]) == MEMORY_COLUMNS
+    return summary, rows
+
+
+def test_a_cpu_run_is_marked_unmeasured(tmp_path: Path) -> None:
+    summary, rows = _run(tmp_path, "cpu")
+    assert summary["energy"]["measured"] is False
+    assert all(r["nvml_energy_j"] == "" and r["nvml_power_w"] == "" for r in rows)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU with NVML")
+def test_a_cuda_run_reads_the_energy_counter(tmp_path: Path) -> None:
+    pytest.importorskip("pynvml")
+    summary, rows = _run(tmp_path, "cuda")
+    e = summary["energy"]
+    assert e["measured"] is True and e["energy_j"] > 0 and e["mean_power_w"] > 0
+    readings = [float(r["nvml_energy_j"]) for r in rows]
+    assert readings == sorted(readings)  # a counter
