@@ -160,3 +160,15 @@ def test_nothing_is_written_unless_asked(tmp_path, monkeypatch):
     import json
 
     assert json.loads((tmp_path / "out" / "scores.json").read_text())["goodput"] == s.goodput
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="the worker needs fork")
+def test_the_worker_holds_the_time_budget_when_called_from_a_thread():
+    import threading
+
+    out = []
+    thread = threading.Thread(target=lambda: out.append(score(HEADER + "        while True:\n            pass\n",
+                                                              time_limit=0.5)))
+    thread.start()
+    thread.join(timeout=120)
+    assert [(s.ok, s.reason) for s in out] == [(False, "timeout")]
