@@ -275,7 +275,7 @@ def check_spec(spec: TournamentSpec, *, base: Path, source: str, name: str) -> T
         raise _fail(source, "fitness.weights.jain_index: the scenario's requests have no tenants (a class's tenant:)")
     t_raw = {**common, "variants": variants, "sweep": {key: rates, "seed": list(spec.seeds)}}
     scenario = parse_scenario(t_raw, source=source)
-    extra = ["fairness.jain_index", WORKLOAD]
+    extra = ["fairness.jain_index", *ANOMALIES, WORKLOAD]
     extra += [f"classes.{c.name}.{m}" for c in classes if _CLASS_NAME.fullmatch(c.name) for m in CLASS_METRICS]
     return Tournament(name, source, spec, scenario, t_raw, key, loads, rates,
                       "req/s" if spec.loads.rate is not None else "x", (*METRICS, *extra))
@@ -352,10 +352,18 @@ class Standing:
     ties: list[str] = field(default_factory=list)  # the winner's: policies of the very same mean fitness
 
 
+# the anomaly counters of every run's summary (sim/anomalies.py) the rows keep: (label, summary key)
+ANOMALY_FIGURES = (("priority inversions", "anomalies.inversions.count"),
+                   ("longest wait (s)", "anomalies.starvation.longest_wait"))
+ANOMALIES = tuple(key for _, key in ANOMALY_FIGURES)
+
+
 def figures_of(t: Tournament) -> tuple[tuple[str, str, float], ...]:
-    """SHOWN and each class's TTFT p99 (the classes' figures a priority or fairness policy moves)."""
-    return SHOWN + tuple((f"TTFT p99 {m.split('.')[1]} (ms)", column(m), 1e3) for m in t.metrics
-                         if m.startswith("classes.") and m.endswith(".ttft.p99"))
+    """SHOWN, the anomaly counters and each class's TTFT p99 (the figures a priority or fairness policy moves)."""
+    anomalies = tuple((label, column(key), 1.0) for label, key in ANOMALY_FIGURES)
+    classes = tuple((f"TTFT p99 {m.split('.')[1]} (ms)", column(m), 1e3) for m in t.metrics
+                    if m.startswith("classes.") and m.endswith(".ttft.p99"))
+    return SHOWN + anomalies + classes
 
 
 def standings(t: Tournament, rows: Sequence[dict[str, Any]]) -> list[Standing]:
