@@ -412,14 +412,16 @@ class AnalyticCostModel(CostModel):
     def busy_times(self, shape: StepShape) -> tuple[np.ndarray, np.ndarray]:
         """Seconds one GPU's arithmetic units and its memory are busy in each step of ``shape`` (array fields):
         the compute and the memory side of the two roofline parts, summed (the step time takes the larger of each
-        pair; the power model, sim/energy.py, needs both). Overheads, all-reduces and swaps busy neither."""
+        pair; the power model, sim/energy.py, needs both). Overheads, all-reduces and swaps busy neither, nor does
+        the host time the GPU parts are stretched by (``host_time_ratio``): the GPU waits then, at static power."""
         a, b, c, d = (np.asarray(x, dtype=np.float64) for x in (shape.num_seqs, shape.num_tokens,
                                                                 shape.kv_read_tokens, shape.attn_pairs))
         k0, k1, k2, k3, k4, k5, k6, k7, k8, k9, k10, k11 = self._k
         memory = k4 + b * k5 + a * k6 + (c + b) * k8
         if self._moe is not None:
             memory = memory + expected_experts(self._moe[1], self._moe[2], b) * self._moe[0]
-        return b * k2 + a * k3 + d * k7, memory
+        stretch = 1.0 + self.host_time_ratio
+        return (b * k2 + a * k3 + d * k7) / stretch, memory / stretch
 
     @property
     def flops_per_unit(self) -> tuple[int, int, int]:

@@ -248,3 +248,14 @@ def test_report_and_table_show_the_energy() -> None:
     rows = {line[:17].strip(): line[17:].strip() for line in table.splitlines()}
     assert rows["J / output token"] == f"{s['energy']['j_per_output_token']:.3g}"
     assert rows["mean power (W)"] == f"{s['energy']['mean_power_w']:,.0f}"
+
+
+def test_host_time_is_not_gpu_work() -> None:
+    # vLLM 0.5's host loop stretches every GPU part of a step (host_time_ratio 1.63): the step is longer, the GPU
+    # work in it the same, so the busy times (and the power's dynamic part) are those of the engine without it
+    shape = StepShape(np.array([8]), np.array([8]), np.array([8]), np.array([8008]), np.array([8008]))
+    plain = AnalyticCostModel("llama-3.1-8b", "h100-sxm")
+    hosted = AnalyticCostModel("llama-3.1-8b", "h100-sxm", host_time_ratio=1.63)
+    assert float(hosted.step_time(shape)[0]) > float(plain.step_time(shape)[0])
+    for a, b in zip(hosted.busy_times(shape), plain.busy_times(shape), strict=True):
+        assert float(a[0]) == pytest.approx(float(b[0]), rel=1e-12)
