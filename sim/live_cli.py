@@ -16,7 +16,7 @@ from sim.schema import ScenarioError
 
 def _load(scenario: Path, sets: list[str], num_requests: int | None, variant: str | None):
     """The scenario and the variant asked for (default: the first); exits 2 on bad input."""
-    from sim.cli import _fail, _overrides
+    from sim.cli_common import _fail, _overrides
     from sim.scenario import load_scenario, variant_configs
 
     overrides = _overrides(sets, num_requests)
@@ -39,7 +39,7 @@ def _load(scenario: Path, sets: list[str], num_requests: int | None, variant: st
 
 
 def register(app: typer.Typer) -> None:
-    from sim.cli import _set_option
+    from sim.cli_common import _set_option
 
     @app.command()
     def serve(
@@ -62,7 +62,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Serve the real engine behind an OpenAI-compatible API (/v1/completions, /v1/chat/completions,
         streaming) with /metrics in vLLM's names, scheduling with the scenario's policy. Ctrl-C stops it."""
-        from sim.cli import _fail, _real_weights
+        from sim.cli_common import _fail, _real_weights
 
         if device not in ("cpu", "cuda"):
             _fail(f"--device must be cpu or cuda, got {device!r}")
@@ -149,7 +149,7 @@ def register(app: typer.Typer) -> None:
         import asyncio
         import dataclasses
 
-        from sim.cli import _fail, _wrote
+        from sim.cli_common import _fail, _wrote
         from sim.observe import ObserveRun, observe_async, write_observed_run
         from sim.run import generate_workload
         from sim.scenario import slos_of
