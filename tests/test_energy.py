@@ -259,3 +259,20 @@ def test_host_time_is_not_gpu_work() -> None:
     assert float(hosted.step_time(shape)[0]) > float(plain.step_time(shape)[0])
     for a, b in zip(hosted.busy_times(shape), plain.busy_times(shape), strict=True):
         assert float(a[0]) == pytest.approx(float(b[0]), rel=1e-12)
+
+
+def test_the_published_energy_rows_name_their_sources() -> None:
+    import csv
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_energy.py"
+    spec = importlib.util.spec_from_file_location("_bench_energy", path)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    with open(bench.DATA, newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert rows and all(r["url"].startswith("https://") and float(r["j_per_output_token"]) > 0 for r in rows)
+    engines = {r["engine_version"]: bench.engine_of(r) for r in rows}
+    assert engines == {"0.11.1": None, "0.5.4": {"name": "vllm-v0", "version": "0.5"}}
