@@ -106,6 +106,12 @@ def register(app: typer.Typer) -> None:
         except OSError as e:
             _fail(f"cannot listen on {host}:{port}: {e.strerror or e}")
             return
+        import signal
+
+        def stop(_signum, _frame) -> None:  # SIGTERM (a service manager, a container) stops it as Ctrl-C does
+            raise KeyboardInterrupt
+
+        signal.signal(signal.SIGTERM, stop)
         engine.start()
         bound_host, bound_port = str(server.server_address[0]), int(server.server_address[1])
         typer.echo(f"serving {engine.model_name} (variant {cfg.name}, policy {cfg.policy.type}, "

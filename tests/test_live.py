@@ -66,11 +66,12 @@ def served(tmp_path_factory):
         proc.kill()
         pytest.fail(f"servesim serve did not start: {line}{proc.stderr.read()}")
     yield m.group(1), log, scenario
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signal.SIGTERM)  # a service manager's stop: handled as Ctrl-C is, exit 0
     try:
-        proc.wait(timeout=10)
+        assert proc.wait(timeout=20) == 0, proc.stderr.read()
     except subprocess.TimeoutExpired:
         proc.kill()
+        raise
 
 
 def _requests(out: Path) -> list[dict]:
