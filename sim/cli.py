@@ -961,7 +961,7 @@ def teach(
     serve(host, port)
 
 
-from sim import live_cli  # noqa: E402 - registers on the app above; it imports this module's helpers
+from sim import live_cli  # noqa: E402 - registers serve and observe on the app above
 
 live_cli.register(app)
 
