@@ -13,8 +13,8 @@ A policy-search loop (an evolutionary search, an LLM proposing policies) calls t
   copying them, and is held to a CPU-time budget (an interval timer on the process's CPU time, with RLIMIT_CPU
   behind it for code that never returns to the interpreter; the parent kills a worker that blocks past a
   wall-clock guard) and a memory budget (RLIMIT_AS: the address space at the fork plus ``memory_limit`` MiB). On
-  the 1,000-request evaluation of benchmarks/bench_evaluate.py the worker cost 22 to 36 ms of CPU (10 to 16%,
-  the fork and the pages the child copies) over 222 ms in-process; it is the default because it alone bounds
+  the 1,000-request evaluation of benchmarks/bench_evaluate.py the worker cost 21 to 36 ms of CPU (10 to 16%,
+  the fork and the pages the child copies) over 214 to 222 ms in-process; it is the default because it alone bounds
   memory, survives a crash and keeps a policy's state from leaking between calls. ``isolate=False`` runs in this
   process instead (and where there is no fork): the time budget then holds only in the main thread, and memory
   is not bounded.
@@ -27,8 +27,10 @@ A policy-search loop (an evolutionary search, an LLM proposing policies) calls t
 Nothing is written unless ``out`` names a folder: then ``scores.json`` and one run folder per seed.
 
 The figures of each seed are those of ``servesim.run(scenario, policy=obj, seed=s)`` exactly (the very
-summary); the scores are their means over the seeds, and the fitness a weighted sum of those means (see
-:data:`DEFAULT_WEIGHTS` and :func:`fitness_of`).
+summary); the scores are their means over the seeds. ``fitness`` is the tournament's (``servesim tournament``,
+:mod:`sim.tournament`): BLIS's weighted sum of metrics each mapped to [0, 1] (``weights`` and ``reference``, the
+same keys and defaults: throughput, p99_ttft and p99_e2e weighing 1 each), per seed, then its mean over the seeds,
+so that a policy found by a search scores the same in a tournament.
 """
 
 from __future__ import annotations
@@ -55,6 +57,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from sim.errors import ScenarioError
 from sim.policies import api
 from sim.workload import GeneratedWorkload
@@ -78,14 +82,8 @@ METRICS: dict[str, tuple[str, ...]] = {
     "num_completed": ("num_completed",),
     "num_rejected": ("num_rejected",),
     "num_preemptions": ("num_preemptions",),
+    "jain_index": ("fairness", "jain_index"),  # Jain's index over tenants; NaN where requests name none
 }
-# BLIS's --fitness-weights spellings (inference-sim docs: "throughput:0.5,p99_ttft:0.3"), read as ours
-BLIS_KEYS = {"p99_ttft": "ttft_p99", "p50_ttft": "ttft_p50", "mean_ttft": "ttft_mean", "p99_e2e": "e2el_p99",
-             "p50_e2e": "e2el_p50", "mean_e2e": "e2el_mean", "tokens_per_sec": "output_throughput"}
-# Default fitness: goodput, the requests per second served within their SLOs. A weighted sum of raw values (no
-# normalisation, unlike BLIS's [0, 1] scaling): give a latency a negative weight to penalise it, in units of
-# goodput per second of latency, e.g. {"goodput": 1.0, "ttft_p99": -2.0}.
-DEFAULT_WEIGHTS: dict[str, float] = {"goodput": 1.0}
 _NEEDS_SLOS = frozenset({"goodput", "slo_attainment"})
 
 REASONS = ("syntax", "load", "exception", "bad_plan", "stall", "timeout", "memory", "crash")
@@ -97,7 +95,7 @@ _SOURCE_FILE = "<policy source>"  # its file name in tracebacks
 class Scores:
     """What :func:`evaluate` found: ``ok`` and the metrics (means over ``seeds``; see :data:`METRICS`), or
     ``ok=False`` with ``reason`` (one of :data:`REASONS`) and ``error`` (the message, with the policy's own frames
-    of a traceback). ``fitness`` is the weighted sum of the metrics, minus infinity for a failure. ``summaries``
+    of a traceback). ``fitness`` is the tournament's, minus infinity for a failure. ``summaries``
     holds each seed's full summary (summary.json's figures, as ``servesim.run`` gives them); ``cpu_seconds`` the
     CPU time the policy's runs took."""
 
@@ -122,6 +120,7 @@ class Scores:
     num_completed: float = math.nan
     num_rejected: float = math.nan
     num_preemptions: float = math.nan
+    jain_index: float = math.nan
     cpu_seconds: float = field(default=0.0, compare=False)  # timing, not a result: left out of ==
     summaries: tuple[dict, ...] = field(default=(), repr=False, compare=False)
 
@@ -143,49 +142,32 @@ def failed(reason: str, error: str, seeds: Iterable[int] = (), cpu_seconds: floa
                   cpu_seconds=cpu_seconds)
 
 
-def parse_weights(weights: Mapping[str, float] | str | None) -> dict[str, float]:
-    """Fitness weights by metric key, from a mapping or BLIS's ``"key:weight,key:weight"``; BLIS's metric names
-    (``p99_ttft``, ``tokens_per_sec``, ...) are read as ours. Raises ScenarioError naming a bad key or weight."""
-    if weights is None:
-        return dict(DEFAULT_WEIGHTS)
+def fitness_spec(weights: Mapping[str, float] | str | None, reference: Mapping[str, float] | None) -> Any:
+    """The tournament's ``Fitness`` of ``weights`` (a mapping, or BLIS's ``"key:weight,key:weight"``; None: the
+    defaults) and ``reference``. Raises ScenarioError naming a bad key or weight."""
+    from sim.tournament import Fitness
+
     if isinstance(weights, str):
-        pairs: list[tuple[Any, Any]] = []
+        pairs: dict[str, float] = {}
         for part in filter(None, (p.strip() for p in weights.split(","))):
             key, sep, value = part.partition(":")
-            if not sep:
-                raise ScenarioError(f"weights: {part!r} is not 'key:weight'")
             try:
-                pairs.append((key.strip(), float(value)))
+                pairs[key.strip()] = float(value) if sep else math.nan
             except ValueError:
-                raise ScenarioError(f"weights: {value.strip()!r} for {key.strip()!r} is not a number") from None
-    elif isinstance(weights, Mapping):
-        pairs = list(weights.items())
-    else:
-        raise ScenarioError(f"weights must be a mapping of metric to weight or 'key:weight,...', got "
-                            f"{type(weights).__name__}")
-    out: dict[str, float] = {}
-    for key, w in pairs:
-        name = BLIS_KEYS.get(key, key)
-        if name not in METRICS:
-            raise ScenarioError(f"weights: unknown metric {key!r}; the metrics are {', '.join(METRICS)}")
-        if isinstance(w, bool) or not isinstance(w, int | float) or not math.isfinite(w):
-            raise ScenarioError(f"weights: {key!r} must be a finite number, got {w!r}")
-        out[name] = out.get(name, 0.0) + float(w)
-    if not out:
-        raise ScenarioError("weights: give at least one metric")
-    return out
-
-
-def fitness_of(metrics: Mapping[str, float], weights: Mapping[str, float]) -> float:
-    """Σ weight × metric. A weighted metric without a value (no request completed) makes it minus infinity, as a
-    failure does, so that a search ranks such a policy last."""
-    total = 0.0
-    for key, w in weights.items():
-        v = metrics[key]
-        if not math.isfinite(v):
-            return -math.inf
-        total += w * v
-    return total
+                pairs[key.strip()] = math.nan
+            if not math.isfinite(pairs[key.strip()]):
+                raise ScenarioError(f"weights: {part!r} is not 'key:weight' with a number")
+        weights = pairs
+    given: dict[str, Any] = {}
+    if weights is not None:
+        given["weights"] = weights
+    if reference is not None:
+        given["reference"] = reference
+    try:
+        return Fitness.model_validate(given)
+    except ValidationError as e:
+        raise ScenarioError("fitness: " + "; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}"
+                                                    for x in e.errors())) from None
 
 
 # ---- the workload cache ------------------------------------------------------------------------------------------
@@ -517,6 +499,7 @@ def evaluate(
     num_requests: int | None = None,
     set: Mapping[str, Any] | None = None,
     weights: Mapping[str, float] | str | None = None,
+    reference: Mapping[str, float] | None = None,
     time_limit: float = 60.0,
     memory_limit: int = 2048,
     isolate: bool | None = None,
@@ -528,14 +511,15 @@ def evaluate(
     ``policy``: a ``servesim.Policy`` object, a class (constructed with ``args``) or source text defining one
     subclass (``args`` likewise). ``scenario``: a YAML file's path or a dict, without variants or sweep; the
     policy becomes its policy section as in ``servesim.run(scenario, policy=obj)`` (limits by ``set``, e.g.
-    ``{"policy.max_num_seqs": 16}``). ``num_requests`` and ``set`` as in ``servesim.run``. ``weights``: the
-    fitness (:data:`DEFAULT_WEIGHTS`; keys in :data:`METRICS`). ``time_limit``: CPU seconds for all the seeds
-    together; ``memory_limit``: MiB the worker may add to the address space it starts with. ``isolate``: run
-    in a forked worker (default where the platform forks). ``cache``: the workloads (:data:`DEFAULT_CACHE`).
+    ``{"policy.max_num_seqs": 16}``). ``num_requests`` and ``set`` as in ``servesim.run``. ``weights`` and
+    ``reference``: the fitness, as a tournament spec's ``fitness:`` (sim/tournament.py; weights may also be
+    BLIS's ``"key:weight,..."``). ``time_limit``: CPU seconds for all the seeds together; ``memory_limit``: MiB
+    the worker may add to the address space it starts with. ``isolate``: run in a forked worker (default where
+    the platform forks). ``cache``: the workloads (:data:`DEFAULT_CACHE`).
     ``out``: a folder for scores.json and one run folder per seed; nothing is written without it.
     """
     seed_list = _seeds(seeds)
-    w = parse_weights(weights)
+    fit = fitness_spec(weights, reference)
     if args is not None and not isinstance(args, Mapping):
         raise ScenarioError(f"args must be a mapping of keyword arguments, got {type(args).__name__}")
     for name, value, lo in (("time_limit", time_limit, 0), ("memory_limit", memory_limit, 1)):
@@ -548,12 +532,13 @@ def evaluate(
     sc, raw, source, base = _prepare(scenario, num_requests, set)
     store = DEFAULT_CACHE if cache is None else cache
     workloads = [(s, store.get(sc, s, base)) for s in seed_list]
-    if _NEEDS_SLOS & w.keys():
+    needs = sorted(_NEEDS_SLOS & {k for k, v in fit.weights.items() if v})
+    if needs:
         from sim.scenario import slos_of
 
         if slos_of(sc) is None and not any(r.ttft_slo is not None or r.tpot_slo is not None
                                            for _, wl in workloads for r in wl.requests):
-            raise ScenarioError(f"weights use {', '.join(sorted(_NEEDS_SLOS & w.keys()))}, which needs SLOs: give "
+            raise ScenarioError(f"weights use {', '.join(needs)}, which needs SLOs: give "
                                 "the scenario slos: {ttft: ..., tpot: ...} (or its classes theirs), or other weights")
     out_dir = None if out is None else os.fspath(out)
     kwargs = dict(args or {})
@@ -566,7 +551,7 @@ def evaluate(
         done = (None, reason, error, 0.0) if value is None else value
     else:
         done = work()
-    scores = _scores(done, seed_list, w)
+    scores = _scores(done, seed_list, fit)
     if out_dir is not None:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
         (Path(out_dir) / "scores.json").write_text(json.dumps(scores.to_dict(), indent=2) + "\n")
@@ -574,7 +559,7 @@ def evaluate(
 
 
 def _scores(done: tuple[list[dict] | None, str | None, str | None, float], seeds: tuple[int, ...],
-            weights: Mapping[str, float]) -> Scores:
+            fit: Any) -> Scores:
     summaries, reason, error, cpu = done
     if summaries is None:
         return failed(reason or "crash", error or "", seeds, cpu)
@@ -584,8 +569,23 @@ def _scores(done: tuple[list[dict] | None, str | None, str | None, float], seeds
         for s in summaries:
             v: Any = s
             for part in path:
-                v = v[part]
+                v = v.get(part) if isinstance(v, dict) else None  # fairness only where requests name tenants
             values.append(math.nan if v is None else float(v))
         means[key] = math.fsum(values) / len(values)
-    fit = fitness_of(means, weights)
-    return Scores(**means, ok=True, fitness=fit, seeds=seeds, cpu_seconds=cpu, summaries=tuple(summaries))
+    return Scores(**means, ok=True, fitness=math.fsum(map(fitness_of, summaries, [fit] * len(summaries))) / len(
+        summaries), seeds=seeds, cpu_seconds=cpu, summaries=tuple(summaries))
+
+
+def fitness_of(summary: dict, fit: Any) -> float:
+    """One run's fitness, the tournament's (``sim.tournament.fitness_of``), from its summary."""
+    from sim.tournament import FITNESS_KEYS
+    from sim.tournament import fitness_of as of_row
+
+    row = {}
+    for k in fit.weights:
+        col = FITNESS_KEYS[k][0]
+        v: Any = summary
+        for part in col.removesuffix("_s").split("."):  # sweep.csv names a time's column with _s
+            v = v.get(part) if isinstance(v, dict) else None
+        row[col] = v
+    return float(of_row(row, fit))

@@ -9,7 +9,8 @@ import sys
 import pytest
 
 import servesim
-from sim.evaluate import DEFAULT_WEIGHTS, WorkloadCache, evaluate
+from sim.evaluate import WorkloadCache, evaluate
+from sim.tournament import DEFAULT_WEIGHTS
 
 SCENARIO = {
     "name": "eval-chat",
@@ -102,15 +103,21 @@ def test_scores_are_servesim_runs_summaries_and_their_means(isolate):
     assert s.goodput == (summaries[0]["goodput"] + summaries[1]["goodput"]) / 2
     assert s.ttft_p99 == (summaries[0]["ttft"]["p99"] + summaries[1]["ttft"]["p99"]) / 2
     assert s.throughput == (summaries[0]["request_throughput"] + summaries[1]["request_throughput"]) / 2
-    assert s.fitness == s.goodput  # the default weights
-    assert DEFAULT_WEIGHTS == {"goodput": 1.0}
+    # the tournament's fitness, BLIS's mapping to [0, 1] with its default weights and references, seed by seed
+    assert DEFAULT_WEIGHTS == {"throughput": 1.0, "p99_ttft": 1.0, "p99_e2e": 1.0}
+    per_seed = [x["request_throughput"] / (x["request_throughput"] + 100.0) + 1 / (1 + x["ttft"]["p99"] / 1.0)
+                + 1 / (1 + x["e2el"]["p99"] / 1.0) for x in summaries]
+    assert s.fitness == pytest.approx(sum(per_seed) / 2, rel=1e-12)
 
 
 def test_source_text_object_and_class_score_the_same_and_repeat_exactly():
+    def same(s):  # NaN (no tenants: no Jain's index) is None here, so that equal scores compare equal
+        return {k: v for k, v in s.to_dict().items() if k != "cpu_seconds"}
+
     a = score(SHORT_FIRST, seeds=[3, 4])
-    assert a == score(SHORT_FIRST, seeds=[3, 4]) == score(ShortFirst, seeds=[3, 4]) == \
-        score(ShortFirst(), seeds=[3, 4], isolate=False)
-    assert all(math.isfinite(v) for v in a.metrics().values())
+    assert same(a) == same(score(SHORT_FIRST, seeds=[3, 4])) == same(score(ShortFirst, seeds=[3, 4])) == \
+        same(score(ShortFirst(), seeds=[3, 4], isolate=False))
+    assert all(math.isfinite(v) for k, v in a.metrics().items() if k != "jain_index")
     assert score(SHORT_FIRST, seeds=[5]).summaries != a.summaries[:1]  # another seed, another workload
 
 
@@ -125,15 +132,16 @@ def test_the_workload_is_generated_once_per_scenario_and_seed():
     assert cache.generated == 4
 
 
-def test_fitness_is_the_weighted_sum_blis_spellings_included():
-    s = score(SHORT_FIRST, weights="goodput:1, p99_ttft:-2", isolate=False)
-    assert s.fitness == pytest.approx(s.goodput - 2 * s.ttft_p99, rel=1e-12)
-    assert score(SHORT_FIRST, weights={"throughput": 0.5}, isolate=False).fitness == 0.5 * s.throughput
+def test_fitness_takes_the_tournaments_weights_and_references_and_blis_spelling():
+    s = score(SHORT_FIRST, weights="goodput:1, p99_ttft:2", reference={"requests_per_s": 1.0}, isolate=False)
+    assert s.fitness == pytest.approx(s.goodput / (s.goodput + 1.0) + 2 / (1 + s.ttft_p99), rel=1e-12)
+    assert score(SHORT_FIRST, weights={"slo_attainment": 0.5}, isolate=False).fitness == 0.5 * s.slo_attainment
 
 
 @pytest.mark.parametrize(("kw", "says"), [
-    ({"weights": {"latency": 1.0}}, "unknown metric 'latency'"),
-    ({"weights": "goodput"}, "is not 'key:weight'"),
+    ({"weights": {"latency": 1.0}}, "unknown fitness key 'latency'"),
+    ({"weights": "goodput"}, "is not 'key:weight' with a number"),
+    ({"weights": {"goodput": -1.0}}, "must be finite and >= 0"),
     ({"seeds": []}, "seeds must be"),
     ({"time_limit": 0}, "time_limit must be a number > 0"),
     ({"set": {"deployment.nope": 1}}, "nope"),
@@ -146,8 +154,8 @@ def test_a_mistake_in_the_call_itself_raises(kw, says):
 def test_goodput_without_slos_is_refused_before_anything_runs():
     no_slos = {k: v for k, v in SCENARIO.items() if k != "slos"}
     with pytest.raises(servesim.ScenarioError, match="needs SLOs"):
-        evaluate(SHORT_FIRST, no_slos, cache=WorkloadCache())
-    assert evaluate(SHORT_FIRST, no_slos, weights={"e2el_mean": -1}, cache=WorkloadCache()).ok
+        evaluate(SHORT_FIRST, no_slos, weights={"goodput": 1.0}, cache=WorkloadCache())
+    assert evaluate(SHORT_FIRST, no_slos, cache=WorkloadCache()).ok
 
 
 def test_nothing_is_written_unless_asked(tmp_path, monkeypatch):
