@@ -291,3 +291,36 @@ def test_the_openai_client_drives_serve(served):
                                                max_tokens=3, stream=True))
     deltas = [c.choices[0].delta.content for c in chat if c.choices and c.choices[0].delta.content]
     assert len(deltas) == 3 and chat[-1].choices[0].finish_reason == "length"
+
+
+def test_serve_schedules_with_a_users_policy_under_a_closed_loop(tmp_path):
+    """A user-written policy (examples/policies/shortest_prompt_first.py) served, driven by observe's closed loop:
+    3 users, each with one request in flight, so the server never holds more than 3."""
+    policy = ROOT / "examples" / "policies" / "shortest_prompt_first.py"
+    scenario = tmp_path / "user.yaml"
+    scenario.write_text(
+        SCENARIO.replace("arrival: {type: poisson, rate: 25}",
+                         "arrival: {type: closed_loop, num_users: 3, think_time: {type: fixed, value: 0.01}}")
+        .replace("num_requests: 24", "num_requests: 12")
+        .replace("  type: continuous\n", f'  type: custom\n  cls: "{policy}:ShortestPromptFirst"\n'))
+    log = tmp_path / "server.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "sim.cli", "serve", str(scenario), "--port", "0", "--log",
+                             str(log)], stderr=subprocess.PIPE, text=True, env=_env(), cwd=ROOT)
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()
+        assert "policy custom" in line, line + proc.stderr.read()
+        endpoint = re.search(r"on (http://127\.0\.0\.1:\d+/v1)", line).group(1)
+        out = tmp_path / "obs"
+        p = _cli("observe", str(scenario), "--endpoint", endpoint, "-o", str(out), "-q", "--scrape-interval", "0.05")
+        assert p.returncode == 0, p.stderr
+        rows = _requests(out)
+        assert [r["outcome"] for r in rows] == ["completed"] * 12
+        assert sorted(int(r["session_id"]) for r in rows) == sorted([0, 1, 2] * 4)
+        with open(out / "metrics.csv") as f:
+            running = [float(r["value"]) for r in csv.DictReader(f) if r["metric"] == "vllm:num_requests_running"]
+        assert running and max(running) <= 3
+        assert len(log.read_text().splitlines()) == 12
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=20)
