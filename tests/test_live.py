@@ -191,6 +191,10 @@ class _Stub(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
+        if self.mode == "error-event":  # vLLM's way of failing a request whose stream has begun
+            ev = b'data: {"object": "error", "message": "engine dead", "code": 500}\n\ndata: [DONE]\n\n'
+            self.wfile.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(ev), ev))
+            return
         n = 2 if self.mode == "cut" else 3
         for _ in range(n):
             ev = b'data: {"choices": [{"index": 0, "text": " x"}]}\n\n'
@@ -231,7 +235,8 @@ def _free_port() -> int:
 
 
 @pytest.mark.parametrize("mode,reason", [("refuse", "unreachable"), ("500", "HTTP 500"),
-                                         ("cut", "stream cut short"), ("slow", "timeout")])
+                                         ("cut", "stream cut short"), ("slow", "timeout"),
+                                         ("error-event", "server error in the stream")])
 def test_faults_are_counted_failures(stub, tmp_path, mode, reason):
     from typer.testing import CliRunner
 
