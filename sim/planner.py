@@ -219,6 +219,7 @@ class Evaluation:
     num_completed: int = 0
     num_requests: int = 0
     sim_seconds: float = 0.0  # wall time of the simulation
+    j_per_output_token: float = NAN  # simulated energy per output token (sim/energy.py); NaN: no power figures
 
     @property
     def simulated(self) -> bool:
@@ -267,6 +268,7 @@ class Evaluation:
             "saturated": self.saturated,
             "output_rate": num(self.output_rate),
             "cost_per_million_output_tokens": num(self.cost_per_million_output_tokens),
+            "j_per_output_token": num(self.j_per_output_token),
             "num_completed": self.num_completed,
             "num_requests": self.num_requests,
         }
@@ -337,6 +339,13 @@ class PlanResult:
     def simulated(self) -> list[Evaluation]:
         return [e for e in self.evaluations if e.simulated]
 
+    def fewest_joules(self) -> Evaluation | None:
+        """Of the simulated deployments that meet the SLOs, the one with the fewest joules per output token (the
+        cheaper on a tie). With ``stop_early`` the search simulates nothing costlier than the choice, so this is
+        among the deployments as cheap as the choice; ``stop_early: false`` weighs the whole space."""
+        ok = [e for e in self.simulated if e.meets and math.isfinite(e.j_per_output_token)]
+        return min(ok, key=lambda e: (e.j_per_output_token, e.candidate.cost_per_hour), default=None)
+
     def pareto_front(self) -> list[Evaluation]:
         """Simulated candidates that no other simulated one beats: none at most as costly with every SLO
         metric's percentile at most as high, one of them strictly better. Sorted by cost."""
@@ -368,6 +377,7 @@ class PlanResult:
             "percentile": self.percentile,
             "slos": self.slos,
             "chosen": None if self.chosen is None else self.chosen.to_dict(),
+            "fewest_joules": None if (f := self.fewest_joules()) is None else f.to_dict(),
             "break_even": None if self.break_even is None else self.break_even.to_dict(),
             "pareto_front": [e.to_dict() for e in self.pareto_front()],
             "counts": {
@@ -663,6 +673,7 @@ def plan(scenario: Scenario, *, stop_early: bool | None = None, progress: bool =
             ev.load = output_load(result, s["output_throughput"])
             ev.total_input_tokens, ev.total_output_tokens = s["total_input_tokens"], s["total_output_tokens"]
             ev.num_completed, ev.num_requests = s["num_completed"], s["num_requests"]
+            ev.j_per_output_token = NAN if not s["energy"] else s["energy"]["j_per_output_token"]
             ok = ev.num_completed == ev.num_requests and _meets(ev.latency, slos)
             ev.status = "met" if ok else "missed"
             if not ok and ev.num_completed < ev.num_requests:
@@ -841,8 +852,14 @@ def format_plan(result: PlanResult) -> str:
         lines += [
             f"chosen: {c.label()}",
             f"  {c.num_gpus} GPU(s) at ${c.gpu_price_per_hour:.2f}/h = ${c.cost_per_hour:.2f}/h; {lat}",
-            f"  {_load_text(ch)}: ${ch.cost_per_million_output_tokens:.3f} per million output tokens",
+            f"  {_load_text(ch)}: ${ch.cost_per_million_output_tokens:.3f} per million output tokens"
+            + ("" if not math.isfinite(ch.j_per_output_token) else f", {ch.j_per_output_token:.4f} J per output token"),
         ]
+        fj = result.fewest_joules()
+        if fj is not None and fj is not ch:
+            c2 = fj.candidate
+            lines.append(f"fewest joules per output token among the simulated deployments that meet the SLOs: "
+                         f"{c2.label()}, {fj.j_per_output_token:.4f} J at ${c2.cost_per_hour:.2f}/h")
         be = result.break_even
         if be is not None:
             cheaper = be.load_output_tokens_per_hour >= be.break_even_output_tokens_per_hour

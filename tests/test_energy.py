@@ -276,3 +276,33 @@ def test_the_published_energy_rows_name_their_sources() -> None:
     assert rows and all(r["url"].startswith("https://") and float(r["j_per_output_token"]) > 0 for r in rows)
     engines = {r["engine_version"]: bench.engine_of(r) for r in rows}
     assert engines == {"0.11.1": None, "0.5.4": {"name": "vllm-v0", "version": "0.5"}}
+
+
+def test_plan_names_the_deployment_with_the_fewest_joules() -> None:
+    import copy
+
+    from sim.planner import format_plan, plan
+    from sim.scenario import parse_scenario
+    from sim.specs import BASE_GPU_PRESETS
+
+    # an H100 priced below the L4 ($0.50 against $0.70 an hour) is the cheapest; at 2 req/s of a 1B model it
+    # idles at 70 W where the L4 idles at 16 W, so the L4 takes fewer joules per output token
+    hot = copy.deepcopy(BASE_GPU_PRESETS["h100-sxm"]) | {"name": "h100-cheap", "price_per_hour": 0.5}
+    sc = parse_scenario({
+        "name": "plan-energy", "seed": 1,
+        "workload": {"arrival": {"type": "poisson", "rate": 2.0}, "num_requests": 40,
+                     "prompt_len": {"type": "uniform", "low": 200, "high": 600},
+                     "output_len": {"type": "uniform", "low": 20, "high": 200}},
+        "deployment": {"model": "llama-3.2-1b", "max_model_len": 2048},
+        "slos": {"ttft": 2.0, "tpot": 0.2},
+        "plan": {"gpus": ["l4", hot], "tensor_parallel_sizes": [1], "weight_dtypes": ["bf16"],
+                 "kv_dtypes": ["auto"], "max_num_seqs": [256], "enable_chunked_prefill": [True],
+                 "stop_early": False, "max_gpus": 1},
+    })
+    result = plan(sc)
+    best = result.fewest_joules()
+    assert result.chosen is not None and result.chosen.candidate.gpu == "h100-cheap"
+    assert best is not None and best.candidate.gpu == "l4"
+    assert best.j_per_output_token < result.chosen.j_per_output_token
+    assert result.to_dict()["fewest_joules"]["j_per_output_token"] == best.j_per_output_token
+    assert f"{best.candidate.label()}, {best.j_per_output_token:.4f} J at $0.70/h" in format_plan(result)
