@@ -394,6 +394,7 @@ def write_observed_run(out_dir, run: ObserveRun, name: str, *, scenario: dict | 
     ``sim_steps``, the simulation's step series from :func:`simulated_steps`, drawn over them)."""
     from pathlib import Path
 
+    from sim.benchfiles.exports import BENCH_SUFFIX, file_stem
     from sim.files import write_atomically
     from sim.metrics import summarize
     from sim.output import to_jsonable, write_run
@@ -408,10 +409,16 @@ def write_observed_run(out_dir, run: ObserveRun, name: str, *, scenario: dict | 
     names: list[str] = []
     out = write_run(out_dir, [result], {name: summary}, scenario=scenario, title=f"servesim observe: {name}",
                     written=names)
+    # the per-request ITL lists that vllm bench serve's detailed result holds (the simulator's export has only the
+    # pooled gaps; a client saw each request's own), in the file's request order (id)
+    bench = Path(out) / (file_stem(name) + BENCH_SUFFIX)
+    data = json.loads(bench.read_text())
+    data["itls"] = [r.itl if r.success else [] for r in sorted(run.results.values(), key=lambda r: r.id)]
     extra = {"observe.json": json.dumps(to_jsonable(info), indent=2) + "\n", "metrics.csv": metrics_csv(run),
-             LIVE_FILE: live_html(run, sim_steps, f"servesim observe: {name} at {run.endpoint}")}
+             LIVE_FILE: live_html(run, sim_steps, f"servesim observe: {name} at {run.endpoint}"),
+             bench.name: json.dumps(data)}
     write_atomically(Path(out), extra)
-    names += list(extra)
+    names += [n for n in extra if n not in names]
     if written is not None:
         written.extend(names)
     return out, info

@@ -131,6 +131,12 @@ def test_observe_agrees_with_what_the_server_logged(served, tmp_path):
     assert after["vllm:request_success_total"] - before.get("vllm:request_success_total", 0) == 24
     assert after["vllm:num_requests_running"] == 0 and after["vllm:kv_cache_usage_perc"] == 0
     assert all(0 <= v <= 1 for _, v in series["vllm:kv_cache_usage_perc"])
+    # the vllm-bench JSON carries each request's own ITLs, one gap per chunk after the first
+    bench = json.loads((out / "live-tiny.vllm-bench.json").read_text())
+    assert [len(g) for g in bench["itls"]] == [int(r["output_tokens"]) - 1 for r in rows]
+    from sim.benchfiles.vllm_bench import read_vllm_bench
+
+    assert read_vllm_bench(out / "live-tiny.vllm-bench.json").itls_s == bench["itls"]  # calibrate reads them
     # live.html draws the scraped gauges and the simulation's step series over them
     page = (out / "live.html").read_text()
     assert "vllm:num_requests_running" in page and "simulated num_running" in page
