@@ -315,7 +315,8 @@ class ServingCore:
             # Room was freed: a policy with requests waiting must look again. With nothing waiting, the steady
             # plan (the group decodes) is what it would say, so no need to ask.
             self.repeatable = None
-            self.all_decode = False  # a finish is an event a user's policy may act on (``depends_on``)
+            if self.waiting or self.swapped:  # a finish frees room for them: the policy decides (``depends_on``)
+                self.all_decode = False
             if batch.group_size and batch.plan.scheduled:
                 finished.sort(key=_admit_order)  # the order stepping one by one would finish them in
             for r in finished:

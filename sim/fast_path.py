@@ -117,7 +117,7 @@ def fast_forward(
         return None  # a padded batch's shape depends on its longest member; step it one by one
     j0 = g.steps
     # a finish makes the policy look again unless nothing waits (then the steady plan continues)
-    keep_going = finishes and core.steady_ok and not core.waiting and not core.swapped
+    keep_going = finishes and (core.steady_ok or core.all_decode) and not core.waiting and not core.swapped
     finish_at = g.finish_at
     next_finish = min(finish_at, default=-1)  # the next group step in which members sample their last token
     last = j0 + MAX_SEGMENT
@@ -189,7 +189,8 @@ def fast_forward(
             run = i + 1
             core.filled_blocks, core.kv_tokens = filled, kv_tokens
             core.repeatable = None
-            core.all_decode = False
+            if core.waiting or core.swapped:  # as ServingCore.complete: a finish matters when someone waits
+                core.all_decode = False
             for r in finish_at.pop(steps):
                 core.retire(r, ends[i + 1])
             m = len(members)

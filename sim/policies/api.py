@@ -45,7 +45,9 @@ if TYPE_CHECKING:
 __all__ = ["DEPENDS_ON", "Budget", "KVView", "Limits", "Plan", "Policy", "PolicyView", "Predictor", "RequestView"]
 
 # What a policy's decision may depend on (``Policy.depends_on``). "arrivals" and "finishes": the decision changes
-# only when a request arrives, finishes, is aborted, or when KV blocks run short (the core always asks then);
+# only when a request arrives, finishes, is aborted, or when KV blocks run short (the core always asks then); a
+# finish while nothing waits only shrinks a step in which everyone decodes, so the core asks at it only when
+# requests wait (the running set's decision, restricted to who is left);
 # "every_step": anything (the time, how far requests got), so the policy is asked before every step.
 DEPENDS_ON = frozenset({"arrivals", "finishes", "every_step"})
 
