@@ -250,6 +250,9 @@ class LiveEngine:
             self._next_id += 1
         stream = _Stream(0.0)
         stream.request_id = request_id
+        if self.error is not None or not self.thread.is_alive():  # no loop to take it: answer now, never hang
+            stream.chunks.put(("error", f"the engine is not running ({self.error or 'stopped'})"))
+            return stream
 
         def arrive() -> None:
             stream.received = self.env.now

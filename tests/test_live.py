@@ -335,3 +335,20 @@ def test_serve_schedules_with_a_users_policy_under_a_closed_loop(tmp_path):
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=20)
+
+
+def test_a_request_to_a_stopped_engine_fails_at_once(tmp_path):
+    """Once the engine's loop has ended, a new request is answered with an error instead of waiting forever."""
+    from realengine.server import build_live_engine
+    from sim.scenario import load_scenario, variant_configs
+
+    path = tmp_path / "s.yaml"
+    path.write_text(SCENARIO)
+    eng = build_live_engine(variant_configs(load_scenario(path)[0])[0])
+    eng.start()
+    kind, _ = eng.submit(4, 2).chunks.get(timeout=30)
+    assert kind == "text"  # it serves
+    eng.stop()
+    assert not eng.thread.is_alive()
+    kind, message = eng.submit(4, 2).chunks.get(timeout=1)
+    assert kind == "error" and "not running" in message
