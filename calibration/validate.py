@@ -42,12 +42,20 @@ METRICS: dict[str, tuple[str, ...]] = {
     "kv_usage_mean": ("kv_usage", "mean"),
     "kv_usage_max": ("kv_usage", "max"),
     "num_preemptions": ("num_preemptions",),
+    # the engine's energy as NVML measured it (realengine.engine.measured_energy; none on a CPU) against the
+    # simulator's power model (sim/energy.py)
+    "energy_j": ("energy", "energy_j"),
+    "j_per_output_token": ("energy", "j_per_output_token"),
+    "mean_power_w": ("energy", "mean_power_w"),
 }
 
 
 def _get(summary: dict, path: tuple[str, ...]) -> float:
+    """The figure at ``path``; NaN where a section is null or lacks it (an unmeasured or unmodelled energy)."""
     v: Any = summary
     for k in path:
+        if not isinstance(v, dict) or k not in v:
+            return math.nan
         v = v[k]
     return float(v) if v is not None else math.nan
 
@@ -230,9 +238,10 @@ def validate_variant(cfg: VariantConfig, workload, profile_path: str | Path, *, 
     ``SpeedProbe``, the machine's speed is measured before and after the engine run, and the comparison is
     repeated with the profile scaled by the slowdown. ``on_runner`` goes to ``run_engine`` (a
     ``calibration.serving.StepRecorder``'s ``attach`` logs the engine's step shapes)."""
-    from realengine.engine import engine_config, run_engine
+    from realengine.engine import engine_config, measured_energy, run_engine
     from sim.run import simulate_variant
 
+    memory = [] if memory is None else memory
     before = probe.measure() if probe is not None else None
     real, requests, core = run_engine(cfg, workload, device=device, model_spec=model, num_gpu_blocks=num_gpu_blocks,
                                       time_scale=time_scale, seed=seed, memory_samples=memory, on_runner=on_runner)
@@ -247,6 +256,7 @@ def validate_variant(cfg: VariantConfig, workload, profile_path: str | Path, *, 
     after = probe.measure() if probe is not None else None
     sim, _, _ = simulate_variant(sim_cfg, wl_scaled, name=real.name)
     rs, ss = summarize(real), summarize(sim)
+    rs["energy"] = measured_energy(memory, real.name, rs["total_output_tokens"])
     out = VariantValidation(real.name, blocks, real, sim, rs, ss, compare(rs, ss))
     if before is not None and after is not None and probe.base:
         out.machine_slowdown = float(np.sqrt(before * after)) / probe.base

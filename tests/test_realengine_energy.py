@@ -65,3 +65,17 @@ def test_a_cuda_run_reads_the_energy_counter(tmp_path: Path) -> None:
     assert e["measured"] is True and e["energy_j"] > 0 and e["mean_power_w"] > 0
     readings = [float(r["nvml_energy_j"]) for r in rows]
     assert readings == sorted(readings)  # a counter
+
+
+def test_validate_compares_the_measured_energy_with_the_simulated() -> None:
+    from calibration.validate import compare
+
+    real = {"energy": measured_energy([_row("a", 0.0, 0.0), _row("a", 2.0, 300.0)], "a", 1000)}
+    sim = {"energy": {"energy_j": 240.0, "j_per_output_token": 0.24, "mean_power_w": 120.0}}
+    m = compare(real, sim)
+    assert m["energy_j"] == {"real": 300.0, "sim": 240.0, "rel_error": pytest.approx(-0.2)}
+    assert m["j_per_output_token"]["rel_error"] == pytest.approx(-0.2)
+    assert m["mean_power_w"] == {"real": 150.0, "sim": 120.0, "rel_error": pytest.approx(-0.2)}
+    # a CPU run measured nothing: no error, and the other metrics absent from these summaries are n/a too
+    cpu = compare({"energy": measured_energy([], "a", 1000)}, sim)
+    assert cpu["energy_j"]["rel_error"] is None and cpu["ttft_p50"]["real"] is None
