@@ -42,6 +42,7 @@ METRICS: tuple[str, ...] = (
     *(f"{m}.{q}" for m in ("ttft", "tpot", "itl", "e2el", "queue") for q in ("mean", "p50", "p90", "p99")),
     "kv_usage.mean", "kv_usage.max", "kv_token_utilization", "busy_fraction", "mfu", "mean_batch_size",
     "cluster.replicas_mean", "cluster.replicas_max", "cluster.gpu_hours", "cluster.cost_usd",  # clusters only
+    "energy.energy_j", "energy.j_per_output_token", "energy.mean_power_w",  # GPUs with power figures (sim/energy.py)
     "bottleneck",
 )
 _SECONDS = ("duration", "ttft.", "tpot.", "itl.", "e2el.", "queue.")
