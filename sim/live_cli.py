@@ -143,6 +143,9 @@ def register(app: typer.Typer) -> None:
         timeout: float = typer.Option(600.0, "--timeout", help="Seconds a request may take in all."),
         scrape_interval: float = typer.Option(1.0, "--scrape-interval", help="Seconds between /metrics scrapes "
                                               "(0: none)."),
+        tokenizer: Path | None = typer.Option(None, "--tokenizer", help="A tokenizer.json (Hugging Face "
+                                              "tokenizers; the real extra) that sizes each prompt to its exact "
+                                              "token count (default: one word per token, an approximation)."),
         simulate: bool = typer.Option(True, "--simulate/--no-simulate", help="Simulate the variant on the "
                                       "requests as sent and draw its step series over the scraped ones "
                                       "(live.html)."),
@@ -174,6 +177,16 @@ def register(app: typer.Typer) -> None:
             import aiohttp  # noqa: F401
         except ImportError:
             _fail("observe needs aiohttp: pip install 'servesim[live]'")
+        tok = None
+        if tokenizer is not None:
+            try:
+                from tokenizers import Tokenizer
+            except ImportError:
+                _fail("--tokenizer needs the tokenizers package: pip install 'servesim[real]'")
+            try:
+                tok = Tokenizer.from_file(str(tokenizer))
+            except Exception as e:  # noqa: BLE001 - tokenizers raises its own Exception for a bad file
+                _fail(f"--tokenizer {tokenizer}: cannot read it: {e}")
         sc, cfg = _load(scenario, list(set_), num_requests, variant)
         try:
             wl = generate_workload(sc, cfg.workload)
@@ -194,10 +207,12 @@ def register(app: typer.Typer) -> None:
 
             bar = tqdm(total=len(specs), desc="observe", unit="req", file=sys.stderr)
         run = ObserveRun(endpoint, api)
+        if tok is not None and tokenizer is not None:
+            run.prompt_method = f"tokenizer {tokenizer.name}: each prompt cut to its token count with it"
         try:
             asyncio.run(observe_async(run, specs, model=model or "", seed=sc.seed, closed_loop=closed,
                                       timeout=timeout, scrape_interval=scrape_interval,
-                                      progress=None if bar is None else bar.update))
+                                      progress=None if bar is None else bar.update, tokenizer=tok))
         except KeyboardInterrupt:
             run.partial = True
             for rec in run.results.values():

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import csv
+import dataclasses
 import io
 import json
 import math
@@ -91,6 +92,7 @@ class ObserveRun:
     results: dict[int, Observed] = field(default_factory=dict)
     metrics: list[tuple[float, str, float]] = field(default_factory=list)  # (time, name, value)
     scrape_errors: int = 0
+    prompt_method: str = PROMPT_METHOD
     partial: bool = False
     wall_s: float = 0.0
     cpu_s: float = 0.0  # the client process's CPU time over the run
@@ -206,8 +208,21 @@ async def _one(session, url: str, payload: dict, rec: Observed, t0: float, timeo
             rec.latency = (most_recent - st) if chunks else 0.0
 
 
-def payload_of(spec: RequestSpec, api: str, model: str, seed: int) -> dict[str, Any]:
-    prompt = prompt_text(spec, seed)
+def exact_prompt(spec: RequestSpec, tokenizer: Any, seed: int = 0) -> tuple[str, int]:
+    """With a tokenizer (``tokenizers.Tokenizer``): the words of :func:`prompt_text` cut to exactly
+    ``spec.prompt_len`` tokens and decoded; returns (text, its token count re-encoded), which can differ from the
+    target by a token or two where the cut's neighbours merge (the run counts those)."""
+    text = prompt_text(spec, seed)
+    ids = tokenizer.encode(text, add_special_tokens=False).ids
+    while len(ids) < spec.prompt_len:  # a tokenizer that merges words: add more of them
+        text += " " + prompt_text(dataclasses.replace(spec, id=spec.id + len(ids) + 1, hash_ids=()), seed)
+        ids = tokenizer.encode(text, add_special_tokens=False).ids
+    text = tokenizer.decode(ids[: spec.prompt_len])
+    return text, len(tokenizer.encode(text, add_special_tokens=False).ids)
+
+
+def payload_of(spec: RequestSpec, api: str, model: str, seed: int, tokenizer: Any = None) -> dict[str, Any]:
+    prompt = prompt_text(spec, seed) if tokenizer is None else exact_prompt(spec, tokenizer, seed)[0]
     body: dict[str, Any] = {"model": model, "max_tokens": spec.output_len, "ignore_eos": True, "stream": True,
                             "stream_options": {"include_usage": True}, "temperature": 0.0}
     if api == "chat":
@@ -219,9 +234,11 @@ def payload_of(spec: RequestSpec, api: str, model: str, seed: int) -> dict[str, 
 
 async def observe_async(run: ObserveRun, specs: list[RequestSpec], *, model: str = "", seed: int = 0,
                         closed_loop: Any = None, timeout: float = 600.0, scrape_interval: float = 1.0,
-                        max_connections: int = 0, progress: Callable[[int], None] | None = None) -> ObserveRun:
+                        max_connections: int = 0, progress: Callable[[int], None] | None = None,
+                        tokenizer: Any = None) -> ObserveRun:
     """Send ``specs`` to ``run.endpoint`` and fill ``run`` as they end. ``closed_loop``: a ``ClosedLoop`` (num_users,
-    think_times); ``model``: the model name sent (default: the server's first in ``/v1/models``)."""
+    think_times); ``model``: the model name sent (default: the server's first in ``/v1/models``); ``tokenizer``:
+    a ``tokenizers.Tokenizer`` that sizes the prompts exactly (:func:`exact_prompt`)."""
     import aiohttp
 
     url = run.endpoint.rstrip("/") + ("/chat/completions" if run.api == "chat" else "/completions")
@@ -232,7 +249,7 @@ async def observe_async(run: ObserveRun, specs: list[RequestSpec], *, model: str
     async with aiohttp.ClientSession(connector=connector) as session:
         if not model:
             model = await _model_name(session, run.endpoint)
-        payloads = {s.id: payload_of(s, run.api, model, seed) for s in specs}
+        payloads = {s.id: payload_of(s, run.api, model, seed, tokenizer) for s in specs}
         stop = asyncio.Event()
         scraper = asyncio.create_task(_scrape(session, run, t0, scrape_interval, stop)) if scrape_interval > 0 \
             else None
@@ -402,7 +419,7 @@ def write_observed_run(out_dir, run: ObserveRun, name: str, *, scenario: dict | 
     result = observed_result(run, name)
     info = {"endpoint": run.endpoint, "api": run.api, "partial": run.partial, "requests_planned": planned,
             "requests_sent": sum(1 for r in run.results.values() if r.sent >= 0),
-            "prompt_tokens": PROMPT_METHOD, "failures": failures_by_reason(run),
+            "prompt_tokens": run.prompt_method, "failures": failures_by_reason(run),
             "scrape_errors": run.scrape_errors, "client": client_overhead(run)}
     summary = summarize(result, slos) if slos is not None else summarize(result)
     summary = {**summary, "observed": info}

