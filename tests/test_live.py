@@ -376,3 +376,14 @@ def test_a_tokenizer_sizes_prompts_exactly(tmp_path):
     scenario.write_text(SCENARIO)
     p = _cli("observe", str(scenario), "--endpoint", "http://127.0.0.1:9/v1", "--tokenizer", str(bad))
     assert p.returncode == 2 and p.stderr.startswith("error: --tokenizer") and p.stderr.count("\n") == 1
+
+
+def test_observe_over_chat_completions(served, tmp_path):
+    endpoint, _, scenario = served
+    out = tmp_path / "chat"
+    p = _cli("observe", str(scenario), "--endpoint", endpoint, "--api", "chat", "-n", "6", "-o", str(out), "-q",
+             "--scrape-interval", "0", "--no-simulate")
+    assert p.returncode == 0, p.stderr
+    rows = _requests(out)
+    assert len(rows) == 6 and all(r["outcome"] == "completed" and r["output_tokens"] == r["target_output_tokens"]
+                                  for r in rows)
