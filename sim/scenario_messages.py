@@ -163,6 +163,9 @@ def unknown_key_hint(model: type[BaseModel] | None, loc: tuple[Any, ...]) -> str
         return ""
     here = sorted({k for m in _models_at(model, tuple(loc[:-1])) for k in m.model_fields})
     best = closest_key(loc[-1], here)
+    if best == loc[-1]:  # the section's other kinds have the key, this kind not (a custom policy's chunking)
+        kind = f" {loc[-2]!r}" if len(loc) > 1 and isinstance(loc[-2], str) else ""
+        return f"; other kinds of this section have it, the kind{kind} not"
     if best is not None:
         return f"; did you mean {best}?"
     everywhere = _schema_keys(model)

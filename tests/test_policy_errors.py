@@ -50,6 +50,9 @@ CASES = [
     ("bad_policies.py:TooMany", "", "more than max_num_seqs 4"),
     ("bad_policies.py:Twice", "", "schedules request 0 twice"),
     ("bad_policies.py:Idle", "", "simulation stalled: 20 requests without outcome"),
+    # a key of the built-in kinds that a user's class does not take (it was told "did you mean" the same key)
+    ("sim.policies.queue:FCFSPolicy", ", enable_chunked_prefill: false",
+     "enable_chunked_prefill: unknown key; other kinds of this section have it, the kind 'custom' not"),
 ]
 
 
