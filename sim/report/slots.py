@@ -232,8 +232,12 @@ def fig_batch_slots(
         fig.update_yaxes(
             title_text="row", range=[top - 0.5, -0.5], showgrid=False, zeroline=False, row=i, col=1
         )
-    fig.update_xaxes(range=[0.0, t_end], row=len(results), col=1, title_text="time (s)")
+    fig.update_xaxes(range=[0.0, t_end], row=len(results), col=1, title_text="time (s)", title_standoff=6,
+                     automargin=True)
     fig.update_layout(
+        # a bottom margin for the x axis's ticks and title and, below them, the legend: without it plotly drew the
+        # axis title over the tick labels (issue 35: "time (s)" over the tick "30")
+        margin=dict(b=110),
         template=TEMPLATE,
         barmode="overlay",
         bargap=0,
