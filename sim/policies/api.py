@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 from sim.policies.base import Limits
-from sim.request import Request, Status
+from sim.request import Request
 
 if TYPE_CHECKING:
     from sim.block_manager import KVBudget, KVManager
@@ -163,11 +163,10 @@ class Budget:
     """A scratch copy of the free KV blocks to plan one step with. Spending it changes nothing real: the core
     applies the plan afterwards. Reserve room for every request the plan computes tokens for."""
 
-    __slots__ = ("_b", "_kv")
+    __slots__ = ("_b",)
 
-    def __init__(self, b: KVBudget, kv: KVManager) -> None:
+    def __init__(self, b: KVBudget) -> None:
         self._b = b
-        self._kv = kv
 
     def allocate(self, req: RequestView, num_new_tokens: int) -> bool:
         """Reserve room for ``num_new_tokens`` more tokens of ``req``; False (nothing reserved) if it does not fit."""
@@ -228,7 +227,7 @@ class KVView:
 
     def budget(self) -> Budget:
         """A fresh scratch budget for planning this step."""
-        return Budget(self._kv.budget(), self._kv)
+        return Budget(self._kv.budget())
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,7 +299,6 @@ class Policy:
 
     - ``depends_on``: when the decision can change (``DEPENDS_ON``); the default, every step, is always safe;
     - ``wake_time(view)``: the next time the decision may change with nothing arriving or finishing (a timer);
-    - ``preemption_mode``: "recompute" or "swap", what ``schedule`` uses (informational for reports);
     - ``describe()``: a line for the run's log.
     The constructor takes the scenario's ``args`` as keyword arguments; validate them there and raise
     ``ValueError`` with a message naming the argument."""
@@ -333,6 +331,3 @@ def implements_policy(obj: Any) -> str | None:
 def views(reqs: Sequence[Request], predictor: Predictor | None) -> tuple[RequestView, ...]:
     return tuple([RequestView(r, predictor) for r in reqs])
 
-
-def status_of(rv: RequestView) -> Status:
-    return _req(rv).status

@@ -246,6 +246,9 @@ class UserClassConfig(PolicyModel):
         self.make()  # the constructor validates its args
         return self
 
+    # the servesim class a user's class implements, and the check that says why an object does not
+    _api: ClassVar[str] = ""
+
     @staticmethod
     def problem(obj: Any) -> str | None:
         """Why ``obj`` does not implement the API it is meant to, or None."""
@@ -261,7 +264,7 @@ class UserClassConfig(PolicyModel):
             raise ValueError(f"cls {self.cls}: {what} raised {type(e).__name__}: {e}") from None
         why = self.problem(obj)
         if why is not None:
-            raise ValueError(f"cls {self.cls}: {type(obj).__name__} {why}")
+            raise ValueError(f"cls {self.cls}: {type(obj).__name__} {why} (subclass servesim.{self._api})")
         return obj
 
 
@@ -269,39 +272,39 @@ class CustomPolicyConfig(UserClassConfig, QueuePolicyConfigBase):
     """A user's own class on the public API (``servesim.Policy``), named by file or module."""
 
     type: Literal["custom"] = "custom"
+    _api: ClassVar[str] = "Policy"
 
     @staticmethod
     def problem(obj: Any) -> str | None:
         from sim.policies import api
 
-        why = api.implements_policy(obj)
-        return None if why is None else f"{why} (subclass servesim.Policy)"
+        return api.implements_policy(obj)
 
 
 class CustomRouterConfig(UserClassConfig):
     """A user's router (``servesim.Router``): route(request, replicas) -> index."""
 
     type: Literal["custom"] = "custom"
+    _api: ClassVar[str] = "Router"
 
     @staticmethod
     def problem(obj: Any) -> str | None:
         from sim.policies.gates import implements_router
 
-        why = implements_router(obj)
-        return None if why is None else f"{why} (subclass servesim.Router)"
+        return implements_router(obj)
 
 
 class CustomAdmissionConfig(UserClassConfig):
     """A user's admission rule (``servesim.Admission``): admit(request, state) -> None or a reason."""
 
     type: Literal["custom"] = "custom"
+    _api: ClassVar[str] = "Admission"
 
     @staticmethod
     def problem(obj: Any) -> str | None:
         from sim.policies.gates import implements_admission
 
-        why = implements_admission(obj)
-        return None if why is None else f"{why} (subclass servesim.Admission)"
+        return implements_admission(obj)
 
 
 class TokenBucketConfig(PolicyModel):

@@ -54,8 +54,7 @@ def call_user(what: str, fn: Any, *args: Any) -> Any:
 class UserPolicy(Policy):
     """Runs a public-API policy inside the core (see the module docstring)."""
 
-    __slots__ = ("user", "limits", "admission", "predictor", "name", "may_repeat", "preemption_mode",
-                 "uses_decode_group")
+    __slots__ = ("user", "limits", "admission", "predictor", "name", "may_repeat", "uses_decode_group")
 
     def __init__(self, user: Any, limits: Limits, admission: Admission | None = None,
                  predictor: api.Predictor | None = None) -> None:
@@ -72,7 +71,6 @@ class UserPolicy(Policy):
         # and finishes (and block shortages, which always make the core ask) can change its decision
         self.may_repeat = "every_step" not in dep
         self.uses_decode_group = self.may_repeat  # type: ignore[misc]  # per object: from its depends_on
-        self.preemption_mode = str(getattr(user, "preemption_mode", "recompute"))
 
     def describe(self) -> str:
         d = getattr(self.user, "describe", None)
@@ -82,9 +80,9 @@ class UserPolicy(Policy):
         """What the core will do with this policy, in words: a user on the wrong declaration should know what it
         costs (in vLLM a custom scheduler on the wrong base silently lost its fast path: PR #43724)."""
         if self.may_repeat:
-            return (f"policy {self.name}: asked at arrivals, finishes and KV shortages (depends_on); decode "
+            return (f"policy {self.describe()}: asked at arrivals, finishes and KV shortages (depends_on); decode "
                     "stretches between them run without asking (servesim check-policy verifies the declaration)")
-        return (f"policy {self.name}: asked before every step (depends_on: every_step); declare "
+        return (f"policy {self.describe()}: asked before every step (depends_on: every_step); declare "
                 "depends_on = {'arrivals', 'finishes'} if that is all its decision reads, for the fast path")
 
     def _public_view(self, view: View, hidden: set[int]) -> api.PolicyView:
