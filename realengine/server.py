@@ -159,7 +159,6 @@ class LiveEngine:
         self.queue_time = _Histogram(REQUEST_BUCKETS)
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
-        self.preemptions_done = 0  # preemptions of finished requests (live ones are counted at scrape time)
         self.finished: collections.Counter[str] = collections.Counter()  # finished_reason -> count
         self.thread = threading.Thread(target=self._run, name="servesim-engine", daemon=True)
         self.error: BaseException | None = None
@@ -218,7 +217,6 @@ class LiveEngine:
         reason = "length" if r.outcome is Outcome.COMPLETED else "abort"
         with self.metrics_lock:
             self.finished[reason] += 1
-            self.preemptions_done += r.num_preemptions
             if r.outcome is Outcome.COMPLETED:
                 self.e2e.observe(r.finish - r.arrival)
                 self.prompt_tokens_total += r.prompt_len
@@ -285,7 +283,6 @@ class LiveEngine:
         labels = f'model_name="{self.model_name}",engine="0"'
         kv = core.kv
         usage = kv.num_used_blocks / kv.num_blocks if kv.num_blocks else 0.0
-        live_preempt = sum(r.num_preemptions for r in list(core.running) + list(core.waiting) + list(core.swapped))
         lines: list[str] = []
 
         def metric(name: str, kind: str, helptext: str, body: list[str]) -> None:
@@ -299,7 +296,7 @@ class LiveEngine:
             metric("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.",
                    [f"vllm:kv_cache_usage_perc{{{labels}}} {usage!r}"])
             metric("vllm:num_preemptions_total", "counter", "Cumulative number of preemption from the engine.",
-                   [f"vllm:num_preemptions_total{{{labels}}} {self.preemptions_done + live_preempt}"])
+                   [f"vllm:num_preemptions_total{{{labels}}} {core.stats.num_preemptions}"])  # the core counts each
             metric("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.",
                    [f"vllm:prompt_tokens_total{{{labels}}} {self.prompt_tokens_total}"])
             metric("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.",
