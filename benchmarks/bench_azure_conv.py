@@ -12,8 +12,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from sim.run import generate_workload, simulate_variant
-from sim.scenario import parse_scenario, variant_configs
+from sim.config.scenario import parse_scenario, variant_configs
+from sim.loop.run import generate_workload, simulate_variant
 
 
 def scenario_dict(requests: int) -> dict:

@@ -16,9 +16,9 @@ from __future__ import annotations
 import argparse
 import time
 
-from sim.metrics import summarize
-from sim.run import generate_workload, simulate_variant
-from sim.scenario import parse_scenario, variant_configs
+from sim.config.scenario import parse_scenario, variant_configs
+from sim.loop.run import generate_workload, simulate_variant
+from sim.metrics.summary import summarize
 
 
 def scenario_dict(requests: int, replicas: int, rate_scale: float, router: str) -> dict:

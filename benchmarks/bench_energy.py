@@ -1,4 +1,4 @@
-"""Published energy per output token against the simulator's power model (sim/energy.py), and its shape.
+"""Published energy per output token against the simulator's power model (sim/costs/energy.py), and its shape.
 
 The rows (``benchmarks/data/energy-published.csv``) are figures others measured and published, each with its
 source's address: so far the ML.ENERGY longitudinal post's Llama-3.1-8B on one H100 at batch 64, 0.12 J per output

@@ -19,7 +19,7 @@ import pstats
 import resource
 import time
 
-from sim.evaluate import WorkloadCache, evaluate
+from sim.studies.evaluate import WorkloadCache, evaluate
 
 POLICY = '''
 import servesim

@@ -18,9 +18,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from sim import traces
-from sim.traces import TRACE_DIR, TRACES
-from sim.workload import Workload
+from sim.workload import traces
+from sim.workload.generator import Workload
+from sim.workload.traces import TRACE_DIR, TRACES
 
 NUM_REQUESTS = 100_000
 

@@ -57,7 +57,7 @@ REPEAT = ("repeat_to 1e12", ["--set", "workload.arrival.repeat_to=1000000000000"
 def child(args: list[str]) -> tuple[int, float, float, str]:
     """Run the CLI in a child; returns (exit status, CPU seconds, peak RSS MB, last line of stderr)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    p = subprocess.Popen([sys.executable, "-m", "sim.cli", "run", "-q", *args], env=env, stdout=subprocess.DEVNULL,
+    p = subprocess.Popen([sys.executable, "-m", "sim.cli.main", "run", "-q", *args], env=env, stdout=subprocess.DEVNULL,
                          stderr=subprocess.PIPE, text=True)
     assert p.stderr is not None
     err = p.stderr.read()

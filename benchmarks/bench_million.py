@@ -16,8 +16,8 @@ import resource
 import tempfile
 import time
 
-from sim.run import prepare_scenario, run_scenario, write_scenario_run
-from sim.scenario import parse_scenario
+from sim.config.scenario import parse_scenario
+from sim.loop.run import prepare_scenario, run_scenario, write_scenario_run
 
 
 def peak_mb() -> float:

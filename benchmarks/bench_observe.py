@@ -20,8 +20,8 @@ import socket
 
 import numpy as np
 
-from sim.observe import ObserveRun, client_overhead, observe_async
-from sim.request import RequestSpec
+from sim.loop.observe import ObserveRun, client_overhead, observe_async
+from sim.serving.request import RequestSpec
 
 
 def _stub(port: int, chunks: int) -> None:

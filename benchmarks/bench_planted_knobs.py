@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from calibration.bench_fit import calibrate_from_bench, plant_measurements
-from sim.benchfiles.common import BenchRun
-from sim.scenario import VariantConfig, load_scenario, variant_configs
+from sim.config.scenario import VariantConfig, load_scenario, variant_configs
+from sim.output.benchfiles.common import BenchRun
 
 SCENARIO = Path(__file__).parent.parent / "tests" / "data" / "bench" / "scenario.yaml"
 PLANTED = {"compute_efficiency": 0.45, "bandwidth_efficiency": 0.7, "step_overhead": 3e-3,

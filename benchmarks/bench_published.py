@@ -5,7 +5,7 @@ says where each comes from) are figures others measured and published: TensorRT-
 table, gpt-fast's batch-1 decode speeds, the vLLM blog posts' serving throughput and TPOT. Every row the
 simulator can represent becomes one run:
 
-- its model, GPU, tensor parallelism and dtypes, its engine's ``deployment.engine`` preset (sim/engines.py):
+- its model, GPU, tensor parallelism and dtypes, its engine's ``deployment.engine`` preset (sim/engines/registry.py):
   TensorRT-LLM -> ``tensorrt-llm`` (0.17 rows with ``kv_cache_free_gpu_mem_fraction`` 0.95, as the source's
   notes state for most of them), vLLM 0.5/0.6 -> ``vllm-v0``, SGLang -> ``sglang``; gpt-fast is no serving
   engine: one request, servesim's classic engine;
@@ -14,13 +14,13 @@ simulator can represent becomes one run:
   stated otherwise;
 - the metric the row holds, computed as its source computes it;
 - rows measured through an engine's HTTP server by a serving benchmark (their workload names a QPS) with the
-  online-serving layer (``deployment.serving: online``, sim/online.py); ``--offline`` runs them without it.
+  online-serving layer (``deployment.serving: online``, sim/costs/online.py); ``--offline`` runs them without it.
 
 No constant is fitted to a row: the cost model runs with its documented defaults. The headline is the error per
 metric class (TTFT, decode speed, throughput, E2E) and per source (one document: sources are the unit a new engine
 or GPU is new in) that leave-one-source-out gives; with nothing fitted, that is each row's plain error. Rows that
 cannot be represented are listed with the reason. Per class it prints the errors' 10th-90th percentiles (the 80%
-intervals of sim/intervals.py) and how many rows of each source the other sources' percentiles hold. ``--fit``
+intervals of sim/metrics/intervals.py) and how many rows of each source the other sources' percentiles hold. ``--fit``
 instead repeats issue 14's held-out calibration on the rows of one engine and GPU (fit the knobs on every other
 row, predict the rest), now with the rows' engine preset.
 
@@ -40,11 +40,11 @@ from typing import Any
 
 import numpy as np
 
-from sim.benchfiles.common import BenchRun
-from sim.build import build
-from sim.engine_costs import VLLM_V06_HOST_TIME_RATIO
-from sim.scenario import VariantConfig, parse_scenario, variant_configs
-from sim.schema import ScenarioError
+from sim.config.scenario import VariantConfig, parse_scenario, variant_configs
+from sim.config.schema import ScenarioError
+from sim.engines.costs import VLLM_V06_HOST_TIME_RATIO
+from sim.loop.build import build
+from sim.output.benchfiles.common import BenchRun
 
 ROOT = Path(__file__).resolve().parent.parent
 # the shared data sit beside the repository, not in it: the development set is not shipped
@@ -59,7 +59,7 @@ GPUS = {"H100-SXM-80GB": "h100-sxm", "H200-SXM-141GB": "h200", "A100-SXM4-80GB":
 ENGINES: dict[str, dict[str, Any] | None] = {
     "TensorRT-LLM v0.17": {"name": "tensorrt-llm", "kv_cache_free_gpu_mem_fraction": 0.95},
     "TensorRT-LLM r24.07": {"name": "tensorrt-llm"},
-    # multi-step scheduling (10 steps) spreads 0.6's host time over the steps (sim/engine_costs.py)
+    # multi-step scheduling (10 steps) spreads 0.6's host time over the steps (sim/engines/costs.py)
     "vLLM v0.6.0 (--num-scheduler-steps 10)": {"name": "vllm-v0", "version": "0.6",
                                                "host_time_ratio": VLLM_V06_HOST_TIME_RATIO / 10},
     "vLLM v0.6.0": {"name": "vllm-v0", "version": "0.6"},
@@ -81,7 +81,7 @@ class Case:
     row: dict[str, str]
     cfg: VariantConfig
     run: BenchRun
-    key: str  # simulated metric (sim.benchfiles.stats names) the row's value is compared with
+    key: str  # simulated metric (sim.output.benchfiles.stats names) the row's value is compared with
     scale: float  # measured value in the simulated metric's unit = row value * scale
 
 
@@ -138,7 +138,7 @@ def case_of(row: dict[str, str], n_offline: int, classic: bool = False, online: 
     if engine is not None and not classic:
         dep["engine"] = engine
     if online and online_row(row):
-        dep["serving"] = "online"  # sim/online.py: tokenizer, HTTP and streaming, as the client times them
+        dep["serving"] = "online"  # sim/costs/online.py: tokenizer, HTTP and streaming, as the client times them
     arrival: dict[str, Any] = {"type": "all_at_once"}
     request_rate = None
     if rate not in ("inf", "n/a"):
@@ -222,14 +222,14 @@ def report(n_offline: int, classic: bool = False, data: Path = DATA, online: boo
     print(f"{len(rows)} rows: {len(cases)} simulated, {len(refused)} not representable "
           f"({time.process_time() - t0:.0f} s CPU); "
           f"{sum(online_row(c.row) for c in cases)} measured through an HTTP server, run "
-          + ("with the online-serving layer (sim/online.py)" if online else "without the online-serving layer"))
+          + ("with the online-serving layer (sim/costs/online.py)" if online else "without the online-serving layer"))
     sources = [source_of(c.row) for c in cases]
     classes = [CLASS[c.row["metric"]] for c in cases]
     # The headline is what a new engine or GPU would see: every row predicted by a model that has not seen its
     # source. Nothing in this run is fitted to the rows (the cost model's documented defaults, the presets'
-    # constants from the documents sim/engines.py and sim/engine_costs.py cite), so a row's leave-one-source-out
+    # constants from the documents sim/engines/registry.py and sim/engines/costs.py cite), so a row's leave-one-source-out
     # prediction is its plain prediction. One preset constant is read from a source of these rows: vLLM 0.5.3's
-    # host time (sim/engine_costs.py) is the profile in the vLLM v0.6.0 post, which also holds the 0.5.3 rows.
+    # host time (sim/engines/costs.py) is the profile in the vLLM v0.6.0 post, which also holds the 0.5.3 rows.
     print("leave-one-source-out error by metric class (nothing is fitted to the rows, so it is the plain error; "
           "positive: the simulator predicts faster than measured)")
     for cls in CLASSES:

@@ -65,7 +65,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "sweep.yaml"
         path.write_text(yaml.safe_dump(scenario(args.runs), sort_keys=False))
-        cmd = [sys.executable, "-m", "sim.cli", "sweep", str(path), "--out", str(Path(tmp) / "out"),
+        cmd = [sys.executable, "-m", "sim.cli.main", "sweep", str(path), "--out", str(Path(tmp) / "out"),
                "-j", str(args.workers), "-q"]
         env = {**os.environ, "PYTHONPATH": str(args.tree.resolve())}
         t0 = time.perf_counter()

@@ -97,7 +97,7 @@ def compare_rows(a: Path, b: Path) -> str:
 
 
 def run(t, out: Path, executor: str, workers: int) -> dict:
-    from sim.tournament import run_tournament
+    from sim.studies.tournament import run_tournament
 
     load = os.getloadavg()[0]
     cpu0, kids0, tree0 = time.process_time(), _children_cpu(), _tree_cpu() if executor == "ray" else 0.0
@@ -120,7 +120,7 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None, help="write the figures here")
     args = ap.parse_args()
 
-    from sim.tournament import load_spec
+    from sim.studies.tournament import load_spec
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-tournament-"))
     spec = tmp / "spec.yaml"
@@ -135,7 +135,7 @@ def main() -> None:
     ray_start = None
     if not args.no_ray:
         try:
-            from sim.sweep import _ray_init
+            from sim.studies.sweep import _ray_init
 
             t0 = time.perf_counter()
             ray, _ = _ray_init(args.workers, None)

@@ -17,8 +17,8 @@ import argparse
 import time
 from pathlib import Path
 
-from sim.run import generate_workload, simulate_variant
-from sim.scenario import parse_scenario, variant_configs
+from sim.config.scenario import parse_scenario, variant_configs
+from sim.loop.run import generate_workload, simulate_variant
 
 HERE = Path(__file__).resolve().parent
 

@@ -16,8 +16,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from sim.run import prepare_scenario, run_scenario, write_scenario_run
-from sim.scenario import load_scenario
+from sim.config.scenario import load_scenario
+from sim.loop.run import prepare_scenario, run_scenario, write_scenario_run
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -43,7 +43,7 @@ import torch
 from realengine.attention import build_metadata, paged_decode_attention_ref
 from realengine.kv_cache import KVCache, kv_bytes_per_block
 from realengine.model import LlamaModel
-from sim.specs import ModelSpec
+from sim.hardware.specs import ModelSpec
 
 
 class Timer:
@@ -259,8 +259,8 @@ def measure_quant(dev: torch.device, quick: bool) -> dict:
 # ---- 5. static versus continuous batching on the engine ----------------------------------------------------------
 def measure_batching(dev: torch.device, quick: bool) -> dict:
     from realengine.engine import run_engine
-    from sim.run import generate_workload
-    from sim.scenario import parse_scenario, variant_configs
+    from sim.config.scenario import parse_scenario, variant_configs
+    from sim.loop.run import generate_workload
 
     raw = {
         "name": "gpu-static-vs-continuous",

@@ -4,7 +4,7 @@ own benchmark results.
 The knobs are the analytic (roofline) model's: ``compute_efficiency`` and ``bandwidth_efficiency`` (shares of the
 GPU's peak FLOP/s and HBM bandwidth reached), ``step_overhead`` (host seconds per step: scheduling, launches) and
 ``per_request_overhead`` (host seconds per row per step: input preparation, sampling, detokenization). Every
-evaluation replays each training file's workload in the simulator with those knobs (sim/benchfiles/validate.py),
+evaluation replays each training file's workload in the simulator with those knobs (sim/output/benchfiles/validate.py),
 and the residuals are log(simulated / measured) over the latency statistics the files hold, so that each metric
 weighs by its relative error whatever its size. ``scipy.optimize.least_squares`` (trust-region reflective) keeps
 every knob inside physical bounds. Knobs are fitted only to several files together, never one constant per file.
@@ -28,11 +28,11 @@ from typing import Any
 
 import numpy as np
 
-from sim.benchfiles.common import BenchRun
-from sim.benchfiles.knobs import PROFILE_KIND
-from sim.benchfiles.validate import rebuild_workload, relative_error, simulated_metrics
-from sim.scenario import VariantConfig
-from sim.schema import AnalyticCost
+from sim.config.scenario import VariantConfig
+from sim.config.schema import AnalyticCost
+from sim.output.benchfiles.common import BenchRun
+from sim.output.benchfiles.knobs import PROFILE_KIND
+from sim.output.benchfiles.validate import rebuild_workload, relative_error, simulated_metrics
 
 # fitted unless told otherwise: per_request_overhead moves TPOT by a share that grows with the batch, which a few
 # noisy files rarely separate from the bandwidth term; it stays at its default unless asked for (--knobs)
@@ -44,7 +44,7 @@ BOUNDS = {"compute_efficiency": (0.02, 1.0), "bandwidth_efficiency": (0.02, 1.0)
 # cannot follow
 FIT_METRICS = ("mean_ttft", "mean_tpot", "mean_itl", "mean_e2el", "output_throughput")
 DEFAULTS = {"compute_efficiency": 0.6, "bandwidth_efficiency": 0.8, "step_overhead": 1.5e-3,
-            "per_request_overhead": 1e-5}  # sim/costmodel.py's defaults: the fit starts there
+            "per_request_overhead": 1e-5}  # sim/costs/costmodel.py's defaults: the fit starts there
 
 
 def with_knobs(cfg: VariantConfig, knobs: dict[str, float]) -> VariantConfig:
@@ -57,7 +57,7 @@ Deployments = VariantConfig | list[VariantConfig]  # one for every run, or one p
 
 def simulate_runs(cfg: Deployments, runs: list[BenchRun], knobs: dict[str, float], seed: int = 0
                   ) -> list[dict[str, float]]:
-    from sim.run import simulate_variant
+    from sim.loop.run import simulate_variant
 
     cfgs = cfg if isinstance(cfg, list) else [cfg] * len(runs)
     out = []
@@ -74,8 +74,8 @@ def plant_measurements(cfg: VariantConfig, run: BenchRun, knobs: dict[str, float
     """Fill ``run.aggregates`` as a benchmark of a deployment with ``knobs`` would: the run's workload simulated,
     each request's TTFT and decode time multiplied by lognormal noise of that sigma, the statistics recomputed
     from the noisy values as vLLM's would be (no per-token times: no ITL). For checking what a fit recovers."""
-    from sim.benchfiles.stats import bench_stats
-    from sim.run import simulate_variant
+    from sim.loop.run import simulate_variant
+    from sim.output.benchfiles.stats import bench_stats
 
     wl, _ = rebuild_workload(run)
     res, _, _ = simulate_variant(with_knobs(cfg, knobs), wl)

@@ -27,9 +27,9 @@ from calibration.fit import Sample
 from calibration.serving import StepRecorder
 from calibration.validate import VariantValidation, validate_variant
 from calibration.workloads import FamilyWorkload
-from sim.scenario import VariantConfig, parse_scenario, variant_configs
-from sim.schema import FittedCost
-from sim.workload import GeneratedWorkload
+from sim.config.scenario import VariantConfig, parse_scenario, variant_configs
+from sim.config.schema import FittedCost
+from sim.workload.generator import GeneratedWorkload
 
 LATENCY_METRICS = ("ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "e2el_p50", "e2el_p99")
 THROUGHPUT_METRIC = "output_throughput"
@@ -71,7 +71,7 @@ def saturated_rate(cfg: VariantConfig, fw: FamilyWorkload, profile_path: str | P
     """Requests per second the simulator (with the profile, on the engine's configuration) serves the workload's
     requests at when every one of them is queued at time 0: the engine's capacity for this mix."""
     from realengine.engine import engine_config
-    from sim.run import simulate_variant
+    from sim.loop.run import simulate_variant
 
     sim_cfg = engine_config(cfg, model_spec=model, device=device)
     dep = sim_cfg.deployment.model_copy(update={"cost_model": FittedCost(profile=str(Path(profile_path).resolve()))})
@@ -127,8 +127,8 @@ def resimulate(run: WorkloadRun, profile_path: str | Path, *, model: str, device
     ``calibration.validate.compare``. Same arrivals, same KV blocks."""
     from calibration.validate import compare
     from realengine.engine import engine_config
-    from sim.metrics import summarize
-    from sim.run import simulate_variant
+    from sim.loop.run import simulate_variant
+    from sim.metrics.summary import summarize
 
     v = run.validation
     cfg = engine_config(variant_of(run.workload), model_spec=model, num_gpu_blocks=v.num_gpu_blocks, device=device)

@@ -8,7 +8,7 @@ the median over the repeats of that step. Every step a script makes is a sample,
 ``StepShape`` the core computed for it, so nothing about a step's shape is guessed.
 
 What a step's duration covers is what ``realengine.engine.run_engine`` counts, since a script runs through the
-same serving loop (``sim.simulator``) and executor (``realengine.executor.EngineExecutor``): from the moment the
+same serving loop (``sim.loop.simulator``) and executor (``realengine.executor.EngineExecutor``): from the moment the
 loop resumes after the previous step to the end of this one, i.e. the core's bookkeeping of the previous step
 (``complete``), admitting arrivals, the policy's ``schedule``, input preparation, the forward pass and sampling;
 by the engine's clock (``clock``: ``"virtual"``, the serving thread's CPU time on CPU, synchronised wall time on
@@ -46,15 +46,15 @@ from realengine.executor import EngineExecutor
 from realengine.kv_cache import KVCache, kv_bytes_per_block, profile_num_blocks
 from realengine.model import LlamaModel, torch_dtype
 from realengine.runner import ModelRunner
-from sim.block_manager import PagedBlockManager
-from sim.build import build
-from sim.core import Batch, ServingCore
-from sim.costmodel import CostModel
-from sim.request import RequestSpec
-from sim.scenario import parse_scenario, variant_configs
-from sim.schema import ScenarioError
-from sim.simulator import Simulation
-from sim.specs import ModelSpec
+from sim.config.scenario import parse_scenario, variant_configs
+from sim.config.schema import ScenarioError
+from sim.costs.costmodel import CostModel
+from sim.hardware.specs import ModelSpec
+from sim.loop.build import build
+from sim.loop.simulator import Simulation
+from sim.serving.block_manager import PagedBlockManager
+from sim.serving.core import Batch, ServingCore
+from sim.serving.request import RequestSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -333,7 +333,7 @@ class _Bench:
         self.next_id = 0
 
     def run(self, script: Script, policy, idle: float = 0.0, wall: bool = False) -> list[_Step]:
-        """Drive the script to the end through the serving loop (``sim.simulator``) on the engine's executor, as
+        """Drive the script to the end through the serving loop (``sim.loop.simulator``) on the engine's executor, as
         ``run_engine`` does with its virtual clock; one ``_Step`` per step. ``wall``: time steps by the wall clock
         (``perf_counter``) instead of the engine's virtual clock. ``idle > 0`` sleeps that long before every step
         and times the step from the moment the sleep should have ended, as the wall clock times a step that

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from calibration.fit import Sample
-from sim.core import Batch
+from sim.serving.core import Batch
 
 
 def shape_row(batch: Batch) -> tuple[int, ...]:

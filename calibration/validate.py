@@ -25,13 +25,13 @@ import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.subplots import make_subplots
 
-from sim.costmodel import FittedCostModel
-from sim.metrics import summarize
-from sim.records import RunResult
-from sim.report import TEMPLATE, color, ecdf_points
-from sim.scenario import VariantConfig, load_scenario, variant_configs
-from sim.schema import FittedCost, Scenario, ScenarioError
-from sim.workload import GeneratedWorkload
+from sim.config.scenario import VariantConfig, load_scenario, variant_configs
+from sim.config.schema import FittedCost, Scenario, ScenarioError
+from sim.costs.costmodel import FittedCostModel
+from sim.metrics.records import RunResult
+from sim.metrics.summary import summarize
+from sim.output.report import TEMPLATE, color, ecdf_points
+from sim.workload.generator import GeneratedWorkload
 
 PERCENTILE_KEYS = ("p50", "p90", "p99")
 LATENCIES = ("ttft", "tpot", "itl", "e2el")
@@ -43,7 +43,7 @@ METRICS: dict[str, tuple[str, ...]] = {
     "kv_usage_max": ("kv_usage", "max"),
     "num_preemptions": ("num_preemptions",),
     # the engine's energy as NVML measured it (realengine.engine.measured_energy; none on a CPU) against the
-    # simulator's power model (sim/energy.py)
+    # simulator's power model (sim/costs/energy.py)
     "energy_j": ("energy", "energy_j"),
     "j_per_output_token": ("energy", "j_per_output_token"),
     "mean_power_w": ("energy", "mean_power_w"),
@@ -172,10 +172,10 @@ def load_profile(path: str | Path) -> FittedCostModel:
 
 def resolve_model(profile: FittedCostModel, model: str | None) -> str:
     """The preset name the engine runs (it builds its model from a preset): the one the profile measured, which
-    ``model`` (when given) must name. The spec comes from ``sim.specs.resolve_model``, the one model resolver;
+    ``model`` (when given) must name. The spec comes from ``sim.hardware.specs.resolve_model``, the one model resolver;
     this adds only that the engine needs a preset and that it must agree with the profile."""
-    from sim.specs import is_model_preset
-    from sim.specs import resolve_model as resolve_spec
+    from sim.hardware.specs import is_model_preset
+    from sim.hardware.specs import resolve_model as resolve_spec
 
     name = model or profile.model
     if not name:
@@ -185,7 +185,8 @@ def resolve_model(profile: FittedCostModel, model: str | None) -> str:
     except (ValueError, OSError, KeyError) as e:
         raise ScenarioError(f"--model: {e}") from None
     if not is_model_preset(spec.name):
-        raise ScenarioError(f"--model {name}: the engine runs preset models only (see sim.specs.MODEL_PRESETS)")
+        raise ScenarioError(f"--model {name}: the engine runs preset models only "
+                            "(see sim.hardware.specs.MODEL_PRESETS)")
     if model and profile.model and is_model_preset(profile.model) and resolve_spec(profile.model).name != spec.name:
         raise ScenarioError(f"--model {model}: the profile was measured on {profile.model}, not {model}")
     return spec.name
@@ -194,7 +195,7 @@ def resolve_model(profile: FittedCostModel, model: str | None) -> str:
 def prepare(scenario_path: str | Path, overrides: dict[str, Any] | None = None) -> tuple[Scenario, list[VariantConfig],
                                                                                           Any]:
     """Scenario, variants and workload, with every input problem as a ``ScenarioError``."""
-    from sim.run import generate_workload
+    from sim.loop.run import generate_workload
 
     sc, _ = load_scenario(scenario_path, overrides)
     if sc.sweep:
@@ -207,12 +208,12 @@ def prepare(scenario_path: str | Path, overrides: dict[str, Any] | None = None) 
 
 
 def _simulate(cfg: VariantConfig, specs: tuple, cost, name: str) -> RunResult:
-    """``sim.run.simulate_variant`` with a cost model given as an object (the speed-adjusted profile)."""
-    from sim.build import build
-    from sim.core import ServingCore
-    from sim.results import result_of
-    from sim.run import policy_errors
-    from sim.simulator import Simulation
+    """``sim.loop.run.simulate_variant`` with a cost model given as an object (the speed-adjusted profile)."""
+    from sim.loop.build import build
+    from sim.loop.results import result_of
+    from sim.loop.run import policy_errors
+    from sim.loop.simulator import Simulation
+    from sim.serving.core import ServingCore
 
     policy, kv, _, built = build(cfg)
     core = ServingCore(policy, kv)
@@ -226,7 +227,7 @@ def _simulate(cfg: VariantConfig, specs: tuple, cost, name: str) -> RunResult:
 
 def scaled(model: FittedCostModel, factor: float) -> FittedCostModel:
     """The same cost model with every time coefficient multiplied by ``factor``."""
-    from sim.costmodel import COEFFICIENT_NAMES
+    from sim.costs.costmodel import COEFFICIENT_NAMES
 
     return dataclasses.replace(model, **{k: getattr(model, k) * factor for k in COEFFICIENT_NAMES})
 
@@ -239,7 +240,7 @@ def validate_variant(cfg: VariantConfig, workload, profile_path: str | Path, *, 
     repeated with the profile scaled by the slowdown. ``on_runner`` goes to ``run_engine`` (a
     ``calibration.serving.StepRecorder``'s ``attach`` logs the engine's step shapes)."""
     from realengine.engine import engine_config, measured_energy, run_engine
-    from sim.run import simulate_variant
+    from sim.loop.run import simulate_variant
 
     memory = [] if memory is None else memory
     before = probe.measure() if probe is not None else None
@@ -296,7 +297,7 @@ def validate(scenario_path: str | Path, profile_path: str | Path, *, device: str
     probe = None
     if speed_probe:
         from calibration.measure import SpeedProbe
-        from sim.specs import is_model_preset
+        from sim.hardware.specs import is_model_preset
 
         with open(profile_path) as f:
             raw_profile = json.load(f)
@@ -325,7 +326,7 @@ def validate(scenario_path: str | Path, profile_path: str | Path, *, device: str
 
 def _latency_values(result: RunResult) -> dict[str, np.ndarray]:
     """The report's latencies, plus every inter-token gap (expanded from the pooled counts)."""
-    from sim.report import latencies
+    from sim.output.report import latencies
 
     gaps, counts = np.asarray(result.itl_gaps, float), np.asarray(result.itl_counts, np.int64)
     return {**latencies(result), "itl": np.repeat(gaps[counts > 0], counts[counts > 0])}
@@ -422,7 +423,7 @@ def build_page(val: Validation) -> str:
 def write_validation(out_dir: str | Path, val: Validation, *, runs: bool = True) -> Path:
     """DIR/validation.json and DIR/validation.html; with ``runs``, also the two run folders DIR/engine and
     DIR/sim (summary.json, requests.csv, steps.csv, report.html)."""
-    from sim.output import to_jsonable, write_run
+    from sim.output.run_folder import to_jsonable, write_run
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from sim.request import RequestSpec
+from sim.serving.request import RequestSpec
 
 ARRIVALS = ("poisson", "gamma", "onoff")
 LENGTHS = ("lognormal", "exponential", "heavy_tailed", "long_prompt")
@@ -91,7 +91,7 @@ class FamilyWorkload:
         return self.rho > 1.0
 
     def scenario(self) -> dict[str, Any]:
-        """The scenario dict (``sim.scenario.parse_scenario``) of the workload's single variant. Its workload
+        """The scenario dict (``sim.config.scenario.parse_scenario``) of the workload's single variant. Its workload
         section is a placeholder: the requests are given explicitly (``requests``)."""
         return {"name": self.name, "seed": self.seed,
                 "workload": {"arrival": {"type": "all_at_once"}, "num_requests": len(self.requests),

@@ -30,8 +30,8 @@
 
 # %%
 import servesim
-from sim.report import fig_batch_slots, fig_memory_stack
-from sim.teaching import (
+from sim.output.report import fig_batch_slots, fig_memory_stack
+from sim.studies.teaching import (
     fast_mode,
     fig_ratio_by_spread,
     find_scenario,

@@ -31,8 +31,8 @@ import numpy as np
 import plotly.graph_objects as go
 
 import servesim
-from sim.report import TEMPLATE, color
-from sim.teaching import fast_mode
+from sim.output.report import TEMPLATE, color
+from sim.studies.teaching import fast_mode
 
 FAST = fast_mode()
 print("fast settings" if FAST else "notebook settings")

@@ -36,8 +36,8 @@ import numpy as np
 import plotly.graph_objects as go
 
 from calibration.fit import FIT_TERMS, format_errors, heldout_errors, predict, samples_from_profile
-from sim.report import TEMPLATE, color
-from sim.teaching import fast_mode
+from sim.output.report import TEMPLATE, color
+from sim.studies.teaching import fast_mode
 
 FAST = fast_mode()
 ROOT = Path.cwd() if (Path.cwd() / "calibration").is_dir() else Path.cwd().parent
@@ -117,8 +117,8 @@ fig
 # lets you check where the real kernels leave the roofline.
 
 # %%
-from sim.costmodel import AnalyticCostModel, StepShape  # noqa: E402
-from sim.specs import GPUSpec, ModelSpec  # noqa: E402
+from sim.costs.costmodel import AnalyticCostModel, StepShape  # noqa: E402
+from sim.hardware.specs import GPUSpec, ModelSpec  # noqa: E402
 
 roof = AnalyticCostModel(ModelSpec.from_name("llama-3.1-8b"), GPUSpec.from_name("h100-sxm"))
 for b in (1, 16, 64, 256, 512):

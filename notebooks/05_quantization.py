@@ -38,9 +38,9 @@ import plotly.graph_objects as go
 import torch
 
 from realengine.gguf_model import real_weights_available
-from sim.report import TEMPLATE
-from sim.specs import ModelSpec, kv_budget, max_concurrent_sequences
-from sim.teaching import fast_mode
+from sim.hardware.specs import ModelSpec, kv_budget, max_concurrent_sequences
+from sim.output.report import TEMPLATE
+from sim.studies.teaching import fast_mode
 
 torch.set_num_threads(1 if fast_mode() else torch.get_num_threads())
 FAST = fast_mode()
@@ -158,8 +158,8 @@ else:
 # %%
 if REAL:
     from realengine.engine import run_engine
-    from sim.run import generate_workload
-    from sim.scenario import parse_scenario, variant_configs
+    from sim.config.scenario import parse_scenario, variant_configs
+    from sim.loop.run import generate_workload
 
     sc = parse_scenario({
         "name": "real-answers", "seed": 2,

@@ -33,8 +33,8 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 import servesim
-from sim.report import TEMPLATE, color
-from sim.teaching import fast_mode
+from sim.output.report import TEMPLATE, color
+from sim.studies.teaching import fast_mode
 
 FAST = fast_mode()
 print("fast settings" if FAST else "notebook settings")

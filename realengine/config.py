@@ -13,12 +13,12 @@ from typing import Any
 import torch
 
 from realengine.kv_cache import kv_bytes_per_block
-from sim.build import build
-from sim.engine_sched import engine_kv_cache
-from sim.limits import kv_footprint
-from sim.scenario import VariantConfig
-from sim.schema import ScenarioError
-from sim.specs import ModelSpec, resolve_model
+from sim.config.limits import kv_footprint
+from sim.config.scenario import VariantConfig
+from sim.config.schema import ScenarioError
+from sim.engines.sched import engine_kv_cache
+from sim.hardware.specs import ModelSpec, resolve_model
+from sim.loop.build import build
 
 CPU_KV_BYTES = 512 * 2**20  # CPU runs without num_gpu_blocks: KV cache of at most this many bytes (cpu_num_blocks)
 

@@ -1,7 +1,7 @@
 """Prefill/decode disaggregation on the real engine: engine replicas of one process split into a prefill pool
 and a decode pool, each request's KV really copied from a prefill replica's cache into a decode replica's blocks.
 
-The serving loop is the simulator's (``sim.disagg.pools.DisaggSimulation``) with ``EngineExecutor`` replicas, as
+The serving loop is the simulator's (``sim.loop.disagg.pools.DisaggSimulation``) with ``EngineExecutor`` replicas, as
 the engine's clusters are: every replica runs its steps on the model in turn, on the virtual clock. The KV moves
 in two copies, each of real tensors:
 
@@ -33,14 +33,14 @@ from realengine.executor import EngineExecutor
 from realengine.kv_cache import kv_bytes_per_block
 from realengine.model import LlamaModel, torch_dtype
 from realengine.runner import ModelRunner
-from sim.build import build
-from sim.core import ServingCore
-from sim.disagg.config import DisaggConfig
-from sim.disagg.kv_transfer import KVLink
-from sim.disagg.pools import POOLS, DisaggSimulation, check_disaggregation, disagg_result
-from sim.records import RunResult
-from sim.request import Request
-from sim.scenario import VariantConfig
+from sim.config.scenario import VariantConfig
+from sim.loop.build import build
+from sim.loop.disagg.config import DisaggConfig
+from sim.loop.disagg.kv_transfer import KVLink
+from sim.loop.disagg.pools import POOLS, DisaggSimulation, check_disaggregation, disagg_result
+from sim.metrics.records import RunResult
+from sim.serving.core import ServingCore
+from sim.serving.request import Request
 
 
 @dataclass(slots=True)
@@ -202,7 +202,7 @@ def serve_disaggregated(cfg: VariantConfig, workload, *, device: str, dtype, mod
                         real_model, weight_quant: str | None) -> tuple[RunResult, list[Request], ServingCore]:
     """``realengine.engine.run_engine`` for a disaggregated variant: ``(result, requests, first core)``. What
     the disaggregated engine does not do is refused, naming it."""
-    from sim.schema import ScenarioError
+    from sim.config.schema import ScenarioError
 
     unsupported = [what for what, on in (("the wall clock", clock != "virtual"), ("failures", failures is not None),
                                          ("the contiguous KV layout", kv_layout != "paged"),

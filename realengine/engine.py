@@ -1,7 +1,7 @@
 """The real engine: a scenario's workload served by a real model, driven by the simulator's own serving loop.
 
 The serving core, its policy and its KV block manager are the very objects the simulator builds
-(``sim.build.build``), and so is the loop: ``sim.simulator.Simulation`` with one replica whose executor is
+(``sim.loop.build.build``), and so is the loop: ``sim.loop.simulator.Simulation`` with one replica whose executor is
 ``realengine.executor.EngineExecutor`` (the batch runs on the model; the step lasts what it measurably took)
 instead of a cost model. Arrivals, closed-loop users, cancellations, per-request errors and out-of-memory steps
 are therefore handled by the same code in both, and the parity check (the simulator fed the engine's measured
@@ -37,19 +37,19 @@ from realengine.kv_cache import kv_bytes_per_block, profile_num_blocks
 from realengine.model import LlamaModel, torch_dtype
 from realengine.runner import ModelRunner
 from realengine.spec_decode import SpecDecodeRunner
-from sim.build import build
-from sim.cluster import ClusterSimulation, cluster_result
-from sim.core import ServingCore
-from sim.failures import FailurePlan
-from sim.metrics import summarize
-from sim.records import RunResult
-from sim.request import Request
-from sim.results import result_of
-from sim.run import autoscaler_of, policy_errors
-from sim.scenario import VariantConfig
-from sim.schema import PagedKV
-from sim.simulator import ClosedLoopPlan, Simulation
-from sim.spec_decode import summary_inputs
+from sim.config.scenario import VariantConfig
+from sim.config.schema import PagedKV
+from sim.loop.build import build
+from sim.loop.cluster import ClusterSimulation, cluster_result
+from sim.loop.results import result_of
+from sim.loop.run import autoscaler_of, policy_errors
+from sim.loop.simulator import ClosedLoopPlan, Simulation
+from sim.metrics.records import RunResult
+from sim.metrics.summary import summarize
+from sim.serving.core import ServingCore
+from sim.serving.failures import FailurePlan
+from sim.serving.request import Request
+from sim.serving.spec_decode import summary_inputs
 
 MEMORY_COLUMNS = ("variant", "step", "time", "rss_bytes", "max_rss_bytes", "cuda_allocated_bytes",
                   "cuda_max_allocated_bytes", "nvml_used_bytes", "nvml_gpu_util", "nvml_power_w", "nvml_energy_j")
@@ -179,10 +179,10 @@ def run_engine(
     """Run one variant on the real model, replaying ``workload`` (a ``GeneratedWorkload`` or a list of
     ``RequestSpec``) against the wall clock; arrival ``a`` comes at ``a * time_scale`` seconds after the start.
 
-    Returns ``(result, requests, core)`` like ``sim.run.simulate_variant``; every time in them is wall-clock
+    Returns ``(result, requests, core)`` like ``sim.loop.run.simulate_variant``; every time in them is wall-clock
     seconds since the start. ``memory_samples``: a list the memory samples (dicts of ``MEMORY_COLUMNS``) are
     appended to. ``max_wall_s``: requests still in flight then end ``failed`` and unsent ones are dropped.
-    ``failures``: cancellations, request errors and out-of-memory steps to inject (``sim.failures``); default:
+    ``failures``: cancellations, request errors and out-of-memory steps to inject (``sim.serving.failures``); default:
     the workload's own (a scenario's ``workload.failures``), taken between steps as the simulator takes them.
     ``decode_kernel``: on CUDA, ``"triton"`` (the paged decode kernel), ``"ref"`` (gather + SDPA) or ``"auto"``
     (Triton where it imports). ``on_runner``: called with the ``ModelRunner`` once built (tests inspect its cache).
@@ -202,7 +202,7 @@ def run_engine(
     ``progress(n, t)``: n more requests finished, the last at engine time t.
 
     A policy that raises, plans past a rule or leaves work waiting forever raises ``PolicyError`` (a
-    ``ScenarioError``) naming the variant, as ``sim.run.simulate_variant`` does.
+    ``ScenarioError``) naming the variant, as ``sim.loop.run.simulate_variant`` does.
     """
     if clock not in ("virtual", "wall"):
         raise ValueError(f"clock must be 'virtual' or 'wall', got {clock!r}")
@@ -299,7 +299,7 @@ def _run_engine(cfg: VariantConfig, workload, *, device, dtype, model_spec, num_
     if is_cuda:
         torch.cuda.synchronize(model.device)
 
-    # The simulator's own loop (sim.simulator) drives the engine: every time it handles, the arrivals', the
+    # The simulator's own loop (sim.loop.simulator) drives the engine: every time it handles, the arrivals', the
     # users' think times and the clients' patience, is scaled by time_scale here.
     specs = [dataclasses.replace(s, arrival=s.arrival * time_scale) for s in requests_in]
     closed = getattr(workload, "closed_loop", None)
@@ -444,7 +444,7 @@ def write_engine_run(out_dir: str | os.PathLike, results: list[RunResult], memor
                      title: str | None = None, texts: list[dict[str, Any]] | None = None,
                      kv_leak: dict[str, dict[str, Any]] | None = None, written: list[str] | None = None) -> Path:
     """The simulator's run folder (summary.json, requests.csv, steps.csv, report.html, the per-variant exports;
-    ``written`` receives every file's name as :func:`sim.output.write_run` says) plus memory.csv, and with a
+    ``written`` receives every file's name as :func:`sim.output.run_folder.write_run` says) plus memory.csv, and with a
     real model ``texts.jsonl``: one JSON object per request (variant, id, outcome, token counts, prompt and
     output text; output lengths are the workload's, so the text runs on past the model's end-of-turn token).
     ``kv_leak`` (variant name -> :func:`kv_held_at_end`) goes into each variant's summary as ``kv_leak``, so that
@@ -452,13 +452,13 @@ def write_engine_run(out_dir: str | os.PathLike, results: list[RunResult], memor
     (:func:`measured_energy`), or says that nothing was."""
     import json
 
-    from sim.output import write_run
+    from sim.output.run_folder import write_run
 
     if kv_leak and summaries is not None:
         summaries = {name: {**s, "kv_leak": kv_leak[name]} if name in kv_leak else s for name, s in summaries.items()}
     if summaries is None:
         summaries = {r.name: summarize(r) for r in results}
-    # the engine's power is measured, not modelled (sim/energy.py models the simulator's)
+    # the engine's power is measured, not modelled (sim/costs/energy.py models the simulator's)
     summaries = {name: {**s, "energy": measured_energy(memory_samples, name, s["total_output_tokens"])}
                  for name, s in summaries.items()}
     names: list[str] = []

@@ -1,4 +1,4 @@
-"""The real engine as an executor of the serving loop (``sim.executor.Executor``): a batch runs on the model and
+"""The real engine as an executor of the serving loop (``sim.loop.executor.Executor``): a batch runs on the model and
 the step lasts what it measurably took.
 
 Two clocks (``clock``):
@@ -24,15 +24,15 @@ from typing import Any
 import torch
 
 from realengine.runner import ModelRunner
-from sim.core import Batch
-from sim.costmodel import CostModel
+from sim.costs.costmodel import CostModel
+from sim.serving.core import Batch
 
 CLOCKS = ("virtual", "wall")
 
 
 class EngineExecutor:
     """Runs each batch on a ``ModelRunner``; ``oom_steps``: indices (0-based, counting executed steps) of steps
-    whose forward pass is made to run out of memory (``sim.failures``). ``price``: a cost model whose
+    whose forward pass is made to run out of memory (``sim.serving.failures``). ``price``: a cost model whose
     ``step_flops`` and ``peak_flops`` report model FLOPs utilisation (CUDA runs; on CPU none is reported)."""
 
     def __init__(self, runner: ModelRunner, *, clock: str = "virtual", price: Any = None,

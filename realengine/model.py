@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from realengine.attention import AttentionMetadata, attention
-from sim.specs import ModelSpec
+from sim.hardware.specs import ModelSpec
 
 _DTYPES = {
     "fp32": torch.float32, "float32": torch.float32, "float": torch.float32,
@@ -167,7 +167,8 @@ class LlamaModel(nn.Module):
         if spec.mlp != "gated" or spec.norm != "rms" or spec.num_position_embeddings:
             raise ValueError(f"model {spec.name!r} ({spec.model_type}) is not Llama-like (gated MLP, RMSNorm, "
                              "rotary positions); the real engine builds only those")
-        if spec.num_experts or spec.qk_norm:  # the simulator prices them (sim/moe.py); no layer here builds them
+        if spec.num_experts or spec.qk_norm:  # the simulator prices them (sim/hardware/moe.py); no layer here builds
+        # them
             raise ValueError(f"model {spec.name!r}: mixture-of-experts layers and per-head q/k norms are not built by "
                              "the real engine")
         if spec.sliding_window or spec.kv_lora_rank:  # Gemma-2, DeepSeek-V2: the simulator prices them only

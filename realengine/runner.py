@@ -31,8 +31,8 @@ import torch
 from realengine.attention import build_metadata, cdiv
 from realengine.kv_cache import KVCache, SwapHandle
 from realengine.model import LlamaModel
-from sim.request import RequestSpec
-from sim.specs import ModelSpec
+from sim.hardware.specs import ModelSpec
+from sim.serving.request import RequestSpec
 
 _MASK64 = (1 << 64) - 1
 
@@ -155,7 +155,7 @@ class ModelRunner:
     # ---- the step ------------------------------------------------------------------------------------------
     @torch.inference_mode()
     def execute(self, batch) -> dict[int, int]:
-        """Run one ``sim.core.Batch`` (after ``core.schedule``, before ``core.complete``). Returns
+        """Run one ``sim.serving.core.Batch`` (after ``core.schedule``, before ``core.complete``). Returns
         ``{request id: sampled token}`` for the requests that caught up."""
         if batch.group_size:
             raise RuntimeError("the runner needs every request every step: build the core with fast_path=False")

@@ -3,7 +3,7 @@
 ``POST /v1/completions`` and ``POST /v1/chat/completions`` (streamed as server-sent events when ``stream`` is
 true), ``GET /v1/models``, ``GET /health`` and ``GET /metrics`` (Prometheus text in vLLM's metric names). The
 engine is the one ``servesim engine run`` drives: the scenario variant's policy (built-in or a user's), KV block
-manager and ``ServingCore`` inside the simulator's own loop (``sim.simulator.Simulation``) on the wall clock, with
+manager and ``ServingCore`` inside the simulator's own loop (``sim.loop.simulator.Simulation``) on the wall clock, with
 an arrival source that takes requests from the HTTP threads instead of from a workload.
 
 What the API takes from a request: the prompt's length and ``max_tokens``. The engine always generates exactly
@@ -34,7 +34,7 @@ import simpy
 import simpy.rt
 from simpy.core import EmptySchedule
 
-from sim.request import Outcome, Request, RequestSpec
+from sim.serving.request import Outcome, Request, RequestSpec
 
 # vLLM's histogram buckets (vllm/v1/metrics/loggers.py), seconds
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
@@ -134,7 +134,7 @@ class LiveEngine:
 
     def __init__(self, core, executor, *, model_name: str, max_model_len: int,
                  detokenize: Callable[[list[int]], str], runner, log: Callable[[dict], None] | None = None) -> None:
-        from sim.simulator import Simulation
+        from sim.loop.simulator import Simulation
 
         self.env = LiveEnvironment()
         executor.env = self.env
@@ -504,8 +504,8 @@ def build_live_engine(cfg, *, device: str = "cpu", model_spec: str | None = None
     from realengine.executor import EngineExecutor
     from realengine.model import LlamaModel, torch_dtype
     from realengine.runner import ModelRunner
-    from sim.build import build
-    from sim.core import ServingCore
+    from sim.loop.build import build
+    from sim.serving.core import ServingCore
 
     tdtype = torch_dtype(dtype) if dtype is not None else _default_dtype(cfg, device)
     if real_model is not None:

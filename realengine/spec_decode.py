@@ -11,7 +11,7 @@ passes write their KV into the target's cache (the first layers only), in the sl
 drafts, and the verification step overwrites those slots with the same values for the accepted tokens. No second
 cache is needed (the simulator still counts a draft's KV: an engine with a separate draft would hold one).
 
-A step with drafts (``batch.drafts``, set by the core's ``sim.spec_decode.SpecDecoder``):
+A step with drafts (``batch.drafts``, set by the core's ``sim.serving.spec_decode.SpecDecoder``):
 
 1. ``max(k)`` draft passes, each one token per drafting row (row r drafts ``drafts[r]`` tokens), greedy;
 2. one target forward in which each drafting row computes its last token and its drafts (1 + k tokens) and
@@ -19,7 +19,7 @@ A step with drafts (``batch.drafts``, set by the core's ``sim.spec_decode.SpecDe
 3. greedy verification: draft i is accepted while it equals the target's argmax at the position before it; the
    row emits the accepted drafts plus the target's token after them. The accepted counts go to the core through
    ``EngineAcceptor`` (the acceptance model of the engine's core: measured, not drawn) and are kept per request
-   (``measured``) so that the simulator can replay them (``sim.spec_decode.MeasuredAcceptance``).
+   (``measured``) so that the simulator can replay them (``sim.serving.spec_decode.MeasuredAcceptance``).
 
 Greedy speculative decoding emits exactly the tokens plain greedy decoding would (up to floating-point ties);
 the tests check it against a run without speculation.
@@ -35,9 +35,9 @@ import torch.nn.functional as F
 from realengine.attention import build_metadata
 from realengine.model import LlamaModel, rope_cos_sin
 from realengine.runner import ModelRunner, prompt_token_ids
-from sim.request import Request
-from sim.spec_decode import SpecDecoder, SpeculativeConfig, draft_spec
-from sim.specs import ModelSpec
+from sim.hardware.specs import ModelSpec
+from sim.serving.request import Request
+from sim.serving.spec_decode import SpecDecoder, SpeculativeConfig, draft_spec
 
 
 def draft_layers(cfg: SpeculativeConfig, target: ModelSpec) -> int:

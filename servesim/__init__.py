@@ -7,14 +7,14 @@
 A scheduling policy of one's own subclasses ``servesim.Policy`` (see :mod:`sim.policies.api` and
 docs/write-a-policy.md) and is named in a scenario by ``policy: {type: custom, cls: "my_policies.py:MyPolicy"}``.
 ``servesim.evaluate(policy, scenario, seeds=...)`` scores one (an object, a class or source text) for a search
-loop, its failures returned as scores (:mod:`sim.evaluate`).
+loop, its failures returned as scores (:mod:`sim.studies.evaluate`).
 
 See :mod:`sim.api` for the details; the simulator itself lives in the ``sim`` package.
 """
 
 from sim import __version__
 from sim.api import Comparison, Results, RunFolderError, ScenarioError, compare, load, run
-from sim.evaluate import Scores, WorkloadCache, evaluate
+from sim.studies.evaluate import Scores, WorkloadCache, evaluate
 from sim.policies.api import Budget, KVView, Limits, Plan, Policy, PolicyView, RequestView
 from sim.policies.gates import Admission, AdmissionState, ReplicaView, Router, TokenBucket
 from sim.policies.queue import QueuePolicy

@@ -51,7 +51,7 @@ def build(source: Path, out_dir: Path, *, fast: bool = False, kernel_name: str =
     import nbclient
     import nbformat
 
-    from sim.teaching import FAST_ENV
+    from sim.studies.teaching import FAST_ENV
 
     nb = jupytext.reads(source.read_text(encoding="utf-8"), fmt="py:percent")
     prelude = nbformat.v4.new_code_cell(_PRELUDE)

@@ -23,12 +23,12 @@ from typing import Any
 
 import numpy as np
 
-from sim.columns import REQUEST_COLUMNS, STEP_CSV_COLUMNS, class_column_values, request_latencies
-from sim.compare import Comparison, RunFolderError, compare_runs
-from sim.output import read_requests, read_steps
-from sim.records import REQUEST_FIELDS, STEP_COLUMNS, RunResult
-from sim.scenario import apply_override, load_scenario, parse_scenario
-from sim.schema import Scenario, ScenarioError
+from sim.config.scenario import apply_override, load_scenario, parse_scenario
+from sim.config.schema import Scenario, ScenarioError
+from sim.metrics.columns import REQUEST_COLUMNS, STEP_CSV_COLUMNS, class_column_values, request_latencies
+from sim.metrics.records import REQUEST_FIELDS, STEP_COLUMNS, RunResult
+from sim.output.compare import Comparison, RunFolderError, compare_runs
+from sim.output.run_folder import read_requests, read_steps
 
 __all__ = ["Comparison", "Results", "RunFolderError", "ScenarioError", "compare", "load", "run"]
 
@@ -85,7 +85,8 @@ class Results:
 
     @property
     def results(self) -> list[RunResult]:
-        """The simulator's own records per variant (``sim.records.RunResult``), for the ``sim.report.fig_*``
+        """The simulator's own records per variant (``sim.metrics.records.RunResult``), for the
+        ``sim.output.report.fig_*``
         functions. A loaded run rebuilds them from its CSV files (pooled ITL gaps are not stored there)."""
         if self._results is None:
             assert self.source is not None
@@ -127,13 +128,13 @@ class Results:
 
     def table(self) -> str:
         """The comparison table ``servesim run`` prints (one row per metric, one column per variant)."""
-        from sim.table import format_table
+        from sim.output.table import format_table
 
         return format_table(self.summary)
 
     def figures(self) -> dict[str, Any]:
         """The report's plotly figures by section title (``fig.show()`` in a notebook)."""
-        from sim.report import SECTIONS
+        from sim.output.report import SECTIONS
 
         out: dict[str, Any] = {}
         with _quiet():
@@ -145,7 +146,7 @@ class Results:
 
     def report(self, path: str | os.PathLike) -> Path:
         """Write the offline HTML report (``report.html`` of a run folder) to ``path``; returns the path."""
-        from sim.report import write_report
+        from sim.output.report import write_report
 
         with _quiet():
             return write_report(path, self.results, self.summary, self.title)
@@ -153,7 +154,7 @@ class Results:
     def write(self, out_dir: str | os.PathLike) -> Path:
         """Write the run folder ``servesim run --out`` writes: summary.json, requests.csv, steps.csv, report.html
         and per variant NAME.vllm-bench.json and NAME.metrics.prom. Returns the folder."""
-        from sim.output import write_run
+        from sim.output.run_folder import write_run
 
         with _quiet():
             return write_run(out_dir, self.results, self.summary, scenario=self.scenario, title=self.title)
@@ -255,7 +256,7 @@ def run(
     copy each); its limits take their defaults unless ``set`` gives them (``{"policy.max_num_seqs": 8}``).
     Raises :class:`ScenarioError` with one message naming what is wrong.
     """
-    from sim.run import prepare_scenario, run_scenario
+    from sim.loop.run import prepare_scenario, run_scenario
 
     overrides: dict[str, Any] = {}
     if policy is not None:  # first, so that set's policy.* keys apply to it
@@ -275,7 +276,7 @@ def load(run_dir: str | os.PathLike) -> Results:
     """Read a run folder written by ``servesim run``, ``servesim engine run`` or :meth:`Results.write` back into
     :class:`Results`. Raises :class:`RunFolderError` (a :class:`ScenarioError`) when the folder or its
     summary.json is missing or unreadable."""
-    from sim.compare import read_run
+    from sim.output.compare import read_run
 
     side = read_run(run_dir)
     p = Path(run_dir)
@@ -302,7 +303,7 @@ def compare(a: Results | str | os.PathLike, b: Results | str | os.PathLike, *,
 
 
 def _side(x: Results | str | os.PathLike):
-    from sim.compare import RunSide, read_run
+    from sim.output.compare import RunSide, read_run
 
     if isinstance(x, Results):
         if x.source is not None and x._results is None:

@@ -7,12 +7,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.block_manager import PagedBlockManager
-from sim.core import ServingCore
-from sim.records import RunResult
-from sim.request import Request, RequestSpec
-from sim.results import result_of
-from sim.simulator import ClosedLoopPlan, Simulation
+from sim.loop.results import result_of
+from sim.loop.simulator import ClosedLoopPlan, Simulation
+from sim.metrics.records import RunResult
+from sim.serving.block_manager import PagedBlockManager
+from sim.serving.core import ServingCore
+from sim.serving.request import Request, RequestSpec
 
 
 class LinearCost:
@@ -84,9 +84,9 @@ def sorted_plans(core: ServingCore) -> list[tuple[tuple[int, int], ...]]:
 
 def assert_replay_reproduces_engine(engine_cfg, result: RunResult, requests: Sequence[Request],
                                     core: ServingCore) -> ServingCore:
-    """Parity (``sim.replay``): the simulator fed the engine's measured step durations makes the engine's every
+    """Parity (``sim.loop.replay``): the simulator fed the engine's measured step durations makes the engine's every
     plan, step and per-request time. Returns the simulator's core."""
-    from sim.replay import compare, replay
+    from sim.loop.replay import compare, replay
 
     sim, sim_core, cost = replay(engine_cfg, result, requests)
     assert compare(core, requests, sim, sim_core, cost) == []

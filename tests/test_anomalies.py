@@ -1,4 +1,4 @@
-"""The anomaly detectors (sim.anomalies, issue 37 item 2): exact on hand-made records and against a brute-force
+"""The anomaly detectors (sim.metrics.anomalies, issue 37 item 2): exact on hand-made records and against a brute-force
 count, silent under FCFS on equal requests, and each tripped by the bad policy built for it
 (sim.policies.pathological)."""
 
@@ -10,19 +10,19 @@ from typing import Any
 import numpy as np
 import pytest
 
-from sim.anomalies import head_of_line, inversions, service_over_time, starvation
-from sim.block_manager import PagedBlockManager
-from sim.core import ServingCore
-from sim.costmodel import AnalyticCostModel
+from sim.costs.costmodel import AnalyticCostModel
+from sim.hardware.specs import resolve_gpu, resolve_model
+from sim.loop.simulator import Simulation
+from sim.metrics.anomalies import head_of_line, inversions, service_over_time, starvation
+from sim.metrics.records import RequestRecord
 from sim.policies import Limits
 from sim.policies.pathological import NewestFirst, ReversePriority
 from sim.policies.priority import PriorityPolicy
 from sim.policies.queue import FCFSPolicy
 from sim.policies.user import UserPolicy
-from sim.records import RequestRecord
-from sim.request import RequestSpec
-from sim.simulator import Simulation
-from sim.specs import resolve_gpu, resolve_model
+from sim.serving.block_manager import PagedBlockManager
+from sim.serving.core import ServingCore
+from sim.serving.request import RequestSpec
 
 
 def _rec(i: int, arrival: float, start: float, priority: int = 0, replica: int = 0, first: float | None = None,
@@ -124,8 +124,8 @@ def test_reverse_priority_inverts_by_priority_where_vllms_priority_does_not() ->
 
 
 def test_head_of_line_blocking_flags_the_replica_every_request_piles_on() -> None:
-    from sim.run import generate_workload, simulate_variant
-    from sim.scenario import parse_scenario, variant_configs
+    from sim.config.scenario import parse_scenario, variant_configs
+    from sim.loop.run import generate_workload, simulate_variant
 
     raw = {"seed": 1,
            "workload": {"arrival": {"type": "poisson", "rate": 40.0}, "num_requests": 200,
@@ -172,8 +172,8 @@ def test_starvation_and_service_over_time_are_exact() -> None:
 
 @pytest.mark.parametrize("classes", [False, True])
 def test_summary_has_the_section_only_when_it_has_something_to_say(classes: bool) -> None:
-    from sim.run import run_scenario
-    from sim.scenario import parse_scenario
+    from sim.config.scenario import parse_scenario
+    from sim.loop.run import run_scenario
 
     wl: dict = {"arrival": {"type": "poisson", "rate": 20.0}, "num_requests": 100,
                 "prompt_len": {"type": "fixed", "value": 200}, "output_len": {"type": "fixed", "value": 50}}
@@ -193,9 +193,9 @@ def test_summary_has_the_section_only_when_it_has_something_to_say(classes: bool
 
 
 def test_the_report_charts_service_per_tenant_and_tabulates_the_detectors() -> None:
-    from sim.report import build_report
-    from sim.run import run_scenario
-    from sim.scenario import parse_scenario
+    from sim.config.scenario import parse_scenario
+    from sim.loop.run import run_scenario
+    from sim.output.report import build_report
 
     wl = {"arrival": {"type": "poisson", "rate": 20.0}, "num_requests": 100,
           "prompt_len": {"type": "fixed", "value": 200}, "output_len": {"type": "fixed", "value": 50},

@@ -14,8 +14,8 @@ import pytest
 from typer.testing import CliRunner
 
 import servesim
-from sim.cli import app
-from sim.output import to_jsonable
+from sim.cli.main import app
+from sim.output.run_folder import to_jsonable
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIO = ROOT / "scenarios" / "naive-vs-continuous.yaml"
@@ -240,7 +240,7 @@ def test_the_api_works_without_torch():
         "        if name == 'torch' or name.startswith('torch.'):\n"
         "            raise ImportError('torch is blocked in this test')\n"
         "sys.meta_path.insert(0, Block())\n"
-        "import servesim, sim.compare\n"
+        "import servesim, sim.output.compare\n"
         f"res = servesim.run({SMALL!r}, num_requests=3)\n"
         "assert res.summary['a']['num_completed'] == 3\n"
         "assert 'torch' not in sys.modules\n"

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.benchfiles import BenchFileError, read_vllm_bench
+from sim.output.benchfiles import BenchFileError, read_vllm_bench
 
 DATA = Path(__file__).parent / "data" / "bench"
 

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 
 from calibration.bench_fit import calibrate_from_bench, plant_measurements, profile_dict, with_knobs
-from sim.benchfiles.common import BenchRun
-from sim.benchfiles.stats import run_stats
-from sim.benchfiles.validate import rebuild_workload
-from sim.build import build
-from sim.run import simulate_variant
-from sim.scenario import load_scenario, variant_configs
+from sim.config.scenario import load_scenario, variant_configs
+from sim.loop.build import build
+from sim.loop.run import simulate_variant
+from sim.output.benchfiles.common import BenchRun
+from sim.output.benchfiles.stats import run_stats
+from sim.output.benchfiles.validate import rebuild_workload
 
 DATA = Path(__file__).parent / "data" / "bench"
 ROOT = Path(__file__).parent.parent
@@ -86,7 +86,7 @@ def test_one_file_is_refused_and_cli_errors_exit_2(cfg, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="at least 2"):
         calibrate_from_bench(cfg, measured_runs(cfg, n=10)[:1])
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    base = [sys.executable, "-m", "sim.cli", "calibrate", "--from-bench", str(DATA / "vllm_detailed.json"),
+    base = [sys.executable, "-m", "sim.cli.main", "calibrate", "--from-bench", str(DATA / "vllm_detailed.json"),
             "--model", "llama-3.1-8b"]
     r = subprocess.run(base, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     assert r.returncode == 2 and "--from-bench needs --gpu" in r.stderr and "Traceback" not in r.stderr

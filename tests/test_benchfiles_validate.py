@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
-from sim.benchfiles import BenchFileError
-from sim.benchfiles.genai_perf import read_genai_perf
-from sim.benchfiles.guidellm import read_guidellm
-from sim.benchfiles.validate import rebuild_workload, validate_against, write_bench_validation
-from sim.benchfiles.vllm_bench import read_vllm_bench
-from sim.run import run_scenario, write_scenario_run
-from sim.scenario import load_scenario
+from sim.config.scenario import load_scenario
+from sim.loop.run import run_scenario, write_scenario_run
+from sim.output.benchfiles import BenchFileError
+from sim.output.benchfiles.genai_perf import read_genai_perf
+from sim.output.benchfiles.guidellm import read_guidellm
+from sim.output.benchfiles.validate import rebuild_workload, validate_against, write_bench_validation
+from sim.output.benchfiles.vllm_bench import read_vllm_bench
 
 DATA = Path(__file__).parent / "data" / "bench"
 SCENARIO = DATA / "scenario.yaml"
@@ -100,7 +100,7 @@ def test_guidellm_sweep_validates_every_benchmark_and_draws_curves(tmp_path: Pat
     assert [f.load for f in val.files] == [2.0, 3.0]
     assert set(val.files[0].metrics) >= {"mean_ttft", "p99_e2el", "mean_gl_itl", "p99_gl_tpot"}
     # GuideLLM's token-weighted ITL mean is the pooled gap mean: equal to vLLM's mean ITL of the same run
-    from sim.benchfiles.stats import guidellm_stats, run_stats
+    from sim.output.benchfiles.stats import guidellm_stats, run_stats
 
     res = val.files[0].result
     assert res is not None
@@ -118,7 +118,7 @@ def test_malformed_files_raise_one_message_naming_file_and_field(tmp_path: Path)
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "sim.cli", *args], capture_output=True, text=True, env=env, cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "sim.cli.main", *args], capture_output=True, text=True, env=env, cwd=ROOT,
                           timeout=300)
 
 

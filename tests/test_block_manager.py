@@ -13,9 +13,9 @@ from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from sim.block_manager import BlockError, PagedBlockManager, cdiv
-from sim.contiguous_allocator import ContiguousAllocator
-from sim.request import Request, RequestSpec
+from sim.serving.block_manager import BlockError, PagedBlockManager, cdiv
+from sim.serving.contiguous_allocator import ContiguousAllocator
+from sim.serving.request import Request, RequestSpec
 
 STATEFUL = settings(
     max_examples=150,

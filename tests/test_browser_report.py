@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from sim.report import write_report
-from sim.run import run_scenario
-from sim.scenario import load_scenario
-from sim.teaching import find_scenario
+from sim.config.scenario import load_scenario
+from sim.loop.run import run_scenario
+from sim.output.report import write_report
+from sim.studies.teaching import find_scenario
 
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (the test extra has it)")
 

@@ -12,16 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.block_manager import BlockError, PagedBlockManager
-from sim.build import build
-from sim.contiguous_allocator import ContiguousAllocator
-from sim.core import ServingCore
-from sim.costmodel import AnalyticCostModel, CostModel, FittedCostModel, StepShape, optional_member
-from sim.planner import _resolve
-from sim.policies import Admission, ContinuousPolicy, Limits, Plan, Policy, StaticPolicy
-from sim.request import Request, RequestSpec
-from sim.scenario import VariantConfig
-from sim.schema import (
+from sim.config.scenario import VariantConfig
+from sim.config.schema import (
     AdmissionConfig,
     AnalyticCost,
     ContiguousKV,
@@ -37,7 +29,15 @@ from sim.schema import (
     ScenarioError,
     StaticPolicyConfig,
 )
-from sim.specs import GPU_PRESETS, MODEL_PRESETS, GPUSpec, ModelSpec, resolve_gpu, resolve_model
+from sim.costs.costmodel import AnalyticCostModel, CostModel, FittedCostModel, StepShape, optional_member
+from sim.hardware.specs import GPU_PRESETS, MODEL_PRESETS, GPUSpec, ModelSpec, resolve_gpu, resolve_model
+from sim.loop.build import build
+from sim.policies import Admission, ContinuousPolicy, Limits, Plan, Policy, StaticPolicy
+from sim.serving.block_manager import BlockError, PagedBlockManager
+from sim.serving.contiguous_allocator import ContiguousAllocator
+from sim.serving.core import ServingCore
+from sim.serving.request import Request, RequestSpec
+from sim.studies.planner import _resolve
 
 
 def _members(union: object) -> tuple[type, ...]:
@@ -252,15 +252,15 @@ def test_resolve_gpu_takes_a_spec_a_name_or_fields() -> None:
 
 
 def test_no_module_keeps_its_own_resolver() -> None:
-    import sim.capacity
-    import sim.planner
-    import sim.scenario
+    import sim.config.scenario
+    import sim.hardware.capacity
+    import sim.studies.planner
 
-    for module in (sim.capacity, sim.planner, sim.scenario):
+    for module in (sim.hardware.capacity, sim.studies.planner, sim.config.scenario):
         for name in ("resolve_model", "resolve_gpu"):
             f = getattr(module, name, None)
-            assert f is None or f.__module__ == "sim.specs", (module.__name__, name)
-    assert not hasattr(sim.scenario, "_model_spec") and not hasattr(sim.planner, "_model_of")
+            assert f is None or f.__module__ == "sim.hardware.specs", (module.__name__, name)
+    assert not hasattr(sim.config.scenario, "_model_spec") and not hasattr(sim.studies.planner, "_model_of")
 
 
 # ---- the KV manager's public block grab -----------------------------------------------------------------------
@@ -376,10 +376,10 @@ def test_a_bare_policy_gets_the_protocols_defaults() -> None:
 
 # ---- no import circle -----------------------------------------------------------------------------------------
 def test_report_does_not_import_output_and_output_does_not_import_plotly() -> None:
-    code = ("import sys\nimport sim.report\nassert 'sim.output' not in sys.modules, 'report imports output'\n"
-            "del sys.modules['sim.report']\n"
+    code = ("import sys\nimport sim.output.report\nassert 'sim.output.run_folder' not in sys.modules, 'report imports output'\n"
+            "del sys.modules['sim.output.report']\n"
             "for m in [m for m in sys.modules if m.startswith('plotly')]:\n    del sys.modules[m]\n"
-            "import sim.output\nassert 'plotly' not in sys.modules and 'sim.report' not in sys.modules\n"
+            "import sim.output.run_folder\nassert 'plotly' not in sys.modules and 'sim.output.report' not in sys.modules\n"
             "print('ok')\n")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr

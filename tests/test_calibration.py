@@ -28,7 +28,7 @@ from calibration.fit import (
     nnls_fit,
     samples_from_profile,
 )
-from sim.costmodel import FittedCostModel, StepShape
+from sim.costs.costmodel import FittedCostModel, StepShape
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIO = ROOT / "calibration" / "scenarios" / "validate-tiny.yaml"
@@ -147,7 +147,7 @@ torch = pytest.importorskip("torch")
 
 from typer.testing import CliRunner  # noqa: E402
 
-from sim.cli import app  # noqa: E402
+from sim.cli.main import app  # noqa: E402
 
 torch.set_num_threads(1)
 

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from sim.traces import load_trace
-from sim.workload import Workload
+from sim.workload.generator import Workload
+from sim.workload.traces import load_trace
 
 BASE: dict[str, Any] = {
     "arrival": {"type": "poisson", "rate": 5.0},
@@ -159,8 +159,8 @@ SCENARIO: dict[str, Any] = {
 
 
 def _run_folder(tmp_path: Path, scenario: dict[str, Any]) -> Path:
-    from sim.run import run_scenario, write_scenario_run
-    from sim.scenario import parse_scenario
+    from sim.config.scenario import parse_scenario
+    from sim.loop.run import run_scenario, write_scenario_run
 
     sc = parse_scenario(scenario)
     out = tmp_path / "run"
@@ -169,7 +169,7 @@ def _run_folder(tmp_path: Path, scenario: dict[str, Any]) -> Path:
 
 
 def test_jain_index_is_exact_on_hand_made_inputs() -> None:
-    from sim.metrics import jain_index
+    from sim.metrics.summary import jain_index
 
     assert jain_index([3.0, 3.0, 3.0, 3.0]) == 1.0  # equal service
     assert jain_index([5.0, 0.0, 0.0, 0.0]) == 0.25  # one tenant of four served: 1/n
@@ -243,8 +243,8 @@ def test_per_class_summary_equals_figures_from_requests_csv_rows(tmp_path: Path)
 
 
 def test_rejections_lower_a_tenants_service_and_the_fairness_index() -> None:
-    from sim.metrics import tenant_fairness
-    from sim.records import RequestRecord
+    from sim.metrics.records import RequestRecord
+    from sim.metrics.summary import tenant_fairness
 
     def rec(i: int, tenant: str, outcome: str, out: int, target: int) -> RequestRecord:
         done = outcome == "completed"
@@ -261,7 +261,7 @@ def test_rejections_lower_a_tenants_service_and_the_fairness_index() -> None:
 def test_class_columns_table_export_and_report(tmp_path: Path) -> None:
     import json
 
-    from sim.output import CLASS_COLUMNS, REQUEST_COLUMNS, format_table, read_requests
+    from sim.output.run_folder import CLASS_COLUMNS, REQUEST_COLUMNS, format_table, read_requests
 
     out = _run_folder(tmp_path, SCENARIO)
     header = (out / "requests.csv").read_text().splitlines()[0].split(",")
@@ -287,7 +287,7 @@ def test_a_run_without_classes_writes_no_class_figures_or_columns(tmp_path: Path
     class keys in summary.json or the vllm-bench export, no per-class figure."""
     import json
 
-    from sim.output import REQUEST_COLUMNS
+    from sim.output.run_folder import REQUEST_COLUMNS
 
     plain = {**SCENARIO, "workload": {k: v for k, v in SCENARIO["workload"].items() if k != "classes"}}
     out = _run_folder(tmp_path, plain)
@@ -303,9 +303,9 @@ def test_parquet_and_the_python_api_carry_the_class_columns(tmp_path: Path) -> N
     """requests.parquet and ``Results.requests`` hold requests.csv's class columns, and read back to the same
     records."""
     pytest.importorskip("pyarrow")
-    from sim.output import CLASS_COLUMNS, read_requests, write_run
-    from sim.run import run_scenario
-    from sim.scenario import parse_scenario
+    from sim.config.scenario import parse_scenario
+    from sim.loop.run import run_scenario
+    from sim.output.run_folder import CLASS_COLUMNS, read_requests, write_run
 
     run = run_scenario(parse_scenario(SCENARIO))
     write_run(tmp_path / "csv", run.results, run.summaries)
@@ -336,9 +336,9 @@ def test_a_share_of_poisson_arrivals_is_a_poisson_process_of_its_own() -> None:
 def test_class_itl_percentiles_from_kept_token_times_match_the_cores_pool() -> None:
     """With token times kept, each class's ITL comes from its requests' gaps; pooled over the classes they are the
     core's own pool (recorded independently, partly by the decode fast path), so every statistic agrees."""
-    from sim.metrics import latency_stats
-    from sim.run import run_scenario
-    from sim.scenario import parse_scenario
+    from sim.config.scenario import parse_scenario
+    from sim.loop.run import run_scenario
+    from sim.metrics.summary import latency_stats
 
     run = run_scenario(parse_scenario({**SCENARIO, "keep_token_times": True}))
     (result,) = run.results

@@ -15,10 +15,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from sim.cli import app
-from sim.run import prepare_scenario
-from sim.scenario import parse_scenario
-from sim.schema import ScenarioError
+from sim.cli.main import app
+from sim.config.scenario import parse_scenario
+from sim.config.schema import ScenarioError
+from sim.loop.run import prepare_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -239,7 +239,7 @@ def test_no_traceback_reaches_the_terminal(tmp_path: Path) -> None:
     path.write_text(yaml.safe_dump(_with("deployment.block_size", 0)))
     out = tmp_path / "out"
     proc = subprocess.run(
-        [sys.executable, "-m", "sim.cli", "run", str(path), "--out", str(out)],
+        [sys.executable, "-m", "sim.cli.main", "run", str(path), "--out", str(out)],
         cwd=ROOT,
         capture_output=True,
         text=True,

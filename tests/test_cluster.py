@@ -8,17 +8,17 @@ from typing import Any
 import numpy as np
 import pytest
 
-from sim.autoscaler import AutoscalerConfig
-from sim.block_manager import PagedBlockManager
-from sim.cluster import ClusterSimulation, cluster_result
-from sim.core import ServingCore
-from sim.metrics import summarize
+from sim.config.scenario import parse_scenario, variant_configs
+from sim.config.schema import ScenarioError
+from sim.loop.autoscaler import AutoscalerConfig
+from sim.loop.cluster import ClusterSimulation, cluster_result
+from sim.loop.run import generate_workload, simulate_variant
+from sim.metrics.summary import summarize
 from sim.policies import ContinuousPolicy, Limits
-from sim.request import Request, RequestSpec
-from sim.routers import kv_pressure, least_kv, least_outstanding, make_router, prefix_affinity
-from sim.run import generate_workload, simulate_variant
-from sim.scenario import parse_scenario, variant_configs
-from sim.schema import ScenarioError
+from sim.policies.routers import kv_pressure, least_kv, least_outstanding, make_router, prefix_affinity
+from sim.serving.block_manager import PagedBlockManager
+from sim.serving.core import ServingCore
+from sim.serving.request import Request, RequestSpec
 from tests.conftest import LinearCost
 
 WORKLOAD = {
@@ -218,7 +218,7 @@ def test_bad_cluster_settings_are_refused() -> None:
 
 
 def test_report_shows_the_fleet_over_time() -> None:
-    from sim.report import build_report, fig_replicas
+    from sim.output.report import build_report, fig_replicas
 
     auto = {"signal": "queue", "scale_up": 1.0, "scale_down": 0.1, "interval": 2.0, "cooldown": 4.0,
             "provisioning_delay": 3.0, "max_replicas": 3}
@@ -242,7 +242,7 @@ def test_parked_routers_choose_what_stepping_chooses(router: str, scan_max: int,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """Parked replicas are read from their timelines, by a scan (up to SCAN_MAX replicas) or from a heap of
     lower bounds (past it): the same routing as stepping every request one by one, and the same results."""
-    monkeypatch.setattr("sim.cluster.SCAN_MAX", scan_max)
+    monkeypatch.setattr("sim.loop.cluster.SCAN_MAX", scan_max)
     raw = scenario({"replicas": 8, "router": router}, seed=3)
     raw["workload"] = dict(WORKLOAD, arrival={"type": "poisson", "rate": 60.0})
     raw["deployment"]["num_gpu_blocks"] = 500
@@ -256,7 +256,7 @@ def test_parked_routers_choose_what_stepping_chooses(router: str, scan_max: int,
 
 
 def test_replica_figures_are_summarize_s() -> None:
-    from sim.cluster_fast import replica_figures
+    from sim.loop.cluster_fast import replica_figures
 
     for raw in (scenario(None), scenario({"replicas": 2, "router": "least_kv"})):
         res, _, _ = run(raw)

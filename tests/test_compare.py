@@ -12,9 +12,9 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from sim.cli import app
-from sim.compare import Comparison, RunSide, pairs, read_run
-from sim.table import TABLE_ROWS, ratio_text
+from sim.cli.main import app
+from sim.output.compare import Comparison, RunSide, pairs, read_run
+from sim.output.table import TABLE_ROWS, ratio_text
 
 SCENARIO = {
     "name": "cmp",

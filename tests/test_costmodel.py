@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.costmodel import AnalyticCostModel, CostModel, FittedCostModel, StepShape
-from sim.specs import GPUSpec, ModelSpec
+from sim.costs.costmodel import AnalyticCostModel, CostModel, FittedCostModel, StepShape
+from sim.hardware.specs import GPUSpec, ModelSpec
 
 H100 = GPUSpec.from_name("h100-sxm")
 LLAMA8 = ModelSpec.from_name("llama-3.1-8b")
@@ -281,7 +281,7 @@ def test_fitted_without_model_or_peak() -> None:
 
 
 def test_wake_curve_adds_the_engines_wake_up_after_idling() -> None:
-    from sim.costmodel import CalibrationProfile
+    from sim.costs.costmodel import CalibrationProfile
 
     base = {"schema_version": 2, "model": "tiny", "coefficients": {"step": 1e-3, "token": 2e-5}}
     curve = [[0.0, 0.0], [0.001, 2e-4], [0.01, 1e-3]]
@@ -302,10 +302,10 @@ def test_wake_curve_adds_the_engines_wake_up_after_idling() -> None:
 
 
 def test_core_tells_the_cost_model_how_long_it_idled() -> None:
-    from sim.block_manager import PagedBlockManager
-    from sim.core import ServingCore
     from sim.policies import ContinuousPolicy, Limits
-    from sim.request import Request, RequestSpec
+    from sim.serving.block_manager import PagedBlockManager
+    from sim.serving.core import ServingCore
+    from sim.serving.request import Request, RequestSpec
 
     core = ServingCore(ContinuousPolicy(limits=Limits(8, 256, 128)), PagedBlockManager(64, 16), fast_path=False)
     core.add_request(Request(RequestSpec(0, 0.0, 10, 3), 0.0), 0.0)

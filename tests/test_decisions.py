@@ -1,4 +1,4 @@
-"""Decision traces (sim/decisions.py): what each decision row says, and counterfactual routing regret by
+"""Decision traces (sim/metrics/decisions.py): what each decision row says, and counterfactual routing regret by
 re-simulation: zero for a router no single change improves, positive for round robin on a skewed load."""
 
 from __future__ import annotations
@@ -7,9 +7,8 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from sim.block_manager import PagedBlockManager
-from sim.core import ServingCore
-from sim.decisions import (
+from sim.loop.simulator import Simulation
+from sim.metrics.decisions import (
     DecisionTrace,
     ReplayRouter,
     best_response_routes,
@@ -20,9 +19,10 @@ from sim.decisions import (
 )
 from sim.policies import ContinuousPolicy, Limits
 from sim.policies.base import Admission
-from sim.request import RequestSpec
-from sim.routers import Router, least_outstanding, round_robin
-from sim.simulator import Simulation
+from sim.policies.routers import Router, least_outstanding, round_robin
+from sim.serving.block_manager import PagedBlockManager
+from sim.serving.core import ServingCore
+from sim.serving.request import RequestSpec
 from tests.conftest import LinearCost
 from tests.test_cli import assert_clean_error, invoke
 

@@ -1,4 +1,4 @@
-"""Prefill/decode disaggregation (sim/disagg): the transfer arithmetic, a request's exact path through both pools,
+"""Prefill/decode disaggregation (sim/loop/disagg): the transfer arithmetic, a request's exact path through both pools,
 decode admission bounded by its KV, bad input, and the lesson's published range (DistServe, Splitwise)."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sim.disagg.config import LINK_PRESETS, DisaggConfig
-from sim.disagg.kv_transfer import KVLink, kv_bytes
-from sim.run import generate_workload, run_scenario, simulate_variant
-from sim.scenario import json_schema, load_scenario, parse_scenario, variant_configs
-from sim.schema import ScenarioError
-from sim.specs import ModelSpec
+from sim.config.scenario import json_schema, load_scenario, parse_scenario, variant_configs
+from sim.config.schema import ScenarioError
+from sim.hardware.specs import ModelSpec
+from sim.loop.disagg.config import LINK_PRESETS, DisaggConfig
+from sim.loop.disagg.kv_transfer import KVLink, kv_bytes
+from sim.loop.run import generate_workload, run_scenario, simulate_variant
 
 ROOT = Path(__file__).resolve().parent.parent
 LESSON = ROOT / "scenarios" / "lesson-disaggregation.yaml"
@@ -138,7 +138,7 @@ def test_bad_disaggregation_input_is_one_clear_error(tmp_path: Path) -> None:
                            ({"decode": {"deployment": {"kv_dtype": "fp8"}}}, "kv_dtype")):
         p = tmp_path / "bad.yaml"
         p.write_text(yaml.safe_dump(_raw(disagg)))
-        proc = subprocess.run([sys.executable, "-m", "sim.cli", "run", str(p), "-o", str(tmp_path / "out")],
+        proc = subprocess.run([sys.executable, "-m", "sim.cli.main", "run", str(p), "-o", str(tmp_path / "out")],
                               capture_output=True, text=True, cwd=ROOT)
         assert proc.returncode == 2, proc.stderr
         assert needle in proc.stderr and "Traceback" not in proc.stderr
@@ -194,8 +194,8 @@ def test_lesson_gain_vanishes_under_loose_slos() -> None:
 
 
 def test_report_has_the_disaggregation_section(tmp_path: Path) -> None:
-    from sim.report.disagg import fig_disagg
-    from sim.run import write_scenario_run
+    from sim.loop.run import write_scenario_run
+    from sim.output.report.disagg import fig_disagg
 
     sc, raw = load_scenario(LESSON, {"workload.num_requests": 60})
     run = run_scenario(sc, raw)
@@ -222,8 +222,8 @@ def test_report_has_the_disaggregation_section(tmp_path: Path) -> None:
 
 
 def test_plan_searches_splits_and_picks_one_where_colocated_misses() -> None:
-    from sim.planner import plan
-    from sim.schema import PlanConfig
+    from sim.config.schema import PlanConfig
+    from sim.studies.planner import plan
 
     sc, _ = load_scenario(LESSON, {"workload.num_requests": 300})
     sc = sc.model_copy(update={"variants": [], "plan": PlanConfig.model_validate({
@@ -242,8 +242,8 @@ def test_plan_searches_splits_and_picks_one_where_colocated_misses() -> None:
 
 
 def test_plan_without_the_section_has_no_splits() -> None:
-    from sim.planner import plan
-    from sim.schema import PlanConfig
+    from sim.config.schema import PlanConfig
+    from sim.studies.planner import plan
 
     sc, _ = load_scenario(LESSON, {"workload.num_requests": 100})
     sc = sc.model_copy(update={"variants": [], "plan": PlanConfig.model_validate({
@@ -303,13 +303,13 @@ def test_workload_failures_are_refused_at_load(tmp_path: Path) -> None:
     raw["workload"]["failures"] = {"fraction": 0.1, "after": {"type": "fixed", "value": 0.5}}
     p = tmp_path / "f.yaml"
     p.write_text(yaml.safe_dump(raw))
-    proc = subprocess.run([sys.executable, "-m", "sim.cli", "run", str(p), "-o", str(tmp_path / "o")],
+    proc = subprocess.run([sys.executable, "-m", "sim.cli.main", "run", str(p), "-o", str(tmp_path / "o")],
                           capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 2 and "workload.failures" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_run_table_shows_the_disaggregation_rows_only_when_a_run_has_them() -> None:
-    from sim.table import format_table
+    from sim.output.table import format_table
 
     sc, _ = load_scenario(LESSON, {"workload.num_requests": 40})
     summaries = run_scenario(sc).summaries
@@ -320,8 +320,8 @@ def test_run_table_shows_the_disaggregation_rows_only_when_a_run_has_them() -> N
 
 def test_pools_on_different_gpus_are_priced_each_at_its_own_rate() -> None:
     # Splitwise's point: prompts on the fast GPU, decodes on a cheaper one
-    from sim.metrics import summarize
-    from sim.specs import GPUSpec
+    from sim.hardware.specs import GPUSpec
+    from sim.metrics.summary import summarize
 
     result, _, _ = _run(_raw({"prefill": {"deployment": {"tensor_parallel_size": 2}},
                               "decode": {"replicas": 2, "deployment": {"gpu": "a100-80gb"}}}, requests=20, rate=5.0))

@@ -1,4 +1,4 @@
-"""The power model (sim/energy.py): one step computed by hand, energy as the integral of power over steps and idle
+"""The power model (sim/costs/energy.py): one step computed by hand, energy as the integral of power over steps and idle
 gaps, per-request energies summing to the run's, the power cap's effect on throughput, and the shape of joules per
 output token against batch size and output length."""
 
@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 import servesim
-from sim.costmodel import AnalyticCostModel, StepShape
-from sim.energy import MEMORY_POWER_SHARE, PowerModel, clock_share, power_over_time, run_energy
-from sim.records import RequestRecord, RunResult
-from sim.schema import ScenarioError
-from sim.specs import GPUSpec
+from sim.config.schema import ScenarioError
+from sim.costs.costmodel import AnalyticCostModel, StepShape
+from sim.costs.energy import MEMORY_POWER_SHARE, PowerModel, clock_share, power_over_time, run_energy
+from sim.hardware.specs import GPUSpec
+from sim.metrics.records import RequestRecord, RunResult
 
 
 def _scenario(*, arrival: dict, n: int, prompt: int = 256, output: int = 128, max_num_seqs: int = 64,
@@ -217,8 +217,8 @@ def test_a_gpu_without_power_figures_has_no_energy() -> None:
 def test_exports_carry_the_energy() -> None:
     from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
-    from sim.benchfiles.export_metrics import openmetrics_text
-    from sim.benchfiles.export_vllm import vllm_bench_result
+    from sim.output.benchfiles.export_metrics import openmetrics_text
+    from sim.output.benchfiles.export_vllm import vllm_bench_result
 
     sc = _scenario(arrival={"type": "poisson", "rate": 4.0}, n=40)
     sc["deployment"]["tensor_parallel_size"] = 2
@@ -238,8 +238,8 @@ def test_exports_carry_the_energy() -> None:
 
 
 def test_report_and_table_show_the_energy() -> None:
-    from sim.report import build_report
-    from sim.table import format_table
+    from sim.output.report import build_report
+    from sim.output.table import format_table
 
     r, s = _one(_scenario(arrival={"type": "poisson", "rate": 4.0}, n=20))
     page = build_report([r], {r.name: s}, "t")
@@ -281,9 +281,9 @@ def test_the_published_energy_rows_name_their_sources() -> None:
 def test_plan_names_the_deployment_with_the_fewest_joules() -> None:
     import copy
 
-    from sim.planner import format_plan, plan
-    from sim.scenario import parse_scenario
-    from sim.specs import BASE_GPU_PRESETS
+    from sim.config.scenario import parse_scenario
+    from sim.hardware.specs import BASE_GPU_PRESETS
+    from sim.studies.planner import format_plan, plan
 
     # an H100 priced below the L4 ($0.50 against $0.70 an hour) is the cheapest; at 2 req/s of a 1B model it
     # idles at 70 W where the L4 idles at 16 W, so the L4 takes fewer joules per output token

@@ -1,17 +1,17 @@
-"""sim/engine_costs.py: the engines' host time per step and static batching's activation reserve, against hand
+"""sim/engines/costs.py: the engines' host time per step and static batching's activation reserve, against hand
 computations."""
 
 from __future__ import annotations
 
 import pytest
 
-from sim.build import build
-from sim.costmodel import AnalyticCostModel, StepShape
-from sim.engine_costs import VLLM_V05_HOST_TIME_RATIO, VLLM_V06_HOST_TIME_RATIO, host_time_ratio
-from sim.engines import EngineConfig
-from sim.scenario import parse_scenario, variant_configs
-from sim.schema import ScenarioError
-from sim.specs import DEFAULT_RUNTIME_OVERHEAD_BYTES, GiB, ModelSpec, resolve_gpu
+from sim.config.scenario import parse_scenario, variant_configs
+from sim.config.schema import ScenarioError
+from sim.costs.costmodel import AnalyticCostModel, StepShape
+from sim.engines.costs import VLLM_V05_HOST_TIME_RATIO, VLLM_V06_HOST_TIME_RATIO, host_time_ratio
+from sim.engines.registry import EngineConfig
+from sim.hardware.specs import DEFAULT_RUNTIME_OVERHEAD_BYTES, GiB, ModelSpec, resolve_gpu
+from sim.loop.build import build
 
 
 def _built(dep: dict, policy: dict | None = None, isl: int = 100, osl: int = 10):

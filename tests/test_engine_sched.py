@@ -1,17 +1,17 @@
-"""Engine scheduling behaviours (sim/engine_sched.py) against hand-derived schedules, and issue 13's thrashing
+"""Engine scheduling behaviours (sim/engines/sched.py) against hand-derived schedules, and issue 13's thrashing
 scenario scaled down."""
 
 from __future__ import annotations
 
 import pytest
 
-from sim.block_manager import PagedBlockManager
-from sim.build import build
+from sim.config.scenario import parse_scenario, variant_configs
+from sim.config.schema import ScenarioError
+from sim.loop.build import build
+from sim.loop.run import run_scenario
 from sim.policies import ContinuousPolicy, Limits
-from sim.request import RequestSpec
-from sim.run import run_scenario
-from sim.scenario import parse_scenario, variant_configs
-from sim.schema import ScenarioError
+from sim.serving.block_manager import PagedBlockManager
+from sim.serving.request import RequestSpec
 from tests.conftest import ConstCost, simulate, sorted_plans
 
 
@@ -225,8 +225,8 @@ def test_cuda_graph_padding_fast_path_equals_stepping() -> None:
 
 
 def test_cuda_graph_sizes_per_engine() -> None:
-    from sim.engine_sched import capture_sizes, graph_padding
-    from sim.engines import EngineConfig
+    from sim.engines.registry import EngineConfig
+    from sim.engines.sched import capture_sizes, graph_padding
 
     v1 = capture_sizes(EngineConfig(name="vllm-v1"), 1024)
     assert v1[:5] == (1, 2, 4, 8, 16) and v1[-3:] == (480, 496, 512) and 248 in v1 and 264 not in v1

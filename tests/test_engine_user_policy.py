@@ -25,13 +25,13 @@ torch = pytest.importorskip("torch")
 from typer.testing import CliRunner  # noqa: E402 - after the torch skip
 
 from realengine.engine import engine_config, run_engine  # noqa: E402 - after the torch skip
-from sim.build import build  # noqa: E402 - after the torch skip
-from sim.cli import app  # noqa: E402 - after the torch skip
+from sim.cli.main import app  # noqa: E402 - after the torch skip
+from sim.config.scenario import parse_scenario, variant_configs  # noqa: E402 - after the torch skip
+from sim.loop.build import build  # noqa: E402 - after the torch skip
+from sim.loop.replay import compare, replay  # noqa: E402 - after the torch skip
+from sim.loop.run import generate_workload  # noqa: E402 - after the torch skip
 from sim.policies.loader import load_class  # noqa: E402 - after the torch skip
 from sim.policies.user import UserPolicy  # noqa: E402 - after the torch skip
-from sim.replay import compare, replay  # noqa: E402 - after the torch skip
-from sim.run import generate_workload  # noqa: E402 - after the torch skip
-from sim.scenario import parse_scenario, variant_configs  # noqa: E402 - after the torch skip
 from tests.conftest import assert_replay_reproduces_engine  # noqa: E402 - after the torch skip
 
 torch.set_num_threads(1)

@@ -9,14 +9,14 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from sim.block_manager import PagedBlockManager
-from sim.build import build
-from sim.cli import app
+from sim.cli.main import app
+from sim.config.scenario import parse_scenario, variant_configs
+from sim.config.schema import ScenarioError
+from sim.hardware.specs import GiB, ModelSpec, estimate_activation_reserve, resolve_gpu
+from sim.loop.build import build
 from sim.policies import ContinuousPolicy, Limits
-from sim.request import RequestSpec
-from sim.scenario import parse_scenario, variant_configs
-from sim.schema import ScenarioError
-from sim.specs import GiB, ModelSpec, estimate_activation_reserve, resolve_gpu
+from sim.serving.block_manager import PagedBlockManager
+from sim.serving.request import RequestSpec
 from tests.conftest import ConstCost, simulate
 
 MML = 1024  # max_model_len of the deployments below

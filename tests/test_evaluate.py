@@ -1,4 +1,4 @@
-"""servesim.evaluate(): a policy scored for a search loop, its failures returned as scores (sim/evaluate.py)."""
+"""servesim.evaluate(): a policy scored for a search loop, its failures returned as scores (sim/studies/evaluate.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import sys
 import pytest
 
 import servesim
-from sim.evaluate import WorkloadCache, evaluate
-from sim.tournament import DEFAULT_WEIGHTS
+from sim.studies.evaluate import WorkloadCache, evaluate
+from sim.studies.tournament import DEFAULT_WEIGHTS
 
 SCENARIO = {
     "name": "eval-chat",

@@ -23,7 +23,7 @@ POLICIES = sorted(EXAMPLES.glob("*.py"))
 
 
 def _run(scenario: Path, out: Path) -> dict:
-    p = subprocess.run([sys.executable, "-m", "sim.cli", "run", str(scenario), "--out", str(out), "-q"],
+    p = subprocess.run([sys.executable, "-m", "sim.cli.main", "run", str(scenario), "--out", str(out), "-q"],
                        capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert p.returncode == 0, p.stderr
     return json.loads((out / "summary.json").read_text())["variants"]

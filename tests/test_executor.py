@@ -1,4 +1,4 @@
-"""The serving loop's executor seam (sim/executor.py) and what the loop does for every executor (torch-free).
+"""The serving loop's executor seam (sim/loop/executor.py) and what the loop does for every executor (torch-free).
 
 - a cost model and the ``CostExecutor`` wrapping it give the very same run, fast path included;
 - per-request errors (``FailurePlan.error_after``) fail each request in the step that would give it its next
@@ -17,15 +17,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.block_manager import PagedBlockManager
-from sim.core import Batch, ServingCore
-from sim.costmodel import CostModel
-from sim.executor import CostExecutor, Executor, as_executor
-from sim.failures import FailurePlan
+from sim.costs.costmodel import CostModel
+from sim.loop.executor import CostExecutor, Executor, as_executor
+from sim.loop.results import result_of
+from sim.loop.simulator import Simulation
 from sim.policies import ContinuousPolicy, Limits
-from sim.request import RequestSpec
-from sim.results import result_of
-from sim.simulator import Simulation
+from sim.serving.block_manager import PagedBlockManager
+from sim.serving.core import Batch, ServingCore
+from sim.serving.failures import FailurePlan
+from sim.serving.request import RequestSpec
 from tests.conftest import ConstCost, LinearCost
 
 

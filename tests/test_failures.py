@@ -11,10 +11,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sim.block_manager import cdiv
-from sim.failures import FailurePlan
-from sim.run import generate_workload, simulate_variant
-from sim.scenario import parse_scenario, variant_configs
+from sim.config.scenario import parse_scenario, variant_configs
+from sim.loop.run import generate_workload, simulate_variant
+from sim.serving.block_manager import cdiv
+from sim.serving.failures import FailurePlan
 
 WORKLOAD = {
     "arrival": {"type": "poisson", "rate": 6.0},

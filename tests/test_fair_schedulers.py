@@ -9,18 +9,18 @@ from typing import Any
 import numpy as np
 import pytest
 
-from sim.block_manager import PagedBlockManager
-from sim.core import ServingCore
-from sim.costmodel import AnalyticCostModel
+from sim.costs.costmodel import AnalyticCostModel
+from sim.hardware.specs import resolve_gpu, resolve_model
+from sim.loop.simulator import Simulation
 from sim.policies import Limits
 from sim.policies.api import PolicyView, RequestView
 from sim.policies.lpm import LongestPrefixMatch
 from sim.policies.queue import FCFSPolicy
 from sim.policies.user import UserPolicy
 from sim.policies.vtc import VirtualTokenCounter
-from sim.request import RequestSpec
-from sim.simulator import Simulation
-from sim.specs import resolve_gpu, resolve_model
+from sim.serving.block_manager import PagedBlockManager
+from sim.serving.core import ServingCore
+from sim.serving.request import RequestSpec
 
 W_P, W_Q = 1.0, 2.0  # the paper's weights for input and output tokens
 
@@ -181,8 +181,8 @@ def test_vtc_from_a_scenario_shields_the_light_tenant() -> None:
     arrivals) waits far less for its first token than the heavy one, where FCFS makes them wait alike. Measured:
     mean TTFT light 8.9 s against heavy 40.3 s under VTC, 32.0 against 34.2 s under FCFS (30 requests/s on 8
     slots, an overload)."""
-    from sim.run import run_scenario
-    from sim.scenario import parse_scenario
+    from sim.config.scenario import parse_scenario
+    from sim.loop.run import run_scenario
 
     raw = {
         "seed": 3,
@@ -205,8 +205,8 @@ def _hit_rate(policy: dict) -> tuple[float, float]:
     """Share of the prompt tokens served from the prefix cache, and mean TTFT, on the first 300 s of the Mooncake
     trace at half its rate (918 requests) on one H100 with 20,000 KV blocks of 16 tokens: a queue forms and the
     cache is under pressure, which is where the order of admissions decides what is still cached."""
-    from sim.run import generate_workload, simulate_variant
-    from sim.scenario import parse_scenario, variant_configs
+    from sim.config.scenario import parse_scenario, variant_configs
+    from sim.loop.run import generate_workload, simulate_variant
 
     raw = {"seed": 0, "workload": {"arrival": {"type": "trace", "trace": "mooncake", "end": 300, "rate_scale": 0.5}},
            "deployment": {"model": "llama-3.1-8b", "gpu": "h100-sxm", "num_gpu_blocks": 20_000},

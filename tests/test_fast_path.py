@@ -13,10 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from sim.costmodel import AnalyticCostModel, FittedCostModel, StepShape
-from sim.run import generate_workload, simulate_variant
-from sim.scenario import parse_scenario, variant_configs
-from sim.schema import KVCacheConfig, PolicyConfig
+from sim.config.scenario import parse_scenario, variant_configs
+from sim.config.schema import KVCacheConfig, PolicyConfig
+from sim.costs.costmodel import AnalyticCostModel, FittedCostModel, StepShape
+from sim.loop.run import generate_workload, simulate_variant
 
 
 def _run_both(raw: dict):

@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 from calibration.fidelity import TARGETS, error_table
 from calibration.fit import Sample, fit_coefficients, predict, token_knots
 from calibration.workloads import ARRIVALS, CACHES, LENGTHS, POLICIES, family, make_workload
-from sim.costmodel import FittedCostModel, StepShape
-from sim.run import generate_workload, simulate_variant
-from sim.scenario import parse_scenario, variant_configs
+from sim.config.scenario import parse_scenario, variant_configs
+from sim.costs.costmodel import FittedCostModel, StepShape
+from sim.loop.run import generate_workload, simulate_variant
 
 # --- the workload family -------------------------------------------------------------------------------------------
 

@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from sim.cli import app
-from sim.scenario import MAX_SCENARIO_BYTES
+from sim.cli.main import app
+from sim.config.scenario import MAX_SCENARIO_BYTES
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = {p.stem: yaml.safe_load(p.read_text()) for p in sorted((ROOT / "scenarios").glob("*.yaml"))}

@@ -15,9 +15,9 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from sim.cli import app
-from sim.run import prepare_scenario, run_scenario
-from sim.scenario import load_scenario, parse_scenario
+from sim.cli.main import app
+from sim.config.scenario import load_scenario, parse_scenario
+from sim.loop.run import prepare_scenario, run_scenario
 
 BASE: dict[str, Any] = {
     "name": "h",
@@ -401,7 +401,7 @@ def test_closed_loop_with_more_users_than_requests_starts_only_users_with_a_requ
 def test_set_type_on_a_missing_section_builds_the_new_type(key: str, value: str, section: str, expected: dict) -> None:
     """Issue 35: the missing section was spelled out with the old type's every key, then its ``type`` changed:
     "kv_cache.enable_prefix_caching: unknown key". It now holds the new type's defaults."""
-    from sim.scenario import apply_override, variant_configs
+    from sim.config.scenario import apply_override, variant_configs
 
     d = copy.deepcopy(BASE)
     apply_override(d, key, value)
@@ -419,7 +419,7 @@ def test_set_type_on_a_missing_section_builds_the_new_type(key: str, value: str,
 def test_set_a_bound_written_under_its_older_name(tmp_path: Path, name: str) -> None:
     """Issue 35: a file with uniform ``low``/``high`` could not have the bound overridden under either name
     (``.high``: unknown key; ``.max``: give max or high, not both). Both names now set it."""
-    from sim.scenario import apply_override
+    from sim.config.scenario import apply_override
 
     doc = w("workload.prompt_len", {"type": "uniform", "low": 16, "high": 64})
     doc["variants"] = [{"name": "a"}, {"name": "b", "workload": {"output_len": {"type": "uniform", "low": 2,
@@ -442,22 +442,22 @@ import os, signal, sys
 signal.signal(signal.SIGINT, signal.default_int_handler)  # as an interactive shell starts it, even under CI
 where = sys.argv[1]
 if where == "report":  # Ctrl-C while the report is built, after the simulation
-    import sim.report
-    real = sim.report.build_report
+    import sim.output.report
+    real = sim.output.report.build_report
     def build_report(*a, **k):
         os.kill(os.getpid(), signal.SIGINT)
         return real(*a, **k)
-    sim.report.build_report = build_report
+    sim.output.report.build_report = build_report
 elif where == "commit":  # Ctrl-C while the files are moved into place
-    import sim.files
+    import sim.config.files
     real_replace = os.replace
     def replace(*a, **k):
         if not getattr(replace, "sent", False):
             replace.sent = True
             os.kill(os.getpid(), signal.SIGINT)
         return real_replace(*a, **k)
-    sim.files.os.replace = replace
-from sim.cli import app
+    sim.config.files.os.replace = replace
+from sim.cli.main import app
 app(sys.argv[2:], prog_name="servesim")
 """
 
@@ -534,8 +534,8 @@ def test_a_run_whose_every_request_is_rejected_says_why(tmp_path: Path) -> None:
 
 
 def test_rejection_reasons_group_by_text_and_rank_by_count() -> None:
-    from sim.records import RequestRecord
-    from sim.verdict import rank_limits, rejection_reasons
+    from sim.metrics.records import RequestRecord
+    from sim.metrics.verdict import rank_limits, rejection_reasons
 
     def rec(i: int, outcome: str, reason: str) -> RequestRecord:
         return RequestRecord(i, 0.0, -1.0, -1.0, 0.0, 10, 0, 5, 0, outcome, reason, 0, -1)

@@ -1,4 +1,4 @@
-"""The prefix cache's host-memory tier (sim/host_kv_tier.py): LRU pool, the block manager's eviction and hit
+"""The prefix cache's host-memory tier (sim/serving/host_kv_tier.py): LRU pool, the block manager's eviction and hit
 paths through it, its price in the step, its scenario section, and the Mooncake lesson's range."""
 
 from __future__ import annotations
@@ -9,14 +9,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.block_manager import PagedBlockManager
-from sim.build import build
-from sim.costmodel import AnalyticCostModel, FittedCostModel, StepShape
-from sim.host_kv_tier import HostKVTier
-from sim.request import Request, RequestSpec
-from sim.run import run_scenario
-from sim.scenario import load_scenario, parse_scenario, variant_configs
-from sim.schema import ScenarioError
+from sim.config.scenario import load_scenario, parse_scenario, variant_configs
+from sim.config.schema import ScenarioError
+from sim.costs.costmodel import AnalyticCostModel, FittedCostModel, StepShape
+from sim.loop.build import build
+from sim.loop.run import run_scenario
+from sim.serving.block_manager import PagedBlockManager
+from sim.serving.host_kv_tier import HostKVTier
+from sim.serving.request import Request, RequestSpec
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
 
@@ -177,7 +177,7 @@ def test_lesson_host_tier_cuts_prefill_and_ttft_on_mooncake(host_lesson) -> None
 def test_report_has_the_host_tier_section(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from sim.cli import app
+    from sim.cli.main import app
 
     out = tmp_path / "out"
     res = CliRunner().invoke(app, ["run", str(SCENARIOS / "lesson-host-kv-cache.yaml"), "-q", "-o", str(out),
@@ -202,7 +202,7 @@ def test_cluster_adds_up_its_replicas_host_tiers() -> None:
 def test_fast_path_gives_the_steps_of_stepping_one_by_one() -> None:
     import numpy as np
 
-    from sim.run import generate_workload, simulate_variant
+    from sim.loop.run import generate_workload, simulate_variant
 
     path = SCENARIOS / "lesson-host-kv-cache.yaml"
     sc, _ = load_scenario(path, {"workload.arrival.end": 60, "deployment.num_gpu_blocks": 8192,

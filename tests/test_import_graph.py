@@ -23,7 +23,7 @@ PACKAGES = ("sim", "realengine", "calibration")
 # Imports that close a circle not broken yet, each with why and who owns it. The test leaves these edges out
 # before it looks for circles, and fails when one of them no longer closes a circle (remove it then), so the list
 # only shrinks. Edges rather than a circle's members: a module added inside a known circle does not fail the test,
-# a second edge back up does. (Issue 36's circle 5, sim.core <-> sim.fast_path <-> sim.decode_group <->
+# a second edge back up does. (Issue 36's circle 5, sim.serving.core <-> sim.serving.fast_path <-> sim.serving.decode_group <->
 # sim.policies.base, is not here: its back edges, fast_path -> core and decode_group -> fast_path, are
 # TYPE_CHECKING-only today.)
 KNOWN_BACK_EDGES: dict[tuple[str, str], str] = {}  # none left: every circle of issue 36 is broken

@@ -1,4 +1,4 @@
-"""sim/intervals.py and bench_published's leave-one-source-out coverage: the 80% intervals against hand
+"""sim/metrics/intervals.py and bench_published's leave-one-source-out coverage: the 80% intervals against hand
 computations, and ``servesim run --interval`` writing them while a plain run writes what it did before."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from test_cli import VALID, invoke
 
-from sim.intervals import ERROR_QUANTILES, interval_80, interval_lines
+from sim.metrics.intervals import ERROR_QUANTILES, interval_80, interval_lines
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from sim.metrics import bottleneck
-from sim.run import run_scenario
-from sim.scenario import load_scenario
-from sim.verdict import rank_limits
+from sim.config.scenario import load_scenario
+from sim.loop.run import run_scenario
+from sim.metrics.summary import bottleneck
+from sim.metrics.verdict import rank_limits
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
 

@@ -46,7 +46,7 @@ def _env() -> dict[str, str]:
 
 
 def _cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "sim.cli", *args], capture_output=True, text=True, timeout=timeout,
+    return subprocess.run([sys.executable, "-m", "sim.cli.main", *args], capture_output=True, text=True, timeout=timeout,
                           env=_env(), cwd=ROOT)
 
 
@@ -57,7 +57,7 @@ def served(tmp_path_factory):
     scenario = d / "tiny.yaml"
     scenario.write_text(SCENARIO)
     log = d / "server.jsonl"
-    proc = subprocess.Popen([sys.executable, "-m", "sim.cli", "serve", str(scenario), "--port", "0", "--log",
+    proc = subprocess.Popen([sys.executable, "-m", "sim.cli.main", "serve", str(scenario), "--port", "0", "--log",
                              str(log)], stderr=subprocess.PIPE, text=True, env=_env(), cwd=ROOT)
     assert proc.stderr is not None
     line = proc.stderr.readline()  # "serving ... on http://127.0.0.1:PORT/v1" once it listens
@@ -82,7 +82,7 @@ def _requests(out: Path) -> list[dict]:
 def _scrape(endpoint: str) -> dict[str, float]:
     from urllib.request import urlopen
 
-    from sim.observe import base_url, parse_metrics
+    from sim.loop.observe import base_url, parse_metrics
 
     with urlopen(base_url(endpoint) + "/metrics", timeout=10) as r:
         return parse_metrics(r.read().decode())
@@ -134,7 +134,7 @@ def test_observe_agrees_with_what_the_server_logged(served, tmp_path):
     # the vllm-bench JSON carries each request's own ITLs, one gap per chunk after the first
     bench = json.loads((out / "live-tiny.vllm-bench.json").read_text())
     assert [len(g) for g in bench["itls"]] == [int(r["output_tokens"]) - 1 for r in rows]
-    from sim.benchfiles.vllm_bench import read_vllm_bench
+    from sim.output.benchfiles.vllm_bench import read_vllm_bench
 
     assert read_vllm_bench(out / "live-tiny.vllm-bench.json").itls_s == bench["itls"]  # calibrate reads them
     # live.html draws the scraped gauges and the simulation's step series over them
@@ -246,7 +246,7 @@ def _free_port() -> int:
 def test_faults_are_counted_failures(stub, tmp_path, mode, reason):
     from typer.testing import CliRunner
 
-    from sim.cli import app
+    from sim.cli.main import app
 
     endpoint = f"http://127.0.0.1:{_free_port()}/v1" if mode == "refuse" else stub(mode)
     scenario = tmp_path / "s.yaml"
@@ -268,7 +268,7 @@ def test_stub_ok_and_ctrl_c_keeps_a_partial_run(stub, tmp_path):
     scenario = tmp_path / "s.yaml"
     scenario.write_text(SCENARIO.replace("rate: 25", "rate: 4"))  # 24 requests over ~6 s, each 1.5 s
     out = tmp_path / "obs"
-    proc = subprocess.Popen([sys.executable, "-m", "sim.cli", "observe", str(scenario), "--endpoint", endpoint,
+    proc = subprocess.Popen([sys.executable, "-m", "sim.cli.main", "observe", str(scenario), "--endpoint", endpoint,
                              "-o", str(out), "-q", "--scrape-interval", "0", "--served-model", "m"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=ROOT)
     answered = stub.servers[0].RequestHandlerClass.answered
@@ -315,7 +315,7 @@ def test_serve_schedules_with_a_users_policy_under_a_closed_loop(tmp_path):
         .replace("num_requests: 24", "num_requests: 12")
         .replace("  type: continuous\n", f'  type: custom\n  cls: "{policy}:ShortestPromptFirst"\n'))
     log = tmp_path / "server.jsonl"
-    proc = subprocess.Popen([sys.executable, "-m", "sim.cli", "serve", str(scenario), "--port", "0", "--log",
+    proc = subprocess.Popen([sys.executable, "-m", "sim.cli.main", "serve", str(scenario), "--port", "0", "--log",
                              str(log)], stderr=subprocess.PIPE, text=True, env=_env(), cwd=ROOT)
     try:
         assert proc.stderr is not None
@@ -340,7 +340,7 @@ def test_serve_schedules_with_a_users_policy_under_a_closed_loop(tmp_path):
 def test_a_request_to_a_stopped_engine_fails_at_once(tmp_path):
     """Once the engine's loop has ended, a new request is answered with an error instead of waiting forever."""
     from realengine.server import build_live_engine
-    from sim.scenario import load_scenario, variant_configs
+    from sim.config.scenario import load_scenario, variant_configs
 
     path = tmp_path / "s.yaml"
     path.write_text(SCENARIO)
@@ -359,8 +359,8 @@ def test_a_tokenizer_sizes_prompts_exactly(tmp_path):
     a file that is no tokenizer exits 2 with one message."""
     pytest.importorskip("tokenizers")
     from realengine.gguf_model import smollm2_gguf_path, tokenizer_from_gguf
-    from sim.observe import exact_prompt
-    from sim.request import RequestSpec
+    from sim.loop.observe import exact_prompt
+    from sim.serving.request import RequestSpec
 
     path = smollm2_gguf_path()
     if path is None:

@@ -1,19 +1,19 @@
 """Issue 15, long runs in bounded memory: the step log's columns are read lazily from its compact chunks
-(sim/step_columns.py), and what a run writes must not depend on how many chunks the log was cut into."""
+(sim/metrics/step_columns.py), and what a run writes must not depend on how many chunks the log was cut into."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-import sim.records as records
-from sim.benchfiles.export_metrics import openmetrics_text
-from sim.metrics import summarize
-from sim.output import requests_csv, steps_csv, summary_json
-from sim.run import prepare_scenario, run_scenario
-from sim.scenario import parse_scenario
-from sim.step_columns import StepColumns
-from sim.steps_binned import write_binned_steps_csv
+import sim.metrics.records as records
+from sim.config.scenario import parse_scenario
+from sim.loop.run import prepare_scenario, run_scenario
+from sim.metrics.step_columns import StepColumns
+from sim.metrics.steps_binned import write_binned_steps_csv
+from sim.metrics.summary import summarize
+from sim.output.benchfiles.export_metrics import openmetrics_text
+from sim.output.run_folder import requests_csv, steps_csv, summary_json
 
 SCENARIO = {
     "name": "long-run-chunks",
@@ -90,7 +90,7 @@ def test_summary_of_lazy_columns_equals_that_of_a_dict() -> None:
 def test_itl_statistics_from_pairs_match_the_expanded_gaps(monkeypatch: pytest.MonkeyPatch) -> None:
     """Past ITL_EXPAND_MAX tokens the vllm-bench statistics and the OpenMetrics histogram come from the (gap,
     count) pairs: percentiles and bucket counts exactly those of the expanded gaps, mean, std and sum to rounding."""
-    import sim.benchfiles.stats as stats
+    import sim.output.benchfiles.stats as stats
 
     run = run_scenario(prepare_scenario(parse_scenario({**SCENARIO, "variants": SCENARIO["variants"][:1]})))
     (res,) = run.results

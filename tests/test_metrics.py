@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.metrics import (
+from sim.metrics.records import STEP_COLUMNS, RequestRecord, RunResult
+from sim.metrics.summary import (
     LATENCY_KEYS,
     SUMMARY_KEYS,
     SLOs,
@@ -19,7 +20,6 @@ from sim.metrics import (
     summarize,
     weighted_percentile,
 )
-from sim.records import STEP_COLUMNS, RequestRecord, RunResult
 
 
 def rec(id, arrival, sched, first, finish, prompt, out, outcome="completed", preempt=0, target=None):

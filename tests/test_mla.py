@@ -1,14 +1,14 @@
 """DeepSeek-V2-Lite: MLA's KV bytes, the parameter counts with shared experts and a dense first layer, and what
-a step reads, against hand computations (sim/mla.py)."""
+a step reads, against hand computations (sim/hardware/mla.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from sim.build import build
-from sim.costmodel import AnalyticCostModel, StepShape
-from sim.scenario import parse_scenario, variant_configs
-from sim.specs import GiB, ModelSpec, kv_budget, resolve_gpu
+from sim.config.scenario import parse_scenario, variant_configs
+from sim.costs.costmodel import AnalyticCostModel, StepShape
+from sim.hardware.specs import GiB, ModelSpec, kv_budget, resolve_gpu
+from sim.loop.build import build
 
 H, L, HEADS, VOCAB = 2048, 27, 16, 102400
 NOPE, ROPE, V, LORA = 128, 64, 128, 512

@@ -1,4 +1,4 @@
-"""Mixtures of experts (sim/moe.py): Mixtral-8x7B's parameters and the weights one step reads, by hand."""
+"""Mixtures of experts (sim/hardware/moe.py): Mixtral-8x7B's parameters and the weights one step reads, by hand."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from sim.cli import app
-from sim.costmodel import AnalyticCostModel, StepShape
-from sim.moe import expected_experts
-from sim.run import simulate_variant
-from sim.scenario import parse_scenario, variant_configs
-from sim.specs import ModelSpec, resolve_gpu
+from sim.cli.main import app
+from sim.config.scenario import parse_scenario, variant_configs
+from sim.costs.costmodel import AnalyticCostModel, StepShape
+from sim.hardware.moe import expected_experts
+from sim.hardware.specs import ModelSpec, resolve_gpu
+from sim.loop.run import simulate_variant
 
 H, L, HEADS, KV, HD, INTER, E, K, V = 4096, 32, 32, 8, 128, 14336, 8, 2, 32000  # mistralai/Mixtral-8x7B-v0.1
 ATTN = H * (HEADS + 2 * KV) * HD + HEADS * HD * H  # q, k, v and o of one layer

@@ -21,7 +21,7 @@ pytest.importorskip("ipykernel")
 
 from nbclient.exceptions import CellExecutionError  # noqa: E402
 
-from sim.teaching import FAST_ENV  # noqa: E402
+from sim.studies.teaching import FAST_ENV  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.py"))

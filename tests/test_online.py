@@ -1,4 +1,4 @@
-"""sim/online.py: the online-serving layer (``deployment.serving``), against hand computations: the client's times
+"""sim/costs/online.py: the online-serving layer (``deployment.serving``), against hand computations: the client's times
 are the engine's plus the front end's, the tokenizer serves a burst first come first served, offline runs keep
 what they computed, vLLM 0.5's host time already holds its API server."""
 
@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from sim.online import (
+from sim.config.scenario import parse_scenario, variant_configs
+from sim.config.schema import ScenarioError
+from sim.costs.online import (
     DETOKENIZE_S_PER_TOKEN,
     REQUEST_LATENCY_S,
     TOKENIZE_S_PER_TOKEN,
@@ -14,9 +16,7 @@ from sim.online import (
     frontend,
     to_engine,
 )
-from sim.run import generate_workload, simulate_variant
-from sim.scenario import parse_scenario, variant_configs
-from sim.schema import ScenarioError
+from sim.loop.run import generate_workload, simulate_variant
 
 ISL, OSL = 1000, 20
 

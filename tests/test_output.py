@@ -10,18 +10,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-import sim.output as output
-from sim.columns import LATENCY_COLUMNS, REQUEST_COLUMNS, STEP_CSV_COLUMNS
-from sim.metrics import SUMMARY_KEYS, SLOs, summarize
-from sim.output import (
-    format_table,
-    read_requests,
-    read_steps,
-    read_summary,
-    write_run,
-)
-from sim.records import REQUEST_FIELDS, STEP_COLUMNS, RequestRecord, RunResult
-from sim.report import (
+import sim.output.run_folder as output
+from sim.metrics.columns import LATENCY_COLUMNS, REQUEST_COLUMNS, STEP_CSV_COLUMNS
+from sim.metrics.records import REQUEST_FIELDS, STEP_COLUMNS, RequestRecord, RunResult
+from sim.metrics.summary import SUMMARY_KEYS, SLOs, summarize
+from sim.output.report import (
     MAX_POINTS,
     amount_per_window,
     build_report,
@@ -34,13 +27,20 @@ from sim.report import (
     trace_points,
     write_report,
 )
-from sim.table import ratio_text
+from sim.output.run_folder import (
+    format_table,
+    read_requests,
+    read_steps,
+    read_summary,
+    write_run,
+)
+from sim.output.table import ratio_text
 
 RUN_FILES = {"summary.json", "requests.csv", "steps.csv", "report.html"}
 
 
 def _exports(results) -> set[str]:
-    """Per variant, the vllm-bench JSON and the OpenMetrics text a run folder also holds (sim/benchfiles)."""
+    """Per variant, the vllm-bench JSON and the OpenMetrics text a run folder also holds (sim/output/benchfiles)."""
     return {r.name + suffix for r in results for suffix in (".vllm-bench.json", ".metrics.prom")}
 
 
@@ -335,7 +335,7 @@ tok/s, req/s and goodput: per second from a run's first arrival to its last fini
 
 
 def test_table_notes_give_each_variant_and_class_its_slos():
-    from sim.table import table_notes
+    from sim.output.table import table_notes
 
     naive = {**_NAIVE, "classes": {"interactive": {"slos": {"ttft": 1.0, "tpot": None, "e2el": None}},
                                    "batch": {"slos": _SLOS}}}
@@ -499,8 +499,8 @@ def test_long_run_is_downsampled_and_small():
 def test_requests_csv_latencies_cover_what_summary_json_covers(tmp_path) -> None:
     """Issue 35: ttft_s and queue_s were written for failed and cancelled requests too, so their means differed
     from summary.json's (over completed requests). A cancelled request keeps its first_token_s, not a ttft_s."""
-    from sim.run import run_scenario
-    from sim.scenario import parse_scenario
+    from sim.config.scenario import parse_scenario
+    from sim.loop.run import run_scenario
 
     doc = {"name": "f", "seed": 3,
            "workload": {"arrival": {"type": "poisson", "rate": 40.0}, "num_requests": 120,
@@ -524,7 +524,7 @@ def test_requests_csv_latencies_cover_what_summary_json_covers(tmp_path) -> None
 def test_every_requests_csv_column_is_explained_in_the_docs() -> None:
     from pathlib import Path
 
-    from sim.columns import CLASS_COLUMNS, REQUEST_COLUMN_HELP, REQUEST_COLUMNS
+    from sim.metrics.columns import CLASS_COLUMNS, REQUEST_COLUMN_HELP, REQUEST_COLUMNS
 
     assert list(REQUEST_COLUMN_HELP) == ["variant", *REQUEST_COLUMNS, *CLASS_COLUMNS]
     page = (Path(__file__).parents[1] / "docs" / "outputs.md").read_text()

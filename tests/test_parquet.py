@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from sim.cli import app
-from sim.output import read_requests, read_steps
+from sim.cli.main import app
+from sim.output.run_folder import read_requests, read_steps
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIO = str(ROOT / "scenarios" / "memory-ceiling.yaml")

@@ -26,7 +26,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from sim.cli import app
+from sim.cli.main import app
 
 ROOT = Path(__file__).resolve().parent.parent
 PINS = ROOT / "tests" / "data" / "pinned_outputs.json"

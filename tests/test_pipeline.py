@@ -1,4 +1,4 @@
-"""Pipeline parallelism (sim/pipeline.py): stage memory, round times, bubbles, the scenario keys, and the lesson's
+"""Pipeline parallelism (sim/serving/pipeline.py): stage memory, round times, bubbles, the scenario keys, and the lesson's
 range (GPipe's bubble at one micro-batch, gone with one micro-batch per stage)."""
 
 from __future__ import annotations
@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from sim.build import build
-from sim.cli import app
-from sim.costmodel import AnalyticCostModel, StepShape
-from sim.pipeline import LINK_PRESETS, PipelineCostModel, resolve_link, stage_model, wrap_pipeline
-from sim.run import run_scenario
-from sim.scenario import load_scenario, parse_scenario, variant_configs
-from sim.schema import ScenarioError
-from sim.specs import kv_budget, resolve_gpu, resolve_model
+from sim.cli.main import app
+from sim.config.scenario import load_scenario, parse_scenario, variant_configs
+from sim.config.schema import ScenarioError
+from sim.costs.costmodel import AnalyticCostModel, StepShape
+from sim.hardware.specs import kv_budget, resolve_gpu, resolve_model
+from sim.loop.build import build
+from sim.loop.run import run_scenario
+from sim.serving.pipeline import LINK_PRESETS, PipelineCostModel, resolve_link, stage_model, wrap_pipeline
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
 M70 = resolve_model("llama-3.1-70b")
@@ -166,7 +166,7 @@ def test_report_has_the_pipeline_section_only_when_pipelined(tmp_path: Path) -> 
 
 
 def test_capacity_lists_every_split_of_a_gpu_count() -> None:
-    from sim.capacity import capacity_table, format_capacity
+    from sim.hardware.capacity import capacity_table, format_capacity
 
     t = capacity_table("llama-3.1-70b", "h100-sxm", num_gpus=8, weight_dtypes=["bf16"], kv_dtypes=["auto"])
     assert [(r.tensor_parallel_size, r.pipeline_parallel_size) for r in t.rows] == [(1, 8), (2, 4), (4, 2), (8, 1)]
@@ -197,7 +197,7 @@ def test_capacity_cli_gpus_and_bad_pp(tmp_path: Path) -> None:
 
 
 def test_plan_searches_tp_x_pp(tmp_path: Path) -> None:
-    from sim.planner import plan
+    from sim.studies.planner import plan
 
     f = tmp_path / "plan.yaml"
     f.write_text("""
@@ -238,7 +238,7 @@ def test_real_engine_refuses_what_it_does_not_run(section: str) -> None:
 
 
 def test_fast_path_gives_the_steps_of_stepping_one_by_one() -> None:
-    from sim.run import generate_workload, simulate_variant
+    from sim.loop.run import generate_workload, simulate_variant
 
     raw = _scenario(pipeline_parallel_size=4)
     raw["workload"] = {"arrival": {"type": "poisson", "rate": 4}, "num_requests": 60,
@@ -257,7 +257,7 @@ def test_fast_path_gives_the_steps_of_stepping_one_by_one() -> None:
 
 
 def test_verdict_names_the_bubble_when_stages_idle(bubbles) -> None:
-    from sim.verdict import rank_limits
+    from sim.metrics.verdict import rank_limits
 
     v = rank_limits(bubbles[1])
     assert v.names[0] == "pipeline bubbles" and "1.0 micro-batches in flight for 4 stages" in v.text

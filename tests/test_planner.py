@@ -17,11 +17,16 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from sim.build import build
-from sim.cli import app
-from sim.costmodel import StepShape
-from sim.metrics import summarize
-from sim.planner import (
+from sim.cli.main import app
+from sim.config.scenario import VariantConfig, json_schema, load_scenario, parse_scenario, slos_of
+from sim.config.schema import ContinuousPolicyConfig, Deployment, PagedKV, ScenarioError
+from sim.costs.costmodel import StepShape
+from sim.hardware.specs import GPUSpec, ModelSpec
+from sim.loop.build import build
+from sim.loop.run import generate_workload
+from sim.metrics.records import RequestRecord
+from sim.metrics.summary import summarize
+from sim.studies.planner import (
     Candidate,
     Evaluation,
     PlanResult,
@@ -35,11 +40,6 @@ from sim.planner import (
     simulate_replicas,
     work_lower_bound,
 )
-from sim.records import RequestRecord
-from sim.run import generate_workload
-from sim.scenario import VariantConfig, json_schema, load_scenario, parse_scenario, slos_of
-from sim.schema import ContinuousPolicyConfig, Deployment, PagedKV, ScenarioError
-from sim.specs import GPUSpec, ModelSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 PLAN_CHAT = ROOT / "scenarios" / "plan-chat.yaml"

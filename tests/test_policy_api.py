@@ -8,9 +8,11 @@ import numpy as np
 import pytest
 
 import servesim
-from sim.block_manager import PagedBlockManager
-from sim.core import ServingCore
-from sim.costmodel import AnalyticCostModel
+from sim.config.scenario import parse_scenario, variant_configs
+from sim.costs.costmodel import AnalyticCostModel
+from sim.hardware.specs import resolve_gpu, resolve_model
+from sim.loop.run import generate_workload, simulate_variant
+from sim.loop.simulator import Simulation
 from sim.policies import ContinuousPolicy, Limits
 from sim.policies.api import RequestView
 from sim.policies.edf import EarliestDeadlineFirst
@@ -19,11 +21,9 @@ from sim.policies.priority import PriorityPolicy
 from sim.policies.queue import FCFSPolicy
 from sim.policies.sjf import ShortestJobFirst
 from sim.policies.user import UserPolicy
-from sim.request import Request, RequestSpec
-from sim.run import generate_workload, simulate_variant
-from sim.scenario import parse_scenario, variant_configs
-from sim.simulator import Simulation
-from sim.specs import resolve_gpu, resolve_model
+from sim.serving.block_manager import PagedBlockManager
+from sim.serving.core import ServingCore
+from sim.serving.request import Request, RequestSpec
 
 CHAT = {
     "arrival": {"type": "poisson", "rate": 9.0},
@@ -268,7 +268,7 @@ def test_run_from_python_with_a_policy_object() -> None:
 def test_set_type_on_a_custom_policy_keeps_only_the_new_kinds_keys(tmp_path) -> None:
     """--set policy.type=fcfs on a custom policy: cls and args go, the shared limits stay (was: 'policy.cls:
     unknown key')."""
-    from sim.scenario import load_scenario
+    from sim.config.scenario import load_scenario
 
     p = tmp_path / "s.yaml"
     p.write_text("workload: {num_requests: 5, arrival: {type: poisson, rate: 1}, prompt_len: {type: fixed, value: 8},"
@@ -279,8 +279,8 @@ def test_set_type_on_a_custom_policy_keeps_only_the_new_kinds_keys(tmp_path) -> 
 
 
 def test_set_and_sweeps_reach_a_custom_policys_args(tmp_path) -> None:
-    from sim.run import prepare_scenario
-    from sim.scenario import load_scenario
+    from sim.config.scenario import load_scenario
+    from sim.loop.run import prepare_scenario
 
     (tmp_path / "mine.py").write_text(
         "import servesim\n\n\nclass Short(servesim.QueuePolicy):\n"

@@ -30,7 +30,7 @@ def _run(tmp_path: Path, cls: str, extra: str = "") -> subprocess.CompletedProce
     (tmp_path / "broken_import.py").write_text((POLICIES / "broken_import.py").read_text())
     sc = tmp_path / "s.yaml"
     sc.write_text(SCENARIO.format(cls=cls, extra=extra))
-    return subprocess.run([sys.executable, "-m", "sim.cli", "run", str(sc), "--out", str(tmp_path / "out"), "-q"],
+    return subprocess.run([sys.executable, "-m", "sim.cli.main", "run", str(sc), "--out", str(tmp_path / "out"), "-q"],
                           capture_output=True, text=True, timeout=300, cwd=HERE.parent)
 
 
@@ -77,7 +77,7 @@ def _check(tmp_path: Path, cls: str) -> subprocess.CompletedProcess:
     sc = tmp_path / "s.yaml"
     sc.write_text(SCENARIO.format(cls=cls, extra="").replace("rate: 200.0", "rate: 20.0").replace(
         "num_requests: 20", "num_requests: 60").replace("max: 30}", "max: 300}"))
-    return subprocess.run([sys.executable, "-m", "sim.cli", "check-policy", str(sc)], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "sim.cli.main", "check-policy", str(sc)], capture_output=True, text=True,
                           timeout=300, cwd=HERE.parent)
 
 

@@ -8,10 +8,10 @@ import sys
 from pathlib import Path
 
 import servesim
+from sim.config.scenario import load_scenario, variant_configs
+from sim.loop.run import generate_workload, simulate_variant
 from sim.policies.gates import AdmissionState, TokenBucket
-from sim.request import Request, RequestSpec
-from sim.run import generate_workload, simulate_variant
-from sim.scenario import load_scenario, variant_configs
+from sim.serving.request import Request, RequestSpec
 
 HERE = Path(__file__).parent
 POLICIES = HERE / "data" / "policies"
@@ -71,7 +71,7 @@ def test_token_bucket_exact() -> None:
 
 def test_a_router_returning_a_bad_index_exits_2(tmp_path: Path) -> None:
     text = SCENARIO.replace("bad_policies.py:Fewest", "bad_policies.py:OutOfRange")
-    p = subprocess.run([sys.executable, "-m", "sim.cli", "run", str(_scenario(tmp_path, text)), "-q", "--out",
+    p = subprocess.run([sys.executable, "-m", "sim.cli.main", "run", str(_scenario(tmp_path, text)), "-q", "--out",
                         str(tmp_path / "out")], capture_output=True, text=True, timeout=300, cwd=HERE.parent)
     assert p.returncode == 2, p.stderr
     assert "router OutOfRange: route(request 0) returned 3, not the index of one of the 3 replicas" in p.stderr
@@ -80,6 +80,6 @@ def test_a_router_returning_a_bad_index_exits_2(tmp_path: Path) -> None:
 
 def test_a_router_that_is_not_one_is_refused_at_load(tmp_path: Path) -> None:
     text = SCENARIO.replace("bad_policies.py:Fewest", "bad_policies.py:ShortOnly")
-    p = subprocess.run([sys.executable, "-m", "sim.cli", "run", str(_scenario(tmp_path, text)), "-q"],
+    p = subprocess.run([sys.executable, "-m", "sim.cli.main", "run", str(_scenario(tmp_path, text)), "-q"],
                        capture_output=True, text=True, timeout=300, cwd=HERE.parent)
     assert p.returncode == 2 and "ShortOnly has no route() method (subclass servesim.Router)" in p.stderr, p.stderr

@@ -8,9 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sim.output import read_requests, write_run
-from sim.run import generate_workload, simulate_variant
-from sim.scenario import parse_scenario, variant_configs
+from sim.config.scenario import parse_scenario, variant_configs
+from sim.loop.run import generate_workload, simulate_variant
+from sim.output.run_folder import read_requests, write_run
 
 
 def _tiny_kv_run(max_num_seqs: int = 256):
@@ -59,7 +59,7 @@ def test_requests_csv_round_trips_the_times(tiny_kv, tmp_path):
 
 
 def test_kv_by_request_stack_stays_under_capacity(tiny_kv):
-    from sim.report import fig_memory_by_request
+    from sim.output.report import fig_memory_by_request
 
     fig = fig_memory_by_request(tiny_kv)
     bands = [np.asarray(tr.y, dtype=float) for tr in fig.data if tr.name.startswith("request ")]
@@ -72,7 +72,7 @@ def test_kv_by_request_stack_stays_under_capacity(tiny_kv):
 
 
 def test_batch_slot_rows_stay_within_max_num_seqs_under_preemption():
-    from sim.report import fig_batch_slots, slot_layout
+    from sim.output.report import fig_batch_slots, slot_layout
 
     run = _tiny_kv_run(max_num_seqs=6)
     assert sum(r.num_preemptions for r in run.requests) > 0

@@ -1,10 +1,10 @@
-"""The presets of sim/presets/: parameter counts against the figures their model cards publish, GPUs resolve."""
+"""The presets of sim/hardware/presets/: parameter counts against the figures their model cards publish, GPUs resolve."""
 
 from __future__ import annotations
 
 import pytest
 
-from sim.specs import GPUSpec, ModelSpec
+from sim.hardware.specs import GPUSpec, ModelSpec
 
 # model card / paper figures (billions)
 PUBLISHED = {"llama-2-7b": 6.74, "llama-2-13b": 13.02, "llama-2-70b": 68.98, "llama-3-8b": 8.03,

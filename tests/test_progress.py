@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from sim.output import read_requests
-from sim.progress import BarProgress
-from sim.run import prepare_scenario, run_scenario, write_scenario_run
-from sim.scenario import load_scenario
+from sim.config.scenario import load_scenario
+from sim.loop.run import prepare_scenario, run_scenario, write_scenario_run
+from sim.output.progress import BarProgress
+from sim.output.run_folder import read_requests
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -82,7 +82,7 @@ def test_plan_default_parallelism_follows_the_cores(monkeypatch: pytest.MonkeyPa
     above it keeps one core for the parent."""
     import os
 
-    from sim.limits import default_workers
+    from sim.config.limits import default_workers
 
     for cores, expected in [(1, 1), (2, 1), (3, 1), (4, 3), (16, 15)]:
         monkeypatch.setattr(os, "sched_getaffinity", lambda _pid, c=cores: set(range(c)))

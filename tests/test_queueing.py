@@ -21,9 +21,9 @@ from functools import cache
 import numpy as np
 import pytest
 
-from sim.block_manager import PagedBlockManager
 from sim.policies import ContinuousPolicy, Limits
-from sim.request import RequestSpec
+from sim.serving.block_manager import PagedBlockManager
+from sim.serving.request import RequestSpec
 from tests.conftest import ConstCost, simulate
 
 D = 0.05  # seconds per step

@@ -186,7 +186,7 @@ def test_readme_example_runs(block: Block, tmp_path: Path):
     if block.lang == "python":
         steps = [(block.line, [sys.executable, "-c", block.text])]
     else:
-        steps = [(line, [sys.executable, "-m", "sim.cli", *fast(argv)]) for line, argv in block.commands]
+        steps = [(line, [sys.executable, "-m", "sim.cli.main", *fast(argv)]) for line, argv in block.commands]
     for line, cmd in steps:
         p = subprocess.run(cmd, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=TIMEOUT)
         shown = " ".join(cmd[2:]) if block.lang != "python" else "the python block"

@@ -35,7 +35,7 @@ from typer.testing import CliRunner  # noqa: E402
 from realengine.gguf_model import load_smollm2, smollm2_gguf_path  # noqa: E402
 from realengine.quality import kv_bytes_per_token  # noqa: E402
 from realengine.text import greedy_generate, perplexity, sequence_logits, token_nll  # noqa: E402
-from sim.specs import ModelSpec, dtype_bytes  # noqa: E402
+from sim.hardware.specs import ModelSpec, dtype_bytes  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -211,7 +211,7 @@ def test_simulator_bytes_match_what_the_engine_stores(real, quality):
 
 def test_engine_quality_command(real, monkeypatch, tmp_path):
     from realengine import gguf_model
-    from sim.cli import app
+    from sim.cli.main import app
 
     monkeypatch.setattr(gguf_model, "load_real_model", lambda *a, **k: real)  # the module's model, not a reload
     out = tmp_path / "q.json"
@@ -234,8 +234,8 @@ def test_engine_quality_command(real, monkeypatch, tmp_path):
 
 def test_engine_run_writes_real_texts(real, tmp_path):
     from realengine.engine import run_engine, write_engine_run
-    from sim.run import generate_workload
-    from sim.scenario import parse_scenario, variant_configs
+    from sim.config.scenario import parse_scenario, variant_configs
+    from sim.loop.run import generate_workload
 
     sc = parse_scenario({
         "name": "real-small", "seed": 1,

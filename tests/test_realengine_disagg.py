@@ -22,14 +22,14 @@ from realengine.engine import engine_config  # noqa: E402 - after the torch skip
 from realengine.kv_cache import kv_bytes_per_block  # noqa: E402 - after the torch skip
 from realengine.model import LlamaModel  # noqa: E402 - after the torch skip
 from realengine.runner import ModelRunner  # noqa: E402 - after the torch skip
-from sim.build import build  # noqa: E402 - after the torch skip
-from sim.core import ServingCore  # noqa: E402 - after the torch skip
-from sim.disagg.kv_transfer import KVLink  # noqa: E402 - after the torch skip
-from sim.disagg.pools import DisaggSimulation, check_disaggregation  # noqa: E402 - after the torch skip
-from sim.replay import MeasuredDurations  # noqa: E402 - after the torch skip
-from sim.run import generate_workload  # noqa: E402 - after the torch skip
-from sim.scenario import parse_scenario, variant_configs  # noqa: E402 - after the torch skip
-from sim.simulator import Simulation  # noqa: E402 - after the torch skip
+from sim.config.scenario import parse_scenario, variant_configs  # noqa: E402 - after the torch skip
+from sim.loop.build import build  # noqa: E402 - after the torch skip
+from sim.loop.disagg.kv_transfer import KVLink  # noqa: E402 - after the torch skip
+from sim.loop.disagg.pools import DisaggSimulation, check_disaggregation  # noqa: E402 - after the torch skip
+from sim.loop.replay import MeasuredDurations  # noqa: E402 - after the torch skip
+from sim.loop.run import generate_workload  # noqa: E402 - after the torch skip
+from sim.loop.simulator import Simulation  # noqa: E402 - after the torch skip
+from sim.serving.core import ServingCore  # noqa: E402 - after the torch skip
 
 torch.set_num_threads(1)
 
@@ -151,7 +151,7 @@ def test_engine_run_command_serves_a_disaggregated_variant(tmp_path) -> None:
     import yaml
     from typer.testing import CliRunner
 
-    from sim.cli import app
+    from sim.cli.main import app
 
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump(scenario(num_requests=6)))

@@ -12,8 +12,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from realengine.engine import MEMORY_COLUMNS, measured_energy, run_engine, write_engine_run  # noqa: E402
-from sim.run import generate_workload  # noqa: E402 - after the torch skip
-from sim.scenario import parse_scenario, variant_configs  # noqa: E402 - after the torch skip
+from sim.config.scenario import parse_scenario, variant_configs  # noqa: E402 - after the torch skip
+from sim.loop.run import generate_workload  # noqa: E402 - after the torch skip
 
 SCENARIO = {
     "name": "energy-engine", "seed": 0,

@@ -28,17 +28,17 @@ from realengine.engine import MEMORY_COLUMNS, engine_config, run_engine, write_e
 from realengine.executor import EngineExecutor  # noqa: E402 - after the torch skip
 from realengine.model import LlamaModel  # noqa: E402 - after the torch skip
 from realengine.runner import ModelRunner  # noqa: E402 - after the torch skip
-from sim.build import build  # noqa: E402 - after the torch skip
-from sim.cli import app  # noqa: E402 - after the torch skip
-from sim.cluster import ClusterSimulation  # noqa: E402 - after the torch skip
-from sim.core import ServingCore  # noqa: E402 - after the torch skip
-from sim.failures import FailurePlan  # noqa: E402 - after the torch skip
-from sim.output import read_steps, write_run  # noqa: E402 - after the torch skip
-from sim.replay import MeasuredDurations  # noqa: E402 - after the torch skip
-from sim.request import RequestSpec  # noqa: E402 - after the torch skip
-from sim.run import generate_workload, simulate_variant  # noqa: E402 - after the torch skip
-from sim.scenario import parse_scenario, variant_configs  # noqa: E402 - after the torch skip
-from sim.simulator import ClosedLoopPlan, Simulation  # noqa: E402 - after the torch skip
+from sim.cli.main import app  # noqa: E402 - after the torch skip
+from sim.config.scenario import parse_scenario, variant_configs  # noqa: E402 - after the torch skip
+from sim.loop.build import build  # noqa: E402 - after the torch skip
+from sim.loop.cluster import ClusterSimulation  # noqa: E402 - after the torch skip
+from sim.loop.replay import MeasuredDurations  # noqa: E402 - after the torch skip
+from sim.loop.run import generate_workload, simulate_variant  # noqa: E402 - after the torch skip
+from sim.loop.simulator import ClosedLoopPlan, Simulation  # noqa: E402 - after the torch skip
+from sim.output.run_folder import read_steps, write_run  # noqa: E402 - after the torch skip
+from sim.serving.core import ServingCore  # noqa: E402 - after the torch skip
+from sim.serving.failures import FailurePlan  # noqa: E402 - after the torch skip
+from sim.serving.request import RequestSpec  # noqa: E402 - after the torch skip
 from tests.conftest import assert_replay_reproduces_engine  # noqa: E402 - after the torch skip
 
 torch.set_num_threads(1)

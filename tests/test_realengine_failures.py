@@ -16,9 +16,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from realengine.engine import run_engine
-from sim.failures import FailurePlan
-from sim.request import RequestSpec
-from sim.scenario import parse_scenario, variant_configs
+from sim.config.scenario import parse_scenario, variant_configs
+from sim.serving.failures import FailurePlan
+from sim.serving.request import RequestSpec
 
 NUM_BLOCKS = 24
 

@@ -20,13 +20,14 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from realengine.engine import engine_config, run_engine  # noqa: E402 - after the torch skip
-from sim.build import build  # noqa: E402 - after the torch skip
-from sim.core import ServingCore  # noqa: E402 - after the torch skip
-from sim.replay import MeasuredDurations  # noqa: E402 - after the torch skip
-from sim.run import generate_workload  # noqa: E402 - after the torch skip
-from sim.scenario import parse_scenario, variant_configs  # noqa: E402 - after the torch skip
-from sim.simulator import Simulation  # noqa: E402 - after the torch skip
-from sim.spec_decode import (  # noqa: E402 - after the torch skip
+from sim.config.scenario import parse_scenario, variant_configs  # noqa: E402 - after the torch skip
+from sim.hardware.specs import ModelSpec  # noqa: E402 - after the torch skip
+from sim.loop.build import build  # noqa: E402 - after the torch skip
+from sim.loop.replay import MeasuredDurations  # noqa: E402 - after the torch skip
+from sim.loop.run import generate_workload  # noqa: E402 - after the torch skip
+from sim.loop.simulator import Simulation  # noqa: E402 - after the torch skip
+from sim.serving.core import ServingCore  # noqa: E402 - after the torch skip
+from sim.serving.spec_decode import (  # noqa: E402 - after the torch skip
     MeasuredAcceptance,
     ReplayAcceptor,
     SpecDecoder,
@@ -35,7 +36,6 @@ from sim.spec_decode import (  # noqa: E402 - after the torch skip
     summarize_spec,
     write_measured,
 )
-from sim.specs import ModelSpec  # noqa: E402 - after the torch skip
 
 torch.set_num_threads(1)
 
@@ -164,7 +164,7 @@ def test_cli_engine_run_then_simulate_with_its_measured_acceptance(tmp_path: Pat
     import yaml
     from typer.testing import CliRunner
 
-    from sim.cli import app
+    from sim.cli.main import app
 
     raw = scenario(True)
     raw["workload"]["num_requests"] = 6

@@ -7,7 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.report import (
+from sim.config.scenario import load_scenario
+from sim.loop.run import run_scenario
+from sim.output.report import (
     MEMORY_LAYERS,
     assign_slots,
     build_report,
@@ -18,9 +20,7 @@ from sim.report import (
     slot_layout,
     sweep_params,
 )
-from sim.run import run_scenario
-from sim.scenario import load_scenario
-from sim.teaching import find_scenario, static_batching_estimate
+from sim.studies.teaching import find_scenario, static_batching_estimate
 
 MB = 1_000_000
 
@@ -157,8 +157,8 @@ def test_contiguous_reservation_shows_as_reserved_memory(nvc):
 def test_kv_lines_do_not_count_reserved_blocks_twice(nvc):
     # kv_blocks_used already holds the reserved-but-empty blocks: adding kv_blocks_reserved again drew the naive
     # server's KV at 31.6% where the table's KV usage peaks at 16.5% (issue 35)
-    from sim.report import fig_kv_memory, fig_timeline
-    from sim.report.common import _sorted_steps, _state_trace, run_end, window_edges
+    from sim.output.report import fig_kv_memory, fig_timeline
+    from sim.output.report.common import _sorted_steps, _state_trace, run_end, window_edges
 
     naive = nvc.results[0]
     peak = nvc.summaries["naive"]["kv_usage"]["max"]
@@ -179,7 +179,7 @@ def test_kv_lines_do_not_count_reserved_blocks_twice(nvc):
 
 def test_memory_note_says_whether_memory_is_the_ceiling(nvc):
     # the note said "The ceiling is memory" over KV peaks of 16.5% and 9.4% (issue 35)
-    from sim.report import memory_ceiling_text
+    from sim.output.report import memory_ceiling_text
 
     text = memory_ceiling_text(nvc.results, nvc.summaries)
     assert text == "Memory is not the ceiling here: KV usage peaks at 16.5% (naive) and 9.4% (continuous) of the pool."
@@ -197,8 +197,8 @@ def test_titles_sit_below_the_mode_bar(nvc):
     # middle of the top margin: with a 50 px margin, "KV cache by request: ..." ran under the icons (issue 35).
     # Every figure of a report on a single server and on clusters (replicas, disaggregation) keeps its title's
     # glyphs (the font's size above the baseline) below the band, and its subplot titles on the plot area's edge.
-    from sim.report import SECTIONS
-    from sim.report.common import MODEBAR_PX
+    from sim.output.report import SECTIONS
+    from sim.output.report.common import MODEBAR_PX
 
     scenario, raw = load_scenario(find_scenario("lesson-disaggregation"), {"workload.num_requests": 30})
     disagg = run_scenario(scenario, raw)
@@ -269,7 +269,7 @@ def test_static_batching_estimate():
 
 
 def test_replicas_get_rows_of_their_own():
-    from sim.records import STEP_COLUMNS, RequestRecord, RunResult
+    from sim.metrics.records import STEP_COLUMNS, RequestRecord, RunResult
 
     def rec(i, start, finish, replica):
         return RequestRecord(i, start, start, start + 0.1, finish, 10, 5, 5, 0, "completed", "", replica, -1)
@@ -290,9 +290,9 @@ def test_replicas_get_rows_of_their_own():
 def test_memory_by_request_bands_follow_each_request() -> None:
     """Each drawn request's band is its prompt from its first step, grows to prompt + output by its finish,
     and is zero outside its life; the y axis spans the KV in use, not the GPU."""
-    from sim.report import fig_memory_by_request, request_kv_tokens
-    from sim.run import generate_workload, simulate_variant
-    from sim.scenario import parse_scenario, variant_configs
+    from sim.config.scenario import parse_scenario, variant_configs
+    from sim.loop.run import generate_workload, simulate_variant
+    from sim.output.report import fig_memory_by_request, request_kv_tokens
 
     sc = parse_scenario({
         "workload": {"arrival": {"type": "poisson", "rate": 6.0}, "num_requests": 60,

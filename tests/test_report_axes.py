@@ -6,15 +6,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sim.report import (
+from sim.config.scenario import parse_scenario
+from sim.loop.run import run_scenario
+from sim.output.report import (
     _memory_sections,
     _request_memory_sections,
     _timeline_sections,
     fig_batch_slots,
     fig_latency_cdfs,
 )
-from sim.run import run_scenario
-from sim.scenario import parse_scenario
 
 CHAT = {"prompt_len": {"type": "lognormal", "mean": 600, "std": 500, "min": 16, "max": 3072},
         "output_len": {"type": "exponential", "mean": 250, "min": 1, "max": 1024}}
@@ -70,7 +70,7 @@ def test_batch_slot_legend_sits_below_the_plot_away_from_the_modebar(naive_vs_co
 def test_notebook_02_bars_get_a_panel_each():
     """Notebook 02's throughput and rejection bars: on twin y axes of one panel, barmode "group" does not offset
     bars across axes, so the rejection bars were drawn over the throughput bars; bf16's was hidden."""
-    from sim.teaching import fig_metric_panels
+    from sim.studies.teaching import fig_metric_panels
 
     summaries = {"bf16": {"output_throughput": 900.0, "num_rejected": 40},
                  "fp8 KV": {"output_throughput": 1400.0, "num_rejected": 0}}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sim.report import REPLICA_LINES, fig_timeline
+from sim.output.report import REPLICA_LINES, fig_timeline
 from tests.test_cluster import WORKLOAD, run, scenario
 
 

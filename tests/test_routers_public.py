@@ -11,7 +11,7 @@ import pytest
 from sim.policies.api import RequestView
 from sim.policies.gates import ReplicaView
 from sim.policies.routers_public import CacheLoadScorer, PowerOfTwoChoices, SLOAwareRouter
-from sim.request import Request, RequestSpec
+from sim.serving.request import Request, RequestSpec
 
 
 def _req(prompt: int = 1000, ttft_slo: float | None = None) -> RequestView:
@@ -72,8 +72,8 @@ def test_slo_aware_router_prefers_a_replica_that_meets_the_slo() -> None:
 def test_each_router_runs_from_a_scenario(router: dict) -> None:
     from collections import Counter
 
-    from sim.run import generate_workload, simulate_variant
-    from sim.scenario import parse_scenario, variant_configs
+    from sim.config.scenario import parse_scenario, variant_configs
+    from sim.loop.run import generate_workload, simulate_variant
 
     raw = {"seed": 1,
            "workload": {"arrival": {"type": "poisson", "rate": 40.0}, "num_requests": 150,
@@ -95,9 +95,9 @@ def test_cache_load_scorer_raises_prefix_hits_over_least_outstanding_on_mooncake
     Mooncake trace at its own rate (918 requests). Measured: 7.9% of prompt tokens from the prefix caches against
     least_outstanding's 4.7%, mean TTFT 1.19 s against 1.39 s. (At twice the rate it took fewer hits, 48.7%
     against 50.4%, but still the lowest mean TTFT, 14.1 s against 16.5 s.)"""
-    import sim.run as run_module
-    from sim.run import generate_workload, simulate_variant
-    from sim.scenario import parse_scenario, variant_configs
+    import sim.loop.run as run_module
+    from sim.config.scenario import parse_scenario, variant_configs
+    from sim.loop.run import generate_workload, simulate_variant
 
     kvs: list = []
     build = run_module.build
@@ -130,8 +130,8 @@ def test_slo_aware_router_meets_more_tight_ttft_slos() -> None:
     """4 replicas of Llama-3.1-8B / A100, 1,500 chat requests at 24/s (prompts lognormal, mean 1,500 tokens), 30%
     with a 0.5 s TTFT SLO and 70% with 10 s. Measured share of tight requests within their SLO: slo_aware 0.895,
     least_outstanding 0.805, round_robin 0.758; every loose one within 10 s under all three."""
-    from sim.run import generate_workload, simulate_variant
-    from sim.scenario import parse_scenario, variant_configs
+    from sim.config.scenario import parse_scenario, variant_configs
+    from sim.loop.run import generate_workload, simulate_variant
 
     routers: dict[str, Any] = {"rr": "round_robin", "least": "least_outstanding",
                                "slo": {"type": "slo_aware", "prefill_tokens_per_s": 20_000, "step_s": 0.02}}

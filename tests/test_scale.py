@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from sim.cli import app
-from sim.length_pairs import load_pairs, resolve_lengths
-from sim.scenario import load_scenario, parse_scenario
-from sim.schema import ScenarioError
-from sim.workload import Workload
+from sim.cli.main import app
+from sim.config.scenario import load_scenario, parse_scenario
+from sim.config.schema import ScenarioError
+from sim.workload.generator import Workload
+from sim.workload.length_pairs import load_pairs, resolve_lengths
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -51,7 +51,7 @@ GOLDEN = {
 
 
 # What was added to the files since then, without changing a figure that was there: the preemption and resume
-# times of each request, the verdict's inputs, the rejection reasons and the energy (sim/energy.py) per variant.
+# times of each request, the verdict's inputs, the rejection reasons and the energy (sim/costs/energy.py) per variant.
 # They are left out before hashing, so the hashes still say that every value written at 39d384f is written the
 # same, byte for byte.
 ADDED_REQUEST_COLUMNS = ("preempted_at_s", "resumed_at_s")
@@ -124,7 +124,7 @@ def test_pairs_errors_name_what_is_wrong(tmp_path: Path) -> None:
 
 
 def test_vidur_scenario_loads_and_runs_small() -> None:
-    from sim.run import run_scenario
+    from sim.loop.run import run_scenario
 
     sc, raw = load_scenario(ROOT / "scenarios/vidur-arxiv-llama2-70b.yaml", {"workload.num_requests": 50})
     run = run_scenario(sc, raw)
@@ -136,8 +136,8 @@ def test_steps_csv_streamed_in_chunks_equals_the_whole_text() -> None:
     """write_run streams steps.csv in bounded chunks; any chunk size gives the same bytes."""
     import io
 
-    from sim.output import steps_csv, write_steps_csv
-    from sim.run import run_scenario
+    from sim.loop.run import run_scenario
+    from sim.output.run_folder import steps_csv, write_steps_csv
 
     sc, raw = load_scenario(ROOT / "scenarios/lesson-paged-memory.yaml", {"workload.num_requests": 30})
     results = run_scenario(sc, raw).results
@@ -152,9 +152,9 @@ def test_steps_csv_streamed_in_chunks_equals_the_whole_text() -> None:
 def test_binned_steps_keep_the_totals(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Past FULL_STEPS_MAX steps the run folder holds steps_binned.csv instead of steps.csv: per replica and time
     bin, the same step count, busy time, tokens and peaks as the full log; --steps full brings the log back."""
-    import sim.steps_binned as sb
-    from sim.output import write_run
-    from sim.run import run_scenario
+    import sim.metrics.steps_binned as sb
+    from sim.loop.run import run_scenario
+    from sim.output.run_folder import write_run
 
     sc, raw = load_scenario(ROOT / "scenarios/autoscale-memory-bound.yaml", {"workload.num_requests": 40})
     run = run_scenario(sc, raw)
@@ -180,7 +180,7 @@ def test_binned_steps_keep_the_totals(tmp_path: Path, monkeypatch: pytest.Monkey
 
 
 def test_bin_width_is_a_round_number() -> None:
-    from sim.steps_binned import bin_width
+    from sim.metrics.steps_binned import bin_width
 
     assert bin_width(49_619.0) == 50.0 and bin_width(2000.0) == 1.0 and bin_width(2001.0) == 2.0
     assert bin_width(0.3) == 0.0002

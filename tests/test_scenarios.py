@@ -18,10 +18,10 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from sim.cli import app
-from sim.metrics import bottleneck
-from sim.run import run_scenario, write_scenario_run
-from sim.scenario import json_schema, load_scenario
+from sim.cli.main import app
+from sim.config.scenario import json_schema, load_scenario
+from sim.loop.run import run_scenario, write_scenario_run
+from sim.metrics.summary import bottleneck
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
 FILES = sorted(SCENARIOS.glob("*.yaml"))
@@ -403,7 +403,7 @@ WORKLOAD_VARIANTS = {
 def test_a_variant_can_change_the_workload() -> None:
     """A variant's workload keys merge into the default; the variants without any replay the very same requests,
     and one with its own arrival rate runs requests that arrive four times as fast (same seed, same lengths)."""
-    from sim.scenario import parse_scenario
+    from sim.config.scenario import parse_scenario
 
     runs = {r.name: r for r in run_scenario(parse_scenario(WORKLOAD_VARIANTS)).results}
     arrivals = {n: [q.arrival for q in sorted(r.requests, key=lambda q: q.id)] for n, r in runs.items()}
@@ -414,8 +414,8 @@ def test_a_variant_can_change_the_workload() -> None:
 
 
 def test_a_variants_workload_is_checked_with_its_path(tmp_path: Path) -> None:
-    from sim.scenario import apply_override, parse_scenario
-    from sim.schema import ScenarioError
+    from sim.config.scenario import apply_override, parse_scenario
+    from sim.config.schema import ScenarioError
 
     for keys, message in (({"arival": {"type": "poisson", "rate": 8}}, "variants.0.workload.arival: unknown key; "
                            "did you mean arrival?"),

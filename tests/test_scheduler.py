@@ -14,13 +14,13 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from sim.block_manager import PagedBlockManager, cdiv
-from sim.contiguous_allocator import ContiguousAllocator
-from sim.core import PlanError, ServingCore
+from sim.loop.simulator import ClosedLoopPlan
+from sim.metrics.records import STEP_COLUMNS
 from sim.policies import Admission, ContinuousPolicy, Limits, Plan, StaticPolicy
-from sim.records import STEP_COLUMNS
-from sim.request import Request, RequestSpec
-from sim.simulator import ClosedLoopPlan
+from sim.serving.block_manager import PagedBlockManager, cdiv
+from sim.serving.contiguous_allocator import ContiguousAllocator
+from sim.serving.core import PlanError, ServingCore
+from sim.serving.request import Request, RequestSpec
 from tests.conftest import ConstCost, Run, simulate, sorted_plans
 
 PROPS = settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
@@ -681,10 +681,10 @@ def test_core_accepts_the_same_plan_within_limits() -> None:
 def test_batch_records_the_blocks_each_swap_moves() -> None:
     """A swap's GPU blocks, as the block manager chose them, travel with the batch (the real engine copies
     exactly these), and finish listeners hear about every request that ends."""
-    from sim.block_manager import PagedBlockManager
-    from sim.core import ServingCore
     from sim.policies import ContinuousPolicy, Limits
-    from sim.request import Request, RequestSpec
+    from sim.serving.block_manager import PagedBlockManager
+    from sim.serving.core import ServingCore
+    from sim.serving.request import Request, RequestSpec
 
     kv = PagedBlockManager(6, 4, num_cpu_blocks=8)
     core = ServingCore(

@@ -6,9 +6,9 @@ import copy
 
 import pytest
 
-from sim.scenario import parse_scenario
-from sim.scenario_messages import closest_key
-from sim.schema import ScenarioError
+from sim.config.scenario import parse_scenario
+from sim.config.scenario_messages import closest_key
+from sim.config.schema import ScenarioError
 
 BASE = {
     "name": "hints",

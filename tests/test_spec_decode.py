@@ -1,4 +1,4 @@
-"""Speculative decoding in the simulator (sim/spec_decode.py and its hooks in the core).
+"""Speculative decoding in the simulator (sim/serving/spec_decode.py and its hooks in the core).
 
 - exact schedules: every draft accepted (a request of 9 tokens takes 1 + 2 steps with k = 4), none accepted (one
   token a step, the verify step priced as 1 + k tokens per row), ITL one gap per step, TPOT as vLLM defines it;
@@ -22,15 +22,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from sim.build import build
-from sim.cli import app
-from sim.core import ServingCore
-from sim.costmodel import StepShape
-from sim.request import RequestSpec
-from sim.run import generate_workload, run_scenario, simulate_variant
-from sim.scenario import parse_scenario, variant_configs
-from sim.simulator import Simulation
-from sim.spec_decode import (
+from sim.cli.main import app
+from sim.config.scenario import parse_scenario, variant_configs
+from sim.costs.costmodel import StepShape
+from sim.loop.build import build
+from sim.loop.run import generate_workload, run_scenario, simulate_variant
+from sim.loop.simulator import Simulation
+from sim.serving.core import ServingCore
+from sim.serving.request import RequestSpec
+from sim.serving.spec_decode import (
     GeometricAcceptance,
     RateAcceptor,
     ReplayAcceptor,
@@ -242,7 +242,7 @@ def test_bad_speculative_section_exits_2(tmp_path: Path, spec: dict, needle: str
 def test_report_section_and_openmetrics_export(tmp_path: Path):
     from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
-    from sim.benchfiles.export_metrics import openmetrics_text
+    from sim.output.benchfiles.export_metrics import openmetrics_text
 
     raw = scenario()
     raw["variants"] = [{"name": "plain"}, {"name": "ngram", "deployment": {"speculative": {

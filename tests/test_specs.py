@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from sim.presets.gpus import MORE_GPU_PRESETS
-from sim.specs import (
+from sim.hardware.presets.gpus import MORE_GPU_PRESETS
+from sim.hardware.specs import (
     GPU_PRESETS,
     MODEL_PRESETS,
     GiB,
@@ -211,7 +211,7 @@ def test_invalid_shape() -> None:
 
 
 def test_gpu_presets() -> None:
-    assert set(GPU_PRESETS) >= {"h200", "h100-sxm", "a100-80gb", "a100-40gb", "l40s", "l4"}  # + sim/presets/gpus.py
+    assert set(GPU_PRESETS) >= {"h200", "h100-sxm", "a100-80gb", "a100-40gb", "l40s", "l4"}  # + sim/hardware/presets/gpus.py
     h100 = GPUSpec.from_name("H100-SXM")
     assert h100.peak("bf16") == pytest.approx(989.4e12)
     assert h100.peak("fp8") == pytest.approx(2 * 989.4e12, rel=1e-3)
@@ -337,7 +337,7 @@ def test_configs_it_represents_still_read() -> None:
 def test_refused_config_exits_2_naming_the_field(tmp_path) -> None:
     from typer.testing import CliRunner
 
-    from sim.cli import app
+    from sim.cli.main import app
 
     (tmp_path / "config.json").write_text(json.dumps({**MIXTRAL_8X7B, "model_type": "llama"}))
     res = CliRunner().invoke(app, ["capacity", "--model", str(tmp_path / "config.json"), "--gpu", "h100",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sim.output import read_steps, steps_csv
+from sim.output.run_folder import read_steps, steps_csv
 from tests.test_cluster import run, scenario
 
 

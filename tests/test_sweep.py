@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from sim.cli import app
-from sim.scenario import load_scenario
-from sim.schema import ScenarioError
-from sim.sweep import METRICS, column, columns_for, plan_sweep, read_rows, run_sweep
+from sim.cli.main import app
+from sim.config.scenario import load_scenario
+from sim.config.schema import ScenarioError
+from sim.studies.sweep import METRICS, column, columns_for, plan_sweep, read_rows, run_sweep
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
 OVERRIDES = {"workload.num_requests": 60, "sweep": {"workload.arrival.rate": [2.0, 4.0, 8.0]}}
@@ -129,7 +129,7 @@ def test_cli_sweep_prints_a_table_of_the_runs_and_takes_the_grid_on_the_command_
                                                     str(r["policy.max_num_seqs"])) for r in rows]
     assert [t[-2] for t in table] == ["30"] * 8  # completed, as sweep.csv says
     assert [t[-2] for t in table] == [str(r["num_completed"]) for r in rows]
-    from sim.table import TABLE_ROWS
+    from sim.output.table import TABLE_ROWS
 
     ttft_ms = next(fmt for _, key, fmt in TABLE_ROWS if key == "ttft.p99")
     assert [t[3] for t in table] == [ttft_ms(r["ttft.p99_s"]) for r in rows]  # formatted as `run` formats it
@@ -139,7 +139,7 @@ def test_cli_sweep_prints_a_table_of_the_runs_and_takes_the_grid_on_the_command_
 
 
 def test_a_big_sweep_prints_the_first_runs_and_counts_the_rest(tmp_path: Path) -> None:
-    from sim.sweep import format_sweep_table
+    from sim.studies.sweep import format_sweep_table
 
     sc, raw = load()
     run_sweep(sc, raw, tmp_path / "sw", workers=1)
@@ -210,7 +210,7 @@ def test_parallel_map_hands_out_a_few_jobs_per_worker_at_a_time() -> None:
     """A 10,000-run sweep once submitted every run at once and kept every future (and its row) to the end."""
     import operator
 
-    from sim.sweep import IN_FLIGHT_PER_WORKER, parallel_map
+    from sim.studies.sweep import IN_FLIGHT_PER_WORKER, parallel_map
 
     items = _Taken(60)
     seen = []
@@ -222,7 +222,7 @@ def test_parallel_map_hands_out_a_few_jobs_per_worker_at_a_time() -> None:
 
 
 def test_rows_are_rewritten_in_run_order_one_line_each(tmp_path: Path) -> None:
-    from sim.sweep import _rewrite_in_run_order
+    from sim.studies.sweep import _rewrite_in_run_order
 
     table = tmp_path / "sweep.csv"
     with open(table, "w", newline="") as f:
@@ -235,7 +235,7 @@ def test_rows_are_rewritten_in_run_order_one_line_each(tmp_path: Path) -> None:
 
 
 def test_the_page_holds_the_first_rows_and_plots_every_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import sim.sweep as sweep
+    import sim.studies.sweep as sweep
 
     sc, raw = load()
     res = run_sweep(sc, raw, tmp_path / "sw", workers=1)

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sim.scenario import parse_scenario
-from sim.schema import ScenarioError
-from sim.teach import explain as ex
-from sim.teach.knobs import (
+from sim.config.scenario import parse_scenario
+from sim.config.schema import ScenarioError
+from sim.studies.teach import explain as ex
+from sim.studies.teach.knobs import (
     DEFAULT_PRESET,
     LESSONS,
     SOURCE,
@@ -111,7 +111,7 @@ def test_bad_knob_gets_the_cli_message(tmp_path, knob, value, key, cli_value):
     f = tmp_path / "teach.yaml"
     f.write_text(yaml.safe_dump(raw))
     cli = subprocess.run(
-        [sys.executable, "-m", "sim.cli", "run", str(f), "--out", str(tmp_path / "out"), "-q",
+        [sys.executable, "-m", "sim.cli.main", "run", str(f), "--out", str(tmp_path / "out"), "-q",
          "--set", f"{key}={cli_value}"],
         capture_output=True, text=True, timeout=120, cwd=ROOT,
     )
@@ -222,7 +222,7 @@ def test_compare_states_the_ratio():
 
 # ---- the command ----------------------------------------------------------------------------------------------
 def _teach(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "sim.cli", "teach", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "sim.cli.main", "teach", *args], capture_output=True, text=True,
                           timeout=120, cwd=ROOT)
 
 
@@ -253,7 +253,7 @@ def test_teach_serves_the_page_on_the_port_given():
     with socket.create_server(("127.0.0.1", 0)) as s:
         port = s.getsockname()[1]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path[1:]])}
-    proc = subprocess.Popen([sys.executable, "-m", "sim.cli", "teach", "--port", str(port)], cwd=ROOT, env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "sim.cli.main", "teach", "--port", str(port)], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 90
@@ -279,7 +279,7 @@ def test_the_header_and_the_verdict_each_name_the_window_of_their_rate():
     """The header's requests/s is over the whole run, the verdict's over the arrival window: on the naive preset
     they differ (1.32 against 1.51 req/s), so each line says which window it measured."""
     pytest.importorskip("dash", reason="dash is not installed (the test extra has it)")
-    from sim.teach.app import redraw
+    from sim.studies.teach.app import redraw
 
     shown = redraw(preset(DEFAULT_PRESET), None)
     (res,) = simulate({**preset(DEFAULT_PRESET), "label": "now: naive: static batches"}).results
@@ -298,7 +298,7 @@ def test_the_slot_chart_and_the_start_up_line_state_one_request_count():
     """The slot chart's title said "at most 300 requests per variant" (the report's SLOT_REQUESTS) while start-up
     said 200 per run: both come from TEACH_REQUESTS now, and every request of the run is drawn."""
     pytest.importorskip("dash", reason="dash is not installed (the test extra has it)")
-    from sim.teach.app import redraw
+    from sim.studies.teach.app import redraw
 
     fig = redraw(preset(DEFAULT_PRESET), None)["slots"]
     assert fig.layout.title.text.endswith(f"(at most {TEACH_REQUESTS} requests per variant)"), fig.layout.title.text

@@ -25,7 +25,7 @@ from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.common.keys import Keys  # noqa: E402
 from werkzeug.serving import make_server  # noqa: E402
 
-from sim.teach.app import create_app  # noqa: E402
+from sim.studies.teach.app import create_app  # noqa: E402
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")

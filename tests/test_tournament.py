@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from sim.cli import app
-from sim.run import generate_workload, simulate_variant
-from sim.scenario import apply_point, variant_configs
-from sim.sweep import read_rows, workload_digest
-from sim.tournament import fitness_of, load_spec, run_tournament
+from sim.cli.main import app
+from sim.config.scenario import apply_point, variant_configs
+from sim.loop.run import generate_workload, simulate_variant
+from sim.studies.sweep import read_rows, workload_digest
+from sim.studies.tournament import fitness_of, load_spec, run_tournament
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "policies"
@@ -163,7 +163,7 @@ def test_a_spec_file_that_is_no_spec_exits_2(tmp_path: Path) -> None:
 
 
 def test_fitness_maps_each_key_as_blis_does() -> None:
-    from sim.tournament import Fitness
+    from sim.studies.tournament import Fitness
 
     row = {"request_throughput": 100.0, "ttft.p99_s": 1.0, "fairness.jain_index": 0.5, "goodput": None}
     assert fitness_of(row, Fitness(weights={"throughput": 1})) == 0.5  # v / (v + 100 req/s)

@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sim import traces
-from sim.traces import TRACE_DIR, TRACES, load_trace
+from sim.workload import traces
+from sim.workload.traces import TRACE_DIR, TRACES, load_trace
 
-# From sim/data/traces/NOTICE.md: requests, mean rate (req/s), mean prompt and mean output tokens.
+# From sim/workload/data/traces/NOTICE.md: requests, mean rate (req/s), mean prompt and mean output tokens.
 SHAPES = {
     "azure-code": (8819, 2.57, 2048, 28),
     "azure-conv": (19366, 5.53, 1155, 211),
@@ -243,7 +243,7 @@ def test_own_csv_in_plain_seconds_with_common_names(tmp_path: Path) -> None:
 
 
 def test_own_jsonl_through_a_column_mapping(tmp_path: Path) -> None:
-    from sim.trace_columns import TraceColumns
+    from sim.workload.trace_columns import TraceColumns
 
     body = '{"t": 1000, "in": 5, "out": 2, "user": "a"}\n{"t": 1250, "in": 6.0, "out": 3}\n'
     t = load_trace(_write(tmp_path, "mine.jsonl", body), columns=TraceColumns("t", "in", "out", "ms"))
@@ -261,9 +261,9 @@ def test_own_jsonl_through_a_column_mapping(tmp_path: Path) -> None:
 def test_own_trace_in_a_scenario(tmp_path: Path) -> None:
     """A scenario replays a user's CSV with renamed columns and dates; a mapping naming a missing column is one
     clear error naming the key."""
-    from sim.run import run_scenario
-    from sim.scenario import parse_scenario
-    from sim.schema import ScenarioError
+    from sim.config.scenario import parse_scenario
+    from sim.config.schema import ScenarioError
+    from sim.loop.run import run_scenario
 
     path = _write(tmp_path, "log.csv", "when,req_in,req_out\n2026-01-01 10:00:00,30,4\n2026-01-01 10:00:02.5,50,6\n")
     arrival = {"type": "trace", "trace": str(path),
@@ -289,7 +289,7 @@ def test_a_missing_length_column_is_named(tmp_path: Path) -> None:
     # and so does the command, with exit 2
     from typer.testing import CliRunner
 
-    from sim.cli import app
+    from sim.cli.main import app
 
     doc = {"name": "t", "workload": {"arrival": {"type": "trace", "trace": str(tmp_path / "p.csv")}},
            "deployment": {"model": "llama-3.2-1b", "gpu": "l4"}}

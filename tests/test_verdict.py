@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from sim.metrics import bottleneck
-from sim.run import run_scenario
-from sim.scenario import load_scenario, parse_scenario
-from sim.verdict import rank_limits
+from sim.config.scenario import load_scenario, parse_scenario
+from sim.loop.run import run_scenario
+from sim.metrics.summary import bottleneck
+from sim.metrics.verdict import rank_limits
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
 
@@ -112,8 +112,8 @@ def test_old_summary_without_limits_still_gets_a_line(naive):
 
 
 def test_padding_share_in_the_table_and_the_report(naive):
-    from sim.report import bottlenecks_html
-    from sim.table import format_table
+    from sim.output.report import bottlenecks_html
+    from sim.output.table import format_table
 
     row = [line for line in format_table({"naive": naive}).splitlines() if line.startswith("padding")]
     assert len(row) == 1 and row[0].split()[-1] == f"{100 * naive['padding_fraction']:.1f}%"
@@ -173,7 +173,7 @@ def test_overload_needs_a_growing_queue_or_queueing_to_dominate(naive, lim, scor
 
 
 def test_report_ranks_the_causes_by_score_and_sets_the_overload_apart(naive):
-    from sim.report import bottlenecks_html
+    from sim.output.report import bottlenecks_html
 
     # a queue that makes 60% of E2EL (overload 0.60) while 66% of the tokens are padding (0.66): the overload
     # still leads the verdict, and the numbered ranking stays in score order

@@ -1,15 +1,15 @@
 """Gemma-2: parameter counts, KV with the sliding window bounding the local layers, and the refusal past the window
-(sim/window.py), against hand computations."""
+(sim/hardware/window.py), against hand computations."""
 
 from __future__ import annotations
 
 import pytest
 
-from sim.build import build
-from sim.scenario import parse_scenario, variant_configs
-from sim.schema import ScenarioError
-from sim.specs import ModelSpec
-from sim.window import num_local_layers, window_kv_elements
+from sim.config.scenario import parse_scenario, variant_configs
+from sim.config.schema import ScenarioError
+from sim.hardware.specs import ModelSpec
+from sim.hardware.window import num_local_layers, window_kv_elements
+from sim.loop.build import build
 
 
 def test_gemma2_parameters():

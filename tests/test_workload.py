@@ -13,14 +13,14 @@ import numpy as np
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
-from sim.traces import load_trace
-from sim.workload import (
+from sim.workload.generator import (
     PREFIX_HASH_BLOCK_SIZE,
     GeneratedWorkload,
     LengthDistribution,
     UniformThinkTime,
     Workload,
 )
+from sim.workload.traces import load_trace
 
 N = 100_000
 

@@ -42,7 +42,7 @@ def test_the_pages_code_runs(tmp_path: Path) -> None:
         elif kind == "bash":
             commands += [line for line in body.splitlines() if line.startswith("servesim ")]
     for line in commands:
-        p = _run([sys.executable, "-m", "sim.cli", *shlex.split(line)[1:], "-q"], tmp_path)
+        p = _run([sys.executable, "-m", "sim.cli.main", *shlex.split(line)[1:], "-q"], tmp_path)
         assert p.returncode == 0, f"{line}\n{p.stderr}"
     (tmp_path / "script.py").write_text("\n\n".join(script))
     p = _run([sys.executable, "script.py"], tmp_path)
@@ -66,6 +66,6 @@ def test_the_quoted_error_is_what_a_misspelt_class_gives(tmp_path: Path) -> None
     sc = tmp_path / "my_scenario.yaml"
     sc.write_text(sc.read_text().replace(":ShortestPromptFirst", ":ShortestPromptFist"))
     quoted = next(body for kind, body in _blocks() if kind == "text" and "ShortestPromptFist" in body).strip()
-    p = _run([sys.executable, "-m", "sim.cli", "run", "my_scenario.yaml", "-q", "--out", "out"], tmp_path)
+    p = _run([sys.executable, "-m", "sim.cli.main", "run", "my_scenario.yaml", "-q", "--out", "out"], tmp_path)
     assert p.returncode == 2 and quoted in p.stderr, p.stderr
     assert not (tmp_path / "out").exists()

@@ -28,10 +28,10 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from calibration.validate import METRICS, relative_error  # noqa: E402
-from sim.costmodel import AnalyticCostModel, StepShape  # noqa: E402
-from sim.run import run_scenario  # noqa: E402
-from sim.scenario import load_scenario, parse_scenario  # noqa: E402
-from sim.specs import ModelSpec, resolve_gpu  # noqa: E402
+from sim.config.scenario import load_scenario, parse_scenario  # noqa: E402
+from sim.costs.costmodel import AnalyticCostModel, StepShape  # noqa: E402
+from sim.hardware.specs import ModelSpec, resolve_gpu  # noqa: E402
+from sim.loop.run import run_scenario  # noqa: E402
 
 
 def decode_shape(batch: int, context: int) -> StepShape:

@@ -8,7 +8,7 @@
 # Which packages: pyproject's dependencies and their Requires-Dist, less what the image already holds (its list:
 # the device notes, KINDS.md, read 2026-11-17). Present there and left out: numpy, scipy, PyYAML, tqdm, rich,
 # packaging, shellingham, annotated-doc, torch, triton, nvidia-ml-py, tokenizers. Carried although the image has
-# them: typer (sim.cli is written against this version's help and option handling), typing-extensions (pydantic
+# them: typer (sim.cli.main is written against this version's help and option handling), typing-extensions (pydantic
 # needs >= 4.16) and narwhals (plotly 7's dataframe layer), each small, so that the versions are the ones the
 # test suite ran with. Not carried: gguf (the `real` extra; the GPU run uses random weights) and the test tools.
 # Each version is the one installed for $PYTHON, so the GPU run uses what the suite here was run with.

@@ -15,7 +15,7 @@ that a hang or a crash costs that section only:
 3. ``calibrate``: ``servesim calibrate`` of the llama-3.2-1b shape (``--quick``: the tiny model, one repeat).
 4. ``policy``: ``benchmarks/gpu/user_policy.py``: a user's policy from a file
    (``examples/policies/shortest_prompt_first.py``) against FCFS on the engine running the model above, each
-   replayed by the simulator fed its measured step durations (``sim.replay``: the schedule reproduced or not).
+   replayed by the simulator fed its measured step durations (``sim.loop.replay``: the schedule reproduced or not).
 5. ``validate``: ``servesim validate`` of ``calibration/scenarios/validate-tiny.yaml`` on ``--workloads`` random
    workloads (seed, arrival rate and burstiness, prompt and output lengths drawn from a seeded generator and set
    with ``--set``), each in its own process, with the profile just fitted and the engine running the model above.
@@ -57,7 +57,7 @@ SCENARIO = ROOT / "calibration" / "scenarios" / "validate-tiny.yaml"
 LIMITS = {"install": 90, "kernel": 60, "device": 30, "paging": 45, "decode": 90, "batching": 90, "quant": 60,
           "calibrate": 150, "policy": 90, "validate": 240, "predict": 90}
 VALIDATE_ONE = 45  # seconds for one workload's validation
-SERVESIM = ("-c", "from sim.cli import app; app()")  # the CLI without an installed `servesim` script
+SERVESIM = ("-c", "from sim.cli.main import app; app()")  # the CLI without an installed `servesim` script
 
 
 @dataclass(slots=True)

@@ -6,7 +6,7 @@
 Runs every variant of ``benchmarks/gpu/user-policy.yaml`` (FCFS, and ``examples/policies/shortest_prompt_first.py``
 named by its path as a user names it) on the engine under its virtual clock (on CUDA a step lasts its synchronised
 wall time; on a CPU, the serving thread's CPU time), then the simulator fed each run's measured step durations
-(``sim.replay``). Writes, per variant: the run's summary (as summary.json has it, per class too), the engine's
+(``sim.loop.replay``). Writes, per variant: the run's summary (as summary.json has it, per class too), the engine's
 wall seconds, the policy's class, and the parity check: the differences between the engine's schedule and the
 replay's (none when the simulator reproduced it step by step). Section ``policy`` of ``run_all.py``.
 """
@@ -38,10 +38,10 @@ def run(scenario: Path, device: str, model: str, num_requests: int | None) -> di
     import torch
 
     from realengine.engine import engine_config, run_engine
-    from sim.metrics import summarize
-    from sim.replay import compare, replay
-    from sim.run import generate_workload
-    from sim.scenario import load_scenario, slos_of, variant_configs
+    from sim.config.scenario import load_scenario, slos_of, variant_configs
+    from sim.loop.replay import compare, replay
+    from sim.loop.run import generate_workload
+    from sim.metrics.summary import summarize
 
     overrides = {} if num_requests is None else {"workload.num_requests": num_requests}
     sc, _ = load_scenario(scenario, overrides)

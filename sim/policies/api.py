@@ -37,10 +37,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 from sim.policies.base import Limits
-from sim.request import Request
+from sim.serving.request import Request
 
 if TYPE_CHECKING:
-    from sim.block_manager import KVBudget, KVManager
+    from sim.serving.block_manager import KVBudget, KVManager
 
 __all__ = ["DEPENDS_ON", "Budget", "KVView", "Limits", "Plan", "Policy", "PolicyView", "Predictor", "RequestView"]
 

@@ -18,9 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
-from sim.block_manager import KVBudget, KVManager
-from sim.decode_group import DecodeGroup
-from sim.request import Request
+from sim.serving.block_manager import KVBudget, KVManager
+from sim.serving.decode_group import DecodeGroup
+from sim.serving.request import Request
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +101,7 @@ class View:
     group: DecodeGroup | None = None
     outside: list[Request] | None = None  # running requests not in the group (all of them without a group)
     ungroup: Callable[[], None] = lambda: None
-    decode_run: int = 0  # consecutive decode-only steps just taken (vLLM 0.6 multi-step blocks: sim/engine_sched.py)
+    decode_run: int = 0  # consecutive decode-only steps just taken (vLLM 0.6 multi-step blocks: sim/engines/sched.py)
 
     def budget(self) -> KVBudget:
         """A scratch copy of the free KV space to plan with."""
@@ -136,10 +136,10 @@ class Policy(Protocol):
     # core refuses nobody at arrival.
     admission: Admission | None = None
     # The policy plans the core's decode group as a whole (``Plan.decode_group``, ``plan_group``): the core then
-    # keeps one (sim.decode_group) when its fast path is on.
+    # keeps one (sim.serving.decode_group) when its fast path is on.
     uses_decode_group: ClassVar[bool] = False
     # With nothing waiting or swapped and every running request decoding, the policy schedules exactly the
-    # decode group: the core may then take such steps without asking it (sim.fast_path).
+    # decode group: the core may then take such steps without asking it (sim.serving.fast_path).
     decode_all_when_idle: ClassVar[bool] = False
 
     def schedule(self, view: View) -> Plan:

@@ -1,7 +1,7 @@
 """Check mode: run a policy with the simulator's fast path and without it, and name the first step where the two
 runs differ.
 
-The fast path (``sim.fast_path``, ``ServingCore.plan_without_policy``) skips asking a policy when its declared
+The fast path (``sim.serving.fast_path``, ``ServingCore.plan_without_policy``) skips asking a policy when its declared
 ``depends_on`` says the answer cannot have changed. A policy whose declaration is wrong (it reads the clock, or how
 far a running request got, yet declares only arrivals and finishes) gives a different schedule with the fast path;
 stepping one by one asks it before every step and is always right. ``servesim check-policy`` reports the first step
@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.run import simulate_variant
-from sim.scenario import VariantConfig
-from sim.workload import GeneratedWorkload
+from sim.config.scenario import VariantConfig
+from sim.loop.run import simulate_variant
+from sim.workload.generator import GeneratedWorkload
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,11 +12,11 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import ConfigDict, Field, PrivateAttr, model_validator
 
-from sim.engine_costs import omit_when_unset
+from sim.engines.costs import omit_when_unset
 from sim.policies.base import Admission, Limits, Policy
 from sim.policies.continuous import ContinuousPolicy
 from sim.policies.static import StaticPolicy
-from sim.workload import Float, InputModel, Int
+from sim.workload.generator import Float, InputModel, Int
 
 
 class PolicyModel(InputModel):
@@ -46,7 +46,7 @@ class StaticPolicyConfig(PolicyConfigBase):
     preemption_mode: Literal["recompute", "swap"] = Field(default="recompute", description="If paged KV runs out.")
     max_input_len: Int | None = Field(default=None, ge=1, description="Longest prompt the engine is built for "
                                       "(TensorRT-LLM's name): with deployment.engine the activations are sized for "
-                                      "batch_size x this; none: max_model_len (sim/engine_costs.py).")
+                                      "batch_size x this; none: max_model_len (sim/engines/costs.py).")
     _record_set_keys = omit_when_unset("max_input_len")  # recorded only when given
 
     def limits(self, max_model_len: int) -> Limits:
@@ -60,7 +60,7 @@ class StaticPolicyConfig(PolicyConfigBase):
 
 class ContinuousPolicyConfig(PolicyConfigBase):
     type: Literal["continuous"] = "continuous"
-    # None: the deployment.engine's default (sim/engines.py), or without an engine the classic one named here
+    # None: the deployment.engine's default (sim/engines/registry.py), or without an engine the classic one named here
     max_num_seqs: Int | None = Field(default=None, ge=1, description="Requests in one step at most; none: the "
                                      "engine's default (256 without deployment.engine).")
     max_num_batched_tokens: Int | None = Field(

@@ -9,7 +9,7 @@ while the token budget and the KV blocks allow. Three flavours:
   (vLLM v0's default; decodes stall while prompts are computed);
 - ``mixed`` without chunking: decodes plus whole prompts that fit the remaining budget in one step.
 
-Engine behaviours set by sim/engine_sched.py: ``prefill_priority`` (SGLang: a step of prompt chunks whenever one
+Engine behaviours set by sim/engines/sched.py: ``prefill_priority`` (SGLang: a step of prompt chunks whenever one
 can start, else decodes), ``num_scheduler_steps`` (vLLM 0.6 multi-step: no prompt starts inside a block of that
 many decode steps) and ``cudagraph_capture_sizes`` (read by the core, which pads decode steps to them).
 
@@ -26,16 +26,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from sim.block_manager import KVBudget
 from sim.policies.base import Admission, Limits, Plan, Policy, View, plan_group, preempt_for, swap_back
+from sim.serving.block_manager import KVBudget
 
 
 @dataclass(slots=True)
 class ContinuousPolicy(Policy):
     # With nothing waiting or swapped and every running request decoding, every running request gets one
-    # token: the core may skip asking (see sim.core's decode fast path).
+    # token: the core may skip asking (see sim.serving.core's decode fast path).
     decode_all_when_idle: ClassVar[bool] = True
-    uses_decode_group: ClassVar[bool] = True  # plans the core's decode group as a whole (sim.decode_group)
+    uses_decode_group: ClassVar[bool] = True  # plans the core's decode group as a whole (sim.serving.decode_group)
 
     limits: Limits = field(default_factory=Limits)
     enable_chunked_prefill: bool = False
@@ -43,13 +43,13 @@ class ContinuousPolicy(Policy):
     preemption_mode: str = "recompute"  # "recompute" or "swap"
     admission: Admission = field(default_factory=Admission)
     no_evict: bool = False  # admit only what is guaranteed to finish without preemption (see the module doc)
-    # vLLM 0.6's --num-scheduler-steps (sim/engine_sched.py): decodes run in blocks of this many steps, and no
+    # vLLM 0.6's --num-scheduler-steps (sim/engines/sched.py): decodes run in blocks of this many steps, and no
     # prompt (nor swap-in) starts inside a block; chunked prefill off
     num_scheduler_steps: int = 1
-    # SGLang's scheduler (sim/engine_sched.py): a step of prompts (chunks) whenever one can run, decodes only
+    # SGLang's scheduler (sim/engines/sched.py): a step of prompts (chunks) whenever one can run, decodes only
     # when none can, never both in one step
     prefill_priority: bool = False
-    # decode batch sizes the executor has CUDA graphs for (sim/engine_sched.py): a decode-only step is priced as
+    # decode batch sizes the executor has CUDA graphs for (sim/engines/sched.py): a decode-only step is priced as
     # the next size up; (): unpadded. Read by the core, not by the plan.
     cudagraph_capture_sizes: tuple[int, ...] = ()
 

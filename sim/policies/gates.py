@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sim.policies.api import RequestView
-from sim.request import Request
+from sim.serving.request import Request
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,5 @@
-"""Deliberately bad policies, whose only purpose is to prove that the anomaly detectors (``sim.anomalies``) fire,
+"""Deliberately bad policies, whose only purpose is to prove that the anomaly detectors (``sim.metrics.anomalies``)
+fire,
 as BLIS ships reverse-priority and always-busiest ones for its own detectors. Never use them to serve.
 
 - ``ReversePriority``: the largest priority value (the least important) first, and it displaces more important

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from sim.request import Request
+from sim.serving.request import Request
 
 _CHUNK = 4096  # noise is drawn for 4096 consecutive request ids at a time, each chunk from its own stream
 

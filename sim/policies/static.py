@@ -23,7 +23,7 @@ class StaticPolicy(Policy):
     preemption_mode: str = "recompute"  # only when the KV manager is paged and runs out mid-batch
     admission: Admission = field(default_factory=Admission)
     _rows: int = 0  # rows of the batch in flight (finished requests stay as padding rows)
-    uses_decode_group: ClassVar[bool] = True  # plans the core's decode group as a whole (sim.decode_group)
+    uses_decode_group: ClassVar[bool] = True  # plans the core's decode group as a whole (sim.serving.decode_group)
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:

@@ -20,11 +20,11 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from sim.errors import ScenarioError
+from sim.config.errors import ScenarioError
 from sim.policies import api
 from sim.policies.base import Admission, Limits, Policy, View
 from sim.policies.base import Plan as CorePlan
-from sim.request import Request, Status
+from sim.serving.request import Request, Status
 
 
 class PolicyError(ScenarioError):
@@ -172,7 +172,7 @@ class UserPolicy(Policy):
             self._fail(view.now, f"schedules {total} tokens, more than max_num_batched_tokens "
                        f"{lim.max_num_batched_tokens}")
         if in_group and in_group == len(members) and not any(r.group_base >= 0 for r, _ in plan.preempt):
-            # The core's decode group takes one token per member as a whole (sim.decode_group): the plan gives
+            # The core's decode group takes one token per member as a whole (sim.serving.decode_group): the plan gives
             # every member exactly that, so it says so and lists the others one by one.
             plan.decode_group = True
             plan.scheduled = out

@@ -1,6 +1,0 @@
-"""Readers for users' own benchmark result files (issue 14)."""
-
-from sim.benchfiles.common import BenchFileError, BenchRun
-from sim.benchfiles.vllm_bench import read_vllm_bench
-
-__all__ = ["BenchFileError", "BenchRun", "read_vllm_bench"]

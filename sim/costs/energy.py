@@ -1,0 +1,249 @@
+"""Power and energy of a run: watts per step, joules per run, per request and per output token.
+
+Computed after the run from its step columns (vectorised), never in the simulator's loop. One GPU's power in a
+step is its static (idle) power plus a dynamic part that grows with how busy its arithmetic units and its memory
+are, capped by the board's power limit (``clock``: the SM clock's share under that limit, 1 uncapped)::
+
+    P = min(limit, idle + (tdp - idle) * min(1, compute_share * clock^3 + MEMORY_POWER_SHARE * memory_share))
+
+``compute_share`` and ``memory_share`` are the seconds of the step the roofline cost model
+(``AnalyticCostModel.busy_times``) keeps the tensor cores and HBM busy, over the step's duration. A replica's
+power is its GPUs' (tensor x pipeline parallel) times that. Between steps a GPU draws its idle power: the run's
+energy is the integral of power over its steps and its idle gaps.
+
+Why these shapes:
+- a compute-bound step runs at the board's limit: GEMMs on H100/H200 throttle at their power limit, which is what
+  makes a power cap slow them (the cap, ``clock_share``, below);
+- a memory-bound step draws far less: Ma et al. ("The Illusion of Power Capping in LLM Decode", arXiv 2605.11999,
+  2026) measured decode on an H200 drawing 137-300 W of its 700 W, memory-bound at full HBM bandwidth, so that a
+  cap never triggered. ``MEMORY_POWER_SHARE`` puts a step streaming HBM the whole step at 35% of the dynamic
+  range: 90 + 0.35 x 610 = 300 W on the H200 preset, the top of that range;
+- a cost model without a roofline (a fitted profile, the pipeline's rounds) gets its compute share from the
+  step's model FLOPs at the default compute efficiency and counts the rest of the step as memory traffic.
+
+Energy is attributed to requests by their tokens: a step's energy is split evenly over the tokens it computed
+(prefill and decode; padding's share goes to the real tokens), and a request gets the share of each step in its
+prefill window (its first scheduled step to its first token, in proportion to its prompt tokens) and one token's
+share of each step in its decode window (first token to finish). Preemptions are not subtracted from the windows,
+and idle energy belongs to no step, so the shares are scaled to sum to the run's energy (idle included): the
+energy it took to serve the requests, split by the work each caused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from sim.costs.costmodel import DEFAULT_COMPUTE_EFFICIENCY, AnalyticCostModel, StepShape
+
+if TYPE_CHECKING:
+    from sim.hardware.specs import GPUSpec
+    from sim.metrics.records import RunResult
+
+# Of the dynamic power range (tdp - idle), what a step that keeps HBM busy all its duration draws (see above).
+MEMORY_POWER_SHARE = 0.35
+
+
+def clock_share(idle_w: float, tdp_w: float, limit_w: float) -> float:
+    """The SM clock, as a share of its full rate, at which a compute-bound step fits under a power cap of
+    ``limit_w``: dynamic power goes as C V^2 f and the voltage scales with the clock in the DVFS range, so as f^3;
+    at full clock a compute-bound step draws ``tdp_w``. 1.0 without a cap (or a cap at or above the TDP).
+    That a cap lowers the SM clock and with it DGEMM throughput, while a memory-bound kernel keeps its speed, is
+    what "Architectural and Power-Capping Trade-offs in NVIDIA H100 and H200 GPUs" (arXiv 2604.11391) measured for
+    caps from 200 to 700 W, and Ma et al. (2026, above) for decode: HBM keeps its clock."""
+    if limit_w >= tdp_w or tdp_w <= idle_w:
+        return 1.0
+    return float(((limit_w - idle_w) / (tdp_w - idle_w)) ** (1.0 / 3.0))
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class PowerModel:
+    """One replica's power figures. ``roofline``: its analytic cost model, whose busy times give each step's
+    compute and memory shares; None: the shares come from the step's FLOPs (see the module docstring)."""
+
+    idle_w: float  # per GPU, static power
+    tdp_w: float  # per GPU, what a compute-bound step draws at full clock
+    limit_w: float  # per GPU, the board's power limit (deployment.power_limit_w, else tdp_w)
+    gpus: int = 1  # GPUs of one replica (tensor x pipeline parallel), each drawing the same
+    roofline: AnalyticCostModel | None = None
+    peak_flops: float = 0.0  # FLOP/s of the replica's GPUs (the fallback's compute share)
+
+    def power(self, compute_share: np.ndarray, memory_share: np.ndarray) -> np.ndarray:
+        """Watts of the replica in steps with these busy shares (each in [0, 1])."""
+        # the arithmetic at a capped clock r draws r^3 of its full dynamic power (see clock_share): the roofline
+        # was built at that clock, so its compute share is of the slower time
+        clock = 1.0 if self.roofline is None else self.roofline.compute_clock
+        dyn = (self.tdp_w - self.idle_w) * np.minimum(1.0, compute_share * clock**3
+                                                      + MEMORY_POWER_SHARE * memory_share)
+        return self.gpus * np.minimum(self.idle_w + dyn, self.limit_w)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"gpus_per_replica": self.gpus, "idle_w": self.idle_w, "tdp_w": self.tdp_w,
+                "power_limit_w": self.limit_w, "busy_from": "roofline" if self.roofline is not None else "flops"}
+
+
+def power_model_of(gpu: GPUSpec, cost: Any, gpus: int, limit_w: float | None) -> PowerModel | None:
+    """A replica's power model: ``gpu``'s figures, ``gpus`` of them, capped at ``limit_w`` (None: the TDP), busy
+    shares from ``cost``'s roofline when it is the analytic model (or a speculative decoder's target); None when the
+    GPU has no power figures."""
+    if gpu.tdp_w <= 0:
+        return None
+    inner = getattr(cost, "target", cost)  # sim.serving.spec_decode.SpecDecodeCost: the target's roofline
+    roofline = inner if isinstance(inner, AnalyticCostModel) else None
+    return PowerModel(gpu.idle_w, gpu.tdp_w, gpu.tdp_w if limit_w is None else min(limit_w, gpu.tdp_w), gpus,
+                      roofline, float(cost.peak_flops))
+
+
+def busy_shares(pm: PowerModel, steps: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Each step's compute and memory busy shares from the step columns. The roofline needs each step's query-key
+    pairs and KV reads, which the step log does not keep: the pairs are what the step's recorded FLOPs leave after
+    the linear layers and the LM head (exact), the KV reads equal the pairs in a step of decodes only (a decode
+    row attends its context plus itself) and are taken as the GPU's stored KV tokens in a step with prefill."""
+    dur = np.asarray(steps["duration"], dtype=np.float64)
+    flops = np.asarray(steps["flops"], dtype=np.float64)
+    if pm.roofline is not None:
+        f_tok, f_row, f_pair = pm.roofline.flops_per_unit
+        prefill = np.asarray(steps["prefill_tokens"], dtype=np.float64)
+        pad = np.asarray(steps["padding_tokens"], dtype=np.float64)
+        tok = prefill + np.asarray(steps["decode_tokens"], dtype=np.float64) + pad
+        rows = np.asarray(steps["batch_size"], dtype=np.float64) + np.asarray(steps["padded_rows"], dtype=np.float64)
+        pairs = np.maximum(flops - (tok - pad) * f_tok - rows * f_row, 0.0) / f_pair if f_pair > 0 else tok * 0.0
+        kv_read = np.where(prefill > 0, np.asarray(steps["kv_tokens"], dtype=np.float64), pairs)
+        decode = np.asarray(steps["decode_tokens"], dtype=np.float64)
+        compute, memory = pm.roofline.busy_times(StepShape(rows, tok, decode, kv_read, pairs))
+    else:
+        rate = pm.peak_flops * DEFAULT_COMPUTE_EFFICIENCY
+        compute = flops / rate if rate > 0 else flops * 0.0
+        memory = np.maximum(dur - compute, 0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        c = np.where(dur > 0, np.minimum(compute / dur, 1.0), 0.0)
+        m = np.where(dur > 0, np.minimum(memory / dur, 1.0), 0.0)
+    return c, m
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class RunEnergy:
+    """A run's energy: per step, idle, and per request (in ``RunResult.requests``' order)."""
+
+    step_power_w: np.ndarray  # W of the replica that ran each step
+    step_energy_j: np.ndarray  # J of each step
+    idle_energy_j: float  # J drawn between steps (every replica that was up, at idle power)
+    up_seconds: float  # replica-seconds the fleet was up
+    request_energy_j: np.ndarray  # J attributed to each request (they sum to energy_j)
+
+    @property
+    def energy_j(self) -> float:
+        return float(self.step_energy_j.sum()) + self.idle_energy_j
+
+
+def up_seconds(result: RunResult) -> float:
+    """Replica-seconds the fleet was up (summarize's: an autoscaled cluster's replicas come and go)."""
+    if result.cluster:
+        return float(result.cluster["replica_seconds"])
+    return float(result.duration)
+
+
+def run_energy(result: RunResult, up: float | None = None) -> RunEnergy | None:
+    """The run's energy, None when its GPU has no power figures (or the run's steps were measured on an engine,
+    whose power is not modelled). ``up``: replica-seconds the fleet was up (default ``up_seconds``)."""
+    pm = result.power
+    if pm is None:
+        return None
+    s = result.steps
+    dur = np.asarray(s["duration"], dtype=np.float64)
+    power = pm.power(*busy_shares(pm, s))
+    energy = power * dur
+    up = up_seconds(result) if up is None else up
+    idle = max(up - float(dur.sum()), 0.0) * pm.idle_w * pm.gpus
+    total = float(energy.sum()) + idle
+    return RunEnergy(power, energy, idle, up, attribute(result, energy, total))
+
+
+def attribute(result: RunResult, step_energy: np.ndarray, total: float) -> np.ndarray:
+    """Each request's share of ``total`` by the tokens it had computed in each step (see the module docstring)."""
+    recs = result.requests
+    out = np.zeros(len(recs))
+    if not recs or not len(step_energy):
+        return out
+    s = result.steps
+    start = np.asarray(s["start"], dtype=np.float64)
+    replica = np.asarray(s["replica"], dtype=np.int64)
+    prefill = np.asarray(s["prefill_tokens"], dtype=np.float64)
+    tok = prefill + np.asarray(s["decode_tokens"], dtype=np.float64)
+    per_tok = np.divide(step_energy, tok, out=np.zeros_like(step_energy), where=tok > 0)
+    req_rep = np.array([r.replica for r in recs], dtype=np.int64)
+    first_sched = np.array([r.first_scheduled for r in recs], dtype=np.float64)
+    first_tok = np.array([r.first_token for r in recs], dtype=np.float64)
+    finish = np.array([r.finish for r in recs], dtype=np.float64)
+    prompt = np.array([r.prompt_tokens for r in recs], dtype=np.float64)
+    for rep in np.unique(replica):
+        sel = replica == rep
+        st = start[sel]
+        order = np.argsort(st, kind="stable")
+        st = st[order]
+        pt, pf = per_tok[sel][order], prefill[sel][order]
+        c_dec = np.concatenate(([0.0], np.cumsum(pt)))
+        c_pre_e = np.concatenate(([0.0], np.cumsum(pt * pf)))
+        c_pre_n = np.concatenate(([0.0], np.cumsum(pf)))
+        mine = (req_rep == rep) & (first_sched >= 0)
+        fs, ft, fin = first_sched[mine], first_tok[mine], finish[mine]
+        ft = np.where(ft >= 0, ft, fin)  # no first token (failed or rejected while prefilling): prefill to its end
+        i0, i1, i2 = (np.searchsorted(st, x, side="left") for x in (fs, ft, fin))
+        pre_n = c_pre_n[i1] - c_pre_n[i0]
+        pre_e = np.divide((c_pre_e[i1] - c_pre_e[i0]) * prompt[mine], pre_n, out=np.zeros(len(fs)),
+                          where=pre_n > 0)
+        out[mine] = pre_e + (c_dec[i2] - c_dec[i1])
+    raw = float(out.sum())
+    if raw > 0:
+        out *= total / raw
+    return out
+
+
+def energy_summary(result: RunResult, total_output_tokens: int, duration: float, up: float) -> dict[str, Any] | None:
+    """summary.json's ``energy`` section (None: not modelled, see ``run_energy``); ``up`` replica-seconds."""
+    e = run_energy(result, up)
+    if e is None:
+        return None
+    assert result.power is not None
+    done = np.array([r.outcome == "completed" for r in result.requests], dtype=bool)
+    per_req = e.request_energy_j[done]
+    total = e.energy_j
+    return {
+        "energy_j": total,
+        "idle_energy_j": e.idle_energy_j,
+        "mean_power_w": total / duration if duration > 0 else float("nan"),
+        "peak_step_power_w": float(e.step_power_w.max()) if len(e.step_power_w) else float("nan"),
+        "j_per_output_token": total / total_output_tokens if total_output_tokens else float("nan"),
+        "j_per_request": {
+            "mean": float(per_req.mean()) if len(per_req) else float("nan"),
+            "median": float(np.median(per_req)) if len(per_req) else float("nan"),
+            "p99": float(np.percentile(per_req, 99)) if len(per_req) else float("nan"),
+        },
+        **result.power.to_dict(),
+    }
+
+
+def power_over_time(result: RunResult, bins: int = 200) -> tuple[np.ndarray, np.ndarray] | None:
+    """Mean power of the fleet in ``bins`` equal time bins over the run (bin centres in s, W): each step's energy
+    in the bin where it starts, the idle draw of the up replicas over what the steps left of the bin. Summed over
+    the bins, power x width is the run's energy."""
+    e = run_energy(result)
+    if e is None or result.power is None:
+        return None
+    starts = np.asarray(result.steps["start"], dtype=np.float64)
+    dur = np.asarray(result.steps["duration"], dtype=np.float64)
+    t0 = min((r.arrival for r in result.requests), default=0.0)
+    t1 = t0 + float(result.duration)
+    if not t1 > t0:
+        return None
+    edges = np.linspace(t0, t1, bins + 1)
+    width = (t1 - t0) / bins
+    where = np.clip(np.searchsorted(edges, starts, side="right") - 1, 0, bins - 1)
+    busy_j = np.bincount(where, weights=e.step_energy_j, minlength=bins)
+    busy_s = np.bincount(where, weights=dur, minlength=bins)
+    replicas = e.up_seconds / (t1 - t0)  # replicas up on average (a fixed fleet: its size)
+    idle_s = np.maximum(width * replicas - busy_s, 0.0)
+    idle_j = idle_s * (e.idle_energy_j / idle_s.sum()) if idle_s.sum() > 0 else idle_s * 0.0
+    return (edges[:-1] + edges[1:]) / 2, (busy_j + idle_j) / width

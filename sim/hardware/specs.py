@@ -1,0 +1,895 @@
+"""Model and hardware specifications, and the KV-cache budget they leave.
+
+Everything here is plain arithmetic on published shapes and datasheet numbers: no torch, no GPU. The simulator's
+cost models read these specs; the real engine builds its random-weight model from the same ``ModelSpec``.
+
+Units: bytes, seconds, bytes per second, FLOP per second. "Per GPU" always means one tensor-parallel shard.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from os import PathLike
+from pathlib import Path
+from typing import Any, Literal
+
+from sim.config.files import read_text_capped
+from sim.hardware.mla import (
+    DEEPSEEK_V2_FIELDS,
+    mla_attention_params,
+    mla_attn_flops_per_pair,
+    mla_kv_elements_per_token,
+)
+from sim.hardware.moe import MOE_MODEL_TYPES
+from sim.hardware.presets.gpus import BASE_GPU_ALIASES, BASE_GPU_PRESETS, MORE_GPU_ALIASES, MORE_GPU_PRESETS
+from sim.hardware.presets.models import BASE_MODEL_ALIASES, BASE_MODEL_PRESETS, MORE_MODEL_ALIASES, MORE_MODEL_PRESETS
+
+GiB = 1 << 30
+MiB = 1 << 20
+
+MAX_SHAPE = 1 << 40  # largest model dimension taken (far past any model; keeps products inside float range)
+MAX_CONFIG_BYTES = 4 * MiB  # a config.json is a few KB; a larger "file" (/dev/zero, a weights file) is refused
+
+
+
+def _finite_number(v: Any) -> bool:
+    """A real number (bools are not), finite."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def read_json_file(path: str | PathLike[str], max_bytes: int) -> Any:
+    """A JSON file's value, reading at most ``max_bytes`` (so that /dev/zero or a huge file cannot exhaust
+    memory). Raises OSError (FileNotFoundError when absent) or ValueError naming the file and the problem."""
+    text = read_text_capped(path, max_bytes, "a JSON file this reads")
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError(f"{path}: JSON nested too deeply") from None
+    except ValueError as e:  # json.JSONDecodeError
+        raise ValueError(f"{path}: not valid JSON: {e}") from None
+
+# ---------------------------------------------------------------------------------------------------------------
+# dtypes
+
+DType = Literal["fp32", "bf16", "fp16", "fp8", "int8", "int4"]
+
+# Bits per element. int4 packs two weights per byte; it exists for weights only.
+DTYPE_BITS: dict[str, int] = {"fp32": 32, "bf16": 16, "fp16": 16, "fp8": 8, "int8": 8, "int4": 4}
+_DTYPE_ALIASES = {
+    "float32": "fp32",
+    "float": "fp32",
+    "bfloat16": "bf16",
+    "float16": "fp16",
+    "half": "fp16",
+    "float8": "fp8",
+    "fp8_e4m3": "fp8",
+    "fp8_e5m2": "fp8",
+    "e4m3": "fp8",
+    "e5m2": "fp8",
+}
+QUANTIZED_DTYPES = frozenset({"fp8", "int8", "int4"})
+
+
+def canonical_dtype(name: str) -> str:
+    """``name`` as one of ``fp32 bf16 fp16 fp8 int8 int4`` (also accepts torch-style names such as bfloat16)."""
+    key = str(name).strip().lower()
+    key = _DTYPE_ALIASES.get(key, key)
+    if key not in DTYPE_BITS:
+        raise ValueError(f"unknown dtype {name!r}; expected one of {', '.join(DTYPE_BITS)}")
+    return key
+
+
+def dtype_bytes(name: str) -> float:
+    """Bytes per element (0.5 for int4)."""
+    return DTYPE_BITS[canonical_dtype(name)] / 8
+
+
+def kv_dtype_bytes(name: str) -> int:
+    """Bytes per element of a KV-cache dtype. int4 is a weight-only format and is refused here."""
+    key = canonical_dtype(name)
+    if key == "int4":
+        raise ValueError("int4 is a weight-only format; the KV cache supports fp32, bf16, fp16, fp8 or int8")
+    return DTYPE_BITS[key] // 8
+
+
+def activation_dtype(weight_dtype: str) -> str:
+    """The dtype activations (and unquantized tensors) use with these weights: fp32 and fp16 models keep their
+    dtype; bf16 and every quantized format run their activations in bf16, as vLLM does by default."""
+    key = canonical_dtype(weight_dtype)
+    return key if key in ("fp32", "fp16") else "bf16"
+
+
+def resolve_kv_dtype(kv_dtype: str, weight_dtype: str) -> str:
+    """vLLM's ``kv_cache_dtype``: ``auto`` means the activation dtype of the model."""
+    if str(kv_dtype).strip().lower() == "auto":
+        return activation_dtype(weight_dtype)
+    key = canonical_dtype(kv_dtype)
+    kv_dtype_bytes(key)  # refuses int4
+    return key
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# models
+
+
+@dataclass(frozen=True, slots=True)
+class ShardSpec:
+    """Parameter counts held by one GPU under tensor parallelism (vLLM's column/row-parallel layout).
+
+    Attention heads and MLP columns are split; KV heads are split while there are at least as many as GPUs and
+    replicated (one per GPU) beyond; the vocabulary of the embedding and of the LM head is split; norms, learned
+    position embeddings and the biases of row-parallel layers are replicated.
+    """
+
+    tensor_parallel_size: int
+    num_attention_heads: int  # per GPU
+    num_key_value_heads: int  # per GPU (replicated when tp > kv heads)
+    intermediate_size: int  # per GPU
+    vocab_size: int  # per GPU (rounded up)
+    layer_matmul_params: int  # linear-layer weights of one decoder layer on this GPU
+    body_matmul_params: int  # all decoder layers plus OPT's project_in/out: the matmuls computed for every token
+    lm_head_params: int  # LM head weights on this GPU: computed only for the rows that sample
+    embedding_params: int  # token (and learned position) embedding rows on this GPU
+    other_params: int  # norms and biases on this GPU
+    tied: bool  # LM head shares the token embedding (stored once)
+    num_experts: int = 0  # MoE: experts per layer (0: a dense model)
+    experts_per_tok: int = 0  # MoE: experts each token is routed to
+    expert_params: int = 0  # MoE: matmul weights of one expert of one layer on this GPU
+    num_moe_layers: int = 0  # MoE: decoder layers holding experts
+
+    @property
+    def active_body_params(self) -> int:
+        """Matmul weights one token passes through in the decoder (its ``experts_per_tok`` experts, not all)."""
+        if not self.num_experts:
+            return self.body_matmul_params
+        return self.body_matmul_params - (self.num_experts - self.experts_per_tok) * self.expert_params * \
+            self.num_moe_layers
+
+    def expert_bytes(self, dtype: str) -> int:
+        """MoE: bytes of one expert in every layer (what reading one more distinct expert per layer costs)."""
+        return math.ceil(self.num_moe_layers * self.expert_params * DTYPE_BITS[canonical_dtype(dtype)] / 8)
+
+    @property
+    def stored_params(self) -> int:
+        """Parameters resident on this GPU."""
+        head = 0 if self.tied else self.lm_head_params
+        return self.body_matmul_params + head + self.embedding_params + self.other_params
+
+    def weight_bytes(self, dtype: str) -> int:
+        """Bytes of weights resident on this GPU. Quantized formats (fp8, int8, int4) apply to the decoder's linear
+        layers; embeddings, LM head, norms and biases stay in bf16, as in vLLM's fp8/GPTQ/AWQ checkpoints.
+        Quantization scales (a few per cent for int4 group-wise) are not counted."""
+        key = canonical_dtype(dtype)
+        hi_bits = DTYPE_BITS[activation_dtype(key)]
+        rest = self.stored_params - self.body_matmul_params
+        return math.ceil((self.body_matmul_params * DTYPE_BITS[key] + rest * hi_bits) / 8)
+
+    def weight_bytes_read_per_step(self, dtype: str) -> int:
+        """Bytes of weights every forward step streams from memory: all matmul weights (body and LM head, the
+        latter even when tied) plus norms and biases. Embedding lookups touch a few rows only and are left out.
+        MoE: the experts are left out too (``expert_bytes`` times the experts a step touches, sim.hardware.moe)."""
+        key = canonical_dtype(dtype)
+        hi_bits = DTYPE_BITS[activation_dtype(key)]
+        body = self.body_matmul_params - self.num_experts * self.expert_params * self.num_moe_layers
+        return math.ceil(
+            (body * DTYPE_BITS[key] + (self.lm_head_params + self.other_params) * hi_bits) / 8
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """Shape of a decoder-only transformer, enough for exact parameter counts, FLOPs and KV bytes.
+
+    Llama, Mistral, Qwen2 and SmolLM are ``mlp="gated"`` (SwiGLU: gate, up and down matrices), RMSNorm, rotary
+    positions. OPT is ``mlp="plain"`` (fc1, fc2), LayerNorm with bias, biases on every linear layer, and a learned
+    position table with two extra rows (``num_position_embeddings = max_position_embeddings + 2``).
+    """
+
+    name: str
+    hidden_size: int
+    num_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    intermediate_size: int
+    vocab_size: int
+    max_position_embeddings: int
+    head_dim: int = 0  # 0: hidden_size // num_attention_heads
+    tie_word_embeddings: bool = False
+    mlp: Literal["gated", "plain"] = "gated"
+    norm: Literal["rms", "layer"] = "rms"  # LayerNorm has a bias as well as a weight
+    qkv_bias: bool = False  # Qwen2: biases on q, k and v only
+    o_bias: bool = False
+    mlp_bias: bool = False
+    num_position_embeddings: int = 0  # rows of a learned position table; 0 for rotary embeddings
+    word_embed_proj_dim: int = 0  # OPT: embedding width when it differs from hidden_size (adds project_in/out)
+    final_norm: bool = True  # a norm after the last layer (OPT's post-norm variants have none)
+    model_type: str = "llama"  # Hugging Face model_type, kept for the real engine and for round trips
+    rope_theta: float = 10000.0  # rotary base (unused when num_position_embeddings > 0)
+    norm_eps: float = 1e-5
+    qk_norm: bool = False  # Qwen3: RMSNorm over each query and key head (head_dim weights each, per layer)
+    num_experts: int = 0  # MoE (Mixtral, Qwen3-MoE): experts per layer replacing the MLP; 0: dense
+    # (sim/hardware/moe.py)
+    num_experts_per_tok: int = 0  # MoE: experts each token is routed to (top-k)
+    moe_intermediate_size: int = 0  # MoE: one expert's intermediate width; 0: intermediate_size
+    # DeepSeek-V2 (sim/hardware/mla.py): multi-head latent attention when kv_lora_rank > 0, shared experts, dense
+    # first layers
+    kv_lora_rank: int = 0  # MLA: width of the cached KV latent; 0: ordinary attention
+    qk_rope_head_dim: int = 0  # MLA: rotary part of each query/key head (its key shared by the heads and cached)
+    qk_nope_head_dim: int = 0  # MLA: non-rotary part of each query/key head
+    v_head_dim: int = 0  # MLA: width of each value head
+    q_lora_rank: int = 0  # MLA: width of the compressed query; 0: queries not compressed
+    n_shared_experts: int = 0  # MoE: experts every token passes through besides its top-k routed ones
+    first_k_dense_replace: int = 0  # MoE: the first layers keep a dense MLP of intermediate_size
+    # Gemma-2 (sim/hardware/window.py): local layers attend to the last sliding_window tokens; every pattern-th is
+    # global
+    sliding_window: int = 0  # 0: every layer attends to the whole context
+    sliding_window_pattern: int = 0  # every n-th layer (from 1) is global; 0: all layers local
+    norms_per_layer: int = 2  # RMSNorms per decoder layer (Gemma-2: 4, before and after attention and MLP)
+
+    def __post_init__(self) -> None:
+        for f in ("hidden_size", "num_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size",
+                  "vocab_size", "max_position_embeddings"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= MAX_SHAPE:
+                raise ValueError(f"model {self.name!r}: {f} must be a positive integer up to {MAX_SHAPE}, got {v!r}")
+        for f in ("head_dim", "num_position_embeddings", "word_embed_proj_dim"):  # 0: derived or none
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= MAX_SHAPE:
+                raise ValueError(f"model {self.name!r}: {f} must be an integer in [0, {MAX_SHAPE}], got {v!r}")
+        for f in ("rope_theta", "norm_eps"):
+            v = getattr(self, f)
+            if not _finite_number(v) or v <= 0:
+                raise ValueError(f"model {self.name!r}: {f} must be a finite number > 0, got {v!r}")
+        if self.head_dim == 0:
+            if self.hidden_size % self.num_attention_heads:
+                raise ValueError(f"model {self.name!r}: hidden_size {self.hidden_size} is not divisible by "
+                                 f"num_attention_heads {self.num_attention_heads}; give head_dim explicitly")
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
+        if self.head_dim < 1:
+            raise ValueError(f"model {self.name!r}: head_dim must be positive, got {self.head_dim}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(f"model {self.name!r}: num_attention_heads {self.num_attention_heads} is not a "
+                             f"multiple of num_key_value_heads {self.num_key_value_heads}")
+        if self.mlp not in ("gated", "plain"):
+            raise ValueError(f"model {self.name!r}: mlp must be 'gated' or 'plain', got {self.mlp!r}")
+        if self.norm not in ("rms", "layer"):
+            raise ValueError(f"model {self.name!r}: norm must be 'rms' or 'layer', got {self.norm!r}")
+        if self.word_embed_proj_dim == 0:
+            object.__setattr__(self, "word_embed_proj_dim", self.hidden_size)
+        if self.num_experts or self.num_experts_per_tok:
+            if not (isinstance(self.num_experts, int) and isinstance(self.num_experts_per_tok, int)
+                    and 1 <= self.num_experts_per_tok <= self.num_experts <= MAX_SHAPE):
+                raise ValueError(f"model {self.name!r}: a mixture of experts needs 1 <= num_experts_per_tok "
+                                 f"({self.num_experts_per_tok!r}) <= num_experts ({self.num_experts!r})")
+            if self.mlp != "gated":
+                raise ValueError(f"model {self.name!r}: experts are gated MLPs (mlp='gated')")
+            if self.moe_intermediate_size == 0:
+                object.__setattr__(self, "moe_intermediate_size", self.intermediate_size)
+        if not 0 <= self.first_k_dense_replace < self.num_layers:
+            raise ValueError(f"model {self.name!r}: first_k_dense_replace must be in [0, num_layers), got "
+                             f"{self.first_k_dense_replace!r}")
+        if self.kv_lora_rank and min(self.qk_rope_head_dim, self.qk_nope_head_dim, self.v_head_dim) < 1:
+            raise ValueError(f"model {self.name!r}: MLA (kv_lora_rank > 0) needs qk_rope_head_dim, "
+                             "qk_nope_head_dim and v_head_dim")
+
+    # --- parameter counts (tensor_parallel_size=1 is the whole model) -------------------------------------------
+
+    def shard(self, tensor_parallel_size: int = 1) -> ShardSpec:
+        """Parameter counts on one of ``tensor_parallel_size`` GPUs; see ``ShardSpec``."""
+        tp = check_tensor_parallel(self, tensor_parallel_size)
+        h, hd, e = self.hidden_size, self.head_dim, self.word_embed_proj_dim
+        heads = self.num_attention_heads // tp
+        kv = max(1, self.num_key_value_heads // tp)
+        inter = -(-self.intermediate_size // tp)
+        vocab = -(-self.vocab_size // tp)
+        n_up = 2 if self.mlp == "gated" else 1
+        experts = expert = 0
+        attn_mm, attn_norms = mla_attention_params(self, tp) if self.kv_lora_rank else \
+            (h * (heads + 2 * kv) * hd + heads * hd * h, 0)
+        dense_mm = 0  # DeepSeek: the first layers' dense MLP
+        if self.num_experts:
+            dense_mm = (n_up + 1) * h * inter  # intermediate_size split over the GPUs, before inter is the expert's
+            # vLLM splits every expert's intermediate width over the GPUs; the router is replicated
+            inter = -(-self.moe_intermediate_size // tp)
+            expert = 3 * h * inter
+            experts = self.num_experts
+            layer_mm = attn_mm + h * experts + (experts + self.n_shared_experts) * expert
+        else:
+            layer_mm = attn_mm + (n_up + 1) * h * inter
+        dense = self.first_k_dense_replace if experts else 0
+        layer_other = (2 if self.norm == "layer" else 1) * h * self.norms_per_layer + attn_norms  # (+ MLA's)
+        if self.qk_norm:
+            layer_other += 2 * hd
+        if self.qkv_bias:
+            layer_other += (heads + 2 * kv) * hd
+        if self.o_bias:
+            layer_other += h
+        if self.mlp_bias:
+            layer_other += n_up * inter + h
+        proj = 2 * e * h if e != h else 0
+        final = (2 if self.norm == "layer" else 1) * h if self.final_norm else 0
+        return ShardSpec(
+            tensor_parallel_size=tp,
+            num_attention_heads=heads,
+            num_key_value_heads=kv,
+            intermediate_size=inter,
+            vocab_size=vocab,
+            layer_matmul_params=layer_mm,
+            body_matmul_params=(self.num_layers - dense) * layer_mm + dense * (attn_mm + dense_mm) + proj,
+            lm_head_params=vocab * e,
+            embedding_params=vocab * e + self.num_position_embeddings * h,
+            other_params=self.num_layers * layer_other + final,
+            tied=self.tie_word_embeddings,
+            num_experts=experts,
+            experts_per_tok=self.num_experts_per_tok if experts else 0,
+            expert_params=expert,
+            num_moe_layers=self.num_layers - dense if experts else 0,
+        )
+
+    @property
+    def num_params(self) -> int:
+        """Exact parameter count: embeddings, attention, MLP, norms, biases, and the LM head unless tied."""
+        return self.shard(1).stored_params
+
+    @property
+    def matmul_params(self) -> int:
+        """Weights of the linear layers a token passes through, LM head included (tied or not), embeddings
+        excluded. ``2 * matmul_params`` is the classic forward FLOPs per token."""
+        s = self.shard(1)
+        return s.active_body_params + s.lm_head_params
+
+    @property
+    def flops_per_token(self) -> int:
+        """Forward FLOPs per token in the linear layers (incl. LM head), attention excluded: 2 * matmul_params."""
+        return 2 * self.matmul_params
+
+    @property
+    def attn_flops_per_pair(self) -> int:
+        """Attention FLOPs per causal query-key pair: QK^T and PV, 2 FLOPs per multiply-add each, every layer."""
+        if self.kv_lora_rank:
+            return mla_attn_flops_per_pair(self, self.num_attention_heads)
+        return 4 * self.num_layers * self.num_attention_heads * self.head_dim
+
+    def attention_flops(self, attn_pairs: float) -> int | float:
+        """Attention FLOPs for ``attn_pairs`` query-key pairs (see ``StepShape.attn_pairs``)."""
+        return attn_pairs * self.attn_flops_per_pair
+
+    def weight_bytes(self, dtype: str = "bf16") -> int:
+        """Bytes of all weights; see ``ShardSpec.weight_bytes`` for what a quantized dtype covers."""
+        return self.shard(1).weight_bytes(dtype)
+
+    def kv_bytes_per_token(self, kv_dtype: str = "bf16") -> int:
+        """KV-cache bytes one token occupies: 2 (K and V) * layers * kv heads * head_dim * bytes per element
+        (MLA: layers * (kv_lora_rank + qk_rope_head_dim) * bytes, sim/hardware/mla.py)."""
+        return self.kv_elements_per_token(1) * kv_dtype_bytes(kv_dtype)
+
+    def kv_elements_per_token(self, tensor_parallel_size: int = 1) -> int:
+        """KV elements one token caches on each of ``tensor_parallel_size`` GPUs: 2 * layers * that GPU's KV heads
+        * head_dim (KV heads replicated past their count); MLA's latent is not split (sim/hardware/mla.py)."""
+        if self.kv_lora_rank:
+            return mla_kv_elements_per_token(self)
+        kv = max(1, self.num_key_value_heads // tensor_parallel_size)
+        return 2 * self.num_layers * kv * self.head_dim
+
+    # --- construction ---------------------------------------------------------------------------------------------
+
+    @classmethod
+    def from_hf_config(cls, config: Mapping[str, Any] | str | PathLike[str], name: str | None = None) -> ModelSpec:
+        """Read a Hugging Face ``config.json`` (a dict, a file, or a folder holding config.json).
+
+        Llama-like types (llama, mistral, qwen2, smollm, ...) read ``hidden_size, num_hidden_layers,
+        num_attention_heads, num_key_value_heads (default: heads), head_dim (default: hidden/heads),
+        intermediate_size, vocab_size, max_position_embeddings, tie_word_embeddings, attention_bias, mlp_bias``;
+        ``opt`` reads ``ffn_dim`` instead of intermediate_size, plus ``word_embed_proj_dim, do_layer_norm_before,
+        enable_bias``.
+        """
+        if isinstance(config, Mapping):
+            cfg = dict(config)
+            source = "config"
+        else:
+            path = Path(config)
+            if path.is_dir():
+                path = path / "config.json"
+            source = str(path)
+            loaded = read_json_file(path, MAX_CONFIG_BYTES)
+            if not isinstance(loaded, dict):
+                raise ValueError(f"{source}: a config.json must be a JSON object of fields, got a "
+                                 f"{type(loaded).__name__}")
+            cfg = loaded
+        model_type = str(cfg.get("model_type", "llama")).lower()
+        if name is None:
+            name = str(cfg.get("_name_or_path") or cfg.get("name") or model_type)
+        _refuse_what_is_not_modelled(cfg, model_type, source)
+
+        def whole(key: str, value: Any, low: int = 1) -> int:
+            # int(1.5) would be 1 and int(True) 1: a shape field must be an integer as written
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                kind = "a positive integer" if low >= 1 else "an integer >= 0"
+                raise ValueError(f"{source}: {key} must be {kind}, got {value!r}")
+            return value
+
+        def need(key: str) -> int:
+            if cfg.get(key) is None:
+                raise ValueError(f"{source} ({model_type}) lacks the field {key!r}, needed for the model's shape")
+            return whole(key, cfg[key])
+
+        def optional(key: str, default: int) -> int:
+            # absent or null: the default; 0 is a value (and refused where it must be positive), not "unset"
+            return default if cfg.get(key) is None else whole(key, cfg[key])
+
+        def number(key: str, default: float) -> float:
+            v = cfg.get(key, default)
+            if not _finite_number(v) or v <= 0:
+                raise ValueError(f"{source}: {key} must be a finite number > 0, got {v!r}")
+            return float(v)
+
+        def flag(key: str, default: bool) -> bool:
+            v = cfg.get(key, default)
+            if not isinstance(v, bool):
+                raise ValueError(f"{source}: {key} must be true or false, got {v!r}")
+            return v
+
+        hidden = need("hidden_size")
+        heads = need("num_attention_heads")
+        common: dict[str, Any] = dict(  # the fields every model type reads alike
+            name=name,
+            hidden_size=hidden,
+            num_layers=need("num_hidden_layers"),
+            num_attention_heads=heads,
+            vocab_size=need("vocab_size"),
+            max_position_embeddings=need("max_position_embeddings"),
+            model_type=model_type,
+        )
+        if model_type == "opt":
+            enable_bias = flag("enable_bias", True)
+            pre_norm = flag("do_layer_norm_before", True)
+            return cls(
+                **common,
+                num_key_value_heads=heads,
+                intermediate_size=need("ffn_dim"),
+                tie_word_embeddings=flag("tie_word_embeddings", True),
+                mlp="plain",
+                norm="layer",
+                qkv_bias=enable_bias,
+                o_bias=enable_bias,
+                mlp_bias=enable_bias,
+                num_position_embeddings=common["max_position_embeddings"] + 2,  # OPT's learned table has offset 2
+                word_embed_proj_dim=optional("word_embed_proj_dim", hidden),
+                final_norm=pre_norm and not flag("_remove_final_layer_norm", False),
+                norm_eps=1e-5,
+            )
+        attention_bias = flag("attention_bias", False)
+        moe: dict[str, Any] = {}
+        if model_type in MOE_MODEL_TYPES:
+            moe = dict(num_experts=need(MOE_MODEL_TYPES[model_type]), num_experts_per_tok=need("num_experts_per_tok"),
+                       moe_intermediate_size=optional("moe_intermediate_size", 0))
+        head_dim = optional("head_dim", 0)
+        if model_type == "deepseek_v2":  # MLA and shared experts (sim/hardware/mla.py)
+            moe.update(kv_lora_rank=need("kv_lora_rank"), qk_rope_head_dim=need("qk_rope_head_dim"),
+                       qk_nope_head_dim=need("qk_nope_head_dim"), v_head_dim=need("v_head_dim"),
+                       q_lora_rank=optional("q_lora_rank", 0), n_shared_experts=optional("n_shared_experts", 0),
+                       first_k_dense_replace=optional("first_k_dense_replace", 0))
+            head_dim = moe["qk_nope_head_dim"] + moe["qk_rope_head_dim"]  # a query/key head's width
+        if model_type == "gemma2":  # alternating local and global layers (sim/hardware/window.py)
+            moe.update(sliding_window=need("sliding_window"), sliding_window_pattern=2, norms_per_layer=4)
+        return cls(
+            **common,
+            **moe,
+            qk_norm=model_type in ("qwen3", "qwen3_moe"),
+            num_key_value_heads=optional("num_key_value_heads", heads),
+            head_dim=head_dim,  # absent: hidden_size // heads
+            intermediate_size=need("intermediate_size"),
+            tie_word_embeddings=flag("tie_word_embeddings", model_type == "gemma2"),
+            qkv_bias=attention_bias or model_type == "qwen2",
+            o_bias=attention_bias,
+            mlp_bias=flag("mlp_bias", False),
+            rope_theta=number("rope_theta", 10000.0),
+            norm_eps=number("rms_norm_eps", 1e-5),
+        )
+
+    def to_hf_config(self) -> dict[str, Any]:
+        """The Hugging Face config fields this spec holds; ``from_hf_config`` reads them back to an equal spec."""
+        cfg: dict[str, Any] = {
+            "_name_or_path": self.name,
+            "model_type": self.model_type,
+            "hidden_size": self.hidden_size,
+            "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "vocab_size": self.vocab_size,
+            "max_position_embeddings": self.max_position_embeddings,
+            "tie_word_embeddings": self.tie_word_embeddings,
+        }
+        if self.model_type == "opt":
+            cfg.update(
+                ffn_dim=self.intermediate_size,
+                word_embed_proj_dim=self.word_embed_proj_dim,
+                do_layer_norm_before=self.final_norm,
+                enable_bias=self.qkv_bias,
+            )
+            return cfg
+        cfg.update(
+            num_key_value_heads=self.num_key_value_heads,
+            head_dim=self.head_dim,
+            intermediate_size=self.intermediate_size,
+            attention_bias=self.o_bias,
+            mlp_bias=self.mlp_bias,
+            rope_theta=self.rope_theta,
+            rms_norm_eps=self.norm_eps,
+        )
+        if self.num_experts:
+            cfg[MOE_MODEL_TYPES.get(self.model_type, "num_local_experts")] = self.num_experts
+            cfg.update(num_experts_per_tok=self.num_experts_per_tok, moe_intermediate_size=self.moe_intermediate_size)
+        if self.sliding_window:
+            cfg["sliding_window"] = self.sliding_window
+        if self.kv_lora_rank:
+            cfg.update({k: getattr(self, k) for k in DEEPSEEK_V2_FIELDS if k != "moe_layer_freq"})
+            cfg["q_lora_rank"] = self.q_lora_rank or None
+        return cfg
+
+    @classmethod
+    def from_name(cls, name: str) -> ModelSpec:
+        """A preset by name, case-insensitive (see ``MODEL_PRESETS``)."""
+        key = name.strip().lower()
+        key = _MODEL_ALIASES.get(key, key)
+        if key not in MODEL_PRESETS:
+            raise ValueError(f"unknown model {name!r}; presets: {', '.join(MODEL_PRESETS)} "
+                             "(or use ModelSpec.from_hf_config with a config.json)")
+        return cls.from_hf_config(MODEL_PRESETS[key], name=key)
+
+
+# The Hugging Face model types whose shape ModelSpec represents whole: dense decoder-only transformers with
+# full attention (Llama-like gated MLP and RMSNorm, or OPT). Another type may hold fields that change the cost
+# (Gemma-2's soft-capping and alternating windows, DeepSeek's MLA and shared experts, Phi's partial
+# rotary), so it is refused
+# by name rather than read as a Llama.
+KNOWN_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "opt", "qwen3", "gemma2", *MOE_MODEL_TYPES})
+# Fields that make a model a mixture of experts in the configs of Mixtral, Qwen-MoE, DeepSeek, DBRX and others.
+_MOE_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts", "num_experts_per_tok",
+               "moe_intermediate_size", "n_shared_experts", "moe_layer_freq", "shared_expert_intermediate_size")
+
+
+def _refuse_what_is_not_modelled(cfg: Mapping[str, Any], model_type: str, source: str) -> None:
+    """A config.json whose model the spec would misread is an error naming the field: a mixture of experts read as
+    dense counts one expert's parameters (Mixtral-8x7B: 7.2 B of its 46.7 B), a sliding window it ignores makes
+    long contexts' KV and attention too costly."""
+    read = {MOE_MODEL_TYPES[model_type], "num_experts_per_tok", "moe_intermediate_size"} \
+        if model_type in MOE_MODEL_TYPES else set()
+    if model_type == "deepseek_v2":
+        read |= {"n_shared_experts"}
+        if cfg.get("moe_layer_freq", 1) != 1:
+            raise ValueError(f"{source}: moe_layer_freq = {cfg.get('moe_layer_freq')!r}: experts only every n-th "
+                             "layer, which servesim does not model (every layer past first_k_dense_replace holds them)")
+    for key in _MOE_FIELDS:
+        v = cfg.get(key)
+        unset: tuple[Any, ...] = (None, 0, False, [], {}) if "shared" in key else (None, 0, 1, False, [], {})
+        if key not in read and v not in unset:  # (one expert is a dense model)
+            raise ValueError(f"{source}: {key} = {v!r}: a mixture-of-experts model whose experts servesim does not "
+                             f"read from this config (it reads {', '.join(sorted(MOE_MODEL_TYPES))} experts, without "
+                             "shared experts); it would count only the dense part of its parameters")
+    window = cfg.get("sliding_window")
+    if window is not None and cfg.get("use_sliding_window", True) is not False and model_type != "gemma2":
+        limit = cfg.get("max_position_embeddings")
+        if not (isinstance(window, int) and isinstance(limit, int) and window >= limit):
+            raise ValueError(f"{source}: sliding_window = {window!r}: attention over a window of the context, which "
+                             "servesim does not model (it would price full attention); set sliding_window to null "
+                             "to model full attention")
+    if model_type == "qwen3_moe":  # layers without experts, or experts only every n-th layer: not modelled
+        for key, dense in (("decoder_sparse_step", 1), ("mlp_only_layers", [])):
+            if cfg.get(key) not in (None, dense):
+                raise ValueError(f"{source}: {key} = {cfg.get(key)!r}: dense layers among the MoE ones, which "
+                                 "servesim does not model (every layer is taken to hold experts)")
+    if model_type not in KNOWN_MODEL_TYPES:
+        raise ValueError(f"{source}: model_type {model_type!r} is not one servesim reads (known: "
+                         f"{', '.join(sorted(KNOWN_MODEL_TYPES))}); its fields may change the model's cost")
+
+
+def check_tensor_parallel(model: ModelSpec, tensor_parallel_size: int) -> int:
+    """Validate a tensor-parallel degree the way vLLM does: it must divide the attention heads, and either divide
+    the KV heads or be a multiple of them (KV heads are then replicated)."""
+    tp = tensor_parallel_size
+    if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
+        raise ValueError(f"tensor_parallel_size must be a positive integer, got {tp!r}")
+    kv = model.num_key_value_heads
+    if model.num_attention_heads % tp or (kv % tp and tp % kv):
+        raise ValueError(f"tensor_parallel_size={tp} does not split {model.name}: it must divide its "
+                         f"{model.num_attention_heads} attention heads and divide or be a multiple of its {kv} "
+                         "KV heads")
+    return tp
+
+
+# Presets: the shape fields of each model's published config.json (sim/hardware/presets/models.py).
+MODEL_PRESETS: dict[str, dict[str, Any]] = dict(BASE_MODEL_PRESETS) | MORE_MODEL_PRESETS
+_MODEL_ALIASES = dict(BASE_MODEL_ALIASES) | MORE_MODEL_ALIASES
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# GPUs
+
+
+@dataclass(frozen=True, slots=True)
+class GPUSpec:
+    """One accelerator. ``peak_flops`` holds dense (non-sparse) tensor-core FLOP/s by dtype; 0 or absent means
+    the dtype has no hardware support (the A100 has no fp8). Treat the dict as read-only."""
+
+    name: str
+    memory_bytes: int  # memory.total as nvidia-smi reports it (what vLLM's gpu_memory_utilization multiplies)
+    mem_bandwidth: float  # B/s, datasheet peak
+    peak_flops: dict[str, float] = field(hash=False)  # FLOP/s by dtype: fp32, bf16, fp16, fp8, int8
+    pcie_bandwidth: float  # B/s, effective host<->device copy rate in one direction (pinned memory)
+    nvlink_bandwidth: float = 0.0  # B/s per GPU in one direction (half the datasheet bidirectional total); 0: none
+    price_per_hour: float = 0.0  # USD per GPU-hour on demand (an assumption, see GPU_PRESETS)
+    tdp_w: float = 0.0  # W, the board's default power limit (datasheet); 0: unknown (no energy is modelled)
+    idle_w: float = 0.0  # W drawn with nothing running (static power; an assumption, see sim/hardware/presets/gpus.py)
+
+    def __post_init__(self) -> None:
+        # Rates are divided by: a NaN or infinite one, or one below 1 per second, makes step times NaN or
+        # infinite, so each must be a finite number, rates at least 1 (or 0 where 0 means "none").
+        for f in ("memory_bytes", "mem_bandwidth", "pcie_bandwidth"):
+            v = getattr(self, f)
+            if not _finite_number(v) or v < 1:
+                raise ValueError(f"GPU {self.name!r}: {f} must be a finite number >= 1, got {v!r}")
+        v = self.nvlink_bandwidth
+        if not _finite_number(v) or v < 0 or 0 < v < 1:
+            raise ValueError(f"GPU {self.name!r}: nvlink_bandwidth must be 0 (none) or a finite number >= 1, "
+                             f"got {v!r}")
+        if not _finite_number(self.price_per_hour) or self.price_per_hour < 0:
+            raise ValueError(f"GPU {self.name!r}: price_per_hour must be a finite number >= 0, "
+                             f"got {self.price_per_hour!r}")
+        for f in ("tdp_w", "idle_w"):
+            v = getattr(self, f)
+            if not _finite_number(v) or v < 0:
+                raise ValueError(f"GPU {self.name!r}: {f} must be a finite number >= 0, got {v!r}")
+        if self.idle_w > self.tdp_w:
+            raise ValueError(f"GPU {self.name!r}: idle_w ({self.idle_w}) must not exceed tdp_w ({self.tdp_w})")
+        if not float(self.memory_bytes).is_integer():
+            raise ValueError(f"GPU {self.name!r}: memory_bytes must be a whole number of bytes, "
+                             f"got {self.memory_bytes!r}")
+        object.__setattr__(self, "memory_bytes", int(self.memory_bytes))
+        if not isinstance(self.peak_flops, Mapping):
+            raise ValueError(f"GPU {self.name!r}: peak_flops must map dtypes to FLOP/s, got {self.peak_flops!r}")
+        peaks: dict[str, float] = {}
+        for k, v in self.peak_flops.items():
+            if not _finite_number(v) or v < 0 or 0 < v < 1:
+                raise ValueError(f"GPU {self.name!r}: peak_flops.{k} must be 0 (unsupported) or a finite number "
+                                 f">= 1 FLOP/s, got {v!r}")
+            peaks[canonical_dtype(k)] = float(v)
+        if "bf16" in peaks and "fp16" not in peaks:
+            peaks["fp16"] = peaks["bf16"]
+        if peaks.get("bf16", 0.0) <= 0 and peaks.get("fp16", 0.0) <= 0:
+            raise ValueError(f"GPU {self.name!r}: peak_flops needs a positive bf16 (or fp16) rate")
+        object.__setattr__(self, "peak_flops", peaks)
+
+    def peak(self, dtype: str) -> float:
+        """Dense peak FLOP/s for matmuls in ``dtype``; 0.0 when unsupported."""
+        return self.peak_flops.get(canonical_dtype(dtype), 0.0)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> GPUSpec:
+        """A custom GPU from a mapping with this class's field names (unknown keys are refused)."""
+        names = {f.name for f in fields(cls)}
+        unknown = set(d) - names
+        if unknown:
+            raise ValueError(f"unknown GPU field(s) {sorted(unknown)}; expected {sorted(names)}")
+        missing = {"name", "memory_bytes", "mem_bandwidth", "peak_flops", "pcie_bandwidth"} - set(d)
+        if missing:
+            raise ValueError(f"GPU spec lacks the field(s) {sorted(missing)}")
+        return cls(**dict(d))
+
+    @classmethod
+    def from_name(cls, name: str) -> GPUSpec:
+        """A preset by name, case-insensitive (see ``GPU_PRESETS``)."""
+        key = name.strip().lower().replace("_", "-")
+        key = _GPU_ALIASES.get(key, key)
+        if key not in GPU_PRESETS:
+            raise ValueError(f"unknown GPU {name!r}; presets: {', '.join(GPU_PRESETS)} (or GPUSpec.from_dict)")
+        return GPU_PRESETS[key]
+
+
+# Datasheet figures, with their sources and assumptions, in sim/hardware/presets/gpus.py.
+GPU_PRESETS: dict[str, GPUSpec] = {k: GPUSpec(**v) for k, v in (BASE_GPU_PRESETS | MORE_GPU_PRESETS).items()}
+_GPU_ALIASES = dict(BASE_GPU_ALIASES) | MORE_GPU_ALIASES
+
+
+ModelLike = ModelSpec | str | PathLike[str] | Mapping[str, Any]
+GPULike = GPUSpec | str | Mapping[str, Any]
+
+
+def resolve_model(model: ModelLike) -> ModelSpec:
+    """The one way a model given by the user becomes a ``ModelSpec``: a spec as it is; a mapping of Hugging Face
+    ``config.json`` fields; a path to a config.json, or to the folder holding one; a preset name
+    (case-insensitive, see ``MODEL_PRESETS``). A string that ends in ``.json`` or holds a ``/`` is a path; any
+    other string is a preset unless it names no preset and an existing folder does."""
+    if isinstance(model, ModelSpec):
+        return model
+    if isinstance(model, Mapping):
+        return ModelSpec.from_hf_config(model)
+    text = str(model)
+    if not isinstance(model, str) or text.endswith(".json") or "/" in text:
+        return ModelSpec.from_hf_config(model)
+    if not is_model_preset(text) and Path(text).is_dir():
+        return ModelSpec.from_hf_config(text)
+    return ModelSpec.from_name(text)
+
+
+def is_model_preset(name: object) -> bool:
+    """Whether ``name`` is a string ``ModelSpec.from_name`` knows (case-insensitive, aliases included)."""
+    if not isinstance(name, str):
+        return False
+    key = name.strip().lower()
+    return _MODEL_ALIASES.get(key, key) in MODEL_PRESETS
+
+
+def resolve_gpu(gpu: GPULike) -> GPUSpec:
+    """The one way a GPU given by the user becomes a ``GPUSpec``: a spec as it is, a preset name
+    (case-insensitive, see ``GPU_PRESETS``), or a mapping of ``GPUSpec`` fields."""
+    if isinstance(gpu, GPUSpec):
+        return gpu
+    if isinstance(gpu, Mapping):
+        return GPUSpec.from_dict(gpu)
+    return GPUSpec.from_name(gpu)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# KV budget
+
+# Memory outside PyTorch's view that vLLM's profiling sees grow: CUDA context share, cuBLAS/NCCL workspaces and
+# allocator fragmentation. CUDA graphs are captured after the KV cache is sized and live in the
+# (1 - gpu_memory_utilization) headroom, so they are not counted here.
+DEFAULT_RUNTIME_OVERHEAD_BYTES = 1 * GiB
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192  # vLLM v1's default for online serving on large GPUs
+DEFAULT_MAX_NUM_SEQS = 256  # vLLM's default
+
+
+class ModelDoesNotFitError(ValueError):
+    """The weights plus the activation reserve leave no room for a single KV block on one GPU."""
+
+
+@dataclass(frozen=True, slots=True)
+class KVBudget:
+    """How vLLM would size the paged KV cache. Memory figures are per GPU (one tensor-parallel shard)."""
+
+    model: str
+    gpu: str
+    weight_dtype: str
+    kv_dtype: str
+    tensor_parallel_size: int
+    gpu_memory_utilization: float
+    total_memory: int  # bytes on one GPU
+    usable_memory: int  # total_memory * gpu_memory_utilization
+    weight_bytes: int  # resident weights on one GPU
+    activation_reserve: int  # peak activations of the profiling forward plus runtime overhead
+    kv_memory: int  # usable - weights - reserve: what the KV cache may take
+    block_size: int  # tokens per KV block
+    bytes_per_token: int  # KV bytes one token takes on one GPU
+    kv_bytes_per_block: int  # block_size * bytes_per_token
+    num_gpu_blocks: int  # blocks the cache holds (kv_memory // kv_bytes_per_block, or the override)
+
+    @property
+    def capacity_tokens(self) -> int:
+        """Tokens the KV cache holds when every block is full."""
+        return self.num_gpu_blocks * self.block_size
+
+
+def estimate_activation_reserve(
+    model: ModelLike,
+    *,
+    weight_dtype: str = "bf16",
+    tensor_parallel_size: int = 1,
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
+    runtime_overhead_bytes: int = DEFAULT_RUNTIME_OVERHEAD_BYTES,
+) -> int:
+    """Bytes vLLM's profiling forward would find in use besides weights and KV, estimated from the shapes.
+
+    vLLM runs one dummy forward of ``max_num_batched_tokens`` tokens and one sampler pass over ``max_num_seqs``
+    rows, and reserves their peak. The peak sits in the MLP of one layer: per token about 4 hidden-sized tensors
+    (residual, normed input, attention output, allocator slack) and the up projection(s) plus the activated
+    output (3 intermediate-sized tensors for SwiGLU, 2 for a plain MLP), in the activation dtype. The sampler
+    holds fp32 logits and one same-sized copy (softmax) per row. Add ``runtime_overhead_bytes``.
+
+        reserve = max_num_batched_tokens * (4 * hidden + k * intermediate / tp) * act_bytes
+                  + max_num_seqs * vocab * 4 * 2 + runtime_overhead_bytes        (k = 3 gated, 2 plain)
+
+    For Llama-3.1-8B in bf16 with the defaults this is about 2.15 GiB, in line with what vLLM reports on an H100.
+    """
+    m = resolve_model(model)
+    s = m.shard(tensor_parallel_size)
+    act = int(dtype_bytes(activation_dtype(weight_dtype)))
+    k = 3 if m.mlp == "gated" else 2
+    # MoE: each token's k experts hold their intermediate tensors at once (vLLM's fused-MoE caches)
+    per_token = (4 * m.hidden_size + k * s.intermediate_size * max(1, s.experts_per_tok)) * act
+    logits = max_num_seqs * m.vocab_size * 4 * 2
+    return max_num_batched_tokens * per_token + logits + runtime_overhead_bytes
+
+
+def _kv_memory(m: ModelSpec, g: GPUSpec, util: float, weight_dtype: str, tp: int, reserve: int | None,
+               reserve_kwargs: dict[str, Any]) -> tuple[int, int, int, int]:
+    usable = int(g.memory_bytes * util)
+    weights = m.shard(tp).weight_bytes(weight_dtype)
+    if reserve is None:
+        reserve = estimate_activation_reserve(m, weight_dtype=weight_dtype, tensor_parallel_size=tp,
+                                              **reserve_kwargs)
+    return usable, weights, reserve, usable - weights - reserve
+
+
+def kv_budget(
+    model: ModelLike,
+    gpu: GPUSpec | str | Mapping[str, Any],
+    *,
+    gpu_memory_utilization: float = 0.9,
+    weight_dtype: str = "bf16",
+    kv_dtype: str = "auto",
+    block_size: int = 16,
+    tensor_parallel_size: int = 1,
+    activation_reserve_bytes: int | None = None,
+    num_gpu_blocks_override: int | None = None,
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
+) -> KVBudget:
+    """Size the KV cache as vLLM does, per GPU:
+
+        usable      = int(memory_bytes * gpu_memory_utilization)
+        kv_memory   = usable - weight_bytes(per GPU) - activation_reserve
+        num_blocks  = kv_memory // (block_size * kv_bytes_per_token(per GPU))
+
+    ``activation_reserve_bytes`` replaces the estimate of ``estimate_activation_reserve`` (which uses
+    ``max_num_batched_tokens`` and ``max_num_seqs``). ``kv_dtype="auto"`` is the model's activation dtype.
+    ``num_gpu_blocks_override`` fixes the block count (as vLLM's option does) once the weights are known to fit.
+    Raises ``ModelDoesNotFitError`` when not even one block fits, with suggestions that would.
+    """
+    m, g = resolve_model(model), resolve_gpu(gpu)
+    wd = canonical_dtype(weight_dtype)
+    kd = resolve_kv_dtype(kv_dtype, wd)
+    tp = check_tensor_parallel(m, tensor_parallel_size)
+    if not 0.0 < gpu_memory_utilization <= 1.0:
+        raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    rk = dict(max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs)
+    usable, weights, reserve, kv_mem = _kv_memory(m, g, gpu_memory_utilization, wd, tp, activation_reserve_bytes,
+                                                  rk)
+    per_token = m.kv_elements_per_token(tp) * kv_dtype_bytes(kd)
+    per_block = block_size * per_token
+    if kv_mem < per_block:
+        options = []
+        # the same dtype on more GPUs, then smaller weight formats (fp8 runs weight-only where unsupported)
+        for dt in [wd] + [d for d in ("fp8", "int4") if DTYPE_BITS[d] < DTYPE_BITS[wd]]:
+            for t in (1, 2, 4, 8):
+                try:
+                    check_tensor_parallel(m, t)
+                except ValueError:
+                    continue
+                kvt = m.kv_elements_per_token(t) * kv_dtype_bytes(kd)
+                if _kv_memory(m, g, gpu_memory_utilization, dt, t, activation_reserve_bytes, rk)[3] >= \
+                        block_size * kvt:
+                    options.append(f"tensor_parallel_size={t} with weight_dtype={dt}")
+                    break
+        hint = ("; options that fit on " + g.name + ": " + ", ".join(options)) if options else \
+            f"; no weight dtype with up to 8 x {g.name} fits: use a GPU with more memory"
+        raise ModelDoesNotFitError(
+            f"{m.name} does not fit on {tp} x {g.name}: per GPU it needs {weights / GiB:.2f} GiB of {wd} weights "
+            f"+ {reserve / GiB:.2f} GiB activation reserve + {per_block / MiB:.2f} MiB for one KV block, but "
+            f"{gpu_memory_utilization} x {g.memory_bytes / GiB:.2f} GiB = {usable / GiB:.2f} GiB is available"
+            f"{hint}"
+        )
+    blocks = kv_mem // per_block
+    if num_gpu_blocks_override is not None:
+        if num_gpu_blocks_override < 1:
+            raise ValueError(f"num_gpu_blocks_override must be >= 1, got {num_gpu_blocks_override}")
+        blocks = num_gpu_blocks_override
+    return KVBudget(
+        model=m.name, gpu=g.name, weight_dtype=wd, kv_dtype=kd, tensor_parallel_size=tp,
+        gpu_memory_utilization=gpu_memory_utilization, total_memory=g.memory_bytes, usable_memory=usable,
+        weight_bytes=weights, activation_reserve=reserve, kv_memory=kv_mem, block_size=block_size,
+        bytes_per_token=per_token, kv_bytes_per_block=per_block, num_gpu_blocks=int(blocks),
+    )
+
+
+def max_concurrent_sequences(budget: KVBudget, context_len: int) -> int:
+    """How many sequences of ``context_len`` tokens (prompt + output) the cache holds at once, whole blocks each."""
+    if context_len < 1:
+        raise ValueError(f"context_len must be >= 1, got {context_len}")
+    return budget.num_gpu_blocks // -(-context_len // budget.block_size)

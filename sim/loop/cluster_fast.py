@@ -1,0 +1,264 @@
+"""Cluster speed-ups that change no result: replicas that do not pay for each other's steps.
+
+In a cluster every arrival is an outside event for every replica: the router reads each one's state then. So a
+replica stepping normally must stop at every arrival, and with 16 replicas at 16 times a trace's rate that is
+nearly every step. Two things here remove that cost, with the results of stepping one by one (the tests compare):
+
+- ``ParkingReplica``: in a steady decode stretch (only the decode group runs, nothing waits) a replica's next
+  steps are known in advance (``sim.serving.fast_path.Timeline``: when each runs, how many KV blocks it holds). The
+  replica parks; a router reads its state at an arrival from the timeline; it runs only when the stretch ends or
+  when it gets a request, and then takes all its steps up to that moment in one call.
+- ``TimelineRouter`` and ``BoundedRouter``: ``least_kv`` and ``least_outstanding`` reading parked replicas from
+  their timelines; the first by a scan of the fleet, the second (past ``sim.loop.cluster.SCAN_MAX`` replicas) from a
+  heap of lower bounds, so that an arrival reads only the replicas that could be the least loaded.
+
+They need the routable set to be the whole fleet and nothing else reading replicas (no autoscaler: it reads busy
+time and provisioning changes the fleet; no failures; open-loop arrivals).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import simpy
+
+from sim.costs.costmodel import CostModel
+from sim.loop.executor import CostExecutor
+from sim.loop.simulator import Replica
+from sim.policies.routers import kv_pressure, outstanding
+from sim.serving import fast_path
+from sim.serving.fast_path import Timeline
+from sim.serving.request import Request
+
+# the key each of these routers orders replicas by, without the index (as sim.policies.routers' scans, which append it)
+KEYS: dict[str, Callable[[Any], tuple]] = {
+    "least_kv": lambda core: (kv_pressure(core), outstanding(core)),
+    "least_outstanding": lambda core: (outstanding(core),),
+}
+
+
+class ParkingReplica(Replica):
+    """A replica that, in a steady decode stretch, parks instead of waking at every step: it publishes what
+    its next steps will look like (``sim.serving.fast_path.Timeline``), so that a router reads its state at an arrival
+    without running it, and it runs only when the stretch ends (its first finish, a block shortage, the policy's
+    deadline, the end of what it priced) or when the router sends it a request (``submit``: it first takes its
+    steps up to the arrival, in one call). Between those, no other replica and no router pays for its steps.
+
+    For open-loop traffic without autoscaler, failures or limits, priced by a cost model (``ClusterSimulation``
+    checks). Its loop keeps its own clock ``t``: after a park, SimPy's clock only wakes it, at about the right
+    time; every time it records is computed as stepping one by one computes it."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.parked: Timeline | None = None
+        # called whenever the loop is about to wait (its state then holds until it runs again, or, parked, is a
+        # lower bound of what it will be): BoundedRouter keeps its key of the replica with it
+        self.on_yield: Callable[[Replica], None] | None = None
+        self._t = 0.0  # the loop's clock while parked
+        self._park_wake: simpy.Event | None = None
+        self._woken: tuple[float, tuple | None] | None = None  # what submit's advance left: (clock, step in flight)
+        ex = self.executor
+        assert isinstance(ex, CostExecutor)
+        self._cost: CostModel = ex._model
+
+    # ---- what a router reads ---------------------------------------------------------------------------------
+    def key(self, name: str, now: float) -> tuple:
+        core = self.core
+        tl = self.parked
+        if tl is None:
+            return KEYS[name](core)
+        # parked: nothing waits or is swapped, and no member finishes before the timeline's end
+        if name == "least_outstanding":
+            return (len(core.running),)
+        kv = core.kv
+        return (tl.used_at(now, kv.num_used_blocks) / kv.num_blocks, len(core.running))
+
+    # ---- the loop ----------------------------------------------------------------------------------------------
+    def submit(self, req: Request) -> None:
+        if self.parked is not None:  # take the steps up to now first: the request arrives during or after them
+            self.parked = None
+            self._woken = self._run(self._t, self.env.now)
+            ev = self._park_wake
+            if ev is not None and not ev.triggered:
+                ev.succeed()
+        super().submit(req)
+
+    def _run(self, t: float, horizon: float) -> tuple[float, tuple | None]:
+        """Run from ``t`` as ``Replica._loop`` runs until ``horizon``: steps that end before it applied at once,
+        a decode step without finishes across it applied too (overshoot); returns the clock and the step in
+        flight at the horizon, if any, as (batch, end, flops)."""
+        core = self.core
+        cost = self._cost
+        while True:
+            g = core.group
+            if g is not None and g.members:
+                seg = fast_path.fast_forward(core, t, horizon, cost, overshoot=True, overshoot_finish=False)
+                if seg is not None:
+                    t = seg[1]
+                    if core.overshot:
+                        return t, None
+                    continue
+            batch = core.schedule(t)
+            if batch is None:
+                return t, None
+            shape = batch.shape
+            end = t + float(cost.step_time(shape))
+            flops = float(cost.step_flops(shape))
+            if end < horizon:
+                core.complete(batch, end, flops)
+                t = end
+                continue
+            return t, (batch, end, flops)
+
+    def _loop(self):
+        env, core = self.env, self.core
+        horizon = self.horizon
+        assert horizon is not None
+        t = env.now
+        report = self.on_yield
+        woken: tuple[float, tuple | None] | None = None
+        while True:
+            if woken is None:
+                t, inflight = self._run(t, horizon())
+            else:
+                (t, inflight), woken = woken, None
+            if inflight is not None:
+                batch, end, flops = inflight
+                if report is not None:
+                    report(self)
+                if end > env.now:
+                    yield env.timeout(end - env.now)
+                core.complete(batch, end, flops)
+                t = end
+                continue
+            if t > env.now or core.overshot:
+                if t > env.now:
+                    if report is not None:
+                        report(self)
+                    yield env.timeout(t - env.now)
+                if core.overshot:  # the last step's row must show the queue at its end, arrivals included
+                    core.overshot = False
+                    core.steps.set_last_waiting(len(core.waiting))
+                if not self.closed:
+                    tl = fast_path.timeline(core, t, self._cost)
+                    if tl is not None and tl.expiry > horizon():
+                        self.parked, self._t = tl, t
+                        self._park_wake = env.event()
+                        if report is not None:
+                            report(self)
+                        yield env.any_of([self._park_wake, env.timeout(max(tl.expiry - env.now, 0.0))])
+                        self._park_wake = None
+                        if self._woken is not None:  # submit took the steps up to its arrival
+                            woken, self._woken = self._woken, None
+                        self.parked = None
+                continue
+            if self.closed and not core.has_work:
+                return
+            # idle from t, as Replica._loop idles (it lands on t exactly; this clock is t)
+            self._idle = idle = env.event()
+            if report is not None:
+                report(self)
+            wake = core.wake_time(t) if core.has_work else None
+            if wake is not None and wake > t:
+                w = t + (wake - t)
+                yield env.any_of([idle, env.timeout(max(w - env.now, 0.0))])
+                t = env.now if idle.triggered else w
+            else:
+                yield idle
+                t = env.now
+            self._idle = None
+
+
+class TimelineRouter:
+    """``least_kv`` or ``least_outstanding`` by the full scan of ``sim.policies.routers``, reading a parked replica's
+    state from its timeline (``ParkingReplica.key``)."""
+
+    def __init__(self, name: str, env: simpy.Environment) -> None:
+        self.name = name
+        self.env = env
+
+    def __call__(self, req: Request, replicas: Sequence[Any]) -> int:
+        now = self.env.now
+        if self.name != "least_kv":
+            name = self.name
+            return min(range(len(replicas)), key=lambda i: (*replicas[i].key(name, now), i))
+        # least_kv written out (it runs at every arrival over the fleet): ParkingReplica.key's two cases inline
+        best: tuple | None = None
+        for i, rep in enumerate(replicas):
+            core = rep.core
+            tl = rep.parked
+            if tl is None:
+                k = (kv_pressure(core), outstanding(core), i)
+            else:
+                kv = core.kv
+                k = (tl.used_at(now, kv.num_used_blocks) / kv.num_blocks, len(core.running), i)
+            if best is None or k < best:
+                best = k
+        assert best is not None
+        return best[2]
+
+
+def replica_figures(result: Any) -> tuple[float, float]:
+    """A replica's output throughput and time-weighted mean KV usage, exactly as ``summarize`` computes them
+    (the cluster's per-replica lines need only these; a whole summary per replica cost a tenth of the run)."""
+    from sim.metrics.summary import _ratio, _time_weighted_mean, kv_usage_per_step
+
+    total_out = int(np.array([r.output_tokens for r in result.requests if r.completed], dtype=np.int64).sum())
+    usage, usage_dur, _ = kv_usage_per_step(result, np.asarray(result.steps["duration"], dtype=np.float64))
+    return _ratio(total_out, float(result.duration)), _time_weighted_mean(usage, usage_dur)
+
+
+class BoundedRouter:
+    """``least_kv`` or ``least_outstanding`` over parking replicas without scanning the fleet: a heap of each
+    replica's key as it stood when its loop last waited (``Replica.on_yield``) or got a request. For a running
+    replica that is its key now; for a parked one a lower bound (its blocks in use only grow until its timeline
+    ends, and nothing else it counts changes). An arrival takes entries off the top in order, computing each
+    one's key now, until the next entry's bound exceeds the best key found: the scan's choice, reading only the
+    replicas that could be it."""
+
+    def __init__(self, name: str, env: simpy.Environment, replicas: Sequence[Any]) -> None:
+        self.name = name
+        self.env = env
+        self._key = KEYS[name]
+        self._stamp = [0] * len(replicas)
+        self._heap: list[tuple] = []
+        for rep in replicas:
+            self.update(rep)
+
+    def update(self, rep: Any) -> None:
+        i = rep.index
+        s = self._stamp[i] + 1
+        self._stamp[i] = s
+        heap = self._heap
+        heapq.heappush(heap, (*self._key(rep.core), i, s))
+        if len(heap) > 8 * len(self._stamp) + 1024:
+            stamp = self._stamp
+            self._heap = [e for e in heap if e[-1] == stamp[e[-2]]]
+            heapq.heapify(self._heap)
+
+    def __call__(self, req: Request, replicas: Sequence[Any]) -> int:
+        heap, stamp = self._heap, self._stamp
+        if len(replicas) != len(stamp):
+            raise AssertionError("a bounded router routes over the whole fleet")
+        now, name = self.env.now, self.name
+        taken: list[tuple] = []
+        best: tuple | None = None
+        while heap:
+            top = heap[0]
+            i = top[-2]
+            if top[-1] != stamp[i]:
+                heapq.heappop(heap)
+                continue
+            if best is not None and top[:-1] > best:
+                break
+            taken.append(heapq.heappop(heap))
+            exact = (*replicas[i].key(name, now), i)
+            if best is None or exact < best:
+                best = exact
+        for e in taken:
+            heapq.heappush(heap, e)
+        assert best is not None
+        return best[-1]

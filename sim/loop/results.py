@@ -1,0 +1,101 @@
+"""A run's records gathered into a ``RunResult``: the one place both executors (the cost model's and the real
+engine's) turn a serving core's requests and step log into results, so that their outputs cannot drift."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from operator import attrgetter
+from typing import Protocol
+
+import numpy as np
+
+from sim.metrics.records import RequestRecord, RunResult
+from sim.metrics.summary import NO_CLASS
+from sim.serving.core import ServingCore
+from sim.serving.pipeline import PipelineCostModel
+from sim.serving.request import Outcome, Request
+
+
+class HasPeakFlops(Protocol):
+    @property
+    def peak_flops(self) -> float:
+        """FLOP/s the model-FLOPs utilisation is measured against (0: not reported)."""
+        ...
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector. A run allocates millions of small objects and creates almost no
+    reference cycles; the collector's full passes over them would cost a quarter of the run time."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def pooled_gaps(gaps: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One canonical form of pooled inter-token gaps (sorted distinct values with their counts), so that a
+    summary does not depend on whether they were recorded one by one, a decode stretch at a time, or replica
+    by replica."""
+    uniq, inverse = np.unique(gaps, return_inverse=True)
+    return uniq, np.bincount(inverse, weights=counts, minlength=len(uniq)).astype(np.int64)
+
+
+def class_itl_gaps(requests: Sequence[Request]) -> dict[str, tuple[np.ndarray, np.ndarray]] | None:
+    """Each request class's pooled inter-token gaps, over its completed requests, from their token times: the
+    core pools every request's gaps together, so only kept token times (``keep_token_times``) give a class's ITL
+    percentiles. None when no request kept its token times or none carries a class."""
+    spec_fields = ((r.spec.priority, r.spec.tenant, r.spec.slo_class, r.spec.ttft_slo, r.spec.tpot_slo)
+                   for r in requests)
+    if not any(r.token_times is not None for r in requests) or not any(
+            p or t or c or a is not None or b is not None for p, t, c, a, b in spec_fields):
+        return None
+    per_class: dict[str, list[np.ndarray]] = {}
+    for r in sorted(requests, key=attrgetter("id")):
+        if r.outcome == Outcome.COMPLETED and r.token_times is not None:
+            per_class.setdefault(r.spec.slo_class or NO_CLASS, []).append(np.diff(r.token_times))
+    return {name: pooled_gaps(np.concatenate(g), np.ones(sum(len(x) for x in g), dtype=np.int64))
+            for name, g in per_class.items()}
+
+
+def result_of(
+    name: str,
+    requests: Sequence[Request],
+    core: ServingCore,
+    cost: HasPeakFlops,
+    *,
+    config: dict | None = None,
+    weight_bytes: float = 0.0,
+    kv_bytes_per_block: float = 0.0,
+) -> RunResult:
+    """Gather one replica's records into a ``RunResult``. ``cost``: its cost model or executor (only its
+    ``peak_flops`` is read)."""
+    with gc_paused():  # 10^5 new records, on a heap of millions of objects
+        records = [RequestRecord.from_request(r) for r in sorted(requests, key=attrgetter("id"))]
+    uniq, counts = pooled_gaps(*core.itl_gaps())
+    steps = core.steps.columns()
+    host = getattr(core.kv, "host", None)  # the prefix cache's host tier, if the KV manager has one
+    start = min((r.arrival for r in records), default=0.0)
+    end = max((r.finish for r in records), default=0.0)
+    return RunResult(
+        name=name,
+        requests=records,
+        steps=steps,
+        itl_gaps=uniq,
+        itl_counts=counts,
+        duration=max(end - start, 0.0),
+        peak_flops=float(cost.peak_flops),
+        kv_capacity_blocks=core.kv.num_blocks,
+        block_size=core.kv.block_size,
+        weight_bytes=weight_bytes,
+        kv_bytes_per_block=kv_bytes_per_block,
+        config=config,
+        host_kv=None if host is None else host.summary(core.kv.block_size),
+        pipeline=cost.summary(steps) if isinstance(cost, PipelineCostModel) else None,
+        class_itl=class_itl_gaps(requests),
+    )

@@ -1,0 +1,336 @@
+"""What a run leaves behind: per-request records, a columnar per-step log and the pooled inter-token gaps.
+
+Both executors (the simulator and the real engine) fill these the same way, so any two runs compare field by
+field. Steps and gaps are stored in columns of numpy chunks, because a long simulation makes millions of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from sim.metrics.step_columns import StepColumns
+from sim.serving.request import Outcome, Request
+
+if TYPE_CHECKING:
+    from sim.costs.energy import PowerModel
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """One request of a run. Times in seconds since the start of the run; -1 where it never happened (requests.csv
+    writes those as empty cells and names each time column with its unit: ``arrival_s``...)."""
+
+    id: int
+    arrival: float
+    first_scheduled: float  # first step that computed any of its tokens
+    first_token: float  # end of the step that sampled its first output token
+    finish: float  # when it completed, was rejected or failed
+    prompt_tokens: int
+    output_tokens: int  # tokens actually generated (equals the target for completed requests)
+    target_output_tokens: int
+    num_preemptions: int
+    outcome: str  # completed | rejected | failed
+    reason: str  # why it was rejected or failed, else ""
+    replica: int
+    session_id: int  # -1 when the workload has no sessions
+    # Seconds at which each preemption freed the request's GPU KV, and at which it held GPU KV again (recompute:
+    # the step that scheduled it again; swap: its swap-in). resumed_at is one shorter when it ended preempted
+    # (rejected or failed while waiting). requests.csv writes each as ';'-joined seconds.
+    preempted_at: tuple[float, ...] = ()
+    resumed_at: tuple[float, ...] = ()
+    # The request's class (the workload's classes or a trace's columns); see sim.serving.request.RequestSpec.
+    # requests.csv
+    # writes these columns only when a run has classes (``CLASS_FIELDS``). SLOs in seconds; -1: no bound.
+    priority: int = 0
+    tenant: str = ""
+    slo_class: str = ""
+    ttft_slo: float = -1.0
+    tpot_slo: float = -1.0
+
+    @classmethod
+    def from_request(cls, r: Request) -> RequestRecord:
+        assert r.outcome is not None, f"request {r.id} has no outcome yet"
+        spec = r.spec
+        session = spec.session_id
+        # positional, in field order: a run makes 10^5 records, and keywords cost a third more
+        return cls(
+            r.id,
+            r.arrival,
+            r.first_scheduled,
+            r.first_token,
+            r.finish,
+            r.prompt_len,  # prompt_tokens
+            r.num_output_tokens,  # output_tokens
+            r.output_len,  # target_output_tokens
+            r.num_preemptions,
+            _OUTCOME_TEXT[r.outcome],
+            r.reason,
+            r.replica,
+            -1 if session is None else session,
+            _EMPTY if r.preempted_at is None else tuple(r.preempted_at),
+            _EMPTY if r.resumed_at is None else tuple(r.resumed_at),
+            spec.priority,
+            spec.tenant,
+            spec.slo_class,
+            -1.0 if spec.ttft_slo is None else spec.ttft_slo,
+            -1.0 if spec.tpot_slo is None else spec.tpot_slo,
+        )
+
+    @property
+    def completed(self) -> bool:
+        return self.outcome == Outcome.COMPLETED.value
+
+    def kv_intervals(self, end: float) -> list[tuple[float, float]]:
+        """The half-open spans [start, stop) in which the request held GPU KV (or its batch row): from its first
+        scheduled step to ``end``, cut at each preemption and restarted at each resume. Empty if never scheduled."""
+        if self.first_scheduled < 0:
+            return []
+        starts = [self.first_scheduled, *self.resumed_at]
+        stops = [*self.preempted_at, end]
+        return list(zip(starts, stops[: len(starts)], strict=True))
+
+
+_EMPTY: tuple[float, ...] = ()
+_OUTCOME_TEXT = {o: o.value for o in Outcome}  # Enum.value is a slow property; a run makes 10^5 records
+
+# A request's class fields; a run without classes leaves them at their defaults and its files without them.
+CLASS_FIELDS: tuple[str, ...] = ("priority", "tenant", "slo_class", "ttft_slo", "tpot_slo")
+REQUEST_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(RequestRecord) if f.name not in CLASS_FIELDS)
+
+
+NO_CLASS = "(no class)"  # the key of requests without a class name, in a run where others have one
+
+
+def has_classes(records: list[RequestRecord]) -> bool:
+    """Whether any request of a run carries a class: a priority, tenant, class name or SLO of its own."""
+    return any(r.priority or r.tenant or r.slo_class or r.ttft_slo >= 0 or r.tpot_slo >= 0 for r in records)
+
+# Columns of steps.csv, with their dtypes. One row per step (idle time has no rows; it is the gap between them).
+STEP_COLUMNS: dict[str, type] = {
+    "replica": np.int64,  # the replica that ran the step (0 without a cluster); per-replica views filter on it
+    "start": np.float64,  # seconds
+    "duration": np.float64,  # seconds (predicted by the cost model, or measured by the engine)
+    "batch_size": np.int64,  # requests computing tokens this step (padding rows excluded)
+    "padded_rows": np.int64,  # rows computed for nobody (static batching keeps finished rows in the batch)
+    "prefill_tokens": np.int64,  # tokens of requests still catching up (prompt, chunk, recompute)
+    "decode_tokens": np.int64,  # requests computing exactly one token
+    "padding_tokens": np.int64,  # wasted token computations
+    "kv_blocks_used": np.int64,  # GPU KV blocks allocated to requests after the step's allocation (not free)
+    "kv_blocks_reserved": np.int64,  # of kv_blocks_used, blocks holding no token yet (reservation's waste)
+    "kv_tokens": np.int64,  # tokens actually stored in GPU KV
+    "kv_capacity_blocks": np.int64,
+    "num_running": np.int64,
+    "num_waiting": np.int64,  # queue length
+    "num_swapped": np.int64,
+    "num_preempted": np.int64,  # preemptions decided for this step
+    "num_rejected": np.int64,  # rejections decided for this step
+    "swap_blocks": np.int64,  # blocks copied between GPU and CPU this step
+    "flops": np.float64,  # useful FLOPs of the step (padding excluded)
+}
+
+
+_CHUNK = 1 << 16  # steps kept as Python objects before they move into numpy columns
+
+# Most steps come from the decode fast path, in runs of consecutive steps that differ only in their timing, KV
+# blocks, KV tokens and FLOPs. So the step log keeps, per step, only those values (``STEP_VARYING``), and per run
+# the columns that stay constant over it (``RUN_CONSTANT``): a fifth of the Python objects per step, which counts
+# at millions of steps. A run's first step starts at the run's ``start``, each later one when the step before it
+# ended. A run of the decode fast path (``group_gaps``) also stands for its members' inter-token gaps: each of
+# its steps is one gap, its duration, for each of its ``batch_size`` requests.
+STEP_VARYING: tuple[str, ...] = ("end", "kv_blocks_used", "kv_blocks_reserved", "kv_tokens", "flops")
+RUN_CONSTANT: tuple[str, ...] = (
+    "num_steps", "start", "batch_size", "padded_rows", "prefill_tokens", "decode_tokens", "padding_tokens",
+    "kv_capacity_blocks", "num_running", "num_waiting", "num_swapped", "num_preempted", "num_rejected",
+    "swap_blocks", "group_gaps",
+)  # fmt: skip
+_NV = len(STEP_VARYING)
+_NR = len(RUN_CONSTANT)
+_RUN_WAITING = RUN_CONSTANT.index("num_waiting")
+
+
+class StepLog:
+    """Columnar per-step log, stored as runs of steps (see ``STEP_VARYING``). Each step's varying values go back
+    to back into the flat list ``per_step``, and after a run's steps its constant values into ``per_run`` (flat
+    Python lists are the cheapest thing Python can append to). They move into numpy arrays in blocks, between
+    runs, and the runs expand into rows when the columns are read."""
+
+    def __init__(self) -> None:
+        self.per_step: list[float] = []
+        self.per_run: list[float] = []
+        self._chunks: list[tuple[np.ndarray, np.ndarray]] = []  # (per-step values, per-run values) in numpy
+        self._num_flushed = 0  # steps in _chunks
+        self._columns: StepColumns | None = None  # the columns' view of _chunks, once asked for
+        # constant over a log (one core per replica), so it costs nothing per step; set by sim.loop.simulator.Replica
+        self.replica = 0
+
+    def append(
+        self,
+        start: float,
+        end: float,
+        batch_size: int,
+        padded_rows: int,
+        prefill_tokens: int,
+        decode_tokens: int,
+        padding_tokens: int,
+        kv_blocks_used: int,
+        kv_blocks_reserved: int,
+        kv_tokens: int,
+        kv_capacity_blocks: int,
+        num_running: int,
+        num_waiting: int,
+        num_swapped: int,
+        num_preempted: int,
+        num_rejected: int,
+        swap_blocks: int,
+        flops: float,
+    ) -> None:
+        """Append one step (a run of one)."""
+        self.per_step.extend((end, kv_blocks_used, kv_blocks_reserved, kv_tokens, flops))
+        self.per_run.extend(
+            (1, start, batch_size, padded_rows, prefill_tokens, decode_tokens, padding_tokens, kv_capacity_blocks,
+             num_running, num_waiting, num_swapped, num_preempted, num_rejected, swap_blocks, 0)
+        )  # fmt: skip
+        self.compact()
+
+    def end_decode_run(
+        self,
+        num_steps: int,
+        start: float,
+        batch_size: int,
+        kv_capacity_blocks: int,
+        num_running: int,
+        num_waiting: int,
+        num_swapped: int,
+        padded_rows: int = 0,
+    ) -> None:
+        """Close a run of the decode fast path: the last ``num_steps`` steps appended to ``per_step``, the first
+        starting at ``start``, in each of which the ``batch_size`` members of the decode group compute one token
+        and sample it (no prefill, preemption, rejection or swap; ``padded_rows`` rows of CUDA-graph padding)."""
+        self.per_run.extend(
+            (num_steps, start, batch_size, padded_rows, 0, batch_size, padded_rows, kv_capacity_blocks, num_running,
+             num_waiting, num_swapped, 0, 0, 0, 1)
+        )  # fmt: skip
+
+    def compact(self) -> None:
+        """Move appended steps into numpy arrays once there are many (a Python float costs 24 bytes plus its
+        list slot; a long run would otherwise hold gigabytes of them). Only between runs."""
+        if len(self.per_step) >= _CHUNK * _NV:
+            self._flush()
+
+    def set_last_waiting(self, num_waiting: int) -> None:
+        """Correct the queue length of the last step appended (see ``ServingCore.fast_forward``)."""
+        runs = self.per_run
+        i = len(runs) - _NR  # the last run
+        if runs[i + _RUN_WAITING] == num_waiting:
+            return
+        if runs[i] > 1:  # split the last step off its run: it starts when the step before it ended
+            last = runs[i:]
+            runs[i] -= 1
+            last[0] = 1
+            last[1] = self.per_step[-2 * _NV]
+            runs += last
+        runs[-_NR + _RUN_WAITING] = num_waiting
+
+    def _flush(self) -> None:
+        if not self.per_run:
+            return
+        # one C-level conversion of each list (counts are far below 2**53, so float64 holds them exactly); the
+        # runs stay compact until the columns are asked for
+        steps = np.fromiter(self.per_step, dtype=np.float64, count=len(self.per_step)).reshape(-1, _NV)
+        runs = np.fromiter(self.per_run, dtype=np.float64, count=len(self.per_run)).reshape(-1, _NR)
+        self.per_step = []
+        self.per_run = []
+        self._chunks.append((steps, runs))
+        self._num_flushed += len(steps)
+        self._columns = None
+
+    def columns(self) -> StepColumns:
+        """All steps so far, one array per column, each expanded from the runs when read (see
+        ``sim.metrics.step_columns``: the log never holds all its rows at once)."""
+        self._flush()
+        if self._columns is None:
+            self._columns = StepColumns(list(self._chunks), STEP_COLUMNS, STEP_VARYING, RUN_CONSTANT, self.replica)
+        return self._columns
+
+    def group_gaps(self) -> tuple[np.ndarray, np.ndarray]:
+        """The inter-token gaps that the decode fast path's runs stand for, as (gap seconds, tokens that saw it)
+        pairs: one per step, its duration, seen by each of its batch."""
+        cols = self.columns()
+        in_group_run = cols.constant("group_gaps") > 0
+        return cols["duration"][in_group_run], cols["batch_size"][in_group_run]
+
+    def __len__(self) -> int:
+        return len(self.per_step) // _NV + self._num_flushed
+
+    def __bool__(self) -> bool:
+        return bool(self.per_step or self._chunks)
+
+
+class GapLog:
+    """Pooled inter-token latencies (ITL) as (gap seconds, count) pairs: a step of the decode group adds its gap
+    once with weight equal to the group, instead of one float per token. (The decode fast path's runs leave theirs
+    in the step log: see ``StepLog.group_gaps``.)"""
+
+    def __init__(self) -> None:
+        self._gaps: list[float] = []
+        self._counts: list[int] = []
+        self._chunks: list[tuple[np.ndarray, np.ndarray]] = []
+
+    def add(self, gap: float, count: int = 1) -> None:
+        self._gaps.append(gap)
+        self._counts.append(count)
+        if len(self._gaps) >= _CHUNK:
+            self.compact()
+
+    def compact(self, force: bool = False) -> None:
+        """Move the recorded gaps into numpy chunks once there are many (see ``StepLog.compact``)."""
+        if len(self._gaps) >= _CHUNK or (force and self._gaps):
+            self._chunks.append((np.asarray(self._gaps, dtype=np.float64), np.asarray(self._counts, dtype=np.int64)))
+            self._gaps = []
+            self._counts = []
+
+    def extend(self, gaps: np.ndarray, counts: np.ndarray) -> None:
+        self._chunks.append((np.asarray(gaps, dtype=np.float64), np.asarray(counts, dtype=np.int64)))
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """(gaps, counts), in the order they were recorded."""
+        self.compact(force=True)
+        parts = [(np.zeros(0), np.zeros(0, dtype=np.int64))] + self._chunks
+        return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
+
+@dataclass(slots=True)
+class RunResult:
+    """Everything one variant's run produced."""
+
+    name: str
+    requests: list[RequestRecord]
+    steps: Mapping[str, np.ndarray]  # STEP_COLUMNS -> array (the step log's StepColumns, or a dict)
+    itl_gaps: np.ndarray  # pooled inter-token gaps (seconds)
+    itl_counts: np.ndarray  # how many tokens saw each gap
+    duration: float  # seconds from the first arrival to the last completion or rejection
+    peak_flops: float  # device peak FLOP/s for MFU
+    kv_capacity_blocks: int
+    block_size: int
+    weight_bytes: float = 0.0  # for the memory picture in the report
+    kv_bytes_per_block: float = 0.0
+    config: dict | None = None  # the resolved variant configuration, recorded with the results
+    cluster: dict | None = None  # several replicas: replica count over time, GPU-hours, cost (sim/loop/cluster.py)
+    spec_decode: dict | None = None  # speculative decoding's counters (sim.serving.spec_decode.summary_inputs)
+    pipeline: dict | None = None  # pipeline stages: utilisation, bubble fraction (sim/serving/pipeline.py)
+    host_kv: dict | None = None  # prefix cache host tier: hits, bytes loaded, recompute saved
+    # (sim/serving/host_kv_tier.py)
+    disaggregation: dict | None = None  # prefill/decode pools: transfers and pools (sim/loop/disagg/pools.py)
+    # per request class, the pooled inter-token gaps of its completed requests as (gaps, counts); only when the
+    # run kept token times and has classes (sim.loop.results.class_itl_gaps)
+    class_itl: dict[str, tuple[np.ndarray, np.ndarray]] | None = None
+    # summary blocks other layers contribute, key -> function of this result, appended after the built-in ones in
+    # this order (sim.metrics.summary.summarize): the metrics layer need not know them. Module-level functions, so that
+    # a result still pickles (sweeps). Prefill/decode pools add "disaggregation" (sim/loop/disagg/pools.py).
+    summary_sections: dict[str, Callable[[RunResult], dict]] | None = None
+    # the replica's power figures (sim/costs/energy.py); None: not modelled (a GPU without them, or an engine's run)
+    power: PowerModel | None = None

@@ -1,0 +1,473 @@
+"""Run metrics: one flat dictionary per variant, with the names and definitions of `vllm bench serve`.
+
+Latencies are taken over completed requests only:
+
+- TTFT = first_token - arrival; E2EL = finish - arrival; queueing delay = first_scheduled - arrival;
+- TPOT = (E2EL - TTFT) / (output_tokens - 1), one value per request with more than one output token;
+- ITL = every gap between consecutive tokens, pooled. The run stores the gaps as (gap, count) pairs, so the
+  percentiles are weighted; they equal ``np.percentile`` of the expanded multiset exactly.
+
+Each latency holds mean, p50, p90, p95 and p99 in seconds (numpy's default linear interpolation). Step-level
+figures (KV usage, batch size, ...) are weighted by step duration, i.e. averaged over the time the GPU computed.
+An undefined value (no completed request, no steps, no SLO given) is NaN here and ``null`` in summary.json.
+
+KV token utilisation is a share in [0, 1]: per step, the tokens stored over the token slots of the blocks in use
+(kv_blocks_used x block_size), time-weighted. A token in a block shared by prefix caching is stored once but read
+by several requests; the per-request count is capped at the slots in use, which reads shared blocks as full
+(they are: only whole prompt blocks are shared). Without prefix caching the figure is exact.
+
+A run whose requests carry classes (the workload's ``classes`` or a trace's columns) also gets ``classes``: the
+figures above for each class (``slo_class``), its goodput and SLO attainment against its own SLOs (the run's
+goodput then counts each request against its own class's SLOs too, so it is the sum of the classes'); and, when
+requests name tenants, ``tenants`` and ``fairness`` (Jain's index over the tenants, see :func:`tenant_fairness`).
+
+Statistics only: formatting lives in ``sim.output`` and plotting in ``sim.output.report``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from sim.config.slos import SLOs
+from sim.costs.energy import energy_summary
+from sim.metrics.anomalies import anomalies as run_anomalies
+from sim.metrics.records import NO_CLASS, RequestRecord, RunResult, has_classes
+from sim.metrics.verdict import limit_inputs, rank_limits, rejection_reasons
+from sim.serving.request import Outcome
+from sim.serving.spec_decode import summarize_spec
+
+PERCENTILES: tuple[int, ...] = (50, 90, 95, 99)
+LATENCY_KEYS: tuple[str, ...] = ("mean",) + tuple(f"p{q}" for q in PERCENTILES)
+LATENCY_METRICS: tuple[str, ...] = ("ttft", "tpot", "itl", "e2el", "queue")
+
+# Every key of a summary, in the order summary.json writes them. Tests pin this list.
+SUMMARY_KEYS: tuple[str, ...] = (
+    "num_requests",
+    "num_completed",
+    "num_rejected",
+    "num_failed",
+    "num_preemptions",
+    "num_steps",
+    "num_replicas",
+    "duration",  # seconds
+    "total_input_tokens",  # prompt tokens of completed requests
+    "total_output_tokens",  # output tokens of completed requests
+    "request_throughput",  # completed requests / s
+    "output_throughput",  # output tokens / s
+    "total_token_throughput",  # (prompt + output) tokens / s
+    "goodput",  # completed requests meeting every SLO (a request's own class SLOs first) / s; null without SLOs
+    "slo_attainment",  # fraction of all requests that completed within every SLO; null without SLOs
+    "slos",  # the thresholds used, seconds, or null
+    "ttft",
+    "tpot",
+    "itl",
+    "e2el",
+    "queue",
+    "kv_usage",  # {mean, max} of kv_blocks_used / kv_capacity_blocks
+    "kv_token_utilization",  # share of the token slots of allocated blocks holding a token (shared ones once)
+    "busy_fraction",  # time the GPU computed / duration
+    "mfu",  # model FLOPs utilisation over the whole run
+    "mean_batch_size",  # requests per step, weighted by step duration
+    "padding_fraction",  # padding tokens / all computed tokens
+    "limits",  # what the verdict reads: offered vs served rate, queue trend, slot fill, MFU while busy
+    # (sim.metrics.verdict)
+    "rejections",  # why requests were rejected: {reason: requests}, most first ({} for none; sim.metrics.verdict)
+    "energy",  # joules and watts (sim/costs/energy.py): energy_j, j_per_output_token, mean_power_w...; null: not
+    # modelled
+)
+
+NAN = float("nan")
+
+# Keys of each class's block in summary.json (``classes``), in order. Tests pin this list.
+CLASS_SUMMARY_KEYS: tuple[str, ...] = (
+    "num_requests",
+    "num_completed",
+    "num_rejected",
+    "num_failed",
+    "priority",  # the class's priority when all its requests share one, else null
+    "tenant",  # likewise its tenant
+    "slos",  # the thresholds its goodput counts: its own TTFT/TPOT SLOs, else the scenario's; null: none
+    "total_output_tokens",
+    "request_throughput",  # its completed requests / the run's duration
+    "output_throughput",
+    "goodput",  # its completed requests within its SLOs / the run's duration
+    "slo_attainment",  # its requests that completed within its SLOs / its requests
+    "ttft",
+    "tpot",
+    "itl",  # percentiles only when the run kept token times (keep_token_times); the mean always
+    "e2el",
+    "queue",
+)
+
+
+def weighted_percentile(values: np.ndarray, counts: np.ndarray, q: float) -> float:
+    """``np.percentile(np.repeat(values, counts), q)`` (linear method), without expanding the array.
+
+    Reproduces numpy's arithmetic step for step (virtual index ``(n - 1) * q/100`` and its two-sided lerp), so
+    the result is bit-identical, not merely close. Entries with a count of zero or less are ignored.
+    """
+    values = np.asarray(values, dtype=np.float64)
+    counts = np.asarray(counts, dtype=np.int64)
+    keep = counts > 0
+    values, counts = values[keep], counts[keep]
+    if values.size == 0:
+        return NAN
+    order = np.argsort(values, kind="stable")
+    values, cum = values[order], np.cumsum(counts[order])
+    n = int(cum[-1])
+    virtual = (n - 1) * (float(q) / 100.0)
+    if virtual >= n - 1:  # numpy takes the maximum here
+        return float(values[-1])
+    if virtual < 0:
+        return float(values[0])
+    lo = math.floor(virtual)
+    gamma = virtual - lo
+    # element k of the expanded sorted array lies in the first group whose cumulative count exceeds k
+    a, b = values[np.searchsorted(cum, [lo, lo + 1], side="right")]
+    a, b = float(a), float(b)
+    diff = b - a
+    return b - diff * (1 - gamma) if gamma >= 0.5 else a + diff * gamma
+
+
+def latency_stats(values: np.ndarray, counts: np.ndarray | None = None) -> dict[str, float]:
+    """{mean, p50, p90, p95, p99} of the values (weighted by counts when given); NaN for no values."""
+    values = np.asarray(values, dtype=np.float64)
+    if counts is None:
+        if values.size == 0:
+            return {k: NAN for k in LATENCY_KEYS}
+        out = {"mean": float(np.mean(values))}
+        pcts = np.percentile(values, PERCENTILES)
+        out.update({f"p{q}": float(p) for q, p in zip(PERCENTILES, pcts, strict=True)})
+        return out
+    counts = np.asarray(counts, dtype=np.int64)
+    total = int(counts[counts > 0].sum()) if counts.size else 0
+    if total == 0:
+        return {k: NAN for k in LATENCY_KEYS}
+    pos = counts > 0
+    out = {"mean": float(np.dot(values[pos], counts[pos].astype(np.float64)) / total)}
+    out.update({f"p{q}": weighted_percentile(values, counts, q) for q in PERCENTILES})
+    return out
+
+
+def _ratio(num: float, den: float) -> float:
+    return float(num / den) if den > 0 else NAN
+
+
+def _time_weighted_mean(x: np.ndarray, w: np.ndarray) -> float:
+    total = float(w.sum()) if w.size else 0.0
+    return float(np.dot(x, w) / total) if total > 0 else NAN
+
+
+def num_replicas(result: RunResult) -> int:
+    """Replicas of the run, as seen in the request records (at least 1). Busy fraction and MFU divide by it."""
+    return max((r.replica for r in result.requests), default=0) + 1
+
+
+def kv_usage_per_step(result: RunResult, dur: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The KV usage share of each step that has a KV capacity and those steps' durations, and the blocks used in
+    every step. A step logged without its capacity (0) uses the run's."""
+    s = result.steps
+    cap = np.asarray(s["kv_capacity_blocks"], dtype=np.float64)
+    cap = np.where(cap > 0, cap, float(result.kv_capacity_blocks))
+    used = np.asarray(s["kv_blocks_used"], dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        usage = np.where(cap > 0, used / cap, np.nan)
+    has_cap = ~np.isnan(usage)
+    if not has_cap.all():  # a masked copy only where some step has no capacity (long runs: memory)
+        return usage[has_cap], dur[has_cap], used
+    return usage, dur, used
+
+
+def summarize(result: RunResult, slos: SLOs | None = None) -> dict:
+    """The metrics of one run, keyed as SUMMARY_KEYS. See the module docstring for the definitions."""
+    if slos is not None and slos.empty:
+        slos = None
+    reqs = result.requests
+    done = [r for r in reqs if r.completed]
+    lat = _Latencies.of(done)
+    ttft, e2el, multi, tpot_all, out_tok = lat.ttft, lat.e2el, lat.multi, lat.tpot_all, lat.out_tok
+    in_tok = np.array([r.prompt_tokens for r in done], dtype=np.int64)
+
+    duration = float(result.duration)
+    n_done = len(done)
+    total_out = int(out_tok.sum())
+    total_in = int(in_tok.sum())
+
+    goodput = slo_attainment = NAN
+    if any(r.ttft_slo >= 0 or r.tpot_slo >= 0 for r in reqs):  # request classes with SLOs of their own
+        good = _within_slos(done, lat, slos)  # so the run's figure is the sum of its classes'
+        goodput = _ratio(int(good.sum()), duration)
+        slo_attainment = _ratio(int(good.sum()), len(reqs))
+    elif slos is not None:
+        good = np.ones(n_done, dtype=bool)
+        for limit, vals in ((slos.ttft, ttft), (slos.tpot, tpot_all), (slos.e2el, e2el)):
+            if limit is not None:
+                good &= vals <= limit
+        goodput = _ratio(int(good.sum()), duration)
+        slo_attainment = _ratio(int(good.sum()), len(reqs))
+
+    s = result.steps
+    dur = np.asarray(s["duration"], dtype=np.float64)
+    usage, usage_dur, used = kv_usage_per_step(result, dur)
+    kv_usage = {
+        "mean": _time_weighted_mean(usage, usage_dur),
+        "max": float(usage.max()) if usage.size else NAN,
+    }
+    del usage, usage_dur
+    # A share of the token slots of the blocks in use that hold a token. kv_tokens counts a token once per
+    # request that reads it, so a block shared by prefix caching counts several times (174% was seen); shared
+    # blocks are full prompt blocks, so the stored tokens are capped at the slots in use: the share stays in
+    # [0, 1] and is exact without prefix caching.
+    slots = used * result.block_size
+    stored = np.minimum(np.asarray(s["kv_tokens"], dtype=np.float64), slots)
+    alloc = slots > 0
+    # each value is at most 1; the weighted mean can round to 1 + 2e-16
+    kv_tok_util = min(_time_weighted_mean(stored[alloc] / slots[alloc], dur[alloc]), 1.0)
+    del used, slots, stored, alloc  # a long run's step columns are read one at a time (sim/metrics/step_columns.py)
+
+    replicas = num_replicas(result)
+    # replica-seconds the fleet was up: an autoscaled cluster's replicas come and go
+    up = result.cluster["replica_seconds"] if result.cluster else duration * replicas
+    busy = float(dur.sum())
+    flops = float(np.asarray(s["flops"], dtype=np.float64).sum())
+    computed = float(
+        np.sum(s["prefill_tokens"], dtype=np.float64)
+        + np.sum(s["decode_tokens"], dtype=np.float64)
+        + np.sum(s["padding_tokens"], dtype=np.float64)
+    )
+
+    mean_batch = _time_weighted_mean(np.asarray(s["batch_size"], dtype=np.float64), dur)
+    padding = float(np.sum(s["padding_tokens"], dtype=np.float64))
+    num_steps = int(dur.size)
+    del dur
+    limits = limit_inputs(result)
+    out = {
+        "num_requests": len(reqs),
+        "num_completed": n_done,
+        "num_rejected": sum(1 for r in reqs if r.outcome == Outcome.REJECTED.value),
+        "num_failed": sum(1 for r in reqs if r.outcome == Outcome.FAILED.value),
+        "num_preemptions": sum(r.num_preemptions for r in reqs),
+        "num_steps": num_steps,
+        "num_replicas": replicas,
+        "duration": duration,
+        "total_input_tokens": total_in,
+        "total_output_tokens": total_out,
+        "request_throughput": _ratio(n_done, duration),
+        "output_throughput": _ratio(total_out, duration),
+        "total_token_throughput": _ratio(total_in + total_out, duration),
+        "goodput": goodput,
+        "slo_attainment": slo_attainment,
+        "slos": None if slos is None else slos.as_dict(),
+        "ttft": latency_stats(ttft),
+        "tpot": latency_stats(tpot_all[multi]),
+        "itl": latency_stats(result.itl_gaps, result.itl_counts),
+        "e2el": latency_stats(e2el),
+        "queue": latency_stats(lat.queue),
+        "kv_usage": kv_usage,
+        "kv_token_utilization": kv_tok_util,
+        "busy_fraction": _ratio(busy, up),
+        "mfu": _ratio(flops, up * result.peak_flops) if result.peak_flops > 0 else NAN,
+        "mean_batch_size": mean_batch,
+        "padding_fraction": _ratio(padding, computed),
+        "limits": limits,
+        "rejections": rejection_reasons(reqs),
+        # watts and joules (sim/costs/energy.py); null where the GPU has no power figures or an engine measured the
+        # steps
+        "energy": energy_summary(result, total_out, duration, up),
+    }
+    assert tuple(out) == SUMMARY_KEYS
+    if has_classes(reqs):  # request classes: each class's figures, and the tenants' when requests name them
+        out["classes"] = class_summaries(reqs, duration, slos, result.class_itl)
+        if any(r.tenant for r in reqs):
+            out["tenants"], out["fairness"] = tenant_fairness(reqs)
+    indices = [p["replica"] for p in result.cluster["per_replica"]] if result.cluster else list(range(replicas))
+    anomalies = run_anomalies(reqs, duration, indices)  # computed for every run, written when it has something to say
+    if anomalies is not None:
+        out["anomalies"] = anomalies
+    if result.cluster:  # several replicas: what the fleet cost
+        c = result.cluster
+        fleet = {k: c[k] for k in ("router", "replicas_start", "replicas_max", "replicas_mean", "gpu_hours",
+                                   "cost_usd", "price_per_replica_hour")}
+        fleet["cost_per_million_output_tokens"] = _ratio(c["cost_usd"] * 1e6, total_out)
+        out["cluster"] = fleet
+    if result.spec_decode:  # speculative decoding: acceptance and the proposer's share of the busy time
+        out["spec_decode"] = summarize_spec(result.spec_decode, busy)
+    if result.pipeline:  # pipeline stages (sim/serving/pipeline.py)
+        out["pipeline"] = dict(result.pipeline)
+    if result.host_kv:  # the prefix cache's host tier (sim/serving/host_kv_tier.py)
+        out["host_kv"] = dict(result.host_kv)
+    for key, section in (result.summary_sections or {}).items():  # e.g. prefill/decode pools (sim/loop/disagg/pools.py)
+        out[key] = section(result)
+    return out
+
+
+def bottleneck(summary: dict) -> str:
+    """One line naming what limits the run, with the numbers behind it: the top of ``sim.metrics.verdict.rank_limits``
+    (overload first when requests pile up, then the strongest of batch-slot cap, KV memory, padding and the step
+    roofline: compute- or bandwidth-bound)."""
+    return rank_limits(summary).text
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class _Latencies:
+    """Per-request latencies of completed requests, with summarize's definitions (seconds)."""
+
+    ttft: np.ndarray
+    e2el: np.ndarray
+    queue: np.ndarray
+    multi: np.ndarray  # requests with more than one output token (those that have a TPOT)
+    tpot_all: np.ndarray  # TPOT, 0 for single-token requests (vLLM's goodput reading)
+    out_tok: np.ndarray
+
+    @classmethod
+    def of(cls, done: Sequence[RequestRecord]) -> _Latencies:
+        arrival = np.array([r.arrival for r in done], dtype=np.float64)
+        first_token = np.array([r.first_token for r in done], dtype=np.float64)
+        finish = np.array([r.finish for r in done], dtype=np.float64)
+        scheduled = np.array([r.first_scheduled for r in done], dtype=np.float64)
+        out_tok = np.array([r.output_tokens for r in done], dtype=np.int64)
+        ttft = first_token - arrival
+        e2el = finish - arrival
+        multi = out_tok > 1
+        tpot_all = np.zeros(len(done))  # vLLM scores single-token requests as TPOT 0 for goodput
+        tpot_all[multi] = (e2el[multi] - ttft[multi]) / (out_tok[multi] - 1)
+        # a request observed from outside (servesim observe) has no first scheduled step: no queueing delay
+        queue = (scheduled - arrival)[scheduled >= 0]
+        return cls(ttft, e2el, queue, multi, tpot_all, out_tok)
+
+
+def _one(values: set) -> object:
+    return next(iter(values)) if len(values) == 1 else None
+
+
+def _class_slos(group: list[RequestRecord], slos: SLOs | None) -> dict[str, float | None] | None:
+    """The thresholds the class is held to: its requests' own TTFT/TPOT SLOs (the first request's: a class's
+    requests share them), else the scenario's; E2EL the scenario's. None when no metric is bounded."""
+    first = group[0]
+    run = slos if slos is not None else SLOs()
+    out = {"ttft": first.ttft_slo if first.ttft_slo >= 0 else run.ttft,
+           "tpot": first.tpot_slo if first.tpot_slo >= 0 else run.tpot,
+           "e2el": run.e2el}
+    return None if all(v is None for v in out.values()) else out
+
+
+def _within_slos(done: Sequence[RequestRecord], lat: _Latencies, slos: SLOs | None) -> np.ndarray:
+    """Which completed requests met every SLO they are held to: their own TTFT/TPOT bounds where they carry one,
+    else the scenario's (a request with no bound at all meets them trivially)."""
+    run = slos if slos is not None else SLOs()
+    good = np.ones(len(done), dtype=bool)
+    for own, default, vals in (("ttft_slo", run.ttft, lat.ttft), ("tpot_slo", run.tpot, lat.tpot_all)):
+        limit = np.array([getattr(r, own) if getattr(r, own) >= 0 else (np.inf if default is None else default)
+                          for r in done], dtype=np.float64)
+        good &= vals <= limit
+    if run.e2el is not None:
+        good &= lat.e2el <= run.e2el
+    return good
+
+
+def class_summaries(reqs: Sequence[RequestRecord], duration: float, slos: SLOs | None = None,
+                    itl: dict[str, tuple[np.ndarray, np.ndarray]] | None = None) -> dict[str, dict]:
+    """Each class's figures (``CLASS_SUMMARY_KEYS``), keyed by class name in sorted order (requests without a
+    name under ``NO_CLASS``). Latencies over the class's completed requests, as summarize's; throughputs and
+    goodput over the whole run's duration, so the classes' figures add up to the run's. Goodput counts a
+    request against its own TTFT/TPOT SLOs, or the scenario's where it has none; null when the class is held to
+    no SLO at all. ITL: its mean from the records (exact), its percentiles only from ``itl``, the class's pooled
+    gaps (``RunResult.class_itl``, kept with the token times), else null."""
+    groups: dict[str, list[RequestRecord]] = {}
+    for r in sorted(reqs, key=lambda r: r.id):
+        groups.setdefault(r.slo_class or NO_CLASS, []).append(r)
+    out: dict[str, dict] = {}
+    for name in sorted(groups):
+        group = groups[name]
+        done = [r for r in group if r.completed]
+        lat = _Latencies.of(done)
+        bounds = _class_slos(group, slos)
+        goodput = attainment = NAN
+        if bounds is not None:
+            n_good = int(_within_slos(done, lat, slos).sum())
+            goodput, attainment = _ratio(n_good, duration), _ratio(n_good, len(group))
+        if itl is not None and name in itl:
+            itl_stats = latency_stats(*itl[name])
+        else:
+            gaps = int((lat.out_tok - 1).sum()) if done else 0
+            itl_stats = {k: NAN for k in LATENCY_KEYS}
+            # the mean of a class's pooled gaps is exact: its requests' gaps sum to finish - first token
+            itl_stats["mean"] = _ratio(float((lat.e2el - lat.ttft).sum()), gaps)
+        total_out = int(lat.out_tok.sum())
+        block = {
+            "num_requests": len(group),
+            "num_completed": len(done),
+            "num_rejected": sum(1 for r in group if r.outcome == Outcome.REJECTED.value),
+            "num_failed": sum(1 for r in group if r.outcome == Outcome.FAILED.value),
+            "priority": _one({r.priority for r in group}),
+            "tenant": _one({r.tenant for r in group}),
+            "slos": bounds,
+            "total_output_tokens": total_out,
+            "request_throughput": _ratio(len(done), duration),
+            "output_throughput": _ratio(total_out, duration),
+            "goodput": goodput,
+            "slo_attainment": attainment,
+            "ttft": latency_stats(lat.ttft),
+            "tpot": latency_stats(lat.tpot_all[lat.multi]),
+            "itl": itl_stats,
+            "e2el": latency_stats(lat.e2el),
+            "queue": latency_stats(lat.queue),
+        }
+        assert tuple(block) == CLASS_SUMMARY_KEYS
+        out[name] = block
+    return out
+
+
+def jain_index(x: Sequence[float] | np.ndarray) -> float:
+    """Jain's fairness index of the amounts ``x`` (one per party, each >= 0): ``(sum x)^2 / (n * sum x^2)``.
+
+    1.0 when every party gets the same amount, 1/n when one party gets everything and the others nothing; it is
+    unchanged when every amount is scaled by the same factor. NaN for no parties or when nobody got anything.
+    """
+    a = np.asarray(x, dtype=np.float64)
+    if a.size == 0:
+        return NAN
+    if np.any(a < 0):
+        raise ValueError(f"Jain's index takes amounts >= 0, got {a.min()}")
+    sq = float(np.dot(a, a))
+    return float(a.sum()) ** 2 / (a.size * sq) if sq > 0 else NAN
+
+
+def tenant_fairness(reqs: Sequence[RequestRecord]) -> tuple[dict[str, dict], dict]:
+    """Each tenant's service and Jain's fairness index over the tenants (requests without a tenant are left out).
+
+    A tenant's service is the output tokens its completed requests received divided by the output tokens all its
+    requests asked for (``target_output_tokens``): the share of its demand that was served. Normalising by demand
+    keeps a tenant that sends four times the traffic from reading as favoured, and the share does not depend on
+    the tenants' length mixes, which a latency (mean E2EL) would. It measures who got served at all (rejections,
+    failures, admission rules); how long each tenant waited is in its TTFT and E2EL beside it. The index is
+    :func:`jain_index` of those shares: 1.0 when every tenant got the same share of its demand.
+    """
+    groups: dict[str, list[RequestRecord]] = {}
+    for r in sorted(reqs, key=lambda r: r.id):
+        if r.tenant:
+            groups.setdefault(r.tenant, []).append(r)
+    tenants: dict[str, dict] = {}
+    for name in sorted(groups):
+        group = groups[name]
+        done = [r for r in group if r.completed]
+        lat = _Latencies.of(done)
+        served = int(lat.out_tok.sum())
+        demand = sum(r.target_output_tokens for r in group)
+        tenants[name] = {
+            "num_requests": len(group),
+            "num_completed": len(done),
+            "output_tokens_served": served,
+            "output_tokens_demanded": demand,
+            "service": _ratio(served, demand),
+            "ttft": latency_stats(lat.ttft),
+            "e2el": latency_stats(lat.e2el),
+        }
+    shares = [t["service"] for t in tenants.values()]
+    fairness = {"jain_index": jain_index(shares), "over": "tenants' output tokens served / demanded",
+                "num_tenants": len(tenants)}
+    return tenants, fairness

@@ -1,0 +1,298 @@
+"""What limits a run: the candidate limits ranked, each with a score in [0, 1] and the numbers that show it.
+
+A run can be limited by several things at once, and the one a user must hear first is often not a hardware
+roofline: a server that is offered more requests than it serves is overloaded whatever its GPU does, and the
+reason it cannot keep up is the next limit in the list. The candidates:
+
+- overloaded: the queue of requests waiting for their first step grows over the arrival window (by at least
+  ``OVERLOAD_GROWTH`` of the offered rate), or queueing delay is a large share of E2EL. Listed first whenever
+  present: it is the symptom; the limits after it say why. Not a ratio of offered to completed rates: requests
+  still in flight when the arrivals end are no queue, and a short run holds enough of them to tip any ratio.
+- batch-slot cap: the running batch sits at ``max_num_seqs`` (or a static batch's ``batch_size``) while requests
+  wait. Static batching counts only rows that compute for a request: padded rows fill slots for nobody.
+- memory-bound: KV usage near capacity, with preemptions or rejections.
+- padding: the share of computed tokens that were padding (static batching).
+- pipeline bubbles: the share of the step time pipeline stages sat idle (fewer micro-batches in flight than
+  stages, plus the hops between them).
+- compute-bound or bandwidth-bound: what bounds the steps themselves, from MFU while the GPU computed (the
+  analytic cost model is a roofline, so a step at high MFU sits on its compute roof and one at low MFU waits on
+  weight and KV reads or fixed overhead); weighted by the share of time the GPU computed.
+
+``limit_inputs`` measures the figures a verdict needs from a run (summary.json keeps them under ``limits``), and
+``rank_limits`` turns a summary into the ranking, so a summary read back from JSON gets the same verdict.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from sim.metrics.records import RequestRecord, RunResult
+
+# Thresholds, as fractions.
+OVERLOAD_GROWTH = 0.05  # queue growth at or above this share of the offered rate: requests pile up
+QUEUE_GROWTH_MIN = 1.0  # ...and by at least this many waiting requests: less is the noise of a few bursts
+QUEUE_SHARE_OVERLOAD = 0.5  # queueing delay at or above this share of mean E2EL: the queue dominates latency
+KV_FULL_MEAN = 0.85  # KV usage averaged over busy time at or above this: memory is the limit
+KV_FULL_PEAK = 0.95  # ...or peaking at or above this while requests were preempted or rejected
+MFU_COMPUTE = 0.30  # MFU while computing at or above this: steps sit on the compute roof
+LISTED = 0.05  # limits scoring below this are left out of the ranking (but the step roofline always stays)
+
+NAN = float("nan")
+
+
+@dataclass(frozen=True, slots=True)
+class Limit:
+    """One candidate limit: its name, a score in [0, 1] (how strongly the run shows it) and the numbers behind it."""
+
+    name: str
+    score: float
+    evidence: str
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """The limits of a run, strongest first (overload, when present, leads), and a one-line text."""
+
+    limits: tuple[Limit, ...]
+    text: str
+
+    @property
+    def names(self) -> list[str]:
+        return [lim.name for lim in self.limits]
+
+    @property
+    def causes(self) -> list[str]:
+        """The limits other than overload: why the server cannot keep up (or what bounds it when it can)."""
+        return [n for n in self.names if n != "overloaded"]
+
+
+def _fin(x: object) -> float:
+    return float(x) if isinstance(x, int | float) and math.isfinite(x) else 0.0
+
+
+def _pct(x: object) -> str:
+    return f"{100 * float(x):.0f}%" if isinstance(x, int | float) and math.isfinite(x) else "n/a"
+
+
+def _slot_cap(config: dict | None) -> tuple[float, bool]:
+    """(slots per step, static batching?) from a variant's resolved configuration; NaN when unknown."""
+    policy = (config or {}).get("policy") or {}
+    if policy.get("type") == "static":
+        return float(policy.get("batch_size", NAN)), True
+    seqs = policy.get("max_num_seqs")
+    return (NAN if seqs is None else float(seqs)), False  # None: an engine's default the config did not resolve
+
+
+def _mean_waiting(starts: np.ndarray, stops: np.ndarray, lo: float, hi: float) -> float:
+    """Mean number of the half-open spans [start, stop) that cover a time in [lo, hi): the queue length there."""
+    overlap = np.clip(np.minimum(stops, hi) - np.maximum(starts, lo), 0.0, None)
+    return float(overlap.sum() / (hi - lo))
+
+
+def _waiting_spans(result: RunResult) -> tuple[np.ndarray, np.ndarray]:
+    """When each request waited for the GPU: from its arrival to its first step (or its end, never scheduled), and
+    from each preemption to its resume. Counted from the requests, so a cluster's replicas, its router and a
+    static batch's wait for a full batch all count alike."""
+    starts: list[float] = []
+    stops: list[float] = []
+    for r in result.requests:
+        starts.append(r.arrival)
+        stops.append(r.first_scheduled if r.first_scheduled >= 0 else r.finish)
+        for i, t in enumerate(r.preempted_at):
+            starts.append(t)
+            stops.append(r.resumed_at[i] if i < len(r.resumed_at) else r.finish)
+    return np.array(starts, dtype=np.float64), np.array(stops, dtype=np.float64)
+
+
+def limit_inputs(result: RunResult) -> dict:
+    """The figures ``rank_limits`` reads, measured on a run (summary.json's ``limits``; rates in req/s, times in s).
+
+    All rates share one window, from the first to the last arrival (NaN for a window under a millisecond: one
+    burst, no rate):
+
+    - offered_rate: requests arriving; scheduled_rate: requests taking their first step (a server keeping up
+      schedules what arrives; one falling behind schedules at the pace it serves);
+    - queue_start / queue_end: mean requests waiting for the GPU (not yet scheduled, or preempted) over the first
+      and the last quarter of the window; queue_growth: their difference over the 3/4 of the window between the
+      quarters' midpoints, in requests/s;
+    - queue_share: mean queueing delay over mean E2EL of completed requests;
+    - waiting_share: share of GPU time whose steps ran with requests waiting;
+    - mean_running: requests computing per step (padded rows excluded), time-weighted; slot_cap: max_num_seqs or
+      the static batch size (per replica); static: whether the policy batches statically;
+    - busy_mfu: MFU while computing (FLOPs over busy time x peak); prefill_share: prefill tokens / computed tokens.
+    """
+    reqs = result.requests
+    arrivals = np.sort(np.array([r.arrival for r in reqs], dtype=np.float64))
+    done = [r for r in reqs if r.completed]
+    offered = scheduled = growth = NAN
+    q_start = q_end = NAN
+    s = result.steps
+    dur = np.asarray(s["duration"], dtype=np.float64)
+    waiting = np.asarray(s["num_waiting"], dtype=np.float64)
+    if arrivals.size > 1 and arrivals[-1] - arrivals[0] >= 1e-3:
+        t0, t1 = float(arrivals[0]), float(arrivals[-1])
+        span = t1 - t0
+        offered = (arrivals.size - 1) / span  # n arrivals bound n - 1 gaps
+        scheduled = sum(1 for r in reqs if t0 <= r.first_scheduled <= t1) / span
+        w_start, w_stop = _waiting_spans(result)
+        quarter = span / 4
+        q_start = _mean_waiting(w_start, w_stop, t0, t0 + quarter)
+        q_end = _mean_waiting(w_start, w_stop, t1 - quarter, t1)
+        growth = (q_end - q_start) / (span - quarter)
+    e2el = np.array([r.finish - r.arrival for r in done], dtype=np.float64)
+    queue = np.array([r.first_scheduled - r.arrival for r in done], dtype=np.float64)
+    queue_share = float(queue.mean() / e2el.mean()) if e2el.size and e2el.mean() > 0 else NAN
+    busy = float(dur.sum())
+    running = np.asarray(s["batch_size"], dtype=np.float64)
+    computed = float(
+        np.sum(s["prefill_tokens"], dtype=np.float64)
+        + np.sum(s["decode_tokens"], dtype=np.float64)
+        + np.sum(s["padding_tokens"], dtype=np.float64)
+    )
+    cap, static = _slot_cap(result.config)
+    flops = float(np.asarray(s["flops"], dtype=np.float64).sum())
+    return {
+        "offered_rate": offered,
+        "scheduled_rate": scheduled,
+        "queue_share": queue_share,
+        "queue_start": q_start,
+        "queue_end": q_end,
+        "queue_growth": growth,
+        "waiting_share": float(dur[waiting > 0].sum() / busy) if busy > 0 else NAN,
+        "mean_running": float(np.dot(running, dur) / busy) if busy > 0 else NAN,
+        "slot_cap": cap,
+        "static": static,
+        "busy_mfu": flops / (busy * result.peak_flops) if busy > 0 and result.peak_flops > 0 else NAN,
+        "prefill_share": float(np.sum(s["prefill_tokens"], dtype=np.float64)) / computed if computed > 0 else NAN,
+    }
+
+
+def _overload(lim: dict) -> Limit | None:
+    """Overloaded when the waiting queue grows (score: twice its growth over the offered rate, 1 when it gains
+    half the requests offered) or queueing is at least half of E2EL (score: that share). A summary written before
+    ``queue_growth`` existed is judged on the queue share alone."""
+    offered, share = _fin(lim.get("offered_rate")), lim.get("queue_share")
+    qs, qe, growth = lim.get("queue_start"), lim.get("queue_end"), _fin(lim.get("queue_growth"))
+    grew = (
+        offered > 0
+        and growth >= OVERLOAD_GROWTH * offered
+        and _fin(qe) - _fin(qs) >= QUEUE_GROWTH_MIN
+    )
+    score = max(min(1.0, 2.0 * growth / offered) if grew else 0.0,
+                _fin(share) if _fin(share) >= QUEUE_SHARE_OVERLOAD else 0.0)
+    if score <= 0:
+        return None
+    text = f"offered {offered:.2f} req/s"
+    if "scheduled_rate" in lim:
+        text += f", scheduled {_fin(lim.get('scheduled_rate')):.2f} req/s (first to last arrival)"
+    if isinstance(qs, int | float) and isinstance(qe, int | float) and math.isfinite(qs) and math.isfinite(qe):
+        text += f", queue {qs:.0f} -> {qe:.0f} waiting"
+    text += f", queueing {_pct(share)} of E2EL"
+    return Limit("overloaded", score, text)
+
+
+_NUMBER = re.compile(r"[0-9]+(?:\.[0-9]+)?")
+
+
+def rejection_reasons(records: Sequence[RequestRecord]) -> dict[str, int]:
+    """Why requests were rejected, with how many, most first. Reasons that differ only in their numbers (each
+    request's own length) count as one, each number that varies written as its range: "prompt+output 617-994
+    tokens exceeds max_model_len 512"."""
+    groups: dict[tuple[str, ...], list[list[str]]] = {}
+    for r in records:
+        if r.outcome == "rejected":
+            reason = r.reason or "no reason given"
+            groups.setdefault(tuple(_NUMBER.split(reason)), []).append(_NUMBER.findall(reason))
+    out: dict[str, int] = {}
+    for pieces, numbers in sorted(groups.items(), key=lambda g: (-len(g[1]), g[0])):
+        text = pieces[0]
+        for i, piece in enumerate(pieces[1:]):
+            seen = sorted({n[i] for n in numbers}, key=float)
+            text += seen[0] if len(seen) == 1 else f"{seen[0]}-{seen[-1]}"
+            text += piece
+        out[text] = len(numbers)
+    return out
+
+
+def rank_limits(summary: dict) -> Verdict:
+    """The verdict of a summary (``sim.metrics.summary.summarize``'s, or one read back from summary.json)."""
+    n = summary.get("num_requests", 0)
+    if n and summary.get("num_rejected") == n:  # nothing ran to diagnose: why (summary.json's ``rejections``)
+        why = "; ".join(f"{text} ({count})" for text, count in (summary.get("rejections") or {}).items())
+        lead = "the only request was rejected" if n == 1 else f"all {n} requests were rejected"
+        return Verdict((), lead + (f": {why}." if why else "."))
+    if summary.get("num_steps", 0) == 0:
+        return Verdict((), "no steps ran: nothing to diagnose.")
+    lim = summary.get("limits") or {}
+    found: list[Limit] = []
+
+    over = _overload(lim)
+
+    cap, running = _fin(lim.get("slot_cap")), _fin(lim.get("mean_running"))
+    if cap > 0:
+        fill = min(1.0, running / cap)
+        kind = "batch_size" if lim.get("static") else "max_num_seqs"
+        found.append(Limit("batch-slot cap", fill * _fin(lim.get("waiting_share")),
+                           f"{running:.1f} of {kind} {cap:.0f} running, requests waiting "
+                           f"{_pct(lim.get('waiting_share'))} of busy time"))
+
+    kv = summary.get("kv_usage") or {}
+    kv_mean, kv_max = _fin(kv.get("mean")), _fin(kv.get("max"))
+    pressure = _fin(summary.get("num_preemptions")) + _fin(summary.get("num_rejected"))
+    kv_score = kv_mean if kv_mean >= KV_FULL_MEAN else 0.0  # a half-full cache without pressure limits nothing
+    if pressure > 0 and kv_max >= KV_FULL_PEAK:
+        kv_score = max(kv_score, kv_max)
+    extras = [f"{summary['num_preemptions']} preemptions"] if summary.get("num_preemptions") else []
+    if summary.get("num_rejected"):
+        extras.append(f"{summary['num_rejected']} rejected")
+    found.append(Limit("memory-bound", kv_score, f"KV usage {_pct(kv.get('mean'))} on average (peak "
+                       f"{_pct(kv.get('max'))})" + (", " + ", ".join(extras) if extras else "")))
+
+    pad = _fin(summary.get("padding_fraction"))
+    found.append(Limit("padding", pad, f"{_pct(pad)} of computed tokens were padding"))
+
+    pipe = summary.get("pipeline") or {}  # pipeline stages (sim/serving/pipeline.py): idle while micro-batches are
+    # elsewhere
+    bubble = _fin(pipe.get("bubble_fraction"))
+    if bubble > 0:
+        found.append(Limit("pipeline bubbles", bubble, f"stages idle {_pct(bubble)} of the step time, "
+                           f"{_fin(pipe.get('mean_micro_batches')):.1f} micro-batches in flight for "
+                           f"{pipe.get('pipeline_parallel_size')} stages"))
+
+    busy = _fin(summary.get("busy_fraction"))
+    busy_mfu = lim.get("busy_mfu")
+    if not isinstance(busy_mfu, int | float) or not math.isfinite(busy_mfu):
+        mfu = summary.get("mfu")  # an older summary: MFU over the run, scaled to busy time
+        busy_mfu = _fin(mfu) / busy if busy > 0 and isinstance(mfu, int | float) and math.isfinite(mfu) else NAN
+    if math.isfinite(busy_mfu):
+        roof = "compute-bound" if busy_mfu >= MFU_COMPUTE else "bandwidth-bound"
+        roof_text = f"MFU {_pct(busy_mfu)} while computing"
+    else:
+        roof, roof_text = "GPU-bound", "MFU unknown"
+    roof_text += f", GPU busy {_pct(busy)} of the time"
+    if busy < 0.5:
+        roof_text += " (more load would fit)"
+    if math.isfinite(_fin(lim.get("prefill_share"))) and "prefill_share" in lim:
+        roof_text += f", prefill {_pct(lim.get('prefill_share'))} of tokens"
+    # The roofline bounds every step, so it is always listed; it is the run's limit only as far as nothing else
+    # is: a server whose slots are full or whose rows compute padding would not go faster on a faster roof.
+    strongest = max((x.score for x in found), default=0.0)
+    roofline = Limit(roof, busy * (1.0 - strongest), roof_text)
+
+    ranked = [x for x in found if x.score >= LISTED] + [roofline]
+    ranked.sort(key=lambda x: -x.score)
+    if over is not None:
+        ranked.insert(0, over)
+    top = ranked[0]
+    text = f"{top.name}: {top.evidence}"
+    if len(ranked) > 1:
+        nxt = ranked[1]
+        text += f"; then {nxt.name}: {nxt.evidence}"
+    if summary.get("num_failed"):
+        text += f"; {summary['num_failed']} failed"
+    return Verdict(tuple(ranked), text + ".")

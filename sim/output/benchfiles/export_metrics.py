@@ -1,0 +1,180 @@
+"""A simulated run as an OpenMetrics text exposition under vLLM's metric names (vllm/v1/metrics/loggers.py), so
+that the dashboards and queries users have for a real server's ``/metrics`` read a simulated one.
+
+Gauges are time series: one timestamped sample per step (thinned to at most ``max_points`` per engine), the
+timestamp being the simulated time in seconds since the start of the run (not a Unix time). ``engine`` is the
+replica index, as vLLM labels data-parallel engines. The KV usage is written under both of vLLM's names
+(``kv_cache_usage_perc`` in v1, ``gpu_cache_usage_perc`` before; a fraction in [0, 1] despite the name, as in
+vLLM). Histograms and the preemption counter are the state at the end of the run; the counter is also a series.
+TPOT is written under v1's per-request name and the older ``time_per_output_token_seconds``; ITL (pooled gaps)
+under ``inter_token_latency_seconds``.
+
+Power and energy (sim/costs/energy.py), where the GPU has power figures, go under the names NVIDIA's DCGM exporter gives
+them, so that GPU dashboards read them: ``DCGM_FI_DEV_POWER_USAGE`` (W of one GPU of the engine, per sampled
+step) and ``DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION`` (mJ of one GPU since the start of the run, idle time at idle
+power), labelled ``gpu`` with the engine's index. Both are gauges here (DCGM's energy is a counter without the
+``_total`` suffix OpenMetrics requires of a counter's samples).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from sim.costs.energy import run_energy
+from sim.metrics.records import RunResult
+from sim.output.benchfiles.export_vllm import _model_of
+from sim.output.benchfiles.stats import itls_expand, pooled_itls
+from sim.serving.spec_decode import openmetrics_lines
+
+# vLLM's bucket boundaries (seconds) for these histograms
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                40.0, 80.0, 160.0, 640.0, 2560.0)
+TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                40.0, 80.0)
+E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+               480.0, 960.0, 1920.0, 7680.0)
+
+
+def _esc(s: str) -> str:
+    return s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _num(x: float) -> str:
+    return repr(float(x))
+
+
+def _histogram(lines: list[str], name: str, help_: str, labels: str, values: np.ndarray, buckets: Sequence[float],
+               ts: str, weights: np.ndarray | None = None) -> None:
+    """``weights``: how many times each value counts (a long run's pooled ITLs as (gap, count) pairs)."""
+    lines += [f"# TYPE {name} histogram", f"# HELP {name} {help_}", f"# UNIT {name} seconds"] \
+        if name.endswith("_seconds") else [f"# TYPE {name} histogram", f"# HELP {name} {help_}"]
+    v = np.asarray(values, dtype=np.float64)
+    # each value's bucket by a search of the few bounds (not a sort of the values: millions of inter-token gaps in
+    # a long run); counts[j] is then the number of values <= bounds[j], as the cumulative buckets need
+    bounds = np.asarray(buckets, dtype=np.float64)
+    w = None if weights is None else np.asarray(weights, dtype=np.int64)
+    counts = np.cumsum(np.bincount(np.searchsorted(bounds, v, side="left"), weights=w, minlength=bounds.size + 1))
+    size = v.size if w is None else int(w.sum())
+    total = v.sum() if w is None else np.dot(v, w.astype(np.float64))
+    for b, c in zip(buckets, counts, strict=False):
+        lines.append(f'{name}_bucket{{{labels},le="{_num(b)}"}} {int(c)}{ts}')
+    lines.append(f'{name}_bucket{{{labels},le="+Inf"}} {size}{ts}')
+    lines.append(f"{name}_count{{{labels}}} {size}{ts}")
+    lines.append(f"{name}_sum{{{labels}}} {_num(total)}{ts}")
+
+
+def _thin(idx: np.ndarray, max_points: int) -> np.ndarray:
+    if idx.size <= max_points:
+        return idx
+    return idx[np.linspace(0, idx.size - 1, max_points).round().astype(np.int64)]
+
+
+def _power_lines(result: RunResult, model: str, picked: list[tuple[int, np.ndarray, np.ndarray]],
+                 end: np.ndarray) -> list[str]:
+    """DCGM's power and energy series at the sampled steps (see the module docstring); none without power."""
+    energy = run_energy(result)
+    pm = result.power
+    if energy is None or pm is None:
+        return []
+    t0 = min((r.arrival for r in result.requests), default=0.0)
+    replica = np.asarray(result.steps["replica"], dtype=np.int64)
+    dur = np.asarray(result.steps["duration"], dtype=np.float64)
+    power, energy_mj = [], []
+    for e, rows, _ in picked:
+        mine = np.flatnonzero(replica == e)
+        mine = mine[np.argsort(end[mine], kind="stable")]
+        busy_j = np.cumsum(energy.step_energy_j[mine]) / pm.gpus  # one GPU's, to the end of each step
+        busy_s = np.cumsum(dur[mine])
+        at = np.searchsorted(end[mine], end[rows], side="right") - 1  # each sampled row in the engine's order
+        idle_s = np.maximum(end[rows] - t0 - busy_s[at], 0.0)
+        lab = f'gpu="{e}",modelName="{model}"'
+        for k, i in enumerate(rows.tolist()):
+            t = f" {_num(end[i])}"
+            power.append(f"DCGM_FI_DEV_POWER_USAGE{{{lab}}} {_num(energy.step_power_w[i] / pm.gpus)}{t}")
+            mj = 1000.0 * (busy_j[at[k]] + idle_s[k] * pm.idle_w)
+            energy_mj.append(f"DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{{{lab}}} {_num(mj)}{t}")
+    return ["# TYPE DCGM_FI_DEV_POWER_USAGE gauge", "# HELP DCGM_FI_DEV_POWER_USAGE Power draw (in W).",
+            *power, "# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION gauge",
+            "# HELP DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION Total energy consumption since boot (in mJ).", *energy_mj]
+
+
+def openmetrics_text(result: RunResult, *, max_points: int = 2000) -> str:
+    model = _esc(_model_of(result) or result.name)
+    s = result.steps
+    # A long run has millions of steps and the text only samples max_points of them per engine: the full
+    # columns are read one at a time and only the sampled rows kept (a copy of every column was 1.5 GB at
+    # 300,000 requests).
+    end = np.asarray(s["start"], dtype=np.float64) + np.asarray(s["duration"], dtype=np.float64)
+    replica = np.asarray(s["replica"], dtype=np.int64)
+    engines = np.unique(replica).tolist() or [0]
+    preempt = np.asarray(s["num_preempted"], dtype=np.int64)
+    picked: list[tuple[int, np.ndarray, np.ndarray]] = []  # (engine, step rows, cumulative preemptions there)
+    for e in engines:
+        mine = np.flatnonzero(replica == e) if len(engines) > 1 else np.arange(len(end))
+        at = end[mine]
+        if at.size > 1 and not bool(np.all(at[1:] >= at[:-1])):  # in order already: the stable sort is a no-op
+            order = np.argsort(at, kind="stable")
+            mine, at = mine[order], at[order]
+        # one sample per distinct timestamp (the last step ending then), times strictly increasing
+        pos = np.flatnonzero(np.r_[at[1:] != at[:-1], True]) if mine.size else np.zeros(0, dtype=np.int64)
+        pos = _thin(pos, max_points)
+        picked.append((e, mine[pos], np.cumsum(preempt[mine])[pos]))
+    del replica, preempt
+
+    def at_rows(key: str, dtype: type) -> list[np.ndarray]:
+        col: np.ndarray = np.asarray(s[key], dtype=dtype)
+        return [col[rows] for _, rows, _ in picked]
+
+    running, waiting = at_rows("num_running", np.int64), at_rows("num_waiting", np.int64)
+    caps = [np.where(c > 0, c, float(result.kv_capacity_blocks)) for c in at_rows("kv_capacity_blocks", np.float64)]
+    usages = [np.divide(u, c, out=np.zeros_like(u), where=c > 0)
+              for u, c in zip(at_rows("kv_blocks_used", np.float64), caps, strict=True)]
+    series: dict[str, list[str]] = {k: [] for k in (
+        "num_requests_running", "num_requests_waiting", "kv_cache_usage_perc", "gpu_cache_usage_perc",
+        "num_preemptions")}
+    for j, (e, rows, cum) in enumerate(picked):
+        lab = f'model_name="{model}",engine="{e}"'
+        for k, i in enumerate(rows.tolist()):
+            t = f" {_num(end[i])}"
+            usage = usages[j][k]
+            series["num_requests_running"].append(f"vllm:num_requests_running{{{lab}}} {int(running[j][k])}{t}")
+            series["num_requests_waiting"].append(f"vllm:num_requests_waiting{{{lab}}} {int(waiting[j][k])}{t}")
+            series["kv_cache_usage_perc"].append(f"vllm:kv_cache_usage_perc{{{lab}}} {_num(usage)}{t}")
+            series["gpu_cache_usage_perc"].append(f"vllm:gpu_cache_usage_perc{{{lab}}} {_num(usage)}{t}")
+            series["num_preemptions"].append(f"vllm:num_preemptions_total{{{lab}}} {int(cum[k])}{t}")
+    helps = {
+        "num_requests_running": ("gauge", "Number of requests in model execution batches."),
+        "num_requests_waiting": ("gauge", "Number of requests waiting to be processed."),
+        "kv_cache_usage_perc": ("gauge", "KV-cache usage. 1 means 100 percent usage."),
+        "gpu_cache_usage_perc": ("gauge", "GPU KV-cache usage. 1 means 100 percent usage (older name)."),
+        "num_preemptions": ("counter", "Cumulative number of preemption from the engine."),
+    }
+    lines: list[str] = []
+    for key, (kind, help_) in helps.items():
+        lines += [f"# TYPE vllm:{key} {kind}", f"# HELP vllm:{key} {help_}", *series[key]]
+    done = [r for r in result.requests if r.outcome == "completed"]
+    ttft = np.array([r.first_token - r.arrival for r in done], dtype=np.float64)
+    e2el = np.array([r.finish - r.arrival for r in done], dtype=np.float64)
+    out_tok = np.array([r.output_tokens for r in done], dtype=np.int64)
+    multi = out_tok > 1
+    tpot = (e2el[multi] - ttft[multi]) / (out_tok[multi] - 1)
+    ts = f" {_num(float(end.max()) if end.size else 0.0)}"
+    lab = f'model_name="{model}",engine="0"'
+    _histogram(lines, "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", lab, ttft,
+               TTFT_BUCKETS, ts)
+    _histogram(lines, "vllm:request_time_per_output_token_seconds",
+               "Histogram of time_per_output_token_seconds per request.", lab, tpot, TPOT_BUCKETS, ts)
+    _histogram(lines, "vllm:time_per_output_token_seconds", "Histogram of time per output token in seconds.", lab,
+               tpot, TPOT_BUCKETS, ts)
+    _histogram(lines, "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", lab,
+               *((pooled_itls(result), TPOT_BUCKETS, ts) if itls_expand(result)
+                 else (result.itl_gaps, TPOT_BUCKETS, ts, result.itl_counts)))
+    _histogram(lines, "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", lab, e2el,
+               E2E_BUCKETS, ts)
+    if result.spec_decode:  # speculative decoding's counters, at the end of the run
+        lines += openmetrics_lines(result.spec_decode, lab, ts)
+    lines += _power_lines(result, model, picked, end)
+    lines.append("# EOF")
+    return "\n".join(lines) + "\n"

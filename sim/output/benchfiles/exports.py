@@ -1,0 +1,48 @@
+"""The export files a run folder holds per variant (issue 14): ``<variant>.vllm-bench.json`` in `vllm bench serve`'s
+result format and ``<variant>.metrics.prom`` in OpenMetrics text under vLLM's metric names. Flat names beside
+summary.json, so that the folder's atomic write (sim/config/files.py) covers them too."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from sim.metrics.records import RunResult
+from sim.output.benchfiles.export_metrics import openmetrics_text
+from sim.output.benchfiles.export_vllm import vllm_bench_json
+
+BENCH_SUFFIX = ".vllm-bench.json"
+METRICS_SUFFIX = ".metrics.prom"
+
+
+def file_stem(name: str) -> str:
+    """A variant name as a file name: sweep labels such as ``cb[rate=4.0]`` keep their readable parts."""
+    return re.sub(r"[^A-Za-z0-9._=,+-]+", "_", name).strip("_") or "variant"
+
+
+def _arrival_hints(scenario: dict[str, Any] | None) -> dict[str, Any]:
+    """request_rate / burstiness / max_concurrency as vLLM would have written them for this workload."""
+    arrival = ((scenario or {}).get("workload") or {}).get("arrival") or {}
+    kind = arrival.get("type")
+    if kind == "poisson":
+        return {"request_rate": arrival.get("rate"), "burstiness": 1.0}
+    if kind == "gamma":
+        cv = arrival.get("cv") or 1.0
+        return {"request_rate": arrival.get("rate"), "burstiness": 1.0 / cv**2}  # vLLM's burstiness: gamma shape
+    if kind == "constant":
+        return {"request_rate": arrival.get("rate"), "burstiness": float("inf")}
+    if kind == "closed_loop":
+        return {"max_concurrency": arrival.get("num_users")}
+    return {}
+
+
+def export_files(results: list[RunResult], scenario: dict[str, Any] | None = None) -> dict[str, str]:
+    hints = _arrival_hints(scenario)
+    if hints.get("burstiness") == float("inf"):
+        hints["burstiness"] = "inf"  # JSON has no infinity; a string as vLLM's request_rate uses
+    out: dict[str, str] = {}
+    for r in results:
+        stem = file_stem(r.name)
+        out[stem + BENCH_SUFFIX] = vllm_bench_json(r, **hints)
+        out[stem + METRICS_SUFFIX] = openmetrics_text(r)
+    return out

@@ -1,0 +1,158 @@
+"""vLLM's serving-benchmark statistics, computed the way `vllm bench serve` computes them (vllm/benchmarks/serve.py,
+``calculate_metrics``), from measured lists or from a simulated run. Both sides of a comparison go through here,
+so "the same definitions" holds by construction.
+
+Definitions (all over completed requests only): TTFT per request; TPOT = (E2EL - TTFT) / (output - 1) over requests
+with more than one output token; ITL pooled over every gap of every request; E2EL per request. Statistics: mean,
+median, std (numpy's population std, as vLLM) and pNN with numpy's default linear interpolation. Throughputs divide
+by the benchmark duration. Keys are ``<stat>_<metric>`` in seconds, and the throughput names of the result JSON.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from sim.metrics.records import RunResult
+
+LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
+DEFAULT_PERCENTILES: tuple[float, ...] = (99.0,)  # vllm bench serve's --metric-percentiles default
+THROUGHPUTS = ("request_throughput", "output_throughput", "total_token_throughput")
+
+
+def p_word(p: float) -> str:
+    """vLLM's percentile key: 99 -> "p99", 99.9 -> "p99.9"."""
+    return f"p{int(p)}" if int(p) == p else f"p{p}"
+
+
+def _describe(name: str, values: np.ndarray, percentiles: Iterable[float]) -> dict[str, float]:
+    v = values if values.size else np.zeros(1)  # vLLM's ``np.mean(x or 0)``: an empty list reads as 0
+    out = {f"mean_{name}": float(np.mean(v)), f"median_{name}": float(np.median(v)), f"std_{name}": float(np.std(v))}
+    for p in percentiles:
+        out[f"{p_word(p)}_{name}"] = float(np.percentile(v, p))
+    return out
+
+
+def bench_stats(
+    ttfts: Sequence[float],
+    e2els: Sequence[float],
+    output_lens: Sequence[int],
+    input_lens: Sequence[int],
+    itls: np.ndarray,
+    duration: float,
+    percentiles: Iterable[float] = DEFAULT_PERCENTILES,
+) -> dict[str, float]:
+    """The statistics of completed requests (one entry per request in each list; ``itls`` pooled gaps)."""
+    ttft = np.asarray(ttfts, dtype=np.float64)
+    e2el = np.asarray(e2els, dtype=np.float64)
+    out_len = np.asarray(output_lens, dtype=np.int64)
+    multi = out_len > 1
+    tpot = (e2el[multi] - ttft[multi]) / (out_len[multi] - 1)
+    pct = tuple(percentiles)
+    stats: dict[str, float] = {}
+    for name, vals in (("ttft", ttft), ("tpot", tpot), ("itl", np.asarray(itls, dtype=np.float64)), ("e2el", e2el)):
+        stats.update(_describe(name, vals, pct))
+    if duration > 0:
+        total_out, total_in = int(out_len.sum()), int(np.asarray(input_lens, dtype=np.int64).sum())
+        stats["request_throughput"] = len(ttft) / duration
+        stats["output_throughput"] = total_out / duration
+        stats["total_token_throughput"] = (total_in + total_out) / duration
+    return stats
+
+
+def run_lists(result: RunResult) -> dict[str, list]:
+    """Per-request lists of a simulated run in the result JSON's order (request id) and units (seconds)."""
+    reqs = sorted(result.requests, key=lambda r: r.id)
+    done = [r.outcome == "completed" for r in reqs]
+    return {
+        "input_lens": [r.prompt_tokens for r in reqs],
+        "output_lens": [r.output_tokens if ok else 0 for r, ok in zip(reqs, done, strict=True)],
+        "ttfts": [r.first_token - r.arrival if ok else 0.0 for r, ok in zip(reqs, done, strict=True)],
+        "latencies": [r.finish - r.arrival if ok else 0.0 for r, ok in zip(reqs, done, strict=True)],
+        "start_times": [r.arrival for r in reqs],
+        "errors": ["" if ok else (r.reason or r.outcome) for r, ok in zip(reqs, done, strict=True)],
+    }
+
+
+# Gaps (tokens) up to which the pooled ITLs are expanded into one value per token, as vLLM's lists are; past it
+# (a long run: 1,000,000 Azure requests are 260 M tokens, 2 GB as float64) the statistics are taken from the
+# (gap, count) pairs: percentiles bit-identical (sim.metrics.summary.weighted_percentile), mean and std equal to
+# rounding.
+ITL_EXPAND_MAX = 1 << 24
+
+
+def pooled_itls(result: RunResult) -> np.ndarray:
+    """Every inter-token gap of the run, each as often as tokens saw it."""
+    return np.repeat(np.asarray(result.itl_gaps, dtype=np.float64), np.asarray(result.itl_counts, dtype=np.int64))
+
+
+def itls_expand(result: RunResult) -> bool:
+    """Whether the run's pooled ITLs are few enough to expand (``ITL_EXPAND_MAX``)."""
+    return int(np.sum(np.asarray(result.itl_counts, dtype=np.int64))) <= ITL_EXPAND_MAX
+
+
+def _describe_weighted(name: str, values: np.ndarray, counts: np.ndarray, percentiles: Iterable[float]
+                       ) -> dict[str, float]:
+    from sim.metrics.summary import weighted_percentile
+
+    w = counts.astype(np.float64)
+    total = float(w.sum())
+    mean = float(np.dot(values, w) / total)
+    out = {f"mean_{name}": mean, f"median_{name}": weighted_percentile(values, counts, 50),
+           f"std_{name}": float(np.sqrt(np.dot((values - mean) ** 2, w) / total))}
+    for p in percentiles:
+        out[f"{p_word(p)}_{name}"] = weighted_percentile(values, counts, p)
+    return out
+
+
+def run_stats(result: RunResult, percentiles: Iterable[float] = DEFAULT_PERCENTILES) -> dict[str, float]:
+    """:func:`bench_stats` of a simulated run (its duration: first arrival to last completion)."""
+    done = [r for r in result.requests if r.outcome == "completed"]
+    expand = itls_expand(result)
+    stats = bench_stats(
+        [r.first_token - r.arrival for r in done],
+        [r.finish - r.arrival for r in done],
+        [r.output_tokens for r in done],
+        [r.prompt_tokens for r in done],
+        pooled_itls(result) if expand else np.zeros(0),
+        float(result.duration),
+        percentiles,
+    )
+    if not expand:
+        counts = np.asarray(result.itl_counts, dtype=np.int64)
+        keep = counts > 0
+        gaps = np.asarray(result.itl_gaps, dtype=np.float64)[keep]
+        stats.update(_describe_weighted("itl", gaps, counts[keep], tuple(percentiles)))
+    return stats
+
+
+def _weighted(name: str, values: np.ndarray, weights: np.ndarray, percentiles: Iterable[float]) -> dict[str, float]:
+    """GuideLLM-style weighted statistics: mean exact; median/pNN the first value whose cumulative weight reaches
+    the fraction (GuideLLM's own interpolation may differ slightly at small counts)."""
+    keep = weights > 0
+    v, w = values[keep], weights[keep].astype(np.float64)
+    if not v.size:
+        return {}
+    order = np.argsort(v, kind="stable")
+    v, w = v[order], w[order]
+    cum = np.cumsum(w) / w.sum()
+    mean = float(np.sum(v * w) / w.sum())
+    out = {f"mean_{name}": mean, f"std_{name}": float(np.sqrt(np.sum(w * (v - mean) ** 2) / w.sum()))}
+    for key, q in (("median", 0.5), *((p_word(p), p / 100.0) for p in percentiles)):
+        out[f"{key}_{name}"] = float(v[min(int(np.searchsorted(cum, q - 1e-12)), v.size - 1)])
+    return out
+
+
+def guidellm_stats(result: RunResult, percentiles: Iterable[float] = (50.0, 90.0, 95.0, 99.0)) -> dict[str, float]:
+    """GuideLLM's ITL and TPOT (see sim/output/benchfiles/guidellm.py) of a simulated run, keyed gl_itl / gl_tpot."""
+    done = [r for r in result.requests if r.outcome == "completed"]
+    ttft = np.array([r.first_token - r.arrival for r in done], dtype=np.float64)
+    e2el = np.array([r.finish - r.arrival for r in done], dtype=np.float64)
+    out = np.array([r.output_tokens for r in done], dtype=np.int64)
+    multi = out > 1
+    itl = np.zeros(len(done))
+    itl[multi] = (e2el[multi] - ttft[multi]) / (out[multi] - 1)
+    tpot = np.divide(e2el, out, out=np.zeros(len(done)), where=out > 0)
+    pct = tuple(percentiles)
+    return {**_weighted("gl_itl", itl, np.where(multi, out - 1, 0), pct), **_weighted("gl_tpot", tpot, out, pct)}

@@ -1,0 +1,266 @@
+"""`servesim validate SCENARIO --against FILE...`: the simulator against a user's own benchmark results.
+
+Per file (or per benchmark of a GuideLLM file): rebuild the workload the benchmark sent (per-request lengths where
+recorded, else lengths drawn from the file's statistics; arrival times where recorded, else the request rate with
+its burstiness as vLLM draws it, else the max concurrency as a closed loop), simulate it on the scenario's
+deployment (one variant), and compare every metric the file holds with the same definition computed on the
+simulated run (sim/output/benchfiles/stats.py). Error = (simulated - measured) / measured. Several files of one
+deployment form a load sweep: the page draws measured and simulated curves against the load.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sim.metrics.records import RunResult
+from sim.output.benchfiles.common import BenchFileError, BenchRun
+from sim.output.benchfiles.genai_perf import is_genai_perf, read_genai_perf
+from sim.output.benchfiles.guidellm import is_guidellm, read_guidellm
+from sim.output.benchfiles.stats import guidellm_stats, run_stats
+from sim.output.benchfiles.vllm_bench import read_vllm_bench
+from sim.serving.request import RequestSpec
+from sim.workload.generator import ClosedLoop, GeneratedWorkload
+
+DEFAULT_NUM_REQUESTS = 200  # when a file gives neither per-request lengths nor a request count
+_PCT = re.compile(r"^p(\d+(?:\.\d+)?)_")
+
+
+def read_bench_files(paths: list[str | Path]) -> list[BenchRun]:
+    """Every run of every file, the format detected from the content."""
+    runs: list[BenchRun] = []
+    for path in paths:
+        p = Path(path)
+        try:
+            data = json.loads(p.read_text())
+        except FileNotFoundError:
+            raise BenchFileError(f"{p}: file not found") from None
+        except (OSError, ValueError) as e:
+            raise BenchFileError(f"{p}: not readable JSON ({e})") from None
+        if is_guidellm(data):
+            runs.extend(read_guidellm(p, data))
+        elif is_genai_perf(data):
+            runs.append(read_genai_perf(p, data))
+        else:
+            runs.append(read_vllm_bench(p))
+    return runs
+
+
+def _lengths(stats: dict[str, float], n: int, rng: np.random.Generator, cap: int) -> np.ndarray:
+    mean, std = stats["avg"], stats.get("std", 0.0)
+    lo, hi = max(1.0, stats.get("min", 1.0)), min(float(cap), stats.get("max", float(cap)))
+    return np.clip(np.rint(rng.normal(mean, std, n) if std > 0 else np.full(n, mean)), lo, max(lo, hi)).astype(int)
+
+
+def rebuild_workload(run: BenchRun, *, seed: int = 0, max_len: int = 1 << 20) -> tuple[GeneratedWorkload, list[str]]:
+    """The requests the benchmark sent, and notes on what had to be assumed."""
+    notes: list[str] = []
+    rng = np.random.default_rng(seed)
+    if run.input_lens:
+        ins, outs = np.asarray(run.input_lens), np.asarray(run.output_lens)
+    elif run.input_len_stats and run.output_len_stats:
+        n = run.num_requests or DEFAULT_NUM_REQUESTS
+        ins = _lengths(run.input_len_stats, n, rng, max_len)
+        outs = _lengths(run.output_len_stats, n, rng, max_len)
+        notes.append(f"{run.source}: no per-request lengths; {n} requests drawn from the file's length statistics")
+    else:
+        raise BenchFileError(f"{run.source}: no per-request lengths and no length statistics: cannot rebuild the "
+                             "workload")
+    keep = (ins >= 1) & (outs >= 1)
+    ins, outs = ins[keep], outs[keep]
+    n = int(ins.size)
+    closed = None
+    if run.arrival_times_s is not None and len(run.arrival_times_s) == len(keep):
+        times = np.asarray(run.arrival_times_s, dtype=np.float64)[keep]
+    elif run.request_rate is not None:
+        b = run.burstiness if run.burstiness is not None else 1.0
+        if math.isinf(b):
+            gaps = np.full(n, 1.0 / run.request_rate)
+        else:
+            gaps = rng.gamma(b, 1.0 / (run.request_rate * b), n)
+        times = np.cumsum(gaps)
+        if times[-1] > 0:  # vLLM rescales the draws so that n requests take exactly n / rate seconds
+            times *= (n / run.request_rate) / times[-1]
+        notes.append(f"{run.source}: no arrival times; drawn at {run.request_rate:g} req/s, burstiness {b:g} "
+                     f"(seed {seed})")
+    elif run.max_concurrency is not None:
+        times = np.zeros(n)
+        closed = ClosedLoop(run.max_concurrency, np.zeros(n))
+        notes.append(f"{run.source}: closed loop of {run.max_concurrency} concurrent requests, no think time")
+    else:
+        times = np.zeros(n)
+        notes.append(f"{run.source}: request rate inf: every request at t=0")
+    order = np.argsort(times, kind="stable")
+    users = run.max_concurrency if closed is not None else None
+    specs = tuple(
+        RequestSpec(i, float(times[j]), int(ins[j]), int(outs[j]), (), 512, (i % users) if users else None)
+        for i, j in enumerate(order.tolist())
+    )
+    return GeneratedWorkload(specs, closed), notes
+
+
+def relative_error(measured: float, simulated: float) -> float | None:
+    if not (math.isfinite(measured) and math.isfinite(simulated)):
+        return None
+    if measured == 0:
+        return 0.0 if simulated == 0 else None
+    return (simulated - measured) / abs(measured)
+
+
+def simulated_metrics(result: RunResult, keys: list[str]) -> dict[str, float]:
+    pct = sorted({float(m.group(1)) for k in keys if (m := _PCT.match(k))} | {99.0})
+    out = run_stats(result, pct)
+    if any("gl_" in k for k in keys):
+        out.update(guidellm_stats(result, pct))
+    return out
+
+
+@dataclass
+class FileValidation:
+    source: str
+    label: str | None
+    format: str
+    load: float | None
+    load_kind: str  # "request_rate" | "max_concurrency" | ""
+    metrics: dict[str, dict[str, float | None]]
+    skipped: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    result: RunResult | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"file": self.source, "benchmark": self.label, "format": self.format, "load": self.load,
+                "load_kind": self.load_kind, "metrics": self.metrics, "skipped": self.skipped, "notes": self.notes}
+
+
+@dataclass
+class BenchValidation:
+    scenario: str
+    variant: str
+    files: list[FileValidation]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"scenario": self.scenario, "variant": self.variant, "files": [f.to_dict() for f in self.files]}
+
+    def table(self) -> str:
+        lines = []
+        for f in self.files:
+            name = f.source + (f" {f.label}" if f.label else "")
+            lines.append(f"{name} ({f.format}, load {f.load if f.load is not None else 'inf'}):")
+            for k, m in f.metrics.items():
+                e = m["error"]
+                lines.append(f"  {k:28s} measured {m['measured']:.6g}  simulated {m['simulated']:.6g}  "
+                             f"error {'n/a' if e is None else f'{e:+.1%}'}")
+            for s in f.skipped:
+                lines.append(f"  skipped: {s}")
+        return "\n".join(lines)
+
+
+def validate_against(scenario_path: str | Path, files: list[str | Path], *, variant: str | None = None,
+                     overrides: dict[str, Any] | None = None, seed: int | None = None) -> BenchValidation:
+    from sim.config.scenario import load_scenario, variant_configs
+    from sim.config.schema import ScenarioError
+    from sim.loop.run import simulate_variant
+
+    sc, _ = load_scenario(scenario_path, overrides)
+    cfgs = variant_configs(sc)
+    if variant is not None:
+        names = ", ".join(c.name for c in cfgs)
+        cfgs = [c for c in cfgs if c.name == variant]
+        if not cfgs:
+            raise ScenarioError(f"--variant {variant}: no such variant (the scenario has {names})")
+    cfg = cfgs[0]
+    runs = read_bench_files(list(files))
+    out: list[FileValidation] = []
+    for run in runs:
+        wl, notes = rebuild_workload(run, seed=sc.seed if seed is None else seed,
+                                     max_len=int(cfg.deployment.max_model_len or (1 << 20)))
+        result, _, _ = simulate_variant(cfg, wl, name=cfg.name)
+        sim = simulated_metrics(result, list(run.aggregates))
+        metrics: dict[str, dict[str, float | None]] = {}
+        skipped = list(run.skipped)
+        for key, measured in run.aggregates.items():
+            if key not in sim:
+                skipped.append(f"{run.source}: {key}: no simulated counterpart")
+                continue
+            metrics[key] = {"measured": measured, "simulated": sim[key], "error": relative_error(measured, sim[key])}
+        kind = "request_rate" if run.request_rate is not None else "max_concurrency" if run.max_concurrency else ""
+        out.append(FileValidation(run.source, run.label, run.format, run.load, kind, metrics, skipped, notes, result))
+    return BenchValidation(sc.name, cfg.name, out)
+
+
+_CSS = ("body{font-family:sans-serif;max-width:1200px;margin:2em auto;color:#222}"
+        "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}"
+        "th{background:#f3f3f3}td:first-child{text-align:left}.bad{color:#b00}")
+
+
+def _sweep_figure(val: BenchValidation):
+    """Measured and simulated curves against the load, one panel per metric every file has."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    from sim.output.report import TEMPLATE
+
+    pts = sorted((f for f in val.files if f.load is not None), key=lambda f: f.load or 0.0)
+    keys = [k for k in pts[0].metrics if all(k in f.metrics for f in pts)] if pts else []
+    keys = [k for k in keys if k.startswith(("mean_", "median_", "p99_")) or "throughput" in k][:12]
+    if len(pts) < 2 or not keys:
+        return None
+    cols = 3
+    rows = math.ceil(len(keys) / cols)
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=keys)
+    x = [f.load for f in pts]
+    for i, k in enumerate(keys):
+        r, c = i // cols + 1, i % cols + 1
+        for what, color in (("measured", "#1f77b4"), ("simulated", "#d62728")):
+            fig.add_trace(go.Scatter(x=x, y=[f.metrics[k][what] for f in pts], mode="lines+markers", name=what,
+                                     line=dict(color=color), showlegend=i == 0, legendgroup=what), row=r, col=c)
+    fig.update_layout(template=TEMPLATE, height=300 * rows, title=f"Load sweep ({pts[0].load_kind or 'load'})")
+    return fig
+
+
+def build_page(val: BenchValidation) -> str:
+    import plotly.io as pio
+
+    parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+             f"<title>servesim validation: {html.escape(val.scenario)}</title><style>{_CSS}</style></head><body>",
+             f"<h1>Validation against benchmark files: {html.escape(val.scenario)}</h1>",
+             f"<p>Simulated variant: {html.escape(val.variant)}. Latencies in seconds; error = (simulated - "
+             "measured) / measured.</p>"]
+    fig = _sweep_figure(val)
+    if fig is not None:
+        parts.append(pio.to_html(fig, include_plotlyjs=True, full_html=False, div_id="fig-sweep",
+                                 config={"displaylogo": False, "responsive": True}))
+    for f in val.files:
+        title = html.escape(f.source + (f" {f.label}" if f.label else ""))
+        parts.append(f"<h2>{title}</h2><p>{html.escape(f.format)}, load {f.load if f.load is not None else 'inf'}"
+                     f"</p><table><tr><th>metric</th><th>measured</th><th>simulated</th><th>error</th></tr>")
+        for k, m in f.metrics.items():
+            e = m["error"]
+            bad = ' class="bad"' if e is not None and abs(e) > 0.1 else ""
+            parts.append(f"<tr><td>{html.escape(k)}</td><td>{m['measured']:.6g}</td><td>{m['simulated']:.6g}</td>"
+                         f"<td{bad}>{'n/a' if e is None else f'{e:+.1%}'}</td></tr>")
+        parts.append("</table>")
+        for title_, items in (("Skipped", f.skipped), ("Assumed", f.notes)):
+            if items:
+                parts.append(f"<p>{title_}:</p><ul>" + "".join(f"<li>{html.escape(s)}</li>" for s in items) +
+                             "</ul>")
+    parts.append("</body></html>\n")
+    return "\n".join(parts)
+
+
+def write_bench_validation(out_dir: str | Path, val: BenchValidation) -> Path:
+    from sim.config.files import write_atomically
+    from sim.output.run_folder import to_jsonable
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    write_atomically(out, {"validation.json": json.dumps(to_jsonable(val.to_dict()), indent=1, allow_nan=False),
+                           "validation.html": build_page(val)})
+    return out

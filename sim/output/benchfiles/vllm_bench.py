@@ -1,0 +1,156 @@
+"""Reader for `vllm bench serve --save-result` JSON (with or without --save-detailed).
+
+Field facts (vllm/benchmarks/serve.py): aggregates are `<stat>_<metric>_ms` with stat in mean/median/std/pNN and
+metric in ttft/tpot/itl/e2el, in milliseconds (pNN also p99.9); throughputs `request_throughput`,
+`output_throughput`, `total_token_throughput`; the detailed lists (one entry per request sent, failed ones too, with
+output 0 and a non-empty `errors` entry) `input_lens`, `output_lens`, `ttfts`, `itls` (per-request lists), and in
+current versions `latencies` and `start_times` (perf_counter seconds, when each request was sent), all in seconds;
+deployment hints `model_id`, `request_rate` ("inf" or a number), `burstiness`, `max_concurrency`, `duration`
+(seconds). TPOT there already excludes the first token, as servesim's does.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+from sim.output.benchfiles.common import BenchFileError, BenchRun
+
+_AGG = re.compile(r"^(mean|median|std|p\d+(?:\.\d+)?)_(ttft|tpot|itl|e2el)_ms$")
+THROUGHPUT_FIELDS = ("request_throughput", "output_throughput", "total_token_throughput")
+
+
+def _num(v: Any) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+        return None
+    return float(v)
+
+
+def read_vllm_bench(path: str | Path) -> BenchRun:
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text())
+    except (OSError, ValueError) as e:
+        raise BenchFileError(f"{p}: not readable JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise BenchFileError(f"{p}: top level: expected an object")
+    run = BenchRun(source=str(p))
+    skip = run.skipped.append
+    if isinstance(data.get("model_id"), str):
+        run.model = data["model_id"]
+    rate = data.get("request_rate")
+    if rate not in (None, "inf"):
+        if _num(rate) is None or float(rate) <= 0:
+            skip(f"{p}: request_rate: not a positive number or 'inf'")
+        else:
+            run.request_rate = float(rate)
+    for name in ("burstiness", "duration"):
+        if name in data and data[name] is not None:
+            v = _num(data[name])
+            if v is None or v <= 0:
+                skip(f"{p}: {name}: not a positive number")
+            elif name == "burstiness":
+                run.burstiness = v
+            else:
+                run.duration_s = v
+    mc = data.get("max_concurrency")
+    if mc is not None:
+        if isinstance(mc, int) and not isinstance(mc, bool) and mc > 0:
+            run.max_concurrency = mc
+        else:
+            skip(f"{p}: max_concurrency: not a positive integer")
+    for key, value in data.items():
+        m = _AGG.match(key)
+        if not m:
+            continue
+        v = _num(value)
+        if v is None or v < 0:
+            skip(f"{p}: {key}: not a non-negative number")
+        else:
+            run.aggregates[f"{m.group(1)}_{m.group(2)}"] = v / 1000.0  # ms -> s
+    for key in THROUGHPUT_FIELDS:
+        if key in data:
+            v = _num(data[key])
+            if v is None or v < 0:
+                skip(f"{p}: {key}: not a non-negative number")
+            else:
+                run.aggregates[key] = v
+    _read_detailed(p, data, run)
+    if not run.aggregates and not run.input_lens:
+        raise BenchFileError(f"{p}: no metrics: neither *_ms aggregates nor detailed per-request lists readable")
+    return run
+
+
+def _ints(v: list[Any]) -> bool:
+    return all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v)
+
+
+def _read_detailed(p: Path, data: dict[str, Any], run: BenchRun) -> None:
+    if "input_lens" not in data:
+        return  # saved without --save-detailed: aggregates only
+    lists: dict[str, list[Any]] = {}
+    for name in ("input_lens", "output_lens", "ttfts"):
+        v = data.get(name)
+        if not isinstance(v, list):
+            run.skipped.append(f"{p}: {name}: missing or not a list; per-request comparison skipped")
+            return
+        lists[name] = v
+    n = len(lists["input_lens"])
+    optional = {}
+    for name in ("itls", "latencies", "start_times", "errors"):
+        v = data.get(name)
+        if v is None:
+            continue
+        if not isinstance(v, list) or len(v) != n:
+            run.skipped.append(f"{p}: {name}: not a list of {n} entries (one per request); not used")
+        else:
+            optional[name] = v
+    for name, v in lists.items():
+        if len(v) != n:
+            run.skipped.append(f"{p}: {name}: length {len(v)} != input_lens' {n}; per-request comparison skipped")
+            return
+    for name in ("input_lens", "output_lens"):
+        if not _ints(lists[name]):
+            run.skipped.append(f"{p}: {name}: not all non-negative integers; per-request comparison skipped")
+            return
+    ttfts = [_num(x) for x in lists["ttfts"]]
+    if any(t is None for t in ttfts):
+        run.skipped.append(f"{p}: ttfts: not all numbers; per-request comparison skipped")
+        return
+    # a request failed when its errors entry is non-empty (vLLM writes "" for a success) or it produced nothing
+    errors = optional.get("errors", [""] * n)
+    ok = [not e and out > 0 for e, out in zip(errors, lists["output_lens"], strict=True)]
+    run.num_failed = n - sum(ok)
+
+    def floats(name: str) -> list[float] | None:
+        if name not in optional:
+            return None
+        vals = [_num(x) for x, good in zip(optional[name], ok, strict=True) if good]
+        if any(x is None for x in vals):
+            run.skipped.append(f"{p}: {name}: not all numbers; not used")
+            return None
+        return [float(x) for x in vals if x is not None]
+
+    itls: list[list[float]] | None = None
+    if "itls" in optional:
+        itls = []
+        for row, good in zip(optional["itls"], ok, strict=True):
+            vals = [_num(x) for x in row] if isinstance(row, list) else [None]
+            if any(x is None for x in vals):
+                run.skipped.append(f"{p}: itls: not all lists of numbers; per-request ITLs not used")
+                itls = None
+                break
+            if good:
+                itls.append([float(x) for x in vals if x is not None])
+    starts = floats("start_times")
+    run.latencies_s = floats("latencies")
+    if starts:
+        t0 = min(starts)
+        run.arrival_times_s = [t - t0 for t in starts]
+    run.input_lens = [x for x, good in zip(lists["input_lens"], ok, strict=True) if good]
+    run.output_lens = [x for x, good in zip(lists["output_lens"], ok, strict=True) if good]
+    run.ttfts_s = [float(t) for t, good in zip(ttfts, ok, strict=True) if good and t is not None]  # seconds already
+    run.itls_s = itls

@@ -1,0 +1,186 @@
+"""Shared pieces of the report: the Section each builder returns, the template and colours, and the reductions of
+long series (windows, states, CDF samples) that keep a long run's page small."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.colors import qualitative
+
+from sim.metrics.records import RunResult
+
+MAX_POINTS = 1000  # most points a plotted series may have
+MODEBAR_PX = 30  # plotly's mode bar: its icons fill the top 30 px of a figure, at the right, shown on hover
+# plotly sets a title's baseline in the middle of the top margin: at 48 px, under the mode bar's band rather than
+# in it (at a 50 px margin, titles such as "KV cache by request: ..." ran under its icons)
+TOP_MARGIN = 96
+MIN_WINDOWS = 20  # fewest windows a timeline uses, however short the run
+
+# A small template: plotly's named ones add about 7 kB of JSON to every figure.
+TEMPLATE = go.layout.Template(
+    layout=dict(
+        paper_bgcolor="white",
+        plot_bgcolor="white",
+        font=dict(family="sans-serif", size=12),
+        xaxis=dict(gridcolor="#e5e5e5", zerolinecolor="#cccccc", showline=True, linecolor="#999999"),
+        yaxis=dict(gridcolor="#e5e5e5", zerolinecolor="#cccccc", showline=True, linecolor="#999999"),
+        hovermode="x unified",
+        margin=dict(l=70, r=30, t=TOP_MARGIN, b=50),
+    )
+)
+COLORS = qualitative.Plotly
+
+
+@dataclass(slots=True)
+class Section:
+    """A heading with a figure and/or an HTML fragment (already escaped)."""
+
+    title: str
+    figure: go.Figure | None = None
+    html: str = ""
+
+
+def color(i: int) -> str:
+    """The colour of the i-th variant, the same in every figure."""
+    return COLORS[i % len(COLORS)]
+
+
+# --- reducing long series --------------------------------------------------------------------------------------
+
+
+def common_end(results: list[RunResult]) -> float:
+    """One time axis for the per-variant charts: the latest end over the runs, so the variants line up."""
+    return max((run_end(r) for r in results), default=1.0)
+
+
+def run_end(result: RunResult) -> float:
+    """The end of the run's time axis: the last step's end, the last finish or the duration, whichever is last."""
+    s = result.steps
+    ends = [float(result.duration)]
+    if len(s["start"]):
+        ends.append(float(np.max(s["start"] + s["duration"])))
+    ends += [r.finish for r in result.requests]
+    return max(ends)
+
+
+def window_edges(t_end: float, n_steps: int, max_points: int = MAX_POINTS) -> np.ndarray:
+    """Edges of equal windows over [0, t_end]: about one window per four steps, between MIN_WINDOWS and
+    max_points windows."""
+    n = int(min(max_points, max(MIN_WINDOWS, n_steps // 4)))
+    return np.linspace(0.0, max(t_end, 1e-9), n + 1)
+
+
+def amount_per_window(starts: np.ndarray, durations: np.ndarray, amounts: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """Sum of each step's amount that falls in each window, the amount spread evenly over the step's duration
+    (a zero-length step counts at its start; windows are half-open [a, b), the last one closed). Exact for
+    overlapping steps too (several replicas)."""
+    starts = np.asarray(starts, dtype=np.float64)
+    durations = np.asarray(durations, dtype=np.float64)
+    amounts = np.asarray(amounts, dtype=np.float64)
+    cum = np.zeros(len(edges))
+    point = durations <= 0
+    if point.any():
+        order = np.argsort(starts[point], kind="stable")
+        t, a = starts[point][order], amounts[point][order]
+        idx = np.searchsorted(t, edges, side="left")
+        idx[-1] = np.searchsorted(t, edges[-1], side="right")  # the last window is closed
+        cum += np.concatenate(([0.0], np.cumsum(a)))[idx]
+    if (~point).any():
+        s, d, a = starts[~point], durations[~point], amounts[~point]
+        rate = a / d
+        times = np.concatenate((s, s + d))
+        order = np.argsort(times, kind="stable")
+        times = times[order]
+        rate_after = np.cumsum(np.concatenate((rate, -rate))[order])  # rate on [times[i], times[i+1])
+        at_times = np.concatenate(([0.0], np.cumsum(np.diff(times) * rate_after[:-1])))
+        cum += np.interp(edges, times, at_times)  # the cumulative amount is linear between those times
+    return np.diff(cum)
+
+
+def state_per_window(t: np.ndarray, values: np.ndarray, edges: np.ndarray, how: str = "max") -> np.ndarray:
+    """Per window, the maximum (how="max") or mean (how="mean") of the values whose time t (sorted) falls in
+    it. A window without any keeps the previous window's value: the state holds while nothing runs."""
+    nb = len(edges) - 1
+    out = np.full(nb, np.nan)
+    if len(t) == 0:
+        return out
+    values = np.asarray(values, dtype=np.float64)
+    b = np.clip(np.searchsorted(edges, t, side="right") - 1, 0, nb - 1)
+    uniq, first = np.unique(b, return_index=True)
+    if how == "max":
+        agg = np.maximum.reduceat(values, first)
+    elif how == "mean":
+        agg = np.add.reduceat(values, first) / np.diff(np.append(first, len(values)))
+    else:
+        raise ValueError(f"how must be 'max' or 'mean', got {how!r}")
+    out[uniq] = agg
+    idx = np.where(np.isnan(out), 0, np.arange(nb))
+    np.maximum.accumulate(idx, out=idx)
+    return out[idx]
+
+
+def _windowed(edges: np.ndarray, y: np.ndarray) -> dict:
+    """Trace arguments for per-window values: implicit x (x0, dx), float32 y, drawn as steps."""
+    return dict(x0=float(edges[0]), dx=float(edges[1] - edges[0]), y=np.asarray(y, dtype=np.float32), line_shape="hv")
+
+
+def _state_trace(t: np.ndarray, v: np.ndarray, edges: np.ndarray, how: str, max_points: int) -> dict:
+    """A state series: the raw points when there are few, else one value per window."""
+    if len(t) <= max_points:
+        return dict(x=np.asarray(t, dtype=np.float64), y=np.asarray(v, dtype=np.float32), line_shape="hv")
+    return _windowed(edges, state_per_window(t, v, edges, how))
+
+
+def _count_trace(times: np.ndarray, weights: np.ndarray, edges: np.ndarray, max_points: int) -> dict:
+    """A cumulative count of events: exact steps when few, else its value at each window's end."""
+    order = np.argsort(times, kind="stable")
+    times = np.asarray(times, dtype=np.float64)[order]
+    cum = np.cumsum(np.asarray(weights, dtype=np.float64)[order])
+    if len(times) <= max_points:
+        x = np.concatenate(([0.0], times, [edges[-1]]))
+        y = np.concatenate(([0.0], cum, [cum[-1] if len(cum) else 0.0]))
+        return dict(x=x, y=y.astype(np.float32), line_shape="hv")
+    at_end = np.concatenate(([0.0], cum))[np.searchsorted(times, edges[1:], side="right")]
+    return dict(x0=float(edges[1]), dx=float(edges[1] - edges[0]), y=at_end.astype(np.float32), line_shape="hv")
+
+
+def ecdf_points(values: np.ndarray, max_points: int = MAX_POINTS) -> dict:
+    """Trace arguments for an empirical CDF: x = values (float32: plenty for a picture), y implicit (y0, dy).
+    Every value when there are at most max_points; else the quantiles at max_points evenly spaced
+    probabilities from 0 to 1."""
+    v = np.sort(np.asarray(values, dtype=np.float64))
+    n = len(v)
+    if n <= max_points:
+        return dict(x=v.astype(np.float32), y0=1.0 / max(n, 1), dy=1.0 / max(n, 1), line_shape="hv")
+    p = np.linspace(0.0, 1.0, max_points)
+    return dict(x=np.quantile(v, p).astype(np.float32), y0=0.0, dy=1.0 / (max_points - 1))
+
+
+def trace_points(fig: go.Figure) -> int:
+    """The most points any trace of the figure holds (for tests of the downsampling)."""
+    most = 0
+    for tr in fig.data:
+        for attr in ("x", "y"):
+            v = getattr(tr, attr, None)
+            if v is not None:
+                most = max(most, len(v))
+    return most
+
+
+def _sorted_steps(result: RunResult) -> Mapping[str, np.ndarray]:
+    s = result.steps
+    start = np.asarray(s["start"])
+    if start.size < 2 or bool(np.all(start[1:] >= start[:-1])):
+        # already in order (one replica's log; a cluster's merged log): the stable sort is the identity, and the
+        # steps stay as they are (a long run's columns are read lazily, not copied all at once)
+        return s
+    order = np.argsort(start, kind="stable")
+    return {k: np.asarray(v)[order] for k, v in s.items()}
+
+
+def _kv_capacity(s: Mapping[str, np.ndarray], result: RunResult) -> np.ndarray:
+    cap = s["kv_capacity_blocks"].astype(np.float64)
+    return np.where(cap > 0, cap, float(result.kv_capacity_blocks))

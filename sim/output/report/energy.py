@@ -1,0 +1,74 @@
+"""Report section of power and energy (summary.json's ``energy``, sim/costs/energy.py): the fleet's power over time and
+each completed request's energy, per run, with a table of the run's joules and watts. No section when no run has
+power figures."""
+
+from __future__ import annotations
+
+import html
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from sim.costs.energy import power_over_time, run_energy
+from sim.metrics.records import RunResult
+from sim.output.report.common import TEMPLATE, Section, color, ecdf_points
+from sim.output.report.pipeline import _table
+
+POWER_BINS = 200  # time bins of the power chart per run
+
+NOTE = (
+    "Power over time: the mean draw of the run's GPUs in each of 200 time bins (steps at the power their compute and "
+    "memory use give, idle gaps at idle power, capped at the board's limit). Energy per request: its share of each "
+    "step's energy by the tokens it had computed there, the idle energy shared alike, over completed requests. "
+    "The model and its sources are in sim/costs/energy.py."
+)
+
+
+def fig_energy(results: list[RunResult]) -> go.Figure | None:
+    """Power over time (left) and the distribution of energy per completed request (right), one colour per run.
+    None when no run has power figures."""
+    runs = [(i, r) for i, r in enumerate(results) if r.power is not None]
+    if not runs:
+        return None
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("power over time", "energy per request (CDF)"))
+    for i, r in runs:
+        name = html.escape(r.name)
+        curve = power_over_time(r, POWER_BINS)
+        if curve is not None:
+            t, w = curve
+            fig.add_trace(go.Scatter(x=t, y=w, mode="lines", name=r.name, legendgroup=r.name,
+                                     line={"color": color(i)},
+                                     hovertemplate="%{x:.1f} s: %{y:.0f} W<extra>" + name + "</extra>"), row=1, col=1)
+        e = run_energy(r)
+        done = np.array([q.outcome == "completed" for q in r.requests], dtype=bool)
+        if e is not None and done.any():
+            pts = ecdf_points(np.sort(e.request_energy_j[done]))
+            fig.add_trace(go.Scatter(**pts, mode="lines", name=r.name, legendgroup=r.name, showlegend=False,
+                                     line={"color": color(i)},
+                                     hovertemplate="%{x:.1f} J: %{y:.1%}<extra>" + name + "</extra>"), row=1, col=2)
+    fig.update_layout(template=TEMPLATE, height=400, legend={"orientation": "h", "y": -0.2})
+    fig.update_xaxes(title_text="time (s)", row=1, col=1)
+    fig.update_yaxes(title_text="W (all GPUs)", rangemode="tozero", row=1, col=1)
+    fig.update_xaxes(title_text="J per request", row=1, col=2)
+    fig.update_yaxes(title_text="share of requests", range=[0, 1.02], row=1, col=2)
+    return fig
+
+
+def energy_sections(results: list[RunResult], summaries: dict) -> list[Section]:
+    fig = fig_energy(results)
+    if fig is None:
+        return []
+    rows = []
+    for name, s in summaries.items():
+        e = s.get("energy")
+        if not e:
+            continue
+        idle_share = e["idle_energy_j"] / e["energy_j"] if e["energy_j"] > 0 else 0.0
+        rows.append([name, f"{e['energy_j'] / 1000:.2f}", f"{e['j_per_output_token']:.4f}",
+                     f"{e['mean_power_w']:.0f}", f"{e['peak_step_power_w']:.0f}",
+                     f"{e['j_per_request']['median']:.1f}", f"{e['j_per_request']['p99']:.1f}",
+                     f"{100 * idle_share:.1f}%", f"{e['power_limit_w']:g} x {e['gpus_per_replica']}"])
+    table = _table(("run", "energy (kJ)", "J / output token", "mean power (W)", "peak step power (W)",
+                    "J / request p50", "J / request p99", "idle share", "limit (W x GPUs)"), rows)
+    return [Section("Power and energy", fig, f'<p class="note">{html.escape(NOTE)}</p>' + table)]

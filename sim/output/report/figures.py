@@ -1,0 +1,340 @@
+"""Figures over time and latency: CDFs, utilisation per replica, KV memory and throughput."""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from sim.metrics.records import RequestRecord, RunResult
+from sim.output.report.common import (
+    MAX_POINTS,
+    TEMPLATE,
+    _count_trace,
+    _kv_capacity,
+    _sorted_steps,
+    _state_trace,
+    _windowed,
+    amount_per_window,
+    color,
+    ecdf_points,
+    run_end,
+    window_edges,
+)
+from sim.serving.request import Outcome
+
+# --- figures ---------------------------------------------------------------------------------------------------
+
+
+def latencies(result: RunResult) -> dict[str, np.ndarray]:
+    """TTFT, TPOT and E2EL of the completed requests (seconds)."""
+    return latencies_of(result.requests)
+
+
+def latencies_of(records: Sequence[RequestRecord]) -> dict[str, np.ndarray]:
+    """TTFT, TPOT and E2EL of the completed requests among ``records`` (seconds)."""
+    done = [r for r in records if r.completed]
+    arr = np.array([r.arrival for r in done], dtype=np.float64)
+    ft = np.array([r.first_token for r in done], dtype=np.float64)
+    fin = np.array([r.finish for r in done], dtype=np.float64)
+    out = np.array([r.output_tokens for r in done], dtype=np.int64)
+    multi = out > 1
+    return {
+        "ttft": ft - arr,
+        "tpot": (fin[multi] - ft[multi]) / (out[multi] - 1),
+        "e2el": fin - arr,
+    }
+
+
+CDF_PANELS = (("ttft", "TTFT (ms)", 1e3), ("tpot", "TPOT (ms)", 1e3), ("e2el", "E2EL (s)", 1.0))
+MARKED_PERCENTILES = (50, 95, 99)
+CDF_LOG_SPAN = 100.0  # a panel whose values span more than this ratio (two decades) gets a log x axis
+
+
+def spans_decades(values: list[np.ndarray], ratio: float = CDF_LOG_SPAN) -> bool:
+    """Whether the positive values span more than ``ratio`` (max over min): on a linear axis the small ones
+    collapse into a vertical line (a 0.3 s TTFT next to a 700 s one)."""
+    pos = [v[v > 0] for v in values if len(v)]
+    pos = [v for v in pos if len(v)]
+    if not pos:
+        return False
+    lo, hi = min(float(v.min()) for v in pos), max(float(v.max()) for v in pos)
+    return hi > ratio * lo
+
+
+def fig_latency_cdfs(results: list[RunResult], max_points: int = MAX_POINTS) -> go.Figure:
+    """CDFs of TTFT, TPOT and E2EL side by side, one curve per variant, with p50/p95/p99 marked."""
+    return _cdf_figure([(res.name, latencies(res)) for res in results], "Latency CDFs (completed requests)",
+                       max_points)
+
+
+def fig_class_latency_cdfs(result: RunResult, max_points: int = MAX_POINTS) -> go.Figure:
+    """One variant's TTFT, TPOT and E2EL CDFs with one curve per request class (sorted by name, as summary.json
+    keys them), p50/p95/p99 marked."""
+    from sim.metrics.summary import NO_CLASS
+
+    groups: dict[str, list[RequestRecord]] = {}
+    for r in result.requests:
+        groups.setdefault(r.slo_class or NO_CLASS, []).append(r)
+    curves = [(name, latencies_of(groups[name])) for name in sorted(groups)]
+    return _cdf_figure(curves, f"Latency CDFs per class: {result.name} (completed requests)", max_points)
+
+
+def _cdf_figure(curves: list[tuple[str, dict[str, np.ndarray]]], title: str, max_points: int) -> go.Figure:
+    """CDF_PANELS side by side, one curve per (name, latencies), with p50/p95/p99 marked."""
+    fig = make_subplots(rows=1, cols=3, subplot_titles=[p[1] for p in CDF_PANELS], horizontal_spacing=0.07)
+    lats = [lat for _, lat in curves]
+    for i, (name, lat) in enumerate(curves):
+        for col, (key, label, scale) in enumerate(CDF_PANELS, start=1):
+            v = lat[key] * scale
+            if len(v) == 0:
+                continue
+            fig.add_trace(
+                go.Scatter(
+                    name=name,
+                    legendgroup=name,
+                    showlegend=col == 1,
+                    mode="lines",
+                    line=dict(color=color(i)),
+                    hovertemplate=f"{label}: %{{x:.4g}}<br>fraction: %{{y:.3f}}",
+                    **ecdf_points(v, max_points),
+                ),
+                row=1,
+                col=col,
+            )
+            pct = np.percentile(v, MARKED_PERCENTILES)
+            fig.add_trace(
+                go.Scatter(
+                    x=pct,
+                    y=[q / 100 for q in MARKED_PERCENTILES],
+                    mode="markers+text",
+                    text=[f"p{q}" for q in MARKED_PERCENTILES],
+                    textposition="middle right",
+                    marker=dict(color=color(i), size=7, symbol="diamond"),
+                    name=f"{name} percentiles",
+                    legendgroup=name,
+                    showlegend=False,
+                    hovertemplate=f"%{{text}} {label}: %{{x:.4g}}<extra>{html.escape(name)}</extra>",
+                ),
+                row=1,
+                col=col,
+            )
+            fig.update_xaxes(title_text=label, row=1, col=col)
+    for col, (key, label, scale) in enumerate(CDF_PANELS, start=1):
+        if spans_decades([lat[key] * scale for lat in lats]):
+            fig.update_xaxes(type="log", title_text=f"{label}, log scale", row=1, col=col)
+    fig.update_yaxes(title_text="fraction of requests", range=[0, 1.02], row=1, col=1)
+    fig.update_layout(template=TEMPLATE, height=380, title=title, hovermode="closest")
+    return fig
+
+
+REPLICA_LINES = 8  # replicas drawn one line each in the utilisation panels; more: their mean with a min-max band
+
+
+def _replica_lines(fig: go.Figure, edges: np.ndarray, series: list[np.ndarray], name: str, colour: str,
+                   row: int) -> None:
+    """Per-window fractions of one GPU, one series per replica: a line each (one unnamed replica: a plain line),
+    or beyond REPLICA_LINES the mean over replicas within a band from the least to the most loaded one."""
+    if len(series) == 1:
+        fig.add_trace(go.Scatter(name=name, line=dict(color=colour), **_windowed(edges, series[0])), row=row, col=1)
+        return
+    if len(series) <= REPLICA_LINES:
+        for i, y in enumerate(series):
+            fig.add_trace(go.Scatter(name=f"{name}: replica {i}", line=dict(color=color(i), width=1),
+                                     legendgroup=f"replica {i}", **_windowed(edges, y)), row=row, col=1)
+        return
+    stack = np.stack(series)
+    lo, hi = stack.min(axis=0), stack.max(axis=0)
+    fig.add_trace(go.Scatter(name=f"{name}: least loaded replica", line=dict(color=colour, width=0),
+                             showlegend=False, **_windowed(edges, lo)), row=row, col=1)
+    fig.add_trace(go.Scatter(name=f"{name}: min-max over {len(series)} replicas", line=dict(color=colour, width=0),
+                             fill="tonexty", **_windowed(edges, hi)), row=row, col=1)
+    fig.add_trace(go.Scatter(name=f"{name}: mean over replicas", line=dict(color=colour),
+                             **_windowed(edges, stack.mean(axis=0))), row=row, col=1)
+
+
+def fig_timeline(result: RunResult, max_points: int = MAX_POINTS, x_end: float | None = None) -> go.Figure:
+    """One variant's utilisation on a shared time axis: GPU busy fraction and MFU per window (per replica, on a 0-1
+    axis), KV usage, queue length, and cumulative rejections and preemptions. ``x_end``: the end of the time
+    axis (default: the run's end); the report passes the latest end over the variants, so they line up."""
+    s = _sorted_steps(result)
+    n = len(s["start"])
+    x_end = run_end(result) if x_end is None else max(float(x_end), run_end(result))
+    edges = window_edges(x_end, n, max_points)
+    width = edges[1] - edges[0]
+    t = s["start"]
+    fig = make_subplots(
+        rows=5,
+        cols=1,
+        shared_xaxes=True,
+        vertical_spacing=0.03,
+        subplot_titles=(
+            "GPU busy (fraction of each window, per replica)",
+            "MFU (per window, per replica)",
+            "KV usage (fraction of capacity; per-window peak)",
+            "requests (per-window peak)",
+            "cumulative rejections and preemptions",
+        ),
+    )
+    # Per replica: each replica's steps run in parallel with the others', so their busy time over a window can sum
+    # to several windows; a fraction of one GPU is only meaningful replica by replica.
+    rep = np.asarray(s["replica"], dtype=np.int64) if "replica" in s else np.zeros(n, dtype=np.int64)
+    per_busy, per_mfu = [], []
+    for r in np.unique(rep):
+        on = rep == r
+        every = bool(on.all())  # one replica: no masked copies of a long run's columns (the same values)
+        t_on, d_on = (t, s["duration"]) if every else (t[on], s["duration"][on])
+        per_busy.append(amount_per_window(t_on, d_on, d_on, edges) / width)
+        if result.peak_flops > 0:
+            per_mfu.append(amount_per_window(t_on, d_on, s["flops"] if every else s["flops"][on], edges)
+                           / (width * result.peak_flops))
+        del t_on, d_on
+    del rep
+    _replica_lines(fig, edges, per_busy, "busy", color(0), row=1)
+    if per_mfu:
+        _replica_lines(fig, edges, per_mfu, "MFU", color(1), row=2)
+    cap = _kv_capacity(s, result)
+    # kv_blocks_used counts reserved-but-empty blocks already (sim/metrics/records.py): "KV used" is the table's KV
+    # usage,
+    # and the dotted line under it is what is left without the reservations
+    with np.errstate(divide="ignore", invalid="ignore"):
+        used = s["kv_blocks_used"] / cap
+        filled = (s["kv_blocks_used"] - s["kv_blocks_reserved"]) / cap
+    fig.add_trace(
+        go.Scatter(name="KV used", line=dict(color=color(2)), **_state_trace(t, used, edges, "max", max_points)),
+        row=3,
+        col=1,
+    )
+    if np.any(s["kv_blocks_reserved"] > 0):
+        fig.add_trace(
+            go.Scatter(
+                name="KV used, reserved-empty blocks left out",
+                line=dict(color=color(2), dash="dot"),
+                **_state_trace(t, filled, edges, "max", max_points),
+            ),
+            row=3,
+            col=1,
+        )
+    queues = (("num_waiting", "waiting"), ("num_running", "running"), ("num_swapped", "swapped"))
+    for j, (col, label) in enumerate(queues):
+        if col == "num_swapped" and not np.any(s[col] > 0):
+            continue
+        fig.add_trace(
+            go.Scatter(name=label, line=dict(color=color(3 + j)), **_state_trace(t, s[col], edges, "max", max_points)),
+            row=4,
+            col=1,
+        )
+    rej_t = np.array([r.finish for r in result.requests if r.outcome == Outcome.REJECTED.value], dtype=np.float64)
+    fig.add_trace(
+        go.Scatter(
+            name="rejections", line=dict(color=color(6)), **_count_trace(rej_t, np.ones_like(rej_t), edges, max_points)
+        ),
+        row=5,
+        col=1,
+    )
+    pre = s["num_preempted"] > 0
+    fig.add_trace(
+        go.Scatter(
+            name="preemptions",
+            line=dict(color=color(7)),
+            **_count_trace(t[pre], s["num_preempted"][pre], edges, max_points),
+        ),
+        row=5,
+        col=1,
+    )
+    fig.update_yaxes(range=[0, 1], row=1, col=1)
+    fig.update_yaxes(range=[0, 1], row=2, col=1)
+    fig.update_yaxes(range=[0, 1.05], row=3, col=1)
+    fig.update_xaxes(title_text="time (s)", row=5, col=1)
+    fig.update_xaxes(range=[0.0, x_end])
+    fig.update_layout(template=TEMPLATE, height=900, title=f"Utilisation over time: {result.name}")
+    return fig
+
+
+def fig_kv_memory(result: RunResult, max_points: int = MAX_POINTS) -> go.Figure:
+    """KV cache memory over time (per-window means): blocks holding tokens and blocks reserved but empty, stacked
+    so that their top is the blocks used (kv_blocks_used counts both), and the capacity. In GiB when the run
+    knows the bytes per block, else in blocks."""
+    s = _sorted_steps(result)
+    edges = window_edges(run_end(result), len(s["start"]), max_points)
+    scale, unit = (result.kv_bytes_per_block / 2**30, "GiB") if result.kv_bytes_per_block > 0 else (1.0, "blocks")
+    t = s["start"]
+    fig = go.Figure()
+    reserved = s["kv_blocks_reserved"]
+    for blocks, label, c in ((s["kv_blocks_used"] - reserved, "holding tokens", color(2)),
+                             (reserved, "reserved, empty", color(4))):
+        fig.add_trace(
+            go.Scatter(
+                name=label,
+                stackgroup="kv",
+                line=dict(color=c),
+                **_state_trace(t, blocks * scale, edges, "mean", max_points),
+            )
+        )
+    cap = _kv_capacity(s, result) * scale
+    cap_value = float(cap.max()) if len(cap) else result.kv_capacity_blocks * scale
+    fig.add_trace(
+        go.Scatter(
+            name="capacity",
+            x=[0.0, float(edges[-1])],
+            y=[cap_value, cap_value],
+            mode="lines",
+            line=dict(color="black", dash="dash"),
+        )
+    )
+    fig.update_layout(
+        template=TEMPLATE,
+        height=350,
+        title=f"KV cache memory: {result.name}",
+        xaxis_title="time (s)",
+        yaxis_title=f"KV cache ({unit})",
+    )
+    return fig
+
+
+def fig_throughput(results: list[RunResult], max_points: int = MAX_POINTS) -> go.Figure:
+    """Throughput over time per variant: decode and prefill tokens computed per second, and completed requests
+    per second, each averaged over windows."""
+    fig = make_subplots(
+        rows=3,
+        cols=1,
+        shared_xaxes=True,
+        vertical_spacing=0.06,
+        subplot_titles=("decode tokens/s", "prefill tokens/s", "completed requests/s"),
+    )
+    for i, res in enumerate(results):
+        s = _sorted_steps(res)
+        edges = window_edges(run_end(res), len(s["start"]), max_points)
+        width = edges[1] - edges[0]
+        for row, col in ((1, "decode_tokens"), (2, "prefill_tokens")):
+            rate = amount_per_window(s["start"], s["duration"], s[col], edges) / width
+            fig.add_trace(
+                go.Scatter(
+                    name=res.name,
+                    legendgroup=res.name,
+                    showlegend=row == 1,
+                    line=dict(color=color(i)),
+                    **_windowed(edges, rate),
+                ),
+                row=row,
+                col=1,
+            )
+        fin = np.array([r.finish for r in res.requests if r.completed], dtype=np.float64)
+        done = np.histogram(fin, bins=edges)[0] / width
+        fig.add_trace(
+            go.Scatter(
+                name=res.name,
+                legendgroup=res.name,
+                showlegend=False,
+                line=dict(color=color(i)),
+                **_windowed(edges, done),
+            ),
+            row=3,
+            col=1,
+        )
+    fig.update_xaxes(title_text="time (s)", row=3, col=1)
+    fig.update_layout(template=TEMPLATE, height=650, title="Throughput over time")
+    return fig

@@ -1,0 +1,211 @@
+"""GPU memory figures: the memory stack over time and the KV cache by request."""
+
+from __future__ import annotations
+
+import numpy as np
+import plotly.graph_objects as go
+
+from sim.metrics.records import RunResult
+from sim.output.report.common import (
+    MAX_POINTS,
+    TEMPLATE,
+    _kv_capacity,
+    _sorted_steps,
+    _state_trace,
+    color,
+    run_end,
+    window_edges,
+)
+
+# --- GPU memory stack -----------------------------------------------------------------------------------------
+
+MEMORY_POINTS = MAX_POINTS // 2  # windows of the memory stack: five layers of them, and a smooth picture already
+
+MEMORY_LAYERS = (
+    ("weights", "model weights", "#7f7f7f"),
+    ("kv_stored", "KV: tokens stored", "#1f77b4"),
+    ("kv_slack", "KV: empty tail of partly filled blocks", "#9ecae1"),
+    ("kv_reserved", "KV: reserved blocks, still empty", "#ff7f0e"),
+    ("kv_free", "KV: free blocks", "#e8f4e8"),
+)
+
+
+def memory_layers(result: RunResult) -> tuple[dict[str, np.ndarray], float, str]:
+    """Per step (sorted by start), the memory the run's GPUs hold, as the layers of ``MEMORY_LAYERS``; with the
+    unit's scale and name (GiB when the run knows its bytes per block, else KV blocks with no weights layer).
+
+    The KV pool splits exactly: stored tokens + the rest of their blocks + reserved empty blocks + free blocks =
+    capacity. With prefix caching a shared token counts once per request that uses it, so the stored layer is
+    capped at the room of the blocks that hold tokens."""
+    s = _sorted_steps(result)
+    bpb = float(result.kv_bytes_per_block)
+    scale, unit = (bpb / 2**30, "GiB") if bpb > 0 else (1.0, "KV blocks")
+    bs = max(int(result.block_size), 1)
+    cap = _kv_capacity(s, result)
+    used = np.minimum(s["kv_blocks_used"].astype(np.float64), cap)
+    reserved = np.clip(s["kv_blocks_reserved"].astype(np.float64), 0.0, used)
+    filled = used - reserved
+    stored = np.minimum(s["kv_tokens"].astype(np.float64) / bs, filled)  # in blocks
+    weights = float(result.weight_bytes) / bpb if bpb > 0 else 0.0  # in blocks
+    layers = {
+        "weights": np.full(len(used), weights),
+        "kv_stored": stored,
+        "kv_slack": filled - stored,
+        "kv_reserved": reserved,
+        "kv_free": cap - used,
+    }
+    return {k: v * scale for k, v in layers.items()}, scale, unit
+
+
+def _gpu_total_bytes(result: RunResult) -> float | None:
+    """Memory of the GPUs one replica runs on, when the run recorded a preset or inline GPU."""
+    dep = (result.config or {}).get("deployment")
+    if not isinstance(dep, dict):
+        return None
+    from sim.hardware.specs import resolve_gpu
+
+    try:
+        gpu = resolve_gpu(dep["gpu"])
+    except (KeyError, ValueError, TypeError, AttributeError):
+        return None
+    return float(gpu.memory_bytes) * int(dep.get("tensor_parallel_size", 1) or 1)
+
+
+def fig_memory_stack(result: RunResult, max_points: int = MEMORY_POINTS, x_end: float | None = None) -> go.Figure:
+    """GPU memory over time as a stack (per-window means): the weights at the bottom, then KV holding tokens, the
+    unfilled tail of their blocks, blocks reserved but still empty, and free blocks, up to the capacity line
+    (weights + KV pool). Also the GPU's total memory when the run recorded which GPU it ran on: the gap is the
+    activation reserve and the share gpu_memory_utilization keeps back. ``x_end`` as in ``fig_timeline``."""
+    layers, scale, unit = memory_layers(result)
+    s = _sorted_steps(result)
+    t = s["start"]
+    end = run_end(result) if x_end is None else max(float(x_end), run_end(result))
+    edges = window_edges(end, len(t), max_points)
+    fig = go.Figure()
+    for key, label, c in MEMORY_LAYERS:
+        v = layers[key]
+        if key == "weights" and not np.any(v > 0):
+            continue
+        fig.add_trace(
+            go.Scatter(
+                name=label,
+                stackgroup="memory",
+                line=dict(color=c, width=0.5),
+                fillcolor=c,
+                hovertemplate=f"%{{y:.3f}} {unit}",
+                **_state_trace(t, v, edges, "mean", max_points),
+            )
+        )
+    cap = float(layers["weights"][0] + _kv_capacity(s, result).max() * scale) if len(t) else 0.0
+    x_end = float(edges[-1])
+    fig.add_trace(
+        go.Scatter(
+            name="capacity: weights + KV pool",
+            x=[0.0, x_end],
+            y=[cap, cap],
+            mode="lines",
+            line=dict(color="black", dash="dash"),
+        )
+    )
+    total = _gpu_total_bytes(result)
+    if total is not None and unit == "GiB":
+        fig.add_trace(
+            go.Scatter(
+                name="GPU memory",
+                x=[0.0, x_end],
+                y=[total / 2**30] * 2,
+                mode="lines",
+                line=dict(color="#d62728", dash="dot"),
+            )
+        )
+    fig.update_layout(
+        template=TEMPLATE,
+        height=380,
+        title=f"GPU memory: {result.name}",
+        xaxis_title="time (s)",
+        xaxis_range=[0.0, x_end],
+        yaxis_title=f"memory ({unit})",
+        yaxis_rangemode="tozero",
+    )
+    return fig
+
+
+REQUEST_KV_REQUESTS = 60  # most requests drawn as their own band in the per-request memory chart
+REQUEST_KV_POINTS = 60  # time samples of that chart (evenly spaced, so the traces carry no x arrays)
+
+
+def request_kv_window(result: RunResult, max_requests: int = REQUEST_KV_REQUESTS) -> float:
+    """End of the window in which at most ``max_requests`` requests start computing: every request holding KV
+    in ``[0, end)`` is then drawn."""
+    starts = np.sort([r.first_scheduled for r in result.requests if r.first_scheduled >= 0])
+    if len(starts) == 0:
+        return 0.0
+    if len(starts) > max_requests:
+        return float(starts[max_requests])
+    return max(r.finish for r in result.requests)
+
+
+def request_kv_tokens(
+    result: RunResult, t: np.ndarray, max_requests: int = REQUEST_KV_REQUESTS
+) -> dict[int, np.ndarray]:
+    """Per request id, the KV tokens it holds at the times ``t``: its prompt from its first step, then one more
+    token per output token, spread evenly between its first token and its finish (the records keep no per-token
+    times), nothing after it ends. A preempted request holds nothing from its preemption to its resume (the
+    records keep both times), so the bands of a preempting run stay under the capacity."""
+    out: dict[int, np.ndarray] = {}
+    for r in sorted(result.requests, key=lambda r: (r.first_scheduled, r.id)):
+        if r.first_scheduled < 0 or len(out) >= max_requests:
+            continue
+        end = r.finish if r.finish >= 0 else float("inf")
+        alive = np.zeros(len(t), dtype=bool)
+        for lo, hi in r.kv_intervals(end):
+            alive |= (t >= lo) & (t < hi)
+        tokens = np.where(alive, float(r.prompt_tokens), 0.0)
+        if r.first_token >= 0 and r.output_tokens > 1 and end > r.first_token:
+            frac = np.clip((t - r.first_token) / (end - r.first_token), 0.0, 1.0)
+            tokens = tokens + np.where(alive & (t >= r.first_token), 1.0 + frac * (r.output_tokens - 1), 0.0)
+        out[r.id] = tokens
+    return out
+
+
+REQUEST_KV_CAPACITY_IN_RANGE = 2.0  # the KV pool is drawn when it is at most this many times the peak drawn
+
+
+def fig_memory_by_request(result: RunResult, max_requests: int = REQUEST_KV_REQUESTS,
+                          points: int = REQUEST_KV_POINTS, x_end: float | None = None) -> go.Figure:
+    """One band per active request's KV cache, stacked: every session's cache must stay resident, and the bands
+    pile up towards the KV pool. The y axis spans the KV in use (a 1 GiB pile on a 70 GiB axis is invisible); the
+    pool's capacity is drawn as a line when it is within REQUEST_KV_CAPACITY_IN_RANGE times the peak, else
+    named in the title. The weights are not stacked: they are constant and named in the title. ``x_end``: the
+    window's end (default: ``request_kv_window``); the report passes one end to every variant."""
+    end = request_kv_window(result, max_requests) if x_end is None else float(x_end)
+    t = np.linspace(0.0, end, points) if end > 0 else np.zeros(1)
+    bpb = float(result.kv_bytes_per_block)
+    bs = max(int(result.block_size), 1)
+    scale, unit = (bpb / bs / 2**30, "GiB") if bpb > 0 else (1.0 / bs, "KV blocks")
+    weights = float(result.weight_bytes) / 2**30 if bpb > 0 else 0.0
+    fig = go.Figure()
+    even = dict(x0=0.0, dx=float(t[1] - t[0]) if len(t) > 1 else 1.0)
+    total = np.zeros(len(t))
+    for i, (rid, tokens) in enumerate(request_kv_tokens(result, t, max_requests).items()):
+        y = (tokens * scale).astype(np.float32)
+        total += y
+        fig.add_trace(go.Scatter(name=f"request {rid}", y=y, stackgroup="m", **even,
+                                 line=dict(width=0.3, color=color(i)), fillcolor=color(i), showlegend=False,
+                                 hovertemplate=f"request {rid}: %{{y:.3f}} {unit}<extra></extra>"))
+    cap = float(result.kv_capacity_blocks) * (bpb / 2**30 if bpb > 0 else 1.0)
+    peak = float(total.max()) if total.size else 0.0
+    title = f"KV cache by request: {result.name} (first {end:.0f} s, at most {max_requests} requests, one band each"
+    if weights > 0:
+        title += f"; weights {weights:.1f} GiB not stacked"
+    if cap > 0 and (peak <= 0 or cap <= REQUEST_KV_CAPACITY_IN_RANGE * peak):
+        fig.add_trace(go.Scatter(name="KV pool capacity", x=[0.0, float(t[-1])], y=[cap, cap],
+                                 mode="lines", line=dict(color="black", dash="dash")))
+        top = cap
+    else:
+        title += f"; KV pool {cap:.1f} {unit}, off the scale"
+        top = peak
+    fig.update_layout(template=TEMPLATE, height=380, xaxis_title="time (s)", yaxis_title=f"KV cache ({unit})",
+                      title=title + ")", yaxis_range=[0.0, 1.05 * top if top > 0 else 1.0],
+                      xaxis_range=[0.0, float(t[-1])])
+    return fig

@@ -1,1 +1,0 @@
-"""Model and GPU presets beyond the few in sim/specs.py, each with its source in a comment."""

@@ -1,0 +1,364 @@
+"""The simulator's decode fast path: a whole stretch of decode-group steps taken at once.
+
+When nothing can change the policy's answer (no arrival, no finish, no block shortage, no deadline; see
+``sim.policies.base``), the core repeats the last group-only plan without asking (``ServingCore.plan_without_policy``).
+``fast_forward`` goes further: it prices a run of such steps together (``CostModel.decode_steps`` or one vectorised
+``step_time`` call) and applies them in one tight loop that records exactly what ``ServingCore.schedule`` and
+``ServingCore.complete`` would, step by step; the tests compare the two byte for byte.
+
+It lives apart from the core because it is an optimisation of it, not a part of the serving logic: the core is
+correct without it (the real engine never calls it), and a reader of the core need not read it.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from itertools import accumulate
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from sim.costs.costmodel import CostModel, StepShape, optional_member
+from sim.engines.sched import graph_padding
+from sim.policies.base import Plan
+from sim.serving.decode_group import DecodeGroup
+
+if TYPE_CHECKING:
+    from sim.serving.core import ServingCore
+
+STEADY_PLAN = Plan(decode_group=True)  # what a group-aware policy plans when nothing waits and all decode
+MAX_SEGMENT = 4096  # fast-forward at most this many steps at once (bounds the arrays it builds)
+SCALAR_BELOW = 64  # price segments this short with scalar cost-model calls
+
+
+def predict(g: DecodeGroup, k: int, pad: int) -> tuple[list[int], list[int], list[int]]:
+    """Rows, attended tokens and longest row (``StepShape.max_decode_len``) of the decode group's next ``k``
+    steps, members leaving after the step that samples their last token: runs of equal rows with evenly growing
+    context between departures."""
+    j0 = g.steps
+    finish_at = g.finish_at
+    rows_l: list[int] = []
+    read_l: list[int] = []
+    max_l: list[int] = []
+    size, ctx = g.size, g.ctx
+    left = list(g.members.values())
+    pos = j0
+    for f in sorted(f for f in finish_at if f < j0 + k) + [j0 + k]:
+        n = f - pos  # steps pos+1 .. f, all with the current members
+        rows_l += [size + pad] * n
+        read_l += range(ctx + size, ctx + size * (n + 1), size) if size else [ctx] * n
+        top = max((r.num_computed_tokens + pos - r.group_base for r in left), default=-1) + 1
+        max_l += range(top, top + n) if left else [0] * n
+        ctx += size * n
+        pos = f
+        leaving = finish_at.get(f) if f < j0 + k else None
+        if leaving:
+            size -= len(leaving)
+            ctx -= sum(r.num_computed_tokens + f - r.group_base for r in leaving)
+            gone = {id(r) for r in leaving}
+            left = [r for r in left if id(r) not in gone]
+    return rows_l, read_l, max_l
+
+
+def _price(cost: CostModel, rows_l: list[int], read_l: list[int], max_l: list[int],
+           pad: int | list[int]) -> tuple[list[float], list[float]]:
+    """Durations and FLOPs of the predicted steps, bit-identical to pricing each step's shape on its own.
+    ``pad``: padding rows of every step, or of each (CUDA-graph padding)."""
+    k = len(rows_l)
+    pads = pad if isinstance(pad, list) else [pad] * k
+    if k <= SCALAR_BELOW and not any(pads):
+        # numpy's per-call overhead outweighs a short loop
+        decode_steps = optional_member(cost, "decode_steps")
+        return decode_steps(rows_l, read_l, max_l)
+    if k <= SCALAR_BELOW:
+        shapes = [StepShape(n, n, n, c, c, p, 0, max_decode_len=m)
+                  for n, c, m, p in zip(rows_l, read_l, max_l, pads, strict=True)]
+        return [float(cost.step_time(sh)) for sh in shapes], [float(cost.step_flops(sh)) for sh in shapes]
+    rows_a = np.asarray(rows_l, dtype=np.int64)
+    read_a = np.asarray(read_l, dtype=np.int64)
+    shape = StepShape(
+        num_seqs=rows_a,
+        num_tokens=rows_a,
+        num_decode_seqs=rows_a,
+        kv_read_tokens=read_a,
+        attn_pairs=read_a,
+        num_padding_tokens=np.asarray(pads, dtype=np.int64),
+        swap_blocks=np.zeros(k, dtype=np.int64),
+        max_decode_len=np.asarray(max_l, dtype=np.int64),
+    )
+    durations = np.asarray(cost.step_time(shape), dtype=np.float64).tolist()
+    flops = np.asarray(cost.step_flops(shape), dtype=np.float64).tolist()
+    return durations, flops
+
+
+def fast_forward(
+    core: ServingCore, now: float, horizon: float, cost: CostModel, *, finishes: bool = True,
+    overshoot: bool = False, overshoot_finish: bool = True,
+) -> tuple[list[float], float] | None:
+    """Take several group-only steps of ``core`` at once: price them together, then apply them in one loop that
+    records exactly what ``schedule``/``complete`` would (the tests compare the two). Stops before any step that
+    would end at or after ``horizon`` (the next event from outside, such as an arrival) or when the policy must
+    be asked again; ``finishes=False`` also stops before a step in which a request completes (when a completion
+    can start an outside event, such as a closed-loop user's next request).
+
+    ``overshoot=True`` also takes the step during which the horizon falls, when the event there is an arrival:
+    an arrival during a step only joins the queue, which nothing in the step reads, so the step can be applied
+    before the executor's clock reaches the arrival. The step's row then records the queue length before the
+    arrival; the executor corrects it with ``steps.set_last_waiting`` once the clock has caught up (stepping one
+    by one records the queue at the step's end). ``overshoot_finish=False`` overshoots only into a step in which
+    no member finishes (a cluster's router reads the running set and the free blocks at the arrival, and a finish
+    changes both only at the step's end). Returns (step durations, end of the last step), or None when no step
+    qualifies."""
+    g = core.group
+    if g is None or now >= horizon or core.plan_without_policy(now) is None:
+        return None
+    plan = core.repeatable if core.repeatable is not None else STEADY_PLAN
+    if plan.pad_to_longest:
+        return None  # a padded batch's shape depends on its longest member; step it one by one
+    j0 = g.steps
+    # a finish makes the policy look again unless nothing waits (then the steady plan continues)
+    keep_going = finishes and (core.steady_ok or core.all_decode) and not core.waiting and not core.swapped
+    finish_at = g.finish_at
+    next_finish = min(finish_at, default=-1)  # the next group step in which members sample their last token
+    last = j0 + MAX_SEGMENT
+    if not keep_going and next_finish >= 0:
+        last = min(last, next_finish - 1)
+    if core.multi_step > 1 and (core.waiting or core.swapped):  # stop where the multi-step block ends
+        last = min(last, j0 + (-core.decode_run) % core.multi_step)
+    pad = plan.padded_rows
+    priced = g.priced
+    if (priced is not None and priced.version == g.version and priced.pad == pad
+            and priced.j0 <= j0 < priced.j0 + len(priced.durations)):
+        # steps priced by an earlier call with the same members: their shapes are this call's
+        o = j0 - priced.j0
+        durations, flops, read_l, ends = priced.durations, priced.flops, priced.read, priced.ends
+        if ends[o] != now:  # the group got here another way (a step with others in it): new running sums
+            ends[o:] = accumulate(durations[o:], initial=now)
+        stop = min(last, priced.j0 + len(durations)) - priced.j0  # one past the last step this call may take
+    else:
+        o = 0
+        durations, flops, read_l = _predict_and_price(core, g, cost, now, horizon, last, pad,
+                                                      next_finish if keep_going else -1)
+        if not durations:
+            return None
+        ends = list(accumulate(durations, initial=now))  # step i runs from ends[i] to ends[i + 1]
+        if g.lookahead:
+            g.priced = Priced(g.version, pad, j0, read_l, durations, flops, ends)
+        stop = len(durations)
+    # The loop below is ``_apply`` + ``complete`` for a group-only, unpadded plan, written out because it is the
+    # simulator's innermost loop; the tests check that it records exactly what they would. Nothing from outside
+    # can happen inside it, so only the horizon, the deadline, finishes and block shortages end it, and the first
+    # two are known in advance from the steps' ends (running sums of the durations, added in order as stepping
+    # one by one adds them): no step may start at or after the deadline, nor end at or after the horizon, except
+    # (overshooting) the one the horizon falls in. The steps between two finishes form one run in the step log,
+    # which keeps per step only what changes from one to the next (see ``StepLog``), the members' inter-token
+    # gaps included. Indices into the priced lists: this call's first step is ``o``.
+    deadline = core.policy_deadline if core.policy_deadline is not None else float("inf")
+    over = bisect_left(ends, horizon, o) - 1  # the step in which the horizon falls (past ``stop`` if none)
+    if overshoot and not overshoot_finish and j0 + over - o + 1 in finish_at:
+        overshoot = False
+    n = min(stop, bisect_left(ends, deadline, o), over + 1 if overshoot else over)
+    kv = core.kv
+    grows = g.grows
+    try_grow = kv.try_grow
+    buckets = g.buckets
+    bs = len(buckets)
+    members = g.members
+    log = core.steps
+    log.compact()
+    step_values = log.per_step.extend
+    m = len(members)
+    used = kv.num_used_blocks
+    filled = core.filled_blocks
+    kv_tokens = core.kv_tokens
+    steps = j0
+    run = o  # the first step of the current run
+    for i in range(o, n):
+        crossing = buckets[steps % bs]
+        nb = len(crossing)
+        if nb and grows:
+            if not try_grow(crossing):
+                break  # a block shortage: the policy decides whom to preempt
+            used += nb
+        filled += nb
+        kv_tokens += m
+        steps += 1
+        step_values((ends[i + 1], used, used - filled if used > filled else 0, kv_tokens, flops[i]))
+        if steps == next_finish:
+            _end_run(core, g, run, i + 1, ends, read_l)
+            run = i + 1
+            core.filled_blocks, core.kv_tokens = filled, kv_tokens
+            core.repeatable = None
+            if core.waiting or core.swapped:  # as ServingCore.complete: a finish matters when someone waits
+                core.all_decode = False
+            for r in finish_at.pop(steps):
+                core.retire(r, ends[i + 1])
+            m = len(members)
+            used = kv.num_used_blocks
+            filled, kv_tokens = core.filled_blocks, core.kv_tokens
+            next_finish = min(finish_at, default=-1)
+            if i == over or not keep_going or not m:
+                break
+    end = o + steps - j0  # one past the last step taken
+    if end > run:
+        _end_run(core, g, run, end, ends, read_l)
+    core.filled_blocks, core.kv_tokens = filled, kv_tokens
+    if end == o:
+        return None
+    core.overshot = end > over
+    core.decode_run += end - o
+    core.busy_time += ends[end] - now
+    core.last_end = ends[end]
+    core.flops_done += sum(flops[o:end])
+    return durations[o:end], ends[end]
+
+
+class Priced:
+    """Steps of a decode group priced ahead (``DecodeGroup.priced``): step ``i`` of the lists is group step
+    ``j0 + i + 1``, running from ``ends[i]`` to ``ends[i + 1]``."""
+
+    __slots__ = ("version", "pad", "j0", "read", "durations", "flops", "ends")
+
+    def __init__(self, version: int, pad: int, j0: int, read: list[int], durations: list[float],
+                 flops: list[float], ends: list[float]) -> None:
+        self.version, self.pad, self.j0, self.read = version, pad, j0, read
+        self.durations, self.flops, self.ends = durations, flops, ends
+
+
+def _predict_and_price(core: ServingCore, g: DecodeGroup, cost: CostModel, now: float, horizon: float, last: int,
+                       pad: int, next_finish: int) -> tuple[list[float], list[float], list[int]]:
+    """Durations, FLOPs and attended tokens of the group's next steps, up to group step ``last`` and about as many
+    as fit before ``horizon`` (plus ``g.lookahead``, up to ``next_finish`` when that is not -1, when the group keeps
+    what it priced)."""
+    j0 = g.steps
+    if horizon != float("inf"):
+        # how many steps fit before the horizon, from the first step's time. Later steps attend to more tokens,
+        # so they are no shorter unless members leave; a small margin covers that (a guess that falls short
+        # leaves the rest for the next call; one too long prices steps never taken).
+        rows, read = g.size + pad, g.ctx + g.size
+        gp = graph_padding(core.graph_sizes, rows)
+        rows += gp
+        if not pad and not gp:
+            first = optional_member(cost, "decode_step_time")(rows, read)
+        else:
+            first = float(cost.step_time(StepShape(rows, rows, rows, read, read, pad + gp, 0)))
+        fit = int((horizon - now) / max(first, 1e-9) * 1.02) + 2
+        if g.lookahead:
+            # priced steps are kept until the members change, which the next finish does
+            fit += g.lookahead
+            if next_finish >= 0:
+                last = min(last, next_finish)
+        last = min(last, j0 + fit)
+    k = last - j0
+    if k < 1:
+        return [], [], []
+    # predict each step's rows and attended tokens (members leave after their finishing step)
+    size, ctx = g.size, g.ctx
+    finish_at = g.finish_at
+    if not finish_at or min(finish_at) >= j0 + k:  # nobody leaves before the last step: constant rows
+        rows_l = [size + pad] * k
+        read_l = list(range(ctx + size, ctx + size * (k + 1), size)) if size else [ctx] * k
+        top = g.max_computed() + 1 if size else 0
+        max_l = list(range(top, top + k)) if size else [0] * k
+    else:
+        rows_l, read_l, max_l = predict(g, k, pad)
+    price_pad: int | list[int] = pad
+    if core.graph_sizes:  # CUDA-graph padding: each step's rows up to the next captured size
+        gpads = [graph_padding(core.graph_sizes, r) for r in rows_l]
+        rows_l = [r + p for r, p in zip(rows_l, gpads, strict=True)]
+        price_pad = [pad + p for p in gpads]
+    durations, flops = _price(cost, rows_l, read_l, max_l, price_pad)
+    return durations, flops, read_l
+
+
+def _end_run(core: ServingCore, g: DecodeGroup, first: int, stop: int, ends: list[float], read_l: list[int]) -> None:
+    """Account steps ``first`` to ``stop - 1`` of a ``fast_forward`` segment, all with the same members, in the
+    decode group and the step log (their per-step values are in the log already)."""
+    m = len(g.members)
+    n = stop - first
+    if g.ctx + m != read_l[first] or g.ctx + m * n != read_l[stop - 1]:
+        raise AssertionError("fast_forward predicted a different step shape")
+    g.steps += n
+    g.ctx += m * n
+    g.prev_end = ends[stop]
+    if g.ends is not None:  # token timestamps
+        g.ends += ends[first + 1 : stop + 1]
+    if core.plans is not None:
+        core.plans += [tuple(sorted((i, 1) for i in g.members))] * n
+    core.steps.end_decode_run(
+        n, ends[first], m, core.kv.num_blocks, len(core.running), len(core.waiting), len(core.swapped),
+        graph_padding(core.graph_sizes, m),
+    )
+
+
+class Timeline:
+    """What a replica in a steady decode stretch will look like over its next steps, without taking them: step
+    ``k`` (``o <= k < o + n``) runs from ``ends[k]`` to ``ends[k + 1]`` with ``used[k - o]`` KV blocks in use
+    once it has taken its blocks. Its last step is the first in which members finish, or the last before a
+    block shortage, the policy's deadline or the end of what was priced."""
+
+    __slots__ = ("ends", "o", "n", "used", "expiry")
+
+    def __init__(self, ends: list[float], o: int, used: list[int]) -> None:
+        self.ends, self.o, self.n, self.used = ends, o, len(used), used
+        self.expiry = ends[o + len(used)]
+
+    def used_at(self, t: float, now_used: int) -> int:
+        """KV blocks in use at time ``t`` as a router reads them (a step in flight has taken its blocks);
+        ``now_used`` before the first step."""
+        k = bisect_left(self.ends, t, self.o, self.o + self.n + 1) - 1
+        return now_used if k < self.o else self.used[k - self.o]
+
+
+def timeline(core: ServingCore, now: float, cost: CostModel) -> Timeline | None:
+    """The core's next steps as a ``Timeline``, when it is in a steady decode stretch (only the decode group
+    runs, nothing waits or is swapped, no padding); None otherwise. Prices through the group's ``priced`` cache,
+    so the ``fast_forward`` that takes the steps later reuses the prices."""
+    g = core.group
+    if g is None or not g.members or core.waiting or core.swapped or not core.steady_ok:
+        return None
+    if core.plan_without_policy(now) is None:
+        return None
+    plan = core.repeatable if core.repeatable is not None else STEADY_PLAN
+    if plan.pad_to_longest or plan.padded_rows:
+        return None
+    j0 = g.steps
+    next_finish = min(g.finish_at, default=-1)
+    priced = g.priced
+    if (priced is not None and priced.version == g.version and priced.pad == 0
+            and priced.j0 <= j0 < priced.j0 + len(priced.durations)):
+        o = j0 - priced.j0
+        ends = priced.ends
+        if ends[o] != now:
+            ends[o:] = accumulate(priced.durations[o:], initial=now)
+        stop = len(priced.durations)
+    else:
+        durations, flops, read_l = _predict_and_price(core, g, cost, now, now, j0 + MAX_SEGMENT, 0, next_finish)
+        if not durations:
+            return None
+        ends = list(accumulate(durations, initial=now))
+        g.priced = Priced(g.version, 0, j0, read_l, durations, flops, ends)
+        o, stop = 0, len(durations)
+    deadline = core.policy_deadline if core.policy_deadline is not None else float("inf")
+    kv = core.kv
+    used = kv.num_used_blocks
+    buckets = g.buckets
+    bs = len(buckets)
+    grows = g.grows
+    need = 0
+    steps = j0
+    out: list[int] = []
+    for i in range(o, stop):
+        if ends[i] >= deadline:
+            break
+        nb = len(buckets[steps % bs]) if grows else 0
+        if nb:
+            need += nb
+            if not kv.can_grow(need):
+                break
+            used += nb
+        out.append(used)
+        steps += 1
+        if steps == next_finish:
+            break
+    return Timeline(ends, o, out) if out else None

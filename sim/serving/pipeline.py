@@ -1,0 +1,205 @@
+"""Pipeline parallelism (vLLM's ``pipeline_parallel_size``): the model's layers split over ``pp`` stages, each a
+tensor-parallel group of ``tp`` GPUs, activations handed from stage to stage over a link.
+
+Memory. Each GPU holds its stage's layers: the weights and the KV of ``ceil(num_layers / pp)`` layers (the
+largest stage bounds how many tokens the cache holds; embedding and LM head are counted on every stage, a small
+overestimate on the first and last). ``stage_model`` is the model one GPU sizes its memory for.
+
+Time. vLLM keeps up to ``pp`` batches in flight (v0's virtual engines, v1's batch queue): the running requests
+are split into ``m = min(pp, rows)`` micro-batches that follow one another through the stages. One step of the
+simulator is one round in which every running request advances by its tokens; a request's next token needs its
+previous one, so a round lasts as long as one micro-batch takes through the whole pipeline (or, with uneven
+stages, as long as the slowest stage takes for all of them)::
+
+    round = overhead(rows) + max(work + (pp - 1) * hop, m * work * largest stage's share of the layers)
+
+where ``work`` is the cost model's time of a micro-batch of ``rows / m`` rows on all layers (each stage does its
+share of it, weights and KV read included), ``overhead`` the host's per-step cost (scheduling, input
+preparation, sampling) and ``hop = link latency + tokens x hidden_size x activation bytes / link bandwidth``.
+The second term binds only when the layers do not split evenly (32 over 3 stages: the 11-layer stages set the
+pace once 3 micro-batches are in flight). Rows and tokens are split evenly over the micro-batches, an optimistic
+balance (vLLM's virtual engines each schedule their own requests). The stages compute ``m`` micro-batches, a
+total of ``m * work`` per round, so their mean utilisation is ``m * work / (pp * round)``: with one micro-batch
+the stages take turns and each idles ``(pp - 1) / pp`` of the time (the *bubble*, GPipe's ``(p - 1) / (m + p -
+1)`` at ``m = 1``); with ``pp`` micro-batches every stage is busy but for the hops and the host overhead. A
+pipeline therefore raises throughput only with load, and never lowers a single request's latency below the whole
+model's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from sim.costs.costmodel import AnalyticCostModel, CostModel, FittedCostModel, StepShape
+from sim.hardware.specs import DTYPE_BITS, GPUSpec, ModelSpec, activation_dtype
+
+# The links between stages, one direction, as achieved by NCCL send/recv (bandwidth in B/s, latency in s).
+#   nvlink:     H100 NVLink 4: 900 GB/s total per GPU, 450 GB/s each way (NVIDIA H100 datasheet); one small
+#               send/recv costs about 5 us.
+#   pcie:       PCIe 5.0 x16: 32 GT/s x 16 lanes = 63 GB/s raw each way (PCI-SIG), about 50 GB/s achieved (the
+#               GPU presets' pcie_bandwidth); peer-to-peer through the host bridge, about 10 us per message.
+#   infiniband: NDR 400 Gb/s per GPU (ConnectX-7) = 50 GB/s each way, GPUDirect RDMA between nodes; about 20 us
+#               per message across the switch.
+LINK_PRESETS: dict[str, tuple[float, float]] = {
+    "nvlink": (450e9, 5e-6),
+    "pcie": (50e9, 10e-6),
+    "infiniband": (50e9, 20e-6),
+}
+PipelineLink = Literal["auto", "nvlink", "pcie", "infiniband"]
+
+
+def resolve_link(link: str, gpu: GPUSpec) -> tuple[str, float, float]:
+    """(name, bandwidth B/s, latency s) of a stage link; ``auto``: NVLink when the GPU has it (stages in one
+    node), else PCIe."""
+    if link == "auto":
+        link = "nvlink" if gpu.nvlink_bandwidth > 0 else "pcie"
+    if link not in LINK_PRESETS:
+        raise ValueError(f"pipeline_link must be one of auto, {', '.join(LINK_PRESETS)}; got {link!r}")
+    bw, lat = LINK_PRESETS[link]
+    return link, bw, lat
+
+
+def stage_layers(num_layers: int, pp: int) -> int:
+    """Layers of the largest stage."""
+    return math.ceil(num_layers / pp)
+
+
+def check_pipeline(model: ModelSpec, pp: int) -> int:
+    """A pipeline degree vLLM accepts: at least one layer per stage."""
+    if not isinstance(pp, int) or isinstance(pp, bool) or pp < 1:
+        raise ValueError(f"pipeline_parallel_size must be a positive integer, got {pp!r}")
+    if pp > model.num_layers:
+        raise ValueError(f"pipeline_parallel_size={pp} exceeds {model.name}'s {model.num_layers} layers")
+    return pp
+
+
+def stage_model(model: ModelSpec, pp: int) -> ModelSpec:
+    """The model one GPU of a ``pp``-stage pipeline holds (its largest stage's layers); the model itself for 1."""
+    if pp == 1:
+        return model
+    return dataclasses.replace(model, num_layers=stage_layers(model.num_layers, check_pipeline(model, pp)))
+
+
+def _overhead(cost: CostModel, rows: Any) -> Any:
+    """The host's share of a step (paid once per round, not per stage)."""
+    if isinstance(cost, AnalyticCostModel):
+        return cost.step_overhead + rows * cost.per_request_overhead
+    if isinstance(cost, FittedCostModel):
+        return cost.step + 0 * rows
+    return 0 * rows
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineCostModel(CostModel):
+    """Step (round) times of a ``pp``-stage pipeline around ``inner``, the cost model of the whole model on one
+    stage's tensor-parallel group (see the module docstring). Scalar and array shapes give the same numbers."""
+
+    inner: CostModel
+    pipeline_parallel_size: int
+    hidden_size: int
+    activation_bytes: float  # bytes per activation element handed between stages
+    link: str = "nvlink"
+    link_bandwidth: float = LINK_PRESETS["nvlink"][0]  # B/s
+    link_latency: float = LINK_PRESETS["nvlink"][1]  # s per hop
+    stage_share: float = 0.0  # the largest stage's share of the layers; 0: 1 / pipeline_parallel_size
+    _peak: float = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.pipeline_parallel_size < 1 or not self.link_bandwidth > 0 or self.link_latency < 0:
+            raise ValueError("PipelineCostModel: pipeline_parallel_size >= 1, link_bandwidth > 0 and "
+                             "link_latency >= 0 are required")
+        object.__setattr__(self, "_peak", float(self.inner.peak_flops) * self.pipeline_parallel_size)
+        if self.stage_share == 0.0:
+            object.__setattr__(self, "stage_share", 1.0 / self.pipeline_parallel_size)
+        if not 1.0 / self.pipeline_parallel_size <= self.stage_share <= 1.0:
+            raise ValueError(f"PipelineCostModel: stage_share must be in [1/pp, 1], got {self.stage_share}")
+
+    @property
+    def peak_flops(self) -> float:
+        """Peak FLOP/s of every GPU of the pipeline."""
+        return self._peak
+
+    def micro_batches(self, rows: Any) -> Any:
+        """Micro-batches in flight for a step of ``rows`` rows."""
+        p = self.pipeline_parallel_size
+        return np.clip(rows, 1, p) if isinstance(rows, np.ndarray) else min(max(rows, 1), p)
+
+    def hop_time(self, tokens_per_micro_batch: Any) -> Any:
+        """Seconds to hand one micro-batch's activations to the next stage."""
+        return self.link_latency + tokens_per_micro_batch * (self.hidden_size * self.activation_bytes
+                                                              / self.link_bandwidth)
+
+    def step_time(self, shape: StepShape) -> float | np.ndarray:
+        p = self.pipeline_parallel_size
+        m = self.micro_batches(shape.num_seqs)
+        mb = StepShape(shape.num_seqs / m, shape.num_tokens / m, shape.num_decode_seqs / m,
+                       shape.kv_read_tokens / m, shape.attn_pairs / m, shape.num_padding_tokens / m,
+                       shape.swap_blocks, shape.idle_before, shape.max_decode_len)
+        work = self.inner.step_time(mb) - _overhead(self.inner, mb.num_seqs)
+        through = work + (p - 1) * self.hop_time(mb.num_tokens)  # one micro-batch through every stage
+        pace = m * work * self.stage_share  # the slowest stage computing all m micro-batches
+        mx = np.maximum if isinstance(through, np.ndarray) or isinstance(pace, np.ndarray) else max
+        t = _overhead(self.inner, shape.num_seqs) + mx(through, pace)
+        if shape.host_load_time:
+            t = t + shape.host_load_time
+        return t if isinstance(t, np.ndarray) else float(t)
+
+    def step_flops(self, shape: StepShape) -> float | np.ndarray:
+        return self.inner.step_flops(shape)
+
+    def stage_busy(self, rows: np.ndarray, tokens: np.ndarray, duration: np.ndarray) -> np.ndarray:
+        """Seconds each stage computed during steps of these rows, tokens and durations (the step log's): the
+        inverse of ``step_time``, ``m * work / pp``."""
+        p = self.pipeline_parallel_size
+        rows = np.asarray(rows, dtype=np.float64)
+        m = np.clip(rows, 1, p)
+        span = np.asarray(duration, dtype=np.float64) - _overhead(self.inner, rows)
+        # span = max(work + hops, m * work * share): each reading gives work where its term binds, more elsewhere
+        work = np.minimum(span - (p - 1) * self.hop_time(np.asarray(tokens, dtype=np.float64) / m),
+                          span / (m * self.stage_share))
+        return np.maximum(work, 0.0) * m / p
+
+    def summary(self, steps: Mapping[str, np.ndarray]) -> dict[str, Any]:
+        """``pipeline`` in summary.json: stage utilisation and bubble fraction over the run's steps."""
+        rows = steps["batch_size"] + steps["padded_rows"]
+        tokens = steps["prefill_tokens"] + steps["decode_tokens"] + steps["padding_tokens"]
+        dur = np.asarray(steps["duration"], dtype=np.float64)
+        per_step = self.stage_busy(rows, tokens, dur)
+        busy = float(per_step.sum())
+        total = float(dur.sum())
+        util = busy / total if total > 0 else float("nan")
+        m = np.clip(np.asarray(rows, dtype=np.float64), 1, self.pipeline_parallel_size)
+        # by micro-batches in flight (what the bubble depends on): share of the run's step time, utilisation
+        by_m = []
+        for k in np.unique(m):
+            sel = m == k
+            t = float(dur[sel].sum())
+            by_m.append({"micro_batches": int(k), "time_fraction": t / total if total > 0 else float("nan"),
+                         "stage_utilization": float(per_step[sel].sum()) / t if t > 0 else float("nan")})
+        return {
+            "pipeline_parallel_size": self.pipeline_parallel_size,
+            "link": self.link,
+            "stage_utilization": util,
+            "bubble_fraction": 1.0 - util,
+            "mean_micro_batches": float((m * dur).sum() / total) if total > 0 else float("nan"),
+            "hop_seconds": float(((self.pipeline_parallel_size - 1) * self.hop_time(tokens / m)).sum()),
+            "by_micro_batches": by_m,
+        }
+
+
+def wrap_pipeline(cost: CostModel, model: ModelSpec, gpu: GPUSpec, *, pipeline_parallel_size: int,
+                  link: str = "auto", weight_dtype: str = "bf16") -> CostModel:
+    """``cost`` as one stage group of a pipeline (itself when ``pipeline_parallel_size`` is 1)."""
+    pp = check_pipeline(model, pipeline_parallel_size)
+    if pp == 1:
+        return cost
+    name, bw, lat = resolve_link(link, gpu)
+    act_bytes = DTYPE_BITS[activation_dtype(weight_dtype)] / 8
+    share = stage_layers(model.num_layers, pp) / model.num_layers
+    return PipelineCostModel(cost, pp, model.hidden_size, act_bytes, name, bw, lat, share)
