@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from hypothesis import HealthCheck, settings
 
 from sim.loop.results import result_of
 from sim.loop.simulator import ClosedLoopPlan, Simulation
@@ -13,6 +14,11 @@ from sim.metrics.records import RunResult
 from sim.serving.block_manager import PagedBlockManager
 from sim.serving.core import ServingCore
 from sim.serving.request import Request, RequestSpec
+
+# Property tests run on a busy machine too (CI's 2 cores, a neighbour's process): hypothesis's own timing checks
+# (a slow example, slow data generation) measure the machine, not the code, so they are off for every test here.
+settings.register_profile("servesim", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("servesim")
 
 
 class LinearCost:

@@ -44,6 +44,7 @@ from sim.engines.registry import (
 )
 from sim.engines.sched import engine_kv_cache
 from sim.loop.disagg.config import DisaggConfig
+from sim.plugins import load_plugins
 from sim.workload.generator import EmpiricalLength, TraceArrival, Workload
 from sim.workload.traces import resolve_trace
 
@@ -121,6 +122,7 @@ def load_scenario(
 def parse_scenario(raw: dict[str, Any], source: str = "scenario") -> Scenario:
     """Validate a scenario dict: its schema, every variant's merged deployment, and that trace files exist.
     Raises ScenarioError naming the key path and the reason."""
+    load_plugins()  # a plugin's GPUs and engines are names the scenario may use
     try:
         scenario = Scenario.model_validate(raw)
     except ValidationError as e:

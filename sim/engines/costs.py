@@ -80,13 +80,8 @@ FA3_HOPPER_EFFICIENCY = 0.75  # FlashAttention-3 paper: up to 740 TFLOP/s in FP1
 
 
 def _architecture(gpu: Any) -> str:
-    """``hopper``, ``ampere`` or ``other``, from the preset's name (FlashAttention-3 needs Hopper)."""
-    name = str(getattr(gpu, "name", "")).lower()
-    if name.startswith(("h100", "h200", "h20", "gh200")):
-        return "hopper"
-    if name.startswith(("a100", "a10g", "a10")):
-        return "ampere"
-    return "other"
+    """The GPU's declared ``architecture`` (FlashAttention-3 needs Hopper); "" for none or an unknown one."""
+    return str(getattr(gpu, "architecture", "") or "")
 
 
 def attention_efficiency(engine: Any, gpu: Any) -> float | None:

@@ -623,6 +623,9 @@ class GPUSpec:
     price_per_hour: float = 0.0  # USD per GPU-hour on demand (an assumption, see GPU_PRESETS)
     tdp_w: float = 0.0  # W, the board's default power limit (datasheet); 0: unknown (no energy is modelled)
     idle_w: float = 0.0  # W drawn with nothing running (static power; an assumption, see sim/hardware/presets/gpus.py)
+    # the chip generation (hopper, ampere, ada, blackwell, cdna3; "" unknown): what its kernels can run, e.g.
+    # FlashAttention-3 only on hopper (sim/engines/costs.py); declared by the GPU, never guessed from its name
+    architecture: str = ""
 
     def __post_init__(self) -> None:
         # Rates are divided by: a NaN or infinite one, or one below 1 per second, makes step times NaN or
@@ -682,6 +685,10 @@ class GPUSpec:
     def from_name(cls, name: str) -> GPUSpec:
         """A preset by name, case-insensitive (see ``GPU_PRESETS``)."""
         key = name.strip().lower().replace("_", "-")
+        if key not in GPU_PRESETS and key not in _GPU_ALIASES:
+            from sim.plugins import load_plugins
+
+            load_plugins()
         key = _GPU_ALIASES.get(key, key)
         if key not in GPU_PRESETS:
             raise ValueError(f"unknown GPU {name!r}; presets: {', '.join(GPU_PRESETS)} (or GPUSpec.from_dict)")
@@ -691,6 +698,22 @@ class GPUSpec:
 # Datasheet figures, with their sources and assumptions, in sim/hardware/presets/gpus.py.
 GPU_PRESETS: dict[str, GPUSpec] = {k: GPUSpec(**v) for k, v in (BASE_GPU_PRESETS | MORE_GPU_PRESETS).items()}
 _GPU_ALIASES = dict(BASE_GPU_ALIASES) | MORE_GPU_ALIASES
+
+
+def register_gpu(gpu: GPUSpec | Mapping[str, Any], aliases: tuple[str, ...] = ()) -> GPUSpec:
+    """Add a GPU preset (a plugin's, see sim/plugins.py): afterwards ``deployment.gpu: NAME`` and ``--gpu NAME``
+    find it like a shipped one. ``gpu`` is a GPUSpec or a mapping of its fields (with its ``architecture``).
+    Registering a different GPU under a name already taken is refused; the same one again is a no-op."""
+    spec = gpu if isinstance(gpu, GPUSpec) else GPUSpec.from_dict(gpu)
+    key = spec.name.strip().lower().replace("_", "-")
+    for name in (key, *(a.strip().lower().replace("_", "-") for a in aliases)):
+        taken = GPU_PRESETS.get(_GPU_ALIASES.get(name, name))
+        if taken is not None and taken != spec:
+            raise ValueError(f"GPU {name!r} is already registered as a different GPU")
+    GPU_PRESETS[key] = spec
+    for a in aliases:
+        _GPU_ALIASES[a.strip().lower().replace("_", "-")] = key
+    return spec
 
 
 ModelLike = ModelSpec | str | PathLike[str] | Mapping[str, Any]

@@ -32,10 +32,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sim.config.errors import ScenarioError
 from sim.config.slos import SLOs
 from sim.costs.energy import energy_summary
 from sim.metrics.anomalies import anomalies as run_anomalies
 from sim.metrics.records import NO_CLASS, RequestRecord, RunResult, has_classes
+from sim.metrics.registry import Metric, plugin_metrics
 from sim.metrics.verdict import limit_inputs, rank_limits, rejection_reasons
 from sim.serving.request import Outcome
 from sim.serving.spec_decode import summarize_spec
@@ -302,7 +304,18 @@ def summarize(result: RunResult, slos: SLOs | None = None) -> dict:
         out["host_kv"] = dict(result.host_kv)
     for key, section in (result.summary_sections or {}).items():  # e.g. prefill/decode pools (sim/loop/disagg/pools.py)
         out[key] = section(result)
+    for metric in plugin_metrics():  # plugins' metrics (sim/metrics/registry.py), after every built-in key
+        out[metric.key] = _plugin_value(metric, result)
     return out
+
+
+def _plugin_value(metric: Metric, result: RunResult) -> float:
+    """A plugin metric's value as a float (NaN, null in summary.json, where undefined); its failure one clear
+    error naming it."""
+    try:
+        return float(metric.compute(result))  # type: ignore[misc]
+    except Exception as e:  # the plugin's code: one line naming the metric rather than a traceback
+        raise ScenarioError(f"metric {metric.key!r} (a plugin's) failed: {type(e).__name__}: {e}") from None
 
 
 def bottleneck(summary: dict) -> str:

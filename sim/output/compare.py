@@ -20,7 +20,7 @@ import numpy as np
 
 from sim.config.schema import ScenarioError
 from sim.metrics.records import RequestRecord
-from sim.output.table import CLUSTER_ROWS, TABLE_ROWS, format_cells, metric_value, ratio_text
+from sim.output.table import CLUSTER_ROWS, format_cells, metric_value, ratio_text, table_rows
 
 COMPARE_FILE = "compare.html"
 
@@ -105,7 +105,7 @@ class Comparison:
             if va is not None and vb is not None:
                 header.append("×")
         every = list(self.a.summaries.values()) + list(self.b.summaries.values())
-        rows_spec = TABLE_ROWS + (CLUSTER_ROWS if any("cluster" in s for s in every) else ())
+        rows_spec = table_rows() + (CLUSTER_ROWS if any("cluster" in s for s in every) else ())
         rows = []
         for label, key, fmt in rows_spec:
             row = [label]

@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+from sim.metrics.registry import BUILTIN_METRICS, Metric, plugin_metrics
+
 
 def metric_value(summary: dict, key: str) -> float:
     """A summary's figure at a dotted key (``ttft.p99``) as a float; NaN where it is absent, null or not a number
@@ -48,36 +50,28 @@ def _int(x: float) -> str:
     return f"{x:,.0f}"
 
 
-# (label, summary key with dots for nesting, formatter)
-TABLE_ROWS: tuple[tuple[str, str, Callable[[float], str]], ...] = (
-    ("TTFT mean (ms)", "ttft.mean", _ms),
-    ("TTFT p50 (ms)", "ttft.p50", _ms),
-    ("TTFT p99 (ms)", "ttft.p99", _ms),
-    ("TPOT mean (ms)", "tpot.mean", _ms),
-    ("TPOT p50 (ms)", "tpot.p50", _ms),
-    ("TPOT p99 (ms)", "tpot.p99", _ms),
-    ("ITL p50 (ms)", "itl.p50", _ms),
-    ("ITL p99 (ms)", "itl.p99", _ms),
-    ("E2EL p50 (s)", "e2el.p50", _s),
-    ("E2EL p99 (s)", "e2el.p99", _s),
-    ("queue p99 (s)", "queue.p99", _s),
-    ("output tok/s", "output_throughput", _rate),
-    ("total tok/s", "total_token_throughput", _rate),
-    ("req/s (completed)", "request_throughput", _rate),
-    ("goodput (req/s)", "goodput", _rate),
-    ("SLO attainment", "slo_attainment", _pct),
-    ("KV usage mean", "kv_usage.mean", _pct),
-    ("KV usage max", "kv_usage.max", _pct),
-    ("KV token util", "kv_token_utilization", _pct),
-    ("GPU busy", "busy_fraction", _pct),
-    ("MFU", "mfu", _pct),
-    ("mean batch", "mean_batch_size", _s),
-    ("padding", "padding_fraction", _pct),  # share of computed tokens that were padding (static batching)
-    ("preemptions", "num_preemptions", _int),
-    ("rejected", "num_rejected", _int),
-    ("completed", "num_completed", _int),
-    ("requests", "num_requests", _int),
-)
+def _sig(x: float) -> str:
+    return f"{x:.3g}"
+
+
+FORMATTERS: dict[str, Callable[[float], str]] = {"ms": _ms, "s": _s, "rate": _rate, "pct": _pct, "int": _int,
+                                                  "sig": _sig}
+
+
+def rows_of(metrics: tuple[Metric, ...]) -> tuple[tuple[str, str, Callable[[float], str]], ...]:
+    """(label, summary key with dots for nesting, formatter) of each metric."""
+    return tuple((m.label, m.key, FORMATTERS[m.fmt]) for m in metrics)
+
+
+# the built-in metrics (sim/metrics/registry.py), in table order
+TABLE_ROWS: tuple[tuple[str, str, Callable[[float], str]], ...] = rows_of(BUILTIN_METRICS)
+
+
+def table_rows() -> tuple[tuple[str, str, Callable[[float], str]], ...]:
+    """TABLE_ROWS, then a row for each metric a plugin registered."""
+    return TABLE_ROWS + rows_of(plugin_metrics())
+
+
 # shown when a run is a cluster (summary["cluster"])
 CLUSTER_ROWS: tuple[tuple[str, str, Callable[[float], str]], ...] = (
     ("replicas mean", "cluster.replicas_mean", _s),
@@ -87,8 +81,6 @@ CLUSTER_ROWS: tuple[tuple[str, str, Callable[[float], str]], ...] = (
 )
 
 
-def _sig(x: float) -> str:
-    return f"{x:.3g}"
 
 
 # shown when a run's GPU has power figures (summary["energy"], sim/costs/energy.py)
@@ -196,7 +188,7 @@ def table_cells(summaries: dict) -> tuple[list[str], list[list[str]]]:
     cluster = any("cluster" in summaries[n] for n in names)
     disagg = any("disaggregation" in summaries[n] for n in names)
     energy = any(summaries[n].get("energy") for n in names)
-    plain = TABLE_ROWS + (CLUSTER_ROWS if cluster else ()) + (ENERGY_ROWS if energy else ()) \
+    plain = table_rows() + (CLUSTER_ROWS if cluster else ()) + (ENERGY_ROWS if energy else ()) \
         + (DISAGG_ROWS if disagg else ())
     rows_of = [(label, key.split("."), fmt) for label, key, fmt in plain] + _class_rows(summaries, names)
     for label, parts, fmt in rows_of:

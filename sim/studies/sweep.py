@@ -421,9 +421,9 @@ TABLE_RUNS = 50  # rows printed; a bigger sweep's table says how many more sweep
 def format_sweep_table(table: str | os.PathLike, *, limit: int = TABLE_RUNS) -> str:
     """One row per run (variant, swept values, the headline metrics and what limits it), formatted as the run
     table formats them; the first ``limit`` runs, then a line counting the rest."""
-    from sim.output.table import TABLE_ROWS, format_cells
+    from sim.output.table import format_cells, table_rows
 
-    spec = {key: (label, fmt) for label, key, fmt in TABLE_ROWS}
+    spec = {key: (label, fmt) for label, key, fmt in table_rows()}
     rows = iter_rows(table)
     first = list(itertools.islice(rows, limit))
     more = sum(1 for _ in rows)

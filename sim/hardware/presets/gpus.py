@@ -25,43 +25,45 @@ _MiB = 1 << 20
 # an idle GPU with a process holding it (clocks up, nothing running): no datasheet gives it; the figures are an
 # assumption of about a tenth of the limit (a fifth on the 72 W L4), below the 137 W an H200 drew at its lightest
 # decode (Ma et al., "The Illusion of Power Capping in LLM Decode", arXiv 2605.11999). 0: unknown, no energy.
+# architecture: the chip generation (hopper, ampere, ada, blackwell, cdna3), from the same datasheets; what reads it
+# (FlashAttention-3 runs on Hopper only, sim/engines/) asks the GPU rather than guessing from its name.
 # The presets servesim started with.
 BASE_GPU_PRESETS: dict[str, dict[str, Any]] = {
     "h200": dict(
-        name="h200", memory_bytes=143771 * _MiB, mem_bandwidth=4.8e12,
+        name="h200", architecture="hopper", memory_bytes=143771 * _MiB, mem_bandwidth=4.8e12,
         peak_flops={"fp32": 67 * _T, "bf16": 989.4 * _T, "fp16": 989.4 * _T, "fp8": 1978.9 * _T,
                        "int8": 1978.9 * _T},
         pcie_bandwidth=50 * _G, nvlink_bandwidth=450 * _G, price_per_hour=3.50,
         tdp_w=700.0, idle_w=90.0,
     ),
     "h100-sxm": dict(
-        name="h100-sxm", memory_bytes=81559 * _MiB, mem_bandwidth=3.35e12,
+        name="h100-sxm", architecture="hopper", memory_bytes=81559 * _MiB, mem_bandwidth=3.35e12,
         peak_flops={"fp32": 67 * _T, "bf16": 989.4 * _T, "fp16": 989.4 * _T, "fp8": 1978.9 * _T,
                        "int8": 1978.9 * _T},
         pcie_bandwidth=50 * _G, nvlink_bandwidth=450 * _G, price_per_hour=2.50,
         tdp_w=700.0, idle_w=70.0,
     ),
     "a100-80gb": dict(
-        name="a100-80gb", memory_bytes=81920 * _MiB, mem_bandwidth=2.039e12,
+        name="a100-80gb", architecture="ampere", memory_bytes=81920 * _MiB, mem_bandwidth=2.039e12,
         peak_flops={"fp32": 19.5 * _T, "bf16": 312 * _T, "fp16": 312 * _T, "fp8": 0.0, "int8": 624 * _T},
         pcie_bandwidth=25 * _G, nvlink_bandwidth=300 * _G, price_per_hour=1.60,
         tdp_w=400.0, idle_w=50.0,
     ),
     "a100-40gb": dict(
-        name="a100-40gb", memory_bytes=40960 * _MiB, mem_bandwidth=1.555e12,
+        name="a100-40gb", architecture="ampere", memory_bytes=40960 * _MiB, mem_bandwidth=1.555e12,
         peak_flops={"fp32": 19.5 * _T, "bf16": 312 * _T, "fp16": 312 * _T, "fp8": 0.0, "int8": 624 * _T},
         pcie_bandwidth=25 * _G, nvlink_bandwidth=300 * _G, price_per_hour=1.20,
         tdp_w=400.0, idle_w=50.0,
     ),
     "l40s": dict(
-        name="l40s", memory_bytes=46068 * _MiB, mem_bandwidth=864 * _G,
+        name="l40s", architecture="ada", memory_bytes=46068 * _MiB, mem_bandwidth=864 * _G,
         peak_flops={"fp32": 91.6 * _T, "bf16": 362.05 * _T, "fp16": 362.05 * _T, "fp8": 733 * _T,
                        "int8": 733 * _T},
         pcie_bandwidth=25 * _G, nvlink_bandwidth=0.0, price_per_hour=0.90,
         tdp_w=350.0, idle_w=35.0,
     ),
     "l4": dict(
-        name="l4", memory_bytes=23034 * _MiB, mem_bandwidth=300 * _G,
+        name="l4", architecture="ada", memory_bytes=23034 * _MiB, mem_bandwidth=300 * _G,
         peak_flops={"fp32": 30.3 * _T, "bf16": 121 * _T, "fp16": 121 * _T, "fp8": 242.5 * _T,
                        "int8": 242.5 * _T},
         pcie_bandwidth=25 * _G, nvlink_bandwidth=0.0, price_per_hour=0.70,
@@ -71,40 +73,40 @@ BASE_GPU_PRESETS: dict[str, dict[str, Any]] = {
 BASE_GPU_ALIASES = {"h100": "h100-sxm", "h100-80gb": "h100-sxm", "a100": "a100-80gb", "h200-sxm": "h200"}
 
 
-def _gpu(name: str, mem_mib: int, bw: float, bf16: float, fp8: float, int8: float, fp32: float, pcie: float,
-         nvlink: float, tdp_w: float = 0.0, idle_w: float = 0.0) -> dict[str, Any]:
-    return {"name": name, "memory_bytes": mem_mib * _MiB, "mem_bandwidth": bw,
+def _gpu(name: str, architecture: str, mem_mib: int, bw: float, bf16: float, fp8: float, int8: float, fp32: float,
+         pcie: float, nvlink: float, tdp_w: float = 0.0, idle_w: float = 0.0) -> dict[str, Any]:
+    return {"name": name, "architecture": architecture, "memory_bytes": mem_mib * _MiB, "mem_bandwidth": bw,
             "peak_flops": {"fp32": fp32, "bf16": bf16, "fp16": bf16, "fp8": fp8, "int8": int8},
             "pcie_bandwidth": pcie, "nvlink_bandwidth": nvlink, "tdp_w": tdp_w, "idle_w": idle_w}
 
 
 MORE_GPU_PRESETS: dict[str, dict[str, Any]] = {
     # NVIDIA H100 datasheet (PCIe and NVL columns): 80 GB at 2.0 TB/s, 756 dense bf16 TFLOP/s; NVL 94 GB at 3.9 TB/s
-    "h100-pcie": _gpu("h100-pcie", 81559, 2.0e12, 756 * _T, 1513 * _T, 1513 * _T, 51 * _T, 50 * _G, 300 * _G,
+    "h100-pcie": _gpu("h100-pcie", "hopper", 81559, 2.0e12, 756 * _T, 1513 * _T, 1513 * _T, 51 * _T, 50 * _G, 300 * _G,
                       350.0, 45.0),
-    "h100-nvl": _gpu("h100-nvl", 95830, 3.9e12, 835.5 * _T, 1670.5 * _T, 1670.5 * _T, 60 * _T, 50 * _G, 300 * _G,
-                      400.0, 50.0),
+    "h100-nvl": _gpu("h100-nvl", "hopper", 95830, 3.9e12, 835.5 * _T, 1670.5 * _T, 1670.5 * _T, 60 * _T, 50 * _G,
+                      300 * _G, 400.0, 50.0),
     # NVIDIA GH200 Grace Hopper datasheet: 96 GB HBM3 at 4 TB/s, the H100 SXM's compute; NVLink-C2C to the CPU
-    "gh200": _gpu("gh200", 97871, 4.0e12, 989.4 * _T, 1978.9 * _T, 1978.9 * _T, 67 * _T, 450 * _G, 450 * _G),
+    "gh200": _gpu("gh200", "hopper", 97871, 4.0e12, 989.4 * _T, 1978.9 * _T, 1978.9 * _T, 67 * _T, 450 * _G, 450 * _G),
     # NVIDIA H20 (China SKU) product brief: 96 GB HBM3 at 4.0 TB/s, 148 dense bf16 TFLOP/s, 296 fp8
-    "h20": _gpu("h20", 97871, 4.0e12, 148 * _T, 296 * _T, 296 * _T, 44 * _T, 50 * _G, 450 * _G,
+    "h20": _gpu("h20", "hopper", 97871, 4.0e12, 148 * _T, 296 * _T, 296 * _T, 44 * _T, 50 * _G, 450 * _G,
                       400.0, 50.0),
     # NVIDIA HGX B200 datasheet, per GPU: 180 GB HBM3e at 8 TB/s, 2.25 dense bf16 PFLOP/s, 4.5 fp8; NVLink 5
-    "b200": _gpu("b200", 183359, 8.0e12, 2250 * _T, 4500 * _T, 4500 * _T, 75 * _T, 50 * _G, 900 * _G,
+    "b200": _gpu("b200", "blackwell", 183359, 8.0e12, 2250 * _T, 4500 * _T, 4500 * _T, 75 * _T, 50 * _G, 900 * _G,
                       1000.0, 140.0),
     # NVIDIA A10G (AWS G5; A10-class GA102): 24 GB GDDR6 at 600 GB/s, 70 dense bf16 TFLOP/s, no fp8
-    "a10g": _gpu("a10g", 23028, 600 * _G, 70 * _T, 0.0, 140 * _T, 31.2 * _T, 25 * _G, 0.0),
+    "a10g": _gpu("a10g", "ampere", 23028, 600 * _G, 70 * _T, 0.0, 140 * _T, 31.2 * _T, 25 * _G, 0.0),
     # NVIDIA L40 datasheet: 48 GB GDDR6 at 864 GB/s, 181 dense bf16 TFLOP/s, 362 fp8
-    "l40": _gpu("l40", 46068, 864 * _G, 181 * _T, 362 * _T, 362 * _T, 90.5 * _T, 25 * _G, 0.0,
+    "l40": _gpu("l40", "ada", 46068, 864 * _G, 181 * _T, 362 * _T, 362 * _T, 90.5 * _T, 25 * _G, 0.0,
                       300.0, 35.0),
     # NVIDIA A100 datasheet, 40 GB PCIe column: 1,555 GB/s, 312 dense bf16 TFLOP/s
-    "a100-40gb-pcie": _gpu("a100-40gb-pcie", 40960, 1.555e12, 312 * _T, 0.0, 624 * _T, 19.5 * _T, 25 * _G, 0.0,
-                      250.0, 35.0),
+    "a100-40gb-pcie": _gpu("a100-40gb-pcie", "ampere", 40960, 1.555e12, 312 * _T, 0.0, 624 * _T, 19.5 * _T, 25 * _G,
+                      0.0, 250.0, 35.0),
     # AMD Instinct MI300X datasheet: 192 GB HBM3 at 5.3 TB/s, 1307 dense bf16 TFLOP/s, 2615 fp8; Infinity Fabric
-    "mi300x": _gpu("mi300x", 196592, 5.3e12, 1307.4 * _T, 2614.9 * _T, 2614.9 * _T, 163.4 * _T, 50 * _G, 448 * _G,
-                      750.0, 120.0),
+    "mi300x": _gpu("mi300x", "cdna3", 196592, 5.3e12, 1307.4 * _T, 2614.9 * _T, 2614.9 * _T, 163.4 * _T, 50 * _G,
+                      448 * _G, 750.0, 120.0),
     # NVIDIA Ada (RTX 4090) whitepaper: 24 GB GDDR6X at 1,008 GB/s, 165 dense bf16 TFLOP/s (fp32 accumulate), 330 fp8
-    "rtx-4090": _gpu("rtx-4090", 24564, 1008 * _G, 165.2 * _T, 330.3 * _T, 330.3 * _T, 82.6 * _T, 25 * _G, 0.0,
+    "rtx-4090": _gpu("rtx-4090", "ada", 24564, 1008 * _G, 165.2 * _T, 330.3 * _T, 330.3 * _T, 82.6 * _T, 25 * _G, 0.0,
                       450.0, 30.0),
 }
 MORE_GPU_ALIASES = {"rtx4090": "rtx-4090", "4090": "rtx-4090", "h100-94gb": "h100-nvl"}
