@@ -3,6 +3,7 @@ computations, and ``servesim run --interval`` writing them while a plain run wri
 
 from __future__ import annotations
 
+import html
 import importlib.util
 import json
 import sys
@@ -74,3 +75,11 @@ def test_run_interval_flag(tmp_path):
         assert v.pop("interval_80") == interval_80(v)  # floats round-trip through JSON exactly
         assert v == plain["variants"][name]  # nothing else moved
     assert "80% interval (published measurements" in result.stdout
+    # the report shows the lines the terminal printed, each variant's under the table; a plain run's has none
+    report = (out / "report.html").read_text()
+    lines = interval_lines(summary["variants"] | {n: v | {"interval_80": interval_80(v)}
+                                                  for n, v in summary["variants"].items()})
+    assert f'<p class="note">{html.escape(lines[0])}</p>' in report
+    for line in lines[1:]:
+        assert f"<li>{html.escape(line.strip())}</li>" in report
+    assert "80% interval" not in (tmp_path / "plain" / "out" / "report.html").read_text()
