@@ -29,6 +29,28 @@ METRICS: dict[str, tuple[str, bool]] = {
 }
 
 
+# vLLM's benchmark names (sim.benchfiles' aggregates, as validate --against compares them) -> the same classes
+BENCH_METRICS: dict[str, tuple[str, bool]] = (
+    {f"{stat}_{m}": ("decode speed", False) for m in ("tpot", "itl") for stat in ("mean", "median")}
+    | {k: ("throughput", True) for k in ("output_throughput", "total_token_throughput", "request_throughput")})
+
+
+def bounds(cls: str, value: float, rate: bool) -> list[float]:
+    """``[low, high]`` where 80% of measurements of a prediction ``value`` of class ``cls`` should lie. A rate r
+    the simulator over-predicts by e was measured as r / (1 + e); a time t as t * (1 + e)."""
+    lo, hi = ERROR_QUANTILES[cls]
+    return [value / (1 + hi), value / (1 + lo)] if rate else [value * (1 + lo), value * (1 + hi)]
+
+
+def bench_interval(key: str, value: float) -> list[float] | None:
+    """The 80% interval of a simulated benchmark aggregate (``mean_tpot``, ``output_throughput``...), or None
+    where its class has none (TTFT, E2EL, percentiles other than the median)."""
+    if key not in BENCH_METRICS or not math.isfinite(value) or value <= 0:
+        return None
+    cls, rate = BENCH_METRICS[key]
+    return bounds(cls, value, rate)
+
+
 def _at(summary: dict[str, Any], key: str) -> float:
     v: Any = summary
     for part in key.split("."):
@@ -37,15 +59,12 @@ def _at(summary: dict[str, Any], key: str) -> float:
 
 
 def interval_80(summary: dict[str, Any]) -> dict[str, list[float]]:
-    """``{summary key: [low, high]}``: where 80% of measurements of that prediction should lie. A rate r the
-    simulator over-predicts by e was measured as r / (1 + e); a time t as t * (1 + e)."""
+    """``{summary key: [low, high]}``: where 80% of measurements of that prediction should lie (``bounds``)."""
     out = {}
     for key, (cls, rate) in METRICS.items():
         v = _at(summary, key)
-        if not math.isfinite(v) or v <= 0:
-            continue
-        lo, hi = ERROR_QUANTILES[cls]
-        out[key] = [v / (1 + hi), v / (1 + lo)] if rate else [v * (1 + lo), v * (1 + hi)]
+        if math.isfinite(v) and v > 0:
+            out[key] = bounds(cls, v, rate)
     return out
 
 
