@@ -276,6 +276,16 @@ def test_the_published_energy_rows_name_their_sources() -> None:
     assert rows and all(r["url"].startswith("https://") and float(r["j_per_output_token"]) > 0 for r in rows)
     engines = {r["engine_version"]: bench.engine_of(r) for r in rows}
     assert engines == {"0.11.1": None, "0.5.4": {"name": "vllm-v0", "version": "0.5"}}
+    # ML.ENERGY v3.0's published configurations of the preset models (tensor parallel only), and v2.0's one row
+    assert {r["source"]: sum(x["source"] == r["source"] for x in rows) for r in rows} == {
+        "ML.ENERGY Leaderboard v3.0 (Dec 2025)": 174, "ML.ENERGY Leaderboard v2.0 (Sep 2024)": 1}
+    from sim.specs import resolve_gpu, resolve_model
+
+    for r in rows:  # each row's conditions name a preset and a batch; its scenario builds
+        assert resolve_gpu(r["gpu"]).tdp_w > 0 and resolve_model(r["model"]).num_layers > 0
+        assert int(r["batch_size"]) >= 1 and int(r["num_gpus"]) >= 1 and r["weight_dtype"] in ("bf16", "fp8")
+    sc = bench.published_scenario(rows[0], 512)
+    assert sc["workload"]["arrival"] == {"type": "all_at_once"} and sc["policy"]["max_num_seqs"] == 8
 
 
 def test_plan_names_the_deployment_with_the_fewest_joules() -> None:
