@@ -98,3 +98,34 @@ def test_rejects_what_is_not_a_latency(bad: list[float]) -> None:
 def test_merge_refuses_other_accuracy() -> None:
     with pytest.raises(ValueError, match="cannot merge"):
         QuantileSketch(0.01).merge(QuantileSketch(0.02))
+
+
+def test_summary_reads_the_sketch_past_exact_max(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run with more latency values than EXACT_MAX: every percentile of the summary within the sketch's bound
+    of the exact one, the mean within float rounding, and the summary names the sketched figures. Up to EXACT_MAX
+    the figures are the exact ones (tests/test_pinned_outputs.py holds their bytes)."""
+    import sim.metrics as metrics
+    from sim.metrics import LATENCY_METRICS, summarize
+    from sim.run import prepare_scenario, run_scenario
+    from sim.scenario import parse_scenario
+
+    scenario = {"name": "sketched", "seed": 1,
+                "workload": {"arrival": {"type": "poisson", "rate": 20.0}, "num_requests": 400,
+                             "prompt_len": {"type": "lognormal", "mean": 600, "std": 400, "max": 4000},
+                             "output_len": {"type": "exponential", "mean": 120, "max": 1000}},
+                "deployment": {"model": "llama-3.1-8b", "gpu": "h100-sxm", "max_model_len": 8192},
+                "policy": {"type": "continuous", "max_num_seqs": 32}}
+    (result,) = run_scenario(prepare_scenario(parse_scenario(scenario))).results
+    exact = summarize(result)
+    assert "latency_sketch" not in exact
+    monkeypatch.setattr(metrics, "EXACT_MAX", 100)
+    sketched = summarize(result)
+    assert sketched.pop("latency_sketch") == {"metrics": list(LATENCY_METRICS), "relative_accuracy": 0.005,
+                                              "exact_max": 100}
+    for m in LATENCY_METRICS:
+        assert sketched[m]["mean"] == pytest.approx(exact[m]["mean"], rel=1e-12)
+        for q in PERCENTILES:
+            assert abs(sketched[m][f"p{q}"] - exact[m][f"p{q}"]) <= 0.005 * exact[m][f"p{q}"] * (1 + ROUNDING)
+        assert any(sketched[m][f"p{q}"] != exact[m][f"p{q}"] for q in PERCENTILES)  # the sketch was read
+    assert {k: v for k, v in sketched.items() if k not in LATENCY_METRICS} == \
+        {k: v for k, v in exact.items() if k not in LATENCY_METRICS}
