@@ -60,7 +60,8 @@ class Predictor(Protocol):
 
 class RequestView:
     """A read-only view of one request, current as of the step being planned. Compare views with ``is`` or by
-    ``id``; hand them back to the ``Plan`` and the ``Budget``."""
+    ``id``; hand them back to the ``Plan`` and the ``Budget``. A policy's views of a request are one object from
+    step to step until the request finishes."""
 
     __slots__ = ("_r", "_pred")
 
