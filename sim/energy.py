@@ -31,6 +31,8 @@ energy it took to serve the requests, split by the work each caused.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -145,9 +147,40 @@ def up_seconds(result: RunResult) -> float:
     return float(result.duration)
 
 
+# Writing a run folder reads each run's energy four times (the report's two charts and both exports), and each
+# reading is a pass over every step and request: a fifth of the folder's time. Inside ``energy_kept`` a result's
+# energy is computed once, and kept for as long as the result holds the very steps, requests and power model it
+# was computed from; outside, nothing is kept (a long run's step arrays are hundreds of MB).
+_kept: dict[int, tuple[tuple[object, ...], RunEnergy | None]] | None = None
+
+
+@contextmanager
+def energy_kept() -> Iterator[None]:
+    """Compute each run's energy once inside the block (see ``_kept``)."""
+    global _kept
+    outer, _kept = _kept, {} if _kept is None else _kept
+    try:
+        yield
+    finally:
+        _kept = outer
+
+
 def run_energy(result: RunResult, up: float | None = None) -> RunEnergy | None:
     """The run's energy, None when its GPU has no power figures (or the run's steps were measured on an engine,
     whose power is not modelled). ``up``: replica-seconds the fleet was up (default ``up_seconds``)."""
+    up = up_seconds(result) if up is None else up
+    if _kept is None:
+        return _run_energy(result, up)
+    inputs = (result, result.steps, result.requests, result.power)
+    hit = _kept.get(id(result))
+    if hit is not None and all(a is b for a, b in zip(hit[0][:4], inputs, strict=True)) and hit[0][4] == up:
+        return hit[1]
+    e = _run_energy(result, up)
+    _kept[id(result)] = ((*inputs, up), e)  # the result itself too: its id is not reused while kept
+    return e
+
+
+def _run_energy(result: RunResult, up: float) -> RunEnergy | None:
     pm = result.power
     if pm is None:
         return None
@@ -155,7 +188,6 @@ def run_energy(result: RunResult, up: float | None = None) -> RunEnergy | None:
     dur = np.asarray(s["duration"], dtype=np.float64)
     power = pm.power(*busy_shares(pm, s))
     energy = power * dur
-    up = up_seconds(result) if up is None else up
     idle = max(up - float(dur.sum()), 0.0) * pm.idle_w * pm.gpus
     total = float(energy.sum()) + idle
     return RunEnergy(power, energy, idle, up, attribute(result, energy, total))

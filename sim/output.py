@@ -31,6 +31,7 @@ from sim.columns import (
     TIME_FIELDS,
     TIME_LIST_FIELDS,
 )
+from sim.energy import energy_kept
 from sim.files import InterruptedAfterWrite, write_atomically
 from sim.metrics import summarize
 from sim.records import REQUEST_FIELDS, STEP_COLUMNS, RequestRecord, RunResult, has_classes
@@ -242,17 +243,19 @@ def write_run(
         [REQUESTS_FILE, STEPS_FILE, BINNED_STEPS_FILE, *parquet_out.STALE_FILES]
     if phase is not None:
         phase(f"building {REPORT_FILE}")
-    html = build_report(results, summaries, title or "servesim: " + " vs ".join(names))
     from sim.benchfiles.exports import export_files  # per variant: vllm-bench JSON and OpenMetrics text
     from sim.disagg.output import transfer_files
 
+    with energy_kept():  # the report and the exports read each run's energy: computed once
+        html = build_report(results, summaries, title or "servesim: " + " vs ".join(names))
+        exports = export_files(results, scenario)
     if phase is not None:
         phase(f"writing {out}/: {SUMMARY_FILE}, {', '.join(tables)}, {REPORT_FILE}")
     files = {
         SUMMARY_FILE: summary_json(summaries, scenario),
         **tables,
         REPORT_FILE: html,
-        **export_files(results, scenario),
+        **exports,
         **transfer_files(results),  # disaggregated runs: one row per KV transfer
     }
     created = not out.exists()  # made here, just before the files: Ctrl-C before then leaves no empty folder
