@@ -61,6 +61,33 @@ def test_source_is_the_document():
     assert bench.source_of(chart) == "vllm-project.github.io:_posts/2024-09-05-perf-update.md"
 
 
+def test_own_rows_run_as_their_source_states():
+    """benchmarks/data/published-own/: each row becomes the run its notes describe (settings, metric, source)."""
+    bench = _bench()
+    rows = bench.read_rows([bench.OWN_DATA])
+    by = {(r["metric"], r["batch_or_concurrency"], r["request_rate"], r["settings"]): r for r in rows}
+    lat = next(r for k, r in by.items() if k[0] == "e2el_s_mean" and k[1] == "16")
+    case = bench.case_of(lat, 3000)
+    # benchmark_latency's batch: 16 requests at t=0, its avg_latency compared with the mean E2E latency in s
+    assert (case.key, case.run.aggregates, len(case.run.input_lens)) == ("mean_e2el", {"mean_e2el": 84.2203}, 16)
+    assert case.cfg.deployment.max_model_len == 91680 and case.cfg.deployment.serving is None
+    assert case.cfg.deployment.engine.name == "vllm-v0" and bench.CLASS[lat["metric"]] == "E2E"
+    ttft = next(r for k, r in by.items() if k[0] == "ttft_ms_mean" and "max_num_seqs=128" in k[3])
+    case = bench.case_of(ttft, 3000)
+    assert case.key == "mean_ttft" and case.run.request_rate == float(ttft["request_rate"])
+    assert case.run.aggregates["mean_ttft"] == pytest.approx(float(ttft["value"]) / 1000)
+    assert len(case.run.input_lens) == 1000 and case.cfg.deployment.serving is not None  # through vllm serve
+    assert (case.cfg.policy.max_num_seqs, case.cfg.policy.max_num_batched_tokens) == (128, 512)
+    assert case.cfg.policy.enable_chunked_prefill is True
+    mi = next(r for r in rows if r["gpu"].startswith("MI300X"))
+    assert bench.case_of(mi, 3000).cfg.deployment.engine.enforce_eager is True
+    # two documents, each holding its raw files and tables
+    assert {bench.source_of(r) for r in rows} == {"benchmarks:comparison/h100sxm5_vs_mi300x/README.md",
+                                                  "benchmarks:nvidia/8xh100/README.md"}
+    with pytest.raises(ValueError, match="settings: unknown key 'max_batch'"):
+        bench.settings_of({"settings": "max_batch=4"})
+
+
 def test_run_interval_flag(tmp_path):
     (tmp_path / "plain").mkdir()
     (tmp_path / "iv").mkdir()
