@@ -108,3 +108,27 @@ def test_itl_statistics_from_pairs_match_the_expanded_gaps(monkeypatch: pytest.M
                                                         'engine="0"}'])
     for a, b in lines:
         assert float(b.split(" ")[1]) == pytest.approx(float(a.split(" ")[1]), rel=1e-12)
+
+
+@pytest.mark.parametrize("leaf", [128, 1000, 1 << 20])
+def test_pooled_itl_statistics_equal_numpys_on_the_expanded_gaps_to_the_bit(monkeypatch: pytest.MonkeyPatch,
+                                                                              leaf: int) -> None:
+    """describe_pooled and expanded_sum give np.mean, np.median, np.std, np.percentile and np.sum of
+    np.repeat(gaps, counts) bit for bit, expanding at most ``leaf`` values at a time (numpy's pairwise summation
+    tree is followed down to there); seeded gaps in the order a run stores them and shuffled, odd and even
+    totals, and 3 M values, past numpy's own blocks."""
+    import sim.benchfiles.stats as stats
+
+    monkeypatch.setattr(stats, "_LEAF", leaf)
+    rng = np.random.default_rng(7)
+    for distinct, mean_count in ((1, 5), (7, 1), (1000, 3), (20_000, 150)):
+        gaps = np.sort(rng.lognormal(-3.5, 0.8, distinct))
+        if distinct % 2:
+            gaps = rng.permutation(gaps)
+        counts = rng.integers(1, 2 * mean_count, distinct)
+        for total in (counts, np.where(np.arange(distinct) == 0, counts + 1, counts)):  # odd and even sums
+            x = np.repeat(gaps, total)
+            assert stats.expanded_sum(gaps, total) == float(np.sum(x))
+            assert stats.describe_pooled("itl", gaps, total, (50.0, 99.0, 99.9)) == \
+                stats._describe("itl", x, (50.0, 99.0, 99.9))
+    assert x.size > 3_000_000
