@@ -29,14 +29,19 @@ def _bench():
 def test_interval_by_hand():
     lo_d, hi_d = ERROR_QUANTILES["decode speed"]
     lo_t, hi_t = ERROR_QUANTILES["throughput"]
+    lo_f, hi_f = ERROR_QUANTILES["TTFT"]
     iv = interval_80({"tpot": {"mean": 0.010, "p50": None}, "output_throughput": 1000.0, "ttft": {"mean": 0.1},
-                      "request_throughput": 0.0})
+                      "request_throughput": 0.0, "e2el": {"p99": 2.0}})
     # a time measured as predicted x (1 + error); a rate as predicted / (1 + error)
     assert iv == {"tpot.mean": pytest.approx([0.010 * (1 + lo_d), 0.010 * (1 + hi_d)]),
+                  "ttft.mean": pytest.approx([0.1 * (1 + lo_f), 0.1 * (1 + hi_f)]),
                   "output_throughput": pytest.approx([1000 / (1 + hi_t), 1000 / (1 + lo_t)])}
-    assert "ttft.mean" not in iv  # no TTFT rows in the development set: no interval
+    assert "e2el.p99" not in iv  # tails: the development rows are means and rates
     lines = interval_lines({"a": {"interval_80": iv}, "b": {}})
-    assert lines[1] == (f"  a: tpot.mean {10 * (1 + lo_d):.1f}-{10 * (1 + hi_d):.1f} ms; output_throughput "
+    assert lines[0] == ("80% interval (published measurements; leave-one-source-out coverage TTFT 25%, decode speed "
+                        "57%, throughput 78%, E2E unchecked (one source); target 70-90%):")
+    assert lines[1] == (f"  a: ttft.mean {100 * (1 + lo_f):.1f}-{100 * (1 + hi_f):.1f} ms; tpot.mean "
+                        f"{10 * (1 + lo_d):.1f}-{10 * (1 + hi_d):.1f} ms; output_throughput "
                         f"{1000 / (1 + hi_t):,.0f}-{1000 / (1 + lo_t):,.0f}/s")
     assert lines[2] == "  b: no metric with an interval"
 
