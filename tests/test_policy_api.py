@@ -271,6 +271,15 @@ def test_a_plan_with_two_faults_is_refused_for_the_first(faults: tuple[str, str]
     assert message in str(e.value)
 
 
+def test_allocate_decodes_refuses_what_is_not_a_view() -> None:
+    m = PagedBlockManager(10, 4)
+    r = Request(RequestSpec(0, 0.0, 8, 4), 0.0)
+    budget = servesim.KVView(m).budget()
+    with pytest.raises(TypeError, match="expected a request from the view .*got Request"):
+        budget.allocate_decodes([RequestView(r), r])
+    assert budget.allocate_decodes([RequestView(r)]) == 0  # waiting: holds no KV
+
+
 def test_public_names() -> None:
     for name in ("Policy", "Plan", "PolicyView", "RequestView"):
         assert hasattr(servesim, name), name

@@ -79,9 +79,15 @@ class QueuePolicy(Policy):
 
     def _running(self, view: PolicyView, plan: Plan, budget: Budget, tokens: int, out: set[int]) -> int:
         running = view.running
+        # The running requests that decode, as most do at any ask, take their token in one call; the generic loop
+        # goes on from the first that did not (a prompt chunk, or no room: its preemption below).
+        k = budget.allocate_decodes(running if tokens >= len(running) else running[:max(tokens, 0)])
+        if k:
+            plan.schedule_each(running[:k], 1)
+            tokens -= k
         chunked = self.enable_chunked_prefill
-        allocate, schedule = budget.allocate, plan.schedule  # once per running request at every arrival
-        for r in running:
+        allocate, schedule = budget.allocate, plan.schedule
+        for r in running[k:] if k else running:
             if out and r.id in out:
                 continue  # preempted to make room for an earlier request
             n = r.num_remaining
