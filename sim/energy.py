@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from sim.costmodel import DEFAULT_COMPUTE_EFFICIENCY, AnalyticCostModel, StepShape
+from sim.step_columns import step_blocks
 
 if TYPE_CHECKING:
     from sim.records import RunResult
@@ -98,23 +99,38 @@ def power_model_of(gpu: GPUSpec, cost: Any, gpus: int, limit_w: float | None) ->
                       roofline, float(cost.peak_flops))
 
 
+_BUSY_COLUMNS = ("duration", "flops", "prefill_tokens", "padding_tokens", "decode_tokens", "batch_size", "padded_rows",
+                 "kv_tokens")
+
+
 def busy_shares(pm: PowerModel, steps: Any) -> tuple[np.ndarray, np.ndarray]:
     """Each step's compute and memory busy shares from the step columns. The roofline needs each step's query-key
     pairs and KV reads, which the step log does not keep: the pairs are what the step's recorded FLOPs leave after
     the linear layers and the LM head (exact), the KV reads equal the pairs in a step of decodes only (a decode
-    row attends its context plus itself) and are taken as the GPU's stored KV tokens in a step with prefill."""
-    dur = np.asarray(steps["duration"], dtype=np.float64)
-    flops = np.asarray(steps["flops"], dtype=np.float64)
+    row attends its context plus itself) and are taken as the GPU's stored KV tokens in a step with prefill.
+    Computed a block of steps at a time (``step_blocks``): a dozen temporaries of a long run's whole columns were
+    most of the memory its summary took."""
+    n = len(steps["duration"])
+    c, m = np.zeros(n), np.zeros(n)
+    for lo, block in step_blocks(steps, _BUSY_COLUMNS):
+        bc, bm = _busy_block(pm, {k: np.asarray(v, dtype=np.float64) for k, v in block.items()})
+        c[lo : lo + len(bc)] = bc
+        m[lo : lo + len(bm)] = bm
+    return c, m
+
+
+def _busy_block(pm: PowerModel, steps: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    dur = steps["duration"]
+    flops = steps["flops"]
     if pm.roofline is not None:
         f_tok, f_row, f_pair = pm.roofline.flops_per_unit
-        prefill = np.asarray(steps["prefill_tokens"], dtype=np.float64)
-        pad = np.asarray(steps["padding_tokens"], dtype=np.float64)
-        tok = prefill + np.asarray(steps["decode_tokens"], dtype=np.float64) + pad
-        rows = np.asarray(steps["batch_size"], dtype=np.float64) + np.asarray(steps["padded_rows"], dtype=np.float64)
+        prefill = steps["prefill_tokens"]
+        pad = steps["padding_tokens"]
+        tok = prefill + steps["decode_tokens"] + pad
+        rows = steps["batch_size"] + steps["padded_rows"]
         pairs = np.maximum(flops - (tok - pad) * f_tok - rows * f_row, 0.0) / f_pair if f_pair > 0 else tok * 0.0
-        kv_read = np.where(prefill > 0, np.asarray(steps["kv_tokens"], dtype=np.float64), pairs)
-        decode = np.asarray(steps["decode_tokens"], dtype=np.float64)
-        compute, memory = pm.roofline.busy_times(StepShape(rows, tok, decode, kv_read, pairs))
+        kv_read = np.where(prefill > 0, steps["kv_tokens"], pairs)
+        compute, memory = pm.roofline.busy_times(StepShape(rows, tok, steps["decode_tokens"], kv_read, pairs))
     else:
         rate = pm.peak_flops * DEFAULT_COMPUTE_EFFICIENCY
         compute = flops / rate if rate > 0 else flops * 0.0
@@ -205,20 +221,25 @@ def attribute(result: RunResult, step_energy: np.ndarray, total: float) -> np.nd
     prefill = np.asarray(s["prefill_tokens"], dtype=np.float64)
     tok = prefill + np.asarray(s["decode_tokens"], dtype=np.float64)
     per_tok = np.divide(step_energy, tok, out=np.zeros_like(step_energy), where=tok > 0)
+    del tok
     req_rep = np.array([r.replica for r in recs], dtype=np.int64)
     first_sched = np.array([r.first_scheduled for r in recs], dtype=np.float64)
     first_tok = np.array([r.first_token for r in recs], dtype=np.float64)
     finish = np.array([r.finish for r in recs], dtype=np.float64)
     prompt = np.array([r.prompt_tokens for r in recs], dtype=np.float64)
-    for rep in np.unique(replica):
-        sel = replica == rep
-        st = start[sel]
-        order = np.argsort(st, kind="stable")
-        st = st[order]
-        pt, pf = per_tok[sel][order], prefill[sel][order]
-        c_dec = np.concatenate(([0.0], np.cumsum(pt)))
-        c_pre_e = np.concatenate(([0.0], np.cumsum(pt * pf)))
-        c_pre_n = np.concatenate(([0.0], np.cumsum(pf)))
+    replicas = np.unique(replica)
+    for rep in replicas:
+        # one replica's steps in start order; a single replica's log is that already, and its columns are then
+        # used as they are (a long run's masked and sorted copies were most of the memory this took)
+        if len(replicas) > 1:
+            sel = replica == rep
+            st, pt, pf = start[sel], per_tok[sel], prefill[sel]
+        else:
+            st, pt, pf = start, per_tok, prefill
+        if not bool(np.all(st[1:] >= st[:-1])):
+            order = np.argsort(st, kind="stable")
+            st, pt, pf = st[order], pt[order], pf[order]
+        c_dec, c_pre_e, c_pre_n = (_cumsum0(x) for x in (pt, pt * pf, pf))
         mine = (req_rep == rep) & (first_sched >= 0)
         fs, ft, fin = first_sched[mine], first_tok[mine], finish[mine]
         ft = np.where(ft >= 0, ft, fin)  # no first token (failed or rejected while prefilling): prefill to its end
@@ -230,6 +251,14 @@ def attribute(result: RunResult, step_energy: np.ndarray, total: float) -> np.nd
     raw = float(out.sum())
     if raw > 0:
         out *= total / raw
+    return out
+
+
+def _cumsum0(x: np.ndarray) -> np.ndarray:
+    """``np.concatenate(([0.0], np.cumsum(x)))`` without the temporary cumsum."""
+    out = np.empty(len(x) + 1)
+    out[0] = 0.0
+    np.cumsum(x, out=out[1:])
     return out
 
 

@@ -132,3 +132,28 @@ def test_pooled_itl_statistics_equal_numpys_on_the_expanded_gaps_to_the_bit(monk
             assert stats.describe_pooled("itl", gaps, total, (50.0, 99.0, 99.9)) == \
                 stats._describe("itl", x, (50.0, 99.0, 99.9))
     assert x.size > 3_000_000
+
+
+@pytest.mark.parametrize("rows", [1, 7, 4096, 1 << 16])
+def test_step_blocks_are_the_columns_cut_and_energy_does_not_depend_on_them(monkeypatch: pytest.MonkeyPatch,
+                                                                            rows: int) -> None:
+    """step_blocks gives the whole columns' values block by block, from a step log cut into hundreds of chunks
+    and from a plain dict; the energy figures computed a block at a time are those of one block."""
+    import sim.energy as energy
+    from sim.step_columns import step_blocks
+
+    monkeypatch.setattr(records, "_CHUNK", 7)  # hundreds of chunks, of uneven sizes
+    run = run_scenario(prepare_scenario(parse_scenario({**SCENARIO, "variants": SCENARIO["variants"][:1]})))
+    (res,) = run.results
+    assert isinstance(res.steps, StepColumns) and len(res.steps._chunks) > 100
+    keys = ("start", "duration", "batch_size", "kv_tokens", "flops")
+    for steps in (res.steps, {k: np.asarray(res.steps[k]) for k in keys}):
+        got = list(step_blocks(steps, keys, rows))
+        assert [lo for lo, _ in got] == list(range(0, len(steps["start"]), rows))
+        for k in keys:
+            assert np.concatenate([b[k] for _, b in got]).tolist() == np.asarray(res.steps[k]).tolist()
+    assert res.power is not None
+    whole = energy.busy_shares(res.power, res.steps)  # blocks of 2^16: one block
+    monkeypatch.setattr(energy, "step_blocks", lambda s, k: step_blocks(s, k, rows))
+    cut = energy.busy_shares(res.power, res.steps)
+    assert [a.tolist() for a in cut] == [a.tolist() for a in whole]
