@@ -29,7 +29,7 @@ class DecodeGroup:
     ``r.group_base``; ``steps - r.group_base`` tokens have been added since."""
 
     __slots__ = ("block_size", "grows", "members", "steps", "finish_at", "buckets", "ctx", "prev_end", "ends",
-                 "version", "lookahead", "priced")
+                 "version", "lookahead", "priced", "_top")
 
     def __init__(self, block_size: int, grows_on_decode: bool, keep_ends: bool) -> None:
         self.block_size = block_size
@@ -51,6 +51,9 @@ class DecodeGroup:
         self.version = 0
         self.lookahead = 0
         self.priced: Priced | None = None
+        # max over members of num_computed_tokens - group_base (max_computed less steps), kept as members join;
+        # None: walk the members again (the member that held it left). sync moves both terms of it together.
+        self._top: int | None = None
 
     @property
     def size(self) -> int:
@@ -70,8 +73,12 @@ class DecodeGroup:
         return r.num_computed_tokens + self.steps - r.group_base
 
     def max_computed(self) -> int:
-        steps = self.steps
-        return max((r.num_computed_tokens + steps - r.group_base for r in self.members.values()), default=0)
+        """The longest member's tokens in KV now (0 without members): asked at every step the group takes."""
+        if not self.members:
+            return 0
+        if self._top is None:
+            self._top = max(r.num_computed_tokens - r.group_base for r in self.members.values())
+        return self._top + self.steps
 
     def join(self, r: Request) -> None:
         """Add a request that sampled at ``prev_end`` and has exactly one token to compute."""
@@ -80,6 +87,8 @@ class DecodeGroup:
         r.group_base = s
         c = r.num_computed_tokens
         self.ctx += c
+        if self._top is not None and c - s > self._top or not self.members:
+            self._top = c - s
         self.members[r.id] = r
         insort(self.buckets[(s - c) % self.block_size], r, key=_admit_order)
         f = s + r.output_len - r.num_output_tokens
@@ -95,6 +104,8 @@ class DecodeGroup:
         c = r.num_computed_tokens
         k = self.steps - base
         self.version += 1
+        if c - base == self._top:
+            self._top = None
         self.buckets[(base - c) % self.block_size].remove(r)
         f = base + r.output_len - r.num_output_tokens
         lst = self.finish_at.get(f)
