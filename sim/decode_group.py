@@ -29,7 +29,7 @@ class DecodeGroup:
     ``r.group_base``; ``steps - r.group_base`` tokens have been added since."""
 
     __slots__ = ("block_size", "grows", "members", "steps", "finish_at", "buckets", "ctx", "prev_end", "ends",
-                 "version", "lookahead", "priced", "_top")
+                 "version", "lookahead", "priced", "offsets")
 
     def __init__(self, block_size: int, grows_on_decode: bool, keep_ends: bool) -> None:
         self.block_size = block_size
@@ -42,6 +42,9 @@ class DecodeGroup:
         # Buckets keep admission order, the order in which a policy would allocate.
         self.buckets: list[list[Request]] = [[] for _ in range(block_size)]
         self.ctx = 0  # sum over members of tokens in KV now
+        # each member's ``num_computed_tokens - group_base``, sorted: its tokens in KV now are that plus ``steps``,
+        # so the longest member is the last, without a scan of every member at every step
+        self.offsets: list[int] = []
         self.prev_end = -1.0  # when every member last sampled
         self.ends: list[float] | None = [] if keep_ends else None  # end of every group step (token timestamps)
         # The group's future steps' shapes follow from its members alone, so the fast path may price steps ahead
@@ -51,9 +54,6 @@ class DecodeGroup:
         self.version = 0
         self.lookahead = 0
         self.priced: Priced | None = None
-        # max over members of num_computed_tokens - group_base (max_computed less steps), kept as members join;
-        # None: walk the members again (the member that held it left). sync moves both terms of it together.
-        self._top: int | None = None
 
     @property
     def size(self) -> int:
@@ -74,11 +74,8 @@ class DecodeGroup:
 
     def max_computed(self) -> int:
         """The longest member's tokens in KV now (0 without members): asked at every step the group takes."""
-        if not self.members:
-            return 0
-        if self._top is None:
-            self._top = max(r.num_computed_tokens - r.group_base for r in self.members.values())
-        return self._top + self.steps
+        offsets = self.offsets
+        return offsets[-1] + self.steps if offsets else 0
 
     def join(self, r: Request) -> None:
         """Add a request that sampled at ``prev_end`` and has exactly one token to compute."""
@@ -87,9 +84,8 @@ class DecodeGroup:
         r.group_base = s
         c = r.num_computed_tokens
         self.ctx += c
-        if self._top is not None and c - s > self._top or not self.members:
-            self._top = c - s
         self.members[r.id] = r
+        insort(self.offsets, c - s)
         insort(self.buckets[(s - c) % self.block_size], r, key=_admit_order)
         f = s + r.output_len - r.num_output_tokens
         lst = self.finish_at.get(f)
@@ -104,8 +100,6 @@ class DecodeGroup:
         c = r.num_computed_tokens
         k = self.steps - base
         self.version += 1
-        if c - base == self._top:
-            self._top = None
         self.buckets[(base - c) % self.block_size].remove(r)
         f = base + r.output_len - r.num_output_tokens
         lst = self.finish_at.get(f)
@@ -114,6 +108,7 @@ class DecodeGroup:
             if not lst:
                 del self.finish_at[f]
         del self.members[r.id]
+        self.offsets.remove(c - base)
         self.ctx -= c + k
         if k:
             r.num_computed_tokens = c + k
