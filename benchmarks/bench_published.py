@@ -13,8 +13,9 @@ throughput, TTFT, TPOT and ITL at 16-1000 requests/s). Every row the simulator c
   engine: one request, servesim's classic engine;
 - its workload: the fixed lengths stated (the blog's ShareGPT and sonnet rows at their stated average lengths, an
   approximation: the real lengths vary), all requests at t=0 for offline and QPS-inf rows, Poisson at the rate
-  stated otherwise; what a row's optional ``settings`` column states (``max_model_len``, ``num_prompts``,
-  ``enforce_eager``, the scheduler's ``max_num_seqs``, ``max_num_batched_tokens``, ``enable_chunked_prefill``);
+  stated otherwise; what a row's optional ``settings`` column states (``max_model_len``, ``gpu_memory_utilization``,
+  ``num_prompts``, ``enforce_eager``, the scheduler's ``max_num_seqs``, ``max_num_batched_tokens``,
+  ``enable_chunked_prefill``);
 - the metric the row holds, computed as its source computes it;
 - rows measured through an engine's HTTP server by a serving benchmark (their workload names a QPS) with the
   online-serving layer (``deployment.serving: online``, sim/online.py); ``--offline`` runs them without it.
@@ -57,10 +58,12 @@ OWN_DATA = ROOT / "benchmarks" / "data" / "published-own" / "published-own.csv"
 MODELS = {"Llama-3.1-8B": "llama-3.1-8b", "Llama-3.1-70B": "llama-3.1-70b", "Llama-3.1-405B": "llama-3.1-405b",
           "Llama-3-8B": "llama-3-8b", "Llama-3-70B": "llama-3-70b", "Llama-2-7B": "llama-2-7b",
           "Llama-2-13B": "llama-2-13b", "Llama-2-70B": "llama-2-70b", "LLaMA-7B": "llama-7b", "LLaMA-13B": "llama-13b",
-          "Mixtral-8x7B-v0.1": "mixtral-8x7b"}
+          "Mixtral-8x7B-v0.1": "mixtral-8x7b",
+          # Qwen2-7B's config.json has Qwen2.5-7B's shapes (28 layers, hidden 3584, 28/4 heads, MLP 18944, vocab 152064)
+          "Qwen2-7B": "qwen2.5-7b"}
 GPUS = {"H100-SXM-80GB": "h100-sxm", "H200-SXM-141GB": "h200", "A100-SXM4-80GB": "a100-80gb",
         "A100-SXM-80GB": "a100-80gb", "A100-40GB": "a100-40gb", "A10G-24GB": "a10g", "GH200": "gh200",
-        "MI300X-192GB": "mi300x"}
+        "MI300X-192GB": "mi300x", "A100-80GB": "a100-80gb"}  # the last: form factor not stated (SXM's preset)
 # engine column prefix -> deployment.engine (None: servesim's classic engine)
 ENGINES: dict[str, dict[str, Any] | None] = {
     "TensorRT-LLM v0.17": {"name": "tensorrt-llm", "kv_cache_free_gpu_mem_fraction": 0.95},
@@ -73,6 +76,7 @@ ENGINES: dict[str, dict[str, Any] | None] = {
     # a late 0.6 nightly and AMD's ROCm build of it: the V0 engine of 0.6 (dstackai/benchmarks, November 2024)
     "vLLM v0.6.3": {"name": "vllm-v0", "version": "0.6"},
     "vLLM ROCm build": {"name": "vllm-v0", "version": "0.6"},
+    "vLLM v0.10": {"name": "vllm-v1"},
     "SGLang": {"name": "sglang"},
     "gpt-fast": None,
 }
@@ -87,7 +91,8 @@ SOURCE_ALIASES = {"vllm-project.github.io:assets/figures/perf-v060/":
                   "benchmarks:nvidia/8xh100/": "benchmarks:nvidia/8xh100/README.md"}
 # a row's ``settings`` (optional column, ``key=value;...``): what its source states beyond the other columns
 POLICY_SETTINGS = {"enable_chunked_prefill", "max_num_seqs", "max_num_batched_tokens"}
-SETTINGS = POLICY_SETTINGS | {"max_model_len", "enforce_eager", "num_prompts"}
+DEPLOYMENT_SETTINGS = {"max_model_len", "gpu_memory_utilization"}
+SETTINGS = POLICY_SETTINGS | DEPLOYMENT_SETTINGS | {"enforce_eager", "num_prompts"}
 OFFLINE_REQUESTS = 3000  # offline rows: enough requests that the run reaches the engine's steady batch
 
 
@@ -131,13 +136,13 @@ def online_row(row: dict[str, str]) -> bool:
 
 
 def settings_of(row: dict[str, str]) -> dict[str, Any]:
-    """The optional ``settings`` column as values (``true``/``false``, integers), unknown keys refused."""
+    """The optional ``settings`` column as values (``true``/``false``, numbers), unknown keys refused."""
     out: dict[str, Any] = {}
     for item in filter(None, (row.get("settings") or "").split(";")):
         k, _, v = item.partition("=")
         if k not in SETTINGS:
             raise ValueError(f"settings: unknown key {k!r} (known: {', '.join(sorted(SETTINGS))})")
-        out[k] = v == "true" if v in ("true", "false") else int(v)
+        out[k] = v == "true" if v in ("true", "false") else int(v) if v.isdigit() else float(v)
     return out
 
 
@@ -162,8 +167,8 @@ def case_of(row: dict[str, str], n_offline: int, classic: bool = False, online: 
     n = 1 if metric == "tok_s_batch1" else (500 if "500" in row["workload"] else n_offline)
     n = settings.get("num_prompts", n)
     dep: dict[str, Any] = {"model": MODELS[row["model"]], "gpu": gpu, "tensor_parallel_size": int(row["tp"]),
-                           "weight_dtype": wd, "kv_dtype": kd,
-                           "max_model_len": settings.get("max_model_len", isl + osl)}
+                           "weight_dtype": wd, "kv_dtype": kd, "max_model_len": isl + osl}
+    dep |= {k: v for k, v in settings.items() if k in DEPLOYMENT_SETTINGS}
     if engine is not None and not classic:
         dep["engine"] = engine | ({"enforce_eager": True} if settings.get("enforce_eager") else {})
     if online and online_row(row):

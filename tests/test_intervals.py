@@ -38,8 +38,8 @@ def test_interval_by_hand():
                   "output_throughput": pytest.approx([1000 / (1 + hi_t), 1000 / (1 + lo_t)])}
     assert "e2el.p99" not in iv  # tails: the development rows are means and rates
     lines = interval_lines({"a": {"interval_80": iv}, "b": {}})
-    assert lines[0] == ("80% interval (published measurements; leave-one-source-out coverage TTFT 25%, decode speed "
-                        "57%, throughput 78%, E2E unchecked (one source); target 70-90%):")
+    assert lines[0] == ("80% interval (published measurements; leave-one-source-out coverage TTFT 53%, decode speed "
+                        "78%, throughput 78%, E2E unchecked (one source); target 70-90%):")
     assert lines[1] == (f"  a: ttft.mean {100 * (1 + lo_f):.1f}-{100 * (1 + hi_f):.1f} ms; tpot.mean "
                         f"{10 * (1 + lo_d):.1f}-{10 * (1 + hi_d):.1f} ms; output_throughput "
                         f"{1000 / (1 + hi_t):,.0f}-{1000 / (1 + lo_t):,.0f}/s")
@@ -86,9 +86,13 @@ def test_own_rows_run_as_their_source_states():
     assert case.cfg.policy.enable_chunked_prefill is True
     mi = next(r for r in rows if r["gpu"].startswith("MI300X"))
     assert bench.case_of(mi, 3000).cfg.deployment.engine.enforce_eager is True
-    # two documents, each holding its raw files and tables
+    qwen = next(r for r in rows if r["model"] == "Qwen2-7B" and "gpu_memory_utilization=0.25" in r["settings"])
+    dep = bench.case_of(qwen, 3000).cfg.deployment
+    assert (dep.model, dep.gpu, dep.gpu_memory_utilization, dep.engine.name) == ("qwen2.5-7b", "a100-80gb", 0.25,
+                                                                                  "vllm-v1")
+    # three documents, each holding its raw files and tables
     assert {bench.source_of(r) for r in rows} == {"benchmarks:comparison/h100sxm5_vs_mi300x/README.md",
-                                                  "benchmarks:nvidia/8xh100/README.md"}
+                                                  "benchmarks:nvidia/8xh100/README.md", "vLLM-benchmarking:README.md"}
     with pytest.raises(ValueError, match="settings: unknown key 'max_batch'"):
         bench.settings_of({"settings": "max_batch=4"})
 
