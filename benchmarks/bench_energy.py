@@ -1,17 +1,31 @@
 """Published energy per output token against the simulator's power model (sim/costs/energy.py), and its shape.
 
-The rows (``benchmarks/data/energy-published.csv``) are figures others measured and published, each with its
-source's address: so far the ML.ENERGY longitudinal post's Llama-3.1-8B on one H100 at batch 64, 0.12 J per output
-token with vLLM 0.11.1 (leaderboard v3.0) and 0.20 J with vLLM 0.5.4 (v2.0). Each row runs on its engine's preset
-(vLLM 0.11 -> the default engine, vLLM 0.5 -> ``vllm-v0`` 0.5, whose host loop stalls the GPU) as a closed loop of
-``batch_size`` users with ``max_num_seqs`` = the batch, as the leaderboard sets its batch size. The posts state
-no lengths for these rows: the workload is the v3.0 post's mean text-conversation output, 717 tokens, after a
-200-token prompt (an assumption). Nothing is fitted to a row.
+The development set (``benchmarks/data/energy-published.csv``) holds figures others measured and published, each row
+with its source's address and its conditions (model, GPU and count, weight dtype, engine and version, batch size,
+task, mean output length, and where published the mean power and output throughput):
 
-Then the shape the issue asks for, on the same workload: J/token against batch size (1 to 256) and output length
+- ML.ENERGY Leaderboard v3.0 (Dec 2025), 173 rows: every LLM configuration of the leaderboard's published data
+  (github.com/ml-energy/leaderboard at 0cd52da, ``public/data/tasks/{lm-arena-chat,gpqa}.json``) whose model has a
+  servesim preset and that runs tensor parallel only: Llama-3.1 8B/70B/405B (bf16; 405B also fp8), Llama-3.3-70B,
+  Qwen3 8B/32B and Qwen3-30B-A3B on H100 and B200, batch (``max_num_seqs``) 8 to 4096, chat and GPQA (reasoning).
+  vLLM 0.11.1 (ml-energy/benchmark ``docs/overview.md``) with async scheduling and max-num-batched-tokens 8192
+  (its ``configs/vllm/<task>/<model>/<GPU>/monolithic.config.yaml``). GPU energy by Zeus over the steady state.
+- ML.ENERGY Leaderboard v2.0 (Sep 2024), 1 row: Llama-3.1-8B on one H100 at batch 64, 0.20 J with vLLM 0.5.4 (the
+  longitudinal post; the same model and GPU give 0.12 J in v3.0's data).
+
+Each row runs as ML.ENERGY's harness runs it (ml-energy/benchmark ``mlenergy/benchmark/llm/benchmark.py``): every
+request sent at once, the server batching at most ``batch_size``, and energy and output tokens counted over the
+steady state only: from the moment ``batch_size`` requests have their first token to the moment all but
+``batch_size + 1`` have finished. Output lengths are exponential about the row's published mean (the published
+histograms fall off so), capped at the harness's max_tokens (4,096 chat, 32,768 GPQA). The sources state no prompt
+lengths: 200 tokens is assumed. A row without a published mean output (v2.0's) takes 717 tokens, the v3.0 post's
+mean text-conversation output. vLLM 0.11 runs on the default engine preset, 0.5 on ``vllm-v0`` 0.5 (its host loop
+stalls the GPU). Nothing is fitted to a row.
+
+Then the shape the issue asks for, on a closed loop: J/token against batch size (1 to 256) and output length
 (128 to 4096 tokens at batch 32), and B200 against H100 at batch 64.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/bench_energy.py [--requests-per-user N]
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_energy.py [--only SUBSTRING] [--requests N]
 """
 
 from __future__ import annotations
@@ -22,11 +36,18 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 import servesim
+from sim.costs.energy import run_energy
+from sim.metrics.records import RunResult
 
 DATA = Path(__file__).resolve().parent / "data" / "energy-published.csv"
-PROMPT_TOKENS = 200  # assumed: the posts state no prompt lengths
-OUTPUT_TOKENS = 717  # the ML.ENERGY v3.0 post's mean text-conversation output
+PROMPT_TOKENS = 200  # assumed: the sources state no prompt lengths
+OUTPUT_TOKENS = 717  # the ML.ENERGY v3.0 post's mean text-conversation output, for rows that publish none
+MAX_OUTPUT = {"gpqa": 32768}  # the harness's max_tokens per task (configs/vllm/<task>/benchmark.yaml); else 4096
+MAX_MODEL_LEN = {"gpqa": 40960}  # the configurations' max-model-len (monolithic.config.yaml); else 20480
+MAX_NUM_BATCHED_TOKENS = 8192  # every v3.0 configuration's max-num-batched-tokens (vLLM 0.11 chunks prefills)
 
 
 def engine_of(row: dict[str, str]) -> dict[str, Any] | None:
@@ -37,49 +58,120 @@ def engine_of(row: dict[str, str]) -> dict[str, Any] | None:
     return None
 
 
-def scenario(model: str, gpu: str, batch: int, *, engine: dict | None = None, prompt: int = PROMPT_TOKENS,
-             output: int = OUTPUT_TOKENS, per_user: int = 4, tp: int = 1) -> dict[str, Any]:
-    dep: dict[str, Any] = {"model": model, "gpu": gpu, "tensor_parallel_size": tp}
-    if engine is not None:
+def published_scenario(row: dict[str, str], requests: int) -> dict[str, Any]:
+    """The row's run as the ML.ENERGY harness drives it: ``requests`` (at least 3 batches) sent at once."""
+    batch = int(row["batch_size"])
+    mean = float(row["mean_output_tokens"]) if row["mean_output_tokens"] else OUTPUT_TOKENS
+    cap = next((v for k, v in MAX_OUTPUT.items() if k in row["task"].lower()), 4096)
+    max_len = next((v for k, v in MAX_MODEL_LEN.items() if k in row["task"].lower()), 20480)
+    dep: dict[str, Any] = {"model": row["model"], "gpu": row["gpu"], "tensor_parallel_size": int(row["num_gpus"]),
+                           "weight_dtype": row["weight_dtype"]}
+    policy: dict[str, Any] = {"type": "continuous", "max_num_seqs": batch}
+    if (engine := engine_of(row)) is not None:
         dep["engine"] = engine
+    else:  # vLLM v1 always chunks prefills, at the configurations' token budget
+        dep["max_model_len"] = max_len
+        policy |= {"max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS, "enable_chunked_prefill": True}
+    return {"name": "energy", "seed": 0,
+            "workload": {"arrival": {"type": "all_at_once"}, "num_requests": max(requests, 3 * batch),
+                         "prompt_len": {"type": "fixed", "value": PROMPT_TOKENS},
+                         "output_len": {"type": "exponential", "mean": mean, "max": cap}},
+            "deployment": dep, "policy": policy}
+
+
+def steady_state(r: RunResult, batch: int) -> tuple[float, float, float]:
+    """J per output token, mean W and output tokens/s over the harness's steady state: from the ``batch``-th first
+    token to the moment all but ``batch + 1`` requests have finished (the whole run when that window is empty)."""
+    e = run_energy(r)
+    assert e is not None and r.power is not None
+    first = np.sort([q.first_token for q in r.requests if q.first_token >= 0])
+    done = np.sort([q.finish for q in r.requests])
+    t0, t1 = float(first[min(batch, len(first)) - 1]), float(done[max(len(done) - batch - 2, 0)])
+    start = np.asarray(r.steps["start"], dtype=np.float64)
+    dur = np.asarray(r.steps["duration"], dtype=np.float64)
+    if not t1 > t0:
+        t0, t1 = float(start[0]), float(start[-1] + dur[-1])
+    sel = (start >= t0) & (start < t1)
+    busy = float(dur[sel].sum())
+    joules = float(e.step_energy_j[sel].sum()) + max(t1 - t0 - busy, 0.0) * r.power.idle_w * r.power.gpus
+    tokens = float(np.asarray(r.steps["decode_tokens"])[sel].sum()) + float(((first >= t0) & (first < t1)).sum())
+    secs = max(t1 - t0, busy)
+    return joules / tokens, joules / secs, tokens / secs
+
+
+def closed_loop(model: str, gpu: str, batch: int, *, prompt: int = PROMPT_TOKENS, output: int = OUTPUT_TOKENS,
+                per_user: int = 4) -> dict[str, Any]:
     return {"name": "energy", "seed": 0,
             "workload": {"arrival": {"type": "closed_loop", "num_users": batch}, "num_requests": per_user * batch,
                          "prompt_len": {"type": "fixed", "value": prompt},
                          "output_len": {"type": "fixed", "value": output}},
-            "deployment": dep, "policy": {"type": "continuous", "max_num_seqs": batch}}
+            "deployment": {"model": model, "gpu": gpu}, "policy": {"type": "continuous", "max_num_seqs": batch}}
 
 
-def j_per_token(sc: dict[str, Any]) -> tuple[float, float]:
+def j_per_token(sc: dict[str, Any]) -> float:
     res = servesim.run(sc)
-    e = res.summary[res.variants[0]]["energy"]
-    return e["j_per_output_token"], e["mean_power_w"]
+    return float(res.summary[res.variants[0]]["energy"]["j_per_output_token"])
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:+6.1f}%" if x == x else "      -"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--requests-per-user", type=int, default=4)
+    ap.add_argument("--only", default="", help="rows whose source, model, GPU or task contain this")
+    ap.add_argument("--requests", type=int, default=512, help="requests per row (at least 3 batches)")
+    ap.add_argument("--no-shape", action="store_true", help="skip the shape checks")
     args = ap.parse_args()
-    n = args.requests_per_user
-    errors = []
-    print(f"{'source':40s} {'engine':>14s} {'batch':>5s} {'published':>9s} {'simulated':>9s} {'W':>5s} {'error':>7s}")
     with open(DATA, newline="") as f:
-        for row in csv.DictReader(f):
-            sim, watts = j_per_token(scenario(row["model"], row["gpu"], int(row["batch_size"]),
-                                              engine=engine_of(row), per_user=n, tp=int(row["num_gpus"])))
-            pub = float(row["j_per_output_token"])
-            errors.append(sim / pub - 1)
-            print(f"{row['source']:40s} {row['engine'] + ' ' + row['engine_version']:>14s} {row['batch_size']:>5s} "
-                  f"{pub:9.3f} {sim:9.4f} {watts:5.0f} {100 * errors[-1]:+6.1f}%")
-    print(f"median |error| over {len(errors)} rows: {100 * statistics.median(abs(e) for e in errors):.1f}%")
-    print("\nshape, llama-3.1-8b on h100-sxm (J/output token):")
+        rows = [r for r in csv.DictReader(f)
+                if any(args.only.lower() in r[k].lower() for k in ("source", "model", "gpu", "task"))]
+    print(f"{'model':15s} {'gpu':>8s} {'n':>2s} {'batch':>5s} {'task':5s} {'eng':>6s} {'pub J':>7s} {'sim J':>7s} "
+          f"{'J err':>7s} {'pub W':>6s} {'sim W':>6s} {'W err':>7s} {'tok/s err':>9s}")
+    errs: list[tuple[dict[str, str], float, float, float]] = []
+    for row in rows:
+        batch = int(row["batch_size"])
+        res = servesim.run(published_scenario(row, args.requests))
+        jt, watts, tps = steady_state(res.results[0], batch)
+        pub = float(row["j_per_output_token"])
+        pw = float(row["mean_power_w"]) if row["mean_power_w"] else float("nan")
+        pt = float(row["output_tokens_per_s"]) if row["output_tokens_per_s"] else float("nan")
+        errs.append((row, jt / pub - 1, watts / pw - 1, tps / pt - 1))
+        print(f"{row['model']:15s} {row['gpu']:>8s} {row['num_gpus']:>2s} {batch:5d} {row['task'][:5]:5s} "
+              f"{row['engine_version']:>6s} {pub:7.4f} {jt:7.4f} {_pct(errs[-1][1])} {pw:6.0f} {watts:6.0f} "
+              f"{_pct(errs[-1][2])} {_pct(errs[-1][3]):>9s}", flush=True)
+
+    def med(sel: list[tuple[dict[str, str], float, float, float]], i: int) -> float:
+        vals = [abs(x[i]) for x in sel if x[i] == x[i]]
+        return statistics.median(vals) if vals else float("nan")
+
+    def signed(sel: list[tuple[dict[str, str], float, float, float]], i: int) -> float:
+        vals = [x[i] for x in sel if x[i] == x[i]]
+        return statistics.median(vals) if vals else float("nan")
+
+    if errs:
+        print(f"\nmedian |error| of J/output token over {len(errs)} rows: {100 * med(errs, 1):.1f}% "
+              f"(signed median {100 * signed(errs, 1):+.1f}%); of mean power {100 * med(errs, 2):.1f}% "
+              f"({100 * signed(errs, 2):+.1f}%); of output tokens/s {100 * med(errs, 3):.1f}% "
+              f"({100 * signed(errs, 3):+.1f}%)")
+        groups: dict[str, list[tuple[dict[str, str], float, float, float]]] = {}
+        for x in errs:
+            for key in (x[0]["source"], f"gpu {x[0]['gpu']}", f"task {x[0]['task']}", f"model {x[0]['model']}",
+                        "batch <= 32" if int(x[0]["batch_size"]) <= 32 else "batch > 32"):
+                groups.setdefault(key, []).append(x)
+        for key, sel in sorted(groups.items()):
+            print(f"  {key:45s} {len(sel):3d} rows: J {100 * med(sel, 1):5.1f}% ({100 * signed(sel, 1):+6.1f}%), "
+                  f"W ({100 * signed(sel, 2):+6.1f}%), tok/s ({100 * signed(sel, 3):+6.1f}%)")
+    if args.no_shape:
+        return
+    print("\nshape, llama-3.1-8b on h100-sxm, closed loop (J/output token):")
     for b in (1, 8, 64, 256):
-        jt = j_per_token(scenario("llama-3.1-8b", "h100-sxm", b, per_user=n))[0]
-        print(f"  batch {b:3d}, {OUTPUT_TOKENS} out: {jt:.4f}")
+        print(f"  batch {b:3d}, {OUTPUT_TOKENS} out: {j_per_token(closed_loop('llama-3.1-8b', 'h100-sxm', b)):.4f}")
     for out in (128, 1024, 4096):
-        jt = j_per_token(scenario("llama-3.1-8b", "h100-sxm", 32, prompt=16, output=out, per_user=n))[0]
+        jt = j_per_token(closed_loop("llama-3.1-8b", "h100-sxm", 32, prompt=16, output=out))
         print(f"  batch  32, {out:4d} out (16 in): {jt:.4f}")
     for gpu in ("h100-sxm", "b200"):
-        print(f"  {gpu}, batch 64: {j_per_token(scenario('llama-3.1-8b', gpu, 64, per_user=n))[0]:.4f}")
+        print(f"  {gpu}, batch 64: {j_per_token(closed_loop('llama-3.1-8b', gpu, 64)):.4f}")
 
 
 if __name__ == "__main__":

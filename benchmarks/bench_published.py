@@ -1,9 +1,11 @@
 """Published serving figures against the simulator's analytic model, each row run on its engine's preset.
 
-The rows (``../shared/data/published-dev/published-dev.csv`` from the repository root, or ``--data``; its README
-says where each comes from) are figures others measured and published: TensorRT-LLM 0.17's offline throughput
-table, gpt-fast's batch-1 decode speeds, the vLLM blog posts' serving throughput and TPOT. Every row the
-simulator can represent becomes one run:
+The rows (``../shared/data/published-dev/published-dev.csv`` from the repository root and this repository's
+``benchmarks/data/published-own/published-own.csv``, or the files given with ``--data``; their READMEs say where
+each comes from) are figures others measured and published: TensorRT-LLM 0.17's offline throughput table,
+gpt-fast's batch-1 decode speeds, the vLLM blog posts' serving throughput and TPOT, and dstack's vLLM 0.6.3
+measurements of Llama-3.1-405B on 8x H100 and 8x MI300X (offline throughput, batch latency, and serving
+throughput, TTFT, TPOT and ITL at 16-1000 requests/s). Every row the simulator can represent becomes one run:
 
 - its model, GPU, tensor parallelism and dtypes, its engine's ``deployment.engine`` preset (sim/engines/registry.py):
   TensorRT-LLM -> ``tensorrt-llm`` (0.17 rows with ``kv_cache_free_gpu_mem_fraction`` 0.95, as the source's
@@ -11,7 +13,9 @@ simulator can represent becomes one run:
   engine: one request, servesim's classic engine;
 - its workload: the fixed lengths stated (the blog's ShareGPT and sonnet rows at their stated average lengths, an
   approximation: the real lengths vary), all requests at t=0 for offline and QPS-inf rows, Poisson at the rate
-  stated otherwise;
+  stated otherwise; what a row's optional ``settings`` column states (``max_model_len``, ``gpu_memory_utilization``,
+  ``num_prompts``, ``enforce_eager``, the scheduler's ``max_num_seqs``, ``max_num_batched_tokens``,
+  ``enable_chunked_prefill``);
 - the metric the row holds, computed as its source computes it;
 - rows measured through an engine's HTTP server by a serving benchmark (their workload names a QPS) with the
   online-serving layer (``deployment.serving: online``, sim/costs/online.py); ``--offline`` runs them without it.
@@ -24,7 +28,7 @@ intervals of sim/metrics/intervals.py) and how many rows of each source the othe
 instead repeats issue 14's held-out calibration on the rows of one engine and GPU (fit the knobs on every other
 row, predict the rest), now with the rows' engine preset.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/bench_published.py [--data CSV] [--requests N] [--fit [--engine P --gpu P]]
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_published.py [--data CSV]... [--requests N] [--fit [--engine P]]
 """
 
 from __future__ import annotations
@@ -49,12 +53,17 @@ from sim.output.benchfiles.common import BenchRun
 ROOT = Path(__file__).resolve().parent.parent
 # the shared data sit beside the repository, not in it: the development set is not shipped
 DATA = ROOT.parent / "shared" / "data" / "published-dev" / "published-dev.csv"
+# rows gathered for issue 38 from sources outside the shared set, in its format (README.md beside it)
+OWN_DATA = ROOT / "benchmarks" / "data" / "published-own" / "published-own.csv"
 MODELS = {"Llama-3.1-8B": "llama-3.1-8b", "Llama-3.1-70B": "llama-3.1-70b", "Llama-3.1-405B": "llama-3.1-405b",
           "Llama-3-8B": "llama-3-8b", "Llama-3-70B": "llama-3-70b", "Llama-2-7B": "llama-2-7b",
           "Llama-2-13B": "llama-2-13b", "Llama-2-70B": "llama-2-70b", "LLaMA-7B": "llama-7b", "LLaMA-13B": "llama-13b",
-          "Mixtral-8x7B-v0.1": "mixtral-8x7b"}
+          "Mixtral-8x7B-v0.1": "mixtral-8x7b",
+          # Qwen2-7B's config.json has Qwen2.5-7B's shapes (28 layers, hidden 3584, 28/4 heads, MLP 18944, vocab 152064)
+          "Qwen2-7B": "qwen2.5-7b"}
 GPUS = {"H100-SXM-80GB": "h100-sxm", "H200-SXM-141GB": "h200", "A100-SXM4-80GB": "a100-80gb",
-        "A100-SXM-80GB": "a100-80gb", "A100-40GB": "a100-40gb", "A10G-24GB": "a10g", "GH200": "gh200"}
+        "A100-SXM-80GB": "a100-80gb", "A100-40GB": "a100-40gb", "A10G-24GB": "a10g", "GH200": "gh200",
+        "MI300X-192GB": "mi300x", "A100-80GB": "a100-80gb"}  # the last: form factor not stated (SXM's preset)
 # engine column prefix -> deployment.engine (None: servesim's classic engine)
 ENGINES: dict[str, dict[str, Any] | None] = {
     "TensorRT-LLM v0.17": {"name": "tensorrt-llm", "kv_cache_free_gpu_mem_fraction": 0.95},
@@ -64,15 +73,26 @@ ENGINES: dict[str, dict[str, Any] | None] = {
                                                "host_time_ratio": VLLM_V06_HOST_TIME_RATIO / 10},
     "vLLM v0.6.0": {"name": "vllm-v0", "version": "0.6"},
     "vLLM v0.5.3": {"name": "vllm-v0", "version": "0.5"},
+    # a late 0.6 nightly and AMD's ROCm build of it: the V0 engine of 0.6 (dstackai/benchmarks, November 2024)
+    "vLLM v0.6.3": {"name": "vllm-v0", "version": "0.6"},
+    "vLLM ROCm build": {"name": "vllm-v0", "version": "0.6"},
+    "vLLM v0.10": {"name": "vllm-v1"},
     "SGLang": {"name": "sglang"},
     "gpt-fast": None,
 }
 CLASS = {"output_tok_s_total": "throughput", "request_throughput": "throughput", "tok_s_batch1": "decode speed",
-         "tpot_ms_mean": "decode speed", "ttft_ms_mean": "TTFT"}
+         "tpot_ms_mean": "decode speed", "itl_ms_mean": "decode speed", "ttft_ms_mean": "TTFT", "e2el_s_mean": "E2E"}
 CLASSES = ("TTFT", "decode speed", "throughput", "E2E")  # issue 38's metric classes, in its order
 # a chart file shown in a post is that post's: the vLLM v0.6.0 post's figures live under assets/
 SOURCE_ALIASES = {"vllm-project.github.io:assets/figures/perf-v060/":
-                  "vllm-project.github.io:_posts/2024-09-05-perf-update.md"}
+                  "vllm-project.github.io:_posts/2024-09-05-perf-update.md",
+                  # a README's raw result files and tables are that README's
+                  "benchmarks:comparison/h100sxm5_vs_mi300x/": "benchmarks:comparison/h100sxm5_vs_mi300x/README.md",
+                  "benchmarks:nvidia/8xh100/": "benchmarks:nvidia/8xh100/README.md"}
+# a row's ``settings`` (optional column, ``key=value;...``): what its source states beyond the other columns
+POLICY_SETTINGS = {"enable_chunked_prefill", "max_num_seqs", "max_num_batched_tokens"}
+DEPLOYMENT_SETTINGS = {"max_model_len", "gpu_memory_utilization"}
+SETTINGS = POLICY_SETTINGS | DEPLOYMENT_SETTINGS | {"enforce_eager", "num_prompts"}
 OFFLINE_REQUESTS = 3000  # offline rows: enough requests that the run reaches the engine's steady batch
 
 
@@ -115,6 +135,17 @@ def online_row(row: dict[str, str]) -> bool:
     return "QPS" in row["workload"]
 
 
+def settings_of(row: dict[str, str]) -> dict[str, Any]:
+    """The optional ``settings`` column as values (``true``/``false``, numbers), unknown keys refused."""
+    out: dict[str, Any] = {}
+    for item in filter(None, (row.get("settings") or "").split(";")):
+        k, _, v = item.partition("=")
+        if k not in SETTINGS:
+            raise ValueError(f"settings: unknown key {k!r} (known: {', '.join(sorted(SETTINGS))})")
+        out[k] = v == "true" if v in ("true", "false") else int(v) if v.isdigit() else float(v)
+    return out
+
+
 def case_of(row: dict[str, str], n_offline: int, classic: bool = False, online: bool = True) -> Case:
     """The run that represents ``row``; raises ValueError/KeyError/ScenarioError saying why it cannot be."""
     metric = row["metric"]
@@ -132,11 +163,14 @@ def case_of(row: dict[str, str], n_offline: int, classic: bool = False, online: 
     kd = row["kv_dtype"].split()[0]
     kd = "auto" if kd == "unstated" else kd
     rate = row["request_rate"]
+    settings = settings_of(row)
     n = 1 if metric == "tok_s_batch1" else (500 if "500" in row["workload"] else n_offline)
+    n = settings.get("num_prompts", n)
     dep: dict[str, Any] = {"model": MODELS[row["model"]], "gpu": gpu, "tensor_parallel_size": int(row["tp"]),
                            "weight_dtype": wd, "kv_dtype": kd, "max_model_len": isl + osl}
+    dep |= {k: v for k, v in settings.items() if k in DEPLOYMENT_SETTINGS}
     if engine is not None and not classic:
-        dep["engine"] = engine
+        dep["engine"] = engine | ({"enforce_eager": True} if settings.get("enforce_eager") else {})
     if online and online_row(row):
         dep["serving"] = "online"  # sim/costs/online.py: tokenizer, HTTP and streaming, as the client times them
     arrival: dict[str, Any] = {"type": "all_at_once"}
@@ -148,12 +182,17 @@ def case_of(row: dict[str, str], n_offline: int, classic: bool = False, online: 
                                              "prompt_len": {"type": "fixed", "value": isl},
                                              "output_len": {"type": "fixed", "value": osl}},
            "deployment": dep}
+    if policy := {k: v for k, v in settings.items() if k in POLICY_SETTINGS}:
+        raw["policy"] = {"type": "continuous", **policy}
     cfg = variant_configs(parse_scenario(raw, "published row"))[0]
     build(cfg)  # refuses what does not fit, with the reason
     value = float(row["value"])
     key, scale = {"output_tok_s_total": ("output_throughput", 1.0),
                   "request_throughput": ("request_throughput", 1 / 60 if row["unit"] == "req/min" else 1.0),
                   "tpot_ms_mean": ("mean_tpot", 1e-3),
+                  "itl_ms_mean": ("mean_itl", 1e-3),
+                  "ttft_ms_mean": ("mean_ttft", 1e-3),
+                  "e2el_s_mean": ("mean_e2el", 1.0),  # benchmark_latency: a batch's time, each request's E2E
                   "tok_s_batch1": ("mean_e2el", 0.0)}[metric]
     agg = {key: value * scale} if scale else {key: osl / value}  # gpt-fast: tok/s = tokens / whole generate()
     run = BenchRun(source=f"{row['engine'][:22]} {row['model']} {row['gpu'][:14]} tp{row['tp']} {isl}/{osl}",
@@ -208,9 +247,20 @@ def interval_line(cls: str, pairs: list[tuple[str, float]]) -> str:
     return f"{cls:14s} error 10th-90th percentile over all {len(pairs)} rows [{lo:+.1%}, {hi:+.1%}]; {cover}"
 
 
-def report(n_offline: int, classic: bool = False, data: Path = DATA, online: bool = True) -> None:
-    with data.open() as f:
-        rows = list(csv.DictReader(f))
+def read_rows(files: list[Path]) -> list[dict[str, str]]:
+    """Every row of the given CSVs, in order (the shared set's and this repository's share one format; the
+    optional ``settings`` column is empty where a file lacks it)."""
+    rows = []
+    for path in files:
+        with path.open() as f:
+            rows += list(csv.DictReader(f))
+    return rows
+
+
+def report(n_offline: int, classic: bool = False, data: list[Path] | None = None, online: bool = True) -> None:
+    files = data or [DATA, OWN_DATA]
+    rows = read_rows(files)
+    print("rows from " + ", ".join(f"{p.name} ({len(read_rows([p]))})" for p in files))
     cases, refused = [], []
     for r in rows:
         try:
@@ -295,9 +345,9 @@ def fit(engine: str, gpu: str, n: int, max_iter: int, robust: float, classic: bo
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--data", type=Path, default=DATA,
-                    help="published-dev.csv, or the folder holding it (default: ../shared/data/published-dev/ "
-                         "from the repository root)")
+    ap.add_argument("--data", type=Path, action="append",
+                    help="a CSV of rows, or the folder holding published-dev.csv; repeatable (default: "
+                         "../shared/data/published-dev/ from the repository root and benchmarks/data/published-own/)")
     ap.add_argument("--requests", type=int, default=None, help="requests per offline row (default: 3000; --fit 256)")
     ap.add_argument("--classic", action="store_true", help="every row on servesim's classic engine (no presets)")
     ap.add_argument("--offline", action="store_true", help="no online-serving layer on the rows measured through an "
@@ -308,11 +358,12 @@ def main() -> None:
     ap.add_argument("--max-iter", type=int, default=4)
     ap.add_argument("--robust", type=float, default=0.1, help="soft-L1 scale of the log errors (0: plain squares)")
     args = ap.parse_args()
-    data = args.data / DATA.name if args.data.is_dir() else args.data
-    if not data.is_file():
-        ap.exit(2, f"error: {data}: the published development set is not there; give its CSV with --data\n")
+    data = [p / DATA.name if p.is_dir() else p for p in args.data or [DATA, OWN_DATA]]
+    for p in data:
+        if not p.is_file():
+            ap.exit(2, f"error: {p}: the published development set is not there; give its CSV with --data\n")
     if args.fit:
-        fit(args.engine, args.gpu, args.requests or 256, args.max_iter, args.robust, args.classic, data)
+        fit(args.engine, args.gpu, args.requests or 256, args.max_iter, args.robust, args.classic, data[0])
     else:
         report(args.requests or OFFLINE_REQUESTS, args.classic, data, not args.offline)
 

@@ -70,6 +70,31 @@ def test_round_trip_own_vllm_json_gives_zero_error_on_every_metric(run_folder: P
     assert "<table>" in (tmp_path / "validation.html").read_text()
 
 
+def test_validate_against_gives_80_percent_intervals(run_folder: Path, tmp_path: Path) -> None:
+    from sim.metrics.intervals import ERROR_QUANTILES
+
+    lo_d, hi_d = ERROR_QUANTILES["decode speed"]
+    lo_t, hi_t = ERROR_QUANTILES["throughput"]
+    data = json.loads((run_folder / "cb.vllm-bench.json").read_text())
+    data["output_throughput"] *= 2  # a file whose throughput the simulator under-predicts by half
+    (tmp_path / "b.json").write_text(json.dumps(data))
+    (f,) = validate_against(SCENARIO, [tmp_path / "b.json"]).files
+    tpot, thr = f.metrics["mean_tpot"], f.metrics["output_throughput"]
+    # a time measured as simulated x (1 + error), a rate as simulated / (1 + error)
+    assert tpot["interval_80"] == pytest.approx([tpot["simulated"] * (1 + lo_d), tpot["simulated"] * (1 + hi_d)])
+    assert tpot["inside_80"] is True  # measured == simulated
+    assert thr["interval_80"] == pytest.approx([thr["simulated"] / (1 + hi_t), thr["simulated"] / (1 + lo_t)])
+    assert thr["inside_80"] is False and thr["measured"] > thr["interval_80"][1]
+    # means, medians and rates have one; tails and spreads not (the development rows are means and rates)
+    assert {k for k, m in f.metrics.items() if "interval_80" in m} == {
+        f"{s}_{m}" for s in ("mean", "median") for m in ("ttft", "tpot", "itl", "e2el")} | {
+        "output_throughput", "total_token_throughput", "request_throughput"}
+    table = validate_against(SCENARIO, [tmp_path / "b.json"]).table()
+    lo, hi = thr["interval_80"]
+    assert f"80% interval {lo:.6g}-{hi:.6g}: measured outside" in table
+    assert "p99_ttft" in table and table.count("80% interval") == 11
+
+
 def test_genai_perf_reader_maps_its_itl_to_tpot_and_names_the_bad_field() -> None:
     path = DATA / "genai_perf.json"
     run = read_genai_perf(path)

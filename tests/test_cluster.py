@@ -255,6 +255,33 @@ def test_parked_routers_choose_what_stepping_chooses(router: str, scan_max: int,
         assert np.array_equal(fast.steps[col], slow.steps[col]), col
 
 
+def test_a_parking_fleet_holds_one_calendar_entry_per_replica_at_most() -> None:
+    """A parking fleet runs on one Calendar: each replica holds at most one entry (its next wake; none while it
+    idles), however many steps and arrivals there are; its results are stepping's (the tests above)."""
+    from sim.loop.cluster_fast import Calendar
+    from sim.loop.run import _cluster_simulation
+
+    raw = scenario({"replicas": 8, "router": "least_kv"}, seed=3)
+    raw["workload"] = dict(WORKLOAD, arrival={"type": "poisson", "rate": 60.0})
+    sc = parse_scenario(raw)
+    sim, _, _ = _cluster_simulation(variant_configs(sc)[0], generate_workload(sc), keep_token_times=False,
+                                    fast_path=True, progress=None)
+    cal = sim.env
+    assert isinstance(cal, Calendar)
+    live = []
+    route = sim.router
+
+    def counting_router(req, replicas):  # at every arrival: the entries that are still due
+        live.append(sum(1 for _, s, j in cal._heap if cal._due[j] == s))
+        return route(req, replicas)
+
+    sim.router = counting_router
+    sim.run()
+    assert all(r.outcome is not None for r in sim.requests) and len(sim.requests) == 300
+    # read while the arrivals' process runs (its entry taken): the replicas' entries alone, one each at most
+    assert len(live) == 300 and max(live) <= 8
+
+
 def test_replica_figures_are_summarize_s() -> None:
     from sim.loop.cluster_fast import replica_figures
 

@@ -276,6 +276,16 @@ def test_the_published_energy_rows_name_their_sources() -> None:
     assert rows and all(r["url"].startswith("https://") and float(r["j_per_output_token"]) > 0 for r in rows)
     engines = {r["engine_version"]: bench.engine_of(r) for r in rows}
     assert engines == {"0.11.1": None, "0.5.4": {"name": "vllm-v0", "version": "0.5"}}
+    # ML.ENERGY v3.0's published configurations of the preset models (tensor parallel only), and v2.0's one row
+    assert {r["source"]: sum(x["source"] == r["source"] for x in rows) for r in rows} == {
+        "ML.ENERGY Leaderboard v3.0 (Dec 2025)": 174, "ML.ENERGY Leaderboard v2.0 (Sep 2024)": 1}
+    from sim.hardware.specs import resolve_gpu, resolve_model
+
+    for r in rows:  # each row's conditions name a preset and a batch; its scenario builds
+        assert resolve_gpu(r["gpu"]).tdp_w > 0 and resolve_model(r["model"]).num_layers > 0
+        assert int(r["batch_size"]) >= 1 and int(r["num_gpus"]) >= 1 and r["weight_dtype"] in ("bf16", "fp8")
+    sc = bench.published_scenario(rows[0], 512)
+    assert sc["workload"]["arrival"] == {"type": "all_at_once"} and sc["policy"]["max_num_seqs"] == 8
 
 
 def test_plan_names_the_deployment_with_the_fewest_joules() -> None:
@@ -306,3 +316,32 @@ def test_plan_names_the_deployment_with_the_fewest_joules() -> None:
     assert best.j_per_output_token < result.chosen.j_per_output_token
     assert result.to_dict()["fewest_joules"]["j_per_output_token"] == best.j_per_output_token
     assert f"{best.candidate.label()}, {best.j_per_output_token:.4f} J at $0.70/h" in format_plan(result)
+
+
+def test_energy_is_computed_once_while_kept_and_again_for_other_inputs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Writing a run folder reads each run's energy four times; inside energy_kept it is computed once per result
+    (the same figures), again when the result's steps or the fleet's up-time differ, and never kept outside."""
+    import dataclasses
+
+    import sim.costs.energy as energy
+
+    r, _ = _one(_scenario(arrival={"type": "poisson", "rate": 2.0}, n=30))
+    calls: list[int] = []
+    real = energy._run_energy
+    monkeypatch.setattr(energy, "_run_energy", lambda res, up: calls.append(id(res)) or real(res, up))
+    fresh = run_energy(r)
+    run_energy(r)
+    assert len(calls) == 2  # outside the block: nothing kept
+    with energy.energy_kept():
+        kept = [run_energy(r) for _ in range(4)]
+        assert len(calls) == 3 and all(e is kept[0] for e in kept)
+        assert fresh is not None and kept[0] is not None
+        assert kept[0].energy_j == fresh.energy_j
+        assert kept[0].request_energy_j.tolist() == fresh.request_energy_j.tolist()
+        run_energy(r, up=2 * r.duration)  # another up-time: other idle energy
+        other = dataclasses.replace(r, steps=dict(r.steps))  # another result, equal steps in another mapping
+        run_energy(other)
+        assert len(calls) == 5
+    run_energy(r)
+    assert len(calls) == 6
+    assert energy._kept is None

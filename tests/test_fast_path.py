@@ -168,3 +168,32 @@ def test_decode_steps_bit_identical_to_step_time(rows, base, tp, wd):
         arr = StepShape(*(np.asarray(x, dtype=np.int64) for x in (rows, rows, rows, reads, reads)),
                         np.zeros(len(rows), dtype=np.int64), np.zeros(len(rows), dtype=np.int64))
         assert np.asarray(cost.step_time(arr)).tolist() == times
+
+
+def test_decode_group_max_computed_is_the_longest_member() -> None:
+    """The group keeps its longest member as members join (recounting only when that member leaves): after every
+    join, leave, step and sync, max_computed equals the longest member's tokens counted one by one."""
+    import random
+
+    from sim.serving.decode_group import DecodeGroup
+    from sim.serving.request import Request, RequestSpec
+
+    rng = random.Random(3)
+    g = DecodeGroup(16, True, False)
+    outside: list[Request] = [Request(RequestSpec(i, 0.0, rng.randint(1, 900), 10**6), 0.0) for i in range(40)]
+    for r in outside:
+        r.num_computed_tokens = r.prompt_len
+        r.num_output_tokens = 1
+    for _ in range(3000):
+        op = rng.random()
+        if op < 0.3 and outside:
+            g.join(outside.pop(rng.randrange(len(outside))))
+        elif op < 0.5 and g.members:
+            r = rng.choice(list(g.members.values()))
+            g.leave(r)
+            outside.append(r)
+        elif op < 0.55:
+            g.sync()
+        else:
+            g.advance(float(g.steps))
+        assert g.max_computed() == max((g.computed(r) for r in g.members.values()), default=0)

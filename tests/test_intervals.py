@@ -3,6 +3,7 @@ computations, and ``servesim run --interval`` writing them while a plain run wri
 
 from __future__ import annotations
 
+import html
 import importlib.util
 import json
 import sys
@@ -28,14 +29,19 @@ def _bench():
 def test_interval_by_hand():
     lo_d, hi_d = ERROR_QUANTILES["decode speed"]
     lo_t, hi_t = ERROR_QUANTILES["throughput"]
+    lo_f, hi_f = ERROR_QUANTILES["TTFT"]
     iv = interval_80({"tpot": {"mean": 0.010, "p50": None}, "output_throughput": 1000.0, "ttft": {"mean": 0.1},
-                      "request_throughput": 0.0})
+                      "request_throughput": 0.0, "e2el": {"p99": 2.0}})
     # a time measured as predicted x (1 + error); a rate as predicted / (1 + error)
     assert iv == {"tpot.mean": pytest.approx([0.010 * (1 + lo_d), 0.010 * (1 + hi_d)]),
+                  "ttft.mean": pytest.approx([0.1 * (1 + lo_f), 0.1 * (1 + hi_f)]),
                   "output_throughput": pytest.approx([1000 / (1 + hi_t), 1000 / (1 + lo_t)])}
-    assert "ttft.mean" not in iv  # no TTFT rows in the development set: no interval
+    assert "e2el.p99" not in iv  # tails: the development rows are means and rates
     lines = interval_lines({"a": {"interval_80": iv}, "b": {}})
-    assert lines[1] == (f"  a: tpot.mean {10 * (1 + lo_d):.1f}-{10 * (1 + hi_d):.1f} ms; output_throughput "
+    assert lines[0] == ("80% interval (published measurements; leave-one-source-out coverage TTFT 53%, decode speed "
+                        "78%, throughput 78%, E2E unchecked (one source); target 70-90%):")
+    assert lines[1] == (f"  a: ttft.mean {100 * (1 + lo_f):.1f}-{100 * (1 + hi_f):.1f} ms; tpot.mean "
+                        f"{10 * (1 + lo_d):.1f}-{10 * (1 + hi_d):.1f} ms; output_throughput "
                         f"{1000 / (1 + hi_t):,.0f}-{1000 / (1 + lo_t):,.0f}/s")
     assert lines[2] == "  b: no metric with an interval"
 
@@ -60,6 +66,37 @@ def test_source_is_the_document():
     assert bench.source_of(chart) == "vllm-project.github.io:_posts/2024-09-05-perf-update.md"
 
 
+def test_own_rows_run_as_their_source_states():
+    """benchmarks/data/published-own/: each row becomes the run its notes describe (settings, metric, source)."""
+    bench = _bench()
+    rows = bench.read_rows([bench.OWN_DATA])
+    by = {(r["metric"], r["batch_or_concurrency"], r["request_rate"], r["settings"]): r for r in rows}
+    lat = next(r for k, r in by.items() if k[0] == "e2el_s_mean" and k[1] == "16")
+    case = bench.case_of(lat, 3000)
+    # benchmark_latency's batch: 16 requests at t=0, its avg_latency compared with the mean E2E latency in s
+    assert (case.key, case.run.aggregates, len(case.run.input_lens)) == ("mean_e2el", {"mean_e2el": 84.2203}, 16)
+    assert case.cfg.deployment.max_model_len == 91680 and case.cfg.deployment.serving is None
+    assert case.cfg.deployment.engine.name == "vllm-v0" and bench.CLASS[lat["metric"]] == "E2E"
+    ttft = next(r for k, r in by.items() if k[0] == "ttft_ms_mean" and "max_num_seqs=128" in k[3])
+    case = bench.case_of(ttft, 3000)
+    assert case.key == "mean_ttft" and case.run.request_rate == float(ttft["request_rate"])
+    assert case.run.aggregates["mean_ttft"] == pytest.approx(float(ttft["value"]) / 1000)
+    assert len(case.run.input_lens) == 1000 and case.cfg.deployment.serving is not None  # through vllm serve
+    assert (case.cfg.policy.max_num_seqs, case.cfg.policy.max_num_batched_tokens) == (128, 512)
+    assert case.cfg.policy.enable_chunked_prefill is True
+    mi = next(r for r in rows if r["gpu"].startswith("MI300X"))
+    assert bench.case_of(mi, 3000).cfg.deployment.engine.enforce_eager is True
+    qwen = next(r for r in rows if r["model"] == "Qwen2-7B" and "gpu_memory_utilization=0.25" in r["settings"])
+    dep = bench.case_of(qwen, 3000).cfg.deployment
+    assert (dep.model, dep.gpu, dep.gpu_memory_utilization, dep.engine.name) == ("qwen2.5-7b", "a100-80gb", 0.25,
+                                                                                  "vllm-v1")
+    # three documents, each holding its raw files and tables
+    assert {bench.source_of(r) for r in rows} == {"benchmarks:comparison/h100sxm5_vs_mi300x/README.md",
+                                                  "benchmarks:nvidia/8xh100/README.md", "vLLM-benchmarking:README.md"}
+    with pytest.raises(ValueError, match="settings: unknown key 'max_batch'"):
+        bench.settings_of({"settings": "max_batch=4"})
+
+
 def test_run_interval_flag(tmp_path):
     (tmp_path / "plain").mkdir()
     (tmp_path / "iv").mkdir()
@@ -74,3 +111,11 @@ def test_run_interval_flag(tmp_path):
         assert v.pop("interval_80") == interval_80(v)  # floats round-trip through JSON exactly
         assert v == plain["variants"][name]  # nothing else moved
     assert "80% interval (published measurements" in result.stdout
+    # the report shows the lines the terminal printed, each variant's under the table; a plain run's has none
+    report = (out / "report.html").read_text()
+    lines = interval_lines(summary["variants"] | {n: v | {"interval_80": interval_80(v)}
+                                                  for n, v in summary["variants"].items()})
+    assert f'<p class="note">{html.escape(lines[0])}</p>' in report
+    for line in lines[1:]:
+        assert f"<li>{html.escape(line.strip())}</li>" in report
+    assert "80% interval" not in (tmp_path / "plain" / "out" / "report.html").read_text()

@@ -108,3 +108,52 @@ def test_itl_statistics_from_pairs_match_the_expanded_gaps(monkeypatch: pytest.M
                                                         'engine="0"}'])
     for a, b in lines:
         assert float(b.split(" ")[1]) == pytest.approx(float(a.split(" ")[1]), rel=1e-12)
+
+
+@pytest.mark.parametrize("leaf", [128, 1000, 1 << 20])
+def test_pooled_itl_statistics_equal_numpys_on_the_expanded_gaps_to_the_bit(monkeypatch: pytest.MonkeyPatch,
+                                                                              leaf: int) -> None:
+    """describe_pooled and expanded_sum give np.mean, np.median, np.std, np.percentile and np.sum of
+    np.repeat(gaps, counts) bit for bit, expanding at most ``leaf`` values at a time (numpy's pairwise summation
+    tree is followed down to there); seeded gaps in the order a run stores them and shuffled, odd and even
+    totals, and 3 M values, past numpy's own blocks."""
+    import sim.output.benchfiles.stats as stats
+
+    monkeypatch.setattr(stats, "_LEAF", leaf)
+    rng = np.random.default_rng(7)
+    for distinct, mean_count in ((1, 5), (7, 1), (1000, 3), (20_000, 150)):
+        gaps = np.sort(rng.lognormal(-3.5, 0.8, distinct))
+        if distinct % 2:
+            gaps = rng.permutation(gaps)
+        counts = rng.integers(1, 2 * mean_count, distinct)
+        for total in (counts, np.where(np.arange(distinct) == 0, counts + 1, counts)):  # odd and even sums
+            x = np.repeat(gaps, total)
+            assert stats.expanded_sum(gaps, total) == float(np.sum(x))
+            assert stats.describe_pooled("itl", gaps, total, (50.0, 99.0, 99.9)) == \
+                stats._describe("itl", x, (50.0, 99.0, 99.9))
+    assert x.size > 3_000_000
+
+
+@pytest.mark.parametrize("rows", [1, 7, 4096, 1 << 16])
+def test_step_blocks_are_the_columns_cut_and_energy_does_not_depend_on_them(monkeypatch: pytest.MonkeyPatch,
+                                                                            rows: int) -> None:
+    """step_blocks gives the whole columns' values block by block, from a step log cut into hundreds of chunks
+    and from a plain dict; the energy figures computed a block at a time are those of one block."""
+    import sim.costs.energy as energy
+    from sim.metrics.step_columns import step_blocks
+
+    monkeypatch.setattr(records, "_CHUNK", 7)  # hundreds of chunks, of uneven sizes
+    run = run_scenario(prepare_scenario(parse_scenario({**SCENARIO, "variants": SCENARIO["variants"][:1]})))
+    (res,) = run.results
+    assert isinstance(res.steps, StepColumns) and len(res.steps._chunks) > 100
+    keys = ("start", "duration", "batch_size", "kv_tokens", "flops")
+    for steps in (res.steps, {k: np.asarray(res.steps[k]) for k in keys}):
+        got = list(step_blocks(steps, keys, rows))
+        assert [lo for lo, _ in got] == list(range(0, len(steps["start"]), rows))
+        for k in keys:
+            assert np.concatenate([b[k] for _, b in got]).tolist() == np.asarray(res.steps[k]).tolist()
+    assert res.power is not None
+    whole = energy.busy_shares(res.power, res.steps)  # blocks of 2^16: one block
+    monkeypatch.setattr(energy, "step_blocks", lambda s, k: step_blocks(s, k, rows))
+    cut = energy.busy_shares(res.power, res.steps)
+    assert [a.tolist() for a in cut] == [a.tolist() for a in whole]

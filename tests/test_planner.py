@@ -413,3 +413,28 @@ def test_format_has_the_numbers() -> None:
     latency_lines = [lines[0], *lines[2:]]  # the second line's "; 2.1 s" is the search's own wall time
     assert not any(re.search(r"\d s\b", line) for line in latency_lines), text
     assert math.isfinite(r.seconds) and r.seconds < 30
+
+
+def test_slos_met_with_80_percent_confidence() -> None:
+    # The same deployment against a loose TPOT SLO and one between its p99 TPOT and that TPOT's 80% interval's slow
+    # end (sim/metrics/intervals.py): met both times, with 80% confidence only the first.
+    from sim.metrics.intervals import ERROR_QUANTILES
+
+    hi = ERROR_QUANTILES["decode speed"][1]
+    loose = plan(parse_scenario(chat(0.5, 10, ttft=2.0, tpot=0.1, gpus=["l4"])))
+    assert loose.chosen is not None
+    tpot = loose.chosen.latency["tpot"]
+    assert loose.chosen.latency_80_high["tpot"] == pytest.approx(tpot * (1 + hi), rel=1e-12)
+    assert tpot * (1 + hi) < 0.1 and loose.chosen.meets_80 and loose.cheapest_80() is loose.chosen
+    assert "with 80% confidence: met" in format_plan(loose)
+    tight = plan(parse_scenario(chat(0.5, 10, ttft=2.0, tpot=tpot * (1 + hi / 2), gpus=["l4"])))
+    ch = tight.chosen
+    assert ch is not None and ch.meets and ch.latency["tpot"] == tpot  # the same seeded run
+    assert not ch.meets_80 and tight.cheapest_80() is None
+    text = format_plan(tight)
+    assert (f"with 80% confidence: not met (slow ends of the 80% intervals, sim/metrics/intervals.py: p99 TTFT "
+            f"{1000 * ch.latency_80_high['ttft']:,.1f} ms, p99 TPOT {1000 * tpot * (1 + hi):,.1f} ms;") in text
+    assert "no simulated deployment meets the SLOs with 80% confidence" in text
+    saved = tight.to_dict()["chosen"]
+    assert saved["meets_slos_80"] is False and saved["latency_80_high"]["tpot"] == pytest.approx(tpot * (1 + hi))
+

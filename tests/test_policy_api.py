@@ -224,6 +224,62 @@ def test_request_view_is_read_only_and_current() -> None:
     assert not hasattr(v, "output_len")  # the true length is the predictor's business
 
 
+def test_a_request_keeps_its_view_object_and_the_view_stays_current() -> None:
+    """The adapter makes one view per request (not one per request and step: the policy is asked at every arrival
+    with every running request in its view)."""
+    seen: dict[int, list] = {}
+
+    class Recording(FCFSPolicy):
+        def schedule(self, view):
+            for v in view.running:
+                seen.setdefault(v.id, []).append((v, v.num_output_tokens))
+            return super().schedule(view)
+
+    specs = [RequestSpec(i, 0.05 * i, 100 + 7 * i, 50 + i) for i in range(40)]
+    reqs = _run(UserPolicy(Recording(), Limits(16, 2048, 4096)), specs)
+    assert all(r.num_output_tokens == r.output_len for r in reqs)
+    asked_twice = [s for s in seen.values() if len(s) > 1]
+    assert len(asked_twice) > 30
+    for s in asked_twice:
+        assert all(v is s[0][0] for v, _ in s)  # one object
+        outs = [n for _, n in s]
+        assert outs == sorted(outs) and outs[-1] > outs[0]  # read as the request went on, not frozen
+
+
+@pytest.mark.parametrize(("faults", "message"), [(("twice", "tokens"), "twice"), (("tokens", "twice"), "tokens")])
+def test_a_plan_with_two_faults_is_refused_for_the_first(faults: tuple[str, str], message: str) -> None:
+    """The scheduled list is checked in one pass and walked again only when something is wrong: the error still
+    names the first wrong entry."""
+    from sim.policies.user import PolicyError
+
+    class TwoFaults(servesim.Policy):
+        def schedule(self, view):
+            plan = servesim.Plan()
+            if len(view.waiting) >= 2:
+                a, b = view.waiting[0], view.waiting[1]
+                for f in faults:
+                    if f == "twice":
+                        plan.schedule(a, 1)
+                        plan.schedule(a, 1)
+                    else:
+                        plan.schedule(b, 10**6)
+            return plan
+
+    specs = [RequestSpec(i, 0.0, 100, 10) for i in range(3)]
+    with pytest.raises(PolicyError, match=f"schedules (request 0 {message}|1000000 tokens of request 1)") as e:
+        _run(UserPolicy(TwoFaults(), Limits(16, 2048, 4096)), specs)
+    assert message in str(e.value)
+
+
+def test_allocate_decodes_refuses_what_is_not_a_view() -> None:
+    m = PagedBlockManager(10, 4)
+    r = Request(RequestSpec(0, 0.0, 8, 4), 0.0)
+    budget = servesim.KVView(m).budget()
+    with pytest.raises(TypeError, match="expected a request from the view .*got Request"):
+        budget.allocate_decodes([RequestView(r), r])
+    assert budget.allocate_decodes([RequestView(r)]) == 0  # waiting: holds no KV
+
+
 def test_public_names() -> None:
     for name in ("Policy", "Plan", "PolicyView", "RequestView"):
         assert hasattr(servesim, name), name

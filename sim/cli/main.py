@@ -73,9 +73,9 @@ def run(
                               "steps_binned.csv, per time bin; auto: full up to 200,000 steps, else binned."),
     table_format: str = typer.Option("csv", "--format", help="csv: requests.csv and the steps table as CSV; "
                                      "parquet: as .parquet (needs pyarrow: pip install 'servesim[parquet]')."),
-    interval: bool = typer.Option(False, "--interval", help="Add each variant's 80% intervals (TPOT, throughput; "
-                                  "from published measurements, sim/metrics/intervals.py) to summary.json "
-                                  "and the table."),
+    interval: bool = typer.Option(False, "--interval", help="Add each variant's 80% intervals (TTFT, TPOT, ITL, "
+                                  "E2EL means and medians, throughputs; from published measurements, "
+                                  "sim/metrics/intervals.py) to summary.json, the table and the report."),
     trace: str | None = typer.Option(None, "--trace", help="decisions: write decisions.jsonl (every admission, "
                                      "schedule, preemption and routing decision, with routing regret) and a "
                                      "decisions block per variant in summary.json; the fast path is off, so "

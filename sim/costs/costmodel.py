@@ -362,25 +362,19 @@ class AnalyticCostModel(CostModel):
             return CostModel.decode_steps(self, rows, reads, longest)
         k0, k1, k2, k3, k4, k5, k6, k7, k8, k9, k10, k11 = self._k
         f_tok, f_row, f_pair = self._flops
-        times: list[float] = []
-        flops: list[float] = []
-        add_t, add_f = times.append, flops.append
-        # When k8 >= k7 the attention term max(c * k7, (c + n) * k8) is the memory one for every c, n >= 0 (a
-        # decode's query-key pairs are its KV reads): max() would return exactly that product, so it is skipped.
-        memory_bound = k8 >= k7
-        n_prev = -1
-        for n, c in zip(rows, reads, strict=True):
-            if n != n_prev:  # the parts that depend on the row count alone, summed in _time's order
-                n_prev = n
-                head = k0 + n * k1 + max(n * k2 + n * k3, k4 + n * k5 + n * k6)
-                tail = k9 + n * k10
-                f_n = (n - 0) * f_tok + n * f_row
-            # ``+ 0 * k11`` (no swap) adds +0.0, which changes no float, so it is left out
-            if memory_bound:
-                add_t(head + (c + n) * k8 + tail)
-            else:
-                add_t(head + max(c * k7, (c + n) * k8) + tail)
-            add_f(float(f_n + c * f_pair))
+        # The parts that depend on the row count alone, once per count (a stretch has few), summed in _time's order.
+        # ``+ 0 * k11`` (no swap) adds +0.0, which changes no float, so it is left out.
+        counts = set(rows)
+        head = {n: k0 + n * k1 + max(n * k2 + n * k3, k4 + n * k5 + n * k6) for n in counts}
+        tail = {n: k9 + n * k10 for n in counts}
+        f_rows = {n: (n - 0) * f_tok + n * f_row for n in counts}
+        if k8 >= k7:
+            # the attention term max(c * k7, (c + n) * k8) is the memory one for every c, n >= 0 (a decode's
+            # query-key pairs are its KV reads): max() would return exactly that product, so it is skipped
+            times = [head[n] + (c + n) * k8 + tail[n] for n, c in zip(rows, reads, strict=True)]
+        else:
+            times = [head[n] + max(c * k7, (c + n) * k8) + tail[n] for n, c in zip(rows, reads, strict=True)]
+        flops = [float(f_rows[n] + c * f_pair) for n, c in zip(rows, reads, strict=True)]
         return times, flops
 
     def decode_step_time(self, n: int, c: int) -> float:

@@ -31,12 +31,15 @@ energy it took to serve the requests, split by the work each caused.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from sim.costs.costmodel import DEFAULT_COMPUTE_EFFICIENCY, AnalyticCostModel, StepShape
+from sim.metrics.step_columns import step_blocks
 
 if TYPE_CHECKING:
     from sim.hardware.specs import GPUSpec
@@ -96,23 +99,38 @@ def power_model_of(gpu: GPUSpec, cost: Any, gpus: int, limit_w: float | None) ->
                       roofline, float(cost.peak_flops))
 
 
+_BUSY_COLUMNS = ("duration", "flops", "prefill_tokens", "padding_tokens", "decode_tokens", "batch_size", "padded_rows",
+                 "kv_tokens")
+
+
 def busy_shares(pm: PowerModel, steps: Any) -> tuple[np.ndarray, np.ndarray]:
     """Each step's compute and memory busy shares from the step columns. The roofline needs each step's query-key
     pairs and KV reads, which the step log does not keep: the pairs are what the step's recorded FLOPs leave after
     the linear layers and the LM head (exact), the KV reads equal the pairs in a step of decodes only (a decode
-    row attends its context plus itself) and are taken as the GPU's stored KV tokens in a step with prefill."""
-    dur = np.asarray(steps["duration"], dtype=np.float64)
-    flops = np.asarray(steps["flops"], dtype=np.float64)
+    row attends its context plus itself) and are taken as the GPU's stored KV tokens in a step with prefill.
+    Computed a block of steps at a time (``step_blocks``): a dozen temporaries of a long run's whole columns were
+    most of the memory its summary took."""
+    n = len(steps["duration"])
+    c, m = np.zeros(n), np.zeros(n)
+    for lo, block in step_blocks(steps, _BUSY_COLUMNS):
+        bc, bm = _busy_block(pm, {k: np.asarray(v, dtype=np.float64) for k, v in block.items()})
+        c[lo : lo + len(bc)] = bc
+        m[lo : lo + len(bm)] = bm
+    return c, m
+
+
+def _busy_block(pm: PowerModel, steps: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    dur = steps["duration"]
+    flops = steps["flops"]
     if pm.roofline is not None:
         f_tok, f_row, f_pair = pm.roofline.flops_per_unit
-        prefill = np.asarray(steps["prefill_tokens"], dtype=np.float64)
-        pad = np.asarray(steps["padding_tokens"], dtype=np.float64)
-        tok = prefill + np.asarray(steps["decode_tokens"], dtype=np.float64) + pad
-        rows = np.asarray(steps["batch_size"], dtype=np.float64) + np.asarray(steps["padded_rows"], dtype=np.float64)
+        prefill = steps["prefill_tokens"]
+        pad = steps["padding_tokens"]
+        tok = prefill + steps["decode_tokens"] + pad
+        rows = steps["batch_size"] + steps["padded_rows"]
         pairs = np.maximum(flops - (tok - pad) * f_tok - rows * f_row, 0.0) / f_pair if f_pair > 0 else tok * 0.0
-        kv_read = np.where(prefill > 0, np.asarray(steps["kv_tokens"], dtype=np.float64), pairs)
-        decode = np.asarray(steps["decode_tokens"], dtype=np.float64)
-        compute, memory = pm.roofline.busy_times(StepShape(rows, tok, decode, kv_read, pairs))
+        kv_read = np.where(prefill > 0, steps["kv_tokens"], pairs)
+        compute, memory = pm.roofline.busy_times(StepShape(rows, tok, steps["decode_tokens"], kv_read, pairs))
     else:
         rate = pm.peak_flops * DEFAULT_COMPUTE_EFFICIENCY
         compute = flops / rate if rate > 0 else flops * 0.0
@@ -145,9 +163,40 @@ def up_seconds(result: RunResult) -> float:
     return float(result.duration)
 
 
+# Writing a run folder reads each run's energy four times (the report's two charts and both exports), and each
+# reading is a pass over every step and request: a fifth of the folder's time. Inside ``energy_kept`` a result's
+# energy is computed once, and kept for as long as the result holds the very steps, requests and power model it
+# was computed from; outside, nothing is kept (a long run's step arrays are hundreds of MB).
+_kept: dict[int, tuple[tuple[object, ...], RunEnergy | None]] | None = None
+
+
+@contextmanager
+def energy_kept() -> Iterator[None]:
+    """Compute each run's energy once inside the block (see ``_kept``)."""
+    global _kept
+    outer, _kept = _kept, {} if _kept is None else _kept
+    try:
+        yield
+    finally:
+        _kept = outer
+
+
 def run_energy(result: RunResult, up: float | None = None) -> RunEnergy | None:
     """The run's energy, None when its GPU has no power figures (or the run's steps were measured on an engine,
     whose power is not modelled). ``up``: replica-seconds the fleet was up (default ``up_seconds``)."""
+    up = up_seconds(result) if up is None else up
+    if _kept is None:
+        return _run_energy(result, up)
+    inputs = (result, result.steps, result.requests, result.power)
+    hit = _kept.get(id(result))
+    if hit is not None and all(a is b for a, b in zip(hit[0][:4], inputs, strict=True)) and hit[0][4] == up:
+        return hit[1]
+    e = _run_energy(result, up)
+    _kept[id(result)] = ((*inputs, up), e)  # the result itself too: its id is not reused while kept
+    return e
+
+
+def _run_energy(result: RunResult, up: float) -> RunEnergy | None:
     pm = result.power
     if pm is None:
         return None
@@ -155,7 +204,6 @@ def run_energy(result: RunResult, up: float | None = None) -> RunEnergy | None:
     dur = np.asarray(s["duration"], dtype=np.float64)
     power = pm.power(*busy_shares(pm, s))
     energy = power * dur
-    up = up_seconds(result) if up is None else up
     idle = max(up - float(dur.sum()), 0.0) * pm.idle_w * pm.gpus
     total = float(energy.sum()) + idle
     return RunEnergy(power, energy, idle, up, attribute(result, energy, total))
@@ -173,20 +221,25 @@ def attribute(result: RunResult, step_energy: np.ndarray, total: float) -> np.nd
     prefill = np.asarray(s["prefill_tokens"], dtype=np.float64)
     tok = prefill + np.asarray(s["decode_tokens"], dtype=np.float64)
     per_tok = np.divide(step_energy, tok, out=np.zeros_like(step_energy), where=tok > 0)
+    del tok
     req_rep = np.array([r.replica for r in recs], dtype=np.int64)
     first_sched = np.array([r.first_scheduled for r in recs], dtype=np.float64)
     first_tok = np.array([r.first_token for r in recs], dtype=np.float64)
     finish = np.array([r.finish for r in recs], dtype=np.float64)
     prompt = np.array([r.prompt_tokens for r in recs], dtype=np.float64)
-    for rep in np.unique(replica):
-        sel = replica == rep
-        st = start[sel]
-        order = np.argsort(st, kind="stable")
-        st = st[order]
-        pt, pf = per_tok[sel][order], prefill[sel][order]
-        c_dec = np.concatenate(([0.0], np.cumsum(pt)))
-        c_pre_e = np.concatenate(([0.0], np.cumsum(pt * pf)))
-        c_pre_n = np.concatenate(([0.0], np.cumsum(pf)))
+    replicas = np.unique(replica)
+    for rep in replicas:
+        # one replica's steps in start order; a single replica's log is that already, and its columns are then
+        # used as they are (a long run's masked and sorted copies were most of the memory this took)
+        if len(replicas) > 1:
+            sel = replica == rep
+            st, pt, pf = start[sel], per_tok[sel], prefill[sel]
+        else:
+            st, pt, pf = start, per_tok, prefill
+        if not bool(np.all(st[1:] >= st[:-1])):
+            order = np.argsort(st, kind="stable")
+            st, pt, pf = st[order], pt[order], pf[order]
+        c_dec, c_pre_e, c_pre_n = (_cumsum0(x) for x in (pt, pt * pf, pf))
         mine = (req_rep == rep) & (first_sched >= 0)
         fs, ft, fin = first_sched[mine], first_tok[mine], finish[mine]
         ft = np.where(ft >= 0, ft, fin)  # no first token (failed or rejected while prefilling): prefill to its end
@@ -198,6 +251,14 @@ def attribute(result: RunResult, step_energy: np.ndarray, total: float) -> np.nd
     raw = float(out.sum())
     if raw > 0:
         out *= total / raw
+    return out
+
+
+def _cumsum0(x: np.ndarray) -> np.ndarray:
+    """``np.concatenate(([0.0], np.cumsum(x)))`` without the temporary cumsum."""
+    out = np.empty(len(x) + 1)
+    out[0] = 0.0
+    np.cumsum(x, out=out[1:])
     return out
 
 

@@ -10,13 +10,13 @@ replica count over time, GPU-hours and cost, and a line per replica.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from sim.costs.costmodel import CostModel
 from sim.loop.autoscaler import AutoscalerConfig, ReplicaLife, ScalingLog
-from sim.loop.cluster_fast import KEYS, BoundedRouter, ParkingReplica, TimelineRouter, replica_figures
+from sim.loop.cluster_fast import KEYS, BoundedRouter, Calendar, ParkingReplica, TimelineRouter, replica_figures
 from sim.loop.executor import CostExecutor, Executor, as_executor
 from sim.loop.results import HasPeakFlops, class_itl_gaps, gc_paused, pooled_gaps, result_of
 from sim.loop.simulator import ClosedLoopPlan, Replica, Simulation
@@ -69,11 +69,14 @@ class ClusterSimulation(Simulation):
         self._parking = (autoscaler is None and failures is None and closed_loop is None and fast_forward
                          and router in OVERSHOOT_ROUTERS
                          and all(isinstance(as_executor(c), CostExecutor) for _, c in pairs))
+        calendar = Calendar() if self._parking else None
         if self._parking:
             self.replica_class = ParkingReplica
         super().__init__(specs, pairs, closed_loop=closed_loop,
                          router=make_router(router), progress=progress, fast_forward=fast_forward,
-                         failures=failures, leak=leak)
+                         failures=failures, leak=leak,
+                         # a Calendar stands in for the part of simpy.Environment that a parking fleet uses
+                         env=cast(Any, calendar))
         self.serving: list[Replica] = list(self.replicas)
         self.log = ScalingLog(lives=[ReplicaLife(i, 0.0, 0.0) for i in range(replicas)])
         self._awaiting_first: list[Request] = []  # for the ttft signal: dispatched, no first token yet
@@ -92,13 +95,13 @@ class ClusterSimulation(Simulation):
                 if rep.core.group is not None:
                     # a replica is read at every arrival: a few steps per call, the rest priced ahead and kept
                     rep.core.group.lookahead = LOOKAHEAD
-        if self._parking and router in KEYS:
+        if calendar is not None and router in KEYS:
             # a parked replica's state is read from its timeline: a scan of the fleet, or past SCAN_MAX replicas
             # a heap of lower bounds that reads only the replicas that could be the least loaded
             if len(self.replicas) <= SCAN_MAX:
-                self.router = TimelineRouter(router, self.env)
+                self.router = TimelineRouter(router, calendar)
             else:
-                self.router = self._indexed = BoundedRouter(router, self.env, self.replicas)
+                self.router = self._indexed = BoundedRouter(router, calendar, self.replicas)
                 for rep in self.replicas:
                     assert isinstance(rep, ParkingReplica)
                     rep.on_yield = self._indexed.update

@@ -90,16 +90,15 @@ _KEY = re.compile(r"[a-z][a-z0-9_]*")
 
 def register_metric(metric: Metric) -> Metric:
     """Add a plugin's metric: it needs ``compute`` and a plain lowercase key that no built-in summary.json key or
-    earlier metric uses. Registering the same metric again is a no-op."""
-    from sim.metrics.summary import SUMMARY_KEYS
-
+    earlier metric uses (summarize refuses one that a run's own sections take). Registering the same metric
+    again is a no-op."""
     if metric in _plugins:
         return metric
     if metric.compute is None or not callable(metric.compute):
         raise ValueError(f"metric {metric.key!r}: a plugin's metric needs compute(result) -> number")
     if not _KEY.fullmatch(metric.key):
         raise ValueError(f"metric {metric.key!r}: its key must be lowercase letters, digits and _ (no dots)")
-    if metric.key in SUMMARY_KEYS or any(m.key == metric.key for m in _plugins):
+    if metric.key in {m.key.split(".")[0] for m in BUILTIN_METRICS + tuple(_plugins)}:
         raise ValueError(f"metric {metric.key!r}: that summary.json key is already taken")
     _plugins.append(metric)
     return metric

@@ -7,7 +7,9 @@ Latencies are taken over completed requests only:
 - ITL = every gap between consecutive tokens, pooled. The run stores the gaps as (gap, count) pairs, so the
   percentiles are weighted; they equal ``np.percentile`` of the expanded multiset exactly.
 
-Each latency holds mean, p50, p90, p95 and p99 in seconds (numpy's default linear interpolation). Step-level
+Each latency holds mean, p50, p90, p95 and p99 in seconds (numpy's default linear interpolation); over more than
+``EXACT_MAX`` values (a run of more than a million requests) the percentiles come from a quantile sketch, within
+0.5% of the exact ones, and the summary's ``latency_sketch`` names the figures read that way. Step-level
 figures (KV usage, batch size, ...) are weighted by step duration, i.e. averaged over the time the GPU computed.
 An undefined value (no completed request, no steps, no SLO given) is NaN here and ``null`` in summary.json.
 
@@ -21,7 +23,7 @@ figures above for each class (``slo_class``), its goodput and SLO attainment aga
 goodput then counts each request against its own class's SLOs too, so it is the sum of the classes'); and, when
 requests name tenants, ``tenants`` and ``fairness`` (Jain's index over the tenants, see :func:`tenant_fairness`).
 
-Statistics only: formatting lives in ``sim.output`` and plotting in ``sim.output.report``.
+Statistics only: formatting lives in ``sim.output.run_folder`` and plotting in ``sim.output.report``.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from sim.costs.energy import energy_summary
 from sim.metrics.anomalies import anomalies as run_anomalies
 from sim.metrics.records import NO_CLASS, RequestRecord, RunResult, has_classes
 from sim.metrics.registry import Metric, plugin_metrics
+from sim.metrics.sketch import RELATIVE_ACCURACY, QuantileSketch
 from sim.metrics.verdict import limit_inputs, rank_limits, rejection_reasons
 from sim.serving.request import Outcome
 from sim.serving.spec_decode import summarize_spec
@@ -135,9 +138,35 @@ def weighted_percentile(values: np.ndarray, counts: np.ndarray, q: float) -> flo
     return b - diff * (1 - gamma) if gamma >= 0.5 else a + diff * gamma
 
 
+# Values of one latency figure kept exact. Past this many (a run of more than a million requests), its percentiles
+# come from a QuantileSketch (sim/metrics/sketch.py: within RELATIVE_ACCURACY of the exact ones) and summary.json says
+# so
+# in ``latency_sketch``; every run up to this size keeps the exact figures it always had.
+EXACT_MAX = 1_000_000
+_SKETCH_CHUNK = 1 << 20  # values added to a sketch at a time (its temporaries stay a few MB)
+
+
+def _sketch_stats(values: np.ndarray, counts: np.ndarray | None) -> dict[str, float]:
+    sketch = QuantileSketch(RELATIVE_ACCURACY)
+    for lo in range(0, values.size, _SKETCH_CHUNK):
+        sketch.add(values[lo : lo + _SKETCH_CHUNK], None if counts is None else counts[lo : lo + _SKETCH_CHUNK])
+    return sketch.stats(PERCENTILES)
+
+
+def num_values(values: np.ndarray, counts: np.ndarray | None = None) -> int:
+    """How many values a latency figure is taken over (the counts' sum when weighted)."""
+    if counts is None:
+        return int(np.asarray(values).size)
+    c = np.asarray(counts, dtype=np.int64)
+    return int(c[c > 0].sum())
+
+
 def latency_stats(values: np.ndarray, counts: np.ndarray | None = None) -> dict[str, float]:
-    """{mean, p50, p90, p95, p99} of the values (weighted by counts when given); NaN for no values."""
+    """{mean, p50, p90, p95, p99} of the values (weighted by counts when given); NaN for no values. Over more than
+    ``EXACT_MAX`` values, read from a quantile sketch (percentiles within ``RELATIVE_ACCURACY``)."""
     values = np.asarray(values, dtype=np.float64)
+    if num_values(values, counts) > EXACT_MAX and not (values < 0).any():  # a sketch takes latencies >= 0
+        return _sketch_stats(values, None if counts is None else np.asarray(counts, dtype=np.int64))
     if counts is None:
         if values.size == 0:
             return {k: NAN for k in LATENCY_KEYS}
@@ -282,6 +311,11 @@ def summarize(result: RunResult, slos: SLOs | None = None) -> dict:
         "energy": energy_summary(result, total_out, duration, up),
     }
     assert tuple(out) == SUMMARY_KEYS
+    sketched = [k for k, n in (("ttft", ttft.size), ("tpot", int(multi.sum())), ("itl", num_values(
+        result.itl_gaps, result.itl_counts)), ("e2el", e2el.size), ("queue", lat.queue.size)) if n > EXACT_MAX]
+    if sketched:  # a run too long for exact percentiles: which figures are sketched, and their bound
+        out["latency_sketch"] = {"metrics": sketched, "relative_accuracy": RELATIVE_ACCURACY,
+                                 "exact_max": EXACT_MAX}
     if has_classes(reqs):  # request classes: each class's figures, and the tenants' when requests name them
         out["classes"] = class_summaries(reqs, duration, slos, result.class_itl)
         if any(r.tenant for r in reqs):
@@ -305,6 +339,8 @@ def summarize(result: RunResult, slos: SLOs | None = None) -> dict:
     for key, section in (result.summary_sections or {}).items():  # e.g. prefill/decode pools (sim/loop/disagg/pools.py)
         out[key] = section(result)
     for metric in plugin_metrics():  # plugins' metrics (sim/metrics/registry.py), after every built-in key
+        if metric.key in out:
+            raise ScenarioError(f"metric {metric.key!r} (a plugin's): summary.json already has that key")
         out[metric.key] = _plugin_value(metric, result)
     return out
 

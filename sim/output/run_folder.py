@@ -16,12 +16,14 @@ import math
 import os
 from collections.abc import Callable
 from dataclasses import fields
+from operator import attrgetter
 from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
 
 from sim.config.files import InterruptedAfterWrite, write_atomically
+from sim.costs.energy import energy_kept
 from sim.metrics.columns import (
     CLASS_COLUMNS,
     REQUEST_COLUMNS,
@@ -30,8 +32,6 @@ from sim.metrics.columns import (
     STEP_CSV_COLUMNS,
     TIME_FIELDS,
     TIME_LIST_FIELDS,
-    class_cells,
-    request_latencies,
 )
 from sim.metrics.records import REQUEST_FIELDS, STEP_COLUMNS, RequestRecord, RunResult, has_classes
 from sim.metrics.summary import summarize
@@ -121,26 +121,54 @@ def _split_times(text: str) -> tuple[float, ...]:
 
 
 _ABSENT_IF_NEGATIVE = frozenset(TIME_FIELDS + ("session_id",))  # -1: never happened, an empty cell
+_ABSENT = [f in _ABSENT_IF_NEGATIVE for f in REQUEST_FIELDS]
+_LISTS = [f in TIME_LIST_FIELDS for f in REQUEST_FIELDS]
+REQUEST_CHUNK_ROWS = 1 << 15  # requests.csv rows built and written at a time
+
+
+def _request_rows(name: str, recs: list[RequestRecord], classes: bool) -> list[tuple]:
+    """requests.csv's rows of ``recs``, built column by column: the cells of ``REQUEST_FIELDS``, then those
+    ``request_latencies`` and (with ``classes``) ``class_cells`` give, value for value."""
+    cols: list[list] = [[name] * len(recs)]
+    for f, gone, many in zip(REQUEST_FIELDS, _ABSENT, _LISTS, strict=True):
+        col = list(map(attrgetter(f), recs))
+        if many:
+            col = [_join_times(v) if v else "" for v in col]
+        elif gone:
+            col = ["" if v < 0 else v for v in col]
+        cols.append(col)
+    # the latency columns, as request_latencies gives them (Python arithmetic: a trace's first arrival may be the
+    # int 0, and csv writes the int as it came)
+    cols.append(["" if not r.completed or r.first_scheduled < 0 else r.first_scheduled - r.arrival for r in recs])
+    cols.append([r.first_token - r.arrival if r.completed else "" for r in recs])
+    cols.append([(r.finish - r.first_token) / (r.output_tokens - 1) if r.completed and r.output_tokens > 1 else ""
+                 for r in recs])
+    cols.append([r.finish - r.arrival if r.completed else "" for r in recs])
+    if classes:
+        cols.append(list(map(attrgetter("priority"), recs)))
+        cols.append(list(map(attrgetter("tenant"), recs)))
+        cols.append(list(map(attrgetter("slo_class"), recs)))
+        cols.extend(["" if v < 0 else v for v in map(attrgetter(f), recs)] for f in SLO_FIELDS)
+    return list(zip(*cols, strict=True))
+
+
+def write_requests_csv(f: IO[str], results: list[RunResult], chunk: int = REQUEST_CHUNK_ROWS) -> None:
+    """requests.csv streamed into ``f``, ``chunk`` requests at a time: one row per request (sorted by id within a
+    variant), the variant name first; the class columns last when any variant has request classes. The text
+    is never whole in memory (a million requests made a 200 MB string)."""
+    w = csv.writer(f, lineterminator="\n")
+    classes = any(has_classes(res.requests) for res in results)
+    w.writerow(("variant",) + REQUEST_COLUMNS + (CLASS_COLUMNS if classes else ()))
+    for res in results:
+        recs = sorted(res.requests, key=attrgetter("id"))  # result_of's are sorted already: a linear pass
+        for lo in range(0, len(recs), chunk):
+            w.writerows(_request_rows(res.name, recs[lo : lo + chunk], classes))
 
 
 def requests_csv(results: list[RunResult]) -> str:
-    """One row per request (sorted by id within a variant), the variant name first; the class columns last when
-    any variant has request classes."""
+    """requests.csv's whole text (write_run streams it instead)."""
     buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    classes = any(has_classes(res.requests) for res in results)
-    w.writerow(("variant",) + REQUEST_COLUMNS + (CLASS_COLUMNS if classes else ()))
-    absent = [f in _ABSENT_IF_NEGATIVE for f in REQUEST_FIELDS]
-    lists = [f in TIME_LIST_FIELDS for f in REQUEST_FIELDS]
-    for res in results:
-        for r in sorted(res.requests, key=lambda r: r.id):
-            values = [getattr(r, f) for f in REQUEST_FIELDS]
-            cells = [
-                _join_times(v) if many else "" if gone and v < 0 else v
-                for v, gone, many in zip(values, absent, lists, strict=True)
-            ]
-            extra = class_cells(r) if classes else []
-            w.writerow([res.name] + cells + request_latencies(r) + extra)
+    write_requests_csv(buf, results)
     return buf.getvalue()
 
 
@@ -202,7 +230,7 @@ def write_run(
     from sim.output import parquet_out
 
     tables: dict[str, Any] = {
-        REQUESTS_FILE: requests_csv(results),
+        REQUESTS_FILE: lambda f: write_requests_csv(f, results),
         steps_file: (lambda f: write_steps_csv(f, results)) if steps == "full"
         else (lambda f: write_binned_steps_csv(f, results)),
     }
@@ -215,17 +243,19 @@ def write_run(
         [REQUESTS_FILE, STEPS_FILE, BINNED_STEPS_FILE, *parquet_out.STALE_FILES]
     if phase is not None:
         phase(f"building {REPORT_FILE}")
-    html = build_report(results, summaries, title or "servesim: " + " vs ".join(names))
     from sim.loop.disagg.output import transfer_files
     from sim.output.benchfiles.exports import export_files  # per variant: vllm-bench JSON and OpenMetrics text
 
+    with energy_kept():  # the report and the exports read each run's energy: computed once
+        html = build_report(results, summaries, title or "servesim: " + " vs ".join(names))
+        exports = export_files(results, scenario)
     if phase is not None:
         phase(f"writing {out}/: {SUMMARY_FILE}, {', '.join(tables)}, {REPORT_FILE}")
     files = {
         SUMMARY_FILE: summary_json(summaries, scenario),
         **tables,
         REPORT_FILE: html,
-        **export_files(results, scenario),
+        **exports,
         **transfer_files(results),  # disaggregated runs: one row per KV transfer
     }
     created = not out.exists()  # made here, just before the files: Ctrl-C before then leaves no empty folder

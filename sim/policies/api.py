@@ -60,7 +60,8 @@ class Predictor(Protocol):
 
 class RequestView:
     """A read-only view of one request, current as of the step being planned. Compare views with ``is`` or by
-    ``id``; hand them back to the ``Plan`` and the ``Budget``."""
+    ``id``; hand them back to the ``Plan`` and the ``Budget``. A policy's views of a request are one object from
+    step to step until the request finishes."""
 
     __slots__ = ("_r", "_pred")
 
@@ -172,6 +173,21 @@ class Budget:
         """Reserve room for ``num_new_tokens`` more tokens of ``req``; False (nothing reserved) if it does not fit."""
         return self._b.allocate(req._r if type(req) is RequestView else _req(req), num_new_tokens)
 
+    def allocate_decodes(self, reqs: Sequence[RequestView]) -> int:
+        """``allocate(req, 1)`` for each request of ``reqs`` in turn, while it is running with one token to compute
+        (decoding) and the token fits; returns how many were reserved: the first ``k`` of ``reqs``, which the plan
+        then schedules (``plan.schedule_each(reqs[:k], 1)``). Take the rest one by one with ``allocate``; the
+        request at ``k`` may not fit, or not decode, or be reserved here already. A policy that runs its decoding
+        requests first, as vLLM does, plans them in one call instead of one per request."""
+        try:
+            rs = [v._r for v in reqs if type(v) is RequestView]
+        except TypeError:
+            raise TypeError(f"expected a sequence of requests from the view, got {type(reqs).__name__}") from None
+        if len(rs) != len(reqs):
+            for v in reqs:
+                _req(v)  # names the first that is not a RequestView
+        return self._b.allocate_decodes(rs)
+
     def release(self, req: RequestView) -> None:
         """Give back what a running request holds (plan its preemption too)."""
         self._b.release(_req(req))
@@ -260,6 +276,10 @@ class Plan:
         """Compute ``num_tokens`` tokens of ``req`` this step (1 to ``req.num_remaining``; reserve them in the
         budget first). A waiting request is admitted."""
         self.scheduled.append((req, num_tokens))
+
+    def schedule_each(self, reqs: Sequence[RequestView], num_tokens: int) -> None:
+        """``schedule(req, num_tokens)`` for each of ``reqs``, in order."""
+        self.scheduled.extend([(r, num_tokens) for r in reqs])
 
     def preempt(self, req: RequestView, mode: str = "recompute") -> None:
         """Take a running request off the GPU: "recompute" drops its KV (it waits again, at the front of the

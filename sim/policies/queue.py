@@ -78,28 +78,41 @@ class QueuePolicy(Policy):
         return plan
 
     def _running(self, view: PolicyView, plan: Plan, budget: Budget, tokens: int, out: set[int]) -> int:
-        running = list(view.running)
-        for r in running:
-            if r.id in out:
+        running = view.running
+        # The running requests that decode, as most do at any ask, take their token in one call; the generic loop
+        # goes on from the first that did not (a prompt chunk, or no room: its preemption below).
+        k = budget.allocate_decodes(running if tokens >= len(running) else running[:max(tokens, 0)])
+        if k:
+            plan.schedule_each(running[:k], 1)
+            tokens -= k
+        chunked = self.enable_chunked_prefill
+        allocate, schedule = budget.allocate, plan.schedule
+        for r in running[k:] if k else running:
+            if out and r.id in out:
                 continue  # preempted to make room for an earlier request
             n = r.num_remaining
-            if self.enable_chunked_prefill:
-                n = min(n, tokens)
-            elif n > tokens:
-                continue
+            if n > tokens:
+                if not chunked:
+                    continue
+                n = tokens
             if n <= 0:
                 break
-            while not budget.allocate(r, n):
+            if allocate(r, n):
+                schedule(r, n)
+                tokens -= n
+                continue
+            while True:
                 victim = self._victim(running, out)
                 tokens += self._preempt(victim, plan, budget, out)
                 if victim is r:
                     break
-            else:
-                plan.schedule(r, n)
-                tokens -= n
+                if allocate(r, n):
+                    schedule(r, n)
+                    tokens -= n
+                    break
         return tokens
 
-    def _victim(self, running: list[RequestView], out: set[int]) -> RequestView:
+    def _victim(self, running: tuple[RequestView, ...], out: set[int]) -> RequestView:
         left = [r for r in running if r.id not in out]
         if self.rank(left[0]) is None:
             return left[-1]  # the latest admitted

@@ -17,6 +17,7 @@ runs a policy with and without that and names the first step where the two diffe
 from __future__ import annotations
 
 import traceback
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +55,7 @@ def call_user(what: str, fn: Any, *args: Any) -> Any:
 class UserPolicy(Policy):
     """Runs a public-API policy inside the core (see the module docstring)."""
 
-    __slots__ = ("user", "limits", "admission", "predictor", "name", "may_repeat", "uses_decode_group")
+    __slots__ = ("user", "limits", "admission", "predictor", "name", "may_repeat", "uses_decode_group", "_views")
 
     def __init__(self, user: Any, limits: Limits, admission: Admission | None = None,
                  predictor: api.Predictor | None = None) -> None:
@@ -71,6 +72,9 @@ class UserPolicy(Policy):
         # and finishes (and block shortages, which always make the core ask) can change its decision
         self.may_repeat = "every_step" not in dep
         self.uses_decode_group = self.may_repeat  # type: ignore[misc]  # per object: from its depends_on
+        # request id -> its view, made once per request (a request keeps its view object while it lives): a view
+        # only points at its request, and the policy is asked at every arrival with every running request in it
+        self._views: dict[int, api.RequestView] = {}
 
     def describe(self) -> str:
         d = getattr(self.user, "describe", None)
@@ -86,11 +90,24 @@ class UserPolicy(Policy):
                 "depends_on = {'arrivals', 'finishes'} if that is all its decision reads, for the fast path")
 
     def _public_view(self, view: View, hidden: set[int]) -> api.PolicyView:
-        pred = self.predictor
         waiting = view.waiting if not hidden else [r for r in view.waiting if r.id not in hidden]
         swapped = view.swapped if not hidden else [r for r in view.swapped if r.id not in hidden]
-        return api.PolicyView(view.now, api.views(waiting, pred), api.views(view.running, pred),
-                              api.views(swapped, pred), api.KVView(view.kv), view.limits)
+        cache = self._views
+        if len(cache) > 2 * (len(view.waiting) + len(view.running) + len(view.swapped)) + 64:
+            # finished requests' views, dropped now and then: the cache stays about the size of the queues
+            self._views = {i: v for i, v in cache.items() if v._r.status is not Status.FINISHED}
+        return api.PolicyView(view.now, self._views_of(waiting), self._views_of(view.running),
+                              self._views_of(swapped), api.KVView(view.kv), view.limits)
+
+    def _views_of(self, reqs: Iterable[Request]) -> tuple[api.RequestView, ...]:
+        cache = self._views
+        out = []
+        for r in reqs:
+            v = cache.get(r.id)
+            if v is None or v._r is not r:  # another run's request of the same id
+                v = cache[r.id] = api.RequestView(r, self.predictor)
+            out.append(v)
+        return tuple(out)
 
     def _call(self, what: str, fn: Any, *args: Any) -> Any:
         return call_user(f"policy {self.name}: {what}", fn, *args)
@@ -144,27 +161,38 @@ class UserPolicy(Policy):
             if r.status is not Status.SWAPPED or r.id in gone:
                 self._fail(view.now, f"swaps in request {r.id}, which is {r.status.value}, not swapped")
             plan.swap_in.append(r)
-        # The scheduled list is checked in one tight loop (it runs at every arrival and finish): a wrong entry is
-        # then looked at again by _explain, which names the request and the rule.
+        # The scheduled list is checked in one tight loop (it runs at every arrival and finish, once per running
+        # request): anything amiss, and the list is walked again by _check_each, which names the first wrong entry
+        # and the rule it breaks.
         g = view.group
         members = g.members if g is not None else {}
         seen: set[int] = set()
+        add = seen.add
         total = 0
         in_group = 0
         out: list[tuple[Request, int]] = []
+        ok = True
+        RV = api.RequestView
         for rv, n in up.scheduled:
-            q = rv._r if type(rv) is api.RequestView else None
-            if q is None or q.id in seen or q.id in gone or type(n) is not int or q.status is Status.FINISHED or \
-                    not 1 <= n <= q.prompt_len + q.num_output_tokens - q.num_computed_tokens:
-                self._explain(rv, n, seen, gone, view.now)
-            assert q is not None  # _explain raised otherwise
-            r = q
-            seen.add(r.id)
-            total += n
-            if r.group_base >= 0:
-                in_group += 1  # a member: it has exactly one token to compute, so n == 1
+            if type(rv) is not RV or type(n) is not int:
+                ok = False
+                break
+            q = rv._r
+            if q.group_base >= 0:  # a member: running, with exactly one token to compute
+                if n != 1:
+                    ok = False
+                    break
+                in_group += 1
+            elif q.status is Status.FINISHED or not 1 <= n <= q.prompt_len + q.num_output_tokens - \
+                    q.num_computed_tokens:
+                ok = False
+                break
             else:
-                out.append((r, n))
+                out.append((q, n))
+            add(q.id)
+            total += n
+        if not ok or len(seen) != len(up.scheduled) or (gone and not gone.isdisjoint(seen)):
+            self._check_each(up, gone, view.now)
         lim = self.limits
         if len(seen) > lim.max_num_seqs:
             self._fail(view.now, f"schedules {len(seen)} requests, more than max_num_seqs {lim.max_num_seqs}")
@@ -184,6 +212,18 @@ class UserPolicy(Policy):
 
     def _fail(self, now: float, what: str) -> None:
         raise PolicyError(f"policy {self.name} at t={now:.6f} s: {what}")
+
+    def _check_each(self, up: api.Plan, gone: set[int], now: float) -> None:
+        """Raise for the first entry of the scheduled list that breaks a rule."""
+        seen: set[int] = set()
+        for rv, n in up.scheduled:
+            q = rv._r if type(rv) is api.RequestView else None
+            if q is None or q.id in seen or q.id in gone or type(n) is not int or q.status is Status.FINISHED or \
+                    not 1 <= n <= q.prompt_len + q.num_output_tokens - q.num_computed_tokens:
+                self._explain(rv, n, seen, gone, now)
+            assert q is not None  # _explain raised otherwise
+            seen.add(q.id)
+        raise AssertionError("the tight check of the scheduled list found a fault that _check_each did not")
 
     def _explain(self, rv: Any, n: Any, seen: set[int], gone: set[int], now: float) -> None:
         r = self._req(rv, now, "schedules")

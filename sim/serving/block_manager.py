@@ -9,7 +9,7 @@ recently freed first.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import MutableSequence
+from collections.abc import MutableSequence, Sequence
 from typing import Protocol
 
 from sim.serving.host_kv_tier import HostKVTier
@@ -30,6 +30,12 @@ class KVBudget(Protocol):
 
     def release(self, req: Request) -> None:
         """Return what ``req`` holds (a planned preemption)."""
+        ...
+
+    def allocate_decodes(self, reqs: Sequence[Request]) -> int:
+        """``allocate(r, 1)`` for each of ``reqs`` in turn while ``r`` has one token to compute, holds KV on the
+        GPU and fits; returns how many were reserved (the leading ones of ``reqs``). A request reserved in this
+        budget already may stop it too: ``allocate`` takes it and those after it one by one."""
         ...
 
     def take(self, n: int) -> bool:
@@ -546,6 +552,29 @@ class PagedBudget:
         self.free -= need
         self._planned[req.id] = planned + num_new_tokens
         return True
+
+    def allocate_decodes(self, reqs: Sequence[Request]) -> int:
+        # allocate's common case, once per running request at every ask of a policy: one loop, no calls
+        m = self._m
+        tables, bs, planned = m.tables, m.block_size, self._planned
+        free = self.free
+        k = 0
+        for r in reqs:
+            c = r.num_computed_tokens
+            if r.prompt_len + r.num_output_tokens - c != 1 or r.id in planned:
+                break
+            table = tables.get(r.id)
+            if table is None:
+                break
+            need = (c + bs) // bs - len(table)  # blocks for c + 1 tokens, less those it holds
+            if need > 0:
+                if need > free:
+                    break
+                free -= need
+            planned[r.id] = 1
+            k += 1
+        self.free = free
+        return k
 
     def release(self, req: Request) -> None:
         m = self._m

@@ -10,6 +10,7 @@ compare with the paged manager's.
 from __future__ import annotations
 
 from bisect import insort
+from collections.abc import Sequence
 
 from sim.serving.block_manager import BlockError, cdiv
 from sim.serving.host_kv_tier import HostKVTier
@@ -215,6 +216,15 @@ class ContiguousBudget:
             return False
         self._placed[req.id] = (_carve(self.holes, i, n), n)
         return True
+
+    def allocate_decodes(self, reqs: Sequence[Request]) -> int:
+        k = 0
+        for r in reqs:
+            if r.prompt_len + r.num_output_tokens - r.num_computed_tokens != 1 or r.id not in self._m.ranges or \
+                    not self.allocate(r, 1):
+                break
+            k += 1
+        return k
 
     def release(self, req: Request) -> None:
         r = self._placed.pop(req.id, None) or self._m.ranges.get(req.id)

@@ -29,7 +29,7 @@ class DecodeGroup:
     ``r.group_base``; ``steps - r.group_base`` tokens have been added since."""
 
     __slots__ = ("block_size", "grows", "members", "steps", "finish_at", "buckets", "ctx", "prev_end", "ends",
-                 "version", "lookahead", "priced")
+                 "version", "lookahead", "priced", "offsets")
 
     def __init__(self, block_size: int, grows_on_decode: bool, keep_ends: bool) -> None:
         self.block_size = block_size
@@ -42,6 +42,9 @@ class DecodeGroup:
         # Buckets keep admission order, the order in which a policy would allocate.
         self.buckets: list[list[Request]] = [[] for _ in range(block_size)]
         self.ctx = 0  # sum over members of tokens in KV now
+        # each member's ``num_computed_tokens - group_base``, sorted: its tokens in KV now are that plus ``steps``,
+        # so the longest member is the last, without a scan of every member at every step
+        self.offsets: list[int] = []
         self.prev_end = -1.0  # when every member last sampled
         self.ends: list[float] | None = [] if keep_ends else None  # end of every group step (token timestamps)
         # The group's future steps' shapes follow from its members alone, so the fast path may price steps ahead
@@ -70,8 +73,9 @@ class DecodeGroup:
         return r.num_computed_tokens + self.steps - r.group_base
 
     def max_computed(self) -> int:
-        steps = self.steps
-        return max((r.num_computed_tokens + steps - r.group_base for r in self.members.values()), default=0)
+        """The longest member's tokens in KV now (0 without members): asked at every step the group takes."""
+        offsets = self.offsets
+        return offsets[-1] + self.steps if offsets else 0
 
     def join(self, r: Request) -> None:
         """Add a request that sampled at ``prev_end`` and has exactly one token to compute."""
@@ -81,6 +85,7 @@ class DecodeGroup:
         c = r.num_computed_tokens
         self.ctx += c
         self.members[r.id] = r
+        insort(self.offsets, c - s)
         insort(self.buckets[(s - c) % self.block_size], r, key=_admit_order)
         f = s + r.output_len - r.num_output_tokens
         lst = self.finish_at.get(f)
@@ -103,6 +108,7 @@ class DecodeGroup:
             if not lst:
                 del self.finish_at[f]
         del self.members[r.id]
+        self.offsets.remove(c - base)
         self.ctx -= c + k
         if k:
             r.num_computed_tokens = c + k

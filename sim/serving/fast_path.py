@@ -41,22 +41,26 @@ def predict(g: DecodeGroup, k: int, pad: int) -> tuple[list[int], list[int], lis
     read_l: list[int] = []
     max_l: list[int] = []
     size, ctx = g.size, g.ctx
-    left = list(g.members.values())
+    offsets = g.offsets.copy()  # the members left, as ``DecodeGroup.offsets``
     pos = j0
     for f in sorted(f for f in finish_at if f < j0 + k) + [j0 + k]:
         n = f - pos  # steps pos+1 .. f, all with the current members
         rows_l += [size + pad] * n
         read_l += range(ctx + size, ctx + size * (n + 1), size) if size else [ctx] * n
-        top = max((r.num_computed_tokens + pos - r.group_base for r in left), default=-1) + 1
-        max_l += range(top, top + n) if left else [0] * n
+        if offsets:
+            top = offsets[-1] + pos + 1
+            max_l += range(top, top + n)
+        else:
+            max_l += [0] * n
         ctx += size * n
         pos = f
         leaving = finish_at.get(f) if f < j0 + k else None
         if leaving:
             size -= len(leaving)
-            ctx -= sum(r.num_computed_tokens + f - r.group_base for r in leaving)
-            gone = {id(r) for r in leaving}
-            left = [r for r in left if id(r) not in gone]
+            for r in leaving:
+                off = r.num_computed_tokens - r.group_base
+                ctx -= off + f
+                offsets.remove(off)
     return rows_l, read_l, max_l
 
 

@@ -25,7 +25,7 @@ import numpy as np
 from sim.costs.energy import run_energy
 from sim.metrics.records import RunResult
 from sim.output.benchfiles.export_vllm import _model_of
-from sim.output.benchfiles.stats import itls_expand, pooled_itls
+from sim.output.benchfiles.stats import expanded_sum, itls_expand
 from sim.serving.spec_decode import openmetrics_lines
 
 # vLLM's bucket boundaries (seconds) for these histograms
@@ -46,8 +46,9 @@ def _num(x: float) -> str:
 
 
 def _histogram(lines: list[str], name: str, help_: str, labels: str, values: np.ndarray, buckets: Sequence[float],
-               ts: str, weights: np.ndarray | None = None) -> None:
-    """``weights``: how many times each value counts (a long run's pooled ITLs as (gap, count) pairs)."""
+               ts: str, weights: np.ndarray | None = None, total: float | None = None) -> None:
+    """``weights``: how many times each value counts (pooled ITLs as (gap, count) pairs); ``total``: the values'
+    sum when given."""
     lines += [f"# TYPE {name} histogram", f"# HELP {name} {help_}", f"# UNIT {name} seconds"] \
         if name.endswith("_seconds") else [f"# TYPE {name} histogram", f"# HELP {name} {help_}"]
     v = np.asarray(values, dtype=np.float64)
@@ -57,7 +58,8 @@ def _histogram(lines: list[str], name: str, help_: str, labels: str, values: np.
     w = None if weights is None else np.asarray(weights, dtype=np.int64)
     counts = np.cumsum(np.bincount(np.searchsorted(bounds, v, side="left"), weights=w, minlength=bounds.size + 1))
     size = v.size if w is None else int(w.sum())
-    total = v.sum() if w is None else np.dot(v, w.astype(np.float64))
+    if total is None:
+        total = v.sum() if w is None else np.dot(v, w.astype(np.float64))
     for b, c in zip(buckets, counts, strict=False):
         lines.append(f'{name}_bucket{{{labels},le="{_num(b)}"}} {int(c)}{ts}')
     lines.append(f'{name}_bucket{{{labels},le="+Inf"}} {size}{ts}')
@@ -169,8 +171,9 @@ def openmetrics_text(result: RunResult, *, max_points: int = 2000) -> str:
     _histogram(lines, "vllm:time_per_output_token_seconds", "Histogram of time per output token in seconds.", lab,
                tpot, TPOT_BUCKETS, ts)
     _histogram(lines, "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", lab,
-               *((pooled_itls(result), TPOT_BUCKETS, ts) if itls_expand(result)
-                 else (result.itl_gaps, TPOT_BUCKETS, ts, result.itl_counts)))
+               result.itl_gaps, TPOT_BUCKETS, ts, result.itl_counts,
+               # the sum of the expanded gaps to the bit (a long run's: the pairs' dot product)
+               expanded_sum(result.itl_gaps, result.itl_counts) if itls_expand(result) else None)
     _histogram(lines, "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", lab, e2el,
                E2E_BUCKETS, ts)
     if result.spec_decode:  # speculative decoding's counters, at the end of the run

@@ -10,6 +10,7 @@ by the benchmark duration. Keys are ``<stat>_<metric>`` in seconds, and the thro
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -75,16 +76,78 @@ def run_lists(result: RunResult) -> dict[str, list]:
     }
 
 
-# Gaps (tokens) up to which the pooled ITLs are expanded into one value per token, as vLLM's lists are; past it
+# Gaps (tokens) up to which the pooled ITLs' statistics are those of one value per token, as vLLM's lists are
+# (describe_pooled: computed without expanding them); past it
 # (a long run: 1,000,000 Azure requests are 260 M tokens, 2 GB as float64) the statistics are taken from the
 # (gap, count) pairs: percentiles bit-identical (sim.metrics.summary.weighted_percentile), mean and std equal to
 # rounding.
 ITL_EXPAND_MAX = 1 << 24
 
 
-def pooled_itls(result: RunResult) -> np.ndarray:
-    """Every inter-token gap of the run, each as often as tokens saw it."""
-    return np.repeat(np.asarray(result.itl_gaps, dtype=np.float64), np.asarray(result.itl_counts, dtype=np.int64))
+_LEAF = 1 << 20  # expanded values summed by numpy at a time (8 MB), a node of numpy's own summation tree
+
+
+def expanded_sum(values: np.ndarray, counts: np.ndarray, mean: float | None = None) -> float:
+    """``np.sum(x)`` of ``x = np.repeat(values, counts)`` (with ``mean``: ``np.sum((x - mean) ** 2)``, what
+    ``np.std`` sums) to the bit, holding at most ``_LEAF`` expanded values. numpy sums a float64 array pairwise:
+    it halves the array (the first half rounded down to a multiple of 8) down to blocks of 128 values. The same
+    halving is done here down to ``_LEAF`` values, each of those parts expanded and summed by numpy, which then
+    runs the very rest of the tree (tests/test_long_runs.py compares it with numpy on 25 M values)."""
+    values = np.asarray(values, dtype=np.float64)
+    counts = np.asarray(counts, dtype=np.int64)
+    cum = np.cumsum(counts)
+    starts = cum - counts
+
+    def part(lo: int, hi: int) -> np.ndarray:  # elements [lo, hi) of x
+        i0, i1 = int(np.searchsorted(cum, lo, side="right")), int(np.searchsorted(cum, hi - 1, side="right"))
+        reps = np.minimum(cum[i0 : i1 + 1], hi) - np.maximum(starts[i0 : i1 + 1], lo)
+        x = np.repeat(values[i0 : i1 + 1], reps)
+        if mean is not None:
+            x -= mean
+            x *= x
+        return x
+
+    def tree(lo: int, n: int) -> np.float64:
+        if n <= _LEAF:
+            return np.sum(part(lo, lo + n)) if n else np.float64(0.0)
+        half = n // 2
+        half -= half % 8
+        return tree(lo, half) + tree(lo + half, n - half)
+
+    return float(tree(0, int(cum[-1]) if cum.size else 0))
+
+
+def _kth(values: np.ndarray, counts: np.ndarray, ks: list[int]) -> list[float]:
+    """The ``ks``-th (0-based) of the sorted expanded values."""
+    order = np.argsort(values, kind="stable")
+    cum = np.cumsum(counts[order])
+    return [float(v) for v in values[order][np.searchsorted(cum, ks, side="right")]]
+
+
+def describe_pooled(name: str, values: np.ndarray, counts: np.ndarray, percentiles: Iterable[float]
+                    ) -> dict[str, float]:
+    """``_describe`` of ``np.repeat(values, counts)`` to the bit, without expanding it: a run's pooled ITLs are
+    tens of millions of gaps (the expanded copy and numpy's sort of it were 250 MB at 100,000 requests)."""
+    from sim.metrics.summary import weighted_percentile
+
+    values = np.asarray(values, dtype=np.float64)
+    counts = np.asarray(counts, dtype=np.int64)
+    keep = counts > 0
+    values, counts = values[keep], counts[keep]
+    n = int(counts.sum())
+    if n == 0:
+        return _describe(name, np.zeros(0), percentiles)
+    mean = expanded_sum(values, counts) / n  # np.mean: the sum over the count
+    if n % 2:  # np.median: the middle value, or the mean of the two middle ones (0. + a + b, over 2)
+        median = _kth(values, counts, [n // 2])[0]
+    else:
+        a, b = _kth(values, counts, [n // 2 - 1, n // 2])
+        median = (0.0 + a + b) / 2
+    out = {f"mean_{name}": mean, f"median_{name}": median,
+           f"std_{name}": math.sqrt(expanded_sum(values, counts, mean) / n)}  # np.std: ddof 0
+    for p in percentiles:
+        out[f"{p_word(p)}_{name}"] = weighted_percentile(values, counts, p)
+    return out
 
 
 def itls_expand(result: RunResult) -> bool:
@@ -115,11 +178,13 @@ def run_stats(result: RunResult, percentiles: Iterable[float] = DEFAULT_PERCENTI
         [r.finish - r.arrival for r in done],
         [r.output_tokens for r in done],
         [r.prompt_tokens for r in done],
-        pooled_itls(result) if expand else np.zeros(0),
+        np.zeros(0),  # the ITL statistics below replace these (in place: the keys keep their order)
         float(result.duration),
         percentiles,
     )
-    if not expand:
+    if expand:  # the statistics of the expanded gaps, to the bit
+        stats.update(describe_pooled("itl", result.itl_gaps, result.itl_counts, tuple(percentiles)))
+    else:
         counts = np.asarray(result.itl_counts, dtype=np.int64)
         keep = counts > 0
         gaps = np.asarray(result.itl_gaps, dtype=np.float64)[keep]

@@ -129,7 +129,9 @@ class FileValidation:
     format: str
     load: float | None
     load_kind: str  # "request_rate" | "max_concurrency" | ""
-    metrics: dict[str, dict[str, float | None]]
+    # per metric: measured, simulated, error; interval_80 [low, high] and inside_80 where sim/metrics/intervals.py has
+    # one
+    metrics: dict[str, dict[str, Any]]
     skipped: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     result: RunResult | None = None
@@ -137,6 +139,13 @@ class FileValidation:
     def to_dict(self) -> dict[str, Any]:
         return {"file": self.source, "benchmark": self.label, "format": self.format, "load": self.load,
                 "load_kind": self.load_kind, "metrics": self.metrics, "skipped": self.skipped, "notes": self.notes}
+
+
+def _interval_text(m: dict[str, Any]) -> str:
+    if "interval_80" not in m:
+        return ""
+    lo, hi = m["interval_80"]
+    return f"  80% interval {lo:.6g}-{hi:.6g}: measured {'inside' if m['inside_80'] else 'outside'}"
 
 
 @dataclass
@@ -156,7 +165,7 @@ class BenchValidation:
             for k, m in f.metrics.items():
                 e = m["error"]
                 lines.append(f"  {k:28s} measured {m['measured']:.6g}  simulated {m['simulated']:.6g}  "
-                             f"error {'n/a' if e is None else f'{e:+.1%}'}")
+                             f"error {'n/a' if e is None else f'{e:+.1%}'}" + _interval_text(m))
             for s in f.skipped:
                 lines.append(f"  skipped: {s}")
         return "\n".join(lines)
@@ -167,6 +176,7 @@ def validate_against(scenario_path: str | Path, files: list[str | Path], *, vari
     from sim.config.scenario import load_scenario, variant_configs
     from sim.config.schema import ScenarioError
     from sim.loop.run import simulate_variant
+    from sim.metrics.intervals import bench_interval
 
     sc, _ = load_scenario(scenario_path, overrides)
     cfgs = variant_configs(sc)
@@ -183,13 +193,15 @@ def validate_against(scenario_path: str | Path, files: list[str | Path], *, vari
                                      max_len=int(cfg.deployment.max_model_len or (1 << 20)))
         result, _, _ = simulate_variant(cfg, wl, name=cfg.name)
         sim = simulated_metrics(result, list(run.aggregates))
-        metrics: dict[str, dict[str, float | None]] = {}
+        metrics: dict[str, dict[str, Any]] = {}
         skipped = list(run.skipped)
         for key, measured in run.aggregates.items():
             if key not in sim:
                 skipped.append(f"{run.source}: {key}: no simulated counterpart")
                 continue
             metrics[key] = {"measured": measured, "simulated": sim[key], "error": relative_error(measured, sim[key])}
+            if (iv := bench_interval(key, sim[key])) is not None:  # sim/metrics/intervals.py: TPOT, ITL, throughputs
+                metrics[key] |= {"interval_80": iv, "inside_80": iv[0] <= measured <= iv[1]}
         kind = "request_rate" if run.request_rate is not None else "max_concurrency" if run.max_concurrency else ""
         out.append(FileValidation(run.source, run.label, run.format, run.load, kind, metrics, skipped, notes, result))
     return BenchValidation(sc.name, cfg.name, out)
@@ -240,12 +252,18 @@ def build_page(val: BenchValidation) -> str:
     for f in val.files:
         title = html.escape(f.source + (f" {f.label}" if f.label else ""))
         parts.append(f"<h2>{title}</h2><p>{html.escape(f.format)}, load {f.load if f.load is not None else 'inf'}"
-                     f"</p><table><tr><th>metric</th><th>measured</th><th>simulated</th><th>error</th></tr>")
+                     f"</p><table><tr><th>metric</th><th>measured</th><th>simulated</th><th>error</th>"
+                     "<th>80% interval</th></tr>")
         for k, m in f.metrics.items():
             e = m["error"]
             bad = ' class="bad"' if e is not None and abs(e) > 0.1 else ""
+            iv = ""
+            if "interval_80" in m:
+                lo, hi = m["interval_80"]
+                outside = "" if m["inside_80"] else ' class="bad"'
+                iv = f"<span{outside}>{lo:.6g}-{hi:.6g}</span>"
             parts.append(f"<tr><td>{html.escape(k)}</td><td>{m['measured']:.6g}</td><td>{m['simulated']:.6g}</td>"
-                         f"<td{bad}>{'n/a' if e is None else f'{e:+.1%}'}</td></tr>")
+                         f"<td{bad}>{'n/a' if e is None else f'{e:+.1%}'}</td><td>{iv}</td></tr>")
         parts.append("</table>")
         for title_, items in (("Skipped", f.skipped), ("Assumed", f.notes)):
             if items:

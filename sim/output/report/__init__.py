@@ -338,7 +338,20 @@ def summary_table_html(summaries: dict) -> str:
         for r in rows
     )
     notes = "".join(_p(n) for n in table_notes(summaries))
-    return f'<table class="summary"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{notes}'
+    return (f'<table class="summary"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{notes}'
+            + interval_html(summaries))
+
+
+def interval_html(summaries: dict) -> str:
+    """The 80% intervals of ``servesim run --interval`` (summary.json's ``interval_80``) under the table, the lines
+    the terminal prints; nothing when the run computed none, so a plain run's report stays as it was."""
+    if not any("interval_80" in s for s in summaries.values()):
+        return ""
+    from sim.metrics.intervals import interval_lines
+
+    head, *rows = interval_lines(summaries)
+    items = "".join(f"<li>{html.escape(r.strip())}</li>" for r in rows)
+    return f'<p class="note">{html.escape(head)}</p><ul class="interval">{items}</ul>'
 
 
 def bottlenecks_html(summaries: dict) -> str:

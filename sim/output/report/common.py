@@ -88,14 +88,26 @@ def amount_per_window(starts: np.ndarray, durations: np.ndarray, amounts: np.nda
         idx = np.searchsorted(t, edges, side="left")
         idx[-1] = np.searchsorted(t, edges[-1], side="right")  # the last window is closed
         cum += np.concatenate(([0.0], np.cumsum(a)))[idx]
-    if (~point).any():
-        s, d, a = starts[~point], durations[~point], amounts[~point]
+    if not point.all():
+        # the same arithmetic as concatenating and cumulating into new arrays, done in place and with each
+        # temporary dropped once used: a long run's steps made some twenty temporaries of twice its columns
+        s, d, a = (starts, durations, amounts) if not point.any() else \
+            (starts[~point], durations[~point], amounts[~point])
         rate = a / d
         times = np.concatenate((s, s + d))
+        del s, d, a
         order = np.argsort(times, kind="stable")
         times = times[order]
-        rate_after = np.cumsum(np.concatenate((rate, -rate))[order])  # rate on [times[i], times[i+1])
-        at_times = np.concatenate(([0.0], np.cumsum(np.diff(times) * rate_after[:-1])))
+        rate_after = np.concatenate((rate, -rate))[order]  # rate on [times[i], times[i+1]) once cumulated
+        del rate, order
+        np.cumsum(rate_after, out=rate_after)
+        gained = np.diff(times)
+        gained *= rate_after[:-1]
+        del rate_after
+        at_times = np.empty(len(times))
+        at_times[0] = 0.0
+        np.cumsum(gained, out=at_times[1:])
+        del gained
         cum += np.interp(edges, times, at_times)  # the cumulative amount is linear between those times
     return np.diff(cum)
 

@@ -44,17 +44,23 @@ def memory_layers(result: RunResult) -> tuple[dict[str, np.ndarray], float, str]
     cap = _kv_capacity(s, result)
     used = np.minimum(s["kv_blocks_used"].astype(np.float64), cap)
     reserved = np.clip(s["kv_blocks_reserved"].astype(np.float64), 0.0, used)
+    free = cap - used
+    del cap
     filled = used - reserved
+    del used
     stored = np.minimum(s["kv_tokens"].astype(np.float64) / bs, filled)  # in blocks
+    filled -= stored  # the slack: the rest of the blocks that hold tokens
     weights = float(result.weight_bytes) / bpb if bpb > 0 else 0.0  # in blocks
     layers = {
-        "weights": np.full(len(used), weights),
+        "weights": np.full(len(free), weights),
         "kv_stored": stored,
-        "kv_slack": filled - stored,
+        "kv_slack": filled,
         "kv_reserved": reserved,
-        "kv_free": cap - used,
+        "kv_free": free,
     }
-    return {k: v * scale for k, v in layers.items()}, scale, unit
+    for v in layers.values():  # in place (each is a new array): a long run's layers are 16 MB each per 2 M steps
+        v *= scale
+    return layers, scale, unit
 
 
 def _gpu_total_bytes(result: RunResult) -> float | None:
