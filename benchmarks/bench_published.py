@@ -13,8 +13,9 @@ throughput, TTFT, TPOT and ITL at 16-1000 requests/s). Every row the simulator c
   engine: one request, servesim's classic engine;
 - its workload: the fixed lengths stated (the blog's ShareGPT and sonnet rows at their stated average lengths, an
   approximation: the real lengths vary), all requests at t=0 for offline and QPS-inf rows, Poisson at the rate
-  stated otherwise; what a row's optional ``settings`` column states (``max_model_len``, ``gpu_memory_utilization``,
-  ``num_prompts``, ``enforce_eager``, the scheduler's ``max_num_seqs``, ``max_num_batched_tokens``,
+  stated otherwise, a closed loop of ``max_concurrency`` users where the row states one; what a row's optional
+  ``settings`` column states (``max_model_len``, ``gpu_memory_utilization``, ``num_prompts``,
+  ``max_concurrency``, ``enforce_eager``, the scheduler's ``max_num_seqs``, ``max_num_batched_tokens``,
   ``enable_chunked_prefill``);
 - the metric the row holds, computed as its source computes it;
 - rows measured through an engine's HTTP server by a serving benchmark (their workload names a QPS) with the
@@ -60,10 +61,11 @@ MODELS = {"Llama-3.1-8B": "llama-3.1-8b", "Llama-3.1-70B": "llama-3.1-70b", "Lla
           "Llama-2-13B": "llama-2-13b", "Llama-2-70B": "llama-2-70b", "LLaMA-7B": "llama-7b", "LLaMA-13B": "llama-13b",
           "Mixtral-8x7B-v0.1": "mixtral-8x7b",
           # Qwen2-7B's config.json has Qwen2.5-7B's shapes (28 layers, hidden 3584, 28/4 heads, MLP 18944, vocab 152064)
-          "Qwen2-7B": "qwen2.5-7b"}
+          "Qwen2-7B": "qwen2.5-7b", "Mistral-7B-v0.3": "mistral-7b"}
 GPUS = {"H100-SXM-80GB": "h100-sxm", "H200-SXM-141GB": "h200", "A100-SXM4-80GB": "a100-80gb",
         "A100-SXM-80GB": "a100-80gb", "A100-40GB": "a100-40gb", "A10G-24GB": "a10g", "GH200": "gh200",
-        "MI300X-192GB": "mi300x", "A100-80GB": "a100-80gb"}  # the last: form factor not stated (SXM's preset)
+        "MI300X-192GB": "mi300x", "RTX-4090-24GB": "rtx-4090",
+        "A100-80GB": "a100-80gb"}  # form factor not stated: the SXM preset
 # engine column prefix -> deployment.engine (None: servesim's classic engine)
 ENGINES: dict[str, dict[str, Any] | None] = {
     "TensorRT-LLM v0.17": {"name": "tensorrt-llm", "kv_cache_free_gpu_mem_fraction": 0.95},
@@ -77,6 +79,7 @@ ENGINES: dict[str, dict[str, Any] | None] = {
     "vLLM v0.6.3": {"name": "vllm-v0", "version": "0.6"},
     "vLLM ROCm build": {"name": "vllm-v0", "version": "0.6"},
     "vLLM v0.10": {"name": "vllm-v1"},
+    "vLLM (version not stated": {"name": "vllm-v1"},  # a 2025-2026 post: the V1 engine (0.8 on) assumed
     "SGLang": {"name": "sglang"},
     "gpt-fast": None,
 }
@@ -92,7 +95,7 @@ SOURCE_ALIASES = {"vllm-project.github.io:assets/figures/perf-v060/":
 # a row's ``settings`` (optional column, ``key=value;...``): what its source states beyond the other columns
 POLICY_SETTINGS = {"enable_chunked_prefill", "max_num_seqs", "max_num_batched_tokens"}
 DEPLOYMENT_SETTINGS = {"max_model_len", "gpu_memory_utilization"}
-SETTINGS = POLICY_SETTINGS | DEPLOYMENT_SETTINGS | {"enforce_eager", "num_prompts"}
+SETTINGS = POLICY_SETTINGS | DEPLOYMENT_SETTINGS | {"enforce_eager", "num_prompts", "max_concurrency"}
 OFFLINE_REQUESTS = 3000  # offline rows: enough requests that the run reaches the engine's steady batch
 
 
@@ -195,9 +198,10 @@ def case_of(row: dict[str, str], n_offline: int, classic: bool = False, online: 
                   "e2el_s_mean": ("mean_e2el", 1.0),  # benchmark_latency: a batch's time, each request's E2E
                   "tok_s_batch1": ("mean_e2el", 0.0)}[metric]
     agg = {key: value * scale} if scale else {key: osl / value}  # gpt-fast: tok/s = tokens / whole generate()
+    # --max-concurrency with the rate inf: a closed loop of that many users (sim.output.benchfiles.validate)
     run = BenchRun(source=f"{row['engine'][:22]} {row['model']} {row['gpu'][:14]} tp{row['tp']} {isl}/{osl}",
                    input_lens=[isl] * n, output_lens=[osl] * n, aggregates=agg, request_rate=request_rate,
-                   burstiness=1.0 if request_rate else None)
+                   burstiness=1.0 if request_rate else None, max_concurrency=settings.get("max_concurrency"))
     return Case(row, cfg, run, key, scale)
 
 

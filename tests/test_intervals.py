@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from test_cli import VALID, invoke
 
+from sim.output.benchfiles.validate import rebuild_workload
 from sim.metrics.intervals import ERROR_QUANTILES, interval_80, interval_lines
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,8 +39,8 @@ def test_interval_by_hand():
                   "output_throughput": pytest.approx([1000 / (1 + hi_t), 1000 / (1 + lo_t)])}
     assert "e2el.p99" not in iv  # tails: the development rows are means and rates
     lines = interval_lines({"a": {"interval_80": iv}, "b": {}})
-    assert lines[0] == ("80% interval (published measurements; leave-one-source-out coverage TTFT 53%, decode speed "
-                        "78%, throughput 78%, E2E unchecked (one source); target 70-90%):")
+    assert lines[0] == ("80% interval (published measurements; leave-one-source-out coverage TTFT 60%, decode speed "
+                        "78%, throughput 79%, E2E unchecked (one source); target 70-90%):")
     assert lines[1] == (f"  a: ttft.mean {100 * (1 + lo_f):.1f}-{100 * (1 + hi_f):.1f} ms; tpot.mean "
                         f"{10 * (1 + lo_d):.1f}-{10 * (1 + hi_d):.1f} ms; output_throughput "
                         f"{1000 / (1 + hi_t):,.0f}-{1000 / (1 + lo_t):,.0f}/s")
@@ -90,9 +91,16 @@ def test_own_rows_run_as_their_source_states():
     dep = bench.case_of(qwen, 3000).cfg.deployment
     assert (dep.model, dep.gpu, dep.gpu_memory_utilization, dep.engine.name) == ("qwen2.5-7b", "a100-80gb", 0.25,
                                                                                   "vllm-v1")
-    # three documents, each holding its raw files and tables
+    # --max-concurrency 16 at rate inf: 300 requests from a closed loop of 16 users
+    sweep = next(r for r in rows if "mushfiqrahman" in r["source"] and r["batch_or_concurrency"] == "16")
+    case = bench.case_of(sweep, 3000)
+    assert (case.run.max_concurrency, case.run.request_rate, len(case.run.input_lens)) == (16, None, 300)
+    wl, _ = rebuild_workload(case.run)
+    assert wl.closed_loop is not None and wl.closed_loop.num_users == 16
+    # four documents, each holding its raw files and tables
     assert {bench.source_of(r) for r in rows} == {"benchmarks:comparison/h100sxm5_vs_mi300x/README.md",
-                                                  "benchmarks:nvidia/8xh100/README.md", "vLLM-benchmarking:README.md"}
+                                                  "benchmarks:nvidia/8xh100/README.md", "vLLM-benchmarking:README.md",
+                                                  "https://mushfiqrahman.dev/?p=1668"}
     with pytest.raises(ValueError, match="settings: unknown key 'max_batch'"):
         bench.settings_of({"settings": "max_batch=4"})
 
