@@ -281,9 +281,10 @@ def report(n_offline: int, classic: bool = False, data: list[Path] | None = None
     classes = [CLASS[c.row["metric"]] for c in cases]
     # The headline is what a new engine or GPU would see: every row predicted by a model that has not seen its
     # source. Nothing in this run is fitted to the rows (the cost model's documented defaults, the presets'
-    # constants from the documents sim/engines/registry.py and sim/engines/costs.py cite), so a row's leave-one-source-out
-    # prediction is its plain prediction. One preset constant is read from a source of these rows: vLLM 0.5.3's
-    # host time (sim/engines/costs.py) is the profile in the vLLM v0.6.0 post, which also holds the 0.5.3 rows.
+    # constants from the documents sim/engines/registry.py and sim/engines/costs.py cite), so a row's
+    # leave-one-source-out prediction is its plain prediction. One preset constant is read from a source of these
+    # rows: vLLM 0.5.3's host time (sim/engines/costs.py) is the profile in the vLLM v0.6.0 post, which also holds
+    # the 0.5.3 rows.
     print("leave-one-source-out error by metric class (nothing is fitted to the rows, so it is the plain error; "
           "positive: the simulator predicts faster than measured)")
     for cls in CLASSES:

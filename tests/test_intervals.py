@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from test_cli import VALID, invoke
 
-from sim.output.benchfiles.validate import rebuild_workload
 from sim.metrics.intervals import ERROR_QUANTILES, interval_80, interval_lines
+from sim.output.benchfiles.validate import rebuild_workload
 
 ROOT = Path(__file__).resolve().parent.parent
 
