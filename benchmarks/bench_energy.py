@@ -12,15 +12,21 @@ task, mean output length, and where published the mean power and output throughp
   (its ``configs/vllm/<task>/<model>/<GPU>/monolithic.config.yaml``). GPU energy by Zeus over the steady state.
 - ML.ENERGY Leaderboard v2.0 (Sep 2024), 1 row: Llama-3.1-8B on one H100 at batch 64, 0.20 J with vLLM 0.5.4 (the
   longitudinal post; the same model and GPU give 0.12 J in v3.0's data).
+- Serial Alice benchmark (Jun 2026, its Reddit post), 2 rows: Mistral-7B on an H100 SXM with vLLM's AsyncLLMEngine
+  (version unstated, taken as a v1 release), bf16, batch 1 (732 uWh = 2.64 J/token) and 128 (13.8 uWh = 0.050 J);
+  NVML at 100 ms. Its lengths are unstated: the defaults below.
 
 Each row runs as ML.ENERGY's harness runs it (ml-energy/benchmark ``mlenergy/benchmark/llm/benchmark.py``): every
-request sent at once, the server batching at most ``batch_size``, and energy and output tokens counted over the
-steady state only: from the moment ``batch_size`` requests have their first token to the moment all but
-``batch_size + 1`` have finished. Output lengths are exponential about the row's published mean (the published
-histograms fall off so), capped at the harness's max_tokens (4,096 chat, 32,768 GPQA). The sources state no prompt
-lengths: 200 tokens is assumed. A row without a published mean output (v2.0's) takes 717 tokens, the v3.0 post's
-mean text-conversation output. vLLM 0.11 runs on the default engine preset, 0.5 on ``vllm-v0`` 0.5 (its host loop
-stalls the GPU). Nothing is fitted to a row.
+request sent at once (at least 3 batches, at most 32), the server batching at most ``batch_size``, and energy and
+output tokens counted over the steady state only: from the moment ``batch_size`` requests have their first token to
+the moment all but ``batch_size + 1`` have finished. Output lengths are exponential about the row's published mean
+(the published histograms fall off so), capped at the harness's max_tokens (4,096 chat, 32,768 GPQA). The sources
+state no prompt lengths: 200 tokens is assumed (``--prompt-tokens``). A row without a published mean output (v2.0's,
+Serial Alice's) takes 717 tokens, the v3.0 post's mean text-conversation output. vLLM 0.11 runs on the default
+engine preset, 0.5 on ``vllm-v0`` 0.5 (its host loop stalls the GPU). Nothing is fitted to a row; the power model's
+one fitted constant (sim/costs/energy.py's MEMORY_POWER_SHARE) was fitted to v3.0's published mean power, not its
+joules.
+Beside each J/token error the power and throughput errors say which side is wrong.
 
 Then the shape the issue asks for, on a closed loop: J/token against batch size (1 to 256) and output length
 (128 to 4096 tokens at batch 32), and B200 against H100 at batch 64.
@@ -58,8 +64,9 @@ def engine_of(row: dict[str, str]) -> dict[str, Any] | None:
     return None
 
 
-def published_scenario(row: dict[str, str], requests: int) -> dict[str, Any]:
-    """The row's run as the ML.ENERGY harness drives it: ``requests`` (at least 3 batches) sent at once."""
+def published_scenario(row: dict[str, str], requests: int, prompt: int = PROMPT_TOKENS) -> dict[str, Any]:
+    """The row's run as the ML.ENERGY harness drives it: ``requests`` sent at once, at least 3 batches and at most
+    32 (a batch of one runs 32 requests one after another, not 512)."""
     batch = int(row["batch_size"])
     mean = float(row["mean_output_tokens"]) if row["mean_output_tokens"] else OUTPUT_TOKENS
     cap = next((v for k, v in MAX_OUTPUT.items() if k in row["task"].lower()), 4096)
@@ -73,8 +80,8 @@ def published_scenario(row: dict[str, str], requests: int) -> dict[str, Any]:
         dep["max_model_len"] = max_len
         policy |= {"max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS, "enable_chunked_prefill": True}
     return {"name": "energy", "seed": 0,
-            "workload": {"arrival": {"type": "all_at_once"}, "num_requests": max(requests, 3 * batch),
-                         "prompt_len": {"type": "fixed", "value": PROMPT_TOKENS},
+            "workload": {"arrival": {"type": "all_at_once"}, "num_requests": max(min(requests, 32 * batch), 3 * batch),
+                         "prompt_len": {"type": "fixed", "value": prompt},
                          "output_len": {"type": "exponential", "mean": mean, "max": cap}},
             "deployment": dep, "policy": policy}
 
@@ -121,6 +128,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", default="", help="rows whose source, model, GPU or task contain this")
     ap.add_argument("--requests", type=int, default=512, help="requests per row (at least 3 batches)")
+    ap.add_argument("--prompt-tokens", type=int, default=PROMPT_TOKENS, help="the assumed prompt length")
     ap.add_argument("--no-shape", action="store_true", help="skip the shape checks")
     args = ap.parse_args()
     with open(DATA, newline="") as f:
@@ -131,7 +139,7 @@ def main() -> None:
     errs: list[tuple[dict[str, str], float, float, float]] = []
     for row in rows:
         batch = int(row["batch_size"])
-        res = servesim.run(published_scenario(row, args.requests))
+        res = servesim.run(published_scenario(row, args.requests, args.prompt_tokens))
         jt, watts, tps = steady_state(res.results[0], batch)
         pub = float(row["j_per_output_token"])
         pw = float(row["mean_power_w"]) if row["mean_power_w"] else float("nan")

@@ -52,7 +52,7 @@ def _steps(rows: list[dict]) -> dict[str, np.ndarray]:
 def test_one_step_by_hand_and_its_idle_gap() -> None:
     # 100 W idle, 500 W TDP, a 1.6667 TFLOP/s replica: at the default 60% efficiency, 1 TFLOP/s. A 10 ms step of
     # 4 GFLOP computes 4 ms (share 0.4) and streams memory the other 6 ms (share 0.6):
-    # P = 100 + 400 * min(1, 0.4 + 0.35 * 0.6) = 100 + 400 * 0.61 = 344 W, E = 3.44 J; the run lasts 1.01 s, so
+    # P = 100 + 400 * min(1, 0.4 + 0.75 * 0.6) = 100 + 400 * 0.85 = 440 W, E = 4.4 J; the run lasts 1.01 s, so
     # the GPU idles 1.0 s at 100 W: 100 J more.
     pm = PowerModel(idle_w=100.0, tdp_w=500.0, limit_w=500.0, gpus=1, roofline=None, peak_flops=1e12 / 0.6)
     steps = _steps([{"start": 1.0, "duration": 0.01, "flops": 4e9, "batch_size": 1, "prefill_tokens": 100}])
@@ -60,17 +60,17 @@ def test_one_step_by_hand_and_its_idle_gap() -> None:
                   duration=1.01, peak_flops=1e12 / 0.6, kv_capacity_blocks=10, block_size=16, power=pm)
     e = run_energy(r)
     assert e is not None
-    assert MEMORY_POWER_SHARE == 0.35
-    assert e.step_power_w[0] == pytest.approx(344.0, rel=1e-12)
-    assert e.step_energy_j[0] == pytest.approx(3.44, rel=1e-12)
+    assert MEMORY_POWER_SHARE == 0.75
+    assert e.step_power_w[0] == pytest.approx(440.0, rel=1e-12)
+    assert e.step_energy_j[0] == pytest.approx(4.4, rel=1e-12)
     assert e.idle_energy_j == pytest.approx(100.0, rel=1e-12)
-    assert e.energy_j == pytest.approx(103.44, rel=1e-12)
-    assert e.request_energy_j.tolist() == pytest.approx([103.44], rel=1e-12)
-    # the same 4 GFLOP over two such GPUs: 2 ms of compute each (share 0.2, memory 0.8), 100 + 400 * 0.48 = 292 W
+    assert e.energy_j == pytest.approx(104.4, rel=1e-12)
+    assert e.request_energy_j.tolist() == pytest.approx([104.4], rel=1e-12)
+    # the same 4 GFLOP over two such GPUs: 2 ms of compute each (share 0.2, memory 0.8), 100 + 400 * 0.8 = 420 W
     # each uncapped, and 250 W each under a 250 W cap; two GPUs idle twice as much
     r.power = PowerModel(100.0, 500.0, 500.0, 2, None, 2e12 / 0.6)
     e2 = run_energy(r)
-    assert e2 is not None and e2.step_power_w[0] == pytest.approx(584.0, rel=1e-12)
+    assert e2 is not None and e2.step_power_w[0] == pytest.approx(840.0, rel=1e-12)
     r.power = PowerModel(100.0, 500.0, 250.0, 2, None, 2e12 / 0.6)
     e3 = run_energy(r)
     assert e3 is not None and e3.step_power_w[0] == 500.0 and e3.idle_energy_j == pytest.approx(200.0, rel=1e-12)
@@ -95,7 +95,7 @@ def test_roofline_busy_times_of_a_decode_step_by_hand() -> None:
                   peak_flops=cost.peak_flops, kv_capacity_blocks=10, block_size=16, power=pm)
     e = run_energy(r)
     assert e is not None
-    want = 70.0 + 630.0 * min(1.0, float(compute) / t + 0.35 * float(memory) / t)
+    want = 70.0 + 630.0 * min(1.0, float(compute) / t + 0.75 * float(memory) / t)
     assert e.step_power_w[0] == pytest.approx(want, rel=1e-9)
     assert e.request_energy_j == pytest.approx(np.full(8, want * t / 8), rel=1e-9)  # equal shares
 
@@ -275,10 +275,12 @@ def test_the_published_energy_rows_name_their_sources() -> None:
         rows = list(csv.DictReader(f))
     assert rows and all(r["url"].startswith("https://") and float(r["j_per_output_token"]) > 0 for r in rows)
     engines = {r["engine_version"]: bench.engine_of(r) for r in rows}
-    assert engines == {"0.11.1": None, "0.5.4": {"name": "vllm-v0", "version": "0.5"}}
-    # ML.ENERGY v3.0's published configurations of the preset models (tensor parallel only), and v2.0's one row
+    assert engines == {"0.11.1": None, "0.5.4": {"name": "vllm-v0", "version": "0.5"}, "": None}
+    # ML.ENERGY v3.0's published configurations of the preset models (tensor parallel only), v2.0's one row, and
+    # the Serial Alice post's two Mistral-7B rows
     assert {r["source"]: sum(x["source"] == r["source"] for x in rows) for r in rows} == {
-        "ML.ENERGY Leaderboard v3.0 (Dec 2025)": 174, "ML.ENERGY Leaderboard v2.0 (Sep 2024)": 1}
+        "ML.ENERGY Leaderboard v3.0 (Dec 2025)": 174, "ML.ENERGY Leaderboard v2.0 (Sep 2024)": 1,
+        "Serial Alice benchmark (Jun 2026)": 2}
     from sim.hardware.specs import resolve_gpu, resolve_model
 
     for r in rows:  # each row's conditions name a preset and a batch; its scenario builds
