@@ -47,7 +47,7 @@ import numpy as np
 
 from sim.config.scenario import VariantConfig, parse_scenario, variant_configs
 from sim.config.schema import ScenarioError
-from sim.engines.costs import VLLM_V06_HOST_TIME_RATIO
+from sim.engines.vllm_v0 import VLLM_V06_HOST_TIME_RATIO
 from sim.loop.build import build
 from sim.output.benchfiles.common import BenchRun
 

@@ -8,8 +8,9 @@ import pytest
 from sim.config.scenario import parse_scenario, variant_configs
 from sim.config.schema import ScenarioError
 from sim.costs.costmodel import AnalyticCostModel, StepShape
-from sim.engines.costs import VLLM_V05_HOST_TIME_RATIO, VLLM_V06_HOST_TIME_RATIO, host_time_ratio
+from sim.engines.costs import host_time_ratio
 from sim.engines.registry import EngineConfig
+from sim.engines.vllm_v0 import VLLM_V05_HOST_TIME_RATIO, VLLM_V06_HOST_TIME_RATIO
 from sim.hardware.specs import DEFAULT_RUNTIME_OVERHEAD_BYTES, GiB, ModelSpec, resolve_gpu
 from sim.loop.build import build
 

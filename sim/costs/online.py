@@ -46,6 +46,7 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
+from sim.engines.base import engine_of
 from sim.serving.request import Request
 from sim.workload.generator import Float, GeneratedWorkload, InputModel
 
@@ -97,7 +98,7 @@ class Frontend:
 
 def frontend(serving: ServingConfig, engine: Any) -> Frontend:
     """The engine preset's defaults, the scenario's keys over them."""
-    in_host_time = engine is not None and engine.name == "vllm-v0" and getattr(engine, "version", None) == "0.5"
+    in_host_time = engine_of(engine).frontend_in_host_time(engine)
     own = 0.0 if in_host_time else None
 
     def pick(given: float | None, default: float) -> float:

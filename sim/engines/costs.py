@@ -44,16 +44,7 @@ from __future__ import annotations
 
 from typing import Any
 
-# vLLM 0.5.3's profile (blog.vllm.ai 2024-09-05): API server 33% + scheduling 29% of the run, GPU 38%
-VLLM_V05_API_SERVER_SHARE = 0.33
-VLLM_V05_SCHEDULING_SHARE = 0.29
-VLLM_V05_GPU_SHARE = 0.38
-VLLM_V05_HOST_TIME_RATIO = (VLLM_V05_API_SERVER_SHARE + VLLM_V05_SCHEDULING_SHARE) / VLLM_V05_GPU_SHARE
-# vLLM V1 alpha (blog.vllm.ai 2025-01-27): up to 1.7x V0's throughput without multi-step, same kernels
-VLLM_V1_SPEEDUP_OVER_V06 = 1.7
-VLLM_V06_HOST_TIME_RATIO = VLLM_V1_SPEEDUP_OVER_V06 - 1.0
-
-VLLM_V0_VERSIONS = ("0.5", "0.6")
+from sim.engines.base import engine_of
 
 
 def host_time_ratio(engine: Any, num_scheduler_steps: int = 1) -> float:
@@ -65,12 +56,7 @@ def host_time_ratio(engine: Any, num_scheduler_steps: int = 1) -> float:
     given = getattr(engine, "host_time_ratio", None)
     if given is not None:
         return float(given)
-    if engine.name != "vllm-v0":
-        return 0.0
-    steps = getattr(engine, "num_scheduler_steps", None) or num_scheduler_steps
-    if (getattr(engine, "version", None) or "0.6") == "0.5":
-        return VLLM_V05_HOST_TIME_RATIO
-    return VLLM_V06_HOST_TIME_RATIO / steps
+    return engine_of(engine).host_time_ratio(engine, num_scheduler_steps)
 
 
 # achievable shares of the dense peak FLOP/s of the attention kernels (papers above)
@@ -86,12 +72,9 @@ def _architecture(gpu: Any) -> str:
 
 def attention_efficiency(engine: Any, gpu: Any) -> float | None:
     """The preset's ``attention_efficiency`` on ``gpu``; None: the cost model's default."""
-    if engine is None or engine.name not in ("vllm-v0", "vllm-v1"):
+    if engine is None:
         return None
-    arch = _architecture(gpu)
-    if arch == "hopper":
-        return FA3_HOPPER_EFFICIENCY if engine.name == "vllm-v1" else FA2_HOPPER_EFFICIENCY
-    return FA2_AMPERE_EFFICIENCY if arch == "ampere" else None
+    return engine_of(engine).attention_efficiency(engine, _architecture(gpu))
 
 
 def engine_cost_knobs(engine: Any, gpu: Any = None) -> dict[str, float]:
@@ -109,10 +92,7 @@ def engine_cost_knobs(engine: Any, gpu: Any = None) -> dict[str, float]:
 
 def static_reserve_tokens(engine: Any, batch_size: int, max_model_len: int, max_input_len: int | None) -> int:
     """Tokens of the largest forward a static batch's activations are sized for (see the module docstring)."""
-    if engine is None or engine.name == "classic":
-        return batch_size * max_model_len
-    prompt = max_model_len if max_input_len is None else min(max_input_len, max_model_len)
-    return batch_size * prompt
+    return engine_of(engine).static_reserve_tokens(batch_size, max_model_len, max_input_len)
 
 
 

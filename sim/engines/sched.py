@@ -45,13 +45,14 @@ from __future__ import annotations
 from bisect import bisect_left
 from typing import Any
 
+from sim.engines.base import engine_of
 from sim.serving.block_manager import KVManager, PagedBlockManager
 
 
 def engine_kv_cache(kv_cache: Any, engine: Any) -> Any:
     """The ``kv_cache`` section with the engine's prefix-caching default where the scenario leaves it unset:
     vLLM v1 turns it on; a value the scenario gives wins, and every other engine keeps servesim's default (off)."""
-    if engine is None or engine.name != "vllm-v1" or getattr(kv_cache, "type", None) != "paged":
+    if not engine_of(engine).caches_every_prompt_block or getattr(kv_cache, "type", None) != "paged":
         return kv_cache
     if "enable_prefix_caching" in kv_cache.model_fields_set:
         return kv_cache
@@ -60,15 +61,14 @@ def engine_kv_cache(kv_cache: Any, engine: Any) -> Any:
 
 def configure_kv(kv: KVManager, engine: Any) -> KVManager:
     """Under vLLM v1 a paged KV manager with prefix caching caches each request's own prompt blocks too."""
-    if engine is not None and engine.name == "vllm-v1" and isinstance(kv, PagedBlockManager):
+    if engine_of(engine).caches_every_prompt_block and isinstance(kv, PagedBlockManager):
         kv.cache_own_blocks = kv.enable_prefix_caching
     return kv
 
 
 def configure_policy(policy: Any, engine: Any) -> Any:
     """The engine's scheduler behaviours that the policy's own config does not name: vLLM 0.6's multi-step."""
-    if getattr(engine, "name", None) == "sglang" and not engine.enable_mixed_chunk \
-            and hasattr(policy, "prefill_priority"):
+    if engine_of(engine).prefill_priority(engine) and hasattr(policy, "prefill_priority"):
         policy.prefill_priority = True
     if hasattr(policy, "cudagraph_capture_sizes"):
         policy.cudagraph_capture_sizes = capture_sizes(engine, policy.limits.max_num_seqs)
@@ -83,17 +83,7 @@ def configure_policy(policy: Any, engine: Any) -> Any:
 
 def capture_sizes(engine: Any, max_num_seqs: int) -> tuple[int, ...]:
     """The decode batch sizes the engine captures CUDA graphs for, ascending; () where it runs eagerly."""
-    name = getattr(engine, "name", None)
-    if name not in ("vllm-v1", "vllm-v0") or engine.enforce_eager:
-        return ()
-    if engine.cudagraph_capture_sizes is not None:
-        return tuple(sorted(set(engine.cudagraph_capture_sizes)))
-    if name == "vllm-v1":
-        top = min(2 * max_num_seqs, 512)
-        return tuple(s for s in (1, 2, 4, *range(8, 256, 8), *range(256, 513, 16)) if s <= top)
-    v0 = (1, 2, 4, *range(8, 257, 8))
-    cap = next((s for s in v0 if s >= max_num_seqs), v0[-1])
-    return tuple(s for s in v0 if s <= cap)
+    return engine_of(engine).capture_sizes(engine, max_num_seqs)
 
 
 def graph_padding(sizes: tuple[int, ...], rows: int) -> int:

@@ -1,0 +1,60 @@
+"""TensorRT-LLM 0.17 (the version of its perf-overview.md figures): ``deployment.engine: tensorrt-llm``.
+
+Its memory rule takes a share of what is *left* after the engine loaded; its capacity scheduler
+GUARANTEED_NO_EVICT admits a request only when the KV of its whole prompt + output is guaranteed, so nothing is
+ever preempted; in-flight batching mixes context and generation requests in one step, chunked context off.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from sim.engines.base import Engine, EngineKey
+from sim.hardware.specs import GiB, GPUSpec, KVBudget, ModelSpec, estimate_activation_reserve
+
+# KvCacheConfig.free_gpu_memory_fraction (tensorrt_llm/llmapi/llm_args.py, docs/source/reference/memory.md): the
+# KV cache takes 0.9 of the memory still free once the engine (weights and the activation buffers TensorRT sized
+# at build time for max_num_tokens) is loaded; trtllm-bench runs with 0.95 in most of the published rows.
+# trtllm-build defaults: max_batch_size 2048, max_num_tokens 8192. Executor: capacity scheduler
+# GUARANTEED_NO_EVICT (CapacitySchedulerPolicy), in-flight batching mixes context and generation requests in one
+# step, chunked context off.
+TRTLLM_FREE_GPU_MEMORY_FRACTION = 0.9
+TRTLLM_MAX_BATCH_SIZE = 2048
+TRTLLM_MAX_NUM_TOKENS = 8192
+
+
+class TensorRTLLM(Engine):
+    name = "tensorrt-llm"
+    memory_key = "kv_cache_free_gpu_mem_fraction"
+    keys = (EngineKey(("kv_cache_free_gpu_mem_fraction",), "kv_cache_free_gpu_mem_fraction is tensorrt-llm's; "
+                      "engine {name} sizes its KV cache with {memory_key}"),)
+    capacity_scheduler_policy = "guaranteed_no_evict"
+
+    def chunked_prefill(self, max_model_len: int) -> bool:
+        return False
+
+    def token_budget(self, cfg: Any, gpu: GPUSpec, chunked: bool, max_model_len: int) -> int:
+        # without chunked context a whole prompt must fit one step, so the engine is built for the longest one
+        return TRTLLM_MAX_NUM_TOKENS if chunked else max(TRTLLM_MAX_NUM_TOKENS, max_model_len)
+
+    def max_num_seqs(self, cfg: Any, gpu: GPUSpec, max_model_len: int, kv_tokens: int | None) -> int:
+        return TRTLLM_MAX_BATCH_SIZE
+
+    def kv_budget(self, cfg: Any, model: ModelSpec, gpu: GPUSpec, **kw: Any) -> KVBudget:
+        """``fraction x (total - weights - activations)``, the activations TensorRT's build-time buffers for
+        max_num_tokens (estimated as vLLM's profile would find them, runtime overhead included)."""
+        tp = kw.get("tensor_parallel_size", 1)
+        weights = model.shard(tp).weight_bytes(kw.get("weight_dtype", "bf16"))
+        frac = cfg.kv_cache_free_gpu_mem_fraction or TRTLLM_FREE_GPU_MEMORY_FRACTION
+        reserve = estimate_activation_reserve(
+            model, weight_dtype=kw.get("weight_dtype", "bf16"), tensor_parallel_size=tp,
+            max_num_batched_tokens=kw["max_num_batched_tokens"], max_num_seqs=kw["max_num_seqs"])
+        free = gpu.memory_bytes - weights - reserve
+        kv_mem = math.floor(frac * free) if free > 0 else free
+        rule = f"{frac} x the {free / GiB:.2f} GiB left after {weights / GiB:.2f} GiB of weights and " \
+               f"{reserve / GiB:.2f} GiB of activations"
+        return self.kv_budget_of(model, gpu, kw, weights, reserve, kv_mem, rule)
+
+
+ENGINE = TensorRTLLM()

@@ -1,0 +1,78 @@
+"""vLLM v0 (0.5-0.6): ``deployment.engine: vllm-v0``.
+
+Prefill-first steps without chunking (chunked prefill on by itself past 32K tokens of context), vLLM's memory
+rule, the host (CPU) time per step that 0.5 and 0.6 add (sim/engines/costs.py's docstring), 0.6's multi-step
+scheduling (``num_scheduler_steps``, sim/engines/sched.py), CUDA-graph padding of decode steps, FlashAttention-2.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sim.engines.base import CudaGraphEngine, EngineKey
+from sim.engines.costs import FA2_AMPERE_EFFICIENCY, FA2_HOPPER_EFFICIENCY
+from sim.hardware.specs import GPUSpec
+
+# vLLM v0 (0.5-0.6), vllm/config.py SchedulerConfig: without chunked prefill max_num_batched_tokens is
+# max(max_model_len, 2048) (_DEFAULT_MAX_NUM_BATCHED_TOKENS), with it 512; EngineArgs turns chunked prefill on by
+# itself when max_model_len > 32K. max_num_seqs 256. vllm/core/scheduler.py schedules a step of prompts whenever
+# one can start (prefill first), otherwise a step of decodes.
+VLLM_V0_MIN_BATCHED_TOKENS = 2048
+VLLM_V0_CHUNKED_BATCHED_TOKENS = 512
+VLLM_V0_AUTO_CHUNK_LEN = 32 * 1024
+VLLM_V0_MAX_NUM_SEQS = 256
+
+# vLLM 0.5.3's profile (blog.vllm.ai 2024-09-05): API server 33% + scheduling 29% of the run, GPU 38%
+VLLM_V05_API_SERVER_SHARE = 0.33
+VLLM_V05_SCHEDULING_SHARE = 0.29
+VLLM_V05_GPU_SHARE = 0.38
+VLLM_V05_HOST_TIME_RATIO = (VLLM_V05_API_SERVER_SHARE + VLLM_V05_SCHEDULING_SHARE) / VLLM_V05_GPU_SHARE
+# vLLM V1 alpha (blog.vllm.ai 2025-01-27): up to 1.7x V0's throughput without multi-step, same kernels
+VLLM_V1_SPEEDUP_OVER_V06 = 1.7
+VLLM_V06_HOST_TIME_RATIO = VLLM_V1_SPEEDUP_OVER_V06 - 1.0
+
+
+class VllmV0(CudaGraphEngine):
+    name = "vllm-v0"
+    keys = (EngineKey(("version",), "version is vllm-v0's (0.5 or 0.6); engine {name} follows one release"),
+            EngineKey(("num_scheduler_steps",), "num_scheduler_steps is vllm-v0's (vLLM 0.6 multi-step); engine "
+                      "{name} schedules every step"),
+            CudaGraphEngine.CUDA_GRAPH_KEYS)
+    prefill_mode = "prefill_first"
+
+    def chunked_prefill(self, max_model_len: int) -> bool:
+        return max_model_len > VLLM_V0_AUTO_CHUNK_LEN
+
+    def token_budget(self, cfg: Any, gpu: GPUSpec, chunked: bool, max_model_len: int) -> int:
+        return VLLM_V0_CHUNKED_BATCHED_TOKENS if chunked else max(max_model_len, VLLM_V0_MIN_BATCHED_TOKENS)
+
+    def max_num_seqs(self, cfg: Any, gpu: GPUSpec, max_model_len: int, kv_tokens: int | None) -> int:
+        return VLLM_V0_MAX_NUM_SEQS
+
+    def default_capture_sizes(self, max_num_seqs: int) -> tuple[int, ...]:
+        # vllm/worker/model_runner.py _BATCH_SIZES_TO_CAPTURE (0.5-0.6, decode only): 1, 2, 4 and multiples of 8
+        # up to 256, no larger than max_num_seqs padded the same way
+        v0 = (1, 2, 4, *range(8, 257, 8))
+        cap = next((s for s in v0 if s >= max_num_seqs), v0[-1])
+        return tuple(s for s in v0 if s <= cap)
+
+    def host_time_ratio(self, cfg: Any, num_scheduler_steps: int) -> float:
+        # 0.5: the API server and the scheduler in the GPU's process; 0.6: what V1 then removed, divided by the
+        # steps scheduled at once (multi-step)
+        steps = getattr(cfg, "num_scheduler_steps", None) or num_scheduler_steps
+        if (getattr(cfg, "version", None) or "0.6") == "0.5":
+            return VLLM_V05_HOST_TIME_RATIO
+        return VLLM_V06_HOST_TIME_RATIO / steps
+
+    def attention_efficiency(self, cfg: Any, architecture: str) -> float | None:
+        # vLLM 0.5-0.6 runs FlashAttention-2 (its vllm-flash-attn build) on Hopper and Ampere alike
+        if architecture == "hopper":
+            return FA2_HOPPER_EFFICIENCY
+        return FA2_AMPERE_EFFICIENCY if architecture == "ampere" else None
+
+    def frontend_in_host_time(self, cfg: Any) -> bool:
+        # vLLM 0.5 ran its API server in the GPU's process: the host time ratio holds its (de)tokenization
+        return getattr(cfg, "version", None) == "0.5"
+
+
+ENGINE = VllmV0()
