@@ -13,7 +13,8 @@ scheduling (same post). What is left is what vLLM V1 then removed: the V1 alpha 
 to vLLM's Core Architecture", blog.vllm.ai 2025-01-27) measures V1 "up to 1.7x higher throughput compared to V0
 (without multi-step scheduling)", with "almost identical" kernels, so the difference is CPU overhead: a V0.6
 step takes up to 1.7x V1's, a host ratio of 0.7. Multi-step scheduling (``--num-scheduler-steps n``) schedules
-and prepares inputs once for n steps, so the ratio is divided by n.
+and prepares inputs once for n steps, so the ratio is divided by n. These ratios are sim/engines/vllm_v0.py's
+(``Engine.host_time_ratio``).
 
 vLLM V1, TensorRT-LLM (C++ executor, the host work overlapped with the GPU) and SGLang (its scheduler overlaps the
 next batch's preparation with the GPU) keep the analytic model's defaults (``DEFAULT_STEP_OVERHEAD``, stated for
@@ -36,7 +37,8 @@ the forward pass, the low end at the short sequences serving sees; on an H100 it
 in FP16). vLLM 0.5-0.6 runs FlashAttention-2 (its vllm-flash-attn build) on both; vLLM V1 runs FlashAttention-3 on
 Hopper (vllm/attention/utils/fa_utils.py picks version 3 on compute capability 9.0) and 2 elsewhere. The
 presets set ``attention_efficiency`` from these; TensorRT-LLM's and SGLang's kernels have no such published
-figure and keep the cost model's default (its compute efficiency). Decode attention is bound by the KV reads
+figure and keep the cost model's default (its compute efficiency). Each engine's module picks its kernel's
+share by the GPU's architecture (``Engine.attention_efficiency``). Decode attention is bound by the KV reads
 (bandwidth), which this does not change.
 """
 
