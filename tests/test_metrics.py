@@ -321,3 +321,30 @@ def test_bottleneck_reads_a_summary_from_json():
     assert bottleneck(again) == bottleneck(m) == (
         "bandwidth-bound: MFU 25% while computing, GPU busy 50% of the time, prefill 98% of tokens; 1 failed."
     )
+
+
+def test_time_weighted_means_do_not_depend_on_blas_threads() -> None:
+    """OpenBLAS splits a dot product of more than 10,000 elements among its threads, which moves the sum's last
+    digits: a long run's kv_usage.mean and mean_batch_size came out different in Ray's workers (one thread) and in
+    the caller (one per core), so a tournament's rows on Ray differed from serial's. The same on 1 and 2 threads;
+    up to 10,000 elements, np.dot's very value."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import numpy as np; from sim.metrics.summary import _time_weighted_mean, jain_index; "
+            "rng = np.random.default_rng(5); x, w = rng.random(60_000) * 64, rng.random(60_000) * 0.03; "
+            "print(float(_time_weighted_mean(x, w)).hex(), float(jain_index(x)).hex())")
+    root = str(Path(__file__).resolve().parent.parent)
+    outs = [subprocess.run([sys.executable, "-c", code], env={**os.environ, "OPENBLAS_NUM_THREADS": n,
+                                                                "OMP_NUM_THREADS": n, "PYTHONPATH": root},
+                           capture_output=True, text=True, check=True, timeout=120).stdout for n in ("1", "2")]
+    assert outs[0] == outs[1]
+    from sim.metrics.sums import dot
+
+    rng = np.random.default_rng(6)
+    x, w = rng.random(10_000), rng.random(10_000)
+    assert dot(x, w) == float(np.dot(x, w))  # short columns (every small run) keep their figures
+    x, w = rng.random(25_000), rng.random(25_000)
+    assert dot(x, w) == pytest.approx(float(np.dot(x, w)), rel=1e-14)

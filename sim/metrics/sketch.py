@@ -23,6 +23,8 @@ import math
 
 import numpy as np
 
+from sim.metrics.sums import dot
+
 RELATIVE_ACCURACY = 0.005  # the default bound on a quantile's relative error (0.5%)
 MIN_VALUE = 1e-9  # values below this read back as 0 (seconds: a nanosecond)
 NAN = float("nan")
@@ -66,7 +68,7 @@ class QuantileSketch:
         if not np.all(np.isfinite(v)) or np.any(v < 0):
             raise ValueError("a quantile sketch takes finite values >= 0")
         self.count += int(c.sum())
-        self._sums.append(float(np.dot(v, c.astype(np.float64))))
+        self._sums.append(dot(v, c.astype(np.float64)))
         self.min = min(self.min, float(v.min()))
         self.max = max(self.max, float(v.max()))
         small = v < MIN_VALUE

@@ -41,6 +41,7 @@ from sim.metrics.anomalies import anomalies as run_anomalies
 from sim.metrics.records import NO_CLASS, RequestRecord, RunResult, has_classes
 from sim.metrics.registry import Metric, plugin_metrics
 from sim.metrics.sketch import RELATIVE_ACCURACY, QuantileSketch
+from sim.metrics.sums import dot
 from sim.metrics.verdict import limit_inputs, rank_limits, rejection_reasons
 from sim.serving.request import Outcome
 from sim.serving.spec_decode import summarize_spec
@@ -179,7 +180,7 @@ def latency_stats(values: np.ndarray, counts: np.ndarray | None = None) -> dict[
     if total == 0:
         return {k: NAN for k in LATENCY_KEYS}
     pos = counts > 0
-    out = {"mean": float(np.dot(values[pos], counts[pos].astype(np.float64)) / total)}
+    out = {"mean": dot(values[pos], counts[pos].astype(np.float64)) / total}
     out.update({f"p{q}": weighted_percentile(values, counts, q) for q in PERCENTILES})
     return out
 
@@ -190,7 +191,7 @@ def _ratio(num: float, den: float) -> float:
 
 def _time_weighted_mean(x: np.ndarray, w: np.ndarray) -> float:
     total = float(w.sum()) if w.size else 0.0
-    return float(np.dot(x, w) / total) if total > 0 else NAN
+    return dot(x, w) / total if total > 0 else NAN
 
 
 def num_replicas(result: RunResult) -> int:
@@ -482,7 +483,7 @@ def jain_index(x: Sequence[float] | np.ndarray) -> float:
         return NAN
     if np.any(a < 0):
         raise ValueError(f"Jain's index takes amounts >= 0, got {a.min()}")
-    sq = float(np.dot(a, a))
+    sq = dot(a, a)
     return float(a.sum()) ** 2 / (a.size * sq) if sq > 0 else NAN
 
 

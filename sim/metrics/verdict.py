@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sim.metrics.records import RequestRecord, RunResult
+from sim.metrics.sums import dot
 
 # Thresholds, as fractions.
 OVERLOAD_GROWTH = 0.05  # queue growth at or above this share of the offered rate: requests pile up
@@ -164,7 +165,7 @@ def limit_inputs(result: RunResult) -> dict:
         "queue_end": q_end,
         "queue_growth": growth,
         "waiting_share": float(dur[waiting > 0].sum() / busy) if busy > 0 else NAN,
-        "mean_running": float(np.dot(running, dur) / busy) if busy > 0 else NAN,
+        "mean_running": dot(running, dur) / busy if busy > 0 else NAN,
         "slot_cap": cap,
         "static": static,
         "busy_mfu": flops / (busy * result.peak_flops) if busy > 0 and result.peak_flops > 0 else NAN,

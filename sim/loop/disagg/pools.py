@@ -48,6 +48,7 @@ from sim.loop.results import class_itl_gaps, gc_paused, pooled_gaps
 from sim.loop.simulator import ClosedLoopPlan, Replica, Simulation
 from sim.metrics.records import RequestRecord, RunResult
 from sim.metrics.summary import latency_stats
+from sim.metrics.sums import dot
 from sim.policies.routers import make_router
 from sim.serving.core import ServingCore
 from sim.serving.request import Outcome, Request, RequestSpec, Status
@@ -405,12 +406,12 @@ def disagg_summary(result: RunResult) -> dict[str, Any]:
         cap = np.asarray(s["kv_capacity_blocks"], dtype=np.float64)[mask]
         used = np.asarray(s["kv_blocks_used"], dtype=np.float64)[mask]
         w = dur[mask]
-        kv_mean = float(np.dot(used / np.maximum(cap, 1), w) / w.sum()) if w.sum() > 0 else float("nan")
+        kv_mean = float(dot(used / np.maximum(cap, 1), w) / w.sum()) if w.sum() > 0 else float("nan")
         bsz = np.asarray(s["batch_size"], dtype=np.float64)[mask]
         pools[role] = {
             "replicas": info["replicas"], "gpu": info["gpu"], "tensor_parallel_size": info["tensor_parallel_size"],
             "busy_fraction": busy / (duration * info["replicas"]) if duration > 0 else float("nan"),
-            "mean_batch_size": float(np.dot(bsz, w) / w.sum()) if w.sum() > 0 else float("nan"),
+            "mean_batch_size": float(dot(bsz, w) / w.sum()) if w.sum() > 0 else float("nan"),
             "kv_usage_mean": kv_mean,
             "num_steps": int(mask.sum()),
         }

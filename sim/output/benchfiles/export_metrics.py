@@ -24,6 +24,7 @@ import numpy as np
 
 from sim.costs.energy import run_energy
 from sim.metrics.records import RunResult
+from sim.metrics.sums import dot
 from sim.output.benchfiles.export_vllm import _model_of
 from sim.output.benchfiles.stats import expanded_sum, itls_expand
 from sim.serving.spec_decode import openmetrics_lines
@@ -59,7 +60,7 @@ def _histogram(lines: list[str], name: str, help_: str, labels: str, values: np.
     counts = np.cumsum(np.bincount(np.searchsorted(bounds, v, side="left"), weights=w, minlength=bounds.size + 1))
     size = v.size if w is None else int(w.sum())
     if total is None:
-        total = v.sum() if w is None else np.dot(v, w.astype(np.float64))
+        total = v.sum() if w is None else dot(v, w.astype(np.float64))
     for b, c in zip(buckets, counts, strict=False):
         lines.append(f'{name}_bucket{{{labels},le="{_num(b)}"}} {int(c)}{ts}')
     lines.append(f'{name}_bucket{{{labels},le="+Inf"}} {size}{ts}')

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from sim.metrics.records import RunResult
+from sim.metrics.sums import dot
 
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
 DEFAULT_PERCENTILES: tuple[float, ...] = (99.0,)  # vllm bench serve's --metric-percentiles default
@@ -161,9 +162,9 @@ def _describe_weighted(name: str, values: np.ndarray, counts: np.ndarray, percen
 
     w = counts.astype(np.float64)
     total = float(w.sum())
-    mean = float(np.dot(values, w) / total)
+    mean = dot(values, w) / total
     out = {f"mean_{name}": mean, f"median_{name}": weighted_percentile(values, counts, 50),
-           f"std_{name}": float(np.sqrt(np.dot((values - mean) ** 2, w) / total))}
+           f"std_{name}": math.sqrt(dot((values - mean) ** 2, w) / total)}
     for p in percentiles:
         out[f"{p_word(p)}_{name}"] = weighted_percentile(values, counts, p)
     return out
