@@ -1,7 +1,7 @@
-"""Issue 36's registries: a GPU, a metric, a scheduling policy and a router, each added as one new module of a
-package servesim has never seen, and a scenario that uses all of them, with nothing in servesim edited.
+"""Issue 36's registries: an engine, a GPU, a metric, a scheduling policy and a router, each added as one new
+module of a package servesim has never seen, and a scenario that uses all of them, with nothing in servesim edited.
 
-The GPU and the metric come in through the ``servesim.plugins`` entry point group (sim/plugins.py): the test
+The engine, the GPU and the metric come in through the ``servesim.plugins`` entry point group (sim/plugins.py): the test
 writes the package's ``.dist-info`` folder itself, as ``pip install`` would, so importlib.metadata finds it on the
 path. The policy and the router are named by class in the scenario. The run is a separate process, so that the
 registrations leave this test process as it was.
@@ -22,6 +22,28 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 MODULES = {
+    "dummy_engine.py": '''
+        from sim.engines.base import Engine
+        from sim.engines.registry import register_engine
+
+
+        class TinySteps(Engine):
+            """Chunked prefill with 64 tokens a step and at most 3 sequences: small enough to see in every step."""
+
+            name = "tiny-steps"
+
+            def chunked_prefill(self, max_model_len):
+                return True
+
+            def token_budget(self, cfg, gpu, chunked, max_model_len):
+                return 64 if chunked else max_model_len
+
+            def max_num_seqs(self, cfg, gpu, max_model_len, kv_tokens):
+                return 3
+
+
+        register_engine(TinySteps())
+    ''',
     "dummy_gpu.py": '''
         from sim.hardware.specs import register_gpu
 
@@ -64,7 +86,7 @@ MODULES = {
     ''',
 }
 
-ENTRY_POINTS = "[servesim.plugins]\ndummy_gpu = dummy_gpu\ndummy_metric = dummy_metric\n"
+ENTRY_POINTS = "[servesim.plugins]\ndummy_engine = dummy_engine\ndummy_gpu = dummy_gpu\ndummy_metric = dummy_metric\n"
 
 SCENARIO = """
 name: extensions
@@ -74,7 +96,7 @@ workload:
   num_requests: 60
   prompt_len: {type: uniform, min: 32, max: 512}
   output_len: {type: uniform, min: 8, max: 64}
-deployment: {model: llama-3.1-8b, gpu: dummy-gpu, max_model_len: 2048}
+deployment: {model: llama-3.1-8b, gpu: dummy-gpu, max_model_len: 2048, engine: tiny-steps}
 policy: {type: custom, cls: "dummy_policy:LongestPromptFirst"}
 cluster: {replicas: 2, router: {type: custom, cls: "dummy_router:LastReplica"}}
 variants:
@@ -117,7 +139,7 @@ def _run(tmp: Path, pkg: Path, scenario: str) -> subprocess.CompletedProcess[str
 
 
 @pytest.mark.slow
-def test_a_gpu_metric_policy_and_router_each_one_new_module(tmp_path: Path) -> None:
+def test_an_engine_gpu_metric_policy_and_router_each_one_new_module(tmp_path: Path) -> None:
     pkg = _package(tmp_path)
     res = _run(tmp_path, pkg, SCENARIO)
     assert res.returncode == 0, res.stdout + res.stderr
@@ -141,6 +163,14 @@ def test_a_gpu_metric_policy_and_router_each_one_new_module(tmp_path: Path) -> N
     # the GPU: the run was priced on it (its name recorded with the deployment)
     assert "dummy-gpu" in json.dumps(summary)
     assert len(done) == 60
+    # the engine: its defaults fill the built-in policy's unset keys, and every step of that variant keeps them
+    fcfs = summary["variants"]["fcfs"]
+    assert "tiny-steps" in json.dumps(summary["scenario"])
+    with (tmp_path / "out" / "steps.csv").open() as f:
+        steps = [s for s in csv.DictReader(f) if s["variant"] == "fcfs"]
+    assert steps and fcfs["num_completed"] == 60
+    assert max(int(s["prefill_tokens"]) + int(s["decode_tokens"]) for s in steps) == 64  # the budget, reached
+    assert max(int(s["batch_size"]) for s in steps) == 3  # max_num_seqs, reached
 
 
 def test_a_plugin_that_fails_to_load_is_one_clear_error(tmp_path: Path) -> None:
