@@ -157,3 +157,18 @@ def test_step_blocks_are_the_columns_cut_and_energy_does_not_depend_on_them(monk
     monkeypatch.setattr(energy, "step_blocks", lambda s, k: step_blocks(s, k, rows))
     cut = energy.busy_shares(res.power, res.steps)
     assert [a.tolist() for a in cut] == [a.tolist() for a in whole]
+
+
+def test_pooled_gaps_equal_numpys_unique_and_bincount() -> None:
+    """pooled_gaps sorts once and sums runs of equal gaps: the values and counts np.unique and bincount gave."""
+    from sim.loop.results import pooled_gaps
+
+    rng = np.random.default_rng(0)
+    for n in (0, 1, 5, 1000, 200_000):
+        gaps = np.round(rng.exponential(0.02, n), 4)  # many repeats, as a decode stretch's steps make
+        counts = rng.integers(1, 300, n)
+        uniq, inverse = np.unique(gaps, return_inverse=True)
+        want = np.bincount(inverse, weights=counts, minlength=len(uniq)).astype(np.int64)
+        got = pooled_gaps(gaps, counts)
+        assert got[0].tolist() == uniq.tolist() and got[1].tolist() == want.tolist()
+        assert (got[0].dtype, got[1].dtype) == (np.float64, np.int64)

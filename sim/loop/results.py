@@ -42,8 +42,17 @@ def pooled_gaps(gaps: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.nd
     """One canonical form of pooled inter-token gaps (sorted distinct values with their counts), so that a
     summary does not depend on whether they were recorded one by one, a decode stretch at a time, or replica
     by replica."""
-    uniq, inverse = np.unique(gaps, return_inverse=True)
-    return uniq, np.bincount(inverse, weights=counts, minlength=len(uniq)).astype(np.int64)
+    gaps = np.asarray(gaps, dtype=np.float64)
+    if gaps.size == 0:
+        return np.zeros(0), np.zeros(0, dtype=np.int64)
+    # one sort and a sum per run of equal values: np.unique's inverse index and bincount's float weights were
+    # six arrays of a long run's length at once, the peak of gathering its results
+    order = np.argsort(gaps, kind="stable")
+    counts = np.asarray(counts, dtype=np.int64)[order]
+    gaps = gaps[order]
+    del order
+    first = np.flatnonzero(np.r_[True, gaps[1:] != gaps[:-1]])
+    return gaps[first], np.add.reduceat(counts, first)
 
 
 def class_itl_gaps(requests: Sequence[Request]) -> dict[str, tuple[np.ndarray, np.ndarray]] | None:
