@@ -255,17 +255,65 @@ def test_parked_routers_choose_what_stepping_chooses(router: str, scan_max: int,
         assert np.array_equal(fast.steps[col], slow.steps[col]), col
 
 
-def test_a_parking_fleet_holds_one_calendar_entry_per_replica_at_most() -> None:
-    """A parking fleet runs on one Calendar: each replica holds at most one entry (its next wake; none while it
-    idles), however many steps and arrivals there are; its results are stepping's (the tests above)."""
-    from sim.loop.cluster_fast import Calendar
+def parking_fleet(router: str) -> ClusterSimulation:
+    """8 parking replicas behind ``router``, built and not run, 300 requests at 60 per second."""
     from sim.loop.run import _cluster_simulation
 
-    raw = scenario({"replicas": 8, "router": "least_kv"}, seed=3)
+    raw = scenario({"replicas": 8, "router": router}, seed=3)
     raw["workload"] = dict(WORKLOAD, arrival={"type": "poisson", "rate": 60.0})
     sc = parse_scenario(raw)
     sim, _, _ = _cluster_simulation(variant_configs(sc)[0], generate_workload(sc), keep_token_times=False,
                                     fast_path=True, progress=None)
+    return sim
+
+
+@pytest.mark.parametrize("router", ["least_outstanding", "least_kv"])
+def test_bounded_router_keeps_lower_bounds_and_pushes_little(router: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """At every arrival each replica's entry bounds its key from below (what makes the heap's answer the scan's),
+    while a replica's report replaces its entry only when its key fell below it: far fewer pushes than reports."""
+    from sim.loop.cluster_fast import BoundedRouter
+
+    monkeypatch.setattr("sim.loop.cluster.SCAN_MAX", 0)
+    sim = parking_fleet(router)
+    bounded = sim.router
+    assert isinstance(bounded, BoundedRouter)
+    reports, pushes = [0], [0]  # reports, and the pushes they made
+    update, push = bounded.update, bounded._push
+    in_report = [False]
+
+    def counting_update(rep) -> None:
+        reports[0] += 1
+        in_report[0] = True
+        update(rep)
+        in_report[0] = False
+
+    def counting_push(i: int, key: tuple) -> None:
+        pushes[0] += in_report[0]
+        push(i, key)
+
+    def checking_router(req, replicas):
+        now = sim.env.now
+        keys = [(*rep.key(router, now), rep.index) for rep in replicas]
+        assert all(bounded._bound[i] <= keys[i][:-1] for i in range(len(replicas)))
+        chosen = bounded(req, replicas)
+        assert chosen == min(keys)[-1]  # the scan's choice
+        return chosen
+
+    for rep in sim.replicas:
+        rep.on_yield = counting_update
+    monkeypatch.setattr(bounded, "_push", counting_push)
+    sim.router = checking_router
+    sim.run()
+    assert len(sim.requests) == 300 and reports[0] > 1000
+    assert pushes[0] < reports[0] / 3  # 174 of 1,061 and 187 of 1,010 here
+
+
+def test_a_parking_fleet_holds_one_calendar_entry_per_replica_at_most() -> None:
+    """A parking fleet runs on one Calendar: each replica holds at most one entry (its next wake; none while it
+    idles), however many steps and arrivals there are; its results are stepping's (the tests above)."""
+    from sim.loop.cluster_fast import Calendar
+
+    sim = parking_fleet("least_kv")
     cal = sim.env
     assert isinstance(cal, Calendar)
     live = []

@@ -288,28 +288,37 @@ def replica_figures(result: Any) -> tuple[float, float]:
 
 
 class BoundedRouter:
-    """``least_kv`` or ``least_outstanding`` over parking replicas without scanning the fleet: a heap of each
-    replica's key as it stood when its loop last waited (``Replica.on_yield``) or got a request. For a running
-    replica that is its key now; for a parked one a lower bound (its blocks in use only grow until its timeline
-    ends, and nothing else it counts changes). An arrival takes entries off the top in order, computing each
-    one's key now, until the next entry's bound exceeds the best key found: the scan's choice, reading only the
-    replicas that could be it."""
+    """``least_kv`` or ``least_outstanding`` over parking replicas without scanning the fleet: a heap holding, for
+    each replica, a lower bound of its key. A replica's key only falls through its own loop's work (a finish frees
+    blocks, an admission trades a queued prompt's blocks for fewer), and the loop reports whenever it is about to
+    wait (``ParkingReplica.on_yield``); a parked replica's key only grows until its timeline ends. So the key it
+    has when it reports bounds it from below until it reports again, and it replaces the heap's entry only when it
+    is below the entry's bound (a key that grew leaves the entry as it was: most reports push nothing). An
+    arrival takes entries off the top in order, computing each one's key now and putting it back with that key
+    as its bound (tighter), until the next entry's bound exceeds the best key found: the scan's choice, reading
+    only the replicas that could be it."""
 
     def __init__(self, name: str, env: Calendar, replicas: Sequence[Any]) -> None:
         self.name = name
         self.env = env
         self._key = KEYS[name]
         self._stamp = [0] * len(replicas)
+        self._bound: list[tuple] = [(float("inf"),)] * len(replicas)  # each replica's live entry's bound
         self._heap: list[tuple] = []
         for rep in replicas:
             self.update(rep)
 
     def update(self, rep: Any) -> None:
-        i = rep.index
+        key = self._key(rep.core)
+        if key < self._bound[rep.index]:
+            self._push(rep.index, key)
+
+    def _push(self, i: int, key: tuple) -> None:
         s = self._stamp[i] + 1
         self._stamp[i] = s
+        self._bound[i] = key
         heap = self._heap
-        heapq.heappush(heap, (*self._key(rep.core), i, s))
+        heapq.heappush(heap, (*key, i, s))
         if len(heap) > 8 * len(self._stamp) + 1024:
             stamp = self._stamp
             self._heap = [e for e in heap if e[-1] == stamp[e[-2]]]
@@ -320,7 +329,7 @@ class BoundedRouter:
         if len(replicas) != len(stamp):
             raise AssertionError("a bounded router routes over the whole fleet")
         now, name = self.env.now, self.name
-        taken: list[tuple] = []
+        taken: list[tuple[int, tuple]] = []
         best: tuple | None = None
         while heap:
             top = heap[0]
@@ -330,11 +339,13 @@ class BoundedRouter:
                 continue
             if best is not None and top[:-1] > best:
                 break
-            taken.append(heapq.heappop(heap))
-            exact = (*replicas[i].key(name, now), i)
+            heapq.heappop(heap)
+            key = replicas[i].key(name, now)
+            taken.append((i, key))
+            exact = (*key, i)
             if best is None or exact < best:
                 best = exact
-        for e in taken:
-            heapq.heappush(heap, e)
+        for i, key in taken:
+            self._push(i, key)
         assert best is not None
         return best[-1]
