@@ -43,7 +43,7 @@ import torch
 from realengine.attention import build_metadata, paged_decode_attention_ref
 from realengine.kv_cache import KVCache, kv_bytes_per_block
 from realengine.model import LlamaModel
-from sim.hardware.specs import ModelSpec
+from sim.hardware.models import ModelSpec
 
 
 class Timer:

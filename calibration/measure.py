@@ -49,7 +49,7 @@ from realengine.runner import ModelRunner
 from sim.config.scenario import parse_scenario, variant_configs
 from sim.config.schema import ScenarioError
 from sim.costs.costmodel import CostModel
-from sim.hardware.specs import ModelSpec
+from sim.hardware.models import ModelSpec
 from sim.loop.build import build
 from sim.loop.simulator import Simulation
 from sim.serving.block_manager import PagedBlockManager

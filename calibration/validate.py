@@ -172,10 +172,10 @@ def load_profile(path: str | Path) -> FittedCostModel:
 
 def resolve_model(profile: FittedCostModel, model: str | None) -> str:
     """The preset name the engine runs (it builds its model from a preset): the one the profile measured, which
-    ``model`` (when given) must name. The spec comes from ``sim.hardware.specs.resolve_model``, the one model resolver;
+    ``model`` (when given) must name. The spec comes from ``sim.hardware.models.resolve_model``, the one model resolver;
     this adds only that the engine needs a preset and that it must agree with the profile."""
-    from sim.hardware.specs import is_model_preset
-    from sim.hardware.specs import resolve_model as resolve_spec
+    from sim.hardware.models import is_model_preset
+    from sim.hardware.models import resolve_model as resolve_spec
 
     name = model or profile.model
     if not name:
@@ -186,7 +186,7 @@ def resolve_model(profile: FittedCostModel, model: str | None) -> str:
         raise ScenarioError(f"--model: {e}") from None
     if not is_model_preset(spec.name):
         raise ScenarioError(f"--model {name}: the engine runs preset models only "
-                            "(see sim.hardware.specs.MODEL_PRESETS)")
+                            "(see sim.hardware.models.MODEL_PRESETS)")
     if model and profile.model and is_model_preset(profile.model) and resolve_spec(profile.model).name != spec.name:
         raise ScenarioError(f"--model {model}: the profile was measured on {profile.model}, not {model}")
     return spec.name
@@ -297,7 +297,7 @@ def validate(scenario_path: str | Path, profile_path: str | Path, *, device: str
     probe = None
     if speed_probe:
         from calibration.measure import SpeedProbe
-        from sim.hardware.specs import is_model_preset
+        from sim.hardware.models import is_model_preset
 
         with open(profile_path) as f:
             raw_profile = json.load(f)

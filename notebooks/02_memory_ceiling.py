@@ -34,7 +34,9 @@ import copy
 import plotly.graph_objects as go
 import yaml
 
-from sim.hardware.specs import GiB, ModelSpec, kv_budget, max_concurrent_sequences
+from sim.hardware.dtypes import GiB
+from sim.hardware.kv_budget import kv_budget, max_concurrent_sequences
+from sim.hardware.models import ModelSpec
 from sim.output.report import TEMPLATE, color, fig_memory_stack
 from sim.output.run_folder import format_table
 from sim.studies.teaching import fast_mode, fig_metric_panels, find_scenario, result_named, run_shipped, simulate
@@ -86,8 +88,8 @@ for name in ("llama-3.2-1b", "llama-3.1-8b", "mistral-7b", "qwen2.5-7b", "opt-13
 #
 # The simulator sizes the KV cache as vLLM does: take `gpu_memory_utilization` (90%) of the GPU's memory, subtract
 # the weights and the activation reserve, and cut what is left into 16-token blocks
-# (`sim.hardware.specs.kv_budget`). `max_concurrent_sequences` then counts how many sequences of a given context length
-# (prompt plus output) fit at once, in whole blocks.
+# (`sim.hardware.kv_budget.kv_budget`). `max_concurrent_sequences` then counts how many sequences of a given context
+# length (prompt plus output) fit at once, in whole blocks.
 
 # %%
 GPUS = ("l4", "a100-40gb", "a100-80gb", "h100-sxm", "h200")

@@ -118,7 +118,8 @@ fig
 
 # %%
 from sim.costs.costmodel import AnalyticCostModel, StepShape  # noqa: E402
-from sim.hardware.specs import GPUSpec, ModelSpec  # noqa: E402
+from sim.hardware.gpu import GPUSpec  # noqa: E402
+from sim.hardware.models import ModelSpec  # noqa: E402
 
 roof = AnalyticCostModel(ModelSpec.from_name("llama-3.1-8b"), GPUSpec.from_name("h100-sxm"))
 for b in (1, 16, 64, 256, 512):

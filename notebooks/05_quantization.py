@@ -38,7 +38,8 @@ import plotly.graph_objects as go
 import torch
 
 from realengine.gguf_model import real_weights_available
-from sim.hardware.specs import ModelSpec, kv_budget, max_concurrent_sequences
+from sim.hardware.kv_budget import kv_budget, max_concurrent_sequences
+from sim.hardware.models import ModelSpec
 from sim.output.report import TEMPLATE
 from sim.studies.teaching import fast_mode
 

@@ -1,6 +1,6 @@
 """A small real inference engine, driven by the simulator's own serving core.
 
-- ``model``: a Llama-style decoder built from ``sim.hardware.specs.ModelSpec`` (random seeded weights, or safetensors).
+- ``model``: a Llama-style decoder built from ``sim.hardware.models.ModelSpec`` (random seeded weights, or safetensors).
 - ``kv_cache``: paged (or contiguous) K/V tensors addressed by the core's block tables; swap to CPU; sizing.
 - ``attention``: the step's varlen metadata and attention over the cache (gather + SDPA reference).
 - ``runner``: ``ModelRunner.execute(batch)`` turns a core ``Batch`` into tensors and returns the sampled tokens.

@@ -17,7 +17,7 @@ from sim.config.limits import kv_footprint
 from sim.config.scenario import VariantConfig
 from sim.config.schema import ScenarioError
 from sim.engines.sched import engine_kv_cache
-from sim.hardware.specs import ModelSpec, resolve_model
+from sim.hardware.models import ModelSpec, resolve_model
 from sim.loop.build import build
 
 CPU_KV_BYTES = 512 * 2**20  # CPU runs without num_gpu_blocks: KV cache of at most this many bytes (cpu_num_blocks)

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from realengine.model import LlamaModel, torch_dtype
-from sim.hardware.specs import ModelSpec
+from sim.hardware.models import ModelSpec
 
 if TYPE_CHECKING:  # an optional dependency (the ``real`` extra): imported where a tokenizer is built
     from tokenizers import Tokenizer

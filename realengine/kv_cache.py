@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from realengine.attention import build_metadata, cdiv
-from sim.hardware.specs import ModelSpec
+from sim.hardware.models import ModelSpec
 
 
 def kv_bytes_per_block(spec: ModelSpec, dtype: torch.dtype, block_size: int) -> int:
@@ -42,7 +42,7 @@ def num_blocks_for_memory(
     peak_activation_bytes: int,
 ) -> int:
     """vLLM's sizing: ``(int(total_memory * gpu_memory_utilization) - weights - peak activations) // block bytes``.
-    The same arithmetic as ``sim.hardware.specs.kv_budget``, fed with measured numbers instead of estimates."""
+    The same arithmetic as ``sim.hardware.kv_budget.kv_budget``, fed with measured numbers instead of estimates."""
     if not 0.0 < gpu_memory_utilization <= 1.0:
         raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
     per_block = kv_bytes_per_block(model, dtype, block_size)

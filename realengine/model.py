@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from realengine.attention import AttentionMetadata, attention
-from sim.hardware.specs import ModelSpec
+from sim.hardware.models import ModelSpec
 
 _DTYPES = {
     "fp32": torch.float32, "float32": torch.float32, "float": torch.float32,

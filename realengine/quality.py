@@ -294,7 +294,7 @@ def evaluate_quant(
     wm, wm_base = weight_memory(qmodel), weight_memory(model)
     spec = model.spec
     act = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(model.dtype, "fp32")
-    from sim.hardware.specs import dtype_bytes
+    from sim.hardware.dtypes import dtype_bytes
 
     report = QualityReport(
         model=spec.name,

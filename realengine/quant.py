@@ -37,7 +37,7 @@ from torch import Tensor, nn
 
 from realengine.kv_cache import KVCache
 from realengine.model import LlamaModel
-from sim.hardware.specs import ModelSpec
+from sim.hardware.models import ModelSpec
 
 WEIGHT_FORMATS = ("int8", "int4", "fp8")
 KV_FORMATS = ("fp8", "int8")

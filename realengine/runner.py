@@ -31,7 +31,7 @@ import torch
 from realengine.attention import build_metadata, cdiv
 from realengine.kv_cache import KVCache, SwapHandle
 from realengine.model import LlamaModel
-from sim.hardware.specs import ModelSpec
+from sim.hardware.models import ModelSpec
 from sim.serving.request import RequestSpec
 
 _MASK64 = (1 << 64) - 1

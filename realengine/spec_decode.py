@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from realengine.attention import build_metadata
 from realengine.model import LlamaModel, rope_cos_sin
 from realengine.runner import ModelRunner, prompt_token_ids
-from sim.hardware.specs import ModelSpec
+from sim.hardware.models import ModelSpec
 from sim.serving.request import Request
 from sim.serving.spec_decode import SpecDecoder, SpeculativeConfig, draft_spec
 

@@ -4,7 +4,7 @@ servesim.
 A package declares an entry point in the group ``servesim.plugins`` (in its pyproject.toml:
 ``[project.entry-points."servesim.plugins"] my_gpus = "my_package.servesim_gpus"``); servesim imports each such
 module once, the first time it needs a registry (a scenario read, a GPU or engine looked up, a run summarised),
-and the module registers what it adds: ``sim.hardware.specs.register_gpu``, ``sim.engines.registry.register_engine``,
+and the module registers what it adds: ``sim.hardware.gpu.register_gpu``, ``sim.engines.registry.register_engine``,
 ``sim.metrics.registry.register_metric``. Policies and routers need no registry: a scenario names their class
 (``policy: {type: custom, cls: "module:Class"}``). A plugin that fails to import is a ScenarioError naming it.
 """

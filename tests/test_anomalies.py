@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from sim.costs.costmodel import AnalyticCostModel
-from sim.hardware.specs import resolve_gpu, resolve_model
+from sim.hardware.gpu import resolve_gpu
+from sim.hardware.models import resolve_model
 from sim.loop.simulator import Simulation
 from sim.metrics.anomalies import head_of_line, inversions, service_over_time, starvation
 from sim.metrics.records import RequestRecord

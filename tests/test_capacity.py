@@ -14,7 +14,9 @@ from typer.testing import CliRunner
 
 from sim.cli.main import app
 from sim.hardware.capacity import capacity_row, capacity_table, format_capacity
-from sim.hardware.specs import GiB, GPUSpec, ModelSpec
+from sim.hardware.dtypes import GiB
+from sim.hardware.gpu import GPUSpec
+from sim.hardware.models import ModelSpec
 
 H100_BYTES = 81559 * 2**20  # 85,520,809,984
 USABLE = int(H100_BYTES * 0.9)  # 76,968,728,985
@@ -32,8 +34,8 @@ def test_llama_3_1_8b_bf16_on_h100_by_hand() -> None:
     # KV per token: K and V, 32 layers, 8 KV heads of 128, 2 bytes: 128 KiB
     kv_token = 2 * 32 * 8 * 128 * 2
     assert kv_token == 128 * 1024
-    # activation reserve (sim.hardware.specs.estimate_activation_reserve): 8192 tokens x (4 x 4096 + 3 x 14336) x 2 bytes,
-    # plus 256 rows x 128,256 fp32 logits x 2 copies, plus 1 GiB of runtime overhead
+    # activation reserve (sim.hardware.kv_budget.estimate_activation_reserve): 8192 tokens x (4 x 4096 + 3 x 14336)
+    # x 2 bytes, plus 256 rows x 128,256 fp32 logits x 2 copies, plus 1 GiB of runtime overhead
     reserve = 8192 * (4 * 4096 + 3 * 14336) * 2 + 256 * 128256 * 4 * 2 + GiB
     assert reserve == 2_309_488_640
     kv_memory = USABLE - weights - reserve  # 58,598,717,849 bytes, 54.6 GiB

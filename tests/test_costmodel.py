@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim.costs.costmodel import AnalyticCostModel, CostModel, FittedCostModel, StepShape
-from sim.hardware.specs import GPUSpec, ModelSpec
+from sim.hardware.gpu import GPUSpec
+from sim.hardware.models import ModelSpec
 
 H100 = GPUSpec.from_name("h100-sxm")
 LLAMA8 = ModelSpec.from_name("llama-3.1-8b")

@@ -11,7 +11,7 @@ from realengine.attention import build_metadata
 from realengine.cuda_graph import DecodeGraph
 from realengine.kv_cache import KVCache
 from realengine.model import LlamaModel
-from sim.hardware.specs import ModelSpec
+from sim.hardware.models import ModelSpec
 
 TINY = ModelSpec.from_name("tiny")
 BS = 4

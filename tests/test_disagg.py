@@ -13,7 +13,7 @@ import pytest
 
 from sim.config.scenario import json_schema, load_scenario, parse_scenario, variant_configs
 from sim.config.schema import ScenarioError
-from sim.hardware.specs import ModelSpec
+from sim.hardware.models import ModelSpec
 from sim.loop.disagg.config import LINK_PRESETS, DisaggConfig
 from sim.loop.disagg.kv_transfer import KVLink, kv_bytes
 from sim.loop.run import generate_workload, run_scenario, simulate_variant
@@ -320,7 +320,7 @@ def test_run_table_shows_the_disaggregation_rows_only_when_a_run_has_them() -> N
 
 def test_pools_on_different_gpus_are_priced_each_at_its_own_rate() -> None:
     # Splitwise's point: prompts on the fast GPU, decodes on a cheaper one
-    from sim.hardware.specs import GPUSpec
+    from sim.hardware.gpu import GPUSpec
     from sim.metrics.summary import summarize
 
     result, _, _ = _run(_raw({"prefill": {"deployment": {"tensor_parallel_size": 2}},

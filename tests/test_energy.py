@@ -13,7 +13,7 @@ import servesim
 from sim.config.schema import ScenarioError
 from sim.costs.costmodel import AnalyticCostModel, StepShape
 from sim.costs.energy import MEMORY_POWER_SHARE, PowerModel, clock_share, power_over_time, run_energy
-from sim.hardware.specs import GPUSpec
+from sim.hardware.gpu import GPUSpec
 from sim.metrics.records import RequestRecord, RunResult
 
 
@@ -281,7 +281,8 @@ def test_the_published_energy_rows_name_their_sources() -> None:
     assert {r["source"]: sum(x["source"] == r["source"] for x in rows) for r in rows} == {
         "ML.ENERGY Leaderboard v3.0 (Dec 2025)": 174, "ML.ENERGY Leaderboard v2.0 (Sep 2024)": 1,
         "Serial Alice benchmark (Jun 2026)": 2}
-    from sim.hardware.specs import resolve_gpu, resolve_model
+    from sim.hardware.gpu import resolve_gpu
+    from sim.hardware.models import resolve_model
 
     for r in rows:  # each row's conditions name a preset and a batch; its scenario builds
         assert resolve_gpu(r["gpu"]).tdp_w > 0 and resolve_model(r["model"]).num_layers > 0
@@ -294,7 +295,7 @@ def test_plan_names_the_deployment_with_the_fewest_joules() -> None:
     import copy
 
     from sim.config.scenario import parse_scenario
-    from sim.hardware.specs import BASE_GPU_PRESETS
+    from sim.hardware.presets.gpus import BASE_GPU_PRESETS
     from sim.studies.planner import format_plan, plan
 
     # an H100 priced below the L4 ($0.50 against $0.70 an hour) is the cheapest; at 2 req/s of a 1B model it

@@ -11,7 +11,10 @@ from sim.costs.costmodel import AnalyticCostModel, StepShape
 from sim.engines.costs import host_time_ratio
 from sim.engines.registry import EngineConfig
 from sim.engines.vllm_v0 import VLLM_V05_HOST_TIME_RATIO, VLLM_V06_HOST_TIME_RATIO
-from sim.hardware.specs import DEFAULT_RUNTIME_OVERHEAD_BYTES, GiB, ModelSpec, resolve_gpu
+from sim.hardware.dtypes import GiB
+from sim.hardware.gpu import resolve_gpu
+from sim.hardware.kv_budget import DEFAULT_RUNTIME_OVERHEAD_BYTES
+from sim.hardware.models import ModelSpec
 from sim.loop.build import build
 
 

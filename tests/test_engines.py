@@ -12,7 +12,10 @@ from typer.testing import CliRunner
 from sim.cli.main import app
 from sim.config.scenario import parse_scenario, variant_configs
 from sim.config.schema import ScenarioError
-from sim.hardware.specs import GiB, ModelSpec, estimate_activation_reserve, resolve_gpu
+from sim.hardware.dtypes import GiB
+from sim.hardware.gpu import resolve_gpu
+from sim.hardware.kv_budget import estimate_activation_reserve
+from sim.hardware.models import ModelSpec
 from sim.loop.build import build
 from sim.policies import ContinuousPolicy, Limits
 from sim.serving.block_manager import PagedBlockManager

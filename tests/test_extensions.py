@@ -45,7 +45,7 @@ MODULES = {
         register_engine(TinySteps())
     ''',
     "dummy_gpu.py": '''
-        from sim.hardware.specs import register_gpu
+        from sim.hardware.gpu import register_gpu
 
         # half an A100-80GB's rates, an architecture no shipped GPU has
         register_gpu({"name": "dummy-gpu", "architecture": "dummyarch", "memory_bytes": 40 * 2**30,

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from sim.costs.costmodel import AnalyticCostModel
-from sim.hardware.specs import resolve_gpu, resolve_model
+from sim.hardware.gpu import resolve_gpu
+from sim.hardware.models import resolve_model
 from sim.loop.simulator import Simulation
 from sim.policies import Limits
 from sim.policies.api import PolicyView, RequestView

@@ -7,7 +7,10 @@ import pytest
 
 from sim.config.scenario import parse_scenario, variant_configs
 from sim.costs.costmodel import AnalyticCostModel, StepShape
-from sim.hardware.specs import GiB, ModelSpec, kv_budget, resolve_gpu
+from sim.hardware.dtypes import GiB
+from sim.hardware.gpu import resolve_gpu
+from sim.hardware.kv_budget import kv_budget
+from sim.hardware.models import ModelSpec
 from sim.loop.build import build
 
 H, L, HEADS, VOCAB = 2048, 27, 16, 102400

@@ -11,8 +11,9 @@ from typer.testing import CliRunner
 from sim.cli.main import app
 from sim.config.scenario import parse_scenario, variant_configs
 from sim.costs.costmodel import AnalyticCostModel, StepShape
+from sim.hardware.gpu import resolve_gpu
+from sim.hardware.models import ModelSpec
 from sim.hardware.moe import expected_experts
-from sim.hardware.specs import ModelSpec, resolve_gpu
 from sim.loop.run import simulate_variant
 
 H, L, HEADS, KV, HD, INTER, E, K, V = 4096, 32, 32, 8, 128, 14336, 8, 2, 32000  # mistralai/Mixtral-8x7B-v0.1

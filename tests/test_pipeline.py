@@ -13,7 +13,9 @@ from sim.cli.main import app
 from sim.config.scenario import load_scenario, parse_scenario, variant_configs
 from sim.config.schema import ScenarioError
 from sim.costs.costmodel import AnalyticCostModel, StepShape
-from sim.hardware.specs import kv_budget, resolve_gpu, resolve_model
+from sim.hardware.gpu import resolve_gpu
+from sim.hardware.kv_budget import kv_budget
+from sim.hardware.models import resolve_model
 from sim.loop.build import build
 from sim.loop.run import run_scenario
 from sim.serving.pipeline import LINK_PRESETS, PipelineCostModel, resolve_link, stage_model, wrap_pipeline

@@ -21,7 +21,8 @@ from sim.cli.main import app
 from sim.config.scenario import VariantConfig, json_schema, load_scenario, parse_scenario, slos_of
 from sim.config.schema import ContinuousPolicyConfig, Deployment, PagedKV, ScenarioError
 from sim.costs.costmodel import StepShape
-from sim.hardware.specs import GPUSpec, ModelSpec
+from sim.hardware.gpu import GPUSpec
+from sim.hardware.models import ModelSpec
 from sim.loop.build import build
 from sim.loop.run import generate_workload
 from sim.metrics.records import RequestRecord

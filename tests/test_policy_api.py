@@ -10,7 +10,8 @@ import pytest
 import servesim
 from sim.config.scenario import parse_scenario, variant_configs
 from sim.costs.costmodel import AnalyticCostModel
-from sim.hardware.specs import resolve_gpu, resolve_model
+from sim.hardware.gpu import resolve_gpu
+from sim.hardware.models import resolve_model
 from sim.loop.run import generate_workload, simulate_variant
 from sim.loop.simulator import Simulation
 from sim.policies import ContinuousPolicy, Limits

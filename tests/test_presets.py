@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from sim.hardware.specs import GPUSpec, ModelSpec
+from sim.hardware.gpu import GPUSpec
+from sim.hardware.models import ModelSpec
 
 # model card / paper figures (billions)
 PUBLISHED = {"llama-2-7b": 6.74, "llama-2-13b": 13.02, "llama-2-70b": 68.98, "llama-3-8b": 8.03,

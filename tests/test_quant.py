@@ -27,7 +27,8 @@ from realengine.quant import (  # noqa: E402
     weight_memory,
 )
 from realengine.text import greedy_generate, sequence_logits  # noqa: E402
-from sim.hardware.specs import ModelSpec, dtype_bytes  # noqa: E402
+from sim.hardware.dtypes import dtype_bytes  # noqa: E402
+from sim.hardware.models import ModelSpec  # noqa: E402
 
 torch.set_num_threads(1)
 TINY = ModelSpec.from_name("tiny")

@@ -35,7 +35,8 @@ from typer.testing import CliRunner  # noqa: E402
 from realengine.gguf_model import load_smollm2, smollm2_gguf_path  # noqa: E402
 from realengine.quality import kv_bytes_per_token  # noqa: E402
 from realengine.text import greedy_generate, perplexity, sequence_logits, token_nll  # noqa: E402
-from sim.hardware.specs import ModelSpec, dtype_bytes  # noqa: E402
+from sim.hardware.dtypes import dtype_bytes  # noqa: E402
+from sim.hardware.models import ModelSpec  # noqa: E402
 
 torch.set_num_threads(1)
 

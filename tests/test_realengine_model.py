@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 from realengine.attention import attention, build_metadata  # noqa: E402
 from realengine.kv_cache import KVCache  # noqa: E402
 from realengine.model import LlamaModel, load_safetensors, save_safetensors  # noqa: E402
-from sim.hardware.specs import ModelSpec  # noqa: E402
+from sim.hardware.models import ModelSpec  # noqa: E402
 
 torch.set_num_threads(1)
 

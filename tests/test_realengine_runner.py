@@ -17,7 +17,8 @@ from realengine.attention import build_metadata  # noqa: E402
 from realengine.kv_cache import KVCache, kv_bytes_per_block, num_blocks_for_memory, profile_num_blocks  # noqa: E402
 from realengine.model import LlamaModel  # noqa: E402
 from realengine.runner import ModelRunner, prompt_token_ids  # noqa: E402
-from sim.hardware.specs import ModelSpec, kv_budget  # noqa: E402
+from sim.hardware.kv_budget import kv_budget  # noqa: E402
+from sim.hardware.models import ModelSpec  # noqa: E402
 from sim.policies import ContinuousPolicy, Limits, StaticPolicy  # noqa: E402
 from sim.serving.block_manager import PagedBlockManager  # noqa: E402
 from sim.serving.core import ServingCore  # noqa: E402

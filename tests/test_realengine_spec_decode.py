@@ -21,7 +21,7 @@ torch = pytest.importorskip("torch")
 
 from realengine.engine import engine_config, run_engine  # noqa: E402 - after the torch skip
 from sim.config.scenario import parse_scenario, variant_configs  # noqa: E402 - after the torch skip
-from sim.hardware.specs import ModelSpec  # noqa: E402 - after the torch skip
+from sim.hardware.models import ModelSpec  # noqa: E402 - after the torch skip
 from sim.loop.build import build  # noqa: E402 - after the torch skip
 from sim.loop.replay import MeasuredDurations  # noqa: E402 - after the torch skip
 from sim.loop.run import generate_workload  # noqa: E402 - after the torch skip

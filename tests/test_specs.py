@@ -7,25 +7,25 @@ import re
 
 import pytest
 
-from sim.hardware.presets.gpus import MORE_GPU_PRESETS
-from sim.hardware.specs import (
-    GPU_PRESETS,
-    MODEL_PRESETS,
+from sim.hardware.dtypes import (
     GiB,
-    GPUSpec,
-    KVBudget,
     MiB,
-    ModelDoesNotFitError,
-    ModelSpec,
     activation_dtype,
     canonical_dtype,
     dtype_bytes,
-    estimate_activation_reserve,
-    kv_budget,
     kv_dtype_bytes,
-    max_concurrent_sequences,
     resolve_kv_dtype,
 )
+from sim.hardware.gpu import GPU_PRESETS, GPUSpec
+from sim.hardware.kv_budget import (
+    KVBudget,
+    ModelDoesNotFitError,
+    estimate_activation_reserve,
+    kv_budget,
+    max_concurrent_sequences,
+)
+from sim.hardware.models import MODEL_PRESETS, ModelSpec
+from sim.hardware.presets.gpus import MORE_GPU_PRESETS
 
 # (exact count from the shapes, published figure) ; the published figures are the rounded counts of the model
 # cards and safetensors metadata.

@@ -7,7 +7,7 @@ import pytest
 
 from sim.config.scenario import parse_scenario, variant_configs
 from sim.config.schema import ScenarioError
-from sim.hardware.specs import ModelSpec
+from sim.hardware.models import ModelSpec
 from sim.hardware.window import num_local_layers, window_kv_elements
 from sim.loop.build import build
 

@@ -472,7 +472,7 @@ def engine_run(
         from realengine.engine import engine_config, kv_held_at_end, run_engine, write_engine_run
         from realengine.model import torch_dtype
         from realengine.spec_decode import check_engine_draft
-        from sim.hardware.specs import resolve_model
+        from sim.hardware.models import resolve_model
     except ImportError as e:
         _fail(f"the engine needs torch: {e}")
         return
@@ -656,7 +656,8 @@ def calibrate(
         _fail(f"--repeats must be >= 1, got {repeats}")
     if threads is not None and threads < 1:
         _fail(f"--threads must be >= 1, got {threads}")
-    from sim.hardware.specs import GPUSpec, ModelSpec
+    from sim.hardware.gpu import GPUSpec
+    from sim.hardware.models import ModelSpec
 
     try:
         ModelSpec.from_name(model)

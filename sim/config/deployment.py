@@ -18,7 +18,8 @@ from sim.costs.energy import clock_share
 from sim.costs.online import ServingConfig
 from sim.engines.costs import engine_cost_knobs, omit_when_unset
 from sim.engines.registry import EngineConfig, EngineField, engine_validator
-from sim.hardware.specs import GPUSpec, ModelSpec
+from sim.hardware.gpu import GPUSpec
+from sim.hardware.models import ModelSpec
 from sim.serving import spec_decode
 from sim.serving.pipeline import PipelineLink
 from sim.workload.generator import Float, InputModel, Int

@@ -37,7 +37,7 @@ from sim.config.deployment import FittedCost as FittedCost
 from sim.config.errors import ScenarioError as ScenarioError  # re-exported: where every caller finds it
 from sim.config.host_kv_config import HostCacheConfig
 from sim.engines.costs import omit_when_unset
-from sim.hardware.specs import GPUSpec
+from sim.hardware.gpu import GPUSpec
 from sim.loop.disagg.config import DisaggConfig, PlanDisaggConfig
 from sim.policies import Admission
 from sim.policies.configs import AdmissionRuleConfig, RouterConfig

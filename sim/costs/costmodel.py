@@ -16,22 +16,11 @@ from typing import Any, Protocol
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from sim.hardware.dtypes import DTYPE_BITS, activation_dtype, canonical_dtype, kv_dtype_bytes, resolve_kv_dtype
+from sim.hardware.gpu import GPUSpec, resolve_gpu
 from sim.hardware.mla import mla_attn_flops_per_pair
+from sim.hardware.models import ModelSpec, check_tensor_parallel, is_model_preset, read_json_file, resolve_model
 from sim.hardware.moe import expected_experts
-from sim.hardware.specs import (
-    DTYPE_BITS,
-    GPUSpec,
-    ModelSpec,
-    activation_dtype,
-    canonical_dtype,
-    check_tensor_parallel,
-    is_model_preset,
-    kv_dtype_bytes,
-    read_json_file,
-    resolve_gpu,
-    resolve_kv_dtype,
-    resolve_model,
-)
 
 
 @dataclass(slots=True)
@@ -184,8 +173,8 @@ class AnalyticCostModel(CostModel):
     bit-identical. A scalar shape gives a Python float.
     """
 
-    model: ModelSpec  # anything sim.hardware.specs.resolve_model accepts (a preset name, a config) is resolved
-    gpu: GPUSpec  # anything sim.hardware.specs.resolve_gpu accepts (a preset name, a mapping of fields) is resolved
+    model: ModelSpec  # anything sim.hardware.models.resolve_model accepts (a preset name, a config) is resolved
+    gpu: GPUSpec  # anything sim.hardware.gpu.resolve_gpu accepts (a preset name, a mapping of fields) is resolved
     weight_dtype: str = "bf16"
     kv_dtype: str = "auto"  # "auto": the model's activation dtype
     tensor_parallel_size: int = 1

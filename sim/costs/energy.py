@@ -48,7 +48,7 @@ from sim.costs.costmodel import DEFAULT_COMPUTE_EFFICIENCY, AnalyticCostModel, S
 from sim.metrics.step_columns import step_blocks
 
 if TYPE_CHECKING:
-    from sim.hardware.specs import GPUSpec
+    from sim.hardware.gpu import GPUSpec
     from sim.metrics.records import RunResult
 
 # Of the dynamic power range (tdp - idle), what a step that keeps HBM busy all its duration draws (see above).

@@ -17,7 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from sim.hardware.specs import GPUSpec, KVBudget, ModelDoesNotFitError, ModelSpec, kv_budget
+from sim.hardware.gpu import GPUSpec
+from sim.hardware.kv_budget import KVBudget, ModelDoesNotFitError, kv_budget
+from sim.hardware.models import ModelSpec
 from sim.plugins import load_plugins
 
 
@@ -94,7 +96,7 @@ class Engine:
 
     # ---- memory ----
     def kv_budget(self, cfg: Any, model: ModelSpec, gpu: GPUSpec, **kw: Any) -> KVBudget:
-        """The KV cache one GPU gets; ``kw`` are ``sim.hardware.specs.kv_budget``'s keywords. Default: vLLM's
+        """The KV cache one GPU gets; ``kw`` are ``sim.hardware.kv_budget.kv_budget``'s keywords. Default: vLLM's
         rule (vllm/worker/worker.py determine_num_available_blocks, vllm/v1/worker/gpu_worker.py
         determine_available_memory): ``gpu_memory_utilization x total - weights - profiled peak activations``."""
         return kv_budget(model, gpu, **kw)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from sim.engines.base import Engine
-from sim.hardware.specs import GPUSpec
+from sim.hardware.gpu import GPUSpec
 
 CLASSIC_POLICY = {"max_num_seqs": 256, "enable_chunked_prefill": False, "prefill_mode": "prefill_first"}
 

@@ -34,7 +34,9 @@ from sim.engines import classic, sglang, tensorrt_llm, vllm_v0, vllm_v1
 from sim.engines.base import Engine, EngineKey, SchedulerDefaults, engine_of, engines, register_engine
 from sim.engines.classic import classic_policy
 from sim.engines.costs import omit_when_unset
-from sim.hardware.specs import GPUSpec, KVBudget, ModelSpec
+from sim.hardware.gpu import GPUSpec
+from sim.hardware.kv_budget import KVBudget
+from sim.hardware.models import ModelSpec
 from sim.plugins import load_plugins
 from sim.workload.generator import Float, InputModel, Int
 
@@ -152,7 +154,7 @@ def apply_engine(policy: Any, engine: EngineConfig | None, gpu: GPUSpec, max_mod
 
 
 def engine_kv_budget(engine: EngineConfig | None, model: ModelSpec, gpu: GPUSpec, **kw: Any) -> KVBudget:
-    """The KV cache ``engine`` gives one GPU; ``kw`` are ``sim.hardware.specs.kv_budget``'s keywords. Each
+    """The KV cache ``engine`` gives one GPU; ``kw`` are ``sim.hardware.kv_budget.kv_budget``'s keywords. Each
     engine's rule is its module's (``Engine.kv_budget``; vLLM's by default)."""
     return engine_of(engine).kv_budget(engine, model, gpu, **kw)
 

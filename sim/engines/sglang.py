@@ -12,7 +12,10 @@ import math
 from typing import Any
 
 from sim.engines.base import Engine, EngineKey
-from sim.hardware.specs import DEFAULT_RUNTIME_OVERHEAD_BYTES, GiB, GPUSpec, KVBudget, ModelSpec
+from sim.hardware.dtypes import GiB
+from sim.hardware.gpu import GPUSpec
+from sim.hardware.kv_budget import DEFAULT_RUNTIME_OVERHEAD_BYTES, KVBudget
+from sim.hardware.models import ModelSpec
 
 # SGLang 0.4 (python/sglang/srt/server_args.py): mem_fraction_static (weights + KV pool share of the whole GPU) is
 # 0.88 at tp 1, 0.87 at tp >= 2, 0.85 at >= 4, 0.81 at >= 8, 0.79 at >= 16; the rest is for activations and CUDA

@@ -11,7 +11,10 @@ import math
 from typing import Any
 
 from sim.engines.base import Engine, EngineKey
-from sim.hardware.specs import GiB, GPUSpec, KVBudget, ModelSpec, estimate_activation_reserve
+from sim.hardware.dtypes import GiB
+from sim.hardware.gpu import GPUSpec
+from sim.hardware.kv_budget import KVBudget, estimate_activation_reserve
+from sim.hardware.models import ModelSpec
 
 # KvCacheConfig.free_gpu_memory_fraction (tensorrt_llm/llmapi/llm_args.py, docs/source/reference/memory.md): the
 # KV cache takes 0.9 of the memory still free once the engine (weights and the activation buffers TensorRT sized

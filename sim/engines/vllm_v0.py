@@ -11,7 +11,7 @@ from typing import Any
 
 from sim.engines.base import CudaGraphEngine, EngineKey
 from sim.engines.costs import FA2_AMPERE_EFFICIENCY, FA2_HOPPER_EFFICIENCY
-from sim.hardware.specs import GPUSpec
+from sim.hardware.gpu import GPUSpec
 
 # vLLM v0 (0.5-0.6), vllm/config.py SchedulerConfig: without chunked prefill max_num_batched_tokens is
 # max(max_model_len, 2048) (_DEFAULT_MAX_NUM_BATCHED_TOKENS), with it 512; EngineArgs turns chunked prefill on by

@@ -11,7 +11,8 @@ from typing import Any
 
 from sim.engines.base import CudaGraphEngine
 from sim.engines.costs import FA2_AMPERE_EFFICIENCY, FA3_HOPPER_EFFICIENCY
-from sim.hardware.specs import GiB, GPUSpec
+from sim.hardware.dtypes import GiB
+from sim.hardware.gpu import GPUSpec
 
 # vLLM v1 (0.8-0.11), vllm/engine/arg_utils.py EngineArgs (get_batch_defaults): on a GPU with >= 70 GiB that is
 # not an A100, max_num_batched_tokens is 8192 for the OpenAI API server and 16384 for the offline LLM class, else

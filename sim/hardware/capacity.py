@@ -1,9 +1,9 @@
 """Capacity: what the weights take, how many KV bytes a token and a session need, and how many sessions fit at
 once, for every weight and KV data type and tensor-parallel degree of one model on one GPU.
 
-Plain arithmetic on ``sim.hardware.specs`` (vLLM's KV sizing: usable memory minus weights minus the activation reserve,
-cut into whole blocks); nothing is simulated. ``capacity_table`` is the Python entry, ``format_capacity`` its
-text table, ``servesim capacity`` the command line.
+Plain arithmetic on ``sim.hardware.kv_budget`` (vLLM's KV sizing: usable memory minus weights minus the activation
+reserve, cut into whole blocks); nothing is simulated. ``capacity_table`` is the Python entry, ``format_capacity``
+its text table, ``servesim capacity`` the command line.
 
 Units: bytes and tokens. "Per GPU" means one tensor-parallel shard; a *replica* is the ``tp`` GPUs that hold one
 copy of the model. A session of ``c`` tokens (prompt + output) occupies ``ceil(c / block_size)`` whole blocks.
@@ -15,23 +15,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sim.hardware.specs import (
+from sim.hardware.dtypes import GiB, canonical_dtype, kv_dtype_bytes, resolve_kv_dtype
+from sim.hardware.gpu import GPULike, GPUSpec, resolve_gpu
+from sim.hardware.kv_budget import (
     DEFAULT_MAX_NUM_BATCHED_TOKENS,
     DEFAULT_MAX_NUM_SEQS,
-    GiB,
-    GPULike,
-    GPUSpec,
-    ModelLike,
-    ModelSpec,
-    canonical_dtype,
-    check_tensor_parallel,
     estimate_activation_reserve,
     kv_budget,
-    kv_dtype_bytes,
-    resolve_gpu,
-    resolve_kv_dtype,
-    resolve_model,
 )
+from sim.hardware.models import ModelLike, ModelSpec, check_tensor_parallel, resolve_model
 from sim.serving.pipeline import check_pipeline, stage_model
 
 KiB = 1 << 10

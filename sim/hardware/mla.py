@@ -1,4 +1,4 @@
-"""DeepSeek-V2's multi-head latent attention (MLA) and its MoE layout, as ``sim.hardware.specs.ModelSpec`` counts them.
+"""DeepSeek-V2's multi-head latent attention (MLA) and its MoE layout, as ``sim.hardware.models.ModelSpec`` counts them.
 
 MLA (DeepSeek-V2 paper, arXiv 2405.04434, section 2.1; Hugging Face ``modeling_deepseek.py``) caches, per token
 and layer, one compressed latent of ``kv_lora_rank`` values plus one shared rotary key of ``qk_rope_head_dim``:

@@ -26,7 +26,9 @@ from sim.costs.costmodel import CostModel
 from sim.engines.costs import static_reserve_tokens
 from sim.engines.registry import budget_kwargs, engine_kv_budget, resolve_policy
 from sim.engines.sched import configure_kv, configure_policy, engine_kv_cache
-from sim.hardware.specs import GPUSpec, KVBudget, ModelDoesNotFitError, ModelSpec, resolve_gpu, resolve_model
+from sim.hardware.gpu import GPUSpec, resolve_gpu
+from sim.hardware.kv_budget import KVBudget, ModelDoesNotFitError
+from sim.hardware.models import ModelSpec, resolve_model
 from sim.hardware.window import window_refusal
 from sim.policies import Limits, Policy
 from sim.serving import spec_decode

@@ -37,7 +37,9 @@ from typing import Any, Literal
 import numpy as np
 
 from sim.costs.costmodel import AnalyticCostModel, CostModel, FittedCostModel, StepShape
-from sim.hardware.specs import DTYPE_BITS, GPUSpec, ModelSpec, activation_dtype
+from sim.hardware.dtypes import DTYPE_BITS, activation_dtype
+from sim.hardware.gpu import GPUSpec
+from sim.hardware.models import ModelSpec
 
 # The links between stages, one direction, as achieved by NCCL send/recv (bandwidth in B/s, latency in s).
 #   nvlink:     H100 NVLink 4: 900 GB/s total per GPU, 450 GB/s each way (NVIDIA H100 datasheet); one small

@@ -54,16 +54,10 @@ from pydantic import Field, field_validator, model_validator
 
 from sim.config.files import read_text_capped
 from sim.costs.costmodel import AnalyticCostModel, CostModel, StepShape
-from sim.hardware.specs import (
-    DTYPE_BITS,
-    GPUSpec,
-    KVBudget,
-    ModelSpec,
-    canonical_dtype,
-    kv_dtype_bytes,
-    resolve_kv_dtype,
-    resolve_model,
-)
+from sim.hardware.dtypes import DTYPE_BITS, canonical_dtype, kv_dtype_bytes, resolve_kv_dtype
+from sim.hardware.gpu import GPUSpec
+from sim.hardware.kv_budget import KVBudget
+from sim.hardware.models import ModelSpec, resolve_model
 from sim.serving.request import Request
 from sim.workload.generator import Float, InputModel, Int
 

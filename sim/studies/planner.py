@@ -61,18 +61,10 @@ from sim.config.schema import (
 )
 from sim.costs.costmodel import CostModel, StepShape
 from sim.engines.registry import resolve_policy
-from sim.hardware.specs import (
-    DTYPE_BITS,
-    GPU_PRESETS,
-    GPUSpec,
-    KVBudget,
-    ModelDoesNotFitError,
-    ModelSpec,
-    check_tensor_parallel,
-    resolve_gpu,
-    resolve_kv_dtype,
-    resolve_model,
-)
+from sim.hardware.dtypes import DTYPE_BITS, resolve_kv_dtype
+from sim.hardware.gpu import GPU_PRESETS, GPUSpec, resolve_gpu
+from sim.hardware.kv_budget import KVBudget, ModelDoesNotFitError
+from sim.hardware.models import ModelSpec, check_tensor_parallel, resolve_model
 from sim.loop.build import resolve_max_model_len, size_kv_cache
 from sim.metrics.intervals import LOSO_COVERAGE, bounds
 from sim.metrics.records import RunResult

@@ -1,1 +1,1 @@
-"""Model and GPU presets beyond the few in sim/hardware/specs.py, each with its source in a comment."""
+"""Model and GPU presets, each with its source in a comment (sim/hardware/models.py and gpu.py make specs of them)."""

@@ -1,4 +1,4 @@
-"""GPU presets (sim/hardware/specs.py makes GPUSpecs of them): datasheet dense tensor rates (sparsity figures halved),
+"""GPU presets (sim/hardware/gpu.py makes GPUSpecs of them): datasheet dense tensor rates (sparsity figures halved),
 memory as the driver reports it (rounded from the datasheet capacity where no nvidia-smi figure is at hand),
 HBM/GDDR bandwidth, PCIe and NVLink per direction. The source is named beside each added preset; their prices
 are left at 0 (unknown)."""

@@ -1,5 +1,5 @@
 """Model presets: the shape fields of each model's published Hugging Face config.json (the repository named
-beside each). sim/hardware/specs.py joins them into MODEL_PRESETS."""
+beside each). sim/hardware/models.py joins them into MODEL_PRESETS."""
 
 from __future__ import annotations
 

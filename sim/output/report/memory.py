@@ -68,7 +68,7 @@ def _gpu_total_bytes(result: RunResult) -> float | None:
     dep = (result.config or {}).get("deployment")
     if not isinstance(dep, dict):
         return None
-    from sim.hardware.specs import resolve_gpu
+    from sim.hardware.gpu import resolve_gpu
 
     try:
         gpu = resolve_gpu(dep["gpu"])

@@ -15,7 +15,7 @@ from dash import Dash, Input, Output, State, ctx, dcc, html
 from waitress import create_server
 
 from sim.config.schema import ScenarioError
-from sim.hardware.specs import GPU_PRESETS
+from sim.hardware.gpu import GPU_PRESETS
 from sim.metrics.summary import bottleneck
 from sim.studies.teach.explain import compare, explain
 from sim.studies.teach.figures import NARROW_PX, fig_latency_cdfs_page, fig_memories, fig_slots, fig_utilisation

@@ -1,7 +1,9 @@
-"""Model and hardware specifications, and the KV-cache budget they leave.
+"""Models: ``ModelSpec`` read from a Hugging Face ``config.json`` (or a preset, sim/hardware/presets/models.py), its
+per-GPU shard under tensor parallelism, and ``resolve_model``, the one way a name, a config or a path becomes a spec.
 
-Everything here is plain arithmetic on published shapes and datasheet numbers: no torch, no GPU. The simulator's
-cost models read these specs; the real engine builds its random-weight model from the same ``ModelSpec``.
+Everything here is plain arithmetic on published shapes: no torch, no GPU. The simulator's cost models read these
+specs; the real engine builds its random-weight model from the same ``ModelSpec``. GPUs are in sim/hardware/gpu.py,
+dtypes in sim/hardware/dtypes.py and the KV-cache budget a model leaves on a GPU in sim/hardware/kv_budget.py.
 
 Units: bytes, seconds, bytes per second, FLOP per second. "Per GPU" always means one tensor-parallel shard.
 """
@@ -11,12 +13,13 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from os import PathLike
 from pathlib import Path
 from typing import Any, Literal
 
 from sim.config.files import read_text_capped
+from sim.hardware.dtypes import DTYPE_BITS, MiB, activation_dtype, canonical_dtype, finite_number, kv_dtype_bytes
 from sim.hardware.mla import (
     DEEPSEEK_V2_FIELDS,
     mla_attention_params,
@@ -24,20 +27,10 @@ from sim.hardware.mla import (
     mla_kv_elements_per_token,
 )
 from sim.hardware.moe import MOE_MODEL_TYPES
-from sim.hardware.presets.gpus import BASE_GPU_ALIASES, BASE_GPU_PRESETS, MORE_GPU_ALIASES, MORE_GPU_PRESETS
 from sim.hardware.presets.models import BASE_MODEL_ALIASES, BASE_MODEL_PRESETS, MORE_MODEL_ALIASES, MORE_MODEL_PRESETS
-
-GiB = 1 << 30
-MiB = 1 << 20
 
 MAX_SHAPE = 1 << 40  # largest model dimension taken (far past any model; keeps products inside float range)
 MAX_CONFIG_BYTES = 4 * MiB  # a config.json is a few KB; a larger "file" (/dev/zero, a weights file) is refused
-
-
-
-def _finite_number(v: Any) -> bool:
-    """A real number (bools are not), finite."""
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def read_json_file(path: str | PathLike[str], max_bytes: int) -> Any:
@@ -50,69 +43,6 @@ def read_json_file(path: str | PathLike[str], max_bytes: int) -> Any:
         raise ValueError(f"{path}: JSON nested too deeply") from None
     except ValueError as e:  # json.JSONDecodeError
         raise ValueError(f"{path}: not valid JSON: {e}") from None
-
-# ---------------------------------------------------------------------------------------------------------------
-# dtypes
-
-DType = Literal["fp32", "bf16", "fp16", "fp8", "int8", "int4"]
-
-# Bits per element. int4 packs two weights per byte; it exists for weights only.
-DTYPE_BITS: dict[str, int] = {"fp32": 32, "bf16": 16, "fp16": 16, "fp8": 8, "int8": 8, "int4": 4}
-_DTYPE_ALIASES = {
-    "float32": "fp32",
-    "float": "fp32",
-    "bfloat16": "bf16",
-    "float16": "fp16",
-    "half": "fp16",
-    "float8": "fp8",
-    "fp8_e4m3": "fp8",
-    "fp8_e5m2": "fp8",
-    "e4m3": "fp8",
-    "e5m2": "fp8",
-}
-QUANTIZED_DTYPES = frozenset({"fp8", "int8", "int4"})
-
-
-def canonical_dtype(name: str) -> str:
-    """``name`` as one of ``fp32 bf16 fp16 fp8 int8 int4`` (also accepts torch-style names such as bfloat16)."""
-    key = str(name).strip().lower()
-    key = _DTYPE_ALIASES.get(key, key)
-    if key not in DTYPE_BITS:
-        raise ValueError(f"unknown dtype {name!r}; expected one of {', '.join(DTYPE_BITS)}")
-    return key
-
-
-def dtype_bytes(name: str) -> float:
-    """Bytes per element (0.5 for int4)."""
-    return DTYPE_BITS[canonical_dtype(name)] / 8
-
-
-def kv_dtype_bytes(name: str) -> int:
-    """Bytes per element of a KV-cache dtype. int4 is a weight-only format and is refused here."""
-    key = canonical_dtype(name)
-    if key == "int4":
-        raise ValueError("int4 is a weight-only format; the KV cache supports fp32, bf16, fp16, fp8 or int8")
-    return DTYPE_BITS[key] // 8
-
-
-def activation_dtype(weight_dtype: str) -> str:
-    """The dtype activations (and unquantized tensors) use with these weights: fp32 and fp16 models keep their
-    dtype; bf16 and every quantized format run their activations in bf16, as vLLM does by default."""
-    key = canonical_dtype(weight_dtype)
-    return key if key in ("fp32", "fp16") else "bf16"
-
-
-def resolve_kv_dtype(kv_dtype: str, weight_dtype: str) -> str:
-    """vLLM's ``kv_cache_dtype``: ``auto`` means the activation dtype of the model."""
-    if str(kv_dtype).strip().lower() == "auto":
-        return activation_dtype(weight_dtype)
-    key = canonical_dtype(kv_dtype)
-    kv_dtype_bytes(key)  # refuses int4
-    return key
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# models
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,7 +171,7 @@ class ModelSpec:
                 raise ValueError(f"model {self.name!r}: {f} must be an integer in [0, {MAX_SHAPE}], got {v!r}")
         for f in ("rope_theta", "norm_eps"):
             v = getattr(self, f)
-            if not _finite_number(v) or v <= 0:
+            if not finite_number(v) or v <= 0:
                 raise ValueError(f"model {self.name!r}: {f} must be a finite number > 0, got {v!r}")
         if self.head_dim == 0:
             if self.hidden_size % self.num_attention_heads:
@@ -422,7 +352,7 @@ class ModelSpec:
 
         def number(key: str, default: float) -> float:
             v = cfg.get(key, default)
-            if not _finite_number(v) or v <= 0:
+            if not finite_number(v) or v <= 0:
                 raise ValueError(f"{source}: {key} must be a finite number > 0, got {v!r}")
             return float(v)
 
@@ -605,119 +535,7 @@ MODEL_PRESETS: dict[str, dict[str, Any]] = dict(BASE_MODEL_PRESETS) | MORE_MODEL
 _MODEL_ALIASES = dict(BASE_MODEL_ALIASES) | MORE_MODEL_ALIASES
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# GPUs
-
-
-@dataclass(frozen=True, slots=True)
-class GPUSpec:
-    """One accelerator. ``peak_flops`` holds dense (non-sparse) tensor-core FLOP/s by dtype; 0 or absent means
-    the dtype has no hardware support (the A100 has no fp8). Treat the dict as read-only."""
-
-    name: str
-    memory_bytes: int  # memory.total as nvidia-smi reports it (what vLLM's gpu_memory_utilization multiplies)
-    mem_bandwidth: float  # B/s, datasheet peak
-    peak_flops: dict[str, float] = field(hash=False)  # FLOP/s by dtype: fp32, bf16, fp16, fp8, int8
-    pcie_bandwidth: float  # B/s, effective host<->device copy rate in one direction (pinned memory)
-    nvlink_bandwidth: float = 0.0  # B/s per GPU in one direction (half the datasheet bidirectional total); 0: none
-    price_per_hour: float = 0.0  # USD per GPU-hour on demand (an assumption, see GPU_PRESETS)
-    tdp_w: float = 0.0  # W, the board's default power limit (datasheet); 0: unknown (no energy is modelled)
-    idle_w: float = 0.0  # W drawn with nothing running (static power; an assumption, see sim/hardware/presets/gpus.py)
-    # the chip generation (hopper, ampere, ada, blackwell, cdna3; "" unknown): what its kernels can run, e.g.
-    # FlashAttention-3 only on hopper (sim/engines/costs.py); declared by the GPU, never guessed from its name
-    architecture: str = ""
-
-    def __post_init__(self) -> None:
-        # Rates are divided by: a NaN or infinite one, or one below 1 per second, makes step times NaN or
-        # infinite, so each must be a finite number, rates at least 1 (or 0 where 0 means "none").
-        for f in ("memory_bytes", "mem_bandwidth", "pcie_bandwidth"):
-            v = getattr(self, f)
-            if not _finite_number(v) or v < 1:
-                raise ValueError(f"GPU {self.name!r}: {f} must be a finite number >= 1, got {v!r}")
-        v = self.nvlink_bandwidth
-        if not _finite_number(v) or v < 0 or 0 < v < 1:
-            raise ValueError(f"GPU {self.name!r}: nvlink_bandwidth must be 0 (none) or a finite number >= 1, "
-                             f"got {v!r}")
-        if not _finite_number(self.price_per_hour) or self.price_per_hour < 0:
-            raise ValueError(f"GPU {self.name!r}: price_per_hour must be a finite number >= 0, "
-                             f"got {self.price_per_hour!r}")
-        for f in ("tdp_w", "idle_w"):
-            v = getattr(self, f)
-            if not _finite_number(v) or v < 0:
-                raise ValueError(f"GPU {self.name!r}: {f} must be a finite number >= 0, got {v!r}")
-        if self.idle_w > self.tdp_w:
-            raise ValueError(f"GPU {self.name!r}: idle_w ({self.idle_w}) must not exceed tdp_w ({self.tdp_w})")
-        if not float(self.memory_bytes).is_integer():
-            raise ValueError(f"GPU {self.name!r}: memory_bytes must be a whole number of bytes, "
-                             f"got {self.memory_bytes!r}")
-        object.__setattr__(self, "memory_bytes", int(self.memory_bytes))
-        if not isinstance(self.peak_flops, Mapping):
-            raise ValueError(f"GPU {self.name!r}: peak_flops must map dtypes to FLOP/s, got {self.peak_flops!r}")
-        peaks: dict[str, float] = {}
-        for k, v in self.peak_flops.items():
-            if not _finite_number(v) or v < 0 or 0 < v < 1:
-                raise ValueError(f"GPU {self.name!r}: peak_flops.{k} must be 0 (unsupported) or a finite number "
-                                 f">= 1 FLOP/s, got {v!r}")
-            peaks[canonical_dtype(k)] = float(v)
-        if "bf16" in peaks and "fp16" not in peaks:
-            peaks["fp16"] = peaks["bf16"]
-        if peaks.get("bf16", 0.0) <= 0 and peaks.get("fp16", 0.0) <= 0:
-            raise ValueError(f"GPU {self.name!r}: peak_flops needs a positive bf16 (or fp16) rate")
-        object.__setattr__(self, "peak_flops", peaks)
-
-    def peak(self, dtype: str) -> float:
-        """Dense peak FLOP/s for matmuls in ``dtype``; 0.0 when unsupported."""
-        return self.peak_flops.get(canonical_dtype(dtype), 0.0)
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> GPUSpec:
-        """A custom GPU from a mapping with this class's field names (unknown keys are refused)."""
-        names = {f.name for f in fields(cls)}
-        unknown = set(d) - names
-        if unknown:
-            raise ValueError(f"unknown GPU field(s) {sorted(unknown)}; expected {sorted(names)}")
-        missing = {"name", "memory_bytes", "mem_bandwidth", "peak_flops", "pcie_bandwidth"} - set(d)
-        if missing:
-            raise ValueError(f"GPU spec lacks the field(s) {sorted(missing)}")
-        return cls(**dict(d))
-
-    @classmethod
-    def from_name(cls, name: str) -> GPUSpec:
-        """A preset by name, case-insensitive (see ``GPU_PRESETS``)."""
-        key = name.strip().lower().replace("_", "-")
-        if key not in GPU_PRESETS and key not in _GPU_ALIASES:
-            from sim.plugins import load_plugins
-
-            load_plugins()
-        key = _GPU_ALIASES.get(key, key)
-        if key not in GPU_PRESETS:
-            raise ValueError(f"unknown GPU {name!r}; presets: {', '.join(GPU_PRESETS)} (or GPUSpec.from_dict)")
-        return GPU_PRESETS[key]
-
-
-# Datasheet figures, with their sources and assumptions, in sim/hardware/presets/gpus.py.
-GPU_PRESETS: dict[str, GPUSpec] = {k: GPUSpec(**v) for k, v in (BASE_GPU_PRESETS | MORE_GPU_PRESETS).items()}
-_GPU_ALIASES = dict(BASE_GPU_ALIASES) | MORE_GPU_ALIASES
-
-
-def register_gpu(gpu: GPUSpec | Mapping[str, Any], aliases: tuple[str, ...] = ()) -> GPUSpec:
-    """Add a GPU preset (a plugin's, see sim/plugins.py): afterwards ``deployment.gpu: NAME`` and ``--gpu NAME``
-    find it like a shipped one. ``gpu`` is a GPUSpec or a mapping of its fields (with its ``architecture``).
-    Registering a different GPU under a name already taken is refused; the same one again is a no-op."""
-    spec = gpu if isinstance(gpu, GPUSpec) else GPUSpec.from_dict(gpu)
-    key = spec.name.strip().lower().replace("_", "-")
-    for name in (key, *(a.strip().lower().replace("_", "-") for a in aliases)):
-        taken = GPU_PRESETS.get(_GPU_ALIASES.get(name, name))
-        if taken is not None and taken != spec:
-            raise ValueError(f"GPU {name!r} is already registered as a different GPU")
-    GPU_PRESETS[key] = spec
-    for a in aliases:
-        _GPU_ALIASES[a.strip().lower().replace("_", "-")] = key
-    return spec
-
-
 ModelLike = ModelSpec | str | PathLike[str] | Mapping[str, Any]
-GPULike = GPUSpec | str | Mapping[str, Any]
 
 
 def resolve_model(model: ModelLike) -> ModelSpec:
@@ -743,176 +561,3 @@ def is_model_preset(name: object) -> bool:
         return False
     key = name.strip().lower()
     return _MODEL_ALIASES.get(key, key) in MODEL_PRESETS
-
-
-def resolve_gpu(gpu: GPULike) -> GPUSpec:
-    """The one way a GPU given by the user becomes a ``GPUSpec``: a spec as it is, a preset name
-    (case-insensitive, see ``GPU_PRESETS``), or a mapping of ``GPUSpec`` fields."""
-    if isinstance(gpu, GPUSpec):
-        return gpu
-    if isinstance(gpu, Mapping):
-        return GPUSpec.from_dict(gpu)
-    return GPUSpec.from_name(gpu)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# KV budget
-
-# Memory outside PyTorch's view that vLLM's profiling sees grow: CUDA context share, cuBLAS/NCCL workspaces and
-# allocator fragmentation. CUDA graphs are captured after the KV cache is sized and live in the
-# (1 - gpu_memory_utilization) headroom, so they are not counted here.
-DEFAULT_RUNTIME_OVERHEAD_BYTES = 1 * GiB
-DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192  # vLLM v1's default for online serving on large GPUs
-DEFAULT_MAX_NUM_SEQS = 256  # vLLM's default
-
-
-class ModelDoesNotFitError(ValueError):
-    """The weights plus the activation reserve leave no room for a single KV block on one GPU."""
-
-
-@dataclass(frozen=True, slots=True)
-class KVBudget:
-    """How vLLM would size the paged KV cache. Memory figures are per GPU (one tensor-parallel shard)."""
-
-    model: str
-    gpu: str
-    weight_dtype: str
-    kv_dtype: str
-    tensor_parallel_size: int
-    gpu_memory_utilization: float
-    total_memory: int  # bytes on one GPU
-    usable_memory: int  # total_memory * gpu_memory_utilization
-    weight_bytes: int  # resident weights on one GPU
-    activation_reserve: int  # peak activations of the profiling forward plus runtime overhead
-    kv_memory: int  # usable - weights - reserve: what the KV cache may take
-    block_size: int  # tokens per KV block
-    bytes_per_token: int  # KV bytes one token takes on one GPU
-    kv_bytes_per_block: int  # block_size * bytes_per_token
-    num_gpu_blocks: int  # blocks the cache holds (kv_memory // kv_bytes_per_block, or the override)
-
-    @property
-    def capacity_tokens(self) -> int:
-        """Tokens the KV cache holds when every block is full."""
-        return self.num_gpu_blocks * self.block_size
-
-
-def estimate_activation_reserve(
-    model: ModelLike,
-    *,
-    weight_dtype: str = "bf16",
-    tensor_parallel_size: int = 1,
-    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
-    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
-    runtime_overhead_bytes: int = DEFAULT_RUNTIME_OVERHEAD_BYTES,
-) -> int:
-    """Bytes vLLM's profiling forward would find in use besides weights and KV, estimated from the shapes.
-
-    vLLM runs one dummy forward of ``max_num_batched_tokens`` tokens and one sampler pass over ``max_num_seqs``
-    rows, and reserves their peak. The peak sits in the MLP of one layer: per token about 4 hidden-sized tensors
-    (residual, normed input, attention output, allocator slack) and the up projection(s) plus the activated
-    output (3 intermediate-sized tensors for SwiGLU, 2 for a plain MLP), in the activation dtype. The sampler
-    holds fp32 logits and one same-sized copy (softmax) per row. Add ``runtime_overhead_bytes``.
-
-        reserve = max_num_batched_tokens * (4 * hidden + k * intermediate / tp) * act_bytes
-                  + max_num_seqs * vocab * 4 * 2 + runtime_overhead_bytes        (k = 3 gated, 2 plain)
-
-    For Llama-3.1-8B in bf16 with the defaults this is about 2.15 GiB, in line with what vLLM reports on an H100.
-    """
-    m = resolve_model(model)
-    s = m.shard(tensor_parallel_size)
-    act = int(dtype_bytes(activation_dtype(weight_dtype)))
-    k = 3 if m.mlp == "gated" else 2
-    # MoE: each token's k experts hold their intermediate tensors at once (vLLM's fused-MoE caches)
-    per_token = (4 * m.hidden_size + k * s.intermediate_size * max(1, s.experts_per_tok)) * act
-    logits = max_num_seqs * m.vocab_size * 4 * 2
-    return max_num_batched_tokens * per_token + logits + runtime_overhead_bytes
-
-
-def _kv_memory(m: ModelSpec, g: GPUSpec, util: float, weight_dtype: str, tp: int, reserve: int | None,
-               reserve_kwargs: dict[str, Any]) -> tuple[int, int, int, int]:
-    usable = int(g.memory_bytes * util)
-    weights = m.shard(tp).weight_bytes(weight_dtype)
-    if reserve is None:
-        reserve = estimate_activation_reserve(m, weight_dtype=weight_dtype, tensor_parallel_size=tp,
-                                              **reserve_kwargs)
-    return usable, weights, reserve, usable - weights - reserve
-
-
-def kv_budget(
-    model: ModelLike,
-    gpu: GPUSpec | str | Mapping[str, Any],
-    *,
-    gpu_memory_utilization: float = 0.9,
-    weight_dtype: str = "bf16",
-    kv_dtype: str = "auto",
-    block_size: int = 16,
-    tensor_parallel_size: int = 1,
-    activation_reserve_bytes: int | None = None,
-    num_gpu_blocks_override: int | None = None,
-    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
-    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
-) -> KVBudget:
-    """Size the KV cache as vLLM does, per GPU:
-
-        usable      = int(memory_bytes * gpu_memory_utilization)
-        kv_memory   = usable - weight_bytes(per GPU) - activation_reserve
-        num_blocks  = kv_memory // (block_size * kv_bytes_per_token(per GPU))
-
-    ``activation_reserve_bytes`` replaces the estimate of ``estimate_activation_reserve`` (which uses
-    ``max_num_batched_tokens`` and ``max_num_seqs``). ``kv_dtype="auto"`` is the model's activation dtype.
-    ``num_gpu_blocks_override`` fixes the block count (as vLLM's option does) once the weights are known to fit.
-    Raises ``ModelDoesNotFitError`` when not even one block fits, with suggestions that would.
-    """
-    m, g = resolve_model(model), resolve_gpu(gpu)
-    wd = canonical_dtype(weight_dtype)
-    kd = resolve_kv_dtype(kv_dtype, wd)
-    tp = check_tensor_parallel(m, tensor_parallel_size)
-    if not 0.0 < gpu_memory_utilization <= 1.0:
-        raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
-    if block_size < 1:
-        raise ValueError(f"block_size must be >= 1, got {block_size}")
-    rk = dict(max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs)
-    usable, weights, reserve, kv_mem = _kv_memory(m, g, gpu_memory_utilization, wd, tp, activation_reserve_bytes,
-                                                  rk)
-    per_token = m.kv_elements_per_token(tp) * kv_dtype_bytes(kd)
-    per_block = block_size * per_token
-    if kv_mem < per_block:
-        options = []
-        # the same dtype on more GPUs, then smaller weight formats (fp8 runs weight-only where unsupported)
-        for dt in [wd] + [d for d in ("fp8", "int4") if DTYPE_BITS[d] < DTYPE_BITS[wd]]:
-            for t in (1, 2, 4, 8):
-                try:
-                    check_tensor_parallel(m, t)
-                except ValueError:
-                    continue
-                kvt = m.kv_elements_per_token(t) * kv_dtype_bytes(kd)
-                if _kv_memory(m, g, gpu_memory_utilization, dt, t, activation_reserve_bytes, rk)[3] >= \
-                        block_size * kvt:
-                    options.append(f"tensor_parallel_size={t} with weight_dtype={dt}")
-                    break
-        hint = ("; options that fit on " + g.name + ": " + ", ".join(options)) if options else \
-            f"; no weight dtype with up to 8 x {g.name} fits: use a GPU with more memory"
-        raise ModelDoesNotFitError(
-            f"{m.name} does not fit on {tp} x {g.name}: per GPU it needs {weights / GiB:.2f} GiB of {wd} weights "
-            f"+ {reserve / GiB:.2f} GiB activation reserve + {per_block / MiB:.2f} MiB for one KV block, but "
-            f"{gpu_memory_utilization} x {g.memory_bytes / GiB:.2f} GiB = {usable / GiB:.2f} GiB is available"
-            f"{hint}"
-        )
-    blocks = kv_mem // per_block
-    if num_gpu_blocks_override is not None:
-        if num_gpu_blocks_override < 1:
-            raise ValueError(f"num_gpu_blocks_override must be >= 1, got {num_gpu_blocks_override}")
-        blocks = num_gpu_blocks_override
-    return KVBudget(
-        model=m.name, gpu=g.name, weight_dtype=wd, kv_dtype=kd, tensor_parallel_size=tp,
-        gpu_memory_utilization=gpu_memory_utilization, total_memory=g.memory_bytes, usable_memory=usable,
-        weight_bytes=weights, activation_reserve=reserve, kv_memory=kv_mem, block_size=block_size,
-        bytes_per_token=per_token, kv_bytes_per_block=per_block, num_gpu_blocks=int(blocks),
-    )
-
-
-def max_concurrent_sequences(budget: KVBudget, context_len: int) -> int:
-    """How many sequences of ``context_len`` tokens (prompt + output) the cache holds at once, whole blocks each."""
-    if context_len < 1:
-        raise ValueError(f"context_len must be >= 1, got {context_len}")
-    return budget.num_gpu_blocks // -(-context_len // budget.block_size)
