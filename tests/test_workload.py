@@ -13,13 +13,9 @@ import numpy as np
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
-from sim.workload.generator import (
-    PREFIX_HASH_BLOCK_SIZE,
-    GeneratedWorkload,
-    LengthDistribution,
-    UniformThinkTime,
-    Workload,
-)
+from sim.workload.arrivals import UniformThinkTime
+from sim.workload.generator import PREFIX_HASH_BLOCK_SIZE, GeneratedWorkload, Workload
+from sim.workload.lengths import LengthDistribution
 from sim.workload.traces import load_trace
 
 N = 100_000

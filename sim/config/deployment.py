@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator
 
 from sim.config.errors import ScenarioError
+from sim.config.input_model import Float, InputModel, Int
 from sim.config.limits import MAX_POOL_BLOCKS
 from sim.costs.costmodel import AnalyticCostModel, CostModel, FittedCostModel
 from sim.costs.energy import clock_share
@@ -22,7 +23,6 @@ from sim.hardware.gpu import GPUSpec
 from sim.hardware.models import ModelSpec
 from sim.serving import spec_decode
 from sim.serving.pipeline import PipelineLink
-from sim.workload.generator import Float, InputModel, Int
 
 
 class CostModelConfigBase(InputModel):

@@ -23,10 +23,20 @@ MAX_KV_BOOKKEEPING_BYTES = 2 * 10**9  # host memory all replicas' KV managers of
 BYTES_PER_BLOCK = 48  # per touched block, no prefix caching (measured 40 B, rounded up)
 BYTES_PER_CACHED_BLOCK = 300  # per touched block with prefix caching (measured 275 B, rounded up)
 MAX_POOL_BLOCKS = 1 << 40  # a pool past this is a typo, not a GPU (an H200 holds ~2^34 one-token fp8 blocks)
+# Requests one run may hold: each costs about 1 KB of records and state while it runs (measured: see
+# tests/test_hardening.py), so this bound keeps a run within a few GB, and refuses a typo of 1e8 up front.
+MAX_REQUESTS = 2_000_000
+_REQUEST_BYTES = 1000  # approximate memory per request, for the message that refuses a larger run
 
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def too_many_requests(n: int) -> str:
+    """Why a run of ``n`` requests is refused, with what it would need."""
+    return (f"{n} requests would need about {n * _REQUEST_BYTES / 1e9:.3g} GB of memory for their records; a run "
+            f"holds at most {MAX_REQUESTS} (split the load over several runs, or sample it)")
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,7 +45,9 @@ from sim.engines.registry import (
 from sim.engines.sched import engine_kv_cache
 from sim.loop.disagg.config import DisaggConfig
 from sim.plugins import load_plugins
-from sim.workload.generator import EmpiricalLength, TraceArrival, Workload
+from sim.workload.arrivals import TraceArrival
+from sim.workload.generator import Workload
+from sim.workload.lengths import EmpiricalLength
 from sim.workload.traces import resolve_trace
 
 
@@ -319,7 +321,7 @@ def _spelled_out(default: BaseModel) -> dict[str, Any]:
             **default.model_dump(mode="json", exclude_defaults=True)}
 
 
-_OLDER_BOUNDS = {"low": "min", "high": "max"}  # uniform's older names (sim.workload.generator._uniform_bounds)
+_OLDER_BOUNDS = {"low": "min", "high": "max"}  # uniform's older names (sim.workload.lengths.uniform_bounds)
 
 
 def _node_at(node: Any, parts: list[str]) -> Any:

@@ -36,6 +36,7 @@ from sim.config.deployment import Deployment as Deployment
 from sim.config.deployment import FittedCost as FittedCost
 from sim.config.errors import ScenarioError as ScenarioError  # re-exported: where every caller finds it
 from sim.config.host_kv_config import HostCacheConfig
+from sim.config.input_model import Float, InputModel, Int
 from sim.engines.costs import omit_when_unset
 from sim.hardware.gpu import GPUSpec
 from sim.loop.disagg.config import DisaggConfig, PlanDisaggConfig
@@ -47,7 +48,7 @@ from sim.policies.configs import PolicyConfigBase as PolicyConfigBase
 from sim.policies.configs import StaticPolicyConfig as StaticPolicyConfig
 from sim.serving.block_manager import KVManager, PagedBlockManager
 from sim.serving.contiguous_allocator import ContiguousAllocator
-from sim.workload.generator import Float, InputModel, Int, Workload
+from sim.workload.generator import Workload
 
 # Size limits: a run past them would exhaust memory or never end; each is refused up front, saying what it needs.
 MAX_SWEEP_RUNS = 100_000  # (sweep point, variant) runs in one scenario

@@ -46,9 +46,10 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
+from sim.config.input_model import Float, InputModel
 from sim.engines.base import engine_of
 from sim.serving.request import Request
-from sim.workload.generator import Float, GeneratedWorkload, InputModel
+from sim.workload.generator import GeneratedWorkload
 
 TOKENIZE_S_PER_TOKEN = 220e-3 / 100_000  # vLLM 0.19: 220 ms for 100k tokens, one core (andyluo7.github.io)
 CLIENT_OVER_SERVER_TTFT_S = (8.4e-3 + 12.0e-3) / 2  # vllm#54628: client TTFT - server TTFT, openai backend

@@ -30,6 +30,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from sim.config.input_model import Float, InputModel, Int
 from sim.engines import classic, sglang, tensorrt_llm, vllm_v0, vllm_v1
 from sim.engines.base import Engine, EngineKey, SchedulerDefaults, engine_of, engines, register_engine
 from sim.engines.classic import classic_policy
@@ -38,7 +39,6 @@ from sim.hardware.gpu import GPUSpec
 from sim.hardware.kv_budget import KVBudget
 from sim.hardware.models import ModelSpec
 from sim.plugins import load_plugins
-from sim.workload.generator import Float, InputModel, Int
 
 # the shipped engines, one module each; the first is a deployment.engine section's default, classic what a
 # deployment without one runs. A plugin adds its own with register_engine (sim/plugins.py).

@@ -12,11 +12,11 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import ConfigDict, Field, PrivateAttr, model_validator
 
+from sim.config.input_model import Float, InputModel, Int
 from sim.engines.costs import omit_when_unset
 from sim.policies.base import Admission, Limits, Policy
 from sim.policies.continuous import ContinuousPolicy
 from sim.policies.static import StaticPolicy
-from sim.workload.generator import Float, InputModel, Int
 
 
 class PolicyModel(InputModel):

@@ -53,13 +53,13 @@ import numpy as np
 from pydantic import Field, field_validator, model_validator
 
 from sim.config.files import read_text_capped
+from sim.config.input_model import Float, InputModel, Int
 from sim.costs.costmodel import AnalyticCostModel, CostModel, StepShape
 from sim.hardware.dtypes import DTYPE_BITS, canonical_dtype, kv_dtype_bytes, resolve_kv_dtype
 from sim.hardware.gpu import GPUSpec
 from sim.hardware.kv_budget import KVBudget
 from sim.hardware.models import ModelSpec, resolve_model
 from sim.serving.request import Request
-from sim.workload.generator import Float, InputModel, Int
 
 METHODS = ("draft_model", "ngram", "eagle")
 MAX_SPECULATIVE_TOKENS = 32

@@ -78,7 +78,7 @@ from sim.config.scenario_messages import format_validation, yaml_error
 from sim.config.schema import Scenario, ScenarioError
 from sim.config.yaml_limits import MAX_SCENARIO_BYTES, safe_load_limited, unshared
 from sim.studies.sweep import METRICS, WORKLOAD, column, read_rows, run_sweep
-from sim.workload.generator import TraceArrival
+from sim.workload.arrivals import TraceArrival
 
 # fitness key -> (sweep.csv column, how it maps to [0, 1]: the reference it is divided by, "" for a fraction)
 FITNESS_KEYS: dict[str, tuple[str, str, bool]] = {  # (column, reference, higher is better)

@@ -77,7 +77,7 @@ def _read(path: str, mtime_ns: int, size: int, prompt_column: str, output_column
 class LengthPairs(BaseModel):
     """(prompt, output) lengths drawn together, one row of a lengths file per request."""
 
-    # as sim.workload.generator's sections (which import this one): unknown keys refused, frozen
+    # as the workload section's models (sim/workload/generator.py imports this one): unknown keys refused, frozen
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     type: Literal["pairs"] = "pairs"

@@ -24,8 +24,8 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from sim.config.deployment import Deployment
+from sim.config.input_model import Float, InputModel, Int
 from sim.policies.configs import PolicyConfig
-from sim.workload.generator import Float, InputModel, Int
 
 # Link presets: bandwidth per GPU in one direction (GB/s, 1e9 bytes) and the fixed cost of one transfer
 # (seconds: the connector's handshake, memory registration lookup and completion notification, which dominate

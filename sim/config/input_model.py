@@ -1,0 +1,33 @@
+"""The base of every section of a scenario file, and its number types: unknown keys refused, every float finite,
+``true``/``false`` never read as a number."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict
+
+
+def _not_bool(value: Any) -> Any:
+    # pydantic's lax mode reads true/false as 1/0; in a scenario file that is always a slip
+    if isinstance(value, bool):
+        raise ValueError(f"expected a number, not {str(value).lower()}")
+    return value
+
+
+Int = Annotated[int, BeforeValidator(_not_bool)]  # an integer field of a scenario file
+Float = Annotated[float, BeforeValidator(_not_bool)]  # a number field of a scenario file (finite: see InputModel)
+
+
+class InputModel(BaseModel):
+    """Base of every section of a scenario file: unknown keys are refused and every float must be finite
+    (``.inf`` and ``.nan`` are refused where they enter). Number fields use ``Int`` and ``Float``, which refuse
+    ``true``/``false``."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class FrozenInputModel(InputModel):
+    """A section that cannot be changed once validated (the workload and its parts)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
