@@ -44,7 +44,7 @@ BOUNDS = {"compute_efficiency": (0.02, 1.0), "bandwidth_efficiency": (0.02, 1.0)
 # cannot follow
 FIT_METRICS = ("mean_ttft", "mean_tpot", "mean_itl", "mean_e2el", "output_throughput")
 DEFAULTS = {"compute_efficiency": 0.6, "bandwidth_efficiency": 0.8, "step_overhead": 1.5e-3,
-            "per_request_overhead": 1e-5}  # sim/costs/costmodel.py's defaults: the fit starts there
+            "per_request_overhead": 1e-5}  # sim/costs/analytic.py's defaults: the fit starts there
 
 
 def with_knobs(cfg: VariantConfig, knobs: dict[str, float]) -> VariantConfig:

@@ -1,6 +1,6 @@
 """Fitting the simulator's cost model to measured step times (torch-free).
 
-The model is ``sim.costs.costmodel.FittedCostModel``: a step's time is a non-negative combination of its shape's
+The model is ``sim.costs.fitted.FittedCostModel``: a step's time is a non-negative combination of its shape's
 aggregates, each a physical cost of the engine::
 
     time = step                        fixed per step: Python scheduling, input preparation, launches, sampling
@@ -26,7 +26,8 @@ from typing import Any
 import numpy as np
 from scipy.optimize import nnls
 
-from sim.costs.costmodel import COEFFICIENT_NAMES, PROFILE_SCHEMA_VERSION, FittedCostModel, StepShape
+from sim.costs.costmodel import StepShape
+from sim.costs.fitted import COEFFICIENT_NAMES, PROFILE_SCHEMA_VERSION, FittedCostModel
 
 # the columns the fit solves for, in the order of the design matrix (swap_block is measured separately)
 # (``seq`` is left at 0: every row is either a decode row or a prompt row, so ``seq`` would be the sum of the two
@@ -213,7 +214,7 @@ def build_profile(model: str, device: str, samples: Sequence[Sample], *, swap_bl
                   num_gpu_blocks: int | None = None, peak_flops: float = 0.0,
                   provenance: dict[str, Any] | None = None, keep_samples: bool = True,
                   token_curve: bool = True) -> dict[str, Any]:
-    """Fit and assemble a calibration profile (the ``sim.costs.costmodel.CalibrationProfile`` dict). ``token_curve``:
+    """Fit and assemble a calibration profile (the ``sim.costs.fitted.CalibrationProfile`` dict). ``token_curve``:
     fit the linear layers' cost in stairs of the row count too (``token_knots``)."""
     coef = fit_coefficients(samples, token_curve)
     heldout, _ = heldout_errors(samples, token_curve)

@@ -27,7 +27,7 @@ from plotly.subplots import make_subplots
 
 from sim.config.scenario import VariantConfig, load_scenario, variant_configs
 from sim.config.schema import FittedCost, Scenario, ScenarioError
-from sim.costs.costmodel import FittedCostModel
+from sim.costs.fitted import FittedCostModel
 from sim.metrics.records import RunResult
 from sim.metrics.summary import summarize
 from sim.output.report import TEMPLATE, color, ecdf_points
@@ -227,7 +227,7 @@ def _simulate(cfg: VariantConfig, specs: tuple, cost, name: str) -> RunResult:
 
 def scaled(model: FittedCostModel, factor: float) -> FittedCostModel:
     """The same cost model with every time coefficient multiplied by ``factor``."""
-    from sim.costs.costmodel import COEFFICIENT_NAMES
+    from sim.costs.fitted import COEFFICIENT_NAMES
 
     return dataclasses.replace(model, **{k: getattr(model, k) * factor for k in COEFFICIENT_NAMES})
 

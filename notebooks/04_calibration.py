@@ -117,7 +117,8 @@ fig
 # lets you check where the real kernels leave the roofline.
 
 # %%
-from sim.costs.costmodel import AnalyticCostModel, StepShape  # noqa: E402
+from sim.costs.analytic import AnalyticCostModel  # noqa: E402
+from sim.costs.costmodel import StepShape  # noqa: E402
 from sim.hardware.gpu import GPUSpec  # noqa: E402
 from sim.hardware.models import ModelSpec  # noqa: E402
 

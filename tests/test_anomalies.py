@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from sim.costs.costmodel import AnalyticCostModel
+from sim.costs.analytic import AnalyticCostModel
 from sim.hardware.gpu import resolve_gpu
 from sim.hardware.models import resolve_model
 from sim.loop.simulator import Simulation

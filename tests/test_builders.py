@@ -29,7 +29,9 @@ from sim.config.schema import (
     ScenarioError,
     StaticPolicyConfig,
 )
-from sim.costs.costmodel import AnalyticCostModel, CostModel, FittedCostModel, StepShape, optional_member
+from sim.costs.analytic import AnalyticCostModel
+from sim.costs.costmodel import CostModel, StepShape, optional_member
+from sim.costs.fitted import FittedCostModel
 from sim.hardware.gpu import GPU_PRESETS, GPUSpec, resolve_gpu
 from sim.hardware.models import MODEL_PRESETS, ModelSpec, resolve_model
 from sim.loop.build import build

@@ -28,7 +28,8 @@ from calibration.fit import (
     nnls_fit,
     samples_from_profile,
 )
-from sim.costs.costmodel import FittedCostModel, StepShape
+from sim.costs.costmodel import StepShape
+from sim.costs.fitted import FittedCostModel
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIO = ROOT / "calibration" / "scenarios" / "validate-tiny.yaml"

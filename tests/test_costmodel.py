@@ -10,7 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.costs.costmodel import AnalyticCostModel, CostModel, FittedCostModel, StepShape
+from sim.costs.analytic import AnalyticCostModel
+from sim.costs.costmodel import CostModel, StepShape
+from sim.costs.fitted import FittedCostModel
 from sim.hardware.gpu import GPUSpec
 from sim.hardware.models import ModelSpec
 
@@ -282,7 +284,7 @@ def test_fitted_without_model_or_peak() -> None:
 
 
 def test_wake_curve_adds_the_engines_wake_up_after_idling() -> None:
-    from sim.costs.costmodel import CalibrationProfile
+    from sim.costs.fitted import CalibrationProfile
 
     base = {"schema_version": 2, "model": "tiny", "coefficients": {"step": 1e-3, "token": 2e-5}}
     curve = [[0.0, 0.0], [0.001, 2e-4], [0.01, 1e-3]]

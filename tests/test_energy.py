@@ -11,7 +11,8 @@ import pytest
 
 import servesim
 from sim.config.schema import ScenarioError
-from sim.costs.costmodel import AnalyticCostModel, StepShape
+from sim.costs.analytic import AnalyticCostModel
+from sim.costs.costmodel import StepShape
 from sim.costs.energy import MEMORY_POWER_SHARE, PowerModel, clock_share, power_over_time, run_energy
 from sim.hardware.gpu import GPUSpec
 from sim.metrics.records import RequestRecord, RunResult

@@ -7,7 +7,8 @@ import pytest
 
 from sim.config.scenario import parse_scenario, variant_configs
 from sim.config.schema import ScenarioError
-from sim.costs.costmodel import AnalyticCostModel, StepShape
+from sim.costs.analytic import AnalyticCostModel
+from sim.costs.costmodel import StepShape
 from sim.engines.costs import host_time_ratio
 from sim.engines.registry import EngineConfig
 from sim.engines.vllm_v0 import VLLM_V05_HOST_TIME_RATIO, VLLM_V06_HOST_TIME_RATIO

@@ -15,7 +15,9 @@ from pydantic import BaseModel
 
 from sim.config.scenario import parse_scenario, variant_configs
 from sim.config.schema import KVCacheConfig, PolicyConfig
-from sim.costs.costmodel import AnalyticCostModel, FittedCostModel, StepShape
+from sim.costs.analytic import AnalyticCostModel
+from sim.costs.costmodel import StepShape
+from sim.costs.fitted import FittedCostModel
 from sim.loop.run import generate_workload, simulate_variant
 
 

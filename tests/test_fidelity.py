@@ -19,7 +19,8 @@ from calibration.fidelity import TARGETS, error_table
 from calibration.fit import Sample, fit_coefficients, predict, token_knots
 from calibration.workloads import ARRIVALS, CACHES, LENGTHS, POLICIES, family, make_workload
 from sim.config.scenario import parse_scenario, variant_configs
-from sim.costs.costmodel import FittedCostModel, StepShape
+from sim.costs.costmodel import StepShape
+from sim.costs.fitted import FittedCostModel
 from sim.loop.run import generate_workload, simulate_variant
 
 # --- the workload family -------------------------------------------------------------------------------------------

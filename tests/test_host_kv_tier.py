@@ -11,7 +11,9 @@ from hypothesis import strategies as st
 
 from sim.config.scenario import load_scenario, parse_scenario, variant_configs
 from sim.config.schema import ScenarioError
-from sim.costs.costmodel import AnalyticCostModel, FittedCostModel, StepShape
+from sim.costs.analytic import AnalyticCostModel
+from sim.costs.costmodel import StepShape
+from sim.costs.fitted import FittedCostModel
 from sim.loop.build import build
 from sim.loop.run import run_scenario
 from sim.serving.block_manager import PagedBlockManager

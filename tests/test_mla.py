@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from sim.config.scenario import parse_scenario, variant_configs
-from sim.costs.costmodel import AnalyticCostModel, StepShape
+from sim.costs.analytic import AnalyticCostModel
+from sim.costs.costmodel import StepShape
 from sim.hardware.dtypes import GiB
 from sim.hardware.gpu import resolve_gpu
 from sim.hardware.kv_budget import kv_budget

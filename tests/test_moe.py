@@ -10,7 +10,8 @@ from typer.testing import CliRunner
 
 from sim.cli.main import app
 from sim.config.scenario import parse_scenario, variant_configs
-from sim.costs.costmodel import AnalyticCostModel, StepShape
+from sim.costs.analytic import AnalyticCostModel
+from sim.costs.costmodel import StepShape
 from sim.hardware.gpu import resolve_gpu
 from sim.hardware.models import ModelSpec
 from sim.hardware.moe import expected_experts

@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 from sim.cli.main import app
 from sim.config.scenario import load_scenario, parse_scenario, variant_configs
 from sim.config.schema import ScenarioError
-from sim.costs.costmodel import AnalyticCostModel, StepShape
+from sim.costs.analytic import AnalyticCostModel
+from sim.costs.costmodel import StepShape
 from sim.hardware.gpu import resolve_gpu
 from sim.hardware.kv_budget import kv_budget
 from sim.hardware.models import resolve_model

@@ -9,7 +9,7 @@ import pytest
 
 import servesim
 from sim.config.scenario import parse_scenario, variant_configs
-from sim.costs.costmodel import AnalyticCostModel
+from sim.costs.analytic import AnalyticCostModel
 from sim.hardware.gpu import resolve_gpu
 from sim.hardware.models import resolve_model
 from sim.loop.run import generate_workload, simulate_variant

@@ -29,7 +29,8 @@ sys.path.insert(0, str(ROOT))
 
 from calibration.validate import METRICS, relative_error  # noqa: E402
 from sim.config.scenario import load_scenario, parse_scenario  # noqa: E402
-from sim.costs.costmodel import AnalyticCostModel, StepShape  # noqa: E402
+from sim.costs.analytic import AnalyticCostModel  # noqa: E402
+from sim.costs.costmodel import StepShape  # noqa: E402
 from sim.hardware.gpu import resolve_gpu  # noqa: E402
 from sim.hardware.models import ModelSpec  # noqa: E402
 from sim.loop.run import run_scenario  # noqa: E402

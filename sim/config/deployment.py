@@ -14,8 +14,10 @@ from pydantic import Field, field_validator
 from sim.config.errors import ScenarioError
 from sim.config.input_model import Float, InputModel, Int
 from sim.config.limits import MAX_POOL_BLOCKS
-from sim.costs.costmodel import AnalyticCostModel, CostModel, FittedCostModel
+from sim.costs.analytic import AnalyticCostModel
+from sim.costs.costmodel import CostModel
 from sim.costs.energy import clock_share
+from sim.costs.fitted import FittedCostModel
 from sim.costs.online import ServingConfig
 from sim.engines.costs import engine_cost_knobs, omit_when_unset
 from sim.engines.registry import EngineConfig, EngineField, engine_validator

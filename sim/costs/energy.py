@@ -44,7 +44,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from sim.costs.costmodel import DEFAULT_COMPUTE_EFFICIENCY, AnalyticCostModel, StepShape
+from sim.costs.analytic import DEFAULT_COMPUTE_EFFICIENCY, AnalyticCostModel
+from sim.costs.costmodel import StepShape
 from sim.metrics.step_columns import step_blocks
 
 if TYPE_CHECKING:

@@ -36,7 +36,9 @@ from typing import Any, Literal
 
 import numpy as np
 
-from sim.costs.costmodel import AnalyticCostModel, CostModel, FittedCostModel, StepShape
+from sim.costs.analytic import AnalyticCostModel
+from sim.costs.costmodel import CostModel, StepShape
+from sim.costs.fitted import FittedCostModel
 from sim.hardware.dtypes import DTYPE_BITS, activation_dtype
 from sim.hardware.gpu import GPUSpec
 from sim.hardware.models import ModelSpec

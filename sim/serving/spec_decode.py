@@ -54,7 +54,8 @@ from pydantic import Field, field_validator, model_validator
 
 from sim.config.files import read_text_capped
 from sim.config.input_model import Float, InputModel, Int
-from sim.costs.costmodel import AnalyticCostModel, CostModel, StepShape
+from sim.costs.analytic import AnalyticCostModel
+from sim.costs.costmodel import CostModel, StepShape
 from sim.hardware.dtypes import DTYPE_BITS, canonical_dtype, kv_dtype_bytes, resolve_kv_dtype
 from sim.hardware.gpu import GPUSpec
 from sim.hardware.kv_budget import KVBudget

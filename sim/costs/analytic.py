@@ -1,0 +1,334 @@
+"""The analytic (roofline) cost model: a step's time from first principles, FLOPs and bytes moved against the GPU's
+peak rates, with the defaults of its efficiencies and overheads and their reasons.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from sim.costs.costmodel import CostModel, StepShape, is_array
+from sim.hardware.dtypes import DTYPE_BITS, activation_dtype, canonical_dtype, kv_dtype_bytes, resolve_kv_dtype
+from sim.hardware.gpu import GPUSpec, resolve_gpu
+from sim.hardware.mla import mla_attn_flops_per_pair
+from sim.hardware.models import ModelSpec, check_tensor_parallel, resolve_model
+from sim.hardware.moe import expected_experts
+
+# Defaults of AnalyticCostModel, with their reasons.
+# Large bf16 GEMMs reach 60-70% of the dense datasheet peak on Hopper and Ampere; a whole prefill, with its
+# smaller projections and elementwise kernels, sits near the low end.
+DEFAULT_COMPUTE_EFFICIENCY = 0.6
+# Decode GEMVs and paged-attention reads stream at 75-85% of the datasheet HBM bandwidth.
+DEFAULT_BANDWIDTH_EFFICIENCY = 0.8
+# Fixed time per step outside the GPU's arithmetic: scheduling, input preparation, kernel launch (mostly hidden
+# by CUDA graphs), sampling and output processing. An optimized engine (vLLM v1, CUDA graphs) spends about 1-2 ms;
+# with it an 8B bf16 batch-1 decode on an H100 comes out near 7.5 ms, as measured in practice.
+DEFAULT_STEP_OVERHEAD = 1.5e-3  # s per step
+# CPU work that grows with the batch: per-row input preparation, sampling bookkeeping, detokenization.
+DEFAULT_PER_REQUEST_OVERHEAD = 1.0e-5  # s per row per step
+# Weight-only quantized GEMMs (int8/int4, fp8 without fp8 tensor cores) dequantize inside the kernel (Marlin and
+# the like): near bf16 speed once compute-bound, a little slower.
+DEFAULT_DEQUANT_OVERHEAD = 0.1  # fraction added to the compute time of weight-only quantized matmuls
+# One all-reduce's fixed cost (NCCL or vLLM's custom all-reduce on NVLink: 5-20 us).
+DEFAULT_ALLREDUCE_LATENCY = 1.0e-5  # s per all-reduce
+
+
+def _attn_flops_per_pair(m: ModelSpec, heads: int) -> float:
+    """Attention FLOPs per causal query-key pair of one GPU's ``heads`` heads, all layers (an exact integer as a
+    float, so the product with the time per FLOP rounds as it always did). MLA: sim/hardware/mla.py."""
+    if m.kv_lora_rank:
+        return float(mla_attn_flops_per_pair(m, heads))
+    return 4.0 * m.num_layers * heads * m.head_dim
+
+
+
+
+@dataclass(frozen=True, slots=True)
+class AnalyticCostModel(CostModel):
+    """Step time from first principles: FLOPs and bytes moved against the GPU's peak rates.
+
+    A step's time is a sum of per-part rooflines, each part bound by whichever of compute or memory it waits on:
+
+        time = step_overhead + per_request_overhead * num_seqs
+             + max(linear FLOPs / compute rate,    (linear weights + activations) / bandwidth)
+             + max(attention FLOPs / compute rate, KV bytes read and written / bandwidth)
+             + tensor-parallel all-reduces + swap copies over PCIe
+
+    Summing the parts, rather than taking one global max, reflects that the linear layers and attention are
+    separate kernels: a long-context decode waits on KV reads in attention even when its linear layers are
+    memory-bound on the weights, and vice versa in a large prefill.
+
+    - Linear layers (per GPU shard): ``2 * body_matmul_params`` FLOPs per token, plus the LM head's
+      ``2 * vocab * hidden`` FLOPs per *row* (vLLM computes logits only at the positions that sample). Bytes: every
+      weight once per step, plus each matmul's input and output activations per token (fp32 logits per row).
+    - Attention: ``4 * layers * heads * head_dim`` FLOPs per causal query-key pair (``attn_pairs``), in bf16 (fp16
+      for fp16 models) whatever the weight format; bytes: ``(kv_read_tokens + num_tokens) * kv_bytes_per_token``
+      (the context read, the new tokens' KV written).
+    - Tensor parallelism (``tp > 1``): weights, heads and KV heads split over the GPUs (KV heads replicated when
+      ``tp`` exceeds them); two all-reduces per layer of ``num_tokens * hidden`` activations, ring cost
+      ``allreduce_latency + 2 (tp-1)/tp * bytes / link``, the link being NVLink (times ``bandwidth_efficiency``)
+      or, without NVLink, PCIe.
+    - Swaps: ``swap_blocks * block_size * kv_bytes_per_token`` (per GPU) over PCIe, serial with the step (vLLM
+      issues the copies before the forward).
+
+    Compute dtype of the linear layers: fp8 weights on a GPU with fp8 tensor cores compute at the fp8 peak
+    (W8A8, as vLLM does on Hopper and Ada). fp8 weights on a GPU without fp8 (A100) *fall back* to weight-only
+    fp8 (vLLM's Marlin path): one byte per weight, bf16 compute plus ``dequant_overhead``; int8 and int4 are
+    weight-only likewise. ``compute_dtype`` and ``weight_only`` tell which case applies.
+
+    Every ``StepShape`` field may be a numpy array (many steps at once): the same expression is evaluated, with
+    ``np.maximum`` for arrays and the built-in ``max`` for scalars (both the IEEE maximum), so the two forms are
+    bit-identical. A scalar shape gives a Python float.
+    """
+
+    model: ModelSpec  # anything sim.hardware.models.resolve_model accepts (a preset name, a config) is resolved
+    gpu: GPUSpec  # anything sim.hardware.gpu.resolve_gpu accepts (a preset name, a mapping of fields) is resolved
+    weight_dtype: str = "bf16"
+    kv_dtype: str = "auto"  # "auto": the model's activation dtype
+    tensor_parallel_size: int = 1
+    block_size: int = 16  # tokens per KV block, for swap traffic
+    compute_efficiency: float = DEFAULT_COMPUTE_EFFICIENCY  # fraction of the dense peak FLOP/s matmuls achieve
+    bandwidth_efficiency: float = DEFAULT_BANDWIDTH_EFFICIENCY  # fraction of HBM (and NVLink) bandwidth achieved
+    attention_efficiency: float | None = None  # fraction of peak attention kernels achieve; None: compute_eff.
+    step_overhead: float = DEFAULT_STEP_OVERHEAD  # s per step
+    per_request_overhead: float = DEFAULT_PER_REQUEST_OVERHEAD  # s per row per step
+    dequant_overhead: float = DEFAULT_DEQUANT_OVERHEAD  # fraction added to weight-only quantized matmul time
+    allreduce_latency: float = DEFAULT_ALLREDUCE_LATENCY  # s per all-reduce (tp > 1 only)
+    # host (CPU) seconds per second of GPU work that the GPU waits for (sim/engines/costs.py: vLLM 0.5 and 0.6);
+    # 0: the host work overlaps the GPU, as in an engine without a synchronous CPU loop
+    host_time_ratio: float = 0.0
+    # SM clock as a share of its full rate: below 1 when a power cap (deployment.power_limit_w) runs the clocks
+    # down (sim/costs/energy.py). It divides the compute side of each roofline part; HBM bandwidth keeps its clock
+    compute_clock: float = 1.0
+
+    # Derived in __post_init__.
+    compute_dtype: str = field(init=False)  # dtype of the linear layers' arithmetic
+    weight_only: bool = field(init=False)  # quantized weights dequantized to compute_dtype inside the GEMM
+    _k: tuple[float, ...] = field(init=False, repr=False, compare=False)
+    _flops: tuple[int, int, int] = field(init=False, repr=False, compare=False)
+    _peak: float = field(init=False, repr=False, compare=False)
+    _moe: tuple[float, int, int] | None = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        m, g = resolve_model(self.model), resolve_gpu(self.gpu)
+        wd = canonical_dtype(self.weight_dtype)
+        kd = resolve_kv_dtype(self.kv_dtype, wd)
+        tp = check_tensor_parallel(m, self.tensor_parallel_size)
+        for name in ("compute_efficiency", "bandwidth_efficiency"):
+            v = getattr(self, name)
+            if not 0.0 < v <= 1.0:
+                raise ValueError(f"{name} must be in (0, 1], got {v}")
+        attn_eff = self.compute_efficiency if self.attention_efficiency is None else self.attention_efficiency
+        if not 0.0 < attn_eff <= 1.0:
+            raise ValueError(f"attention_efficiency must be in (0, 1], got {attn_eff}")
+        for name in ("step_overhead", "per_request_overhead", "dequant_overhead", "allreduce_latency",
+                     "host_time_ratio"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+        if not 0.0 < self.compute_clock <= 1.0:
+            raise ValueError(f"compute_clock must be in (0, 1], got {self.compute_clock}")
+
+        act = activation_dtype(wd)
+        if wd in ("fp32", "bf16", "fp16"):
+            cd, weight_only = wd, False
+        elif wd == "fp8" and g.peak("fp8") > 0:
+            cd, weight_only = "fp8", False
+        else:  # int8 / int4 weight-only, or fp8 on a GPU without fp8 tensor cores
+            cd, weight_only = act, True
+        peak_lin = g.peak(cd)
+        peak_attn = g.peak(act)
+        if peak_lin <= 0 or peak_attn <= 0:
+            raise ValueError(f"GPU {g.name} has no {cd if peak_lin <= 0 else act} peak FLOP/s in its spec")
+
+        s = m.shard(tp)
+        act_b = DTYPE_BITS[act] / 8
+        bw = g.mem_bandwidth * self.bandwidth_efficiency
+        t_flop_lin = (1.0 + (self.dequant_overhead if weight_only else 0.0)) / (peak_lin * self.compute_efficiency)
+        t_flop_attn = 1.0 / (peak_attn * attn_eff)
+        if self.compute_clock != 1.0:  # a capped GPU's slower SM clock (uncapped: the times as they always were)
+            t_flop_lin /= self.compute_clock
+            t_flop_attn /= self.compute_clock
+        h, hd = m.hidden_size, m.head_dim
+        n_up = 2 if m.mlp == "gated" else 1
+        # inputs + outputs of each matmul of one layer, per token (elementwise kernels assumed fused)
+        per_expert = max(1, s.experts_per_tok)  # MoE: a token's activations pass through its k experts
+        layer_act = (h + (s.num_attention_heads + 2 * s.num_key_value_heads) * hd  # qkv
+                     + s.num_attention_heads * hd + h  # o
+                     + (h + n_up * s.intermediate_size  # up (and gate)
+                        + s.intermediate_size + h) * per_expert)  # down
+        act_bytes_token = m.num_layers * layer_act * act_b
+        act_bytes_row = m.word_embed_proj_dim * act_b + s.vocab_size * 4  # LM head input, fp32 logits
+        kv_token = m.kv_elements_per_token(tp) * kv_dtype_bytes(kd)
+        if tp > 1:
+            link = g.nvlink_bandwidth * self.bandwidth_efficiency if g.nvlink_bandwidth > 0 else g.pcie_bandwidth
+            n_ar = 2 * m.num_layers
+            ar_const = n_ar * self.allreduce_latency
+            ar_token = n_ar * (2.0 * (tp - 1) / tp) * h * act_b / link
+        else:
+            ar_const = ar_token = 0.0
+        k: tuple[float, ...] = (
+            self.step_overhead,  # 0: s per step
+            self.per_request_overhead,  # 1: s per row
+            2.0 * s.active_body_params * t_flop_lin,  # 2: linear compute, s per token (MoE: its k experts)
+            2.0 * s.lm_head_params * t_flop_lin,  # 3: LM head compute, s per row
+            s.weight_bytes_read_per_step(wd) / bw,  # 4: weights, s per step
+            act_bytes_token / bw,  # 5: activations, s per token
+            act_bytes_row / bw,  # 6: LM head activations, s per row
+            _attn_flops_per_pair(m, s.num_attention_heads) * t_flop_attn,  # 7: attention, s per pair
+            kv_token / bw,  # 8: KV read or written, s per token
+            ar_const,  # 9: all-reduce latency, s per step
+            ar_token,  # 10: all-reduce transfer, s per token
+            self.block_size * kv_token / g.pcie_bandwidth,  # 11: swap, s per block
+        )
+        if self.host_time_ratio > 0:  # every GPU part stretched by the host time it waits for; overheads as they are
+            stretch = 1.0 + self.host_time_ratio
+            k = k[:2] + tuple(x * stretch for x in k[2:])
+        object.__setattr__(self, "model", m)
+        object.__setattr__(self, "gpu", g)
+        object.__setattr__(self, "weight_dtype", wd)
+        object.__setattr__(self, "kv_dtype", kd)
+        object.__setattr__(self, "compute_dtype", cd)
+        object.__setattr__(self, "weight_only", weight_only)
+        object.__setattr__(self, "_k", k)
+        body, head = m.shard(1).active_body_params, m.shard(1).lm_head_params
+        # MoE: seconds to read one expert of every layer, experts per layer, experts per token (sim/hardware/moe.py)
+        moe = (s.expert_bytes(wd) / bw * (1.0 + self.host_time_ratio), s.num_experts, s.experts_per_tok) \
+            if s.num_experts else None
+        object.__setattr__(self, "_moe", moe)
+        object.__setattr__(self, "_flops", (2 * body, 2 * head, m.attn_flops_per_pair))
+        object.__setattr__(self, "_peak", peak_lin * tp)
+
+    @property
+    def peak_flops(self) -> float:
+        """Dense peak FLOP/s of the linear layers' compute dtype, summed over the tensor-parallel GPUs."""
+        return self._peak
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """KV bytes per token on one GPU."""
+        return self.model.kv_elements_per_token(self.tensor_parallel_size) * kv_dtype_bytes(self.kv_dtype)
+
+    def _time(self, n_seqs: Any, n_tok: Any, kv_read: Any, pairs: Any, swap: Any,
+              mx: Callable[[Any, Any], Any]) -> Any:
+        # The one place the step time's arithmetic is written: scalars (mx=max) and arrays (mx=np.maximum) go
+        # through the same operations in the same order, so both forms round identically.
+        k0, k1, k2, k3, k4, k5, k6, k7, k8, k9, k10, k11 = self._k
+        return (k0 + n_seqs * k1  # fixed and per-row overhead
+                + mx(n_tok * k2 + n_seqs * k3, k4 + n_tok * k5 + n_seqs * k6)  # linear layers: compute | memory
+                + mx(pairs * k7, (kv_read + n_tok) * k8)  # attention: compute | KV traffic
+                + (k9 + n_tok * k10)  # tensor-parallel all-reduces
+                + swap * k11)  # swap copies over PCIe
+
+    def _time_moe(self, n_seqs: Any, n_tok: Any, kv_read: Any, pairs: Any, swap: Any) -> Any:
+        # _time with the experts a step reads (sim.hardware.moe.expected_experts) on the memory side of the linear
+        # layers;
+        # numpy for scalars and arrays alike, so both round identically
+        k0, k1, k2, k3, k4, k5, k6, k7, k8, k9, k10, k11 = self._k
+        per_expert, num_experts, top_k = self._moe  # type: ignore[misc]
+        experts = expected_experts(num_experts, top_k, n_tok) * per_expert
+        return (k0 + n_seqs * k1
+                + np.maximum(n_tok * k2 + n_seqs * k3, k4 + experts + n_tok * k5 + n_seqs * k6)
+                + np.maximum(pairs * k7, (kv_read + n_tok) * k8)
+                + (k9 + n_tok * k10)
+                + swap * k11)
+
+    def step_time(self, shape: StepShape) -> float | np.ndarray:
+        """Seconds the step takes (an array when the shape's fields are arrays)."""
+        a, b, c, d, e = shape.num_seqs, shape.num_tokens, shape.kv_read_tokens, shape.attn_pairs, shape.swap_blocks
+        nd = np.ndarray
+        array = a.__class__ is nd or b.__class__ is nd or c.__class__ is nd or d.__class__ is nd or e.__class__ is nd
+        if self._moe is not None:
+            t = self._time_moe(a, b, c, d, e)
+            t = t if array else float(t)
+        elif array:
+            t = self._time(a, b, c, d, e, np.maximum)
+        else:
+            t = float(self._time(a, b, c, d, e, max))
+        h = shape.host_load_time
+        return t + h if h else t
+
+    def decode_steps(self, rows: list[int], reads: list[int],
+                     longest: list[int] | None = None) -> tuple[list[float], list[float]]:
+        """Times and FLOPs of unpadded one-token-per-row steps (``rows[i]`` rows attending ``reads[i]`` tokens):
+        ``step_time``/``step_flops`` of those shapes, written out for the simulator's decode loop. The expression
+        and its order are ``_time``'s, so the results are bit-identical. (``longest``, each step's longest decode
+        context, does not enter the roofline: a GPU's paged decode kernel reads each row's own context.)"""
+        if self._moe is not None:  # the experts read grow with the rows: priced through step_time
+            return CostModel.decode_steps(self, rows, reads, longest)
+        k0, k1, k2, k3, k4, k5, k6, k7, k8, k9, k10, k11 = self._k
+        f_tok, f_row, f_pair = self._flops
+        # The parts that depend on the row count alone, once per count (a stretch has few), summed in _time's order.
+        # ``+ 0 * k11`` (no swap) adds +0.0, which changes no float, so it is left out.
+        counts = set(rows)
+        head = {n: k0 + n * k1 + max(n * k2 + n * k3, k4 + n * k5 + n * k6) for n in counts}
+        tail = {n: k9 + n * k10 for n in counts}
+        f_rows = {n: (n - 0) * f_tok + n * f_row for n in counts}
+        if k8 >= k7:
+            # the attention term max(c * k7, (c + n) * k8) is the memory one for every c, n >= 0 (a decode's
+            # query-key pairs are its KV reads): max() would return exactly that product, so it is skipped
+            times = [head[n] + (c + n) * k8 + tail[n] for n, c in zip(rows, reads, strict=True)]
+        else:
+            times = [head[n] + max(c * k7, (c + n) * k8) + tail[n] for n, c in zip(rows, reads, strict=True)]
+        flops = [float(f_rows[n] + c * f_pair) for n, c in zip(rows, reads, strict=True)]
+        return times, flops
+
+    def decode_step_time(self, n: int, c: int) -> float:
+        """One unpadded decode step's time (``decode_steps`` for a single step, without the lists)."""
+        if self._moe is not None:
+            return float(self.step_time(StepShape(n, n, n, c, c)))
+        k0, k1, k2, k3, k4, k5, k6, k7, k8, k9, k10, k11 = self._k
+        return (k0 + n * k1 + max(n * k2 + n * k3, k4 + n * k5 + n * k6) + max(c * k7, (c + n) * k8)
+                + (k9 + n * k10))
+
+    def breakdown(self, shape: StepShape) -> dict[str, Any]:
+        """The step time's parts in seconds (they sum to ``step_time`` up to rounding) and, for the two roofline
+        parts, whether compute (True) or memory traffic (False) bounds them. For teaching and debugging."""
+        a, b, c, d, e = shape.num_seqs, shape.num_tokens, shape.kv_read_tokens, shape.attn_pairs, shape.swap_blocks
+        k0, k1, k2, k3, k4, k5, k6, k7, k8, k9, k10, k11 = self._k
+        lin_c, lin_m = b * k2 + a * k3, k4 + b * k5 + a * k6
+        if self._moe is not None:
+            lin_m = lin_m + expected_experts(self._moe[1], self._moe[2], b) * self._moe[0]
+        att_c, att_m = d * k7, (c + b) * k8
+        return {
+            "overhead": k0 + a * k1,
+            "linear": np.maximum(lin_c, lin_m),
+            "attention": np.maximum(att_c, att_m),
+            "allreduce": k9 + b * k10,
+            "swap": e * k11,
+            "linear_compute_bound": np.greater_equal(lin_c, lin_m),
+            "attention_compute_bound": np.greater_equal(att_c, att_m),
+        }
+
+    def busy_times(self, shape: StepShape) -> tuple[np.ndarray, np.ndarray]:
+        """Seconds one GPU's arithmetic units and its memory are busy in each step of ``shape`` (array fields):
+        the compute and the memory side of the two roofline parts, summed (the step time takes the larger of each
+        pair; the power model, sim/costs/energy.py, needs both). Overheads, all-reduces and swaps busy neither, nor does
+        the host time the GPU parts are stretched by (``host_time_ratio``): the GPU waits then, at static power."""
+        a, b, c, d = (np.asarray(x, dtype=np.float64) for x in (shape.num_seqs, shape.num_tokens,
+                                                                shape.kv_read_tokens, shape.attn_pairs))
+        k0, k1, k2, k3, k4, k5, k6, k7, k8, k9, k10, k11 = self._k
+        memory = k4 + b * k5 + a * k6 + (c + b) * k8
+        if self._moe is not None:
+            memory = memory + expected_experts(self._moe[1], self._moe[2], b) * self._moe[0]
+        stretch = 1.0 + self.host_time_ratio
+        return (b * k2 + a * k3 + d * k7) / stretch, memory / stretch
+
+    @property
+    def flops_per_unit(self) -> tuple[int, int, int]:
+        """Model FLOPs per non-padding token, per row (LM head) and per query-key pair, all GPUs (``step_flops``'s
+        terms): the power model recovers a step's query-key pairs from its recorded FLOPs with them."""
+        return self._flops
+
+    def step_flops(self, shape: StepShape) -> float | np.ndarray:
+        """Useful FLOPs of the step over all GPUs: linear layers for the non-padding tokens, the LM head for every
+        row, and attention for ``attn_pairs``. Tensor-parallel replication of KV projections is not counted."""
+        f_tok, f_row, f_pair = self._flops
+        a, b, p, d = shape.num_seqs, shape.num_tokens, shape.num_padding_tokens, shape.attn_pairs
+        r = (b - p) * f_tok + a * f_row + d * f_pair
+        return r if is_array(a, b, p, d) else float(r)
+
