@@ -297,7 +297,8 @@ def test_plan_names_the_deployment_with_the_fewest_joules() -> None:
 
     from sim.config.scenario import parse_scenario
     from sim.hardware.presets.gpus import BASE_GPU_PRESETS
-    from sim.studies.planner import format_plan, plan
+    from sim.studies.plan_text import format_plan
+    from sim.studies.planner import plan
 
     # an H100 priced below the L4 ($0.50 against $0.70 an hour) is the cheapest; at 2 req/s of a 1B model it
     # idles at 70 W where the L4 idles at 16 W, so the L4 takes fewer joules per output token

@@ -27,20 +27,10 @@ from sim.loop.build import build
 from sim.loop.run import generate_workload
 from sim.metrics.records import RequestRecord
 from sim.metrics.summary import summarize
-from sim.studies.planner import (
-    Candidate,
-    Evaluation,
-    PlanResult,
-    WorkloadShape,
-    _resolve,
-    break_even,
-    format_plan,
-    latency_bounds,
-    output_load,
-    plan,
-    simulate_replicas,
-    work_lower_bound,
-)
+from sim.studies.plan_bounds import WorkloadShape, latency_bounds, work_lower_bound
+from sim.studies.plan_result import Candidate, Evaluation, PlanResult, break_even, output_load
+from sim.studies.plan_text import format_plan
+from sim.studies.planner import _resolve, plan, simulate_replicas
 
 ROOT = Path(__file__).resolve().parent.parent
 PLAN_CHAT = ROOT / "scenarios" / "plan-chat.yaml"

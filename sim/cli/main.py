@@ -913,7 +913,8 @@ def plan(
     """Find the cheapest deployment (GPU type and count, tensor parallelism, weight and KV precision,
     max_num_seqs, chunked prefill) meeting the scenario's SLOs at its load: analytic bounds prune, the simulator
     decides; prints the Pareto front, the choice, its cost per million output tokens and the API break-even."""
-    from sim.studies.planner import check_plan, format_plan
+    from sim.studies.plan_text import format_plan
+    from sim.studies.planner import check_plan
     from sim.studies.planner import plan as plan_deployment
 
     overrides = _overrides(set_, num_requests)
