@@ -16,7 +16,9 @@ throughput, TTFT, TPOT and ITL at 16-1000 requests/s). Every row the simulator c
   stated otherwise, a closed loop of ``max_concurrency`` users where the row states one; what a row's optional
   ``settings`` column states (``max_model_len``, ``gpu_memory_utilization``, ``num_prompts``,
   ``max_concurrency``, ``enforce_eager``, the scheduler's ``max_num_seqs``, ``max_num_batched_tokens``,
-  ``enable_chunked_prefill``);
+  ``enable_chunked_prefill``) and ``lengths``: a file of the per-request lengths the source published, run request
+  by request, with the client's statistics (a request whose stream carried no text counts TTFT 0, as
+  benchmark_serving.py counts it: ``client_stats``);
 - the metric the row holds, computed as its source computes it;
 - rows measured through an engine's HTTP server by a serving benchmark (their workload names a QPS) with the
   online-serving layer (``deployment.serving: online``, sim/costs/online.py); ``--offline`` runs them without it.
@@ -49,7 +51,11 @@ from sim.config.scenario import VariantConfig, parse_scenario, variant_configs
 from sim.config.schema import ScenarioError
 from sim.engines.vllm_v0 import VLLM_V06_HOST_TIME_RATIO
 from sim.loop.build import build
+from sim.loop.run import simulate_variant
+from sim.metrics.records import RunResult
 from sim.output.benchfiles.common import BenchRun
+from sim.output.benchfiles.stats import bench_stats, run_lists, run_stats
+from sim.output.benchfiles.validate import rebuild_workload
 
 ROOT = Path(__file__).resolve().parent.parent
 # the shared data sit beside the repository, not in it: the development set is not shipped
@@ -95,7 +101,8 @@ SOURCE_ALIASES = {"vllm-project.github.io:assets/figures/perf-v060/":
 # a row's ``settings`` (optional column, ``key=value;...``): what its source states beyond the other columns
 POLICY_SETTINGS = {"enable_chunked_prefill", "max_num_seqs", "max_num_batched_tokens"}
 DEPLOYMENT_SETTINGS = {"max_model_len", "gpu_memory_utilization"}
-SETTINGS = POLICY_SETTINGS | DEPLOYMENT_SETTINGS | {"enforce_eager", "num_prompts", "max_concurrency"}
+SETTINGS = POLICY_SETTINGS | DEPLOYMENT_SETTINGS | {"enforce_eager", "num_prompts", "max_concurrency", "lengths"}
+DIR_KEY = "_dir"  # the folder of the CSV a row was read from: a ``lengths`` file is named relative to it
 OFFLINE_REQUESTS = 3000  # offline rows: enough requests that the run reaches the engine's steady batch
 
 
@@ -106,6 +113,9 @@ class Case:
     run: BenchRun
     key: str  # simulated metric (sim.output.benchfiles.stats names) the row's value is compared with
     scale: float  # measured value in the simulated metric's unit = row value * scale
+    # requests whose stream carried no text (a published per-request output length of 0), by request id; None: the
+    # row's workload has no per-request lengths
+    textless: list[bool] | None = None
 
 
 def _number(text: str) -> int:
@@ -145,8 +155,18 @@ def settings_of(row: dict[str, str]) -> dict[str, Any]:
         k, _, v = item.partition("=")
         if k not in SETTINGS:
             raise ValueError(f"settings: unknown key {k!r} (known: {', '.join(sorted(SETTINGS))})")
-        out[k] = v == "true" if v in ("true", "false") else int(v) if v.isdigit() else float(v)
+        out[k] = v if k == "lengths" else v == "true" if v in ("true", "false") else int(v) if v.isdigit() \
+            else float(v)
     return out
+
+
+def lengths_of(row: dict[str, str]) -> tuple[list[int], list[int]]:
+    """The per-request input and output lengths the row's source published (``settings`` ``lengths=FILE``, a CSV
+    of ``input_len,output_len`` beside the row's own CSV), in the order the benchmark sent the requests."""
+    path = Path(row.get(DIR_KEY, "")) / settings_of(row)["lengths"]
+    with path.open() as f:
+        pairs = [(int(r["input_len"]), int(r["output_len"])) for r in csv.DictReader(f)]
+    return [i for i, _ in pairs], [o for _, o in pairs]
 
 
 def case_of(row: dict[str, str], n_offline: int, classic: bool = False, online: bool = True) -> Case:
@@ -169,8 +189,20 @@ def case_of(row: dict[str, str], n_offline: int, classic: bool = False, online: 
     settings = settings_of(row)
     n = 1 if metric == "tok_s_batch1" else (500 if "500" in row["workload"] else n_offline)
     n = settings.get("num_prompts", n)
+    ins, outs = [isl] * n, [osl] * n
+    longest = isl + osl  # max_model_len, unless a setting states it
+    textless = None
+    if "lengths" in settings:
+        ins, published = lengths_of(row)
+        # benchmark_serving.py's output length counts the tokens of the text it received: 0 when the model's first
+        # token was its end of sequence (a base model stops at once on many ShareGPT prompts; dstack's H100 runs:
+        # 378 of 1000). The engine still prefilled the prompt and sampled that one token.
+        textless = [o == 0 for o in published]
+        outs = [max(o, 1) for o in published]
+        n = len(ins)
+        longest = max(i + o for i, o in zip(ins, outs, strict=True))
     dep: dict[str, Any] = {"model": MODELS[row["model"]], "gpu": gpu, "tensor_parallel_size": int(row["tp"]),
-                           "weight_dtype": wd, "kv_dtype": kd, "max_model_len": isl + osl}
+                           "weight_dtype": wd, "kv_dtype": kd, "max_model_len": longest}
     dep |= {k: v for k, v in settings.items() if k in DEPLOYMENT_SETTINGS}
     if engine is not None and not classic:
         dep["engine"] = engine | ({"enforce_eager": True} if settings.get("enforce_eager") else {})
@@ -200,20 +232,42 @@ def case_of(row: dict[str, str], n_offline: int, classic: bool = False, online: 
     agg = {key: value * scale} if scale else {key: osl / value}  # gpt-fast: tok/s = tokens / whole generate()
     # --max-concurrency with the rate inf: a closed loop of that many users (sim.output.benchfiles.validate)
     run = BenchRun(source=f"{row['engine'][:22]} {row['model']} {row['gpu'][:14]} tp{row['tp']} {isl}/{osl}",
-                   input_lens=[isl] * n, output_lens=[osl] * n, aggregates=agg, request_rate=request_rate,
+                   input_lens=ins, output_lens=outs, aggregates=agg, request_rate=request_rate,
                    burstiness=1.0 if request_rate else None, max_concurrency=settings.get("max_concurrency"))
-    return Case(row, cfg, run, key, scale)
+    return Case(row, cfg, run, key, scale, textless)
+
+
+def client_stats(result: RunResult, textless: list[bool]) -> dict[str, float]:
+    """The statistics as vLLM 0.6's benchmark_serving.py computes them when some streams carry no text: it starts
+    a request's TTFT at its first chunk with text, so a textless request keeps TTFT 0 and output length 0, and
+    both count in the means and throughputs (backend_request_func.py's ``RequestFuncOutput`` defaults, and
+    ``calculate_metrics`` averaging every successful request); TPOT skips requests of at most one token."""
+    lists = run_lists(result)
+    if len(lists["ttfts"]) != len(textless):
+        raise ValueError(f"{len(lists['ttfts'])} simulated requests for {len(textless)} published lengths")
+    ttfts = [0.0 if t else x for x, t in zip(lists["ttfts"], textless, strict=True)]
+    outs = [0 if t else x for x, t in zip(lists["output_lens"], textless, strict=True)]
+    stats = bench_stats(ttfts, lists["latencies"], outs, lists["input_lens"], np.zeros(0), result.duration)
+    # a one-token request has no inter-token gap, so the simulated ITLs are the client's
+    return stats | {k: v for k, v in run_stats(result).items() if k.endswith("_itl")}
 
 
 def predict(cases: list[Case], knobs: dict[str, float] | None = None) -> list[float]:
     """Simulated / measured - 1 of every case (higher-is-better metrics as they are; TPOT and E2EL inverted so that
     a positive error always means the simulator predicts the engine faster)."""
-    from calibration.bench_fit import DEFAULTS, simulate_runs
+    from calibration.bench_fit import DEFAULTS, simulate_runs, with_knobs
 
-    sims = simulate_runs([c.cfg for c in cases], [c.run for c in cases], knobs or DEFAULTS)
+    plain = [c for c in cases if c.textless is None]
+    sims = dict(zip(map(id, plain), simulate_runs([c.cfg for c in plain], [c.run for c in plain], knobs or DEFAULTS),
+                    strict=True))
+    for c in cases:
+        if c.textless is not None:  # the client's conventions need the run's requests, not its statistics
+            wl, _ = rebuild_workload(c.run)
+            result, _, _ = simulate_variant(with_knobs(c.cfg, knobs or DEFAULTS), wl, name=c.cfg.name)
+            sims[id(c)] = client_stats(result, c.textless)
     out = []
-    for c, s in zip(cases, sims, strict=True):
-        ratio = s[c.key] / c.run.aggregates[c.key]
+    for c in cases:
+        ratio = sims[id(c)][c.key] / c.run.aggregates[c.key]
         out.append(ratio - 1 if c.key.endswith("throughput") else 1 / ratio - 1)
     return out
 
@@ -257,7 +311,7 @@ def read_rows(files: list[Path]) -> list[dict[str, str]]:
     rows = []
     for path in files:
         with path.open() as f:
-            rows += list(csv.DictReader(f))
+            rows += [r | {DIR_KEY: str(path.parent)} for r in csv.DictReader(f)]
     return rows
 
 

@@ -127,3 +127,34 @@ def test_run_interval_flag(tmp_path):
     for line in lines[1:]:
         assert f"<li>{html.escape(line.strip())}</li>" in report
     assert "80% interval" not in (tmp_path / "plain" / "out" / "report.html").read_text()
+
+
+def test_published_lengths_and_textless_streams(tmp_path):
+    """A row with ``lengths=FILE`` runs the requests its source published, and its statistics count a request whose
+    stream carried no text (output length 0) as benchmark_serving.py does: TTFT 0 and no output tokens."""
+    from sim.loop.run import simulate_variant
+
+    bench = _bench()
+    (tmp_path / "lengths.csv").write_text("input_len,output_len\n100,0\n50,3\n80,0\n30,5\n200,1\n")
+    row = {"source": "github:o/r@1:README.md", "engine": "vLLM v0.6.3", "model": "Llama-3.1-8B",
+           "gpu": "H100-SXM-80GB", "tp": "1", "weight_dtype": "bf16", "kv_dtype": "auto", "workload": "QPS=16",
+           "input_len": "92", "output_len": "2", "request_rate": "16", "metric": "ttft_ms_mean", "value": "50",
+           "unit": "ms", "settings": "lengths=lengths.csv", bench.DIR_KEY: str(tmp_path)}
+    case = bench.case_of(row, 3000)
+    # the engine prefilled every prompt and sampled one token (its end of sequence) for the textless ones
+    assert (case.run.input_lens, case.run.output_lens) == ([100, 50, 80, 30, 200], [1, 3, 1, 5, 1])
+    assert case.textless == [True, False, True, False, False]
+    wl, _ = rebuild_workload(case.run)
+    result, _, _ = simulate_variant(case.cfg, wl, name="row")
+    reqs = sorted(result.requests, key=lambda r: r.id)
+    assert [r.prompt_tokens for r in reqs] == [100, 50, 80, 30, 200]  # sent in the published order
+    stats = bench.client_stats(result, case.textless)
+    ttft = [r.first_token - r.arrival for r in reqs]
+    assert stats["mean_ttft"] == pytest.approx((ttft[1] + ttft[3] + ttft[4]) / 5)  # zeros in the mean
+    assert stats["output_throughput"] == pytest.approx(9 / result.duration)  # 0 + 3 + 0 + 5 + 1 tokens
+    tpot = [(r.finish - r.first_token) / (r.output_tokens - 1) for r in (reqs[1], reqs[3])]
+    assert stats["mean_tpot"] == pytest.approx(sum(tpot) / 2)
+    assert stats["request_throughput"] == pytest.approx(5 / result.duration)
+    # a lengths file that does not match the run is refused, not misread
+    with pytest.raises(ValueError, match="5 simulated requests for 4 published lengths"):
+        bench.client_stats(result, case.textless[:4])
