@@ -87,6 +87,7 @@ SUMMARY_KEYS: tuple[str, ...] = (
 )
 
 NAN = float("nan")
+_REJECTED, _FAILED = Outcome.REJECTED.value, Outcome.FAILED.value  # Enum.value is a slow property: read once
 
 # Keys of each class's block in summary.json (``classes``), in order. Tests pin this list.
 CLASS_SUMMARY_KEYS: tuple[str, ...] = (
@@ -280,8 +281,8 @@ def summarize(result: RunResult, slos: SLOs | None = None) -> dict:
     out = {
         "num_requests": len(reqs),
         "num_completed": n_done,
-        "num_rejected": sum(1 for r in reqs if r.outcome == Outcome.REJECTED.value),
-        "num_failed": sum(1 for r in reqs if r.outcome == Outcome.FAILED.value),
+        "num_rejected": sum(1 for r in reqs if r.outcome == _REJECTED),
+        "num_failed": sum(1 for r in reqs if r.outcome == _FAILED),
         "num_preemptions": sum(r.num_preemptions for r in reqs),
         "num_steps": num_steps,
         "num_replicas": replicas,
@@ -451,8 +452,8 @@ def class_summaries(reqs: Sequence[RequestRecord], duration: float, slos: SLOs |
         block = {
             "num_requests": len(group),
             "num_completed": len(done),
-            "num_rejected": sum(1 for r in group if r.outcome == Outcome.REJECTED.value),
-            "num_failed": sum(1 for r in group if r.outcome == Outcome.FAILED.value),
+            "num_rejected": sum(1 for r in group if r.outcome == _REJECTED),
+            "num_failed": sum(1 for r in group if r.outcome == _FAILED),
             "priority": _one({r.priority for r in group}),
             "tenant": _one({r.tenant for r in group}),
             "slos": bounds,
