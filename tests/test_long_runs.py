@@ -172,3 +172,21 @@ def test_pooled_gaps_equal_numpys_unique_and_bincount() -> None:
         got = pooled_gaps(gaps, counts)
         assert got[0].tolist() == uniq.tolist() and got[1].tolist() == want.tolist()
         assert (got[0].dtype, got[1].dtype) == (np.float64, np.int64)
+
+
+def test_step_log_packs_counts_as_int32_only_where_they_fit() -> None:
+    """The log's chunks hold counts as int32 (28 bytes a step, 64 a run); a count past int32 or not a whole
+    number stays float64, so every value reads back as logged."""
+    log = records.StepLog()
+    for i in range(5):
+        log.append(float(i), i + 0.5, 3, 0, 0, 3, 0, 10 + i, 0, 2**40 + i, 7, 3, 0, 0, 0, 0, 0, 1.5e12)
+    log.per_step.extend((5.5, 12, 1, 2.5, 1.5e12))  # a decode run whose KV tokens are not a whole number
+    log.end_decode_run(1, 5.0, 3, 7, 3, 0, 0)
+    cols = log.columns()
+    steps, runs = log._chunks[0]
+    assert steps.dtype["kv_blocks_used"] == np.int32 and steps.dtype["kv_tokens"] == np.float64
+    assert runs.dtype["batch_size"] == np.int32 and steps.dtype["end"] == np.float64
+    assert steps.dtype.itemsize == 8 + 4 + 4 + 8 + 8 and runs.dtype.itemsize == 8 + 14 * 4
+    assert cols["kv_tokens"].tolist() == [2**40 + i for i in range(5)] + [2]  # int64 as always: 2.5 truncated
+    assert cols["kv_blocks_used"].tolist() == [10, 11, 12, 13, 14, 12]
+    assert cols["duration"].tolist() == [0.5] * 6 and cols["flops"].tolist() == [1.5e12] * 6

@@ -1,8 +1,8 @@
 """The step log's columns, read from its compact runs on demand instead of held as one array per column.
 
 A long run makes millions of steps (2 M for 100,000 Azure conversation requests, 20 M for a million). Held as
-19 expanded columns that is 152 bytes a step (3 GB at a million requests), while the step log's runs hold 40
-bytes a step plus 120 per run (56 a step on the Azure trace; ``sim.metrics.records.StepLog``). ``StepColumns`` is a
+19 expanded columns that is 152 bytes a step (3 GB at a million requests), while the step log's runs hold 28
+bytes a step plus 64 per run, its counts as int32 (``sim.metrics.records.StepLog``). ``StepColumns`` is a
 read-only mapping that expands a column when it is read, from the runs, and keeps only the two last read (and
 those only up to 2^20 steps): memory follows the compact log, and each reader (summary, steps table, report) pays
 a transient column at a time. The values are exactly those the
@@ -22,8 +22,9 @@ _RECENT_MAX_ROWS = 1 << 20  # and only up to this many steps (8 MB a column)
 class StepColumns(Mapping[str, np.ndarray]):
     """``STEP_COLUMNS`` -> array, expanded from the step log's chunks when read.
 
-    ``chunks``: (per-step values, per-run values) pairs, float64 arrays shaped (steps, len(varying)) and (runs,
-    len(constant)); a run never spans two chunks (the log moves steps into chunks between runs only)."""
+    ``chunks``: (per-step values, per-run values) pairs, structured arrays with a field per name of ``varying``
+    and of ``constant`` (``sim.metrics.records._packed``); a run never spans two chunks (the log moves steps into
+    chunks between runs only)."""
 
     __slots__ = ("_chunks", "_columns", "_varying", "_constant", "_replica", "_n", "_len", "_recent")
 
@@ -41,7 +42,7 @@ class StepColumns(Mapping[str, np.ndarray]):
         self._constant = {k: i for i, k in enumerate(constant)}
         self._replica = replica
         # steps per run, and the row of each run's first step (within its chunk)
-        self._n = [c[1][:, self._constant["num_steps"]].astype(np.int64) for c in chunks]
+        self._n = [c[1]["num_steps"].astype(np.int64) for c in chunks]
         self._len = sum(len(c[0]) for c in chunks)
         # the last columns read, kept: a reader that indexes two columns row by row in a loop would otherwise
         # expand them again for every row (two columns is the memory this costs)
@@ -61,10 +62,10 @@ class StepColumns(Mapping[str, np.ndarray]):
         return self._len
 
     def _start(self, steps: np.ndarray, runs: np.ndarray, n: np.ndarray) -> np.ndarray:
-        end = steps[:, self._varying["end"]]
+        end = steps["end"]
         start = np.empty(len(end), dtype=np.float64)
         start[1:] = end[:-1]
-        start[np.cumsum(n) - n] = runs[:, self._constant["start"]]  # the first step of each run
+        start[np.cumsum(n) - n] = runs["start"]  # the first step of each run
         return start
 
     def _chunk_column(self, key: str, steps: np.ndarray, runs: np.ndarray, n: np.ndarray) -> np.ndarray:
@@ -72,12 +73,12 @@ class StepColumns(Mapping[str, np.ndarray]):
         if key == "start":
             return self._start(steps, runs, n)
         if key == "duration":  # as the executors compute it: end - start
-            return steps[:, self._varying["end"]] - self._start(steps, runs, n)
+            return steps["end"] - self._start(steps, runs, n)
         if key == "replica":
             return np.full(len(steps), self._replica, dtype=np.int64)
         if key in self._varying:
-            return steps[:, self._varying[key]].astype(t)
-        return np.repeat(runs[:, self._constant[key]].astype(t), n)
+            return steps[key].astype(t)
+        return np.repeat(runs[key].astype(t), n)
 
     def __getitem__(self, key: str) -> np.ndarray:
         if key not in self._columns:
@@ -99,8 +100,7 @@ class StepColumns(Mapping[str, np.ndarray]):
 
     def constant(self, key: str) -> np.ndarray:
         """A per-run column (one of ``constant``) expanded to one value per step, float64."""
-        i = self._constant[key]
-        parts = [np.repeat(r[:, i], n) for (_, r), n in zip(self._chunks, self._n, strict=True)]
+        parts = [np.repeat(r[key].astype(np.float64), n) for (_, r), n in zip(self._chunks, self._n, strict=True)]
         return np.concatenate(parts) if parts else np.zeros(0)
 
 
