@@ -13,8 +13,9 @@ from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from sim.serving.block_manager import BlockError, PagedBlockManager, cdiv
+from sim.serving.block_manager import PagedBlockManager
 from sim.serving.contiguous_allocator import ContiguousAllocator
+from sim.serving.kv_manager import BlockError, cdiv
 from sim.serving.request import Request, RequestSpec
 
 STATEFUL = settings(

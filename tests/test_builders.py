@@ -36,9 +36,10 @@ from sim.hardware.gpu import GPU_PRESETS, GPUSpec, resolve_gpu
 from sim.hardware.models import MODEL_PRESETS, ModelSpec, resolve_model
 from sim.loop.build import build
 from sim.policies import Admission, ContinuousPolicy, Limits, Plan, Policy, StaticPolicy
-from sim.serving.block_manager import BlockError, PagedBlockManager
+from sim.serving.block_manager import PagedBlockManager
 from sim.serving.contiguous_allocator import ContiguousAllocator
 from sim.serving.core import ServingCore
+from sim.serving.kv_manager import BlockError
 from sim.serving.request import Request, RequestSpec
 from sim.studies.planner import _resolve
 

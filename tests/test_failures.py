@@ -13,8 +13,8 @@ import pytest
 
 from sim.config.scenario import parse_scenario, variant_configs
 from sim.loop.run import generate_workload, simulate_variant
-from sim.serving.block_manager import cdiv
 from sim.serving.failures import FailurePlan
+from sim.serving.kv_manager import cdiv
 
 WORKLOAD = {
     "arrival": {"type": "poisson", "rate": 6.0},

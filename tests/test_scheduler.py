@@ -17,9 +17,10 @@ from hypothesis import strategies as st
 from sim.loop.simulator import ClosedLoopPlan
 from sim.metrics.records import STEP_COLUMNS
 from sim.policies import Admission, ContinuousPolicy, Limits, Plan, StaticPolicy
-from sim.serving.block_manager import PagedBlockManager, cdiv
+from sim.serving.block_manager import PagedBlockManager
 from sim.serving.contiguous_allocator import ContiguousAllocator
 from sim.serving.core import PlanError, ServingCore
+from sim.serving.kv_manager import cdiv
 from sim.serving.request import Request, RequestSpec
 from tests.conftest import ConstCost, Run, simulate, sorted_plans
 

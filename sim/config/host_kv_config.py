@@ -7,8 +7,9 @@ from pydantic import ConfigDict, Field
 from sim.config.input_model import Float, InputModel
 from sim.hardware.gpu import GPUSpec
 from sim.hardware.kv_budget import KVBudget
-from sim.serving.block_manager import KVManager, PagedBlockManager
+from sim.serving.block_manager import PagedBlockManager
 from sim.serving.host_kv_tier import DEFAULT_HOST_LOAD_LATENCY, HostKVTier
+from sim.serving.kv_manager import KVManager
 
 GB = 1e9
 

@@ -46,8 +46,9 @@ from sim.policies.configs import ContinuousPolicyConfig as ContinuousPolicyConfi
 from sim.policies.configs import PolicyConfig as PolicyConfig  # sections live with the policies
 from sim.policies.configs import PolicyConfigBase as PolicyConfigBase
 from sim.policies.configs import StaticPolicyConfig as StaticPolicyConfig
-from sim.serving.block_manager import KVManager, PagedBlockManager
+from sim.serving.block_manager import PagedBlockManager
 from sim.serving.contiguous_allocator import ContiguousAllocator
+from sim.serving.kv_manager import KVManager
 from sim.workload.generator import Workload
 
 # Size limits: a run past them would exhaust memory or never end; each is refused up front, saying what it needs.

@@ -46,7 +46,8 @@ from bisect import bisect_left
 from typing import Any
 
 from sim.engines.base import engine_of
-from sim.serving.block_manager import KVManager, PagedBlockManager
+from sim.serving.block_manager import PagedBlockManager
+from sim.serving.kv_manager import KVManager
 
 
 def engine_kv_cache(kv_cache: Any, engine: Any) -> Any:

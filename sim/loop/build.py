@@ -32,7 +32,7 @@ from sim.hardware.models import ModelSpec, resolve_model
 from sim.hardware.window import window_refusal
 from sim.policies import Limits, Policy
 from sim.serving import spec_decode
-from sim.serving.block_manager import KVManager
+from sim.serving.kv_manager import KVManager
 from sim.serving.pipeline import stage_model, wrap_pipeline
 
 

@@ -44,7 +44,7 @@ from typing import IO, Any
 
 from sim.policies.base import Plan, View
 from sim.policies.routers import Router, kv_pressure, outstanding
-from sim.serving.block_manager import cdiv
+from sim.serving.kv_manager import cdiv
 from sim.serving.request import Outcome, Request
 
 DEFAULT_MAX_ROWS = 200_000  # rows written per run folder; decisions past it are counted, not written

@@ -40,7 +40,7 @@ from sim.policies.base import Limits
 from sim.serving.request import Request
 
 if TYPE_CHECKING:
-    from sim.serving.block_manager import KVBudget, KVManager
+    from sim.serving.kv_manager import KVBudget, KVManager
 
 __all__ = ["DEPENDS_ON", "Budget", "KVView", "Limits", "Plan", "Policy", "PolicyView", "Predictor", "RequestView"]
 

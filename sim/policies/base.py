@@ -18,8 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
-from sim.serving.block_manager import KVBudget, KVManager
 from sim.serving.decode_group import DecodeGroup
+from sim.serving.kv_manager import KVBudget, KVManager
 from sim.serving.request import Request
 
 

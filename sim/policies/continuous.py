@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from sim.policies.base import Admission, Limits, Plan, Policy, View, plan_group, preempt_for, swap_back
-from sim.serving.block_manager import KVBudget
+from sim.serving.kv_manager import KVBudget
 
 
 @dataclass(slots=True)

@@ -12,8 +12,8 @@ from __future__ import annotations
 from bisect import insort
 from collections.abc import Sequence
 
-from sim.serving.block_manager import BlockError, cdiv
 from sim.serving.host_kv_tier import HostKVTier
+from sim.serving.kv_manager import BlockError, cdiv
 from sim.serving.request import Request
 
 

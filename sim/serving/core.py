@@ -30,10 +30,10 @@ from sim.engines.sched import graph_padding
 from sim.metrics.records import GapLog, StepLog
 from sim.policies.base import Admission, Plan, Policy, View
 from sim.serving import fast_path
-from sim.serving.block_manager import BlockError, KVManager, cdiv
 from sim.serving.contiguous_allocator import ContiguousAllocator
 from sim.serving.decode_group import DecodeGroup
 from sim.serving.fast_path import STEADY_PLAN
+from sim.serving.kv_manager import BlockError, KVManager, cdiv
 from sim.serving.request import Outcome, Request, Status
 from sim.serving.spec_decode import SpecDecoder
 
