@@ -94,7 +94,8 @@ def test_published_data_option(tmp_path: Path, as_folder: bool) -> None:
         w.writerow(GPT_FAST_ROW)
     res = _run("--data", str(tmp_path if as_folder else csv_path))
     assert res.returncode == 0, res.stderr
-    assert res.stdout.startswith("1 rows: 1 simulated, 0 not representable")
+    # the first line names each file read and its rows, the second what became of them
+    assert res.stdout.startswith("rows from published-dev.csv (1)\n1 rows: 1 simulated, 0 not representable")
     assert "Llama-2-7B" in res.stdout or "tok_s_batch1" in res.stdout
 
 
