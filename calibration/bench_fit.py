@@ -13,23 +13,34 @@ Held-out files (every ``holdout_every``-th, by load) are simulated with the fitt
 that is the error to expect on a load the fit did not see. The profile written is JSON::
 
     {"kind": "servesim-analytic-knobs", "schema_version": 1, "model": ..., "gpu": ...,
-     "cost_model": {"type": "analytic", "compute_efficiency": ..., ...},
+     "cost_model": {"type": "analytic", "compute_efficiency": ..., ...},   (kind servesim-live-fit: + "serving")
      "fit": {"train": [...files], "heldout": [...files], "train_median_abs_error": ..., "heldout_errors": {...}}}
 
 and a scenario uses it with ``deployment.cost_model: {type: analytic, profile: PATH}``.
+
+With ``profile`` (``--profile``, a calibration profile measured on the engine itself by ``servesim calibrate``), the
+knobs are instead ``scale`` and ``step_overhead`` on top of that profile (``deployment.cost_model: {type: fitted,
+profile: P, scale: S, step_overhead: O}``) and ``request_latency_s`` (``deployment.serving``): the live server's step
+takes the engine's measured time times S plus O seconds, and each token reaches the client L seconds after its step.
+That is the model of a server whose device the analytic roofline does not describe (the engine on a CPU), or whose
+engine is measured but whose serving process adds its own time (HTTP threads sharing the cores and the interpreter,
+streaming); each knob has a physical reading and stays in bounds that keep it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from sim.config.deployment import FittedCost
 from sim.config.scenario import VariantConfig
 from sim.config.schema import AnalyticCost
+from sim.costs.online import ServingConfig
 from sim.output.benchfiles.common import BenchRun
 from sim.output.benchfiles.knobs import PROFILE_KIND
 from sim.output.benchfiles.validate import rebuild_workload, relative_error, simulated_metrics
@@ -52,17 +63,73 @@ def with_knobs(cfg: VariantConfig, knobs: dict[str, float]) -> VariantConfig:
     return dataclasses.replace(cfg, deployment=dep)
 
 
+@dataclass(frozen=True)
+class KnobFamily:
+    """What a fit moves: the knobs' bounds and starting values, and how a set of knobs enters a deployment."""
+
+    bounds: dict[str, tuple[float, float]]
+    defaults: dict[str, float]
+    apply: Callable[[VariantConfig, dict[str, float]], VariantConfig]
+    free: tuple[str, ...]
+    deployment: Callable[[dict[str, float]], dict[str, Any]]  # the deployment keys (and sections) they set
+    kind: str = PROFILE_KIND  # what the written file is: analytic knobs are read back by cost_model.profile
+    unfitted: dict[str, float] | None = None  # what the fit is compared with (default: where it starts)
+
+
+ANALYTIC = KnobFamily(BOUNDS, DEFAULTS, with_knobs, DEFAULT_FREE, lambda k: {"cost_model": {"type": "analytic", **k}})
+
+# On top of a measured engine profile: a server at most 100 times slower per step than the engine alone, and no
+# faster than a tenth of it (the profile is the engine's own time: a server cannot be much faster); up to 0.1 s of
+# its own per step; up to 1 s of HTTP path per token (deployment.serving.request_latency_s: TTFT and E2EL, not the
+# gaps between tokens). The floors are above 0 because the solver works on the logarithms.
+LIVE_FIT_KIND = "servesim-live-fit"  # deployment sections to copy into a scenario, not a profile to name
+PROFILE_BOUNDS = {"scale": (0.1, 100.0), "step_overhead": (1e-7, 0.1), "request_latency_s": (1e-6, 1.0)}
+# where the fit starts: 1 ms per step and per request, mid-range in log terms (from 10 us the solver stalled on
+# planted files, and at the bound the central differences leave a knob stuck); the fit is compared with the profile
+# as it is
+PROFILE_DEFAULTS = {"scale": 1.0, "step_overhead": 1e-3, "request_latency_s": 1e-3}
+PROFILE_UNFITTED = {"scale": 1.0, "step_overhead": 0.0, "request_latency_s": 0.0}
+
+
+def profile_family(profile: str) -> KnobFamily:
+    """``scale`` and ``step_overhead`` on top of the engine profile at ``profile`` (a path), and the HTTP path's
+    ``request_latency_s``."""
+
+    def section(knobs: dict[str, float]) -> dict[str, Any]:
+        return {"type": "fitted", "profile": profile, "scale": knobs["scale"], "step_overhead": knobs["step_overhead"]}
+
+    def sections(knobs: dict[str, float]) -> dict[str, Any]:
+        """The deployment keys these knobs set."""
+        out: dict[str, Any] = {"cost_model": section(knobs)}
+        if knobs.get("request_latency_s"):
+            # the HTTP path, each token's way from the engine to the client; the server's own tokenizer is in it
+            out["serving"] = {"request_latency_s": knobs["request_latency_s"], "tokenize_s_per_token": 0.0,
+                              "detokenize_s_per_token": 0.0}
+        return out
+
+    def apply(cfg: VariantConfig, knobs: dict[str, float]) -> VariantConfig:
+        keys = sections(knobs)
+        update: dict[str, Any] = {"cost_model": FittedCost(**keys["cost_model"])}
+        if "serving" in keys:
+            update["serving"] = ServingConfig(**keys["serving"])
+        dep = cfg.deployment.model_copy(update=update)
+        return dataclasses.replace(cfg, deployment=dep)
+
+    return KnobFamily(PROFILE_BOUNDS, PROFILE_DEFAULTS, apply, tuple(PROFILE_BOUNDS), sections, LIVE_FIT_KIND,
+                      PROFILE_UNFITTED)
+
+
 Deployments = VariantConfig | list[VariantConfig]  # one for every run, or one per run (rows of many deployments)
 
 
-def simulate_runs(cfg: Deployments, runs: list[BenchRun], knobs: dict[str, float], seed: int = 0
-                  ) -> list[dict[str, float]]:
+def simulate_runs(cfg: Deployments, runs: list[BenchRun], knobs: dict[str, float], seed: int = 0,
+                  family: KnobFamily = ANALYTIC) -> list[dict[str, float]]:
     from sim.loop.run import simulate_variant
 
     cfgs = cfg if isinstance(cfg, list) else [cfg] * len(runs)
     out = []
     for base, run in zip(cfgs, runs, strict=True):
-        c = with_knobs(base, knobs)
+        c = family.apply(base, knobs)
         wl, _ = rebuild_workload(run, seed=seed, max_len=int(base.deployment.max_model_len or (1 << 20)))
         result, _, _ = simulate_variant(c, wl, name=c.name)
         out.append(simulated_metrics(result, list(run.aggregates)))
@@ -70,7 +137,7 @@ def simulate_runs(cfg: Deployments, runs: list[BenchRun], knobs: dict[str, float
 
 
 def plant_measurements(cfg: VariantConfig, run: BenchRun, knobs: dict[str, float], rng: np.random.Generator,
-                       noise: float = 0.05) -> BenchRun:
+                       noise: float = 0.05, family: KnobFamily | None = None) -> BenchRun:
     """Fill ``run.aggregates`` as a benchmark of a deployment with ``knobs`` would: the run's workload simulated,
     each request's TTFT and decode time multiplied by lognormal noise of that sigma, the statistics recomputed
     from the noisy values as vLLM's would be (no per-token times: no ITL). For checking what a fit recovers."""
@@ -78,7 +145,7 @@ def plant_measurements(cfg: VariantConfig, run: BenchRun, knobs: dict[str, float
     from sim.output.benchfiles.stats import bench_stats
 
     wl, _ = rebuild_workload(run)
-    res, _, _ = simulate_variant(with_knobs(cfg, knobs), wl)
+    res, _, _ = simulate_variant((family or ANALYTIC).apply(cfg, knobs), wl)
     done = sorted(res.requests, key=lambda r: r.id)
     ttft = [(r.first_token - r.arrival) * rng.lognormal(0, noise) for r in done]
     e2el = [t + (r.finish - r.first_token) * rng.lognormal(0, noise) for t, r in zip(ttft, done, strict=True)]
@@ -101,6 +168,10 @@ class BenchFit:
     train_median_abs_error: float
     heldout_errors: dict[str, dict[str, float | None]] = field(default_factory=dict)  # file -> metric -> error
     nfev: int = 0
+    # the held-out errors of the knobs the fit started from (the defaults, or the engine profile as it is)
+    heldout_errors_unfitted: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    family: KnobFamily = ANALYTIC
+    train_median_abs_error_unfitted: float = math.nan
 
     def heldout_median_abs_error(self) -> float | None:
         errs = [abs(e) for m in self.heldout_errors.values() for e in m.values() if e is not None]
@@ -109,22 +180,22 @@ class BenchFit:
 
 def fit_knobs(cfg: Deployments, train: list[BenchRun], *, x0: dict[str, float] | None = None, seed: int = 0,
               max_iter: int = 12, knobs: tuple[str, ...] = DEFAULT_FREE,
-              robust: float | None = None) -> tuple[dict[str, float], float, int]:
+              robust: float | None = None, family: KnobFamily = ANALYTIC) -> tuple[dict[str, float], float, int]:
     """Bounded least squares over the knobs; returns them, the training median |relative error| and the number
     of evaluations."""
     from scipy.optimize import least_squares
 
-    start = {**DEFAULTS, **(x0 or {})}
+    start = {**family.defaults, **(x0 or {})}
     free = knobs
-    lo = np.log([BOUNDS[k][0] for k in free])
-    hi = np.log([BOUNDS[k][1] for k in free])
+    lo = np.log([family.bounds[k][0] for k in free])
+    hi = np.log([family.bounds[k][1] for k in free])
     x_start = np.clip(np.log([start[k] for k in free]), lo, hi)
 
     def knobs_of(x: np.ndarray) -> dict[str, float]:
         return {**start, **{k: float(np.exp(v)) for k, v in zip(free, x, strict=True)}}
 
     def residuals(x: np.ndarray) -> np.ndarray:
-        pairs = _pairs(train, simulate_runs(cfg, train, knobs_of(x), seed))
+        pairs = _pairs(train, simulate_runs(cfg, train, knobs_of(x), seed, family))
         r = np.array([math.log(max(s, 1e-12) / m) for _, _, m, s in pairs])
         if robust is None:
             return r
@@ -173,9 +244,14 @@ def fit_knobs(cfg: Deployments, train: list[BenchRun], *, x0: dict[str, float] |
         if gain < 1e-4 * (r @ r):
             break
     fitted = knobs_of(x)
-    pairs = _pairs(train, simulate_runs(cfg, train, fitted, seed))
-    errs = [abs(s - m) / m for _, _, m, s in pairs]
-    return fitted, float(np.median(errs)) if errs else math.nan, nfev
+    return fitted, median_abs_error(cfg, train, fitted, seed, family), nfev
+
+
+def median_abs_error(cfg: Deployments, runs: list[BenchRun], knobs: dict[str, float], seed: int = 0,
+                     family: KnobFamily = ANALYTIC) -> float:
+    """The median |relative error| over the fitted metrics of ``runs`` simulated with ``knobs``."""
+    errs = [abs(s - m) / m for _, _, m, s in _pairs(runs, simulate_runs(cfg, runs, knobs, seed, family))]
+    return float(np.median(errs)) if errs else math.nan
 
 
 def split_holdout(runs: list[BenchRun], holdout_every: int) -> tuple[list[BenchRun], list[BenchRun]]:
@@ -188,31 +264,41 @@ def split_holdout(runs: list[BenchRun], holdout_every: int) -> tuple[list[BenchR
 
 
 def calibrate_from_bench(cfg: VariantConfig, runs: list[BenchRun], *, holdout_every: int = 4, seed: int = 0,
-                         max_iter: int = 12, knobs: tuple[str, ...] = DEFAULT_FREE,
-                         robust: float | None = None) -> BenchFit:
+                         max_iter: int = 12, knobs: tuple[str, ...] | None = None,
+                         robust: float | None = None, family: KnobFamily = ANALYTIC) -> BenchFit:
     if len(runs) < 2:
         raise ValueError("calibrate --from-bench needs at least 2 benchmark runs: knobs are never fitted to one")
     train, held = split_holdout(runs, holdout_every)
-    fitted, train_err, nfev = fit_knobs(cfg, train, seed=seed, max_iter=max_iter, knobs=knobs)
-    held_errors: dict[str, dict[str, float | None]] = {}
-    if held:
-        for run, sim in zip(held, simulate_runs(cfg, held, fitted, seed), strict=True):
+    fitted, train_err, nfev = fit_knobs(cfg, train, seed=seed, max_iter=max_iter, knobs=knobs or family.free,
+                                        family=family)
+
+    unfitted = family.unfitted or family.defaults
+
+    def errors(knobs: dict[str, float]) -> dict[str, dict[str, float | None]]:
+        out: dict[str, dict[str, float | None]] = {}
+        for run, sim in zip(held, simulate_runs(cfg, held, knobs, seed, family), strict=True):
             name = run.source + (f" {run.label}" if run.label else "")
-            held_errors[name] = {k: relative_error(v, sim[k]) for k, v in run.aggregates.items() if k in sim}
+            out[name] = {k: relative_error(v, sim[k]) for k, v in run.aggregates.items() if k in sim}
+        return out
+
     label = [r.source + (f" {r.label}" if r.label else "") for r in train]
-    return BenchFit(fitted, label, list(held_errors), train_err, held_errors, nfev)
+    return BenchFit(fitted, label, [r.source + (f" {r.label}" if r.label else "") for r in held], train_err,
+                    errors(fitted) if held else {}, nfev, errors(unfitted) if held else {}, family,
+                    median_abs_error(cfg, train, unfitted, seed, family))
 
 
 def profile_dict(fit: BenchFit, *, model: str, gpu: str) -> dict[str, Any]:
     return {
-        "kind": PROFILE_KIND,
+        "kind": fit.family.kind,
         "schema_version": 1,
         "model": model,
         "gpu": gpu,
-        "cost_model": {"type": "analytic", **fit.knobs},
+        **fit.family.deployment(fit.knobs),
         "fit": {"method": "scipy.optimize.least_squares (trf, bounded), residuals log(sim / measured)",
                 "metrics": list(FIT_METRICS), "train": fit.train, "heldout": fit.heldout,
                 "train_median_abs_error": fit.train_median_abs_error,
+                "train_median_abs_error_unfitted": fit.train_median_abs_error_unfitted,
                 "heldout_median_abs_error": fit.heldout_median_abs_error(), "heldout_errors": fit.heldout_errors,
+                "heldout_errors_unfitted": fit.heldout_errors_unfitted,
                 "evaluations": fit.nfev},
     }

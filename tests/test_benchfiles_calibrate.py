@@ -93,3 +93,35 @@ def test_one_file_is_refused_and_cli_errors_exit_2(cfg, tmp_path: Path) -> None:
     r = subprocess.run([*base, "--gpu", "a100-80gb", "--knobs", "speed"], capture_output=True, text=True, env=env,
                        cwd=tmp_path, timeout=300)
     assert r.returncode == 2 and "--knobs: unknown speed" in r.stderr
+
+
+def test_a_scale_and_step_overhead_on_an_engine_profile_are_recovered(tmp_path: Path) -> None:
+    """calibrate --from-bench --profile: a live server planted as the tiny engine's CPU profile x 2.5 + 4 ms per
+    step with 5 ms of HTTP path per token (5% seeded noise per request) is fitted back from two loads and predicts
+    the third; the profile as it is (the unfitted reference) predicts it far worse."""
+    from calibration.bench_fit import profile_family
+
+    sc, _ = load_scenario(ROOT / "calibration" / "scenarios" / "validate-tiny.yaml")
+    tiny = next(c for c in variant_configs(sc) if c.name == "continuous")
+    fam = profile_family(str(ROOT / "calibration" / "profiles" / "tiny-cpu.json"))
+    planted = {"scale": 2.5, "step_overhead": 4e-3, "request_latency_s": 5e-3}
+    rng = np.random.default_rng(5)
+    runs = []
+    for i, rate in enumerate((20.0, 40.0, 60.0)):
+        ins = np.clip(rng.lognormal(np.log(60), 0.6, 80).astype(int), 4, 300)
+        outs = np.clip(rng.exponential(24, 80).astype(int) + 2, 2, 96)
+        run = BenchRun(source=f"load{i}", request_rate=rate, input_lens=ins.tolist(), output_lens=outs.tolist(),
+                       arrival_times_s=np.cumsum(rng.exponential(1 / rate, 80)).tolist())
+        runs.append(plant_measurements(tiny, run, planted, rng, family=fam))
+    fit = calibrate_from_bench(tiny, runs, holdout_every=2, family=fam)
+    assert fit.heldout == ["load1"]
+    assert fit.knobs["scale"] == pytest.approx(2.5, rel=0.1)
+    assert fit.knobs["step_overhead"] == pytest.approx(4e-3, rel=0.2)
+    assert fit.knobs["request_latency_s"] == pytest.approx(5e-3, rel=0.2)
+    keys = ("mean_ttft", "median_ttft", "mean_tpot", "median_tpot")
+    after = fit.heldout_errors["load1"]
+    before = fit.heldout_errors_unfitted["load1"]
+    assert max(abs(after[k]) for k in keys) < 0.1 < min(abs(before[k]) for k in keys)
+    assert fit.train_median_abs_error <= fit.train_median_abs_error_unfitted
+    prof = profile_dict(fit, model="tiny", gpu="none")
+    assert prof["kind"] == "servesim-live-fit" and prof["cost_model"]["type"] == "fitted"

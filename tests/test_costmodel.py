@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,6 +19,8 @@ from sim.hardware.models import ModelSpec
 
 H100 = GPUSpec.from_name("h100-sxm")
 LLAMA8 = ModelSpec.from_name("llama-3.1-8b")
+TINY = ModelSpec.from_name("tiny")
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def decode(batch: int, context: int) -> StepShape:
@@ -323,3 +326,29 @@ def test_core_tells_the_cost_model_how_long_it_idled() -> None:
     core.add_request(Request(RequestSpec(1, 0.5, 10, 3), 0.5), 0.5)
     b = core.schedule(0.5)
     assert b.shape.idle_before == pytest.approx(0.47)
+
+
+def test_a_scaled_profile_takes_scale_times_as_long_plus_the_overhead() -> None:
+    """``cost_model: {type: fitted, scale, step_overhead}`` (a live server around a measured engine): every step,
+    curves included, takes the profile's time x scale + overhead; unscaled the profile is used as it is."""
+    from dataclasses import replace
+
+    from sim.config.deployment import Deployment, FittedCost
+
+    cm = FittedCostModel.from_profile(ROOT / "calibration" / "profiles" / "tiny-cpu.json")
+    assert cm.token_knots and not cm.wake_idle
+    woken = replace(cm, wake_idle=(0.0, 0.1), wake_extra=(0.0, 2e-3))  # both curves are scaled
+    s = woken.scaled(2.5, 3e-3)
+    for shape in (decode(8, 100), prefill(2, 40), StepShape(num_seqs=3, num_tokens=50, num_decode_seqs=2,
+                                                            kv_read_tokens=300, attn_pairs=2000, idle_before=0.05)):
+        assert s.step_time(shape) == pytest.approx(2.5 * woken.step_time(shape) + 3e-3, rel=1e-12)
+    times, _ = s.decode_steps([1, 4, 9], [10, 80, 400])
+    base, _ = woken.decode_steps([1, 4, 9], [10, 80, 400])
+    assert times == pytest.approx([2.5 * t + 3e-3 for t in base], rel=1e-12)
+    prof = str(ROOT / "calibration" / "profiles" / "tiny-cpu.json")
+    dep = Deployment(model="tiny")
+    assert FittedCost(profile=prof).build(TINY, H100, dep) == cm
+    assert FittedCost(profile=prof, scale=2.5, step_overhead=3e-3).build(TINY, H100, dep) == cm.scaled(2.5, 3e-3)
+    assert "scale" not in FittedCost(profile=prof).model_dump()  # a run without them records what it did before
+    with pytest.raises(ValueError):
+        cm.scaled(0.0, 1e-3)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import re
 import signal
@@ -387,3 +388,46 @@ def test_observe_over_chat_completions(served, tmp_path):
     rows = _requests(out)
     assert len(rows) == 6 and all(r["outcome"] == "completed" and r["output_tokens"] == r["target_output_tokens"]
                                   for r in rows)
+
+
+def test_observe_calibrate_predict_a_held_out_load(served, tmp_path):
+    """The loop of issue 39, item 3 at small scale: observe the server at three loads, fit a scale, a step overhead
+    and the HTTP path's latency on top of the engine's own profile to the outer two, and predict the middle one.
+    On a busy machine a load's latencies vary from one run to the next by more than the loads change them
+    (docs/real-engine.md), so what is asserted is what holds there: the fit describes its own files better than
+    the engine profile alone, the held-out prediction is finite, and the printed sections predict what calibrate
+    printed when given to `validate --against`."""
+    endpoint, _, scenario = served
+    # a first pass warms the server (torch's first calls), then the three loads
+    files = []
+    for rate in ("warm", 15, 30, 45):
+        out = tmp_path / f"obs-{rate}"
+        r = 15 if rate == "warm" else rate
+        p = _cli("observe", str(scenario), "--endpoint", endpoint, "-o", str(out), "-n", "40", "--set",
+                 f"workload.arrival.rate={r}", "--scrape-interval", "0", "--no-simulate", "-q")
+        assert p.returncode == 0, p.stderr
+        if rate != "warm":
+            files += ["--from-bench", str(out / "live-tiny.vllm-bench.json")]
+    fit_out = tmp_path / "fit.json"
+    p = _cli("calibrate", *files, "--holdout-every", "2", "--scenario", str(scenario), "--profile",
+             "calibration/profiles/tiny-cpu.json", "-o", str(fit_out), timeout=300)
+    assert p.returncode == 0, p.stderr
+    fit = json.loads(fit_out.read_text())
+    assert fit["kind"] == "servesim-live-fit" and fit["cost_model"]["type"] == "fitted"
+    assert fit["cost_model"]["profile"] == "calibration/profiles/tiny-cpu.json"
+    held_file = str(tmp_path / "obs-30" / "live-tiny.vllm-bench.json")
+    assert fit["fit"]["heldout"] == [held_file]
+    assert fit["fit"]["train_median_abs_error"] <= fit["fit"]["train_median_abs_error_unfitted"]
+    held, unfitted = fit["fit"]["heldout_errors"][held_file], fit["fit"]["heldout_errors_unfitted"][held_file]
+    keys = ("median_ttft", "mean_ttft", "median_tpot", "mean_tpot")
+    assert all(math.isfinite(held[k]) and math.isfinite(unfitted[k]) for k in keys)
+    assert re.search(r"median_ttft +[-+]\d", p.stdout) and "unfitted" in p.stdout
+    # predict: the printed --set lines given to validate --against simulate the held-out load as calibrate did
+    sets = re.findall(r"--set (\S+)", p.stdout.strip().splitlines()[-1])
+    assert any(x.startswith("deployment.serving.request_latency_s=") for x in sets)
+    v = _cli("validate", str(scenario), "--against", held_file, "-o", str(tmp_path / "val"),
+             *[a for x in sets for a in ("--set", x)], timeout=120)
+    assert v.returncode == 0, v.stderr
+    (val,) = json.loads((tmp_path / "val" / "validation.json").read_text())["files"]
+    for k in keys:  # the knobs as printed (6 digits) against calibrate's own
+        assert val["metrics"][k]["error"] == pytest.approx(held[k], abs=0.02)

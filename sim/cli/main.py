@@ -635,18 +635,26 @@ def calibrate(
                                           "repeatable); needs --model and --gpu."),
     holdout_every: int = typer.Option(4, "--holdout-every", help="With --from-bench: hold out every Nth file by "
                                       "load and print its error (0: none)."),
-    knobs: str = typer.Option("compute_efficiency,bandwidth_efficiency,step_overhead", "--knobs",
-                              help="With --from-bench: the knobs to fit, comma-separated (also "
+    knobs: str = typer.Option("", "--knobs", help="With --from-bench: the knobs to fit, comma-separated "
+                              "(default: compute_efficiency,bandwidth_efficiency,step_overhead; also "
                               "per_request_overhead); the others keep their defaults."),
     scenario: Path | None = typer.Option(None, "--scenario", help="With --from-bench: take the deployment and "
                                          "policy from this scenario's first variant (default: --model on --gpu, "
                                          "continuous batching)."),
+    variant: str | None = typer.Option(None, "--variant", help="With --from-bench --scenario: the variant whose "
+                                       "deployment and policy the benchmarks ran (default: the first)."),
+    engine_profile: Path | None = typer.Option(None, "--profile", help="With --from-bench: fit scale and "
+                                               "step_overhead on top of this engine profile (servesim "
+                                               "calibrate) instead of the analytic knobs: the live server's step "
+                                               "= the profile's x scale + step_overhead."),
 ) -> None:
     """Measure the real engine over a grid of step shapes, fit the cost model (non-negative least squares) and
     write a calibration profile; prints the coefficients and the held-out error per shape class. With
-    --from-bench: fit the analytic model's knobs to benchmark files and write a knob profile."""
+    --from-bench: fit the analytic model's knobs (or, with --profile, a scale and a step overhead on an engine
+    profile) to benchmark files, print the held-out files' errors before and after, and write the knobs."""
     if from_bench:
-        _calibrate_from_bench(from_bench, model, gpu, out, holdout_every, knobs, scenario)
+        _calibrate_from_bench(from_bench, model, gpu, out, holdout_every, knobs, scenario, variant,
+                              engine_profile)
         return
     if serving_workloads < 0:
         _fail(f"--serving-workloads must be >= 0, got {serving_workloads}")
@@ -793,37 +801,56 @@ def validate(
 
 
 def _calibrate_from_bench(files: list[Path], model: str, gpu: str | None, out: Path | None, holdout_every: int,
-                          knobs: str, scenario: Path | None) -> None:
-    from calibration.bench_fit import calibrate_from_bench, profile_dict
+                          knobs: str, scenario: Path | None, variant: str | None = None,
+                          profile: Path | None = None) -> None:
+    from calibration.bench_fit import ANALYTIC, calibrate_from_bench, profile_dict, profile_family
     from sim.config.scenario import load_scenario, parse_scenario, variant_configs
     from sim.output.benchfiles.common import BenchFileError
-    from sim.output.benchfiles.knobs import KNOBS
     from sim.output.benchfiles.validate import read_bench_files
 
-    if gpu is None:
-        _fail("--from-bench needs --gpu (the GPU preset the benchmarks ran on)")
-        return
+    if profile is not None:
+        if scenario is None:
+            _fail("--from-bench --profile needs --scenario (the deployment and policy the server ran)")
+            return
+        if not profile.is_file():
+            _fail(f"--profile {profile}: file not found")
+        family = profile_family(str(profile))
+        gpu = gpu or "none"  # the profile describes the device; the scenario's GPU only sizes nothing here
+    else:
+        family = ANALYTIC
+        if gpu is None:
+            _fail("--from-bench needs --gpu (the GPU preset the benchmarks ran on) or --profile (an engine profile)")
+            return
     if holdout_every < 0:
         _fail(f"--holdout-every must be >= 0, got {holdout_every}")
-    free = tuple(k.strip() for k in knobs.split(",") if k.strip())
-    bad = [k for k in free if k not in KNOBS]
-    if bad or not free:
-        _fail(f"--knobs: unknown {', '.join(bad) or '(none given)'}; choose from {', '.join(KNOBS)}")
+    free = tuple(k.strip() for k in knobs.split(",") if k.strip()) or family.free
+    bad = [k for k in free if k not in family.bounds]
+    if bad:
+        _fail(f"--knobs: unknown {', '.join(bad)}; choose from {', '.join(family.bounds)}")
+    if variant is not None and scenario is None:
+        _fail("--variant needs --scenario")
     try:
         if scenario is not None:
-            sc, _ = load_scenario(scenario, {"deployment.model": model, "deployment.gpu": gpu})
+            sets = {"deployment.model": model} if profile is not None else {"deployment.model": model,
+                                                                              "deployment.gpu": gpu}
+            sc, _ = load_scenario(scenario, sets)
         else:
             sc = parse_scenario({"name": "calibrate-from-bench", "workload": {"arrival": {"type": "poisson", "rate": 1},
                                  "num_requests": 1, "prompt_len": {"type": "fixed", "value": 1},
                                  "output_len": {"type": "fixed", "value": 1}},
                                  "deployment": {"model": model, "gpu": gpu}}, "--model/--gpu")
-        cfg = variant_configs(sc)[0]
+        cfgs = variant_configs(sc)
+        names = [c.name for c in cfgs]
+        if variant is not None and variant not in names:
+            _fail(f"--variant {variant!r}: the scenario has {', '.join(names)}")
+        cfg = cfgs[names.index(variant) if variant is not None else 0]
         runs = read_bench_files(list(files))
-        fit = calibrate_from_bench(cfg, runs, holdout_every=holdout_every, knobs=free)
+        fit = calibrate_from_bench(cfg, runs, holdout_every=holdout_every, knobs=free, family=family)
     except (ScenarioError, BenchFileError, ValueError) as e:
         _fail(str(e))
         return
-    path = out or Path("calibration") / "profiles" / f"{model}-{gpu}-bench.json"
+    default_name = f"{model}-live-fit.json" if profile is not None else f"{model}-{gpu}-bench.json"
+    path = out or Path("calibration") / "profiles" / default_name
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(profile_dict(fit, model=model, gpu=gpu), indent=1) + "\n")
@@ -833,11 +860,28 @@ def _calibrate_from_bench(files: list[Path], model: str, gpu: str | None, out: P
                ", ".join(f"{k}={v:.4g}" for k, v in fit.knobs.items()))
     typer.echo(f"training median |error| {fit.train_median_abs_error:.1%}")
     for name, errs in fit.heldout_errors.items():
-        shown = ", ".join(f"{k} {e:+.1%}" for k, e in errs.items() if e is not None and k.startswith(("mean_", "p99_")))
-        typer.echo(f"held out {name}: {shown}")
+        typer.echo(f"held out {name}: prediction error (simulated / measured - 1)")
+        typer.echo(_heldout_table(errs, fit.heldout_errors_unfitted.get(name, {})))
     if fit.heldout_errors:
         typer.echo(f"held-out median |error| {fit.heldout_median_abs_error():.1%}")
-    typer.echo(f"wrote {path} (use it with deployment.cost_model: {{type: analytic, profile: {path}}})")
+    if profile is not None:
+        sections = family.deployment(fit.knobs)
+        flags = " ".join(f"--set deployment.{name}.{k}={v:.6g}" if isinstance(v, float) else
+                        f"--set deployment.{name}.{k}={v}" for name, sec in sections.items() for k, v in sec.items())
+        typer.echo(f"wrote {path}; predict with its deployment sections (validate, run, sweep):\n{flags}")
+    else:
+        typer.echo(f"wrote {path} (use it with deployment.cost_model: {{type: analytic, profile: {path}}})")
+
+
+def _heldout_table(fitted: dict[str, float | None], unfitted: dict[str, float | None]) -> str:
+    """The held-out file's error per metric, unfitted (the knobs the fit started from) and fitted."""
+    def cell(e: float | None) -> str:
+        return "-" if e is None else f"{e:+.1%}"
+
+    lines = [f"  {'metric':<24} {'unfitted':>9} {'fitted':>9}"]
+    lines += [f"  {k:<24} {cell(unfitted.get(k)):>9} {cell(e):>9}" for k, e in fitted.items()
+              if k.startswith(("mean_", "median_", "p99_")) or k.endswith("_throughput")]
+    return "\n".join(lines)
 
 
 def _validate_against(scenario: Path, files: list[Path], variant: str | None, overrides: dict,

@@ -98,12 +98,24 @@ def capped_clock(gpu: GPUSpec, limit_w: float) -> float:
 class FittedCost(CostModelConfigBase):
     type: Literal["fitted"] = "fitted"
     profile: str = Field(description="Path of a calibration profile JSON (see `servesim calibrate`).")
+    # The engine's profile is measured on the engine alone; a live server around it (HTTP threads sharing the
+    # interpreter and the cores, streaming, other jobs) takes longer per step. These two, fitted by `servesim
+    # calibrate --from-bench --profile`, describe that server: each step takes profile x scale + step_overhead.
+    scale: Float | None = Field(default=None, gt=0, le=1000, description="Factor on every step time of the "
+                                "profile; none: 1.")
+    step_overhead: Float | None = Field(default=None, ge=0, le=3600, description="Seconds added to every step "
+                                        "on top of the profile; none: 0.")
+    _record_set_keys = omit_when_unset("scale", "step_overhead")  # recorded only when given
 
     def build(self, model: ModelSpec, gpu: GPUSpec, deployment: Deployment) -> FittedCostModel:
-        """The profile's fitted model (it describes one device and model: ``model`` and ``gpu`` are not read).
-        A profile that cannot be read is a ``ScenarioError`` naming ``cost_model.profile``."""
+        """The profile's fitted model (it describes one device and model: ``model`` and ``gpu`` are not read),
+        scaled and offset when ``scale`` or ``step_overhead`` are given. A profile that cannot be read is a
+        ``ScenarioError`` naming ``cost_model.profile``."""
         try:
-            return FittedCostModel.from_profile(self.profile)
+            fitted = FittedCostModel.from_profile(self.profile)
+            if self.scale is None and self.step_overhead is None:
+                return fitted
+            return fitted.scaled(self.scale if self.scale is not None else 1.0, self.step_overhead or 0.0)
         except FileNotFoundError as e:
             raise ScenarioError(f"cost_model.profile: file not found: {e.filename or e}") from None
         except KeyError as e:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from os import PathLike
 from typing import Any
 
@@ -211,6 +211,17 @@ class FittedCostModel(CostModel):
         if not isinstance(data, dict):
             raise ValueError(f"{path}: a calibration profile is a JSON object, got a {type(data).__name__}")
         return cls.from_dict(data)
+
+    def scaled(self, scale: float, step_overhead: float) -> FittedCostModel:
+        """This model with every step time multiplied by ``scale`` and ``step_overhead`` seconds added: the step
+        time is linear in the coefficients and the two curves, so each of them is scaled."""
+        if not (math.isfinite(scale) and scale > 0 and math.isfinite(step_overhead) and step_overhead >= 0):
+            raise ValueError(f"FittedCostModel.scaled: scale must be > 0 and step_overhead >= 0, both finite, got "
+                             f"{scale}, {step_overhead}")
+        coef = {n: getattr(self, n) * scale for n in COEFFICIENT_NAMES}
+        coef["step"] += step_overhead
+        return replace(self, **coef, wake_extra=tuple(b * scale for b in self.wake_extra),
+                       token_extra=tuple(b * scale for b in self.token_extra))
 
     def to_dict(self) -> dict[str, Any]:
         """This model as a profile dict (``from_dict`` reads it back)."""
