@@ -95,6 +95,13 @@ class ClusterSimulation(Simulation):
                 if rep.core.group is not None:
                     # a replica is read at every arrival: a few steps per call, the rest priced ahead and kept
                     rep.core.group.lookahead = LOOKAHEAD
+        if calendar is not None:
+            for rep in self.replicas:
+                # without autoscaler ticks, failures or closed loops, the next event from outside is the next
+                # arrival: read it directly (this is asked at every step the replicas take)
+                rep.horizon = self._arrival_horizon
+                # and no replica drains: a finish needs no check of the replica's life (_on_finish)
+                rep.core.on_finish = super()._on_finish
         if calendar is not None and router in KEYS:
             # a parked replica's state is read from its timeline: a scan of the fleet, or past SCAN_MAX replicas
             # a heap of lower bounds that reads only the replicas that could be the least loaded
@@ -111,6 +118,9 @@ class ClusterSimulation(Simulation):
 
     def _routable(self) -> list[Replica]:
         return self.serving
+
+    def _arrival_horizon(self) -> float:
+        return self._next_arrival
 
     def _horizon(self) -> float:
         # an autoscaler tick reads every replica's state: no replica may run past it
