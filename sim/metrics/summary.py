@@ -140,35 +140,28 @@ def weighted_percentile(values: np.ndarray, counts: np.ndarray, q: float) -> flo
     return b - diff * (1 - gamma) if gamma >= 0.5 else a + diff * gamma
 
 
-# Values of one latency figure kept exact. Past this many (a run of more than a million requests), its percentiles
-# come from a QuantileSketch (sim/metrics/sketch.py: within RELATIVE_ACCURACY of the exact ones) and summary.json says
-# so
-# in ``latency_sketch``; every run up to this size keeps the exact figures it always had.
+# Per-request values of one latency figure (TTFT, TPOT, E2EL, queue) kept exact. Past this many (a run of more than
+# a million requests), its percentiles come from a QuantileSketch (sim/metrics/sketch.py: within RELATIVE_ACCURACY
+# of the exact ones) and summary.json says so in ``latency_sketch``; every run up to this size keeps the exact
+# figures it always had. The ITL is pooled as (gap, count) pairs, compact already, and stays exact.
 EXACT_MAX = 1_000_000
 _SKETCH_CHUNK = 1 << 20  # values added to a sketch at a time (its temporaries stay a few MB)
 
 
-def _sketch_stats(values: np.ndarray, counts: np.ndarray | None) -> dict[str, float]:
+def _sketch_stats(values: np.ndarray) -> dict[str, float]:
     sketch = QuantileSketch(RELATIVE_ACCURACY)
     for lo in range(0, values.size, _SKETCH_CHUNK):
-        sketch.add(values[lo : lo + _SKETCH_CHUNK], None if counts is None else counts[lo : lo + _SKETCH_CHUNK])
+        sketch.add(values[lo : lo + _SKETCH_CHUNK])
     return sketch.stats(PERCENTILES)
-
-
-def num_values(values: np.ndarray, counts: np.ndarray | None = None) -> int:
-    """How many values a latency figure is taken over (the counts' sum when weighted)."""
-    if counts is None:
-        return int(np.asarray(values).size)
-    c = np.asarray(counts, dtype=np.int64)
-    return int(c[c > 0].sum())
 
 
 def latency_stats(values: np.ndarray, counts: np.ndarray | None = None) -> dict[str, float]:
     """{mean, p50, p90, p95, p99} of the values (weighted by counts when given); NaN for no values. Over more than
-    ``EXACT_MAX`` values, read from a quantile sketch (percentiles within ``RELATIVE_ACCURACY``)."""
+    ``EXACT_MAX`` values given one by one (a request's each), read from a quantile sketch (percentiles within
+    ``RELATIVE_ACCURACY``). Weighted values (the pooled inter-token gaps) are already compact: always exact."""
     values = np.asarray(values, dtype=np.float64)
-    if num_values(values, counts) > EXACT_MAX and not (values < 0).any():  # a sketch takes latencies >= 0
-        return _sketch_stats(values, None if counts is None else np.asarray(counts, dtype=np.int64))
+    if counts is None and values.size > EXACT_MAX and not (values < 0).any():  # a sketch takes latencies >= 0
+        return _sketch_stats(values)
     if counts is None:
         if values.size == 0:
             return {k: NAN for k in LATENCY_KEYS}
@@ -313,8 +306,8 @@ def summarize(result: RunResult, slos: SLOs | None = None) -> dict:
         "energy": energy_summary(result, total_out, duration, up),
     }
     assert tuple(out) == SUMMARY_KEYS
-    sketched = [k for k, n in (("ttft", ttft.size), ("tpot", int(multi.sum())), ("itl", num_values(
-        result.itl_gaps, result.itl_counts)), ("e2el", e2el.size), ("queue", lat.queue.size)) if n > EXACT_MAX]
+    sketched = [k for k, n in (("ttft", ttft.size), ("tpot", int(multi.sum())), ("e2el", e2el.size),
+                               ("queue", lat.queue.size)) if n > EXACT_MAX]
     if sketched:  # a run too long for exact percentiles: which figures are sketched, and their bound
         out["latency_sketch"] = {"metrics": sketched, "relative_accuracy": RELATIVE_ACCURACY,
                                  "exact_max": EXACT_MAX}
