@@ -22,6 +22,8 @@ throughput, TTFT, TPOT and ITL at 16-1000 requests/s). Every row the simulator c
 - the metric the row holds, computed as its source computes it;
 - rows measured through an engine's HTTP server by a serving benchmark (their workload names a QPS) with the
   online-serving layer (``deployment.serving: online``, sim/costs/online.py); ``--offline`` runs them without it.
+  On the V1 engine they start after the serving benchmark's warm-up request, which leaves the first prompt in the
+  prefix cache (``warmup_request``).
 
 No constant is fitted to a row: the cost model runs with its documented defaults. The headline is the error per
 metric class (TTFT, decode speed, throughput, E2E) and per source (one document: sources are the unit a new engine
@@ -41,7 +43,8 @@ import csv
 import math
 import re
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +59,7 @@ from sim.metrics.records import RunResult
 from sim.output.benchfiles.common import BenchRun
 from sim.output.benchfiles.stats import bench_stats, run_lists, run_stats
 from sim.output.benchfiles.validate import rebuild_workload
+from sim.workload.generator import GeneratedWorkload
 
 ROOT = Path(__file__).resolve().parent.parent
 # the shared data sit beside the repository, not in it: the development set is not shipped
@@ -116,6 +120,8 @@ class Case:
     # requests whose stream carried no text (a published per-request output length of 0), by request id; None: the
     # row's workload has no per-request lengths
     textless: list[bool] | None = None
+    # vLLM's serving benchmark sends the first prompt once before the run (``warmup_request``)
+    warmup: bool = False
 
 
 def _number(text: str) -> int:
@@ -234,20 +240,42 @@ def case_of(row: dict[str, str], n_offline: int, classic: bool = False, online: 
     run = BenchRun(source=f"{row['engine'][:22]} {row['model']} {row['gpu'][:14]} tp{row['tp']} {isl}/{osl}",
                    input_lens=ins, output_lens=outs, aggregates=agg, request_rate=request_rate,
                    burstiness=1.0 if request_rate else None, max_concurrency=settings.get("max_concurrency"))
-    return Case(row, cfg, run, key, scale, textless)
+    # benchmark_serving.py's initial test run sends the first request's prompt and waits for it before the run;
+    # vLLM V1 caches every prompt block by default, so the run's first request finds its prompt cached. V0 (prefix
+    # caching off by default) keeps nothing. A closed loop's one request in hundreds is left out.
+    warm = bool(online and online_row(row) and engine and engine["name"] == "vllm-v1" and not classic
+                and run.max_concurrency is None)
+    return Case(row, cfg, run, key, scale, textless, warm)
 
 
-def client_stats(result: RunResult, textless: list[bool]) -> dict[str, float]:
+def warmup_request(wl: GeneratedWorkload, run_warmup: Callable[[GeneratedWorkload], float]) -> GeneratedWorkload:
+    """The workload after benchmark_serving.py's initial test run: request 0 repeats the first prompt (one
+    output token here: its length only moves the start, and its decode would add gaps to the ITLs), the run's
+    requests follow as ids 1.. once it has finished (``run_warmup`` gives when), the first sharing its prompt."""
+    first = wl.requests[0]
+    prompt = tuple(range(-(-first.prompt_len // first.hash_block_size)))  # the warm-up's and the first's alone
+    warm = replace(first, id=0, arrival=0.0, output_len=1, hash_ids=prompt, session_id=None)
+    start = run_warmup(GeneratedWorkload((warm,)))
+    rest = tuple(replace(r, id=r.id + 1, arrival=r.arrival + start, hash_ids=prompt if r.id == 0 else r.hash_ids)
+                 for r in wl.requests)
+    return GeneratedWorkload((warm, *rest), wl.closed_loop, wl.failures)
+
+
+def client_stats(result: RunResult, textless: list[bool], skip: int = 0) -> dict[str, float]:
     """The statistics as vLLM 0.6's benchmark_serving.py computes them when some streams carry no text: it starts
     a request's TTFT at its first chunk with text, so a textless request keeps TTFT 0 and output length 0, and
     both count in the means and throughputs (backend_request_func.py's ``RequestFuncOutput`` defaults, and
-    ``calculate_metrics`` averaging every successful request); TPOT skips requests of at most one token."""
-    lists = run_lists(result)
+    ``calculate_metrics`` averaging every successful request); TPOT skips requests of at most one token. The first
+    ``skip`` requests (a warm-up) are no part of the run: its duration starts when the first of the others is sent."""
+    lists = {k: v[skip:] for k, v in run_lists(result).items()}
     if len(lists["ttfts"]) != len(textless):
         raise ValueError(f"{len(lists['ttfts'])} simulated requests for {len(textless)} published lengths")
     ttfts = [0.0 if t else x for x, t in zip(lists["ttfts"], textless, strict=True)]
     outs = [0 if t else x for x, t in zip(lists["output_lens"], textless, strict=True)]
-    stats = bench_stats(ttfts, lists["latencies"], outs, lists["input_lens"], np.zeros(0), result.duration)
+    start = min(lists["start_times"]) if skip else 0.0
+    duration = max(a + t for a, t in zip(lists["start_times"], lists["latencies"], strict=True)) - start \
+        if skip else result.duration
+    stats = bench_stats(ttfts, lists["latencies"], outs, lists["input_lens"], np.zeros(0), duration)
     # a one-token request has no inter-token gap, so the simulated ITLs are the client's
     return stats | {k: v for k, v in run_stats(result).items() if k.endswith("_itl")}
 
@@ -257,14 +285,19 @@ def predict(cases: list[Case], knobs: dict[str, float] | None = None) -> list[fl
     a positive error always means the simulator predicts the engine faster)."""
     from calibration.bench_fit import DEFAULTS, simulate_runs, with_knobs
 
-    plain = [c for c in cases if c.textless is None]
+    plain = [c for c in cases if c.textless is None and not c.warmup]
     sims = dict(zip(map(id, plain), simulate_runs([c.cfg for c in plain], [c.run for c in plain], knobs or DEFAULTS),
                     strict=True))
     for c in cases:
-        if c.textless is not None:  # the client's conventions need the run's requests, not its statistics
-            wl, _ = rebuild_workload(c.run)
-            result, _, _ = simulate_variant(with_knobs(c.cfg, knobs or DEFAULTS), wl, name=c.cfg.name)
-            sims[id(c)] = client_stats(result, c.textless)
+        if id(c) in sims:
+            continue
+        # the client's conventions need the run's requests, not its statistics
+        cfg = with_knobs(c.cfg, knobs or DEFAULTS)
+        wl, _ = rebuild_workload(c.run)
+        if c.warmup:
+            wl = warmup_request(wl, lambda w, cfg=cfg: simulate_variant(cfg, w, name=cfg.name)[0].requests[0].finish)
+        result, _, _ = simulate_variant(cfg, wl, name=cfg.name)
+        sims[id(c)] = client_stats(result, c.textless or [False] * len(c.run.input_lens), int(c.warmup))
     out = []
     for c in cases:
         ratio = sims[id(c)][c.key] / c.run.aggregates[c.key]
