@@ -9,7 +9,8 @@ and the residuals are log(simulated / measured) over the latency statistics the 
 weighs by its relative error whatever its size. ``scipy.optimize.least_squares`` (trust-region reflective) keeps
 every knob inside physical bounds. Knobs are fitted only to several files together, never one constant per file.
 
-Held-out files (every ``holdout_every``-th, by load) are simulated with the fitted knobs and their errors printed:
+Held-out files (every ``holdout_every``-th, by load, or every file at ``holdout_load``, their statistics also
+averaged) are simulated with the fitted knobs and their errors printed:
 that is the error to expect on a load the fit did not see. The profile written is JSON::
 
     {"kind": "servesim-analytic-knobs", "schema_version": 1, "model": ..., "gpu": ...,
@@ -174,7 +175,7 @@ class BenchFit:
     train_median_abs_error_unfitted: float = math.nan
 
     def heldout_median_abs_error(self) -> float | None:
-        errs = [abs(e) for m in self.heldout_errors.values() for e in m.values() if e is not None]
+        errs = [abs(e) for f, m in self.heldout_errors.items() if f != POOLED for e in m.values() if e is not None]
         return float(np.median(errs)) if errs else None
 
 
@@ -254,9 +255,21 @@ def median_abs_error(cfg: Deployments, runs: list[BenchRun], knobs: dict[str, fl
     return float(np.median(errs)) if errs else math.nan
 
 
-def split_holdout(runs: list[BenchRun], holdout_every: int) -> tuple[list[BenchRun], list[BenchRun]]:
-    """Every ``holdout_every``-th run by load (starting with the second) is held out; 0 holds none out."""
+POOLED = "held-out files together"  # the key of their averaged statistics' errors
+
+
+def split_holdout(runs: list[BenchRun], holdout_every: int, holdout_load: float | None = None
+                  ) -> tuple[list[BenchRun], list[BenchRun]]:
+    """Every ``holdout_every``-th run by load (starting with the second) is held out; 0 holds none out. With
+    ``holdout_load``: every run at that load instead (repeated observations of one load held out together)."""
     order = sorted(range(len(runs)), key=lambda i: (runs[i].load or math.inf, i))
+    if holdout_load is not None:
+        held_at = [i for i in order if math.isclose(runs[i].load or math.nan, holdout_load)]
+        if not held_at or len(held_at) == len(runs):
+            loads = sorted({r.load for r in runs if r.load is not None})
+            raise ValueError(f"--holdout-load {holdout_load:g}: needs files at that load and at others; the loads "
+                             f"are {', '.join(f'{x:g}' for x in loads) or 'unknown'}")
+        return [runs[i] for i in order if i not in held_at], [runs[i] for i in held_at]
     if holdout_every <= 0 or len(runs) < 3:
         return [runs[i] for i in order], []
     held = {order[j] for j in range(1, len(order), holdout_every)}
@@ -265,10 +278,11 @@ def split_holdout(runs: list[BenchRun], holdout_every: int) -> tuple[list[BenchR
 
 def calibrate_from_bench(cfg: VariantConfig, runs: list[BenchRun], *, holdout_every: int = 4, seed: int = 0,
                          max_iter: int = 12, knobs: tuple[str, ...] | None = None,
-                         robust: float | None = None, family: KnobFamily = ANALYTIC) -> BenchFit:
+                         robust: float | None = None, family: KnobFamily = ANALYTIC,
+                         holdout_load: float | None = None) -> BenchFit:
     if len(runs) < 2:
         raise ValueError("calibrate --from-bench needs at least 2 benchmark runs: knobs are never fitted to one")
-    train, held = split_holdout(runs, holdout_every)
+    train, held = split_holdout(runs, holdout_every, holdout_load)
     fitted, train_err, nfev = fit_knobs(cfg, train, seed=seed, max_iter=max_iter, knobs=knobs or family.free,
                                         family=family)
 
@@ -276,9 +290,17 @@ def calibrate_from_bench(cfg: VariantConfig, runs: list[BenchRun], *, holdout_ev
 
     def errors(knobs: dict[str, float]) -> dict[str, dict[str, float | None]]:
         out: dict[str, dict[str, float | None]] = {}
-        for run, sim in zip(held, simulate_runs(cfg, held, knobs, seed, family), strict=True):
+        sims = simulate_runs(cfg, held, knobs, seed, family)
+        for run, sim in zip(held, sims, strict=True):
             name = run.source + (f" {run.label}" if run.label else "")
             out[name] = {k: relative_error(v, sim[k]) for k, v in run.aggregates.items() if k in sim}
+        if len(held) > 1:
+            # several held-out files (repeated observations of one load): each statistic averaged over them, so
+            # that a run disturbed by the machine's other jobs weighs as one of several
+            keys = [k for k in held[0].aggregates if all(k in r.aggregates and k in s for r, s in
+                                                         zip(held, sims, strict=True))]
+            out[POOLED] = {k: relative_error(float(np.mean([r.aggregates[k] for r in held])),
+                                             float(np.mean([s[k] for s in sims]))) for k in keys}
         return out
 
     label = [r.source + (f" {r.label}" if r.label else "") for r in train]

@@ -99,7 +99,7 @@ def test_a_scale_and_step_overhead_on_an_engine_profile_are_recovered(tmp_path: 
     """calibrate --from-bench --profile: a live server planted as the tiny engine's CPU profile x 2.5 + 4 ms per
     step with 5 ms of HTTP path per token (5% seeded noise per request) is fitted back from two loads and predicts
     the third; the profile as it is (the unfitted reference) predicts it far worse."""
-    from calibration.bench_fit import profile_family
+    from calibration.bench_fit import POOLED, profile_family
 
     sc, _ = load_scenario(ROOT / "calibration" / "scenarios" / "validate-tiny.yaml")
     tiny = next(c for c in variant_configs(sc) if c.name == "continuous")
@@ -113,8 +113,17 @@ def test_a_scale_and_step_overhead_on_an_engine_profile_are_recovered(tmp_path: 
         run = BenchRun(source=f"load{i}", request_rate=rate, input_lens=ins.tolist(), output_lens=outs.tolist(),
                        arrival_times_s=np.cumsum(rng.exponential(1 / rate, 80)).tolist())
         runs.append(plant_measurements(tiny, run, planted, rng, family=fam))
-    fit = calibrate_from_bench(tiny, runs, holdout_every=2, family=fam)
-    assert fit.heldout == ["load1"]
+    # a second observation of the middle load: --holdout-load holds out both, and averages them too
+    again = BenchRun(source="load1-again", request_rate=40.0, input_lens=runs[1].input_lens,
+                     output_lens=runs[1].output_lens, arrival_times_s=runs[1].arrival_times_s)
+    runs.append(plant_measurements(tiny, again, planted, rng, family=fam))
+    with pytest.raises(ValueError, match="--holdout-load 50: needs files at that load and at others; the loads "
+                                         "are 20, 40, 60"):
+        calibrate_from_bench(tiny, runs, family=fam, holdout_load=50.0)
+    fit = calibrate_from_bench(tiny, runs, family=fam, holdout_load=40.0)
+    assert fit.heldout == ["load1", "load1-again"]
+    pooled = fit.heldout_errors[POOLED]
+    assert max(abs(pooled[k]) for k in ("mean_ttft", "median_ttft", "mean_tpot", "median_tpot")) < 0.1
     assert fit.knobs["scale"] == pytest.approx(2.5, rel=0.1)
     assert fit.knobs["step_overhead"] == pytest.approx(4e-3, rel=0.2)
     assert fit.knobs["request_latency_s"] == pytest.approx(5e-3, rel=0.2)

@@ -635,6 +635,9 @@ def calibrate(
                                           "repeatable); needs --model and --gpu."),
     holdout_every: int = typer.Option(4, "--holdout-every", help="With --from-bench: hold out every Nth file by "
                                       "load and print its error (0: none)."),
+    holdout_load: float | None = typer.Option(None, "--holdout-load", help="With --from-bench: hold out every "
+                                              "file at this load (requests/s or concurrency) instead, and print "
+                                              "their errors one by one and averaged."),
     knobs: str = typer.Option("", "--knobs", help="With --from-bench: the knobs to fit, comma-separated "
                               "(default: compute_efficiency,bandwidth_efficiency,step_overhead; also "
                               "per_request_overhead); the others keep their defaults."),
@@ -654,7 +657,7 @@ def calibrate(
     profile) to benchmark files, print the held-out files' errors before and after, and write the knobs."""
     if from_bench:
         _calibrate_from_bench(from_bench, model, gpu, out, holdout_every, knobs, scenario, variant,
-                              engine_profile)
+                              engine_profile, holdout_load)
         return
     if serving_workloads < 0:
         _fail(f"--serving-workloads must be >= 0, got {serving_workloads}")
@@ -802,8 +805,8 @@ def validate(
 
 def _calibrate_from_bench(files: list[Path], model: str, gpu: str | None, out: Path | None, holdout_every: int,
                           knobs: str, scenario: Path | None, variant: str | None = None,
-                          profile: Path | None = None) -> None:
-    from calibration.bench_fit import ANALYTIC, calibrate_from_bench, profile_dict, profile_family
+                          profile: Path | None = None, holdout_load: float | None = None) -> None:
+    from calibration.bench_fit import ANALYTIC, POOLED, calibrate_from_bench, profile_dict, profile_family
     from sim.config.scenario import load_scenario, parse_scenario, variant_configs
     from sim.output.benchfiles.common import BenchFileError
     from sim.output.benchfiles.validate import read_bench_files
@@ -845,7 +848,8 @@ def _calibrate_from_bench(files: list[Path], model: str, gpu: str | None, out: P
             _fail(f"--variant {variant!r}: the scenario has {', '.join(names)}")
         cfg = cfgs[names.index(variant) if variant is not None else 0]
         runs = read_bench_files(list(files))
-        fit = calibrate_from_bench(cfg, runs, holdout_every=holdout_every, knobs=free, family=family)
+        fit = calibrate_from_bench(cfg, runs, holdout_every=holdout_every, knobs=free, family=family,
+                                   holdout_load=holdout_load)
     except (ScenarioError, BenchFileError, ValueError) as e:
         _fail(str(e))
         return
@@ -860,7 +864,8 @@ def _calibrate_from_bench(files: list[Path], model: str, gpu: str | None, out: P
                ", ".join(f"{k}={v:.4g}" for k, v in fit.knobs.items()))
     typer.echo(f"training median |error| {fit.train_median_abs_error:.1%}")
     for name, errs in fit.heldout_errors.items():
-        typer.echo(f"held out {name}: prediction error (simulated / measured - 1)")
+        what = "the held-out files' statistics averaged" if name == POOLED else f"held out {name}"
+        typer.echo(f"{what}: prediction error (simulated / measured - 1)")
         typer.echo(_heldout_table(errs, fit.heldout_errors_unfitted.get(name, {})))
     if fit.heldout_errors:
         typer.echo(f"held-out median |error| {fit.heldout_median_abs_error():.1%}")
