@@ -1,5 +1,7 @@
 """The ``servesim`` command: a thin typer layer over plain functions that notebooks call too.
 
+Over 600 lines because it declares all 13 commands with their options, help, input checks (exit 2) and messages.
+
 Bad input ends with one message naming the field and the reason, exit code 2, and no traceback.
 """
 

@@ -1,5 +1,7 @@
 """The serving core: request queues, the KV manager and a policy, stepped by an executor.
 
+Over 600 lines because ServingCore owns every state change of a step (admission, preemption, KV, completion).
+
 An executor (the SimPy simulator, or the real engine on a wall clock) drives it with two calls per step::
 
     batch = core.schedule(now)          # ask the policy, check its plan, apply allocation; None: nothing to run
