@@ -309,6 +309,19 @@ def calibrate_from_bench(cfg: VariantConfig, runs: list[BenchRun], *, holdout_ev
                     median_abs_error(cfg, train, unfitted, seed, family))
 
 
+def knobs_at_bounds(fit: BenchFit, free: tuple[str, ...]) -> list[str]:
+    """The fitted knobs that ended on a bound ("scale at its floor 0.1"): there the files asked for more than the
+    model can physically give, and the fit describes them only as far as that bound allows."""
+    out = []
+    for k in free:
+        lo, hi = fit.family.bounds[k]
+        v = fit.knobs[k]
+        for edge, name in ((lo, "floor"), (hi, "ceiling")):
+            if math.isclose(v, edge, rel_tol=1e-3):
+                out.append(f"{k} at its {name} {edge:g}")
+    return out
+
+
 def profile_dict(fit: BenchFit, *, model: str, gpu: str) -> dict[str, Any]:
     return {
         "kind": fit.family.kind,

@@ -134,3 +134,17 @@ def test_a_scale_and_step_overhead_on_an_engine_profile_are_recovered(tmp_path: 
     assert fit.train_median_abs_error <= fit.train_median_abs_error_unfitted
     prof = profile_dict(fit, model="tiny", gpu="none")
     assert prof["kind"] == "servesim-live-fit" and prof["cost_model"]["type"] == "fitted"
+
+
+def test_knobs_on_a_bound_are_named() -> None:
+    """calibrate warns when the fit ends on a physical bound (observed on a busy machine: scale at its floor)."""
+    from calibration.bench_fit import BenchFit, knobs_at_bounds, profile_family
+
+    fam = profile_family("p.json")
+    fit = BenchFit({"scale": 0.1, "step_overhead": 2e-3, "request_latency_s": 1.0}, [], [], 0.1, family=fam)
+    assert knobs_at_bounds(fit, fam.free) == ["scale at its floor 0.1", "request_latency_s at its ceiling 1"]
+    assert knobs_at_bounds(fit, ("step_overhead",)) == []
+    analytic = BenchFit({"compute_efficiency": 0.02, "bandwidth_efficiency": 0.5, "step_overhead": 1e-3,
+                         "per_request_overhead": 1e-5}, [], [], 0.1)
+    assert knobs_at_bounds(analytic, ("compute_efficiency", "bandwidth_efficiency")) == [
+        "compute_efficiency at its floor 0.02"]

@@ -808,7 +808,14 @@ def validate(
 def _calibrate_from_bench(files: list[Path], model: str, gpu: str | None, out: Path | None, holdout_every: int,
                           knobs: str, scenario: Path | None, variant: str | None = None,
                           profile: Path | None = None, holdout_load: float | None = None) -> None:
-    from calibration.bench_fit import ANALYTIC, POOLED, calibrate_from_bench, profile_dict, profile_family
+    from calibration.bench_fit import (
+        ANALYTIC,
+        POOLED,
+        calibrate_from_bench,
+        knobs_at_bounds,
+        profile_dict,
+        profile_family,
+    )
     from sim.config.scenario import load_scenario, parse_scenario, variant_configs
     from sim.output.benchfiles.common import BenchFileError
     from sim.output.benchfiles.validate import read_bench_files
@@ -865,6 +872,10 @@ def _calibrate_from_bench(files: list[Path], model: str, gpu: str | None, out: P
     typer.echo(f"fitted on {len(fit.train)} runs ({fit.nfev} simulations of the set): " +
                ", ".join(f"{k}={v:.4g}" for k, v in fit.knobs.items()))
     typer.echo(f"training median |error| {fit.train_median_abs_error:.1%}")
+    bounded = knobs_at_bounds(fit, free)
+    if bounded:
+        typer.echo(f"warning: {', '.join(bounded)}: the files ask for more than the model physically gives (a "
+                   "device it does not describe, or runs disturbed by other load); predictions from it are doubtful")
     for name, errs in fit.heldout_errors.items():
         what = "the held-out files' statistics averaged" if name == POOLED else f"held out {name}"
         typer.echo(f"{what}: prediction error (simulated / measured - 1)")
