@@ -93,6 +93,13 @@ def test_one_file_is_refused_and_cli_errors_exit_2(cfg, tmp_path: Path) -> None:
     r = subprocess.run([*base, "--gpu", "a100-80gb", "--knobs", "speed"], capture_output=True, text=True, env=env,
                        cwd=tmp_path, timeout=300)
     assert r.returncode == 2 and "--knobs: unknown speed" in r.stderr
+    prof = str(ROOT / "calibration" / "profiles" / "tiny-cpu.json")
+    r = subprocess.run([*base, "--profile", prof], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert r.returncode == 2 and "--from-bench --profile needs --scenario" in r.stderr
+    r = subprocess.run([*base, "--from-bench", str(DATA / "vllm_detailed.json"), "--profile", prof, "--scenario",
+                        str(ROOT / "calibration" / "scenarios" / "validate-tiny.yaml"), "--variant", "nope"],
+                       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert r.returncode == 2 and "--variant 'nope': the scenario has static, continuous, chunked, preempt" in r.stderr
 
 
 def test_a_scale_and_step_overhead_on_an_engine_profile_are_recovered(tmp_path: Path) -> None:
