@@ -28,7 +28,7 @@ MODULES = {
 
 
         class TinySteps(Engine):
-            """Chunked prefill with 64 tokens a step and at most 3 sequences: small enough to see in every step."""
+            """Chunked prefill with 64 tokens a step and at most options.max_seqs sequences (3): small enough to see."""
 
             name = "tiny-steps"
 
@@ -39,7 +39,12 @@ MODULES = {
                 return 64 if chunked else max_model_len
 
             def max_num_seqs(self, cfg, gpu, max_model_len, kv_tokens):
-                return 3
+                return (cfg.options or {}).get("max_seqs", 3)
+
+            def check_options(self, options):  # its own key in deployment.engine.options
+                for key, value in options.items():
+                    if key != "max_seqs" or not isinstance(value, int) or value < 1:
+                        raise ValueError(f"tiny-steps takes options.max_seqs, a whole number >= 1; got {key}={value!r}")
 
 
         register_engine(TinySteps())
@@ -96,7 +101,11 @@ workload:
   num_requests: 60
   prompt_len: {type: uniform, min: 32, max: 512}
   output_len: {type: uniform, min: 8, max: 64}
-deployment: {model: llama-3.1-8b, gpu: dummy-gpu, max_model_len: 2048, engine: tiny-steps}
+deployment:
+  model: llama-3.1-8b
+  gpu: dummy-gpu
+  max_model_len: 2048
+  engine: {name: tiny-steps, options: {max_seqs: 2}}
 policy: {type: custom, cls: "dummy_policy:LongestPromptFirst"}
 cluster: {replicas: 2, router: {type: custom, cls: "dummy_router:LastReplica"}}
 variants:
@@ -170,7 +179,7 @@ def test_an_engine_gpu_metric_policy_and_router_each_one_new_module(tmp_path: Pa
         steps = [s for s in csv.DictReader(f) if s["variant"] == "fcfs"]
     assert steps and fcfs["num_completed"] == 60
     assert max(int(s["prefill_tokens"]) + int(s["decode_tokens"]) for s in steps) == 64  # the budget, reached
-    assert max(int(s["batch_size"]) for s in steps) == 3  # max_num_seqs, reached
+    assert max(int(s["batch_size"]) for s in steps) == 2  # max_num_seqs from the engine's own option, reached
 
 
 def test_a_plugin_that_fails_to_load_is_one_clear_error(tmp_path: Path) -> None:
@@ -180,3 +189,13 @@ def test_a_plugin_that_fails_to_load_is_one_clear_error(tmp_path: Path) -> None:
     assert res.returncode == 2, res.stdout + res.stderr
     assert "servesim plugin 'dummy_gpu'" in res.stderr + res.stdout and "no such card" in res.stderr + res.stdout
     assert "Traceback" not in res.stderr
+
+
+def test_an_engines_own_options_are_checked_by_it_and_refused_by_the_shipped_ones(tmp_path: Path) -> None:
+    pkg = _package(tmp_path)
+    bad = _run(tmp_path, pkg, SCENARIO.replace("max_seqs: 2", "max_seq: 2"))
+    assert bad.returncode == 2 and "tiny-steps takes options.max_seqs" in bad.stdout + bad.stderr, bad.stderr
+    shipped = _run(tmp_path, pkg, SCENARIO.replace("name: tiny-steps", "name: vllm-v1"))
+    assert shipped.returncode == 2, shipped.stderr
+    assert "engine vllm-v1 takes no options (got max_seqs)" in shipped.stdout + shipped.stderr
+    assert "Traceback" not in bad.stderr + shipped.stderr

@@ -84,6 +84,13 @@ class Engine:
                                  self.max_num_seqs(cfg, gpu, max_model_len, kv_tokens), self.prefill_mode,
                                  getattr(cfg, "capacity_scheduler_policy", None) or self.capacity_scheduler_policy)
 
+    def check_options(self, options: dict[str, Any]) -> None:
+        """Refuse (ValueError naming the key) what this engine does not read of ``deployment.engine.options``, the
+        keys of an engine of one's own; its hooks read them as ``cfg.options``. The shipped engines take none."""
+        if options:
+            raise ValueError(f"engine {self.name} takes no options (got {', '.join(sorted(options))}); options are "
+                             "the keys of an engine of your own")
+
     def fill_policy(self, policy: Any, cfg: Any, gpu: GPUSpec, max_model_len: int, kv_tokens: int | None) -> Any:
         """A continuous policy config with every key it leaves unset (None) filled from the engine's defaults."""
         d = self.scheduler_defaults(cfg, gpu, max_model_len, kv_tokens)

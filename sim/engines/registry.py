@@ -86,9 +86,14 @@ class EngineConfig(InputModel):
         default=None, ge=0, le=100, description="Host (CPU) seconds a step adds per second of GPU work, the engine "
         "not overlapping them; none: the version's (vllm-v0 0.5: 1.63, 0.6: 0.7; other engines 0).")
 
+    # an engine of one's own (a plugin's) reads its keys here; each engine checks them (Engine.check_options)
+    options: dict[str, Any] | None = Field(
+        default=None, description="Keys of an engine of your own (a plugin's, sim/plugins.py), checked by that "
+        "engine; the shipped engines take none.")
+
     # sim/engines/costs.py's keys and sim/engines/sched.py's, recorded only when set
     _record_set_keys = omit_when_unset("version", "host_time_ratio", "enforce_eager", "cudagraph_capture_sizes",
-                                       "enable_mixed_chunk", "num_scheduler_steps")
+                                       "enable_mixed_chunk", "num_scheduler_steps", "options")
     # ---- scheduler behaviours (sim/engines/sched.py) ----
     enforce_eager: bool | None = Field(
         default=None, description="vllm-v1/vllm-v0: no CUDA graphs, so decode batches are not padded; none: false.")
@@ -122,6 +127,7 @@ class EngineConfig(InputModel):
         for key in seen:
             if key.given(self) and key not in own.keys:
                 raise ValueError(key.refusal.format(name=self.name, memory_key=own.memory_key))
+        own.check_options(self.options or {})
         return self
 
 
