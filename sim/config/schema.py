@@ -275,8 +275,9 @@ class Variant(_Model):
 
 
 # what a sweep may vary: a section's key, or the seed (a sweep over seeds gives the seed-to-seed spread; every
-# variant at one seed still replays the same requests)
-_SWEEP_HEADS = ("workload", "deployment", "kv_cache", "policy", "admission", "seed")
+# variant at one seed still replays the same requests); the cluster's keys make a cluster study (replicas x router
+# x load) one sweep
+_SWEEP_HEADS = ("workload", "deployment", "kv_cache", "policy", "admission", "cluster", "seed")
 
 
 class Scenario(_Model):
@@ -295,7 +296,8 @@ class Scenario(_Model):
     sweep: dict[str, list[Any]] | None = Field(
         default=None,
         description="Grid over parameters: dotted path -> values, e.g. {policy.max_num_seqs: [8, 32]}; paths "
-        "start with workload, deployment, kv_cache, policy or admission and apply to every variant.",
+        "start with workload, deployment, kv_cache, policy, admission or cluster (or are the seed) and apply to "
+        "every variant.",
     )
     keep_token_times: bool = Field(default=False, description="Keep every token's timestamp on the requests (memory!).")
     plan: PlanConfig | None = Field(default=None, description="Search space and API price for `servesim plan`.")

@@ -81,7 +81,18 @@ class SweepTask:
 
 
 def _label(point: dict[str, Any]) -> str:
-    return ",".join(f"{k}={v}" for k, v in point.items())
+    return ",".join(f"{k}={_value_text(v)}" for k, v in point.items())
+
+
+def _value_text(v: Any) -> Any:
+    """A swept value as run keys and sweep.csv show it: a mapping or list (a router such as {type: power_of_two})
+    on one line as YAML flow, the way --sweep takes it back (Python's repr once showed {'type': 'power_of_two'});
+    a scalar as it is."""
+    if isinstance(v, (dict, list)):
+        import yaml
+
+        return yaml.safe_dump(v, default_flow_style=True, sort_keys=False, width=math.inf).strip()
+    return v
 
 
 def _one_line(v: Any) -> Any:
@@ -146,7 +157,8 @@ def run_task(task: SweepTask) -> dict[str, Any]:
         wl = _WORKLOADS[wkey] = generate_workload(sc, cfg.workload)
     result, _, _ = simulate_variant(cfg, wl, name=task.key)
     summary = summarize(result, slos_of(sc))
-    row: dict[str, Any] = {"index": task.index, "key": task.key, "variant": task.variant, **task.point}
+    row: dict[str, Any] = {"index": task.index, "key": task.key, "variant": task.variant,
+                           **{k: _value_text(v) for k, v in task.point.items()}}
     for m in task.metrics:
         if m == "bottleneck":
             row[m] = bottleneck(summary)
