@@ -9,15 +9,18 @@ A policy-search loop (an evolutionary search, an LLM proposing policies) calls t
   worker bounds the time and memory a policy takes, not what its code may touch.
 - **the workload** of each (scenario, seed) is drawn once and kept in a :class:`WorkloadCache` keyed by the
   workload section's content, the folder relative paths start from, and the seed (a trace file is read once).
-- **user code runs in a worker process** forked for the call (POSIX), which inherits the cached workloads without
-  copying them, and is held to a CPU-time budget (an interval timer on the process's CPU time, with RLIMIT_CPU
-  behind it for code that never returns to the interpreter; the parent kills a worker that blocks past a
-  wall-clock guard) and a memory budget (RLIMIT_AS: the address space at the fork plus ``memory_limit`` MiB). On
-  the 1,000-request evaluation of benchmarks/bench_evaluate.py the worker cost 21 to 36 ms of CPU (10 to 16%,
-  the fork and the pages the child copies) over 214 to 222 ms in-process; it is the default because it alone bounds
-  memory, survives a crash and keeps a policy's state from leaking between calls. ``isolate=False`` runs in this
-  process instead (and where there is no fork): the time budget then holds only in the main thread, and memory
-  is not bounded.
+- **user code runs in a worker process** (POSIX; :mod:`sim.studies.eval_worker`) held to a CPU-time budget (an
+  interval timer on the process's CPU time, with RLIMIT_CPU behind it for code that never returns to the
+  interpreter; the parent kills a worker that blocks past a wall-clock guard) and a memory budget (RLIMIT_AS: the
+  address space at the start plus ``memory_limit`` MiB). Source text runs in the kept worker, forked at the first
+  call (it inherits the cached workloads without copying them) and reused by the calls after it, each given the
+  caller's working directory and global random states as a fork made then would have; it is replaced after any
+  failure. Each call compiles the text afresh, but what a policy changes in shared modules (servesim's, numpy's)
+  stays in that worker for the calls after it. A policy object or class runs in a worker forked for the call,
+  which sees it as the caller has it now. A fork per call costs the fork and the pages the child copies, a
+  fifth of an evaluation on benchmarks/bench_evaluate.py (docs/benchmarks.md). The worker is the default because it
+  alone bounds memory and survives a crash. ``isolate=False`` runs in this process instead (and where there is no
+  fork): the time budget then holds only in the main thread, and memory is not bounded.
 - **failures are scores**: a syntax error, a module or constructor that raises, an exception inside the policy, a
   plan that breaks a rule, a policy that leaves work waiting forever, the time or memory budget run out, or a
   worker that dies come back as ``Scores(ok=False, reason=..., error=...)`` with ``fitness`` minus infinity; they
@@ -37,16 +40,11 @@ from __future__ import annotations
 
 import builtins
 import copy
-import gc
 import json
 import linecache
 import math
 import os
-import pickle
-import resource
-import select
 import signal
-import sys
 import threading
 import time
 import traceback
@@ -61,6 +59,7 @@ from pydantic import ValidationError
 
 from sim.config.errors import ScenarioError
 from sim.policies import api
+from sim.studies.eval_worker import KEPT, run_forked
 from sim.workload.generator import GeneratedWorkload
 
 # The metrics a Scores holds, each the mean over the seeds of one summary.json figure (times in seconds, rates
@@ -190,6 +189,10 @@ class WorkloadCache:
     def clear(self) -> None:
         with self._lock:
             self._items.clear()
+
+    def values(self) -> list[GeneratedWorkload]:
+        with self._lock:
+            return list(self._items.values())
 
     def get(self, scenario: Any, seed: int, base: str) -> GeneratedWorkload:
         """The workload of ``scenario`` (a validated Scenario) drawn with ``seed``."""
@@ -385,80 +388,11 @@ def _attempt(policy: Any, args: Mapping[str, Any], raw: dict[str, Any], source: 
         return None, reason, msg, time.process_time() - c0
 
 
-def _address_space() -> int | None:
-    """This process's virtual memory size in bytes (Linux), None where unknown."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _in_worker(work: Any, time_limit: float, memory_limit: int) -> tuple[Any, str | None, str | None]:
-    """``work()`` in a forked child held to the budgets: (its value, None, None), or (None, reason, error) when the
-    child died (killed at its limits, or crashed) or blocked past the wall-clock guard."""
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()  # what is buffered would be written twice, once by each process
-        except Exception:
-            pass
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the worker: never returns into the caller's code
-        status = 1
-        try:
-            os.close(r)
-            # the collector would walk (and so copy, page by page) every object inherited from the caller
-            gc.freeze()
-            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # a crash leaves no core file behind
-            used = resource.getrusage(resource.RUSAGE_SELF)
-            cpu_now = used.ru_utime + used.ru_stime
-            # behind the interval timer, for code that never returns to the interpreter: SIGXCPU, then SIGKILL
-            soft = math.ceil(cpu_now + time_limit) + 2
-            resource.setrlimit(resource.RLIMIT_CPU, (soft, soft + 2))
-            size = _address_space()
-            if size is not None:
-                limit = size + memory_limit * 2**20
-                resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-            data = pickle.dumps(work(), protocol=pickle.HIGHEST_PROTOCOL)
-            with os.fdopen(w, "wb") as f:
-                f.write(data)
-            status = 0
-        except BaseException:
-            status = 1
-        finally:
-            os._exit(status)
-    os.close(w)
-    wall = 10 * time_limit + 30  # a worker that sleeps or waits uses no CPU time: the guard against blocking
-    deadline = time.monotonic() + wall
-    chunks = []
-    timed_out = False
-    with os.fdopen(r, "rb") as f:
-        fd = f.fileno()
-        while True:
-            left = deadline - time.monotonic()
-            ready = select.select([fd], [], [], max(left, 0))[0] if left > 0 else []
-            if not ready:
-                timed_out = True
-                os.kill(pid, signal.SIGKILL)
-                break
-            chunk = os.read(fd, 1 << 20)
-            if not chunk:
-                break
-            chunks.append(chunk)
-    _, status = os.waitpid(pid, 0)
-    if timed_out:
-        return None, "timeout", f"the policy's worker was still running after {wall:g} s of wall-clock time " \
-            "(blocked, or starved of CPU)"
-    if os.WIFSIGNALED(status):
-        sig = os.WTERMSIG(status)
-        if sig in (signal.SIGXCPU, signal.SIGKILL):
-            return None, "timeout", f"the policy's runs took more than the {time_limit:g} s CPU-time budget " \
-                f"(worker killed by {signal.Signals(sig).name})"
-        return None, "crash", f"the policy's worker died of {signal.Signals(sig).name}"
-    if not chunks or os.WEXITSTATUS(status) != 0:
-        return None, "crash", f"the policy's worker exited with status {os.WEXITSTATUS(status)} and no result"
-    return pickle.loads(b"".join(chunks)), None, None
+def _job(payload: tuple[Any, ...], wls: list[GeneratedWorkload]
+         ) -> tuple[list[dict] | None, str | None, str | None, float]:
+    """``_attempt`` as the kept worker runs it: the workloads come by identity (see sim.studies.eval_worker)."""
+    policy, args, raw, source, seeds, out, time_limit = payload
+    return _attempt(policy, args, raw, source, list(zip(seeds, wls, strict=True)), out, time_limit)
 
 
 # ---- the call ------------------------------------------------------------------------------------------------------
@@ -547,7 +481,12 @@ def evaluate(
         return _attempt(policy, kwargs, raw, source, workloads, out_dir, float(time_limit))
 
     if isolate:
-        value, reason, error = _in_worker(work, float(time_limit), int(memory_limit))
+        got = None
+        if isinstance(policy, str):  # the whole policy travels in the job: the kept worker can run it
+            got = KEPT.run(_job, (policy, kwargs, raw, source, seed_list, out_dir, float(time_limit)),
+                           [wl for _, wl in workloads], store.values(), float(time_limit), int(memory_limit),
+                           keep=lambda done: done[0] is not None)
+        value, reason, error = got if got is not None else run_forked(work, float(time_limit), int(memory_limit))
         done = (None, reason, error, 0.0) if value is None else value
     else:
         done = work()
