@@ -9,8 +9,8 @@ throughput, TTFT, TPOT and ITL at 16-1000 requests/s). Every row the simulator c
 
 - its model, GPU, tensor parallelism and dtypes, its engine's ``deployment.engine`` preset (sim/engines/registry.py):
   TensorRT-LLM -> ``tensorrt-llm`` (0.17 rows with ``kv_cache_free_gpu_mem_fraction`` 0.95, as the source's
-  notes state for most of them), vLLM 0.5/0.6 -> ``vllm-v0``, SGLang -> ``sglang``; gpt-fast is no serving
-  engine: one request, servesim's classic engine;
+  notes state for most of them), vLLM 0.5/0.6 -> ``vllm-v0``, SGLang -> ``sglang``, LMDeploy -> ``lmdeploy``;
+  gpt-fast is no serving engine: one request, servesim's classic engine;
 - its workload: the fixed lengths stated (the blog's ShareGPT and sonnet rows at their stated average lengths, an
   approximation: the real lengths vary), all requests at t=0 for offline and QPS-inf rows, Poisson at the rate
   stated otherwise, a closed loop of ``max_concurrency`` users where the row states one; what a row's optional
@@ -91,6 +91,7 @@ ENGINES: dict[str, dict[str, Any] | None] = {
     "vLLM v0.10": {"name": "vllm-v1"},
     "vLLM (version not stated": {"name": "vllm-v1"},  # a 2025-2026 post: the V1 engine (0.8 on) assumed
     "SGLang": {"name": "sglang"},
+    "LMDeploy v0.6": {"name": "lmdeploy"},
     "gpt-fast": None,
 }
 CLASS = {"output_tok_s_total": "throughput", "request_throughput": "throughput", "tok_s_batch1": "decode speed",
@@ -185,7 +186,7 @@ def case_of(row: dict[str, str], n_offline: int, classic: bool = False, online: 
     if row["model"] not in MODELS:
         kind = "a mixture of experts (not modelled)" if re.search(r"\d+x\d+B", row["model"]) else "no preset"
         raise KeyError(f"model {row['model']}: {kind}")
-    engine = _prefix(ENGINES, row["engine"], "engine preset (servesim models vLLM, TensorRT-LLM and SGLang)")
+    engine = _prefix(ENGINES, row["engine"], "engine preset (servesim models vLLM, TensorRT-LLM, SGLang and LMDeploy)")
     gpu = _prefix(GPUS, row["gpu"], "GPU preset")
     isl, osl = _number(row["input_len"]), _number(row["output_len"])
     wd = row["weight_dtype"].split()[0]

@@ -98,6 +98,25 @@ def test_sglang_static_fraction_and_request_pool() -> None:
     assert b2.budget.kv_memory == math.floor(0.85 * total) - w4 - 1 * GiB
 
 
+def test_lmdeploy_free_fraction_and_persistent_batch() -> None:
+    """TurboMind (LMDeploy 0.6.0a0): 0.8 of what is free after the weights and the runtime's 1 GiB; every step may
+    hold 8192 prompt tokens beside its 128 sequences' decodes; preempts (recomputes) rather than reserving."""
+    policy, _, _, b = _built("lmdeploy")
+    total = resolve_gpu("h100-sxm").memory_bytes
+    kv = math.floor(0.8 * (total - _weights() - 1 * GiB))
+    assert b.budget.kv_memory == kv
+    assert b.budget.num_gpu_blocks == kv // (16 * KV_BYTES_PER_TOKEN_70B_FP8)
+    assert policy.enable_chunked_prefill and not policy.no_evict
+    assert (policy.limits.max_num_batched_tokens, policy.limits.max_num_seqs) == (8192 + 128, 128)
+    _, _, _, b6 = _built({"name": "lmdeploy", "cache_max_entry_count": 0.6})
+    assert b6.budget.kv_memory == math.floor(0.6 * (total - _weights() - 1 * GiB))
+    with pytest.raises(ScenarioError, match="cache_max_entry_count is lmdeploy's"):
+        _built({"name": "vllm-v1", "cache_max_entry_count": 0.6})
+    with pytest.raises(ScenarioError, match="mem_fraction_static is sglang's; engine lmdeploy sizes its KV cache "
+                                            "with cache_max_entry_count"):
+        _built({"name": "lmdeploy", "mem_fraction_static": 0.8})
+
+
 def test_vllm_v0_prefill_first_and_its_budget() -> None:
     policy, *_ = _built("vllm-v0")
     assert not policy.enable_chunked_prefill and policy.prefill_mode == "prefill_first"

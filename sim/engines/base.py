@@ -14,9 +14,11 @@ deployment without one runs) for the keys it may read.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Any
 
+from sim.hardware.dtypes import GiB
 from sim.hardware.gpu import GPUSpec
 from sim.hardware.kv_budget import KVBudget, ModelDoesNotFitError, kv_budget
 from sim.hardware.models import ModelSpec
@@ -125,6 +127,17 @@ class Engine:
                 f"{model.name} does not fit on {tp} x {gpu.name} under {self.name}: its KV cache gets {rule}, less "
                 f"than one KV block; use more GPUs (tensor_parallel_size) or smaller weights (weight_dtype)") from None
         return replace(b, gpu_memory_utilization=usable / total, usable_memory=usable, activation_reserve=reserve)
+
+    def free_share_budget(self, model: ModelSpec, gpu: GPUSpec, kw: dict[str, Any], frac: float, reserve: int,
+                          label: str, reserve_name: str) -> KVBudget:
+        """The budget of an engine whose KV cache takes ``frac`` of what is free once the weights and ``reserve``
+        bytes are in memory (TensorRT-LLM, LMDeploy); ``label`` and ``reserve_name`` word the rule."""
+        weights = model.shard(kw.get("tensor_parallel_size", 1)).weight_bytes(kw.get("weight_dtype", "bf16"))
+        free = gpu.memory_bytes - weights - reserve
+        kv_mem = math.floor(frac * free) if free > 0 else free
+        rule = f"{label}{frac} x the {free / GiB:.2f} GiB left after {weights / GiB:.2f} GiB of weights and " \
+               f"{reserve / GiB:.2f} GiB of {reserve_name}"
+        return self.kv_budget_of(model, gpu, kw, weights, reserve, kv_mem, rule)
 
     # ---- scheduler behaviours (sim/engines/sched.py) ----
     def prefill_priority(self, cfg: Any) -> bool:

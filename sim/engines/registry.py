@@ -9,7 +9,7 @@ Each engine sets the rules a real server applies before and between steps, which
   and decodes share a step, and the **admission rule** (TensorRT-LLM's GUARANTEED_NO_EVICT admits a request only
   when the KV of its whole prompt + output is guaranteed, so nothing is ever preempted);
 Every value is a default: a key given in the scenario's ``policy`` section wins. Each engine is one module
-(sim/engines/vllm_v1.py, vllm_v0.py, tensorrt_llm.py, sglang.py, classic.py) that subclasses
+(sim/engines/vllm_v1.py, vllm_v0.py, tensorrt_llm.py, sglang.py, lmdeploy.py, classic.py) that subclasses
 ``sim.engines.base.Engine`` and sets its rules with their sources; this module registers them (a plugin registers
 its own with ``register_engine``, see sim/plugins.py) and holds ``EngineConfig``, whose name is any registered
 engine's. Nothing outside an engine's module tells engines apart by name. Without
@@ -31,7 +31,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from sim.config.input_model import Float, InputModel, Int
-from sim.engines import classic, sglang, tensorrt_llm, vllm_v0, vllm_v1
+from sim.engines import classic, lmdeploy, sglang, tensorrt_llm, vllm_v0, vllm_v1
 from sim.engines.base import Engine, EngineKey, SchedulerDefaults, engine_of, engines, register_engine
 from sim.engines.classic import classic_policy
 from sim.engines.costs import omit_when_unset
@@ -42,7 +42,7 @@ from sim.plugins import load_plugins
 
 # the shipped engines, one module each; the first is a deployment.engine section's default, classic what a
 # deployment without one runs. A plugin adds its own with register_engine (sim/plugins.py).
-for _engine in (vllm_v1.ENGINE, vllm_v0.ENGINE, tensorrt_llm.ENGINE, sglang.ENGINE):
+for _engine in (vllm_v1.ENGINE, vllm_v0.ENGINE, tensorrt_llm.ENGINE, sglang.ENGINE, lmdeploy.ENGINE):
     register_engine(_engine)
 register_engine(classic.ENGINE, without_engine=True)
 DEFAULT_ENGINE = vllm_v1.ENGINE.name
@@ -62,9 +62,9 @@ class EngineConfig(InputModel):
     """``deployment.engine``: which serving engine the simulated deployment runs (a name, or these keys)."""
 
     name: str = Field(default=DEFAULT_ENGINE, json_schema_extra=_names_listed,
-                      description="vllm-v1 (0.8-0.11), vllm-v0 (0.5-0.6), tensorrt-llm (0.17), sglang (0.4), or "
-                      "classic: servesim's own idealised vLLM, what a deployment without an engine runs (to pin a "
-                      "scenario to it).")
+                      description="vllm-v1 (0.8-0.11), vllm-v0 (0.5-0.6), tensorrt-llm (0.17), sglang (0.4), "
+                      "lmdeploy (0.6, TurboMind), or classic: servesim's own idealised vLLM, what a deployment "
+                      "without an engine runs (to pin a scenario to it).")
     usage_context: Literal["api_server", "offline"] = Field(
         default="api_server", description="vLLM v1 sizes its step budget by how it is run: the OpenAI API server "
         "(8192 tokens on large GPUs) or the offline LLM class (16384).")
@@ -74,6 +74,9 @@ class EngineConfig(InputModel):
     mem_fraction_static: Float | None = Field(
         default=None, gt=0, le=1, description="sglang: share of the GPU for weights + KV pool; none: 0.88 at tp 1, "
         "less with more GPUs (server_args.py).")
+    cache_max_entry_count: Float | None = Field(
+        default=None, gt=0, lt=1, description="lmdeploy: share of the memory free after loading that the KV cache "
+        "takes; none: 0.8 (TurbomindEngineConfig).")
     capacity_scheduler_policy: Literal["guaranteed_no_evict", "max_utilization"] | None = Field(
         default=None, description="Admission: guaranteed_no_evict admits a request only when the KV of its whole "
         "prompt + output fits beside the running ones' (never preempts); max_utilization admits while blocks are "
@@ -92,8 +95,9 @@ class EngineConfig(InputModel):
         "engine; the shipped engines take none.")
 
     # sim/engines/costs.py's keys and sim/engines/sched.py's, recorded only when set
-    _record_set_keys = omit_when_unset("version", "host_time_ratio", "enforce_eager", "cudagraph_capture_sizes",
-                                       "enable_mixed_chunk", "num_scheduler_steps", "options")
+    _record_set_keys = omit_when_unset("cache_max_entry_count", "version", "host_time_ratio", "enforce_eager",
+                                       "cudagraph_capture_sizes", "enable_mixed_chunk", "num_scheduler_steps",
+                                       "options")
     # ---- scheduler behaviours (sim/engines/sched.py) ----
     enforce_eager: bool | None = Field(
         default=None, description="vllm-v1/vllm-v0: no CUDA graphs, so decode batches are not padded; none: false.")
@@ -137,8 +141,8 @@ def engine_field(value: Any) -> Any:
 
 
 EngineField = Field(default=None, description="Serving engine whose memory rule and scheduler defaults apply "
-                    "(vllm-v1, vllm-v0, tensorrt-llm, sglang, or {name: ..., its keys}); none: servesim's classic "
-                    "idealised vLLM (chunking off, prefill-first steps).")
+                    "(vllm-v1, vllm-v0, tensorrt-llm, sglang, lmdeploy, or {name: ..., its keys}); none: servesim's "
+                    "classic idealised vLLM (chunking off, prefill-first steps).")
 engine_validator = field_validator("engine", mode="before")(classmethod(lambda cls, v: engine_field(v)))
 
 

@@ -7,11 +7,9 @@ ever preempted; in-flight batching mixes context and generation requests in one 
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from sim.engines.base import Engine, EngineKey
-from sim.hardware.dtypes import GiB
 from sim.hardware.gpu import GPUSpec
 from sim.hardware.kv_budget import KVBudget, estimate_activation_reserve
 from sim.hardware.models import ModelSpec
@@ -47,17 +45,11 @@ class TensorRTLLM(Engine):
     def kv_budget(self, cfg: Any, model: ModelSpec, gpu: GPUSpec, **kw: Any) -> KVBudget:
         """``fraction x (total - weights - activations)``, the activations TensorRT's build-time buffers for
         max_num_tokens (estimated as vLLM's profile would find them, runtime overhead included)."""
-        tp = kw.get("tensor_parallel_size", 1)
-        weights = model.shard(tp).weight_bytes(kw.get("weight_dtype", "bf16"))
         frac = cfg.kv_cache_free_gpu_mem_fraction or TRTLLM_FREE_GPU_MEMORY_FRACTION
         reserve = estimate_activation_reserve(
-            model, weight_dtype=kw.get("weight_dtype", "bf16"), tensor_parallel_size=tp,
+            model, weight_dtype=kw.get("weight_dtype", "bf16"), tensor_parallel_size=kw.get("tensor_parallel_size", 1),
             max_num_batched_tokens=kw["max_num_batched_tokens"], max_num_seqs=kw["max_num_seqs"])
-        free = gpu.memory_bytes - weights - reserve
-        kv_mem = math.floor(frac * free) if free > 0 else free
-        rule = f"{frac} x the {free / GiB:.2f} GiB left after {weights / GiB:.2f} GiB of weights and " \
-               f"{reserve / GiB:.2f} GiB of activations"
-        return self.kv_budget_of(model, gpu, kw, weights, reserve, kv_mem, rule)
+        return self.free_share_budget(model, gpu, kw, frac, reserve, "", "activations")
 
 
 ENGINE = TensorRTLLM()

@@ -1,0 +1,57 @@
+"""LMDeploy 0.6 with its TurboMind engine (the version of the vLLM v0.6.0 post's comparison): ``deployment.engine:
+lmdeploy``.
+
+Its memory rule gives the KV cache a share of the memory still free once the weights are loaded; its persistent
+batch runs every running sequence's decode and up to ``max_prefill_token_num`` prompt tokens in one forward (a
+longer prompt continues in the next), so steps mix prompts and decodes as chunked prefill does; a sequence that
+cannot get a block makes the newest ones give theirs back and recompute later. TurboMind is C++ throughout: no
+host time per step is added. Not modelled (kept out rather than guessed): its own attention and GEMM kernels'
+efficiency (the cost model's defaults price them), and its 64-token KV blocks (``deployment.block_size`` stays
+the scenario's; set 64 to follow TurboMind's ``cache_block_seq_len``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sim.engines.base import Engine, EngineKey
+from sim.hardware.gpu import GPUSpec
+from sim.hardware.kv_budget import DEFAULT_RUNTIME_OVERHEAD_BYTES, KVBudget
+from sim.hardware.models import ModelSpec
+
+# LMDeploy v0.6.0a0 (lmdeploy/messages.py TurbomindEngineConfig, lmdeploy/cli/utils.py): cache_max_entry_count
+# 0.8, "the percentage of FREE gpu memory" the KV cache takes once the model is loaded; max_batch_size 128;
+# max_prefill_token_num 8192. src/turbomind/models/llama/LlamaBatch.cc: a forward holds at most
+# max_prefill_token_num + max_batch_size tokens (max_forward_token_num_), every active sequence's next token
+# included; prefix caching off (enable_prefix_caching false). From v0.6.0 on, max_batch_size defaults by GPU
+# (lmdeploy/utils.py get_max_batch_size: 256 on A100, 512 on H100); give policy.max_num_seqs to follow that.
+LMDEPLOY_CACHE_MAX_ENTRY_COUNT = 0.8
+LMDEPLOY_MAX_BATCH_SIZE = 128
+LMDEPLOY_MAX_PREFILL_TOKEN_NUM = 8192
+
+
+class LMDeploy(Engine):
+    name = "lmdeploy"
+    memory_key = "cache_max_entry_count"
+    keys = (EngineKey(("cache_max_entry_count",), "cache_max_entry_count is lmdeploy's; engine {name} sizes its "
+                      "KV cache with {memory_key}"),)
+
+    def chunked_prefill(self, max_model_len: int) -> bool:
+        return True
+
+    def token_budget(self, cfg: Any, gpu: GPUSpec, chunked: bool, max_model_len: int) -> int:
+        budget = LMDEPLOY_MAX_PREFILL_TOKEN_NUM + LMDEPLOY_MAX_BATCH_SIZE
+        return budget if chunked else max(budget, max_model_len)
+
+    def max_num_seqs(self, cfg: Any, gpu: GPUSpec, max_model_len: int, kv_tokens: int | None) -> int:
+        return LMDEPLOY_MAX_BATCH_SIZE
+
+    def kv_budget(self, cfg: Any, model: ModelSpec, gpu: GPUSpec, **kw: Any) -> KVBudget:
+        """``cache_max_entry_count x (total - weights - runtime overhead)``: the share of what cudaMemGetInfo
+        reports free after loading (the CUDA context and allocator's share counted as the runtime overhead)."""
+        frac = cfg.cache_max_entry_count or LMDEPLOY_CACHE_MAX_ENTRY_COUNT
+        return self.free_share_budget(model, gpu, kw, frac, DEFAULT_RUNTIME_OVERHEAD_BYTES, "cache_max_entry_count ",
+                                      "runtime")
+
+
+ENGINE = LMDeploy()
