@@ -8,7 +8,8 @@ For each model: the shipped profile (calibration/profiles/MODEL-cpu.json, or --p
 --workloads workloads of the validation family (calibration/workloads.py, seed 0: Poisson, gamma and on/off
 arrivals; lognormal, exponential, heavy-tailed and long-prompt lengths; static, continuous and chunked policies;
 ample caches and caches that preempt by recompute or by swap; shared prefixes), each run on the engine (virtual
-clock: a step lasts the serving thread's CPU time) and in the simulator. Printed per metric: the median and the
+clock: a step lasts the serving thread's CPU time, or, for a profile measured on the reference clock, that time at
+the profile's reference speed: ``realengine.clock``) and in the simulator. Printed per metric: the median and the
 p90 across workloads of |relative error| against the targets
 
     TTFT, TPOT, E2EL p50: median < 5%, p90 < 10%     p99: median < 10%, p90 < 20%
@@ -44,6 +45,7 @@ from calibration.fidelity import (  # noqa: E402
     resimulate,
     run_family,
 )
+from calibration.validate import profile_clock  # noqa: E402
 from calibration.workloads import family  # noqa: E402
 
 
@@ -106,7 +108,8 @@ def main() -> int:
                       flush=True)
 
             shown = _recorded(path)
-            print(f"\n{model}: {len(wls)} workloads, profile {shown}", flush=True)
+            cpu_clock, reference = profile_clock(path)  # the engine reads its steps on the profile's clock
+            print(f"\n{model}: {len(wls)} workloads, profile {shown}, engine step clock {cpu_clock}", flush=True)
             probe = make_probe(path)
             runs = run_family(wls, path, model=model, on_done=done, probe=probe)
             table = error_table([r.errors() for r in runs])
@@ -118,7 +121,8 @@ def main() -> int:
                 slow = [r.slowdown for r in runs if r.slowdown is not None]
                 print(format_table(adjusted, f"\n{model}: the same, simulator scaled by the machine's slowdown "
                                              f"around each run (x{min(slow):.2f} to x{max(slow):.2f})"))
-            doc = {"model": model, "profile": shown, "seed": args.seed, "table": table, "adjusted_table": adjusted,
+            doc = {"model": model, "profile": shown, "cpu_clock": cpu_clock, "reference_seconds": reference,
+                   "seed": args.seed, "table": table, "adjusted_table": adjusted,
                    "seconds": time.perf_counter() - t0,
                    "load_average_end": os.getloadavg()[0], "hog": hog is not None,
                    "workloads": [{"name": r.workload.name, "rho": r.workload.rho, "rate": r.rate,

@@ -206,3 +206,27 @@ def serving_steps(profile_path: str | Path, model: str, n: int, *, device: str =
         k = r.slowdown or 1.0
         out += [dataclasses.replace(s, duration=s.duration / k) for s in r.samples]
     return out
+
+
+def calibrate_cpu(model: str, *, cpu_clock: str, repeats: int = 3, serving_workloads: int = 8) -> dict[str, Any]:
+    """A CPU profile measured on ``cpu_clock`` (``realengine.clock``): the grid (``calibration.measure``), then the
+    grid and the steps of ``serving_workloads`` runs of the calibration family fitted together, as ``servesim
+    calibrate --serving-workloads N`` makes one on the thread clock. The serving runs read their steps on the
+    grid profile's clock and reference speed (``calibration.validate.profile_clock``)."""
+    import json
+    import tempfile
+
+    from calibration.fit import build_profile
+    from calibration.measure import measure
+
+    m = measure(model, device="cpu", repeats=repeats, cpu_clock=cpu_clock)
+    profile = build_profile(model, m.provenance["device"], m.samples, swap_block=m.swap_block,
+                            num_gpu_blocks=m.num_gpu_blocks,
+                            provenance={**m.provenance, "calibration_seconds": round(m.seconds, 2)})
+    if not serving_workloads:
+        return profile
+    with tempfile.TemporaryDirectory() as tmp:
+        grid_path = Path(tmp) / "grid.json"
+        grid_path.write_text(json.dumps(profile))
+        serving = serving_steps(grid_path, model, serving_workloads)
+    return refit_with_serving(profile, serving)

@@ -39,6 +39,7 @@ import torch
 from calibration.fit import Sample
 from calibration.grid import Arrival, Grid, Script, default_grid, scripts_of
 from calibration.serving import shape_row
+from realengine.clock import CPU_CLOCKS, ReferenceClock, cpu_step_timer
 from realengine.config import CPU_KV_BYTES
 from realengine.executor import EngineExecutor
 from realengine.kv_cache import KVCache, kv_bytes_per_block, profile_num_blocks
@@ -179,7 +180,8 @@ class _Bench:
     """The model, the KV cache and the runner, built once and reused by every script."""
 
     def __init__(self, spec: ModelSpec, model_name: str, device: str, dtype: torch.dtype, block_size: int,
-                 num_blocks: int, seed: int, clock: str = "virtual") -> None:
+                 num_blocks: int, seed: int, clock: str = "virtual", cpu_clock: str = "thread",
+                 reference_seconds: float | None = None) -> None:
         self.spec = spec
         self.model_name = model_name
         self.device = device
@@ -194,6 +196,21 @@ class _Bench:
         # duck-typed: the runner only calls its model and reads spec, device and dtype
         self.runner.model = self.timed  # type: ignore[assignment]  # the runner calls self.model(...): time the forward passes
         self.next_id = 0
+        self.cpu_clock = cpu_clock
+        self.reference_seconds = reference_seconds
+        self._virtual_timer: Callable[[], float] | None = None
+
+    def virtual_timer(self) -> Callable[[], float] | None:
+        """The virtual clock's step timer, the engine's (``realengine.clock``; None on CUDA: the executor's own);
+        built at first use, on the one torch thread the steps run on, and kept (a reference clock's speed
+        estimate carries over from script to script)."""
+        if self.is_cuda:
+            return None
+        if self._virtual_timer is None:
+            self._virtual_timer = cpu_step_timer(self.cpu_clock, self.timed.model, self.reference_seconds)
+            if isinstance(self._virtual_timer, ReferenceClock):
+                self.reference_seconds = self._virtual_timer.base
+        return self._virtual_timer
 
     def run(self, script: Script, policy, idle: float = 0.0, wall: bool = False) -> list[_Step]:
         """Drive the script to the end through the serving loop (``sim.loop.simulator``) on the engine's executor, as
@@ -204,18 +221,18 @@ class _Bench:
         kv, runner, timed = self.kv, self.runner, self.timed
         core = ServingCore(policy, kv, fast_path=False)
         core.finish_listeners.append(lambda r: runner.release(r.id))
-        engine = EngineExecutor(runner, timer=time.perf_counter if wall else None)
-        timed.timer = engine.timer
-        rec = _Recorder(engine, timed, idle)
-        pending = sorted(script.arrivals, key=lambda a: a.step)
-        specs = [RequestSpec(id=self.next_id + j, arrival=0.0, prompt_len=a.prompt_len, output_len=a.output_len)
-                 for j, a in enumerate(pending)]
-        self.next_id += len(specs)
-        sim = Simulation(specs, [(core, rec)], fast_forward=False, arrivals=_scripted(pending, specs))
         threads = torch.get_num_threads()
         if not self.is_cuda and not wall:
             torch.set_num_threads(1)  # the virtual clock counts the serving thread's CPU time only
         try:
+            engine = EngineExecutor(runner, timer=time.perf_counter if wall else self.virtual_timer())
+            timed.timer = engine.timer
+            rec = _Recorder(engine, timed, idle)
+            pending = sorted(script.arrivals, key=lambda a: a.step)
+            specs = [RequestSpec(id=self.next_id + j, arrival=0.0, prompt_len=a.prompt_len,
+                                 output_len=a.output_len) for j, a in enumerate(pending)]
+            self.next_id += len(specs)
+            sim = Simulation(specs, [(core, rec)], fast_forward=False, arrivals=_scripted(pending, specs))
             sim.run()
         except RuntimeError as e:
             raise RuntimeError(f"calibration script {script.name}: {e}") from None
@@ -319,10 +336,13 @@ def measure(
     seed: int = 0,
     progress: bool = False,
     clock: str = "virtual",
+    cpu_clock: str = "thread",
 ) -> Measurements:
     """Run every script of the grid ``repeats`` times (after one warm-up round) and return the median step
     times. ``clock``: the engine clock the profile is for (``run_engine(clock=...)``); only the wall clock
     measures the wake-up after idling (the virtual clock never sleeps, so its profile has no wake-up curve).
+    ``cpu_clock``: the virtual clock's step timer on CPU (``realengine.clock``; a ``"reference"`` profile records
+    the reference's time it reads at, ``provenance.reference_seconds``, for the engine runs compared with it).
     Raises ``ScenarioError`` for an unknown model or device, ``ValueError`` for bad settings."""
     if clock not in ("virtual", "wall"):
         raise ValueError(f"clock must be 'virtual' or 'wall', got {clock!r}")
@@ -347,7 +367,9 @@ def measure(
     if max_len > spec.max_position_embeddings:
         raise ValueError(f"the grid needs {max_len} positions; {spec.name} has {spec.max_position_embeddings}")
     need = max(sum(-(-(a.prompt_len + a.output_len) // block_size) for a in s.arrivals) for s in scripts)
-    bench = _Bench(spec, model, device, tdtype, block_size, need + 8, seed, clock)
+    if cpu_clock not in CPU_CLOCKS:
+        raise ScenarioError(f"--cpu-clock must be one of {', '.join(CPU_CLOCKS)}, got {cpu_clock!r}")
+    bench = _Bench(spec, model, device, tdtype, block_size, need + 8, seed, clock, cpu_clock)
     policies = [_policy_for(s, model, max_len, block_size, need + 8) for s in scripts]
     num_blocks = engine_num_blocks(spec, bench.timed.model, device, tdtype, block_size,
                                    max_num_batched_tokens=max(grid.prefill_chunks), max_num_seqs=256)
@@ -391,13 +413,14 @@ def measure(
         dev_name = torch.cuda.get_device_name()
     else:
         dev_name = f"cpu ({_host_cpu()}, {threads} torch threads)"
-    provenance = {
+    provenance: dict[str, Any] = {
         "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "device": dev_name,
         "host_cpu": _host_cpu(),
         "host_cpus": os.cpu_count(),
         "torch_threads": threads,
         "clock": clock,
+        "cpu_clock": cpu_clock,
         "torch": torch.__version__,
         "cuda": torch.version.cuda if device == "cuda" else None,
         "python": platform.python_version(),
@@ -411,6 +434,8 @@ def measure(
         "warmup_rounds": 1,
         "seed": seed,
     }
+    if bench.reference_seconds is not None:
+        provenance["reference_seconds"] = bench.reference_seconds
     return Measurements(samples, swap, num_blocks, provenance, time.perf_counter() - t_start, wake)
 
 
@@ -454,7 +479,8 @@ class SpeedProbe:
         bs = int(prov.get("block_size", 16))
         need = sum(-(-(a.prompt_len + a.output_len) // bs) for a in self.script.arrivals) + 8
         self.bench = _Bench(spec, profile["model"], device, dtype, bs, need, int(prov.get("seed", 0)),
-                            prov.get("clock", "wall"))  # profiles before the virtual clock were timed by wall
+                            prov.get("clock", "wall"),  # profiles before the virtual clock were timed by wall
+                            prov.get("cpu_clock", "thread"), prov.get("reference_seconds"))
         max_len = max(a.prompt_len + a.output_len for a in self.script.arrivals)
         self.policy_args = (profile["model"], max_len, bs, need)
 

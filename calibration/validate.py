@@ -232,20 +232,31 @@ def scaled(model: FittedCostModel, factor: float) -> FittedCostModel:
     return dataclasses.replace(model, **{k: getattr(model, k) * factor for k in COEFFICIENT_NAMES})
 
 
+def profile_clock(profile_path: str | Path) -> tuple[str, float | None]:
+    """The CPU step clock a profile was measured on and its reference time (``realengine.clock``): an engine run
+    compared with the profile reads its steps on the same clock, at the same reference speed."""
+    with open(profile_path) as f:
+        prov = json.load(f).get("provenance", {})
+    return str(prov.get("cpu_clock", "thread")), prov.get("reference_seconds")
+
+
 def validate_variant(cfg: VariantConfig, workload, profile_path: str | Path, *, model: str, device: str = "cpu",
                      num_gpu_blocks: int | None = None, time_scale: float = 1.0, seed: int = 0,
                      memory: list | None = None, probe=None, on_runner=None) -> VariantValidation:
     """One variant on the engine, then in the simulator with the profile and the engine's KV block count. With a
     ``SpeedProbe``, the machine's speed is measured before and after the engine run, and the comparison is
-    repeated with the profile scaled by the slowdown. ``on_runner`` goes to ``run_engine`` (a
+    repeated with the profile scaled by the slowdown. The engine times its steps on the profile's CPU clock
+    (``profile_clock``). ``on_runner`` goes to ``run_engine`` (a
     ``calibration.serving.StepRecorder``'s ``attach`` logs the engine's step shapes)."""
     from realengine.engine import engine_config, measured_energy, run_engine
     from sim.loop.run import simulate_variant
 
     memory = [] if memory is None else memory
     before = probe.measure() if probe is not None else None
+    cpu_clock, reference = profile_clock(profile_path)
     real, requests, core = run_engine(cfg, workload, device=device, model_spec=model, num_gpu_blocks=num_gpu_blocks,
-                                      time_scale=time_scale, seed=seed, memory_samples=memory, on_runner=on_runner)
+                                      time_scale=time_scale, seed=seed, memory_samples=memory, on_runner=on_runner,
+                                      cpu_clock=cpu_clock, reference_seconds=reference)
     blocks = int(core.kv.num_blocks)
     sim_cfg = engine_config(cfg, model_spec=model, num_gpu_blocks=blocks, device=device)
     dep = sim_cfg.deployment.model_copy(update={"cost_model": FittedCost(profile=str(Path(profile_path).resolve()))})

@@ -31,6 +31,7 @@ import simpy.rt
 import torch
 
 from realengine.attention import build_metadata
+from realengine.clock import CPU_CLOCKS, cpu_step_timer
 from realengine.config import engine_config
 from realengine.executor import EngineExecutor
 from realengine.kv_cache import kv_bytes_per_block, profile_num_blocks
@@ -175,6 +176,8 @@ def run_engine(
     weight_quant: str | None = None,
     clock: str = "virtual",
     progress: Callable[[int, float], None] | None = None,
+    cpu_clock: str = "thread",
+    reference_seconds: float | None = None,
 ) -> tuple[RunResult, list[Request], ServingCore]:
     """Run one variant on the real model, replaying ``workload`` (a ``GeneratedWorkload`` or a list of
     ``RequestSpec``) against the wall clock; arrival ``a`` comes at ``a * time_scale`` seconds after the start.
@@ -198,7 +201,10 @@ def run_engine(
     measured step durations and jumps over idle gaps (to the next arrival, wake or cancellation time); a step's
     duration is, on CPU, the serving thread's CPU time (``time.thread_time``), so that other processes on a
     shared machine cannot lengthen it (torch then runs with one intra-op thread, restored afterwards), and on CUDA
-    the synchronised ``perf_counter`` time. ``max_wall_s`` is wall-clock seconds in both.
+    the synchronised ``perf_counter`` time. ``max_wall_s`` is wall-clock seconds in both. ``cpu_clock``: the
+    virtual clock's step timer on CPU (``realengine.clock``): ``"thread"`` (the thread's CPU time) or
+    ``"reference"`` (the same at a reference speed, ``reference_seconds`` being the reference's time at that speed,
+    e.g. a profile's ``provenance.reference_seconds``; None: this machine at the run's start).
     ``progress(n, t)``: n more requests finished, the last at engine time t.
 
     A policy that raises, plans past a rule or leaves work waiting forever raises ``PolicyError`` (a
@@ -206,6 +212,10 @@ def run_engine(
     """
     if clock not in ("virtual", "wall"):
         raise ValueError(f"clock must be 'virtual' or 'wall', got {clock!r}")
+    if cpu_clock not in CPU_CLOCKS:
+        raise ValueError(f"cpu_clock must be one of {', '.join(CPU_CLOCKS)}, got {cpu_clock!r}")
+    if cpu_clock != "thread" and cfg.disaggregation is not None:
+        raise ValueError("a disaggregated run on the engine times its steps by the thread clock only")
     threads = torch.get_num_threads()
     if clock == "virtual" and device != "cuda":
         torch.set_num_threads(1)  # the thread's CPU time is then the forward pass's whole cost
@@ -224,7 +234,8 @@ def run_engine(
                                name=name, seed=seed, record_plans=record_plans, memory_interval_s=memory_interval_s,
                                memory_samples=memory_samples, kv_layout=kv_layout, failures=failures,
                                decode_kernel=decode_kernel, on_runner=on_runner, real_model=real_model, texts=texts,
-                               weight_quant=weight_quant, virtual=clock == "virtual", progress=progress)
+                               weight_quant=weight_quant, virtual=clock == "virtual", progress=progress,
+                               cpu_clock=cpu_clock, reference_seconds=reference_seconds)
     finally:
         torch.set_num_threads(threads)
 
@@ -244,6 +255,7 @@ def sized_config(cfg: VariantConfig, model: LlamaModel, built, tdtype: torch.dty
 def _run_engine(cfg: VariantConfig, workload, *, device, dtype, model_spec, num_gpu_blocks, time_scale,
                 max_wall_s, name, seed, record_plans, memory_interval_s, memory_samples, kv_layout, failures,
                 decode_kernel, on_runner, real_model, texts, weight_quant, virtual: bool, progress=None,
+                cpu_clock: str = "thread", reference_seconds: float | None = None,
                 ) -> tuple[RunResult, list[Request], ServingCore]:
     requests_in = getattr(workload, "requests", workload)
     if time_scale < 0:
@@ -298,6 +310,8 @@ def _run_engine(cfg: VariantConfig, workload, *, device, dtype, model_spec, num_
         model(torch.zeros(8, dtype=torch.long, device=model.device), meta.positions, meta, None)
     if is_cuda:
         torch.cuda.synchronize(model.device)
+    # every replica's steps on one timer (a reading's differences are what a step lasts)
+    timer = cpu_step_timer(cpu_clock, model, reference_seconds) if virtual and not is_cuda else None
 
     # The simulator's own loop (sim.loop.simulator) drives the engine: every time it handles, the arrivals', the
     # users' think times and the clients' patience, is scaled by time_scale here.
@@ -331,7 +345,7 @@ def _run_engine(cfg: VariantConfig, workload, *, device, dtype, model_spec, num_
         if on_runner is not None:
             on_runner(runner)
         executor = EngineExecutor(runner, clock="virtual" if virtual else "wall",
-                                  price=cost if is_cuda else None, oom_steps=failures.oom_steps)
+                                  price=cost if is_cuda else None, oom_steps=failures.oom_steps, timer=timer)
         executor.env = env
         executor.on_step = count_step
         executors.append(executor)
