@@ -17,6 +17,7 @@ machine the figures move with it. Not part of the test suite.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import resource
@@ -96,59 +97,73 @@ def compare_rows(a: Path, b: Path) -> str:
     return f"equal to 1e-12 ({close} cells differ in the last digits)"
 
 
-def run(t, out: Path, executor: str, workers: int) -> dict:
-    from sim.studies.tournament import run_tournament
-
+def measured(executor: str, workers: int, work) -> tuple[object, dict]:
+    """``work()``'s result and its figures: wall time, CPU time (this process's, the pool's reaped workers', and
+    with Ray every process under this one, its daemons included) and the 1-minute load average before it."""
     load = os.getloadavg()[0]
     cpu0, kids0, tree0 = time.process_time(), _children_cpu(), _tree_cpu() if executor == "ray" else 0.0
     t0 = time.perf_counter()
-    res = run_tournament(t, out, executor=executor, workers=workers, fresh=True)
+    res = work()
     wall = time.perf_counter() - t0
     cpu = time.process_time() - cpu0 + _children_cpu() - kids0
     if executor == "ray":
         cpu += _tree_cpu() - tree0
-    return {"executor": executor, "workers": workers, "runs": res.ran, "wall_s": round(wall, 2),
-            "cpu_s": round(cpu, 2), "load_avg_1min_before": round(load, 2),
-            "winners": {t.load_label(s.load): s.policy for s in res.standings if s.winner}}
+    return res, {"executor": executor, "workers": workers, "wall_s": round(wall, 2), "cpu_s": round(cpu, 2),
+                 "load_avg_1min_before": round(load, 2)}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--requests", type=int, default=400, help="requests per run")
+def on_ray(workers: int, run_one) -> dict | None:
+    """``run_one()``'s figures on a local Ray instance started before its clock (the start's seconds added as
+    ``ray_start_s``) and shut down after; None where Ray cannot start here (said on stdout)."""
+    try:
+        from sim.studies.sweep import _ray_init
+
+        t0 = time.perf_counter()
+        ray, _ = _ray_init(workers, None)
+    except Exception as e:  # noqa: BLE001 - any failure to start Ray is reported, the rest stands
+        print(f"Ray did not start here: {e}", flush=True)
+        return None
+    ray_start = round(time.perf_counter() - t0, 2)
+    try:
+        result = {**run_one(), "ray_start_s": ray_start}
+    finally:
+        ray.shutdown()
+    print(result, flush=True)
+    return result
+
+
+def arguments(doc: str | None, *, requests: int) -> argparse.Namespace:
+    """A benchmark of the executors' options: requests per run, workers, --no-ray, --json."""
+    ap = argparse.ArgumentParser(description=(doc or "").split("\n")[0])
+    ap.add_argument("--requests", type=int, default=requests, help="requests per run")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--no-ray", action="store_true")
     ap.add_argument("--json", type=Path, default=None, help="write the figures here")
-    args = ap.parse_args()
+    return ap.parse_args()
 
-    from sim.studies.tournament import load_spec
 
-    tmp = Path(tempfile.mkdtemp(prefix="bench-tournament-"))
-    spec = tmp / "spec.yaml"
-    spec.write_text(spec_text(args.requests))
-    t = load_spec(spec)
-    print(f"{len(t.policies)} policies x {len(t.loads)} loads x {len(t.spec.seeds)} seeds, {args.requests} requests "
-          f"per run; {os.cpu_count()} cores", flush=True)
-    results = [run(t, tmp / "serial", "local", 1)]
+def run_executors(run_one, tmp: Path, workers: int, *, ray: bool = True) -> list[dict]:
+    """``run_one(out, executor, workers)``'s figures serially, on the local process pool and on local Ray (each in
+    ``tmp/{serial,local,ray}``), printed as they come and then as a table against the serial run."""
+    results = [run_one(tmp / "serial", "local", 1)]
     print(results[-1], flush=True)
-    results.append(run(t, tmp / "local", "local", args.workers))
+    results.append(run_one(tmp / "local", "local", workers))
     print(results[-1], flush=True)
-    ray_start = None
-    if not args.no_ray:
-        try:
-            from sim.studies.sweep import _ray_init
+    on = on_ray(workers, lambda: run_one(tmp / "ray", "ray", workers)) if ray else None
+    results += [on] if on else []
+    print_table(results, tmp)
+    return results
 
-            t0 = time.perf_counter()
-            ray, _ = _ray_init(args.workers, None)
-            ray_start = round(time.perf_counter() - t0, 2)
-        except Exception as e:  # noqa: BLE001 - any failure to start Ray is reported, the rest stands
-            print(f"Ray did not start here: {e}", flush=True)
-        else:
-            try:
-                results.append(run(t, tmp / "ray", "ray", args.workers))
-                results[-1]["ray_start_s"] = ray_start
-                print(results[-1], flush=True)
-            finally:
-                ray.shutdown()
+
+def write_json(path: Path | None, requests: int, results: list[dict]) -> None:
+    if path:
+        path.write_text(json.dumps({"requests": requests, "cores": os.cpu_count(), "results": results},
+                                   indent=2) + "\n")
+
+
+def print_table(results: list[dict], tmp: Path) -> None:
+    """Each executor's rows (``tmp/{serial,local,ray}/sweep.csv``) against the serial run's and its speed-up,
+    then the table of every executor's figures."""
     for r in results[1:]:
         r["same_rows_as_serial"] = compare_rows(tmp / "serial" / "sweep.csv",
                                                 tmp / ("ray" if r["executor"] == "ray" else "local") / "sweep.csv")
@@ -158,10 +173,31 @@ def main() -> None:
         print(f"{r['executor']:<10} {r['workers']:>7} {r['wall_s']:>8.1f} {r['cpu_s']:>8.1f} "
               f"{r.get('speedup_wall', 1.0):>8.2f} {r['load_avg_1min_before']:>8.2f}  "
               f"{r.get('same_rows_as_serial', '-')}")
+
+
+def run(t, out: Path, executor: str, workers: int) -> dict:
+    from sim.studies.tournament import run_tournament
+
+    res, figures = measured(executor, workers,
+                            lambda: run_tournament(t, out, executor=executor, workers=workers, fresh=True))
+    return {**figures, "runs": res.ran,
+            "winners": {t.load_label(s.load): s.policy for s in res.standings if s.winner}}
+
+
+def main() -> None:
+    args = arguments(__doc__, requests=400)
+
+    from sim.studies.tournament import load_spec
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench-tournament-"))
+    spec = tmp / "spec.yaml"
+    spec.write_text(spec_text(args.requests))
+    t = load_spec(spec)
+    print(f"{len(t.policies)} policies x {len(t.loads)} loads x {len(t.spec.seeds)} seeds, {args.requests} requests "
+          f"per run; {os.cpu_count()} cores", flush=True)
+    results = run_executors(functools.partial(run, t), tmp, args.workers, ray=not args.no_ray)
     print("winners (serial):", results[0]["winners"])
-    if args.json:
-        args.json.write_text(json.dumps({"requests": args.requests, "cores": os.cpu_count(), "results": results},
-                                        indent=2) + "\n")
+    write_json(args.json, args.requests, results)
     shutil.rmtree(tmp, ignore_errors=True)
 
 
