@@ -53,6 +53,7 @@ import numpy as np
 from sim.config.scenario import VariantConfig, parse_scenario, variant_configs
 from sim.config.schema import ScenarioError
 from sim.engines.vllm_v0 import VLLM_V06_HOST_TIME_RATIO
+from sim.hardware.names import match_gpu, match_model
 from sim.loop.build import build
 from sim.loop.run import simulate_variant
 from sim.metrics.records import RunResult
@@ -66,34 +67,52 @@ ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT.parent / "shared" / "data" / "published-dev" / "published-dev.csv"
 # rows gathered for issue 38 from sources outside the shared set, in its format (README.md beside it)
 OWN_DATA = ROOT / "benchmarks" / "data" / "published-own" / "published-own.csv"
-MODELS = {"Llama-3.1-8B": "llama-3.1-8b", "Llama-3.1-70B": "llama-3.1-70b", "Llama-3.1-405B": "llama-3.1-405b",
-          "Llama-3-8B": "llama-3-8b", "Llama-3-70B": "llama-3-70b", "Llama-2-7B": "llama-2-7b",
-          "Llama-2-13B": "llama-2-13b", "Llama-2-70B": "llama-2-70b", "LLaMA-7B": "llama-7b", "LLaMA-13B": "llama-13b",
-          "Mixtral-8x7B-v0.1": "mixtral-8x7b",
-          # Qwen2-7B's config.json has Qwen2.5-7B's shapes (28 layers, hidden 3584, 28/4 heads, MLP 18944, vocab 152064)
-          "Qwen2-7B": "qwen2.5-7b", "Mistral-7B-v0.3": "mistral-7b"}
-GPUS = {"H100-SXM-80GB": "h100-sxm", "H200-SXM-141GB": "h200", "A100-SXM4-80GB": "a100-80gb",
-        "A100-SXM-80GB": "a100-80gb", "A100-40GB": "a100-40gb", "A10G-24GB": "a10g", "GH200": "gh200",
-        "MI300X-192GB": "mi300x", "RTX-4090-24GB": "rtx-4090",
-        "A100-80GB": "a100-80gb"}  # form factor not stated: the SXM preset
-# engine column prefix -> deployment.engine (None: servesim's classic engine)
-ENGINES: dict[str, dict[str, Any] | None] = {
-    "TensorRT-LLM v0.17": {"name": "tensorrt-llm", "kv_cache_free_gpu_mem_fraction": 0.95},
-    "TensorRT-LLM r24.07": {"name": "tensorrt-llm"},
-    # multi-step scheduling (10 steps) spreads 0.6's host time over the steps (sim/engines/costs.py)
-    "vLLM v0.6.0 (--num-scheduler-steps 10)": {"name": "vllm-v0", "version": "0.6",
-                                               "host_time_ratio": VLLM_V06_HOST_TIME_RATIO / 10},
-    "vLLM v0.6.0": {"name": "vllm-v0", "version": "0.6"},
-    "vLLM v0.5.3": {"name": "vllm-v0", "version": "0.5"},
-    # a late 0.6 nightly and AMD's ROCm build of it: the V0 engine of 0.6 (dstackai/benchmarks, November 2024)
-    "vLLM v0.6.3": {"name": "vllm-v0", "version": "0.6"},
-    "vLLM ROCm build": {"name": "vllm-v0", "version": "0.6"},
-    "vLLM v0.10": {"name": "vllm-v1"},
-    "vLLM (version not stated": {"name": "vllm-v1"},  # a 2025-2026 post: the V1 engine (0.8 on) assumed
-    "SGLang": {"name": "sglang"},
-    "LMDeploy v0.6": {"name": "lmdeploy"},
-    "gpt-fast": None,
-}
+# model and GPU columns: sim/hardware/names.py matches the published names to presets ("Meta-Llama-3-8B-Instruct" ->
+# llama-3-8b, "H100-SXM-80GB (assumed SXM)" -> h100-sxm); these are the names it would not match alone
+MODELS = {"Qwen2-7B": "qwen2.5-7b"}  # Qwen2-7B's config.json has Qwen2.5-7B's shapes (28 layers, hidden 3584,
+#                                      28/4 heads, MLP 18944, vocab 152064)
+# engine column -> deployment.engine (None: servesim's classic engine), by name and stated version:
+# vLLM before 0.6 -> vllm-v0 0.5 (the oldest host-time profile modelled; a 2023 row is older still), 0.6 and 0.7
+# -> vllm-v0 0.6 (V0 stayed the default until 0.8), 0.8 on or unstated -> vllm-v1, and 0.6's
+# --num-scheduler-steps N divides its host time by N (sim/engines/costs.py); TensorRT-LLM 0.17's rows ran with
+# kv_cache_free_gpu_mem_fraction 0.95, as the source notes for most of them
+ENGINE_NAMES: tuple[tuple[str, str], ...] = (("tensorrt-llm", "tensorrt-llm"), ("trt-llm", "tensorrt-llm"),
+                                             ("sglang", "sglang"), ("lmdeploy", "lmdeploy"), ("turbomind", "lmdeploy"),
+                                             ("vllm", "vllm"))
+# continuous-batching servers servesim has no preset for: run on vLLM V1's, the assumption printed with the row
+ASSUMED_ENGINE = {"name": "vllm-v1"}
+STATIC_ENGINES = ("hf transformers", "transformers")  # static batches of a size the rows do not state
+
+
+def engine_of_row(text: str) -> tuple[dict[str, Any] | None, bool]:
+    """A row's ``engine`` column as ``(deployment.engine, assumed)``; ``assumed``: no preset is that engine, so
+    vLLM V1's stands in. Raises KeyError for an engine that batches statically (no continuous batching)."""
+    low = text.lower()
+    if low.startswith("gpt-fast"):
+        return None, False
+    if low.startswith(STATIC_ENGINES):
+        raise KeyError(f"{text!r} runs static batches of a size the row does not state")
+    name = next((preset for key, preset in ENGINE_NAMES if key in low), None)
+    if name is None:
+        return dict(ASSUMED_ENGINE), True
+    if name == "tensorrt-llm":
+        return {"name": name} | ({"kv_cache_free_gpu_mem_fraction": 0.95} if "v0.17" in low else {}), False
+    if name != "vllm":
+        return {"name": name}, False
+    m = re.search(r"\bv?(\d+)\.(\d+)", low)
+    year = re.search(r"\b(20\d\d)\b", low)
+    version = (int(m.group(1)), int(m.group(2))) if m else (0, 5) if year and int(year.group(1)) < 2024 else None
+    if "v0 engine" in low:  # a build that names its engine (AMD's ROCm build of 0.6: no version number)
+        version = min(version or (0, 6), (0, 7))
+    if version is None or version >= (0, 8) or "v1 engine" in low:
+        return {"name": "vllm-v1"}, False
+    if version < (0, 6):
+        return {"name": "vllm-v0", "version": "0.5"}, False
+    steps = re.search(r"num-scheduler-steps\s+(\d+)", low)
+    return {"name": "vllm-v0", "version": "0.6"} | (
+        {"host_time_ratio": VLLM_V06_HOST_TIME_RATIO / int(steps.group(1))} if steps else {}), False
+
+
 CLASS = {"output_tok_s_total": "throughput", "request_throughput": "throughput", "tok_s_batch1": "decode speed",
          "tpot_ms_mean": "decode speed", "itl_ms_mean": "decode speed", "ttft_ms_mean": "TTFT", "e2el_s_mean": "E2E"}
 CLASSES = ("TTFT", "decode speed", "throughput", "E2E")  # issue 38's metric classes, in its order
@@ -123,6 +142,8 @@ class Case:
     textless: list[bool] | None = None
     # vLLM's serving benchmark sends the first prompt once before the run (``warmup_request``)
     warmup: bool = False
+    # the row's engine has no preset: vLLM V1's stands in (``engine_of_row``)
+    assumed_engine: bool = False
 
 
 def _number(text: str) -> int:
@@ -130,13 +151,6 @@ def _number(text: str) -> int:
     if not m:
         raise ValueError(f"no length stated ({text!r})")
     return int(m.group(0))
-
-
-def _prefix(table: dict[str, Any], text: str, what: str) -> Any:
-    for k, v in table.items():
-        if text.startswith(k):
-            return v
-    raise KeyError(f"no {what} for {text!r}")
 
 
 def source_of(row: dict[str, str]) -> str:
@@ -183,11 +197,13 @@ def case_of(row: dict[str, str], n_offline: int, classic: bool = False, online: 
         raise ValueError("derived: gpt-fast's GB/s is its tok/s times the model's bytes (the tok_s_batch1 row)")
     if metric not in CLASS:
         raise ValueError(f"metric {metric} has no simulated counterpart")
-    if row["model"] not in MODELS:
-        kind = "a mixture of experts (not modelled)" if re.search(r"\d+x\d+B", row["model"]) else "no preset"
-        raise KeyError(f"model {row['model']}: {kind}")
-    engine = _prefix(ENGINES, row["engine"], "engine preset (servesim models vLLM, TensorRT-LLM, SGLang and LMDeploy)")
-    gpu = _prefix(GPUS, row["gpu"], "GPU preset")
+    model = MODELS.get(row["model"]) or match_model(row["model"])
+    if model is None:
+        raise KeyError(f"model {row['model']}: no preset (sim/hardware/presets/models.py)")
+    engine, assumed = engine_of_row(row["engine"])
+    gpu = match_gpu(row["gpu"])
+    if gpu is None:
+        raise KeyError(f"GPU {row['gpu']}: no preset (sim/hardware/presets/gpus.py)")
     isl, osl = _number(row["input_len"]), _number(row["output_len"])
     wd = row["weight_dtype"].split()[0]
     kd = row["kv_dtype"].split()[0]
@@ -208,7 +224,7 @@ def case_of(row: dict[str, str], n_offline: int, classic: bool = False, online: 
         outs = [max(o, 1) for o in published]
         n = len(ins)
         longest = max(i + o for i, o in zip(ins, outs, strict=True))
-    dep: dict[str, Any] = {"model": MODELS[row["model"]], "gpu": gpu, "tensor_parallel_size": int(row["tp"]),
+    dep: dict[str, Any] = {"model": model, "gpu": gpu, "tensor_parallel_size": int(row["tp"]),
                            "weight_dtype": wd, "kv_dtype": kd, "max_model_len": longest}
     dep |= {k: v for k, v in settings.items() if k in DEPLOYMENT_SETTINGS}
     if engine is not None and not classic:
@@ -246,7 +262,7 @@ def case_of(row: dict[str, str], n_offline: int, classic: bool = False, online: 
     # caching off by default) keeps nothing. A closed loop's one request in hundreds is left out.
     warm = bool(online and online_row(row) and engine and engine["name"] == "vllm-v1" and not classic
                 and run.max_concurrency is None)
-    return Case(row, cfg, run, key, scale, textless, warm)
+    return Case(row, cfg, run, key, scale, textless, warm, assumed)
 
 
 def warmup_request(wl: GeneratedWorkload, run_warmup: Callable[[GeneratedWorkload], float]) -> GeneratedWorkload:
@@ -398,6 +414,8 @@ def report(n_offline: int, classic: bool = False, data: list[Path] | None = None
     print("every row")
     for c, x in zip(cases, errs, strict=True):
         print(f"  {c.run.source:70s} {c.row['metric']:18s} measured {float(c.row['value']):9.1f}  error {x:+7.1%}")
+    if assumed := sorted({c.row["engine"] for c in cases if c.assumed_engine}):
+        print(f"run on vLLM V1's preset, no preset being theirs: {', '.join(assumed)}")
     print("not representable")
     for r, why in refused:
         print(f"  {r['engine'][:28]:28s} {r['model']:18s} {r['gpu'][:16]:16s} {r['metric']:22s} {why}")

@@ -1,0 +1,71 @@
+"""Model and GPU names as published tables, benchmark files and model hubs write them, matched to servesim's presets.
+
+A table says "meta-llama/Meta-Llama-3-8B-Instruct", "Llama 3.1 70B Instruct FP8" or "NVIDIA H100 80GB HBM3 (SXM)";
+the presets are ``llama-3-8b`` and ``h100-sxm``. ``match_model`` and ``match_gpu`` strip what does not change the
+shape or the chip (the organisation, "Meta-", "Instruct"/"chat"/"hf", a quantisation tag: the dtype is a column of
+its own; a vendor word, a note in brackets) and return the preset's key, or None when no preset is that model or
+chip. They never guess between two presets: an A100 without its memory is the 80 GB SXM part only because that is
+the part ``a100`` already names (an alias of the presets), and an H100 without its form factor the SXM one likewise.
+"""
+
+from __future__ import annotations
+
+import re
+
+from sim.hardware.gpu import GPU_PRESETS, GPUSpec
+from sim.hardware.models import ModelSpec
+
+# words a model name carries that do not change its shape (the weights' dtype is given apart)
+_MODEL_SUFFIXES = ("instruct", "chat", "hf", "it", "base", "fp8", "kv", "dynamic", "awq", "gptq", "int4", "int8",
+                   "w4a16", "w8a8", "bf16", "fp16")
+
+
+def _key(text: str) -> str:
+    return re.sub(r"[\s_]+", "-", text.strip().lower())
+
+
+def match_model(text: str) -> str | None:
+    """The model preset ``text`` names, or None."""
+    name = _key(text.split("/")[-1])
+    name = re.sub(r"\(.*?\)", "", name).strip("-")
+    name = re.sub(r"^meta-", "", name)
+    name = re.sub(r"^llama(\d)", r"llama-\1", name)  # llama3-8b, llama2-7b
+    # strip a tag or a version from the end, one at a time, trying the name after each step
+    tail = re.compile(rf"-({'|'.join(_MODEL_SUFFIXES)}|v\d+(\.\d+)*)$")
+    while True:
+        try:
+            return ModelSpec.from_name(name).name
+        except ValueError:
+            stripped = tail.sub("", name)
+            if stripped == name:
+                return None
+            name = stripped
+
+
+# (pattern on the normalised name, preset): first match wins, the longer chip names first (h200 before h20)
+_GPU_PATTERNS: tuple[tuple[str, str], ...] = (
+    (r"gh200", "gh200"), (r"b200", "b200"), (r"h200", "h200"),
+    (r"h100.*nvl|h100.*94", "h100-nvl"), (r"h100.*pcie", "h100-pcie"), (r"h100", "h100-sxm"),
+    (r"h20\b|h20-", "h20"),
+    (r"a100.*40.*pcie|a100.*pcie.*40", "a100-40gb-pcie"), (r"a100.*40", "a100-40gb"), (r"a100", "a100-80gb"),
+    (r"a10g", "a10g"), (r"l40s", "l40s"), (r"l40\b|l40-", "l40"), (r"\bl4\b|-l4-|^l4", "l4"),
+    (r"mi300x", "mi300x"), (r"4090", "rtx-4090"),
+)
+
+
+def match_gpu(text: str) -> str | None:
+    """The GPU preset ``text`` names, or None."""
+    try:
+        spec = GPUSpec.from_name(text)  # a preset's name or alias as it is
+        return next(k for k, v in GPU_PRESETS.items() if v is spec)
+    except (ValueError, StopIteration):
+        pass
+    name = _key(re.sub(r"\(.*?\)", "", text))
+    name = re.sub(r"\b(nvidia|amd|instinct|tesla|geforce)-?", "", name)
+    for pattern, preset in _GPU_PATTERNS:
+        if re.search(pattern, name):
+            return preset
+    return None
+
+
+__all__ = ["match_gpu", "match_model"]

@@ -1,0 +1,64 @@
+"""sim/hardware/names.py: published model and GPU names matched to presets, and bench_published's engine column
+read by name and version (so that a row a real engine ran is not refused for how its source spelled it)."""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import pytest
+
+from sim.hardware.names import match_gpu, match_model
+from tests.test_machine_paths import _benchmark
+
+
+@pytest.mark.parametrize(("text", "preset"), [
+    ("meta-llama/Meta-Llama-3-8B-Instruct", "llama-3-8b"), ("Llama 3.1 70B Instruct FP8", "llama-3.1-70b"),
+    ("LLaMA-13B", "llama-13b"), ("Llama-2-70b-chat-hf", "llama-2-70b"), ("Llama3-8B", "llama-3-8b"),
+    ("Mixtral-8x7B-Instruct-v0.1", "mixtral-8x7b"), ("Mistral-7B-Instruct-v0.3", "mistral-7b"),
+    ("amd/Llama-3.1-405B-Instruct-FP8-KV", "llama-3.1-405b"), ("Qwen3-30B-A3B", "qwen3-30b-a3b"),
+    ("llama-3.1-8b", "llama-3.1-8b"),
+    ("DeepSeek-R1", None), ("gpt-4", None), ("Llama-3.1-8B-Instructor", None)])
+def test_model_names(text: str, preset: str | None) -> None:
+    assert match_model(text) == preset
+
+
+@pytest.mark.parametrize(("text", "preset"), [
+    ("H100-SXM-80GB (assumed SXM)", "h100-sxm"), ("NVIDIA H100 80GB HBM3", "h100-sxm"),
+    ("NVIDIA H100 PCIe", "h100-pcie"), ("H100 NVL", "h100-nvl"), ("H200-SXM-141GB", "h200"), ("GH200", "gh200"),
+    ("NVIDIA H20", "h20"), ("A100-SXM-80GB (330W cap)", "a100-80gb"), ("A100-40GB", "a100-40gb"),
+    ("A100 40GB PCIe", "a100-40gb-pcie"), ("A10G-24GB", "a10g"), ("NVIDIA L40S", "l40s"), ("L4", "l4"),
+    ("MI300X-192GB", "mi300x"), ("AMD Instinct MI300X", "mi300x"), ("RTX-4090-24GB", "rtx-4090"), ("b200", "b200"),
+    ("T4", None), ("NVIDIA A10", None), ("MI250X", None)])
+def test_gpu_names(text: str, preset: str | None) -> None:
+    assert match_gpu(text) == preset
+
+
+def _bench() -> ModuleType:
+    return _benchmark("bench_published")
+
+
+@pytest.mark.parametrize(("text", "engine", "assumed"), [
+    ("vLLM v0.5.3", {"name": "vllm-v0", "version": "0.5"}, False),
+    ("vLLM 0.4.2", {"name": "vllm-v0", "version": "0.5"}, False),
+    ("vLLM (June 2023)", {"name": "vllm-v0", "version": "0.5"}, False),
+    ("vLLM v0.6.0", {"name": "vllm-v0", "version": "0.6"}, False),
+    ("vllm==0.7.3", {"name": "vllm-v0", "version": "0.6"}, False),
+    ("vLLM ROCm build ghcr.io/x/vllm-rocm:cb3b2b9 (V0 engine, --enforce-eager)", {"name": "vllm-v0", "version": "0.6"},
+     False),
+    ("vLLM v0.10.1.1 (V1 engine, vllm serve)", {"name": "vllm-v1"}, False),
+    ("vLLM (version not stated)", {"name": "vllm-v1"}, False),
+    ("TensorRT-LLM v0.17 (TRT engine)", {"name": "tensorrt-llm", "kv_cache_free_gpu_mem_fraction": 0.95}, False),
+    ("TensorRT-LLM r24.07 (Triton backend v0.11)", {"name": "tensorrt-llm"}, False),
+    ("SGLang v0.3.0", {"name": "sglang"}, False), ("LMDeploy v0.6.0a0", {"name": "lmdeploy"}, False),
+    ("gpt-fast (PyTorch)", None, False),
+    ("HF TGI", {"name": "vllm-v1"}, True), ("DeepSpeed-FastGen", {"name": "vllm-v1"}, True)])
+def test_engine_column(text: str, engine: dict | None, assumed: bool) -> None:
+    assert _bench().engine_of_row(text) == (engine, assumed)
+
+
+def test_multi_step_divides_the_host_time_and_static_batching_is_refused() -> None:
+    bench = _bench()
+    eng, _ = bench.engine_of_row("vLLM v0.6.0 (--num-scheduler-steps 10)")
+    assert eng["host_time_ratio"] == pytest.approx(bench.VLLM_V06_HOST_TIME_RATIO / 10)
+    with pytest.raises(KeyError, match="static batches"):
+        bench.engine_of_row("HF Transformers")
