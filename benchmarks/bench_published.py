@@ -11,9 +11,9 @@ throughput, TTFT, TPOT and ITL at 16-1000 requests/s). Every row the simulator c
   TensorRT-LLM -> ``tensorrt-llm`` (0.17 rows with ``kv_cache_free_gpu_mem_fraction`` 0.95, as the source's
   notes state for most of them), vLLM 0.5/0.6 -> ``vllm-v0``, SGLang -> ``sglang``, LMDeploy -> ``lmdeploy``;
   gpt-fast is no serving engine: one request, servesim's classic engine;
-- its workload: the fixed lengths stated (the blog's ShareGPT and sonnet rows at their stated average lengths, an
-  approximation: the real lengths vary), all requests at t=0 for offline and QPS-inf rows, Poisson at the rate
-  stated otherwise, a closed loop of ``max_concurrency`` users where the row states one; what a row's optional
+- its workload: the fixed lengths stated (the blog's sonnet rows at their stated average lengths; its ShareGPT rows,
+  which state only averages, at lengths spread about them, ``sharegpt_lengths``), all requests at t=0 for
+  offline and QPS-inf rows, Poisson at the rate stated otherwise, a closed loop of ``max_concurrency`` users where the row states one; what a row's optional
   ``settings`` column states (``max_model_len``, ``gpu_memory_utilization``, ``num_prompts``,
   ``max_concurrency``, ``enforce_eager``, the scheduler's ``max_num_seqs``, ``max_num_batched_tokens``,
   ``enable_chunked_prefill``) and ``lengths``: a file of the per-request lengths the source published, run request
@@ -190,6 +190,43 @@ def lengths_of(row: dict[str, str]) -> tuple[list[int], list[int]]:
     return [i for i, _ in pairs], [o for _, o in pairs]
 
 
+# benchmark_serving.py's ShareGPT sampling (vllm/benchmarks/benchmark_serving.py sample_sharegpt_requests, 0.5-0.6):
+# prompts and completions of at least 4 tokens, prompts of at most 1024, prompt + completion at most 2048
+SHAREGPT_MIN, SHAREGPT_MAX_PROMPT, SHAREGPT_MAX_TOTAL = 4, 1024, 2048
+
+
+def _truncated_exponential(mean: float, low: float, high: float) -> float:
+    """The scale of an exponential which, truncated to [low, high], has this mean (bisection)."""
+    def truncated_mean(scale: float) -> float:
+        w = high - low
+        return low + scale - w * math.exp(-w / scale) / -math.expm1(-w / scale)
+    lo, hi = 1e-3, 1e7
+    for _ in range(200):
+        mid = math.sqrt(lo * hi)
+        lo, hi = (mid, hi) if truncated_mean(mid) < mean else (lo, mid)
+    return math.sqrt(lo * hi)
+
+
+def sharegpt_lengths(mean_in: int, mean_out: int, n: int, seed: int = 0) -> tuple[list[int], list[int]]:
+    """Per-request lengths for a row that states only ShareGPT's average input and output: its requests differ,
+    and a run of requests sent at once lasts as long as its longest ones, which fixed averages leave out. Each
+    length is an exponential about the stated mean (the shape bench_energy.py takes for chat outputs too: an
+    assumption, no source states ShareGPT's histogram with these means) cut to benchmark_serving.py's filter,
+    drawn at the n mid-quantiles (so that the sample's mean is the distribution's, with no sampling noise) in an
+    order shuffled with ``seed``. Nothing is fitted: the two means are the row's."""
+    rng = np.random.default_rng(seed)
+    q = (np.arange(n) + 0.5) / n
+    lo = SHAREGPT_MIN
+    scale_in = _truncated_exponential(mean_in, lo, SHAREGPT_MAX_PROMPT)
+    ins = lo - scale_in * np.log1p(-q * -np.expm1(-(SHAREGPT_MAX_PROMPT - lo) / scale_in))
+    ins = rng.permutation(np.rint(ins).astype(int))
+    high_out = SHAREGPT_MAX_TOTAL - ins  # each request's room for its completion
+    scale_out = _truncated_exponential(mean_out, lo, SHAREGPT_MAX_TOTAL - mean_in)
+    qo = rng.permutation(q)
+    outs = lo - scale_out * np.log1p(-qo * -np.expm1(-(high_out - lo) / scale_out))
+    return [int(i) for i in ins], [int(o) for o in np.rint(outs)]
+
+
 def case_of(row: dict[str, str], n_offline: int, classic: bool = False, online: bool = True) -> Case:
     """The run that represents ``row``; raises ValueError/KeyError/ScenarioError saying why it cannot be."""
     metric = row["metric"]
@@ -215,6 +252,10 @@ def case_of(row: dict[str, str], n_offline: int, classic: bool = False, online: 
     ins, outs = [isl] * n, [osl] * n
     longest = isl + osl  # max_model_len, unless a setting states it
     textless = None
+    if "sharegpt" in row["workload"].lower() and "(avg)" in row["input_len"] + row["output_len"] \
+            and "lengths" not in settings:
+        ins, outs = sharegpt_lengths(isl, osl, n)
+        longest = max(i + o for i, o in zip(ins, outs, strict=True))
     if "lengths" in settings:
         ins, published = lengths_of(row)
         # benchmark_serving.py's output length counts the tokens of the text it received: 0 when the model's first
