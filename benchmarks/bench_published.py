@@ -12,13 +12,13 @@ throughput, TTFT, TPOT and ITL at 16-1000 requests/s). Every row the simulator c
   notes state for most of them), vLLM 0.5/0.6 -> ``vllm-v0``, SGLang -> ``sglang``, LMDeploy -> ``lmdeploy``;
   gpt-fast is no serving engine: one request, servesim's classic engine;
 - its workload: the fixed lengths stated (the blog's sonnet rows at their stated average lengths; its ShareGPT rows,
-  which state only averages, at lengths spread about them, ``sharegpt_lengths``), all requests at t=0 for
-  offline and QPS-inf rows, Poisson at the rate stated otherwise, a closed loop of ``max_concurrency`` users where the row states one; what a row's optional
-  ``settings`` column states (``max_model_len``, ``gpu_memory_utilization``, ``num_prompts``,
+  which state only averages, at lengths spread about them, ``sharegpt_lengths``), all requests at t=0 for offline and
+  QPS-inf rows, Poisson at the rate stated otherwise, a closed loop of ``max_concurrency`` users where the row states
+  one; what a row's optional ``settings`` column states (``max_model_len``, ``gpu_memory_utilization``, ``num_prompts``,
   ``max_concurrency``, ``enforce_eager``, the scheduler's ``max_num_seqs``, ``max_num_batched_tokens``,
-  ``enable_chunked_prefill``) and ``lengths``: a file of the per-request lengths the source published, run request
-  by request, with the client's statistics (a request whose stream carried no text counts TTFT 0, as
-  benchmark_serving.py counts it: ``client_stats``);
+  ``enable_chunked_prefill``) and ``lengths``: a file of the per-request lengths the source published, run request by
+  request, with the client's statistics (a request whose stream carried no text counts TTFT 0, as benchmark_serving.py
+  counts it: ``client_stats``);
 - the metric the row holds, computed as its source computes it;
 - rows measured through an engine's HTTP server by a serving benchmark (their workload names a QPS) with the
   online-serving layer (``deployment.serving: online``, sim/costs/online.py); ``--offline`` runs them without it.

@@ -62,3 +62,17 @@ def test_multi_step_divides_the_host_time_and_static_batching_is_refused() -> No
     assert eng["host_time_ratio"] == pytest.approx(bench.VLLM_V06_HOST_TIME_RATIO / 10)
     with pytest.raises(KeyError, match="static batches"):
         bench.engine_of_row("HF Transformers")
+
+
+def test_sharegpt_lengths_keep_the_stated_means_inside_the_filter() -> None:
+    """A row stating only ShareGPT's averages runs lengths spread about them, inside benchmark_serving.py's filter,
+    the same for the same seed."""
+    bench = _bench()
+    ins, outs = bench.sharegpt_lengths(202, 179, 500)
+    assert len(ins) == len(outs) == 500
+    assert abs(sum(ins) / 500 - 202) < 1 and abs(sum(outs) / 500 - 179) < 2  # mid-quantiles: no sampling noise
+    assert min(ins) >= 4 and max(ins) <= 1024 and min(outs) >= 4
+    assert max(i + o for i, o in zip(ins, outs, strict=True)) <= 2048
+    assert max(outs) > 4 * 179  # the long tail a fixed average leaves out
+    assert bench.sharegpt_lengths(202, 179, 500) == (ins, outs)
+    assert bench.sharegpt_lengths(202, 179, 500, seed=1) != (ins, outs)
