@@ -46,6 +46,7 @@ import numpy as np
 
 from sim.costs.analytic import DEFAULT_COMPUTE_EFFICIENCY, AnalyticCostModel
 from sim.costs.costmodel import StepShape
+from sim.metrics.request_table import as_table
 from sim.metrics.step_columns import step_blocks
 
 if TYPE_CHECKING:
@@ -218,9 +219,9 @@ def _run_energy(result: RunResult, up: float) -> RunEnergy | None:
 
 def attribute(result: RunResult, step_energy: np.ndarray, total: float) -> np.ndarray:
     """Each request's share of ``total`` by the tokens it had computed in each step (see the module docstring)."""
-    recs = result.requests
+    recs = as_table(result.requests)  # read as columns
     out = np.zeros(len(recs))
-    if not recs or not len(step_energy):
+    if not len(recs) or not len(step_energy):
         return out
     s = result.steps
     start = np.asarray(s["start"], dtype=np.float64)
@@ -229,11 +230,9 @@ def attribute(result: RunResult, step_energy: np.ndarray, total: float) -> np.nd
     tok = prefill + np.asarray(s["decode_tokens"], dtype=np.float64)
     per_tok = np.divide(step_energy, tok, out=np.zeros_like(step_energy), where=tok > 0)
     del tok
-    req_rep = np.array([r.replica for r in recs], dtype=np.int64)
-    first_sched = np.array([r.first_scheduled for r in recs], dtype=np.float64)
-    first_tok = np.array([r.first_token for r in recs], dtype=np.float64)
-    finish = np.array([r.finish for r in recs], dtype=np.float64)
-    prompt = np.array([r.prompt_tokens for r in recs], dtype=np.float64)
+    req_rep, first_sched, first_tok, finish = (recs.column(k) for k in ("replica", "first_scheduled", "first_token",
+                                                                         "finish"))
+    prompt = recs.column("prompt_tokens").astype(np.float64)
     replicas = np.unique(replica)
     for rep in replicas:
         # one replica's steps in start order; a single replica's log is that already, and its columns are then
@@ -275,7 +274,7 @@ def energy_summary(result: RunResult, total_output_tokens: int, duration: float,
     if e is None:
         return None
     assert result.power is not None
-    done = np.array([r.outcome == "completed" for r in result.requests], dtype=bool)
+    done = as_table(result.requests).outcome_is("completed")
     per_req = e.request_energy_j[done]
     total = e.energy_j
     return {
@@ -302,7 +301,7 @@ def power_over_time(result: RunResult, bins: int = 200) -> tuple[np.ndarray, np.
         return None
     starts = np.asarray(result.steps["start"], dtype=np.float64)
     dur = np.asarray(result.steps["duration"], dtype=np.float64)
-    t0 = min((r.arrival for r in result.requests), default=0.0)
+    t0 = as_table(result.requests).least("arrival")
     t1 = t0 + float(result.duration)
     if not t1 > t0:
         return None

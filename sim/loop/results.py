@@ -12,6 +12,7 @@ from typing import Protocol
 import numpy as np
 
 from sim.metrics.records import RequestRecord, RunResult
+from sim.metrics.request_table import RequestSink
 from sim.metrics.summary import NO_CLASS
 from sim.serving.core import ServingCore
 from sim.serving.pipeline import PipelineCostModel
@@ -74,7 +75,7 @@ def class_itl_gaps(requests: Sequence[Request]) -> dict[str, tuple[np.ndarray, n
 
 def result_of(
     name: str,
-    requests: Sequence[Request],
+    requests: Sequence[Request] | RequestSink,
     core: ServingCore,
     cost: HasPeakFlops,
     *,
@@ -83,14 +84,22 @@ def result_of(
     kv_bytes_per_block: float = 0.0,
 ) -> RunResult:
     """Gather one replica's records into a ``RunResult``. ``cost``: its cost model or executor (only its
-    ``peak_flops`` is read)."""
-    with gc_paused():  # 10^5 new records, on a heap of millions of objects
-        records = [RequestRecord.from_request(r) for r in sorted(requests, key=attrgetter("id"))]
+    ``peak_flops`` is read). ``requests``: the run's requests, or the sink they went to as they finished (a
+    long run's: the result then holds a ``RequestTable``)."""
+    records: Sequence[RequestRecord]
+    if isinstance(requests, RequestSink):  # a long run's: its requests left memory as they finished
+        records = table = requests.table()
+        start, end = table.least("arrival"), table.most("finish")
+        class_itl = None  # no token times kept (sim.loop.run streams only then)
+    else:
+        with gc_paused():  # 10^5 new records, on a heap of millions of objects
+            records = [RequestRecord.from_request(r) for r in sorted(requests, key=attrgetter("id"))]
+        start = min((r.arrival for r in records), default=0.0)
+        end = max((r.finish for r in records), default=0.0)
+        class_itl = class_itl_gaps(requests)
     uniq, counts = pooled_gaps(*core.itl_gaps())
     steps = core.steps.columns()
     host = getattr(core.kv, "host", None)  # the prefix cache's host tier, if the KV manager has one
-    start = min((r.arrival for r in records), default=0.0)
-    end = max((r.finish for r in records), default=0.0)
     return RunResult(
         name=name,
         requests=records,
@@ -106,5 +115,5 @@ def result_of(
         config=config,
         host_kv=None if host is None else host.summary(core.kv.block_size),
         pipeline=cost.summary(steps) if isinstance(cost, PipelineCostModel) else None,
-        class_itl=class_itl_gaps(requests),
+        class_itl=class_itl,
     )

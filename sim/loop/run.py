@@ -23,6 +23,7 @@ from sim.loop.simulator import ClosedLoopPlan, Simulation, StalledError
 from sim.metrics.decisions import REGRET_MAX_REQUESTS, DecisionTrace, resimulated_regret, trace_core, trace_simulation
 from sim.metrics.decisions import summary as decisions_summary
 from sim.metrics.records import RunResult
+from sim.metrics.request_table import STREAM_MIN, RequestSink
 from sim.metrics.summary import summarize
 from sim.output.progress import BarProgress, Progress
 from sim.policies.user import PolicyError
@@ -127,8 +128,12 @@ def _simulate_variant(
         workload, sends = online.to_engine(workload, fe)
     closed = workload.closed_loop
     plan = None if closed is None else ClosedLoopPlan(closed.num_users, closed.think_times)
+    # a long run's finished requests leave memory as they finish (sim.metrics.request_table), unless something
+    # reads them after the run: the front end's client times, the decision trace, kept token times
+    stream = len(workload.requests) > STREAM_MIN and fe is None and trace is None and not keep_token_times
     sim = Simulation(workload.requests, [(core, cost)], closed_loop=plan, progress=progress, fast_forward=fast_path,
-                     failures=workload.failures, leak=cfg.deployment.leak_kv_on_failure)
+                     failures=workload.failures, leak=cfg.deployment.leak_kv_on_failure,
+                     sink=RequestSink() if stream else None)
     if trace is not None:
         trace_core(core, trace)
     sim.run()
@@ -138,7 +143,7 @@ def _simulate_variant(
     gpus = cfg.deployment.tensor_parallel_size * cfg.deployment.pipeline_parallel_size  # a replica's GPUs
     result = result_of(
         name or cfg.name,
-        sim.requests,
+        sim.requests if sim.sink is None else sim.sink,
         core,
         cost,
         config=cfg.to_dict(built.policy),

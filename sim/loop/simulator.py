@@ -26,6 +26,7 @@ from simpy.core import StopSimulation
 from sim.costs.costmodel import CostModel
 from sim.loop.executor import CostExecutor, Executor, as_executor
 from sim.loop.results import gc_paused
+from sim.metrics.request_table import RequestSink
 from sim.policies.routers import Router, round_robin
 from sim.serving.core import Batch, ServingCore
 from sim.serving.failures import FailurePlan
@@ -251,8 +252,14 @@ class Simulation:
         env: simpy.Environment | None = None,
         limit: Callable[[], str | None] | None = None,
         arrivals: ArrivalSource | None = None,
+        sink: RequestSink | None = None,
     ) -> None:
         self.env = env if env is not None else simpy.Environment()
+        # finished requests go there (a long run's, as columns) and leave memory: ``requests`` stays empty
+        self.sink = sink
+        self._sent = 0  # requests dispatched
+        if sink is not None:
+            sink.on_flush.append(self._forget_done)
         self._limit = limit
         self.halted: str | None = None  # the reason the run was halted, if it was
         self._errors = dict(failures.error_after) if failures is not None else {}
@@ -351,7 +358,9 @@ class Simulation:
         if self.halted is not None:
             return  # the run has ended: nothing more is sent
         req = Request(spec=spec, arrival=self.env.now)
-        self.requests.append(req)
+        self._sent += 1
+        if self.sink is None:
+            self.requests.append(req)
         serving = self._routable()
         rep = serving[self.router(req, serving)]
         delay = self._fail_after.get(req.id)
@@ -415,8 +424,15 @@ class Simulation:
         self._user_pos[user] = pos + 1
         self._dispatch(queue[pos])
 
+    def _forget_done(self) -> None:
+        """The sink holds the finished requests now: the cores need not (``ServingCore.done``)."""
+        for rep in self.replicas:
+            rep.core.done.clear()
+
     def _on_finish(self, req: Request) -> None:
         self._finished += 1
+        if self.sink is not None:
+            self.sink.add(req)
         if self.progress is not None:
             self.progress(1, req.finish)  # (the fast path runs ahead of env.now)
         if self.closed_loop is not None:
@@ -430,9 +446,13 @@ class Simulation:
             self.env.run()
         if self.halted is not None:
             return  # requests in flight failed; unsent ones were dropped
-        unfinished = [r for r in self.requests if r.outcome is None]
-        if unfinished or len(self.requests) != len(self.specs):
+        if self.sink is None:  # the requests are at hand
+            unfinished = sum(1 for r in self.requests if r.outcome is None)
+            sent = len(self.requests)
+        else:  # they left as they finished: count them
+            unfinished, sent = self._sent - self._finished, self._sent
+        if unfinished or sent != len(self.specs):
             raise StalledError(
-                f"simulation stalled: {len(unfinished)} requests without outcome, "
-                f"{len(self.specs) - len(self.requests)} never sent (a policy never schedules them?)"
+                f"simulation stalled: {unfinished} requests without outcome, "
+                f"{len(self.specs) - sent} never sent (a policy never schedules them?)"
             )

@@ -33,6 +33,7 @@ from itertools import groupby
 import numpy as np
 
 from sim.metrics.records import NO_CLASS, RequestRecord, has_classes
+from sim.metrics.request_table import RequestTable, as_table
 
 INVERSION_TOLERANCE = 0.01  # seconds: first schedulings closer than this are not counted as out of order
 HOL_FACTOR = 2.0  # a replica's mean queue over the fleet's mean above which it counts as head-of-line blocked
@@ -73,6 +74,8 @@ def inversions(reqs: Sequence[RequestRecord], tolerance: float = INVERSION_TOLER
     """The inversion counts of the module docstring, over the pairs each replica served, in O(n log n) per
     priority level."""
     out: dict = {"count": 0, "by_priority": 0, "by_arrival": 0, "tolerance": tolerance}
+    if _in_arrival_order(as_table(reqs)):  # FCFS: no pair can be inverted (what _count finds, from the columns)
+        return out
     replicas: dict[int, list[RequestRecord]] = {}
     for r in reqs:
         if r.first_scheduled >= 0:
@@ -90,6 +93,17 @@ def inversions(reqs: Sequence[RequestRecord], tolerance: float = INVERSION_TOLER
     if worst is not None:
         out["worst"] = {"request": worst[1], "overtaken_by": worst[2], "late_by": worst[0]}
     return out
+
+
+def _in_arrival_order(table: RequestTable) -> bool:
+    """Whether every replica first scheduled its requests in the order of their arrival (then id)."""
+    sched = table.column("first_scheduled")
+    keep = sched >= 0
+    replica, sched = table.column("replica")[keep], sched[keep]
+    order = np.lexsort((table.column("id")[keep], table.column("arrival")[keep], replica))
+    replica, sched = replica[order], sched[order]
+    same = replica[1:] == replica[:-1]  # consecutive pairs within one replica
+    return bool(np.all(sched[1:][same] >= sched[:-1][same]))
 
 
 def _count(started: list[RequestRecord], tolerance: float) -> tuple[int, int]:
@@ -202,7 +216,7 @@ def anomalies(reqs: Sequence[RequestRecord], duration: float, replicas: Sequence
     ``replicas`` are the indices of every replica the run had (one that got no request counts too)."""
     inv = inversions(reqs)
     hol = head_of_line(reqs, duration, replicas)
-    classes = has_classes(list(reqs))
+    classes = has_classes(reqs)
     if not (classes or inv["count"] or (hol is not None and hol["blocked_replicas"])):
         return None
     out: dict = {"inversions": inv}

@@ -6,7 +6,7 @@ field. Steps and gaps are stored in columns of numpy chunks, because a long simu
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
@@ -106,8 +106,11 @@ REQUEST_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(RequestRecord) if
 NO_CLASS = "(no class)"  # the key of requests without a class name, in a run where others have one
 
 
-def has_classes(records: list[RequestRecord]) -> bool:
+def has_classes(records: Sequence[RequestRecord]) -> bool:
     """Whether any request of a run carries a class: a priority, tenant, class name or SLO of its own."""
+    from_columns = getattr(records, "any_class", None)  # a RequestTable reads its columns
+    if from_columns is not None:
+        return bool(from_columns())
     return any(r.priority or r.tenant or r.slo_class or r.ttft_slo >= 0 or r.tpot_slo >= 0 for r in records)
 
 # Columns of steps.csv, with their dtypes. One row per step (idle time has no rows; it is the gap between them).
@@ -332,7 +335,8 @@ class RunResult:
     """Everything one variant's run produced."""
 
     name: str
-    requests: list[RequestRecord]
+    # in id order; past sim.metrics.request_table.STREAM_MIN requests a RequestTable (columns) instead of a list
+    requests: Sequence[RequestRecord]
     steps: Mapping[str, np.ndarray]  # STEP_COLUMNS -> array (the step log's StepColumns, or a dict)
     itl_gaps: np.ndarray  # pooled inter-token gaps (seconds)
     itl_counts: np.ndarray  # how many tokens saw each gap

@@ -40,6 +40,7 @@ from sim.costs.energy import energy_summary
 from sim.metrics.anomalies import anomalies as run_anomalies
 from sim.metrics.records import NO_CLASS, RequestRecord, RunResult, has_classes
 from sim.metrics.registry import Metric, plugin_metrics
+from sim.metrics.request_table import RequestTable, as_table
 from sim.metrics.sketch import RELATIVE_ACCURACY, QuantileSketch
 from sim.metrics.sums import dot
 from sim.metrics.verdict import limit_inputs, rank_limits, rejection_reasons
@@ -87,7 +88,8 @@ SUMMARY_KEYS: tuple[str, ...] = (
 )
 
 NAN = float("nan")
-_REJECTED, _FAILED = Outcome.REJECTED.value, Outcome.FAILED.value  # Enum.value is a slow property: read once
+# Enum.value is a slow property: read once
+_COMPLETED, _REJECTED, _FAILED = Outcome.COMPLETED.value, Outcome.REJECTED.value, Outcome.FAILED.value
 
 # Keys of each class's block in summary.json (``classes``), in order. Tests pin this list.
 CLASS_SUMMARY_KEYS: tuple[str, ...] = (
@@ -190,7 +192,8 @@ def _time_weighted_mean(x: np.ndarray, w: np.ndarray) -> float:
 
 def num_replicas(result: RunResult) -> int:
     """Replicas of the run, as seen in the request records (at least 1). Busy fraction and MFU divide by it."""
-    return max((r.replica for r in result.requests), default=0) + 1
+    replica = as_table(result.requests).column("replica")
+    return int(replica.max()) + 1 if replica.size else 1
 
 
 def kv_usage_per_step(result: RunResult, dur: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -213,19 +216,21 @@ def summarize(result: RunResult, slos: SLOs | None = None) -> dict:
     if slos is not None and slos.empty:
         slos = None
     reqs = result.requests
-    done = [r for r in reqs if r.completed]
-    lat = _Latencies.of(done)
+    table = as_table(reqs)  # read as columns (a long run's requests are kept so)
+    done = table.outcome_is(_COMPLETED)
+    lat = _Latencies.of_table(table, done)
     ttft, e2el, multi, tpot_all, out_tok = lat.ttft, lat.e2el, lat.multi, lat.tpot_all, lat.out_tok
-    in_tok = np.array([r.prompt_tokens for r in done], dtype=np.int64)
+    in_tok = table.column("prompt_tokens")[done]
 
     duration = float(result.duration)
-    n_done = len(done)
+    n_done = int(done.sum())
     total_out = int(out_tok.sum())
     total_in = int(in_tok.sum())
 
     goodput = slo_attainment = NAN
-    if any(r.ttft_slo >= 0 or r.tpot_slo >= 0 for r in reqs):  # request classes with SLOs of their own
-        good = _within_slos(done, lat, slos)  # so the run's figure is the sum of its classes'
+    own_ttft, own_tpot = table.column("ttft_slo")[done], table.column("tpot_slo")[done]
+    if (table.column("ttft_slo") >= 0).any() or (table.column("tpot_slo") >= 0).any():  # classes with own SLOs
+        good = _within_slos(own_ttft, own_tpot, lat, slos)  # so the run's figure is the sum of its classes'
         goodput = _ratio(int(good.sum()), duration)
         slo_attainment = _ratio(int(good.sum()), len(reqs))
     elif slos is not None:
@@ -272,11 +277,11 @@ def summarize(result: RunResult, slos: SLOs | None = None) -> dict:
     del dur
     limits = limit_inputs(result)
     out = {
-        "num_requests": len(reqs),
+        "num_requests": len(table),
         "num_completed": n_done,
-        "num_rejected": sum(1 for r in reqs if r.outcome == _REJECTED),
-        "num_failed": sum(1 for r in reqs if r.outcome == _FAILED),
-        "num_preemptions": sum(r.num_preemptions for r in reqs),
+        "num_rejected": int(table.outcome_is(_REJECTED).sum()),
+        "num_failed": int(table.outcome_is(_FAILED).sum()),
+        "num_preemptions": int(table.column("num_preemptions").sum()),
         "num_steps": num_steps,
         "num_replicas": replicas,
         "duration": duration,
@@ -313,7 +318,7 @@ def summarize(result: RunResult, slos: SLOs | None = None) -> dict:
                                  "exact_max": EXACT_MAX}
     if has_classes(reqs):  # request classes: each class's figures, and the tenants' when requests name them
         out["classes"] = class_summaries(reqs, duration, slos, result.class_itl)
-        if any(r.tenant for r in reqs):
+        if any(table.text("tenant")[1]):  # some request names a tenant
             out["tenants"], out["fairness"] = tenant_fairness(reqs)
     indices = [p["replica"] for p in result.cluster["per_replica"]] if result.cluster else list(range(replicas))
     anomalies = run_anomalies(reqs, duration, indices)  # computed for every run, written when it has something to say
@@ -369,15 +374,21 @@ class _Latencies:
 
     @classmethod
     def of(cls, done: Sequence[RequestRecord]) -> _Latencies:
-        arrival = np.array([r.arrival for r in done], dtype=np.float64)
-        first_token = np.array([r.first_token for r in done], dtype=np.float64)
-        finish = np.array([r.finish for r in done], dtype=np.float64)
-        scheduled = np.array([r.first_scheduled for r in done], dtype=np.float64)
-        out_tok = np.array([r.output_tokens for r in done], dtype=np.int64)
+        table = as_table(done)
+        return cls.of_table(table, np.ones(len(table), dtype=bool))
+
+    @classmethod
+    def of_table(cls, table: RequestTable, done: np.ndarray) -> _Latencies:
+        """The latencies of the requests ``done`` selects (completed ones) of a table."""
+        arrival = table.column("arrival")[done]
+        first_token = table.column("first_token")[done]
+        finish = table.column("finish")[done]
+        scheduled = table.column("first_scheduled")[done]
+        out_tok = table.column("output_tokens")[done]
         ttft = first_token - arrival
         e2el = finish - arrival
         multi = out_tok > 1
-        tpot_all = np.zeros(len(done))  # vLLM scores single-token requests as TPOT 0 for goodput
+        tpot_all = np.zeros(len(out_tok))  # vLLM scores single-token requests as TPOT 0 for goodput
         tpot_all[multi] = (e2el[multi] - ttft[multi]) / (out_tok[multi] - 1)
         # a request observed from outside (servesim observe) has no first scheduled step: no queueing delay
         queue = (scheduled - arrival)[scheduled >= 0]
@@ -399,14 +410,14 @@ def _class_slos(group: list[RequestRecord], slos: SLOs | None) -> dict[str, floa
     return None if all(v is None for v in out.values()) else out
 
 
-def _within_slos(done: Sequence[RequestRecord], lat: _Latencies, slos: SLOs | None) -> np.ndarray:
-    """Which completed requests met every SLO they are held to: their own TTFT/TPOT bounds where they carry one,
-    else the scenario's (a request with no bound at all meets them trivially)."""
+def _within_slos(ttft_slo: np.ndarray, tpot_slo: np.ndarray, lat: _Latencies, slos: SLOs | None) -> np.ndarray:
+    """Which completed requests met every SLO they are held to: their own TTFT/TPOT bounds (``ttft_slo``,
+    ``tpot_slo``; -1: none) where they carry one, else the scenario's (a request with no bound at all meets them
+    trivially)."""
     run = slos if slos is not None else SLOs()
-    good = np.ones(len(done), dtype=bool)
-    for own, default, vals in (("ttft_slo", run.ttft, lat.ttft), ("tpot_slo", run.tpot, lat.tpot_all)):
-        limit = np.array([getattr(r, own) if getattr(r, own) >= 0 else (np.inf if default is None else default)
-                          for r in done], dtype=np.float64)
+    good = np.ones(len(lat.ttft), dtype=bool)
+    for own, default, vals in ((ttft_slo, run.ttft, lat.ttft), (tpot_slo, run.tpot, lat.tpot_all)):
+        limit = np.where(own >= 0, own, np.inf if default is None else default)
         good &= vals <= limit
     if run.e2el is not None:
         good &= lat.e2el <= run.e2el
@@ -432,7 +443,8 @@ def class_summaries(reqs: Sequence[RequestRecord], duration: float, slos: SLOs |
         bounds = _class_slos(group, slos)
         goodput = attainment = NAN
         if bounds is not None:
-            n_good = int(_within_slos(done, lat, slos).sum())
+            own = as_table(done)
+            n_good = int(_within_slos(own.column("ttft_slo"), own.column("tpot_slo"), lat, slos).sum())
             goodput, attainment = _ratio(n_good, duration), _ratio(n_good, len(group))
         if itl is not None and name in itl:
             itl_stats = latency_stats(*itl[name])

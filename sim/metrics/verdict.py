@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sim.metrics.records import RequestRecord, RunResult
+from sim.metrics.request_table import as_table
 from sim.metrics.sums import dot
 
 # Thresholds, as fractions.
@@ -99,15 +100,26 @@ def _waiting_spans(result: RunResult) -> tuple[np.ndarray, np.ndarray]:
     """When each request waited for the GPU: from its arrival to its first step (or its end, never scheduled), and
     from each preemption to its resume. Counted from the requests, so a cluster's replicas, its router and a
     static batch's wait for a full batch all count alike."""
-    starts: list[float] = []
-    stops: list[float] = []
-    for r in result.requests:
-        starts.append(r.arrival)
-        stops.append(r.first_scheduled if r.first_scheduled >= 0 else r.finish)
-        for i, t in enumerate(r.preempted_at):
-            starts.append(t)
-            stops.append(r.resumed_at[i] if i < len(r.resumed_at) else r.finish)
-    return np.array(starts, dtype=np.float64), np.array(stops, dtype=np.float64)
+    table = as_table(result.requests)
+    arrival, finish, sched = (table.column(k) for k in ("arrival", "finish", "first_scheduled"))
+    preempted, resumed = table.spans("preempted_at"), table.spans("resumed_at")
+    # request by request: its wait for a first step, then its preemptions' (the order of the sums they feed)
+    ids = table.column("id")
+    extra = np.zeros(len(ids), dtype=np.int64)
+    rows = np.flatnonzero(np.isin(ids, np.fromiter(preempted, dtype=np.int64, count=len(preempted))))
+    for i in rows.tolist():
+        extra[i] = len(preempted[int(ids[i])])
+    at = np.arange(len(ids)) + np.cumsum(extra) - extra  # where each request's first span goes
+    starts = np.empty(len(ids) + int(extra.sum()))
+    stops = np.empty_like(starts)
+    starts[at] = arrival
+    stops[at] = np.where(sched >= 0, sched, finish)
+    for i in rows.tolist():
+        pre, res = preempted[int(ids[i])], resumed.get(int(ids[i]), ())
+        for k, t in enumerate(pre):
+            starts[at[i] + 1 + k] = t
+            stops[at[i] + 1 + k] = res[k] if k < len(res) else finish[i]
+    return starts, stops
 
 
 def limit_inputs(result: RunResult) -> dict:
@@ -127,9 +139,9 @@ def limit_inputs(result: RunResult) -> dict:
       the static batch size (per replica); static: whether the policy batches statically;
     - busy_mfu: MFU while computing (FLOPs over busy time x peak); prefill_share: prefill tokens / computed tokens.
     """
-    reqs = result.requests
-    arrivals = np.sort(np.array([r.arrival for r in reqs], dtype=np.float64))
-    done = [r for r in reqs if r.completed]
+    table = as_table(result.requests)
+    arrivals = np.sort(table.column("arrival"))
+    done = table.outcome_is("completed")
     offered = scheduled = growth = NAN
     q_start = q_end = NAN
     s = result.steps
@@ -139,14 +151,16 @@ def limit_inputs(result: RunResult) -> dict:
         t0, t1 = float(arrivals[0]), float(arrivals[-1])
         span = t1 - t0
         offered = (arrivals.size - 1) / span  # n arrivals bound n - 1 gaps
-        scheduled = sum(1 for r in reqs if t0 <= r.first_scheduled <= t1) / span
+        first = table.column("first_scheduled")
+        scheduled = int(((t0 <= first) & (first <= t1)).sum()) / span
         w_start, w_stop = _waiting_spans(result)
         quarter = span / 4
         q_start = _mean_waiting(w_start, w_stop, t0, t0 + quarter)
         q_end = _mean_waiting(w_start, w_stop, t1 - quarter, t1)
         growth = (q_end - q_start) / (span - quarter)
-    e2el = np.array([r.finish - r.arrival for r in done], dtype=np.float64)
-    queue = np.array([r.first_scheduled - r.arrival for r in done], dtype=np.float64)
+    arrival = table.column("arrival")[done]
+    e2el = table.column("finish")[done] - arrival
+    queue = table.column("first_scheduled")[done] - arrival
     queue_share = float(queue.mean() / e2el.mean()) if e2el.size and e2el.mean() > 0 else NAN
     busy = float(dur.sum())
     running = np.asarray(s["batch_size"], dtype=np.float64)
@@ -205,10 +219,11 @@ def rejection_reasons(records: Sequence[RequestRecord]) -> dict[str, int]:
     request's own length) count as one, each number that varies written as its range: "prompt+output 617-994
     tokens exceeds max_model_len 512"."""
     groups: dict[tuple[str, ...], list[list[str]]] = {}
-    for r in records:
-        if r.outcome == "rejected":
-            reason = r.reason or "no reason given"
-            groups.setdefault(tuple(_NUMBER.split(reason)), []).append(_NUMBER.findall(reason))
+    table = as_table(records)
+    codes, names = table.text("reason")
+    for code in codes[table.outcome_is("rejected")].tolist():
+        reason = names[code] or "no reason given"
+        groups.setdefault(tuple(_NUMBER.split(reason)), []).append(_NUMBER.findall(reason))
     out: dict[str, int] = {}
     for pieces, numbers in sorted(groups.items(), key=lambda g: (-len(g[1]), g[0])):
         text = pieces[0]

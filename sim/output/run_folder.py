@@ -14,7 +14,7 @@ import io
 import json
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import fields
 from operator import attrgetter
 from pathlib import Path
@@ -34,6 +34,7 @@ from sim.metrics.columns import (
     TIME_LIST_FIELDS,
 )
 from sim.metrics.records import REQUEST_FIELDS, STEP_COLUMNS, RequestRecord, RunResult, has_classes
+from sim.metrics.request_table import by_id
 from sim.metrics.summary import summarize
 from sim.output.table import format_table, table_cells
 
@@ -126,7 +127,7 @@ _LISTS = [f in TIME_LIST_FIELDS for f in REQUEST_FIELDS]
 REQUEST_CHUNK_ROWS = 1 << 15  # requests.csv rows built and written at a time
 
 
-def _request_rows(name: str, recs: list[RequestRecord], classes: bool) -> list[tuple]:
+def _request_rows(name: str, recs: Sequence[RequestRecord], classes: bool) -> list[tuple]:
     """requests.csv's rows of ``recs``, built column by column: the cells of ``REQUEST_FIELDS``, then those
     ``request_latencies`` and (with ``classes``) ``class_cells`` give, value for value."""
     cols: list[list] = [[name] * len(recs)]
@@ -160,7 +161,7 @@ def write_requests_csv(f: IO[str], results: list[RunResult], chunk: int = REQUES
     classes = any(has_classes(res.requests) for res in results)
     w.writerow(("variant",) + REQUEST_COLUMNS + (CLASS_COLUMNS if classes else ()))
     for res in results:
-        recs = sorted(res.requests, key=attrgetter("id"))  # result_of's are sorted already: a linear pass
+        recs = by_id(res.requests)  # result_of's are sorted already: a linear pass (a table's rows: in id order)
         for lo in range(0, len(recs), chunk):
             w.writerows(_request_rows(res.name, recs[lo : lo + chunk], classes))
 

@@ -24,6 +24,7 @@ import numpy as np
 
 from sim.costs.energy import run_energy
 from sim.metrics.records import RunResult
+from sim.metrics.request_table import as_table
 from sim.metrics.sums import dot
 from sim.output.benchfiles.export_vllm import _model_of
 from sim.output.benchfiles.stats import expanded_sum, itls_expand
@@ -81,7 +82,7 @@ def _power_lines(result: RunResult, model: str, picked: list[tuple[int, np.ndarr
     pm = result.power
     if energy is None or pm is None:
         return []
-    t0 = min((r.arrival for r in result.requests), default=0.0)
+    t0 = as_table(result.requests).least("arrival")
     replica = np.asarray(result.steps["replica"], dtype=np.int64)
     dur = np.asarray(result.steps["duration"], dtype=np.float64)
     power, energy_mj = [], []
@@ -157,10 +158,12 @@ def openmetrics_text(result: RunResult, *, max_points: int = 2000) -> str:
     lines: list[str] = []
     for key, (kind, help_) in helps.items():
         lines += [f"# TYPE vllm:{key} {kind}", f"# HELP vllm:{key} {help_}", *series[key]]
-    done = [r for r in result.requests if r.outcome == "completed"]
-    ttft = np.array([r.first_token - r.arrival for r in done], dtype=np.float64)
-    e2el = np.array([r.finish - r.arrival for r in done], dtype=np.float64)
-    out_tok = np.array([r.output_tokens for r in done], dtype=np.int64)
+    table = as_table(result.requests)  # read as columns
+    done = table.outcome_is("completed")
+    arrival = table.column("arrival")[done]
+    ttft = table.column("first_token")[done] - arrival
+    e2el = table.column("finish")[done] - arrival
+    out_tok = table.column("output_tokens")[done]
     multi = out_tok > 1
     tpot = (e2el[multi] - ttft[multi]) / (out_tok[multi] - 1)
     ts = f" {_num(float(end.max()) if end.size else 0.0)}"

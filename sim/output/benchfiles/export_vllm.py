@@ -27,6 +27,7 @@ import numpy as np
 
 from sim.costs.energy import run_energy
 from sim.metrics.records import RunResult, has_classes
+from sim.metrics.request_table import as_table
 from sim.output.benchfiles.stats import DEFAULT_PERCENTILES, LATENCY_METRICS, bench_stats, p_word, run_lists, run_stats
 
 BACKEND = "servesim"
@@ -77,8 +78,8 @@ def vllm_bench_result(result: RunResult, *, request_rate: float | None = None, b
         out["energy_j"] = total
         out["j_per_output_token"] = total / out["total_output_tokens"] if out["total_output_tokens"] else None
         out["mean_power_w"] = total / float(result.duration) if result.duration > 0 else None
-        order = sorted(range(len(result.requests)), key=lambda i: result.requests[i].id)  # the lists' order
-        out["energies_j"] = [float(energy.request_energy_j[i]) for i in order]
+        order = np.argsort(as_table(result.requests).column("id"), kind="stable")  # the lists' order
+        out["energies_j"] = energy.request_energy_j[order].tolist()
     return out
 
 

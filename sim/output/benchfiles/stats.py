@@ -16,6 +16,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from sim.metrics.records import RunResult
+from sim.metrics.request_table import as_table, by_id
 from sim.metrics.sums import dot
 
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
@@ -65,15 +66,19 @@ def bench_stats(
 
 def run_lists(result: RunResult) -> dict[str, list]:
     """Per-request lists of a simulated run in the result JSON's order (request id) and units (seconds)."""
-    reqs = sorted(result.requests, key=lambda r: r.id)
-    done = [r.outcome == "completed" for r in reqs]
+    t = as_table(by_id(result.requests))  # read as columns
+    done = t.outcome_is("completed")
+    arrival = t.column("arrival")
+    reason, reasons = t.text("reason")
+    outcome, outcomes = t.text("outcome")
     return {
-        "input_lens": [r.prompt_tokens for r in reqs],
-        "output_lens": [r.output_tokens if ok else 0 for r, ok in zip(reqs, done, strict=True)],
-        "ttfts": [r.first_token - r.arrival if ok else 0.0 for r, ok in zip(reqs, done, strict=True)],
-        "latencies": [r.finish - r.arrival if ok else 0.0 for r, ok in zip(reqs, done, strict=True)],
-        "start_times": [r.arrival for r in reqs],
-        "errors": ["" if ok else (r.reason or r.outcome) for r, ok in zip(reqs, done, strict=True)],
+        "input_lens": t.column("prompt_tokens").tolist(),
+        "output_lens": np.where(done, t.column("output_tokens"), 0).tolist(),
+        "ttfts": np.where(done, t.column("first_token") - arrival, 0.0).tolist(),
+        "latencies": np.where(done, t.column("finish") - arrival, 0.0).tolist(),
+        "start_times": t.values("arrival"),
+        "errors": ["" if ok else (reasons[r] or outcomes[o])
+                   for ok, r, o in zip(done.tolist(), reason.tolist(), outcome.tolist(), strict=True)],
     }
 
 
@@ -172,13 +177,15 @@ def _describe_weighted(name: str, values: np.ndarray, counts: np.ndarray, percen
 
 def run_stats(result: RunResult, percentiles: Iterable[float] = DEFAULT_PERCENTILES) -> dict[str, float]:
     """:func:`bench_stats` of a simulated run (its duration: first arrival to last completion)."""
-    done = [r for r in result.requests if r.outcome == "completed"]
+    t = as_table(result.requests)  # read as columns
+    done = t.outcome_is("completed")
+    arrival = t.column("arrival")[done]
     expand = itls_expand(result)
     stats = bench_stats(
-        [r.first_token - r.arrival for r in done],
-        [r.finish - r.arrival for r in done],
-        [r.output_tokens for r in done],
-        [r.prompt_tokens for r in done],
+        t.column("first_token")[done] - arrival,
+        t.column("finish")[done] - arrival,
+        t.column("output_tokens")[done],
+        t.column("prompt_tokens")[done],
         np.zeros(0),  # the ITL statistics below replace these (in place: the keys keep their order)
         float(result.duration),
         percentiles,

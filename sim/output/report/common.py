@@ -11,6 +11,7 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 
 from sim.metrics.records import RunResult
+from sim.metrics.request_table import as_table
 
 MAX_POINTS = 1000  # most points a plotted series may have
 MODEBAR_PX = 30  # plotly's mode bar: its icons fill the top 30 px of a figure, at the right, shown on hover
@@ -62,7 +63,9 @@ def run_end(result: RunResult) -> float:
     ends = [float(result.duration)]
     if len(s["start"]):
         ends.append(float(np.max(s["start"] + s["duration"])))
-    ends += [r.finish for r in result.requests]
+    table = as_table(result.requests)
+    if len(table):
+        ends.append(table.most("finish"))
     return max(ends)
 
 

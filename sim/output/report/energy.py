@@ -12,6 +12,7 @@ from plotly.subplots import make_subplots
 
 from sim.costs.energy import power_over_time, run_energy
 from sim.metrics.records import RunResult
+from sim.metrics.request_table import as_table
 from sim.output.report.common import TEMPLATE, Section, color, ecdf_points
 from sim.output.report.pipeline import _table
 
@@ -41,7 +42,7 @@ def fig_energy(results: list[RunResult]) -> go.Figure | None:
                                      line={"color": color(i)},
                                      hovertemplate="%{x:.1f} s: %{y:.0f} W<extra>" + name + "</extra>"), row=1, col=1)
         e = run_energy(r)
-        done = np.array([q.outcome == "completed" for q in r.requests], dtype=bool)
+        done = as_table(r.requests).outcome_is("completed")
         if e is not None and done.any():
             pts = ecdf_points(np.sort(e.request_energy_j[done]))
             fig.add_trace(go.Scatter(**pts, mode="lines", name=r.name, legendgroup=r.name, showlegend=False,

@@ -10,6 +10,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from sim.metrics.records import RequestRecord, RunResult
+from sim.metrics.request_table import as_table
 from sim.output.report.common import (
     MAX_POINTS,
     TEMPLATE,
@@ -36,11 +37,9 @@ def latencies(result: RunResult) -> dict[str, np.ndarray]:
 
 def latencies_of(records: Sequence[RequestRecord]) -> dict[str, np.ndarray]:
     """TTFT, TPOT and E2EL of the completed requests among ``records`` (seconds)."""
-    done = [r for r in records if r.completed]
-    arr = np.array([r.arrival for r in done], dtype=np.float64)
-    ft = np.array([r.first_token for r in done], dtype=np.float64)
-    fin = np.array([r.finish for r in done], dtype=np.float64)
-    out = np.array([r.output_tokens for r in done], dtype=np.int64)
+    table = as_table(records)  # read as columns
+    done = table.outcome_is("completed")
+    arr, ft, fin, out = (table.column(k)[done] for k in ("arrival", "first_token", "finish", "output_tokens"))
     multi = out > 1
     return {
         "ttft": ft - arr,
@@ -228,7 +227,8 @@ def fig_timeline(result: RunResult, max_points: int = MAX_POINTS, x_end: float |
             col=1,
         )
     rejected = Outcome.REJECTED.value  # once: Enum.value is a slow property
-    rej_t = np.array([r.finish for r in result.requests if r.outcome == rejected], dtype=np.float64)
+    table = as_table(result.requests)
+    rej_t = table.column("finish")[table.outcome_is(rejected)]
     fig.add_trace(
         go.Scatter(
             name="rejections", line=dict(color=color(6)), **_count_trace(rej_t, np.ones_like(rej_t), edges, max_points)
@@ -323,7 +323,8 @@ def fig_throughput(results: list[RunResult], max_points: int = MAX_POINTS) -> go
                 row=row,
                 col=1,
             )
-        fin = np.array([r.finish for r in res.requests if r.completed], dtype=np.float64)
+        table = as_table(res.requests)
+        fin = table.column("finish")[table.outcome_is("completed")]
         done = np.histogram(fin, bins=edges)[0] / width
         fig.add_trace(
             go.Scatter(

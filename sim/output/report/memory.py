@@ -6,6 +6,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from sim.metrics.records import RunResult
+from sim.metrics.request_table import as_table
 from sim.output.report.common import (
     MAX_POINTS,
     TEMPLATE,
@@ -143,12 +144,14 @@ REQUEST_KV_POINTS = 60  # time samples of that chart (evenly spaced, so the trac
 def request_kv_window(result: RunResult, max_requests: int = REQUEST_KV_REQUESTS) -> float:
     """End of the window in which at most ``max_requests`` requests start computing: every request holding KV
     in ``[0, end)`` is then drawn."""
-    starts = np.sort([r.first_scheduled for r in result.requests if r.first_scheduled >= 0])
+    table = as_table(result.requests)  # read as columns
+    first = table.column("first_scheduled")
+    starts = np.sort(first[first >= 0])
     if len(starts) == 0:
         return 0.0
     if len(starts) > max_requests:
         return float(starts[max_requests])
-    return max(r.finish for r in result.requests)
+    return table.most("finish")
 
 
 def request_kv_tokens(
@@ -159,9 +162,11 @@ def request_kv_tokens(
     times), nothing after it ends. A preempted request holds nothing from its preemption to its resume (the
     records keep both times), so the bands of a preempting run stay under the capacity."""
     out: dict[int, np.ndarray] = {}
-    for r in sorted(result.requests, key=lambda r: (r.first_scheduled, r.id)):
-        if r.first_scheduled < 0 or len(out) >= max_requests:
-            continue
+    table = as_table(result.requests)  # the first requests to start, made into records alone
+    first = table.column("first_scheduled")
+    order = np.lexsort((table.column("id"), first))
+    for i in order[first[order] >= 0][:max_requests].tolist():
+        r = table[i]
         end = r.finish if r.finish >= 0 else float("inf")
         alive = np.zeros(len(t), dtype=bool)
         for lo, hi in r.kv_intervals(end):

@@ -11,6 +11,7 @@ from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
 from sim.metrics.records import RunResult
+from sim.metrics.request_table import as_table, kv_spans
 from sim.output.report.common import (
     TEMPLATE,
 )
@@ -84,15 +85,13 @@ def assign_slots(start: np.ndarray, end: np.ndarray) -> np.ndarray:
 def slot_layout(result: RunResult) -> SlotLayout:
     """Rows of the batch for one run (see the comment above ``SLOT_REQUESTS``). A preempted request holds no row
     from its preemption to its resume, so it takes one entry per span it ran (``RequestRecord.kv_intervals``)."""
-    spans = [(r, lo, hi) for r in result.requests if r.first_scheduled >= 0
-             for lo, hi in r.kv_intervals(max(r.finish, r.first_scheduled))]
-    reqs = [sp[0] for sp in spans]
-    start = np.array([sp[1] for sp in spans], dtype=np.float64)
-    finish = np.maximum(np.array([sp[2] for sp in spans], dtype=np.float64), start)
-    replica = np.array([r.replica for r in reqs], dtype=np.int64)
+    table = as_table(result.requests)  # read as columns
+    at, start, stop = kv_spans(table, np.maximum(table.column("finish"), table.column("first_scheduled")))
+    finish = np.maximum(stop, start)
+    replica = table.column("replica")[at]
     batch_held = bool(np.any(np.asarray(result.steps["padded_rows"]) > 0))
     held = finish.copy()
-    if batch_held and len(reqs):
+    if batch_held and len(at):
         # a batch: the requests first scheduled in one step of one replica; it ends with its last finish
         keys = np.stack([replica.astype(np.float64), start])
         _, group = np.unique(keys, axis=1, return_inverse=True)
@@ -100,20 +99,20 @@ def slot_layout(result: RunResult) -> SlotLayout:
         batch_end = np.full(group.max() + 1, -np.inf)
         np.maximum.at(batch_end, group, finish)
         held = batch_end[group]
-    row = np.zeros(len(reqs), dtype=np.int64)
+    row = np.zeros(len(at), dtype=np.int64)
     offset = 0
     for rep in np.unique(replica):
         on = replica == rep
         row[on] = assign_slots(start[on], held[on]) + offset
         offset = int(row[on].max()) + 1
     return SlotLayout(
-        ids=np.array([r.id for r in reqs], dtype=np.int64),
+        ids=table.column("id")[at],
         start=start,
         finish=finish,
         held_until=held,
         row=row,
-        prompt_tokens=np.array([r.prompt_tokens for r in reqs], dtype=np.int64),
-        output_tokens=np.array([r.output_tokens for r in reqs], dtype=np.int64),
+        prompt_tokens=table.column("prompt_tokens")[at],
+        output_tokens=table.column("output_tokens")[at],
         num_rows=offset,
         batch_held=batch_held,
     )

@@ -1,0 +1,254 @@
+"""A long run's finished requests as columns: what ``RunResult.requests`` holds past ``STREAM_MIN`` requests.
+
+A ``RequestRecord`` costs about 300 bytes (its slots and float objects), and the simulator's ``Request`` behind
+it as much again; a run of millions of requests held both until its end. Here each finished request is recorded
+as it finishes (``RequestSink.add``, fed by the simulation's finish callback) and moves into numpy columns
+``CHUNK`` requests at a time, so that the request itself can leave memory: about 100 bytes a request remain.
+
+``RequestTable`` is a sequence of ``RequestRecord`` in id order (what ``sim.loop.results.result_of`` gives a
+shorter run), whose records are made again from the columns when read, a chunk at a time, equal field for field
+to those the run would have kept (a time that was the Python int 0 reads back as that int, so every file is
+byte-identical; ``tests/test_request_table.py`` compares every output of a run both ways). Readers that can,
+read its columns instead (``column``, ``outcome_is``): the summary does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import fields
+from operator import attrgetter
+from typing import overload
+
+import numpy as np
+
+from sim.metrics.records import RequestRecord
+from sim.serving.request import Request
+
+# Runs with more requests than this keep their finished requests in a RequestTable; shorter ones keep the list of
+# records they always had.
+STREAM_MIN = 1 << 17
+CHUNK = 1 << 15  # records kept as objects before they move into columns (and records made again at a time)
+
+_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(RequestRecord))
+# numeric columns and their dtypes; the other fields are text (stored as codes) or tuples (stored sparsely)
+_NUMERIC: dict[str, type] = {
+    "id": np.int64, "arrival": np.float64, "first_scheduled": np.float64, "first_token": np.float64,
+    "finish": np.float64, "prompt_tokens": np.int64, "output_tokens": np.int64, "target_output_tokens": np.int64,
+    "num_preemptions": np.int64, "replica": np.int64, "session_id": np.int64, "priority": np.int64,
+    "ttft_slo": np.float64, "tpot_slo": np.float64,
+}  # fmt: skip
+_FLOATS = tuple(k for k, t in _NUMERIC.items() if t is np.float64)
+_TEXT = ("outcome", "reason", "tenant", "slo_class")
+_TUPLES = ("preempted_at", "resumed_at")
+assert set(_NUMERIC) | set(_TEXT) | set(_TUPLES) == set(_FIELDS)
+
+
+class RequestTable(Sequence[RequestRecord]):
+    """Finished requests in id order, as columns (see the module docstring). Made by ``RequestSink.table``."""
+
+    def __init__(self, numeric: dict[str, np.ndarray], codes: dict[str, np.ndarray], names: dict[str, list[str]],
+                 tuples: dict[str, dict[int, tuple[float, ...]]], ints: dict[str, set[int]]) -> None:
+        self._numeric = numeric  # field -> column
+        self._codes = codes  # text field -> int32 codes into names[field]
+        self._names = names
+        self._tuples = tuples  # tuple field -> {id: its non-empty tuple}
+        self._ints = ints  # float field -> ids whose value was a Python int (a time of 0 at the very start)
+        self._n = len(numeric["id"])
+
+    def __len__(self) -> int:
+        return self._n
+
+    def column(self, name: str) -> np.ndarray:
+        """A numeric field's column (read-only use: it is the table's own array)."""
+        return self._numeric[name]
+
+    def outcome_is(self, outcome: str) -> np.ndarray:
+        """Which requests ended with ``outcome`` (completed, rejected, failed), as a boolean mask."""
+        names = self._names["outcome"]
+        return self._codes["outcome"] == (names.index(outcome) if outcome in names else -1)
+
+    def values(self, name: str) -> list:
+        """A numeric field's values as Python numbers, as the records hold them (a time that was an int too)."""
+        col = self._numeric[name].tolist()
+        ints = self._ints.get(name)
+        if ints:
+            for i in np.flatnonzero(np.isin(self._numeric["id"], list(ints))).tolist():
+                col[i] = int(col[i])
+        return col
+
+    def _value(self, name: str, i: int) -> float:
+        v = self._numeric[name][i].item()
+        return int(v) if int(self._numeric["id"][i]) in self._ints.get(name, ()) else v
+
+    def least(self, name: str, default: float = 0.0) -> float:
+        """``min(r.<name> for r in records)``, the same Python number (``default`` for no records)."""
+        return self._value(name, int(np.argmin(self._numeric[name]))) if self._n else default
+
+    def most(self, name: str, default: float = 0.0) -> float:
+        """``max(r.<name> for r in records)``, likewise."""
+        return self._value(name, int(np.argmax(self._numeric[name]))) if self._n else default
+
+    def text(self, name: str) -> tuple[np.ndarray, list[str]]:
+        """A text field (outcome, reason, tenant, slo_class) as (codes, names): row i's value is names[codes[i]]."""
+        return self._codes[name], self._names[name]
+
+    def spans(self, name: str) -> dict[int, tuple[float, ...]]:
+        """``preempted_at`` or ``resumed_at`` of the requests where it is not empty, by request id."""
+        return self._tuples[name]
+
+    def any_class(self) -> bool:
+        """``has_classes`` from the columns."""
+        n = self._numeric
+        return bool((n["priority"] != 0).any() or (n["ttft_slo"] >= 0).any() or (n["tpot_slo"] >= 0).any()
+                    or any(any(self._names[f]) for f in ("tenant", "slo_class")))
+
+    def _records(self, lo: int, hi: int) -> list[RequestRecord]:
+        cols: list[list] = []
+        ids = self._numeric["id"][lo:hi].tolist()
+        for f in _FIELDS:
+            if f in self._numeric:
+                col = self._numeric[f][lo:hi].tolist()
+                ints = self._ints.get(f)
+                if ints:
+                    col = [int(v) if i in ints else v for i, v in zip(ids, col, strict=True)]
+            elif f in self._codes:
+                names = self._names[f]
+                col = [names[c] for c in self._codes[f][lo:hi].tolist()]
+            else:
+                some = self._tuples[f]
+                col = [some.get(i, ()) for i in ids] if some else [()] * len(ids)
+            cols.append(col)
+        return [RequestRecord(*row) for row in zip(*cols, strict=True)]
+
+    @overload
+    def __getitem__(self, i: int) -> RequestRecord: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[RequestRecord]: ...
+
+    def __getitem__(self, i: int | slice) -> RequestRecord | list[RequestRecord]:
+        if isinstance(i, slice):
+            lo, hi, step = i.indices(self._n)
+            if step != 1:
+                return self._records(0, self._n)[i]
+            return self._records(lo, max(lo, hi))
+        if i < 0:
+            i += self._n
+        if not 0 <= i < self._n:
+            raise IndexError("request index out of range")
+        return self._records(i, i + 1)[0]
+
+    def __iter__(self) -> Iterator[RequestRecord]:
+        for lo in range(0, self._n, CHUNK):
+            yield from self._records(lo, min(lo + CHUNK, self._n))
+
+
+class RequestSink:
+    """Receives each request as it finishes (``add``) and keeps it as columns (``RequestTable``)."""
+
+    def __init__(self) -> None:
+        self._pending: list[RequestRecord] = []
+        self._chunks: list[dict[str, np.ndarray]] = []
+        self._index: dict[str, dict[str, int]] = {f: {} for f in _TEXT}  # text field -> {value: code}
+        self._tuples: dict[str, dict[int, tuple[float, ...]]] = {f: {} for f in _TUPLES}
+        self._ints: dict[str, set[int]] = {f: set() for f in _FLOATS}
+        self.count = 0  # requests received
+        # called after each chunk moves into columns (the simulation forgets its finished requests there)
+        self.on_flush: list[Callable[[], object]] = []
+
+    def add(self, r: Request) -> None:
+        self.add_record(RequestRecord.from_request(r))
+
+    def add_record(self, rec: RequestRecord) -> None:
+        self._pending.append(rec)
+        self.count += 1
+        if len(self._pending) >= CHUNK:
+            self.flush()
+
+    def flush(self) -> None:
+        """Move the records received into columns."""
+        recs = self._pending
+        if not recs:
+            return
+        self._pending = []
+        chunk: dict[str, np.ndarray] = {}
+        for f, dtype in _NUMERIC.items():
+            values = list(map(attrgetter(f), recs))
+            if f in self._ints:
+                ints = [r.id for r, v in zip(recs, values, strict=True) if type(v) is int]
+                self._ints[f].update(ints)
+            chunk[f] = np.array(values, dtype=dtype)
+        for f in _TEXT:
+            index = self._index[f]
+            chunk[f] = np.array([index.setdefault(v, len(index)) for v in map(attrgetter(f), recs)], dtype=np.int32)
+        for f in _TUPLES:
+            some = self._tuples[f]
+            for r in recs:
+                t = getattr(r, f)
+                if t:
+                    some[r.id] = t
+        self._chunks.append(chunk)
+        for listener in self.on_flush:
+            listener()
+
+    def table(self, *, sort: bool = True) -> RequestTable:
+        """Every request received, in id order (``sort=False``: in the order received). The sink is left empty."""
+        self.flush()
+        chunks, self._chunks = self._chunks, []
+        ids = np.concatenate([c["id"] for c in chunks]) if chunks else np.zeros(0, dtype=np.int64)
+        order = np.argsort(ids, kind="stable") if sort else np.arange(len(ids))
+        numeric = {f: ids[order] if f == "id" else _gather(chunks, f, order, dtype) for f, dtype in _NUMERIC.items()}
+        del ids
+        codes = {f: _gather(chunks, f, order, np.int32) for f in _TEXT}
+        names = {f: list(self._index[f]) for f in _TEXT}
+        ints = {f: s for f, s in self._ints.items() if s}
+        return RequestTable(numeric, codes, names, self._tuples, ints)
+
+
+def _gather(chunks: list[dict[str, np.ndarray]], f: str, order: np.ndarray, dtype: type) -> np.ndarray:
+    if not chunks:
+        return np.zeros(0, dtype=dtype)
+    col = np.concatenate([c.pop(f) for c in chunks])  # each chunk's part is dropped once gathered
+    return col[order]
+
+
+def kv_spans(table: RequestTable, end: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``RequestRecord.kv_intervals(end[i])`` of every request i that was scheduled, request by request, as
+    (row of the request, start, stop) arrays: one span for a request never preempted, one per run otherwise."""
+    first = table.column("first_scheduled")
+    ids = table.column("id")
+    preempted, resumed = table.spans("preempted_at"), table.spans("resumed_at")
+    rows = np.flatnonzero(first >= 0)
+    counts = np.ones(len(rows), dtype=np.int64)
+    some = np.flatnonzero(np.isin(ids[rows], np.fromiter(preempted, dtype=np.int64, count=len(preempted))))
+    for j in some.tolist():
+        counts[j] = 1 + len(resumed.get(int(ids[rows[j]]), ()))
+    row = np.repeat(rows, counts)
+    start, stop = first[row], end[row]
+    at = np.cumsum(counts) - counts  # each request's first span
+    for j in some.tolist():
+        i = int(rows[j])
+        rid = int(ids[i])
+        starts = [first[i], *resumed.get(rid, ())]
+        stops = [*preempted[rid], end[i]][: len(starts)]
+        start[at[j] : at[j] + len(starts)] = starts
+        stop[at[j] : at[j] + len(starts)] = stops
+    return row, start, stop
+
+
+def as_table(requests: Sequence[RequestRecord]) -> RequestTable:
+    """The records as a RequestTable, in their order (a table as it is): readers then read columns alike."""
+    if isinstance(requests, RequestTable):
+        return requests
+    sink = RequestSink()
+    for r in requests:
+        sink.add_record(r)
+    return sink.table(sort=False)
+
+
+def by_id(requests: Sequence[RequestRecord]) -> Sequence[RequestRecord]:
+    """Records in id order: a RequestTable as it is (it is in id order, and sorting it would make every record
+    at once), a list sorted."""
+    return requests if isinstance(requests, RequestTable) else sorted(requests, key=attrgetter("id"))
+
+
