@@ -8,8 +8,8 @@ measurements of Llama-3.1-405B on 8x H100 and 8x MI300X (offline throughput, bat
 throughput, TTFT, TPOT and ITL at 16-1000 requests/s). Every row the simulator can represent becomes one run:
 
 - its model, GPU, tensor parallelism and dtypes, its engine's ``deployment.engine`` preset (sim/engines/registry.py):
-  TensorRT-LLM -> ``tensorrt-llm`` (0.17 rows with ``kv_cache_free_gpu_mem_fraction`` 0.95, as the source's
-  notes state for most of them), vLLM 0.5/0.6 -> ``vllm-v0``, SGLang -> ``sglang``, LMDeploy -> ``lmdeploy``;
+  TensorRT-LLM -> ``tensorrt-llm`` (0.17 rows with ``kv_cache_free_gpu_mem_fraction`` 0.95, as the source's notes state
+  for most of them), vLLM 0.5/0.6 -> ``vllm-v0``, SGLang -> ``sglang``, LMDeploy -> ``lmdeploy``, TGI -> ``tgi``;
   gpt-fast is no serving engine: one request, servesim's classic engine;
 - its workload: the fixed lengths stated (the blog's sonnet rows at their stated average lengths; its ShareGPT rows,
   which state only averages, at lengths spread about them, ``sharegpt_lengths``), all requests at t=0 for offline and
@@ -78,7 +78,8 @@ MODELS = {"Qwen2-7B": "qwen2.5-7b"}  # Qwen2-7B's config.json has Qwen2.5-7B's s
 # kv_cache_free_gpu_mem_fraction 0.95, as the source notes for most of them
 ENGINE_NAMES: tuple[tuple[str, str], ...] = (("tensorrt-llm", "tensorrt-llm"), ("trt-llm", "tensorrt-llm"),
                                              ("sglang", "sglang"), ("lmdeploy", "lmdeploy"), ("turbomind", "lmdeploy"),
-                                             ("vllm", "vllm"))
+                                             ("tgi", "tgi"), ("text generation inference", "tgi"),
+                                             ("text-generation-inference", "tgi"), ("vllm", "vllm"))
 # continuous-batching servers servesim has no preset for: run on vLLM V1's, the assumption printed with the row
 ASSUMED_ENGINE = {"name": "vllm-v1"}
 STATIC_ENGINES = ("hf transformers", "transformers")  # static batches of a size the rows do not state

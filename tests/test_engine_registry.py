@@ -98,15 +98,15 @@ def test_a_plugin_engine_is_one_new_module_and_its_scheduler_defaults_apply(tmp_
 def test_an_engine_no_module_registers_is_refused_with_the_names(tmp_path: Path) -> None:
     res = _run(tmp_path, [], SCENARIO)  # no plugin on the path
     assert res.returncode == 2, res.stdout + res.stderr
-    assert "deployment.engine.name: must be 'vllm-v1', 'vllm-v0', 'tensorrt-llm', 'sglang', 'lmdeploy' or " \
-           "'classic' (got 'dummy')" in res.stdout + res.stderr
+    assert "deployment.engine.name: must be 'vllm-v1', 'vllm-v0', 'tensorrt-llm', 'sglang', 'lmdeploy', " \
+           "'tgi' or 'classic' (got 'dummy')" in res.stdout + res.stderr
     assert "Traceback" not in res.stderr
 
 
 def test_the_schema_lists_the_registered_engines() -> None:
     schema = EngineConfig.model_json_schema()
     assert schema["properties"]["name"]["enum"] == list(engines()) == [
-        "vllm-v1", "vllm-v0", "tensorrt-llm", "sglang", "lmdeploy", "classic"]
+        "vllm-v1", "vllm-v0", "tensorrt-llm", "sglang", "lmdeploy", "tgi", "classic"]
 
 
 def _string_constants(path: Path) -> set[str]:
@@ -126,7 +126,7 @@ def test_each_engine_name_is_a_string_in_its_own_module_only() -> None:
         assert holders == [own], (name, holders)
 
 
-@pytest.mark.parametrize("name", ["vllm-v1", "vllm-v0", "tensorrt-llm", "sglang", "lmdeploy", "classic"])
+@pytest.mark.parametrize("name", ["vllm-v1", "vllm-v0", "tensorrt-llm", "sglang", "lmdeploy", "tgi", "classic"])
 def test_each_shipped_engine_is_its_own_module(name: str) -> None:
     engine = engines()[name]
     assert type(engine).__module__ == "sim.engines." + name.replace("-", "_")

@@ -117,6 +117,25 @@ def test_lmdeploy_free_fraction_and_persistent_batch() -> None:
         _built({"name": "lmdeploy", "mem_fraction_static": 0.8})
 
 
+def test_tgi_wiggle_room_no_evict_and_small_graphs() -> None:
+    """TGI 2.2: 95% of what the weights and a warm-up prefill of its budget (max_input_tokens 4095 + 50) leave; a
+    request's whole prompt + max_new_tokens reserved (never preempts); prefills apart; graphs up to 32."""
+    policy, _, _, b = _built("tgi")
+    total = resolve_gpu("h100-sxm").memory_bytes
+    assert (policy.limits.max_num_batched_tokens, policy.limits.max_num_seqs) == (4095 + 50, 128)
+    assert policy.no_evict and not policy.enable_chunked_prefill and policy.prefill_mode == "prefill_first"
+    assert policy.cudagraph_capture_sizes == (1, 2, 4, 8, 16, 32)
+    reserve = estimate_activation_reserve("llama-3.1-70b", weight_dtype="fp8", max_num_batched_tokens=4145,
+                                          max_num_seqs=128)
+    kv = math.floor(0.95 * (total - _weights() - reserve))
+    assert b.budget.kv_memory == kv
+    assert b.budget.num_gpu_blocks == kv // (16 * KV_BYTES_PER_TOKEN_70B_FP8)
+    policy, *_ = _built("tgi", max_model_len=16384)  # longer prompts: --max-input-tokens raised, the budget too
+    assert policy.limits.max_num_batched_tokens == 16383 + 50
+    policy, *_ = _built({"name": "tgi", "enforce_eager": True})
+    assert policy.cudagraph_capture_sizes == ()
+
+
 def test_vllm_v0_prefill_first_and_its_budget() -> None:
     policy, *_ = _built("vllm-v0")
     assert not policy.enable_chunked_prefill and policy.prefill_mode == "prefill_first"

@@ -51,7 +51,8 @@ def _bench() -> ModuleType:
     ("TensorRT-LLM r24.07 (Triton backend v0.11)", {"name": "tensorrt-llm"}, False),
     ("SGLang v0.3.0", {"name": "sglang"}, False), ("LMDeploy v0.6.0a0", {"name": "lmdeploy"}, False),
     ("gpt-fast (PyTorch)", None, False),
-    ("HF TGI", {"name": "vllm-v1"}, True), ("DeepSpeed-FastGen", {"name": "vllm-v1"}, True)])
+    ("HF TGI", {"name": "tgi"}, False), ("Text Generation Inference 2.2.0", {"name": "tgi"}, False),
+    ("DeepSpeed-FastGen", {"name": "vllm-v1"}, True)])
 def test_engine_column(text: str, engine: dict | None, assumed: bool) -> None:
     assert _bench().engine_of_row(text) == (engine, assumed)
 

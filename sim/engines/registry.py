@@ -9,7 +9,7 @@ Each engine sets the rules a real server applies before and between steps, which
   and decodes share a step, and the **admission rule** (TensorRT-LLM's GUARANTEED_NO_EVICT admits a request only
   when the KV of its whole prompt + output is guaranteed, so nothing is ever preempted);
 Every value is a default: a key given in the scenario's ``policy`` section wins. Each engine is one module
-(sim/engines/vllm_v1.py, vllm_v0.py, tensorrt_llm.py, sglang.py, lmdeploy.py, classic.py) that subclasses
+(sim/engines/vllm_v1.py, vllm_v0.py, tensorrt_llm.py, sglang.py, lmdeploy.py, tgi.py, classic.py) that subclasses
 ``sim.engines.base.Engine`` and sets its rules with their sources; this module registers them (a plugin registers
 its own with ``register_engine``, see sim/plugins.py) and holds ``EngineConfig``, whose name is any registered
 engine's. Nothing outside an engine's module tells engines apart by name. Without
@@ -31,7 +31,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from sim.config.input_model import Float, InputModel, Int
-from sim.engines import classic, lmdeploy, sglang, tensorrt_llm, vllm_v0, vllm_v1
+from sim.engines import classic, lmdeploy, sglang, tensorrt_llm, tgi, vllm_v0, vllm_v1
 from sim.engines.base import Engine, EngineKey, SchedulerDefaults, engine_of, engines, register_engine
 from sim.engines.classic import classic_policy
 from sim.engines.costs import omit_when_unset
@@ -42,7 +42,7 @@ from sim.plugins import load_plugins
 
 # the shipped engines, one module each; the first is a deployment.engine section's default, classic what a
 # deployment without one runs. A plugin adds its own with register_engine (sim/plugins.py).
-for _engine in (vllm_v1.ENGINE, vllm_v0.ENGINE, tensorrt_llm.ENGINE, sglang.ENGINE, lmdeploy.ENGINE):
+for _engine in (vllm_v1.ENGINE, vllm_v0.ENGINE, tensorrt_llm.ENGINE, sglang.ENGINE, lmdeploy.ENGINE, tgi.ENGINE):
     register_engine(_engine)
 register_engine(classic.ENGINE, without_engine=True)
 DEFAULT_ENGINE = vllm_v1.ENGINE.name
@@ -63,8 +63,8 @@ class EngineConfig(InputModel):
 
     name: str = Field(default=DEFAULT_ENGINE, json_schema_extra=_names_listed,
                       description="vllm-v1 (0.8-0.11), vllm-v0 (0.5-0.6), tensorrt-llm (0.17), sglang (0.4), "
-                      "lmdeploy (0.6, TurboMind), or classic: servesim's own idealised vLLM, what a deployment "
-                      "without an engine runs (to pin a scenario to it).")
+                      "lmdeploy (0.6, TurboMind), tgi (2.2), or classic: servesim's own idealised vLLM, what a "
+                      "deployment without an engine runs (to pin a scenario to it).")
     usage_context: Literal["api_server", "offline"] = Field(
         default="api_server", description="vLLM v1 sizes its step budget by how it is run: the OpenAI API server "
         "(8192 tokens on large GPUs) or the offline LLM class (16384).")
@@ -100,7 +100,7 @@ class EngineConfig(InputModel):
                                        "options")
     # ---- scheduler behaviours (sim/engines/sched.py) ----
     enforce_eager: bool | None = Field(
-        default=None, description="vllm-v1/vllm-v0: no CUDA graphs, so decode batches are not padded; none: false.")
+        default=None, description="vllm-v1/vllm-v0/tgi: no CUDA graphs, so decode batches are not padded; none: false.")
     cudagraph_capture_sizes: list[Annotated[Int, Field(ge=1, le=1 << 20)]] | None = Field(
         default=None, min_length=1, description="vllm-v1/vllm-v0: decode batch sizes with a CUDA graph; a decode "
         "step is priced as the next size up (none: vLLM's list, 1, 2, 4, 8, 16, ... up to 512 (v1) or 256 (v0)).")
@@ -141,8 +141,8 @@ def engine_field(value: Any) -> Any:
 
 
 EngineField = Field(default=None, description="Serving engine whose memory rule and scheduler defaults apply "
-                    "(vllm-v1, vllm-v0, tensorrt-llm, sglang, lmdeploy, or {name: ..., its keys}); none: servesim's "
-                    "classic idealised vLLM (chunking off, prefill-first steps).")
+                    "(vllm-v1, vllm-v0, tensorrt-llm, sglang, lmdeploy, tgi, or {name: ..., its keys}); none: "
+                    "servesim's classic idealised vLLM (chunking off, prefill-first steps).")
 engine_validator = field_validator("engine", mode="before")(classmethod(lambda cls, v: engine_field(v)))
 
 
