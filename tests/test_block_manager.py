@@ -994,5 +994,22 @@ def test_allocate_decodes_is_allocate_one_by_one(kind: str) -> None:
             bulk.release(r)
             one.release(r)
             assert bulk.free == one.free, case
+        # reserve_decodes: the same reservations in one step, given the blocks they take (a decode group's count)
+        dec = [r for r in reqs if r.num_remaining == 1 and m.holds(r)]
+        loop, agg = m.budget(), m.budget()
+        fits = loop.allocate_decodes(dec) == len(dec)
+        assert agg.reserve_decodes(dec, sum(m.blocks_needed(r, 1) for r in dec)) == (fits and kind != "contiguous")
+        if kind != "contiguous":  # a contiguous budget leaves it to allocate_decodes
+            stops.add("reserved" if fits else "refused")
+            if not fits:
+                assert agg.free == m.budget().free, case  # nothing reserved
+                continue
+            assert agg.free == loop.free, case
+            assert not agg.reserve_decodes(dec, 0) or not dec, case  # reserved already: refused
+            for r in reqs:
+                agg.release(r)
+                loop.release(r)
+                assert agg.free == loop.free, case
     # every way to stop was met (a contiguous reservation holds the whole request: a decode always fits)
-    assert stops == ({"all", "not a decode"} if kind == "contiguous" else {"all", "no room", "not a decode"})
+    assert stops == ({"all", "not a decode"} if kind == "contiguous" else
+                     {"all", "no room", "not a decode", "reserved", "refused"})

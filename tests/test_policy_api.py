@@ -272,6 +272,33 @@ def test_a_plan_with_two_faults_is_refused_for_the_first(faults: tuple[str, str]
     assert message in str(e.value)
 
 
+@pytest.mark.parametrize(("fault", "message"), [("twice", "schedules request \\d+ twice"),
+                                                ("tokens", "schedules 2 tokens of request")])
+def test_a_fault_after_the_running_decodes_is_found(fault: str, message: str) -> None:
+    """QueuePolicy plans the running decodes in one call (``schedule_each``), whose entries the adapter checks at
+    once when they cover the decode group: an entry changed afterwards, or a member scheduled a second time,
+    is still refused."""
+    from sim.policies.user import PolicyError
+
+    class Faulty(servesim.QueuePolicy):
+        def schedule(self, view):
+            plan = super().schedule(view)
+            running = view.running
+            if len(running) >= 3 and view.waiting and len(plan.scheduled) > len(running) and \
+                    all(r.num_remaining == 1 for r in running):
+                if fault == "twice":
+                    plan.schedule(running[1], 1)
+                else:
+                    plan.scheduled[1] = (running[1], 2)
+            return plan
+
+    specs = [RequestSpec(i, 0.05 * i, 100, 50) for i in range(12)]
+    with pytest.raises(PolicyError, match=message):
+        _run(UserPolicy(Faulty(), Limits(16, 2048, 4096)), specs)
+    assert all(r.num_output_tokens == 50 for r in _run(UserPolicy(servesim.QueuePolicy(), Limits(16, 2048, 4096)),
+                                                          specs))
+
+
 def test_allocate_decodes_refuses_what_is_not_a_view() -> None:
     m = PagedBlockManager(10, 4)
     r = Request(RequestSpec(0, 0.0, 8, 4), 0.0)

@@ -160,14 +160,27 @@ def _req(rv: RequestView) -> Request:
     return rv._r
 
 
+@dataclass(frozen=True, slots=True)
+class Decodes:
+    """What the core knows of a step's running requests when all of them decode (its decode group): ``views``,
+    the view's running tuple, and ``requests``, theirs, each with one token to compute, taking ``blocks`` new KV
+    blocks in all. ``Budget.allocate_decodes(view.running)`` then reserves them in one step instead of one by
+    one (the policy adapter, sim.policies.user, makes it; policies never see it)."""
+
+    views: tuple[RequestView, ...]
+    requests: Sequence[Request]
+    blocks: int
+
+
 class Budget:
     """A scratch copy of the free KV blocks to plan one step with. Spending it changes nothing real: the core
     applies the plan afterwards. Reserve room for every request the plan computes tokens for."""
 
-    __slots__ = ("_b",)
+    __slots__ = ("_b", "_decodes")
 
-    def __init__(self, b: KVBudget) -> None:
+    def __init__(self, b: KVBudget, decodes: Decodes | None = None) -> None:
         self._b = b
+        self._decodes = decodes
 
     def allocate(self, req: RequestView, num_new_tokens: int) -> bool:
         """Reserve room for ``num_new_tokens`` more tokens of ``req``; False (nothing reserved) if it does not fit."""
@@ -179,6 +192,9 @@ class Budget:
         then schedules (``plan.schedule_each(reqs[:k], 1)``). Take the rest one by one with ``allocate``; the
         request at ``k`` may not fit, or not decode, or be reserved here already. A policy that runs its decoding
         requests first, as vLLM does, plans them in one call instead of one per request."""
+        d = self._decodes
+        if d is not None and reqs is d.views and self._b.reserve_decodes(d.requests, d.blocks):
+            return len(reqs)
         try:
             rs = [v._r for v in reqs if type(v) is RequestView]
         except TypeError:
@@ -207,10 +223,11 @@ class Budget:
 class KVView:
     """The KV cache as a policy sees it: sizes and counts, never the blocks themselves."""
 
-    __slots__ = ("_kv",)
+    __slots__ = ("_kv", "_decodes")
 
-    def __init__(self, kv: KVManager) -> None:
+    def __init__(self, kv: KVManager, decodes: Decodes | None = None) -> None:
         self._kv = kv
+        self._decodes = decodes
 
     @property
     def block_size(self) -> int:
@@ -243,7 +260,7 @@ class KVView:
 
     def budget(self) -> Budget:
         """A fresh scratch budget for planning this step."""
-        return Budget(self._kv.budget())
+        return Budget(self._kv.budget(), self._decodes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,13 +281,16 @@ class Plan:
     """A policy's decision for one step. The core applies, in this order: rejections, preemptions, swap-ins, then
     the scheduled requests in the order they were added (a waiting request scheduled here is admitted)."""
 
-    __slots__ = ("scheduled", "preempted", "swapped_in", "rejected")
+    __slots__ = ("scheduled", "preempted", "swapped_in", "rejected", "_each")
 
     def __init__(self) -> None:
         self.scheduled: list[tuple[RequestView, int]] = []
         self.preempted: list[tuple[RequestView, str]] = []
         self.swapped_in: list[RequestView] = []
         self.rejected: list[tuple[RequestView, str]] = []
+        # the last schedule_each: where its entries start in ``scheduled``, and the entries, so that the core
+        # checks them at once when they are still there as made
+        self._each: tuple[int, list[tuple[RequestView, int]]] | None = None
 
     def schedule(self, req: RequestView, num_tokens: int) -> None:
         """Compute ``num_tokens`` tokens of ``req`` this step (1 to ``req.num_remaining``; reserve them in the
@@ -279,7 +299,9 @@ class Plan:
 
     def schedule_each(self, reqs: Sequence[RequestView], num_tokens: int) -> None:
         """``schedule(req, num_tokens)`` for each of ``reqs``, in order."""
-        self.scheduled.extend([(r, num_tokens) for r in reqs])
+        chunk = [(r, num_tokens) for r in reqs]
+        self._each = (len(self.scheduled), chunk)
+        self.scheduled.extend(chunk)
 
     def preempt(self, req: RequestView, mode: str = "recompute") -> None:
         """Take a running request off the GPU: "recompute" drops its KV (it waits again, at the front of the

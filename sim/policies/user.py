@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import traceback
 from collections.abc import Iterable
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,8 @@ from sim.policies import api
 from sim.policies.base import Admission, Limits, Policy, View
 from sim.policies.base import Plan as CorePlan
 from sim.serving.request import Request, Status
+
+_FIRST = itemgetter(0)
 
 
 class PolicyError(ScenarioError):
@@ -89,15 +92,22 @@ class UserPolicy(Policy):
         return (f"policy {self.describe()}: asked before every step (depends_on: every_step); declare "
                 "depends_on = {'arrivals', 'finishes'} if that is all its decision reads, for the fast path")
 
-    def _public_view(self, view: View, hidden: set[int]) -> api.PolicyView:
+    def _public_view(self, view: View, hidden: set[int], synced: bool = False) -> api.PolicyView:
         waiting = view.waiting if not hidden else [r for r in view.waiting if r.id not in hidden]
         swapped = view.swapped if not hidden else [r for r in view.swapped if r.id not in hidden]
         cache = self._views
         if len(cache) > 2 * (len(view.waiting) + len(view.running) + len(view.swapped)) + 64:
             # finished requests' views, dropped now and then: the cache stays about the size of the queues
             self._views = {i: v for i, v in cache.items() if v._r.status is not Status.FINISHED}
-        return api.PolicyView(view.now, self._views_of(waiting), self._views_of(view.running),
-                              self._views_of(swapped), api.KVView(view.kv), view.limits)
+        running = self._views_of(view.running)
+        g = view.group
+        decodes = None
+        if synced and g is not None and g.grows and len(g.members) == len(running):
+            # every running request is a member of the decode group, brought up to date (``synced``): each
+            # decodes, and one more token of each takes the group's next blocks
+            decodes = api.Decodes(running, view.running, g.next_blocks)
+        return api.PolicyView(view.now, self._views_of(waiting), running, self._views_of(swapped),
+                              api.KVView(view.kv, decodes), view.limits)
 
     def _views_of(self, reqs: Iterable[Request]) -> tuple[api.RequestView, ...]:
         cache = self._views
@@ -134,13 +144,14 @@ class UserPolicy(Policy):
             g.sync()  # every request current: the policy never sees the fast path's aggregate
         rejected = self.admission.rejections(view) if self.admission is not None else []
         hidden = {r.id for r, _ in rejected}
-        pv = self._public_view(view, hidden)
+        pv = self._public_view(view, hidden, synced=True)
         up = self._call(f"schedule(view) at t={view.now:.6f} s", self.user.schedule, pv)
         if not isinstance(up, api.Plan):
             raise PolicyError(f"policy {self.name}: schedule returned {type(up).__name__}, not a servesim.Plan")
-        return self._translate(up, rejected, view)
+        return self._translate(up, rejected, view, pv.running)
 
-    def _translate(self, up: api.Plan, rejected: list[tuple[Request, str]], view: View) -> CorePlan:
+    def _translate(self, up: api.Plan, rejected: list[tuple[Request, str]], view: View,
+                   running: tuple[api.RequestView, ...]) -> CorePlan:
         plan = CorePlan(reject=list(rejected))
         for rv, reason in up.rejected:
             r = self._req(rv, view.now, "rejects")
@@ -166,20 +177,32 @@ class UserPolicy(Policy):
         # and the rule it breaks.
         g = view.group
         members = g.members if g is not None else {}
+        entries = up.scheduled
+        each = up._each if type(up) is api.Plan else None  # a subclass may schedule its own way
+        in_group = 0
+        if each is not None and not gone and len(members) == len(running):
+            start, chunk = each
+            k = len(chunk)
+            if k and k == len(running) and type(chunk[0][1]) is int and chunk[0][1] == 1 and \
+                    entries[start:start + k] == chunk and tuple(map(_FIRST, chunk)) == running:
+                # The plan scheduled every running request for one token in one call (schedule_each), and they
+                # are all members of the decode group: each entry of that part is right, and no other entry may
+                # name a member (it would be a second), so only the rest is checked one by one.
+                entries = entries[:start] + entries[start + k:]
+                in_group = k
         seen: set[int] = set()
         add = seen.add
-        total = 0
-        in_group = 0
+        total = in_group
         out: list[tuple[Request, int]] = []
         ok = True
         RV = api.RequestView
-        for rv, n in up.scheduled:
+        for rv, n in entries:
             if type(rv) is not RV or type(n) is not int:
                 ok = False
                 break
             q = rv._r
             if q.group_base >= 0:  # a member: running, with exactly one token to compute
-                if n != 1:
+                if n != 1 or entries is not up.scheduled:
                     ok = False
                     break
                 in_group += 1
@@ -191,11 +214,12 @@ class UserPolicy(Policy):
                 out.append((q, n))
             add(q.id)
             total += n
-        if not ok or len(seen) != len(up.scheduled) or (gone and not gone.isdisjoint(seen)):
+        if not ok or len(seen) != len(entries) or (gone and not gone.isdisjoint(seen)):
             self._check_each(up, gone, view.now)
         lim = self.limits
-        if len(seen) > lim.max_num_seqs:
-            self._fail(view.now, f"schedules {len(seen)} requests, more than max_num_seqs {lim.max_num_seqs}")
+        num_seqs = len(up.scheduled)  # distinct requests, as checked
+        if num_seqs > lim.max_num_seqs:
+            self._fail(view.now, f"schedules {num_seqs} requests, more than max_num_seqs {lim.max_num_seqs}")
         if total > lim.max_num_batched_tokens:
             self._fail(view.now, f"schedules {total} tokens, more than max_num_batched_tokens "
                        f"{lim.max_num_batched_tokens}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import MutableSequence, Sequence
+from operator import attrgetter
 
 from sim.serving.host_kv_tier import HostKVTier
 from sim.serving.kv_manager import BlockError, cdiv
@@ -400,6 +401,9 @@ class PagedBlockManager:
             assert self.block_hash.get(b) == h, "prefix cache points at a block holding another prefix"
 
 
+_ID = attrgetter("id")
+
+
 class PagedBudget:
     """Free-block arithmetic for planning a step against a ``PagedBlockManager``."""
 
@@ -467,6 +471,15 @@ class PagedBudget:
             k += 1
         self.free = free
         return k
+
+    def reserve_decodes(self, reqs: Sequence[Request], blocks: int) -> bool:
+        # at every ask of a policy on the public API while all the running requests decode: the loop above, less
+        # its per-request arithmetic (the decode group counted the blocks)
+        if self._planned or blocks > self.free:
+            return False
+        self.free -= blocks
+        self._planned = dict.fromkeys(map(_ID, reqs), 1)
+        return True
 
     def release(self, req: Request) -> None:
         m = self._m

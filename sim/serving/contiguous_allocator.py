@@ -226,6 +226,9 @@ class ContiguousBudget:
             k += 1
         return k
 
+    def reserve_decodes(self, reqs: Sequence[Request], blocks: int) -> bool:
+        return False  # whether a decode fits is each reservation's own question: allocate_decodes asks it
+
     def release(self, req: Request) -> None:
         r = self._placed.pop(req.id, None) or self._m.ranges.get(req.id)
         if r is not None:

@@ -34,6 +34,14 @@ class KVBudget(Protocol):
         budget already may stop it too: ``allocate`` takes it and those after it one by one."""
         ...
 
+    def reserve_decodes(self, reqs: Sequence[Request], blocks: int) -> bool:
+        """``allocate_decodes(reqs)`` reserving all of them, in one step, for a caller that knows what the loop
+        would find: every one of ``reqs`` is running and decoding, and one more token of each takes ``blocks``
+        new blocks in all (a decode group: ``DecodeGroup.next_blocks``). False, nothing reserved, when this budget
+        has reservations already, the blocks are not free, or it cannot tell (then ``allocate_decodes``
+        decides)."""
+        ...
+
     def take(self, n: int) -> bool:
         """Reserve ``n`` free blocks without naming a request; False (nothing reserved) if not enough."""
         ...
