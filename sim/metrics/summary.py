@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -215,8 +215,11 @@ def summarize(result: RunResult, slos: SLOs | None = None) -> dict:
     """The metrics of one run, keyed as SUMMARY_KEYS. See the module docstring for the definitions."""
     if slos is not None and slos.empty:
         slos = None
-    reqs = result.requests
-    table = as_table(reqs)  # read as columns (a long run's requests are kept so)
+    table = as_table(result.requests)  # read as columns (a long run's requests are kept so)
+    # the readers below (energy, anomalies, the verdict's inputs) take result.requests as columns too: a list of
+    # records is turned into columns once, here, not once by each of them (8 times, 10 ms of a 1,000-request run)
+    result = replace(result, requests=table)
+    reqs = table
     done = table.outcome_is(_COMPLETED)
     lat = _Latencies.of_table(table, done)
     ttft, e2el, multi, tpot_all, out_tok = lat.ttft, lat.e2el, lat.multi, lat.tpot_all, lat.out_tok
