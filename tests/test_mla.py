@@ -86,3 +86,16 @@ def test_experts_every_other_layer_refused():
     cfg = ModelSpec.from_name("deepseek-v2-lite").to_hf_config() | {"moe_layer_freq": 2}
     with pytest.raises(ValueError, match="moe_layer_freq = 2"):
         ModelSpec.from_hf_config(cfg)
+
+
+def test_deepseek_v3_against_its_report() -> None:
+    """DeepSeek-V3 (and R1, its shapes): 671 B parameters, 37 B active (arXiv 2412.19437), one latent of 512 and a
+    rotary key of 64 cached per layer; DeepSeek-V2's layout read from a deepseek_v3 config.json."""
+    m = ModelSpec.from_name("deepseek-v3")
+    s = m.shard(1)
+    assert m.num_params / 1e9 == pytest.approx(671.0, abs=0.5)
+    assert (s.active_body_params + m.vocab_size * m.hidden_size) / 1e9 == pytest.approx(37.0, abs=0.5)
+    assert s.num_moe_layers == 61 - 3 and s.num_experts == 256 and s.experts_per_tok == 8
+    assert m.kv_bytes_per_token("bf16") == 61 * (512 + 64) * 2
+    assert ModelSpec.from_name("DeepSeek-R1") == m
+    assert ModelSpec.from_hf_config(m.to_hf_config(), name=m.name) == m

@@ -17,7 +17,9 @@ from tests.test_machine_paths import _benchmark
     ("Mixtral-8x7B-Instruct-v0.1", "mixtral-8x7b"), ("Mistral-7B-Instruct-v0.3", "mistral-7b"),
     ("amd/Llama-3.1-405B-Instruct-FP8-KV", "llama-3.1-405b"), ("Qwen3-30B-A3B", "qwen3-30b-a3b"),
     ("llama-3.1-8b", "llama-3.1-8b"),
-    ("DeepSeek-R1", None), ("gpt-4", None), ("Llama-3.1-8B-Instructor", None)])
+    ("deepseek-ai/DeepSeek-R1-0528", "deepseek-v3"), ("DeepSeek-V3", "deepseek-v3"),
+    ("deepseek-ai/DeepSeek-R1-Distill-Llama-70B", "llama-3.3-70b"), ("DeepSeek-R1-Distill-Qwen-32B", "qwen2.5-32b"),
+    ("DeepSeek-V2.5", None), ("gpt-4", None), ("Llama-3.1-8B-Instructor", None)])
 def test_model_names(text: str, preset: str | None) -> None:
     assert match_model(text) == preset
 

@@ -26,7 +26,7 @@ from sim.hardware.mla import (
     mla_attn_flops_per_pair,
     mla_kv_elements_per_token,
 )
-from sim.hardware.moe import MOE_MODEL_TYPES
+from sim.hardware.moe import DEEPSEEK_MODEL_TYPES, MOE_MODEL_TYPES
 from sim.hardware.presets.models import BASE_MODEL_ALIASES, BASE_MODEL_PRESETS, MORE_MODEL_ALIASES, MORE_MODEL_PRESETS
 
 MAX_SHAPE = 1 << 40  # largest model dimension taken (far past any model; keeps products inside float range)
@@ -397,7 +397,7 @@ class ModelSpec:
             moe = dict(num_experts=need(MOE_MODEL_TYPES[model_type]), num_experts_per_tok=need("num_experts_per_tok"),
                        moe_intermediate_size=optional("moe_intermediate_size", 0))
         head_dim = optional("head_dim", 0)
-        if model_type == "deepseek_v2":  # MLA and shared experts (sim/hardware/mla.py)
+        if model_type in DEEPSEEK_MODEL_TYPES:  # MLA and shared experts (sim/hardware/mla.py)
             moe.update(kv_lora_rank=need("kv_lora_rank"), qk_rope_head_dim=need("qk_rope_head_dim"),
                        qk_nope_head_dim=need("qk_nope_head_dim"), v_head_dim=need("v_head_dim"),
                        q_lora_rank=optional("q_lora_rank", 0), n_shared_experts=optional("n_shared_experts", 0),
@@ -487,7 +487,7 @@ def _refuse_what_is_not_modelled(cfg: Mapping[str, Any], model_type: str, source
     long contexts' KV and attention too costly."""
     read = {MOE_MODEL_TYPES[model_type], "num_experts_per_tok", "moe_intermediate_size"} \
         if model_type in MOE_MODEL_TYPES else set()
-    if model_type == "deepseek_v2":
+    if model_type in DEEPSEEK_MODEL_TYPES:
         read |= {"n_shared_experts"}
         if cfg.get("moe_layer_freq", 1) != 1:
             raise ValueError(f"{source}: moe_layer_freq = {cfg.get('moe_layer_freq')!r}: experts only every n-th "

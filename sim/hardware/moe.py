@@ -28,4 +28,9 @@ def expected_experts(num_experts: int, experts_per_tok: int, num_tokens: Any) ->
 
 
 # config.json fields of the MoE model types ModelSpec reads; anything else MoE is refused by name
-MOE_MODEL_TYPES = {"mixtral": "num_local_experts", "qwen3_moe": "num_experts", "deepseek_v2": "n_routed_experts"}
+MOE_MODEL_TYPES = {"mixtral": "num_local_experts", "qwen3_moe": "num_experts", "deepseek_v2": "n_routed_experts",
+                   "deepseek_v3": "n_routed_experts"}
+# DeepSeek-V2's layout (multi-head latent attention, shared experts, the first layers dense); V3 and R1 keep it
+# (their sigmoid, group-limited routing and multi-token-prediction module change no step's cost here: the MTP
+# layer only runs as a draft model, which a scenario configures under speculative)
+DEEPSEEK_MODEL_TYPES = ("deepseek_v2", "deepseek_v3")

@@ -147,7 +147,25 @@ MORE_MODEL_PRESETS.update({
         "qk_rope_head_dim": 64, "v_head_dim": 128, "n_routed_experts": 64, "n_shared_experts": 2,
         "num_experts_per_tok": 6, "moe_intermediate_size": 1408, "first_k_dense_replace": 1, "moe_layer_freq": 1,
     },
+    # deepseek-ai/DeepSeek-V3 (its config.json; DeepSeek-V3 technical report, arXiv 2412.19437: 61 layers, hidden
+    # 7168, 128 heads, KV latent 512 + rotary key 64, queries through a 1536 latent, the first 3 layers dense, then
+    # 1 shared + 256 routed experts of 2048, 8 routed per token; 671 B parameters, 37 B active). DeepSeek-R1 has its
+    # shapes. Its multi-token-prediction layer (num_nextn_predict_layers 1, 14 B more in the checkpoint) is left out:
+    # it runs only as a draft model.
+    "deepseek-v3": {
+        "model_type": "deepseek_v3", "hidden_size": 7168, "num_hidden_layers": 61, "num_attention_heads": 128,
+        "num_key_value_heads": 128, "intermediate_size": 18432, "vocab_size": 129280,
+        "max_position_embeddings": 163840, "tie_word_embeddings": False, "rope_theta": 10000.0,
+        "rms_norm_eps": 1e-6, "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_nope_head_dim": 128,
+        "qk_rope_head_dim": 64, "v_head_dim": 128, "n_routed_experts": 256, "n_shared_experts": 1,
+        "num_experts_per_tok": 8, "moe_intermediate_size": 2048, "first_k_dense_replace": 3, "moe_layer_freq": 1,
+    },
 })
-MORE_MODEL_ALIASES = {"llama-3.3-70b-instruct": "llama-3.3-70b", "deepseek-v2-lite-chat": "deepseek-v2-lite",
+MORE_MODEL_ALIASES = {"deepseek-r1": "deepseek-v3", "deepseek-v3-0324": "deepseek-v3",
+                      "deepseek-r1-0528": "deepseek-v3",
+                      # the R1 distillations are their base models' shapes (their config.json files)
+                      "deepseek-r1-distill-llama-8b": "llama-3.1-8b", "deepseek-r1-distill-llama-70b": "llama-3.3-70b",
+                      "deepseek-r1-distill-qwen-14b": "qwen2.5-14b", "deepseek-r1-distill-qwen-32b": "qwen2.5-32b",
+                      "llama-3.3-70b-instruct": "llama-3.3-70b", "deepseek-v2-lite-chat": "deepseek-v2-lite",
                       "mixtral-8x7b-v0.1": "mixtral-8x7b",
                       "meta-llama-3-8b": "llama-3-8b", "meta-llama-3-70b": "llama-3-70b"}
