@@ -10,12 +10,23 @@ from sim.hardware.models import ModelSpec
 # model card / paper figures (billions)
 PUBLISHED = {"llama-2-7b": 6.74, "llama-2-13b": 13.02, "llama-2-70b": 68.98, "llama-3-8b": 8.03,
              "llama-3-70b": 70.55, "llama-3.1-405b": 405.85, "qwen2.5-14b": 14.77, "qwen2.5-32b": 32.76,
-             "qwen2.5-72b": 72.71}
+             "qwen2.5-72b": 72.71, "llama-3.2-3b": 3.21}
+# the Qwen3 model cards state two digits: parameters and parameters without the embeddings (billions)
+QWEN3_CARDS = {"qwen3-0.6b": (0.6, 0.44), "qwen3-1.7b": (1.7, 1.4), "qwen3-4b": (4.0, 3.6), "qwen3-14b": (14.8, 13.2)}
 
 
 @pytest.mark.parametrize("name", list(PUBLISHED))
 def test_parameter_count_matches_the_model_card(name: str) -> None:
     assert ModelSpec.from_name(name).num_params / 1e9 == pytest.approx(PUBLISHED[name], rel=2e-3)
+
+
+@pytest.mark.parametrize("name", list(QWEN3_CARDS))
+def test_qwen3_counts_round_to_their_cards(name: str) -> None:
+    m = ModelSpec.from_name(name)
+    embeddings = m.vocab_size * m.hidden_size * (1 if m.tie_word_embeddings else 2)
+    total, body = QWEN3_CARDS[name]
+    assert round(m.num_params / 1e9, 1) == total
+    assert round((m.num_params - embeddings) / 1e9, len(str(body).split(".")[1])) == body
 
 
 @pytest.mark.parametrize("name", ["h100-pcie", "h100-nvl", "gh200", "h20", "b200", "a10g", "l40", "a100-40gb-pcie",

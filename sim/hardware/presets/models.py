@@ -102,10 +102,10 @@ MORE_MODEL_PRESETS: dict[str, dict[str, Any]] = {
     "qwen2.5-72b": _qwen2(8192, 80, 64, 8, 29568, eps=1e-5),  # Qwen/Qwen2.5-72B
 }
 
-def _qwen3(hidden: int, layers: int, heads: int, kv: int, inter: int, **moe: int) -> dict[str, Any]:
+def _qwen3(hidden: int, layers: int, heads: int, kv: int, inter: int, tie: bool = False, **moe: int) -> dict[str, Any]:
     return {"model_type": "qwen3_moe" if moe else "qwen3", "hidden_size": hidden, "num_hidden_layers": layers,
             "num_attention_heads": heads, "num_key_value_heads": kv, "head_dim": 128, "intermediate_size": inter,
-            "vocab_size": 151936, "max_position_embeddings": 40960, "tie_word_embeddings": False,
+            "vocab_size": 151936, "max_position_embeddings": 40960, "tie_word_embeddings": tie,
             "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, **moe}
 
 
@@ -124,7 +124,17 @@ def _gemma2(hidden: int, layers: int, heads: int, kv: int, head_dim: int, inter:
 
 
 MORE_MODEL_PRESETS.update({
+    "qwen3-0.6b": _qwen3(1024, 28, 16, 8, 3072, tie=True),  # Qwen/Qwen3-0.6B (nano-vllm's benchmark model)
+    "qwen3-1.7b": _qwen3(2048, 28, 16, 8, 6144, tie=True),  # Qwen/Qwen3-1.7B
+    "qwen3-4b": _qwen3(2560, 36, 32, 8, 9728, tie=True),  # Qwen/Qwen3-4B
     "qwen3-8b": _qwen3(4096, 36, 32, 8, 12288),  # Qwen/Qwen3-8B
+    "qwen3-14b": _qwen3(5120, 40, 40, 8, 17408),  # Qwen/Qwen3-14B
+    "llama-3.2-3b": {  # meta-llama/Llama-3.2-3B
+        "model_type": "llama", "hidden_size": 3072, "num_hidden_layers": 28, "num_attention_heads": 24,
+        "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 8192, "vocab_size": 128256,
+        "max_position_embeddings": 131072, "tie_word_embeddings": True, "rope_theta": 500000.0,
+        "rms_norm_eps": 1e-5,
+    },
     "qwen3-32b": _qwen3(5120, 64, 64, 8, 25600),  # Qwen/Qwen3-32B
     # mixtures of experts (sim/hardware/moe.py)
     "qwen3-30b-a3b": _qwen3(2048, 48, 32, 4, 6144, num_experts=128, num_experts_per_tok=8,
