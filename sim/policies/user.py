@@ -17,7 +17,7 @@ runs a policy with and without that and names the first step where the two diffe
 from __future__ import annotations
 
 import traceback
-from collections.abc import Iterable
+from collections.abc import Collection
 from operator import itemgetter
 from pathlib import Path
 from typing import Any
@@ -75,9 +75,11 @@ class UserPolicy(Policy):
         # and finishes (and block shortages, which always make the core ask) can change its decision
         self.may_repeat = "every_step" not in dep
         self.uses_decode_group = self.may_repeat  # type: ignore[misc]  # per object: from its depends_on
-        # request id -> its view, made once per request (a request keeps its view object while it lives): a view
-        # only points at its request, and the policy is asked at every arrival with every running request in it
-        self._views: dict[int, api.RequestView] = {}
+        # request -> its view, made once per request (a request keeps its view object while it lives): a view
+        # only points at its request, and the policy is asked at every arrival with every running request in it.
+        # Keyed by the request object (requests compare by identity), so another run's request of the same id
+        # gets a view of its own.
+        self._views: dict[Request, api.RequestView] = {}
 
     def describe(self) -> str:
         d = getattr(self.user, "describe", None)
@@ -98,7 +100,7 @@ class UserPolicy(Policy):
         cache = self._views
         if len(cache) > 2 * (len(view.waiting) + len(view.running) + len(view.swapped)) + 64:
             # finished requests' views, dropped now and then: the cache stays about the size of the queues
-            self._views = {i: v for i, v in cache.items() if v._r.status is not Status.FINISHED}
+            self._views = {r: v for r, v in cache.items() if r.status is not Status.FINISHED}
         running = self._views_of(view.running)
         g = view.group
         decodes = None
@@ -109,15 +111,16 @@ class UserPolicy(Policy):
         return api.PolicyView(view.now, self._views_of(waiting), running, self._views_of(swapped),
                               api.KVView(view.kv, decodes), view.limits)
 
-    def _views_of(self, reqs: Iterable[Request]) -> tuple[api.RequestView, ...]:
+    def _views_of(self, reqs: Collection[Request]) -> tuple[api.RequestView, ...]:
         cache = self._views
-        out = []
-        for r in reqs:
-            v = cache.get(r.id)
-            if v is None or v._r is not r:  # another run's request of the same id
-                v = cache[r.id] = api.RequestView(r, self.predictor)
-            out.append(v)
-        return tuple(out)
+        try:
+            return tuple(map(cache.__getitem__, reqs))  # each seen before, as most are: one pass in C
+        except KeyError:
+            pred = self.predictor
+            for r in reqs:
+                if r not in cache:
+                    cache[r] = api.RequestView(r, pred)
+            return tuple(map(cache.__getitem__, reqs))
 
     def _call(self, what: str, fn: Any, *args: Any) -> Any:
         return call_user(f"policy {self.name}: {what}", fn, *args)
