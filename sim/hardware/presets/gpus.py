@@ -108,5 +108,24 @@ MORE_GPU_PRESETS: dict[str, dict[str, Any]] = {
     # NVIDIA Ada (RTX 4090) whitepaper: 24 GB GDDR6X at 1,008 GB/s, 165 dense bf16 TFLOP/s (fp32 accumulate), 330 fp8
     "rtx-4090": _gpu("rtx-4090", "ada", 24564, 1008 * _G, 165.2 * _T, 330.3 * _T, 330.3 * _T, 82.6 * _T, 25 * _G, 0.0,
                       450.0, 30.0),
+    # NVIDIA Blackwell datasheet, GB200 NVL72 per GPU (1,200 W): 2.5 dense bf16 PFLOP/s, 5 fp8, 90 TFLOP/s fp32;
+    # 13.4 TB of HBM3e over 72 GPUs (186 GB each) at 8 TB/s; NVLink 5 (900 GB/s each way)
+    "gb200": _gpu("gb200", "blackwell", 177383, 8.0e12, 2500 * _T, 5000 * _T, 5000 * _T, 90 * _T, 50 * _G, 900 * _G,
+                  1200.0, 140.0),
+    # AMD Instinct MI325X datasheet: 256 GB HBM3E at 6 TB/s, the MI300X's compute (1307 dense bf16 TFLOP/s), 1,000 W
+    "mi325x": _gpu("mi325x", "cdna3", 262144, 6.0e12, 1307.4 * _T, 2614.9 * _T, 2614.9 * _T, 163.4 * _T, 50 * _G,
+                   448 * _G, 1000.0, 120.0),
+    # NVIDIA H800 / A800 (China SKUs): the H100 SXM's and A100 80 GB's memory and compute, NVLink cut to 400 GB/s
+    # (200 each way)
+    "h800": _gpu("h800", "hopper", 81559, 3.35e12, 989.4 * _T, 1978.9 * _T, 1978.9 * _T, 67 * _T, 50 * _G, 200 * _G,
+                 700.0, 70.0),
+    "a800": _gpu("a800", "ampere", 81920, 2.039e12, 312 * _T, 0.0, 624 * _T, 19.5 * _T, 25 * _G, 200 * _G,
+                 400.0, 50.0),
+    # NVIDIA L20 product brief: 48 GB GDDR6 at 864 GB/s, 119.5 dense fp16 TFLOP/s, 239 fp8, 275 W
+    "l20": _gpu("l20", "ada", 46068, 864 * _G, 119.5 * _T, 239 * _T, 239 * _T, 59.8 * _T, 25 * _G, 0.0, 275.0, 30.0),
+    # NVIDIA A10 datasheet: 24 GB GDDR6 at 600 GB/s, 125 dense bf16 TFLOP/s, 150 W
+    "a10": _gpu("a10", "ampere", 23028, 600 * _G, 125 * _T, 0.0, 250 * _T, 31.2 * _T, 25 * _G, 0.0, 150.0, 20.0),
+    # NVIDIA T4 datasheet: 16 GB GDDR6 at 320 GB/s, 65 fp16 TFLOP/s (no bf16: engines run it in fp16), 70 W
+    "t4": _gpu("t4", "turing", 15360, 320 * _G, 65 * _T, 0.0, 130 * _T, 8.1 * _T, 16 * _G, 0.0, 70.0, 10.0),
 }
 MORE_GPU_ALIASES = {"rtx4090": "rtx-4090", "4090": "rtx-4090", "h100-94gb": "h100-nvl"}
