@@ -125,7 +125,7 @@ SOURCE_ALIASES = {"vllm-project.github.io:assets/figures/perf-v060/":
                   "benchmarks:nvidia/8xh100/": "benchmarks:nvidia/8xh100/README.md"}
 # a row's ``settings`` (optional column, ``key=value;...``): what its source states beyond the other columns
 POLICY_SETTINGS = {"enable_chunked_prefill", "max_num_seqs", "max_num_batched_tokens"}
-DEPLOYMENT_SETTINGS = {"max_model_len", "gpu_memory_utilization"}
+DEPLOYMENT_SETTINGS = {"max_model_len", "gpu_memory_utilization", "pipeline_parallel_size"}
 SETTINGS = POLICY_SETTINGS | DEPLOYMENT_SETTINGS | {"enforce_eager", "num_prompts", "max_concurrency", "lengths"}
 DIR_KEY = "_dir"  # the folder of the CSV a row was read from: a ``lengths`` file is named relative to it
 OFFLINE_REQUESTS = 3000  # offline rows: enough requests that the run reaches the engine's steady batch
@@ -228,6 +228,21 @@ def sharegpt_lengths(mean_in: int, mean_out: int, n: int, seed: int = 0) -> tupl
     return [int(i) for i in ins], [int(o) for o in np.rint(outs)]
 
 
+def parallelism_of(row: dict[str, str], settings: dict[str, Any]) -> tuple[int, int, int]:
+    """(tensor parallel, pipeline parallel, data-parallel replicas) of a row: ``num_gpus`` beyond ``tp`` are
+    pipeline stages where the row says so (a ``pipeline_parallel_size`` setting, or "PP" / "pipeline" in its
+    workload or notes), else replicas of the same deployment, each serving an equal share of the requests."""
+    tp = int(row["tp"])
+    gpus = int(row.get("num_gpus") or tp)
+    pp = int(settings.get("pipeline_parallel_size", 0))
+    if not pp:
+        stated = re.search(r"\bpp\s*[=:]?\s*\d|pipeline", f"{row['workload']} {row.get('notes', '')}", re.I)
+        pp = max(1, gpus // tp) if stated else 1
+    if gpus % (tp * pp):
+        raise ValueError(f"num_gpus {gpus} is no multiple of tp {tp} x pp {pp}")
+    return tp, pp, gpus // (tp * pp)
+
+
 def case_of(row: dict[str, str], n_offline: int, classic: bool = False, online: bool = True) -> Case:
     """The run that represents ``row``; raises ValueError/KeyError/ScenarioError saying why it cannot be."""
     metric = row["metric"]
@@ -266,9 +281,15 @@ def case_of(row: dict[str, str], n_offline: int, classic: bool = False, online: 
         outs = [max(o, 1) for o in published]
         n = len(ins)
         longest = max(i + o for i, o in zip(ins, outs, strict=True))
-    dep: dict[str, Any] = {"model": model, "gpu": gpu, "tensor_parallel_size": int(row["tp"]),
+    tp, pp, replicas = parallelism_of(row, settings)
+    if replicas > 1:  # data parallel: each replica serves every replicas-th request, at its share of the rate
+        ins, outs = ins[::replicas], outs[::replicas]
+        textless = textless[::replicas] if textless is not None else None
+        n = len(ins)
+    dep: dict[str, Any] = {"model": model, "gpu": gpu, "tensor_parallel_size": tp,
                            "weight_dtype": wd, "kv_dtype": kd, "max_model_len": longest}
-    dep |= {k: v for k, v in settings.items() if k in DEPLOYMENT_SETTINGS}
+    dep |= {k: v for k, v in settings.items() if k in DEPLOYMENT_SETTINGS} | (
+        {"pipeline_parallel_size": pp} if pp > 1 else {})
     if engine is not None and not classic:
         dep["engine"] = engine | ({"enforce_eager": True} if settings.get("enforce_eager") else {})
     if online and online_row(row):
@@ -276,7 +297,7 @@ def case_of(row: dict[str, str], n_offline: int, classic: bool = False, online: 
     arrival: dict[str, Any] = {"type": "all_at_once"}
     request_rate = None
     if rate not in ("inf", "n/a"):
-        request_rate = float(rate)
+        request_rate = float(rate) / replicas
         arrival = {"type": "poisson", "rate": request_rate}
     raw = {"name": "published", "workload": {"arrival": arrival, "num_requests": n,
                                              "prompt_len": {"type": "fixed", "value": isl},
@@ -295,10 +316,14 @@ def case_of(row: dict[str, str], n_offline: int, classic: bool = False, online: 
                   "e2el_s_mean": ("mean_e2el", 1.0),  # benchmark_latency: a batch's time, each request's E2E
                   "tok_s_batch1": ("mean_e2el", 0.0)}[metric]
     agg = {key: value * scale} if scale else {key: osl / value}  # gpt-fast: tok/s = tokens / whole generate()
+    if key.endswith("throughput"):
+        agg[key] /= replicas  # one replica's share of the whole deployment's rate
     # --max-concurrency with the rate inf: a closed loop of that many users (sim.output.benchfiles.validate)
     run = BenchRun(source=f"{row['engine'][:22]} {row['model']} {row['gpu'][:14]} tp{row['tp']} {isl}/{osl}",
                    input_lens=ins, output_lens=outs, aggregates=agg, request_rate=request_rate,
-                   burstiness=1.0 if request_rate else None, max_concurrency=settings.get("max_concurrency"))
+                   burstiness=1.0 if request_rate else None,
+                   max_concurrency=max(1, settings["max_concurrency"] // replicas) if "max_concurrency" in settings
+                   else None)
     # benchmark_serving.py's initial test run sends the first request's prompt and waits for it before the run;
     # vLLM V1 caches every prompt block by default, so the run's first request finds its prompt cached. V0 (prefix
     # caching off by default) keeps nothing. A closed loop's one request in hundreds is left out.

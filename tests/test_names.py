@@ -81,3 +81,31 @@ def test_sharegpt_lengths_keep_the_stated_means_inside_the_filter() -> None:
     assert max(outs) > 4 * 179  # the long tail a fixed average leaves out
     assert bench.sharegpt_lengths(202, 179, 500) == (ins, outs)
     assert bench.sharegpt_lengths(202, 179, 500, seed=1) != (ins, outs)
+
+
+def test_gpus_beyond_tp_are_replicas_unless_pipeline_is_said() -> None:
+    bench = _bench()
+    row = {"tp": "2", "num_gpus": "8", "workload": "ShareGPT, QPS 16", "notes": ""}
+    assert bench.parallelism_of(row, {}) == (2, 1, 4)
+    assert bench.parallelism_of(row | {"notes": "TP2 PP4"}, {}) == (2, 4, 1)
+    assert bench.parallelism_of(row, {"pipeline_parallel_size": 2}) == (2, 2, 2)
+    assert bench.parallelism_of({"tp": "8", "num_gpus": "8", "workload": "", "notes": ""}, {}) == (8, 1, 1)
+    with pytest.raises(ValueError, match="no multiple"):
+        bench.parallelism_of({"tp": "3", "num_gpus": "8", "workload": "", "notes": ""}, {})
+
+
+def test_a_replicated_row_runs_one_replica_at_its_share() -> None:
+    """8 GPUs at tp 2 serving 1,000 prompts at 16 requests/s: one replica of 2 GPUs, 250 prompts at 4/s, compared
+    with a quarter of the measured throughput; its TTFT as it is."""
+    bench = _bench()
+    base = {"source": "github:x/y:README.md", "engine": "vLLM v0.10.1", "model": "Llama-3.1-8B", "gpu": "H100-SXM-80GB",
+            "num_gpus": "8", "tp": "2", "weight_dtype": "bf16", "kv_dtype": "auto",
+            "workload": "random 1000 prompts, QPS 16", "input_len": "512", "output_len": "128",
+            "batch_or_concurrency": "", "request_rate": "16", "unit": "req/s", "notes": "",
+            "settings": "num_prompts=1000"}
+    thr = bench.case_of(base | {"metric": "request_throughput", "value": "15.2"}, 3000)
+    assert len(thr.run.input_lens) == 250 and thr.run.request_rate == pytest.approx(4.0)
+    assert thr.run.aggregates["request_throughput"] == pytest.approx(15.2 / 4)
+    assert thr.cfg.deployment.tensor_parallel_size == 2
+    ttft = bench.case_of(base | {"metric": "ttft_ms_mean", "value": "80", "unit": "ms"}, 3000)
+    assert ttft.run.aggregates["mean_ttft"] == pytest.approx(0.080)
