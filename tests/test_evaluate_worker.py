@@ -136,3 +136,19 @@ def test_a_workload_the_worker_lacks_forks_a_worker_with_it_and_its_caches():
     second = pid()
     assert second not in (None, first)
     assert evaluate(SHORT_FIRST, SCENARIO, seeds=[3], set=LIMITS, cache=other).ok and pid() == second
+
+
+def test_a_metric_registered_after_the_fork_reaches_the_summary(monkeypatch):
+    from sim.metrics import registry
+
+    assert score(SHORT_FIRST).ok
+    first = pid()
+    monkeypatch.setattr(registry, "_plugins", list(registry._plugins))  # the registration ends with the test
+    registry.register_metric(registry.Metric("eval_probe", "probe", "int", "", "a test's metric",
+                                             compute=lambda result: 7.0))
+    try:
+        s = score(SHORT_FIRST)
+        assert s.summaries[0]["eval_probe"] == 7.0  # as a fork made now would have computed it
+        assert pid() not in (None, first)
+    finally:
+        KEPT.close()  # its worker has the metric: no later test may get it

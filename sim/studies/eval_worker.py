@@ -11,7 +11,8 @@ CPU-time and a memory budget (POSIX: they are forked).
   plus the budget) and ``RLIMIT_AS`` (soft, at the address space at the job's start plus the memory budget). The
   worker is replaced after a job its caller does not want to keep it for (evaluate: any failure, since the
   policy may have left the worker's modules half changed), when it dies or overruns the wall-clock guard, and when
-  it has grown by :data:`GROWTH` bytes since its fork.
+  it has grown by :data:`GROWTH` bytes since its fork, and when the caller's stamp changes (evaluate's: the
+  registries of GPUs, engines and metrics, which a summary reads and which grow when a plugin registers).
 - **A worker forked for one call** (:func:`run_forked`) runs anything, a closure included; evaluate uses it for a
   policy object or class (they live in the caller's memory, and only a fork made now sees them as they are now)
   and when the kept worker is busy with another thread's call. Its limits are hard ones: ``RLIMIT_CPU``'s hard
@@ -36,7 +37,7 @@ import struct
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -240,6 +241,7 @@ class _Proc:
     replies: int  # the read end of its reply pipe
     owner: int  # the process that forked it (a fork of the owner must not use it)
     kept: dict[int, Any]  # what it was forked with, by id (held here so that no id is reused meanwhile)
+    stamp: Hashable  # the caller's stamp when it was forked
     cpu: float = 0.0  # its CPU seconds as of its last reply
     reaped: bool = False  # waited for already
 
@@ -268,22 +270,23 @@ class KeptWorker:
         return p.cpu if p is not None and p.owner == os.getpid() else 0.0
 
     def run(self, fn: Callable[[Any, list[Any]], Any], payload: Any, objs: Sequence[Any], also: Iterable[Any],
-            time_limit: float, memory_limit: int, keep: Callable[[Any], bool]
+            time_limit: float, memory_limit: int, keep: Callable[[Any], bool], stamp: Hashable = None
             ) -> tuple[Any, str | None, str | None] | None:
         """``fn(payload, objs)`` in the kept worker, under the budgets: as :func:`run_forked`, or None where the
         job cannot run there (the worker is busy with another thread's job, or ``payload`` does not pickle).
         ``fn`` and ``payload`` travel by pickle, ``objs`` by identity: a worker forked without one of them is
-        replaced by one forked with ``objs`` and ``also`` (what later jobs are likely to need). ``keep(value)``:
-        whether the worker may serve another job after returning ``value``."""
+        replaced by one forked with ``objs`` and ``also`` (what later jobs are likely to need). ``stamp``: what
+        this process's state that the job reads looks like (a worker forked under another stamp is replaced).
+        ``keep(value)``: whether the worker may serve another job after returning ``value``."""
         if not self._lock.acquire(blocking=False):
             return None
         try:
-            return self._run(fn, payload, objs, also, time_limit, memory_limit, keep)
+            return self._run(fn, payload, objs, also, time_limit, memory_limit, keep, stamp)
         finally:
             self._lock.release()
 
     def _run(self, fn: Callable[[Any, list[Any]], Any], payload: Any, objs: Sequence[Any], also: Iterable[Any],
-             time_limit: float, memory_limit: int, keep: Callable[[Any], bool]
+             time_limit: float, memory_limit: int, keep: Callable[[Any], bool], stamp: Hashable
              ) -> tuple[Any, str | None, str | None] | None:
         states = (random.getstate(), np.random.get_state())
         try:
@@ -295,14 +298,14 @@ class KeptWorker:
         if p is not None and (p.owner != os.getpid() or not _alive(p)):  # a fork of the owner; or a dead worker
             self.close()
             p = None
-        if p is None or any(id(o) not in p.kept for o in objs):
+        if p is None or p.stamp != stamp or any(id(o) not in p.kept for o in objs):
             self.close()
-            p = self._spawn([*objs, *also])
+            p = self._spawn([*objs, *also], stamp)
         try:
             _write(p.jobs, _JOB.pack(len(job)) + job)
         except OSError:  # it died just now, while it waited (killed from outside): once more, in a fresh one
             self.close()
-            p = self._spawn([*objs, *also])
+            p = self._spawn([*objs, *also], stamp)
             _write(p.jobs, _JOB.pack(len(job)) + job)
         wall = _wall(time_limit)
         try:
@@ -319,14 +322,14 @@ class KeptWorker:
             self.close()
         return value, None, None
 
-    def _spawn(self, objs: Iterable[Any]) -> _Proc:
+    def _spawn(self, objs: Iterable[Any], stamp: Hashable) -> _Proc:
         kept = {id(o): o for o in objs}
         jobs_r, jobs_w = os.pipe()
         replies_r, replies_w = os.pipe()
         pid = _fork(lambda: _serve(jobs_r, replies_w, kept), [jobs_w, replies_r])
         os.close(jobs_r)
         os.close(replies_w)
-        self._proc = _Proc(pid, jobs_w, replies_r, os.getpid(), kept)
+        self._proc = _Proc(pid, jobs_w, replies_r, os.getpid(), kept, stamp)
         return self._proc
 
     def close(self) -> int:

@@ -388,6 +388,16 @@ def _attempt(policy: Any, args: Mapping[str, Any], raw: dict[str, Any], source: 
         return None, reason, msg, time.process_time() - c0
 
 
+def _registries() -> tuple[int, ...]:
+    """The sizes of what a run reads from registries filled at run time (GPUs, engines, plugins' metrics): they
+    only grow, so a kept worker forked before a registration is seen to be stale."""
+    from sim.engines.base import engines
+    from sim.hardware.gpu import _GPU_ALIASES, GPU_PRESETS
+    from sim.metrics.registry import plugin_metrics
+
+    return len(GPU_PRESETS), len(_GPU_ALIASES), len(engines()), len(plugin_metrics())
+
+
 def _job(payload: tuple[Any, ...], wls: list[GeneratedWorkload]
          ) -> tuple[list[dict] | None, str | None, str | None, float]:
     """``_attempt`` as the kept worker runs it: the workloads come by identity (see sim.studies.eval_worker)."""
@@ -485,7 +495,7 @@ def evaluate(
         if isinstance(policy, str):  # the whole policy travels in the job: the kept worker can run it
             got = KEPT.run(_job, (policy, kwargs, raw, source, seed_list, out_dir, float(time_limit)),
                            [wl for _, wl in workloads], store.values(), float(time_limit), int(memory_limit),
-                           keep=lambda done: done[0] is not None)
+                           keep=lambda done: done[0] is not None, stamp=_registries())
         value, reason, error = got if got is not None else run_forked(work, float(time_limit), int(memory_limit))
         done = (None, reason, error, 0.0) if value is None else value
     else:
