@@ -5,8 +5,10 @@ on a 1,000-request chat scenario, as a policy-search loop calls it.
 
 The scenario: Poisson chat at 16 requests/s (prompts ~600 tokens, answers ~250) to Llama-3.1-8B on one H100,
 the chat traffic of scenarios/plan-chat.yaml, with its SLOs. Prints evaluations per CPU second, the CPU of this
-process and of its forked workers together (best of --evals after one warm-up, which also draws the workload),
-for the default worker process and in-process (``isolate=False``), and what the worker costs. ``--profile``
+process and of its workers together (best of --evals after one warm-up, which also draws the workload): the
+source text in the default worker (the kept one, sim/studies/eval_worker.py, which reports its own CPU time),
+in-process (``isolate=False``), and the same policy as an object (a worker forked for each call), and what the
+worker costs. ``--profile``
 shows where an evaluation's time goes (cProfile of the in-process runs). Target (issue 37): at least 10
 evaluations per CPU second on the 2-core machine. Not part of the test suite (timings are not tests).
 """
@@ -20,7 +22,7 @@ import resource
 import time
 
 from sim.studies.eval_worker import KEPT
-from sim.studies.evaluate import WorkloadCache, evaluate
+from sim.studies.evaluate import WorkloadCache, evaluate, policy_from_source
 
 POLICY = '''
 import servesim
@@ -65,11 +67,13 @@ def main() -> None:
     print(f"{args.requests} requests: goodput {first.goodput:.2f} req/s, TTFT p99 {first.ttft_p99:.3f} s, "
           f"{first.summaries[0]['num_steps']:,} steps; workloads drawn: {cache.generated}")
     per: dict[str, float] = {}
-    for name, isolate in (("worker (default)", True), ("in-process", False)):
+    obj = policy_from_source(POLICY)()
+    for name, policy, isolate in (("worker (default)", POLICY, True), ("in-process", POLICY, False),
+                                  ("object, forked", obj, True)):
         times = []
         for _ in range(args.evals):
             c0 = cpu()
-            s = evaluate(POLICY, sc, cache=cache, isolate=isolate)
+            s = evaluate(policy, sc, cache=cache, isolate=isolate)
             times.append(cpu() - c0)
             assert s.summaries == first.summaries
         per[name] = min(times)
