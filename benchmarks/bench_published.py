@@ -114,8 +114,35 @@ def engine_of_row(text: str) -> tuple[dict[str, Any] | None, bool]:
         {"host_time_ratio": VLLM_V06_HOST_TIME_RATIO / int(steps.group(1))} if steps else {}), False
 
 
-CLASS = {"output_tok_s_total": "throughput", "request_throughput": "throughput", "tok_s_batch1": "decode speed",
-         "tpot_ms_mean": "decode speed", "itl_ms_mean": "decode speed", "ttft_ms_mean": "TTFT", "e2el_s_mean": "E2E"}
+# a metric column: <ttft|tpot|itl|e2el>_<ms|s>_<mean|median|p50|p99> (benchmark_serving.py's statistics), a rate
+# (output_tok_s_total or output_tok_s, total_tok_s, request_throughput, output_tok_s_per_gpu), tokens per second
+# per user (output_tok_s_per_user: 1 / mean TPOT) or gpt-fast's batch-1 tok_s_batch1
+LATENCY_CLASS = {"ttft": "TTFT", "tpot": "decode speed", "itl": "decode speed", "e2el": "E2E"}
+RATES = {"output_tok_s_total": "output_throughput", "output_tok_s": "output_throughput",
+         "total_tok_s": "total_token_throughput", "request_throughput": "request_throughput",
+         "output_tok_s_per_gpu": "output_throughput"}
+
+
+def metric_of(row: dict[str, str]) -> tuple[str, str, float]:
+    """(class, simulated statistic, scale) of a row's metric: the measured value in the statistic's unit is value x
+    scale; scale 0 marks a rate per request to invert (tokens / the value), -1 one per token (1 / the value)."""
+    metric = row["metric"]
+    if metric == "achieved_mem_bw_batch1":
+        raise ValueError("derived: gpt-fast's GB/s is its tok/s times the model's bytes (the tok_s_batch1 row)")
+    if metric == "tok_s_batch1":
+        return "decode speed", "mean_e2el", 0.0  # gpt-fast: tok/s = tokens / whole generate()
+    if metric == "output_tok_s_per_user":
+        return "decode speed", "mean_tpot", -1.0
+    if latency := re.fullmatch(r"(ttft|tpot|itl|e2el)_(ms|s)_(mean|median|p50|p99)", metric):
+        base, unit, stat = latency.groups()
+        return LATENCY_CLASS[base], f"{'median' if stat == 'p50' else stat}_{base}", 1e-3 if unit == "ms" else 1.0
+    if metric in RATES:
+        per_gpu = int(row.get("num_gpus") or row["tp"]) if metric.endswith("per_gpu") else 1
+        return "throughput", RATES[metric], (1 / 60 if row["unit"] == "req/min" else 1.0) * per_gpu
+    raise ValueError(f"metric {metric} has no simulated counterpart (a latency <ttft|tpot|itl|e2el>_<ms|s>_<mean|"
+                     f"median|p99>, {', '.join(RATES)}, output_tok_s_per_user or tok_s_batch1)")
+
+
 CLASSES = ("TTFT", "decode speed", "throughput", "E2E")  # issue 38's metric classes, in its order
 # a chart file shown in a post is that post's: the vLLM v0.6.0 post's figures live under assets/
 SOURCE_ALIASES = {"vllm-project.github.io:assets/figures/perf-v060/":
@@ -246,10 +273,7 @@ def parallelism_of(row: dict[str, str], settings: dict[str, Any]) -> tuple[int, 
 def case_of(row: dict[str, str], n_offline: int, classic: bool = False, online: bool = True) -> Case:
     """The run that represents ``row``; raises ValueError/KeyError/ScenarioError saying why it cannot be."""
     metric = row["metric"]
-    if metric == "achieved_mem_bw_batch1":
-        raise ValueError("derived: gpt-fast's GB/s is its tok/s times the model's bytes (the tok_s_batch1 row)")
-    if metric not in CLASS:
-        raise ValueError(f"metric {metric} has no simulated counterpart")
+    _, key, scale = metric_of(row)
     model = MODELS.get(row["model"]) or match_model(row["model"])
     if model is None:
         raise KeyError(f"model {row['model']}: no preset (sim/hardware/presets/models.py)")
@@ -308,14 +332,8 @@ def case_of(row: dict[str, str], n_offline: int, classic: bool = False, online: 
     cfg = variant_configs(parse_scenario(raw, "published row"))[0]
     build(cfg)  # refuses what does not fit, with the reason
     value = float(row["value"])
-    key, scale = {"output_tok_s_total": ("output_throughput", 1.0),
-                  "request_throughput": ("request_throughput", 1 / 60 if row["unit"] == "req/min" else 1.0),
-                  "tpot_ms_mean": ("mean_tpot", 1e-3),
-                  "itl_ms_mean": ("mean_itl", 1e-3),
-                  "ttft_ms_mean": ("mean_ttft", 1e-3),
-                  "e2el_s_mean": ("mean_e2el", 1.0),  # benchmark_latency: a batch's time, each request's E2E
-                  "tok_s_batch1": ("mean_e2el", 0.0)}[metric]
-    agg = {key: value * scale} if scale else {key: osl / value}  # gpt-fast: tok/s = tokens / whole generate()
+    # benchmark_latency's e2el: a batch's time, each request's E2E; gpt-fast's tok/s: tokens / whole generate()
+    agg = {key: value * scale if scale > 0 else osl / value if scale == 0 else 1 / value}
     if key.endswith("throughput"):
         agg[key] /= replicas  # one replica's share of the whole deployment's rate
     # --max-concurrency with the rate inf: a closed loop of that many users (sim.output.benchfiles.validate)
@@ -449,7 +467,7 @@ def report(n_offline: int, classic: bool = False, data: list[Path] | None = None
           f"{sum(online_row(c.row) for c in cases)} measured through an HTTP server, run "
           + ("with the online-serving layer (sim/costs/online.py)" if online else "without the online-serving layer"))
     sources = [source_of(c.row) for c in cases]
-    classes = [CLASS[c.row["metric"]] for c in cases]
+    classes = [metric_of(c.row)[0] for c in cases]
     # The headline is what a new engine or GPU would see: every row predicted by a model that has not seen its
     # source. Nothing in this run is fitted to the rows (the cost model's documented defaults, the presets'
     # constants from the documents sim/engines/registry.py and sim/engines/costs.py cite), so a row's

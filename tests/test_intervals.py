@@ -77,7 +77,7 @@ def test_own_rows_run_as_their_source_states():
     # benchmark_latency's batch: 16 requests at t=0, its avg_latency compared with the mean E2E latency in s
     assert (case.key, case.run.aggregates, len(case.run.input_lens)) == ("mean_e2el", {"mean_e2el": 84.2203}, 16)
     assert case.cfg.deployment.max_model_len == 91680 and case.cfg.deployment.serving is None
-    assert case.cfg.deployment.engine.name == "vllm-v0" and bench.CLASS[lat["metric"]] == "E2E"
+    assert case.cfg.deployment.engine.name == "vllm-v0" and bench.metric_of(lat)[0] == "E2E"
     ttft = next(r for k, r in by.items() if k[0] == "ttft_ms_mean" and "max_num_seqs=128" in k[3])
     case = bench.case_of(ttft, 3000)
     assert case.key == "mean_ttft" and case.run.request_rate == float(ttft["request_rate"])

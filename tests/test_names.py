@@ -109,3 +109,23 @@ def test_a_replicated_row_runs_one_replica_at_its_share() -> None:
     assert thr.cfg.deployment.tensor_parallel_size == 2
     ttft = bench.case_of(base | {"metric": "ttft_ms_mean", "value": "80", "unit": "ms"}, 3000)
     assert ttft.run.aggregates["mean_ttft"] == pytest.approx(0.080)
+
+
+@pytest.mark.parametrize(("metric", "unit", "expected"), [
+    ("ttft_ms_mean", "ms", ("TTFT", "mean_ttft", 1e-3)), ("ttft_ms_median", "ms", ("TTFT", "median_ttft", 1e-3)),
+    ("ttft_ms_p50", "ms", ("TTFT", "median_ttft", 1e-3)), ("tpot_ms_p99", "ms", ("decode speed", "p99_tpot", 1e-3)),
+    ("itl_ms_median", "ms", ("decode speed", "median_itl", 1e-3)), ("e2el_s_mean", "s", ("E2E", "mean_e2el", 1.0)),
+    ("output_tok_s_total", "tok/s", ("throughput", "output_throughput", 1.0)),
+    ("total_tok_s", "tok/s", ("throughput", "total_token_throughput", 1.0)),
+    ("request_throughput", "req/min", ("throughput", "request_throughput", 1 / 60)),
+    ("output_tok_s_per_gpu", "tok/s", ("throughput", "output_throughput", 8.0)),
+    ("output_tok_s_per_user", "tok/s", ("decode speed", "mean_tpot", -1.0)),
+    ("tok_s_batch1", "tok/s", ("decode speed", "mean_e2el", 0.0))])
+def test_metric_columns(metric: str, unit: str, expected: tuple) -> None:
+    row = {"metric": metric, "unit": unit, "num_gpus": "8", "tp": "8"}
+    assert _bench().metric_of(row) == pytest.approx(expected) if expected[2] else _bench().metric_of(row) == expected
+
+
+def test_an_unknown_metric_is_refused_naming_the_known_ones() -> None:
+    with pytest.raises(ValueError, match="ttft_ms_p90 has no simulated counterpart.*output_tok_s_per_user"):
+        _bench().metric_of({"metric": "ttft_ms_p90", "unit": "ms", "tp": "1"})
