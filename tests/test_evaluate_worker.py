@@ -152,3 +152,28 @@ def test_a_metric_registered_after_the_fork_reaches_the_summary(monkeypatch):
         assert pid() not in (None, first)
     finally:
         KEPT.close()  # its worker has the metric: no later test may get it
+
+
+def _echo(payload, objs):
+    return payload
+
+
+def test_a_call_interrupted_while_it_waits_leaves_no_reply_for_the_next(monkeypatch):
+    """Ctrl-C in a notebook while evaluate() waits: the worker still runs the interrupted job, so its reply would
+    be read as the next call's (that call's scores silently those of the policy before)."""
+    from sim.studies import eval_worker
+
+    worker = eval_worker.KeptWorker()
+    receive = eval_worker._receive
+
+    def interrupted(fd, wall):
+        monkeypatch.setattr(eval_worker, "_receive", receive)  # once
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(eval_worker, "_receive", interrupted)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            worker.run(_echo, "first", [], [], 5.0, 256, keep=lambda v: True)
+        assert worker.run(_echo, "second", [], [], 5.0, 256, keep=lambda v: True) == ("second", None, None)
+    finally:
+        worker.close()

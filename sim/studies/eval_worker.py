@@ -282,6 +282,11 @@ class KeptWorker:
             return None
         try:
             return self._run(fn, payload, objs, also, time_limit, memory_limit, keep, stamp)
+        except BaseException:
+            # interrupted (Ctrl-C) while the job or its reply is in a pipe: the rest would be read as the next
+            # job's (that call's scores silently the interrupted one's), so the worker goes
+            self.close()
+            raise
         finally:
             self._lock.release()
 
