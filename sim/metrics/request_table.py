@@ -67,6 +67,16 @@ class RequestTable(Sequence[RequestRecord]):
         names = self._names["outcome"]
         return self._codes["outcome"] == (names.index(outcome) if outcome in names else -1)
 
+    def select(self, mask: np.ndarray) -> RequestTable:
+        """The requests ``mask`` selects, in order, as a table of their own."""
+        return RequestTable({k: v[mask] for k, v in self._numeric.items()},
+                            {k: v[mask] for k, v in self._codes.items()}, self._names, self._tuples, self._ints)
+
+    def groups(self, name: str) -> dict[str, np.ndarray]:
+        """A text field's distinct values, each with the mask of the requests that have it."""
+        codes, names = self._codes[name], self._names[name]
+        return {v: codes == c for c, v in enumerate(names)}
+
     def values(self, name: str) -> list:
         """A numeric field's values as Python numbers, as the records hold them (a time that was an int too)."""
         col = self._numeric[name].tolist()

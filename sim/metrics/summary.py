@@ -40,7 +40,7 @@ from sim.costs.energy import energy_summary
 from sim.metrics.anomalies import anomalies as run_anomalies
 from sim.metrics.records import NO_CLASS, RequestRecord, RunResult, has_classes
 from sim.metrics.registry import Metric, plugin_metrics
-from sim.metrics.request_table import RequestTable, as_table
+from sim.metrics.request_table import RequestTable, as_table, by_id
 from sim.metrics.sketch import RELATIVE_ACCURACY, QuantileSketch
 from sim.metrics.sums import dot
 from sim.metrics.verdict import limit_inputs, rank_limits, rejection_reasons
@@ -402,10 +402,9 @@ def _one(values: set) -> object:
     return next(iter(values)) if len(values) == 1 else None
 
 
-def _class_slos(group: list[RequestRecord], slos: SLOs | None) -> dict[str, float | None] | None:
-    """The thresholds the class is held to: its requests' own TTFT/TPOT SLOs (the first request's: a class's
+def _class_slos(first: RequestRecord, slos: SLOs | None) -> dict[str, float | None] | None:
+    """The thresholds the class is held to: its requests' own TTFT/TPOT SLOs (its ``first`` request's: a class's
     requests share them), else the scenario's; E2EL the scenario's. None when no metric is bounded."""
-    first = group[0]
     run = slos if slos is not None else SLOs()
     out = {"ttft": first.ttft_slo if first.ttft_slo >= 0 else run.ttft,
            "tpot": first.tpot_slo if first.tpot_slo >= 0 else run.tpot,
@@ -435,38 +434,42 @@ def class_summaries(reqs: Sequence[RequestRecord], duration: float, slos: SLOs |
     request against its own TTFT/TPOT SLOs, or the scenario's where it has none; null when the class is held to
     no SLO at all. ITL: its mean from the records (exact), its percentiles only from ``itl``, the class's pooled
     gaps (``RunResult.class_itl``, kept with the token times), else null."""
-    groups: dict[str, list[RequestRecord]] = {}
-    for r in sorted(reqs, key=lambda r: r.id):
-        groups.setdefault(r.slo_class or NO_CLASS, []).append(r)
+    table = as_table(by_id(reqs))  # read as columns, in id order
+    groups: dict[str, np.ndarray] = {}
+    for value, mask in table.groups("slo_class").items():
+        if not mask.any():
+            continue
+        key = value or NO_CLASS
+        groups[key] = groups[key] | mask if key in groups else mask
     out: dict[str, dict] = {}
     for name in sorted(groups):
-        group = groups[name]
-        done = [r for r in group if r.completed]
-        lat = _Latencies.of(done)
-        bounds = _class_slos(group, slos)
+        group = table.select(groups[name])
+        done = group.outcome_is(_COMPLETED)
+        lat = _Latencies.of_table(group, done)
+        bounds = _class_slos(group[0], slos)
         goodput = attainment = NAN
         if bounds is not None:
-            own = as_table(done)
-            n_good = int(_within_slos(own.column("ttft_slo"), own.column("tpot_slo"), lat, slos).sum())
+            own_ttft, own_tpot = group.column("ttft_slo")[done], group.column("tpot_slo")[done]
+            n_good = int(_within_slos(own_ttft, own_tpot, lat, slos).sum())
             goodput, attainment = _ratio(n_good, duration), _ratio(n_good, len(group))
         if itl is not None and name in itl:
             itl_stats = latency_stats(*itl[name])
         else:
-            gaps = int((lat.out_tok - 1).sum()) if done else 0
+            gaps = int((lat.out_tok - 1).sum()) if done.any() else 0
             itl_stats = {k: NAN for k in LATENCY_KEYS}
             # the mean of a class's pooled gaps is exact: its requests' gaps sum to finish - first token
             itl_stats["mean"] = _ratio(float((lat.e2el - lat.ttft).sum()), gaps)
         total_out = int(lat.out_tok.sum())
         block = {
             "num_requests": len(group),
-            "num_completed": len(done),
-            "num_rejected": sum(1 for r in group if r.outcome == _REJECTED),
-            "num_failed": sum(1 for r in group if r.outcome == _FAILED),
-            "priority": _one({r.priority for r in group}),
-            "tenant": _one({r.tenant for r in group}),
+            "num_completed": int(done.sum()),
+            "num_rejected": int(group.outcome_is(_REJECTED).sum()),
+            "num_failed": int(group.outcome_is(_FAILED).sum()),
+            "priority": _one(set(group.column("priority").tolist())),
+            "tenant": _one({v for v, mask in group.groups("tenant").items() if mask.any()}),
             "slos": bounds,
             "total_output_tokens": total_out,
-            "request_throughput": _ratio(len(done), duration),
+            "request_throughput": _ratio(int(done.sum()), duration),
             "output_throughput": _ratio(total_out, duration),
             "goodput": goodput,
             "slo_attainment": attainment,
@@ -506,20 +509,18 @@ def tenant_fairness(reqs: Sequence[RequestRecord]) -> tuple[dict[str, dict], dic
     failures, admission rules); how long each tenant waited is in its TTFT and E2EL beside it. The index is
     :func:`jain_index` of those shares: 1.0 when every tenant got the same share of its demand.
     """
-    groups: dict[str, list[RequestRecord]] = {}
-    for r in sorted(reqs, key=lambda r: r.id):
-        if r.tenant:
-            groups.setdefault(r.tenant, []).append(r)
+    table = as_table(by_id(reqs))  # read as columns, in id order
+    groups = {name: mask for name, mask in table.groups("tenant").items() if name and mask.any()}
     tenants: dict[str, dict] = {}
     for name in sorted(groups):
-        group = groups[name]
-        done = [r for r in group if r.completed]
-        lat = _Latencies.of(done)
+        group = table.select(groups[name])
+        done = group.outcome_is(_COMPLETED)
+        lat = _Latencies.of_table(group, done)
         served = int(lat.out_tok.sum())
-        demand = sum(r.target_output_tokens for r in group)
+        demand = int(group.column("target_output_tokens").sum())
         tenants[name] = {
             "num_requests": len(group),
-            "num_completed": len(done),
+            "num_completed": int(done.sum()),
             "output_tokens_served": served,
             "output_tokens_demanded": demand,
             "service": _ratio(served, demand),
