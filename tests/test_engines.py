@@ -134,6 +134,10 @@ def test_tgi_wiggle_room_no_evict_and_small_graphs() -> None:
     assert policy.limits.max_num_batched_tokens == 16383 + 50
     policy, *_ = _built({"name": "tgi", "enforce_eager": True})
     assert policy.cudagraph_capture_sizes == ()
+    # TGI reads no memory key at all: the refusal of another engine's names TGI's own rule, not vLLM's key
+    with pytest.raises(ScenarioError, match="engine tgi sizes its KV cache with 0.95 of the memory free after "
+                                            "its warm-up prefill"):
+        _built({"name": "tgi", "cache_max_entry_count": 0.5})
 
 
 def test_vllm_v0_prefill_first_and_its_budget() -> None:
