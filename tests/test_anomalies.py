@@ -71,6 +71,13 @@ def test_a_planted_inversion_is_found_and_named() -> None:
     # a higher priority (lower value) that arrived at the same time, scheduled after a lower one
     got = inversions([_rec(0, 0.0, 2.0, priority=0), _rec(1, 0.0, 1.0, priority=1)])
     assert (got["by_priority"], got["by_arrival"]) == (1, 0)
+    # the same, the lower id first: in arrival-then-id order, yet the higher priority waited (the shortcut for
+    # requests scheduled in arrival order once missed it), on one replica and among several
+    recs = [_rec(0, 0.0, 1.0, priority=1), _rec(1, 0.0, 2.0, priority=0)]
+    got = inversions(recs)
+    assert (got["by_priority"], got["by_arrival"]) == (1, 0) == _brute(recs, 0.01)
+    got = inversions([*recs, _rec(2, 0.5, 0.6, replica=1)])
+    assert (got["by_priority"], got["by_arrival"]) == (1, 0)
 
 
 def _cost() -> AnalyticCostModel:

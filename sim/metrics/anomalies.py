@@ -74,7 +74,7 @@ def inversions(reqs: Sequence[RequestRecord], tolerance: float = INVERSION_TOLER
     """The inversion counts of the module docstring, over the pairs each replica served, in O(n log n) per
     priority level."""
     out: dict = {"count": 0, "by_priority": 0, "by_arrival": 0, "tolerance": tolerance}
-    if _in_arrival_order(as_table(reqs)):  # FCFS: no pair can be inverted (what _count finds, from the columns)
+    if _in_priority_order(as_table(reqs)):  # FCFS: no pair can be inverted (what _count finds, from the columns)
         return out
     replicas: dict[int, list[RequestRecord]] = {}
     for r in reqs:
@@ -95,12 +95,15 @@ def inversions(reqs: Sequence[RequestRecord], tolerance: float = INVERSION_TOLER
     return out
 
 
-def _in_arrival_order(table: RequestTable) -> bool:
-    """Whether every replica first scheduled its requests in the order of their arrival (then id)."""
+def _in_priority_order(table: RequestTable) -> bool:
+    """Whether every replica first scheduled its requests in the order of their arrival, then priority (then id):
+    then no pair is inverted. Arrival then id would not do: of two requests that arrive at once, the one with
+    the higher priority (lower value) may be scheduled later, an inversion, though in id order."""
     sched = table.column("first_scheduled")
     keep = sched >= 0
     replica, sched = table.column("replica")[keep], sched[keep]
-    order = np.lexsort((table.column("id")[keep], table.column("arrival")[keep], replica))
+    order = np.lexsort((table.column("id")[keep], table.column("priority")[keep], table.column("arrival")[keep],
+                        replica))
     replica, sched = replica[order], sched[order]
     same = replica[1:] == replica[:-1]  # consecutive pairs within one replica
     return bool(np.all(sched[1:][same] >= sched[:-1][same]))
@@ -109,8 +112,11 @@ def _in_arrival_order(table: RequestTable) -> bool:
 def _count(started: list[RequestRecord], tolerance: float) -> tuple[int, int]:
     """(by_priority, by_arrival) among ``started``, sorted by arrival then id."""
     order = np.array([_start(r) for r in started], dtype=np.float64)
-    if np.all(order[1:] >= order[:-1]):
-        return 0, 0  # scheduled in arrival order (FCFS): no pair can be inverted; the count below is O(n log n)
+    # scheduled in arrival, then priority order (FCFS): no pair can be inverted (the count below is O(n log n));
+    # arrival then id is not enough: requests that arrive at once are inverted by priority (_in_priority_order)
+    by_rank = np.array([_start(r) for r in sorted(started, key=lambda r: (r.arrival, r.priority, r.id))])
+    if np.all(by_rank[1:] >= by_rank[:-1]):
+        return 0, 0
     levels = sorted({r.priority for r in started})
     values = np.sort(order)
     trees = {p: _Fenwick(len(values)) for p in levels}
