@@ -159,6 +159,19 @@ def test_a_key_of_another_engine_is_refused() -> None:
         _built({"name": "vllm-v1", "mem_fraction_static": 0.8})
 
 
+@pytest.mark.parametrize(("engine", "rule"), [("tensorrt-llm", "kv_cache_free_gpu_mem_fraction"),
+                                              ("sglang", "mem_fraction_static"),
+                                              ("lmdeploy", "cache_max_entry_count"), ("tgi", "0.95 of the memory")])
+def test_gpu_memory_utilization_under_an_engine_that_ignores_it_is_refused(engine: str, rule: str) -> None:
+    """These engines size their KV cache by a rule of their own: a gpu_memory_utilization once changed nothing."""
+    with pytest.raises(ScenarioError, match=f"gpu_memory_utilization 0.5 is vLLM's; engine {engine} sizes its KV "
+                                            f"cache with {rule}"):
+        _built(engine, gpu_memory_utilization=0.5)
+    _built(engine, gpu_memory_utilization=0.9)  # the default's value, as a variant's dumped section holds it
+    _, _, _, b = _built("vllm-v1", gpu_memory_utilization=0.95)  # read where the rule is vLLM's
+    assert b.budget.gpu_memory_utilization == 0.95
+
+
 def test_unknown_engine_exits_2_naming_it(tmp_path: Path) -> None:
     p = tmp_path / "s.yaml"
     p.write_text(yaml.safe_dump({"name": "t", "workload": WL,

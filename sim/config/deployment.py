@@ -9,7 +9,7 @@ from __future__ import annotations
 from abc import abstractmethod
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from sim.config.errors import ScenarioError
 from sim.config.input_model import Float, InputModel, Int
@@ -19,6 +19,7 @@ from sim.costs.costmodel import CostModel
 from sim.costs.energy import clock_share
 from sim.costs.fitted import FittedCostModel
 from sim.costs.online import ServingConfig
+from sim.engines.base import Engine, engine_of
 from sim.engines.costs import engine_cost_knobs, omit_when_unset
 from sim.engines.registry import EngineConfig, EngineField, engine_validator
 from sim.hardware.gpu import GPUSpec
@@ -127,6 +128,9 @@ class FittedCost(CostModelConfigBase):
 CostModelConfig = Annotated[AnalyticCost | FittedCost, Field(discriminator="type")]
 
 
+GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default
+
+
 class Deployment(InputModel):
     model: str | dict[str, Any] = Field(
         default="llama-3.1-8b",
@@ -146,7 +150,8 @@ class Deployment(InputModel):
     pipeline_link: PipelineLink = Field(default="auto", description="Link between pipeline stages: nvlink, pcie or "
                                         "infiniband (between nodes); auto: NVLink when the GPU has it, else PCIe.")
     gpu_memory_utilization: Float = Field(
-        default=0.9, gt=0, le=1, description="Share of GPU memory the engine may use (weights + activations + KV)."
+        default=GPU_MEMORY_UTILIZATION, gt=0, le=1,
+        description="Share of GPU memory the engine may use (weights + activations + KV)."
     )
     num_gpu_blocks: Int | None = Field(default=None, ge=1, description="Override the KV block count vLLM would size.")
     block_size: Int = Field(default=16, ge=1, description="Tokens per KV block.")
@@ -176,6 +181,17 @@ class Deployment(InputModel):
         description="The bug the failure-mode scenarios show: the KV blocks of a request that fails mid-flight "
         "are never freed. Off: they are freed at once, as a correct server does.",
     )
+
+    @model_validator(mode="after")
+    def _memory_rule_reads_it(self) -> Deployment:
+        """An engine with a memory rule of its own (TensorRT-LLM, SGLang, LMDeploy, TGI) never reads
+        gpu_memory_utilization: another value than the default would be ignored without a word. (The value, not
+        whether it was given: variants and sweeps validate the dumped section again, default included.)"""
+        own = engine_of(self.engine)
+        if own.memory_key != Engine.memory_key and self.gpu_memory_utilization != GPU_MEMORY_UTILIZATION:
+            raise ValueError(f"gpu_memory_utilization {self.gpu_memory_utilization:g} is vLLM's; engine {own.name} "
+                             f"sizes its KV cache with {own.memory_key}")
+        return self
 
     @field_validator("num_gpu_blocks")
     @classmethod
