@@ -10,7 +10,7 @@ import yaml
 from typer.testing import CliRunner
 
 from sim.cli.main import app
-from sim.config.scenario import parse_scenario, variant_configs
+from sim.config.scenario import apply_override, parse_scenario, variant_configs
 from sim.config.schema import ScenarioError
 from sim.hardware.dtypes import GiB
 from sim.hardware.gpu import resolve_gpu
@@ -229,3 +229,17 @@ def test_classic_pins_the_behaviour_of_no_engine() -> None:
     assert (a[0].limits, a[0].enable_chunked_prefill, a[0].prefill_mode) == \
         (b[0].limits, b[0].enable_chunked_prefill, b[0].prefill_mode)
     assert a[3].budget == b[3].budget
+
+
+def test_setting_a_key_of_an_engine_given_by_name_keeps_the_engine() -> None:
+    """``engine: vllm-v0`` with ``--set deployment.engine.enforce_eager=true`` (or a sweep over that key): the
+    bare name is spelled out as ``{name: vllm-v0}`` first; the key once replaced it, and the run went to vllm-v1
+    (the default name) without a word. In a variant's own deployment alike."""
+    raw = {"name": "t", "workload": WL, "deployment": {"engine": "vllm-v0"},
+           "variants": [{"name": "a"}, {"name": "b", "deployment": {"engine": "tgi"}}]}
+    apply_override(raw, "deployment.engine.enforce_eager", True)
+    assert raw["deployment"]["engine"] == {"name": "vllm-v0", "enforce_eager": True}
+    assert raw["variants"][1]["deployment"]["engine"] == {"name": "tgi", "enforce_eager": True}
+    cfgs = variant_configs(parse_scenario(raw, "t"))
+    assert [(c.deployment.engine.name, c.deployment.engine.enforce_eager) for c in cfgs] == [("vllm-v0", True),
+                                                                                            ("tgi", True)]

@@ -371,6 +371,20 @@ def _fill_defaults(tp: Any, node: dict[str, Any], parts: list[str]) -> None:
         tp = field.annotation
 
 
+def _spell_out_names(tp: Any, node: Any, parts: list[str]) -> None:
+    """A section given by its bare name along ``parts`` (``engine: vllm-v0``, read as ``{name: vllm-v0}``) spelled
+    out as that mapping, so that setting one of its keys keeps the name: the key once replaced the section, and
+    the run took the default engine without a word."""
+    for part in parts[:-1]:
+        model = next((m for m in narrow(models_of(tp), node) if part in m.model_fields), None)
+        if model is None or not isinstance(node, dict):
+            return
+        tp = field_type(model, part)
+        if isinstance(node.get(part), str) and any("name" in m.model_fields for m in models_of(tp)):
+            node[part] = {"name": node[part]}
+        node = node.get(part)
+
+
 def apply_override(d: dict[str, Any], key: str, value: Any) -> None:
     """Set a dotted key as ``--set`` and sweeps do. A key of a section that variants may override
     (workload, deployment, kv_cache, policy, admission, cluster) is set in the defaults and in every variant whose
@@ -398,6 +412,7 @@ def apply_override(d: dict[str, Any], key: str, value: Any) -> None:
     if not isinstance(d.get(head), dict):
         default = _DEFAULT_SECTIONS.get(head)
         d[head] = _spelled_out(default()) if default is not None else {}
+    _spell_out_names(tp, d[head], rest)
     default_has = has_path(tp, d[head], rest)
     if default_has:
         _fill_defaults(tp, d[head], rest)
@@ -415,6 +430,7 @@ def apply_override(d: dict[str, Any], key: str, value: Any) -> None:
             if head in PARTIAL_SECTIONS and rest[0] not in section:
                 used = used or default_has  # merged: the default's value reaches it
                 continue
+            _spell_out_names(PARTIAL_SECTIONS.get(head, tp), section, rest)
             if has_path(PARTIAL_SECTIONS.get(head, tp), section, rest):
                 set_path(section, ".".join(rest), value)
                 if rest == ["type"]:
