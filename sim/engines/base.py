@@ -1,11 +1,11 @@
 """A serving engine as servesim models it: the ``Engine`` base class every engine module subclasses, and the table
 of engines by name.
 
-An engine is one module (sim/engines/vllm_v1.py, vllm_v0.py, tensorrt_llm.py, sglang.py, classic.py, or a
-plugin's, see sim/plugins.py) holding its name, its constants with the version and source they follow, and its
-hooks below; ``sim.engines.registry.register_engine`` adds it to the table. Every other module asks the table
-(``engine_of``) and calls a hook, so no engine's name is compared anywhere but in its own module. Each hook's
-default is what an engine does that has no rule of its own there (vLLM's memory rule, no CUDA-graph padding, no
+An engine is one module (sim/engines/vllm_v1.py, vllm_v0.py, tensorrt_llm.py, sglang.py, lmdeploy.py, tgi.py,
+classic.py, or a plugin's, see sim/plugins.py) holding its name, its constants with the version and source they
+follow, and its hooks below; ``sim.engines.registry.register_engine`` adds it to the table. Every other module asks
+the table (``engine_of``) and calls a hook, so no engine's name is compared anywhere but in its own module. Each
+hook's default is what an engine does that has no rule of its own there (vLLM's memory rule, no CUDA-graph padding, no
 host time, the cost model's attention efficiency, prefix caching off).
 
 A hook receives the scenario's ``deployment.engine`` section (an ``EngineConfig``, ``cfg``; None for the engine a
