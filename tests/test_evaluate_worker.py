@@ -177,3 +177,21 @@ def test_a_call_interrupted_while_it_waits_leaves_no_reply_for_the_next(monkeypa
         assert worker.run(_echo, "second", [], [], 5.0, 256, keep=lambda v: True) == ("second", None, None)
     finally:
         worker.close()
+
+
+def test_a_fork_that_fails_leaves_no_pipe_open(monkeypatch):
+    """os.fork refused (EAGAIN under memory pressure): the error reaches the caller, and the pipes made for the
+    worker are closed, not left open call after call of a search loop."""
+    from sim.studies import eval_worker
+
+    def refuse():
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+
+    fds = set(os.listdir("/proc/self/fd"))
+    worker = eval_worker.KeptWorker()
+    monkeypatch.setattr(eval_worker.os, "fork", refuse)
+    with pytest.raises(BlockingIOError):
+        worker.run(_echo, "x", [], [], 5.0, 256, keep=lambda v: True)
+    with pytest.raises(BlockingIOError):
+        eval_worker.run_forked(lambda: 1, 5.0, 256)
+    assert set(os.listdir("/proc/self/fd")) == fds

@@ -188,8 +188,13 @@ def run_forked(work: Callable[[], Any], time_limit: float, memory_limit: int) ->
         _arm(time_limit, memory_limit, final=True)
         _reply(w, work(), True)
 
-    pid = _fork(body, [r])
-    os.close(w)
+    try:
+        pid = _fork(body, [r])
+    except BaseException:  # no worker (fork refused): its pipe goes too
+        os.close(r)
+        raise
+    finally:
+        os.close(w)
     wall = _wall(time_limit)
     try:
         value = _receive(r, wall)[0]
@@ -331,9 +336,15 @@ class KeptWorker:
         kept = {id(o): o for o in objs}
         jobs_r, jobs_w = os.pipe()
         replies_r, replies_w = os.pipe()
-        pid = _fork(lambda: _serve(jobs_r, replies_w, kept), [jobs_w, replies_r])
-        os.close(jobs_r)
-        os.close(replies_w)
+        try:
+            pid = _fork(lambda: _serve(jobs_r, replies_w, kept), [jobs_w, replies_r])
+        except BaseException:  # no worker (fork refused): its pipes go too
+            os.close(jobs_w)
+            os.close(replies_r)
+            raise
+        finally:
+            os.close(jobs_r)
+            os.close(replies_w)
         self._proc = _Proc(pid, jobs_w, replies_r, os.getpid(), kept, stamp)
         return self._proc
 
