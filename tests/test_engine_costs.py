@@ -166,3 +166,12 @@ def test_new_keys_recorded_only_when_set():
     d = parse_scenario(raw, "t").model_dump(mode="json")
     assert d["deployment"]["engine"]["version"] == "0.5" and d["policy"]["max_input_len"] == 8
     assert parse_scenario(d, "again").model_dump(mode="json") == d  # reads back
+
+
+def test_version_written_as_a_number_reads_as_its_text():
+    """YAML reads ``version: 0.5`` (and ``--set deployment.engine.version=0.5``) as a number: it is the release
+    0.5, not an error saying "must be '0.5' or '0.6' (got 0.5)"."""
+    assert EngineConfig(name="vllm-v0", version=0.5).version == "0.5"
+    assert EngineConfig(name="vllm-v0", version=0.6).version == "0.6"
+    with pytest.raises(ScenarioError, match=r"must be '0.5' or '0.6' \(got '0.7'\)"):
+        _built({"model": "llama-3.1-8b", "gpu": "h100-sxm", "engine": {"name": "vllm-v0", "version": 0.7}})

@@ -111,6 +111,12 @@ class EngineConfig(InputModel):
         default=None, ge=1, le=1024, description="vllm-v0: vLLM 0.6's --num-scheduler-steps, decode steps run as "
         "one block; a prompt that arrives waits for the running block to end (chunked prefill off). none: 1.")
 
+    @field_validator("version", mode="before")
+    @classmethod
+    def _version_text(cls, v: Any) -> Any:
+        # YAML reads `version: 0.5` (and --set ...version=0.5) as a number: the release it names is its text
+        return f"{v:g}" if isinstance(v, (int, float)) and not isinstance(v, bool) else v
+
     @field_validator("name")
     @classmethod
     def _registered(cls, name: str) -> str:
