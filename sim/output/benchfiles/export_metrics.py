@@ -116,15 +116,18 @@ def openmetrics_text(result: RunResult, *, max_points: int = 2000) -> str:
     preempt = np.asarray(s["num_preempted"], dtype=np.int64)
     picked: list[tuple[int, np.ndarray, np.ndarray]] = []  # (engine, step rows, cumulative preemptions there)
     for e in engines:
-        mine = np.flatnonzero(replica == e) if len(engines) > 1 else np.arange(len(end))
-        at = end[mine]
+        # one engine's steps: all of them, read in place (no index or copy of a long run's columns)
+        mine: np.ndarray | None = np.flatnonzero(replica == e) if len(engines) > 1 else None
+        at = end if mine is None else end[mine]
         if at.size > 1 and not bool(np.all(at[1:] >= at[:-1])):  # in order already: the stable sort is a no-op
             order = np.argsort(at, kind="stable")
-            mine, at = mine[order], at[order]
+            mine, at = (order if mine is None else mine[order]), at[order]
         # one sample per distinct timestamp (the last step ending then), times strictly increasing
-        pos = np.flatnonzero(np.r_[at[1:] != at[:-1], True]) if mine.size else np.zeros(0, dtype=np.int64)
+        pos = np.flatnonzero(np.r_[at[1:] != at[:-1], True]) if at.size else np.zeros(0, dtype=np.int64)
+        del at
         pos = _thin(pos, max_points)
-        picked.append((e, mine[pos], np.cumsum(preempt[mine])[pos]))
+        picked.append((e, pos if mine is None else mine[pos],
+                       np.cumsum(preempt if mine is None else preempt[mine])[pos]))
     del replica, preempt
 
     def at_rows(key: str, dtype: type) -> list[np.ndarray]:
