@@ -97,12 +97,21 @@ def amount_per_window(starts: np.ndarray, durations: np.ndarray, amounts: np.nda
         s, d, a = (starts, durations, amounts) if not point.any() else \
             (starts[~point], durations[~point], amounts[~point])
         rate = a / d
-        times = np.concatenate((s, s + d))
+        n = len(rate)
+        times = np.empty(2 * n)  # np.concatenate((s, s + d)), its halves written in place
+        times[:n] = s
+        np.add(s, d, out=times[n:])
         del s, d, a
+        rate_after = np.empty(2 * n)  # rate on [times[i], times[i+1]) once sorted and cumulated
+        rate_after[:n] = rate
+        np.negative(rate, out=rate_after[n:])
+        del rate
         order = np.argsort(times, kind="stable")
+        if len(order) < 2**31:  # the same permutation in half the bytes: it is held beside two columns
+            order = order.astype(np.int32)
         times = times[order]
-        rate_after = np.concatenate((rate, -rate))[order]  # rate on [times[i], times[i+1]) once cumulated
-        del rate, order
+        rate_after = rate_after[order]
+        del order
         np.cumsum(rate_after, out=rate_after)
         gained = np.diff(times)
         gained *= rate_after[:-1]
