@@ -47,9 +47,11 @@ def main() -> None:
     axes = " x ".join(f"{len(v)} {k}" for k, v in sc.sweep.items())
     print(f"{axes} = {len(sweep_points(sc))} runs of {args.requests} requests; {os.cpu_count()} cores", flush=True)
     tmp = Path(tempfile.mkdtemp(prefix="bench-cluster-study-"))
-    results = run_executors(functools.partial(run, sc, raw), tmp, args.workers, ray=not args.no_ray)
-    write_json(args.json, args.requests, results)
-    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        results = run_executors(functools.partial(run, sc, raw), tmp, args.workers, ray=not args.no_ray)
+        write_json(args.json, args.requests, results)
+    finally:  # a failed run leaves no study folders behind
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -368,7 +368,7 @@ def measure(
         raise ValueError(f"the grid needs {max_len} positions; {spec.name} has {spec.max_position_embeddings}")
     need = max(sum(-(-(a.prompt_len + a.output_len) // block_size) for a in s.arrivals) for s in scripts)
     if cpu_clock not in CPU_CLOCKS:
-        raise ScenarioError(f"--cpu-clock must be one of {', '.join(CPU_CLOCKS)}, got {cpu_clock!r}")
+        raise ScenarioError(f"cpu_clock must be one of {', '.join(CPU_CLOCKS)}, got {cpu_clock!r}")
     bench = _Bench(spec, model, device, tdtype, block_size, need + 8, seed, clock, cpu_clock)
     policies = [_policy_for(s, model, max_len, block_size, need + 8) for s in scripts]
     num_blocks = engine_num_blocks(spec, bench.timed.model, device, tdtype, block_size,

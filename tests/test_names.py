@@ -30,6 +30,7 @@ def test_model_names(text: str, preset: str | None) -> None:
     ("NVIDIA H20", "h20"), ("A100-SXM-80GB (330W cap)", "a100-80gb"), ("A100-40GB", "a100-40gb"),
     ("A100 40GB PCIe", "a100-40gb-pcie"), ("A10G-24GB", "a10g"), ("NVIDIA L40S", "l40s"), ("L4", "l4"),
     ("MI300X-192GB", "mi300x"), ("AMD Instinct MI300X", "mi300x"), ("RTX-4090-24GB", "rtx-4090"), ("b200", "b200"),
+    ("A100-SXM4-80GB (400W)", "a100-80gb"), ("A100 40 GB", "a100-40gb"),
     ("NVIDIA GB200", "gb200"), ("GB200 NVL72", "gb200"), ("AMD Instinct MI325X", "mi325x"), ("NVIDIA H800 SXM", "h800"),
     ("A800-SXM4-80GB", "a800"), ("NVIDIA L20", "l20"), ("NVIDIA A10", "a10"), ("Tesla T4", "t4"), ("T4-16GB", "t4"),
     ("MI250X", None), ("RTX 3090", None)])

@@ -127,5 +127,5 @@ def test_calibration_on_the_reference_clock_records_its_reference() -> None:
     assert [s.num_tokens for s in ref.samples] == [s.num_tokens for s in thread.samples]  # the same steps
     from sim.config.schema import ScenarioError
 
-    with pytest.raises(ScenarioError, match="--cpu-clock must be one of thread, reference"):
+    with pytest.raises(ScenarioError, match="cpu_clock must be one of thread, reference"):
         measure("tiny", grid=grid, repeats=1, cpu_clock="cycles")

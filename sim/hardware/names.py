@@ -47,7 +47,10 @@ _GPU_PATTERNS: tuple[tuple[str, str], ...] = (
     (r"gh200", "gh200"), (r"gb200", "gb200"), (r"b200", "b200"), (r"h200", "h200"), (r"h800", "h800"),
     (r"h100.*nvl|h100.*94", "h100-nvl"), (r"h100.*pcie", "h100-pcie"), (r"h100", "h100-sxm"),
     (r"h20\b|h20-", "h20"),
-    (r"a100.*40.*pcie|a100.*pcie.*40", "a100-40gb-pcie"), (r"a100.*40", "a100-40gb"), (r"a100", "a100-80gb"),
+    # 40 GB said as such ("400W" is a power cap); an 80 GB A100 or an H800 of any form factor is the SXM preset,
+    # the only one of its memory
+    (r"a100.*40-?gb.*pcie|a100.*pcie.*40-?gb", "a100-40gb-pcie"), (r"a100.*40-?gb", "a100-40gb"),
+    (r"a100", "a100-80gb"),
     (r"a800", "a800"), (r"a10g", "a10g"), (r"\ba10\b|^a10-|-a10-|-a10$", "a10"), (r"l40s", "l40s"),
     (r"l40\b|l40-", "l40"), (r"\bl20\b|^l20-|-l20-|-l20$", "l20"), (r"\bl4\b|-l4-|^l4", "l4"),
     (r"mi325x", "mi325x"), (r"mi300x", "mi300x"), (r"4090", "rtx-4090"), (r"\bt4\b|^t4-|-t4-|-t4$", "t4"),
