@@ -22,11 +22,12 @@ output tokens counted over the steady state only: from the moment ``batch_size``
 the moment all but ``batch_size + 1`` have finished. Output lengths are exponential about the row's published mean
 (the published histograms fall off so), capped at the harness's max_tokens (4,096 chat, 32,768 GPQA). The sources
 state no prompt lengths: 200 tokens is assumed (``--prompt-tokens``). A row without a published mean output (v2.0's,
-Serial Alice's) takes 717 tokens, the v3.0 post's mean text-conversation output. vLLM 0.11 runs on the default
-engine preset, 0.5 on ``vllm-v0`` 0.5 (its host loop stalls the GPU). Nothing is fitted to a row; the power model's
-one fitted constant (sim/costs/energy.py's MEMORY_POWER_SHARE) was fitted to v3.0's published mean power, not its
-joules.
-Beside each J/token error the power and throughput errors say which side is wrong.
+Serial Alice's) takes 717 tokens, the v3.0 post's mean text-conversation output. vLLM 0.11 (and an unstated
+version) runs on the ``vllm-v1`` preset, 0.5 on ``vllm-v0`` 0.5 (its host loop stalls the GPU). Nothing is fitted
+to a row; the power model's one fitted constant (sim/costs/energy.py's MEMORY_POWER_SHARE) was fitted to v3.0's
+published mean power, not its joules. Beside each J/token error the power and throughput errors say which side is
+wrong. ``--step-gaps`` prints instead, without simulating, each row's decode step (average batch / output tok/s)
+against the roofline's and the time per row the roofline misses (sim/engines/vllm_v1.py reads it).
 
 Then the shape the issue asks for, on a closed loop: J/token against batch size (1 to 256) and output length
 (128 to 4096 tokens at batch 32), and B200 against H100 at batch 64.
@@ -56,12 +57,13 @@ MAX_MODEL_LEN = {"gpqa": 40960}  # the configurations' max-model-len (monolithic
 MAX_NUM_BATCHED_TOKENS = 8192  # every v3.0 configuration's max-num-batched-tokens (vLLM 0.11 chunks prefills)
 
 
-def engine_of(row: dict[str, str]) -> dict[str, Any] | None:
-    """The row's deployment.engine: vLLM 0.5 and 0.6 are vllm-v0's presets; a v1 release the default engine."""
+def engine_of(row: dict[str, str]) -> dict[str, Any]:
+    """The row's deployment.engine: vLLM 0.5 and 0.6 are vllm-v0's presets; a v1 release (0.8 on, or unstated)
+    vllm-v1's."""
     version = row["engine_version"][:3]
     if row["engine"] == "vllm" and version in ("0.5", "0.6"):
         return {"name": "vllm-v0", "version": version}
-    return None
+    return {"name": "vllm-v1"}
 
 
 def published_scenario(row: dict[str, str], requests: int, prompt: int = PROMPT_TOKENS) -> dict[str, Any]:
@@ -74,11 +76,10 @@ def published_scenario(row: dict[str, str], requests: int, prompt: int = PROMPT_
     dep: dict[str, Any] = {"model": row["model"], "gpu": row["gpu"], "tensor_parallel_size": int(row["num_gpus"]),
                            "weight_dtype": row["weight_dtype"]}
     policy: dict[str, Any] = {"type": "continuous", "max_num_seqs": batch}
-    if (engine := engine_of(row)) is not None:
-        dep["engine"] = engine
-    else:  # vLLM v1 always chunks prefills, at the configurations' token budget
+    dep["engine"] = engine = engine_of(row)
+    if engine["name"] == "vllm-v1":  # it always chunks prefills, here at the configurations' token budget
         dep["max_model_len"] = max_len
-        policy |= {"max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS, "enable_chunked_prefill": True}
+        policy |= {"max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS}
     return {"name": "energy", "seed": 0,
             "workload": {"arrival": {"type": "all_at_once"}, "num_requests": max(min(requests, 32 * batch), 3 * batch),
                          "prompt_len": {"type": "fixed", "value": prompt},
@@ -106,6 +107,31 @@ def steady_state(r: RunResult, batch: int) -> tuple[float, float, float]:
     return joules / tokens, joules / secs, tokens / secs
 
 
+def step_gaps(rows: list[dict[str, str]], prompt: int = PROMPT_TOKENS) -> None:
+    """Per published row with a throughput: its decode step (average batch / output tok/s) against the roofline's
+    step of that batch at the mean context (prompt + mean output: an exponential output's length-biased age), its
+    prompt tokens' compute per step beside it, and the time per row neither explains. No simulation; the classic
+    cost model (the max of compute and weight reads) is what the gap is measured against."""
+    from sim.costs.analytic import AnalyticCostModel
+
+    print(f"{'model':15s} {'gpu':>8s} {'n':>2s} {'batch':>6s} {'step ms':>8s} {'roofline':>8s} {'prompts':>8s} "
+          f"{'gap/row us':>10s} {'compute/row us':>14s} {'pub W/GPU':>9s}")
+    for row in rows:
+        if not row["output_tokens_per_s"] or not row["avg_batch_size"] or "v3.0" not in row["source"]:
+            continue
+        m = AnalyticCostModel(row["model"], row["gpu"], weight_dtype=row["weight_dtype"],
+                              tensor_parallel_size=int(row["num_gpus"]))
+        batch, out = float(row["avg_batch_size"]), float(row["mean_output_tokens"])
+        n = round(batch)
+        step = batch / float(row["output_tokens_per_s"])
+        roof = m.decode_step_time(n, round(n * (prompt + out)))
+        compute = sum(m.flops_per_unit[:2]) / (m.peak_flops * m.compute_efficiency)  # s per token, one GPU
+        prompts = prompt / out * n * compute  # each output token brings prompt/out prompt tokens, compute-bound
+        print(f"{row['model']:15s} {row['gpu']:>8s} {row['num_gpus']:>2s} {n:6d} {1e3 * step:8.2f} {1e3 * roof:8.2f} "
+              f"{1e3 * prompts:8.2f} {1e6 * (step - roof - prompts) / n:10.1f} {1e6 * compute:14.1f} "
+              f"{float(row['mean_power_w']) / int(row['num_gpus']):9.0f}")
+
+
 def closed_loop(model: str, gpu: str, batch: int, *, prompt: int = PROMPT_TOKENS, output: int = OUTPUT_TOKENS,
                 per_user: int = 4) -> dict[str, Any]:
     return {"name": "energy", "seed": 0,
@@ -130,10 +156,15 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=512, help="requests per row (at least 3 batches)")
     ap.add_argument("--prompt-tokens", type=int, default=PROMPT_TOKENS, help="the assumed prompt length")
     ap.add_argument("--no-shape", action="store_true", help="skip the shape checks")
+    ap.add_argument("--step-gaps", action="store_true", help="only each row's decode step against the roofline's "
+                    "(no simulation): the time per row the cost model's max() misses")
     args = ap.parse_args()
     with open(DATA, newline="") as f:
         rows = [r for r in csv.DictReader(f)
                 if any(args.only.lower() in r[k].lower() for k in ("source", "model", "gpu", "task"))]
+    if args.step_gaps:
+        step_gaps(rows, args.prompt_tokens)
+        return
     print(f"{'model':15s} {'gpu':>8s} {'n':>2s} {'batch':>5s} {'task':5s} {'eng':>6s} {'pub J':>7s} {'sim J':>7s} "
           f"{'J err':>7s} {'pub W':>6s} {'sim W':>6s} {'W err':>7s} {'tok/s err':>9s}")
     errs: list[tuple[dict[str, str], float, float, float]] = []

@@ -385,16 +385,19 @@ def client_stats(result: RunResult, textless: list[bool], skip: int = 0) -> dict
 def predict(cases: list[Case], knobs: dict[str, float] | None = None) -> list[float]:
     """Simulated / measured - 1 of every case (higher-is-better metrics as they are; TPOT and E2EL inverted so that
     a positive error always means the simulator predicts the engine faster)."""
-    from calibration.bench_fit import DEFAULTS, simulate_runs, with_knobs
+    from calibration.bench_fit import simulate_runs, with_knobs
 
+    # no knobs given: none set, so each row's engine preset sets those it has (sim/engines/costs.py) and the cost
+    # model's defaults the rest (DEFAULTS are those defaults, but set explicitly they would override the preset's)
+    knobs = {} if knobs is None else knobs
     plain = [c for c in cases if c.textless is None and not c.warmup]
-    sims = dict(zip(map(id, plain), simulate_runs([c.cfg for c in plain], [c.run for c in plain], knobs or DEFAULTS),
+    sims = dict(zip(map(id, plain), simulate_runs([c.cfg for c in plain], [c.run for c in plain], knobs),
                     strict=True))
     for c in cases:
         if id(c) in sims:
             continue
         # the client's conventions need the run's requests, not its statistics
-        cfg = with_knobs(c.cfg, knobs or DEFAULTS)
+        cfg = with_knobs(c.cfg, knobs)
         wl, _ = rebuild_workload(c.run)
         if c.warmup:
             wl = warmup_request(wl, lambda w, cfg=cfg: simulate_variant(cfg, w, name=cfg.name)[0].requests[0].finish)

@@ -42,6 +42,8 @@ MODELS = {
     "70b-a100-int4-tp4": AnalyticCostModel("llama-3.1-70b", "a100-80gb", weight_dtype="int4", tensor_parallel_size=4),
     "13b-l40s-tp2": AnalyticCostModel("opt-13b", "l40s", weight_dtype="fp16", tensor_parallel_size=2),
     "tiny-l4": AnalyticCostModel("tiny", "l4"),
+    "8b-h100-no-overlap": AnalyticCostModel(LLAMA8, H100, linear_overlap=0.0),
+    "mixtral-h100-half-overlap": AnalyticCostModel("mixtral-8x7b", H100, tensor_parallel_size=2, linear_overlap=0.5),
     "fitted": FittedCostModel(step=1e-3, token=2e-5, decode_seq=3e-6, seq=1e-5, attn_pair=1e-11,
                               kv_read_token=4e-8, swap_block=5e-5),
 }
@@ -221,6 +223,33 @@ def test_invalid_settings() -> None:
         AnalyticCostModel(LLAMA8, H100, kv_dtype="int4")
     with pytest.raises(ValueError, match="step_overhead"):
         AnalyticCostModel(LLAMA8, H100, step_overhead=-1.0)
+    with pytest.raises(ValueError, match="linear_overlap"):
+        AnalyticCostModel(LLAMA8, H100, linear_overlap=1.5)
+
+
+def test_decode_compute_not_overlapped_adds_to_the_weight_reads() -> None:
+    """linear_overlap=0 (vLLM V1's decode GEMMs): a step's one token per row of compute is added to the linear
+    layers' max(compute, weight reads), up to the weight reads' time; the rest of the step is unchanged."""
+    base, serial = MODELS["8b-h100"], MODELS["8b-h100-no-overlap"]
+    per_token = sum(base.flops_per_unit[:2]) / (base.peak_flops * 0.6)  # 2 x params FLOPs at 60% of 989 TFLOP/s
+    assert per_token == pytest.approx(25.3e-6, abs=0.05e-6)
+    # batch 64: memory-bound, so the max was the weight reads and the sum adds 64 tokens' compute (1.62 ms)
+    assert not base.breakdown(decode(64, 1000))["linear_compute_bound"]
+    assert serial.step_time(decode(64, 1000)) - base.step_time(decode(64, 1000)) == pytest.approx(64 * per_token,
+                                                                                                  rel=1e-9)
+    # batch 4096: compute-bound, so the sum adds the weight reads: batch 1's linear time plus 4095 rows'
+    # activations (batch 2's minus batch 1's)
+    m1, m2 = (float(base.breakdown(decode(n, 1000))["linear"]) for n in (1, 2))
+    assert base.breakdown(decode(4096, 1000))["linear_compute_bound"]
+    assert serial.step_time(decode(4096, 1000)) - base.step_time(decode(4096, 1000)) == pytest.approx(
+        m1 + 4095 * (m2 - m1), rel=1e-9)
+    # a prompt's further tokens keep the max: 4 prompts of 2048 add 4 tokens' compute, not 8192
+    assert serial.step_time(prefill(4, 2048)) - base.step_time(prefill(4, 2048)) == pytest.approx(4 * per_token,
+                                                                                                  rel=1e-6)
+    # the decode fast path gives the very same floats
+    times, _ = serial.decode_steps([1, 64, 4096], [1000, 64000, 4096000])
+    assert times == [serial.step_time(decode(n, 1000)) for n in (1, 64, 4096)]
+    assert times == [serial.decode_step_time(n, n * 1000) for n in (1, 64, 4096)]
 
 
 def test_step_flops() -> None:

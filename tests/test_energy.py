@@ -276,7 +276,8 @@ def test_the_published_energy_rows_name_their_sources() -> None:
         rows = list(csv.DictReader(f))
     assert rows and all(r["url"].startswith("https://") and float(r["j_per_output_token"]) > 0 for r in rows)
     engines = {r["engine_version"]: bench.engine_of(r) for r in rows}
-    assert engines == {"0.11.1": None, "0.5.4": {"name": "vllm-v0", "version": "0.5"}, "": None}
+    assert engines == {"0.11.1": {"name": "vllm-v1"}, "0.5.4": {"name": "vllm-v0", "version": "0.5"},
+                       "": {"name": "vllm-v1"}}
     # ML.ENERGY v3.0's published configurations of the preset models (tensor parallel only), v2.0's one row, and
     # the Serial Alice post's two Mistral-7B rows
     assert {r["source"]: sum(x["source"] == r["source"] for x in rows) for r in rows} == {

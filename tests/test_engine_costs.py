@@ -12,6 +12,7 @@ from sim.costs.costmodel import StepShape
 from sim.engines.costs import host_time_ratio
 from sim.engines.registry import EngineConfig
 from sim.engines.vllm_v0 import VLLM_V05_HOST_TIME_RATIO, VLLM_V06_HOST_TIME_RATIO
+from sim.engines.vllm_v1 import VLLM_V1_LINEAR_OVERLAP
 from sim.hardware.dtypes import GiB
 from sim.hardware.gpu import resolve_gpu
 from sim.hardware.kv_budget import DEFAULT_RUNTIME_OVERHEAD_BYTES
@@ -88,7 +89,13 @@ def test_engine_sets_the_ratio_and_cost_model_keys_win():
     v1 = _built({**dep, "engine": "vllm-v1"})[2]
     assert classic.host_time_ratio == v1.host_time_ratio == 0.0
     shape = StepShape(8, 8, 8, 8000, 8000)
-    assert classic.step_time(shape) == v1.step_time(shape)  # the classic knobs, bit for bit
+    # vLLM V1's decode GEMMs do not overlap their weight reads and arithmetic (sim/engines/vllm_v1.py): 8 rows add
+    # 8 tokens' compute, 25.3 us each; the rest of the step is the classic model's
+    assert classic.linear_overlap == 1.0 and v1.linear_overlap == VLLM_V1_LINEAR_OVERLAP == 0.0
+    assert v1.step_time(shape) - classic.step_time(shape) == pytest.approx(8 * 25.3e-6, rel=1e-3)
+    # a scenario's cost_model key wins over the preset's, bit for bit the classic model then
+    given = _built({**dep, "engine": "vllm-v1", "cost_model": {"type": "analytic", "linear_overlap": 1.0}})[2]
+    assert given.step_time(shape) == classic.step_time(shape)
 
 
 def test_moe_experts_stretched_too():

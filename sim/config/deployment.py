@@ -48,7 +48,11 @@ class AnalyticCost(CostModelConfigBase):
     attention_efficiency: Float | None = Field(
         default=None, ge=1e-4, le=1, description="Share of peak FLOP/s attention kernels reach; none: the engine's "
         "(sim/engines/costs.py: FlashAttention-2/3 for vLLM), else compute_efficiency.")
-    _record_set_keys = omit_when_unset("attention_efficiency")  # recorded only when given
+    linear_overlap: Float | None = Field(
+        default=None, ge=0, le=1, description="Share of the smaller side of a decode step's linear layers (compute "
+        "or weight reads) run under the larger: 1 the roofline's max, 0 their sum; none: the engine's "
+        "(sim/engines/vllm_v1.py: 0), else 1.")
+    _record_set_keys = omit_when_unset("attention_efficiency", "linear_overlap")  # recorded only when given
     step_overhead: Float | None = Field(
         default=None, ge=0, le=3600, description="Fixed seconds per step (CPU, launches)."
     )

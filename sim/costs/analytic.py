@@ -103,6 +103,10 @@ class AnalyticCostModel(CostModel):
     # SM clock as a share of its full rate: below 1 when a power cap (deployment.power_limit_w) runs the clocks
     # down (sim/costs/energy.py). It divides the compute side of each roofline part; HBM bandwidth keeps its clock
     compute_clock: float = 1.0
+    # share of a step's decode compute (one token per row, up to the weight reads' time) that runs under the weight
+    # reads: 1, the roofline's max(); 0, added to it, as an engine whose decode GEMMs do not overlap their loads and
+    # their arithmetic (sim/engines/vllm_v1.py). A prompt's further tokens keep the max: GEMMs of many rows overlap
+    linear_overlap: float = 1.0
 
     # Derived in __post_init__.
     compute_dtype: str = field(init=False)  # dtype of the linear layers' arithmetic
@@ -111,6 +115,7 @@ class AnalyticCostModel(CostModel):
     _flops: tuple[int, int, int] = field(init=False, repr=False, compare=False)
     _peak: float = field(init=False, repr=False, compare=False)
     _moe: tuple[float, int, int] | None = field(init=False, repr=False, compare=False)
+    _serial: float = field(init=False, repr=False, compare=False)  # 1 - linear_overlap
 
     def __post_init__(self) -> None:
         m, g = resolve_model(self.model), resolve_gpu(self.gpu)
@@ -132,6 +137,8 @@ class AnalyticCostModel(CostModel):
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
         if not 0.0 < self.compute_clock <= 1.0:
             raise ValueError(f"compute_clock must be in (0, 1], got {self.compute_clock}")
+        if not 0.0 <= self.linear_overlap <= 1.0:
+            raise ValueError(f"linear_overlap must be in [0, 1], got {self.linear_overlap}")
 
         act = activation_dtype(wd)
         if wd in ("fp32", "bf16", "fp16"):
@@ -200,6 +207,7 @@ class AnalyticCostModel(CostModel):
         moe = (s.expert_bytes(wd) / bw * (1.0 + self.host_time_ratio), s.num_experts, s.experts_per_tok) \
             if s.num_experts else None
         object.__setattr__(self, "_moe", moe)
+        object.__setattr__(self, "_serial", 1.0 - self.linear_overlap)
         object.__setattr__(self, "_flops", (2 * body, 2 * head, m.attn_flops_per_pair))
         object.__setattr__(self, "_peak", peak_lin * tp)
 
@@ -218,8 +226,12 @@ class AnalyticCostModel(CostModel):
         # The one place the step time's arithmetic is written: scalars (mx=max) and arrays (mx=np.maximum) go
         # through the same operations in the same order, so both forms round identically.
         k0, k1, k2, k3, k4, k5, k6, k7, k8, k9, k10, k11 = self._k
+        lin_c, lin_m = n_tok * k2 + n_seqs * k3, k4 + n_tok * k5 + n_seqs * k6
+        lin = mx(lin_c, lin_m)  # linear layers: compute | memory
+        if self._serial:  # one token per row's compute (a decode's GEMM rows) not under the weight reads
+            lin = lin + self._serial * (np.minimum if mx is np.maximum else min)(n_seqs * k2 + n_seqs * k3, lin_m)
         return (k0 + n_seqs * k1  # fixed and per-row overhead
-                + mx(n_tok * k2 + n_seqs * k3, k4 + n_tok * k5 + n_seqs * k6)  # linear layers: compute | memory
+                + lin
                 + mx(pairs * k7, (kv_read + n_tok) * k8)  # attention: compute | KV traffic
                 + (k9 + n_tok * k10)  # tensor-parallel all-reduces
                 + swap * k11)  # swap copies over PCIe
@@ -231,8 +243,12 @@ class AnalyticCostModel(CostModel):
         k0, k1, k2, k3, k4, k5, k6, k7, k8, k9, k10, k11 = self._k
         per_expert, num_experts, top_k = self._moe  # type: ignore[misc]
         experts = expected_experts(num_experts, top_k, n_tok) * per_expert
+        lin_c, lin_m = n_tok * k2 + n_seqs * k3, k4 + experts + n_tok * k5 + n_seqs * k6
+        lin = np.maximum(lin_c, lin_m)
+        if self._serial:
+            lin = lin + self._serial * np.minimum(n_seqs * k2 + n_seqs * k3, lin_m)
         return (k0 + n_seqs * k1
-                + np.maximum(n_tok * k2 + n_seqs * k3, k4 + experts + n_tok * k5 + n_seqs * k6)
+                + lin
                 + np.maximum(pairs * k7, (kv_read + n_tok) * k8)
                 + (k9 + n_tok * k10)
                 + swap * k11)
@@ -265,7 +281,7 @@ class AnalyticCostModel(CostModel):
         # The parts that depend on the row count alone, once per count (a stretch has few), summed in _time's order.
         # ``+ 0 * k11`` (no swap) adds +0.0, which changes no float, so it is left out.
         counts = set(rows)
-        head = {n: k0 + n * k1 + max(n * k2 + n * k3, k4 + n * k5 + n * k6) for n in counts}
+        head = {n: k0 + n * k1 + self._linear(n) for n in counts}
         tail = {n: k9 + n * k10 for n in counts}
         f_rows = {n: (n - 0) * f_tok + n * f_row for n in counts}
         if k8 >= k7:
@@ -282,8 +298,15 @@ class AnalyticCostModel(CostModel):
         if self._moe is not None:
             return float(self.step_time(StepShape(n, n, n, c, c)))
         k0, k1, k2, k3, k4, k5, k6, k7, k8, k9, k10, k11 = self._k
-        return (k0 + n * k1 + max(n * k2 + n * k3, k4 + n * k5 + n * k6) + max(c * k7, (c + n) * k8)
+        return (k0 + n * k1 + self._linear(n) + max(c * k7, (c + n) * k8)
                 + (k9 + n * k10))
+
+    def _linear(self, n: int) -> float:
+        """The linear layers' time of a decode step of ``n`` rows (``_time``'s term, the same floats)."""
+        k = self._k
+        lin_c, lin_m = n * k[2] + n * k[3], k[4] + n * k[5] + n * k[6]
+        lin = max(lin_c, lin_m)
+        return lin + self._serial * min(lin_c, lin_m) if self._serial else lin
 
     def breakdown(self, shape: StepShape) -> dict[str, Any]:
         """The step time's parts in seconds (they sum to ``step_time`` up to rounding) and, for the two roofline
@@ -296,7 +319,7 @@ class AnalyticCostModel(CostModel):
         att_c, att_m = d * k7, (c + b) * k8
         return {
             "overhead": k0 + a * k1,
-            "linear": np.maximum(lin_c, lin_m),
+            "linear": np.maximum(lin_c, lin_m) + self._serial * np.minimum(a * k2 + a * k3, lin_m),
             "attention": np.maximum(att_c, att_m),
             "allreduce": k9 + b * k10,
             "swap": e * k11,

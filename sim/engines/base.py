@@ -157,6 +157,11 @@ class Engine:
         """Prefill attention's achievable share of the peak on a GPU of ``architecture``; None: the cost model's."""
         return None
 
+    def linear_overlap(self, cfg: Any) -> float | None:
+        """Share of the smaller side of the linear layers' roofline (compute or weight reads) the engine's kernels
+        run under the larger (sim/costs/analytic.py); None: the cost model's (1, the roofline's max)."""
+        return None
+
     def static_reserve_tokens(self, batch_size: int, max_model_len: int, max_input_len: int | None) -> int:
         """Tokens of a static batch's largest forward: its longest prompt (sim/engines/costs.py's docstring)."""
         prompt = max_model_len if max_input_len is None else min(max_input_len, max_model_len)

@@ -89,6 +89,8 @@ def engine_cost_knobs(engine: Any, gpu: Any = None) -> dict[str, float]:
     a = attention_efficiency(engine, gpu)
     if a is not None:
         knobs["attention_efficiency"] = a
+    if engine is not None and (o := engine_of(engine).linear_overlap(engine)) is not None:
+        knobs["linear_overlap"] = o
     return knobs
 
 

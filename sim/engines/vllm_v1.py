@@ -1,8 +1,8 @@
 """vLLM v1 (0.8-0.11): ``deployment.engine: vllm-v1``, the default engine of a ``deployment.engine`` section.
 
 Chunked prefill always on, a step budget sized by the GPU and by how vLLM is run, vLLM's memory rule, prefix
-caching over every prompt block (sim/engines/sched.py), CUDA-graph padding of decode steps and FlashAttention-3
-on Hopper.
+caching over every prompt block (sim/engines/sched.py), CUDA-graph padding of decode steps, FlashAttention-3
+on Hopper and decode GEMMs whose weight reads and arithmetic add up.
 """
 
 from __future__ import annotations
@@ -23,6 +23,21 @@ VLLM_V1_LARGE_GPU_BYTES = 70 * GiB
 VLLM_V1_BATCHED_TOKENS = {("api_server", True): 8192, ("offline", True): 16384,
                           ("api_server", False): 2048, ("offline", False): 8192}
 VLLM_V1_MAX_NUM_SEQS = {True: 1024, False: 256}
+# A decode step's linear layers take the time of reading the weights plus the tensor cores' time, not the larger
+# of the two (the roofline's max): the measured step grows with the batch by about the model's compute per token
+# where the weight reads alone would hide it (issue 38's residuals by batch, docs/engines-and-hardware.md). Two
+# published sources outside each other show it, each on its own:
+# - ML.ENERGY Leaderboard v3.0 (vLLM 0.11.1; step = average batch / output tok/s; `bench_energy.py --step-gaps`):
+#   at batch 64-256 of the chat task on H100s the time per row the roofline misses is 28-32 us for Llama-3.1-8B
+#   and 34-53 us for Qwen3-8B (compute per token at the default efficiency: 25 us), 57-71 us for Llama-3.1-70B on
+#   4 GPUs (59 us) and for Qwen3-32B on 2 (54 us), while Llama-3.1-8B draws 610-690 W of 700 (busy, not waiting
+#   for the host);
+# - dennislee22/vLLM-benchmarking (vLLM 0.10.1.1, Qwen2-7B on an A100, 1-500 requests at once): TPOT and ITL
+#   predicted +17.6% too fast (median) with the max, +0.0% with the sum.
+# A structural choice between the two forms (0 or 1), not a fitted share; TensorRT-LLM's table is predicted too
+# slow by the sum (its kernels overlap), so it stays with its engine. Only the decode rows' share of a step's
+# tokens pays it: a prompt chunk's GEMMs have rows enough to overlap as the roofline assumes.
+VLLM_V1_LINEAR_OVERLAP = 0.0
 
 
 def _large_gpu(gpu: GPUSpec) -> bool:
@@ -52,6 +67,9 @@ class VllmV1(CudaGraphEngine):
         # 256 up to min(2 x max_num_seqs, 512)
         top = min(2 * max_num_seqs, 512)
         return tuple(s for s in (1, 2, 4, *range(8, 256, 8), *range(256, 513, 16)) if s <= top)
+
+    def linear_overlap(self, cfg: Any) -> float | None:
+        return VLLM_V1_LINEAR_OVERLAP
 
     def attention_efficiency(self, cfg: Any, architecture: str) -> float | None:
         # FlashAttention-3 on Hopper (vllm/attention/utils/fa_utils.py picks version 3 on compute capability 9.0),
