@@ -20,7 +20,7 @@ from typing import Any
 
 from sim.hardware.dtypes import GiB
 from sim.hardware.gpu import GPUSpec
-from sim.hardware.kv_budget import KVBudget, ModelDoesNotFitError, kv_budget
+from sim.hardware.kv_budget import KVBudget, ModelDoesNotFitError, estimate_activation_reserve, kv_budget
 from sim.hardware.models import ModelSpec
 from sim.plugins import load_plugins
 
@@ -127,6 +127,14 @@ class Engine:
                 f"{model.name} does not fit on {tp} x {gpu.name} under {self.name}: its KV cache gets {rule}, less "
                 f"than one KV block; use more GPUs (tensor_parallel_size) or smaller weights (weight_dtype)") from None
         return replace(b, gpu_memory_utilization=usable / total, usable_memory=usable, activation_reserve=reserve)
+
+    @staticmethod
+    def step_activations(model: ModelSpec, kw: dict[str, Any]) -> int:
+        """The activations of the largest step ``kw``'s limits allow, as vLLM's profile would find them (runtime
+        overhead included): what an engine that sizes its buffers for that step holds besides weights and KV."""
+        return estimate_activation_reserve(
+            model, weight_dtype=kw.get("weight_dtype", "bf16"), tensor_parallel_size=kw.get("tensor_parallel_size", 1),
+            max_num_batched_tokens=kw["max_num_batched_tokens"], max_num_seqs=kw["max_num_seqs"])
 
     def free_share_budget(self, model: ModelSpec, gpu: GPUSpec, kw: dict[str, Any], frac: float, reserve: int,
                           label: str, reserve_name: str) -> KVBudget:

@@ -11,7 +11,7 @@ from typing import Any
 
 from sim.engines.base import Engine, EngineKey
 from sim.hardware.gpu import GPUSpec
-from sim.hardware.kv_budget import KVBudget, estimate_activation_reserve
+from sim.hardware.kv_budget import KVBudget
 from sim.hardware.models import ModelSpec
 
 # KvCacheConfig.free_gpu_memory_fraction (tensorrt_llm/llmapi/llm_args.py, docs/source/reference/memory.md): the
@@ -46,9 +46,7 @@ class TensorRTLLM(Engine):
         """``fraction x (total - weights - activations)``, the activations TensorRT's build-time buffers for
         max_num_tokens (estimated as vLLM's profile would find them, runtime overhead included)."""
         frac = cfg.kv_cache_free_gpu_mem_fraction or TRTLLM_FREE_GPU_MEMORY_FRACTION
-        reserve = estimate_activation_reserve(
-            model, weight_dtype=kw.get("weight_dtype", "bf16"), tensor_parallel_size=kw.get("tensor_parallel_size", 1),
-            max_num_batched_tokens=kw["max_num_batched_tokens"], max_num_seqs=kw["max_num_seqs"])
+        reserve = self.step_activations(model, kw)
         return self.free_share_budget(model, gpu, kw, frac, reserve, "", "activations")
 
 

@@ -17,7 +17,7 @@ from typing import Any
 from sim.engines.base import CudaGraphEngine
 from sim.engines.costs import FA2_AMPERE_EFFICIENCY, FA2_HOPPER_EFFICIENCY
 from sim.hardware.gpu import GPUSpec
-from sim.hardware.kv_budget import KVBudget, estimate_activation_reserve
+from sim.hardware.kv_budget import KVBudget
 from sim.hardware.models import ModelSpec
 
 # TGI 2.2.0 launcher/src/main.rs: max_concurrent_requests 128; max_input_tokens min(max_position_embeddings - 1,
@@ -56,9 +56,7 @@ class TGI(CudaGraphEngine):
 
     def kv_budget(self, cfg: Any, model: ModelSpec, gpu: GPUSpec, **kw: Any) -> KVBudget:
         """``0.95 x (total - weights - the warm-up prefill's activations)``."""
-        reserve = estimate_activation_reserve(
-            model, weight_dtype=kw.get("weight_dtype", "bf16"), tensor_parallel_size=kw.get("tensor_parallel_size", 1),
-            max_num_batched_tokens=kw["max_num_batched_tokens"], max_num_seqs=kw["max_num_seqs"])
+        reserve = self.step_activations(model, kw)
         return self.free_share_budget(model, gpu, kw, TGI_FREE_MEMORY_SHARE, reserve, "TGI's ", "activations")
 
     def attention_efficiency(self, cfg: Any, architecture: str) -> float | None:
