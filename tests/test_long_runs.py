@@ -56,6 +56,31 @@ def test_outputs_do_not_depend_on_the_step_log_chunking(monkeypatch: pytest.Monk
     assert cut == whole
 
 
+def test_outputs_do_not_depend_on_the_step_log_spilling_to_a_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past spill.SPILL_MIN steps the log's chunks move to a temporary file and are read back a field at a time:
+    every output is byte for byte that of the log kept in memory, and a result still pickles (sweeps), its
+    chunks read back into memory."""
+    import pickle
+
+    import sim.metrics.spill as spill
+
+    whole = _outputs()
+    monkeypatch.setattr(records, "_CHUNK", 7)
+    monkeypatch.setattr(spill, "SPILL_MIN", 20)  # a few chunks in memory, then every chunk to the file
+    spilled = _outputs()
+    assert int(spilled.pop("num_chunks")) >= 1
+    whole.pop("num_chunks")
+    assert spilled == whole
+    run = run_scenario(prepare_scenario(parse_scenario({**SCENARIO, "variants": SCENARIO["variants"][:1]})))
+    (res,) = run.results
+    assert isinstance(res.steps, StepColumns)
+    assert all(isinstance(part, spill.SpilledFields) for chunk in res.steps._chunks for part in chunk)
+    back = pickle.loads(pickle.dumps(res.steps))
+    assert all(isinstance(part, np.ndarray) for chunk in back._chunks for part in chunk)
+    for k in records.STEP_COLUMNS:
+        assert back[k].tobytes() == res.steps[k].tobytes() and back[k].dtype == res.steps[k].dtype, k
+
+
 def test_columns_are_the_expanded_runs_and_read_only() -> None:
     log = records.StepLog()
     log.append(0.0, 1.0, 2, 0, 10, 1, 0, 3, 1, 30, 100, 2, 5, 0, 0, 0, 0, 7.0)

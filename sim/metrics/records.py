@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from sim.metrics.step_columns import StepColumns
+from sim.metrics import spill
+from sim.metrics.step_columns import Fields, StepColumns
 from sim.serving.request import Outcome, Request
 
 if TYPE_CHECKING:
@@ -187,8 +188,11 @@ class StepLog:
     def __init__(self) -> None:
         self.per_step: list[float] = []
         self.per_run: list[float] = []
-        # (per-step values, per-run values), structured arrays with a field per column (``_packed``)
-        self._chunks: list[tuple[np.ndarray, np.ndarray]] = []
+        # (per-step values, per-run values), structured arrays with a field per column (``_packed``), or past
+        # spill.SPILL_MIN steps the same written to a file (spill.SpilledFields, which reads like them)
+        self._chunks: list[tuple[Fields, Fields]] = []
+        self._spill: spill.SpillFile | None = None
+        self._num_spilled = 0  # chunks in the file (the first ones)
         self._num_flushed = 0  # steps in _chunks
         self._columns: StepColumns | None = None  # the columns' view of _chunks, once asked for
         # constant over a log (one core per replica), so it costs nothing per step; set by sim.loop.simulator.Replica
@@ -274,6 +278,14 @@ class StepLog:
         self._chunks.append((_packed(steps, STEP_VARYING), _packed(runs, RUN_CONSTANT)))
         self._num_flushed += len(steps)
         self._columns = None
+        if self._num_flushed > spill.SPILL_MIN:  # a long run: its chunks leave memory for a file
+            if self._spill is None:
+                self._spill = spill.SpillFile()
+            for i in range(self._num_spilled, len(self._chunks)):
+                st, ru = self._chunks[i]
+                assert isinstance(st, np.ndarray) and isinstance(ru, np.ndarray)
+                self._chunks[i] = (spill.SpilledFields(self._spill, st), spill.SpilledFields(self._spill, ru))
+            self._num_spilled = len(self._chunks)
 
     def columns(self) -> StepColumns:
         """All steps so far, one array per column, each expanded from the runs when read (see

@@ -12,8 +12,17 @@ eager expansion gave (same arithmetic), so every output stays byte-identical.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from typing import Protocol
 
 import numpy as np
+
+
+class Fields(Protocol):
+    """A chunk's values by field: a structured array, or one spilled to a file (``sim.metrics.spill``)."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, name: str, /) -> np.ndarray: ...
 
 _RECENT = 2  # expanded columns kept (see StepColumns._recent)
 _RECENT_MAX_ROWS = 1 << 20  # and only up to this many steps (8 MB a column)
@@ -26,11 +35,11 @@ class StepColumns(Mapping[str, np.ndarray]):
     and of ``constant`` (``sim.metrics.records._packed``); a run never spans two chunks (the log moves steps into
     chunks between runs only)."""
 
-    __slots__ = ("_chunks", "_columns", "_varying", "_constant", "_replica", "_n", "_len", "_recent")
+    __slots__ = ("_chunks", "_columns", "_varying", "_constant", "_replica", "_len", "_recent")
 
     def __init__(
         self,
-        chunks: list[tuple[np.ndarray, np.ndarray]],
+        chunks: list[tuple[Fields, Fields]],
         columns: dict[str, type],
         varying: tuple[str, ...],
         constant: tuple[str, ...],
@@ -41,8 +50,6 @@ class StepColumns(Mapping[str, np.ndarray]):
         self._varying = {k: i for i, k in enumerate(varying)}
         self._constant = {k: i for i, k in enumerate(constant)}
         self._replica = replica
-        # steps per run, and the row of each run's first step (within its chunk)
-        self._n = [c[1]["num_steps"].astype(np.int64) for c in chunks]
         self._len = sum(len(c[0]) for c in chunks)
         # the last columns read, kept: a reader that indexes two columns row by row in a loop would otherwise
         # expand them again for every row (two columns is the memory this costs)
@@ -61,14 +68,20 @@ class StepColumns(Mapping[str, np.ndarray]):
     def num_steps(self) -> int:
         return self._len
 
-    def _start(self, steps: np.ndarray, runs: np.ndarray, n: np.ndarray) -> np.ndarray:
+    def _parts(self) -> Iterator[tuple[Fields, Fields, np.ndarray]]:
+        """Each chunk's (per-step values, per-run values, steps per run), read when reached: a spilled chunk
+        (``sim.metrics.spill``) reads its fields from the file, one at a time, as they are asked for."""
+        for steps, runs in self._chunks:
+            yield steps, runs, runs["num_steps"].astype(np.int64)
+
+    def _start(self, steps: Fields, runs: Fields, n: np.ndarray) -> np.ndarray:
         end = steps["end"]
         start = np.empty(len(end), dtype=np.float64)
         start[1:] = end[:-1]
         start[np.cumsum(n) - n] = runs["start"]  # the first step of each run
         return start
 
-    def _chunk_column(self, key: str, steps: np.ndarray, runs: np.ndarray, n: np.ndarray) -> np.ndarray:
+    def _chunk_column(self, key: str, steps: Fields, runs: Fields, n: np.ndarray) -> np.ndarray:
         t = self._columns[key]
         if key == "start":
             return self._start(steps, runs, n)
@@ -86,7 +99,7 @@ class StepColumns(Mapping[str, np.ndarray]):
         hit = self._recent.get(key)
         if hit is not None:
             return hit
-        parts = [self._chunk_column(key, s, r, n) for (s, r), n in zip(self._chunks, self._n, strict=True)]
+        parts = [self._chunk_column(key, s, r, n) for s, r, n in self._parts()]
         if not parts:
             return np.zeros(0, dtype=self._columns[key])
         col = parts[0] if len(parts) == 1 else np.concatenate(parts)
@@ -100,7 +113,7 @@ class StepColumns(Mapping[str, np.ndarray]):
 
     def constant(self, key: str) -> np.ndarray:
         """A per-run column (one of ``constant``) expanded to one value per step, float64."""
-        parts = [np.repeat(r[key].astype(np.float64), n) for (_, r), n in zip(self._chunks, self._n, strict=True)]
+        parts = [np.repeat(r[key].astype(np.float64), n) for _, r, n in self._parts()]
         return np.concatenate(parts) if parts else np.zeros(0)
 
 
@@ -121,7 +134,7 @@ def step_blocks(steps: Mapping[str, np.ndarray], keys: tuple[str, ...], rows: in
         return
     pending: dict[str, list[np.ndarray]] = {k: [] for k in keys}
     held = lo = 0
-    for (st, ru), per_run in zip(steps._chunks, steps._n, strict=True):
+    for st, ru, per_run in steps._parts():
         for k in keys:
             pending[k].append(steps._chunk_column(k, st, ru, per_run))
         held += len(st)
