@@ -40,6 +40,7 @@ from sim.policies.base import Limits
 from sim.serving.request import Request
 
 if TYPE_CHECKING:
+    from sim.serving.decode_group import DecodeGroup
     from sim.serving.kv_manager import KVBudget, KVManager
 
 __all__ = ["DEPENDS_ON", "Budget", "KVView", "Limits", "Plan", "Policy", "PolicyView", "Predictor", "RequestView"]
@@ -63,11 +64,22 @@ class RequestView:
     ``id``; hand them back to the ``Plan`` and the ``Budget``. A policy's views of a request are one object from
     step to step until the request finishes."""
 
-    __slots__ = ("_r", "_pred")
+    __slots__ = ("_r", "_pred", "_g")
 
     def __init__(self, r: Request, predictor: Predictor | None = None) -> None:
         self._r = r
         self._pred = predictor
+        # The core's decode group, set by the policy adapter (sim.policies.user): while the request is a member
+        # its own counters lag the group's steps, and reading one through the view brings them up to date
+        # (``_now``), so an ask costs nothing for the members a policy does not read.
+        self._g: DecodeGroup | None = None
+
+    def _now(self) -> Request:
+        """The request, its counters current."""
+        r = self._r
+        if r.group_base >= 0 and self._g is not None:
+            self._g.bring(r)
+        return r
 
     # what the client sent
     @property
@@ -106,7 +118,7 @@ class RequestView:
     def predicted_output_len(self) -> int | None:
         """The configured predictor's estimate of the output length (tokens); None without a predictor. The true
         length is not shown: a real server does not know it either."""
-        return self._pred.predict(self._r) if self._pred is not None else None
+        return self._pred.predict(self._now()) if self._pred is not None else None
 
     # serving state
     @property
@@ -117,22 +129,23 @@ class RequestView:
     @property
     def num_computed_tokens(self) -> int:
         """Tokens whose KV is in the cache."""
-        return self._r.num_computed_tokens
+        return self._now().num_computed_tokens
 
     @property
     def num_output_tokens(self) -> int:
         """Tokens generated so far (kept across a recompute preemption)."""
-        return self._r.num_output_tokens
+        return self._now().num_output_tokens
 
     @property
     def num_tokens(self) -> int:
         """Prompt plus generated tokens."""
-        return self._r.prompt_len + self._r.num_output_tokens
+        r = self._now()
+        return r.prompt_len + r.num_output_tokens
 
     @property
     def num_remaining(self) -> int:
         """Tokens to compute before its next token is sampled: the rest of the prompt, or 1 while decoding."""
-        r = self._r
+        r = self._r  # a decode-group member's counters lag by as many tokens each: the difference is current
         return r.prompt_len + r.num_output_tokens - r.num_computed_tokens
 
     @property
@@ -157,7 +170,7 @@ class RequestView:
 def _req(rv: RequestView) -> Request:
     if not isinstance(rv, RequestView):
         raise TypeError(f"expected a request from the view (a RequestView), got {type(rv).__name__}: {rv!r}")
-    return rv._r
+    return rv._now()
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,7 +197,8 @@ class Budget:
 
     def allocate(self, req: RequestView, num_new_tokens: int) -> bool:
         """Reserve room for ``num_new_tokens`` more tokens of ``req``; False (nothing reserved) if it does not fit."""
-        return self._b.allocate(req._r if type(req) is RequestView else _req(req), num_new_tokens)
+        r = req._r if type(req) is RequestView and req._r.group_base < 0 else _req(req)
+        return self._b.allocate(r, num_new_tokens)
 
     def allocate_decodes(self, reqs: Sequence[RequestView]) -> int:
         """``allocate(req, 1)`` for each request of ``reqs`` in turn, while it is running with one token to compute
@@ -202,6 +216,9 @@ class Budget:
         if len(rs) != len(reqs):
             for v in reqs:
                 _req(v)  # names the first that is not a RequestView
+        for v in reqs:
+            if v._r.group_base >= 0:
+                v._now()
         return self._b.allocate_decodes(rs)
 
     def release(self, req: RequestView) -> None:

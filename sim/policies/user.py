@@ -7,8 +7,9 @@ plan that names a request twice or breaks a limit, or a return value that is not
 ``PolicyError`` (a ``ScenarioError``: the command line prints it and exits 2), with the user's own frames of the
 traceback and the step's time.
 
-The fast path stays behind the core: before asking, the adapter brings every request up to date (the decode group
-is dissolved), so the policy always sees current counters. When the policy declares that its decision changes
+The fast path stays behind the core: a decode-group member's own counters lag the group's steps, and its view
+brings them up to date when the policy reads one (``RequestView._now``), so the policy always sees current counters
+and an ask costs nothing for the members it does not read. When the policy declares that its decision changes
 only with arrivals and finishes (``depends_on``), the core may repeat a step in which every running request decoded
 one token, and nothing else happened, without asking (``ServingCore.plan_without_policy``); ``check_fast_path``
 runs a policy with and without that and names the first step where the two differ.
@@ -26,6 +27,7 @@ from sim.config.errors import ScenarioError
 from sim.policies import api
 from sim.policies.base import Admission, Limits, Policy, View
 from sim.policies.base import Plan as CorePlan
+from sim.serving.decode_group import DecodeGroup
 from sim.serving.request import Request, Status
 
 _FIRST = itemgetter(0)
@@ -94,24 +96,24 @@ class UserPolicy(Policy):
         return (f"policy {self.describe()}: asked before every step (depends_on: every_step); declare "
                 "depends_on = {'arrivals', 'finishes'} if that is all its decision reads, for the fast path")
 
-    def _public_view(self, view: View, hidden: set[int], synced: bool = False) -> api.PolicyView:
+    def _public_view(self, view: View, hidden: set[int], planning: bool = False) -> api.PolicyView:
         waiting = view.waiting if not hidden else [r for r in view.waiting if r.id not in hidden]
         swapped = view.swapped if not hidden else [r for r in view.swapped if r.id not in hidden]
         cache = self._views
         if len(cache) > 2 * (len(view.waiting) + len(view.running) + len(view.swapped)) + 64:
             # finished requests' views, dropped now and then: the cache stays about the size of the queues
             self._views = {r: v for r, v in cache.items() if r.status is not Status.FINISHED}
-        running = self._views_of(view.running)
         g = view.group
+        running = self._views_of(view.running, g)
         decodes = None
-        if synced and g is not None and g.grows and len(g.members) == len(running):
-            # every running request is a member of the decode group, brought up to date (``synced``): each
-            # decodes, and one more token of each takes the group's next blocks
+        if planning and g is not None and g.grows and len(g.members) == len(running):
+            # every running request is a member of the decode group: each decodes, and one more token of each
+            # takes the group's next blocks
             decodes = api.Decodes(running, view.running, g.next_blocks)
-        return api.PolicyView(view.now, self._views_of(waiting), running, self._views_of(swapped),
+        return api.PolicyView(view.now, self._views_of(waiting, g), running, self._views_of(swapped, g),
                               api.KVView(view.kv, decodes), view.limits)
 
-    def _views_of(self, reqs: Collection[Request]) -> tuple[api.RequestView, ...]:
+    def _views_of(self, reqs: Collection[Request], group: DecodeGroup | None) -> tuple[api.RequestView, ...]:
         cache = self._views
         try:
             return tuple(map(cache.__getitem__, reqs))  # each seen before, as most are: one pass in C
@@ -119,7 +121,8 @@ class UserPolicy(Policy):
             pred = self.predictor
             for r in reqs:
                 if r not in cache:
-                    cache[r] = api.RequestView(r, pred)
+                    v = cache[r] = api.RequestView(r, pred)
+                    v._g = group  # reads of a member's counters bring it up to date
             return tuple(map(cache.__getitem__, reqs))
 
     def _call(self, what: str, fn: Any, *args: Any) -> Any:
@@ -142,12 +145,9 @@ class UserPolicy(Policy):
         return min(times) if times else None
 
     def schedule(self, view: View) -> CorePlan:
-        g = view.group
-        if g is not None:
-            g.sync()  # every request current: the policy never sees the fast path's aggregate
         rejected = self.admission.rejections(view) if self.admission is not None else []
         hidden = {r.id for r, _ in rejected}
-        pv = self._public_view(view, hidden, synced=True)
+        pv = self._public_view(view, hidden, planning=True)
         up = self._call(f"schedule(view) at t={view.now:.6f} s", self.user.schedule, pv)
         if not isinstance(up, api.Plan):
             raise PolicyError(f"policy {self.name}: schedule returned {type(up).__name__}, not a servesim.Plan")

@@ -119,20 +119,28 @@ class DecodeGroup:
         r.group_base = -1
 
     def sync(self) -> None:
-        """Bring every member's counters up to date while it stays a member (a policy on the public API reads
-        them). A member's bucket, ``(base - c) % block_size``, and its finishing step, ``base + output_len -
-        num_output_tokens``, do not change when its base and its counters advance together, nor does ``ctx``."""
-        s, ends = self.steps, self.ends
+        """Bring every member's counters up to date while it stays a member (``bring`` each)."""
+        bring = self.bring
         for r in self.members.values():
-            base = r.group_base
-            k = s - base
-            if k:
-                if r.token_times is not None and ends is not None:
-                    r.token_times.extend(ends[base:s])
-                r.num_computed_tokens += k
-                r.num_output_tokens += k
-                r.last_token = self.prev_end
-                r.group_base = s
+            bring(r)
+
+    def bring(self, r: Request) -> None:
+        """Bring a member's counters up to date while it stays a member (a policy on the public API reads them;
+        its view calls this on the first read, so an ask costs nothing for members the policy does not look
+        at). A member's bucket, ``(base - c) % block_size``, and its finishing step, ``base + output_len -
+        num_output_tokens``, do not change when its base and its counters advance together, nor does ``ctx``:
+        when it is brought up to date is invisible to the group and to the core."""
+        s = self.steps
+        base = r.group_base
+        k = s - base
+        if k:
+            ends = self.ends
+            if r.token_times is not None and ends is not None:
+                r.token_times.extend(ends[base:s])
+            r.num_computed_tokens += k
+            r.num_output_tokens += k
+            r.last_token = self.prev_end
+            r.group_base = s
 
     def dissolve(self) -> list[Request]:
         """Every member leaves (up to date); returns them."""
