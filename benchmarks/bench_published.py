@@ -12,8 +12,9 @@ throughput, TTFT, TPOT and ITL at 16-1000 requests/s). Every row the simulator c
   for most of them), vLLM 0.5/0.6 -> ``vllm-v0``, SGLang -> ``sglang``, LMDeploy -> ``lmdeploy``, TGI -> ``tgi``;
   gpt-fast is no serving engine: one request, servesim's classic engine;
 - its workload: the fixed lengths stated (the blog's sonnet rows at their stated average lengths; its ShareGPT rows,
-  which state only averages, at lengths spread about them, ``sharegpt_lengths``), all requests at t=0 for offline and
-  QPS-inf rows, Poisson at the rate stated otherwise, a closed loop of ``max_concurrency`` users where the row states
+  which state only averages, at lengths spread about them, ``sharegpt_lengths``; rows whose outputs ended at the end
+  of sequence before the length asked for, at geometric lengths under it averaging the stated mean, ``eos_lengths``),
+  all requests at t=0 for offline and QPS-inf rows, Poisson at the rate stated otherwise, a closed loop of ``max_concurrency`` users where the row states
   one; what a row's optional ``settings`` column states (``max_model_len``, ``gpu_memory_utilization``, ``num_prompts``,
   ``max_concurrency``, ``enforce_eager``, the scheduler's ``max_num_seqs``, ``max_num_batched_tokens``,
   ``enable_chunked_prefill``) and ``lengths``: a file of the per-request lengths the source published, run request by
@@ -255,6 +256,33 @@ def sharegpt_lengths(mean_in: int, mean_out: int, n: int, seed: int = 0) -> tupl
     return [int(i) for i in ins], [int(o) for o in np.rint(outs)]
 
 
+# a row whose outputs ended at the model's end of sequence before the length asked for (no --ignore-eos) states
+# the run's mean output and the length requested: "1019 (mean; --random-output-len 1024, no --ignore-eos)"
+EOS_CAP = re.compile(r"--random-output-len\s+(\d+)|(\d+)\s+requested")
+
+
+def eos_lengths(mean: float, cap: int, n: int, seed: int = 0) -> list[int]:
+    """Per-request output lengths for a row whose requests stop at the model's end of sequence or at ``cap``,
+    whichever comes first, averaging the ``mean`` the row states: every generated token has the same chance of
+    being the end (a geometric length, the shape of a constant hazard; no source states these runs' histograms),
+    cut at ``cap``. Drawn at the n mid-quantiles (the sample's mean is the distribution's) in an order shuffled with
+    ``seed``. Equal lengths would keep a closed loop's users in lockstep, every user's next prompt arriving in the
+    same step, which a run whose lengths differ does not do. Nothing is fitted: the mean is the row's."""
+    if mean >= cap:
+        return [cap] * n
+
+    def capped_mean(q: float) -> float:  # E[min(G, cap)] for G geometric on 1, 2, ... with end chance q
+        return -math.expm1(cap * math.log1p(-q)) / q
+    lo, hi = 1e-12, 1.0 - 1e-12
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if capped_mean(mid) < mean else (mid, hi)
+    q = (lo + hi) / 2
+    u = (np.arange(n) + 0.5) / n
+    lengths = np.minimum(np.ceil(np.log1p(-u) / math.log1p(-q)), cap).astype(int)
+    return [int(x) for x in np.random.default_rng(seed).permutation(np.maximum(lengths, 1))]
+
+
 def parallelism_of(row: dict[str, str], settings: dict[str, Any]) -> tuple[int, int, int]:
     """(tensor parallel, pipeline parallel, data-parallel replicas) of a row: ``num_gpus`` beyond ``tp`` are
     pipeline stages where the row says so (a ``pipeline_parallel_size`` setting, or "PP" / "pipeline" in its
@@ -296,6 +324,9 @@ def case_of(row: dict[str, str], n_offline: int, classic: bool = False, online: 
             and "lengths" not in settings:
         ins, outs = sharegpt_lengths(isl, osl, n)
         longest = max(i + o for i, o in zip(ins, outs, strict=True))
+    if "(mean" in row["output_len"] and (cap := EOS_CAP.search(row["output_len"])) and "lengths" not in settings:
+        outs = eos_lengths(osl, int(cap.group(1) or cap.group(2)), n)
+        longest = max(longest, max(i + o for i, o in zip(ins, outs, strict=True)))
     if "lengths" in settings:
         ins, published = lengths_of(row)
         # benchmark_serving.py's output length counts the tokens of the text it received: 0 when the model's first

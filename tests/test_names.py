@@ -84,6 +84,23 @@ def test_sharegpt_lengths_keep_the_stated_means_inside_the_filter() -> None:
     assert bench.sharegpt_lengths(202, 179, 500, seed=1) != (ins, outs)
 
 
+def test_outputs_that_end_at_eos_spread_about_the_stated_mean_under_the_cap() -> None:
+    """A row whose outputs ended at the end of sequence before the length asked for runs geometric lengths cut at
+    that length, averaging the row's mean; a closed loop of such users no longer sends its prompts in lockstep."""
+    bench = _bench()
+    outs = bench.eos_lengths(100, 128, 300)
+    assert len(outs) == 300 and abs(sum(outs) / 300 - 100) < 0.5 and min(outs) >= 1 and max(outs) == 128
+    assert 0.5 < outs.count(128) / 300 < 0.7  # P(G >= 128) of the geometric whose capped mean is 100
+    assert bench.eos_lengths(1024, 1024, 10) == [1024] * 10  # every request ran to the length asked for
+    assert bench.eos_lengths(100, 128, 300) == outs and bench.eos_lengths(100, 128, 300, seed=1) != outs
+    rows = bench.read_rows([bench.OWN_DATA])
+    sweep = next(r for r in rows if "mushfiqrahman" in r["source"] and r["batch_or_concurrency"] == "4")
+    case = bench.case_of(sweep, 3000)
+    assert case.run.output_lens == bench.eos_lengths(100, 128, 300) and case.run.input_lens == [256] * 300
+    qwen = next(r for r in rows if r["output_len"].startswith("1019 (mean; --random-output-len 1024"))
+    assert max(bench.case_of(qwen, 3000).run.output_lens) == 1024
+
+
 def test_gpus_beyond_tp_are_replicas_unless_pipeline_is_said() -> None:
     bench = _bench()
     row = {"tp": "2", "num_gpus": "8", "workload": "ShareGPT, QPS 16", "notes": ""}
