@@ -331,9 +331,15 @@ class PagedBlockManager:
             for r in reqs:
                 tables[r.id].append(self._take_free())
             return True
-        pop = self._pop
-        for r in reqs:
-            tables[r.id].append(pop())
+        stack = self._stack
+        if 0 < n <= len(stack):  # the decode fast path's common case: each takes the next block off the stack
+            for r, b in zip(reqs, stack[: -n - 1 : -1], strict=True):
+                tables[r.id].append(b)
+            del stack[-n:]
+        else:
+            pop = self._pop
+            for r in reqs:
+                tables[r.id].append(pop())
         self._num_free -= n
         return True
 
