@@ -279,6 +279,23 @@ def test_a_view_brings_a_decoding_request_up_to_date_when_read_and_no_other() ->
     assert max(lagging) > 5  # unread members were left to the group
 
 
+def test_a_policy_on_a_copy_of_the_running_tuple_schedules_the_same() -> None:
+    """The adapter takes schedule_each's entries at once when they were made from the view's own running tuple
+    (identity); made from an equal copy they are compared one by one, with the same schedule."""
+    import dataclasses
+
+    class OnACopy(FCFSPolicy):
+        def schedule(self, view):
+            return super().schedule(dataclasses.replace(view, running=tuple(list(view.running))))
+
+    specs = [RequestSpec(i, 0.05 * i, 100 + 7 * i, 50 + i) for i in range(40)]
+    a = _run(UserPolicy(FCFSPolicy(), Limits(16, 2048, 4096)), specs, blocks=300)
+    b = _run(UserPolicy(OnACopy(), Limits(16, 2048, 4096)), specs, blocks=300)
+    assert [(r.first_token, r.finish, r.num_preemptions) for r in a] == \
+        [(r.first_token, r.finish, r.num_preemptions) for r in b]
+    assert sum(r.num_preemptions for r in a) > 0
+
+
 @pytest.mark.parametrize(("faults", "message"), [(("twice", "tokens"), "twice"), (("tokens", "twice"), "tokens")])
 def test_a_plan_with_two_faults_is_refused_for_the_first(faults: tuple[str, str], message: str) -> None:
     """The scheduled list is checked in one pass and walked again only when something is wrong: the error still

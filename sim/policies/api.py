@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import repeat
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 from sim.policies.base import Limits
@@ -305,9 +306,9 @@ class Plan:
         self.preempted: list[tuple[RequestView, str]] = []
         self.swapped_in: list[RequestView] = []
         self.rejected: list[tuple[RequestView, str]] = []
-        # the last schedule_each: where its entries start in ``scheduled``, and the entries, so that the core
-        # checks them at once when they are still there as made
-        self._each: tuple[int, list[tuple[RequestView, int]]] | None = None
+        # the last schedule_each: where its entries start in ``scheduled``, the entries and the sequence they were
+        # made from, so that the core checks them at once when they are still there as made
+        self._each: tuple[int, list[tuple[RequestView, int]], Sequence[RequestView]] | None = None
 
     def schedule(self, req: RequestView, num_tokens: int) -> None:
         """Compute ``num_tokens`` tokens of ``req`` this step (1 to ``req.num_remaining``; reserve them in the
@@ -316,8 +317,8 @@ class Plan:
 
     def schedule_each(self, reqs: Sequence[RequestView], num_tokens: int) -> None:
         """``schedule(req, num_tokens)`` for each of ``reqs``, in order."""
-        chunk = [(r, num_tokens) for r in reqs]
-        self._each = (len(self.scheduled), chunk)
+        chunk = list(zip(reqs, repeat(num_tokens)))
+        self._each = (len(self.scheduled), chunk, reqs)
         self.scheduled.extend(chunk)
 
     def preempt(self, req: RequestView, mode: str = "recompute") -> None:

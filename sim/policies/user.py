@@ -184,10 +184,12 @@ class UserPolicy(Policy):
         each = up._each if type(up) is api.Plan else None  # a subclass may schedule its own way
         in_group = 0
         if each is not None and not gone and len(members) == len(running):
-            start, chunk = each
+            start, chunk, reqs = each
             k = len(chunk)
+            # ``reqs is running``: the view's own tuple (QueuePolicy passes ``running[:k]``, which is that tuple
+            # when k covers it), so the chunk's requests are the running ones without comparing them one by one
             if k and k == len(running) and type(chunk[0][1]) is int and chunk[0][1] == 1 and \
-                    entries[start:start + k] == chunk and tuple(map(_FIRST, chunk)) == running:
+                    entries[start:start + k] == chunk and (reqs is running or tuple(map(_FIRST, chunk)) == running):
                 # The plan scheduled every running request for one token in one call (schedule_each), and they
                 # are all members of the decode group: each entry of that part is right, and no other entry may
                 # name a member (it would be a second), so only the rest is checked one by one.
