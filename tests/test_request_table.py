@@ -80,3 +80,15 @@ def test_energy_attributed_a_block_at_a_time(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr(energy, "ATTRIBUTE_ROWS", 777)
     got = energy.attribute(result, e.step_energy_j, e.energy_j)
     assert got.tobytes() == expected.tobytes() and expected.sum() > 0
+
+
+def test_in_columns_only_for_records_in_id_order() -> None:
+    """write_run reads a run's records as one set of columns (in_columns); records out of id order stay a list,
+    since a RequestTable is read as being in id order (by_id returns it as it is)."""
+    sc, _ = load_scenario(ROOT / "scenarios" / "failure-leak.yaml", {"workload.num_requests": 200})
+    kept, _, _ = simulate_variant(variant_configs(sc)[1], generate_workload(sc))
+    table = table_module.in_columns(kept.requests)
+    assert isinstance(table, RequestTable) and list(table) == kept.requests
+    shuffled = kept.requests[1:] + kept.requests[:1]
+    assert table_module.in_columns(shuffled) is shuffled
+    assert table_module.by_id(table_module.in_columns(shuffled)) == kept.requests

@@ -256,6 +256,14 @@ def as_table(requests: Sequence[RequestRecord]) -> RequestTable:
     return sink.table(sort=False)
 
 
+def in_columns(requests: Sequence[RequestRecord]) -> Sequence[RequestRecord]:
+    """The records as a RequestTable when they are in id order (a run's always are), so that many readers share one
+    set of columns; otherwise as they are (a RequestTable is read as being in id order, see ``by_id``)."""
+    table = as_table(requests)
+    ids = table.column("id")
+    return table if bool(np.all(ids[1:] > ids[:-1])) else requests
+
+
 def by_id(requests: Sequence[RequestRecord]) -> Sequence[RequestRecord]:
     """Records in id order: a RequestTable as it is (it is in id order, and sorting it would make every record
     at once), a list sorted."""
