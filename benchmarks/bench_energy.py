@@ -17,17 +17,21 @@ task, mean output length, and where published the mean power and output throughp
   NVML at 100 ms. Its lengths are unstated: the defaults below.
 
 Each row runs as ML.ENERGY's harness runs it (ml-energy/benchmark ``mlenergy/benchmark/llm/benchmark.py``): every
-request sent at once (at least 3 batches, at most 32), the server batching at most ``batch_size``, and energy and
-output tokens counted over the steady state only: from the moment ``batch_size`` requests have their first token to
-the moment all but ``batch_size + 1`` have finished. Output lengths are exponential about the row's published mean
+request sent at once, as many as the published run sent (``num_requests``: 1,024 chat or 198 GPQA requests times the
+configuration's ``num_request_repeats``, ``configs/vllm/<task>/benchmark.yaml`` and ``sweeps.yaml``; the count is the
+sum of the leaderboard's published output-length histogram of that configuration; a row without it: at least 3
+batches, at most 32), the server batching at most ``batch_size``, and energy and output tokens counted over the
+steady state only: from the moment ``batch_size`` requests have their first token to the moment all but
+``batch_size + 1`` have finished. Output lengths are exponential about the row's published mean
 (the published histograms fall off so), capped at the harness's max_tokens (4,096 chat, 32,768 GPQA). The sources
 state no prompt lengths: 200 tokens is assumed (``--prompt-tokens``). A row without a published mean output (v2.0's,
 Serial Alice's) takes 717 tokens, the v3.0 post's mean text-conversation output. vLLM 0.11 (and an unstated
 version) runs on the ``vllm-v1`` preset, 0.5 on ``vllm-v0`` 0.5 (its host loop stalls the GPU). Nothing is fitted
 to a row; the power model's one fitted constant (sim/costs/energy.py's MEMORY_POWER_SHARE) was fitted to v3.0's
 published mean power, not its joules. Beside each J/token error the power and throughput errors say which side is
-wrong. ``--step-gaps`` prints instead, without simulating, each row's decode step (average batch / output tok/s)
-against the roofline's and the time per row the roofline misses (sim/engines/vllm_v1.py reads it).
+wrong, and the summary splits each group's J/token error into the two (``breakdown``). ``--step-gaps`` prints
+instead, without simulating, each row's decode step (average batch / output tok/s) against the roofline's and the
+time per row the roofline misses (sim/engines/vllm_v1.py reads it).
 
 Then the shape the issue asks for, on a closed loop: J/token against batch size (1 to 256) and output length
 (128 to 4096 tokens at batch 32), and B200 against H100 at batch 64.
@@ -67,8 +71,9 @@ def engine_of(row: dict[str, str]) -> dict[str, Any]:
 
 
 def published_scenario(row: dict[str, str], requests: int, prompt: int = PROMPT_TOKENS) -> dict[str, Any]:
-    """The row's run as the ML.ENERGY harness drives it: ``requests`` sent at once, at least 3 batches and at most
-    32 (a batch of one runs 32 requests one after another, not 512)."""
+    """The row's run as the ML.ENERGY harness drives it: every request sent at once, as many as the published run
+    sent; a row without that count sends ``requests``, at least 3 batches and at most 32 (a batch of one runs 32
+    requests one after another, not 512)."""
     batch = int(row["batch_size"])
     mean = float(row["mean_output_tokens"]) if row["mean_output_tokens"] else OUTPUT_TOKENS
     cap = next((v for k, v in MAX_OUTPUT.items() if k in row["task"].lower()), 4096)
@@ -80,8 +85,11 @@ def published_scenario(row: dict[str, str], requests: int, prompt: int = PROMPT_
     if engine["name"] == "vllm-v1":  # it always chunks prefills, here at the configurations' token budget
         dep["max_model_len"] = max_len
         policy |= {"max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS}
+    # the published run's own count where the row has one (ML.ENERGY: 1,024 chat or 198 GPQA requests times the
+    # configuration's repeats), else ``requests`` held to 3-32 batches
+    n = int(row["num_requests"]) if row["num_requests"] else max(min(requests, 32 * batch), 3 * batch)
     return {"name": "energy", "seed": 0,
-            "workload": {"arrival": {"type": "all_at_once"}, "num_requests": max(min(requests, 32 * batch), 3 * batch),
+            "workload": {"arrival": {"type": "all_at_once"}, "num_requests": n,
                          "prompt_len": {"type": "fixed", "value": prompt},
                          "output_len": {"type": "exponential", "mean": mean, "max": cap}},
             "deployment": dep, "policy": policy}
@@ -150,6 +158,55 @@ def _pct(x: float) -> str:
     return f"{100 * x:+6.1f}%" if x == x else "      -"
 
 
+Err = tuple[dict[str, str], float, float, float]  # a row, and its J/token, power and output tok/s errors
+
+
+def _median(vals: list[float]) -> float:
+    vals = [v for v in vals if v == v]
+    return statistics.median(vals) if vals else float("nan")
+
+
+def _batch_bin(batch: int) -> str:
+    """The batch's bin, named so that the bins sort in batch order."""
+    return next(name for name, hi in (("batch    1-16", 16), ("batch   17-64", 64), ("batch  65-256", 256))
+                if batch <= hi) if batch <= 256 else "batch 257+"
+
+
+def breakdown(errs: list[Err]) -> None:
+    """Median errors overall and by source, GPU, task, GPU and task, model and batch, with the J/token error split
+    into its two factors. J/token is power over output tok/s (the published rows' own figures are: their J is
+    their W over their tok/s), so 1 + J error = (1 + W error) / (1 + tok/s error), exactly: "J if W exact" is the
+    median |J error| were the power right and the time as simulated (|1 / (1 + tok/s error) - 1|), "if time
+    exact" were the time right and the power as simulated (|W error|); "time share" is the time's part of the
+    summed |ln| of the two factors. Rows without a published power or throughput count in the J columns only."""
+    def line(key: str, sel: list[Err]) -> str:
+        both = [x for x in sel if x[2] == x[2] and x[3] == x[3]]
+        lw = sum(abs(np.log1p(x[2])) for x in both)
+        lt = sum(abs(np.log1p(x[3])) for x in both)
+        cols = (_median([abs(x[1]) for x in sel]), _median([x[1] for x in sel]), _median([x[2] for x in sel]),
+                _median([x[3] for x in sel]), _median([abs(1 / (1 + x[3]) - 1) for x in both]),
+                _median([abs(x[2]) for x in both]), lt / (lw + lt) if lw + lt > 0 else float("nan"))
+        return (f"  {key:47s} {len(sel):3d} {100 * cols[0]:5.1f}% {100 * cols[1]:+6.1f}% {100 * cols[2]:+6.1f}% "
+                f"{100 * cols[3]:+6.1f}% {100 * cols[4]:8.1f}% {100 * cols[5]:8.1f}% {100 * cols[6]:5.0f}%")
+
+    print(f"\nmedian |error| of J/output token over {len(errs)} rows: {100 * _median([abs(x[1]) for x in errs]):.1f}% "
+          f"(signed median {100 * _median([x[1] for x in errs]):+.1f}%); of mean power "
+          f"{100 * _median([abs(x[2]) for x in errs]):.1f}% ({100 * _median([x[2] for x in errs]):+.1f}%); of output "
+          f"tokens/s {100 * _median([abs(x[3]) for x in errs]):.1f}% ({100 * _median([x[3] for x in errs]):+.1f}%); "
+          f"{sum(abs(x[1]) <= 0.15 for x in errs)} rows within 15%")
+    groups: dict[str, list[Err]] = {}
+    for x in errs:
+        r = x[0]
+        for key in ("all", r["source"], f"gpu {r['gpu']}", f"task {r['task']}", f"{r['gpu']}, {r['task']}",
+                    f"model {r['model']}", _batch_bin(int(r["batch_size"]))):
+            groups.setdefault(key, []).append(x)
+    print(f"  {'':47s} {'n':>3s} {'|J|':>6s} {'J':>7s} {'W':>7s} {'tok/s':>7s} {'|J| if W':>9s} {'if time':>9s} "
+          f"{'time':>6s}")
+    print(f"  {'':47s} {'':3s} {'':6s} {'':7s} {'':7s} {'':7s} {'exact':>9s} {'exact':>9s} {'share':>6s}")
+    for key, sel in sorted(groups.items(), key=lambda kv: (kv[0] != "all", kv[0])):
+        print(line(key, sel))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", default="", help="rows whose source, model, GPU or task contain this")
@@ -167,7 +224,7 @@ def main() -> None:
         return
     print(f"{'model':15s} {'gpu':>8s} {'n':>2s} {'batch':>5s} {'task':5s} {'eng':>6s} {'pub J':>7s} {'sim J':>7s} "
           f"{'J err':>7s} {'pub W':>6s} {'sim W':>6s} {'W err':>7s} {'tok/s err':>9s}")
-    errs: list[tuple[dict[str, str], float, float, float]] = []
+    errs: list[Err] = []
     for row in rows:
         batch = int(row["batch_size"])
         res = servesim.run(published_scenario(row, args.requests, args.prompt_tokens))
@@ -180,27 +237,8 @@ def main() -> None:
               f"{row['engine_version']:>6s} {pub:7.4f} {jt:7.4f} {_pct(errs[-1][1])} {pw:6.0f} {watts:6.0f} "
               f"{_pct(errs[-1][2])} {_pct(errs[-1][3]):>9s}", flush=True)
 
-    def med(sel: list[tuple[dict[str, str], float, float, float]], i: int) -> float:
-        vals = [abs(x[i]) for x in sel if x[i] == x[i]]
-        return statistics.median(vals) if vals else float("nan")
-
-    def signed(sel: list[tuple[dict[str, str], float, float, float]], i: int) -> float:
-        vals = [x[i] for x in sel if x[i] == x[i]]
-        return statistics.median(vals) if vals else float("nan")
-
     if errs:
-        print(f"\nmedian |error| of J/output token over {len(errs)} rows: {100 * med(errs, 1):.1f}% "
-              f"(signed median {100 * signed(errs, 1):+.1f}%); of mean power {100 * med(errs, 2):.1f}% "
-              f"({100 * signed(errs, 2):+.1f}%); of output tokens/s {100 * med(errs, 3):.1f}% "
-              f"({100 * signed(errs, 3):+.1f}%)")
-        groups: dict[str, list[tuple[dict[str, str], float, float, float]]] = {}
-        for x in errs:
-            for key in (x[0]["source"], f"gpu {x[0]['gpu']}", f"task {x[0]['task']}", f"model {x[0]['model']}",
-                        "batch <= 32" if int(x[0]["batch_size"]) <= 32 else "batch > 32"):
-                groups.setdefault(key, []).append(x)
-        for key, sel in sorted(groups.items()):
-            print(f"  {key:45s} {len(sel):3d} rows: J {100 * med(sel, 1):5.1f}% ({100 * signed(sel, 1):+6.1f}%), "
-                  f"W ({100 * signed(sel, 2):+6.1f}%), tok/s ({100 * signed(sel, 3):+6.1f}%)")
+        breakdown(errs)
     if args.no_shape:
         return
     print("\nshape, llama-3.1-8b on h100-sxm, closed loop (J/output token):")

@@ -291,6 +291,32 @@ def test_the_published_energy_rows_name_their_sources() -> None:
         assert int(r["batch_size"]) >= 1 and int(r["num_gpus"]) >= 1 and r["weight_dtype"] in ("bf16", "fp8")
     sc = bench.published_scenario(rows[0], 512)
     assert sc["workload"]["arrival"] == {"type": "all_at_once"} and sc["policy"]["max_num_seqs"] == 8
+    # as many requests as the published run sent (1,024 chat or 198 GPQA, times the configuration's repeats); a
+    # row that does not say: 512 held to 3-32 batches (Serial Alice's batch of one: 32)
+    assert sc["workload"]["num_requests"] == 1024
+    counts = {int(r["num_requests"]) for r in rows if r["num_requests"]}
+    assert counts and all(n % 1024 == 0 or n % 198 == 0 for n in counts)
+    alice = next(r for r in rows if r["batch_size"] == "1")
+    assert not alice["num_requests"] and bench.published_scenario(alice, 512)["workload"]["num_requests"] == 32
+
+
+def test_the_energy_breakdown_splits_the_error_into_power_and_time(capsys: pytest.CaptureFixture[str]) -> None:
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_energy.py"
+    spec = importlib.util.spec_from_file_location("_bench_energy", path)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    row = {"source": "s", "gpu": "g", "task": "t", "model": "m", "batch_size": "8"}
+    # power exact, twice too fast: J is half (1 / (1 + 1) - 1); with the power right it stays -50%, with the time
+    # right it would be exact, and the time carries all of the error
+    bench.breakdown([(row, -0.5, 0.0, 1.0)])
+    out = capsys.readouterr().out
+    assert "J/output token over 1 rows: 50.0% (signed median -50.0%)" in out and "0 rows within 15%" in out
+    cols = out.split("\n  all ")[1].split("\n")[0].split()
+    assert cols == ["1", "50.0%", "-50.0%", "+0.0%", "+100.0%", "50.0%", "0.0%", "100%"]
 
 
 def test_plan_names_the_deployment_with_the_fewest_joules() -> None:
