@@ -14,10 +14,12 @@ throughput, TTFT, TPOT and ITL at 16-1000 requests/s). Every row the simulator c
 - its workload: the fixed lengths stated (the blog's sonnet rows at their stated average lengths; its ShareGPT rows,
   which state only averages, at lengths spread about them, ``sharegpt_lengths``; rows whose outputs ended at the end
   of sequence before the length asked for, at geometric lengths under it averaging the stated mean, ``eos_lengths``),
-  all requests at t=0 for offline and QPS-inf rows, Poisson at the rate stated otherwise, a closed loop of ``max_concurrency`` users where the row states
-  one; what a row's optional ``settings`` column states (``max_model_len``, ``gpu_memory_utilization``, ``num_prompts``,
-  ``max_concurrency``, ``enforce_eager``, the scheduler's ``max_num_seqs``, ``max_num_batched_tokens``,
-  ``enable_chunked_prefill``) and ``lengths``: a file of the per-request lengths the source published, run request by
+  all requests at t=0 for offline and QPS-inf rows, Poisson at the rate stated otherwise, a closed loop of
+  ``max_concurrency`` users where the row states one; what a row's optional ``settings`` column states
+  (``max_model_len``, ``gpu_memory_utilization``, ``num_prompts``, ``max_concurrency``, ``enforce_eager``, the
+  scheduler's ``max_num_seqs``, ``max_num_batched_tokens``, ``enable_chunked_prefill``), ``earlier_runs``: the prompt
+  counts of the runs the same server ran before it (``server_history``) and ``lengths``: a file of the per-request
+  lengths the source published, run request by
   request, with the client's statistics (a request whose stream carried no text counts TTFT 0, as benchmark_serving.py
   counts it: ``client_stats``);
 - the metric the row holds, computed as its source computes it;
@@ -61,6 +63,7 @@ from sim.metrics.records import RunResult
 from sim.output.benchfiles.common import BenchRun
 from sim.output.benchfiles.stats import bench_stats, run_lists, run_stats
 from sim.output.benchfiles.validate import rebuild_workload
+from sim.serving.request import RequestSpec
 from sim.workload.generator import GeneratedWorkload
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -154,7 +157,8 @@ SOURCE_ALIASES = {"vllm-project.github.io:assets/figures/perf-v060/":
 # a row's ``settings`` (optional column, ``key=value;...``): what its source states beyond the other columns
 POLICY_SETTINGS = {"enable_chunked_prefill", "max_num_seqs", "max_num_batched_tokens"}
 DEPLOYMENT_SETTINGS = {"max_model_len", "gpu_memory_utilization", "pipeline_parallel_size"}
-SETTINGS = POLICY_SETTINGS | DEPLOYMENT_SETTINGS | {"enforce_eager", "num_prompts", "max_concurrency", "lengths"}
+SETTINGS = POLICY_SETTINGS | DEPLOYMENT_SETTINGS | {"enforce_eager", "num_prompts", "max_concurrency", "lengths",
+                                                     "earlier_runs"}
 DIR_KEY = "_dir"  # the folder of the CSV a row was read from: a ``lengths`` file is named relative to it
 OFFLINE_REQUESTS = 3000  # offline rows: enough requests that the run reaches the engine's steady batch
 
@@ -171,6 +175,8 @@ class Case:
     textless: list[bool] | None = None
     # vLLM's serving benchmark sends the first prompt once before the run (``warmup_request``)
     warmup: bool = False
+    # prompts of the runs the same server ran before this one, oldest first (``server_history``)
+    earlier: tuple[int, ...] = ()
     # the row's engine has no preset: vLLM V1's stands in (``engine_of_row``)
     assumed_engine: bool = False
 
@@ -205,8 +211,8 @@ def settings_of(row: dict[str, str]) -> dict[str, Any]:
         k, _, v = item.partition("=")
         if k not in SETTINGS:
             raise ValueError(f"settings: unknown key {k!r} (known: {', '.join(sorted(SETTINGS))})")
-        out[k] = v if k == "lengths" else v == "true" if v in ("true", "false") else int(v) if v.isdigit() \
-            else float(v)
+        out[k] = v if k in ("lengths", "earlier_runs") else v == "true" if v in ("true", "false") \
+            else int(v) if v.isdigit() else float(v)
     return out
 
 
@@ -378,7 +384,11 @@ def case_of(row: dict[str, str], n_offline: int, classic: bool = False, online: 
     # caching off by default) keeps nothing. A closed loop's one request in hundreds is left out.
     warm = bool(online and online_row(row) and engine and engine["name"] == "vllm-v1" and not classic
                 and run.max_concurrency is None)
-    return Case(row, cfg, run, key, scale, textless, warm, assumed)
+    earlier = tuple(int(x) for x in str(settings.get("earlier_runs", "")).split("+") if x)
+    if earlier and not (online_row(row) and engine and engine["name"] == "vllm-v1" and run.max_concurrency is None):
+        raise ValueError("earlier_runs: only a V1 server's runs of requests sent at once keep prompts cached")
+    earlier = earlier if warm else ()  # --offline, --classic: no serving benchmark, nothing cached before
+    return Case(row, cfg, run, key, scale, textless, warm, earlier, assumed)
 
 
 def warmup_request(wl: GeneratedWorkload, run_warmup: Callable[[GeneratedWorkload], float]) -> GeneratedWorkload:
@@ -394,12 +404,36 @@ def warmup_request(wl: GeneratedWorkload, run_warmup: Callable[[GeneratedWorkloa
     return GeneratedWorkload((warm, *rest), wl.closed_loop, wl.failures)
 
 
-def client_stats(result: RunResult, textless: list[bool], skip: int = 0) -> dict[str, float]:
+def server_history(wl: GeneratedWorkload, earlier: tuple[int, ...],
+                   finish: Callable[[GeneratedWorkload], float]) -> tuple[GeneratedWorkload, int]:
+    """The workload after the runs the same server ran before it (``earlier``: their prompt counts, oldest first)
+    and the requests that are no part of it (the count to skip). benchmark_serving.py's random prompts come from
+    its seed (0 unless given), so an earlier run of n prompts sent this run's first n prompts, and vLLM V1 keeps
+    their blocks in its prefix cache until it needs the room (dennislee22's logs show it: a server's "Prefix cache
+    hit rate" climbs run after run). Each run, this one too, starts with its warm-up request (the first prompt, one
+    output token) and is sent once the one before has finished (``finish``: when a workload's last request does);
+    an earlier run's requests have this run's lengths."""
+    reqs = wl.requests
+    blocks = [-(-r.prompt_len // r.hash_block_size) for r in reqs]
+    prompts = [tuple(range(i * max(blocks), i * max(blocks) + b)) for i, b in enumerate(blocks)]
+    out: list[RequestSpec] = []
+    for n in (*earlier, len(reqs)):
+        start = finish(GeneratedWorkload(tuple(out))) if out else 0.0
+        out.append(replace(reqs[0], id=len(out), arrival=start, output_len=1, hash_ids=prompts[0], session_id=None))
+        start = finish(GeneratedWorkload(tuple(out)))
+        out += [replace(r, id=len(out) + r.id, arrival=start + r.arrival, hash_ids=prompts[r.id], session_id=None)
+                for r in reqs[:n]]
+    return GeneratedWorkload(tuple(out), wl.closed_loop, wl.failures), len(out) - len(reqs)
+
+
+def client_stats(result: RunResult, textless: list[bool], skip: int = 0,
+                 itls: np.ndarray | None = None) -> dict[str, float]:
     """The statistics as vLLM 0.6's benchmark_serving.py computes them when some streams carry no text: it starts
     a request's TTFT at its first chunk with text, so a textless request keeps TTFT 0 and output length 0, and
     both count in the means and throughputs (backend_request_func.py's ``RequestFuncOutput`` defaults, and
     ``calculate_metrics`` averaging every successful request); TPOT skips requests of at most one token. The first
-    ``skip`` requests (a warm-up) are no part of the run: its duration starts when the first of the others is sent."""
+    ``skip`` requests (a warm-up, earlier runs) are no part of the run: its duration starts when the first of the
+    others is sent. ``itls``: the run's own inter-token gaps, where the skipped requests have gaps of their own."""
     lists = {k: v[skip:] for k, v in run_lists(result).items()}
     if len(lists["ttfts"]) != len(textless):
         raise ValueError(f"{len(lists['ttfts'])} simulated requests for {len(textless)} published lengths")
@@ -408,7 +442,10 @@ def client_stats(result: RunResult, textless: list[bool], skip: int = 0) -> dict
     start = min(lists["start_times"]) if skip else 0.0
     duration = max(a + t for a, t in zip(lists["start_times"], lists["latencies"], strict=True)) - start \
         if skip else result.duration
-    stats = bench_stats(ttfts, lists["latencies"], outs, lists["input_lens"], np.zeros(0), duration)
+    stats = bench_stats(ttfts, lists["latencies"], outs, lists["input_lens"], np.zeros(0) if itls is None else itls,
+                        duration)
+    if itls is not None:
+        return stats
     # a one-token request has no inter-token gap, so the simulated ITLs are the client's
     return stats | {k: v for k, v in run_stats(result).items() if k.endswith("_itl")}
 
@@ -430,10 +467,17 @@ def predict(cases: list[Case], knobs: dict[str, float] | None = None) -> list[fl
         # the client's conventions need the run's requests, not its statistics
         cfg = with_knobs(c.cfg, knobs)
         wl, _ = rebuild_workload(c.run)
-        if c.warmup:
+        skip = int(c.warmup)
+        if c.earlier:
+            wl, skip = server_history(wl, c.earlier, lambda w, cfg=cfg: max(
+                r.finish for r in simulate_variant(cfg, w, name=cfg.name)[0].requests))
+        elif c.warmup:
             wl = warmup_request(wl, lambda w, cfg=cfg: simulate_variant(cfg, w, name=cfg.name)[0].requests[0].finish)
-        result, _, _ = simulate_variant(cfg, wl, name=cfg.name)
-        sims[id(c)] = client_stats(result, c.textless or [False] * len(c.run.input_lens), int(c.warmup))
+        result, reqs, _ = simulate_variant(cfg, wl, name=cfg.name, keep_token_times=bool(c.earlier))
+        # earlier runs' requests decode too: the run's ITLs are its own requests' gaps
+        itls = np.concatenate([np.diff(r.token_times) for r in reqs if r.id >= skip and r.token_times]) \
+            if c.earlier else None
+        sims[id(c)] = client_stats(result, c.textless or [False] * len(c.run.input_lens), skip, itls)
     out = []
     for c in cases:
         ratio = sims[id(c)][c.key] / c.run.aggregates[c.key]

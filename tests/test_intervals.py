@@ -195,3 +195,37 @@ def test_warmup_request_caches_the_first_prompt():
     stats = bench.client_stats(hot, [False], skip=1)
     assert stats["mean_ttft"] == pytest.approx(ttft[1])
     assert stats["request_throughput"] == pytest.approx(1 / (hot.requests[1].finish - hot.requests[1].arrival))
+
+
+def test_earlier_runs_leave_their_prompts_cached():
+    """A run after others on the same V1 server (the same seed's random prompts) finds the earlier runs' prompts in
+    the prefix cache: each run follows its own warm-up once the one before has finished, the statistics are the
+    run's alone (its ITLs too), and its cached first prompts reach their first token far sooner."""
+    from sim.serving.request import RequestSpec
+    from sim.workload.generator import GeneratedWorkload
+
+    bench = _bench()
+    wl = GeneratedWorkload(tuple(RequestSpec(i, 0.0, 1024, 8) for i in range(3)))
+    ends = iter([1.0, 4.0, 5.0])  # the first warm-up, the earlier run, the second warm-up
+    out, skip = bench.server_history(wl, (2,), lambda w: next(ends))
+    assert skip == 4 and [r.id for r in out.requests] == list(range(7))
+    assert [(r.arrival, r.output_len) for r in out.requests] == [(0.0, 1), (1.0, 8), (1.0, 8), (4.0, 1), (5.0, 8),
+                                                                 (5.0, 8), (5.0, 8)]
+    ids = [r.hash_ids for r in out.requests]
+    assert ids[0] == ids[1] == ids[3] == ids[4] == (0, 1) and ids[2] == ids[5] == (2, 3) and ids[6] == (4, 5)
+    rows = bench.read_rows([bench.OWN_DATA])
+    after = next(r for r in rows if r["metric"] == "ttft_ms_mean" and "num_prompts=30;gpu_memory_utilization=0.5;"
+                 "earlier_runs=50" in r["settings"])
+    case = bench.case_of(after, 3000)
+    assert case.earlier == (50,) and case.warmup
+    fresh = next(r for r in rows if r["metric"] == "ttft_ms_mean" and r["settings"].endswith(
+        "num_prompts=50;gpu_memory_utilization=0.5"))
+    assert bench.case_of(fresh, 3000).earlier == ()
+    [cached, cold] = [dict(zip(("ttft", "itl"), bench.predict([c]) + bench.predict(
+        [bench.replace(c, key="mean_itl", run=bench.replace(c.run, aggregates={"mean_itl": 0.015}))]), strict=True))
+        for c in (case, bench.replace(case, earlier=()))]
+    # errors are measured / simulated - 1: the cached run's simulated TTFT is far shorter
+    assert cached["ttft"] > 2 * cold["ttft"] + 1
+    assert abs(cached["itl"] - cold["itl"]) < 0.2  # the earlier runs' gaps are not the run's
+    with pytest.raises(ValueError, match="earlier_runs"):
+        bench.case_of(after | {"settings": "max_concurrency=4;earlier_runs=50"}, 3000)
