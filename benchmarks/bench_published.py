@@ -127,10 +127,18 @@ RATES = {"output_tok_s_total": "output_throughput", "output_tok_s": "output_thro
          "output_tok_s_per_gpu": "output_throughput"}
 
 
+BATCH = -2.0  # metric_of's scale for a batch's wall time: the run's requests / the value is its request rate
+
+
 def metric_of(row: dict[str, str]) -> tuple[str, str, float]:
     """(class, simulated statistic, scale) of a row's metric: the measured value in the statistic's unit is value x
-    scale; scale 0 marks a rate per request to invert (tokens / the value), -1 one per token (1 / the value)."""
+    scale; scale 0 marks a rate per request to invert (tokens / the value), -1 one per token (1 / the value),
+    ``BATCH`` a batch's wall time (requests / the value)."""
     metric = row["metric"]
+    if metric == "batch_latency_s":
+        # benchmark_latency.py's avg_latency: the wall time of one llm.generate() over the whole batch, from the
+        # start to its last request's end, which is the requests' E2E latency only while they all end together
+        return "E2E", "request_throughput", BATCH
     if metric == "achieved_mem_bw_batch1":
         raise ValueError("derived: gpt-fast's GB/s is its tok/s times the model's bytes (the tok_s_batch1 row)")
     if metric == "tok_s_batch1":
@@ -144,7 +152,7 @@ def metric_of(row: dict[str, str]) -> tuple[str, str, float]:
         per_gpu = int(row.get("num_gpus") or row["tp"]) if metric.endswith("per_gpu") else 1
         return "throughput", RATES[metric], (1 / 60 if row["unit"] == "req/min" else 1.0) * per_gpu
     raise ValueError(f"metric {metric} has no simulated counterpart (a latency <ttft|tpot|itl|e2el>_<ms|s>_<mean|"
-                     f"median|p99>, {', '.join(RATES)}, output_tok_s_per_user or tok_s_batch1)")
+                     f"median|p99>, {', '.join(RATES)}, output_tok_s_per_user, tok_s_batch1 or batch_latency_s)")
 
 
 CLASSES = ("TTFT", "decode speed", "throughput", "E2E")  # issue 38's metric classes, in its order
@@ -369,9 +377,10 @@ def case_of(row: dict[str, str], n_offline: int, classic: bool = False, online: 
     cfg = variant_configs(parse_scenario(raw, "published row"))[0]
     build(cfg)  # refuses what does not fit, with the reason
     value = float(row["value"])
-    # benchmark_latency's e2el: a batch's time, each request's E2E; gpt-fast's tok/s: tokens / whole generate()
-    agg = {key: value * scale if scale > 0 else osl / value if scale == 0 else 1 / value}
-    if key.endswith("throughput"):
+    # benchmark_latency's batch time: its requests / that time; gpt-fast's tok/s: tokens / whole generate()
+    agg = {key: value * scale if scale > 0 else osl / value if scale == 0 else n / value if scale == BATCH
+           else 1 / value}
+    if key.endswith("throughput") and scale != BATCH:  # a batch's wall time is each replica's own
         agg[key] /= replicas  # one replica's share of the whole deployment's rate
     # --max-concurrency with the rate inf: a closed loop of that many users (sim.output.benchfiles.validate)
     run = BenchRun(source=f"{row['engine'][:22]} {row['model']} {row['gpu'][:14]} tp{row['tp']} {isl}/{osl}",

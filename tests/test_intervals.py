@@ -72,10 +72,15 @@ def test_own_rows_run_as_their_source_states():
     bench = _bench()
     rows = bench.read_rows([bench.OWN_DATA])
     by = {(r["metric"], r["batch_or_concurrency"], r["request_rate"], r["settings"]): r for r in rows}
-    lat = next(r for k, r in by.items() if k[0] == "e2el_s_mean" and k[1] == "16")
+    lat = next(r for k, r in by.items() if k[0] == "batch_latency_s" and k[1] == "16")
     case = bench.case_of(lat, 3000)
-    # benchmark_latency's batch: 16 requests at t=0, its avg_latency compared with the mean E2E latency in s
-    assert (case.key, case.run.aggregates, len(case.run.input_lens)) == ("mean_e2el", {"mean_e2el": 84.2203}, 16)
+    # benchmark_latency's batch: 16 requests at t=0, its avg_latency the time until the last of them ended, so 16
+    # requests in that time (a preempted request ends after the others: the mean E2E latency would be shorter)
+    assert (case.key, case.run.aggregates, len(case.run.input_lens)) == (
+        "request_throughput", {"request_throughput": 16 / 84.2203}, 16)
+    from sim.loop.run import simulate_variant
+    res, _, _ = simulate_variant(case.cfg, bench.rebuild_workload(case.run)[0], name="latency")
+    assert bench.predict([case]) == [pytest.approx(84.2203 / res.duration - 1)]  # measured / simulated - 1
     assert case.cfg.deployment.max_model_len == 91680 and case.cfg.deployment.serving is None
     assert case.cfg.deployment.engine.name == "vllm-v0" and bench.metric_of(lat)[0] == "E2E"
     ttft = next(r for k, r in by.items() if k[0] == "ttft_ms_mean" and "max_num_seqs=128" in k[3])

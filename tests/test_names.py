@@ -133,6 +133,7 @@ def test_a_replicated_row_runs_one_replica_at_its_share() -> None:
     ("ttft_ms_mean", "ms", ("TTFT", "mean_ttft", 1e-3)), ("ttft_ms_median", "ms", ("TTFT", "median_ttft", 1e-3)),
     ("ttft_ms_p50", "ms", ("TTFT", "median_ttft", 1e-3)), ("tpot_ms_p99", "ms", ("decode speed", "p99_tpot", 1e-3)),
     ("itl_ms_median", "ms", ("decode speed", "median_itl", 1e-3)), ("e2el_s_mean", "s", ("E2E", "mean_e2el", 1.0)),
+    ("batch_latency_s", "s", ("E2E", "request_throughput", -2.0)),
     ("output_tok_s_total", "tok/s", ("throughput", "output_throughput", 1.0)),
     ("total_tok_s", "tok/s", ("throughput", "total_token_throughput", 1.0)),
     ("request_throughput", "req/min", ("throughput", "request_throughput", 1 / 60)),
