@@ -22,10 +22,13 @@ configuration's ``num_request_repeats``, ``configs/vllm/<task>/benchmark.yaml`` 
 sum of the leaderboard's published output-length histogram of that configuration; a row without it: at least 3
 batches, at most 32), the server batching at most ``batch_size``, and energy and output tokens counted over the
 steady state only: from the moment ``batch_size`` requests have their first token to the moment all but
-``batch_size + 1`` have finished. Output lengths are exponential about the row's published mean
-(the published histograms fall off so), capped at the harness's max_tokens (4,096 chat, 32,768 GPQA). The sources
-state no prompt lengths: 200 tokens is assumed (``--prompt-tokens``). A row without a published mean output (v2.0's,
-Serial Alice's) takes 717 tokens, the v3.0 post's mean text-conversation output. vLLM 0.11 (and an unstated
+``batch_size + 1`` have finished. Output lengths are the published run's own, drawn from its published histogram
+(``OUTPUT_LENGTHS``): chat's fall off about as an exponential's (coefficient of variation 0.86-1.14), GPQA's do not
+(0.48-0.71: a request in its steady state has generated 0.62-0.75 of the mean output, under an exponential all of
+it). A row without a histogram
+draws them exponential about its published mean, capped at the harness's max_tokens (4,096 chat, 32,768 GPQA);
+without a published mean output (v2.0's, Serial Alice's), about 717 tokens, the v3.0 post's mean text-conversation
+output. The sources state no prompt lengths: 200 tokens is assumed (``--prompt-tokens``). vLLM 0.11 (and an unstated
 version) runs on the ``vllm-v1`` preset, 0.5 on ``vllm-v0`` 0.5 (its host loop stalls the GPU). Nothing is fitted
 to a row; the power model's one fitted constant (sim/costs/energy.py's MEMORY_POWER_SHARE) was fitted to v3.0's
 published mean power, not its joules. Beside each J/token error the power and throughput errors say which side is
@@ -44,6 +47,7 @@ from __future__ import annotations
 import argparse
 import csv
 import statistics
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -54,11 +58,15 @@ from sim.costs.energy import run_energy
 from sim.metrics.records import RunResult
 
 DATA = Path(__file__).resolve().parent / "data" / "energy-published.csv"
+# each v3.0 row's published output-length histogram: 50 equal bins from min_tokens to max_tokens, the counts
+# summing to the row's num_requests (ml-energy/leaderboard public/data/models/*.json, output_length_distribution)
+OUTPUT_LENGTHS = DATA.with_name("energy-published-output-lengths.csv")
 PROMPT_TOKENS = 200  # assumed: the sources state no prompt lengths
 OUTPUT_TOKENS = 717  # the ML.ENERGY v3.0 post's mean text-conversation output, for rows that publish none
 MAX_OUTPUT = {"gpqa": 32768}  # the harness's max_tokens per task (configs/vllm/<task>/benchmark.yaml); else 4096
 MAX_MODEL_LEN = {"gpqa": 40960}  # the configurations' max-model-len (monolithic.config.yaml); else 20480
 MAX_NUM_BATCHED_TOKENS = 8192  # every v3.0 configuration's max-num-batched-tokens (vLLM 0.11 chunks prefills)
+Err = tuple[dict[str, str], float, float, float]  # a row, and its J/token, power and output tok/s errors
 
 
 def engine_of(row: dict[str, str]) -> dict[str, Any]:
@@ -70,10 +78,32 @@ def engine_of(row: dict[str, str]) -> dict[str, Any]:
     return {"name": "vllm-v1"}
 
 
-def published_scenario(row: dict[str, str], requests: int, prompt: int = PROMPT_TOKENS) -> dict[str, Any]:
+def _key(row: dict[str, str]) -> tuple[str, ...]:
+    return tuple(row[k] for k in ("model", "gpu", "num_gpus", "batch_size", "task"))
+
+
+def published_output_lengths(row: dict[str, str]) -> np.ndarray | None:
+    """One output length per request of the row's published run, drawn from its published histogram (within each
+    bin uniformly, seeded, in a shuffled order); None when the row has no histogram."""
+    with open(OUTPUT_LENGTHS, newline="") as f:
+        hist = next((h for h in csv.DictReader(f) if _key(h) == _key(row)), None)
+    if hist is None:
+        return None
+    counts = [int(c) for c in hist["counts"].split()]
+    edges = np.linspace(float(hist["min_tokens"]), float(hist["max_tokens"]), len(counts) + 1)
+    rng = np.random.default_rng(0)
+    lengths = np.concatenate([rng.uniform(edges[i], edges[i + 1], k) for i, k in enumerate(counts)])
+    rng.shuffle(lengths)
+    return np.maximum(np.round(lengths), 1).astype(np.int64)
+
+
+def published_scenario(row: dict[str, str], requests: int, prompt: int = PROMPT_TOKENS,
+                       lengths_dir: Path | None = None) -> dict[str, Any]:
     """The row's run as the ML.ENERGY harness drives it: every request sent at once, as many as the published run
     sent; a row without that count sends ``requests``, at least 3 batches and at most 32 (a batch of one runs 32
-    requests one after another, not 512)."""
+    requests one after another, not 512). Output lengths: the published run's own (``published_output_lengths``,
+    written to a lengths file in ``lengths_dir``) where the row has them and ``lengths_dir`` is given, else
+    exponential about the published mean."""
     batch = int(row["batch_size"])
     mean = float(row["mean_output_tokens"]) if row["mean_output_tokens"] else OUTPUT_TOKENS
     cap = next((v for k, v in MAX_OUTPUT.items() if k in row["task"].lower()), 4096)
@@ -88,11 +118,17 @@ def published_scenario(row: dict[str, str], requests: int, prompt: int = PROMPT_
     # the published run's own count where the row has one (ML.ENERGY: 1,024 chat or 198 GPQA requests times the
     # configuration's repeats), else ``requests`` held to 3-32 batches
     n = int(row["num_requests"]) if row["num_requests"] else max(min(requests, 32 * batch), 3 * batch)
-    return {"name": "energy", "seed": 0,
-            "workload": {"arrival": {"type": "all_at_once"}, "num_requests": n,
-                         "prompt_len": {"type": "fixed", "value": prompt},
-                         "output_len": {"type": "exponential", "mean": mean, "max": cap}},
-            "deployment": dep, "policy": policy}
+    workload: dict[str, Any] = {"arrival": {"type": "all_at_once"}, "num_requests": n,
+                                "prompt_len": {"type": "fixed", "value": prompt},
+                                "output_len": {"type": "exponential", "mean": mean, "max": cap}}
+    lengths = published_output_lengths(row) if lengths_dir is not None else None
+    if lengths is not None and lengths_dir is not None:
+        path = lengths_dir / ("-".join(_key(row)[:4]) + ("-gpqa" if "gpqa" in row["task"].lower() else "") + ".csv")
+        path.write_text("prompt,output\n" + "".join(f"{prompt},{o}\n" for o in lengths))
+        del workload["prompt_len"], workload["output_len"]
+        workload["lengths"] = {"type": "pairs", "file": str(path), "prompt_column": "prompt",
+                               "output_column": "output", "sample": "in_order"}
+    return {"name": "energy", "seed": 0, "workload": workload, "deployment": dep, "policy": policy}
 
 
 def steady_state(r: RunResult, batch: int) -> tuple[float, float, float]:
@@ -113,6 +149,21 @@ def steady_state(r: RunResult, batch: int) -> tuple[float, float, float]:
     tokens = float(np.asarray(r.steps["decode_tokens"])[sel].sum()) + float(((first >= t0) & (first < t1)).sum())
     secs = max(t1 - t0, busy)
     return joules / tokens, joules / secs, tokens / secs
+
+
+def published_row(row: dict[str, str], requests: int, prompt: int, lengths_dir: Path) -> Err:
+    """Simulate one published row, print its line and return its errors (J/token, power, output tok/s)."""
+    batch = int(row["batch_size"])
+    res = servesim.run(published_scenario(row, requests, prompt, lengths_dir))
+    jt, watts, tps = steady_state(res.results[0], batch)
+    pub = float(row["j_per_output_token"])
+    pw = float(row["mean_power_w"]) if row["mean_power_w"] else float("nan")
+    pt = float(row["output_tokens_per_s"]) if row["output_tokens_per_s"] else float("nan")
+    err = (row, jt / pub - 1, watts / pw - 1, tps / pt - 1)
+    print(f"{row['model']:15s} {row['gpu']:>8s} {row['num_gpus']:>2s} {batch:5d} {row['task'][:5]:5s} "
+          f"{row['engine_version']:>6s} {pub:7.4f} {jt:7.4f} {_pct(err[1])} {pw:6.0f} {watts:6.0f} "
+          f"{_pct(err[2])} {_pct(err[3]):>9s}", flush=True)
+    return err
 
 
 def step_gaps(rows: list[dict[str, str]], prompt: int = PROMPT_TOKENS) -> None:
@@ -156,9 +207,6 @@ def j_per_token(sc: dict[str, Any]) -> float:
 
 def _pct(x: float) -> str:
     return f"{100 * x:+6.1f}%" if x == x else "      -"
-
-
-Err = tuple[dict[str, str], float, float, float]  # a row, and its J/token, power and output tok/s errors
 
 
 def _median(vals: list[float]) -> float:
@@ -225,17 +273,9 @@ def main() -> None:
     print(f"{'model':15s} {'gpu':>8s} {'n':>2s} {'batch':>5s} {'task':5s} {'eng':>6s} {'pub J':>7s} {'sim J':>7s} "
           f"{'J err':>7s} {'pub W':>6s} {'sim W':>6s} {'W err':>7s} {'tok/s err':>9s}")
     errs: list[Err] = []
-    for row in rows:
-        batch = int(row["batch_size"])
-        res = servesim.run(published_scenario(row, args.requests, args.prompt_tokens))
-        jt, watts, tps = steady_state(res.results[0], batch)
-        pub = float(row["j_per_output_token"])
-        pw = float(row["mean_power_w"]) if row["mean_power_w"] else float("nan")
-        pt = float(row["output_tokens_per_s"]) if row["output_tokens_per_s"] else float("nan")
-        errs.append((row, jt / pub - 1, watts / pw - 1, tps / pt - 1))
-        print(f"{row['model']:15s} {row['gpu']:>8s} {row['num_gpus']:>2s} {batch:5d} {row['task'][:5]:5s} "
-              f"{row['engine_version']:>6s} {pub:7.4f} {jt:7.4f} {_pct(errs[-1][1])} {pw:6.0f} {watts:6.0f} "
-              f"{_pct(errs[-1][2])} {_pct(errs[-1][3]):>9s}", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:  # the rows' lengths files
+        for row in rows:
+            errs.append(published_row(row, args.requests, args.prompt_tokens, Path(tmp)))
 
     if errs:
         breakdown(errs)

@@ -5,6 +5,8 @@ output token against batch size and output length."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -262,16 +264,22 @@ def test_host_time_is_not_gpu_work() -> None:
         assert float(a[0]) == pytest.approx(float(b[0]), rel=1e-12)
 
 
-def test_the_published_energy_rows_name_their_sources() -> None:
-    import csv
+def _bench_energy() -> Any:
+    """benchmarks/bench_energy.py as a module (benchmarks/ is no package)."""
     import importlib.util
-    from pathlib import Path
 
     path = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_energy.py"
     spec = importlib.util.spec_from_file_location("_bench_energy", path)
     assert spec is not None and spec.loader is not None
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
+    return bench
+
+
+def test_the_published_energy_rows_name_their_sources() -> None:
+    import csv
+
+    bench = _bench_energy()
     with open(bench.DATA, newline="") as f:
         rows = list(csv.DictReader(f))
     assert rows and all(r["url"].startswith("https://") and float(r["j_per_output_token"]) > 0 for r in rows)
@@ -300,15 +308,34 @@ def test_the_published_energy_rows_name_their_sources() -> None:
     assert not alice["num_requests"] and bench.published_scenario(alice, 512)["workload"]["num_requests"] == 32
 
 
-def test_the_energy_breakdown_splits_the_error_into_power_and_time(capsys: pytest.CaptureFixture[str]) -> None:
-    import importlib.util
-    from pathlib import Path
+def test_the_published_rows_draw_their_own_output_lengths(tmp_path: Path) -> None:
+    import csv
 
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_energy.py"
-    spec = importlib.util.spec_from_file_location("_bench_energy", path)
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _bench_energy()
+    with open(bench.DATA, newline="") as f:
+        rows = list(csv.DictReader(f))
+    # every v3.0 row has its published histogram, one length per request of its run, about its published mean
+    # (within half a bin: the lengths are drawn uniformly within each bin)
+    for r in rows:
+        lengths = bench.published_output_lengths(r)
+        if "v3.0" not in r["source"]:
+            assert lengths is None
+            continue
+        assert lengths is not None and len(lengths) == int(r["num_requests"]) and lengths.min() >= 1
+        assert abs(lengths.mean() - float(r["mean_output_tokens"])) < 0.01 * float(r["mean_output_tokens"]) + 330
+    gpqa = next(r for r in rows if "GPQA" in r["task"] and r["gpu"] == "h100-sxm" and r["batch_size"] == "8")
+    sc = bench.published_scenario(gpqa, 512, lengths_dir=tmp_path)
+    assert "output_len" not in sc["workload"] and sc["workload"]["lengths"]["sample"] == "in_order"
+    table = np.loadtxt(sc["workload"]["lengths"]["file"], delimiter=",", skiprows=1, dtype=np.int64)
+    assert (table[:, 0] == 200).all() and (table[:, 1] == bench.published_output_lengths(gpqa)).all()
+    # GPQA's published lengths vary less than an exponential's (coefficient of variation 1)
+    assert table[:, 1].std() / table[:, 1].mean() < 0.75
+    res = servesim.run(sc)
+    assert sorted(q.output_tokens for q in res.results[0].requests) == sorted(table[:, 1].tolist())
+
+
+def test_the_energy_breakdown_splits_the_error_into_power_and_time(capsys: pytest.CaptureFixture[str]) -> None:
+    bench = _bench_energy()
     row = {"source": "s", "gpu": "g", "task": "t", "model": "m", "batch_size": "8"}
     # power exact, twice too fast: J is half (1 / (1 + 1) - 1); with the power right it stays -50%, with the time
     # right it would be exact, and the time carries all of the error
