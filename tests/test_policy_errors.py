@@ -3,6 +3,7 @@ run folder is written."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -25,13 +26,14 @@ policy: {{type: custom, cls: "{cls}", max_num_seqs: 4{extra}}}
 """
 
 
-def _run(tmp_path: Path, cls: str, extra: str = "") -> subprocess.CompletedProcess:
+def _run(tmp_path: Path, cls: str, extra: str = "", env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     (tmp_path / "bad_policies.py").write_text((POLICIES / "bad_policies.py").read_text())
     (tmp_path / "broken_import.py").write_text((POLICIES / "broken_import.py").read_text())
     sc = tmp_path / "s.yaml"
     sc.write_text(SCENARIO.format(cls=cls, extra=extra))
     return subprocess.run([sys.executable, "-m", "sim.cli.main", "run", str(sc), "--out", str(tmp_path / "out"), "-q"],
-                          capture_output=True, text=True, timeout=300, cwd=HERE.parent)
+                          capture_output=True, text=True, timeout=300, cwd=HERE.parent,
+                          env=None if env is None else {**os.environ, **env})
 
 
 CASES = [
@@ -100,3 +102,29 @@ def test_the_run_says_when_a_users_policy_is_asked(tmp_path: Path) -> None:
                        ("bad_policies.py:TooMany", "asked before every step")):
         p = _run(tmp_path, cls, ", args: {threshold: 1}" if "NeedsArgs" in cls else "")
         assert words in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize(("cls", "line"), [("Spins", "while view.now >= 0"), ("Sleeps", "time.sleep(3600)")])
+def test_a_policy_that_never_returns_is_stopped(tmp_path: Path, cls: str, line: str) -> None:
+    """A loop that never ends, or a wait on nothing: stopped after SERVESIM_POLICY_TIMEOUT_S (60 s by default) with
+    one message naming the call and the user's line it was in, exit 2, nothing written; never a hang."""
+    p = _run(tmp_path, f"bad_policies.py:{cls}", env={"SERVESIM_POLICY_TIMEOUT_S": "0.5"})
+    assert p.returncode == 2, p.stderr
+    assert f"policy {cls}: schedule(view) at t=" in p.stderr and "did not return within 0.5 s" in p.stderr, p.stderr
+    assert line in p.stderr and "bad_policies.py" in p.stderr  # where the user's code was stopped
+    assert "Traceback (most recent call last)" not in p.stderr and "sim/policies/user.py" not in p.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_bad_policy_time_limit_is_named(tmp_path: Path) -> None:
+    for value in ("abc", "0", "-1", "inf"):
+        p = _run(tmp_path, "bad_policies.py:Spins", env={"SERVESIM_POLICY_TIMEOUT_S": value})
+        assert p.returncode == 2, p.stderr
+        assert f"SERVESIM_POLICY_TIMEOUT_S must be a number of seconds > 0, got {value!r}" in p.stderr, p.stderr
+
+
+def test_ctrl_c_inside_a_policy_is_still_ctrl_c(tmp_path: Path) -> None:
+    """Only the watchdog's own interrupt becomes a policy error: the user's Ctrl-C stops the run as Ctrl-C does."""
+    p = _run(tmp_path, "bad_policies.py:PressesCtrlC")
+    assert p.returncode == 130, p.stderr
+    assert "did not return" not in p.stderr

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sim.policies.api import RequestView
+from sim.policies.watchdog import WATCH
 from sim.serving.request import Request
 
 
@@ -116,6 +117,7 @@ class UserRouter:
     def __init__(self, user: Any) -> None:
         self.user = user
         self.name = type(user).__name__
+        WATCH.arm()  # a call into it that never returns is stopped (sim/policies/watchdog.py)
 
     def __call__(self, req: Request, replicas: Sequence[Any]) -> int:
         from sim.policies.user import PolicyError, call_user
@@ -136,6 +138,7 @@ class UserAdmission:
     def __init__(self, user: Any) -> None:
         self.user = user
         self.name = type(user).__name__
+        WATCH.arm()  # a call into it that never returns is stopped (sim/policies/watchdog.py)
 
     def on_arrival(self, req: Request, now: float, waiting: int, running: int, kv: Any) -> str | None:
         from sim.policies.user import PolicyError, call_user

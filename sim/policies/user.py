@@ -17,6 +17,7 @@ runs a policy with and without that and names the first step where the two diffe
 
 from __future__ import annotations
 
+import threading
 import traceback
 from collections.abc import Collection
 from operator import itemgetter
@@ -27,6 +28,7 @@ from sim.config.errors import ScenarioError
 from sim.policies import api
 from sim.policies.base import Admission, Limits, Policy, View
 from sim.policies.base import Plan as CorePlan
+from sim.policies.watchdog import LIMIT_ENV, WATCH
 from sim.serving.decode_group import DecodeGroup
 from sim.serving.request import Request, Status
 
@@ -37,18 +39,42 @@ class PolicyError(ScenarioError):
     """A user's policy failed: it raised, returned something that is not a plan, or planned past a rule."""
 
 
-def _user_frames(exc: BaseException) -> str:
-    """The traceback of an exception raised in a policy, without servesim's own frames above the user's code."""
+def _user_frames(exc: BaseException, *, exception: bool = True) -> str:
+    """The traceback of an exception raised in a policy, without servesim's own frames above the user's code
+    (``exception=False``: the frames alone)."""
     tb = traceback.extract_tb(exc.__traceback__)
     adapters = {str(Path(__file__).with_name(n)) for n in ("user.py", "gates.py")}  # servesim's side of the call
     frames = [f for f in tb if f.filename not in adapters]
-    lines = traceback.format_list(frames) + traceback.format_exception_only(type(exc), exc)
+    lines = traceback.format_list(frames) + (traceback.format_exception_only(type(exc), exc) if exception else [])
     return "".join(lines).rstrip()
 
 
 def call_user(what: str, fn: Any, *args: Any) -> Any:
     """``fn(*args)``, with an exception raised inside the user's code turned into one ``PolicyError`` that shows
-    the user's own frames."""
+    the user's own frames, and a call that does not return within the watchdog's limit stopped with one
+    (sim/policies/watchdog.py)."""
+    w = WATCH
+    if threading.get_ident() != w.main:  # only the main thread is watched (signals reach it alone)
+        return _call_plain(what, fn, args)
+    w.calls += 1
+    w.inside = True
+    try:
+        return fn(*args)
+    except PolicyError:
+        raise
+    except KeyboardInterrupt as e:
+        if not w.fired:
+            raise  # Ctrl-C
+        w.fired = False
+        raise PolicyError(f"{what} did not return within {w.limit:g} s ({LIMIT_ENV} sets the limit); "
+                          f"stopped in\n{_user_frames(e, exception=False)}") from None
+    except Exception as e:
+        raise PolicyError(f"{what} raised {type(e).__name__}: {e}\n{_user_frames(e)}") from None
+    finally:
+        w.inside = False
+
+
+def _call_plain(what: str, fn: Any, args: tuple) -> Any:
     try:
         return fn(*args)
     except PolicyError:
@@ -67,6 +93,7 @@ class UserPolicy(Policy):
         why = api.implements_policy(user)
         if why is not None:
             raise PolicyError(f"{type(user).__name__} {why} (see servesim.Policy)")
+        WATCH.arm()  # a call into it that never returns is stopped (sim/policies/watchdog.py)
         self.user = user
         self.limits = limits
         self.admission = admission

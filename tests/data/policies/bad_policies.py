@@ -1,6 +1,8 @@
 """Deliberately broken user policies: each must end a run with exit 2 and one message naming what is wrong
 (tests/test_policy_errors.py)."""
 
+import time
+
 import servesim
 from sim.policies.queue import FCFSPolicy
 
@@ -97,3 +99,23 @@ class ShortOnly(servesim.Admission):
 
     def admit(self, request, state):
         return None if request.prompt_len <= self.limit else f"prompt over {self.limit} tokens"
+
+
+class Spins(FCFSPolicy):
+    """Never returns: a loop whose exit condition is wrong."""
+
+    def schedule(self, view):
+        while view.now >= 0:
+            pass
+
+
+class Sleeps(FCFSPolicy):
+    """Never returns: waits on something that never comes."""
+
+    def schedule(self, view):
+        time.sleep(3600)
+
+
+class PressesCtrlC(FCFSPolicy):
+    def schedule(self, view):
+        raise KeyboardInterrupt

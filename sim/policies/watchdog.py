@@ -1,0 +1,88 @@
+"""A user's policy that never returns: one clear error instead of a hang.
+
+A call into a user's policy (``sim.policies.user.call_user``: ``schedule``, ``wake_time``, a router's ``route``, an
+admission's ``admit``) that runs longer than ``limit_s()`` seconds of wall time is stopped: a watcher thread sends
+the main thread SIGINT, and ``call_user`` turns the KeyboardInterrupt into a ``PolicyError`` that names the call and
+the line of the user's code it was stopped in (the command line prints it and exits 2, as for any bad input).
+A decision takes microseconds to milliseconds; the default of 60 s only catches a loop that never ends, on a busy
+machine too. ``SERVESIM_POLICY_TIMEOUT_S`` changes it. ``servesim.evaluate`` has its own CPU-time budget per
+evaluation (sim/studies/evaluate.py); this one covers ``servesim run``, sweeps, the engine and everything else.
+
+The watch costs a call two attribute writes; the watcher wakes at most once a second. It watches the main thread
+only (the one signals reach); calls from other threads are not timed.
+"""
+
+from __future__ import annotations
+
+import _thread
+import os
+import signal
+import threading
+import time
+
+LIMIT_ENV = "SERVESIM_POLICY_TIMEOUT_S"
+DEFAULT_LIMIT_S = 60.0
+
+
+def limit_s() -> float:
+    """Seconds a call into a user's policy may take: ``SERVESIM_POLICY_TIMEOUT_S`` or 60."""
+    text = os.environ.get(LIMIT_ENV)
+    if text is None:
+        return DEFAULT_LIMIT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        from sim.config.errors import ScenarioError
+
+        raise ScenarioError(f"{LIMIT_ENV} must be a number of seconds > 0, got {text!r}")
+    return value
+
+
+class Watch:
+    """What the main thread is doing, as the watcher reads it: ``calls`` counts the calls begun, ``inside`` says
+    one is running, ``fired`` says the watcher stopped it."""
+
+    __slots__ = ("calls", "inside", "fired", "limit", "main", "_started")
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.inside = False
+        self.fired = False
+        self.limit = DEFAULT_LIMIT_S
+        self.main = threading.main_thread().ident
+        self._started = False
+
+    def arm(self) -> None:
+        """Read the limit and start the watcher (once per process: a forked worker starts its own)."""
+        self.limit = limit_s()
+        if not self._started:
+            self._started = True
+            threading.Thread(target=self._watch, name="servesim-policy-watchdog", daemon=True).start()
+
+    def _watch(self) -> None:
+        seen, since = -1, 0.0
+        while True:
+            time.sleep(min(1.0, self.limit / 4))
+            if not self.inside or self.fired:
+                seen = -1
+                continue
+            if self.calls != seen:  # a call begun since the last look: time it from now
+                seen, since = self.calls, time.monotonic()
+                continue
+            if time.monotonic() - since >= self.limit and self.inside and self.calls == seen:
+                self.fired = True
+                if self.main is not None and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+                    # a real signal, not _thread.interrupt_main alone: it also ends a sleep or a blocking read
+                    signal.pthread_kill(self.main, signal.SIGINT)
+                else:  # another handler (or none: SIG_DFL would end the process): Python's own path to it
+                    _thread.interrupt_main()
+
+    def reset_after_fork(self) -> None:
+        # threads do not survive fork: the child starts its own watcher on its first call
+        self.__init__()  # type: ignore[misc]
+
+
+WATCH = Watch()
+os.register_at_fork(after_in_child=WATCH.reset_after_fork)
