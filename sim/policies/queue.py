@@ -150,7 +150,7 @@ class QueuePolicy(Policy):
                  out: set[int]) -> None:
         lim = view.limits
         queue = list(waiting)
-        if queue and self.rank(queue[0]) is not None:
+        if len(queue) > 1 and self.rank(queue[0]) is not None:  # one request: nothing to order (the common ask)
             queue.sort(key=self.rank)  # stable: equal ranks keep the queue's order
         num_seqs = len(view.running) - len(plan.preempted) + len(plan.swapped_in)
         admitted = 0
