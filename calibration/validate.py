@@ -16,6 +16,7 @@ import dataclasses
 import html
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from sim.costs.fitted import FittedCostModel
 from sim.metrics.records import RunResult
 from sim.metrics.summary import summarize
 from sim.output.report import TEMPLATE, color, ecdf_points
+from sim.serving.request import RequestSpec
 from sim.workload.generator import GeneratedWorkload
 
 PERCENTILE_KEYS = ("p50", "p90", "p99")
@@ -207,7 +209,7 @@ def prepare(scenario_path: str | Path, overrides: dict[str, Any] | None = None) 
     return sc, cfgs, wl
 
 
-def _simulate(cfg: VariantConfig, specs: tuple, cost, name: str) -> RunResult:
+def _simulate(cfg: VariantConfig, specs: Sequence[RequestSpec], cost, name: str) -> RunResult:
     """``sim.loop.run.simulate_variant`` with a cost model given as an object (the speed-adjusted profile)."""
     from sim.loop.build import build
     from sim.loop.results import result_of

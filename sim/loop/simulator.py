@@ -31,6 +31,7 @@ from sim.policies.routers import Router, round_robin
 from sim.serving.core import Batch, ServingCore
 from sim.serving.failures import FailurePlan
 from sim.serving.request import Request, RequestSpec, Status
+from sim.serving.spec_table import SpecTable
 
 
 class StalledError(RuntimeError):
@@ -265,7 +266,8 @@ class Simulation:
         self._errors = dict(failures.error_after) if failures is not None else {}
         if self._errors:
             fast_forward = False  # a per-request error is checked at the end of every step
-        self.specs = list(specs)
+        # a long workload's SpecTable stays columns: each spec is made as it is sent (sim/serving/spec_table.py)
+        self.specs = specs if isinstance(specs, SpecTable) else list(specs)
         self._next_arrival = float("inf")
         self._timers: list[float] = []  # pending closed-loop sends (a heap of times)
         self.router = router or round_robin()
@@ -398,13 +400,18 @@ class Simulation:
 
     def _open_loop(self):
         env = self.env
-        ordered = sorted(self.specs, key=lambda s: (s.arrival, s.id))
-        for i, spec in enumerate(ordered):
+        # a SpecTable is in (arrival, id) order already (ids follow arrival), and sorting it would make every spec
+        ordered = iter(self.specs if isinstance(self.specs, SpecTable)
+                       else sorted(self.specs, key=lambda s: (s.arrival, s.id)))
+        spec = next(ordered, None)
+        while spec is not None:
             self._next_arrival = spec.arrival
             if spec.arrival > env.now:
                 yield env.timeout(spec.arrival - env.now)
-            self._next_arrival = ordered[i + 1].arrival if i + 1 < len(ordered) else float("inf")
+            following = next(ordered, None)
+            self._next_arrival = following.arrival if following is not None else float("inf")
             self._dispatch(spec)
+            spec = following
         self._next_arrival = float("inf")
         self._close()
 

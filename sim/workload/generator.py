@@ -16,6 +16,7 @@ prefix shorter than one block therefore shares nothing.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -24,8 +25,10 @@ from pydantic import Field, SerializerFunctionWrapHandler, field_validator, mode
 
 from sim.config.input_model import Float, FrozenInputModel, Int
 from sim.config.limits import MAX_REQUESTS, too_many_requests
+from sim.serving import spec_table
 from sim.serving.failures import FailurePlan
 from sim.serving.request import RequestSpec
+from sim.serving.spec_table import SpecTable
 from sim.workload.arrivals import ArrivalProcess, ClosedLoopArrival, ThinkTime, TraceArrival
 from sim.workload.classes import RequestClass, check_classes, class_fields, trace_fields
 from sim.workload.length_pairs import LengthPairs
@@ -79,7 +82,7 @@ class ClosedLoop:
 class GeneratedWorkload:
     """The requests of one run, sorted by arrival, with ids 0..n-1 in that order."""
 
-    requests: tuple[RequestSpec, ...]
+    requests: Sequence[RequestSpec]  # a tuple, or past spec_table.SPEC_TABLE_MIN requests a SpecTable (columns)
     closed_loop: ClosedLoop | None = None
     failures: FailurePlan | None = None  # requests that fail mid-flight (the workload's failures section)
 
@@ -269,7 +272,12 @@ class Workload(FrozenInputModel):
             fields = trace_fields(trace_classes, n)
         else:  # no class anywhere: the records exactly as before classes existed
             fields = None
-        if fields is None:
+        requests: Sequence[RequestSpec]
+        if fields is None and n > spec_table.SPEC_TABLE_MIN and SpecTable.check(times, prompt, output):
+            # a long workload: columns, each spec made when read (sim/serving/spec_table.py)
+            requests = SpecTable(times, prompt, output, shared_hash_ids=prefix_ids, hash_ids=hash_ids,
+                                 hash_block_size=hash_block_size, sessions=None if closed is None else sessions)
+        elif fields is None:
             requests = tuple(
                 RequestSpec(i, t, p, o, h, hash_block_size, s)
                 for i, (t, p, o, h, s) in enumerate(
