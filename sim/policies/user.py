@@ -173,7 +173,7 @@ class UserPolicy(Policy):
 
     def schedule(self, view: View) -> CorePlan:
         rejected = self.admission.rejections(view) if self.admission is not None else []
-        hidden = {r.id for r, _ in rejected}
+        hidden = {r.id for r, _ in rejected} if rejected else set()
         pv = self._public_view(view, hidden, planning=True)
         up = self._call(f"schedule(view) at t={view.now:.6f} s", self.user.schedule, pv)
         if not isinstance(up, api.Plan):
@@ -196,7 +196,9 @@ class UserPolicy(Policy):
             if mode not in ("recompute", "swap"):
                 self._fail(view.now, f"preempts request {r.id} with mode {mode!r}: use 'recompute' or 'swap'")
             plan.preempt.append((r, mode))
-        gone = {r.id for r, _ in plan.preempt} | {r.id for r, _ in plan.reject}
+        # (most plans preempt and reject nobody: no set comprehensions, each a call, at every ask)
+        gone = {r.id for r, _ in plan.preempt} | {r.id for r, _ in plan.reject} if plan.preempt or plan.reject \
+            else set()
         for rv in up.swapped_in:
             r = self._req(rv, view.now, "swaps in")
             if r.status is not Status.SWAPPED or r.id in gone:
@@ -255,7 +257,8 @@ class UserPolicy(Policy):
         if total > lim.max_num_batched_tokens:
             self._fail(view.now, f"schedules {total} tokens, more than max_num_batched_tokens "
                        f"{lim.max_num_batched_tokens}")
-        if in_group and in_group == len(members) and not any(r.group_base >= 0 for r, _ in plan.preempt):
+        if in_group and in_group == len(members) and not (plan.preempt and
+                                                          any(r.group_base >= 0 for r, _ in plan.preempt)):
             # The core's decode group takes one token per member as a whole (sim.serving.decode_group): the plan gives
             # every member exactly that, so it says so and lists the others one by one.
             plan.decode_group = True
