@@ -32,9 +32,10 @@ output. The sources state no prompt lengths: 200 tokens is assumed (``--prompt-t
 version) runs on the ``vllm-v1`` preset, 0.5 on ``vllm-v0`` 0.5 (its host loop stalls the GPU). Nothing is fitted
 to a row; the power model's one fitted constant (sim/costs/energy.py's MEMORY_POWER_SHARE) was fitted to v3.0's
 published mean power, not its joules. Beside each J/token error the power and throughput errors say which side is
-wrong, and the summary splits each group's J/token error into the two (``breakdown``). ``--step-gaps`` prints
-instead, without simulating, each row's decode step (average batch / output tok/s) against the roofline's and the
-time per row the roofline misses (sim/engines/vllm_v1.py reads it).
+wrong, the published and simulated steady-state batches (``avg_batch_size``, vLLM's running requests) whether the
+simulated KV holds what vLLM's held, and the summary splits each group's J/token error into the two
+(``breakdown``). ``--step-gaps`` prints instead, without simulating, each row's decode step (average batch /
+output tok/s) against the roofline's and the time per row the roofline misses (sim/engines/vllm_v1.py reads it).
 
 Then the shape the issue asks for, on a closed loop: J/token against batch size (1 to 256) and output length
 (128 to 4096 tokens at batch 32), and B200 against H100 at batch 64.
@@ -131,9 +132,11 @@ def published_scenario(row: dict[str, str], requests: int, prompt: int = PROMPT_
     return {"name": "energy", "seed": 0, "workload": workload, "deployment": dep, "policy": policy}
 
 
-def steady_state(r: RunResult, batch: int) -> tuple[float, float, float]:
-    """J per output token, mean W and output tokens/s over the harness's steady state: from the ``batch``-th first
-    token to the moment all but ``batch + 1`` requests have finished (the whole run when that window is empty)."""
+def steady_state(r: RunResult, batch: int) -> tuple[float, float, float, float]:
+    """J per output token, mean W, output tokens/s and the mean running batch over the harness's steady state: from
+    the ``batch``-th first token to the moment all but ``batch + 1`` requests have finished (the whole run when
+    that window is empty). The batch is time-weighted over the window's steps, as the harness's average of vLLM's
+    ``vllm:num_requests_running`` over the same window (the published ``avg_batch_size``)."""
     e = run_energy(r)
     assert e is not None and r.power is not None
     first = np.sort([q.first_token for q in r.requests if q.first_token >= 0])
@@ -148,22 +151,24 @@ def steady_state(r: RunResult, batch: int) -> tuple[float, float, float]:
     joules = float(e.step_energy_j[sel].sum()) + max(t1 - t0 - busy, 0.0) * r.power.idle_w * r.power.gpus
     tokens = float(np.asarray(r.steps["decode_tokens"])[sel].sum()) + float(((first >= t0) & (first < t1)).sum())
     secs = max(t1 - t0, busy)
-    return joules / tokens, joules / secs, tokens / secs
+    running = float((np.asarray(r.steps["batch_size"], dtype=np.float64)[sel] * dur[sel]).sum()) / busy
+    return joules / tokens, joules / secs, tokens / secs, running
 
 
-def published_row(row: dict[str, str], requests: int, prompt: int, lengths_dir: Path) -> Err:
-    """Simulate one published row, print its line and return its errors (J/token, power, output tok/s)."""
+def published_row(row: dict[str, str], requests: int, prompt: int, lengths_dir: Path) -> tuple[Err, float]:
+    """Simulate one published row, print its line and return its errors (J/token, power, output tok/s) and its
+    simulated steady-state batch."""
     batch = int(row["batch_size"])
     res = servesim.run(published_scenario(row, requests, prompt, lengths_dir))
-    jt, watts, tps = steady_state(res.results[0], batch)
+    jt, watts, tps, running = steady_state(res.results[0], batch)
     pub = float(row["j_per_output_token"])
     pw = float(row["mean_power_w"]) if row["mean_power_w"] else float("nan")
     pt = float(row["output_tokens_per_s"]) if row["output_tokens_per_s"] else float("nan")
     err = (row, jt / pub - 1, watts / pw - 1, tps / pt - 1)
     print(f"{row['model']:15s} {row['gpu']:>8s} {row['num_gpus']:>2s} {batch:5d} {row['task'][:5]:5s} "
           f"{row['engine_version']:>6s} {pub:7.4f} {jt:7.4f} {_pct(err[1])} {pw:6.0f} {watts:6.0f} "
-          f"{_pct(err[2])} {_pct(err[3]):>9s}", flush=True)
-    return err
+          f"{_pct(err[2])} {_pct(err[3]):>9s} {row['avg_batch_size'] or '-':>7s} {running:7.1f}", flush=True)
+    return err, running
 
 
 def step_gaps(rows: list[dict[str, str]], prompt: int = PROMPT_TOKENS) -> None:
@@ -271,11 +276,19 @@ def main() -> None:
         step_gaps(rows, args.prompt_tokens)
         return
     print(f"{'model':15s} {'gpu':>8s} {'n':>2s} {'batch':>5s} {'task':5s} {'eng':>6s} {'pub J':>7s} {'sim J':>7s} "
-          f"{'J err':>7s} {'pub W':>6s} {'sim W':>6s} {'W err':>7s} {'tok/s err':>9s}")
+          f"{'J err':>7s} {'pub W':>6s} {'sim W':>6s} {'W err':>7s} {'tok/s err':>9s} {'pub B':>7s} {'sim B':>7s}")
     errs: list[Err] = []
+    fuller: list[str] = []  # rows whose simulated batch runs over the published one (the KV held more)
     with tempfile.TemporaryDirectory() as tmp:  # the rows' lengths files
         for row in rows:
-            errs.append(published_row(row, args.requests, args.prompt_tokens, Path(tmp)))
+            err, running = published_row(row, args.requests, args.prompt_tokens, Path(tmp))
+            errs.append(err)
+            if row["avg_batch_size"] and running > 1.03 * float(row["avg_batch_size"]):
+                fuller.append(f"{row['model']} {row['gpu']} x{row['num_gpus']} at {row['batch_size']} "
+                              f"({row['avg_batch_size']} published, {running:.1f} simulated)")
+    if fuller:
+        print(f"\n{len(fuller)} rows whose simulated steady-state batch is over 3% above the published "
+              f"(vLLM's KV held fewer requests): {'; '.join(fuller)}")
 
     if errs:
         breakdown(errs)

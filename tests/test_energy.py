@@ -334,6 +334,30 @@ def test_the_published_rows_draw_their_own_output_lengths(tmp_path: Path) -> Non
     assert sorted(q.output_tokens for q in res.results[0].requests) == sorted(table[:, 1].tolist())
 
 
+def test_the_steady_state_window_counts_the_harness_s_tokens_and_batch() -> None:
+    bench = _bench_energy()
+    # 8 requests at once, 4 at a time, 32 tokens out each: the window runs from the 4th first token to the 3rd
+    # finish (8 - 4 - 1 finished), while the first four decode together, so the running batch is 4 all through and
+    # the tokens are 4 a step; energy over the window's steps (no gaps) over those tokens
+    sc = {"name": "w", "seed": 0,
+          "workload": {"arrival": {"type": "all_at_once"}, "num_requests": 8,
+                       "prompt_len": {"type": "fixed", "value": 64}, "output_len": {"type": "fixed", "value": 32}},
+          "deployment": {"model": "llama-3.1-8b", "gpu": "h100-sxm"},
+          "policy": {"type": "continuous", "max_num_seqs": 4}}
+    r = servesim.run(sc).results[0]
+    jt, watts, tps, running = bench.steady_state(r, 4)
+    first = sorted(q.first_token for q in r.requests)
+    done = sorted(q.finish for q in r.requests)
+    start = np.asarray(r.steps["start"])
+    sel = (start >= first[3]) & (start < done[2])
+    assert sel.sum() > 0 and (np.asarray(r.steps["batch_size"])[sel] == 4).all() and running == 4.0
+    e = run_energy(r)
+    assert e is not None
+    tokens = float(np.asarray(r.steps["decode_tokens"])[sel].sum()) + sum(first[3] <= t < done[2] for t in first)
+    assert jt == pytest.approx(float(e.step_energy_j[sel].sum()) / tokens, rel=1e-12)
+    assert tps * jt == pytest.approx(watts, rel=1e-12)
+
+
 def test_the_energy_breakdown_splits_the_error_into_power_and_time(capsys: pytest.CaptureFixture[str]) -> None:
     bench = _bench_energy()
     row = {"source": "s", "gpu": "g", "task": "t", "model": "m", "batch_size": "8"}
