@@ -199,3 +199,47 @@ def test_decode_group_max_computed_is_the_longest_member() -> None:
         else:
             g.advance(float(g.steps))
         assert g.max_computed() == max((g.computed(r) for r in g.members.values()), default=0)
+
+
+def test_decode_group_next_finish_is_the_least_finishing_step() -> None:
+    """next_finish keeps a heap of finishing steps that removals do not touch: after every join (also rejoins at
+    a step already left), leave, step (its finishers leaving, as the core retires them) and a key taken out of
+    finish_at as the fast path does, it equals the least key of finish_at counted again."""
+    import random
+
+    from sim.serving.decode_group import DecodeGroup
+    from sim.serving.request import Request, RequestSpec
+
+    rng = random.Random(5)
+    g = DecodeGroup(16, True, False)
+    outside: list[Request] = [Request(RequestSpec(i, 0.0, 10, rng.randint(2, 30)), 0.0) for i in range(60)]
+    for r in outside:
+        r.num_computed_tokens, r.num_output_tokens = r.prompt_len, 1
+    finishes = 0
+    for _ in range(4000):
+        op = rng.random()
+        if op < 0.3 and outside:
+            r = outside.pop(rng.randrange(len(outside)))
+            if r.num_output_tokens >= r.output_len:  # finished: comes back as a new request
+                r.num_computed_tokens, r.num_output_tokens = r.prompt_len, 1
+            g.join(r)
+        elif op < 0.45 and g.members:
+            r = rng.choice(list(g.members.values()))
+            g.leave(r)
+            outside.append(r)
+        elif op < 0.5 and g.finish_at:
+            f = g.next_finish()
+            while g.steps < f - 1:
+                g.advance(float(g.steps))
+            g.steps += 1  # the fast path's step: it takes the finishers out of finish_at itself
+            for r in g.finish_at.pop(g.steps):
+                g.leave(r)
+                outside.append(r)
+        else:
+            done = g.advance(float(g.steps))
+            finishes += len(done)
+            for r in done:
+                g.leave(r)
+                outside.append(r)
+        assert g.next_finish() == min(g.finish_at, default=-1)
+    assert finishes > 100

@@ -12,6 +12,7 @@ stepping every request one by one, which the tests check byte for byte.
 from __future__ import annotations
 
 from bisect import insort
+from heapq import heappop, heappush
 from typing import TYPE_CHECKING
 
 from sim.serving.request import Request
@@ -29,7 +30,7 @@ class DecodeGroup:
     ``r.group_base``; ``steps - r.group_base`` tokens have been added since."""
 
     __slots__ = ("block_size", "grows", "members", "steps", "finish_at", "buckets", "ctx", "prev_end", "ends",
-                 "version", "lookahead", "priced", "offsets")
+                 "version", "lookahead", "priced", "offsets", "_finish_heap")
 
     def __init__(self, block_size: int, grows_on_decode: bool, keep_ends: bool) -> None:
         self.block_size = block_size
@@ -37,6 +38,9 @@ class DecodeGroup:
         self.members: dict[int, Request] = {}
         self.steps = 0  # group steps taken so far
         self.finish_at: dict[int, list[Request]] = {}  # group step -> members that sample their last token in it
+        # every key of ``finish_at`` (and keys since removed, dropped when they reach the top): ``next_finish``
+        # without a scan of the keys, which the fast path asks for at every segment and every finish
+        self._finish_heap: list[int] = []
         # Step j writes each member's token number c + (j - 1 - base), opening a block when that is a multiple of
         # block_size: members are bucketed by (base - c) % block_size, and step j needs bucket (j - 1) % bs.
         # Buckets keep admission order, the order in which a policy would allocate.
@@ -91,8 +95,20 @@ class DecodeGroup:
         lst = self.finish_at.get(f)
         if lst is None:
             self.finish_at[f] = [r]
+            heappush(self._finish_heap, f)
         else:
             insort(lst, r, key=_admit_order)
+
+    def next_finish(self) -> int:
+        """The next group step in which members sample their last token (the least key of ``finish_at``), -1 when
+        none: keys leave ``finish_at`` (``leave``, ``advance``, the fast path) without telling the heap."""
+        heap, finish_at = self._finish_heap, self.finish_at
+        while heap:
+            f = heap[0]
+            if f in finish_at:
+                return f
+            heappop(heap)
+        return -1
 
     def leave(self, r: Request) -> None:
         """Remove a member and bring its counters up to date."""

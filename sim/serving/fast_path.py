@@ -123,7 +123,7 @@ def fast_forward(
     # a finish makes the policy look again unless nothing waits (then the steady plan continues)
     keep_going = finishes and (core.steady_ok or core.all_decode) and not core.waiting and not core.swapped
     finish_at = g.finish_at
-    next_finish = min(finish_at, default=-1)  # the next group step in which members sample their last token
+    next_finish = g.next_finish()  # the next group step in which members sample their last token
     last = j0 + MAX_SEGMENT
     if not keep_going and next_finish >= 0:
         last = min(last, next_finish - 1)
@@ -200,7 +200,7 @@ def fast_forward(
             m = len(members)
             used = kv.num_used_blocks
             filled, kv_tokens = core.filled_blocks, core.kv_tokens
-            next_finish = min(finish_at, default=-1)
+            next_finish = g.next_finish()
             if i == over or not keep_going or not m:
                 break
     end = o + steps - j0  # one past the last step taken
@@ -259,7 +259,7 @@ def _predict_and_price(core: ServingCore, g: DecodeGroup, cost: CostModel, now: 
     # predict each step's rows and attended tokens (members leave after their finishing step)
     size, ctx = g.size, g.ctx
     finish_at = g.finish_at
-    if not finish_at or min(finish_at) >= j0 + k:  # nobody leaves before the last step: constant rows
+    if not finish_at or g.next_finish() >= j0 + k:  # nobody leaves before the last step: constant rows
         rows_l = [size + pad] * k
         read_l = list(range(ctx + size, ctx + size * (k + 1), size)) if size else [ctx] * k
         top = g.max_computed() + 1 if size else 0
@@ -327,7 +327,7 @@ def timeline(core: ServingCore, now: float, cost: CostModel) -> Timeline | None:
     if plan.pad_to_longest or plan.padded_rows:
         return None
     j0 = g.steps
-    next_finish = min(g.finish_at, default=-1)
+    next_finish = g.next_finish()
     priced = g.priced
     if (priced is not None and priced.version == g.version and priced.pad == 0
             and priced.j0 <= j0 < priced.j0 + len(priced.durations)):
