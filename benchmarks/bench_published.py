@@ -317,6 +317,11 @@ def case_of(row: dict[str, str], n_offline: int, classic: bool = False, online: 
     metric = row["metric"]
     _, key, scale = metric_of(row)
     model = MODELS.get(row["model"]) or match_model(row["model"])
+    # a checkpoint the weight column names ("fp8 (meta-llama/Llama-3.1-405B-FP8)") is its own preset where it
+    # differs from the base model's: Meta's FP8 leaves attention in bf16 (sim/hardware/quant.py)
+    ckpt = re.search(r"\(([\w.-]+/[\w.-]+)\)", row["weight_dtype"])
+    if model and ckpt and (named := match_model(ckpt.group(1))) and named.startswith(f"{model}-"):
+        model = named
     if model is None:
         raise KeyError(f"model {row['model']}: no preset (sim/hardware/presets/models.py)")
     engine, assumed = engine_of_row(row["engine"])

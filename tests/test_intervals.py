@@ -234,3 +234,13 @@ def test_earlier_runs_leave_their_prompts_cached():
     assert abs(cached["itl"] - cold["itl"]) < 0.2  # the earlier runs' gaps are not the run's
     with pytest.raises(ValueError, match="earlier_runs"):
         bench.case_of(after | {"settings": "max_concurrency=4;earlier_runs=50"}, 3000)
+
+
+def test_published_rows_run_on_the_checkpoint_they_name():
+    """dstack's H100 rows name Meta's FP8 checkpoint (attention in bf16, sim/hardware/quant.py), its MI300X rows
+    AMD's, whose every matmul is FP8: each runs on its own preset."""
+    bench = _bench()
+    rows = bench.read_rows([bench.OWN_DATA])
+    models = {r["weight_dtype"]: bench.case_of(r, 30).cfg.deployment.model for r in rows if "405B" in r["model"]}
+    assert models == {"fp8 (meta-llama/Llama-3.1-405B-FP8)": "llama-3.1-405b-fp8",
+                      "fp8 (amd/Llama-3.1-405B-Instruct-FP8-KV)": "llama-3.1-405b"}

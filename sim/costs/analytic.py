@@ -178,10 +178,16 @@ class AnalyticCostModel(CostModel):
             ar_token = n_ar * (2.0 * (tp - 1) / tp) * h * act_b / link
         else:
             ar_const = ar_token = 0.0
+        lin_token = 2.0 * s.active_body_params * t_flop_lin
+        if s.unquantized_params and wd not in ("fp32", "bf16", "fp16"):
+            # a quantized checkpoint's unconverted matmuls (sim/hardware/quant.py) compute in the activation dtype
+            t_flop_act = 1.0 / (peak_attn * self.compute_efficiency * self.compute_clock)
+            lin_token = 2.0 * ((s.active_body_params - s.unquantized_params) * t_flop_lin
+                               + s.unquantized_params * t_flop_act)
         k: tuple[float, ...] = (
             self.step_overhead,  # 0: s per step
             self.per_request_overhead,  # 1: s per row
-            2.0 * s.active_body_params * t_flop_lin,  # 2: linear compute, s per token (MoE: its k experts)
+            lin_token,  # 2: linear compute, s per token (MoE: its k experts)
             2.0 * s.lm_head_params * t_flop_lin,  # 3: LM head compute, s per row
             s.weight_bytes_read_per_step(wd) / bw,  # 4: weights, s per step
             act_bytes_token / bw,  # 5: activations, s per token

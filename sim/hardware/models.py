@@ -28,6 +28,7 @@ from sim.hardware.mla import (
 )
 from sim.hardware.moe import DEEPSEEK_MODEL_TYPES, MOE_MODEL_TYPES
 from sim.hardware.presets.models import BASE_MODEL_ALIASES, BASE_MODEL_PRESETS, MORE_MODEL_ALIASES, MORE_MODEL_PRESETS
+from sim.hardware.quant import modules_not_converted, unquantized_layers
 
 MAX_SHAPE = 1 << 40  # largest model dimension taken (far past any model; keeps products inside float range)
 MAX_CONFIG_BYTES = 4 * MiB  # a config.json is a few KB; a larger "file" (/dev/zero, a weights file) is refused
@@ -69,6 +70,8 @@ class ShardSpec:
     experts_per_tok: int = 0  # MoE: experts each token is routed to
     expert_params: int = 0  # MoE: matmul weights of one expert of one layer on this GPU
     num_moe_layers: int = 0  # MoE: decoder layers holding experts
+    # matmul weights on this GPU that a quantized checkpoint keeps in the activation dtype (sim/hardware/quant.py)
+    unquantized_params: int = 0
 
     @property
     def active_body_params(self) -> int:
@@ -90,12 +93,18 @@ class ShardSpec:
 
     def weight_bytes(self, dtype: str) -> int:
         """Bytes of weights resident on this GPU. Quantized formats (fp8, int8, int4) apply to the decoder's linear
-        layers; embeddings, LM head, norms and biases stay in bf16, as in vLLM's fp8/GPTQ/AWQ checkpoints.
-        Quantization scales (a few per cent for int4 group-wise) are not counted."""
+        layers, less those the checkpoint leaves unconverted (``unquantized_params``); embeddings, LM head, norms
+        and biases stay in bf16, as in vLLM's fp8/GPTQ/AWQ checkpoints. Quantization scales (a few per cent for
+        int4 group-wise) are not counted."""
         key = canonical_dtype(dtype)
         hi_bits = DTYPE_BITS[activation_dtype(key)]
         rest = self.stored_params - self.body_matmul_params
-        return math.ceil((self.body_matmul_params * DTYPE_BITS[key] + rest * hi_bits) / 8)
+        return math.ceil((self.body_matmul_params * DTYPE_BITS[key] + rest * hi_bits + self._unconverted_bits(key))
+                         / 8)
+
+    def _unconverted_bits(self, key: str) -> int:
+        """Bits the unconverted matmuls add over the quantized dtype (0 when the dtype is not quantized)."""
+        return self.unquantized_params * max(0, DTYPE_BITS[activation_dtype(key)] - DTYPE_BITS[key])
 
     def weight_bytes_read_per_step(self, dtype: str) -> int:
         """Bytes of weights every forward step streams from memory: all matmul weights (body and LM head, the
@@ -105,7 +114,8 @@ class ShardSpec:
         hi_bits = DTYPE_BITS[activation_dtype(key)]
         body = self.body_matmul_params - self.num_experts * self.expert_params * self.num_moe_layers
         return math.ceil(
-            (body * DTYPE_BITS[key] + (self.lm_head_params + self.other_params) * hi_bits) / 8
+            (body * DTYPE_BITS[key] + (self.lm_head_params + self.other_params) * hi_bits + self._unconverted_bits(key))
+            / 8
         )
 
 
@@ -158,6 +168,11 @@ class ModelSpec:
     sliding_window: int = 0  # 0: every layer attends to the whole context
     sliding_window_pattern: int = 0  # every n-th layer (from 1) is global; 0: all layers local
     norms_per_layer: int = 2  # RMSNorms per decoder layer (Gemma-2: 4, before and after attention and MLP)
+    # a quantized checkpoint's layers whose attention projections, and whose MLP, stay in the activation dtype
+    # (quantization_config.modules_to_not_convert; Meta's Llama-3.1-405B-FP8: every attention, 2 MLPs;
+    # sim/hardware/quant.py)
+    unquantized_attention_layers: int = 0
+    unquantized_mlp_layers: int = 0
 
     def __post_init__(self) -> None:
         for f in ("hidden_size", "num_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size",
@@ -201,6 +216,9 @@ class ModelSpec:
         if not 0 <= self.first_k_dense_replace < self.num_layers:
             raise ValueError(f"model {self.name!r}: first_k_dense_replace must be in [0, num_layers), got "
                              f"{self.first_k_dense_replace!r}")
+        for f in ("unquantized_attention_layers", "unquantized_mlp_layers"):
+            if not 0 <= getattr(self, f) <= self.num_layers:
+                raise ValueError(f"model {self.name!r}: {f} must be in [0, num_layers], got {getattr(self, f)!r}")
         if self.kv_lora_rank and min(self.qk_rope_head_dim, self.qk_nope_head_dim, self.v_head_dim) < 1:
             raise ValueError(f"model {self.name!r}: MLA (kv_lora_rank > 0) needs qk_rope_head_dim, "
                              "qk_nope_head_dim and v_head_dim")
@@ -257,6 +275,8 @@ class ModelSpec:
             experts_per_tok=self.num_experts_per_tok if experts else 0,
             expert_params=expert,
             num_moe_layers=self.num_layers - dense if experts else 0,
+            unquantized_params=self.unquantized_attention_layers * attn_mm
+            + (0 if experts else self.unquantized_mlp_layers * (n_up + 1) * h * inter),
         )
 
     @property
@@ -373,6 +393,8 @@ class ModelSpec:
             max_position_embeddings=need("max_position_embeddings"),
             model_type=model_type,
         )
+        common["unquantized_attention_layers"], common["unquantized_mlp_layers"] = unquantized_layers(
+            cfg, common["num_layers"], source)
         if model_type == "opt":
             enable_bias = flag("enable_bias", True)
             pre_norm = flag("do_layer_norm_before", True)
@@ -432,6 +454,9 @@ class ModelSpec:
             "max_position_embeddings": self.max_position_embeddings,
             "tie_word_embeddings": self.tie_word_embeddings,
         }
+        if self.unquantized_attention_layers or self.unquantized_mlp_layers:
+            cfg["quantization_config"] = {"modules_to_not_convert": modules_not_converted(
+                self.unquantized_attention_layers, self.unquantized_mlp_layers, self.num_layers)}
         if self.model_type == "opt":
             cfg.update(
                 ffn_dim=self.intermediate_size,

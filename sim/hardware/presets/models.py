@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from sim.hardware.quant import meta_fp8
+
 # The presets servesim started with (tests and notebooks use them).
 BASE_MODEL_PRESETS: dict[str, dict[str, Any]] = {
     "tiny": {  # a test model small enough for a CPU
@@ -97,6 +99,9 @@ MORE_MODEL_PRESETS: dict[str, dict[str, Any]] = {
     "llama-3-70b": _llama(8192, 80, 64, 8, 28672, 128256, 8192, 500000.0),  # meta-llama/Meta-Llama-3-70B
     "llama-3.3-70b": _llama(8192, 80, 64, 8, 28672, 128256, 131072, 500000.0),  # meta-llama/Llama-3.3-70B-Instruct
     "llama-3.1-405b": _llama(16384, 126, 128, 8, 53248, 128256, 131072, 500000.0),  # meta-llama/Llama-3.1-405B
+    # meta-llama/Llama-3.1-405B-FP8: FP8 feed-forward layers, bf16 attention and first and last layers
+    # (sim/hardware/quant.py); run it with weight_dtype fp8
+    "llama-3.1-405b-fp8": meta_fp8(_llama(16384, 126, 128, 8, 53248, 128256, 131072, 500000.0)),
     "qwen2.5-14b": _qwen2(5120, 48, 40, 8, 13824, eps=1e-5),  # Qwen/Qwen2.5-14B
     "qwen2.5-32b": _qwen2(5120, 64, 40, 8, 27648, eps=1e-5),  # Qwen/Qwen2.5-32B
     "qwen2.5-72b": _qwen2(8192, 80, 64, 8, 29568, eps=1e-5),  # Qwen/Qwen2.5-72B
