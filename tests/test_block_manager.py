@@ -1038,3 +1038,27 @@ def test_allocate_decodes_is_allocate_one_by_one(kind: str) -> None:
     # every way to stop was met (a contiguous reservation holds the whole request: a decode always fits)
     assert stops == ({"all", "not a decode"} if kind == "contiguous" else
                      {"all", "no room", "not a decode", "reserved", "refused"})
+
+
+def test_reserved_decodes_count_when_asked_about_later() -> None:
+    """reserve_decodes keeps its requests aside until a request holding blocks is asked about (a waiting one, the
+    common next question, holds none): a waiting request's allocation, then more tokens for a reserved one and
+    its release, leave the free count that reserving one by one leaves."""
+    m = PagedBlockManager(40, 4)
+    running = [req(i, 7) for i in range(3)]
+    for r in running:  # each holds 2 blocks with 7 tokens computed: its 8th token fits, its 9th takes a block
+        m.allocate(r, 7)
+        compute(r, 7)
+    waiting = req(9, 10)
+    lazy, eager = m.budget(), m.budget()
+    assert lazy.reserve_decodes(running, 0) and eager.allocate_decodes(running) == 3
+    assert lazy._decoding is not None
+    for b in (lazy, eager):
+        assert b.allocate(waiting, 10)
+    assert lazy._decoding is not None and lazy.free == eager.free  # the waiting request did not settle them
+    for b in (lazy, eager):
+        assert b.allocate(running[1], 1)  # its second token this step: a new block
+    assert lazy.free == eager.free == 40 - 6 - 3 - 1
+    for b in (lazy, eager):
+        b.release(running[1])
+    assert lazy.free == eager.free == 40 - 6 - 3 + 2

@@ -413,7 +413,7 @@ _ID = attrgetter("id")
 class PagedBudget:
     """Free-block arithmetic for planning a step against a ``PagedBlockManager``."""
 
-    __slots__ = ("_m", "free", "cpu_free", "_planned", "_released")
+    __slots__ = ("_m", "free", "cpu_free", "_planned", "_released", "_decoding")
 
     def __init__(self, m: PagedBlockManager) -> None:
         self._m = m
@@ -421,6 +421,16 @@ class PagedBudget:
         self.cpu_free = m.num_free_cpu_blocks
         self._planned: dict[int, int] = {}  # request id -> tokens planned this step
         self._released: dict[int, int] = {}  # block -> references the planned preemptions drop (prefix caching)
+        # the requests reserve_decodes planned one token each, not yet in _planned: they go in when a request
+        # holding blocks, as each of them does, is next asked about (most asks then only admit a waiting request,
+        # which holds none)
+        self._decoding: Sequence[Request] | None = None
+
+    def _settle(self) -> None:
+        """Put the requests of ``reserve_decodes`` into ``_planned``."""
+        if self._decoding is not None:
+            self._planned.update(dict.fromkeys(map(_ID, self._decoding), 1))
+            self._decoding = None
 
     def _refs(self, b: int) -> int:
         return self._m.ref_count[b] - self._released.get(b, 0)
@@ -436,6 +446,8 @@ class PagedBudget:
         return cdiv(computed + num_new_tokens, m.block_size) - sum(1 for b in hits if self._refs(b) > 0)
 
     def allocate(self, req: Request, num_new_tokens: int) -> bool:
+        if self._decoding is not None and req.id in self._m.tables:  # only a holder of blocks can be one of them
+            self._settle()
         planned = self._planned.get(req.id, 0)
         if not planned:
             table = self._m.tables.get(req.id)
@@ -457,6 +469,7 @@ class PagedBudget:
 
     def allocate_decodes(self, reqs: Sequence[Request]) -> int:
         # allocate's common case, once per running request at every ask of a policy: one loop, no calls
+        self._settle()
         m = self._m
         tables, bs, planned = m.tables, m.block_size, self._planned
         free = self.free
@@ -481,10 +494,10 @@ class PagedBudget:
     def reserve_decodes(self, reqs: Sequence[Request], blocks: int) -> bool:
         # at every ask of a policy on the public API while all the running requests decode: the loop above, less
         # its per-request arithmetic (the decode group counted the blocks)
-        if self._planned or blocks > self.free:
+        if self._planned or self._decoding is not None or blocks > self.free:
             return False
         self.free -= blocks
-        self._planned = dict.fromkeys(map(_ID, reqs), 1)
+        self._decoding = reqs
         return True
 
     def release(self, req: Request) -> None:
@@ -498,6 +511,8 @@ class PagedBudget:
                     self.free += 1
         else:
             self.free += len(table)
+        if self._decoding is not None and req.id in self._m.tables:  # only a holder of blocks can be one of them
+            self._settle()
         planned = self._planned.pop(req.id, 0)
         if planned:
             self.free += m.blocks_needed(req, planned)
