@@ -243,3 +243,39 @@ def test_decode_group_next_finish_is_the_least_finishing_step() -> None:
                 outside.append(r)
         assert g.next_finish() == min(g.finish_at, default=-1)
     assert finishes > 100
+
+
+@pytest.mark.parametrize("prefix", [False, True])
+def test_one_try_grow_for_a_stretch_hands_out_the_blocks_of_a_call_per_step(prefix: bool) -> None:
+    """fast_forward takes a stretch's blocks in one try_grow call, the steps' crossings back to back (a member
+    twice when the stretch is longer than a block): the blocks a call per step hands out, in the same order,
+    whether they come off the freed stack or the untouched range (seeded random frees in between)."""
+    import random
+
+    from sim.serving.block_manager import PagedBlockManager
+    from sim.serving.request import Request, RequestSpec
+
+    rnd = random.Random(3)
+    one, per_step = PagedBlockManager(300, 4, enable_prefix_caching=prefix), \
+        PagedBlockManager(300, 4, enable_prefix_caching=prefix)
+    live: list[Request] = []
+    for rid in range(400):
+        if len(live) < 12 and one.num_free_blocks >= 3:
+            r = Request(RequestSpec(rid, 0.0, 9, 4), arrival=0.0)
+            one.allocate(r, 9)
+            per_step.allocate(r, 9)
+            live.append(r)
+        crossings = [rnd.sample(live, rnd.randint(0, min(3, len(live)))) for _ in range(rnd.randint(1, 9))]
+        crossings += crossings[:2]  # the same members cross again a block later
+        flat = [r for c in crossings for r in c]
+        if len(flat) > one.num_free_blocks:
+            continue
+        assert one.try_grow(flat)
+        for c in crossings:
+            assert per_step.try_grow(c)
+        if rnd.random() < 0.5:
+            r = live.pop(rnd.randrange(len(live)))
+            one.free(r)
+            per_step.free(r)
+        assert one.tables == per_step.tables and one.num_free_blocks == per_step.num_free_blocks
+    one.check_invariants()

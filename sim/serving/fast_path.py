@@ -12,8 +12,8 @@ correct without it (the real engine never calls it), and a reader of the core ne
 
 from __future__ import annotations
 
-from bisect import bisect_left
-from itertools import accumulate
+from bisect import bisect_left, bisect_right
+from itertools import accumulate, chain
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 STEADY_PLAN = Plan(decode_group=True)  # what a group-aware policy plans when nothing waits and all decode
 MAX_SEGMENT = 4096  # fast-forward at most this many steps at once (bounds the arrays it builds)
 SCALAR_BELOW = 64  # price segments this short with scalar cost-model calls
+BULK_STEPS = 5  # apply stretches (steps between finishes) this long in bulk, shorter ones step by step
 
 
 def predict(g: DecodeGroup, k: int, pad: int) -> tuple[list[int], list[int], list[int]]:
@@ -164,44 +165,87 @@ def fast_forward(
     n = min(stop, bisect_left(ends, deadline, o), over + 1 if overshoot else over)
     kv = core.kv
     grows = g.grows
-    try_grow = kv.try_grow
     buckets = g.buckets
     bs = len(buckets)
     members = g.members
     log = core.steps
     log.compact()
-    step_values = log.per_step.extend
+    per_step = log.per_step
     m = len(members)
     used = kv.num_used_blocks
     filled = core.filled_blocks
     kv_tokens = core.kv_tokens
     steps = j0
     run = o  # the first step of the current run
-    for i in range(o, n):
-        crossing = buckets[steps % bs]
-        nb = len(crossing)
-        if nb and grows:
-            if not try_grow(crossing):
-                break  # a block shortage: the policy decides whom to preempt
-            used += nb
-        filled += nb
-        kv_tokens += m
-        steps += 1
-        step_values((ends[i + 1], used, used - filled if used > filled else 0, kv_tokens, flops[i]))
+    i = o
+    while i < n:
+        # The steps up to the next finish (or ``n``) have the same members, so the same buckets: step ``t`` of
+        # them takes a block for each member of ``buckets[(steps + t) % bs]``. Their values are computed for the
+        # whole stretch at once (a loop per stretch, not per step): the blocks in one ``try_grow`` call (one call
+        # with the crossings back to back hands out the blocks a call per step would, in the same order), up to
+        # the first step for which the free blocks run out.
+        k = min(n, i + next_finish - steps) - i if next_finish > steps else n - i
+        shortage = False
+        if k < BULK_STEPS:  # a short stretch costs less step by step
+            for t in range(k):
+                crossing = buckets[(steps + t) % bs]
+                nb = len(crossing)
+                if nb and grows:
+                    if not kv.try_grow(crossing):
+                        k, shortage = t, True  # a block shortage: the policy decides whom to preempt
+                        break
+                    used += nb
+                filled += nb
+                kv_tokens += m
+                per_step += (ends[i + t + 1], used, used - filled if used > filled else 0, kv_tokens, flops[i + t])
+        else:
+            b0 = steps % bs
+            if b0 + k <= bs:  # the buckets in the stretch's order
+                cross = buckets[b0 : b0 + k]
+            else:
+                cross = buckets[b0:] + buckets[:b0]
+                cross = (cross * (k // bs + 1))[:k] if k > bs else cross[:k]
+            need = list(accumulate(map(len, cross)))  # blocks taken by the end of each step
+            if grows:
+                if need[-1] > kv.num_free_blocks:  # a block shortage: the policy decides whom to preempt
+                    k = bisect_right(need, kv.num_free_blocks)
+                    shortage = True
+                    del cross[k:], need[k:]
+                if k and need[-1]:
+                    kv.try_grow(list(chain.from_iterable(cross)))
+            if k:
+                vals: list[float] = [0.0] * (5 * k)
+                vals[0::5] = ends[i + 1 : i + k + 1]
+                if grows:  # used and filled blocks grow together: the reserved blocks stay as they are
+                    vals[1::5] = [used + c for c in need]
+                    vals[2::5] = [used - filled if used > filled else 0] * k
+                    used += need[-1]
+                else:
+                    vals[1::5] = [used] * k
+                    vals[2::5] = [used - f if used > f else 0 for f in [filled + c for c in need]]
+                vals[3::5] = range(kv_tokens + m, kv_tokens + m * k + 1, m) if m else [kv_tokens] * k
+                vals[4::5] = flops[i : i + k]
+                per_step += vals
+                filled += need[-1]
+                kv_tokens += m * k
+        steps += k
+        i += k
+        if shortage:
+            break
         if steps == next_finish:
-            _end_run(core, g, run, i + 1, ends, read_l)
-            run = i + 1
+            _end_run(core, g, run, i, ends, read_l)
+            run = i
             core.filled_blocks, core.kv_tokens = filled, kv_tokens
             core.repeatable = None
             if core.waiting or core.swapped:  # as ServingCore.complete: a finish matters when someone waits
                 core.all_decode = False
             for r in finish_at.pop(steps):
-                core.retire(r, ends[i + 1])
+                core.retire(r, ends[i])
             m = len(members)
             used = kv.num_used_blocks
             filled, kv_tokens = core.filled_blocks, core.kv_tokens
             next_finish = g.next_finish()
-            if i == over or not keep_going or not m:
+            if i - 1 == over or not keep_going or not m:
                 break
     end = o + steps - j0  # one past the last step taken
     if end > run:
