@@ -564,3 +564,32 @@ def test_every_requests_csv_column_is_explained_in_the_docs() -> None:
     page = (Path(__file__).parents[1] / "docs" / "outputs.md").read_text()
     for col, text in REQUEST_COLUMN_HELP.items():
         assert f"| `{col}` | {text} |" in page, col
+
+
+def test_step_events_merged_are_the_stable_argsort() -> None:
+    """amount_per_window's starts and ends, placed by merging the two sorted halves (one replica's log), are the
+    stable argsort's order to the byte: back-to-back steps (an end equal to the next start), idle gaps, zero
+    durations' neighbours, overlapping steps whose ends are in order, and unsorted steps (the argsort itself)."""
+    from sim.output.report.common import _step_events
+
+    def by_argsort(s: np.ndarray, d: np.ndarray, a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        rate = a / d
+        times = np.concatenate((s, s + d))
+        order = np.argsort(times, kind="stable")
+        return times[order], np.concatenate((rate, -rate))[order]
+
+    rng = np.random.default_rng(1)
+    merged = 0
+    for trial in range(300):
+        n = int(rng.integers(1, 400))
+        d = rng.choice([0.5, 1.0, 0.25, 2.0], n) * rng.integers(1, 3)
+        s = np.cumsum(np.r_[0, (d + rng.choice([0.0, 0.0, 0.5, 1.0], n))[:-1]])
+        if trial % 3 == 0:  # overlapping steps, sorted starts
+            s = np.sort(rng.choice(np.arange(0, 20, 0.5), n))
+        if trial % 7 == 0:
+            s = rng.permutation(s)
+        a = rng.random(n)
+        merged += bool(np.all(s[1:] >= s[:-1]) and np.all(np.diff(s + d) >= 0))
+        got, want = _step_events(s, d, a), by_argsort(s, d, a)
+        assert got[0].tobytes() == want[0].tobytes() and got[1].tobytes() == want[1].tobytes(), trial
+    assert 100 < merged < 300

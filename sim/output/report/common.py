@@ -96,22 +96,8 @@ def amount_per_window(starts: np.ndarray, durations: np.ndarray, amounts: np.nda
         # temporary dropped once used: a long run's steps made some twenty temporaries of twice its columns
         s, d, a = (starts, durations, amounts) if not point.any() else \
             (starts[~point], durations[~point], amounts[~point])
-        rate = a / d
-        n = len(rate)
-        times = np.empty(2 * n)  # np.concatenate((s, s + d)), its halves written in place
-        times[:n] = s
-        np.add(s, d, out=times[n:])
+        times, rate_after = _step_events(s, d, a)
         del s, d, a
-        rate_after = np.empty(2 * n)  # rate on [times[i], times[i+1]) once sorted and cumulated
-        rate_after[:n] = rate
-        np.negative(rate, out=rate_after[n:])
-        del rate
-        order = np.argsort(times, kind="stable")
-        if len(order) < 2**31:  # the same permutation in half the bytes: it is held beside two columns
-            order = order.astype(np.int32)
-        times = times[order]
-        rate_after = rate_after[order]
-        del order
         np.cumsum(rate_after, out=rate_after)
         gained = np.diff(times)
         gained *= rate_after[:-1]
@@ -122,6 +108,45 @@ def amount_per_window(starts: np.ndarray, durations: np.ndarray, amounts: np.nda
         del gained
         cum += np.interp(edges, times, at_times)  # the cumulative amount is linear between those times
     return np.diff(cum)
+
+
+def _step_events(s: np.ndarray, d: np.ndarray, a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each step's start and end (``np.concatenate((s, s + d))``) in stable sorted order, and the rate each starts
+    (+a/d) or ends (-a/d) there. The steps of one replica's log start in order and end in order, so the sorted
+    times are the two sorted halves merged, starts first among equal times, which is the permutation the stable
+    argsort gives: placed by search, it costs a boolean per time instead of the argsort's index, its buffer and
+    the gathered copies (a long run's peak was this sort). Otherwise the argsort."""
+    n = len(s)
+    e = s + d
+    if not (bool(np.all(s[1:] >= s[:-1])) and bool(np.all(e[1:] >= e[:-1]))):
+        times = np.concatenate((s, e))
+        del e
+        rate_after = np.empty(2 * n)  # rate on [times[i], times[i+1]) once sorted and cumulated
+        rate = a / d
+        rate_after[:n] = rate
+        np.negative(rate, out=rate_after[n:])
+        del rate
+        order = np.argsort(times, kind="stable")
+        if len(order) < 2**31:  # the same permutation in half the bytes: it is held beside two columns
+            order = order.astype(np.int32)
+        return times[order], rate_after[order]
+    # start i is preceded by starts 0..i-1 and by the ends strictly before it (an equal end sorts after it)
+    at = np.searchsorted(e, s, side="left")
+    at += np.arange(n, dtype=at.dtype)
+    is_start = np.zeros(2 * n, dtype=bool)
+    is_start[at] = True
+    del at
+    is_end = ~is_start
+    times = np.empty(2 * n)
+    times[is_start] = s
+    times[is_end] = e  # the ends fill the other places in their own (sorted) order
+    del e
+    rate = a / d
+    rate_after = np.empty(2 * n)
+    rate_after[is_start] = rate
+    np.negative(rate, out=rate)
+    rate_after[is_end] = rate
+    return times, rate_after
 
 
 def state_per_window(t: np.ndarray, values: np.ndarray, edges: np.ndarray, how: str = "max") -> np.ndarray:
