@@ -151,7 +151,9 @@ class Replica:
             batch = None
             while True:
                 horizon = self.horizon() if self.horizon is not None else None
-                if fast is not None and horizon is not None and core.group is not None and core.group.members:
+                # the core must ask its policy (as after every arrival): no stretch to take, no call down to learn it
+                if fast is not None and horizon is not None and core.group is not None and core.group.members \
+                        and core.plan_without_policy(t) is not None:
                     # no overshoot past a pending failure: it must be taken at the first step boundary after it
                     seg = fast(core, t, horizon, finishes=self.finishes_are_silent,
                                overshoot=self.overshoot and not self.aborts, overshoot_finish=self.overshoot_finish)
