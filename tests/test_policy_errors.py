@@ -128,3 +128,45 @@ def test_ctrl_c_inside_a_policy_is_still_ctrl_c(tmp_path: Path) -> None:
     p = _run(tmp_path, "bad_policies.py:PressesCtrlC")
     assert p.returncode == 130, p.stderr
     assert "did not return" not in p.stderr
+
+
+def test_a_policy_that_catches_the_watchdogs_interrupt_is_still_watched(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A policy's own ``except:`` may swallow the watchdog's KeyboardInterrupt. The same call, still running a limit
+    later, is stopped again; and once the call has returned, the next call is watched as any other and a Ctrl-C in
+    it is still Ctrl-C (before: the stale stop disabled the watchdog for the rest of the process and turned every
+    later Ctrl-C into a timeout error)."""
+    import time
+
+    from sim.policies.user import PolicyError, call_user
+    from sim.policies.watchdog import WATCH
+
+    monkeypatch.setenv("SERVESIM_POLICY_TIMEOUT_S", "0.3")
+    WATCH.arm()
+
+    def swallows() -> str:
+        try:
+            time.sleep(30)
+        except KeyboardInterrupt:
+            return "went on"
+        return "slept"
+
+    def spins(seconds: float) -> str:
+        t = time.monotonic()
+        while time.monotonic() - t < seconds:
+            pass
+        return "returned"
+
+    def swallows_then_spins() -> str:
+        swallows()
+        return spins(10)
+
+    def ctrl_c() -> None:
+        raise KeyboardInterrupt
+
+    assert call_user("swallows", swallows) == "went on"
+    with pytest.raises(KeyboardInterrupt):
+        call_user("ctrl_c", ctrl_c)
+    with pytest.raises(PolicyError, match=r"^spins did not return within 0.3 s"):
+        call_user("spins", spins, 10)
+    with pytest.raises(PolicyError, match=r"^swallows_then_spins did not return within 0.3 s"):
+        call_user("swallows_then_spins", swallows_then_spins)

@@ -57,6 +57,7 @@ def call_user(what: str, fn: Any, *args: Any) -> Any:
     if threading.get_ident() != w.main:  # only the main thread is watched (signals reach it alone)
         return _call_plain(what, fn, args)
     w.calls += 1
+    w.fired = False  # a stop the last call's code caught (its own ``except:``) is not this call's
     w.inside = True
     try:
         return fn(*args)

@@ -8,7 +8,7 @@ A decision takes microseconds to milliseconds; the default of 60 s only catches 
 machine too. ``SERVESIM_POLICY_TIMEOUT_S`` changes it. ``servesim.evaluate`` has its own CPU-time budget per
 evaluation (sim/studies/evaluate.py); this one covers ``servesim run``, sweeps, the engine and everything else.
 
-The watch costs a call two attribute writes; the watcher wakes at most once a second. It watches the main thread
+The watch costs a call four attribute writes; the watcher wakes at most once a second. It watches the main thread
 only (the one signals reach); calls from other threads are not timed.
 """
 
@@ -65,7 +65,7 @@ class Watch:
         seen, since = -1, 0.0
         while True:
             time.sleep(min(1.0, self.limit / 4))
-            if not self.inside or self.fired:
+            if not self.inside:
                 seen = -1
                 continue
             if self.calls != seen:  # a call begun since the last look: time it from now
@@ -73,6 +73,7 @@ class Watch:
                 continue
             if time.monotonic() - since >= self.limit and self.inside and self.calls == seen:
                 self.fired = True
+                since = time.monotonic()  # the user's code may catch the interrupt: stopped again a limit later
                 if self.main is not None and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
                     # a real signal, not _thread.interrupt_main alone: it also ends a sleep or a blocking read
                     signal.pthread_kill(self.main, signal.SIGINT)
