@@ -170,3 +170,20 @@ def test_a_policy_that_catches_the_watchdogs_interrupt_is_still_watched(monkeypa
         call_user("spins", spins, 10)
     with pytest.raises(PolicyError, match=r"^swallows_then_spins did not return within 0.3 s"):
         call_user("swallows_then_spins", swallows_then_spins)
+
+
+def test_a_policy_that_never_returns_is_stopped_where_sigint_is_ignored(tmp_path: Path) -> None:
+    """A run started in the background by a script (or under nohup) begins with SIGINT ignored, and Python then drops
+    the watchdog's interrupt: the run hung. It is stopped as anywhere else, exit 2."""
+    import signal
+
+    (tmp_path / "bad_policies.py").write_text((POLICIES / "bad_policies.py").read_text())
+    sc = tmp_path / "s.yaml"
+    sc.write_text(SCENARIO.format(cls="bad_policies.py:Spins", extra=""))
+    p = subprocess.run([sys.executable, "-m", "sim.cli.main", "run", str(sc), "--out", str(tmp_path / "out"), "-q"],
+                       capture_output=True, text=True, timeout=60, cwd=HERE.parent,
+                       env={**os.environ, "SERVESIM_POLICY_TIMEOUT_S": "0.5"},
+                       preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    assert p.returncode == 2, p.stderr
+    assert "did not return within 0.5 s" in p.stderr and "while view.now >= 0" in p.stderr, p.stderr
+    assert not (tmp_path / "out").exists()

@@ -57,6 +57,11 @@ class Watch:
     def arm(self) -> None:
         """Read the limit and start the watcher (once per process: a forked worker starts its own)."""
         self.limit = limit_s()
+        if signal.getsignal(signal.SIGINT) is signal.SIG_IGN and threading.current_thread() is threading.main_thread():
+            # SIGINT ignored (a run started in the background by a script, nohup): Python would drop the stop
+            # (_thread.interrupt_main does nothing then) and the call would hang; a handler that stops only a
+            # watched call keeps every other SIGINT ignored
+            signal.signal(signal.SIGINT, _stop_if_fired)
         if not self._started:
             self._started = True
             threading.Thread(target=self._watch, name="servesim-policy-watchdog", daemon=True).start()
@@ -74,7 +79,8 @@ class Watch:
             if time.monotonic() - since >= self.limit and self.inside and self.calls == seen:
                 self.fired = True
                 since = time.monotonic()  # the user's code may catch the interrupt: stopped again a limit later
-                if self.main is not None and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+                if self.main is not None and signal.getsignal(signal.SIGINT) in (signal.default_int_handler,
+                                                                                  _stop_if_fired):
                     # a real signal, not _thread.interrupt_main alone: it also ends a sleep or a blocking read
                     signal.pthread_kill(self.main, signal.SIGINT)
                 else:  # another handler (or none: SIG_DFL would end the process): Python's own path to it
@@ -83,6 +89,12 @@ class Watch:
     def reset_after_fork(self) -> None:
         # threads do not survive fork: the child starts its own watcher on its first call
         self.__init__()  # type: ignore[misc]
+
+
+def _stop_if_fired(signum: int, frame: object) -> None:
+    """SIGINT's handler where it was ignored: the watchdog's stop, and nothing else, interrupts the main thread."""
+    if WATCH.fired and WATCH.inside:
+        raise KeyboardInterrupt
 
 
 WATCH = Watch()
