@@ -187,3 +187,34 @@ def test_a_policy_that_never_returns_is_stopped_where_sigint_is_ignored(tmp_path
     assert p.returncode == 2, p.stderr
     assert "did not return within 0.5 s" in p.stderr and "while view.now >= 0" in p.stderr, p.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_a_forked_worker_watches_a_policy_made_before_the_fork(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker forked after the policy was made (the watcher armed in the parent) has its calls watched too, at the
+    parent's limit: before, the child had no watcher until something armed it again, and its calls ran unstopped."""
+    import time
+
+    from sim.policies.user import PolicyError, call_user
+    from sim.policies.watchdog import WATCH
+
+    monkeypatch.setenv("SERVESIM_POLICY_TIMEOUT_S", "0.3")
+    WATCH.arm()
+
+    def spins() -> str:
+        t = time.monotonic()
+        while time.monotonic() - t < 10:
+            pass
+        return "returned"
+
+    pid = os.fork()
+    if pid == 0:  # the child: exit 0 when stopped with the parent's limit
+        code = 1
+        try:
+            call_user("spins", spins)
+        except PolicyError as e:
+            code = 0 if "did not return within 0.3 s" in str(e) else 2
+        except BaseException:
+            code = 3
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

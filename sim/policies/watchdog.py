@@ -87,8 +87,14 @@ class Watch:
                     _thread.interrupt_main()
 
     def reset_after_fork(self) -> None:
-        # threads do not survive fork: the child starts its own watcher on its first call
+        # threads do not survive fork: a child of a watched parent starts its own watcher at once, at the parent's
+        # limit (its calls may be into policies made before the fork, which nothing arms again)
+        started, limit = self._started, self.limit
         self.__init__()  # type: ignore[misc]
+        self.limit = limit
+        if started:
+            self._started = True
+            threading.Thread(target=self._watch, name="servesim-policy-watchdog", daemon=True).start()
 
 
 def _stop_if_fired(signum: int, frame: object) -> None:
