@@ -83,3 +83,22 @@ def test_a_router_that_is_not_one_is_refused_at_load(tmp_path: Path) -> None:
     p = subprocess.run([sys.executable, "-m", "sim.cli.main", "run", str(_scenario(tmp_path, text)), "-q"],
                        capture_output=True, text=True, timeout=300, cwd=HERE.parent)
     assert p.returncode == 2 and "ShortOnly has no route() method (subclass servesim.Router)" in p.stderr, p.stderr
+
+
+def test_a_router_or_admission_that_never_returns_is_stopped(tmp_path: Path) -> None:
+    """docs/write-a-policy.md: a call that never returns is stopped with one message, 'the same for a router's route
+    and an admission's admit' (sim/policies/watchdog.py), exit 2, nothing written."""
+    import os
+
+    for old, cls, call, line in (
+            ("bad_policies.py:Fewest", "SpinsRouting", "router SpinsRouting: route(request 0)",
+             "while request.prompt_len > 0"),
+            ('bad_policies.py:ShortOnly", args: {limit: 200}', "SleepsAdmitting",
+             "admission SleepsAdmitting: admit(request 0)", "time.sleep(3600)")):
+        text = SCENARIO.replace(old, f'bad_policies.py:{cls}"' if "args" in old else f"bad_policies.py:{cls}")
+        p = subprocess.run([sys.executable, "-m", "sim.cli.main", "run", str(_scenario(tmp_path, text)), "-q",
+                            "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=300,
+                           cwd=HERE.parent, env={**os.environ, "SERVESIM_POLICY_TIMEOUT_S": "0.5"})
+        assert p.returncode == 2, p.stderr
+        assert f"{call} did not return within 0.5 s" in p.stderr and line in p.stderr, p.stderr
+        assert not (tmp_path / "out").exists()

@@ -119,3 +119,18 @@ class Sleeps(FCFSPolicy):
 class PressesCtrlC(FCFSPolicy):
     def schedule(self, view):
         raise KeyboardInterrupt
+
+
+class SpinsRouting(servesim.Router):
+    """Never returns: a router's loop whose exit condition is wrong."""
+
+    def route(self, request, replicas):
+        while request.prompt_len > 0:
+            pass
+
+
+class SleepsAdmitting(servesim.Admission):
+    """Never returns: an admission rule waiting on something that never comes."""
+
+    def admit(self, request, state):
+        time.sleep(3600)
