@@ -218,3 +218,31 @@ def test_a_forked_worker_watches_a_policy_made_before_the_fork(monkeypatch: pyte
         os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_sigint_left_to_the_system_still_stops_a_policy_and_still_ends_the_process(tmp_path: Path) -> None:
+    """A script that sets SIGINT to SIG_DFL (Ctrl-C ends it at once, no traceback) and then runs servesim: a policy
+    that never returns is stopped (it hung: Python drops the watchdog's interrupt for a signal it does not handle),
+    and a SIGINT from outside still ends the process as SIG_DFL does."""
+    import signal
+
+    (tmp_path / "bad_policies.py").write_text((POLICIES / "bad_policies.py").read_text())
+    sc = tmp_path / "s.yaml"
+    sc.write_text(SCENARIO.format(cls="bad_policies.py:Spins", extra=""))
+    script = ("import signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+              f"sys.argv = ['servesim', 'run', {str(sc)!r}, '--out', {str(tmp_path / 'out')!r}, '-q']; "
+              "from sim.cli.main import main; main()")
+    env = {**os.environ, "SERVESIM_POLICY_TIMEOUT_S": "0.5"}
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=HERE.parent,
+                       env=env)
+    assert p.returncode == 2, p.stderr
+    assert "did not return within 0.5 s" in p.stderr and "while view.now >= 0" in p.stderr, p.stderr
+    # the same run with a limit far off, sent SIGINT while the policy spins: ended by the signal, as before
+    env["SERVESIM_POLICY_TIMEOUT_S"] = "600"
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            cwd=HERE.parent, env=env)
+    try:
+        proc.communicate(timeout=8)  # the run starts and the policy spins
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=30) == -signal.SIGINT

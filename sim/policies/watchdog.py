@@ -57,10 +57,13 @@ class Watch:
     def arm(self) -> None:
         """Read the limit and start the watcher (once per process: a forked worker starts its own)."""
         self.limit = limit_s()
-        if signal.getsignal(signal.SIGINT) is signal.SIG_IGN and threading.current_thread() is threading.main_thread():
-            # SIGINT ignored (a run started in the background by a script, nohup): Python would drop the stop
-            # (_thread.interrupt_main does nothing then) and the call would hang; a handler that stops only a
-            # watched call keeps every other SIGINT ignored
+        before = signal.getsignal(signal.SIGINT)
+        if before in (signal.SIG_IGN, signal.SIG_DFL) and threading.current_thread() is threading.main_thread():
+            # SIGINT ignored (a run started in the background by a script, nohup) or left to the system (a script's
+            # signal(SIGINT, SIG_DFL)): Python would drop the stop (_thread.interrupt_main does nothing then) and
+            # the call would hang; a handler that stops only a watched call does to every other SIGINT what was done
+            global _BEFORE
+            _BEFORE = before
             signal.signal(signal.SIGINT, _stop_if_fired)
         if not self._started:
             self._started = True
@@ -83,7 +86,7 @@ class Watch:
                                                                                   _stop_if_fired):
                     # a real signal, not _thread.interrupt_main alone: it also ends a sleep or a blocking read
                     signal.pthread_kill(self.main, signal.SIGINT)
-                else:  # another handler (or none: SIG_DFL would end the process): Python's own path to it
+                else:  # another handler: Python's own path to it
                     _thread.interrupt_main()
 
     def reset_after_fork(self) -> None:
@@ -97,10 +100,17 @@ class Watch:
             threading.Thread(target=self._watch, name="servesim-policy-watchdog", daemon=True).start()
 
 
+_BEFORE: object = signal.SIG_IGN  # what SIGINT did before ``_stop_if_fired`` took it
+
+
 def _stop_if_fired(signum: int, frame: object) -> None:
-    """SIGINT's handler where it was ignored: the watchdog's stop, and nothing else, interrupts the main thread."""
+    """SIGINT's handler where Python did not handle it: the watchdog's stop interrupts the main thread; any other
+    SIGINT is ignored, or ends the process, as before."""
     if WATCH.fired and WATCH.inside:
         raise KeyboardInterrupt
+    if _BEFORE is signal.SIG_DFL:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
 
 
 WATCH = Watch()
