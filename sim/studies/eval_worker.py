@@ -318,13 +318,22 @@ class KeptWorker:
             p = self._spawn([*objs, *also], stamp)
             _write(p.jobs, _JOB.pack(len(job)) + job)
         wall = _wall(time_limit)
-        try:
-            value, p.cpu, retire = _receive(p.replies, wall)
-        except _Late:
-            self.close()
-            return _late(wall)
-        except _Closed:
-            return _death(self.close(), time_limit)
+        for attempt in (1, 2):
+            try:
+                value, p.cpu, retire = _receive(p.replies, wall)
+                break
+            except _Late:
+                self.close()
+                return _late(wall)
+            except _Closed:
+                status = self.close()
+                if attempt == 2 or not (os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL):
+                    return _death(status, time_limit)
+                # Killed from outside: a kept worker's own budget is a soft CPU limit (SIGXCPU) and the wall-clock
+                # guard above, never SIGKILL. One killed while it waited may still be exiting when the job is
+                # written (its pipe still open), and the job is lost with it: once more, in a fresh one.
+                p = self._spawn([*objs, *also], stamp)
+                _write(p.jobs, _JOB.pack(len(job)) + job)
         if isinstance(value, str) and value == _UNLOADABLE:
             self.close()
             return None
