@@ -246,3 +246,27 @@ def test_sigint_left_to_the_system_still_stops_a_policy_and_still_ends_the_proce
     except subprocess.TimeoutExpired:
         proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=30) == -signal.SIGINT
+
+
+def test_a_call_that_calls_a_policy_itself_is_still_watched_after(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A policy that runs a simulation of its own (a nested run: its policy's calls go through call_user inside the
+    outer call) is still watched once the inner calls return: before, the inner call's end marked the main thread
+    as outside any call, and the outer call then ran unstopped."""
+    import time
+
+    from sim.policies.user import PolicyError, call_user
+    from sim.policies.watchdog import WATCH
+
+    monkeypatch.setenv("SERVESIM_POLICY_TIMEOUT_S", "0.3")
+    WATCH.arm()
+
+    def outer() -> str:
+        call_user("inner", lambda: None)
+        t = time.monotonic()
+        while time.monotonic() - t < 10:
+            pass
+        return "returned"
+
+    with pytest.raises(PolicyError, match=r"^outer did not return within 0.3 s"):
+        call_user("outer", outer)
+    assert not WATCH.inside

@@ -58,6 +58,7 @@ def call_user(what: str, fn: Any, *args: Any) -> Any:
         return _call_plain(what, fn, args)
     w.calls += 1
     w.fired = False  # a stop the last call's code caught (its own ``except:``) is not this call's
+    outer = w.inside  # a call inside another (a policy that runs a simulation of its own): the outer goes on after
     w.inside = True
     try:
         return fn(*args)
@@ -72,7 +73,7 @@ def call_user(what: str, fn: Any, *args: Any) -> Any:
     except Exception as e:
         raise PolicyError(f"{what} raised {type(e).__name__}: {e}\n{_user_frames(e)}") from None
     finally:
-        w.inside = False
+        w.inside = outer
 
 
 def _call_plain(what: str, fn: Any, args: tuple) -> Any:

@@ -8,8 +8,8 @@ A decision takes microseconds to milliseconds; the default of 60 s only catches 
 machine too. ``SERVESIM_POLICY_TIMEOUT_S`` changes it. ``servesim.evaluate`` has its own CPU-time budget per
 evaluation (sim/studies/evaluate.py); this one covers ``servesim run``, sweeps, the engine and everything else.
 
-The watch costs a call four attribute writes; the watcher wakes at most once a second. It watches the main thread
-only (the one signals reach); calls from other threads are not timed.
+The watch costs a call four attribute writes and a read; the watcher wakes at most once a second. It watches the
+main thread only (the one signals reach); calls from other threads are not timed.
 """
 
 from __future__ import annotations
