@@ -112,8 +112,10 @@ class RequestTable(Sequence[RequestRecord]):
         return bool((n["priority"] != 0).any() or (n["ttft_slo"] >= 0).any() or (n["tpot_slo"] >= 0).any()
                     or any(any(self._names[f]) for f in ("tenant", "slo_class")))
 
-    def _records(self, lo: int, hi: int) -> list[RequestRecord]:
-        cols: list[list] = []
+    def fields_of(self, lo: int, hi: int) -> dict[str, list]:
+        """Rows lo..hi, field by field (every ``RequestRecord`` field): the values the records hold, as Python
+        values (a time that was an int too), without making the records (requests.csv is written from these)."""
+        cols: dict[str, list] = {}
         ids = self._numeric["id"][lo:hi].tolist()
         for f in _FIELDS:
             if f in self._numeric:
@@ -127,8 +129,11 @@ class RequestTable(Sequence[RequestRecord]):
             else:
                 some = self._tuples[f]
                 col = [some.get(i, ()) for i in ids] if some else [()] * len(ids)
-            cols.append(col)
-        return [RequestRecord(*row) for row in zip(*cols, strict=True)]
+            cols[f] = col
+        return cols
+
+    def _records(self, lo: int, hi: int) -> list[RequestRecord]:
+        return [RequestRecord(*row) for row in zip(*self.fields_of(lo, hi).values(), strict=True)]
 
     @overload
     def __getitem__(self, i: int) -> RequestRecord: ...
