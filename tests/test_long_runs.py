@@ -215,3 +215,29 @@ def test_step_log_packs_counts_as_int32_only_where_they_fit() -> None:
     assert cols["kv_tokens"].tolist() == [2**40 + i for i in range(5)] + [2]  # int64 as always: 2.5 truncated
     assert cols["kv_blocks_used"].tolist() == [10, 11, 12, 13, 14, 12]
     assert cols["duration"].tolist() == [0.5] * 6 and cols["flops"].tolist() == [1.5e12] * 6
+
+
+def test_a_full_disk_under_the_spilled_step_log_is_one_message(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """A long run spills its step log to a temporary file: a disk that fills meanwhile ends the run with exit 2 and
+    one message naming what was written where (not a traceback), and no run folder."""
+    import errno
+    import os
+
+    import yaml
+    from typer.testing import CliRunner
+
+    import sim.metrics.spill as spill
+    from sim.cli.main import app
+
+    def full(*args: object) -> int:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(records, "_CHUNK", 7)
+    monkeypatch.setattr(spill, "SPILL_MIN", 20)
+    monkeypatch.setattr(spill.os, "pwrite", full)
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(yaml.safe_dump({**SCENARIO, "variants": SCENARIO["variants"][:1]}))
+    res = CliRunner().invoke(app, ["run", str(scenario), "--out", str(tmp_path / "out"), "-q"])
+    assert res.exit_code == 2, res.output
+    assert "error: simulating long-run-chunks: No space left on device while spilling the step log" in res.output
+    assert "Traceback" not in res.output and not (tmp_path / "out").exists()

@@ -141,11 +141,12 @@ def run(
         try:
             try:
                 result = run_scenario(prepared, progress=bar or False, trace=decisions)
-            except ScenarioError as e:  # a user's policy failed (sim.policies.user.PolicyError): nothing written
+            except (ScenarioError, OSError) as e:  # a user's policy failed (sim.policies.user.PolicyError), or the
+                # disk under a long run's spilled step log filled (sim/metrics/spill.py): nothing written
                 if bar is not None:
                     bar.close()
                     bar = None
-                _fail(str(e))
+                _fail(str(e) if isinstance(e, ScenarioError) else f"simulating {sc.name}: {e.strerror or e}")
                 return
             if interval:
                 from sim.metrics.intervals import interval_80

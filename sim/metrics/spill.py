@@ -27,13 +27,18 @@ class SpillFile:
         self._size = 0
 
     def write(self, values: np.ndarray) -> int:
-        """Append ``values`` (contiguous) and return the offset it starts at."""
+        """Append ``values`` (contiguous) and return the offset it starts at. A failed write (a full disk) raises
+        an OSError that says what was being written where."""
         at = self._size
         data = np.ascontiguousarray(values).data.cast("B")
         fd = self._file.fileno()
         done = 0
-        while done < len(data):  # os.pwrite may write less than asked
-            done += os.pwrite(fd, data[done:], at + done)
+        try:
+            while done < len(data):  # os.pwrite may write less than asked
+                done += os.pwrite(fd, data[done:], at + done)
+        except OSError as e:
+            raise OSError(e.errno, f"{e.strerror or e} while spilling the step log of a long run to a temporary "
+                          f"file in {tempfile.gettempdir()} (TMPDIR chooses the folder)") from None
         self._size += len(data)
         return at
 
