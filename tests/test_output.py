@@ -458,6 +458,41 @@ def test_state_per_window_aggregates_and_holds():
     np.testing.assert_array_equal(state_per_window(t, v, edges, "mean"), [5.0, 5.0, 1.0])
 
 
+def _state_per_window_before(t, values, edges, how):
+    """state_per_window as it was before it searched the edges in sorted t: each t's window, then np.unique."""
+    nb = len(edges) - 1
+    out = np.full(nb, np.nan)
+    b = np.clip(np.searchsorted(edges, t, side="right") - 1, 0, nb - 1)
+    uniq, first = np.unique(b, return_index=True)
+    if how == "max":
+        out[uniq] = np.maximum.reduceat(values, first)
+    else:
+        out[uniq] = np.add.reduceat(values, first) / np.diff(np.append(first, len(values)))
+    idx = np.where(np.isnan(out), 0, np.arange(nb))
+    np.maximum.accumulate(idx, out=idx)
+    return out[idx]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_state_per_window_equals_the_search_of_each_time(seed: int):
+    """Sorted times take the edges searched in them; every window's value is bit for bit what searching each time
+    in the edges gave: times on an edge, before the first and past the last, empty windows, repeats; unsorted times
+    (several replicas' steps) keep that search."""
+    rng = np.random.default_rng(seed)
+    edges = np.linspace(0, 10, 41)
+    t = np.sort(np.concatenate((rng.uniform(-1, 11, 3000), edges[::3], edges[::5], [edges[-1]] * 3,
+                                rng.uniform(4, 4.7, 50))))
+    t = t[(t < 2) | (t > 3)]  # windows without any time: they hold the value before
+    v = rng.uniform(0, 100, len(t))
+    for how in ("max", "mean"):
+        assert state_per_window(t, v, edges, how).tobytes() == _state_per_window_before(t, v, edges, how).tobytes()
+        assert state_per_window(t[:1], v[:1], edges, how).tobytes() == \
+            _state_per_window_before(t[:1], v[:1], edges, how).tobytes()
+        shuffled = rng.permutation(len(t))
+        assert state_per_window(t[shuffled], v[shuffled], edges, how).tobytes() == \
+            _state_per_window_before(t[shuffled], v[shuffled], edges, how).tobytes()
+
+
 def test_ecdf_points():
     small = ecdf_points(np.array([3.0, 1.0, 2.0]))
     np.testing.assert_array_equal(small["x"], [1.0, 2.0, 3.0])

@@ -157,8 +157,7 @@ def state_per_window(t: np.ndarray, values: np.ndarray, edges: np.ndarray, how: 
     if len(t) == 0:
         return out
     values = np.asarray(values, dtype=np.float64)
-    b = np.clip(np.searchsorted(edges, t, side="right") - 1, 0, nb - 1)
-    uniq, first = np.unique(b, return_index=True)
+    uniq, first = _window_starts(np.asarray(t), edges)
     if how == "max":
         agg = np.maximum.reduceat(values, first)
     elif how == "mean":
@@ -169,6 +168,21 @@ def state_per_window(t: np.ndarray, values: np.ndarray, edges: np.ndarray, how: 
     idx = np.where(np.isnan(out), 0, np.arange(nb))
     np.maximum.accumulate(idx, out=idx)
     return out[idx]
+
+
+def _window_starts(t: np.ndarray, edges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The windows that hold any t (t before the first edge in the first window, past the last in the last) and
+    where each one's run of t begins: ``np.unique`` of each t's window, with its first index."""
+    nb = len(edges) - 1
+    if len(t) > 1 and not bool(np.all(t[1:] >= t[:-1])):  # out of order (or NaN): each t's window, then unique
+        return np.unique(np.clip(np.searchsorted(edges, t, side="right") - 1, 0, nb - 1), return_index=True)
+    # in order: window k (0 < k < nb) begins at the first t >= edges[k]. The few edges are searched in t instead
+    # of each t in the edges, and no unique over a window per t (a long run's steps: 0.9 of its 14 s writing)
+    bounds = np.empty(nb + 1, dtype=np.intp)
+    bounds[0], bounds[nb] = 0, len(t)
+    bounds[1:nb] = np.searchsorted(t, edges[1:nb], side="left")
+    held = np.flatnonzero(bounds[:-1] < bounds[1:])
+    return held, bounds[held]
 
 
 def _windowed(edges: np.ndarray, y: np.ndarray) -> dict:
