@@ -71,7 +71,7 @@ def call_user(what: str, fn: Any, *args: Any) -> Any:
         raise PolicyError(f"{what} did not return within {w.limit:g} s ({LIMIT_ENV} sets the limit); "
                           f"stopped in\n{_user_frames(e, exception=False)}") from None
     except Exception as e:
-        raise PolicyError(f"{what} raised {type(e).__name__}: {e}\n{_user_frames(e)}") from None
+        raise _raised(what, e) from None
     finally:
         w.inside = outer
 
@@ -82,7 +82,11 @@ def _call_plain(what: str, fn: Any, args: tuple) -> Any:
     except PolicyError:
         raise
     except Exception as e:
-        raise PolicyError(f"{what} raised {type(e).__name__}: {e}\n{_user_frames(e)}") from None
+        raise _raised(what, e) from None
+
+
+def _raised(what: str, e: Exception) -> PolicyError:
+    return PolicyError(f"{what} raised {type(e).__name__}: {e}\n{_user_frames(e)}")
 
 
 class UserPolicy(Policy):
