@@ -33,7 +33,7 @@ import numpy as np
 
 from sim.metrics.records import RequestRecord, RunResult
 from sim.metrics.request_table import as_table
-from sim.metrics.sums import dot
+from sim.metrics.step_figures import StepFigures, step_figures
 
 # Thresholds, as fractions.
 OVERLOAD_GROWTH = 0.05  # queue growth at or above this share of the offered rate: requests pile up
@@ -122,7 +122,7 @@ def _waiting_spans(result: RunResult) -> tuple[np.ndarray, np.ndarray]:
     return starts, stops
 
 
-def limit_inputs(result: RunResult) -> dict:
+def limit_inputs(result: RunResult, fig: StepFigures | None = None) -> dict:
     """The figures ``rank_limits`` reads, measured on a run (summary.json's ``limits``; rates in req/s, times in s).
 
     All rates share one window, from the first to the last arrival (NaN for a window under a millisecond: one
@@ -144,9 +144,8 @@ def limit_inputs(result: RunResult) -> dict:
     done = table.outcome_is("completed")
     offered = scheduled = growth = NAN
     q_start = q_end = NAN
-    s = result.steps
-    dur = np.asarray(s["duration"], dtype=np.float64)
-    waiting = np.asarray(s["num_waiting"], dtype=np.float64)
+    if fig is None:  # the step sums, a block of steps at a time (the summary passes those it took)
+        fig = step_figures(result.steps, result.kv_capacity_blocks, result.block_size)
     if arrivals.size > 1 and arrivals[-1] - arrivals[0] >= 1e-3:
         t0, t1 = float(arrivals[0]), float(arrivals[-1])
         span = t1 - t0
@@ -162,15 +161,8 @@ def limit_inputs(result: RunResult) -> dict:
     e2el = table.column("finish")[done] - arrival
     queue = table.column("first_scheduled")[done] - arrival
     queue_share = float(queue.mean() / e2el.mean()) if e2el.size and e2el.mean() > 0 else NAN
-    busy = float(dur.sum())
-    running = np.asarray(s["batch_size"], dtype=np.float64)
-    computed = float(
-        np.sum(s["prefill_tokens"], dtype=np.float64)
-        + np.sum(s["decode_tokens"], dtype=np.float64)
-        + np.sum(s["padding_tokens"], dtype=np.float64)
-    )
+    busy, computed, flops = fig.busy, fig.computed_tokens, fig.flops
     cap, static = _slot_cap(result.config)
-    flops = float(np.asarray(s["flops"], dtype=np.float64).sum())
     return {
         "offered_rate": offered,
         "scheduled_rate": scheduled,
@@ -178,12 +170,12 @@ def limit_inputs(result: RunResult) -> dict:
         "queue_start": q_start,
         "queue_end": q_end,
         "queue_growth": growth,
-        "waiting_share": float(dur[waiting > 0].sum() / busy) if busy > 0 else NAN,
-        "mean_running": dot(running, dur) / busy if busy > 0 else NAN,
+        "waiting_share": fig.waiting_busy / busy if busy > 0 else NAN,
+        "mean_running": fig.batch_dot / busy if busy > 0 else NAN,
         "slot_cap": cap,
         "static": static,
         "busy_mfu": flops / (busy * result.peak_flops) if busy > 0 and result.peak_flops > 0 else NAN,
-        "prefill_share": float(np.sum(s["prefill_tokens"], dtype=np.float64)) / computed if computed > 0 else NAN,
+        "prefill_share": fig.prefill_tokens / computed if computed > 0 else NAN,
     }
 
 

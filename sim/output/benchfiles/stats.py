@@ -15,6 +15,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from sim.metrics.block_sums import PairwiseSum
 from sim.metrics.records import RunResult
 from sim.metrics.request_table import as_table, by_id
 from sim.metrics.sums import dot
@@ -95,32 +96,25 @@ _LEAF = 1 << 20  # expanded values summed by numpy at a time (8 MB), a node of n
 
 def expanded_sum(values: np.ndarray, counts: np.ndarray, mean: float | None = None) -> float:
     """``np.sum(x)`` of ``x = np.repeat(values, counts)`` (with ``mean``: ``np.sum((x - mean) ** 2)``, what
-    ``np.std`` sums) to the bit, holding at most ``_LEAF`` expanded values. numpy sums a float64 array pairwise:
-    it halves the array (the first half rounded down to a multiple of 8) down to blocks of 128 values. The same
-    halving is done here down to ``_LEAF`` values, each of those parts expanded and summed by numpy, which then
-    runs the very rest of the tree (tests/test_long_runs.py compares it with numpy on 25 M values)."""
+    ``np.std`` sums) to the bit, holding at most ``_LEAF`` expanded values: fed a part at a time to a
+    ``PairwiseSum``, which follows numpy's pairwise summation tree down to parts of ``_LEAF`` values and has numpy
+    sum those (tests/test_long_runs.py compares it with numpy on 25 M values)."""
     values = np.asarray(values, dtype=np.float64)
     counts = np.asarray(counts, dtype=np.int64)
     cum = np.cumsum(counts)
     starts = cum - counts
-
-    def part(lo: int, hi: int) -> np.ndarray:  # elements [lo, hi) of x
+    n = int(cum[-1]) if cum.size else 0
+    total = PairwiseSum(n, _LEAF)
+    for lo in range(0, n, _LEAF):  # elements [lo, hi) of x
+        hi = min(lo + _LEAF, n)
         i0, i1 = int(np.searchsorted(cum, lo, side="right")), int(np.searchsorted(cum, hi - 1, side="right"))
         reps = np.minimum(cum[i0 : i1 + 1], hi) - np.maximum(starts[i0 : i1 + 1], lo)
         x = np.repeat(values[i0 : i1 + 1], reps)
         if mean is not None:
             x -= mean
             x *= x
-        return x
-
-    def tree(lo: int, n: int) -> np.float64:
-        if n <= _LEAF:
-            return np.sum(part(lo, lo + n)) if n else np.float64(0.0)
-        half = n // 2
-        half -= half % 8
-        return tree(lo, half) + tree(lo + half, n - half)
-
-    return float(tree(0, int(cum[-1]) if cum.size else 0))
+        total.add(x)
+    return total.value()
 
 
 def _kth(values: np.ndarray, counts: np.ndarray, ks: list[int]) -> list[float]:

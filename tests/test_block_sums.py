@@ -1,0 +1,101 @@
+"""Issue 40, item 3: sums over a long run's steps taken a block at a time (sim/metrics/block_sums.py,
+sim/metrics/step_figures.py) are those of the whole columns to the bit, whatever the blocks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import sim.metrics.block_sums as block_sums
+import sim.metrics.records as records
+import sim.metrics.step_figures as step_figures
+from sim.config.scenario import parse_scenario
+from sim.loop.run import prepare_scenario, run_scenario
+from sim.metrics.block_sums import BlockDot, PairwiseSum
+from sim.metrics.step_columns import StepColumns
+from sim.metrics.sums import dot
+from tests.test_long_runs import SCENARIO
+
+
+@pytest.mark.parametrize("leaf", [128, 1000, 1 << 16])
+def test_pairwise_sum_and_dot_in_pieces_equal_numpys_of_the_whole(leaf: int) -> None:
+    """Seeded values over twelve orders of magnitude (so that the order of the additions shows in the last
+    digits), lengths around numpy's own splits and sums.dot's blocks, fed in pieces of 1 to 65,536 values."""
+    rng = np.random.default_rng(11)
+    for n in (0, 1, 7, 8, 127, 128, 129, 300, 9999, 10_000, 10_001, 65_537, 200_003, 3_000_001):
+        x = rng.standard_normal(n) * 10.0 ** rng.integers(-6, 6, n)
+        w = rng.random(n)
+        for piece in (1, 7, 4096, 1 << 16):
+            if n > 300_000 and piece < 4096:
+                continue
+            total, prod = PairwiseSum(n, leaf), BlockDot()
+            for lo in range(0, n, piece):
+                total.add(x[lo : lo + piece])
+                prod.add(x[lo : lo + piece], w[lo : lo + piece])
+            assert total.value() == float(np.add.reduce(x)), (n, piece)
+            assert prod.value() == dot(x, w), (n, piece)
+
+
+def test_a_pairwise_sum_fed_a_wrong_count_says_so() -> None:
+    total = PairwiseSum(10)
+    total.add(np.ones(9))
+    with pytest.raises(ValueError, match="PairwiseSum of 10 values"):
+        total.value()
+
+
+def _whole_columns(res: records.RunResult) -> dict[str, float]:
+    """The figures as the summary and the verdict computed them from whole columns before (2026-12-06)."""
+    from sim.metrics.summary import kv_usage_per_step
+
+    s = res.steps
+    dur = np.asarray(s["duration"], dtype=np.float64)
+    usage, usage_dur, used = kv_usage_per_step(res, dur)
+    slots = used * res.block_size
+    stored = np.minimum(np.asarray(s["kv_tokens"], dtype=np.float64), slots)
+    alloc = slots > 0
+    waiting = np.asarray(s["num_waiting"], dtype=np.float64)
+
+    def mean(x: np.ndarray, w: np.ndarray) -> float:
+        total = float(w.sum()) if w.size else 0.0
+        return dot(x, w) / total if total > 0 else float("nan")
+
+    return {
+        "num_steps": int(dur.size), "busy": float(dur.sum()),
+        "flops": float(np.asarray(s["flops"], dtype=np.float64).sum()),
+        "computed": float(np.sum(s["prefill_tokens"], dtype=np.float64) + np.sum(s["decode_tokens"], dtype=np.float64)
+                          + np.sum(s["padding_tokens"], dtype=np.float64)),
+        "prefill": float(np.sum(s["prefill_tokens"], dtype=np.float64)),
+        "padding": float(np.sum(s["padding_tokens"], dtype=np.float64)),
+        "batch": dot(np.asarray(s["batch_size"], dtype=np.float64), dur), "waiting": float(dur[waiting > 0].sum()),
+        "usage_mean": mean(usage, usage_dur), "usage_max": float(usage.max()) if usage.size else np.nan,
+        "token_share": mean(stored[alloc] / slots[alloc], dur[alloc]),
+    }
+
+
+def _in_blocks(res: records.RunResult) -> dict[str, float]:
+    f = step_figures.step_figures(res.steps, res.kv_capacity_blocks, res.block_size)
+    return {"num_steps": f.num_steps, "busy": f.busy, "flops": f.flops, "computed": f.computed_tokens,
+            "prefill": f.prefill_tokens, "padding": f.padding_tokens, "batch": f.batch_dot,
+            "waiting": f.waiting_busy, "usage_mean": f.kv_usage_mean, "usage_max": f.kv_usage_max,
+            "token_share": f.kv_token_share}
+
+
+@pytest.mark.parametrize("rows", [7, 1000])
+def test_step_figures_in_small_blocks_equal_the_whole_columns(monkeypatch: pytest.MonkeyPatch, rows: int) -> None:
+    """A run whose step log is cut into hundreds of chunks, read 7 or 1,000 steps at a time with numpy's
+    summation tree cut at 128 values: every figure equals the whole columns' (the single replica's lazy columns
+    and the cluster's), and so does a whole summary against the default blocks."""
+    from sim.metrics.summary import summarize
+    from sim.output.run_folder import summary_json
+
+    monkeypatch.setattr(records, "_CHUNK", 7)
+    run = run_scenario(prepare_scenario(parse_scenario(SCENARIO)))
+    assert isinstance(run.results[0].steps, StepColumns) and len(run.results[0].steps._chunks) > 100
+    want = [_whole_columns(r) for r in run.results]
+    default = summary_json({r.name: summarize(r) for r in run.results})
+    monkeypatch.setattr(step_figures, "ROWS", rows)
+    monkeypatch.setattr(block_sums, "LEAF", 128)
+    got = [_in_blocks(r) for r in run.results]
+    assert all(r.steps and len(r.steps["duration"]) > 10 * rows for r in run.results)
+    assert repr(got) == repr(want)  # repr: NaN equals NaN
+    assert summary_json({r.name: summarize(r) for r in run.results}) == default
