@@ -4,38 +4,56 @@ The development set (``benchmarks/data/energy-published.csv``) holds figures oth
 with its source's address and its conditions (model, GPU and count, weight dtype, engine and version, batch size,
 task, mean output length, and where published the mean power and output throughput):
 
-- ML.ENERGY Leaderboard v3.0 (Dec 2025), 173 rows: every LLM configuration of the leaderboard's published data
+- ML.ENERGY Leaderboard v3.0 (Dec 2025), 174 rows: every LLM configuration of the leaderboard's published data
   (github.com/ml-energy/leaderboard at 0cd52da, ``public/data/tasks/{lm-arena-chat,gpqa}.json``) whose model has a
   servesim preset and that runs tensor parallel only: Llama-3.1 8B/70B/405B (bf16; 405B also fp8), Llama-3.3-70B,
   Qwen3 8B/32B and Qwen3-30B-A3B on H100 and B200, batch (``max_num_seqs``) 8 to 4096, chat and GPQA (reasoning).
-  vLLM 0.11.1 (ml-energy/benchmark ``docs/overview.md``) with async scheduling and max-num-batched-tokens 8192
-  (its ``configs/vllm/<task>/<model>/<GPU>/monolithic.config.yaml``). GPU energy by Zeus over the steady state.
-- ML.ENERGY Leaderboard v2.0 (Sep 2024), 1 row: Llama-3.1-8B on one H100 at batch 64, 0.20 J with vLLM 0.5.4 (the
-  longitudinal post; the same model and GPU give 0.12 J in v3.0's data).
+- ML.ENERGY Leaderboard v2.0 (Sep 2024), 1 row: Llama-3.1-8B on one H100 at batch 64 with vLLM 0.5.4, from its
+  published data file (ml-energy/leaderboard-v2 at c3af7f3): 0.171 J per output token, 1,785 tok/s, 482.8 output
+  tokens a request (the longitudinal post's chart reads 0.20 J).
 - Serial Alice benchmark (Jun 2026, its Reddit post), 2 rows: Mistral-7B on an H100 SXM with vLLM's AsyncLLMEngine
   (version unstated, taken as a v1 release), bf16, batch 1 (732 uWh = 2.64 J/token) and 128 (13.8 uWh = 0.050 J);
   NVML at 100 ms. Its lengths are unstated: the defaults below.
 
-Each row runs as ML.ENERGY's harness runs it (ml-energy/benchmark ``mlenergy/benchmark/llm/benchmark.py``): every
-request sent at once, as many as the published run sent (``num_requests``: 1,024 chat or 198 GPQA requests times the
-configuration's ``num_request_repeats``, ``configs/vllm/<task>/benchmark.yaml`` and ``sweeps.yaml``; the count is the
-sum of the leaderboard's published output-length histogram of that configuration; a row without it: at least 3
-batches, at most 32), the server batching at most ``batch_size``, and energy and output tokens counted over the
-steady state only: from the moment ``batch_size`` requests have their first token to the moment all but
-``batch_size + 1`` have finished. Output lengths are the published run's own, drawn from its published histogram
-(``OUTPUT_LENGTHS``): chat's fall off about as an exponential's (coefficient of variation 0.86-1.14), GPQA's do not
-(0.48-0.71: a request in its steady state has generated 0.62-0.75 of the mean output, under an exponential all of
-it). A row without a histogram
-draws them exponential about its published mean, capped at the harness's max_tokens (4,096 chat, 32,768 GPQA);
-without a published mean output (v2.0's, Serial Alice's), about 717 tokens, the v3.0 post's mean text-conversation
-output. The sources state no prompt lengths: 200 tokens is assumed (``--prompt-tokens``). vLLM 0.11 (and an unstated
-version) runs on the ``vllm-v1`` preset, 0.5 on ``vllm-v0`` 0.5 (its host loop stalls the GPU). Nothing is fitted
-to a row; the power model's one fitted constant (sim/costs/energy.py's MEMORY_POWER_SHARE) was fitted to v3.0's
-published mean power, not its joules. Beside each J/token error the power and throughput errors say which side is
-wrong, the published and simulated steady-state batches (``avg_batch_size``, vLLM's running requests) whether the
-simulated KV holds what vLLM's held, and the summary splits each group's J/token error into the two
-(``breakdown``). ``--step-gaps`` prints instead, without simulating, each row's decode step (average batch /
-output tok/s) against the roofline's and the time per row the roofline misses (sim/engines/vllm_v1.py reads it).
+What ML.ENERGY v3.0 documents, and so each row runs with (ml-energy/benchmark at c1d6557; the row's columns where
+it varies): vLLM 0.11.1 (``docs/overview.md``; the B200 rows the same software and configurations, their GPUs at
+1,000 W, the leaderboard's About page) with async scheduling, ``max-num-batched-tokens`` 8192 and
+``max-model-len`` 20,480 chat or 40,960 GPQA (``configs/vllm/<task>/<model>/<GPU>/monolithic.config.yaml``,
+column ``max_model_len``); "batch size" is ``--max-num-seqs`` (``mlenergy/benchmark/llm/benchmark.py``
+``spawn_vllm``); ``max_tokens`` 4,096 chat or 32,768 GPQA (``configs/vllm/<task>/benchmark.yaml``, column
+``max_output_tokens``); every request sent at once, 1,024 chat or 198 GPQA requests times the configuration's
+``num_request_repeats`` (``sweeps.yaml``; column ``num_requests``: the sum of the configuration's published
+output-length histogram). Energy is Zeus's GPU energy of the job's GPUs only (``ZeusMonitor()`` in a process whose
+``CUDA_VISIBLE_DEVICES`` are the server's), prefill included, over the harness's steady state: from the moment
+``batch_size`` requests have their first token to the moment all but ``batch_size + 1`` have finished; per output
+token means over the completion tokens (reasoning included) streamed in that window; power and tok/s are that
+window's energy and tokens over its length (ml-energy/data ``mlenergy_data/records/runs.py``); ``avg_batch_size`` is
+vLLM's ``num_requests_running`` averaged over it. Prompts: chat is LMArena's arena-human-preference-100k, each turn
+of a conversation a request whose prompt holds the conversation so far; GPQA is GPQA-diamond's question and four
+choices (``mlenergy/benchmark/llm/datasets.py``). Their token counts are published nowhere: 200 tokens is assumed
+(``--prompt-tokens``). Documented and not modelled: sampling at temperature 0.8, top-p 0.95 and
+repetition_penalty 1.1 (``benchmark.py``); vLLM 0.11 samples top-p by sorting the whole vocabulary, its FlashInfer
+sampler being opt-in (vLLM PR #29415), which costs about 20% of throughput at high load (vLLM PR #11394), a per-row
+GPU cost the roofline has no term for; and a repeated request's prompt can hit vLLM's prefix cache.
+
+v2.0's row runs as its harness did (leaderboard-v2 ``benchmark/llm_text_generation/chat``): 500 ShareGPT first-turn
+prompts sent 4 times, all at once, ``max_tokens`` 1,024 and ``max-model-len`` 4,096, temperature 0.8 and top-p 0.95;
+its energy and tokens run from the start to the step that schedules the last waiting request
+(``scripts/aggregate_leaderboard_data.py``: column ``energy_window``, ``until_queue_empty``).
+
+Output lengths are the published run's own, drawn from its published histogram (``OUTPUT_LENGTHS``): chat's fall
+off about as an exponential's (coefficient of variation 0.86-1.14), GPQA's do not (0.48-0.71: a request in its
+steady state has generated 0.62-0.75 of the mean output, under an exponential all of it). A row without a histogram
+draws them exponential about its published mean, capped at its ``max_output_tokens`` (4,096 where unstated);
+without a published mean output (Serial Alice's), about 717 tokens, the v3.0 post's mean text-conversation output.
+vLLM 0.11 (and an unstated version) runs on the ``vllm-v1`` preset, 0.5 on ``vllm-v0`` 0.5 (its host loop stalls
+the GPU). Nothing is fitted to a row; the power model's one fitted constant (sim/costs/energy.py's
+MEMORY_POWER_SHARE) was fitted to v3.0's published mean power, not its joules. Beside each J/token error the power
+and throughput errors say which side is wrong, the published and simulated steady-state batches (``avg_batch_size``,
+vLLM's running requests) whether the simulated KV holds what vLLM's held, and the summary splits each group's
+J/token error into the two (``breakdown``). ``--step-gaps`` prints instead, without simulating, each row's decode
+step (average batch / output tok/s) against the roofline's and the time per row the roofline misses
+(sim/engines/vllm_v1.py reads it).
 
 Then the shape the issue asks for, on a closed loop: J/token against batch size (1 to 256) and output length
 (128 to 4096 tokens at batch 32), and B200 against H100 at batch 64.
@@ -64,8 +82,7 @@ DATA = Path(__file__).resolve().parent / "data" / "energy-published.csv"
 OUTPUT_LENGTHS = DATA.with_name("energy-published-output-lengths.csv")
 PROMPT_TOKENS = 200  # assumed: the sources state no prompt lengths
 OUTPUT_TOKENS = 717  # the ML.ENERGY v3.0 post's mean text-conversation output, for rows that publish none
-MAX_OUTPUT = {"gpqa": 32768}  # the harness's max_tokens per task (configs/vllm/<task>/benchmark.yaml); else 4096
-MAX_MODEL_LEN = {"gpqa": 40960}  # the configurations' max-model-len (monolithic.config.yaml); else 20480
+MAX_OUTPUT = 4096  # max_tokens of a row that states none (the v3.0 chat harness's)
 MAX_NUM_BATCHED_TOKENS = 8192  # every v3.0 configuration's max-num-batched-tokens (vLLM 0.11 chunks prefills)
 Err = tuple[dict[str, str], float, float, float]  # a row, and its J/token, power and output tok/s errors
 
@@ -107,14 +124,14 @@ def published_scenario(row: dict[str, str], requests: int, prompt: int = PROMPT_
     exponential about the published mean."""
     batch = int(row["batch_size"])
     mean = float(row["mean_output_tokens"]) if row["mean_output_tokens"] else OUTPUT_TOKENS
-    cap = next((v for k, v in MAX_OUTPUT.items() if k in row["task"].lower()), 4096)
-    max_len = next((v for k, v in MAX_MODEL_LEN.items() if k in row["task"].lower()), 20480)
+    cap = int(row["max_output_tokens"]) if row["max_output_tokens"] else MAX_OUTPUT
     dep: dict[str, Any] = {"model": row["model"], "gpu": row["gpu"], "tensor_parallel_size": int(row["num_gpus"]),
                            "weight_dtype": row["weight_dtype"]}
+    if row["max_model_len"]:  # the server's --max-model-len, where the source states it
+        dep["max_model_len"] = int(row["max_model_len"])
     policy: dict[str, Any] = {"type": "continuous", "max_num_seqs": batch}
     dep["engine"] = engine = engine_of(row)
     if engine["name"] == "vllm-v1":  # it always chunks prefills, here at the configurations' token budget
-        dep["max_model_len"] = max_len
         policy |= {"max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS}
     # the published run's own count where the row has one (ML.ENERGY: 1,024 chat or 198 GPQA requests times the
     # configuration's repeats), else ``requests`` held to 3-32 batches
@@ -132,18 +149,26 @@ def published_scenario(row: dict[str, str], requests: int, prompt: int = PROMPT_
     return {"name": "energy", "seed": 0, "workload": workload, "deployment": dep, "policy": policy}
 
 
-def steady_state(r: RunResult, batch: int) -> tuple[float, float, float, float]:
-    """J per output token, mean W, output tokens/s and the mean running batch over the harness's steady state: from
-    the ``batch``-th first token to the moment all but ``batch + 1`` requests have finished (the whole run when
-    that window is empty). The batch is time-weighted over the window's steps, as the harness's average of vLLM's
+def steady_state(r: RunResult, batch: int, window: str = "steady_state") -> tuple[float, float, float, float]:
+    """J per output token, mean W, output tokens/s and the mean running batch over the source's window. ML.ENERGY
+    v3.0's harness (``steady_state``): from the ``batch``-th first token to the moment all but ``batch + 1``
+    requests have finished (the whole run when that window is empty). v2.0's aggregation
+    (``until_queue_empty``, leaderboard-v2 ``scripts/aggregate_leaderboard_data.py``): from the run's first step
+    to the step that schedules the last waiting request (its first step with an empty waiting queue), that step
+    left out. The batch is time-weighted over the window's steps, as the harness's average of vLLM's
     ``vllm:num_requests_running`` over the same window (the published ``avg_batch_size``)."""
+    if window not in ("steady_state", "until_queue_empty"):
+        raise ValueError(f"unknown energy window {window!r}: steady_state or until_queue_empty")
     e = run_energy(r)
     assert e is not None and r.power is not None
     first = np.sort([q.first_token for q in r.requests if q.first_token >= 0])
     done = np.sort([q.finish for q in r.requests])
-    t0, t1 = float(first[min(batch, len(first)) - 1]), float(done[max(len(done) - batch - 2, 0)])
     start = np.asarray(r.steps["start"], dtype=np.float64)
     dur = np.asarray(r.steps["duration"], dtype=np.float64)
+    if window == "until_queue_empty":
+        t0, t1 = float(start[0]), max(q.first_scheduled for q in r.requests)
+    else:
+        t0, t1 = float(first[min(batch, len(first)) - 1]), float(done[max(len(done) - batch - 2, 0)])
     if not t1 > t0:
         t0, t1 = float(start[0]), float(start[-1] + dur[-1])
     sel = (start >= t0) & (start < t1)
@@ -160,7 +185,7 @@ def published_row(row: dict[str, str], requests: int, prompt: int, lengths_dir: 
     simulated steady-state batch."""
     batch = int(row["batch_size"])
     res = servesim.run(published_scenario(row, requests, prompt, lengths_dir))
-    jt, watts, tps, running = steady_state(res.results[0], batch)
+    jt, watts, tps, running = steady_state(res.results[0], batch, row["energy_window"] or "steady_state")
     pub = float(row["j_per_output_token"])
     pw = float(row["mean_power_w"]) if row["mean_power_w"] else float("nan")
     pt = float(row["output_tokens_per_s"]) if row["output_tokens_per_s"] else float("nan")

@@ -302,10 +302,21 @@ def test_the_published_energy_rows_name_their_sources() -> None:
     # as many requests as the published run sent (1,024 chat or 198 GPQA, times the configuration's repeats); a
     # row that does not say: 512 held to 3-32 batches (Serial Alice's batch of one: 32)
     assert sc["workload"]["num_requests"] == 1024
-    counts = {int(r["num_requests"]) for r in rows if r["num_requests"]}
-    assert counts and all(n % 1024 == 0 or n % 198 == 0 for n in counts)
     alice = next(r for r in rows if r["batch_size"] == "1")
     assert not alice["num_requests"] and bench.published_scenario(alice, 512)["workload"]["num_requests"] == 32
+    counts = {int(r["num_requests"]) for r in rows if r["num_requests"] and "v3.0" in r["source"]}
+    assert counts and all(n % 1024 == 0 or n % 198 == 0 for n in counts)
+    # each row's server and harness limits as its source states them: v3.0's max-model-len and max_tokens per task
+    # (configs/vllm/<task>), v2.0's 4,096 and 1,024 for 500 ShareGPT prompts sent 4 times, each counted over its
+    # source's window; Serial Alice states none
+    assert {(r["max_model_len"], r["max_output_tokens"], r["energy_window"]) for r in rows} == {
+        ("20480", "4096", "steady_state"), ("40960", "32768", "steady_state"), ("4096", "1024", "until_queue_empty"),
+        ("", "", "")}
+    v2 = next(r for r in rows if "v2.0" in r["source"])
+    sc = bench.published_scenario(v2, 512)
+    assert sc["workload"]["num_requests"] == 2000 and sc["deployment"]["max_model_len"] == 4096
+    assert sc["workload"]["output_len"] == {"type": "exponential", "mean": 482.8, "max": 1024}
+    assert "max_model_len" not in bench.published_scenario(alice, 512)["deployment"]
 
 
 def test_the_published_rows_draw_their_own_output_lengths(tmp_path: Path) -> None:
@@ -334,17 +345,22 @@ def test_the_published_rows_draw_their_own_output_lengths(tmp_path: Path) -> Non
     assert sorted(q.output_tokens for q in res.results[0].requests) == sorted(table[:, 1].tolist())
 
 
-def test_the_steady_state_window_counts_the_harness_s_tokens_and_batch() -> None:
-    bench = _bench_energy()
-    # 8 requests at once, 4 at a time, 32 tokens out each: the window runs from the 4th first token to the 3rd
-    # finish (8 - 4 - 1 finished), while the first four decode together, so the running batch is 4 all through and
-    # the tokens are 4 a step; energy over the window's steps (no gaps) over those tokens
+def _eight_at_once_four_at_a_time() -> Any:
+    """8 requests sent at once (64 tokens in, 32 out each), at most 4 running: the bench's windows in small."""
     sc = {"name": "w", "seed": 0,
           "workload": {"arrival": {"type": "all_at_once"}, "num_requests": 8,
                        "prompt_len": {"type": "fixed", "value": 64}, "output_len": {"type": "fixed", "value": 32}},
           "deployment": {"model": "llama-3.1-8b", "gpu": "h100-sxm"},
           "policy": {"type": "continuous", "max_num_seqs": 4}}
-    r = servesim.run(sc).results[0]
+    return servesim.run(sc).results[0]
+
+
+def test_the_steady_state_window_counts_the_harness_s_tokens_and_batch() -> None:
+    bench = _bench_energy()
+    # 8 requests at once, 4 at a time, 32 tokens out each: the window runs from the 4th first token to the 3rd
+    # finish (8 - 4 - 1 finished), while the first four decode together, so the running batch is 4 all through and
+    # the tokens are 4 a step; energy over the window's steps (no gaps) over those tokens
+    r = _eight_at_once_four_at_a_time()
     jt, watts, tps, running = bench.steady_state(r, 4)
     first = sorted(q.first_token for q in r.requests)
     done = sorted(q.finish for q in r.requests)
@@ -356,6 +372,27 @@ def test_the_steady_state_window_counts_the_harness_s_tokens_and_batch() -> None
     tokens = float(np.asarray(r.steps["decode_tokens"])[sel].sum()) + sum(first[3] <= t < done[2] for t in first)
     assert jt == pytest.approx(float(e.step_energy_j[sel].sum()) / tokens, rel=1e-12)
     assert tps * jt == pytest.approx(watts, rel=1e-12)
+
+
+def test_v2_counts_from_the_run_s_start_until_the_waiting_queue_empties() -> None:
+    bench = _bench_energy()
+    # 8 requests at once, 4 at a time: the window is every step before the one that schedules the 5th request (the
+    # first with nothing waiting), so it holds the first four's prefill and decode steps and none of the rest
+    r = _eight_at_once_four_at_a_time()
+    jt, watts, tps, running = bench.steady_state(r, 4, "until_queue_empty")
+    last = max(q.first_scheduled for q in r.requests)
+    start = np.asarray(r.steps["start"])
+    sel = start < last
+    assert 0 < sel.sum() < len(start) and running == 4.0
+    e = run_energy(r)
+    assert e is not None
+    first = [q.first_token for q in r.requests]
+    tokens = float(np.asarray(r.steps["decode_tokens"])[sel].sum()) + sum(t < last for t in first)
+    assert tokens == 4 * 32  # the first four's every token: their first (prefill) and 31 decode tokens each
+    assert jt == pytest.approx(float(e.step_energy_j[sel].sum()) / tokens, rel=1e-12)
+    assert tps == pytest.approx(tokens / (last - float(start[0])), rel=1e-12)
+    with pytest.raises(ValueError, match="unknown energy window 'whole'"):
+        bench.steady_state(r, 4, "whole")
 
 
 def test_the_energy_breakdown_splits_the_error_into_power_and_time(capsys: pytest.CaptureFixture[str]) -> None:
