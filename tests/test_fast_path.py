@@ -172,6 +172,41 @@ def test_decode_steps_bit_identical_to_step_time(rows, base, tp, wd):
         assert np.asarray(cost.step_time(arr)).tolist() == times
 
 
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(
+    runs=st.lists(st.tuples(st.integers(1, 512), st.integers(1, 30)), min_size=1, max_size=4),
+    base=st.integers(0, 10**7),
+    as_range=st.booleans(),
+    tp=st.sampled_from([1, 2]),
+    wd=st.sampled_from(["bf16", "fp8"]),
+)
+def test_decode_steps_in_runs_of_equal_rows_bit_identical_to_step_time(runs, base, as_range, tp, wd):
+    """The fast path's usual shapes: runs of steps with the same rows, each attending ``rows`` more tokens than
+    the one before, the attended tokens given as a range (a stretch without departures) or a list. The cost model
+    prices a run with its row count's terms once; every step must still be step_time's and step_flops'."""
+    rows: list[int] = []
+    reads: list[int] = []
+    c = base
+    for n, k in runs:
+        rows += [n] * k
+        reads += range(c + n, c + n * (k + 1), n)
+        c += n * k
+    one_run = len(runs) == 1
+    given_reads = range(base + rows[0], base + rows[0] * (len(rows) + 1), rows[0]) if one_run and as_range \
+        else reads
+    assert list(given_reads) == reads
+    for cost in (AnalyticCostModel("llama-3.1-8b", "h100-sxm", weight_dtype=wd, tensor_parallel_size=tp),
+                 AnalyticCostModel("llama-3.1-8b", "h100-sxm", weight_dtype=wd, tensor_parallel_size=tp,
+                                   compute_efficiency=0.0005)):
+        times, flops = cost.decode_steps(rows, given_reads)
+        assert len(times) == len(flops) == len(rows)
+        for n, r, t, f in zip(rows, reads, times, flops, strict=True):
+            shape = StepShape(n, n, n, r, r, 0, 0)
+            assert t == cost.step_time(shape) == cost.decode_step_time(n, r)
+            assert f == cost.step_flops(shape)
+            assert type(f) is float
+
+
 def test_decode_group_max_computed_is_the_longest_member() -> None:
     """The group keeps its longest member as members join (recounting only when that member leaves): after every
     join, leave, step and sync, max_computed equals the longest member's tokens counted one by one."""

@@ -4,8 +4,9 @@ peak rates, with the defaults of its efficiencies and overheads and their reason
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import groupby
 from typing import Any
 
 import numpy as np
@@ -116,6 +117,7 @@ class AnalyticCostModel(CostModel):
     _peak: float = field(init=False, repr=False, compare=False)
     _moe: tuple[float, int, int] | None = field(init=False, repr=False, compare=False)
     _serial: float = field(init=False, repr=False, compare=False)  # 1 - linear_overlap
+    _decode_cache: dict[int, tuple[float, float, int | float]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         m, g = resolve_model(self.model), resolve_gpu(self.gpu)
@@ -214,6 +216,7 @@ class AnalyticCostModel(CostModel):
             if s.num_experts else None
         object.__setattr__(self, "_moe", moe)
         object.__setattr__(self, "_serial", 1.0 - self.linear_overlap)
+        object.__setattr__(self, "_decode_cache", {})  # _decode_terms's, per row count
         object.__setattr__(self, "_flops", (2 * body, 2 * head, m.attn_flops_per_pair))
         object.__setattr__(self, "_peak", peak_lin * tp)
 
@@ -274,38 +277,67 @@ class AnalyticCostModel(CostModel):
         h = shape.host_load_time
         return t + h if h else t
 
-    def decode_steps(self, rows: list[int], reads: list[int],
-                     longest: list[int] | None = None) -> tuple[list[float], list[float]]:
+    def decode_steps(self, rows: Sequence[int], reads: Sequence[int],
+                     longest: Sequence[int] | None = None) -> tuple[list[float], list[float]]:
         """Times and FLOPs of unpadded one-token-per-row steps (``rows[i]`` rows attending ``reads[i]`` tokens):
         ``step_time``/``step_flops`` of those shapes, written out for the simulator's decode loop. The expression
         and its order are ``_time``'s, so the results are bit-identical. (``longest``, each step's longest decode
         context, does not enter the roofline: a GPU's paged decode kernel reads each row's own context.)"""
         if self._moe is not None:  # the experts read grow with the rows: priced through step_time
             return CostModel.decode_steps(self, rows, reads, longest)
-        k0, k1, k2, k3, k4, k5, k6, k7, k8, k9, k10, k11 = self._k
-        f_tok, f_row, f_pair = self._flops
-        # The parts that depend on the row count alone, once per count (a stretch has few), summed in _time's order.
-        # ``+ 0 * k11`` (no swap) adds +0.0, which changes no float, so it is left out.
-        counts = set(rows)
-        head = {n: k0 + n * k1 + self._linear(n) for n in counts}
-        tail = {n: k9 + n * k10 for n in counts}
-        f_rows = {n: (n - 0) * f_tok + n * f_row for n in counts}
+        if rows and rows.count(rows[0]) == len(rows):  # one row count: a stretch without departures
+            return self._decode_run(rows[0], reads)
+        # runs of equal row counts (members leave between them), each priced as one
+        times: list[float] = []
+        flops: list[float] = []
+        i = 0
+        for n, run in groupby(rows):
+            j = i + len(list(run))
+            t, f = self._decode_run(n, reads[i:j])
+            times += t
+            flops += f
+            i = j
+        return times, flops
+
+    def _decode_run(self, n: int, reads: Sequence[int]) -> tuple[list[float], list[float]]:
+        """``decode_steps`` of steps that all have ``n`` rows: the terms of ``n`` as locals, no lookup per step.
+        ``+ 0 * k11`` (no swap) adds +0.0, which changes no float, so it is left out."""
+        k7, k8 = self._k[7], self._k[8]
+        f_pair = self._flops[2]
+        head, tail, f_rows = self._decode_terms(n)
         if k8 >= k7:
             # the attention term max(c * k7, (c + n) * k8) is the memory one for every c, n >= 0 (a decode's
             # query-key pairs are its KV reads): max() would return exactly that product, so it is skipped
-            times = [head[n] + (c + n) * k8 + tail[n] for n, c in zip(rows, reads, strict=True)]
+            times = [head + (c + n) * k8 + tail for c in reads]
         else:
-            times = [head[n] + max(c * k7, (c + n) * k8) + tail[n] for n, c in zip(rows, reads, strict=True)]
-        flops = [float(f_rows[n] + c * f_pair) for n, c in zip(rows, reads, strict=True)]
-        return times, flops
+            times = [head + max(c * k7, (c + n) * k8) + tail for c in reads]
+        if reads.__class__ is range and f_rows.__class__ is int and f_pair.__class__ is int and f_pair > 0:
+            # integers in arithmetic progression stay one: the exact sums f_rows + c * f_pair for every c, as a
+            # range, each made a float as float() makes it
+            r = reads
+            return times, list(map(float, range(f_rows + r.start * f_pair, f_rows + r.stop * f_pair,
+                                                r.step * f_pair)))
+        return times, [float(f_rows + c * f_pair) for c in reads]
+
+    def _decode_terms(self, n: int) -> tuple[float, float, int | float]:
+        """The parts of an unpadded decode step of ``n`` rows that depend on ``n`` alone, in ``_time``'s order
+        (fixed and per-row overhead + linear layers; the all-reduces) and its FLOPs without attention: kept per
+        ``n``, as the decode loop asks for the same few counts again and again."""
+        got = self._decode_cache.get(n)
+        if got is None:
+            k = self._k
+            f_tok, f_row, _ = self._flops
+            got = (k[0] + n * k[1] + self._linear(n), k[9] + n * k[10], (n - 0) * f_tok + n * f_row)
+            self._decode_cache[n] = got
+        return got
 
     def decode_step_time(self, n: int, c: int) -> float:
         """One unpadded decode step's time (``decode_steps`` for a single step, without the lists)."""
         if self._moe is not None:
             return float(self.step_time(StepShape(n, n, n, c, c)))
-        k0, k1, k2, k3, k4, k5, k6, k7, k8, k9, k10, k11 = self._k
-        return (k0 + n * k1 + self._linear(n) + max(c * k7, (c + n) * k8)
-                + (k9 + n * k10))
+        k = self._k
+        head, tail, _ = self._decode_terms(n)
+        return head + max(c * k[7], (c + n) * k[8]) + tail
 
     def _linear(self, n: int) -> float:
         """The linear layers' time of a decode step of ``n`` rows (``_time``'s term, the same floats)."""

@@ -11,6 +11,7 @@ The protocol and the shape live here; the implementations have their own modules
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -72,10 +73,11 @@ class CostModel(Protocol):
         """The device's peak dense FLOP/s for the model's compute dtype, summed over its shards."""
         ...
 
-    def decode_steps(self, rows: list[int], reads: list[int],
-                     longest: list[int] | None = None) -> tuple[list[float], list[float]]:
+    def decode_steps(self, rows: Sequence[int], reads: Sequence[int],
+                     longest: Sequence[int] | None = None) -> tuple[list[float], list[float]]:
         """Times and FLOPs of unpadded one-token-per-row steps: ``rows[i]`` rows attending ``reads[i]`` tokens,
-        the longest of them ``longest[i]`` (``StepShape.max_decode_len``; 0 when not given)."""
+        the longest of them ``longest[i]`` (``StepShape.max_decode_len``; 0 when not given). ``reads`` and
+        ``longest`` may be ranges (a stretch whose rows stay the same)."""
         ms = longest if longest is not None else [0] * len(rows)
         shapes = [StepShape(n, n, n, c, c, max_decode_len=m) for n, c, m in zip(rows, reads, ms, strict=True)]
         return [float(self.step_time(s)) for s in shapes], [float(self.step_flops(s)) for s in shapes]

@@ -5,7 +5,7 @@ fitted to a real engine by calibration (calibration/fit.py), and the calibration
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from os import PathLike
 from typing import Any
@@ -266,8 +266,8 @@ class FittedCostModel(CostModel):
         r = (b - p) * self.flops_per_token + a * self.flops_per_seq + d * self.flops_per_attn_pair
         return r if is_array(a, b, p, d) else float(r)
 
-    def decode_steps(self, rows: list[int], reads: list[int],
-                     longest: list[int] | None = None) -> tuple[list[float], list[float]]:
+    def decode_steps(self, rows: Sequence[int], reads: Sequence[int],
+                     longest: Sequence[int] | None = None) -> tuple[list[float], list[float]]:
         """``step_time``/``step_flops`` of unpadded one-token-per-row steps, bit-identical (same expression).
         ``longest[i]``: step i's ``max_decode_len`` (None: unknown)."""
         step, token, dseq, seq = self.step, self.token, self.decode_seq, self.seq

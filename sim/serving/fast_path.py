@@ -13,6 +13,7 @@ correct without it (the real engine never calls it), and a reader of the core ne
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
+from collections.abc import Sequence
 from itertools import accumulate, chain
 from typing import TYPE_CHECKING
 
@@ -65,7 +66,7 @@ def predict(g: DecodeGroup, k: int, pad: int) -> tuple[list[int], list[int], lis
     return rows_l, read_l, max_l
 
 
-def _price(cost: CostModel, rows_l: list[int], read_l: list[int], max_l: list[int],
+def _price(cost: CostModel, rows_l: list[int], read_l: Sequence[int], max_l: Sequence[int],
            pad: int | list[int]) -> tuple[list[float], list[float]]:
     """Durations and FLOPs of the predicted steps, bit-identical to pricing each step's shape on its own.
     ``pad``: padding rows of every step, or of each (CUDA-graph padding)."""
@@ -80,7 +81,7 @@ def _price(cost: CostModel, rows_l: list[int], read_l: list[int], max_l: list[in
                   for n, c, m, p in zip(rows_l, read_l, max_l, pads, strict=True)]
         return [float(cost.step_time(sh)) for sh in shapes], [float(cost.step_flops(sh)) for sh in shapes]
     rows_a = np.asarray(rows_l, dtype=np.int64)
-    read_a = np.asarray(read_l, dtype=np.int64)
+    read_a = _int64(read_l)
     shape = StepShape(
         num_seqs=rows_a,
         num_tokens=rows_a,
@@ -89,11 +90,18 @@ def _price(cost: CostModel, rows_l: list[int], read_l: list[int], max_l: list[in
         attn_pairs=read_a,
         num_padding_tokens=np.asarray(pads, dtype=np.int64),
         swap_blocks=np.zeros(k, dtype=np.int64),
-        max_decode_len=np.asarray(max_l, dtype=np.int64),
+        max_decode_len=_int64(max_l),
     )
     durations = np.asarray(cost.step_time(shape), dtype=np.float64).tolist()
     flops = np.asarray(cost.step_flops(shape), dtype=np.float64).tolist()
     return durations, flops
+
+
+def _int64(xs: Sequence[int]) -> np.ndarray:
+    """``xs`` as an int64 array (a range without a Python int per element)."""
+    if isinstance(xs, range):
+        return np.arange(xs.start, xs.stop, xs.step, dtype=np.int64)
+    return np.asarray(xs, dtype=np.int64)
 
 
 def fast_forward(
@@ -267,14 +275,14 @@ class Priced:
 
     __slots__ = ("version", "pad", "j0", "read", "durations", "flops", "ends")
 
-    def __init__(self, version: int, pad: int, j0: int, read: list[int], durations: list[float],
+    def __init__(self, version: int, pad: int, j0: int, read: Sequence[int], durations: list[float],
                  flops: list[float], ends: list[float]) -> None:
         self.version, self.pad, self.j0, self.read = version, pad, j0, read
         self.durations, self.flops, self.ends = durations, flops, ends
 
 
 def _predict_and_price(core: ServingCore, g: DecodeGroup, cost: CostModel, now: float, horizon: float, last: int,
-                       pad: int, next_finish: int) -> tuple[list[float], list[float], list[int]]:
+                       pad: int, next_finish: int) -> tuple[list[float], list[float], Sequence[int]]:
     """Durations, FLOPs and attended tokens of the group's next steps, up to group step ``last`` and about as many
     as fit before ``horizon`` (plus ``g.lookahead``, up to ``next_finish`` when that is not -1, when the group keeps
     what it priced)."""
@@ -303,11 +311,15 @@ def _predict_and_price(core: ServingCore, g: DecodeGroup, cost: CostModel, now: 
     # predict each step's rows and attended tokens (members leave after their finishing step)
     size, ctx = g.size, g.ctx
     finish_at = g.finish_at
+    rows_l: list[int]
+    read_l: Sequence[int]
+    max_l: Sequence[int]
     if not finish_at or g.next_finish() >= j0 + k:  # nobody leaves before the last step: constant rows
+        # attended and longest tokens grow evenly: ranges, which the cost model may price without a list
         rows_l = [size + pad] * k
-        read_l = list(range(ctx + size, ctx + size * (k + 1), size)) if size else [ctx] * k
+        read_l = range(ctx + size, ctx + size * (k + 1), size) if size else [ctx] * k
         top = g.max_computed() + 1 if size else 0
-        max_l = list(range(top, top + k)) if size else [0] * k
+        max_l = range(top, top + k) if size else [0] * k
     else:
         rows_l, read_l, max_l = predict(g, k, pad)
     price_pad: int | list[int] = pad
@@ -319,7 +331,8 @@ def _predict_and_price(core: ServingCore, g: DecodeGroup, cost: CostModel, now: 
     return durations, flops, read_l
 
 
-def _end_run(core: ServingCore, g: DecodeGroup, first: int, stop: int, ends: list[float], read_l: list[int]) -> None:
+def _end_run(core: ServingCore, g: DecodeGroup, first: int, stop: int, ends: list[float],
+             read_l: Sequence[int]) -> None:
     """Account steps ``first`` to ``stop - 1`` of a ``fast_forward`` segment, all with the same members, in the
     decode group and the step log (their per-step values are in the log already)."""
     m = len(g.members)
