@@ -18,10 +18,11 @@ task, mean output length, and where published the mean power and output throughp
 What ML.ENERGY v3.0 documents, and so each row runs with (ml-energy/benchmark at c1d6557; the row's columns where
 it varies): vLLM 0.11.1 (``docs/overview.md``; the B200 rows the same software and configurations, their GPUs at
 1,000 W, the leaderboard's About page) with async scheduling, ``max-num-batched-tokens`` 8192 and
-``max-model-len`` 20,480 chat or 40,960 GPQA (``configs/vllm/<task>/<model>/<GPU>/monolithic.config.yaml``,
-column ``max_model_len``); "batch size" is ``--max-num-seqs`` (``mlenergy/benchmark/llm/benchmark.py``
-``spawn_vllm``); ``max_tokens`` 4,096 chat or 32,768 GPQA (``configs/vllm/<task>/benchmark.yaml``, column
-``max_output_tokens``); every request sent at once, 1,024 chat or 198 GPQA requests times the configuration's
+``max-model-len`` 20,480 chat or 40,960 GPQA (51,200 for Qwen3-30B-A3B-Thinking;
+``configs/vllm/<task>/<model>/<GPU>/monolithic.config.yaml``, column ``max_model_len``); "batch size" is
+``--max-num-seqs`` (``mlenergy/benchmark/llm/benchmark.py`` ``spawn_vllm``); ``max_tokens`` 4,096 chat or 32,768
+GPQA (``configs/vllm/<task>/benchmark.yaml``, column ``max_output_tokens``); every request sent at once, 1,024 chat
+or 198 GPQA requests times the configuration's
 ``num_request_repeats`` (``sweeps.yaml``; column ``num_requests``: the sum of the configuration's published
 output-length histogram). Energy is Zeus's GPU energy of the job's GPUs only (``ZeusMonitor()`` in a process whose
 ``CUDA_VISIBLE_DEVICES`` are the server's), prefill included, over the harness's steady state: from the moment
@@ -74,6 +75,7 @@ import numpy as np
 
 import servesim
 from sim.costs.energy import run_energy
+from sim.hardware.models import resolve_model
 from sim.metrics.records import RunResult
 
 DATA = Path(__file__).resolve().parent / "data" / "energy-published.csv"
@@ -127,8 +129,9 @@ def published_scenario(row: dict[str, str], requests: int, prompt: int = PROMPT_
     cap = int(row["max_output_tokens"]) if row["max_output_tokens"] else MAX_OUTPUT
     dep: dict[str, Any] = {"model": row["model"], "gpu": row["gpu"], "tensor_parallel_size": int(row["num_gpus"]),
                            "weight_dtype": row["weight_dtype"]}
-    if row["max_model_len"]:  # the server's --max-model-len, where the source states it
-        dep["max_model_len"] = int(row["max_model_len"])
+    if row["max_model_len"]:  # the server's --max-model-len, where the source states it, within the preset's
+        # context (Qwen3-30B-A3B-Thinking-2507 serves 51,200 of its 262,144; the qwen3-30b-a3b preset holds 40,960)
+        dep["max_model_len"] = min(int(row["max_model_len"]), resolve_model(row["model"]).max_position_embeddings)
     policy: dict[str, Any] = {"type": "continuous", "max_num_seqs": batch}
     dep["engine"] = engine = engine_of(row)
     if engine["name"] == "vllm-v1":  # it always chunks prefills, here at the configurations' token budget

@@ -310,8 +310,10 @@ def test_the_published_energy_rows_name_their_sources() -> None:
     # (configs/vllm/<task>), v2.0's 4,096 and 1,024 for 500 ShareGPT prompts sent 4 times, each counted over its
     # source's window; Serial Alice states none
     assert {(r["max_model_len"], r["max_output_tokens"], r["energy_window"]) for r in rows} == {
-        ("20480", "4096", "steady_state"), ("40960", "32768", "steady_state"), ("4096", "1024", "until_queue_empty"),
-        ("", "", "")}
+        ("20480", "4096", "steady_state"), ("40960", "32768", "steady_state"), ("51200", "32768", "steady_state"),
+        ("4096", "1024", "until_queue_empty"), ("", "", "")}
+    # Qwen3-30B-A3B-Thinking's GPQA server alone runs 51,200 tokens (its monolithic.config.yaml)
+    assert {r["model"] for r in rows if r["max_model_len"] == "51200"} == {"qwen3-30b-a3b"}
     v2 = next(r for r in rows if "v2.0" in r["source"])
     sc = bench.published_scenario(v2, 512)
     assert sc["workload"]["num_requests"] == 2000 and sc["deployment"]["max_model_len"] == 4096
