@@ -33,9 +33,10 @@ vLLM's ``num_requests_running`` averaged over it. Prompts: chat is LMArena's are
 of a conversation a request whose prompt holds the conversation so far; GPQA is GPQA-diamond's question and four
 choices (``mlenergy/benchmark/llm/datasets.py``). Their token counts are published nowhere: 200 tokens is assumed
 (``--prompt-tokens``). Documented and not modelled: sampling at temperature 0.8, top-p 0.95 and
-repetition_penalty 1.1 (``benchmark.py``); vLLM 0.11 samples top-p by sorting the whole vocabulary, its FlashInfer
-sampler being opt-in (vLLM PR #29415), which costs about 20% of throughput at high load (vLLM PR #11394), a per-row
-GPU cost the roofline has no term for; and a repeated request's prompt can hit vLLM's prefix cache.
+repetition_penalty 1.1 (``benchmark.py``); vLLM 0.11.1 samples top-p by sorting the whole vocabulary, its FlashInfer
+sampler off by default since vLLM PR #26859 (the harness sets no ``VLLM_USE_FLASHINFER_SAMPLER``), a sort that
+cost V1 about 20% of its throughput at high load (vLLM PR #11394): a per-row GPU cost the roofline has no term
+for; and a repeated request's prompt can hit vLLM's prefix cache.
 
 v2.0's row runs as its harness did (leaderboard-v2 ``benchmark/llm_text_generation/chat``): 500 ShareGPT first-turn
 prompts sent 4 times, all at once, ``max_tokens`` 1,024 and ``max-model-len`` 4,096, temperature 0.8 and top-p 0.95;

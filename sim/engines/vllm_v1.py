@@ -34,6 +34,10 @@ VLLM_V1_MAX_NUM_SEQS = {True: 1024, False: 256}
 #   for the host);
 # - dennislee22/vLLM-benchmarking (vLLM 0.10.1.1, Qwen2-7B on an A100, 1-500 requests at once): TPOT and ITL
 #   predicted +17.6% too fast (median) with the max, +0.0% with the sum.
+# The two differ in one condition the roofline does not price: ML.ENERGY's vLLM 0.11.1 samples top-p 0.95 by a
+# full-vocabulary sort (its FlashInfer sampler off by default since vLLM PR #26859), dennislee22's 0.10.1.1 through
+# FlashInfer (its log), so a sampling term would have to be derived together with this one
+# (docs/engines-and-hardware.md, bench_energy).
 # A structural choice between the two forms (0 or 1), not a fitted share; TensorRT-LLM's table is predicted too
 # slow by the sum (its kernels overlap), so it stays with its engine. Only the decode rows' share of a step's
 # tokens pays it: a prompt chunk's GEMMs have rows enough to overlap as the roofline assumes.
