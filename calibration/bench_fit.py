@@ -104,8 +104,8 @@ def profile_family(profile: str) -> KnobFamily:
         out: dict[str, Any] = {"cost_model": section(knobs)}
         if knobs.get("request_latency_s"):
             # the HTTP path, each token's way from the engine to the client; the server's own tokenizer is in it
-            out["serving"] = {"request_latency_s": knobs["request_latency_s"], "tokenize_s_per_token": 0.0,
-                              "detokenize_s_per_token": 0.0}
+            out["serving"] = {"request_latency_s": knobs["request_latency_s"], "request_handling_s": 0.0,
+                              "tokenize_s_per_token": 0.0, "detokenize_s_per_token": 0.0}
         return out
 
     def apply(cfg: VariantConfig, knobs: dict[str, float]) -> VariantConfig:

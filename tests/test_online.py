@@ -1,6 +1,6 @@
 """sim/costs/online.py: the online-serving layer (``deployment.serving``), against hand computations: the client's times
-are the engine's plus the front end's, the tokenizer serves a burst first come first served, offline runs keep
-what they computed, vLLM 0.5's host time already holds its API server."""
+are the engine's plus the front end's, the API server (its request handling and its tokenizer) serves a burst first
+come first served, offline runs keep what they computed, vLLM 0.5's host time already holds its API server."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from sim.config.scenario import parse_scenario, variant_configs
 from sim.config.schema import ScenarioError
 from sim.costs.online import (
     DETOKENIZE_S_PER_TOKEN,
-    REQUEST_LATENCY_S,
+    REQUEST_HANDLING_S,
     TOKENIZE_S_PER_TOKEN,
     Frontend,
     frontend,
@@ -38,14 +38,14 @@ def _run(serving=None, engine="vllm-v1", arrival=None, n=1, **extra):
 
 def test_constants_from_their_sources():
     assert TOKENIZE_S_PER_TOKEN == pytest.approx(2.2e-6)  # 220 ms for 100k tokens
-    assert REQUEST_LATENCY_S == pytest.approx(10.2e-3 - 512 * 2.2e-6)  # vllm#54628 less its tokenization
+    assert REQUEST_HANDLING_S == pytest.approx(10.2e-3 - 512 * 2.2e-6)  # vllm#54628 less its tokenization
     assert DETOKENIZE_S_PER_TOKEN == 20e-6
 
 
 def test_one_request_pays_the_whole_path_on_ttft_and_e2e_not_on_tpot():
     _, _, (off,) = _run()
     _, _, (on,) = _run("online")
-    path = TOKENIZE_S_PER_TOKEN * ISL + REQUEST_LATENCY_S + DETOKENIZE_S_PER_TOKEN
+    path = TOKENIZE_S_PER_TOKEN * ISL + REQUEST_HANDLING_S + DETOKENIZE_S_PER_TOKEN
     assert on.arrival == off.arrival == 0.0
     assert on.first_token - on.arrival == pytest.approx(off.first_token - off.arrival + path, abs=1e-12)
     assert on.finish - on.arrival == pytest.approx(off.finish - off.arrival + path, abs=1e-12)
@@ -67,27 +67,64 @@ def test_a_burst_is_tokenized_first_come_first_served():
     assert [r.id for r in wl.requests] == [0, 1, 2, 3]
 
 
+def test_a_burst_queues_for_the_api_servers_handling_too():
+    # the API server handles one request at a time: the k-th of a burst reaches the engine after k handling times
+    # and k tokenizations (before, only the tokenizations queued and each request added the handling alone)
+    sc = parse_scenario({"name": "t", "workload": {"arrival": {"type": "all_at_once"}, "num_requests": 3,
+                                                   "prompt_len": {"type": "fixed", "value": ISL},
+                                                   "output_len": {"type": "fixed", "value": OSL}}}, "t")
+    fe = Frontend(0.0, TOKENIZE_S_PER_TOKEN, DETOKENIZE_S_PER_TOKEN, request_handling_s=REQUEST_HANDLING_S)
+    wl, _ = to_engine(generate_workload(sc), fe)
+    each = REQUEST_HANDLING_S + TOKENIZE_S_PER_TOKEN * ISL
+    assert [r.arrival for r in wl.requests] == pytest.approx([each, 2 * each, 3 * each], abs=1e-12)
+    # end to end, with a handling time long enough that each request finds the engine idle: the k-th's TTFT is k
+    # handlings and tokenizations, then one request's engine time, then its detokenization
+    _, _, (alone,) = _run()
+    _, _, on = _run({"request_handling_s": 1.0}, n=3)
+    each = 1.0 + TOKENIZE_S_PER_TOKEN * ISL
+    assert [r.first_token - r.arrival for r in on] == \
+        pytest.approx([k * each + alone.first_token + DETOKENIZE_S_PER_TOKEN for k in (1, 2, 3)], abs=1e-9)
+
+
+def test_vllm_05_queues_nothing_and_a_closed_loop_adds_each_requests_path():
+    # vLLM 0.5: its API server shared the engine's process (host time ratio): nothing in front of the engine
+    _, _, off = _run(engine={"name": "vllm-v0", "version": "0.5"}, n=4)
+    _, _, on = _run("online", engine={"name": "vllm-v0", "version": "0.5"}, n=4)
+    assert [b.first_token - a.first_token for a, b in zip(off, on, strict=True)] == \
+        pytest.approx([REQUEST_HANDLING_S] * 4, abs=1e-12)
+    # a closed loop: each request pays its own path on TTFT and E2E, the engine's times stay
+    loop = {"type": "closed_loop", "num_users": 2, "think_time": {"type": "fixed", "value": 0.0}}
+    _, _, off = _run(arrival=loop, n=4)
+    _, _, on = _run("online", arrival=loop, n=4)
+    path = REQUEST_HANDLING_S + TOKENIZE_S_PER_TOKEN * ISL + DETOKENIZE_S_PER_TOKEN
+    for a, b in zip(off, on, strict=True):
+        assert b.first_token - b.arrival == pytest.approx(a.first_token - a.arrival + path, abs=1e-12)
+        assert b.finish - b.arrival == pytest.approx(a.finish - a.arrival + path, abs=1e-12)
+
+
 def test_offline_run_is_unchanged_and_records_no_serving_key():
     # offline results stay byte for byte (tests/test_pinned_outputs.py); the recorded config has no new key
     cfg, _, _ = _run()
     assert "serving" not in cfg.to_dict()["deployment"]
     cfg_on, _, _ = _run("online")
-    assert cfg_on.to_dict()["deployment"]["serving"] == {"request_latency_s": None, "tokenize_s_per_token": None,
-                                                         "detokenize_s_per_token": None}
+    assert cfg_on.to_dict()["deployment"]["serving"] == {"request_handling_s": None, "request_latency_s": None,
+                                                         "tokenize_s_per_token": None, "detokenize_s_per_token": None}
 
 
 def test_defaults_per_preset_and_overrides():
     cfg, _, _ = _run("online", engine={"name": "vllm-v0", "version": "0.5"})
     fe = frontend(cfg.deployment.serving, cfg.deployment.engine)
     # vLLM 0.5's API server ran in the GPU's process: its host time ratio holds tokenization and detokenization
-    assert fe == Frontend(REQUEST_LATENCY_S, 0.0, 0.0)
+    assert fe == Frontend(REQUEST_HANDLING_S, 0.0, 0.0, request_handling_s=0.0)
     cfg, _, _ = _run({"tokenize_s_per_token": 1e-6, "request_latency_s": 0.05},
                      engine={"name": "vllm-v0", "version": "0.5"})
     assert frontend(cfg.deployment.serving, cfg.deployment.engine) == Frontend(0.05, 1e-6, 0.0)
     for engine in ("vllm-v1", "sglang", "tensorrt-llm", {"name": "vllm-v0", "version": "0.6"}):
         cfg, _, _ = _run("online", engine=engine)
         assert frontend(cfg.deployment.serving, cfg.deployment.engine) == \
-            Frontend(REQUEST_LATENCY_S, TOKENIZE_S_PER_TOKEN, DETOKENIZE_S_PER_TOKEN)
+            Frontend(0.0, TOKENIZE_S_PER_TOKEN, DETOKENIZE_S_PER_TOKEN, request_handling_s=REQUEST_HANDLING_S)
+    cfg, _, _ = _run({"request_handling_s": 0.002})
+    assert frontend(cfg.deployment.serving, cfg.deployment.engine).request_handling_s == 0.002
 
 
 @pytest.mark.parametrize("serving, msg", [("offline", "give 'online' or its keys"),

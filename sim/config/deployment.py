@@ -170,8 +170,8 @@ class Deployment(InputModel):
     _engine = engine_validator
     serving: ServingConfig | None = Field(
         default=None, description="The run is an online benchmark through the engine's HTTP server: 'online' (the "
-        "engine preset's defaults) or {request_latency_s, tokenize_s_per_token, detokenize_s_per_token} "
-        "(sim/costs/online.py); none: offline, nothing outside the engine.")
+        "engine preset's defaults) or {request_handling_s, request_latency_s, tokenize_s_per_token, "
+        "detokenize_s_per_token} (sim/costs/online.py); none: offline, nothing outside the engine.")
     speculative: spec_decode.SpeculativeConfig | None = Field(
         default=None, description="Speculative decoding (vLLM's speculative_config); none: off.")
     power_limit_w: Float | None = Field(

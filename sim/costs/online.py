@@ -4,39 +4,46 @@ through an engine's HTTP server and timed by a benchmark client, which offline t
 Off unless a scenario sets ``deployment.serving`` (``online``, or the keys below): an offline run (``LLM.generate``,
 ``trtllm-bench``, servesim's default) keeps exactly what it computed before. On, the client's request passes:
 
-1. **the API server's tokenizer**, one process, first come first served: ``tokenize_s_per_token`` per prompt token.
-   A burst (``vllm bench serve --request-rate inf`` sends every request at once) reaches the engine spread over
-   the time the tokenizer needs for all of them. vLLM's and SGLang's API servers tokenize in one Python process
-   (vLLM ``entrypoints/openai``, SGLang's TokenizerManager).
-2. **the engine**, which sees the request when the tokenizer is done with it.
+1. **the API server's own work**, one process, first come first served: ``request_handling_s`` per request (the
+   HTTP request read and checked, the request handed to the engine, its first chunk framed) and
+   ``tokenize_s_per_token`` per prompt token. A burst (``vllm bench serve --request-rate inf`` sends every request
+   at once) reaches the engine spread over the time the server needs for all of them. vLLM's and SGLang's API
+   servers do this work in one Python process apart from the engine's (vLLM V1's AsyncLLM beside its EngineCore,
+   SGLang's TokenizerManager), on one event loop: vLLM tokenizes on one worker thread (vllm-project/vllm#25301),
+   and its output processing had to be cut into pieces so as not to hold the same loop's requests up (#12287).
+2. **the engine**, which sees the request when the API server is done with it.
 3. **the way back**: every token reaches the client ``detokenize_s_per_token`` plus ``request_latency_s`` after the
-   engine sampled it (HTTP both ways, the server's request handling and the streamed chunk's framing). That is the
-   client's convention: ``vllm bench serve`` and SGLang's ``bench_serving`` start TTFT when they send and stop it
-   at the first streamed chunk they receive, so TTFT and E2E latency grow by the whole path; TPOT and ITL, being
-   differences of token times, do not.
+   engine sampled it. That is the client's convention: ``vllm bench serve`` and SGLang's ``bench_serving`` start
+   TTFT when they send and stop it at the first streamed chunk they receive, so TTFT and E2E latency grow by the
+   whole path; TPOT and ITL, being differences of token times, do not.
 
 Defaults, each from a measurement outside the development set (``../shared/data/published-dev/``):
 
 - ``tokenize_s_per_token`` 2.2 us: vLLM 0.19's tokenizer took 220 ms for a 100k-token prompt on one CPU core
   (A. Luo, "CPU-GPU co-design for agentic inference on MI300X", andyluo7.github.io, 2026-05-14).
-- ``request_latency_s`` 9.1 ms: vLLM 0.28's benchmark client measured TTFT 8.4 and 12.0 ms above the server's own
+- ``request_handling_s`` 9.1 ms: vLLM 0.28's benchmark client measured TTFT 8.4 and 12.0 ms above the server's own
   ``vllm:time_to_first_token_seconds`` (vllm-project/vllm#54628, ``openai`` backend, 512-token prompts, 8
   concurrent), 10.2 ms on average; the server's clock starts after tokenization, so the 512 tokens' 1.1 ms
-  (above) are taken out.
+  (above) are taken out. The measurement does not split the server's work from the client's and the loopback
+  connection's; all of it is taken as the server's, in the one process above (a streaming client's own CPU time is
+  a fraction of it: servesim's, 0.3-0.6 ms a request, README's ``bench_observe.py`` table). So a request alone pays
+  what the measurement saw, and a burst queues for it.
+- ``request_latency_s`` 0: the rest of the way back is inside the handling time above.
 - ``detokenize_s_per_token`` 20 us: vLLM's incremental detokenizer took 19-21 us a token (vllm-project/vllm#5206,
   vLLM 0.3.0's log).
 
 Per engine preset: vLLM 0.5 (``vllm-v0`` with version 0.5) ran its API server in the process that drives the GPU,
 and the host time ratio of sim/engines/costs.py already counts the API server's share of the run (33% in vLLM's
-0.5.3 profile), tokenization and detokenization among it: there only the request latency is added. The other
-presets run the API server in its own process (vLLM 0.6 and V1, SGLang's tokenizer and detokenizer managers,
-trtllm-serve) and take all three defaults. Per-step scheduler time stays the engine's (``host_time_ratio``,
-sim/engines/costs.py; the cost model's step overhead): the servers' own processes overlap their work with the GPU's,
-and no measurement outside the development set says by how much they slow a step.
+0.5.3 profile), tokenization and detokenization among it: there the measured 9.1 ms is added on the way back as
+``request_latency_s`` and nothing is queued. The other presets run the API server in its own process (vLLM 0.6
+and V1, SGLang's tokenizer and detokenizer managers, trtllm-serve) and take the defaults above. Per-step scheduler
+time stays the engine's (``host_time_ratio``, sim/engines/costs.py; the cost model's step overhead): the servers'
+own processes overlap their work with the GPU's, and no measurement outside the development set says by how much
+they slow a step.
 
 Not modelled: the API server as a bottleneck (its per-token work for a large batch outgrowing a step), clusters
 and disaggregated pools behind one front end (refused). In closed-loop runs a user's next request leaves when the
-engine finished the last one and the tokenizer's queue is not modelled (its time is added to each request alone).
+engine finished the last one and the API server's queue is not modelled (its time is added to each request alone).
 """
 
 from __future__ import annotations
@@ -54,7 +61,8 @@ from sim.workload.generator import GeneratedWorkload
 TOKENIZE_S_PER_TOKEN = 220e-3 / 100_000  # vLLM 0.19: 220 ms for 100k tokens, one core (andyluo7.github.io)
 CLIENT_OVER_SERVER_TTFT_S = (8.4e-3 + 12.0e-3) / 2  # vllm#54628: client TTFT - server TTFT, openai backend
 CLIENT_OVER_SERVER_PROMPT = 512  # that run's prompt length: its tokenization is inside the difference
-REQUEST_LATENCY_S = CLIENT_OVER_SERVER_TTFT_S - CLIENT_OVER_SERVER_PROMPT * TOKENIZE_S_PER_TOKEN
+# the API server's own time per request, spent one request at a time (the module's defaults say why all of it)
+REQUEST_HANDLING_S = CLIENT_OVER_SERVER_TTFT_S - CLIENT_OVER_SERVER_PROMPT * TOKENIZE_S_PER_TOKEN
 DETOKENIZE_S_PER_TOKEN = 20e-6  # vllm#5206: detokenize_incrementally 19-21 us a call (vLLM 0.3.0)
 
 
@@ -62,9 +70,13 @@ class ServingConfig(InputModel):
     """``deployment.serving``: the run is an online benchmark through the engine's HTTP server (``online``, or these
     keys; each left out takes the engine preset's default, sim/costs/online.py)."""
 
+    request_handling_s: Float | None = Field(
+        default=None, ge=0, le=60, description="API server's own seconds per request, one request at a time with "
+        "the tokenizer before the engine sees it (HTTP handling, the streamed chunk); none: 9.1 ms (vllm#54628; 0 "
+        "for vllm-v0 0.5, whose API server shared the engine's process: request_latency_s holds it).")
     request_latency_s: Float | None = Field(
         default=None, ge=0, le=60, description="Seconds every token takes from the engine to the client beyond "
-        "detokenization (HTTP both ways, request handling, the streamed chunk); none: 9.1 ms (vllm#54628).")
+        "detokenization, in parallel for every request; none: 0 (9.1 ms for vllm-v0 0.5).")
     tokenize_s_per_token: Float | None = Field(
         default=None, ge=0, le=1, description="API server's tokenizer seconds per prompt token, one process first "
         "come first served; none: 2.2 us (0 for vllm-v0 0.5, whose host time ratio holds it).")
@@ -77,8 +89,8 @@ class ServingConfig(InputModel):
     def _named(cls, value: Any) -> Any:
         if isinstance(value, str):
             if value != "online":
-                raise ValueError(f"serving: {value!r}: give 'online' or its keys (request_latency_s, "
-                                 "tokenize_s_per_token, detokenize_s_per_token)")
+                raise ValueError(f"serving: {value!r}: give 'online' or its keys (request_handling_s, "
+                                 "request_latency_s, tokenize_s_per_token, detokenize_s_per_token)")
             return {}
         return value
 
@@ -90,6 +102,11 @@ class Frontend:
     request_latency_s: float
     tokenize_s_per_token: float
     detokenize_s_per_token: float
+    request_handling_s: float = 0.0
+
+    def in_server_s(self, prompt_len: int) -> float:
+        """The API server's own time on a request of ``prompt_len`` tokens before the engine sees it."""
+        return self.request_handling_s + self.tokenize_s_per_token * prompt_len
 
     @property
     def to_client_s(self) -> float:
@@ -105,21 +122,24 @@ def frontend(serving: ServingConfig, engine: Any) -> Frontend:
     def pick(given: float | None, default: float) -> float:
         return float(given) if given is not None else (own if own is not None else default)
 
+    # vLLM 0.5: the measured handling time on the way back, in parallel, its host time ratio holding the server
+    latency = REQUEST_HANDLING_S if in_host_time else 0.0
     return Frontend(
-        request_latency_s=REQUEST_LATENCY_S if serving.request_latency_s is None else float(serving.request_latency_s),
+        request_latency_s=latency if serving.request_latency_s is None else float(serving.request_latency_s),
         tokenize_s_per_token=pick(serving.tokenize_s_per_token, TOKENIZE_S_PER_TOKEN),
-        detokenize_s_per_token=pick(serving.detokenize_s_per_token, DETOKENIZE_S_PER_TOKEN))
+        detokenize_s_per_token=pick(serving.detokenize_s_per_token, DETOKENIZE_S_PER_TOKEN),
+        request_handling_s=pick(serving.request_handling_s, REQUEST_HANDLING_S))
 
 
 def to_engine(workload: GeneratedWorkload, fe: Frontend) -> tuple[GeneratedWorkload, list[float]]:
-    """The workload as the engine receives it (each request when the tokenizer is done with it, first come first
+    """The workload as the engine receives it (each request when the API server is done with it, first come first
     served, so the order and the ids stay) and the clients' send times. Closed loop: unchanged (see the module)."""
     sends = [r.arrival for r in workload.requests]
-    if workload.closed_loop is not None or fe.tokenize_s_per_token == 0:
+    if workload.closed_loop is not None or (fe.tokenize_s_per_token == 0 and fe.request_handling_s == 0):
         return workload, sends
     free, out = 0.0, []
     for r in workload.requests:
-        free = max(r.arrival, free) + fe.tokenize_s_per_token * r.prompt_len
+        free = max(r.arrival, free) + fe.in_server_s(r.prompt_len)
         out.append(replace(r, arrival=free))
     return replace(workload, requests=tuple(out)), sends
 
@@ -129,8 +149,8 @@ def to_client(requests: list[Request], sends: list[float], closed_loop: bool, fe
     ``fe.to_client_s`` after the engine sampled it."""
     out = fe.to_client_s
     for r in requests:
-        # closed loop: the user sent it the tokenizer's time before the engine saw it
-        r.arrival = r.arrival - fe.tokenize_s_per_token * r.prompt_len if closed_loop else sends[r.id]
+        # closed loop: the user sent it the API server's time before the engine saw it
+        r.arrival = r.arrival - fe.in_server_s(r.prompt_len) if closed_loop else sends[r.id]
         if r.first_token >= 0:
             r.first_token += out
             r.last_token += out
