@@ -16,9 +16,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-# bench_published.py's "80% intervals" lines over both development sets (2026-12-06, at ef7e70a: 419 rows run as
+# bench_published.py's "80% intervals" lines over both development sets (2026-12-06, at a26202f: 419 rows run as
 # their sources state them, the API server's handling queued before the engine): the error's 10th and 90th
-# percentiles per class. TTFT's upper end (+74.4%, was +180.3% before ef7e70a) is still the Mistral closed loop's
+# percentiles per class. TTFT's upper end (+74.4%, was +180.3% before a26202f) is still the Mistral closed loop's
 # and the cached-prompt runs' (docs/calibration-and-validation.md)
 ERROR_QUANTILES: dict[str, tuple[float, float]] = {"TTFT": (-0.231, 0.744), "decode speed": (-0.109, 0.209),
                                                    "throughput": (-0.146, 0.225), "E2E": (-0.212, 0.240)}
