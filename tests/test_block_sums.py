@@ -99,3 +99,37 @@ def test_step_figures_in_small_blocks_equal_the_whole_columns(monkeypatch: pytes
     assert all(r.steps and len(r.steps["duration"]) > 10 * rows for r in run.results)
     assert repr(got) == repr(want)  # repr: NaN equals NaN
     assert summary_json({r.name: summarize(r) for r in run.results}) == default
+
+
+def test_a_gap_pool_holds_its_distinct_gaps_and_pools_as_everything_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pairs added a few at a time, pooled past POOL_MIN: the pool ends as pooled_gaps of every pair at once, and
+    holds at most twice its distinct gaps plus POOL_MIN pairs on the way; below POOL_MIN, the pairs in order."""
+    import sim.metrics.gap_pool as gap_pool
+
+    rng = np.random.default_rng(5)
+    gaps = np.round(rng.exponential(0.02, 50_000), 5)  # repeats, as a decode stretch's steps make
+    counts = rng.integers(1, 300, gaps.size)
+    pool = gap_pool.GapPool()
+    for lo in range(0, 1000, 10):
+        pool.add(gaps[lo : lo + 10], counts[lo : lo + 10])
+    assert [a.tolist() for a in pool.arrays()] == [gaps[:1000].tolist(), counts[:1000].tolist()]
+    monkeypatch.setattr(gap_pool, "POOL_MIN", 64)
+    pool, most = gap_pool.GapPool(), 0
+    for lo in range(0, gaps.size, 10):
+        pool.add(gaps[lo : lo + 10], counts[lo : lo + 10])
+        most = max(most, len(pool.arrays()[0]))
+    want = gap_pool.pooled_gaps(gaps, counts)
+    assert [a.tolist() for a in gap_pool.pooled_gaps(*pool.arrays())] == [a.tolist() for a in want]
+    assert most <= 2 * len(want[0]) + 64 < gaps.size
+
+
+def test_outputs_do_not_depend_on_pooling_the_gaps_as_they_grow(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every output of the long-run scenario (summary, requests, steps, OpenMetrics) is the same when its gaps
+    are pooled every 16 pairs, its step log cut into hundreds of chunks."""
+    import sim.metrics.gap_pool as gap_pool
+    from tests.test_long_runs import _outputs
+
+    monkeypatch.setattr(records, "_CHUNK", 7)
+    whole = _outputs()
+    monkeypatch.setattr(gap_pool, "POOL_MIN", 16)
+    assert _outputs() == whole

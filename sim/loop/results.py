@@ -11,6 +11,7 @@ from typing import Protocol
 
 import numpy as np
 
+from sim.metrics.gap_pool import pooled_gaps
 from sim.metrics.records import RequestRecord, RunResult
 from sim.metrics.request_table import RequestSink
 from sim.metrics.summary import NO_CLASS
@@ -37,23 +38,6 @@ def gc_paused() -> Iterator[None]:
     finally:
         if was_enabled:
             gc.enable()
-
-
-def pooled_gaps(gaps: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """One canonical form of pooled inter-token gaps (sorted distinct values with their counts), so that a
-    summary does not depend on whether they were recorded one by one, a decode stretch at a time, or replica
-    by replica."""
-    gaps = np.asarray(gaps, dtype=np.float64)
-    if gaps.size == 0:
-        return np.zeros(0), np.zeros(0, dtype=np.int64)
-    # one sort and a sum per run of equal values: np.unique's inverse index and bincount's float weights were
-    # six arrays of a long run's length at once, the peak of gathering its results
-    order = np.argsort(gaps, kind="stable")
-    counts = np.asarray(counts, dtype=np.int64)[order]
-    gaps = gaps[order]
-    del order
-    first = np.flatnonzero(np.r_[True, gaps[1:] != gaps[:-1]])
-    return gaps[first], np.add.reduceat(counts, first)
 
 
 def class_itl_gaps(requests: Sequence[Request]) -> dict[str, tuple[np.ndarray, np.ndarray]] | None:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from sim.metrics import spill
+from sim.metrics.gap_pool import GapPool
 from sim.metrics.step_columns import Fields, StepColumns
 from sim.serving.request import Outcome, Request
 
@@ -298,9 +299,10 @@ class StepLog:
     def group_gaps(self) -> tuple[np.ndarray, np.ndarray]:
         """The inter-token gaps that the decode fast path's runs stand for, as (gap seconds, tokens that saw it)
         pairs: one per step, its duration, seen by each of its batch."""
-        cols = self.columns()
-        in_group_run = cols.constant("group_gaps") > 0
-        return cols["duration"][in_group_run], cols["batch_size"][in_group_run]
+        pool = GapPool()  # a chunk of steps at a time, pooled as they grow (not two whole columns)
+        for gaps, counts in self.columns().group_gap_parts():
+            pool.add(gaps, counts)
+        return pool.arrays()
 
     def __len__(self) -> int:
         return len(self.per_step) // _NV + self._num_flushed
@@ -317,7 +319,7 @@ class GapLog:
     def __init__(self) -> None:
         self._gaps: list[float] = []
         self._counts: list[int] = []
-        self._chunks: list[tuple[np.ndarray, np.ndarray]] = []
+        self._pool = GapPool()  # the pairs moved out of the lists, pooled once a long run has many
 
     def add(self, gap: float, count: int = 1) -> None:
         self._gaps.append(gap)
@@ -328,18 +330,17 @@ class GapLog:
     def compact(self, force: bool = False) -> None:
         """Move the recorded gaps into numpy chunks once there are many (see ``StepLog.compact``)."""
         if len(self._gaps) >= _CHUNK or (force and self._gaps):
-            self._chunks.append((np.asarray(self._gaps, dtype=np.float64), np.asarray(self._counts, dtype=np.int64)))
+            self._pool.add(np.asarray(self._gaps, dtype=np.float64), np.asarray(self._counts, dtype=np.int64))
             self._gaps = []
             self._counts = []
 
     def extend(self, gaps: np.ndarray, counts: np.ndarray) -> None:
-        self._chunks.append((np.asarray(gaps, dtype=np.float64), np.asarray(counts, dtype=np.int64)))
+        self._pool.add(gaps, counts)
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        """(gaps, counts), in the order they were recorded."""
+        """(gaps, counts), in the order they were recorded (pooled in part past ``gap_pool.POOL_MIN`` pairs)."""
         self.compact(force=True)
-        parts = [(np.zeros(0), np.zeros(0, dtype=np.int64))] + self._chunks
-        return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+        return self._pool.arrays()
 
 
 @dataclass(slots=True)

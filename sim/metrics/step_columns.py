@@ -111,10 +111,13 @@ class StepColumns(Mapping[str, np.ndarray]):
         self._recent[key] = col
         return col
 
-    def constant(self, key: str) -> np.ndarray:
-        """A per-run column (one of ``constant``) expanded to one value per step, float64."""
-        parts = [np.repeat(r[key].astype(np.float64), n) for _, r, n in self._parts()]
-        return np.concatenate(parts) if parts else np.zeros(0)
+    def group_gap_parts(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Chunk by chunk, the durations and batch sizes of the steps of the decode fast path's runs (a run's
+        ``group_gaps`` flag): the inter-token gaps they stand for (``StepLog.group_gaps``)."""
+        for steps, runs, n in self._parts():
+            mine = np.repeat(runs["group_gaps"] > 0, n)
+            yield (self._chunk_column("duration", steps, runs, n)[mine],
+                   self._chunk_column("batch_size", steps, runs, n)[mine])
 
 
 BLOCK_ROWS = 1 << 16  # steps per block of step_blocks (512 kB a float64 column)
