@@ -133,3 +133,33 @@ def test_outputs_do_not_depend_on_pooling_the_gaps_as_they_grow(monkeypatch: pyt
     whole = _outputs()
     monkeypatch.setattr(gap_pool, "POOL_MIN", 16)
     assert _outputs() == whole
+
+
+def test_run_energy_read_in_blocks_equals_the_whole_arrays(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run's energy (in all, peak step power, per request) computed 1,000 steps at a time from a log of hundreds
+    of chunks is, to the bit, what the whole per-step arrays give (the formulas as they were, and the same run's
+    steps as a plain dict of columns)."""
+    from dataclasses import replace
+
+    import sim.costs.energy as energy
+    from sim.metrics.step_columns import step_blocks
+
+    monkeypatch.setattr(records, "_CHUNK", 7)
+    run = run_scenario(prepare_scenario(parse_scenario({**SCENARIO, "variants": SCENARIO["variants"][:1]})))
+    (res,) = run.results
+    pm = res.power
+    assert pm is not None and isinstance(res.steps, StepColumns)
+    dur = np.asarray(res.steps["duration"], dtype=np.float64)
+    power = pm.power(*energy.busy_shares(pm, res.steps))
+    up = energy.up_seconds(res)
+    total = float((power * dur).sum()) + max(up - float(dur.sum()), 0.0) * pm.idle_w * pm.gpus
+    plain = replace(res, steps={k: np.array(v) for k, v in res.steps.items()})
+    want = energy.attribute(plain, power * dur, total)
+    monkeypatch.setattr(energy, "ATTRIBUTE_ROWS", 1000)
+    monkeypatch.setattr(energy, "step_blocks", lambda s, k, rows=1000: step_blocks(s, k, 1000))
+    for r in (res, plain):
+        e = energy.run_energy(r)
+        assert e is not None and len(dur) > 10_000
+        assert (e.energy_j, e.peak_step_power_w) == (total, float(power.max()))
+        assert e.request_energy_j.tobytes() == want.tobytes()
+        assert e.step_energy_j.tobytes() == (power * dur).tobytes()

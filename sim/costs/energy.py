@@ -46,6 +46,7 @@ import numpy as np
 
 from sim.costs.analytic import DEFAULT_COMPUTE_EFFICIENCY, AnalyticCostModel
 from sim.costs.costmodel import StepShape
+from sim.metrics.block_sums import PairwiseSum
 from sim.metrics.request_table import RequestTable, as_table
 from sim.metrics.step_columns import StepColumns, step_blocks
 
@@ -118,13 +119,27 @@ def busy_shares(pm: PowerModel, steps: Any) -> tuple[np.ndarray, np.ndarray]:
     row attends its context plus itself) and are taken as the GPU's stored KV tokens in a step with prefill.
     Computed a block of steps at a time (``step_blocks``): a dozen temporaries of a long run's whole columns were
     most of the memory its summary took."""
-    n = len(steps["duration"])
+    n = _num_steps(steps)
     c, m = np.zeros(n), np.zeros(n)
     for lo, block in step_blocks(steps, _BUSY_COLUMNS):
         bc, bm = _busy_block(pm, {k: np.asarray(v, dtype=np.float64) for k, v in block.items()})
         c[lo : lo + len(bc)] = bc
         m[lo : lo + len(bm)] = bm
     return c, m
+
+
+def _num_steps(steps: Any) -> int:
+    return steps.num_steps if isinstance(steps, StepColumns) else len(steps["duration"])
+
+
+def _power_blocks(pm: PowerModel, steps: Any, rows: int | None = None
+                  ) -> Iterator[tuple[int, dict[str, np.ndarray], np.ndarray]]:
+    """``(first row, the block's busy columns as float64, each step's power in W)`` a block of steps at a time:
+    the very values of ``pm.power(*busy_shares(pm, steps))`` (elementwise arithmetic)."""
+    blocks = step_blocks(steps, _BUSY_COLUMNS) if rows is None else step_blocks(steps, _BUSY_COLUMNS, rows)
+    for lo, block in blocks:
+        b = {k: np.asarray(v, dtype=np.float64) for k, v in block.items()}
+        yield lo, b, pm.power(*_busy_block(pm, b))
 
 
 def _busy_block(pm: PowerModel, steps: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -151,17 +166,31 @@ def _busy_block(pm: PowerModel, steps: dict[str, np.ndarray]) -> tuple[np.ndarra
 
 @dataclass(frozen=True, slots=True, eq=False)
 class RunEnergy:
-    """A run's energy: per step, idle, and per request (in ``RunResult.requests``' order)."""
+    """A run's energy: in all, idle, and per request (in ``RunResult.requests``' order). Per step only on demand
+    (``step_power_w``, ``step_energy_j``): two whole arrays of a long run's steps (16 bytes a step) were kept for
+    as long as its folder was written."""
 
-    step_power_w: np.ndarray  # W of the replica that ran each step
-    step_energy_j: np.ndarray  # J of each step
+    power_model: PowerModel
+    steps: Any  # the run's step columns
     idle_energy_j: float  # J drawn between steps (every replica that was up, at idle power)
     up_seconds: float  # replica-seconds the fleet was up
     request_energy_j: np.ndarray  # J attributed to each request (they sum to energy_j)
+    busy_energy_j: float  # J of the steps: the sum of step_energy()
+    peak_step_power_w: float  # the most step_power() (NaN: no steps)
 
     @property
     def energy_j(self) -> float:
-        return float(self.step_energy_j.sum()) + self.idle_energy_j
+        return self.busy_energy_j + self.idle_energy_j
+
+    @property
+    def step_power_w(self) -> np.ndarray:
+        """W of the replica that ran each step, a whole array computed on each read (read it once)."""
+        return self.power_model.power(*busy_shares(self.power_model, self.steps))
+
+    @property
+    def step_energy_j(self) -> np.ndarray:
+        """J of each step, likewise computed on each read."""
+        return self.step_power_w * np.asarray(self.steps["duration"], dtype=np.float64)
 
 
 def up_seconds(result: RunResult) -> float:
@@ -209,12 +238,24 @@ def _run_energy(result: RunResult, up: float) -> RunEnergy | None:
     if pm is None:
         return None
     s = result.steps
-    dur = np.asarray(s["duration"], dtype=np.float64)
-    power = pm.power(*busy_shares(pm, s))
-    energy = power * dur
-    idle = max(up - float(dur.sum()), 0.0) * pm.idle_w * pm.gpus
-    total = float(energy.sum()) + idle
-    return RunEnergy(power, energy, idle, up, attribute(result, energy, total))
+    n = _num_steps(s)
+    busy_s, busy_j = PairwiseSum(n), PairwiseSum(n)  # float(dur.sum()), float(energy.sum()) to the bit
+    peak = -np.inf
+    for _, block, power in _power_blocks(pm, s):
+        busy_s.add(block["duration"])
+        busy_j.add(power * block["duration"])
+        if len(power):
+            peak = float(np.max([peak, power.max()]))  # NaN propagates, as in a whole column's max
+    idle = max(up - busy_s.value(), 0.0) * pm.idle_w * pm.gpus
+    total = busy_j.value() + idle
+    recs = as_table(result.requests)
+    per_request = None
+    if isinstance(s, StepColumns) and len(recs) and n:  # a log's own columns: each block's energy as it is read
+        per_request = _attribute_in_blocks(recs, s, _energy_in_blocks(pm, s), total)
+    if per_request is None:
+        per_request = attribute(result, pm.power(*busy_shares(pm, s)) * np.asarray(s["duration"], dtype=np.float64),
+                                total)
+    return RunEnergy(pm, s, idle, up, per_request, busy_j.value(), peak if n else float("nan"))
 
 
 def attribute(result: RunResult, step_energy: np.ndarray, total: float) -> np.ndarray:
@@ -225,7 +266,7 @@ def attribute(result: RunResult, step_energy: np.ndarray, total: float) -> np.nd
         return out
     s = result.steps
     if isinstance(s, StepColumns):  # a log's own columns: read a block at a time
-        blocks = _attribute_in_blocks(recs, s, step_energy, total)
+        blocks = _attribute_in_blocks(recs, s, _energy_of(step_energy, s), total)
         if blocks is not None:
             return blocks
     start = np.asarray(s["start"], dtype=np.float64)
@@ -267,8 +308,22 @@ def attribute(result: RunResult, step_energy: np.ndarray, total: float) -> np.nd
 ATTRIBUTE_ROWS = 1 << 16  # steps per block of _attribute_in_blocks (its temporaries: half a MB each)
 
 
-def _attribute_in_blocks(recs: RequestTable, steps: StepColumns, step_energy: np.ndarray, total: float
-                         ) -> np.ndarray | None:
+_Blocks = Iterator[tuple[int, np.ndarray, np.ndarray, np.ndarray]]  # (first row, prefill, decode tokens, J)
+
+
+def _energy_of(step_energy: np.ndarray, steps: StepColumns) -> _Blocks:
+    for lo, block in step_blocks(steps, ("prefill_tokens", "decode_tokens"), ATTRIBUTE_ROWS):
+        pf = np.asarray(block["prefill_tokens"], dtype=np.float64)
+        yield lo, pf, np.asarray(block["decode_tokens"], dtype=np.float64), step_energy[lo : lo + len(pf)]
+
+
+def _energy_in_blocks(pm: PowerModel, steps: StepColumns) -> _Blocks:
+    """The steps' energy computed a block at a time (``power * duration``, elementwise: the whole array's values)."""
+    for lo, block, power in _power_blocks(pm, steps, ATTRIBUTE_ROWS):
+        yield lo, block["prefill_tokens"], block["decode_tokens"], power * block["duration"]
+
+
+def _attribute_in_blocks(recs: RequestTable, steps: StepColumns, blocks: _Blocks, total: float) -> np.ndarray | None:
     """``attribute`` for one replica's steps in start order (a log's own), holding a block of steps at a time
     instead of a dozen whole columns (72 bytes a step, 1.4 GB at a million requests): the three running sums are
     read only where the requests look them up, each continued from the block before exactly as ``np.cumsum``
@@ -289,10 +344,8 @@ def _attribute_in_blocks(recs: RequestTable, steps: StepColumns, step_energy: np
     wanted = wanted[order]
     got = np.empty((3, len(wanted)))  # the three running sums at each lookup, in sorted order
     carry = np.zeros(3)
-    for lo, block in step_blocks(steps, ("prefill_tokens", "decode_tokens"), ATTRIBUTE_ROWS):
-        pf = np.asarray(block["prefill_tokens"], dtype=np.float64)
-        tok = pf + np.asarray(block["decode_tokens"], dtype=np.float64)
-        e = step_energy[lo : lo + len(pf)]
+    for lo, pf, dec, e in blocks:
+        tok = pf + dec
         pt = np.divide(e, tok, out=np.zeros_like(e), where=tok > 0)
         hi = lo + len(pf)
         a, b = int(np.searchsorted(wanted, lo, side="left")), int(np.searchsorted(wanted, hi, side="right"))
@@ -337,7 +390,7 @@ def energy_summary(result: RunResult, total_output_tokens: int, duration: float,
         "energy_j": total,
         "idle_energy_j": e.idle_energy_j,
         "mean_power_w": total / duration if duration > 0 else float("nan"),
-        "peak_step_power_w": float(e.step_power_w.max()) if len(e.step_power_w) else float("nan"),
+        "peak_step_power_w": e.peak_step_power_w,
         "j_per_output_token": total / total_output_tokens if total_output_tokens else float("nan"),
         "j_per_request": {
             "mean": float(per_req.mean()) if len(per_req) else float("nan"),

@@ -86,17 +86,18 @@ def _power_lines(result: RunResult, model: str, picked: list[tuple[int, np.ndarr
     replica = np.asarray(result.steps["replica"], dtype=np.int64)
     dur = np.asarray(result.steps["duration"], dtype=np.float64)
     power, energy_mj = [], []
+    step_power_w, step_energy_j = energy.step_power_w, energy.step_energy_j  # each computed when read: once
     for e, rows, _ in picked:
         mine = np.flatnonzero(replica == e)
         mine = mine[np.argsort(end[mine], kind="stable")]
-        busy_j = np.cumsum(energy.step_energy_j[mine]) / pm.gpus  # one GPU's, to the end of each step
+        busy_j = np.cumsum(step_energy_j[mine]) / pm.gpus  # one GPU's, to the end of each step
         busy_s = np.cumsum(dur[mine])
         at = np.searchsorted(end[mine], end[rows], side="right") - 1  # each sampled row in the engine's order
         idle_s = np.maximum(end[rows] - t0 - busy_s[at], 0.0)
         lab = f'gpu="{e}",modelName="{model}"'
         for k, i in enumerate(rows.tolist()):
             t = f" {_num(end[i])}"
-            power.append(f"DCGM_FI_DEV_POWER_USAGE{{{lab}}} {_num(energy.step_power_w[i] / pm.gpus)}{t}")
+            power.append(f"DCGM_FI_DEV_POWER_USAGE{{{lab}}} {_num(step_power_w[i] / pm.gpus)}{t}")
             mj = 1000.0 * (busy_j[at[k]] + idle_s[k] * pm.idle_w)
             energy_mj.append(f"DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{{{lab}}} {_num(mj)}{t}")
     return ["# TYPE DCGM_FI_DEV_POWER_USAGE gauge", "# HELP DCGM_FI_DEV_POWER_USAGE Power draw (in W).",
