@@ -102,6 +102,28 @@ def test_columns_are_the_expanded_runs_and_read_only() -> None:
     assert set(cols) == set(records.STEP_COLUMNS)
 
 
+def test_start_and_duration_are_kept_besides_the_recent_columns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nearly every reader reads the steps' start and duration, the costliest columns to expand: a short run's are
+    expanded once and kept while other columns come and go; a long run's are expanded at each read, as before."""
+    import sim.metrics.step_columns as step_columns
+
+    def six_steps() -> StepColumns:
+        log = records.StepLog()
+        for i in range(6):
+            log.append(float(i), i + 0.5, 1, 0, 0, 1, 0, 1, 0, 1, 10, 1, 0, 0, 0, 0, 0, 1.0)
+        return log.columns()
+
+    cols = six_steps()
+    start, duration = cols["start"], cols["duration"]
+    for k in ("kv_tokens", "num_running", "flops", "batch_size"):  # more than the recent ones kept
+        cols[k]
+    assert cols["start"] is start and cols["duration"] is duration
+    assert start.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0] and duration.tolist() == [0.5] * 6
+    monkeypatch.setattr(step_columns, "_RECENT_MAX_ROWS", 5)
+    long = six_steps()
+    assert long["start"] is not long["start"] and long["start"].tolist() == start.tolist()
+
+
 def test_summary_of_lazy_columns_equals_that_of_a_dict() -> None:
     run = run_scenario(prepare_scenario(parse_scenario({**SCENARIO, "variants": SCENARIO["variants"][:1]})))
     (res,) = run.results

@@ -3,9 +3,9 @@
 A long run makes millions of steps (2 M for 100,000 Azure conversation requests, 20 M for a million). Held as
 19 expanded columns that is 152 bytes a step (3 GB at a million requests), while the step log's runs hold 28
 bytes a step plus 64 per run, its counts as int32 (``sim.metrics.records.StepLog``). ``StepColumns`` is a
-read-only mapping that expands a column when it is read, from the runs, and keeps only the two last read (and
-those only up to 2^20 steps): memory follows the compact log, and each reader (summary, steps table, report) pays
-a transient column at a time. The values are exactly those the
+read-only mapping that expands a column when it is read, from the runs, and keeps only the two last read and the
+steps' start and duration (and those only up to 2^20 steps): memory follows the compact log, and each reader
+(summary, steps table, report) pays a transient column at a time. The values are exactly those the
 eager expansion gave (same arithmetic), so every output stays byte-identical.
 """
 
@@ -26,6 +26,10 @@ class Fields(Protocol):
 
 _RECENT = 2  # expanded columns kept (see StepColumns._recent)
 _RECENT_MAX_ROWS = 1 << 20  # and only up to this many steps (8 MB a column)
+# kept besides the recent ones, up to _RECENT_MAX_ROWS: nearly every reader (summary, report windows, exports)
+# reads the steps' times, and a start (a cumulative placement of the runs' starts) is the costliest column to
+# expand, a duration one more; in turn with the others they were expanded again some 15 times per run folder
+_KEPT = frozenset({"start", "duration"})
 
 
 class StepColumns(Mapping[str, np.ndarray]):
@@ -35,7 +39,7 @@ class StepColumns(Mapping[str, np.ndarray]):
     and of ``constant`` (``sim.metrics.records._packed``); a run never spans two chunks (the log moves steps into
     chunks between runs only)."""
 
-    __slots__ = ("_chunks", "_columns", "_varying", "_constant", "_replica", "_len", "_recent")
+    __slots__ = ("_chunks", "_columns", "_varying", "_constant", "_replica", "_len", "_recent", "_kept")
 
     def __init__(
         self,
@@ -54,6 +58,7 @@ class StepColumns(Mapping[str, np.ndarray]):
         # the last columns read, kept: a reader that indexes two columns row by row in a loop would otherwise
         # expand them again for every row (two columns is the memory this costs)
         self._recent: dict[str, np.ndarray] = {}
+        self._kept: dict[str, np.ndarray] = {}  # the _KEPT columns once read (short runs only)
 
     def __len__(self) -> int:
         return len(self._columns)
@@ -97,6 +102,8 @@ class StepColumns(Mapping[str, np.ndarray]):
         if key not in self._columns:
             raise KeyError(key)
         hit = self._recent.get(key)
+        if hit is None:
+            hit = self._kept.get(key)
         if hit is not None:
             return hit
         parts = [self._chunk_column(key, s, r, n) for s, r, n in self._parts()]
@@ -105,6 +112,9 @@ class StepColumns(Mapping[str, np.ndarray]):
         col = parts[0] if len(parts) == 1 else np.concatenate(parts)
         col.flags.writeable = False  # shared by the readers that hit the cache
         if len(col) > _RECENT_MAX_ROWS:  # a long run's column is 160 MB at 20 M steps: not kept
+            return col
+        if key in _KEPT:
+            self._kept[key] = col
             return col
         if len(self._recent) >= _RECENT:
             del self._recent[next(iter(self._recent))]
