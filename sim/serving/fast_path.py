@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 STEADY_PLAN = Plan(decode_group=True)  # what a group-aware policy plans when nothing waits and all decode
 MAX_SEGMENT = 4096  # fast-forward at most this many steps at once (bounds the arrays it builds)
-SCALAR_BELOW = 64  # price segments this short with scalar cost-model calls
+SCALAR_BELOW = 128  # price segments this short with scalar cost-model calls (numpy's fixed cost is some 30 us)
 BULK_STEPS = 5  # apply stretches (steps between finishes) this long in bulk, shorter ones step by step
 
 
