@@ -601,11 +601,17 @@ def test_every_requests_csv_column_is_explained_in_the_docs() -> None:
         assert f"| `{col}` | {text} |" in page, col
 
 
-def test_step_events_merged_are_the_stable_argsort() -> None:
+@pytest.mark.parametrize("long_run", [False, True])
+def test_step_events_merged_are_the_stable_argsort(long_run: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """amount_per_window's starts and ends, placed by merging the two sorted halves (one replica's log), are the
     stable argsort's order to the byte: back-to-back steps (an end equal to the next start), idle gaps, zero
-    durations' neighbours, overlapping steps whose ends are in order, and unsorted steps (the argsort itself)."""
+    durations' neighbours, overlapping steps whose ends are in order, and unsorted steps (the argsort itself).
+    Places kept as indices (short runs) or, past KEEP_EVENTS_MAX steps, as boolean masks."""
+    import sim.output.report.common as common
     from sim.output.report.common import _step_events
+
+    if long_run:
+        monkeypatch.setattr(common, "KEEP_EVENTS_MAX", 0)
 
     def by_argsort(s: np.ndarray, d: np.ndarray, a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         rate = a / d
@@ -628,3 +634,25 @@ def test_step_events_merged_are_the_stable_argsort() -> None:
         got, want = _step_events(s, d, a), by_argsort(s, d, a)
         assert got[0].tobytes() == want[0].tobytes() and got[1].tobytes() == want[1].tobytes(), trial
     assert 100 < merged < 300
+
+
+def test_step_events_kept_order_the_steps_once_per_run() -> None:
+    """Inside step_events_kept (the report), windowing a second amount over the same starts and durations reuses
+    the first call's order of the starts and ends, sorted or not; other arrays are ordered afresh. The values are
+    those of ordering each time, to the byte."""
+    from sim.output.report.common import _step_events, step_events_kept
+
+    rng = np.random.default_rng(2)
+    d = rng.choice([0.5, 1.0, 2.0], 300)
+    sorted_s = np.cumsum(np.r_[0, d[:-1]])
+    for s in (sorted_s, rng.permutation(sorted_s)):
+        a1, a2 = rng.random(300), rng.random(300)
+        want1, want2 = _step_events(s, d, a1), _step_events(s, d, a2)
+        with step_events_kept():
+            got1, got2 = _step_events(s, d, a1), _step_events(s, d, a2)
+            assert got2[0] is got1[0]  # ordered once
+            other = _step_events(s.copy(), d, a1)
+            assert other[0] is not got1[0] and other[0].tobytes() == want1[0].tobytes()
+        for got, want in ((got1, want1), (got2, want2)):
+            assert got[0].tobytes() == want[0].tobytes() and got[1].tobytes() == want[1].tobytes()
+        assert _step_events(s, d, a1)[0] is not _step_events(s, d, a1)[0]  # outside the block: nothing kept

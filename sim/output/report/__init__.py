@@ -57,6 +57,7 @@ from sim.output.report.common import (
     ecdf_points,
     run_end,
     state_per_window,
+    step_events_kept,
     trace_points,
     window_edges,
 )
@@ -403,22 +404,23 @@ def build_report(
         bottlenecks_html(summaries),
     ]
     n_fig = 0
-    for builder in SECTIONS if sections is None else sections:
-        for sec in builder(results, summaries):
-            parts.append(f"<h2>{html.escape(sec.title)}</h2>")
-            if sec.html:
-                parts.append(sec.html)
-            if sec.figure is not None:
-                parts.append(
-                    pio.to_html(
-                        sec.figure,
-                        include_plotlyjs=n_fig == 0,
-                        full_html=False,
-                        div_id=f"fig-{n_fig}",
-                        config={"displaylogo": False, "responsive": True},
+    with step_events_kept():  # the windows over a run's steps order its starts and ends once
+        for builder in SECTIONS if sections is None else sections:
+            for sec in builder(results, summaries):
+                parts.append(f"<h2>{html.escape(sec.title)}</h2>")
+                if sec.html:
+                    parts.append(sec.html)
+                if sec.figure is not None:
+                    parts.append(
+                        pio.to_html(
+                            sec.figure,
+                            include_plotlyjs=n_fig == 0,
+                            full_html=False,
+                            div_id=f"fig-{n_fig}",
+                            config={"displaylogo": False, "responsive": True},
+                        )
                     )
-                )
-                n_fig += 1
+                    n_fig += 1
     parts.append("</body></html>\n")
     return "\n".join(parts)
 

@@ -3,7 +3,8 @@ long series (windows, states, CDF samples) that keep a long run's page small."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -110,43 +111,90 @@ def amount_per_window(starts: np.ndarray, durations: np.ndarray, amounts: np.nda
     return np.diff(cum)
 
 
+# Inside ``step_events_kept``, the last run's merged step times (``_placement``), reused while the report windows
+# further amounts over the same steps (it windows four: busy time and FLOPs, decode and prefill tokens); one run's
+# only and up to KEEP_EVENTS_MAX steps, so what it holds stays bounded (18 bytes a step)
+_kept_events: list[tuple[np.ndarray, np.ndarray, tuple[np.ndarray, ...]]] | None = None
+KEEP_EVENTS_MAX = 1 << 20
+
+
+@contextmanager
+def step_events_kept() -> Iterator[None]:
+    """Inside the block, the order of a run's step starts and ends is found once for all the amounts windowed
+    over the same arrays of starts and durations (``amount_per_window``)."""
+    global _kept_events
+    outer, _kept_events = _kept_events, [] if _kept_events is None else _kept_events
+    try:
+        yield
+    finally:
+        _kept_events = outer
+
+
 def _step_events(s: np.ndarray, d: np.ndarray, a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Each step's start and end (``np.concatenate((s, s + d))``) in stable sorted order, and the rate each starts
-    (+a/d) or ends (-a/d) there. The steps of one replica's log start in order and end in order, so the sorted
-    times are the two sorted halves merged, starts first among equal times, which is the permutation the stable
-    argsort gives: placed by search, it costs a boolean per time instead of the argsort's index, its buffer and
-    the gathered copies (a long run's peak was this sort). Otherwise the argsort."""
+    (+a/d) or ends (-a/d) there (the order: ``_placement``)."""
     n = len(s)
-    e = s + d
-    if not (bool(np.all(s[1:] >= s[:-1])) and bool(np.all(e[1:] >= e[:-1]))):
-        times = np.concatenate((s, e))
-        del e
-        rate_after = np.empty(2 * n)  # rate on [times[i], times[i+1]) once sorted and cumulated
-        rate = a / d
+    placed = _placement(s, d)
+    rate = a / d
+    rate_after = np.empty(2 * n)  # rate on [times[i], times[i+1]) once sorted and cumulated
+    if len(placed) == 2:  # sorted by the argsort
+        times, order = placed
         rate_after[:n] = rate
         np.negative(rate, out=rate_after[n:])
-        del rate
-        order = np.argsort(times, kind="stable")
-        if len(order) < 2**31:  # the same permutation in half the bytes: it is held beside two columns
-            order = order.astype(np.int32)
-        return times[order], rate_after[order]
-    # start i is preceded by starts 0..i-1 and by the ends strictly before it (an equal end sorts after it)
-    at = np.searchsorted(e, s, side="left")
-    at += np.arange(n, dtype=at.dtype)
-    is_start = np.zeros(2 * n, dtype=bool)
-    is_start[at] = True
-    del at
-    is_end = ~is_start
-    times = np.empty(2 * n)
-    times[is_start] = s
-    times[is_end] = e  # the ends fill the other places in their own (sorted) order
-    del e
-    rate = a / d
-    rate_after = np.empty(2 * n)
+        return times, rate_after[order]
+    times, is_start, is_end = placed
     rate_after[is_start] = rate
     np.negative(rate, out=rate)
     rate_after[is_end] = rate
     return times, rate_after
+
+
+def _placement(s: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, ...]:
+    """The steps' starts and ends in stable sorted order, with where each came from: (times, the starts' places,
+    the ends' places) as indices (as boolean masks past KEEP_EVENTS_MAX steps), or (times, the argsort's
+    permutation of starts then ends). The steps of
+    one replica's log start in order and end in order, so the sorted times are the two sorted halves merged,
+    starts first among equal times, which is the permutation the stable argsort gives: placed by search, it costs
+    a boolean per time instead of the argsort's index, its buffer and the gathered copies (a long run's peak was
+    this sort). Otherwise the argsort. Inside ``step_events_kept``, kept for the next call with these arrays."""
+    kept = _kept_events
+    if kept and kept[0][0] is s and kept[0][1] is d:
+        return kept[0][2]
+    n = len(s)
+    e = s + d
+    placed: tuple[np.ndarray, ...]
+    if not (bool(np.all(s[1:] >= s[:-1])) and bool(np.all(e[1:] >= e[:-1]))):
+        times = np.concatenate((s, e))
+        del e
+        order = np.argsort(times, kind="stable")
+        if len(order) < 2**31:  # the same permutation in half the bytes: it is held beside two columns
+            order = order.astype(np.int32)
+        placed = (times[order], order)
+    else:
+        # start i is preceded by starts 0..i-1 and by the ends strictly before it (an equal end sorts after it)
+        at = np.searchsorted(e, s, side="left")
+        at += np.arange(n, dtype=at.dtype)
+        is_start = np.zeros(2 * n, dtype=bool)
+        is_start[at] = True
+        if n <= KEEP_EVENTS_MAX:
+            # the places as indices: assigning through them takes a tenth of a boolean mask's time, for 8 bytes a
+            # time where the masks take one (a long run keeps the masks)
+            is_end = np.flatnonzero(~is_start)
+            is_start = at
+        else:
+            del at
+            is_end = ~is_start
+        times = np.empty(2 * n)
+        times[is_start] = s
+        times[is_end] = e  # the ends fill the other places in their own (sorted) order
+        placed = (times, is_start, is_end)
+    if kept is not None:
+        kept.clear()
+        if n <= KEEP_EVENTS_MAX:
+            for x in placed:
+                x.flags.writeable = False  # shared by the calls that hit it
+            kept.append((s, d, placed))
+    return placed
 
 
 def state_per_window(t: np.ndarray, values: np.ndarray, edges: np.ndarray, how: str = "max") -> np.ndarray:
