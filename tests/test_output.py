@@ -601,6 +601,12 @@ def test_every_requests_csv_column_is_explained_in_the_docs() -> None:
         assert f"| `{col}` | {text} |" in page, col
 
 
+def _back_to_back(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Starts and durations of n steps in order: back to back (an end equal to the next start) or after a gap."""
+    d = rng.choice([0.5, 1.0, 0.25, 2.0], n) * rng.integers(1, 3)
+    return np.cumsum(np.r_[0, (d + rng.choice([0.0, 0.0, 0.5, 1.0], n))[:-1]]), d
+
+
 @pytest.mark.parametrize("long_run", [False, True])
 def test_step_events_merged_are_the_stable_argsort(long_run: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """amount_per_window's starts and ends, placed by merging the two sorted halves (one replica's log), are the
@@ -623,8 +629,7 @@ def test_step_events_merged_are_the_stable_argsort(long_run: bool, monkeypatch: 
     merged = 0
     for trial in range(300):
         n = int(rng.integers(1, 400))
-        d = rng.choice([0.5, 1.0, 0.25, 2.0], n) * rng.integers(1, 3)
-        s = np.cumsum(np.r_[0, (d + rng.choice([0.0, 0.0, 0.5, 1.0], n))[:-1]])
+        s, d = _back_to_back(rng, n)
         if trial % 3 == 0:  # overlapping steps, sorted starts
             s = np.sort(rng.choice(np.arange(0, 20, 0.5), n))
         if trial % 7 == 0:
@@ -656,3 +661,31 @@ def test_step_events_kept_order_the_steps_once_per_run() -> None:
         for got, want in ((got1, want1), (got2, want2)):
             assert got[0].tobytes() == want[0].tobytes() and got[1].tobytes() == want[1].tobytes()
         assert _step_events(s, d, a1)[0] is not _step_events(s, d, a1)[0]  # outside the block: nothing kept
+
+
+@pytest.mark.parametrize("rows", [1, 3, 64])
+def test_amount_per_window_in_chunks_keeps_its_bits(monkeypatch: pytest.MonkeyPatch, rows: int) -> None:
+    """Steps in order (one replica's log: back to back, an end equal to the next start, idle gaps, long steps
+    that span several chunks, edges on event times and outside them) ordered a few steps at a time: the same
+    floats as the whole arrays gave before issue 40."""
+    import sim.output.report.common as common
+
+    monkeypatch.setattr(common, "EVENT_ROWS", rows)
+    monkeypatch.setattr(common, "KEEP_EVENTS_MAX", 0)  # chunked past it
+    rng = np.random.default_rng(3)
+    chunked = 0
+    for trial in range(200):
+        n = int(rng.integers(1, 300))
+        s, d = _back_to_back(rng, n)
+        if trial % 4 == 0:  # overlapping steps whose starts and ends are both in order
+            s = np.sort(rng.choice(np.arange(0, 20, 0.5), n))
+            d = np.full(n, 3.0)
+        a = rng.integers(0, 300, n).astype(np.float64)
+        end = float((s + d).max())
+        edges = np.linspace(0, end * rng.choice([0.5, 1.0, 1.2]), int(rng.integers(2, 60)))
+        if trial % 5 == 0:  # edges on event times
+            edges = np.unique(np.r_[0.0, rng.choice(np.r_[s, s + d], 5), end])
+        chunked += common._in_order(s, d)
+        assert amount_per_window(s, d, a, edges).tobytes() == \
+            _amount_per_window_before(s, d, a, edges).tobytes(), trial
+    assert chunked == 200
