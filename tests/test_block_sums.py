@@ -163,3 +163,25 @@ def test_run_energy_read_in_blocks_equals_the_whole_arrays(monkeypatch: pytest.M
         assert (e.energy_j, e.peak_step_power_w) == (total, float(power.max()))
         assert e.request_energy_j.tobytes() == want.tobytes()
         assert e.step_energy_j.tobytes() == (power * dur).tobytes()
+
+
+@pytest.mark.parametrize("rows", [7, 1000])
+def test_power_series_read_in_blocks_equal_the_whole_arrays(monkeypatch: pytest.MonkeyPatch, rows: int) -> None:
+    """The report's power over time and the OpenMetrics power and energy series, read 7 or 1,000 steps at a time
+    from a log of hundreds of chunks, are those of the same steps as whole arrays (a dict of columns)."""
+    from dataclasses import replace
+
+    import sim.costs.energy as energy
+    from sim.metrics.step_columns import step_blocks
+    from sim.output.benchfiles.export_metrics import openmetrics_text
+
+    monkeypatch.setattr(records, "_CHUNK", 7)
+    run = run_scenario(prepare_scenario(parse_scenario({**SCENARIO, "variants": SCENARIO["variants"][:1]})))
+    (res,) = run.results
+    plain = replace(res, steps={k: np.array(v) for k, v in res.steps.items()})
+    curve, text = energy.power_over_time(plain), openmetrics_text(plain)
+    assert curve is not None and "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{" in text
+    monkeypatch.setattr(energy, "step_blocks", lambda s, k, r=rows: step_blocks(s, k, rows))
+    got = energy.power_over_time(res)
+    assert got is not None and [a.tobytes() for a in got] == [a.tobytes() for a in curve]
+    assert openmetrics_text(res) == text

@@ -132,11 +132,12 @@ def _num_steps(steps: Any) -> int:
     return steps.num_steps if isinstance(steps, StepColumns) else len(steps["duration"])
 
 
-def _power_blocks(pm: PowerModel, steps: Any, rows: int | None = None
+def _power_blocks(pm: PowerModel, steps: Any, rows: int | None = None, extra: tuple[str, ...] = ()
                   ) -> Iterator[tuple[int, dict[str, np.ndarray], np.ndarray]]:
-    """``(first row, the block's busy columns as float64, each step's power in W)`` a block of steps at a time:
-    the very values of ``pm.power(*busy_shares(pm, steps))`` (elementwise arithmetic)."""
-    blocks = step_blocks(steps, _BUSY_COLUMNS) if rows is None else step_blocks(steps, _BUSY_COLUMNS, rows)
+    """``(first row, the block's busy columns and ``extra`` as float64, each step's power in W)`` a block of steps
+    at a time: the very values of ``pm.power(*busy_shares(pm, steps))`` (elementwise arithmetic)."""
+    keys = _BUSY_COLUMNS + extra
+    blocks = step_blocks(steps, keys) if rows is None else step_blocks(steps, keys, rows)
     for lo, block in blocks:
         b = {k: np.asarray(v, dtype=np.float64) for k, v in block.items()}
         yield lo, b, pm.power(*_busy_block(pm, b))
@@ -408,18 +409,77 @@ def power_over_time(result: RunResult, bins: int = 200) -> tuple[np.ndarray, np.
     e = run_energy(result)
     if e is None or result.power is None:
         return None
-    starts = np.asarray(result.steps["start"], dtype=np.float64)
-    dur = np.asarray(result.steps["duration"], dtype=np.float64)
     t0 = as_table(result.requests).least("arrival")
     t1 = t0 + float(result.duration)
     if not t1 > t0:
         return None
     edges = np.linspace(t0, t1, bins + 1)
     width = (t1 - t0) / bins
-    where = np.clip(np.searchsorted(edges, starts, side="right") - 1, 0, bins - 1)
-    busy_j = np.bincount(where, weights=e.step_energy_j, minlength=bins)
-    busy_s = np.bincount(where, weights=dur, minlength=bins)
+    binned = _binned_in_blocks(result.power, result.steps, edges) if isinstance(result.steps, StepColumns) else None
+    if binned is not None:
+        busy_j, busy_s = binned
+    else:
+        starts = np.asarray(result.steps["start"], dtype=np.float64)
+        dur = np.asarray(result.steps["duration"], dtype=np.float64)
+        where = np.clip(np.searchsorted(edges, starts, side="right") - 1, 0, bins - 1)
+        busy_j = np.bincount(where, weights=e.step_energy_j, minlength=bins)
+        busy_s = np.bincount(where, weights=dur, minlength=bins)
     replicas = e.up_seconds / (t1 - t0)  # replicas up on average (a fixed fleet: its size)
     idle_s = np.maximum(width * replicas - busy_s, 0.0)
     idle_j = idle_s * (e.idle_energy_j / idle_s.sum()) if idle_s.sum() > 0 else idle_s * 0.0
     return (edges[:-1] + edges[1:]) / 2, (busy_j + idle_j) / width
+
+
+def _sequential_into(out: np.ndarray, where: np.ndarray, x: np.ndarray) -> None:
+    """``out[where[i]] += x[i]`` in order (what ``np.bincount`` with weights does) for ``where`` nondecreasing,
+    each bin's run of values added one after the other by ``np.cumsum`` from the bin's sum so far."""
+    cut = np.flatnonzero(where[1:] != where[:-1]) + 1
+    for i0, i1 in zip(np.r_[0, cut].tolist(), np.r_[cut, len(where)].tolist(), strict=True):
+        b = int(where[i0])
+        out[b] = np.cumsum(np.concatenate(([out[b]], x[i0:i1])))[-1]
+
+
+def _binned_in_blocks(pm: PowerModel | None, steps: StepColumns, edges: np.ndarray
+                      ) -> tuple[np.ndarray, np.ndarray] | None:
+    """power_over_time's busy joules and seconds per bin (``np.bincount`` of the steps' energy and durations by
+    the bin each starts in) read a block of steps at a time, for steps in start order (a log's own: then each
+    bin's steps are a run, summed in order as bincount sums them). None when the steps are not in start order."""
+    assert pm is not None
+    bins = len(edges) - 1
+    busy_j, busy_s = np.zeros(bins), np.zeros(bins)
+    last = 0
+    for _, block, power in _power_blocks(pm, steps, extra=("start",)):
+        where = np.clip(np.searchsorted(edges, block["start"], side="right") - 1, 0, bins - 1)
+        if not len(where):
+            continue
+        if int(where[0]) < last or not bool(np.all(where[1:] >= where[:-1])):
+            return None
+        last = int(where[-1])
+        _sequential_into(busy_j, where, power * block["duration"])
+        _sequential_into(busy_s, where, block["duration"])
+    return busy_j, busy_s
+
+
+def running_energy(pm: PowerModel, steps: StepColumns, at: np.ndarray, rows: np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For steps in end order (one replica's log): the running sums of the steps' energy (J) and busy seconds to
+    the end of each step ``at`` (nondecreasing), and the power (W) of each step ``rows`` (increasing), read a block
+    of steps at a time: the values ``np.cumsum`` of the whole arrays gives there (a running sum is sequential, so
+    each block continues from the last), without the arrays."""
+    run_j, run_s, power_at = np.empty(len(at)), np.empty(len(at)), np.empty(len(rows))
+    carry: tuple[float, float] | None = None
+    for lo, block, power in _power_blocks(pm, steps):
+        hi = lo + len(power)
+        dur = block["duration"]
+        if carry is None:
+            cj, cs, off = np.cumsum(power * dur), np.cumsum(dur), lo
+        else:
+            cj = np.cumsum(np.concatenate(([carry[0]], power * dur)))
+            cs, off = np.cumsum(np.concatenate(([carry[1]], dur))), lo - 1
+        a, b = np.searchsorted(at, [lo, hi], side="left")
+        run_j[a:b], run_s[a:b] = cj[at[a:b] - off], cs[at[a:b] - off]
+        r0, r1 = np.searchsorted(rows, [lo, hi], side="left")
+        power_at[r0:r1] = power[rows[r0:r1] - lo]
+        if len(power):
+            carry = (float(cj[-1]), float(cs[-1]))
+    return run_j, run_s, power_at

@@ -22,9 +22,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from sim.costs.energy import run_energy
+from sim.costs.energy import run_energy, running_energy
 from sim.metrics.records import RunResult
 from sim.metrics.request_table import as_table
+from sim.metrics.step_columns import StepColumns
 from sim.metrics.sums import dot
 from sim.output.benchfiles.export_vllm import _model_of
 from sim.output.benchfiles.stats import expanded_sum, itls_expand
@@ -83,21 +84,32 @@ def _power_lines(result: RunResult, model: str, picked: list[tuple[int, np.ndarr
     if energy is None or pm is None:
         return []
     t0 = as_table(result.requests).least("arrival")
-    replica = np.asarray(result.steps["replica"], dtype=np.int64)
-    dur = np.asarray(result.steps["duration"], dtype=np.float64)
     power, energy_mj = [], []
-    step_power_w, step_energy_j = energy.step_power_w, energy.step_energy_j  # each computed when read: once
+    whole: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None  # read once, for every engine
     for e, rows, _ in picked:
-        mine = np.flatnonzero(replica == e)
-        mine = mine[np.argsort(end[mine], kind="stable")]
-        busy_j = np.cumsum(step_energy_j[mine]) / pm.gpus  # one GPU's, to the end of each step
-        busy_s = np.cumsum(dur[mine])
-        at = np.searchsorted(end[mine], end[rows], side="right") - 1  # each sampled row in the engine's order
+        if len(picked) == 1 and isinstance(result.steps, StepColumns) and bool(np.all(end[1:] >= end[:-1])):
+            # one engine's log in end order: the running sums read where sampled, a block at a time
+            at = np.searchsorted(end, end[rows], side="right") - 1
+            busy_j, busy_s, power_w = running_energy(pm, result.steps, at, rows)
+            busy_j /= pm.gpus  # one GPU's, to the end of each step
+            at = np.arange(len(rows))
+        else:
+            if whole is None:
+                dur = np.asarray(result.steps["duration"], dtype=np.float64)
+                step_power_w = energy.step_power_w  # computed when read
+                whole = (np.asarray(result.steps["replica"], dtype=np.int64), dur, step_power_w, step_power_w * dur)
+            replica, dur, step_power_w, step_energy_j = whole
+            mine = np.flatnonzero(replica == e)
+            mine = mine[np.argsort(end[mine], kind="stable")]
+            busy_j = np.cumsum(step_energy_j[mine]) / pm.gpus  # one GPU's, to the end of each step
+            busy_s = np.cumsum(dur[mine])
+            at = np.searchsorted(end[mine], end[rows], side="right") - 1  # each sampled row in the engine's order
+            power_w = step_power_w[rows]
         idle_s = np.maximum(end[rows] - t0 - busy_s[at], 0.0)
         lab = f'gpu="{e}",modelName="{model}"'
         for k, i in enumerate(rows.tolist()):
             t = f" {_num(end[i])}"
-            power.append(f"DCGM_FI_DEV_POWER_USAGE{{{lab}}} {_num(step_power_w[i] / pm.gpus)}{t}")
+            power.append(f"DCGM_FI_DEV_POWER_USAGE{{{lab}}} {_num(power_w[k] / pm.gpus)}{t}")
             mj = 1000.0 * (busy_j[at[k]] + idle_s[k] * pm.idle_w)
             energy_mj.append(f"DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{{{lab}}} {_num(mj)}{t}")
     return ["# TYPE DCGM_FI_DEV_POWER_USAGE gauge", "# HELP DCGM_FI_DEV_POWER_USAGE Power draw (in W).",
