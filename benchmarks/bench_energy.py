@@ -32,11 +32,11 @@ window's energy and tokens over its length (ml-energy/data ``mlenergy_data/recor
 vLLM's ``num_requests_running`` averaged over it. Prompts: chat is LMArena's arena-human-preference-100k, each turn
 of a conversation a request whose prompt holds the conversation so far; GPQA is GPQA-diamond's question and four
 choices (``mlenergy/benchmark/llm/datasets.py``). Their token counts are published nowhere: 200 tokens is assumed
-(``--prompt-tokens``). Documented and not modelled: sampling at temperature 0.8, top-p 0.95 and
-repetition_penalty 1.1 (``benchmark.py``); vLLM 0.11.1 samples top-p by sorting the whole vocabulary, its FlashInfer
-sampler off by default since vLLM PR #26859 (the harness sets no ``VLLM_USE_FLASHINFER_SAMPLER``), a sort that
-cost V1 about 20% of its throughput at high load (vLLM PR #11394): a per-row GPU cost the roofline has no term
-for; and a repeated request's prompt can hit vLLM's prefix cache.
+(``--prompt-tokens``). Documented and not modelled: repetition_penalty 1.1 (``benchmark.py``) and a
+repeated request's prompt hitting vLLM's prefix cache. Its temperature 0.8 and top-p 0.95 are each row's
+``workload.sampling`` (``SAMPLING``): vLLM 0.11.1 (and 0.5's V0) sorts each row's whole vocabulary for top-p, its
+FlashInfer sampler off by default since vLLM PR #26859 (the harness sets no ``VLLM_USE_FLASHINFER_SAMPLER``),
+priced by sim/engines/sampling.py.
 
 v2.0's row runs as its harness did (leaderboard-v2 ``benchmark/llm_text_generation/chat``): 500 ShareGPT first-turn
 prompts sent 4 times, all at once, ``max_tokens`` 1,024 and ``max-model-len`` 4,096, temperature 0.8 and top-p 0.95;
@@ -87,6 +87,11 @@ PROMPT_TOKENS = 200  # assumed: the sources state no prompt lengths
 OUTPUT_TOKENS = 717  # the ML.ENERGY v3.0 post's mean text-conversation output, for rows that publish none
 MAX_OUTPUT = 4096  # max_tokens of a row that states none (the v3.0 chat harness's)
 MAX_NUM_BATCHED_TOKENS = 8192  # every v3.0 configuration's max-num-batched-tokens (vLLM 0.11 chunks prefills)
+# what each source's harness sends (vLLM's names): ML.ENERGY v3.0's benchmark.py and v2.0's chat harness sample at
+# temperature 0.8 and top-p 0.95 (v3.0 also repetition_penalty 1.1, not modelled); Serial Alice states none, so it
+# runs as the benchmark clients send by default (greedy). Top-p costs vLLM a sort of each row's vocabulary each step
+# (sim/engines/sampling.py)
+SAMPLING = {"ML.ENERGY": {"temperature": 0.8, "top_p": 0.95}}
 Err = tuple[dict[str, str], float, float, float]  # a row, and its J/token, power and output tok/s errors
 
 
@@ -143,6 +148,9 @@ def published_scenario(row: dict[str, str], requests: int, prompt: int = PROMPT_
     workload: dict[str, Any] = {"arrival": {"type": "all_at_once"}, "num_requests": n,
                                 "prompt_len": {"type": "fixed", "value": prompt},
                                 "output_len": {"type": "exponential", "mean": mean, "max": cap}}
+    sampling = next((v for k, v in SAMPLING.items() if row["source"].startswith(k)), None)
+    if sampling is not None:
+        workload["sampling"] = sampling
     lengths = published_output_lengths(row) if lengths_dir is not None else None
     if lengths is not None and lengths_dir is not None:
         path = lengths_dir / ("-".join(_key(row)[:4]) + ("-gpqa" if "gpqa" in row["task"].lower() else "") + ".csv")

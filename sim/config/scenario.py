@@ -48,6 +48,7 @@ from sim.plugins import load_plugins
 from sim.workload.arrivals import TraceArrival
 from sim.workload.generator import Workload
 from sim.workload.lengths import EmpiricalLength
+from sim.workload.sampling import Sampling
 from sim.workload.traces import resolve_trace
 
 
@@ -224,6 +225,7 @@ class VariantConfig:
     cluster: ClusterConfig | None = None  # several replicas; None: one
     workload: Workload | None = None  # the variant's own workload; None: the scenario's
     disaggregation: DisaggConfig | None = None  # prefill and decode pools (sim/loop/disagg); None: colocated
+    sampling: Sampling | None = None  # its workload's sampling (the cost model prices a sort, sim/engines/sampling.py)
 
     def to_dict(self, policy: PolicyConfigBase | None = None) -> dict[str, Any]:
         """The variant as a run records it; ``policy``: the policy as resolved against the engine (Built.policy)."""
@@ -277,6 +279,7 @@ def variant_configs(scenario: Scenario) -> list[VariantConfig]:
                 cluster=v.cluster or scenario.cluster,
                 workload=workload,
                 disaggregation=v.disaggregation,
+                sampling=(workload or scenario.workload).sampling,
             )
         )
     return out

@@ -126,7 +126,8 @@ def closest_key(unknown: str, known: list[str]) -> str | None:
     key = unknown.lower()
     words = key.split("_")
     for rule in (
-        lambda k: len(key) >= 2 and "_" not in key and _acronym(k).startswith(key),  # tp
+        # tp; only names of three words or more are shortened to initials (top_p, a short name, is not "tp")
+        lambda k: len(key) >= 2 and "_" not in key and k.count("_") >= 2 and _acronym(k).startswith(key),
         lambda k: len(k.split("_")) == len(words) and all(  # gpu_mem_util
             w and kw.startswith(w) for w, kw in zip(words, k.split("_"), strict=True)
         ),

@@ -108,6 +108,10 @@ class AnalyticCostModel(CostModel):
     # reads: 1, the roofline's max(); 0, added to it, as an engine whose decode GEMMs do not overlap their loads and
     # their arithmetic (sim/engines/vllm_v1.py). A prompt's further tokens keep the max: GEMMs of many rows overlap
     linear_overlap: float = 1.0
+    # seconds per logit (sampled row x vocabulary entry) the sampler spends filtering top-p/top-k by sorting the
+    # whole vocabulary on the GPU (sim/engines/sampling.py): 0 where the rows sample greedily, without top-p/top-k,
+    # or through a kernel that does not sort. Memory-bound GPU work, paid by every row of every step
+    sampler_sort_time: float = 0.0
 
     # Derived in __post_init__.
     compute_dtype: str = field(init=False)  # dtype of the linear layers' arithmetic
@@ -117,6 +121,7 @@ class AnalyticCostModel(CostModel):
     _peak: float = field(init=False, repr=False, compare=False)
     _moe: tuple[float, int, int] | None = field(init=False, repr=False, compare=False)
     _serial: float = field(init=False, repr=False, compare=False)  # 1 - linear_overlap
+    _sort_row: float = field(init=False, repr=False, compare=False)  # sampler_sort_time x vocabulary, s per row
     _decode_cache: dict[int, tuple[float, float, int | float]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -132,7 +137,7 @@ class AnalyticCostModel(CostModel):
         if not 0.0 < attn_eff <= 1.0:
             raise ValueError(f"attention_efficiency must be in (0, 1], got {attn_eff}")
         for name in ("step_overhead", "per_request_overhead", "dequant_overhead", "allreduce_latency",
-                     "host_time_ratio"):
+                     "host_time_ratio", "sampler_sort_time"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.block_size < 1:
@@ -186,9 +191,10 @@ class AnalyticCostModel(CostModel):
             t_flop_act = 1.0 / (peak_attn * self.compute_efficiency * self.compute_clock)
             lin_token = 2.0 * ((s.active_body_params - s.unquantized_params) * t_flop_lin
                                + s.unquantized_params * t_flop_act)
+        sort_row = self.sampler_sort_time * m.vocab_size  # the sampler's sort sees the whole vocabulary on each GPU
         k: tuple[float, ...] = (
             self.step_overhead,  # 0: s per step
-            self.per_request_overhead,  # 1: s per row
+            self.per_request_overhead + sort_row,  # 1: s per row (+ 0.0 without a sort: the same float)
             lin_token,  # 2: linear compute, s per token (MoE: its k experts)
             2.0 * s.lm_head_params * t_flop_lin,  # 3: LM head compute, s per row
             s.weight_bytes_read_per_step(wd) / bw,  # 4: weights, s per step
@@ -216,6 +222,7 @@ class AnalyticCostModel(CostModel):
             if s.num_experts else None
         object.__setattr__(self, "_moe", moe)
         object.__setattr__(self, "_serial", 1.0 - self.linear_overlap)
+        object.__setattr__(self, "_sort_row", sort_row)
         object.__setattr__(self, "_decode_cache", {})  # _decode_terms's, per row count
         object.__setattr__(self, "_flops", (2 * body, 2 * head, m.attn_flops_per_pair))
         object.__setattr__(self, "_peak", peak_lin * tp)
@@ -374,6 +381,8 @@ class AnalyticCostModel(CostModel):
                                                                 shape.kv_read_tokens, shape.attn_pairs))
         k0, k1, k2, k3, k4, k5, k6, k7, k8, k9, k10, k11 = self._k
         memory = k4 + b * k5 + a * k6 + (c + b) * k8
+        if self._sort_row:  # the sampler's sort streams the logits through HBM
+            memory = memory + a * self._sort_row
         if self._moe is not None:
             memory = memory + expected_experts(self._moe[1], self._moe[2], b) * self._moe[0]
         stretch = 1.0 + self.host_time_ratio

@@ -170,6 +170,11 @@ class Engine:
         run under the larger (sim/costs/analytic.py); None: the cost model's (1, the roofline's max)."""
         return None
 
+    def sampler_sort_time(self, cfg: Any) -> float:
+        """Seconds per logit (row x vocabulary entry) the engine's sampler spends on a top-p request by sorting the
+        vocabulary (sim/engines/costs.py); 0: it does not sort, or its sampler is not modelled."""
+        return 0.0
+
     def static_reserve_tokens(self, batch_size: int, max_model_len: int, max_input_len: int | None) -> int:
         """Tokens of a static batch's largest forward: its longest prompt (sim/engines/costs.py's docstring)."""
         prompt = max_model_len if max_input_len is None else min(max_input_len, max_model_len)

@@ -89,6 +89,10 @@ class EngineConfig(InputModel):
         default=None, ge=0, le=100, description="Host (CPU) seconds a step adds per second of GPU work, the engine "
         "not overlapping them; none: the version's (vllm-v0 0.5: 1.63, 0.6: 0.7; other engines 0).")
 
+    use_flashinfer_sampler: bool | None = Field(
+        default=None, description="vllm-v1/vllm-v0: VLLM_USE_FLASHINFER_SAMPLER, top-p through FlashInfer's kernel "
+        "instead of sorting each row's vocabulary (workload.sampling); none: off, vLLM 0.11.1's and V0's default.")
+
     # an engine of one's own (a plugin's) reads its keys here; each engine checks them (Engine.check_options)
     options: dict[str, Any] | None = Field(
         default=None, description="Keys of an engine of your own (a plugin's, sim/plugins.py), checked by that "
@@ -97,7 +101,7 @@ class EngineConfig(InputModel):
     # sim/engines/costs.py's keys and sim/engines/sched.py's, recorded only when set
     _record_set_keys = omit_when_unset("cache_max_entry_count", "version", "host_time_ratio", "enforce_eager",
                                        "cudagraph_capture_sizes", "enable_mixed_chunk", "num_scheduler_steps",
-                                       "options")
+                                       "options", "use_flashinfer_sampler")
     # ---- scheduler behaviours (sim/engines/sched.py) ----
     enforce_eager: bool | None = Field(
         default=None, description="vllm-v1/vllm-v0/tgi: no CUDA graphs, so decode batches are not padded; none: false.")

@@ -11,6 +11,7 @@ from typing import Any
 
 from sim.engines.base import CudaGraphEngine, EngineKey
 from sim.engines.costs import FA2_AMPERE_EFFICIENCY, FA2_HOPPER_EFFICIENCY
+from sim.engines.sampling import SAMPLER_KEYS, vllm_sort_time
 from sim.hardware.gpu import GPUSpec
 
 # vLLM v0 (0.5-0.6), vllm/config.py SchedulerConfig: without chunked prefill max_num_batched_tokens is
@@ -37,7 +38,7 @@ class VllmV0(CudaGraphEngine):
     keys = (EngineKey(("version",), "version is vllm-v0's (0.5 or 0.6); engine {name} follows one release"),
             EngineKey(("num_scheduler_steps",), "num_scheduler_steps is vllm-v0's (vLLM 0.6 multi-step); engine "
                       "{name} schedules every step"),
-            CudaGraphEngine.CUDA_GRAPH_KEYS)
+            CudaGraphEngine.CUDA_GRAPH_KEYS, SAMPLER_KEYS)
     prefill_mode = "prefill_first"
 
     def chunked_prefill(self, max_model_len: int) -> bool:
@@ -55,6 +56,9 @@ class VllmV0(CudaGraphEngine):
         v0 = (1, 2, 4, *range(8, 257, 8))
         cap = next((s for s in v0 if s >= max_num_seqs), v0[-1])
         return tuple(s for s in v0 if s <= cap)
+
+    def sampler_sort_time(self, cfg: Any) -> float:
+        return vllm_sort_time(cfg)  # FlashInfer opt-in in V0 (sim/engines/sampling.py)
 
     def host_time_ratio(self, cfg: Any, num_scheduler_steps: int) -> float:
         # 0.5: the API server and the scheduler in the GPU's process; 0.6: what V1 then removed, divided by the

@@ -11,6 +11,7 @@ from typing import Any
 
 from sim.engines.base import CudaGraphEngine
 from sim.engines.costs import FA2_AMPERE_EFFICIENCY, FA3_HOPPER_EFFICIENCY
+from sim.engines.sampling import SAMPLER_KEYS, vllm_sort_time
 from sim.hardware.dtypes import GiB
 from sim.hardware.gpu import GPUSpec
 
@@ -34,10 +35,10 @@ VLLM_V1_MAX_NUM_SEQS = {True: 1024, False: 256}
 #   for the host);
 # - dennislee22/vLLM-benchmarking (vLLM 0.10.1.1, Qwen2-7B on an A100, 1-500 requests at once): TPOT and ITL
 #   predicted +17.6% too fast (median) with the max, +0.0% with the sum.
-# The two differ in one condition the roofline does not price: ML.ENERGY's vLLM 0.11.1 samples top-p 0.95 by a
-# full-vocabulary sort (its FlashInfer sampler off by default since vLLM PR #26859), dennislee22's 0.10.1.1 through
-# FlashInfer (its log), so a sampling term would have to be derived together with this one
-# (docs/engines-and-hardware.md, bench_energy).
+# The two differ in how they sample: ML.ENERGY's requests take top-p 0.95, which vLLM 0.11.1 filters by sorting
+# each row's vocabulary, priced apart (sim/engines/sampling.py, 15 us a row for Llama-3.1-8B); dennislee22's used
+# benchmark_serving.py's default, greedy, which never sorts. With the sort priced, ML.ENERGY's H100 rows still need
+# the sum: output tok/s +1.0% (median) with it, +18.7% with the max (bench_energy).
 # A structural choice between the two forms (0 or 1), not a fitted share; TensorRT-LLM's table is predicted too
 # slow by the sum (its kernels overlap), so it stays with its engine. Only the decode rows' share of a step's
 # tokens pays it: a prompt chunk's GEMMs have rows enough to overlap as the roofline assumes.
@@ -51,7 +52,7 @@ def _large_gpu(gpu: GPUSpec) -> bool:
 
 class VllmV1(CudaGraphEngine):
     name = "vllm-v1"
-    keys = (CudaGraphEngine.CUDA_GRAPH_KEYS,)
+    keys = (CudaGraphEngine.CUDA_GRAPH_KEYS, SAMPLER_KEYS)
     # vLLM v1 turns prefix caching on by default (vllm/engine/arg_utils.py: enable_prefix_caching None becomes
     # True under V1) and hashes every full block of every prompt (vllm/v1/core/kv_cache_utils.py)
     caches_every_prompt_block = True
@@ -74,6 +75,9 @@ class VllmV1(CudaGraphEngine):
 
     def linear_overlap(self, cfg: Any) -> float | None:
         return VLLM_V1_LINEAR_OVERLAP
+
+    def sampler_sort_time(self, cfg: Any) -> float:
+        return vllm_sort_time(cfg)  # 0.11.1's default: top-p by a sort (sim/engines/sampling.py)
 
     def attention_efficiency(self, cfg: Any, architecture: str) -> float | None:
         # FlashAttention-3 on Hopper (vllm/attention/utils/fa_utils.py picks version 3 on compute capability 9.0),

@@ -25,6 +25,7 @@ from sim.config.schema import (
 from sim.costs.costmodel import CostModel
 from sim.engines.costs import static_reserve_tokens
 from sim.engines.registry import budget_kwargs, engine_kv_budget, resolve_policy
+from sim.engines.sampling import with_sampling
 from sim.engines.sched import configure_kv, configure_policy, engine_kv_cache
 from sim.hardware.gpu import GPUSpec, resolve_gpu
 from sim.hardware.kv_budget import KVBudget, ModelDoesNotFitError
@@ -175,7 +176,7 @@ def build(cfg: VariantConfig) -> tuple[Policy, KVManager, CostModel, Built]:
     except ValueError as e:
         raise ScenarioError(f"{where}: kv_cache: {e}") from None
     try:
-        cost = cm.build(model, gpu, dep)
+        cost = with_sampling(cm.build(model, gpu, dep), dep.engine, cfg.sampling)  # sim/engines/sampling.py
         cost = wrap_pipeline(cost, model, gpu, pipeline_parallel_size=dep.pipeline_parallel_size,
                              link=dep.pipeline_link, weight_dtype=dep.weight_dtype)
     except ScenarioError as e:  # the section named its own field

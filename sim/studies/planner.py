@@ -61,6 +61,7 @@ from sim.config.schema import (
 )
 from sim.costs.costmodel import CostModel
 from sim.engines.registry import resolve_policy
+from sim.engines.sampling import with_sampling
 from sim.hardware.dtypes import resolve_kv_dtype
 from sim.hardware.gpu import GPU_PRESETS, GPUSpec, resolve_gpu
 from sim.hardware.kv_budget import KVBudget, ModelDoesNotFitError
@@ -322,7 +323,7 @@ def _resolve(vcfg: VariantConfig, model: ModelSpec, gpu: GPUSpec) -> tuple[CostM
     max_model_len = resolve_max_model_len(dep, model)
     limits = resolve_policy(pol, dep, model, gpu, max_model_len).limits(max_model_len)
     budget = size_kv_cache(dep, model, gpu, limits)
-    cost = wrap_pipeline(dep.cost_model.build(model, gpu, dep), model, gpu,
+    cost = wrap_pipeline(with_sampling(dep.cost_model.build(model, gpu, dep), dep.engine, vcfg.sampling), model, gpu,
                          pipeline_parallel_size=dep.pipeline_parallel_size, link=dep.pipeline_link,
                          weight_dtype=dep.weight_dtype)
     return cost, budget, limits.max_num_batched_tokens
@@ -348,7 +349,7 @@ def _evaluate_replica_config(
                                      "kv_dtype": kd, "pipeline_parallel_size": pp})
     pol = base_policy.model_copy(update={"max_num_seqs": mns, "enable_chunked_prefill": chunk})
     vcfg = VariantConfig(name="plan", deployment=dep, kv_cache=scenario.kv_cache, policy=pol,
-                         admission=scenario.admission, params={})
+                         admission=scenario.admission, params={}, sampling=scenario.workload.sampling)
     try:
         cost, budget, max_num_batched_tokens = _resolve(vcfg, model, g)
     except (ModelDoesNotFitError, ValueError) as e:

@@ -33,6 +33,7 @@ from sim.workload.arrivals import ArrivalProcess, ClosedLoopArrival, ThinkTime, 
 from sim.workload.classes import RequestClass, check_classes, class_fields, trace_fields
 from sim.workload.length_pairs import LengthPairs
 from sim.workload.lengths import MAX_LENGTH, LengthDistribution, fmt_g
+from sim.workload.sampling import Sampling
 from sim.workload.trace_columns import ClassColumns
 
 PREFIX_HASH_BLOCK_SIZE = 16  # tokens named by one hash id of a synthetic shared prefix (vLLM's default block size)
@@ -125,6 +126,12 @@ class Workload(FrozenInputModel):
     failures: Failures | None = Field(
         default=None, description="Requests that fail mid-flight (cancellations, errors); none by default."
     )
+    sampling: Sampling | None = Field(
+        default=None,
+        description="How every request samples (vLLM's temperature, top_p, top_k); none: as the benchmark "
+        "clients send them, greedy (vllm bench serve's temperature 0). Top-p below 1 costs vLLM a sort of each "
+        "row's vocabulary each step (sim/engines/sampling.py).",
+    )
     classes: list[RequestClass] | None = Field(
         default=None,
         description="Request classes (e.g. interactive and batch), each with its share of the arrivals, priority, "
@@ -143,7 +150,7 @@ class Workload(FrozenInputModel):
         # a workload without lengths pairs dumps as it did before they existed, so that summary.json of every
         # earlier scenario stays byte-identical (the run folder records the resolved scenario)
         d = handler(self)
-        for key in ("lengths", "classes"):  # likewise for classes
+        for key in ("lengths", "classes", "sampling"):  # likewise for classes and sampling
             if d.get(key, ...) is None:
                 del d[key]
         return d
@@ -181,6 +188,8 @@ class Workload(FrozenInputModel):
             parts.append(f"shared prefix {self.shared_prefix} tokens")
         if self.failures is not None:
             parts.append(f"failures: {self.failures.describe()}")
+        if self.sampling is not None:
+            parts.append(self.sampling.describe())
         if self.classes is not None:
             parts.append(f"classes: {', '.join(c.describe() for c in self.classes)}")
         return "; ".join(parts)

@@ -1,0 +1,58 @@
+"""The sampler's sort: what a top-p request costs an engine that filters it by sorting the whole vocabulary.
+
+vLLM's PyTorch sampler (V0, and V1's ``apply_top_k_top_p`` in vllm/v1/sample/ops/topk_topp_sampler.py) sorts every
+row's logits over the whole vocabulary (``logits.sort(dim=-1)``), then a softmax, a cumulative sum and a scatter
+back, for any request with top-p below 1; a greedy request takes the argmax and a top-k-only one ``torch.topk``
+(PR #15478), neither sorts. FlashInfer's sampling kernel does not sort (rejection sampling). Which one runs:
+- V0 (0.5-0.6): FlashInfer only when ``VLLM_USE_FLASHINFER_SAMPLER`` is set (PR #7137), so it sorts by default;
+- V1 from PR #11394 (0.7, Dec 2024) to 0.11.0: FlashInfer whenever it is installed ("the sorting op can take ~20%
+  performance overhead in high-throughput settings": ShareGPT 47.40 req/s greedy, 40.20 with top-p, 47.15 with
+  top-p through FlashInfer); dennislee22's vLLM 0.10.1.1 log reads "Using FlashInfer for top-p & top-k sampling";
+- V1 0.11.1 to 0.20: off by default (PR #26859, Oct 2025, for correctness reports), opt-in by the variable, so it
+  sorts (later releases add a Triton kernel, PR #33538, and turn FlashInfer on again, PR #40376: 0.21).
+The vllm-v1 and vllm-v0 presets sort unless ``deployment.engine.use_flashinfer_sampler`` is true; other engines'
+samplers are not modelled (0). Only ``workload.sampling`` with top-p below 1 and a temperature above greedy pays it
+(sim/workload/sampling.py); without it the requests sample as the benchmark clients send them, greedy.
+
+Not modelled: the softmax and the random draw every sampled (non-greedy) request pays, with or without top-p (a
+few passes over the logits, no sort), and repetition_penalty's per-row token counts (a pass over the logits and,
+on the host, the output tokens made into a tensor each step).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from sim.costs.analytic import AnalyticCostModel
+from sim.costs.costmodel import CostModel
+from sim.engines.base import EngineKey, engine_of
+
+# Seconds per logit (row x vocabulary entry) of vLLM's PyTorch top-p filter: the median of the six measurements of
+# that path published beside faster kernels (fp32 logits, every row filtered), 0.092-0.149 ns a logit:
+# - vLLM PR #40376 (B200): top-p on every row, 1.005 ms at 64 rows x 131,072 (0.120 ns), 2.272 ms at 128 (0.135),
+#   6.150 ms at 512 (0.092); 32,768 entries: 0.626 ms at 128 rows (0.149), 1.694 ms at 512 (0.101);
+# - vLLM PR #32558 (the Triton filter's): 3.812 ms at 256 rows x 131,072, top-k on every row by the same sort (0.114).
+# Linear in the vocabulary (a 4x larger one costs 3.6-4.3x) and near-linear in the rows from 64 up. No H100
+# figure is published; a sort of this size runs far below the HBM bandwidth of either GPU (0.12 ns for the 24+
+# bytes a logit moves per pass is ~0.2 TB/s), so the B200's figure is not scaled by bandwidth. Cross-check, not
+# fitted: Llama-3.1-8B (128,256 entries) at 15 us a row makes a 256-row step of ~25 ms on an H100 about 15%
+# longer, PR #11394's 47.40 -> 40.20 req/s (15%).
+SAMPLER_SORT_TIME = 0.117e-9  # s per logit
+
+SAMPLER_KEYS = EngineKey(("use_flashinfer_sampler",), "use_flashinfer_sampler is vLLM's (VLLM_USE_FLASHINFER_SAMPLER); "
+                         "engine {name}'s sampler is not modelled")
+
+
+def vllm_sort_time(cfg: Any) -> float:
+    """vLLM's ``sampler_sort_time`` under ``cfg`` (its ``deployment.engine``): 0 through FlashInfer's kernel."""
+    return 0.0 if cfg is not None and cfg.use_flashinfer_sampler else SAMPLER_SORT_TIME
+
+
+def with_sampling(cost: CostModel, engine: Any, sampling: Any) -> CostModel:
+    """``cost`` with the engine's sort priced in each row of each step when ``sampling`` (``workload.sampling``)
+    sorts the vocabulary; ``cost`` itself otherwise (greedy, no top-p, no engine, not the roofline)."""
+    if engine is None or sampling is None or not sampling.sorts_vocabulary() or not isinstance(cost, AnalyticCostModel):
+        return cost
+    t = engine_of(engine).sampler_sort_time(engine)
+    return replace(cost, sampler_sort_time=t) if t > 0 else cost
