@@ -25,7 +25,13 @@ import numpy as np
 
 from sim.config.scenario import apply_override, load_scenario, parse_scenario
 from sim.config.schema import Scenario, ScenarioError
-from sim.metrics.columns import REQUEST_COLUMNS, STEP_CSV_COLUMNS, class_column_values, request_latencies
+from sim.metrics.columns import (
+    ABSENT_IF_NEGATIVE,
+    REQUEST_COLUMNS,
+    STEP_CSV_COLUMNS,
+    class_column_values,
+    request_latencies,
+)
 from sim.metrics.records import REQUEST_FIELDS, STEP_COLUMNS, RunResult
 from sim.output.compare import Comparison, RunFolderError, compare_runs
 from sim.output.run_folder import read_requests, read_steps
@@ -33,7 +39,6 @@ from sim.output.run_folder import read_requests, read_steps
 __all__ = ["Comparison", "Results", "RunFolderError", "ScenarioError", "compare", "load", "run"]
 
 # request fields whose negative value means "never happened" (output.py writes them as empty cells)
-_ABSENT = frozenset(("arrival", "first_scheduled", "first_token", "finish", "session_id"))
 
 
 @contextmanager
@@ -183,7 +188,7 @@ def _request_columns(results: list[RunResult]) -> dict[str, list]:
             values: list[Any] = [res.name]
             for f in REQUEST_FIELDS:
                 v = getattr(r, f)
-                values.append(None if f in _ABSENT and v < 0 else v)
+                values.append(None if f in ABSENT_IF_NEGATIVE and v < 0 else v)
             values += [None if x == "" else x for x in request_latencies(r)]
             for col, v in zip(lists, values, strict=True):
                 col.append(v)

@@ -144,3 +144,33 @@ def test_cluster_behind_one_front_end_is_refused():
     sc = parse_scenario(raw, "t")
     with pytest.raises(ScenarioError, match="not modelled yet"):
         simulate_variant(variant_configs(sc)[0], generate_workload(sc))
+
+
+def test_a_closed_loop_s_sends_before_the_engine_s_clock_are_written_and_read_back(tmp_path):
+    # a closed loop's first requests reach the engine at its time 0, so their users sent them the API server's
+    # time earlier, before 0: requests.csv wrote those arrivals as empty cells ("never happened") and read them
+    # back as -1 s, so a compare or a report of the folder took every such TTFT a second too long
+    import servesim
+    from sim.output.run_folder import read_requests
+
+    loop = {"type": "closed_loop", "num_users": 2, "think_time": {"type": "fixed", "value": 0.0}}
+    raw = {"name": "t", "seed": 1,
+           "workload": {"arrival": loop, "num_requests": 4, "prompt_len": {"type": "fixed", "value": ISL},
+                        "output_len": {"type": "fixed", "value": OSL}},
+           "deployment": {"model": "llama-3.1-8b", "gpu": "h100-sxm", "serving": "online"}}
+    res = servesim.run(raw)
+    reqs = sorted(res.results[0].requests, key=lambda r: r.id)
+    path = REQUEST_HANDLING_S + TOKENIZE_S_PER_TOKEN * ISL
+    assert [r.arrival for r in reqs[:2]] == pytest.approx([-path, -path], abs=1e-12)
+    folder = res.write(tmp_path / "run")
+    (back,) = read_requests(folder).values()
+    assert [r.arrival for r in back] == [r.arrival for r in reqs]
+    assert [r.first_token - r.arrival for r in back] == pytest.approx([r.first_token - r.arrival for r in reqs])
+    pytest.importorskip("pyarrow")
+    from sim.output.parquet_out import read_requests_parquet, write_requests_parquet
+
+    with open(tmp_path / "requests.parquet", "wb") as f:
+        write_requests_parquet(f, list(res.results))
+    (back,) = read_requests_parquet(tmp_path / "requests.parquet").values()
+    assert [r.arrival for r in back] == [r.arrival for r in reqs]
+    assert res.requests["arrival_s"] == [r.arrival for r in reqs]  # the Python API's columns alike

@@ -19,6 +19,7 @@ from typing import IO, Any
 import numpy as np
 
 from sim.metrics.columns import (
+    ABSENT_IF_NEGATIVE,
     CLASS_COLUMNS,
     LATENCY_COLUMNS,
     REQUEST_COLUMNS,
@@ -59,7 +60,6 @@ def _request_table(results: list[RunResult]) -> Any:
 
     pa = _pa()
     times = ("arrival", "first_scheduled", "first_token", "finish")
-    absent_if_negative = set(times) | {"session_id"}
     names: list[str] = []
     values: dict[str, list] = {f: [] for f in REQUEST_FIELDS}
     lat: list[list] = [[] for _ in LATENCY_COLUMNS]
@@ -81,7 +81,7 @@ def _request_table(results: list[RunResult]) -> Any:
         else:
             kind = pa.float64() if f in times else pa.int64()
             a = np.asarray(v, dtype=np.float64 if f in times else np.int64)
-            mask = a < 0 if f in absent_if_negative else None
+            mask = a < 0 if f in ABSENT_IF_NEGATIVE else None
             arrays.append(pa.array(a, type=kind, mask=mask))
     arrays += [pa.array(c, type=pa.float64()) for c in lat]
     classes = class_column_values(results) or {}  # requests.csv's class columns, when the run has them

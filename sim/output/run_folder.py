@@ -25,6 +25,7 @@ import numpy as np
 from sim.config.files import InterruptedAfterWrite, write_atomically
 from sim.costs.energy import energy_kept
 from sim.metrics.columns import (
+    ABSENT_IF_NEGATIVE,
     CLASS_COLUMNS,
     REQUEST_COLUMNS,
     SLO_FIELDS,
@@ -121,8 +122,7 @@ def _split_times(text: str) -> tuple[float, ...]:
     return tuple(float(t) for t in text.split(";")) if text else ()
 
 
-_ABSENT_IF_NEGATIVE = frozenset(TIME_FIELDS + ("session_id",))  # -1: never happened, an empty cell
-_ABSENT = [f in _ABSENT_IF_NEGATIVE for f in REQUEST_FIELDS]
+_ABSENT = [f in ABSENT_IF_NEGATIVE for f in REQUEST_FIELDS]
 _LISTS = [f in TIME_LIST_FIELDS for f in REQUEST_FIELDS]
 REQUEST_CHUNK_ROWS = 1 << 15  # requests.csv rows built and written at a time
 
@@ -333,7 +333,7 @@ def read_requests(path: str | os.PathLike) -> dict[str, list[RequestRecord]]:
                 if name not in conv:  # a derived column
                     continue
                 # each converted to its field's type; an empty cell is what never happened
-                absent = name in _ABSENT_IF_NEGATIVE or name in SLO_FIELDS
+                absent = name in ABSENT_IF_NEGATIVE or name in SLO_FIELDS
                 values[name] = conv[name]("-1" if text == "" and absent else text)
             out.setdefault(variant, []).append(RequestRecord(**values))
     return out
