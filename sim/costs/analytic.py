@@ -110,7 +110,8 @@ class AnalyticCostModel(CostModel):
     linear_overlap: float = 1.0
     # seconds per logit (sampled row x vocabulary entry) the sampler spends filtering top-p/top-k by sorting the
     # whole vocabulary on the GPU (sim/engines/sampling.py): 0 where the rows sample greedily, without top-p/top-k,
-    # or through a kernel that does not sort. Memory-bound GPU work, paid by every row of every step
+    # or through a kernel that does not sort. Memory-bound GPU work, paid by every row of every step, a CUDA-graph
+    # step's padding rows too (vLLM samples only the real ones: at most 7 or 15 rows, about 1% of such a step)
     sampler_sort_time: float = 0.0
 
     # Derived in __post_init__.

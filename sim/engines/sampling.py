@@ -4,12 +4,15 @@ vLLM's PyTorch sampler (V0, and V1's ``apply_top_k_top_p`` in vllm/v1/sample/ops
 row's logits over the whole vocabulary (``logits.sort(dim=-1)``), then a softmax, a cumulative sum and a scatter
 back, for any request with top-p below 1; a greedy request takes the argmax and a top-k-only one ``torch.topk``
 (PR #15478), neither sorts. FlashInfer's sampling kernel does not sort (rejection sampling). Which one runs:
-- V0 (0.5-0.6): FlashInfer only when ``VLLM_USE_FLASHINFER_SAMPLER`` is set (PR #7137), so it sorts by default;
+- V0 (0.5-0.6): FlashInfer only when ``VLLM_USE_FLASHINFER_SAMPLER=1``, so it sorts by default (vLLM's note in
+  vllm/v1/sample/ops/topk_topp_sampler.py, 0.7-0.10: the variable is None by default, and "In V0, None means
+  False, while in V1, None means True");
 - V1 from PR #11394 (0.7, Dec 2024) to 0.11.0: FlashInfer whenever it is installed ("the sorting op can take ~20%
   performance overhead in high-throughput settings": ShareGPT 47.40 req/s greedy, 40.20 with top-p, 47.15 with
-  top-p through FlashInfer); dennislee22's vLLM 0.10.1.1 log reads "Using FlashInfer for top-p & top-k sampling";
-- V1 0.11.1 to 0.20: off by default (PR #26859, Oct 2025, for correctness reports), opt-in by the variable, so it
-  sorts (later releases add a Triton kernel, PR #33538, and turn FlashInfer on again, PR #40376: 0.21).
+  top-p through FlashInfer);
+- V1 0.11.1: off by default (PR #26859, Oct 2025, for correctness reports), opt-in by the variable, so it sorts.
+  Later releases replace the sort from 8 rows up by a Triton kernel (PR #33538) and turn FlashInfer on again in
+  0.21 (PR #40376, as PR #44405 states); the vllm-v1 preset follows 0.11.1.
 The vllm-v1 and vllm-v0 presets sort unless ``deployment.engine.use_flashinfer_sampler`` is true; other engines'
 samplers are not modelled (0). Only ``workload.sampling`` with top-p below 1 and a temperature above greedy pays it
 (sim/workload/sampling.py); without it the requests sample as the benchmark clients send them, greedy.
