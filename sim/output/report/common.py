@@ -13,6 +13,7 @@ from plotly.colors import qualitative
 
 from sim.metrics.records import RunResult
 from sim.metrics.request_table import as_table
+from sim.metrics.step_columns import step_blocks
 
 MAX_POINTS = 1000  # most points a plotted series may have
 MODEBAR_PX = 30  # plotly's mode bar: its icons fill the top 30 px of a figure, at the right, shown on hover
@@ -60,10 +61,11 @@ def common_end(results: list[RunResult]) -> float:
 
 def run_end(result: RunResult) -> float:
     """The end of the run's time axis: the last step's end, the last finish or the duration, whichever is last."""
-    s = result.steps
     ends = [float(result.duration)]
-    if len(s["start"]):
-        ends.append(float(np.max(s["start"] + s["duration"])))
+    # the last step's end a block at a time: a long run's whole start and end columns were the report's peak
+    last = [np.max(b["start"] + b["duration"]) for _, b in step_blocks(result.steps, ("start", "duration"))]
+    if last:
+        ends.append(float(np.max(last)))
     table = as_table(result.requests)
     if len(table):
         ends.append(table.most("finish"))
