@@ -174,3 +174,23 @@ def test_a_closed_loop_s_sends_before_the_engine_s_clock_are_written_and_read_ba
     (back,) = read_requests_parquet(tmp_path / "requests.parquet").values()
     assert [r.arrival for r in back] == [r.arrival for r in reqs]
     assert res.requests["arrival_s"] == [r.arrival for r in reqs]  # the Python API's columns alike
+
+
+def test_plan_refuses_an_online_scenario(tmp_path):
+    # the planner simulates every candidate as replicas behind a router, which deployment.serving refuses: each
+    # candidate was pruned as if it did not fit in memory and the plan said no deployment meets the SLOs (exit 0)
+    import yaml
+    from typer.testing import CliRunner
+
+    from sim.cli.main import app
+
+    raw = {"name": "t", "seed": 0,
+           "workload": {"arrival": {"type": "poisson", "rate": 2.0}, "num_requests": 20,
+                        "prompt_len": {"type": "fixed", "value": 100}, "output_len": {"type": "fixed", "value": 10}},
+           "deployment": {"model": "llama-3.1-8b", "gpu": "h100-sxm", "serving": "online"},
+           "slos": {"ttft": 1.0}, "plan": {"gpus": ["h100-sxm"], "tensor_parallel_sizes": [1], "max_gpus": 2}}
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    res = CliRunner().invoke(app, ["plan", str(path)])
+    assert res.exit_code == 2, res.output
+    assert "plan: deployment.serving" in res.output and "Traceback" not in res.output

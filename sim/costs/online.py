@@ -42,8 +42,9 @@ own processes overlap their work with the GPU's, and no measurement outside the 
 they slow a step.
 
 Not modelled: the API server as a bottleneck (its per-token work for a large batch outgrowing a step), clusters
-and disaggregated pools behind one front end (refused). In closed-loop runs a user's next request leaves when the
-engine finished the last one and the API server's queue is not modelled (its time is added to each request alone).
+and disaggregated pools behind one front end (refused, and so is ``servesim plan``, whose candidates run as
+clusters). In closed-loop runs a user's next request leaves when the engine finished the last one and the API
+server's queue is not modelled (its time is added to each request alone).
 """
 
 from __future__ import annotations

@@ -156,6 +156,10 @@ def check_plan(scenario: Scenario) -> tuple[PlanConfig, SLOs, ModelSpec, list[tu
     if dep.speculative is not None:  # its candidates would be priced without the drafts: refuse, not mislead
         raise ScenarioError("plan: deployment.speculative: the planner does not search speculative decoding; "
                             "compare variants with and without it with `servesim run`")
+    if dep.serving is not None:  # every candidate runs as replicas behind a router, which the online layer refuses
+        raise ScenarioError("plan: deployment.serving: the planner simulates replicas behind a router, and the "
+                            "online layer models one server's front end only (sim/costs/online.py); plan without "
+                            "it, then `servesim run` the choice with it")
     try:
         model = resolve_model(dep.model)
     except (ValueError, OSError, KeyError) as e:
