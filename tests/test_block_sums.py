@@ -185,3 +185,31 @@ def test_power_series_read_in_blocks_equal_the_whole_arrays(monkeypatch: pytest.
     got = energy.power_over_time(res)
     assert got is not None and [a.tobytes() for a in got] == [a.tobytes() for a in curve]
     assert openmetrics_text(res) == text
+
+
+@pytest.mark.parametrize(("rows", "max_bins"), [(7, 2000), (1000, 5), (1 << 16, 5)])
+def test_binned_steps_read_in_blocks_equal_the_whole_columns(monkeypatch: pytest.MonkeyPatch, rows: int,
+                                                              max_bins: int) -> None:
+    """steps_binned.csv of one replica's log read 7 or 1,000 steps at a time (bins of a few steps, or five bins
+    of thousands, each summed across many blocks with numpy's tree cut at 128 values) is the text the whole
+    columns give."""
+    import io
+
+    import sim.metrics.steps_binned as binned
+
+    monkeypatch.setattr(records, "_CHUNK", 7)
+    width = binned.bin_width
+    monkeypatch.setattr(binned, "bin_width", lambda span: width(span, max_bins))
+    run = run_scenario(prepare_scenario(parse_scenario({**SCENARIO, "variants": SCENARIO["variants"][:1]})))
+    (res,) = run.results
+    assert isinstance(res.steps, StepColumns)
+    whole = binned._binned({k: np.array(v) for k, v in res.steps.items()})
+    monkeypatch.setattr(binned, "ROWS", rows)
+    monkeypatch.setattr(block_sums, "LEAF", 128)
+    got = binned._binned_in_blocks(res.steps)
+    assert whole is not None and got is not None and repr(got) == repr(whole)
+    if (rows, max_bins) == (1000, 5):
+        assert max(whole[3]) > 3 * rows  # bins span several blocks
+    text = io.StringIO()
+    binned.write_binned_steps_csv(text, [res])
+    assert text.getvalue().count("\n") == len(whole[0]) + 1

@@ -70,6 +70,11 @@ class StepColumns(Mapping[str, np.ndarray]):
         return key in self._columns
 
     @property
+    def replica(self) -> int:
+        """The replica whose steps these are (every value of the ``replica`` column)."""
+        return self._replica
+
+    @property
     def num_steps(self) -> int:
         return self._len
 

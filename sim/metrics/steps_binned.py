@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import csv
 import math
+from collections.abc import Mapping
 from typing import IO
 
 import numpy as np
 
+from sim.metrics.block_sums import PairwiseSum
 from sim.metrics.records import RunResult
+from sim.metrics.step_columns import StepColumns, step_blocks
 
 MAX_BINS = 2000  # time bins per replica at most: bin width is the run's span / MAX_BINS, rounded up to 1-2-5
 FULL_STEPS_MAX = 200_000  # steps of a run (all variants) up to which `--steps auto` writes the full log
@@ -46,24 +49,103 @@ def write_binned_steps_csv(f: IO[str], results: list[RunResult]) -> None:
     w.writerow(("variant",) + BINNED_COLUMNS)
     for res in results:
         s = res.steps
-        start = np.asarray(s["start"], dtype=np.float64)
-        if len(start) == 0:
-            continue
-        width = bin_width(float((start + np.asarray(s["duration"])).max()))
-        replica = np.asarray(s["replica"], dtype=np.int64)
-        nb = int(start.max() // width) + 1
-        key = replica * nb + (start // width).astype(np.int64)
-        order = np.argsort(key, kind="stable")
-        k = key[order]
+        cols = _binned_in_blocks(s) if isinstance(s, StepColumns) else None
+        if cols is None:
+            cols = _binned(s)
+        if cols is not None:
+            w.writerows(zip([res.name] * len(cols[0]), *cols, strict=True))
+
+
+def _binned(s: Mapping[str, np.ndarray]) -> list[list] | None:
+    """The binned table's columns from the whole step columns (None: no steps)."""
+    start = np.asarray(s["start"], dtype=np.float64)
+    if len(start) == 0:
+        return None
+    width = bin_width(float((start + np.asarray(s["duration"])).max()))
+    replica = np.asarray(s["replica"], dtype=np.int64)
+    nb = int(start.max() // width) + 1
+    key = replica * nb + (start // width).astype(np.int64)
+    order = np.argsort(key, kind="stable")
+    k = key[order]
+    first = np.flatnonzero(np.r_[True, k[1:] != k[:-1]])
+    counts = np.diff(np.r_[first, len(k)])
+    sums = {c: np.add.reduceat(np.asarray(s[c], dtype=np.float64)[order], first) for c in _SUMS}
+    peaks = {c: np.maximum.reduceat(np.asarray(s[c], dtype=np.int64)[order], first) for c in _PEAKS}
+    batch = np.add.reduceat(np.asarray(s["batch_size"], dtype=np.float64)[order], first) / counts
+    kk = k[first]
+    cols = [(kk // nb).tolist(), ((kk % nb) * width).tolist(), [width] * len(kk), counts.tolist(),
+            sums["duration"].tolist(), batch.tolist()]
+    cols += [sums[c].tolist() if c == "flops" else sums[c].astype(np.int64).tolist() for c in _SUMS
+             if c != "duration"]
+    cols += [peaks[c].tolist() for c in _PEAKS]
+    return cols
+
+
+ROWS = 1 << 16  # steps read at a time by _binned_in_blocks
+_BATCH = "batch_size (sum)"  # the batch sizes' sum per bin, beside the sums of _SUMS
+
+
+def _binned_in_blocks(s: StepColumns) -> list[list] | None:
+    """``_binned`` of one replica's log whose steps start in order, read a block of steps at a time in three
+    passes (the bins' width, then the steps per bin, then the sums and peaks) instead of as a dozen whole columns
+    with their sorted copies (the write phase's peak at 300,000 requests). Its bins are then runs of steps in
+    order, and ``np.add.reduceat`` sums a run as its first value plus numpy's pairwise sum of the rest, which a
+    ``PairwiseSum`` of the rest gives to the bit; peaks are maxima. None when the steps do not start in order."""
+    last_start, top_end = -np.inf, -np.inf
+    for _, b in step_blocks(s, ("start", "duration"), ROWS):
+        st = np.asarray(b["start"], dtype=np.float64)
+        if not (st[0] >= last_start and bool(np.all(st[1:] >= st[:-1]))):
+            return None
+        last_start, top_end = st[-1], max(top_end, (st + np.asarray(b["duration"])).max())
+    if last_start == -np.inf:
+        return None
+    width = bin_width(float(top_end))
+    nb = int(last_start // width) + 1
+    base = s.replica * nb
+    keys: list[int] = []
+    counts: list[int] = []
+    for _, b in step_blocks(s, ("start",), ROWS):
+        k = base + (np.asarray(b["start"], dtype=np.float64) // width).astype(np.int64)
         first = np.flatnonzero(np.r_[True, k[1:] != k[:-1]])
-        counts = np.diff(np.r_[first, len(k)])
-        sums = {c: np.add.reduceat(np.asarray(s[c], dtype=np.float64)[order], first) for c in _SUMS}
-        peaks = {c: np.maximum.reduceat(np.asarray(s[c], dtype=np.int64)[order], first) for c in _PEAKS}
-        batch = np.add.reduceat(np.asarray(s["batch_size"], dtype=np.float64)[order], first) / counts
-        kk = k[first]
-        cols = [(kk // nb).tolist(), ((kk % nb) * width).tolist(), [width] * len(kk), counts.tolist(),
-                sums["duration"].tolist(), batch.tolist()]
-        cols += [sums[c].tolist() if c == "flops" else sums[c].astype(np.int64).tolist() for c in _SUMS
-                 if c != "duration"]
-        cols += [peaks[c].tolist() for c in _PEAKS]
-        w.writerows(zip([res.name] * len(kk), *cols, strict=True))
+        n = np.diff(np.r_[first, len(k)]).tolist()
+        if keys and keys[-1] == int(k[0]):  # the bin goes on from the block before
+            counts[-1] += n.pop(0)
+            first = first[1:]
+        keys += k[first].tolist()
+        counts += n
+    sums: dict[str, list[float]] = {c: [] for c in (*_SUMS, _BATCH)}
+    peaks: dict[str, list[int]] = {c: [] for c in _PEAKS}
+    open_sums: dict[str, tuple[float, PairwiseSum]] = {}
+    at, left = -1, 0  # the bin being summed, and its steps still to come
+    for _, b in step_blocks(s, (*_SUMS, *_PEAKS), ROWS):
+        vals = {c: np.asarray(b[c], dtype=np.float64) for c in _SUMS}
+        vals[_BATCH] = np.asarray(b["batch_size"], dtype=np.float64)
+        ints = {c: np.asarray(b[c], dtype=np.int64) for c in _PEAKS}
+        i, n = 0, len(vals["duration"])
+        while i < n:
+            if not left:  # a new bin: its first value, then numpy's pairwise sum of the rest
+                at += 1
+                left = counts[at]
+                open_sums = {c: (float(v[i]), PairwiseSum(left - 1)) for c, v in vals.items()}
+                for c, x in ints.items():
+                    peaks[c].append(int(x[i]))
+                i += 1
+                left -= 1
+            j = min(n, i + left)
+            for c, v in vals.items():
+                open_sums[c][1].add(v[i:j])
+            for c, x in ints.items():
+                if j > i:
+                    peaks[c][-1] = max(peaks[c][-1], int(x[i:j].max()))
+            left -= j - i
+            i = j
+            if not left:
+                for c, (head, rest) in open_sums.items():
+                    sums[c].append(head + rest.value() if counts[at] > 1 else head)
+    ks = np.asarray(keys, dtype=np.int64)
+    cols = [(ks // nb).tolist(), ((ks % nb) * width).tolist(), [width] * len(keys), counts, sums["duration"],
+            (np.asarray(sums[_BATCH]) / np.asarray(counts, dtype=np.int64)).tolist()]
+    cols += [sums[c] if c == "flops" else np.asarray(sums[c]).astype(np.int64).tolist() for c in _SUMS
+             if c != "duration"]
+    cols += [peaks[c] for c in _PEAKS]
+    return cols
