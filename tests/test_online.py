@@ -127,6 +127,35 @@ def test_defaults_per_preset_and_overrides():
     assert frontend(cfg.deployment.serving, cfg.deployment.engine).request_handling_s == 0.002
 
 
+def test_setting_either_half_of_the_measured_time_leaves_the_other_at_zero():
+    # the 9.1 ms is one measurement split by the preset; a scenario that sets one half has stated its own split.
+    # A file written before a26202f (request_latency_s = the whole HTTP path) got the queued 9.1 ms on top of it,
+    # and vLLM 0.5 with request_handling_s kept its 9.1 ms on the way back: the same time counted twice
+    def fe(serving, engine="vllm-v1"):
+        cfg, _, _ = _run(serving, engine=engine)
+        return frontend(cfg.deployment.serving, cfg.deployment.engine)
+
+    v05 = {"name": "vllm-v0", "version": "0.5"}
+    assert fe({"request_latency_s": 0.02}) == \
+        Frontend(0.02, TOKENIZE_S_PER_TOKEN, DETOKENIZE_S_PER_TOKEN, request_handling_s=0.0)
+    assert fe({"request_handling_s": 0.02}, v05) == Frontend(0.0, 0.0, 0.0, request_handling_s=0.02)
+    assert fe({"request_handling_s": 0.01, "request_latency_s": 0.02}, v05) == \
+        Frontend(0.02, 0.0, 0.0, request_handling_s=0.01)
+    # an old file's whole path is paid once: one request's TTFT grows by it (and the tokenizer's), not by 9.1 ms more
+    _, _, (off,) = _run()
+    _, _, (on,) = _run({"request_latency_s": 0.02})
+    assert on.first_token - on.arrival == pytest.approx(
+        off.first_token - off.arrival + 0.02 + TOKENIZE_S_PER_TOKEN * ISL + DETOKENIZE_S_PER_TOKEN, abs=1e-12)
+
+
+def test_calibrates_live_fit_writes_both_halves():
+    # so a fit file means the same under the rule above, whatever the preset's split
+    from calibration.bench_fit import profile_family
+
+    serving = profile_family("p.json").deployment({"scale": 1.0, "step_overhead": 0.0, "request_latency_s": 0.004})
+    assert serving["serving"]["request_latency_s"] == 0.004 and serving["serving"]["request_handling_s"] == 0.0
+
+
 @pytest.mark.parametrize("serving, msg", [("offline", "give 'online' or its keys"),
                                           ({"request_latency": 1}, "unknown key; did you mean request_latency_s"),
                                           ({"request_latency_s": -1}, "greater than or equal to 0")])

@@ -29,6 +29,12 @@ Defaults, each from a measurement outside the development set (``../shared/data/
   a fraction of it: servesim's, 0.3-0.6 ms a request, README's ``bench_observe.py`` table). So a request alone pays
   what the measurement saw, and a burst queues for it.
 - ``request_latency_s`` 0: the rest of the way back is inside the handling time above.
+
+The 9.1 ms is one measured total (server, loopback and client together); where it is spent, queued as
+``request_handling_s`` or in parallel as ``request_latency_s``, is the preset's default split. A scenario that sets
+either key has stated its own split, and the one it leaves out is 0: a file written before a26202f (where
+``request_latency_s`` was the whole HTTP path, a live fit's included) or one that moves the whole time to the other
+key must not also get the default's share, or the same measurement counts twice. calibrate's live fit writes both.
 - ``detokenize_s_per_token`` 20 us: vLLM's incremental detokenizer took 19-21 us a token (vllm-project/vllm#5206,
   vLLM 0.3.0's log).
 
@@ -73,11 +79,13 @@ class ServingConfig(InputModel):
 
     request_handling_s: Float | None = Field(
         default=None, ge=0, le=60, description="API server's own seconds per request, one request at a time with "
-        "the tokenizer before the engine sees it (HTTP handling, the streamed chunk); none: 9.1 ms (vllm#54628; 0 "
-        "for vllm-v0 0.5, whose API server shared the engine's process: request_latency_s holds it).")
+        "the tokenizer before the engine sees it (HTTP handling, the streamed chunk); none: 0 if request_latency_s "
+        "is given, else 9.1 ms (vllm#54628; 0 for vllm-v0 0.5, whose API server shared the engine's process: "
+        "request_latency_s holds it).")
     request_latency_s: Float | None = Field(
         default=None, ge=0, le=60, description="Seconds every token takes from the engine to the client beyond "
-        "detokenization, in parallel for every request; none: 0 (9.1 ms for vllm-v0 0.5).")
+        "detokenization, in parallel for every request; none: 0 (9.1 ms for vllm-v0 0.5 unless request_handling_s "
+        "is given: the two split one measured time).")
     tokenize_s_per_token: Float | None = Field(
         default=None, ge=0, le=1, description="API server's tokenizer seconds per prompt token, one process first "
         "come first served; none: 2.2 us (0 for vllm-v0 0.5, whose host time ratio holds it).")
@@ -116,20 +124,25 @@ class Frontend:
 
 
 def frontend(serving: ServingConfig, engine: Any) -> Frontend:
-    """The engine preset's defaults, the scenario's keys over them."""
+    """The engine preset's defaults, the scenario's keys over them (``request_handling_s`` and ``request_latency_s``
+    as one pair: either given, the other is 0)."""
     in_host_time = engine_of(engine).frontend_in_host_time(engine)
     own = 0.0 if in_host_time else None
 
     def pick(given: float | None, default: float) -> float:
         return float(given) if given is not None else (own if own is not None else default)
 
-    # vLLM 0.5: the measured handling time on the way back, in parallel, its host time ratio holding the server
-    latency = REQUEST_HANDLING_S if in_host_time else 0.0
+    handling, latency = serving.request_handling_s, serving.request_latency_s
+    if handling is None and latency is None:
+        # the preset's split of the one measured time: vLLM 0.5 spends it on the way back, in parallel, its host time
+        # ratio holding the server; the others queue it in the API server
+        handling, latency = (0.0, REQUEST_HANDLING_S) if in_host_time else (REQUEST_HANDLING_S, 0.0)
+    # either given: the scenario's own split of that time, the other key 0 (the module says why)
     return Frontend(
-        request_latency_s=latency if serving.request_latency_s is None else float(serving.request_latency_s),
+        request_latency_s=float(latency or 0.0),
         tokenize_s_per_token=pick(serving.tokenize_s_per_token, TOKENIZE_S_PER_TOKEN),
         detokenize_s_per_token=pick(serving.detokenize_s_per_token, DETOKENIZE_S_PER_TOKEN),
-        request_handling_s=pick(serving.request_handling_s, REQUEST_HANDLING_S))
+        request_handling_s=float(handling or 0.0))
 
 
 def to_engine(workload: GeneratedWorkload, fe: Frontend) -> tuple[GeneratedWorkload, list[float]]:
