@@ -213,3 +213,25 @@ def test_binned_steps_read_in_blocks_equal_the_whole_columns(monkeypatch: pytest
     text = io.StringIO()
     binned.write_binned_steps_csv(text, [res])
     assert text.getvalue().count("\n") == len(whole[0]) + 1
+
+
+@pytest.mark.parametrize("rows", [7, 1000])
+def test_memory_stack_read_in_blocks_equals_the_whole_layers(monkeypatch: pytest.MonkeyPatch, rows: int) -> None:
+    """The report's GPU memory stack of one replica's log (its five layers' per-window means and the capacity
+    line), read 7 or 1,000 steps at a time with numpy's tree cut at 128 values, is the figure the whole layers
+    give (the same steps as a dict of columns), to the byte of its JSON."""
+    from dataclasses import replace
+
+    import sim.output.report.memory as memory
+    from sim.metrics.step_columns import step_blocks
+
+    monkeypatch.setattr(records, "_CHUNK", 7)
+    run = run_scenario(prepare_scenario(parse_scenario({**SCENARIO, "variants": SCENARIO["variants"][:1]})))
+    (res,) = run.results
+    plain = replace(res, steps={k: np.array(v) for k, v in res.steps.items()})
+    want = memory.fig_memory_stack(plain).to_json()
+    monkeypatch.setattr(memory, "step_blocks", lambda s, k: step_blocks(s, k, rows))
+    monkeypatch.setattr(block_sums, "LEAF", 128)
+    assert isinstance(res.steps, StepColumns) and res.steps.num_steps > memory.MEMORY_POINTS
+    assert memory._windowed_in_blocks(res, res.steps, np.linspace(0, 10, 5), 1.0) is not None
+    assert memory.fig_memory_stack(res).to_json() == want

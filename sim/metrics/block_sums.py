@@ -123,3 +123,39 @@ class BlockDot:
         if self._n <= BLOCK:  # dot's one np.dot (np.dot of nothing is 0.0)
             return self._parts[0] if self._parts else 0.0
         return math.fsum(self._parts)
+
+
+class RunSums:
+    """``np.add.reduceat(x, first)`` of a float64 array ``x`` fed in order in arrays of any length, for runs of
+    ``counts`` consecutive values (``first`` their starts; each count at least 1): numpy sums a run as its first
+    value plus its pairwise sum of the rest, which a ``PairwiseSum`` of the rest gives. ``sums``: the runs ended so
+    far; with ``how="max"``, their maxima instead (``np.maximum.reduceat``)."""
+
+    def __init__(self, counts: list[int], how: str = "sum") -> None:
+        self._counts = counts
+        self._max = how == "max"
+        self._at = -1  # the run being fed
+        self._left = 0  # its values still to come
+        self._head: float = 0.0
+        self._rest = PairwiseSum(0)
+        self.sums: list[float] = []
+
+    def add(self, values: np.ndarray) -> None:
+        i, n = 0, len(values)
+        while i < n:
+            if not self._left:  # a run begins: its first value
+                self._at += 1
+                self._left = self._counts[self._at] - 1
+                self._head = values[i].item()
+                self._rest = PairwiseSum(0 if self._max else self._left)
+                i += 1
+            j = min(n, i + self._left)
+            if self._max and j > i:
+                self._head = max(self._head, values[i:j].max().item())
+            elif not self._max:
+                self._rest.add(values[i:j])
+            self._left -= j - i
+            i = j
+            if not self._left:
+                full = self._counts[self._at] > 1 and not self._max
+                self.sums.append(self._head + self._rest.value() if full else self._head)

@@ -12,7 +12,7 @@ from typing import IO
 
 import numpy as np
 
-from sim.metrics.block_sums import PairwiseSum
+from sim.metrics.block_sums import RunSums
 from sim.metrics.records import RunResult
 from sim.metrics.step_columns import StepColumns, step_blocks
 
@@ -113,39 +113,18 @@ def _binned_in_blocks(s: StepColumns) -> list[list] | None:
             first = first[1:]
         keys += k[first].tolist()
         counts += n
-    sums: dict[str, list[float]] = {c: [] for c in (*_SUMS, _BATCH)}
-    peaks: dict[str, list[int]] = {c: [] for c in _PEAKS}
-    open_sums: dict[str, tuple[float, PairwiseSum]] = {}
-    at, left = -1, 0  # the bin being summed, and its steps still to come
+    sums = {c: RunSums(counts) for c in (*_SUMS, _BATCH)}
+    most = {c: RunSums(counts, "max") for c in _PEAKS}
     for _, b in step_blocks(s, (*_SUMS, *_PEAKS), ROWS):
-        vals = {c: np.asarray(b[c], dtype=np.float64) for c in _SUMS}
-        vals[_BATCH] = np.asarray(b["batch_size"], dtype=np.float64)
-        ints = {c: np.asarray(b[c], dtype=np.int64) for c in _PEAKS}
-        i, n = 0, len(vals["duration"])
-        while i < n:
-            if not left:  # a new bin: its first value, then numpy's pairwise sum of the rest
-                at += 1
-                left = counts[at]
-                open_sums = {c: (float(v[i]), PairwiseSum(left - 1)) for c, v in vals.items()}
-                for c, x in ints.items():
-                    peaks[c].append(int(x[i]))
-                i += 1
-                left -= 1
-            j = min(n, i + left)
-            for c, v in vals.items():
-                open_sums[c][1].add(v[i:j])
-            for c, x in ints.items():
-                if j > i:
-                    peaks[c][-1] = max(peaks[c][-1], int(x[i:j].max()))
-            left -= j - i
-            i = j
-            if not left:
-                for c, (head, rest) in open_sums.items():
-                    sums[c].append(head + rest.value() if counts[at] > 1 else head)
+        for c in _SUMS:
+            sums[c].add(np.asarray(b[c], dtype=np.float64))
+        sums[_BATCH].add(np.asarray(b["batch_size"], dtype=np.float64))
+        for c in _PEAKS:
+            most[c].add(np.asarray(b[c], dtype=np.int64))
     ks = np.asarray(keys, dtype=np.int64)
-    cols = [(ks // nb).tolist(), ((ks % nb) * width).tolist(), [width] * len(keys), counts, sums["duration"],
-            (np.asarray(sums[_BATCH]) / np.asarray(counts, dtype=np.int64)).tolist()]
-    cols += [sums[c] if c == "flops" else np.asarray(sums[c]).astype(np.int64).tolist() for c in _SUMS
+    cols = [(ks // nb).tolist(), ((ks % nb) * width).tolist(), [width] * len(keys), counts, sums["duration"].sums,
+            (np.asarray(sums[_BATCH].sums) / np.asarray(counts, dtype=np.int64)).tolist()]
+    cols += [sums[c].sums if c == "flops" else np.asarray(sums[c].sums).astype(np.int64).tolist() for c in _SUMS
              if c != "duration"]
-    cols += [peaks[c] for c in _PEAKS]
+    cols += [most[c].sums for c in _PEAKS]
     return cols

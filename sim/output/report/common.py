@@ -273,6 +273,12 @@ def state_per_window(t: np.ndarray, values: np.ndarray, edges: np.ndarray, how: 
         agg = np.add.reduceat(values, first) / np.diff(np.append(first, len(values)))
     else:
         raise ValueError(f"how must be 'max' or 'mean', got {how!r}")
+    return _held(agg, uniq, nb)
+
+
+def _held(agg: np.ndarray, uniq: np.ndarray, nb: int) -> np.ndarray:
+    """``nb`` windows' values: ``agg`` in the windows ``uniq``, each other window holding the one before's."""
+    out = np.full(nb, np.nan)
     out[uniq] = agg
     idx = np.where(np.isnan(out), 0, np.arange(nb))
     np.maximum.accumulate(idx, out=idx)

@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 import plotly.graph_objects as go
 
+from sim.metrics.block_sums import RunSums
 from sim.metrics.records import RunResult
 from sim.metrics.request_table import as_table
+from sim.metrics.step_columns import StepColumns, step_blocks
 from sim.output.report.common import (
     MAX_POINTS,
     TEMPLATE,
+    _held,
     _kv_capacity,
     _sorted_steps,
     _state_trace,
+    _windowed,
     color,
     run_end,
     window_edges,
@@ -39,8 +45,18 @@ def memory_layers(result: RunResult) -> tuple[dict[str, np.ndarray], float, str]
     capacity. With prefix caching a shared token counts once per request that uses it, so the stored layer is
     capped at the room of the blocks that hold tokens."""
     s = _sorted_steps(result)
+    scale, unit = _unit(result)
+    return _layers_of(s, result, scale), scale, unit
+
+
+def _unit(result: RunResult) -> tuple[float, str]:
     bpb = float(result.kv_bytes_per_block)
-    scale, unit = (bpb / 2**30, "GiB") if bpb > 0 else (1.0, "KV blocks")
+    return (bpb / 2**30, "GiB") if bpb > 0 else (1.0, "KV blocks")
+
+
+def _layers_of(s: Mapping[str, np.ndarray], result: RunResult, scale: float) -> dict[str, np.ndarray]:
+    """``memory_layers`` of the steps ``s`` (all of a run's, or a block of them: the arithmetic is elementwise)."""
+    bpb = float(result.kv_bytes_per_block)
     bs = max(int(result.block_size), 1)
     cap = _kv_capacity(s, result)
     used = np.minimum(s["kv_blocks_used"].astype(np.float64), cap)
@@ -61,7 +77,41 @@ def memory_layers(result: RunResult) -> tuple[dict[str, np.ndarray], float, str]
     }
     for v in layers.values():  # in place (each is a new array): a long run's layers are 16 MB each per 2 M steps
         v *= scale
-    return layers, scale, unit
+    return layers
+
+
+_KV_COLUMNS = ("kv_capacity_blocks", "kv_blocks_used", "kv_blocks_reserved", "kv_tokens")
+
+
+def _windowed_in_blocks(result: RunResult, s: StepColumns, edges: np.ndarray, scale: float
+                        ) -> tuple[dict[str, np.ndarray], float] | None:
+    """Each layer's ``state_per_window(t, layer, edges, "mean")`` and the most KV capacity, for one replica's
+    log whose steps start in order, a block of steps at a time instead of five whole layers beside the times (the
+    write phase's peak at 300,000 requests): the steps per window are counted from the starts first, then each
+    layer's windows are summed as ``np.add.reduceat`` sums them (``RunSums``). None when out of order."""
+    nb = len(edges) - 1
+    bounds = np.zeros(nb + 1, dtype=np.int64)
+    last = -np.inf
+    for _, b in step_blocks(s, ("start",)):
+        t = np.asarray(b["start"])
+        if not (t[0] >= last and bool(np.all(t[1:] >= t[:-1]))):
+            return None
+        last = t[-1]
+        bounds[1:nb] += np.searchsorted(t, edges[1:nb], side="left")
+    bounds[nb] = s.num_steps
+    held = np.flatnonzero(bounds[:-1] < bounds[1:])
+    counts = np.diff(np.append(bounds[held], s.num_steps)).tolist()
+    sums = {key: RunSums(counts) for key, _, _ in MEMORY_LAYERS}
+    cap_max = -np.inf
+    for _, b in step_blocks(s, _KV_COLUMNS):
+        for key, v in _layers_of(b, result, scale).items():
+            sums[key].add(v)
+        cap_max = max(cap_max, float(_kv_capacity(b, result).max()))
+    out = {}
+    for key, total in sums.items():
+        agg = np.asarray(total.sums) / np.asarray(counts, dtype=np.int64)
+        out[key] = _held(agg, held, nb)
+    return out, cap_max
 
 
 def _gpu_total_bytes(result: RunResult) -> float | None:
@@ -83,16 +133,25 @@ def fig_memory_stack(result: RunResult, max_points: int = MEMORY_POINTS, x_end: 
     unfilled tail of their blocks, blocks reserved but still empty, and free blocks, up to the capacity line
     (weights + KV pool). Also the GPU's total memory when the run recorded which GPU it ran on: the gap is the
     activation reserve and the share gpu_memory_utilization keeps back. ``x_end`` as in ``fig_timeline``."""
-    layers, scale, unit = memory_layers(result)
     s = _sorted_steps(result)
-    t = s["start"]
+    n = s.num_steps if isinstance(s, StepColumns) else len(s["start"])
     end = run_end(result) if x_end is None else max(float(x_end), run_end(result))
-    edges = window_edges(end, len(t), max_points)
+    edges = window_edges(end, n, max_points)
+    scale, unit = _unit(result)
+    bpb = float(result.kv_bytes_per_block)
+    weights = (float(result.weight_bytes) / bpb if bpb > 0 else 0.0) * scale  # every value of the weights layer
+    windowed = _windowed_in_blocks(result, s, edges, scale) if isinstance(s, StepColumns) and n > max_points else None
+    if windowed is None:
+        layers, t = _layers_of(s, result, scale), s["start"]
+        cap = float(layers["weights"][0] + _kv_capacity(s, result).max() * scale) if n else 0.0
+    else:
+        cap = float(weights + windowed[1] * scale)
     fig = go.Figure()
     for key, label, c in MEMORY_LAYERS:
-        v = layers[key]
-        if key == "weights" and not np.any(v > 0):
+        if key == "weights" and not (n and weights > 0):
             continue
+        trace = _windowed(edges, windowed[0][key]) if windowed is not None else \
+            _state_trace(t, layers[key], edges, "mean", max_points)
         fig.add_trace(
             go.Scatter(
                 name=label,
@@ -100,10 +159,9 @@ def fig_memory_stack(result: RunResult, max_points: int = MEMORY_POINTS, x_end: 
                 line=dict(color=c, width=0.5),
                 fillcolor=c,
                 hovertemplate=f"%{{y:.3f}} {unit}",
-                **_state_trace(t, v, edges, "mean", max_points),
+                **trace,
             )
         )
-    cap = float(layers["weights"][0] + _kv_capacity(s, result).max() * scale) if len(t) else 0.0
     x_end = float(edges[-1])
     fig.add_trace(
         go.Scatter(
