@@ -235,3 +235,37 @@ def test_memory_stack_read_in_blocks_equals_the_whole_layers(monkeypatch: pytest
     assert isinstance(res.steps, StepColumns) and res.steps.num_steps > memory.MEMORY_POINTS
     assert memory._windowed_in_blocks(res, res.steps, np.linspace(0, 10, 5), 1.0) is not None
     assert memory.fig_memory_stack(res).to_json() == want
+
+
+@pytest.mark.parametrize("rows", [7, 1000])
+def test_timeline_read_in_blocks_equals_the_whole_columns(monkeypatch: pytest.MonkeyPatch, rows: int) -> None:
+    """The report's utilisation timeline of one replica's log taken as a long run's (busy, MFU, KV and queue
+    peaks per window, preemptions), read 7 or 1,000 steps at a time, is the figure the whole columns give (the
+    same steps as a dict of columns), to the byte of its JSON."""
+    from dataclasses import replace
+
+    import sim.output.report.figures as figures
+    import sim.output.report.timeline_blocks as timeline_blocks
+    from sim.metrics.step_columns import step_blocks
+
+    monkeypatch.setattr(records, "_CHUNK", 7)
+    run = run_scenario(prepare_scenario(parse_scenario({**SCENARIO, "variants": SCENARIO["variants"][:1]})))
+    (res,) = run.results
+    plain = replace(res, steps={k: np.array(v) for k, v in res.steps.items()})
+    want = figures.fig_timeline(plain, max_points=200).to_json()
+    monkeypatch.setattr(figures, "KEEP_EVENTS_MAX", 0)
+    monkeypatch.setattr(timeline_blocks, "step_blocks", lambda s, k: step_blocks(s, k, rows))
+    assert isinstance(res.steps, StepColumns) and res.steps.num_steps > 10 * rows
+    series = timeline_blocks.timeline_series(res, res.steps, np.linspace(0, res.duration, 201))
+    assert series is not None and series.mfu is not None
+    assert figures.fig_timeline(res, max_points=200).to_json() == want
+
+
+def test_step_blocks_read_a_key_asked_twice_once() -> None:
+    """A key asked for twice (a window of a column over itself) gives that column's values once, not twice."""
+    from sim.metrics.step_columns import step_blocks
+
+    run = run_scenario(prepare_scenario(parse_scenario({**SCENARIO, "variants": SCENARIO["variants"][:1]})))
+    steps = run.results[0].steps
+    ((_, block),) = list(step_blocks(steps, ("duration", "start", "duration")))
+    assert block["duration"].tobytes() == np.asarray(steps["duration"]).tobytes()

@@ -150,8 +150,8 @@ class RunSums:
                 self._rest = PairwiseSum(0 if self._max else self._left)
                 i += 1
             j = min(n, i + self._left)
-            if self._max and j > i:
-                self._head = max(self._head, values[i:j].max().item())
+            if self._max and j > i:  # np.maximum: a NaN wins, as in np.maximum.reduceat
+                self._head = np.maximum(self._head, values[i:j].max()).item()
             elif not self._max:
                 self._rest.add(values[i:j])
             self._left -= j - i

@@ -144,6 +144,7 @@ def step_blocks(steps: Mapping[str, np.ndarray], keys: tuple[str, ...], rows: in
     that elementwise arithmetic over a long run's steps holds a block of each column rather than whole columns (a
     column is 160 MB at 20 M steps). A ``StepColumns`` expands only the chunks under each block. The values are
     those of the whole columns, and elementwise numpy arithmetic gives each element the same result in a block."""
+    keys = tuple(dict.fromkeys(keys))  # a key asked for twice is read once
     if not isinstance(steps, StepColumns):
         cols = {k: np.asarray(steps[k]) for k in keys}
         n = len(cols[keys[0]]) if keys else 0

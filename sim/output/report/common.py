@@ -3,7 +3,7 @@ long series (windows, states, CDF samples) that keep a long run's page small."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -139,40 +139,58 @@ EVENT_ROWS = 1 << 16  # steps whose starts and ends _cum_in_chunks orders at a t
 
 def _in_order(s: np.ndarray, d: np.ndarray) -> bool:
     """Whether the steps start in order and end in order (one replica's log), read a block at a time."""
+    return _in_order_blocks((lo, {"start": s[lo : lo + EVENT_ROWS], "duration": d[lo : lo + EVENT_ROWS]})
+                            for lo in range(0, len(s), EVENT_ROWS))
+
+
+def _in_order_blocks(blocks: Iterator[tuple[int, Mapping[str, np.ndarray]]]) -> bool:
+    """Whether the steps, fed as blocks of their starts and durations, start in order, end in order and each
+    last a positive time (``_cum_in_blocks``'s steps)."""
     last_s = last_e = -np.inf
-    for lo in range(0, len(s), EVENT_ROWS):
-        bs = s[lo : lo + EVENT_ROWS]
-        be = bs + d[lo : lo + EVENT_ROWS]
+    for _, b in blocks:
+        bs = np.asarray(b["start"], dtype=np.float64)
+        bd = np.asarray(b["duration"], dtype=np.float64)
+        be = bs + bd
         if not (bs[0] >= last_s and be[0] >= last_e and bool(np.all(bs[1:] >= bs[:-1]))
-                and bool(np.all(be[1:] >= be[:-1]))):
+                and bool(np.all(be[1:] >= be[:-1])) and bool(np.all(bd > 0))):
             return False
         last_s, last_e = bs[-1], be[-1]
     return True
 
 
 def _cum_in_chunks(s: np.ndarray, d: np.ndarray, a: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """``_cum_in_blocks`` of whole arrays, ``EVENT_ROWS`` steps at a time."""
+    return _cum_in_blocks(((s[lo : lo + EVENT_ROWS], d[lo : lo + EVENT_ROWS], a[lo : lo + EVENT_ROWS])
+                           for lo in range(0, len(s), EVENT_ROWS)), edges)
+
+
+def _cum_in_blocks(blocks: Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]], edges: np.ndarray) -> np.ndarray:
     """The cumulative amount at each edge (``np.interp(edges, times, at_times)`` of amount_per_window) for steps of
-    positive duration that start in order and end in order, with the events (each step's start and end, stably
-    sorted by time) made ``EVENT_ROWS`` steps at a time instead of as four arrays of twice the steps (the write
-    phase's peak at a million requests). The events before start ``hi`` in the stable order are the starts before
-    it and the ends strictly before it (an equal end sorts after a start), so each chunk is a contiguous stretch of
-    the whole order; the running sums continue from the chunk before (a cumulative sum is sequential), and each
-    edge is interpolated between the same two events as in the whole arrays, so every value is the same."""
-    n = len(s)
+    positive duration that start in order and end in order, fed as consecutive blocks of (starts, durations,
+    amounts), with the events (each step's start and end, stably sorted by time) made a block at a time instead of
+    as four arrays of twice the steps (the write phase's peak at a million requests). The events before the next
+    block's first start in the stable order are the starts before it and the ends strictly before it (an equal end
+    sorts after a start), so each block's events are a contiguous stretch of the whole order; the running sums
+    continue from the block before (a cumulative sum is sequential), and each edge is interpolated between the
+    same two events as in the whole arrays, so every value is the same."""
     out = np.empty(len(edges))
-    done = m = 0  # edges set; ends placed (steps 0..m-1)
+    done = 0  # edges set
     prev: tuple[float, float, float] | None = None  # the last event so far: time, rate after it, amount at it
-    for lo in range(0, n, EVENT_ROWS):
-        hi = min(lo + EVENT_ROWS, n)
-        ends = s[m:hi] + d[m:hi]
-        k = m + (len(ends) if hi == n else int(np.searchsorted(ends, s[hi], side="left")))
+    pending = (np.zeros(0), np.zeros(0), np.zeros(0))  # steps started whose ends are not placed yet
+    cur = next(blocks, None)
+    while cur is not None:
+        nxt = next(blocks, None)
+        s, d, a = cur
+        ps, pd, pa = (np.concatenate((p, x)) for p, x in zip(pending, cur, strict=True))
+        ends = ps + pd
+        k = len(ends) if nxt is None else int(np.searchsorted(ends, nxt[0][0], side="left"))
         # the two sorted runs merged, a start before an equal end (the stable argsort's order, see _step_events)
-        is_start = np.zeros(hi - lo + k - m, dtype=bool)
-        is_start[np.searchsorted(ends[: k - m], s[lo:hi], side="left") + np.arange(hi - lo)] = True
+        is_start = np.zeros(len(s) + k, dtype=bool)
+        is_start[np.searchsorted(ends[:k], s, side="left") + np.arange(len(s))] = True
         times, rate = np.empty(len(is_start)), np.empty(len(is_start))
-        times[is_start], times[~is_start] = s[lo:hi], ends[: k - m]
-        rate[is_start], rate[~is_start] = a[lo:hi] / d[lo:hi], -(a[m:k] / d[m:k])
-        m = k
+        times[is_start], times[~is_start] = s, ends[:k]
+        rate[is_start], rate[~is_start] = a / d, -(pa[:k] / pd[:k])
+        pending = (ps[k:], pd[k:], pa[k:])
         if prev is None:
             rate_after = np.cumsum(rate)
             at = np.empty(len(times))
@@ -186,7 +204,8 @@ def _cum_in_chunks(s: np.ndarray, d: np.ndarray, a: np.ndarray, edges: np.ndarra
         out[done:upto] = np.interp(edges[done:upto], times, at)
         done = max(done, upto)
         prev = (float(times[-1]), float(rate_after[-1]), float(at[-1]))
-    assert prev is not None and m == n
+        cur = nxt
+    assert prev is not None and not len(pending[0])
     out[done:] = prev[2]  # at or past the last event: its amount, as np.interp gives
     return out
 
@@ -274,6 +293,25 @@ def state_per_window(t: np.ndarray, values: np.ndarray, edges: np.ndarray, how: 
     else:
         raise ValueError(f"how must be 'max' or 'mean', got {how!r}")
     return _held(agg, uniq, nb)
+
+
+def window_runs(s: Mapping[str, np.ndarray], edges: np.ndarray, blocks: Callable = step_blocks
+                ) -> tuple[np.ndarray, list[int]] | None:
+    """``_window_starts`` of the steps' starts read a block at a time, for starts in order: the windows that hold
+    any step, and how many steps each holds (their runs, in order). None when the starts are out of order.
+    ``blocks``: ``step_blocks`` (a caller's own name for it, which tests cut small)."""
+    nb = len(edges) - 1
+    bounds = np.zeros(nb + 1, dtype=np.int64)
+    last, n = -np.inf, 0
+    for _, b in blocks(s, ("start",)):
+        t = np.asarray(b["start"])
+        if not (t[0] >= last and bool(np.all(t[1:] >= t[:-1]))):
+            return None
+        last, n = t[-1], n + len(t)
+        bounds[1:nb] += np.searchsorted(t, edges[1:nb], side="left")
+    bounds[nb] = n
+    held = np.flatnonzero(bounds[:-1] < bounds[1:])
+    return held, np.diff(np.append(bounds[held], n)).tolist()
 
 
 def _held(agg: np.ndarray, uniq: np.ndarray, nb: int) -> np.ndarray:

@@ -11,7 +11,9 @@ from plotly.subplots import make_subplots
 
 from sim.metrics.records import RequestRecord, RunResult
 from sim.metrics.request_table import as_table
+from sim.metrics.step_columns import StepColumns
 from sim.output.report.common import (
+    KEEP_EVENTS_MAX,
     MAX_POINTS,
     TEMPLATE,
     _count_trace,
@@ -25,6 +27,7 @@ from sim.output.report.common import (
     run_end,
     window_edges,
 )
+from sim.output.report.timeline_blocks import TimelineSeries, timeline_series
 from sim.serving.request import Outcome
 
 # --- figures ---------------------------------------------------------------------------------------------------
@@ -160,11 +163,13 @@ def fig_timeline(result: RunResult, max_points: int = MAX_POINTS, x_end: float |
     axis), KV usage, queue length, and cumulative rejections and preemptions. ``x_end``: the end of the time
     axis (default: the run's end); the report passes the latest end over the variants, so they line up."""
     s = _sorted_steps(result)
-    n = len(s["start"])
+    n = s.num_steps if isinstance(s, StepColumns) else len(s["start"])
     x_end = run_end(result) if x_end is None else max(float(x_end), run_end(result))
     edges = window_edges(x_end, n, max_points)
     width = edges[1] - edges[0]
-    t = s["start"]
+    # a long run's log: its series a block of steps at a time (the same values), not as whole columns
+    series = timeline_series(result, s, edges) if isinstance(s, StepColumns) and n > max(max_points,
+                                                                                              KEEP_EVENTS_MAX) else None
     fig = make_subplots(
         rows=5,
         cols=1,
@@ -178,6 +183,10 @@ def fig_timeline(result: RunResult, max_points: int = MAX_POINTS, x_end: float |
             "cumulative rejections and preemptions",
         ),
     )
+    if series is not None:
+        _timeline_of(fig, series, edges, result, x_end, max_points)
+        return fig
+    t = s["start"]
     # Per replica: each replica's steps run in parallel with the others', so their busy time over a window can sum
     # to several windows; a fraction of one GPU is only meaningful replica by replica.
     rep = np.asarray(s["replica"], dtype=np.int64) if "replica" in s else np.zeros(n, dtype=np.int64)
@@ -217,8 +226,7 @@ def fig_timeline(result: RunResult, max_points: int = MAX_POINTS, x_end: float |
             row=3,
             col=1,
         )
-    queues = (("num_waiting", "waiting"), ("num_running", "running"), ("num_swapped", "swapped"))
-    for j, (col, label) in enumerate(queues):
+    for j, (col, label) in enumerate(_QUEUES):
         if col == "num_swapped" and not np.any(s[col] > 0):
             continue
         fig.add_trace(
@@ -226,6 +234,18 @@ def fig_timeline(result: RunResult, max_points: int = MAX_POINTS, x_end: float |
             row=4,
             col=1,
         )
+    pre = s["num_preempted"] > 0
+    _count_lines(fig, result, t[pre], s["num_preempted"][pre], edges, max_points)
+    _timeline_layout(fig, result, x_end)
+    return fig
+
+
+_QUEUES = (("num_waiting", "waiting"), ("num_running", "running"), ("num_swapped", "swapped"))
+
+
+def _count_lines(fig: go.Figure, result: RunResult, pre_t: np.ndarray, pre_n: np.ndarray, edges: np.ndarray,
+                 max_points: int) -> None:
+    """The cumulative rejections (from the requests) and preemptions (the preempting steps' starts and counts)."""
     rejected = Outcome.REJECTED.value  # once: Enum.value is a slow property
     table = as_table(result.requests)
     rej_t = table.column("finish")[table.outcome_is(rejected)]
@@ -236,23 +256,41 @@ def fig_timeline(result: RunResult, max_points: int = MAX_POINTS, x_end: float |
         row=5,
         col=1,
     )
-    pre = s["num_preempted"] > 0
     fig.add_trace(
-        go.Scatter(
-            name="preemptions",
-            line=dict(color=color(7)),
-            **_count_trace(t[pre], s["num_preempted"][pre], edges, max_points),
-        ),
+        go.Scatter(name="preemptions", line=dict(color=color(7)), **_count_trace(pre_t, pre_n, edges, max_points)),
         row=5,
         col=1,
     )
+
+
+def _timeline_layout(fig: go.Figure, result: RunResult, x_end: float) -> None:
     fig.update_yaxes(range=[0, 1], row=1, col=1)
     fig.update_yaxes(range=[0, 1], row=2, col=1)
     fig.update_yaxes(range=[0, 1.05], row=3, col=1)
     fig.update_xaxes(title_text="time (s)", row=5, col=1)
     fig.update_xaxes(range=[0.0, x_end])
     fig.update_layout(template=TEMPLATE, height=900, title=f"Utilisation over time: {result.name}")
-    return fig
+
+
+def _timeline_of(fig: go.Figure, series: TimelineSeries, edges: np.ndarray, result: RunResult, x_end: float,
+                 max_points: int) -> None:
+    """fig_timeline's traces from a long run's series read in blocks (``timeline_series``): the same traces, in
+    the same order, as from the whole columns."""
+    _replica_lines(fig, edges, [series.busy], "busy", color(0), row=1)
+    if series.mfu is not None:
+        _replica_lines(fig, edges, [series.mfu], "MFU", color(1), row=2)
+    fig.add_trace(go.Scatter(name="KV used", line=dict(color=color(2)), **_windowed(edges, series.kv_used)),
+                  row=3, col=1)
+    if series.any_reserved:
+        fig.add_trace(go.Scatter(name="KV used, reserved-empty blocks left out", line=dict(color=color(2), dash="dot"),
+                                 **_windowed(edges, series.kv_filled)), row=3, col=1)
+    for j, (col, label) in enumerate(_QUEUES):
+        if col == "num_swapped" and not series.any_swapped:
+            continue
+        fig.add_trace(go.Scatter(name=label, line=dict(color=color(3 + j)), **_windowed(edges, series.queues[col])),
+                      row=4, col=1)
+    _count_lines(fig, result, series.preempt_t, series.preempt_n, edges, max_points)
+    _timeline_layout(fig, result, x_end)
 
 
 def fig_kv_memory(result: RunResult, max_points: int = MAX_POINTS) -> go.Figure:

@@ -22,6 +22,7 @@ from sim.output.report.common import (
     color,
     run_end,
     window_edges,
+    window_runs,
 )
 
 # --- GPU memory stack -----------------------------------------------------------------------------------------
@@ -89,18 +90,11 @@ def _windowed_in_blocks(result: RunResult, s: StepColumns, edges: np.ndarray, sc
     log whose steps start in order, a block of steps at a time instead of five whole layers beside the times (the
     write phase's peak at 300,000 requests): the steps per window are counted from the starts first, then each
     layer's windows are summed as ``np.add.reduceat`` sums them (``RunSums``). None when out of order."""
+    runs = window_runs(s, edges, step_blocks)
+    if runs is None:
+        return None
+    held, counts = runs
     nb = len(edges) - 1
-    bounds = np.zeros(nb + 1, dtype=np.int64)
-    last = -np.inf
-    for _, b in step_blocks(s, ("start",)):
-        t = np.asarray(b["start"])
-        if not (t[0] >= last and bool(np.all(t[1:] >= t[:-1]))):
-            return None
-        last = t[-1]
-        bounds[1:nb] += np.searchsorted(t, edges[1:nb], side="left")
-    bounds[nb] = s.num_steps
-    held = np.flatnonzero(bounds[:-1] < bounds[1:])
-    counts = np.diff(np.append(bounds[held], s.num_steps)).tolist()
     sums = {key: RunSums(counts) for key, _, _ in MEMORY_LAYERS}
     cap_max = -np.inf
     for _, b in step_blocks(s, _KV_COLUMNS):

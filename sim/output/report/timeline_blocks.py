@@ -1,0 +1,82 @@
+"""The utilisation timeline's series of a long run read a block of steps at a time (``fig_timeline``): a run of
+more than ``KEEP_EVENTS_MAX`` steps held its start column and four to six more whole columns while the figure
+was made (8 bytes a step each, 1.6 GB at ten million requests). The values are those of the whole columns:
+windowed amounts by ``_cum_in_blocks``, per-window peaks as ``np.maximum.reduceat`` (``RunSums``), the
+preemptions gathered block by block in step order."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from sim.metrics.block_sums import RunSums
+from sim.metrics.records import RunResult
+from sim.metrics.step_columns import StepColumns, step_blocks
+from sim.output.report.common import _cum_in_blocks, _held, _in_order_blocks, _kv_capacity, window_runs
+
+QUEUES = ("num_waiting", "num_running", "num_swapped")
+
+
+@dataclass(frozen=True, slots=True)
+class TimelineSeries:
+    """Per window: busy fraction, MFU (None without peak FLOPs), KV used and used less reserved (peaks), queue
+    peaks; whether any step reserved blocks or swapped; the preempting steps' starts and preemptions."""
+
+    busy: np.ndarray
+    mfu: np.ndarray | None
+    kv_used: np.ndarray
+    kv_filled: np.ndarray
+    any_reserved: bool
+    queues: dict[str, np.ndarray]
+    any_swapped: bool
+    preempt_t: np.ndarray
+    preempt_n: np.ndarray
+
+
+def _amount(s: StepColumns, key: str, edges: np.ndarray) -> np.ndarray:
+    """``amount_per_window(start, duration, s[key], edges)``, a block at a time."""
+    def blocks() -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        for _, b in step_blocks(s, ("start", "duration", key)):
+            yield (np.asarray(b["start"], dtype=np.float64), np.asarray(b["duration"], dtype=np.float64),
+                   np.asarray(b[key], dtype=np.float64))
+
+    cum = np.zeros(len(edges))
+    cum += _cum_in_blocks(blocks(), edges)
+    return np.diff(cum)
+
+
+def timeline_series(result: RunResult, s: StepColumns, edges: np.ndarray) -> TimelineSeries | None:
+    """The series, or None when the steps do not start and end in order or some step has no duration (then the
+    whole columns are read)."""
+    if not _in_order_blocks(step_blocks(s, ("start", "duration"))):
+        return None
+    runs = window_runs(s, edges, step_blocks)
+    if runs is None:
+        return None
+    held, counts = runs
+    nb = len(edges) - 1
+    width = edges[1] - edges[0]
+    busy = _amount(s, "duration", edges) / width
+    mfu = _amount(s, "flops", edges) / (width * result.peak_flops) if result.peak_flops > 0 else None
+    peaks = {k: RunSums(counts, "max") for k in ("used", "filled", *QUEUES)}
+    reserved = swapped = False
+    pre_t: list[np.ndarray] = []
+    pre_n: list[np.ndarray] = []
+    keys = ("start", "kv_capacity_blocks", "kv_blocks_used", "kv_blocks_reserved", "num_preempted", *QUEUES)
+    for _, b in step_blocks(s, keys):
+        cap = _kv_capacity(b, result)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            peaks["used"].add(b["kv_blocks_used"] / cap)
+            peaks["filled"].add((b["kv_blocks_used"] - b["kv_blocks_reserved"]) / cap)
+        for k in QUEUES:
+            peaks[k].add(np.asarray(b[k], dtype=np.float64))
+        reserved = reserved or bool(np.any(b["kv_blocks_reserved"] > 0))
+        swapped = swapped or bool(np.any(b["num_swapped"] > 0))
+        pre = b["num_preempted"] > 0
+        pre_t.append(b["start"][pre])
+        pre_n.append(b["num_preempted"][pre])
+    windowed = {k: _held(np.asarray(r.sums), held, nb) for k, r in peaks.items()}
+    return TimelineSeries(busy, mfu, windowed["used"], windowed["filled"], reserved,
+                          {k: windowed[k] for k in QUEUES}, swapped, np.concatenate(pre_t), np.concatenate(pre_n))
