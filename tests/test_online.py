@@ -86,20 +86,43 @@ def test_a_burst_queues_for_the_api_servers_handling_too():
         pytest.approx([k * each + alone.first_token + DETOKENIZE_S_PER_TOKEN for k in (1, 2, 3)], abs=1e-9)
 
 
-def test_vllm_05_queues_nothing_and_a_closed_loop_adds_each_requests_path():
+def test_vllm_05_queues_nothing():
     # vLLM 0.5: its API server shared the engine's process (host time ratio): nothing in front of the engine
     _, _, off = _run(engine={"name": "vllm-v0", "version": "0.5"}, n=4)
     _, _, on = _run("online", engine={"name": "vllm-v0", "version": "0.5"}, n=4)
     assert [b.first_token - a.first_token for a, b in zip(off, on, strict=True)] == \
         pytest.approx([REQUEST_HANDLING_S] * 4, abs=1e-12)
-    # a closed loop: each request pays its own path on TTFT and E2E, the engine's times stay
-    loop = {"type": "closed_loop", "num_users": 2, "think_time": {"type": "fixed", "value": 0.0}}
-    _, _, off = _run(arrival=loop, n=4)
-    _, _, on = _run("online", arrival=loop, n=4)
-    path = REQUEST_HANDLING_S + TOKENIZE_S_PER_TOKEN * ISL + DETOKENIZE_S_PER_TOKEN
-    for a, b in zip(off, on, strict=True):
-        assert b.first_token - b.arrival == pytest.approx(a.first_token - a.arrival + path, abs=1e-12)
-        assert b.finish - b.arrival == pytest.approx(a.finish - a.arrival + path, abs=1e-12)
+    # a closed loop alike: a user sends as it holds the reply (the 9.1 ms after the finish), the engine sees it then
+    loop = {"type": "closed_loop", "num_users": 1, "think_time": {"type": "fixed", "value": 0.0}}
+    _, _, on = _run("online", engine={"name": "vllm-v0", "version": "0.5"}, arrival=loop, n=2)
+    assert [r.arrival for r in on] == [0.0, on[0].finish]
+    assert on[1].first_token - on[1].arrival == pytest.approx(on[0].first_token - on[0].arrival, abs=1e-12)
+
+
+def test_a_closed_loop_user_sends_after_holding_the_reply_and_queues_at_the_api_server():
+    # two users, 1 s of API server handling a request (long enough that each request is alone in the engine, taking
+    # one request's engine time F to its first token and E to its finish), 0.25 s think. Before, a user's next
+    # request reached the engine at the finish plus think and its send was dated the server's time earlier, so it
+    # left the client about 11 ms before the reply it follows arrived there; and its queue was not modelled
+    _, _, (alone,) = _run()
+    F, E = alone.first_token, alone.finish
+    loop = {"type": "closed_loop", "num_users": 2, "think_time": {"type": "fixed", "value": 0.25}}
+    _, _, on = _run({"request_handling_s": 1.0}, arrival=loop, n=4)
+    e = 1.0 + TOKENIZE_S_PER_TOKEN * ISL  # the API server's time on a request
+    d = DETOKENIZE_S_PER_TOKEN  # engine to client
+    # t=0: both users send; the server hands request 0 to the engine at e, request 1 at 2e. Request 0's reply
+    # reaches user 0 at e + E + d, who sends request 2 0.25 s later; the server is busy with request 1 until 2e,
+    # so request 2 reaches the engine at 3e. User 1 holds request 1's reply at 2e + E + d, sends request 3 0.25 s
+    # later; the server is done with request 2 at 3e, so request 3 reaches the engine at 4e
+    sends = [0.0, 0.0, e + E + d + 0.25, 2 * e + E + d + 0.25]
+    at_engine = [e, 2 * e, 3 * e, 4 * e]
+    assert [r.spec.session_id for r in on] == [0, 1, 0, 1]
+    assert [r.arrival for r in on] == pytest.approx(sends, abs=1e-12)
+    assert [r.first_token for r in on] == pytest.approx([t + F + d for t in at_engine], abs=1e-9)
+    assert [r.finish for r in on] == pytest.approx([t + E + d for t in at_engine], abs=1e-9)
+    # causal: each user's next request leaves after the reply before it reached the user, by the think time
+    assert on[2].arrival - on[0].finish == pytest.approx(0.25, abs=1e-12)
+    assert on[3].arrival - on[1].finish == pytest.approx(0.25, abs=1e-12)
 
 
 def test_offline_run_is_unchanged_and_records_no_serving_key():
@@ -175,10 +198,10 @@ def test_cluster_behind_one_front_end_is_refused():
         simulate_variant(variant_configs(sc)[0], generate_workload(sc))
 
 
-def test_a_closed_loop_s_sends_before_the_engine_s_clock_are_written_and_read_back(tmp_path):
-    # a closed loop's first requests reach the engine at its time 0, so their users sent them the API server's
-    # time earlier, before 0: requests.csv wrote those arrivals as empty cells ("never happened") and read them
-    # back as -1 s, so a compare or a report of the folder took every such TTFT a second too long
+def test_a_closed_loop_s_sends_are_written_and_read_back(tmp_path):
+    # the client's send times, not the engine's, are the arrivals written (once dated before the engine's time 0,
+    # which requests.csv wrote as empty cells and read back as -1 s); the users send at 0 and the API server spreads
+    # their first requests out
     import servesim
     from sim.output.run_folder import read_requests
 
@@ -190,7 +213,8 @@ def test_a_closed_loop_s_sends_before_the_engine_s_clock_are_written_and_read_ba
     res = servesim.run(raw)
     reqs = sorted(res.results[0].requests, key=lambda r: r.id)
     path = REQUEST_HANDLING_S + TOKENIZE_S_PER_TOKEN * ISL
-    assert [r.arrival for r in reqs[:2]] == pytest.approx([-path, -path], abs=1e-12)
+    assert [r.arrival for r in reqs[:2]] == [0.0, 0.0]
+    assert reqs[1].first_token - reqs[0].first_token > path - 1e-9  # the second waited for the first's handling
     folder = res.write(tmp_path / "run")
     (back,) = read_requests(folder).values()
     assert [r.arrival for r in back] == [r.arrival for r in reqs]

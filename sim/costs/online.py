@@ -49,12 +49,13 @@ they slow a step.
 
 Not modelled: the API server as a bottleneck (its per-token work for a large batch outgrowing a step), clusters
 and disaggregated pools behind one front end (refused, and so is ``servesim plan``, whose candidates run as
-clusters). In closed-loop runs a user's next request leaves when the engine finished the last one and the API
-server's queue is not modelled (its time is added to each request alone).
+clusters). In closed-loop runs a user sends the next request a think time after holding the last reply (the
+engine's finish plus the way back), and it queues for the API server like any other (sim/loop/simulator.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -147,7 +148,8 @@ def frontend(serving: ServingConfig, engine: Any) -> Frontend:
 
 def to_engine(workload: GeneratedWorkload, fe: Frontend) -> tuple[GeneratedWorkload, list[float]]:
     """The workload as the engine receives it (each request when the API server is done with it, first come first
-    served, so the order and the ids stay) and the clients' send times. Closed loop: unchanged (see the module)."""
+    served, so the order and the ids stay) and the clients' send times. Closed loop: unchanged, its sends depend on
+    its replies, and the simulation queues them as they come (``ClosedLoopPlan.in_server_s``)."""
     sends = [r.arrival for r in workload.requests]
     if workload.closed_loop is not None or (fe.tokenize_s_per_token == 0 and fe.request_handling_s == 0):
         return workload, sends
@@ -158,13 +160,12 @@ def to_engine(workload: GeneratedWorkload, fe: Frontend) -> tuple[GeneratedWorkl
     return replace(workload, requests=tuple(out)), sends
 
 
-def to_client(requests: list[Request], sends: list[float], closed_loop: bool, fe: Frontend) -> None:
-    """Each request's times as the benchmark client records them: sent at its send time, every token
-    ``fe.to_client_s`` after the engine sampled it."""
+def to_client(requests: list[Request], sends: Sequence[float] | Mapping[int, float], fe: Frontend) -> None:
+    """Each request's times as the benchmark client records them: sent at its send time (``sends[id]``), every
+    token ``fe.to_client_s`` after the engine sampled it."""
     out = fe.to_client_s
     for r in requests:
-        # closed loop: the user sent it the API server's time before the engine saw it
-        r.arrival = r.arrival - fe.in_server_s(r.prompt_len) if closed_loop else sends[r.id]
+        r.arrival = sends[r.id]
         if r.first_token >= 0:
             r.first_token += out
             r.last_token += out

@@ -128,6 +128,8 @@ def _simulate_variant(
         workload, sends = online.to_engine(workload, fe)
     closed = workload.closed_loop
     plan = None if closed is None else ClosedLoopPlan(closed.num_users, closed.think_times)
+    if plan is not None and fe is not None:  # its users send as they hold replies, through the API server
+        plan = ClosedLoopPlan(plan.num_users, plan.think_times, fe.to_client_s, fe.in_server_s)
     # a long run's finished requests leave memory as they finish (sim.metrics.request_table), unless something
     # reads them after the run: the front end's client times, the decision trace, kept token times
     stream = len(workload.requests) > STREAM_MIN and fe is None and trace is None and not keep_token_times
@@ -138,7 +140,7 @@ def _simulate_variant(
         trace_core(core, trace)
     sim.run()
     if fe is not None:
-        online.to_client(sim.requests, sends, closed is not None, fe)
+        online.to_client(sim.requests, sends if closed is None else sim.client_sends, fe)
     budget = built.budget
     gpus = cfg.deployment.tensor_parallel_size * cfg.deployment.pipeline_parallel_size  # a replica's GPUs
     result = result_of(

@@ -42,10 +42,17 @@ class StalledError(RuntimeError):
 @dataclass(frozen=True, slots=True)
 class ClosedLoopPlan:
     """Closed-loop traffic: ``num_users`` users; user u sends the requests whose session_id is u, in id order,
-    each ``think_times[id]`` seconds after its previous request ended (the first one at time 0)."""
+    each ``think_times[id]`` seconds after its previous request ended (the first one at time 0).
+
+    Behind an online front end (sim/costs/online.py), its two halves: ``reply_s``, from the engine's finish to
+    the user holding the reply (the user sends ``think`` after that, never before); ``in_server_s(prompt_len)``,
+    the API server's time on a request before the engine sees it, one request at a time in send order (the
+    simulation then records each request's send time in ``client_sends``)."""
 
     num_users: int
     think_times: np.ndarray
+    reply_s: float = 0.0
+    in_server_s: Callable[[int], float] | None = None
 
 
 class Replica:
@@ -271,7 +278,9 @@ class Simulation:
         # a long workload's SpecTable stays columns: each spec is made as it is sent (sim/serving/spec_table.py)
         self.specs = specs if isinstance(specs, SpecTable) else list(specs)
         self._next_arrival = float("inf")
-        self._timers: list[float] = []  # pending closed-loop sends (a heap of times)
+        self._timers: list[float] = []  # pending closed-loop sends and API server hand-overs (a heap of times)
+        self.client_sends: dict[int, float] = {}  # request id -> its user's send (closed loop behind a front end)
+        self._server_free = 0.0  # when the closed loop's API server is done with the requests sent so far
         self.router = router or round_robin()
         self.closed_loop = closed_loop
         self.progress = progress
@@ -431,7 +440,24 @@ class Simulation:
                 self._close()
             return
         self._user_pos[user] = pos + 1
-        self._dispatch(queue[pos])
+        spec = queue[pos]
+        in_server = self.closed_loop.in_server_s if self.closed_loop is not None else None
+        if in_server is None:
+            self._dispatch(spec)
+            return
+        # the API server takes the requests one at a time in the order they were sent (the open loop's rule,
+        # sim/costs/online.py's to_engine); this process runs at the send, so the sends come in time order
+        now = self.env.now
+        self.client_sends[spec.id] = now
+        delay = max(now, self._server_free) + in_server(spec.prompt_len) - now
+        self._server_free = at = now + delay  # the float SimPy's clock will read at the hand-over
+        heapq.heappush(self._timers, at)  # the horizon sees it before the replica runs on
+        self.env.process(self._to_engine(spec, delay))
+
+    def _to_engine(self, spec: RequestSpec, delay: float):
+        yield self.env.timeout(delay)
+        heapq.heappop(self._timers)
+        self._dispatch(spec)
 
     def _forget_done(self) -> None:
         """The sink holds the finished requests now: the cores need not (``ServingCore.done``)."""
@@ -446,9 +472,10 @@ class Simulation:
             self.progress(1, req.finish)  # (the fast path runs ahead of env.now)
         if self.closed_loop is not None:
             user = req.spec.session_id or 0
-            think = float(self.closed_loop.think_times[req.id])
-            heapq.heappush(self._timers, self.env.now + think)
-            self.env.process(self._user_send(user, think))
+            # the user holds the reply reply_s after the engine's finish, and thinks from there
+            wait = self.closed_loop.reply_s + float(self.closed_loop.think_times[req.id])
+            heapq.heappush(self._timers, self.env.now + wait)
+            self.env.process(self._user_send(user, wait))
 
     def run(self) -> None:
         with gc_paused():

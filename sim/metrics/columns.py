@@ -16,8 +16,7 @@ from sim.metrics.records import CLASS_FIELDS, REQUEST_FIELDS, STEP_COLUMNS, Requ
 # REQUEST_COLUMN_HELP (docs/outputs.md lists it).
 TIME_FIELDS = ("arrival", "first_scheduled", "first_token", "finish")
 TIME_LIST_FIELDS = ("preempted_at", "resumed_at")  # ';'-joined seconds, empty for none
-# the fields whose -1 means "never happened" (an empty cell, a null). Not the arrival: every request has one, and an
-# online closed loop's first sends precede the engine's time 0 by the API server's time (sim/costs/online.py)
+# the fields whose -1 means "never happened" (an empty cell, a null). Not the arrival: every request has one
 ABSENT_IF_NEGATIVE = frozenset(("first_scheduled", "first_token", "finish", "session_id"))
 LATENCY_COLUMNS = ("queue_s", "ttft_s", "tpot_s", "e2el_s")
 REQUEST_COLUMNS: tuple[str, ...] = tuple(
