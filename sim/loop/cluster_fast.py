@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Generator, Sequence
+from math import inf as INF
+from math import nextafter
 from typing import Any, cast
 
 import numpy as np
@@ -39,6 +41,9 @@ KEYS: dict[str, Callable[[Any], tuple]] = {
     "least_kv": lambda core: (kv_pressure(core), outstanding(core)),
     "least_outstanding": lambda core: (outstanding(core),),
 }
+
+
+FROM_T = (0.0, None)  # ParkingReplica._woken: go on from the loop's clock (a marker, compared by identity)
 
 
 class Calendar:
@@ -82,6 +87,12 @@ class Calendar:
         if self._wakeable[k]:
             self._wakeable[k] = False
             self._push(k, self.now)
+
+    def wake_at(self, k: int, t: float) -> None:
+        """Move process ``k``'s wake to ``t`` (not before now), if it waits wakeably."""
+        if self._wakeable[k]:
+            self._wakeable[k] = False
+            self._push(k, t)
 
     def _push(self, k: int, t: float) -> None:
         s = self._seq
@@ -128,7 +139,10 @@ class ParkingReplica(Replica):
         # lower bound of what it will be): BoundedRouter keeps its key of the replica with it
         self.on_yield: Callable[[Replica], None] | None = None
         self._t = 0.0  # the loop's clock while parked
-        self._woken: tuple[float, tuple | None] | None = None  # what submit's advance left: (clock, step in flight)
+        # what submit left a parked loop: (clock, step in flight) to go on from, or FROM_T (go on from ``_t``)
+        self._woken: tuple[float, tuple | None] | None = None
+        # the end of the step the loop overshot into: until then an arrival joins the queue that step's row shows
+        self._over_until = -1.0
         self._idling = False  # waiting for a request (or the policy's wake time)
         self._poked = False  # and one came
         cal = self.env
@@ -153,11 +167,32 @@ class ParkingReplica(Replica):
 
     # ---- the loop ----------------------------------------------------------------------------------------------
     def submit(self, req: Request) -> None:
-        if self.parked is not None:  # take the steps up to now first: the request arrives during or after them
+        cal = self._cal
+        now = cal.now
+        if self.parked is None:
+            super().submit(req)
+        elif self._t > now:  # parked during the step it overshot into: the request joins the queue at its end
             self.parked = None
-            self._woken = self._run(self._t, self._cal.now)
-            self._cal.wake(self._k)
-        super().submit(req)
+            super().submit(req)
+            self._woken = FROM_T
+            cal.wake_at(self._k, self._t)
+        else:  # take the steps up to now first: the request arrives during or after them
+            self.parked = None
+            t, inflight = self._run(self._t, now)
+            super().submit(req)
+            core, horizon = self.core, self.horizon
+            assert horizon is not None
+            if inflight is None and core.overshot and t > now and t != horizon():
+                # the loop would only correct the step's row and wait for its end: done here, its wake moved there
+                # (not when the next arrival falls at that end: the loop's own wake would come after it)
+                core.overshot = False
+                self._over_until, self._t, self._woken = t, t, FROM_T
+                cal.wake_at(self._k, t)
+            else:
+                self._woken = (t, inflight)
+                cal.wake(self._k)
+        if self._over_until > now:  # the row of the step in flight shows the queue at its end
+            self.core.steps.set_last_waiting(len(self.core.waiting))
 
     def poke(self) -> None:
         if self._idling and not self._poked:
@@ -192,13 +227,36 @@ class ParkingReplica(Replica):
             return t, (batch, end, flops)
 
     def _loop(self):
+        """``Replica._loop`` with parks: a replica with nothing to decide (a steady decode stretch) parks at once,
+        wherever its clock is (also inside the step it overshot into, whose row arrivals then correct: ``submit``),
+        and costs nothing until its timeline ends or a request comes, which takes its steps up to then in one
+        call and, when the replica must then only wait for the step in flight, moves its wake there."""
         cal, core = self.env, self.core  # cal: the fleet's Calendar
         horizon = self.horizon
         assert horizon is not None
         t = cal.now
         report = self.on_yield
         woken: tuple[float, tuple | None] | None = None
+        settled = False  # the core is at t with nothing in flight and its last row correct: it may park there
         while True:
+            if settled and not self.closed:
+                tl = fast_path.timeline(core, t, self._cost)
+                if tl is not None and tl.expiry > horizon():
+                    self.parked, self._t = tl, t
+                    if report is not None:
+                        report(self)
+                    yield cal.timeout(max(tl.expiry - cal.now, 0.0), True)  # or a request (submit)
+                    self.parked = None
+                    woken, self._woken = self._woken, None
+                    if woken is FROM_T:  # submit took the steps up to its arrival and the step in flight
+                        t, woken = self._t, None
+                    elif woken is None:  # the stretch ended: its steps up to now (no arrival fell in it)
+                        woken = self._run(t, nextafter(cal.now, INF))
+                elif t > cal.now and t >= horizon():  # arrivals may join the queue before it decides at t
+                    if report is not None:
+                        report(self)
+                    yield cal.timeout(t - cal.now)
+            settled = False
             if woken is None:
                 t, inflight = self._run(t, horizon())
             else:
@@ -211,25 +269,18 @@ class ParkingReplica(Replica):
                     yield cal.timeout(end - cal.now)
                 core.complete(batch, end, flops)
                 t = end
+                settled = True
                 continue
-            if t > cal.now or core.overshot:
-                if t > cal.now:
-                    if report is not None:
-                        report(self)
-                    yield cal.timeout(t - cal.now)
-                if core.overshot:  # the last step's row must show the queue at its end, arrivals included
-                    core.overshot = False
-                    core.steps.set_last_waiting(len(core.waiting))
-                if not self.closed:
-                    tl = fast_path.timeline(core, t, self._cost)
-                    if tl is not None and tl.expiry > horizon():
-                        self.parked, self._t = tl, t
-                        if report is not None:
-                            report(self)
-                        yield cal.timeout(max(tl.expiry - cal.now, 0.0), True)  # or a request (submit)
-                        if self._woken is not None:  # submit took the steps up to its arrival
-                            woken, self._woken = self._woken, None
-                        self.parked = None
+            if core.overshot:  # its row shows the queue now; arrivals until its end correct it (submit)
+                core.overshot = False
+                core.steps.set_last_waiting(len(core.waiting))
+                self._over_until = t
+                settled = True
+                continue
+            if t > cal.now:  # steps taken ahead of the clock, then nothing to schedule: idle from t
+                if report is not None:
+                    report(self)
+                yield cal.timeout(t - cal.now)
                 continue
             if self.closed and not core.has_work:
                 return
