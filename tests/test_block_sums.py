@@ -167,11 +167,13 @@ def test_run_energy_read_in_blocks_equals_the_whole_arrays(monkeypatch: pytest.M
 
 @pytest.mark.parametrize("rows", [7, 1000])
 def test_power_series_read_in_blocks_equal_the_whole_arrays(monkeypatch: pytest.MonkeyPatch, rows: int) -> None:
-    """The report's power over time and the OpenMetrics power and energy series, read 7 or 1,000 steps at a time
-    from a log of hundreds of chunks, are those of the same steps as whole arrays (a dict of columns)."""
+    """The report's power over time and the OpenMetrics text (its sampled steps, thinned or not, with their gauges
+    and preemptions, and the power and energy series), read 7 or 1,000 steps at a time from a log of hundreds of
+    chunks, are those of the same steps as whole arrays (a dict of columns)."""
     from dataclasses import replace
 
     import sim.costs.energy as energy
+    import sim.output.benchfiles.export_metrics as export_metrics
     from sim.metrics.step_columns import step_blocks
     from sim.output.benchfiles.export_metrics import openmetrics_text
 
@@ -180,11 +182,15 @@ def test_power_series_read_in_blocks_equal_the_whole_arrays(monkeypatch: pytest.
     (res,) = run.results
     plain = replace(res, steps={k: np.array(v) for k, v in res.steps.items()})
     curve, text = energy.power_over_time(plain), openmetrics_text(plain)
+    thinned = openmetrics_text(plain, max_points=50)
     assert curve is not None and "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{" in text
     monkeypatch.setattr(energy, "step_blocks", lambda s, k, r=rows: step_blocks(s, k, rows))
+    monkeypatch.setattr(export_metrics, "step_blocks", lambda s, k: step_blocks(s, k, rows))
     got = energy.power_over_time(res)
     assert got is not None and [a.tobytes() for a in got] == [a.tobytes() for a in curve]
+    assert export_metrics._sampled_in_blocks(res.steps, 50) is not None
     assert openmetrics_text(res) == text
+    assert openmetrics_text(res, max_points=50) == thinned != text
 
 
 @pytest.mark.parametrize(("rows", "max_bins"), [(7, 2000), (1000, 5), (1 << 16, 5)])

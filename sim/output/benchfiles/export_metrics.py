@@ -18,14 +18,14 @@ power), labelled ``gpu`` with the engine's index. Both are gauges here (DCGM's e
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 
 from sim.costs.energy import run_energy, running_energy
 from sim.metrics.records import RunResult
 from sim.metrics.request_table import as_table
-from sim.metrics.step_columns import StepColumns
+from sim.metrics.step_columns import StepColumns, step_blocks
 from sim.metrics.sums import dot
 from sim.output.benchfiles.export_vllm import _model_of
 from sim.output.benchfiles.stats import expanded_sum, itls_expand
@@ -77,7 +77,7 @@ def _thin(idx: np.ndarray, max_points: int) -> np.ndarray:
 
 
 def _power_lines(result: RunResult, model: str, picked: list[tuple[int, np.ndarray, np.ndarray]],
-                 end: np.ndarray) -> list[str]:
+                 ends: list[np.ndarray], end: np.ndarray | None) -> list[str]:
     """DCGM's power and energy series at the sampled steps (see the module docstring); none without power."""
     energy = run_energy(result)
     pm = result.power
@@ -86,14 +86,17 @@ def _power_lines(result: RunResult, model: str, picked: list[tuple[int, np.ndarr
     t0 = as_table(result.requests).least("arrival")
     power, energy_mj = [], []
     whole: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None  # read once, for every engine
-    for e, rows, _ in picked:
-        if len(picked) == 1 and isinstance(result.steps, StepColumns) and bool(np.all(end[1:] >= end[:-1])):
-            # one engine's log in end order: the running sums read where sampled, a block at a time
-            at = np.searchsorted(end, end[rows], side="right") - 1
-            busy_j, busy_s, power_w = running_energy(pm, result.steps, at, rows)
+    for j, (e, rows, _) in enumerate(picked):
+        steps = result.steps
+        if isinstance(steps, StepColumns) and (end is None or (len(picked) == 1 and bool(np.all(end[1:] >= end[:-1])))):
+            # one engine's log in end order: the running sums read where sampled, a block at a time; each sampled
+            # step is the last to end at its time, so it is where the search of its end lands
+            at = rows
+            busy_j, busy_s, power_w = running_energy(pm, steps, at, rows)
             busy_j /= pm.gpus  # one GPU's, to the end of each step
             at = np.arange(len(rows))
         else:
+            assert end is not None  # the whole columns' sampling
             if whole is None:
                 dur = np.asarray(result.steps["duration"], dtype=np.float64)
                 step_power_w = energy.step_power_w  # computed when read
@@ -105,10 +108,10 @@ def _power_lines(result: RunResult, model: str, picked: list[tuple[int, np.ndarr
             busy_s = np.cumsum(dur[mine])
             at = np.searchsorted(end[mine], end[rows], side="right") - 1  # each sampled row in the engine's order
             power_w = step_power_w[rows]
-        idle_s = np.maximum(end[rows] - t0 - busy_s[at], 0.0)
+        idle_s = np.maximum(ends[j] - t0 - busy_s[at], 0.0)
         lab = f'gpu="{e}",modelName="{model}"'
-        for k, i in enumerate(rows.tolist()):
-            t = f" {_num(end[i])}"
+        for k in range(len(rows)):
+            t = f" {_num(ends[j][k])}"
             power.append(f"DCGM_FI_DEV_POWER_USAGE{{{lab}}} {_num(power_w[k] / pm.gpus)}{t}")
             mj = 1000.0 * (busy_j[at[k]] + idle_s[k] * pm.idle_w)
             energy_mj.append(f"DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{{{lab}}} {_num(mj)}{t}")
@@ -117,9 +120,14 @@ def _power_lines(result: RunResult, model: str, picked: list[tuple[int, np.ndarr
             "# HELP DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION Total energy consumption since boot (in mJ).", *energy_mj]
 
 
-def openmetrics_text(result: RunResult, *, max_points: int = 2000) -> str:
-    model = _esc(_model_of(result) or result.name)
-    s = result.steps
+_Sampled = tuple[list[tuple[int, np.ndarray, np.ndarray]], list[np.ndarray], dict[str, list[np.ndarray]], float]
+_GAUGES = {"num_running": np.int64, "num_waiting": np.int64, "kv_capacity_blocks": np.float64,
+           "kv_blocks_used": np.float64}
+
+
+def _sampled(s: Mapping[str, np.ndarray], max_points: int) -> tuple[np.ndarray, _Sampled]:
+    """The steps the text samples, from the whole columns: every step's end, and (per engine: its number, the
+    sampled rows, the cumulative preemptions there), the sampled rows' ends and gauges, and the last end."""
     # A long run has millions of steps and the text only samples max_points of them per engine: the full
     # columns are read one at a time and only the sampled rows kept (a copy of every column was 1.5 GB at
     # 300,000 requests).
@@ -142,22 +150,83 @@ def openmetrics_text(result: RunResult, *, max_points: int = 2000) -> str:
         picked.append((e, pos if mine is None else mine[pos],
                        np.cumsum(preempt if mine is None else preempt[mine])[pos]))
     del replica, preempt
-
-    def at_rows(key: str, dtype: type) -> list[np.ndarray]:
+    gauges = {}
+    for key, dtype in _GAUGES.items():
         col: np.ndarray = np.asarray(s[key], dtype=dtype)
-        return [col[rows] for _, rows, _ in picked]
+        gauges[key] = [col[rows] for _, rows, _ in picked]
+    ends = [end[rows] for _, rows, _ in picked]
+    return end, (picked, ends, gauges, float(end.max()) if end.size else 0.0)
 
-    running, waiting = at_rows("num_running", np.int64), at_rows("num_waiting", np.int64)
-    caps = [np.where(c > 0, c, float(result.kv_capacity_blocks)) for c in at_rows("kv_capacity_blocks", np.float64)]
+
+def _last_of_each_end(s: StepColumns, keys: tuple[str, ...]
+                      ) -> Iterator[tuple[int, dict[str, np.ndarray], np.ndarray, np.ndarray] | None]:
+    """Block by block: (first row, the block's columns, its steps' ends, which step is the last to end at its
+    time), one block ahead so that a block's last step is compared with the next block's first; None (and
+    nothing more) when the ends are out of order."""
+    prev: tuple[int, dict[str, np.ndarray], np.ndarray] | None = None
+    for lo, b in step_blocks(s, ("start", "duration", *keys)):
+        end = np.asarray(b["start"], dtype=np.float64) + np.asarray(b["duration"], dtype=np.float64)
+        if (prev is not None and not end[0] >= prev[2][-1]) or not bool(np.all(end[1:] >= end[:-1])):
+            yield None
+            return
+        if prev is not None:
+            yield prev[0], prev[1], prev[2], np.r_[prev[2][1:] != prev[2][:-1], prev[2][-1] != end[0]]
+        prev = (lo, b, end)
+    if prev is not None:
+        yield prev[0], prev[1], prev[2], np.r_[prev[2][1:] != prev[2][:-1], True]
+
+
+def _sampled_in_blocks(s: StepColumns, max_points: int) -> _Sampled | None:
+    """``_sampled`` of one engine's log whose steps end in order, a block of steps at a time in two passes (how
+    many distinct ends, then the sampled rows' values) instead of five whole columns and an index per step."""
+    count = 0
+    for part in _last_of_each_end(s, ()):
+        if part is None:
+            return None
+        count += int(part[3].sum())
+    want = _thin(np.arange(count), max_points)  # which of the distinct ends are sampled
+    rows, ends, cum = [], [], []
+    gauges: dict[str, list[np.ndarray]] = {k: [] for k in _GAUGES}
+    seen = carry = 0  # distinct ends before the block; preemptions before it
+    last_end = 0.0
+    for part in _last_of_each_end(s, ("num_preempted", *_GAUGES)):
+        assert part is not None
+        lo, b, end, last = part
+        pos = np.flatnonzero(last)
+        a, z = np.searchsorted(want, [seen, seen + len(pos)], side="left")
+        mine = pos[want[a:z] - seen]  # the block's sampled rows
+        seen += len(pos)
+        preempt = np.cumsum(np.asarray(b["num_preempted"], dtype=np.int64))
+        rows.append(lo + mine)
+        ends.append(end[mine])
+        cum.append(carry + preempt[mine])
+        carry += int(preempt[-1])
+        for key, dtype in _GAUGES.items():
+            gauges[key].append(np.asarray(b[key], dtype=dtype)[mine])
+        last_end = float(np.max([last_end, end.max()])) if lo else float(end.max())
+    picked = [(s.replica, np.concatenate(rows), np.concatenate(cum))]
+    return picked, [np.concatenate(ends)], {k: [np.concatenate(v)] for k, v in gauges.items()}, last_end
+
+
+def openmetrics_text(result: RunResult, *, max_points: int = 2000) -> str:
+    model = _esc(_model_of(result) or result.name)
+    s = result.steps
+    sampled = _sampled_in_blocks(s, max_points) if isinstance(s, StepColumns) else None
+    end: np.ndarray | None = None
+    if sampled is None:
+        end, sampled = _sampled(s, max_points)
+    picked, ends, gauges, last_end = sampled
+    running, waiting = gauges["num_running"], gauges["num_waiting"]
+    caps = [np.where(c > 0, c, float(result.kv_capacity_blocks)) for c in gauges["kv_capacity_blocks"]]
     usages = [np.divide(u, c, out=np.zeros_like(u), where=c > 0)
-              for u, c in zip(at_rows("kv_blocks_used", np.float64), caps, strict=True)]
+              for u, c in zip(gauges["kv_blocks_used"], caps, strict=True)]
     series: dict[str, list[str]] = {k: [] for k in (
         "num_requests_running", "num_requests_waiting", "kv_cache_usage_perc", "gpu_cache_usage_perc",
         "num_preemptions")}
     for j, (e, rows, cum) in enumerate(picked):
         lab = f'model_name="{model}",engine="{e}"'
-        for k, i in enumerate(rows.tolist()):
-            t = f" {_num(end[i])}"
+        for k in range(len(rows)):
+            t = f" {_num(ends[j][k])}"
             usage = usages[j][k]
             series["num_requests_running"].append(f"vllm:num_requests_running{{{lab}}} {int(running[j][k])}{t}")
             series["num_requests_waiting"].append(f"vllm:num_requests_waiting{{{lab}}} {int(waiting[j][k])}{t}")
@@ -182,7 +251,7 @@ def openmetrics_text(result: RunResult, *, max_points: int = 2000) -> str:
     out_tok = table.column("output_tokens")[done]
     multi = out_tok > 1
     tpot = (e2el[multi] - ttft[multi]) / (out_tok[multi] - 1)
-    ts = f" {_num(float(end.max()) if end.size else 0.0)}"
+    ts = f" {_num(last_end)}"
     lab = f'model_name="{model}",engine="0"'
     _histogram(lines, "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", lab, ttft,
                TTFT_BUCKETS, ts)
@@ -198,6 +267,6 @@ def openmetrics_text(result: RunResult, *, max_points: int = 2000) -> str:
                E2E_BUCKETS, ts)
     if result.spec_decode:  # speculative decoding's counters, at the end of the run
         lines += openmetrics_lines(result.spec_decode, lab, ts)
-    lines += _power_lines(result, model, picked, end)
+    lines += _power_lines(result, model, picked, ends, end)
     lines.append("# EOF")
     return "\n".join(lines) + "\n"
