@@ -46,7 +46,8 @@ its energy and tokens run from the start to the step that schedules the last wai
 Output lengths are the published run's own, drawn from its published histogram (``OUTPUT_LENGTHS``): chat's fall
 off about as an exponential's (coefficient of variation 0.86-1.14), GPQA's do not (0.48-0.71: a request in its
 steady state has generated 0.62-0.75 of the mean output, under an exponential all of it). A row without a histogram
-draws them exponential about its published mean, capped at its ``max_output_tokens`` (4,096 where unstated);
+draws them exponential, capped at its ``max_output_tokens`` (4,096 where unstated), with the mean before the cap
+that makes the capped lengths average its published mean (``uncapped_mean``);
 without a published mean output (Serial Alice's), about 717 tokens, the v3.0 post's mean text-conversation output.
 vLLM 0.11 (and an unstated version) runs on the ``vllm-v1`` preset, 0.5 on ``vllm-v0`` 0.5 (its host loop stalls
 the GPU). Nothing is fitted to a row; the power model's one fitted constant (sim/costs/energy.py's
@@ -67,6 +68,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import math
 import statistics
 import tempfile
 from pathlib import Path
@@ -123,6 +125,22 @@ def published_output_lengths(row: dict[str, str]) -> np.ndarray | None:
     return np.maximum(np.round(lengths), 1).astype(np.int64)
 
 
+def uncapped_mean(mean: float, cap: int) -> float:
+    """The mean of the exponential whose draws, capped at ``cap``, average ``mean``: the capped mean of an
+    exponential of mean m is m (1 - exp(-cap / m)), which grows with m from 0 to ``cap``, solved by bisection (the
+    draws' rounding to whole tokens and their floor of 1 move it by under a thousandth of a token). v2.0's 482.8
+    tokens under 1,024: 583.9 (drawn about 482.8 itself, they average 424.9 in theory, 441.9 in its seeded draw)."""
+    if not 0 < mean < cap:
+        raise ValueError(f"a mean output of {mean} tokens cannot come from lengths capped at {cap}")
+    lo, hi = mean, 2 * mean
+    while hi * -math.expm1(-cap / hi) < mean:
+        lo, hi = hi, 2 * hi
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if mid * -math.expm1(-cap / mid) < mean else (lo, mid)
+    return (lo + hi) / 2
+
+
 def published_scenario(row: dict[str, str], requests: int, prompt: int = PROMPT_TOKENS,
                        lengths_dir: Path | None = None) -> dict[str, Any]:
     """The row's run as the ML.ENERGY harness drives it: every request sent at once, as many as the published run
@@ -131,8 +149,9 @@ def published_scenario(row: dict[str, str], requests: int, prompt: int = PROMPT_
     written to a lengths file in ``lengths_dir``) where the row has them and ``lengths_dir`` is given, else
     exponential about the published mean."""
     batch = int(row["batch_size"])
-    mean = float(row["mean_output_tokens"]) if row["mean_output_tokens"] else OUTPUT_TOKENS
     cap = int(row["max_output_tokens"]) if row["max_output_tokens"] else MAX_OUTPUT
+    # a published mean is of the lengths its max_tokens cut, so the exponential drawn before the cap is longer
+    mean = uncapped_mean(float(row["mean_output_tokens"]), cap) if row["mean_output_tokens"] else OUTPUT_TOKENS
     dep: dict[str, Any] = {"model": row["model"], "gpu": row["gpu"], "tensor_parallel_size": int(row["num_gpus"]),
                            "weight_dtype": row["weight_dtype"]}
     if row["max_model_len"]:  # the server's --max-model-len, where the source states it, within the preset's

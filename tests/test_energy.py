@@ -317,7 +317,18 @@ def test_the_published_energy_rows_name_their_sources() -> None:
     v2 = next(r for r in rows if "v2.0" in r["source"])
     sc = bench.published_scenario(v2, 512)
     assert sc["workload"]["num_requests"] == 2000 and sc["deployment"]["max_model_len"] == 4096
-    assert sc["workload"]["output_len"] == {"type": "exponential", "mean": 482.8, "max": 1024}
+    # its published mean (482.8) is of lengths cut at max_tokens 1,024: the exponential is drawn so that its capped
+    # lengths average that (m (1 - exp(-1024 / m)) = 482.8), not about 482.8 itself (capped: 424.9)
+    out = sc["workload"]["output_len"]
+    assert (out["type"], out["max"]) == ("exponential", 1024)
+    assert out["mean"] * -np.expm1(-1024 / out["mean"]) == pytest.approx(482.8, rel=1e-9)
+    from sim.config.scenario import parse_scenario
+    from sim.loop.run import generate_workload
+
+    drawn = [r.output_len for r in generate_workload(parse_scenario(sc, "v2")).requests]
+    assert np.mean(drawn) == pytest.approx(502.264)  # seed 0's 2,000 draws (441.876 drawn about 482.8)
+    with pytest.raises(ValueError, match="cannot come from lengths capped at 1024"):
+        bench.uncapped_mean(1024.0, 1024)
     assert "max_model_len" not in bench.published_scenario(alice, 512)["deployment"]
 
 
