@@ -204,6 +204,8 @@ def _sampled_in_blocks(s: StepColumns, max_points: int) -> _Sampled | None:
         for key, dtype in _GAUGES.items():
             gauges[key].append(np.asarray(b[key], dtype=dtype)[mine])
         last_end = float(np.max([last_end, end.max()])) if lo else float(end.max())
+    if not rows:  # no steps: the whole (empty) columns' sampling
+        return None
     picked = [(s.replica, np.concatenate(rows), np.concatenate(cum))]
     return picked, [np.concatenate(ends)], {k: [np.concatenate(v)] for k, v in gauges.items()}, last_end
 
