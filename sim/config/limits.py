@@ -23,10 +23,12 @@ MAX_KV_BOOKKEEPING_BYTES = 2 * 10**9  # host memory all replicas' KV managers of
 BYTES_PER_BLOCK = 48  # per touched block, no prefix caching (measured 40 B, rounded up)
 BYTES_PER_CACHED_BLOCK = 300  # per touched block with prefix caching (measured 275 B, rounded up)
 MAX_POOL_BLOCKS = 1 << 40  # a pool past this is a typo, not a GPU (an H200 holds ~2^34 one-token fp8 blocks)
-# Requests one run may hold: each costs about 1 KB of records and state while it runs (measured: see
-# tests/test_hardening.py), so this bound keeps a run within a few GB, and refuses a typo of 1e8 up front.
-MAX_REQUESTS = 2_000_000
-_REQUEST_BYTES = 1000  # approximate memory per request, for the message that refuses a larger run
+# Requests one run may hold. A long run's finished requests, step log and readers are kept in columns, spilled or
+# read a block at a time (issue 40), so its peak grows by about 1 KB a request: benchmarks/bench_million.py took
+# 1,038 MB at 1,000,000 requests (docs/benchmarks.md). This bound keeps a run within about 5 GB, and refuses a typo
+# of 1e8 up front. (Past 2^20 steps the step log also takes about 0.8 KB a request of disk, in TMPDIR.)
+MAX_REQUESTS = 5_000_000
+_REQUEST_BYTES = 1000  # approximate peak memory per request, for the message that refuses a larger run
 
 
 def _cdiv(a: int, b: int) -> int:
