@@ -275,3 +275,21 @@ def test_step_blocks_read_a_key_asked_twice_once() -> None:
     steps = run.results[0].steps
     ((_, block),) = list(step_blocks(steps, ("duration", "start", "duration")))
     assert block["duration"].tobytes() == np.asarray(steps["duration"]).tobytes()
+
+
+def test_a_run_without_steps_exports_its_openmetrics_text() -> None:
+    """A run whose every request is rejected (a prompt past max_model_len) has an empty step log: its OpenMetrics
+    text is the whole columns' (the families' headers, no samples), not a traceback from the block-wise reader."""
+    from dataclasses import replace
+
+    from sim.output.benchfiles.export_metrics import openmetrics_text
+
+    raw = {**SCENARIO, "workload": {"arrival": {"type": "poisson", "rate": 1.0}, "num_requests": 2,
+                                    "prompt_len": {"type": "fixed", "value": 20_000},
+                                    "output_len": {"type": "fixed", "value": 1}},
+           "variants": SCENARIO["variants"][:1]}
+    (res,) = run_scenario(prepare_scenario(parse_scenario(raw))).results
+    assert isinstance(res.steps, StepColumns) and res.steps.num_steps == 0
+    plain = replace(res, steps={k: np.array(v) for k, v in res.steps.items()})
+    assert openmetrics_text(res) == openmetrics_text(plain)
+    assert "# TYPE vllm:num_requests_running gauge" in openmetrics_text(res)
