@@ -178,10 +178,7 @@ def _last_of_each_end(s: StepColumns, keys: tuple[str, ...]
 
 def _sampled_in_blocks(s: StepColumns, max_points: int) -> _Sampled | None:
     """``_sampled`` of one engine's log whose steps end in order, a block of steps at a time in two passes (how
-    many distinct ends, then the sampled rows' values) instead of five whole columns and an index per step. None
-    also without steps (every request rejected): the whole columns are empty then."""
-    if not s.num_steps:
-        return None
+    many distinct ends, then the sampled rows' values) instead of five whole columns and an index per step."""
     count = 0
     for part in _last_of_each_end(s, ()):
         if part is None:
