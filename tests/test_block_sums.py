@@ -245,9 +245,9 @@ def test_memory_stack_read_in_blocks_equals_the_whole_layers(monkeypatch: pytest
 
 @pytest.mark.parametrize("rows", [7, 1000])
 def test_timeline_read_in_blocks_equals_the_whole_columns(monkeypatch: pytest.MonkeyPatch, rows: int) -> None:
-    """The report's utilisation timeline of one replica's log taken as a long run's (busy, MFU, KV and queue
-    peaks per window, preemptions), read 7 or 1,000 steps at a time, is the figure the whole columns give (the
-    same steps as a dict of columns), to the byte of its JSON."""
+    """The report's utilisation timeline (busy, MFU, KV and queue peaks per window, preemptions) and throughput
+    chart of one replica's log taken as a long run's, read 7 or 1,000 steps at a time, are the figures the whole
+    columns give (the same steps as a dict of columns), to the byte of their JSON."""
     from dataclasses import replace
 
     import sim.output.report.figures as figures
@@ -259,12 +259,15 @@ def test_timeline_read_in_blocks_equals_the_whole_columns(monkeypatch: pytest.Mo
     (res,) = run.results
     plain = replace(res, steps={k: np.array(v) for k, v in res.steps.items()})
     want = figures.fig_timeline(plain, max_points=200).to_json()
+    want_throughput = figures.fig_throughput([plain], max_points=200).to_json()
     monkeypatch.setattr(figures, "KEEP_EVENTS_MAX", 0)
     monkeypatch.setattr(timeline_blocks, "step_blocks", lambda s, k: step_blocks(s, k, rows))
     assert isinstance(res.steps, StepColumns) and res.steps.num_steps > 10 * rows
     series = timeline_blocks.timeline_series(res, res.steps, np.linspace(0, res.duration, 201))
     assert series is not None and series.mfu is not None
     assert figures.fig_timeline(res, max_points=200).to_json() == want
+    assert timeline_blocks.amount_in_blocks(res.steps, "decode_tokens", np.linspace(0, 10, 5)) is not None
+    assert figures.fig_throughput([res], max_points=200).to_json() == want_throughput
 
 
 def test_step_blocks_read_a_key_asked_twice_once() -> None:

@@ -27,7 +27,7 @@ from sim.output.report.common import (
     run_end,
     window_edges,
 )
-from sim.output.report.timeline_blocks import TimelineSeries, timeline_series
+from sim.output.report.timeline_blocks import TimelineSeries, amount_in_blocks, timeline_series
 from sim.serving.request import Outcome
 
 # --- figures ---------------------------------------------------------------------------------------------------
@@ -346,10 +346,15 @@ def fig_throughput(results: list[RunResult], max_points: int = MAX_POINTS) -> go
     )
     for i, res in enumerate(results):
         s = _sorted_steps(res)
-        edges = window_edges(run_end(res), len(s["start"]), max_points)
+        n = s.num_steps if isinstance(s, StepColumns) else len(s["start"])
+        edges = window_edges(run_end(res), n, max_points)
         width = edges[1] - edges[0]
         for row, col in ((1, "decode_tokens"), (2, "prefill_tokens")):
-            rate = amount_per_window(s["start"], s["duration"], s[col], edges) / width
+            # a long run's log a block at a time (the same values), not as three whole columns
+            amount = amount_in_blocks(s, col, edges) if isinstance(s, StepColumns) and n > KEEP_EVENTS_MAX else None
+            if amount is None:
+                amount = amount_per_window(s["start"], s["duration"], s[col], edges)
+            rate = amount / width
             fig.add_trace(
                 go.Scatter(
                     name=res.name,

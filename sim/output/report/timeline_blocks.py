@@ -47,6 +47,12 @@ def _amount(s: StepColumns, key: str, edges: np.ndarray) -> np.ndarray:
     return np.diff(cum)
 
 
+def amount_in_blocks(s: StepColumns, key: str, edges: np.ndarray) -> np.ndarray | None:
+    """``amount_per_window(start, duration, s[key], edges)`` of a log whose steps start and end in order and last a
+    positive time, a block at a time; None otherwise."""
+    return _amount(s, key, edges) if _in_order_blocks(step_blocks(s, ("start", "duration"))) else None
+
+
 def timeline_series(result: RunResult, s: StepColumns, edges: np.ndarray) -> TimelineSeries | None:
     """The series, or None when the steps do not start and end in order or some step has no duration (then the
     whole columns are read)."""
