@@ -64,6 +64,18 @@ def test_one_decode_step_by_hand() -> None:
         AnalyticCostModel(LLAMA8, H100, sampler_sort_time=-1.0)
 
 
+def test_the_sort_is_memory_busy_time_under_a_host_time_ratio_too() -> None:
+    """vLLM 0.5's host loop stretches a step's GPU parts by 1.63 (host_time_ratio) but not its overheads, where the
+    sort is priced: the step is the sort's 0.960 ms longer, and the power model's HBM-busy time grows by the same
+    0.960 ms, not 0.960 / 2.63 (busy_times divides the stretched parts back, which the sort is not one of)."""
+    base = AnalyticCostModel(LLAMA8, H100, host_time_ratio=1.63)
+    sorted_ = AnalyticCostModel(LLAMA8, H100, host_time_ratio=1.63, sampler_sort_time=SAMPLER_SORT_TIME)
+    shape = StepShape(num_seqs=64, num_tokens=64, num_decode_seqs=64, kv_read_tokens=64_000, attn_pairs=64_000)
+    assert sorted_.step_time(shape) - base.step_time(shape) == pytest.approx(0.960380928e-3, rel=1e-9)
+    (c0, m0), (c1, m1) = base.busy_times(shape), sorted_.busy_times(shape)
+    assert c1 == c0 and m1 - m0 == pytest.approx(0.960380928e-3, rel=1e-9)
+
+
 def test_which_requests_and_engines_sort() -> None:
     assert _cost("vllm-v1", TOP_P).sampler_sort_time == SAMPLER_SORT_TIME  # vLLM 0.11.1's default
     assert _cost({"name": "vllm-v0", "version": "0.5"}, TOP_P).sampler_sort_time == SAMPLER_SORT_TIME

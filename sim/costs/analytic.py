@@ -382,11 +382,11 @@ class AnalyticCostModel(CostModel):
                                                                 shape.kv_read_tokens, shape.attn_pairs))
         k0, k1, k2, k3, k4, k5, k6, k7, k8, k9, k10, k11 = self._k
         memory = k4 + b * k5 + a * k6 + (c + b) * k8
-        if self._sort_row:  # the sampler's sort streams the logits through HBM
-            memory = memory + a * self._sort_row
+        stretch = 1.0 + self.host_time_ratio
+        if self._sort_row:  # the sampler's sort streams the logits through HBM; priced in k1, not stretched, so
+            memory = memory + a * self._sort_row * stretch  # its whole time stays after the division below
         if self._moe is not None:
             memory = memory + expected_experts(self._moe[1], self._moe[2], b) * self._moe[0]
-        stretch = 1.0 + self.host_time_ratio
         return (b * k2 + a * k3 + d * k7) / stretch, memory / stretch
 
     @property
