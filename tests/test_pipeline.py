@@ -98,6 +98,26 @@ def test_stage_busy_inverts_the_round() -> None:
     assert 0.24 < util[0] < 0.25 and util[1] == pytest.approx(2 * util[0], rel=0.02) and util[3] > 0.95
 
 
+def test_the_last_stage_sorts_every_micro_batch() -> None:
+    """The sampler's sort (workload.sampling top-p, sim/engines/sampling.py) runs on the last stage, once per
+    micro-batch: a 256-row decode round of Llama-3.1-8B over 4 stages (4 micro-batches of 64 rows, 0.960 ms of sort
+    each) is the last stage's layers plus 4 sorts, 3.84 ms more than without a sort less the 3 hops the round no
+    longer waits on, not the one micro-batch's sort of the layers' even split (0.96 ms). The stages' busy time
+    gives back the micro-batches' work, each with its sort."""
+    m8 = resolve_model("llama-3.1-8b")
+    plain, sorted_ = (wrap_pipeline(AnalyticCostModel(m8, H100, sampler_sort_time=t), m8, H100,
+                                    pipeline_parallel_size=4, link="nvlink") for t in (0.0, 0.117e-9))
+    assert isinstance(plain, PipelineCostModel) and isinstance(sorted_, PipelineCostModel)
+    shape = StepShape(256, 256, 256, 256_000, 256_000)
+    sort = 64 * 128256 * 0.117e-9  # one micro-batch's
+    hops = 3 * plain.hop_time(64)
+    assert sorted_.step_time(shape) - plain.step_time(shape) == pytest.approx(4 * sort - hops, rel=1e-9)
+    mb = StepShape(64, 64, 64, 64_000, 64_000)
+    work = sorted_.inner.step_time(mb) - plain.inner.step_overhead - 64 * plain.inner.per_request_overhead
+    busy = sorted_.stage_busy(np.array([256]), np.array([256]), np.array([sorted_.step_time(shape)]))
+    assert busy[0] == pytest.approx(4 * work / 4, rel=1e-9)
+
+
 def test_links() -> None:
     assert resolve_link("auto", H100)[0] == "nvlink"
     assert resolve_link("auto", resolve_gpu("l40s"))[0] == "pcie"  # no NVLink

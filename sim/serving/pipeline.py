@@ -17,8 +17,10 @@ where ``work`` is the cost model's time of a micro-batch of ``rows / m`` rows on
 share of it, weights and KV read included), ``overhead`` the host's per-step cost (scheduling, input
 preparation, sampling) and ``hop = link latency + tokens x hidden_size x activation bytes / link bandwidth``.
 The second term binds only when the layers do not split evenly (32 over 3 stages: the 11-layer stages set the
-pace once 3 micro-batches are in flight). Rows and tokens are split evenly over the micro-batches, an optimistic
-balance (vLLM's virtual engines each schedule their own requests). The stages compute ``m`` micro-batches, a
+pace once 3 micro-batches are in flight). With the sampler's sort (top-p, sim/engines/sampling.py) the last stage
+also sorts each micro-batch's rows, so the second term is ``m * ((work - sort) * share + sort)``. Rows and
+tokens are split evenly over the micro-batches, an optimistic balance (vLLM's virtual engines each schedule
+their own requests). The stages compute ``m`` micro-batches, a
 total of ``m * work`` per round, so their mean utilisation is ``m * work / (pp * round)``: with one micro-batch
 the stages take turns and each idles ``(pp - 1) / pp`` of the time (the *bubble*, GPipe's ``(p - 1) / (m + p -
 1)`` at ``m = 1``); with ``pp`` micro-batches every stage is busy but for the hops and the host overhead. A
@@ -99,6 +101,11 @@ def _overhead(cost: CostModel, rows: Any) -> Any:
     return 0 * rows
 
 
+def _sort_per_row(cost: CostModel) -> float:
+    """The sampler's sort per row (sim/engines/sampling.py): GPU work of the last stage alone, once per micro-batch."""
+    return cost.sampler_sort_time * cost.model.vocab_size if isinstance(cost, AnalyticCostModel) else 0.0
+
+
 @dataclass(frozen=True, slots=True)
 class PipelineCostModel(CostModel):
     """Step (round) times of a ``pp``-stage pipeline around ``inner``, the cost model of the whole model on one
@@ -148,6 +155,10 @@ class PipelineCostModel(CostModel):
         work = self.inner.step_time(mb) - _overhead(self.inner, mb.num_seqs)
         through = work + (p - 1) * self.hop_time(mb.num_tokens)  # one micro-batch through every stage
         pace = m * work * self.stage_share  # the slowest stage computing all m micro-batches
+        per_row = _sort_per_row(self.inner)
+        if per_row:  # the last stage also sorts each micro-batch's rows (taken as the largest stage)
+            sort = mb.num_seqs * per_row
+            pace = m * ((work - sort) * self.stage_share + sort)
         mx = np.maximum if isinstance(through, np.ndarray) or isinstance(pace, np.ndarray) else max
         t = _overhead(self.inner, shape.num_seqs) + mx(through, pace)
         if shape.host_load_time:
@@ -165,8 +176,9 @@ class PipelineCostModel(CostModel):
         m = np.clip(rows, 1, p)
         span = np.asarray(duration, dtype=np.float64) - _overhead(self.inner, rows)
         # span = max(work + hops, m * work * share): each reading gives work where its term binds, more elsewhere
-        work = np.minimum(span - (p - 1) * self.hop_time(np.asarray(tokens, dtype=np.float64) / m),
-                          span / (m * self.stage_share))
+        sort = _sort_per_row(self.inner) * rows / m  # step_time's pace with its sort solved for work
+        paced = span / (m * self.stage_share) if not sort.any() else (span / m - sort) / self.stage_share + sort
+        work = np.minimum(span - (p - 1) * self.hop_time(np.asarray(tokens, dtype=np.float64) / m), paced)
         return np.maximum(work, 0.0) * m / p
 
     def summary(self, steps: Mapping[str, np.ndarray]) -> dict[str, Any]:
