@@ -19,7 +19,9 @@ samplers are not modelled (0). Only ``workload.sampling`` with top-p below 1 and
 
 Not modelled: the softmax and the random draw every sampled (non-greedy) request pays, with or without top-p (a
 few passes over the logits, no sort), and repetition_penalty's per-row token counts (a pass over the logits and,
-on the host, the output tokens made into a tensor each step).
+on the host, the output tokens made into a tensor each step). A speculative verify row sorts once here, as
+sim/serving/spec_decode.py prices its LM head once, though vLLM V1's rejection sampler filters the target's
+logits at each of its k + 1 positions.
 """
 
 from __future__ import annotations
