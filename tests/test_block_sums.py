@@ -296,3 +296,27 @@ def test_a_run_without_steps_exports_its_openmetrics_text() -> None:
     plain = replace(res, steps={k: np.array(v) for k, v in res.steps.items()})
     assert openmetrics_text(res) == openmetrics_text(plain)
     assert "# TYPE vllm:num_requests_running gauge" in openmetrics_text(res)
+
+
+@pytest.mark.parametrize("rows", [1, 7, 1000])
+def test_search_of_request_times_in_the_starts_by_blocks_is_numpys(monkeypatch: pytest.MonkeyPatch,
+                                                                   rows: int) -> None:
+    """Energy attribution's lookups (np.searchsorted of request times in the step starts, side="left") read the
+    starts a block at a time: times before, between, on (repeated starts, a block's first or last) and after
+    the starts land where numpy's search of the whole column puts them; starts out of order give None."""
+    import sim.costs.energy as energy
+    from sim.metrics.step_columns import step_blocks
+
+    monkeypatch.setattr(records, "_CHUNK", 7)
+    run = run_scenario(prepare_scenario(parse_scenario({**SCENARIO, "variants": SCENARIO["variants"][:1]})))
+    steps = run.results[0].steps
+    assert isinstance(steps, StepColumns)
+    start = np.asarray(steps["start"])
+    rng = np.random.default_rng(9)
+    x = np.concatenate((rng.choice(start, 500), rng.uniform(-1.0, float(start[-1]) + 1.0, 500), start[::97],
+                        [start[0], start[-1], -5.0, 1e9]))
+    monkeypatch.setattr(energy, "step_blocks", lambda s, k, r=rows: step_blocks(s, k, rows))
+    got = energy._search_starts(steps, x)
+    assert got is not None and got.tolist() == np.searchsorted(start, x, side="left").tolist()
+    shuffled = {"start": rng.permutation(start)}
+    assert energy._search_starts(shuffled, x) is None  # type: ignore[arg-type]
