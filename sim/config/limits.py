@@ -24,9 +24,10 @@ BYTES_PER_BLOCK = 48  # per touched block, no prefix caching (measured 40 B, rou
 BYTES_PER_CACHED_BLOCK = 300  # per touched block with prefix caching (measured 275 B, rounded up)
 MAX_POOL_BLOCKS = 1 << 40  # a pool past this is a typo, not a GPU (an H200 holds ~2^34 one-token fp8 blocks)
 # Requests one run may hold. A long run's finished requests, step log and readers are kept in columns, spilled or
-# read a block at a time (issue 40), so its peak grows by about 1 KB a request: benchmarks/bench_million.py took
-# 1,038 MB at 1,000,000 requests (docs/benchmarks.md). This bound keeps a run within about 5 GB, and refuses a typo
-# of 1e8 up front. (Past 2^20 steps the step log also takes about 0.8 KB a request of disk, in TMPDIR.)
+# read a block at a time (issue 40), so its peak grows by under 1 KB a request: benchmarks/bench_million.py took
+# 662 MB at 1,000,000 requests and 1,819 MB at 3,000,000 (docs/benchmarks.md). This bound keeps a run within a
+# few GB, and refuses a typo of 1e8 up front. (Past 2^20 steps the step log also takes about 0.8 KB a request of
+# disk, in TMPDIR.)
 MAX_REQUESTS = 5_000_000
 _REQUEST_BYTES = 1000  # approximate peak memory per request, for the message that refuses a larger run
 
