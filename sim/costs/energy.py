@@ -48,7 +48,7 @@ from sim.costs.analytic import DEFAULT_COMPUTE_EFFICIENCY, AnalyticCostModel
 from sim.costs.costmodel import StepShape
 from sim.metrics.block_sums import PairwiseSum
 from sim.metrics.request_table import RequestTable, as_table
-from sim.metrics.step_columns import StepColumns, step_blocks
+from sim.metrics.step_columns import StepColumns, continues_ascending, step_blocks
 
 if TYPE_CHECKING:
     from sim.hardware.gpu import GPUSpec
@@ -386,7 +386,7 @@ def _search_starts(steps: StepColumns, x: np.ndarray) -> np.ndarray | None:
     prev: tuple[int, np.ndarray] | None = None
     for lo, block in step_blocks(steps, ("start",), ATTRIBUTE_ROWS):
         st = np.asarray(block["start"], dtype=np.float64)
-        if (prev is not None and not st[0] >= prev[1][-1]) or not bool(np.all(st[1:] >= st[:-1])):
+        if not continues_ascending(st, None if prev is None else prev[1][-1]):
             return None
         if prev is not None:
             place(prev[0], prev[1], float(st[0]))

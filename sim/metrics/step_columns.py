@@ -138,6 +138,13 @@ class StepColumns(Mapping[str, np.ndarray]):
 BLOCK_ROWS = 1 << 16  # steps per block of step_blocks (512 kB a float64 column)
 
 
+def continues_ascending(x: np.ndarray, after: float | None) -> bool:
+    """Whether a block ``x`` of a column read a block at a time never decreases, starting at or after ``after``
+    (the block before's last value; None: no block before, nothing to compare): the check every block-wise reader
+    makes before it relies on the steps being in order (NaN anywhere reads as out of order)."""
+    return (after is None or bool(x[0] >= after)) and bool(np.all(x[1:] >= x[:-1]))
+
+
 def step_blocks(steps: Mapping[str, np.ndarray], keys: tuple[str, ...], rows: int = BLOCK_ROWS
                 ) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
     """``(first row, {key: that block's values})`` for consecutive blocks of ``rows`` steps (the last shorter), so

@@ -14,7 +14,7 @@ import numpy as np
 
 from sim.metrics.block_sums import RunSums
 from sim.metrics.records import RunResult
-from sim.metrics.step_columns import StepColumns, step_blocks
+from sim.metrics.step_columns import StepColumns, continues_ascending, step_blocks
 
 MAX_BINS = 2000  # time bins per replica at most: bin width is the run's span / MAX_BINS, rounded up to 1-2-5
 FULL_STEPS_MAX = 200_000  # steps of a run (all variants) up to which `--steps auto` writes the full log
@@ -94,7 +94,7 @@ def _binned_in_blocks(s: StepColumns) -> list[list] | None:
     last_start, top_end = -np.inf, -np.inf
     for _, b in step_blocks(s, ("start", "duration"), ROWS):
         st = np.asarray(b["start"], dtype=np.float64)
-        if not (st[0] >= last_start and bool(np.all(st[1:] >= st[:-1]))):
+        if not continues_ascending(st, last_start):
             return None
         last_start, top_end = st[-1], max(top_end, (st + np.asarray(b["duration"])).max())
     if last_start == -np.inf:

@@ -25,7 +25,7 @@ import numpy as np
 from sim.costs.energy import run_energy, running_energy
 from sim.metrics.records import RunResult
 from sim.metrics.request_table import as_table
-from sim.metrics.step_columns import StepColumns, step_blocks
+from sim.metrics.step_columns import StepColumns, continues_ascending, step_blocks
 from sim.metrics.sums import dot
 from sim.output.benchfiles.export_vllm import _model_of
 from sim.output.benchfiles.stats import expanded_sum, itls_expand
@@ -166,7 +166,7 @@ def _last_of_each_end(s: StepColumns, keys: tuple[str, ...]
     prev: tuple[int, dict[str, np.ndarray], np.ndarray] | None = None
     for lo, b in step_blocks(s, ("start", "duration", *keys)):
         end = np.asarray(b["start"], dtype=np.float64) + np.asarray(b["duration"], dtype=np.float64)
-        if (prev is not None and not end[0] >= prev[2][-1]) or not bool(np.all(end[1:] >= end[:-1])):
+        if not continues_ascending(end, None if prev is None else prev[2][-1]):
             yield None
             return
         if prev is not None:

@@ -13,7 +13,7 @@ from plotly.colors import qualitative
 
 from sim.metrics.records import RunResult
 from sim.metrics.request_table import as_table
-from sim.metrics.step_columns import StepColumns, step_blocks
+from sim.metrics.step_columns import StepColumns, continues_ascending, step_blocks
 
 MAX_POINTS = 1000  # most points a plotted series may have
 MODEBAR_PX = 30  # plotly's mode bar: its icons fill the top 30 px of a figure, at the right, shown on hover
@@ -151,8 +151,7 @@ def _in_order_blocks(blocks: Iterator[tuple[int, Mapping[str, np.ndarray]]]) -> 
         bs = np.asarray(b["start"], dtype=np.float64)
         bd = np.asarray(b["duration"], dtype=np.float64)
         be = bs + bd
-        if not (bs[0] >= last_s and be[0] >= last_e and bool(np.all(bs[1:] >= bs[:-1]))
-                and bool(np.all(be[1:] >= be[:-1])) and bool(np.all(bd > 0))):
+        if not (continues_ascending(bs, last_s) and continues_ascending(be, last_e) and bool(np.all(bd > 0))):
             return False
         last_s, last_e = bs[-1], be[-1]
     return True
@@ -305,7 +304,7 @@ def window_runs(s: Mapping[str, np.ndarray], edges: np.ndarray, blocks: Callable
     last, n = -np.inf, 0
     for _, b in blocks(s, ("start",)):
         t = np.asarray(b["start"])
-        if not (t[0] >= last and bool(np.all(t[1:] >= t[:-1]))):
+        if not continues_ascending(t, last):
             return None
         last, n = t[-1], n + len(t)
         bounds[1:nb] += np.searchsorted(t, edges[1:nb], side="left")
@@ -403,7 +402,7 @@ def _starts_in_order(s: StepColumns) -> bool:
     last = -np.inf
     for _, b in step_blocks(s, ("start",)):
         t = np.asarray(b["start"])
-        if not (t[0] >= last and bool(np.all(t[1:] >= t[:-1]))):
+        if not continues_ascending(t, last):
             return False
         last = t[-1]
     return True
