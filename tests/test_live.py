@@ -394,7 +394,7 @@ def test_observe_calibrate_predict_a_held_out_load(served, tmp_path):
     """The loop of issue 39, item 3 at small scale: observe the server at three loads, fit a scale, a step overhead
     and the HTTP path's latency on top of the engine's own profile to the outer two, and predict the middle one.
     On a busy machine a load's latencies vary from one run to the next by more than the loads change them
-    (docs/real-engine.md), so what is asserted is what holds there: the fit describes its own files better than
+    (docs/real-engine.md), so what is asserted is what holds there: the fit describes its own files no worse than
     the engine profile alone, the held-out prediction is finite, and the printed sections predict what calibrate
     printed when given to `validate --against`."""
     endpoint, _, scenario = served
@@ -417,7 +417,10 @@ def test_observe_calibrate_predict_a_held_out_load(served, tmp_path):
     assert fit["cost_model"]["profile"] == "calibration/profiles/tiny-cpu.json"
     held_file = str(tmp_path / "obs-30" / "live-tiny.vllm-bench.json")
     assert fit["fit"]["heldout"] == [held_file]
-    assert fit["fit"]["train_median_abs_error"] <= fit["fit"]["train_median_abs_error_unfitted"]
+    # what the fit minimises is never worse than the engine profile as it is (the median |error| is not minimised
+    # and, on runs the machine disturbed, was once above the unfitted one)
+    assert fit["fit"]["train_rms_log_error"] <= fit["fit"]["train_rms_log_error_unfitted"]
+    assert math.isfinite(fit["fit"]["train_median_abs_error"])
     held, unfitted = fit["fit"]["heldout_errors"][held_file], fit["fit"]["heldout_errors_unfitted"][held_file]
     keys = ("median_ttft", "mean_ttft", "median_tpot", "mean_tpot")
     assert all(math.isfinite(held[k]) and math.isfinite(unfitted[k]) for k in keys)
