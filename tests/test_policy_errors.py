@@ -52,6 +52,13 @@ CASES = [
     ("bad_policies.py:TooMany", "", "more than max_num_seqs 4"),
     ("bad_policies.py:Twice", "", "schedules request 0 twice"),
     ("bad_policies.py:Idle", "", "simulation stalled: 20 requests without outcome"),
+    # sys.exit in a user's code ended servesim with that status and no message; a __str__ that raises, or a
+    # describe() that does, gave a traceback
+    ("bad_policies.py:SysExits", "", "SysExits: schedule(view) at t=0.029018 s called sys.exit(0)"),
+    ("bad_policies.py:SysExitsInInit", "", "constructing it with args {} called sys.exit(3)"),
+    ("bad_policies.py:RaisesInDescribe", "", "RaisesInDescribe: describe() raised RuntimeError: describe broke"),
+    ("bad_policies.py:UnprintableError", "",
+     "UnprintableError: schedule(view) at t=0.000000 s raised _Unprintable: (its message could not be formatted)"),
     # a key of the built-in kinds that a user's class does not take (it was told "did you mean" the same key)
     ("sim.policies.queue:FCFSPolicy", ", enable_chunked_prefill: false",
      "enable_chunked_prefill: unknown key; other kinds of this section have it, the kind 'custom' not"),

@@ -119,7 +119,12 @@ def run(
     if out_dir.exists() and not out_dir.is_dir():
         _fail(f"--out {out_dir}: exists and is not a folder")
     typer.echo(f"{sc.name}: {sc.workload.describe()}", err=True)
-    for line in _policy_capabilities(prepared):
+    try:
+        capabilities = _policy_capabilities(prepared)  # a user's describe() runs here
+    except ScenarioError as e:
+        _fail(str(e))
+        return
+    for line in capabilities:
         typer.echo(line, err=True)
     # one bar: simulated requests of every run with simulated time, then a line per writing phase
     bar = BarProgress(prepared.num_requests, sc.name) if not quiet and sys.stderr.isatty() else None

@@ -257,11 +257,13 @@ class UserClassConfig(PolicyModel):
     def make(self) -> Any:
         import copy
 
+        from sim.policies.loader import exception_text
+
         try:
             obj = copy.deepcopy(self.instance) if self.instance is not None else self._cls(**self.args)
-        except Exception as e:
+        except (Exception, SystemExit) as e:
             what = "copying the object" if self.instance is not None else f"constructing it with args {self.args}"
-            raise ValueError(f"cls {self.cls}: {what} raised {type(e).__name__}: {e}") from None
+            raise ValueError(f"cls {self.cls}: {what} {exception_text(e)}") from None
         why = self.problem(obj)
         if why is not None:
             raise ValueError(f"cls {self.cls}: {type(obj).__name__} {why} (subclass servesim.{self._api})")

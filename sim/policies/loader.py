@@ -16,6 +16,19 @@ from pathlib import Path
 from types import ModuleType
 
 
+def exception_text(e: BaseException) -> str:
+    """``raised Name: message`` for an exception from a user's code, or the ``sys.exit`` it called; never raises (a
+    user's ``__str__`` may)."""
+    if isinstance(e, SystemExit):
+        # sys.exit inside a policy would end servesim itself, with that status and no word of why
+        return f"called sys.exit({e.code!r})"
+    try:
+        text = str(e)
+    except Exception:
+        text = "(its message could not be formatted)"
+    return f"raised {type(e).__name__}: {text}"
+
+
 def _module_from_file(path: Path) -> ModuleType:
     name = "servesim_user_" + hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
     if name in sys.modules:
@@ -27,11 +40,11 @@ def _module_from_file(path: Path) -> ModuleType:
     sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
-    except Exception as e:
+    except (Exception, SystemExit) as e:
         del sys.modules[name]
         frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename == str(path)]
         where = f" (line {frames[-1].lineno})" if frames else ""
-        raise ValueError(f"{path}: importing it raised {type(e).__name__}: {e}{where}") from None
+        raise ValueError(f"{path}: importing it {exception_text(e)}{where}") from None
     return module
 
 
@@ -50,8 +63,8 @@ def load_class(spec: str) -> type:
             module = importlib.import_module(target)
         except ModuleNotFoundError as e:
             raise ValueError(f"{target}: no such module ({e})") from None
-        except Exception as e:
-            raise ValueError(f"{target}: importing it raised {type(e).__name__}: {e}") from None
+        except (Exception, SystemExit) as e:
+            raise ValueError(f"{target}: importing it {exception_text(e)}") from None
     obj = getattr(module, name, None)
     if obj is None:
         found = sorted(k for k, v in vars(module).items() if isinstance(v, type) and v.__module__ == module.__name__)

@@ -28,6 +28,7 @@ from sim.config.errors import ScenarioError
 from sim.policies import api
 from sim.policies.base import Admission, Limits, Policy, View
 from sim.policies.base import Plan as CorePlan
+from sim.policies.loader import exception_text
 from sim.policies.watchdog import LIMIT_ENV, WATCH
 from sim.serving.decode_group import DecodeGroup
 from sim.serving.request import Request, Status
@@ -70,7 +71,7 @@ def call_user(what: str, fn: Any, *args: Any) -> Any:
         w.fired = False
         raise PolicyError(f"{what} did not return within {w.limit:g} s ({LIMIT_ENV} sets the limit); "
                           f"stopped in\n{_user_frames(e, exception=False)}") from None
-    except Exception as e:
+    except (Exception, SystemExit) as e:
         raise _raised(what, e) from None
     finally:
         w.inside = outer
@@ -81,12 +82,16 @@ def _call_plain(what: str, fn: Any, args: tuple) -> Any:
         return fn(*args)
     except PolicyError:
         raise
-    except Exception as e:
+    except (Exception, SystemExit) as e:
         raise _raised(what, e) from None
 
 
-def _raised(what: str, e: Exception) -> PolicyError:
-    return PolicyError(f"{what} raised {type(e).__name__}: {e}\n{_user_frames(e)}")
+def _raised(what: str, e: BaseException) -> PolicyError:
+    try:
+        frames = _user_frames(e)
+    except Exception:  # a user's __str__ that raises (traceback formats the message too)
+        frames = _user_frames(e, exception=False)
+    return PolicyError(f"{what} {exception_text(e)}\n{frames}".rstrip())
 
 
 class UserPolicy(Policy):
@@ -118,7 +123,7 @@ class UserPolicy(Policy):
 
     def describe(self) -> str:
         d = getattr(self.user, "describe", None)
-        return str(d()) if callable(d) else self.name
+        return str(call_user(f"policy {self.name}: describe()", d)) if callable(d) else self.name
 
     def capabilities(self) -> str:
         """What the core will do with this policy, in words: a user on the wrong declaration should know what it

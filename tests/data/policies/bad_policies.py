@@ -1,6 +1,7 @@
 """Deliberately broken user policies: each must end a run with exit 2 and one message naming what is wrong
 (tests/test_policy_errors.py)."""
 
+import sys
 import time
 
 import servesim
@@ -134,3 +135,32 @@ class SleepsAdmitting(servesim.Admission):
 
     def admit(self, request, state):
         time.sleep(3600)
+
+
+class SysExits(FCFSPolicy):
+    """Calls sys.exit(0) in the middle of a run: servesim ended with status 0, no message and no run folder."""
+
+    def schedule(self, view):
+        if view.running:
+            sys.exit(0)
+        return super().schedule(view)
+
+
+class SysExitsInInit(FCFSPolicy):
+    def __init__(self, **kwargs) -> None:
+        raise SystemExit(3)
+
+
+class RaisesInDescribe(FCFSPolicy):
+    def describe(self):
+        raise RuntimeError("describe broke")
+
+
+class UnprintableError(FCFSPolicy):
+    def schedule(self, view):
+        raise _Unprintable()
+
+
+class _Unprintable(Exception):
+    def __str__(self):
+        raise ValueError("no message")
