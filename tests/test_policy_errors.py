@@ -123,6 +123,21 @@ def test_a_policy_that_never_returns_is_stopped(tmp_path: Path, cls: str, line: 
     assert not (tmp_path / "out").exists()
 
 
+def test_a_constructor_or_module_that_never_returns_is_stopped(tmp_path: Path) -> None:
+    """Importing a user's module and constructing its class run the user's code at validation: a constructor or a
+    module that never finished hung the run before any watch was armed. Each is stopped as a schedule() is."""
+    p = _run(tmp_path, "bad_policies.py:SleepsInInit", env={"SERVESIM_POLICY_TIMEOUT_S": "0.5"})
+    assert p.returncode == 2, p.stderr
+    assert "SleepsInInit: constructing it with args {} did not return within 0.5 s" in p.stderr, p.stderr
+    assert "time.sleep(3600)" in p.stderr and "Traceback (most recent call last)" not in p.stderr
+    (tmp_path / "hangs.py").write_text("import time\n\ntime.sleep(3600)\n")
+    p = _run(tmp_path, "hangs.py:X", env={"SERVESIM_POLICY_TIMEOUT_S": "0.5"})
+    assert p.returncode == 2, p.stderr
+    assert "hangs.py:X: importing it did not return within 0.5 s" in p.stderr, p.stderr
+    assert 'hangs.py", line 3, in <module>' in p.stderr and "loader.py" not in p.stderr, p.stderr
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_bad_policy_time_limit_is_named(tmp_path: Path) -> None:
     for value in ("abc", "0", "-1", "inf"):
         p = _run(tmp_path, "bad_policies.py:Spins", env={"SERVESIM_POLICY_TIMEOUT_S": value})

@@ -240,9 +240,12 @@ class UserClassConfig(PolicyModel):
     @model_validator(mode="after")
     def _resolve(self) -> UserClassConfig:
         from sim.policies.loader import load_class
+        from sim.policies.user import call_user
+        from sim.policies.watchdog import WATCH
 
+        WATCH.arm()  # importing a user's module runs its code: a module that never finishes loading is stopped
         if self.instance is None:
-            self._cls = load_class(self.cls)
+            self._cls = call_user(f"cls {self.cls}: importing it", load_class, self.cls, wrap=False)
         self.make()  # the constructor validates its args
         return self
 
@@ -258,11 +261,17 @@ class UserClassConfig(PolicyModel):
         import copy
 
         from sim.policies.loader import exception_text
+        from sim.policies.user import PolicyError, call_user
+        from sim.policies.watchdog import WATCH
 
+        what = "copying the object" if self.instance is not None else f"constructing it with args {self.args}"
+        WATCH.arm()  # a constructor that never returns (each variant and sweep point makes one) is stopped
         try:
-            obj = copy.deepcopy(self.instance) if self.instance is not None else self._cls(**self.args)
+            obj = call_user(f"cls {self.cls}: {what}", lambda: copy.deepcopy(self.instance) if self.instance
+                            is not None else self._cls(**self.args), wrap=False)
+        except PolicyError:
+            raise
         except (Exception, SystemExit) as e:
-            what = "copying the object" if self.instance is not None else f"constructing it with args {self.args}"
             raise ValueError(f"cls {self.cls}: {what} {exception_text(e)}") from None
         why = self.problem(obj)
         if why is not None:

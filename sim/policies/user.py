@@ -44,19 +44,21 @@ def _user_frames(exc: BaseException, *, exception: bool = True) -> str:
     """The traceback of an exception raised in a policy, without servesim's own frames above the user's code
     (``exception=False``: the frames alone)."""
     tb = traceback.extract_tb(exc.__traceback__)
-    adapters = {str(Path(__file__).with_name(n)) for n in ("user.py", "gates.py")}  # servesim's side of the call
-    frames = [f for f in tb if f.filename not in adapters]
+    # servesim's side of the call, and the import machinery between the loader and a user's module
+    adapters = {str(Path(__file__).with_name(n)) for n in ("user.py", "gates.py", "configs.py", "loader.py")}
+    frames = [f for f in tb if f.filename not in adapters and not f.filename.startswith("<frozen ")]
     lines = traceback.format_list(frames) + (traceback.format_exception_only(type(exc), exc) if exception else [])
     return "".join(lines).rstrip()
 
 
-def call_user(what: str, fn: Any, *args: Any) -> Any:
+def call_user(what: str, fn: Any, *args: Any, wrap: bool = True) -> Any:
     """``fn(*args)``, with an exception raised inside the user's code turned into one ``PolicyError`` that shows
     the user's own frames, and a call that does not return within the watchdog's limit stopped with one
-    (sim/policies/watchdog.py)."""
+    (sim/policies/watchdog.py). ``wrap=False``: only the stop is a ``PolicyError``, any exception passes as it is
+    (the loader and the constructor word their own)."""
     w = WATCH
     if threading.get_ident() != w.main:  # only the main thread is watched (signals reach it alone)
-        return _call_plain(what, fn, args)
+        return _call_plain(what, fn, args) if wrap else fn(*args)
     w.calls += 1
     w.fired = False  # a stop the last call's code caught (its own ``except:``) is not this call's
     outer = w.inside  # a call inside another (a policy that runs a simulation of its own): the outer goes on after
@@ -72,6 +74,8 @@ def call_user(what: str, fn: Any, *args: Any) -> Any:
         raise PolicyError(f"{what} did not return within {w.limit:g} s ({LIMIT_ENV} sets the limit); "
                           f"stopped in\n{_user_frames(e, exception=False)}") from None
     except (Exception, SystemExit) as e:
+        if not wrap:
+            raise
         raise _raised(what, e) from None
     finally:
         w.inside = outer

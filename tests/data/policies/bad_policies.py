@@ -164,3 +164,11 @@ class UnprintableError(FCFSPolicy):
 class _Unprintable(Exception):
     def __str__(self):
         raise ValueError("no message")
+
+
+class SleepsInInit(FCFSPolicy):
+    """A constructor that never returns: it ran at validation, before any watch, and the run hung."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        time.sleep(3600)
