@@ -2,12 +2,14 @@
 
     python benchmarks/bench_clock.py                          # llama-57m, 8 decode rows, hogs 0, 1, 2
     python benchmarks/bench_clock.py --model tiny --steps 200 --rounds 2
+    python benchmarks/bench_clock.py --rows 1 --query 256 --context 0   # a prefill chunk of 256 tokens instead
 
-Times the same fixed engine step again and again: one decode step of ``--rows`` sequences with ``--context``
-cached tokens each, on the real engine's model and paged KV cache (``realengine.model.LlamaModel``, one torch
-thread, as the engine's virtual clock runs it), first with nothing beside it, then with 1 and 2
-``python -c 'while 1: pass'`` processes, in ``--rounds`` interleaved rounds (so that a drift in the machine's own
-load spreads over every condition). Each step is read on every clock this machine offers:
+Times the same fixed engine step again and again: one step of ``--rows`` sequences with ``--context`` cached
+tokens and ``--query`` new ones each (1: a decode step; more: a prefill chunk), on the real engine's model and
+paged KV cache (``realengine.model.LlamaModel``, one torch thread, as the engine's virtual clock runs it), first
+with nothing beside it, then with 1 and 2 ``python -c 'while 1: pass'`` processes, in ``--rounds`` interleaved
+rounds (so that a drift in the machine's own load spreads over every condition). Each step is read on every
+clock this machine offers:
 
 - ``wall``: ``time.perf_counter``;
 - ``thread``: ``time.thread_time``, the serving thread's CPU time (the engine's virtual clock on CPU today);
@@ -23,7 +25,8 @@ load spreads over every condition). Each step is read on every clock this machin
   matrix-vector product over a weight larger than the last-level cache (a decode step streams its weights);
   ``model``: the same model's forward pass over one token without a cache (the step's own mix of operators).
 
-Printed per clock: the median reading per condition, ``drift`` = the largest over the smallest of those medians
+Printed per clock: the median reading per condition, its ratio to the first condition's (hog / alone),
+``drift`` = the largest over the smallest of those medians
 (what a calibrated profile sees move when a neighbour starts: the number that must stay near 1), and within each
 condition the coefficient of variation and the max/min ratio of single readings. ``--out FILE`` writes every
 reading as JSON. Not part of the test suite; it loads the machine (up to 3 busy processes).
@@ -86,17 +89,17 @@ def open_counter(name: str) -> tuple[Callable[[], float] | None, str]:
 
 
 class FixedStep:
-    """One decode step of ``rows`` sequences with ``context`` cached tokens each, on the engine's model and paged
-    cache; every call computes the same thing (the new tokens' K and V go to the same slots)."""
+    """One step of ``rows`` sequences with ``context`` cached tokens and ``query`` new ones each, on the engine's
+    model and paged cache; every call computes the same thing (the new tokens' K and V go to the same slots)."""
 
-    def __init__(self, model: str, rows: int, context: int, block_size: int = 16) -> None:
+    def __init__(self, model: str, rows: int, context: int, query: int = 1, block_size: int = 16) -> None:
         spec = ModelSpec.from_name(model)
         self.model = LlamaModel(spec, dtype="float32", device="cpu", seed=0)
-        per_seq = -(-(context + 1) // block_size)
+        per_seq = -(-(context + query) // block_size)
         self.cache = KVCache(spec, block_size=block_size, dtype=torch.float32, num_blocks=rows * per_seq)
         tables = [list(range(i * per_seq, (i + 1) * per_seq)) for i in range(rows)]
-        self.meta = build_metadata([context] * rows, [1] * rows, block_size=block_size, block_tables=tables)
-        self.ids = torch.arange(rows, dtype=torch.int64) % spec.vocab_size
+        self.meta = build_metadata([context] * rows, [query] * rows, block_size=block_size, block_tables=tables)
+        self.ids = torch.arange(rows * query, dtype=torch.int64) % spec.vocab_size
 
     def __call__(self) -> None:
         self.model(self.ids, self.meta.positions, self.meta, self.cache)
@@ -200,6 +203,7 @@ def main() -> int:
     ap.add_argument("--model", default="llama-57m")
     ap.add_argument("--rows", type=int, default=8, help="decode sequences in the step")
     ap.add_argument("--context", type=int, default=128, help="cached tokens per sequence")
+    ap.add_argument("--query", type=int, default=1, help="new tokens per sequence (1: decode; more: prefill)")
     ap.add_argument("--steps", type=int, default=60, help="steps per condition per round")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--hogs", type=int, nargs="+", default=[0, 1, 2])
@@ -208,8 +212,10 @@ def main() -> int:
                     help="reference readings per speed estimate (thread/gemv, thread/model)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
-    if min(args.rows, args.context + 1, args.steps, args.rounds, args.k, args.window) < 1 or min(args.hogs) < 0:
-        print("bench_clock: --rows, --steps, --rounds, --k and --window must be >= 1, --hogs >= 0", file=sys.stderr)
+    if min(args.rows, args.context + 1, args.query, args.steps, args.rounds, args.k, args.window) < 1 \
+            or min(args.hogs) < 0:
+        print("bench_clock: --rows, --query, --steps, --rounds, --k and --window must be >= 1, --context and --hogs "
+              ">= 0", file=sys.stderr)
         return 2
     torch.set_num_threads(1)  # the engine's virtual clock runs one torch thread: the thread's counters see it all
     counters: dict[str, Callable[[], float]] = {}
@@ -218,14 +224,14 @@ def main() -> int:
         print(f"perf_event_open {name:<13}: {why}")
         if reader is not None:
             counters[name] = reader
-    step = FixedStep(args.model, args.rows, args.context)
+    step = FixedStep(args.model, args.rows, args.context, args.query)
     refs: dict[str, Callable[[], float]] = {"gemv": GemvReference(), "model": ModelReference(step)}
     with torch.inference_mode():
         for _ in range(5):  # warm-up
             step()
             for ref in refs.values():
                 ref()
-    print(f"{args.model}: decode step of {args.rows} rows x {args.context} context; load average "
+    print(f"{args.model}: step of {args.rows} rows x {args.context} context + {args.query} new; load average "
           f"{os.getloadavg()[0]:.2f}", flush=True)
     per_cond: dict[int, list[dict[str, np.ndarray]]] = {h: [] for h in args.hogs}
     raws: list[dict] = []
@@ -246,15 +252,18 @@ def main() -> int:
                   f"wall {1e3 * np.median(raw['wall']):.2f} ms, load {os.getloadavg()[0]:.2f}", flush=True)
     table = summarize(per_cond)
     conds = " ".join(f"{'hogs ' + str(h):>10}" for h in args.hogs)
-    print(f"\n{'clock':<14}{conds}{'drift':>8}{'rounds':>8}   CV per condition      max/min per condition")
+    first, rest = args.hogs[0], args.hogs[1:]
+    ratios = "".join(f"{f'x{h}/{first}':>7}" for h in rest)
+    print(f"\n{'clock':<14}{conds}{ratios}{'drift':>8}{'rounds':>8}   CV per condition      max/min per condition")
     for c, row in table.items():
         unit = 1e3 if c not in ("instructions", "cycles") else 1e-6
         meds = " ".join(f"{unit * row['median'][h]:>10.3f}" for h in args.hogs)
+        rs = "".join(f"{row['median'][h] / row['median'][first]:>7.3f}" for h in rest)
         cvs = " ".join(f"{100 * row['cv'][h]:5.1f}%" for h in args.hogs)
         mms = " ".join(f"{row['maxmin'][h]:5.2f}" for h in args.hogs)
-        print(f"{c:<14}{meds}{row['drift']:>8.3f}{row['drift_rounds']:>8.3f}   {cvs}   {mms}")
-    print("(medians in ms; instructions and cycles in millions; drift: largest over smallest condition median; "
-          "rounds: the same over every condition and round)")
+        print(f"{c:<14}{meds}{rs}{row['drift']:>8.3f}{row['drift_rounds']:>8.3f}   {cvs}   {mms}")
+    print(f"(medians in ms; instructions and cycles in millions; xH/{first}: the median with H hogs over the one with "
+          f"{first}; drift: largest over smallest condition median; rounds: the same over every condition and round)")
     if args.out is not None:
         args.out.write_text(json.dumps({"args": {k: (str(v) if isinstance(v, Path) else v)
                                                  for k, v in vars(args).items()},
