@@ -82,6 +82,16 @@ def test_llama_3_1_70b_on_h100_by_hand() -> None:
     assert not one.fits and one.weight_bytes == 2 * params and "does not fit" not in one.reason
     assert "weights" in one.reason and "usable" in one.reason
 
+    # the weights fit but the rest holds no whole block: that is the reason given, not "weights > usable" (before:
+    # "15.0 GiB weights + 2.2 GiB activations per GPU > 20.2 GiB usable", false on its face)
+    big = capacity_table("llama-3.1-8b", "l4", weight_dtypes=["bf16"], kv_dtypes=["auto"], tensor_parallel_sizes=[1],
+                         block_size=10**6).row("bf16", "bf16", 1)
+    left = big.usable_memory - big.weight_bytes - big.activation_reserve
+    assert not big.fits and 0 < left < 10**6 * big.kv_bytes_per_token
+    assert big.reason == (f"{left / GiB:.1f} GiB left per GPU after weights and activations < one 1,000,000-token KV "
+                          f"block ({10**6 * big.kv_bytes_per_token / GiB:.1f} GiB)")
+    assert big.reason.startswith("3.1 GiB left") and big.reason.endswith("(122.1 GiB)")
+
     # tp=4: each GPU holds 16 of the 64 heads, 2 of the 8 KV heads, a quarter of the MLP and of the vocabulary
     vocab = 128256 // 4
     layer4 = 8192 * (16 + 2 * 2) * 128 + 16 * 128 * 8192 + 3 * 8192 * (28672 // 4)  # 213,909,504

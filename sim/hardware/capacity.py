@@ -178,8 +178,12 @@ def capacity_row(
         kv_bytes_per_token_replica=per_token * tp * pp, block_size=block_size, contexts=tuple(contexts),
         pipeline_parallel_size=pp)
     if usable - weights - reserve < block_size * per_token:
-        reason = (f"{weights / GiB:.1f} GiB weights + {reserve / GiB:.1f} GiB activations per GPU > "
-                  f"{usable / GiB:.1f} GiB usable")
+        if weights + reserve > usable:
+            reason = (f"{weights / GiB:.1f} GiB weights + {reserve / GiB:.1f} GiB activations per GPU > "
+                      f"{usable / GiB:.1f} GiB usable")
+        else:  # the weights fit; what is left holds no whole block (a large block_size)
+            reason = (f"{(usable - weights - reserve) / GiB:.1f} GiB left per GPU after weights and activations "
+                      f"< one {block_size:,}-token KV block ({block_size * per_token / GiB:.1f} GiB)")
         return CapacityRow(fits=False, reason=reason, kv_memory=0, num_gpu_blocks=0,
                            sessions=tuple(0 for _ in contexts), **common)
     budget = kv_budget(model, gpu, gpu_memory_utilization=gpu_memory_utilization, weight_dtype=wd, kv_dtype=kd,
