@@ -55,7 +55,10 @@ import numpy as np
 
 from sim.config.scenario import VariantConfig, parse_scenario, variant_configs
 from sim.config.schema import ScenarioError
+from sim.engines.tensorrt_llm import trtllm_bench_build
 from sim.engines.vllm_v0 import VLLM_V06_HOST_TIME_RATIO
+from sim.hardware.gpu import resolve_gpu
+from sim.hardware.models import resolve_model
 from sim.hardware.names import match_gpu, match_model
 from sim.loop.build import build
 from sim.loop.run import simulate_variant
@@ -168,6 +171,8 @@ DEPLOYMENT_SETTINGS = {"max_model_len", "gpu_memory_utilization", "pipeline_para
 SETTINGS = POLICY_SETTINGS | DEPLOYMENT_SETTINGS | {"enforce_eager", "num_prompts", "max_concurrency", "lengths",
                                                      "earlier_runs"}
 DIR_KEY = "_dir"  # the folder of the CSV a row was read from: a ``lengths`` file is named relative to it
+# a row built by trtllm-bench's heuristics, as TensorRT-LLM 0.17's performance overview states for its rows
+TRTLLM_BENCH_BUILD = "chosen by trtllm-bench heuristics"
 OFFLINE_REQUESTS = 3000  # offline rows: enough requests that the run reaches the engine's steady batch
 
 
@@ -312,8 +317,10 @@ def parallelism_of(row: dict[str, str], settings: dict[str, Any]) -> tuple[int, 
     return tp, pp, gpus // (tp * pp)
 
 
-def case_of(row: dict[str, str], n_offline: int, classic: bool = False, online: bool = True) -> Case:
-    """The run that represents ``row``; raises ValueError/KeyError/ScenarioError saying why it cannot be."""
+def case_of(row: dict[str, str], n_offline: int, classic: bool = False, online: bool = True,
+            trtllm_build: bool = False) -> Case:
+    """The run that represents ``row``; raises ValueError/KeyError/ScenarioError saying why it cannot be.
+    ``trtllm_build``: a row whose engine trtllm-bench built runs with the limits it picks (``trtllm_bench_build``)."""
     metric = row["metric"]
     _, key, scale = metric_of(row)
     model = MODELS.get(row["model"]) or match_model(row["model"])
@@ -377,6 +384,13 @@ def case_of(row: dict[str, str], n_offline: int, classic: bool = False, online: 
                                              "prompt_len": {"type": "fixed", "value": isl},
                                              "output_len": {"type": "fixed", "value": osl}},
            "deployment": dep}
+    if trtllm_build and engine is not None and not classic and TRTLLM_BENCH_BUILD in row["notes"] \
+            and not POLICY_SETTINGS & settings.keys():
+        # the engine trtllm-bench built for this dataset (sim/engines/tensorrt_llm.py): its max_batch_size, and its
+        # max_num_tokens, which the activations are sized for; a whole sequence still fits one unchunked step
+        bs, tokens = trtllm_bench_build(resolve_model(model), tp, isl, osl, 1 if wd == "fp8" else 2,
+                                        1 if kd == "fp8" else 2, resolve_gpu(gpu).memory_bytes)
+        settings |= {"max_num_seqs": bs, "max_num_batched_tokens": max(tokens, longest)}
     if policy := {k: v for k, v in settings.items() if k in POLICY_SETTINGS}:
         raw["policy"] = {"type": "continuous", **policy}
     cfg = variant_configs(parse_scenario(raw, "published row"))[0]
@@ -542,14 +556,15 @@ def read_rows(files: list[Path]) -> list[dict[str, str]]:
     return rows
 
 
-def report(n_offline: int, classic: bool = False, data: list[Path] | None = None, online: bool = True) -> None:
+def report(n_offline: int, classic: bool = False, data: list[Path] | None = None, online: bool = True,
+           trtllm_build: bool = False) -> None:
     files = data or [DATA, OWN_DATA]
     rows = read_rows(files)
     print("rows from " + ", ".join(f"{p.name} ({len(read_rows([p]))})" for p in files))
     cases, refused = [], []
     for r in rows:
         try:
-            cases.append(case_of(r, n_offline, classic, online))
+            cases.append(case_of(r, n_offline, classic, online, trtllm_build))
         except (ValueError, KeyError, ScenarioError) as e:
             refused.append((r, str(e).strip("'\"")))
     t0 = time.process_time()
@@ -640,6 +655,8 @@ def main() -> None:
     ap.add_argument("--classic", action="store_true", help="every row on servesim's classic engine (no presets)")
     ap.add_argument("--offline", action="store_true", help="no online-serving layer on the rows measured through an "
                     "HTTP server (the figures before it)")
+    ap.add_argument("--trtllm-bench-build", action="store_true", help="TensorRT-LLM rows built by trtllm-bench run "
+                    "with the max_batch_size and max_num_tokens its heuristics pick (docs/throughput-residuals.md)")
     ap.add_argument("--fit", action="store_true", help="issue 14's held-out calibration instead of the report")
     ap.add_argument("--engine", default="TensorRT-LLM v0.17")
     ap.add_argument("--gpu", default="H100-SXM-80GB")
@@ -653,7 +670,7 @@ def main() -> None:
     if args.fit:
         fit(args.engine, args.gpu, args.requests or 256, args.max_iter, args.robust, args.classic, data[0])
     else:
-        report(args.requests or OFFLINE_REQUESTS, args.classic, data, not args.offline)
+        report(args.requests or OFFLINE_REQUESTS, args.classic, data, not args.offline, args.trtllm_bench_build)
 
 
 if __name__ == "__main__":

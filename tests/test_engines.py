@@ -243,3 +243,18 @@ def test_setting_a_key_of_an_engine_given_by_name_keeps_the_engine() -> None:
     cfgs = variant_configs(parse_scenario(raw, "t"))
     assert [(c.deployment.engine.name, c.deployment.engine.enforce_eager) for c in cfgs] == [("vllm-v0", True),
                                                                                             ("tgi", True)]
+
+
+def test_trtllm_bench_build_settings() -> None:
+    # trtllm-bench's estimate, by hand: an H100's 81,559 MiB are 79.647 GiB; Llama-3.1-70B's 70,553,706,496
+    # parameters at one byte count 70.554; a token's fp8 KV is 2 x 80 x 8 x 128 bytes = 1.526e-4 GiB
+    from sim.engines.tensorrt_llm import trtllm_bench_build
+
+    h100 = resolve_gpu("h100-sxm").memory_bytes
+    m70, m8 = ModelSpec.from_name("llama-3.1-70b"), ModelSpec.from_name("llama-3.1-8b")
+    # one GPU: 0.95 x 9.094 GiB hold 56,617 tokens, 26.0 sequences of 2,176: the floors, 64 and 2,048
+    assert trtllm_bench_build(m70, 1, 128, 2048, 1, 1, h100) == (64, 2048)
+    # four GPUs: 365.6 sequences of 4,224 -> 384 (a multiple of 128); 377 tokens -> 2,048
+    assert trtllm_bench_build(m70, 4, 128, 4096, 1, 1, h100) == (384, 2048)
+    # 8B: over 4,096 sequences of 256 fit, capped at 4,096; 8,192 tokens
+    assert trtllm_bench_build(m8, 1, 128, 128, 1, 1, h100) == (4096, 8192)

@@ -7,9 +7,11 @@ ever preempted; in-flight batching mixes context and generation requests in one 
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from sim.engines.base import Engine, EngineKey
+from sim.hardware.dtypes import GiB
 from sim.hardware.gpu import GPUSpec
 from sim.hardware.kv_budget import KVBudget
 from sim.hardware.models import ModelSpec
@@ -51,3 +53,32 @@ class TensorRTLLM(Engine):
 
 
 ENGINE = TensorRTLLM()
+
+
+
+def trtllm_bench_build(model: ModelSpec, tp: int, isl: int, osl: int, weight_bytes: float, kv_bytes: float,
+                       gpu_memory_bytes: int, fraction: float = 0.95) -> tuple[int, int]:
+    """(max_batch_size, max_num_tokens) that ``trtllm-bench build`` picks for a dataset of ``isl``/``osl`` tokens
+    on ``tp`` GPUs of ``gpu_memory_bytes``, by the rule of tensorrt_llm/bench/build/tuning.py (calc_engine_setting,
+    finetune_setting; its earliest version at hand, before the NVFP4 and hybrid-model changes; that 0.17's
+    trtllm-bench ran the same rule is an assumption). The requests whose whole sequence fits the KV memory it
+    estimates (``fraction`` of the GPUs' memory in GiB less the parameters counted in 10^9 bytes at
+    ``weight_bytes`` each, as the tool mixes them; KV at ``kv_bytes`` an element, at least one KV head a GPU),
+    capped at 4,096, give max_batch_size rounded up (to 32 below 256, at least 64; to 128 below 1,024; else to
+    256), and that many requests times ``1 + isl / osl``, capped at 32,768, give max_num_tokens rounded up (to
+    256 below 4,096, at least 2,048; to 512 below 8,192; else to 1,024). TensorRT sizes its activation buffers
+    for max_num_tokens and its decoder buffers for max_batch_size: an engine built so for a small KV cache
+    leaves more memory to it than trtllm-build's defaults (2,048 and 8,192) do."""
+    per_token_gib = 2 * model.num_layers * max(tp, model.num_key_value_heads) * model.head_dim * kv_bytes / GiB
+    free_gib = tp * gpu_memory_bytes / GiB - model.shard(1).stored_params * weight_bytes / 1e9
+    requests = min(fraction * free_gib / per_token_gib / (isl + osl), 4096)
+    tokens = min(requests * (1 + isl / osl), 32768)
+    if requests < 256:
+        max_batch_size = max(64, 32 * math.ceil(requests / 32))
+    else:
+        step = 128 if requests < 1024 else 256
+        max_batch_size = step * math.ceil(requests / step)
+    if tokens < 4096:
+        return max_batch_size, max(2048, 256 * math.ceil(tokens / 256))
+    step = 512 if tokens < 8192 else 1024
+    return max_batch_size, step * math.ceil(tokens / step)
