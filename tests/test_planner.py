@@ -112,6 +112,18 @@ def test_nothing_meets() -> None:
     assert "no deployment in the space meets the SLOs" in format_plan(r)
 
 
+def test_an_empty_search_space_is_an_error_naming_why() -> None:
+    """A space with no deployment in it (a tensor-parallel degree that splits no head count, or above max_gpus) was
+    searched as "searched 0 deployments ... no deployment in the space meets the SLOs: ... relax the SLOs", exit 0:
+    the SLOs were blamed for a plan section that left nothing to try."""
+    with pytest.raises(ScenarioError) as e:
+        plan(parse_scenario(chat(1, 20, ttft=2.0, tpot=0.1, gpus=["l4"], tensor_parallel_sizes=[3, 2], max_gpus=1)))
+    assert str(e.value) == (
+        "plan: the search space holds no deployment of llama-3.2-1b: tensor_parallel_size=3 does not split "
+        "llama-3.2-1b: it must divide its 32 attention heads and divide or be a multiple of its 8 KV heads; tp 2 x "
+        "pp 1 is more than plan.max_gpus 1")
+
+
 # ---- the bounds are sound -------------------------------------------------------------------------------------
 def _variant(raw: dict, gpu: str, *, tp: int = 1, wd: str = "bf16", kd: str = "auto", mns: int = 256,
              chunk: bool = True, prefix: bool = False) -> VariantConfig:

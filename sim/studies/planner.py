@@ -208,6 +208,7 @@ def plan(scenario: Scenario, *, stop_early: bool | None = None, progress: bool =
     base = dep.model_dump()
     base["num_gpu_blocks"] = None
     latency_cache: dict[tuple, dict[str, float]] = {}
+    left_out: dict[str, None] = {}  # why a split is not searched, each reason once (an empty space says them all)
     for gname, g in gpus:
         if g.price_per_hour <= 0:
             notes.append(f"{g.name} has no price_per_hour: left out")
@@ -218,9 +219,11 @@ def plan(scenario: Scenario, *, stop_early: bool | None = None, progress: bool =
             try:
                 check_tensor_parallel(model, tp)
                 check_pipeline(model, pp)
-            except ValueError:
+            except ValueError as e:
+                left_out[str(e)] = None
                 continue
             if tp * pp > cfg.max_gpus:
+                left_out[f"tp {tp} x pp {pp} is more than plan.max_gpus {cfg.max_gpus}"] = None
                 continue
             for wd in dict.fromkeys(cfg.weight_dtypes):
                 for kd in dict.fromkeys(resolve_kv_dtype(k, wd) for k in cfg.kv_dtypes):
@@ -235,6 +238,9 @@ def plan(scenario: Scenario, *, stop_early: bool | None = None, progress: bool =
                                 if vcfg is not None:
                                     survivors.append((ev, vcfg))
 
+    if not evaluations:  # nothing to search: "no deployment meets the SLOs" (exit 0) would blame the SLOs
+        why = "; ".join(left_out) or "no GPU of plan.gpus has a price_per_hour"
+        raise ScenarioError(f"plan: the search space holds no deployment of {model.name}: {why}")
     survivors.sort(key=lambda s: (round(s[0].candidate.cost_per_hour, 6), tuple(-x for x in s[0].candidate.precision),
                                   s[0].candidate.replicas, s[0].candidate.prefill_replicas,
                                   -s[0].candidate.max_num_seqs,
