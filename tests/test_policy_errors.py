@@ -57,6 +57,9 @@ CASES = [
     ("bad_policies.py:SysExits", "", "SysExits: schedule(view) at t=0.029018 s called sys.exit(0)"),
     ("bad_policies.py:SysExitsInInit", "", "constructing it with args {} called sys.exit(3)"),
     ("bad_policies.py:RaisesInDescribe", "", "RaisesInDescribe: describe() raised RuntimeError: describe broke"),
+    # ranks that do not compare: Python's message named only the types, under servesim's own frames
+    ("bad_policies.py:RanksUnlike", "", "RanksUnlike: schedule(view) at t=0.042423 s raised TypeError: rank(req) gave "
+     "(0.02877860094577439, 4) for request 4 and None for request 5, which do not compare"),
     ("bad_policies.py:UnprintableError", "",
      "UnprintableError: schedule(view) at t=0.000000 s raised _Unprintable: (its message could not be formatted)"),
     # a key of the built-in kinds that a user's class does not take (it was told "did you mean" the same key)

@@ -116,7 +116,10 @@ class QueuePolicy(Policy):
         left = [r for r in running if r.id not in out]
         if self.rank(left[0]) is None:
             return left[-1]  # the latest admitted
-        return max(left, key=self.rank)
+        try:
+            return max(left, key=self.rank)
+        except TypeError as e:
+            raise self._unorderable(left, e) from None
 
     def _preempt(self, victim: RequestView, plan: Plan, budget: Budget, out: set[int]) -> int:
         """Preempt ``victim``; returns the tokens it had been planned this step (given back)."""
@@ -151,7 +154,10 @@ class QueuePolicy(Policy):
         lim = view.limits
         queue = list(waiting)
         if len(queue) > 1 and self.rank(queue[0]) is not None:  # one request: nothing to order (the common ask)
-            queue.sort(key=self.rank)  # stable: equal ranks keep the queue's order
+            try:
+                queue.sort(key=self.rank)  # stable: equal ranks keep the queue's order
+            except TypeError as e:
+                raise self._unorderable(queue, e) from None
         num_seqs = len(view.running) - len(plan.preempted) + len(plan.swapped_in)
         admitted = 0
         for r in queue:
@@ -183,10 +189,28 @@ class QueuePolicy(Policy):
         left = [x for x in view.running if x.id not in out]
         if not left:
             return None
-        victim = max(left, key=self.rank)
-        if not self.rank(victim) > self.rank(r):
-            return None
+        try:
+            victim = max(left, key=self.rank)
+            if not self.rank(victim) > self.rank(r):
+                return None
+        except TypeError as e:
+            raise self._unorderable([*left, r], e) from None
         return self._preempt(victim, plan, budget, out)
+
+    def _unorderable(self, reqs: list[RequestView], error: TypeError) -> TypeError:
+        """The error for ranks of ``reqs`` that do not compare (``None`` beside a tuple, a str beside a number),
+        naming two requests and their ranks: Python's own message names only the types. A rank that raises
+        TypeError itself raises it here again, from the user's own line."""
+        ranks = [(self.rank(r), r.id) for r in reqs]
+        for i, (a, ia) in enumerate(ranks[:200]):  # an error path: a bounded search for one pair
+            for b, ib in ranks[i + 1:]:
+                try:
+                    a < b  # noqa: B015 (the comparison is the check)
+                except TypeError:
+                    return TypeError(f"rank(req) gave {a!r} for request {ia} and {b!r} for request {ib}, which do "
+                                     f"not compare ({error}): give every request a key of one shape, ending with "
+                                     "its arrival and id")
+        return error
 
 
 class FCFSPolicy(QueuePolicy):

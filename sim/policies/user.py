@@ -44,8 +44,10 @@ def _user_frames(exc: BaseException, *, exception: bool = True) -> str:
     """The traceback of an exception raised in a policy, without servesim's own frames above the user's code
     (``exception=False``: the frames alone)."""
     tb = traceback.extract_tb(exc.__traceback__)
-    # servesim's side of the call, and the import machinery between the loader and a user's module
-    adapters = {str(Path(__file__).with_name(n)) for n in ("user.py", "gates.py", "configs.py", "loader.py")}
+    # servesim's side of the call (QueuePolicy's step around a user's hooks among it), and the import machinery
+    # between the loader and a user's module
+    adapters = {str(Path(__file__).with_name(n)) for n in ("user.py", "gates.py", "configs.py", "loader.py",
+                                                           "queue.py")}
     frames = [f for f in tb if f.filename not in adapters and not f.filename.startswith("<frozen ")]
     lines = traceback.format_list(frames) + (traceback.format_exception_only(type(exc), exc) if exception else [])
     return "".join(lines).rstrip()

@@ -172,3 +172,10 @@ class SleepsInInit(FCFSPolicy):
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
         time.sleep(3600)
+
+
+class RanksUnlike(servesim.QueuePolicy):
+    """Ranks of two shapes: None for odd ids (meant as 'no preference'), a tuple for the others."""
+
+    def rank(self, req):
+        return None if req.id % 2 else (req.arrival, req.id)
