@@ -126,3 +126,34 @@ def test_requests_csv_from_columns_equals_from_records(classes: bool) -> None:
     buf = io.StringIO()
     write_requests_csv(buf, [columns], chunk=4)  # rows lo..hi of the table, chunk by chunk
     assert buf.getvalue() == text
+
+
+@pytest.mark.parametrize("rows", [1, 7, 1000])
+def test_vllm_bench_lists_written_a_block_at_a_time(rows: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The vllm-bench JSON's per-request lists are made ``rows`` requests at a time as the file is written: the
+    same bytes as json.dumps of the whole result, for a streamed run (rejections, failures, energies_j) and for
+    hand-made records (times that were the Python int 0, an empty reason)."""
+    import json
+    import math
+
+    from sim.output.benchfiles.export_vllm import vllm_bench_result, vllm_bench_writer
+
+    sc, _ = load_scenario(ROOT / "scenarios" / "failure-leak.yaml", {"workload.num_requests": 1500})
+    monkeypatch.setattr(run_module, "STREAM_MIN", 0)
+    streamed, _, _ = simulate_variant(variant_configs(sc)[1], generate_workload(sc))
+    recs = [RequestRecord(0, 0, 0, 0.25, 1, 5, 3, 3, 0, "completed", "", 0, -1),
+            RequestRecord(1, 0.2, -1.0, -1.0, 0.2, 9, 0, 4, 0, "rejected", "", 0, -1),
+            RequestRecord(2, 0.3, 0.3, 0.5, 0.6, 9, 2, 8, 1, "failed", "kv leak", 1, -1, (0.55,), ())]
+    empty = np.zeros(0)
+    hand = RunResult("v", recs, {}, empty, empty, 1.0, 1.0, 10, 16)
+    texts = []
+    for result in (streamed, hand):
+        whole = {k: None if isinstance(v, float) and not math.isfinite(v) else v
+                 for k, v in vllm_bench_result(result, request_rate=4.0).items()}
+        buf = io.StringIO()
+        vllm_bench_writer(result, request_rate=4.0, rows=rows)(buf)
+        assert buf.getvalue() == json.dumps(whole)
+        texts.append(json.loads(buf.getvalue()))
+    assert isinstance(streamed.requests, RequestTable) and len(texts[0]["energies_j"]) == 1500
+    assert any(texts[0]["errors"]) and not all(texts[0]["errors"])
+    assert texts[1]["start_times"] == [0, 0.2, 0.3] and texts[1]["errors"] == ["", "rejected", "kv leak"]

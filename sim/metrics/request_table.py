@@ -62,10 +62,10 @@ class RequestTable(Sequence[RequestRecord]):
         """A numeric field's column (read-only use: it is the table's own array)."""
         return self._numeric[name]
 
-    def outcome_is(self, outcome: str) -> np.ndarray:
-        """Which requests ended with ``outcome`` (completed, rejected, failed), as a boolean mask."""
+    def outcome_is(self, outcome: str, rows: slice = slice(None)) -> np.ndarray:
+        """Which requests (of ``rows``) ended with ``outcome`` (completed, rejected, failed), as a boolean mask."""
         names = self._names["outcome"]
-        return self._codes["outcome"] == (names.index(outcome) if outcome in names else -1)
+        return self._codes["outcome"][rows] == (names.index(outcome) if outcome in names else -1)
 
     def select(self, mask: np.ndarray) -> RequestTable:
         """The requests ``mask`` selects, in order, as a table of their own."""
@@ -77,12 +77,13 @@ class RequestTable(Sequence[RequestRecord]):
         codes, names = self._codes[name], self._names[name]
         return {v: codes == c for c, v in enumerate(names)}
 
-    def values(self, name: str) -> list:
-        """A numeric field's values as Python numbers, as the records hold them (a time that was an int too)."""
-        col = self._numeric[name].tolist()
+    def values(self, name: str, rows: slice = slice(None)) -> list:
+        """A numeric field's values (of ``rows``) as Python numbers, as the records hold them (a time that was an
+        int too)."""
+        col = self._numeric[name][rows].tolist()
         ints = self._ints.get(name)
         if ints:
-            for i in np.flatnonzero(np.isin(self._numeric["id"], list(ints))).tolist():
+            for i in np.flatnonzero(np.isin(self._numeric["id"][rows], list(ints))).tolist():
                 col[i] = int(col[i])
         return col
 

@@ -21,14 +21,24 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from collections.abc import Callable
+from functools import partial
+from typing import IO, Any
 
 import numpy as np
 
 from sim.costs.energy import run_energy
 from sim.metrics.records import RunResult, has_classes
-from sim.metrics.request_table import as_table
-from sim.output.benchfiles.stats import DEFAULT_PERCENTILES, LATENCY_METRICS, bench_stats, p_word, run_lists, run_stats
+from sim.metrics.request_table import as_table, by_id
+from sim.output.benchfiles.stats import (
+    DEFAULT_PERCENTILES,
+    LATENCY_METRICS,
+    LIST_KEYS,
+    bench_stats,
+    list_rows,
+    p_word,
+    run_stats,
+)
 
 BACKEND = "servesim"
 
@@ -42,9 +52,34 @@ def _model_of(result: RunResult) -> str | None:
 def vllm_bench_result(result: RunResult, *, request_rate: float | None = None, burstiness: float = 1.0,
                       max_concurrency: int | None = None, percentiles=DEFAULT_PERCENTILES) -> dict[str, Any]:
     """The result dict; ``request_rate`` None writes vLLM's "inf"."""
+    out = _result(result, request_rate, burstiness, max_concurrency, percentiles)
+    return {k: v.rows(slice(None)) if isinstance(v, _Rows) else v for k, v in out.items()}
+
+
+class _Rows:
+    """A per-request list of the result, made a block of requests at a time when written (a long run's lists as
+    Python values and JSON text were the largest part of the write phase: some 200 bytes a request)."""
+
+    def __init__(self, n: int, rows: Callable[[slice], list]) -> None:
+        self.n, self.rows = n, rows
+
+    def write(self, f: IO[str], block: int) -> None:
+        """``json.dumps`` of the whole list, to the byte: its blocks' items joined by the same ", "."""
+        f.write("[")
+        for lo in range(0, self.n, block):
+            f.write(", " if lo else "")
+            f.write(json.dumps(self.rows(slice(lo, lo + block)))[1:-1])
+        f.write("]")
+
+
+def _result(result: RunResult, request_rate: float | None, burstiness: float, max_concurrency: int | None,
+            percentiles) -> dict[str, Any]:
+    """vllm_bench_result with its per-request lists as ``_Rows``."""
     stats = run_stats(result, percentiles)
-    lists = run_lists(result)
-    completed = sum(1 for e in lists["errors"] if not e)
+    t = as_table(by_id(result.requests))  # the lists' order: request id
+    n = len(t)
+    done = t.outcome_is("completed")
+    completed = int(done.sum())
     out: dict[str, Any] = {
         "date": "",  # nothing depends on the clock: equal runs give equal files
         "endpoint_type": BACKEND,
@@ -52,20 +87,21 @@ def vllm_bench_result(result: RunResult, *, request_rate: float | None = None, b
         "label": result.name,
         "model_id": _model_of(result),
         "tokenizer_id": _model_of(result),
-        "num_prompts": len(lists["errors"]),
+        "num_prompts": n,
         "request_rate": "inf" if request_rate is None else request_rate,
         "burstiness": burstiness,
         "max_concurrency": max_concurrency,
         "duration": float(result.duration),
         "completed": completed,
-        "failed": len(lists["errors"]) - completed,
-        "total_input_tokens": sum(n for n, e in zip(lists["input_lens"], lists["errors"], strict=True) if not e),
-        "total_output_tokens": sum(lists["output_lens"]),
+        "failed": n - completed,
+        "total_input_tokens": int(t.column("prompt_tokens")[done].sum()),  # the lists' sums (errors: not done)
+        "total_output_tokens": int(t.column("output_tokens")[done].sum()),
         "request_goodput": None,
     }
+    del done
     for k in ("request_throughput", "output_throughput", "total_token_throughput"):
         out[k] = stats.get(k, 0.0)
-    out.update(lists)
+    out.update({k: _Rows(n, partial(list_rows, t, k)) for k in LIST_KEYS})
     for m in LATENCY_METRICS:
         for stat in ("mean", "median", "std", *(p_word(p) for p in percentiles)):
             out[f"{stat}_{m}_ms"] = stats[f"{stat}_{m}"] * 1000.0
@@ -78,8 +114,11 @@ def vllm_bench_result(result: RunResult, *, request_rate: float | None = None, b
         out["energy_j"] = total
         out["j_per_output_token"] = total / out["total_output_tokens"] if out["total_output_tokens"] else None
         out["mean_power_w"] = total / float(result.duration) if result.duration > 0 else None
-        order = np.argsort(as_table(result.requests).column("id"), kind="stable")  # the lists' order
-        out["energies_j"] = energy.request_energy_j[order].tolist()
+        ids = as_table(result.requests).column("id")
+        joules = energy.request_energy_j  # in result.requests' order; the lists' is by id
+        if not bool(np.all(ids[1:] > ids[:-1])):
+            joules = joules[np.argsort(ids, kind="stable")]
+        out["energies_j"] = _Rows(n, lambda rows: joules[rows].tolist())
     return out
 
 
@@ -104,8 +143,27 @@ def _per_class(result: RunResult, percentiles: tuple[float, ...]) -> dict[str, d
     return out
 
 
-def vllm_bench_json(result: RunResult, **kw: Any) -> str:
-    data = vllm_bench_result(result, **kw)
+# requests per block of a list written (its Python values and text: a few MB)
+LIST_ROWS = 1 << 15
+
+
+def vllm_bench_writer(result: RunResult, *, request_rate: float | None = None, burstiness: float = 1.0,
+                      max_concurrency: int | None = None, percentiles=DEFAULT_PERCENTILES,
+                      rows: int = LIST_ROWS) -> Callable[[IO[str]], None]:
+    """What writes ``json.dumps`` of vllm_bench_result's dict into a file, to the byte, with its per-request lists
+    made ``rows`` requests at a time as they are written. Everything else (statistics, energy) is computed here."""
+    data = _result(result, request_rate, burstiness, max_concurrency, percentiles)
     # json cannot write NaN portably; vLLM never writes it either
     clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in data.items()}
-    return json.dumps(clean, indent=None)
+
+    def write(f: IO[str]) -> None:
+        f.write("{")
+        for i, (k, v) in enumerate(clean.items()):
+            f.write(f"{', ' if i else ''}{json.dumps(k)}: ")
+            if isinstance(v, _Rows):
+                v.write(f, rows)
+            else:
+                f.write(json.dumps(v))
+        f.write("}")
+
+    return write

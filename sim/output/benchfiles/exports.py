@@ -5,11 +5,12 @@ summary.json, so that the folder's atomic write (sim/config/files.py) covers the
 from __future__ import annotations
 
 import re
-from typing import Any
+from collections.abc import Callable
+from typing import IO, Any
 
 from sim.metrics.records import RunResult
 from sim.output.benchfiles.export_metrics import openmetrics_text
-from sim.output.benchfiles.export_vllm import vllm_bench_json
+from sim.output.benchfiles.export_vllm import vllm_bench_writer
 
 BENCH_SUFFIX = ".vllm-bench.json"
 METRICS_SUFFIX = ".metrics.prom"
@@ -36,13 +37,16 @@ def _arrival_hints(scenario: dict[str, Any] | None) -> dict[str, Any]:
     return {}
 
 
-def export_files(results: list[RunResult], scenario: dict[str, Any] | None = None) -> dict[str, str]:
+def export_files(results: list[RunResult], scenario: dict[str, Any] | None = None
+                 ) -> dict[str, str | Callable[[IO[str]], None]]:
+    """Each variant's export files: text, or what writes it (the vllm-bench JSON's per-request lists are made a
+    block of requests at a time as the file is written; its figures are computed here)."""
     hints = _arrival_hints(scenario)
     if hints.get("burstiness") == float("inf"):
         hints["burstiness"] = "inf"  # JSON has no infinity; a string as vLLM's request_rate uses
-    out: dict[str, str] = {}
+    out: dict[str, str | Callable[[IO[str]], None]] = {}
     for r in results:
         stem = file_stem(r.name)
-        out[stem + BENCH_SUFFIX] = vllm_bench_json(r, **hints)
+        out[stem + BENCH_SUFFIX] = vllm_bench_writer(r, **hints)
         out[stem + METRICS_SUFFIX] = openmetrics_text(r)
     return out

@@ -17,7 +17,7 @@ import numpy as np
 
 from sim.metrics.block_sums import PairwiseSum
 from sim.metrics.records import RunResult
-from sim.metrics.request_table import as_table, by_id
+from sim.metrics.request_table import RequestTable, as_table, by_id
 from sim.metrics.sums import dot
 
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
@@ -65,22 +65,32 @@ def bench_stats(
     return stats
 
 
+# run_lists' keys, in the result JSON's order
+LIST_KEYS = ("input_lens", "output_lens", "ttfts", "latencies", "start_times", "errors")
+
+
 def run_lists(result: RunResult) -> dict[str, list]:
     """Per-request lists of a simulated run in the result JSON's order (request id) and units (seconds)."""
     t = as_table(by_id(result.requests))  # read as columns
-    done = t.outcome_is("completed")
-    arrival = t.column("arrival")
-    reason, reasons = t.text("reason")
-    outcome, outcomes = t.text("outcome")
-    return {
-        "input_lens": t.column("prompt_tokens").tolist(),
-        "output_lens": np.where(done, t.column("output_tokens"), 0).tolist(),
-        "ttfts": np.where(done, t.column("first_token") - arrival, 0.0).tolist(),
-        "latencies": np.where(done, t.column("finish") - arrival, 0.0).tolist(),
-        "start_times": t.values("arrival"),
-        "errors": ["" if ok else (reasons[r] or outcomes[o])
-                   for ok, r, o in zip(done.tolist(), reason.tolist(), outcome.tolist(), strict=True)],
-    }
+    return {k: list_rows(t, k, slice(None)) for k in LIST_KEYS}
+
+
+def list_rows(t: RequestTable, key: str, rows: slice) -> list:
+    """The ``rows`` of run_lists' list ``key``, from the run's requests as columns in id order (a long run's
+    lists are written a block of requests at a time: sim.output.benchfiles.export_vllm)."""
+    if key == "input_lens":
+        return t.column("prompt_tokens")[rows].tolist()
+    if key == "start_times":
+        return t.values("arrival", rows)
+    done = t.outcome_is("completed", rows)
+    if key == "output_lens":
+        return np.where(done, t.column("output_tokens")[rows], 0).tolist()
+    if key == "errors":
+        (reason, reasons), (outcome, outcomes) = t.text("reason"), t.text("outcome")
+        return ["" if ok else (reasons[r] or outcomes[o])
+                for ok, r, o in zip(done.tolist(), reason[rows].tolist(), outcome[rows].tolist(), strict=True)]
+    end = t.column({"ttfts": "first_token", "latencies": "finish"}[key])[rows]
+    return np.where(done, end - t.column("arrival")[rows], 0.0).tolist()
 
 
 # Gaps (tokens) up to which the pooled ITLs' statistics are those of one value per token, as vLLM's lists are
