@@ -95,6 +95,22 @@ def test_static_slots_match_the_steps_log(nvc):
     assert np.all(lay.held_until >= lay.finish)
 
 
+def test_slots_read_padded_rows_a_block_at_a_time(nvc, monkeypatch):
+    """Whether rows were held to a batch's end is read from the steps log a block of steps at a time: the whole
+    padded_rows column (8 bytes a step) is never expanded, and the answer is the same."""
+    from sim.metrics.step_columns import StepColumns
+
+    assert all(isinstance(r.steps, StepColumns) for r in nvc.results)
+    whole = StepColumns.__getitem__
+
+    def no_padded_rows(self, key):
+        assert key != "padded_rows", "the whole padded_rows column was read"
+        return whole(self, key)
+
+    monkeypatch.setattr(StepColumns, "__getitem__", no_padded_rows)
+    assert [slot_layout(r).batch_held for r in nvc.results] == [True, False]
+
+
 def test_continuous_slots(nvc):
     cont = nvc.results[1]
     lay = slot_layout(cont)

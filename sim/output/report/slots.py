@@ -12,6 +12,7 @@ from plotly.subplots import make_subplots
 
 from sim.metrics.records import RunResult
 from sim.metrics.request_table import as_table, kv_spans
+from sim.metrics.step_columns import step_blocks
 from sim.output.report.common import (
     TEMPLATE,
 )
@@ -89,7 +90,9 @@ def slot_layout(result: RunResult) -> SlotLayout:
     at, start, stop = kv_spans(table, np.maximum(table.column("finish"), table.column("first_scheduled")))
     finish = np.maximum(stop, start)
     replica = table.column("replica")[at]
-    batch_held = bool(np.any(np.asarray(result.steps["padded_rows"]) > 0))
+    # a block of steps at a time: the whole column was the write phase's largest array (8 bytes a step, twice
+    # while its chunks were joined)
+    batch_held = any(bool((b["padded_rows"] > 0).any()) for _, b in step_blocks(result.steps, ("padded_rows",)))
     held = finish.copy()
     if batch_held and len(at):
         # a batch: the requests first scheduled in one step of one replica; it ends with its last finish
