@@ -7,6 +7,7 @@ from types import ModuleType
 
 import pytest
 
+from sim.engines.vllm_v0 import VLLM_V06_HOST_TIME_RATIO
 from sim.hardware.names import match_gpu, match_model
 from tests.test_machine_paths import _benchmark
 
@@ -148,3 +149,26 @@ def test_metric_columns(metric: str, unit: str, expected: tuple) -> None:
 def test_an_unknown_metric_is_refused_naming_the_known_ones() -> None:
     with pytest.raises(ValueError, match="ttft_ms_p90 has no simulated counterpart.*output_tok_s_per_user"):
         _bench().metric_of({"metric": "ttft_ms_p90", "unit": "ms", "tp": "1"})
+
+
+
+def test_the_v060_headline_figures_run_with_multi_step_scheduling() -> None:
+    """The post's headline 0.6.0 rows run as its benchmark section states for vLLM (--num-scheduler-steps 10): the
+    host time ratio divided by 10, as on its engine comparison's rows; 0.5.3's rows and other sources' keep theirs."""
+    bench = _bench()
+    post = "github:vllm-project/vllm-project.github.io@c3a01c4:assets/figures/perf-v060/"
+    row = {"source": post + "llama8B_comparison.png", "engine": "vLLM v0.6.0", "model": "Llama-3-8B",
+           "gpu": "H100-SXM-80GB", "num_gpus": "1", "tp": "1", "weight_dtype": "bf16", "kv_dtype": "unstated",
+           "workload": "ShareGPT 500 prompts, QPS inf", "input_len": "202 (avg)", "output_len": "179 (avg)",
+           "batch_or_concurrency": "dynamic", "request_rate": "inf", "metric": "request_throughput", "value": "36.4",
+           "unit": "req/s", "notes": ""}
+
+    def ratio(**changes: str) -> float | None:
+        return bench.case_of(row | changes, 10).cfg.deployment.engine.host_time_ratio
+
+    assert ratio() == pytest.approx(VLLM_V06_HOST_TIME_RATIO / 10)
+    assert ratio(source=post + "llama70B_comparison.png", model="Llama-3-70B", tp="4", num_gpus="4") == \
+        pytest.approx(VLLM_V06_HOST_TIME_RATIO / 10)
+    assert ratio(engine="vLLM v0.6.0 (--num-scheduler-steps 10)") == pytest.approx(VLLM_V06_HOST_TIME_RATIO / 10)
+    assert ratio(engine="vLLM v0.5.3") is None  # 0.5's ratio comes from its version
+    assert ratio(source="github:x/y:README.md") is None  # elsewhere 0.6.0 is one scheduler step (0.6's ratio)
