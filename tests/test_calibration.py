@@ -309,6 +309,8 @@ def test_validate_bad_input_exits_2(tmp_path: Path, args: list[str], needle: str
     (["--model", "no-such-model"], "no-such-model"),
     (["--device", "tpu"], "--device"),
     (["--repeats", "0"], "--repeats"),
+    (["--cpu-clock", "cycles"], "--cpu-clock must be one of thread, reference, got 'cycles'"),
+    (["--device", "cuda", "--cpu-clock", "reference"], "--cpu-clock is for --device cpu"),
 ])
 def test_calibrate_bad_input_exits_2(tmp_path: Path, args: list[str], needle: str) -> None:
     res = CliRunner().invoke(app, ["calibrate", "--out", str(tmp_path / "p.json"), *args])

@@ -113,13 +113,18 @@ def test_profile_clock_from_provenance(tmp_path: Path) -> None:
     assert profile_clock(new) == ("reference", 0.0125)
 
 
-def test_calibration_on_the_reference_clock_records_its_reference() -> None:
+def _small_grid():
     from calibration.grid import Grid
-    from calibration.measure import measure
 
-    grid = Grid(decode_batches=(2,), decode_contexts=(16,), decode_steps=3, prefill_chunks=(16,), prefill_len=32,
+    return Grid(decode_batches=(2,), decode_contexts=(16,), decode_steps=3, prefill_chunks=(16,), prefill_len=32,
                 mixed_batches=(2,), mixed_chunks=(16,), mixed_prompt=32, static_batches=(2,), static_max_prompt=16,
                 static_max_output=3, swap_blocks=(1, 2))
+
+
+def test_calibration_on_the_reference_clock_records_its_reference() -> None:
+    from calibration.measure import measure
+
+    grid = _small_grid()
     ref = measure("tiny", grid=grid, repeats=1, cpu_clock="reference")
     thread = measure("tiny", grid=grid, repeats=1)
     assert ref.provenance["cpu_clock"] == "reference" and ref.provenance["reference_seconds"] > 0
@@ -129,3 +134,23 @@ def test_calibration_on_the_reference_clock_records_its_reference() -> None:
 
     with pytest.raises(ScenarioError, match="cpu_clock must be one of thread, reference"):
         measure("tiny", grid=grid, repeats=1, cpu_clock="cycles")
+
+
+def test_calibrate_command_measures_on_the_clock_it_is_given(tmp_path: Path, monkeypatch) -> None:
+    # `servesim calibrate --cpu-clock reference` makes the profile that validate and bench_fidelity then read the
+    # engine on (profile_clock); the real measurement, on a small grid so that it takes seconds
+    from typer.testing import CliRunner
+
+    import calibration.measure
+    from sim.cli.main import app
+
+    real_measure = calibration.measure.measure
+    monkeypatch.setattr(calibration.measure, "measure", lambda *a, **k: real_measure(*a, grid=_small_grid(), **k))
+    for clock in ("reference", "thread"):
+        out = tmp_path / f"{clock}.json"
+        res = CliRunner().invoke(app, ["calibrate", "--model", "tiny", "--repeats", "1", "--threads", "1", "--quiet",
+                                       "--cpu-clock", clock, "--out", str(out)])
+        assert res.exit_code == 0, res.output
+        kind, reference = profile_clock(out)
+        assert kind == clock
+        assert (reference is not None and reference > 0) if clock == "reference" else reference is None

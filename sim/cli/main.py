@@ -637,6 +637,10 @@ def calibrate(
                                       "MFU), e.g. h100-sxm."),
     serving_workloads: int = typer.Option(0, "--serving-workloads", help="Also fit on the steps of this many "
                                           "engine runs of random workloads (calibration/workloads.py)."),
+    cpu_clock: str = typer.Option("thread", "--cpu-clock", help="CPU step clock: thread (the serving thread's "
+                                  "CPU time) or reference (that time at the speed of the model's one-token "
+                                  "forward, timed between steps: steadier for llama-57m beside other processes, "
+                                  "not for tiny; docs/benchmarks.md). validate reads the engine on the profile's."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
     from_bench: list[Path] = typer.Option([], "--from-bench", help="Fit the analytic model's knobs to these "
                                           "benchmark result files instead (vllm bench serve, GuideLLM, genai-perf; "
@@ -671,6 +675,8 @@ def calibrate(
         _fail(f"--serving-workloads must be >= 0, got {serving_workloads}")
     if device not in ("cpu", "cuda"):
         _fail(f"--device must be cpu or cuda, got {device!r}")
+    if device == "cuda" and cpu_clock != "thread":
+        _fail("--cpu-clock is for --device cpu: CUDA steps are timed on the synchronised wall clock")
     if repeats < 1:
         _fail(f"--repeats must be >= 1, got {repeats}")
     if threads is not None and threads < 1:
@@ -701,10 +707,13 @@ def calibrate(
 
         from calibration.fit import build_profile, format_errors, summarize_coefficients
         from calibration.measure import measure
+        from realengine.clock import CPU_CLOCKS
         from realengine.model import torch_dtype
     except ImportError as e:
         _fail(f"calibration needs torch: {e}")
         return
+    if cpu_clock not in CPU_CLOCKS:
+        _fail(f"--cpu-clock must be one of {', '.join(CPU_CLOCKS)}, got {cpu_clock!r}")
     if dtype is not None:
         try:
             torch_dtype(dtype)
@@ -715,7 +724,8 @@ def calibrate(
     if threads is not None:
         torch.set_num_threads(threads)
     try:
-        m = measure(model, device=device, dtype=dtype, repeats=repeats, progress=not quiet and sys.stderr.isatty())
+        m = measure(model, device=device, dtype=dtype, repeats=repeats, progress=not quiet and sys.stderr.isatty(),
+                    cpu_clock=cpu_clock)
     except ScenarioError as e:
         _fail(str(e))
         return
