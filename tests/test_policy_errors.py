@@ -60,6 +60,9 @@ CASES = [
     # ranks that do not compare: Python's message named only the types, under servesim's own frames
     ("bad_policies.py:RanksUnlike", "", "RanksUnlike: schedule(view) at t=0.042423 s raised TypeError: rank(req) gave "
      "(0.02877860094577439, 4) for request 4 and None for request 5, which do not compare"),
+    # a reason that is not a str: refuse() returning a bool rejected every request, with 'False' as the reason
+    ("bad_policies.py:RefusesWithTrue", "", "RefusesWithTrue at t=0.016468 s: rejects request 0 with reason True, not "
+     "a str (QueuePolicy.refuse returns None to keep a request, a reason string to reject it)"),
     ("bad_policies.py:UnprintableError", "",
      "UnprintableError: schedule(view) at t=0.000000 s raised _Unprintable: (its message could not be formatted)"),
     # a key of the built-in kinds that a user's class does not take (it was told "did you mean" the same key)

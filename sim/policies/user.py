@@ -205,7 +205,10 @@ class UserPolicy(Policy):
             if r.status not in (Status.WAITING, Status.SWAPPED):
                 self._fail(view.now, f"rejects request {r.id}, which is {r.status.value} (only waiting or swapped "
                            "requests can be rejected)")
-            plan.reject.append((r, str(reason)))
+            if not isinstance(reason, str):  # as an admission's admit(): True, False or 0 is no reason
+                self._fail(view.now, f"rejects request {r.id} with reason {reason!r}, not a str (QueuePolicy.refuse "
+                           "returns None to keep a request, a reason string to reject it)")
+            plan.reject.append((r, reason))
         for rv, mode in up.preempted:
             r = self._req(rv, view.now, "preempts")
             if r.status is not Status.RUNNING:

@@ -179,3 +179,10 @@ class RanksUnlike(servesim.QueuePolicy):
 
     def rank(self, req):
         return None if req.id % 2 else (req.arrival, req.id)
+
+
+class RefusesWithTrue(servesim.QueuePolicy):
+    """refuse() answering a yes/no question: True was recorded as the reason 'True' and every request rejected."""
+
+    def refuse(self, req, view):
+        return req.prompt_len > 100
