@@ -299,24 +299,33 @@ def test_a_run_without_steps_exports_its_openmetrics_text() -> None:
 
 
 @pytest.mark.parametrize("rows", [1, 7, 1000])
-def test_search_of_request_times_in_the_starts_by_blocks_is_numpys(monkeypatch: pytest.MonkeyPatch,
-                                                                   rows: int) -> None:
-    """Energy attribution's lookups (np.searchsorted of request times in the step starts, side="left") read the
-    starts a block at a time: times before, between, on (repeated starts, a block's first or last) and after
-    the starts land where numpy's search of the whole column puts them; starts out of order give None."""
+def test_running_sums_at_request_times_by_blocks_are_the_whole_columns(rows: int) -> None:
+    """Energy attribution's lookups (its running sums before np.searchsorted(start, x, side="left")) read the steps
+    a block at a time: times before, between, on (repeated starts, a block's first or last) and after the starts
+    read what the whole columns' running sums hold there, to the bit, also when written as the difference from
+    an array given; starts out of order give None."""
     import sim.costs.energy as energy
-    from sim.metrics.step_columns import step_blocks
 
-    monkeypatch.setattr(records, "_CHUNK", 7)
     run = run_scenario(prepare_scenario(parse_scenario({**SCENARIO, "variants": SCENARIO["variants"][:1]})))
-    steps = run.results[0].steps
-    assert isinstance(steps, StepColumns)
-    start = np.asarray(steps["start"])
+    start = np.asarray(run.results[0].steps["start"], dtype=np.float64)
+    n = len(start)
     rng = np.random.default_rng(9)
     x = np.concatenate((rng.choice(start, 500), rng.uniform(-1.0, float(start[-1]) + 1.0, 500), start[::97],
                         [start[0], start[-1], -5.0, 1e9]))
-    monkeypatch.setattr(energy, "step_blocks", lambda s, k, r=rows: step_blocks(s, k, rows))
-    got = energy._search_starts(steps, x)
-    assert got is not None and got.tolist() == np.searchsorted(start, x, side="left").tolist()
-    shuffled = {"start": rng.permutation(start)}
-    assert energy._search_starts(shuffled, x) is None  # type: ignore[arg-type]
+    pf, dec = rng.integers(0, 50, n).astype(np.float64), rng.integers(0, 3, n).astype(np.float64)
+    e = rng.uniform(0, 2, n)
+
+    def blocks(st: np.ndarray = start):  # (first row, start, prefill, decode tokens, J), as energy reads them
+        for lo in range(0, n, rows):
+            yield lo, st[lo : lo + rows], pf[lo : lo + rows], dec[lo : lo + rows], e[lo : lo + rows]
+
+    tok = pf + dec
+    pt = np.divide(e, tok, out=np.zeros_like(e), where=tok > 0)
+    whole = [energy._cumsum0(v) for v in (pt, pt * pf, pf)]  # attribute's c_dec, c_pre_e, c_pre_n
+    at = np.searchsorted(start, x, side="left")
+    base = rng.uniform(size=len(x))
+    got = energy._sums_at(x, blocks(), [(energy._PRE_N, None), (energy._DEC, base.copy()), (energy._PRE_E, None)])
+    assert got is not None and n > 1000 and at.min() == 0 and at.max() == n
+    assert got[0].tobytes() == whole[2][at].tobytes() and got[2].tobytes() == whole[1][at].tobytes()
+    assert got[1].tobytes() == (whole[0][at] - base).tobytes()
+    assert energy._sums_at(x, blocks(rng.permutation(start)), [(energy._DEC, None)]) is None

@@ -37,9 +37,10 @@ energy it took to serve the requests, split by the work each caused.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -252,7 +253,7 @@ def _run_energy(result: RunResult, up: float) -> RunEnergy | None:
     recs = as_table(result.requests)
     per_request = None
     if isinstance(s, StepColumns) and len(recs) and n:  # a log's own columns: each block's energy as it is read
-        per_request = _attribute_in_blocks(recs, s, _energy_in_blocks(pm, s), total)
+        per_request = _attribute_in_blocks(recs, partial(_energy_in_blocks, pm, s), total)
     if per_request is None:
         per_request = attribute(result, pm.power(*busy_shares(pm, s)) * np.asarray(s["duration"], dtype=np.float64),
                                 total)
@@ -267,7 +268,7 @@ def attribute(result: RunResult, step_energy: np.ndarray, total: float) -> np.nd
         return out
     s = result.steps
     if isinstance(s, StepColumns):  # a log's own columns: read a block at a time
-        blocks = _attribute_in_blocks(recs, s, _energy_of(step_energy, s), total)
+        blocks = _attribute_in_blocks(recs, partial(_energy_of, step_energy, s), total)
         if blocks is not None:
             return blocks
     start = np.asarray(s["start"], dtype=np.float64)
@@ -309,93 +310,102 @@ def attribute(result: RunResult, step_energy: np.ndarray, total: float) -> np.nd
 ATTRIBUTE_ROWS = 1 << 16  # steps per block of _attribute_in_blocks (its temporaries: half a MB each)
 
 
-_Blocks = Iterator[tuple[int, np.ndarray, np.ndarray, np.ndarray]]  # (first row, prefill, decode tokens, J)
+_Blocks = Iterator[tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]]  # (first row, start, prefill, decode
+# tokens, J)
 
 
 def _energy_of(step_energy: np.ndarray, steps: StepColumns) -> _Blocks:
-    for lo, block in step_blocks(steps, ("prefill_tokens", "decode_tokens"), ATTRIBUTE_ROWS):
+    for lo, block in step_blocks(steps, ("start", "prefill_tokens", "decode_tokens"), ATTRIBUTE_ROWS):
         pf = np.asarray(block["prefill_tokens"], dtype=np.float64)
-        yield lo, pf, np.asarray(block["decode_tokens"], dtype=np.float64), step_energy[lo : lo + len(pf)]
+        yield (lo, np.asarray(block["start"], dtype=np.float64), pf,
+               np.asarray(block["decode_tokens"], dtype=np.float64), step_energy[lo : lo + len(pf)])
 
 
 def _energy_in_blocks(pm: PowerModel, steps: StepColumns) -> _Blocks:
     """The steps' energy computed a block at a time (``power * duration``, elementwise: the whole array's values)."""
-    for lo, block, power in _power_blocks(pm, steps, ATTRIBUTE_ROWS):
-        yield lo, block["prefill_tokens"], block["decode_tokens"], power * block["duration"]
+    for lo, block, power in _power_blocks(pm, steps, ATTRIBUTE_ROWS, ("start",)):
+        yield lo, block["start"], block["prefill_tokens"], block["decode_tokens"], power * block["duration"]
 
 
-def _attribute_in_blocks(recs: RequestTable, steps: StepColumns, blocks: _Blocks, total: float) -> np.ndarray | None:
+def _attribute_in_blocks(recs: RequestTable, blocks: Callable[[], _Blocks], total: float) -> np.ndarray | None:
     """``attribute`` for one replica's steps in start order (a log's own), holding a block of steps at a time
     instead of a dozen whole columns (72 bytes a step, 1.4 GB at a million requests): the three running sums are
     read only where the requests look them up, each continued from the block before exactly as ``np.cumsum``
-    runs (a running sum is sequential, so starting a block from the previous sum changes no digit). None when
-    the steps are not in start order (then ``attribute`` sorts them)."""
+    runs (a running sum is sequential, so starting a block from the previous sum changes no digit). The steps are
+    read three times, once for each request's first step, first token and finish, so that only a few values a
+    request are held at once (all three lookups at once held some 270 bytes a request). None when the steps are
+    not in start order (then ``attribute`` sorts them)."""
     out = np.zeros(len(recs))
     first_sched, first_tok, finish = (recs.column(k) for k in ("first_scheduled", "first_token", "finish"))
     mine = first_sched >= 0
-    fs, ft, fin = first_sched[mine], first_tok[mine], finish[mine]
-    ft = np.where(ft >= 0, ft, fin)  # no first token (failed or rejected while prefilling): prefill to its end
-    # every lookup (attribute's i0, i1, i2), sorted, so that each block serves a contiguous range of them
-    found = _search_starts(steps, np.concatenate((fs, ft, fin)))
-    if found is None:
+    every = bool(mine.all())  # then the columns are read as they are, not copied
+    fs = first_sched if every else first_sched[mine]
+    got = _sums_at(fs, blocks(), [(_PRE_N, None), (_PRE_E, None)])  # attribute's c_pre_n[i0], c_pre_e[i0]
+    if got is None:
         return None
-    wanted = found
-    order = np.argsort(wanted, kind="stable")
-    wanted = wanted[order]
-    got = np.empty((3, len(wanted)))  # the three running sums at each lookup, in sorted order
-    carry = np.zeros(3)
-    for lo, pf, dec, e in blocks:
-        tok = pf + dec
-        pt = np.divide(e, tok, out=np.zeros_like(e), where=tok > 0)
-        hi = lo + len(pf)
-        a, b = int(np.searchsorted(wanted, lo, side="left")), int(np.searchsorted(wanted, hi, side="right"))
-        for j, x in enumerate((pt, pt * pf, pf)):  # attribute's c_dec, c_pre_e, c_pre_n
-            run = np.cumsum(np.concatenate(([carry[j]], x)))  # the running sum before rows lo..hi
-            got[j, a:b] = run[wanted[a:b] - lo]
-            carry[j] = run[-1]
-    sums = np.empty_like(got)
-    sums[:, order] = got  # back in lookup order: each request's first step, first token, finish
-    del got
-    m = len(fs)
-    i0, i1, i2 = slice(0, m), slice(m, 2 * m), slice(2 * m, 3 * m)
-    c_dec, c_pre_e, c_pre_n = sums
-    pre_n = c_pre_n[i1] - c_pre_n[i0]
+    pre_n, pre_e_sum = got
+    ft = first_tok if every else first_tok[mine]
+    fin = finish if every else finish[mine]
+    ft = np.where(ft >= 0, ft, fin)  # no first token (failed or rejected while prefilling): prefill to its end
+    # c_pre_n[i1] - c_pre_n[i0], c_pre_e[i1] - c_pre_e[i0], c_dec[i1]
+    got = _sums_at(ft, blocks(), [(_PRE_N, pre_n), (_PRE_E, pre_e_sum), (_DEC, None)])
+    assert got is not None  # the same steps, in the same order
+    dec = got[2]
+    del ft, got
+    got = _sums_at(fin, blocks(), [(_DEC, dec)])  # c_dec[i2] - c_dec[i1]
+    assert got is not None
     prompt = recs.column("prompt_tokens")[mine].astype(np.float64)
-    pre_e = np.divide((c_pre_e[i1] - c_pre_e[i0]) * prompt, pre_n, out=np.zeros(m), where=pre_n > 0)
-    out[mine] = pre_e + (c_dec[i2] - c_dec[i1])
+    pre_e = np.divide(pre_e_sum * prompt, pre_n, out=np.zeros(len(prompt)), where=pre_n > 0)
+    del pre_e_sum, prompt
+    out[mine] = pre_e + dec
     raw = float(out.sum())
     if raw > 0:
         out *= total / raw
     return out
 
 
-def _search_starts(steps: StepColumns, x: np.ndarray) -> np.ndarray | None:
-    """``np.searchsorted(start, x, side="left")`` of the steps' start column, read a block at a time instead of
-    whole (8 bytes a step, the summary's peak at a million requests): a time after the first start of block k and
-    at most the first of block k + 1 has the steps before block k and its place in block k before it. None when
-    the starts are out of order."""
+_DEC, _PRE_E, _PRE_N = 0, 1, 2  # attribute's running sums: of each step's energy a token, of it x prefill tokens,
+# of prefill tokens
+
+
+def _sums_at(x: np.ndarray, blocks: _Blocks, want: list[tuple[int, np.ndarray | None]]) -> list[np.ndarray] | None:
+    """For each time x, running sums (``want``: which, _DEC, _PRE_E or _PRE_N) of the steps before
+    ``np.searchsorted(start, x, side="left")``, the steps read a block at a time: a time after the first start of
+    block k and at most the first of block k + 1 has the steps before block k and its place in block k before it.
+    A sum wanted with an array (aligned with x) is written into it as ``sum - array``; the others into new
+    arrays. None when the starts are out of order."""
     order = np.argsort(x, kind="stable")
     q = x[order]
-    got = np.zeros(len(q), dtype=np.int64)  # times at or before the first start: 0
+    outs = [np.empty(len(x)) if base is None else base for _, base in want]
+    carry = np.zeros(3)
+    done = 0  # times placed, in sorted order
 
-    def place(lo: int, st: np.ndarray, upper: float | None) -> None:
-        a = int(np.searchsorted(q, st[0], side="right"))
+    def place(st: np.ndarray, runs: list[np.ndarray], upper: float | None) -> None:
+        nonlocal done
         b = len(q) if upper is None else int(np.searchsorted(q, upper, side="right"))
-        got[a:b] = lo + np.searchsorted(st, q[a:b], side="left")
+        at = np.searchsorted(st, q[done:b], side="left")  # row in the block; its running sums: runs[.][at]
+        rows = order[done:b]
+        for (j, base), o in zip(want, outs, strict=True):
+            o[rows] = runs[j][at] if base is None else runs[j][at] - base[rows]
+        done = b
 
-    prev: tuple[int, np.ndarray] | None = None
-    for lo, block in step_blocks(steps, ("start",), ATTRIBUTE_ROWS):
-        st = np.asarray(block["start"], dtype=np.float64)
-        if not continues_ascending(st, None if prev is None else prev[1][-1]):
+    prev: tuple[np.ndarray, list[np.ndarray]] | None = None
+    for _lo, st, pf, dec, e in blocks:
+        if not continues_ascending(st, None if prev is None else prev[0][-1]):
             return None
         if prev is not None:
             place(prev[0], prev[1], float(st[0]))
-        prev = (lo, st)
+        tok = pf + dec
+        pt = np.divide(e, tok, out=np.zeros_like(e), where=tok > 0)
+        runs = []
+        for j, v in enumerate((pt, pt * pf, pf)):  # _DEC, _PRE_E, _PRE_N
+            run = np.cumsum(np.concatenate(([carry[j]], v)))  # the running sum before each row, and after the last
+            runs.append(run)
+            carry[j] = run[-1]
+        prev = (st, runs)
     if prev is not None:
         place(prev[0], prev[1], None)
-    out = np.empty_like(got)
-    out[order] = got
-    return out
+    return outs
 
 
 def _cumsum0(x: np.ndarray) -> np.ndarray:
