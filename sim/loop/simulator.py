@@ -28,6 +28,7 @@ from sim.loop.executor import CostExecutor, Executor, as_executor
 from sim.loop.results import gc_paused
 from sim.metrics.request_table import RequestSink
 from sim.policies.routers import Router, round_robin
+from sim.serving import fast_path
 from sim.serving.core import Batch, ServingCore
 from sim.serving.failures import FailurePlan
 from sim.serving.request import Request, RequestSpec, Status
@@ -138,10 +139,12 @@ class Replica:
         env, core, ex = self.env, self.core, self.executor
         execute, step_flops = ex.execute, ex.step_flops
         priced = isinstance(ex, CostExecutor)
+        fast = model = None
         if priced:  # the cost model called directly: what CostExecutor.execute does, without its extra call
             cost = ex.cost
             step_time, shape_flops = cost.step_time, cost.step_flops
-        fast = ex.fast_forward if isinstance(ex, CostExecutor) else None
+            # and the fast path (what CostExecutor.fast_forward and ServingCore.fast_forward call, without them)
+            fast, model = fast_path.fast_forward, ex._model
         measured = ex.cost is None  # its steps' clock starts when the loop resumes
         ahead = self.horizon is not None and self.finishes_are_silent
         while True:
@@ -162,7 +165,7 @@ class Replica:
                 if fast is not None and horizon is not None and core.group is not None and core.group.members \
                         and core.plan_without_policy(t) is not None:
                     # no overshoot past a pending failure: it must be taken at the first step boundary after it
-                    seg = fast(core, t, horizon, finishes=self.finishes_are_silent,
+                    seg = fast(core, t, horizon, model, finishes=self.finishes_are_silent,
                                overshoot=self.overshoot and not self.aborts, overshoot_finish=self.overshoot_finish)
                     if seg is not None:
                         taken += seg[0]

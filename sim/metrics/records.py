@@ -226,7 +226,8 @@ class StepLog:
             (1, start, batch_size, padded_rows, prefill_tokens, decode_tokens, padding_tokens, kv_capacity_blocks,
              num_running, num_waiting, num_swapped, num_preempted, num_rejected, swap_blocks, 0)
         )  # fmt: skip
-        self.compact()
+        if len(self.per_step) >= _CHUNK * _NV:  # compact(), without a call per step
+            self._flush()
 
     def end_decode_run(
         self,

@@ -290,7 +290,7 @@ class PagedBlockManager:
                 self.host.load(loaded)
         c0 = req.num_computed_tokens
         total = c0 + num_new_tokens
-        need = cdiv(total, self.block_size) - len(table)
+        need = -(-total // self.block_size) - len(table)  # cdiv, without a call a request
         if need > self._num_free:
             raise BlockError(f"request {req.id} needs {need} blocks, {self._num_free} free")
         if need > 0:

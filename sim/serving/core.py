@@ -252,25 +252,29 @@ class ServingCore:
         """Whether ``plan`` runs every running request for one decode token and does nothing else."""
         if plan.preempt or plan.swap_in or plan.reject or plan.padded_rows or plan.pad_to_longest:
             return False
-        if len(plan.scheduled) + (self.group.size if plan.decode_group and self.group else 0) != len(self.running):
+        if len(plan.scheduled) + (len(self.group.members) if plan.decode_group and self.group else 0) \
+                != len(self.running):
             return False
         return all(n == 1 and r.status is Status.RUNNING and r.num_remaining == 1 for r, n in plan.scheduled)
 
     def plan_without_policy(self, now: float) -> Plan | None:
         """The plan the policy is certain to give, when it need not be asked: only the decode group runs."""
         g = self.group
-        if g is None or self._dirty or not g.members or len(g.members) != len(self.running):
+        if g is None or self._dirty:
+            return None
+        size = len(g.members)
+        if not size or size != len(self.running):
             return None
         if now != g.prev_end or (self.policy_deadline is not None and now >= self.policy_deadline):
             return None  # the executor idled, or a deadline passed: let the policy look
-        if g.grows and not self.kv.can_grow(g.next_blocks):
+        if g.grows and not self.kv.can_grow(len(g.buckets[g.steps % g.block_size])):  # the next step's blocks
             return None  # a block shortage: the policy decides whom to preempt
         if self.multi_step > 1 and not self.decode_run % self.multi_step and (self.waiting or self.swapped):
             return None  # a multi-step block ends: the policy may start a prompt
         if self.repeatable is not None:
             return self.repeatable
         if self.all_decode or (self.steady_ok and not self.waiting and not self.swapped):
-            if g.size <= self.limits.max_num_seqs and g.size <= self.limits.max_num_batched_tokens:
+            if size <= self.limits.max_num_seqs and size <= self.limits.max_num_batched_tokens:
                 return STEADY_PLAN
         return None
 
@@ -283,8 +287,9 @@ class ServingCore:
             assert g is not None  # _apply checked it
             if batch.group_blocks:
                 self.filled_blocks += batch.group_blocks
-            self.kv_tokens += g.size
-            self.gaps.add(end - g.prev_end, g.size)
+            size = len(g.members)
+            self.kv_tokens += size
+            self.gaps.add(end - g.prev_end, size)
             finished = g.advance(end)
         joiners: list[Request] = []
         gaps = self.gaps
@@ -298,7 +303,7 @@ class ServingCore:
             c1 = c0 + n
             r.num_computed_tokens = c1
             self.kv_tokens += n
-            self.filled_blocks += cdiv(c1, bs) - cdiv(c0, bs)
+            self.filled_blocks += (-c0 // bs) - (-c1 // bs)  # blocks c1 tokens fill less those c0 filled
             if c1 == r.prompt_len + r.num_output_tokens:  # caught up: sample one token
                 r.num_output_tokens += 1
                 if r.first_token < 0:
@@ -414,7 +419,7 @@ class ServingCore:
             if g is None or not g.members:
                 raise PlanError("plan schedules the decode group, but there is none")
             stepping = g
-            group_size = g.size
+            group_size = len(g.members)
             crossing = g.crossing() if g.grows else ()
             if crossing:
                 if not kv.can_grow(len(crossing)):
@@ -459,7 +464,7 @@ class ServingCore:
                     clamped.append((r, n))
                 # prefix-cache hits count as computed tokens the request now holds
                 self.kv_tokens += r.num_computed_tokens - c_before
-                self.filled_blocks += cdiv(r.num_computed_tokens, bs) - cdiv(c_before, bs)
+                self.filled_blocks += (-c_before // bs) - (-r.num_computed_tokens // bs)  # cdiv(c1) - cdiv(c0)
                 if r.first_scheduled < 0:
                     r.first_scheduled = now
                 elif r.resumed_at is not None:  # back from a recompute preemption
@@ -500,7 +505,7 @@ class ServingCore:
             fix = {id(r): n for r, n in clamped}
             plan.scheduled = [(r, fix.get(id(r), n)) for r, n in plan.scheduled]
         num_scheduled = len(plan.scheduled) + group_size
-        if len({id(r) for r, _ in plan.scheduled}) != len(plan.scheduled):
+        if len(plan.scheduled) > 1 and len({id(r) for r, _ in plan.scheduled}) != len(plan.scheduled):
             raise PlanError("plan schedules a request twice")
         if num_scheduled > limits.max_num_seqs:
             raise PlanError(f"plan schedules {num_scheduled} requests > max_num_seqs {limits.max_num_seqs}")
@@ -630,7 +635,7 @@ class ServingCore:
     def _drop_kv(self, r: Request) -> None:
         self.kv.free(r)
         self.kv_tokens -= r.num_computed_tokens
-        self.filled_blocks -= cdiv(r.num_computed_tokens, self.kv.block_size)
+        self.filled_blocks += -r.num_computed_tokens // self.kv.block_size  # less cdiv(tokens, block_size)
 
     def _finish(self, r: Request, now: float, outcome: Outcome, reason: str) -> None:
         r.status = Status.FINISHED

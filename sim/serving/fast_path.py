@@ -33,37 +33,38 @@ SCALAR_BELOW = 128  # price segments this short with scalar cost-model calls (nu
 BULK_STEPS = 5  # apply stretches (steps between finishes) this long in bulk, shorter ones step by step
 
 
-def predict(g: DecodeGroup, k: int, pad: int) -> tuple[list[int], list[int], list[int]]:
-    """Rows, attended tokens and longest row (``StepShape.max_decode_len``) of the decode group's next ``k``
-    steps, members leaving after the step that samples their last token: runs of equal rows with evenly growing
-    context between departures."""
+Segment = tuple[int, Sequence[int], Sequence[int]]  # a run of steps with the same members (``predict``)
+
+
+def predict(g: DecodeGroup, k: int) -> list[Segment]:
+    """The decode group's next ``k`` steps as runs with the same members (members leave after the step that
+    samples their last token): each run's rows (padding aside), attended tokens and longest row
+    (``StepShape.max_decode_len``) of each of its steps, which grow evenly within a run (ranges)."""
     j0 = g.steps
+    end = j0 + k
     finish_at = g.finish_at
-    rows_l: list[int] = []
-    read_l: list[int] = []
-    max_l: list[int] = []
-    size, ctx = g.size, g.ctx
+    segments: list[Segment] = []
+    size, ctx = len(g.members), g.ctx
     offsets = g.offsets.copy()  # the members left, as ``DecodeGroup.offsets``
     pos = j0
-    for f in sorted(f for f in finish_at if f < j0 + k) + [j0 + k]:
+    for f in sorted(f for f in finish_at if f < end) + [end]:
         n = f - pos  # steps pos+1 .. f, all with the current members
-        rows_l += [size + pad] * n
-        read_l += range(ctx + size, ctx + size * (n + 1), size) if size else [ctx] * n
-        if offsets:
-            top = offsets[-1] + pos + 1
-            max_l += range(top, top + n)
-        else:
-            max_l += [0] * n
+        if n:
+            if offsets:
+                top = offsets[-1] + pos + 1
+                segments.append((size, range(ctx + size, ctx + size * (n + 1), size), range(top, top + n)))
+            else:
+                segments.append((size, [ctx] * n, [0] * n))
         ctx += size * n
         pos = f
-        leaving = finish_at.get(f) if f < j0 + k else None
+        leaving = finish_at.get(f) if f < end else None
         if leaving:
             size -= len(leaving)
             for r in leaving:
                 off = r.num_computed_tokens - r.group_base
                 ctx -= off + f
                 offsets.remove(off)
-    return rows_l, read_l, max_l
+    return segments
 
 
 def _price(cost: CostModel, rows_l: list[int], read_l: Sequence[int], max_l: Sequence[int],
@@ -71,11 +72,11 @@ def _price(cost: CostModel, rows_l: list[int], read_l: Sequence[int], max_l: Seq
     """Durations and FLOPs of the predicted steps, bit-identical to pricing each step's shape on its own.
     ``pad``: padding rows of every step, or of each (CUDA-graph padding)."""
     k = len(rows_l)
-    pads = pad if isinstance(pad, list) else [pad] * k
-    if k <= SCALAR_BELOW and not any(pads):
+    if pad == 0 and k <= SCALAR_BELOW:
         # numpy's per-call overhead outweighs a short loop
         decode_steps = optional_member(cost, "decode_steps")
         return decode_steps(rows_l, read_l, max_l)
+    pads = pad if isinstance(pad, list) else [pad] * k
     if k <= SCALAR_BELOW:
         shapes = [StepShape(n, n, n, c, c, p, 0, max_decode_len=m)
                   for n, c, m, p in zip(rows_l, read_l, max_l, pads, strict=True)]
@@ -291,8 +292,9 @@ def _predict_and_price(core: ServingCore, g: DecodeGroup, cost: CostModel, now: 
         # how many steps fit before the horizon, from the first step's time. Later steps attend to more tokens,
         # so they are no shorter unless members leave; a small margin covers that (a guess that falls short
         # leaves the rest for the next call; one too long prices steps never taken).
-        rows, read = g.size + pad, g.ctx + g.size
-        gp = graph_padding(core.graph_sizes, rows)
+        size = len(g.members)
+        rows, read = size + pad, g.ctx + size
+        gp = graph_padding(core.graph_sizes, rows) if core.graph_sizes else 0
         rows += gp
         if not pad and not gp:
             first = optional_member(cost, "decode_step_time")(rows, read)
@@ -309,25 +311,36 @@ def _predict_and_price(core: ServingCore, g: DecodeGroup, cost: CostModel, now: 
     if k < 1:
         return [], [], []
     # predict each step's rows and attended tokens (members leave after their finishing step)
-    size, ctx = g.size, g.ctx
-    finish_at = g.finish_at
-    rows_l: list[int]
-    read_l: Sequence[int]
-    max_l: Sequence[int]
-    if not finish_at or g.next_finish() >= j0 + k:  # nobody leaves before the last step: constant rows
+    size, ctx = len(g.members), g.ctx
+    if not g.finish_at or g.next_finish() >= j0 + k:  # nobody leaves before the last step: constant rows
         # attended and longest tokens grow evenly: ranges, which the cost model may price without a list
-        rows_l = [size + pad] * k
-        read_l = range(ctx + size, ctx + size * (k + 1), size) if size else [ctx] * k
-        top = g.max_computed() + 1 if size else 0
-        max_l = range(top, top + k) if size else [0] * k
+        top = g.max_computed() + 1
+        segments: list[Segment] = [(size, range(ctx + size, ctx + size * (k + 1), size), range(top, top + k))
+                                   if size else (size, [ctx] * k, [0] * k)]
     else:
-        rows_l, read_l, max_l = predict(g, k, pad)
-    price_pad: int | list[int] = pad
-    if core.graph_sizes:  # CUDA-graph padding: each step's rows up to the next captured size
-        gpads = [graph_padding(core.graph_sizes, r) for r in rows_l]
-        rows_l = [r + p for r, p in zip(rows_l, gpads, strict=True)]
-        price_pad = [pad + p for p in gpads]
-    durations, flops = _price(cost, rows_l, read_l, max_l, price_pad)
+        segments = predict(g, k)
+    # CUDA-graph padding: each run's rows up to the next captured size
+    sizes = core.graph_sizes
+    gpads = [graph_padding(sizes, n + pad) for n, _, _ in segments] if sizes else [0] * len(segments)
+    read_l = segments[0][1] if len(segments) == 1 else list(chain.from_iterable(s[1] for s in segments))
+    if k > SCALAR_BELOW:  # one numpy call over the steps end to end
+        rows_l: list[int] = []
+        pads: list[int] = []
+        max_l: list[int] = []
+        for (n, reads, longest), gp in zip(segments, gpads, strict=True):
+            rows_l += [n + pad + gp] * len(reads)
+            pads += [pad + gp] * len(reads)
+            max_l += longest
+        durations, flops = _price(cost, rows_l, read_l, max_l, pads)
+        return durations, flops, read_l
+    # a run at a time: its rows the same, its attended tokens a range, which the cost model prices fastest
+    durations, flops = [], []
+    for (n, reads, longest), gp in zip(segments, gpads, strict=True):
+        t, f = _price(cost, [n + pad + gp] * len(reads), reads, longest, pad + gp)
+        if len(segments) == 1:
+            return t, f, read_l
+        durations += t
+        flops += f
     return durations, flops, read_l
 
 
@@ -348,7 +361,7 @@ def _end_run(core: ServingCore, g: DecodeGroup, first: int, stop: int, ends: lis
         core.plans += [tuple(sorted((i, 1) for i in g.members))] * n
     core.steps.end_decode_run(
         n, ends[first], m, core.kv.num_blocks, len(core.running), len(core.waiting), len(core.swapped),
-        graph_padding(core.graph_sizes, m),
+        graph_padding(core.graph_sizes, m) if core.graph_sizes else 0,
     )
 
 
