@@ -63,6 +63,10 @@ CASES = [
     # a reason that is not a str: refuse() returning a bool rejected every request, with 'False' as the reason
     ("bad_policies.py:RefusesWithTrue", "", "RefusesWithTrue at t=0.016468 s: rejects request 0 with reason True, not "
      "a str (QueuePolicy.refuse returns None to keep a request, a reason string to reject it)"),
+    # a plan's lists changed by hand: Python's unpacking error under servesim's frames, exit 1
+    ("bad_policies.py:TripleByHand", "", "TripleByHand at t=0.016468 s: plan.scheduled holds (RequestView("),
+    ("bad_policies.py:RejectsByHand", "", "RejectsByHand at t=0.000000 s: plan.rejected is None, not a list (build a "
+     "plan with its methods: schedule, preempt, swap_in, reject)"),
     ("bad_policies.py:UnprintableError", "",
      "UnprintableError: schedule(view) at t=0.000000 s raised _Unprintable: (its message could not be formatted)"),
     # a key of the built-in kinds that a user's class does not take (it was told "did you mean" the same key)

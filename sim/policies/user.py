@@ -17,6 +17,7 @@ runs a policy with and without that and names the first step where the two diffe
 
 from __future__ import annotations
 
+import reprlib
 import threading
 import traceback
 from collections.abc import Collection
@@ -98,6 +99,20 @@ def _raised(what: str, e: BaseException) -> PolicyError:
     except Exception:  # a user's __str__ that raises (traceback formats the message too)
         frames = _user_frames(e, exception=False)
     return PolicyError(f"{what} {exception_text(e)}\n{frames}".rstrip())
+
+
+def _malformed(up: api.Plan) -> str | None:
+    """What is wrong with the shape of a plan's lists (entries added or replaced by hand), or None."""
+    for name, second in (("scheduled", "tokens"), ("preempted", "mode"), ("rejected", "reason"), ("swapped_in", "")):
+        entries = getattr(up, name)
+        if not isinstance(entries, list):
+            return (f"plan.{name} is {reprlib.repr(entries)}, not a list (build a plan with its methods: schedule, "
+                    "preempt, swap_in, reject)")
+        for x in entries:
+            if second and not (isinstance(x, tuple) and len(x) == 2):
+                return (f"plan.{name} holds {reprlib.repr(x)}, not a (request, {second}) pair (build a plan with "
+                        "its methods: schedule, preempt, swap_in, reject)")
+    return None
 
 
 class UserPolicy(Policy):
@@ -195,7 +210,18 @@ class UserPolicy(Policy):
         up = self._call(f"schedule(view) at t={view.now:.6f} s", self.user.schedule, pv)
         if not isinstance(up, api.Plan):
             raise PolicyError(f"policy {self.name}: schedule returned {type(up).__name__}, not a servesim.Plan")
-        return self._translate(up, rejected, view, pv.running)
+        try:
+            return self._translate(up, rejected, view, pv.running)
+        except PolicyError:
+            raise
+        except (TypeError, ValueError):
+            # a plan whose lists were changed by hand, not through its methods: found only when it breaks, so
+            # that a well-made plan pays nothing for the check
+            why = _malformed(up)
+            if why is None:
+                raise
+            self._fail(view.now, why)
+            raise
 
     def _translate(self, up: api.Plan, rejected: list[tuple[Request, str]], view: View,
                    running: tuple[api.RequestView, ...]) -> CorePlan:

@@ -186,3 +186,20 @@ class RefusesWithTrue(servesim.QueuePolicy):
 
     def refuse(self, req, view):
         return req.prompt_len > 100
+
+
+class TripleByHand(FCFSPolicy):
+    """Adds to the plan's list by hand, three values where the plan holds pairs: a traceback from the core, exit 1."""
+
+    def schedule(self, view):
+        plan = super().schedule(view)
+        if view.waiting:
+            plan.scheduled.append((view.waiting[-1], 1, "first"))
+        return plan
+
+
+class RejectsByHand(FCFSPolicy):
+    def schedule(self, view):
+        plan = super().schedule(view)
+        plan.rejected = None
+        return plan
