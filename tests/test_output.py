@@ -269,6 +269,19 @@ def test_duplicate_variant_names_are_refused(tmp_path):
         write_run(tmp_path, [small_run("a"), small_run("a")])
 
 
+def test_variant_names_that_read_alike_as_files_keep_their_own_exports(tmp_path):
+    """'a b' and 'a/b' are both a_b as a file name: one pair of export files held the later variant, the earlier's
+    were lost without a word. And a name beginning with a dot made a hidden file ('.' gave '..metrics.prom')."""
+    names = ["a b", "a/b", "A_b", ".", "../x"]
+    write_run(tmp_path, [small_run(n) for n in names])
+    stems = ["a_b", "a_b-2", "A_b-3", "variant", "x"]
+    assert sorted(os.listdir(tmp_path)) == sorted(
+        ["summary.json", "requests.csv", "steps.csv", "report.html"]
+        + [s + suffix for s in stems for suffix in (".vllm-bench.json", ".metrics.prom")])
+    for name, stem in zip(names, stems, strict=True):  # each file holds its own variant
+        assert json.loads((tmp_path / f"{stem}.vllm-bench.json").read_text())["label"] == name
+
+
 def test_format_table(two_runs):
     results, summaries = two_runs
     text = format_table(summaries)

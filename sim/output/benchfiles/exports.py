@@ -17,8 +17,9 @@ METRICS_SUFFIX = ".metrics.prom"
 
 
 def file_stem(name: str) -> str:
-    """A variant name as a file name: sweep labels such as ``cb[rate=4.0]`` keep their readable parts."""
-    return re.sub(r"[^A-Za-z0-9._=,+-]+", "_", name).strip("_") or "variant"
+    """A variant name as a file name: sweep labels such as ``cb[rate=4.0]`` keep their readable parts. No leading
+    dot: ``../x`` or ``.`` made ``.._x.metrics.prom`` and ``..metrics.prom``, files ``ls`` does not show."""
+    return re.sub(r"[^A-Za-z0-9._=,+-]+", "_", name).lstrip("._").rstrip("_") or "variant"
 
 
 def _arrival_hints(scenario: dict[str, Any] | None) -> dict[str, Any]:
@@ -45,8 +46,15 @@ def export_files(results: list[RunResult], scenario: dict[str, Any] | None = Non
     if hints.get("burstiness") == float("inf"):
         hints["burstiness"] = "inf"  # JSON has no infinity; a string as vLLM's request_rate uses
     out: dict[str, str | Callable[[IO[str]], None]] = {}
+    taken: set[str] = set()
     for r in results:
-        stem = file_stem(r.name)
+        stem = base = file_stem(r.name)
+        # Names that read alike as files ("a/b" and "a b", or "A" and "a" on a disk blind to case) shared one pair
+        # of files, the later variant's overwriting the earlier's without a word: the later gets a number.
+        k = 2
+        while stem.lower() in taken:
+            stem, k = f"{base}-{k}", k + 1
+        taken.add(stem.lower())
         out[stem + BENCH_SUFFIX] = vllm_bench_writer(r, **hints)
         out[stem + METRICS_SUFFIX] = openmetrics_text(r)
     return out
