@@ -67,6 +67,11 @@ CASES = [
     ("bad_policies.py:TripleByHand", "", "TripleByHand at t=0.016468 s: plan.scheduled holds (RequestView("),
     ("bad_policies.py:RejectsByHand", "", "RejectsByHand at t=0.000000 s: plan.rejected is None, not a list (build a "
      "plan with its methods: schedule, preempt, swap_in, reject)"),
+    # a hook of the wrong signature: refused when the class is loaded, not at its first call mid-run
+    ("bad_policies.py:TakesNoView", "", "TakesNoView has schedule(), which cannot be called as schedule(view): too many "
+     "positional arguments"),
+    ("bad_policies.py:RanksWithView", "", "RanksWithView has rank(req, view), which cannot be called as rank(req): "
+     "missing a required argument: 'view'"),
     ("bad_policies.py:UnprintableError", "",
      "UnprintableError: schedule(view) at t=0.000000 s raised _Unprintable: (its message could not be formatted)"),
     # a key of the built-in kinds that a user's class does not take (it was told "did you mean" the same key)

@@ -85,6 +85,16 @@ def test_a_router_that_is_not_one_is_refused_at_load(tmp_path: Path) -> None:
     assert p.returncode == 2 and "ShortOnly has no route() method (subclass servesim.Router)" in p.stderr, p.stderr
 
 
+def test_a_router_of_the_wrong_signature_is_refused_at_load(tmp_path: Path) -> None:
+    """route(self, request) without the replicas failed only at the first arrival, with Python's TypeError."""
+    text = SCENARIO.replace("bad_policies.py:Fewest", "bad_policies.py:RoutesWithoutReplicas")
+    p = subprocess.run([sys.executable, "-m", "sim.cli.main", "run", str(_scenario(tmp_path, text)), "-q"],
+                       capture_output=True, text=True, timeout=300, cwd=HERE.parent)
+    assert p.returncode == 2, p.stderr
+    assert ("RoutesWithoutReplicas has route(request), which cannot be called as route(request, replicas): too many "
+            "positional arguments\n") in p.stderr, p.stderr
+
+
 def test_a_router_or_admission_that_never_returns_is_stopped(tmp_path: Path) -> None:
     """docs/write-a-policy.md: a call that never returns is stopped with one message, 'the same for a router's route
     and an admission's admit' (sim/policies/watchdog.py), exit 2, nothing written."""

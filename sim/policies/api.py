@@ -32,6 +32,7 @@ written against it only (``sim.policies.queue`` and its subclasses), so they are
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import repeat
@@ -364,6 +365,9 @@ class Policy:
     ``ValueError`` with a message naming the argument."""
 
     depends_on: ClassVar[frozenset[str]] = frozenset({"every_step"})
+    # the methods the core calls, with what it passes: their signatures are checked when the class is loaded
+    _hook_signatures: ClassVar[tuple[tuple[str, tuple[str, ...]], ...]] = (
+        ("schedule", ("view",)), ("wake_time", ("view",)), ("describe", ()))
 
     def schedule(self, view: PolicyView) -> Plan:
         raise NotImplementedError(f"{type(self).__name__} must define schedule(view) -> servesim.Plan")
@@ -385,6 +389,26 @@ def implements_policy(obj: Any) -> str | None:
     dep = getattr(obj, "depends_on", Policy.depends_on)
     if not isinstance(dep, frozenset | set | tuple | list) or not set(dep) <= DEPENDS_ON:
         return f"depends_on must be a set of {sorted(DEPENDS_ON)}, got {dep!r}"
+    for method, args in getattr(type(obj), "_hook_signatures", Policy._hook_signatures):
+        if (why := wrong_signature(obj, method, args)) is not None:
+            return why
+    return None
+
+
+def wrong_signature(obj: Any, method: str, args: tuple[str, ...]) -> str | None:
+    """Why ``obj.method`` cannot be called with ``args`` (``def schedule(self)``, a parameter too many), or None;
+    checked when the class is loaded, where it failed only at the method's first call, mid-run."""
+    fn = getattr(obj, method, None)
+    if not callable(fn):
+        return None
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):  # no signature to read (a builtin): its first call says
+        return None
+    try:
+        sig.bind(*args)
+    except TypeError as e:
+        return f"has {method}{sig}, which cannot be called as {method}({', '.join(args)}): {e}"
     return None
 
 

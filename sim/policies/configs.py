@@ -275,7 +275,8 @@ class UserClassConfig(PolicyModel):
             raise ValueError(f"cls {self.cls}: {what} {exception_text(e)}") from None
         why = self.problem(obj)
         if why is not None:
-            raise ValueError(f"cls {self.cls}: {type(obj).__name__} {why} (subclass servesim.{self._api})")
+            hint = f" (subclass servesim.{self._api})" if why.startswith(("has no ", "does not override")) else ""
+            raise ValueError(f"cls {self.cls}: {type(obj).__name__} {why}{hint}")
         return obj
 
 

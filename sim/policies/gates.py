@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sim.policies.api import RequestView
+from sim.policies.api import RequestView, wrong_signature
 from sim.policies.watchdog import WATCH
 from sim.serving.request import Request
 
@@ -94,21 +94,21 @@ class TokenBucket(Admission):
         return None
 
 
-def _implements(obj: Any, method: str, base: type) -> str | None:
+def _implements(obj: Any, method: str, base: type, args: tuple[str, ...]) -> str | None:
     fn = getattr(obj, method, None)
     if not callable(fn):
         return f"has no {method}() method"
     if getattr(type(obj), method, None) is getattr(base, method):
         return f"does not override {method}()"
-    return None
+    return wrong_signature(obj, method, args)
 
 
 def implements_router(obj: Any) -> str | None:
-    return _implements(obj, "route", Router)
+    return _implements(obj, "route", Router, ("request", "replicas"))
 
 
 def implements_admission(obj: Any) -> str | None:
-    return _implements(obj, "admit", Admission)
+    return _implements(obj, "admit", Admission, ("request", "state"))
 
 
 class UserRouter:

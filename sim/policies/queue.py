@@ -35,6 +35,7 @@ class QueuePolicy(Policy):
     # when a request arrives or finishes (or KV runs short, when the core always asks).
     depends_on = frozenset({"arrivals", "finishes"})
     preempt_for_waiting = False
+    _hook_signatures = (*Policy._hook_signatures, ("rank", ("req",)), ("refuse", ("req", "view")))
 
     def __init__(self, enable_chunked_prefill: bool = True, preemption_mode: str = "recompute") -> None:
         if preemption_mode not in ("recompute", "swap"):

@@ -203,3 +203,20 @@ class RejectsByHand(FCFSPolicy):
         plan = super().schedule(view)
         plan.rejected = None
         return plan
+
+
+class TakesNoView(FCFSPolicy):
+    """schedule without its view: failed only at the first call, mid-run, with Python's TypeError."""
+
+    def schedule(self):
+        return servesim.Plan()
+
+
+class RanksWithView(servesim.QueuePolicy):
+    def rank(self, req, view):
+        return (req.arrival, req.id)
+
+
+class RoutesWithoutReplicas(servesim.Router):
+    def route(self, request):
+        return 0
