@@ -124,6 +124,17 @@ def test_an_empty_search_space_is_an_error_naming_why() -> None:
         "pp 1 is more than plan.max_gpus 1")
 
 
+def test_a_gpu_whose_board_refuses_the_power_cap_is_left_out_with_a_note() -> None:
+    """deployment.power_limit_w above an L4's 72 W TDP: its candidates were counted as 'pruned by analytic bounds:
+    memory', which says the model does not fit. The GPU is left out with the reason in the notes."""
+    raw = chat(1, 20, ttft=2.0, tpot=0.1, gpus=["l4", "a100-80gb"])
+    raw["deployment"]["power_limit_w"] = 300
+    r = plan(parse_scenario(raw))
+    assert {e.candidate.gpu for e in r.evaluations} == {"a100-80gb"} and r.count("pruned", "memory") == 0
+    assert "power_limit_w: 300 W is outside the range of GPU l4: above its idle 16 W, at most its TDP 72 W: l4 left " \
+        "out" in r.notes
+
+
 # ---- the bounds are sound -------------------------------------------------------------------------------------
 def _variant(raw: dict, gpu: str, *, tp: int = 1, wd: str = "bf16", kd: str = "auto", mns: int = 256,
              chunk: bool = True, prefix: bool = False) -> VariantConfig:

@@ -48,6 +48,7 @@ import math
 import time
 from typing import Any
 
+from sim.config.deployment import capped_clock
 from sim.config.scenario import VariantConfig, slos_of
 from sim.config.schema import (
     AnalyticCost,
@@ -213,6 +214,15 @@ def plan(scenario: Scenario, *, stop_early: bool | None = None, progress: bool =
         if g.price_per_hour <= 0:
             notes.append(f"{g.name} has no price_per_hour: left out")
             continue
+        if dep.power_limit_w is not None:
+            # one cap in watts for every GPU searched: a GPU whose board does not take it is left out, said so (its
+            # candidates were counted as pruned by memory)
+            try:
+                capped_clock(g, dep.power_limit_w)
+            except ScenarioError as e:
+                notes.append(f"{e}: {g.name} left out")
+                left_out[f"{e}"] = None
+                continue
         splits = [(tp, pp) for pp in dict.fromkeys(cfg.pipeline_parallel_sizes)
                   for tp in dict.fromkeys(cfg.tensor_parallel_sizes)]
         for tp, pp in splits:
@@ -239,7 +249,7 @@ def plan(scenario: Scenario, *, stop_early: bool | None = None, progress: bool =
                                     survivors.append((ev, vcfg))
 
     if not evaluations:  # nothing to search: "no deployment meets the SLOs" (exit 0) would blame the SLOs
-        why = "; ".join(left_out) or "no GPU of plan.gpus has a price_per_hour"
+        why = "; ".join(left_out) or "no GPU of plan.gpus has a price_per_hour"  # (each said in the notes)
         raise ScenarioError(f"plan: the search space holds no deployment of {model.name}: {why}")
     survivors.sort(key=lambda s: (round(s[0].candidate.cost_per_hour, 6), tuple(-x for x in s[0].candidate.precision),
                                   s[0].candidate.replicas, s[0].candidate.prefill_replicas,
