@@ -81,6 +81,22 @@ def test_outputs_do_not_depend_on_the_step_log_spilling_to_a_file(monkeypatch: p
         assert back[k].tobytes() == res.steps[k].tobytes() and back[k].dtype == res.steps[k].dtype, k
 
 
+def test_step_count_reads_no_column(monkeypatch: pytest.MonkeyPatch) -> None:
+    """step_count (the run folder's choice of steps.csv or steps_binned.csv, energy) counts a log's steps without
+    expanding a column (the start column, 8 bytes a step, was the write phase's largest array); a dict of columns
+    is counted by its start column."""
+    from sim.metrics.step_columns import step_count
+
+    monkeypatch.setattr(records, "_CHUNK", 7)
+    run = run_scenario(prepare_scenario(parse_scenario({**SCENARIO, "variants": SCENARIO["variants"][:1]})))
+    steps = run.results[0].steps
+    assert isinstance(steps, StepColumns) and len(steps._chunks) > 1
+    n = len(steps["start"])
+    monkeypatch.setattr(StepColumns, "__getitem__", lambda self, key: pytest.fail(f"column {key} expanded"))
+    assert step_count(steps) == n > 1000
+    assert step_count({"start": np.zeros(5), "end": np.zeros(5)}) == 5
+
+
 def test_columns_are_the_expanded_runs_and_read_only() -> None:
     log = records.StepLog()
     log.append(0.0, 1.0, 2, 0, 10, 1, 0, 3, 1, 30, 100, 2, 5, 0, 0, 0, 0, 7.0)

@@ -49,7 +49,7 @@ from sim.costs.analytic import DEFAULT_COMPUTE_EFFICIENCY, AnalyticCostModel
 from sim.costs.costmodel import StepShape
 from sim.metrics.block_sums import PairwiseSum
 from sim.metrics.request_table import RequestTable, as_table
-from sim.metrics.step_columns import StepColumns, continues_ascending, step_blocks
+from sim.metrics.step_columns import StepColumns, continues_ascending, step_blocks, step_count
 
 if TYPE_CHECKING:
     from sim.hardware.gpu import GPUSpec
@@ -120,17 +120,13 @@ def busy_shares(pm: PowerModel, steps: Any) -> tuple[np.ndarray, np.ndarray]:
     row attends its context plus itself) and are taken as the GPU's stored KV tokens in a step with prefill.
     Computed a block of steps at a time (``step_blocks``): a dozen temporaries of a long run's whole columns were
     most of the memory its summary took."""
-    n = _num_steps(steps)
+    n = step_count(steps)
     c, m = np.zeros(n), np.zeros(n)
     for lo, block in step_blocks(steps, _BUSY_COLUMNS):
         bc, bm = _busy_block(pm, {k: np.asarray(v, dtype=np.float64) for k, v in block.items()})
         c[lo : lo + len(bc)] = bc
         m[lo : lo + len(bm)] = bm
     return c, m
-
-
-def _num_steps(steps: Any) -> int:
-    return steps.num_steps if isinstance(steps, StepColumns) else len(steps["duration"])
 
 
 def _power_blocks(pm: PowerModel, steps: Any, rows: int | None = None, extra: tuple[str, ...] = ()
@@ -240,7 +236,7 @@ def _run_energy(result: RunResult, up: float) -> RunEnergy | None:
     if pm is None:
         return None
     s = result.steps
-    n = _num_steps(s)
+    n = step_count(s)
     busy_s, busy_j = PairwiseSum(n), PairwiseSum(n)  # float(dur.sum()), float(energy.sum()) to the bit
     peak = -np.inf
     for _, block, power in _power_blocks(pm, s):

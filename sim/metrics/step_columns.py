@@ -135,6 +135,13 @@ class StepColumns(Mapping[str, np.ndarray]):
                    self._chunk_column("batch_size", steps, runs, n)[mine])
 
 
+def step_count(steps: Mapping[str, np.ndarray]) -> int:
+    """How many steps a log holds, without expanding a column of a ``StepColumns`` (8 bytes a step: counting a
+    long run's steps by its whole start column, twice while its chunks were joined, was the write phase's
+    largest array)."""
+    return steps.num_steps if isinstance(steps, StepColumns) else len(steps["start"])
+
+
 BLOCK_ROWS = 1 << 16  # steps per block of step_blocks (512 kB a float64 column)
 
 

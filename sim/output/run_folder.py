@@ -36,6 +36,7 @@ from sim.metrics.columns import (
 )
 from sim.metrics.records import CLASS_FIELDS, REQUEST_FIELDS, STEP_COLUMNS, RequestRecord, RunResult, has_classes
 from sim.metrics.request_table import RequestTable, by_id, in_columns
+from sim.metrics.step_columns import step_count
 from sim.metrics.summary import summarize
 from sim.output.table import format_table, table_cells
 
@@ -230,7 +231,7 @@ def write_run(
     if steps not in ("auto", "full", "binned"):
         raise ValueError(f"steps must be auto, full or binned, got {steps!r}")
     if steps == "auto":
-        steps = "full" if sum(len(r.steps["start"]) for r in results) <= FULL_STEPS_MAX else "binned"
+        steps = "full" if sum(step_count(r.steps) for r in results) <= FULL_STEPS_MAX else "binned"
     from sim.output.report import build_report  # plotly is only needed here, not for the table or the CSVs
 
     out = Path(out_dir)
