@@ -365,6 +365,7 @@ class BoundedRouter:
         self.name = name
         self.env = env
         self._key = KEYS[name]
+        self._kv = name == "least_kv"
         self._stamp = [0] * len(replicas)
         self._bound: list[tuple] = [(float("inf"),)] * len(replicas)  # each replica's live entry's bound
         self._heap: list[tuple] = []
@@ -372,9 +373,21 @@ class BoundedRouter:
             self.update(rep)
 
     def update(self, rep: Any) -> None:
-        key = self._key(rep.core)
-        if key < self._bound[rep.index]:
-            self._push(rep.index, key)
+        # called whenever a replica is about to wait (about 3 times a request), and most calls push nothing: the
+        # key written out for least_kv, its KV pressure compared with the bound's before any tuple is made
+        core = rep.core
+        i = rep.index
+        bound = self._bound[i]
+        if self._kv:
+            kv = core.kv
+            p = kv_pressure(core) if core.waiting else kv.num_used_blocks / kv.num_blocks
+            if p > bound[0]:
+                return
+            key: tuple = (p, len(core.waiting) + len(core.running) + len(core.swapped))
+        else:
+            key = self._key(core)
+        if key < bound:
+            self._push(i, key)
 
     def _push(self, i: int, key: tuple) -> None:
         s = self._stamp[i] + 1
@@ -382,7 +395,10 @@ class BoundedRouter:
         self._bound[i] = key
         heap = self._heap
         heapq.heappush(heap, (*key, i, s))
-        if len(heap) > 8 * len(self._stamp) + 1024:
+        # stale entries (a replica's earlier bounds) are dropped once they outnumber the live ones: every arrival
+        # pops through the heap, and at 8n + 1024 entries (256 replicas: about 1,200 on average) its depth cost
+        # more than the rebuilds
+        if len(heap) > 2 * len(self._stamp) + 64:
             stamp = self._stamp
             self._heap = [e for e in heap if e[-1] == stamp[e[-2]]]
             heapq.heapify(self._heap)
@@ -391,7 +407,7 @@ class BoundedRouter:
         heap, stamp = self._heap, self._stamp
         if len(replicas) != len(stamp):
             raise AssertionError("a bounded router routes over the whole fleet")
-        now, name = self.env.now, self.name
+        now, name, kv_only = self.env.now, self.name, self._kv
         taken: list[tuple[int, tuple]] = []
         best: tuple | None = None
         while heap:
@@ -403,7 +419,16 @@ class BoundedRouter:
             if best is not None and top[:-1] > best:
                 break
             heapq.heappop(heap)
-            key = replicas[i].key(name, now)
+            rep = replicas[i]
+            tl = rep.parked
+            if tl is not None and kv_only:  # ParkingReplica.key's parked least_kv case, inline
+                core = rep.core
+                kv = core.kv
+                o = tl.o
+                k = bisect_left(tl.ends, now, o, o + tl.n + 1) - 1
+                key = ((kv.num_used_blocks if k < o else tl.used[k - o]) / kv.num_blocks, len(core.running))
+            else:
+                key = rep.key(name, now)
             taken.append((i, key))
             exact = (*key, i)
             if best is None or exact < best:
