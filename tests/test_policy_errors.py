@@ -89,6 +89,28 @@ def test_bad_policy_exits_2_with_one_message(tmp_path: Path, cls: str, extra: st
     assert not (tmp_path / "out").exists()  # nothing half-written
 
 
+@pytest.mark.parametrize(("cls", "swap_space", "message"), [
+    ("SwapsOutUnreserved", 0, "plan swaps request 0 out past the free CPU swap space: request 0 needs "
+     "9 CPU blocks, 0 free"),
+    ("SwapsInUnreserved", 4, "plan swaps request 12 in past the free KV: request 12 needs 9 blocks "
+     "to swap in, 8 free"),
+])
+def test_a_swap_past_the_free_blocks_exits_2(tmp_path: Path, cls: str, swap_space: int, message: str) -> None:
+    """A swap the budget did not reserve (a swap-out with no CPU swap space, a swap-in past the free GPU blocks) ended
+    with the KV manager's BlockError and its traceback, exit 1: the core checked only the blocks of scheduled
+    tokens."""
+    (tmp_path / "bad_policies.py").write_text((POLICIES / "bad_policies.py").read_text())
+    sc = tmp_path / "s.yaml"
+    sc.write_text(SCENARIO.format(cls=f"bad_policies.py:{cls}", extra="").replace(
+        "max_model_len: 1024}", f"max_model_len: 256, num_gpu_blocks: 30, swap_space: {swap_space}}}").replace(
+        "max_num_seqs: 4", "max_num_seqs: 8"))
+    p = subprocess.run([sys.executable, "-m", "sim.cli.main", "run", str(sc), "--out", str(tmp_path / "out"), "-q"],
+                       capture_output=True, text=True, timeout=300, cwd=HERE.parent)
+    assert p.returncode == 2, p.stderr
+    assert f"error: variant 'bad-policy': policy {cls}: {message}" in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr and not (tmp_path / "out").exists()
+
+
 def test_an_exception_in_a_policy_shows_the_users_frames(tmp_path: Path) -> None:
     p = _run(tmp_path, "bad_policies.py:Raises")
     assert "KeyError: 'no such key'" in p.stderr

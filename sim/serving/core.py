@@ -390,7 +390,10 @@ class ServingCore:
             self.filled_blocks -= cdiv(r.num_computed_tokens, kv.block_size)
             if mode == "swap":
                 blocks = kv.block_table(r)
-                swap_blocks += kv.swap_out(r)
+                try:
+                    swap_blocks += kv.swap_out(r)
+                except BlockError as e:  # a plan that swapped out without budget.swap_out (or no swap_space)
+                    raise PlanError(f"plan swaps request {r.id} out past the free CPU swap space: {e}") from e
                 swapped_out = (swapped_out or []) + [(r.id, blocks)]
                 r.status = Status.SWAPPED
                 self.swapped.append(r)
@@ -408,7 +411,10 @@ class ServingCore:
             self.swapped.remove(r)
             if r.resumed_at is not None:
                 r.resumed_at.append(now)
-            swap_blocks += kv.swap_in(r)
+            try:
+                swap_blocks += kv.swap_in(r)
+            except BlockError as e:  # a plan that swapped in without budget.swap_in
+                raise PlanError(f"plan swaps request {r.id} in past the free KV: {e}") from e
             swapped_in = (swapped_in or []) + [(r.id, kv.block_table(r))]
             self._admit(r)
             self.kv_tokens += r.num_computed_tokens

@@ -220,3 +220,29 @@ class RanksWithView(servesim.QueuePolicy):
 class RoutesWithoutReplicas(servesim.Router):
     def route(self, request):
         return 0
+
+
+class SwapsOutUnreserved(FCFSPolicy):
+    """Swaps a running request out whenever requests wait, without budget.swap_out: past the CPU swap space."""
+
+    def schedule(self, view):
+        if view.running and view.waiting:
+            plan = servesim.Plan()
+            plan.preempt(view.running[0], mode="swap")
+            return plan
+        return super().schedule(view)
+
+
+class SwapsInUnreserved(FCFSPolicy):
+    """Swaps every swapped request back in at once, without budget.swap_in: past the free GPU blocks."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(preemption_mode="swap", **kwargs)
+
+    def schedule(self, view):
+        if view.swapped:
+            plan = servesim.Plan()
+            for r in view.swapped:
+                plan.swap_in(r, r.num_remaining)
+            return plan
+        return super().schedule(view)
