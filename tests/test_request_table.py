@@ -157,3 +157,30 @@ def test_vllm_bench_lists_written_a_block_at_a_time(rows: int, monkeypatch: pyte
     assert isinstance(streamed.requests, RequestTable) and len(texts[0]["energies_j"]) == 1500
     assert any(texts[0]["errors"]) and not all(texts[0]["errors"])
     assert texts[1]["start_times"] == [0, 0.2, 0.3] and texts[1]["errors"] == ["", "rejected", "kv leak"]
+
+
+def test_columns_are_kept_compact_and_read_back_in_their_dtypes() -> None:
+    """A table keeps a column whose values are all the same (bit for bit: -0.0 is not 0.0) as one value, and
+    integers in the narrowest dtype that holds them (128 bytes a request were most of a long run's memory);
+    read back, each column has its dtype and the very values, selected or not, and the records are the same."""
+    recs = [RequestRecord(i, 0.5 * i, 0.5 * i, 0.6 * i, 1.0 + i, 100 + 600 * i, 3, 3, 0, "completed", "", 0, -1)
+            for i in range(50)]
+    recs[7] = dataclasses.replace(recs[7], num_preemptions=70_000, first_token=-0.0)
+    sink = table_module.RequestSink()
+    for r in recs:
+        sink.add_record(r)
+    table = sink.table()
+    kept = table._numeric
+    assert kept["replica"].strides == (0,) and kept["ttft_slo"].strides == (0,)  # one value each
+    assert kept["prompt_tokens"].dtype == np.int16 and kept["id"].dtype == np.int8
+    assert kept["num_preemptions"].dtype == np.int32 and kept["first_token"].strides != (0,)
+    assert table._codes["outcome"].strides == (0,)
+    for name in ("replica", "prompt_tokens", "num_preemptions", "ttft_slo", "first_token"):
+        col = table.column(name)
+        assert col.dtype == (np.float64 if name in ("ttft_slo", "first_token") else np.int64)
+        assert col.tolist() == [getattr(r, name) for r in recs]
+    assert np.signbit(table.column("first_token")[7])
+    assert list(table) == recs
+    some = table.select(table.column("id") % 3 == 0)
+    assert list(some) == recs[::3] and some._numeric["replica"].strides == (0,)
+    assert table.text("outcome")[0].dtype == np.int32 and table.outcome_is("completed").all()

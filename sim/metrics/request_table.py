@@ -59,8 +59,9 @@ class RequestTable(Sequence[RequestRecord]):
         return self._n
 
     def column(self, name: str) -> np.ndarray:
-        """A numeric field's column (read-only use: it is the table's own array)."""
-        return self._numeric[name]
+        """A numeric field's column in its dtype (int64 or float64; read-only use: it may be the table's own
+        array, or one value seen n times)."""
+        return np.asarray(self._numeric[name], dtype=_NUMERIC[name])
 
     def outcome_is(self, outcome: str, rows: slice = slice(None)) -> np.ndarray:
         """Which requests (of ``rows``) ended with ``outcome`` (completed, rejected, failed), as a boolean mask."""
@@ -69,8 +70,9 @@ class RequestTable(Sequence[RequestRecord]):
 
     def select(self, mask: np.ndarray) -> RequestTable:
         """The requests ``mask`` selects, in order, as a table of their own."""
-        return RequestTable({k: v[mask] for k, v in self._numeric.items()},
-                            {k: v[mask] for k, v in self._codes.items()}, self._names, self._tuples, self._ints)
+        return RequestTable({k: _picked(v, mask) for k, v in self._numeric.items()},
+                            {k: _picked(v, mask) for k, v in self._codes.items()}, self._names, self._tuples,
+                            self._ints)
 
     def groups(self, name: str) -> dict[str, np.ndarray]:
         """A text field's distinct values, each with the mask of the requests that have it."""
@@ -101,7 +103,7 @@ class RequestTable(Sequence[RequestRecord]):
 
     def text(self, name: str) -> tuple[np.ndarray, list[str]]:
         """A text field (outcome, reason, tenant, slo_class) as (codes, names): row i's value is names[codes[i]]."""
-        return self._codes[name], self._names[name]
+        return np.asarray(self._codes[name], dtype=np.int32), self._names[name]
 
     def spans(self, name: str) -> dict[int, tuple[float, ...]]:
         """``preempted_at`` or ``resumed_at`` of the requests where it is not empty, by request id."""
@@ -193,10 +195,11 @@ class RequestSink:
             if f in self._ints:
                 ints = [r.id for r, v in zip(recs, values, strict=True) if type(v) is int]
                 self._ints[f].update(ints)
-            chunk[f] = np.array(values, dtype=dtype)
+            chunk[f] = compact(np.array(values, dtype=dtype))
         for f in _TEXT:
             index = self._index[f]
-            chunk[f] = np.array([index.setdefault(v, len(index)) for v in map(attrgetter(f), recs)], dtype=np.int32)
+            chunk[f] = compact(np.array([index.setdefault(v, len(index)) for v in map(attrgetter(f), recs)],
+                                        dtype=np.int32))
         for f in _TUPLES:
             some = self._tuples[f]
             for r in recs:
@@ -211,21 +214,56 @@ class RequestSink:
         """Every request received, in id order (``sort=False``: in the order received). The sink is left empty."""
         self.flush()
         chunks, self._chunks = self._chunks, []
-        ids = np.concatenate([c["id"] for c in chunks]) if chunks else np.zeros(0, dtype=np.int64)
-        order = np.argsort(ids, kind="stable") if sort else np.arange(len(ids))
-        numeric = {f: ids[order] if f == "id" else _gather(chunks, f, order, dtype) for f, dtype in _NUMERIC.items()}
+        ids = np.concatenate([c["id"] for c in chunks]).astype(np.int64) if chunks else np.zeros(0, dtype=np.int64)
+        order = None  # received in id order, or kept as received: no reordering
+        if sort and not bool(np.all(ids[1:] > ids[:-1])):
+            order = np.argsort(ids, kind="stable")
         del ids
+        numeric = {f: _gather(chunks, f, order, dtype) for f, dtype in _NUMERIC.items()}
         codes = {f: _gather(chunks, f, order, np.int32) for f in _TEXT}
         names = {f: list(self._index[f]) for f in _TEXT}
         ints = {f: s for f, s in self._ints.items() if s}
         return RequestTable(numeric, codes, names, self._tuples, ints)
 
 
-def _gather(chunks: list[dict[str, np.ndarray]], f: str, order: np.ndarray, dtype: type) -> np.ndarray:
+def compact(a: np.ndarray) -> np.ndarray:
+    """A column as it is kept (columns.py's 128 bytes a request, held to the end of a run of millions, were most of
+    its memory): one value seen len(a) times (a zero-stride view) where every value is the same, bit for bit;
+    integers in the narrowest of int8, int16 and int32 that holds them; otherwise as it is. Widened back to the
+    column's dtype when read, the values are the same."""
+    if not len(a):
+        return a
+    if a.dtype.kind == "i":  # first the dtype, so that a constant part of a column joins the others' dtype
+        lo, hi = int(a.min()), int(a.max())
+        for narrow in (np.int8, np.int16, np.int32):
+            if np.iinfo(narrow).min <= lo and hi <= np.iinfo(narrow).max:
+                a = a.astype(narrow)
+                break
+    bits = a.view(np.int64) if a.dtype == np.float64 else a  # -0.0 is not 0.0 here: both are written as they are
+    if bool((bits == bits[0]).all()):
+        return np.broadcast_to(a[:1].copy(), a.shape)
+    return a
+
+
+def _constant(a: np.ndarray) -> bool:
+    return a.ndim == 1 and len(a) > 0 and a.strides[0] == 0
+
+
+def _picked(a: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """a[rows] (a boolean mask), a constant column kept as one value."""
+    return np.broadcast_to(a[:1], (int(np.count_nonzero(rows)),)) if _constant(a) else a[rows]
+
+
+def _gather(chunks: list[dict[str, np.ndarray]], f: str, order: np.ndarray | None, dtype: type) -> np.ndarray:
+    """Field f of every chunk, in ``order`` (None: as received), kept compact (``compact``)."""
     if not chunks:
         return np.zeros(0, dtype=dtype)
-    col = np.concatenate([c.pop(f) for c in chunks])  # each chunk's part is dropped once gathered
-    return col[order]
+    parts = [c.pop(f) for c in chunks]  # each chunk's part is dropped once gathered
+    first = parts[0]
+    if all(_constant(p) and p[:1].tobytes() == first[:1].tobytes() and p.dtype == first.dtype for p in parts):
+        return np.broadcast_to(first[:1], (sum(len(p) for p in parts),))
+    col = np.concatenate(parts, dtype=np.result_type(*parts))  # a constant part widens to the others' dtype
+    return col if order is None else col[order]
 
 
 def kv_spans(table: RequestTable, end: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
