@@ -18,7 +18,11 @@ p90 across workloads of |relative error| against the targets
 and the worst workloads. By default a CPU-bound process (``python3 -c 'while 1: pass'``) runs beside the whole
 benchmark, as the targets require (--no-hog: without). ``--compare-profile MODEL=PATH`` re-simulates every
 workload with another profile (the engine's runs are kept), e.g. a grid-only fit, for a before/after table.
-``--out DIR`` writes fidelity-MODEL.json with every workload's errors. Not part of the test suite.
+``--out DIR`` writes fidelity-MODEL.json with every workload's errors. Each workload's line also gives ``steps
+xR``: the engine's step times over what the profile predicts for the very same step shapes (sum over sum; ``dec``
+the median over decode-only steps), which tells a remainder in the step times (the clock, the machine's speed,
+the cost model) from one in what the simulator does with them (scheduling, queueing). Not part of the test
+suite.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -45,6 +51,7 @@ from calibration.fidelity import (  # noqa: E402
     resimulate,
     run_family,
 )
+from calibration.fit import predict, profile_coefficients  # noqa: E402
 from calibration.validate import profile_clock  # noqa: E402
 from calibration.workloads import family  # noqa: E402
 
@@ -70,6 +77,16 @@ def _recorded(path: str) -> str:
     committed, and an absolute path names one machine), else as given."""
     p = Path(path).resolve()
     return p.relative_to(ROOT).as_posix() if p.is_relative_to(ROOT) else path
+
+
+def step_ratios(run: WorkloadRun, coefficients: dict) -> tuple[float, float | None]:
+    """The engine's step times over the profile's predictions for the same shapes: summed over every step, and
+    the median over decode-only steps (None when there are none)."""
+    measured = np.array([s.duration for s in run.samples])
+    predicted = predict(coefficients, run.samples)
+    decode = np.array([s.num_decode_seqs == s.num_seqs for s in run.samples])
+    ratio = measured / predicted
+    return float(measured.sum() / predicted.sum()), (float(np.median(ratio[decode])) if decode.any() else None)
 
 
 def _fmt(e: float | None) -> str:
@@ -98,14 +115,17 @@ def main() -> int:
             path = profiles.get(model, str(ROOT / "calibration" / "profiles" / f"{model}-cpu.json"))
             t0 = time.perf_counter()
             wls = family(args.workloads, model, args.seed)
+            with open(path) as f:
+                coefficients = profile_coefficients(json.load(f))
 
-            def done(run: WorkloadRun, t0: float = t0) -> None:
+            def done(run: WorkloadRun, t0: float = t0, coefficients: dict = coefficients) -> None:
                 e = run.errors()
                 sl = "n/a" if run.slowdown is None else f"{run.slowdown:.2f}"
+                total, dec = step_ratios(run, coefficients)
                 print(f"  {run.workload.name:<52} rho {run.workload.rho:4.2f} "
                       f"ttft50 {_fmt(e['ttft_p50'])} tpot50 {_fmt(e['tpot_p50'])} e2el50 {_fmt(e['e2el_p50'])} "
-                      f"thr {_fmt(e[THROUGHPUT_METRIC])}  machine x{sl}  ({time.perf_counter() - t0:.0f} s)",
-                      flush=True)
+                      f"thr {_fmt(e[THROUGHPUT_METRIC])}  machine x{sl}  steps x{total:.3f} dec "
+                      f"{'n/a' if dec is None else f'x{dec:.3f}'}  ({time.perf_counter() - t0:.0f} s)", flush=True)
 
             shown = _recorded(path)
             cpu_clock, reference = profile_clock(path)  # the engine reads its steps on the profile's clock
@@ -128,6 +148,7 @@ def main() -> int:
                    "workloads": [{"name": r.workload.name, "rho": r.workload.rho, "rate": r.rate,
                                   "saturated": r.workload.saturated, "errors": r.errors(),
                                   "adjusted_errors": r.errors(adjusted=True), "machine_slowdown": r.slowdown,
+                                  "step_ratios": step_ratios(r, coefficients),
                                   "real_steps": int(r.validation.real.steps["duration"].size)} for r in runs]}
             if model in compare:
                 other = [_errors_of(r, resimulate(r, compare[model], model=model)) for r in runs]

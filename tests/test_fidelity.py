@@ -199,3 +199,34 @@ def test_serving_steps_are_the_engines_steps(tmp_path: Path) -> None:
             assert s.max_decode_len * s.num_seqs >= s.kv_read_tokens or s.num_decode_seqs < s.num_seqs
     pre = run.validation.metrics["num_preemptions"]
     assert (pre["real"] or 0) > 0 and (pre["sim"] or 0) > 0  # the small cache preempted, in both
+
+
+def test_bench_fidelity_step_ratios_compare_the_engine_steps_with_the_profile() -> None:
+    # bench_fidelity's `steps xR dec xD` column: the engine's step times over the profile's prediction for the same
+    # shapes; steps at exactly twice (decode) and the same (prefill) as predicted give exact ratios
+    import importlib.util
+    import sys
+    import types
+    from dataclasses import replace
+
+    root = Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location("bench_fidelity", root / "benchmarks" / "bench_fidelity.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = bench
+    spec.loader.exec_module(bench)
+    prof = json.loads((root / "calibration" / "profiles" / "llama-57m-cpu.json").read_text())
+    from calibration.fit import profile_coefficients, samples_from_profile
+
+    coef = profile_coefficients(prof)
+    samples = [s for s in samples_from_profile(prof) if s.kind in ("decode", "prefill")]
+    decode = [s for s in samples if s.num_decode_seqs == s.num_seqs]
+    prefill = [s for s in samples if s.num_decode_seqs == 0]
+    assert decode and prefill
+    pd, pp = predict(coef, decode), predict(coef, prefill)
+    steps = [replace(s, duration=2 * float(p)) for s, p in zip(decode, pd, strict=True)] + \
+        [replace(s, duration=float(p)) for s, p in zip(prefill, pp, strict=True)]
+    total, dec = bench.step_ratios(types.SimpleNamespace(samples=steps), coef)
+    assert dec == 2.0
+    assert total == pytest.approx((2 * pd.sum() + pp.sum()) / (pd.sum() + pp.sum()), rel=1e-12)
+    assert bench.step_ratios(types.SimpleNamespace(samples=prefill), coef)[1] is None
