@@ -111,6 +111,27 @@ def test_slots_read_padded_rows_a_block_at_a_time(nvc, monkeypatch):
     assert [slot_layout(r).batch_held for r in nvc.results] == [True, False]
 
 
+def test_slots_section_lays_each_run_out_once(nvc, monkeypatch):
+    """The report's slot section makes each run's layout once and draws the figure from it (the figure is the one
+    fig_batch_slots makes on its own): two layouts of a long run, several arrays a request each, were held at
+    once."""
+    import sim.output.report as report
+    import sim.output.report.slots as slots
+
+    alone = fig_batch_slots(nvc.results).to_json()
+    made = []
+
+    def counted(result):
+        made.append(result.name)
+        return slot_layout(result)
+
+    monkeypatch.setattr(report, "slot_layout", counted)
+    monkeypatch.setattr(slots, "slot_layout", counted)
+    (section,) = report._slots_section(nvc.results, nvc.summaries)
+    assert made == [r.name for r in nvc.results]
+    assert section.figure.to_json() == alone
+
+
 def test_continuous_slots(nvc):
     cont = nvc.results[1]
     lay = slot_layout(cont)

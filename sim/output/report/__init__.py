@@ -155,7 +155,8 @@ def _slots_section(results: list[RunResult], summaries: dict) -> list[Section]:
         "no new request starts until the batch is done; under continuous batching a freed row is refilled at the "
         "next step, so the rows stay full of colour."
     )
-    return [Section("Batch slots", fig_batch_slots(results), "".join(_p(n) for n in notes if n))]
+    # the layouts made above, not made again (each is several arrays a request, and both were held at once)
+    return [Section("Batch slots", fig_batch_slots(results, layouts=layouts), "".join(_p(n) for n in notes if n))]
 
 
 def _kv_peaks(names: list[str], summaries: dict) -> str:

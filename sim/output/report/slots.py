@@ -152,15 +152,18 @@ PAD_COLOR = "#bbbbbb"
 
 
 def fig_batch_slots(
-    results: list[RunResult], max_requests: int = SLOT_REQUESTS, t_end: float | None = None
+    results: list[RunResult], max_requests: int = SLOT_REQUESTS, t_end: float | None = None,
+    layouts: list[SlotLayout] | None = None,
 ) -> go.Figure:
     """Rows of the batch over time, one panel per variant on one shared time axis: a coloured bar per request
     from its first scheduled step to its finish, grey hatched bars where a finished request still holds its row
     (static batching's padding), blank where a row is idle. Draws the window [0, t_end] (default: the longest
-    window in which no variant starts more than max_requests requests); bars are cut at its end."""
+    window in which no variant starts more than max_requests requests); bars are cut at its end. ``layouts``:
+    the results' ``slot_layout``s when the caller has them (several arrays a request: made once)."""
     if not results:
         return go.Figure(layout=dict(template=TEMPLATE, title="Batch slots: no runs"))
-    layouts = [slot_layout(r) for r in results]
+    if layouts is None:
+        layouts = [slot_layout(r) for r in results]
     t_end = slot_window(layouts, max_requests) if t_end is None else float(t_end)
     titles = []
     shown: list[np.ndarray] = []
