@@ -6,6 +6,7 @@ field. Steps and gaps are stored in columns of numpy chunks, because a long simu
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
@@ -139,7 +140,7 @@ STEP_COLUMNS: dict[str, type] = {
 }
 
 
-_CHUNK = 1 << 16  # steps kept as Python objects before they move into numpy columns
+_CHUNK = 1 << 16  # steps kept in the flat buffers before they move into numpy columns
 
 # Most steps come from the decode fast path, in runs of consecutive steps that differ only in their timing, KV
 # blocks, KV tokens and FLOPs. So the step log keeps, per step, only those values (``STEP_VARYING``), and per run
@@ -182,12 +183,14 @@ def _packed(block: np.ndarray, names: tuple[str, ...]) -> np.ndarray:
 
 class StepLog:
     """Columnar per-step log, stored as runs of steps (see ``STEP_VARYING``). Each step's varying values go back
-    to back into the flat list ``per_step``, and after a run's steps its constant values into ``per_run`` (flat
-    Python lists are the cheapest thing Python can append to). They move into numpy arrays in blocks, between
-    runs, and the runs expand into rows when the columns are read."""
+    to back into the flat float64 array ``per_step`` (``array.array``: each value is converted as it is appended,
+    while it is still in cache; a list's Python objects, converted in one pass at the block's end, cost about as
+    much again to read back and to free), and after a run's steps its constant values into the flat list
+    ``per_run``. They move into numpy arrays in blocks, between runs, and the runs expand into rows when the
+    columns are read."""
 
     def __init__(self) -> None:
-        self.per_step: list[float] = []
+        self.per_step = array("d")
         self.per_run: list[float] = []
         # (per-step values, per-run values), structured arrays with a field per column (``_packed``), or past
         # spill.SPILL_MIN steps the same written to a file (spill.SpilledFields, which reads like them)
@@ -249,8 +252,9 @@ class StepLog:
         )  # fmt: skip
 
     def compact(self) -> None:
-        """Move appended steps into numpy arrays once there are many (a Python float costs 24 bytes plus its
-        list slot; a long run would otherwise hold gigabytes of them). Only between runs."""
+        """Move appended steps into packed numpy chunks once there are many (the runs' list holds a Python object
+        a value, 24 bytes or more plus its slot; a long run would otherwise hold gigabytes of them). Only between
+        runs."""
         if len(self.per_step) >= _CHUNK * _NV:
             self._flush()
 
@@ -271,11 +275,11 @@ class StepLog:
     def _flush(self) -> None:
         if not self.per_run:
             return
-        # one C-level conversion of each list (counts are far below 2**53, so float64 holds them exactly); the
-        # runs stay compact until the columns are asked for
-        steps = np.fromiter(self.per_step, dtype=np.float64, count=len(self.per_step)).reshape(-1, _NV)
+        # the steps' values are float64 already; one C-level conversion of the runs' list (counts are far below
+        # 2**53, so float64 holds them exactly); the runs stay compact until the columns are asked for
+        steps = np.frombuffer(self.per_step, dtype=np.float64).reshape(-1, _NV)
         runs = np.fromiter(self.per_run, dtype=np.float64, count=len(self.per_run)).reshape(-1, _NR)
-        self.per_step = []
+        self.per_step = array("d")
         self.per_run = []
         self._chunks.append((_packed(steps, STEP_VARYING), _packed(runs, RUN_CONSTANT)))
         self._num_flushed += len(steps)

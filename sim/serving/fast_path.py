@@ -206,7 +206,8 @@ def fast_forward(
                     used += nb
                 filled += nb
                 kv_tokens += m
-                per_step += (ends[i + t + 1], used, used - filled if used > filled else 0, kv_tokens, flops[i + t])
+                per_step.extend((ends[i + t + 1], used, used - filled if used > filled else 0, kv_tokens,
+                                 flops[i + t]))
         else:
             b0 = steps % bs
             if b0 + k <= bs:  # the buckets in the stretch's order
@@ -234,7 +235,7 @@ def fast_forward(
                     vals[2::5] = [used - f if used > f else 0 for f in [filled + c for c in need]]
                 vals[3::5] = range(kv_tokens + m, kv_tokens + m * k + 1, m) if m else [kv_tokens] * k
                 vals[4::5] = flops[i : i + k]
-                per_step += vals
+                per_step.extend(vals)
                 filled += need[-1]
                 kv_tokens += m * k
         steps += k
