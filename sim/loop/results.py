@@ -66,10 +66,12 @@ def result_of(
     config: dict | None = None,
     weight_bytes: float = 0.0,
     kv_bytes_per_block: float = 0.0,
+    pool_gaps: bool = True,
 ) -> RunResult:
     """Gather one replica's records into a ``RunResult``. ``cost``: its cost model or executor (only its
     ``peak_flops`` is read). ``requests``: the run's requests, or the sink they went to as they finished (a
-    long run's: the result then holds a ``RequestTable``)."""
+    long run's: the result then holds a ``RequestTable``). ``pool_gaps=False``: the inter-token gaps as recorded,
+    not pooled (a cluster pools its replicas' together once)."""
     records: Sequence[RequestRecord]
     if isinstance(requests, RequestSink):  # a long run's: its requests left memory as they finished
         records = table = requests.table()
@@ -81,7 +83,7 @@ def result_of(
         start = min((r.arrival for r in records), default=0.0)
         end = max((r.finish for r in records), default=0.0)
         class_itl = class_itl_gaps(requests)
-    uniq, counts = pooled_gaps(*core.itl_gaps())
+    uniq, counts = pooled_gaps(*core.itl_gaps()) if pool_gaps else core.itl_gaps()
     steps = core.steps.columns()
     host = getattr(core.kv, "host", None)  # the prefix cache's host tier, if the KV manager has one
     return RunResult(
