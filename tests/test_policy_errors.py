@@ -72,6 +72,9 @@ CASES = [
      "positional arguments"),
     ("bad_policies.py:RanksWithView", "", "RanksWithView has rank(req, view), which cannot be called as rank(req): "
      "missing a required argument: 'view'"),
+    # a request rejected or preempted twice: the core said it was "finished" or "waiting"
+    ("bad_policies.py:RejectsTwice", "", "RejectsTwice at t=0.016468 s: rejects request 0 twice"),
+    ("bad_policies.py:PreemptsTwice", "", "PreemptsTwice at t=0.029018 s: preempts request 0 twice"),
     ("bad_policies.py:UnprintableError", "",
      "UnprintableError: schedule(view) at t=0.000000 s raised _Unprintable: (its message could not be formatted)"),
     # a key of the built-in kinds that a user's class does not take (it was told "did you mean" the same key)

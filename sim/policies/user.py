@@ -226,8 +226,12 @@ class UserPolicy(Policy):
     def _translate(self, up: api.Plan, rejected: list[tuple[Request, str]], view: View,
                    running: tuple[api.RequestView, ...]) -> CorePlan:
         plan = CorePlan(reject=list(rejected))
+        named: set[int] = set()  # a request rejected or preempted twice: the core found it "finished", "waiting"
         for rv, reason in up.rejected:
             r = self._req(rv, view.now, "rejects")
+            if r.id in named:
+                self._fail(view.now, f"rejects request {r.id} twice")
+            named.add(r.id)
             if r.status not in (Status.WAITING, Status.SWAPPED):
                 self._fail(view.now, f"rejects request {r.id}, which is {r.status.value} (only waiting or swapped "
                            "requests can be rejected)")
@@ -239,6 +243,9 @@ class UserPolicy(Policy):
             r = self._req(rv, view.now, "preempts")
             if r.status is not Status.RUNNING:
                 self._fail(view.now, f"preempts request {r.id}, which is {r.status.value}, not running")
+            if r.id in named:  # (running: not among the rejected)
+                self._fail(view.now, f"preempts request {r.id} twice")
+            named.add(r.id)
             if mode not in ("recompute", "swap"):
                 self._fail(view.now, f"preempts request {r.id} with mode {mode!r}: use 'recompute' or 'swap'")
             plan.preempt.append((r, mode))

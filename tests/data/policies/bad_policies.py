@@ -246,3 +246,24 @@ class SwapsInUnreserved(FCFSPolicy):
                 plan.swap_in(r, r.num_remaining)
             return plan
         return super().schedule(view)
+
+
+class RejectsTwice(FCFSPolicy):
+    def schedule(self, view):
+        if view.waiting:
+            plan = servesim.Plan()
+            plan.reject(view.waiting[0], "first")
+            plan.reject(view.waiting[0], "second")
+            return plan
+        return super().schedule(view)
+
+
+class PreemptsTwice(FCFSPolicy):
+    def schedule(self, view):
+        if view.running and view.waiting:
+            plan = servesim.Plan()
+            view.kv.budget().release(view.running[0])
+            plan.preempt(view.running[0])
+            plan.preempt(view.running[0])
+            return plan
+        return super().schedule(view)
