@@ -101,6 +101,23 @@ def test_closed_loop_users_and_think_times() -> None:
     assert workload({"type": "poisson", "rate": 1.0}, n=10).generate(rng()).closed_loop is None
 
 
+@pytest.mark.parametrize(
+    ("arrival", "named"),
+    [
+        ({"type": "poisson", "rate": 1e-300}, "poisson 1e-300 req/s: the last of 10 requests arrives at"),
+        ({"type": "constant", "rate": 1e-9}, "constant 1e-09 req/s: the last of 10 requests arrives at 1e+10 s"),
+        ({"type": "closed_loop", "num_users": 2, "think_time": {"type": "fixed", "value": 1e300}},
+         "think times add up to 5e+300 s"),
+    ],
+)
+def test_arrivals_past_the_clock_s_resolution_are_refused(arrival: dict[str, Any], named: str) -> None:
+    # Before: arrivals near 1e300 s swallowed every step time, and each request ran with TTFT 0.0 (exit 0).
+    with pytest.raises(ValueError, match="past the 1e\\+09 s a run may span") as e:
+        workload(arrival, n=10).generate(rng())
+    assert named in str(e.value)
+    assert workload({"type": "constant", "rate": 1e-8}, n=10).generate(rng()).requests[-1].arrival == 1e9
+
+
 def test_requests_sorted_with_dense_ids() -> None:
     for arrival in ({"type": "poisson", "rate": 3.0}, {"type": "gamma", "rate": 3.0, "cv": 4.0}):
         w = workload(arrival, n=5000).generate(rng())

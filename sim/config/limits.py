@@ -29,6 +29,10 @@ MAX_POOL_BLOCKS = 1 << 40  # a pool past this is a typo, not a GPU (an H200 hold
 # few GB, and refuses a typo of 1e8 up front. (Past 2^20 steps the step log also takes about 0.8 KB a request of
 # disk, in TMPDIR.)
 MAX_REQUESTS = 5_000_000
+# Seconds of simulated time by which every request must have arrived. float64 seconds near 1e9 (~32 years) still
+# resolve 0.1 us, so step times of microseconds add up; at a rate of 1e-300 req/s arrivals near 1e300 s swallowed
+# every step (TTFT 0.0 for every request), a silently wrong run rather than a slow one.
+MAX_ARRIVAL_S = 1e9
 _REQUEST_BYTES = 1000  # approximate peak memory per request, for the message that refuses a larger run
 
 

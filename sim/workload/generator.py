@@ -24,7 +24,7 @@ import numpy as np
 from pydantic import Field, SerializerFunctionWrapHandler, field_validator, model_serializer, model_validator
 
 from sim.config.input_model import Float, FrozenInputModel, Int
-from sim.config.limits import MAX_REQUESTS, too_many_requests
+from sim.config.limits import MAX_ARRIVAL_S, MAX_REQUESTS, too_many_requests
 from sim.serving import spec_table
 from sim.serving.failures import FailurePlan
 from sim.serving.request import RequestSpec
@@ -239,6 +239,13 @@ class Workload(FrozenInputModel):
                 prompt = self.prompt_len.sample(prompt_rng, n)
                 output = self.output_len.sample(output_rng, n)
 
+        if n and float(times[-1]) > MAX_ARRIVAL_S:
+            raise ValueError(
+                f"{arrival.describe()}: the last of {n} requests arrives at {float(times[-1]):.3g} s, past the "
+                f"{MAX_ARRIVAL_S:.0e} s a run may span (at that clock a step's milliseconds are lost to rounding); "
+                "raise the rate or lower the time scale"
+            )
+
         which = None  # each request's class index, when the workload has classes
         if self.classes is not None:
             assert class_rng is not None  # spawned above whenever classes are set
@@ -271,7 +278,16 @@ class Workload(FrozenInputModel):
         closed = None
         sessions: list[int | None] = [None] * n
         if isinstance(arrival, ClosedLoopArrival):
-            closed = ClosedLoop(arrival.num_users, arrival.think_time.sample(think_rng, n))
+            think = arrival.think_time.sample(think_rng, n)
+            # one user's pauses add up along its requests: the latest send is at least its sum
+            paused = float(np.bincount(np.arange(n) % arrival.num_users, weights=think).max()) if n else 0.0
+            if paused > MAX_ARRIVAL_S:
+                raise ValueError(
+                    f"{arrival.describe()}: a user's think times add up to {paused:.3g} s, past the "
+                    f"{MAX_ARRIVAL_S:.0e} s a run may span (at that clock a step's milliseconds are lost to "
+                    "rounding); shorten the think time"
+                )
+            closed = ClosedLoop(arrival.num_users, think)
             sessions = [i % arrival.num_users for i in range(n)]
         ids = hash_ids if hash_ids is not None else [prefix_ids] * n
         if which is not None:
