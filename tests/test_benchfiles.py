@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 
 from sim.output.benchfiles import BenchFileError, read_vllm_bench
+from sim.output.benchfiles.validate import rebuild_workload
 
 DATA = Path(__file__).parent / "data" / "bench"
 
@@ -48,3 +49,14 @@ def test_mismatched_list_lengths_skip_per_request_data(tmp_path: Path) -> None:
     run = read_vllm_bench(f)
     assert run.input_lens == [] and run.aggregates == {"mean_ttft": pytest.approx(0.001)}
     assert run.skipped == [f"{f}: output_lens: length 1 != input_lens' 2; per-request comparison skipped"]
+
+
+def test_a_workload_that_cannot_be_rebuilt_names_the_list_at_fault(tmp_path: Path) -> None:
+    # Before: "no per-request lengths and no length statistics" although input_lens was there; the short ttfts
+    # list that made the reader drop the per-request data went unnamed.
+    f = tmp_path / "z.json"
+    f.write_text('{"mean_ttft_ms": 1.0, "input_lens": [1, 2], "output_lens": [1, 1], "ttfts": [0.1]}')
+    with pytest.raises(BenchFileError) as e:
+        rebuild_workload(read_vllm_bench(f))
+    assert str(e.value) == (f"{f}: no per-request lengths and no length statistics: cannot rebuild the workload; "
+                            "ttfts: length 1 != input_lens' 2; per-request comparison skipped")

@@ -71,8 +71,11 @@ def rebuild_workload(run: BenchRun, *, seed: int = 0, max_len: int = 1 << 20) ->
         outs = _lengths(run.output_len_stats, n, rng, max_len)
         notes.append(f"{run.source}: no per-request lengths; {n} requests drawn from the file's length statistics")
     else:
+        # the reader's reasons (e.g. "ttfts: length 3 != input_lens' 5"): without them a file whose input_lens
+        # are there reads as if it had none, and the field to fix goes unnamed
+        why = "".join(f"; {s.removeprefix(f'{run.source}: ')}" for s in run.skipped)
         raise BenchFileError(f"{run.source}: no per-request lengths and no length statistics: cannot rebuild the "
-                             "workload")
+                             f"workload{why}")
     keep = (ins >= 1) & (outs >= 1)
     ins, outs = ins[keep], outs[keep]
     n = int(ins.size)
