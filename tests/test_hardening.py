@@ -552,3 +552,18 @@ def test_rejection_reasons_group_by_text_and_rank_by_count() -> None:
         "queue full (8 waiting) (1).")
     # a summary.json written before ``rejections``
     assert rank_limits({"num_requests": 2, "num_rejected": 2, "num_steps": 0}).text == "all 2 requests were rejected."
+
+
+@pytest.mark.parametrize(("name", "folder"), [("../../esc", "esc"), ("a/b", "a_b"), ("h", "h")])
+def test_default_run_folder_stays_one_folder_inside_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          name: str, folder: str) -> None:
+    # Before: `name: ../../esc` wrote runs/../../esc/, outside runs/ and beside the working folder.
+    cwd = tmp_path / "a" / "b"
+    cwd.mkdir(parents=True)
+    monkeypatch.chdir(cwd)
+    (cwd / "s.yaml").write_text(yaml.safe_dump(w("name", name)))
+    result = CliRunner().invoke(app, ["run", "s.yaml", "-q"])
+    assert result.exit_code == 0, result.output
+    assert [p.name for p in (cwd / "runs").iterdir()] == [folder]
+    assert (cwd / "runs" / folder / "summary.json").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a"]

@@ -61,6 +61,15 @@ def _overrides(sets: list[str], num_requests: int | None) -> dict:
     return out
 
 
+def default_out(name: str, suffix: str = "") -> Path:
+    """``runs/NAME[suffix]``, the folder a command writes without ``--out``. The name as a file name (as variants'
+    exports are), so that a scenario named ``../../x`` or ``a/b`` stays one folder inside ``runs/``: it wrote
+    outside it, or under a folder of its own."""
+    from sim.output.benchfiles.exports import file_stem
+
+    return Path("runs") / (file_stem(name) + suffix)
+
+
 def _wrote(out_dir: Path, names: list[str]) -> str:
     """The closing line: every file the run wrote into its folder, the per-variant exports on a line of their own
     (a run of many variants or sweep points writes two files for each)."""

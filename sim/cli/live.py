@@ -159,7 +159,7 @@ def register(app: typer.Typer) -> None:
         import asyncio
         import dataclasses
 
-        from sim.cli.common import _fail, _wrote
+        from sim.cli.common import _fail, _wrote, default_out
         from sim.config.scenario import slos_of
         from sim.loop.observe import ObserveRun, observe_async, write_observed_run
         from sim.loop.run import generate_workload
@@ -198,7 +198,7 @@ def register(app: typer.Typer) -> None:
         closed = wl.closed_loop
         if closed is not None and time_scale != 1.0:
             closed = dataclasses.replace(closed, think_times=closed.think_times * time_scale)
-        out_dir = out or Path("runs") / f"{sc.name}-observed"
+        out_dir = out or default_out(sc.name, "-observed")
         if out_dir.exists() and not out_dir.is_dir():
             _fail(f"--out {out_dir}: exists and is not a folder")
         typer.echo(f"{sc.name}: {len(specs)} requests to {endpoint} ({api})", err=True)

@@ -29,6 +29,7 @@ from sim.cli.common import (  # noqa: F401 - the commands' shared helpers, also 
     _real_weights,
     _set_option,
     _wrote,
+    default_out,
 )
 from sim.config.files import InterruptedAfterWrite
 from sim.config.scenario import json_schema, load_scenario, parse_value
@@ -115,7 +116,7 @@ def run(
     except KeyboardInterrupt:
         _interrupted(f"while reading {scenario} and drawing its workload; no run folder was written")
         return
-    out_dir = out or Path("runs") / sc.name
+    out_dir = out or default_out(sc.name)
     if out_dir.exists() and not out_dir.is_dir():
         _fail(f"--out {out_dir}: exists and is not a folder")
     typer.echo(f"{sc.name}: {sc.workload.describe()}", err=True)
@@ -335,7 +336,7 @@ def sweep(
         _fail(f"{scenario}: nothing to sweep: the scenario has no sweep section; give --sweep KEY=V1,V2,... "
               "(repeatable), or simulate the one point with `servesim run`")
         return
-    out_dir = out or Path("runs") / f"{sc.name}-sweep"
+    out_dir = out or default_out(sc.name, "-sweep")
     points = math.prod(len(v) for v in sc.sweep.values())
     variants = max(1, len(sc.variants))
     typer.echo(f"{sc.name}: {points:,} points x {variants} variant(s) = {points * variants:,} runs -> {out_dir}/",
@@ -373,7 +374,7 @@ def tournament(
     except ScenarioError as e:
         _fail(str(e))
         return
-    out_dir = out or Path("runs") / f"{t.name}-tournament"
+    out_dir = out or default_out(t.name, "-tournament")
     runs = len(t.policies) * len(t.loads) * len(t.spec.seeds)
     typer.echo(f"{t.name}: {len(t.policies)} policies x {len(t.loads)} loads x {len(t.spec.seeds)} seeds = "
                f"{runs:,} runs -> {out_dir}/", err=True)
@@ -504,7 +505,7 @@ def engine_run(
     if real is not None:
         tdtype = real.model.dtype
         typer.echo(f"real weights: {real.describe()}", err=True)
-    out_dir = out or Path("runs") / f"{sc.name}-engine"
+    out_dir = out or default_out(sc.name, "-engine")
     if out_dir.exists() and not out_dir.is_dir():
         _fail(f"--out {out_dir}: exists and is not a folder")
     typer.echo(f"{sc.name}: {sc.workload.describe()} on the engine ({device})", err=True)
@@ -810,7 +811,7 @@ def validate(
     except ScenarioError as e:
         _fail(str(e))
         return
-    out_dir = out or Path("runs") / f"{val.scenario}-validation"
+    out_dir = out or default_out(val.scenario, "-validation")
     if out_dir.exists() and not out_dir.is_dir():
         _fail(f"--out {out_dir}: exists and is not a folder")
     try:
@@ -928,7 +929,7 @@ def _validate_against(scenario: Path, files: list[Path], variant: str | None, ov
     except (ScenarioError, BenchFileError) as e:
         _fail(str(e))
         return
-    out_dir = out or Path("runs") / f"{val.scenario}-validation"
+    out_dir = out or default_out(val.scenario, "-validation")
     if out_dir.exists() and not out_dir.is_dir():
         _fail(f"--out {out_dir}: exists and is not a folder")
     try:
