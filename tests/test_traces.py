@@ -296,3 +296,22 @@ def test_a_missing_length_column_is_named(tmp_path: Path) -> None:
     (tmp_path / "s.json").write_text(json.dumps(doc))
     res = CliRunner().invoke(app, ["run", str(tmp_path / "s.json"), "-q", "-o", str(tmp_path / "out")])
     assert res.exit_code == 2 and "name the prompt lengths (prompt_tokens) but no output lengths" in res.stderr
+
+
+def test_a_lengths_only_file_is_refused_as_arrivals(tmp_path: Path) -> None:
+    """Vidur's CSV (lengths, no time column) as `arrival: trace` sent every request at 0.0, a burst nobody asked
+    for (exit 0); `columns: {timestamp: null}` was already refused. Its lengths still load, as pairs do."""
+    from typer.testing import CliRunner
+
+    from sim.cli.main import app
+
+    path = _write(tmp_path, "v.csv", "num_prefill_tokens,num_decode_tokens\n30,4\n50,6\n")
+    assert not load_trace(path).timed and load_trace(path).prompt_len.tolist() == [30, 50]
+    doc = {"name": "t", "workload": {"arrival": {"type": "trace", "trace": str(path)}},
+           "deployment": {"model": "llama-3.2-1b", "gpu": "l4"}}
+    (tmp_path / "s.json").write_text(json.dumps(doc))
+    res = CliRunner().invoke(app, ["run", str(tmp_path / "s.json"), "-q", "-o", str(tmp_path / "out")])
+    assert res.exit_code == 2, res.output
+    assert f"{path}: no arrival-time column, so it cannot be replayed as arrivals" in res.stderr
+    assert not (tmp_path / "out").exists()
+    assert load_trace(_write(tmp_path, "t.csv", "arrival_s,prompt_tokens,output_tokens\n0.5,3,4\n")).timed

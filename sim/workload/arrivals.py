@@ -214,7 +214,7 @@ class TraceArrival(FrozenInputModel):
         return self
 
     def load(self) -> TraceData:
-        return load_trace(
+        data = load_trace(
             self.trace,
             start=self.start,
             end=self.end,
@@ -223,6 +223,13 @@ class TraceArrival(FrozenInputModel):
             repeat_to=self.repeat_to,
             columns=None if self.columns is None else self.columns.build(),
         )
+        if not data.timed:  # as columns.timestamp: none is refused above; else every request arrives at 0.0
+            raise ValueError(
+                f"{data.source}: no arrival-time column, so it cannot be replayed as arrivals; draw its "
+                f"(prompt, output) rows with workload.lengths: {{type: pairs, file: {self.trace}}} under another "
+                "arrival process, or name the time column in columns.timestamp"
+            )
+        return data
 
     def describe(self) -> str:
         parts = [f"trace {self.trace}"]

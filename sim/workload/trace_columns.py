@@ -168,10 +168,10 @@ def read_rows(path: str, suffix: str) -> tuple[list[str], list[tuple[int, dict]]
 
 
 def read_mapped(path: str, suffix: str, columns: TraceColumns | None, length
-                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, ClassColumns | None]:
-    """Arrival seconds (relative to the earliest), prompt and output lengths of a file read through ``columns``
-    (guessed from the header when None), and its request-class columns if it has any. ``length(value, path,
-    line, column)`` checks one length."""
+                ) -> tuple[np.ndarray | None, np.ndarray, np.ndarray, ClassColumns | None]:
+    """Arrival seconds (relative to the earliest; None for a lengths-only file), prompt and output lengths of a
+    file read through ``columns`` (guessed from the header when None), and its request-class columns if it has
+    any. ``length(value, path, line, column)`` checks one length."""
     names, rows = read_rows(path, suffix)
     cols = columns if columns is not None else guess_columns(names)
     if cols is None:
@@ -198,9 +198,12 @@ def read_mapped(path: str, suffix: str, columns: TraceColumns | None, length
             if cols.timestamp not in row:
                 raise ValueError(f"{path}:{line}: missing field {cols.timestamp!r}")
             times.append(_seconds(row[cols.timestamp], cols.time_unit, days, path, line, cols.timestamp))
-    t = np.array(times, dtype=np.float64) if cols.timestamp is not None else np.zeros(len(rows))
-    if len(t):
-        t = t - t.min()
+    if cols.timestamp is None:
+        t = None
+    else:
+        t = np.array(times, dtype=np.float64)
+        if len(t):
+            t = t - t.min()
     return t, np.array(prompt, dtype=np.int64), np.array(output, dtype=np.int64), read_class_columns(rows, names, path)
 
 

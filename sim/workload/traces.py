@@ -72,6 +72,7 @@ class TraceData:
     source: str = ""  # file the requests came from
     hash_block_size: int = MOONCAKE_BLOCK_SIZE  # tokens named by one hash id
     classes: ClassColumns | None = None  # the file's priority, tenant and slo_class columns, if it has any
+    timed: bool = True  # False: the file has no arrival-time column (every arrival is 0.0; lengths only)
 
     def __len__(self) -> int:
         return int(self.arrival.shape[0])
@@ -134,7 +135,8 @@ def load_trace(
 
     path = resolve_trace(name_or_path)
     stat = path.stat()
-    times, prompt, output, hash_ids, classes = _read_cached(str(path), stat.st_mtime_ns, stat.st_size, columns)
+    times, prompt, output, hash_ids, classes, timed = _read_cached(str(path), stat.st_mtime_ns, stat.st_size,
+                                                                    columns)
 
     # 1-2. Window on the original clock, then the first max_requests of it.
     lo = int(np.searchsorted(times, start, side="left"))
@@ -167,6 +169,7 @@ def load_trace(
         hash_ids=ids,
         source=str(path),
         classes=classes,
+        timed=timed,
     )
 
 
@@ -212,7 +215,7 @@ def _frozen(a: np.ndarray) -> np.ndarray:
 # Parsing. Cached on (path, mtime, size) so that a workload sampled many times reads its file once; the arrays
 # are read-only so the cache cannot be corrupted by a caller.
 
-_Parsed = tuple[np.ndarray, np.ndarray, np.ndarray, "tuple[tuple[int, ...], ...] | None", ClassColumns | None]
+_Parsed = tuple[np.ndarray, np.ndarray, np.ndarray, "tuple[tuple[int, ...], ...] | None", ClassColumns | None, bool]
 
 
 @lru_cache(maxsize=8)
@@ -230,10 +233,12 @@ def _read_cached(path: str, mtime_ns: int, size: int, columns: TraceColumns | No
 def _read_parsed(path: str, columns: TraceColumns | None = None) -> _Parsed:
     suffix = Path(path).suffix.lower()
     hash_ids = None
+    mapped_times: np.ndarray | None = np.empty(0)
     if suffix not in (".csv", ".jsonl"):
         raise ValueError(f"{path}: unknown trace format {suffix!r} (expected .csv or .jsonl)")
     if columns is not None or not _known_layout(path, suffix):
-        times, prompt, output, classes = read_mapped(path, suffix, columns, _length)
+        mapped_times, prompt, output, classes = read_mapped(path, suffix, columns, _length)
+        times = np.zeros(len(prompt)) if mapped_times is None else mapped_times
     elif suffix == ".csv":
         times, prompt, output, classes = _read_azure(path)
     else:
@@ -252,7 +257,7 @@ def _read_parsed(path: str, columns: TraceColumns | None = None) -> _Parsed:
     for a in (times, prompt, output) if classes is None or classes.priority is None else (
             times, prompt, output, classes.priority):
         a.setflags(write=False)
-    return times, prompt, output, hash_ids, classes
+    return times, prompt, output, hash_ids, classes, mapped_times is not None
 
 
 def _known_layout(path: str, suffix: str) -> bool:
