@@ -60,6 +60,9 @@ CASES = [
     # ranks that do not compare: Python's message named only the types, under servesim's own frames
     ("bad_policies.py:RanksUnlike", "", "RanksUnlike: schedule(view) at t=0.042423 s raised TypeError: rank(req) gave "
      "(0.02877860094577439, 4) for request 4 and None for request 5, which do not compare"),
+    # a NaN rank: every comparison with it is false, so the queue's order was arbitrary and the run said nothing
+    ("bad_policies.py:RanksNaN", "", "RanksNaN: schedule(view) at t=0.029018 s raised ValueError: rank(req) gave "
+     "(nan, 3) for request 3: NaN does not order"),
     # a reason that is not a str: refuse() returning a bool rejected every request, with 'False' as the reason
     ("bad_policies.py:RefusesWithTrue", "", "RefusesWithTrue at t=0.016468 s: rejects request 0 with reason True, not "
      "a str (QueuePolicy.refuse returns None to keep a request, a reason string to reject it)"),

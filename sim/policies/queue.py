@@ -117,10 +117,22 @@ class QueuePolicy(Policy):
         left = [r for r in running if r.id not in out]
         if self.rank(left[0]) is None:
             return left[-1]  # the latest admitted
+        keys = self._ranks(left)
         try:
-            return max(left, key=self.rank)
+            return left[max(range(len(left)), key=keys.__getitem__)]
         except TypeError as e:
             raise self._unorderable(left, e) from None
+
+    def _ranks(self, reqs: list[RequestView]) -> list[Any]:
+        """The ranks of ``reqs``; a NaN in one (a float, or an element of a tuple) is refused: every comparison with
+        NaN is false, so the sort would leave the queue in an arbitrary order and the run would say nothing."""
+        keys = [self.rank(r) for r in reqs]
+        for k, r in zip(keys, reqs, strict=True):
+            if k != k or (type(k) is tuple and any(x != x for x in k)):
+                raise ValueError(f"rank(req) gave {k!r} for request {r.id}: NaN does not order (every comparison "
+                                 "with it is false), so the queue's order would be arbitrary: give every request a key "
+                                 "without NaN")
+        return keys
 
     def _preempt(self, victim: RequestView, plan: Plan, budget: Budget, out: set[int]) -> int:
         """Preempt ``victim``; returns the tokens it had been planned this step (given back)."""
@@ -155,8 +167,9 @@ class QueuePolicy(Policy):
         lim = view.limits
         queue = list(waiting)
         if len(queue) > 1 and self.rank(queue[0]) is not None:  # one request: nothing to order (the common ask)
-            try:
-                queue.sort(key=self.rank)  # stable: equal ranks keep the queue's order
+            keys = self._ranks(queue)
+            try:  # stable: equal ranks keep the queue's order
+                queue = [r for _, r in sorted(zip(keys, queue, strict=True), key=_first)]
             except TypeError as e:
                 raise self._unorderable(queue, e) from None
         num_seqs = len(view.running) - len(plan.preempted) + len(plan.swapped_in)
@@ -190,12 +203,14 @@ class QueuePolicy(Policy):
         left = [x for x in view.running if x.id not in out]
         if not left:
             return None
+        keys = self._ranks([*left, r])
         try:
-            victim = max(left, key=self.rank)
-            if not self.rank(victim) > self.rank(r):
+            worst = max(range(len(left)), key=keys.__getitem__)
+            if not keys[worst] > keys[-1]:
                 return None
         except TypeError as e:
             raise self._unorderable([*left, r], e) from None
+        victim = left[worst]
         return self._preempt(victim, plan, budget, out)
 
     def _unorderable(self, reqs: list[RequestView], error: TypeError) -> TypeError:
@@ -212,6 +227,10 @@ class QueuePolicy(Policy):
                                      f"not compare ({error}): give every request a key of one shape, ending with "
                                      "its arrival and id")
         return error
+
+
+def _first(pair: tuple[Any, RequestView]) -> Any:
+    return pair[0]
 
 
 class FCFSPolicy(QueuePolicy):

@@ -181,6 +181,14 @@ class RanksUnlike(servesim.QueuePolicy):
         return None if req.id % 2 else (req.arrival, req.id)
 
 
+class RanksNaN(servesim.QueuePolicy):
+    """A rank read from a field that is sometimes missing (NaN): every comparison with NaN is false, and the queue
+    was left in whatever order the sort made of it, without a word."""
+
+    def rank(self, req):
+        return (float("nan") if req.id == 3 else req.prompt_len, req.id)
+
+
 class RefusesWithTrue(servesim.QueuePolicy):
     """refuse() answering a yes/no question: True was recorded as the reason 'True' and every request rejected."""
 
