@@ -155,3 +155,14 @@ def test_cli_validate_against_bad_file_exits_2_without_traceback(tmp_path: Path)
     assert r.returncode == 0, r.stderr
     assert "inter_token_latency.p99: not a non-negative number" in r.stdout
     assert (tmp_path / "o" / "validation.json").exists()
+
+
+def test_a_file_of_another_model_is_noted(run_folder: Path, tmp_path: Path) -> None:
+    # Before: a 70B benchmark was compared with the scenario's 8B simulation with no word about it.
+    data = json.loads((run_folder / "cb.vllm-bench.json").read_text())
+    for model_id, noted in (("meta-llama/Llama-3.1-70B", True), ("meta-llama/Llama-3.1-8B-Instruct", False)):
+        (tmp_path / "m.json").write_text(json.dumps({**data, "model_id": model_id}))
+        val = validate_against(SCENARIO, [tmp_path / "m.json"])
+        note = (f"{tmp_path / 'm.json'}: the benchmark served {model_id}, the variant simulates llama-3.1-8b; "
+                "check that they are the same model")
+        assert (note in val.files[0].notes) is noted and (f"  note: {note}" in val.table()) is noted

@@ -171,7 +171,22 @@ class BenchValidation:
                              f"error {'n/a' if e is None else f'{e:+.1%}'}" + _interval_text(m))
             for s in f.skipped:
                 lines.append(f"  skipped: {s}")
+            for s in f.notes:
+                lines.append(f"  note: {s}")
         return "\n".join(lines)
+
+
+def _other_model(served: str | None, simulated: str | dict[str, Any]) -> bool:
+    """Whether a file's model id (``meta-llama/Llama-3.1-70B``) cannot be the scenario's preset (``llama-3.1-8b``):
+    the preset's letters and digits are not in the id's last part. A model given as a config, or a file without
+    a model id, is not judged."""
+    if not served or not isinstance(simulated, str):
+        return False
+
+    def key(s: str) -> str:
+        return re.sub(r"[^a-z0-9]", "", s.lower())
+
+    return key(simulated) not in key(served.rsplit("/", 1)[-1])
 
 
 def validate_against(scenario_path: str | Path, files: list[str | Path], *, variant: str | None = None,
@@ -194,6 +209,9 @@ def validate_against(scenario_path: str | Path, files: list[str | Path], *, vari
     for run in runs:
         wl, notes = rebuild_workload(run, seed=sc.seed if seed is None else seed,
                                      max_len=int(cfg.deployment.max_model_len or (1 << 20)))
+        if _other_model(run.model, cfg.deployment.model):
+            notes.append(f"{run.source}: the benchmark served {run.model}, the variant simulates "
+                         f"{cfg.deployment.model}; check that they are the same model")
         result, _, _ = simulate_variant(cfg, wl, name=cfg.name)
         sim = simulated_metrics(result, list(run.aggregates))
         metrics: dict[str, dict[str, Any]] = {}
