@@ -130,3 +130,24 @@ def test_bad_sampling_exits_2_with_one_message(tmp_path: Path) -> None:
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert p.returncode == 2
     assert "workload.sampling.top_p" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_top_p_on_the_classic_engine_is_said_to_be_unpriced(tmp_path: Path) -> None:
+    """Without deployment.engine nothing prices the sort: the run's TPOT is that of greedy sampling, and the run
+    said nothing of it (a reviewer's run: 14.94 ms with and without top_p 0.9). A preset that prices it, greedy
+    sampling and top-k alone get no line."""
+    import yaml
+
+    def stderr(engine: object, sampling: dict | None) -> str:
+        path = tmp_path / "s.yaml"
+        path.write_text(yaml.safe_dump(_raw(engine, sampling)))
+        p = subprocess.run([sys.executable, "-m", "sim.cli.main", "run", str(path), "--out", str(tmp_path / "o"),
+                            "-q"], capture_output=True, text=True, cwd=ROOT, timeout=120,
+                           env={**os.environ, "PYTHONPATH": str(ROOT)})
+        assert p.returncode == 0, p.stderr
+        return p.stderr
+
+    assert ("t: workload.sampling (top_p 0.95) is not priced: without deployment.engine the steps are those of "
+            "greedy sampling") in stderr(None, TOP_P)
+    for engine, sampling in (("vllm-v1", TOP_P), (None, None), (None, {"temperature": 0.8, "top_k": 50})):
+        assert "not priced" not in stderr(engine, sampling)

@@ -51,13 +51,18 @@ app = typer.Typer(
 
 
 def _policy_capabilities(prepared: Any) -> list[str]:
-    """One line per variant whose policy is a user's class (``type: custom``), saying when the core asks it."""
+    """One line per variant whose policy is a user's class (``type: custom``), saying when the core asks it, and
+    one per variant whose workload.sampling nothing prices."""
+    from sim.engines.sampling import unpriced_sampling_note
     from sim.loop.build import build
     from sim.policies.user import UserPolicy
 
     lines: list[str] = []
     for _, _, cfgs in prepared.plans[:1]:  # the first sweep point's variants: the same classes at every point
         for cfg in cfgs:
+            note = unpriced_sampling_note(cfg.deployment, cfg.sampling)
+            if note:
+                lines.append(f"{cfg.name}: {note}")
             if getattr(cfg.policy, "type", None) == "custom" and cfg.cluster is None and cfg.disaggregation is None:
                 policy = build(cfg)[0]
                 if isinstance(policy, UserPolicy):

@@ -61,3 +61,13 @@ def with_sampling(cost: CostModel, engine: Any, sampling: Any) -> CostModel:
         return cost
     t = engine_of(engine).sampler_sort_time(engine)
     return replace(cost, sampler_sort_time=t) if t > 0 else cost
+
+
+def unpriced_sampling_note(deployment: Any, sampling: Any) -> str | None:
+    """What to tell a user whose ``workload.sampling`` sorts the vocabulary on servesim's classic engine (no
+    ``deployment.engine``): nothing prices it there, and a run whose TPOT does not move with top-p must say why."""
+    if sampling is None or not sampling.sorts_vocabulary() or deployment.engine is not None:
+        return None
+    return (f"workload.sampling (top_p {sampling.top_p:g}) is not priced: without deployment.engine the steps are "
+            "those of greedy sampling; the vllm-v1 and vllm-v0 presets price vLLM's top-p sort "
+            "(sim/engines/sampling.py)")
