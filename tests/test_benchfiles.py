@@ -60,3 +60,15 @@ def test_a_workload_that_cannot_be_rebuilt_names_the_list_at_fault(tmp_path: Pat
         rebuild_workload(read_vllm_bench(f))
     assert str(e.value) == (f"{f}: no per-request lengths and no length statistics: cannot rebuild the workload; "
                             "ttfts: length 1 != input_lens' 2; per-request comparison skipped")
+
+
+def test_a_request_count_other_than_the_lists_is_named(tmp_path: Path) -> None:
+    # Before: num_prompts 7 over 2-entry lists was read without a word (the lists silently won).
+    f = tmp_path / "c.json"
+    f.write_text('{"num_prompts": 7, "mean_ttft_ms": 1.0, "input_lens": [1, 2], "output_lens": [1, 1], '
+                 '"ttfts": [0.1, 0.2]}')
+    run = read_vllm_bench(f)
+    assert run.input_lens == [1, 2]
+    assert run.skipped == [f"{f}: num_prompts: 7, but input_lens holds 2 requests; the lists are used"]
+    f.write_text('{"num_prompts": 2, "input_lens": [1, 2], "output_lens": [1, 1], "ttfts": [0.1, 0.2]}')
+    assert read_vllm_bench(f).skipped == []

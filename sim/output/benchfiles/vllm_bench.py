@@ -108,6 +108,10 @@ def _read_detailed(p: Path, data: dict[str, Any], run: BenchRun) -> None:
             run.skipped.append(f"{p}: {name}: not a list of {n} entries (one per request); not used")
         else:
             optional[name] = v
+    declared = data.get("num_prompts")
+    if isinstance(declared, int) and not isinstance(declared, bool) and declared != n:
+        # vLLM writes one entry per prompt sent, failed ones included: another count is an edited or merged file
+        run.skipped.append(f"{p}: num_prompts: {declared}, but input_lens holds {n} requests; the lists are used")
     for name, v in lists.items():
         if len(v) != n:
             run.skipped.append(f"{p}: {name}: length {len(v)} != input_lens' {n}; per-request comparison skipped")
