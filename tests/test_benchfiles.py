@@ -72,3 +72,12 @@ def test_a_request_count_other_than_the_lists_is_named(tmp_path: Path) -> None:
     assert run.skipped == [f"{f}: num_prompts: 7, but input_lens holds 2 requests; the lists are used"]
     f.write_text('{"num_prompts": 2, "input_lens": [1, 2], "output_lens": [1, 1], "ttfts": [0.1, 0.2]}')
     assert read_vllm_bench(f).skipped == []
+
+
+def test_a_negative_ttft_drops_the_per_request_lists(tmp_path: Path) -> None:
+    # Before: ttfts of -1.0 s were read as measured first-token times.
+    f = tmp_path / "n.json"
+    f.write_text('{"mean_ttft_ms": 1.0, "input_lens": [1, 2], "output_lens": [1, 1], "ttfts": [0.1, -1.0]}')
+    run = read_vllm_bench(f)
+    assert run.input_lens == [] and run.ttfts_s == []
+    assert run.skipped == [f"{f}: ttfts: not all non-negative numbers; per-request comparison skipped"]

@@ -121,8 +121,8 @@ def _read_detailed(p: Path, data: dict[str, Any], run: BenchRun) -> None:
             run.skipped.append(f"{p}: {name}: not all non-negative integers; per-request comparison skipped")
             return
     ttfts = [_num(x) for x in lists["ttfts"]]
-    if any(t is None for t in ttfts):
-        run.skipped.append(f"{p}: ttfts: not all numbers; per-request comparison skipped")
+    if any(t is None or t < 0 for t in ttfts):  # a negative TTFT cannot be measured: a corrupt list
+        run.skipped.append(f"{p}: ttfts: not all non-negative numbers; per-request comparison skipped")
         return
     # a request failed when its errors entry is non-empty (vLLM writes "" for a success) or it produced nothing
     errors = optional.get("errors", [""] * n)
