@@ -22,6 +22,7 @@ A victim that was already planned this step leaves the plan and gives its tokens
 
 from __future__ import annotations
 
+from operator import itemgetter
 from typing import Any
 
 from sim.policies.api import Budget, Plan, Policy, PolicyView, RequestView
@@ -169,7 +170,7 @@ class QueuePolicy(Policy):
         if len(queue) > 1 and self.rank(queue[0]) is not None:  # one request: nothing to order (the common ask)
             keys = self._ranks(queue)
             try:  # stable: equal ranks keep the queue's order
-                queue = [r for _, r in sorted(zip(keys, queue, strict=True), key=_first)]
+                queue = [r for _, r in sorted(zip(keys, queue, strict=True), key=itemgetter(0))]
             except TypeError as e:
                 raise self._unorderable(queue, e) from None
         num_seqs = len(view.running) - len(plan.preempted) + len(plan.swapped_in)
@@ -227,10 +228,6 @@ class QueuePolicy(Policy):
                                      f"not compare ({error}): give every request a key of one shape, ending with "
                                      "its arrival and id")
         return error
-
-
-def _first(pair: tuple[Any, RequestView]) -> Any:
-    return pair[0]
 
 
 class FCFSPolicy(QueuePolicy):
