@@ -16,7 +16,8 @@ throughput, TTFT, TPOT and ITL at 16-1000 requests/s). Every row the simulator c
   of sequence before the length asked for, at geometric lengths under it averaging the stated mean, ``eos_lengths``),
   all requests at t=0 for offline and QPS-inf rows, Poisson at the rate stated otherwise, a closed loop of
   ``max_concurrency`` users where the row states one; what a row's optional ``settings`` column states
-  (``max_model_len``, ``gpu_memory_utilization``, ``num_prompts``, ``max_concurrency``, ``enforce_eager``, the
+  (``max_model_len``, ``gpu_memory_utilization``, a KV cache sized in blocks (``num_gpu_blocks``, ``block_size``),
+  ``num_prompts``, ``max_concurrency``, ``enforce_eager``, the
   scheduler's ``max_num_seqs``, ``max_num_batched_tokens``, ``enable_chunked_prefill``), ``earlier_runs``: the prompt
   counts of the runs the same server ran before it (``server_history``) and ``lengths``: a file of the per-request
   lengths the source published, run request by
@@ -167,7 +168,9 @@ SOURCE_ALIASES = {"vllm-project.github.io:assets/figures/perf-v060/":
                   "benchmarks:nvidia/8xh100/": "benchmarks:nvidia/8xh100/README.md"}
 # a row's ``settings`` (optional column, ``key=value;...``): what its source states beyond the other columns
 POLICY_SETTINGS = {"enable_chunked_prefill", "max_num_seqs", "max_num_batched_tokens"}
-DEPLOYMENT_SETTINGS = {"max_model_len", "gpu_memory_utilization", "pipeline_parallel_size"}
+# num_gpu_blocks and block_size: a KV cache the source sized in blocks (TurboMind's cache_max_entry_count above 1)
+DEPLOYMENT_SETTINGS = {"max_model_len", "gpu_memory_utilization", "pipeline_parallel_size", "num_gpu_blocks",
+                       "block_size"}
 SETTINGS = POLICY_SETTINGS | DEPLOYMENT_SETTINGS | {"enforce_eager", "num_prompts", "max_concurrency", "lengths",
                                                      "earlier_runs"}
 DIR_KEY = "_dir"  # the folder of the CSV a row was read from: a ``lengths`` file is named relative to it

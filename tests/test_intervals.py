@@ -102,10 +102,23 @@ def test_own_rows_run_as_their_source_states():
     assert (case.run.max_concurrency, case.run.request_rate, len(case.run.input_lens)) == (16, None, 300)
     wl, _ = rebuild_workload(case.run)
     assert wl.closed_loop is not None and wl.closed_loop.num_users == 16
-    # four documents, each holding its raw files and tables
+    # LMDeploy 0.1's static benchmark: 6 rounds of 64 threads, TurboMind's cache of 1000 blocks of 128 tokens from
+    # the benchmark script (benchmark_7b.sh: cache_max_entry_count 1000), 4 x 4096 tokens a step, 128 sequences
+    static = next(r for r in rows if "lmdeploy" in r["source"] and r["model"] == "llama2-7b"
+                  and r["batch_or_concurrency"] == "64" and r["input_len"] == "2048" and r["output_len"] == "2048"
+                  and r["metric"] == "ttft_s_mean")
+    case = bench.case_of(static, 3000)
+    dep = case.cfg.deployment
+    assert (dep.model, dep.engine.name, dep.num_gpu_blocks, dep.block_size, dep.max_model_len) == (
+        "llama-2-7b", "lmdeploy", 1000, 128, 4096)
+    assert (case.cfg.policy.max_num_seqs, case.cfg.policy.max_num_batched_tokens) == (128, 16384)
+    assert (case.run.max_concurrency, len(case.run.input_lens), case.key) == (64, 384, "mean_ttft")
+    assert dep.serving is None  # TurboMind's Python API, no HTTP server
+    # five documents, each holding its raw files and tables
     assert {bench.source_of(r) for r in rows} == {"benchmarks:comparison/h100sxm5_vs_mi300x/README.md",
                                                   "benchmarks:nvidia/8xh100/README.md", "vLLM-benchmarking:README.md",
-                                                  "https://mushfiqrahman.dev/?p=1668"}
+                                                  "https://mushfiqrahman.dev/?p=1668",
+                                                  "lmdeploy:docs/en/benchmark/a100_fp16.md"}
     with pytest.raises(ValueError, match="settings: unknown key 'max_batch'"):
         bench.settings_of({"settings": "max_batch=4"})
 
