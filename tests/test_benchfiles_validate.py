@@ -166,3 +166,28 @@ def test_a_file_of_another_model_is_noted(run_folder: Path, tmp_path: Path) -> N
         note = (f"{tmp_path / 'm.json'}: the benchmark served {model_id}, the variant simulates llama-3.1-8b; "
                 "check that they are the same model")
         assert (note in val.files[0].notes) is noted and (f"  note: {note}" in val.table()) is noted
+
+
+def test_requests_the_variant_rejects_are_named_not_compared_silently(run_folder: Path, tmp_path: Path) -> None:
+    # Before: a scenario whose max_model_len is below some of the benchmark's requests rejected them in the simulation
+    # and validate compared the rest with the whole measured run, saying nothing (throughput -56% on a run that
+    # fits); with every request rejected it printed "simulated 0, error -100%" for every latency, exit 0.
+    from sim.config.schema import ScenarioError
+
+    bench = run_folder / "cb.vllm-bench.json"
+    data = json.loads(bench.read_text())
+    long = sorted(i + o for i, o in zip(data["input_lens"], data["output_lens"], strict=True) if i + o > 512)
+    assert 0 < len(long) < 40
+    (f,) = validate_against(SCENARIO, [bench], overrides={"deployment.max_model_len": 512}).files
+    assert [n for n in f.notes if "rejected" in n] == [
+        f"{bench}: the simulated variant cb rejected {len(long)} of the benchmark's 40 requests, which the benchmark "
+        f"served (prompt+output {long[0]}-{long[-1]} tokens exceeds max_model_len 512 ({len(long)})): its metrics are "
+        f"over the {40 - len(long)} it completed"]
+    with pytest.raises(ScenarioError, match=r"cb\.vllm-bench\.json: the simulated variant cb completed none of the "
+                       r"benchmark's 40 requests \(prompt\+output \d+-\d+ tokens exceeds max_model_len 8 \(40\)\): "
+                       "nothing to compare"):
+        validate_against(SCENARIO, [bench], overrides={"deployment.max_model_len": 8})
+    r = _cli("validate", str(SCENARIO), "--against", str(bench), "--set", "deployment.max_model_len=8",
+             "--out", str(tmp_path / "o"))
+    assert r.returncode == 2 and "completed none of the benchmark's 40 requests" in r.stderr
+    assert "Traceback" not in r.stderr and not (tmp_path / "o").exists()

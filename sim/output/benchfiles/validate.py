@@ -189,6 +189,25 @@ def _other_model(served: str | None, simulated: str | dict[str, Any]) -> bool:
     return key(simulated) not in key(served.rsplit("/", 1)[-1])
 
 
+def _note_rejected(source: str, variant: str, result: RunResult, notes: list[str]) -> None:
+    """Say which of the benchmark's requests the simulated variant did not complete (a max_model_len below the
+    benchmark's lengths rejects them): its metrics are over the others only, and over none they would read 0."""
+    from sim.config.schema import ScenarioError
+    from sim.metrics.request_table import as_table
+    from sim.metrics.verdict import rejection_reasons
+
+    table = as_table(result.requests)
+    n, done = len(table), int(np.count_nonzero(table.outcome_is("completed")))
+    if done == n:
+        return
+    why = "; ".join(f"{text} ({count})" for text, count in rejection_reasons(result.requests).items())
+    if done == 0:
+        raise ScenarioError(f"{source}: the simulated variant {variant} completed none of the benchmark's {n} "
+                            f"requests ({why}): nothing to compare")
+    notes.append(f"{source}: the simulated variant {variant} rejected {n - done} of the benchmark's {n} requests, "
+                 f"which the benchmark served ({why}): its metrics are over the {done} it completed")
+
+
 def validate_against(scenario_path: str | Path, files: list[str | Path], *, variant: str | None = None,
                      overrides: dict[str, Any] | None = None, seed: int | None = None) -> BenchValidation:
     from sim.config.scenario import load_scenario, variant_configs
@@ -213,6 +232,7 @@ def validate_against(scenario_path: str | Path, files: list[str | Path], *, vari
             notes.append(f"{run.source}: the benchmark served {run.model}, the variant simulates "
                          f"{cfg.deployment.model}; check that they are the same model")
         result, _, _ = simulate_variant(cfg, wl, name=cfg.name)
+        _note_rejected(run.source, cfg.name, result, notes)
         sim = simulated_metrics(result, list(run.aggregates))
         metrics: dict[str, dict[str, Any]] = {}
         skipped = list(run.skipped)
