@@ -191,3 +191,15 @@ def test_requests_the_variant_rejects_are_named_not_compared_silently(run_folder
              "--out", str(tmp_path / "o"))
     assert r.returncode == 2 and "completed none of the benchmark's 40 requests" in r.stderr
     assert "Traceback" not in r.stderr and not (tmp_path / "o").exists()
+
+
+def test_a_file_whose_every_request_failed_says_so(run_folder: Path, tmp_path: Path) -> None:
+    # Before: a benchmark against a server that failed every request (vLLM writes each one's error) was refused with
+    # "no per-request lengths and no length statistics", though its 40 lengths are there.
+    data = json.loads((run_folder / "cb.vllm-bench.json").read_text())
+    data["errors"] = ["Server disconnected"] * 40
+    (tmp_path / "f.json").write_text(json.dumps(data))
+    with pytest.raises(BenchFileError) as e:
+        validate_against(SCENARIO, [tmp_path / "f.json"])
+    assert str(e.value) == (f"{tmp_path / 'f.json'}: every one of its 40 requests failed (a non-empty errors entry "
+                            "or no output): no request to rebuild")

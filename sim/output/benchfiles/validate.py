@@ -70,6 +70,9 @@ def rebuild_workload(run: BenchRun, *, seed: int = 0, max_len: int = 1 << 20) ->
         ins = _lengths(run.input_len_stats, n, rng, max_len)
         outs = _lengths(run.output_len_stats, n, rng, max_len)
         notes.append(f"{run.source}: no per-request lengths; {n} requests drawn from the file's length statistics")
+    elif run.num_failed:  # the lengths were there, but vLLM's lists hold failed requests too
+        raise BenchFileError(f"{run.source}: every one of its {run.num_failed} requests failed (a non-empty errors "
+                             "entry or no output): no request to rebuild")
     else:
         # the reader's reasons (e.g. "ttfts: length 3 != input_lens' 5"): without them a file whose input_lens
         # are there reads as if it had none, and the field to fix goes unnamed
