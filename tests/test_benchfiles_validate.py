@@ -203,3 +203,26 @@ def test_a_file_whose_every_request_failed_says_so(run_folder: Path, tmp_path: P
         validate_against(SCENARIO, [tmp_path / "f.json"])
     assert str(e.value) == (f"{tmp_path / 'f.json'}: every one of its 40 requests failed (a non-empty errors entry "
                             "or no output): no request to rebuild")
+
+
+def test_validate_against_uses_the_profile_and_refuses_engine_options(run_folder: Path, tmp_path: Path) -> None:
+    # Before: --profile (docs/real-engine.md: "or a measured engine profile with --profile") was ignored with
+    # --against, even a file that does not exist, and so were the engine's --num-gpu-blocks, --model, --device,
+    # --time-scale and --threads: the scenario's own cost model ran, and the table said nothing.
+    bench = run_folder / "cb.vllm-bench.json"
+    profile = ROOT / "calibration" / "profiles" / "tiny-cpu.json"
+    fitted = {"type": "fitted", "profile": str(profile)}
+    (with_profile,) = validate_against(SCENARIO, [bench], profile=profile).files
+    (as_set,) = validate_against(SCENARIO, [bench], overrides={"deployment.cost_model": fitted}).files
+    (plain,) = validate_against(SCENARIO, [bench]).files
+    assert with_profile.metrics == as_set.metrics and with_profile.metrics != plain.metrics
+    assert f"step times from the profile {profile} (deployment.cost_model of variant cb replaced)" in with_profile.notes
+    r = _cli("validate", str(SCENARIO), "--against", str(bench), "--profile", str(tmp_path / "none.json"),
+             "--out", str(tmp_path / "o"))
+    assert r.returncode == 2 and "none.json" in r.stderr and "Traceback" not in r.stderr
+    for flag, value in (("--num-gpu-blocks", "3"), ("--model", "tiny"), ("--device", "cuda"), ("--time-scale", "2"),
+                        ("--threads", "2")):
+        r = _cli("validate", str(SCENARIO), "--against", str(bench), flag, value, "--out", str(tmp_path / "o"))
+        assert r.returncode == 2 and r.stderr.strip() == (
+            f"error: {flag} applies to the engine replay (validate --profile), not to --against"), (flag, r.stderr)
+    assert not (tmp_path / "o").exists()

@@ -793,7 +793,13 @@ def validate(
         _fail(f"--threads must be >= 1, got {threads}")
     overrides = _overrides(set_, num_requests)
     if against:
-        _validate_against(scenario, against, variant, overrides, out)
+        # the engine replay's options: silently ignored, the run would not be the one asked for
+        engine_only = {"--num-gpu-blocks": num_gpu_blocks is not None, "--model": model is not None,
+                       "--device": device != "cpu", "--time-scale": time_scale != 1.0, "--threads": threads is not None}
+        for flag, given in engine_only.items():
+            if given:
+                _fail(f"{flag} applies to the engine replay (validate --profile), not to --against")
+        _validate_against(scenario, against, variant, overrides, out, profile)
         return
     if profile is None:
         _fail("validate needs --profile (the engine run) or --against FILE (benchmark results)")
@@ -925,12 +931,12 @@ def _heldout_table(fitted: dict[str, float | None], unfitted: dict[str, float | 
 
 
 def _validate_against(scenario: Path, files: list[Path], variant: str | None, overrides: dict,
-                      out: Path | None) -> None:
+                      out: Path | None, profile: Path | None = None) -> None:
     from sim.output.benchfiles.common import BenchFileError
     from sim.output.benchfiles.validate import validate_against, write_bench_validation
 
     try:
-        val = validate_against(scenario, list(files), variant=variant, overrides=overrides)
+        val = validate_against(scenario, list(files), variant=variant, overrides=overrides, profile=profile)
     except (ScenarioError, BenchFileError) as e:
         _fail(str(e))
         return

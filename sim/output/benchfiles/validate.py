@@ -212,7 +212,13 @@ def _note_rejected(source: str, variant: str, result: RunResult, notes: list[str
 
 
 def validate_against(scenario_path: str | Path, files: list[str | Path], *, variant: str | None = None,
-                     overrides: dict[str, Any] | None = None, seed: int | None = None) -> BenchValidation:
+                     overrides: dict[str, Any] | None = None, seed: int | None = None,
+                     profile: str | Path | None = None) -> BenchValidation:
+    """``profile``: a calibration profile whose step times the variant runs on (its ``deployment.cost_model``
+    replaced by ``{type: fitted, profile}``), as ``servesim validate --profile`` gives it."""
+    import dataclasses
+
+    from sim.config.deployment import FittedCost
     from sim.config.scenario import load_scenario, variant_configs
     from sim.config.schema import ScenarioError
     from sim.loop.run import simulate_variant
@@ -226,6 +232,11 @@ def validate_against(scenario_path: str | Path, files: list[str | Path], *, vari
         if not cfgs:
             raise ScenarioError(f"--variant {variant}: no such variant (the scenario has {names})")
     cfg = cfgs[0]
+    assumed = []
+    if profile is not None:
+        cost = FittedCost(profile=str(profile))  # a profile that cannot be read is refused as the variant is built
+        cfg = dataclasses.replace(cfg, deployment=cfg.deployment.model_copy(update={"cost_model": cost}))
+        assumed.append(f"step times from the profile {profile} (deployment.cost_model of variant {cfg.name} replaced)")
     runs = read_bench_files(list(files))
     out: list[FileValidation] = []
     for run in runs:
@@ -236,6 +247,7 @@ def validate_against(scenario_path: str | Path, files: list[str | Path], *, vari
                          f"{cfg.deployment.model}; check that they are the same model")
         result, _, _ = simulate_variant(cfg, wl, name=cfg.name)
         _note_rejected(run.source, cfg.name, result, notes)
+        notes += assumed
         sim = simulated_metrics(result, list(run.aggregates))
         metrics: dict[str, dict[str, Any]] = {}
         skipped = list(run.skipped)
