@@ -165,7 +165,8 @@ SOURCE_ALIASES = {"vllm-project.github.io:assets/figures/perf-v060/":
                   "vllm-project.github.io:_posts/2024-09-05-perf-update.md",
                   # a README's raw result files and tables are that README's
                   "benchmarks:comparison/h100sxm5_vs_mi300x/": "benchmarks:comparison/h100sxm5_vs_mi300x/README.md",
-                  "benchmarks:nvidia/8xh100/": "benchmarks:nvidia/8xh100/README.md"}
+                  "benchmarks:nvidia/8xh100/": "benchmarks:nvidia/8xh100/README.md",
+                  "benchmarks:amd/inference/": "benchmarks:amd/inference/README.md"}
 # a row's ``settings`` (optional column, ``key=value;...``): what its source states beyond the other columns
 POLICY_SETTINGS = {"enable_chunked_prefill", "max_num_seqs", "max_num_batched_tokens"}
 # num_gpu_blocks and block_size: a KV cache the source sized in blocks (TurboMind's cache_max_entry_count above 1)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from test_cli import VALID, invoke
 
+from sim.config.schema import ScenarioError
 from sim.metrics.intervals import ERROR_QUANTILES, interval_80, interval_lines
 from sim.output.benchfiles.validate import rebuild_workload
 
@@ -114,11 +115,27 @@ def test_own_rows_run_as_their_source_states():
     assert (case.cfg.policy.max_num_seqs, case.cfg.policy.max_num_batched_tokens) == (128, 16384)
     assert (case.run.max_concurrency, len(case.run.input_lens), case.key) == (64, 384, "mean_ttft")
     assert dep.serving is None  # TurboMind's Python API, no HTTP server
-    # five documents, each holding its raw files and tables
+    # dstack's TGI-against-vLLM runs on 8x MI300X: vLLM 0.6.3 (V0) served with the model's own 131072-token
+    # context, 128 sonnet prompts at once whose outputs end at the end of sequence under the 150 asked for
+    rocm = next(r for r in rows if "amd/inference/vllm" in r["source"] and r["batch_or_concurrency"] == "128"
+                and r["metric"] == "ttft_ms_mean")
+    case = bench.case_of(rocm, 3000)
+    dep = case.cfg.deployment
+    assert (dep.model, dep.gpu, dep.engine.name, dep.engine.version, dep.max_model_len) == (
+        "llama-3.1-405b", "mi300x", "vllm-v0", "0.6", 131072)
+    assert dep.serving is not None and len(case.run.input_lens) == 128 and max(case.run.output_lens) == 150
+    assert sum(case.run.output_lens) / 128 == pytest.approx(7588 / 128, abs=0.5)
+    # its TGI server: --max-input-tokens 125000 (prefill budget 125050) under --max-total-tokens 130000, which TGI
+    # runs and servesim refuses, having no limit on prompts apart from max_model_len
+    tgi = next(r for r in rows if "amd/inference/tgi" in r["source"])
+    with pytest.raises(ScenarioError, match="max_model_len 130000 exceeds max_num_batched_tokens 125050"):
+        bench.case_of(tgi, 3000)
+    # six documents, each holding its raw files and tables
     assert {bench.source_of(r) for r in rows} == {"benchmarks:comparison/h100sxm5_vs_mi300x/README.md",
                                                   "benchmarks:nvidia/8xh100/README.md", "vLLM-benchmarking:README.md",
                                                   "https://mushfiqrahman.dev/?p=1668",
-                                                  "lmdeploy:docs/en/benchmark/a100_fp16.md"}
+                                                  "lmdeploy:docs/en/benchmark/a100_fp16.md",
+                                                  "benchmarks:amd/inference/README.md"}
     with pytest.raises(ValueError, match="settings: unknown key 'max_batch'"):
         bench.settings_of({"settings": "max_batch=4"})
 
@@ -254,6 +271,7 @@ def test_published_rows_run_on_the_checkpoint_they_name():
     AMD's, whose every matmul is FP8: each runs on its own preset."""
     bench = _bench()
     rows = bench.read_rows([bench.OWN_DATA])
-    models = {r["weight_dtype"]: bench.case_of(r, 30).cfg.deployment.model for r in rows if "405B" in r["model"]}
+    models = {r["weight_dtype"]: bench.case_of(r, 30).cfg.deployment.model for r in rows
+              if "405B" in r["model"] and r["weight_dtype"].startswith("fp8")}
     assert models == {"fp8 (meta-llama/Llama-3.1-405B-FP8)": "llama-3.1-405b-fp8",
                       "fp8 (amd/Llama-3.1-405B-Instruct-FP8-KV)": "llama-3.1-405b"}
