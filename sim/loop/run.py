@@ -332,6 +332,9 @@ def run_scenario(
                                             progress=None if sink is None else sink.advance, trace=trace)
             if sink is not None:
                 sink.end()
+            if result.config is not None:  # the workload it replayed (a sweep point's, the defaults' or its own):
+                # its exports name this run's arrival rate, not the scenario file's
+                result.config["workload"] = (cfg.workload or sc.workload).model_dump(mode="json")
             out.results.append(result)
             out.summaries[name] = summarize(result, slos_of(sc))
             if trace is not None:

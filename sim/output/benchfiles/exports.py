@@ -42,12 +42,13 @@ def export_files(results: list[RunResult], scenario: dict[str, Any] | None = Non
                  ) -> dict[str, str | Callable[[IO[str]], None]]:
     """Each variant's export files: text, or what writes it (the vllm-bench JSON's per-request lists are made a
     block of requests at a time as the file is written; its figures are computed here)."""
-    hints = _arrival_hints(scenario)
-    if hints.get("burstiness") == float("inf"):
-        hints["burstiness"] = "inf"  # JSON has no infinity; a string as vLLM's request_rate uses
     out: dict[str, str | Callable[[IO[str]], None]] = {}
     taken: set[str] = set()
     for r in results:
+        # the run's own workload (a variant's, a sweep point's) when it recorded one, else the scenario's
+        hints = _arrival_hints(r.config if (r.config or {}).get("workload") else scenario)
+        if hints.get("burstiness") == float("inf"):
+            hints["burstiness"] = "inf"  # JSON has no infinity; a string as vLLM's request_rate uses
         stem = base = file_stem(r.name)
         # Names that read alike as files ("a/b" and "a b", or "A" and "a" on a disk blind to case) shared one pair
         # of files, the later variant's overwriting the earlier's without a word: the later gets a number.

@@ -1,0 +1,29 @@
+"""The run folder's vllm-bench exports describe the run each was made from (its arrival rate, burstiness and
+concurrency), not the scenario file's defaults."""
+
+import json
+from pathlib import Path
+
+from sim.config.scenario import load_scenario, parse_scenario
+from sim.loop.run import run_scenario, write_scenario_run
+
+SCENARIO = Path(__file__).parent / "data" / "bench" / "scenario.yaml"
+
+
+def test_each_export_names_its_own_runs_arrival_rate(tmp_path: Path) -> None:
+    # A variant with a workload of its own and a sweep over the rate: each file named the scenario's default
+    # rate (4.0, burstiness 1.0) whatever its run replayed, so a plot of throughput against request_rate was wrong.
+    _, raw = load_scenario(SCENARIO)
+    raw = {**raw, "workload": {**raw["workload"], "num_requests": 10},
+           "variants": [{"name": "cb"}, {"name": "bursty", "workload": {"arrival": {"type": "gamma", "rate": 6.0,
+                                                                                   "cv": 2.0}}}],
+           "sweep": {"workload.arrival.rate": [2.0, 8.0]}}
+    sc = parse_scenario(raw)
+    write_scenario_run(run_scenario(sc, raw), tmp_path, raw)
+    got = {}
+    for f in sorted(tmp_path.glob("*.vllm-bench.json")):
+        data = json.loads(f.read_text())
+        got[data["label"]] = (data["request_rate"], data["burstiness"])
+    # the sweep sets the rate in every section that has one; a gamma arrival of cv 2 is vLLM's burstiness 1/4
+    assert got == {"cb[rate=2.0]": (2.0, 1.0), "cb[rate=8.0]": (8.0, 1.0),
+                   "bursty[rate=2.0]": (2.0, 0.25), "bursty[rate=8.0]": (8.0, 0.25)}
