@@ -179,3 +179,30 @@ def test_knobs_on_a_bound_are_named() -> None:
                          "per_request_overhead": 1e-5}, [], [], 0.1)
     assert knobs_at_bounds(analytic, ("compute_efficiency", "bandwidth_efficiency")) == [
         "compute_efficiency at its floor 0.02"]
+
+
+def test_from_bench_fits_the_model_the_benchmarks_served_not_the_engines_default(tmp_path: Path) -> None:
+    # Before: without --model, --from-bench fitted the knobs on the engine calibration's default model, tiny, even
+    # with a --scenario of llama-3.1-8b (its model was overwritten): a profile for 'tiny' whose step overhead made
+    # up for the missing 8 billion parameters, and no word about it.
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    data = json.loads((DATA / "vllm_detailed.json").read_text())
+    files = []
+    for rate in (4.0, 8.0):
+        (tmp_path / f"r{rate:g}.json").write_text(json.dumps({**data, "request_rate": rate}))
+        files += ["--from-bench", str(tmp_path / f"r{rate:g}.json")]
+    base = [sys.executable, "-m", "sim.cli.main", "calibrate", *files, "--gpu", "a100-80gb", "--holdout-every", "0"]
+
+    def fit(*args: str) -> dict:
+        r = subprocess.run([*base, *args, "-o", str(tmp_path / "k.json")], capture_output=True, text=True, env=env,
+                           cwd=tmp_path, timeout=300)
+        assert r.returncode == 0, r.stderr
+        return json.loads((tmp_path / "k.json").read_text())
+
+    r = subprocess.run(base, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert r.returncode == 2 and r.stderr.strip() == (
+        "error: --from-bench needs --model (the model the benchmarks served) or --scenario")
+    by_scenario = fit("--scenario", str(DATA / "scenario.yaml"))
+    by_model = fit("--scenario", str(DATA / "scenario.yaml"), "--model", "llama-3.1-8b")
+    assert by_scenario["model"] == by_model["model"] == "llama-3.1-8b"
+    assert by_scenario["cost_model"] == by_model["cost_model"]

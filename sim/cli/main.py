@@ -632,7 +632,9 @@ def engine_quality(
 @app.command()
 def calibrate(
     device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
-    model: str = typer.Option("tiny", "--model", help="Model preset the engine runs (e.g. tiny, llama-3.2-1b)."),
+    model: str | None = typer.Option(None, "--model", help="Model preset the engine runs (e.g. tiny, "
+                                     "llama-3.2-1b; default tiny); with --from-bench the model the benchmarks "
+                                     "served (default: --scenario's)."),
     out: Path | None = typer.Option(None, "--out", "-o", help="Profile JSON to write "
                                        "(default: calibration/profiles/MODEL-DEVICE.json)."),
     repeats: int = typer.Option(5, "--repeats", help="Measured rounds over the grid (after one warm-up round)."),
@@ -677,6 +679,7 @@ def calibrate(
         _calibrate_from_bench(from_bench, model, gpu, out, holdout_every, knobs, scenario, variant,
                               engine_profile, holdout_load)
         return
+    model = model or "tiny"
     if serving_workloads < 0:
         _fail(f"--serving-workloads must be >= 0, got {serving_workloads}")
     if device not in ("cpu", "cuda"):
@@ -833,7 +836,7 @@ def validate(
     typer.echo(f"wrote {out_dir}/validation.json, validation.html, engine/, sim/")
 
 
-def _calibrate_from_bench(files: list[Path], model: str, gpu: str | None, out: Path | None, holdout_every: int,
+def _calibrate_from_bench(files: list[Path], model: str | None, gpu: str | None, out: Path | None, holdout_every: int,
                           knobs: str, scenario: Path | None, variant: str | None = None,
                           profile: Path | None = None, holdout_load: float | None = None) -> None:
     from calibration.bench_fit import (
@@ -869,10 +872,13 @@ def _calibrate_from_bench(files: list[Path], model: str, gpu: str | None, out: P
         _fail(f"--knobs: unknown {', '.join(bad)}; choose from {', '.join(family.bounds)}")
     if variant is not None and scenario is None:
         _fail("--variant needs --scenario")
+    if model is None and scenario is None:  # the engine's default (tiny) would be fitted in its place, silently
+        _fail("--from-bench needs --model (the model the benchmarks served) or --scenario")
     try:
         if scenario is not None:
-            sets = {"deployment.model": model} if profile is not None else {"deployment.model": model,
-                                                                              "deployment.gpu": gpu}
+            sets: dict[str, Any] = {} if model is None else {"deployment.model": model}
+            if profile is None:
+                sets["deployment.gpu"] = gpu
             sc, _ = load_scenario(scenario, sets)
         else:
             sc = parse_scenario({"name": "calibrate-from-bench", "workload": {"arrival": {"type": "poisson", "rate": 1},
@@ -890,6 +896,9 @@ def _calibrate_from_bench(files: list[Path], model: str, gpu: str | None, out: P
     except (ScenarioError, BenchFileError, ValueError) as e:
         _fail(str(e))
         return
+    if model is None:  # the scenario's, by name (a config given inline or as a file: its name)
+        m = cfg.deployment.model
+        model = m if isinstance(m, str) else str(m.get("name", "model"))
     default_name = f"{model}-live-fit.json" if profile is not None else f"{model}-{gpu}-bench.json"
     path = out or Path("calibration") / "profiles" / default_name
     try:
