@@ -226,3 +226,29 @@ def test_validate_against_uses_the_profile_and_refuses_engine_options(run_folder
         assert r.returncode == 2 and r.stderr.strip() == (
             f"error: {flag} applies to the engine replay (validate --profile), not to --against"), (flag, r.stderr)
     assert not (tmp_path / "o").exists()
+
+
+def test_several_files_after_one_against_as_the_docs_write_them(run_folder: Path, tmp_path: Path) -> None:
+    # Before: docs/calibration-and-validation.md's `validate my.yaml --against r1.json r4.json r8.json` and
+    # `calibrate --from-bench results/*.json` ended in click's "Got unexpected extra argument(s)": only a repeated
+    # flag took a second file, which a shell glob does not write.
+    data = json.loads((run_folder / "cb.vllm-bench.json").read_text())
+    files = []
+    for rate in (4.0, 8.0):
+        files.append(str(tmp_path / f"r{rate:g}.json"))
+        Path(files[-1]).write_text(json.dumps({**data, "request_rate": rate}))
+    r = _cli("validate", str(SCENARIO), "--against", *files, "--out", str(tmp_path / "o"))
+    assert r.returncode == 0, r.stderr
+    saved = json.loads((tmp_path / "o" / "validation.json").read_text())
+    assert [f["file"] for f in saved["files"]] == files
+    r = _cli("calibrate", "--from-bench", *files, "--model", "llama-3.1-8b", "--gpu", "a100-80gb", "--holdout-every",
+             "0", "-o", str(tmp_path / "k.json"))
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "k.json").read_text())["fit"]["train"] == files
+    r = _cli("validate", str(SCENARIO), files[0], "--out", str(tmp_path / "o2"))
+    assert r.returncode == 2 and r.stderr.strip() == (
+        f"error: unexpected argument {files[0]}: benchmark files follow --against")
+    r = _cli("calibrate", files[0], "-o", str(tmp_path / "k2.json"))
+    assert r.returncode == 2 and r.stderr.strip() == (
+        f"error: unexpected argument {files[0]}: benchmark files follow --from-bench")
+    assert not (tmp_path / "o2").exists() and not (tmp_path / "k2.json").exists()

@@ -631,6 +631,8 @@ def engine_quality(
 
 @app.command()
 def calibrate(
+    more: list[Path] | None = typer.Argument(None, metavar="FILE", help="More benchmark files after --from-bench's first, so that "
+                                             "--from-bench results/*.json takes them all."),
     device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
     model: str | None = typer.Option(None, "--model", help="Model preset the engine runs (e.g. tiny, "
                                      "llama-3.2-1b; default tiny); with --from-bench the model the benchmarks "
@@ -675,6 +677,7 @@ def calibrate(
     write a calibration profile; prints the coefficients and the held-out error per shape class. With
     --from-bench: fit the analytic model's knobs (or, with --profile, a scale and a step overhead on an engine
     profile) to benchmark files, print the held-out files' errors before and after, and write the knobs."""
+    from_bench = _files_after(from_bench, more, "--from-bench")
     if from_bench:
         _calibrate_from_bench(from_bench, model, gpu, out, holdout_every, knobs, scenario, variant,
                               engine_profile, holdout_load)
@@ -769,9 +772,19 @@ def calibrate(
     typer.echo(f"wrote {path}")
 
 
+def _files_after(flag_files: list[Path], more: list[Path] | None, flag: str) -> list[Path]:
+    """A file-list option's files: those given with the flag, then the positional ones after it (click takes one
+    value a flag, so `--against a.json b.json` leaves b.json positional, as a shell glob writes it)."""
+    if more and not flag_files:
+        _fail(f"unexpected argument {more[0]}: benchmark files follow {flag}")
+    return [*flag_files, *(more or [])]
+
+
 @app.command()
 def validate(
     scenario: Path = typer.Argument(..., help="Scenario YAML file (its workload is replayed on both)."),
+    more: list[Path] | None = typer.Argument(None, metavar="FILE", help="More benchmark files after --against's first, so that "
+                                             "--against results/*.json takes them all."),
     profile: Path | None = typer.Option(None, "--profile", help="Calibration profile JSON (servesim calibrate)."),
     against: list[Path] = typer.Option([], "--against", help="Benchmark result files to compare with instead of "
                                        "the engine: vllm bench serve JSON, GuideLLM report, genai-perf export "
@@ -794,6 +807,7 @@ def validate(
     DIR/validation.html. With --against: compare the simulated scenario with benchmark result files instead."""
     if threads is not None and threads < 1:
         _fail(f"--threads must be >= 1, got {threads}")
+    against = _files_after(against, more, "--against")
     overrides = _overrides(set_, num_requests)
     if against:
         # the engine replay's options: silently ignored, the run would not be the one asked for
