@@ -631,8 +631,8 @@ def engine_quality(
 
 @app.command()
 def calibrate(
-    more: list[Path] | None = typer.Argument(None, metavar="FILE", help="More benchmark files after --from-bench's first, so that "
-                                             "--from-bench results/*.json takes them all."),
+    more: list[Path] | None = typer.Argument(None, metavar="FILE", help="More benchmark files after --from-bench's "
+                                             "first, so that --from-bench results/*.json takes them all."),
     device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
     model: str | None = typer.Option(None, "--model", help="Model preset the engine runs (e.g. tiny, "
                                      "llama-3.2-1b; default tiny); with --from-bench the model the benchmarks "
@@ -783,8 +783,8 @@ def _files_after(flag_files: list[Path], more: list[Path] | None, flag: str) -> 
 @app.command()
 def validate(
     scenario: Path = typer.Argument(..., help="Scenario YAML file (its workload is replayed on both)."),
-    more: list[Path] | None = typer.Argument(None, metavar="FILE", help="More benchmark files after --against's first, so that "
-                                             "--against results/*.json takes them all."),
+    more: list[Path] | None = typer.Argument(None, metavar="FILE", help="More benchmark files after --against's "
+                                             "first, so that --against results/*.json takes them all."),
     profile: Path | None = typer.Option(None, "--profile", help="Calibration profile JSON (servesim calibrate)."),
     against: list[Path] = typer.Option([], "--against", help="Benchmark result files to compare with instead of "
                                        "the engine: vllm bench serve JSON, GuideLLM report, genai-perf export "
