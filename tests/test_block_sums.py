@@ -329,3 +329,22 @@ def test_running_sums_at_request_times_by_blocks_are_the_whole_columns(rows: int
     assert got[0].tobytes() == whole[2][at].tobytes() and got[2].tobytes() == whole[1][at].tobytes()
     assert got[1].tobytes() == (whole[0][at] - base).tobytes()
     assert energy._sums_at(x, blocks(rng.permutation(start)), [(energy._DEC, None)]) is None
+
+
+@pytest.mark.parametrize("how", ["sum", "max"])
+def test_run_sums_fed_in_pieces_equal_reduceat_of_the_whole(how: str) -> None:
+    """RunSums fed in pieces of 7 to 65,536 values, runs of 1 to 70,000 values (whole runs inside a piece are
+    reduced by one reduceat of the piece, the others across pieces), equals np.add.reduceat / np.maximum.reduceat
+    of the whole array to the bit, NaNs included."""
+    rng = np.random.default_rng(5)
+    counts = [int(c) for c in rng.choice([1, 2, 3, 8, 9, 127, 128, 129, 1000, 5000], 300)] + [70_000, 1, 1]
+    n = sum(counts)
+    x = rng.standard_normal(n) * 10.0 ** rng.integers(-6, 6, n)
+    x[rng.integers(0, n, 3)] = np.nan
+    first = np.cumsum([0, *counts[:-1]])
+    whole = (np.maximum if how == "max" else np.add).reduceat(x, first)
+    for piece in (7, 1000, 1 << 16):
+        sums = block_sums.RunSums(counts, how)
+        for lo in range(0, n, piece):
+            sums.add(x[lo : lo + piece])
+        assert np.array(sums.sums).tobytes() == whole.tobytes(), piece

@@ -139,11 +139,17 @@ class RunSums:
         self._head: float = 0.0
         self._rest = PairwiseSum(0)
         self.sums: list[float] = []
+        self._fed = 0  # values fed so far
+        self._bounds: np.ndarray | None = None  # where each run starts in the whole column, and the last ends
 
     def add(self, values: np.ndarray) -> None:
         i, n = 0, len(values)
         while i < n:
-            if not self._left:  # a run begins: its first value
+            if not self._left:
+                i = self._whole_runs(values, i)
+                if i == n:
+                    break
+                # a run begins: its first value
                 self._at += 1
                 self._left = self._counts[self._at] - 1
                 self._head = values[i].item()
@@ -159,3 +165,23 @@ class RunSums:
             if not self._left:
                 full = self._counts[self._at] > 1 and not self._max
                 self.sums.append(self._head + self._rest.value() if full else self._head)
+        self._fed += n
+
+    def _whole_runs(self, values: np.ndarray, i: int) -> int:
+        """The runs that begin at ``values[i]`` and end within ``values``, reduced by one ``reduceat`` of the slice
+        (numpy reduces each run of it alone, on its values only, so a slice gives the whole column's sums and
+        maxima); returns the index after them. A Python loop a run cost some 10 us, 0.26 s of bench_vidur's
+        steps_binned.csv (2,000 bins, 11 columns)."""
+        bounds = self._bounds
+        if bounds is None:
+            bounds = self._bounds = np.cumsum([0, *self._counts])
+        first = self._at + 1  # the run that begins at values[i]
+        stop = int(np.searchsorted(bounds, self._fed + len(values), side="right")) - 1  # runs first..stop-1 end here
+        if stop - first < 2:  # none or one: the loop takes it
+            return i
+        end = int(bounds[stop]) - self._fed
+        out = (np.maximum if self._max else np.add).reduceat(values[i:end], bounds[first:stop] - (self._fed + i))
+        self.sums += out.tolist()
+        self._at = stop - 1
+        return end
+
