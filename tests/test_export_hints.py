@@ -27,3 +27,24 @@ def test_each_export_names_its_own_runs_arrival_rate(tmp_path: Path) -> None:
     # the sweep sets the rate in every section that has one; a gamma arrival of cv 2 is vLLM's burstiness 1/4
     assert got == {"cb[rate=2.0]": (2.0, 1.0), "cb[rate=8.0]": (8.0, 1.0),
                    "bursty[rate=2.0]": (2.0, 0.25), "bursty[rate=8.0]": (8.0, 0.25)}
+
+
+def test_request_goodput_is_the_runs_goodput_when_it_has_slos(tmp_path: Path) -> None:
+    # Before: request_goodput was null in every file, though the scenario's SLOs are what `vllm bench serve
+    # --goodput ttft:2000 tpot:100` sets, and summary.json had the run's goodput (the registry maps one to the other).
+    _, raw = load_scenario(SCENARIO)
+    raw = {**raw, "workload": {**raw["workload"], "num_requests": 20}, "slos": {"ttft": 0.05, "tpot": 0.02}}
+    sc = parse_scenario(raw)
+    run = run_scenario(sc, raw)
+    write_scenario_run(run, tmp_path, raw)
+    data = json.loads((tmp_path / "cb.vllm-bench.json").read_text())
+    # by hand, vLLM's rule: completed requests whose TTFT and TPOT (0 for one output token) are within the SLOs,
+    # over the duration
+    lens, ttfts, lats = data["output_lens"], data["ttfts"], data["latencies"]
+    good = sum(1 for n, t, e in zip(lens, ttfts, lats, strict=True)
+               if n > 0 and t <= 0.05 and (0.0 if n == 1 else (e - t) / (n - 1)) <= 0.02)
+    assert 0 < good < 20
+    assert data["request_goodput"] == good / data["duration"] == run.summaries["cb"]["goodput"]
+    del raw["slos"]
+    write_scenario_run(run_scenario(parse_scenario(raw), raw), tmp_path / "none", raw)
+    assert json.loads((tmp_path / "none" / "cb.vllm-bench.json").read_text())["request_goodput"] is None

@@ -265,7 +265,7 @@ def write_run(
 
     with energy_kept():  # the report and the exports read each run's energy: computed once
         html = build_report(results, summaries, title or "servesim: " + " vs ".join(names))
-        exports = export_files(results, scenario)
+        exports = export_files(results, scenario, summaries)
     if phase is not None:
         phase(f"writing {out}/: {SUMMARY_FILE}, {', '.join(tables)}, {REPORT_FILE}")
     files = {

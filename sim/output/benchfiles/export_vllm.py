@@ -50,9 +50,11 @@ def _model_of(result: RunResult) -> str | None:
 
 
 def vllm_bench_result(result: RunResult, *, request_rate: float | None = None, burstiness: float = 1.0,
-                      max_concurrency: int | None = None, percentiles=DEFAULT_PERCENTILES) -> dict[str, Any]:
-    """The result dict; ``request_rate`` None writes vLLM's "inf"."""
-    out = _result(result, request_rate, burstiness, max_concurrency, percentiles)
+                      max_concurrency: int | None = None, percentiles=DEFAULT_PERCENTILES,
+                      request_goodput: float | None = None) -> dict[str, Any]:
+    """The result dict; ``request_rate`` None writes vLLM's "inf"; ``request_goodput``: the run's goodput against
+    its SLOs (summary.json's ``goodput``; None without SLOs, as vLLM without --goodput)."""
+    out = _result(result, request_rate, burstiness, max_concurrency, percentiles, request_goodput)
     return {k: v.rows(slice(None)) if isinstance(v, _Rows) else v for k, v in out.items()}
 
 
@@ -73,7 +75,7 @@ class _Rows:
 
 
 def _result(result: RunResult, request_rate: float | None, burstiness: float, max_concurrency: int | None,
-            percentiles) -> dict[str, Any]:
+            percentiles, request_goodput: float | None = None) -> dict[str, Any]:
     """vllm_bench_result with its per-request lists as ``_Rows``."""
     stats = run_stats(result, percentiles)
     t = as_table(by_id(result.requests))  # the lists' order: request id
@@ -96,7 +98,7 @@ def _result(result: RunResult, request_rate: float | None, burstiness: float, ma
         "failed": n - completed,
         "total_input_tokens": int(t.column("prompt_tokens")[done].sum()),  # the lists' sums (errors: not done)
         "total_output_tokens": int(t.column("output_tokens")[done].sum()),
-        "request_goodput": None,
+        "request_goodput": request_goodput,
     }
     del done
     for k in ("request_throughput", "output_throughput", "total_token_throughput"):
@@ -149,10 +151,10 @@ LIST_ROWS = 1 << 15
 
 def vllm_bench_writer(result: RunResult, *, request_rate: float | None = None, burstiness: float = 1.0,
                       max_concurrency: int | None = None, percentiles=DEFAULT_PERCENTILES,
-                      rows: int = LIST_ROWS) -> Callable[[IO[str]], None]:
+                      rows: int = LIST_ROWS, request_goodput: float | None = None) -> Callable[[IO[str]], None]:
     """What writes ``json.dumps`` of vllm_bench_result's dict into a file, to the byte, with its per-request lists
     made ``rows`` requests at a time as they are written. Everything else (statistics, energy) is computed here."""
-    data = _result(result, request_rate, burstiness, max_concurrency, percentiles)
+    data = _result(result, request_rate, burstiness, max_concurrency, percentiles, request_goodput)
     # json cannot write NaN portably; vLLM never writes it either
     clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in data.items()}
 

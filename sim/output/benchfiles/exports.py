@@ -38,10 +38,11 @@ def _arrival_hints(scenario: dict[str, Any] | None) -> dict[str, Any]:
     return {}
 
 
-def export_files(results: list[RunResult], scenario: dict[str, Any] | None = None
-                 ) -> dict[str, str | Callable[[IO[str]], None]]:
+def export_files(results: list[RunResult], scenario: dict[str, Any] | None = None,
+                 summaries: dict[str, dict] | None = None) -> dict[str, str | Callable[[IO[str]], None]]:
     """Each variant's export files: text, or what writes it (the vllm-bench JSON's per-request lists are made a
-    block of requests at a time as the file is written; its figures are computed here)."""
+    block of requests at a time as the file is written; its figures are computed here). ``summaries``: each
+    variant's summary, whose goodput (against the scenario's SLOs) is the file's ``request_goodput``."""
     out: dict[str, str | Callable[[IO[str]], None]] = {}
     taken: set[str] = set()
     for r in results:
@@ -56,6 +57,7 @@ def export_files(results: list[RunResult], scenario: dict[str, Any] | None = Non
         while stem.lower() in taken:
             stem, k = f"{base}-{k}", k + 1
         taken.add(stem.lower())
-        out[stem + BENCH_SUFFIX] = vllm_bench_writer(r, **hints)
+        goodput = ((summaries or {}).get(r.name) or {}).get("goodput")  # NaN without SLOs: written null
+        out[stem + BENCH_SUFFIX] = vllm_bench_writer(r, **hints, request_goodput=goodput)
         out[stem + METRICS_SUFFIX] = openmetrics_text(r)
     return out
