@@ -209,6 +209,9 @@ def _step_columns(results: list[RunResult]) -> dict[str, list]:
 
 def _overrides(num_requests: int | None, seed: int | None, set: Mapping[str, Any] | None) -> dict[str, Any]:
     out: dict[str, Any] = {}
+    if set is not None and not isinstance(set, Mapping):  # the CLI's "key=value" text, or pairs
+        raise ScenarioError(f"set must map dotted keys to values, e.g. {{'policy.max_num_seqs': 64}}; got "
+                            f"{type(set).__name__} {set!r}")
     for key, value in (set or {}).items():
         if not isinstance(key, str) or not key.strip():
             raise ScenarioError(f"set: keys are dotted scenario keys (e.g. 'deployment.max_num_seqs'), got {key!r}")
@@ -283,6 +286,8 @@ def load(run_dir: str | os.PathLike) -> Results:
     summary.json is missing or unreadable."""
     from sim.output.compare import read_run
 
+    if not isinstance(run_dir, (str, os.PathLike)):
+        raise RunFolderError(f"run_dir must be a run folder's path, got {type(run_dir).__name__}")
     side = read_run(run_dir)
     p = Path(run_dir)
     doc = side.document

@@ -160,6 +160,10 @@ def test_compare_labels_an_in_memory_run_by_its_scenario_or_as_told(small, tmp_p
         ({"scenario": SMALL, "set": {"deployment.tp": 2}}, "deployment.tp: unknown key"),
         ({"scenario": {**SMALL, "policy": {"type": "greedy"}}}, "policy"),
         ({"scenario": 42}, "scenario must be a YAML file's path or a dict, got int"),
+        # before: AttributeError ('str' object has no attribute 'items'), the --set habit in Python
+        ({"scenario": SMALL, "set": "policy.max_num_seqs=4"},
+         "set must map dotted keys to values, e.g. {'policy.max_num_seqs': 64}; got str 'policy.max_num_seqs=4'"),
+        ({"scenario": SMALL, "set": [("policy.max_num_seqs", 4)]}, "set must map dotted keys to values"),
     ],
 )
 def test_bad_input_raises_scenario_error(kwargs, message):
@@ -183,6 +187,9 @@ def test_load_missing_folder(tmp_path):
         servesim.load(tmp_path / "nothing")
     with pytest.raises(servesim.RunFolderError, match="no summary.json"):
         servesim.load(tmp_path)
+    # before: TypeError from pathlib
+    with pytest.raises(servesim.RunFolderError, match="run_dir must be a run folder's path, got int"):
+        servesim.load(3)  # type: ignore[arg-type]
 
 
 def test_to_pandas(small):
