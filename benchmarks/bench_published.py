@@ -166,7 +166,9 @@ SOURCE_ALIASES = {"vllm-project.github.io:assets/figures/perf-v060/":
                   # a README's raw result files and tables are that README's
                   "benchmarks:comparison/h100sxm5_vs_mi300x/": "benchmarks:comparison/h100sxm5_vs_mi300x/README.md",
                   "benchmarks:nvidia/8xh100/": "benchmarks:nvidia/8xh100/README.md",
-                  "benchmarks:amd/inference/": "benchmarks:amd/inference/README.md"}
+                  "benchmarks:amd/inference/": "benchmarks:amd/inference/README.md",
+                  # France Travail's reports, one per model, GPU and vLLM version, are one tool's and one team's
+                  "results_benchmark_llm_serving:": "results_benchmark_llm_serving:README.md"}
 # a row's ``settings`` (optional column, ``key=value;...``): what its source states beyond the other columns
 POLICY_SETTINGS = {"enable_chunked_prefill", "max_num_seqs", "max_num_batched_tokens"}
 # num_gpu_blocks and block_size: a KV cache the source sized in blocks (TurboMind's cache_max_entry_count above 1)

@@ -130,12 +130,22 @@ def test_own_rows_run_as_their_source_states():
     tgi = next(r for r in rows if "amd/inference/tgi" in r["source"])
     with pytest.raises(ScenarioError, match="max_model_len 130000 exceeds max_num_batched_tokens 125050"):
         bench.case_of(tgi, 3000)
-    # six documents, each holding its raw files and tables
+    # France Travail's run files: 4 workers in a closed loop through happy_vllm's HTTP server, the run's 625
+    # queries, the median total query time an E2E row
+    ft = next(r for r in rows if "Llama-3.1-8B/vllm_063" in r["source"] and r["batch_or_concurrency"] == "4"
+              and r["metric"] == "e2el_s_median")
+    case = bench.case_of(ft, 3000)
+    assert (case.run.max_concurrency, len(case.run.input_lens), case.key, bench.metric_of(ft)[0]) == (
+        4, 625, "median_e2el", "E2E")
+    assert case.cfg.deployment.serving is not None and case.cfg.deployment.max_model_len == 131072
+    assert case.run.input_lens == [1003] * 625 and case.run.output_lens == [128] * 625
+    # seven sources: the reports of one tool and team count as one
     assert {bench.source_of(r) for r in rows} == {"benchmarks:comparison/h100sxm5_vs_mi300x/README.md",
                                                   "benchmarks:nvidia/8xh100/README.md", "vLLM-benchmarking:README.md",
                                                   "https://mushfiqrahman.dev/?p=1668",
                                                   "lmdeploy:docs/en/benchmark/a100_fp16.md",
-                                                  "benchmarks:amd/inference/README.md"}
+                                                  "benchmarks:amd/inference/README.md",
+                                                  "results_benchmark_llm_serving:README.md"}
     with pytest.raises(ValueError, match="settings: unknown key 'max_batch'"):
         bench.settings_of({"settings": "max_batch=4"})
 
