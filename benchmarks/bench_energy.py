@@ -14,6 +14,14 @@ task, mean output length, and where published the mean power and output throughp
 - Serial Alice benchmark (Jun 2026, its Reddit post), 2 rows: Mistral-7B on an H100 SXM with vLLM's AsyncLLMEngine
   (version unstated, taken as a v1 release), bf16, batch 1 (732 uWh = 2.64 J/token) and 128 (13.8 uWh = 0.050 J);
   NVML at 100 ms. Its lengths are unstated: the defaults below.
+- fleet-sim's B200 context-length sweep (Apr 2026, vllm-project/semantic-router at b1de045,
+  ``src/fleet-sim/studies/context-length-power-efficiency/data/b200_table1_measurements``), 7 rows: Llama-3.1-70B in
+  fp16 at TP 8 on eight B200s, vLLM 0.20.0, at ``max-model-len`` 2K to 128K, as many streams as vLLM's KV cache
+  holds at that length (its logged "Maximum concurrency", 1,725 to 28), output_len 512 (2,048 at 128K), decode tok/s
+  and one GPU's mean power over the window where every stream decodes (``all_overlap``: the last first token to the
+  first finish). Prompt lengths, sampling and ``max-num-seqs`` are unstated: each prompt is taken as the context
+  less the output (column ``prompt_tokens``: the streams that fill the KV cache, as the study counts them), greedy,
+  every stream running at once. A source independent of ML.ENERGY for the B200; nothing fitted to it.
 
 What ML.ENERGY v3.0 documents, and so each row runs with (ml-energy/benchmark at c1d6557; the row's columns where
 it varies): vLLM 0.11.1 (``docs/overview.md``; the B200 rows the same software and configurations, their GPUs at
@@ -150,8 +158,12 @@ def published_scenario(row: dict[str, str], requests: int, prompt: int = PROMPT_
     exponential about the published mean."""
     batch = int(row["batch_size"])
     cap = int(row["max_output_tokens"]) if row["max_output_tokens"] else MAX_OUTPUT
-    # a published mean is of the lengths its max_tokens cut, so the exponential drawn before the cap is longer
-    mean = uncapped_mean(float(row["mean_output_tokens"]), cap) if row["mean_output_tokens"] else OUTPUT_TOKENS
+    prompt = int(row["prompt_tokens"]) if row.get("prompt_tokens") else prompt  # the row's own, where it has one
+    # a published mean is of the lengths its max_tokens cut, so the exponential drawn before the cap is longer; a
+    # mean at the cap is every request at the cap (fixed lengths, as the fleet-sim sweep's output_len)
+    fixed = bool(row["mean_output_tokens"]) and float(row["mean_output_tokens"]) == cap
+    mean = (uncapped_mean(float(row["mean_output_tokens"]), cap) if row["mean_output_tokens"] and not fixed
+            else OUTPUT_TOKENS)
     dep: dict[str, Any] = {"model": row["model"], "gpu": row["gpu"], "tensor_parallel_size": int(row["num_gpus"]),
                            "weight_dtype": row["weight_dtype"]}
     if row["max_model_len"]:  # the server's --max-model-len, where the source states it, within the preset's
@@ -166,7 +178,8 @@ def published_scenario(row: dict[str, str], requests: int, prompt: int = PROMPT_
     n = int(row["num_requests"]) if row["num_requests"] else max(min(requests, 32 * batch), 3 * batch)
     workload: dict[str, Any] = {"arrival": {"type": "all_at_once"}, "num_requests": n,
                                 "prompt_len": {"type": "fixed", "value": prompt},
-                                "output_len": {"type": "exponential", "mean": mean, "max": cap}}
+                                "output_len": ({"type": "fixed", "value": cap} if fixed
+                                               else {"type": "exponential", "mean": mean, "max": cap})}
     sampling = next((v for k, v in SAMPLING.items() if row["source"].startswith(k)), None)
     if sampling is not None:
         workload["sampling"] = sampling
@@ -188,8 +201,8 @@ def steady_state(r: RunResult, batch: int, window: str = "steady_state") -> tupl
     to the step that schedules the last waiting request (its first step with an empty waiting queue), that step
     left out. The batch is time-weighted over the window's steps, as the harness's average of vLLM's
     ``vllm:num_requests_running`` over the same window (the published ``avg_batch_size``)."""
-    if window not in ("steady_state", "until_queue_empty"):
-        raise ValueError(f"unknown energy window {window!r}: steady_state or until_queue_empty")
+    if window not in ("steady_state", "until_queue_empty", "all_overlap"):
+        raise ValueError(f"unknown energy window {window!r}: steady_state, until_queue_empty or all_overlap")
     e = run_energy(r)
     assert e is not None and r.power is not None
     first = np.sort([q.first_token for q in r.requests if q.first_token >= 0])
@@ -198,6 +211,8 @@ def steady_state(r: RunResult, batch: int, window: str = "steady_state") -> tupl
     dur = np.asarray(r.steps["duration"], dtype=np.float64)
     if window == "until_queue_empty":
         t0, t1 = float(start[0]), max(q.first_scheduled for q in r.requests)
+    elif window == "all_overlap":  # every request decoding: from the last first token to the first finish
+        t0, t1 = float(first[-1]), float(done[0])
     else:
         t0, t1 = float(first[min(batch, len(first)) - 1]), float(done[max(len(done) - batch - 2, 0)])
     if not t1 > t0:

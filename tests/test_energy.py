@@ -285,18 +285,18 @@ def test_the_published_energy_rows_name_their_sources() -> None:
     assert rows and all(r["url"].startswith("https://") and float(r["j_per_output_token"]) > 0 for r in rows)
     engines = {r["engine_version"]: bench.engine_of(r) for r in rows}
     assert engines == {"0.11.1": {"name": "vllm-v1"}, "0.5.4": {"name": "vllm-v0", "version": "0.5"},
-                       "": {"name": "vllm-v1"}}
+                       "": {"name": "vllm-v1"}, "0.20.0": {"name": "vllm-v1"}}
     # ML.ENERGY v3.0's published configurations of the preset models (tensor parallel only), v2.0's one row, and
-    # the Serial Alice post's two Mistral-7B rows
+    # the Serial Alice post's two Mistral-7B rows, the fleet-sim study's seven B200 rows (Llama-3.1-70B, 2K-128K)
     assert {r["source"]: sum(x["source"] == r["source"] for x in rows) for r in rows} == {
         "ML.ENERGY Leaderboard v3.0 (Dec 2025)": 174, "ML.ENERGY Leaderboard v2.0 (Sep 2024)": 1,
-        "Serial Alice benchmark (Jun 2026)": 2}
+        "Serial Alice benchmark (Jun 2026)": 2, "fleet-sim B200 context-length sweep (Apr 2026)": 7}
     from sim.hardware.gpu import resolve_gpu
     from sim.hardware.models import resolve_model
 
     for r in rows:  # each row's conditions name a preset and a batch; its scenario builds
         assert resolve_gpu(r["gpu"]).tdp_w > 0 and resolve_model(r["model"]).num_layers > 0
-        assert int(r["batch_size"]) >= 1 and int(r["num_gpus"]) >= 1 and r["weight_dtype"] in ("bf16", "fp8")
+        assert int(r["batch_size"]) >= 1 and int(r["num_gpus"]) >= 1 and r["weight_dtype"] in ("bf16", "fp8", "fp16")
     sc = bench.published_scenario(rows[0], 512)
     assert sc["workload"]["arrival"] == {"type": "all_at_once"} and sc["policy"]["max_num_seqs"] == 8
     # as many requests as the published run sent (1,024 chat or 198 GPQA, times the configuration's repeats); a
@@ -311,7 +311,16 @@ def test_the_published_energy_rows_name_their_sources() -> None:
     # source's window; Serial Alice states none
     assert {(r["max_model_len"], r["max_output_tokens"], r["energy_window"]) for r in rows} == {
         ("20480", "4096", "steady_state"), ("40960", "32768", "steady_state"), ("51200", "32768", "steady_state"),
-        ("4096", "1024", "until_queue_empty"), ("", "", "")}
+        ("4096", "1024", "until_queue_empty"), ("", "", "")} | {
+        (str(c), str(2048 if c == 131072 else 512), "all_overlap") for c in (2048 << k for k in range(7))}
+    # the fleet-sim sweep: every stream sent at once, each filling its context (prompt = context - output, assumed),
+    # the fixed output_len it states; 8x B200 at TP 8
+    sweep = next(r for r in rows if r["source"].startswith("fleet-sim") and r["max_model_len"] == "2048")
+    sc = bench.published_scenario(sweep, 512)
+    assert sc["workload"]["num_requests"] == sc["policy"]["max_num_seqs"] == 1725
+    assert sc["workload"]["prompt_len"] == {"type": "fixed", "value": 1536}
+    assert sc["workload"]["output_len"] == {"type": "fixed", "value": 512}
+    assert sc["deployment"]["tensor_parallel_size"] == 8 and "sampling" not in sc["workload"]
     # Qwen3-30B-A3B-Thinking's GPQA server alone runs 51,200 tokens (its monolithic.config.yaml)
     assert {r["model"] for r in rows if r["max_model_len"] == "51200"} == {"qwen3-30b-a3b"}
     v2 = next(r for r in rows if "v2.0" in r["source"])
@@ -406,6 +415,32 @@ def test_v2_counts_from_the_run_s_start_until_the_waiting_queue_empties() -> Non
     assert tps == pytest.approx(tokens / (last - float(start[0])), rel=1e-12)
     with pytest.raises(ValueError, match="unknown energy window 'whole'"):
         bench.steady_state(r, 4, "whole")
+
+
+def test_the_all_overlap_window_holds_the_steps_where_every_request_decodes() -> None:
+    bench = _bench_energy()
+    # 4 requests at once, all running (the fleet-sim sweep's every stream at once): from the last first token to
+    # the first finish no request waits or has ended, so every step there decodes all four, one token each
+    sc = {"name": "w", "seed": 0,
+          "workload": {"arrival": {"type": "all_at_once"}, "num_requests": 4,
+                       "prompt_len": {"type": "fixed", "value": 64}, "output_len": {"type": "fixed", "value": 32}},
+          "deployment": {"model": "llama-3.1-8b", "gpu": "h100-sxm"},
+          "policy": {"type": "continuous", "max_num_seqs": 4}}
+    r = servesim.run(sc).results[0]
+    jt, watts, tps, running = bench.steady_state(r, 4, "all_overlap")
+    t0 = max(q.first_token for q in r.requests)
+    t1 = min(q.finish for q in r.requests)
+    start = np.asarray(r.steps["start"])
+    sel = (start >= t0) & (start < t1)
+    assert sel.sum() > 0 and (np.asarray(r.steps["decode_tokens"])[sel] == 4).all() and running == 4.0
+    e = run_energy(r)
+    assert e is not None
+    # the tokens streamed in the window: four a step, and the first tokens at its opening (here all four: their
+    # prefills ran in one step)
+    tokens = 4 * int(sel.sum()) + sum(t0 <= q.first_token < t1 for q in r.requests)
+    assert tokens == 4 * 32
+    assert jt == pytest.approx(float(e.step_energy_j[sel].sum()) / tokens, rel=1e-12)
+    assert tps == pytest.approx(tokens / (t1 - t0), rel=1e-12)
 
 
 def test_the_energy_breakdown_splits_the_error_into_power_and_time(capsys: pytest.CaptureFixture[str]) -> None:
