@@ -29,6 +29,7 @@ policy: {{type: custom, cls: "{cls}", max_num_seqs: 4{extra}}}
 def _run(tmp_path: Path, cls: str, extra: str = "", env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     (tmp_path / "bad_policies.py").write_text((POLICIES / "bad_policies.py").read_text())
     (tmp_path / "broken_import.py").write_text((POLICIES / "broken_import.py").read_text())
+    (tmp_path / "base_exception_import.py").write_text((POLICIES / "base_exception_import.py").read_text())
     sc = tmp_path / "s.yaml"
     sc.write_text(SCENARIO.format(cls=cls, extra=extra))
     return subprocess.run([sys.executable, "-m", "sim.cli.main", "run", str(sc), "--out", str(tmp_path / "out"), "-q"],
@@ -80,6 +81,12 @@ CASES = [
     ("bad_policies.py:PreemptsTwice", "", "PreemptsTwice at t=0.029018 s: preempts request 0 twice"),
     ("bad_policies.py:UnprintableError", "",
      "UnprintableError: schedule(view) at t=0.000000 s raised _Unprintable: (its message could not be formatted)"),
+    # an exception on BaseException but not Exception (a library's own, GeneratorExit, asyncio's CancelledError) in
+    # schedule, a constructor or an import: a 60-line traceback of servesim's frames and exit 1
+    ("bad_policies.py:RaisesBaseException", "", "RaisesBaseException: schedule(view) at t=0.029018 s raised _Abort: "
+     "gave up"),
+    ("bad_policies.py:RaisesGeneratorExitInInit", "", "constructing it with args {} raised GeneratorExit: closed"),
+    ("base_exception_import.py:X", "", "importing it raised CancelledError: cancelled at import (line 3)"),
     # a key of the built-in kinds that a user's class does not take (it was told "did you mean" the same key)
     ("sim.policies.queue:FCFSPolicy", ", enable_chunked_prefill: false",
      "enable_chunked_prefill: unknown key; other kinds of this section have it, the kind 'custom' not"),

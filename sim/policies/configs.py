@@ -269,9 +269,9 @@ class UserClassConfig(PolicyModel):
         try:
             obj = call_user(f"cls {self.cls}: {what}", lambda: copy.deepcopy(self.instance) if self.instance
                             is not None else self._cls(**self.args), wrap=False)
-        except PolicyError:
+        except (PolicyError, KeyboardInterrupt):
             raise
-        except (Exception, SystemExit) as e:
+        except BaseException as e:  # not only Exception: sys.exit, GeneratorExit, a library's own BaseException
             raise ValueError(f"cls {self.cls}: {what} {exception_text(e)}") from None
         why = self.problem(obj)
         if why is not None:

@@ -40,7 +40,9 @@ def _module_from_file(path: Path) -> ModuleType:
     sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
-    except (Exception, SystemExit) as e:
+    except KeyboardInterrupt:
+        raise  # Ctrl-C, or the watchdog stopping an import that never returns (sim/policies/watchdog.py)
+    except BaseException as e:  # not only Exception: sys.exit, GeneratorExit, a library's own BaseException
         del sys.modules[name]
         frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename == str(path)]
         where = f" (line {frames[-1].lineno})" if frames else ""
@@ -63,7 +65,9 @@ def load_class(spec: str) -> type:
             module = importlib.import_module(target)
         except ModuleNotFoundError as e:
             raise ValueError(f"{target}: no such module ({e})") from None
-        except (Exception, SystemExit) as e:
+        except KeyboardInterrupt:
+            raise
+        except BaseException as e:
             raise ValueError(f"{target}: importing it {exception_text(e)}") from None
     obj = getattr(module, name, None)
     if obj is None:

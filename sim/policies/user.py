@@ -76,7 +76,7 @@ def call_user(what: str, fn: Any, *args: Any, wrap: bool = True) -> Any:
         w.fired = False
         raise PolicyError(f"{what} did not return within {w.limit:g} s ({LIMIT_ENV} sets the limit); "
                           f"stopped in\n{_user_frames(e, exception=False)}") from None
-    except (Exception, SystemExit) as e:
+    except BaseException as e:  # not only Exception: sys.exit, GeneratorExit, a library's own BaseException
         if not wrap:
             raise
         raise _raised(what, e) from None
@@ -87,9 +87,9 @@ def call_user(what: str, fn: Any, *args: Any, wrap: bool = True) -> Any:
 def _call_plain(what: str, fn: Any, args: tuple) -> Any:
     try:
         return fn(*args)
-    except PolicyError:
+    except (PolicyError, KeyboardInterrupt):
         raise
-    except (Exception, SystemExit) as e:
+    except BaseException as e:  # not only Exception: sys.exit, GeneratorExit, a library's own BaseException
         raise _raised(what, e) from None
 
 

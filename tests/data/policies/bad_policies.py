@@ -275,3 +275,19 @@ class PreemptsTwice(FCFSPolicy):
             plan.preempt(view.running[0])
             return plan
         return super().schedule(view)
+
+
+class _Abort(BaseException):
+    """A user's own exception on BaseException (as some libraries define theirs): not an Exception."""
+
+
+class RaisesBaseException(FCFSPolicy):
+    def schedule(self, view):
+        if view.running:
+            raise _Abort("gave up")
+        return super().schedule(view)
+
+
+class RaisesGeneratorExitInInit(FCFSPolicy):
+    def __init__(self, **kwargs) -> None:
+        raise GeneratorExit("closed")

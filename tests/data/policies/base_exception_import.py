@@ -1,0 +1,3 @@
+import asyncio
+
+raise asyncio.CancelledError("cancelled at import")
