@@ -292,8 +292,8 @@ def validate(scenario_path: str | Path, profile_path: str | Path, *, device: str
         raise ScenarioError(f"--device must be cpu or cuda, got {device!r}")
     if device == "cuda" and not torch.cuda.is_available():
         raise ScenarioError("--device cuda: torch sees no CUDA device")
-    if time_scale < 0:
-        raise ScenarioError(f"--time-scale must be >= 0, got {time_scale}")
+    if not 0 <= time_scale < math.inf:  # NaN put every arrival at 0, inf at inf (NaN latencies)
+        raise ScenarioError(f"--time-scale must be a finite number >= 0, got {time_scale}")
     if num_gpu_blocks is not None and num_gpu_blocks < 1:
         raise ScenarioError(f"--num-gpu-blocks must be >= 1, got {num_gpu_blocks}")
     profile = load_profile(profile_path)

@@ -17,6 +17,7 @@ on CPU the serving thread's CPU time, on CUDA synchronised wall time; idle gaps 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import resource
 import threading
@@ -258,8 +259,8 @@ def _run_engine(cfg: VariantConfig, workload, *, device, dtype, model_spec, num_
                 cpu_clock: str = "thread", reference_seconds: float | None = None,
                 ) -> tuple[RunResult, list[Request], ServingCore]:
     requests_in = getattr(workload, "requests", workload)
-    if time_scale < 0:
-        raise ValueError(f"time_scale must be >= 0, got {time_scale}")
+    if not 0 <= time_scale < math.inf:  # NaN put every arrival at 0, inf at inf (NaN latencies)
+        raise ValueError(f"time_scale must be a finite number >= 0, got {time_scale}")
     if device not in ("cpu", "cuda"):
         raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
     if decode_kernel not in ("auto", "triton", "ref"):

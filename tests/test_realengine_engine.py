@@ -461,3 +461,19 @@ def test_cpu_cache_is_sized_for_the_cpu_not_the_scenarios_gpu() -> None:
     doc["deployment"]["num_gpu_blocks"] = 24
     assert build(engine_config(variant_configs(parse_scenario(doc))[0]))[1].num_blocks == 24
     assert build(engine_config(cfg, num_gpu_blocks=500))[1].num_blocks == 500
+
+
+@pytest.mark.parametrize("scale", ["nan", "inf"])
+def test_a_time_scale_that_is_not_a_finite_number_is_refused(tmp_path: Path, scale: str) -> None:
+    # Before: `engine run --time-scale nan` ran every request at t=0 (an all-at-once workload, not the scenario's)
+    # and --time-scale inf wrote arrivals at inf and NaN latencies, both exit 0; validate --profile likewise.
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(scenario()))
+    profile = str(Path(__file__).parent.parent / "calibration" / "profiles" / "tiny-cpu.json")
+    for args in (["engine", "run", str(path)], ["validate", str(path), "--profile", profile]):
+        res = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "o"), "--time-scale", scale])
+        assert res.exit_code == 2 and f"--time-scale must be a finite number >= 0, got {scale}" in res.output, args
+    assert not (tmp_path / "o").exists()
+    cfg = variant_configs(parse_scenario(scenario()))[0]
+    with pytest.raises(ValueError, match=f"time_scale must be a finite number >= 0, got {scale}"):
+        run_engine(cfg, [RequestSpec(id=0, arrival=0.0, prompt_len=4, output_len=2)], time_scale=float(scale))

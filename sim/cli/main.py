@@ -458,8 +458,8 @@ def engine_run(
 
     if device not in ("cpu", "cuda"):
         _fail(f"--device must be cpu or cuda, got {device!r}")
-    if time_scale < 0:
-        _fail(f"--time-scale must be >= 0, got {time_scale}")
+    if not 0 <= time_scale < math.inf:  # NaN put every arrival at 0, inf at inf: another workload, said nothing
+        _fail(f"--time-scale must be a finite number >= 0, got {time_scale}")
     if num_gpu_blocks is not None and num_gpu_blocks < 1:
         _fail(f"--num-gpu-blocks must be >= 1, got {num_gpu_blocks}")
     if quant is not None and quant not in ("int8", "int4", "fp8"):
