@@ -11,9 +11,10 @@ task, mean output length, and where published the mean power and output throughp
 - ML.ENERGY Leaderboard v2.0 (Sep 2024), 1 row: Llama-3.1-8B on one H100 at batch 64 with vLLM 0.5.4, from its
   published data file (ml-energy/leaderboard-v2 at c3af7f3): 0.171 J per output token, 1,785 tok/s, 482.8 output
   tokens a request (the longitudinal post's chart reads 0.20 J).
-- Serial Alice benchmark (Jun 2026, its Reddit post), 2 rows: Mistral-7B on an H100 SXM with vLLM's AsyncLLMEngine
-  (version unstated, taken as a v1 release), bf16, batch 1 (732 uWh = 2.64 J/token) and 128 (13.8 uWh = 0.050 J);
-  NVML at 100 ms. Its lengths are unstated: the defaults below.
+- Serial Alice benchmark (Jun 2026, its Reddit post and benchmark page), 3 rows: Mistral-7B on an H100 SXM with vLLM's
+  AsyncLLMEngine (version unstated, taken as a v1 release), bf16, batch 1 (732 uWh = 2.64 J/token) and 128 (13.8 uWh
+  = 0.050 J), and Mixtral-8x7B on one B200 at batch 128 (36.4 uWh = 0.131 J); NVML at 100 ms. Its lengths are
+  unstated: the defaults below.
 - fleet-sim's B200 context-length sweep (Apr 2026, vllm-project/semantic-router at b1de045,
   ``src/fleet-sim/studies/context-length-power-efficiency/data/b200_table1_measurements``), 7 rows: Llama-3.1-70B in
   fp16 at TP 8 on eight B200s, vLLM 0.20.0, at ``max-model-len`` 2K to 128K, as many streams as vLLM's KV cache
