@@ -28,6 +28,7 @@ from sim.serving.request import Request
 # records they always had.
 STREAM_MIN = 1 << 17
 CHUNK = 1 << 15  # records kept as objects before they move into columns (and records made again at a time)
+BLOCK = 1 << 16  # requests a block-wise reader (``latency_blocks``) holds at a time
 
 _FIELDS: tuple[str, ...] = tuple(f.name for f in fields(RequestRecord))
 # numeric columns and their dtypes; the other fields are text (stored as codes) or tuples (stored sparsely)
@@ -58,10 +59,11 @@ class RequestTable(Sequence[RequestRecord]):
     def __len__(self) -> int:
         return self._n
 
-    def column(self, name: str) -> np.ndarray:
-        """A numeric field's column in its dtype (int64 or float64; read-only use: it may be the table's own
-        array, or one value seen n times)."""
-        return np.asarray(self._numeric[name], dtype=_NUMERIC[name])
+    def column(self, name: str, rows: slice | np.ndarray = slice(None)) -> np.ndarray:
+        """A numeric field's column (its ``rows``: a slice or a boolean mask) in its dtype (int64 or float64;
+        read-only use: it may be the table's own array, or one value seen n times). The rows are taken before the
+        column is widened from its compact dtype, so a block of a long run's column costs a block, not the column."""
+        return np.asarray(self._numeric[name][rows], dtype=_NUMERIC[name])
 
     def outcome_is(self, outcome: str, rows: slice = slice(None)) -> np.ndarray:
         """Which requests (of ``rows``) ended with ``outcome`` (completed, rejected, failed), as a boolean mask."""
@@ -288,6 +290,18 @@ def kv_spans(table: RequestTable, end: np.ndarray) -> tuple[np.ndarray, np.ndarr
         start[at[j] : at[j] + len(starts)] = starts
         stop[at[j] : at[j] + len(starts)] = stops
     return row, start, stop
+
+
+def latency_blocks(table: RequestTable, block: int = BLOCK) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """The completed requests' (TTFT, E2EL, output tokens), ``block`` requests of the table at a time, in its
+    order: the same values, in the same order, as ``first_token[done] - arrival[done]`` and the others over whole
+    columns, while holding a block's (a long run's whole columns are tens of bytes a request each)."""
+    for lo in range(0, len(table), block):
+        rows = slice(lo, min(lo + block, len(table)))
+        done = table.outcome_is("completed", rows)
+        arrival = table.column("arrival", rows)[done]
+        yield (table.column("first_token", rows)[done] - arrival, table.column("finish", rows)[done] - arrival,
+               table.column("output_tokens", rows)[done])
 
 
 def as_table(requests: Sequence[RequestRecord]) -> RequestTable:

@@ -23,8 +23,9 @@ from collections.abc import Iterator, Mapping, Sequence
 import numpy as np
 
 from sim.costs.energy import run_energy, running_energy
+from sim.metrics.block_sums import PairwiseSum
 from sim.metrics.records import RunResult
-from sim.metrics.request_table import as_table
+from sim.metrics.request_table import RequestTable, as_table, latency_blocks
 from sim.metrics.step_columns import StepColumns, continues_ascending, step_blocks
 from sim.metrics.sums import dot
 from sim.output.benchfiles.export_vllm import _model_of
@@ -52,17 +53,64 @@ def _histogram(lines: list[str], name: str, help_: str, labels: str, values: np.
                ts: str, weights: np.ndarray | None = None, total: float | None = None) -> None:
     """``weights``: how many times each value counts (pooled ITLs as (gap, count) pairs); ``total``: the values'
     sum when given."""
-    lines += [f"# TYPE {name} histogram", f"# HELP {name} {help_}", f"# UNIT {name} seconds"] \
-        if name.endswith("_seconds") else [f"# TYPE {name} histogram", f"# HELP {name} {help_}"]
     v = np.asarray(values, dtype=np.float64)
-    # each value's bucket by a search of the few bounds (not a sort of the values: millions of inter-token gaps in
-    # a long run); counts[j] is then the number of values <= bounds[j], as the cumulative buckets need
-    bounds = np.asarray(buckets, dtype=np.float64)
     w = None if weights is None else np.asarray(weights, dtype=np.int64)
-    counts = np.cumsum(np.bincount(np.searchsorted(bounds, v, side="left"), weights=w, minlength=bounds.size + 1))
+    counts = _bucket_counts(buckets, v, w)
     size = v.size if w is None else int(w.sum())
     if total is None:
         total = v.sum() if w is None else dot(v, w.astype(np.float64))
+    _histogram_lines(lines, name, help_, labels, buckets, np.cumsum(counts), size, total, ts)
+
+
+def _bucket_counts(buckets: Sequence[float], v: np.ndarray, w: np.ndarray | None = None) -> np.ndarray:
+    """How many values (weighted by ``w``) fall in each bucket, the last past every bound."""
+    # each value's bucket by a search of the few bounds (not a sort of the values: millions of inter-token gaps in
+    # a long run); the cumulative sum of these is then the number of values <= each bound, as OpenMetrics wants
+    bounds = np.asarray(buckets, dtype=np.float64)
+    return np.bincount(np.searchsorted(bounds, v, side="left"), weights=w, minlength=bounds.size + 1)
+
+
+class _Histogram:
+    """One per-request latency's histogram (bucket counts, count and sum to the bit) fed a block of requests at a
+    time, so that a long run's latencies are never held whole (they were some 150 bytes a request at once)."""
+
+    def __init__(self, buckets: Sequence[float], n: int) -> None:
+        self.buckets = buckets
+        self.counts = np.zeros(len(buckets) + 1, dtype=np.int64)
+        self.n = n
+        self.sum = PairwiseSum(n)  # v.sum() of the whole array, to the bit
+
+    def add(self, v: np.ndarray) -> None:
+        self.counts += _bucket_counts(self.buckets, v).astype(np.int64)
+        self.sum.add(v)
+
+    def write(self, lines: list[str], name: str, help_: str, labels: str, ts: str) -> None:
+        _histogram_lines(lines, name, help_, labels, self.buckets, np.cumsum(self.counts), self.n, self.sum.value(),
+                         ts)
+
+
+def _request_histograms(table: RequestTable) -> tuple[_Histogram, _Histogram, _Histogram]:
+    """The TTFT, TPOT and E2EL histograms of the completed requests, read a block at a time (two passes: the
+    first counts the values, which the exact sums need up front)."""
+    n_done = n_multi = 0
+    for _, _, out_tok in latency_blocks(table):
+        n_done += len(out_tok)
+        n_multi += int(np.count_nonzero(out_tok > 1))
+    ttft, tpot, e2el = _Histogram(TTFT_BUCKETS, n_done), _Histogram(TPOT_BUCKETS, n_multi), \
+        _Histogram(E2E_BUCKETS, n_done)
+    for t, e, out_tok in latency_blocks(table):
+        multi = out_tok > 1
+        ttft.add(t)
+        tpot.add((e[multi] - t[multi]) / (out_tok[multi] - 1))
+        e2el.add(e)
+    return ttft, tpot, e2el
+
+
+def _histogram_lines(lines: list[str], name: str, help_: str, labels: str, buckets: Sequence[float],
+                     counts: np.ndarray, size: int, total: float, ts: str) -> None:
+    """``counts[j]``: the values <= ``buckets[j]``."""
+    lines += [f"# TYPE {name} histogram", f"# HELP {name} {help_}", f"# UNIT {name} seconds"] \
+        if name.endswith("_seconds") else [f"# TYPE {name} histogram", f"# HELP {name} {help_}"]
     for b, c in zip(buckets, counts, strict=False):
         lines.append(f'{name}_bucket{{{labels},le="{_num(b)}"}} {int(c)}{ts}')
     lines.append(f'{name}_bucket{{{labels},le="+Inf"}} {size}{ts}')
@@ -245,28 +293,19 @@ def openmetrics_text(result: RunResult, *, max_points: int = 2000) -> str:
     lines: list[str] = []
     for key, (kind, help_) in helps.items():
         lines += [f"# TYPE vllm:{key} {kind}", f"# HELP vllm:{key} {help_}", *series[key]]
-    table = as_table(result.requests)  # read as columns
-    done = table.outcome_is("completed")
-    arrival = table.column("arrival")[done]
-    ttft = table.column("first_token")[done] - arrival
-    e2el = table.column("finish")[done] - arrival
-    out_tok = table.column("output_tokens")[done]
-    multi = out_tok > 1
-    tpot = (e2el[multi] - ttft[multi]) / (out_tok[multi] - 1)
+    ttft, tpot, e2el = _request_histograms(as_table(result.requests))  # read as columns
     ts = f" {_num(last_end)}"
     lab = f'model_name="{model}",engine="0"'
-    _histogram(lines, "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", lab, ttft,
-               TTFT_BUCKETS, ts)
-    _histogram(lines, "vllm:request_time_per_output_token_seconds",
-               "Histogram of time_per_output_token_seconds per request.", lab, tpot, TPOT_BUCKETS, ts)
-    _histogram(lines, "vllm:time_per_output_token_seconds", "Histogram of time per output token in seconds.", lab,
-               tpot, TPOT_BUCKETS, ts)
+    ttft.write(lines, "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", lab, ts)
+    tpot.write(lines, "vllm:request_time_per_output_token_seconds",
+               "Histogram of time_per_output_token_seconds per request.", lab, ts)
+    tpot.write(lines, "vllm:time_per_output_token_seconds", "Histogram of time per output token in seconds.", lab,
+               ts)
     _histogram(lines, "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", lab,
                result.itl_gaps, TPOT_BUCKETS, ts, result.itl_counts,
                # the sum of the expanded gaps to the bit (a long run's: the pairs' dot product)
                expanded_sum(result.itl_gaps, result.itl_counts) if itls_expand(result) else None)
-    _histogram(lines, "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", lab, e2el,
-               E2E_BUCKETS, ts)
+    e2el.write(lines, "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", lab, ts)
     if result.spec_decode:  # speculative decoding's counters, at the end of the run
         lines += openmetrics_lines(result.spec_decode, lab, ts)
     lines += _power_lines(result, model, picked, ends, end)
