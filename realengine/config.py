@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from realengine.kv_cache import kv_bytes_per_block
+from realengine.model import unbuildable
 from sim.config.limits import kv_footprint
 from sim.config.scenario import VariantConfig
 from sim.config.schema import ScenarioError
@@ -51,6 +52,9 @@ def engine_config(cfg: VariantConfig, *, model_spec: str | None = None, num_gpu_
     if device != "cuda" and cfg.deployment.num_gpu_blocks is None:
         cfg = _with_deployment(cfg, num_gpu_blocks=cpu_num_blocks(cfg, dtype))
     _, kv, _, built = build(cfg)
+    problem = unbuildable(built.model)
+    if problem is not None:  # refused here, with the scenario's checks, not as a traceback from the model's build
+        raise ScenarioError(f"variant {cfg.name!r}: deployment.model: {problem}")
     cpu_blocks = getattr(kv, "num_cpu_blocks", 0)
     want = cpu_blocks if device == "cuda" else min(cpu_blocks, kv.num_blocks)
     if want != cpu_blocks and built.budget.kv_bytes_per_block:

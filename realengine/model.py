@@ -145,6 +145,23 @@ class DecoderLayer(nn.Module):
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
+def unbuildable(spec: ModelSpec) -> str | None:
+    """Why the engine cannot build ``spec`` (the simulator prices more than this decoder builds), None if it can."""
+    if spec.mlp != "gated" or spec.norm != "rms" or spec.num_position_embeddings:
+        return (f"model {spec.name!r} ({spec.model_type}) is not Llama-like (gated MLP, RMSNorm, rotary positions); "
+                "the real engine builds only those")
+    if spec.num_experts or spec.qk_norm:  # the simulator prices them (sim/hardware/moe.py); no layer here builds them
+        return f"model {spec.name!r}: mixture-of-experts layers and per-head q/k norms are not built by the real engine"
+    if spec.sliding_window or spec.kv_lora_rank:  # Gemma-2, DeepSeek-V2: the simulator prices them only
+        return (f"model {spec.name!r}: sliding-window layers and latent attention (MLA) are not built by the real "
+                "engine")
+    if spec.word_embed_proj_dim != spec.hidden_size or not spec.final_norm:
+        return f"model {spec.name!r}: embedding projections and missing final norms are not built"
+    if spec.head_dim % 2:
+        return f"model {spec.name!r}: rotary positions need an even head_dim, got {spec.head_dim}"
+    return None
+
+
 class LlamaModel(nn.Module):
     """The decoder. ``device="meta"`` builds the shapes without memory (parameter counts of large presets).
 
@@ -164,20 +181,9 @@ class LlamaModel(nn.Module):
         weights_path: str | PathLike[str] | None = None,  # a safetensors file with Hugging Face names
     ) -> None:
         super().__init__()
-        if spec.mlp != "gated" or spec.norm != "rms" or spec.num_position_embeddings:
-            raise ValueError(f"model {spec.name!r} ({spec.model_type}) is not Llama-like (gated MLP, RMSNorm, "
-                             "rotary positions); the real engine builds only those")
-        if spec.num_experts or spec.qk_norm:  # the simulator prices them (sim/hardware/moe.py); no layer here builds
-        # them
-            raise ValueError(f"model {spec.name!r}: mixture-of-experts layers and per-head q/k norms are not built by "
-                             "the real engine")
-        if spec.sliding_window or spec.kv_lora_rank:  # Gemma-2, DeepSeek-V2: the simulator prices them only
-            raise ValueError(f"model {spec.name!r}: sliding-window layers and latent attention (MLA) are not built "
-                             "by the real engine")
-        if spec.word_embed_proj_dim != spec.hidden_size or not spec.final_norm:
-            raise ValueError(f"model {spec.name!r}: embedding projections and missing final norms are not built")
-        if spec.head_dim % 2:
-            raise ValueError(f"model {spec.name!r}: rotary positions need an even head_dim, got {spec.head_dim}")
+        problem = unbuildable(spec)
+        if problem is not None:
+            raise ValueError(problem)
         self.spec = spec
         self.dtype = torch_dtype(dtype)
         device = torch.device(device)

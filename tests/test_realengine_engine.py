@@ -477,3 +477,20 @@ def test_a_time_scale_that_is_not_a_finite_number_is_refused(tmp_path: Path, sca
     cfg = variant_configs(parse_scenario(scenario()))[0]
     with pytest.raises(ValueError, match=f"time_scale must be a finite number >= 0, got {scale}"):
         run_engine(cfg, [RequestSpec(id=0, arrival=0.0, prompt_len=4, output_len=2)], time_scale=float(scale))
+
+
+@pytest.mark.parametrize("model, why", [
+    ("opt-13b", "model 'opt-13b' (opt) is not Llama-like"),
+    ("gemma-2-9b", "model 'gemma-2-9b': sliding-window layers and latent attention (MLA) are not built"),
+    ("deepseek-v2-lite", "model 'deepseek-v2-lite': mixture-of-experts layers"),
+])
+def test_a_model_the_engine_does_not_build_is_refused_without_a_traceback(tmp_path: Path, model: str,
+                                                                           why: str) -> None:
+    # Before: engine run and calibrate ended in a ValueError traceback from the model's constructor (exit 1).
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(scenario()))
+    res = CliRunner().invoke(app, ["engine", "run", str(path), "--model", model, "--out", str(tmp_path / "o")])
+    assert res.exit_code == 2 and f"error: variant 'engine-small': deployment.model: {why}" in res.output, res.output
+    res = CliRunner().invoke(app, ["calibrate", "--model", model, "--out", str(tmp_path / "p.json")])
+    assert res.exit_code == 2 and f"error: --model: {why}" in res.output, res.output
+    assert not (tmp_path / "o").exists() and not (tmp_path / "p.json").exists()

@@ -720,10 +720,13 @@ def calibrate(
         from calibration.fit import build_profile, format_errors, summarize_coefficients
         from calibration.measure import measure
         from realengine.clock import CPU_CLOCKS
-        from realengine.model import torch_dtype
+        from realengine.model import torch_dtype, unbuildable
     except ImportError as e:
         _fail(f"calibration needs torch: {e}")
         return
+    problem = unbuildable(ModelSpec.from_name(model))
+    if problem is not None:
+        _fail(f"--model: {problem}")
     if cpu_clock not in CPU_CLOCKS:
         _fail(f"--cpu-clock must be one of {', '.join(CPU_CLOCKS)}, got {cpu_clock!r}")
     if dtype is not None:
