@@ -55,12 +55,39 @@ def engine_config(cfg: VariantConfig, *, model_spec: str | None = None, num_gpu_
     problem = unbuildable(built.model)
     if problem is not None:  # refused here, with the scenario's checks, not as a traceback from the model's build
         raise ScenarioError(f"variant {cfg.name!r}: deployment.model: {problem}")
+    problem = too_large_for_host(built.model, dtype) if device == "cpu" else None
+    if problem is not None:
+        raise ScenarioError(f"variant {cfg.name!r}: deployment.model: {problem}")
     cpu_blocks = getattr(kv, "num_cpu_blocks", 0)
     want = cpu_blocks if device == "cuda" else min(cpu_blocks, kv.num_blocks)
     if want != cpu_blocks and built.budget.kv_bytes_per_block:
         # build() takes int(swap_space * 2**30 // kv_bytes_per_block) blocks: this float gives exactly ``want``
         cfg = _with_deployment(cfg, swap_space=want * built.budget.kv_bytes_per_block / 2**30)
     return cfg
+
+
+def host_memory_available() -> int | None:
+    """Bytes of memory the host can give without swapping (``MemAvailable`` of /proc/meminfo); None where it cannot
+    be read (not Linux)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def too_large_for_host(spec: ModelSpec, dtype: torch.dtype) -> str | None:
+    """Why ``spec``'s weights in ``dtype`` cannot be built in host memory, None if they fit: they are allocated
+    whole, and past what the host has the process is killed by the kernel (or swaps for minutes), saying nothing."""
+    need, have = spec.num_params * torch.empty(0, dtype=dtype).element_size(), host_memory_available()
+    if have is None or need <= have:
+        return None
+    return (f"{spec.name} needs {need / 2**30:.1f} GiB of {str(dtype).removeprefix('torch.')} weights, more than the "
+            f"{have / 2**30:.1f} GiB this host has available; give a smaller model (--model tiny or llama-57m) or "
+            "--device cuda")
 
 
 def cpu_num_blocks(cfg: VariantConfig, dtype: torch.dtype) -> int:

@@ -494,3 +494,26 @@ def test_a_model_the_engine_does_not_build_is_refused_without_a_traceback(tmp_pa
     res = CliRunner().invoke(app, ["calibrate", "--model", model, "--out", str(tmp_path / "p.json")])
     assert res.exit_code == 2 and f"error: --model: {why}" in res.output, res.output
     assert not (tmp_path / "o").exists() and not (tmp_path / "p.json").exists()
+
+
+def test_weights_larger_than_the_hosts_memory_are_refused_before_they_are_allocated(tmp_path: Path,
+                                                                                    monkeypatch) -> None:
+    # Before: `engine run` of a scenario naming llama-3.1-8b without --model tiny began allocating 29.9 GiB of float32
+    # weights on a 23 GiB host: killed by the kernel or swapping for minutes, never a message.
+    import realengine.config as config
+
+    assert config.host_memory_available() is not None  # Linux: /proc/meminfo
+    monkeypatch.setattr(config, "host_memory_available", lambda: 3 * 2**30)
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(scenario()))
+    res = CliRunner().invoke(app, ["engine", "run", str(path), "--model", "llama-3.2-1b", "--out", str(tmp_path / "o")])
+    assert res.exit_code == 2 and res.output.strip() == (
+        "error: variant 'engine-small': deployment.model: llama-3.2-1b needs 4.6 GiB of float32 weights, more than "
+        "the 3.0 GiB this host has available; give a smaller model (--model tiny or llama-57m) or --device cuda")
+    res = CliRunner().invoke(app, ["calibrate", "--model", "llama-3.2-1b", "--out", str(tmp_path / "p.json")])
+    assert res.exit_code == 2 and "error: --model: llama-3.2-1b needs 4.6 GiB of float32 weights" in res.output
+    import torch
+
+    cfg = variant_configs(parse_scenario(scenario()))[0]
+    config.engine_config(cfg, model_spec="llama-3.2-1b", dtype=torch.bfloat16, device="cpu")  # 2.3 GiB: fits
+    assert not (tmp_path / "o").exists() and not (tmp_path / "p.json").exists()

@@ -499,7 +499,8 @@ def engine_run(
         _fail("--device cuda: torch sees no CUDA device")
     try:  # everything the input can get wrong fails here, before any run
         for cfg in cfgs:
-            ecfg = engine_config(cfg, model_spec=model, num_gpu_blocks=num_gpu_blocks, device=device)
+            ecfg = engine_config(cfg, model_spec=model, num_gpu_blocks=num_gpu_blocks, device=device,
+                                 dtype=tdtype or torch.float32)
             check_engine_draft(ecfg.deployment.speculative, resolve_model(ecfg.deployment.model))
     except (ScenarioError, ValueError) as e:
         _fail(str(e))
@@ -724,7 +725,12 @@ def calibrate(
     except ImportError as e:
         _fail(f"calibration needs torch: {e}")
         return
-    problem = unbuildable(ModelSpec.from_name(model))
+    spec = ModelSpec.from_name(model)
+    problem = unbuildable(spec)
+    if problem is None and device == "cpu":
+        from realengine.config import too_large_for_host
+
+        problem = too_large_for_host(spec, torch_dtype(dtype or "fp32"))
     if problem is not None:
         _fail(f"--model: {problem}")
     if cpu_clock not in CPU_CLOCKS:
