@@ -135,10 +135,12 @@ def test_outputs_do_not_depend_on_pooling_the_gaps_as_they_grow(monkeypatch: pyt
     assert _outputs() == whole
 
 
-def test_run_energy_read_in_blocks_equals_the_whole_arrays(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("keep", [0, 1 << 20])
+def test_run_energy_read_in_blocks_equals_the_whole_arrays(monkeypatch: pytest.MonkeyPatch, keep: int) -> None:
     """A run's energy (in all, peak step power, per request) computed 1,000 steps at a time from a log of hundreds
     of chunks is, to the bit, what the whole per-step arrays give (the formulas as they were, and the same run's
-    steps as a plain dict of columns)."""
+    steps as a plain dict of columns), whether the energy blocks are kept through the attribution's passes or made
+    again for each (``KEEP_ENERGY_ROWS``)."""
     from dataclasses import replace
 
     import sim.costs.energy as energy
@@ -157,6 +159,7 @@ def test_run_energy_read_in_blocks_equals_the_whole_arrays(monkeypatch: pytest.M
     want = energy.attribute(plain, power * dur, total)
     monkeypatch.setattr(energy, "ATTRIBUTE_ROWS", 1000)
     monkeypatch.setattr(energy, "step_blocks", lambda s, k, rows=1000: step_blocks(s, k, 1000))
+    monkeypatch.setattr(energy, "KEEP_ENERGY_ROWS", keep)
     for r in (res, plain):
         e = energy.run_energy(r)
         assert e is not None and len(dur) > 10_000

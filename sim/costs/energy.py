@@ -239,9 +239,16 @@ def _run_energy(result: RunResult, up: float) -> RunEnergy | None:
     n = step_count(s)
     busy_s, busy_j = PairwiseSum(n), PairwiseSum(n)  # float(dur.sum()), float(energy.sum()) to the bit
     peak = -np.inf
-    for _, block, power in _power_blocks(pm, s):
+    # a run this short keeps each block's energy for the attribution's three passes (``_energy_in_blocks``'
+    # values: the same blocks, the same products) instead of making its step blocks and power three times again
+    kept: list[tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]] | None = \
+        [] if isinstance(s, StepColumns) and n <= KEEP_ENERGY_ROWS else None
+    for lo, block, power in _power_blocks(pm, s, ATTRIBUTE_ROWS, () if kept is None else ("start",)):
+        energy = power * block["duration"]
         busy_s.add(block["duration"])
-        busy_j.add(power * block["duration"])
+        busy_j.add(energy)
+        if kept is not None:
+            kept.append((lo, block["start"], block["prefill_tokens"], block["decode_tokens"], energy))
         if len(power):
             peak = float(np.max([peak, power.max()]))  # NaN propagates, as in a whole column's max
     idle = max(up - busy_s.value(), 0.0) * pm.idle_w * pm.gpus
@@ -249,7 +256,8 @@ def _run_energy(result: RunResult, up: float) -> RunEnergy | None:
     recs = as_table(result.requests)
     per_request = None
     if isinstance(s, StepColumns) and len(recs) and n:  # a log's own columns: each block's energy as it is read
-        per_request = _attribute_in_blocks(recs, partial(_energy_in_blocks, pm, s), total)
+        blocks = partial(iter, kept) if kept is not None else partial(_energy_in_blocks, pm, s)
+        per_request = _attribute_in_blocks(recs, blocks, total)
     if per_request is None:
         per_request = attribute(result, pm.power(*busy_shares(pm, s)) * np.asarray(s["duration"], dtype=np.float64),
                                 total)
@@ -304,6 +312,9 @@ def attribute(result: RunResult, step_energy: np.ndarray, total: float) -> np.nd
 
 
 ATTRIBUTE_ROWS = 1 << 16  # steps per block of _attribute_in_blocks (its temporaries: half a MB each)
+# runs of at most this many steps keep their steps' energy blocks (start, prefill and decode tokens, J: 32 MB at
+# most) through the attribution's passes; longer ones make them again for each pass (their memory stays a block)
+KEEP_ENERGY_ROWS = 1 << 20
 
 
 _Blocks = Iterator[tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]]  # (first row, start, prefill, decode
