@@ -399,6 +399,10 @@ def test_plan_command(tmp_path: Path) -> None:
         (lambda d: d.pop("slos"), "no slos to meet"),
         (lambda d: d["deployment"].update(cost_model={"type": "fitted", "profile": "x.json"}), "fitted profile"),
         (lambda d: d["plan"].update(gpus=["tpu-v9"]), "plan.gpus: unknown GPU 'tpu-v9'"),
+        # before: every candidate "pruned by memory", then "no deployment in the space meets the SLOs: widen plan
+        # (more GPUs, ...) or relax the SLOs", exit 0, for a max_model_len no GPU changes
+        (lambda d: d["deployment"].update(max_model_len=200_000),
+         "plan: deployment.max_model_len 200000 is longer than llama-3.2-1b's context of 131072 tokens"),
     ],
 )
 def test_plan_command_bad_input(tmp_path: Path, change: Any, needle: str) -> None:

@@ -165,6 +165,10 @@ def check_plan(scenario: Scenario) -> tuple[PlanConfig, SLOs, ModelSpec, list[tu
         model = resolve_model(dep.model)
     except (ValueError, OSError, KeyError) as e:
         raise ScenarioError(f"plan: deployment.model: {e}") from None
+    try:  # no GPU changes it: left to the search, every candidate was "pruned by memory" and the SLOs blamed
+        resolve_max_model_len(dep, model)
+    except ScenarioError as e:
+        raise ScenarioError(f"plan: {e}") from None
     return cfg, slos, model, _gpus_of(cfg)
 
 
