@@ -92,3 +92,27 @@ def test_request_histograms_hold_a_block_not_the_run() -> None:
     table = table_of(400_000)
     assert peak_bytes(whole_histograms, table) > 15e6  # what the whole columns cost, for scale
     assert peak_bytes(block_histograms, table) < 8e6
+
+
+def test_summary_attributes_energy_before_it_makes_the_latencies(monkeypatch: pytest.MonkeyPatch) -> None:
+    # both are several arrays a request; made one after the other, a long run's summary holds one set at a time
+    from test_energy import _one, _scenario
+
+    import sim.metrics.summary as summary_module
+
+    r, whole = _one(_scenario(arrival={"type": "poisson", "rate": 8.0}, n=80))
+    alive: list[str] = []
+    energy_summary, of_table = summary_module.energy_summary, summary_module._Latencies.of_table
+
+    def energy(*args):  # type: ignore[no-untyped-def]
+        alive.append(f"energy with {len(alive)} latency sets made")
+        return energy_summary(*args)
+
+    def latencies(table, done):  # type: ignore[no-untyped-def]
+        alive.append("latencies")
+        return of_table(table, done)
+
+    monkeypatch.setattr(summary_module, "energy_summary", energy)
+    monkeypatch.setattr(summary_module._Latencies, "of_table", latencies)
+    assert summary_module.summarize(r) == whole
+    assert alive[0] == "energy with 0 latency sets made"

@@ -222,14 +222,18 @@ def summarize(result: RunResult, slos: SLOs | None = None) -> dict:
     result = replace(result, requests=table)
     reqs = table
     done = table.outcome_is(_COMPLETED)
-    lat = _Latencies.of_table(table, done)
-    ttft, e2el, multi, tpot_all, out_tok = lat.ttft, lat.e2el, lat.multi, lat.tpot_all, lat.out_tok
-    in_tok = table.column("prompt_tokens")[done]
-
     duration = float(result.duration)
+    total_out = int(table.column("output_tokens", done).sum())
+    replicas = num_replicas(result)
+    # replica-seconds the fleet was up: an autoscaled cluster's replicas come and go
+    up = result.cluster["replica_seconds"] if result.cluster else duration * replicas
+    # energy before the latencies: its attribution and the latencies are each several arrays a request, and were
+    # held at once (a long run's summary peak: 122 bytes a request above the rest, bench_million, tracemalloc)
+    energy = energy_summary(result, total_out, duration, up)
+    lat = _Latencies.of_table(table, done)
+    ttft, e2el, multi, tpot_all = lat.ttft, lat.e2el, lat.multi, lat.tpot_all
     n_done = int(done.sum())
-    total_out = int(out_tok.sum())
-    total_in = int(in_tok.sum())
+    total_in = int(table.column("prompt_tokens", done).sum())
 
     goodput = slo_attainment = NAN
     own_ttft, own_tpot = table.column("ttft_slo")[done], table.column("tpot_slo")[done]
@@ -254,9 +258,6 @@ def summarize(result: RunResult, slos: SLOs | None = None) -> dict:
     # [0, 1] and is exact without prefix caching. Each value is at most 1; the weighted mean can round to 1 + 2e-16.
     kv_tok_util = min(fig.kv_token_share, 1.0)
 
-    replicas = num_replicas(result)
-    # replica-seconds the fleet was up: an autoscaled cluster's replicas come and go
-    up = result.cluster["replica_seconds"] if result.cluster else duration * replicas
     busy, flops, computed, padding = fig.busy, fig.flops, fig.computed_tokens, fig.padding_tokens
     mean_batch = fig.batch_dot / busy if busy > 0 else NAN
     num_steps = fig.num_steps
@@ -293,7 +294,7 @@ def summarize(result: RunResult, slos: SLOs | None = None) -> dict:
         "rejections": rejection_reasons(reqs),
         # watts and joules (sim/costs/energy.py); null where the GPU has no power figures or an engine measured the
         # steps
-        "energy": energy_summary(result, total_out, duration, up),
+        "energy": energy,
     }
     assert tuple(out) == SUMMARY_KEYS
     sketched = [k for k, n in (("ttft", ttft.size), ("tpot", int(multi.sum())), ("e2el", e2el.size),
@@ -365,18 +366,17 @@ class _Latencies:
     @classmethod
     def of_table(cls, table: RequestTable, done: np.ndarray) -> _Latencies:
         """The latencies of the requests ``done`` selects (completed ones) of a table."""
-        arrival = table.column("arrival")[done]
-        first_token = table.column("first_token")[done]
-        finish = table.column("finish")[done]
-        scheduled = table.column("first_scheduled")[done]
-        out_tok = table.column("output_tokens")[done]
-        ttft = first_token - arrival
-        e2el = finish - arrival
+        arrival = table.column("arrival", done)
+        ttft = table.column("first_token", done) - arrival
+        e2el = table.column("finish", done) - arrival
+        scheduled = table.column("first_scheduled", done)
+        # a request observed from outside (servesim observe) has no first scheduled step: no queueing delay
+        queue = (scheduled - arrival)[scheduled >= 0]
+        del arrival, scheduled  # each a value a request: a long run's summary holds what it keeps, no more
+        out_tok = table.column("output_tokens", done)
         multi = out_tok > 1
         tpot_all = np.zeros(len(out_tok))  # vLLM scores single-token requests as TPOT 0 for goodput
         tpot_all[multi] = (e2el[multi] - ttft[multi]) / (out_tok[multi] - 1)
-        # a request observed from outside (servesim observe) has no first scheduled step: no queueing delay
-        queue = (scheduled - arrival)[scheduled >= 0]
         return cls(ttft, e2el, queue, multi, tpot_all, out_tok)
 
 
