@@ -357,3 +357,16 @@ def test_memory_by_request_bands_follow_each_request() -> None:
     assert lo == 0 and hi == pytest.approx(1.05 * peak, rel=1e-6)
     assert "off the scale" in fig.layout.title.text
     assert not [tr for tr in fig.data if tr.name and "capacity" in tr.name]
+
+
+def test_memory_capacity_line_of_a_run_without_steps():
+    # Every request rejected (prompt+output over max_model_len), so no step ran: the capacity line was drawn at
+    # 0 GiB, under the GPU's memory line, as if the server had no weights and no KV pool.
+    scenario, raw = load_scenario(find_scenario("naive-vs-continuous"),
+                                  {"workload.num_requests": 5, "deployment.max_model_len": 10})
+    res = run_scenario(scenario, raw).results[1]
+    assert res.steps["start"].size == 0
+    capacity = (res.weight_bytes + res.kv_capacity_blocks * res.kv_bytes_per_block) / 2**30
+    assert capacity > 50  # 15.0 GiB of weights and a 55.3 GiB KV pool on the A100
+    line = next(t for t in fig_memory_stack(res).data if t.name.startswith("capacity"))
+    assert line.y[0] == pytest.approx(capacity, rel=1e-12)

@@ -137,7 +137,9 @@ def fig_memory_stack(result: RunResult, max_points: int = MEMORY_POINTS, x_end: 
     windowed = _windowed_in_blocks(result, s, edges, scale) if isinstance(s, StepColumns) and n > max_points else None
     if windowed is None:
         layers, t = _layers_of(s, result, scale), s["start"]
-        cap = float(layers["weights"][0] + _kv_capacity(s, result).max() * scale) if n else 0.0
+        # no step ran (every request rejected): the pool the run was sized with, not 0
+        cap = float(layers["weights"][0] + _kv_capacity(s, result).max() * scale) if n else \
+            float(weights + result.kv_capacity_blocks * scale)
     else:
         cap = float(weights + windowed[1] * scale)
     fig = go.Figure()
