@@ -6,6 +6,7 @@ field. Steps and gaps are stored in columns of numpy chunks, because a long simu
 
 from __future__ import annotations
 
+import struct
 from array import array
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
@@ -159,6 +160,21 @@ _NR = len(RUN_CONSTANT)
 _RUN_WAITING = RUN_CONSTANT.index("num_waiting")
 
 
+class _StepPackers(dict[int, Callable[..., bytes]]):
+    """``STEP_PACKERS[k]``: packs ``k`` steps' varying values (``_NV * k`` numbers) into the bytes of as many
+    float64s, for ``per_step.frombytes``. ``array.extend`` parses a format string for each value it converts; a
+    ``struct`` packer converts them alike (``PyFloat_AsDouble``: the same doubles) two to four times faster, which
+    counts at 5 values a step and millions of steps. Made once per count."""
+
+    def __missing__(self, k: int) -> Callable[..., bytes]:
+        pack = self[k] = struct.Struct(f"{_NV * k}d").pack
+        return pack
+
+
+STEP_PACKERS = _StepPackers()
+_PACK_STEP = STEP_PACKERS[1]
+
+
 # Columns held as int32 in the step log's chunks when every value of a chunk is an integer that fits: counts of
 # blocks, tokens, requests and steps. The others (times, FLOPs, and any column whose values do not fit) stay
 # float64, so every value reads back exactly as it was logged.
@@ -224,7 +240,7 @@ class StepLog:
         flops: float,
     ) -> None:
         """Append one step (a run of one)."""
-        self.per_step.extend((end, kv_blocks_used, kv_blocks_reserved, kv_tokens, flops))
+        self.per_step.frombytes(_PACK_STEP(end, kv_blocks_used, kv_blocks_reserved, kv_tokens, flops))
         self.per_run.extend(
             (1, start, batch_size, padded_rows, prefill_tokens, decode_tokens, padding_tokens, kv_capacity_blocks,
              num_running, num_waiting, num_swapped, num_preempted, num_rejected, swap_blocks, 0)

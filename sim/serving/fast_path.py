@@ -21,6 +21,7 @@ import numpy as np
 
 from sim.costs.costmodel import CostModel, StepShape, optional_member
 from sim.engines.sched import graph_padding
+from sim.metrics.records import STEP_PACKERS
 from sim.policies.base import Plan
 from sim.serving.decode_group import DecodeGroup
 
@@ -179,7 +180,8 @@ def fast_forward(
     members = g.members
     log = core.steps
     log.compact()
-    per_step = log.per_step
+    append_bytes = log.per_step.frombytes
+    pack1 = STEP_PACKERS[1]
     m = len(members)
     used = kv.num_used_blocks
     filled = core.filled_blocks
@@ -206,8 +208,8 @@ def fast_forward(
                     used += nb
                 filled += nb
                 kv_tokens += m
-                per_step.extend((ends[i + t + 1], used, used - filled if used > filled else 0, kv_tokens,
-                                 flops[i + t]))
+                append_bytes(pack1(ends[i + t + 1], used, used - filled if used > filled else 0, kv_tokens,
+                                   flops[i + t]))
         else:
             b0 = steps % bs
             if b0 + k <= bs:  # the buckets in the stretch's order
@@ -235,7 +237,7 @@ def fast_forward(
                     vals[2::5] = [used - f if used > f else 0 for f in [filled + c for c in need]]
                 vals[3::5] = range(kv_tokens + m, kv_tokens + m * k + 1, m) if m else [kv_tokens] * k
                 vals[4::5] = flops[i : i + k]
-                per_step.extend(vals)
+                append_bytes(STEP_PACKERS[k](*vals))
                 filled += need[-1]
                 kv_tokens += m * k
         steps += k
