@@ -116,3 +116,45 @@ def test_summary_attributes_energy_before_it_makes_the_latencies(monkeypatch: py
     monkeypatch.setattr(summary_module._Latencies, "of_table", latencies)
     assert summary_module.summarize(r) == whole
     assert alive[0] == "energy with 0 latency sets made"
+
+
+def test_rows_needed_is_what_assign_slots_opens() -> None:
+    from sim.output.report.slots import assign_slots, rows_needed
+
+    rng = np.random.default_rng(5)
+    for n in (0, 1, 2, 5, 40, 3000):
+        # whole numbers: many ties, intervals ending where others start, zero-length ones, some reversed
+        start = rng.integers(0, 30, n).astype(np.float64)
+        end = start + rng.integers(-2, 6, n)
+        want = int(assign_slots(start, end).max()) + 1 if n else 0
+        assert rows_needed(start, end) == want, n
+
+
+def _runs() -> list:
+    import servesim
+
+    common = {"seed": 1, "workload": {"arrival": {"type": "poisson", "rate": 40.0}, "num_requests": 1200,
+                                      "prompt_len": {"type": "uniform", "low": 100, "high": 1400},
+                                      "output_len": {"type": "uniform", "low": 20, "high": 300}},
+              "deployment": {"model": "llama-3.1-8b", "gpu": "a100-80gb", "max_model_len": 2048,
+                             "num_gpu_blocks": 400},
+              "policy": {"type": "continuous", "max_num_seqs": 48}}
+    one = servesim.run({**common, "name": "one"}).results[0]  # preemptions: a small KV pool
+    fleet = servesim.run({**common, "name": "fleet", "variants": [
+        {"name": "three", "cluster": {"replicas": 3, "router": "least_outstanding"}}]}).results[0]
+    return [one, fleet]
+
+
+def test_slot_chart_of_the_first_spans_is_that_of_every_span() -> None:
+    import plotly.io as pio
+
+    from sim.output.report.slots import SLOT_REQUESTS, fig_batch_slots, slot_layout
+
+    runs = _runs()
+    assert any(r.num_preemptions for r in runs[0].requests)
+    for res in (runs, runs[:1], runs[1:]):
+        full = [slot_layout(r) for r in res]
+        first = [slot_layout(r, SLOT_REQUESTS) for r in res]
+        assert all(len(f.start) < len(w.start) for f, w in zip(first, full, strict=True))  # fewer arrays kept
+        assert [f.num_rows for f in first] == [w.num_rows for w in full]
+        assert pio.to_json(fig_batch_slots(res, layouts=first)) == pio.to_json(fig_batch_slots(res, layouts=full))

@@ -121,9 +121,9 @@ def test_slots_section_lays_each_run_out_once(nvc, monkeypatch):
     alone = fig_batch_slots(nvc.results).to_json()
     made = []
 
-    def counted(result):
+    def counted(result, first=None):
         made.append(result.name)
-        return slot_layout(result)
+        return slot_layout(result, first)
 
     monkeypatch.setattr(report, "slot_layout", counted)
     monkeypatch.setattr(slots, "slot_layout", counted)

@@ -132,7 +132,7 @@ def per_run_points(num_results: int) -> int:
 def _slots_section(results: list[RunResult], summaries: dict) -> list[Section]:
     dropped = len(results) - SLOT_PANELS
     results = results[:SLOT_PANELS]
-    layouts = [slot_layout(r) for r in results]
+    layouts = [slot_layout(r, SLOT_REQUESTS) for r in results]  # the spans the chart can draw
     notes = [
         f"The first {SLOT_PANELS} of {SLOT_PANELS + dropped} runs are drawn." if dropped > 0 else "",
         "One row per slot of the batch, one coloured bar per request from the step that first computed it to its "

@@ -11,7 +11,7 @@ from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
 from sim.metrics.records import RunResult
-from sim.metrics.request_table import as_table, kv_spans
+from sim.metrics.request_table import RequestTable, as_table, kv_spans
 from sim.metrics.step_columns import step_blocks
 from sim.output.report.common import (
     TEMPLATE,
@@ -49,6 +49,10 @@ class SlotLayout:
     output_tokens: np.ndarray
     num_rows: int  # per replica the most requests holding a row at one instant, summed over replicas
     batch_held: bool  # whether rows were held to the end of a batch (padding inferred from the steps log)
+    # every span's count and latest held_until: the arrays may hold only the earliest spans (``slot_layout``'s
+    # ``first``), the chart's window
+    spans: int = -1
+    held_end: float = float("nan")
 
     def padded_rows_at(self, t: np.ndarray) -> np.ndarray:
         """How many rows are padding (finished, still held) at each time t."""
@@ -83,16 +87,44 @@ def assign_slots(start: np.ndarray, end: np.ndarray) -> np.ndarray:
     return rows
 
 
-def slot_layout(result: RunResult) -> SlotLayout:
+def rows_needed(start: np.ndarray, end: np.ndarray) -> int:
+    """``int(assign_slots(start, end).max()) + 1`` (0 for no intervals) without placing them: when interval i is
+    placed, the rows in use are those placed before it (its rank in start order) less those freed by then (an
+    end before its start, or at it for an interval of non-zero length), and a row is opened only when every open
+    row is in use. Sorted arrays instead of a Python loop over every request of a long run."""
+    start = np.asarray(start, dtype=np.float64)
+    end = np.maximum(np.asarray(end, dtype=np.float64), start)
+    if not len(start):
+        return 0
+    zero = end == start
+    ends = np.sort(end[~zero])  # freed by a start at or after their end
+    instants = np.sort(start[zero])  # freed only by a later start
+    del zero, end
+    starts = np.sort(start)
+    most, block = 0, 1 << 16  # a block of starts at a time
+    for lo in range(0, len(starts), block):
+        s = starts[lo : lo + block]
+        held = np.arange(lo, lo + len(s)) - np.searchsorted(ends, s, side="right")
+        held -= np.searchsorted(instants, s, side="left")
+        most = max(most, int(held.max()))
+    return most + 1
+
+
+def slot_layout(result: RunResult, first: int | None = None) -> SlotLayout:
     """Rows of the batch for one run (see the comment above ``SLOT_REQUESTS``). A preempted request holds no row
-    from its preemption to its resume, so it takes one entry per span it ran (``RequestRecord.kv_intervals``)."""
+    from its preemption to its resume, so it takes one entry per span it ran (``RequestRecord.kv_intervals``).
+    ``first``: keep only the spans that start no later than the ``first + 1``-th earliest start (ties kept), the
+    most a chart of ``first`` requests draws, instead of arrays of every request (``spans``, ``held_end`` and
+    ``num_rows`` still count them all); where rows are held to a batch's end, every span is kept."""
     table = as_table(result.requests)  # read as columns
     at, start, stop = kv_spans(table, np.maximum(table.column("finish"), table.column("first_scheduled")))
-    finish = np.maximum(stop, start)
-    replica = table.column("replica")[at]
+    finish = np.maximum(stop, start, out=stop)
     # a block of steps at a time: the whole column was the write phase's largest array (8 bytes a step, twice
     # while its chunks were joined)
     batch_held = any(bool((b["padded_rows"] > 0).any()) for _, b in step_blocks(result.steps, ("padded_rows",)))
+    if first is not None and not batch_held and len(at) > first + 1:
+        return _first_spans(table, at, start, finish, first)
+    replica = table.column("replica")[at]
     held = finish.copy()
     if batch_held and len(at):
         # a batch: the requests first scheduled in one step of one replica; it ends with its last finish
@@ -118,7 +150,38 @@ def slot_layout(result: RunResult) -> SlotLayout:
         output_tokens=table.column("output_tokens")[at],
         num_rows=offset,
         batch_held=batch_held,
+        spans=len(at),
+        held_end=float(held.max()) if len(at) else float("nan"),
     )
+
+
+def _first_spans(table: RequestTable, at: np.ndarray, start: np.ndarray, finish: np.ndarray, first: int
+                 ) -> SlotLayout:
+    """``slot_layout``'s arrays for the spans that start no later than the ``first + 1``-th earliest start, rows
+    held to each finish: greedy placement in start order gives these spans the rows it gives them among all
+    (each depends only on the spans placed before it, which start no later), and each replica's row count
+    comes from ``rows_needed``. A long run's layout was some 130 bytes a request, the report's largest holder."""
+    cut = float(np.partition(start, first)[first])
+    keep = start <= cut
+    replicas = np.unique(table.column("replica"))
+    replica = table.column("replica", at) if len(replicas) > 1 else None
+    row = np.zeros(int(np.count_nonzero(keep)), dtype=np.int64)
+    offset = 0
+    for rep in replicas.tolist():
+        on = slice(None) if replica is None else replica == rep
+        mine = keep[on]
+        part = assign_slots(start[on][mine], finish[on][mine])
+        if replica is None:
+            row[:] = part + offset
+        else:
+            row[(replica == rep)[keep]] = part + offset
+        offset += rows_needed(start[on], finish[on])
+    held_end = float(finish.max())
+    rows = at[keep]
+    return SlotLayout(ids=table.column("id", rows), start=start[keep], finish=finish[keep], held_until=finish[keep],
+                      row=row, prompt_tokens=table.column("prompt_tokens", rows),
+                      output_tokens=table.column("output_tokens", rows), num_rows=offset, batch_held=False,
+                      spans=len(at), held_end=held_end)
 
 
 def _policy(result: RunResult) -> dict:
@@ -139,12 +202,20 @@ def slot_window(layouts: list[SlotLayout], max_requests: int = SLOT_REQUESTS) ->
     """The end of the common time window [0, t] in which no run starts more than max_requests requests: the
     earliest time at which some run starts its request number max_requests + 1 (the end of the runs when none
     does)."""
-    ends = [float(lay.held_until.max()) for lay in layouts if len(lay.start)]
+    ends = [_held_end(lay) for lay in layouts if len(lay.start)]
     t_end = max(ends, default=1.0)
     for lay in layouts:
         if len(lay.start) > max_requests:
             t_end = min(t_end, float(np.sort(lay.start)[max_requests]))
     return t_end
+
+
+def _held_end(lay: SlotLayout) -> float:
+    return float(lay.held_until.max()) if lay.spans < 0 else lay.held_end
+
+
+def _spans(lay: SlotLayout) -> int:
+    return len(lay.start) if lay.spans < 0 else lay.spans
 
 
 SLOT_COLORS = qualitative.D3  # one colour per request, cycling: neighbours in a row differ
@@ -174,7 +245,7 @@ def fig_batch_slots(
         limit = _slot_limit(res)
         if limit is not None:
             rows += f"; {limit[0]}={limit[1]}"
-        titles.append(f"{res.name}: {int(keep.sum())} of {len(lay.start)} scheduled requests drawn; {rows}")
+        titles.append(f"{res.name}: {int(keep.sum())} of {_spans(lay)} scheduled requests drawn; {rows}")
     heights = []
     for res, lay, keep in zip(results, layouts, shown, strict=True):
         top = int(lay.row[keep].max()) + 1 if keep.any() else 1
