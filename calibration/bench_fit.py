@@ -40,11 +40,11 @@ import numpy as np
 
 from sim.config.deployment import FittedCost
 from sim.config.scenario import VariantConfig
-from sim.config.schema import AnalyticCost
+from sim.config.schema import AnalyticCost, ScenarioError
 from sim.costs.online import ServingConfig
 from sim.output.benchfiles.common import BenchRun
 from sim.output.benchfiles.knobs import PROFILE_KIND
-from sim.output.benchfiles.validate import rebuild_workload, relative_error, simulated_metrics
+from sim.output.benchfiles.validate import not_completed, rebuild_workload, relative_error, simulated_metrics
 
 # fitted unless told otherwise: per_request_overhead moves TPOT by a share that grows with the batch, which a few
 # noisy files rarely separate from the bandwidth term; it stays at its default unless asked for (--knobs)
@@ -133,6 +133,10 @@ def simulate_runs(cfg: Deployments, runs: list[BenchRun], knobs: dict[str, float
         c = family.apply(base, knobs)
         wl, _ = rebuild_workload(run, seed=seed, max_len=int(base.deployment.max_model_len or (1 << 20)))
         result, _, _ = simulate_variant(c, wl, name=c.name)
+        n, done, why = not_completed(result)
+        if done < n:  # knobs fitted to fewer requests than were measured describe neither (0 where none are left)
+            raise ScenarioError(f"{run.source}: the simulated variant {c.name} rejects {n - done} of the benchmark's "
+                                f"{n} requests, which the benchmark served ({why}): no fit to it")
         out.append(simulated_metrics(result, list(run.aggregates)))
     return out
 

@@ -206,3 +206,21 @@ def test_from_bench_fits_the_model_the_benchmarks_served_not_the_engines_default
     by_model = fit("--scenario", str(DATA / "scenario.yaml"), "--model", "llama-3.1-8b")
     assert by_scenario["model"] == by_model["model"] == "llama-3.1-8b"
     assert by_scenario["cost_model"] == by_model["cost_model"]
+
+
+def test_a_fit_to_files_whose_requests_the_variant_rejects_is_refused(cfg) -> None:
+    # Before: a --scenario whose max_model_len is below some of the files' requests fitted the knobs to runs without
+    # them (compute efficiency 0.29 for a planted 0.6, "training median |error| 1.4%"), and below all of them to
+    # runs of nothing (every metric 0: "training median |error| 100.0%", the defaults written as a profile), exit 0.
+    import dataclasses
+
+    from sim.config.schema import ScenarioError
+
+    runs = measured_runs(cfg, n=10, seed=3)[:2]
+    short = dataclasses.replace(cfg, deployment=cfg.deployment.model_copy(update={"max_model_len": 512}))
+    longest = max(i + o for i, o in zip(runs[0].input_lens, runs[0].output_lens, strict=True))
+    assert longest > 512
+    with pytest.raises(ScenarioError, match=r"load0: the simulated variant cb rejects \d+ of the benchmark's 10 "
+                       r"requests, which the benchmark served \(prompt\+output [\d-]+ tokens exceeds max_model_len 512 "
+                       r"\(\d+\)\): no fit to it"):
+        calibrate_from_bench(short, runs, holdout_every=0)

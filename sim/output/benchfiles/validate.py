@@ -192,18 +192,29 @@ def _other_model(served: str | None, simulated: str | dict[str, Any]) -> bool:
     return key(simulated) not in key(served.rsplit("/", 1)[-1])
 
 
-def _note_rejected(source: str, variant: str, result: RunResult, notes: list[str]) -> None:
-    """Say which of the benchmark's requests the simulated variant did not complete (a max_model_len below the
-    benchmark's lengths rejects them): its metrics are over the others only, and over none they would read 0."""
-    from sim.config.schema import ScenarioError
+def not_completed(result: RunResult) -> tuple[int, int, str]:
+    """(requests, completed, why the others were not: "reason (count); ...") of a run of a benchmark's workload.
+    A request the benchmark served but the simulated variant rejects (a max_model_len below its length) leaves
+    the simulated metrics over the others only, and over none they read 0."""
     from sim.metrics.request_table import as_table
     from sim.metrics.verdict import rejection_reasons
 
     table = as_table(result.requests)
     n, done = len(table), int(np.count_nonzero(table.outcome_is("completed")))
     if done == n:
-        return
+        return n, done, ""
     why = "; ".join(f"{text} ({count})" for text, count in rejection_reasons(result.requests).items())
+    return n, done, why
+
+
+def _note_rejected(source: str, variant: str, result: RunResult, notes: list[str]) -> None:
+    """Say which of the benchmark's requests the simulated variant did not complete (``not_completed``); none
+    completed is an error."""
+    from sim.config.schema import ScenarioError
+
+    n, done, why = not_completed(result)
+    if done == n:
+        return
     if done == 0:
         raise ScenarioError(f"{source}: the simulated variant {variant} completed none of the benchmark's {n} "
                             f"requests ({why}): nothing to compare")
