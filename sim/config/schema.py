@@ -234,11 +234,17 @@ class AutoscalerSection(_Model):
         return self
 
 
+RouterName = Literal["round_robin", "least_outstanding", "least_kv", "prefix_affinity"]  # built-ins named by a string
+# the built-ins written as a mapping ({type: power_of_two, seed: 1}): RouterConfig's kinds but a user's own class
+_MAPPED_ROUTERS = frozenset(get_args(c.model_fields["type"].annotation)[0]
+                            for c in get_args(get_args(RouterConfig)[0])) - {"custom"}
+
+
 class ClusterConfig(_Model):
     replicas: Int = Field(
         default=1, ge=1, description="Replicas at the start (each a GPU or a tensor-parallel group)."
     )
-    router: Literal["round_robin", "least_outstanding", "least_kv", "prefix_affinity"] | RouterConfig = Field(
+    router: RouterName | RouterConfig = Field(
         default="round_robin", description="Which replica gets an arriving request: a built-in's name; {type: "
         "power_of_two | cache_load_score | slo_aware, ...} (sim/policies/routers_public.py); or {type: custom, "
         "cls: 'file.py:Class', args: {...}} for a servesim.Router of your own."
@@ -248,6 +254,20 @@ class ClusterConfig(_Model):
     )
 
     _cap = field_validator("replicas")(classmethod(lambda cls, n: _replicas_cap(n)))
+
+    @field_validator("router", mode="before")
+    @classmethod
+    def _router_in_either_form(cls, v: Any) -> Any:
+        """A built-in router written in the other form than its own reads as its own: ``{type: least_kv}`` as
+        ``least_kv``, ``power_of_two`` as ``{type: power_of_two}`` (each was refused with a message that listed only
+        the other form's routers, as if the one written did not exist)."""
+        if isinstance(v, dict) and v.get("type") in get_args(RouterName):
+            if set(v) != {"type"}:
+                raise ValueError(f"{v['type']} takes no keys but type (got {', '.join(sorted(set(v) - {'type'}))})")
+            return v["type"]
+        if isinstance(v, str) and v in _MAPPED_ROUTERS:
+            return {"type": v}
+        return v
 
     @model_validator(mode="after")
     def _start_in_range(self) -> ClusterConfig:
