@@ -13,6 +13,7 @@ import pytest
 from test_cli import VALID, invoke
 
 from sim.config.schema import ScenarioError
+from sim.loop.build import build
 from sim.metrics.intervals import ERROR_QUANTILES, interval_80, interval_lines
 from sim.output.benchfiles.validate import rebuild_workload
 
@@ -139,6 +140,15 @@ def test_own_rows_run_as_their_source_states():
         4, 625, "median_e2el", "E2E")
     assert case.cfg.deployment.serving is not None and case.cfg.deployment.max_model_len == 131072
     assert case.run.input_lens == [1003] * 625 and case.run.output_lens == [128] * 625
+    # the Llama-3.3-70B report's two GPUs are H100 NVL (94 GB): vLLM 0.7.1 reported its KV cache use as a share of
+    # 5669 blocks (every run's gpu_cache_usage is k/5669), 90,704 tokens, which bf16 weights of 65.7 GiB a GPU
+    # leave only on 94 GB; on 80 GB servesim's rule leaves 202 blocks and refuses max_model_len 30000. vLLM's
+    # own figure for the Llama-3.1-8B report on A100-80GB, 28193 blocks, is servesim's 28539 within 1.3%
+    for report, gpu, blocks in (("2xH100/Llama-3.3-70b/vllm_071", "h100-nvl", 5340),
+                                ("Llama-3.1-8B/vllm_063", "a100-80gb", 28539)):
+        ft = next(r for r in rows if report in r["source"] and r["metric"] == "ttft_s_median")
+        cfg = bench.case_of(ft, 3000).cfg
+        assert (cfg.deployment.gpu, build(cfg)[3].budget.num_gpu_blocks) == (gpu, blocks)
     # seven sources: the reports of one tool and team count as one
     assert {bench.source_of(r) for r in rows} == {"benchmarks:comparison/h100sxm5_vs_mi300x/README.md",
                                                   "benchmarks:nvidia/8xh100/README.md", "vLLM-benchmarking:README.md",
