@@ -312,6 +312,10 @@ def calibrate_from_bench(cfg: VariantConfig, runs: list[BenchRun], *, holdout_ev
     if len(runs) < 2:
         raise ValueError("calibrate --from-bench needs at least 2 benchmark runs: knobs are never fitted to one")
     train, held = split_holdout(runs, holdout_every, holdout_load)
+    if len(train) < 2:
+        how = f"--holdout-load {holdout_load:g}" if holdout_load is not None else f"--holdout-every {holdout_every}"
+        raise ValueError(f"{how} leaves {len(train)} of the {len(runs)} benchmark runs to fit: knobs are never fitted "
+                         "to one; hold out fewer")
     unfitted = family.unfitted or family.defaults
     fitted, train_err, nfev = fit_knobs(cfg, train, seed=seed, max_iter=max_iter, knobs=knobs or family.free,
                                         family=family, compare=unfitted)

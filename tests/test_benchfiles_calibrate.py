@@ -1,5 +1,6 @@
 """calibrate --from-bench: knobs planted in simulated measurements with 5% seeded noise come back (issue 14)."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -224,3 +225,15 @@ def test_a_fit_to_files_whose_requests_the_variant_rejects_is_refused(cfg) -> No
                        r"requests, which the benchmark served \(prompt\+output [\d-]+ tokens exceeds max_model_len 512 "
                        r"\(\d+\)\): no fit to it"):
         calibrate_from_bench(short, runs, holdout_every=0)
+
+
+def test_a_holdout_that_leaves_one_file_to_fit_is_refused(cfg) -> None:
+    # Before: --holdout-every 1 on three files fitted the knobs to one file ("fitted on 1 runs"), which a single
+    # file given alone is refused for.
+    runs = measured_runs(cfg, n=10, seed=3)[:3]
+    with pytest.raises(ValueError, match=r"--holdout-every 1 leaves 1 of the 3 benchmark runs to fit: knobs are never "
+                       "fitted to one; hold out fewer"):
+        calibrate_from_bench(cfg, runs, holdout_every=1)
+    with pytest.raises(ValueError, match=r"--holdout-load 4 leaves 1 of the 3 benchmark runs to fit"):
+        calibrate_from_bench(cfg, [runs[0], runs[1], dataclasses.replace(runs[2], request_rate=4.0)],
+                             holdout_load=4.0)
