@@ -78,6 +78,11 @@ class PairwiseSum:
         self._sums: list[float] = []
         self._pieces = _Pieces()
 
+    def parts(self) -> list[int]:
+        """The lengths of the parts numpy sums, in order (of the values still to come): values fed in arrays of
+        exactly these lengths are summed as they are, without being joined or cut into copies."""
+        return self._lengths[::-1]
+
     def add(self, values: np.ndarray) -> None:
         self._pieces.add(np.asarray(values, dtype=np.float64))
         while self._lengths and self._pieces.count >= self._lengths[-1]:

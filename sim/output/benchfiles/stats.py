@@ -115,8 +115,9 @@ def expanded_sum(values: np.ndarray, counts: np.ndarray, mean: float | None = No
     starts = cum - counts
     n = int(cum[-1]) if cum.size else 0
     total = PairwiseSum(n, _LEAF)
-    for lo in range(0, n, _LEAF):  # elements [lo, hi) of x
-        hi = min(lo + _LEAF, n)
+    hi = 0
+    for part in total.parts():  # elements [lo, hi) of x, one part of the tree: summed without a copy
+        lo, hi = hi, hi + part
         i0, i1 = int(np.searchsorted(cum, lo, side="right")), int(np.searchsorted(cum, hi - 1, side="right"))
         reps = np.minimum(cum[i0 : i1 + 1], hi) - np.maximum(starts[i0 : i1 + 1], lo)
         x = np.repeat(values[i0 : i1 + 1], reps)
