@@ -237,3 +237,23 @@ def test_a_holdout_that_leaves_one_file_to_fit_is_refused(cfg) -> None:
     with pytest.raises(ValueError, match=r"--holdout-load 4 leaves 1 of the 3 benchmark runs to fit"):
         calibrate_from_bench(cfg, [runs[0], runs[1], dataclasses.replace(runs[2], request_rate=4.0)],
                              holdout_load=4.0)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--from-bench", "a.json", "--repeats", "3"], "--repeats applies to the engine's calibration, not to --from-bench"),
+    (["--from-bench", "a.json", "--dtype", "bf16"], "--dtype applies to the engine's calibration, not to --from-bench"),
+    (["--from-bench", "a.json", "--device", "cuda"], "--device applies to the engine's calibration"),
+    (["--scenario", "s.yaml"], "--scenario applies to --from-bench (fitting benchmark files), not to the engine's "
+                               "calibration"),
+    (["--holdout-every", "2"], "--holdout-every applies to --from-bench"),
+    (["--knobs", "step_overhead"], "--knobs applies to --from-bench"),
+])
+def test_each_modes_options_are_refused_in_the_other(tmp_path: Path, args: list[str], message: str) -> None:
+    # Before: calibrate --from-bench dropped the engine's --repeats, --dtype, --device... and the engine's
+    # calibration dropped --scenario, --knobs, --holdout-every, --profile, running without them, exit 0.
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, "-m", "sim.cli.main", "calibrate", *args, "--model", "tiny", "--gpu",
+                        "a100-80gb", "-o", str(tmp_path / "p.json")], capture_output=True, text=True, env=env,
+                       cwd=tmp_path, timeout=300)
+    assert r.returncode == 2 and message in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and not (tmp_path / "p.json").exists()

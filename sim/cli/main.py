@@ -679,6 +679,17 @@ def calibrate(
     --from-bench: fit the analytic model's knobs (or, with --profile, a scale and a step overhead on an engine
     profile) to benchmark files, print the held-out files' errors before and after, and write the knobs."""
     from_bench = _files_after(from_bench, more, "--from-bench")
+    # each mode's options are refused in the other, where they were dropped without a word
+    engine_only = {"--device": device != "cpu", "--repeats": repeats != 5, "--dtype": dtype is not None,
+                   "--threads": threads is not None, "--serving-workloads": serving_workloads != 0,
+                   "--cpu-clock": cpu_clock != "thread"}
+    bench_only = {"--holdout-every": holdout_every != 4, "--holdout-load": holdout_load is not None,
+                  "--knobs": bool(knobs), "--scenario": scenario is not None, "--variant": variant is not None,
+                  "--profile": engine_profile is not None}
+    for flag, given in (engine_only if from_bench else bench_only).items():
+        if given:
+            _fail(f"{flag} applies to the engine's calibration, not to --from-bench" if from_bench else
+                  f"{flag} applies to --from-bench (fitting benchmark files), not to the engine's calibration")
     if from_bench:
         _calibrate_from_bench(from_bench, model, gpu, out, holdout_every, knobs, scenario, variant,
                               engine_profile, holdout_load)
