@@ -252,3 +252,19 @@ def test_several_files_after_one_against_as_the_docs_write_them(run_folder: Path
     assert r.returncode == 2 and r.stderr.strip() == (
         f"error: unexpected argument {files[0]}: benchmark files follow --from-bench")
     assert not (tmp_path / "o2").exists() and not (tmp_path / "k2.json").exists()
+
+
+@pytest.mark.parametrize("strategy, why", [
+    ({"type_": "concurrent", "streams": 0}, "config.strategy: concurrent needs streams, a positive integer (got 0)"),
+    ({"type_": "poisson", "rate": -1}, "config.strategy: poisson needs rate, a positive number (got -1)"),
+    ({"type_": "constant"}, "config.strategy: constant needs rate, a positive number (got None)"),
+    ({"type_": "sweep"}, "config.strategy: missing or unknown type 'sweep'"),
+])
+def test_a_guidellm_strategy_with_a_bad_parameter_names_the_parameter(strategy: dict, why: str) -> None:
+    # Before: "missing or unknown type 'concurrent'" for a concurrent strategy of 0 streams (a known type; its
+    # parameter was wrong), likewise a poisson or constant one without a positive rate.
+    data = json.loads((DATA / "guidellm.json").read_text())
+    data["benchmarks"][0]["config"]["strategy"] = strategy
+    (run, _) = read_guidellm(DATA / "guidellm.json", data)
+    assert f"{DATA / 'guidellm.json'}: benchmarks[0].{why}; simulated as all at once" in run.skipped
+    assert run.request_rate is None and run.max_concurrency is None

@@ -104,6 +104,12 @@ def _one(p: Path, i: int, bench: Any) -> BenchRun:
         run.burstiness = 1.0 if kind == "poisson" else math.inf  # constant: evenly spaced
     elif kind == "throughput":
         run.request_rate = None  # all requests at once
+    elif kind == "concurrent":  # a known type whose parameter is wrong: name the parameter, not the type
+        skip(f"{p}: {where}.config.strategy: concurrent needs streams, a positive integer (got "
+             f"{strat.get('streams')!r}); simulated as all at once")
+    elif kind in ("constant", "poisson"):
+        skip(f"{p}: {where}.config.strategy: {kind} needs rate, a positive number (got {strat.get('rate')!r}); "
+             "simulated as all at once")
     else:
         skip(f"{p}: {where}.config.strategy: missing or unknown type {kind!r}; simulated as all at once")
     if not run.aggregates:
