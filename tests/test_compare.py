@@ -198,3 +198,16 @@ def test_page_draws_in_a_headless_browser(runs, tmp_path):
         driver.quit()
     assert traces == 12, "the CDF figure was not drawn"
     assert not errors, errors
+
+
+def test_runs_with_no_variant_in_common_say_so():
+    # One variant against two of other names: the table showed three columns side by side and ended "× is B / A"
+    # though no column held a ratio, as if the runs had been compared.
+    cmp = Comparison(_side("one", "c"), _side("two", "naive", "continuous"))
+    assert "×" not in cmp.cells()[0]
+    assert cmp.table().splitlines()[-1] == (
+        "no ratios: no variant of A pairs with one of B (A = one: c; B = two: naive, continuous); variants pair by "
+        "name, or in order when no name is shared and both runs have as many")
+    assert cmp.table().count("×") == 0
+    paired = Comparison(_side("one", "c"), _side("two", "d"))
+    assert paired.table().splitlines()[-1] == "× is B / A (A = one, B = two)"

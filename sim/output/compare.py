@@ -122,10 +122,18 @@ class Comparison:
             rows.append(row)
         return header, rows
 
+    def key_line(self) -> str:
+        """What the ratios are, or, when no variant pairs, that there are none and why."""
+        la, lb = self.labels()
+        if any(va is not None and vb is not None for va, vb in pairs(self.a, self.b)):
+            return f"× is B / A (A = {la}, B = {lb})"
+        return (f"no ratios: no variant of A pairs with one of B (A = {la}: {', '.join(self.a.summaries)}; B = {lb}: "
+                f"{', '.join(self.b.summaries)}); variants pair by name, or in order when no name is shared and both "
+                "runs have as many")
+
     def table(self) -> str:
         """The side-by-side table as fixed-width text, with a line naming A and B."""
-        la, lb = self.labels()
-        return format_cells(*self.cells()) + f"× is B / A (A = {la}, B = {lb})\n"
+        return format_cells(*self.cells()) + self.key_line() + "\n"
 
     def figure(self):
         """Latency CDFs of both runs overlaid (TTFT, TPOT, E2EL; log time axes, since two runs can differ by
@@ -150,7 +158,7 @@ class Comparison:
             "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
             f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>",
             f"<h1>{html.escape(title)}</h1>",
-            f"<p>A = {html.escape(la)}, B = {html.escape(lb)}; × is B / A.</p>",
+            f"<p>{html.escape(self.key_line())}.</p>",
             "<h2>Summary</h2>",
             f'<table class="summary"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>',
             "<h2>Latency CDFs</h2>", fig, "</body></html>\n",
