@@ -169,6 +169,8 @@ def load_profile(path: str | Path) -> FittedCostModel:
     except (ValueError, TypeError) as e:  # pydantic's ValidationError is a ValueError
         first = str(e).strip().splitlines()
         msg = " ".join(line.strip() for line in first[:3])
+        if msg.startswith(f"{p}: "):  # from_profile's own message names the file and what it is
+            raise ScenarioError(f"--profile {msg}") from None
         raise ScenarioError(f"--profile {p}: not a calibration profile: {msg}") from None
 
 

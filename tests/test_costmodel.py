@@ -381,3 +381,38 @@ def test_a_scaled_profile_takes_scale_times_as_long_plus_the_overhead() -> None:
     assert "scale" not in FittedCost(profile=prof).model_dump()  # a run without them records what it did before
     with pytest.raises(ValueError):
         cm.scaled(0.0, 1e-3)
+
+
+def test_a_from_bench_file_given_as_an_engine_profile_says_what_it_is(tmp_path: Path) -> None:
+    # Before: `deployment.cost_model: {type: fitted, profile: my-h100.json}` on calibrate --from-bench's output (the
+    # docs call both files profiles) printed pydantic's 13 lines, "4 validation errors for CalibrationProfile ...
+    # For further information visit https://errors.pydantic.dev/...", and a bad engine profile did too.
+    from sim.config.scenario import parse_scenario, variant_configs
+    from sim.config.schema import ScenarioError
+    from sim.loop.build import build
+
+    knobs = tmp_path / "my-h100.json"
+    knobs.write_text(json.dumps({"kind": "servesim-analytic-knobs", "schema_version": 1, "model": "llama-3.1-8b",
+                                 "gpu": "h100-sxm", "cost_model": {"type": "analytic", "step_overhead": 1e-3}}))
+    live = tmp_path / "fit.json"
+    live.write_text(json.dumps({"kind": "servesim-live-fit", "schema_version": 1, "cost_model": {"type": "fitted"}}))
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"coefficients": {"step": -1, "tokens": 1}}))
+    for path, why in (
+        (knobs, f"{knobs}: analytic knobs (servesim calibrate --from-bench), not an engine profile: use them as "
+                f"deployment.cost_model: {{type: analytic, profile: {knobs}}}"),
+        (live, f"{live}: a live server's fit (servesim calibrate --from-bench --profile), not an engine profile: "
+               "copy its deployment sections (cost_model, serving) into the scenario"),
+        (bad, f"{bad}: not a calibration profile (servesim calibrate): coefficients.step: Input should be greater "
+              "than or equal to 0; coefficients.tokens: Extra inputs are not permitted"),
+    ):
+        with pytest.raises(ValueError) as e:
+            FittedCostModel.from_profile(path)
+        assert str(e.value) == why
+        sc = parse_scenario({"workload": {"num_requests": 1, "arrival": {"type": "all_at_once"},
+                                          "prompt_len": {"type": "fixed", "value": 8},
+                                          "output_len": {"type": "fixed", "value": 8}},
+                             "deployment": {"cost_model": {"type": "fitted", "profile": str(path)}}})
+        with pytest.raises(ScenarioError) as e:
+            build(variant_configs(sc)[0])
+        assert str(e.value).endswith(f"cost_model.profile: {why}") and "\n" not in str(e.value)

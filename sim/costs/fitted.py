@@ -11,7 +11,7 @@ from os import PathLike
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from sim.costs.costmodel import CostModel, StepShape, is_array
 from sim.hardware.models import is_model_preset, read_json_file, resolve_model
@@ -210,7 +210,18 @@ class FittedCostModel(CostModel):
         data = read_json_file(path, 64 << 20)
         if not isinstance(data, dict):
             raise ValueError(f"{path}: a calibration profile is a JSON object, got a {type(data).__name__}")
-        return cls.from_dict(data)
+        # `calibrate --from-bench` writes the other two kinds of file (calibration/bench_fit.py); all are "profiles"
+        if data.get("kind") == "servesim-analytic-knobs":
+            raise ValueError(f"{path}: analytic knobs (servesim calibrate --from-bench), not an engine profile: use "
+                             f"them as deployment.cost_model: {{type: analytic, profile: {path}}}")
+        if data.get("kind") == "servesim-live-fit":
+            raise ValueError(f"{path}: a live server's fit (servesim calibrate --from-bench --profile), not an engine "
+                             "profile: copy its deployment sections (cost_model, serving) into the scenario")
+        try:
+            return cls.from_dict(data)
+        except ValidationError as e:  # pydantic's own text is a dozen lines with links: one line per field instead
+            fields = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'top level'}: {err['msg']}" for err in e.errors())
+            raise ValueError(f"{path}: not a calibration profile (servesim calibrate): {fields}") from None
 
     def scaled(self, scale: float, step_overhead: float) -> FittedCostModel:
         """This model with every step time multiplied by ``scale`` and ``step_overhead`` seconds added: the step
