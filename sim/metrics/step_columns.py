@@ -166,10 +166,16 @@ def step_blocks(steps: Mapping[str, np.ndarray], keys: tuple[str, ...], rows: in
             yield lo, {k: v[lo : lo + rows] for k, v in cols.items()}
         return
     pending: dict[str, list[np.ndarray]] = {k: [] for k in keys}
-    held = lo = 0
+    # a short run's start and duration, kept once read (``_KEPT``), are cut from the kept columns: nearly every
+    # block reader asks for one, and each chunk's starts are a scatter of its runs' starts (270 chunks of them in
+    # bench_vidur's run folder). Copies: a reader may change its block in place.
+    kept = {k: steps[k] for k in keys if k in _KEPT and steps.num_steps <= _RECENT_MAX_ROWS}
+    held = lo = at = 0
     for st, ru, per_run in steps._parts():
         for k in keys:
-            pending[k].append(steps._chunk_column(k, st, ru, per_run))
+            pending[k].append(kept[k][at : at + len(st)].copy() if k in kept
+                              else steps._chunk_column(k, st, ru, per_run))
+        at += len(st)
         held += len(st)
         while held >= rows or (held and st is steps._chunks[-1][0]):
             whole = {k: v[0] if len(v) == 1 else np.concatenate(v) for k, v in pending.items()}
