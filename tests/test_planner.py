@@ -456,3 +456,12 @@ def test_slos_met_with_80_percent_confidence() -> None:
     saved = tight.to_dict()["chosen"]
     assert saved["meets_slos_80"] is False and saved["latency_80_high"]["tpot"] == pytest.approx(tpot * (1 + hi))
 
+
+
+def test_a_gpu_listed_twice_is_searched_once() -> None:
+    # Before: plan.gpus [l4, l4] searched 192 deployments where [l4] searched 96, each survivor simulated twice and
+    # listed twice in the front: every other axis of the space drops its repeats.
+    once = plan(parse_scenario(chat(1, 20, ttft=2.0, tpot=0.1, gpus=["l4"], max_gpus=2)))
+    twice = plan(parse_scenario(chat(1, 20, ttft=2.0, tpot=0.1, gpus=["l4", "l4"], max_gpus=2)))
+    assert len(twice.evaluations) == len(once.evaluations) == 2
+    assert [e.to_dict() for e in twice.evaluations] == [e.to_dict() for e in once.evaluations]

@@ -119,12 +119,14 @@ def _gpus_of(cfg: PlanConfig) -> list[tuple[str | dict[str, Any], GPUSpec]]:
     # by default every preset with a price (sim/hardware/presets/gpus.py's have none: a cost search cannot rank them)
     names: list[str | dict[str, Any]] = list(cfg.gpus) if cfg.gpus else \
         [n for n, g in GPU_PRESETS.items() if g.price_per_hour > 0]
-    out = []
+    out: list[tuple[str | dict[str, Any], GPUSpec]] = []
     for g in names:
         try:
-            out.append((g, resolve_gpu(g)))
+            spec = resolve_gpu(g)
         except (ValueError, TypeError) as e:
             raise ScenarioError(f"plan.gpus: {e}") from None
+        if all(spec != seen for _, seen in out):  # a GPU listed twice is searched once, as every other axis's repeats
+            out.append((g, spec))
     return out
 
 
