@@ -182,3 +182,13 @@ def test_capacity_command_bad_input(args: list[str], needle: str) -> None:
     assert res.exit_code == 2
     assert needle in res.stderr
     assert res.stderr.startswith("error: ") and "Traceback" not in res.output
+
+
+def test_a_context_given_twice_is_one_column() -> None:
+    # Before: --context 4096 --context 4096 printed two @4k columns (and two KV-per-session cells), where a repeated
+    # --tp or dtype is one row.
+    twice = capacity_table("llama-3.1-8b", "h100-sxm", contexts=[4096, 4096, 1024], weight_dtypes=["bf16"],
+                           kv_dtypes=["auto"], tensor_parallel_sizes=[1])
+    once = capacity_table("llama-3.1-8b", "h100-sxm", contexts=[4096, 1024], weight_dtypes=["bf16"],
+                          kv_dtypes=["auto"], tensor_parallel_sizes=[1])
+    assert twice.contexts == once.contexts == (4096, 1024) and format_capacity(twice) == format_capacity(once)

@@ -224,7 +224,7 @@ def capacity_table(
         raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1, got {block_size}")
-    ctxs = tuple(DEFAULT_CONTEXTS if not contexts else contexts)
+    ctxs = tuple(dict.fromkeys(DEFAULT_CONTEXTS if not contexts else contexts))  # a repeat is one column
     for c in ctxs:
         if c < 1:
             raise ValueError(f"context lengths must be >= 1 token, got {c}")
