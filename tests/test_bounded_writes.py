@@ -158,3 +158,11 @@ def test_slot_chart_of_the_first_spans_is_that_of_every_span() -> None:
         assert all(len(f.start) < len(w.start) for f, w in zip(first, full, strict=True))  # fewer arrays kept
         assert [f.num_rows for f in first] == [w.num_rows for w in full]
         assert pio.to_json(fig_batch_slots(res, layouts=first)) == pio.to_json(fig_batch_slots(res, layouts=full))
+
+
+@pytest.mark.parametrize("count", [0, 1, 1999, 2000, 2001, 12_345, 9_075_431])
+def test_sampled_step_ends_are_thinned_without_an_index_per_step(count: int) -> None:
+    want = export_metrics._thin(np.arange(count), 2000)
+    assert np.array_equal(export_metrics._thin_range(count, 2000), want)
+    if count > 2000:  # 2,000 indices, not one per step
+        assert peak_bytes(export_metrics._thin_range, count, 2000) < 100_000
