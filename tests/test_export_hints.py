@@ -48,3 +48,19 @@ def test_request_goodput_is_the_runs_goodput_when_it_has_slos(tmp_path: Path) ->
     del raw["slos"]
     write_scenario_run(run_scenario(parse_scenario(raw), raw), tmp_path / "none", raw)
     assert json.loads((tmp_path / "none" / "cb.vllm-bench.json").read_text())["request_goodput"] is None
+
+
+def test_dcgm_series_name_the_gpu_not_the_llm(tmp_path: Path) -> None:
+    # DCGM's exporter labels a GPU's series with modelName, the GPU's product name: a dashboard that groups GPUs by
+    # it showed "llama-3.1-8b" as the GPU of every simulated run.
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families
+
+    _, raw = load_scenario(SCENARIO)
+    raw = {**raw, "workload": {**raw["workload"], "num_requests": 10},
+           "variants": [{"name": "cb"}, {"name": "h100", "deployment": {"gpu": "h100-sxm"}}]}
+    write_scenario_run(run_scenario(parse_scenario(raw), raw), tmp_path, raw)
+    for name, gpu in (("cb", "a100-80gb"), ("h100", "h100-sxm")):
+        fams = {f.name: f for f in text_string_to_metric_families((tmp_path / f"{name}.metrics.prom").read_text())}
+        for family in ("DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"):
+            assert {s.labels["modelName"] for s in fams[family].samples} == {gpu}, (name, family)
+        assert {s.labels["model_name"] for s in fams["vllm:num_requests_running"].samples} == {"llama-3.1-8b"}

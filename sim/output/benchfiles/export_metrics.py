@@ -12,7 +12,8 @@ under ``inter_token_latency_seconds``.
 Power and energy (sim/costs/energy.py), where the GPU has power figures, go under the names NVIDIA's DCGM exporter gives
 them, so that GPU dashboards read them: ``DCGM_FI_DEV_POWER_USAGE`` (W of one GPU of the engine, per sampled
 step) and ``DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION`` (mJ of one GPU since the start of the run, idle time at idle
-power), labelled ``gpu`` with the engine's index. Both are gauges here (DCGM's energy is a counter without the
+power), labelled ``gpu`` with the engine's index and ``modelName`` with the GPU's name (DCGM's label for the GPU
+model, not the served one). Both are gauges here (DCGM's energy is a counter without the
 ``_total`` suffix OpenMetrics requires of a counter's samples).
 """
 
@@ -132,13 +133,27 @@ def _thin_range(count: int, max_points: int) -> np.ndarray:
     return np.linspace(0, count - 1, max_points).round().astype(np.int64)
 
 
-def _power_lines(result: RunResult, model: str, picked: list[tuple[int, np.ndarray, np.ndarray]],
+def _gpu_name(result: RunResult) -> str:
+    """The GPU the run recorded (a preset's name, or an inline GPU's), for DCGM's ``modelName`` label."""
+    from sim.hardware.gpu import resolve_gpu
+
+    gpu = ((result.config or {}).get("deployment") or {}).get("gpu")
+    if gpu is None:
+        return "unknown"
+    try:
+        return resolve_gpu(gpu).name
+    except (KeyError, ValueError, TypeError, AttributeError):  # not one this version resolves
+        return "unknown"
+
+
+def _power_lines(result: RunResult, picked: list[tuple[int, np.ndarray, np.ndarray]],
                  ends: list[np.ndarray], end: np.ndarray | None) -> list[str]:
     """DCGM's power and energy series at the sampled steps (see the module docstring); none without power."""
     energy = run_energy(result)
     pm = result.power
     if energy is None or pm is None:
         return []
+    gpu = _esc(_gpu_name(result))  # DCGM's modelName is the GPU's product name, not the served model's
     t0 = as_table(result.requests).least("arrival")
     power, energy_mj = [], []
     whole: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None  # read once, for every engine
@@ -165,7 +180,7 @@ def _power_lines(result: RunResult, model: str, picked: list[tuple[int, np.ndarr
             at = np.searchsorted(end[mine], end[rows], side="right") - 1  # each sampled row in the engine's order
             power_w = step_power_w[rows]
         idle_s = np.maximum(ends[j] - t0 - busy_s[at], 0.0)
-        lab = f'gpu="{e}",modelName="{model}"'
+        lab = f'gpu="{e}",modelName="{gpu}"'
         for k in range(len(rows)):
             t = f" {_num(ends[j][k])}"
             power.append(f"DCGM_FI_DEV_POWER_USAGE{{{lab}}} {_num(power_w[k] / pm.gpus)}{t}")
@@ -316,6 +331,6 @@ def openmetrics_text(result: RunResult, *, max_points: int = 2000) -> str:
     e2el.write(lines, "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", lab, ts)
     if result.spec_decode:  # speculative decoding's counters, at the end of the run
         lines += openmetrics_lines(result.spec_decode, lab, ts)
-    lines += _power_lines(result, model, picked, ends, end)
+    lines += _power_lines(result, picked, ends, end)
     lines.append("# EOF")
     return "\n".join(lines) + "\n"
