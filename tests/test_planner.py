@@ -465,3 +465,18 @@ def test_a_gpu_listed_twice_is_searched_once() -> None:
     twice = plan(parse_scenario(chat(1, 20, ttft=2.0, tpot=0.1, gpus=["l4", "l4"], max_gpus=2)))
     assert len(twice.evaluations) == len(once.evaluations) == 2
     assert [e.to_dict() for e in twice.evaluations] == [e.to_dict() for e in once.evaluations]
+
+
+def test_a_tie_with_the_choice_names_the_choice() -> None:
+    # Before: at a load where max_num_seqs 64 and 256 run the very same schedule, the choice (256) met the SLOs with
+    # 80% confidence, and the plan still named the 64 one, as cheap and with the same joules, as "cheapest simulated
+    # deployment meeting them with 80% confidence" and as the one with the "fewest joules per output token" (so did
+    # docs/capacity-planning.md's plan-chat run): a tie went to whichever the search met first, not to the choice.
+    r = plan(parse_scenario(chat(1, 20, ttft=2.0, tpot=0.1, gpus=["l4"], max_num_seqs=[64, 256])), stop_early=False)
+    by = {e.candidate.max_num_seqs: e for e in r.simulated if e.candidate.replicas == 1}
+    assert by[64].latency == by[256].latency and by[64].j_per_output_token == by[256].j_per_output_token
+    assert r.chosen is by[256] and r.chosen.meets_80
+    assert r.cheapest_80() is r.chosen and r.fewest_joules() is r.chosen
+    text = format_plan(r)
+    assert "cheapest simulated deployment meeting them with 80% confidence" not in text
+    assert "fewest joules per output token" not in text

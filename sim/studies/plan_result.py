@@ -281,14 +281,17 @@ class PlanResult:
         cheaper on a tie). With ``stop_early`` the search simulates nothing costlier than the choice, so this is
         among the deployments as cheap as the choice; ``stop_early: false`` weighs the whole space."""
         ok = [e for e in self.simulated if e.meets and math.isfinite(e.j_per_output_token)]
-        return min(ok, key=lambda e: (e.j_per_output_token, e.candidate.cost_per_hour), default=None)
+        # a tie with the choice is the choice (not whichever the search met first): the text names this one only
+        # when it is not the choice
+        return min(ok, key=lambda e: (e.j_per_output_token, e.candidate.cost_per_hour, e is not self.chosen),
+                   default=None)
 
     def cheapest_80(self) -> Evaluation | None:
         """The cheapest simulated deployment that meets the SLOs with 80% confidence (``Evaluation.meets_80``),
         higher precision first on a tie. With ``stop_early`` nothing costlier than the choice was simulated."""
         ok = [e for e in self.simulated if e.meets_80]
-        return min(ok, key=lambda e: (e.candidate.cost_per_hour, tuple(-p for p in e.candidate.precision)),
-                   default=None)
+        return min(ok, key=lambda e: (e.candidate.cost_per_hour, tuple(-p for p in e.candidate.precision),
+                                      e is not self.chosen), default=None)  # a tie with the choice: the choice
 
     def pareto_front(self) -> list[Evaluation]:
         """Simulated candidates that no other simulated one beats: none at most as costly with every SLO
