@@ -39,6 +39,24 @@ class _LimitedLoader(yaml.SafeLoader):
         finally:
             self._depth -= 1
 
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        # A key given twice: YAML's loaders keep the last value without a word, so a second `policy:` pasted under
+        # a variant ran instead of the first. Keys a merge (`<<: *base`) brings may still be overridden.
+        first: dict[Any, Any] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                mark = first.setdefault(key, key_node.start_mark)
+            except TypeError:  # an unhashable key: the constructor below says so
+                continue
+            if mark is not key_node.start_mark:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"the key {key!r} is given twice in this mapping (first at line {mark.line + 1}, "
+                    f"column {mark.column + 1}; YAML would keep the last without a word)", key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)
+
 
 def _expanded_size(value: Any, limit: int) -> int:
     """Values in ``value`` counting every alias expansion (shared objects counted each time they appear),
