@@ -217,6 +217,24 @@ def test_a_gpu_without_power_figures_has_no_energy() -> None:
     assert s["energy"] is None
 
 
+def test_a_profile_measured_on_a_cpu_has_no_gpu_energy(tmp_path: Path) -> None:
+    # Before: a scenario on the shipped tiny CPU profile (deployment.gpu left at its default, h100-sxm) reported an
+    # H100's power for the CPU's steps: 514.5 W and 0.436 J per output token on validate's simulated side. A
+    # profile's steps are its device's; the power figures are the scenario GPU's, so they go together only where
+    # the profile was measured on a GPU.
+    import json
+
+    root = Path(__file__).resolve().parent.parent
+    cpu = root / "calibration" / "profiles" / "tiny-cpu.json"
+    gpu = tmp_path / "tiny-h200.json"
+    gpu.write_text(json.dumps({**json.loads(cpu.read_text()), "device": "NVIDIA H200"}))
+    for profile, modelled in ((cpu, False), (gpu, True)):
+        sc = _scenario(arrival={"type": "poisson", "rate": 50.0}, n=8, prompt=16, output=8)
+        sc["deployment"].update(model="tiny", cost_model={"type": "fitted", "profile": str(profile)})
+        _, s = _one(sc)
+        assert (s["energy"] is not None) is modelled, profile
+
+
 def test_exports_carry_the_energy() -> None:
     from prometheus_client.openmetrics.parser import text_string_to_metric_families
 

@@ -47,6 +47,7 @@ import numpy as np
 
 from sim.costs.analytic import DEFAULT_COMPUTE_EFFICIENCY, AnalyticCostModel
 from sim.costs.costmodel import StepShape
+from sim.costs.fitted import FittedCostModel
 from sim.metrics.block_sums import PairwiseSum
 from sim.metrics.request_table import RequestTable, as_table
 from sim.metrics.step_columns import StepColumns, continues_ascending, step_blocks, step_count
@@ -100,10 +101,12 @@ class PowerModel:
 def power_model_of(gpu: GPUSpec, cost: Any, gpus: int, limit_w: float | None) -> PowerModel | None:
     """A replica's power model: ``gpu``'s figures, ``gpus`` of them, capped at ``limit_w`` (None: the TDP), busy
     shares from ``cost``'s roofline when it is the analytic model (or a speculative decoder's target); None when the
-    GPU has no power figures."""
+    GPU has no power figures, or ``cost`` is a profile measured on a CPU."""
     if gpu.tdp_w <= 0:
         return None
     inner = getattr(cost, "target", cost)  # sim.serving.spec_decode.SpecDecodeCost: the target's roofline
+    if isinstance(inner, FittedCostModel) and inner.device.lower().startswith("cpu"):
+        return None  # steps measured on a CPU (`servesim calibrate --device cpu`): no GPU drew power for them
     roofline = inner if isinstance(inner, AnalyticCostModel) else None
     return PowerModel(gpu.idle_w, gpu.tdp_w, gpu.tdp_w if limit_w is None else min(limit_w, gpu.tdp_w), gpus,
                       roofline, float(cost.peak_flops))
