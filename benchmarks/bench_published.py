@@ -174,8 +174,10 @@ POLICY_SETTINGS = {"enable_chunked_prefill", "max_num_seqs", "max_num_batched_to
 # num_gpu_blocks and block_size: a KV cache the source sized in blocks (TurboMind's cache_max_entry_count above 1)
 DEPLOYMENT_SETTINGS = {"max_model_len", "gpu_memory_utilization", "pipeline_parallel_size", "num_gpu_blocks",
                        "block_size"}
-SETTINGS = POLICY_SETTINGS | DEPLOYMENT_SETTINGS | {"enforce_eager", "num_prompts", "max_concurrency", "lengths",
-                                                     "earlier_runs"}
+# deployment.engine keys: TGI's --max-input-tokens (the longest prompt, under max_model_len = --max-total-tokens)
+ENGINE_SETTINGS = {"enforce_eager", "max_input_tokens"}
+SETTINGS = POLICY_SETTINGS | DEPLOYMENT_SETTINGS | ENGINE_SETTINGS | {"num_prompts", "max_concurrency", "lengths",
+                                                                      "earlier_runs"}
 DIR_KEY = "_dir"  # the folder of the CSV a row was read from: a ``lengths`` file is named relative to it
 # The vLLM v0.6.0 post's headline figures (0.5.3 against 0.6.0) state no flags, but the post runs vLLM with
 # --num-scheduler-steps 10 ("For vLLM, we have turned on multistep scheduling via setting `--num-scheduler-steps
@@ -387,7 +389,7 @@ def case_of(row: dict[str, str], n_offline: int, classic: bool = False, online: 
     dep |= {k: v for k, v in settings.items() if k in DEPLOYMENT_SETTINGS} | (
         {"pipeline_parallel_size": pp} if pp > 1 else {})
     if engine is not None and not classic:
-        dep["engine"] = engine | ({"enforce_eager": True} if settings.get("enforce_eager") else {})
+        dep["engine"] = engine | {k: v for k, v in settings.items() if k in ENGINE_SETTINGS}
     if online and online_row(row):
         dep["serving"] = "online"  # sim/costs/online.py: tokenizer, HTTP and streaming, as the client times them
     arrival: dict[str, Any] = {"type": "all_at_once"}

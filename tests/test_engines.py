@@ -19,7 +19,7 @@ from sim.hardware.models import ModelSpec
 from sim.loop.build import build
 from sim.policies import ContinuousPolicy, Limits
 from sim.serving.block_manager import PagedBlockManager
-from sim.serving.request import RequestSpec
+from sim.serving.request import Outcome, RequestSpec
 from tests.conftest import ConstCost, simulate
 
 MML = 1024  # max_model_len of the deployments below
@@ -138,6 +138,33 @@ def test_tgi_wiggle_room_no_evict_and_small_graphs() -> None:
     with pytest.raises(ScenarioError, match="engine tgi sizes its KV cache with 0.95 of the memory free after "
                                             "its warm-up prefill"):
         _built({"name": "tgi", "cache_max_entry_count": 0.5})
+
+
+def test_tgi_max_input_tokens_bounds_the_prompt_apart() -> None:
+    """TGI's --max-input-tokens bounds a prompt under --max-total-tokens (max_model_len): its prefill budget is
+    max_input_tokens + 50, which a prompt never passes, so max_model_len may exceed it (dstack's MI300X server:
+    125000 under 130000); a longer prompt is refused on arrival, as TGI's router answers it with an error."""
+    policy, *_ = _built({"name": "tgi", "max_input_tokens": 900})
+    assert (policy.limits.max_prompt_len, policy.limits.max_num_batched_tokens, policy.limits.max_model_len) == (
+        900, 950, MML)
+    # the same budget without the bound is refused: a whole sequence of max_model_len could not be prefilled
+    with pytest.raises(ScenarioError, match="max_model_len 1024 exceeds max_num_batched_tokens 950"):
+        _built("tgi", policy={"type": "continuous", "max_num_batched_tokens": 950})
+    # TGI's launcher refuses max_input_tokens >= max_total_tokens; the other engines have no such key
+    with pytest.raises(ScenarioError, match="deployment.engine: max_input_tokens 1024 must be < max_model_len 1024"):
+        _built({"name": "tgi", "max_input_tokens": 1024})
+    with pytest.raises(ScenarioError, match="max_input_tokens is tgi's"):
+        _built({"name": "vllm-v0", "max_input_tokens": 900})
+    # a prompt of 900 runs, one of 901 (its output inside max_model_len) is refused on arrival
+    lim = Limits(max_num_seqs=8, max_num_batched_tokens=950, max_model_len=MML, max_prompt_len=900)
+    run = simulate([RequestSpec(0, 0.0, 900, 8), RequestSpec(1, 0.0, 901, 8)],
+                   ContinuousPolicy(limits=lim, no_evict=True), PagedBlockManager(256, 16), cost=ConstCost())
+    first, second = run.requests[0], run.requests[1]
+    assert (first.outcome, second.outcome) == (Outcome.COMPLETED, Outcome.REJECTED)
+    assert second.reason == "prompt 901 tokens exceeds max_prompt_len 900"
+    # with preemption a recomputed sequence may be max_model_len long: the bound then does not lift the check
+    with pytest.raises(ValueError, match="max_model_len 1024 exceeds max_num_batched_tokens 950"):
+        ContinuousPolicy(limits=lim)
 
 
 def test_vllm_v0_prefill_first_and_its_budget() -> None:

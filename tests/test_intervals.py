@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 from test_cli import VALID, invoke
 
-from sim.config.schema import ScenarioError
 from sim.loop.build import build
 from sim.metrics.intervals import ERROR_QUANTILES, interval_80, interval_lines
 from sim.output.benchfiles.validate import rebuild_workload
@@ -126,11 +125,13 @@ def test_own_rows_run_as_their_source_states():
         "llama-3.1-405b", "mi300x", "vllm-v0", "0.6", 131072)
     assert dep.serving is not None and len(case.run.input_lens) == 128 and max(case.run.output_lens) == 150
     assert sum(case.run.output_lens) / 128 == pytest.approx(7588 / 128, abs=0.5)
-    # its TGI server: --max-input-tokens 125000 (prefill budget 125050) under --max-total-tokens 130000, which TGI
-    # runs and servesim refuses, having no limit on prompts apart from max_model_len
-    tgi = next(r for r in rows if "amd/inference/tgi" in r["source"])
-    with pytest.raises(ScenarioError, match="max_model_len 130000 exceeds max_num_batched_tokens 125050"):
-        bench.case_of(tgi, 3000)
+    # its TGI server: --max-input-tokens 125000 (prefill budget 125050) under --max-total-tokens 130000, run as TGI
+    # ran it: a prompt bounded by max_input_tokens, prompt + output by max_model_len
+    tgi = next(r for r in rows if "amd/inference/tgi" in r["source"] and r["input_len"] == "64000")
+    case = bench.case_of(tgi, 3000)
+    limits = build(case.cfg)[3].limits
+    assert (case.cfg.deployment.engine.name, limits.max_prompt_len, limits.max_num_batched_tokens,
+            limits.max_model_len) == ("tgi", 125000, 125050, 130000)
     # France Travail's run files: 4 workers in a closed loop through happy_vllm's HTTP server, the run's 625
     # queries, the median total query time an E2E row
     ft = next(r for r in rows if "Llama-3.1-8B/vllm_063" in r["source"] and r["batch_or_concurrency"] == "4"

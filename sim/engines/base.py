@@ -86,6 +86,12 @@ class Engine:
                                  self.max_num_seqs(cfg, gpu, max_model_len, kv_tokens), self.prefill_mode,
                                  getattr(cfg, "capacity_scheduler_policy", None) or self.capacity_scheduler_policy)
 
+    def max_prompt_len(self, cfg: Any, max_model_len: int) -> int | None:
+        """The longest prompt the engine accepts where it bounds prompts apart from ``max_model_len`` (a longer
+        one is refused on arrival); None: ``max_model_len`` bounds prompt and output together. ValueError where
+        the bound cannot be (the engine refuses to start)."""
+        return None
+
     def check_options(self, options: dict[str, Any]) -> None:
         """Refuse (ValueError naming the key) what this engine does not read of ``deployment.engine.options``, the
         keys of an engine of one's own; its hooks read them as ``cfg.options``. The shipped engines take none."""

@@ -77,6 +77,10 @@ class EngineConfig(InputModel):
     cache_max_entry_count: Float | None = Field(
         default=None, gt=0, lt=1, description="lmdeploy: share of the memory free after loading that the KV cache "
         "takes; none: 0.8 (TurbomindEngineConfig).")
+    max_input_tokens: Int | None = Field(
+        default=None, ge=1, description="tgi: --max-input-tokens, the longest prompt TGI accepts (a longer one is "
+        "refused), below deployment.max_model_len (its --max-total-tokens, prompt + output); its default prefill "
+        "budget is this + 50 tokens. none: prompts bounded by max_model_len alone.")
     capacity_scheduler_policy: Literal["guaranteed_no_evict", "max_utilization"] | None = Field(
         default=None, description="Admission: guaranteed_no_evict admits a request only when the KV of its whole "
         "prompt + output fits beside the running ones' (never preempts); max_utilization admits while blocks are "
@@ -99,9 +103,9 @@ class EngineConfig(InputModel):
         "engine; the shipped engines take none.")
 
     # sim/engines/costs.py's keys and sim/engines/sched.py's, recorded only when set
-    _record_set_keys = omit_when_unset("cache_max_entry_count", "version", "host_time_ratio", "enforce_eager",
-                                       "cudagraph_capture_sizes", "enable_mixed_chunk", "num_scheduler_steps",
-                                       "options", "use_flashinfer_sampler")
+    _record_set_keys = omit_when_unset("cache_max_entry_count", "max_input_tokens", "version", "host_time_ratio",
+                                       "enforce_eager", "cudagraph_capture_sizes", "enable_mixed_chunk",
+                                       "num_scheduler_steps", "options", "use_flashinfer_sampler")
     # ---- scheduler behaviours (sim/engines/sched.py) ----
     enforce_eager: bool | None = Field(
         default=None, description="vllm-v1/vllm-v0/tgi: no CUDA graphs, so decode batches are not padded; none: false.")
@@ -173,6 +177,12 @@ def apply_engine(policy: Any, engine: EngineConfig | None, gpu: GPUSpec, max_mod
     return engine_of(engine).fill_policy(policy, engine, gpu, max_model_len, kv_tokens)
 
 
+def max_prompt_len(engine: EngineConfig | None, max_model_len: int) -> int | None:
+    """The longest prompt ``engine`` accepts where it bounds prompts apart from ``max_model_len`` (TGI's
+    max_input_tokens), else None; ValueError where the engine would refuse to start."""
+    return engine_of(engine).max_prompt_len(engine, max_model_len)
+
+
 def engine_kv_budget(engine: EngineConfig | None, model: ModelSpec, gpu: GPUSpec, **kw: Any) -> KVBudget:
     """The KV cache ``engine`` gives one GPU; ``kw`` are ``sim.hardware.kv_budget.kv_budget``'s keywords. Each
     engine's rule is its module's (``Engine.kv_budget``; vLLM's by default)."""
@@ -210,5 +220,5 @@ def recorded_config(deployment: dict[str, Any], policy: dict[str, Any]) -> tuple
 
 
 __all__ = ["DEFAULT_ENGINE", "Engine", "EngineConfig", "SchedulerDefaults", "apply_engine", "budget_kwargs",
-           "classic_policy", "engine_kv_budget", "engine_of", "engines", "recorded_config", "register_engine",
-           "resolve_policy", "scheduler_defaults"]
+           "classic_policy", "engine_kv_budget", "engine_of", "engines", "max_prompt_len", "recorded_config",
+           "register_engine", "resolve_policy", "scheduler_defaults"]

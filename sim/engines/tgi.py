@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sim.engines.base import CudaGraphEngine
+from sim.engines.base import CudaGraphEngine, EngineKey
 from sim.engines.costs import FA2_AMPERE_EFFICIENCY, FA2_HOPPER_EFFICIENCY
 from sim.hardware.gpu import GPUSpec
 from sim.hardware.kv_budget import KVBudget
@@ -24,7 +24,10 @@ from sim.hardware.models import ModelSpec
 # 4095); max_batch_prefill_tokens max_input_tokens + 50; cuda_graphs [1, 2, 4, 8, 16, 32]; cuda_memory_fraction
 # 1.0. server/text_generation_server/models/flash_causal_lm.py warmup: after a prefill of max_batch_prefill_tokens,
 # num_blocks = 0.95 x free memory // one block's KV ("5% for some wiggle room"); BLOCK_SIZE 16 (globals.py).
-# router/src/infer/v3/queue.rs: a request's blocks cover input_length + max_new_tokens.
+# router/src/infer/v3/queue.rs: a request's blocks cover input_length + max_new_tokens. launcher/src/main.rs
+# refuses to start unless max_input_tokens < max_total_tokens and max_batch_prefill_tokens >= max_input_tokens;
+# router/src/validation.rs answers a prompt past max_input_tokens with an error (422), so a prompt is bounded by
+# max_input_tokens and prompt + output by max_total_tokens (servesim's max_model_len).
 TGI_MAX_CONCURRENT_REQUESTS = 128
 TGI_MAX_INPUT_TOKENS = 4095
 TGI_PREFILL_MARGIN = 50
@@ -37,7 +40,9 @@ class TGI(CudaGraphEngine):
     # named in the refusal of another engine's memory key: TGI reads none (deployment.gpu_memory_utilization
     # neither; its --cuda-memory-fraction stays at 1.0)
     memory_key = "0.95 of the memory free after its warm-up prefill (no key)"
-    keys = (CudaGraphEngine.CUDA_GRAPH_KEYS,)
+    keys = (CudaGraphEngine.CUDA_GRAPH_KEYS,
+            EngineKey(("max_input_tokens",), "max_input_tokens is tgi's (--max-input-tokens); engine {name} bounds "
+                      "a prompt by deployment.max_model_len alone"))
     prefill_mode = "prefill_first"
     capacity_scheduler_policy = "guaranteed_no_evict"
 
@@ -45,8 +50,17 @@ class TGI(CudaGraphEngine):
         return False
 
     def token_budget(self, cfg: Any, gpu: GPUSpec, chunked: bool, max_model_len: int) -> int:
-        # a deployment whose prompts pass 4095 tokens raises --max-input-tokens, and the prefill budget with it
-        return max(TGI_MAX_INPUT_TOKENS, max_model_len - 1) + TGI_PREFILL_MARGIN
+        # max_batch_prefill_tokens: max_input_tokens + 50; a deployment that does not state max_input_tokens but
+        # serves prompts past 4095 tokens raises it with max_model_len
+        given = getattr(cfg, "max_input_tokens", None)  # checked against max_model_len by max_prompt_len
+        return (max(TGI_MAX_INPUT_TOKENS, max_model_len - 1) if given is None else given) + TGI_PREFILL_MARGIN
+
+    def max_prompt_len(self, cfg: Any, max_model_len: int) -> int | None:
+        given = getattr(cfg, "max_input_tokens", None)
+        if given is not None and given >= max_model_len:
+            raise ValueError(f"max_input_tokens {given} must be < max_model_len {max_model_len} (TGI's "
+                             "--max-input-tokens under its --max-total-tokens, prompt + output)")
+        return given
 
     def max_num_seqs(self, cfg: Any, gpu: GPUSpec, max_model_len: int, kv_tokens: int | None) -> int:
         return TGI_MAX_CONCURRENT_REQUESTS

@@ -24,7 +24,7 @@ from sim.config.schema import (
 )
 from sim.costs.costmodel import CostModel
 from sim.engines.costs import static_reserve_tokens
-from sim.engines.registry import budget_kwargs, engine_kv_budget, resolve_policy
+from sim.engines.registry import budget_kwargs, engine_kv_budget, max_prompt_len, resolve_policy
 from sim.engines.sampling import with_sampling
 from sim.engines.sched import configure_kv, configure_policy, engine_kv_cache
 from sim.hardware.gpu import GPUSpec, resolve_gpu
@@ -141,7 +141,10 @@ def build(cfg: VariantConfig) -> tuple[Policy, KVManager, CostModel, Built]:
     try:
         max_model_len = resolve_max_model_len(dep, model)
         pol = resolve_policy(pol, dep, model, gpu, max_model_len)  # the engine's defaults where policy has none
-        limits = pol.limits(max_model_len)
+        try:  # TGI bounds a prompt apart from prompt + output (its --max-input-tokens)
+            limits = replace(pol.limits(max_model_len), max_prompt_len=max_prompt_len(dep.engine, max_model_len))
+        except ValueError as e:
+            raise ScenarioError(f"deployment.engine: {e}") from None
         static = isinstance(pol, StaticPolicyConfig)
         sized = replace(limits, max_num_batched_tokens=static_reserve_tokens(  # sim/engines/costs.py
             dep.engine, pol.batch_size, max_model_len, pol.max_input_len)) if isinstance(pol, StaticPolicyConfig) \

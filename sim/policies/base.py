@@ -30,11 +30,17 @@ class Limits:
     max_num_seqs: int = 256  # requests in one step at most
     max_num_batched_tokens: int = 8192  # tokens computed in one step at most (padding excluded)
     max_model_len: int = 8192  # prompt plus output tokens a request may hold
+    # longest prompt accepted, where the engine limits it apart from max_model_len (TGI's --max-input-tokens under
+    # its --max-total-tokens); None: max_model_len
+    max_prompt_len: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_prompt_len is not None and not 1 <= self.max_prompt_len < self.max_model_len:
+            raise ValueError(f"max_prompt_len must be >= 1 and < max_model_len {self.max_model_len}, got "
+                             f"{self.max_prompt_len}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +66,8 @@ class Admission:
         kv, limits = view.kv, view.limits
         if req.max_len > limits.max_model_len:
             return f"prompt+output {req.max_len} tokens exceeds max_model_len {limits.max_model_len}"
+        if limits.max_prompt_len is not None and req.prompt_len > limits.max_prompt_len:
+            return f"prompt {req.prompt_len} tokens exceeds max_prompt_len {limits.max_prompt_len}"
         if not kv.can_ever_fit(req):
             return f"needs more KV than the whole cache ({kv.num_blocks} blocks of {kv.block_size} tokens)"
         if self.max_queue_len is not None and len(view.waiting) >= self.max_queue_len:

@@ -64,11 +64,15 @@ class ContinuousPolicy(Policy):
             raise ValueError("num_scheduler_steps > 1 is modelled with chunked prefill off (vLLM 0.6's multi-step "
                              "decode blocks): set enable_chunked_prefill: false")
         lim = self.limits
-        if not self.enable_chunked_prefill and lim.max_model_len > lim.max_num_batched_tokens:
-            # as vLLM refuses at start: a prompt longer than one step's budget could never be scheduled
+        # the longest prefill a step may take: a whole sequence, recomputed after a preemption; without
+        # preemption (no_evict) the longest prompt, where the engine bounds prompts apart (TGI)
+        longest = lim.max_prompt_len if self.no_evict and lim.max_prompt_len is not None else lim.max_model_len
+        if not self.enable_chunked_prefill and longest > lim.max_num_batched_tokens:
+            # as vLLM (and TGI's launcher) refuse at start: a prompt longer than one step's budget could never run
+            name = "max_model_len" if longest == lim.max_model_len else "max_prompt_len"
             raise ValueError(
-                f"max_model_len {lim.max_model_len} exceeds max_num_batched_tokens {lim.max_num_batched_tokens}: "
-                "raise max_num_batched_tokens, lower max_model_len, or set enable_chunked_prefill"
+                f"{name} {longest} exceeds max_num_batched_tokens {lim.max_num_batched_tokens}: "
+                f"raise max_num_batched_tokens, lower {name}, or set enable_chunked_prefill"
             )
 
     def wake_time(self, view: View) -> float | None:
