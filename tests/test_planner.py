@@ -403,14 +403,17 @@ def test_plan_command(tmp_path: Path) -> None:
         # (more GPUs, ...) or relax the SLOs", exit 0, for a max_model_len no GPU changes
         (lambda d: d["deployment"].update(max_model_len=200_000),
          "plan: deployment.max_model_len 200000 is longer than llama-3.2-1b's context of 131072 tokens"),
+        # before: accepted when the bounds pruned every candidate (no simulation asked the executor for anything)
+        (lambda d: d.update(slos={"ttft": 1e-6}, executor="foo"), "--executor must be 'local' or 'ray', got 'foo'"),
     ],
 )
 def test_plan_command_bad_input(tmp_path: Path, change: Any, needle: str) -> None:
     d = chat(1, 5, ttft=1.0, tpot=0.1, gpus=["l4"])
     change(d)
+    executor = d.pop("executor", "local")
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump(d))
-    res = CliRunner().invoke(app, ["plan", str(path), "-q"])
+    res = CliRunner().invoke(app, ["plan", str(path), "-q", "--executor", executor])
     assert res.exit_code == 2, res.output
     assert needle in res.stderr and res.stderr.startswith("error: ")
     assert "Traceback" not in res.output

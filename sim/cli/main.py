@@ -1058,6 +1058,9 @@ def plan(
             typer.echo(f"{sc.name}: {sc.workload.describe()}", err=True)
         if workers is not None and workers < 1:
             raise ScenarioError(f"--workers must be >= 1, got {workers}")
+        if executor not in ("local", "ray"):  # checked here, not where the first simulation starts: a space the
+            # bounds prune whole never got there, and the typo passed
+            raise ScenarioError(f"--executor must be 'local' or 'ray', got {executor!r}")
         if workers is None:
             from sim.config.limits import default_workers
 
