@@ -64,3 +64,21 @@ def test_dcgm_series_name_the_gpu_not_the_llm(tmp_path: Path) -> None:
         for family in ("DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"):
             assert {s.labels["modelName"] for s in fams[family].samples} == {gpu}, (name, family)
         assert {s.labels["model_name"] for s in fams["vllm:num_requests_running"].samples} == {"llama-3.1-8b"}
+
+
+def test_a_rerun_into_the_same_folder_leaves_no_export_of_the_earlier_runs_variants(tmp_path: Path) -> None:
+    # servesim run --out DIR twice, the second time with other variants: the first run's NAME.vllm-bench.json and
+    # NAME.metrics.prom stayed beside the second run's summary.json, passing for its results (the stale tables were
+    # already removed, the exports not). Files servesim did not write are left alone.
+    _, raw = load_scenario(SCENARIO)
+    raw = {**raw, "workload": {**raw["workload"], "num_requests": 5}}
+    first = {**raw, "variants": [{"name": "cb"}, {"name": "a b"}, {"name": "a/b"}]}
+    write_scenario_run(run_scenario(parse_scenario(first), first), tmp_path, first)
+    assert {"cb.vllm-bench.json", "a_b.metrics.prom", "a_b-2.vllm-bench.json"} <= {p.name for p in tmp_path.iterdir()}
+    (tmp_path / "notes.txt").write_text("mine")
+    (tmp_path / "measured.vllm-bench.json").write_text("{}")
+    second = {**raw, "variants": [{"name": "a b"}, {"name": "other"}]}
+    write_scenario_run(run_scenario(parse_scenario(second), second), tmp_path, second)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "a_b.metrics.prom", "a_b.vllm-bench.json", "measured.vllm-bench.json", "notes.txt", "other.metrics.prom",
+        "other.vllm-bench.json", "report.html", "requests.csv", "steps.csv", "summary.json"]

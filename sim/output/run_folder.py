@@ -219,9 +219,10 @@ def write_run(
     written: list[str] | None = None,
 ) -> Path:
     """Write summary.json, requests.csv, steps.csv, report.html and per variant NAME.vllm-bench.json and
-    NAME.metrics.prom (sim/output/benchfiles/exports.py) into out_dir (created if missing; other files in it are left
-    alone). ``summaries`` maps variant name to ``summarize()``'s dict, computed when omitted. ``phase`` hears
-    what is being written (the progress line). ``steps``: "full" writes steps.csv (one row per step), "binned"
+    NAME.metrics.prom (sim/output/benchfiles/exports.py) into out_dir (created if missing; of an earlier run's
+    files there, those this run does not write are removed, other files are left alone). ``summaries`` maps
+    variant name to ``summarize()``'s dict, computed when omitted. ``phase`` hears what is being written (the
+    progress line). ``steps``: "full" writes steps.csv (one row per step), "binned"
     steps_binned.csv (per time bin, see sim/metrics/steps_binned.py), "auto" the full log up to FULL_STEPS_MAX steps and
     the binned table past it. ``table_format``: "parquet" writes requests.parquet and the steps table as .parquet
     instead of the CSVs (sim/output/parquet_out.py, needs pyarrow). ``written``, when given, receives the names of the
@@ -275,6 +276,7 @@ def write_run(
         **exports,
         **transfer_files(results),  # disaggregated runs: one row per KV transfer
     }
+    earlier = _earlier_run_files(out)
     created = not out.exists()  # made here, just before the files: Ctrl-C before then leaves no empty folder
     out.mkdir(parents=True, exist_ok=True)
     interrupted = None
@@ -289,12 +291,27 @@ def write_run(
         raise
     if written is not None:
         written.extend(files)
-    for name in stale_files:
-        if name not in tables:
+    for name in [*stale_files, *earlier]:
+        if name not in files:
             (out / name).unlink(missing_ok=True)
     if interrupted is not None:
         raise interrupted
     return out
+
+
+def _earlier_run_files(out: Path) -> list[str]:
+    """Files an earlier run wrote into ``out`` beside its summary.json that name its variants (their exports) or its
+    kind of run (transfers.csv): left there, they would pass for the new run's. Files of its own naming only, so
+    that what else a user keeps in the folder stays."""
+    from sim.loop.disagg.output import TRANSFERS_FILE
+    from sim.output.benchfiles.exports import export_names
+
+    try:
+        variants = json.loads((out / SUMMARY_FILE).read_text(encoding="utf-8"))["variants"]
+        names = [str(n) for n in variants]
+    except (OSError, ValueError, KeyError, TypeError):  # no earlier run, or not one servesim wrote
+        return []
+    return [*export_names(names), TRANSFERS_FILE]
 
 
 def read_summary(path: str | os.PathLike) -> dict:

@@ -22,6 +22,27 @@ def file_stem(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._=,+-]+", "_", name).lstrip("._").rstrip("_") or "variant"
 
 
+def file_stems(names: list[str]) -> list[str]:
+    """Each variant's stem of its export files, in order. Names that read alike as files ("a/b" and "a b", or "A"
+    and "a" on a disk blind to case) shared one pair of files, the later variant's overwriting the earlier's
+    without a word: the later gets a number."""
+    out: list[str] = []
+    taken: set[str] = set()
+    for name in names:
+        stem = base = file_stem(name)
+        k = 2
+        while stem.lower() in taken:
+            stem, k = f"{base}-{k}", k + 1
+        taken.add(stem.lower())
+        out.append(stem)
+    return out
+
+
+def export_names(names: list[str]) -> list[str]:
+    """The export files variants of these names get, in order."""
+    return [stem + suffix for stem in file_stems(names) for suffix in (BENCH_SUFFIX, METRICS_SUFFIX)]
+
+
 def _arrival_hints(scenario: dict[str, Any] | None) -> dict[str, Any]:
     """request_rate / burstiness / max_concurrency as vLLM would have written them for this workload."""
     arrival = ((scenario or {}).get("workload") or {}).get("arrival") or {}
@@ -44,19 +65,11 @@ def export_files(results: list[RunResult], scenario: dict[str, Any] | None = Non
     block of requests at a time as the file is written; its figures are computed here). ``summaries``: each
     variant's summary, whose goodput (against the scenario's SLOs) is the file's ``request_goodput``."""
     out: dict[str, str | Callable[[IO[str]], None]] = {}
-    taken: set[str] = set()
-    for r in results:
+    for r, stem in zip(results, file_stems([r.name for r in results]), strict=True):
         # the run's own workload (a variant's, a sweep point's) when it recorded one, else the scenario's
         hints = _arrival_hints(r.config if (r.config or {}).get("workload") else scenario)
         if hints.get("burstiness") == float("inf"):
             hints["burstiness"] = "inf"  # JSON has no infinity; a string as vLLM's request_rate uses
-        stem = base = file_stem(r.name)
-        # Names that read alike as files ("a/b" and "a b", or "A" and "a" on a disk blind to case) shared one pair
-        # of files, the later variant's overwriting the earlier's without a word: the later gets a number.
-        k = 2
-        while stem.lower() in taken:
-            stem, k = f"{base}-{k}", k + 1
-        taken.add(stem.lower())
         goodput = ((summaries or {}).get(r.name) or {}).get("goodput")  # NaN without SLOs: written null
         out[stem + BENCH_SUFFIX] = vllm_bench_writer(r, **hints, request_goodput=goodput)
         out[stem + METRICS_SUFFIX] = openmetrics_text(r)
