@@ -517,3 +517,11 @@ def test_weights_larger_than_the_hosts_memory_are_refused_before_they_are_alloca
     cfg = variant_configs(parse_scenario(scenario()))[0]
     config.engine_config(cfg, model_spec="llama-3.2-1b", dtype=torch.bfloat16, device="cpu")  # 2.3 GiB: fits
     assert not (tmp_path / "o").exists() and not (tmp_path / "p.json").exists()
+
+
+@pytest.mark.parametrize("flag, value, least", [("--texts", "0", 1), ("--max-tokens", "0", 2), ("--threads", "0", 1)])
+def test_engine_quality_refuses_a_zero_count(flag: str, value: str, least: int) -> None:
+    # Before: 0 read as "not given" (`texts or 1`), so the check passed and the run ended in a traceback
+    # (ZeroDivisionError, "num_blocks must be >= 1", torch's "set_num_threads expects a positive integer").
+    res = CliRunner().invoke(app, ["engine", "quality", flag, value, "--no-throughput"])
+    assert res.exit_code == 2 and res.output.strip() == f"error: {flag} must be >= {least}, got {value}", res.output

@@ -578,9 +578,10 @@ def engine_quality(
     (prose, code, digits, arithmetic) the perplexity change and top-1 agreement against the unquantized model."""
     if device not in ("cpu", "cuda"):
         _fail(f"--device must be cpu or cuda, got {device!r}")
-    for n, v in (("--texts", texts or 1), ("--max-tokens", max_tokens or 2), ("--chunk", chunk),
-                 ("--decode-batch", decode_batch), ("--decode-context", decode_context),
-                 ("--decode-steps", decode_steps), ("--threads", threads or 1)):
+    # None is "not given"; 0 is a value to refuse (`texts or 1` let it through to a traceback)
+    for n, v in (("--texts", 1 if texts is None else texts), ("--max-tokens", 2 if max_tokens is None else max_tokens),
+                 ("--chunk", chunk), ("--decode-batch", decode_batch), ("--decode-context", decode_context),
+                 ("--decode-steps", decode_steps), ("--threads", 1 if threads is None else threads)):
         if v < (2 if n == "--max-tokens" else 1):
             _fail(f"{n} must be >= {2 if n == '--max-tokens' else 1}, got {v}")
     try:
