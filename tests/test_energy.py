@@ -198,6 +198,18 @@ def test_b200_below_h100_at_equal_load() -> None:
     assert j["b200"] < j["h100-sxm"], j
 
 
+def test_a_waiting_b200_draws_its_measured_idle_power() -> None:
+    # fleet-sim's 8x B200 node measured 251.3 W a GPU with the model loaded and nothing running (sim/hardware/
+    # presets/gpus.py); two requests 10 s apart leave the GPU waiting between them, at exactly that draw
+    res = servesim.run(_scenario(arrival={"type": "poisson", "rate": 0.1}, n=2, gpu="b200"))
+    e = res.summary[res.variants[0]]["energy"]
+    assert e["idle_w"] == 251.3
+    r = res.results[0]
+    busy = float(np.asarray(r.steps["duration"]).sum())
+    span = float(max(q.finish for q in r.requests) - np.asarray(r.steps["start"])[0])
+    assert span - busy > 1.0 and e["idle_energy_j"] == pytest.approx(251.3 * (span - busy), rel=1e-6)
+
+
 def test_bad_power_figures_are_refused() -> None:
     with pytest.raises(ScenarioError, match="deployment.power_limit_w: 50 W is outside the range of GPU h100-sxm: "
                        "above its idle 70 W"):

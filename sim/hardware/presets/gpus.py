@@ -24,7 +24,8 @@ _MiB = 1 << 20
 # with the CPU) and A10G carry none. idle_w is the draw of
 # an idle GPU with a process holding it (clocks up, nothing running): no datasheet gives it; the figures are an
 # assumption of about a tenth of the limit (a fifth on the 72 W L4), below the 137 W an H200 drew at its lightest
-# decode (Ma et al., "The Illusion of Power Capping in LLM Decode", arXiv 2605.11999). 0: unknown, no energy.
+# decode (Ma et al., "The Illusion of Power Capping in LLM Decode", arXiv 2605.11999), except the B200's, measured
+# (below). 0: unknown, no energy.
 # architecture: the chip generation (hopper, ampere, ada, blackwell, cdna3), from the same datasheets; what reads it
 # (FlashAttention-3 runs on Hopper only, sim/engines/) asks the GPU rather than guessing from its name.
 # The presets servesim started with.
@@ -91,9 +92,14 @@ MORE_GPU_PRESETS: dict[str, dict[str, Any]] = {
     # NVIDIA H20 (China SKU) product brief: 96 GB HBM3 at 4.0 TB/s, 148 dense bf16 TFLOP/s, 296 fp8
     "h20": _gpu("h20", "hopper", 97871, 4.0e12, 148 * _T, 296 * _T, 296 * _T, 44 * _T, 50 * _G, 450 * _G,
                       400.0, 50.0),
-    # NVIDIA HGX B200 datasheet, per GPU: 180 GB HBM3e at 8 TB/s, 2.25 dense bf16 PFLOP/s, 4.5 fp8; NVLink 5
+    # NVIDIA HGX B200 datasheet, per GPU: 180 GB HBM3e at 8 TB/s, 2.25 dense bf16 PFLOP/s, 4.5 fp8; NVLink 5.
+    # idle_w measured, not assumed: 251.3 W a GPU with Llama-3.1-70B loaded and nothing running (8x B200, vLLM
+    # 0.19.1; 191.2 W with nothing loaded), vllm-project/semantic-router at 5805266, src/fleet-sim/studies/
+    # context-length-power-efficiency/README.md. ML.ENERGY v3.0's host-bound B200 rows agree: Qwen3 8B/32B/30B-A3B
+    # at batch 8-16 of GPQA draw 294-535 W with the GPU's roofline busy 13-44% of each step, a static draw of 213-302 W
+    # under sim/costs/energy.py's formula (docs/engines-and-hardware.md)
     "b200": _gpu("b200", "blackwell", 183359, 8.0e12, 2250 * _T, 4500 * _T, 4500 * _T, 75 * _T, 50 * _G, 900 * _G,
-                      1000.0, 140.0),
+                      1000.0, 251.3),
     # NVIDIA A10G (AWS G5; A10-class GA102): 24 GB GDDR6 at 600 GB/s, 70 dense bf16 TFLOP/s, no fp8
     "a10g": _gpu("a10g", "ampere", 23028, 600 * _G, 70 * _T, 0.0, 140 * _T, 31.2 * _T, 25 * _G, 0.0),
     # NVIDIA L40 datasheet: 48 GB GDDR6 at 864 GB/s, 181 dense bf16 TFLOP/s, 362 fp8
