@@ -268,3 +268,14 @@ def test_a_guidellm_strategy_with_a_bad_parameter_names_the_parameter(strategy: 
     (run, _) = read_guidellm(DATA / "guidellm.json", data)
     assert f"{DATA / 'guidellm.json'}: benchmarks[0].{why}; simulated as all at once" in run.skipped
     assert run.request_rate is None and run.max_concurrency is None
+
+
+def test_a_scenarios_sweep_is_said_to_be_ignored(run_folder: Path) -> None:
+    # Before: validate --against on a scenario with a sweep simulated the variant as written, no point of the sweep,
+    # and said nothing (plan notes the same).
+    bench = run_folder / "cb.vllm-bench.json"
+    (f,) = validate_against(SCENARIO, [bench], overrides={"sweep": {"policy.max_num_seqs": [1, 256]}}).files
+    assert ("the scenario's sweep is ignored: the variant is simulated as written (servesim sweep runs the points)"
+            in f.notes)
+    (plain,) = validate_against(SCENARIO, [bench]).files
+    assert f.metrics == plain.metrics and not any("sweep" in n for n in plain.notes)

@@ -244,6 +244,9 @@ def validate_against(scenario_path: str | Path, files: list[str | Path], *, vari
             raise ScenarioError(f"--variant {variant}: no such variant (the scenario has {names})")
     cfg = cfgs[0]
     assumed = []
+    if sc.sweep:
+        assumed.append("the scenario's sweep is ignored: the variant is simulated as written (servesim sweep runs "
+                       "the points)")
     if profile is not None:
         cost = FittedCost(profile=str(profile))  # a profile that cannot be read is refused as the variant is built
         cfg = dataclasses.replace(cfg, deployment=cfg.deployment.model_copy(update={"cost_model": cost}))
