@@ -82,3 +82,20 @@ def test_a_rerun_into_the_same_folder_leaves_no_export_of_the_earlier_runs_varia
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "a_b.metrics.prom", "a_b.vllm-bench.json", "measured.vllm-bench.json", "notes.txt", "other.metrics.prom",
         "other.vllm-bench.json", "report.html", "requests.csv", "steps.csv", "summary.json"]
+
+
+def test_a_rerun_without_trace_removes_the_earlier_runs_decisions(tmp_path: Path) -> None:
+    # servesim run --trace decisions, then the same --out without --trace: the first run's decisions.jsonl stayed
+    # beside a summary.json with no decisions block, passing for the second run's decisions.
+    from typer.testing import CliRunner
+
+    from sim.cli.main import app
+
+    args = ["run", str(SCENARIO), "--out", str(tmp_path / "o"), "-q", "-n", "5"]
+    assert CliRunner().invoke(app, [*args, "--trace", "decisions"]).exit_code == 0
+    assert (tmp_path / "o" / "decisions.jsonl").exists()
+    (tmp_path / "o" / "notes.txt").write_text("mine")
+    assert CliRunner().invoke(app, args).exit_code == 0
+    assert not (tmp_path / "o" / "decisions.jsonl").exists() and (tmp_path / "o" / "notes.txt").exists()
+    assert CliRunner().invoke(app, [*args, "--trace", "decisions"]).exit_code == 0  # and a traced rerun keeps its own
+    assert (tmp_path / "o" / "decisions.jsonl").stat().st_size > 0

@@ -39,7 +39,6 @@ from sim.config.schema import ScenarioError
 # "[parquet]", and its option table prints a value type after every flag ("--quiet <bool>", even "--help <bool>")
 # as if the flag took a value. Click's own help shows text as written and flags without a type.
 HELP_MARKUP = None
-DECISIONS_FILE = "decisions.jsonl"  # --trace decisions
 DECISIONS_PARTIAL = ".decisions.jsonl.partial"  # its rows while the run goes
 
 app = typer.Typer(
@@ -138,7 +137,7 @@ def run(
     doing = f"simulating {sc.name}"
     decisions = None
     if trace is not None:  # rows streamed to a partial file in the folder, moved into place with the others
-        from sim.metrics.decisions import DecisionTrace
+        from sim.metrics.decisions import DECISIONS_FILE, DecisionTrace
 
         made = not out_dir.exists()  # a folder made here and left empty by a failed run goes again
         try:

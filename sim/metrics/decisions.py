@@ -47,6 +47,7 @@ from sim.policies.routers import Router, kv_pressure, outstanding
 from sim.serving.kv_manager import cdiv
 from sim.serving.request import Outcome, Request
 
+DECISIONS_FILE = "decisions.jsonl"  # in the run folder, with --trace decisions
 DEFAULT_MAX_ROWS = 200_000  # rows written per run folder; decisions past it are counted, not written
 # routed requests up to which regret is re-simulated: n x k + 1 runs of n requests (measured: 200 requests on 3
 # replicas with k=2, 401 runs, about 60 s of CPU per variant)

@@ -301,9 +301,11 @@ def write_run(
 
 def _earlier_run_files(out: Path) -> list[str]:
     """Files an earlier run wrote into ``out`` beside its summary.json that name its variants (their exports) or its
-    kind of run (transfers.csv): left there, they would pass for the new run's. Files of its own naming only, so
-    that what else a user keeps in the folder stays."""
+    kind of run (transfers.csv, decisions.jsonl): left there, they would pass for the new run's. Files of its own
+    naming only, so that what else a user keeps in the folder stays. (A traced run's decisions.jsonl is moved into
+    place after this, so it is its own.)"""
     from sim.loop.disagg.output import TRANSFERS_FILE
+    from sim.metrics.decisions import DECISIONS_FILE
     from sim.output.benchfiles.exports import export_names
 
     try:
@@ -311,7 +313,7 @@ def _earlier_run_files(out: Path) -> list[str]:
         names = [str(n) for n in variants]
     except (OSError, ValueError, KeyError, TypeError):  # no earlier run, or not one servesim wrote
         return []
-    return [*export_names(names), TRANSFERS_FILE]
+    return [*export_names(names), TRANSFERS_FILE, DECISIONS_FILE]
 
 
 def read_summary(path: str | os.PathLike) -> dict:
