@@ -221,7 +221,7 @@ def test_validate_against_uses_the_profile_and_refuses_engine_options(run_folder
              "--out", str(tmp_path / "o"))
     assert r.returncode == 2 and "none.json" in r.stderr and "Traceback" not in r.stderr
     for flag, value in (("--num-gpu-blocks", "3"), ("--model", "tiny"), ("--device", "cuda"), ("--time-scale", "2"),
-                        ("--threads", "2")):
+                        ("--threads", "2"), ("--num-requests", "5")):
         r = _cli("validate", str(SCENARIO), "--against", str(bench), flag, value, "--out", str(tmp_path / "o"))
         assert r.returncode == 2 and r.stderr.strip() == (
             f"error: {flag} applies to the engine replay (validate --profile), not to --against"), (flag, r.stderr)

@@ -832,6 +832,7 @@ def validate(
     if against:
         # the engine replay's options: silently ignored, the run would not be the one asked for
         engine_only = {"--num-gpu-blocks": num_gpu_blocks is not None, "--model": model is not None,
+                       "--num-requests": num_requests is not None,  # the files' requests are simulated
                        "--device": device != "cpu", "--time-scale": time_scale != 1.0, "--threads": threads is not None}
         for flag, given in engine_only.items():
             if given:
