@@ -279,3 +279,18 @@ def test_a_scenarios_sweep_is_said_to_be_ignored(run_folder: Path) -> None:
             in f.notes)
     (plain,) = validate_against(SCENARIO, [bench]).files
     assert f.metrics == plain.metrics and not any("sweep" in n for n in plain.notes)
+
+
+def test_a_concurrency_cap_beside_a_rate_is_said_not_to_be_modelled() -> None:
+    # Before: a vllm bench file of `--request-rate 8 --max-concurrency 4` without start_times was rebuilt as open-loop
+    # arrivals at 8 req/s with no cap, the cap dropped without a word (vLLM holds the 5th request at the client
+    # until one of the 4 in flight ends, and starts its TTFT only then).
+    from sim.output.benchfiles.common import BenchRun
+
+    run = BenchRun(source="r.json", request_rate=8.0, max_concurrency=4, input_lens=[10] * 6, output_lens=[5] * 6)
+    wl, notes = rebuild_workload(run)
+    assert wl.closed_loop is None and len(wl.requests) == 6
+    assert ("r.json: max_concurrency 4 beside the request rate: vLLM's client held the requests past 4 in flight, "
+            "the simulation sends each at its drawn time (the cap is not modelled)") in notes
+    _, plain = rebuild_workload(BenchRun(source="r.json", request_rate=8.0, input_lens=[10] * 6, output_lens=[5] * 6))
+    assert not any("max_concurrency" in n for n in plain)

@@ -96,6 +96,10 @@ def rebuild_workload(run: BenchRun, *, seed: int = 0, max_len: int = 1 << 20) ->
             times *= (n / run.request_rate) / times[-1]
         notes.append(f"{run.source}: no arrival times; drawn at {run.request_rate:g} req/s, burstiness {b:g} "
                      f"(seed {seed})")
+        if run.max_concurrency is not None:  # saved start_times would be the sends after the client's wait
+            notes.append(f"{run.source}: max_concurrency {run.max_concurrency} beside the request rate: vLLM's client "
+                         f"held the requests past {run.max_concurrency} in flight, the simulation sends each at its "
+                         "drawn time (the cap is not modelled)")
     elif run.max_concurrency is not None:
         times = np.zeros(n)
         closed = ClosedLoop(run.max_concurrency, np.zeros(n))
