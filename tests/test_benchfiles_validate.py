@@ -294,3 +294,16 @@ def test_a_concurrency_cap_beside_a_rate_is_said_not_to_be_modelled() -> None:
             "the simulation sends each at its drawn time (the cap is not modelled)") in notes
     _, plain = rebuild_workload(BenchRun(source="r.json", request_rate=8.0, input_lens=[10] * 6, output_lens=[5] * 6))
     assert not any("max_concurrency" in n for n in plain)
+
+
+def test_a_genai_perf_request_count_past_what_a_run_holds_is_refused(tmp_path: Path) -> None:
+    # Before: request_count 1e9 drew a billion requests from the length statistics and simulated them: still at it
+    # after 120 s (and its memory growing), no message.
+    data = json.loads((DATA / "genai_perf.json").read_text())
+    data["request_count"]["avg"] = 10**9
+    (tmp_path / "g.json").write_text(json.dumps(data))
+    with pytest.raises(BenchFileError) as e:
+        read_genai_perf(tmp_path / "g.json")
+    assert str(e.value) == (f"{tmp_path / 'g.json'}: request_count: 1000000000 requests would need about 1e+03 GB "
+                            "of memory for their records; a run holds at most 5000000 (split the load over several "
+                            "runs, or sample it)")

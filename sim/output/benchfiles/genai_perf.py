@@ -17,6 +17,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from sim.config.limits import MAX_REQUESTS, too_many_requests
 from sim.output.benchfiles.common import BenchFileError, BenchRun
 
 LATENCIES = {"time_to_first_token": "ttft", "inter_token_latency": "tpot", "request_latency": "e2el"}
@@ -121,6 +122,8 @@ def read_genai_perf(path: str | Path, data: Any = None) -> BenchRun:
     count = data.get("request_count")
     n = _num(count.get("avg")) if isinstance(count, dict) else _num(count)
     run.num_requests = int(n) if n is not None and n >= 1 else None
+    if run.num_requests is not None and run.num_requests > MAX_REQUESTS:  # drawn and simulated: hours, then memory
+        raise BenchFileError(f"{p}: request_count: {too_many_requests(run.num_requests)}")
     if not run.aggregates:
         raise BenchFileError(f"{p}: no metrics: no readable time_to_first_token / request_latency / throughput")
     return run
