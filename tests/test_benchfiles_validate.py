@@ -307,3 +307,17 @@ def test_a_genai_perf_request_count_past_what_a_run_holds_is_refused(tmp_path: P
     assert str(e.value) == (f"{tmp_path / 'g.json'}: request_count: 1000000000 requests would need about 1e+03 GB "
                             "of memory for their records; a run holds at most 5000000 (split the load over several "
                             "runs, or sample it)")
+
+
+def test_arrivals_past_what_a_run_keeps_exact_are_refused(run_folder: Path, tmp_path: Path) -> None:
+    # Before: request_rate 1e-300 (no start_times) drew arrivals near 1e302 s, where every step is rounded away:
+    # "simulated 0, error -100%" for every latency, exit 0; a start_times entry of 1e12 likewise. `servesim run`
+    # refuses arrivals past 1e9 s (sim/config/limits.py).
+    data = json.loads((run_folder / "cb.vllm-bench.json").read_text())
+    slow = {k: v for k, v in data.items() if k != "start_times"} | {"request_rate": 1e-300}
+    late = {**data, "start_times": [*data["start_times"][:-1], 1e12]}
+    for name, d, what in (("slow", slow, "request_rate 1e-300"), ("late", late, "start_times")):
+        (tmp_path / f"{name}.json").write_text(json.dumps(d))
+        with pytest.raises(BenchFileError, match=rf"{name}\.json: {what}: the last of 40 requests arrives at "
+                           r"[\d.e+]+ s, past the 1e\+09 s a run may span"):
+            validate_against(SCENARIO, [tmp_path / f"{name}.json"])

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from sim.config.limits import MAX_ARRIVAL_S
 from sim.metrics.records import RunResult
 from sim.output.benchfiles.common import BenchFileError, BenchRun
 from sim.output.benchfiles.genai_perf import is_genai_perf, read_genai_perf
@@ -83,9 +84,12 @@ def rebuild_workload(run: BenchRun, *, seed: int = 0, max_len: int = 1 << 20) ->
     ins, outs = ins[keep], outs[keep]
     n = int(ins.size)
     closed = None
+    what = ""  # where the arrival times came from, for the message that refuses them
     if run.arrival_times_s is not None and len(run.arrival_times_s) == len(keep):
         times = np.asarray(run.arrival_times_s, dtype=np.float64)[keep]
+        what = "start_times"
     elif run.request_rate is not None:
+        what = f"request_rate {run.request_rate:g}"
         b = run.burstiness if run.burstiness is not None else 1.0
         if math.isinf(b):
             gaps = np.full(n, 1.0 / run.request_rate)
@@ -107,6 +111,11 @@ def rebuild_workload(run: BenchRun, *, seed: int = 0, max_len: int = 1 << 20) ->
     else:
         times = np.zeros(n)
         notes.append(f"{run.source}: request rate inf: every request at t=0")
+    last = float(times.max()) if n else 0.0
+    if last > MAX_ARRIVAL_S:  # as the workload generator refuses it: there every step is rounded away (TTFT 0)
+        raise BenchFileError(f"{run.source}: {what}: the last of {n} requests arrives at {last:.3g} s, past the "
+                             f"{MAX_ARRIVAL_S:.0e} s a run may span (at that clock a step's milliseconds are lost to "
+                             "rounding)")
     order = np.argsort(times, kind="stable")
     users = run.max_concurrency if closed is not None else None
     specs = tuple(
