@@ -127,7 +127,8 @@ def skip_reason(block: Block) -> str | None:
 def fast(argv: list[str]) -> list[str]:
     """argv with ``--num-requests N`` appended where the subcommand takes it and the README gives none, and
     ``--repeats 1`` for ``calibrate`` (one measured round over the grid instead of five)."""
-    if _subcommand(argv) in TAKES_NUM_REQUESTS and not ({"-n", "--num-requests"} & set(argv)):
+    # validate --against simulates the files' own requests and refuses a count
+    if _subcommand(argv) in TAKES_NUM_REQUESTS and not ({"-n", "--num-requests", "--against"} & set(argv)):
         return argv + ["--num-requests", NUM_REQUESTS]
     if argv[:1] == ["calibrate"] and "--repeats" not in argv:
         return argv + ["--repeats", "1"]
