@@ -315,3 +315,15 @@ def test_a_lengths_only_file_is_refused_as_arrivals(tmp_path: Path) -> None:
     assert f"{path}: no arrival-time column, so it cannot be replayed as arrivals" in res.stderr
     assert not (tmp_path / "out").exists()
     assert load_trace(_write(tmp_path, "t.csv", "arrival_s,prompt_tokens,output_tokens\n0.5,3,4\n")).timed
+
+
+def test_a_bad_date_in_a_mapped_column_names_that_column(tmp_path: Path) -> None:
+    # A user's log whose dates carry a time zone: the message named Azure's TIMESTAMP column, which the file does
+    # not have, and did not say what in the value was wrong.
+    from sim.workload.trace_columns import TraceColumns
+
+    path = _write(tmp_path, "log.csv", "sent_at,tin,tout\n2024-01-01 00:00:00,10,2\n2024-01-01 00:00:03+00:00,10,2\n")
+    with pytest.raises(ValueError) as e:
+        load_trace(path, columns=TraceColumns("sent_at", "tin", "tout", "datetime"))
+    assert str(e.value) == (f"{path}:3: bad sent_at '2024-01-01 00:00:03+00:00' (expected YYYY-MM-DD "
+                            "HH:MM:SS.fffffff, without a time zone)")

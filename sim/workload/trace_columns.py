@@ -207,7 +207,7 @@ def read_mapped(path: str, suffix: str, columns: TraceColumns | None, length
     return t, np.array(prompt, dtype=np.int64), np.array(output, dtype=np.int64), read_class_columns(rows, names, path)
 
 
-def parse_timestamp_ns(s: str, days: dict[str, int], path: str, line: int) -> int:
+def parse_timestamp_ns(s: str, days: dict[str, int], path: str, line: int, column: str = "TIMESTAMP") -> int:
     """``YYYY-MM-DD HH:MM:SS[.fffffff]`` (space or ``T``; any number of fractional digits) to integer ns.
 
     The Azure reader's (:mod:`sim.workload.traces`) and a mapped column's in unit ``datetime``. Parsed by hand: exact
@@ -238,7 +238,8 @@ def parse_timestamp_ns(s: str, days: dict[str, int], path: str, line: int) -> in
                 raise ValueError
             ns = int((frac + "000000000")[:9])  # digits past nanoseconds are dropped
     except ValueError:
-        raise ValueError(f"{path}:{line}: bad TIMESTAMP {s!r} (expected YYYY-MM-DD HH:MM:SS.fffffff)") from None
+        raise ValueError(f"{path}:{line}: bad {column} {s!r} (expected YYYY-MM-DD HH:MM:SS.fffffff, without a time "
+                         "zone)") from None
     return ((day * 86400 + h * 3600 + m * 60 + sec) * 1_000_000_000) + ns
 
 
@@ -255,7 +256,7 @@ def _seconds(value: object, unit: str, days: dict[str, int], path: str, line: in
     if unit == "datetime":
         if not isinstance(value, str):
             raise ValueError(f"{path}:{line}: {column} must be a date and time, got {value!r}")
-        return parse_timestamp_ns(value, days, path, line) / 1e9
+        return parse_timestamp_ns(value, days, path, line, column) / 1e9
     if isinstance(value, bool):
         value = None
     try:
