@@ -192,3 +192,13 @@ def test_a_context_given_twice_is_one_column() -> None:
     once = capacity_table("llama-3.1-8b", "h100-sxm", contexts=[4096, 1024], weight_dtypes=["bf16"],
                           kv_dtypes=["auto"], tensor_parallel_sizes=[1])
     assert twice.contexts == once.contexts == (4096, 1024) and format_capacity(twice) == format_capacity(once)
+
+
+def test_gpus_with_pp_keeps_the_splits_of_those_stages() -> None:
+    # Before: --gpus 4 --pp 2 printed the pp 4, 2 and 1 splits, --pp ignored (a --tp beside --gpus filters), and
+    # --gpus 4 --pp 3 printed them too instead of saying no split of 4 GPUs has 3 stages.
+    t = capacity_table("llama-3.1-8b", "h100-sxm", contexts=[4096], weight_dtypes=["bf16"], kv_dtypes=["auto"],
+                       pipeline_parallel_sizes=[2], num_gpus=4)
+    assert [(r.tensor_parallel_size, r.pipeline_parallel_size) for r in t.rows] == [(2, 2)]
+    with pytest.raises(ValueError, match=r"no tp x pp split of 4 GPUs with pp in \[3\] suits llama-3\.1-8b"):
+        capacity_table("llama-3.1-8b", "h100-sxm", contexts=[4096], pipeline_parallel_sizes=[3], num_gpus=4)

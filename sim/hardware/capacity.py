@@ -246,8 +246,11 @@ def capacity_table(
         if not tensor_parallel_sizes:  # any degree that splits the model, up to the GPU count
             tps = [t for t in range(1, num_gpus + 1) if _splits(m, t)]
         splits = [(t, num_gpus // t) for t in tps if num_gpus % t == 0 and num_gpus // t <= m.num_layers]
+        if pipeline_parallel_sizes:  # filtered as the tensor-parallel degrees are, not dropped
+            splits = [(t, p) for t, p in splits if p in pps]
         if not splits:
-            raise ValueError(f"no tp x pp split of {num_gpus} GPUs suits {m.name}")
+            stages = f" with pp in {pps}" if pipeline_parallel_sizes else ""
+            raise ValueError(f"no tp x pp split of {num_gpus} GPUs{stages} suits {m.name}")
     rows = []
     for wd in wds:
         kds = list(dict.fromkeys(resolve_kv_dtype(k, wd) for k in (kv_dtypes or DEFAULT_KV_DTYPES)))
