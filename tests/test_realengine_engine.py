@@ -519,6 +519,14 @@ def test_weights_larger_than_the_hosts_memory_are_refused_before_they_are_alloca
     assert not (tmp_path / "o").exists() and not (tmp_path / "p.json").exists()
 
 
+def test_calibrate_refuses_an_unknown_dtype_before_sizing_the_weights(tmp_path: Path) -> None:
+    # Before: the host-memory check read --dtype before --dtype was checked, so `calibrate --dtype foo` ended in
+    # torch_dtype's ValueError traceback instead of the message.
+    res = CliRunner().invoke(app, ["calibrate", "--dtype", "foo", "--out", str(tmp_path / "p.json")])
+    assert res.exit_code == 2 and res.output.startswith("error: --dtype: unknown dtype 'foo'"), res.output
+    assert not (tmp_path / "p.json").exists()
+
+
 @pytest.mark.parametrize("flag, value, least", [("--texts", "0", 1), ("--max-tokens", "0", 2), ("--threads", "0", 1)])
 def test_engine_quality_refuses_a_zero_count(flag: str, value: str, least: int) -> None:
     # Before: 0 read as "not given" (`texts or 1`), so the check passed and the run ended in a traceback

@@ -736,14 +736,6 @@ def calibrate(
     except ImportError as e:
         _fail(f"calibration needs torch: {e}")
         return
-    spec = ModelSpec.from_name(model)
-    problem = unbuildable(spec)
-    if problem is None and device == "cpu":
-        from realengine.config import too_large_for_host
-
-        problem = too_large_for_host(spec, torch_dtype(dtype or "fp32"))
-    if problem is not None:
-        _fail(f"--model: {problem}")
     if cpu_clock not in CPU_CLOCKS:
         _fail(f"--cpu-clock must be one of {', '.join(CPU_CLOCKS)}, got {cpu_clock!r}")
     if dtype is not None:
@@ -751,6 +743,14 @@ def calibrate(
             torch_dtype(dtype)
         except ValueError as e:
             _fail(f"--dtype: {e}")
+    spec = ModelSpec.from_name(model)  # after --dtype's check: the weights' size below reads the dtype
+    problem = unbuildable(spec)
+    if problem is None and device == "cpu":
+        from realengine.config import too_large_for_host
+
+        problem = too_large_for_host(spec, torch_dtype(dtype or "fp32"))
+    if problem is not None:
+        _fail(f"--model: {problem}")
     if device == "cuda" and not torch.cuda.is_available():
         _fail("--device cuda: torch sees no CUDA device")
     if threads is not None:
