@@ -49,10 +49,10 @@ class SlotLayout:
     output_tokens: np.ndarray
     num_rows: int  # per replica the most requests holding a row at one instant, summed over replicas
     batch_held: bool  # whether rows were held to the end of a batch (padding inferred from the steps log)
-    # every span's count and latest held_until: the arrays may hold only the earliest spans (``slot_layout``'s
-    # ``first``), the chart's window
-    spans: int = -1
-    held_end: float = float("nan")
+    # every span's count and latest held_until (NaN: none), kept apart from the arrays: those may hold only the
+    # earliest spans (``slot_layout``'s ``first``), the chart's window
+    spans: int
+    held_end: float
 
     def padded_rows_at(self, t: np.ndarray) -> np.ndarray:
         """How many rows are padding (finished, still held) at each time t."""
@@ -202,20 +202,12 @@ def slot_window(layouts: list[SlotLayout], max_requests: int = SLOT_REQUESTS) ->
     """The end of the common time window [0, t] in which no run starts more than max_requests requests: the
     earliest time at which some run starts its request number max_requests + 1 (the end of the runs when none
     does)."""
-    ends = [_held_end(lay) for lay in layouts if len(lay.start)]
+    ends = [lay.held_end for lay in layouts if len(lay.start)]
     t_end = max(ends, default=1.0)
     for lay in layouts:
         if len(lay.start) > max_requests:
             t_end = min(t_end, float(np.sort(lay.start)[max_requests]))
     return t_end
-
-
-def _held_end(lay: SlotLayout) -> float:
-    return float(lay.held_until.max()) if lay.spans < 0 else lay.held_end
-
-
-def _spans(lay: SlotLayout) -> int:
-    return len(lay.start) if lay.spans < 0 else lay.spans
 
 
 SLOT_COLORS = qualitative.D3  # one colour per request, cycling: neighbours in a row differ
@@ -245,7 +237,7 @@ def fig_batch_slots(
         limit = _slot_limit(res)
         if limit is not None:
             rows += f"; {limit[0]}={limit[1]}"
-        titles.append(f"{res.name}: {int(keep.sum())} of {_spans(lay)} scheduled requests drawn; {rows}")
+        titles.append(f"{res.name}: {int(keep.sum())} of {lay.spans} scheduled requests drawn; {rows}")
     heights = []
     for res, lay, keep in zip(results, layouts, shown, strict=True):
         top = int(lay.row[keep].max()) + 1 if keep.any() else 1
