@@ -52,11 +52,8 @@ def engine_config(cfg: VariantConfig, *, model_spec: str | None = None, num_gpu_
     if device != "cuda" and cfg.deployment.num_gpu_blocks is None:
         cfg = _with_deployment(cfg, num_gpu_blocks=cpu_num_blocks(cfg, dtype))
     _, kv, _, built = build(cfg)
-    problem = unbuildable(built.model)
+    problem = cannot_run(built.model, dtype, device)
     if problem is not None:  # refused here, with the scenario's checks, not as a traceback from the model's build
-        raise ScenarioError(f"variant {cfg.name!r}: deployment.model: {problem}")
-    problem = too_large_for_host(built.model, dtype) if device == "cpu" else None
-    if problem is not None:
         raise ScenarioError(f"variant {cfg.name!r}: deployment.model: {problem}")
     cpu_blocks = getattr(kv, "num_cpu_blocks", 0)
     want = cpu_blocks if device == "cuda" else min(cpu_blocks, kv.num_blocks)
@@ -77,6 +74,13 @@ def host_memory_available() -> int | None:
     except (OSError, ValueError, IndexError):
         return None
     return None
+
+
+def cannot_run(spec: ModelSpec, dtype: torch.dtype, device: str) -> str | None:
+    """Why the engine cannot run ``spec`` in ``dtype`` on ``device``, None if it can: a layer it does not build, or
+    on the CPU weights past the host's memory. The engine run and the engine's calibration ask before building."""
+    problem = unbuildable(spec)
+    return too_large_for_host(spec, dtype) if problem is None and device == "cpu" else problem
 
 
 def too_large_for_host(spec: ModelSpec, dtype: torch.dtype) -> str | None:

@@ -732,7 +732,8 @@ def calibrate(
         from calibration.fit import build_profile, format_errors, summarize_coefficients
         from calibration.measure import measure
         from realengine.clock import CPU_CLOCKS
-        from realengine.model import torch_dtype, unbuildable
+        from realengine.config import cannot_run
+        from realengine.model import torch_dtype
     except ImportError as e:
         _fail(f"calibration needs torch: {e}")
         return
@@ -743,12 +744,8 @@ def calibrate(
             torch_dtype(dtype)
         except ValueError as e:
             _fail(f"--dtype: {e}")
-    spec = ModelSpec.from_name(model)  # after --dtype's check: the weights' size below reads the dtype
-    problem = unbuildable(spec)
-    if problem is None and device == "cpu":
-        from realengine.config import too_large_for_host
-
-        problem = too_large_for_host(spec, torch_dtype(dtype or "fp32"))
+    # after --dtype's check: the weights' size reads the dtype
+    problem = cannot_run(ModelSpec.from_name(model), torch_dtype(dtype or "fp32"), device)
     if problem is not None:
         _fail(f"--model: {problem}")
     if device == "cuda" and not torch.cuda.is_available():
