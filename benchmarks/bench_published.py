@@ -38,6 +38,7 @@ instead repeats issue 14's held-out calibration on the rows of one engine and GP
 row, predict the rest), now with the rows' engine preset.
 
     PYTHONPATH=. .venv/bin/python benchmarks/bench_published.py [--data CSV]... [--requests N] [--fit [--engine P]]
+        [--only TEXT] [--v0-host-time-ratio R]
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ import argparse
 import csv
 import math
 import re
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -331,9 +333,11 @@ def parallelism_of(row: dict[str, str], settings: dict[str, Any]) -> tuple[int, 
 
 
 def case_of(row: dict[str, str], n_offline: int, classic: bool = False, online: bool = True,
-            trtllm_build: bool = False) -> Case:
+            trtllm_build: bool = False, v0_host_ratio: float | None = None) -> Case:
     """The run that represents ``row``; raises ValueError/KeyError/ScenarioError saying why it cannot be.
-    ``trtllm_build``: a row whose engine trtllm-bench built runs with the limits it picks (``trtllm_bench_build``)."""
+    ``trtllm_build``: a row whose engine trtllm-bench built runs with the limits it picks (``trtllm_bench_build``).
+    ``v0_host_ratio``: a ``vllm-v0`` row runs with that host time ratio in place of its version's (a diagnostic:
+    at 0 the row's error is the roofline's and the serving layer's alone, docs/throughput-residuals.md)."""
     metric = row["metric"]
     _, key, scale = metric_of(row)
     model = MODELS.get(row["model"]) or match_model(row["model"])
@@ -349,6 +353,8 @@ def case_of(row: dict[str, str], n_offline: int, classic: bool = False, online: 
             and "scheduler-steps" not in engine_text:
         engine_text += " (--num-scheduler-steps 10)"
     engine, assumed = engine_of_row(engine_text)
+    if engine is not None and engine["name"] == "vllm-v0" and v0_host_ratio is not None:
+        engine["host_time_ratio"] = v0_host_ratio
     gpu = match_gpu(row["gpu"])
     if gpu is None:
         raise KeyError(f"GPU {row['gpu']}: no preset (sim/hardware/presets/gpus.py)")
@@ -574,14 +580,24 @@ def read_rows(files: list[Path]) -> list[dict[str, str]]:
 
 
 def report(n_offline: int, classic: bool = False, data: list[Path] | None = None, online: bool = True,
-           trtllm_build: bool = False) -> None:
+           trtllm_build: bool = False, only: str | None = None, v0_host_ratio: float | None = None) -> None:
+    """The report over every row of ``data``; ``only``: the rows whose source (as ``source_of`` names it) or engine
+    column holds that text."""
     files = data or [DATA, OWN_DATA]
     rows = read_rows(files)
     print("rows from " + ", ".join(f"{p.name} ({len(read_rows([p]))})" for p in files))
+    if only is not None:
+        rows = [r for r in rows if only in source_of(r) or only in r["engine"]]
+        if not rows:
+            print(f"error: --only {only!r}: no row's source or engine holds it", file=sys.stderr)
+            raise SystemExit(2)
+        print(f"only the {len(rows)} rows whose source or engine holds {only!r}")
+    if v0_host_ratio is not None:
+        print(f"vllm-v0 rows with host_time_ratio {v0_host_ratio:g} in place of their version's")
     cases, refused = [], []
     for r in rows:
         try:
-            cases.append(case_of(r, n_offline, classic, online, trtllm_build))
+            cases.append(case_of(r, n_offline, classic, online, trtllm_build, v0_host_ratio))
         except (ValueError, KeyError, ScenarioError) as e:
             refused.append((r, str(e).strip("'\"")))
     t0 = time.process_time()
@@ -674,6 +690,10 @@ def main() -> None:
                     "HTTP server (the figures before it)")
     ap.add_argument("--trtllm-bench-build", action="store_true", help="TensorRT-LLM rows built by trtllm-bench run "
                     "with the max_batch_size and max_num_tokens its heuristics pick (docs/throughput-residuals.md)")
+    ap.add_argument("--only", metavar="TEXT", help="only the rows whose source or engine holds TEXT (e.g. "
+                    "results_benchmark_llm_serving, amd/inference, 'vLLM v0.4.3')")
+    ap.add_argument("--v0-host-time-ratio", type=float, metavar="R", help="vllm-v0 rows with host_time_ratio R "
+                    "in place of their version's (0.5: 1.63, 0.6: 0.7; 0: the roofline and serving layer alone)")
     ap.add_argument("--fit", action="store_true", help="issue 14's held-out calibration instead of the report")
     ap.add_argument("--engine", default="TensorRT-LLM v0.17")
     ap.add_argument("--gpu", default="H100-SXM-80GB")
@@ -687,7 +707,10 @@ def main() -> None:
     if args.fit:
         fit(args.engine, args.gpu, args.requests or 256, args.max_iter, args.robust, args.classic, data[0])
     else:
-        report(args.requests or OFFLINE_REQUESTS, args.classic, data, not args.offline, args.trtllm_bench_build)
+        if args.v0_host_time_ratio is not None and args.v0_host_time_ratio < 0:
+            ap.exit(2, f"error: --v0-host-time-ratio {args.v0_host_time_ratio:g}: a host time ratio is >= 0\n")
+        report(args.requests or OFFLINE_REQUESTS, args.classic, data, not args.offline, args.trtllm_bench_build,
+               args.only, args.v0_host_time_ratio)
 
 
 if __name__ == "__main__":

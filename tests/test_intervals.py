@@ -296,3 +296,20 @@ def test_published_rows_run_on_the_checkpoint_they_name():
               if "405B" in r["model"] and r["weight_dtype"].startswith("fp8")}
     assert models == {"fp8 (meta-llama/Llama-3.1-405B-FP8)": "llama-3.1-405b-fp8",
                       "fp8 (amd/Llama-3.1-405B-Instruct-FP8-KV)": "llama-3.1-405b"}
+
+
+def test_v0_host_time_ratio_diagnostic():
+    """--v0-host-time-ratio R runs every vllm-v0 row with that host time ratio (0: the roofline and the serving
+    layer alone) and leaves the other engines' rows as they were; a France Travail vLLM 0.4.3 row at one user
+    comes out faster at 0 than at 0.5's 1.63, which is what splits its miss (docs/throughput-residuals.md)."""
+    bench = _bench()
+    rows = bench.read_rows([bench.OWN_DATA])
+    old = next(r for r in rows if r["engine"].startswith("vLLM v0.4.3") and r["batch_or_concurrency"] == "1"
+               and r["metric"] == "e2el_s_median" and r["gpu"].startswith("A100-80GB"))
+    default, host0 = bench.case_of(old, 30), bench.case_of(old, 30, v0_host_ratio=0.0)
+    assert default.cfg.deployment.engine.host_time_ratio is None  # the version's: 1.63
+    assert host0.cfg.deployment.engine.host_time_ratio == 0.0
+    err_default, err_host0 = bench.predict([default, host0])
+    assert err_default < -0.3 and err_host0 > 0  # simulated E2E slower than measured at 1.63, faster at 0
+    v1 = next(r for r in rows if r["model"] == "Qwen2-7B" and "gpu_memory_utilization=0.25" in r["settings"])
+    assert bench.case_of(v1, 30, v0_host_ratio=0.0).cfg == bench.case_of(v1, 30).cfg
