@@ -342,3 +342,15 @@ def test_a_call_that_calls_a_policy_itself_is_still_watched_after(monkeypatch: p
     with pytest.raises(PolicyError, match=r"^outer did not return within 0.3 s"):
         call_user("outer", outer)
     assert not WATCH.inside
+
+
+def test_an_async_schedule_is_named_without_a_never_awaited_warning(tmp_path: Path) -> None:
+    # `async def schedule` returned a coroutine: the message said only "returned coroutine", and Python then
+    # printed "RuntimeWarning: coroutine 'ScheduleIsAsync.schedule' was never awaited" and a hint about tracemalloc
+    # under it, two more lines that looked like a second error.
+    p = _run(tmp_path, "bad_policies.py:ScheduleIsAsync")
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.splitlines()[-1] == (
+        "error: variant 'bad-policy': policy ScheduleIsAsync: schedule returned coroutine, not a servesim.Plan "
+        "(schedule is an async def: the core calls it as a plain function)")
+    assert "RuntimeWarning" not in p.stderr and not (tmp_path / "out").exists()

@@ -17,6 +17,7 @@ runs a policy with and without that and names the first step where the two diffe
 
 from __future__ import annotations
 
+import inspect
 import reprlib
 import threading
 import traceback
@@ -209,7 +210,12 @@ class UserPolicy(Policy):
         pv = self._public_view(view, hidden, planning=True)
         up = self._call(f"schedule(view) at t={view.now:.6f} s", self.user.schedule, pv)
         if not isinstance(up, api.Plan):
-            raise PolicyError(f"policy {self.name}: schedule returned {type(up).__name__}, not a servesim.Plan")
+            hint = ""
+            if inspect.iscoroutine(up) or inspect.isgenerator(up):
+                up.close()  # never run: closed here, or Python warns that it was never awaited, as a second error
+                kind = "an async def" if inspect.iscoroutine(up) else "a generator (it yields)"
+                hint = f" (schedule is {kind}: the core calls it as a plain function)"
+            raise PolicyError(f"policy {self.name}: schedule returned {type(up).__name__}, not a servesim.Plan{hint}")
         try:
             return self._translate(up, rejected, view, pv.running)
         except PolicyError:

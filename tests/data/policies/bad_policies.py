@@ -291,3 +291,8 @@ class RaisesBaseException(FCFSPolicy):
 class RaisesGeneratorExitInInit(FCFSPolicy):
     def __init__(self, **kwargs) -> None:
         raise GeneratorExit("closed")
+
+
+class ScheduleIsAsync(FCFSPolicy):
+    async def schedule(self, view):
+        return super().schedule(view)
