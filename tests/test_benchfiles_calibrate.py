@@ -257,3 +257,30 @@ def test_each_modes_options_are_refused_in_the_other(tmp_path: Path, args: list[
                        cwd=tmp_path, timeout=300)
     assert r.returncode == 2 and message in r.stderr, r.stderr
     assert "Traceback" not in r.stderr and not (tmp_path / "p.json").exists()
+
+
+def test_a_failed_write_leaves_the_previous_profile_whole(tmp_path: Path) -> None:
+    # Before: calibrate wrote its profile with Path.write_text, which empties the file first: a write that failed
+    # (disk full; here the process's file-size limit) left the earlier profile at that path cut short, its
+    # knobs lost, behind "error: --out ...: cannot write".
+    import resource
+    import signal
+
+    data = json.loads((DATA / "vllm_detailed.json").read_text())
+    files = []
+    for rate in (4.0, 8.0):
+        (tmp_path / f"r{rate:g}.json").write_text(json.dumps({**data, "request_rate": rate}))
+        files += ["--from-bench", str(tmp_path / f"r{rate:g}.json")]
+    out = tmp_path / "k.json"
+    before = json.dumps({"kind": "servesim-analytic-knobs", "note": "an earlier fit"})
+    out.write_text(before)
+
+    def small_files() -> None:  # in the child: writes past 200 bytes fail (EFBIG) instead of killing it
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (200, 200))
+
+    r = subprocess.run([sys.executable, "-m", "sim.cli.main", "calibrate", *files, "--model", "llama-3.1-8b", "--gpu",
+                        "a100-80gb", "--holdout-every", "0", "-o", str(out)], capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=tmp_path, timeout=300, preexec_fn=small_files)
+    assert r.returncode == 2 and f"error: --out {out}: cannot write" in r.stderr, r.stderr
+    assert out.read_text() == before and sorted(p.name for p in tmp_path.iterdir()) == ["k.json", "r4.json", "r8.json"]

@@ -774,7 +774,7 @@ def calibrate(
         typer.echo(format_errors(profile["fit"]["serving_before"], "grid fit, serving steps"))
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(profile, indent=1) + "\n")
+        _write_profile(path, json.dumps(profile, indent=1) + "\n")
     except OSError as e:
         _fail(f"--out {path}: cannot write: {e.strerror or e}")
     typer.echo(f"calibrated {model} on {m.provenance['device']}: {len(m.samples)} step shapes, {repeats} repeats, "
@@ -787,6 +787,14 @@ def calibrate(
                                                          for a, b in profile["wake_curve"][1:]))
     typer.echo(format_errors(profile["fit"]["heldout"], "held-out error"))
     typer.echo(f"wrote {path}")
+
+
+def _write_profile(path: Path, text: str) -> None:
+    """Write a profile whole or not at all: Path.write_text empties the file first, so a write that failed (disk
+    full) left the profile already at ``path`` cut short."""
+    from sim.config.files import write_atomically
+
+    write_atomically(path.parent, {path.name: text})
 
 
 def _files_after(flag_files: list[Path], more: list[Path] | None, flag: str) -> list[Path]:
@@ -935,7 +943,7 @@ def _calibrate_from_bench(files: list[Path], model: str | None, gpu: str | None,
     path = out or Path("calibration") / "profiles" / default_name
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(profile_dict(fit, model=model, gpu=gpu), indent=1) + "\n")
+        _write_profile(path, json.dumps(profile_dict(fit, model=model, gpu=gpu), indent=1) + "\n")
     except OSError as e:
         _fail(f"--out {path}: cannot write: {e.strerror or e}")
     typer.echo(f"fitted on {len(fit.train)} runs ({fit.nfev} simulations of the set): " +
