@@ -1,5 +1,8 @@
 """Published serving figures against the simulator's analytic model, each row run on its engine's preset.
 
+Over 600 lines because turning a published row into a run (its engine, metric, lengths, parallelism, settings and
+client) and reporting it per class, per source and leave-one-source-out is one pipeline, read top to bottom.
+
 The rows (``../shared/data/published-dev/published-dev.csv`` from the repository root and this repository's
 ``benchmarks/data/published-own/published-own.csv``, or the files given with ``--data``; their READMEs say where
 each comes from) are figures others measured and published: TensorRT-LLM 0.17's offline throughput table,
