@@ -286,7 +286,8 @@ def summarize(result: RunResult, slos: SLOs | None = None) -> dict:
         "queue": latency_stats(lat.queue),
         "kv_usage": kv_usage,
         "kv_token_utilization": kv_tok_util,
-        "busy_fraction": _ratio(busy, up),
+        # a share: steps back to back from the first arrival to the last finish sum to 1 + 2e-16 of the run
+        "busy_fraction": min(_ratio(busy, up), 1.0),
         "mfu": _ratio(flops, up * result.peak_flops) if result.peak_flops > 0 else NAN,
         "mean_batch_size": mean_batch,
         "padding_fraction": _ratio(padding, computed),
