@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from sim.metrics.intervals import LOSO_COVERAGE
+from sim.metrics.intervals import coverage_text
 from sim.studies.plan_result import NAN, SLO_CLASSES, SLO_METRICS, Evaluation, PlanResult
 
 
@@ -34,8 +34,7 @@ def _load_text(e: Evaluation) -> str:
 def _confidence_lines(result: PlanResult, ch: Evaluation) -> list[str]:
     """Whether the choice meets its SLOs with 80% confidence, the numbers, and the cheapest that does."""
     q, keys = result.percentile, _metric_names(result)
-    cover = ", ".join(f"{SLO_CLASSES[k]} {'unchecked' if (v := LOSO_COVERAGE[SLO_CLASSES[k]]) is None else f'{v:.0%}'}"
-                      for k in keys)
+    cover = ", ".join(f"{SLO_CLASSES[k]} {coverage_text(SLO_CLASSES[k])}" for k in keys)
     highs = ", ".join(f"p{q} {k.upper()} {_ms(ch.latency_80_high.get(k))} ms" for k in keys)
     out = [f"  with 80% confidence: {'met' if ch.meets_80 else 'not met'} (slow ends of the 80% intervals, "
            f"sim/metrics/intervals.py: {highs}; their leave-one-source-out coverage {cover})"]
