@@ -220,8 +220,8 @@ def energy_kept() -> Iterator[None]:
 
 
 def run_energy(result: RunResult, up: float | None = None) -> RunEnergy | None:
-    """The run's energy, None when its GPU has no power figures (or the run's steps were measured on an engine,
-    whose power is not modelled). ``up``: replica-seconds the fleet was up (default ``up_seconds``)."""
+    """The run's energy, None when it has no power model (``RunResult.power`` says when).
+    ``up``: replica-seconds the fleet was up (default ``up_seconds``)."""
     up = up_seconds(result) if up is None else up
     if _kept is None:
         return _run_energy(result, up)

@@ -394,5 +394,6 @@ class RunResult:
     # this order (sim.metrics.summary.summarize): the metrics layer need not know them. Module-level functions, so that
     # a result still pickles (sweeps). Prefill/decode pools add "disaggregation" (sim/loop/disagg/pools.py).
     summary_sections: dict[str, Callable[[RunResult], dict]] | None = None
-    # the replica's power figures (sim/costs/energy.py); None: not modelled (a GPU without them, or an engine's run)
+    # the replica's power figures (sim/costs/energy.py, power_model_of); None: not modelled (a GPU without them, a
+    # calibration profile measured on a CPU, an engine's run, a disaggregated variant's pools)
     power: PowerModel | None = None

@@ -293,8 +293,7 @@ def summarize(result: RunResult, slos: SLOs | None = None) -> dict:
         "padding_fraction": _ratio(padding, computed),
         "limits": limits,
         "rejections": rejection_reasons(reqs),
-        # watts and joules (sim/costs/energy.py); null where the GPU has no power figures or an engine measured the
-        # steps
+        # watts and joules (sim/costs/energy.py); null where the run has no power model (RunResult.power says when)
         "energy": energy,
     }
     assert tuple(out) == SUMMARY_KEYS
