@@ -182,16 +182,22 @@ def test_knobs_on_a_bound_are_named() -> None:
         "compute_efficiency at its floor 0.02"]
 
 
-def test_from_bench_fits_the_model_the_benchmarks_served_not_the_engines_default(tmp_path: Path) -> None:
-    # Before: without --model, --from-bench fitted the knobs on the engine calibration's default model, tiny, even
-    # with a --scenario of llama-3.1-8b (its model was overwritten): a profile for 'tiny' whose step overhead made
-    # up for the missing 8 billion parameters, and no word about it.
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+def two_rate_files(tmp_path: Path) -> list[str]:
+    """``--from-bench`` arguments for two copies of a vllm bench file at 4 and 8 req/s."""
     data = json.loads((DATA / "vllm_detailed.json").read_text())
     files = []
     for rate in (4.0, 8.0):
         (tmp_path / f"r{rate:g}.json").write_text(json.dumps({**data, "request_rate": rate}))
         files += ["--from-bench", str(tmp_path / f"r{rate:g}.json")]
+    return files
+
+
+def test_from_bench_fits_the_model_the_benchmarks_served_not_the_engines_default(tmp_path: Path) -> None:
+    # Before: without --model, --from-bench fitted the knobs on the engine calibration's default model, tiny, even
+    # with a --scenario of llama-3.1-8b (its model was overwritten): a profile for 'tiny' whose step overhead made
+    # up for the missing 8 billion parameters, and no word about it.
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    files = two_rate_files(tmp_path)
     base = [sys.executable, "-m", "sim.cli.main", "calibrate", *files, "--gpu", "a100-80gb", "--holdout-every", "0"]
 
     def fit(*args: str) -> dict:
@@ -266,11 +272,7 @@ def test_a_failed_write_leaves_the_previous_profile_whole(tmp_path: Path) -> Non
     import resource
     import signal
 
-    data = json.loads((DATA / "vllm_detailed.json").read_text())
-    files = []
-    for rate in (4.0, 8.0):
-        (tmp_path / f"r{rate:g}.json").write_text(json.dumps({**data, "request_rate": rate}))
-        files += ["--from-bench", str(tmp_path / f"r{rate:g}.json")]
+    files = two_rate_files(tmp_path)
     out = tmp_path / "k.json"
     before = json.dumps({"kind": "servesim-analytic-knobs", "note": "an earlier fit"})
     out.write_text(before)
