@@ -400,10 +400,10 @@ def test_the_published_rows_draw_their_own_output_lengths(tmp_path: Path) -> Non
     assert sorted(q.output_tokens for q in res.results[0].requests) == sorted(table[:, 1].tolist())
 
 
-def _eight_at_once_four_at_a_time() -> Any:
-    """8 requests sent at once (64 tokens in, 32 out each), at most 4 running: the bench's windows in small."""
+def _at_once_four_at_a_time(n: int = 8) -> Any:
+    """``n`` requests sent at once (64 tokens in, 32 out each), at most 4 running: the bench's windows in small."""
     sc = {"name": "w", "seed": 0,
-          "workload": {"arrival": {"type": "all_at_once"}, "num_requests": 8,
+          "workload": {"arrival": {"type": "all_at_once"}, "num_requests": n,
                        "prompt_len": {"type": "fixed", "value": 64}, "output_len": {"type": "fixed", "value": 32}},
           "deployment": {"model": "llama-3.1-8b", "gpu": "h100-sxm"},
           "policy": {"type": "continuous", "max_num_seqs": 4}}
@@ -415,7 +415,7 @@ def test_the_steady_state_window_counts_the_harness_s_tokens_and_batch() -> None
     # 8 requests at once, 4 at a time, 32 tokens out each: the window runs from the 4th first token to the 3rd
     # finish (8 - 4 - 1 finished), while the first four decode together, so the running batch is 4 all through and
     # the tokens are 4 a step; energy over the window's steps (no gaps) over those tokens
-    r = _eight_at_once_four_at_a_time()
+    r = _at_once_four_at_a_time()
     jt, watts, tps, running = bench.steady_state(r, 4)
     first = sorted(q.first_token for q in r.requests)
     done = sorted(q.finish for q in r.requests)
@@ -433,7 +433,7 @@ def test_v2_counts_from_the_run_s_start_until_the_waiting_queue_empties() -> Non
     bench = _bench_energy()
     # 8 requests at once, 4 at a time: the window is every step before the one that schedules the 5th request (the
     # first with nothing waiting), so it holds the first four's prefill and decode steps and none of the rest
-    r = _eight_at_once_four_at_a_time()
+    r = _at_once_four_at_a_time()
     jt, watts, tps, running = bench.steady_state(r, 4, "until_queue_empty")
     last = max(q.first_scheduled for q in r.requests)
     start = np.asarray(r.steps["start"])
@@ -454,12 +454,7 @@ def test_the_all_overlap_window_holds_the_steps_where_every_request_decodes() ->
     bench = _bench_energy()
     # 4 requests at once, all running (the fleet-sim sweep's every stream at once): from the last first token to
     # the first finish no request waits or has ended, so every step there decodes all four, one token each
-    sc = {"name": "w", "seed": 0,
-          "workload": {"arrival": {"type": "all_at_once"}, "num_requests": 4,
-                       "prompt_len": {"type": "fixed", "value": 64}, "output_len": {"type": "fixed", "value": 32}},
-          "deployment": {"model": "llama-3.1-8b", "gpu": "h100-sxm"},
-          "policy": {"type": "continuous", "max_num_seqs": 4}}
-    r = servesim.run(sc).results[0]
+    r = _at_once_four_at_a_time(4)
     jt, watts, tps, running = bench.steady_state(r, 4, "all_overlap")
     t0 = max(q.first_token for q in r.requests)
     t1 = min(q.finish for q in r.requests)
