@@ -4,9 +4,9 @@ dashboards read simulated runs as they read measured ones.
 Field names and units follow vllm/benchmarks/serve.py: aggregates ``<stat>_<metric>_ms`` in milliseconds, the
 per-request lists (``input_lens``, ``output_lens``, ``ttfts``, ``latencies``, ``start_times``, ``errors``) in
 seconds, failed requests kept in the lists with output 0 and a non-empty error. ``start_times`` are the simulated
-arrival times (vLLM writes perf_counter() values; readers use them relative to the first). The per-request
-``itls`` lists need each token's time, which a run keeps only with ``keep_token_times``; without them the file has
-no ``itls`` list, and the ITL aggregates come from the run's pooled gaps, which are exact.
+arrival times (vLLM writes perf_counter() values; readers use them relative to the first). The file has no
+per-request ``itls`` lists, with or without ``keep_token_times`` (the request records keep no token times); the ITL
+aggregates come from the run's pooled gaps, which are exact.
 
 A run with request classes adds ``per_class`` (vLLM's format has no classes; readers skip keys they do not know):
 per class name, its ``completed``, throughputs, ``request_goodput`` against the class's own TTFT/TPOT SLOs (null
