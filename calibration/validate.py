@@ -164,12 +164,10 @@ def load_profile(path: str | Path) -> FittedCostModel:
         raise ScenarioError(f"--profile {p}: file not found")
     try:
         return FittedCostModel.from_profile(p)
-    except json.JSONDecodeError as e:
-        raise ScenarioError(f"--profile {p}: not valid JSON: {e}") from None
     except (ValueError, TypeError) as e:  # pydantic's ValidationError is a ValueError
         first = str(e).strip().splitlines()
         msg = " ".join(line.strip() for line in first[:3])
-        if msg.startswith(f"{p}: "):  # from_profile's own message names the file and what it is
+        if msg.startswith(f"{p}: "):  # from_profile's own message names the file and what it is (bad JSON too)
             raise ScenarioError(f"--profile {msg}") from None
         raise ScenarioError(f"--profile {p}: not a calibration profile: {msg}") from None
 

@@ -289,6 +289,7 @@ def test_validation_errors_within_bounds(validated, calibrated, tmp_path) -> Non
 @pytest.mark.parametrize("args, needle", [
     (["--profile", "no/such/profile.json"], "no/such/profile.json: file not found"),
     (["--profile", "{bad}"], "not a calibration profile"),
+    (["--profile", "{notjson}"], "notjson.json: not valid JSON: Expecting property name"),
     (["--profile", "{v9}"], "schema_version 9"),
     (["--profile", "{ok}", "--model", "no-such-model"], "no-such-model"),
     (["--profile", "{ok}", "--model", "llama-3.1-8b"], "measured on tiny"),
@@ -297,7 +298,9 @@ def test_validation_errors_within_bounds(validated, calibrated, tmp_path) -> Non
 def test_validate_bad_input_exits_2(tmp_path: Path, args: list[str], needle: str) -> None:
     (tmp_path / "bad.json").write_text(json.dumps({"schema_version": 2, "coefficients": {"step": -1}}))
     (tmp_path / "v9.json").write_text(json.dumps({"schema_version": 9, "coefficients": {}}))
-    subst = {"{bad}": str(tmp_path / "bad.json"), "{v9}": str(tmp_path / "v9.json"), "{ok}": str(SHIPPED)}
+    (tmp_path / "notjson.json").write_text("{oops")
+    subst = {"{bad}": str(tmp_path / "bad.json"), "{v9}": str(tmp_path / "v9.json"), "{ok}": str(SHIPPED),
+             "{notjson}": str(tmp_path / "notjson.json")}
     args = [subst.get(a, a) for a in args]
     res = CliRunner().invoke(app, ["validate", str(SCENARIO), "--out", str(tmp_path / "out"), *args])
     assert res.exit_code == 2, res.output
