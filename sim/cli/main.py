@@ -686,10 +686,10 @@ def calibrate(
     bench_only = {"--holdout-every": holdout_every != 4, "--holdout-load": holdout_load is not None,
                   "--knobs": bool(knobs), "--scenario": scenario is not None, "--variant": variant is not None,
                   "--profile": engine_profile is not None}
-    for flag, given in (engine_only if from_bench else bench_only).items():
-        if given:
-            _fail(f"{flag} applies to the engine's calibration, not to --from-bench" if from_bench else
-                  f"{flag} applies to --from-bench (fitting benchmark files), not to the engine's calibration")
+    if from_bench:
+        _refuse_given(engine_only, "applies to the engine's calibration, not to --from-bench")
+    else:
+        _refuse_given(bench_only, "applies to --from-bench (fitting benchmark files), not to the engine's calibration")
     if from_bench:
         _calibrate_from_bench(from_bench, model, gpu, out, holdout_every, knobs, scenario, variant,
                               engine_profile, holdout_load)
@@ -797,6 +797,14 @@ def _write_profile(path: Path, text: str) -> None:
     write_atomically(path.parent, {path.name: text})
 
 
+def _refuse_given(options: dict[str, bool], why: str) -> None:
+    """Exit 2 on the first of ``options`` (flag: whether given) that was given, saying that it ``why``: an option
+    of the command's other mode, which this one would drop without a word."""
+    for flag, given in options.items():
+        if given:
+            _fail(f"{flag} {why}")
+
+
 def _files_after(flag_files: list[Path], more: list[Path] | None, flag: str) -> list[Path]:
     """A file-list option's files: those given with the flag, then the positional ones after it (click takes one
     value a flag, so `--against a.json b.json` leaves b.json positional, as a shell glob writes it)."""
@@ -839,9 +847,7 @@ def validate(
         engine_only = {"--num-gpu-blocks": num_gpu_blocks is not None, "--model": model is not None,
                        "--num-requests": num_requests is not None,  # the files' requests are simulated
                        "--device": device != "cpu", "--time-scale": time_scale != 1.0, "--threads": threads is not None}
-        for flag, given in engine_only.items():
-            if given:
-                _fail(f"{flag} applies to the engine replay (validate --profile), not to --against")
+        _refuse_given(engine_only, "applies to the engine replay (validate --profile), not to --against")
         _validate_against(scenario, against, variant, overrides, out, profile)
         return
     if profile is None:
