@@ -25,7 +25,7 @@ BYTES_PER_CACHED_BLOCK = 300  # per touched block with prefix caching (measured 
 MAX_POOL_BLOCKS = 1 << 40  # a pool past this is a typo, not a GPU (an H200 holds ~2^34 one-token fp8 blocks)
 # Requests one run may hold. A long run's finished requests, step log and readers are kept in columns, spilled or
 # read a block at a time (issue 40), so its peak grows by under 1 KB a request: benchmarks/bench_million.py took
-# 662 MB at 1,000,000 requests and 1,819 MB at 3,000,000 (docs/benchmarks.md). This bound keeps a run within a
+# 328 MB at 1,000,000 requests and 745 MB at 3,000,000 (docs/benchmarks.md). This bound keeps a run within a
 # few GB, and refuses a typo of 1e8 up front. (Past 2^20 steps the step log also takes about 0.8 KB a request of
 # disk, in TMPDIR.)
 MAX_REQUESTS = 5_000_000
