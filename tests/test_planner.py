@@ -28,7 +28,7 @@ from sim.loop.run import generate_workload
 from sim.metrics.records import RequestRecord
 from sim.metrics.summary import summarize
 from sim.studies.plan_bounds import WorkloadShape, latency_bounds, work_lower_bound
-from sim.studies.plan_result import Candidate, Evaluation, PlanResult, break_even, output_load
+from sim.studies.plan_result import KEEPS_UP, Candidate, Evaluation, PlanResult, break_even, output_load
 from sim.studies.plan_text import format_plan
 from sim.studies.planner import _resolve, plan, simulate_replicas
 
@@ -264,24 +264,60 @@ def test_cost_per_million_output_tokens() -> None:
     assert e.cost_per_million_output_tokens == pytest.approx(15.0 / 18.0)
 
 
-def _record(i: int, arrival: float, first_token: float, finish: float, tokens: int) -> RequestRecord:
-    return RequestRecord(i, arrival, arrival, first_token, finish, 100, tokens, tokens, 0, "completed", "", 0, -1)
+def _record(i: int, arrival: float, first_token: float, finish: float, tokens: int,
+            scheduled: float | None = None) -> RequestRecord:
+    return RequestRecord(i, arrival, arrival if scheduled is None else scheduled, first_token, finish, 100, tokens,
+                         tokens, 0, "completed", "", 0, -1)
 
 
-@pytest.mark.parametrize("decode_s,served,saturated", [(1.0, 11.0, False), (10.0, 2.5, True)])
-def test_output_load_by_hand(decode_s: float, served: float, saturated: bool) -> None:
-    # Arrivals at 0, 1 and 2 s, 11 output tokens each, the first 0.5 s after arrival, the other 10 evenly over
-    # decode_s. Offered: 2 gaps in 2 s x 11 tokens = 11 tok/s. Second half of the window, (1, 2]: the request
-    # arriving at 2 offers 11 tokens. decode_s 1: request 0 makes tokens 6..11 in it (5), request 1 its first and
-    # 5 more (6): 11 tok/s, it keeps up. decode_s 10: 1.5 -> 2.5 tokens and 0 -> 1.5: 2.5 tok/s, saturated.
-    recs = [_record(i, float(i), i + 0.5, i + 0.5 + decode_s, 11) for i in range(3)]
+@pytest.mark.parametrize("decode_s,wait_s,served,saturated", [(1.0, 0.0, 11.0, False), (10.0, 0.0, 2.5, False),
+                                                             (10.0, 2.0, 1.0, True)])
+def test_output_load_by_hand(decode_s: float, wait_s: float, served: float, saturated: bool) -> None:
+    # Arrivals at 0, 1 and 2 s, 11 output tokens each, request i scheduled wait_s x i after its arrival, its first
+    # token 0.5 s after that, the other 10 evenly over decode_s. Offered: 2 gaps in 2 s x 11 tokens = 11 tok/s.
+    # Second half of the window, (1, 2]: the request arriving at 2 offers 11 tokens. decode_s 1: request 0 makes
+    # tokens 6..11 in it (5), request 1 its first and 5 more (6): 11 tok/s, it keeps up. decode_s 10: 1.5 -> 2.5
+    # tokens and 0 -> 1.5: 2.5 tok/s, but each request is scheduled as it arrives (request 2 at 2): the waiting
+    # queue does not grow, the requests outlive the window, not saturated. wait_s 2: request 1 is scheduled at 3,
+    # request 2 at 6, none in (1, 2] where one arrived, and only request 0 makes a token there (1 tok/s): saturated.
+    recs = [_record(i, float(i), i + wait_s * i + 0.5, i + wait_s * i + 0.5 + decode_s, 11, i + wait_s * i)
+            for i in range(3)]
     load = output_load(SimpleNamespace(requests=recs), run_throughput=7.0)  # type: ignore[arg-type]
     assert load.offered == pytest.approx(11.0) and load.offered_late == pytest.approx(11.0)
+    assert (load.arrived_late, load.scheduled_late) == (1, 0 if wait_s else 1)
     assert load.served == pytest.approx(served) and load.saturated is saturated
     assert load.rate == pytest.approx(served if saturated else 11.0)
     # all at once: no offered rate, so the run's throughput
     assert output_load(SimpleNamespace(requests=[_record(i, 0.0, 1.0, 2.0, 5) for i in range(3)]),  # type: ignore[arg-type]
                        run_throughput=7.0).rate == 7.0
+
+
+@pytest.mark.parametrize("replicas,kv,max_num_seqs,saturated", [(2, "auto", 256, False), (1, "fp8", 64, True)])
+def test_saturated_on_a_short_run(replicas: int, kv: str, max_num_seqs: int, saturated: bool) -> None:
+    # plan-chat at 200 requests: a 6 s half window, shorter than its requests' lifetime (e2el p90 9-14 s), so even
+    # a deployment that keeps up serves below KEEPS_UP of what arrives there. 2 x L40S (fp8 weights, the choice)
+    # keeps up (at 2,000 requests it serves 1.01 of it, 0-2 waiting), was flagged on the output alone (0.82) and
+    # must not be: it schedules 101 of the 103 arriving. One L40S with max_num_seqs 64 cannot (p99 TTFT 2.7 s
+    # here, 50 s at 2,000): 70 of the 103 scheduled, its queue grows, and it stays flagged.
+    raw = yaml.safe_load(Path("scenarios/plan-chat.yaml").read_text())
+    raw["workload"]["num_requests"] = 200
+    raw["slos"] = {"ttft": 60.0}  # so that the cheapest simulated is chosen and its load line printed
+    raw["plan"].update(gpus=["l40s"], tensor_parallel_sizes=[1], weight_dtypes=["fp8"], kv_dtypes=[kv],
+                       max_num_seqs=[max_num_seqs], enable_chunked_prefill=[True], max_gpus=replicas)
+    r = plan(parse_scenario(raw), stop_early=False)
+    (e,) = [e for e in r.simulated if e.candidate.replicas == replicas]
+    assert e.load is not None and e.load.served < KEEPS_UP * e.load.offered_late  # the output ratio alone fires
+    assert e.load.arrived_late == 103
+    assert (e.load.scheduled_late >= KEEPS_UP * 103) is not saturated
+    assert e.saturated is saturated
+    assert e.output_rate == pytest.approx(e.load.served if saturated else e.load.offered)
+    text = format_plan(r)
+    if saturated:
+        assert r.chosen is e
+        assert (f"saturated: serves {e.load.served:,.0f} output tok/s of the {e.load.offered:,.0f} offered and "
+                f"schedules {e.load.scheduled_late} of the 103 requests arriving") in text
+    else:
+        assert r.chosen is not None and "saturated: serves" not in text
 
 
 def _issue35_70b(n: int, **plan_keys: Any) -> dict:

@@ -20,7 +20,16 @@ SLO_METRICS = ("ttft", "tpot", "e2el")
 # Served over offered output rate, in the second half of the arrival window, below this: the deployment cannot keep
 # up. One that keeps up serves what arrives there less the growth of its in-flight work, which fills for about the
 # longest request's latency: plan-chat's 2 x L40S measured 0.90-0.92 at 400 requests, 0.98-1.01 from 1,000 on;
-# one that cannot serves its capacity, a ratio that does not rise with more requests (one L40S: 0.78-0.84).
+# one that cannot serves its capacity, a ratio that does not rise with more requests (one L40S with max_num_seqs
+# 64: 0.61-0.73 at 200 to 2,000 requests).
+# Saturated also needs the waiting queue (vLLM's num_requests_waiting: arrived, not yet scheduled) to grow there, by
+# more than (1 - KEEPS_UP) of the requests arriving, as the run verdict's overload test does (sim/metrics/verdict.py).
+# The output ratio alone cannot tell a short run's filling from overload: with a half window shorter than the
+# requests' lifetime, in-flight work grows in both (plan-chat at 200 requests: 6 s against an e2el p90 of 9-15 s;
+# 2 x L40S served 0.82-0.86 of what arrived though it serves 1.01 at 2,000 requests). Its waiting queue did not
+# grow (101 of the 103 arriving scheduled there), while one L40S with max_num_seqs 64, which cannot keep up (p99
+# TTFT 2.7 s, 50 s at 2,000 requests), scheduled 70. An overload absorbed by a batch still growing (slower decode,
+# no queue yet) is not flagged: the run is too short to show it.
 KEEPS_UP = 0.85
 
 @dataclass(frozen=True, slots=True)
@@ -87,18 +96,23 @@ class OutputLoad:
     ``served`` and ``offered_late``: the output tokens produced, and those of the requests that arrived, in the
     second half of the arrival window, per second; a request's first token counts at ``first_token`` and the rest
     evenly up to its finish. The first half is left out: the server starts empty, so its output lags the arrivals
-    there by about one request's latency whatever its capacity. ``saturated``: served below ``KEEPS_UP`` x
-    offered_late, the queue grows. ``run``: the run's throughput, drain included (the fallback without a window).
+    there by about one request's latency whatever its capacity. ``run``: the run's throughput, drain included (the
+    fallback without a window). ``arrived_late`` and ``scheduled_late``: the requests that arrived, and those first
+    scheduled, in that second half. ``saturated``: served below ``KEEPS_UP`` x offered_late and scheduled below
+    ``KEEPS_UP`` x arrived_late, its output falls behind and its waiting queue grows (why both: ``KEEPS_UP``).
     """
 
     offered: float
     served: float
     offered_late: float
     run: float
+    arrived_late: int = 0
+    scheduled_late: int = 0
 
     @property
     def saturated(self) -> bool:
-        return self.served < KEEPS_UP * self.offered_late
+        return (self.served < KEEPS_UP * self.offered_late
+                and self.scheduled_late < KEEPS_UP * self.arrived_late)
 
     @property
     def rate(self) -> float:
@@ -130,8 +144,10 @@ def output_load(result: RunResult, run_throughput: float) -> OutputLoad:
 
     late = (arrival > mid) & (arrival <= t1)
     half = t1 - mid
+    scheduled = np.array([r.first_scheduled for r in reqs], dtype=np.float64)
+    scheduled_late = int(np.sum((scheduled > mid) & (scheduled <= t1)))  # -1: never scheduled
     return OutputLoad(offered, (produced_by(t1) - produced_by(mid)) / half, float(target[late].sum()) / half,
-                      run_throughput)
+                      run_throughput, int(late.sum()), scheduled_late)
 
 
 @dataclass(slots=True)

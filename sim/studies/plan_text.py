@@ -25,8 +25,9 @@ def _load_text(e: Evaluation) -> str:
     if load is None or not math.isfinite(load.offered):
         return f"{e.output_throughput:,.0f} output tok/s over the run (no offered rate: closed loop or all at once)"
     if load.saturated:
-        return (f"saturated: serves {load.served:,.0f} output tok/s of the {load.offered:,.0f} offered (second half "
-                "of the arrival window), it cannot keep up")
+        return (f"saturated: serves {load.served:,.0f} output tok/s of the {load.offered:,.0f} offered and schedules "
+                f"{load.scheduled_late:,} of the {load.arrived_late:,} requests arriving (second half of the arrival "
+                "window), it cannot keep up")
     return (f"carries the offered {load.offered:,.0f} output tok/s (the run's {load.run:,.0f} counts the drain "
             "after the last arrival)")
 
