@@ -79,6 +79,22 @@ def test_gamma_rate_and_cv(cv: float) -> None:
     assert gaps.std() / gaps.mean() == pytest.approx(cv, rel=0.05)
 
 
+@pytest.mark.parametrize("cv", [1e155, 1e-155, 1e300, 1e-200])
+def test_gamma_cv_past_a_float_shape_is_refused(cv: float) -> None:
+    # Before: cv 1e155 overflowed cv**2 (OverflowError traceback), 1e-200 divided by zero (ZeroDivisionError) and
+    # 1e-155 made the shape inf, so every gap was nan and all requests arrived at time 0 with exit 0.
+    with pytest.raises(ValidationError, match="cv"):
+        workload({"type": "gamma", "rate": 1.0, "cv": cv}, n=10)
+
+
+@pytest.mark.parametrize("cv", [1e-6, 1e6])
+def test_gamma_cv_at_its_bounds_runs(cv: float) -> None:
+    t = times({"type": "gamma", "rate": 2.0, "cv": cv}, n=10)
+    assert np.isfinite(t).all()
+    if cv < 1:  # shape 1e12: a clock of 0.5 s gaps
+        np.testing.assert_allclose(np.diff(t, prepend=0.0), 0.5, rtol=1e-4)
+
+
 def test_constant_and_all_at_once_are_exact() -> None:
     t = arrivals(workload({"type": "constant", "rate": 4.0}, n=1000).generate(rng()))
     np.testing.assert_array_equal(t, np.arange(1, 1001) / 4.0)
@@ -108,6 +124,8 @@ def test_closed_loop_users_and_think_times() -> None:
         ({"type": "constant", "rate": 1e-9}, "constant 1e-09 req/s: the last of 10 requests arrives at 1e+10 s"),
         ({"type": "closed_loop", "num_users": 2, "think_time": {"type": "fixed", "value": 1e300}},
          "think times add up to 5e+300 s"),
+        # Before: a zero gamma draw times an infinite scale made every gap nan, and all 10 requests ran at time 0.
+        ({"type": "gamma", "rate": 1e-300, "cv": 1e6}, "cv 1e+06: the last of 10 requests arrives at no finite time"),
     ],
 )
 def test_arrivals_past_the_clock_s_resolution_are_refused(arrival: dict[str, Any], named: str) -> None:

@@ -6,6 +6,7 @@ arrives after i inter-arrival gaps, so ``constant`` with rate r sends at 1/r, 2/
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Literal
 
 import numpy as np
@@ -117,13 +118,18 @@ class GammaArrival(FrozenInputModel):
 
     type: Literal["gamma"] = "gamma"
     rate: Float = Field(gt=0, allow_inf_nan=False, description="Mean request rate in requests per second.")
+    # Bounded so that the shape 1/cv^2 stays a finite positive float: past 1e154 cv**2 overflowed (a traceback) and
+    # below 1e-154 the shape became inf (nan gaps: every request at time 0). 1e-6 is a clock, 1e6 one burst.
     cv: Float = Field(
-        gt=0, allow_inf_nan=False, description="Coefficient of variation of the gaps (std / mean), unitless."
+        ge=1e-6, le=1e6, allow_inf_nan=False,
+        description="Coefficient of variation of the gaps (std / mean), unitless.",
     )
 
     def times(self, rng: np.random.Generator, n: int) -> np.ndarray:
         shape = 1.0 / self.cv**2  # mean shape*scale = 1/rate, cv = 1/sqrt(shape)
-        return np.cumsum(rng.gamma(shape, 1.0 / (self.rate * shape), size=n))
+        # a rate so small that rate * shape underflows to 0 has an infinite mean gap: the generator refuses it
+        scale = 1.0 / (self.rate * shape) if self.rate * shape > 0 else math.inf
+        return np.cumsum(rng.gamma(shape, scale, size=n))
 
     def describe(self) -> str:
         return f"gamma {fmt_g(self.rate)} req/s, cv {fmt_g(self.cv)}"

@@ -16,6 +16,7 @@ prefix shorter than one block therefore shares nothing.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -239,9 +240,11 @@ class Workload(FrozenInputModel):
                 prompt = self.prompt_len.sample(prompt_rng, n)
                 output = self.output_len.sample(output_rng, n)
 
-        if n and float(times[-1]) > MAX_ARRIVAL_S:
+        last = float(times[-1]) if n else 0.0
+        if not last <= MAX_ARRIVAL_S:  # nan too (an infinite gap times a zero draw): never "all at time 0"
+            when = "no finite time" if math.isnan(last) else f"{last:.3g} s"
             raise ValueError(
-                f"{arrival.describe()}: the last of {n} requests arrives at {float(times[-1]):.3g} s, past the "
+                f"{arrival.describe()}: the last of {n} requests arrives at {when}, past the "
                 f"{MAX_ARRIVAL_S:.0e} s a run may span (at that clock a step's milliseconds are lost to rounding); "
                 "raise the rate or lower the time scale"
             )
