@@ -297,3 +297,50 @@ def test_lof_starts_the_longest_outputs_first_and_shortens_an_offline_batch() ->
     mean_e2el = {n: float(np.mean([r.finish - r.arrival for r in reqs])) for n, reqs in runs.items()}
     assert makespan["lof"] < makespan["fcfs"] and makespan["lof"] < makespan["sjf"], makespan
     assert mean_e2el["sjf"] < mean_e2el["fcfs"] < mean_e2el["lof"], mean_e2el
+
+
+def test_vtc_tenant_weights_naming_no_tenant_is_refused() -> None:
+    """``tenant_weights: {chat-ap: 3}`` where the workload's tenant is ``chat-app``: a typo that left every tenant at
+    weight 1, so the run went on as plain VTC and said nothing. It is refused before anything runs, naming the key,
+    the tenant and the workload's tenants (exit 2 from the CLI); a weight for a tenant that is there still runs."""
+    from sim.config.scenario import ScenarioError, parse_scenario
+    from sim.loop.run import prepare_scenario
+
+    raw = {
+        "seed": 0,
+        "workload": {"arrival": {"type": "poisson", "rate": 5.0}, "num_requests": 20, "prompt_len": {"type": "fixed",
+                     "value": 100}, "output_len": {"type": "fixed", "value": 20},
+                     "classes": [{"name": "chat", "share": 0.5, "tenant": "chat-app"},
+                                 {"name": "batch", "share": 0.5, "tenant": "batch-jobs"}]},
+        "deployment": {"model": "llama-3.1-8b", "gpu": "a100-80gb", "max_model_len": 4096},
+        "variants": [{"name": "fcfs", "policy": {"type": "fcfs"}},
+                     {"name": "fair", "policy": {"type": "vtc", "tenant_weights": {"chat-ap": 3}}}],
+    }
+    with pytest.raises(ScenarioError) as e:
+        prepare_scenario(parse_scenario(raw))
+    assert str(e.value) == ("scenario: variant 'fair': policy.tenant_weights: no request has the tenant 'chat-ap' "
+                            "(the workload's tenants: 'batch-jobs', 'chat-app')")
+    raw["variants"][1]["policy"]["tenant_weights"] = {"chat-app": 3}
+    prepare_scenario(parse_scenario(raw))
+    raw["workload"]["num_requests"] = 1  # a class's tenant that this small draw missed is still a tenant
+    raw["variants"][1]["policy"]["tenant_weights"] = {"chat-app": 3, "batch-jobs": 2}
+    prepare_scenario(parse_scenario(raw))
+
+
+@pytest.mark.parametrize("command", [["run"], ["engine", "run", "--device", "cpu", "--model", "tiny"]])
+def test_vtc_tenant_weights_naming_no_tenant_exits_2_on_both_engines(tmp_path, command: list[str]) -> None:
+    """The simulator and the real engine refuse the same typo with the same one line, before any run."""
+    from typer.testing import CliRunner
+
+    from sim.cli.main import app
+
+    spec = tmp_path / "s.yaml"
+    spec.write_text("workload: {arrival: {type: poisson, rate: 5}, num_requests: 10, prompt_len: {type: fixed, "
+                    "value: 20}, output_len: {type: fixed, value: 4},\n  classes: [{name: a, share: 1, tenant: "
+                    "chat-app}]}\npolicy: {type: vtc, tenant_weights: {chat-ap: 3}}\n")
+    out = tmp_path / "out"
+    res = CliRunner().invoke(app, [*command, str(spec), "--out", str(out)])
+    assert res.exit_code == 2, res.output
+    assert res.stderr.endswith("variant 'scenario': policy.tenant_weights: no request has the tenant 'chat-ap' "
+                               "(the workload's tenants: 'chat-app')\n"), res.stderr
+    assert not out.exists()

@@ -451,7 +451,7 @@ def engine_run(
     """Replay the scenario's workload on the real engine, every variant in turn; write the same run folder as
     `servesim run` (with measured step durations) plus memory.csv, and texts.jsonl with real weights."""
     from sim.config.scenario import slos_of, variant_configs
-    from sim.loop.run import generate_workload
+    from sim.loop.run import check_workload_fits_policy, generate_workload
     from sim.metrics.summary import summarize
     from sim.output.run_folder import format_table
 
@@ -476,6 +476,8 @@ def engine_run(
             if cfg.disaggregation is not None and quant is not None:
                 raise ScenarioError(f"variant {cfg.name!r}: the disaggregated engine runs unquantized weights")
         wls = {cfg.name: generate_workload(sc, cfg.workload) for cfg in cfgs}
+        for cfg in cfgs:
+            check_workload_fits_policy(sc, cfg, wls[cfg.name])
     except ScenarioError as e:
         _fail(str(e))
         return

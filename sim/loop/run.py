@@ -243,6 +243,16 @@ def _cluster_simulation(cfg, workload, *, keep_token_times, fast_path, progress)
     return sim, costs, built
 
 
+def check_workload_fits_policy(sc: Scenario, cfg: VariantConfig, workload: GeneratedWorkload) -> None:
+    """Refuse a policy whose parameters name what the workload lacks (VTC's tenant_weights a tenant that no class
+    declares and no request has), which only the drawn requests can tell for a trace's tenant column."""
+    check = getattr(cfg.policy, "check_tenants", None)
+    classes = (cfg.workload or sc.workload).classes or []
+    why = check(workload.requests, [c.tenant for c in classes]) if check is not None else None
+    if why is not None:
+        raise ScenarioError(f"variant {cfg.name!r}: {why}")
+
+
 def workload_key(sc: Scenario, cfg: VariantConfig) -> str:
     """What identifies a drawn workload: variants with equal keys replay the very same requests."""
     return (cfg.workload or sc.workload).model_dump_json()
@@ -295,6 +305,7 @@ def prepare_scenario(
                 key = workload_key(sc, cfg)
                 if key not in workloads:
                     workloads[key] = generate_workload(sc, cfg.workload)
+                check_workload_fits_policy(sc, cfg, workloads[key])
         except ScenarioError as e:
             raise ScenarioError(f"{where}: {e}") from None
         plans.append((point, sc, [dataclasses.replace(c, params=point) for c in cfgs]))

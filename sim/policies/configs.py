@@ -8,6 +8,7 @@ Adding a policy kind touches its class here and the ``PolicyConfig`` union below
 from __future__ import annotations
 
 from abc import abstractmethod
+from collections.abc import Iterable
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import ConfigDict, Field, PrivateAttr, model_validator
@@ -345,6 +346,20 @@ class VTCPolicyConfig(_BuiltinQueueConfig):
     tenant_weights: dict[str, Annotated[Float, Field(gt=0, le=1e6)]] = Field(
         default_factory=dict, description="Each tenant's share (> 0; tenants not named weigh 1): backlogged tenants "
         "are served in proportion.")
+
+    def check_tenants(self, requests: Iterable[Any], declared: Iterable[str] = ()) -> str | None:
+        """Why ``tenant_weights`` does not fit the workload, or None: a tenant it names that neither a class
+        declares nor a request has (a typo of one that is there) would leave every tenant at weight 1, and the run
+        would say nothing. A declared tenant that a small draw happened to miss is fine."""
+        if not self.tenant_weights:
+            return None
+        tenants = {r.tenant for r in requests} | set(declared)
+        missing = sorted(set(self.tenant_weights) - tenants)
+        if not missing:
+            return None
+        have = ", ".join(repr(t) for t in sorted(tenants - {""})) or "none: give a class a tenant:, or a trace a " \
+            "tenant column"
+        return f"policy.tenant_weights: no request has the tenant {missing[0]!r} (the workload's tenants: {have})"
 
     def make(self) -> Any:
         from sim.policies.vtc import VirtualTokenCounter

@@ -233,6 +233,7 @@ def load_spec(path: str | os.PathLike) -> Tournament:
 def check_spec(spec: TournamentSpec, *, base: Path, source: str, name: str) -> Tournament:
     """The spec against its scenario: the load key, each policy built, the fitness keys' needs."""
     from sim.loop.build import build
+    from sim.loop.run import check_workload_fits_policy, generate_workload
 
     overrides = {} if spec.num_requests is None else {"workload.num_requests": spec.num_requests}
     if isinstance(spec.scenario, str):
@@ -262,7 +263,10 @@ def check_spec(spec: TournamentSpec, *, base: Path, source: str, name: str) -> T
         where = f"{source}: policies.{pname}"
         try:
             one = parse_scenario({**common, **holder}, source=where)
-            build(variant_configs(one)[0])
+            cfg = variant_configs(one)[0]
+            build(cfg)
+            if getattr(cfg.policy, "tenant_weights", None):  # names tenants: the requests must have them
+                check_workload_fits_policy(one, cfg, generate_workload(one))
         except ScenarioError as e:
             raise ScenarioError(str(e) if str(e).startswith(where) else f"{where}: {e}") from None
         variants.append({"name": pname, **holder})
