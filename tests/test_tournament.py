@@ -125,6 +125,8 @@ BAD = [
     (NVC + "policies: {a: {type: continuous}}\nloads: {multiplier: [1, 1]}\n", "loads must differ"),
     (NVC + ONE + "seeds: [-1]\n", "seeds must be distinct"),
     (NVC + ONE + "fitness: {weights: {jain_index: 1}}\n", "jain_index: the scenario's requests have no tenants"),
+    (inline("{type: trace, trace: azure-conv, end: 20}") + ONE + "fitness: {weights: {jain_index: 1}}\n",
+     "jain_index: the scenario's requests have no tenants (a class's tenant:, or a trace's tenant column)"),
     (NVC + "policies: {a: {type: vtc, tenant_weights: {chat-ap: 3}}}\nloads: {multiplier: [1]}\n",
      "policies.a: variant 'naive-vs-continuous': policy.tenant_weights: no request has the tenant 'chat-ap'"),
     (inline("{type: poisson, rate: 2}") + ONE + "fitness: {weights: {goodput: 1}}\n",

@@ -276,8 +276,11 @@ def check_spec(spec: TournamentSpec, *, base: Path, source: str, name: str) -> T
     for k in _NEEDS_SLOS:
         if weights.get(k) and not has_slos:
             raise _fail(source, f"fitness.weights.{k}: the scenario has no SLOs (slos:, or a class's slo:)")
-    if weights.get("jain_index") and not any(c.tenant for c in classes) and not isinstance(arrival, TraceArrival):
-        raise _fail(source, "fitness.weights.jain_index: the scenario's requests have no tenants (a class's tenant:)")
+    # a trace's tenants are its column's, known once read: without any, every policy scored 0 and "won" tied
+    if weights.get("jain_index") and not any(c.tenant for c in classes) and not (
+            isinstance(arrival, TraceArrival) and any(r.tenant for r in generate_workload(sc).requests)):
+        raise _fail(source, "fitness.weights.jain_index: the scenario's requests have no tenants (a class's tenant:, "
+                    "or a trace's tenant column)")
     t_raw = {**common, "variants": variants, "sweep": {key: rates, "seed": list(spec.seeds)}}
     scenario = parse_scenario(t_raw, source=source)
     extra = ["fairness.jain_index", *ANOMALIES, WORKLOAD]
