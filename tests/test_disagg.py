@@ -10,11 +10,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from pydantic import ValidationError
 
 from sim.config.scenario import json_schema, load_scenario, parse_scenario, variant_configs
 from sim.config.schema import ScenarioError
 from sim.hardware.models import ModelSpec
-from sim.loop.disagg.config import LINK_PRESETS, DisaggConfig
+from sim.loop.disagg.config import LINK_PRESETS, DisaggConfig, KVLinkConfig
 from sim.loop.disagg.kv_transfer import KVLink, kv_bytes
 from sim.loop.run import generate_workload, run_scenario, simulate_variant
 
@@ -142,6 +143,15 @@ def test_bad_disaggregation_input_is_one_clear_error(tmp_path: Path) -> None:
                               capture_output=True, text=True, cwd=ROOT)
         assert proc.returncode == 2, proc.stderr
         assert needle in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("gbps", [1e-300, 1e-4, 0.0])
+def test_a_kv_link_slower_than_1_mb_s_is_refused(gbps: float) -> None:
+    # Before: bandwidth_gbps 1e-300 ran (exit 0) with transfers of 2.7e300 s, past which every decode step was
+    # lost to rounding: TPOT p50 0.0 ms and E2EL p50 2.7e300 s for 40 completed requests.
+    with pytest.raises(ValidationError, match="bandwidth_gbps"):
+        KVLinkConfig(bandwidth_gbps=gbps)
+    assert KVLinkConfig(bandwidth_gbps=1e-3).bandwidth == 1e6
 
 
 def test_schema_has_the_section() -> None:
