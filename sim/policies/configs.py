@@ -13,6 +13,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import ConfigDict, Field, PrivateAttr, model_validator
 
+from sim.config.errors import PASS_THROUGH
 from sim.config.input_model import Float, InputModel, Int
 from sim.engines.costs import omit_when_unset
 from sim.policies.base import Admission, Limits, Policy
@@ -270,7 +271,7 @@ class UserClassConfig(PolicyModel):
         try:
             obj = call_user(f"cls {self.cls}: {what}", lambda: copy.deepcopy(self.instance) if self.instance
                             is not None else self._cls(**self.args), wrap=False)
-        except (PolicyError, KeyboardInterrupt):
+        except (PolicyError, *PASS_THROUGH):
             raise
         except BaseException as e:  # not only Exception: sys.exit, GeneratorExit, a library's own BaseException
             raise ValueError(f"cls {self.cls}: {what} {exception_text(e)}") from None

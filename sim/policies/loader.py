@@ -15,6 +15,8 @@ import traceback
 from pathlib import Path
 from types import ModuleType
 
+from sim.config.errors import PASS_THROUGH
+
 
 def exception_text(e: BaseException) -> str:
     """``raised Name: message`` for an exception from a user's code, or the ``sys.exit`` it called; never raises (a
@@ -40,8 +42,9 @@ def _module_from_file(path: Path) -> ModuleType:
     sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
-    except KeyboardInterrupt:
-        raise  # Ctrl-C, or the watchdog stopping an import that never returns (sim/policies/watchdog.py)
+    except PASS_THROUGH:
+        # Ctrl-C, the watchdog stopping an import that never returns (sim/policies/watchdog.py), a study's time budget
+        raise
     except BaseException as e:  # not only Exception: sys.exit, GeneratorExit, a library's own BaseException
         del sys.modules[name]
         frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename == str(path)]
@@ -65,7 +68,7 @@ def load_class(spec: str) -> type:
             module = importlib.import_module(target)
         except ModuleNotFoundError as e:
             raise ValueError(f"{target}: no such module ({e})") from None
-        except KeyboardInterrupt:
+        except PASS_THROUGH:
             raise
         except BaseException as e:
             raise ValueError(f"{target}: importing it {exception_text(e)}") from None

@@ -26,7 +26,7 @@ from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
-from sim.config.errors import ScenarioError
+from sim.config.errors import PASS_THROUGH, ScenarioError, ServesimStop
 from sim.policies import api
 from sim.policies.base import Admission, Limits, Policy, View
 from sim.policies.base import Plan as CorePlan
@@ -77,6 +77,8 @@ def call_user(what: str, fn: Any, *args: Any, wrap: bool = True) -> Any:
         w.fired = False
         raise PolicyError(f"{what} did not return within {w.limit:g} s ({LIMIT_ENV} sets the limit); "
                           f"stopped in\n{_user_frames(e, exception=False)}") from None
+    except ServesimStop:
+        raise
     except BaseException as e:  # not only Exception: sys.exit, GeneratorExit, a library's own BaseException
         if not wrap:
             raise
@@ -88,7 +90,7 @@ def call_user(what: str, fn: Any, *args: Any, wrap: bool = True) -> Any:
 def _call_plain(what: str, fn: Any, args: tuple) -> Any:
     try:
         return fn(*args)
-    except (PolicyError, KeyboardInterrupt):
+    except (PolicyError, *PASS_THROUGH):
         raise
     except BaseException as e:  # not only Exception: sys.exit, GeneratorExit, a library's own BaseException
         raise _raised(what, e) from None

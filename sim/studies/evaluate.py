@@ -57,7 +57,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from sim.config.errors import ScenarioError
+from sim.config.errors import ScenarioError, ServesimStop
 from sim.policies import api
 from sim.studies.eval_worker import KEPT, run_forked
 from sim.workload.generator import GeneratedWorkload
@@ -284,9 +284,9 @@ def _user_error(e: BaseException) -> str:
 
 # ---- running ------------------------------------------------------------------------------------------------------
 
-class _TimeUp(BaseException):
-    """The CPU-time budget ran out. A BaseException, so that no ``except Exception`` on the way (the policy
-    adapter's among them) turns it into a policy error."""
+class _TimeUp(ServesimStop):
+    """The CPU-time budget ran out. A ServesimStop, so that nothing on the way (the policy adapter's wrappers
+    among them, which catch every BaseException a user's code raises) turns it into a policy error."""
 
 
 @contextmanager
