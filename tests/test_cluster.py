@@ -217,6 +217,16 @@ def test_bad_cluster_settings_are_refused() -> None:
         parse_scenario(scenario(inverted))
 
 
+@pytest.mark.parametrize(("signal", "scale_up"), [("busy", 70.0), ("compute", 1.0), ("busy", 1.5)])
+def test_a_share_signal_above_1_is_refused(signal: str, scale_up: float) -> None:
+    # Before: busy and compute never exceed 1, so scale_up 70 (meant as 70%) or 1.0 loaded and never scaled up
+    auto = {"signal": signal, "scale_up": scale_up, "scale_down": 0.2}
+    with pytest.raises(ScenarioError, match=rf"cluster.autoscaler: scale_up \({scale_up}\): the {signal} signal"):
+        parse_scenario(scenario({"replicas": 1, "autoscaler": auto}))
+    # kv_usage counts the blocks queued prompts need too, so it passes 1 under overload: 1.5 stays allowed
+    parse_scenario(scenario({"replicas": 1, "autoscaler": {**auto, "signal": "kv_usage"}}))
+
+
 def test_report_shows_the_fleet_over_time() -> None:
     from sim.output.report import build_report, fig_replicas
 

@@ -229,6 +229,11 @@ class AutoscalerSection(_Model):
         # checked here so that a bad range fails at load (exit 2), not as the cluster is built
         if not self.scale_down < self.scale_up:
             raise ValueError(f"scale_down ({self.scale_down}) must be below scale_up ({self.scale_up})")
+        # busy and compute are shares of at most 1 and the autoscaler adds a replica when the signal is strictly
+        # above scale_up: at 1 or more (70 for 70%) it never scaled up, and the run said nothing
+        if self.signal in ("busy", "compute") and not self.scale_up < 1:
+            raise ValueError(f"scale_up ({self.scale_up}): the {self.signal} signal is a share of at most 1 and "
+                             "must rise above it, so scale_up must be below 1 (70% is 0.7)")
         if self.min_replicas > self.max_replicas:
             raise ValueError(f"min_replicas ({self.min_replicas}) must be <= max_replicas ({self.max_replicas})")
         return self
