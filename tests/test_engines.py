@@ -161,7 +161,7 @@ def test_tgi_max_input_tokens_bounds_the_prompt_apart() -> None:
                    ContinuousPolicy(limits=lim, no_evict=True), PagedBlockManager(256, 16), cost=ConstCost())
     first, second = run.requests[0], run.requests[1]
     assert (first.outcome, second.outcome) == (Outcome.COMPLETED, Outcome.REJECTED)
-    assert second.reason == "prompt 901 tokens exceeds max_prompt_len 900"
+    assert second.reason == "prompt 901 tokens exceeds the engine's max_input_tokens 900"
     # with preemption a recomputed sequence may be max_model_len long: the bound then does not lift the check
     with pytest.raises(ValueError, match="max_model_len 1024 exceeds max_num_batched_tokens 950"):
         ContinuousPolicy(limits=lim)

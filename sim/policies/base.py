@@ -67,7 +67,7 @@ class Admission:
         if req.max_len > limits.max_model_len:
             return f"prompt+output {req.max_len} tokens exceeds max_model_len {limits.max_model_len}"
         if limits.max_prompt_len is not None and req.prompt_len > limits.max_prompt_len:
-            return f"prompt {req.prompt_len} tokens exceeds max_prompt_len {limits.max_prompt_len}"
+            return f"prompt {req.prompt_len} tokens exceeds the engine's max_input_tokens {limits.max_prompt_len}"
         if not kv.can_ever_fit(req):
             return f"needs more KV than the whole cache ({kv.num_blocks} blocks of {kv.block_size} tokens)"
         if self.max_queue_len is not None and len(view.waiting) >= self.max_queue_len:
