@@ -403,6 +403,9 @@ def apply_override(d: dict[str, Any], key: str, value: Any) -> None:
         raise ScenarioError(f"{key!r}: empty part in a dotted key")
     parts = _current_bound_name(d, parts)
     key = ".".join(parts)
+    if parts[0] in _VARIANT_ONLY:
+        _set_in_variants(d, parts, value)
+        return
     problem = unknown_key(Scenario, parts, d)
     if problem is not None:
         raise ScenarioError(problem)
@@ -439,6 +442,33 @@ def apply_override(d: dict[str, Any], key: str, value: Any) -> None:
                 if rest == ["type"]:
                     _retype(tp, section)
                 used = True
+    if not used:
+        raise ScenarioError(f"{key}: no variant's {head} has the key {rest[-1]!r}")
+
+
+# sections a variant may have and the defaults may not (the file refuses a default disaggregation): --set reaches
+# the variants that have one, as it reaches those whose policy has a key
+_VARIANT_ONLY = tuple(k for k in Variant.model_fields if k not in Scenario.model_fields)
+
+
+def _set_in_variants(d: dict[str, Any], parts: list[str], value: Any) -> None:
+    """Set ``parts`` (under a section only variants have) in every variant whose section has it."""
+    key, head, rest = ".".join(parts), parts[0], parts[1:]
+    if not rest:
+        raise ScenarioError(f"{key}: a section of each variant; set one of its keys (e.g. {head}.kv_link.kind)")
+    sections = [v[head] for v in d.get("variants") or [] if isinstance(v, dict) and isinstance(v.get(head), dict)]
+    problem = unknown_key(Variant, parts, None)
+    if problem is not None:
+        raise ScenarioError(problem)
+    if not sections:
+        raise ScenarioError(f"{key}: no variant has a {head} section")
+    tp = field_type(Variant, head)
+    used = False
+    for section in sections:
+        if has_path(tp, section, rest):
+            _fill_defaults(tp, section, rest)
+            set_path(section, ".".join(rest), value)
+            used = True
     if not used:
         raise ScenarioError(f"{key}: no variant's {head} has the key {rest[-1]!r}")
 

@@ -301,8 +301,8 @@ class Variant(_Model):
 
 # what a sweep may vary: a section's key, or the seed (a sweep over seeds gives the seed-to-seed spread; every
 # variant at one seed still replays the same requests); the cluster's keys make a cluster study (replicas x router
-# x load) one sweep
-_SWEEP_HEADS = ("workload", "deployment", "kv_cache", "policy", "admission", "cluster", "seed")
+# x load) one sweep; disaggregation (a section only variants have) reaches the variants that have one
+_SWEEP_HEADS = ("workload", "deployment", "kv_cache", "policy", "admission", "cluster", "disaggregation", "seed")
 
 
 class Scenario(_Model):
@@ -321,8 +321,8 @@ class Scenario(_Model):
     sweep: dict[str, list[Any]] | None = Field(
         default=None,
         description="Grid over parameters: dotted path -> values, e.g. {policy.max_num_seqs: [8, 32]}; paths "
-        "start with workload, deployment, kv_cache, policy, admission or cluster (or are the seed) and apply to "
-        "every variant.",
+        "start with workload, deployment, kv_cache, policy, admission, cluster or disaggregation (or are the "
+        "seed) and apply to every variant that has the key.",
     )
     keep_token_times: bool = Field(default=False, description="Keep every token's timestamp on the requests (memory!).")
     plan: PlanConfig | None = Field(default=None, description="Search space and API price for `servesim plan`.")
@@ -348,7 +348,7 @@ class Scenario(_Model):
                 raise ValueError(f"key {key!r} must start with {', '.join(_SWEEP_HEADS)}")
             if any(not p for p in parts):
                 raise ValueError(f"key {key!r}: empty part in a dotted key (e.g. policy.max_num_seqs)")
-            problem = unknown_key(Scenario, parts, None)
+            problem = unknown_key(Variant if parts[0] not in cls.model_fields else Scenario, parts, None)
             if problem is not None:
                 raise ValueError(problem)
             if not values:
