@@ -286,3 +286,21 @@ def test_a_failed_write_leaves_the_previous_profile_whole(tmp_path: Path) -> Non
                        env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=tmp_path, timeout=300, preexec_fn=small_files)
     assert r.returncode == 2 and f"error: --out {out}: cannot write" in r.stderr, r.stderr
     assert out.read_text() == before and sorted(p.name for p in tmp_path.iterdir()) == ["k.json", "r4.json", "r8.json"]
+
+
+def test_a_file_given_twice_is_refused(tmp_path: Path) -> None:
+    # Before: the same file under two spellings was read twice and the fit weighted it double (exit 0, "fitted
+    # on 2 runs"); validate --against compared it twice.
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    files = two_rate_files(tmp_path)
+    again = ["--from-bench", f"./{Path(files[1]).name}"]
+    r = subprocess.run([sys.executable, "-m", "sim.cli.main", "calibrate", *files, *again, "--gpu", "a100-80gb",
+                        "--scenario", str(DATA / "scenario.yaml"), "--holdout-every", "0", "-o", "k.json"],
+                       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert (r.returncode, r.stderr) == (2, f"error: r4.json: given twice (also as {files[1]})\n")
+    assert not (tmp_path / "k.json").exists()
+    r = subprocess.run([sys.executable, "-m", "sim.cli.main", "validate", str(DATA / "scenario.yaml"), "--against",
+                        files[1], files[1], "--out", "v"], capture_output=True, text=True, env=env, cwd=tmp_path,
+                       timeout=300)
+    assert (r.returncode, r.stderr) == (2, f"error: {files[1]}: given twice\n")
+    assert not (tmp_path / "v").exists()

@@ -37,8 +37,14 @@ _PCT = re.compile(r"^p(\d+(?:\.\d+)?)_")
 def read_bench_files(paths: list[str | Path]) -> list[BenchRun]:
     """Every run of every file, the format detected from the content."""
     runs: list[BenchRun] = []
+    seen: dict[Path, Path] = {}
     for path in paths:
         p = Path(path)
+        # a file given twice (a.json and ./a.json, or two globs that overlap) was read twice: a fit weighted it
+        # double, a validation compared it twice
+        first = seen.setdefault(p.resolve(), p)
+        if first is not p:
+            raise BenchFileError(f"{p}: given twice" + (f" (also as {first})" if str(first) != str(p) else ""))
         try:
             data = json.loads(p.read_text())
         except FileNotFoundError:
