@@ -62,10 +62,10 @@ vLLM 0.11 (and an unstated version) runs on the ``vllm-v1`` preset, 0.5 on ``vll
 the GPU). Nothing is fitted to a row; the power model's one fitted constant (sim/costs/energy.py's
 MEMORY_POWER_SHARE) was fitted to v3.0's published mean power, not its joules. Beside each J/token error the power
 and throughput errors say which side is wrong, the published and simulated steady-state batches (``avg_batch_size``,
-vLLM's running requests) whether the simulated KV holds what vLLM's held, and the summary splits each group's
-J/token error into the two (``breakdown``). ``--step-gaps`` prints instead, without simulating, each row's decode
-step (average batch / output tok/s) against the roofline's and the time per row the roofline misses
-(sim/engines/vllm_v1.py reads it).
+vLLM's running requests) whether the simulated KV holds what vLLM's held; then each source's rows sorted by their
+J/token error (``by_source``), and the summary splits each group's J/token error into the two (``breakdown``).
+``--step-gaps`` prints instead, without simulating, each row's decode step (average batch / output tok/s) against
+the roofline's and the time per row the roofline misses (sim/engines/vllm_v1.py reads it).
 
 Then the shape the issue asks for, on a closed loop: J/token against batch size (1 to 256) and output length
 (128 to 4096 tokens at batch 32), and B200 against H100 at batch 64.
@@ -332,6 +332,21 @@ def breakdown(errs: list[Err]) -> None:
         print(line(key, sel))
 
 
+def by_source(errs: list[Err]) -> None:
+    """Each source's rows, sorted by their J/token error (most negative first), with their power and throughput
+    errors: where a source's misses sit (which models, batches and tasks) and which way each goes, before the
+    medians pool them."""
+    sources = sorted({x[0]["source"] for x in errs})
+    for source in sources:
+        sel = sorted((x for x in errs if x[0]["source"] == source), key=lambda x: x[1])
+        print(f"\n{source}: {len(sel)} rows, J/token median |error| {100 * _median([abs(x[1]) for x in sel]):.1f}% "
+              f"(signed {100 * _median([x[1] for x in sel]):+.1f}%), sorted by J error")
+        for row, j, w, t in sel:
+            print(f"  {row['model']:15s} {row['gpu']:>8s} x{row['num_gpus']:<2s} batch {row['batch_size']:>5s} "
+                  f"{row['task'][:18]:18s} max-model-len {row.get('max_model_len') or '-':>6s} "
+                  f"J {_pct(j)}  W {_pct(w)}  tok/s {_pct(t)}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", default="", help="rows whose source, model, GPU or task contain this")
@@ -363,6 +378,7 @@ def main() -> None:
               f"(vLLM's KV held fewer requests): {'; '.join(fuller)}")
 
     if errs:
+        by_source(errs)
         breakdown(errs)
     if args.no_shape:
         return

@@ -483,6 +483,19 @@ def test_the_energy_breakdown_splits_the_error_into_power_and_time(capsys: pytes
     assert cols == ["1", "50.0%", "-50.0%", "+0.0%", "+100.0%", "50.0%", "0.0%", "100%"]
 
 
+def test_the_energy_rows_print_by_source_sorted_by_their_j_error(capsys: pytest.CaptureFixture[str]) -> None:
+    bench = _bench_energy()
+    rows = [{"source": s, "gpu": "b200", "num_gpus": "1", "task": "chat", "model": m, "batch_size": b,
+             "max_model_len": "2048"} for s, m, b in (("B", "m1", "8"), ("A", "m2", "16"), ("B", "m3", "32"))]
+    bench.by_source([(rows[0], 0.2, 0.1, -0.1), (rows[1], 0.05, 0.0, -0.05), (rows[2], -0.3, -0.2, 0.1)])
+    out = capsys.readouterr().out
+    # the sources in name order, each source's rows from the most negative J error up, with the source's medians
+    assert out.index("A: 1 rows") < out.index("B: 2 rows") < out.index("m3") < out.index("m1")
+    assert "B: 2 rows, J/token median |error| 25.0% (signed -5.0%)" in out
+    assert ("m3                  b200 x1  batch    32 chat               max-model-len   2048 J  -30.0%  W  -20.0%  "
+            "tok/s  +10.0%") in out
+
+
 def test_plan_names_the_deployment_with_the_fewest_joules() -> None:
     import copy
 
