@@ -267,6 +267,9 @@ def run(
     from sim.loop.run import prepare_scenario, run_scenario
 
     overrides: dict[str, Any] = {}
+    if isinstance(policy, type):  # the class itself, as evaluate takes it: it failed deep in the check, unnamed
+        raise ScenarioError(f"policy= takes a policy object, not the class {policy.__qualname__}: pass "
+                            f"{policy.__qualname__}() (its constructor's arguments in the call)")
     if policy is not None:  # first, so that set's policy.* keys apply to it
         overrides["policy"] = {"type": "custom", "cls": f"python:{type(policy).__qualname__}", "instance": policy}
     overrides.update(_overrides(num_requests, seed, set))

@@ -398,6 +398,19 @@ def test_run_from_python_with_a_policy_object() -> None:
         "LongestPromptFirst"
 
 
+def test_run_with_a_policy_class_not_an_object_names_the_mistake() -> None:
+    """policy=MyPolicy (the class, as servesim.evaluate takes it) raised AttributeError: type object 'type' has no
+    attribute 'schedule' from deep in the check."""
+
+    class Mine(servesim.QueuePolicy):
+        pass
+
+    scenario = {"workload": {**CHAT, "num_requests": 5}, "deployment": {"model": "llama-3.1-8b", "gpu": "l4"}}
+    with pytest.raises(servesim.ScenarioError, match=r"^policy= takes a policy object, not the class "
+                       r"test_run_with_a_policy_class_not_an_object_names_the_mistake.<locals>.Mine: pass "):
+        servesim.run(scenario, policy=Mine)
+
+
 def test_set_type_on_a_custom_policy_keeps_only_the_new_kinds_keys(tmp_path) -> None:
     """--set policy.type=fcfs on a custom policy: cls and args go, the shared limits stay (was: 'policy.cls:
     unknown key')."""
