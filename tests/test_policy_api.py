@@ -445,3 +445,17 @@ def test_set_and_sweeps_reach_a_custom_policys_args(tmp_path) -> None:
     assert [c[0].policy.make().short for _, _, c in prepared.plans] == [10, 20]
     with pytest.raises(servesim.ScenarioError, match="short must be >= 1, got 0"):
         load_scenario(p, {"policy.args.short": 0})
+
+
+def test_a_policy_file_edited_between_two_runs_in_one_process_runs_its_new_code(tmp_path, monkeypatch) -> None:
+    """A notebook edits my_policy.py and runs the cell again: the second run went on with the first version of the
+    class, silently (the file's module was cached by its path alone)."""
+    monkeypatch.chdir(tmp_path)
+    scenario = {"workload": {**CHAT, "num_requests": 10}, "policy": {"type": "custom", "cls": "mine.py:Mine"},
+                "deployment": {"model": "llama-3.1-8b", "gpu": "l4", "max_model_len": 4096}}
+    (tmp_path / "mine.py").write_text("import servesim\n\n\nclass Mine(servesim.QueuePolicy):\n    pass\n")
+    assert servesim.run(scenario).summary["scenario"]["num_rejected"] == 0
+    (tmp_path / "mine.py").write_text("import servesim\n\n\nclass Mine(servesim.QueuePolicy):\n"
+                                      "    def refuse(self, req, view):\n        return 'edited'\n")
+    assert servesim.run(scenario).summary["scenario"]["num_rejected"] == 10
+    assert servesim.run(scenario).summary["scenario"]["num_rejected"] == 10  # and kept while unchanged

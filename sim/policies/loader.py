@@ -33,12 +33,17 @@ def exception_text(e: BaseException) -> str:
 
 def _module_from_file(path: Path) -> ModuleType:
     name = "servesim_user_" + hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
-    if name in sys.modules:
-        return sys.modules[name]
+    digest = hashlib.sha1(path.read_bytes()).hexdigest()
+    loaded = sys.modules.get(name)
+    # a file edited since it was loaded is loaded again: a notebook's kernel (or any process that runs twice) went on
+    # running the first version of the policy, silently
+    if loaded is not None and getattr(loaded, "__servesim_digest__", None) == digest:
+        return loaded
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise ValueError(f"{path}: cannot be loaded as a Python module")
     module = importlib.util.module_from_spec(spec)
+    vars(module)["__servesim_digest__"] = digest
     sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
