@@ -83,6 +83,24 @@ def test_a_folder_of_another_sweep_is_refused(tmp_path: Path) -> None:
     assert fresh.ran == 4 and len(read_rows(tmp_path / "sw" / "sweep.csv")) == 4
 
 
+def test_a_sweep_of_a_policy_file_edited_since_is_not_resumed(tmp_path: Path) -> None:
+    """A user edits the policy a sweep (or tournament) ran and runs it again into the same folder: every run was
+    found done and the old code's rows came back as the new code's, silently."""
+    (tmp_path / "mine.py").write_text("import servesim\n\n\nclass Mine(servesim.QueuePolicy):\n    pass\n")
+    sc, raw = load(**{"variants.1.policy": {"type": "custom", "cls": str(tmp_path / "mine.py") + ":Mine"}})
+    first = run_sweep(sc, raw, tmp_path / "sw", workers=1)
+    assert first.ran == 6 and {r["num_rejected"] for r in first.rows if r["variant"] == "continuous"} == {0}
+    assert run_sweep(sc, raw, tmp_path / "sw", workers=1).ran == 0  # unchanged: resumed, nothing to run
+    (tmp_path / "mine.py").write_text("import servesim\n\n\nclass Mine(servesim.QueuePolicy):\n"
+                                      "    def refuse(self, req, view):\n        return 'edited'\n")
+    sc, raw = load(**{"variants.1.policy": {"type": "custom", "cls": str(tmp_path / "mine.py") + ":Mine"}})
+    with pytest.raises(ScenarioError, match=r"/sw holds runs of an earlier version of \S+/mine.py:Mine \(edited "
+                       r"since\); --fresh to run them again, or another --out$"):
+        run_sweep(sc, raw, tmp_path / "sw", workers=1)
+    fresh = run_sweep(sc, raw, tmp_path / "sw", workers=1, fresh=True)
+    assert fresh.ran == 6 and {r["num_rejected"] for r in fresh.rows if r["variant"] == "continuous"} == {60}
+
+
 def test_cli_sweep(tmp_path: Path) -> None:
     runner = CliRunner()
     out = tmp_path / "cli"

@@ -282,6 +282,35 @@ class UserClassConfig(PolicyModel):
         return obj
 
 
+def user_code(*sections: Any) -> dict[str, str]:
+    """``cls`` -> a digest of the file that defines it, for every user class in these config sections (policy,
+    admission, cluster, ...): what a sweep's runs were made with, so that resuming one after the file was edited is
+    refused rather than mixing old rows with new."""
+    import hashlib
+    import sys
+
+    from pydantic import BaseModel
+
+    out: dict[str, str] = {}
+    stack = list(sections)
+    while stack:
+        x = stack.pop()
+        if isinstance(x, UserClassConfig):
+            module = sys.modules.get(getattr(x._cls, "__module__", ""))
+            digest = getattr(module, "__servesim_digest__", None)  # a file loaded by path (sim/policies/loader.py)
+            path = getattr(module, "__file__", None)
+            if digest is None and path is not None and path.endswith(".py"):  # package.module:Class
+                with open(path, "rb") as f:
+                    digest = hashlib.sha1(f.read()).hexdigest()
+            if digest is not None:
+                out[x.cls] = digest
+        elif isinstance(x, BaseModel):
+            stack.extend(getattr(x, k) for k in type(x).model_fields)
+        elif isinstance(x, (list, tuple)):
+            stack.extend(x)
+    return out
+
+
 class CustomPolicyConfig(UserClassConfig, QueuePolicyConfigBase):
     """A user's own class on the public API (``servesim.Policy``), named by file or module."""
 

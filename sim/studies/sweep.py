@@ -34,6 +34,7 @@ from typing import Any
 
 from sim.config.scenario import apply_point, sweep_points, variant_configs
 from sim.config.schema import Scenario, ScenarioError
+from sim.policies.configs import user_code
 
 # The metrics a row keeps: summary keys, nested ones dotted (``ttft.p99``).
 METRICS: tuple[str, ...] = (
@@ -78,6 +79,8 @@ class SweepTask:
     # the summary keys its row keeps, METRICS first (a tournament adds fairness, the classes' figures and the
     # WORKLOAD digest)
     metrics: tuple[str, ...] = METRICS
+    # the user classes it runs, cls -> a digest of their file (sim.policies.configs.user_code)
+    code: tuple[tuple[str, str], ...] = ()
 
 
 def _label(point: dict[str, Any]) -> str:
@@ -117,7 +120,8 @@ def plan_sweep(scenario: Scenario, raw: dict[str, Any] | None = None, *, source:
             raise ScenarioError(f"{source} at {point}: {e}" if point else str(e)) from None
         for cfg in cfgs:
             key = _one_line(f"{cfg.name}[{_label(point)}]" if point else cfg.name)
-            tasks.append(SweepTask(len(tasks), key, cfg.name, dict(point), raw, source, metrics))
+            code = tuple(sorted(user_code(cfg.policy, cfg.admission, cfg.cluster, cfg.disaggregation).items()))
+            tasks.append(SweepTask(len(tasks), key, cfg.name, dict(point), raw, source, metrics, code))
         if progress is not None:
             progress(i + 1, len(points))
     return tasks
@@ -385,7 +389,9 @@ def run_sweep(
     out.mkdir(parents=True, exist_ok=True)
     table, meta_path = out / "sweep.csv", out / "sweep.json"
     cols = columns_for(tasks)
-    meta = {"scenario": scenario.name, "fingerprint": _fingerprint(tasks), "runs": len(tasks), "columns": cols}
+    code = dict(kv for t in tasks for kv in t.code)
+    meta = {"scenario": scenario.name, "fingerprint": _fingerprint(tasks), "runs": len(tasks), "columns": cols,
+            "code": code}
     done: set[str] = set()
     if fresh:
         table.unlink(missing_ok=True)
@@ -397,6 +403,10 @@ def run_sweep(
         if old.get("columns") != cols:
             raise ScenarioError(f"{out}/sweep.csv has other columns (written by another servesim version); use "
                                 "another --out, or --fresh to start over")
+        edited = sorted(k for k, v in old.get("code", code).items() if code.get(k, v) != v)
+        if edited:  # the rows kept would be the old code's, beside new rows of the new code
+            raise ScenarioError(f"{out} holds runs of an earlier version of {', '.join(edited)} (edited since); "
+                                "--fresh to run them again, or another --out")
         done = _finished_keys(table)
     meta_path.write_text(json.dumps(meta, indent=2) + "\n")
     todo = [t for t in tasks if t.key not in done]
