@@ -104,3 +104,22 @@ def test_published_data_missing(tmp_path: Path) -> None:
     assert res.returncode == 2
     assert res.stderr.strip() == (f"error: {tmp_path / 'nowhere.csv'}: the published development set is not there; "
                                   "give its CSV with --data")
+
+
+def test_published_all_classes_line(tmp_path: Path) -> None:
+    # issue 38's "85% of rows within 25%" is over every class: the report prints it beside the per-class lines. Two
+    # rows of one class (the gpt-fast row, and the same at 4x the speed, which no prediction meets within 25%)
+    csv_path = tmp_path / "published-dev.csv"
+    with csv_path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(GPT_FAST_ROW))
+        w.writeheader()
+        w.writerow(GPT_FAST_ROW)
+        w.writerow(GPT_FAST_ROW | {"value": str(4 * float(GPT_FAST_ROW["value"]))})
+    res = _run("--data", str(csv_path))
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    decode = next(x for x in lines if x.startswith("  decode speed (1 sources)"))
+    every = next(x for x in lines if x.startswith("  all classes (1 sources)"))
+    # the same two rows, so the same figures; the 4x row is outside 25%, so at most half are within
+    assert every.split(")", 1)[1].split()[:-5] == decode.split(")", 1)[1].split()
+    assert " 2 rows" in every and every.endswith("(1/2 = 50.0% within 25%)")
