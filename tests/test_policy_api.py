@@ -459,3 +459,14 @@ def test_a_policy_file_edited_between_two_runs_in_one_process_runs_its_new_code(
                                       "    def refuse(self, req, view):\n        return 'edited'\n")
     assert servesim.run(scenario).summary["scenario"]["num_rejected"] == 10
     assert servesim.run(scenario).summary["scenario"]["num_rejected"] == 10  # and kept while unchanged
+
+
+def test_a_queue_policy_whose_init_skips_super_runs_on_the_defaults(tmp_path) -> None:
+    """``def __init__(self, short=100): self.short = short`` with no ``super().__init__()`` (Python does not
+    insist): every step raised AttributeError: 'Mine' object has no attribute 'enable_chunked_prefill'."""
+    (tmp_path / "mine.py").write_text("import servesim\n\n\nclass Mine(servesim.QueuePolicy):\n"
+                                      "    def __init__(self, short: int = 100) -> None:\n"
+                                      "        self.short = short\n")
+    (ra, _, ca), (rb, _, cb) = _pair({"type": "fcfs"}, {"type": "custom", "cls": f"{tmp_path / 'mine.py'}:Mine"})
+    assert ra.requests == rb.requests and ca.stats == cb.stats  # QueuePolicy()'s defaults: FCFS, chunked, recompute
+    assert ca.stats.num_preemptions > 0

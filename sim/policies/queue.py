@@ -36,6 +36,10 @@ class QueuePolicy(Policy):
     # when a request arrives or finishes (or KV runs short, when the core always asks).
     depends_on = frozenset({"arrivals", "finishes"})
     preempt_for_waiting = False
+    # the constructor's defaults, here too: a subclass whose __init__ forgets super().__init__() (Python does not
+    # insist) failed at its first step with AttributeError: no attribute 'enable_chunked_prefill'
+    enable_chunked_prefill = True
+    preemption_mode = "recompute"
     _hook_signatures = (*Policy._hook_signatures, ("rank", ("req",)), ("refuse", ("req", "view")))
 
     def __init__(self, enable_chunked_prefill: bool = True, preemption_mode: str = "recompute") -> None:
