@@ -131,6 +131,16 @@ def test_an_exception_in_a_policy_shows_the_users_frames(tmp_path: Path) -> None
     assert "sim/policies/user.py" not in p.stderr  # not servesim's
 
 
+@pytest.mark.parametrize(("cls", "message"), [("RanksUnlike", "which do not compare"),
+                                              ("RanksNaN", "NaN does not order")])
+def test_an_error_servesim_finds_in_a_hooks_result_is_said_once(tmp_path: Path, cls: str, message: str) -> None:
+    """A rank error found by servesim (no frame of the user's below it) printed its message twice: the error line,
+    then the same line again as the bare exception line of an empty traceback."""
+    p = _run(tmp_path, f"bad_policies.py:{cls}")
+    assert p.returncode == 2 and p.stderr.count(message) == 1, p.stderr
+    assert p.stderr.strip().splitlines()[-1].startswith("error: "), p.stderr  # the error's line ends the output
+
+
 def _check(tmp_path: Path, cls: str) -> subprocess.CompletedProcess:
     (tmp_path / "bad_policies.py").write_text((POLICIES / "bad_policies.py").read_text())
     sc = tmp_path / "s.yaml"

@@ -51,6 +51,8 @@ def _user_frames(exc: BaseException, *, exception: bool = True) -> str:
     adapters = {str(Path(__file__).with_name(n)) for n in ("user.py", "gates.py", "configs.py", "loader.py",
                                                            "queue.py")}
     frames = [f for f in tb if f.filename not in adapters and not f.filename.startswith("<frozen ")]
+    if not frames:  # raised by servesim itself (a rank that does not order): the error's own line says it all
+        return ""
     lines = traceback.format_list(frames) + (traceback.format_exception_only(type(exc), exc) if exception else [])
     return "".join(lines).rstrip()
 
