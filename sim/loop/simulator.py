@@ -373,7 +373,7 @@ class Simulation:
     def _dispatch(self, spec: RequestSpec) -> None:
         if self.halted is not None:
             return  # the run has ended: nothing more is sent
-        req = Request(spec=spec, arrival=self.env.now)
+        req = Request(spec, self.env.now)  # (spec, arrival)
         self._sent += 1
         if self.sink is None:
             self.requests.append(req)

@@ -529,19 +529,21 @@ class ServingCore:
         else:
             num_tokens = total + gpad
         decode_rows = rows if (plan.pad_to_longest and max_n == 1) else decode + gpad
+        # positional, in field order (StepShape's and Batch's): one of each a step, and a call with a dozen keywords
+        # costs about three times as much (some 1.3 us more each, measured)
         shape = StepShape(
-            num_seqs=rows,
-            num_tokens=num_tokens,
-            num_decode_seqs=decode_rows,
-            kv_read_tokens=kv_read,
-            attn_pairs=attn,
-            num_padding_tokens=num_tokens - total,
-            swap_blocks=swap_blocks,
-            idle_before=now - self.last_end if now > self.last_end else 0.0,
-            max_decode_len=max_dec,
-            num_spec_seqs=spec_rows,
-            num_draft_tokens=spec_tokens,
-            spec_context_tokens=spec_ctx,
+            rows,  # num_seqs
+            num_tokens,
+            decode_rows,  # num_decode_seqs
+            kv_read,  # kv_read_tokens
+            attn,  # attn_pairs
+            num_tokens - total,  # num_padding_tokens
+            swap_blocks,
+            now - self.last_end if now > self.last_end else 0.0,  # idle_before
+            max_dec,  # max_decode_len
+            spec_rows,  # num_spec_seqs
+            spec_tokens,  # num_draft_tokens
+            spec_ctx,  # spec_context_tokens
         )
         # prefix blocks this step's admissions loaded from the host tier (sim.serving.host_kv_tier); a KV manager
         # written
@@ -555,22 +557,22 @@ class ServingCore:
                 entries += [(i, 1) for i in stepping.members]
             self.plans.append(tuple(sorted(entries)))
         return Batch(
-            plan=plan,
-            shape=shape,
-            start=now,
-            num_rows=rows,
-            num_scheduled=num_scheduled,
-            prefill_tokens=prefill,
-            decode_tokens=decode + spec_rows + spec_tokens,  # verifying rows' tokens are decode work
-            padding_tokens=num_tokens - total,
-            swap_blocks=swap_blocks,
-            num_preempted=len(plan.preempt),
-            num_rejected=len(plan.reject),
-            group_size=group_size,
-            group_blocks=group_blocks,
-            swapped_out=swapped_out,
-            swapped_in=swapped_in,
-            drafts=drafts or None,
+            plan,
+            shape,
+            now,  # start
+            rows,  # num_rows
+            num_scheduled,
+            prefill,  # prefill_tokens
+            decode + spec_rows + spec_tokens,  # decode_tokens: verifying rows' tokens are decode work
+            num_tokens - total,  # padding_tokens
+            swap_blocks,
+            len(plan.preempt),  # num_preempted
+            len(plan.reject),  # num_rejected
+            group_size,
+            group_blocks,
+            swapped_out,
+            swapped_in,
+            drafts or None,  # drafts
         )
 
     def _reject_unservable(self, now: float) -> None:
