@@ -6,7 +6,8 @@ task, mean output length, and where published the mean power and output throughp
 
 - ML.ENERGY Leaderboard v3.0 (Dec 2025), 174 rows: every LLM configuration of the leaderboard's published data
   (github.com/ml-energy/leaderboard at 0cd52da, ``public/data/tasks/{lm-arena-chat,gpqa}.json``) whose model has a
-  servesim preset and that runs tensor parallel only: Llama-3.1 8B/70B/405B (bf16; 405B also fp8), Llama-3.3-70B,
+  servesim preset and that runs tensor parallel only: Llama-3.1 8B/70B/405B (bf16; 405B also in Meta's FP8 release,
+  run on its own preset, ``model_of``), Llama-3.3-70B,
   Qwen3 8B/32B and Qwen3-30B-A3B on H100 and B200, batch (``max_num_seqs``) 8 to 4096, chat and GPQA (reasoning).
 - ML.ENERGY Leaderboard v2.0 (Sep 2024), 1 row: Llama-3.1-8B on one H100 at batch 64 with vLLM 0.5.4, from its
   published data file (ml-energy/leaderboard-v2 at c3af7f3): 0.171 J per output token, 1,785 tok/s, 482.8 output
@@ -103,7 +104,18 @@ MAX_NUM_BATCHED_TOKENS = 8192  # every v3.0 configuration's max-num-batched-toke
 # runs as the benchmark clients send by default (greedy). Top-p costs vLLM a sort of each row's vocabulary each step
 # (sim/engines/sampling.py)
 SAMPLING = {"ML.ENERGY": {"temperature": 0.8, "top_p": 0.95}}
+# Meta's FP8 checkpoints by the name a source gives them, and the preset that states their unconverted modules
+META_FP8 = {"meta-llama/Llama-3.1-405B-Instruct-FP8": "llama-3.1-405b-fp8"}
 Err = tuple[dict[str, str], float, float, float]  # a row, and its J/token, power and output tok/s errors
+
+
+def model_of(row: dict[str, str]) -> str:
+    """The preset that runs the row: the checkpoint the source names where it differs from its base model's.
+    ML.ENERGY's 405B FP8 rows ran Meta's own FP8 release, meta-llama/Llama-3.1-405B-Instruct-FP8, which leaves
+    every layer's attention and the first and last layers' MLP in bf16 (its config.json's modules_to_not_convert;
+    "The Llama 3 Herd of Models", section 6.2): the ``llama-3.1-405b-fp8`` preset (sim/hardware/quant.py). The
+    plain preset under fp8 reads every weight at one byte."""
+    return META_FP8.get(row["published_model"], row["model"])
 
 
 def engine_of(row: dict[str, str]) -> dict[str, Any]:
@@ -165,11 +177,11 @@ def published_scenario(row: dict[str, str], requests: int, prompt: int = PROMPT_
     fixed = bool(row["mean_output_tokens"]) and float(row["mean_output_tokens"]) == cap
     mean = (uncapped_mean(float(row["mean_output_tokens"]), cap) if row["mean_output_tokens"] and not fixed
             else OUTPUT_TOKENS)
-    dep: dict[str, Any] = {"model": row["model"], "gpu": row["gpu"], "tensor_parallel_size": int(row["num_gpus"]),
+    dep: dict[str, Any] = {"model": model_of(row), "gpu": row["gpu"], "tensor_parallel_size": int(row["num_gpus"]),
                            "weight_dtype": row["weight_dtype"]}
     if row["max_model_len"]:  # the server's --max-model-len, where the source states it, within the preset's
         # context (Qwen3-30B-A3B-Thinking-2507 serves 51,200 of its 262,144; the qwen3-30b-a3b preset holds 40,960)
-        dep["max_model_len"] = min(int(row["max_model_len"]), resolve_model(row["model"]).max_position_embeddings)
+        dep["max_model_len"] = min(int(row["max_model_len"]), resolve_model(model_of(row)).max_position_embeddings)
     policy: dict[str, Any] = {"type": "continuous", "max_num_seqs": batch}
     dep["engine"] = engine = engine_of(row)
     if engine["name"] == "vllm-v1":  # it always chunks prefills, here at the configurations' token budget
@@ -255,7 +267,7 @@ def step_gaps(rows: list[dict[str, str]], prompt: int = PROMPT_TOKENS) -> None:
     for row in rows:
         if not row["output_tokens_per_s"] or not row["avg_batch_size"] or "v3.0" not in row["source"]:
             continue
-        m = AnalyticCostModel(row["model"], row["gpu"], weight_dtype=row["weight_dtype"],
+        m = AnalyticCostModel(model_of(row), row["gpu"], weight_dtype=row["weight_dtype"],
                               tensor_parallel_size=int(row["num_gpus"]))
         batch, out = float(row["avg_batch_size"]), float(row["mean_output_tokens"])
         n = round(batch)

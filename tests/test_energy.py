@@ -374,6 +374,27 @@ def test_the_published_energy_rows_name_their_sources() -> None:
     assert "max_model_len" not in bench.published_scenario(alice, 512)["deployment"]
 
 
+def test_meta_s_fp8_rows_run_the_checkpoint_that_keeps_attention_in_bf16() -> None:
+    import csv
+
+    bench = _bench_energy()
+    with open(bench.DATA, newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["model"] == "llama-3.1-405b"]
+    # ML.ENERGY's FP8 rows name Meta's own release (bf16 attention and first and last layers), its bf16 rows the
+    # base model: each runs its checkpoint's preset, under the row's weight dtype
+    runs = {(r["published_model"], r["weight_dtype"], bench.published_scenario(r, 512)["deployment"]["model"])
+            for r in rows}
+    assert runs == {("meta-llama/Llama-3.1-405B-Instruct-FP8", "fp8", "llama-3.1-405b-fp8"),
+                    ("meta-llama/Llama-3.1-405B-Instruct", "bf16", "llama-3.1-405b")}
+    # which reads more bytes a step than every matmul in FP8 (the plain preset under fp8): the bf16 attention
+    from sim.costs.analytic import AnalyticCostModel
+
+    fp8 = next(r for r in rows if r["weight_dtype"] == "fp8" and r["gpu"] == "b200" and r["batch_size"] == "8")
+    meta, plain = (AnalyticCostModel(m, "b200", weight_dtype="fp8", tensor_parallel_size=4)
+                   for m in (bench.model_of(fp8), "llama-3.1-405b"))
+    assert meta.decode_step_time(8, 8 * 1000) > 1.1 * plain.decode_step_time(8, 8 * 1000)
+
+
 def test_the_published_rows_draw_their_own_output_lengths(tmp_path: Path) -> None:
     import csv
 
