@@ -233,6 +233,24 @@ def test_out_is_a_file(tmp_path: Path) -> None:
     assert out.read_text() == "not a folder"
 
 
+@pytest.mark.parametrize("command", [
+    ["run", "{s}", "-q", "--out"], ["sweep", "{s}", "-q", "--sweep", "seed=1,2", "--out"], ["compare", "a", "b", "-o"],
+    ["validate", "{s}", "--against", "x.json", "--out"], ["engine", "run", "{s}", "--out"],
+    ["tournament", "t.yaml", "--out"], ["observe", "{s}", "--endpoint", "http://127.0.0.1:9/v1", "--out"],
+    ["engine", "quality", "--json"], ["serve", "{s}", "--log"],
+])
+def test_an_empty_path_is_refused_not_read_as_the_current_folder(tmp_path: Path, monkeypatch, command) -> None:
+    # Before: Path("") is ".", so `run --out ""` (an unset shell variable) wrote summary.json, report.html and the
+    # rest into the current folder, among the user's own files.
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(VALID))
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, [a.format(s="s.yaml") for a in command] + [""])
+    flag = "--out" if command[-1] == "-o" else command[-1]
+    assert (result.exit_code, result.stderr) == (
+        2, f"error: {flag}: empty path; name a file or folder (. for the current folder)\n"), result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.yaml"]
+
+
 def test_no_traceback_reaches_the_terminal(tmp_path: Path) -> None:
     """The real entry point, in a subprocess: what a user sees on a bad file is one line."""
     path = tmp_path / "bad.yaml"

@@ -44,6 +44,17 @@ def _set_option() -> Any:  # typer.Option is typed Any, so that it fits any para
                         help="Override a scenario value: dotted.key=value (repeatable).")
 
 
+def _path_option(*names: str, help: str) -> Any:
+    """An optional path option (``--out``, ``--json``, ``--log``): an empty value is refused. ``Path("")`` is the
+    current folder, so ``--out ""`` (an unset shell variable) wrote a run's files among the user's own."""
+    def parse(text: str) -> Path:
+        if not text.strip():
+            _fail(f"{names[0]}: empty path; name a file or folder (. for the current folder)")
+        return Path(text)
+
+    return typer.Option(None, *names, help=help, parser=parse, metavar="<path>")
+
+
 def _overrides(sets: list[str], num_requests: int | None) -> dict:
     out = {}
     for s in sets:

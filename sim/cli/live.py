@@ -40,7 +40,7 @@ def _load(scenario: Path, sets: list[str], num_requests: int | None, variant: st
 
 
 def register(app: typer.Typer) -> None:
-    from sim.cli.common import _set_option
+    from sim.cli.common import _path_option, _set_option
 
     @app.command()
     def serve(
@@ -57,7 +57,7 @@ def register(app: typer.Typer) -> None:
                                                   "sized as vLLM does on CUDA, capped on CPU)."),
         weights: str = typer.Option("random", "--weights", help="random, real or auto (real weights where the "
                                     "model has them here)."),
-        log: Path | None = typer.Option(None, "--log", help="Append one JSON line per finished request "
+        log: Path | None = _path_option("--log", help="Append one JSON line per finished request "
                                         "(arrival, first token, finish, tokens, chunk times; engine seconds)."),
         set_: list[str] = _set_option(),
     ) -> None:
@@ -133,7 +133,7 @@ def register(app: typer.Typer) -> None:
         scenario: Path = typer.Argument(..., help="Scenario YAML file: its workload is sent."),
         endpoint: str = typer.Option(..., "--endpoint", help="The server's OpenAI API base, "
                                      "e.g. http://127.0.0.1:8000/v1."),
-        out: Path | None = typer.Option(None, "--out", "-o", help="Run folder (default: runs/NAME-observed)."),
+        out: Path | None = _path_option("--out", "-o", help="Run folder (default: runs/NAME-observed)."),
         api: str = typer.Option("completions", "--api", help="completions or chat."),
         model: str | None = typer.Option(None, "--served-model", help="Model name to send (default: the "
                                          "server's first in /v1/models)."),

@@ -25,6 +25,7 @@ from sim.cli.common import (  # noqa: F401 - the commands' shared helpers, also 
     _fail,
     _interrupted,
     _overrides,
+    _path_option,
     _quiet_numpy,
     _real_weights,
     _set_option,
@@ -72,7 +73,7 @@ def _policy_capabilities(prepared: Any) -> list[str]:
 @app.command()
 def run(
     scenario: Path = typer.Argument(..., help="Scenario YAML file."),
-    out: Path | None = typer.Option(None, "--out", "-o", help="Run folder to write (default: runs/NAME)."),
+    out: Path | None = _path_option("--out", "-o", help="Run folder to write (default: runs/NAME)."),
     set_: list[str] = _set_option(),
     num_requests: int | None = typer.Option(None, "--num-requests", "-n", help="Override workload.num_requests."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
@@ -201,7 +202,7 @@ def run(
 def compare(
     run_a: Path = typer.Argument(..., help="Run folder A (written by `servesim run` or `servesim engine run`)."),
     run_b: Path = typer.Argument(..., help="Run folder B; ratios are B / A."),
-    out: Path | None = typer.Option(None, "--out", "-o", help="Also write DIR/compare.html (table and CDFs)."),
+    out: Path | None = _path_option("--out", "-o", help="Also write DIR/compare.html (table and CDFs)."),
 ) -> None:
     """Two runs side by side: every summary metric of A and B with the ratio B / A, variants paired by name;
     with --out, an offline HTML page with the table and both runs' latency CDFs overlaid."""
@@ -308,7 +309,7 @@ def _with_bars(name: str, out_dir: Path, quiet: bool, work: Callable[..., Any]) 
 @app.command()
 def sweep(
     scenario: Path = typer.Argument(..., help="Scenario YAML file (its sweep section, or --sweep, gives the points)."),
-    out: Path | None = typer.Option(None, "--out", "-o", help="Sweep folder (default: runs/NAME-sweep)."),
+    out: Path | None = _path_option("--out", "-o", help="Sweep folder (default: runs/NAME-sweep)."),
     executor: str = typer.Option("local", "--executor", help="local (a process pool) or ray."),
     workers: int | None = typer.Option(None, "--workers", "-j", help="Parallel runs (default: all cores)."),
     address: str | None = typer.Option(None, "--address", help="Ray cluster to join (default: start one here)."),
@@ -356,7 +357,7 @@ def sweep(
 @app.command()
 def tournament(
     spec: Path = typer.Argument(..., help="Tournament spec YAML: scenario, policies, loads, seeds, fitness."),
-    out: Path | None = typer.Option(None, "--out", "-o", help="Folder (default: runs/NAME-tournament)."),
+    out: Path | None = _path_option("--out", "-o", help="Folder (default: runs/NAME-tournament)."),
     executor: str = typer.Option("local", "--executor", help="local (a process pool) or ray."),
     workers: int | None = typer.Option(None, "--workers", "-j", help="Parallel runs (default: all cores)."),
     address: str | None = typer.Option(None, "--address", help="Ray cluster to join (default: start one here)."),
@@ -433,7 +434,7 @@ app.add_typer(engine_app, name="engine")
 def engine_run(
     scenario: Path = typer.Argument(..., help="Scenario YAML file."),
     device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
-    out: Path | None = typer.Option(None, "--out", "-o", help="Run folder to write (default: runs/NAME-engine)."),
+    out: Path | None = _path_option("--out", "-o", help="Run folder to write (default: runs/NAME-engine)."),
     model: str | None = typer.Option(None, "--model", help="Replace the scenario's model (e.g. tiny)."),
     num_requests: int | None = typer.Option(None, "--num-requests", "-n", help="Override workload.num_requests."),
     time_scale: float = typer.Option(1.0, "--time-scale", help="Arrival a comes at a * X wall seconds."),
@@ -573,7 +574,7 @@ def engine_quality(
     decode_batch: int = typer.Option(8, "--decode-batch", help="Sequences per timed decode step."),
     decode_context: int = typer.Option(128, "--decode-context", help="Cached tokens per sequence when timing."),
     decode_steps: int = typer.Option(8, "--decode-steps", help="Timed decode steps (after 2 untimed)."),
-    json_out: Path | None = typer.Option(None, "--json", help="Also write the reports as JSON here."),
+    json_out: Path | None = _path_option("--json", help="Also write the reports as JSON here."),
 ) -> None:
     """Quantization measured on a real model: weight and KV memory, decode throughput, and per category of text
     (prose, code, digits, arithmetic) the perplexity change and top-1 agreement against the unquantized model."""
@@ -640,7 +641,7 @@ def calibrate(
     model: str | None = typer.Option(None, "--model", help="Model preset the engine runs (e.g. tiny, "
                                      "llama-3.2-1b; default tiny); with --from-bench the model the benchmarks "
                                      "served (default: --scenario's)."),
-    out: Path | None = typer.Option(None, "--out", "-o", help="Profile JSON to write "
+    out: Path | None = _path_option("--out", "-o", help="Profile JSON to write "
                                        "(default: calibration/profiles/MODEL-DEVICE.json)."),
     repeats: int = typer.Option(5, "--repeats", help="Measured rounds over the grid (after one warm-up round)."),
     dtype: str | None = typer.Option(None, "--dtype", help="fp32, bf16, fp16 (default: fp32 on CPU, bf16 on "
@@ -827,7 +828,7 @@ def validate(
     variant: str | None = typer.Option(None, "--variant", help="With --against: the variant to simulate "
                                        "(default: the first)."),
     device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
-    out: Path | None = typer.Option(None, "--out", "-o", help="Folder to write (default: runs/NAME-validation)."),
+    out: Path | None = _path_option("--out", "-o", help="Folder to write (default: runs/NAME-validation)."),
     model: str | None = typer.Option(None, "--model", help="Model the engine runs (default: the profile's)."),
     num_requests: int | None = typer.Option(None, "--num-requests", "-n", help="Override workload.num_requests."),
     time_scale: float = typer.Option(1.0, "--time-scale", help="Arrival a comes at a * X wall seconds."),
