@@ -162,6 +162,7 @@ class LiveEngine:
         self.finished: collections.Counter[str] = collections.Counter()  # finished_reason -> count
         self.thread = threading.Thread(target=self._run, name="servesim-engine", daemon=True)
         self.error: BaseException | None = None
+        self.on_stop: Callable[[BaseException], None] | None = None  # told when the loop dies (serve then exits)
 
     # ---- the loop thread --------------------------------------------------------------------------------------
     def _heartbeat(self, sim):
@@ -185,6 +186,8 @@ class LiveEngine:
             self.error = e
             for s in list(self._streams.values()):
                 s.chunks.put(("error", f"engine stopped: {type(e).__name__}: {e}"))
+            if self.on_stop is not None and not self._stopped:
+                self.on_stop(e)
 
     def stop(self) -> None:
         self._stopped = True

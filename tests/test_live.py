@@ -434,3 +434,36 @@ def test_observe_calibrate_predict_a_held_out_load(served, tmp_path):
     (val,) = json.loads((tmp_path / "val" / "validation.json").read_text())["files"]
     for k in keys:  # the knobs as printed (6 digits) against calibrate's own
         assert val["metrics"][k]["error"] == pytest.approx(held[k], abs=0.02)
+
+
+def test_serve_exits_2_naming_the_error_when_the_users_policy_raises(tmp_path):
+    """A policy that raises mid-serve killed the engine's loop, and the server went on answering every request with
+    HTTP 500, its terminal silent; stopped, it exited 0. It now says why on stderr and exits 2, as vLLM's API
+    server exits when its engine dies."""
+    from urllib.error import HTTPError
+    from urllib.request import Request, urlopen
+
+    (tmp_path / "late.py").write_text(
+        "import servesim\n\n\nclass Late(servesim.QueuePolicy):\n"
+        "    asked = 0\n\n"
+        "    def schedule(self, view):\n        self.asked += 1\n"
+        "        if self.asked > 2:\n            raise RuntimeError('late boom')\n"
+        "        return super().schedule(view)\n")
+    scenario = tmp_path / "late.yaml"
+    scenario.write_text(SCENARIO.replace("  type: continuous\n", '  type: custom\n  cls: "late.py:Late"\n'))
+    proc = subprocess.Popen([sys.executable, "-m", "sim.cli.main", "serve", str(scenario), "--port", "0"],
+                            stderr=subprocess.PIPE, text=True, env=_env(), cwd=ROOT)
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()
+        endpoint = re.search(r"on (http://127\.0\.0\.1:\d+/v1)", line).group(1)
+        body = json.dumps({"model": "tiny", "prompt": [1, 2, 3, 4], "max_tokens": 8}).encode()
+        with pytest.raises(HTTPError):  # the engine died under it: an error, not a hang
+            urlopen(Request(endpoint + "/completions", body, {"Content-Type": "application/json"}), timeout=30)
+        assert proc.wait(timeout=30) == 2
+        err = proc.stderr.read()
+        assert "error: the engine stopped: policy Late: schedule(view) at t=" in err and "late boom" in err, err
+        assert "Traceback (most recent call last)" not in err, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -113,6 +113,15 @@ def register(app: typer.Typer) -> None:
             raise KeyboardInterrupt
 
         signal.signal(signal.SIGTERM, stop)
+        # a loop that dies (a user's policy raised) stops the server, as vLLM's API server exits when its engine
+        # dies: it went on answering every request with HTTP 500, its terminal silent and its exit status 0
+        died: list[BaseException] = []
+
+        def engine_died(e: BaseException) -> None:
+            died.append(e)
+            threading.Thread(target=server.shutdown, daemon=True).start()  # not in the loop's thread: it waits
+
+        engine.on_stop = engine_died
         engine.start()
         bound_host, bound_port = str(server.server_address[0]), int(server.server_address[1])
         typer.echo(f"serving {engine.model_name} (variant {cfg.name}, policy {cfg.policy.type}, "
@@ -127,6 +136,10 @@ def register(app: typer.Typer) -> None:
             engine.stop()
             if log_file is not None:
                 log_file.close()
+        if died:
+            why = died[0]
+            _fail(f"the engine stopped: {why}" if isinstance(why, ScenarioError) else
+                  f"the engine stopped: {type(why).__name__}: {why}")
 
     @app.command()
     def observe(
