@@ -60,6 +60,23 @@ def test_a_users_router_and_admission_rules_run_from_a_scenario(tmp_path: Path) 
     assert len(admitted) <= 5 + 10 * span + 1e-9
 
 
+def test_a_router_may_return_a_numpy_integer(tmp_path: Path) -> None:
+    """``return int(np.argmin(...))`` without the int(): a numpy integer is an index as good as an int (numpy's
+    own arrays take it), but the run was refused with 'returned np.int64(0), not the index of one of the 3
+    replicas'."""
+    (tmp_path / "np_router.py").write_text(
+        "import numpy as np\nimport servesim\n\n\nclass ArgminOutstanding(servesim.Router):\n"
+        "    def route(self, request, replicas):\n"
+        "        return np.argmin([r.num_outstanding for r in replicas])\n")
+    text = SCENARIO.replace("bad_policies.py:Fewest", "np_router.py:ArgminOutstanding")
+    sc, _ = load_scenario(_scenario(tmp_path, text))
+    wl = generate_workload(sc)
+    runs = {cfg.name: simulate_variant(cfg, wl)[1] for cfg in variant_configs(sc)[:2]}
+    # least outstanding, ties to the lowest index: the built-in's placement exactly
+    assert [(r.replica, r.finish) for r in runs["mine"]] == [(r.replica, r.finish) for r in runs["builtin"]]
+    assert {r.replica for r in runs["mine"]} == {0, 1, 2} and all(type(r.replica) is int for r in runs["mine"])
+
+
 def test_token_bucket_exact() -> None:
     tb = TokenBucket(rate=2.0, burst=3)
     req = servesim.RequestView(Request(RequestSpec(0, 0.0, 10, 10), 0.0))

@@ -18,6 +18,7 @@ is the built-in rate limiter, written on this same API. Errors inside them are t
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -126,10 +127,14 @@ class UserRouter:
                             c.kv.num_blocks, c.kv.num_cached_tokens(req) if not c.kv.holds(req) else 0)
                 for i, c in ((i, rep.core) for i, rep in enumerate(replicas))]
         i = call_user(f"router {self.name}: route(request {req.id})", self.user.route, RequestView(req), tuple(snap))
-        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < len(snap):
+        try:  # numpy's integers too: a router written as np.argmin over the replicas returns an np.int64
+            pos = None if isinstance(i, bool) else operator.index(i)
+        except TypeError:
+            pos = None
+        if pos is None or not 0 <= pos < len(snap):
             raise PolicyError(f"router {self.name}: route(request {req.id}) returned {i!r}, not the index of one of "
                               f"the {len(snap)} replicas (0..{len(snap) - 1})")
-        return i
+        return pos
 
 
 class UserAdmission:
