@@ -344,3 +344,35 @@ def test_vtc_tenant_weights_naming_no_tenant_exits_2_on_both_engines(tmp_path, c
     assert res.stderr.endswith("variant 'scenario': policy.tenant_weights: no request has the tenant 'chat-ap' "
                                "(the workload's tenants: 'chat-app')\n"), res.stderr
     assert not out.exists()
+
+
+def test_a_vtc_object_from_python_is_checked_against_the_workloads_tenants(tmp_path) -> None:
+    """Before: ``servesim.run(..., policy=VirtualTokenCounter(tenant_weights={"chat-ap": 3}))`` (or ``type: custom``
+    naming the class) ran as plain VTC without a word, where ``type: vtc`` with the same weights is refused;
+    ``servesim.evaluate`` scored it as a success. All three now refuse it with the same message."""
+    import yaml
+
+    import servesim
+    from sim.config.scenario import ScenarioError
+
+    spec = tmp_path / "s.yaml"
+    spec.write_text(yaml.safe_dump({
+        "workload": {"arrival": {"type": "poisson", "rate": 5.0}, "num_requests": 10,
+                     "prompt_len": {"type": "fixed", "value": 50}, "output_len": {"type": "fixed", "value": 5},
+                     "classes": [{"name": "chat", "share": 0.5, "tenant": "chat-app"},
+                                 {"name": "batch", "share": 0.5, "tenant": "batch-jobs"}]},
+        "deployment": {"model": "llama-3.1-8b", "gpu": "a100-80gb", "max_model_len": 4096}}))
+    why = ("variant 'scenario': policy.tenant_weights: no request has the tenant 'chat-ap' (the workload's tenants: "
+           "'batch-jobs', 'chat-app')")
+    typo = VirtualTokenCounter(tenant_weights={"chat-ap": 3})
+    with pytest.raises(ScenarioError) as e:
+        servesim.run(spec, policy=typo)
+    assert str(e.value) == f"{spec}: {why}"
+    with pytest.raises(ScenarioError) as e:
+        servesim.run(spec, set={"policy": {"type": "custom", "cls": "sim.policies.vtc:VirtualTokenCounter",
+                                           "args": {"tenant_weights": {"chat-ap": 3}}}})
+    assert str(e.value) == f"{spec}: {why}"
+    scores = servesim.evaluate(typo, spec, seeds=0)
+    assert (scores.ok, scores.reason, scores.error) == (False, "load", why)
+    res = servesim.run(spec, policy=VirtualTokenCounter(tenant_weights={"chat-app": 3}))
+    assert res.summary["scenario"]["num_completed"] == 10

@@ -323,6 +323,14 @@ class CustomPolicyConfig(UserClassConfig, QueuePolicyConfigBase):
 
         return api.implements_policy(obj)
 
+    def check_tenants(self, requests: Iterable[Any], declared: Iterable[str] = ()) -> str | None:
+        """A VTC built from Python (``servesim.run(..., policy=VirtualTokenCounter(tenant_weights=...))``) or named
+        by ``cls`` is checked against the workload as ``type: vtc`` is: a weight for a tenant that is not there."""
+        from sim.policies.vtc import VirtualTokenCounter
+
+        obj = self.make()
+        return obj.check_tenants(requests, declared) if isinstance(obj, VirtualTokenCounter) else None
+
 
 class CustomRouterConfig(UserClassConfig):
     """A user's router (``servesim.Router``): route(request, replicas) -> index."""
@@ -378,18 +386,10 @@ class VTCPolicyConfig(_BuiltinQueueConfig):
         "are served in proportion.")
 
     def check_tenants(self, requests: Iterable[Any], declared: Iterable[str] = ()) -> str | None:
-        """Why ``tenant_weights`` does not fit the workload, or None: a tenant it names that neither a class
-        declares nor a request has (a typo of one that is there) would leave every tenant at weight 1, and the run
-        would say nothing. A declared tenant that a small draw happened to miss is fine."""
-        if not self.tenant_weights:
-            return None
-        tenants = {r.tenant for r in requests} | set(declared)
-        missing = sorted(set(self.tenant_weights) - tenants)
-        if not missing:
-            return None
-        have = ", ".join(repr(t) for t in sorted(tenants - {""})) or "none: give a class a tenant:, or a trace a " \
-            "tenant column"
-        return f"policy.tenant_weights: no request has the tenant {missing[0]!r} (the workload's tenants: {have})"
+        """Why ``tenant_weights`` does not fit the workload, or None (sim.policies.vtc.tenant_weights_problem)."""
+        from sim.policies.vtc import tenant_weights_problem
+
+        return tenant_weights_problem(self.tenant_weights, requests, declared)
 
     def make(self) -> Any:
         from sim.policies.vtc import VirtualTokenCounter

@@ -28,9 +28,27 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from sim.policies.api import Plan, PolicyView, RequestView
 from sim.policies.queue import QueuePolicy
+
+
+def tenant_weights_problem(weights: Mapping[str, float], requests: Iterable[Any],
+                           declared: Iterable[str] = ()) -> str | None:
+    """Why ``tenant_weights`` does not fit the workload, or None: a tenant it names that neither a class declares
+    nor a request has (a typo of one that is there) would leave every tenant at weight 1, and the run would say
+    nothing. A declared tenant that a small draw happened to miss is fine; a tenant not named weighs 1."""
+    if not weights:
+        return None
+    tenants = {r.tenant for r in requests} | set(declared)
+    missing = sorted(set(weights) - tenants)
+    if not missing:
+        return None
+    have = ", ".join(repr(t) for t in sorted(tenants - {""})) or "none: give a class a tenant:, or a trace a " \
+        "tenant column"
+    return f"policy.tenant_weights: no request has the tenant {missing[0]!r} (the workload's tenants: {have})"
 
 
 class VirtualTokenCounter(QueuePolicy):
@@ -58,6 +76,10 @@ class VirtualTokenCounter(QueuePolicy):
         self._backlogged: set[str] = set()  # tenants with a waiting request after the last plan
         self._last_left = 0.0  # counter of the last tenant that stopped waiting
         self._order: dict[int, int] = {}  # waiting request id -> its place in this step's VTC order
+
+    def check_tenants(self, requests: Iterable[Any], declared: Iterable[str] = ()) -> str | None:
+        """Why this policy's ``tenant_weights`` do not fit the workload, or None (:func:`tenant_weights_problem`)."""
+        return tenant_weights_problem(self.tenant_weights, requests, declared)
 
     def describe(self) -> str:
         return f"VirtualTokenCounter(w_p={self.input_weight:g}, w_q={self.output_weight:g})"

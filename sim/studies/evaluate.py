@@ -340,7 +340,7 @@ def _run_seeds(policy: Any, args: Mapping[str, Any], raw: dict[str, Any], source
     """Each seed's summary (servesim.run's), in the process that runs the user's code. Raises on failure."""
     from sim.api import _quiet
     from sim.config.scenario import parse_scenario, slos_of, variant_configs
-    from sim.loop.run import simulate_variant
+    from sim.loop.run import check_workload_fits_policy, simulate_variant
     from sim.metrics.summary import summarize
 
     obj = _make_policy(policy, args)
@@ -354,6 +354,10 @@ def _run_seeds(policy: Any, args: Mapping[str, Any], raw: dict[str, Any], source
     summaries = []
     with _quiet():
         for seed, wl in workloads:
+            try:  # a VTC's tenant_weights naming a tenant the workload lacks, as servesim.run refuses it
+                check_workload_fits_policy(sc, cfg, wl)
+            except ScenarioError as e:
+                raise _LoadError("load", str(e)) from None
             result, _, _ = simulate_variant(cfg, wl)
             summaries.append(summarize(result, slos))
             if out is not None:
