@@ -94,28 +94,27 @@ def test_request_histograms_hold_a_block_not_the_run() -> None:
     assert peak_bytes(block_histograms, table) < 8e6
 
 
-def test_summary_attributes_energy_before_it_makes_the_latencies(monkeypatch: pytest.MonkeyPatch) -> None:
-    # both are several arrays a request; made one after the other, a long run's summary holds one set at a time
+def test_summary_attributes_energy_and_takes_the_verdict_inputs_before_it_makes_the_latencies(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # each is several arrays a request; made one after the other, a long run's summary holds one set at a time
     from test_energy import _one, _scenario
 
     import sim.metrics.summary as summary_module
 
     r, whole = _one(_scenario(arrival={"type": "poisson", "rate": 8.0}, n=80))
-    alive: list[str] = []
-    energy_summary, of_table = summary_module.energy_summary, summary_module._Latencies.of_table
+    calls: list[str] = []
 
-    def energy(*args):  # type: ignore[no-untyped-def]
-        alive.append(f"energy with {len(alive)} latency sets made")
-        return energy_summary(*args)
+    def logged(name: str, fn):  # type: ignore[no-untyped-def]
+        def call(*args):  # type: ignore[no-untyped-def]
+            calls.append(name)
+            return fn(*args)
+        return call
 
-    def latencies(table, done):  # type: ignore[no-untyped-def]
-        alive.append("latencies")
-        return of_table(table, done)
-
-    monkeypatch.setattr(summary_module, "energy_summary", energy)
-    monkeypatch.setattr(summary_module._Latencies, "of_table", latencies)
+    monkeypatch.setattr(summary_module, "energy_summary", logged("energy", summary_module.energy_summary))
+    monkeypatch.setattr(summary_module, "limit_inputs", logged("limits", summary_module.limit_inputs))
+    monkeypatch.setattr(summary_module._Latencies, "of_table", logged("latencies", summary_module._Latencies.of_table))
     assert summary_module.summarize(r) == whole
-    assert alive[0] == "energy with 0 latency sets made"
+    assert calls == ["energy", "limits", "latencies"]
 
 
 def test_rows_needed_is_what_assign_slots_opens() -> None:

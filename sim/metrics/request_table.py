@@ -65,6 +65,17 @@ class RequestTable(Sequence[RequestRecord]):
         column is widened from its compact dtype, so a block of a long run's column costs a block, not the column."""
         return np.asarray(self._numeric[name][rows], dtype=_NUMERIC[name])
 
+    def one_value(self, name: str) -> bool:
+        """Whether every row of an integer field holds the same value (true of no rows), read from the
+        compact column without widening it."""
+        a = self._numeric[name]
+        return _constant(a) or not len(a) or bool((a == a[0]).all())
+
+    def in_id_order(self) -> bool:
+        """Whether the ids increase row by row (a run's table always; ``as_table`` keeps a list's order)."""
+        ids = self._numeric["id"]
+        return bool(np.all(ids[1:] > ids[:-1]))
+
     def outcome_is(self, outcome: str, rows: slice = slice(None)) -> np.ndarray:
         """Which requests (of ``rows``) ended with ``outcome`` (completed, rejected, failed), as a boolean mask."""
         names = self._names["outcome"]

@@ -230,14 +230,18 @@ def summarize(result: RunResult, slos: SLOs | None = None) -> dict:
     # energy before the latencies: its attribution and the latencies are each several arrays a request, and were
     # held at once (a long run's summary peak: 122 bytes a request above the rest, bench_million, tracemalloc)
     energy = energy_summary(result, total_out, duration, up)
+    # every step's figures in one pass of blocks (a long run's whole columns are 160 MB each at 20 M steps), and
+    # the verdict's inputs from them, also before the latencies (several arrays a request each)
+    fig = step_figures(result.steps, result.kv_capacity_blocks, result.block_size)
+    limits = limit_inputs(result, fig)
     lat = _Latencies.of_table(table, done)
     ttft, e2el, multi, tpot_all = lat.ttft, lat.e2el, lat.multi, lat.tpot_all
     n_done = int(done.sum())
     total_in = int(table.column("prompt_tokens", done).sum())
 
     goodput = slo_attainment = NAN
-    own_ttft, own_tpot = table.column("ttft_slo")[done], table.column("tpot_slo")[done]
     if (table.column("ttft_slo") >= 0).any() or (table.column("tpot_slo") >= 0).any():  # classes with own SLOs
+        own_ttft, own_tpot = table.column("ttft_slo")[done], table.column("tpot_slo")[done]
         good = _within_slos(own_ttft, own_tpot, lat, slos)  # so the run's figure is the sum of its classes'
         goodput = _ratio(int(good.sum()), duration)
         slo_attainment = _ratio(int(good.sum()), len(reqs))
@@ -249,8 +253,6 @@ def summarize(result: RunResult, slos: SLOs | None = None) -> dict:
         goodput = _ratio(int(good.sum()), duration)
         slo_attainment = _ratio(int(good.sum()), len(reqs))
 
-    # every step's figures in one pass of blocks (a long run's whole columns are 160 MB each at 20 M steps)
-    fig = step_figures(result.steps, result.kv_capacity_blocks, result.block_size)
     kv_usage = {"mean": fig.kv_usage_mean, "max": fig.kv_usage_max}
     # A share of the token slots of the blocks in use that hold a token. kv_tokens counts a token once per
     # request that reads it, so a block shared by prefix caching counts several times (174% was seen); shared
@@ -261,7 +263,6 @@ def summarize(result: RunResult, slos: SLOs | None = None) -> dict:
     busy, flops, computed, padding = fig.busy, fig.flops, fig.computed_tokens, fig.padding_tokens
     mean_batch = fig.batch_dot / busy if busy > 0 else NAN
     num_steps = fig.num_steps
-    limits = limit_inputs(result, fig)
     out = {
         "num_requests": len(table),
         "num_completed": n_done,

@@ -103,6 +103,8 @@ def _waiting_spans(result: RunResult) -> tuple[np.ndarray, np.ndarray]:
     table = as_table(result.requests)
     arrival, finish, sched = (table.column(k) for k in ("arrival", "finish", "first_scheduled"))
     preempted, resumed = table.spans("preempted_at"), table.spans("resumed_at")
+    if not preempted:  # a span a request, in its order: what the placement below gives, without its index arrays
+        return arrival, np.where(sched >= 0, sched, finish)
     # request by request: its wait for a first step, then its preemptions' (the order of the sums they feed)
     ids = table.column("id")
     extra = np.zeros(len(ids), dtype=np.int64)
@@ -140,14 +142,16 @@ def limit_inputs(result: RunResult, fig: StepFigures | None = None) -> dict:
     - busy_mfu: MFU while computing (FLOPs over busy time x peak); prefill_share: prefill tokens / computed tokens.
     """
     table = as_table(result.requests)
-    arrivals = np.sort(table.column("arrival"))
+    arrivals = table.column("arrival")
+    # the first and last arrival (a NaN anywhere makes both NaN, as it ended a sorted copy: no window either way)
+    first_at, last_at = (arrivals.min(), arrivals.max()) if arrivals.size else (NAN, NAN)
     done = table.outcome_is("completed")
     offered = scheduled = growth = NAN
     q_start = q_end = NAN
     if fig is None:  # the step sums, a block of steps at a time (the summary passes those it took)
         fig = step_figures(result.steps, result.kv_capacity_blocks, result.block_size)
-    if arrivals.size > 1 and arrivals[-1] - arrivals[0] >= 1e-3:
-        t0, t1 = float(arrivals[0]), float(arrivals[-1])
+    if arrivals.size > 1 and last_at - first_at >= 1e-3:
+        t0, t1 = float(first_at), float(last_at)
         span = t1 - t0
         offered = (arrivals.size - 1) / span  # n arrivals bound n - 1 gaps
         first = table.column("first_scheduled")
@@ -159,8 +163,10 @@ def limit_inputs(result: RunResult, fig: StepFigures | None = None) -> dict:
         growth = (q_end - q_start) / (span - quarter)
     arrival = table.column("arrival")[done]
     e2el = table.column("finish")[done] - arrival
-    queue = table.column("first_scheduled")[done] - arrival
-    queue_share = float(queue.mean() / e2el.mean()) if e2el.size and e2el.mean() > 0 else NAN
+    e2el_mean = e2el.mean() if e2el.size else NAN
+    del e2el  # one value a request at a time besides the arrivals (a long run's summary peak)
+    queue_mean = (table.column("first_scheduled")[done] - arrival).mean() if arrival.size else NAN
+    queue_share = float(queue_mean / e2el_mean) if arrival.size and e2el_mean > 0 else NAN
     busy, computed, flops = fig.busy, fig.computed_tokens, fig.flops
     cap, static = _slot_cap(result.config)
     return {
