@@ -42,6 +42,11 @@ def _error(change) -> str:
         # a variant's deployment keys are checked against the deployment schema
         (lambda r: r["variants"][0].update(deployment={"blocksize": 8}),
          "s.yaml: variants.0.deployment.blocksize: unknown key; did you mean block_size?"),
+        # a user's class: its own parameter written beside cls, where its constructor never sees it
+        (lambda r: r["variants"][0].update(policy={"type": "custom", "cls": "sim.policies.queue:FCFSPolicy",
+                                                   "short": 256}),
+         "s.yaml: variants.0.policy.short: unknown key; your class's constructor arguments go under args: "
+         "{args: {short: ...}}"),
         # nothing close: no guess
         (lambda r: r["deployment"].update(colour="red"), "s.yaml: deployment.colour: unknown key"),
     ],

@@ -162,8 +162,12 @@ def unknown_key_hint(model: type[BaseModel] | None, loc: tuple[Any, ...]) -> str
     elsewhere in the schema with the section it belongs to; empty when nothing is close."""
     if model is None or not loc or not isinstance(loc[-1], str):
         return ""
-    here = sorted({k for m in _models_at(model, tuple(loc[:-1])) for k in m.model_fields})
+    models = _models_at(model, tuple(loc[:-1]))
+    here = sorted({k for m in models for k in m.model_fields})
     best = closest_key(loc[-1], here)
+    if best is None and any({"cls", "args"} <= m.model_fields.keys() for m in models):
+        # a user's class: its own parameter written beside cls, where the constructor never sees it
+        return f"; your class's constructor arguments go under args: {{args: {{{loc[-1]}: ...}}}}"
     if best == loc[-1]:  # the section's other kinds have the key, this kind not (a custom policy's chunking)
         kind = f" {loc[-2]!r}" if len(loc) > 1 and isinstance(loc[-2], str) else ""
         return f"; other kinds of this section have it, the kind{kind} not"
