@@ -63,3 +63,24 @@ def test_closest_key_rules():
     assert closest_key("Block_Size", known) == "block_size"  # case
     assert closest_key("m", known) is None  # one letter says too little
     assert closest_key("zzz", known) is None
+
+
+@pytest.mark.parametrize("router, line", [
+    ({"type": "custom", "cls": "sim.policies.queue:FCFSPolicy", "args": {"x": 1}},
+     "s.yaml: variants.0.cluster.router.custom: cls sim.policies.queue:FCFSPolicy: constructing it with args "
+     "{'x': 1} raised TypeError: QueuePolicy.__init__() got an unexpected keyword argument 'x'"),
+    ({"type": "power_of_tw"}, "s.yaml: variants.0.cluster.router.type: unknown type power_of_tw; expected one of "
+     "'custom', 'power_of_two', 'cache_load_score', 'slo_aware'"),
+    ({"type": "power_of_two", "sed": 1}, "s.yaml: variants.0.cluster.router.sed: unknown key; did you mean seed?"),
+])
+def test_a_router_mapping_with_a_mistake_is_named_alone(router, line):
+    """A router written as a mapping, with a mistake inside: the message led with the name form's complaint,
+    "cluster.router: must be 'round_robin', 'least_outstanding', 'least_kv' or 'prefix_affinity'", and named the
+    real problem on a second line."""
+    assert _error(lambda r: r["variants"][0].update(cluster={"replicas": 2, "router": router})) == line
+
+
+def test_a_router_name_misspelt_still_lists_the_names():
+    assert _error(lambda r: r["variants"][0].update(cluster={"replicas": 2, "router": "round_robn"})) == (
+        "s.yaml: variants.0.cluster.router: must be 'round_robin', 'least_outstanding', 'least_kv' or "
+        "'prefix_affinity'; or expected a mapping of keys to values (got 'round_robn')")

@@ -41,6 +41,7 @@ def _clean_loc(loc: tuple[Any, ...], raw: Any, keep_last: bool = False) -> str:
     return ".".join(parts)
 
 
+_NAME_ERRORS = {"literal_error", "string_type", "enum"}  # a union's name member refusing a mapping
 _TYPE_LABELS = {"str", "int", "float", "bool", "none", "list", "dict", "tuple"}
 _UNION_TAGS = {
     "analytic", "fitted", "paged", "contiguous", "static", "continuous", "poisson", "gamma", "constant",
@@ -194,6 +195,14 @@ def format_validation(
             loc = ".".join(x for x in (loc, str(e["ctx"]["discriminator"]).strip("'")) if x)
         loc = prefix + loc if loc else prefix.rstrip(".")
         grouped.setdefault(loc, []).append(e)
+    for loc in [k for k in grouped if any(o.startswith(k + ".") for o in grouped)]:
+        # a union of a name and a mapping (a router): for a mapping written, the name's complaint ("must be
+        # 'round_robin', ...") stood first and the mapping's own problem, named a line below, read as an aside
+        kept = [e for e in grouped[loc] if not (isinstance(e.get("input"), dict) and e["type"] in _NAME_ERRORS)]
+        if kept:
+            grouped[loc] = kept
+        else:
+            del grouped[loc]
     lines = []
     for loc, errs in list(grouped.items())[:_MAX_PROBLEMS]:
         kinds = {e["type"] for e in errs}
