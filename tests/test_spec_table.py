@@ -79,3 +79,13 @@ def test_only_valid_columns_become_a_table() -> None:
     assert SpecTable.check(np.zeros(3), ok, ok)
     assert not SpecTable.check(np.array([0.0, -1.0, 2.0]), ok, ok)  # the tuple's RequestSpec raises its error
     assert not SpecTable.check(np.zeros(3), np.array([1, 0, 1]), ok)
+
+
+def test_lengths_are_kept_narrow_and_read_back_as_the_same_ints() -> None:
+    # a workload of ten million requests held 160 MB of int64 lengths for the whole run (issue 40, item 3)
+    prompt = np.array([1, 300, 16384, 70_000], dtype=np.int64)
+    output = np.array([1, 2, 255, 4], dtype=np.int64)
+    table = SpecTable(np.arange(4.0), prompt, output, hash_block_size=16)
+    assert (table._prompt.nbytes, table._output.nbytes) == (16, 4)  # uint32, uint8
+    assert [(s.prompt_len, s.output_len) for s in table] == list(zip(prompt.tolist(), output.tolist(), strict=True))
+    assert all(type(s.prompt_len) is int and type(s.output_len) is int for s in table)
