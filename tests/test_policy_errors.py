@@ -171,6 +171,22 @@ def test_the_run_says_when_a_users_policy_is_asked(tmp_path: Path) -> None:
         assert words in p.stderr, p.stderr
 
 
+def test_the_run_says_when_a_policy_reads_a_prediction_it_has_no_predictor_for(tmp_path: Path) -> None:
+    """Shortest job first written as ``rank = (req.predicted_output_len, req.arrival, req.id)`` with no predictor:
+    every prediction is None, None ties with None, and the run was first come first served without a word."""
+    (tmp_path / "mine.py").write_text("import servesim\n\n\ndef size(req):\n    return req.predicted_output_len\n"
+                                      "\n\nclass Mine(servesim.QueuePolicy):\n    def rank(self, req):\n"
+                                      "        return (size(req), req.arrival, req.id)\n")
+    note = ("bad-policy: policy Mine reads predicted_output_len, but the policy has no predictor, so it is None for "
+            "every request: set its predictor (predictor: {type: oracle}, lognormal or buckets)")
+    p = _run(tmp_path, "mine.py:Mine")
+    assert p.returncode == 0 and note in p.stderr.splitlines(), p.stderr
+    p = _run(tmp_path, "mine.py:Mine", ", predictor: {type: oracle}")
+    assert p.returncode == 0 and "predicted_output_len" not in p.stderr, p.stderr
+    p = _run(tmp_path, "bad_policies.py:Idle")  # a class that never reads it: no note
+    assert "predicted_output_len" not in p.stderr, p.stderr
+
+
 @pytest.mark.parametrize(("cls", "line"), [("Spins", "while view.now >= 0"), ("Sleeps", "time.sleep(3600)")])
 def test_a_policy_that_never_returns_is_stopped(tmp_path: Path, cls: str, line: str) -> None:
     """A loop that never ends, or a wait on nothing: stopped after SERVESIM_POLICY_TIMEOUT_S (60 s by default) with

@@ -67,6 +67,8 @@ def _policy_capabilities(prepared: Any) -> list[str]:
                 policy = build(cfg)[0]
                 if isinstance(policy, UserPolicy):
                     lines.append(f"{cfg.name}: {policy.capabilities()}")
+                    if (note := policy.unpredicted()) is not None:
+                        lines.append(f"{cfg.name}: {note}")
     return lines
 
 

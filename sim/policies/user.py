@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import inspect
 import reprlib
+import sys
 import threading
 import traceback
+import types
 from collections.abc import Collection
 from operator import itemgetter
 from pathlib import Path
@@ -55,6 +57,27 @@ def _user_frames(exc: BaseException, *, exception: bool = True) -> str:
         return ""
     lines = traceback.format_list(frames) + (traceback.format_exception_only(type(exc), exc) if exception else [])
     return "".join(lines).rstrip()
+
+
+def _reads(cls: type, name: str) -> bool:
+    """Whether a user's class reads an attribute ``name`` in its methods, the functions and lambdas inside them, or
+    the functions of its module (servesim's own bases are not the user's code)."""
+    codes = []
+    for klass in cls.__mro__:
+        if klass.__module__.partition(".")[0] in ("sim", "servesim", "builtins"):
+            continue
+        module = sys.modules.get(klass.__module__)
+        found = [*vars(klass).values(), *(vars(module).values() if module is not None else ())]
+        for v in found:
+            for fn in (getattr(v, "__func__", v), getattr(v, "fget", None)):
+                if isinstance(getattr(fn, "__code__", None), types.CodeType):
+                    codes.append(fn.__code__)  # type: ignore[union-attr]
+    while codes:
+        code = codes.pop()
+        if name in code.co_names:
+            return True
+        codes.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
+    return False
 
 
 def call_user(what: str, fn: Any, *args: Any, wrap: bool = True) -> Any:
@@ -159,6 +182,15 @@ class UserPolicy(Policy):
                     "stretches between them run without asking (servesim check-policy verifies the declaration)")
         return (f"policy {self.describe()}: asked before every step (depends_on: every_step); declare "
                 "depends_on = {'arrivals', 'finishes'} if that is all its decision reads, for the fast path")
+
+    def unpredicted(self) -> str | None:
+        """A note when the policy's code reads ``predicted_output_len`` but it has no predictor: every request's
+        is None, and a rank led by it, ``(req.predicted_output_len, req.arrival, req.id)``, compares None with
+        None as equal and serves first come first served, the shortest-job-first written never running."""
+        if self.predictor is not None or not _reads(type(self.user), "predicted_output_len"):
+            return None
+        return (f"policy {self.name} reads predicted_output_len, but the policy has no predictor, so it is None for "
+                "every request: set its predictor (predictor: {type: oracle}, lognormal or buckets)")
 
     def _public_view(self, view: View, hidden: set[int], planning: bool = False) -> api.PolicyView:
         waiting = view.waiting if not hidden else [r for r in view.waiting if r.id not in hidden]
