@@ -33,6 +33,7 @@ from sim.metrics.records import RunResult
 from sim.metrics.summary import summarize
 from sim.output.report import TEMPLATE, color, ecdf_points
 from sim.serving.request import RequestSpec
+from sim.workload.arrivals import time_scale_problem
 from sim.workload.generator import GeneratedWorkload
 
 PERCENTILE_KEYS = ("p50", "p90", "p99")
@@ -292,8 +293,9 @@ def validate(scenario_path: str | Path, profile_path: str | Path, *, device: str
         raise ScenarioError(f"--device must be cpu or cuda, got {device!r}")
     if device == "cuda" and not torch.cuda.is_available():
         raise ScenarioError("--device cuda: torch sees no CUDA device")
-    if not 0 <= time_scale < math.inf:  # NaN put every arrival at 0, inf at inf (NaN latencies)
-        raise ScenarioError(f"--time-scale must be a finite number >= 0, got {time_scale}")
+    why = time_scale_problem(time_scale)
+    if why is not None:
+        raise ScenarioError(why)
     if num_gpu_blocks is not None and num_gpu_blocks < 1:
         raise ScenarioError(f"--num-gpu-blocks must be >= 1, got {num_gpu_blocks}")
     profile = load_profile(profile_path)

@@ -17,7 +17,6 @@ on CPU the serving thread's CPU time, on CUDA synchronised wall time; idle gaps 
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import resource
 import threading
@@ -52,6 +51,7 @@ from sim.serving.core import ServingCore
 from sim.serving.failures import FailurePlan
 from sim.serving.request import Request
 from sim.serving.spec_decode import summary_inputs
+from sim.workload.arrivals import time_scale_problem
 
 MEMORY_COLUMNS = ("variant", "step", "time", "rss_bytes", "max_rss_bytes", "cuda_allocated_bytes",
                   "cuda_max_allocated_bytes", "nvml_used_bytes", "nvml_gpu_util", "nvml_power_w", "nvml_energy_j")
@@ -259,8 +259,9 @@ def _run_engine(cfg: VariantConfig, workload, *, device, dtype, model_spec, num_
                 cpu_clock: str = "thread", reference_seconds: float | None = None,
                 ) -> tuple[RunResult, list[Request], ServingCore]:
     requests_in = getattr(workload, "requests", workload)
-    if not 0 <= time_scale < math.inf:  # NaN put every arrival at 0, inf at inf (NaN latencies)
-        raise ValueError(f"time_scale must be a finite number >= 0, got {time_scale}")
+    why = time_scale_problem(time_scale, "time_scale")
+    if why is not None:
+        raise ValueError(why)
     if device not in ("cpu", "cuda"):
         raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
     if decode_kernel not in ("auto", "triton", "ref"):

@@ -251,6 +251,21 @@ def test_an_empty_path_is_refused_not_read_as_the_current_folder(tmp_path: Path,
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.yaml"]
 
 
+@pytest.mark.parametrize("command, value", [
+    (["observe", "{s}", "--endpoint", "http://127.0.0.1:9/v1"], "inf"), (["engine", "run", "{s}"], "nan"),
+    (["validate", "{s}", "--profile", "calibration/profiles/tiny-cpu.json"], "inf"),
+])
+def test_time_scale_is_checked_alike_wherever_arrivals_meet_the_wall_clock(tmp_path: Path, command, value) -> None:
+    # Before: observe let --time-scale inf through (`not v >= 0`) and waited forever for the first arrival; the
+    # engine and validate had checks of their own, one line each (sim.workload.arrivals.time_scale_problem now).
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(VALID))
+    r = subprocess.run([sys.executable, "-m", "sim.cli.main", *[a.format(s=tmp_path / "s.yaml") for a in command],
+                        "--time-scale", value, "--out", str(tmp_path / "out")], capture_output=True, text=True,
+                       cwd=ROOT, timeout=120)
+    assert (r.returncode, r.stderr) == (2, f"error: --time-scale must be a finite number >= 0, got {value}\n")
+    assert not (tmp_path / "out").exists()
+
+
 def test_no_traceback_reaches_the_terminal(tmp_path: Path) -> None:
     """The real entry point, in a subprocess: what a user sees on a bad file is one line."""
     path = tmp_path / "bad.yaml"

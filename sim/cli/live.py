@@ -177,14 +177,17 @@ def register(app: typer.Typer) -> None:
         from sim.loop.observe import ObserveRun, observe_async, write_observed_run
         from sim.loop.run import generate_workload
         from sim.output.table import format_table
+        from sim.workload.arrivals import time_scale_problem
 
         if api not in ("completions", "chat"):
             _fail(f"--api must be completions or chat, got {api!r}")
         if not endpoint.startswith(("http://", "https://")):
             _fail(f"--endpoint must be an http:// or https:// URL, got {endpoint!r}")
-        for flag, v in (("--time-scale", time_scale), ("--scrape-interval", scrape_interval)):
-            if not v >= 0:
-                _fail(f"{flag} must be >= 0, got {v}")
+        why = time_scale_problem(time_scale)
+        if why is not None:
+            _fail(why)
+        if not scrape_interval >= 0:
+            _fail(f"--scrape-interval must be >= 0, got {scrape_interval}")
         if not timeout > 0:
             _fail(f"--timeout must be > 0 seconds, got {timeout}")
         try:

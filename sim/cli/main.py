@@ -457,11 +457,13 @@ def engine_run(
     from sim.loop.run import check_workload_fits_policy, generate_workload
     from sim.metrics.summary import summarize
     from sim.output.run_folder import format_table
+    from sim.workload.arrivals import time_scale_problem
 
     if device not in ("cpu", "cuda"):
         _fail(f"--device must be cpu or cuda, got {device!r}")
-    if not 0 <= time_scale < math.inf:  # NaN put every arrival at 0, inf at inf: another workload, said nothing
-        _fail(f"--time-scale must be a finite number >= 0, got {time_scale}")
+    why = time_scale_problem(time_scale)
+    if why is not None:
+        _fail(why)
     if num_gpu_blocks is not None and num_gpu_blocks < 1:
         _fail(f"--num-gpu-blocks must be >= 1, got {num_gpu_blocks}")
     if quant is not None and quant not in ("int8", "int4", "fp8"):

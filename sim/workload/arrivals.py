@@ -28,6 +28,15 @@ from sim.workload.traces import TraceData, load_trace
 # Think times of closed-loop users (seconds, >= 0).
 
 
+
+def time_scale_problem(time_scale: float, name: str = "--time-scale") -> str | None:
+    """Why ``time_scale`` cannot stretch arrivals onto the wall clock (arrival ``a`` is sent at ``a * time_scale``
+    seconds: the real engine, validate, observe), or None. NaN put every arrival at 0 and inf at inf (NaN
+    latencies on the engine; observe waited forever), another workload without a word."""
+    if isinstance(time_scale, bool) or not isinstance(time_scale, int | float) or not 0 <= time_scale < math.inf:
+        return f"{name} must be a finite number >= 0, got {time_scale}"
+    return None
+
 class FixedThinkTime(FrozenInputModel):
     """Every pause lasts the same time."""
 
