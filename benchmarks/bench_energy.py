@@ -64,7 +64,10 @@ the GPU). Nothing is fitted to a row; the power model's one fitted constant (sim
 MEMORY_POWER_SHARE) was fitted to v3.0's published mean power, not its joules. Beside each J/token error the power
 and throughput errors say which side is wrong, the published and simulated steady-state batches (``avg_batch_size``,
 vLLM's running requests) whether the simulated KV holds what vLLM's held; then each source's rows sorted by their
-J/token error (``by_source``), and the summary splits each group's J/token error into the two (``breakdown``).
+J/token error (``by_source``), and the summary splits each group's J/token error into the two (``breakdown``). At a
+batch of 64 or less a v3.0 row's published median and p90 inter-token latencies (columns ``median_itl_ms``,
+``p90_itl_ms``, from the same files) say what paced its steps (``pacing``): the GPU (p90 within 1.2x the median, as
+in every H100 run) or something else (wider: the one-GPU B200 runs), and the summary groups the rows by it.
 ``--step-gaps`` prints instead, without simulating, each row's decode step (average batch / output tok/s) against
 the roofline's and the time per row the roofline misses (sim/engines/vllm_v1.py reads it).
 
@@ -104,6 +107,9 @@ MAX_NUM_BATCHED_TOKENS = 8192  # every v3.0 configuration's max-num-batched-toke
 # runs as the benchmark clients send by default (greedy). Top-p costs vLLM a sort of each row's vocabulary each step
 # (sim/engines/sampling.py)
 SAMPLING = {"ML.ENERGY": {"temperature": 0.8, "top_p": 0.95}}
+# A published run at batch <= 64 whose p90 inter-token latency exceeds its median by more than this was paced by
+# something other than its GPU work (``pacing``): just above the widest of the H100 runs' spreads there (1.18)
+ITL_JITTER = 1.2
 # Meta's FP8 checkpoints by the name a source gives them, and the preset that states their unconverted modules
 META_FP8 = {"meta-llama/Llama-3.1-405B-Instruct-FP8": "llama-3.1-405b-fp8"}
 Err = tuple[dict[str, str], float, float, float]  # a row, and its J/token, power and output tok/s errors
@@ -309,6 +315,19 @@ def _batch_bin(batch: int) -> str:
                 if batch <= hi) if batch <= 256 else "batch 257+"
 
 
+def pacing(row: dict[str, str]) -> str:
+    """What paced the published run's steps, from its published inter-token latencies (ML.ENERGY v3.0's
+    ``median_itl_ms`` and ``p90_itl_ms``), at a batch of 64 or less, where a step's work barely changes from one
+    step to the next: "GPU-paced" when the p90 ITL is within ``ITL_JITTER`` of the median, as in every H100 run
+    there (1.01-1.18), "host-jittered" beyond it, steps stretched by something other than their GPU work (the
+    one-GPU B200 runs but two, 1.31-2.51); "" at larger batches (prefill chunks widen every run's spread) or
+    without published ITLs."""
+    if int(row["batch_size"]) > 64 or not row.get("median_itl_ms") or not row.get("p90_itl_ms"):
+        return ""
+    jitter = float(row["p90_itl_ms"]) / float(row["median_itl_ms"])
+    return "host-jittered" if jitter > ITL_JITTER else "GPU-paced"
+
+
 def breakdown(errs: list[Err]) -> None:
     """Median errors overall and by source, GPU, task, GPU and task, model and batch, with the J/token error split
     into its two factors. J/token is power over output tok/s (the published rows' own figures are: their J is
@@ -334,8 +353,11 @@ def breakdown(errs: list[Err]) -> None:
     groups: dict[str, list[Err]] = {}
     for x in errs:
         r = x[0]
-        for key in ("all", r["source"], f"gpu {r['gpu']}", f"task {r['task']}", f"{r['gpu']}, {r['task']}",
-                    f"model {r['model']}", _batch_bin(int(r["batch_size"]))):
+        keys = ["all", r["source"], f"gpu {r['gpu']}", f"task {r['task']}", f"{r['gpu']}, {r['task']}",
+                f"model {r['model']}", _batch_bin(int(r["batch_size"]))]
+        if pace := pacing(r):
+            keys.append(f"{r['gpu']}, batch <= 64, {pace}")
+        for key in keys:
             groups.setdefault(key, []).append(x)
     print(f"  {'':47s} {'n':>3s} {'|J|':>6s} {'J':>7s} {'W':>7s} {'tok/s':>7s} {'|J| if W':>9s} {'if time':>9s} "
           f"{'time':>6s}")
@@ -356,7 +378,7 @@ def by_source(errs: list[Err]) -> None:
         for row, j, w, t in sel:
             print(f"  {row['model']:15s} {row['gpu']:>8s} x{row['num_gpus']:<2s} batch {row['batch_size']:>5s} "
                   f"{row['task'][:18]:18s} max-model-len {row.get('max_model_len') or '-':>6s} "
-                  f"J {_pct(j)}  W {_pct(w)}  tok/s {_pct(t)}")
+                  f"J {_pct(j)}  W {_pct(w)}  tok/s {_pct(t)}  {pacing(row)}".rstrip())
 
 
 def main() -> None:

@@ -517,6 +517,31 @@ def test_the_energy_rows_print_by_source_sorted_by_their_j_error(capsys: pytest.
             "tok/s  +10.0%") in out
 
 
+def test_the_published_itl_spread_says_what_paced_a_small_batch(capsys: pytest.CaptureFixture[str]) -> None:
+    import csv
+
+    bench = _bench_energy()
+    with open(bench.DATA, newline="") as f:
+        rows = list(csv.DictReader(f))
+    # every v3.0 row carries its published median and p90 ITL (p90 the larger), no other source's does
+    assert all((bool(r["median_itl_ms"]) and bool(r["p90_itl_ms"])) == ("v3.0" in r["source"]) for r in rows)
+    assert all(float(r["p90_itl_ms"]) >= float(r["median_itl_ms"]) > 0 for r in rows if r["median_itl_ms"])
+    # at batch <= 64 every H100 run is GPU-paced (the threshold sits above their widest spread), every multi-GPU
+    # B200 run too, and all but two of the one-GPU B200 runs are not; larger batches and other sources: no label
+    small = [r for r in rows if r["median_itl_ms"] and int(r["batch_size"]) <= 64]
+    assert {bench.pacing(r) for r in small if r["gpu"] == "h100-sxm" or r["num_gpus"] != "1"} == {"GPU-paced"}
+    one_b200 = [bench.pacing(r) for r in small if r["gpu"] == "b200" and r["num_gpus"] == "1"]
+    assert one_b200.count("GPU-paced") == 2 and one_b200.count("host-jittered") == len(one_b200) - 2 > 20
+    assert {bench.pacing(r) for r in rows if not r["median_itl_ms"] or int(r["batch_size"]) > 64} == {""}
+    row = {"source": "s", "gpu": "b200", "task": "t", "model": "m", "batch_size": "8", "median_itl_ms": "10",
+           "p90_itl_ms": "12.01"}
+    assert bench.pacing(row) == "host-jittered" and bench.pacing(row | {"p90_itl_ms": "12"}) == "GPU-paced"
+    # the summary groups the small-batch rows by it
+    bench.breakdown([(row, -0.5, 0.0, 1.0), (row | {"p90_itl_ms": "11"}, 0.1, 0.1, 0.0)])
+    out = capsys.readouterr().out
+    assert out.count("b200, batch <= 64, host-jittered") == 1 and out.count("b200, batch <= 64, GPU-paced") == 1
+
+
 def test_plan_names_the_deployment_with_the_fewest_joules() -> None:
     import copy
 
