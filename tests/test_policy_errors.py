@@ -162,6 +162,21 @@ def test_check_mode_passes_a_correct_declaration(tmp_path: Path) -> None:
     assert "ok, the fast path gives the same" in p.stdout
 
 
+def test_check_mode_on_a_sweep_says_how_to_pick_a_point(tmp_path: Path) -> None:
+    """'pick one with --set' did not say how: --set workload.arrival.rate=8 alone kept the sweep, and the same
+    error came back."""
+    sc = tmp_path / "s.yaml"
+    sc.write_text(SCENARIO.format(cls="sim.policies.priority:PriorityPolicy", extra="").replace(
+        "rate: 200.0", "rate: 20.0") + "sweep: {workload.arrival.rate: [10, 20]}\n")
+    cmd = [sys.executable, "-m", "sim.cli.main", "check-policy", str(sc), "--set", "workload.arrival.rate=8"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=HERE.parent)
+    assert p.returncode == 2 and p.stderr == ("error: check-policy runs a scenario's variants, not its sweep points: "
+                                              "drop the sweep with --set sweep=null and pick its point with --set "
+                                              "(--set workload.arrival.rate=8)\n"), p.stderr
+    p = subprocess.run([*cmd, "--set", "sweep=null"], capture_output=True, text=True, timeout=300, cwd=HERE.parent)
+    assert p.returncode == 0 and "ok, the fast path gives the same" in p.stdout, p.stdout + p.stderr
+
+
 def test_the_run_says_when_a_users_policy_is_asked(tmp_path: Path) -> None:
     """A user on the wrong declaration should know what it costs (vLLM PR #43724: a custom scheduler silently lost
     its fast path)."""

@@ -24,7 +24,8 @@ def _load(scenario: Path, sets: list[str], num_requests: int | None, variant: st
     try:
         sc, _ = load_scenario(scenario, overrides)
         if sc.sweep:
-            raise ScenarioError("sweeps are not supported here; pick one point with --set")
+            raise ScenarioError("sweeps are not supported here: drop the sweep with --set sweep=null and pick its "
+                                "point with --set (--set workload.arrival.rate=8)")
         cfgs = variant_configs(sc)
         if variant is None:
             cfg = cfgs[0]

@@ -410,7 +410,8 @@ def check_policy(
         sc, _ = load_scenario(scenario, overrides)
         cfgs = variant_configs(sc)
         if sc.sweep:
-            _fail("check-policy runs a scenario's variants, not its sweep points: pick one with --set")
+            _fail("check-policy runs a scenario's variants, not its sweep points: drop the sweep with --set sweep=null "
+                  "and pick its point with --set (--set workload.arrival.rate=8)")
         results = []
         with _quiet_numpy():
             for cfg in cfgs:
