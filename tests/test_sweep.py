@@ -101,6 +101,21 @@ def test_a_sweep_of_a_policy_file_edited_since_is_not_resumed(tmp_path: Path) ->
     assert fresh.ran == 6 and {r["num_rejected"] for r in fresh.rows if r["variant"] == "continuous"} == {60}
 
 
+def test_a_sweep_whose_policy_raised_resumes_once_the_file_is_fixed(tmp_path: Path) -> None:
+    """The usual edit: a policy raised, the sweep stopped with the other variant's rows done, the user fixed the
+    file and ran it again. The class finished no run, so nothing old is kept of it: the sweep resumes."""
+    (tmp_path / "mine.py").write_text("import servesim\n\n\nclass Mine(servesim.QueuePolicy):\n"
+                                      "    def rank(self, req):\n        raise KeyError('oops')\n")
+    sc, raw = load(**{"variants.1.policy": {"type": "custom", "cls": str(tmp_path / "mine.py") + ":Mine"}})
+    with pytest.raises(ScenarioError, match="KeyError: 'oops'"):
+        run_sweep(sc, raw, tmp_path / "sw", workers=1)
+    assert [r["key"] for r in read_rows(tmp_path / "sw" / "sweep.csv")] == ["naive[workload.arrival.rate=2.0]"]
+    (tmp_path / "mine.py").write_text("import servesim\n\n\nclass Mine(servesim.QueuePolicy):\n    pass\n")
+    sc, raw = load(**{"variants.1.policy": {"type": "custom", "cls": str(tmp_path / "mine.py") + ":Mine"}})
+    again = run_sweep(sc, raw, tmp_path / "sw", workers=1)
+    assert (again.ran, again.resumed) == (5, 1) and {r["num_completed"] for r in again.rows} == {60}
+
+
 def test_cli_sweep(tmp_path: Path) -> None:
     runner = CliRunner()
     out = tmp_path / "cli"

@@ -403,11 +403,14 @@ def run_sweep(
         if old.get("columns") != cols:
             raise ScenarioError(f"{out}/sweep.csv has other columns (written by another servesim version); use "
                                 "another --out, or --fresh to start over")
-        edited = sorted(k for k, v in old.get("code", code).items() if code.get(k, v) != v)
-        if edited:  # the rows kept would be the old code's, beside new rows of the new code
+        done = _finished_keys(table)
+        # a finished run of a class edited since: its row is the old code's, beside new rows of the new code (a
+        # class that finished no run, one that raised and was fixed, is simply run)
+        was = old.get("code", {})
+        edited = sorted({c for t in tasks if t.key in done for c, d in t.code if was.get(c, d) != d})
+        if edited:
             raise ScenarioError(f"{out} holds runs of an earlier version of {', '.join(edited)} (edited since); "
                                 "--fresh to run them again, or another --out")
-        done = _finished_keys(table)
     meta_path.write_text(json.dumps(meta, indent=2) + "\n")
     todo = [t for t in tasks if t.key not in done]
     resumed = len(tasks) - len(todo)
