@@ -41,6 +41,9 @@ CASES = [
     ("missing.py:X", "", "missing.py: file not found"),
     ("bad_policies.py:Nope", "", "has no 'Nope' (its classes: ClockReader, Fewest, Idle, NeedsArgs, NoSchedule"),
     ("bad_policies.py", "", "expected 'path/to/file.py:ClassName'"),
+    # a notebook's class named in a scenario then run from the command line, where __main__ is servesim itself
+    ("__main__:Mine", "", "(__main__ names a class of the Python script or notebook running servesim.run; from the "
+     "command line name the file that defines it, 'my_policy.py:Class')"),
     ("no_such_pkg.mod:X", "", "no_such_pkg.mod: no such module"),
     ("broken_import.py:X", "", "importing it raised ZeroDivisionError: division by zero (line 3)"),
     ("bad_policies.py:NoSchedule", "", "NoSchedule does not override schedule(view)"),

@@ -80,7 +80,10 @@ def load_class(spec: str) -> type:
     obj = getattr(module, name, None)
     if obj is None:
         found = sorted(k for k, v in vars(module).items() if isinstance(v, type) and v.__module__ == module.__name__)
-        raise ValueError(f"{target} has no {name!r} (its classes: {', '.join(found) or 'none'})")
+        # __main__ is the script or notebook that called servesim.run; on the command line it is servesim itself
+        where = (" (__main__ names a class of the Python script or notebook running servesim.run; from the command "
+                 "line name the file that defines it, 'my_policy.py:Class')") if target == "__main__" else ""
+        raise ValueError(f"{target} has no {name!r} (its classes: {', '.join(found) or 'none'}){where}")
     if not isinstance(obj, type):
         raise ValueError(f"{target}:{name} is a {type(obj).__name__}, not a class")
     return obj
