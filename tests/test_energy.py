@@ -600,3 +600,39 @@ def test_energy_is_computed_once_while_kept_and_again_for_other_inputs(monkeypat
     run_energy(r)
     assert len(calls) == 6
     assert energy._kept is None
+
+
+def test_a_pipeline_stage_waiting_in_its_bubble_draws_static_power_only() -> None:
+    # Before: a pipeline's rounds had no roofline, so all of a round but its FLOPs counted as memory traffic, the
+    # bubble included: a 2-stage decode of one row (m = 1, each stage idle half the round) drew 543 W per GPU (now
+    # 257 W).
+    # Now each stage computes its share of every micro-batch (m x work / pp of the round) and waits out the rest at
+    # static power, so the round's energy above static power is the same work's on one stage group.
+    from sim.costs.energy import power_model_of
+    from sim.hardware.models import ModelSpec
+    from sim.serving.pipeline import wrap_pipeline
+
+    gpu = GPUSpec.from_name("h100-sxm")
+    inner = AnalyticCostModel("llama-3.1-8b", "h100-sxm")
+    pipe = wrap_pipeline(inner, ModelSpec.from_name("llama-3.1-8b"), gpu, pipeline_parallel_size=2)
+    for rows, ctx in ((1, 1001), (4, 2000)):
+        shape = StepShape(rows, rows, rows, rows * ctx, rows * ctx)
+        t, flops = float(pipe.step_time(shape)), float(pipe.step_flops(shape))
+        m = min(rows, 2)
+        compute, memory = (float(x) * m / 2 for x in inner.busy_times(
+            StepShape(rows / m, rows / m, rows / m, rows * ctx / m, rows * ctx / m)))
+        pm = power_model_of(gpu, pipe, 2, None)
+        assert pm is not None and pm.roofline is inner
+        steps = _steps([{"start": 0.0, "duration": t, "flops": flops, "batch_size": rows, "decode_tokens": rows,
+                         "kv_tokens": rows * ctx}])
+        r = RunResult("x", [_record(i, 0.0, 0.0, t, ctx, 2) for i in range(rows)], steps, np.zeros(0),
+                      np.zeros(0, dtype=np.int64), duration=t, peak_flops=pipe.peak_flops, kv_capacity_blocks=10,
+                      block_size=16, power=pm)
+        e = run_energy(r)
+        assert e is not None
+        dyn = gpu.tdp_w - gpu.idle_w
+        assert e.step_power_w[0] == pytest.approx(2 * (gpu.idle_w + dyn * (compute / t + 0.75 * memory / t)), rel=1e-12)
+        if rows == 1:  # the bubble: half the round, each stage waits for the other
+            assert compute + memory < 0.51 * t and e.step_power_w[0] < 2 * 400.0
+            whole_c, whole_m = (float(x) for x in inner.busy_times(shape))
+            assert e.step_energy_j[0] - 2 * gpu.idle_w * t == pytest.approx(dyn * (whole_c + 0.75 * whole_m), rel=1e-12)

@@ -24,8 +24,13 @@ Why these shapes:
   |power error| 9.3%, 9.3% leaving each model out of the fit and 16.7% leaving each GPU out (0.70 fitted on H100
   alone, 0.95 on B200 alone). Ma et al. ("The Illusion of Power Capping in LLM Decode", arXiv 2605.11999, 2026)
   saw decode on an H200 draw only 137-300 W, which this puts too high; the two larger sources agree with it;
-- a cost model without a roofline (a fitted profile, the pipeline's rounds) gets its compute share from the
-  step's model FLOPs at the default compute efficiency and counts the rest of the step as memory traffic.
+- a cost model without a roofline (a fitted profile) gets its compute share from the step's model FLOPs at the
+  default compute efficiency and counts the rest of the step as memory traffic;
+- a pipeline's GPUs are busy only for their stage's share of each micro-batch (``m x work / pp`` of a round,
+  sim/serving/pipeline.py): the rest of the round, the bubble, each waits for the others at static power. Around
+  the analytic model a stage's compute and memory shares are the roofline's of one micro-batch, times ``m / pp``
+  (the stages' mean: the power of uneven stages is taken at their mean share); around a profile, the stage's busy
+  time less its compute is its memory traffic.
 
 Energy is attributed to requests by their tokens: a step's energy is split evenly over the tokens it computed
 (prefill and decode; padding's share goes to the real tokens), and a request gets the share of each step in its
@@ -51,6 +56,7 @@ from sim.costs.fitted import FittedCostModel
 from sim.metrics.block_sums import PairwiseSum
 from sim.metrics.request_table import RequestTable, as_table
 from sim.metrics.step_columns import StepColumns, continues_ascending, step_blocks, step_count
+from sim.serving.pipeline import PipelineCostModel
 
 if TYPE_CHECKING:
     from sim.hardware.gpu import GPUSpec
@@ -83,6 +89,7 @@ class PowerModel:
     gpus: int = 1  # GPUs of one replica (tensor x pipeline parallel), each drawing the same
     roofline: AnalyticCostModel | None = None
     peak_flops: float = 0.0  # FLOP/s of the replica's GPUs (the fallback's compute share)
+    pipeline: PipelineCostModel | None = None  # the replica's stages, whose bubbles draw static power only
 
     def power(self, compute_share: np.ndarray, memory_share: np.ndarray) -> np.ndarray:
         """Watts of the replica in steps with these busy shares (each in [0, 1])."""
@@ -105,11 +112,14 @@ def power_model_of(gpu: GPUSpec, cost: Any, gpus: int, limit_w: float | None) ->
     if gpu.tdp_w <= 0:
         return None
     inner = getattr(cost, "target", cost)  # sim.serving.spec_decode.SpecDecodeCost: the target's roofline
+    pipeline = inner if isinstance(inner, PipelineCostModel) else None
+    if pipeline is not None:
+        inner = pipeline.inner  # the whole model on one stage group: a micro-batch's roofline
     if isinstance(inner, FittedCostModel) and inner.device.lower().startswith("cpu"):
         return None  # steps measured on a CPU (`servesim calibrate --device cpu`): no GPU drew power for them
     roofline = inner if isinstance(inner, AnalyticCostModel) else None
     return PowerModel(gpu.idle_w, gpu.tdp_w, gpu.tdp_w if limit_w is None else min(limit_w, gpu.tdp_w), gpus,
-                      roofline, float(cost.peak_flops))
+                      roofline, float(cost.peak_flops), pipeline)
 
 
 _BUSY_COLUMNS = ("duration", "flops", "prefill_tokens", "padding_tokens", "decode_tokens", "batch_size", "padded_rows",
@@ -154,11 +164,21 @@ def _busy_block(pm: PowerModel, steps: dict[str, np.ndarray]) -> tuple[np.ndarra
         rows = steps["batch_size"] + steps["padded_rows"]
         pairs = np.maximum(flops - (tok - pad) * f_tok - rows * f_row, 0.0) / f_pair if f_pair > 0 else tok * 0.0
         kv_read = np.where(prefill > 0, steps["kv_tokens"], pairs)
-        compute, memory = pm.roofline.busy_times(StepShape(rows, tok, steps["decode_tokens"], kv_read, pairs))
+        if pm.pipeline is None:
+            compute, memory = pm.roofline.busy_times(StepShape(rows, tok, steps["decode_tokens"], kv_read, pairs))
+        else:  # m micro-batches of the step's rows through pp stages: each stage computes m / pp of one's roofline
+            pp = pm.pipeline.pipeline_parallel_size
+            m = np.clip(rows, 1, pp)
+            compute, memory = pm.roofline.busy_times(StepShape(rows / m, tok / m, steps["decode_tokens"] / m,
+                                                               kv_read / m, pairs / m))
+            compute, memory = compute * m / pp, memory * m / pp
     else:
         rate = pm.peak_flops * DEFAULT_COMPUTE_EFFICIENCY
         compute = flops / rate if rate > 0 else flops * 0.0
-        memory = np.maximum(dur - compute, 0.0)
+        busy = dur if pm.pipeline is None else pm.pipeline.stage_busy(
+            steps["batch_size"] + steps["padded_rows"],
+            steps["prefill_tokens"] + steps["decode_tokens"] + steps["padding_tokens"], dur)
+        memory = np.maximum(busy - compute, 0.0)
     with np.errstate(divide="ignore", invalid="ignore"):
         c = np.where(dur > 0, np.minimum(compute / dur, 1.0), 0.0)
         m = np.where(dur > 0, np.minimum(memory / dur, 1.0), 0.0)
