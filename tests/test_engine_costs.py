@@ -3,6 +3,7 @@ computations."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from sim.config.scenario import parse_scenario, variant_configs
@@ -77,6 +78,34 @@ def test_one_decode_step_by_hand():
     for t, (n, c) in zip(times, [(1, 1000), (64, 64000), (64, 70000)], strict=True):
         assert t == v05.step_time(StepShape(n, n, n, c, c))
         assert t == v05.decode_step_time(n, c)
+
+
+def test_prompt_step_waits_for_a_decode_steps_host_time():
+    """A step of prompts alone (no decode row) keeps its GPU time and waits for the host time of the decode step of
+    the same rows, not for the ratio times its prompts' compute: Llama-3.1-8B on one A100, one 1,000-token prompt.
+    Steps with a decode row (vLLM V0's chunked prefill mixes them) stay stretched as a whole."""
+    m, g = ModelSpec.from_name("llama-3.1-8b"), resolve_gpu("a100-80gb")
+    base = AnalyticCostModel(m, g)
+    for r in (VLLM_V05_HOST_TIME_RATIO, VLLM_V06_HOST_TIME_RATIO):
+        v0 = AnalyticCostModel(m, g, host_time_ratio=r)
+        overhead = 1.5e-3 + 1.0e-5
+        prompt = StepShape(1, 1000, 0, 1000, 1000 * 1001 // 2)
+        decode = StepShape(1, 1, 1, 1000, 1000)  # the same row's decode step, attending the same 1,000 tokens
+        host = r * (base.step_time(decode) - overhead)
+        assert v0.step_time(decode) == pytest.approx(base.step_time(decode) + host, rel=1e-12)
+        assert v0.step_time(prompt) == pytest.approx(base.step_time(prompt) + host, rel=1e-12)
+        # the prompt: 2 x 6.98e9 body FLOPs a token at 0.6 of 312 TFLOP/s, 74.6 ms, + attention's 500,500 pairs,
+        # 1.4 ms; a stretch of the whole step added 1.63x or 0.7x of that. Its decode step: 16 GB of weights at 0.8
+        # of 2.04 TB/s, 9.3 ms, of which the host time is r times
+        assert base.step_time(prompt) - overhead == pytest.approx(76.0e-3, abs=0.1e-3)
+        assert host == pytest.approx(r * 9.29e-3, abs=r * 0.01e-3)
+        mixed = StepShape(2, 1001, 1, 2000, 1000 * 1001 // 2 + 1000)  # one prompt beside one decode row
+        assert v0.step_time(mixed) - overhead - 1.0e-5 == pytest.approx(
+            (1 + r) * (base.step_time(mixed) - overhead - 1.0e-5), rel=1e-12)
+        # many steps at once: the same floats as one at a time
+        many = StepShape(np.array([1, 1, 2]), np.array([1000, 1, 1001]), np.array([0, 1, 1]),
+                         np.array([1000, 1000, 2000]), np.array([500500, 1000, 501500]))
+        assert list(v0.step_time(many)) == [v0.step_time(prompt), v0.step_time(decode), v0.step_time(mixed)]
 
 
 def test_engine_sets_the_ratio_and_cost_model_keys_win():

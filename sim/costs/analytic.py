@@ -99,7 +99,8 @@ class AnalyticCostModel(CostModel):
     dequant_overhead: float = DEFAULT_DEQUANT_OVERHEAD  # fraction added to weight-only quantized matmul time
     allreduce_latency: float = DEFAULT_ALLREDUCE_LATENCY  # s per all-reduce (tp > 1 only)
     # host (CPU) seconds per second of GPU work that the GPU waits for (sim/engines/costs.py: vLLM 0.5 and 0.6);
-    # 0: the host work overlaps the GPU, as in an engine without a synchronous CPU loop
+    # 0: the host work overlaps the GPU, as in an engine without a synchronous CPU loop. A step of prompts alone
+    # waits for its rows' decode step's host time instead (``_prefill_host``)
     host_time_ratio: float = 0.0
     # SM clock as a share of its full rate: below 1 when a power cap (deployment.power_limit_w) runs the clocks
     # down (sim/costs/energy.py). It divides the compute side of each roofline part; HBM bandwidth keeps its clock
@@ -282,8 +283,30 @@ class AnalyticCostModel(CostModel):
             t = self._time(a, b, c, d, e, np.maximum)
         else:
             t = float(self._time(a, b, c, d, e, max))
+        if self.host_time_ratio > 0:
+            dec = shape.num_decode_seqs
+            if array:
+                t = np.where((np.asarray(dec) == 0) & (np.asarray(b) > np.asarray(a)),
+                             self._prefill_host(a, c, e, t, True), t)
+            elif dec == 0 and b > a:
+                t = float(self._prefill_host(a, c, e, t, False))
         h = shape.host_load_time
         return t + h if h else t
+
+    def _prefill_host(self, a: Any, c: Any, e: Any, t: Any, array: bool) -> Any:
+        """A step of prompts alone (no decode row) under ``host_time_ratio``: its GPU time unstretched, plus the host
+        time of the decode step of the same rows (``a`` rows attending the same ``c`` tokens, ``e`` swapped blocks).
+        ``t`` is the step stretched as a whole, ``overheads + (1 + r) x GPU time``, so its GPU time is recovered by
+        taking the overheads out and dividing. V0's host work is per step and per sequence (scheduling, input
+        preparation, sampling, output processing), and the profiles the ratio comes from timed it on decode steps
+        (sim/engines/costs.py): a prompt's thousand tokens of compute add none of it."""
+        o = self._k[0] + a * self._k[1]
+        r = self.host_time_ratio
+        if self._moe is not None:
+            td = self._time_moe(a, a, c, c, e)
+        else:
+            td = self._time(a, a, c, c, e, np.maximum if array else max)
+        return o + (t - o) / (1.0 + r) + r * ((td - o) / (1.0 + r))
 
     def decode_steps(self, rows: Sequence[int], reads: Sequence[int],
                      longest: Sequence[int] | None = None) -> tuple[list[float], list[float]]:

@@ -19,7 +19,14 @@ and prepares inputs once for n steps, so the ratio is divided by n. These ratios
 vLLM V1, TensorRT-LLM (C++ executor, the host work overlapped with the GPU) and SGLang (its scheduler overlaps the
 next batch's preparation with the GPU) keep the analytic model's defaults (``DEFAULT_STEP_OVERHEAD``, stated for
 an optimized engine with CUDA graphs). The ratio multiplies only the GPU parts of a step (linear layers,
-attention, all-reduces, swaps); the step and per-row overheads stay as they are.
+attention, all-reduces, swaps); the step and per-row overheads stay as they are. A step of prompts alone (no decode
+row: vLLM V0 without chunked prefill runs prompts in steps of their own) waits instead for the host time of the
+decode step of the same rows: V0's host work is per step and per sequence (scheduling, input preparation, sampling,
+output processing), and both figures above were measured on runs whose steps decode, so a prompt's thousand tokens of
+compute add none of it (sim/costs/analytic.py ``_prefill_host``). France Travail's closed loops through vLLM 0.4.3
+and 0.6 measure it: one 1,000-token prompt of Llama-3-8B on an A100 took 82-98 ms to its first token, the GPU time
+alone, where the whole-step stretch gave 1.7-2.6x that (docs/throughput-residuals.md). Steps with a decode row,
+chunked prefill's mixed steps among them, stay stretched as a whole.
 
 **Static batching's activations.** An engine that runs a padded static batch (HF Transformers' generate,
 FasterTransformer, TensorRT-LLM's static batching) computes the batch's prompts in one forward and then one token
