@@ -171,6 +171,7 @@ class Evaluation:
     j_per_output_token: float = NAN  # simulated energy per output token (sim/costs/energy.py); NaN: no power figures
     latency_80_high: dict[str, float] = field(default_factory=dict)  # each latency at its 80% interval's slow end
     meets_80: bool = False  # every request completed and every latency_80_high within its SLO
+    max_request_rate: float = NAN  # req/s it completes with a backlog (plan_capacity.py); NaN: not measured
 
     @property
     def simulated(self) -> bool:
@@ -222,6 +223,7 @@ class Evaluation:
             "j_per_output_token": num(self.j_per_output_token),
             "latency_80_high": {k: num(v) for k, v in self.latency_80_high.items()},
             "meets_slos_80": self.meets_80,
+            "max_request_rate": num(self.max_request_rate),
             "num_completed": self.num_completed,
             "num_requests": self.num_requests,
         }

@@ -72,6 +72,7 @@ from sim.metrics.records import RunResult
 from sim.metrics.summary import SLOs, summarize
 from sim.serving.pipeline import check_pipeline, wrap_pipeline
 from sim.studies.plan_bounds import WorkloadShape, latency_bounds, work_lower_bound
+from sim.studies.plan_capacity import backlog_rate, backlog_workload
 from sim.studies.plan_result import (
     NAN,
     SLO_METRICS,
@@ -289,7 +290,7 @@ def plan(scenario: Scenario, *, stop_early: bool | None = None, progress: bool =
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix_str(f"${group[i][0].candidate.cost_per_hour:.2f}/h", refresh=False)
-        for (ev, _), (result, seconds) in zip(group, results, strict=True):
+        for (ev, vcfg), (result, seconds) in zip(group, results, strict=True):
             c = ev.candidate
             if chosen is not None and stop and c.precision < chosen.candidate.precision:
                 ev.status = "not simulated"  # simulated already (in parallel), but a serial search skips it
@@ -307,6 +308,8 @@ def plan(scenario: Scenario, *, stop_early: bool | None = None, progress: bool =
             ev.num_completed, ev.num_requests = s["num_completed"], s["num_requests"]
             ev.j_per_output_token = NAN if not s["energy"] else s["energy"]["j_per_output_token"]
             ok = ev.num_completed == ev.num_requests and _meets(ev.latency, slos)
+            if ok and shape.span > 0:  # a short run can end before an overload shows (sim/studies/plan_capacity.py)
+                ok = _keeps_up(ev, vcfg, wl, shape)
             ev.status = "met" if ok else "missed"
             ev.latency_80_high = latency_80_high(ev.latency)
             ev.meets_80 = ev.num_completed == ev.num_requests and _meets(ev.latency_80_high, slos)
@@ -338,6 +341,24 @@ def plan(scenario: Scenario, *, stop_early: bool | None = None, progress: bool =
         seconds=time.perf_counter() - start,
         notes=notes,
     )
+
+
+def _keeps_up(ev: Evaluation, vcfg: VariantConfig, wl: GeneratedWorkload, shape: WorkloadShape) -> bool:
+    """Whether the deployment serves the offered request rate with a backlog (``ev.max_request_rate``); if not,
+    the reason is put on ``ev``."""
+    c = ev.candidate
+    result, seconds = _simulate_job(backlog_workload(wl, c.max_num_seqs * c.replicas), (vcfg, c.replicas, c.label()))
+    ev.sim_seconds += seconds
+    if isinstance(result, str):
+        return True  # the run above built the same deployment: not reached
+    ev.max_request_rate = backlog_rate(result)
+    offered = (len(wl.requests) - 1) / shape.span
+    if not offered > ev.max_request_rate:
+        return True
+    ev.reason = (f"overloaded: serves at most {ev.max_request_rate:.3g} req/s with a backlog, {offered:.3g} arrive "
+                 f"(utilisation {offered / ev.max_request_rate:.2f}); its queue grows without bound, past what "
+                 f"{len(wl.requests)} requests show")
+    return False
 
 
 def _resolve(vcfg: VariantConfig, model: ModelSpec, gpu: GPUSpec) -> tuple[CostModel, KVBudget, int]:
