@@ -636,3 +636,24 @@ def test_a_pipeline_stage_waiting_in_its_bubble_draws_static_power_only() -> Non
             assert compute + memory < 0.51 * t and e.step_power_w[0] < 2 * 400.0
             whole_c, whole_m = (float(x) for x in inner.busy_times(shape))
             assert e.step_energy_j[0] - 2 * gpu.idle_w * t == pytest.approx(dyn * (whole_c + 0.75 * whole_m), rel=1e-12)
+
+
+def test_power_over_time_stays_under_the_boards_limit_when_steps_outlast_a_bin() -> None:
+    # Static batches of 16 long prompts: each batch's padded prefill is one step of several seconds, longer than
+    # the chart's bins. Put whole into the bin where it started, such a step drew 8,475 W on one 400 W A100 there
+    # (and idle power in the bins it went on through); spread over the bins it runs through, no bin passes the
+    # board's limit, and the curve still integrates to the run's energy.
+    sc = _scenario(arrival={"type": "poisson", "rate": 6.0}, n=120, prompt=3000, output=64, gpu="a100-80gb")
+    sc["policy"] = {"type": "static", "batch_size": 16, "max_wait": 0.5}
+    sc["kv_cache"] = {"type": "contiguous", "reserve": "max_model_len"}
+    sc["deployment"]["max_model_len"] = 4096
+    r, s = _one(sc)
+    bins = 200
+    width = r.duration / bins
+    assert float(np.max(np.asarray(r.steps["duration"]))) > 2 * width  # the case: a step spans bins
+    curve = power_over_time(r, bins=bins)
+    assert curve is not None
+    _, watts = curve
+    assert float(watts.max()) <= s["energy"]["power_limit_w"] * s["energy"]["gpus_per_replica"] + 1e-6
+    assert float(watts.min()) >= s["energy"]["idle_w"] - 1e-6
+    assert float(watts.sum() * width) == pytest.approx(s["energy"]["energy_j"], rel=1e-9)

@@ -472,8 +472,10 @@ def energy_summary(result: RunResult, total_output_tokens: int, duration: float,
 
 def power_over_time(result: RunResult, bins: int = 200) -> tuple[np.ndarray, np.ndarray] | None:
     """Mean power of the fleet in ``bins`` equal time bins over the run (bin centres in s, W): each step's energy
-    in the bin where it starts, the idle draw of the up replicas over what the steps left of the bin. Summed over
-    the bins, power x width is the run's energy."""
+    in the bins it runs through, by the seconds it runs in each (a step longer than a bin, a padded static prefill,
+    put whole into its first bin drew several times the board's limit there and idle power in the next), the
+    idle draw of the up replicas over what the steps left of the bin. Summed over the bins, power x width is the
+    run's energy."""
     e = run_energy(result)
     if e is None or result.power is None:
         return None
@@ -489,13 +491,29 @@ def power_over_time(result: RunResult, bins: int = 200) -> tuple[np.ndarray, np.
     else:
         starts = np.asarray(result.steps["start"], dtype=np.float64)
         dur = np.asarray(result.steps["duration"], dtype=np.float64)
-        where = np.clip(np.searchsorted(edges, starts, side="right") - 1, 0, bins - 1)
-        busy_j = np.bincount(where, weights=e.step_energy_j, minlength=bins)
-        busy_s = np.bincount(where, weights=dur, minlength=bins)
+        where, step, secs = _bin_pieces(edges, starts, dur)
+        busy_j = np.bincount(where, weights=e.step_power_w[step] * secs, minlength=bins)
+        busy_s = np.bincount(where, weights=secs, minlength=bins)
     replicas = e.up_seconds / (t1 - t0)  # replicas up on average (a fixed fleet: its size)
     idle_s = np.maximum(width * replicas - busy_s, 0.0)
     idle_j = idle_s * (e.idle_energy_j / idle_s.sum()) if idle_s.sum() > 0 else idle_s * 0.0
     return (edges[:-1] + edges[1:]) / 2, (busy_j + idle_j) / width
+
+
+def _bin_pieces(edges: np.ndarray, start: np.ndarray, dur: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each step cut at the bin edges it crosses: per piece, in step order, its bin, its step's index and its
+    seconds. The first and last bins reach out to -inf and +inf, so the pieces of a step add up to its duration."""
+    bins = len(edges) - 1
+    end = start + dur
+    first = np.clip(np.searchsorted(edges, start, side="right") - 1, 0, bins - 1)
+    last = np.clip(np.searchsorted(edges, end, side="left") - 1, first, bins - 1)  # an end on an edge: the bin before
+    n = last - first + 1
+    step = np.repeat(np.arange(len(start)), n)
+    where = first[step] + np.arange(len(step)) - np.repeat(np.cumsum(n) - n, n)
+    lo = np.concatenate(([-np.inf], edges[1:-1]))  # bin b spans lo[b] to hi[b]
+    hi = np.concatenate((edges[1:-1], [np.inf]))
+    secs = np.minimum(end[step], hi[where]) - np.maximum(start[step], lo[where])
+    return where, step, np.where(n[step] == 1, dur[step], secs)  # a step within one bin keeps its exact duration
 
 
 def _sequential_into(out: np.ndarray, where: np.ndarray, x: np.ndarray) -> None:
@@ -517,14 +535,14 @@ def _binned_in_blocks(pm: PowerModel | None, steps: StepColumns, edges: np.ndarr
     busy_j, busy_s = np.zeros(bins), np.zeros(bins)
     last = 0
     for _, block, power in _power_blocks(pm, steps, extra=("start",)):
-        where = np.clip(np.searchsorted(edges, block["start"], side="right") - 1, 0, bins - 1)
+        where, step, secs = _bin_pieces(edges, block["start"], block["duration"])
         if not len(where):
             continue
         if int(where[0]) < last or not bool(np.all(where[1:] >= where[:-1])):
             return None
         last = int(where[-1])
-        _sequential_into(busy_j, where, power * block["duration"])
-        _sequential_into(busy_s, where, block["duration"])
+        _sequential_into(busy_j, where, power[step] * secs)
+        _sequential_into(busy_s, where, secs)
     return busy_j, busy_s
 
 
