@@ -470,3 +470,28 @@ def test_a_queue_policy_whose_init_skips_super_runs_on_the_defaults(tmp_path) ->
     (ra, _, ca), (rb, _, cb) = _pair({"type": "fcfs"}, {"type": "custom", "cls": f"{tmp_path / 'mine.py'}:Mine"})
     assert ra.requests == rb.requests and ca.stats == cb.stats  # QueuePolicy()'s defaults: FCFS, chunked, recompute
     assert ca.stats.num_preemptions > 0
+
+
+def test_state_kept_on_the_class_that_a_run_changes_is_refused_before_the_next_run(tmp_path) -> None:
+    """``served = {}`` written on the class, not in __init__: one dict for every object, so the second variant
+    started with the counts the first left there and the two were compared on different footing, silently. A
+    class-level constant that runs only read, and a registry the constructor itself fills, stay allowed."""
+    (tmp_path / "mine.py").write_text(
+        "import servesim\n\n\nclass OnClass(servesim.QueuePolicy):\n    served = {}\n\n"
+        "    def schedule(self, view):\n        plan = super().schedule(view)\n"
+        "        for r, n in plan.scheduled:\n            self.served[r.tenant] = self.served.get(r.tenant, 0) + n\n"
+        "        return plan\n\n\n"
+        "class ReadsOnly(servesim.QueuePolicy):\n    WEIGHTS = {'a': 2}\n    made = []\n\n"
+        "    def __init__(self):\n        super().__init__()\n        self.made.append(self)\n\n"
+        "    def rank(self, req):\n        return (self.WEIGHTS.get(req.tenant, 1), req.arrival, req.id)\n")
+    scenario = {"workload": {**CHAT, "num_requests": 30}, "policy": {"type": "custom", "cls": "mine.py:OnClass"},
+                "deployment": {"model": "llama-3.1-8b", "gpu": "l4", "max_model_len": 4096},
+                "variants": [{"name": "a"}, {"name": "b"}]}
+    (tmp_path / "s.yaml").write_text(__import__("yaml").safe_dump(scenario))
+    with pytest.raises(servesim.ScenarioError, match=r"variant 'b': policy: cls \S*mine.py:OnClass: OnClass.served is a "
+                       r"dict on the class, shared by every object of it, and a run before this one changed it"):
+        servesim.run(tmp_path / "s.yaml")
+    (tmp_path / "s.yaml").write_text(__import__("yaml").safe_dump(
+        {**scenario, "policy": {"type": "custom", "cls": "mine.py:ReadsOnly"}}))
+    res = servesim.run(tmp_path / "s.yaml")
+    assert res.summary["a"]["num_completed"] == res.summary["b"]["num_completed"] == 30

@@ -7,6 +7,9 @@ Adding a policy kind touches its class here and the ``PolicyConfig`` union below
 
 from __future__ import annotations
 
+import collections
+import copy
+import weakref
 from abc import abstractmethod
 from collections.abc import Iterable
 from typing import Annotated, Any, ClassVar, Literal
@@ -260,13 +263,17 @@ class UserClassConfig(PolicyModel):
         return None
 
     def make(self) -> Any:
-        import copy
-
         from sim.policies.loader import exception_text
         from sim.policies.user import PolicyError, call_user
         from sim.policies.watchdog import WATCH
 
         what = "copying the object" if self.instance is not None else f"constructing it with args {self.args}"
+        kind = type(self.instance) if self.instance is not None else self._cls
+        if (changed := _shared_state_changed(kind)) is not None:
+            raise ValueError(f"cls {self.cls}: {kind.__name__}.{changed} is a {type(getattr(kind, changed)).__name__} "
+                             "on the class, shared by every object of it, and a run before this one changed it, so "
+                             "this run would start with that run's state: create it in __init__ (self."
+                             f"{changed} = ...), so that each variant and sweep point starts fresh")
         WATCH.arm()  # a constructor that never returns (each variant and sweep point makes one) is stopped
         try:
             obj = call_user(f"cls {self.cls}: {what}", lambda: copy.deepcopy(self.instance) if self.instance
@@ -279,7 +286,54 @@ class UserClassConfig(PolicyModel):
         if why is not None:
             hint = f" (subclass servesim.{self._api})" if why.startswith(("has no ", "does not override")) else ""
             raise ValueError(f"cls {self.cls}: {type(obj).__name__} {why}{hint}")
+        _SHARED[kind] = _snapshot(kind)  # after the constructor: what it does to the class is not a run's
         return obj
+
+
+# A user's class -> copies of its class-level containers as its last object was made. ``served = {}`` written on
+# the class rather than in __init__ is one dict for every object: each variant and sweep point run in a process
+# would start with the state the runs before it left there, and compare policies on different footing, silently.
+_SHARED: weakref.WeakKeyDictionary[type, dict[str, Any]] = weakref.WeakKeyDictionary()
+_MUTABLE = (dict, list, set, bytearray, collections.deque)
+
+
+def _containers(kind: type) -> dict[str, Any]:
+    """The mutable containers a user's class (and its user-written bases) holds as class attributes."""
+    found: dict[str, Any] = {}
+    for klass in reversed(kind.__mro__):
+        if klass.__module__.partition(".")[0] not in ("sim", "servesim", "builtins"):
+            found.update((k, v) for k, v in vars(klass).items() if not k.startswith("__") and isinstance(v, _MUTABLE))
+    return found
+
+
+def _plain(v: Any, depth: int = 0) -> Any:
+    """A copy of the containers in ``v`` down to what they hold (compared by value), the objects inside them left
+    as they are (compared by identity: a deep copy of one is never equal to it)."""
+    if depth > 8:
+        return v
+    if isinstance(v, dict):
+        return {k: _plain(x, depth + 1) for k, x in v.items()}
+    if isinstance(v, (list, collections.deque)):
+        return [_plain(x, depth + 1) for x in v]
+    return set(v) if isinstance(v, set) else bytes(v) if isinstance(v, bytearray) else v
+
+
+def _snapshot(kind: type) -> dict[str, Any]:
+    return {k: _plain(v) for k, v in _containers(kind).items()}
+
+
+def _shared_state_changed(kind: Any) -> str | None:
+    """The class attribute a run changed since the last object of ``kind`` was made, or None."""
+    before = _SHARED.get(kind) if isinstance(kind, type) else None
+    if not before:
+        return None
+    for k, v in _containers(kind).items():
+        try:
+            if k in before and bool(_plain(v) != before[k]):
+                return k
+        except Exception:  # noqa: BLE001, S112 - a container of arrays: no truth value to compare by
+            continue
+    return None
 
 
 def user_code(*sections: Any) -> dict[str, str]:
