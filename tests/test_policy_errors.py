@@ -127,6 +127,20 @@ def test_a_swap_past_the_free_blocks_exits_2(tmp_path: Path, cls: str, swap_spac
     assert "Traceback" not in p.stderr and not (tmp_path / "out").exists()
 
 
+def test_a_policy_file_imports_a_module_beside_it(tmp_path: Path) -> None:
+    """``from helpers import key`` in my_policy.py, helpers.py beside it: ModuleNotFoundError under the servesim
+    command, whose sys.path holds its bin folder (here: the repository root, the subprocess's working folder), not
+    the policy's, though `python my_policy.py` would find it."""
+    (tmp_path / "policy_helpers_beside.py").write_text("def key(req):\n"
+                                                       "    return (req.prompt_len, req.arrival, req.id)\n")
+    (tmp_path / "mine.py").write_text("import servesim\nfrom policy_helpers_beside import key\n\n\n"
+                                      "class Mine(servesim.QueuePolicy):\n    def rank(self, req):\n"
+                                      "        return key(req)\n")
+    p = _run(tmp_path, "mine.py:Mine")
+    assert p.returncode == 0, p.stderr
+    assert (tmp_path / "out" / "summary.json").exists()
+
+
 def test_an_exception_in_a_policy_shows_the_users_frames(tmp_path: Path) -> None:
     p = _run(tmp_path, "bad_policies.py:Raises")
     assert "KeyError: 'no such key'" in p.stderr

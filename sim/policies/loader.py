@@ -44,6 +44,12 @@ def _module_from_file(path: Path) -> ModuleType:
         raise ValueError(f"{path}: cannot be loaded as a Python module")
     module = importlib.util.module_from_spec(spec)
     vars(module)["__servesim_digest__"] = digest
+    # its folder is importable, as `python my_policy.py` makes it: `from helpers import key` beside the file failed
+    # with ModuleNotFoundError under the servesim command (whose sys.path holds its own bin folder, not the file's).
+    # Appended, not put first: a file there named like an installed module (yaml.py) must not shadow it
+    folder = str(path.resolve().parent)
+    if folder not in sys.path:
+        sys.path.append(folder)
     sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
