@@ -376,3 +376,25 @@ def test_a_vtc_object_from_python_is_checked_against_the_workloads_tenants(tmp_p
     assert (scores.ok, scores.reason, scores.error) == (False, "load", why)
     res = servesim.run(spec, policy=VirtualTokenCounter(tenant_weights={"chat-app": 3}))
     assert res.summary["scenario"]["num_completed"] == 10
+
+
+def test_a_vtc_of_a_disaggregated_pool_is_checked_against_the_workloads_tenants() -> None:
+    """Before: ``disaggregation.decode.policy: {type: vtc, tenant_weights: {chat-ap: 3}}`` ran as plain VTC without
+    a word; only the variant's own policy was checked."""
+    from sim.config.scenario import ScenarioError, parse_scenario
+    from sim.loop.run import prepare_scenario
+
+    raw = {
+        "workload": {"arrival": {"type": "poisson", "rate": 5.0}, "num_requests": 10,
+                     "prompt_len": {"type": "fixed", "value": 50}, "output_len": {"type": "fixed", "value": 5},
+                     "classes": [{"name": "chat", "share": 1, "tenant": "chat-app"}]},
+        "deployment": {"model": "llama-3.1-8b", "gpu": "a100-80gb", "max_model_len": 4096},
+        "variants": [{"name": "1P1D", "disaggregation": {
+            "decode": {"policy": {"type": "vtc", "tenant_weights": {"chat-ap": 3}}}}}],
+    }
+    with pytest.raises(ScenarioError) as e:
+        prepare_scenario(parse_scenario(raw))
+    assert str(e.value) == ("scenario: variant '1P1D': disaggregation.decode.policy.tenant_weights: no request has the "
+                            "tenant 'chat-ap' (the workload's tenants: 'chat-app')")
+    raw["variants"][0]["disaggregation"]["decode"]["policy"]["tenant_weights"] = {"chat-app": 3}
+    prepare_scenario(parse_scenario(raw))

@@ -246,11 +246,18 @@ def _cluster_simulation(cfg, workload, *, keep_token_times, fast_path, progress)
 def check_workload_fits_policy(sc: Scenario, cfg: VariantConfig, workload: GeneratedWorkload) -> None:
     """Refuse a policy whose parameters name what the workload lacks (VTC's tenant_weights a tenant that no class
     declares and no request has), which only the drawn requests can tell for a trace's tenant column."""
-    check = getattr(cfg.policy, "check_tenants", None)
     classes = (cfg.workload or sc.workload).classes or []
-    why = check(workload.requests, [c.tenant for c in classes]) if check is not None else None
-    if why is not None:
-        raise ScenarioError(f"variant {cfg.name!r}: {why}")
+    policies = [("", cfg.policy)]
+    if cfg.disaggregation is not None:  # a pool's own policy (a VTC of the decode pool went unchecked)
+        from sim.loop.disagg.pools import POOLS, pool_variant
+
+        policies += [(f"disaggregation.{role}.", pool_variant(cfg, role).policy) for role in POOLS
+                     if getattr(cfg.disaggregation, role).policy is not None]
+    for where, policy in policies:
+        check = getattr(policy, "check_tenants", None)
+        why = check(workload.requests, [c.tenant for c in classes]) if check is not None else None
+        if why is not None:
+            raise ScenarioError(f"variant {cfg.name!r}: {where}{why}")
 
 
 def workload_key(sc: Scenario, cfg: VariantConfig) -> str:
