@@ -141,6 +141,19 @@ def test_a_policy_file_imports_a_module_beside_it(tmp_path: Path) -> None:
     assert (tmp_path / "out" / "summary.json").exists()
 
 
+def test_a_module_that_fails_to_import_names_its_line_from_a_relative_path(tmp_path: Path) -> None:
+    """`servesim run my_scenario.yaml` from the scenario's folder, as the docs run it: the '(line 3)' of the
+    message was left out, the frames naming the file by its absolute path and the check by the relative one."""
+    (tmp_path / "broken_import.py").write_text((POLICIES / "broken_import.py").read_text())
+    (tmp_path / "s.yaml").write_text(SCENARIO.format(cls="broken_import.py:X", extra=""))
+    p = subprocess.run([sys.executable, "-m", "sim.cli.main", "run", "s.yaml", "--out", "out", "-q"],
+                       capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                       env={**os.environ, "PYTHONPATH": str(HERE.parent)})
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.endswith("broken_import.py: importing it raised ZeroDivisionError: division by zero (line 3)\n"), \
+        p.stderr
+
+
 def test_an_exception_in_a_policy_shows_the_users_frames(tmp_path: Path) -> None:
     p = _run(tmp_path, "bad_policies.py:Raises")
     assert "KeyError: 'no such key'" in p.stderr

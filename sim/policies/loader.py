@@ -58,7 +58,8 @@ def _module_from_file(path: Path) -> ModuleType:
         raise
     except BaseException as e:  # not only Exception: sys.exit, GeneratorExit, a library's own BaseException
         del sys.modules[name]
-        frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename == str(path)]
+        # spec.origin: the file's absolute path, as its frames name it (a relative path never matched them)
+        frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename == spec.origin]
         where = f" (line {frames[-1].lineno})" if frames else ""
         raise ValueError(f"{path}: importing it {exception_text(e)}{where}") from None
     return module
