@@ -271,9 +271,9 @@ class UserClassConfig(PolicyModel):
         kind = type(self.instance) if self.instance is not None else self._cls
         if (changed := _shared_state_changed(kind)) is not None:
             raise ValueError(f"cls {self.cls}: {kind.__name__}.{changed} is a {type(getattr(kind, changed)).__name__} "
-                             "on the class, shared by every object of it, and a run before this one changed it, so "
-                             "this run would start with that run's state: create it in __init__ (self."
-                             f"{changed} = ...), so that each variant and sweep point starts fresh")
+                             "on the class, shared by every object of it, and it changed since the previous run's "
+                             "object was made (that run wrote to it?), so this run would not start fresh: create it "
+                             f"in __init__ (self.{changed} = ...), or pass what it holds as args")
         WATCH.arm()  # a constructor that never returns (each variant and sweep point makes one) is stopped
         try:
             obj = call_user(f"cls {self.cls}: {what}", lambda: copy.deepcopy(self.instance) if self.instance
