@@ -179,6 +179,18 @@ def test_what_the_pools_do_not_model_is_refused(deployment: dict, needle: str) -
         _run(raw)
 
 
+@pytest.mark.parametrize(("policy", "message"), [
+    # before: "policy: Unable to extract tag using discriminator 'type'" (pydantic's words) and
+    # "policy.continuous.max_num_seqz: Extra inputs are not permitted"
+    ({"max_num_seqs": 8}, "policy.type: required key is missing"),
+    ({"type": "continuous", "max_num_seqz": 8}, "policy.max_num_seqz: unknown key"),
+])
+def test_a_pools_bad_policy_is_worded_as_the_files_own_policy(policy: dict, message: str) -> None:
+    with pytest.raises(ScenarioError) as e:
+        parse_scenario(_raw({"prefill": {"policy": policy}}))
+    assert str(e.value) == f"scenario: variants.0.disaggregation.prefill: {message}"
+
+
 # ---- the lesson ----------------------------------------------------------------------------------------------
 def _lesson(seed: int, slos: dict | None = None) -> dict[str, dict]:
     over = {"seed": seed, **({f"slos.{k}": v for k, v in slos.items()} if slos else {})}

@@ -25,6 +25,7 @@ from pydantic import ConfigDict, Field, TypeAdapter, ValidationError, model_vali
 
 from sim.config.deployment import Deployment
 from sim.config.input_model import Float, InputModel, Int
+from sim.config.scenario_messages import format_validation
 from sim.policies.configs import PolicyConfig
 
 # Link presets: bandwidth per GPU in one direction (GB/s, 1e9 bytes) and the fixed cost of one transfer
@@ -86,10 +87,10 @@ class PoolConfig(_Model):
         if self.policy is not None:
             try:
                 TypeAdapter(PolicyConfig).validate_python(self.policy)
-            except ValidationError as e:
-                err = e.errors()[0]
-                where = ".".join(str(p) for p in err["loc"])
-                raise ValueError(f"policy{'.' + where if where else ''}: {err['msg']}") from None
+            except ValidationError as e:  # worded as the file's own policy section is ("policy.type: required
+                # key is missing", not pydantic's "Unable to extract tag using discriminator 'type'")
+                first = format_validation(e, "", prefix="policy.").splitlines()[0]
+                raise ValueError(first.removeprefix(": ")) from None
         return self
 
 
