@@ -271,9 +271,10 @@ class UserClassConfig(PolicyModel):
         kind = type(self.instance) if self.instance is not None else self._cls
         if (changed := _shared_state_changed(kind)) is not None:
             raise ValueError(f"cls {self.cls}: {kind.__name__}.{changed} is a {type(getattr(kind, changed)).__name__} "
-                             "on the class, shared by every object of it, and it changed since the previous run's "
-                             "object was made (that run wrote to it?), so this run would not start fresh: create it "
-                             f"in __init__ (self.{changed} = ...), or pass what it holds as args")
+                             "on the class, shared by every object of it (each run's, each replica's), and it "
+                             "changed after the last object of it was made (a run wrote to it?), so the one made now "
+                             f"would not start fresh: create it in __init__ (self.{changed} = ...), or pass what it "
+                             "holds as args")
         WATCH.arm()  # a constructor that never returns (each variant and sweep point makes one) is stopped
         try:
             obj = call_user(f"cls {self.cls}: {what}", lambda: copy.deepcopy(self.instance) if self.instance
