@@ -657,3 +657,22 @@ def test_power_over_time_stays_under_the_boards_limit_when_steps_outlast_a_bin()
     assert float(watts.max()) <= s["energy"]["power_limit_w"] * s["energy"]["gpus_per_replica"] + 1e-6
     assert float(watts.min()) >= s["energy"]["idle_w"] - 1e-6
     assert float(watts.sum() * width) == pytest.approx(s["energy"]["energy_j"], rel=1e-9)
+
+
+def test_power_over_time_follows_an_autoscaled_fleets_size() -> None:
+    # One L4 (72 W) serves until the autoscaler's first replica is ordered at 45 s; then up to 8. The chart put
+    # the fleet's mean size (6 replicas) at idle power into every bin, so its first bins read 138 W, nearly twice
+    # what the one GPU up can draw; each bin now counts the replicas paid for in it.
+    res = servesim.run(Path(__file__).resolve().parent.parent / "scenarios" / "autoscale-memory-bound.yaml",
+                       num_requests=80)
+    r, s = res.results[1], res.summary[res.variants[1]]  # scale-on-busy
+    assert r.cluster is not None and r.cluster["replicas_max"] > r.cluster["replicas_start"] == 1
+    first_order = min(x["provisioned"] for x in r.cluster["per_replica"] if x["provisioned"] > 0)
+    curve = power_over_time(r, bins=200)
+    assert curve is not None
+    centres, watts = curve
+    width = r.duration / 200
+    alone = centres + width / 2 <= first_order
+    assert alone.sum() >= 3
+    assert float(watts[alone].max()) <= s["energy"]["power_limit_w"] + 1e-6
+    assert float(watts.sum() * width) == pytest.approx(s["energy"]["energy_j"], rel=1e-9)
