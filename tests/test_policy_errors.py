@@ -53,6 +53,9 @@ CASES = [
     ("bad_policies.py:NeedsArgs", ", args: {thresh: 1}", "unexpected keyword argument 'thresh'"),
     ("bad_policies.py:Raises", "", "Raises: schedule(view) at t="),
     ("bad_policies.py:ReturnsNone", "", "schedule returned NoneType, not a servesim.Plan"),
+    # `return servesim.Plan` without the call: 'schedule returned type', which named no mistake
+    ("bad_policies.py:ReturnsPlanClass", "", "schedule returned type, not a servesim.Plan object (it returned the class "
+     "itself: build one, plan = servesim.Plan(), and return it)"),
     ("bad_policies.py:TooMany", "", "more than max_num_seqs 4"),
     ("bad_policies.py:Twice", "", "schedules request 0 twice"),
     ("bad_policies.py:Idle", "", "simulation stalled: 20 requests without outcome"),

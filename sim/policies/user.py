@@ -251,6 +251,8 @@ class UserPolicy(Policy):
                 up.close()  # never run: closed here, or Python warns that it was never awaited, as a second error
                 kind = "an async def" if inspect.iscoroutine(up) else "a generator (it yields)"
                 hint = f" (schedule is {kind}: the core calls it as a plain function)"
+            elif isinstance(up, type) and issubclass(up, api.Plan):  # `return servesim.Plan`: "returned type"
+                hint = " object (it returned the class itself: build one, plan = servesim.Plan(), and return it)"
             raise PolicyError(f"policy {self.name}: schedule returned {type(up).__name__}, not a servesim.Plan{hint}")
         try:
             return self._translate(up, rejected, view, pv.running)

@@ -32,6 +32,11 @@ class ReturnsNone(servesim.Policy):
         return None
 
 
+class ReturnsPlanClass(servesim.Policy):
+    def schedule(self, view):
+        return servesim.Plan
+
+
 class TooMany(servesim.Policy):
     """Schedules every request, past max_num_seqs."""
 
