@@ -34,7 +34,7 @@ from sim.output.run_folder import (
     read_summary,
     write_run,
 )
-from sim.output.table import ratio_text
+from sim.output.table import FORMATTERS, ratio_text
 
 RUN_FILES = {"summary.json", "requests.csv", "steps.csv", "report.html"}
 
@@ -378,6 +378,18 @@ def test_ratio_column_reads_across_decades(ratio, text):
     in the same column, and a fall to zero (padding 65.8% -> 0.0%) as "0" (issue 35). One format now: three
     significant digits, whole numbers from 100 up, "-" where the ratio means nothing."""
     assert ratio_text(ratio) == text
+
+
+def test_joules_per_token_keep_three_significant_digits():
+    """J / output token was written with :.3g, so mooncake-long-context's 1.996 J read "2" beside the other
+    variant's "2.02", as if it were exact; trailing zeros are kept now, as in the ratio column."""
+    fmt = FORMATTERS["sig"]
+    assert [fmt(x) for x in (1.996, 2.02, 0.5, 0.2635, 0.0, 1234.5)] == ["2.00", "2.02", "0.500", "0.264", "0",
+                                                                         "1,234"]
+    j = next(row for row in format_table({"a": {"energy": {"j_per_output_token": 1.996}},
+                                          "b": {"energy": {"j_per_output_token": 2.02}}}).splitlines()
+             if row.startswith("J / output token"))
+    assert j.split()[4:6] == ["2.00", "2.02"]
 
 
 def test_format_table_without_ratio_and_with_missing_values():

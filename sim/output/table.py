@@ -51,7 +51,9 @@ def _int(x: float) -> str:
 
 
 def _sig(x: float) -> str:
-    return f"{x:.3g}"
+    """Three significant digits, trailing zeros kept (``:.3g`` read 1.996 J as "2" beside "2.02"), whole numbers
+    with separators from 100 up, as ratio_text writes ratios."""
+    return ratio_text(x) if x != 0 else "0"
 
 
 FORMATTERS: dict[str, Callable[[float], str]] = {"ms": _ms, "s": _s, "rate": _rate, "pct": _pct, "int": _int,
