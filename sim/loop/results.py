@@ -83,7 +83,7 @@ def result_of(
         start = min((r.arrival for r in records), default=0.0)
         end = max((r.finish for r in records), default=0.0)
         class_itl = class_itl_gaps(requests)
-    uniq, counts = pooled_gaps(*core.itl_gaps()) if pool_gaps else core.itl_gaps()
+    uniq, counts = core.itl_gaps(pooled=pool_gaps)
     steps = core.steps.columns()
     host = getattr(core.kv, "host", None)  # the prefix cache's host tier, if the KV manager has one
     return RunResult(

@@ -317,13 +317,13 @@ class StepLog:
             self._columns = StepColumns(list(self._chunks), STEP_COLUMNS, STEP_VARYING, RUN_CONSTANT, self.replica)
         return self._columns
 
-    def group_gaps(self) -> tuple[np.ndarray, np.ndarray]:
+    def group_gaps(self, pooled: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """The inter-token gaps that the decode fast path's runs stand for, as (gap seconds, tokens that saw it)
-        pairs: one per step, its duration, seen by each of its batch."""
+        pairs: one per step, its duration, seen by each of its batch (``pooled``: in the canonical pooled form)."""
         pool = GapPool()  # a chunk of steps at a time, pooled as they grow (not two whole columns)
         for gaps, counts in self.columns().group_gap_parts():
             pool.add(gaps, counts)
-        return pool.arrays()
+        return pool.pooled() if pooled else pool.arrays()
 
     def __len__(self) -> int:
         return len(self.per_step) // _NV + self._num_flushed
@@ -362,6 +362,11 @@ class GapLog:
         """(gaps, counts), in the order they were recorded (pooled in part past ``gap_pool.POOL_MIN`` pairs)."""
         self.compact(force=True)
         return self._pool.arrays()
+
+    def pooled(self) -> tuple[np.ndarray, np.ndarray]:
+        """``pooled_gaps(*self.arrays())``, pooled in place (``GapPool.pooled``)."""
+        self.compact(force=True)
+        return self._pool.pooled()
 
 
 @dataclass(slots=True)

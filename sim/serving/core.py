@@ -29,6 +29,7 @@ import numpy as np
 
 from sim.costs.costmodel import CostModel, StepShape
 from sim.engines.sched import graph_padding
+from sim.metrics.gap_pool import merge_pooled
 from sim.metrics.records import GapLog, StepLog
 from sim.policies.base import Admission, Plan, Policy, View
 from sim.serving import fast_path
@@ -202,9 +203,13 @@ class ServingCore:
         self._view.now = now
         return self.policy.wake_time(self._view)
 
-    def itl_gaps(self) -> tuple[np.ndarray, np.ndarray]:
+    def itl_gaps(self, pooled: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """Every inter-token gap so far as (gap seconds, tokens that saw it) pairs: those ``complete`` recorded
-        and those of the decode fast path's runs, which the step log holds (``StepLog.group_gaps``)."""
+        and those of the decode fast path's runs, which the step log holds (``StepLog.group_gaps``). ``pooled``:
+        ``pooled_gaps`` of them, each kind pooled as it is read and the two merged (a long run's pairs are never
+        all held at once)."""
+        if pooled:
+            return merge_pooled(*self.gaps.pooled(), *self.steps.group_gaps(pooled=True))
         gaps, counts = self.gaps.arrays()
         run_gaps, run_counts = self.steps.group_gaps()
         return np.concatenate([gaps, run_gaps]), np.concatenate([counts, run_counts])
