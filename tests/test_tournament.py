@@ -166,6 +166,21 @@ def test_a_spec_file_that_is_no_spec_exits_2(tmp_path: Path) -> None:
     assert res.exit_code == 2 and "tournament spec not found" in res.stderr
 
 
+def test_a_scenario_given_as_a_spec_and_a_spec_given_as_a_scenario_say_so() -> None:
+    """The two files mixed up (both live in examples/): each answer was five lines of missing and unknown keys."""
+    scenario = EXAMPLES / "fair_share.yaml"
+    spec = EXAMPLES.parent / "tournaments" / "priority-vs-fcfs.yaml"
+    res = CliRunner().invoke(app, ["tournament", str(scenario), "-q"])
+    assert res.exit_code == 2 and res.stderr == (
+        f"error: {scenario}: a scenario, not a tournament spec: run it with servesim run, or name it in a spec's "
+        "scenario key beside policies and loads (examples/tournaments/priority-vs-fcfs.yaml)\n"), res.stderr
+    for command in (["run", str(spec), "-q"], ["sweep", str(spec), "-q"], ["check-policy", str(spec)]):
+        res = CliRunner().invoke(app, command)
+        assert res.exit_code == 2 and res.stderr == (
+            f"error: {spec}: a tournament spec (scenario, policies, loads), not a scenario: run it with servesim "
+            "tournament\n"), (command, res.stderr)
+
+
 def test_fitness_maps_each_key_as_blis_does() -> None:
     from sim.studies.tournament import Fitness
 

@@ -126,6 +126,10 @@ def parse_scenario(raw: dict[str, Any], source: str = "scenario") -> Scenario:
     """Validate a scenario dict: its schema, every variant's merged deployment, and that trace files exist.
     Raises ScenarioError naming the key path and the reason."""
     load_plugins()  # a plugin's GPUs and engines are names the scenario may use
+    if isinstance(raw, dict) and "policies" in raw and "workload" not in raw:
+        # a tournament spec given to run (or sweep, check-policy, ...): five lines of missing and unknown keys
+        raise ScenarioError(f"{source}: a tournament spec (scenario, policies, loads), not a scenario: run it with "
+                            "servesim tournament")
     try:
         scenario = Scenario.model_validate(raw)
     except ValidationError as e:

@@ -223,6 +223,9 @@ def load_spec(path: str | os.PathLike) -> Tournament:
         raise _fail(source, str(e)) from None
     if not isinstance(raw, dict):
         raise _fail(source, "a tournament spec is a mapping (scenario, policies, loads, seeds, fitness)")
+    if "workload" in raw and "policies" not in raw:  # five lines of missing and unknown keys said it less plainly
+        raise _fail(source, "a scenario, not a tournament spec: run it with servesim run, or name it in a spec's "
+                    "scenario key beside policies and loads (examples/tournaments/priority-vs-fcfs.yaml)")
     try:
         spec = TournamentSpec.model_validate(unshared(raw))
     except ValidationError as e:
