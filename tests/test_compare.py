@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from sim.cli.main import app
 from sim.output.compare import Comparison, RunSide, pairs, read_run
-from sim.output.table import TABLE_ROWS, ratio_text
+from sim.output.table import FORMATTERS, TABLE_ROWS, ratio_text, table_cells
 
 SCENARIO = {
     "name": "cmp",
@@ -70,6 +70,23 @@ def test_table_side_by_side_with_ratios(runs, tmp_path):
     assert float(row[4]) < 1
     assert lines[-1] == "× is B / A (A = a, B = b)"
     assert not (tmp_path / "compare.html").exists()
+
+
+def test_rows_are_the_run_tables_energy_included(runs):
+    """compare's rows were the metrics and the cluster rows only: J / output token and mean power, which a run's
+    table shows for every GPU with power figures (this L4 among them), were missing, though the page says it puts
+    every metric of the table side by side."""
+    a, b = runs
+    r = CliRunner().invoke(app, ["compare", str(a), str(b)])
+    assert r.exit_code == 0, r.output
+    labels = [line.split("  ")[0] for line in r.output.splitlines()[2:-1]]
+    run_labels = [row[0] for row in table_cells(_summary(a))[1]]
+    assert labels == run_labels and "J / output token" in labels and "mean power (W)" in labels
+    sa, sb = _summary(a), _summary(b)
+    fmt = FORMATTERS["sig"]
+    row = next(line for line in r.output.splitlines() if line.startswith("J / output token")).split()
+    x, y = (s["wide"]["energy"]["j_per_output_token"] for s in (sa, sb))
+    assert row[4:7] == [fmt(x), fmt(y), ratio_text(y / x)]
 
 
 def test_html_page_has_the_table_and_overlaid_log_cdfs(runs, tmp_path):

@@ -20,7 +20,7 @@ import numpy as np
 
 from sim.config.schema import ScenarioError
 from sim.metrics.records import RequestRecord
-from sim.output.table import CLUSTER_ROWS, format_cells, metric_value, ratio_text, table_rows
+from sim.output.table import format_cells, ratio_text, row_specs, value_at
 
 COMPARE_FILE = "compare.html"
 
@@ -105,13 +105,15 @@ class Comparison:
             if va is not None and vb is not None:
                 header.append("×")
         every = list(self.a.summaries.values()) + list(self.b.summaries.values())
-        rows_spec = table_rows() + (CLUSTER_ROWS if any("cluster" in s for s in every) else ())
+        # the run table's rows for both runs' variants (energy, disaggregation and class rows too: table_rows and
+        # the cluster rows alone left out J / output token, which a comparison of power caps or dtypes is for)
+        rows_spec = row_specs(dict(enumerate(every)))
         rows = []
-        for label, key, fmt in rows_spec:
+        for label, parts, fmt in rows_spec:
             row = [label]
             for va, vb in ps:
-                x = metric_value(self.a.summaries[va], key) if va is not None else math.nan
-                y = metric_value(self.b.summaries[vb], key) if vb is not None else math.nan
+                x = value_at(self.a.summaries[va], parts) if va is not None else math.nan
+                y = value_at(self.b.summaries[vb], parts) if vb is not None else math.nan
                 if va is not None:
                     row.append(fmt(x) if math.isfinite(x) else "-")
                 if vb is not None:

@@ -177,6 +177,18 @@ def table_notes(summaries: dict) -> list[str]:
     return notes
 
 
+def row_specs(summaries: dict) -> list[tuple[str, list[str], Callable[[float], str]]]:
+    """(label, key parts, formatter) of every row the table shows for these summaries: the metrics, the cluster,
+    energy and disaggregation rows where a run has them, then the request classes' block."""
+    names = list(summaries)
+    cluster = any("cluster" in summaries[n] for n in names)
+    disagg = any("disaggregation" in summaries[n] for n in names)
+    energy = any(summaries[n].get("energy") for n in names)
+    plain = table_rows() + (CLUSTER_ROWS if cluster else ()) + (ENERGY_ROWS if energy else ()) \
+        + (DISAGG_ROWS if disagg else ())
+    return [(label, key.split("."), fmt) for label, key, fmt in plain] + _class_rows(summaries, names)
+
+
 def table_cells(summaries: dict) -> tuple[list[str], list[list[str]]]:
     """Header and rows of strings: one row per TABLE_ROWS entry (then a block per request class, and the tenants'
     fairness, when a run has them), one column per variant, plus a ratio column (last variant over the first,
@@ -187,13 +199,7 @@ def table_cells(summaries: dict) -> tuple[list[str], list[list[str]]]:
     if two:
         header.append(f"{names[1]} / {names[0]}")
     rows = []
-    cluster = any("cluster" in summaries[n] for n in names)
-    disagg = any("disaggregation" in summaries[n] for n in names)
-    energy = any(summaries[n].get("energy") for n in names)
-    plain = table_rows() + (CLUSTER_ROWS if cluster else ()) + (ENERGY_ROWS if energy else ()) \
-        + (DISAGG_ROWS if disagg else ())
-    rows_of = [(label, key.split("."), fmt) for label, key, fmt in plain] + _class_rows(summaries, names)
-    for label, parts, fmt in rows_of:
+    for label, parts, fmt in row_specs(summaries):
         vals = [value_at(summaries[n], parts) for n in names]
         row = [label] + [fmt(v) if math.isfinite(v) else "-" for v in vals]
         if two:
