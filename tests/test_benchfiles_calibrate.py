@@ -304,3 +304,17 @@ def test_a_file_given_twice_is_refused(tmp_path: Path) -> None:
                        timeout=300)
     assert (r.returncode, r.stderr) == (2, f"error: {files[1]}: given twice\n")
     assert not (tmp_path / "v").exists()
+
+
+@pytest.mark.parametrize("out, message", [("d", "--out d: is a folder, give a file name"),
+                                          ("f/k.json", "--out f/k.json: f is a file, not a folder")])
+def test_an_unwritable_profile_path_is_refused_before_the_fit(tmp_path: Path, out: str, message: str) -> None:
+    # Before: the fit ran (tens of simulations) and then "cannot write: Is a directory", or "File exists" for a
+    # file where a folder of the path should be.
+    (tmp_path / "d").mkdir()
+    (tmp_path / "f").write_text("x")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, "-m", "sim.cli.main", "calibrate", *two_rate_files(tmp_path), "--gpu",
+                        "a100-80gb", "--scenario", str(DATA / "scenario.yaml"), "--holdout-every", "0", "-o", out],
+                       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert (r.returncode, r.stderr, r.stdout) == (2, f"error: {message}\n", "")

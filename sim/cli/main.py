@@ -732,8 +732,7 @@ def calibrate(
         except ValueError as e:
             _fail(f"--dtype: {e}")
     path = out or Path("calibration") / "profiles" / f"{model}-{device}.json"
-    if path.exists() and path.is_dir():
-        _fail(f"--out {path}: is a folder, give a file name")
+    _check_profile_path(path)
     try:
         import torch
 
@@ -795,6 +794,16 @@ def calibrate(
                                                          for a, b in profile["wake_curve"][1:]))
     typer.echo(format_errors(profile["fit"]["heldout"], "held-out error"))
     typer.echo(f"wrote {path}")
+
+
+def _check_profile_path(path: Path) -> None:
+    """Refuse a profile path that cannot be written before measuring or fitting (minutes of work, then the
+    write failed: "Is a directory", or "File exists" for a file where a folder of the path should be)."""
+    if path.is_dir():
+        _fail(f"--out {path}: is a folder, give a file name")
+    folder = next((p for p in path.parents if p.exists()), None)
+    if folder is not None and not folder.is_dir():
+        _fail(f"--out {path}: {folder} is a file, not a folder")
 
 
 def _write_profile(path: Path, text: str) -> None:
@@ -920,6 +929,8 @@ def _calibrate_from_bench(files: list[Path], model: str | None, gpu: str | None,
             return
     if holdout_every < 0:
         _fail(f"--holdout-every must be >= 0, got {holdout_every}")
+    if out is not None:
+        _check_profile_path(out)
     free = tuple(k.strip() for k in knobs.split(",") if k.strip()) or family.free
     bad = [k for k in free if k not in family.bounds]
     if bad:
