@@ -33,6 +33,8 @@ equally cheap ones of lower precision than a configuration already meeting the S
 Price per token and the break-even volume are at the offered load, the output tokens the workload offers over its
 arrival window (``OutputLoad``): the run's own throughput counts the drain after the last arrival, so it would make
 them depend on ``num_requests``. A deployment that cannot keep up is marked saturated and priced at what it serves.
+One that meets the SLOs is also simulated with a backlog (``plan_capacity.py``): when the offered request rate is
+above what it completes there, a finite run ended before its queue grew, and it is missed as overloaded.
 
 Replicas run in one simulation: a router sends each arrival to the replica with the fewest unfinished requests
 (join the shortest queue, ties to the lowest index), as a load balancer in front of vLLM instances does.
