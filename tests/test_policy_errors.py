@@ -70,6 +70,9 @@ CASES = [
     # a NaN rank: every comparison with it is false, so the queue's order was arbitrary and the run said nothing
     ("bad_policies.py:RanksNaN", "", "RanksNaN: schedule(view) at t=0.029018 s raised ValueError: rank(req) gave "
      "(nan, 3) for request 3: NaN does not order"),
+    # a numpy array as the rank: numpy's "truth value of an array ... is ambiguous", naming neither rank nor request
+    ("bad_policies.py:RanksByArray", "", "RanksByArray: schedule(view) at t=0.029018 s raised TypeError: rank(req) "
+     "gave array(["),
     # a reason that is not a str: refuse() returning a bool rejected every request, with 'False' as the reason
     ("bad_policies.py:RefusesWithTrue", "", "RefusesWithTrue at t=0.016468 s: rejects request 0 with reason True, not "
      "a str (QueuePolicy.refuse returns None to keep a request, a reason string to reject it)"),

@@ -133,7 +133,13 @@ class QueuePolicy(Policy):
         NaN is false, so the sort would leave the queue in an arbitrary order and the run would say nothing."""
         keys = [self.rank(r) for r in reqs]
         for k, r in zip(keys, reqs, strict=True):
-            if k != k or (type(k) is tuple and any(x != x for x in k)):
+            try:
+                bad = k != k or (type(k) is tuple and any(x != x for x in k))
+            except ValueError as e:  # a numpy array: Python's message named neither rank nor a request
+                raise TypeError(f"rank(req) gave {k!r} for request {r.id}, whose comparisons have no truth value "
+                                f"({e}): give every request a key of one shape (a tuple, not an array), ending "
+                                "with its arrival and id") from None
+            if bad:
                 raise ValueError(f"rank(req) gave {k!r} for request {r.id}: NaN does not order (every comparison "
                                  "with it is false), so the queue's order would be arbitrary: give every request a key "
                                  "without NaN")

@@ -194,6 +194,16 @@ class RanksNaN(servesim.QueuePolicy):
         return (float("nan") if req.id == 3 else req.prompt_len, req.id)
 
 
+class RanksByArray(servesim.QueuePolicy):
+    """A rank built with numpy: an array's comparison has no truth value, and numpy's ValueError named neither
+    rank nor a request."""
+
+    def rank(self, req):
+        import numpy as np
+
+        return np.array([req.prompt_len, req.id])
+
+
 class RefusesWithTrue(servesim.QueuePolicy):
     """refuse() answering a yes/no question: True was recorded as the reason 'True' and every request rejected."""
 
