@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import fields
+from functools import partial
 from operator import attrgetter
 from typing import overload
 
@@ -227,13 +228,18 @@ class RequestSink:
         """Every request received, in id order (``sort=False``: in the order received). The sink is left empty."""
         self.flush()
         chunks, self._chunks = self._chunks, []
-        ids = np.concatenate([c["id"] for c in chunks]).astype(np.int64) if chunks else np.zeros(0, dtype=np.int64)
+        ids = np.concatenate([c["id"] for c in chunks]) if chunks else np.zeros(0, dtype=np.int64)
         order = None  # received in id order, or kept as received: no reordering
+        rows = None  # where each chunk's requests go when the ids are 0..n-1: their ids
         if sort and not bool(np.all(ids[1:] > ids[:-1])):
-            order = np.argsort(ids, kind="stable")
+            if _first_ids(ids):
+                rows = [c["id"] for c in chunks]
+            else:  # other ids: the rows in id order, by a stable sort
+                order = np.argsort(ids, kind="stable")
         del ids
-        numeric = {f: _gather(chunks, f, order, dtype) for f, dtype in _NUMERIC.items()}
-        codes = {f: _gather(chunks, f, order, np.int32) for f in _TEXT}
+        gather = partial(_gather, chunks, order=order, rows=rows)
+        numeric = {f: gather(f, dtype) for f, dtype in _NUMERIC.items()}
+        codes = {f: gather(f, np.int32) for f in _TEXT}
         names = {f: list(self._index[f]) for f in _TEXT}
         ints = {f: s for f, s in self._ints.items() if s}
         return RequestTable(numeric, codes, names, self._tuples, ints)
@@ -267,15 +273,33 @@ def _picked(a: np.ndarray, rows: np.ndarray) -> np.ndarray:
     return np.broadcast_to(a[:1], (int(np.count_nonzero(rows)),)) if _constant(a) else a[rows]
 
 
-def _gather(chunks: list[dict[str, np.ndarray]], f: str, order: np.ndarray | None, dtype: type) -> np.ndarray:
-    """Field f of every chunk, in ``order`` (None: as received), kept compact (``compact``)."""
+def _first_ids(ids: np.ndarray) -> bool:
+    """Whether ``ids`` are 0..n-1, each once (a run's requests are): then request i goes to row i."""
+    if not len(ids) or ids.min() != 0 or ids.max() != len(ids) - 1:
+        return not len(ids)
+    seen = np.zeros(len(ids), dtype=bool)
+    seen[ids] = True
+    return bool(seen.all())  # n ids in 0..n-1 that reach every value: each once
+
+
+def _gather(chunks: list[dict[str, np.ndarray]], f: str, dtype: type, *, order: np.ndarray | None,
+            rows: list[np.ndarray] | None) -> np.ndarray:
+    """Field f of every chunk, kept compact (``compact``): each chunk's values placed at its ``rows`` (the column
+    in id order, what ``order`` gives, without the joined column and its reordered copy: two values a request
+    besides the column), else in ``order`` (None: as received)."""
     if not chunks:
         return np.zeros(0, dtype=dtype)
     parts = [c.pop(f) for c in chunks]  # each chunk's part is dropped once gathered
     first = parts[0]
     if all(_constant(p) and p[:1].tobytes() == first[:1].tobytes() and p.dtype == first.dtype for p in parts):
         return np.broadcast_to(first[:1], (sum(len(p) for p in parts),))
-    col = np.concatenate(parts, dtype=np.result_type(*parts))  # a constant part widens to the others' dtype
+    kind = np.result_type(*parts)  # a constant part widens to the others' dtype
+    if rows is not None:
+        col = np.empty(sum(len(p) for p in parts), dtype=kind)
+        for at, p in zip(rows, parts, strict=True):
+            col[at] = p
+        return col
+    col = np.concatenate(parts, dtype=kind)
     return col if order is None else col[order]
 
 
