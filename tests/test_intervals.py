@@ -48,6 +48,17 @@ def test_interval_by_hand():
     assert lines[2] == "  b: no metric with an interval"
 
 
+def test_e2el_intervals_are_in_seconds_as_the_tables_e2el_rows():
+    """The table's E2EL rows are in s; their intervals were printed in ms (e2el.mean 1,895.0-4,018.4 ms beside
+    E2EL p50 (s) 2.18), a unit to convert by hand while reading one against the other."""
+    lo_e, hi_e = ERROR_QUANTILES["E2E"]
+    iv = interval_80({"e2el": {"mean": 3.0, "p50": 2.0}, "ttft": {"mean": 0.1}})
+    (line,) = interval_lines({"a": {"interval_80": iv}})[1:]
+    assert line == (f"  a: ttft.mean {100 * (1 + ERROR_QUANTILES['TTFT'][0]):.1f}-"
+                    f"{100 * (1 + ERROR_QUANTILES['TTFT'][1]):.1f} ms; e2el.mean {3 * (1 + lo_e):.2f}-"
+                    f"{3 * (1 + hi_e):.2f} s; e2el.p50 {2 * (1 + lo_e):.2f}-{2 * (1 + hi_e):.2f} s")
+
+
 def test_leave_one_source_out_coverage_by_hand():
     bench = _bench()
     # source a's rows are judged against b's and c's errors only, and so on

@@ -94,13 +94,22 @@ def _rate(v: float) -> str:
     return f"{v:,.0f}" if v >= 100 else f"{v:.3g}"
 
 
+def _span(key: str, lo: float, hi: float) -> str:
+    """One metric's interval in the unit of its row in the run table: E2EL in s (it read 1,895.0-4,018.4 ms under
+    a table whose E2EL rows are in s), TTFT, TPOT and ITL in ms, rates per second."""
+    if METRICS[key][1]:
+        return f"{key} {_rate(lo)}-{_rate(hi)}/s"
+    if key.startswith("e2el."):
+        return f"{key} {lo:,.2f}-{hi:,.2f} s"
+    return f"{key} {lo * 1e3:,.1f}-{hi * 1e3:,.1f} ms"
+
+
 def interval_lines(summaries: dict[str, dict[str, Any]]) -> list[str]:
     """Lines under the run table: each variant's intervals, and what they rest on."""
     cover = ", ".join(f"{c} {coverage_text(c, 'unchecked (one source)')}" for c in LOSO_COVERAGE)
     lines = [f"80% interval (published measurements; leave-one-source-out coverage {cover}; target 70-90%):"]
     for name, s in summaries.items():
         iv = s.get("interval_80") or {}
-        parts = [f"{k} {lo * 1e3:,.1f}-{hi * 1e3:,.1f} ms" if not METRICS[k][1] else f"{k} {_rate(lo)}-{_rate(hi)}/s"
-                 for k, (lo, hi) in iv.items()]
+        parts = [_span(k, lo, hi) for k, (lo, hi) in iv.items()]
         lines.append(f"  {name}: " + ("; ".join(parts) if parts else "no metric with an interval"))
     return lines
