@@ -496,3 +496,25 @@ def test_state_kept_on_the_class_that_a_run_changes_is_refused_before_the_next_r
         {**scenario, "policy": {"type": "custom", "cls": "mine.py:ReadsOnly"}}))
     res = servesim.run(tmp_path / "s.yaml")
     assert res.summary["a"]["num_completed"] == res.summary["b"]["num_completed"] == 30
+
+
+def test_the_class_state_check_copies_no_large_table_and_sees_a_small_list_grow_large() -> None:
+    """A class-level lookup table of 100,000 entries was copied at every object made (a sweep's every point); a
+    history list that starts empty is still caught however long a run makes it."""
+    import time
+
+    from sim.policies.configs import _SHARED, _shared_state_changed, _snapshot
+
+    class Tables(servesim.QueuePolicy):
+        TABLE = {i: i for i in range(100_000)}
+        history: list[int] = []
+
+    _SHARED[Tables] = _snapshot(Tables)
+    assert set(_SHARED[Tables]) == {"history"}  # the table is not copied
+    t = time.process_time()
+    for _ in range(100):
+        assert _shared_state_changed(Tables) is None
+        _SHARED[Tables] = _snapshot(Tables)
+    assert time.process_time() - t < 0.5  # a copy of the table each time took about 5 s
+    Tables.history.extend(range(5000))
+    assert _shared_state_changed(Tables) == "history"

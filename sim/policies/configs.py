@@ -296,6 +296,7 @@ class UserClassConfig(PolicyModel):
 # would start with the state the runs before it left there, and compare policies on different footing, silently.
 _SHARED: weakref.WeakKeyDictionary[type, dict[str, Any]] = weakref.WeakKeyDictionary()
 _MUTABLE = (dict, list, set, bytearray, collections.deque)
+_MAX_ITEMS = 1000
 
 
 def _containers(kind: type) -> dict[str, Any]:
@@ -320,7 +321,9 @@ def _plain(v: Any, depth: int = 0) -> Any:
 
 
 def _snapshot(kind: type) -> dict[str, Any]:
-    return {k: _plain(v) for k, v in _containers(kind).items()}
+    # not a container of more than _MAX_ITEMS items: a lookup table, copied at every object made (a 100,000-point
+    # sweep would pay for it), and rarely a run's state, which starts empty
+    return {k: _plain(v) for k, v in _containers(kind).items() if len(v) <= _MAX_ITEMS}
 
 
 def _shared_state_changed(kind: Any) -> str | None:
@@ -330,7 +333,7 @@ def _shared_state_changed(kind: Any) -> str | None:
         return None
     for k, v in _containers(kind).items():
         try:
-            if k in before and bool(_plain(v) != before[k]):
+            if k in before and (len(v) != len(before[k]) or bool(_plain(v) != before[k])):
                 return k
         except Exception:  # noqa: BLE001, S112 - a container of arrays: no truth value to compare by
             continue
