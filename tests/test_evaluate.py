@@ -143,6 +143,7 @@ def test_fitness_takes_the_tournaments_weights_and_references_and_blis_spelling(
     ({"weights": "goodput"}, "is not 'key:weight' with a number"),
     ({"weights": {"goodput": -1.0}}, "must be finite and >= 0"),
     ({"seeds": []}, "seeds must be"),
+    ({"seeds": 1.5}, "seeds must be an integer >= 0 or a non-empty list of them, got 1.5"),  # was a TypeError
     ({"time_limit": 0}, "time_limit must be a number > 0"),
     ({"set": {"deployment.nope": 1}}, "nope"),
 ])

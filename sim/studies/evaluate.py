@@ -430,7 +430,8 @@ def _prepare(scenario: str | os.PathLike | Mapping[str, Any], num_requests: int 
 
 
 def _seeds(seeds: int | Iterable[int]) -> tuple[int, ...]:
-    items = (seeds,) if isinstance(seeds, int) else tuple(seeds)
+    # a float or other non-iterable gave "TypeError: 'float' object is not iterable"
+    items = (seeds,) if isinstance(seeds, int) else tuple(seeds) if isinstance(seeds, Iterable) else ()
     if not items or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in items):
         raise ScenarioError(f"seeds must be an integer >= 0 or a non-empty list of them, got {seeds!r}")
     if len(set(items)) != len(items):
