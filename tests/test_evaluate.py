@@ -152,6 +152,12 @@ def test_a_mistake_in_the_call_itself_raises(kw, says):
         score(SHORT_FIRST, **kw)
 
 
+def test_an_unknown_fitness_key_is_worded_without_pydantics_prefix():
+    with pytest.raises(servesim.ScenarioError) as e:
+        score(SHORT_FIRST, weights={"latency": 1.0})
+    assert str(e.value).startswith("fitness: weights: unknown fitness key 'latency'; the keys: ")  # was "Value error, "
+
+
 def test_goodput_without_slos_is_refused_before_anything_runs():
     no_slos = {k: v for k, v in SCENARIO.items() if k != "slos"}
     with pytest.raises(servesim.ScenarioError, match="needs SLOs"):

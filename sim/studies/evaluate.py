@@ -165,7 +165,9 @@ def fitness_spec(weights: Mapping[str, float] | str | None, reference: Mapping[s
     try:
         return Fitness.model_validate(given)
     except ValidationError as e:
-        raise ScenarioError("fitness: " + "; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}"
+        # pydantic words a validator's ValueError "Value error, ...": the reason is what follows
+        raise ScenarioError("fitness: " + "; ".join(f"{'.'.join(map(str, x['loc']))}: "
+                                                    f"{x['msg'].removeprefix('Value error, ')}"
                                                     for x in e.errors())) from None
 
 
