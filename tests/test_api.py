@@ -267,3 +267,15 @@ def test_a_policy_object_and_set_choosing_another_policy_are_refused(key: str, v
                             "limits such as policy.max_num_seqs apply to the object)")
     res = servesim.run(SMALL, policy=servesim.QueuePolicy(), set={"policy.max_num_seqs": 3})
     assert res.summary["a"]["limits"]["slot_cap"] == 3.0  # the object runs, at the limit set gives it
+
+
+def test_an_empty_output_path_is_refused_in_python_as_on_the_command_line(small, tmp_path, monkeypatch) -> None:
+    # Before: Results.write(""), Comparison.write("") and evaluate(out="") wrote into the current folder
+    monkeypatch.chdir(tmp_path)
+    for write, name in ((lambda: small.write(""), "out_dir"), (lambda: small.compare(small).write(""), "out_dir"),
+                        (lambda: servesim.evaluate(servesim.QueuePolicy(), {k: v for k, v in SMALL.items()
+                                                                           if k != "variants"}, out=""), "out")):
+        with pytest.raises(servesim.ScenarioError) as e:
+            write()
+        assert str(e.value) == f"{name}: empty path; name a file or folder (. for the current folder)"
+    assert list(tmp_path.iterdir()) == []

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import typer
 
+from sim.config.files import output_path
 from sim.config.scenario import parse_value
 from sim.config.schema import ScenarioError
 
@@ -48,9 +49,11 @@ def _path_option(*names: str, help: str) -> Any:
     """An optional path option (``--out``, ``--json``, ``--log``): an empty value is refused. ``Path("")`` is the
     current folder, so ``--out ""`` (an unset shell variable) wrote a run's files among the user's own."""
     def parse(text: str) -> Path:
-        if not text.strip():
-            _fail(f"{names[0]}: empty path; name a file or folder (. for the current folder)")
-        return Path(text)
+        try:
+            return output_path(text, names[0])
+        except ScenarioError as e:
+            _fail(str(e))
+            raise  # not reached: _fail exits
 
     return typer.Option(None, *names, help=help, parser=parse, metavar="<path>")
 

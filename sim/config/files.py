@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import IO
 
+from sim.config.errors import ScenarioError
+
 
 class InterruptedAfterWrite(KeyboardInterrupt):
     """Ctrl-C came while ``write_atomically`` moved its files into place: it moved them all first, so the
@@ -35,6 +37,14 @@ def _sigint_deferred() -> Iterator[None]:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     if came:
         raise InterruptedAfterWrite
+
+
+def output_path(value: str | os.PathLike[str], name: str) -> Path:
+    """``value`` as the path of something to write; ScenarioError for an empty one: ``Path("")`` is the current
+    folder, so an unset variable (``--out ""``, ``out=""``) wrote a run's files among the user's own."""
+    if not os.fspath(value).strip():
+        raise ScenarioError(f"{name}: empty path; name a file or folder (. for the current folder)")
+    return Path(value)
 
 
 def read_text_capped(path: str | os.PathLike[str], max_bytes: int, what: str) -> str:

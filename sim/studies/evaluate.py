@@ -58,6 +58,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from sim.config.errors import ScenarioError, ServesimStop
+from sim.config.files import output_path
 from sim.policies import api
 from sim.studies.eval_worker import KEPT, run_forked
 from sim.workload.generator import GeneratedWorkload
@@ -470,6 +471,7 @@ def evaluate(
     ``out``: a folder for scores.json and one run folder per seed; nothing is written without it.
     """
     seed_list = _seeds(seeds)
+    out_dir = None if out is None else os.fspath(output_path(out, "out"))
     fit = fitness_spec(weights, reference)
     if args is not None and not isinstance(args, Mapping):
         raise ScenarioError(f"args must be a mapping of keyword arguments, got {type(args).__name__}")
@@ -491,7 +493,6 @@ def evaluate(
                                            for _, wl in workloads for r in wl.requests):
             raise ScenarioError(f"weights use {', '.join(needs)}, which needs SLOs: give "
                                 "the scenario slos: {ttft: ..., tpot: ...} (or its classes theirs), or other weights")
-    out_dir = None if out is None else os.fspath(out)
     kwargs = dict(args or {})
 
     def work() -> tuple[list[dict] | None, str | None, str | None, float]:
