@@ -111,6 +111,8 @@ def engine_of_row(text: str) -> tuple[dict[str, Any] | None, bool]:
         return dict(ASSUMED_ENGINE), True
     if name == "tensorrt-llm":
         return {"name": name} | ({"kv_cache_free_gpu_mem_fraction": 0.95} if "v0.17" in low else {}), False
+    if name == "lmdeploy" and re.search(r"\bv?0\.1\.", low):  # TurboMind before one forward (sim/engines/lmdeploy.py)
+        return {"name": name, "version": "0.1"}, False
     if name != "vllm":
         return {"name": name}, False
     m = re.search(r"\bv?(\d+)\.(\d+)", low)

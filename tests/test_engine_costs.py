@@ -46,7 +46,7 @@ def test_versions_ratios_from_the_profiles():
 
 
 def test_version_belongs_to_vllm_v0():
-    with pytest.raises(ScenarioError, match="version is vllm-v0's"):
+    with pytest.raises(ScenarioError, match="version is vllm-v0.s"):
         _built({"model": "llama-3.1-8b", "gpu": "h100-sxm", "engine": {"name": "sglang", "version": "0.5"}})
 
 
@@ -209,5 +209,29 @@ def test_version_written_as_a_number_reads_as_its_text():
     0.5, not an error saying "must be '0.5' or '0.6' (got 0.5)"."""
     assert EngineConfig(name="vllm-v0", version=0.5).version == "0.5"
     assert EngineConfig(name="vllm-v0", version=0.6).version == "0.6"
-    with pytest.raises(ScenarioError, match=r"must be '0.5' or '0.6' \(got '0.7'\)"):
+    with pytest.raises(ScenarioError, match=r"must be '0.1', '0.5' or '0.6' \(got '0.7'\)"):
         _built({"model": "llama-3.1-8b", "gpu": "h100-sxm", "engine": {"name": "vllm-v0", "version": 0.7}})
+
+
+def test_lmdeploy_01_runs_a_prompt_in_a_forward_of_its_own_then_the_decode_forward():
+    # TurboMind at v0.1.0a1 (LlamaBatch.cc): ContextDecode on the prompt less its last token, then one decode forward
+    # of every row computing that last token; the step's fixed overhead once
+    dep = {"model": "llama-2-7b", "gpu": "a100-80gb", "weight_dtype": "fp16"}
+    old = _built({**dep, "engine": {"name": "lmdeploy", "version": 0.1}})[2]
+    new = _built({**dep, "engine": "lmdeploy"})[2]
+    assert old.context_decode_pass and not new.context_decode_pass
+    assert _built({**dep, "engine": {"name": "lmdeploy", "version": "0.6"}})[2] == new
+    prompt = StepShape(num_seqs=1, num_tokens=128, num_decode_seqs=0, kv_read_tokens=128, attn_pairs=128 * 129 // 2)
+    decode = StepShape(num_seqs=1, num_tokens=1, num_decode_seqs=1, kv_read_tokens=128, attn_pairs=128 * 129 // 2)
+    rest = StepShape(num_seqs=0, num_tokens=127, num_decode_seqs=0, kv_read_tokens=0, attn_pairs=0)
+    want = new.step_time(decode) + new.step_time(rest) - new.step_overhead
+    assert old.step_time(prompt) == pytest.approx(want, rel=1e-12)
+    assert old.step_time(prompt) > new.step_time(prompt) + 0.8 * (new.step_time(decode) - new.step_overhead)
+    assert old.step_time(decode) == new.step_time(decode)  # a step without prompts is one forward either way
+    many = StepShape(num_seqs=np.array([1, 1]), num_tokens=np.array([128, 1]), num_decode_seqs=np.array([0, 1]),
+                     kv_read_tokens=np.array([128, 128]), attn_pairs=np.array([128 * 129 // 2] * 2))
+    assert old.step_time(many).tolist() == [old.step_time(prompt), old.step_time(decode)]
+    with pytest.raises(ScenarioError, match="version 0.5: engine lmdeploy follows 0.1 or 0.6"):
+        _built({**dep, "engine": {"name": "lmdeploy", "version": "0.5"}})
+    with pytest.raises(ScenarioError, match="version 0.1: engine vllm-v0 follows 0.5 or 0.6"):
+        _built({**dep, "engine": {"name": "vllm-v0", "version": "0.1"}})

@@ -56,6 +56,7 @@ def _bench() -> ModuleType:
     ("TensorRT-LLM v0.17 (TRT engine)", {"name": "tensorrt-llm", "kv_cache_free_gpu_mem_fraction": 0.95}, False),
     ("TensorRT-LLM r24.07 (Triton backend v0.11)", {"name": "tensorrt-llm"}, False),
     ("SGLang v0.3.0", {"name": "sglang"}, False), ("LMDeploy v0.6.0a0", {"name": "lmdeploy"}, False),
+    ("LMDeploy v0.1.0a1 (TurboMind, Python API)", {"name": "lmdeploy", "version": "0.1"}, False),
     ("gpt-fast (PyTorch)", None, False),
     ("HF TGI", {"name": "tgi"}, False), ("Text Generation Inference 2.2.0", {"name": "tgi"}, False),
     ("DeepSpeed-FastGen", {"name": "vllm-v1"}, True)])

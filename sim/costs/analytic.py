@@ -114,6 +114,10 @@ class AnalyticCostModel(CostModel):
     # or through a kernel that does not sort. Memory-bound GPU work, paid by every row of every step, a CUDA-graph
     # step's padding rows too (vLLM samples only the real ones: at most 7 or 15 rows, about 1% of such a step)
     sampler_sort_time: float = 0.0
+    # a step with prompts runs them in a forward of their own before the step's decode forward: each prompt's
+    # tokens less its last (TurboMind's ContextDecode, no logits), its last token then decoded with every row, so
+    # its first token costs both (sim/engines/lmdeploy.py, version 0.1). False: one forward of every token
+    context_decode_pass: bool = False
 
     # Derived in __post_init__.
     compute_dtype: str = field(init=False)  # dtype of the linear layers' arithmetic
@@ -283,6 +287,8 @@ class AnalyticCostModel(CostModel):
             t = self._time(a, b, c, d, e, np.maximum)
         else:
             t = float(self._time(a, b, c, d, e, max))
+        if self.context_decode_pass:
+            t = self._two_passes(a, b, c, d, e, t, array)
         if self.host_time_ratio > 0:
             dec = shape.num_decode_seqs
             if array:
@@ -292,6 +298,19 @@ class AnalyticCostModel(CostModel):
                 t = float(self._prefill_host(a, c, e, t, False))
         h = shape.host_load_time
         return t + h if h else t
+
+    def _two_passes(self, a: Any, b: Any, c: Any, d: Any, e: Any, t: Any, array: bool) -> Any:
+        """A step with prompt tokens (``b > a``) under ``context_decode_pass``: the decode forward of every row
+        (one token each; the step's attention, reads and swaps) plus the prompts' forward of their other ``b - a``
+        tokens (its linear layers, KV writes and all-reduces; the step's fixed overhead counted once)."""
+        mx = np.maximum if array else max
+        if self._moe is not None:
+            two = self._time_moe(a, a, c, d, e) + self._time_moe(0, b - a, 0, 0, 0) - self._k[0]
+        else:
+            two = self._time(a, a, c, d, e, mx) + self._time(0, b - a, 0, 0, 0, mx) - self._k[0]
+        if array:
+            return np.where(np.asarray(b) > np.asarray(a), two, t)
+        return float(two) if b > a else t
 
     def _prefill_host(self, a: Any, c: Any, e: Any, t: Any, array: bool) -> Any:
         """A step of prompts alone (no decode row) under ``host_time_ratio``: its GPU time unstretched, plus the host

@@ -51,6 +51,11 @@ class EngineKey:
         return any(v if self.false_is_unset else v is not None for v in values)
 
 
+# deployment.engine.version: the release an engine follows, for the engines that model more than one
+VERSION_KEY = EngineKey(("version",), "version is vllm-v0's (0.5 or 0.6) and lmdeploy's (0.1 or 0.6); engine "
+                        "{name} follows one release")
+
+
 class Engine:
     """One serving engine's rules. Subclasses set ``name`` and override the hooks where the engine differs."""
 
@@ -59,6 +64,8 @@ class Engine:
     memory_key: str = "deployment.gpu_memory_utilization"
     # the deployment.engine keys this engine reads beyond those every engine has
     keys: tuple[EngineKey, ...] = ()
+    # the releases ``deployment.engine.version`` may name, where the engine reads it (VERSION_KEY in its keys)
+    versions: tuple[str, ...] = ()
     prefill_mode: str = "mixed"  # how prompts and decodes share a step without chunking
     capacity_scheduler_policy: str = "max_utilization"  # the admission rule
     # the scheduler's request pool follows the KV cache's size (max_num_seqs needs kv_tokens)
@@ -166,6 +173,11 @@ class Engine:
     def host_time_ratio(self, cfg: Any, num_scheduler_steps: int) -> float:
         """Host seconds per GPU second of a step, the engine not overlapping them (``host_time_ratio`` not given)."""
         return 0.0
+
+    def context_decode_pass(self, cfg: Any) -> bool:
+        """Prompts run in a forward of their own, less their last token, which the step's decode forward computes
+        (sim/costs/analytic.py ``context_decode_pass``); False: one forward of every token."""
+        return False
 
     def attention_efficiency(self, cfg: Any, architecture: str) -> float | None:
         """Prefill attention's achievable share of the peak on a GPU of ``architecture``; None: the cost model's."""

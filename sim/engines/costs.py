@@ -98,6 +98,8 @@ def engine_cost_knobs(engine: Any, gpu: Any = None) -> dict[str, float]:
         knobs["attention_efficiency"] = a
     if engine is not None and (o := engine_of(engine).linear_overlap(engine)) is not None:
         knobs["linear_overlap"] = o
+    if engine is not None and engine_of(engine).context_decode_pass(engine):
+        knobs["context_decode_pass"] = True
     return knobs
 
 

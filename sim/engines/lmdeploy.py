@@ -1,5 +1,5 @@
 """LMDeploy 0.6 with its TurboMind engine (the version of the vLLM v0.6.0 post's comparison): ``deployment.engine:
-lmdeploy``.
+lmdeploy``; ``version: "0.1"`` follows TurboMind before prefill and decode shared a forward (below).
 
 Its memory rule gives the KV cache a share of the memory still free once the weights are loaded; its persistent
 batch runs every running sequence's decode and up to ``max_prefill_token_num`` prompt tokens in one forward (a
@@ -8,13 +8,20 @@ cannot get a block makes the newest ones give theirs back and recompute later. T
 host time per step is added. Not modelled (kept out rather than guessed): its own attention and GEMM kernels'
 efficiency (the cost model's defaults price them), and its 64-token KV blocks (``deployment.block_size`` stays
 the scenario's; set 64 to follow TurboMind's ``cache_block_seq_len``).
+
+Version 0.1 (v0.1.0a1, the release of LMDeploy's December 2023 A100 tables): each loop of
+src/turbomind/models/llama/LlamaBatch.cc runs ``ContextDecode()`` on the new prompts less their last token
+("subtract input/context len by 1 to skip last input token (will process with decoder later)"), then
+``Generate()``, one decode forward of every active sequence (``step_length`` 1), which computes the prompt's last
+token and samples its first; the stream callback follows. A prompt's first token costs both forwards, the weights
+read twice. "Unify prefill & decode passes" (InternLM/lmdeploy#775, 2023-12-04, after the v0.1.0a1 tag) made them one.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from sim.engines.base import Engine, EngineKey
+from sim.engines.base import VERSION_KEY, Engine, EngineKey
 from sim.hardware.gpu import GPUSpec
 from sim.hardware.kv_budget import DEFAULT_RUNTIME_OVERHEAD_BYTES, KVBudget
 from sim.hardware.models import ModelSpec
@@ -34,7 +41,8 @@ class LMDeploy(Engine):
     name = "lmdeploy"
     memory_key = "cache_max_entry_count"
     keys = (EngineKey(("cache_max_entry_count",), "cache_max_entry_count is lmdeploy's; engine {name} sizes its "
-                      "KV cache with {memory_key}"),)
+                      "KV cache with {memory_key}"), VERSION_KEY)
+    versions = ("0.1", "0.6")
 
     def chunked_prefill(self, max_model_len: int) -> bool:
         return True
@@ -45,6 +53,9 @@ class LMDeploy(Engine):
 
     def max_num_seqs(self, cfg: Any, gpu: GPUSpec, max_model_len: int, kv_tokens: int | None) -> int:
         return LMDEPLOY_MAX_BATCH_SIZE
+
+    def context_decode_pass(self, cfg: Any) -> bool:
+        return getattr(cfg, "version", None) == "0.1"
 
     def kv_budget(self, cfg: Any, model: ModelSpec, gpu: GPUSpec, **kw: Any) -> KVBudget:
         """``cache_max_entry_count x (total - weights - runtime overhead)``: the share of what cudaMemGetInfo

@@ -86,9 +86,10 @@ class EngineConfig(InputModel):
         "prompt + output fits beside the running ones' (never preempts); max_utilization admits while blocks are "
         "free now (preempts when they run out). none: guaranteed_no_evict for tensorrt-llm, else max_utilization.")
     # host time per step (sim/engines/costs.py): the version it follows, and the ratio itself, overridable
-    version: Literal["0.5", "0.6"] | None = Field(
+    version: Literal["0.1", "0.5", "0.6"] | None = Field(
         default=None, description="vllm-v0: the release followed, 0.5 (API server and scheduler in the GPU's "
-        "process: host time 1.63x the GPU time, vLLM's 0.5.3 profile) or 0.6 (0.7x: V1's speedup over it); none: 0.6.")
+        "process: host time 1.63x the GPU time, vLLM's 0.5.3 profile) or 0.6 (0.7x: V1's speedup over it); none: 0.6. "
+        "lmdeploy: 0.1 (TurboMind's prompts in a forward of their own before the decode forward) or 0.6; none: 0.6.")
     host_time_ratio: Float | None = Field(
         default=None, ge=0, le=100, description="Host (CPU) seconds a step adds per second of GPU work, the engine "
         "not overlapping them; none: the version's (vllm-v0 0.5: 1.63, 0.6: 0.7; other engines 0).")
@@ -145,6 +146,8 @@ class EngineConfig(InputModel):
         for key in seen:
             if key.given(self) and key not in own.keys:
                 raise ValueError(key.refusal.format(name=self.name, memory_key=own.memory_key))
+        if self.version is not None and self.version not in own.versions:
+            raise ValueError(f"version {self.version}: engine {self.name} follows {' or '.join(own.versions)}")
         own.check_options(self.options or {})
         return self
 

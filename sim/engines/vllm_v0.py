@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sim.engines.base import CudaGraphEngine, EngineKey
+from sim.engines.base import VERSION_KEY, CudaGraphEngine, EngineKey
 from sim.engines.costs import FA2_AMPERE_EFFICIENCY, FA2_HOPPER_EFFICIENCY
 from sim.engines.sampling import SAMPLER_KEYS, vllm_sort_time
 from sim.hardware.gpu import GPUSpec
@@ -35,10 +35,11 @@ VLLM_V06_HOST_TIME_RATIO = VLLM_V1_SPEEDUP_OVER_V06 - 1.0
 
 class VllmV0(CudaGraphEngine):
     name = "vllm-v0"
-    keys = (EngineKey(("version",), "version is vllm-v0's (0.5 or 0.6); engine {name} follows one release"),
+    keys = (VERSION_KEY,
             EngineKey(("num_scheduler_steps",), "num_scheduler_steps is vllm-v0's (vLLM 0.6 multi-step); engine "
                       "{name} schedules every step"),
             CudaGraphEngine.CUDA_GRAPH_KEYS, SAMPLER_KEYS)
+    versions = ("0.5", "0.6")
     prefill_mode = "prefill_first"
 
     def chunked_prefill(self, max_model_len: int) -> bool:
