@@ -518,3 +518,22 @@ def test_the_class_state_check_copies_no_large_table_and_sees_a_small_list_grow_
     assert time.process_time() - t < 0.5  # a copy of the table each time took about 5 s
     Tables.history.extend(range(5000))
     assert _shared_state_changed(Tables) == "history"
+
+
+def test_a_stall_of_prompts_longer_than_the_step_budget_says_so() -> None:
+    """A custom QueuePolicy with chunking off keeps the budget a chunking policy gets (8192 tokens); prompts longer
+    than that were skipped at every step and the run ended 'simulation stalled ... (a policy never schedules
+    them?)', the reason left to guess."""
+    scenario = {"workload": {"arrival": {"type": "poisson", "rate": 1.0}, "num_requests": 6,
+                             "prompt_len": {"type": "uniform", "min": 9000, "max": 12000},
+                             "output_len": {"type": "fixed", "value": 4}},
+                "deployment": {"model": "llama-3.1-8b", "gpu": "a100-80gb", "max_model_len": 16384},
+                "policy": {"type": "custom", "cls": "sim.policies.queue:FCFSPolicy",
+                           "args": {"enable_chunked_prefill": False}}}
+    with pytest.raises(servesim.ScenarioError, match=r"simulation stalled: 6 requests without outcome, 0 never sent "
+                       r"\(a policy never schedules them\?\); \d waiting requests have more prompt tokens left than "
+                       r"max_num_batched_tokens \(8192\): a policy that does not chunk prompts never fits them in a "
+                       r"step \(raise max_num_batched_tokens, or chunk them\)$"):
+        servesim.run(scenario)
+    scenario["policy"]["max_num_batched_tokens"] = 12000
+    assert servesim.run(scenario).summary["scenario"]["num_completed"] == 6

@@ -493,5 +493,18 @@ class Simulation:
         if unfinished or sent != len(self.specs):
             raise StalledError(
                 f"simulation stalled: {unfinished} requests without outcome, "
-                f"{len(self.specs) - sent} never sent (a policy never schedules them?)"
+                f"{len(self.specs) - sent} never sent (a policy never schedules them?){self._too_long_to_run()}"
             )
+
+    def _too_long_to_run(self) -> str:
+        """Why a stalled run's waiting requests may never have been scheduled: prompts longer than the step's token
+        budget, which a policy that does not chunk prompts can never run whole (a custom QueuePolicy with chunking
+        off keeps the budget a chunking policy gets, 8192 tokens, and skipped such a prompt, silently)."""
+        for rep in self.replicas:
+            limit = rep.core.limits.max_num_batched_tokens
+            long = [r for r in rep.core.waiting if r.prompt_len - r.num_computed_tokens > limit]
+            if long:
+                return (f"; {len(long)} waiting requests have more prompt tokens left than max_num_batched_tokens "
+                        f"({limit}): a policy that does not chunk prompts never fits them in a step (raise "
+                        "max_num_batched_tokens, or chunk them)")
+        return ""
