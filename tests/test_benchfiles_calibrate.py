@@ -318,3 +318,16 @@ def test_an_unwritable_profile_path_is_refused_before_the_fit(tmp_path: Path, ou
                         "a100-80gb", "--scenario", str(DATA / "scenario.yaml"), "--holdout-every", "0", "-o", out],
                        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     assert (r.returncode, r.stderr, r.stdout) == (2, f"error: {message}\n", "")
+
+
+def test_a_field_a_file_could_not_give_is_said_before_the_fit(tmp_path: Path) -> None:
+    # Before: a request_rate of -3 was skipped without a word and the file fitted as every request at t=0
+    # (validate --against lists the same line in its report)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    data = json.loads((DATA / "vllm_detailed.json").read_text())
+    (tmp_path / "bad.json").write_text(json.dumps({**data, "request_rate": -3}))
+    r = subprocess.run([sys.executable, "-m", "sim.cli.main", "calibrate", *two_rate_files(tmp_path), "--from-bench",
+                        "bad.json", "--gpu", "a100-80gb", "--scenario", str(DATA / "scenario.yaml"), "--holdout-every",
+                        "0", "-o", "k.json"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.splitlines()[0] == "skipped: bad.json: request_rate: not a positive number or 'inf'"

@@ -956,6 +956,10 @@ def _calibrate_from_bench(files: list[Path], model: str | None, gpu: str | None,
             _fail(f"--variant {variant!r}: the scenario has {', '.join(names)}")
         cfg = cfgs[names.index(variant) if variant is not None else 0]
         runs = read_bench_files(list(files))
+        # what a file's fields could not give (validate --against lists it in its report): a request_rate of -3 was
+        # fitted as every request at t=0 without a word
+        for line in dict.fromkeys(s for r in runs for s in r.skipped):
+            typer.echo(f"skipped: {line}", err=True)
         fit = calibrate_from_bench(cfg, runs, holdout_every=holdout_every, knobs=free, family=family,
                                    holdout_load=holdout_load)
     except (ScenarioError, BenchFileError, ValueError) as e:
