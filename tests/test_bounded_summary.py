@@ -85,3 +85,35 @@ def test_waiting_spans_of_one_replica_hold_a_value_a_request() -> None:
     table = table_of(400_000)
     assert peak_bytes(_waiting_spans, SimpleNamespace(requests=table)) < 4.5e6  # the stops: 3.2 MB
 
+
+
+@pytest.mark.parametrize("slos", [None, {"ttft": 1.0, "tpot": 0.05}])
+def test_summary_drops_the_latencies_before_the_anomalies(slos: dict | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    # held to the end, a long run's latencies (41 bytes a request) sat beside every later reader of the table
+    import weakref
+
+    from test_energy import _one, _scenario
+
+    import sim.metrics.summary as summary_module
+    from sim.config.slos import SLOs
+
+    r, _ = _one(_scenario(arrival={"type": "poisson", "rate": 8.0}, n=80))
+    slo = None if slos is None else SLOs(**slos)
+    whole = summary_module.summarize(r, slo)
+    made: list[weakref.ref] = []
+    alive: list[int] = []
+    of_table, anomalies = summary_module._Latencies.of_table, summary_module.run_anomalies
+
+    def latencies(table, done):  # type: ignore[no-untyped-def]
+        lat = of_table(table, done)
+        made.extend(weakref.ref(getattr(lat, f)) for f in ("ttft", "e2el", "queue", "multi", "tpot_all", "out_tok"))
+        return lat
+
+    def anomalies_after(*args):  # type: ignore[no-untyped-def]
+        alive.append(sum(ref() is not None for ref in made))
+        return anomalies(*args)
+
+    monkeypatch.setattr(summary_module._Latencies, "of_table", latencies)
+    monkeypatch.setattr(summary_module, "run_anomalies", anomalies_after)
+    assert summary_module.summarize(r, slo) == whole
+    assert len(made) == 6 and alive == [0]

@@ -245,6 +245,7 @@ def summarize(result: RunResult, slos: SLOs | None = None) -> dict:
         good = _within_slos(own_ttft, own_tpot, lat, slos)  # so the run's figure is the sum of its classes'
         goodput = _ratio(int(good.sum()), duration)
         slo_attainment = _ratio(int(good.sum()), len(reqs))
+        del good, own_ttft, own_tpot
     elif slos is not None:
         good = np.ones(n_done, dtype=bool)
         for limit, vals in ((slos.ttft, ttft), (slos.tpot, tpot_all), (slos.e2el, e2el)):
@@ -252,6 +253,14 @@ def summarize(result: RunResult, slos: SLOs | None = None) -> dict:
                 good &= vals <= limit
         goodput = _ratio(int(good.sum()), duration)
         slo_attainment = _ratio(int(good.sum()), len(reqs))
+        del good, vals
+    # each latency's figures now, and its array dropped: what follows (rejections, anomalies, classes) reads the
+    # table again, and held beside it a long run's latencies were 41 bytes a request
+    lat_stats = {"ttft": latency_stats(ttft), "tpot": latency_stats(tpot_all[multi]), "e2el": latency_stats(e2el),
+                 "queue": latency_stats(lat.queue)}
+    sketched = [k for k, n in (("ttft", ttft.size), ("tpot", int(multi.sum())), ("e2el", e2el.size),
+                               ("queue", lat.queue.size)) if n > EXACT_MAX]
+    del lat, ttft, e2el, multi, tpot_all
 
     kv_usage = {"mean": fig.kv_usage_mean, "max": fig.kv_usage_max}
     # A share of the token slots of the blocks in use that hold a token. kv_tokens counts a token once per
@@ -280,11 +289,11 @@ def summarize(result: RunResult, slos: SLOs | None = None) -> dict:
         "goodput": goodput,
         "slo_attainment": slo_attainment,
         "slos": None if slos is None else slos.as_dict(),
-        "ttft": latency_stats(ttft),
-        "tpot": latency_stats(tpot_all[multi]),
+        "ttft": lat_stats["ttft"],
+        "tpot": lat_stats["tpot"],
         "itl": latency_stats(result.itl_gaps, result.itl_counts),
-        "e2el": latency_stats(e2el),
-        "queue": latency_stats(lat.queue),
+        "e2el": lat_stats["e2el"],
+        "queue": lat_stats["queue"],
         "kv_usage": kv_usage,
         "kv_token_utilization": kv_tok_util,
         # a share: steps back to back from the first arrival to the last finish sum to 1 + 2e-16 of the run
@@ -298,8 +307,6 @@ def summarize(result: RunResult, slos: SLOs | None = None) -> dict:
         "energy": energy,
     }
     assert tuple(out) == SUMMARY_KEYS
-    sketched = [k for k, n in (("ttft", ttft.size), ("tpot", int(multi.sum())), ("e2el", e2el.size),
-                               ("queue", lat.queue.size)) if n > EXACT_MAX]
     if sketched:  # a run too long for exact percentiles: which figures are sketched, and their bound
         out["latency_sketch"] = {"metrics": sketched, "relative_accuracy": RELATIVE_ACCURACY,
                                  "exact_max": EXACT_MAX}
