@@ -290,7 +290,9 @@ class AnalyticCostModel(CostModel):
         if self.context_decode_pass:
             t = self._two_passes(a, b, c, d, e, t, array)
         if self.host_time_ratio > 0:
-            dec = shape.num_decode_seqs
+            # a row verifying drafts (sim/serving/spec_decode.py) computes k + 1 tokens and is left out of
+            # num_decode_seqs, but it is a decode row: a step of them alone is not a step of prompts
+            dec = shape.num_decode_seqs + shape.num_spec_seqs
             if array:
                 t = np.where((np.asarray(dec) == 0) & (np.asarray(b) > np.asarray(a)),
                              self._prefill_host(a, c, e, t, True), t)
