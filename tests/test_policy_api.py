@@ -528,7 +528,7 @@ def test_a_stall_of_prompts_longer_than_the_step_budget_says_so() -> None:
                              "prompt_len": {"type": "uniform", "min": 9000, "max": 12000},
                              "output_len": {"type": "fixed", "value": 4}},
                 "deployment": {"model": "llama-3.1-8b", "gpu": "a100-80gb", "max_model_len": 16384},
-                "policy": {"type": "custom", "cls": "sim.policies.queue:FCFSPolicy",
+                "policy": {"type": "custom", "cls": "sim.policies.queue:FCFSPolicy", "max_num_batched_tokens": 8192,
                            "args": {"enable_chunked_prefill": False}}}
     with pytest.raises(servesim.ScenarioError, match=r"simulation stalled: 6 requests without outcome, 0 never sent "
                        r"\(a policy never schedules them\?\); \d waiting requests have more prompt tokens left than "
@@ -537,3 +537,21 @@ def test_a_stall_of_prompts_longer_than_the_step_budget_says_so() -> None:
         servesim.run(scenario)
     scenario["policy"]["max_num_batched_tokens"] = 12000
     assert servesim.run(scenario).summary["scenario"]["num_completed"] == 6
+
+
+def test_a_custom_policy_without_chunking_gets_the_unchunked_token_budget() -> None:
+    """max_num_batched_tokens left out: 'none: 8192 with chunked prefill, else max(8192, max_model_len)', as the
+    built-ins get it; a custom QueuePolicy made with enable_chunked_prefill=False got 8192 and never ran a prompt
+    longer than that (the run stalled)."""
+    scenario = {"workload": {"arrival": {"type": "poisson", "rate": 1.0}, "num_requests": 6,
+                             "prompt_len": {"type": "uniform", "min": 9000, "max": 12000},
+                             "output_len": {"type": "fixed", "value": 4}},
+                "deployment": {"model": "llama-3.1-8b", "gpu": "a100-80gb", "max_model_len": 16384},
+                "variants": [{"name": "builtin", "policy": {"type": "fcfs", "enable_chunked_prefill": False}},
+                             {"name": "custom", "policy": {"type": "custom", "cls": "sim.policies.queue:FCFSPolicy",
+                                                           "args": {"enable_chunked_prefill": False}}}]}
+    res = servesim.run(scenario)
+    assert [r.config["policy"].get("max_num_batched_tokens") for r in res.results] == [None, None]
+    builtin, custom = res.results
+    assert custom.requests == builtin.requests  # the same schedule: budget max(8192, max_model_len) = 16384
+    assert res.summary["custom"]["num_completed"] == 6

@@ -241,6 +241,7 @@ class UserClassConfig(PolicyModel):
     # point and replica so that no state leaks between runs; ``cls`` then only names it in the records.
     instance: Any = Field(default=None, exclude=True, description="Python API only: an object to copy.")
     _cls: Any = PrivateAttr(default=None)
+    _chunked: bool = PrivateAttr(default=True)  # the object's enable_chunked_prefill (a QueuePolicy's), as made
 
     @model_validator(mode="after")
     def _resolve(self) -> UserClassConfig:
@@ -251,7 +252,8 @@ class UserClassConfig(PolicyModel):
         WATCH.arm()  # importing a user's module runs its code: a module that never finishes loading is stopped
         if self.instance is None:
             self._cls = call_user(f"cls {self.cls}: importing it", load_class, self.cls, wrap=False)
-        self.make()  # the constructor validates its args
+        made = self.make()  # the constructor validates its args
+        self._chunked = getattr(made, "enable_chunked_prefill", True) is not False
         return self
 
     # the servesim class a user's class implements, and the check that says why an object does not
@@ -380,6 +382,11 @@ class CustomPolicyConfig(UserClassConfig, QueuePolicyConfigBase):
         from sim.policies import api
 
         return api.implements_policy(obj)
+
+    def chunked(self) -> bool:
+        # max_num_batched_tokens' default follows the class's chunking as the built-ins' does: a QueuePolicy made
+        # with enable_chunked_prefill=False got the chunking default, 8192, and never ran a longer prompt
+        return self._chunked
 
     def check_tenants(self, requests: Iterable[Any], declared: Iterable[str] = ()) -> str | None:
         """A VTC built from Python (``servesim.run(..., policy=VirtualTokenCounter(tenant_weights=...))``) or named
