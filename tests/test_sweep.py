@@ -219,11 +219,22 @@ def test_cli_sweep_shows_progress_on_stderr_unless_quiet(tmp_path: Path) -> None
             "-j", "1"]
     shown = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "a")])
     assert shown.exit_code == 0, shown.output
-    assert shown.stderr.startswith("naive-vs-continuous: 2 points x 2 variant(s) = 4 runs -> ")
-    assert "naive-vs-continuous: checking points:" in shown.stderr and "/2 [" in shown.stderr
-    assert "naive-vs-continuous: runs:" in shown.stderr and "/4 [" in shown.stderr
+    # the header once every point is checked, as the runs start
+    header = f"naive-vs-continuous: 2 points x 2 variant(s) = 4 runs -> {tmp_path / 'a'}/\n"
+    checking, runs = shown.stderr.index("naive-vs-continuous: checking points:"), shown.stderr.index(header)
+    assert checking < runs < shown.stderr.index("naive-vs-continuous: runs:") and "/2 [" in shown.stderr
+    assert "/4 [" in shown.stderr
     quiet = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "b"), "-q"])
-    assert quiet.exit_code == 0 and quiet.stderr.splitlines() == [shown.stderr.splitlines()[0].replace("/a/", "/b/")]
+    assert quiet.exit_code == 0 and quiet.stderr == header.replace("/a/", "/b/")
+
+
+def test_a_bad_sweep_point_is_one_error_without_the_header(tmp_path: Path) -> None:
+    # Before: "naive-vs-continuous: 2 points x 2 variant(s) = 4 runs -> DIR/" stood above the error, printed before
+    # the points were checked
+    res = CliRunner().invoke(app, ["sweep", str(SCENARIOS / "naive-vs-continuous.yaml"), "-n", "10", "--sweep",
+                                   "workload.arrival.rate=2,-1", "-q", "--out", str(tmp_path / "s")])
+    assert res.exit_code == 2 and res.stderr.startswith("error: "), res.stderr
+    assert "runs ->" not in res.stderr and not (tmp_path / "s").exists()
 
 
 class _Taken(list):

@@ -290,14 +290,24 @@ class _CountBars:
             self._bar = None
 
 
-def _with_bars(name: str, out_dir: Path, quiet: bool, work: Callable[..., Any]) -> Any:
+def _with_bars(name: str, out_dir: Path, quiet: bool, work: Callable[..., Any], header: str = "") -> Any:
     """``work(progress=..., checking=...)`` (a sweep's runs) with progress bars on stderr unless ``quiet``; bad
-    input or an --out that cannot be written ends with exit 2."""
+    input or an --out that cannot be written ends with exit 2. ``header`` goes to stderr once every point is
+    checked and the runs start: printed first, it stood above the one error line of a bad point."""
     bars = None if quiet else _CountBars(name)
+    said = False
+
+    def running(done: int, total: int) -> None:
+        nonlocal said
+        if header and not said:
+            said = True
+            typer.echo(header, err=True)
+        if bars is not None:
+            bars.running(done, total)
+
     try:
         with _quiet_numpy():
-            return work(progress=None if bars is None else bars.running,
-                        checking=None if bars is None else bars.checking)
+            return work(progress=running, checking=None if bars is None else bars.checking)
     except ScenarioError as e:
         _fail(str(e))
     except OSError as e:
@@ -346,11 +356,10 @@ def sweep(
     out_dir = out or default_out(sc.name, "-sweep")
     points = math.prod(len(v) for v in sc.sweep.values())
     variants = max(1, len(sc.variants))
-    typer.echo(f"{sc.name}: {points:,} points x {variants} variant(s) = {points * variants:,} runs -> {out_dir}/",
-               err=True)
     res = _with_bars(sc.name, out_dir, quiet, functools.partial(
         run_sweep, sc, raw, out_dir, source=str(scenario), executor=executor, workers=workers, address=address,
-        fresh=fresh))
+        fresh=fresh), f"{sc.name}: {points:,} points x {variants} variant(s) = {points * variants:,} runs -> "
+        f"{out_dir}/")
     typer.echo(format_sweep_table(res.table), nl=False)
     typer.echo(f"{sc.name}: {res.runs} runs ({res.ran} run now, {res.resumed} already done)")
     typer.echo(f"wrote {res.out_dir}/: sweep.csv, sweep.json, sweep.html")
@@ -383,10 +392,10 @@ def tournament(
         return
     out_dir = out or default_out(t.name, "-tournament")
     runs = len(t.policies) * len(t.loads) * len(t.spec.seeds)
-    typer.echo(f"{t.name}: {len(t.policies)} policies x {len(t.loads)} loads x {len(t.spec.seeds)} seeds = "
-               f"{runs:,} runs -> {out_dir}/", err=True)
     res = _with_bars(t.name, out_dir, quiet, functools.partial(
-        run_tournament, t, out_dir, executor=executor, workers=workers, address=address, fresh=fresh))
+        run_tournament, t, out_dir, executor=executor, workers=workers, address=address, fresh=fresh),
+        f"{t.name}: {len(t.policies)} policies x {len(t.loads)} loads x {len(t.spec.seeds)} seeds = {runs:,} runs -> "
+        f"{out_dir}/")
     typer.echo(format_standings(t, res.standings), nl=False)
     typer.echo(f"{t.name}: {res.runs} runs ({res.ran} run now, {res.resumed} already done)")
     typer.echo(f"wrote {res.out_dir}/: tournament.csv, tournament.json, tournament.html, sweep.csv")
