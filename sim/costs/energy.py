@@ -365,7 +365,6 @@ def _attribute_in_blocks(recs: RequestTable, blocks: Callable[[], _Blocks], tota
     read three times, once for each request's first step, first token and finish, so that only a few values a
     request are held at once (all three lookups at once held some 270 bytes a request). None when the steps are
     not in start order (then ``attribute`` sorts them)."""
-    out = np.zeros(len(recs))
     first_sched, first_tok, finish = (recs.column(k) for k in ("first_scheduled", "first_token", "finish"))
     mine = first_sched >= 0
     every = bool(mine.all())  # then the columns are read as they are, not copied
@@ -382,11 +381,14 @@ def _attribute_in_blocks(recs: RequestTable, blocks: Callable[[], _Blocks], tota
     assert got is not None  # the same steps, in the same order
     dec = got[2]
     del ft, got
+    # the prefill sums are complete: each request's prefill energy, before the third pass (three values a request
+    # held through it, and the result's array from the start, were its peak: 56 bytes a request)
+    prompt = recs.column("prompt_tokens", mine).astype(np.float64)
+    pre_e = np.divide(pre_e_sum * prompt, pre_n, out=np.zeros(len(prompt)), where=pre_n > 0)
+    del pre_e_sum, prompt, pre_n
     got = _sums_at(fin, blocks(), [(_DEC, dec)])  # c_dec[i2] - c_dec[i1]
     assert got is not None
-    prompt = recs.column("prompt_tokens")[mine].astype(np.float64)
-    pre_e = np.divide(pre_e_sum * prompt, pre_n, out=np.zeros(len(prompt)), where=pre_n > 0)
-    del pre_e_sum, prompt
+    out = np.zeros(len(recs))
     out[mine] = pre_e + dec
     raw = float(out.sum())
     if raw > 0:
