@@ -73,6 +73,8 @@ CASES = [
     # a numpy array as the rank: numpy's "truth value of an array ... is ambiguous", naming neither rank nor request
     ("bad_policies.py:RanksByArray", "", "RanksByArray: schedule(view) at t=0.029018 s raised TypeError: rank(req) "
      "gave array(["),
+    ("bad_policies.py:PreemptsWithoutRank", "", "PreemptsWithoutRank sets preempt_for_waiting but keeps first come "
+     "first served (no rank(req)): a waiting request displaces running work of a larger rank, so give it rank(req)"),
     # a reason that is not a str: refuse() returning a bool rejected every request, with 'False' as the reason
     ("bad_policies.py:RefusesWithTrue", "", "RefusesWithTrue at t=0.016468 s: rejects request 0 with reason True, not "
      "a str (QueuePolicy.refuse returns None to keep a request, a reason string to reject it)"),

@@ -380,8 +380,16 @@ class CustomPolicyConfig(UserClassConfig, QueuePolicyConfigBase):
     @staticmethod
     def problem(obj: Any) -> str | None:
         from sim.policies import api
+        from sim.policies.queue import QueuePolicy
 
-        return api.implements_policy(obj)
+        why = api.implements_policy(obj)
+        if why is None and isinstance(obj, QueuePolicy) and obj.preempt_for_waiting and \
+                type(obj).rank is QueuePolicy.rank:
+            # first come first served has no ranks to compare: the first displacement raised TypeError mid-run,
+            # "rank(req) gave None for request 0 and None for request 1, which do not compare"
+            why = ("sets preempt_for_waiting but keeps first come first served (no rank(req)): a waiting request "
+                   "displaces running work of a larger rank, so give it rank(req)")
+        return why
 
     def chunked(self) -> bool:
         # max_num_batched_tokens' default follows the class's chunking as the built-ins' does: a QueuePolicy made

@@ -204,6 +204,13 @@ class RanksByArray(servesim.QueuePolicy):
         return np.array([req.prompt_len, req.id])
 
 
+class PreemptsWithoutRank(servesim.QueuePolicy):
+    """preempt_for_waiting on first come first served: no ranks to compare, and the first displacement raised
+    TypeError mid-run about None ranks the user never wrote."""
+
+    preempt_for_waiting = True
+
+
 class RefusesWithTrue(servesim.QueuePolicy):
     """refuse() answering a yes/no question: True was recorded as the reason 'True' and every request rejected."""
 
