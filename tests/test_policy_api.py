@@ -555,3 +555,31 @@ def test_a_custom_policy_without_chunking_gets_the_unchunked_token_budget() -> N
     builtin, custom = res.results
     assert custom.requests == builtin.requests  # the same schedule: budget max(8192, max_model_len) = 16384
     assert res.summary["custom"]["num_completed"] == 6
+
+
+def test_a_plan_may_take_numpy_integer_token_counts(tmp_path) -> None:
+    """``tokens = np.int64(view.limits.max_num_batched_tokens)`` (a budget kept in numpy), then ``n = min(
+    r.num_remaining, tokens)``: a prompt cut by the budget got an np.int64 count, refused as 'not an int', where a
+    router's np.int64 is taken (7cd9a93). Any integer but a bool is taken, and the run is the one ints give."""
+    (tmp_path / "mine.py").write_text(
+        "import numpy as np\nimport servesim\n\n\nclass Mine(servesim.Policy):\n"
+        "    def __init__(self, numpy=False):\n        self.numpy = numpy\n\n"
+        "    def schedule(self, view):\n        plan = servesim.Plan()\n        budget = view.kv.budget()\n"
+        "        tokens = view.limits.max_num_batched_tokens\n"
+        "        tokens = np.int64(tokens) if self.numpy is True else float(tokens) if self.numpy else tokens\n"
+        "        for r in list(view.running) + list(view.waiting):\n"
+        "            n = min(r.num_remaining, tokens)\n"
+        "            if n < 1 or not budget.allocate(r, n):\n                break\n"
+        "            plan.schedule(r, n)\n            tokens -= n\n"
+        "        return plan\n")
+    cls = f"{tmp_path / 'mine.py'}:Mine"
+    (ra, _, ca), (rb, _, cb) = _pair({"type": "custom", "cls": cls, "max_num_batched_tokens": 512},
+                                     {"type": "custom", "cls": cls, "args": {"numpy": True},
+                                      "max_num_batched_tokens": 512}, blocks=20_000)
+    assert ra.requests == rb.requests and ca.stats == cb.stats
+    for col in ra.steps:
+        assert np.array_equal(ra.steps[col], rb.steps[col]), col
+    assert int(np.count_nonzero(ra.steps["prefill_tokens"] == 512)) > 0  # prompts were cut by the budget
+    with pytest.raises(servesim.ScenarioError, match=r"schedules request \d+ with 512.0 tokens, not an int"):
+        _pair({"type": "fcfs"}, {"type": "custom", "cls": cls, "args": {"numpy": "float"},
+                                 "max_num_batched_tokens": 512}, blocks=20_000)  # a float is still no count

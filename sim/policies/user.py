@@ -24,7 +24,7 @@ import threading
 import traceback
 import types
 from collections.abc import Collection
-from operator import itemgetter
+from operator import index, itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -346,6 +346,8 @@ class UserPolicy(Policy):
             add(q.id)
             total += n
         if not ok or len(seen) != len(entries) or (gone and not gone.isdisjoint(seen)):
+            if _integer_counts(up):  # numpy's integers made ints: the plan is checked again, as written
+                return self._translate(up, rejected, view, running)
             self._check_each(up, gone, view.now)
         lim = self.limits
         num_seqs = len(up.scheduled)  # distinct requests, as checked
@@ -400,3 +402,25 @@ class UserPolicy(Policy):
         if r.status is Status.FINISHED:
             self._fail(now, f"{verb} request {r.id}, which has finished")
         return r
+
+
+def _integer_counts(up: api.Plan) -> bool:
+    """Make the token counts of ``up`` that are integers of another type (numpy's: ``min(r.num_remaining,
+    tokens)`` with a budget kept as an np.int64) Python ints, as a router's index is taken; whether any was. A bool
+    is no count and stays, for the check to name."""
+    def whole(n: Any) -> Any:
+        if type(n) is int or isinstance(n, bool):
+            return n
+        try:
+            return index(n)
+        except TypeError:
+            return n
+
+    fixed = [(rv, whole(n)) for rv, n in up.scheduled]
+    if all(a[1] is b[1] for a, b in zip(fixed, up.scheduled, strict=True)):
+        return False
+    up.scheduled[:] = fixed
+    if up._each is not None:  # schedule_each's entries, as they now are in the list
+        start, chunk, reqs = up._each
+        up._each = (start, up.scheduled[start:start + len(chunk)], reqs)
+    return True
