@@ -185,3 +185,19 @@ def test_report_ranks_the_causes_by_score_and_sets_the_overload_apart(naive):
     assert len(scores) >= 2 and scores == sorted(scores, reverse=True)
     assert "overloaded" not in ranking
     assert "<br>symptom: overloaded (0.60): offered " in page
+
+
+def test_a_disaggregated_run_names_each_pools_busy_share():
+    """3P1D (scenarios/lesson-disaggregation.yaml) read 'compute-bound: MFU 35% while computing, GPU busy 56% of
+    the time': the share over both pools, while its one decode GPU, the bottleneck the lesson names, was busy
+    99.8% of the time. Each pool's share is said; and 'more load would fit' is said only when the busiest pool has
+    room, not when a saturated pool hides in a fleet under half busy."""
+    pools = {"prefill": {"busy_fraction": 0.2}, "decode": {"busy_fraction": 0.998}}
+    s = {"num_steps": 100, "busy_fraction": 0.4, "limits": {"busy_mfu": 0.35}, "disaggregation": {"pools": pools}}
+    text = rank_limits(s).text
+    assert text == ("compute-bound: MFU 35% while computing, GPU busy 40% of the time (prefill pool 20%, decode pool "
+                    "100%).")
+    pools["decode"]["busy_fraction"] = 0.3
+    assert rank_limits(s).text.endswith("(prefill pool 20%, decode pool 30%) (more load would fit).")
+    assert rank_limits({"num_steps": 100, "busy_fraction": 0.4, "limits": {"busy_mfu": 0.35}}).text.endswith(
+        "GPU busy 40% of the time (more load would fit).")

@@ -289,7 +289,14 @@ def rank_limits(summary: dict) -> Verdict:
     else:
         roof, roof_text = "GPU-bound", "MFU unknown"
     roof_text += f", GPU busy {_pct(busy)} of the time"
-    if busy < 0.5:
+    # a disaggregated run's busy share is over both pools: 3P1D read "GPU busy 56%" while its one decode GPU
+    # was busy 99.8% of the time, the bottleneck the lesson names; each pool's share is said, and spare load is
+    # claimed only when the busiest pool has room
+    pools = (summary.get("disaggregation") or {}).get("pools") or {}
+    pool_busy = {name: _fin((p or {}).get("busy_fraction")) for name, p in pools.items()}
+    if pool_busy:
+        roof_text += " (" + ", ".join(f"{name} pool {_pct(b)}" for name, b in pool_busy.items()) + ")"
+    if max([busy, *pool_busy.values()]) < 0.5:
         roof_text += " (more load would fit)"
     if math.isfinite(_fin(lim.get("prefill_share"))) and "prefill_share" in lim:
         roof_text += f", prefill {_pct(lim.get('prefill_share'))} of tokens"
