@@ -3,12 +3,16 @@ range across the variants' per-variant charts, the batch-slot legend clear of th
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
+import servesim
 from sim.config.scenario import parse_scenario
 from sim.loop.run import run_scenario
 from sim.output.report import (
+    _latency_section,
     _memory_sections,
     _request_memory_sections,
     _timeline_sections,
@@ -83,3 +87,16 @@ def test_notebook_02_bars_get_a_panel_each():
     # the bf16 throughput bar is drawn and nothing shares its axes
     assert list(bars[0].x) == ["bf16", "fp8 KV"] and bars[0].y[0] == 900.0
     assert fig.layout.xaxis.domain[1] < fig.layout.xaxis2.domain[0]
+
+
+def test_per_class_cdfs_of_every_variant_share_each_axis_scale():
+    """classes-priority (80 requests): fcfs's per-class TTFT panel was linear beside priority's log one, each
+    variant's scale chosen from its own latencies: two scales for one comparison. The scale of each axis is now
+    chosen over every variant's latencies, as the all-variant CDF's is."""
+    res = servesim.run(Path(__file__).resolve().parent.parent / "scenarios" / "classes-priority.yaml",
+                       num_requests=80)
+    sections = _latency_section(res.results, res.summary)
+    assert [s.title for s in sections] == ["Latency", "Latency per class: fcfs", "Latency per class: priority"]
+    types = [[s.figure.layout[f"xaxis{'' if c == 1 else c}"].type for c in (1, 2, 3)] for s in sections]
+    assert types[1] == types[2] == types[0], types
+    assert types[0][0] == "log"

@@ -216,7 +216,8 @@ def _request_memory_sections(results: list[RunResult], summaries: dict) -> list[
 
 
 def _latency_section(results: list[RunResult], summaries: dict) -> list[Section]:
-    per_class = [Section(f"Latency per class: {r.name}", fig_class_latency_cdfs(r))
+    # one scale per axis for every variant's panels: fcfs's TTFT read on a linear axis beside priority's log one
+    per_class = [Section(f"Latency per class: {r.name}", fig_class_latency_cdfs(r, scale_over=results))
                  for r in results[:8] if has_classes(r.requests)]  # 8 variants at most, as the memory sections
     return [Section("Latency", fig_latency_cdfs(results)), *per_class]
 

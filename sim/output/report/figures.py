@@ -73,20 +73,25 @@ def fig_latency_cdfs(results: list[RunResult], max_points: int = MAX_POINTS) -> 
                        max_points)
 
 
-def fig_class_latency_cdfs(result: RunResult, max_points: int = MAX_POINTS) -> go.Figure:
+def fig_class_latency_cdfs(result: RunResult, max_points: int = MAX_POINTS,
+                           scale_over: list[RunResult] | None = None) -> go.Figure:
     """One variant's TTFT, TPOT and E2EL CDFs with one curve per request class (sorted by name, as summary.json
-    keys them), p50/p95/p99 marked."""
+    keys them), p50/p95/p99 marked. ``scale_over``: the runs whose latencies choose each axis's scale (log or
+    linear), so that every variant's per-class panels read on the same scale (default: this run alone)."""
     from sim.metrics.summary import NO_CLASS
 
     groups: dict[str, list[RequestRecord]] = {}
     for r in result.requests:
         groups.setdefault(r.slo_class or NO_CLASS, []).append(r)
     curves = [(name, latencies_of(groups[name])) for name in sorted(groups)]
-    return _cdf_figure(curves, f"Latency CDFs per class: {result.name} (completed requests)", max_points)
+    over = [latencies(r) for r in scale_over] if scale_over else None
+    return _cdf_figure(curves, f"Latency CDFs per class: {result.name} (completed requests)", max_points, over)
 
 
-def _cdf_figure(curves: list[tuple[str, dict[str, np.ndarray]]], title: str, max_points: int) -> go.Figure:
-    """CDF_PANELS side by side, one curve per (name, latencies), with p50/p95/p99 marked."""
+def _cdf_figure(curves: list[tuple[str, dict[str, np.ndarray]]], title: str, max_points: int,
+                scale_over: list[dict[str, np.ndarray]] | None = None) -> go.Figure:
+    """CDF_PANELS side by side, one curve per (name, latencies), with p50/p95/p99 marked; each axis on a log scale
+    where the latencies of ``scale_over`` (default: the curves') span decades."""
     fig = make_subplots(rows=1, cols=3, subplot_titles=[p[1] for p in CDF_PANELS], horizontal_spacing=0.07)
     lats = [lat for _, lat in curves]
     for i, (name, lat) in enumerate(curves):
@@ -126,7 +131,7 @@ def _cdf_figure(curves: list[tuple[str, dict[str, np.ndarray]]], title: str, max
             )
             fig.update_xaxes(title_text=label, row=1, col=col)
     for col, (key, label, scale) in enumerate(CDF_PANELS, start=1):
-        if spans_decades([lat[key] * scale for lat in lats]):
+        if spans_decades([lat[key] * scale for lat in (scale_over if scale_over is not None else lats)]):
             fig.update_xaxes(type="log", title_text=f"{label}, log scale", row=1, col=col)
     fig.update_yaxes(title_text="fraction of requests", range=[0, 1.02], row=1, col=1)
     fig.update_layout(template=TEMPLATE, height=380, title=title, hovermode="closest")
