@@ -443,6 +443,9 @@ def test_plan_command(tmp_path: Path) -> None:
          "plan: deployment.max_model_len 200000 is longer than llama-3.2-1b's context of 131072 tokens"),
         # before: accepted when the bounds pruned every candidate (no simulation asked the executor for anything)
         (lambda d: d.update(slos={"ttft": 1e-6}, executor="foo"), "--executor must be 'local' or 'ray', got 'foo'"),
+        # before: the rate from 4 gaps (plan-chat at -n 5 chose 8 x A100, no warning); the rule: 20 requests at least
+        (lambda d: None, "plan: 5 requests give 4 gaps between arrivals, too few to estimate the offered rate "
+                         "(standard error about 1/sqrt(gaps), 50%); give at least 20 requests (-n 20)"),
     ],
 )
 def test_plan_command_bad_input(tmp_path: Path, change: Any, needle: str) -> None:
@@ -458,7 +461,7 @@ def test_plan_command_bad_input(tmp_path: Path, change: Any, needle: str) -> Non
 
 
 def test_format_has_the_numbers() -> None:
-    sc = parse_scenario(chat(0.5, 10, ttft=2.0, tpot=0.1, gpus=["l4"], api_price={"input": 0.1, "output": 0.2}))
+    sc = parse_scenario(chat(0.5, 20, ttft=2.0, tpot=0.1, gpus=["l4"], api_price={"input": 0.1, "output": 0.2}))
     r = plan(sc)
     text = format_plan(r)
     assert r.chosen is not None and r.break_even is not None

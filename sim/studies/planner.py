@@ -88,6 +88,8 @@ from sim.studies.plan_result import (
 from sim.studies.sweep import parallel_map
 from sim.workload.generator import GeneratedWorkload
 
+MIN_RATE_REQUESTS = 20  # an open-loop workload with fewer has too few gaps (19: 23% standard error) for its rate
+
 
 # ---- simulation -----------------------------------------------------------------------------------------------
 def simulate_replicas(cfg: VariantConfig, workload: GeneratedWorkload, replicas: int = 1, *,
@@ -206,6 +208,13 @@ def plan(scenario: Scenario, *, stop_early: bool | None = None, progress: bool =
     if getattr(wl, "failures", None) is not None:
         notes.append("the workload's failures are left out: the plan is for a healthy server")
     shape = WorkloadShape.of(wl)
+    if shape.span > 0 and len(wl) < MIN_RATE_REQUESTS:
+        # the offered rate, (n - 1) / span, is what every bound and the overload probe compare against; from 4 gaps
+        # (-n 5) it is off by half, and plan-chat chose 8 x A100 for a load one L40S pair carries
+        raise ScenarioError(f"plan: {len(wl)} requests give {len(wl) - 1} gaps between arrivals, too few to estimate "
+                            f"the offered rate (standard error about 1/sqrt(gaps), "
+                            f"{1 / math.sqrt(len(wl) - 1):.0%}); give at least {MIN_RATE_REQUESTS} requests "
+                            f"(-n {MIN_RATE_REQUESTS}), a few hundred for a reliable plan")
     prefix = isinstance(scenario.kv_cache, PagedKV) and scenario.kv_cache.enable_prefix_caching
     q = cfg.percentile
     if shape.span <= 0:
