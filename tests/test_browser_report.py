@@ -115,3 +115,28 @@ def test_naive_vs_continuous_report_draws_every_figure(browser, tmp_path):
     assert shot.stat().st_size > 10_000  # a blank page's screenshot is a few kB
     # issue 35: titles such as "KV cache by request: naive (...)" ran under the icons
     assert _texts_under_the_mode_bar(browser) == []
+
+
+def test_power_chart_legend_clears_its_time_axis_title(browser, tmp_path):
+    """The energy section's legend sat 0.2 of the plot height below it, on the x axis title: rendered, autoscale-
+    memory-bound's three variants wrote their legend over "time (s)"."""
+    from sim.output.report.energy import fig_energy
+
+    scenario, raw = load_scenario(find_scenario("autoscale-memory-bound"), {"workload.num_requests": 20})
+    fig = fig_energy(run_scenario(scenario, raw).results)
+    assert fig is not None
+    page = tmp_path / "energy.html"
+    fig.write_html(page, include_plotlyjs=True)
+    total, drawn, _ = _render(browser, page, tmp_path / "energy.png")
+    assert total == drawn == 1
+    clash = browser.execute_script(
+        """
+        const legend = document.querySelector('.legend').getBoundingClientRect();
+        return Array.from(document.querySelectorAll('.g-xtitle text, .g-x2title text'))
+            .map(t => [t.textContent, t.getBoundingClientRect()])
+            .filter(([_, r]) => r.left < legend.right && legend.left < r.right && r.top < legend.bottom
+                                && legend.top < r.bottom)
+            .map(([text, _]) => text);
+        """
+    )
+    assert clash == []

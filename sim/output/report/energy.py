@@ -48,7 +48,8 @@ def fig_energy(results: list[RunResult]) -> go.Figure | None:
             fig.add_trace(go.Scatter(**pts, mode="lines", name=r.name, legendgroup=r.name, showlegend=False,
                                      line={"color": color(i)},
                                      hovertemplate="%{x:.1f} J: %{y:.1%}<extra>" + name + "</extra>"), row=1, col=2)
-    fig.update_layout(template=TEMPLATE, height=400, legend={"orientation": "h", "y": -0.2})
+    # the legend under the x axis titles: at -0.2 it was drawn over "time (s)"
+    fig.update_layout(template=TEMPLATE, height=400, legend={"orientation": "h", "y": -0.3})
     fig.update_xaxes(title_text="time (s)", row=1, col=1)
     fig.update_yaxes(title_text="W (all GPUs)", rangemode="tozero", row=1, col=1)
     fig.update_xaxes(title_text="J per request", row=1, col=2)
