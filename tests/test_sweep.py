@@ -116,6 +116,28 @@ def test_a_sweep_whose_policy_raised_resumes_once_the_file_is_fixed(tmp_path: Pa
     assert (again.ran, again.resumed) == (5, 1) and {r["num_completed"] for r in again.rows} == {60}
 
 
+def test_a_sweep_whose_policy_helper_was_edited_since_is_not_resumed(tmp_path: Path) -> None:
+    """The policy imports a module beside it (from helpers import key); the user edits that module and runs the same
+    sweep again: the digest covered the policy's own file only, so every run was found done, the old key's rows
+    shown as the new one's; and the process that ran it kept the first helper."""
+    (tmp_path / "helpers.py").write_text("def key(req):\n    return None\n")
+    (tmp_path / "mine.py").write_text("import servesim\nfrom helpers import key\n\n\n"
+                                      "class Mine(servesim.QueuePolicy):\n"
+                                      "    def refuse(self, req, view):\n        return key(req)\n")
+    cls = {"variants.1.policy": {"type": "custom", "cls": str(tmp_path / "mine.py") + ":Mine"}}
+    sc, raw = load(**cls)
+    first = run_sweep(sc, raw, tmp_path / "sw", workers=1)
+    assert first.ran == 6 and {r["num_rejected"] for r in first.rows if r["variant"] == "continuous"} == {0}
+    assert run_sweep(sc, raw, tmp_path / "sw", workers=1).ran == 0  # unchanged: resumed, nothing to run
+    (tmp_path / "helpers.py").write_text("def key(req):\n    return 'edited by hand'\n")
+    sc, raw = load(**cls)
+    with pytest.raises(ScenarioError, match=r"/sw holds runs of an earlier version of \S+/mine.py:Mine \(edited "
+                       r"since\); --fresh to run them again, or another --out$"):
+        run_sweep(sc, raw, tmp_path / "sw", workers=1)
+    fresh = run_sweep(sc, raw, tmp_path / "sw", workers=1, fresh=True)
+    assert fresh.ran == 6 and {r["num_rejected"] for r in fresh.rows if r["variant"] == "continuous"} == {60}
+
+
 def test_cli_sweep(tmp_path: Path) -> None:
     runner = CliRunner()
     out = tmp_path / "cli"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -31,19 +32,54 @@ def exception_text(e: BaseException) -> str:
     return f"raised {type(e).__name__}: {text}"
 
 
+def _sha(path: str | Path) -> str:
+    try:
+        return hashlib.sha1(Path(path).read_bytes()).hexdigest()
+    except OSError:  # deleted since: changed
+        return ""
+
+
+def _helpers(module: ModuleType, folder: str, new: set[str]) -> dict[str, tuple[str, str]]:
+    """Module name -> (file, digest) of the Python modules under ``folder`` that ``module`` uses: those its import
+    brought in (``new``) and those its names come from (``from helpers import key`` of one imported before)."""
+    names = set(new)
+    for v in list(vars(module).values()):
+        try:
+            names.add(v.__name__ if isinstance(v, ModuleType) else v.__module__)
+        except Exception:  # noqa: BLE001, S112 - no module (an int), or a user's object that raises on asking
+            continue
+    out: dict[str, tuple[str, str]] = {}
+    for n in sorted(x for x in names if isinstance(x, str) and x != module.__name__):
+        f = getattr(sys.modules.get(n), "__file__", None)
+        if isinstance(f, str) and f.endswith(".py") and str(Path(f).resolve()).startswith(folder + os.sep):
+            out[n] = (f, _sha(f))
+    return out
+
+
 def _module_from_file(path: Path) -> ModuleType:
     name = "servesim_user_" + hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
-    digest = hashlib.sha1(path.read_bytes()).hexdigest()
+    digest = _sha(path)
     loaded = sys.modules.get(name)
     # a file edited since it was loaded is loaded again: a notebook's kernel (or any process that runs twice) went on
-    # running the first version of the policy, silently
-    if loaded is not None and getattr(loaded, "__servesim_digest__", None) == digest:
-        return loaded
+    # running the first version of the policy, silently. So is one whose helper beside it was edited, the helper
+    # reloaded first (`from helpers import key` kept the first key): only the edited ones, so nothing else is redone
+    if loaded is not None:
+        helpers: dict[str, tuple[str, str]] = vars(loaded).get("__servesim_helpers__", {})
+        edited = [n for n, (f, h) in helpers.items() if _sha(f) != h]
+        if not edited and vars(loaded).get("__servesim_file_digest__") == digest:
+            return loaded
+        for n in edited:
+            if n in sys.modules:
+                try:
+                    importlib.reload(sys.modules[n])
+                except PASS_THROUGH:
+                    raise
+                except BaseException as e:
+                    raise ValueError(f"{helpers[n][0]}: importing it {exception_text(e)}") from None
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise ValueError(f"{path}: cannot be loaded as a Python module")
     module = importlib.util.module_from_spec(spec)
-    vars(module)["__servesim_digest__"] = digest
     # its folder is importable, as `python my_policy.py` makes it: `from helpers import key` beside the file failed
     # with ModuleNotFoundError under the servesim command (whose sys.path holds its own bin folder, not the file's).
     # Appended, not put first: a file there named like an installed module (yaml.py) must not shadow it
@@ -51,6 +87,7 @@ def _module_from_file(path: Path) -> ModuleType:
     if folder not in sys.path:
         sys.path.append(folder)
     sys.modules[name] = module
+    before = set(sys.modules)
     try:
         spec.loader.exec_module(module)
     except PASS_THROUGH:
@@ -62,6 +99,13 @@ def _module_from_file(path: Path) -> ModuleType:
         frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename == spec.origin]
         where = f" (line {frames[-1].lineno})" if frames else ""
         raise ValueError(f"{path}: importing it {exception_text(e)}{where}") from None
+    # the digest covers the helpers beside it too: a sweep resumed after one was edited is refused as after an edit
+    # of the file itself (configs.user_code)
+    helpers = _helpers(module, folder, set(sys.modules) - before)
+    vars(module)["__servesim_helpers__"] = helpers
+    vars(module)["__servesim_file_digest__"] = digest
+    vars(module)["__servesim_digest__"] = hashlib.sha1(
+        " ".join([digest, *(h for _, h in helpers.values())]).encode()).hexdigest() if helpers else digest
     return module
 
 
