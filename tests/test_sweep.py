@@ -138,6 +138,21 @@ def test_a_sweep_whose_policy_helper_was_edited_since_is_not_resumed(tmp_path: P
     assert fresh.ran == 6 and {r["num_rejected"] for r in fresh.rows if r["variant"] == "continuous"} == {60}
 
 
+def test_servesim_itself_is_no_helper_of_a_policy_at_the_repository_root() -> None:
+    # a policy kept beside sim/ imports servesim from under its own folder: reloading that, were it "edited", would
+    # make servesim's classes anew under the running simulator
+    import types
+
+    import servesim
+    from sim.policies.loader import _helpers
+    from sim.policies.queue import FCFSPolicy
+
+    module = types.ModuleType("servesim_user_test")
+    vars(module).update(servesim=servesim, FCFSPolicy=FCFSPolicy)
+    root = str(Path(servesim.__file__).resolve().parent.parent)
+    assert _helpers(module, root, {"sim.policies.queue"}) == {}
+
+
 def test_cli_sweep(tmp_path: Path) -> None:
     runner = CliRunner()
     out = tmp_path / "cli"

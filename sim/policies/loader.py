@@ -49,7 +49,10 @@ def _helpers(module: ModuleType, folder: str, new: set[str]) -> dict[str, tuple[
         except Exception:  # noqa: BLE001, S112 - no module (an int), or a user's object that raises on asking
             continue
     out: dict[str, tuple[str, str]] = {}
-    for n in sorted(x for x in names if isinstance(x, str) and x != module.__name__):
+    # servesim's own modules are never a user's helper (a policy kept at the repository's root imports them from
+    # under its folder): reloading one would make its classes anew under the running simulator
+    for n in sorted(x for x in names if isinstance(x, str) and x != module.__name__
+                    and x.partition(".")[0] not in ("sim", "servesim", "realengine", "calibration")):
         f = getattr(sys.modules.get(n), "__file__", None)
         if isinstance(f, str) and f.endswith(".py") and str(Path(f).resolve()).startswith(folder + os.sep):
             out[n] = (f, _sha(f))
