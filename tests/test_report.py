@@ -370,3 +370,20 @@ def test_memory_capacity_line_of_a_run_without_steps():
     assert capacity > 50  # 15.0 GiB of weights and a 55.3 GiB KV pool on the A100
     line = next(t for t in fig_memory_stack(res).data if t.name.startswith("capacity"))
     assert line.y[0] == pytest.approx(capacity, rel=1e-12)
+
+
+def test_memory_by_request_axis_reaches_a_pile_above_one_replicas_pool():
+    """autoscale-memory-bound's scale-on-busy (80 requests, up to 8 L4s): its requests, stacked over the replicas,
+    pile above one replica's 3.8 GiB pool, and the y axis, set to the capacity line alone, cut the pile off at
+    4 GiB. The axis reaches the pile, and the line says whose pool it is."""
+    from sim.output.report import fig_memory_by_request
+
+    scenario, raw = load_scenario(find_scenario("autoscale-memory-bound"), {"workload.num_requests": 80})
+    res = run_scenario(scenario, raw).results[1]
+    assert res.name == "scale-on-busy" and res.cluster is not None and res.cluster["replicas_max"] > 1
+    fig = fig_memory_by_request(res)
+    bands = [np.asarray(tr.y, dtype=float) for tr in fig.data if tr.name and tr.name.startswith("request ")]
+    peak = float(np.sum(bands, axis=0).max())
+    (line,) = [tr for tr in fig.data if tr.name and "capacity" in tr.name]
+    assert line.name == "KV pool capacity (one replica)" and peak > line.y[0]
+    assert fig.layout.yaxis.range[1] >= peak

@@ -264,9 +264,14 @@ def fig_memory_by_request(result: RunResult, max_requests: int = REQUEST_KV_REQU
     if weights > 0:
         title += f"; weights {weights:.1f} GiB not stacked"
     if cap > 0 and (peak <= 0 or cap <= REQUEST_KV_CAPACITY_IN_RANGE * peak):
-        fig.add_trace(go.Scatter(name="KV pool capacity", x=[0.0, float(t[-1])], y=[cap, cap],
-                                 mode="lines", line=dict(color="black", dash="dash")))
-        top = cap
+        # a cluster's requests are stacked over all its replicas, against one replica's pool
+        several = bool(result.cluster) and (result.cluster or {}).get("replicas_max", 1) > 1
+        fig.add_trace(go.Scatter(name="KV pool capacity" + (" (one replica)" if several else ""),
+                                 x=[0.0, float(t[-1])], y=[cap, cap], mode="lines",
+                                 line=dict(color="black", dash="dash")))
+        # the axis reaches the pile too: at the capacity alone it cut off a pile above it (an autoscaled
+        # fleet's requests on several replicas, or the even spread of output tokens these bands assume)
+        top = max(cap, peak)
     else:
         title += f"; KV pool {cap:.1f} {unit}, off the scale"
         top = peak
