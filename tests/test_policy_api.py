@@ -583,3 +583,23 @@ def test_a_plan_may_take_numpy_integer_token_counts(tmp_path) -> None:
     with pytest.raises(servesim.ScenarioError, match=r"schedules request \d+ with 512.0 tokens, not an int"):
         _pair({"type": "fcfs"}, {"type": "custom", "cls": cls, "args": {"numpy": "float"},
                                  "max_num_batched_tokens": 512}, blocks=20_000)  # a float is still no count
+
+
+def test_state_kept_on_the_class_in_a_numpy_array_is_refused_too() -> None:
+    """``counts = np.zeros(4)`` on the class, added to in place by a run: the same one array for every object as a
+    class-level dict, so the next run started with the counts the last left, and the check, which looked at dicts,
+    lists, sets and deques, let it through. A numpy array (alone or inside a container) is compared by value."""
+    from sim.policies.configs import _SHARED, _shared_state_changed, _snapshot
+
+    class Counts(servesim.QueuePolicy):
+        counts = np.zeros(4)
+        nested = {"served": np.zeros(2, dtype=np.int64)}
+        WEIGHTS = np.array([1.0, np.nan])  # read only: never refused, its NaN equal to itself
+
+    _SHARED[Counts] = _snapshot(Counts)
+    assert _shared_state_changed(Counts) is None
+    Counts.counts[1] += 3
+    assert _shared_state_changed(Counts) == "counts"
+    _SHARED[Counts] = _snapshot(Counts)
+    Counts.nested["served"][0] += 1
+    assert _shared_state_changed(Counts) == "nested"

@@ -14,6 +14,7 @@ from abc import abstractmethod
 from collections.abc import Iterable
 from typing import Annotated, Any, ClassVar, Literal
 
+import numpy as np
 from pydantic import ConfigDict, Field, PrivateAttr, model_validator
 
 from sim.config.errors import PASS_THROUGH
@@ -297,7 +298,8 @@ class UserClassConfig(PolicyModel):
 # the class rather than in __init__ is one dict for every object: each variant and sweep point run in a process
 # would start with the state the runs before it left there, and compare policies on different footing, silently.
 _SHARED: weakref.WeakKeyDictionary[type, dict[str, Any]] = weakref.WeakKeyDictionary()
-_MUTABLE = (dict, list, set, bytearray, collections.deque)
+# numpy arrays too: counts = np.zeros(n) on the class, added to in place, is the same one array for every object
+_MUTABLE = (dict, list, set, bytearray, collections.deque, np.ndarray)
 _MAX_ITEMS = 1000
 
 
@@ -319,13 +321,19 @@ def _plain(v: Any, depth: int = 0) -> Any:
         return {k: _plain(x, depth + 1) for k, x in v.items()}
     if isinstance(v, (list, collections.deque)):
         return [_plain(x, depth + 1) for x in v]
+    if isinstance(v, np.ndarray):  # its bytes, compared by value (an array's == is elementwise; a NaN equals itself)
+        return ("ndarray", v.dtype.str, v.shape, v.tobytes())
     return set(v) if isinstance(v, set) else bytes(v) if isinstance(v, bytearray) else v
 
 
 def _snapshot(kind: type) -> dict[str, Any]:
     # not a container of more than _MAX_ITEMS items: a lookup table, copied at every object made (a 100,000-point
     # sweep would pay for it), and rarely a run's state, which starts empty
-    return {k: _plain(v) for k, v in _containers(kind).items() if len(v) <= _MAX_ITEMS}
+    return {k: (_size(v), _plain(v)) for k, v in _containers(kind).items() if _size(v) <= _MAX_ITEMS}
+
+
+def _size(v: Any) -> int:
+    return int(v.size) if isinstance(v, np.ndarray) else len(v)
 
 
 def _shared_state_changed(kind: Any) -> str | None:
@@ -335,9 +343,9 @@ def _shared_state_changed(kind: Any) -> str | None:
         return None
     for k, v in _containers(kind).items():
         try:
-            if k in before and (len(v) != len(before[k]) or bool(_plain(v) != before[k])):
+            if k in before and (_size(v) != before[k][0] or bool(_plain(v) != before[k][1])):
                 return k
-        except Exception:  # noqa: BLE001, S112 - a container of arrays: no truth value to compare by
+        except Exception:  # noqa: BLE001, S112 - an object whose == is elementwise (a pandas Series): no truth value
             continue
     return None
 
