@@ -483,13 +483,13 @@ def test_slos_met_with_80_percent_confidence() -> None:
     from sim.metrics.intervals import ERROR_QUANTILES
 
     hi = ERROR_QUANTILES["decode speed"][1]
-    loose = plan(parse_scenario(chat(0.5, 10, ttft=2.0, tpot=0.1, gpus=["l4"])))
+    loose = plan(parse_scenario(chat(0.5, 40, ttft=2.0, tpot=0.1, gpus=["l4"])))
     assert loose.chosen is not None
     tpot = loose.chosen.latency["tpot"]
     assert loose.chosen.latency_80_high["tpot"] == pytest.approx(tpot * (1 + hi), rel=1e-12)
     assert tpot * (1 + hi) < 0.1 and loose.chosen.meets_80 and loose.cheapest_80() is loose.chosen
     assert "with 80% confidence: met" in format_plan(loose)
-    tight = plan(parse_scenario(chat(0.5, 10, ttft=2.0, tpot=tpot * (1 + hi / 2), gpus=["l4"])))
+    tight = plan(parse_scenario(chat(0.5, 40, ttft=2.0, tpot=tpot * (1 + hi / 2), gpus=["l4"])))
     ch = tight.chosen
     assert ch is not None and ch.meets and ch.latency["tpot"] == tpot  # the same seeded run
     assert not ch.meets_80 and tight.cheapest_80() is None
