@@ -551,3 +551,20 @@ def test_a_short_run_does_not_hide_an_overload_from_the_plan() -> None:
     (cfg,) = variant_configs(long)
     s = summarize(simulate_variant(cfg, generate_workload(long))[0], slos_of(long))
     assert s["ttft"]["p99"] > 5.0 and s["request_throughput"] < 15.0
+
+
+def test_an_overloaded_deployment_meets_no_slo_with_80_percent_confidence() -> None:
+    """The backlog probe (f005473) made the overloaded L40S with bf16 KV 'missed', but its meets_slos_80 was
+    computed from the short run's latencies alone: with a TPOT SLO of 50 ms it read true, and cheapest_80, 'the
+    cheapest deployment meeting the SLOs with 80% confidence' of the text and the JSON, named that deployment."""
+    keys = {"plan.gpus": ["l40s"], "plan.tensor_parallel_sizes": [1], "plan.weight_dtypes": ["fp8"],
+            "plan.kv_dtypes": ["auto", "fp8"], "plan.max_num_seqs": [256], "plan.enable_chunked_prefill": [True],
+            "plan.max_gpus": 1}
+    sc, _ = load_scenario(PLAN_CHAT, {**keys, "workload.num_requests": 100, "slos.tpot": 0.05})
+    res = plan(sc)
+    by_kv = {e.candidate.kv_dtype: e for e in res.evaluations if e.simulated}
+    bf16, fp8 = by_kv["bf16"], by_kv["fp8"]
+    assert bf16.reason.startswith("overloaded: serves at most 14.")
+    assert bf16.latency_80_high["tpot"] < 0.05 and bf16.latency_80_high["ttft"] < 0.5  # the short run's: met
+    assert not bf16.meets_80 and bf16.to_dict()["meets_slos_80"] is False
+    assert fp8.meets_80 and res.cheapest_80() is fp8 is res.chosen
