@@ -159,11 +159,11 @@ class Results:
     def write(self, out_dir: str | os.PathLike) -> Path:
         """Write the run folder ``servesim run --out`` writes: summary.json, requests.csv, steps.csv, report.html
         and per variant NAME.vllm-bench.json and NAME.metrics.prom. Returns the folder."""
-        from sim.config.files import output_path
+        from sim.config.files import output_folder
         from sim.output.run_folder import write_run
 
         with _quiet():
-            return write_run(output_path(out_dir, "out_dir"), self.results, self.summary, scenario=self.scenario,
+            return write_run(output_folder(out_dir, "out_dir"), self.results, self.summary, scenario=self.scenario,
                              title=self.title)
 
     def compare(self, other: Results | str | os.PathLike, *, labels: tuple[str, str] | None = None) -> Comparison:

@@ -279,3 +279,18 @@ def test_an_empty_output_path_is_refused_in_python_as_on_the_command_line(small,
             write()
         assert str(e.value) == f"{name}: empty path; name a file or folder (. for the current folder)"
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_output_folder_that_is_a_file_is_refused_in_python_as_on_the_command_line(small, tmp_path) -> None:
+    # Before: Results.write and Comparison.write raised a bare FileExistsError or NotADirectoryError, and
+    # evaluate(out=) the same after its runs; now one ScenarioError as --out gives, before anything is written
+    (tmp_path / "f").write_text("mine")
+    scenario = {k: v for k, v in SMALL.items() if k != "variants"}
+    for write, name in ((small.write, "out_dir"), (small.compare(small).write, "out_dir"),
+                        (lambda p: servesim.evaluate(servesim.QueuePolicy(), scenario, out=p), "out")):
+        for path, why in ((tmp_path / "f", "exists and is not a folder"),
+                          (tmp_path / "f" / "sub", f"{tmp_path / 'f'} is a file, not a folder")):
+            with pytest.raises(servesim.ScenarioError) as e:
+                write(path)
+            assert str(e.value) == f"{name} {path}: {why}"
+    assert [p.name for p in tmp_path.iterdir()] == ["f"] and (tmp_path / "f").read_text() == "mine"

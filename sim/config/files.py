@@ -47,6 +47,19 @@ def output_path(value: str | os.PathLike[str], name: str) -> Path:
     return Path(value)
 
 
+def output_folder(value: str | os.PathLike[str], name: str) -> Path:
+    """``value`` as a folder to write into (made if missing), checked as ``--out`` is on the command line:
+    ScenarioError for an empty path, a file where the folder should be, or a file among its parents, rather
+    than the bare FileExistsError or NotADirectoryError that making it would raise."""
+    out = output_path(value, name)
+    if out.exists() and not out.is_dir():
+        raise ScenarioError(f"{name} {out}: exists and is not a folder")
+    parent = next((p for p in out.parents if p.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise ScenarioError(f"{name} {out}: {parent} is a file, not a folder")
+    return out
+
+
 def read_text_capped(path: str | os.PathLike[str], max_bytes: int, what: str) -> str:
     """The file's text (UTF-8, a byte-order mark dropped), reading at most ``max_bytes``. Raises OSError
     (FileNotFoundError when absent) or ValueError naming the file, the cap in MiB and ``what`` the file should be."""

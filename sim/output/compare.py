@@ -168,9 +168,9 @@ class Comparison:
 
     def write(self, out_dir: str | os.PathLike) -> Path:
         """Write ``compare.html`` into out_dir (created if missing); returns the file's path."""
-        from sim.config.files import output_path, write_atomically
+        from sim.config.files import output_folder, write_atomically
 
-        out = output_path(out_dir, "out_dir")
+        out = output_folder(out_dir, "out_dir")
         out.mkdir(parents=True, exist_ok=True)
         write_atomically(out, {COMPARE_FILE: self.html()})
         return out / COMPARE_FILE

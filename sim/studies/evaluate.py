@@ -58,7 +58,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from sim.config.errors import ScenarioError, ServesimStop
-from sim.config.files import output_path
+from sim.config.files import output_folder
 from sim.policies import api
 from sim.studies.eval_worker import KEPT, run_forked
 from sim.workload.generator import GeneratedWorkload
@@ -471,7 +471,7 @@ def evaluate(
     ``out``: a folder for scores.json and one run folder per seed; nothing is written without it.
     """
     seed_list = _seeds(seeds)
-    out_dir = None if out is None else os.fspath(output_path(out, "out"))
+    out_dir = None if out is None else os.fspath(output_folder(out, "out"))
     fit = fitness_spec(weights, reference)
     if args is not None and not isinstance(args, Mapping):
         raise ScenarioError(f"args must be a mapping of keyword arguments, got {type(args).__name__}")
