@@ -269,18 +269,20 @@ def run(
     from sim.loop.run import prepare_scenario, run_scenario
 
     overrides: dict[str, Any] = {}
+    given = _overrides(num_requests, seed, set)  # set's keys trimmed, as they are applied
     if isinstance(policy, type):  # the class itself, as evaluate takes it: it failed deep in the check, unnamed
         raise ScenarioError(f"policy= takes a policy object, not the class {policy.__qualname__}: pass "
                             f"{policy.__qualname__}() (its constructor's arguments in the call)")
     if policy is not None:  # first, so that set's policy.* keys apply to it
         # set={"policy.type": "fcfs"} replaced the object without a word: the run was not the one asked for
-        clash = sorted(k for k in (set if isinstance(set, Mapping) else {})
+        # on the trimmed keys: " policy.type" slipped past a check of set's own and then replaced the object
+        clash = sorted(k for k in given
                        if k in ("policy", "policy.type", "policy.cls", "policy.args", "policy.instance"))
         if clash:
             raise ScenarioError(f"policy= and set's {clash[0]!r} both choose the policy; give one of them (set's "
                                 "policy.* limits such as policy.max_num_seqs apply to the object)")
         overrides["policy"] = {"type": "custom", "cls": f"python:{type(policy).__qualname__}", "instance": policy}
-    overrides.update(_overrides(num_requests, seed, set))
+    overrides.update(given)
     sc, raw, source = scenario_with(scenario, overrides)
     prepared = prepare_scenario(sc, raw, source=source)
     with _quiet():

@@ -258,13 +258,15 @@ def test_the_api_works_without_torch():
     assert p.stdout.strip() == "ok"
 
 
-@pytest.mark.parametrize("key, value", [("policy.type", "fcfs"), ("policy", {"type": "fcfs"})])
+# " policy.type" and "policy ": set's keys are trimmed when applied, and padded ones slipped past the check
+@pytest.mark.parametrize("key, value", [("policy.type", "fcfs"), ("policy", {"type": "fcfs"}),
+                                        (" policy.type", "fcfs"), ("policy ", {"type": "fcfs"})])
 def test_a_policy_object_and_set_choosing_another_policy_are_refused(key: str, value: object) -> None:
     # Before: set's policy.type replaced the object without a word, and the run was fcfs's
     with pytest.raises(servesim.ScenarioError) as e:
         servesim.run(SMALL, policy=servesim.QueuePolicy(), set={key: value})
-    assert str(e.value) == (f"policy= and set's {key!r} both choose the policy; give one of them (set's policy.* "
-                            "limits such as policy.max_num_seqs apply to the object)")
+    assert str(e.value) == (f"policy= and set's {key.strip()!r} both choose the policy; give one of them (set's "
+                            "policy.* limits such as policy.max_num_seqs apply to the object)")
     res = servesim.run(SMALL, policy=servesim.QueuePolicy(), set={"policy.max_num_seqs": 3})
     assert res.summary["a"]["limits"]["slot_cap"] == 3.0  # the object runs, at the limit set gives it
 
