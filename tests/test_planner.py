@@ -538,12 +538,15 @@ def test_a_short_run_does_not_hide_an_overload_from_the_plan() -> None:
     keys = {"plan.gpus": ["l40s"], "plan.tensor_parallel_sizes": [1], "plan.weight_dtypes": ["fp8"],
             "plan.kv_dtypes": ["auto", "fp8"], "plan.max_num_seqs": [256], "plan.enable_chunked_prefill": [True],
             "plan.max_gpus": 1}
-    sc, _ = load_scenario(PLAN_CHAT, {**keys, "workload.num_requests": 100})
+    # TTFT alone bounds no request's lifetime: the run stays 100 requests (the steady-state test below lengthens it)
+    sc, _ = load_scenario(PLAN_CHAT, {**keys, "workload.num_requests": 100, "slos": {"ttft": 0.5}})
     res = plan(sc)
+    assert any(n.startswith("no slos.tpot or slos.e2el bounds how long a request lasts") for n in res.notes)
     by_kv = {e.candidate.kv_dtype: e for e in res.evaluations if e.simulated}
     assert res.chosen is by_kv["fp8"] and by_kv["fp8"].max_request_rate > 16.0
     bf16 = by_kv["bf16"]  # auto: the activation dtype
     assert bf16.status == "missed" and bf16.latency["ttft"] < 0.5 and bf16.latency["tpot"] < 0.03
+    assert by_kv["fp8"].num_requests == 100
     assert bf16.reason.startswith("overloaded: serves at most 14.") and 14.0 < bf16.max_request_rate < 14.5
     # the long run agrees: the bf16 KV deployment falls behind the arrivals, its queue and TTFT grow
     long, _ = load_scenario(PLAN_CHAT, {"workload.num_requests": 2000, "deployment.gpu": "l40s",
@@ -560,7 +563,9 @@ def test_an_overloaded_deployment_meets_no_slo_with_80_percent_confidence() -> N
     keys = {"plan.gpus": ["l40s"], "plan.tensor_parallel_sizes": [1], "plan.weight_dtypes": ["fp8"],
             "plan.kv_dtypes": ["auto", "fp8"], "plan.max_num_seqs": [256], "plan.enable_chunked_prefill": [True],
             "plan.max_gpus": 1}
-    sc, _ = load_scenario(PLAN_CHAT, {**keys, "workload.num_requests": 100, "slos.tpot": 0.05})
+    # the TTFT SLO alone, so that the 100-request run is not lengthened to the steady-state window (where the
+    # overload shows in its latencies) and the probe is what refuses it
+    sc, _ = load_scenario(PLAN_CHAT, {**keys, "workload.num_requests": 100, "slos": {"ttft": 0.5}})
     res = plan(sc)
     by_kv = {e.candidate.kv_dtype: e for e in res.evaluations if e.simulated}
     bf16, fp8 = by_kv["bf16"], by_kv["fp8"]
@@ -568,3 +573,57 @@ def test_an_overloaded_deployment_meets_no_slo_with_80_percent_confidence() -> N
     assert bf16.latency_80_high["tpot"] < 0.05 and bf16.latency_80_high["ttft"] < 0.5  # the short run's: met
     assert not bf16.meets_80 and bf16.to_dict()["meets_slos_80"] is False
     assert fp8.meets_80 and res.cheapest_80() is fp8 is res.chosen
+
+
+def test_slos_are_judged_once_the_batch_has_filled() -> None:
+    """plan-chat at 150 requests (10 s of arrivals) chose one L40S at p99 TPOT 24.5 ms: its batch was still filling
+    when the arrivals ended; at 2,000 requests the same deployment's p99 TPOT is 43.7 ms, over the 30 ms SLO. The
+    plan now draws requests until the arrivals span 3 lifetimes of a request meeting the SLOs (TTFT + mean output x
+    TPOT, about 8.5 s): the one L40S misses there, within 10% of its p99 TPOT at 2,000 requests, and two are
+    chosen, as at 2,000."""
+    from sim.config.scenario import variant_configs
+    from sim.loop.run import simulate_variant
+
+    keys = {"plan.gpus": ["l40s"], "plan.tensor_parallel_sizes": [1], "plan.weight_dtypes": ["fp8"],
+            "plan.kv_dtypes": ["fp8"], "plan.max_num_seqs": [256], "plan.enable_chunked_prefill": [True],
+            "plan.max_gpus": 2}
+    sc, _ = load_scenario(PLAN_CHAT, {**keys, "workload.num_requests": 150})
+    res = plan(sc)
+    one = next(e for e in res.evaluations if e.simulated and e.candidate.replicas == 1)
+    assert one.status == "missed" and one.latency["tpot"] > 0.03
+    assert res.chosen is not None and res.chosen.candidate.replicas == 2
+    assert res.chosen.num_requests > 400  # drawn afresh: 150 requests span 10 s, 3 lifetimes about 25 s
+    from sim.studies.plan_capacity import STEADY_LIFETIMES
+
+    wl = generate_workload(sc)
+    lifetime = 0.5 + (np.mean([q.output_len for q in wl.requests]) - 1) * 0.03
+    (note,) = [n for n in res.notes if n.startswith("steady state: ")]
+    assert note == (f"steady state: the SLOs are judged on {res.chosen.num_requests:,} requests, not 150 (drawn from "
+                    f"the workload's distributions): their arrivals span {STEADY_LIFETIMES:g} lifetimes of a request "
+                    f"meeting the SLOs (TTFT + mean output x TPOT, or E2EL: {1000 * lifetime:,.0f} ms), so that each "
+                    "deployment's batch has filled")
+    assert f"note: {note}" in format_plan(res)
+    long, _ = load_scenario(PLAN_CHAT, {"workload.num_requests": 2000, "deployment.gpu": "l40s",
+                                        "deployment.weight_dtype": "fp8", "deployment.kv_dtype": "fp8",
+                                        "policy.max_num_seqs": 256})
+    (cfg,) = variant_configs(long)
+    s = summarize(simulate_variant(cfg, generate_workload(long))[0], slos_of(long))
+    assert one.latency["tpot"] == pytest.approx(s["tpot"]["p99"], rel=0.10)
+
+
+def test_a_short_trace_is_repeated_to_the_steady_state_window() -> None:
+    # a trace (or a workload passed to plan()) cannot be drawn again: its requests are repeated, each copy one span
+    # and one mean gap after the last, so the offered rate is the workload's own, exactly
+    from sim.serving.request import RequestSpec
+    from sim.studies.plan_capacity import steady_workload
+    from sim.workload.generator import GeneratedWorkload
+
+    reqs = tuple(RequestSpec(id=i, arrival=t, prompt_len=100, output_len=10, hash_ids=(i,))
+                 for i, t in enumerate([1.0, 2.0, 4.0, 5.0]))  # span 4 s, 3 gaps: 0.75 req/s
+    wl = steady_workload(GeneratedWorkload(reqs), window=14.0)
+    arrivals = [r.arrival for r in wl.requests]
+    assert arrivals == pytest.approx([1.0, 2.0, 4.0, 5.0, 6.0 + 1 / 3, 7.0 + 1 / 3, 9.0 + 1 / 3, 10.0 + 1 / 3,
+                                      11.0 + 2 / 3, 12.0 + 2 / 3, 14.0 + 2 / 3, 15.0 + 2 / 3], rel=1e-12)
+    assert [r.id for r in wl.requests] == list(range(12)) and len({r.hash_ids for r in wl.requests}) == 12
+    assert (len(arrivals) - 1) / (arrivals[-1] - arrivals[0]) == pytest.approx(12 / 16)
+    assert steady_workload(GeneratedWorkload(reqs), window=4.0).requests == reqs

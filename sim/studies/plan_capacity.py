@@ -19,30 +19,63 @@ quarters of the requests still wait behind it until the last of them (the drain 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 
+from sim.config.slos import SLOs
 from sim.metrics.records import RunResult
 from sim.serving.request import RequestSpec
 from sim.workload.generator import GeneratedWorkload
 
 BACKLOG_PER_SLOT = 4  # backlog requests per batch slot (max_num_seqs x replicas): the batch stays full to 3/4
+# Arrival window the SLOs are judged on, in lifetimes of a request at the SLOs: with Poisson arrivals from an empty
+# server the batch holds 1 - exp(-t / lifetime) of its steady-state size at t (exponential lifetimes), 95% at 3
+STEADY_LIFETIMES = 3.0
 
 
-def backlog_workload(workload: GeneratedWorkload, slots: int) -> GeneratedWorkload:
-    """The workload's requests repeated to at least ``BACKLOG_PER_SLOT x slots`` (all of them at least once),
-    every one arriving at 0, each copy with prefix ids and sessions of its own."""
-    reqs = list(workload.requests)
-    copies = max(1, -(-BACKLOG_PER_SLOT * slots // len(reqs)))
+def _repeat(reqs: list[RequestSpec], copies: int, shift: float | None) -> tuple[RequestSpec, ...]:
+    """``copies`` copies of the requests, copy k arriving ``k x shift`` later (all at 0 when ``shift`` is None),
+    each copy with prefix ids and sessions of its own (copies share no cache)."""
     top_hash = max((h for r in reqs for h in r.hash_ids), default=-1) + 1
     top_session = max((r.session_id for r in reqs if r.session_id is not None), default=-1) + 1
     out: list[RequestSpec] = []
     for k in range(copies):
         for r in reqs:
             out.append(dataclasses.replace(
-                r, id=len(out), arrival=0.0, hash_ids=tuple(h + k * top_hash for h in r.hash_ids),
+                r, id=len(out), arrival=0.0 if shift is None else r.arrival + k * shift,
+                hash_ids=tuple(h + k * top_hash for h in r.hash_ids),
                 session_id=None if r.session_id is None else r.session_id + k * top_session))
-    return GeneratedWorkload(tuple(out))
+    return tuple(out)
+
+
+def backlog_workload(workload: GeneratedWorkload, slots: int) -> GeneratedWorkload:
+    """The workload's requests repeated to at least ``BACKLOG_PER_SLOT x slots`` (all of them at least once),
+    every one arriving at 0, each copy with prefix ids and sessions of its own."""
+    reqs = list(workload.requests)
+    return GeneratedWorkload(_repeat(reqs, max(1, -(-BACKLOG_PER_SLOT * slots // len(reqs))), None))
+
+
+def slo_lifetime(slos: SLOs, mean_output: float) -> float | None:
+    """The longest mean time a request lasts on a deployment that meets the SLOs (TTFT + mean output gaps x
+    TPOT, or E2EL), in seconds; None when neither TPOT nor E2EL is bounded."""
+    bounds = [] if slos.e2el is None else [slos.e2el]
+    if slos.tpot is not None:
+        bounds.append((slos.ttft or 0.0) + max(mean_output - 1.0, 0.0) * slos.tpot)
+    return min(bounds) if bounds else None
+
+
+def steady_workload(workload: GeneratedWorkload, window: float) -> GeneratedWorkload:
+    """The open-loop workload's requests repeated, each copy one arrival window plus a mean gap after the last,
+    until the arrivals span at least ``window`` seconds (the workload itself when they do already)."""
+    reqs = list(workload.requests)
+    arrivals = [r.arrival for r in reqs]
+    span = max(arrivals) - min(arrivals)
+    if span <= 0 or span >= window:
+        return workload
+    shift = span * len(reqs) / (len(reqs) - 1)  # the span and one mean gap: the copies keep the offered rate
+    copies = 1 + math.ceil((window - span) / shift)
+    return dataclasses.replace(workload, requests=_repeat(reqs, copies, shift))
 
 
 def backlog_rate(result: RunResult) -> float:
