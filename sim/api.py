@@ -247,6 +247,21 @@ def scenario_with(scenario: str | os.PathLike | Mapping[str, Any], overrides: Ma
     raise ScenarioError(f"scenario must be a YAML file's path or a dict, got {type(scenario).__name__}")
 
 
+def _unpredicted(prepared: Any) -> list[str]:
+    """``VARIANT: note`` for each variant whose user's policy reads predicted_output_len without a predictor."""
+    from sim.loop.build import build
+    from sim.policies.user import UserPolicy
+
+    notes = []
+    for _, _, cfgs in prepared.plans[:1]:  # the first sweep point's variants: the same classes at every point
+        for cfg in cfgs:
+            if getattr(cfg.policy, "type", None) == "custom" and cfg.cluster is None and cfg.disaggregation is None:
+                policy = build(cfg)[0]
+                if isinstance(policy, UserPolicy) and (note := policy.unpredicted()) is not None:
+                    notes.append(f"{cfg.name}: {note}")
+    return notes
+
+
 def run(
     scenario: str | os.PathLike | Mapping[str, Any],
     *,
@@ -285,6 +300,8 @@ def run(
     overrides.update(given)
     sc, raw, source = scenario_with(scenario, overrides)
     prepared = prepare_scenario(sc, raw, source=source)
+    for note in _unpredicted(prepared):  # servesim run prints these; a Python caller gets them as warnings
+        warnings.warn(note, UserWarning, stacklevel=2)
     with _quiet():
         out = run_scenario(prepared, progress=progress)
     doc = sc.model_dump(mode="json")

@@ -8,6 +8,7 @@ import copy
 import csv
 import importlib.util
 import math
+import warnings
 from pathlib import Path
 
 import pytest
@@ -296,3 +297,31 @@ def test_an_output_folder_that_is_a_file_is_refused_in_python_as_on_the_command_
                 write(path)
             assert str(e.value) == f"{name} {path}: {why}"
     assert [p.name for p in tmp_path.iterdir()] == ["f"] and (tmp_path / "f").read_text() == "mine"
+
+
+class ShortestFirst(servesim.QueuePolicy):
+    def rank(self, req):  # type: ignore[no-untyped-def]
+        return (req.predicted_output_len, req.arrival, req.id)
+
+
+def _warned(call) -> list[str]:  # type: ignore[no-untyped-def]
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        call()
+    return [str(w.message) for w in got if issubclass(w.category, UserWarning)]
+
+
+def test_python_callers_are_warned_of_a_policy_reading_a_prediction_it_has_no_predictor_for() -> None:
+    # Before: only `servesim run` said so; servesim.run and evaluate ran first come first served without a word
+    note = ("policy {} reads predicted_output_len, but the policy has no predictor, so it is None for every "
+            "request: set its predictor (predictor: {{type: oracle}}, lognormal or buckets)")
+    one = {k: v for k, v in SMALL.items() if k != "variants"}
+    source = ("import servesim\n\nclass S(servesim.QueuePolicy):\n    def rank(self, req):\n"
+              "        return (req.predicted_output_len, req.id)\n")
+    assert _warned(lambda: servesim.run(SMALL, policy=ShortestFirst())) == [f"a: {note.format('ShortestFirst')}"]
+    assert _warned(lambda: servesim.evaluate(ShortestFirst, one)) == [note.format("ShortestFirst")]
+    assert _warned(lambda: servesim.evaluate(source, one)) == [note.format("(source text)")]
+    oracle = {"policy.predictor": {"type": "oracle"}}
+    assert _warned(lambda: servesim.run(SMALL, policy=ShortestFirst(), set=oracle)) == []
+    assert _warned(lambda: servesim.evaluate(ShortestFirst(), one, set=oracle)) == []
+    assert _warned(lambda: servesim.run(SMALL, policy=servesim.QueuePolicy())) == []

@@ -59,11 +59,17 @@ def _user_frames(exc: BaseException, *, exception: bool = True) -> str:
     return "".join(lines).rstrip()
 
 
-def _reads(cls: type, name: str) -> bool:
+def reads(policy: type | str, name: str) -> bool:
     """Whether a user's class reads an attribute ``name`` in its methods, the functions and lambdas inside them, or
-    the functions of its module (servesim's own bases are not the user's code)."""
-    codes = []
-    for klass in cls.__mro__:
+    the functions of its module (servesim's own bases are not the user's code). ``policy`` may be the source text
+    evaluate takes: its code is compiled, not run (text that does not compile reads nothing; the run says why)."""
+    codes: list[types.CodeType] = []
+    if isinstance(policy, str):
+        try:
+            codes.append(compile(policy, "<policy>", "exec"))
+        except (SyntaxError, ValueError):
+            return False
+    for klass in policy.__mro__ if isinstance(policy, type) else ():
         if klass.__module__.partition(".")[0] in ("sim", "servesim", "builtins"):
             continue
         module = sys.modules.get(klass.__module__)
@@ -78,6 +84,12 @@ def _reads(cls: type, name: str) -> bool:
             return True
         codes.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
     return False
+
+
+def unpredicted_note(name: str | None) -> str:
+    """What ``UserPolicy.unpredicted`` says of the policy ``name`` (None: source text, its class not yet made)."""
+    return (f"policy {name or '(source text)'} reads predicted_output_len, but the policy has no predictor, so it "
+            "is None for every request: set its predictor (predictor: {type: oracle}, lognormal or buckets)")
 
 
 def call_user(what: str, fn: Any, *args: Any, wrap: bool = True) -> Any:
@@ -187,10 +199,9 @@ class UserPolicy(Policy):
         """A note when the policy's code reads ``predicted_output_len`` but it has no predictor: every request's
         is None, and a rank led by it, ``(req.predicted_output_len, req.arrival, req.id)``, compares None with
         None as equal and serves first come first served, the shortest-job-first written never running."""
-        if self.predictor is not None or not _reads(type(self.user), "predicted_output_len"):
+        if self.predictor is not None or not reads(type(self.user), "predicted_output_len"):
             return None
-        return (f"policy {self.name} reads predicted_output_len, but the policy has no predictor, so it is None for "
-                "every request: set its predictor (predictor: {type: oracle}, lognormal or buckets)")
+        return unpredicted_note(self.name)
 
     def _public_view(self, view: View, hidden: set[int], planning: bool = False) -> api.PolicyView:
         waiting = view.waiting if not hidden else [r for r in view.waiting if r.id not in hidden]

@@ -48,6 +48,7 @@ import signal
 import threading
 import time
 import traceback
+import warnings
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -60,6 +61,7 @@ from pydantic import ValidationError
 from sim.config.errors import ScenarioError, ServesimStop
 from sim.config.files import output_folder
 from sim.policies import api
+from sim.policies.user import reads, unpredicted_note
 from sim.studies.eval_worker import KEPT, run_forked
 from sim.workload.generator import GeneratedWorkload
 
@@ -483,6 +485,10 @@ def evaluate(
     elif isolate and not hasattr(os, "fork"):
         raise ScenarioError("isolate=True needs os.fork, which this platform lacks; pass isolate=False")
     sc, raw, source, base = _prepare(scenario, num_requests, set)
+    cls = policy if isinstance(policy, type | str) else type(policy)
+    if getattr(sc.policy, "predictor", None) is None and reads(cls, "predicted_output_len"):
+        # read from the code, not run: the policy's code runs in the worker, whose notes would be lost
+        warnings.warn(unpredicted_note(None if isinstance(cls, str) else cls.__name__), UserWarning, stacklevel=2)
     store = DEFAULT_CACHE if cache is None else cache
     workloads = [(s, store.get(sc, s, base)) for s in seed_list]
     needs = sorted(_NEEDS_SLOS & {k for k, v in fit.weights.items() if v})
