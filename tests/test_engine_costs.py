@@ -252,3 +252,23 @@ def test_a_step_of_verifying_rows_alone_stays_stretched():
         v0 = AnalyticCostModel(m, g, host_time_ratio=r)
         assert v0.step_time(verify) - overhead == pytest.approx((1 + r) * (base.step_time(verify) - overhead),
                                                                  rel=1e-12)
+
+
+@pytest.mark.parametrize("engine", [{"name": "vllm-v0", "version": "0.5"}, {"name": "vllm-v0", "version": "0.6"},
+                                    {"name": "lmdeploy", "version": "0.1"}, "vllm-v1"])
+def test_breakdown_sums_to_step_time_for_every_engine(engine: object) -> None:
+    # Before: vllm-v0's steps of prompts alone (fcae9b0) and LMDeploy 0.1's prompt steps (5c868d3) were priced
+    # past the roofline parts breakdown gave, whose sum was then not the step time
+    cost = _built({"model": "llama-3.1-8b", "gpu": "h100-sxm", "engine": engine})[2]
+    prompts = StepShape(2, 4000, 0, 4000, 2 * 2000 * 2001 // 2)
+    shapes = (prompts, StepShape(3, 3, 3, 1500, 1500), StepShape(5, 900, 4, 20000, 100000, 0, 7),
+              StepShape(2, 4000, 0, 4000, 4001000, host_load_time=0.002),
+              StepShape(np.array([2, 3]), np.array([4000, 3]), np.array([0, 3]), np.array([4000, 1500]),
+                        np.array([4001000, 1500])))
+    for shape in shapes:
+        parts = cost.breakdown(shape)
+        total = sum(np.asarray(parts[k], dtype=float) for k in ("overhead", "linear", "attention", "allreduce",
+                                                                "swap", "decode_pass", "prompt_host", "host_load"))
+        np.testing.assert_allclose(total, cost.step_time(shape), rtol=1e-12)
+    applies = {"prompt_host": cost.host_time_ratio > 0, "decode_pass": cost.context_decode_pass}
+    assert {k: float(cost.breakdown(prompts)[k]) != 0.0 for k in applies} == applies

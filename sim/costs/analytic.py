@@ -277,6 +277,13 @@ class AnalyticCostModel(CostModel):
 
     def step_time(self, shape: StepShape) -> float | np.ndarray:
         """Seconds the step takes (an array when the shape's fields are arrays)."""
+        t = self._gpu_times(shape)[2]
+        h = shape.host_load_time
+        return t + h if h else t
+
+    def _gpu_times(self, shape: StepShape) -> tuple[Any, Any, Any]:
+        """The step's time as one forward, after ``context_decode_pass``'s second forward, and after a step of
+        prompts alone is given its decode step's host time (``host_time_ratio``): ``breakdown`` shows each change."""
         a, b, c, d, e = shape.num_seqs, shape.num_tokens, shape.kv_read_tokens, shape.attn_pairs, shape.swap_blocks
         nd = np.ndarray
         array = a.__class__ is nd or b.__class__ is nd or c.__class__ is nd or d.__class__ is nd or e.__class__ is nd
@@ -287,8 +294,10 @@ class AnalyticCostModel(CostModel):
             t = self._time(a, b, c, d, e, np.maximum)
         else:
             t = float(self._time(a, b, c, d, e, max))
+        one = t
         if self.context_decode_pass:
             t = self._two_passes(a, b, c, d, e, t, array)
+        two = t
         if self.host_time_ratio > 0:
             # a row verifying drafts (sim/serving/spec_decode.py) computes k + 1 tokens and is left out of
             # num_decode_seqs, but it is a decode row: a step of them alone is not a step of prompts
@@ -298,8 +307,7 @@ class AnalyticCostModel(CostModel):
                              self._prefill_host(a, c, e, t, True), t)
             elif dec == 0 and b > a:
                 t = float(self._prefill_host(a, c, e, t, False))
-        h = shape.host_load_time
-        return t + h if h else t
+        return one, two, t
 
     def _two_passes(self, a: Any, b: Any, c: Any, d: Any, e: Any, t: Any, array: bool) -> Any:
         """A step with prompt tokens (``b > a``) under ``context_decode_pass``: the decode forward of every row
@@ -400,8 +408,13 @@ class AnalyticCostModel(CostModel):
 
     def breakdown(self, shape: StepShape) -> dict[str, Any]:
         """The step time's parts in seconds (they sum to ``step_time`` up to rounding) and, for the two roofline
-        parts, whether compute (True) or memory traffic (False) bounds them. For teaching and debugging."""
+        parts, whether compute (True) or memory traffic (False) bounds them. For teaching and debugging.
+        ``decode_pass``: what ``context_decode_pass``'s second forward adds to a step with prompt tokens (LMDeploy
+        0.1); ``prompt_host``: what a step of prompts alone changes under ``host_time_ratio`` (vLLM V0), its GPU
+        parts unstretched plus its decode step's host time, negative as it is less than the stretch above it;
+        ``host_load``: the shape's ``host_load_time``. Each is 0 where it does not apply."""
         a, b, c, d, e = shape.num_seqs, shape.num_tokens, shape.kv_read_tokens, shape.attn_pairs, shape.swap_blocks
+        one, two, hosted = self._gpu_times(shape)
         k0, k1, k2, k3, k4, k5, k6, k7, k8, k9, k10, k11 = self._k
         lin_c, lin_m = b * k2 + a * k3, k4 + b * k5 + a * k6
         if self._moe is not None:
@@ -413,6 +426,9 @@ class AnalyticCostModel(CostModel):
             "attention": np.maximum(att_c, att_m),
             "allreduce": k9 + b * k10,
             "swap": e * k11,
+            "decode_pass": two - one,
+            "prompt_host": hosted - two,
+            "host_load": shape.host_load_time,
             "linear_compute_bound": np.greater_equal(lin_c, lin_m),
             "attention_compute_bound": np.greater_equal(att_c, att_m),
         }
