@@ -488,9 +488,9 @@ def test_state_kept_on_the_class_that_a_run_changes_is_refused_before_the_next_r
                 "deployment": {"model": "llama-3.1-8b", "gpu": "l4", "max_model_len": 4096},
                 "variants": [{"name": "a"}, {"name": "b"}]}
     (tmp_path / "s.yaml").write_text(__import__("yaml").safe_dump(scenario))
-    with pytest.raises(servesim.ScenarioError, match=r"variant 'b': policy: cls \S*mine.py:OnClass: OnClass.served is a "
-                       r"dict on the class, shared by every object of it \(each run's, each replica's\), and it changed after the last "
-                       r"object of it was made"):
+    with pytest.raises(servesim.ScenarioError, match=r"variant 'b': policy: cls \S*mine.py:OnClass: OnClass.served "
+                       r"is a dict on the class, shared by every object of it \(each run's, each replica's\), and it "
+                       r"changed after the last object of it was made"):
         servesim.run(tmp_path / "s.yaml")
     (tmp_path / "s.yaml").write_text(__import__("yaml").safe_dump(
         {**scenario, "policy": {"type": "custom", "cls": "mine.py:ReadsOnly"}}))
