@@ -293,6 +293,10 @@ def split_holdout(runs: list[BenchRun], holdout_every: int, holdout_load: float 
     ``holdout_load``: every run at that load instead (repeated observations of one load held out together)."""
     order = sorted(range(len(runs)), key=lambda i: (runs[i].load or math.inf, i))
     if holdout_load is not None:
+        # nan is close to no load, so it read as "no files at that load"; inf and 0 or less are no load either
+        if not (math.isfinite(holdout_load) and holdout_load > 0):
+            raise ValueError(f"--holdout-load must be a finite number > 0 (requests/s or concurrency), got "
+                             f"{holdout_load:g}")
         held_at = [i for i in order if math.isclose(runs[i].load or math.nan, holdout_load)]
         if not held_at or len(held_at) == len(runs):
             loads = sorted({r.load for r in runs if r.load is not None})

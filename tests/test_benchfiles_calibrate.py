@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import math
 import os
 import subprocess
 import sys
@@ -128,6 +129,10 @@ def test_a_scale_and_step_overhead_on_an_engine_profile_are_recovered(tmp_path: 
     with pytest.raises(ValueError, match="--holdout-load 50: needs files at that load and at others; the loads "
                                          "are 20, 40, 60"):
         calibrate_from_bench(tiny, runs, family=fam, holdout_load=50.0)
+    for bad in (math.nan, math.inf, 0.0, -40.0):
+        with pytest.raises(ValueError, match=r"^--holdout-load must be a finite number > 0 \(requests/s or "
+                                             rf"concurrency\), got {bad:g}$"):
+            calibrate_from_bench(tiny, runs, family=fam, holdout_load=bad)
     fit = calibrate_from_bench(tiny, runs, family=fam, holdout_load=40.0)
     assert fit.heldout == ["load1", "load1-again"]
     pooled = fit.heldout_errors[POOLED]
@@ -209,6 +214,11 @@ def test_from_bench_fits_the_model_the_benchmarks_served_not_the_engines_default
     r = subprocess.run(base, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     assert r.returncode == 2 and r.stderr.strip() == (
         "error: --from-bench needs --model (the model the benchmarks served) or --scenario")
+    # Before: nan was refused as "needs files at that load and at others", a value with none
+    r = subprocess.run([*base, "--model", "llama-3.1-8b", "--holdout-load", "nan"], capture_output=True, text=True,
+                       env=env, cwd=tmp_path, timeout=300)
+    assert r.returncode == 2 and r.stderr.strip() == (
+        "error: --holdout-load must be a finite number > 0 (requests/s or concurrency), got nan"), r.stderr
     by_scenario = fit("--scenario", str(DATA / "scenario.yaml"))
     by_model = fit("--scenario", str(DATA / "scenario.yaml"), "--model", "llama-3.1-8b")
     assert by_scenario["model"] == by_model["model"] == "llama-3.1-8b"
