@@ -101,3 +101,21 @@ def assert_replay_reproduces_engine(engine_cfg, result: RunResult, requests: Seq
     sim, sim_core, cost = replay(engine_cfg, result, requests)
     assert compare(core, requests, sim, sim_core, cost) == []
     return sim_core
+
+
+def screen(stderr: str) -> list[str]:
+    """The non-blank lines a terminal shows for ``stderr``: a carriage return goes back to the line's start and
+    what follows overwrites it (how a progress bar redraws and clears itself)."""
+    lines = []
+    for raw in stderr.split("\n"):
+        cells: list[str] = []
+        col = 0
+        for ch in raw:
+            if ch == "\r":
+                col = 0
+                continue
+            cells[col:col + 1] = [ch]
+            col += 1
+        if "".join(cells).strip():
+            lines.append("".join(cells).rstrip())
+    return lines

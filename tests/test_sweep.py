@@ -13,6 +13,7 @@ from sim.cli.main import app
 from sim.config.scenario import load_scenario
 from sim.config.schema import ScenarioError
 from sim.studies.sweep import METRICS, column, columns_for, plan_sweep, read_rows, run_sweep
+from tests.conftest import screen
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
 OVERRIDES = {"workload.num_requests": 60, "sweep": {"workload.arrival.rate": [2.0, 4.0, 8.0]}}
@@ -272,6 +273,16 @@ def test_a_bad_sweep_point_is_one_error_without_the_header(tmp_path: Path) -> No
                                    "workload.arrival.rate=2,-1", "-q", "--out", str(tmp_path / "s")])
     assert res.exit_code == 2 and res.stderr.startswith("error: "), res.stderr
     assert "runs ->" not in res.stderr and not (tmp_path / "s").exists()
+
+
+def test_a_bad_sweep_point_clears_the_progress_bar_before_its_error(tmp_path: Path) -> None:
+    # Before: the error was printed while the bar was drawn, after its text: "naive-vs-continuous: checking points:
+    # 0%|          | 0/2 [00:00<?, ?point/s]error: ..."
+    res = CliRunner().invoke(app, ["sweep", str(SCENARIOS / "naive-vs-continuous.yaml"), "-n", "10", "--sweep",
+                                   "workload.arrival.rate=2,-1", "--out", str(tmp_path / "s")])
+    assert res.exit_code == 2 and "checking points" in res.stderr, res.stderr  # a bar was drawn
+    assert screen(res.stderr) == [f"error: {SCENARIOS / 'naive-vs-continuous.yaml'} at {{'workload.arrival.rate': "
+                                  "-1}: workload.arrival.rate: must be greater than 0 (got -1)"], res.stderr
 
 
 class _Taken(list):

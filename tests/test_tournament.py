@@ -15,6 +15,7 @@ from sim.config.scenario import apply_point, variant_configs
 from sim.loop.run import generate_workload, simulate_variant
 from sim.studies.sweep import read_rows, workload_digest
 from sim.studies.tournament import fitness_of, load_spec, run_tournament
+from tests.conftest import screen
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "policies"
@@ -198,3 +199,19 @@ def test_the_shipped_example_spec_is_valid() -> None:
     t = load_spec(EXAMPLES.parent / "tournaments" / "priority-vs-fcfs.yaml")
     assert t.policies == ["fcfs", "priority", "sjf", "shortest-prompt"]
     assert t.rates == [6.75, 13.5, 20.25] and t.spec.seeds == [0, 1]
+
+
+def test_a_failing_run_clears_the_progress_bars_before_its_error(tmp_path: Path) -> None:
+    # Before: the header followed the checking bar's text on its line ("t: checking points:   0%|...t: 2 policies
+    # x ..."), and the error the runs bar's
+    (tmp_path / "mine.py").write_text("import servesim\n\n\nclass Bad(servesim.QueuePolicy):\n"
+                                      "    def rank(self, req):\n        raise RuntimeError('boom')\n")
+    spec = spec_file(tmp_path, f"scenario: {SCENARIOS / 'classes-priority.yaml'}\nnum_requests: 20\npolicies:\n"
+                     f"  fcfs: {{type: continuous, {LIMITS}}}\n  bad: {{type: custom, cls: 'mine.py:Bad'}}\n"
+                     "loads: {multiplier: [1.0, 1.5]}\nseeds: [0]\n")
+    res = CliRunner().invoke(app, ["tournament", str(spec), "--out", str(tmp_path / "out"), "-j", "1"])
+    assert res.exit_code == 2 and "checking points" in res.stderr and "runs:" in res.stderr, res.stderr
+    shown = screen(res.stderr)
+    assert shown[0] == f"t: 2 policies x 2 loads x 1 seeds = 4 runs -> {tmp_path / 'out'}/", res.stderr
+    assert shown[1].startswith("error: variant 'bad[workload.arrival.rate="), res.stderr
+    assert shown[-1] == "RuntimeError: boom", res.stderr

@@ -301,6 +301,8 @@ def _with_bars(name: str, out_dir: Path, quiet: bool, work: Callable[..., Any], 
         nonlocal said
         if header and not said:
             said = True
+            if bars is not None:  # the points are checked: that bar is cleared, not left in front of the header
+                bars.close()
             typer.echo(header, err=True)
         if bars is not None:
             bars.running(done, total)
@@ -309,12 +311,14 @@ def _with_bars(name: str, out_dir: Path, quiet: bool, work: Callable[..., Any], 
         with _quiet_numpy():
             return work(progress=running, checking=None if bars is None else bars.checking)
     except ScenarioError as e:
-        _fail(str(e))
+        error = str(e)
     except OSError as e:
-        _fail(f"--out {out_dir}: {e.strerror or e}")
+        error = f"--out {out_dir}: {e.strerror or e}"
     finally:
+        # before the error line: printed while a bar was drawn, it followed the bar's text on the bar's line
         if bars is not None:
             bars.close()
+    _fail(error)
     return None  # not reached: _fail exits
 
 
