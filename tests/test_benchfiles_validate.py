@@ -304,8 +304,8 @@ def test_a_genai_perf_request_count_past_what_a_run_holds_is_refused(tmp_path: P
     (tmp_path / "g.json").write_text(json.dumps(data))
     with pytest.raises(BenchFileError) as e:
         read_genai_perf(tmp_path / "g.json")
-    assert str(e.value) == (f"{tmp_path / 'g.json'}: request_count: 1000000000 requests would need about 1e+03 GB "
-                            "of memory for their records; a run holds at most 5000000 (split the load over several "
+    assert str(e.value) == (f"{tmp_path / 'g.json'}: request_count: 1000000000 requests would need about 200 GB "
+                            "of memory for their records; a run holds at most 10000000 (split the load over several "
                             "runs, or sample it)")
 
 

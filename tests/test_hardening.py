@@ -127,7 +127,7 @@ REFUSED = {
     "lognormal std 1e300": (w("workload.prompt_len", {"type": "lognormal", "mean": 100, "std": 1e300}),
                             ["workload.prompt_len.std"]),
     # 7. size limits, saying what the run would need
-    "num_requests 1e8": (w("workload.num_requests", 10**8), ["workload.num_requests", "GB", "at most 5000000"]),
+    "num_requests 1e8": (w("workload.num_requests", 10**8), ["workload.num_requests", "GB", "at most 10000000"]),
     "num_gpu_blocks 2^41": (w("deployment.num_gpu_blocks", 2**41), ["deployment.num_gpu_blocks", "at most"]),
     "replicas 1e6": (w("cluster", {"replicas": 10**6}), ["cluster.replicas", "at most 1024"]),
     "sweep grid of 10^12 points": (

@@ -279,3 +279,21 @@ def test_a_full_disk_under_the_spilled_step_log_is_one_message(monkeypatch: pyte
     assert res.exit_code == 2, res.output
     assert "error: simulating long-run-chunks: No space left on device while spilling the step log" in res.output
     assert "Traceback" not in res.output and not (tmp_path / "out").exists()
+
+
+def test_a_run_of_ten_million_requests_is_admitted_and_one_more_refused() -> None:
+    # the bound is what benchmarks/bench_million.py ran (docs/benchmarks.md: 10,000,000 requests within 2 GB)
+    from sim.config.errors import ScenarioError
+    from sim.config.limits import MAX_REQUESTS
+
+    assert MAX_REQUESTS == 10_000_000
+    for key in ("repeat_to", "num_requests"):
+        def scenario(n: int, key: str = key) -> dict:
+            workload = {"arrival": {**SCENARIO["workload"]["arrival"], "repeat_to": n}} if key == "repeat_to" else \
+                {"arrival": {"type": "poisson", "rate": 1.0}, "num_requests": n,
+                 "prompt_len": {"type": "fixed", "value": 8}, "output_len": {"type": "fixed", "value": 8}}
+            return {**SCENARIO, "workload": workload}
+
+        assert parse_scenario(scenario(MAX_REQUESTS)).workload is not None
+        with pytest.raises(ScenarioError, match=f"{key}: 10000001 requests would need about .* at most 10000000"):
+            parse_scenario(scenario(MAX_REQUESTS + 1))

@@ -23,17 +23,16 @@ MAX_KV_BOOKKEEPING_BYTES = 2 * 10**9  # host memory all replicas' KV managers of
 BYTES_PER_BLOCK = 48  # per touched block, no prefix caching (measured 40 B, rounded up)
 BYTES_PER_CACHED_BLOCK = 300  # per touched block with prefix caching (measured 275 B, rounded up)
 MAX_POOL_BLOCKS = 1 << 40  # a pool past this is a typo, not a GPU (an H200 holds ~2^34 one-token fp8 blocks)
-# Requests one run may hold. A long run's finished requests, step log and readers are kept in columns, spilled or
-# read a block at a time (issue 40), so its peak grows by under 1 KB a request: benchmarks/bench_million.py took
-# 328 MB at 1,000,000 requests and 745 MB at 3,000,000 (docs/benchmarks.md). This bound keeps a run within a
-# few GB, and refuses a typo of 1e8 up front. (Past 2^20 steps the step log also takes about 0.8 KB a request of
-# disk, in TMPDIR.)
-MAX_REQUESTS = 5_000_000
+# Requests one run may hold: the most that was run. A long run's finished requests, step log and readers are kept in
+# columns, spilled or read a block at a time (issue 40): benchmarks/bench_million.py took 1,667 MB at its peak for
+# 10,000,000 requests (docs/benchmarks.md). This bound refuses a typo of 1e8 up front. (Past 2^20 steps the step
+# log also takes about 0.8 KB a request of disk, in TMPDIR: 8 GB at ten million.)
+MAX_REQUESTS = 10_000_000
 # Seconds of simulated time by which every request must have arrived. float64 seconds near 1e9 (~32 years) still
 # resolve 0.1 us, so step times of microseconds add up; at a rate of 1e-300 req/s arrivals near 1e300 s swallowed
 # every step (TTFT 0.0 for every request), a silently wrong run rather than a slow one.
 MAX_ARRIVAL_S = 1e9
-_REQUEST_BYTES = 1000  # approximate peak memory per request, for the message that refuses a larger run
+_REQUEST_BYTES = 200  # peak memory per request, for the message that refuses a larger run (175 B at 10,000,000)
 
 
 def _cdiv(a: int, b: int) -> int:
