@@ -325,3 +325,26 @@ def test_python_callers_are_warned_of_a_policy_reading_a_prediction_it_has_no_pr
     assert _warned(lambda: servesim.run(SMALL, policy=ShortestFirst(), set=oracle)) == []
     assert _warned(lambda: servesim.evaluate(ShortestFirst(), one, set=oracle)) == []
     assert _warned(lambda: servesim.run(SMALL, policy=servesim.QueuePolicy())) == []
+
+
+def _by_prediction(req):  # type: ignore[no-untyped-def]
+    return (req.predicted_output_len, req.id)
+
+
+class ThroughHelper(servesim.QueuePolicy):
+    def rank(self, req):  # type: ignore[no-untyped-def]
+        return _by_prediction(req)
+
+
+class LongestPromptFirst(servesim.QueuePolicy):
+    def rank(self, req):  # type: ignore[no-untyped-def]
+        return (-req.prompt_len, req.id)
+
+
+def test_only_the_code_a_policy_reaches_counts_as_reading_a_prediction() -> None:
+    # Before: every function of the policy's module counted, so LongestPromptFirst, beside ShortestFirst in this
+    # file, was warned that it reads predicted_output_len; a helper the class calls still counts
+    from sim.policies.user import reads
+    assert reads(ShortestFirst, "predicted_output_len") and reads(ThroughHelper, "predicted_output_len")
+    assert not reads(LongestPromptFirst, "predicted_output_len")
+    assert _warned(lambda: servesim.run(SMALL, policy=LongestPromptFirst())) == []

@@ -23,7 +23,7 @@ import sys
 import threading
 import traceback
 import types
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from operator import index, itemgetter
 from pathlib import Path
 from typing import Any
@@ -61,9 +61,12 @@ def _user_frames(exc: BaseException, *, exception: bool = True) -> str:
 
 def reads(policy: type | str, name: str) -> bool:
     """Whether a user's class reads an attribute ``name`` in its methods, the functions and lambdas inside them, or
-    the functions of its module (servesim's own bases are not the user's code). ``policy`` may be the source text
-    evaluate takes: its code is compiled, not run (text that does not compile reads nothing; the run says why)."""
+    the module-level functions they call (servesim's own bases are not the user's code). Only functions the class
+    reaches by name count: a sibling policy in the same file that reads ``name`` says nothing of this one. ``policy``
+    may be the source text evaluate takes: its code is compiled, not run (text that does not compile reads nothing;
+    the run says why)."""
     codes: list[types.CodeType] = []
+    scopes: list[dict[str, object]] = []  # the user's modules, where a called helper is looked up
     if isinstance(policy, str):
         try:
             codes.append(compile(policy, "<policy>", "exec"))
@@ -73,17 +76,31 @@ def reads(policy: type | str, name: str) -> bool:
         if klass.__module__.partition(".")[0] in ("sim", "servesim", "builtins"):
             continue
         module = sys.modules.get(klass.__module__)
-        found = [*vars(klass).values(), *(vars(module).values() if module is not None else ())]
-        for v in found:
-            for fn in (getattr(v, "__func__", v), getattr(v, "fget", None)):
-                if isinstance(getattr(fn, "__code__", None), types.CodeType):
-                    codes.append(fn.__code__)  # type: ignore[union-attr]
+        if module is not None:
+            scopes.append(vars(module))
+        codes.extend(_codes(vars(klass).values()))
+    seen: set[types.CodeType] = set()
     while codes:
         code = codes.pop()
+        if code in seen:
+            continue
+        seen.add(code)
         if name in code.co_names:
             return True
         codes.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
+        codes.extend(_codes(scope[n] for scope in scopes for n in code.co_names if n in scope))
     return False
+
+
+def _codes(values: Iterable[object]) -> list[types.CodeType]:
+    """The code objects of the functions, methods and properties among ``values``."""
+    out: list[types.CodeType] = []
+    for v in values:
+        for fn in (getattr(v, "__func__", v), getattr(v, "fget", None)):
+            code = getattr(fn, "__code__", None)
+            if isinstance(code, types.CodeType):
+                out.append(code)
+    return out
 
 
 def unpredicted_note(name: str | None) -> str:
