@@ -354,10 +354,11 @@ def user_code(*sections: Any) -> dict[str, str]:
     """``cls`` -> a digest of the file that defines it, for every user class in these config sections (policy,
     admission, cluster, ...): what a sweep's runs were made with, so that resuming one after the file was edited is
     refused rather than mixing old rows with new."""
-    import hashlib
     import sys
 
     from pydantic import BaseModel
+
+    from sim.policies.loader import file_digest
 
     out: dict[str, str] = {}
     stack = list(sections)
@@ -368,8 +369,7 @@ def user_code(*sections: Any) -> dict[str, str]:
             digest = getattr(module, "__servesim_digest__", None)  # a file loaded by path (sim/policies/loader.py)
             path = getattr(module, "__file__", None)
             if digest is None and path is not None and path.endswith(".py"):  # package.module:Class
-                with open(path, "rb") as f:
-                    digest = hashlib.sha1(f.read()).hexdigest()
+                digest = file_digest(path)
             if digest is not None:
                 out[x.cls] = digest
         elif isinstance(x, BaseModel):

@@ -32,7 +32,8 @@ def exception_text(e: BaseException) -> str:
     return f"raised {type(e).__name__}: {text}"
 
 
-def _sha(path: str | Path) -> str:
+def file_digest(path: str | Path) -> str:
+    """The SHA-1 of a file's bytes, what says a user's code was edited; "" when it cannot be read (deleted since)."""
     try:
         return hashlib.sha1(Path(path).read_bytes()).hexdigest()
     except OSError:  # deleted since: changed
@@ -55,20 +56,20 @@ def _helpers(module: ModuleType, folder: str, new: set[str]) -> dict[str, tuple[
                     and x.partition(".")[0] not in ("sim", "servesim", "realengine", "calibration")):
         f = getattr(sys.modules.get(n), "__file__", None)
         if isinstance(f, str) and f.endswith(".py") and str(Path(f).resolve()).startswith(folder + os.sep):
-            out[n] = (f, _sha(f))
+            out[n] = (f, file_digest(f))
     return out
 
 
 def _module_from_file(path: Path) -> ModuleType:
     name = "servesim_user_" + hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
-    digest = _sha(path)
+    digest = file_digest(path)
     loaded = sys.modules.get(name)
     # a file edited since it was loaded is loaded again: a notebook's kernel (or any process that runs twice) went on
     # running the first version of the policy, silently. So is one whose helper beside it was edited, the helper
     # reloaded first (`from helpers import key` kept the first key): only the edited ones, so nothing else is redone
     if loaded is not None:
         helpers: dict[str, tuple[str, str]] = vars(loaded).get("__servesim_helpers__", {})
-        edited = [n for n, (f, h) in helpers.items() if _sha(f) != h]
+        edited = [n for n, (f, h) in helpers.items() if file_digest(f) != h]
         if not edited and vars(loaded).get("__servesim_file_digest__") == digest:
             return loaded
         for n in edited:
