@@ -90,6 +90,9 @@ CASES = [
     # a request rejected or preempted twice: the core said it was "finished" or "waiting"
     ("bad_policies.py:RejectsTwice", "", "RejectsTwice at t=0.016468 s: rejects request 0 twice"),
     ("bad_policies.py:PreemptsTwice", "", "PreemptsTwice at t=0.029018 s: preempts request 0 twice"),
+    # a negative count: the scratch budget took it (a block manager given -5 tokens frees no blocks it should)
+    ("bad_policies.py:SignSlip", "", "SignSlip: schedule(view) at t=0.016468 s raised ValueError: "
+     "budget.allocate(req, -5) for request 0: num_new_tokens must be >= 0"),
     ("bad_policies.py:UnprintableError", "",
      "UnprintableError: schedule(view) at t=0.000000 s raised _Unprintable: (its message could not be formatted)"),
     # an exception on BaseException but not Exception (a library's own, GeneratorExit, asyncio's CancelledError) in

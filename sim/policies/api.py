@@ -198,8 +198,11 @@ class Budget:
         self._decodes = decodes
 
     def allocate(self, req: RequestView, num_new_tokens: int) -> bool:
-        """Reserve room for ``num_new_tokens`` more tokens of ``req``; False (nothing reserved) if it does not fit."""
+        """Reserve room for ``num_new_tokens`` more tokens of ``req``; False (nothing reserved) if it does not fit.
+        Raises ValueError for a negative count (a sign slip the scratch budget would take as room given back)."""
         r = req._r if type(req) is RequestView and req._r.group_base < 0 else _req(req)
+        if num_new_tokens < 0:
+            raise ValueError(f"budget.allocate(req, {num_new_tokens}) for request {r.id}: num_new_tokens must be >= 0")
         return self._b.allocate(r, num_new_tokens)
 
     def allocate_decodes(self, reqs: Sequence[RequestView]) -> int:
