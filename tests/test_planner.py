@@ -304,7 +304,8 @@ def test_saturated_on_a_short_run(replicas: int, kv: str, max_num_seqs: int, sat
     raw["slos"] = {"ttft": 60.0}  # so that the cheapest simulated is chosen and its load line printed
     raw["plan"].update(gpus=["l40s"], tensor_parallel_sizes=[1], weight_dtypes=["fp8"], kv_dtypes=[kv],
                        max_num_seqs=[max_num_seqs], enable_chunked_prefill=[True], max_gpus=replicas)
-    r = plan(parse_scenario(raw), stop_early=False)
+    # a 1 s lifetime keeps the run short (by its measured lifetime the TTFT SLO alone would lengthen it)
+    r = plan(parse_scenario(raw), stop_early=False, lifetime=1.0)
     (e,) = [e for e in r.simulated if e.candidate.replicas == replicas]
     assert e.load is not None and e.load.served < KEEPS_UP * e.load.offered_late  # the output ratio alone fires
     assert e.load.arrived_late == 103
@@ -538,10 +539,11 @@ def test_a_short_run_does_not_hide_an_overload_from_the_plan() -> None:
     keys = {"plan.gpus": ["l40s"], "plan.tensor_parallel_sizes": [1], "plan.weight_dtypes": ["fp8"],
             "plan.kv_dtypes": ["auto", "fp8"], "plan.max_num_seqs": [256], "plan.enable_chunked_prefill": [True],
             "plan.max_gpus": 1}
-    # TTFT alone bounds no request's lifetime: the run stays 100 requests (the steady-state test below lengthens it)
+    # a 1 s lifetime keeps the 100-request run (6 s of arrivals) short, the run this test is about (the steady-state
+    # tests below lengthen it)
     sc, _ = load_scenario(PLAN_CHAT, {**keys, "workload.num_requests": 100, "slos": {"ttft": 0.5}})
-    res = plan(sc)
-    assert any(n.startswith("no slos.tpot or slos.e2el bounds how long a request lasts") for n in res.notes)
+    res = plan(sc, lifetime=1.0)
+    assert not any(n.startswith("steady state") for n in res.notes)
     by_kv = {e.candidate.kv_dtype: e for e in res.evaluations if e.simulated}
     assert res.chosen is by_kv["fp8"] and by_kv["fp8"].max_request_rate > 16.0
     bf16 = by_kv["bf16"]  # auto: the activation dtype
@@ -563,10 +565,10 @@ def test_an_overloaded_deployment_meets_no_slo_with_80_percent_confidence() -> N
     keys = {"plan.gpus": ["l40s"], "plan.tensor_parallel_sizes": [1], "plan.weight_dtypes": ["fp8"],
             "plan.kv_dtypes": ["auto", "fp8"], "plan.max_num_seqs": [256], "plan.enable_chunked_prefill": [True],
             "plan.max_gpus": 1}
-    # the TTFT SLO alone, so that the 100-request run is not lengthened to the steady-state window (where the
-    # overload shows in its latencies) and the probe is what refuses it
+    # the TTFT SLO alone and a 1 s lifetime, so that the 100-request run is not lengthened to the steady-state
+    # window (where the overload shows in its latencies) and the probe is what refuses it
     sc, _ = load_scenario(PLAN_CHAT, {**keys, "workload.num_requests": 100, "slos": {"ttft": 0.5}})
-    res = plan(sc)
+    res = plan(sc, lifetime=1.0)
     by_kv = {e.candidate.kv_dtype: e for e in res.evaluations if e.simulated}
     bf16, fp8 = by_kv["bf16"], by_kv["fp8"]
     assert bf16.reason.startswith("overloaded: serves at most 14.")
@@ -609,6 +611,32 @@ def test_slos_are_judged_once_the_batch_has_filled() -> None:
     (cfg,) = variant_configs(long)
     s = summarize(simulate_variant(cfg, generate_workload(long))[0], slos_of(long))
     assert one.latency["tpot"] == pytest.approx(s["tpot"]["p99"], rel=0.10)
+
+
+def test_a_ttft_slo_alone_is_judged_once_the_choices_batch_has_filled() -> None:
+    """With a TTFT SLO alone no SLO bounds a request's lifetime, and plan-chat at 100 requests (6 s of arrivals) was
+    judged on those 100 while its choice's requests lasted 5.0 s on average: its batch was still filling. The
+    choice's mean E2EL now sizes the window, the search run again until the arrivals span 3 of them (3 searches
+    here: 5.0 s, then 7.7 s as the batch fills), and the choice is what it is at 400 requests."""
+    keys = {"plan.gpus": ["l40s"], "plan.tensor_parallel_sizes": [1], "plan.weight_dtypes": ["fp8"],
+            "plan.kv_dtypes": ["fp8"], "plan.max_num_seqs": [256], "plan.enable_chunked_prefill": [True, False],
+            "plan.max_gpus": 1}
+    sc, _ = load_scenario(PLAN_CHAT, {**keys, "workload.num_requests": 100, "slos": {"ttft": 0.5}})
+    res = plan(sc)
+    ch = res.chosen
+    assert ch is not None and ch.num_requests == 397 and ch.candidate.enable_chunked_prefill
+    span = (ch.num_requests - 1) / 16.0  # about: the offered rate is 16 req/s
+    assert 3 * ch.mean_e2el < span * 1.1 and ch.mean_e2el == pytest.approx(6.9, abs=0.2)
+    (note,) = [n for n in res.notes if n.startswith("steady state: ")]
+    assert note.startswith("steady state: the SLOs are judged on 397 requests, not 100 (drawn from the workload's "
+                           "distributions): their arrivals span 3 lifetimes of a request of the choice on a shorter "
+                           "run (its mean E2EL: no slos.tpot or slos.e2el bounds it: 7,676 ms)")
+    at_400, _ = load_scenario(PLAN_CHAT, {**keys, "workload.num_requests": 400, "slos": {"ttft": 0.5}})
+    res_400 = plan(at_400)
+    assert res_400.chosen is not None and res_400.chosen.candidate == ch.candidate
+    assert res_400.chosen.num_requests == 400  # its 23 s of arrivals span 3.4 lifetimes: not lengthened
+    (note,) = [n for n in res_400.notes if n.startswith("steady state: ")]
+    assert "the choice's requests lasted 6,875 ms on average (mean E2EL), and the arrivals span 23.3 s" in note
 
 
 def test_a_short_trace_is_repeated_to_the_steady_state_window() -> None:

@@ -172,6 +172,7 @@ class Evaluation:
     latency_80_high: dict[str, float] = field(default_factory=dict)  # each latency at its 80% interval's slow end
     meets_80: bool = False  # every request completed and every latency_80_high within its SLO
     max_request_rate: float = NAN  # req/s it completes with a backlog (plan_capacity.py); NaN: not measured
+    mean_e2el: float = NAN  # simulated mean E2EL, seconds: a request's lifetime, where no SLO bounds it (planner)
 
     @property
     def simulated(self) -> bool:

@@ -97,6 +97,9 @@ from sim.studies.plan_result import (
 from sim.studies.sweep import parallel_map
 from sim.workload.generator import GeneratedWorkload
 
+# Searches at most where the choice's measured lifetime sizes the steady-state window (a TTFT SLO alone): plan-chat
+# at 100 and 150 requests takes 3 and 2 (windows of 5.0, 7.7 s; 6.3 s)
+MEASURED_ROUNDS = 4
 MIN_RATE_REQUESTS = 20  # an open-loop workload with fewer has too few gaps (19: 23% standard error) for its rate
 
 
@@ -190,15 +193,20 @@ def check_plan(scenario: Scenario) -> tuple[PlanConfig, SLOs, ModelSpec, list[tu
 
 def plan(scenario: Scenario, *, stop_early: bool | None = None, progress: bool = False,
          workload: GeneratedWorkload | None = None, executor: str = "local", workers: int | None = 1,
-         address: str | None = None) -> PlanResult:
+         address: str | None = None, lifetime: float | None = None, _round: int = 0,
+         _start: float | None = None) -> PlanResult:
     """Search the scenario's deployment space (its ``plan`` section, defaults when absent) for the cheapest
     configuration whose simulated percentile of TTFT, TPOT and E2EL meet ``slos`` with every request completed.
     ``stop_early`` overrides ``plan.stop_early``. The simulations of one cost level run in parallel on
     ``executor`` ("local": a process pool of ``workers``, None: every core; "ray": a Ray cluster at ``address``);
-    the result does not depend on it. Raises ScenarioError for a scenario the planner cannot use."""
+    the result does not depend on it. ``lifetime`` (seconds) sizes the steady-state window where the SLOs bound
+    none (TTFT alone); by default it is measured: the choice's mean E2EL, the search run again on arrivals spanning
+    ``STEADY_LIFETIMES`` of it while they were shorter (a filling batch lengthens it: plan-chat's one L40S had
+    5.0 s at 100 requests, 11.8 s at 2,000), ``MEASURED_ROUNDS`` searches at most. Raises ScenarioError for a scenario the planner cannot
+    use."""
     from sim.loop.run import generate_workload
 
-    start = time.perf_counter()
+    start = time.perf_counter() if _start is None else _start  # a search run again counts the first one's time
     cfg, slos, model, gpus = check_plan(scenario)
     stop = cfg.stop_early if stop_early is None else stop_early
     dep = scenario.deployment
@@ -224,8 +232,9 @@ def plan(scenario: Scenario, *, stop_early: bool | None = None, progress: bool =
                             f"the offered rate (standard error about 1/sqrt(gaps), "
                             f"{1 / math.sqrt(len(wl) - 1):.0%}); give at least {MIN_RATE_REQUESTS} requests "
                             f"(-n {MIN_RATE_REQUESTS}), a few hundred for a reliable plan")
+    measured = (lifetime is None or _round > 0) and slo_lifetime(slos, float(shape.output.mean())) is None
     if shape.span > 0:
-        wl, shape = _steady(scenario, wl, shape, slos, notes, given=workload is not None)
+        wl, shape = _steady(scenario, wl, shape, slos, notes, given=workload is not None, lifetime=lifetime)
     prefix = isinstance(scenario.kv_cache, PagedKV) and scenario.kv_cache.enable_prefix_caching
     q = cfg.percentile
     if shape.span <= 0:
@@ -329,6 +338,7 @@ def plan(scenario: Scenario, *, stop_early: bool | None = None, progress: bool =
             ev.total_input_tokens, ev.total_output_tokens = s["total_input_tokens"], s["total_output_tokens"]
             ev.num_completed, ev.num_requests = s["num_completed"], s["num_requests"]
             ev.j_per_output_token = NAN if not s["energy"] else s["energy"]["j_per_output_token"]
+            ev.mean_e2el = s["e2el"]["mean"]
             done = ev.num_completed == ev.num_requests
             ev.latency_80_high = latency_80_high(ev.latency)
             ok, ev.meets_80 = done and _meets(ev.latency, slos), done and _meets(ev.latency_80_high, slos)
@@ -353,6 +363,23 @@ def plan(scenario: Scenario, *, stop_early: bool | None = None, progress: bool =
         be = break_even(chosen.candidate.cost_per_hour, cfg.api_price.input, cfg.api_price.output,
                         chosen.total_input_tokens, chosen.total_output_tokens, chosen.num_completed,
                         chosen.output_rate)
+    if measured and shape.span > 0 and chosen is not None and math.isfinite(chosen.mean_e2el):
+        # a TTFT SLO alone bounds no request's lifetime: the choice's own says whether its batch had filled
+        if shape.span >= STEADY_LIFETIMES * chosen.mean_e2el:
+            if _round == 0:  # (a longer search's window is said in its steady-state note)
+                notes.append(f"steady state: no slos.tpot or slos.e2el bounds how long a request lasts; the choice's "
+                             f"requests lasted {1000 * chosen.mean_e2el:,.0f} ms on average (mean E2EL), and the "
+                             f"arrivals span {shape.span:,.1f} s, {shape.span / chosen.mean_e2el:.1f} of those "
+                             f"lifetimes (at least {STEADY_LIFETIMES:g}): its batch had filled")
+        elif _round + 1 < MEASURED_ROUNDS:
+            return plan(scenario, stop_early=stop_early, progress=progress, workload=workload, executor=executor,
+                        workers=workers, address=address, lifetime=max(chosen.mean_e2el, lifetime or 0.0),
+                        _round=_round + 1, _start=start)
+        else:
+            notes.append(f"steady state: no slos.tpot or slos.e2el bounds how long a request lasts, and the choice's "
+                         f"requests still lasted {1000 * chosen.mean_e2el:,.0f} ms on average (mean E2EL) after "
+                         f"{MEASURED_ROUNDS} longer searches, more than a third of the {shape.span:,.1f} s of "
+                         "arrivals: its batch may still have been filling; plan on a few thousand requests (-n)")
     if any(e.candidate.replicas > 1 for e in evaluations if e.simulated):
         notes.append("replicas are simulated together behind a router sending each request to the replica with "
                      "the fewest unfinished requests (sim/loop/cluster.py, least_outstanding)")
@@ -369,21 +396,22 @@ def plan(scenario: Scenario, *, stop_early: bool | None = None, progress: bool =
 
 
 def _steady(scenario: Scenario, wl: GeneratedWorkload, shape: WorkloadShape, slos: SLOs, notes: list[str], *,
-            given: bool) -> tuple[GeneratedWorkload, WorkloadShape]:
+            given: bool, lifetime: float | None) -> tuple[GeneratedWorkload, WorkloadShape]:
     """The workload every candidate is simulated on: arrivals spanning ``STEADY_LIFETIMES`` lifetimes of a request
     meeting the SLOs, so that the batch of a deployment that meets them has filled before it is judged. A short run
     judged a deployment while its batch was still filling: plan-chat at 150 requests (10 s of arrivals) chose one
     L40S at p99 TPOT 24.5 ms, 43.7 ms at 2,000 requests (SLO 30 ms). More requests are drawn from the scenario's
     own distributions (a fresh sample: a few requests repeated keep their light tail); a trace or a workload passed
-    in is repeated (``plan_capacity.steady_workload``)."""
+    in is repeated (``plan_capacity.steady_workload``). ``lifetime``, measured, stands in where the SLOs bound none
+    (``plan`` measures it when None)."""
     from sim.loop.run import generate_workload
     from sim.workload.arrivals import TraceArrival
 
-    lifetime = slo_lifetime(slos, float(shape.output.mean()))
-    if lifetime is None:
-        notes.append("no slos.tpot or slos.e2el bounds how long a request lasts, so the plan cannot tell whether a "
-                     "deployment's batch had filled in the run: plan on a few thousand requests (-n)")
-        return wl, shape
+    bound = slo_lifetime(slos, float(shape.output.mean()))
+    if bound is None and lifetime is None:
+        return wl, shape  # measured from the choice (plan)
+    lifetime = bound if bound is not None else lifetime
+    assert lifetime is not None
     window = STEADY_LIFETIMES * lifetime
     if shape.span >= window:
         return wl, shape
@@ -405,9 +433,11 @@ def _steady(scenario: Scenario, wl: GeneratedWorkload, shape: WorkloadShape, slo
         steady = dataclasses.replace(steady, requests=tuple(steady.requests[:keep]), failures=None)
         new = WorkloadShape.of(steady)
     how = "the workload's requests repeated" if repeat else "drawn from the workload's distributions"
+    what = ("a request meeting the SLOs (TTFT + mean output x TPOT, or E2EL" if bound is not None else
+            "a request of the choice on a shorter run (its mean E2EL: no slos.tpot or slos.e2el bounds it")
     notes.append(f"steady state: the SLOs are judged on {len(steady):,} requests, not {len(wl):,} ({how}): their "
-                 f"arrivals span {STEADY_LIFETIMES:g} lifetimes of a request meeting the SLOs (TTFT + mean output x "
-                 f"TPOT, or E2EL: {1000 * lifetime:,.0f} ms), so that each deployment's batch has filled")
+                 f"arrivals span {STEADY_LIFETIMES:g} lifetimes of {what}: {1000 * lifetime:,.0f} ms), so that each "
+                 "deployment's batch has filled")
     return steady, new
 
 
