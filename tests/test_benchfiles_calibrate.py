@@ -104,6 +104,24 @@ def test_one_file_is_refused_and_cli_errors_exit_2(cfg, tmp_path: Path) -> None:
     assert r.returncode == 2 and "--variant 'nope': the scenario has static, continuous, chunked, preempt" in r.stderr
 
 
+def test_the_gpu_defaults_to_the_scenarios(tmp_path: Path) -> None:
+    """--from-bench --scenario without --gpu fits on the scenario's GPU (a100-80gb here); it was refused as
+    needing --gpu, and a user who then typed the usual h100-sxm fitted an H100 to an A100's files."""
+    data = json.loads((DATA / "vllm_detailed.json").read_text())
+    files = []
+    for rate in (2.0, 4.0):
+        f = tmp_path / f"rate{rate:g}.json"
+        f.write_text(json.dumps(data | {"request_rate": rate}))
+        files.append(str(f))
+    r = subprocess.run([sys.executable, "-m", "sim.cli.main", "calibrate", "--from-bench", *files, "--scenario",
+                        str(DATA / "scenario.yaml"), "--holdout-every", "0", "--out", "knobs.json"],
+                       capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=tmp_path,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    prof = json.loads((tmp_path / "knobs.json").read_text())
+    assert (prof["model"], prof["gpu"]) == ("llama-3.1-8b", "a100-80gb")
+
+
 def test_a_scale_and_step_overhead_on_an_engine_profile_are_recovered(tmp_path: Path) -> None:
     """calibrate --from-bench --profile: a live server planted as the tiny engine's CPU profile x 2.5 + 4 ms per
     step with 5 ms of HTTP path per token (5% seeded noise per request) is fitted back from two loads and predicts

@@ -666,7 +666,8 @@ def calibrate(
                                         "CUDA)."),
     threads: int | None = typer.Option(None, "--threads", help="torch CPU threads (default: torch's)."),
     gpu: str | None = typer.Option(None, "--gpu", help="GPU preset whose peak FLOP/s the profile records (for "
-                                      "MFU), e.g. h100-sxm."),
+                                      "MFU), e.g. h100-sxm; with --from-bench the GPU the benchmarks ran on "
+                                      "(default: --scenario's)."),
     serving_workloads: int = typer.Option(0, "--serving-workloads", help="Also fit on the steps of this many "
                                           "engine runs of random workloads (calibration/workloads.py)."),
     cpu_clock: str = typer.Option("thread", "--cpu-clock", help="CPU step clock: thread (the serving thread's "
@@ -676,7 +677,7 @@ def calibrate(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
     from_bench: list[Path] = typer.Option([], "--from-bench", help="Fit the analytic model's knobs to these "
                                           "benchmark result files instead (vllm bench serve, GuideLLM, genai-perf; "
-                                          "repeatable); needs --model and --gpu."),
+                                          "repeatable); needs --model and --gpu, or --scenario."),
     holdout_every: int = typer.Option(4, "--holdout-every", help="With --from-bench: hold out every Nth file by "
                                       "load and print its error (0: none)."),
     holdout_load: float | None = typer.Option(None, "--holdout-load", help="With --from-bench: hold out every "
@@ -937,8 +938,9 @@ def _calibrate_from_bench(files: list[Path], model: str | None, gpu: str | None,
         gpu = gpu or "none"  # the profile describes the device; the scenario's GPU only sizes nothing here
     else:
         family = ANALYTIC
-        if gpu is None:
-            _fail("--from-bench needs --gpu (the GPU preset the benchmarks ran on) or --profile (an engine profile)")
+        if gpu is None and scenario is None:  # with --scenario its deployment names the GPU, as validate reads it
+            _fail("--from-bench needs --gpu (the GPU preset the benchmarks ran on), --scenario (its deployment's "
+                  "GPU) or --profile (an engine profile)")
             return
     if holdout_every < 0:
         _fail(f"--holdout-every must be >= 0, got {holdout_every}")
@@ -955,7 +957,7 @@ def _calibrate_from_bench(files: list[Path], model: str | None, gpu: str | None,
     try:
         if scenario is not None:
             sets: dict[str, Any] = {} if model is None else {"deployment.model": model}
-            if profile is None:
+            if profile is None and gpu is not None:
                 sets["deployment.gpu"] = gpu
             sc, _ = load_scenario(scenario, sets)
         else:
@@ -981,6 +983,9 @@ def _calibrate_from_bench(files: list[Path], model: str | None, gpu: str | None,
     if model is None:  # the scenario's, by name (a config given inline or as a file: its name)
         m = cfg.deployment.model
         model = m if isinstance(m, str) else str(m.get("name", "model"))
+    if gpu is None:  # the variant's, by name (fitting an H100's knobs to an A100's files read -68% TTFT)
+        g = cfg.deployment.gpu
+        gpu = g if isinstance(g, str) else str(g.get("name", "gpu"))
     default_name = f"{model}-live-fit.json" if profile is not None else f"{model}-{gpu}-bench.json"
     path = out or Path("calibration") / "profiles" / default_name
     try:
