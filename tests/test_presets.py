@@ -34,3 +34,11 @@ def test_qwen3_counts_round_to_their_cards(name: str) -> None:
 def test_gpu_presets_resolve(name: str) -> None:
     g = GPUSpec.from_name(name)
     assert g.memory_bytes > 20 * 2**30 and g.mem_bandwidth > 5e11 and g.peak("bf16") > 5e13
+
+
+def test_b200_streams_hbm_at_the_rate_its_bus_gives() -> None:
+    # the driver reports a 7,680-bit bus at 3,996 MHz (double data rate): 7.67 TB/s, NVIDIA's Blackwell datasheet
+    # 7.7; the 8 TB/s the preset carried before was the 8,192-bit bus once reported, 4% more than the HBM delivers
+    g = GPUSpec.from_name("b200")
+    assert g.mem_bandwidth == 7.7e12
+    assert g.mem_bandwidth == pytest.approx(7680 / 8 * 3996e6 * 2, rel=0.004)

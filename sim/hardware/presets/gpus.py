@@ -92,13 +92,16 @@ MORE_GPU_PRESETS: dict[str, dict[str, Any]] = {
     # NVIDIA H20 (China SKU) product brief: 96 GB HBM3 at 4.0 TB/s, 148 dense bf16 TFLOP/s, 296 fp8
     "h20": _gpu("h20", "hopper", 97871, 4.0e12, 148 * _T, 296 * _T, 296 * _T, 44 * _T, 50 * _G, 450 * _G,
                       400.0, 50.0),
-    # NVIDIA HGX B200 datasheet, per GPU: 180 GB HBM3e at 8 TB/s, 2.25 dense bf16 PFLOP/s, 4.5 fp8; NVLink 5.
+    # NVIDIA HGX B200 datasheet, per GPU: 180 GB HBM3e, 2.25 dense bf16 PFLOP/s, 4.5 fp8; NVLink 5. HBM at 7.7 TB/s,
+    # NVIDIA's Blackwell datasheet for the B200 SXM (the 8 TB/s of earlier material matches the 8,192-bit bus the driver
+    # once reported; it reports 7,680 bits at 3,996 MHz, 7.67 TB/s: pytorch/ao PR #4002, ai-dynamo/aiconfigurator
+    # PR #1246).
     # idle_w measured, not assumed: 251.3 W a GPU with Llama-3.1-70B loaded and nothing running (8x B200, vLLM
     # 0.19.1; 191.2 W with nothing loaded), vllm-project/semantic-router at 5805266, src/fleet-sim/studies/
     # context-length-power-efficiency/README.md. ML.ENERGY v3.0's host-bound B200 rows agree: Qwen3 8B/32B/30B-A3B
     # at batch 8-16 of GPQA draw 294-535 W with the GPU's roofline busy 13-44% of each step, a static draw of 213-302 W
     # under sim/costs/energy.py's formula (docs/engines-and-hardware.md)
-    "b200": _gpu("b200", "blackwell", 183359, 8.0e12, 2250 * _T, 4500 * _T, 4500 * _T, 75 * _T, 50 * _G, 900 * _G,
+    "b200": _gpu("b200", "blackwell", 183359, 7.7e12, 2250 * _T, 4500 * _T, 4500 * _T, 75 * _T, 50 * _G, 900 * _G,
                       1000.0, 251.3),
     # NVIDIA A10G (AWS G5; A10-class GA102): 24 GB GDDR6 at 600 GB/s, 70 dense bf16 TFLOP/s, no fp8
     "a10g": _gpu("a10g", "ampere", 23028, 600 * _G, 70 * _T, 0.0, 140 * _T, 31.2 * _T, 25 * _G, 0.0),
