@@ -117,6 +117,16 @@ def test_lmdeploy_free_fraction_and_persistent_batch() -> None:
         _built({"name": "lmdeploy", "mem_fraction_static": 0.8})
 
 
+def test_lmdeploy_01_prefills_every_admitted_prompt_whole_in_one_step() -> None:
+    """TurboMind v0.1.0a1's ContextDecode() runs all the loop's new prompts (sub-batches of max_context_token_num x
+    session_len) before its one Generate(): no step budget below every sequence's context, no chunking."""
+    policy, *_ = _built({"name": "lmdeploy", "version": "0.1"})
+    assert not policy.enable_chunked_prefill
+    assert (policy.limits.max_num_batched_tokens, policy.limits.max_num_seqs) == (128 * MML, 128)
+    policy, *_ = _built({"name": "lmdeploy", "version": "0.1"}, {"type": "continuous", "max_num_batched_tokens": 4096})
+    assert policy.limits.max_num_batched_tokens == 4096  # the scenario's own budget stands
+
+
 def test_tgi_wiggle_room_no_evict_and_small_graphs() -> None:
     """TGI 2.2: 95% of what the weights and a warm-up prefill of its budget (max_input_tokens 4095 + 50) leave; a
     request's whole prompt + max_new_tokens reserved (never preempts); prefills apart; graphs up to 32."""

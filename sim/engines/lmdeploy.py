@@ -15,6 +15,10 @@ src/turbomind/models/llama/LlamaBatch.cc runs ``ContextDecode()`` on the new pro
 ``Generate()``, one decode forward of every active sequence (``step_length`` 1), which computes the prompt's last
 token and samples its first; the stream callback follows. A prompt's first token costs both forwards, the weights
 read twice. "Unify prefill & decode passes" (InternLM/lmdeploy#775, 2023-12-04, after the v0.1.0a1 tag) made them one.
+``ContextDecode()`` takes every sequence the loop admitted (``max_batch_size``, the KV blocks), split into
+sub-batches of at most ``max_context_token_num`` x ``session_len`` tokens that all run before that one
+``Generate()``: the sub-batch bounds a kernel's buffers, not a step, so every first token of a loop's arrivals
+waits for all their prompts, and a prompt is never chunked (a longer one runs in a sub-batch of its own).
 """
 
 from __future__ import annotations
@@ -56,6 +60,19 @@ class LMDeploy(Engine):
 
     def context_decode_pass(self, cfg: Any) -> bool:
         return getattr(cfg, "version", None) == "0.1"
+
+    def fill_policy(self, policy: Any, cfg: Any, gpu: GPUSpec, max_model_len: int, kv_tokens: int | None) -> Any:
+        """Version 0.1: a step holds every admitted prompt whole (``ContextDecode()``'s sub-batches, above), so
+        its token budget is every sequence's longest context and nothing is chunked, unless the scenario says."""
+        filled = super().fill_policy(policy, cfg, gpu, max_model_len, kv_tokens)
+        if not self.context_decode_pass(cfg):
+            return filled
+        update: dict[str, Any] = {}
+        if policy.enable_chunked_prefill is None:
+            update["enable_chunked_prefill"] = False
+        if policy.max_num_batched_tokens is None:
+            update["max_num_batched_tokens"] = filled.max_num_seqs * max_model_len
+        return filled.model_copy(update=update)
 
     def kv_budget(self, cfg: Any, model: ModelSpec, gpu: GPUSpec, **kw: Any) -> KVBudget:
         """``cache_max_entry_count x (total - weights - runtime overhead)``: the share of what cudaMemGetInfo
