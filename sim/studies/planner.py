@@ -66,6 +66,7 @@ from sim.config.schema import (
     ScenarioError,
 )
 from sim.costs.costmodel import CostModel
+from sim.policies.configs import PolicyConfigBase
 from sim.engines.registry import resolve_policy
 from sim.engines.sampling import with_sampling
 from sim.hardware.dtypes import resolve_kv_dtype
@@ -211,11 +212,13 @@ def plan(scenario: Scenario, *, stop_early: bool | None = None, progress: bool =
     stop = cfg.stop_early if stop_early is None else stop_early
     dep = scenario.deployment
     notes: list[str] = []
-    base_policy = scenario.policy
-    if not isinstance(base_policy, ContinuousPolicyConfig):
+    base_policy: PolicyConfigBase = scenario.policy
+    if not {"max_num_seqs", "enable_chunked_prefill"} <= set(type(base_policy).model_fields):
+        # every kind that has the two knobs is kept with its order (sjf, priority, lpm...); replacing it lost an
+        # SJF scenario's shortest-first order and said its "static policy" was replaced
         base_policy = ContinuousPolicyConfig()
-        notes.append("the scenario's static policy is replaced by continuous batching (the planner tunes "
-                     "max_num_seqs and chunked prefill)")
+        notes.append(f"the scenario's {scenario.policy.type} policy is replaced by continuous batching (the planner "
+                     "tunes max_num_seqs and chunked prefill, which it does not take)")
     if scenario.variants or scenario.sweep:
         notes.append("the scenario's variants and sweep are ignored: the planner starts from its top-level "
                      "deployment, kv_cache, policy and admission")
@@ -475,7 +478,7 @@ def _resolve(vcfg: VariantConfig, model: ModelSpec, gpu: GPUSpec) -> tuple[CostM
 
 
 def _evaluate_replica_config(
-    scenario: Scenario, model: ModelSpec, base: dict[str, Any], base_policy: ContinuousPolicyConfig,
+    scenario: Scenario, model: ModelSpec, base: dict[str, Any], base_policy: PolicyConfigBase,
     gname: str | dict[str, Any], g: GPUSpec, tp: int, wd: str, kd: str, mns: int, chunk: bool, cfg: PlanConfig,
     slos: SLOs, shape: WorkloadShape, q: int, prefix: bool, latency_cache: dict[tuple, dict[str, float]],
     pp: int = 1,
