@@ -78,6 +78,10 @@ CASES = [
     # a reason that is not a str: refuse() returning a bool rejected every request, with 'False' as the reason
     ("bad_policies.py:RefusesWithTrue", "", "RefusesWithTrue at t=0.016468 s: rejects request 0 with reason True, not "
      "a str (QueuePolicy.refuse returns None to keep a request, a reason string to reject it)"),
+    # nor is "": refuse() returning "" to mean "keep it" rejected every request (prompt <= 100) and exited 0
+    ("bad_policies.py:RefusesWithEmptyReason", "", "RefusesWithEmptyReason at t=0.029018 s: rejects request 2 with an "
+     "empty reason '' (QueuePolicy.refuse returns None to keep a request, a reason string that says why to reject "
+     "it)"),
     # a plan's lists changed by hand: Python's unpacking error under servesim's frames, exit 1
     ("bad_policies.py:TripleByHand", "", "TripleByHand at t=0.016468 s: plan.scheduled holds (RequestView("),
     ("bad_policies.py:RejectsByHand", "", "RejectsByHand at t=0.000000 s: plan.rejected is None, not a list (build a "

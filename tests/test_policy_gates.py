@@ -129,3 +129,14 @@ def test_a_router_or_admission_that_never_returns_is_stopped(tmp_path: Path) -> 
         assert p.returncode == 2, p.stderr
         assert f"{call} did not return within 0.5 s" in p.stderr and line in p.stderr, p.stderr
         assert not (tmp_path / "out").exists()
+
+
+def test_an_admission_returning_an_empty_reason_exits_2(tmp_path: Path) -> None:
+    """admit() returning "" to mean "accept" refused every request with an empty reason, and the run exited 0."""
+    text = SCENARIO.replace('bad_policies.py:ShortOnly", args: {limit: 200}', 'bad_policies.py:TurnsAwayWithEmptyReason"')
+    p = subprocess.run([sys.executable, "-m", "sim.cli.main", "run", str(_scenario(tmp_path, text)), "-q", "--out",
+                        str(tmp_path / "out")], capture_output=True, text=True, timeout=300, cwd=HERE.parent)
+    assert p.returncode == 2, p.stderr
+    assert ("error: variant 'short': admission TurnsAwayWithEmptyReason: admit(request 2) returned an empty reason '': "
+            "return None to accept or a reason string that says why to refuse\n") in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr and not (tmp_path / "out").exists()

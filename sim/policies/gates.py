@@ -153,4 +153,7 @@ class UserAdmission:
         if why is not None and not isinstance(why, str):
             raise PolicyError(f"admission {self.name}: admit(request {req.id}) returned {why!r}: return None to "
                               "accept or a reason string to refuse")
+        if why is not None and not why.strip():  # an admit() returning "" to mean "accept" refused every request
+            raise PolicyError(f"admission {self.name}: admit(request {req.id}) returned an empty reason {why!r}: "
+                              "return None to accept or a reason string that says why to refuse")
         return why

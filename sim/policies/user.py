@@ -310,6 +310,9 @@ class UserPolicy(Policy):
             if not isinstance(reason, str):  # as an admission's admit(): True, False or 0 is no reason
                 self._fail(view.now, f"rejects request {r.id} with reason {reason!r}, not a str (QueuePolicy.refuse "
                            "returns None to keep a request, a reason string to reject it)")
+            if not reason.strip():  # a refuse() returning "" to mean "keep it" rejected every request, exit 0
+                self._fail(view.now, f"rejects request {r.id} with an empty reason {reason!r} (QueuePolicy.refuse "
+                           "returns None to keep a request, a reason string that says why to reject it)")
             plan.reject.append((r, reason))
         for rv, mode in up.preempted:
             r = self._req(rv, view.now, "preempts")

@@ -107,6 +107,13 @@ class ShortOnly(servesim.Admission):
         return None if request.prompt_len <= self.limit else f"prompt over {self.limit} tokens"
 
 
+class TurnsAwayWithEmptyReason(servesim.Admission):
+    """admit() returning "" to mean "accept": every request was refused, with an empty reason, and exit 0."""
+
+    def admit(self, request, state):
+        return "" if request.prompt_len <= 100 else "long"
+
+
 class Spins(FCFSPolicy):
     """Never returns: a loop whose exit condition is wrong."""
 
@@ -209,6 +216,13 @@ class PreemptsWithoutRank(servesim.QueuePolicy):
     TypeError mid-run about None ranks the user never wrote."""
 
     preempt_for_waiting = True
+
+
+class RefusesWithEmptyReason(servesim.QueuePolicy):
+    """refuse() returning "" to mean "keep it": every request was rejected, with an empty reason, and exit 0."""
+
+    def refuse(self, req, view):
+        return "" if req.prompt_len <= 100 else None
 
 
 class RefusesWithTrue(servesim.QueuePolicy):
