@@ -301,6 +301,9 @@ def validate(scenario_path: str | Path, profile_path: str | Path, *, device: str
     profile = load_profile(profile_path)
     name = resolve_model(profile, model)
     sc, cfgs, wl = prepare(scenario_path, overrides)
+    why = time_scale_problem(time_scale, last_arrival=max((r.arrival for r in wl.requests), default=0.0))
+    if why is not None:
+        raise ScenarioError(why)
     from realengine.engine import engine_config
 
     for cfg in cfgs:  # everything the input can get wrong fails before the first run

@@ -259,7 +259,7 @@ def _run_engine(cfg: VariantConfig, workload, *, device, dtype, model_spec, num_
                 cpu_clock: str = "thread", reference_seconds: float | None = None,
                 ) -> tuple[RunResult, list[Request], ServingCore]:
     requests_in = getattr(workload, "requests", workload)
-    why = time_scale_problem(time_scale, "time_scale")
+    why = time_scale_problem(time_scale, "time_scale", max((s.arrival for s in requests_in), default=0.0))
     if why is not None:
         raise ValueError(why)
     if device not in ("cpu", "cuda"):

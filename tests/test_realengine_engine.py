@@ -479,6 +479,22 @@ def test_a_time_scale_that_is_not_a_finite_number_is_refused(tmp_path: Path, sca
         run_engine(cfg, [RequestSpec(id=0, arrival=0.0, prompt_len=4, output_len=2)], time_scale=float(scale))
 
 
+def test_a_time_scale_that_puts_arrivals_past_a_runs_span_is_refused(tmp_path: Path) -> None:
+    # Before: `engine run --time-scale 1e300` ran with every arrival near 1e299 s, where a millisecond step is lost
+    # to rounding: TTFT p50 0.0 ms, exit 0 (validate --profile and observe likewise)
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(scenario()))
+    profile = str(Path(__file__).parent.parent / "calibration" / "profiles" / "tiny-cpu.json")
+    for args in (["engine", "run", str(path)], ["validate", str(path), "--profile", profile]):
+        res = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "o"), "--time-scale", "1e300"])
+        assert res.exit_code == 2 and "--time-scale 1e+300 puts the last arrival" in res.output, args
+        assert "past the 1e+09 s a run may span" in res.output
+    assert not (tmp_path / "o").exists()
+    cfg = variant_configs(parse_scenario(scenario()))[0]
+    with pytest.raises(ValueError, match="time_scale 1e\\+10 puts the last arrival \\(0.5 s\\) at 5e\\+09 s"):
+        run_engine(cfg, [RequestSpec(id=0, arrival=0.5, prompt_len=4, output_len=2)], time_scale=1e10)
+
+
 @pytest.mark.parametrize("model, why", [
     ("opt-13b", "model 'opt-13b' (opt) is not Llama-like"),
     ("gemma-2-9b", "model 'gemma-2-9b': sliding-window layers and latent attention (MLA) are not built"),

@@ -211,6 +211,9 @@ def register(app: typer.Typer) -> None:
         except ScenarioError as e:
             _fail(str(e))
             return
+        why = time_scale_problem(time_scale, last_arrival=max((s.arrival for s in wl.requests), default=0.0))
+        if why is not None:
+            _fail(why)
         specs = [dataclasses.replace(s, arrival=s.arrival * time_scale) for s in wl.requests]
         closed = wl.closed_loop
         if closed is not None and time_scale != 1.0:

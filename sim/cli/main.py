@@ -497,6 +497,10 @@ def engine_run(
         wls = {cfg.name: generate_workload(sc, cfg.workload) for cfg in cfgs}
         for cfg in cfgs:
             check_workload_fits_policy(sc, cfg, wls[cfg.name])
+            why = time_scale_problem(time_scale, last_arrival=max((r.arrival for r in wls[cfg.name].requests),
+                                                                  default=0.0))
+            if why is not None:
+                raise ScenarioError(why)
     except ScenarioError as e:
         _fail(str(e))
         return

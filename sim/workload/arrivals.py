@@ -13,7 +13,7 @@ import numpy as np
 from pydantic import Field, field_validator, model_validator
 
 from sim.config.input_model import Float, FrozenInputModel, Int
-from sim.config.limits import MAX_REQUESTS, too_many_requests
+from sim.config.limits import MAX_ARRIVAL_S, MAX_REQUESTS, too_many_requests
 from sim.workload.lengths import (
     TRACE_FILE_HELP,
     TraceColumnsConfig,
@@ -29,12 +29,18 @@ from sim.workload.traces import TraceData, load_trace
 
 
 
-def time_scale_problem(time_scale: float, name: str = "--time-scale") -> str | None:
+def time_scale_problem(time_scale: float, name: str = "--time-scale", last_arrival: float = 0.0) -> str | None:
     """Why ``time_scale`` cannot stretch arrivals onto the wall clock (arrival ``a`` is sent at ``a * time_scale``
     seconds: the real engine, validate, observe), or None. NaN put every arrival at 0 and inf at inf (NaN
-    latencies on the engine; observe waited forever), another workload without a word."""
+    latencies on the engine; observe waited forever), another workload without a word. ``last_arrival``: the
+    workload's last arrival, which scaled must stay within the span a run may have (``--time-scale 1e300`` on the
+    engine read every TTFT 0.0 ms: a millisecond step is lost to rounding next to 1e299 s)."""
     if isinstance(time_scale, bool) or not isinstance(time_scale, int | float) or not 0 <= time_scale < math.inf:
         return f"{name} must be a finite number >= 0, got {time_scale}"
+    if not last_arrival * time_scale <= MAX_ARRIVAL_S:
+        return (f"{name} {time_scale:g} puts the last arrival ({last_arrival:.3g} s) at "
+                f"{last_arrival * time_scale:.3g} s, past the {MAX_ARRIVAL_S:.0e} s a run may span (at that clock a "
+                "step's milliseconds are lost to rounding); lower it")
     return None
 
 class FixedThinkTime(FrozenInputModel):
