@@ -86,6 +86,18 @@ def test_token_bucket_exact() -> None:
     assert got == [True, True, True, False, False, True, True, False, False]
 
 
+def test_a_token_bucket_admits_requests_sent_exactly_at_its_rate() -> None:
+    """Arrivals 1/rate apart each find one token refilled: floating-point rounding left 0.9999999999999999 of one
+    now and then, and a bucket of 1 at 10/s admitted 34 of 50 requests sent every 0.1 s (41 of 150 at 30/s
+    against 50 due)."""
+    req = servesim.RequestView(Request(RequestSpec(0, 0.0, 10, 10), 0.0))
+    tb = TokenBucket(rate=10.0, burst=1)
+    assert all(tb.admit(req, AdmissionState(i / 10, 0, 0, 10, 10)) is None for i in range(50))
+    tb = TokenBucket(rate=10.0, burst=1)
+    got = [tb.admit(req, AdmissionState(i / 30, 0, 0, 10, 10)) is None for i in range(150)]
+    assert got == [i % 3 == 0 for i in range(150)]  # one in three: a token every third arrival
+
+
 def test_a_router_returning_a_bad_index_exits_2(tmp_path: Path) -> None:
     text = SCENARIO.replace("bad_policies.py:Fewest", "bad_policies.py:OutOfRange")
     p = subprocess.run([sys.executable, "-m", "sim.cli.main", "run", str(_scenario(tmp_path, text)), "-q", "--out",
