@@ -11,7 +11,8 @@ grows without bound, whatever a short run shows.
 
 The backlog is the workload's own requests (their lengths, prefixes and classes), repeated until there are
 ``BACKLOG_PER_SLOT`` for each batch slot of the deployment (and at least all of them), every one arriving at 0;
-each copy's prefix ids and sessions are its own, so copies share no cache. The rate is taken between the quarter
+each copy's sessions and prefix ids are its own, but for the prefixes requests of several sessions share (a system
+prompt), which every copy hits as the workload's requests do. The rate is taken between the quarter
 and three quarters of the completions: the batch is full by the first (its prompts computed), and at least three
 quarters of the requests still wait behind it until the last of them (the drain is left out).
 """
@@ -34,17 +35,34 @@ BACKLOG_PER_SLOT = 4  # backlog requests per batch slot (max_num_seqs x replicas
 STEADY_LIFETIMES = 3.0
 
 
+def _shared_hashes(reqs: list[RequestSpec]) -> set[int]:
+    """The prefix ids that requests of more than one session hold (a request without a session is one of its
+    own): content common to the workload, a system prompt, rather than one conversation's."""
+    owner: dict[int, object] = {}
+    shared: set[int] = set()
+    for r in reqs:
+        who = ("s", r.session_id) if r.session_id is not None else ("r", r.id)
+        for h in r.hash_ids:
+            if owner.setdefault(h, who) != who:
+                shared.add(h)
+    return shared
+
+
 def _repeat(reqs: list[RequestSpec], copies: int, shift: float | None) -> tuple[RequestSpec, ...]:
     """``copies`` copies of the requests, copy k arriving ``k x shift`` later (all at 0 when ``shift`` is None),
-    each copy with prefix ids and sessions of its own (copies share no cache)."""
+    each copy with sessions of its own and prefix ids of its own except those shared across sessions
+    (``_shared_hashes``): a copy's request does not hit its own prompt in another copy, and every copy hits the
+    workload's common prefixes as its requests do. (Copies of those too cost a 40-request workload with a
+    2,048-token system prompt, backlogged on one L40S, 26 misses of it instead of one: 8.93 req/s, not 9.05.)"""
     top_hash = max((h for r in reqs for h in r.hash_ids), default=-1) + 1
     top_session = max((r.session_id for r in reqs if r.session_id is not None), default=-1) + 1
+    shared = _shared_hashes(reqs)
     out: list[RequestSpec] = []
     for k in range(copies):
         for r in reqs:
             out.append(dataclasses.replace(
                 r, id=len(out), arrival=0.0 if shift is None else r.arrival + k * shift,
-                hash_ids=tuple(h + k * top_hash for h in r.hash_ids),
+                hash_ids=tuple(h if h in shared else h + k * top_hash for h in r.hash_ids),
                 session_id=None if r.session_id is None else r.session_id + k * top_session))
     return tuple(out)
 
