@@ -152,3 +152,17 @@ def test_an_admission_returning_an_empty_reason_exits_2(tmp_path: Path) -> None:
     assert ("error: variant 'short': admission TurnsAwayWithEmptyReason: admit(request 2) returned an empty reason '': "
             "return None to accept or a reason string that says why to refuse\n") in p.stderr, p.stderr
     assert "Traceback" not in p.stderr and not (tmp_path / "out").exists()
+
+
+def test_the_token_bucket_is_each_replicas_own(tmp_path: Path) -> None:
+    """The admission rule is the engine's, as max_queue_len is (docs/write-a-policy.md, section 9): on 3 replicas
+    taking turns, 30 requests/s at constant spacing bring each replica 10/s, which a bucket of 1 refilled at 10/s
+    admits whole; one replica admits one in three."""
+    text = SCENARIO.replace("poisson, rate: 40.0", "constant, rate: 30.0").replace(
+        "rate: 10, burst: 5}}}", "rate: 10, burst: 1}}}\n  - {name: bucket3, cluster: {replicas: 3, router: "
+        "round_robin}, admission: {rule: {type: token_bucket, rate: 10, burst: 1}}}")
+    sc, _ = load_scenario(_scenario(tmp_path, text))
+    wl = generate_workload(sc)
+    runs = {cfg.name: simulate_variant(cfg, wl)[1] for cfg in variant_configs(sc) if cfg.name.startswith("bucket")}
+    assert sum(r.outcome == "rejected" for r in runs["bucket3"]) == 0
+    assert sum(r.outcome == "rejected" for r in runs["bucket"]) == 100  # of 150

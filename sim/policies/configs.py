@@ -440,10 +440,11 @@ class CustomAdmissionConfig(UserClassConfig):
 
 
 class TokenBucketConfig(PolicyModel):
-    """A rate limit: ``rate`` requests per second refill a bucket of ``burst`` requests (BLIS's token bucket)."""
+    """A rate limit: ``rate`` requests per second refill a bucket of ``burst`` requests (BLIS's token bucket); on a
+    cluster each replica has its own bucket, as every admission rule is the replica's."""
 
     type: Literal["token_bucket"] = "token_bucket"
-    rate: Float = Field(gt=0, le=1e9, description="Requests per second the bucket refills.")
+    rate: Float = Field(gt=0, le=1e9, description="Requests per second the bucket refills (per replica).")
     burst: Float = Field(default=1.0, ge=1, le=1e9, description="Requests the bucket holds (a burst admitted at once).")
 
     def make(self) -> Any:
