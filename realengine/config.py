@@ -57,6 +57,9 @@ def engine_config(cfg: VariantConfig, *, model_spec: str | None = None, num_gpu_
         raise ScenarioError(f"variant {cfg.name!r}: deployment.model: {problem}")
     cpu_blocks = getattr(kv, "num_cpu_blocks", 0)
     want = cpu_blocks if device == "cuda" else min(cpu_blocks, kv.num_blocks)
+    if device == "cpu" and (problem := kv_too_large_for_host(built.model, dtype, kv.num_blocks + want,
+                                                             cfg.deployment.block_size)) is not None:
+        raise ScenarioError(f"variant {cfg.name!r}: deployment.num_gpu_blocks {kv.num_blocks:,}: {problem}")
     if want != cpu_blocks and built.budget.kv_bytes_per_block:
         # build() takes int(swap_space * 2**30 // kv_bytes_per_block) blocks: this float gives exactly ``want``
         cfg = _with_deployment(cfg, swap_space=want * built.budget.kv_bytes_per_block / 2**30)
@@ -92,6 +95,21 @@ def too_large_for_host(spec: ModelSpec, dtype: torch.dtype) -> str | None:
     return (f"{spec.name} needs {need / 2**30:.1f} GiB of {str(dtype).removeprefix('torch.')} weights, more than the "
             f"{have / 2**30:.1f} GiB this host has available; give a smaller model (--model tiny or llama-57m) or "
             "--device cuda")
+
+
+def kv_too_large_for_host(spec: ModelSpec, dtype: torch.dtype, blocks: int, block_size: int) -> str | None:
+    """Why ``blocks`` KV blocks (device cache and swap space, both allocated up front on a CPU) beside ``spec``'s
+    weights cannot be allocated in host memory, None if they fit: ``--num-gpu-blocks 100000000`` on the tiny model
+    asked torch for 190.7 GiB per layer's keys and ended in its allocator's traceback."""
+    per_block = kv_bytes_per_block(spec, dtype, block_size)
+    weights = spec.num_params * torch.empty(0, dtype=dtype).element_size()
+    have = host_memory_available()
+    if have is None or blocks * per_block + weights <= have:
+        return None
+    most = max(0, (have - weights) // per_block)
+    return (f"{blocks:,} blocks of {block_size} tokens need {blocks * per_block / 2**30:.1f} GiB of "
+            f"{str(dtype).removeprefix('torch.')} KV cache (swap space included), more than the {have / 2**30:.1f} "
+            f"GiB this host has available beside the weights; it holds at most {most:,} blocks (device and swap together)")
 
 
 def cpu_num_blocks(cfg: VariantConfig, dtype: torch.dtype) -> int:

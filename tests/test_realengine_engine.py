@@ -495,6 +495,24 @@ def test_a_time_scale_that_puts_arrivals_past_a_runs_span_is_refused(tmp_path: P
         run_engine(cfg, [RequestSpec(id=0, arrival=0.5, prompt_len=4, output_len=2)], time_scale=1e10)
 
 
+def test_a_kv_cache_past_the_hosts_memory_is_refused(tmp_path: Path, monkeypatch) -> None:
+    # Before: `engine run --num-gpu-blocks 100000000` on the tiny model ended in torch's allocator traceback
+    # ("can't allocate memory: you tried to allocate 204800000000 bytes"), exit 1; validate --profile likewise.
+    import realengine.config
+
+    monkeypatch.setattr(realengine.config, "host_memory_available", lambda: 2**30)  # a host with 1 GiB free
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(scenario()))
+    profile = str(Path(__file__).parent.parent / "calibration" / "profiles" / "tiny-cpu.json")
+    for args in (["engine", "run", str(path)], ["validate", str(path), "--profile", profile]):
+        res = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "o"), "--num-gpu-blocks", "100000000"])
+        assert res.exit_code == 2 and "deployment.num_gpu_blocks 100,000,000: " in res.output, (args, res.output)
+        assert "more than the 1.0 GiB this host has available beside the weights" in res.output
+    assert not (tmp_path / "o").exists()
+    cfg = variant_configs(parse_scenario(scenario()))[0]
+    assert engine_config(cfg, num_gpu_blocks=1000).deployment.num_gpu_blocks == 1000  # 8 MiB: fits
+
+
 @pytest.mark.parametrize("model, why", [
     ("opt-13b", "model 'opt-13b' (opt) is not Llama-like"),
     ("gemma-2-9b", "model 'gemma-2-9b': sliding-window layers and latent attention (MLA) are not built"),
