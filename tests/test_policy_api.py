@@ -472,6 +472,15 @@ def test_a_queue_policy_whose_init_skips_super_runs_on_the_defaults(tmp_path) ->
     assert ca.stats.num_preemptions > 0
 
 
+def _two_variants(tmp_path, cls: str) -> dict:
+    """Two variants of one custom policy, written to tmp_path/s.yaml: the second run makes a second object."""
+    scenario = {"workload": {**CHAT, "num_requests": 30}, "policy": {"type": "custom", "cls": cls},
+                "deployment": {"model": "llama-3.1-8b", "gpu": "l4", "max_model_len": 4096},
+                "variants": [{"name": "a"}, {"name": "b"}]}
+    (tmp_path / "s.yaml").write_text(__import__("yaml").safe_dump(scenario))
+    return scenario
+
+
 def test_state_kept_on_the_class_that_a_run_changes_is_refused_before_the_next_run(tmp_path) -> None:
     """``served = {}`` written on the class, not in __init__: one dict for every object, so the second variant
     started with the counts the first left there and the two were compared on different footing, silently. A
@@ -484,10 +493,7 @@ def test_state_kept_on_the_class_that_a_run_changes_is_refused_before_the_next_r
         "class ReadsOnly(servesim.QueuePolicy):\n    WEIGHTS = {'a': 2}\n    made = []\n\n"
         "    def __init__(self):\n        super().__init__()\n        self.made.append(self)\n\n"
         "    def rank(self, req):\n        return (self.WEIGHTS.get(req.tenant, 1), req.arrival, req.id)\n")
-    scenario = {"workload": {**CHAT, "num_requests": 30}, "policy": {"type": "custom", "cls": "mine.py:OnClass"},
-                "deployment": {"model": "llama-3.1-8b", "gpu": "l4", "max_model_len": 4096},
-                "variants": [{"name": "a"}, {"name": "b"}]}
-    (tmp_path / "s.yaml").write_text(__import__("yaml").safe_dump(scenario))
+    scenario = _two_variants(tmp_path, "mine.py:OnClass")
     with pytest.raises(servesim.ScenarioError, match=r"variant 'b': policy: cls \S*mine.py:OnClass: OnClass.served "
                        r"is a dict on the class, shared by every object of it \(each run's, each replica's\), and it "
                        r"changed after the last object of it was made"):
@@ -496,6 +502,25 @@ def test_state_kept_on_the_class_that_a_run_changes_is_refused_before_the_next_r
         {**scenario, "policy": {"type": "custom", "cls": "mine.py:ReadsOnly"}}))
     res = servesim.run(tmp_path / "s.yaml")
     assert res.summary["a"]["num_completed"] == res.summary["b"]["num_completed"] == 30
+
+
+def test_a_cache_the_class_declares_is_shared_on_purpose(tmp_path) -> None:
+    """A memo of pure results on the class (``_memo = {}``, filled by rank) is state no run depends on, but the
+    check above refused it as a run's ("changed after the last object of it was made"), with no way to say it is
+    a cache. Named in ``shared_caches`` it is left out of the check; a cache not named is still refused, and the
+    message says how to name it."""
+    body = ("import servesim\n\n\nclass Memo(servesim.QueuePolicy):\n{decl}    _memo = {{}}\n\n"
+            "    def rank(self, req):\n        key = req.prompt_len // 64\n"
+            "        if key not in self._memo:\n            self._memo[key] = key * key\n"
+            "        return (self._memo[key], req.arrival, req.id)\n")
+    _two_variants(tmp_path, "memo.py:Memo")
+    (tmp_path / "memo.py").write_text(body.format(decl=""))
+    with pytest.raises(servesim.ScenarioError, match=r"Memo._memo is a dict on the class.*or, if it only caches "
+                       r"results no run changes, name it in shared_caches = \('_memo',\) on the class"):
+        servesim.run(tmp_path / "s.yaml")
+    (tmp_path / "memo.py").write_text(body.format(decl="    shared_caches = ('_memo',)\n"))
+    res = servesim.run(tmp_path / "s.yaml")
+    assert res.results[0].requests == res.results[1].requests
 
 
 def test_the_class_state_check_copies_no_large_table_and_sees_a_small_list_grow_large() -> None:

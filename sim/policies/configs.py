@@ -277,7 +277,8 @@ class UserClassConfig(PolicyModel):
                              "on the class, shared by every object of it (each run's, each replica's), and it "
                              "changed after the last object of it was made (a run wrote to it?), so the one made now "
                              f"would not start fresh: create it in __init__ (self.{changed} = ...), or pass what it "
-                             "holds as args")
+                             "holds as args; or, if it only caches results no run changes, name it in "
+                             f"shared_caches = ({changed!r},) on the class")
         WATCH.arm()  # a constructor that never returns (each variant and sweep point makes one) is stopped
         try:
             obj = call_user(f"cls {self.cls}: {what}", lambda: copy.deepcopy(self.instance) if self.instance
@@ -304,11 +305,16 @@ _MAX_ITEMS = 1000
 
 
 def _containers(kind: type) -> dict[str, Any]:
-    """The mutable containers a user's class (and its user-written bases) holds as class attributes."""
+    """The mutable containers a user's class (and its user-written bases) holds as class attributes, but for
+    those it names in ``shared_caches``: a memo of results that do not depend on a run, shared on purpose (a dict
+    the class fills from rank() was refused as a run's state)."""
+    declared = getattr(kind, "shared_caches", ())
+    declared = {declared} if isinstance(declared, str) else set(declared)
     found: dict[str, Any] = {}
     for klass in reversed(kind.__mro__):
         if klass.__module__.partition(".")[0] not in ("sim", "servesim", "builtins"):
-            found.update((k, v) for k, v in vars(klass).items() if not k.startswith("__") and isinstance(v, _MUTABLE))
+            found.update((k, v) for k, v in vars(klass).items()
+                         if not k.startswith("__") and isinstance(v, _MUTABLE) and k not in declared)
     return found
 
 
