@@ -187,6 +187,29 @@ def test_report_ranks_the_causes_by_score_and_sets_the_overload_apart(naive):
     assert "<br>symptom: overloaded (0.60): offered " in page
 
 
+def test_a_disaggregated_run_is_ranked_by_its_busiest_pools_roof():
+    """3P1D read 'compute-bound: MFU 33% while computing' over the whole fleet: its three prefill GPUs' compute-
+    heavy steps outweighed the one decode GPU that is busy 100% of the time and limits the run, at 4% MFU. Each
+    pool is judged against its own roof, and the busiest pool's is the run's (scenarios/lesson-disaggregation.yaml,
+    300 requests)."""
+    pools = {"prefill": {"busy_fraction": 0.38, "busy_mfu": 0.59}, "decode": {"busy_fraction": 0.996, "busy_mfu": 0.04}}
+    s = {"num_steps": 100, "busy_fraction": 0.54, "limits": {"busy_mfu": 0.33, "prefill_share": 0.95},
+         "disaggregation": {"pools": pools}}
+    v = rank_limits(s)
+    assert v.text == ("bandwidth-bound: decode pool (the busiest): MFU 4% while computing, busy 100% of the time; "
+                      "prefill pool compute-bound: MFU 59% while computing, busy 38%.")
+    assert v.limits[0].score == pytest.approx(0.996)  # the busiest pool's share, not the fleet's 0.54
+    from sim.config.scenario import variant_configs
+    from sim.loop.run import generate_workload, simulate_variant
+    from sim.metrics.summary import summarize
+
+    sc, _ = load_scenario("scenarios/lesson-disaggregation.yaml", {"workload.num_requests": 300})
+    cfg = next(c for c in variant_configs(sc) if c.name == "3P1D")
+    text = rank_limits(summarize(simulate_variant(cfg, generate_workload(sc))[0])).text
+    assert text.startswith("bandwidth-bound: decode pool (the busiest): MFU 4% while computing, busy 100% of the "
+                           "time; prefill pool compute-bound: MFU 59%"), text
+
+
 def test_a_disaggregated_run_names_each_pools_busy_share():
     """3P1D (scenarios/lesson-disaggregation.yaml) read 'compute-bound: MFU 35% while computing, GPU busy 56% of
     the time': the share over both pools, while its one decode GPU, the bottleneck the lesson names, was busy

@@ -233,6 +233,13 @@ def rejection_reasons(records: Sequence[RequestRecord]) -> dict[str, int]:
     return out
 
 
+def _roof(busy_mfu: object) -> tuple[str, str]:
+    """The roofline limit of steps at this MFU while computing, and its evidence."""
+    if not isinstance(busy_mfu, int | float) or not math.isfinite(busy_mfu):
+        return "GPU-bound", "MFU unknown"
+    return ("compute-bound" if busy_mfu >= MFU_COMPUTE else "bandwidth-bound"), f"MFU {_pct(busy_mfu)} while computing"
+
+
 def rank_limits(summary: dict) -> Verdict:
     """The verdict of a summary (``sim.metrics.summary.summarize``'s, or one read back from summary.json)."""
     n = summary.get("num_requests", 0)
@@ -283,22 +290,29 @@ def rank_limits(summary: dict) -> Verdict:
     if not isinstance(busy_mfu, int | float) or not math.isfinite(busy_mfu):
         mfu = summary.get("mfu")  # an older summary: MFU over the run, scaled to busy time
         busy_mfu = _fin(mfu) / busy if busy > 0 and isinstance(mfu, int | float) and math.isfinite(mfu) else NAN
-    if math.isfinite(busy_mfu):
-        roof = "compute-bound" if busy_mfu >= MFU_COMPUTE else "bandwidth-bound"
-        roof_text = f"MFU {_pct(busy_mfu)} while computing"
-    else:
-        roof, roof_text = "GPU-bound", "MFU unknown"
+    roof, roof_text = _roof(busy_mfu)
     roof_text += f", GPU busy {_pct(busy)} of the time"
     # a disaggregated run's busy share is over both pools: 3P1D read "GPU busy 56%" while its one decode GPU
     # was busy 99.8% of the time, the bottleneck the lesson names; each pool's share is said, and spare load is
     # claimed only when the busiest pool has room
     pools = (summary.get("disaggregation") or {}).get("pools") or {}
     pool_busy = {name: _fin((p or {}).get("busy_fraction")) for name, p in pools.items()}
-    if pool_busy:
+    pooled = bool(pools) and all(isinstance((p or {}).get("busy_mfu"), int | float) for p in pools.values())
+    if pooled:
+        # each pool against its own roof, the busiest one's the run's: 3P1D read "compute-bound: MFU 33%" over
+        # the fleet, its prefill pool's compute-heavy steps outweighing the decode GPU that limits it
+        order = sorted(pools, key=lambda name: -pool_busy[name])
+        roof, first = _roof(pools[order[0]]["busy_mfu"])
+        busy = pool_busy[order[0]]
+        roof_text = f"{order[0]} pool (the busiest): {first}, busy {_pct(busy)} of the time"
+        for name in order[1:]:
+            r, t = _roof(pools[name]["busy_mfu"])
+            roof_text += f"; {name} pool {r}: {t}, busy {_pct(pool_busy[name])}"
+    elif pool_busy:
         roof_text += " (" + ", ".join(f"{name} pool {_pct(b)}" for name, b in pool_busy.items()) + ")"
     if max([busy, *pool_busy.values()]) < 0.5:
         roof_text += " (more load would fit)"
-    if math.isfinite(_fin(lim.get("prefill_share"))) and "prefill_share" in lim:
+    if not pooled and math.isfinite(_fin(lim.get("prefill_share"))) and "prefill_share" in lim:
         roof_text += f", prefill {_pct(lim.get('prefill_share'))} of tokens"
     # The roofline bounds every step, so it is always listed; it is the run's limit only as far as nothing else
     # is: a server whose slots are full or whose rows compute padding would not go faster on a faster roof.

@@ -360,6 +360,9 @@ def disagg_result(name: str, sim: DisaggSimulation, pools: dict[str, tuple[Varia
             "replicas": getattr(d, role).replicas, "gpu": built.gpu.name, "tensor_parallel_size": tps[role],
             "router": getattr(d, role).router, "indices": [i for i, r in enumerate(role_of) if r == role],
             "kv_capacity_blocks": int(built.budget.num_gpu_blocks), "price_per_replica_hour": prices[role],
+            # the pool's own roof: the verdict judges each pool's steps against its GPU (sim/metrics/verdict.py)
+            "peak_flops": float(np.mean([rep.cost.peak_flops for rep, r in zip(sim.replicas, role_of, strict=True)
+                                         if r == role])),
         }
     disagg = {
         "ratio": d.ratio,
@@ -408,11 +411,13 @@ def disagg_summary(result: RunResult) -> dict[str, Any]:
         w = dur[mask]
         kv_mean = float(dot(used / np.maximum(cap, 1), w) / w.sum()) if w.sum() > 0 else float("nan")
         bsz = np.asarray(s["batch_size"], dtype=np.float64)[mask]
+        flops, peak = float(np.asarray(s["flops"], dtype=np.float64)[mask].sum()), info.get("peak_flops", 0.0)
         pools[role] = {
             "replicas": info["replicas"], "gpu": info["gpu"], "tensor_parallel_size": info["tensor_parallel_size"],
             "busy_fraction": busy / (duration * info["replicas"]) if duration > 0 else float("nan"),
             "mean_batch_size": float(dot(bsz, w) / w.sum()) if w.sum() > 0 else float("nan"),
             "kv_usage_mean": kv_mean,
+            "busy_mfu": flops / (busy * peak) if busy > 0 and peak > 0 else float("nan"),  # MFU while computing
             "num_steps": int(mask.sum()),
         }
     transfer = d["transfer_end"] - d["prefill_end"]
