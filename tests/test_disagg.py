@@ -145,6 +145,26 @@ def test_bad_disaggregation_input_is_one_clear_error(tmp_path: Path) -> None:
         assert needle in proc.stderr and "Traceback" not in proc.stderr
 
 
+def test_the_same_bad_pool_value_in_two_variants_is_one_error() -> None:
+    """lesson-disaggregation with prefill replicas 0 in both 2P2D and 3P1D printed one line per variant, which read
+    as two problems; the mistake is said once, naming both variants."""
+    import yaml
+
+    raw = yaml.safe_load((ROOT / "scenarios" / "lesson-disaggregation.yaml").read_text())
+    for v in raw["variants"][1:3]:
+        v["disaggregation"]["prefill"]["replicas"] = 0
+    with pytest.raises(ScenarioError) as e:
+        parse_scenario(raw, "lesson.yaml")
+    assert str(e.value) == ("lesson.yaml: variants 1 and 2 (2P2D, 3P1D): disaggregation.prefill.replicas: must be "
+                            "greater than or equal to 1 (got 0)")
+    raw["variants"][2]["disaggregation"]["prefill"]["replicas"] = -1  # two values: two problems, each its line
+    with pytest.raises(ScenarioError) as e:
+        parse_scenario(raw, "lesson.yaml")
+    assert str(e.value).splitlines() == [
+        "lesson.yaml: variants.1.disaggregation.prefill.replicas: must be greater than or equal to 1 (got 0)",
+        "lesson.yaml: variants.2.disaggregation.prefill.replicas: must be greater than or equal to 1 (got -1)"]
+
+
 @pytest.mark.parametrize("gbps", [1e-300, 1e-4, 0.0])
 def test_a_kv_link_slower_than_1_mb_s_is_refused(gbps: float) -> None:
     # Before: bandwidth_gbps 1e-300 ran (exit 0) with transfers of 2.7e300 s, past which every decode step was

@@ -182,6 +182,35 @@ def unknown_key_hint(model: type[BaseModel] | None, loc: tuple[Any, ...]) -> str
     return f"; did you mean {best}" + (f" (a key of {where})?" if where else "?")
 
 
+def _same_in_variants(found: list[tuple[str, str]], raw: Any) -> list[tuple[str, str]]:
+    """One (key, reason) for a mistake repeated in several variants, where the first is: two variants with the same
+    bad pool value gave two lines that read as two problems. The key names every variant it is in."""
+    def split(loc: str) -> tuple[str, int | None]:  # the key within a variant and the variant's index
+        head, _, rest = loc.partition(".")
+        index, _, key = rest.partition(".")
+        return (key, int(index)) if head == "variants" and index.isdigit() and key else (loc, None)
+
+    at: dict[tuple[str, str], list[int]] = {}
+    for loc, reason in found:
+        key, i = split(loc)
+        if i is not None:
+            at.setdefault((key, reason), []).append(i)
+    variants = raw.get("variants") if isinstance(raw, dict) else None
+    names = [v.get("name") if isinstance(v, dict) else None for v in variants or []]
+    merged: list[tuple[str, str]] = []
+    for loc, reason in found:
+        key, i = split(loc)
+        idx = at.get((key, reason), []) if i is not None else []
+        if len(idx) < 2:
+            merged.append((loc, reason))
+        elif i == idx[0]:
+            which = ", ".join(str(j) for j in idx[:-1]) + f" and {idx[-1]}"
+            named = [str(names[j]) for j in idx if j < len(names) and names[j] is not None]
+            which += f" ({', '.join(named)})" if len(named) == len(idx) else ""
+            merged.append((f"variants {which}: {key}", reason))
+    return merged
+
+
 def format_validation(
     err: ValidationError, source: str, raw: Any = None, prefix: str = "", model: type[BaseModel] | None = None
 ) -> str:
@@ -203,8 +232,8 @@ def format_validation(
             grouped[loc] = kept
         else:
             del grouped[loc]
-    lines = []
-    for loc, errs in list(grouped.items())[:_MAX_PROBLEMS]:
+    found: list[tuple[str, str]] = []
+    for loc, errs in grouped.items():
         kinds = {e["type"] for e in errs}
         if "extra_forbidden" in kinds:
             reason = "unknown key" + unknown_key_hint(model, tuple(errs[0]["loc"]))
@@ -224,8 +253,10 @@ def format_validation(
             scalar = not isinstance(value, (dict, list))
             if "union_tag_invalid" not in kinds and (scalar or kinds & set(_EXPECTED)):
                 reason += f" (got {short(value)})"
-        lines.append(f"{source}: {loc or '(top level)'}: {reason}")
-    more = len(grouped) - _MAX_PROBLEMS
+        found.append((loc, reason))
+    found = _same_in_variants(found, raw)
+    lines = [f"{source}: {loc or '(top level)'}: {reason}" for loc, reason in found[:_MAX_PROBLEMS]]
+    more = len(found) - _MAX_PROBLEMS
     if more > 0:
         lines.append(f"... and {more} more problem(s)")
     return "\n".join(lines)
