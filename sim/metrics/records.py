@@ -17,7 +17,7 @@ import numpy as np
 from sim.metrics import spill
 from sim.metrics.gap_pool import GapPool
 from sim.metrics.step_columns import Fields, StepColumns
-from sim.serving.request import Outcome, Request
+from sim.serving.request import Outcome, Request, unfrozen_twin
 
 if TYPE_CHECKING:
     from sim.costs.energy import PowerModel
@@ -60,8 +60,9 @@ class RequestRecord:
         assert r.outcome is not None, f"request {r.id} has no outcome yet"
         spec = r.spec
         session = spec.session_id
-        # positional, in field order: a run makes 10^5 records, and keywords cost a third more
-        return cls(
+        # positional, in field order: a run makes 10^5 records, and keywords cost a third more. Made
+        # through the twin (``unfrozen_twin``): a frozen dataclass's __init__ costs nine times as much
+        rec = _Unfrozen(
             r.id,
             r.arrival,
             r.first_scheduled,
@@ -83,6 +84,8 @@ class RequestRecord:
             -1.0 if spec.ttft_slo is None else spec.ttft_slo,
             -1.0 if spec.tpot_slo is None else spec.tpot_slo,
         )
+        rec.__class__ = cls
+        return rec
 
     @property
     def completed(self) -> bool:
@@ -97,6 +100,9 @@ class RequestRecord:
         stops = [*self.preempted_at, end]
         return list(zip(starts, stops[: len(starts)], strict=True))
 
+
+# a run makes a record of every request (10^7 in the longest): made through the twin (``unfrozen_twin``)
+_Unfrozen = unfrozen_twin(RequestRecord)
 
 _EMPTY: tuple[float, ...] = ()
 _OUTCOME_TEXT = {o: o.value for o in Outcome}  # Enum.value is a slow property; a run makes 10^5 records

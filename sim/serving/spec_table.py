@@ -16,7 +16,7 @@ from typing import overload
 
 import numpy as np
 
-from sim.serving.request import RequestSpec
+from sim.serving.request import RequestSpec, checked_specs
 
 # Workloads with more requests than this keep them as a SpecTable; shorter ones as the tuple of specs they always had
 SPEC_TABLE_MIN = 1 << 17
@@ -55,9 +55,10 @@ class SpecTable(Sequence[RequestSpec]):
     def _specs(self, lo: int, hi: int) -> list[RequestSpec]:
         times, prompt, output = (c[lo:hi].tolist() for c in (self._arrival, self._prompt, self._output))
         ids, shared, sessions, size = self._hash_ids, self._shared, self._sessions, self._hash_block_size
-        return [RequestSpec(lo + k, t, p, o, shared if ids is None else ids[lo + k], size,
-                            None if sessions is None else sessions[lo + k])
-                for k, (t, p, o) in enumerate(zip(times, prompt, output, strict=True))]
+        # every value was checked in bulk (``check``)
+        return checked_specs((lo + k, t, p, o, shared if ids is None else ids[lo + k], size,
+                              None if sessions is None else sessions[lo + k])
+                             for k, (t, p, o) in enumerate(zip(times, prompt, output, strict=True)))
 
     @overload
     def __getitem__(self, i: int) -> RequestSpec: ...

@@ -28,7 +28,7 @@ from sim.config.input_model import Float, FrozenInputModel, Int
 from sim.config.limits import MAX_ARRIVAL_S, MAX_REQUESTS, too_many_requests
 from sim.serving import spec_table
 from sim.serving.failures import FailurePlan
-from sim.serving.request import RequestSpec
+from sim.serving.request import RequestSpec, checked_specs
 from sim.serving.spec_table import SpecTable
 from sim.workload.arrivals import ArrivalProcess, ClosedLoopArrival, ThinkTime, TraceArrival
 from sim.workload.classes import RequestClass, check_classes, class_fields, trace_fields
@@ -306,12 +306,11 @@ class Workload(FrozenInputModel):
             requests = SpecTable(times, prompt, output, shared_hash_ids=prefix_ids, hash_ids=hash_ids,
                                  hash_block_size=hash_block_size, sessions=None if closed is None else sessions)
         elif fields is None:
-            requests = tuple(
-                RequestSpec(i, t, p, o, h, hash_block_size, s)
-                for i, (t, p, o, h, s) in enumerate(
-                    zip(times.tolist(), prompt.tolist(), output.tolist(), ids, sessions, strict=True)
-                )
-            )
+            rows = ((i, t, p, o, h, hash_block_size, s) for i, (t, p, o, h, s) in enumerate(
+                zip(times.tolist(), prompt.tolist(), output.tolist(), ids, sessions, strict=True)))
+            # checked in bulk when they all pass; else each spec checks itself and the first bad one says why
+            requests = tuple(checked_specs(rows) if SpecTable.check(times, prompt, output)
+                             else (RequestSpec(*row) for row in rows))
         else:
             requests = tuple(
                 RequestSpec(i, t, p, o, h, hash_block_size, s, *f)
