@@ -217,6 +217,10 @@ def test_validate_against_uses_the_profile_and_refuses_engine_options(run_folder
     (plain,) = validate_against(SCENARIO, [bench]).files
     assert with_profile.metrics == as_set.metrics and with_profile.metrics != plain.metrics
     assert f"step times from the profile {profile} (deployment.cost_model of variant cb replaced)" in with_profile.notes
+    # the published GPU errors say nothing of a profile's steps: no interval (it gave them, "measured inside")
+    assert any("interval_80" in m for m in plain.metrics.values())
+    assert not any("interval_80" in m for m in with_profile.metrics.values())
+    assert f"no 80% intervals: its steps come from the engine profile {profile}" in " ".join(with_profile.notes)
     r = _cli("validate", str(SCENARIO), "--against", str(bench), "--profile", str(tmp_path / "none.json"),
              "--out", str(tmp_path / "o"))
     assert r.returncode == 2 and "none.json" in r.stderr and "Traceback" not in r.stderr

@@ -198,6 +198,22 @@ def test_run_interval_flag(tmp_path):
     assert "80% interval" not in (tmp_path / "plain" / "out" / "report.html").read_text()
 
 
+def test_a_variant_on_an_engine_profile_gets_no_interval(tmp_path):
+    # Before: `run --interval` on a CPU profile of the tiny model printed GPU servers' errors as its interval
+    # (TTFT p50 1.0-4.6 ms), as if they said anything about the profile's measured steps
+    profile = str(Path(__file__).parent.parent / "calibration" / "profiles" / "tiny-cpu.json")
+    doc = VALID | {"deployment": VALID["deployment"] | {"model": "tiny", "max_model_len": 512},
+                   "variants": [{"name": "prof", "deployment": {"cost_model": {"type": "fitted", "profile": profile}}},
+                                {"name": "roof"}]}
+    result, out = invoke(tmp_path, doc, args=("--interval",))
+    assert result.exit_code == 0, result.output
+    v = json.loads((out / "summary.json").read_text())["variants"]
+    assert v["prof"]["interval_80"] == {} and v["prof"]["interval_80_none"].startswith(
+        f"its steps come from the engine profile {profile}, not the analytic model")
+    assert v["roof"]["interval_80"] and "interval_80_none" not in v["roof"]
+    assert f"  prof: none: its steps come from the engine profile {profile}" in result.stdout
+
+
 def test_published_lengths_and_textless_streams(tmp_path):
     """A row with ``lengths=FILE`` runs the requests its source published, and its statistics count a request whose
     stream carried no text (output length 0) as benchmark_serving.py does: TTFT 0 and no output tokens."""

@@ -162,10 +162,14 @@ def run(
                 _fail(str(e) if isinstance(e, ScenarioError) else f"simulating {sc.name}: {e.strerror or e}")
                 return
             if interval:
-                from sim.metrics.intervals import interval_80
+                from sim.metrics.intervals import interval_80, no_interval_reason
 
-                for s in result.summaries.values():
-                    s["interval_80"] = interval_80(s)
+                for res in result.results:
+                    s = result.summaries[res.name]
+                    why = no_interval_reason(res.config)
+                    s["interval_80"] = {} if why else interval_80(s)
+                    if why:
+                        s["interval_80_none"] = why
             doing = f"writing {out_dir}"
             try:
                 write_scenario_run(result, out_dir, progress=bar, steps=steps, table_format=table_format,

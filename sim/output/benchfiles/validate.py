@@ -252,7 +252,7 @@ def validate_against(scenario_path: str | Path, files: list[str | Path], *, vari
     from sim.config.scenario import load_scenario, variant_configs
     from sim.config.schema import ScenarioError
     from sim.loop.run import simulate_variant
-    from sim.metrics.intervals import bench_interval
+    from sim.metrics.intervals import bench_interval, no_interval_reason
 
     sc, _ = load_scenario(scenario_path, overrides)
     cfgs = variant_configs(sc)
@@ -281,6 +281,9 @@ def validate_against(scenario_path: str | Path, files: list[str | Path], *, vari
         result, _, _ = simulate_variant(cfg, wl, name=cfg.name)
         _note_rejected(run.source, cfg.name, result, notes)
         notes += assumed
+        no_interval = no_interval_reason(result.config)
+        if no_interval:
+            notes.append(f"no 80% intervals: {no_interval}")
         sim = simulated_metrics(result, list(run.aggregates))
         metrics: dict[str, dict[str, Any]] = {}
         skipped = list(run.skipped)
@@ -289,7 +292,7 @@ def validate_against(scenario_path: str | Path, files: list[str | Path], *, vari
                 skipped.append(f"{run.source}: {key}: no simulated counterpart")
                 continue
             metrics[key] = {"measured": measured, "simulated": sim[key], "error": relative_error(measured, sim[key])}
-            if (iv := bench_interval(key, sim[key])) is not None:  # sim/metrics/intervals.py: TPOT, ITL, throughputs
+            if not no_interval and (iv := bench_interval(key, sim[key])) is not None:  # sim/metrics/intervals.py: TPOT, ITL, throughputs
                 metrics[key] |= {"interval_80": iv, "inside_80": iv[0] <= measured <= iv[1]}
         kind = "request_rate" if run.request_rate is not None else "max_concurrency" if run.max_concurrency else ""
         out.append(FileValidation(run.source, run.label, run.format, run.load, kind, metrics, skipped, notes, result))
