@@ -504,6 +504,28 @@ def test_state_kept_on_the_class_that_a_run_changes_is_refused_before_the_next_r
     assert res.summary["a"]["num_completed"] == res.summary["b"]["num_completed"] == 30
 
 
+def test_state_kept_at_the_top_of_the_module_that_a_run_changes_is_refused_before_the_next_run(tmp_path) -> None:
+    """``SERVED = {}`` beside the class, written to by its methods, is as shared as one on the class, and was not
+    looked at: two identical variants of a policy that turns newest-first after 300 asks (a module-level counter)
+    read TTFT mean 7.56 s and 7.41 s, exit 0. A module-level table that runs only read stays allowed."""
+    (tmp_path / "mine.py").write_text(
+        "import servesim\n\nCALLS = [0]\nWEIGHTS = {'a': 2}\n\n\ndef count():\n    CALLS[0] += 1\n\n\n"
+        "class Flips(servesim.QueuePolicy):\n    def rank(self, req):\n"
+        "        return (-req.arrival if CALLS[0] > 30 else req.arrival, req.id)\n\n"
+        "    def schedule(self, view):\n        count()\n        return super().schedule(view)\n\n\n"
+        "class ReadsOnly(servesim.QueuePolicy):\n"
+        "    def rank(self, req):\n        return (WEIGHTS.get(req.tenant, 1), req.arrival, req.id)\n")
+    _two_variants(tmp_path, "mine.py:Flips")
+    with pytest.raises(servesim.ScenarioError, match=r"variant 'b': policy: cls \S*mine.py:Flips: CALLS is a list at "
+                       r"the top of Flips's module, which its code uses, shared by every object of it \(each run's, "
+                       r"each replica's\), and it changed after the last object of it was made .*name it in "
+                       r"shared_caches = \('CALLS',\) on the class"):
+        servesim.run(tmp_path / "s.yaml")
+    _two_variants(tmp_path, "mine.py:ReadsOnly")
+    res = servesim.run(tmp_path / "s.yaml")
+    assert res.summary["a"]["num_completed"] == res.summary["b"]["num_completed"] == 30
+
+
 def test_a_cache_the_class_declares_is_shared_on_purpose(tmp_path) -> None:
     """A memo of pure results on the class (``_memo = {}``, filled by rank) is state no run depends on, but the
     check above refused it as a run's ("changed after the last object of it was made"), with no way to say it is

@@ -273,12 +273,15 @@ class UserClassConfig(PolicyModel):
         what = "copying the object" if self.instance is not None else f"constructing it with args {self.args}"
         kind = type(self.instance) if self.instance is not None else self._cls
         if (changed := _shared_state_changed(kind)) is not None:
-            raise ValueError(f"cls {self.cls}: {kind.__name__}.{changed} is a {type(getattr(kind, changed)).__name__} "
-                             "on the class, shared by every object of it (each run's, each replica's), and it "
-                             "changed after the last object of it was made (a run wrote to it?), so the one made now "
-                             f"would not start fresh: create it in __init__ (self.{changed} = ...), or pass what it "
+            where, _, name = changed.rpartition(" ")
+            what = (f"{name} is a {type(_containers(kind)[changed]).__name__} at the top of {kind.__name__}'s "
+                    "module, which its code uses" if where else
+                    f"{kind.__name__}.{name} is a {type(getattr(kind, name)).__name__} on the class")
+            raise ValueError(f"cls {self.cls}: {what}, shared by every object of it (each run's, each replica's), and "
+                             "it changed after the last object of it was made (a run wrote to it?), so the one made "
+                             f"now would not start fresh: create it in __init__ (self.{name} = ...), or pass what it "
                              "holds as args; or, if it only caches results no run changes, name it in "
-                             f"shared_caches = ({changed!r},) on the class")
+                             f"shared_caches = ({name!r},) on the class")
         WATCH.arm()  # a constructor that never returns (each variant and sweep point makes one) is stopped
         try:
             obj = call_user(f"cls {self.cls}: {what}", lambda: copy.deepcopy(self.instance) if self.instance
@@ -305,9 +308,12 @@ _MAX_ITEMS = 1000
 
 
 def _containers(kind: type) -> dict[str, Any]:
-    """The mutable containers a user's class (and its user-written bases) holds as class attributes, but for
-    those it names in ``shared_caches``: a memo of results that do not depend on a run, shared on purpose (a dict
+    """The mutable containers a user's class (and its user-written bases) holds as class attributes, and those at
+    the top of its modules that its code names ("global NAME": ``SERVED = {}`` beside the class is as shared), but
+    for those it names in ``shared_caches``: a memo of results that do not depend on a run, shared on purpose (a dict
     the class fills from rank() was refused as a run's state)."""
+    from sim.policies.user import module_globals
+
     declared = getattr(kind, "shared_caches", ())
     declared = {declared} if isinstance(declared, str) else set(declared)
     found: dict[str, Any] = {}
@@ -315,6 +321,7 @@ def _containers(kind: type) -> dict[str, Any]:
         if klass.__module__.partition(".")[0] not in ("sim", "servesim", "builtins"):
             found.update((k, v) for k, v in vars(klass).items()
                          if not k.startswith("__") and isinstance(v, _MUTABLE) and k not in declared)
+    found.update((f"global {k}", v) for k, v in module_globals(kind, _MUTABLE).items() if k not in declared)
     return found
 
 

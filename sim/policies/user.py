@@ -65,13 +65,31 @@ def reads(policy: type | str, name: str) -> bool:
     reaches by name count: a sibling policy in the same file that reads ``name`` says nothing of this one. ``policy``
     may be the source text evaluate takes: its code is compiled, not run (text that does not compile reads nothing;
     the run says why)."""
+    return any(name in code.co_names for code, _ in _reached(policy))
+
+
+def module_globals(policy: type, kinds: tuple[type, ...]) -> dict[str, Any]:
+    """The module-level objects of the types ``kinds`` that a user's class names in the code it reaches (as
+    ``reads`` walks it), by name: a ``SERVED = {}`` beside the class, written to by its methods."""
+    out: dict[str, Any] = {}
+    for code, scopes in _reached(policy):
+        for n in code.co_names:
+            for scope in scopes:
+                v = scope.get(n)
+                if isinstance(v, kinds):
+                    out.setdefault(n, v)
+    return out
+
+
+def _reached(policy: type | str) -> Iterable[tuple[types.CodeType, list[dict[str, object]]]]:
+    """Each code object a user's class (or source text) reaches, with the user's modules its names are looked up in."""
     codes: list[types.CodeType] = []
     scopes: list[dict[str, object]] = []  # the user's modules, where a called helper is looked up
     if isinstance(policy, str):
         try:
             codes.append(compile(policy, "<policy>", "exec"))
         except (SyntaxError, ValueError):
-            return False
+            return
     for klass in policy.__mro__ if isinstance(policy, type) else ():
         if klass.__module__.partition(".")[0] in ("sim", "servesim", "builtins"):
             continue
@@ -85,11 +103,9 @@ def reads(policy: type | str, name: str) -> bool:
         if code in seen:
             continue
         seen.add(code)
-        if name in code.co_names:
-            return True
+        yield code, scopes
         codes.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
         codes.extend(_codes(scope[n] for scope in scopes for n in code.co_names if n in scope))
-    return False
 
 
 def _codes(values: Iterable[object]) -> list[types.CodeType]:
