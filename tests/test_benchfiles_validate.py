@@ -91,7 +91,7 @@ def test_validate_against_gives_80_percent_intervals(run_folder: Path, tmp_path:
         "output_throughput", "total_token_throughput", "request_throughput"}
     table = validate_against(SCENARIO, [tmp_path / "b.json"]).table()
     lo, hi = thr["interval_80"]
-    assert f"80% interval {lo:.6g}-{hi:.6g}: measured outside" in table
+    assert f"80% interval {lo:.6g}-{hi:.6g}/s: measured outside" in table
     assert "p99_ttft" in table and table.count("80% interval") == 11
 
 
@@ -139,6 +139,21 @@ def test_malformed_files_raise_one_message_naming_file_and_field(tmp_path: Path)
     bad.write_text('{"benchmarks": [{"metrics": 3}]}')
     with pytest.raises(BenchFileError, match=r"g\.json: benchmarks\[0\]\.metrics: missing or not an object"):
         validate_against(SCENARIO, [bad])
+
+
+def test_the_table_gives_latencies_in_ms_as_the_file_does(run_folder: Path) -> None:
+    # Before: `mean_ttft measured 0.0711552  simulated 0.0711552` beside a file that says mean_ttft_ms 71.16, no unit
+    data = json.loads((run_folder / "cb.vllm-bench.json").read_text())
+    val = validate_against(SCENARIO, [run_folder / "cb.vllm-bench.json"])
+    m = val.files[0].metrics
+    lines = {line.split()[0]: line for line in val.table().splitlines()[1:]}
+    ttft = m["mean_ttft"]["measured"]
+    assert ttft * 1e3 == pytest.approx(data["mean_ttft_ms"])
+    lo, hi = m["mean_ttft"]["interval_80"]
+    assert f"measured {ttft * 1e3:.6g} ms  simulated {m['mean_ttft']['simulated'] * 1e3:.6g} ms  " in lines["mean_ttft"]
+    assert f"80% interval {lo * 1e3:.6g}-{hi * 1e3:.6g} ms: measured" in lines["mean_ttft"]
+    out = m["output_throughput"]["measured"]
+    assert out == pytest.approx(data["output_throughput"]) and f"measured {out:.6g}/s  " in lines["output_throughput"]
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:

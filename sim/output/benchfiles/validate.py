@@ -166,11 +166,22 @@ class FileValidation:
                 "load_kind": self.load_kind, "metrics": self.metrics, "skipped": self.skipped, "notes": self.notes}
 
 
-def _interval_text(m: dict[str, Any]) -> str:
+def _unit(key: str) -> tuple[float, str]:
+    """(factor, unit) a metric is printed in: latencies in ms as vLLM's files name them (``mean_ttft_ms``; the
+    terminal read ``measured 0.0711552`` beside a file saying 71.16), rates per second."""
+    if key.endswith("throughput"):
+        return 1.0, "/s"
+    if key.endswith(("ttft", "tpot", "itl", "e2el")):
+        return 1e3, " ms"
+    return 1.0, ""
+
+
+def _interval_text(key: str, m: dict[str, Any]) -> str:
     if "interval_80" not in m:
         return ""
+    f, unit = _unit(key)
     lo, hi = m["interval_80"]
-    return f"  80% interval {lo:.6g}-{hi:.6g}: measured {'inside' if m['inside_80'] else 'outside'}"
+    return f"  80% interval {lo * f:.6g}-{hi * f:.6g}{unit}: measured {'inside' if m['inside_80'] else 'outside'}"
 
 
 @dataclass
@@ -189,8 +200,10 @@ class BenchValidation:
             lines.append(f"{name} ({f.format}, load {f.load if f.load is not None else 'inf'}):")
             for k, m in f.metrics.items():
                 e = m["error"]
-                lines.append(f"  {k:28s} measured {m['measured']:.6g}  simulated {m['simulated']:.6g}  "
-                             f"error {'n/a' if e is None else f'{e:+.1%}'}" + _interval_text(m))
+                x, unit = _unit(k)
+                lines.append(f"  {k:28s} measured {m['measured'] * x:.6g}{unit}  simulated "
+                             f"{m['simulated'] * x:.6g}{unit}  error {'n/a' if e is None else f'{e:+.1%}'}"
+                             + _interval_text(k, m))
             for s in f.skipped:
                 lines.append(f"  skipped: {s}")
             for s in f.notes:
