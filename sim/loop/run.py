@@ -96,7 +96,10 @@ def policy_errors(cfg: VariantConfig, name: str | None = None) -> Iterator[None]
     except (PlanError, StalledError) as e:
         cls = getattr(cfg.policy, "cls", None)  # a user's class: its name, as PolicyError's own messages give it
         what = cls.rpartition(":")[2] if isinstance(cls, str) else getattr(cfg.policy, "type", "?")
-        raise PolicyError(f"variant {name or cfg.name!r}: policy {what}: {e}") from None
+        # a refused plan's step, as PolicyError's own messages give it (SimPy re-raises a copy, the original its cause)
+        at = getattr(e, "at", None) if getattr(e, "at", None) is not None else getattr(e.__cause__, "at", None)
+        when = f" at t={at:.6f} s" if at is not None else ""
+        raise PolicyError(f"variant {name or cfg.name!r}: policy {what}{when}: {e}") from None
 
 
 def _simulate_variant(

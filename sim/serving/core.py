@@ -49,6 +49,8 @@ _COMPLETED, _REJECTED, _FAILED = Outcome.COMPLETED, Outcome.REJECTED, Outcome.FA
 class PlanError(RuntimeError):
     """A policy returned a plan that breaks the limits or the state machine: a bug in the policy."""
 
+    at: float | None = None  # the time of the step it planned, which the run's error names (run.policy_errors)
+
 
 @dataclass(slots=True)
 class Batch:
@@ -240,13 +242,22 @@ class ServingCore:
             only_group = plan.decode_group and not (plan.scheduled or plan.preempt or plan.swap_in or plan.reject)
             self.repeatable = plan if only_group else None
             self.all_decode = self.may_repeat and self._all_decode(plan)
+            # (the try blocks cost nothing in the hot path until they catch)
             if self.may_repeat and not self.all_decode:
-                batch = self._apply(plan, now)
+                try:
+                    batch = self._apply(plan, now)
+                except PlanError as e:
+                    e.at = now
+                    raise
                 # Nothing left waiting and every request brought up to its next token: from the next step on all
                 # of them decode, which the policy (deciding only at arrivals and finishes) keeps doing.
                 self.all_decode = batch is not None and self._catches_up_all(batch)
                 return batch
-        return self._apply(plan, now)
+        try:
+            return self._apply(plan, now)
+        except PlanError as e:
+            e.at = now  # the step the refused plan was for
+            raise
 
     def _catches_up_all(self, batch: Batch) -> bool:
         """Whether the step just applied leaves nobody waiting or swapped and computes every running request up
