@@ -66,7 +66,6 @@ from sim.config.schema import (
     ScenarioError,
 )
 from sim.costs.costmodel import CostModel
-from sim.policies.configs import PolicyConfigBase
 from sim.engines.registry import resolve_policy
 from sim.engines.sampling import with_sampling
 from sim.hardware.dtypes import resolve_kv_dtype
@@ -76,6 +75,7 @@ from sim.hardware.models import ModelSpec, check_tensor_parallel, resolve_model
 from sim.loop.build import resolve_max_model_len, size_kv_cache
 from sim.metrics.records import RunResult
 from sim.metrics.summary import SLOs, summarize
+from sim.policies.configs import PolicyConfigBase
 from sim.serving.pipeline import check_pipeline, wrap_pipeline
 from sim.studies.plan_bounds import WorkloadShape, latency_bounds, work_lower_bound
 from sim.studies.plan_capacity import (
@@ -203,8 +203,8 @@ def plan(scenario: Scenario, *, stop_early: bool | None = None, progress: bool =
     the result does not depend on it. ``lifetime`` (seconds) sizes the steady-state window where the SLOs bound
     none (TTFT alone); by default it is measured: the choice's mean E2EL, the search run again on arrivals spanning
     ``STEADY_LIFETIMES`` of it while they were shorter (a filling batch lengthens it: plan-chat's one L40S had
-    5.0 s at 100 requests, 11.8 s at 2,000), ``MEASURED_ROUNDS`` searches at most. Raises ScenarioError for a scenario the planner cannot
-    use."""
+    5.0 s at 100 requests, 11.8 s at 2,000), ``MEASURED_ROUNDS`` searches at most. Raises ScenarioError for a
+    scenario the planner cannot use."""
     from sim.loop.run import generate_workload
 
     start = time.perf_counter() if _start is None else _start  # a search run again counts the first one's time
