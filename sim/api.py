@@ -242,7 +242,7 @@ def scenario_with(scenario: str | os.PathLike | Mapping[str, Any], overrides: Ma
                 raise ScenarioError(f"scenario: set {e}") from None
         return parse_scenario(raw, source="scenario"), raw, "scenario"
     if isinstance(scenario, (str, os.PathLike)):
-        sc, raw = load_scenario(Path(scenario), dict(overrides))
+        sc, raw = load_scenario(scenario, dict(overrides))  # a str as given: "" is no folder
         return sc, raw, os.fspath(scenario)
     raise ScenarioError(f"scenario must be a YAML file's path or a dict, got {type(scenario).__name__}")
 

@@ -251,6 +251,31 @@ def test_an_empty_path_is_refused_not_read_as_the_current_folder(tmp_path: Path,
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.yaml"]
 
 
+@pytest.mark.parametrize("command, name", [
+    (["run", ""], "scenario"), (["plan", ""], "scenario"), (["compare", "", "b"], "run_a"),
+    (["validate", "{s}", "--profile", ""], "--profile"), (["calibrate", "--from-bench", ""], "--from-bench"),
+    (["validate", "{s}", "--against", "x.json", ""], "FILE"), (["serve", ""], "scenario"),
+])
+def test_an_empty_input_path_is_named_not_read_as_the_current_folder(tmp_path: Path, monkeypatch, command,
+                                                                     name) -> None:
+    # Before: `servesim run ""` (an unset shell variable) said "error: .: not a file (a scenario is a YAML file)",
+    # naming neither the argument nor the empty value
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(VALID))
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, [a.format(s="s.yaml") for a in command])
+    assert (result.exit_code, result.stderr) == (
+        2, f"error: {name}: empty path; name a file or folder (. for the current folder)\n"), result.output
+
+
+def test_an_empty_path_from_python_is_named() -> None:
+    from sim.api import RunFolderError, load, run
+
+    with pytest.raises(ScenarioError, match=r"^scenario path is empty \(''\); name a scenario YAML file$"):
+        run("")
+    with pytest.raises(RunFolderError, match=r"^run folder path is empty \(''\); name a folder written"):
+        load("")
+
+
 @pytest.mark.parametrize("command, value", [
     (["observe", "{s}", "--endpoint", "http://127.0.0.1:9/v1"], "inf"), (["engine", "run", "{s}"], "nan"),
     (["validate", "{s}", "--profile", "calibration/profiles/tiny-cpu.json"], "inf"),

@@ -45,17 +45,34 @@ def _set_option() -> Any:  # typer.Option is typed Any, so that it fits any para
                         help="Override a scenario value: dotted.key=value (repeatable).")
 
 
-def _path_option(*names: str, help: str) -> Any:
-    """An optional path option (``--out``, ``--json``, ``--log``): an empty value is refused. ``Path("")`` is the
-    current folder, so ``--out ""`` (an unset shell variable) wrote a run's files among the user's own."""
+def _nonempty(name: str) -> Any:
+    """A parser of a path option or argument that refuses an empty value, naming ``name``. ``Path("")`` is the
+    current folder: ``--out ""`` (an unset shell variable) wrote a run's files among the user's own, and
+    ``servesim run ""`` said ``error: .: not a file``."""
     def parse(text: str) -> Path:
         try:
-            return output_path(text, names[0])
+            return output_path(text, name)
         except ScenarioError as e:
             _fail(str(e))
             raise  # not reached: _fail exits
 
-    return typer.Option(None, *names, help=help, parser=parse, metavar="<path>")
+    return parse
+
+
+def _path_option(*names: str, help: str) -> Any:
+    """An optional path option to write (``--out``, ``--json``, ``--log``): an empty value is refused."""
+    return typer.Option(None, *names, help=help, parser=_nonempty(names[0]), metavar="<path>")
+
+
+def _input_argument(default: Any, name: str, *, help: str, metavar: str | None = None) -> Any:
+    """A path argument read as input (a scenario, a run folder, benchmark files): an empty one is refused, named
+    as the usage line names it."""
+    return typer.Argument(default, help=help, parser=_nonempty(metavar or name), metavar=metavar)
+
+
+def _input_option(*names: str, default: Any = None, help: str) -> Any:
+    """A path option read as input (``--profile``, ``--scenario``, ``--from-bench``): an empty one is refused."""
+    return typer.Option(default, *names, help=help, parser=_nonempty(names[0]), metavar="<path>")
 
 
 def _overrides(sets: list[str], num_requests: int | None) -> dict:

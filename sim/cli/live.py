@@ -41,11 +41,12 @@ def _load(scenario: Path, sets: list[str], num_requests: int | None, variant: st
 
 
 def register(app: typer.Typer) -> None:
-    from sim.cli.common import _path_option, _set_option
+    from sim.cli.common import _input_argument, _input_option, _path_option, _set_option
 
     @app.command()
     def serve(
-        scenario: Path = typer.Argument(..., help="Scenario YAML file: its deployment and policy are served."),
+        scenario: Path = _input_argument(..., "scenario",
+                                         help="Scenario YAML file: its deployment and policy are served."),
         variant: str | None = typer.Option(None, "--variant", help="The variant to serve (default: the first)."),
         model: str | None = typer.Option(None, "--model", help="Replace the scenario's model (tiny, llama-57m, "
                                          "smollm2-135m)."),
@@ -144,7 +145,7 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def observe(
-        scenario: Path = typer.Argument(..., help="Scenario YAML file: its workload is sent."),
+        scenario: Path = _input_argument(..., "scenario", help="Scenario YAML file: its workload is sent."),
         endpoint: str = typer.Option(..., "--endpoint", help="The server's OpenAI API base, "
                                      "e.g. http://127.0.0.1:8000/v1."),
         out: Path | None = _path_option("--out", "-o", help="Run folder (default: runs/NAME-observed)."),
@@ -158,7 +159,7 @@ def register(app: typer.Typer) -> None:
         timeout: float = typer.Option(600.0, "--timeout", help="Seconds a request may take in all."),
         scrape_interval: float = typer.Option(1.0, "--scrape-interval", help="Seconds between /metrics scrapes "
                                               "(0: none)."),
-        tokenizer: Path | None = typer.Option(None, "--tokenizer", help="A tokenizer.json (Hugging Face "
+        tokenizer: Path | None = _input_option("--tokenizer", help="A tokenizer.json (Hugging Face "
                                               "tokenizers; the real extra) that sizes each prompt to its exact "
                                               "token count (default: one word per token, an approximation)."),
         simulate: bool = typer.Option(True, "--simulate/--no-simulate", help="Simulate the variant on the "

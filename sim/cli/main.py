@@ -23,6 +23,8 @@ import typer
 
 from sim.cli.common import (  # noqa: F401 - the commands' shared helpers, also reached as sim.cli.main._fail
     _fail,
+    _input_argument,
+    _input_option,
     _interrupted,
     _overrides,
     _path_option,
@@ -74,7 +76,7 @@ def _policy_capabilities(prepared: Any) -> list[str]:
 
 @app.command()
 def run(
-    scenario: Path = typer.Argument(..., help="Scenario YAML file."),
+    scenario: Path = _input_argument(..., "scenario", help="Scenario YAML file."),
     out: Path | None = _path_option("--out", "-o", help="Run folder to write (default: runs/NAME)."),
     set_: list[str] = _set_option(),
     num_requests: int | None = typer.Option(None, "--num-requests", "-n", help="Override workload.num_requests."),
@@ -206,8 +208,9 @@ def run(
 
 @app.command()
 def compare(
-    run_a: Path = typer.Argument(..., help="Run folder A (written by `servesim run` or `servesim engine run`)."),
-    run_b: Path = typer.Argument(..., help="Run folder B; ratios are B / A."),
+    run_a: Path = _input_argument(..., "run_a",
+                                  help="Run folder A (written by `servesim run` or `servesim engine run`)."),
+    run_b: Path = _input_argument(..., "run_b", help="Run folder B; ratios are B / A."),
     out: Path | None = _path_option("--out", "-o", help="Also write DIR/compare.html (table and CDFs)."),
 ) -> None:
     """Two runs side by side: every summary metric of A and B with the ratio B / A, variants paired by name;
@@ -328,7 +331,8 @@ def _with_bars(name: str, out_dir: Path, quiet: bool, work: Callable[..., Any], 
 
 @app.command()
 def sweep(
-    scenario: Path = typer.Argument(..., help="Scenario YAML file (its sweep section, or --sweep, gives the points)."),
+    scenario: Path = _input_argument(..., "scenario",
+                                     help="Scenario YAML file (its sweep section, or --sweep, gives the points)."),
     out: Path | None = _path_option("--out", "-o", help="Sweep folder (default: runs/NAME-sweep)."),
     executor: str = typer.Option("local", "--executor", help="local (a process pool) or ray."),
     workers: int | None = typer.Option(None, "--workers", "-j", help="Parallel runs (default: all cores)."),
@@ -375,7 +379,7 @@ def sweep(
 
 @app.command()
 def tournament(
-    spec: Path = typer.Argument(..., help="Tournament spec YAML: scenario, policies, loads, seeds, fitness."),
+    spec: Path = _input_argument(..., "spec", help="Tournament spec YAML: scenario, policies, loads, seeds, fitness."),
     out: Path | None = _path_option("--out", "-o", help="Folder (default: runs/NAME-tournament)."),
     executor: str = typer.Option("local", "--executor", help="local (a process pool) or ray."),
     workers: int | None = typer.Option(None, "--workers", "-j", help="Parallel runs (default: all cores)."),
@@ -411,7 +415,7 @@ def tournament(
 
 @app.command("check-policy")
 def check_policy(
-    scenario: Path = typer.Argument(..., help="Scenario YAML file whose variants' policies to check."),
+    scenario: Path = _input_argument(..., "scenario", help="Scenario YAML file whose variants' policies to check."),
     set_: list[str] = _set_option(),
     num_requests: int | None = typer.Option(None, "--num-requests", "-n", help="Override workload.num_requests."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the variants that differ."),
@@ -452,7 +456,7 @@ app.add_typer(engine_app, name="engine")
 
 @engine_app.command("run")
 def engine_run(
-    scenario: Path = typer.Argument(..., help="Scenario YAML file."),
+    scenario: Path = _input_argument(..., "scenario", help="Scenario YAML file."),
     device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
     out: Path | None = _path_option("--out", "-o", help="Run folder to write (default: runs/NAME-engine)."),
     model: str | None = typer.Option(None, "--model", help="Replace the scenario's model (e.g. tiny)."),
@@ -661,8 +665,9 @@ def engine_quality(
 
 @app.command()
 def calibrate(
-    more: list[Path] | None = typer.Argument(None, metavar="FILE", help="More benchmark files after --from-bench's "
-                                             "first, so that --from-bench results/*.json takes them all."),
+    more: list[Path] | None = _input_argument(None, "more", metavar="FILE",
+                                              help="More benchmark files after --from-bench's first, so that "
+                                              "--from-bench results/*.json takes them all."),
     device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
     model: str | None = typer.Option(None, "--model", help="Model preset the engine runs (e.g. tiny, "
                                      "llama-3.2-1b; default tiny); with --from-bench the model the benchmarks "
@@ -683,9 +688,9 @@ def calibrate(
                                   "forward, timed between steps: steadier for llama-57m beside other processes, "
                                   "not for tiny; docs/benchmarks.md). validate reads the engine on the profile's."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
-    from_bench: list[Path] = typer.Option([], "--from-bench", help="Fit the analytic model's knobs to these "
-                                          "benchmark result files instead (vllm bench serve, GuideLLM, genai-perf; "
-                                          "repeatable); needs --model and --gpu, or --scenario."),
+    from_bench: list[Path] = _input_option("--from-bench", default=[], help="Fit the analytic model's knobs to "
+                                           "these benchmark result files instead (vllm bench serve, GuideLLM, "
+                                           "genai-perf; repeatable); needs --model and --gpu, or --scenario."),
     holdout_every: int = typer.Option(4, "--holdout-every", help="With --from-bench: hold out every Nth file by "
                                       "load and print its error (0: none)."),
     holdout_load: float | None = typer.Option(None, "--holdout-load", help="With --from-bench: hold out every "
@@ -694,12 +699,12 @@ def calibrate(
     knobs: str = typer.Option("", "--knobs", help="With --from-bench: the knobs to fit, comma-separated "
                               "(default: compute_efficiency,bandwidth_efficiency,step_overhead; also "
                               "per_request_overhead); the others keep their defaults."),
-    scenario: Path | None = typer.Option(None, "--scenario", help="With --from-bench: take the deployment and "
+    scenario: Path | None = _input_option("--scenario", help="With --from-bench: take the deployment and "
                                          "policy from this scenario's first variant (default: --model on --gpu, "
                                          "continuous batching)."),
     variant: str | None = typer.Option(None, "--variant", help="With --from-bench --scenario: the variant whose "
                                        "deployment and policy the benchmarks ran (default: the first)."),
-    engine_profile: Path | None = typer.Option(None, "--profile", help="With --from-bench: fit scale and "
+    engine_profile: Path | None = _input_option("--profile", help="With --from-bench: fit scale and "
                                                "step_overhead on top of this engine profile (servesim "
                                                "calibrate) instead of the analytic knobs: the live server's step "
                                                "= the profile's x scale + step_overhead."),
@@ -854,13 +859,15 @@ def _files_after(flag_files: list[Path], more: list[Path] | None, flag: str) -> 
 
 @app.command()
 def validate(
-    scenario: Path = typer.Argument(..., help="Scenario YAML file (its workload is replayed on both)."),
-    more: list[Path] | None = typer.Argument(None, metavar="FILE", help="More benchmark files after --against's "
-                                             "first, so that --against results/*.json takes them all."),
-    profile: Path | None = typer.Option(None, "--profile", help="Calibration profile JSON (servesim calibrate)."),
-    against: list[Path] = typer.Option([], "--against", help="Benchmark result files to compare with instead of "
-                                       "the engine: vllm bench serve JSON, GuideLLM report, genai-perf export "
-                                       "(repeatable; several files of one deployment are a load sweep)."),
+    scenario: Path = _input_argument(..., "scenario", help="Scenario YAML file (its workload is replayed on both)."),
+    more: list[Path] | None = _input_argument(None, "more", metavar="FILE",
+                                              help="More benchmark files after --against's first, so that "
+                                              "--against results/*.json takes them all."),
+    profile: Path | None = _input_option("--profile", help="Calibration profile JSON (servesim calibrate)."),
+    against: list[Path] = _input_option("--against", default=[],
+                                        help="Benchmark result files to compare with instead of the engine: vllm "
+                                        "bench serve JSON, GuideLLM report, genai-perf export (repeatable; "
+                                        "several files of one deployment are a load sweep)."),
     variant: str | None = typer.Option(None, "--variant", help="With --against: the variant to simulate "
                                        "(default: the first)."),
     device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
@@ -1092,7 +1099,8 @@ def capacity(
 
 @app.command()
 def plan(
-    scenario: Path = typer.Argument(..., help="Scenario YAML file with slos (and optionally a plan section)."),
+    scenario: Path = _input_argument(..., "scenario",
+                                     help="Scenario YAML file with slos (and optionally a plan section)."),
     set_: list[str] = _set_option(),
     num_requests: int | None = typer.Option(None, "--num-requests", "-n", help="Override workload.num_requests."),
     all_: bool = typer.Option(False, "--all", help="Simulate every survivor of the bounds (the whole Pareto "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,10 +90,12 @@ def parse_value(text: str) -> Any:
 
 
 def load_scenario(
-    path: str | Path, overrides: dict[str, Any] | None = None
+    path: str | os.PathLike[str], overrides: dict[str, Any] | None = None
 ) -> tuple[Scenario, dict[str, Any]]:
     """Read and validate a scenario file. ``overrides`` maps dotted paths to values (the CLI's ``--set``).
     Returns the validated scenario and the raw dict it came from. Raises ScenarioError with one clear message."""
+    if not os.fspath(path).strip():  # Path("") is the current folder: the error read ".: not a file"
+        raise ScenarioError(f"scenario path is empty ({os.fspath(path)!r}); name a scenario YAML file")
     p = Path(path)
     if not p.exists():
         raise ScenarioError(f"{p}: scenario file not found")

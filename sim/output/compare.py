@@ -43,6 +43,8 @@ def read_run(path: str | os.PathLike) -> RunSide:
     """A run folder's summary.json and requests.csv (requests.csv may be missing: then no CDFs)."""
     from sim.output.run_folder import read_requests
 
+    if not os.fspath(path).strip():  # Path("") is the current folder: the error read ".: no summary.json here"
+        raise RunFolderError(f"run folder path is empty ({os.fspath(path)!r}); name a folder written by `servesim run`")
     p = Path(path)
     if not p.exists():
         raise RunFolderError(f"{p}: run folder not found")
