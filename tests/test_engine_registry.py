@@ -103,6 +103,15 @@ def test_an_engine_no_module_registers_is_refused_with_the_names(tmp_path: Path)
     assert "Traceback" not in res.stderr
 
 
+@pytest.mark.parametrize("typed, name", [("vllm", "vllm-v1"), ("vLLM", "vllm-v1"), ("trtllm", "tensorrt-llm"),
+                                         ("trt-llm", "tensorrt-llm"), ("tensorrt_llm", "tensorrt-llm"),
+                                         ("vllm_v0", "vllm-v0"), ("text-generation-inference", "tgi")])
+def test_the_names_users_type_run_the_engine_they_mean(typed: str, name: str) -> None:
+    # Before: `engine: vllm` and `engine: trtllm` were refused ("must be 'vllm-v1', 'vllm-v0', ..."), the words
+    # users type for them (vllm serve, trtllm-serve); the resolved configuration records the engine's own name
+    assert EngineConfig.model_validate({"name": typed}).name == name
+
+
 def test_the_schema_lists_the_registered_engines() -> None:
     schema = EngineConfig.model_json_schema()
     assert schema["properties"]["name"]["enum"] == list(engines()) == [

@@ -60,6 +60,9 @@ class Engine:
     """One serving engine's rules. Subclasses set ``name`` and override the hooks where the engine differs."""
 
     name: str = ""
+    # other names users type for it (the command that starts it, its project's spelling): accepted for ``name``,
+    # matched ignoring case and with "_" read as "-"
+    aliases: tuple[str, ...] = ()
     # how the engine sizes its KV cache, named in the refusal of another engine's memory key
     memory_key: str = "deployment.gpu_memory_utilization"
     # the deployment.engine keys this engine reads beyond those every engine has
@@ -246,6 +249,15 @@ def register_engine(engine: Engine, *, without_engine: bool = False) -> Engine:
 def engines() -> dict[str, Engine]:
     """The registered engines by name, in the order registered."""
     return dict(_ENGINES)
+
+
+def engine_named(typed: str) -> str | None:
+    """The registered engine's name that ``typed`` is, or one of its aliases is (ignoring case, "_" read as
+    "-"); None when no engine has it."""
+    if typed in _ENGINES:
+        return typed
+    key = typed.strip().lower().replace("_", "-")
+    return next((e.name for e in _ENGINES.values() if key == e.name or key in e.aliases), None)
 
 
 def engine_of(cfg: Any) -> Engine:

@@ -32,7 +32,15 @@ from pydantic import Field, field_validator, model_validator
 
 from sim.config.input_model import Float, InputModel, Int
 from sim.engines import classic, lmdeploy, sglang, tensorrt_llm, tgi, vllm_v0, vllm_v1
-from sim.engines.base import Engine, EngineKey, SchedulerDefaults, engine_of, engines, register_engine
+from sim.engines.base import (
+    Engine,
+    EngineKey,
+    SchedulerDefaults,
+    engine_named,
+    engine_of,
+    engines,
+    register_engine,
+)
 from sim.engines.classic import classic_policy
 from sim.engines.costs import omit_when_unset
 from sim.hardware.gpu import GPUSpec
@@ -129,12 +137,13 @@ class EngineConfig(InputModel):
     @field_validator("name")
     @classmethod
     def _registered(cls, name: str) -> str:
-        if name not in engines():
+        if engine_named(name) is None:
             load_plugins()  # a plugin's engine is a name the scenario may use
-        if name not in engines():
+        own = engine_named(name)  # `vllm`, `trtllm`: the names users type, recorded as the engine's own
+        if own is None:
             # pydantic's words for a Literal, as when the names were one
             raise ValueError(f"Input should be {_names_for_humans()}")
-        return name
+        return own
 
     @model_validator(mode="after")
     def _keys_of_the_engine(self) -> EngineConfig:

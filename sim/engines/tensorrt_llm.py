@@ -29,6 +29,7 @@ TRTLLM_MAX_NUM_TOKENS = 8192
 
 class TensorRTLLM(Engine):
     name = "tensorrt-llm"
+    aliases = ("trtllm", "trt-llm", "tensorrtllm")  # trtllm-serve, the project's own shorthand
     memory_key = "kv_cache_free_gpu_mem_fraction"
     keys = (EngineKey(("kv_cache_free_gpu_mem_fraction",), "kv_cache_free_gpu_mem_fraction is tensorrt-llm's; "
                       "engine {name} sizes its KV cache with {memory_key}"),)

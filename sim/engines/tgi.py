@@ -37,6 +37,7 @@ TGI_CUDA_GRAPHS = (1, 2, 4, 8, 16, 32)
 
 class TGI(CudaGraphEngine):
     name = "tgi"
+    aliases = ("text-generation-inference",)
     # named in the refusal of another engine's memory key: TGI reads none (deployment.gpu_memory_utilization
     # neither; its --cuda-memory-fraction stays at 1.0)
     memory_key = "0.95 of the memory free after its warm-up prefill (no key)"

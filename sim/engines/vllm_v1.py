@@ -52,6 +52,7 @@ def _large_gpu(gpu: GPUSpec) -> bool:
 
 class VllmV1(CudaGraphEngine):
     name = "vllm-v1"
+    aliases = ("vllm",)  # `vllm serve` runs v1 since 0.8
     keys = (CudaGraphEngine.CUDA_GRAPH_KEYS, SAMPLER_KEYS)
     # vLLM v1 turns prefix caching on by default (vllm/engine/arg_utils.py: enable_prefix_caching None becomes
     # True under V1) and hashes every full block of every prompt (vllm/v1/core/kv_cache_utils.py)
