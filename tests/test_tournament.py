@@ -158,6 +158,22 @@ def test_an_inline_scenario_and_a_user_policy_file_run(tmp_path: Path) -> None:
     assert sorted(r["workload.arrival.rate"] for r in read_rows(tmp_path / "out" / "sweep.csv")) == [1, 1, 3, 3]
 
 
+def test_a_policy_written_as_its_kind_or_its_class_runs(tmp_path: Path) -> None:
+    """``policies: {fcfs: fcfs}``, a name and the kind it runs, the way one lists built-ins: refused with
+    "expected a mapping of keys to values (got 'fcfs')". A bare kind is ``{type: kind}``, a bare 'file.py:Class'
+    ``{type: custom, cls: ...}``; an unknown kind is refused with the kinds there are."""
+    (tmp_path / "mine.py").write_text((EXAMPLES / "shortest_prompt_first.py").read_text())
+    spec = spec_file(tmp_path, inline("{type: poisson, rate: 2}") + "policies: {fcfs: fcfs, sjf: sjf, "
+                     "mine: 'mine.py:ShortestPromptFirst'}\nloads: {rate: [1, 3]}\n")
+    t = load_spec(spec)
+    assert t.spec.policies == {"fcfs": {"type": "fcfs"}, "sjf": {"type": "sjf"},
+                               "mine": {"type": "custom", "cls": "mine.py:ShortestPromptFirst"}}
+    assert [c.policy.type for c in variant_configs(t.scenario)] == ["fcfs", "sjf", "custom"]
+    spec = spec_file(tmp_path, inline("{type: poisson, rate: 2}") + "policies: {a: fcfz}\nloads: {rate: [1]}\n")
+    res = CliRunner().invoke(app, ["tournament", str(spec), "--out", str(tmp_path / "out"), "-q"])
+    assert res.exit_code == 2 and "policies.a: " in res.stderr and "'fcfs'" in res.stderr, res.stderr
+
+
 def test_a_spec_file_that_is_no_spec_exits_2(tmp_path: Path) -> None:
     for text, message in (("- a\n", "a tournament spec is a mapping"), ("a: [\n", "not valid YAML")):
         spec = spec_file(tmp_path, text)

@@ -21,6 +21,7 @@ The spec (``TournamentSpec``, unknown keys refused)::
       fcfs: {type: continuous, max_num_seqs: 32}
       priority: {type: priority, max_num_seqs: 32}
       mine: {type: custom, cls: my_policies.py:ShortestFirst, args: {aging: 0.5}}   # a path relative to this file
+      sjf: sjf                             # a bare kind: {type: sjf}; a bare "file.py:Class": a user's class
     loads: {multiplier: [0.5, 1.0, 1.5]}   # x the scenario's arrival rate; or {rate: [4, 8, 12]} in requests/s
     seeds: [0, 1, 2]                       # default: [0]
     fitness:
@@ -161,6 +162,16 @@ class TournamentSpec(_Strict):
     loads: Loads
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1, description="Workload seeds.")
     fitness: Fitness = Field(default_factory=Fitness)
+
+    @field_validator("policies", mode="before")
+    @classmethod
+    def _bare(cls, p: Any) -> Any:
+        # `fcfs: fcfs` (a name and the kind it runs) was refused as "expected a mapping": a bare kind is its
+        # section, a bare 'file.py:Class' a user's class
+        if not isinstance(p, dict):
+            return p
+        return {k: ({"type": "custom", "cls": v} if ":" in v else {"type": v}) if isinstance(v, str) else v
+                for k, v in p.items()}
 
     @field_validator("policies")
     @classmethod
