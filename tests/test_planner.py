@@ -418,6 +418,29 @@ def test_plan_section_in_schema_and_validation() -> None:
         parse_scenario(bad)
 
 
+def test_a_search_space_too_large_to_enumerate_is_refused_before_the_search() -> None:
+    # Before: plan-chat at plan.max_gpus 100000 enumerated 36 million deployments (every replica count up to it)
+    # and ran past 2 minutes without a word; its size is now counted first, as the search would count it
+    from sim.studies.planner import check_plan, search_size
+
+    for g, searched in ((8, 2880), (1024, 368_640)):  # `plan` prints "searched 2,880 deployments" at 8
+        sc, _ = load_scenario(PLAN_CHAT, {"plan.max_gpus": g})
+        cfg, _, _, gpus = check_plan(sc)
+        assert search_size(cfg, len(gpus)) == searched
+    sc, _ = load_scenario(PLAN_CHAT, {"plan.max_gpus": 100_000})
+    with pytest.raises(ScenarioError, match=r"^plan: the search space holds up to 36,000,000 deployments \(plan\."
+                                            r"max_gpus 100000: every replica count up to it\), more than the "
+                                            r"1,000,000 a plan enumerates before simulating"):
+        plan(sc)
+    # disaggregation adds every split of r replicas into pools of at least one: r - 1 of them
+    sc, _ = load_scenario(PLAN_CHAT, {"plan.max_gpus": 5, "plan.gpus": ["h100-sxm"], "plan.tensor_parallel_sizes": [1],
+                                      "plan.weight_dtypes": ["bf16"], "plan.kv_dtypes": ["auto"],
+                                      "plan.max_num_seqs": [256], "plan.enable_chunked_prefill": [False],
+                                      "plan.disaggregation": {"kv_link": {"kind": "infiniband"}}})
+    cfg, _, _, gpus = check_plan(sc)
+    assert search_size(cfg, len(gpus)) == 5 + (0 + 1 + 2 + 3 + 4)
+
+
 def test_plan_command(tmp_path: Path) -> None:
     res = CliRunner().invoke(app, ["plan", str(PLAN_CHAT), "-n", "120", "-q"])
     assert res.exit_code == 0, res.output

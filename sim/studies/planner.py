@@ -102,6 +102,9 @@ from sim.workload.generator import GeneratedWorkload
 # at 100 and 150 requests takes 3 and 2 (windows of 5.0, 7.7 s; 6.3 s)
 MEASURED_ROUNDS = 4
 MIN_RATE_REQUESTS = 20  # an open-loop workload with fewer has too few gaps (19: 23% standard error) for its rate
+# Deployments a search may enumerate: each is priced and bounded, and kept, before the first simulation. plan-chat at
+# plan.max_gpus 1024 holds 368,640 (19 s, 450 MB); at 100,000 it held 36 million and ran past 2 minutes, silent
+MAX_PLAN_DEPLOYMENTS = 1_000_000
 
 
 # ---- simulation -----------------------------------------------------------------------------------------------
@@ -189,7 +192,31 @@ def check_plan(scenario: Scenario) -> tuple[PlanConfig, SLOs, ModelSpec, list[tu
         resolve_max_model_len(dep, model)
     except ScenarioError as e:
         raise ScenarioError(f"plan: {e}") from None
-    return cfg, slos, model, _gpus_of(cfg)
+    gpus = _gpus_of(cfg)
+    size = search_size(cfg, len(gpus))
+    if size > MAX_PLAN_DEPLOYMENTS:
+        raise ScenarioError(f"plan: the search space holds up to {size:,} deployments (plan.max_gpus {cfg.max_gpus}: "
+                            f"every replica count up to it), more than the {MAX_PLAN_DEPLOYMENTS:,} a plan enumerates "
+                            "before simulating; lower plan.max_gpus or list fewer gpus, tensor_parallel_sizes, "
+                            "dtypes or max_num_seqs")
+    return cfg, slos, model, gpus
+
+
+def search_size(cfg: PlanConfig, num_gpus: int) -> int:
+    """Deployments the plan section spans at most (a parallel split that does not fit the model is counted too):
+    per GPU, tensor x pipeline split, weight dtype, KV dtype, max_num_seqs and chunking, every replica count up to
+    ``max_gpus``, and with ``disaggregation`` every prefill/decode split of each count as well."""
+    per = num_gpus * len(set(cfg.weight_dtypes)) * len(set(cfg.kv_dtypes)) * len(set(cfg.max_num_seqs)) * len(
+        set(cfg.enable_chunked_prefill))
+    lo = None if cfg.disaggregation is None else cfg.disaggregation.min_replicas_per_pool
+    counts = 0
+    for tp in set(cfg.tensor_parallel_sizes):
+        for pp in set(cfg.pipeline_parallel_sizes):
+            n = cfg.max_gpus // (tp * pp)
+            counts += n
+            if lo is not None and (m := n - 2 * lo + 1) > 0:  # r replicas split r - 2 lo + 1 ways
+                counts += m * (m + 1) // 2
+    return per * counts
 
 
 def plan(scenario: Scenario, *, stop_early: bool | None = None, progress: bool = False,
