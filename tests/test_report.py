@@ -368,8 +368,14 @@ def test_memory_capacity_line_of_a_run_without_steps():
     assert res.steps["start"].size == 0
     capacity = (res.weight_bytes + res.kv_capacity_blocks * res.kv_bytes_per_block) / 2**30
     assert capacity > 50  # 15.0 GiB of weights and a 55.3 GiB KV pool on the A100
-    line = next(t for t in fig_memory_stack(res).data if t.name.startswith("capacity"))
+    fig = fig_memory_stack(res)
+    line = next(t for t in fig.data if t.name.startswith("capacity"))
     assert line.y[0] == pytest.approx(capacity, rel=1e-12)
+    # ...and the chart held that line alone: the weights, loaded all along, and the pool, free all along, are bands
+    bands = {t.name: list(t.y) for t in fig.data if t.stackgroup == "memory"}
+    weights = res.weight_bytes / 2**30
+    assert bands == {"model weights": [pytest.approx(weights, rel=1e-12)] * 2,
+                     "KV: free blocks": [pytest.approx(capacity - weights, rel=1e-12)] * 2}
 
 
 def test_memory_by_request_axis_reaches_a_pile_above_one_replicas_pool():

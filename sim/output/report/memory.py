@@ -143,11 +143,17 @@ def fig_memory_stack(result: RunResult, max_points: int = MEMORY_POINTS, x_end: 
     else:
         cap = float(weights + windowed[1] * scale)
     fig = go.Figure()
+    # no step ran (every request rejected): the weights stayed loaded and the KV pool stayed free all along, a
+    # band each over the window (the chart showed only the capacity line)
+    idle = {"weights": weights, "kv_free": cap - weights} if not n else None
     for key, label, c in MEMORY_LAYERS:
-        if key == "weights" and not (n and weights > 0):
+        if key == "weights" and not weights > 0 or idle is not None and key not in idle:
             continue
-        trace = _windowed(edges, windowed[0][key]) if windowed is not None else \
-            _state_trace(t, layers[key], edges, "mean", max_points)
+        if idle is not None:
+            trace = {"x": [0.0, float(edges[-1])], "y": [idle[key]] * 2}
+        else:
+            trace = _windowed(edges, windowed[0][key]) if windowed is not None else \
+                _state_trace(t, layers[key], edges, "mean", max_points)
         fig.add_trace(
             go.Scatter(
                 name=label,
