@@ -89,6 +89,11 @@ def test_constructor_args_and_a_constructor_that_refuses():
     assert score(ShortFirst, args={"scale": 2.0}, isolate=False).ok
     s = score(ShortFirst, args={"nope": 1}, isolate=False)
     assert (s.ok, s.reason) == (False, "load") and "unexpected keyword argument 'nope'" in s.error
+    # scale: float given the string "2" ran silently, each rank "2" repeated prompt_len times (ok, fitness 0.430)
+    s = score(ShortFirst, args={"scale": "2"}, isolate=False)
+    assert (s.ok, s.reason, s.error) == (False, "load", "args scale='2' does not fit ShortFirst's constructor, which "
+                                         "takes scale: float (input should be a valid number)")
+    assert score(ShortFirst, args={"scale": __import__("numpy").int64(2)}, isolate=False).ok  # a search's draw
 
 
 @pytest.mark.parametrize("isolate", ISOLATION)

@@ -51,6 +51,13 @@ CASES = [
     ("bad_policies.py:NeedsArgs", "", "constructing it with args {} raised TypeError"),
     ("bad_policies.py:NeedsArgs", ", args: {threshold: -1}", "threshold must be >= 0, got -1"),
     ("bad_policies.py:NeedsArgs", ", args: {thresh: 1}", "unexpected keyword argument 'thresh'"),
+    # args of the wrong type for the constructor's annotation (threshold: int): "abc" failed mid-run in the user's
+    # own comparison, with no word of args; true and 2.5 ran silently
+    ("bad_policies.py:NeedsArgs", ", args: {threshold: abc}", "bad_policies.py:NeedsArgs: args threshold='abc' "
+     "does not fit NeedsArgs's constructor, which takes threshold: int (input should be a valid integer)"),
+    ("bad_policies.py:NeedsArgs", ", args: {threshold: true}", "args threshold=True does not fit NeedsArgs's "
+     "constructor, which takes threshold: int"),
+    ("bad_policies.py:NeedsArgs", ", args: {threshold: 2.5}", "args threshold=2.5 does not fit"),
     ("bad_policies.py:Raises", "", "Raises: schedule(view) at t="),
     ("bad_policies.py:ReturnsNone", "", "schedule returned NoneType, not a servesim.Plan"),
     # `return servesim.Plan` without the call: 'schedule returned type', which named no mistake

@@ -266,7 +266,7 @@ class UserClassConfig(PolicyModel):
         return None
 
     def make(self) -> Any:
-        from sim.policies.loader import exception_text
+        from sim.policies.loader import args_problem, exception_text
         from sim.policies.user import PolicyError, call_user
         from sim.policies.watchdog import WATCH
 
@@ -282,6 +282,8 @@ class UserClassConfig(PolicyModel):
                              f"now would not start fresh: create it in __init__ (self.{name} = ...), or pass what it "
                              "holds as args; or, if it only caches results no run changes, name it in "
                              f"shared_caches = ({name!r},) on the class")
+        if self.instance is None and (wrong := args_problem(kind, self.args)) is not None:
+            raise ValueError(f"cls {self.cls}: {wrong}")
         WATCH.arm()  # a constructor that never returns (each variant and sweep point makes one) is stopped
         try:
             obj = call_user(f"cls {self.cls}: {what}", lambda: copy.deepcopy(self.instance) if self.instance

@@ -10,11 +10,18 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
+import inspect
 import os
 import sys
 import traceback
+import types
+import typing
+from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
+from typing import Any
+
+import numpy as np
 
 from sim.config.errors import PASS_THROUGH
 
@@ -142,3 +149,45 @@ def load_class(spec: str) -> type:
     if not isinstance(obj, type):
         raise ValueError(f"{target}:{name} is a {type(obj).__name__}, not a class")
     return obj
+
+
+# Annotations a YAML value can be checked against exactly: a scalar, None, a Literal, or a union of them. A
+# container (tuple[int, ...] from a YAML list) or a class of the user's is left to the constructor.
+_SCALARS = (int, float, bool, str, type(None))
+
+
+def _checkable(hint: Any) -> bool:
+    if hint in _SCALARS:
+        return True
+    origin = typing.get_origin(hint)
+    if origin is typing.Literal:
+        return True
+    return origin in (typing.Union, types.UnionType) and all(_checkable(a) for a in typing.get_args(hint))
+
+
+def args_problem(kind: type, args: Mapping[str, Any]) -> str | None:
+    """Why ``args`` do not fit the annotations of the user's constructor of ``kind``, or None: ``short: int`` given
+    "abc" failed mid-run in the user's own comparison, and given true or 2.5 ran silently on it."""
+    init: Any = getattr(kind, "__init__", None)
+    if getattr(init, "__module__", "sim").partition(".")[0] in ("sim", "servesim", "builtins"):
+        return None  # servesim's own constructor checks its arguments
+    try:
+        hints = typing.get_type_hints(init)
+        params = inspect.signature(init).parameters
+    except Exception:  # noqa: BLE001 - a name only imported under TYPE_CHECKING, a builtin: nothing to check by
+        return None
+    from pydantic import TypeAdapter, ValidationError
+
+    for name, value in args.items():
+        hint = hints.get(name)
+        if name not in params or hint is None or not _checkable(hint):
+            continue
+        # a search loop's numpy draw (rng.integers gives np.int64) is the number it holds
+        plain = value.item() if isinstance(value, np.generic) else value
+        try:
+            TypeAdapter(hint).validate_python(plain, strict=True)  # strict: true is no int, "1024" no number
+        except ValidationError as e:
+            shown = getattr(hint, "__name__", None) if isinstance(hint, type) else None
+            return (f"args {name}={value!r} does not fit {kind.__name__}'s constructor, which takes {name}: "
+                    f"{shown or str(hint).replace('typing.', '')} ({e.errors()[0]['msg'].lower()})")
+    return None
