@@ -4,11 +4,11 @@ The development set (``benchmarks/data/energy-published.csv``) holds figures oth
 with its source's address and its conditions (model, GPU and count, weight dtype, engine and version, batch size,
 task, mean output length, and where published the mean power and output throughput):
 
-- ML.ENERGY Leaderboard v3.0 (Dec 2025), 174 rows: every LLM configuration of the leaderboard's published data
+- ML.ENERGY Leaderboard v3.0 (Dec 2025), 200 rows: every LLM configuration of the leaderboard's published data
   (github.com/ml-energy/leaderboard at 0cd52da, ``public/data/tasks/{lm-arena-chat,gpqa}.json``) whose model has a
   servesim preset and that runs tensor parallel only: Llama-3.1 8B/70B/405B (bf16; 405B also in Meta's FP8 release,
   run on its own preset, ``model_of``), Llama-3.3-70B,
-  Qwen3 8B/32B and Qwen3-30B-A3B on H100 and B200, batch (``max_num_seqs``) 8 to 4096, chat and GPQA (reasoning).
+  Qwen3 8B/14B/32B and Qwen3-30B-A3B on H100 and B200, batch (``max_num_seqs``) 8 to 4096, chat and GPQA (reasoning).
 - ML.ENERGY Leaderboard v2.0 (Sep 2024), 1 row: Llama-3.1-8B on one H100 at batch 64 with vLLM 0.5.4, from its
   published data file (ml-energy/leaderboard-v2 at c3af7f3): 0.171 J per output token, 1,785 tok/s, 482.8 output
   tokens a request (the longitudinal post's chart reads 0.20 J).
