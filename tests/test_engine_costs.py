@@ -12,7 +12,8 @@ from sim.costs.analytic import AnalyticCostModel
 from sim.costs.costmodel import StepShape
 from sim.engines.costs import host_time_ratio
 from sim.engines.registry import EngineConfig
-from sim.engines.vllm_v0 import VLLM_V05_HOST_TIME_RATIO, VLLM_V06_HOST_TIME_RATIO
+from sim.engines.vllm_v0 import (VLLM_V0_DECODE_HOST_PER_ROW_S, VLLM_V0_DECODE_HOST_S, VLLM_V05_HOST_TIME_RATIO,
+                                 VLLM_V06_HOST_TIME_RATIO)
 from sim.engines.vllm_v1 import VLLM_V1_LINEAR_OVERLAP
 from sim.hardware.dtypes import GiB
 from sim.hardware.gpu import resolve_gpu
@@ -272,3 +273,43 @@ def test_breakdown_sums_to_step_time_for_every_engine(engine: object) -> None:
         np.testing.assert_allclose(total, cost.step_time(shape), rtol=1e-12)
     applies = {"prompt_host": cost.host_time_ratio > 0, "decode_pass": cost.context_decode_pass}
     assert {k: float(cost.breakdown(prompts)[k]) != 0.0 for k in applies} == applies
+
+
+def test_a_v0_decode_step_of_few_rows_waits_for_its_measured_host_time():
+    """vLLM V0 on one GPU: a step without prompt tokens waits for the ratio's share of its GPU time, but for no more
+    than 4 ms + 80 us a row (vllm#6854's GPU bubble a decode step; vllm#6801's 20 ms at 200 rows), which a step of
+    few rows reaches first. Llama-3.1-8B on one A100: one row's 9.3 ms of GPU time would add 6.5 ms (0.7x), 4.08 ms
+    now; 256 rows of 200 tokens (24.7 ms of GPU time) keep the ratio's 17.3 ms, under 24.5 ms."""
+    m, g = ModelSpec.from_name("llama-3.1-8b"), resolve_gpu("a100-80gb")
+    r = VLLM_V06_HOST_TIME_RATIO
+    base, whole = AnalyticCostModel(m, g), AnalyticCostModel(m, g, host_time_ratio=r)
+    capped = AnalyticCostModel(m, g, host_time_ratio=r, host_time_cap=VLLM_V0_DECODE_HOST_S,
+                               host_time_cap_per_row=VLLM_V0_DECODE_HOST_PER_ROW_S)
+    assert (VLLM_V0_DECODE_HOST_S, VLLM_V0_DECODE_HOST_PER_ROW_S) == (4e-3, pytest.approx(80e-6))
+    one, many = StepShape(1, 1, 1, 1000, 1000), StepShape(256, 256, 256, 51_200, 51_200)
+    assert whole.step_time(one) - base.step_time(one) == pytest.approx(r * 9.29e-3, abs=0.01e-3)
+    assert capped.step_time(one) - base.step_time(one) == pytest.approx(4e-3 + 80e-6, rel=1e-9)
+    assert capped.step_time(many) == whole.step_time(many)
+    assert whole.step_time(many) - base.step_time(many) == pytest.approx(17.26e-3, abs=0.01e-3)
+    # a step of prompts alone waits for the host time of its rows' decode step, capped the same way; a step mixing
+    # prompt tokens and decodes stays stretched
+    prompt, mixed = StepShape(1, 1000, 0, 1000, 1000 * 1001 // 2), StepShape(2, 1001, 1, 2000, 501500)
+    assert capped.step_time(prompt) - base.step_time(prompt) == pytest.approx(4e-3 + 80e-6, rel=1e-9)
+    assert capped.step_time(mixed) == whole.step_time(mixed)
+    # the decode fast path and arrays give the very same floats
+    times, _ = capped.decode_steps([1, 256, 256], [1000, 51_200, 257_000])
+    for t, (n, c) in zip(times, [(1, 1000), (256, 51_200), (256, 257_000)], strict=True):
+        assert t == capped.step_time(StepShape(n, n, n, c, c)) == capped.decode_step_time(n, c)
+    arr = StepShape(np.array([1, 256, 1, 2]), np.array([1, 256, 1000, 1001]), np.array([1, 256, 0, 1]),
+                    np.array([1000, 51_200, 1000, 2000]), np.array([1000, 51_200, 500500, 501500]))
+    assert list(capped.step_time(arr)) == [capped.step_time(s) for s in (one, many, prompt, mixed)]
+    # the preset sets it on one GPU only, divided by the steps scheduled at once; a ratio given stands alone
+    dep = {"model": "llama-3.1-8b", "gpu": "a100-80gb"}
+    caps = [(c.host_time_cap, c.host_time_cap_per_row) for c in (
+        _built({**dep, "engine": "vllm-v0"})[2], _built({**dep, "engine": {"name": "vllm-v0", "version": "0.5"}})[2],
+        _built({**dep, "engine": {"name": "vllm-v0", "num_scheduler_steps": 10}},
+               {"type": "continuous", "enable_chunked_prefill": False})[2],
+        _built({**dep, "tensor_parallel_size": 2, "engine": "vllm-v0"})[2],
+        _built({**dep, "engine": {"name": "vllm-v0", "host_time_ratio": 0.7}})[2],
+        _built({**dep, "engine": "vllm-v1"})[2])]
+    assert caps == [(4e-3, pytest.approx(80e-6))] * 2 + [(4e-4, pytest.approx(8e-6))] + [(0.0, 0.0)] * 3

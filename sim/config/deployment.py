@@ -63,7 +63,8 @@ class AnalyticCost(CostModelConfigBase):
     def build(self, model: ModelSpec, gpu: GPUSpec, deployment: Deployment) -> AnalyticCostModel:
         """The roofline of ``model`` on ``gpu`` in the deployment's dtypes and parallelism; the efficiencies and
         overheads given here (or in the profile) replace the cost model's defaults."""
-        extra: dict[str, Any] = engine_cost_knobs(deployment.engine, gpu)  # sim/engines/costs.py; keys below win
+        # sim/engines/costs.py; the keys below win
+        extra: dict[str, Any] = engine_cost_knobs(deployment.engine, gpu, deployment.tensor_parallel_size)
         if self.profile is not None:
             from sim.output.benchfiles.knobs import read_knob_profile
 

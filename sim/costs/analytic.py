@@ -102,6 +102,11 @@ class AnalyticCostModel(CostModel):
     # 0: the host work overlaps the GPU, as in an engine without a synchronous CPU loop. A step of prompts alone
     # waits for its rows' decode step's host time instead (``_prefill_host``)
     host_time_ratio: float = 0.0
+    # a step without prompt tokens waits for at most this many host seconds, plus ``host_time_cap_per_row`` a row,
+    # where its ``host_time_ratio`` share would be more: the ratio comes from runs of large batches, and V0's host
+    # work is per step and per row, not per second of GPU time (sim/engines/vllm_v0.py). Both 0: no cap
+    host_time_cap: float = 0.0
+    host_time_cap_per_row: float = 0.0
     # SM clock as a share of its full rate: below 1 when a power cap (deployment.power_limit_w) runs the clocks
     # down (sim/costs/energy.py). It divides the compute side of each roofline part; HBM bandwidth keeps its clock
     compute_clock: float = 1.0
@@ -129,6 +134,7 @@ class AnalyticCostModel(CostModel):
     _serial: float = field(init=False, repr=False, compare=False)  # 1 - linear_overlap
     _sort_row: float = field(init=False, repr=False, compare=False)  # sampler_sort_time x vocabulary, s per row
     _decode_cache: dict[int, tuple[float, float, int | float]] = field(init=False, repr=False, compare=False)
+    _cap: tuple[float, float] | None = field(init=False, repr=False, compare=False)  # the two caps, or None: none
 
     def __post_init__(self) -> None:
         m, g = resolve_model(self.model), resolve_gpu(self.gpu)
@@ -143,7 +149,7 @@ class AnalyticCostModel(CostModel):
         if not 0.0 < attn_eff <= 1.0:
             raise ValueError(f"attention_efficiency must be in (0, 1], got {attn_eff}")
         for name in ("step_overhead", "per_request_overhead", "dequant_overhead", "allreduce_latency",
-                     "host_time_ratio", "sampler_sort_time"):
+                     "host_time_ratio", "sampler_sort_time", "host_time_cap", "host_time_cap_per_row"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.block_size < 1:
@@ -229,6 +235,8 @@ class AnalyticCostModel(CostModel):
         object.__setattr__(self, "_moe", moe)
         object.__setattr__(self, "_serial", 1.0 - self.linear_overlap)
         object.__setattr__(self, "_sort_row", sort_row)
+        capped = self.host_time_ratio > 0 and (self.host_time_cap > 0 or self.host_time_cap_per_row > 0)
+        object.__setattr__(self, "_cap", (self.host_time_cap, self.host_time_cap_per_row) if capped else None)
         object.__setattr__(self, "_decode_cache", {})  # _decode_terms's, per row count
         object.__setattr__(self, "_flops", (2 * body, 2 * head, m.attn_flops_per_pair))
         object.__setattr__(self, "_peak", peak_lin * tp)
@@ -307,7 +315,21 @@ class AnalyticCostModel(CostModel):
                              self._prefill_host(a, c, e, t, True), t)
             elif dec == 0 and b > a:
                 t = float(self._prefill_host(a, c, e, t, False))
+            if self._cap is not None:  # a step without prompt tokens: its host time capped
+                if array:
+                    t = np.where(np.asarray(b) <= np.asarray(a), self._capped(t, a, np.minimum), t)
+                elif b <= a:
+                    t = float(self._capped(t, a, min))
         return one, two, t
+
+    def _capped(self, t: Any, n: Any, mn: Callable[[Any, Any], Any]) -> Any:
+        """A step of ``n`` rows stretched as a whole (``t = overheads + (1 + r) x GPU time``) whose host time is at
+        most ``host_time_cap`` (``_cap``): the overheads, the GPU time, and the smaller of the two host times. The
+        one place this is written, for ``_gpu_times`` and the decode loop alike (``mn``: min or np.minimum)."""
+        cap = self._cap
+        assert cap is not None
+        o = self._k[0] + n * self._k[1]
+        return mn(t, o + (t - o) / (1.0 + self.host_time_ratio) + (cap[0] + n * cap[1]))
 
     def _two_passes(self, a: Any, b: Any, c: Any, d: Any, e: Any, t: Any, array: bool) -> Any:
         """A step with prompt tokens (``b > a``) under ``context_decode_pass``: the decode forward of every row
@@ -335,7 +357,10 @@ class AnalyticCostModel(CostModel):
             td = self._time_moe(a, a, c, c, e)
         else:
             td = self._time(a, a, c, c, e, np.maximum if array else max)
-        return o + (t - o) / (1.0 + r) + r * ((td - o) / (1.0 + r))
+        host = r * ((td - o) / (1.0 + r))
+        if self._cap is not None:  # that decode step's host time, capped as the decode step's is
+            host = (np.minimum if array else min)(host, self._cap[0] + a * self._cap[1])
+        return o + (t - o) / (1.0 + r) + host
 
     def decode_steps(self, rows: Sequence[int], reads: Sequence[int],
                      longest: Sequence[int] | None = None) -> tuple[list[float], list[float]]:
@@ -371,6 +396,8 @@ class AnalyticCostModel(CostModel):
             times = [head + (c + n) * k8 + tail for c in reads]
         else:
             times = [head + max(c * k7, (c + n) * k8) + tail for c in reads]
+        if self._cap is not None:
+            times = [self._capped(t, n, min) for t in times]
         if reads.__class__ is range and f_rows.__class__ is int and f_pair.__class__ is int and f_pair > 0:
             # integers in arithmetic progression stay one: the exact sums f_rows + c * f_pair for every c, as a
             # range, each made a float as float() makes it
@@ -397,7 +424,8 @@ class AnalyticCostModel(CostModel):
             return float(self.step_time(StepShape(n, n, n, c, c)))
         k = self._k
         head, tail, _ = self._decode_terms(n)
-        return head + max(c * k[7], (c + n) * k[8]) + tail
+        t = head + max(c * k[7], (c + n) * k[8]) + tail
+        return t if self._cap is None else self._capped(t, n, min)
 
     def _linear(self, n: int) -> float:
         """The linear layers' time of a decode step of ``n`` rows (``_time``'s term, the same floats)."""
@@ -411,7 +439,8 @@ class AnalyticCostModel(CostModel):
         parts, whether compute (True) or memory traffic (False) bounds them. For teaching and debugging.
         ``decode_pass``: what ``context_decode_pass``'s second forward adds to a step with prompt tokens (LMDeploy
         0.1); ``prompt_host``: what a step of prompts alone changes under ``host_time_ratio`` (vLLM V0), its GPU
-        parts unstretched plus its decode step's host time, negative as it is less than the stretch above it;
+        parts unstretched plus its decode step's host time, and what ``host_time_cap`` takes off a step without
+        prompt tokens, negative as it is less than the stretch above it;
         ``host_load``: the shape's ``host_load_time``. Each is 0 where it does not apply."""
         a, b, c, d, e = shape.num_seqs, shape.num_tokens, shape.kv_read_tokens, shape.attn_pairs, shape.swap_blocks
         one, two, hosted = self._gpu_times(shape)

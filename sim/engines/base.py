@@ -177,6 +177,11 @@ class Engine:
         """Host seconds per GPU second of a step, the engine not overlapping them (``host_time_ratio`` not given)."""
         return 0.0
 
+    def host_time_cap(self, cfg: Any, tensor_parallel_size: int) -> tuple[float, float]:
+        """The most host seconds a step without prompt tokens waits for, per step and per row, where the ratio's
+        share would be more (sim/costs/analytic.py ``host_time_cap``); (0, 0): none."""
+        return 0.0, 0.0
+
     def context_decode_pass(self, cfg: Any) -> bool:
         """Prompts run in a forward of their own, less their last token, which the step's decode forward computes
         (sim/costs/analytic.py ``context_decode_pass``); False: one forward of every token."""

@@ -86,13 +86,17 @@ def attention_efficiency(engine: Any, gpu: Any) -> float | None:
     return engine_of(engine).attention_efficiency(engine, _architecture(gpu))
 
 
-def engine_cost_knobs(engine: Any, gpu: Any = None) -> dict[str, float]:
+def engine_cost_knobs(engine: Any, gpu: Any = None, tensor_parallel_size: int = 1) -> dict[str, float]:
     """``AnalyticCostModel`` keywords the engine sets (the scenario's own ``cost_model`` keys win); empty without
-    an engine or when the engine adds nothing, so those runs build exactly the cost model they built before."""
+    an engine or when the engine adds nothing, so those runs build exactly the cost model they built before. The
+    host time cap rides with the version's ratio: a ``host_time_ratio`` given in the engine block stands alone."""
     knobs: dict[str, float] = {}
     r = host_time_ratio(engine)
     if r > 0:
         knobs["host_time_ratio"] = r
+        cap, per_row = engine_of(engine).host_time_cap(engine, tensor_parallel_size)
+        if getattr(engine, "host_time_ratio", None) is None and (cap > 0 or per_row > 0):
+            knobs["host_time_cap"], knobs["host_time_cap_per_row"] = cap, per_row
     a = attention_efficiency(engine, gpu)
     if a is not None:
         knobs["attention_efficiency"] = a

@@ -31,6 +31,15 @@ VLLM_V05_HOST_TIME_RATIO = (VLLM_V05_API_SERVER_SHARE + VLLM_V05_SCHEDULING_SHAR
 # vLLM V1 alpha (blog.vllm.ai 2025-01-27): up to 1.7x V0's throughput without multi-step, same kernels
 VLLM_V1_SPEEDUP_OVER_V06 = 1.7
 VLLM_V06_HOST_TIME_RATIO = VLLM_V1_SPEEDUP_OVER_V06 - 1.0
+# Both ratios come from runs of large batches, where V0's host work (sampling, input preparation, output
+# processing, the scheduler: per step and per row) outlasts the GPU's. A decode step of a few rows waits for
+# less: the multi-step RFC's trace (vllm-project/vllm#6854, Llama-3-8B on one GPU) shows "about 4ms of GPU bubble"
+# a decode step, paid once per N steps with N scheduled at once; vllm#6801 (mpjlu, 2024-08-08): "When BS is 200,
+# all this together can be 20ms", (20 - 4) ms over 200 rows. Both measured on one GPU: with tensor parallelism
+# V0's driver also sends every step's inputs to the other workers, which neither measures, so there the ratio
+# stays whole
+VLLM_V0_DECODE_HOST_S = 4e-3
+VLLM_V0_DECODE_HOST_PER_ROW_S = (20e-3 - VLLM_V0_DECODE_HOST_S) / 200
 
 
 class VllmV0(CudaGraphEngine):
@@ -68,6 +77,12 @@ class VllmV0(CudaGraphEngine):
         if (getattr(cfg, "version", None) or "0.6") == "0.5":
             return VLLM_V05_HOST_TIME_RATIO
         return VLLM_V06_HOST_TIME_RATIO / steps
+
+    def host_time_cap(self, cfg: Any, tensor_parallel_size: int) -> tuple[float, float]:
+        if tensor_parallel_size != 1:
+            return 0.0, 0.0
+        steps = getattr(cfg, "num_scheduler_steps", None) or 1
+        return VLLM_V0_DECODE_HOST_S / steps, VLLM_V0_DECODE_HOST_PER_ROW_S / steps
 
     def attention_efficiency(self, cfg: Any, architecture: str) -> float | None:
         # vLLM 0.5-0.6 runs FlashAttention-2 (its vllm-flash-attn build) on Hopper and Ampere alike
