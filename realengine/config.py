@@ -109,7 +109,8 @@ def kv_too_large_for_host(spec: ModelSpec, dtype: torch.dtype, blocks: int, bloc
     most = max(0, (have - weights) // per_block)
     return (f"{blocks:,} blocks of {block_size} tokens need {blocks * per_block / 2**30:.1f} GiB of "
             f"{str(dtype).removeprefix('torch.')} KV cache (swap space included), more than the {have / 2**30:.1f} "
-            f"GiB this host has available beside the weights; it holds at most {most:,} blocks (device and swap together)")
+            f"GiB this host has available beside the weights; it holds at most {most:,} blocks (device and swap "
+            "together)")
 
 
 def cpu_num_blocks(cfg: VariantConfig, dtype: torch.dtype) -> int:

@@ -305,7 +305,8 @@ def validate_against(scenario_path: str | Path, files: list[str | Path], *, vari
                 skipped.append(f"{run.source}: {key}: no simulated counterpart")
                 continue
             metrics[key] = {"measured": measured, "simulated": sim[key], "error": relative_error(measured, sim[key])}
-            if not no_interval and (iv := bench_interval(key, sim[key])) is not None:  # sim/metrics/intervals.py: TPOT, ITL, throughputs
+            # sim/metrics/intervals.py: TPOT, ITL, throughputs
+            if not no_interval and (iv := bench_interval(key, sim[key])) is not None:
                 metrics[key] |= {"interval_80": iv, "inside_80": iv[0] <= measured <= iv[1]}
         kind = "request_rate" if run.request_rate is not None else "max_concurrency" if run.max_concurrency else ""
         out.append(FileValidation(run.source, run.label, run.format, run.load, kind, metrics, skipped, notes, result))
