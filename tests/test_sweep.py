@@ -344,3 +344,19 @@ def test_a_sweep_over_seeds_draws_a_workload_per_seed(tmp_path: Path) -> None:
     assert [(r["variant"], r["seed"]) for r in rows] == [("naive", 0), ("continuous", 0), ("naive", 1),
                                                          ("continuous", 1)]
     assert rows[0]["ttft.p99_s"] != rows[2]["ttft.p99_s"]  # another seed, other requests
+
+
+def test_a_verdict_in_the_page_stays_on_one_line(tmp_path: Path) -> None:
+    """The bottleneck column's verdicts (180 characters) wrapped in their cells and made every row of sweep.html's
+    table about ten lines tall (seen in chromium at 1400 px). Cells do not wrap; a text past 40 characters is cut
+    to one line, left-aligned, whole in its tooltip."""
+    import sim.studies.sweep as sweep
+
+    verdict = "bandwidth-bound: MFU 2% while computing, GPU busy 76% of the time, prefill 90% of tokens; " * 2
+    verdict = verdict.strip()
+    cols = ["index", "key", "variant", "num_requests", "bottleneck"]
+    page = sweep.write_sweep_html(tmp_path / "p.html", "t", [{"index": 0, "key": "k0", "variant": "a",
+                                                              "num_requests": 5, "bottleneck": verdict}],
+                                  cols).read_text()
+    assert "white-space:nowrap" in page and "td.text{text-align:left;max-width:28em;overflow:hidden" in page
+    assert f'<td>5</td><td class="text" title="{verdict}">{verdict}</td>' in page

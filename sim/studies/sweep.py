@@ -480,6 +480,16 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
+TEXT_CELL = 40  # characters past which a cell is prose (a verdict), cut to one line in sweep.html's table
+
+
+def _cell(text: str) -> str:
+    """One table cell; a long text left-aligned, cut to one line, whole in its tooltip."""
+    if len(text) <= TEXT_CELL:
+        return f"<td>{html.escape(text)}</td>"
+    return f'<td class="text" title="{html.escape(text)}">{html.escape(text)}</td>'
+
+
 def write_sweep_html(path: Path, title: str, rows: Iterable[dict[str, Any]], cols: list[str]) -> Path:
     """One table and one plot per metric: the metric against the first swept parameter, a line per variant.
     ``rows`` is read once (a stream from sweep.csv): the plots keep their points, the table its first
@@ -499,7 +509,7 @@ def write_sweep_html(path: Path, title: str, rows: Iterable[dict[str, Any]], col
             groups.setdefault(r["variant"] + (f" [{rest}]" if rest else ""), []).append(
                 (r.get(params[0]), [r.get(m) for m in PLOTTED]))
         if n <= HTML_TABLE_ROWS:
-            body.append("<tr>" + "".join(f"<td>{html.escape(_fmt(r.get(c)))}</td>" for c in cols) + "</tr>")
+            body.append("<tr>" + "".join(_cell(_fmt(r.get(c))) for c in cols) + "</tr>")
     shown = f" The table shows the first {HTML_TABLE_ROWS:,}; sweep.csv has them all." if n > HTML_TABLE_ROWS else ""
     parts = [f"<h1>servesim sweep: {html.escape(title)}</h1>", f"<p>{n} runs.{shown}</p>"]
     if groups:
@@ -517,8 +527,12 @@ def write_sweep_html(path: Path, title: str, rows: Iterable[dict[str, Any]], col
         parts.append(fig.to_html(full_html=False, include_plotlyjs=True))
     head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
     parts.append(f'<table class="sweep"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>')
+    # one line a row: the bottleneck column's 180-character verdicts wrapped in their cell and made every row
+    # about 10 lines tall; a long text is cut to its column's width, whole in its tooltip
     style = ("body{font-family:sans-serif;margin:1.5em} table.sweep{border-collapse:collapse;font-size:12px}"
-             "table.sweep td,table.sweep th{border:1px solid #ccc;padding:2px 5px;text-align:right}")
+             "table.sweep td,table.sweep th{border:1px solid #ccc;padding:2px 5px;text-align:right;"
+             "white-space:nowrap} table.sweep td.text{text-align:left;max-width:28em;overflow:hidden;"
+             "text-overflow:ellipsis}")
     path.write_text(f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)} sweep</title>"
                     f"<style>{style}</style></head><body>{''.join(parts)}</body></html>\n")
     return path
