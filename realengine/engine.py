@@ -422,13 +422,12 @@ def _select_decode_kernel(choice: str) -> None:
     triton_decode.register()
 
 
-def write_memory_csv(out_dir: str | os.PathLike, samples: list[dict[str, Any]]) -> Path:
-    path = Path(out_dir) / "memory.csv"
+def memory_csv(samples: list[dict[str, Any]]) -> str:
+    """memory.csv's text: one row per sample, ``MEMORY_COLUMNS``."""
     lines = [",".join(MEMORY_COLUMNS)]
     for row in samples:
         lines.append(",".join(str(row[c]) for c in MEMORY_COLUMNS))
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    return "\n".join(lines) + "\n"
 
 
 def measured_energy(samples: list[dict[str, Any]], variant: str, output_tokens: int) -> dict[str, Any]:
@@ -468,7 +467,7 @@ def write_engine_run(out_dir: str | os.PathLike, results: list[RunResult], memor
     (:func:`measured_energy`), or says that nothing was."""
     import json
 
-    from sim.output.run_folder import write_run
+    from sim.output.run_folder import MEMORY_FILE, TEXTS_FILE, write_run
 
     if kv_leak and summaries is not None:
         summaries = {name: {**s, "kv_leak": kv_leak[name]} if name in kv_leak else s for name, s in summaries.items()}
@@ -477,14 +476,14 @@ def write_engine_run(out_dir: str | os.PathLike, results: list[RunResult], memor
     # the engine's power is measured, not modelled (sim/costs/energy.py models the simulator's)
     summaries = {name: {**s, "energy": measured_energy(memory_samples, name, s["total_output_tokens"])}
                  for name, s in summaries.items()}
-    names: list[str] = []
-    out = write_run(out_dir, results, summaries, scenario=scenario, title=title, written=names)
-    write_memory_csv(out, memory_samples)
-    names.append("memory.csv")
+    # written with the run's other files, all moved into place at once: memory.csv and texts.jsonl written after
+    # them were cut short by a Ctrl-C, and an earlier run's texts.jsonl stayed beside a run without one
+    extra = {MEMORY_FILE: memory_csv(memory_samples)}
     if texts:
         rows = sorted(texts, key=lambda t: (t["variant"], t["id"]))
-        (Path(out) / "texts.jsonl").write_text("".join(json.dumps(t, ensure_ascii=False) + "\n" for t in rows))
-        names.append("texts.jsonl")
+        extra[TEXTS_FILE] = "".join(json.dumps(t, ensure_ascii=False) + "\n" for t in rows)
+    names: list[str] = []
+    out = write_run(out_dir, results, summaries, scenario=scenario, title=title, written=names, extra=extra)
     if written is not None:
         written.extend(names)
     return out

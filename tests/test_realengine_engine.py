@@ -479,6 +479,24 @@ def test_a_time_scale_that_is_not_a_finite_number_is_refused(tmp_path: Path, sca
         run_engine(cfg, [RequestSpec(id=0, arrival=0.0, prompt_len=4, output_len=2)], time_scale=float(scale))
 
 
+def test_an_earlier_engine_runs_memory_and_texts_do_not_stay_beside_a_new_run(tmp_path: Path) -> None:
+    # Before: memory.csv and texts.jsonl were written after the run folder was in place, outside write_run's
+    # bookkeeping: an engine run on random weights (or a simulated run) into a real-weights run's folder left its
+    # texts.jsonl, another run's requests and variants, beside the new files (and memory.csv, for a simulated run)
+    sc, cfg, wl, result, requests, core, memory = RUNS["recompute"]
+    out = tmp_path / "run"
+    texts = [{"variant": result.name, "id": 0, "prompt": "a", "output": "b"}]
+    write_engine_run(out, [result], memory, texts=texts)
+    assert {"memory.csv", "texts.jsonl"} <= {p.name for p in out.iterdir()}
+    assert (out / "memory.csv").read_text().splitlines()[0] == ",".join(MEMORY_COLUMNS)
+    written: list[str] = []
+    write_engine_run(out, [result], memory, written=written)
+    assert "texts.jsonl" not in written and not (out / "texts.jsonl").exists()
+    assert len((out / "memory.csv").read_text().splitlines()) == len(memory) + 1
+    write_run(out, [result])
+    assert not (out / "memory.csv").exists()
+
+
 def test_a_time_scale_that_puts_arrivals_past_a_runs_span_is_refused(tmp_path: Path) -> None:
     # Before: `engine run --time-scale 1e300` ran with every arrival near 1e299 s, where a millisecond step is lost
     # to rounding: TTFT p50 0.0 ms, exit 0 (validate --profile and observe likewise)

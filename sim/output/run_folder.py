@@ -14,7 +14,7 @@ import io
 import json
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import fields, replace
 from operator import attrgetter
 from pathlib import Path
@@ -50,6 +50,9 @@ REQUESTS_FILE = "requests.csv"
 STEPS_FILE = "steps.csv"
 BINNED_STEPS_FILE = "steps_binned.csv"  # long runs: steps per time bin (sim/metrics/steps_binned.py)
 REPORT_FILE = "report.html"
+# the engine's own files beside them (realengine/engine.py's write_engine_run)
+MEMORY_FILE = "memory.csv"
+TEXTS_FILE = "texts.jsonl"
 
 
 def servesim_version() -> str:
@@ -217,6 +220,7 @@ def write_run(
     steps: str = "auto",
     table_format: str = "csv",
     written: list[str] | None = None,
+    extra: Mapping[str, str | Callable[[IO[str]], None]] | None = None,
 ) -> Path:
     """Write summary.json, requests.csv, steps.csv, report.html and per variant NAME.vllm-bench.json and
     NAME.metrics.prom (sim/output/benchfiles/exports.py) into out_dir (created if missing; of an earlier run's
@@ -226,7 +230,9 @@ def write_run(
     steps_binned.csv (per time bin, see sim/metrics/steps_binned.py), "auto" the full log up to FULL_STEPS_MAX steps and
     the binned table past it. ``table_format``: "parquet" writes requests.parquet and the steps table as .parquet
     instead of the CSVs (sim/output/parquet_out.py, needs pyarrow). ``written``, when given, receives the names of the
-    files written, in order (the command's closing line lists them). Returns the folder."""
+    files written, in order (the command's closing line lists them). ``extra``: more files (name -> text, or a
+    function writing it), moved into place with the others (the engine's memory.csv and texts.jsonl). Returns the
+    folder."""
     from sim.metrics.steps_binned import FULL_STEPS_MAX, write_binned_steps_csv
 
     if steps not in ("auto", "full", "binned"):
@@ -275,6 +281,7 @@ def write_run(
         REPORT_FILE: html,
         **exports,
         **transfer_files(results),  # disaggregated runs: one row per KV transfer
+        **(extra or {}),
     }
     earlier = _earlier_run_files(out)
     created = not out.exists()  # made here, just before the files: Ctrl-C before then leaves no empty folder
@@ -313,7 +320,9 @@ def _earlier_run_files(out: Path) -> list[str]:
         names = [str(n) for n in variants]
     except (OSError, ValueError, KeyError, TypeError):  # no earlier run, or not one servesim wrote
         return []
-    return [*export_names(names), TRANSFERS_FILE, DECISIONS_FILE]
+    # an engine run's memory.csv and texts.jsonl too: a simulated run, or an engine run on random weights, into an
+    # engine run's folder with real weights left its texts.jsonl, another run's requests and variants, beside it
+    return [*export_names(names), TRANSFERS_FILE, DECISIONS_FILE, MEMORY_FILE, TEXTS_FILE]
 
 
 def read_summary(path: str | os.PathLike) -> dict:
