@@ -188,6 +188,28 @@ def test_report_has_the_pipeline_section_only_when_pipelined(tmp_path: Path) -> 
     assert "Host tier of the prefix cache" not in page
 
 
+def test_the_pipeline_charts_bars_stand_on_their_ticks() -> None:
+    """Grouped bars kept a slot for each of the lesson's four runs at every micro-batch count, so the run alone at
+    1 micro-batch stood at 0.7 and the one at 2 at 1.9, beside their ticks, on an axis ticked every 0.5 (seen in
+    chromium). The bars at one count now share its tick, side by side, and the axis ticks whole counts."""
+    from types import SimpleNamespace
+
+    from sim.output.report.pipeline import BAR_SPAN, fig_pipeline
+
+    def run(name: str, counts: list[int]) -> SimpleNamespace:
+        by = [{"micro_batches": m, "stage_utilization": m / 4, "time_fraction": 1.0} for m in counts]
+        return SimpleNamespace(name=name, pipeline={"pipeline_parallel_size": 4, "by_micro_batches": by})
+
+    fig = fig_pipeline([run("u1", [1]), run("u2", [2]), run("u4", [4]), run("u16", [3, 4])])  # type: ignore[list-item]
+    assert fig is not None
+    spans = {(t.name, x): (round(x + o, 12), round(x + o + w, 12)) for t in fig.data if t.type == "bar"
+             for x, o, w in zip(t.x, t.offset, t.width, strict=True)}
+    assert BAR_SPAN == 0.8
+    assert spans == {("u1", 1): (0.6, 1.4), ("u2", 2): (1.6, 2.4), ("u16", 3): (2.6, 3.4), ("u4", 4): (3.6, 4.0),
+                     ("u16", 4): (4.0, 4.4)}
+    assert (fig.layout.xaxis.tick0, fig.layout.xaxis.dtick, tuple(fig.layout.xaxis.range)) == (1, 1, (0.5, 4.5))
+
+
 def test_capacity_lists_every_split_of_a_gpu_count() -> None:
     from sim.hardware.capacity import capacity_table, format_capacity
 

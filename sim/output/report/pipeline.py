@@ -17,6 +17,9 @@ def _table(head: tuple[str, ...], rows: list[list[str]]) -> str:
     return f'<table class="summary"><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>'
 
 
+BAR_SPAN = 0.8  # of the unit between two micro-batch counts, what the bars at one count fill together
+
+
 def fig_pipeline(results: list[RunResult]) -> go.Figure | None:
     """Stage utilisation by micro-batches in flight, per pipelined run, against GPipe's m / (m + p - 1) (a
     flushed schedule) and m / p (a pipeline that refills continuously, as inference does)."""
@@ -25,13 +28,23 @@ def fig_pipeline(results: list[RunResult]) -> go.Figure | None:
         return None
     fig = go.Figure()
     p_max = 1
+    # the bars at each micro-batch count share its tick, side by side: grouped bars kept a slot for every run at
+    # every count, so a run alone at a count stood beside its tick (lesson-pipeline-bubbles' bar at 1 sat at 0.7)
+    sharing: dict[int, list[str]] = {}
+    for r in runs:
+        assert r.pipeline is not None
+        for b in r.pipeline["by_micro_batches"]:
+            sharing.setdefault(b["micro_batches"], []).append(r.name)
     for i, r in enumerate(results):
         if not r.pipeline:
             continue
         pl = r.pipeline
         p_max = max(p_max, pl["pipeline_parallel_size"])
         by = pl["by_micro_batches"]
+        width = [BAR_SPAN / len(sharing[b["micro_batches"]]) for b in by]
+        offset = [-BAR_SPAN / 2 + w * sharing[b["micro_batches"]].index(r.name) for b, w in zip(by, width, strict=True)]
         fig.add_trace(go.Bar(x=[b["micro_batches"] for b in by], y=[b["stage_utilization"] for b in by],
+                             width=width, offset=offset,
                              name=r.name, marker_color=color(i),
                              customdata=[100 * b["time_fraction"] for b in by],
                              hovertemplate="%{x} micro-batches: utilisation %{y:.1%}, %{customdata:.1f}% of the "
@@ -41,8 +54,9 @@ def fig_pipeline(results: list[RunResult]) -> go.Figure | None:
                              line=dict(color="black", dash="dot")))
     fig.add_trace(go.Scatter(x=ms, y=[m / (m + p_max - 1) for m in ms], mode="lines+markers",
                              name=f"GPipe m / (m + p - 1) (p = {p_max})", line=dict(color="grey", dash="dash")))
-    fig.update_layout(template=TEMPLATE, barmode="group", height=380,
+    fig.update_layout(template=TEMPLATE, barmode="overlay", height=380,
                       xaxis_title="micro-batches in flight (min(stages, running requests))",
+                      xaxis=dict(tickmode="linear", tick0=1, dtick=1, range=[0.5, p_max + 0.5]),
                       yaxis_title="stage utilisation", yaxis_range=[0, 1.05])
     return fig
 
