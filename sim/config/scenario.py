@@ -233,6 +233,9 @@ class VariantConfig:
     workload: Workload | None = None  # the variant's own workload; None: the scenario's
     disaggregation: DisaggConfig | None = None  # prefill and decode pools (sim/loop/disagg); None: colocated
     sampling: Sampling | None = None  # its workload's sampling (the cost model prices a sort, sim/engines/sampling.py)
+    # the scenario's TTFT SLO (slos.ttft), seconds: the deadline a policy, router or admission rule sees for a
+    # request whose class has none, as the metrics hold such a request to it (RequestView.deadline)
+    ttft_slo: float | None = None
 
     def to_dict(self, policy: PolicyConfigBase | None = None) -> dict[str, Any]:
         """The variant as a run records it; ``policy``: the policy as resolved against the engine (Built.policy)."""
@@ -287,6 +290,7 @@ def variant_configs(scenario: Scenario) -> list[VariantConfig]:
                 workload=workload,
                 disaggregation=v.disaggregation,
                 sampling=(workload or scenario.workload).sampling,
+                ttft_slo=scenario.slos.ttft if scenario.slos is not None else None,
             )
         )
     return out

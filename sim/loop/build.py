@@ -169,7 +169,7 @@ def build(cfg: VariantConfig) -> tuple[Policy, KVManager, CostModel, Built]:
         raise ScenarioError(f"{where}: deployment: {too_big}")
     num_cpu_blocks = int(dep.swap_space * 2**30 // budget.kv_bytes_per_block) if budget.kv_bytes_per_block else 0
     try:
-        policy = configure_policy(pol.build(limits, cfg.admission.build()), dep.engine)
+        policy = configure_policy(with_ttft_slo(pol.build(limits, cfg.admission.build()), cfg.ttft_slo), dep.engine)
     except ValueError as e:
         raise ScenarioError(f"{where}: policy: {e}") from None
     kv = kvc.build(budget.num_gpu_blocks, dep.block_size, max_model_len=max_model_len, num_cpu_blocks=num_cpu_blocks)
@@ -194,3 +194,19 @@ def build(cfg: VariantConfig) -> tuple[Policy, KVManager, CostModel, Built]:
         except ValueError as e:
             raise ScenarioError(f"{where}: deployment.speculative: {e}") from None
     return policy, kv, cost, Built(model, gpu, budget, limits, max_model_len, pol)
+
+
+def with_ttft_slo(policy: Any, ttft_slo: float | None) -> Any:
+    """``policy`` whose request views (its own, and its admission rule's) give a request without a class TTFT SLO
+    the scenario's as its deadline: a scenario's ``slos: {ttft: 1.0}`` reached the metrics but no policy, so edf
+    with reject_late ran as first come first served (RequestView.deadline inf for every request)."""
+    from sim.policies.gates import UserAdmission
+    from sim.policies.user import UserPolicy
+
+    if ttft_slo is not None:
+        if isinstance(policy, UserPolicy):
+            policy.ttft_slo = ttft_slo
+        rule = getattr(getattr(policy, "admission", None), "rule", None)
+        if isinstance(rule, UserAdmission):
+            rule.ttft_slo = ttft_slo
+    return policy

@@ -26,6 +26,7 @@ from sim.metrics.records import RunResult
 from sim.metrics.request_table import STREAM_MIN, RequestSink
 from sim.metrics.summary import summarize
 from sim.output.progress import BarProgress, Progress
+from sim.policies.gates import UserRouter
 from sim.policies.user import PolicyError
 from sim.serving.core import PlanError, ServingCore
 from sim.serving.request import Request
@@ -243,6 +244,8 @@ def _cluster_simulation(cfg, workload, *, keep_token_times, fast_path, progress)
                                 failures=workload.failures, leak=cfg.deployment.leak_kv_on_failure)
     except ValueError as e:
         raise ScenarioError(f"variant {cfg.name!r}: {e}") from None
+    if isinstance(sim.router, UserRouter):  # its request views' deadlines, as the replicas' policies see them
+        sim.router.ttft_slo = cfg.ttft_slo
     return sim, costs, built
 
 

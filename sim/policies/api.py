@@ -66,11 +66,12 @@ class RequestView:
     ``id``; hand them back to the ``Plan`` and the ``Budget``. A policy's views of a request are one object from
     step to step until the request finishes."""
 
-    __slots__ = ("_r", "_pred", "_g")
+    __slots__ = ("_r", "_pred", "_g", "_ttft")
 
-    def __init__(self, r: Request, predictor: Predictor | None = None) -> None:
+    def __init__(self, r: Request, predictor: Predictor | None = None, ttft_slo: float | None = None) -> None:
         self._r = r
         self._pred = predictor
+        self._ttft = ttft_slo  # the run's TTFT SLO (the scenario's slos), for a request whose class sets none
         # The core's decode group, set by the policy adapter (sim.policies.user): while the request is a member
         # its own counters lag the group's steps, and reading one through the view brings them up to date
         # (``_now``), so an ask costs nothing for the members a policy does not read.
@@ -112,8 +113,11 @@ class RequestView:
 
     @property
     def deadline(self) -> float:
-        """When its first token is due (arrival + its TTFT SLO), in run seconds; ``inf`` without a TTFT SLO."""
+        """When its first token is due (arrival + its TTFT SLO: its class's, else the scenario's ``slos``), in run
+        seconds; ``inf`` without a TTFT SLO."""
         slo = self._r.spec.ttft_slo
+        if slo is None:
+            slo = self._ttft
         return self._r.arrival + slo if slo is not None else float("inf")
 
     @property

@@ -120,6 +120,7 @@ class UserRouter:
     def __init__(self, user: Any) -> None:
         self.user = user
         self.name = type(user).__name__
+        self.ttft_slo: float | None = None  # the scenario's TTFT SLO, for a request whose class has none
         WATCH.arm()  # a call into it that never returns is stopped (sim/policies/watchdog.py)
 
     def __call__(self, req: Request, replicas: Sequence[Any]) -> int:
@@ -128,7 +129,8 @@ class UserRouter:
         snap = [ReplicaView(i, len(c.waiting), len(c.running), len(c.swapped), c.kv.num_free_blocks,
                             c.kv.num_blocks, c.kv.num_cached_tokens(req) if not c.kv.holds(req) else 0)
                 for i, c in ((i, rep.core) for i, rep in enumerate(replicas))]
-        i = call_user(f"router {self.name}: route(request {req.id})", self.user.route, RequestView(req), tuple(snap))
+        i = call_user(f"router {self.name}: route(request {req.id})", self.user.route,
+                      RequestView(req, None, self.ttft_slo), tuple(snap))
         try:  # numpy's integers too: a router written as np.argmin over the replicas returns an np.int64
             pos = None if isinstance(i, bool) else operator.index(i)
         except TypeError:
@@ -145,13 +147,15 @@ class UserAdmission:
     def __init__(self, user: Any) -> None:
         self.user = user
         self.name = type(user).__name__
+        self.ttft_slo: float | None = None  # the scenario's TTFT SLO, for a request whose class has none
         WATCH.arm()  # a call into it that never returns is stopped (sim/policies/watchdog.py)
 
     def on_arrival(self, req: Request, now: float, waiting: int, running: int, kv: Any) -> str | None:
         from sim.policies.user import PolicyError, call_user
 
         state = AdmissionState(now, waiting, running, kv.num_free_blocks, kv.num_blocks)
-        why = call_user(f"admission {self.name}: admit(request {req.id})", self.user.admit, RequestView(req), state)
+        why = call_user(f"admission {self.name}: admit(request {req.id})", self.user.admit,
+                       RequestView(req, None, self.ttft_slo), state)
         if why is not None and not isinstance(why, str):
             raise PolicyError(f"admission {self.name}: admit(request {req.id}) returned {why!r}: return None to "
                               "accept or a reason string to refuse")

@@ -191,7 +191,8 @@ def _malformed(up: api.Plan) -> str | None:
 class UserPolicy(Policy):
     """Runs a public-API policy inside the core (see the module docstring)."""
 
-    __slots__ = ("user", "limits", "admission", "predictor", "name", "may_repeat", "uses_decode_group", "_views")
+    __slots__ = ("user", "limits", "admission", "predictor", "ttft_slo", "name", "may_repeat", "uses_decode_group",
+                 "_views")
 
     def __init__(self, user: Any, limits: Limits, admission: Admission | None = None,
                  predictor: api.Predictor | None = None) -> None:
@@ -203,6 +204,7 @@ class UserPolicy(Policy):
         self.limits = limits
         self.admission = admission
         self.predictor = predictor
+        self.ttft_slo: float | None = None  # the scenario's TTFT SLO, for views of requests whose class has none
         self.name = type(user).__name__
         dep = frozenset(getattr(user, "depends_on", api.Policy.depends_on))
         # the core may repeat an all-decode step without asking only when the policy said nothing but arrivals
@@ -258,10 +260,10 @@ class UserPolicy(Policy):
         try:
             return tuple(map(cache.__getitem__, reqs))  # each seen before, as most are: one pass in C
         except KeyError:
-            pred = self.predictor
+            pred, ttft = self.predictor, self.ttft_slo
             for r in reqs:
                 if r not in cache:
-                    v = cache[r] = api.RequestView(r, pred)
+                    v = cache[r] = api.RequestView(r, pred, ttft)
                     v._g = group  # reads of a member's counters bring it up to date
             return tuple(map(cache.__getitem__, reqs))
 
