@@ -413,6 +413,25 @@ def test_a_variant_can_change_the_workload() -> None:
     assert {q.prompt_tokens for q in runs["busy"].requests} == {64}
 
 
+def test_a_key_of_a_section_a_variant_or_pool_inherits_changes_what_it_inherits() -> None:
+    # Before: `--set variants.0.policy.max_num_seqs=16` on a variant running the scenario's policy, and
+    # `--set disaggregation.decode.policy.max_num_seqs=16` on a pool running its variant's, were refused as
+    # "policy.type: required key is missing": the key alone made a section of its own
+    from sim.config.scenario import load_scenario, variant_configs
+
+    lesson = Path(__file__).parent.parent / "scenarios" / "lesson-disaggregation.yaml"
+    for key in ("variants.1.disaggregation.decode.policy.max_num_seqs", "disaggregation.decode.policy.max_num_seqs"):
+        cfgs = {c.name: c for c in variant_configs(load_scenario(lesson, {key: 16})[0])}
+        assert cfgs["2P2D"].disaggregation.decode.policy == {"type": "continuous", "max_num_seqs": 16}, key
+        assert cfgs["2P2D"].disaggregation.prefill.policy is None and cfgs["2P2D"].policy.max_num_seqs is None
+    cfgs = {c.name: c for c in variant_configs(load_scenario(lesson, {"variants.3.policy.max_num_seqs": 16})[0])}
+    assert cfgs["colocated-chunked"].policy.max_num_seqs == 16 and cfgs["colocated-chunked"].policy.\
+        enable_chunked_prefill  # its own policy, one key changed
+    cfgs = {c.name: c for c in variant_configs(load_scenario(lesson, {"variants.0.policy.max_num_seqs": 16})[0])}
+    assert cfgs["colocated"].policy.type == "continuous" and cfgs["colocated"].policy.max_num_seqs == 16
+    assert cfgs["2P2D"].policy.max_num_seqs is None  # the others still run the scenario's
+
+
 def test_a_variants_workload_is_checked_with_its_path(tmp_path: Path) -> None:
     from sim.config.scenario import apply_override, parse_scenario
     from sim.config.schema import ScenarioError

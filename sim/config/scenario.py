@@ -414,6 +414,10 @@ def apply_override(d: dict[str, Any], key: str, value: Any) -> None:
         raise ScenarioError(f"{key!r}: empty part in a dotted key")
     parts = _current_bound_name(d, parts)
     key = ".".join(parts)
+    if parts[0] == "variants" and len(parts) > 3 and re.fullmatch(r"-?[0-9]+", parts[1]):
+        variant = _node_at(d, parts[:2])
+        if isinstance(variant, dict):
+            _spell_out_inherited(d, variant, parts[2:])
     if parts[0] in _VARIANT_ONLY:
         _set_in_variants(d, parts, value)
         return
@@ -462,6 +466,33 @@ def apply_override(d: dict[str, Any], key: str, value: Any) -> None:
 _VARIANT_ONLY = tuple(k for k in Variant.model_fields if k not in Scenario.model_fields)
 
 
+def _inherited(d: dict[str, Any], variant: dict[str, Any], head: str) -> dict[str, Any] | None:
+    """A copy of the section a variant without its own ``head`` runs: the scenario's, or the schema's default."""
+    if isinstance(variant.get(head), dict):
+        return copy.deepcopy(variant[head])
+    if isinstance(d.get(head), dict):
+        return copy.deepcopy(d[head])
+    default = _DEFAULT_SECTIONS.get(head)
+    return None if default is None else _spelled_out(default())
+
+
+def _spell_out_inherited(d: dict[str, Any], variant: dict[str, Any], rest: list[str]) -> None:
+    """Before one key of a section a variant inherits is set (``variants.0.policy.max_num_seqs``, a pool's
+    ``disaggregation.decode.policy.max_num_seqs``), the inherited section spelled out in the variant (or pool),
+    so that the key changes it: the key alone made a section of its own, refused as "policy.type: required key
+    is missing". A merged section (deployment, workload) takes the key as it is."""
+    head = rest[0]
+    if head in _VARIANT_SECTIONS and head not in PARTIAL_SECTIONS and len(rest) > 1 and head not in variant:
+        section = _inherited(d, variant, head)
+        if section is not None:
+            variant[head] = section
+    disagg = variant.get("disaggregation")
+    if head == "disaggregation" and len(rest) > 3 and rest[2] == "policy" and isinstance(disagg, dict):
+        pool = disagg.get(rest[1])
+        if isinstance(pool, dict) and pool.get("policy") is None:
+            pool["policy"] = _inherited(d, variant, "policy")
+
+
 def _set_in_variants(d: dict[str, Any], parts: list[str], value: Any) -> None:
     """Set ``parts`` (under a section only variants have) in every variant whose section has it."""
     key, head, rest = ".".join(parts), parts[0], parts[1:]
@@ -474,6 +505,9 @@ def _set_in_variants(d: dict[str, Any], parts: list[str], value: Any) -> None:
     if not sections:
         raise ScenarioError(f"{key}: no variant has a {head} section")
     tp = field_type(Variant, head)
+    for v in d.get("variants") or []:
+        if isinstance(v, dict) and isinstance(v.get(head), dict):
+            _spell_out_inherited(d, v, parts)
     used = False
     for section in sections:
         if has_path(tp, section, rest):
