@@ -472,12 +472,24 @@ def format_sweep_table(table: str | os.PathLike, *, limit: int = TABLE_RUNS) -> 
 
 
 # ---- the page ----------------------------------------------------------------------------------------------------
-def _fmt(v: Any) -> str:
+def _fmt(v: Any, places: int | None = None) -> str:
     if v is None:
         return ""
     if isinstance(v, float):
-        return f"{v:.4g}" if math.isfinite(v) else str(v)
+        if not math.isfinite(v):
+            return str(v)
+        return f"{v:.{places}f}" if places is not None else f"{v:.4g}"
     return str(v)
+
+
+def _decimals(values: list[Any]) -> int | None:
+    """Decimal places for a column of sweep.html's table: 4 significant digits of its largest value, the same for
+    every row, so the column's points line up (each value at 4 significant digits read 1, 0.2, 0.004046 and 1.237
+    in one column); None for a column without a float."""
+    top = max((abs(v) for v in values if isinstance(v, float) and math.isfinite(v)), default=None)
+    if top is None:
+        return None
+    return 3 if top == 0 else min(8, max(0, 3 - math.floor(math.log10(top))))
 
 
 TEXT_CELL = 40  # characters past which a cell is prose (a verdict), cut to one line in sweep.html's table
@@ -500,7 +512,7 @@ def write_sweep_html(path: Path, title: str, rows: Iterable[dict[str, Any]], col
     params = _params(cols)
     # one line per variant and per value of the other parameters: (x, y per plotted metric) points
     groups: dict[str, list[tuple[Any, list[Any]]]] = {}
-    body: list[str] = []
+    kept: list[dict[str, Any]] = []
     n = 0
     for r in rows:
         n += 1
@@ -509,7 +521,9 @@ def write_sweep_html(path: Path, title: str, rows: Iterable[dict[str, Any]], col
             groups.setdefault(r["variant"] + (f" [{rest}]" if rest else ""), []).append(
                 (r.get(params[0]), [r.get(m) for m in PLOTTED]))
         if n <= HTML_TABLE_ROWS:
-            body.append("<tr>" + "".join(_cell(_fmt(r.get(c))) for c in cols) + "</tr>")
+            kept.append(r)
+    places = {c: _decimals([r.get(c) for r in kept]) for c in cols if c not in params}
+    body = ["<tr>" + "".join(_cell(_fmt(r.get(c), places.get(c))) for c in cols) + "</tr>" for r in kept]
     shown = f" The table shows the first {HTML_TABLE_ROWS:,}; sweep.csv has them all." if n > HTML_TABLE_ROWS else ""
     parts = [f"<h1>servesim sweep: {html.escape(title)}</h1>", f"<p>{n} runs.{shown}</p>"]
     if groups:
