@@ -547,7 +547,7 @@ def test_plan_names_the_deployment_with_the_fewest_joules() -> None:
 
     from sim.config.scenario import parse_scenario
     from sim.hardware.presets.gpus import BASE_GPU_PRESETS
-    from sim.studies.plan_text import format_plan
+    from sim.studies.plan_text import _joules, format_plan
     from sim.studies.planner import plan
 
     # an H100 priced below the L4 ($0.50 against $0.70 an hour) is the cheapest; at 2 req/s of a 1B model it
@@ -570,7 +570,16 @@ def test_plan_names_the_deployment_with_the_fewest_joules() -> None:
     assert best is not None and best.candidate.gpu == "l4"
     assert best.j_per_output_token < result.chosen.j_per_output_token
     assert result.to_dict()["fewest_joules"]["j_per_output_token"] == best.j_per_output_token
-    assert f"{best.candidate.label()}, {best.j_per_output_token:.4f} J at $0.70/h" in format_plan(result)
+    text = format_plan(result)
+    assert f"{best.candidate.label()}, {best.j_per_output_token:.4f} J at $0.70/h" in text
+    # the Pareto table gives each deployment's joules per output token beside its cost, so the trade between the
+    # two reads off the front; a GPU without power figures (energy: null) shows a dash
+    lines = text.splitlines()
+    assert "$/M out   J/out  deployment" in next(x for x in lines if x.strip().startswith("$/h"))
+    for e in result.pareto_front():
+        row = next(x for x in lines if x.endswith(e.candidate.label()) and x.startswith("  "))
+        assert f" {e.j_per_output_token:.4f}  {e.candidate.label()}" in row
+    assert _joules(float("nan")) == "     -" and _joules(0.12345) == "0.1235"
 
 
 def test_energy_is_computed_once_while_kept_and_again_for_other_inputs(monkeypatch: pytest.MonkeyPatch) -> None:

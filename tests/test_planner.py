@@ -374,7 +374,7 @@ def test_a_saturated_deployment_is_priced_at_what_it_serves() -> None:
     assert e.load.served < 0.3 * e.load.offered
     assert e.cost_per_million_output_tokens == pytest.approx(7.5 / (e.load.served * 3600) * 1e6)
     text = format_plan(r)
-    assert f"{e.cost_per_million_output_tokens:>8.3f}* 3 x h100-sxm" in text
+    assert f"{e.cost_per_million_output_tokens:>8.3f}* {e.j_per_output_token:.4f}  3 x h100-sxm" in text
     assert "*: saturated, at the rate it served in the second half of the arrival window" in text
 
 

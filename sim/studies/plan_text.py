@@ -50,6 +50,12 @@ def _confidence_lines(result: PlanResult, ch: Evaluation) -> list[str]:
     return out
 
 
+def _joules(j: float) -> str:
+    """A deployment's joules per output token for the Pareto table, 6 wide: NaN (a GPU without power figures,
+    sim/costs/energy.py) is a dash."""
+    return f"{j:>6.4f}" if math.isfinite(j) else f"{'-':>6}"
+
+
 def format_plan(result: PlanResult) -> str:
     """The search in words: counts, the Pareto front, the choice, its cost per token and the break-even."""
     q = result.percentile
@@ -69,19 +75,22 @@ def format_plan(result: PlanResult) -> str:
         f"Pareto front of the simulated deployments (cost vs p{q} latency):",
     ]
     head = f"  {'$/h':>7} {'GPUs':>4}  " + "".join(f"{k.upper() + ' p' + str(q) + ' ms':>14}" for k in keys)
-    head += f"  {'meets':<5} {'$/M out':>8}  deployment"
+    head += f"  {'meets':<5} {'$/M out':>8}  {'J/out':>6}  deployment"
     lines.append(head)
     front = result.pareto_front()
     for e in front:
         cells = "".join(f"{_ms(e.latency[k]):>14}" for k in keys)
         lines.append(f"  {e.candidate.cost_per_hour:>7.2f} {e.candidate.num_gpus:>4}  {cells}  "
                      f"{'yes' if e.meets else 'no':<5} {e.cost_per_million_output_tokens:>8.3f}"
-                     f"{'*' if e.saturated else ' '} {e.candidate.label()}")
+                     f"{'*' if e.saturated else ' '} {_joules(e.j_per_output_token)}  {e.candidate.label()}")
     offered = next((e.load.offered for e in front if e.load is not None and math.isfinite(e.load.offered)), NAN)
     if math.isfinite(offered):
         lines.append(f"$/M out: USD per million output tokens at the offered {offered:,.0f} output tok/s"
                      + ("; *: saturated, at the rate it served in the second half of the arrival window"
-                        if any(e.saturated for e in front) else ""))
+                        if any(e.saturated for e in front) else "")
+                     + "; J/out: joules per output token (-: a GPU without power figures)")
+    elif front:
+        lines.append("J/out: joules per output token (-: a GPU without power figures)")
     lines.append("")
     ch = result.chosen
     if ch is None:
