@@ -348,6 +348,18 @@ def test_an_unwritable_profile_path_is_refused_before_the_fit(tmp_path: Path, ou
     assert (r.returncode, r.stderr, r.stdout) == (2, f"error: {message}\n", "")
 
 
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc, a folder that takes no file")
+def test_a_folder_that_takes_no_file_is_refused_before_the_measuring(tmp_path: Path) -> None:
+    # Before: `calibrate --model tiny --out /proc/x.json` measured the engine for 13 s (minutes on a GPU grid), then
+    # "cannot write"; a folder that exists but takes no file (read-only, /proc) passed the check above
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, "-m", "sim.cli.main", "calibrate", "--model", "tiny", "--repeats", "1", "-q",
+                        "-o", "/proc/servesim-profile.json"], capture_output=True, text=True, env=env, cwd=tmp_path,
+                       timeout=300)
+    assert r.returncode == 2 and r.stdout == ""  # "calibrated tiny on cpu ..." came first
+    assert r.stderr.startswith("error: --out /proc/servesim-profile.json: cannot write in /proc: ")
+
+
 def test_a_field_a_file_could_not_give_is_said_before_the_fit(tmp_path: Path) -> None:
     # Before: a request_rate of -3 was skipped without a word and the file fitted as every request at t=0
     # (validate --against lists the same line in its report)

@@ -831,6 +831,14 @@ def _check_profile_path(path: Path) -> None:
     folder = next((p for p in path.parents if p.exists()), None)
     if folder is not None and not folder.is_dir():
         _fail(f"--out {path}: {folder} is a file, not a folder")
+    if folder is not None:  # a folder that takes no file (read-only, /proc) failed only after the measuring
+        import tempfile
+
+        try:
+            with tempfile.TemporaryFile(dir=folder):
+                pass
+        except OSError as e:
+            _fail(f"--out {path}: cannot write in {folder}: {e.strerror or e}")
 
 
 def _write_profile(path: Path, text: str) -> None:
