@@ -3,8 +3,9 @@ schedulers such as "Andes" (Liu et al., 2024) and BLIS's SLO-based priority).
 
 A request's deadline is its arrival plus its class's TTFT SLO, else the scenario's (``RequestView.deadline``; no
 SLO: never due, served after every request that has one, by arrival). The waiting queue is ordered by deadline.
-With ``reject_late`` a waiting request whose deadline has passed before it ever ran is rejected (it can no longer meet its SLO, and
-serving it would only delay others); the policy then asks to be woken at the next deadline of the queue.
+With ``reject_late`` a waiting request whose deadline has passed before it ever ran is rejected (it can no longer
+meet its SLO, and serving it would only delay others); the policy then asks to be woken at the next deadline of the
+queue.
 """
 
 from __future__ import annotations
