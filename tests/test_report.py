@@ -393,3 +393,38 @@ def test_memory_by_request_axis_reaches_a_pile_above_one_replicas_pool():
     (line,) = [tr for tr in fig.data if tr.name and "capacity" in tr.name]
     assert line.name == "KV pool capacity (one replica)" and peak > line.y[0]
     assert fig.layout.yaxis.range[1] >= peak
+
+
+def test_the_reports_tables_write_a_figure_as_the_summary_table_does():
+    """The same figure read differently from table to table: 0.883 J per output token and 2,121 W in the summary,
+    0.8827 and 2121 in the power table; 112.18 GiB, 8.2 ms and 496.5 ms in the summary, 112.2, 8.15 and 497 in the
+    disaggregation table (lesson-disaggregation, 300 requests). Each table writes a figure the summary shows in
+    the summary's format."""
+    import re
+    from html import unescape as html_unescape
+
+    from sim.output.report.disagg import disagg_table_html
+    from sim.output.report.energy import energy_sections
+    from sim.output.table import table_cells
+
+    scenario, raw = load_scenario(find_scenario("lesson-disaggregation"), {"workload.num_requests": 60})
+    run = run_scenario(scenario, raw)
+    header, rows = table_cells(run.summaries)
+    summary = {row[0]: dict(zip(header[1:], row[1:], strict=False)) for row in rows}
+
+    def cells(fragment: str) -> dict[str, dict[str, str]]:
+        head = re.findall(r"<th>([^<]*)</th>", fragment)
+        out = {}
+        for tr in re.findall(r"<tr>(<td>.*?)</tr>", fragment):
+            values = [html_unescape(c) for c in re.findall(r"<td>([^<]*)</td>", tr)]
+            out[values[0]] = dict(zip(head, values, strict=True))
+        return out
+
+    power = cells(energy_sections(run.results, run.summaries)[0].html)["colocated"]
+    assert power["J / output token"] == summary["J / output token"]["colocated"]
+    assert power["mean power (W)"] == summary["mean power (W)"]["colocated"] and "," in power["mean power (W)"]
+    split = cells(disagg_table_html(run.results, run.summaries))["3P1D"]
+    for column, row in (("KV moved (GiB)", "KV moved (GiB)"), ("transfer p50 (ms)", "KV transfer p50 (ms)"),
+                        ("transfer p99 (ms)", "KV transfer p99 (ms)"), ("TTFT p99 (ms)", "TTFT p99 (ms)"),
+                        ("prefill TTFT p99 (ms)", "prefill TTFT p99 (ms)")):
+        assert split[column] == summary[row]["3P1D"], column

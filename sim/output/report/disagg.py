@@ -11,6 +11,7 @@ from plotly.subplots import make_subplots
 
 from sim.metrics.records import RunResult
 from sim.output.report.common import TEMPLATE, color
+from sim.output.table import FORMATTERS as fmt
 
 ECDF_POINTS = 400  # points per run on the transfer-time curve
 
@@ -61,10 +62,11 @@ def disagg_table_html(results: list[RunResult], summaries: dict) -> str:
         if not d:
             continue
         link = d["kv_link"]
+        # the summary table's formats (sim/output/table.py): this table read 112.2 GiB, 8.15 ms and 497 ms where
+        # it read 112.18, 8.2 and 496.5
         cells = [r.name, d["ratio"], f"{link['kind']} {link['bandwidth'] / 1e9:.0f} GB/s",
-                 f"{d['bytes_moved'] / 2**30:.1f}", f"{1e3 * d['transfer']['p50']:.2f}",
-                 f"{1e3 * d['transfer']['p99']:.2f}", f"{1e3 * d['prefill_ttft']['p99']:.0f}",
-                 f"{1e3 * s['ttft']['p99']:.0f}", f"{1e3 * d['decode_queue']['p99']:.1f}"]
+                 fmt["s"](d["bytes_moved"] / 2**30), fmt["ms"](d["transfer"]["p50"]), fmt["ms"](d["transfer"]["p99"]),
+                 fmt["ms"](d["prefill_ttft"]["p99"]), fmt["ms"](s["ttft"]["p99"]), fmt["ms"](d["decode_queue"]["p99"])]
         rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
     head = "".join(f"<th>{h}</th>" for h in ("run", "split", "KV link", "KV moved (GiB)", "transfer p50 (ms)",
                                               "transfer p99 (ms)", "prefill TTFT p99 (ms)", "TTFT p99 (ms)",

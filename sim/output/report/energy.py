@@ -15,6 +15,7 @@ from sim.metrics.records import RunResult
 from sim.metrics.request_table import as_table
 from sim.output.report.common import TEMPLATE, Section, color, ecdf_points
 from sim.output.report.pipeline import _table
+from sim.output.table import FORMATTERS as fmt
 
 POWER_BINS = 200  # time bins of the power chart per run
 
@@ -67,10 +68,12 @@ def energy_sections(results: list[RunResult], summaries: dict) -> list[Section]:
         if not e:
             continue
         idle_share = e["idle_energy_j"] / e["energy_j"] if e["energy_j"] > 0 else 0.0
-        rows.append([name, f"{e['energy_j'] / 1000:.2f}", f"{e['j_per_output_token']:.4f}",
-                     f"{e['mean_power_w']:.0f}", f"{e['peak_step_power_w']:.0f}",
-                     f"{e['j_per_request']['median']:.1f}", f"{e['j_per_request']['p99']:.1f}",
-                     f"{100 * idle_share:.1f}%", f"{e['power_limit_w']:g} x {e['gpus_per_replica']}"])
+        # the summary table's formats (sim/output/table.py) for the figures it shows too: this table read
+        # 0.8827 J and 2121 W where it read 0.883 and 2,121
+        rows.append([name, fmt["s"](e["energy_j"] / 1000), fmt["sig"](e["j_per_output_token"]),
+                     fmt["int"](e["mean_power_w"]), fmt["int"](e["peak_step_power_w"]),
+                     fmt["sig"](e["j_per_request"]["median"]), fmt["sig"](e["j_per_request"]["p99"]),
+                     fmt["pct"](idle_share), f"{e['power_limit_w']:g} x {e['gpus_per_replica']}"])
     table = _table(("run", "energy (kJ)", "J / output token", "mean power (W)", "peak step power (W)",
                     "J / request p50", "J / request p99", "idle share", "limit (W x GPUs)"), rows)
     return [Section("Power and energy", fig, f'<p class="note">{html.escape(NOTE)}</p>' + table)]
