@@ -100,8 +100,12 @@ def test_step_count_reads_no_column(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_columns_are_the_expanded_runs_and_read_only() -> None:
     log = records.StepLog()
     log.append(0.0, 1.0, 2, 0, 10, 1, 0, 3, 1, 30, 100, 2, 5, 0, 0, 0, 0, 7.0)
-    for end in (1.5, 2.5, 3.0):  # a decode run of three steps
-        log.per_step.extend((end, 4, 0, 33, 1.0))
+    # a decode run of three steps as the fast path appends it (StepLog.stretches): 3 blocks in use and filled
+    # before it, 30 tokens held, 2 members: the second step fills a new block, which it takes (paged KV)
+    log.ends.extend((1.5, 2.5, 3.0))
+    log.flops.extend((1.0, 1.0, 1.0))
+    log.need.extend((0, 1, 1))
+    log.stretches.extend((3, 3, 3, 30, 2, 1))
     log.end_decode_run(3, 1.0, 2, 100, 2, 4, 0)
     cols = log.columns()
     assert isinstance(cols, StepColumns) and len(cols["start"]) == 4
@@ -109,6 +113,8 @@ def test_columns_are_the_expanded_runs_and_read_only() -> None:
     assert cols["duration"].tolist() == [1.0, 0.5, 1.0, 0.5]
     assert cols["num_waiting"].tolist() == [5, 4, 4, 4] and cols["num_waiting"].dtype == np.int64
     assert cols["decode_tokens"].tolist() == [1, 2, 2, 2]
+    assert cols["kv_blocks_used"].tolist() == [3, 3, 4, 4] and cols["kv_blocks_reserved"].tolist() == [1, 0, 0, 0]
+    assert cols["kv_tokens"].tolist() == [30, 32, 34, 36] and cols["flops"].tolist() == [7.0, 1.0, 1.0, 1.0]
     gaps, counts = log.group_gaps()
     assert gaps.tolist() == [0.5, 1.0, 0.5] and counts.tolist() == [2, 2, 2]
     with pytest.raises(ValueError):
@@ -238,20 +244,25 @@ def test_pooled_gaps_equal_numpys_unique_and_bincount() -> None:
 
 
 def test_step_log_packs_counts_as_int32_only_where_they_fit() -> None:
-    """The log's chunks hold counts as int32 (28 bytes a step, 64 a run); a count past int32 or not a whole
-    number stays float64, so every value reads back as logged."""
+    """The log's chunks hold counts as int32 (28 bytes a step, 64 a run); a count past int32 stays float64, so
+    every value reads back as logged."""
     log = records.StepLog()
     for i in range(5):
         log.append(float(i), i + 0.5, 3, 0, 0, 3, 0, 10 + i, 0, 2**40 + i, 7, 3, 0, 0, 0, 0, 0, 1.5e12)
-    log.per_step.extend((5.5, 12, 1, 2.5, 1.5e12))  # a decode run whose KV tokens are not a whole number
+    # a decode run of one step (StepLog.stretches): 12 blocks in use, 11 filled, 2 tokens held
+    log.ends.append(5.5)
+    log.flops.append(1.5e12)
+    log.need.append(0)
+    log.stretches.extend((1, 12, 11, 2, 0, 1))
     log.end_decode_run(1, 5.0, 3, 7, 3, 0, 0)
     cols = log.columns()
     steps, runs = log._chunks[0]
     assert steps.dtype["kv_blocks_used"] == np.int32 and steps.dtype["kv_tokens"] == np.float64
     assert runs.dtype["batch_size"] == np.int32 and steps.dtype["end"] == np.float64
     assert steps.dtype.itemsize == 8 + 4 + 4 + 8 + 8 and runs.dtype.itemsize == 8 + 14 * 4
-    assert cols["kv_tokens"].tolist() == [2**40 + i for i in range(5)] + [2]  # int64 as always: 2.5 truncated
+    assert cols["kv_tokens"].tolist() == [2**40 + i for i in range(5)] + [2]
     assert cols["kv_blocks_used"].tolist() == [10, 11, 12, 13, 14, 12]
+    assert cols["kv_blocks_reserved"].tolist() == [0, 0, 0, 0, 0, 1]
     assert cols["duration"].tolist() == [0.5] * 6 and cols["flops"].tolist() == [1.5e12] * 6
 
 

@@ -166,19 +166,24 @@ _NR = len(RUN_CONSTANT)
 _RUN_WAITING = RUN_CONSTANT.index("num_waiting")
 
 
-class _StepPackers(dict[int, Callable[..., bytes]]):
-    """``STEP_PACKERS[k]``: packs ``k`` steps' varying values (``_NV * k`` numbers) into the bytes of as many
-    float64s, for ``per_step.frombytes``. ``array.extend`` parses a format string for each value it converts; a
-    ``struct`` packer converts them alike (``PyFloat_AsDouble``: the same doubles) two to four times faster, which
-    counts at 5 values a step and millions of steps. Made once per count."""
+class _Packers(dict[int, Callable[..., bytes]]):
+    """``packers[k]``: packs ``k`` numbers into the bytes of as many float64s (``FLOAT_PACKERS``) or int64s
+    (``INT_PACKERS``), for ``array.frombytes``. ``array.extend`` parses a format string for each value it converts;
+    a ``struct`` packer converts them alike (``PyFloat_AsDouble``, ``PyLong_AsLongLong``: the same numbers) two to
+    three times faster. Made once per count."""
+
+    def __init__(self, code: str) -> None:
+        super().__init__()
+        self.code = code
 
     def __missing__(self, k: int) -> Callable[..., bytes]:
-        pack = self[k] = struct.Struct(f"{_NV * k}d").pack
+        pack = self[k] = struct.Struct(f"{k}{self.code}").pack
         return pack
 
 
-STEP_PACKERS = _StepPackers()
-_PACK_STEP = STEP_PACKERS[1]
+FLOAT_PACKERS = _Packers("d")
+INT_PACKERS = _Packers("q")
+PACK_STRETCH = INT_PACKERS[6]  # a stretch's six numbers (``StepLog.stretches``)
 
 
 # Columns held as int32 in the step log's chunks when every value of a chunk is an integer that fits: counts of
@@ -204,15 +209,26 @@ def _packed(block: np.ndarray, names: tuple[str, ...]) -> np.ndarray:
 
 
 class StepLog:
-    """Columnar per-step log, stored as runs of steps (see ``STEP_VARYING``). Each step's varying values go back
-    to back into the flat float64 array ``per_step`` (``array.array``: each value is converted as it is appended,
-    while it is still in cache; a list's Python objects, converted in one pass at the block's end, cost about as
-    much again to read back and to free), and after a run's steps its constant values into the flat list
-    ``per_run``. They move into numpy arrays in blocks, between runs, and the runs expand into rows when the
+    """Columnar per-step log, stored as runs of steps (see ``STEP_VARYING``). Steps' varying values are kept a
+    stretch of steps at a time (``ends``, ``flops``, ``need``, ``stretches``), and after a run's steps its
+    constant values go into the flat list ``per_run``. They move into numpy arrays in blocks, between runs (the
+    stretches' KV values computed there with numpy for the whole block), and the runs expand into rows when the
     columns are read."""
 
     def __init__(self) -> None:
-        self.per_step = array("d")
+        # Step by step (arrays: each value converted as it is appended, while in cache; a list's float objects,
+        # read back in one pass at the block's end, cost three times as much there), its end and FLOPs, and the
+        # blocks filled since its stretch began (``need``). A stretch of k
+        # steps, flat in ``stretches``: (k, used, filled, kv_tokens, m, grows): before its first step ``used``
+        # blocks were in use, ``filled`` held tokens and ``kv_tokens`` tokens were held; after its step j (1..k),
+        # ``need`` more blocks are filled, as many more in use when it ``grows`` (paged KV; a reservation fills the
+        # blocks it holds), and ``kv_tokens + m * j`` tokens are held. The decode fast path appends a stretch with
+        # four packed runs of numbers, where packing five values a step (an interleaved
+        # float64 array before) cost it some 0.5 us a step
+        self.ends = array("d")
+        self.flops = array("d")
+        self.need = array("q")
+        self.stretches = array("q")
         self.per_run: list[float] = []
         # (per-step values, per-run values), structured arrays with a field per column (``_packed``), or past
         # spill.SPILL_MIN steps the same written to a file (spill.SpilledFields, which reads like them)
@@ -246,12 +262,15 @@ class StepLog:
         flops: float,
     ) -> None:
         """Append one step (a run of one)."""
-        self.per_step.frombytes(_PACK_STEP(end, kv_blocks_used, kv_blocks_reserved, kv_tokens, flops))
+        self.ends.append(end)
+        self.flops.append(flops)
+        self.need.append(0)
+        self.stretches.frombytes(PACK_STRETCH(1, kv_blocks_used, kv_blocks_used - kv_blocks_reserved, kv_tokens, 0, 0))
         self.per_run.extend(
             (1, start, batch_size, padded_rows, prefill_tokens, decode_tokens, padding_tokens, kv_capacity_blocks,
              num_running, num_waiting, num_swapped, num_preempted, num_rejected, swap_blocks, 0)
         )  # fmt: skip
-        if len(self.per_step) >= _CHUNK * _NV:  # compact(), without a call per step
+        if len(self.ends) >= _CHUNK:  # compact(), without a call per step
             self._flush()
 
     def end_decode_run(
@@ -265,7 +284,7 @@ class StepLog:
         num_swapped: int,
         padded_rows: int = 0,
     ) -> None:
-        """Close a run of the decode fast path: the last ``num_steps`` steps appended to ``per_step``, the first
+        """Close a run of the decode fast path: the last ``num_steps`` steps appended, the first
         starting at ``start``, in each of which the ``batch_size`` members of the decode group compute one token
         and sample it (no prefill, preemption, rejection or swap; ``padded_rows`` rows of CUDA-graph padding)."""
         self.per_run.extend(
@@ -277,7 +296,7 @@ class StepLog:
         """Move appended steps into packed numpy chunks once there are many (the runs' list holds a Python object
         a value, 24 bytes or more plus its slot; a long run would otherwise hold gigabytes of them). Only between
         runs."""
-        if len(self.per_step) >= _CHUNK * _NV:
+        if len(self.ends) >= _CHUNK:
             self._flush()
 
     def set_last_waiting(self, num_waiting: int) -> None:
@@ -290,7 +309,7 @@ class StepLog:
             last = runs[i:]
             runs[i] -= 1
             last[0] = 1
-            last[1] = self.per_step[-2 * _NV]
+            last[1] = self.ends[-2]
             runs += last
         runs[-_NR + _RUN_WAITING] = num_waiting
 
@@ -299,9 +318,9 @@ class StepLog:
             return
         # the steps' values are float64 already; one C-level conversion of the runs' list (counts are far below
         # 2**53, so float64 holds them exactly); the runs stay compact until the columns are asked for
-        steps = np.frombuffer(self.per_step, dtype=np.float64).reshape(-1, _NV)
+        steps = self._step_values()
         runs = np.fromiter(self.per_run, dtype=np.float64, count=len(self.per_run)).reshape(-1, _NR)
-        self.per_step = array("d")
+        self.ends, self.flops, self.need, self.stretches = array("d"), array("d"), array("q"), array("q")
         self.per_run = []
         self._chunks.append((_packed(steps, STEP_VARYING), _packed(runs, RUN_CONSTANT)))
         self._num_flushed += len(steps)
@@ -314,6 +333,27 @@ class StepLog:
                 assert isinstance(st, np.ndarray) and isinstance(ru, np.ndarray)
                 self._chunks[i] = (spill.SpilledFields(self._spill, st), spill.SpilledFields(self._spill, ru))
             self._num_spilled = len(self._chunks)
+
+    def _step_values(self) -> np.ndarray:
+        """The steps appended since the last block as rows of their ``STEP_VARYING`` values, float64 (counts are
+        far below 2**53, so exact). Blocks in use: ``used + need`` (``used`` without growth); reserved: what of
+        them holds no token yet, ``max(0, in use - (filled + need))``: the integers the fast path's arithmetic
+        gave step by step."""
+        n = len(self.ends)
+        out = np.empty((n, _NV))
+        out[:, 0] = np.frombuffer(self.ends, dtype=np.float64)
+        out[:, 4] = np.frombuffer(self.flops, dtype=np.float64)
+        need = np.frombuffer(self.need, dtype=np.int64)
+        info = np.frombuffer(self.stretches, dtype=np.int64).reshape(-1, 6)
+        k = info[:, 0]
+        of = np.repeat(np.arange(len(k)), k)  # each step's stretch
+        used, filled, kv, m, grows = (info[of, c] for c in range(1, 6))
+        j = np.arange(1, n + 1) - (np.cumsum(k) - k)[of]  # each step's place in its stretch, from 1
+        used = used + need * grows
+        out[:, 1] = used
+        out[:, 2] = np.maximum(used - (filled + need), 0)
+        out[:, 3] = kv + m * j
+        return out
 
     def columns(self) -> StepColumns:
         """All steps so far, one array per column, each expanded from the runs when read (see
@@ -332,10 +372,10 @@ class StepLog:
         return pool.pooled() if pooled else pool.arrays()
 
     def __len__(self) -> int:
-        return len(self.per_step) // _NV + self._num_flushed
+        return len(self.ends) + self._num_flushed
 
     def __bool__(self) -> bool:
-        return bool(self.per_step or self._chunks)
+        return bool(self.ends or self._chunks)
 
 
 class GapLog:

@@ -21,7 +21,7 @@ import numpy as np
 
 from sim.costs.costmodel import CostModel, StepShape, optional_member
 from sim.engines.sched import graph_padding
-from sim.metrics.records import STEP_PACKERS
+from sim.metrics.records import FLOAT_PACKERS, INT_PACKERS, PACK_STRETCH
 from sim.policies.base import Plan
 from sim.serving.decode_group import DecodeGroup
 
@@ -180,8 +180,7 @@ def fast_forward(
     members = g.members
     log = core.steps
     log.compact()
-    append_bytes = log.per_step.frombytes
-    pack1 = STEP_PACKERS[1]
+    log_ends, log_flops, log_need, log_stretches = log.ends, log.flops, log.need, log.stretches
     m = len(members)
     used = kv.num_used_blocks
     filled = core.filled_blocks
@@ -194,22 +193,20 @@ def fast_forward(
         # them takes a block for each member of ``buckets[(steps + t) % bs]``. Their values are computed for the
         # whole stretch at once (a loop per stretch, not per step): the blocks in one ``try_grow`` call (one call
         # with the crossings back to back hands out the blocks a call per step would, in the same order), up to
-        # the first step for which the free blocks run out.
+        # the first step for which the free blocks run out; the step log keeps them so (``StepLog.stretches``).
         k = min(n, i + next_finish - steps) - i if next_finish > steps else n - i
         shortage = False
         if k < BULK_STEPS:  # a short stretch costs less step by step
+            need: list[int] = []
+            c = 0
             for t in range(k):
                 crossing = buckets[(steps + t) % bs]
                 nb = len(crossing)
-                if nb and grows:
-                    if not kv.try_grow(crossing):
-                        k, shortage = t, True  # a block shortage: the policy decides whom to preempt
-                        break
-                    used += nb
-                filled += nb
-                kv_tokens += m
-                append_bytes(pack1(ends[i + t + 1], used, used - filled if used > filled else 0, kv_tokens,
-                                   flops[i + t]))
+                if nb and grows and not kv.try_grow(crossing):
+                    k, shortage = t, True  # a block shortage: the policy decides whom to preempt
+                    break
+                c += nb
+                need.append(c)
         else:
             b0 = steps % bs
             if b0 + k <= bs:  # the buckets in the stretch's order
@@ -225,21 +222,18 @@ def fast_forward(
                     del cross[k:], need[k:]
                 if k and need[-1]:
                     kv.try_grow(list(chain.from_iterable(cross)))
-            if k:
-                vals: list[float] = [0.0] * (5 * k)
-                vals[0::5] = ends[i + 1 : i + k + 1]
-                if grows:  # used and filled blocks grow together: the reserved blocks stay as they are
-                    vals[1::5] = [used + c for c in need]
-                    vals[2::5] = [used - filled if used > filled else 0] * k
-                    used += need[-1]
-                else:
-                    vals[1::5] = [used] * k
-                    vals[2::5] = [used - f if used > f else 0 for f in [filled + c for c in need]]
-                vals[3::5] = range(kv_tokens + m, kv_tokens + m * k + 1, m) if m else [kv_tokens] * k
-                vals[4::5] = flops[i : i + k]
-                append_bytes(STEP_PACKERS[k](*vals))
-                filled += need[-1]
-                kv_tokens += m * k
+        if k:
+            # used and filled blocks grow together with paged KV (the reserved blocks stay as they are); a
+            # reservation (contiguous KV) fills the blocks it holds
+            pack = FLOAT_PACKERS[k]
+            log_ends.frombytes(pack(*ends[i + 1 : i + k + 1]))
+            log_flops.frombytes(pack(*flops[i : i + k]))
+            log_need.frombytes(INT_PACKERS[k](*need))
+            log_stretches.frombytes(PACK_STRETCH(k, used, filled, kv_tokens, m, grows))
+            if grows:
+                used += need[-1]
+            filled += need[-1]
+            kv_tokens += m * k
         steps += k
         i += k
         if shortage:
