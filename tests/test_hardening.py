@@ -149,6 +149,11 @@ REFUSED = {
                               ["deployment.model", "num_hidden_layers", "1.5"]),
     "num_requests true": (w("workload.num_requests", True), ["workload.num_requests", "not true"]),
     "rate true": (w("workload.arrival.rate", True), ["workload.arrival.rate", "not true"]),
+    # 9. an empty path is named, not read as the current folder: "trace file not found: ." and, for the model,
+    # "file not found: config.json" (the current folder's)
+    "trace ''": (w("workload", {"arrival": {"type": "trace", "trace": ""}}),
+                 ["workload.arrival.trace: trace path is empty (''); name a trace file or a shipped trace"]),
+    "model ''": (w("deployment.model", ""), ["deployment.model: unknown model ''; presets: tiny"]),
 }
 
 

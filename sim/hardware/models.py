@@ -575,7 +575,7 @@ def resolve_model(model: ModelLike) -> ModelSpec:
     text = str(model)
     if not isinstance(model, str) or text.endswith(".json") or "/" in text:
         return ModelSpec.from_hf_config(model)
-    if not is_model_preset(text) and Path(text).is_dir():
+    if text.strip() and not is_model_preset(text) and Path(text).is_dir():  # "" is no folder (Path("") is ".")
         return ModelSpec.from_hf_config(text)
     return ModelSpec.from_name(text)
 

@@ -94,12 +94,15 @@ class TraceData:
 
 def resolve_trace(name_or_path: str | os.PathLike[str]) -> Path:
     """Path of a shipped trace name, or the given path. Raises FileNotFoundError naming the path."""
+    known = ", ".join(TRACES)
+    if not os.fspath(name_or_path).strip():  # Path("") is ".": the error read "trace file not found: ."
+        raise FileNotFoundError(f"trace path is empty ({os.fspath(name_or_path)!r}); name a trace file or a "
+                                f"shipped trace ({known})")
     if isinstance(name_or_path, str) and name_or_path in TRACES:
         path = TRACE_DIR / TRACES[name_or_path]
     else:
         path = Path(name_or_path).expanduser()
     if not path.is_file():
-        known = ", ".join(TRACES)
         raise FileNotFoundError(f"trace file not found: {path} (shipped traces are named {known})")
     return path
 
