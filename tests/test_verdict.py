@@ -210,6 +210,21 @@ def test_a_disaggregated_run_is_ranked_by_its_busiest_pools_roof():
                            "time; prefill pool compute-bound: MFU 59%"), text
 
 
+def test_a_disaggregated_runs_memory_is_judged_in_its_fullest_pool():
+    """The KV usage the verdict reads was the mean over both pools: a decode pool full at 90% beside a prefill
+    pool's nearly empty cache read 45%, under the 85% that makes a run memory-bound, and the limit went unnamed."""
+    pools = {"prefill": {"busy_fraction": 0.3, "busy_mfu": 0.5, "kv_usage_mean": 0.01},
+             "decode": {"busy_fraction": 0.9, "busy_mfu": 0.05, "kv_usage_mean": 0.9}}
+    s = {"num_steps": 100, "busy_fraction": 0.6, "kv_usage": {"mean": 0.45, "max": 0.97}, "num_preemptions": 12,
+         "limits": {"busy_mfu": 0.3}, "disaggregation": {"pools": pools}}
+    v = rank_limits(s)
+    assert v.names[0] == "memory-bound" and v.limits[0].score == pytest.approx(0.97)
+    assert v.text.startswith("memory-bound: KV usage 90% on average in the decode pool (peak 97%), 12 "
+                             "preemptions; then bandwidth-bound: decode pool (the busiest)")
+    pools["decode"]["kv_usage_mean"] = 0.3  # the pools' means under the fleet's: the fleet's is said
+    assert "KV usage 45% on average (peak 97%)" in rank_limits(s).text
+
+
 def test_a_disaggregated_run_names_each_pools_busy_share():
     """3P1D (scenarios/lesson-disaggregation.yaml) read 'compute-bound: MFU 35% while computing, GPU busy 56% of
     the time': the share over both pools, while its one decode GPU, the bottleneck the lesson names, was busy

@@ -264,6 +264,15 @@ def rank_limits(summary: dict) -> Verdict:
 
     kv = summary.get("kv_usage") or {}
     kv_mean, kv_max = _fin(kv.get("mean")), _fin(kv.get("max"))
+    kv_text = f"KV usage {_pct(kv.get('mean'))} on average"
+    pools = (summary.get("disaggregation") or {}).get("pools") or {}
+    pool_kv = {name: _fin((p or {}).get("kv_usage_mean")) for name, p in pools.items()}
+    if pool_kv and max(pool_kv.values()) > kv_mean:
+        # a disaggregated run's mean is over both pools: a decode pool full at 90% read 45% beside an idle
+        # prefill pool's cache, under the threshold; the fullest pool's mean is the one that limits
+        fullest = max(pool_kv, key=lambda name: pool_kv[name])
+        kv_mean = pool_kv[fullest]
+        kv_text = f"KV usage {_pct(kv_mean)} on average in the {fullest} pool"
     pressure = _fin(summary.get("num_preemptions")) + _fin(summary.get("num_rejected"))
     kv_score = kv_mean if kv_mean >= KV_FULL_MEAN else 0.0  # a half-full cache without pressure limits nothing
     if pressure > 0 and kv_max >= KV_FULL_PEAK:
@@ -271,8 +280,8 @@ def rank_limits(summary: dict) -> Verdict:
     extras = [f"{summary['num_preemptions']} preemptions"] if summary.get("num_preemptions") else []
     if summary.get("num_rejected"):
         extras.append(f"{summary['num_rejected']} rejected")
-    found.append(Limit("memory-bound", kv_score, f"KV usage {_pct(kv.get('mean'))} on average (peak "
-                       f"{_pct(kv.get('max'))})" + (", " + ", ".join(extras) if extras else "")))
+    found.append(Limit("memory-bound", kv_score, f"{kv_text} (peak {_pct(kv.get('max'))})"
+                       + (", " + ", ".join(extras) if extras else "")))
 
     pad = _fin(summary.get("padding_fraction"))
     found.append(Limit("padding", pad, f"{_pct(pad)} of computed tokens were padding"))
@@ -295,7 +304,6 @@ def rank_limits(summary: dict) -> Verdict:
     # a disaggregated run's busy share is over both pools: 3P1D read "GPU busy 56%" while its one decode GPU
     # was busy 99.8% of the time, the bottleneck the lesson names; each pool's share is said, and spare load is
     # claimed only when the busiest pool has room
-    pools = (summary.get("disaggregation") or {}).get("pools") or {}
     pool_busy = {name: _fin((p or {}).get("busy_fraction")) for name, p in pools.items()}
     pooled = bool(pools) and all(isinstance((p or {}).get("busy_mfu"), int | float) for p in pools.values())
     if pooled:
