@@ -432,6 +432,28 @@ def test_a_key_of_a_section_a_variant_or_pool_inherits_changes_what_it_inherits(
     assert cfgs["2P2D"].policy.max_num_seqs is None  # the others still run the scenario's
 
 
+def test_a_variants_policy_type_set_keeps_only_the_new_kinds_keys(tmp_path: Path) -> None:
+    # --set variants.0.policy.type=static on a variant inheriting {type: continuous, enable_chunked_prefill: true,
+    # max_num_batched_tokens: 512} made {type: static} before 50ec329; since, the inherited copy kept the
+    # continuous keys and was refused ("enable_chunked_prefill: unknown key ... the kind 'static' not"). A variant's
+    # (or pool's) own section retyped by --set keeps the keys its new kind has, as policy.type=static does
+    from sim.config.scenario import load_scenario, variant_configs
+
+    base = yaml.safe_load((SCENARIOS / "lesson-disaggregation.yaml").read_text())
+    base["policy"] = {"type": "continuous", "enable_chunked_prefill": True, "max_num_batched_tokens": 512}
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(base))
+    for key, name, pool in (("variants.0.policy.type", "colocated", None),
+                            ("variants.3.policy.type", "colocated-chunked", None),
+                            ("variants.1.disaggregation.decode.policy.type", "2P2D", "decode"),
+                            ("disaggregation.decode.policy.type", "2P2D", "decode")):
+        cfgs = {c.name: c for c in variant_configs(load_scenario(path, {key: "static"})[0])}
+        got = cfgs[name].policy if pool is None else getattr(cfgs[name].disaggregation, pool).policy
+        assert (got.type if pool is None else got["type"]) == "static", key
+    cfgs = {c.name: c for c in variant_configs(load_scenario(path, {"variants.0.policy.type": "sjf"})[0])}
+    assert cfgs["colocated"].policy.max_num_batched_tokens == 512  # the limits both kinds have are kept
+
+
 def test_a_variants_workload_is_checked_with_its_path(tmp_path: Path) -> None:
     from sim.config.scenario import apply_override, parse_scenario
     from sim.config.schema import ScenarioError

@@ -427,6 +427,7 @@ def apply_override(d: dict[str, Any], key: str, value: Any) -> None:
     head, rest = parts[0], parts[1:]
     if head not in _VARIANT_SECTIONS or not rest:
         set_path(d, key, value)
+        _retype_at(d, parts)
         return
     tp = field_type(Scenario, head)
     variants = [v for v in d.get("variants") or [] if isinstance(v, dict)]
@@ -513,6 +514,7 @@ def _set_in_variants(d: dict[str, Any], parts: list[str], value: Any) -> None:
         if has_path(tp, section, rest):
             _fill_defaults(tp, section, rest)
             set_path(section, ".".join(rest), value)
+            _retype_at(section, rest)
             used = True
     if not used:
         raise ScenarioError(f"{key}: no variant's {head} has the key {rest[-1]!r}")
@@ -527,6 +529,16 @@ def _retype(tp: Any, section: dict[str, Any]) -> None:
             for key in [k for k in section if k not in fields]:
                 del section[key]
             return
+
+
+def _retype_at(root: dict[str, Any], parts: list[str]) -> None:
+    """After ``--set`` of the ``type`` of a variant's or a pool's section (``variants.0.policy.type``,
+    ``disaggregation.decode.policy.type``), ``_retype`` as for the scenario's own: a section copied from what the
+    variant inherits (``_spell_out_inherited``) otherwise kept the old kind's keys, refused under the new kind."""
+    if len(parts) > 1 and parts[-1] == "type" and parts[-2] in _VARIANT_SECTIONS and parts[-2] not in PARTIAL_SECTIONS:
+        section = _node_at(root, parts[:-1])
+        if isinstance(section, dict):
+            _retype(field_type(Scenario, parts[-2]), section)
 
 
 def slos_of(scenario: Scenario) -> SLOs | None:
