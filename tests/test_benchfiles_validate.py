@@ -227,9 +227,10 @@ def test_validate_against_uses_the_profile_and_refuses_engine_options(run_folder
     bench = run_folder / "cb.vllm-bench.json"
     profile = ROOT / "calibration" / "profiles" / "tiny-cpu.json"
     fitted = {"type": "fitted", "profile": str(profile)}
-    (with_profile,) = validate_against(SCENARIO, [bench], profile=profile).files
-    (as_set,) = validate_against(SCENARIO, [bench], overrides={"deployment.cost_model": fitted}).files
-    (plain,) = validate_against(SCENARIO, [bench]).files
+    tiny = {"deployment.model": "tiny", "deployment.max_model_len": 2048}  # the model the profile was measured on
+    (with_profile,) = validate_against(SCENARIO, [bench], profile=profile, overrides=tiny).files
+    (as_set,) = validate_against(SCENARIO, [bench], overrides={**tiny, "deployment.cost_model": fitted}).files
+    (plain,) = validate_against(SCENARIO, [bench], overrides=tiny).files
     assert with_profile.metrics == as_set.metrics and with_profile.metrics != plain.metrics
     assert f"step times from the profile {profile} (deployment.cost_model of variant cb replaced)" in with_profile.notes
     # the published GPU errors say nothing of a profile's steps: no interval (it gave them, "measured inside")

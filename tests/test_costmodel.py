@@ -383,6 +383,27 @@ def test_a_scaled_profile_takes_scale_times_as_long_plus_the_overhead() -> None:
         cm.scaled(0.0, 1e-3)
 
 
+def test_a_profile_of_another_model_is_refused() -> None:
+    # Before: naive-vs-continuous (Llama-3.1-8B on an A100) with `cost_model: {type: fitted, profile: tiny-cpu.json}`
+    # ran without a word, every step the tiny CPU model's
+    import yaml
+
+    from sim.config.deployment import Deployment, FittedCost
+    from sim.config.errors import ScenarioError
+    from sim.config.scenario import parse_scenario, variant_configs
+    from sim.loop.build import build
+
+    prof = str(ROOT / "calibration" / "profiles" / "tiny-cpu.json")
+    with pytest.raises(ScenarioError, match=r"^cost_model\.profile: measured on tiny, but deployment\.model is "
+                                            r"llama-3\.1-8b: its step times are tiny's; give deployment\.model: tiny"):
+        FittedCost(profile=prof).build(ModelSpec.from_name("llama-3.1-8b"), H100, Deployment(model="llama-3.1-8b"))
+    assert FittedCost(profile=prof).build(TINY, H100, Deployment(model="TINY")) is not None  # a preset's alias
+    sc = yaml.safe_load((ROOT / "scenarios" / "naive-vs-continuous.yaml").read_text())
+    sc["deployment"]["cost_model"] = {"type": "fitted", "profile": prof}
+    with pytest.raises(ScenarioError, match="deployment.cost_model.profile: measured on tiny"):
+        build(variant_configs(parse_scenario(sc))[0])
+
+
 def test_a_from_bench_file_given_as_an_engine_profile_says_what_it_is(tmp_path: Path) -> None:
     # Before: `deployment.cost_model: {type: fitted, profile: my-h100.json}` on calibrate --from-bench's output (the
     # docs call both files profiles) printed pydantic's 13 lines, "4 validation errors for CalibrationProfile ...
