@@ -56,3 +56,34 @@ def test_checked_specs_are_request_specs_equal_to_the_constructors() -> None:
     assert specs == [RequestSpec(0, 0.0, 10, 3), RequestSpec(1, 1.5, 20, 4, (7,), 16, 5)]
     with pytest.raises(dataclasses.FrozenInstanceError):
         specs[0].prompt_len = 2  # type: ignore[misc]
+
+
+def test_a_subclass_makes_its_own_records() -> None:
+    # Before: from_request assigned cls to the twin's __class__, and for a subclass of RequestRecord (its layout its
+    # own: a __dict__, or fields of its own) raised "TypeError: __class__ assignment: ... object layout differs",
+    # where it had made a record of the subclass
+    class Tagged(RequestRecord):
+        pass
+
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class Extra(RequestRecord):
+        note: str = "x"
+
+    for kind in (Tagged, Extra):
+        rec = kind.from_request(_finished())
+        assert type(rec) is kind and rec.id == 7 and rec.resumed_at == (1.2,) and rec.slo_class == "chat"
+    assert Extra.from_request(_finished()).note == "x"
+
+
+def test_a_twin_of_a_class_with_fields_init_does_not_take_is_refused() -> None:
+    # the twin's __init__ would take such a field as an argument, and the values after it would land a field late
+    from sim.serving.request import unfrozen_twin
+
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class Derived:
+        a: int
+        b: int = dataclasses.field(init=False, default=0)
+        c: int = 0
+
+    with pytest.raises(TypeError, match=r"\['b'\] are not __init__ arguments"):
+        unfrozen_twin(Derived)

@@ -61,8 +61,9 @@ class RequestRecord:
         spec = r.spec
         session = spec.session_id
         # positional, in field order: a run makes 10^5 records, and keywords cost a third more. Made
-        # through the twin (``unfrozen_twin``): a frozen dataclass's __init__ costs nine times as much
-        rec = _Unfrozen(
+        # through the twin (``unfrozen_twin``): a frozen dataclass's __init__ costs nine times as much. A
+        # subclass's own __init__ makes its records: the twin shares RequestRecord's layout, not the subclass's
+        rec = (_Unfrozen if cls is RequestRecord else cls)(
             r.id,
             r.arrival,
             r.first_scheduled,
@@ -84,7 +85,8 @@ class RequestRecord:
             -1.0 if spec.ttft_slo is None else spec.ttft_slo,
             -1.0 if spec.tpot_slo is None else spec.tpot_slo,
         )
-        rec.__class__ = cls
+        if cls is RequestRecord:
+            rec.__class__ = RequestRecord
         return rec
 
     @property
