@@ -54,6 +54,16 @@ def test_openmetrics_export_parses_under_vllms_names(run_folder: Path) -> None:
         assert fams[name].type == "histogram"
     count = [s for s in fams["vllm:e2e_request_latency_seconds"].samples if s.name.endswith("_count")]
     assert count[0].value == 40
+    # vLLM's deprecated time_per_output_token_seconds observes every token gap (ITL), as its own test counts it
+    # (requests x (max_tokens - 1)); the per-request TPOT goes under request_time_per_output_token_seconds
+    def ends(name: str) -> dict[str, float]:
+        return {s.name.rsplit("_", 1)[1]: s.value for s in fams[name].samples if s.name.endswith(("_count", "_sum"))}
+    data = json.loads((run_folder / "cb.vllm-bench.json").read_text())
+    gaps = sum(n - 1 for n in data["output_lens"])
+    assert ends("vllm:time_per_output_token_seconds") == ends("vllm:inter_token_latency_seconds")
+    assert ends("vllm:inter_token_latency_seconds")["count"] == gaps
+    assert ends("vllm:inter_token_latency_seconds")["sum"] == pytest.approx(data["mean_itl_ms"] / 1000 * gaps)
+    assert ends("vllm:request_time_per_output_token_seconds")["count"] == sum(n > 1 for n in data["output_lens"])
     usage = [s.value for s in fams["vllm:kv_cache_usage_perc"].samples]
     assert all(0.0 <= u <= 1.0 for u in usage)
 

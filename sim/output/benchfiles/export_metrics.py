@@ -6,8 +6,8 @@ timestamp being the simulated time in seconds since the start of the run (not a 
 replica index, as vLLM labels data-parallel engines. The KV usage is written under both of vLLM's names
 (``kv_cache_usage_perc`` in v1, ``gpu_cache_usage_perc`` before; a fraction in [0, 1] despite the name, as in
 vLLM). Histograms and the preemption counter are the state at the end of the run; the counter is also a series.
-TPOT is written under v1's per-request name and the older ``time_per_output_token_seconds``; ITL (pooled gaps)
-under ``inter_token_latency_seconds``.
+TPOT is written under v1's per-request name (``request_time_per_output_token_seconds``); ITL (pooled gaps) under
+``inter_token_latency_seconds`` and, as vLLM does, under the deprecated ``time_per_output_token_seconds``.
 
 Power and energy (sim/costs/energy.py), where the GPU has power figures, go under the names NVIDIA's DCGM exporter gives
 them, so that GPU dashboards read them: ``DCGM_FI_DEV_POWER_USAGE`` (W of one GPU of the engine, per sampled
@@ -322,12 +322,15 @@ def openmetrics_text(result: RunResult, *, max_points: int = 2000) -> str:
     ttft.write(lines, "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", lab, ts)
     tpot.write(lines, "vllm:request_time_per_output_token_seconds",
                "Histogram of time_per_output_token_seconds per request.", lab, ts)
-    tpot.write(lines, "vllm:time_per_output_token_seconds", "Histogram of time per output token in seconds.", lab,
-               ts)
+    # the sum of the expanded gaps to the bit (a long run's: the pairs' dot product)
+    itl_sum = expanded_sum(result.itl_gaps, result.itl_counts) if itls_expand(result) else None
     _histogram(lines, "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", lab,
-               result.itl_gaps, TPOT_BUCKETS, ts, result.itl_counts,
-               # the sum of the expanded gaps to the bit (a long run's: the pairs' dot product)
-               expanded_sum(result.itl_gaps, result.itl_counts) if itls_expand(result) else None)
+               result.itl_gaps, TPOT_BUCKETS, ts, result.itl_counts, itl_sum)
+    # vLLM observes every token gap here too (its count is requests x (output tokens - 1)), not the per-request
+    # TPOT: a dashboard reading its mean as ITL would otherwise get the per-request mean
+    _histogram(lines, "vllm:time_per_output_token_seconds", "Histogram of time per output token in seconds. "
+               "DEPRECATED: Use vllm:inter_token_latency_seconds instead.", lab,
+               result.itl_gaps, TPOT_BUCKETS, ts, result.itl_counts, itl_sum)
     e2el.write(lines, "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", lab, ts)
     if result.spec_decode:  # speculative decoding's counters, at the end of the run
         lines += openmetrics_lines(result.spec_decode, lab, ts)
