@@ -66,6 +66,12 @@ CASES = [
     ("bad_policies.py:TooMany", "", "more than max_num_seqs 4"),
     ("bad_policies.py:Twice", "", "schedules request 0 twice"),
     ("bad_policies.py:Idle", "", "simulation stalled: 20 requests without outcome"),
+    # a policy that keeps the loop going but never lets a request finish ran until it was killed
+    ("bad_policies.py:TakesBackWhatItPlans", "", "TakesBackWhatItPlans: simulation stalled at t=193.441904 s: no "
+     "request finished, was rejected or failed over the last 16384 asks of the policy, with 20 requests in its queues "
+     "(0 running) needing 2742 tokens (a policy that plans nothing but asks to be woken again, or takes back what it "
+     "planned, never lets a request finish)"),
+    ("bad_policies.py:WakesForever", "", "WakesForever: simulation stalled at t=163.719497 s: no request finished"),
     # sys.exit in a user's code ended servesim with that status and no message; a __str__ that raises, or a
     # describe() that does, gave a traceback
     ("bad_policies.py:SysExits", "", "SysExits: schedule(view) at t=0.029018 s called sys.exit(0)"),

@@ -29,15 +29,10 @@ from sim.loop.results import gc_paused
 from sim.metrics.request_table import RequestSink
 from sim.policies.routers import Router, round_robin
 from sim.serving import fast_path
-from sim.serving.core import Batch, ServingCore
+from sim.serving.core import Batch, ServingCore, StalledError
 from sim.serving.failures import FailurePlan
 from sim.serving.request import Request, RequestSpec, Status
 from sim.serving.spec_table import SpecTable
-
-
-class StalledError(RuntimeError):
-    """The run ended with requests that never got an outcome: the policy left work waiting while nothing else
-    could happen (nothing running, no arrival or timer to come)."""
 
 
 @dataclass(frozen=True, slots=True)

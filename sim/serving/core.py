@@ -46,6 +46,18 @@ _WAITING, _RUNNING, _SWAPPED, _FINISHED = Status.WAITING, Status.RUNNING, Status
 _COMPLETED, _REJECTED, _FAILED = Outcome.COMPLETED, Outcome.REJECTED, Outcome.FAILED
 
 
+class StalledError(RuntimeError):
+    """The run cannot end: requests never get an outcome, because the policy left work waiting while nothing else
+    could happen (nothing running, no arrival or timer to come), or because it keeps the loop going without ever
+    letting a request finish (``ServingCore.schedule``'s progress check)."""
+
+
+# Asks of the policy between looks at whether any request got an outcome since the last look; a policy that lets none
+# finish is stopped once the asks without one pass 4x the tokens its queues still need plus this many (each step
+# computes a token at least, so a policy that keeps what it computes finishes a request well within that)
+_PROGRESS_EVERY = 4096
+
+
 class PlanError(RuntimeError):
     """A policy returned a plan that breaks the limits or the state machine: a bug in the policy."""
 
@@ -118,6 +130,9 @@ class ServingCore:
         self.steps = StepLog()
         self.gaps = GapLog()
         self.stats = CoreStats()
+        # the progress check (schedule): asks so far, the ask of the next look, outcomes then, the ask since which
+        # no request got an outcome
+        self._asks, self._next_look, self._outcomes_seen, self._stuck_since = 0, _PROGRESS_EVERY, 0, 0
         self.kv_tokens = 0  # tokens held in GPU KV by running requests
         self.filled_blocks = 0  # sum over running requests of ceil(computed / block_size)
         self.plans: list[tuple[tuple[int, int], ...]] | None = [] if record_plans else None
@@ -231,6 +246,9 @@ class ServingCore:
 
     # ---- the step ----------------------------------------------------------------------------------------------
     def schedule(self, now: float) -> Batch | None:
+        self._asks += 1
+        if self._asks >= self._next_look:
+            self._look_for_progress(now)
         if not self.running and (self.waiting or self.swapped):
             self._reject_unservable(now)
         plan = self.plan_without_policy(now)
@@ -258,6 +276,26 @@ class ServingCore:
         except PlanError as e:
             e.at = now  # the step the refused plan was for
             raise
+
+    def _look_for_progress(self, now: float) -> None:
+        """Stop a run whose policy keeps the loop going but never lets a request finish: one that plans nothing
+        while asking to be woken again (wake_time), or one that takes back what it planned (admits, then preempts,
+        forever). Both ran until killed; a policy that plans nothing and asks nothing is caught when the run ends."""
+        self._next_look = self._asks + _PROGRESS_EVERY
+        s = self.stats
+        outcomes = s.num_completed + s.num_rejected + s.num_failed
+        if outcomes != self._outcomes_seen or not self.has_work:
+            self._outcomes_seen, self._stuck_since = outcomes, self._asks
+            return
+        queued = [*self.waiting, *self.running, *self.swapped]
+        left = sum(r.max_len - r.num_computed_tokens for r in queued)
+        asks = self._asks - self._stuck_since
+        if asks > 4 * left + _PROGRESS_EVERY:
+            raise StalledError(
+                f"simulation stalled at t={now:.6f} s: no request finished, was rejected or failed over the last "
+                f"{asks} asks of the policy, with {len(queued)} requests in its queues ({len(self.running)} running) "
+                f"needing {left} tokens (a policy that plans nothing but asks to be woken again, or takes back what "
+                "it planned, never lets a request finish)")
 
     def _catches_up_all(self, batch: Batch) -> bool:
         """Whether the step just applied leaves nobody waiting or swapped and computes every running request up

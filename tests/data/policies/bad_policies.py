@@ -114,6 +114,32 @@ class TurnsAwayWithEmptyReason(servesim.Admission):
         return "" if request.prompt_len <= 100 else "long"
 
 
+class TakesBackWhatItPlans(servesim.Policy):
+    """Admits a token of the first waiting request, then preempts it at the next ask, forever: the run never ended."""
+
+    def schedule(self, view):
+        plan = servesim.Plan()
+        budget = view.kv.budget()
+        for r in view.running:
+            budget.release(r)
+            plan.preempt(r)
+        if not view.running:
+            for r in view.waiting[:1]:
+                if budget.allocate(r, 1):
+                    plan.schedule(r, 1)
+        return plan
+
+
+class WakesForever(servesim.Policy):
+    """Plans nothing but asks to be woken 10 ms later, every time: the run never ended."""
+
+    def schedule(self, view):
+        return servesim.Plan()
+
+    def wake_time(self, view):
+        return view.now + 0.01
+
+
 class Spins(FCFSPolicy):
     """Never returns: a loop whose exit condition is wrong."""
 
