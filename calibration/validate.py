@@ -196,18 +196,20 @@ def resolve_model(profile: FittedCostModel, model: str | None) -> str:
 
 
 def prepare(scenario_path: str | Path, overrides: dict[str, Any] | None = None) -> tuple[Scenario, list[VariantConfig],
-                                                                                          Any]:
-    """Scenario, variants and workload, with every input problem as a ``ScenarioError``."""
+                                                                                          dict[str, Any]]:
+    """Scenario, variants and each variant's workload (by name: a variant with workload keys of its own replays
+    its own requests, as ``servesim run`` and ``engine run`` replay them; validate replayed the scenario's for
+    every variant), with every input problem as a ``ScenarioError``."""
     from sim.loop.run import generate_workload
 
     sc, _ = load_scenario(scenario_path, overrides)
     if sc.sweep:
         raise ScenarioError("sweeps are not supported by `servesim validate`; validate one point (--set)")
     cfgs = variant_configs(sc)
-    wl = generate_workload(sc)
-    if wl.closed_loop is not None:
+    wls = {cfg.name: generate_workload(sc, cfg.workload) for cfg in cfgs}
+    if any(wl.closed_loop is not None for wl in wls.values()):
         raise ScenarioError("workload: closed-loop workloads are not supported by the engine yet")
-    return sc, cfgs, wl
+    return sc, cfgs, wls
 
 
 def _simulate(cfg: VariantConfig, specs: Sequence[RequestSpec], cost, name: str) -> RunResult:
@@ -300,8 +302,9 @@ def validate(scenario_path: str | Path, profile_path: str | Path, *, device: str
         raise ScenarioError(f"--num-gpu-blocks must be >= 1, got {num_gpu_blocks}")
     profile = load_profile(profile_path)
     name = resolve_model(profile, model)
-    sc, cfgs, wl = prepare(scenario_path, overrides)
-    why = time_scale_problem(time_scale, last_arrival=max((r.arrival for r in wl.requests), default=0.0))
+    sc, cfgs, wls = prepare(scenario_path, overrides)
+    why = time_scale_problem(time_scale, last_arrival=max((r.arrival for wl in wls.values() for r in wl.requests),
+                                                          default=0.0))
     if why is not None:
         raise ScenarioError(why)
     from realengine.engine import engine_config
@@ -329,7 +332,7 @@ def validate(scenario_path: str | Path, profile_path: str | Path, *, device: str
 
         bar = tqdm(total=len(cfgs), desc=f"validate {sc.name}", unit="variant", leave=False)
     for cfg in cfgs:
-        out.variants.append(validate_variant(cfg, wl, profile_path, model=name, device=device,
+        out.variants.append(validate_variant(cfg, wls[cfg.name], profile_path, model=name, device=device,
                                              num_gpu_blocks=num_gpu_blocks, time_scale=time_scale, seed=sc.seed,
                                              probe=probe))
         if bar is not None:

@@ -320,3 +320,20 @@ def test_calibrate_bad_input_exits_2(tmp_path: Path, args: list[str], needle: st
     assert res.exit_code == 2, res.output
     assert needle in res.output and "Traceback" not in res.output
     assert not (tmp_path / "p.json").exists()
+
+
+def test_a_variant_with_its_own_workload_is_validated_on_it(tmp_path: Path) -> None:
+    # Before: validate replayed the scenario's workload for every variant, on the engine and in the simulator: a
+    # variant with `workload: {arrival: {type: poisson, rate: 2}}` ran validate-tiny's 60 req/s bursts (last
+    # arrival 0.124 s of 10, where `servesim run` has 6.91 s), and its validation was of another workload
+    from calibration.validate import prepare, validate
+
+    sets = {"workload.num_requests": 6, "variants": [{"name": "a"}, {"name": "b", "workload": {
+        "arrival": {"type": "poisson", "rate": 2.0}}}]}
+    _, _, wls = prepare(SCENARIO, sets)
+    last = {name: wl.requests[-1].arrival for name, wl in wls.items()}
+    assert last["b"] > 10 * last["a"]
+    val = validate(SCENARIO, ROOT / "calibration" / "profiles" / "tiny-cpu.json", overrides=sets, speed_probe=False)
+    for v in val.variants:
+        for result in (v.real, v.sim):
+            assert max(r.arrival for r in result.requests) == pytest.approx(last[v.name]), (v.name, result.name)
