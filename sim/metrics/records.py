@@ -186,6 +186,7 @@ class _Packers(dict[int, Callable[..., bytes]]):
 FLOAT_PACKERS = _Packers("d")
 INT_PACKERS = _Packers("q")
 PACK_STRETCH = INT_PACKERS[6]  # a stretch's six numbers (``StepLog.stretches``)
+PACK_RUN = FLOAT_PACKERS[_NR]  # a run's constant values (``RUN_CONSTANT``; counts are far below 2**53: exact)
 
 
 # Columns held as int32 in the step log's chunks when every value of a chunk is an integer that fits: counts of
@@ -195,18 +196,17 @@ _INT_COLUMNS = frozenset(k for k, t in STEP_COLUMNS.items() if t is np.int64) | 
 _INT32 = np.iinfo(np.int32)
 
 
-def _packed(block: np.ndarray, names: tuple[str, ...]) -> np.ndarray:
-    """The columns of ``block`` (float64, one column per name) as one structured array, an integer column as int32
-    where it can be (``_INT_COLUMNS``): 28 bytes a step instead of 40, and 64 a run instead of 120."""
+def _packed(cols: Sequence[np.ndarray], names: tuple[str, ...]) -> np.ndarray:
+    """The columns ``cols`` (int64 or float64, one per name) as one structured array, an integer column as int32
+    where it can be (``_INT_COLUMNS``), else float64: 28 bytes a step instead of 40, and 64 a run instead of 120."""
     kinds = []
-    for i, name in enumerate(names):
-        col = block[:, i]
-        fits = name in _INT_COLUMNS and bool(np.all(col == np.trunc(col))) and (
+    for col, name in zip(cols, names, strict=True):
+        fits = name in _INT_COLUMNS and (col.dtype.kind == "i" or bool(np.all(col == np.trunc(col)))) and (
             not col.size or (_INT32.min <= col.min() and col.max() <= _INT32.max))
         kinds.append((name, np.int32 if fits else np.float64))
-    out = np.empty(len(block), dtype=kinds)
-    for i, name in enumerate(names):
-        out[name] = block[:, i]
+    out = np.empty(len(cols[0]), dtype=kinds)
+    for col, name in zip(cols, names, strict=True):
+        out[name] = col
     return out
 
 
@@ -231,7 +231,7 @@ class StepLog:
         self.flops = array("d")
         self.need = array("q")
         self.stretches = array("q")
-        self.per_run: list[float] = []
+        self.per_run = array("d")  # packed as appended (``PACK_RUN``), as the steps' values are
         # (per-step values, per-run values), structured arrays with a field per column (``_packed``), or past
         # spill.SPILL_MIN steps the same written to a file (spill.SpilledFields, which reads like them)
         self._chunks: list[tuple[Fields, Fields]] = []
@@ -268,10 +268,10 @@ class StepLog:
         self.flops.append(flops)
         self.need.append(0)
         self.stretches.frombytes(PACK_STRETCH(1, kv_blocks_used, kv_blocks_used - kv_blocks_reserved, kv_tokens, 0, 0))
-        self.per_run.extend(
-            (1, start, batch_size, padded_rows, prefill_tokens, decode_tokens, padding_tokens, kv_capacity_blocks,
-             num_running, num_waiting, num_swapped, num_preempted, num_rejected, swap_blocks, 0)
-        )  # fmt: skip
+        self.per_run.frombytes(PACK_RUN(
+            1, start, batch_size, padded_rows, prefill_tokens, decode_tokens, padding_tokens, kv_capacity_blocks,
+            num_running, num_waiting, num_swapped, num_preempted, num_rejected, swap_blocks, 0
+        ))  # fmt: skip
         if len(self.ends) >= _CHUNK:  # compact(), without a call per step
             self._flush()
 
@@ -289,10 +289,10 @@ class StepLog:
         """Close a run of the decode fast path: the last ``num_steps`` steps appended, the first
         starting at ``start``, in each of which the ``batch_size`` members of the decode group compute one token
         and sample it (no prefill, preemption, rejection or swap; ``padded_rows`` rows of CUDA-graph padding)."""
-        self.per_run.extend(
-            (num_steps, start, batch_size, padded_rows, 0, batch_size, padded_rows, kv_capacity_blocks, num_running,
-             num_waiting, num_swapped, 0, 0, 0, 1)
-        )  # fmt: skip
+        self.per_run.frombytes(PACK_RUN(
+            num_steps, start, batch_size, padded_rows, 0, batch_size, padded_rows, kv_capacity_blocks, num_running,
+            num_waiting, num_swapped, 0, 0, 0, 1
+        ))  # fmt: skip
 
     def compact(self) -> None:
         """Move appended steps into packed numpy chunks once there are many (the runs' list holds a Python object
@@ -318,14 +318,14 @@ class StepLog:
     def _flush(self) -> None:
         if not self.per_run:
             return
-        # the steps' values are float64 already; one C-level conversion of the runs' list (counts are far below
-        # 2**53, so float64 holds them exactly); the runs stay compact until the columns are asked for
+        # the runs stay compact until the columns are asked for; packed a column after another (a column of the
+        # rows' array is strided)
         steps = self._step_values()
-        runs = np.fromiter(self.per_run, dtype=np.float64, count=len(self.per_run)).reshape(-1, _NR)
+        runs = np.frombuffer(self.per_run, dtype=np.float64).reshape(-1, _NR).T.copy()
         self.ends, self.flops, self.need, self.stretches = array("d"), array("d"), array("q"), array("q")
-        self.per_run = []
-        self._chunks.append((_packed(steps, STEP_VARYING), _packed(runs, RUN_CONSTANT)))
-        self._num_flushed += len(steps)
+        self.per_run = array("d")
+        self._chunks.append((_packed(steps, STEP_VARYING), _packed(list(runs), RUN_CONSTANT)))
+        self._num_flushed += len(steps[0])
         self._columns = None
         if self._num_flushed > spill.SPILL_MIN:  # a long run: its chunks leave memory for a file
             if self._spill is None:
@@ -336,15 +336,12 @@ class StepLog:
                 self._chunks[i] = (spill.SpilledFields(self._spill, st), spill.SpilledFields(self._spill, ru))
             self._num_spilled = len(self._chunks)
 
-    def _step_values(self) -> np.ndarray:
-        """The steps appended since the last block as rows of their ``STEP_VARYING`` values, float64 (counts are
-        far below 2**53, so exact). Blocks in use: ``used + need`` (``used`` without growth); reserved: what of
-        them holds no token yet, ``max(0, in use - (filled + need))``: the integers the fast path's arithmetic
-        gave step by step."""
+    def _step_values(self) -> list[np.ndarray]:
+        """The steps appended since the last block, a column of each of ``STEP_VARYING`` (times and FLOPs float64,
+        counts int64). Blocks in use: ``used + need`` (``used`` without growth); reserved: what of them holds no
+        token yet, ``max(0, in use - (filled + need))``: the integers the fast path's arithmetic gave step by
+        step."""
         n = len(self.ends)
-        out = np.empty((n, _NV))
-        out[:, 0] = np.frombuffer(self.ends, dtype=np.float64)
-        out[:, 4] = np.frombuffer(self.flops, dtype=np.float64)
         need = np.frombuffer(self.need, dtype=np.int64)
         info = np.frombuffer(self.stretches, dtype=np.int64).reshape(-1, 6)
         k = info[:, 0]
@@ -352,10 +349,9 @@ class StepLog:
         used, filled, kv, m, grows = (info[of, c] for c in range(1, 6))
         j = np.arange(1, n + 1) - (np.cumsum(k) - k)[of]  # each step's place in its stretch, from 1
         used = used + need * grows
-        out[:, 1] = used
-        out[:, 2] = np.maximum(used - (filled + need), 0)
-        out[:, 3] = kv + m * j
-        return out
+        # views of the arrays, which _flush replaces before it packs them (an array exporting its buffer cannot grow)
+        return [np.frombuffer(self.ends, dtype=np.float64), used, np.maximum(used - (filled + need), 0), kv + m * j,
+                np.frombuffer(self.flops, dtype=np.float64)]
 
     def columns(self) -> StepColumns:
         """All steps so far, one array per column, each expanded from the runs when read (see
