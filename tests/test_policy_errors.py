@@ -453,3 +453,30 @@ def test_an_async_schedule_is_named_without_a_never_awaited_warning(tmp_path: Pa
         "error: variant 'bad-policy': policy ScheduleIsAsync: schedule returned coroutine, not a servesim.Plan "
         "(schedule is an async def: the core calls it as a plain function)")
     assert "RuntimeWarning" not in p.stderr and not (tmp_path / "out").exists()
+
+
+def test_a_number_yaml_reads_as_text_is_the_float_a_float_arg_takes() -> None:
+    # PyYAML (YAML 1.1) reads 6e0, 5e-4 and 1.0e3 as text (an exponent wants a sign and a point). A scenario's own
+    # number fields take them as numbers (--set deployment.gpu_memory_utilization=9e-1 runs), but a user's class
+    # given args {service_rate: 6e0} was told "args service_rate='6e0' does not fit SLOAdmission's constructor,
+    # which takes service_rate: float (input should be a valid number)", exit 2. Now the float it spells, where the
+    # annotation takes a float and not text; elsewhere the text stays text
+    import servesim
+    from sim.policies.loader import fitted_args
+
+    example = HERE.parent / "examples" / "policies" / "slo_admission.yaml"
+    spelled, plain = (servesim.run(example, num_requests=20, set={"variants.1.policy.args.service_rate": v}).summary
+                      for v in ("6e0", 6.0))
+    assert spelled == plain
+
+    class Mixed:
+        def __init__(self, rate: float, limit: float | None = None, name: str = "", either: str | float = 0,
+                     count: int = 0) -> None:
+            pass
+
+    assert fitted_args(Mixed, {"rate": "5e-4", "limit": "-1.5E+3", "name": "1e3", "either": "2e1"}) == {
+        "rate": 5e-4, "limit": -1500.0, "name": "1e3", "either": "2e1"}
+    with pytest.raises(ValueError, match=r"args count='1e3' does not fit Mixed's constructor, which takes count: int"):
+        fitted_args(Mixed, {"count": "1e3"})
+    with pytest.raises(ValueError, match=r"args rate='1024' does not fit"):  # a quoted number stays text
+        fitted_args(Mixed, {"rate": "1024"})

@@ -266,7 +266,7 @@ class UserClassConfig(PolicyModel):
         return None
 
     def make(self) -> Any:
-        from sim.policies.loader import args_problem, exception_text
+        from sim.policies.loader import exception_text, fitted_args
         from sim.policies.user import PolicyError, call_user
         from sim.policies.watchdog import WATCH
 
@@ -282,12 +282,14 @@ class UserClassConfig(PolicyModel):
                              f"now would not start fresh: create it in __init__ (self.{name} = ...), or pass what it "
                              "holds as args; or, if it only caches results no run changes, name it in "
                              f"shared_caches = ({name!r},) on the class")
-        if self.instance is None and (wrong := args_problem(kind, self.args)) is not None:
-            raise ValueError(f"cls {self.cls}: {wrong}")
+        try:
+            args = fitted_args(kind, self.args) if self.instance is None else {}
+        except ValueError as e:
+            raise ValueError(f"cls {self.cls}: {e}") from None
         WATCH.arm()  # a constructor that never returns (each variant and sweep point makes one) is stopped
         try:
             obj = call_user(f"cls {self.cls}: {what}", lambda: copy.deepcopy(self.instance) if self.instance
-                            is not None else self._cls(**self.args), wrap=False)
+                            is not None else self._cls(**args), wrap=False)
         except (PolicyError, *PASS_THROUGH):
             raise
         except BaseException as e:  # not only Exception: sys.exit, GeneratorExit, a library's own BaseException

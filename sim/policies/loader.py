@@ -12,6 +12,7 @@ import importlib
 import importlib.util
 import inspect
 import os
+import re
 import sys
 import traceback
 import types
@@ -165,17 +166,25 @@ def _checkable(hint: Any) -> bool:
     return origin in (typing.Union, types.UnionType) and all(_checkable(a) for a in typing.get_args(hint))
 
 
-def args_problem(kind: type, args: Mapping[str, Any]) -> str | None:
-    """Why ``args`` do not fit the annotations of the user's constructor of ``kind``, or None: ``short: int`` given
-    "abc" failed mid-run in the user's own comparison, and given true or 2.5 ran silently on it."""
+# A number as YAML 1.2 writes it that YAML 1.1 (PyYAML) reads as text: an exponent without a sign, or without a
+# point before it (6e0, 5e-4, 1.0e3)
+_TEXT_FLOAT = re.compile(r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)[eE][-+]?[0-9]+")
+
+
+def fitted_args(kind: type, args: Mapping[str, Any]) -> dict[str, Any]:
+    """``args`` as the user's constructor of ``kind`` is given them, checked against its annotations: ValueError
+    naming the first that does not fit (``short: int`` given "abc" failed mid-run in the user's own comparison, and
+    given true or 2.5 ran silently on it). A number YAML reads as text (``_TEXT_FLOAT``) is the float it spells where
+    the annotation takes a float and not text, as a scenario's own number fields read it."""
+    out = dict(args)
     init: Any = getattr(kind, "__init__", None)
     if getattr(init, "__module__", "sim").partition(".")[0] in ("sim", "servesim", "builtins"):
-        return None  # servesim's own constructor checks its arguments
+        return out  # servesim's own constructor checks its arguments
     try:
         hints = typing.get_type_hints(init)
         params = inspect.signature(init).parameters
     except Exception:  # noqa: BLE001 - a name only imported under TYPE_CHECKING, a builtin: nothing to check by
-        return None
+        return out
     from pydantic import TypeAdapter, ValidationError
 
     for name, value in args.items():
@@ -184,10 +193,17 @@ def args_problem(kind: type, args: Mapping[str, Any]) -> str | None:
             continue
         # a search loop's numpy draw (rng.integers gives np.int64) is the number it holds
         plain = value.item() if isinstance(value, np.generic) else value
+        adapter = TypeAdapter(hint)
         try:
-            TypeAdapter(hint).validate_python(plain, strict=True)  # strict: true is no int, "1024" no number
+            adapter.validate_python(plain, strict=True)  # strict: true is no int, "1024" no number
         except ValidationError as e:
+            if isinstance(plain, str) and _TEXT_FLOAT.fullmatch(plain.strip()):
+                try:
+                    out[name] = adapter.validate_python(float(plain), strict=True)
+                    continue
+                except ValidationError:
+                    pass
             shown = getattr(hint, "__name__", None) if isinstance(hint, type) else None
-            return (f"args {name}={value!r} does not fit {kind.__name__}'s constructor, which takes {name}: "
-                    f"{shown or str(hint).replace('typing.', '')} ({e.errors()[0]['msg'].lower()})")
-    return None
+            raise ValueError(f"args {name}={value!r} does not fit {kind.__name__}'s constructor, which takes {name}: "
+                             f"{shown or str(hint).replace('typing.', '')} ({e.errors()[0]['msg'].lower()})") from None
+    return out

@@ -61,7 +61,7 @@ from pydantic import ValidationError
 from sim.config.errors import ScenarioError, ServesimStop
 from sim.config.files import output_folder
 from sim.policies import api
-from sim.policies.loader import args_problem
+from sim.policies.loader import fitted_args
 from sim.policies.user import reads, unpredicted_note
 from sim.studies.eval_worker import KEPT, run_forked
 from sim.workload.generator import GeneratedWorkload
@@ -263,8 +263,10 @@ def _make_policy(policy: Any, args: Mapping[str, Any]) -> Any:
     if isinstance(policy, str):
         policy = policy_from_source(policy)
     if isinstance(policy, type):
-        if (wrong := args_problem(policy, args)) is not None:  # as a scenario's args are checked
-            raise _LoadError("load", wrong)
+        try:
+            args = fitted_args(policy, args)  # as a scenario's args are checked
+        except ValueError as e:
+            raise _LoadError("load", str(e)) from None
         try:
             policy = policy(**args)
         except Exception as e:
