@@ -650,3 +650,18 @@ def test_state_kept_on_the_class_in_a_numpy_array_is_refused_too() -> None:
     _SHARED[Counts] = _snapshot(Counts)
     Counts.nested["served"][0] += 1
     assert _shared_state_changed(Counts) == "nested"
+
+
+def test_swap_preemption_without_swap_space_is_refused() -> None:
+    """preemption_mode swap with swap_space 0 preempted by recompute every time, silently (60 requests on 200 blocks:
+    38 preemptions and TTFT mean 14.88 s, exactly the recompute variant's), where vLLM aborts for lack of CPU swap
+    space. A built-in's mode and a user's QueuePolicy's alike."""
+    base = {"workload": {**CHAT, "num_requests": 10},
+            "deployment": {"model": "llama-3.1-8b", "gpu": "l4", "max_model_len": 4096, "swap_space": 0}}
+    for policy in ({"type": "fcfs", "preemption_mode": "swap"},
+                   {"type": "custom", "cls": "sim.policies.queue:FCFSPolicy", "args": {"preemption_mode": "swap"}}):
+        with pytest.raises(servesim.ScenarioError, match=r"variant 'scenario': policy preemption_mode swap, but "
+                           r"deployment.swap_space 0 GiB holds no KV block: every preemption would recompute; give "
+                           r"swap_space > 0 \(vLLM's default is 4 GiB\) or preemption_mode recompute$"):
+            servesim.run({**base, "policy": policy})
+    assert servesim.run({**base, "policy": {"type": "fcfs"}}).summary["scenario"]["num_completed"] == 10

@@ -172,6 +172,13 @@ def build(cfg: VariantConfig) -> tuple[Policy, KVManager, CostModel, Built]:
         policy = configure_policy(with_ttft_slo(pol.build(limits, cfg.admission.build()), cfg.ttft_slo), dep.engine)
     except ValueError as e:
         raise ScenarioError(f"{where}: policy: {e}") from None
+    # a built-in's preemption_mode, or a user's QueuePolicy's (its constructor's): swap with no CPU block to swap to
+    # preempted by recompute every time, silently, where vLLM aborts for lack of CPU swap space
+    mode = getattr(pol, "preemption_mode", None) or getattr(getattr(policy, "user", None), "preemption_mode", None)
+    if mode == "swap" and num_cpu_blocks == 0:
+        raise ScenarioError(f"{where}: policy preemption_mode swap, but deployment.swap_space {dep.swap_space:g} GiB "
+                            "holds no KV block: every preemption would recompute; give swap_space > 0 (vLLM's default "
+                            "is 4 GiB) or preemption_mode recompute")
     kv = kvc.build(budget.num_gpu_blocks, dep.block_size, max_model_len=max_model_len, num_cpu_blocks=num_cpu_blocks)
     kv = configure_kv(kv, dep.engine)
     try:
