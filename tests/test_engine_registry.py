@@ -9,6 +9,7 @@ leaves this test process as it was.
 from __future__ import annotations
 
 import ast
+import copy
 import csv
 import json
 import os
@@ -18,6 +19,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import yaml
 
 from sim.engines.registry import EngineConfig, engines
 
@@ -114,8 +116,29 @@ def test_the_names_users_type_run_the_engine_they_mean(typed: str, name: str) ->
 
 def test_the_schema_lists_the_registered_engines() -> None:
     schema = EngineConfig.model_json_schema()
-    assert schema["properties"]["name"]["enum"] == list(engines()) == [
-        "vllm-v1", "vllm-v0", "tensorrt-llm", "sglang", "lmdeploy", "tgi", "classic"]
+    assert list(engines()) == ["vllm-v1", "vllm-v0", "tensorrt-llm", "sglang", "lmdeploy", "tgi", "classic"]
+    assert schema["properties"]["name"]["enum"] == [*engines(), "vllm", "trtllm", "trt-llm", "tensorrtllm",
+                                                    "text-generation-inference"]
+
+
+def test_what_editors_check_against_takes_the_engine_names_servesim_runs() -> None:
+    # Before: `servesim schema` listed the engines' own names alone, and no bare name: an editor flagged
+    # `engine: {name: vllm}` (runs since 145bf7b) and `engine: sglang` (the short form docs/engines-and-hardware.md
+    # uses), both of which servesim runs
+    jsonschema = pytest.importorskip("jsonschema")
+    from sim.config.scenario import json_schema, parse_scenario
+
+    validator = jsonschema.Draft202012Validator(json_schema())
+    base = yaml.safe_load((ROOT / "scenarios" / "naive-vs-continuous.yaml").read_text())
+    for engine in ("sglang", "vllm", {"name": "vllm"}, {"name": "trt-llm", "kv_cache_free_gpu_mem_fraction": 0.9}):
+        for where in ("deployment", "variant"):
+            raw = copy.deepcopy(base)
+            (raw["deployment"] if where == "deployment" else raw["variants"][0].setdefault("deployment", {}))[
+                "engine"] = engine
+            parse_scenario(raw)  # servesim runs it...
+            assert validator.is_valid(raw), (engine, where)  # ...and the schema takes it
+    base["deployment"]["engine"] = "vllm-v9"
+    assert not validator.is_valid(base)
 
 
 def _string_constants(path: Path) -> set[str]:

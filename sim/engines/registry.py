@@ -56,9 +56,19 @@ register_engine(classic.ENGINE, without_engine=True)
 DEFAULT_ENGINE = vllm_v1.ENGINE.name
 
 
+def _names_typed() -> list[str]:
+    """The names ``deployment.engine`` takes as written (each engine's, then their aliases; any case runs too)."""
+    return [*engines(), *(a for e in engines().values() for a in e.aliases)]
+
+
 def _names_listed(schema: dict[str, Any]) -> None:
-    """The JSON schema lists the registered engines' names (a plugin's too, once loaded)."""
-    schema["enum"] = list(engines())
+    """The JSON schema lists the registered engines' names and aliases (a plugin's too, once loaded)."""
+    schema["enum"] = _names_typed()
+
+
+def _bare_name_too(schema: dict[str, Any]) -> None:
+    """``deployment.engine`` in the JSON schema takes a bare name too, as the file does (``engine_field``)."""
+    schema["anyOf"] = [{"type": "string", "enum": _names_typed()}, *schema.get("anyOf", [])]
 
 
 def _names_for_humans() -> str:
@@ -166,9 +176,10 @@ def engine_field(value: Any) -> Any:
     return {"name": value} if isinstance(value, str) else value
 
 
-EngineField = Field(default=None, description="Serving engine whose memory rule and scheduler defaults apply "
-                    "(vllm-v1, vllm-v0, tensorrt-llm, sglang, lmdeploy, tgi, or {name: ..., its keys}); none: "
-                    "servesim's classic idealised vLLM (chunking off, prefill-first steps).")
+EngineField = Field(default=None, json_schema_extra=_bare_name_too, description="Serving engine whose memory rule "
+                    "and scheduler defaults apply (vllm-v1, vllm-v0, tensorrt-llm, sglang, lmdeploy, tgi, or "
+                    "{name: ..., its keys}); none: servesim's classic idealised vLLM (chunking off, prefill-first "
+                    "steps).")
 engine_validator = field_validator("engine", mode="before")(classmethod(lambda cls, v: engine_field(v)))
 
 
