@@ -428,3 +428,24 @@ def test_the_reports_tables_write_a_figure_as_the_summary_table_does():
                         ("transfer p99 (ms)", "KV transfer p99 (ms)"), ("TTFT p99 (ms)", "TTFT p99 (ms)"),
                         ("prefill TTFT p99 (ms)", "prefill TTFT p99 (ms)")):
         assert split[column] == summary[row]["3P1D"], column
+
+
+def test_timeline_states_stop_at_the_runs_own_end(nvc):
+    # on the report's shared axis (to the naive run's end) the continuous run's queues and KV, taken per window,
+    # held its last step's values for the rest of the axis: 1 request running some 290 s after the last finished
+    from sim.output.report import fig_timeline
+    from sim.output.report.common import run_end
+
+    naive, cont = nvc.results
+    end, axis_end = run_end(cont), run_end(naive)
+    assert axis_end > 2 * end
+    fig = fig_timeline(cont, max_points=100, x_end=axis_end)
+    states = [t for t in fig.data if t.name in ("running", "waiting", "KV used")]
+    assert len(states) == 3
+    for t in states:
+        y = np.asarray(t.y, dtype=np.float64)
+        starts = t.x0 + t.dx * np.arange(len(y))
+        assert np.isfinite(y[starts < end]).all() and np.isnan(y[starts >= end]).all(), t.name
+        assert np.nanmax(y) > 0
+    busy = next(t for t in fig.data if t.name == "busy")  # an amount per window: 0 after the end, as it was
+    assert np.asarray(busy.y)[-1] == 0

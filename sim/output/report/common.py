@@ -342,11 +342,24 @@ def _windowed(edges: np.ndarray, y: np.ndarray) -> dict:
     return dict(x0=float(edges[0]), dx=float(edges[1] - edges[0]), y=np.asarray(y, dtype=np.float32), line_shape="hv")
 
 
-def _state_trace(t: np.ndarray, v: np.ndarray, edges: np.ndarray, how: str, max_points: int) -> dict:
-    """A state series: the raw points when there are few, else one value per window."""
+def _state_trace(t: np.ndarray, v: np.ndarray, edges: np.ndarray, how: str, max_points: int,
+                 end: float = np.inf) -> dict:
+    """A state series: the raw points when there are few, else one value per window (none from ``end`` on)."""
     if len(t) <= max_points:
         return dict(x=np.asarray(t, dtype=np.float64), y=np.asarray(v, dtype=np.float32), line_shape="hv")
-    return _windowed(edges, state_per_window(t, v, edges, how))
+    return _windowed(edges, held_until(edges, state_per_window(t, v, edges, how), end))
+
+
+def held_until(edges: np.ndarray, y: np.ndarray, end: float) -> np.ndarray:
+    """``y`` per window with no value in the windows that start at or after ``end``, the run's own end on an
+    axis shared with a longer run: a state held past a run's last step drew requests running after the last one
+    had finished (the raw points end at the last step too)."""
+    late = np.asarray(edges[:-1]) >= end
+    if not late.any():
+        return y
+    y = np.array(y, dtype=np.float64)
+    y[late] = np.nan
+    return y
 
 
 def _count_trace(times: np.ndarray, weights: np.ndarray, edges: np.ndarray, max_points: int) -> dict:

@@ -24,6 +24,7 @@ from sim.output.report.common import (
     amount_per_window,
     color,
     ecdf_points,
+    held_until,
     run_end,
     window_edges,
 )
@@ -169,7 +170,8 @@ def fig_timeline(result: RunResult, max_points: int = MAX_POINTS, x_end: float |
     axis (default: the run's end); the report passes the latest end over the variants, so they line up."""
     s = _sorted_steps(result)
     n = s.num_steps if isinstance(s, StepColumns) else len(s["start"])
-    x_end = run_end(result) if x_end is None else max(float(x_end), run_end(result))
+    own_end = run_end(result)
+    x_end = own_end if x_end is None else max(float(x_end), own_end)
     edges = window_edges(x_end, n, max_points)
     width = edges[1] - edges[0]
     # a long run's log: its series a block of steps at a time (the same values), not as whole columns
@@ -189,7 +191,7 @@ def fig_timeline(result: RunResult, max_points: int = MAX_POINTS, x_end: float |
         ),
     )
     if series is not None:
-        _timeline_of(fig, series, edges, result, x_end, max_points)
+        _timeline_of(fig, series, edges, result, x_end, max_points, own_end)
         return fig
     t = s["start"]
     # Per replica: each replica's steps run in parallel with the others', so their busy time over a window can sum
@@ -217,7 +219,8 @@ def fig_timeline(result: RunResult, max_points: int = MAX_POINTS, x_end: float |
         used = s["kv_blocks_used"] / cap
         filled = (s["kv_blocks_used"] - s["kv_blocks_reserved"]) / cap
     fig.add_trace(
-        go.Scatter(name="KV used", line=dict(color=color(2)), **_state_trace(t, used, edges, "max", max_points)),
+        go.Scatter(name="KV used", line=dict(color=color(2)),
+                   **_state_trace(t, used, edges, "max", max_points, own_end)),
         row=3,
         col=1,
     )
@@ -226,7 +229,7 @@ def fig_timeline(result: RunResult, max_points: int = MAX_POINTS, x_end: float |
             go.Scatter(
                 name="KV used, reserved-empty blocks left out",
                 line=dict(color=color(2), dash="dot"),
-                **_state_trace(t, filled, edges, "max", max_points),
+                **_state_trace(t, filled, edges, "max", max_points, own_end),
             ),
             row=3,
             col=1,
@@ -235,7 +238,8 @@ def fig_timeline(result: RunResult, max_points: int = MAX_POINTS, x_end: float |
         if col == "num_swapped" and not np.any(s[col] > 0):
             continue
         fig.add_trace(
-            go.Scatter(name=label, line=dict(color=color(3 + j)), **_state_trace(t, s[col], edges, "max", max_points)),
+            go.Scatter(name=label, line=dict(color=color(3 + j)),
+                       **_state_trace(t, s[col], edges, "max", max_points, own_end)),
             row=4,
             col=1,
         )
@@ -278,21 +282,23 @@ def _timeline_layout(fig: go.Figure, result: RunResult, x_end: float) -> None:
 
 
 def _timeline_of(fig: go.Figure, series: TimelineSeries, edges: np.ndarray, result: RunResult, x_end: float,
-                 max_points: int) -> None:
+                 max_points: int, own_end: float) -> None:
     """fig_timeline's traces from a long run's series read in blocks (``timeline_series``): the same traces, in
     the same order, as from the whole columns."""
     _replica_lines(fig, edges, [series.busy], "busy", color(0), row=1)
     if series.mfu is not None:
         _replica_lines(fig, edges, [series.mfu], "MFU", color(1), row=2)
-    fig.add_trace(go.Scatter(name="KV used", line=dict(color=color(2)), **_windowed(edges, series.kv_used)),
+    fig.add_trace(go.Scatter(name="KV used", line=dict(color=color(2)),
+                             **_windowed(edges, held_until(edges, series.kv_used, own_end))),
                   row=3, col=1)
     if series.any_reserved:
         fig.add_trace(go.Scatter(name="KV used, reserved-empty blocks left out", line=dict(color=color(2), dash="dot"),
-                                 **_windowed(edges, series.kv_filled)), row=3, col=1)
+                                 **_windowed(edges, held_until(edges, series.kv_filled, own_end))), row=3, col=1)
     for j, (col, label) in enumerate(_QUEUES):
         if col == "num_swapped" and not series.any_swapped:
             continue
-        fig.add_trace(go.Scatter(name=label, line=dict(color=color(3 + j)), **_windowed(edges, series.queues[col])),
+        fig.add_trace(go.Scatter(name=label, line=dict(color=color(3 + j)),
+                                 **_windowed(edges, held_until(edges, series.queues[col], own_end))),
                       row=4, col=1)
     _count_lines(fig, result, series.preempt_t, series.preempt_n, edges, max_points)
     _timeline_layout(fig, result, x_end)
