@@ -582,6 +582,39 @@ def test_plan_names_the_deployment_with_the_fewest_joules() -> None:
     assert _joules(float("nan")) == "     -" and _joules(0.12345) == "0.1235"
 
 
+def test_plans_joules_per_token_are_the_steady_states_not_the_drains() -> None:
+    # Before: plan's J/out was the run's whole energy over its output, the drain after the last arrival included (a
+    # batch emptying while both GPUs stay up): plan-chat's two L40S read 0.208 J at 400 requests and 0.151 J at
+    # 4,000. In the second half of the arrival window, where the plan measures what a deployment serves, it is
+    # 0.144 J at both
+    from sim.config.scenario import load_scenario, variant_configs
+    from sim.costs.energy import energy_between
+    from sim.loop.run import generate_workload
+    from sim.metrics.summary import summarize
+    from sim.studies.plan_result import output_load, steady_joules_per_token
+    from sim.studies.planner import simulate_replicas
+
+    plan_chat = Path(__file__).parent.parent / "scenarios" / "plan-chat.yaml"
+    steady, whole = [], []
+    for n in (400, 2000):
+        sc, _ = load_scenario(plan_chat, {"workload.num_requests": n, "deployment.gpu": "l40s",
+                                          "deployment.weight_dtype": "fp8", "policy.max_num_seqs": 256})
+        r = simulate_replicas(variant_configs(sc)[0], generate_workload(sc), 2)
+        s = summarize(r)
+        steady.append(steady_joules_per_token(r, output_load(r, s["output_throughput"]),
+                                              s["energy"]["j_per_output_token"]))
+        whole.append(s["energy"]["j_per_output_token"])
+        # the window's joules are the run's, cut at its edges: pieces from its start to its end add up to them
+        t0 = min(q.arrival for q in r.requests)
+        end = t0 + r.duration
+        cuts = [t0 + 1e-9, t0 + 0.3 * r.duration, t0 + 0.8 * r.duration, end - 1e-9]
+        pieces = [energy_between(r, a, b) for a, b in zip(cuts, cuts[1:])]
+        assert sum(p for p in pieces if p is not None) == pytest.approx(s["energy"]["energy_j"], rel=1e-6)
+        assert energy_between(r, t0, t0 + 1.0) is None and energy_between(r, t0 + 1.0, end + 1.0) is None
+    assert whole[0] > 1.3 * whole[1]  # 0.208 J against 0.156 J
+    assert steady[0] == pytest.approx(steady[1], rel=0.03) and steady[1] < whole[1]
+
+
 def test_energy_is_computed_once_while_kept_and_again_for_other_inputs(monkeypatch: pytest.MonkeyPatch) -> None:
     """Writing a run folder reads each run's energy four times; inside energy_kept it is computed once per result
     (the same figures), again when the result's steps or the fleet's up-time differ, and never kept outside."""

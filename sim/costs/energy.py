@@ -478,15 +478,26 @@ def power_over_time(result: RunResult, bins: int = 200) -> tuple[np.ndarray, np.
     put whole into its first bin drew several times the board's limit there and idle power in the next), the
     idle draw of the up replicas over what the steps left of the bin. Summed over the bins, power x width is the
     run's energy."""
+    t0 = as_table(result.requests).least("arrival")
+    t1 = t0 + float(result.duration)
+    edges, width = np.linspace(t0, t1, bins + 1), (t1 - t0) / bins
+    joules = _energy_per_bin(result, edges, np.full(bins, width)) if t1 > t0 else None
+    return None if joules is None else ((edges[:-1] + edges[1:]) / 2, joules / width)
+
+
+def energy_between(result: RunResult, lo: float, hi: float) -> float | None:
+    """Joules the fleet drew from ``lo`` to ``hi``, within the run, cut as ``power_over_time`` cuts its bins."""
+    t0 = as_table(result.requests).least("arrival")
+    edges = np.array([t0, lo, hi, t0 + float(result.duration)])
+    joules = _energy_per_bin(result, edges, np.diff(edges)) if np.all(np.diff(edges) > 0) else None
+    return None if joules is None else float(joules[1])
+
+
+def _energy_per_bin(result: RunResult, edges: np.ndarray, widths: np.ndarray) -> np.ndarray | None:
+    """Joules in each bin between ``edges`` (the run's first arrival to its end); None: power not modelled."""
     e = run_energy(result)
     if e is None or result.power is None:
         return None
-    t0 = as_table(result.requests).least("arrival")
-    t1 = t0 + float(result.duration)
-    if not t1 > t0:
-        return None
-    edges = np.linspace(t0, t1, bins + 1)
-    width = (t1 - t0) / bins
     binned = _binned_in_blocks(result.power, result.steps, edges) if isinstance(result.steps, StepColumns) else None
     if binned is not None:
         busy_j, busy_s = binned
@@ -494,14 +505,13 @@ def power_over_time(result: RunResult, bins: int = 200) -> tuple[np.ndarray, np.
         starts = np.asarray(result.steps["start"], dtype=np.float64)
         dur = np.asarray(result.steps["duration"], dtype=np.float64)
         where, step, secs = _bin_pieces(edges, starts, dur)
-        busy_j = np.bincount(where, weights=e.step_power_w[step] * secs, minlength=bins)
-        busy_s = np.bincount(where, weights=secs, minlength=bins)
-    up_s = _up_per_bin(result, edges)
-    if up_s is None:
-        up_s = np.full(bins, width * e.up_seconds / (t1 - t0))  # a fixed fleet: its size in every bin
+        busy_j = np.bincount(where, weights=e.step_power_w[step] * secs, minlength=len(widths))
+        busy_s = np.bincount(where, weights=secs, minlength=len(widths))
+    up_s = _up_per_bin(result, edges)  # None: a fixed fleet, its size in every bin
+    up_s = widths * e.up_seconds / (edges[-1] - edges[0]) if up_s is None else up_s
     idle_s = np.maximum(up_s - busy_s, 0.0)
     idle_j = idle_s * (e.idle_energy_j / idle_s.sum()) if idle_s.sum() > 0 else idle_s * 0.0
-    return (edges[:-1] + edges[1:]) / 2, (busy_j + idle_j) / width
+    return busy_j + idle_j
 
 
 def _up_per_bin(result: RunResult, edges: np.ndarray) -> np.ndarray | None:

@@ -94,6 +94,7 @@ from sim.studies.plan_result import (
     break_even,
     latency_80_high,
     output_load,
+    steady_joules_per_token,
 )
 from sim.studies.sweep import parallel_map
 from sim.workload.generator import GeneratedWorkload
@@ -367,7 +368,8 @@ def plan(scenario: Scenario, *, stop_early: bool | None = None, progress: bool =
             ev.load = output_load(result, s["output_throughput"])
             ev.total_input_tokens, ev.total_output_tokens = s["total_input_tokens"], s["total_output_tokens"]
             ev.num_completed, ev.num_requests = s["num_completed"], s["num_requests"]
-            ev.j_per_output_token = NAN if not s["energy"] else s["energy"]["j_per_output_token"]
+            ev.j_per_output_token = steady_joules_per_token(
+                result, ev.load, NAN if not s["energy"] else s["energy"]["j_per_output_token"])
             ev.mean_e2el = s["e2el"]["mean"]
             done = ev.num_completed == ev.num_requests
             ev.latency_80_high = latency_80_high(ev.latency)
