@@ -364,6 +364,12 @@ def test_table_notes_give_each_variant_and_class_its_slos():
                        "class's own where it has them.", "interactive: goodput, SLO attainment within TTFT <= 1 s."]
     assert table_notes({"v": {}}) == ["tok/s, req/s and goodput: per second from a run's first arrival to its "
                                       "last finish."]
+    # classes with SLOs of their own and no run SLOs (docs/write-a-policy.md's builtins.yaml): the run's note read
+    # "within no SLOs, a class's own where it has them", and each class's line came once per variant
+    classes = {"classes": {"interactive": {"slos": {"ttft": 1.0}}, "batch": {"slos": {"ttft": 30.0}}}}
+    assert table_notes({"fcfs": classes, "edf": classes})[:3] == [
+        "goodput, SLO attainment: requests completed within their class's own SLOs (none for a class without).",
+        "interactive: goodput, SLO attainment within TTFT <= 1 s.", "batch: goodput, SLO attainment within TTFT <= 30 s."]
 
 
 @pytest.mark.parametrize(

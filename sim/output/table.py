@@ -158,8 +158,9 @@ def table_notes(summaries: dict) -> list[str]:
     own = {n: {c: slos_text(b.get("slos")) for c, b in (s.get("classes") or {}).items()}
            for n, s in summaries.items()}
     own = {n: {c: t for c, t in cs.items() if t != runs[n]} for n, cs in own.items()}
-    texts = {n: (t or "no SLOs") + (", a class's own where it has them" if own[n] else "")
-             for n, t in runs.items()}
+    # without run SLOs, "within no SLOs, a class's own where it has them" said it backwards
+    texts = {n: (t + ", a class's own where it has them" if t else "their class's own SLOs (none for a class "
+                 "without)") if own[n] else (t or "no SLOs") for n, t in runs.items()}
     notes = []
     if len(set(texts.values())) == 1:
         if next(iter(runs.values())) or any(own.values()):
@@ -167,12 +168,14 @@ def table_notes(summaries: dict) -> list[str]:
     else:
         notes.append("goodput, SLO attainment: requests completed within "
                      + "; ".join(f"{t} ({n})" for n, t in texts.items()) + ".")
+    # a class's SLOs once, not once per variant (five variants of two classes printed ten lines of two facts)
+    holders: dict[tuple[str, str], list[str]] = {}
     for n, cs in own.items():
         for c, t in cs.items():
-            note = f"{c}: goodput, SLO attainment within {t or 'no SLOs'}"
-            note += f" ({n})." if len(summaries) > 1 else "."
-            if note not in notes:
-                notes.append(note)
+            holders.setdefault((c, t), []).append(n)
+    for (c, t), names in holders.items():
+        which = f" ({', '.join(names)})" if len(names) < len(summaries) else ""
+        notes.append(f"{c}: goodput, SLO attainment within {t or 'no SLOs'}{which}.")
     notes.append("tok/s, req/s and goodput: per second from a run's first arrival to its last finish.")
     return notes
 
