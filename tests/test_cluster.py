@@ -340,6 +340,26 @@ def test_a_parking_fleet_holds_one_calendar_entry_per_replica_at_most() -> None:
     assert len(live) == 300 and max(live) <= 8
 
 
+def test_the_fleet_s_step_log_merges_a_column_when_it_is_read() -> None:
+    """A cluster's step log merges the replicas' columns in the order of the steps' starts when a column is first
+    read: the columns nobody reads are never merged, and each read one is the replicas' steps sorted by start
+    (stable: replica by replica among equal starts)."""
+    from sim.loop.cluster import MergedSteps
+
+    res, _, _ = run(scenario({"replicas": 3, "router": "least_kv"}))
+    steps = res.steps
+    assert isinstance(steps, MergedSteps) and not steps._merged
+    assert list(steps) == list(steps._parts[0]) and "start" in steps and "nope" not in steps
+    start, replica = steps["start"], steps["replica"]
+    assert set(steps._merged) == {"start", "replica"}
+    order = np.lexsort((replica, start))  # by start, then by replica: the stable merge's order
+    assert np.array_equal(order, np.arange(len(start)))
+    for i, part in enumerate(steps._parts):
+        assert np.array_equal(steps["duration"][replica == i], part["duration"])
+    with pytest.raises(KeyError):
+        steps["nope"]
+
+
 def test_replica_figures_are_summarize_s() -> None:
     from sim.loop.cluster_fast import replica_figures
 
