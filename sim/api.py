@@ -15,11 +15,12 @@ from __future__ import annotations
 import copy
 import math
 import os
+import shutil
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
@@ -164,11 +165,36 @@ class Results:
 
         with _quiet():
             return write_run(output_folder(out_dir, "out_dir"), self.results, self.summary, scenario=self.scenario,
-                             title=self.title)
+                             title=self.title, extra=self._kept_files())
+
+    def _kept_files(self) -> dict[str, Callable[[IO[str]], None]]:
+        """A loaded run's files that its CSV files cannot rebuild, copied from the folder it was read from: the
+        exports and the report need the pooled ITL gaps, the model and the power figures (rebuilt, the exports
+        said mean_itl_ms 0.0 and model_id null), and transfers.csv, decisions.jsonl, memory.csv and texts.jsonl
+        are not rebuilt at all. Each is streamed into its temporary file before any is moved into place, so a
+        write over the very folder read copies the originals."""
+        from sim.loop.disagg.output import TRANSFERS_FILE
+        from sim.metrics.decisions import DECISIONS_FILE
+        from sim.output.benchfiles.exports import export_names
+        from sim.output.run_folder import MEMORY_FILE, REPORT_FILE, TEXTS_FILE
+
+        if self.source is None:
+            return {}
+        names = [*export_names(list(self.summary)), REPORT_FILE, TRANSFERS_FILE, DECISIONS_FILE, MEMORY_FILE,
+                 TEXTS_FILE]
+        return {n: _copier(Path(self.source) / n) for n in names if (Path(self.source) / n).is_file()}
 
     def compare(self, other: Results | str | os.PathLike, *, labels: tuple[str, str] | None = None) -> Comparison:
         """This run (A) against another (B); see :func:`compare`."""
         return compare(self, other, labels=labels)
+
+
+def _copier(path: Path) -> Callable[[IO[str]], None]:
+    """What streams ``path``'s text, as written (no newline translation), into an open file."""
+    def copy_into(f: IO[str]) -> None:
+        with open(path, encoding="utf-8", newline="") as src:
+            shutil.copyfileobj(src, f)
+    return copy_into
 
 
 def _flat(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
