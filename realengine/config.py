@@ -14,9 +14,11 @@ import torch
 
 from realengine.kv_cache import kv_bytes_per_block
 from realengine.model import unbuildable
+from sim.config.deployment import AnalyticCost, FittedCost, profile_model_problem
 from sim.config.limits import kv_footprint
 from sim.config.scenario import VariantConfig
 from sim.config.schema import ScenarioError
+from sim.costs.fitted import FittedCostModel
 from sim.engines.sched import engine_kv_cache
 from sim.hardware.models import ModelSpec, resolve_model
 from sim.loop.build import build
@@ -45,6 +47,7 @@ def engine_config(cfg: VariantConfig, *, model_spec: str | None = None, num_gpu_
         mml = cfg.deployment.max_model_len
         cfg = _with_deployment(cfg, model=model_spec,
                                max_model_len=None if mml is None else min(mml, spec.max_position_embeddings))
+        cfg = _without_other_models_profile(cfg, model_spec)
     if num_gpu_blocks is not None:
         if num_gpu_blocks < 1:
             raise ScenarioError(f"--num-gpu-blocks must be >= 1, got {num_gpu_blocks}")
@@ -64,6 +67,20 @@ def engine_config(cfg: VariantConfig, *, model_spec: str | None = None, num_gpu_
         # build() takes int(swap_space * 2**30 // kv_bytes_per_block) blocks: this float gives exactly ``want``
         cfg = _with_deployment(cfg, swap_space=want * built.budget.kv_bytes_per_block / 2**30)
     return cfg
+
+
+def _without_other_models_profile(cfg: VariantConfig, model: str) -> VariantConfig:
+    """The variant with the analytic cost model in place of a profile of another model than the engine now runs
+    (--model tiny on a scenario priced by the llama-57m profile): the engine measures its steps, and that profile
+    was refused as describing another model."""
+    cost = cfg.deployment.cost_model
+    if not isinstance(cost, FittedCost):
+        return cfg
+    try:
+        measured = FittedCostModel.from_profile(cost.profile).model
+    except (OSError, ValueError, KeyError, TypeError):  # build() names what is wrong with it
+        return cfg
+    return cfg if profile_model_problem(measured, model) is None else _with_deployment(cfg, cost_model=AnalyticCost())
 
 
 def host_memory_available() -> int | None:

@@ -497,6 +497,23 @@ def test_an_earlier_engine_runs_memory_and_texts_do_not_stay_beside_a_new_run(tm
     assert not (out / "memory.csv").exists()
 
 
+def test_the_engine_on_another_model_drops_a_profile_of_the_scenarios(tmp_path: Path) -> None:
+    # `engine run --model tiny` on a scenario priced by the llama-57m profile: the engine measures its own steps,
+    # and the profile (now refused for a deployment of another model) must not stop it
+    profile = str(Path(__file__).parent.parent / "calibration" / "profiles" / "llama-57m-cpu.json")
+    doc = scenario()
+    doc["deployment"] |= {"model": "llama-57m", "cost_model": {"type": "fitted", "profile": profile}}
+    cfg = variant_configs(parse_scenario(doc))[0]
+    ecfg = engine_config(cfg, model_spec="tiny", num_gpu_blocks=64)
+    assert ecfg.deployment.model == "tiny" and ecfg.deployment.cost_model.type == "analytic"
+    assert engine_config(cfg, num_gpu_blocks=64).deployment.cost_model.type == "fitted"  # its own model: kept
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    res = CliRunner().invoke(app, ["engine", "run", str(path), "--model", "tiny", "-n", "2", "--num-gpu-blocks", "64",
+                                   "--out", str(tmp_path / "o")])
+    assert res.exit_code == 0, res.output
+
+
 def test_a_time_scale_that_puts_arrivals_past_a_runs_span_is_refused(tmp_path: Path) -> None:
     # Before: `engine run --time-scale 1e300` ran with every arrival near 1e299 s, where a millisecond step is lost
     # to rounding: TTFT p50 0.0 ms, exit 0 (validate --profile and observe likewise)

@@ -119,7 +119,9 @@ class FittedCost(CostModelConfigBase):
         ``ScenarioError`` naming ``cost_model.profile``."""
         try:
             fitted = FittedCostModel.from_profile(self.profile)
-            _check_profile_model(fitted.model, deployment.model)
+            problem = profile_model_problem(fitted.model, deployment.model)
+            if problem is not None:
+                raise ValueError(problem)
             if self.scale is None and self.step_overhead is None:
                 return fitted
             return fitted.scaled(self.scale if self.scale is not None else 1.0, self.step_overhead or 0.0)
@@ -131,19 +133,20 @@ class FittedCost(CostModelConfigBase):
             raise ScenarioError(f"cost_model.profile: {e}") from None
 
 
-def _check_profile_model(measured: object, simulated: str | dict[str, Any]) -> None:
-    """Refuse a profile measured on one model preset for a deployment of another: its step times are that model's,
-    and naive-vs-continuous (Llama-3.1-8B on an A100) on the tiny CPU profile ran without a word, every step the
-    tiny model's. A model given as a config, or a profile that names no preset, is not judged."""
+def profile_model_problem(measured: object, simulated: str | dict[str, Any]) -> str | None:
+    """Why a profile measured on the model preset ``measured`` cannot price a deployment of ``simulated`` (its
+    step times are that model's: naive-vs-continuous, Llama-3.1-8B on an A100, on the tiny CPU profile ran without
+    a word, every step the tiny model's), or None. A model given as a config, or a profile naming no preset, is
+    not judged."""
     from sim.hardware.models import is_model_preset
 
     if not (is_model_preset(measured) and is_model_preset(simulated)):
-        return
+        return None
     assert isinstance(measured, str) and isinstance(simulated, str)
-    if ModelSpec.from_name(measured).name != ModelSpec.from_name(simulated).name:
-        raise ValueError(f"measured on {measured}, but deployment.model is {simulated}: its "
-                            f"step times are {measured}'s; give deployment.model: {measured}, or calibrate "
-                            f"{simulated} (servesim calibrate --model {simulated})")
+    if ModelSpec.from_name(measured).name == ModelSpec.from_name(simulated).name:
+        return None
+    return (f"measured on {measured}, but deployment.model is {simulated}: its step times are {measured}'s; give "
+            f"deployment.model: {measured}, or calibrate {simulated} (servesim calibrate --model {simulated})")
 
 
 CostModelConfig = Annotated[AnalyticCost | FittedCost, Field(discriminator="type")]
