@@ -38,7 +38,9 @@ def _run(tmp_path: Path, cls: str, extra: str = "", env: dict[str, str] | None =
 
 
 CASES = [
-    ("missing.py:X", "", "missing.py: file not found"),
+    # a tournament spec names its policies' files relative to itself: "relative to the scenario file" misled there
+    ("missing.py:X", "", "missing.py: file not found (a path is relative to the file that names it, a scenario or a "
+     "tournament spec, else to the working folder)"),
     ("bad_policies.py:Nope", "", "has no 'Nope' (its classes: ClockReader, Fewest, Idle, NeedsArgs, NoSchedule"),
     ("bad_policies.py", "", "expected 'path/to/file.py:ClassName'"),
     # a notebook's class named in a scenario then run from the command line, where __main__ is servesim itself
