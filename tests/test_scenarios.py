@@ -430,6 +430,12 @@ def test_a_key_of_a_section_a_variant_or_pool_inherits_changes_what_it_inherits(
     cfgs = {c.name: c for c in variant_configs(load_scenario(lesson, {"variants.0.policy.max_num_seqs": 16})[0])}
     assert cfgs["colocated"].policy.type == "continuous" and cfgs["colocated"].policy.max_num_seqs == 16
     assert cfgs["2P2D"].policy.max_num_seqs is None  # the others still run the scenario's
+    # a pool sized by xpyd alone has no section of its own yet
+    xpyd = {"variants": [{"name": "x", "disaggregation": {"xpyd": "2P1D", "kv_link": {"kind": "nvlink"}}}],
+            "disaggregation.decode.policy.max_num_seqs": 16}
+    (cfg,) = variant_configs(load_scenario(lesson, xpyd)[0])
+    assert cfg.disaggregation.decode.replicas == 1
+    assert cfg.disaggregation.decode.policy == {"type": "continuous", "max_num_seqs": 16}
 
 
 def test_a_variants_policy_type_set_keeps_only_the_new_kinds_keys(tmp_path: Path) -> None:

@@ -489,6 +489,8 @@ def _spell_out_inherited(d: dict[str, Any], variant: dict[str, Any], rest: list[
             variant[head] = section
     disagg = variant.get("disaggregation")
     if head == "disaggregation" and len(rest) > 3 and rest[2] == "policy" and isinstance(disagg, dict):
+        if rest[1] in ("prefill", "decode") and disagg.get(rest[1]) is None:  # xpyd: 2P1D sized it, nothing else
+            disagg[rest[1]] = {}
         pool = disagg.get(rest[1])
         if isinstance(pool, dict) and pool.get("policy") is None:
             pool["policy"] = _inherited(d, variant, "policy")
