@@ -259,12 +259,13 @@ def test_an_empty_path_is_refused_not_read_as_the_current_folder(tmp_path: Path,
 def test_an_empty_input_path_is_named_not_read_as_the_current_folder(tmp_path: Path, monkeypatch, command,
                                                                      name) -> None:
     # Before: `servesim run ""` (an unset shell variable) said "error: .: not a file (a scenario is a YAML file)",
-    # naming neither the argument nor the empty value
+    # naming neither the argument nor the empty value. Not "(. for the current folder)" as --out says: `servesim
+    # run .` is refused as "not a file", --profile . and --from-bench . alike
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(VALID))
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(app, [a.format(s="s.yaml") for a in command])
     assert (result.exit_code, result.stderr) == (
-        2, f"error: {name}: empty path; name a file or folder (. for the current folder)\n"), result.output
+        2, f"error: {name}: empty path; name the file or folder to read\n"), result.output
 
 
 def test_an_empty_path_from_python_is_named() -> None:

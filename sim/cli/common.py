@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import typer
 
-from sim.config.files import output_path
+from sim.config.files import input_path, output_path
 from sim.config.scenario import parse_value
 from sim.config.schema import ScenarioError
 
@@ -45,13 +45,13 @@ def _set_option() -> Any:  # typer.Option is typed Any, so that it fits any para
                         help="Override a scenario value: dotted.key=value (repeatable).")
 
 
-def _nonempty(name: str) -> Any:
-    """A parser of a path option or argument that refuses an empty value, naming ``name``. ``Path("")`` is the
-    current folder: ``--out ""`` (an unset shell variable) wrote a run's files among the user's own, and
-    ``servesim run ""`` said ``error: .: not a file``."""
+def _nonempty(name: str, path: Callable[[str, str], Path] = output_path) -> Any:
+    """A parser of a path option or argument that refuses an empty value, naming ``name`` (``path``: the check,
+    ``output_path`` or ``input_path``). ``Path("")`` is the current folder: ``--out ""`` (an unset shell variable)
+    wrote a run's files among the user's own, and ``servesim run ""`` said ``error: .: not a file``."""
     def parse(text: str) -> Path:
         try:
-            return output_path(text, name)
+            return path(text, name)
         except ScenarioError as e:
             _fail(str(e))
             raise  # not reached: _fail exits
@@ -67,12 +67,12 @@ def _path_option(*names: str, help: str) -> Any:
 def _input_argument(default: Any, name: str, *, help: str, metavar: str | None = None) -> Any:
     """A path argument read as input (a scenario, a run folder, benchmark files): an empty one is refused, named
     as the usage line names it."""
-    return typer.Argument(default, help=help, parser=_nonempty(metavar or name), metavar=metavar)
+    return typer.Argument(default, help=help, parser=_nonempty(metavar or name, input_path), metavar=metavar)
 
 
 def _input_option(*names: str, default: Any = None, help: str) -> Any:
     """A path option read as input (``--profile``, ``--scenario``, ``--from-bench``): an empty one is refused."""
-    return typer.Option(default, *names, help=help, parser=_nonempty(names[0]), metavar="<path>")
+    return typer.Option(default, *names, help=help, parser=_nonempty(names[0], input_path), metavar="<path>")
 
 
 def _overrides(sets: list[str], num_requests: int | None) -> dict:

@@ -47,6 +47,15 @@ def output_path(value: str | os.PathLike[str], name: str) -> Path:
     return Path(value)
 
 
+def input_path(value: str | os.PathLike[str], name: str) -> Path:
+    """``value`` as the path of something to read; ScenarioError for an empty one (``servesim run ""`` read the
+    current folder: 'error: .: not a file'). Unlike ``output_path`` it does not offer ``.``: a scenario, a profile
+    or a benchmark file is a file."""
+    if not os.fspath(value).strip():
+        raise ScenarioError(f"{name}: empty path; name the file or folder to read")
+    return Path(value)
+
+
 def output_folder(value: str | os.PathLike[str], name: str) -> Path:
     """``value`` as a folder to write into (made if missing), checked as ``--out`` is on the command line:
     ScenarioError for an empty path, a file where the folder should be, or a file among its parents, rather
