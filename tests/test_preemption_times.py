@@ -86,3 +86,16 @@ def test_batch_slot_rows_stay_within_max_num_seqs_under_preemption():
         assert int(np.sum((lay.start <= t) & (t < lay.finish))) <= 6
     fig = fig_batch_slots([run])
     assert max(fig.data[0].y) <= 5
+
+
+def test_batch_slot_title_counts_requests_and_their_stretches(tiny_kv):
+    # each resume is a bar of its own: the title said "N of N scheduled requests drawn" with N the bars, more
+    # than the run's requests (priority of classes-priority -n 200: "228 of 228" for 200 requests)
+    from sim.output.report import fig_batch_slots, slot_layout
+
+    lay = slot_layout(tiny_kv)
+    requests = len({int(i) for i in lay.ids})
+    assert lay.requests == requests < lay.spans
+    (title,) = [a.text for a in fig_batch_slots([tiny_kv], max_requests=1000).layout.annotations]
+    assert title.startswith(f"{tiny_kv.name}: {lay.spans} of {lay.spans} bars drawn, {requests} scheduled requests "
+                            "(a preempted request has one bar per stretch it ran);"), title

@@ -28,8 +28,8 @@ from sim.output.report.common import (
 # What interval a request holds depends on the policy, which the steps log reveals. Under static batching a
 # finished request keeps its row as padding until the whole batch is done (steps log ``padded_rows > 0``); a batch
 # is the set of requests first scheduled in the same step on the same replica, and it ends with its last finish.
-# Without padded rows a request holds its row from its first scheduled step to its finish. A preempted request is
-# drawn as if it held its row throughout: the records keep no times of its eviction and return.
+# Without padded rows a request holds its row from its first scheduled step to its finish. A preempted request
+# gives its row back from its preemption to its resume (the records keep both times): one bar per stretch it ran.
 
 SLOT_REQUESTS = 300  # most requests drawn per variant in the slot chart
 SLOT_PANELS = 8  # most variants (or sweep points) the slot chart draws
@@ -53,6 +53,7 @@ class SlotLayout:
     # earliest spans (``slot_layout``'s ``first``), the chart's window
     spans: int
     held_end: float
+    requests: int  # the scheduled requests those spans belong to (fewer than spans where some were preempted)
 
     def padded_rows_at(self, t: np.ndarray) -> np.ndarray:
         """How many rows are padding (finished, still held) at each time t."""
@@ -152,6 +153,7 @@ def slot_layout(result: RunResult, first: int | None = None) -> SlotLayout:
         batch_held=batch_held,
         spans=len(at),
         held_end=float(held.max()) if len(at) else float("nan"),
+        requests=len(np.unique(at)),
     )
 
 
@@ -181,7 +183,7 @@ def _first_spans(table: RequestTable, at: np.ndarray, start: np.ndarray, finish:
     return SlotLayout(ids=table.column("id", rows), start=start[keep], finish=finish[keep], held_until=finish[keep],
                       row=row, prompt_tokens=table.column("prompt_tokens", rows),
                       output_tokens=table.column("output_tokens", rows), num_rows=offset, batch_held=False,
-                      spans=len(at), held_end=held_end)
+                      spans=len(at), held_end=held_end, requests=len(np.unique(at)))
 
 
 def _policy(result: RunResult) -> dict:
@@ -237,7 +239,11 @@ def fig_batch_slots(
         limit = _slot_limit(res)
         if limit is not None:
             rows += f"; {limit[0]}={limit[1]}"
-        titles.append(f"{res.name}: {int(keep.sum())} of {lay.spans} scheduled requests drawn; {rows}")
+        drawn = f"{int(keep.sum())} of {lay.spans} scheduled requests drawn"
+        if lay.spans > lay.requests:  # a resumed request's own bar: the bars outnumber the requests
+            drawn = (f"{int(keep.sum())} of {lay.spans} bars drawn, {lay.requests} scheduled requests (a preempted "
+                     "request has one bar per stretch it ran)")
+        titles.append(f"{res.name}: {drawn}; {rows}")
     heights = []
     for res, lay, keep in zip(results, layouts, shown, strict=True):
         top = int(lay.row[keep].max()) + 1 if keep.any() else 1
