@@ -135,6 +135,19 @@ def test_bad_policy_exits_2_with_one_message(tmp_path: Path, cls: str, extra: st
     assert not (tmp_path / "out").exists()  # nothing half-written
 
 
+def test_an_error_the_public_api_raises_shows_the_users_frames_only(tmp_path: Path) -> None:
+    """budget.allocate(r.id, 1): the message and the user's line, without servesim's own two frames of api.py
+    (allocate, _req) under them."""
+    p = _run(tmp_path, "bad_policies.py:ReservesById")
+    line = (POLICIES / "bad_policies.py").read_text().splitlines().index("            budget.allocate(r.id, 1)") + 1
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.endswith("ReservesById: schedule(view) at t=0.016468 s raised TypeError: expected a request from "
+                             "the view (a RequestView), got int: 0\n" + f'  File "{tmp_path / "bad_policies.py"}"'
+                             f", line {line}, in schedule\n"
+                             "    budget.allocate(r.id, 1)\nTypeError: expected a request "
+                             "from the view (a RequestView), got int: 0\n"), p.stderr
+
+
 @pytest.mark.parametrize(("cls", "swap_space", "message"), [
     ("SwapsOutUnreserved", 0, "at t=0.029018 s: plan swaps request 0 out past the free CPU swap space: request 0 "
      "needs 9 CPU blocks, 0 free"),

@@ -48,10 +48,11 @@ def _user_frames(exc: BaseException, *, exception: bool = True) -> str:
     """The traceback of an exception raised in a policy, without servesim's own frames above the user's code
     (``exception=False``: the frames alone)."""
     tb = traceback.extract_tb(exc.__traceback__)
-    # servesim's side of the call (QueuePolicy's step around a user's hooks among it), and the import machinery
-    # between the loader and a user's module
+    # servesim's side of the call (QueuePolicy's step around a user's hooks among it, the public API's checks of
+    # what a hook hands it: budget.allocate(r.id, 1) showed api.py's two frames under the user's), and the import
+    # machinery between the loader and a user's module
     adapters = {str(Path(__file__).with_name(n)) for n in ("user.py", "gates.py", "configs.py", "loader.py",
-                                                           "queue.py")}
+                                                           "queue.py", "api.py")}
     frames = [f for f in tb if f.filename not in adapters and not f.filename.startswith("<frozen ")]
     if not frames:  # raised by servesim itself (a rank that does not order): the error's own line says it all
         return ""

@@ -140,6 +140,16 @@ class WakesForever(servesim.Policy):
         return view.now + 0.01
 
 
+class ReservesById(servesim.Policy):
+    """Hands the budget a request's id, not its view: the public API refuses it."""
+
+    def schedule(self, view):
+        budget = view.kv.budget()
+        for r in view.waiting[:1]:
+            budget.allocate(r.id, 1)
+        return servesim.Plan()
+
+
 class Spins(FCFSPolicy):
     """Never returns: a loop whose exit condition is wrong."""
 
