@@ -443,16 +443,42 @@ def build_page(val: Validation) -> str:
 
 def write_validation(out_dir: str | Path, val: Validation, *, runs: bool = True) -> Path:
     """DIR/validation.json and DIR/validation.html; with ``runs``, also the two run folders DIR/engine and
-    DIR/sim (summary.json, requests.csv, steps.csv, report.html)."""
+    DIR/sim (summary.json, requests.csv, steps.csv, report.html). Whole or not at all: each is written into a
+    staging folder first and all are moved into place together, Ctrl-C held back meanwhile (they were written in
+    place one after the other, and a Ctrl-C while the page or a run folder was built left a new validation.json
+    beside an earlier run's page and engine/ and sim/); an earlier validation's four are replaced, other files
+    in DIR are left alone."""
+    import os
+    import shutil
+    import tempfile
+
+    from sim.config.files import _sigint_deferred
     from sim.output.run_folder import to_jsonable, write_run
 
     out = Path(out_dir)
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
-    (out / "validation.json").write_text(json.dumps(to_jsonable(val.to_dict()), indent=2, allow_nan=False) + "\n")
-    (out / "validation.html").write_text(build_page(val))
-    if runs:
-        write_run(out / "engine", [v.real for v in val.variants],
-                  {v.name: v.real_summary for v in val.variants}, title=f"engine: {val.scenario}")
-        write_run(out / "sim", [v.sim for v in val.variants],
-                  {v.name: v.sim_summary for v in val.variants}, title=f"simulator: {val.scenario}")
+    stage = Path(tempfile.mkdtemp(prefix=".validation-", suffix=".partial", dir=out))
+    try:
+        (stage / "validation.json").write_text(json.dumps(to_jsonable(val.to_dict()), indent=2, allow_nan=False)
+                                               + "\n")
+        (stage / "validation.html").write_text(build_page(val))
+        names = ["validation.json", "validation.html"]
+        if runs:
+            write_run(stage / "engine", [v.real for v in val.variants],
+                      {v.name: v.real_summary for v in val.variants}, title=f"engine: {val.scenario}")
+            write_run(stage / "sim", [v.sim for v in val.variants],
+                      {v.name: v.sim_summary for v in val.variants}, title=f"simulator: {val.scenario}")
+            names += ["engine", "sim"]
+        earlier = stage / "earlier"
+        earlier.mkdir()
+        with _sigint_deferred():
+            for name in names:
+                if (out / name).exists() or (out / name).is_symlink():
+                    os.replace(out / name, earlier / name)
+                os.replace(stage / name, out / name)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+        if created and not any(out.iterdir()):
+            out.rmdir()  # made here for files that never came
     return out

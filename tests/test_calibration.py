@@ -337,3 +337,30 @@ def test_a_variant_with_its_own_workload_is_validated_on_it(tmp_path: Path) -> N
     for v in val.variants:
         for result in (v.real, v.sim):
             assert max(r.arrival for r in result.requests) == pytest.approx(last[v.name]), (v.name, result.name)
+
+
+def test_a_validation_folder_is_written_whole_or_left_as_it_was(tmp_path: Path, monkeypatch) -> None:
+    # Before: validation.json was written in place first, then the page (plotly, seconds) and the engine/ and sim/
+    # run folders: a Ctrl-C while the page was built left a new validation.json beside the earlier run's page,
+    # engine/ and sim/, and in a new folder a validation.json alone
+    import calibration.validate as cv
+
+    sets = {"workload.num_requests": 4, "variants": []}
+    val = cv.validate(SCENARIO, ROOT / "calibration" / "profiles" / "tiny-cpu.json", overrides=sets,
+                      speed_probe=False)
+    out = tmp_path / "v"
+    cv.write_validation(out, val)
+    (out / "mine.txt").write_text("kept")
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert {"validation.json", "validation.html", "engine/summary.json", "sim/summary.json"} <= {
+        str(p) for p in before}
+
+    def interrupted(v):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cv, "build_page", interrupted)
+    for folder in (out, tmp_path / "new"):
+        with pytest.raises(KeyboardInterrupt):
+            cv.write_validation(folder, val)
+    assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    assert not (tmp_path / "new").exists()
