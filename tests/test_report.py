@@ -449,3 +449,21 @@ def test_timeline_states_stop_at_the_runs_own_end(nvc):
         assert np.nanmax(y) > 0
     busy = next(t for t in fig.data if t.name == "busy")  # an amount per window: 0 after the end, as it was
     assert np.asarray(busy.y)[-1] == 0
+
+
+def test_power_table_writes_a_dash_where_a_run_has_no_steps():
+    # every request rejected (prompts longer than max_model_len): no step ran, and the table read "nan" for the
+    # peak step power where the summary table writes "-"
+    from sim.config.scenario import parse_scenario
+    from sim.output.report.energy import energy_sections
+
+    raw = {"name": "none-served", "seed": 0,
+           "workload": {"arrival": {"type": "poisson", "rate": 2.0}, "num_requests": 3,
+                        "prompt_len": {"type": "fixed", "value": 5000}, "output_len": {"type": "fixed", "value": 10}},
+           "deployment": {"model": "llama-3.1-8b", "gpu": "a100-80gb", "max_model_len": 4096}}
+    run = run_scenario(parse_scenario(raw), raw)
+    (s,) = run.summaries.values()
+    assert s["num_rejected"] == 3 and s["num_steps"] == 0
+    page = energy_sections(run.results, run.summaries)[0].html
+    assert "nan" not in page.lower()
+    assert "<td>-</td>" in page

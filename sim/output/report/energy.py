@@ -58,6 +58,12 @@ def fig_energy(results: list[RunResult]) -> go.Figure | None:
     return fig
 
 
+def _cell(kind: str, x: float | None) -> str:
+    """A figure in the summary table's format, "-" where it is undefined as there (a run in which no step ran has
+    no peak step power: the cell read "nan")."""
+    return fmt[kind](x) if x is not None and np.isfinite(x) else "-"
+
+
 def energy_sections(results: list[RunResult], summaries: dict) -> list[Section]:
     fig = fig_energy(results)
     if fig is None:
@@ -70,10 +76,10 @@ def energy_sections(results: list[RunResult], summaries: dict) -> list[Section]:
         idle_share = e["idle_energy_j"] / e["energy_j"] if e["energy_j"] > 0 else 0.0
         # the summary table's formats (sim/output/table.py) for the figures it shows too: this table read
         # 0.8827 J and 2121 W where it read 0.883 and 2,121
-        rows.append([name, fmt["s"](e["energy_j"] / 1000), fmt["sig"](e["j_per_output_token"]),
-                     fmt["int"](e["mean_power_w"]), fmt["int"](e["peak_step_power_w"]),
-                     fmt["sig"](e["j_per_request"]["median"]), fmt["sig"](e["j_per_request"]["p99"]),
-                     fmt["pct"](idle_share), f"{e['power_limit_w']:g} x {e['gpus_per_replica']}"])
+        rows.append([name, _cell("s", e["energy_j"] / 1000), _cell("sig", e["j_per_output_token"]),
+                     _cell("int", e["mean_power_w"]), _cell("int", e["peak_step_power_w"]),
+                     _cell("sig", e["j_per_request"]["median"]), _cell("sig", e["j_per_request"]["p99"]),
+                     _cell("pct", idle_share), f"{e['power_limit_w']:g} x {e['gpus_per_replica']}"])
     table = _table(("run", "energy (kJ)", "J / output token", "mean power (W)", "peak step power (W)",
                     "J / request p50", "J / request p99", "idle share", "limit (W x GPUs)"), rows)
     return [Section("Power and energy", fig, f'<p class="note">{html.escape(NOTE)}</p>' + table)]
