@@ -162,3 +162,18 @@ def test_each_engine_name_is_a_string_in_its_own_module_only() -> None:
 def test_each_shipped_engine_is_its_own_module(name: str) -> None:
     engine = engines()[name]
     assert type(engine).__module__ == "sim.engines." + name.replace("-", "_")
+
+
+def test_a_plugin_engines_name_and_aliases_are_matched_as_the_shipped_ones(monkeypatch) -> None:
+    # "any case, _ for -" (docs/engines-and-hardware.md) held only for names written lower-case with "-": a plugin's
+    # engine named "my_engine" with alias "MyEng" was refused as "MY_ENGINE" and "myeng", which its own name's
+    # spelling runs
+    from sim.engines import base
+
+    class Mine(base.Engine):
+        name = "my_engine"
+        aliases = ("MyEng",)
+
+    monkeypatch.setitem(base._ENGINES, "my_engine", Mine())
+    assert [base.engine_named(t) for t in ("my_engine", "MY_ENGINE", "my-engine", "myeng", "MYENG", "mine")] == [
+        "my_engine", "my_engine", "my_engine", "my_engine", "my_engine", None]

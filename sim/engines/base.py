@@ -261,8 +261,12 @@ def engine_named(typed: str) -> str | None:
     "-"); None when no engine has it."""
     if typed in _ENGINES:
         return typed
-    key = typed.strip().lower().replace("_", "-")
-    return next((e.name for e in _ENGINES.values() if key == e.name or key in e.aliases), None)
+    key = _spelling(typed)  # both sides: a plugin's name or alias may be written "my_engine" or "MyEng"
+    return next((e.name for e in _ENGINES.values() if key in map(_spelling, (e.name, *e.aliases))), None)
+
+
+def _spelling(name: str) -> str:
+    return name.strip().lower().replace("_", "-")
 
 
 def engine_of(cfg: Any) -> Engine:
