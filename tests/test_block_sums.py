@@ -139,8 +139,8 @@ def test_outputs_do_not_depend_on_pooling_the_gaps_as_they_grow(monkeypatch: pyt
 def test_run_energy_read_in_blocks_equals_the_whole_arrays(monkeypatch: pytest.MonkeyPatch, keep: int) -> None:
     """A run's energy (in all, peak step power, per request) computed 1,000 steps at a time from a log of hundreds
     of chunks is, to the bit, what the whole per-step arrays give (the formulas as they were, and the same run's
-    steps as a plain dict of columns), whether the energy blocks are kept through the attribution's passes or made
-    again for each (``KEEP_ENERGY_ROWS``)."""
+    steps as a plain dict of columns), whether the energy blocks are kept through the attribution's passes or their
+    energy is written to a file and read back by each (``KEEP_ENERGY_ROWS``)."""
     from dataclasses import replace
 
     import sim.costs.energy as energy

@@ -53,6 +53,7 @@ import numpy as np
 from sim.costs.analytic import DEFAULT_COMPUTE_EFFICIENCY, AnalyticCostModel
 from sim.costs.costmodel import StepShape
 from sim.costs.fitted import FittedCostModel
+from sim.metrics import spill
 from sim.metrics.block_sums import PairwiseSum
 from sim.metrics.request_table import RequestTable, as_table
 from sim.metrics.step_columns import StepColumns, continues_ascending, step_blocks, step_count
@@ -262,16 +263,23 @@ def _run_energy(result: RunResult, up: float) -> RunEnergy | None:
     n = step_count(s)
     busy_s, busy_j = PairwiseSum(n), PairwiseSum(n)  # float(dur.sum()), float(energy.sum()) to the bit
     peak = -np.inf
-    # a run this short keeps each block's energy for the attribution's three passes (``_energy_in_blocks``'
-    # values: the same blocks, the same products) instead of making its step blocks and power three times again
+    # a run this short keeps each block's energy for the attribution's three passes (the same blocks, the same
+    # products) instead of making its step blocks and power three times again
     kept: list[tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]] | None = \
         [] if isinstance(s, StepColumns) and n <= KEEP_ENERGY_ROWS else None
+    # a longer run's: each block's energy alone, written to a temporary file and read back by each pass (8 bytes a
+    # step on disk, a block in memory), instead of its steps' power made again from eight columns for each pass
+    # (two thirds of run_energy at 100,000 requests)
+    spilled = spill.SpillFile() if kept is None and isinstance(s, StepColumns) and n else None
+    at: list[int] = []
     for lo, block, power in _power_blocks(pm, s, ATTRIBUTE_ROWS, () if kept is None else ("start",)):
         energy = power * block["duration"]
         busy_s.add(block["duration"])
         busy_j.add(energy)
         if kept is not None:
             kept.append((lo, block["start"], block["prefill_tokens"], block["decode_tokens"], energy))
+        elif spilled is not None:
+            at.append(spilled.write(energy))
         if len(power):
             peak = float(np.max([peak, power.max()]))  # NaN propagates, as in a whole column's max
     idle = max(up - busy_s.value(), 0.0) * pm.idle_w * pm.gpus
@@ -279,7 +287,12 @@ def _run_energy(result: RunResult, up: float) -> RunEnergy | None:
     recs = as_table(result.requests)
     per_request = None
     if isinstance(s, StepColumns) and len(recs) and n:  # a log's own columns: each block's energy as it is read
-        blocks = partial(iter, kept) if kept is not None else partial(_energy_in_blocks, pm, s)
+        if kept is not None:
+            blocks = partial(iter, kept)
+        else:
+            assert spilled is not None
+            file = spilled
+            blocks = partial(_energy_of, lambda k, lo, m: file.read(at[k], np.dtype(np.float64), m), s)
         per_request = _attribute_in_blocks(recs, blocks, total)
     if per_request is None:
         per_request = attribute(result, pm.power(*busy_shares(pm, s)) * np.asarray(s["duration"], dtype=np.float64),
@@ -295,7 +308,7 @@ def attribute(result: RunResult, step_energy: np.ndarray, total: float) -> np.nd
         return out
     s = result.steps
     if isinstance(s, StepColumns):  # a log's own columns: read a block at a time
-        blocks = _attribute_in_blocks(recs, partial(_energy_of, step_energy, s), total)
+        blocks = _attribute_in_blocks(recs, partial(_energy_of, lambda k, lo, m: step_energy[lo : lo + m], s), total)
         if blocks is not None:
             return blocks
     start = np.asarray(s["start"], dtype=np.float64)
@@ -336,7 +349,8 @@ def attribute(result: RunResult, step_energy: np.ndarray, total: float) -> np.nd
 
 ATTRIBUTE_ROWS = 1 << 16  # steps per block of _attribute_in_blocks (its temporaries: half a MB each)
 # runs of at most this many steps keep their steps' energy blocks (start, prefill and decode tokens, J: 32 MB at
-# most) through the attribution's passes; longer ones make them again for each pass (their memory stays a block)
+# most) through the attribution's passes; longer ones write each block's energy to a temporary file and read it
+# back in each pass (their memory stays a block)
 KEEP_ENERGY_ROWS = 1 << 20
 
 
@@ -344,17 +358,14 @@ _Blocks = Iterator[tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]]  
 # tokens, J)
 
 
-def _energy_of(step_energy: np.ndarray, steps: StepColumns) -> _Blocks:
-    for lo, block in step_blocks(steps, ("start", "prefill_tokens", "decode_tokens"), ATTRIBUTE_ROWS):
+def _energy_of(energy: Callable[[int, int, int], np.ndarray], steps: StepColumns) -> _Blocks:
+    """The steps in blocks of ``ATTRIBUTE_ROWS`` with their energy: ``energy(k, lo, n)``, block k's, its ``n`` steps
+    from row ``lo`` (a slice of a whole array; a read of what ``_run_energy`` wrote to a file)."""
+    blocks = step_blocks(steps, ("start", "prefill_tokens", "decode_tokens"), ATTRIBUTE_ROWS)
+    for k, (lo, block) in enumerate(blocks):
         pf = np.asarray(block["prefill_tokens"], dtype=np.float64)
         yield (lo, np.asarray(block["start"], dtype=np.float64), pf,
-               np.asarray(block["decode_tokens"], dtype=np.float64), step_energy[lo : lo + len(pf)])
-
-
-def _energy_in_blocks(pm: PowerModel, steps: StepColumns) -> _Blocks:
-    """The steps' energy computed a block at a time (``power * duration``, elementwise: the whole array's values)."""
-    for lo, block, power in _power_blocks(pm, steps, ATTRIBUTE_ROWS, ("start",)):
-        yield lo, block["start"], block["prefill_tokens"], block["decode_tokens"], power * block["duration"]
+               np.asarray(block["decode_tokens"], dtype=np.float64), energy(k, lo, len(pf)))
 
 
 def _attribute_in_blocks(recs: RequestTable, blocks: Callable[[], _Blocks], total: float) -> np.ndarray | None:
