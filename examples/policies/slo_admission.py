@@ -2,10 +2,10 @@
 
 A ``servesim.QueuePolicy`` (first come first served) with one rule added before each step: a waiting request that
 never ran is expected to start after every request kept ahead of it, one every ``1 / service_rate`` seconds; when
-that is past its deadline (``RequestView.deadline``: arrival + its class's TTFT SLO) it is rejected at once, so
-its client can retry elsewhere and the server spends nothing on an answer that would come too late. The requests
-it keeps then meet their SLO. ``service_rate`` is what the server completes per second at full load (requests/s;
-read it from an FCFS run's "scheduled ... req/s" in the verdict line).
+that is past its deadline (``RequestView.deadline``: arrival + its class's TTFT SLO, else the scenario's
+``slos.ttft``) it is rejected at once, so its client can retry elsewhere and the server spends nothing on an answer
+that would come too late. The requests it keeps then meet their SLO. ``service_rate`` is what the server completes
+per second at full load (requests/s; read it from an FCFS run's "scheduled ... req/s" in the verdict line).
 
 The hook ``refuse(req, view)`` is asked only of the requests a step reaches, at the moment they could start, so
 it can reject a request whose deadline has passed but not one that will miss it; this policy looks at the whole
