@@ -125,7 +125,13 @@ class Results:
             raise ImportError("to_pandas needs pandas: pip install 'servesim[notebooks]' or pip install pandas; "
                               "res.requests and res.steps are plain column dicts otherwise") from None
         if table == "requests":
-            return pd.DataFrame(self.requests)
+            df = pd.DataFrame(self.requests)
+            # the times as float64, missing as NaN, as requests.parquet types them: a column of Nones (no TPOT in
+            # a run of single-token answers) was dtype object, whose describe() counted "unique" values
+            for c in df.columns:
+                if c.endswith("_s") and c not in ("preempted_at_s", "resumed_at_s"):
+                    df[c] = df[c].astype("float64")
+            return df
         if table == "steps":
             return pd.DataFrame(self.steps)
         if table == "summary":

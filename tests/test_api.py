@@ -219,6 +219,18 @@ def test_to_pandas(small):
     assert list(small.to_pandas("summary")["variant"]) == ["a", "b"]
 
 
+def test_to_pandas_keeps_time_columns_numeric_where_none_happened():
+    # single-token answers have no TPOT: the column of Nones became dtype object, whose describe() counted
+    # "unique" values and whose arithmetic with None raised where a float column gives NaN
+    pytest.importorskip("pandas")
+    df = servesim.run(SMALL, num_requests=3, set={"workload.output_len.value": 1}).to_pandas()
+    assert df["tpot_s"].isna().all()
+    times = [c for c in df.columns if c.endswith("_s") and c not in ("preempted_at_s", "resumed_at_s")]
+    assert "tpot_s" in times and "first_token_s" in times
+    assert {str(df[c].dtype) for c in times} == {"float64"}
+    assert df["tpot_s"].describe()["count"] == 0
+
+
 def test_pandas_comes_with_the_notebooks_extra(small, monkeypatch):
     """to_pandas and docs/python-api.md point to pandas: the notebooks extra installs it (and the test extra, so the
     test above runs in CI), and the message without it says how to get it."""
