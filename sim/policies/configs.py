@@ -7,14 +7,11 @@ Adding a policy kind touches its class here and the ``PolicyConfig`` union below
 
 from __future__ import annotations
 
-import collections
 import copy
-import weakref
 from abc import abstractmethod
 from collections.abc import Iterable
 from typing import Annotated, Any, ClassVar, Literal
 
-import numpy as np
 from pydantic import ConfigDict, Field, PrivateAttr, model_validator
 
 from sim.config.errors import PASS_THROUGH
@@ -22,6 +19,7 @@ from sim.config.input_model import Float, InputModel, Int
 from sim.engines.costs import omit_when_unset
 from sim.policies.base import Admission, Limits, Policy
 from sim.policies.continuous import ContinuousPolicy
+from sim.policies.shared_state import _SHARED, _containers, _shared_state_changed, _snapshot
 from sim.policies.static import StaticPolicy
 
 
@@ -300,71 +298,6 @@ class UserClassConfig(PolicyModel):
             raise ValueError(f"cls {self.cls}: {type(obj).__name__} {why}{hint}")
         _SHARED[kind] = _snapshot(kind)  # after the constructor: what it does to the class is not a run's
         return obj
-
-
-# A user's class -> copies of its class-level containers as its last object was made. ``served = {}`` written on
-# the class rather than in __init__ is one dict for every object: each variant and sweep point run in a process
-# would start with the state the runs before it left there, and compare policies on different footing, silently.
-_SHARED: weakref.WeakKeyDictionary[type, dict[str, Any]] = weakref.WeakKeyDictionary()
-# numpy arrays too: counts = np.zeros(n) on the class, added to in place, is the same one array for every object
-_MUTABLE = (dict, list, set, bytearray, collections.deque, np.ndarray)
-_MAX_ITEMS = 1000
-
-
-def _containers(kind: type) -> dict[str, Any]:
-    """The mutable containers a user's class (and its user-written bases) holds as class attributes, and those at
-    the top of its modules that its code names ("global NAME": ``SERVED = {}`` beside the class is as shared), but
-    for those it names in ``shared_caches``: a memo of results that do not depend on a run, shared on purpose (a dict
-    the class fills from rank() was refused as a run's state)."""
-    from sim.policies.user import module_globals
-
-    declared = getattr(kind, "shared_caches", ())
-    declared = {declared} if isinstance(declared, str) else set(declared)
-    found: dict[str, Any] = {}
-    for klass in reversed(kind.__mro__):
-        if klass.__module__.partition(".")[0] not in ("sim", "servesim", "builtins"):
-            found.update((k, v) for k, v in vars(klass).items()
-                         if not k.startswith("__") and isinstance(v, _MUTABLE) and k not in declared)
-    found.update((f"global {k}", v) for k, v in module_globals(kind, _MUTABLE).items() if k not in declared)
-    return found
-
-
-def _plain(v: Any, depth: int = 0) -> Any:
-    """A copy of the containers in ``v`` down to what they hold (compared by value), the objects inside them left
-    as they are (compared by identity: a deep copy of one is never equal to it)."""
-    if depth > 8:
-        return v
-    if isinstance(v, dict):
-        return {k: _plain(x, depth + 1) for k, x in v.items()}
-    if isinstance(v, (list, collections.deque)):
-        return [_plain(x, depth + 1) for x in v]
-    if isinstance(v, np.ndarray):  # its bytes, compared by value (an array's == is elementwise; a NaN equals itself)
-        return ("ndarray", v.dtype.str, v.shape, v.tobytes())
-    return set(v) if isinstance(v, set) else bytes(v) if isinstance(v, bytearray) else v
-
-
-def _snapshot(kind: type) -> dict[str, Any]:
-    # not a container of more than _MAX_ITEMS items: a lookup table, copied at every object made (a 100,000-point
-    # sweep would pay for it), and rarely a run's state, which starts empty
-    return {k: (_size(v), _plain(v)) for k, v in _containers(kind).items() if _size(v) <= _MAX_ITEMS}
-
-
-def _size(v: Any) -> int:
-    return int(v.size) if isinstance(v, np.ndarray) else len(v)
-
-
-def _shared_state_changed(kind: Any) -> str | None:
-    """The class attribute a run changed since the last object of ``kind`` was made, or None."""
-    before = _SHARED.get(kind) if isinstance(kind, type) else None
-    if not before:
-        return None
-    for k, v in _containers(kind).items():
-        try:
-            if k in before and (_size(v) != before[k][0] or bool(_plain(v) != before[k][1])):
-                return k
-        except Exception:  # noqa: BLE001, S112 - an object whose == is elementwise (a pandas Series): no truth value
-            continue
-    return None
 
 
 def user_code(*sections: Any) -> dict[str, str]:
