@@ -360,6 +360,18 @@ def test_the_fleet_s_step_log_merges_a_column_when_it_is_read() -> None:
         steps["nope"]
 
 
+def test_a_fleet_s_replicas_share_one_roofline() -> None:
+    """The replicas of a fleet priced by the analytic roofline share one cost model (it keeps only constants and
+    the decode terms it computed per row count), each with its own core and KV memory."""
+    from sim.loop.run import _cluster_simulation
+
+    sc = parse_scenario(scenario({"replicas": 3, "router": "least_kv"}))
+    sim, costs, _ = _cluster_simulation(variant_configs(sc)[0], generate_workload(sc), keep_token_times=False,
+                                        fast_path=True, progress=None)
+    assert len(costs) == 3 and costs[1] is costs[0] and costs[2] is costs[0]
+    assert len({id(rep.core) for rep in sim.replicas}) == 3 and len({id(rep.core.kv) for rep in sim.replicas}) == 3
+
+
 def test_replica_figures_are_summarize_s() -> None:
     from sim.loop.cluster_fast import replica_figures
 
