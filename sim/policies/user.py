@@ -97,6 +97,9 @@ def _reached(policy: type | str) -> Iterable[tuple[types.CodeType, list[dict[str
         module = sys.modules.get(klass.__module__)
         if module is not None:
             scopes.append(vars(module))
+        else:  # evaluate's source text runs in a namespace of its own, no module: its functions' globals are it
+            scopes.extend({id(g): g for v in vars(klass).values()
+                           if isinstance(g := getattr(getattr(v, "__func__", v), "__globals__", None), dict)}.values())
         codes.extend(_codes(vars(klass).values()))
     seen: set[types.CodeType] = set()
     while codes:
