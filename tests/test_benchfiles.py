@@ -41,6 +41,27 @@ def test_file_with_nothing_readable_raises_one_message_naming_file(tmp_path: Pat
         read_vllm_bench(bad)
 
 
+def test_a_file_too_large_or_nested_too_deeply_is_one_message(tmp_path: Path, monkeypatch) -> None:
+    # Before: `validate --against /dev/zero` read without end (and `cost_model: {type: analytic, profile:
+    # /dev/zero}` likewise), and a file of 200,000 nested lists ended in json's RecursionError traceback
+    from sim.output.benchfiles import common
+    from sim.output.benchfiles.genai_perf import read_genai_perf
+    from sim.output.benchfiles.guidellm import read_guidellm
+    from sim.output.benchfiles.knobs import read_knob_profile
+    from sim.output.benchfiles.validate import read_bench_files
+
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 200_000 + "]" * 200_000)
+    big = tmp_path / "big.json"
+    big.write_text("[" + "0, " * 400_000 + "0]")  # 1.2 MB
+    monkeypatch.setattr(common, "MAX_BENCH_BYTES", 1 << 20)
+    for read in (lambda p: read_bench_files([p]), read_vllm_bench, read_genai_perf, read_guidellm, read_knob_profile):
+        with pytest.raises(BenchFileError, match=r"deep\.json: not readable JSON \(nested too deeply\)$"):
+            read(deep)
+        with pytest.raises(BenchFileError, match=r"big\.json: larger than 1 MiB, too large for a benchmark file$"):
+            read(big)
+
+
 def test_mismatched_list_lengths_skip_per_request_data(tmp_path: Path) -> None:
     f = tmp_path / "y.json"
     f.write_text(

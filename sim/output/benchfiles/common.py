@@ -7,11 +7,40 @@ explicitly from their source's units (vllm bench serve writes aggregates in ms a
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sim.config.files import read_text_capped
+
+# A benchmark file's size at most: vllm bench serve --save-detailed keeps every request's token gaps, about 20 kB a
+# request of 1,000 tokens, so 512 MiB holds some 25,000 of them. Unread, /dev/zero was read without end.
+MAX_BENCH_BYTES = 512 << 20
 
 
 class BenchFileError(ValueError):
     """A file that cannot be read at all; the message names the file and the field."""
+
+
+def read_bench_json(path: str | Path) -> Any:
+    """A benchmark (or knobs) file's JSON value; BenchFileError naming the file for one that is missing, too large
+    (``MAX_BENCH_BYTES``), not UTF-8, not JSON or nested past the parser's depth (a RecursionError traceback)."""
+    p = Path(path)
+    try:
+        text = read_text_capped(p, MAX_BENCH_BYTES, "a benchmark file")
+    except FileNotFoundError:
+        raise BenchFileError(f"{p}: file not found") from None
+    except OSError as e:
+        raise BenchFileError(f"{p}: not readable JSON ({e})") from None
+    except ValueError as e:  # too large, or not UTF-8: the message names the file
+        raise BenchFileError(str(e)) from None
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise BenchFileError(f"{p}: not readable JSON (nested too deeply)") from None
+    except ValueError as e:
+        raise BenchFileError(f"{p}: not readable JSON ({e})") from None
 
 
 @dataclass

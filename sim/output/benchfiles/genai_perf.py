@@ -12,13 +12,12 @@ median.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
 
 from sim.config.limits import MAX_REQUESTS, too_many_requests
-from sim.output.benchfiles.common import BenchFileError, BenchRun
+from sim.output.benchfiles.common import BenchFileError, BenchRun, read_bench_json
 
 LATENCIES = {"time_to_first_token": "ttft", "inter_token_latency": "tpot", "request_latency": "e2el"}
 THROUGHPUTS = {"request_throughput": "request_throughput", "output_token_throughput": "output_throughput"}
@@ -59,10 +58,7 @@ def _dig(data: dict, *path: str) -> Any:
 def read_genai_perf(path: str | Path, data: Any = None) -> BenchRun:
     p = Path(path)
     if data is None:
-        try:
-            data = json.loads(p.read_text())
-        except (OSError, ValueError) as e:
-            raise BenchFileError(f"{p}: not readable JSON ({e})") from None
+        data = read_bench_json(p)
     if not isinstance(data, dict):
         raise BenchFileError(f"{p}: top level: expected an object")
     run = BenchRun(source=str(p), format="genai-perf")

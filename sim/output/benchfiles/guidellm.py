@@ -16,12 +16,11 @@ distributions over time with no exact simulated counterpart and are listed as sk
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
 
-from sim.output.benchfiles.common import BenchFileError, BenchRun
+from sim.output.benchfiles.common import BenchFileError, BenchRun, read_bench_json
 
 METRICS = {  # GuideLLM metric -> (servesim key, seconds per unit)
     "time_to_first_token_ms": ("ttft", 1e-3),
@@ -120,10 +119,7 @@ def _one(p: Path, i: int, bench: Any) -> BenchRun:
 def read_guidellm(path: str | Path, data: Any = None) -> list[BenchRun]:
     p = Path(path)
     if data is None:
-        try:
-            data = json.loads(p.read_text())
-        except (OSError, ValueError) as e:
-            raise BenchFileError(f"{p}: not readable JSON ({e})") from None
+        data = read_bench_json(p)
     if not is_guidellm(data) or not data["benchmarks"]:
         raise BenchFileError(f"{p}: benchmarks: missing or empty")
     return [_one(p, i, b) for i, b in enumerate(data["benchmarks"])]

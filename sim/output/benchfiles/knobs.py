@@ -3,9 +3,10 @@ by ``deployment.cost_model: {type: analytic, profile: PATH}``."""
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
+
+from sim.output.benchfiles.common import read_bench_json
 
 KNOBS = ("compute_efficiency", "bandwidth_efficiency", "step_overhead", "per_request_overhead")
 PROFILE_KIND = "servesim-analytic-knobs"
@@ -14,10 +15,7 @@ PROFILE_KIND = "servesim-analytic-knobs"
 def read_knob_profile(path: str | Path) -> dict[str, float]:
     """The knobs of a profile (ValueError naming the file and what is wrong)."""
     p = Path(path)
-    try:
-        data = json.loads(p.read_text())
-    except ValueError as e:
-        raise ValueError(f"{p}: not readable JSON ({e})") from None
+    data = read_bench_json(p)  # a BenchFileError (ValueError) names the file
     if not isinstance(data, dict) or data.get("kind") != PROFILE_KIND:
         raise ValueError(f"{p}: kind: not a {PROFILE_KIND} profile (servesim calibrate --from-bench)")
     cm = data.get("cost_model")

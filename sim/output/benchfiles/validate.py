@@ -22,7 +22,7 @@ import numpy as np
 
 from sim.config.limits import MAX_ARRIVAL_S
 from sim.metrics.records import RunResult
-from sim.output.benchfiles.common import BenchFileError, BenchRun
+from sim.output.benchfiles.common import BenchFileError, BenchRun, read_bench_json
 from sim.output.benchfiles.genai_perf import is_genai_perf, read_genai_perf
 from sim.output.benchfiles.guidellm import is_guidellm, read_guidellm
 from sim.output.benchfiles.stats import guidellm_stats, run_stats
@@ -45,18 +45,13 @@ def read_bench_files(paths: list[str | Path]) -> list[BenchRun]:
         first = seen.setdefault(p.resolve(), p)
         if first is not p:
             raise BenchFileError(f"{p}: given twice" + (f" (also as {first})" if str(first) != str(p) else ""))
-        try:
-            data = json.loads(p.read_text())
-        except FileNotFoundError:
-            raise BenchFileError(f"{p}: file not found") from None
-        except (OSError, ValueError) as e:
-            raise BenchFileError(f"{p}: not readable JSON ({e})") from None
+        data = read_bench_json(p)
         if is_guidellm(data):
             runs.extend(read_guidellm(p, data))
         elif is_genai_perf(data):
             runs.append(read_genai_perf(p, data))
         else:
-            runs.append(read_vllm_bench(p))
+            runs.append(read_vllm_bench(p, data))
     return runs
 
 

@@ -11,13 +11,12 @@ deployment hints `model_id`, `request_rate` ("inf" or a number), `burstiness`, `
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from pathlib import Path
 from typing import Any
 
-from sim.output.benchfiles.common import BenchFileError, BenchRun
+from sim.output.benchfiles.common import BenchFileError, BenchRun, read_bench_json
 
 _AGG = re.compile(r"^(mean|median|std|p\d+(?:\.\d+)?)_(ttft|tpot|itl|e2el)_ms$")
 THROUGHPUT_FIELDS = ("request_throughput", "output_throughput", "total_token_throughput")
@@ -29,12 +28,11 @@ def _num(v: Any) -> float | None:
     return float(v)
 
 
-def read_vllm_bench(path: str | Path) -> BenchRun:
+def read_vllm_bench(path: str | Path, data: Any = None) -> BenchRun:
+    """``data``: the file's JSON value, where the caller read it already."""
     p = Path(path)
-    try:
-        data = json.loads(p.read_text())
-    except (OSError, ValueError) as e:
-        raise BenchFileError(f"{p}: not readable JSON ({e})") from None
+    if data is None:
+        data = read_bench_json(p)
     if not isinstance(data, dict):
         raise BenchFileError(f"{p}: top level: expected an object")
     run = BenchRun(source=str(p))
