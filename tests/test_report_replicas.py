@@ -38,3 +38,33 @@ def test_busy_and_mfu_per_replica_stay_in_unit_interval(replicas: int) -> None:
     total = np.sum([np.asarray(tr.y, dtype=float) for tr in busy[:replicas]], axis=0) if replicas <= REPLICA_LINES \
         else np.asarray(busy[-1].y, dtype=float) * replicas
     assert total.max() > 1.05
+
+
+def test_queue_and_kv_panels_show_the_fleet_not_whichever_replica_stepped_last() -> None:
+    # the requests and KV panels drew each step's own replica's figures in start order: with 3 replicas the
+    # running line zigzagged between one replica's count and another's (1, 2, 1, 2...), the fleet's at no time
+    raw = scenario({"replicas": 3, "router": "round_robin"})
+    raw["workload"] = dict(WORKLOAD, num_requests=12, output_len={"type": "fixed", "value": 40})
+    result, _, _ = run(raw)
+    s = result.steps
+    start, rep = np.asarray(s["start"]), np.asarray(s["replica"])
+    assert len(start) <= 1000 and len(np.unique(rep)) == 3  # drawn as points, one per step
+    fig = fig_timeline(result)
+    traces = {tr.name: tr for tr in fig.data}
+
+    def latest(col: str, t: float) -> float:  # each replica's figure at its last step starting by t, summed
+        total = 0.0
+        for r in range(3):
+            mine = np.flatnonzero((rep == r) & (start <= t))
+            total += float(np.asarray(s[col])[mine[np.argmax(start[mine])]]) if len(mine) else 0.0
+        return total
+
+    for name, col in (("running", "num_running"), ("waiting", "num_waiting")):
+        tr = traces[name]
+        for x, y in zip(np.asarray(tr.x), np.asarray(tr.y), strict=True):
+            assert y == latest(col, x), (name, x)
+    kv = traces["KV used"]
+    for x, y in zip(np.asarray(kv.x), np.asarray(kv.y), strict=True):
+        assert y == pytest.approx(latest("kv_blocks_used", x) / latest("kv_capacity_blocks", x), rel=1e-6)
+    assert max(traces["running"].y) > max(np.asarray(s["num_running"]))  # replicas' requests add up
+    assert fig.layout.annotations[3].text == "requests on the fleet, replicas summed (per-window peak)"

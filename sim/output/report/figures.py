@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import html
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import plotly.graph_objects as go
@@ -207,7 +207,11 @@ def fig_timeline(result: RunResult, max_points: int = MAX_POINTS, x_end: float |
             per_mfu.append(amount_per_window(t_on, d_on, s["flops"] if every else s["flops"][on], edges)
                            / (width * result.peak_flops))
         del t_on, d_on
+    fleet = _fleet_of(t, rep) if len(per_busy) > 1 else None
     del rep
+    if fleet is not None:  # the panels' titles say whose figures they are
+        fig.layout.annotations[2].text = "KV usage (fraction of the fleet's capacity; per-window peak)"
+        fig.layout.annotations[3].text = "requests on the fleet, replicas summed (per-window peak)"
     _replica_lines(fig, edges, per_busy, "busy", color(0), row=1)
     if per_mfu:
         _replica_lines(fig, edges, per_mfu, "MFU", color(1), row=2)
@@ -215,9 +219,12 @@ def fig_timeline(result: RunResult, max_points: int = MAX_POINTS, x_end: float |
     # kv_blocks_used counts reserved-but-empty blocks already (sim/metrics/records.py): "KV used" is the table's KV
     # usage,
     # and the dotted line under it is what is left without the reservations
+    blocks_used, reserved = s["kv_blocks_used"], s["kv_blocks_reserved"]
+    if fleet is not None:  # the fleet's blocks over the fleet's capacity, each replica at its latest step
+        blocks_used, reserved, cap = fleet(blocks_used), fleet(reserved), fleet(cap)
     with np.errstate(divide="ignore", invalid="ignore"):
-        used = s["kv_blocks_used"] / cap
-        filled = (s["kv_blocks_used"] - s["kv_blocks_reserved"]) / cap
+        used = blocks_used / cap
+        filled = (blocks_used - reserved) / cap
     fig.add_trace(
         go.Scatter(name="KV used", line=dict(color=color(2)),
                    **_state_trace(t, used, edges, "max", max_points, own_end)),
@@ -239,7 +246,8 @@ def fig_timeline(result: RunResult, max_points: int = MAX_POINTS, x_end: float |
             continue
         fig.add_trace(
             go.Scatter(name=label, line=dict(color=color(3 + j)),
-                       **_state_trace(t, s[col], edges, "max", max_points, own_end)),
+                       **_state_trace(t, s[col] if fleet is None else fleet(s[col]), edges, "max", max_points,
+                                      own_end)),
             row=4,
             col=1,
         )
@@ -250,6 +258,26 @@ def fig_timeline(result: RunResult, max_points: int = MAX_POINTS, x_end: float |
 
 
 _QUEUES = (("num_waiting", "waiting"), ("num_running", "running"), ("num_swapped", "swapped"))
+
+
+def _fleet_of(t: np.ndarray, rep: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
+    """What turns a step column (in start order) into the fleet's figure at each step: the sum over replicas of
+    each one's value at its latest step started by then (0 before its first). A replica's step carries its own
+    queue and KV only, and drawn one after another the replicas' figures made a zigzag that was the fleet's at no
+    time (running 1, 2, 1, 2 on three replicas). Each replica's change at its step, summed in start order; steps
+    that start together all count at once, so no partial sum between them shows as a peak."""
+    order = np.argsort(rep, kind="stable")  # each replica's steps, in start order
+    firsts = np.r_[True, rep[order][1:] != rep[order][:-1]]
+    last_of_tie = np.searchsorted(t, t, side="right") - 1
+
+    def fleet(values: np.ndarray) -> np.ndarray:
+        v = np.asarray(values, dtype=np.float64)[order]
+        change = np.diff(v, prepend=0.0)
+        change[firsts] = v[firsts]
+        delta = np.empty_like(change)
+        delta[order] = change
+        return np.cumsum(delta)[last_of_tie]
+    return fleet
 
 
 def _count_lines(fig: go.Figure, result: RunResult, pre_t: np.ndarray, pre_n: np.ndarray, edges: np.ndarray,
