@@ -548,6 +548,30 @@ def test_a_random_generator_a_run_draws_from_is_refused_before_the_next_run(tmp_
     assert a.requests == b.requests
 
 
+def test_shared_state_the_constructor_sets_afresh_is_allowed(tmp_path) -> None:
+    """A policy whose __init__ starts its file's state afresh (``CALLS[0] = 0``, or ``global SERVED; SERVED = {}``)
+    starts every object fresh, but was refused before its constructor ran ("CALLS is a list at the top of Resets's
+    module ... would not start fresh"). The state is looked at again once the constructor has run; one it leaves as
+    the last run left it is still refused."""
+    (tmp_path / "mine.py").write_text(
+        "import servesim\n\nCALLS = [0]\n\n\nclass Resets(servesim.QueuePolicy):\n    def __init__(self):\n"
+        "        super().__init__()\n        CALLS[0] = 0\n\n    def rank(self, req):\n"
+        "        return (-req.arrival if CALLS[0] > 30 else req.arrival, req.id)\n\n"
+        "    def schedule(self, view):\n        CALLS[0] += 1\n        return super().schedule(view)\n\n\n"
+        "class Rebinds(servesim.QueuePolicy):\n    def __init__(self):\n        super().__init__()\n"
+        "        global SERVED\n        SERVED = {}\n\n    def rank(self, req):\n"
+        "        SERVED[req.id] = SERVED.get(req.id, 0) + 1\n        return (req.arrival, req.id)\n\n\n"
+        "class Keeps(Resets):\n    def __init__(self):\n        servesim.QueuePolicy.__init__(self)\n")
+    for cls in ("mine.py:Resets", "mine.py:Rebinds"):
+        _two_variants(tmp_path, cls)
+        res = servesim.run(tmp_path / "s.yaml")
+        assert res.results[0].requests == res.results[1].requests, cls
+    _two_variants(tmp_path, "mine.py:Keeps")
+    with pytest.raises(servesim.ScenarioError, match=r"variant 'b': policy: cls \S*mine.py:Keeps: CALLS is a list at "
+                       r"the top of Keeps's module"):
+        servesim.run(tmp_path / "s.yaml")
+
+
 def test_a_cache_the_class_declares_is_shared_on_purpose(tmp_path) -> None:
     """A memo of pure results on the class (``_memo = {}``, filled by rank) is state no run depends on, but the
     check above refused it as a run's ("changed after the last object of it was made"), with no way to say it is

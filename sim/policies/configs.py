@@ -270,16 +270,9 @@ class UserClassConfig(PolicyModel):
 
         what = "copying the object" if self.instance is not None else f"constructing it with args {self.args}"
         kind = type(self.instance) if self.instance is not None else self._cls
-        if (changed := _shared_state_changed(kind)) is not None:
-            where, _, name = changed.rpartition(" ")
-            what = (f"{name} is a {type(_containers(kind)[changed]).__name__} at the top of {kind.__name__}'s "
-                    "module, which its code uses" if where else
-                    f"{kind.__name__}.{name} is a {type(getattr(kind, name)).__name__} on the class")
-            raise ValueError(f"cls {self.cls}: {what}, shared by every object of it (each run's, each replica's), and "
-                             "it changed after the last object of it was made (a run wrote to it?), so the one made "
-                             f"now would not start fresh: create it in __init__ (self.{name} = ...), or pass what it "
-                             "holds as args; or, if it only caches results no run changes, name it in "
-                             f"shared_caches = ({name!r},) on the class")
+        # looked at again once the constructor has run: one that sets it afresh (CALLS[0] = 0, or global SERVED;
+        # SERVED = {}) starts every object fresh, and was refused before it could
+        stale = _shared_state_changed(kind)
         try:
             args = fitted_args(kind, self.args) if self.instance is None else {}
         except ValueError as e:
@@ -296,6 +289,16 @@ class UserClassConfig(PolicyModel):
         if why is not None:
             hint = f" (subclass servesim.{self._api})" if why.startswith(("has no ", "does not override")) else ""
             raise ValueError(f"cls {self.cls}: {type(obj).__name__} {why}{hint}")
+        if stale is not None and (stale := _shared_state_changed(kind, stale)) is not None:
+            where, _, name = stale.rpartition(" ")
+            what = (f"{name} is a {type(_containers(kind)[stale]).__name__} at the top of {kind.__name__}'s "
+                    "module, which its code uses" if where else
+                    f"{kind.__name__}.{name} is a {type(getattr(kind, name)).__name__} on the class")
+            raise ValueError(f"cls {self.cls}: {what}, shared by every object of it (each run's, each replica's), and "
+                             "it changed after the last object of it was made (a run wrote to it?), so the one made "
+                             f"now would not start fresh: create it in __init__ (self.{name} = ...), or pass what it "
+                             "holds as args; or, if it only caches results no run changes, name it in "
+                             f"shared_caches = ({name!r},) on the class")
         _SHARED[kind] = _snapshot(kind)  # after the constructor: what it does to the class is not a run's
         return obj
 

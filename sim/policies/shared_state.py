@@ -74,12 +74,15 @@ def _size(v: Any) -> int:
     return int(v.size) if isinstance(v, np.ndarray) else 0 if isinstance(v, _RNGS) else len(v)
 
 
-def _shared_state_changed(kind: Any) -> str | None:
-    """The class attribute a run changed since the last object of ``kind`` was made, or None."""
+def _shared_state_changed(kind: Any, only: str | None = None) -> str | None:
+    """The class attribute a run changed since the last object of ``kind`` was made, or None (``only``: whether
+    that one is still changed)."""
     before = _SHARED.get(kind) if isinstance(kind, type) else None
     if not before:
         return None
     for k, v in _containers(kind).items():
+        if only is not None and k != only:
+            continue
         try:
             if k in before and (_size(v) != before[k][0] or bool(_plain(v) != before[k][1])):
                 return k
