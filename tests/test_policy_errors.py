@@ -495,3 +495,5 @@ def test_a_number_yaml_reads_as_text_is_the_float_a_float_arg_takes() -> None:
         fitted_args(Mixed, {"count": "1e3"})
     with pytest.raises(ValueError, match=r"args rate='1024' does not fit"):  # a quoted number stays text
         fitted_args(Mixed, {"rate": "1024"})
+    with pytest.raises(ValueError, match=r"args rate='1e400' does not fit"):  # past a float: not inf, silently
+        fitted_args(Mixed, {"rate": "1e400"})

@@ -11,6 +11,7 @@ import hashlib
 import importlib
 import importlib.util
 import inspect
+import math
 import os
 import re
 import sys
@@ -199,7 +200,8 @@ def fitted_args(kind: type, args: Mapping[str, Any]) -> dict[str, Any]:
         try:
             adapter.validate_python(plain, strict=True)  # strict: true is no int, "1024" no number
         except ValidationError as e:
-            if isinstance(plain, str) and _TEXT_FLOAT.fullmatch(plain.strip()):
+            # (finite: 1e400 is no number a YAML file means, as a scenario's own number fields refuse it)
+            if isinstance(plain, str) and _TEXT_FLOAT.fullmatch(plain.strip()) and math.isfinite(float(plain)):
                 try:
                     out[name] = adapter.validate_python(float(plain), strict=True)
                     continue
