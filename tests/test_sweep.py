@@ -84,6 +84,21 @@ def test_a_folder_of_another_sweep_is_refused(tmp_path: Path) -> None:
     assert fresh.ran == 4 and len(read_rows(tmp_path / "sw" / "sweep.csv")) == 4
 
 
+def test_a_sweep_json_cut_short_or_of_another_kind_is_one_error(tmp_path: Path) -> None:
+    # Before: resuming beside a sweep.json cut short (it was written in place: a Ctrl-C or a full disk there) ended
+    # in a JSONDecodeError traceback, and beside one holding a list in an AttributeError one
+    sc, raw = load()
+    first = run_sweep(sc, raw, tmp_path / "sw", workers=1)
+    meta = tmp_path / "sw" / "sweep.json"
+    for text in ('{"fingerp', "[1]"):
+        meta.write_text(text)
+        with pytest.raises(ScenarioError, match=r"sweep\.json: not a sweep's record \(unreadable or cut short\), so "
+                                                r"the rows of its sweep\.csv cannot be matched to this sweep; --fresh"):
+            run_sweep(sc, raw, tmp_path / "sw", workers=1)
+    assert run_sweep(sc, raw, tmp_path / "sw", workers=1, fresh=True).ran == first.ran
+    assert run_sweep(sc, raw, tmp_path / "sw", workers=1).ran == 0  # its record rewritten whole: resumed
+
+
 def test_a_sweep_of_a_policy_file_edited_since_is_not_resumed(tmp_path: Path) -> None:
     """A user edits the policy a sweep (or tournament) ran and runs it again into the same folder: every run was
     found done and the old code's rows came back as the new code's, silently."""

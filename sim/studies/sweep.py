@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sim.config.files import read_text_capped, write_atomically
 from sim.config.scenario import apply_point, sweep_points, variant_configs
 from sim.config.schema import Scenario, ScenarioError
 from sim.policies.configs import user_code
@@ -363,6 +364,22 @@ def _rewrite_in_run_order(table: Path) -> None:
     tmp.replace(table)
 
 
+def _earlier_meta(path: Path) -> dict[str, Any]:
+    """The sweep.json beside an earlier sweep.csv ({} where there is none). One that is not a sweep's record (cut
+    short, or another file of that name) is a ScenarioError: it ended in a JSONDecodeError or AttributeError
+    traceback, and without it the rows of sweep.csv cannot be matched to this sweep."""
+    if not path.exists():
+        return {}
+    try:
+        old = json.loads(read_text_capped(path, 64 << 20, "a sweep's sweep.json"))
+    except (OSError, ValueError, RecursionError):
+        old = None
+    if not isinstance(old, dict):
+        raise ScenarioError(f"{path}: not a sweep's record (unreadable or cut short), so the rows of its sweep.csv "
+                            "cannot be matched to this sweep; --fresh to start over, or another --out")
+    return old
+
+
 def run_sweep(
     scenario: Scenario,
     raw: dict[str, Any] | None,
@@ -396,7 +413,7 @@ def run_sweep(
     if fresh:
         table.unlink(missing_ok=True)
     elif table.exists():
-        old = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+        old = _earlier_meta(meta_path)
         if old.get("fingerprint") != meta["fingerprint"]:
             raise ScenarioError(f"{out} holds a sweep of another scenario (or other runs); use another --out, or "
                                 "--fresh to start over")
@@ -411,7 +428,7 @@ def run_sweep(
         if edited:
             raise ScenarioError(f"{out} holds runs of an earlier version of {', '.join(edited)} (edited since); "
                                 "--fresh to run them again, or another --out")
-    meta_path.write_text(json.dumps(meta, indent=2) + "\n")
+    write_atomically(out, {meta_path.name: json.dumps(meta, indent=2) + "\n"})  # never cut short: see _earlier_meta
     todo = [t for t in tasks if t.key not in done]
     resumed = len(tasks) - len(todo)
     del tasks, done  # the tasks to run are all that is needed from here
