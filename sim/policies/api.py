@@ -417,8 +417,3 @@ def wrong_signature(obj: Any, method: str, args: tuple[str, ...]) -> str | None:
     except TypeError as e:
         return f"has {method}{sig}, which cannot be called as {method}({', '.join(args)}): {e}"
     return None
-
-
-def views(reqs: Sequence[Request], predictor: Predictor | None) -> tuple[RequestView, ...]:
-    return tuple([RequestView(r, predictor) for r in reqs])
-
