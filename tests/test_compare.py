@@ -145,6 +145,9 @@ def test_pairing():
         (lambda t: (t / "f.txt").write_text("x") and t / "f.txt", "not a folder"),
         (lambda t: (t / "summary.json").write_text("{") and t, "summary.json: cannot read it"),
         (lambda t: (t / "summary.json").write_text('{"variants": []}') and t, "no 'variants' mapping"),
+        # a summary.json of 200,000 nested lists ended in json's RecursionError traceback
+        (lambda t: (t / "summary.json").write_text("[" * 200_000 + "]" * 200_000) and t,
+         "summary.json: cannot read it: JSON nested too deeply"),
     ],
 )
 def test_bad_folders_exit_2_with_one_message(runs, tmp_path, make, message):
@@ -228,3 +231,14 @@ def test_runs_with_no_variant_in_common_say_so():
     assert cmp.table().count("×") == 0
     paired = Comparison(_side("one", "c"), _side("two", "d"))
     assert paired.table().splitlines()[-1] == "× is B / A (A = one, B = two)"
+
+
+def test_a_run_into_a_folder_whose_summary_json_is_nested_too_deeply_writes_its_run(runs, tmp_path):
+    # Before: the earlier run's files were looked up in that summary.json, and json's RecursionError ended the run
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "summary.json").write_text("[" * 200_000 + "]" * 200_000)
+    path = Path(__file__).parent.parent / "scenarios" / "naive-vs-continuous.yaml"
+    r = CliRunner().invoke(app, ["run", str(path), "-n", "5", "-q", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert set(json.loads((out / "summary.json").read_text())["variants"]) == {"naive", "continuous"}

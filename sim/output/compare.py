@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from sim.config.files import read_text_capped
 from sim.config.schema import ScenarioError
 from sim.metrics.records import RequestRecord
 from sim.output.table import format_cells, ratio_text, row_specs, value_at
@@ -53,9 +54,11 @@ def read_run(path: str | os.PathLike) -> RunSide:
     summary = p / "summary.json"
     if not summary.is_file():
         raise RunFolderError(f"{p}: no summary.json here (not a run folder written by `servesim run`)")
-    try:
-        doc = json.loads(summary.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    try:  # capped, as every file servesim reads: a summary.json is kilobytes a variant
+        doc = json.loads(read_text_capped(summary, 256 << 20, "a run's summary.json"))
+    except RecursionError:  # ended in json's traceback
+        raise RunFolderError(f"{summary}: cannot read it: JSON nested too deeply") from None
+    except (OSError, ValueError) as e:
         raise RunFolderError(f"{summary}: cannot read it: {e}") from None
     variants = doc.get("variants") if isinstance(doc, dict) else None
     if not isinstance(variants, dict) or not variants or not all(isinstance(v, dict) for v in variants.values()):

@@ -318,7 +318,7 @@ def _earlier_run_files(out: Path) -> list[str]:
     try:
         variants = json.loads((out / SUMMARY_FILE).read_text(encoding="utf-8"))["variants"]
         names = [str(n) for n in variants]
-    except (OSError, ValueError, KeyError, TypeError):  # no earlier run, or not one servesim wrote
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):  # no earlier run, or not one servesim wrote
         return []
     # an engine run's memory.csv and texts.jsonl too: a simulated run, or an engine run on random weights, into an
     # engine run's folder with real weights left its texts.jsonl, another run's requests and variants, beside it
