@@ -467,3 +467,25 @@ def test_power_table_writes_a_dash_where_a_run_has_no_steps():
     page = energy_sections(run.results, run.summaries)[0].html
     assert "nan" not in page.lower()
     assert "<td>-</td>" in page
+
+
+def test_memory_stack_is_idle_after_the_runs_own_end(nvc):
+    # on the axis shared with the naive run, the continuous run's windows past its end held its last step's KV
+    # (the last request's tokens) for some 180 s; after the last finish the pool is free and the weights stay
+    from sim.output.report import fig_memory_stack
+    from sim.output.report.common import run_end
+
+    naive, cont = nvc.results
+    end = run_end(cont)
+    fig = fig_memory_stack(cont, max_points=100, x_end=run_end(naive))
+    layers = {t.name: t for t in fig.data if t.stackgroup == "memory"}
+    stored = layers["KV: tokens stored"]
+    starts = stored.x0 + stored.dx * np.arange(len(stored.y))
+    late = starts >= end
+    assert late.sum() > 50 and np.asarray(stored.y)[~late].max() > 0
+    weights = float(layers["model weights"].y[0])
+    cap = next(t for t in fig.data if t.name == "capacity: weights + KV pool").y[0]
+    for name, t in layers.items():
+        y = np.asarray(t.y, dtype=np.float64)[late]
+        want = weights if name == "model weights" else cap - weights if name == "KV: free blocks" else 0.0
+        np.testing.assert_allclose(y, want, rtol=1e-6, err_msg=name)

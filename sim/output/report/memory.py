@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import plotly.graph_objects as go
@@ -129,7 +130,8 @@ def fig_memory_stack(result: RunResult, max_points: int = MEMORY_POINTS, x_end: 
     activation reserve and the share gpu_memory_utilization keeps back. ``x_end`` as in ``fig_timeline``."""
     s = _sorted_steps(result)
     n = s.num_steps if isinstance(s, StepColumns) else len(s["start"])
-    end = run_end(result) if x_end is None else max(float(x_end), run_end(result))
+    own_end = run_end(result)
+    end = own_end if x_end is None else max(float(x_end), own_end)
     edges = window_edges(end, n, max_points)
     scale, unit = _unit(result)
     bpb = float(result.kv_bytes_per_block)
@@ -149,11 +151,18 @@ def fig_memory_stack(result: RunResult, max_points: int = MEMORY_POINTS, x_end: 
     for key, label, c in MEMORY_LAYERS:
         if key == "weights" and not weights > 0 or idle is not None and key not in idle:
             continue
+        trace: dict[str, Any]
         if idle is not None:
             trace = {"x": [0.0, float(edges[-1])], "y": [idle[key]] * 2}
         else:
             trace = _windowed(edges, windowed[0][key]) if windowed is not None else \
                 _state_trace(t, layers[key], edges, "mean", max_points)
+            if "x0" in trace:  # per window: past the run's own end (an axis shared with a longer run) the pool
+                # is free and the weights stay; held, the last step's KV stood there to the axis' end
+                late = edges[:-1] >= own_end
+                if late.any():
+                    trace["y"] = np.where(late, {"weights": weights, "kv_free": cap - weights}.get(key, 0.0),
+                                          trace["y"]).astype(np.float32)
         fig.add_trace(
             go.Scatter(
                 name=label,
