@@ -42,7 +42,7 @@ from sim.config.scenario import VariantConfig
 from sim.config.schema import PagedKV
 from sim.loop.build import build
 from sim.loop.cluster import ClusterSimulation, cluster_result
-from sim.loop.results import result_of
+from sim.loop.results import result_of, seeded_global_rngs
 from sim.loop.run import autoscaler_of, policy_errors
 from sim.loop.simulator import ClosedLoopPlan, Simulation
 from sim.metrics.records import RunResult
@@ -221,8 +221,9 @@ def run_engine(
     if clock == "virtual" and device != "cuda":
         torch.set_num_threads(1)  # the thread's CPU time is then the forward pass's whole cost
     try:
-        # the same policy in the same loop as the simulator's: a user's policy fails here as it fails there
-        with policy_errors(cfg, name):
+        # the same policy in the same loop as the simulator's: a user's policy fails here as it fails there, and
+        # draws from Python's and numpy's global generators what it draws there (validate's replay asks it again)
+        with policy_errors(cfg, name), seeded_global_rngs(cfg.seed):
             if cfg.disaggregation is not None:  # prefill and decode pools of engine replicas (realengine/disagg.py)
                 from realengine.disagg import serve_disaggregated
 

@@ -101,6 +101,16 @@ def test_a_users_policy_from_a_file_has_exact_parity_on_the_engine() -> None:
     assert "step column start differs by more than 1e-09 s" in diff, diff
 
 
+def test_a_policy_drawing_from_pythons_global_generator_has_exact_parity_on_the_engine(tmp_path: Path) -> None:
+    """Ties broken with random.random(): the engine's run and the simulator's replay each drew from wherever the
+    process's generator stood, so the replay parted from the engine's plans; both now start from the seed."""
+    (tmp_path / "ties.py").write_text("import random\n\nimport servesim\n\n\nclass RandomTies(servesim.QueuePolicy):\n"
+                                      "    def rank(self, req):\n        return (random.random(), req.id)\n")
+    cfg, result, requests, core = engine_run({"type": "custom", "cls": f"{tmp_path / 'ties.py'}:RandomTies"})
+    __import__("random").random()  # the process's generator moves on between the engine's run and the replay
+    assert_replay_reproduces_engine(engine_config(cfg, num_gpu_blocks=NUM_BLOCKS), result, requests, core)
+
+
 def test_a_policy_object_from_python_has_exact_parity_on_the_engine() -> None:
     """``servesim.run(scenario, policy=obj)``'s way in: the object in the policy section, copied for each run."""
     obj = load_class(USER_CLS)(displace=False)

@@ -18,6 +18,7 @@ import numpy as np
 
 from sim.costs.costmodel import CostModel, StepShape
 from sim.loop.build import build
+from sim.loop.results import seeded_global_rngs
 from sim.loop.simulator import Simulation
 from sim.metrics.records import RunResult
 from sim.serving.core import ServingCore
@@ -61,7 +62,8 @@ def replay(engine_cfg: Any, result: RunResult, requests: Sequence[Request]
     cost = MeasuredDurations(result.steps["duration"])
     specs = [replace(r.spec, arrival=r.arrival) for r in requests]
     sim = Simulation(specs, [(core, cost)], fast_forward=False)
-    sim.run()
+    with seeded_global_rngs(getattr(engine_cfg, "seed", 0)):  # the draws the engine's run made (run_engine)
+        sim.run()
     return sim, core, cost
 
 

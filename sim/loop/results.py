@@ -4,6 +4,7 @@ engine's) turn a serving core's requests and step log into results, so that thei
 from __future__ import annotations
 
 import gc
+import random
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from operator import attrgetter
@@ -38,6 +39,22 @@ def gc_paused() -> Iterator[None]:
     finally:
         if was_enabled:
             gc.enable()
+
+
+@contextmanager
+def seeded_global_rngs(seed: int) -> Iterator[None]:
+    """Python's and numpy's global generators seeded from the scenario's seed for a run, and put back after: a
+    user's router drawing with random.sample (power of two choices written the obvious way) read TTFT mean 70.2 ms,
+    then 62.8 ms, from the same command twice, and identical variants differed. servesim itself never draws from
+    them (one seeded numpy Generator per run)."""
+    py, nps = random.getstate(), np.random.get_state()
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    try:
+        yield
+    finally:
+        random.setstate(py)
+        np.random.set_state(nps)
 
 
 def class_itl_gaps(requests: Sequence[Request]) -> dict[str, tuple[np.ndarray, np.ndarray]] | None:

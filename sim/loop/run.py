@@ -4,7 +4,6 @@ the command line and the notebooks."""
 from __future__ import annotations
 
 import dataclasses
-import random
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -20,7 +19,7 @@ from sim.costs.analytic import AnalyticCostModel
 from sim.costs.energy import power_model_of
 from sim.loop.autoscaler import AutoscalerConfig
 from sim.loop.build import build
-from sim.loop.results import result_of
+from sim.loop.results import result_of, seeded_global_rngs
 from sim.loop.simulator import ClosedLoopPlan, Simulation, StalledError
 from sim.metrics.decisions import REGRET_MAX_REQUESTS, DecisionTrace, resimulated_regret, trace_core, trace_simulation
 from sim.metrics.decisions import summary as decisions_summary
@@ -83,22 +82,6 @@ def simulate_variant(
     with policy_errors(cfg, name), seeded_global_rngs(cfg.seed):
         return _simulate_variant(cfg, workload, name=name, keep_token_times=keep_token_times, fast_path=fast_path,
                                  progress=progress, trace=trace)
-
-
-@contextmanager
-def seeded_global_rngs(seed: int) -> Iterator[None]:
-    """Python's and numpy's global generators seeded from the scenario's seed for a run, and put back after: a
-    user's router drawing with random.sample (power of two choices written the obvious way) read TTFT mean 70.2 ms,
-    then 62.8 ms, from the same command twice, and identical variants differed. servesim itself never draws from
-    them (one seeded numpy Generator per run)."""
-    py, nps = random.getstate(), np.random.get_state()
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    try:
-        yield
-    finally:
-        random.setstate(py)
-        np.random.set_state(nps)
 
 
 @contextmanager
