@@ -180,6 +180,8 @@ def resolve_model(profile: FittedCostModel, model: str | None) -> str:
     from sim.hardware.models import is_model_preset
     from sim.hardware.models import resolve_model as resolve_spec
 
+    if model is not None and not model.strip():  # an unset variable: it ran the profile's model without a word
+        raise ScenarioError(f"--model: empty; name a model preset (the profile's is {profile.model or 'unnamed'})")
     name = model or profile.model
     if not name:
         raise ScenarioError("--model: the profile names no model; give --model")

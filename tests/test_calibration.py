@@ -294,6 +294,8 @@ def test_validation_errors_within_bounds(validated, calibrated, tmp_path) -> Non
     (["--profile", "{ok}", "--model", "no-such-model"], "no-such-model"),
     (["--profile", "{ok}", "--model", "llama-3.1-8b"], "measured on tiny"),
     (["--profile", "{ok}", "--device", "tpu"], "--device"),
+    # an empty --model (an unset variable) ran the profile's model without a word
+    (["--profile", "{ok}", "--model", ""], "--model: empty; name a model preset (the profile's is tiny)"),
 ])
 def test_validate_bad_input_exits_2(tmp_path: Path, args: list[str], needle: str) -> None:
     (tmp_path / "bad.json").write_text(json.dumps({"schema_version": 2, "coefficients": {"step": -1}}))
@@ -314,6 +316,8 @@ def test_validate_bad_input_exits_2(tmp_path: Path, args: list[str], needle: str
     (["--repeats", "0"], "--repeats"),
     (["--cpu-clock", "cycles"], "--cpu-clock must be one of thread, reference, got 'cycles'"),
     (["--device", "cuda", "--cpu-clock", "reference"], "--cpu-clock is for --device cpu"),
+    # an empty --model (an unset variable) calibrated the default, tiny, for 13 s and wrote its profile
+    (["--model", " "], "--model: empty; name a model preset (e.g. tiny, llama-57m)"),
 ])
 def test_calibrate_bad_input_exits_2(tmp_path: Path, args: list[str], needle: str) -> None:
     res = CliRunner().invoke(app, ["calibrate", "--out", str(tmp_path / "p.json"), *args])

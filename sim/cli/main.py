@@ -729,6 +729,8 @@ def calibrate(
         _calibrate_from_bench(from_bench, model, gpu, out, holdout_every, knobs, scenario, variant,
                               engine_profile, holdout_load)
         return
+    if model is not None and not model.strip():  # an unset variable: it calibrated the default, tiny, unasked
+        _fail("--model: empty; name a model preset (e.g. tiny, llama-57m)")
     model = model or "tiny"
     if serving_workloads < 0:
         _fail(f"--serving-workloads must be >= 0, got {serving_workloads}")
