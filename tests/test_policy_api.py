@@ -526,6 +526,25 @@ def test_state_kept_at_the_top_of_the_module_that_a_run_changes_is_refused_befor
     assert res.summary["a"]["num_completed"] == res.summary["b"]["num_completed"] == 30
 
 
+def test_an_attribute_named_as_a_module_global_is_not_that_global(tmp_path) -> None:
+    """The check looked names up in the class's code's co_names, which holds attribute names too: Own keeps its
+    count in self.CALLS, and after a sibling class in its file counted up the module's CALLS, Own's next object was
+    refused ("CALLS is a list at the top of Own's module, which its code uses"). Only names the code loads or stores
+    as globals count."""
+    (tmp_path / "mine.py").write_text(
+        "import servesim\n\nCALLS = [0]\n\n\nclass Own(servesim.QueuePolicy):\n    def __init__(self):\n"
+        "        super().__init__()\n        self.CALLS = [0]\n\n    def schedule(self, view):\n"
+        "        self.CALLS[0] += 1\n        return super().schedule(view)\n\n\n"
+        "class Other(servesim.QueuePolicy):\n    def schedule(self, view):\n        CALLS[0] += 1\n"
+        "        return super().schedule(view)\n")
+    scenario = _two_variants(tmp_path, "mine.py:Own")
+    scenario["variants"] = [{"name": "a"}, {"name": "b", "policy": {"type": "custom", "cls": "mine.py:Other"}},
+                            {"name": "c"}]
+    (tmp_path / "s.yaml").write_text(__import__("yaml").safe_dump(scenario))
+    a, _, c = servesim.run(tmp_path / "s.yaml").results
+    assert a.requests == c.requests
+
+
 def test_a_random_generator_a_run_draws_from_is_refused_before_the_next_run(tmp_path) -> None:
     """A generator made once at the top of the file or on the class goes on from where the last run left it: two
     identical variants breaking ties with a module-level np.random.default_rng(0) read TTFT mean 6.31 s and 6.28 s,

@@ -17,6 +17,8 @@ runs a policy with and without that and names the first step where the two diffe
 
 from __future__ import annotations
 
+import dis
+import functools
 import inspect
 import reprlib
 import sys
@@ -74,7 +76,7 @@ def module_globals(policy: type, kinds: tuple[type, ...]) -> dict[str, Any]:
     ``reads`` walks it), by name: a ``SERVED = {}`` beside the class, written to by its methods."""
     out: dict[str, Any] = {}
     for code, scopes in _reached(policy):
-        for n in code.co_names:
+        for n in _globals_used(code):
             for scope in scopes:
                 v = scope.get(n)
                 if isinstance(v, kinds):
@@ -109,7 +111,18 @@ def _reached(policy: type | str) -> Iterable[tuple[types.CodeType, list[dict[str
         seen.add(code)
         yield code, scopes
         codes.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
-        codes.extend(_codes(scope[n] for scope in scopes for n in code.co_names if n in scope))
+        codes.extend(_codes(scope[n] for scope in scopes for n in _globals_used(code) if n in scope))
+
+
+# what looks a name up in a module (LOAD_NAME: module-level code, as evaluate's source text compiles to, and class
+# bodies) rather than on an object: co_names holds attribute names too, and self.CALLS is not a module's CALLS
+_GLOBAL_OPS = frozenset({"LOAD_GLOBAL", "STORE_GLOBAL", "DELETE_GLOBAL", "LOAD_NAME", "LOAD_FROM_DICT_OR_GLOBALS"})
+
+
+@functools.lru_cache(maxsize=4096)
+def _globals_used(code: types.CodeType) -> frozenset[str]:
+    """The names ``code`` loads, stores or deletes as globals (dis), not its attribute names."""
+    return frozenset(i.argval for i in dis.get_instructions(code) if i.opname in _GLOBAL_OPS)
 
 
 def _codes(values: Iterable[object]) -> list[types.CodeType]:
