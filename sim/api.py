@@ -147,13 +147,14 @@ class Results:
     def figures(self) -> dict[str, Any]:
         """The report's plotly figures by section title (``fig.show()`` in a notebook)."""
         from sim.output.report import SECTIONS
+        from sim.output.report.common import plotly_safe
 
         out: dict[str, Any] = {}
         with _quiet():
             for builder in SECTIONS:
                 for sec in builder(self.results, self.summary):
                     if sec.figure is not None:
-                        out[sec.title] = sec.figure
+                        out[sec.title] = plotly_safe(sec.figure, self.summary)
         return out
 
     def report(self, path: str | os.PathLike) -> Path:

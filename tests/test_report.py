@@ -489,3 +489,30 @@ def test_memory_stack_is_idle_after_the_runs_own_end(nvc):
         y = np.asarray(t.y, dtype=np.float64)[late]
         want = weights if name == "model weights" else cap - weights if name == "KV: free blocks" else 0.0
         np.testing.assert_allclose(y, want, rtol=1e-6, err_msg=name)
+
+
+def test_plotly_text_shows_a_variant_name_with_markup_characters_as_written():
+    # plotly.js reads <b>, <i>, <br> in titles and legend names as markup: a variant named "tp<b>2</b>" lost its
+    # tags from every chart title and legend entry ("tp2", bold); written as entities they show as typed
+    from sim.config.scenario import parse_scenario
+    from sim.output.report import build_report
+
+    name = "tp<b>2</b> & co"
+    raw = {"name": "markup", "seed": 0,
+           "workload": {"arrival": {"type": "poisson", "rate": 4.0}, "num_requests": 4,
+                        "prompt_len": {"type": "fixed", "value": 64}, "output_len": {"type": "fixed", "value": 4}},
+           "deployment": {"model": "llama-3.2-1b", "gpu": "l4", "max_model_len": 1024},
+           "variants": [{"name": name}]}
+    run = run_scenario(parse_scenario(raw), raw)
+    page = build_report(run.results, run.summaries, "servesim: markup")
+    import re
+
+    shown = re.findall(r'"(?:name|text)":"([^"]*tp[^"]*)"', page)  # legend entries, chart and panel titles
+    assert len(shown) >= 5
+    assert all("tp&lt;b&gt;2&lt;\\u002fb&gt; &amp; co" in t and "tp\\u003cb" not in t for t in shown), shown
+    import servesim  # the notebooks' figures and compare's, likewise
+
+    res = servesim.run(raw)
+    names = [tr.name for fig in res.figures().values() for tr in fig.data if tr.name and "tp" in tr.name]
+    names += [tr.name for tr in res.compare(res).figure().data]
+    assert names and all("tp&lt;b&gt;2&lt;/b&gt; &amp; co" in n for n in names), names

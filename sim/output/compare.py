@@ -145,7 +145,9 @@ class Comparison:
     def figure(self):
         """Latency CDFs of both runs overlaid (TTFT, TPOT, E2EL; log time axes, since two runs can differ by
         decades): one colour per variant pair, A solid and B dashed."""
-        return fig_compare_cdfs(self)
+        from sim.output.report.common import plotly_safe
+
+        return plotly_safe(fig_compare_cdfs(self), [*self.labels(), *self.a.summaries, *self.b.summaries])
 
     def html(self) -> str:
         """The whole comparison as one self-contained HTML page (plotly.js embedded, works offline)."""

@@ -55,6 +55,7 @@ from sim.output.report.common import (
     color,
     common_end,
     ecdf_points,
+    plotly_safe,
     run_end,
     state_per_window,
     step_events_kept,
@@ -415,7 +416,7 @@ def build_report(
                 if sec.figure is not None:
                     parts.append(
                         pio.to_html(
-                            sec.figure,
+                            plotly_safe(sec.figure, [*summaries, *(r.name for r in results)]),
                             include_plotlyjs=n_fig == 0,
                             full_html=False,
                             div_id=f"fig-{n_fig}",

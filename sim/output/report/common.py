@@ -3,9 +3,11 @@ long series (windows, states, CDF samples) that keep a long run's page small."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+import html
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import plotly.graph_objects as go
@@ -424,3 +426,29 @@ def _starts_in_order(s: StepColumns) -> bool:
 def _kv_capacity(s: Mapping[str, np.ndarray], result: RunResult) -> np.ndarray:
     cap = s["kv_capacity_blocks"].astype(np.float64)
     return np.where(cap > 0, cap, float(result.kv_capacity_blocks))
+
+
+def plotly_safe(fig: go.Figure, names: Iterable[str]) -> go.Figure:
+    """``fig`` with each of ``names`` (variant names) written with entities in its titles and legend entries:
+    plotly.js reads <b>, <i>, <br>... there as markup, so a variant named "tp<b>2</b>" showed as a bold "tp2".
+    Only the names are escaped; the figures' own markup (a <br> in a title) stays."""
+    swaps = [(n, html.escape(n, quote=False)) for n in names if any(c in n for c in "<>&")]
+    if not swaps:
+        return fig
+
+    def safe(text: Any) -> Any:
+        if not isinstance(text, str):
+            return text
+        for raw, esc in swaps:
+            text = text.replace(raw, esc)
+        return text
+
+    for tr in fig.data:
+        if getattr(tr, "name", None):
+            tr.name = safe(tr.name)
+    if fig.layout.title.text:
+        fig.layout.title.text = safe(fig.layout.title.text)
+    for a in fig.layout.annotations:
+        a.text = safe(a.text)
+    return fig
+
