@@ -720,3 +720,15 @@ def test_amount_per_window_in_chunks_keeps_its_bits(monkeypatch: pytest.MonkeyPa
         assert amount_per_window(s, d, a, edges).tobytes() == \
             _amount_per_window_before(s, d, a, edges).tobytes(), trial
     assert chunked == 200
+
+
+def test_an_earlier_observed_runs_files_do_not_stay_beside_a_new_run(tmp_path) -> None:
+    # Before: servesim run into a folder servesim observe wrote kept its observe.json (what it saw of a server),
+    # metrics.csv (the server's /metrics) and live.html beside the new run's files, passing for the new run's
+    out = tmp_path / "run"
+    write_run(out, [small_run("a")])
+    for name in ("observe.json", "metrics.csv", "live.html", "mine.txt"):
+        (out / name).write_text("x")
+    write_run(out, [small_run("a")])
+    assert not any((out / n).exists() for n in ("observe.json", "metrics.csv", "live.html"))
+    assert (out / "mine.txt").read_text() == "x"  # a file of the user's own stays

@@ -50,9 +50,11 @@ REQUESTS_FILE = "requests.csv"
 STEPS_FILE = "steps.csv"
 BINNED_STEPS_FILE = "steps_binned.csv"  # long runs: steps per time bin (sim/metrics/steps_binned.py)
 REPORT_FILE = "report.html"
-# the engine's own files beside them (realengine/engine.py's write_engine_run)
+# the engine's own files beside them (realengine/engine.py's write_engine_run), and servesim observe's
+# (sim/loop/observe.py: what it saw of the server, the server's /metrics scraped, the live page)
 MEMORY_FILE = "memory.csv"
 TEXTS_FILE = "texts.jsonl"
+OBSERVE_FILES = ("observe.json", "metrics.csv", "live.html")
 
 
 def servesim_version() -> str:
@@ -321,8 +323,9 @@ def _earlier_run_files(out: Path) -> list[str]:
     except (OSError, ValueError, KeyError, TypeError, RecursionError):  # no earlier run, or not one servesim wrote
         return []
     # an engine run's memory.csv and texts.jsonl too: a simulated run, or an engine run on random weights, into an
-    # engine run's folder with real weights left its texts.jsonl, another run's requests and variants, beside it
-    return [*export_names(names), TRANSFERS_FILE, DECISIONS_FILE, MEMORY_FILE, TEXTS_FILE]
+    # engine run's folder with real weights left its texts.jsonl, another run's requests and variants, beside it;
+    # and an observed run's observe.json, metrics.csv and live.html, another server's figures
+    return [*export_names(names), TRANSFERS_FILE, DECISIONS_FILE, MEMORY_FILE, TEXTS_FILE, *OBSERVE_FILES]
 
 
 def read_summary(path: str | os.PathLike) -> dict:
