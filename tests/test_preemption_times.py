@@ -99,3 +99,20 @@ def test_batch_slot_title_counts_requests_and_their_stretches(tiny_kv):
     (title,) = [a.text for a in fig_batch_slots([tiny_kv], max_requests=1000).layout.annotations]
     assert title.startswith(f"{tiny_kv.name}: {lay.spans} of {lay.spans} bars drawn, {requests} scheduled requests "
                             "(a preempted request has one bar per stretch it ran);"), title
+
+
+def test_batch_slot_title_says_one_row_in_the_singular():
+    # a run of one request read "1 of 1 scheduled requests drawn; 1 rows at the busiest instant"
+    from sim.output.report import fig_batch_slots
+
+    sc = parse_scenario({
+        "seed": 0,
+        "workload": {"arrival": {"type": "poisson", "rate": 1.0}, "num_requests": 1,
+                     "prompt_len": {"type": "fixed", "value": 100}, "output_len": {"type": "fixed", "value": 10}},
+        "deployment": {"model": "llama-3.2-1b", "gpu": "l4", "max_model_len": 1024},
+        "policy": {"type": "continuous", "max_num_seqs": 8},
+    })
+    (cfg,) = variant_configs(sc)
+    result, _, _ = simulate_variant(cfg, generate_workload(sc))
+    (title,) = [a.text for a in fig_batch_slots([result]).layout.annotations]
+    assert title.endswith(": 1 of 1 scheduled request drawn; 1 row at the busiest instant; max_num_seqs=8"), title

@@ -235,11 +235,11 @@ def fig_batch_slots(
     for res, lay in zip(results, layouts, strict=True):
         keep = lay.start < t_end
         shown.append(keep)
-        rows = f"{lay.num_rows} rows at the busiest instant"
+        rows = f"{lay.num_rows} row{'' if lay.num_rows == 1 else 's'} at the busiest instant"
         limit = _slot_limit(res)
         if limit is not None:
             rows += f"; {limit[0]}={limit[1]}"
-        drawn = f"{int(keep.sum())} of {lay.spans} scheduled requests drawn"
+        drawn = f"{int(keep.sum())} of {lay.spans} scheduled request{'' if lay.spans == 1 else 's'} drawn"
         if lay.spans > lay.requests:  # a resumed request's own bar: the bars outnumber the requests
             drawn = (f"{int(keep.sum())} of {lay.spans} bars drawn, {lay.requests} scheduled requests (a preempted "
                      "request has one bar per stretch it ran)")
