@@ -351,3 +351,21 @@ def test_arrivals_past_what_a_run_keeps_exact_are_refused(run_folder: Path, tmp_
         with pytest.raises(BenchFileError, match=rf"{name}\.json: {what}: the last of 40 requests arrives at "
                            r"[\d.e+]+ s, past the 1e\+09 s a run may span"):
             validate_against(SCENARIO, [tmp_path / f"{name}.json"])
+
+
+def test_over_an_engine_validation_its_run_folders_go_too(run_folder: Path, tmp_path: Path) -> None:
+    # Before: validate --against into a folder of validate --profile left that run's engine/ and sim/ beside the
+    # new validation.json and page, another run's replays passing for this one's
+    val = validate_against(SCENARIO, [run_folder / "cb.vllm-bench.json"])
+    out = tmp_path / "v"
+    for name in ("engine", "sim"):
+        (out / name).mkdir(parents=True)
+        (out / name / "summary.json").write_text("{}")
+    (out / "validation.json").write_text(json.dumps({"scenario": "s", "profile": "p.json", "variants": {}}))
+    write_bench_validation(out, val)
+    assert sorted(p.name for p in out.iterdir()) == ["validation.html", "validation.json"]
+    # folders of that name in a folder of no engine validation are the user's: they stay
+    (out / "engine").mkdir()
+    (out / "engine" / "summary.json").write_text("{}")
+    write_bench_validation(out, val)
+    assert (out / "engine" / "summary.json").is_file()

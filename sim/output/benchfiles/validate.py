@@ -375,11 +375,32 @@ def build_page(val: BenchValidation) -> str:
 
 
 def write_bench_validation(out_dir: str | Path, val: BenchValidation) -> Path:
-    from sim.config.files import write_atomically
+    """DIR/validation.json and DIR/validation.html, written whole. Over an engine validation (validate --profile)
+    its engine/ and sim/ run folders go too: they stayed beside the new page, another run's replays passing for
+    this one's."""
+    import shutil
+
+    from sim.config.files import _sigint_deferred, write_atomically
     from sim.output.run_folder import to_jsonable
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    earlier = _engine_validation_runs(out)
     write_atomically(out, {"validation.json": json.dumps(to_jsonable(val.to_dict()), indent=1, allow_nan=False),
                            "validation.html": build_page(val)})
+    with _sigint_deferred():
+        for folder in earlier:
+            shutil.rmtree(folder, ignore_errors=True)
     return out
+
+
+def _engine_validation_runs(out: Path) -> list[Path]:
+    """The engine/ and sim/ run folders of an engine validation (calibration/validate.py) in ``out``: those its
+    validation.json (one with a ``profile``) wrote beside it, each holding a summary.json."""
+    try:
+        doc = read_bench_json(out / "validation.json")
+    except BenchFileError:  # none there, or not one servesim wrote
+        return []
+    if not (isinstance(doc, dict) and "profile" in doc and "files" not in doc):
+        return []
+    return [out / name for name in ("engine", "sim") if (out / name / "summary.json").is_file()]
