@@ -718,3 +718,25 @@ def test_power_over_time_follows_an_autoscaled_fleets_size() -> None:
     assert alone.sum() >= 3
     assert float(watts[alone].max()) <= s["energy"]["power_limit_w"] + 1e-6
     assert float(watts.sum() * width) == pytest.approx(s["energy"]["energy_j"], rel=1e-9)
+
+
+def test_a_scenarios_energy_is_computed_once_for_its_summary_and_its_run_folder(monkeypatch: pytest.MonkeyPatch,
+                                                                                 tmp_path: Path) -> None:
+    """The summary's energy is kept for the run folder (ScenarioRun.energy), whose report and exports read it
+    again: one pass over the steps and requests a variant, not one for the summary and one for the folder."""
+    import json
+
+    import sim.costs.energy as energy
+    from sim.config.scenario import parse_scenario
+    from sim.loop.run import prepare_scenario, run_scenario, write_scenario_run
+
+    calls: list[str] = []
+    real = energy._run_energy
+    monkeypatch.setattr(energy, "_run_energy", lambda result, up: calls.append(result.name) or real(result, up))
+    sc = _scenario(arrival={"type": "poisson", "rate": 8.0}, n=60)
+    sc["variants"] = [{"name": "a"}, {"name": "b", "policy": {"type": "continuous", "max_num_seqs": 4}}]
+    run = run_scenario(prepare_scenario(parse_scenario(sc)))
+    out = write_scenario_run(run, tmp_path / "run")
+    assert calls == ["a", "b"]
+    summary = json.loads((out / "summary.json").read_text())["variants"]
+    assert summary["a"]["energy"] == run.summaries["a"]["energy"] and summary["a"]["energy"]["energy_j"] > 0

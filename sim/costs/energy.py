@@ -222,36 +222,58 @@ def up_seconds(result: RunResult) -> float:
     return float(result.duration)
 
 
-# Writing a run folder reads each run's energy four times (the report's two charts and both exports), and each
-# reading is a pass over every step and request: a fifth of the folder's time. Inside ``energy_kept`` a result's
-# energy is computed once, and kept for as long as the result holds the very steps, requests and power model it
-# was computed from; outside, nothing is kept (a long run's step arrays are hundreds of MB).
-_kept: dict[int, tuple[tuple[object, ...], RunEnergy | None]] | None = None
+# A run's summary reads its energy, and writing its folder four times more (the report's two charts and both
+# exports); each reading is a pass over every step and request: a fifth of the folder's time. Inside
+# ``energy_kept`` a result's energy is computed once, and kept for as long as the result holds the very steps,
+# requests and power model it was computed from; outside, nothing is kept (a long run's step arrays are hundreds
+# of MB). A scenario's run keeps its store from its summaries to its folder (``ScenarioRun.energy``: 8 bytes a
+# request, the per-request energy).
+EnergyStore = dict[int, tuple[tuple[object, ...], "RunEnergy | None"]]
+_kept: EnergyStore | None = None
 
 
 @contextmanager
-def energy_kept() -> Iterator[None]:
-    """Compute each run's energy once inside the block (see ``_kept``)."""
+def energy_kept(store: EnergyStore | None = None) -> Iterator[None]:
+    """Compute each run's energy once inside the block (see ``_kept``), into ``store`` when given (one an earlier
+    block filled), else the enclosing block's or a new one."""
     global _kept
-    outer, _kept = _kept, {} if _kept is None else _kept
+    outer = _kept
+    _kept = store if store is not None else ({} if outer is None else outer)
     try:
         yield
     finally:
         _kept = outer
 
 
-def run_energy(result: RunResult, up: float | None = None) -> RunEnergy | None:
+def kept_for(store: EnergyStore, pairs: Iterator[tuple[RunResult, RunResult]]) -> EnergyStore:
+    """A store with the energy ``store`` keeps of each first result of ``pairs`` kept for the second too: a copy
+    of it with the same steps and power model and the same requests in another form (a list of records as
+    columns, as the run folder reads them)."""
+    out = dict(store)
+    for old, new in pairs:
+        hit = store.get(id(old))
+        if hit is not None and all(a is b for a, b in zip(hit[0][:4], (old, old.steps, old.requests, old.power),
+                                                           strict=True)) \
+                and new.steps is old.steps and new.power is old.power and len(new.requests) == len(old.requests):
+            out[id(new)] = ((new, new.steps, new.requests, new.power, hit[0][4]), hit[1])
+    return out
+
+
+def run_energy(result: RunResult, up: float | None = None, kept_as: RunResult | None = None) -> RunEnergy | None:
     """The run's energy, None when it has no power model (``RunResult.power`` says when).
-    ``up``: replica-seconds the fleet was up (default ``up_seconds``)."""
+    ``up``: replica-seconds the fleet was up (default ``up_seconds``). ``kept_as``: the result to keep it for
+    (inside ``energy_kept``), one with the same steps, power model and requests in another form (default
+    ``result``)."""
     up = up_seconds(result) if up is None else up
     if _kept is None:
         return _run_energy(result, up)
-    inputs = (result, result.steps, result.requests, result.power)
-    hit = _kept.get(id(result))
+    key = result if kept_as is None else kept_as
+    inputs = (key, key.steps, key.requests, key.power)
+    hit = _kept.get(id(key))
     if hit is not None and all(a is b for a, b in zip(hit[0][:4], inputs, strict=True)) and hit[0][4] == up:
         return hit[1]
     e = _run_energy(result, up)
-    _kept[id(result)] = ((*inputs, up), e)  # the result itself too: its id is not reused while kept
+    _kept[id(key)] = ((*inputs, up), e)  # the result itself too: its id is not reused while kept
     return e
 
 
@@ -459,9 +481,11 @@ def _cumsum0(x: np.ndarray) -> np.ndarray:
     return out
 
 
-def energy_summary(result: RunResult, total_output_tokens: int, duration: float, up: float) -> dict[str, Any] | None:
-    """summary.json's ``energy`` section (None: not modelled, see ``run_energy``); ``up`` replica-seconds."""
-    e = run_energy(result, up)
+def energy_summary(result: RunResult, total_output_tokens: int, duration: float, up: float,
+                   of: RunResult | None = None) -> dict[str, Any] | None:
+    """summary.json's ``energy`` section (None: not modelled, see ``run_energy``); ``up`` replica-seconds. ``of``:
+    the result to keep the energy for (``run_energy``'s ``kept_as``)."""
+    e = run_energy(result, up, of)
     if e is None:
         return None
     assert result.power is not None

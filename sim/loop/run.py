@@ -16,7 +16,7 @@ from sim.config.scenario import VariantConfig, apply_point, slos_of, sweep_point
 from sim.config.schema import Scenario, ScenarioError
 from sim.costs import online
 from sim.costs.analytic import AnalyticCostModel
-from sim.costs.energy import power_model_of
+from sim.costs.energy import EnergyStore, energy_kept, power_model_of
 from sim.loop.autoscaler import AutoscalerConfig
 from sim.loop.build import build
 from sim.loop.results import result_of, seeded_global_rngs
@@ -43,6 +43,8 @@ class ScenarioRun:
     results: list[RunResult] = field(default_factory=list)
     summaries: dict[str, dict] = field(default_factory=dict)
     sweep: list[dict[str, Any]] = field(default_factory=list)  # rows: params, variant, name
+    # each result's energy as the summary computed it, for the run folder to read again (sim.costs.energy._kept)
+    energy: EnergyStore = field(default_factory=dict, repr=False)
 
 
 def generate_workload(scenario: Scenario, workload: Workload | None = None) -> GeneratedWorkload:
@@ -367,7 +369,8 @@ def run_scenario(
                 # its exports name this run's arrival rate, not the scenario file's
                 result.config["workload"] = (cfg.workload or sc.workload).model_dump(mode="json")
             out.results.append(result)
-            out.summaries[name] = summarize(result, slos_of(sc))
+            with energy_kept(out.energy):
+                out.summaries[name] = summarize(result, slos_of(sc))
             if trace is not None:
                 out.summaries[name]["decisions"] = decisions_summary(trace, trace.regret_rows, trace.k)
             if point:
@@ -387,4 +390,4 @@ def write_scenario_run(run: ScenarioRun, out_dir: str | Path, raw: dict[str, Any
         scenario["sweep_points"] = run.sweep
     return write_run(out_dir, run.results, run.summaries, scenario=scenario, title=f"servesim: {run.scenario.name}",
                      phase=None if progress is None else progress.phase, steps=steps, table_format=table_format,
-                     written=written)
+                     written=written, energy=run.energy)

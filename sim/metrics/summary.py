@@ -219,6 +219,7 @@ def summarize(result: RunResult, slos: SLOs | None = None) -> dict:
     table = as_table(result.requests)  # read as columns (a long run's requests are kept so)
     # the readers below (energy, anomalies, the verdict's inputs) take result.requests as columns too: a list of
     # records is turned into columns once, here, not once by each of them (8 times, 10 ms of a 1,000-request run)
+    caller = result
     result = replace(result, requests=table)
     reqs = table
     done = table.outcome_is(_COMPLETED)
@@ -229,7 +230,8 @@ def summarize(result: RunResult, slos: SLOs | None = None) -> dict:
     up = result.cluster["replica_seconds"] if result.cluster else duration * replicas
     # energy before the latencies: its attribution and the latencies are each several arrays a request, and were
     # held at once (a long run's summary peak: 122 bytes a request above the rest, bench_million, tracemalloc)
-    energy = energy_summary(result, total_out, duration, up)
+    # of the caller's result: the one whose energy a scenario keeps for its run folder (ScenarioRun.energy)
+    energy = energy_summary(result, total_out, duration, up, caller)
     # every step's figures in one pass of blocks (a long run's whole columns are 160 MB each at 20 M steps), and
     # the verdict's inputs from them, also before the latencies (several arrays a request each)
     fig = step_figures(result.steps, result.kv_capacity_blocks, result.block_size)

@@ -23,7 +23,7 @@ from typing import IO, Any
 import numpy as np
 
 from sim.config.files import InterruptedAfterWrite, write_atomically
-from sim.costs.energy import energy_kept
+from sim.costs.energy import EnergyStore, energy_kept, kept_for
 from sim.metrics.columns import (
     ABSENT_IF_NEGATIVE,
     CLASS_COLUMNS,
@@ -223,6 +223,7 @@ def write_run(
     table_format: str = "csv",
     written: list[str] | None = None,
     extra: Mapping[str, str | Callable[[IO[str]], None]] | None = None,
+    energy: EnergyStore | None = None,
 ) -> Path:
     """Write summary.json, requests.csv, steps.csv, report.html and per variant NAME.vllm-bench.json and
     NAME.metrics.prom (sim/output/benchfiles/exports.py) into out_dir (created if missing; of an earlier run's
@@ -233,8 +234,9 @@ def write_run(
     the binned table past it. ``table_format``: "parquet" writes requests.parquet and the steps table as .parquet
     instead of the CSVs (sim/output/parquet_out.py, needs pyarrow). ``written``, when given, receives the names of the
     files written, in order (the command's closing line lists them). ``extra``: more files (name -> text, or a
-    function writing it), moved into place with the others (the engine's memory.csv and texts.jsonl). Returns the
-    folder."""
+    function writing it), moved into place with the others (the engine's memory.csv and texts.jsonl). ``energy``:
+    the runs' energy their summaries computed (``ScenarioRun.energy``), read again rather than computed. Returns
+    the folder."""
     from sim.metrics.steps_binned import FULL_STEPS_MAX, write_binned_steps_csv
 
     if steps not in ("auto", "full", "binned"):
@@ -248,7 +250,10 @@ def write_run(
         summaries = {r.name: summarize(r) for r in results}
     # the report and the exports read each run's requests as columns, about 20 times: a list of records is turned
     # into columns once, here (as summarize does), not by each reader (7 s of a 20,000-request run's 15 s, profiled)
+    given = results
     results = [replace(r, requests=in_columns(r.requests)) for r in results]
+    if energy:  # the energy the summaries computed, of the same runs
+        energy = kept_for(energy, zip(given, results, strict=True))
     names = [r.name for r in results]
     if len(set(names)) != len(names):
         raise ValueError(f"variant names must be unique, got {names}")
@@ -272,7 +277,7 @@ def write_run(
     from sim.loop.disagg.output import transfer_files
     from sim.output.benchfiles.exports import export_files  # per variant: vllm-bench JSON and OpenMetrics text
 
-    with energy_kept():  # the report and the exports read each run's energy: computed once
+    with energy_kept(energy):  # the report and the exports read each run's energy: computed once (or kept)
         html = build_report(results, summaries, title or "servesim: " + " vs ".join(names))
         exports = export_files(results, scenario, summaries)
     if phase is not None:
