@@ -52,10 +52,17 @@ class StalledError(RuntimeError):
     letting a request finish (``ServingCore.schedule``'s progress check)."""
 
 
-# Asks of the policy between looks at whether any request got an outcome since the last look; a policy that lets none
-# finish is stopped once the asks without one pass 4x the tokens its queues still need plus this many (each step
-# computes a token at least, so a policy that keeps what it computes finishes a request well within that)
+# Asks of the policy between looks at whether the run moved on since the last look (a request arrived, was first
+# scheduled, generated a token or ended, or more prompt tokens are computed than ever in the stretch); a
+# policy under which none of that happens is stopped once the asks without it pass 4x the tokens its queues still
+# need plus this many (each step computes a token at least, so a policy that keeps what it computes finishes a request
+# well within that) and a stretch of _STALL_S simulated seconds has gone by: a policy looking every millisecond while
+# it holds a partial batch until it fills or times out, or a request until a rate limit lets it in, is waiting on the
+# clock, not stuck (one holding 5 short requests for a batch of 8 was stopped after 8,192 asks, 8.2 s). A policy
+# that polls so often that the asks reach _STALL_ASKS first is stopped then (about 25 s of CPU).
 _PROGRESS_EVERY = 4096
+_STALL_S = 60.0
+_STALL_ASKS = 1 << 20
 
 
 class PlanError(RuntimeError):
@@ -130,9 +137,11 @@ class ServingCore:
         self.steps = StepLog()
         self.gaps = GapLog()
         self.stats = CoreStats()
-        # the progress check (schedule): asks so far, the ask of the next look, outcomes then, the ask since which
-        # no request got an outcome
-        self._asks, self._next_look, self._outcomes_seen, self._stuck_since = 0, _PROGRESS_EVERY, 0, 0
+        # the progress check (schedule): asks so far, the ask of the next look, requests that arrived; at the last
+        # look that moved on: what had happened then (_moved), the most prompt tokens computed since, its ask and time
+        self._asks, self._next_look, self._arrived = 0, _PROGRESS_EVERY, 0
+        self._moved: tuple[int, ...] = ()
+        self._most_computed, self._stuck_since, self._stuck_since_t = 0, 0, 0.0
         self.kv_tokens = 0  # tokens held in GPU KV by running requests
         self.filled_blocks = 0  # sum over running requests of ceil(computed / block_size)
         self.plans: list[tuple[tuple[int, int], ...]] | None = [] if record_plans else None
@@ -175,6 +184,7 @@ class ServingCore:
         """A request arrives. The policy's admission control may refuse it at once (too long for
         ``max_model_len``, larger than the whole KV cache, queue full): it then ends ``rejected``."""
         req.replica = self.replica
+        self._arrived += 1
         if self.keep_token_times and req.token_times is None:
             req.token_times = []
         self._dirty = True
@@ -278,24 +288,32 @@ class ServingCore:
             raise
 
     def _look_for_progress(self, now: float) -> None:
-        """Stop a run whose policy keeps the loop going but never lets a request finish: one that plans nothing
-        while asking to be woken again (wake_time), or one that takes back what it planned (admits, then preempts,
-        forever). Both ran until killed; a policy that plans nothing and asks nothing is caught when the run ends."""
+        """Stop a run whose policy keeps the loop going but never lets it move on: one that plans nothing while
+        asking to be woken again (wake_time), or one that takes back what it planned (admits, then preempts, forever).
+        Both ran until killed; a policy that plans nothing and asks nothing is caught when the run ends."""
         self._next_look = self._asks + _PROGRESS_EVERY
         s = self.stats
-        outcomes = s.num_completed + s.num_rejected + s.num_failed
-        if outcomes != self._outcomes_seen or not self.has_work:
-            self._outcomes_seen, self._stuck_since = outcomes, self._asks
+        ended = (s.num_completed + s.num_rejected + s.num_failed, self._arrived)
+        if ended != self._moved[:2] or not self.has_work:  # the usual case, told without walking the queues
+            self._moved, self._most_computed, self._stuck_since, self._stuck_since_t = ended, -1, self._asks, now
             return
         queued = [*self.waiting, *self.running, *self.swapped]
+        # taking back what it planned computes the same tokens again: only more than ever before in the stretch counts
+        computed = sum(r.num_computed_tokens for r in queued)
+        moved = (*ended, sum(r.first_scheduled >= 0 for r in queued), sum(r.num_output_tokens for r in queued))
+        if self._most_computed < 0:  # the first look at the queues in this stretch: what it measures from
+            self._moved, self._most_computed = moved, computed
+        elif moved != self._moved or computed > self._most_computed:
+            self._moved, self._most_computed, self._stuck_since, self._stuck_since_t = moved, computed, self._asks, now
+            return
         left = sum(r.max_len - r.num_computed_tokens for r in queued)
         asks = self._asks - self._stuck_since
-        if asks > 4 * left + _PROGRESS_EVERY:
+        if asks > 4 * left + _PROGRESS_EVERY and (now - self._stuck_since_t > _STALL_S or asks > _STALL_ASKS):
             raise StalledError(
-                f"simulation stalled at t={now:.6f} s: no request finished, was rejected or failed over the last "
-                f"{asks} asks of the policy, with {len(queued)} requests in its queues ({len(self.running)} running) "
-                f"needing {left} tokens (a policy that plans nothing but asks to be woken again, or takes back what "
-                "it planned, never lets a request finish)")
+                f"simulation stalled at t={now:.6f} s: no request arrived, started, generated a token or ended over "
+                f"the last {asks} asks of the policy ({now - self._stuck_since_t:.1f} s), with {len(queued)} requests "
+                f"in its queues ({len(self.running)} running) needing {left} tokens (a policy that plans nothing but "
+                "asks to be woken again, or takes back what it planned, never lets a request finish)")
 
     def _catches_up_all(self, batch: Batch) -> bool:
         """Whether the step just applied leaves nobody waiting or swapped and computes every running request up
