@@ -242,3 +242,15 @@ def test_a_run_into_a_folder_whose_summary_json_is_nested_too_deeply_writes_its_
     r = CliRunner().invoke(app, ["run", str(path), "-n", "5", "-q", "--out", str(out)])
     assert r.exit_code == 0, r.output
     assert set(json.loads((out / "summary.json").read_text())["variants"]) == {"naive", "continuous"}
+
+
+def test_compare_names_each_sides_slos_behind_goodput(tmp_path: Path) -> None:
+    # the same run under a stricter TTFT bound read as goodput falling, the table silent on the bounds it compared
+    a = _run(tmp_path / "a", "loose", "--set", "slos.ttft=2.0", "--set", "slos.tpot=0.1")
+    b = _run(tmp_path / "b", "strict", "--set", "slos.ttft=0.001", "--set", "slos.tpot=0.1")
+    text = Comparison(read_run(a), read_run(b)).table()
+    assert ("goodput, SLO attainment: requests completed within TTFT <= 2 s and TPOT <= 100 ms (loose: wide, "
+            "loose: narrow); TTFT <= 1 ms and TPOT <= 100 ms (strict: wide, strict: narrow).") in text, text
+    same = Comparison(read_run(a), read_run(a)).table()
+    assert "goodput, SLO attainment: requests completed within TTFT <= 2 s and TPOT <= 100 ms." in same, same
+    assert "goodput, SLO attainment" in Comparison(read_run(a), read_run(b)).html()

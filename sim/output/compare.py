@@ -21,7 +21,7 @@ import numpy as np
 from sim.config.files import read_text_capped
 from sim.config.schema import ScenarioError
 from sim.metrics.records import RequestRecord
-from sim.output.table import format_cells, ratio_text, row_specs, value_at
+from sim.output.table import format_cells, ratio_text, row_specs, slos_text, value_at
 
 COMPARE_FILE = "compare.html"
 
@@ -138,9 +138,26 @@ class Comparison:
                 f"{', '.join(self.b.summaries)}); variants pair by name, or in order when no name is shared and both "
                 "runs have as many")
 
+    def slo_line(self) -> str:
+        """The SLOs behind goodput and SLO attainment, once when both runs share them, else per column: the
+        same run under a stricter bound read as goodput falling, the table silent on what it compared. "" when
+        neither run has SLOs."""
+        la, lb = self.labels()
+        held: dict[str, list[str]] = {}
+        for label, side in ((la, self.a), (lb, self.b)):
+            for name, summary in side.summaries.items():
+                held.setdefault(slos_text(summary.get("slos")) or "no SLOs", []).append(f"{label}: {name}")
+        if list(held) == ["no SLOs"]:
+            return ""
+        if len(held) == 1:
+            return f"goodput, SLO attainment: requests completed within {next(iter(held))}."
+        return ("goodput, SLO attainment: requests completed within "
+                + "; ".join(f"{t} ({', '.join(cols)})" for t, cols in held.items()) + ".")
+
     def table(self) -> str:
-        """The side-by-side table as fixed-width text, with a line naming A and B."""
-        return format_cells(*self.cells()) + self.key_line() + "\n"
+        """The side-by-side table as fixed-width text, with a line naming A and B and one on their SLOs."""
+        slo = self.slo_line()
+        return format_cells(*self.cells()) + self.key_line() + "\n" + (slo + "\n" if slo else "")
 
     def figure(self):
         """Latency CDFs of both runs overlaid (TTFT, TPOT, E2EL; log time axes, since two runs can differ by
@@ -168,6 +185,7 @@ class Comparison:
             f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>",
             f"<h1>{html.escape(title)}</h1>",
             f"<p>{html.escape(self.key_line())}.</p>",
+            f"<p>{html.escape(self.slo_line())}</p>" if self.slo_line() else "",
             "<h2>Summary</h2>",
             f'<table class="summary"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>',
             "<h2>Latency CDFs</h2>", fig, "</body></html>\n",
