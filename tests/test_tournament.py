@@ -231,3 +231,17 @@ def test_a_failing_run_clears_the_progress_bars_before_its_error(tmp_path: Path)
     assert shown[0] == f"t: 2 policies x 2 loads x 1 seeds = 4 runs -> {tmp_path / 'out'}/", res.stderr
     assert shown[1].startswith("error: variant 'bad[workload.arrival.rate="), res.stderr
     assert shown[-1] == "RuntimeError: boom", res.stderr
+
+
+def test_the_winner_table_shows_every_policy_of_a_tie(tmp_path: Path) -> None:
+    """Two policies of one configuration under two names score the very same fitness at every load: the text said
+    'a (tied with b)', but tournament.html's "Winner per load" table showed a alone, as if b had lost."""
+    lines = "".join(f"  {p}: {{type: continuous, {LIMITS}}}\n" for p in "ab")
+    spec = spec_file(tmp_path, f"scenario: {SCENARIOS / 'classes-priority.yaml'}\nnum_requests: 40\n"
+                               f"policies:\n{lines}loads: {{multiplier: [1.0]}}\nseeds: [0]\n")
+    res = CliRunner().invoke(app, ["tournament", str(spec), "--out", str(tmp_path / "out"), "-j", "1", "-q"])
+    assert res.exit_code == 0, res.output
+    assert "winner per load: x1 a (tied with b)" in res.stdout
+    page = (tmp_path / "out" / "tournament.html").read_text()
+    winners = page.split("<h2>Winner per load</h2>")[1].split("</table>")[0]
+    assert re.findall(r"<tr><td>[^<]*</td><td>([^<]*)</td>", winners) == ["a, b (tie)"]

@@ -501,7 +501,8 @@ def write_standings_html(path: Path, t: Tournament, sts: Sequence[Standing]) -> 
             fig.update_xaxes(title_text=x_title, row=i // cols_n + 1, col=i % cols_n + 1)
     fig.update_layout(template=TEMPLATE, height=330 * rows_n, hovermode="closest",
                       title="Each policy against load: mean over seeds, bars from min to max")
-    winners = "".join(f"<tr><td>{html.escape(t.load_label(s.load))}</td><td>{html.escape(s.policy)}</td>"
+    winners = "".join(f"<tr><td>{html.escape(t.load_label(s.load))}</td><td>"
+                      f"{html.escape(', '.join([s.policy, *s.ties]) + (' (tie)' if s.ties else ''))}</td>"
                       f"<td>{s.figures['fitness'].mean:.4f}</td></tr>" for s in sts if s.winner)
     head = "".join(f"<th>{html.escape(x)}</th>" for x in ["load", "policy", *(lb for lb, _, _ in shown)])
     body = "".join(
