@@ -194,6 +194,16 @@ def test_fitted_config_reads_its_profile_and_names_it_when_it_cannot(tmp_path) -
         build(_variant(cost={"type": "fitted", "profile": str(tmp_path / "missing.json")}))
 
 
+@pytest.mark.parametrize("kind", ["fitted", "analytic"])
+@pytest.mark.parametrize("value", ["", " "])
+def test_an_empty_profile_path_is_named(kind: str, value: str) -> None:
+    """``profile: ""`` (an unset variable in a templated scenario) said "file not found: [Errno 2] No such file or
+    directory: ''"; it is named as every other empty input path is."""
+    with pytest.raises(ScenarioError, match=r"^variant 'v': deployment\.cost_model\.profile: empty path; name the "
+                       r"file or folder to read$"):
+        build(_variant(cost={"type": kind, "profile": value}))
+
+
 # ---- the planner resolves with build's rules ------------------------------------------------------------------
 @pytest.mark.parametrize(
     "policy, deployment",

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from sim.config.errors import ScenarioError
+from sim.config.files import input_path
 from sim.config.input_model import Float, InputModel, Int
 from sim.config.limits import MAX_POOL_BLOCKS
 from sim.costs.analytic import AnalyticCostModel
@@ -68,6 +69,7 @@ class AnalyticCost(CostModelConfigBase):
         if self.profile is not None:
             from sim.output.benchfiles.knobs import read_knob_profile
 
+            input_path(self.profile, "cost_model.profile")  # '' read as no such file: "No such file or directory: ''"
             try:
                 extra.update(read_knob_profile(self.profile))
             except FileNotFoundError as e:
@@ -117,6 +119,7 @@ class FittedCost(CostModelConfigBase):
         """The profile's fitted model (it describes one device and model: ``model`` and ``gpu`` are not read),
         scaled and offset when ``scale`` or ``step_overhead`` are given. A profile that cannot be read is a
         ``ScenarioError`` naming ``cost_model.profile``."""
+        input_path(self.profile, "cost_model.profile")  # '' read as no such file: "No such file or directory: ''"
         try:
             fitted = FittedCostModel.from_profile(self.profile)
             problem = profile_model_problem(fitted.model, deployment.model)
