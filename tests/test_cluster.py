@@ -372,6 +372,31 @@ def test_a_fleet_s_replicas_share_one_roofline() -> None:
     assert len({id(rep.core) for rep in sim.replicas}) == 3 and len({id(rep.core.kv) for rep in sim.replicas}) == 3
 
 
+def test_a_parked_replica_parks_again_where_its_timeline_ended(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replica whose timeline ends (a finish, the end of what was priced) takes its steps up to that end and
+    parks again from there, with nothing in flight, rather than running one step past it first (a second
+    fast_forward call at each such wake); results as stepping's (the tests above)."""
+    import sim.loop.cluster_fast as cf
+
+    ends: dict[int, float] = {}
+    again, parks = [0], [0]
+    timeline = cf.fast_path.timeline
+
+    def recording_timeline(core, t, cost):
+        tl = timeline(core, t, cost)
+        again[0] += ends.get(id(core)) == t
+        if tl is not None:
+            parks[0] += 1
+            ends[id(core)] = tl.expiry
+        return tl
+
+    monkeypatch.setattr(cf.fast_path, "timeline", recording_timeline)
+    sim = parking_fleet("least_kv")
+    sim.run()
+    assert len(sim.requests) == 300 and parks[0] > 400
+    assert again[0] > parks[0] / 4  # 188 of 453 here; 5 of 445 when it ran a step past the end
+
+
 def test_replica_figures_are_summarize_s() -> None:
     from sim.loop.cluster_fast import replica_figures
 

@@ -252,7 +252,21 @@ class ParkingReplica(Replica):
                     if woken is FROM_T:  # submit took the steps up to its arrival and the step in flight
                         t, woken = self._t, None
                     elif woken is None:  # the stretch ended: its steps up to now (no arrival fell in it)
-                        woken = self._run(t, nextafter(cal.now, INF))
+                        # taken up to the timeline's end, which is now (its finish, its deadline, the end of what
+                        # was priced): the replica stands there with nothing in flight and parks again from it.
+                        # Running on to just past now took the next step too, in a second fast_forward call at
+                        # each such wake (4.5% fewer instructions under callgrind, 16 replicas)
+                        seg = fast_path.fast_forward(core, t, nextafter(cal.now, INF), self._cost, overshoot=True,
+                                                     overshoot_finish=False)
+                        if seg is None:
+                            woken = self._run(t, nextafter(cal.now, INF))
+                        elif core.overshot:
+                            woken = (seg[1], None)
+                        elif seg[1] == cal.now:
+                            t = seg[1]
+                            continue  # still settled: park again
+                        else:
+                            woken = self._run(seg[1], nextafter(cal.now, INF))
                 elif t > cal.now and t >= horizon():  # arrivals may join the queue before it decides at t
                     if report is not None:
                         report(self)
