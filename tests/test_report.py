@@ -516,3 +516,23 @@ def test_plotly_text_shows_a_variant_name_with_markup_characters_as_written():
     names = [tr.name for fig in res.figures().values() for tr in fig.data if tr.name and "tp" in tr.name]
     names += [tr.name for tr in res.compare(res).figure().data]
     assert names and all("tp&lt;b&gt;2&lt;/b&gt; &amp; co" in n for n in names), names
+
+
+def test_memory_stack_shows_the_weights_before_the_first_step(nvc):
+    # "the weights sit at the bottom for the whole run", but the stack began at the first step: blank from 0 to
+    # the first arrival (0.55 s here), and in a one-request run arriving at 1.6 s, blank for most of the chart
+    from sim.output.report import fig_memory_stack
+
+    naive = nvc.results[0]
+    first = float(np.min(naive.steps["start"]))
+    assert first > 0.5
+    for points in (100_000, 100):  # every step's value, and per window (the first windows hold no step)
+        fig = fig_memory_stack(naive, max_points=points)
+        layers = {t.name: t for t in fig.data if t.stackgroup == "memory"}
+        weights, free, stored = layers["model weights"], layers["KV: free blocks"], layers["KV: tokens stored"]
+        if points > 1000:
+            assert weights.x[0] == 0.0 and free.x[0] == 0.0 and stored.y[0] == 0
+            assert weights.y[0] == weights.y[1] and free.y[0] > free.y[1]
+        else:
+            assert np.isfinite(np.asarray(weights.y, dtype=np.float64)).all()
+            assert np.isfinite(np.asarray(free.y, dtype=np.float64)).all()

@@ -157,12 +157,16 @@ def fig_memory_stack(result: RunResult, max_points: int = MEMORY_POINTS, x_end: 
         else:
             trace = _windowed(edges, windowed[0][key]) if windowed is not None else \
                 _state_trace(t, layers[key], edges, "mean", max_points)
-            if "x0" in trace:  # per window: past the run's own end (an axis shared with a longer run) the pool
-                # is free and the weights stay; held, the last step's KV stood there to the axis' end
-                late = edges[:-1] >= own_end
-                if late.any():
-                    trace["y"] = np.where(late, {"weights": weights, "kv_free": cap - weights}.get(key, 0.0),
-                                          trace["y"]).astype(np.float32)
+            # before the first step and past the run's own end (an axis shared with a longer run) the weights
+            # stay and the pool is free: the stack began at the first step (blank from 0 to it), and held the
+            # last step's KV to the axis' end
+            empty = {"weights": weights, "kv_free": cap - weights}.get(key, 0.0)
+            if "x0" in trace:  # per window: no value before the first step's window
+                y = np.asarray(trace["y"])
+                trace["y"] = np.where((edges[:-1] >= own_end) | np.isnan(y), empty, y).astype(np.float32)
+            elif len(trace["x"]) and trace["x"][0] > 0:
+                trace["x"] = np.r_[0.0, trace["x"]]
+                trace["y"] = np.r_[np.float32(empty), trace["y"]].astype(np.float32)
         fig.add_trace(
             go.Scatter(
                 name=label,
