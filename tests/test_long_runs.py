@@ -308,3 +308,19 @@ def test_a_run_of_ten_million_requests_is_admitted_and_one_more_refused() -> Non
         assert parse_scenario(scenario(MAX_REQUESTS)).workload is not None
         with pytest.raises(ScenarioError, match=f"{key}: 10000001 requests would need about .* at most 10000000"):
             parse_scenario(scenario(MAX_REQUESTS + 1))
+
+
+
+def test_binned_steps_start_at_whole_multiples_of_their_width() -> None:
+    # a bin's start was its index times the width in floating point: 29 x 0.05 read 1.4500000000000002
+    import csv
+    import io
+    from dataclasses import replace
+
+    res = run_scenario(prepare_scenario(parse_scenario({**SCENARIO, "variants": SCENARIO["variants"][:1]}))).results[0]
+    for log in (res.steps, {k: np.asarray(v) for k, v in res.steps.items()}):  # read in blocks, and whole
+        out = io.StringIO()
+        write_binned_steps_csv(out, [replace(res, steps=log)])
+        starts = [r["start_s"] for r in csv.DictReader(io.StringIO(out.getvalue()))]
+        assert len(starts) > 10
+        assert all(x == repr(round(float(x), 9)) for x in starts), [x for x in starts if x != repr(round(float(x), 9))]

@@ -42,6 +42,12 @@ def bin_width(span: float, max_bins: int = MAX_BINS) -> float:
     return 10.0 ** (e + 1)
 
 
+def bin_starts(index: np.ndarray, width: float) -> list[float]:
+    """Bins' starts, index x width, rounded to the width's decimals: in floating point 29 x 0.05 read
+    1.4500000000000002 and 3 x 0.1 0.30000000000000004 in the table (a width is 1, 2 or 5 x 10^e)."""
+    return np.round(np.asarray(index, dtype=np.float64) * width, max(0, -math.floor(math.log10(width)))).tolist()
+
+
 def write_binned_steps_csv(f: IO[str], results: list[RunResult]) -> None:
     """One row per (variant, replica, time bin) that holds at least one step; a step counts in the bin where it
     starts. Sums (tokens, FLOPs, busy seconds), the step-weighted mean batch size, and per-step peaks."""
@@ -73,7 +79,7 @@ def _binned(s: Mapping[str, np.ndarray]) -> list[list] | None:
     peaks = {c: np.maximum.reduceat(np.asarray(s[c], dtype=np.int64)[order], first) for c in _PEAKS}
     batch = np.add.reduceat(np.asarray(s["batch_size"], dtype=np.float64)[order], first) / counts
     kk = k[first]
-    cols = [(kk // nb).tolist(), ((kk % nb) * width).tolist(), [width] * len(kk), counts.tolist(),
+    cols = [(kk // nb).tolist(), bin_starts(kk % nb, width), [width] * len(kk), counts.tolist(),
             sums["duration"].tolist(), batch.tolist()]
     cols += [sums[c].tolist() if c == "flops" else sums[c].astype(np.int64).tolist() for c in _SUMS
              if c != "duration"]
@@ -122,7 +128,7 @@ def _binned_in_blocks(s: StepColumns) -> list[list] | None:
         for c in _PEAKS:
             most[c].add(np.asarray(b[c], dtype=np.int64))
     ks = np.asarray(keys, dtype=np.int64)
-    cols = [(ks // nb).tolist(), ((ks % nb) * width).tolist(), [width] * len(keys), counts, sums["duration"].sums,
+    cols = [(ks // nb).tolist(), bin_starts(ks % nb, width), [width] * len(keys), counts, sums["duration"].sums,
             (np.asarray(sums[_BATCH].sums) / np.asarray(counts, dtype=np.int64)).tolist()]
     cols += [sums[c].sums if c == "flops" else np.asarray(sums[c].sums).astype(np.int64).tolist() for c in _SUMS
              if c != "duration"]
