@@ -394,3 +394,10 @@ def test_a_column_of_the_page_has_one_number_format(tmp_path: Path) -> None:
     cells = [re.findall(r"<td>([^<]*)</td>", tr) for tr in re.findall(r"<tr>(<td>.*?)</tr>", page)]
     assert [c[3:] for c in cells] == [["0.5", "30", "1.000", "0.000579"], ["1.5", "30", "0.200", "0.001801"],
                                       ["2.5", "30", "0.004", "0.000000"], ["3.5", "30", "1.237", "0.000620"]]
+    # a largest value that rounds up to the next power of ten: 9.9996 read 10.000 (5 significant digits)
+    for col in ((9.9996, 1.5), (0.00099996, 0.0005), (999.97, 2.0)):
+        rows = [{"index": i, "key": f"k{i}", "variant": "a", "num_requests": 30, "queue.mean_s": q}
+                for i, q in enumerate(col)]
+        page = sweep.write_sweep_html(tmp_path / "p.html", "t", rows, cols[:3] + ["num_requests", "queue.mean_s"])
+        cells = [re.findall(r"<td>([^<]*)</td>", tr)[-1] for tr in re.findall(r"<tr>(<td>.*?)</tr>", page.read_text())]
+        assert cells == {9.9996: ["10.00", "1.50"], 0.00099996: ["0.001000", "0.000500"], 999.97: ["1000", "2"]}[col[0]]

@@ -506,7 +506,8 @@ def _decimals(values: list[Any]) -> int | None:
     top = max((abs(v) for v in values if isinstance(v, float) and math.isfinite(v)), default=None)
     if top is None:
         return None
-    return 3 if top == 0 else min(8, max(0, 3 - math.floor(math.log10(top))))
+    # the exponent of the largest as shown, rounded to 4 significant digits: 9.9996 shows as 10.00, not 10.000
+    return 3 if top == 0 else min(8, max(0, 3 - math.floor(math.log10(float(f"{top:.3e}")))))
 
 
 TEXT_CELL = 40  # characters past which a cell is prose (a verdict), cut to one line in sweep.html's table
