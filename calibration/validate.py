@@ -454,7 +454,7 @@ def write_validation(out_dir: str | Path, val: Validation, *, runs: bool = True)
     import shutil
     import tempfile
 
-    from sim.config.files import _sigint_deferred
+    from sim.config.files import sigint_deferred
     from sim.output.run_folder import to_jsonable, write_run
 
     out = Path(out_dir)
@@ -474,7 +474,7 @@ def write_validation(out_dir: str | Path, val: Validation, *, runs: bool = True)
             names += ["engine", "sim"]
         earlier = stage / "earlier"
         earlier.mkdir()
-        with _sigint_deferred():
+        with sigint_deferred():
             for name in names:
                 if (out / name).exists() or (out / name).is_symlink():
                     os.replace(out / name, earlier / name)

@@ -193,3 +193,17 @@ if __name__ == "__main__":
     for comp in circles(g):
         print(_describe(comp, g), end="\n\n")
     sys.exit(0)
+
+
+def test_no_package_imports_a_private_name_of_another() -> None:
+    """calibration/ imported sim.config.files._sigint_deferred: a name its own module may change without looking
+    for callers. What one top-level package uses of another is public (no leading underscore)."""
+    found = []
+    for mod, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            top = node.module.partition(".")[0] if isinstance(node, ast.ImportFrom) and node.module else ""
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and top in PACKAGES \
+                    and top != mod.partition(".")[0]:
+                found += [f"{mod}: from {node.module} import {a.name}" for a in node.names
+                          if a.name.startswith("_") and not a.name.startswith("__")]
+    assert found == []

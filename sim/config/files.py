@@ -22,7 +22,7 @@ class InterruptedAfterWrite(KeyboardInterrupt):
 
 
 @contextlib.contextmanager
-def _sigint_deferred() -> Iterator[None]:
+def sigint_deferred() -> Iterator[None]:
     """Hold Ctrl-C back until the block is done (the main thread only: no other can set a handler); then raise
     ``InterruptedAfterWrite`` if one came."""
     if threading.current_thread() is not threading.main_thread() or \
@@ -100,7 +100,7 @@ def write_atomically(out_dir: Path, contents: Mapping[str, str | Callable[[IO[st
                     f.write(text)
                 else:
                     text(f)
-        with _sigint_deferred():
+        with sigint_deferred():
             for name, tmp in temps.items():
                 os.replace(tmp, out_dir / name)
     finally:

@@ -380,7 +380,7 @@ def write_bench_validation(out_dir: str | Path, val: BenchValidation) -> Path:
     this one's."""
     import shutil
 
-    from sim.config.files import _sigint_deferred, write_atomically
+    from sim.config.files import sigint_deferred, write_atomically
     from sim.output.run_folder import to_jsonable
 
     out = Path(out_dir)
@@ -388,7 +388,7 @@ def write_bench_validation(out_dir: str | Path, val: BenchValidation) -> Path:
     earlier = _engine_validation_runs(out)
     write_atomically(out, {"validation.json": json.dumps(to_jsonable(val.to_dict()), indent=1, allow_nan=False),
                            "validation.html": build_page(val)})
-    with _sigint_deferred():
+    with sigint_deferred():
         for folder in earlier:
             shutil.rmtree(folder, ignore_errors=True)
     return out
