@@ -369,3 +369,22 @@ def test_over_an_engine_validation_its_run_folders_go_too(run_folder: Path, tmp_
     (out / "engine" / "summary.json").write_text("{}")
     write_bench_validation(out, val)
     assert (out / "engine" / "summary.json").is_file()
+
+
+def test_openmetrics_end_of_run_samples_are_stamped_at_the_runs_end() -> None:
+    # every request rejected (prompt + output over max_model_len): no step ran, and the histograms, "the state at
+    # the end of the run", were stamped at 0.0 s, before the first request had even arrived
+    from sim.config.scenario import parse_scenario
+    from sim.output.benchfiles.export_metrics import openmetrics_text
+
+    raw = {"name": "none-served", "seed": 0,
+           "workload": {"arrival": {"type": "poisson", "rate": 2.0}, "num_requests": 3,
+                        "prompt_len": {"type": "fixed", "value": 5000}, "output_len": {"type": "fixed", "value": 10}},
+           "deployment": {"model": "llama-3.1-8b", "gpu": "a100-80gb", "max_model_len": 4096}}
+    (res,) = run_scenario(parse_scenario(raw), raw).results
+    last = max(r.finish for r in res.requests)
+    assert last > 0
+    fams = {f.name: f for f in text_string_to_metric_families(openmetrics_text(res))}
+    stamps = {float(s.timestamp.sec + s.timestamp.nsec / 1e9) for f in fams.values() if f.type == "histogram"
+              for s in f.samples}
+    assert len(stamps) == 1 and stamps.pop() == pytest.approx(last, abs=1e-6)

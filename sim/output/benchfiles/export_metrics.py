@@ -316,8 +316,11 @@ def openmetrics_text(result: RunResult, *, max_points: int = 2000) -> str:
     lines: list[str] = []
     for key, (kind, help_) in helps.items():
         lines += [f"# TYPE vllm:{key} {kind}", f"# HELP vllm:{key} {help_}", *series[key]]
-    ttft, tpot, e2el = _request_histograms(as_table(result.requests))  # read as columns
-    ts = f" {_num(last_end)}"
+    table = as_table(result.requests)  # read as columns
+    ttft, tpot, e2el = _request_histograms(table)
+    # the end of the run: its last step's end, or a later finish (a rejection after it; every request rejected
+    # and no step ran: stamped 0.0, before the first arrival)
+    ts = f" {_num(max(last_end, table.most('finish')))}"
     lab = f'model_name="{model}",engine="0"'
     ttft.write(lines, "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", lab, ts)
     tpot.write(lines, "vllm:request_time_per_output_token_seconds",
