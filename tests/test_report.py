@@ -536,3 +536,16 @@ def test_memory_stack_shows_the_weights_before_the_first_step(nvc):
         else:
             assert np.isfinite(np.asarray(weights.y, dtype=np.float64)).all()
             assert np.isfinite(np.asarray(free.y, dtype=np.float64)).all()
+
+
+def test_summary_units_cover_the_optional_sections():
+    # classes, tenants, fairness, anomalies and spec_decode held seconds, fractions and counts with no unit in
+    # summary.json's units block (classes-priority: anomalies.starvation.longest_wait 6.35 -- seconds?)
+    from sim.output.run_folder import SUMMARY_UNITS
+
+    for key in ("classes", "tenants", "fairness.jain_index", "anomalies.inversions.tolerance",
+                "anomalies.head_of_line.per_replica", "anomalies.starvation", "anomalies.service_over_time.t",
+                "anomalies.service_over_time.output_tokens", "spec_decode", "spec_decode.draft_seconds"):
+        assert key in SUMMARY_UNITS, key
+    assert SUMMARY_UNITS["anomalies.starvation"].startswith("s ")
+    assert SUMMARY_UNITS["anomalies.service_over_time.t"] == SUMMARY_UNITS["spec_decode.draft_seconds"] == "s"

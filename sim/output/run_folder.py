@@ -111,6 +111,17 @@ SUMMARY_UNITS: dict[str, str] = {
     "disaggregation.bytes_moved": "bytes", "disaggregation.gib_moved": "GiB", "disaggregation.transfer": "s",
     "disaggregation.link_wait": "s", "disaggregation.prefill_ttft": "s", "disaggregation.decode_queue": "s",
     "disaggregation.kv_link.bandwidth": "bytes/s per GPU", "disaggregation.kv_link.latency": "s",
+    # the sections a run has only with request classes, tenants, an anomaly or speculative decoding
+    "classes": "per class, as the run's keys (latencies s, rates per s, slo_attainment fraction, requests, tokens)",
+    "tenants": "per tenant: ttft and e2el s, service fraction (output tokens served / demanded), requests, tokens",
+    "fairness.jain_index": "index from 1 / num_tenants to 1 (1: equal service)",
+    "anomalies.inversions.tolerance": "s", "anomalies.inversions": "pairs of requests (count, by_priority, by_arrival)",
+    "anomalies.head_of_line.per_replica": "mean_waiting requests (Little's law), max_wait s, requests",
+    "anomalies.starvation": "s (longest_wait, per class too); request: its id",
+    "anomalies.service_over_time.t": "s", "anomalies.service_over_time.output_tokens": "tokens",
+    "spec_decode": "drafts and tokens (num_*), fractions (*_acceptance_rate, draft_time_share), tokens per step "
+                   "(mean_acceptance_length)",
+    "spec_decode.draft_seconds": "s",
 }
 
 
