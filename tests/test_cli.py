@@ -492,6 +492,10 @@ def test_help_shows_extras_and_no_type_after_flags() -> None:
         assert res.exit_code == 0, (path, res.output)
         assert "<bool>" not in res.output, (path, res.output)
         assert "'servesim'" not in res.output, (path, res.output)
+        # an input path argument read 'scenario <Path>' since fd6ea98 (its parser made typer label it by its
+        # annotation's class), where every other path reads '<path>'
+        assert "<Path>" not in res.output, (path, res.output)
     run_help = " ".join(runner.invoke(app, ["run", "--help"]).output.split())  # help wraps lines
+    assert "scenario <path> Scenario YAML file." in run_help
     assert "(needs pyarrow: pip install 'servesim[parquet]')" in run_help
     assert "-q, --quiet No progress bar." in run_help

@@ -67,7 +67,15 @@ def _path_option(*names: str, help: str) -> Any:
 def _input_argument(default: Any, name: str, *, help: str, metavar: str | None = None) -> Any:
     """A path argument read as input (a scenario, a run folder, benchmark files): an empty one is refused, named
     as the usage line names it."""
-    return typer.Argument(default, help=help, parser=_nonempty(metavar or name, input_path), metavar=metavar)
+    check = _nonempty(metavar or name, input_path)
+
+    # a callback on the text (path_type=str keeps '' from becoming Path('.')), not a parser: typer labels an argument
+    # with a parser by its annotation's class, '<Path>', where a path argument reads '<path>'
+    def convert(value: Any) -> Any:
+        return value if value is None else [check(v) for v in value] if isinstance(value, (list, tuple)) \
+            else check(value)
+
+    return typer.Argument(default, help=help, callback=convert, path_type=str, metavar=metavar)
 
 
 def _input_option(*names: str, default: Any = None, help: str) -> Any:
