@@ -84,3 +84,17 @@ def test_a_router_name_misspelt_still_lists_the_names():
     assert _error(lambda r: r["variants"][0].update(cluster={"replicas": 2, "router": "round_robn"})) == (
         "s.yaml: variants.0.cluster.router: must be 'round_robin', 'least_outstanding', 'least_kv' or "
         "'prefix_affinity'; or expected a mapping of keys to values (got 'round_robn')")
+
+
+@pytest.mark.parametrize("name", ["a\nb", "   ", "tab\there"])
+def test_a_variant_name_that_cannot_head_a_column_is_refused(name: str) -> None:
+    # "a\nb" broke the printed table's header over two lines; "   " headed a blank column
+    msg = _error(lambda raw: raw["variants"][0].update(name=name))
+    assert "variants.0.name" in msg and "line break, tab or other control character" in msg or \
+        "variants.0.name" in msg and "only spaces" in msg, msg
+
+
+def test_a_variant_name_of_other_characters_is_kept() -> None:
+    raw = copy.deepcopy(BASE)
+    raw["variants"][0]["name"] = 'a<b>&"c\',d{x}=1 \\ ünï 名'
+    assert parse_scenario(raw, source="s.yaml").variants[0].name == raw["variants"][0]["name"]

@@ -298,6 +298,18 @@ class Variant(_Model):
     disaggregation: DisaggConfig | None = Field(
         default=None, description="Prefill/decode disaggregation: a prefill pool, a decode pool, the KV link.")
 
+    @field_validator("name")
+    @classmethod
+    def _printable(cls, name: str) -> str:
+        # the name heads a column of the printed table and of the report: "a\nb" broke the header over two lines,
+        # "   " headed a blank column
+        if any(not c.isprintable() for c in name):
+            raise ValueError("holds a line break, tab or other control character; a variant's name heads a table "
+                             "column")
+        if not name.strip():
+            raise ValueError("is only spaces; a variant's name heads a table column")
+        return name
+
 
 # what a sweep may vary: a section's key, or the seed (a sweep over seeds gives the seed-to-seed spread; every
 # variant at one seed still replays the same requests); the cluster's keys make a cluster study (replicas x router
