@@ -68,3 +68,17 @@ def test_queue_and_kv_panels_show_the_fleet_not_whichever_replica_stepped_last()
         assert y == pytest.approx(latest("kv_blocks_used", x) / latest("kv_capacity_blocks", x), rel=1e-6)
     assert max(traces["running"].y) > max(np.asarray(s["num_running"]))  # replicas' requests add up
     assert fig.layout.annotations[3].text == "requests on the fleet, replicas summed (per-window peak)"
+
+
+def test_power_table_limit_counts_the_fleets_gpus() -> None:
+    # 3 replicas of one GPU drew 816 W on average beside a limit read "400 x 1": the fleet's GPUs are 3
+    from sim.output.report.energy import energy_sections
+    from sim.metrics.summary import summarize
+
+    raw = scenario({"replicas": 3, "router": "round_robin"})
+    raw["workload"] = dict(WORKLOAD, num_requests=12, output_len={"type": "fixed", "value": 40})
+    result, _, _ = run(raw)
+    summary = summarize(result)
+    assert summary["num_replicas"] == 3 and summary["energy"]["gpus_per_replica"] == 1
+    page = energy_sections([result], {result.name: summary})[0].html
+    assert f"<td>{summary['energy']['power_limit_w']:g} x 3 (3 replicas of 1)</td>" in page, page

@@ -64,6 +64,14 @@ def _cell(kind: str, x: float | None) -> str:
     return fmt[kind](x) if x is not None and np.isfinite(x) else "-"
 
 
+def _limit(e: dict, replicas: object) -> str:
+    """The board limit times the fleet's GPUs: the mean power beside it is the fleet's (3 replicas of one GPU
+    drew 816 W beside a limit read "400 x 1")."""
+    gpus = int(e["gpus_per_replica"])
+    n = replicas if isinstance(replicas, int) and replicas > 1 else 1
+    return f"{e['power_limit_w']:g} x {gpus * n}" + (f" ({n} replicas of {gpus})" if n > 1 else "")
+
+
 def energy_sections(results: list[RunResult], summaries: dict) -> list[Section]:
     fig = fig_energy(results)
     if fig is None:
@@ -79,7 +87,7 @@ def energy_sections(results: list[RunResult], summaries: dict) -> list[Section]:
         rows.append([name, _cell("s", e["energy_j"] / 1000), _cell("sig", e["j_per_output_token"]),
                      _cell("int", e["mean_power_w"]), _cell("int", e["peak_step_power_w"]),
                      _cell("sig", e["j_per_request"]["median"]), _cell("sig", e["j_per_request"]["p99"]),
-                     _cell("pct", idle_share), f"{e['power_limit_w']:g} x {e['gpus_per_replica']}"])
+                     _cell("pct", idle_share), _limit(e, s.get("num_replicas"))])
     table = _table(("run", "energy (kJ)", "J / output token", "mean power (W)", "peak step power (W)",
                     "J / request p50", "J / request p99", "idle share", "limit (W x GPUs)"), rows)
     return [Section("Power and energy", fig, f'<p class="note">{html.escape(NOTE)}</p>' + table)]
