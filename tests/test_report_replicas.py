@@ -72,8 +72,8 @@ def test_queue_and_kv_panels_show_the_fleet_not_whichever_replica_stepped_last()
 
 def test_power_table_limit_counts_the_fleets_gpus() -> None:
     # 3 replicas of one GPU drew 816 W on average beside a limit read "400 x 1": the fleet's GPUs are 3
-    from sim.output.report.energy import energy_sections
     from sim.metrics.summary import summarize
+    from sim.output.report.energy import energy_sections
 
     raw = scenario({"replicas": 3, "router": "round_robin"})
     raw["workload"] = dict(WORKLOAD, num_requests=12, output_len={"type": "fixed", "value": 40})
