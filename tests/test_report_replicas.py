@@ -82,3 +82,6 @@ def test_power_table_limit_counts_the_fleets_gpus() -> None:
     assert summary["num_replicas"] == 3 and summary["energy"]["gpus_per_replica"] == 1
     page = energy_sections([result], {result.name: summary})[0].html
     assert f"<td>{summary['energy']['power_limit_w']:g} x 3 (3 replicas of 1)</td>" in page, page
+    # the peak step power is one replica's, under the fleet's mean: said so
+    assert f"<td>{summary['energy']['peak_step_power_w']:,.0f} (one replica)</td>" in page, page
+    assert summary["energy"]["peak_step_power_w"] < summary["energy"]["mean_power_w"]

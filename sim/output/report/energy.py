@@ -72,6 +72,13 @@ def _limit(e: dict, replicas: object) -> str:
     return f"{e['power_limit_w']:g} x {gpus * n}" + (f" ({n} replicas of {gpus})" if n > 1 else "")
 
 
+def _peak(e: dict, replicas: object) -> str:
+    """The most power a step drew: one replica's (its GPUs'), said so beside a fleet's mean, which it can sit
+    under (4 replicas: mean 1,150 W, peak step 700 W)."""
+    cell = _cell("int", e["peak_step_power_w"])
+    return cell + " (one replica)" if isinstance(replicas, int) and replicas > 1 and cell != "-" else cell
+
+
 def energy_sections(results: list[RunResult], summaries: dict) -> list[Section]:
     fig = fig_energy(results)
     if fig is None:
@@ -85,7 +92,7 @@ def energy_sections(results: list[RunResult], summaries: dict) -> list[Section]:
         # the summary table's formats (sim/output/table.py) for the figures it shows too: this table read
         # 0.8827 J and 2121 W where it read 0.883 and 2,121
         rows.append([name, _cell("s", e["energy_j"] / 1000), _cell("sig", e["j_per_output_token"]),
-                     _cell("int", e["mean_power_w"]), _cell("int", e["peak_step_power_w"]),
+                     _cell("int", e["mean_power_w"]), _peak(e, s.get("num_replicas")),
                      _cell("sig", e["j_per_request"]["median"]), _cell("sig", e["j_per_request"]["p99"]),
                      _cell("pct", idle_share), _limit(e, s.get("num_replicas"))])
     table = _table(("run", "energy (kJ)", "J / output token", "mean power (W)", "peak step power (W)",
