@@ -22,6 +22,7 @@ from sim.costs.fitted import FittedCostModel
 from sim.engines.sched import engine_kv_cache
 from sim.hardware.models import ModelSpec, resolve_model
 from sim.loop.build import build
+from sim.loop.results import seeded_global_rngs
 
 CPU_KV_BYTES = 512 * 2**20  # CPU runs without num_gpu_blocks: KV cache of at most this many bytes (cpu_num_blocks)
 
@@ -54,7 +55,8 @@ def engine_config(cfg: VariantConfig, *, model_spec: str | None = None, num_gpu_
         cfg = _with_deployment(cfg, num_gpu_blocks=num_gpu_blocks)
     if device != "cuda" and cfg.deployment.num_gpu_blocks is None:
         cfg = _with_deployment(cfg, num_gpu_blocks=cpu_num_blocks(cfg, dtype))
-    _, kv, _, built = build(cfg)
+    with seeded_global_rngs(cfg.seed):  # the policy built here is not run: its draws are put back (run_engine)
+        _, kv, _, built = build(cfg)
     problem = cannot_run(built.model, dtype, device)
     if problem is not None:  # refused here, with the scenario's checks, not as a traceback from the model's build
         raise ScenarioError(f"variant {cfg.name!r}: deployment.model: {problem}")

@@ -276,7 +276,10 @@ def _run_engine(cfg: VariantConfig, workload, *, device, dtype, model_spec, num_
         _select_decode_kernel(decode_kernel)
     tdtype = torch_dtype(dtype) if dtype is not None else _default_dtype(cfg, device)
     cfg = engine_config(cfg, model_spec=model_spec, num_gpu_blocks=num_gpu_blocks, dtype=tdtype, device=device)
-    _, _, _, built = build(cfg)
+    # the builds before make_replica's size the model and cache: their policies' draws from the global generators
+    # are put back, so the policy that runs makes its first draw at the seed, as in the simulator's run
+    with seeded_global_rngs(cfg.seed):
+        _, _, _, built = build(cfg)
     if real_model is not None:
         model = real_model.model
         if model.spec != built.model or model.dtype != tdtype or model.device.type != device:
@@ -289,7 +292,8 @@ def _run_engine(cfg: VariantConfig, workload, *, device, dtype, model_spec, num_
 
         model = quantize_model(model, weight_quant)
     cfg = sized_config(cfg, model, built, tdtype, device)
-    _, kv0, _, built = build(cfg)
+    with seeded_global_rngs(cfg.seed):
+        _, kv0, _, built = build(cfg)
     if kv_layout == "paged" and not isinstance(cfg.kv_cache, PagedKV):
         kv_layout = "contiguous"  # the contiguous allocator has no block tables
     prompt_fn = None

@@ -206,3 +206,15 @@ def test_a_policy_failing_on_the_engine_exits_2_with_one_message(tmp_path: Path,
     assert res.exit_code == 2, res.output
     assert message in res.output and "Traceback" not in res.output
     assert not out.exists()  # nothing half-written
+
+
+def test_a_policy_drawing_from_pythons_global_generator_in_its_constructor_has_exact_parity(tmp_path: Path) -> None:
+    """The constructor draws too (a salt for its ties): the engine built the policy twice (once to size the KV
+    cache) and the replay built it before seeding, so their ranks drew from three different places; each run's
+    policy now makes its first draw at the seed, as in the simulator's own run."""
+    (tmp_path / "salted.py").write_text(
+        "import random\n\nimport servesim\n\n\nclass Salted(servesim.QueuePolicy):\n"
+        "    def __init__(self):\n        self.salt = random.random()\n\n"
+        "    def rank(self, req):\n        return (random.random() + self.salt, req.id)\n")
+    cfg, result, requests, core = engine_run({"type": "custom", "cls": f"{tmp_path / 'salted.py'}:Salted"})
+    assert_replay_reproduces_engine(engine_config(cfg, num_gpu_blocks=NUM_BLOCKS), result, requests, core)

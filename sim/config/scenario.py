@@ -236,7 +236,7 @@ class VariantConfig:
     # the scenario's TTFT SLO (slos.ttft), seconds: the deadline a policy, router or admission rule sees for a
     # request whose class has none, as the metrics hold such a request to it (RequestView.deadline)
     ttft_slo: float | None = None
-    seed: int = 0  # the scenario's: Python's and numpy's global generators start from it (run.seeded_global_rngs)
+    seed: int = 0  # the scenario's: Python's and numpy's global generators start from it (results.seeded_global_rngs)
 
     def to_dict(self, policy: PolicyConfigBase | None = None) -> dict[str, Any]:
         """The variant as a run records it; ``policy``: the policy as resolved against the engine (Built.policy)."""

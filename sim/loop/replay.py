@@ -57,12 +57,13 @@ def replay(engine_cfg: Any, result: RunResult, requests: Sequence[Request]
     """The simulator with the policy and KV manager built from the config the engine ran (``realengine.engine.
     engine_config``: its model, block count and swap space), fed ``result``'s step durations (as steps.csv has
     them, so its clock lands on the engine's step ends) and the requests at the times the engine admitted them."""
-    policy, kv, _, _ = build(engine_cfg)
-    core = ServingCore(policy, kv, fast_path=False, record_plans=True)
-    cost = MeasuredDurations(result.steps["duration"])
-    specs = [replace(r.spec, arrival=r.arrival) for r in requests]
-    sim = Simulation(specs, [(core, cost)], fast_forward=False)
-    with seeded_global_rngs(getattr(engine_cfg, "seed", 0)):  # the draws the engine's run made (run_engine)
+    # the draws the engine's run made (run_engine), its policy's constructor's included
+    with seeded_global_rngs(getattr(engine_cfg, "seed", 0)):
+        policy, kv, _, _ = build(engine_cfg)
+        core = ServingCore(policy, kv, fast_path=False, record_plans=True)
+        cost = MeasuredDurations(result.steps["duration"])
+        specs = [replace(r.spec, arrival=r.arrival) for r in requests]
+        sim = Simulation(specs, [(core, cost)], fast_forward=False)
         sim.run()
     return sim, core, cost
 
