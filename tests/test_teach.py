@@ -304,3 +304,17 @@ def test_the_slot_chart_and_the_start_up_line_state_one_request_count():
     assert fig.layout.title.text.endswith(f"(at most {TEACH_REQUESTS} requests per variant)"), fig.layout.title.text
     (panel,) = [a.text for a in fig.layout.annotations]
     assert f": {TEACH_REQUESTS} of {TEACH_REQUESTS} scheduled requests drawn;" in panel, panel
+
+
+def test_a_run_that_served_nobody_says_so_not_that_more_traffic_would_fit():
+    # every request rejected: the page said "Slots sit idle: the GPU is busy only 0% of the time (mean batch nan
+    # requests). More traffic would fit on this server."
+    summary = {"num_requests": 5, "num_completed": 0, "num_rejected": 5, "num_preemptions": 0,
+               "rejections": {"prompt+output 5010 tokens exceeds max_model_len 4096": 5},
+               "busy_fraction": 0.0, "mean_batch_size": float("nan"), "kv_usage": {"mean": float("nan"),
+               "max": float("nan")}, "request_throughput": 0.0, "queue": {}, "padding_fraction": float("nan"),
+               "kv_token_utilization": float("nan")}
+    (line,) = ex.explain(summary, offered_rate=2.0)
+    assert line.startswith("No request was served: all 5 were rejected (prompt+output 5010 tokens exceeds "
+                           "max_model_len 4096: 5)."), line
+    assert "nan" not in line and "would fit" not in line

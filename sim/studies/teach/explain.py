@@ -25,6 +25,11 @@ def explain(summary: dict[str, Any], offered_rate: float | None = None) -> list[
     """Sentences on what one run shows: queue growing, memory ceiling hit, slots idle, padding, reserved KV
     wasted; one sentence saying the server keeps up when none of them applies."""
     out: list[str] = []
+    n, rejected = int(summary.get("num_requests", 0)), int(summary.get("num_rejected", 0))
+    if n and not summary.get("num_completed"):  # nothing ran: "slots sit idle, more traffic would fit" misled
+        why = "; ".join(f"{r}: {k}" for r, k in (summary.get("rejections") or {}).items())
+        some = f"all {n} were rejected" if rejected == n else f"none of {n} completed, {rejected} rejected"
+        return [f"No request was served: {some}" + (f" ({why})." if why else ".")]
     done_rate = _fin(summary.get("request_throughput"))
     queue_p90 = _fin(summary.get("queue", {}).get("p90"))
     # the queue wait, not completed/s against the offered rate: a short run's tail (its last long requests after
