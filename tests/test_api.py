@@ -124,6 +124,9 @@ def test_a_loaded_run_writes_the_folders_own_files(small, tmp_path):
     kept = ["report.html", "a.vllm-bench.json", "a.metrics.prom", "b.vllm-bench.json", "b.metrics.prom"]
     for name in kept:
         assert (again / name).read_bytes() == (out / name).read_bytes(), name
+    # .report() likewise: the folder's own page, not one rebuilt without ITL, MFU or energy
+    page = servesim.load(out).report(tmp_path / "page.html")
+    assert page.read_bytes() == (out / "report.html").read_bytes()
     servesim.load(out).write(out)  # over the folder it read: the same files still
     for name in kept:
         assert (again / name).read_bytes() == (out / name).read_bytes(), name
