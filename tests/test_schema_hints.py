@@ -98,3 +98,18 @@ def test_a_variant_name_of_other_characters_is_kept() -> None:
     raw = copy.deepcopy(BASE)
     raw["variants"][0]["name"] = 'a<b>&"c\',d{x}=1 \\ ünï 名'
     assert parse_scenario(raw, source="s.yaml").variants[0].name == raw["variants"][0]["name"]
+
+
+@pytest.mark.parametrize("name", ["tp\u00a02", "\U0001f469\u200d\U0001f4bb coder", "\u00a0x\u3000"])
+def test_a_variant_name_with_a_no_break_space_or_a_joiner_is_kept(name: str) -> None:
+    # printable in a table, though str.isprintable() says not: a no-break space pasted from a document, an
+    # ideographic space, an emoji's zero-width joiner
+    raw = copy.deepcopy(BASE)
+    raw["variants"][0]["name"] = name
+    assert parse_scenario(raw, source="s.yaml").variants[0].name == name
+
+
+@pytest.mark.parametrize("name", ["a\u2028b", "a\u2029b", "a\rb", "a\x1bb"])
+def test_a_variant_name_with_a_line_separator_or_escape_is_refused(name: str) -> None:
+    msg = _error(lambda raw: raw["variants"][0].update(name=name))
+    assert "variants.0.name" in msg and "line break, tab or other control character" in msg, msg

@@ -23,6 +23,7 @@ from __future__ import annotations
 import difflib
 import math
 import re
+import unicodedata
 from abc import abstractmethod
 from types import UnionType
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
@@ -283,6 +284,11 @@ class ClusterConfig(_Model):
         return self
 
 
+# Unicode categories a variant's name may not hold: control characters (line breaks, tabs) and line and paragraph
+# separators (U+2028, U+2029)
+_NOT_IN_A_HEADER = frozenset({"Cc", "Zl", "Zp"})
+
+
 class Variant(_Model):
     name: str = Field(min_length=1, description="Name in tables and summary.json.")
     workload: dict[str, Any] | None = Field(
@@ -302,8 +308,9 @@ class Variant(_Model):
     @classmethod
     def _printable(cls, name: str) -> str:
         # the name heads a column of the printed table and of the report: "a\nb" broke the header over two lines,
-        # "   " headed a blank column
-        if any(not c.isprintable() for c in name):
+        # "   " headed a blank column. Control characters and line or paragraph separators only: isprintable()
+        # also refused a no-break space ("tp\u00a02", pasted from a document) and an emoji's zero-width joiner
+        if any(unicodedata.category(c) in _NOT_IN_A_HEADER for c in name):
             raise ValueError("holds a line break, tab or other control character; a variant's name heads a table "
                              "column")
         if not name.strip():
