@@ -106,6 +106,20 @@ def test_constructor_args_and_a_constructor_that_refuses():
     assert score(ShortFirst, args={"scale": __import__("numpy").int64(2)}, isolate=False).ok  # a search's draw
 
 
+
+class RandomTies(servesim.QueuePolicy):
+    def rank(self, req):
+        return (__import__("random").random(), req.id)
+
+
+@pytest.mark.parametrize("isolate", ISOLATION)
+def test_a_policy_drawing_from_random_scores_servesim_runs_of_each_seed(isolate):
+    """Each seed's run starts Python's global generator from that seed, as servesim.run(seed=s) does: evaluate
+    seeded every seed's run from the scenario's seed (0), so seed 1's figures were not servesim.run's."""
+    s = score(RandomTies(), seeds=[1, 2], isolate=isolate)
+    runs = [servesim.run(SCENARIO, policy=RandomTies(), seed=seed, set=LIMITS) for seed in (1, 2)]
+    assert s.ok and list(s.summaries) == [r.summary[r.variants[0]] for r in runs]
+
 @pytest.mark.parametrize("isolate", ISOLATION)
 def test_scores_are_servesim_runs_summaries_and_their_means(isolate):
     s = score(ShortFirst(), seeds=[0, 1], isolate=isolate)

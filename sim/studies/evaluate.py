@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import builtins
 import copy
+import dataclasses
 import json
 import linecache
 import math
@@ -368,7 +369,8 @@ def _run_seeds(policy: Any, args: Mapping[str, Any], raw: dict[str, Any], source
                 check_workload_fits_policy(sc, cfg, wl)
             except ScenarioError as e:
                 raise _LoadError("load", str(e)) from None
-            result, _, _ = simulate_variant(cfg, wl)
+            # the global generators start from this seed, as servesim.run(seed=seed) starts them
+            result, _, _ = simulate_variant(dataclasses.replace(cfg, seed=seed), wl)
             summaries.append(summarize(result, slos))
             if out is not None:
                 from sim.output.run_folder import write_run
