@@ -746,3 +746,25 @@ def test_backlog_copies_keep_the_prefixes_shared_across_sessions() -> None:
     assert len(bl.requests) == 1040 and {r.hash_ids for r in bl.requests} == {wl.requests[0].hash_ids}
     rate = backlog_rate(simulate_replicas(cfg, bl, 1))
     assert round(rate, 2) == 9.05
+
+
+def test_the_planned_variants_carry_the_slo_and_the_seed(monkeypatch: pytest.MonkeyPatch) -> None:
+    # An EDF policy (or an admission rule) reads a request's deadline from the variant's ttft_slo, and a policy
+    # drawing from Python's or numpy's global generator starts from the variant's seed, as in `servesim run`; the
+    # planner's variants had neither (deadline inf: EDF with reject_late planned as FCFS; seed 0 whatever the
+    # scenario's).
+    import sim.studies.planner as planner
+
+    seen: list[VariantConfig] = []
+    real = planner._evaluate_replica_config
+
+    def spy(*a: Any, **kw: Any) -> Any:
+        out = real(*a, **kw)
+        seen.extend(v for _, v in out if v is not None)
+        return out
+
+    monkeypatch.setattr(planner, "_evaluate_replica_config", spy)
+    d = chat(0.5, 20, ttft=2.0, tpot=0.1, gpus=["l4"], seed=7)
+    d["policy"] = {"type": "edf", "reject_late": True}
+    plan(parse_scenario(d))
+    assert seen and all(v.ttft_slo == 2.0 and v.seed == 7 for v in seen)

@@ -525,8 +525,10 @@ def _evaluate_replica_config(
     dep = Deployment.model_validate({**base, "gpu": gname, "tensor_parallel_size": tp, "weight_dtype": wd,
                                      "kv_dtype": kd, "pipeline_parallel_size": pp})
     pol = base_policy.model_copy(update={"max_num_seqs": mns, "enable_chunked_prefill": chunk})
+    # the SLO planned for is the deadline an EDF policy or an admission rule sees, as a run's variant takes slos.ttft
     vcfg = VariantConfig(name="plan", deployment=dep, kv_cache=scenario.kv_cache, policy=pol,
-                         admission=scenario.admission, params={}, sampling=scenario.workload.sampling)
+                         admission=scenario.admission, params={}, sampling=scenario.workload.sampling,
+                         ttft_slo=slos.ttft, seed=scenario.seed)
     try:
         cost, budget, max_num_batched_tokens = _resolve(vcfg, model, g)
     except (ModelDoesNotFitError, ValueError) as e:
