@@ -176,6 +176,7 @@ def test_power_series_read_in_blocks_equal_the_whole_arrays(monkeypatch: pytest.
     from dataclasses import replace
 
     import sim.costs.energy as energy
+    import sim.costs.energy_time as energy_time
     import sim.output.benchfiles.export_metrics as export_metrics
     from sim.metrics.step_columns import step_blocks
     from sim.output.benchfiles.export_metrics import openmetrics_text
@@ -184,12 +185,12 @@ def test_power_series_read_in_blocks_equal_the_whole_arrays(monkeypatch: pytest.
     run = run_scenario(prepare_scenario(parse_scenario({**SCENARIO, "variants": SCENARIO["variants"][:1]})))
     (res,) = run.results
     plain = replace(res, steps={k: np.array(v) for k, v in res.steps.items()})
-    curve, text = energy.power_over_time(plain), openmetrics_text(plain)
+    curve, text = energy_time.power_over_time(plain), openmetrics_text(plain)
     thinned = openmetrics_text(plain, max_points=50)
     assert curve is not None and "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{" in text
     monkeypatch.setattr(energy, "step_blocks", lambda s, k, r=rows: step_blocks(s, k, rows))
     monkeypatch.setattr(export_metrics, "step_blocks", lambda s, k: step_blocks(s, k, rows))
-    got = energy.power_over_time(res)
+    got = energy_time.power_over_time(res)
     assert got is not None and [a.tobytes() for a in got] == [a.tobytes() for a in curve]
     assert export_metrics._sampled_in_blocks(res.steps, 50) is not None
     assert openmetrics_text(res) == text

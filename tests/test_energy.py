@@ -15,7 +15,8 @@ import servesim
 from sim.config.schema import ScenarioError
 from sim.costs.analytic import AnalyticCostModel
 from sim.costs.costmodel import StepShape
-from sim.costs.energy import MEMORY_POWER_SHARE, PowerModel, clock_share, power_over_time, run_energy
+from sim.costs.energy import MEMORY_POWER_SHARE, PowerModel, clock_share, run_energy
+from sim.costs.energy_time import power_over_time
 from sim.hardware.gpu import GPUSpec
 from sim.metrics.records import RequestRecord, RunResult
 
@@ -588,7 +589,7 @@ def test_plans_joules_per_token_are_the_steady_states_not_the_drains() -> None:
     # 4,000. In the second half of the arrival window, where the plan measures what a deployment serves, it is
     # 0.144 J at both
     from sim.config.scenario import load_scenario, variant_configs
-    from sim.costs.energy import energy_between
+    from sim.costs.energy_time import energy_between
     from sim.loop.run import generate_workload
     from sim.metrics.summary import summarize
     from sim.studies.plan_result import output_load, steady_joules_per_token

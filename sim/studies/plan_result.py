@@ -160,7 +160,7 @@ def steady_joules_per_token(result: RunResult, load: OutputLoad, run_value: floa
     arrival = np.array([r.arrival for r in result.requests], dtype=np.float64)
     if arrival.size < 2 or not load.served > 0:
         return run_value
-    from sim.costs.energy import energy_between
+    from sim.costs.energy_time import energy_between
 
     t0, t1 = float(arrival.min()), float(arrival.max())
     joules = energy_between(result, (t0 + t1) / 2, t1)

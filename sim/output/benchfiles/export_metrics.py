@@ -23,7 +23,8 @@ from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 
-from sim.costs.energy import run_energy, running_energy
+from sim.costs.energy import run_energy
+from sim.costs.energy_time import running_energy
 from sim.metrics.block_sums import PairwiseSum
 from sim.metrics.records import RunResult
 from sim.metrics.request_table import RequestTable, as_table, latency_blocks

@@ -10,7 +10,8 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from sim.costs.energy import power_over_time, run_energy
+from sim.costs.energy import run_energy
+from sim.costs.energy_time import power_over_time
 from sim.metrics.records import RunResult
 from sim.metrics.request_table import as_table
 from sim.output.report.common import TEMPLATE, Section, color, ecdf_points
