@@ -16,9 +16,7 @@ from typing import Any
 
 import numpy as np
 
-# A user's class -> copies of its class-level containers as its last object was made. ``served = {}`` written on
-# the class rather than in __init__ is one dict for every object: each variant and sweep point run in a process
-# would start with the state the runs before it left there, and compare policies on different footing, silently.
+# A user's class -> copies of its class-level containers as its last object was made (the module docstring says why)
 _SHARED: weakref.WeakKeyDictionary[type, dict[str, Any]] = weakref.WeakKeyDictionary()
 # numpy arrays too: counts = np.zeros(n) on the class, added to in place, is the same one array for every object;
 # and random generators, whose draws a run moves on (two identical variants of a policy breaking ties with a

@@ -261,6 +261,7 @@ class ServingCore:
             self._look_for_progress(now)
         if not self.running and (self.waiting or self.swapped):
             self._reject_unservable(now)
+        catch_up = False
         plan = self.plan_without_policy(now)
         if plan is None:
             self._view.now, self._view.decode_run = now, self.decode_run
@@ -270,22 +271,17 @@ class ServingCore:
             only_group = plan.decode_group and not (plan.scheduled or plan.preempt or plan.swap_in or plan.reject)
             self.repeatable = plan if only_group else None
             self.all_decode = self.may_repeat and self._all_decode(plan)
-            # (the try blocks cost nothing in the hot path until they catch)
-            if self.may_repeat and not self.all_decode:
-                try:
-                    batch = self._apply(plan, now)
-                except PlanError as e:
-                    e.at = now
-                    raise
-                # Nothing left waiting and every request brought up to its next token: from the next step on all
-                # of them decode, which the policy (deciding only at arrivals and finishes) keeps doing.
-                self.all_decode = batch is not None and self._catches_up_all(batch)
-                return batch
-        try:
-            return self._apply(plan, now)
+            catch_up = self.may_repeat and not self.all_decode
+        try:  # (costs nothing in the hot path until it catches)
+            batch = self._apply(plan, now)
         except PlanError as e:
             e.at = now  # the step the refused plan was for
             raise
+        if catch_up:
+            # Nothing left waiting and every request brought up to its next token: from the next step on all of them
+            # decode, which the policy (deciding only at arrivals and finishes) keeps doing.
+            self.all_decode = batch is not None and self._catches_up_all(batch)
+        return batch
 
     def _look_for_progress(self, now: float) -> None:
         """Stop a run whose policy keeps the loop going but never lets it move on: one that plans nothing while
