@@ -181,7 +181,7 @@ def run(t, out: Path, executor: str, workers: int) -> dict:
     res, figures = measured(executor, workers,
                             lambda: run_tournament(t, out, executor=executor, workers=workers, fresh=True))
     return {**figures, "runs": res.ran,
-            "winners": {t.load_label(s.load): s.policy for s in res.standings if s.winner}}
+            "winners": {t.load_label(s.load): [s.policy, *s.ties] for s in res.standings if s.winner}}
 
 
 def main() -> None:

@@ -3,6 +3,7 @@ the best mean fitness, priority beats FCFS on the interactive class's TTFT, and 
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from pathlib import Path
@@ -235,7 +236,8 @@ def test_a_failing_run_clears_the_progress_bars_before_its_error(tmp_path: Path)
 
 def test_the_winner_table_shows_every_policy_of_a_tie(tmp_path: Path) -> None:
     """Two policies of one configuration under two names score the very same fitness at every load: the text said
-    'a (tied with b)', but tournament.html's "Winner per load" table showed a alone, as if b had lost."""
+    'a (tied with b)', but tournament.html's "Winner per load" table showed a alone, as if b had lost, and so did
+    tournament.json's winners ({"x1": "a"}) and tournament.csv's winner column (1 for a, 0 for b)."""
     lines = "".join(f"  {p}: {{type: continuous, {LIMITS}}}\n" for p in "ab")
     spec = spec_file(tmp_path, f"scenario: {SCENARIOS / 'classes-priority.yaml'}\nnum_requests: 40\n"
                                f"policies:\n{lines}loads: {{multiplier: [1.0]}}\nseeds: [0]\n")
@@ -245,3 +247,6 @@ def test_the_winner_table_shows_every_policy_of_a_tie(tmp_path: Path) -> None:
     page = (tmp_path / "out" / "tournament.html").read_text()
     winners = page.split("<h2>Winner per load</h2>")[1].split("</table>")[0]
     assert re.findall(r"<tr><td>[^<]*</td><td>([^<]*)</td>", winners) == ["a, b (tie)"]
+    assert json.loads((tmp_path / "out" / "tournament.json").read_text())["winners"] == {"x1": ["a", "b"]}
+    rows = read_rows(tmp_path / "out" / "tournament.csv")
+    assert [(r["policy"], r["winner"]) for r in rows] == [("a", 1), ("b", 1)]

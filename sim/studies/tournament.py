@@ -458,13 +458,14 @@ def format_standings(t: Tournament, sts: Sequence[Standing]) -> str:
 def write_standings_csv(path: Path, t: Tournament, sts: Sequence[Standing]) -> Path:
     figs = figures_of(t)
     cols = ["load", t.load_key, "policy", "seeds", "winner"]
+    won = {p for s in sts if s.winner for p in (s.policy, *s.ties)}  # a tie's policies each won
     for _, c, _ in figs:
         cols += [f"{c}.{k}" for k in ("mean", "std", "min", "max")]
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(cols)
         for s in sts:
-            row: list[Any] = [s.load, s.rate, s.policy, s.seeds, int(s.winner)]
+            row: list[Any] = [s.load, s.rate, s.policy, s.seeds, int(s.policy in won)]
             for _, c, _ in figs:
                 sp = s.figures[c]
                 row += ["" if not math.isfinite(x) else repr(x) for x in (sp.mean, sp.std, sp.min, sp.max)]
@@ -560,6 +561,8 @@ def run_tournament(
         "name": t.name, "scenario": t.scenario.name, "load_key": t.load_key, "unit": t.unit, "loads": t.loads,
         "rates": t.rates, "policies": t.spec.model_dump(mode="json")["policies"], "seeds": t.spec.seeds,
         "fitness": t.spec.fitness.model_dump(mode="json"),
-        "winners": {t.load_label(s.load): s.policy for s in sts if s.winner},
+        # every policy of a tie: naming the first alone read as if the others had lost (the text and the page name
+        # them all)
+        "winners": {t.load_label(s.load): [s.policy, *s.ties] for s in sts if s.winner},
     }, indent=2) + "\n")
     return TournamentOutcome(out, sts, res.runs, res.ran, res.resumed)
