@@ -239,3 +239,18 @@ def test_a_disaggregated_run_names_each_pools_busy_share():
     assert rank_limits(s).text.endswith("(prefill pool 20%, decode pool 30%) (more load would fit).")
     assert rank_limits({"num_steps": 100, "busy_fraction": 0.4, "limits": {"busy_mfu": 0.35}}).text.endswith(
         "GPU busy 40% of the time (more load would fit).")
+
+
+def test_a_full_token_budget_is_named_not_the_slots_it_leaves_empty():
+    # docs/write-a-policy.md's my_scenario.yaml: prompts of about 2,000 tokens against a budget of 2,048 per step,
+    # 64 slots. The verdict read "then batch-slot cap: 8.7 of max_num_seqs 64 running", a cap used a seventh,
+    # and never named the token budget that held the waiting requests back
+    s = _run({"arrival": {"type": "poisson", "rate": 5.0}, "num_requests": 200,
+              "prompt_len": {"type": "lognormal", "mean": 2000, "std": 2500, "min": 64, "max": 8000},
+              "output_len": {"type": "exponential", "mean": 40, "min": 1, "max": 400}},
+             {"policy": {"type": "fcfs", "max_num_seqs": 64, "max_num_batched_tokens": 2048}},
+             {"max_model_len": 8192})
+    v = rank_limits(s)
+    assert v.causes.index("token-budget cap") < v.causes.index("batch-slot cap"), v.text
+    assert "max_num_seqs" not in v.text and "of max_num_batched_tokens 2,048 tokens per step" in v.text, v.text
+    assert s["limits"]["token_cap"] == 2048 and s["limits"]["waiting_batched_tokens"] > 0.9 * 2048

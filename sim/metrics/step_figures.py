@@ -37,6 +37,8 @@ class StepFigures:
     decode_tokens: float
     padding_tokens: float
     batch_dot: float  # sum of batch size x duration (sums.dot)
+    batched_waiting_dot: float  # sum of tokens computed for requests (prefill + decode) x duration, over the steps
+    # that ran with requests waiting (beside waiting_busy: how full the token budget was while requests waited)
     waiting_busy: float  # seconds computed with requests waiting
     kv_usage_mean: float  # time-weighted KV block usage share
     kv_usage_max: float
@@ -71,7 +73,7 @@ def step_figures(steps: Any, kv_capacity_blocks: int, block_size: int) -> StepFi
         n_wait += int((np.asarray(b["num_waiting"], dtype=np.float64) > 0).sum())
     busy, flops, wait_busy = PairwiseSum(n), PairwiseSum(n), PairwiseSum(n_wait)
     cap_dur, alloc_dur = PairwiseSum(n_cap), PairwiseSum(n_alloc)
-    batch, usage_dot, token_dot = BlockDot(), BlockDot(), BlockDot()
+    batch, batched, usage_dot, token_dot = BlockDot(), BlockDot(), BlockDot(), BlockDot()
     tokens = {k: 0 for k in ("prefill_tokens", "decode_tokens", "padding_tokens")}
     usage_max = -np.inf
     for _, b in step_blocks(steps, _READ, ROWS):
@@ -79,7 +81,10 @@ def step_figures(steps: Any, kv_capacity_blocks: int, block_size: int) -> StepFi
         busy.add(dur)
         flops.add(np.asarray(b["flops"], dtype=np.float64))
         batch.add(np.asarray(b["batch_size"], dtype=np.float64), dur)
-        wait_busy.add(dur[np.asarray(b["num_waiting"], dtype=np.float64) > 0])
+        waited = np.asarray(b["num_waiting"], dtype=np.float64) > 0
+        wait_busy.add(dur[waited])
+        batched.add((np.asarray(b["prefill_tokens"], dtype=np.float64)
+                     + np.asarray(b["decode_tokens"], dtype=np.float64))[waited], dur[waited])
         for k in tokens:
             tokens[k] += int(np.sum(b[k], dtype=np.int64))
         usage = _usage(b, capacity)
@@ -103,6 +108,7 @@ def step_figures(steps: Any, kv_capacity_blocks: int, block_size: int) -> StepFi
         decode_tokens=float(tokens["decode_tokens"]),
         padding_tokens=float(tokens["padding_tokens"]),
         batch_dot=batch.value(),
+        batched_waiting_dot=batched.value(),
         waiting_busy=wait_busy.value(),
         kv_usage_mean=_weighted_mean(usage_dot, cap_dur),
         kv_usage_max=usage_max if n_cap else NAN,

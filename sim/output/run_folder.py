@@ -98,6 +98,7 @@ SUMMARY_UNITS: dict[str, str] = {
     "limits.scheduled_rate": "requests/s", "limits.queue_start": "requests", "limits.queue_end": "requests",
     "limits.queue_growth": "requests/s",
     "limits.mean_running": "requests", "limits.slot_cap": "requests",
+    "limits.waiting_batched_tokens": "tokens per step", "limits.token_cap": "tokens per step",
     "rejections": "requests (per reason)",
     "energy": "J (energy_j, idle_energy_j, j_per_request), W (mean_power_w, peak_step_power_w, idle_w, tdp_w, "
               "power_limit_w); null: not modelled",
