@@ -29,6 +29,7 @@ from plotly.subplots import make_subplots
 from sim.config.scenario import VariantConfig, load_scenario, variant_configs
 from sim.config.schema import FittedCost, Scenario, ScenarioError
 from sim.costs.fitted import FittedCostModel
+from sim.hardware.names import match_gpu
 from sim.metrics.records import RunResult
 from sim.metrics.summary import summarize
 from sim.output.report import TEMPLATE, color, ecdf_points
@@ -266,7 +267,11 @@ def validate_variant(cfg: VariantConfig, workload, profile_path: str | Path, *, 
                                       cpu_clock=cpu_clock, reference_seconds=reference)
     blocks = int(core.kv.num_blocks)
     sim_cfg = engine_config(cfg, model_spec=model, num_gpu_blocks=blocks, device=device)
-    dep = sim_cfg.deployment.model_copy(update={"cost_model": FittedCost(profile=str(Path(profile_path).resolve()))})
+    update: dict[str, Any] = {"cost_model": FittedCost(profile=str(Path(profile_path).resolve()))}
+    gpu = match_gpu(load_profile(profile_path).device)
+    if gpu is not None:  # the engine ran on the profile's GPU: the simulator prices that GPU, not the scenario's
+        update["gpu"] = gpu  # (a profile of another GPU than deployment.gpu is refused, sim.config.deployment)
+    dep = sim_cfg.deployment.model_copy(update=update)
     sim_cfg = dataclasses.replace(sim_cfg, deployment=dep)
     specs = getattr(workload, "requests", workload)
     arrived = tuple(dataclasses.replace(s, arrival=s.arrival * time_scale) for s in specs)

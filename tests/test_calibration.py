@@ -343,6 +343,20 @@ def test_a_variant_with_its_own_workload_is_validated_on_it(tmp_path: Path) -> N
             assert max(r.arrival for r in result.requests) == pytest.approx(last[v.name]), (v.name, result.name)
 
 
+def test_validate_prices_the_gpu_the_profile_was_measured_on(tmp_path: Path) -> None:
+    # A profile of a GPU other than deployment.gpu is refused (tests/test_costmodel.py); validate compares the
+    # engine on the profile's device with the simulator, so its simulated side takes that GPU (validate-tiny
+    # leaves deployment.gpu at its default, h100-sxm): an H200 profile is validated, not refused
+    from calibration.validate import validate
+
+    cpu = json.loads((ROOT / "calibration" / "profiles" / "tiny-cpu.json").read_text())
+    h200 = tmp_path / "tiny-h200.json"
+    h200.write_text(json.dumps({**cpu, "device": "NVIDIA H200"}))
+    sets = {"workload.num_requests": 4, "variants": [{"name": "a"}]}
+    val = validate(SCENARIO, h200, overrides=sets, speed_probe=False)
+    assert val.variants[0].sim.config["deployment"]["gpu"] == "h200"
+
+
 def test_a_validation_folder_is_written_whole_or_left_as_it_was(tmp_path: Path, monkeypatch) -> None:
     # Before: validation.json was written in place first, then the page (plotly, seconds) and the engine/ and sim/
     # run folders: a Ctrl-C while the page was built left a new validation.json beside the earlier run's page,

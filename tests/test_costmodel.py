@@ -404,6 +404,27 @@ def test_a_profile_of_another_model_is_refused() -> None:
         build(variant_configs(parse_scenario(sc))[0])
 
 
+def test_a_profile_of_another_gpu_is_refused(tmp_path: Path) -> None:
+    # Before: a profile measured on an H200 priced a deployment on the default h100-sxm (or an a100-80gb) without
+    # a word: the H200's step times in an H100's KV cache, with an H100's power
+    from sim.config.deployment import Deployment, FittedCost
+    from sim.config.errors import ScenarioError
+
+    cpu = json.loads((ROOT / "calibration" / "profiles" / "tiny-cpu.json").read_text())
+    h200 = tmp_path / "tiny-h200.json"
+    h200.write_text(json.dumps({**cpu, "device": "NVIDIA H200"}))
+    with pytest.raises(ScenarioError, match=r"^cost_model\.profile: measured on NVIDIA H200 \(h200\), but "
+                                            r"deployment\.gpu is h100-sxm \(the default\): its step times are the "
+                                            r"h200's .*; give deployment\.gpu: h200, or calibrate on the h100-sxm$"):
+        FittedCost(profile=str(h200)).build(TINY, H100, Deployment(model="tiny"))
+    with pytest.raises(ScenarioError, match=r"deployment\.gpu is a100-80gb: "):
+        FittedCost(profile=str(h200)).build(TINY, H100, Deployment(model="tiny", gpu="a100-80gb"))
+    for gpu in ("h200", "NVIDIA H200"):  # the same chip, as a preset or as the device names it
+        assert FittedCost(profile=str(h200)).build(TINY, H100, Deployment(model="tiny", gpu=gpu)) is not None
+    cpu_path = str(ROOT / "calibration" / "profiles" / "tiny-cpu.json")  # a CPU is no GPU preset: not judged
+    assert FittedCost(profile=cpu_path).build(TINY, H100, Deployment(model="tiny", gpu="a100-80gb")) is not None
+
+
 def test_a_from_bench_file_given_as_an_engine_profile_says_what_it_is(tmp_path: Path) -> None:
     # Before: `deployment.cost_model: {type: fitted, profile: my-h100.json}` on calibrate --from-bench's output (the
     # docs call both files profiles) printed pydantic's 13 lines, "4 validation errors for CalibrationProfile ...

@@ -243,7 +243,7 @@ def test_a_profile_measured_on_a_cpu_has_no_gpu_energy(tmp_path: Path) -> None:
     gpu.write_text(json.dumps({**json.loads(cpu.read_text()), "device": "NVIDIA H200"}))
     for profile, modelled in ((cpu, False), (gpu, True)):
         sc = _scenario(arrival={"type": "poisson", "rate": 50.0}, n=8, prompt=16, output=8)
-        sc["deployment"].update(model="tiny", cost_model={"type": "fitted", "profile": str(profile)})
+        sc["deployment"].update(model="tiny", gpu="h200", cost_model={"type": "fitted", "profile": str(profile)})
         _, s = _one(sc)
         assert (s["energy"] is not None) is modelled, profile
 

@@ -122,7 +122,8 @@ class FittedCost(CostModelConfigBase):
         input_path(self.profile, "cost_model.profile")  # '' read as no such file: "No such file or directory: ''"
         try:
             fitted = FittedCostModel.from_profile(self.profile)
-            problem = profile_model_problem(fitted.model, deployment.model)
+            problem = (profile_model_problem(fitted.model, deployment.model)
+                       or profile_gpu_problem(fitted.device, deployment))
             if problem is not None:
                 raise ValueError(problem)
             if self.scale is None and self.step_overhead is None:
@@ -150,6 +151,23 @@ def profile_model_problem(measured: object, simulated: str | dict[str, Any]) -> 
         return None
     return (f"measured on {measured}, but deployment.model is {simulated}: its step times are {measured}'s; give "
             f"deployment.model: {measured}, or calibrate {simulated} (servesim calibrate --model {simulated})")
+
+
+def profile_gpu_problem(device: str, deployment: Deployment) -> str | None:
+    """Why a profile measured on ``device`` cannot price a deployment on ``deployment.gpu``, or None: its step times
+    are that GPU's, while the KV cache's size and the power figures come from deployment.gpu (a profile measured on
+    an H200 ran on the default h100-sxm without a word, an H200's steps in an H100's memory). A device that names
+    no GPU preset (a CPU) or a GPU given as fields is not judged."""
+    from sim.hardware.names import match_gpu
+
+    measured = match_gpu(device) if device else None
+    simulated = match_gpu(deployment.gpu) if isinstance(deployment.gpu, str) else None
+    if measured is None or simulated is None or measured == simulated:
+        return None
+    default = "" if "gpu" in deployment.model_fields_set else " (the default)"
+    return (f"measured on {device} ({measured}), but deployment.gpu is {deployment.gpu}{default}: its step times "
+            f"are the {measured}'s while the KV cache and power would be the {simulated}'s; give deployment.gpu: "
+            f"{measured}, or calibrate on the {simulated}")
 
 
 CostModelConfig = Annotated[AnalyticCost | FittedCost, Field(discriminator="type")]
