@@ -254,3 +254,19 @@ def test_compare_names_each_sides_slos_behind_goodput(tmp_path: Path) -> None:
     same = Comparison(read_run(a), read_run(a)).table()
     assert "goodput, SLO attainment: requests completed within TTFT <= 2 s and TPOT <= 100 ms." in same, same
     assert "goodput, SLO attainment" in Comparison(read_run(a), read_run(b)).html()
+
+
+def test_runs_of_different_request_counts_are_flagged(runs, tmp_path: Path) -> None:
+    # Before: 5 requests against 10 compared without a word, their percentiles and rates set side by side as if
+    # one workload had been served two ways
+    a, _ = runs
+    small = _run(tmp_path, "small", "-n", "5")
+    r = CliRunner().invoke(app, ["compare", str(a), str(small), "--out", str(tmp_path / "page")])
+    assert r.exit_code == 0, r.output
+    want = ("warning: the runs served different numbers of requests (a: wide 10 requests, small: wide 5 requests; "
+            "a: narrow 10 requests, small: narrow 5 requests): their percentiles and rates are of different "
+            "workloads, not of one workload served two ways.")
+    assert want in r.output.splitlines(), r.output
+    assert "served different numbers of requests" in (tmp_path / "page" / "compare.html").read_text()
+    same = CliRunner().invoke(app, ["compare", str(a), str(a)])
+    assert "warning" not in same.output

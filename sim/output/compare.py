@@ -138,6 +138,23 @@ class Comparison:
                 f"{', '.join(self.b.summaries)}); variants pair by name, or in order when no name is shared and both "
                 "runs have as many")
 
+    def count_line(self) -> str:
+        """A warning where paired variants served different numbers of requests ("" where every pair agrees): their
+        percentiles and rates are of different workloads (a 100-request run's TTFT p99 beside a 1,000-request
+        run's read as a speed-up), and the table said nothing."""
+        la, lb = self.labels()
+        differ = []
+        for va, vb in pairs(self.a, self.b):
+            if va is None or vb is None:
+                continue
+            na, nb = (side.summaries[v].get("num_requests") for side, v in ((self.a, va), (self.b, vb)))
+            if na != nb:
+                differ.append(f"{la}: {va} {_count(na)}, {lb}: {vb} {_count(nb)}")
+        if not differ:
+            return ""
+        return ("warning: the runs served different numbers of requests (" + "; ".join(differ) + "): their "
+                "percentiles and rates are of different workloads, not of one workload served two ways.")
+
     def slo_line(self) -> str:
         """The SLOs behind goodput and SLO attainment, once when both runs share them, else per column: the
         same run under a stricter bound read as goodput falling, the table silent on what it compared. "" when
@@ -156,8 +173,8 @@ class Comparison:
 
     def table(self) -> str:
         """The side-by-side table as fixed-width text, with a line naming A and B and one on their SLOs."""
-        slo = self.slo_line()
-        return format_cells(*self.cells()) + self.key_line() + "\n" + (slo + "\n" if slo else "")
+        notes = [line for line in (self.count_line(), self.slo_line()) if line]
+        return format_cells(*self.cells()) + self.key_line() + "\n" + "".join(line + "\n" for line in notes)
 
     def figure(self):
         """Latency CDFs of both runs overlaid (TTFT, TPOT, E2EL; log time axes, since two runs can differ by
@@ -185,6 +202,7 @@ class Comparison:
             f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>",
             f"<h1>{html.escape(title)}</h1>",
             f"<p>{html.escape(self.key_line())}.</p>",
+            f"<p><b>{html.escape(self.count_line())}</b></p>" if self.count_line() else "",
             f"<p>{html.escape(self.slo_line())}</p>" if self.slo_line() else "",
             "<h2>Summary</h2>",
             f'<table class="summary"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>',
@@ -200,6 +218,10 @@ class Comparison:
         write_atomically(out, {COMPARE_FILE: self.html()})
         return out / COMPARE_FILE
 
+
+
+def _count(n: object) -> str:
+    return f"{n:,} requests" if isinstance(n, int) and not isinstance(n, bool) else "an unknown number of requests"
 
 
 def compare_runs(a: RunSide, b: RunSide) -> Comparison:
