@@ -153,6 +153,12 @@ class Policy(Protocol):
     def schedule(self, view: View) -> Plan:
         ...
 
+    def schedule_arrival(self, view: View) -> Plan | None:
+        """Optional (the core asks ``schedule`` where a policy lacks it or it returns None): the plan ``schedule(view)``
+        would return, made faster, when exactly one request waits, nothing is swapped and every running request is
+        in the decode group (``outside`` empty), which the step after nearly every arrival is."""
+        return None
+
     def wake_time(self, view: View) -> float | None:
         """The next time the policy's decision may change without any arrival or finish (a batch timeout, an
         admission deadline), or None."""

@@ -86,6 +86,49 @@ class ContinuousPolicy(Policy):
             plan = self._schedule(view)
         return plan
 
+    def schedule_arrival(self, view: View) -> Plan | None:
+        """``schedule(view)``'s plan, without its general machinery, for the step the core asks about most: one
+        request waiting (an arrival, mostly), nothing swapped, every running request in the decode group (see
+        ``Policy.schedule_arrival``). None where the general path decides: another configuration (multi-step
+        blocks, SGLang's prompts first, no_evict), a subclass, a rejection due, or a group that no longer fits
+        (its growth is planned request by request, preempting). The tests compare runs with and without it."""
+        if type(self) is not ContinuousPolicy or self.num_scheduler_steps != 1 or self.prefill_priority \
+                or self.no_evict or (self.admission.max_queue_delay is not None and self.admission.rejections(view)):
+            return None
+        g = view.group
+        if g is None:
+            return None
+        lim = self.limits
+        tokens = lim.max_num_batched_tokens
+        budget = view.budget()
+        r = view.waiting[0]
+        seats = len(view.running) < lim.max_num_seqs  # the running requests keep their slots (none leaves here)
+        plan = Plan()
+        if not (self.enable_chunked_prefill or self.prefill_mode == "mixed"):
+            # prefill-first (_schedule, _schedule_waiting): the prompt whole if it fits, else the decodes
+            if seats:
+                n = r.num_tokens - max(r.num_computed_tokens, view.kv.num_cached_tokens(r))
+                if n <= tokens and budget.allocate(r, n):
+                    plan.scheduled.append((r, n))
+                    return plan
+            if g.members:
+                if g.size > tokens or not budget.take(g.next_blocks):
+                    return None
+                plan.decode_group = True
+            return plan
+        if g.members:  # plan_group: the group first
+            if g.size > tokens or not budget.take(g.next_blocks):
+                return None
+            plan.decode_group = True
+            tokens -= g.size
+        if seats and tokens > 0:  # _schedule_waiting
+            n = r.num_tokens - max(r.num_computed_tokens, view.kv.num_cached_tokens(r))
+            if self.enable_chunked_prefill:
+                n = min(n, tokens)
+            if n <= tokens and budget.allocate(r, n):
+                plan.scheduled.append((r, n))
+        return plan
+
     def _schedule(self, view: View) -> Plan:
         plan = Plan(reject=self.admission.rejections(view))
         rejected = {r.id for r, _ in plan.reject}
