@@ -35,8 +35,9 @@ throughput, TTFT, TPOT and ITL at 16-1000 requests/s). Every row the simulator c
 No constant is fitted to a row: the cost model runs with its documented defaults. The headline is the error per
 metric class (TTFT, decode speed, throughput, E2E) and per source (one document: sources are the unit a new engine
 or GPU is new in) that leave-one-source-out gives; with nothing fitted, that is each row's plain error. Rows that
-cannot be represented are listed with the reason. Per class it prints the errors' 10th-90th percentiles (the 80%
-intervals of sim/metrics/intervals.py) and how many rows of each source the other sources' percentiles hold. ``--fit``
+cannot be represented are listed with the reason. Per class it prints the errors' 10th-90th percentiles, each source
+weighing the same (the 80% intervals of sim/metrics/intervals.py), and how many rows of each source the other
+sources' percentiles hold. ``--fit``
 instead repeats issue 14's held-out calibration on the rows of one engine and GPU (fit the knobs on every other
 row, predict the rest), now with the rows' engine preset.
 
@@ -68,6 +69,7 @@ from sim.hardware.models import resolve_model
 from sim.hardware.names import match_gpu, match_model
 from sim.loop.build import build
 from sim.loop.run import simulate_variant
+from sim.metrics.intervals import source_percentiles
 from sim.metrics.records import RunResult
 from sim.output.benchfiles.common import BenchRun
 from sim.output.benchfiles.stats import bench_stats, run_lists, run_stats
@@ -550,15 +552,16 @@ def _summary(label: str, errs: list[float], width: int = 44) -> str:
 
 def loso_coverage(pairs: list[tuple[str, float]]) -> tuple[int, int, list[str]]:
     """Rows whose error falls inside the 10th-90th percentiles of the other sources' errors (their class's rows
-    only), the rows that had such an interval, and the sources that had none (no other source in the class)."""
+    only, each source weighing the same: ``source_percentiles``), the rows that had such an interval, and the
+    sources that had none (no other source in the class)."""
     inside = total = 0
     alone = []
     for src in sorted({s for s, _ in pairs}):
-        others = [x for s, x in pairs if s != src]
+        others = [(s, x) for s, x in pairs if s != src]
         if not others:
             alone.append(src)
             continue
-        lo, hi = np.percentile(others, [10, 90])
+        lo, hi = source_percentiles(others)
         mine = [x for s, x in pairs if s == src]
         inside += sum(lo <= x <= hi for x in mine)
         total += len(mine)
@@ -568,11 +571,12 @@ def loso_coverage(pairs: list[tuple[str, float]]) -> tuple[int, int, list[str]]:
 def interval_line(cls: str, pairs: list[tuple[str, float]]) -> str:
     if not pairs:
         return f"{cls:14s} no rows: no interval"
-    lo, hi = np.percentile([x for _, x in pairs], [10, 90])
+    lo, hi = source_percentiles(pairs)
     inside, total, alone = loso_coverage(pairs)
     cover = f"leave-one-source-out coverage {inside}/{total} = {inside / total:.0%}" if total else \
         "one source: no leave-one-source-out check"
-    return f"{cls:14s} error 10th-90th percentile over all {len(pairs)} rows [{lo:+.1%}, {hi:+.1%}]; {cover}"
+    return (f"{cls:14s} error 10th-90th percentile over all {len(pairs)} rows, each source weighing the same "
+            f"[{lo:+.1%}, {hi:+.1%}]; {cover}")
 
 
 def read_rows(files: list[Path]) -> list[dict[str, str]]:
@@ -637,7 +641,8 @@ def report(n_offline: int, classic: bool = False, data: list[Path] | None = None
     for (s, k), e in sorted(by_source.items(), key=lambda kv: (CLASSES.index(kv[0][1]), kv[0][0])):
         print("  " + _summary(f"{k:12s} {s[:62]}", e, 76))
     print("80% intervals from leave-one-source-out residuals (each source's rows against the 10th-90th "
-          "percentiles of the other sources' errors in its class; target coverage 70-90%)")
+          "percentiles of the other sources' errors in its class, each source weighing the same; target coverage "
+          "70-90%)")
     for cls in CLASSES:
         print("  " + interval_line(cls, [(s, x) for s, k, x in zip(sources, classes, errs, strict=True) if k == cls]))
     print("by engine and metric")

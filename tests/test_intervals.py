@@ -13,7 +13,7 @@ import pytest
 from test_cli import VALID, invoke
 
 from sim.loop.build import build
-from sim.metrics.intervals import ERROR_QUANTILES, interval_80, interval_lines
+from sim.metrics.intervals import ERROR_QUANTILES, interval_80, interval_lines, source_percentiles
 from sim.output.benchfiles.validate import rebuild_workload
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,8 +40,8 @@ def test_interval_by_hand():
                   "output_throughput": pytest.approx([1000 / (1 + hi_t), 1000 / (1 + lo_t)])}
     assert "e2el.p99" not in iv  # tails: the development rows are means and rates
     lines = interval_lines({"a": {"interval_80": iv}, "b": {}})
-    assert lines[0] == ("80% interval (published measurements; leave-one-source-out coverage TTFT 70.6%, decode speed "
-                        "68.3%, throughput 79.2%, E2E 73.5%; target 70-90%):")
+    assert lines[0] == ("80% interval (published measurements; leave-one-source-out coverage TTFT 72.8%, decode speed "
+                        "73.3%, throughput 83.4%, E2E 80.4%; target 70-90%):")
     assert lines[1] == (f"  a: ttft.mean {100 * (1 + lo_f):.1f}-{100 * (1 + hi_f):.1f} ms; tpot.mean "
                         f"{10 * (1 + lo_d):.1f}-{10 * (1 + hi_d):.1f} ms; output_throughput "
                         f"{1000 / (1 + hi_t):,.0f}-{1000 / (1 + lo_t):,.0f}/s")
@@ -59,15 +59,44 @@ def test_e2el_intervals_are_in_seconds_as_the_tables_e2el_rows():
                     f"{3 * (1 + hi_e):.2f} s; e2el.p50 {2 * (1 + lo_e):.2f}-{2 * (1 + hi_e):.2f} s")
 
 
+# a source of many rows far off and two small ones: by rows, a's eight would set every percentile
+LOPSIDED = [("a", 1.0)] * 8 + [("b", 0.0), ("b", 0.1), ("c", -0.1), ("c", 0.05)]
+
+
+def test_source_percentiles_weigh_each_source_the_same():
+    # a's rows weigh 1/8 each, b's and c's 1/2: in error order -0.1 (c, share 0.5 of 3), 0.0 (b, 1.0), 0.05 (c,
+    # 1.5), 0.1 (b, 2.0), then a's 1.0 (2.125 ... 3.0): p10 (0.3) is -0.1, p50 (1.5) 0.05, p90 (2.7) 1.0, where by
+    # rows (numpy's default) the median would be a's 1.0 and the 10th percentile 0.005
+    assert source_percentiles(LOPSIDED, (10, 50, 90)) == [-0.1, 0.05, 1.0]
+    assert source_percentiles([("x", 0.3)], (0, 100)) == [0.3, 0.3]
+    with pytest.raises(ValueError, match="no errors"):
+        source_percentiles([])
+
+
+def test_source_percentiles_are_numpys_weighted_inverted_cdf():
+    np = pytest.importorskip("numpy")
+    if int(np.__version__.split(".")[0]) < 2:
+        pytest.skip("np.percentile takes weights from numpy 2.0")
+    rng = np.random.default_rng(7)
+    for _ in range(300):
+        n = int(rng.integers(1, 30))
+        pairs = [(str(s), float(x)) for s, x in zip(rng.integers(0, 5, n), np.round(rng.normal(size=n), 1),
+                                                    strict=True)]
+        counts = {s: sum(t == s for t, _ in pairs) for s, _ in pairs}
+        qs = [float(q) for q in rng.uniform(0, 100, 3)]
+        want = np.percentile([x for _, x in pairs], qs, weights=[1 / counts[s] for s, _ in pairs],
+                             method="inverted_cdf")
+        assert source_percentiles(pairs, qs) == pytest.approx(list(want), abs=0)
+
+
 def test_leave_one_source_out_coverage_by_hand():
     bench = _bench()
-    # source a's rows are judged against b's and c's errors only, and so on
-    pairs = [("a", 0.0), ("a", 0.5), ("b", 0.1), ("b", 0.2), ("c", 0.15), ("c", -0.3)]
-    inside, total, alone = bench.loso_coverage(pairs)
-    # a: others [0.1, 0.2, 0.15, -0.3] -> p10 -0.165, p90 0.185: 0.0 in, 0.5 out
-    # b: others [0, 0.5, 0.15, -0.3] -> p10 -0.21, p90 0.395: both in
-    # c: others [0, 0.5, 0.1, 0.2] -> p10 0.03, p90 0.41: 0.15 in, -0.3 out
-    assert (inside, total, alone) == (4, 6, [])
+    # source a's rows are judged against b's and c's errors only, and so on, each source weighing the same
+    inside, total, alone = bench.loso_coverage(LOPSIDED)
+    # a: others -0.1, 0.0, 0.05, 0.1 at 1/2 each -> [-0.1, 0.1]: its eight 1.0 out
+    # b: others -0.1, 0.05 at 1/2, eight 1.0 at 1/8 -> [-0.1, 1.0]: 0.0 and 0.1 in (by rows [0.035, 1.0]: 0.0 out)
+    # c: others 0.0, 0.1 at 1/2, eight 1.0 at 1/8 -> [0.0, 1.0]: 0.05 in, -0.1 out (by rows [0.09, 1.0]: both out)
+    assert (inside, total, alone) == (3, 12, [])
     assert bench.loso_coverage([("a", 0.1)]) == (0, 0, ["a"])
 
 
