@@ -40,7 +40,7 @@ def _run(tmp_path: Path, cls: str, extra: str = "", env: dict[str, str] | None =
 CASES = [
     # a tournament spec names its policies' files relative to itself: "relative to the scenario file" misled there
     ("missing.py:X", "", "missing.py: file not found (a path is relative to the file that names it, a scenario or a "
-     "tournament spec, else to the working folder)"),
+     "tournament spec; in a scenario given from Python as a dict, to the working folder)"),
     ("bad_policies.py:Nope", "", "has no 'Nope' (its classes: ClockReader, Fewest, Idle, NeedsArgs, NoSchedule"),
     ("bad_policies.py", "", "expected 'path/to/file.py:ClassName'"),
     # a notebook's class named in a scenario then run from the command line, where __main__ is servesim itself
@@ -183,6 +183,21 @@ def test_a_policy_file_imports_a_module_beside_it(tmp_path: Path) -> None:
     p = _run(tmp_path, "mine.py:Mine")
     assert p.returncode == 0, p.stderr
     assert (tmp_path / "out" / "summary.json").exists()
+
+
+def test_a_policy_file_missing_beside_the_scenario_is_not_taken_from_the_working_folder(tmp_path: Path) -> None:
+    """`cls: "examples/policies/shortest_prompt_first.py:..."` in a scenario with no such file beside it, run from
+    the repository's root where one is: the run went on with the working folder's file, silently (exit 0)."""
+    sc = tmp_path / "s.yaml"
+    sc.write_text(SCENARIO.format(cls="examples/policies/shortest_prompt_first.py:ShortestPromptFirst", extra=""))
+    assert (HERE.parent / "examples" / "policies" / "shortest_prompt_first.py").is_file()  # in the working folder
+    p = subprocess.run([sys.executable, "-m", "sim.cli.main", "run", str(sc), "--out", str(tmp_path / "out"), "-q"],
+                       capture_output=True, text=True, timeout=300, cwd=HERE.parent)
+    assert p.returncode == 2, p.stderr
+    assert p.stderr == (f"error: {sc}: policy.custom: {tmp_path}/examples/policies/shortest_prompt_first.py: file not found "
+                        "(a path is relative to the file that names it, a scenario or a tournament spec; in a scenario "
+                        "given from Python as a dict, to the working folder)\n"), p.stderr
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_module_that_fails_to_import_names_its_line_from_a_relative_path(tmp_path: Path) -> None:

@@ -172,7 +172,8 @@ def _check_trace_files(wl: Workload, source: str, where: str = "workload") -> No
 
 
 def _resolve_relative_paths(raw: dict, base: Path) -> None:
-    """Trace and profile paths in a scenario are relative to the scenario file when they exist there."""
+    """Trace and profile paths in a scenario are relative to the scenario file when they exist there; a user's class
+    file (``cls: "file.py:Class"``) always is."""
 
     def fix(d: Any, key: str) -> None:
         if isinstance(d, dict) and isinstance(d.get(key), str):
@@ -183,9 +184,12 @@ def _resolve_relative_paths(raw: dict, base: Path) -> None:
                     d[key] = str(cand)
 
     def fix_cls(d: Any) -> None:  # cls: "file.py:Class" of a user's policy
+        # always beside the file that names it, found or not: a file missing there was taken from the working
+        # folder without a word (another my_policy.py, run in its place), and the error of one missing from both
+        # named neither place it was looked for
         if isinstance(d, dict) and isinstance(d.get("cls"), str):
             target, sep, name = d["cls"].rpartition(":")
-            if sep and target.endswith(".py") and not Path(target).is_absolute() and (base / target).exists():
+            if sep and target.endswith(".py") and not Path(target).is_absolute():
                 d["cls"] = f"{base / target}:{name}"
 
     def fix_all(section: Any) -> None:  # a policy, a router and an admission rule may each name a user's class
