@@ -38,6 +38,7 @@ from sim.loop.build import build
 from sim.loop.disagg.config import DisaggConfig
 from sim.loop.disagg.kv_transfer import KVLink
 from sim.loop.disagg.pools import POOLS, DisaggSimulation, check_disaggregation, disagg_result
+from sim.loop.results import seeded_global_rngs
 from sim.metrics.records import RunResult
 from sim.serving.core import ServingCore
 from sim.serving.request import Request
@@ -146,7 +147,10 @@ def run_disagg_engine(cfg: VariantConfig, workload, *, model: LlamaModel | None 
         own = pools[role][0].deployment.num_gpu_blocks is not None
         pcfg = engine_config(pools[role][0], model_spec=model_spec, num_gpu_blocks=None if own else num_gpu_blocks,
                              dtype=tdtype, device="cuda" if dev == "cuda" else "cpu")
-        pools[role] = (pcfg, build(pcfg)[3])
+        # a build that sizes the pool: its policy's draws from the global generators are put back, so each
+        # replica's policy below draws what the simulator's does (simulate_disaggregated builds no such extra one)
+        with seeded_global_rngs(pcfg.seed):
+            pools[role] = (pcfg, build(pcfg)[3])
     spec = pools["prefill"][1].model
     if model is None:
         model = LlamaModel(spec, seed=seed, dtype=tdtype, device=device)

@@ -163,3 +163,40 @@ def test_engine_run_command_serves_a_disaggregated_variant(tmp_path) -> None:
     assert s["disaggregation"]["bytes_moved"] == s["total_input_tokens"] * 512
     res = CliRunner().invoke(app, ["engine", "run", str(path), "--out", str(tmp_path / "o2"), "--quant", "int8"])
     assert res.exit_code == 2 and "unquantized" in res.output
+
+
+def test_a_policy_drawing_in_its_constructor_draws_what_it_draws_in_the_simulator(tmp_path, monkeypatch) -> None:
+    """The engine's disaggregated run built each pool's policy once more than the simulator's (to size the
+    pool, after engine_config), without putting the draws back: a policy salting its ties with random.random()
+    in its constructor got other salts on the engine than in the simulator, replica by replica."""
+    import sim.loop.disagg.pools as pools_module
+    from realengine.engine import run_engine
+    from sim.loop.run import simulate_variant
+
+    (tmp_path / "salted.py").write_text(
+        "import random\n\nimport servesim\n\n\nclass Salted(servesim.QueuePolicy):\n"
+        "    def __init__(self):\n        self.salt = random.random()\n\n"
+        "    def rank(self, req):\n        return (random.random() + self.salt, req.id)\n")
+    raw = scenario(num_requests=4)
+    raw["policy"] = {"type": "custom", "cls": f"{tmp_path / 'salted.py'}:Salted", "max_num_seqs": 8,
+                     "max_num_batched_tokens": 64}
+    sc = parse_scenario(raw)
+    cfg, wl = variant_configs(sc)[0], generate_workload(sc)
+    seen = []
+    real = pools_module.disagg_result
+
+    def keep(name, sim, *args, **kwargs):
+        seen.append([rep.core.policy for rep in sim.replicas])
+        return real(name, sim, *args, **kwargs)
+
+    monkeypatch.setattr(pools_module, "disagg_result", keep)
+    monkeypatch.setattr(rd, "disagg_result", keep)
+    simulate_variant(cfg, wl)
+    run_engine(cfg, wl, dtype="float64")
+
+    def salts(policies):
+        return [getattr(p, "salt", None) or getattr(getattr(p, "user", None), "salt", None) for p in policies]
+
+    sim_salts, engine_salts = (salts(p) for p in seen)
+    assert None not in sim_salts and len(set(sim_salts)) == 3
+    assert engine_salts == sim_salts
