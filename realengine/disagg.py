@@ -196,7 +196,9 @@ def run_disagg_engine(cfg: VariantConfig, workload, *, model: LlamaModel | None 
                            prefill_router=d.prefill.router, decode_router=d.decode.router, kv_mover=mover)
     with torch.inference_mode():
         sim.run()
-    result = disagg_result(name or cfg.name, sim, pools, d, config=cfg.to_dict())
+    # recorded with the decode pool's policy, as simulate_disaggregated records it: the variant's own read 8 slots
+    # where the decode replicas ran 2, and the verdict and the report's batch-slot chart took the 8
+    result = disagg_result(name or cfg.name, sim, pools, d, config=cfg.to_dict(pools["decode"][1].policy))
     return DisaggEngineRun(sim, result, runners["prefill"], runners["decode"], transfer_seconds, staged_bytes,
                            tokens)
 

@@ -200,3 +200,20 @@ def test_a_policy_drawing_in_its_constructor_draws_what_it_draws_in_the_simulato
     sim_salts, engine_salts = (salts(p) for p in seen)
     assert None not in sim_salts and len(set(sim_salts)) == 3
     assert engine_salts == sim_salts
+
+
+def test_the_run_records_the_decode_pools_slots_as_the_simulator_does() -> None:
+    """A decode pool with a policy of its own (2 slots a replica, the variant's 8): the engine's result recorded
+    the variant's policy, so its verdict and its report's batch-slot chart read max_num_seqs 8, the simulator's
+    2."""
+    from realengine.engine import run_engine
+    from sim.loop.run import simulate_variant
+    from sim.metrics.summary import summarize
+
+    raw = scenario(num_requests=6)
+    raw["variants"][0]["disaggregation"]["decode"]["policy"] = {"type": "continuous", "max_num_seqs": 2}
+    sc = parse_scenario(raw)
+    cfg, wl = variant_configs(sc)[0], generate_workload(sc)
+    simulated, real = simulate_variant(cfg, wl)[0], run_engine(cfg, wl, dtype="float64")[0]
+    assert real.config["policy"] == simulated.config["policy"]
+    assert summarize(real)["limits"]["slot_cap"] == summarize(simulated)["limits"]["slot_cap"] == 2
