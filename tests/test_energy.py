@@ -5,11 +5,15 @@ output token against batch size and output length."""
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+import yaml
 
 import servesim
 from sim.config.schema import ScenarioError
@@ -543,18 +547,15 @@ def test_the_published_itl_spread_says_what_paced_a_small_batch(capsys: pytest.C
     assert out.count("b200, batch <= 64, host-jittered") == 1 and out.count("b200, batch <= 64, GPU-paced") == 1
 
 
-def test_plan_names_the_deployment_with_the_fewest_joules() -> None:
+def _plan_energy(**plan_keys: Any) -> dict[str, Any]:
+    """An H100 priced below the L4 ($0.50 against $0.70 an hour) is the cheapest; at 2 req/s of a 1B model it
+    idles at 70 W where the L4 idles at 16 W, so the L4 takes fewer joules per output token."""
     import copy
 
-    from sim.config.scenario import parse_scenario
     from sim.hardware.presets.gpus import BASE_GPU_PRESETS
-    from sim.studies.plan_text import _joules, format_plan
-    from sim.studies.planner import plan
 
-    # an H100 priced below the L4 ($0.50 against $0.70 an hour) is the cheapest; at 2 req/s of a 1B model it
-    # idles at 70 W where the L4 idles at 16 W, so the L4 takes fewer joules per output token
     hot = copy.deepcopy(BASE_GPU_PRESETS["h100-sxm"]) | {"name": "h100-cheap", "price_per_hour": 0.5}
-    sc = parse_scenario({
+    return {
         "name": "plan-energy", "seed": 1,
         "workload": {"arrival": {"type": "poisson", "rate": 2.0}, "num_requests": 40,
                      "prompt_len": {"type": "uniform", "low": 200, "high": 600},
@@ -563,9 +564,16 @@ def test_plan_names_the_deployment_with_the_fewest_joules() -> None:
         "slos": {"ttft": 2.0, "tpot": 0.2},
         "plan": {"gpus": ["l4", hot], "tensor_parallel_sizes": [1], "weight_dtypes": ["bf16"],
                  "kv_dtypes": ["auto"], "max_num_seqs": [256], "enable_chunked_prefill": [True],
-                 "stop_early": False, "max_gpus": 1},
-    })
-    result = plan(sc)
+                 "max_gpus": 1} | plan_keys,
+    }
+
+
+def test_plan_names_the_deployment_with_the_fewest_joules() -> None:
+    from sim.config.scenario import parse_scenario
+    from sim.studies.plan_text import _joules, format_plan
+    from sim.studies.planner import plan
+
+    result = plan(parse_scenario(_plan_energy(stop_early=False)))
     best = result.fewest_joules()
     assert result.chosen is not None and result.chosen.candidate.gpu == "h100-cheap"
     assert best is not None and best.candidate.gpu == "l4"
@@ -581,6 +589,43 @@ def test_plan_names_the_deployment_with_the_fewest_joules() -> None:
         row = next(x for x in lines if x.endswith(e.candidate.label()) and x.startswith("  "))
         assert f" {e.j_per_output_token:.4f}  {e.candidate.label()}" in row
     assert _joules(float("nan")) == "     -" and _joules(0.12345) == "0.1235"
+
+
+def test_plan_objective_joules_chooses_the_fewest_joules_meeting_the_slos(tmp_path: Path) -> None:
+    # Before: plan could only choose the cheapest (plan.objective was refused as an unknown key); the deployment
+    # with the fewest joules was named beside it, and with stop_early (the default) a costlier one was never
+    # simulated at all. Under objective joules every survivor is simulated and the L4 ($0.70/h) is chosen over
+    # the cheaper H100 ($0.50/h), which the text and the JSON still name as the cheapest
+    from sim.config.scenario import parse_scenario
+    from sim.studies.plan_text import format_plan
+    from sim.studies.planner import plan
+
+    by_cost = plan(parse_scenario(_plan_energy()))
+    assert by_cost.chosen is not None and by_cost.chosen.candidate.gpu == "h100-cheap"
+    assert by_cost.objective == "cost" and "cheapest" not in by_cost.to_dict()
+    assert any(e.status == "not simulated" and e.candidate.gpu == "l4" for e in by_cost.evaluations)
+    result = plan(parse_scenario(_plan_energy(objective="joules")))  # stop_early left at its default, true
+    ch, cheap = result.chosen, result.cheapest
+    assert ch is not None and ch.candidate.gpu == "l4" and ch is result.fewest_joules()
+    assert cheap is not None and cheap.candidate.gpu == "h100-cheap" and cheap.meets
+    assert ch.j_per_output_token < cheap.j_per_output_token
+    saved = result.to_dict()
+    assert saved["objective"] == "joules" and saved["chosen"]["j_per_output_token"] == ch.j_per_output_token
+    assert saved["cheapest"]["cost_per_hour"] == pytest.approx(0.5)
+    text = format_plan(result)
+    assert f"chosen: {ch.candidate.label()} (plan.objective joules: the fewest joules per output token" in text
+    assert f"cheapest simulated deployment meeting the SLOs: {cheap.candidate.label()} at $0.50/h, " in text
+    assert "fewest joules per output token among" not in text  # the choice is that one
+    # a bad objective: one message naming the key and the values it takes, exit 2, no traceback
+    bad = tmp_path / "bad.yaml"
+    raw = _plan_energy(objective="watts")
+    raw["plan"]["gpus"] = ["l4"]
+    bad.write_text(yaml.safe_dump(raw))
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run([sys.executable, "-m", "sim.cli.main", "plan", str(bad)], capture_output=True, text=True,
+                         cwd=root, env=os.environ | {"PYTHONPATH": str(root)})
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "plan.objective: must be 'cost' or 'joules' (got 'watts')" in out.stderr
 
 
 def test_plans_joules_per_token_are_the_steady_states_not_the_drains() -> None:

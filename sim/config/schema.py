@@ -194,6 +194,12 @@ class PlanConfig(_Model):
         description="Stop simulating once the cheapest cost level with a configuration meeting the SLOs is "
         "done (costlier ones cannot be chosen); false: simulate every survivor, for the whole Pareto front.",
     )
+    objective: Literal["cost", "joules"] = Field(
+        default="cost",
+        description="What the choice minimises among the deployments meeting the SLOs: cost (USD per hour) or "
+        "joules (per output token; every survivor is simulated, as a costlier one may draw less, and stop_early "
+        "does not apply).",
+    )
 
 
 # ---- cluster (many replicas behind a router) -------------------------------------------------------------------

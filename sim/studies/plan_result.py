@@ -292,6 +292,14 @@ def break_even(cost_per_hour: float, api_input_per_million: float, api_output_pe
     )
 
 
+def fewest_joules(evaluations: list[Evaluation], chosen: Evaluation | None) -> Evaluation | None:
+    """Of the simulated ``evaluations`` that meet the SLOs, the one with the fewest joules per output token, the
+    cheaper on a tie; a tie with ``chosen`` is ``chosen`` (not whichever the search met first). None: none meets
+    them with a power model (a GPU without power figures has NaN joules)."""
+    ok = [e for e in evaluations if e.simulated and e.meets and math.isfinite(e.j_per_output_token)]
+    return min(ok, key=lambda e: (e.j_per_output_token, e.candidate.cost_per_hour, e is not chosen), default=None)
+
+
 @dataclass(slots=True)
 class PlanResult:
     """The search: every candidate's evaluation, the choice and its economics."""
@@ -304,6 +312,8 @@ class PlanResult:
     break_even: BreakEven | None
     seconds: float  # wall time of the whole search
     notes: list[str]
+    objective: str = "cost"  # what the choice minimises (plan.objective): "cost" or "joules"
+    cheapest: Evaluation | None = None  # the cheapest deployment meeting the SLOs (the choice under "cost")
 
     def count(self, status: str, bound: str | None = None) -> int:
         return sum(1 for e in self.evaluations if e.status == status and (bound is None or e.bound == bound))
@@ -316,11 +326,7 @@ class PlanResult:
         """Of the simulated deployments that meet the SLOs, the one with the fewest joules per output token (the
         cheaper on a tie). With ``stop_early`` the search simulates nothing costlier than the choice, so this is
         among the deployments as cheap as the choice; ``stop_early: false`` weighs the whole space."""
-        ok = [e for e in self.simulated if e.meets and math.isfinite(e.j_per_output_token)]
-        # a tie with the choice is the choice (not whichever the search met first): the text names this one only
-        # when it is not the choice
-        return min(ok, key=lambda e: (e.j_per_output_token, e.candidate.cost_per_hour, e is not self.chosen),
-                   default=None)
+        return fewest_joules(self.evaluations, self.chosen)
 
     def cheapest_80(self) -> Evaluation | None:
         """The cheapest simulated deployment that meets the SLOs with 80% confidence (``Evaluation.meets_80``),
@@ -359,6 +365,7 @@ class PlanResult:
             "scenario": self.scenario,
             "percentile": self.percentile,
             "slos": self.slos,
+            "objective": self.objective,
             "chosen": None if self.chosen is None else self.chosen.to_dict(),
             "fewest_joules": None if (f := self.fewest_joules()) is None else f.to_dict(),
             "cheapest_80": None if (c := self.cheapest_80()) is None else c.to_dict(),
@@ -375,6 +382,8 @@ class PlanResult:
             "notes": self.notes,
             "simulated": [e.to_dict() for e in self.simulated],
         }
+        if self.objective != "cost":  # the cheapest deployment meeting the SLOs, beside the choice
+            out["cheapest"] = None if self.cheapest is None else self.cheapest.to_dict()
         if all_evaluations:
             out["evaluations"] = [e.to_dict() for e in self.evaluations]
         return out

@@ -100,12 +100,18 @@ def format_plan(result: PlanResult) -> str:
         c = ch.candidate
         lat = ", ".join(f"p{q} {k.upper()} {_ms(ch.latency[k])} ms (SLO {_ms(result.slos[k])} ms)" for k in keys)
         lines += [
-            f"chosen: {c.label()}",
+            f"chosen: {c.label()}" + (" (plan.objective joules: the fewest joules per output token meeting the SLOs)"
+                                      if result.objective == "joules" else ""),
             f"  {c.num_gpus} GPU(s) at ${c.gpu_price_per_hour:.2f}/h = ${c.cost_per_hour:.2f}/h; {lat}",
             f"  {_load_text(ch)}: ${ch.cost_per_million_output_tokens:.3f} per million output tokens"
             + ("" if not math.isfinite(ch.j_per_output_token) else f", {ch.j_per_output_token:.4f} J per output token"),
         ]
         lines += _confidence_lines(result, ch)
+        cheap = result.cheapest
+        if result.objective == "joules" and cheap is not None and cheap is not ch:
+            jc = cheap.j_per_output_token
+            lines.append(f"cheapest simulated deployment meeting the SLOs: {cheap.candidate.label()} at "
+                         f"${cheap.candidate.cost_per_hour:.2f}/h" + (f", {jc:.4f} J" if math.isfinite(jc) else ""))
         fj = result.fewest_joules()
         if fj is not None and fj is not ch:
             c2 = fj.candidate

@@ -92,6 +92,7 @@ from sim.studies.plan_result import (
     Evaluation,
     PlanResult,
     break_even,
+    fewest_joules,
     latency_80_high,
     output_load,
     steady_joules_per_token,
@@ -238,6 +239,8 @@ def plan(scenario: Scenario, *, stop_early: bool | None = None, progress: bool =
     start = time.perf_counter() if _start is None else _start  # a search run again counts the first one's time
     cfg, slos, model, gpus = check_plan(scenario)
     stop = cfg.stop_early if stop_early is None else stop_early
+    if cfg.objective == "joules":  # a costlier deployment may draw fewer joules per token: every survivor is weighed
+        stop = False
     dep = scenario.deployment
     notes: list[str] = []
     base_policy: PolicyConfigBase = scenario.policy
@@ -389,6 +392,13 @@ def plan(scenario: Scenario, *, stop_early: bool | None = None, progress: bool =
                     chosen, level_cost = ev, cost
     if bar is not None:
         bar.close()
+    cheapest = chosen
+    if cfg.objective == "joules":
+        chosen = fewest_joules(evaluations, cheapest)
+        if chosen is None and cheapest is not None:
+            chosen = cheapest
+            notes.append("plan.objective joules: no deployment meeting the SLOs has a power model (a GPU preset "
+                         "without tdp_w and idle_w, sim/costs/energy.py): the cheapest is chosen")
 
     be = None
     if chosen is not None and cfg.api_price is not None and chosen.total_output_tokens > 0:
@@ -424,6 +434,8 @@ def plan(scenario: Scenario, *, stop_early: bool | None = None, progress: bool =
         break_even=be,
         seconds=time.perf_counter() - start,
         notes=notes,
+        objective=cfg.objective,
+        cheapest=cheapest,
     )
 
 
