@@ -378,6 +378,25 @@ def test_memory_capacity_line_of_a_run_without_steps():
                      "KV: free blocks": [pytest.approx(capacity - weights, rel=1e-12)] * 2}
 
 
+def test_slots_section_leaves_out_a_run_that_scheduled_nothing(nvc):
+    """Every request rejected, so no step ran: its batch-slot panel was an empty frame titled '0 of 0 scheduled
+    requests drawn; 0 rows at the busiest instant'. It is named in a note instead, and a page of such runs alone
+    has the note and no figure."""
+    import sim.output.report as report
+
+    scenario, raw = load_scenario(find_scenario("naive-vs-continuous"),
+                                  {"workload.num_requests": 5, "deployment.max_model_len": 10})
+    rejected = run_scenario(scenario, raw).results
+    assert all(r.steps["start"].size == 0 for r in rejected)
+    (alone,) = report._slots_section(rejected, {})
+    assert alone.figure is None
+    assert "naive, continuous: no request was scheduled, so there is no batch to draw." in alone.html
+    both = rejected[1:] + nvc.results[1:]
+    (mixed,) = report._slots_section(both, {})
+    assert [a.text.split(":")[0] for a in mixed.figure.layout.annotations] == [nvc.results[1].name]
+    assert "continuous: no request was scheduled" in mixed.html
+
+
 def test_memory_by_request_axis_reaches_a_pile_above_one_replicas_pool():
     """autoscale-memory-bound's scale-on-busy (80 requests, up to 8 L4s): its requests, stacked over the replicas,
     pile above one replica's 3.8 GiB pool, and the y axis, set to the capacity line alone, cut the pile off at

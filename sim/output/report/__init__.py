@@ -134,8 +134,14 @@ def _slots_section(results: list[RunResult], summaries: dict) -> list[Section]:
     dropped = len(results) - SLOT_PANELS
     results = results[:SLOT_PANELS]
     layouts = [slot_layout(r, SLOT_REQUESTS) for r in results]  # the spans the chart can draw
+    # a run that scheduled no request (every one rejected) has no batch: its panel was an empty frame titled
+    # "0 of 0 scheduled requests drawn; 0 rows"
+    idle = [r.name for r, lay in zip(results, layouts, strict=True) if not lay.spans]
+    drawn = [(r, lay) for r, lay in zip(results, layouts, strict=True) if lay.spans]
+    results, layouts = [r for r, _ in drawn], [lay for _, lay in drawn]
     notes = [
         f"The first {SLOT_PANELS} of {SLOT_PANELS + dropped} runs are drawn." if dropped > 0 else "",
+        f"{', '.join(idle)}: no request was scheduled, so there is no batch to draw." if idle else "",
         "One row per slot of the batch, one coloured bar per request from the step that first computed it to its "
         "last token. The records keep no slot numbers, so rows are rebuilt from those intervals: packed greedily "
         "in order of start, each into the lowest free row. That colouring of an interval graph is optimal, so the "
@@ -157,6 +163,8 @@ def _slots_section(results: list[RunResult], summaries: dict) -> list[Section]:
         "next step, so the rows stay full of colour."
     )
     # the layouts made above, not made again (each is several arrays a request, and both were held at once)
+    if not results:
+        return [Section("Batch slots", None, _p(notes[1]))]
     return [Section("Batch slots", fig_batch_slots(results, layouts=layouts), "".join(_p(n) for n in notes if n))]
 
 
