@@ -400,7 +400,8 @@ def test_slots_section_leaves_out_a_run_that_scheduled_nothing(nvc):
 def test_memory_by_request_axis_reaches_a_pile_above_one_replicas_pool():
     """autoscale-memory-bound's scale-on-busy (80 requests, up to 8 L4s): its requests, stacked over the replicas,
     pile above one replica's 3.8 GiB pool, and the y axis, set to the capacity line alone, cut the pile off at
-    4 GiB. The axis reaches the pile, and the line says whose pool it is."""
+    4 GiB. The axis reaches the pile; the line is the pool of the replicas serving at each time (it was one
+    replica's, beside the bands of all of them), and grows as the fleet does."""
     from sim.output.report import fig_memory_by_request
 
     scenario, raw = load_scenario(find_scenario("autoscale-memory-bound"), {"workload.num_requests": 80})
@@ -410,8 +411,29 @@ def test_memory_by_request_axis_reaches_a_pile_above_one_replicas_pool():
     bands = [np.asarray(tr.y, dtype=float) for tr in fig.data if tr.name and tr.name.startswith("request ")]
     peak = float(np.sum(bands, axis=0).max())
     (line,) = [tr for tr in fig.data if tr.name and "capacity" in tr.name]
-    assert line.name == "KV pool capacity (one replica)" and peak > line.y[0]
+    one = res.kv_capacity_blocks * res.kv_bytes_per_block / 2**30
+    assert line.name == "KV pool capacity (the replicas serving)" and line.line.shape == "hv"
+    assert line.y[0] == pytest.approx(one) and max(line.y) > peak > one  # one replica at first, then more
+    ready = [life["ready"] for life in res.cluster["per_replica"]]
+    for x, y in zip(line.x[:-1], line.y[:-1], strict=True):
+        assert y == pytest.approx(one * sum(r <= x for r in ready))
     assert fig.layout.yaxis.range[1] >= peak
+
+
+def test_memory_by_request_capacity_of_a_fixed_fleet_is_every_replicas_pool():
+    """lesson-disaggregation: 4 colocated replicas and 2P2D's two pools. The title named one replica's 54.6 GiB
+    pool beside the bands of all four replicas' requests."""
+    from sim.output.report import fig_memory_by_request
+
+    scenario, raw = load_scenario(find_scenario("lesson-disaggregation"), {"workload.num_requests": 40})
+    results = {r.name: r for r in run_scenario(scenario, raw).results}
+    colocated, disagg = results["colocated"], results["2P2D"]
+    one = colocated.kv_capacity_blocks * colocated.kv_bytes_per_block / 2**30
+    assert f"KV pool {4 * one:.1f} GiB (all 4 replicas), off the scale" in fig_memory_by_request(colocated).layout.title.text
+    pools = disagg.disaggregation["pools"]
+    blocks = sum(p["replicas"] * p["kv_capacity_blocks"] for p in pools.values())
+    assert f"KV pool {blocks * disagg.kv_bytes_per_block / 2**30:.1f} GiB (all 4 replicas)" in \
+        fig_memory_by_request(disagg).layout.title.text
 
 
 def test_the_reports_tables_write_a_figure_as_the_summary_table_does():

@@ -255,6 +255,28 @@ def request_kv_tokens(
 REQUEST_KV_CAPACITY_IN_RANGE = 2.0  # the KV pool is drawn when it is at most this many times the peak drawn
 
 
+def fleet_kv_pool(result: RunResult) -> tuple[np.ndarray, np.ndarray] | None:
+    """A several-replica run's KV pool over time, in blocks, as a step function: (times, blocks from each time on),
+    the pools of the replicas ready then summed (an autoscaled fleet's grows and shrinks; a disaggregated run's
+    prefill and decode pools may differ in size). None for a run of one replica."""
+    lives = (result.cluster or {}).get("per_replica") or []
+    if len(lives) < 2:
+        return None
+    pools = (result.disaggregation or {}).get("pools") or {}
+    events: list[tuple[float, float]] = []
+    for life in lives:
+        blocks = float((pools.get(life.get("pool")) or {}).get("kv_capacity_blocks", result.kv_capacity_blocks))
+        ready, released = life.get("ready"), life.get("released")
+        if not isinstance(ready, int | float) or not np.isfinite(ready):
+            continue  # never served: it held no pool
+        events.append((float(ready), blocks))
+        if isinstance(released, int | float) and np.isfinite(released):
+            events.append((float(released), -blocks))
+    times = np.array(sorted({0.0, *(t for t, _ in events)}))
+    at, change = np.array([t for t, _ in events]), np.array([b for _, b in events])
+    return times, np.array([change[at <= t].sum() for t in times])
+
+
 def fig_memory_by_request(result: RunResult, max_requests: int = REQUEST_KV_REQUESTS,
                           points: int = REQUEST_KV_POINTS, x_end: float | None = None) -> go.Figure:
     """One band per active request's KV cache, stacked: every session's cache must stay resident, and the bands
@@ -277,22 +299,36 @@ def fig_memory_by_request(result: RunResult, max_requests: int = REQUEST_KV_REQU
         fig.add_trace(go.Scatter(name=f"request {rid}", y=y, stackgroup="m", **even,
                                  line=dict(width=0.3, color=color(i)), fillcolor=color(i), showlegend=False,
                                  hovertemplate=f"request {rid}: %{{y:.3f}} {unit}<extra></extra>"))
-    cap = float(result.kv_capacity_blocks) * (bpb / 2**30 if bpb > 0 else 1.0)
+    per_block = bpb / 2**30 if bpb > 0 else 1.0
+    # a several-replica run's bands are every replica's requests: they pile against the fleet's pool, not one
+    # replica's (lesson-disaggregation's 4 replicas read "KV pool 54.6 GiB" beside the bands of all four)
+    fleet = fleet_kv_pool(result)
+    if fleet is None:
+        cap_x, cap_y, whose = np.array([0.0]), np.array([float(result.kv_capacity_blocks)]), ""
+    else:
+        cap_x, cap_y = fleet
+        keep = cap_x <= t[-1]
+        cap_x, cap_y = cap_x[keep], cap_y[keep]
+        n = len((result.cluster or {}).get("per_replica") or [])
+        whose = f" (all {n} replicas)" if len(np.unique(fleet[1])) == 1 else " (the replicas serving)"
+    cap_y = cap_y * per_block
+    cap = float(cap_y.max())
     peak = float(total.max()) if total.size else 0.0
     title = f"KV cache by request: {result.name} (first {end:.0f} s, at most {max_requests} requests, one band each"
     if weights > 0:
         title += f"; weights {weights:.1f} GiB not stacked"
-    if cap > 0 and (peak <= 0 or cap <= REQUEST_KV_CAPACITY_IN_RANGE * peak):
-        # a cluster's requests are stacked over all its replicas, against one replica's pool
-        several = bool(result.cluster) and (result.cluster or {}).get("replicas_max", 1) > 1
-        fig.add_trace(go.Scatter(name="KV pool capacity" + (" (one replica)" if several else ""),
-                                 x=[0.0, float(t[-1])], y=[cap, cap], mode="lines",
-                                 line=dict(color="black", dash="dash")))
-        # the axis reaches the pile too: at the capacity alone it cut off a pile above it (an autoscaled
-        # fleet's requests on several replicas, or the even spread of output tokens these bands assume)
-        top = max(cap, peak)
+    low = float(cap_y.min())
+    if low > 0 and (peak <= 0 or low <= REQUEST_KV_CAPACITY_IN_RANGE * peak):
+        fig.add_trace(go.Scatter(name="KV pool capacity" + whose, x=np.r_[cap_x, float(t[-1])],
+                                 y=np.r_[cap_y, cap_y[-1]], mode="lines", line=dict(color="black", dash="dash",
+                                                                                    shape="hv")))
+        # the axis reaches the pile too: at the capacity alone it cut off a pile above it (the even spread of
+        # output tokens these bands assume); a fleet's pool that grows far above the pile leaves the axis
+        top = max(min(cap, REQUEST_KV_CAPACITY_IN_RANGE * peak), peak) if peak > 0 else cap
+        if cap > top:
+            title += f"; KV pool up to {cap:.1f} {unit}, above the axis"
     else:
-        title += f"; KV pool {cap:.1f} {unit}, off the scale"
+        title += f"; KV pool {cap:.1f} {unit}{whose}, off the scale"
         top = peak
     fig.update_layout(template=TEMPLATE, height=380, xaxis_title="time (s)", yaxis_title=f"KV cache ({unit})",
                       title=title + ")", yaxis_range=[0.0, 1.05 * top if top > 0 else 1.0],
