@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import typer
 
-from sim.config.files import input_path, output_path
+from sim.config.files import InterruptedAfterWrite, input_path, output_path
 from sim.config.scenario import parse_value
 from sim.config.schema import ScenarioError
 
@@ -27,6 +27,31 @@ def _interrupted(what: str) -> None:
     """Ctrl-C: say what it stopped, and exit 130 (128 + SIGINT), as a shell reports a process ended by it."""
     typer.echo(f"\ninterrupted {what}", err=True)
     raise typer.Exit(130)
+
+
+class _Doing:
+    """What a command is doing, for the line Ctrl-C prints (``_on_ctrl_c``); set as it moves on."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+
+
+@contextlib.contextmanager
+def _on_ctrl_c(doing: str, out: Path | None = None) -> Iterator[_Doing]:
+    """Ctrl-C in the block: one line saying what it stopped and what became of ``out`` (None: the command writes
+    nothing), then exit 130. Without it a command exited 130 without a word (typer's own handling), the user left
+    to guess whether a half-written profile or run folder was there. Every writer under it writes whole or not at
+    all (``sim.config.files.write_atomically``), so the line can say which."""
+    existed = out is not None and out.exists()
+    stage = _Doing(doing)
+    try:
+        yield stage
+    except InterruptedAfterWrite:
+        _interrupted(f"after writing {out} (complete)")
+    except KeyboardInterrupt:
+        left = "nothing was written" if out is None else \
+            f"{out} was left as it was" if existed else f"{out} was not written"
+        _interrupted(f"while {stage.what}; {left}")
 
 
 @contextlib.contextmanager

@@ -26,6 +26,7 @@ from sim.cli.common import (  # noqa: F401 - the commands' shared helpers, also 
     _input_argument,
     _input_option,
     _interrupted,
+    _on_ctrl_c,
     _overrides,
     _path_option,
     _quiet_numpy,
@@ -314,6 +315,7 @@ def _with_bars(name: str, out_dir: Path, quiet: bool, work: Callable[..., Any], 
         if bars is not None:
             bars.running(done, total)
 
+    interrupted = False
     try:
         with _quiet_numpy():
             return work(progress=running, checking=None if bars is None else bars.checking)
@@ -321,10 +323,16 @@ def _with_bars(name: str, out_dir: Path, quiet: bool, work: Callable[..., Any], 
         error = str(e)
     except OSError as e:
         error = f"--out {out_dir}: {e.strerror or e}"
+    except KeyboardInterrupt:  # it exited 130 without a word
+        interrupted = True
     finally:
         # before the error line: printed while a bar was drawn, it followed the bar's text on the bar's line
         if bars is not None:
             bars.close()
+    if interrupted:
+        kept = out_dir / "sweep.csv"  # one row a run, written as each finishes
+        _interrupted(f"while running {name}; the runs finished so far are in {kept}, and the same command resumes "
+                     "from them" if kept.is_file() else f"while running {name}; nothing was written")
     _fail(error)
     return None  # not reached: _fail exits
 
@@ -513,37 +521,42 @@ def engine_run(
     except ScenarioError as e:
         _fail(str(e))
         return
-    try:
-        import torch
+    except KeyboardInterrupt:
+        _interrupted(f"while reading {scenario} and drawing its workload; no run folder was written")
+        return
+    # Ctrl-C while torch is imported or real weights are read (seconds to minutes): said, as in the runs below
+    with _on_ctrl_c("loading the engine"):
+        try:
+            import torch
 
-        from realengine.engine import engine_config, kv_held_at_end, run_engine, write_engine_run
-        from realengine.model import torch_dtype
-        from realengine.spec_decode import check_engine_draft
-        from sim.hardware.models import resolve_model
-    except ImportError as e:
-        _fail(f"the engine needs torch: {e}")
-        return
-    try:
-        tdtype = torch_dtype(dtype) if dtype is not None else None
-    except ValueError as e:
-        _fail(f"--dtype: {e}")
-        return
-    if device == "cuda" and not torch.cuda.is_available():
-        _fail("--device cuda: torch sees no CUDA device")
-    try:  # everything the input can get wrong fails here, before any run
-        for cfg in cfgs:
-            ecfg = engine_config(cfg, model_spec=model, num_gpu_blocks=num_gpu_blocks, device=device,
-                                 dtype=tdtype or torch.float32)
-            check_engine_draft(ecfg.deployment.speculative, resolve_model(ecfg.deployment.model))
-    except (ScenarioError, ValueError) as e:
-        _fail(str(e))
-    real = _real_weights(weights, {str(model or c.deployment.model) for c in cfgs}, tdtype, device)
-    if real is not None and any(c.disaggregation is not None for c in cfgs):
-        _fail("the disaggregated engine runs random weights: give --weights random")
-    texts: list[dict] = []
-    if real is not None:
-        tdtype = real.model.dtype
-        typer.echo(f"real weights: {real.describe()}", err=True)
+            from realengine.engine import engine_config, kv_held_at_end, run_engine, write_engine_run
+            from realengine.model import torch_dtype
+            from realengine.spec_decode import check_engine_draft
+            from sim.hardware.models import resolve_model
+        except ImportError as e:
+            _fail(f"the engine needs torch: {e}")
+            return
+        try:
+            tdtype = torch_dtype(dtype) if dtype is not None else None
+        except ValueError as e:
+            _fail(f"--dtype: {e}")
+            return
+        if device == "cuda" and not torch.cuda.is_available():
+            _fail("--device cuda: torch sees no CUDA device")
+        try:  # everything the input can get wrong fails here, before any run
+            for cfg in cfgs:
+                ecfg = engine_config(cfg, model_spec=model, num_gpu_blocks=num_gpu_blocks, device=device,
+                                     dtype=tdtype or torch.float32)
+                check_engine_draft(ecfg.deployment.speculative, resolve_model(ecfg.deployment.model))
+        except (ScenarioError, ValueError) as e:
+            _fail(str(e))
+        real = _real_weights(weights, {str(model or c.deployment.model) for c in cfgs}, tdtype, device)
+        if real is not None and any(c.disaggregation is not None for c in cfgs):
+            _fail("the disaggregated engine runs random weights: give --weights random")
+        texts: list[dict] = []
+        if real is not None:
+            tdtype = real.model.dtype
+            typer.echo(f"real weights: {real.describe()}", err=True)
     out_dir = out or default_out(sc.name, "-engine")
     if out_dir.exists() and not out_dir.is_dir():
         _fail(f"--out {out_dir}: exists and is not a folder")
@@ -556,36 +569,39 @@ def engine_run(
 
     bar = BarProgress(sum(len(w.requests) for w in wls.values()), f"{sc.name} engine") \
         if not quiet and sys.stderr.isatty() else None
-    for cfg in cfgs:
-        if bar is not None:
-            bar.begin(cfg.name, len(wls[cfg.name].requests))
-        try:
-            result, _, core = run_engine(cfg, wls[cfg.name], device=device, dtype=tdtype, model_spec=model,
-                                         num_gpu_blocks=num_gpu_blocks, time_scale=time_scale, memory_samples=memory,
-                                         real_model=real, texts=texts, weight_quant=quant,
-                                         progress=None if bar is None else bar.advance)
-        except ScenarioError as e:  # a user's policy failed on the engine (sim.policies.user.PolicyError)
-            if bar is not None:
-                bar.close()
-            _fail(str(e))  # before anything is written: no half run folder
-            return
-        if bar is not None:
-            bar.end()
-        results.append(result)
-        summaries[result.name] = summarize(result, slos_of(sc))
-        held[result.name] = kv_held_at_end(core, result)
     written: list[str] = []
-    try:
+    # the bar is closed before any closing line (an error's or Ctrl-C's), which would otherwise follow its text
+    with _on_ctrl_c("running the engine", out_dir) as doing, contextlib.ExitStack() as closing:
         if bar is not None:
-            bar.phase(f"writing {out_dir}/")
-        write_engine_run(out_dir, results, memory, summaries, scenario=sc.model_dump(mode="json"),
-                         title=f"servesim engine ({device}): {sc.name}", texts=texts, kv_leak=held,
-                         written=written)
-    except OSError as e:
-        _fail(f"--out {out_dir}: cannot write the run folder: {e.strerror or e}")
-    finally:
-        if bar is not None:
-            bar.close()
+            closing.callback(bar.close)
+        for cfg in cfgs:
+            doing.what = f"running variant {cfg.name} on the engine"
+            if bar is not None:
+                bar.begin(cfg.name, len(wls[cfg.name].requests))
+            try:
+                result, _, core = run_engine(cfg, wls[cfg.name], device=device, dtype=tdtype, model_spec=model,
+                                             num_gpu_blocks=num_gpu_blocks, time_scale=time_scale,
+                                             memory_samples=memory, real_model=real, texts=texts,
+                                             weight_quant=quant, progress=None if bar is None else bar.advance)
+            except ScenarioError as e:  # a user's policy failed on the engine (sim.policies.user.PolicyError)
+                closing.close()
+                _fail(str(e))  # before anything is written: no half run folder
+                return
+            if bar is not None:
+                bar.end()
+            results.append(result)
+            summaries[result.name] = summarize(result, slos_of(sc))
+            held[result.name] = kv_held_at_end(core, result)
+        doing.what = f"writing {out_dir}"
+        try:
+            if bar is not None:
+                bar.phase(f"writing {out_dir}/")
+            write_engine_run(out_dir, results, memory, summaries, scenario=sc.model_dump(mode="json"),
+                             title=f"servesim engine ({device}): {sc.name}", texts=texts, kv_leak=held,
+                             written=written)
+        except OSError as e:
+            closing.close()
+            _fail(f"--out {out_dir}: cannot write the run folder: {e.strerror or e}")
     typer.echo(format_table(summaries))
     typer.echo(_wrote(out_dir, written))
 
@@ -790,31 +806,34 @@ def calibrate(
         _fail("--device cuda: torch sees no CUDA device")
     if threads is not None:
         torch.set_num_threads(threads)
-    try:
-        m = measure(model, device=device, dtype=dtype, repeats=repeats, progress=not quiet and sys.stderr.isatty(),
-                    cpu_clock=cpu_clock)
-    except ScenarioError as e:
-        _fail(str(e))
-        return
-    profile = build_profile(model, m.provenance["device"], m.samples, swap_block=m.swap_block,
-                            wake_curve=m.wake_curve, num_gpu_blocks=m.num_gpu_blocks, peak_flops=peak,
-                            provenance={**m.provenance, "calibration_seconds": round(m.seconds, 2)})
-    if serving_workloads:  # rates from the grid fit, then the grid and the serving steps fitted together
-        import tempfile
+    with _on_ctrl_c(f"measuring {model} on {device}", path) as doing:
+        try:
+            m = measure(model, device=device, dtype=dtype, repeats=repeats,
+                        progress=not quiet and sys.stderr.isatty(), cpu_clock=cpu_clock)
+        except ScenarioError as e:
+            _fail(str(e))
+            return
+        profile = build_profile(model, m.provenance["device"], m.samples, swap_block=m.swap_block,
+                                wake_curve=m.wake_curve, num_gpu_blocks=m.num_gpu_blocks, peak_flops=peak,
+                                provenance={**m.provenance, "calibration_seconds": round(m.seconds, 2)})
+        if serving_workloads:  # rates from the grid fit, then the grid and the serving steps fitted together
+            import tempfile
 
-        from calibration.fidelity import refit_with_serving, serving_steps
+            from calibration.fidelity import refit_with_serving, serving_steps
 
-        with tempfile.TemporaryDirectory() as tmp:
-            grid_path = Path(tmp) / "grid.json"
-            grid_path.write_text(json.dumps(profile))
-            serving = serving_steps(grid_path, model, serving_workloads, device=device)
-        profile = refit_with_serving(profile, serving)
-        typer.echo(format_errors(profile["fit"]["serving_before"], "grid fit, serving steps"))
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        _write_profile(path, json.dumps(profile, indent=1) + "\n")
-    except OSError as e:
-        _fail(f"--out {path}: cannot write: {e.strerror or e}")
+            doing.what = f"running {serving_workloads} serving workloads on the engine"
+            with tempfile.TemporaryDirectory() as tmp:
+                grid_path = Path(tmp) / "grid.json"
+                grid_path.write_text(json.dumps(profile))
+                serving = serving_steps(grid_path, model, serving_workloads, device=device)
+            profile = refit_with_serving(profile, serving)
+            typer.echo(format_errors(profile["fit"]["serving_before"], "grid fit, serving steps"))
+        doing.what = f"writing {path}"
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            _write_profile(path, json.dumps(profile, indent=1) + "\n")
+        except OSError as e:
+            _fail(f"--out {path}: cannot write: {e.strerror or e}")
     typer.echo(f"calibrated {model} on {m.provenance['device']}: {len(m.samples)} step shapes, {repeats} repeats, "
                f"{m.seconds:.1f} s; engine KV blocks: {m.num_gpu_blocks}")
     typer.echo("coefficients:")
@@ -924,18 +943,15 @@ def validate(
         t = threads or (fitted.provenance.get("torch_threads") if device == "cpu" else None)
         if t:
             torch.set_num_threads(int(t))
-        val = run_validation(scenario, profile, device=device, model=model, num_gpu_blocks=num_gpu_blocks,
-                             time_scale=time_scale, overrides=overrides, progress=not quiet and sys.stderr.isatty())
+        with _on_ctrl_c(f"replaying {scenario} on the engine and in the simulator"):
+            val = run_validation(scenario, profile, device=device, model=model, num_gpu_blocks=num_gpu_blocks,
+                                 time_scale=time_scale, overrides=overrides,
+                                 progress=not quiet and sys.stderr.isatty())
     except ScenarioError as e:
         _fail(str(e))
         return
     out_dir = out or default_out(val.scenario, "-validation")
-    if out_dir.exists() and not out_dir.is_dir():
-        _fail(f"--out {out_dir}: exists and is not a folder")
-    try:
-        write_validation(out_dir, val)
-    except OSError as e:
-        _fail(f"--out {out_dir}: cannot write: {e.strerror or e}")
+    _write_validation_folder(out_dir, functools.partial(write_validation, out_dir, val))
     typer.echo(val.table())
     typer.echo(f"wrote {out_dir}/validation.json, validation.html, engine/, sim/")
 
@@ -1002,8 +1018,9 @@ def _calibrate_from_bench(files: list[Path], model: str | None, gpu: str | None,
         # fitted as every request at t=0 without a word
         for line in dict.fromkeys(s for r in runs for s in r.skipped):
             typer.echo(f"skipped: {line}", err=True)
-        fit = calibrate_from_bench(cfg, runs, holdout_every=holdout_every, knobs=free, family=family,
-                                   holdout_load=holdout_load)
+        with _on_ctrl_c(f"fitting {len(runs)} benchmark files"):
+            fit = calibrate_from_bench(cfg, runs, holdout_every=holdout_every, knobs=free, family=family,
+                                       holdout_load=holdout_load)
     except (ScenarioError, BenchFileError, ValueError) as e:
         _fail(str(e))
         return
@@ -1016,8 +1033,9 @@ def _calibrate_from_bench(files: list[Path], model: str | None, gpu: str | None,
     default_name = f"{model}-live-fit.json" if profile is not None else f"{model}-{gpu}-bench.json"
     path = out or Path("calibration") / "profiles" / default_name
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        _write_profile(path, json.dumps(profile_dict(fit, model=model, gpu=gpu), indent=1) + "\n")
+        with _on_ctrl_c(f"writing {path}", path):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            _write_profile(path, json.dumps(profile_dict(fit, model=model, gpu=gpu), indent=1) + "\n")
     except OSError as e:
         _fail(f"--out {path}: cannot write: {e.strerror or e}")
     typer.echo(f"fitted on {len(fit.train)} runs ({fit.nfev} simulations of the set): " +
@@ -1053,23 +1071,30 @@ def _heldout_table(fitted: dict[str, float | None], unfitted: dict[str, float | 
     return "\n".join(lines)
 
 
+def _write_validation_folder(out_dir: Path, write: Callable[[], Any]) -> None:
+    """``write()`` (a validation's folder, written whole or not at all) with --out checked and Ctrl-C said."""
+    if out_dir.exists() and not out_dir.is_dir():
+        _fail(f"--out {out_dir}: exists and is not a folder")
+    try:
+        with _on_ctrl_c(f"writing {out_dir}", out_dir):
+            write()
+    except OSError as e:
+        _fail(f"--out {out_dir}: cannot write: {e.strerror or e}")
+
+
 def _validate_against(scenario: Path, files: list[Path], variant: str | None, overrides: dict,
                       out: Path | None, profile: Path | None = None) -> None:
     from sim.output.benchfiles.common import BenchFileError
     from sim.output.benchfiles.validate import validate_against, write_bench_validation
 
     try:
-        val = validate_against(scenario, list(files), variant=variant, overrides=overrides, profile=profile)
+        with _on_ctrl_c(f"simulating {scenario} against the benchmark files"):
+            val = validate_against(scenario, list(files), variant=variant, overrides=overrides, profile=profile)
     except (ScenarioError, BenchFileError) as e:
         _fail(str(e))
         return
     out_dir = out or default_out(val.scenario, "-validation")
-    if out_dir.exists() and not out_dir.is_dir():
-        _fail(f"--out {out_dir}: exists and is not a folder")
-    try:
-        write_bench_validation(out_dir, val)
-    except OSError as e:
-        _fail(f"--out {out_dir}: cannot write: {e.strerror or e}")
+    _write_validation_folder(out_dir, functools.partial(write_bench_validation, out_dir, val))
     typer.echo(val.table())
     typer.echo(f"wrote {out_dir}/validation.json, validation.html")
 
@@ -1146,9 +1171,10 @@ def plan(
             from sim.config.limits import default_workers
 
             workers = default_workers()
-        result = plan_deployment(sc, stop_early=False if all_ else None,
-                                 progress=not quiet and not as_json and sys.stderr.isatty(),
-                                 executor=executor, workers=workers, address=address)
+        with _on_ctrl_c(f"planning {sc.name}"):  # it writes nothing
+            result = plan_deployment(sc, stop_early=False if all_ else None,
+                                     progress=not quiet and not as_json and sys.stderr.isatty(),
+                                     executor=executor, workers=workers, address=address)
     except ScenarioError as e:
         _fail(str(e))
         return

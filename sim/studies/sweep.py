@@ -27,6 +27,7 @@ import itertools
 import json
 import math
 import os
+import signal
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -209,6 +210,10 @@ _SHARED: Any = None  # per worker process: the value every job of a parallel_map
 def _init_shared(value: Any) -> None:
     global _SHARED
     _SHARED = value
+    # Ctrl-C is the parent's: it reaches every process of the terminal's group, and each worker printed a
+    # KeyboardInterrupt traceback of its own under the command's one line. parallel_map ends the workers itself
+    # (a policy's watchdog still stops a call that never returns: sim/policies/watchdog.py handles SIGINT ignored)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _call_shared(fn: Callable[[Any, Any], Any], item: Any) -> Any:
@@ -255,6 +260,10 @@ def parallel_map(
             except BaseException:
                 for f in running:
                     f.cancel()
+                # a job under way went on to its end (the workers ignore Ctrl-C) before the pool's shutdown let
+                # the command stop: its workers are ended now
+                for proc in list((getattr(pool, "_processes", None) or {}).values()):
+                    proc.terminate()
                 raise
     if executor != "ray":
         raise ScenarioError(f"--executor must be 'local' or 'ray', got {executor!r}")

@@ -1,0 +1,156 @@
+"""Ctrl-C in the long commands (engine run, calibrate, validate, plan): one line saying what it stopped and what
+was or was not written, exit 130, no traceback and no half-written file. They exited 130 without a word (typer's
+own handling of KeyboardInterrupt), as `servesim run` did before issue 35. The interrupt is raised in-process where
+the command's long work is; tests/test_hardening.py sends a real SIGINT to `servesim run`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from sim.cli.main import app
+
+ROOT = Path(__file__).resolve().parent.parent
+PROFILE = ROOT / "calibration" / "profiles" / "tiny-cpu.json"
+SCENARIO = {
+    "name": "ctrl-c",
+    "seed": 0,
+    "workload": {"arrival": {"type": "poisson", "rate": 20.0}, "num_requests": 3,
+                 "prompt_len": {"type": "fixed", "value": 16}, "output_len": {"type": "fixed", "value": 2}},
+    "deployment": {"model": "tiny", "gpu": "l4", "max_model_len": 256},
+    "slos": {"ttft": 1.0, "tpot": 0.1},
+    "variants": [{"name": "a", "policy": {"type": "fcfs"}}],
+}
+
+
+def _ctrl_c(*_: Any, **__: Any) -> Any:
+    raise KeyboardInterrupt
+
+
+def _last_line(res: Any) -> str:
+    assert res.exit_code == 130, res.output
+    assert "Traceback" not in res.output and "Aborted" not in res.output, res.output
+    return res.output.strip().splitlines()[-1]
+
+
+def _scenario(tmp_path: Path) -> Path:
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(SCENARIO, sort_keys=False))
+    return path
+
+
+def test_ctrl_c_in_engine_run_says_so_and_writes_no_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("torch")
+    import realengine.engine
+
+    monkeypatch.setattr(realengine.engine, "run_engine", _ctrl_c)
+    out = tmp_path / "out"
+    res = CliRunner().invoke(app, ["engine", "run", str(_scenario(tmp_path)), "--time-scale", "0", "--weights",
+                                   "random", "--out", str(out), "-q"])
+    assert _last_line(res) == f"interrupted while running variant a on the engine; {out} was not written"
+    assert not out.exists()
+    out.mkdir()
+    (out / "mine.txt").write_text("kept")  # an earlier folder: left as it was
+    res = CliRunner().invoke(app, ["engine", "run", str(_scenario(tmp_path)), "--time-scale", "0", "--weights",
+                                   "random", "--out", str(out), "-q"])
+    assert _last_line(res) == f"interrupted while running variant a on the engine; {out} was left as it was"
+    assert [p.name for p in out.iterdir()] == ["mine.txt"]
+
+
+def test_ctrl_c_in_calibrate_says_the_profile_was_not_written(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("torch")
+    import calibration.measure
+
+    monkeypatch.setattr(calibration.measure, "measure", _ctrl_c)
+    out = tmp_path / "p.json"
+    res = CliRunner().invoke(app, ["calibrate", "--model", "tiny", "--out", str(out), "-q"])
+    assert _last_line(res) == f"interrupted while measuring tiny on cpu; {out} was not written"
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_ctrl_c_in_validate_says_nothing_was_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("torch")
+    import calibration.validate
+
+    monkeypatch.setattr(calibration.validate, "validate", _ctrl_c)
+    path = _scenario(tmp_path)
+    res = CliRunner().invoke(app, ["validate", str(path), "--profile", str(PROFILE), "--out",
+                                   str(tmp_path / "val"), "-q"])
+    assert _last_line(res) == (f"interrupted while replaying {path} on the engine and in the simulator; nothing was "
+                               "written")
+    assert not (tmp_path / "val").exists()
+
+
+def test_ctrl_c_in_plan_says_nothing_was_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sim.studies.planner
+
+    monkeypatch.setattr(sim.studies.planner, "plan", _ctrl_c)
+    doc = {**SCENARIO, "deployment": {"model": "llama-3.2-1b", "gpu": "l4"}}
+    doc.pop("variants")
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    res = CliRunner().invoke(app, ["plan", str(tmp_path / "s.yaml"), "-q"])
+    assert _last_line(res) == "interrupted while planning ctrl-c; nothing was written"
+
+
+SLOW_JOB = "import time\n\n\ndef job(_shared, seconds):\n    time.sleep(seconds)\n    return seconds\n"
+CHILD = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from slow_job import job
+from sim.studies.sweep import parallel_map
+print("started", flush=True)
+try:
+    for _ in parallel_map(job, [60, 60, 60, 60], workers=2):
+        pass
+except KeyboardInterrupt:
+    print("interrupted", file=sys.stderr)
+    sys.exit(130)
+"""
+
+
+def test_ctrl_c_in_a_process_pool_ends_the_workers_at_once_without_their_tracebacks(tmp_path: Path) -> None:
+    """`servesim plan -j 2` and Ctrl-C: under the command's line, every worker printed 'Process SpawnProcess-1:' and
+    a KeyboardInterrupt traceback (the terminal sends SIGINT to the whole process group)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    (tmp_path / "slow_job.py").write_text(SLOW_JOB)
+    p = subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, start_new_session=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert p.stdout is not None and p.stdout.readline() == "started\n"
+    time.sleep(8)  # the workers spawned and asleep in their jobs
+    start = time.monotonic()
+    os.killpg(p.pid, signal.SIGINT)  # as a terminal's Ctrl-C does
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 130, err
+    assert err == "interrupted\n", err
+    assert time.monotonic() - start < 30  # not the 60 s the jobs under way had left
+
+
+def test_ctrl_c_in_a_sweep_says_where_its_finished_runs_are(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sim.studies.sweep
+
+    out = tmp_path / "sw"
+
+    def one_run_then_ctrl_c(*_: Any, **__: Any) -> Any:
+        out.mkdir()
+        (out / "sweep.csv").write_text("point,variant\n0,a\n")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sim.studies.sweep, "run_sweep", one_run_then_ctrl_c)
+    path = _scenario(tmp_path)
+    args = ["sweep", str(path), "--sweep", "workload.arrival.rate=1,2", "--out", str(out), "-q"]
+    assert _last_line(CliRunner().invoke(app, args)) == (
+        f"interrupted while running ctrl-c; the runs finished so far are in {out}/sweep.csv, and the same command "
+        "resumes from them")
+    monkeypatch.setattr(sim.studies.sweep, "run_sweep", _ctrl_c)
+    assert _last_line(CliRunner().invoke(app, [*args[:-3], "--out", str(tmp_path / "none"), "-q"])) == \
+        "interrupted while running ctrl-c; nothing was written"
