@@ -36,6 +36,10 @@ from simpy.core import EmptySchedule
 
 from sim.serving.request import Outcome, Request, RequestSpec
 
+# seconds a policy may leave requests waiting with nothing running before they fail (LiveEngine._check_stall): as long
+# as a policy's call may take (sim/policies/watchdog.py), far past any batch timeout a policy waits on
+STALL_TIMEOUT_S = 60.0
+
 # vLLM's histogram buckets (vllm/v1/metrics/loggers.py), seconds
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
                 40.0, 80.0, 160.0, 640.0, 2560.0)
@@ -133,7 +137,8 @@ class LiveEngine:
     output token ids. ``log``: called in the loop thread with one dict per finished request (the server's log)."""
 
     def __init__(self, core, executor, *, model_name: str, max_model_len: int,
-                 detokenize: Callable[[list[int]], str], runner, log: Callable[[dict], None] | None = None) -> None:
+                 detokenize: Callable[[list[int]], str], runner, log: Callable[[dict], None] | None = None,
+                 stall_timeout_s: float | None = STALL_TIMEOUT_S) -> None:
         from sim.loop.simulator import Simulation
 
         self.env = LiveEnvironment()
@@ -163,6 +168,11 @@ class LiveEngine:
         self.thread = threading.Thread(target=self._run, name="servesim-engine", daemon=True)
         self.error: BaseException | None = None
         self.on_stop: Callable[[BaseException], None] | None = None  # told when the loop dies (serve then exits)
+        # requests left waiting with nothing running and no step taken this long fail (None: never); see _check_stall
+        self.stall_timeout_s = stall_timeout_s
+        self.on_stall: Callable[[str], None] | None = None  # told, in the loop thread, when it fails requests
+        self._steps = 0  # steps taken, and the count and loop-clock time at which the engine was last seen busy
+        self._busy_seen = (0, 0.0)
 
     # ---- the loop thread --------------------------------------------------------------------------------------
     def _heartbeat(self, sim):
@@ -170,7 +180,31 @@ class LiveEngine:
         dry (an empty queue ends ``env.run``) while the server waits for them."""
         while not self._stopped:
             yield self.env.timeout(1.0)
+            self._check_stall()
         sim.close_arrivals()
+
+    def _check_stall(self) -> None:
+        """Fail the queued requests once the policy has left them waiting, with nothing running and no step taken,
+        for ``stall_timeout_s``: a policy that never schedules them (or only asks to be woken again) hung every
+        client for good, where a simulation ends such a run with 'stalled'. A request still waiting for the next
+        step of a busy engine, or for a policy's batch timeout that ends in a step, is never failed."""
+        core, now = self.core, self.env.now
+        steps, since = self._busy_seen
+        if self.stall_timeout_s is None or core.running or not (core.waiting or core.swapped) or steps != self._steps:
+            self._busy_seen = (self._steps, now)
+            return
+        stuck = [*core.waiting, *core.swapped]
+        since = max(since, min(r.arrival for r in stuck))  # (the heartbeat looks once a second)
+        if now - since < self.stall_timeout_s:
+            return
+        name = getattr(core.policy, "name", None) or type(core.policy).__name__  # a user's: its class's name
+        reason = (f"not scheduled: the policy ({name}) left {len(stuck)} request(s) waiting "
+                  f"with none running for {self.stall_timeout_s:g} s or more (servesim serve --stall-timeout)")
+        for r in stuck:
+            core.abort(r, now, reason)
+        self._busy_seen = (self._steps, now)
+        if self.on_stall is not None:
+            self.on_stall(reason)
 
     def start(self) -> None:
         self.thread.start()
@@ -195,6 +229,7 @@ class LiveEngine:
         self.thread.join(timeout=5.0)
 
     def _after_step(self, _replica) -> None:
+        self._steps += 1
         now = self.env.now
         for s in self._streams.values():
             r = s.request
@@ -496,7 +531,8 @@ def make_server(engine: LiveEngine, host: str = "127.0.0.1", port: int = 8000) -
 
 def build_live_engine(cfg, *, device: str = "cpu", model_spec: str | None = None, num_gpu_blocks: int | None = None,
                       dtype=None, real_model=None, seed: int = 0,
-                      log: Callable[[dict], None] | None = None) -> LiveEngine:
+                      log: Callable[[dict], None] | None = None,
+                      stall_timeout_s: float | None = STALL_TIMEOUT_S) -> LiveEngine:
     """One replica of the real engine for the variant ``cfg`` (its policy, KV manager and limits), as
     ``realengine.engine.run_engine`` builds it, on the wall clock."""
     import torch
@@ -538,4 +574,4 @@ def build_live_engine(cfg, *, device: str = "cpu", model_spec: str | None = None
     core = ServingCore(policy, kv, fast_path=False)
     executor = EngineExecutor(runner, clock="wall")
     return LiveEngine(core, executor, model_name=built.model.name, max_model_len=built.max_model_len,
-                      detokenize=detokenize, runner=runner, log=log)
+                      detokenize=detokenize, runner=runner, log=log, stall_timeout_s=stall_timeout_s)

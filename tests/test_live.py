@@ -467,3 +467,41 @@ def test_serve_exits_2_naming_the_error_when_the_users_policy_raises(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_a_policy_that_never_schedules_fails_the_queued_requests_instead_of_hanging(tmp_path):
+    """A served policy that plans nothing (tests/data/policies/bad_policies.py Idle) hung every client for good:
+    no answer, no error, no timeout. Past the stall timeout the requests waiting fail with the reason, which
+    `servesim serve` also prints; a policy that schedules is never failed by it."""
+    from realengine.server import build_live_engine
+    from sim.config.scenario import load_scenario, variant_configs
+
+    (tmp_path / "bad_policies.py").write_text((ROOT / "tests" / "data" / "policies" / "bad_policies.py").read_text())
+    path = tmp_path / "s.yaml"
+    path.write_text(SCENARIO.replace("  type: continuous\n", '  type: custom\n  cls: "bad_policies.py:Idle"\n'))
+    eng = build_live_engine(variant_configs(load_scenario(path)[0])[0], stall_timeout_s=2.0)
+    told: list[str] = []
+    eng.on_stall = told.append
+    eng.start()
+    try:
+        start = time.monotonic()
+        first = eng.submit(4, 2)
+        time.sleep(1.0)
+        second = eng.submit(4, 2)
+        why = ("not scheduled: the policy (Idle) left 2 request(s) waiting with none running for 2 s or more (servesim "
+               "serve --stall-timeout)")
+        assert first.chunks.get(timeout=30) == second.chunks.get(timeout=30) == ("error", why)
+        assert time.monotonic() - start < 10 and told == [why]
+    finally:
+        eng.stop()
+    path.write_text(SCENARIO)  # continuous batching: served, whatever the timeout
+    eng = build_live_engine(variant_configs(load_scenario(path)[0])[0], stall_timeout_s=1.0)
+    eng.start()
+    try:
+        stream = eng.submit(20, 12)
+        kinds = []
+        while not kinds or kinds[-1] == "text":
+            kinds.append(stream.chunks.get(timeout=30)[0])
+        assert kinds[-1] == "done"
+    finally:
+        eng.stop()

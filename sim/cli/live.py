@@ -61,6 +61,9 @@ def register(app: typer.Typer) -> None:
                                     "model has them here)."),
         log: Path | None = _path_option("--log", help="Append one JSON line per finished request "
                                         "(arrival, first token, finish, tokens, chunk times; engine seconds)."),
+        stall_timeout: float = typer.Option(60.0, "--stall-timeout", help="Fail queued requests (HTTP 500, with "
+                                            "the reason) once the policy has left them waiting this many seconds "
+                                            "with nothing running and no step taken (0: never)."),
         set_: list[str] = _set_option(),
     ) -> None:
         """Serve the real engine behind an OpenAI-compatible API (/v1/completions, /v1/chat/completions,
@@ -71,6 +74,8 @@ def register(app: typer.Typer) -> None:
             _fail(f"--device must be cpu or cuda, got {device!r}")
         if not 0 <= port <= 65535:
             _fail(f"--port must be in 0..65535, got {port}")
+        if not 0 <= stall_timeout < float("inf"):  # NaN too
+            _fail(f"--stall-timeout must be a number of seconds >= 0 (0: never), got {stall_timeout}")
         sets = list(set_) + ([f"policy.type={policy}"] if policy else [])
         sc, cfg = _load(scenario, sets, None, variant)
         try:
@@ -101,7 +106,7 @@ def register(app: typer.Typer) -> None:
 
         try:
             engine = build_live_engine(cfg, device=device, model_spec=model, num_gpu_blocks=num_gpu_blocks,
-                                       real_model=real, log=write_log)
+                                       real_model=real, log=write_log, stall_timeout_s=stall_timeout or None)
             server = make_server(engine, host, port)
         except (ScenarioError, ValueError) as e:
             _fail(str(e))
@@ -124,6 +129,7 @@ def register(app: typer.Typer) -> None:
             threading.Thread(target=server.shutdown, daemon=True).start()  # not in the loop's thread: it waits
 
         engine.on_stop = engine_died
+        engine.on_stall = lambda reason: typer.echo(f"warning: {reason}", err=True)
         engine.start()
         bound_host, bound_port = str(server.server_address[0]), int(server.server_address[1])
         typer.echo(f"serving {engine.model_name} (variant {cfg.name}, policy {cfg.policy.type}, "
