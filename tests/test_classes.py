@@ -239,7 +239,7 @@ def test_per_class_summary_equals_figures_from_requests_csv_rows(tmp_path: Path)
     assert 0 < inter["slo_attainment"] < 1  # the TTFT SLO bites at this load: the check is not vacuous
     # the tenants: service is output tokens served over those asked for; everything completed, so both are 1.0
     assert summary["tenants"]["web"]["output_tokens_served"] == inter["total_output_tokens"]
-    assert summary["fairness"]["jain_index"] == 1.0 and summary["fairness"]["num_tenants"] == 2
+    assert summary["fairness"]["served_share_jain_index"] == 1.0 and summary["fairness"]["num_tenants"] == 2
 
 
 def test_rejections_lower_a_tenants_service_and_the_fairness_index() -> None:
@@ -255,7 +255,7 @@ def test_rejections_lower_a_tenants_service_and_the_fairness_index() -> None:
             rec(2, "b", "completed", 10, 10), rec(3, "b", "rejected", 0, 30)]
     tenants, fairness = tenant_fairness(reqs)
     assert tenants["a"]["service"] == 1.0 and tenants["b"]["service"] == 0.25  # 10 of 40 tokens asked for
-    assert fairness["jain_index"] == (1.25**2) / (2 * (1 + 0.0625))
+    assert fairness["served_share_jain_index"] == (1.25**2) / (2 * (1 + 0.0625))
 
 
 def test_class_columns_table_export_and_report(tmp_path: Path) -> None:

@@ -169,7 +169,7 @@ def check_classes_priority(s: Summaries) -> None:
     # FCFS: one queue for both classes, so interactive waits as long as batch and misses its 1 s TTFT SLO
     assert 0.5 < inter["ttft"]["p99"] / batch["ttft"]["p99"] < 2
     assert inter["slo_attainment"] < 0.5 and batch["slo_attainment"] == 1.0
-    assert x["fairness"]["jain_index"] == 1.0  # every tenant fully served, only later
+    assert x["fairness"]["served_share_jain_index"] == 1.0  # every tenant fully served, only later
     # priority: interactive served first (its TTFT p99 at least 5x lower than batch's), batch pays with preemptions
     pi, pb = p["classes"]["interactive"], p["classes"]["batch"]
     assert pi["ttft"]["p99"] * 5 <= pb["ttft"]["p99"] and pi["slo_attainment"] > 0.95

@@ -21,7 +21,8 @@ by several requests; the per-request count is capped at the slots in use, which 
 A run whose requests carry classes (the workload's ``classes`` or a trace's columns) also gets ``classes``: the
 figures above for each class (``slo_class``), its goodput and SLO attainment against its own SLOs (the run's
 goodput then counts each request against its own class's SLOs too, so it is the sum of the classes'); and, when
-requests name tenants, ``tenants`` and ``fairness`` (Jain's index over the tenants, see :func:`tenant_fairness`).
+requests name tenants, ``tenants`` and ``fairness`` (Jain's index of the service the tenants received while
+backlogged, sim/metrics/fairness.py; see :func:`tenant_fairness`).
 
 Statistics only: formatting lives in ``sim.output.run_folder`` and plotting in ``sim.output.report``.
 """
@@ -38,13 +39,14 @@ from sim.config.errors import ScenarioError
 from sim.config.slos import SLOs
 from sim.costs.energy import energy_summary
 from sim.metrics.anomalies import anomalies as run_anomalies
+from sim.metrics.fairness import OUTPUT_WEIGHT, WINDOWS, backlogged_jain, jain_index
 from sim.metrics.records import NO_CLASS, RequestRecord, RunResult, has_classes
 from sim.metrics.registry import Metric, plugin_metrics
 from sim.metrics.request_table import RequestTable, as_table, by_id
 from sim.metrics.sketch import RELATIVE_ACCURACY, QuantileSketch
 from sim.metrics.step_figures import step_figures
 from sim.metrics.sums import dot
-from sim.metrics.verdict import limit_inputs, rank_limits, rejection_reasons
+from sim.metrics.verdict import limit_inputs, rank_limits, rejection_reasons, waiting_spans
 from sim.serving.request import Outcome
 from sim.serving.spec_decode import summarize_spec
 
@@ -476,30 +478,15 @@ def class_summaries(reqs: Sequence[RequestRecord], duration: float, slos: SLOs |
     return out
 
 
-def jain_index(x: Sequence[float] | np.ndarray) -> float:
-    """Jain's fairness index of the amounts ``x`` (one per party, each >= 0): ``(sum x)^2 / (n * sum x^2)``.
-
-    1.0 when every party gets the same amount, 1/n when one party gets everything and the others nothing; it is
-    unchanged when every amount is scaled by the same factor. NaN for no parties or when nobody got anything.
-    """
-    a = np.asarray(x, dtype=np.float64)
-    if a.size == 0:
-        return NAN
-    if np.any(a < 0):
-        raise ValueError(f"Jain's index takes amounts >= 0, got {a.min()}")
-    sq = dot(a, a)
-    return float(a.sum()) ** 2 / (a.size * sq) if sq > 0 else NAN
-
-
 def tenant_fairness(reqs: Sequence[RequestRecord]) -> tuple[dict[str, dict], dict]:
     """Each tenant's service and Jain's fairness index over the tenants (requests without a tenant are left out).
 
-    A tenant's service is the output tokens its completed requests received divided by the output tokens all its
-    requests asked for (``target_output_tokens``): the share of its demand that was served. Normalising by demand
-    keeps a tenant that sends four times the traffic from reading as favoured, and the share does not depend on
-    the tenants' length mixes, which a latency (mean E2EL) would. It measures who got served at all (rejections,
-    failures, admission rules); how long each tenant waited is in its TTFT and E2EL beside it. The index is
-    :func:`jain_index` of those shares: 1.0 when every tenant got the same share of its demand.
+    The index (``jain_index``) compares the service the tenants received while backlogged (sim/metrics/fairness.py:
+    it tells VTC from FCFS, where every request completes under both). A tenant's ``service`` beside it is the
+    output tokens its completed requests received divided by the output tokens all its requests asked for
+    (``target_output_tokens``): the share of its demand that was served, which measures who got served at all
+    (rejections, failures, admission rules); ``served_share_jain_index`` is :func:`jain_index` of those shares.
+    How long each tenant waited is in its TTFT and E2EL.
     """
     table = as_table(by_id(reqs))  # read as columns, in id order
     groups = {name: mask for name, mask in table.groups("tenant").items() if name and mask.any()}
@@ -520,6 +507,10 @@ def tenant_fairness(reqs: Sequence[RequestRecord]) -> tuple[dict[str, dict], dic
             "e2el": latency_stats(lat.e2el),
         }
     shares = [t["service"] for t in tenants.values()]
-    fairness = {"jain_index": jain_index(shares), "over": "tenants' output tokens served / demanded",
-                "num_tenants": len(tenants)}
+    backlogged, windows = backlogged_jain(table, groups, waiting_spans(table))
+    fairness = {"jain_index": backlogged,
+                "over": f"tenants' service (prompt + {OUTPUT_WEIGHT:g} x output tokens) in the windows where two or "
+                        "more were backlogged (sim/metrics/fairness.py)",
+                "num_tenants": len(tenants), "backlogged_windows": windows, "windows": WINDOWS,
+                "served_share_jain_index": jain_index(shares)}
     return tenants, fairness

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sim.metrics.records import RequestRecord, RunResult
-from sim.metrics.request_table import as_table
+from sim.metrics.request_table import RequestTable, as_table
 from sim.metrics.step_figures import StepFigures, step_figures
 
 # Thresholds, as fractions.
@@ -110,11 +110,16 @@ def _waiting_spans(result: RunResult) -> tuple[np.ndarray, np.ndarray]:
     """When each request waited for the GPU: from its arrival to its first step (or its end, never scheduled), and
     from each preemption to its resume. Counted from the requests, so a cluster's replicas, its router and a
     static batch's wait for a full batch all count alike."""
-    table = as_table(result.requests)
+    starts, stops, _ = waiting_spans(as_table(result.requests))
+    return starts, stops
+
+
+def waiting_spans(table: RequestTable) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``_waiting_spans`` of the table's requests, and the row of each span's request."""
     arrival, finish, sched = (table.column(k) for k in ("arrival", "finish", "first_scheduled"))
     preempted, resumed = table.spans("preempted_at"), table.spans("resumed_at")
     if not preempted:  # a span a request, in its order: what the placement below gives, without its index arrays
-        return arrival, np.where(sched >= 0, sched, finish)
+        return arrival, np.where(sched >= 0, sched, finish), np.arange(len(arrival))
     # request by request: its wait for a first step, then its preemptions' (the order of the sums they feed)
     ids = table.column("id")
     extra = np.zeros(len(ids), dtype=np.int64)
@@ -124,6 +129,7 @@ def _waiting_spans(result: RunResult) -> tuple[np.ndarray, np.ndarray]:
     at = np.arange(len(ids)) + np.cumsum(extra) - extra  # where each request's first span goes
     starts = np.empty(len(ids) + int(extra.sum()))
     stops = np.empty_like(starts)
+    owner = np.repeat(np.arange(len(ids)), extra + 1)
     starts[at] = arrival
     stops[at] = np.where(sched >= 0, sched, finish)
     for i in rows.tolist():
@@ -131,7 +137,7 @@ def _waiting_spans(result: RunResult) -> tuple[np.ndarray, np.ndarray]:
         for k, t in enumerate(pre):
             starts[at[i] + 1 + k] = t
             stops[at[i] + 1 + k] = res[k] if k < len(res) else finish[i]
-    return starts, stops
+    return starts, stops, owner
 
 
 def limit_inputs(result: RunResult, fig: StepFigures | None = None) -> dict:

@@ -46,7 +46,7 @@ p50_ttft ...       ttft.p50 / p99 / mean (s)               reference.latency
 p50_e2e ...        e2el.p50 / p99 / mean (s)               reference.latency
 p50_tpot ...       tpot.p50 / p99 / mean (s)               reference.tpot
 slo_attainment     slo_attainment (fraction)               as it is
-jain_index         fairness.jain_index over tenants        as it is
+jain_index         fairness.jain_index (while backlogged)  as it is
 =================  ======================================  ==============================
 
 BLIS's keys are the first eight (throughput, tokens_per_sec, and p50/p99/mean of TTFT and E2E); goodput, TPOT,

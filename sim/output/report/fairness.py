@@ -45,10 +45,12 @@ def _row(name: str, s: dict) -> list[str]:
     inv, st = a["inversions"], a["starvation"]
     hol = a.get("head_of_line")
     blocked = "" if hol is None else (", ".join(str(i) for i in hol["blocked_replicas"]) or "none")
-    jain = s.get("fairness", {}).get("jain_index")
+    fair = s.get("fairness", {})
+    jain = fair.get("jain_index")
+    windows = fair.get("backlogged_windows")
+    cell = "" if jain is None else f"{jain:.3f}" + ("" if windows is None else f" ({windows} windows)")
     return [name, f"{inv['count']}", f"{inv['by_priority']}", f"{inv['by_arrival']}", blocked,
-            f"{st['longest_wait']:.2f} s (request {st['request']}, {st['class']})",
-            "" if jain is None else f"{jain:.3f}"]
+            f"{st['longest_wait']:.2f} s (request {st['request']}, {st['class']})", cell]
 
 
 def fairness_sections(results: list[RunResult], summaries: dict) -> list[Section]:
@@ -62,6 +64,8 @@ def fairness_sections(results: list[RunResult], summaries: dict) -> list[Section
         f"priority was first scheduled more than {1000 * INVERSION_TOLERANCE:g} ms after the other (FCFS has "
         "none; fair and cache-aware orders have them by design). A replica is head-of-line blocked when its mean "
         f"queue (Little's law) is over {HOL_FACTOR:g} times the fleet's. The longest wait is to a request's first "
-        "scheduling. Jain's index is over the tenants' served share of their demand (1: equal). The chart shows "
-        "each tenant's output tokens received so far.") + "</p>"
+        "scheduling. Jain's index compares the service (prompt + 2 x output tokens) the tenants received while "
+        "backlogged (a request of theirs waiting), over the windows (of 20 in the run) where two or more were: "
+        "1 is equal service, 1 / tenants one tenant served alone; 1 where no two tenants were ever backlogged "
+        "together. The chart shows each tenant's output tokens received so far.") + "</p>"
     return [Section("Fairness and anomalies", fig_service_over_time(summaries), note + table)]
