@@ -15,7 +15,7 @@ from sim.config.scenario import parse_scenario, variant_configs
 from sim.config.schema import ScenarioError
 from sim.costs.analytic import AnalyticCostModel
 from sim.costs.costmodel import StepShape
-from sim.engines.sampling import SAMPLER_SORT_TIME
+from sim.engines.sampling import PENALTY_HOST_TIME, SAMPLER_SORT_TIME
 from sim.hardware.gpu import GPUSpec
 from sim.hardware.models import ModelSpec
 from sim.loop.build import build
@@ -151,3 +151,50 @@ def test_top_p_on_the_classic_engine_is_said_to_be_unpriced(tmp_path: Path) -> N
             "greedy sampling") in stderr(None, TOP_P)
     for engine, sampling in (("vllm-v1", TOP_P), (None, None), (None, {"temperature": 0.8, "top_k": 50})):
         assert "not priced" not in stderr(engine, sampling)
+
+
+PENALIZED = TOP_P | {"repetition_penalty": 1.1}  # ML.ENERGY v3.0's harness
+
+
+def test_a_penalized_step_waits_for_the_hosts_penalty_inputs_by_hand() -> None:
+    """8 rows of Llama-3.1-8B on a B200 with fp8 KV attending 800,000 tokens: the host builds their tokens into a
+    tensor in 800,000 x 24.5 ns = 19.6 ms, longer than the GPU's forward (the weights' 2.6 ms and 64 KiB of KV a
+    token at 6.2 TB/s, 10.6 ns: some 11 ms), so the step is the overheads (1.5 ms + 8 x 10 us, and the sort) plus
+    19.6 ms; the GPU's busy time does not grow (it waits, at static power). At 8,000 tokens (0.196 ms) the forward
+    is longer and the step is the forward's, as without penalties. (On an H100 with bf16 KV a token's 128 KiB take
+    49 ns to read, so the forward is always the longer there.)"""
+    assert PENALTY_HOST_TIME == 24.5e-9
+    b200 = GPUSpec.from_name("b200")
+    base = AnalyticCostModel(LLAMA8, b200, kv_dtype="fp8", linear_overlap=0.0, sampler_sort_time=SAMPLER_SORT_TIME)
+    pen = AnalyticCostModel(LLAMA8, b200, kv_dtype="fp8", linear_overlap=0.0, sampler_sort_time=SAMPLER_SORT_TIME,
+                            penalty_host_time=PENALTY_HOST_TIME)
+    h100 = AnalyticCostModel(LLAMA8, H100, penalty_host_time=PENALTY_HOST_TIME)
+    assert h100.kv_bytes_per_token / (H100.mem_bandwidth * 0.8) == pytest.approx(48.9e-9, rel=1e-3)
+    long_ = StepShape(num_seqs=8, num_tokens=8, num_decode_seqs=8, kv_read_tokens=800_000, attn_pairs=800_000)
+    overheads = 1.5e-3 + 8 * (1e-5 + 128256 * SAMPLER_SORT_TIME)
+    assert pen.step_time(long_) == pytest.approx(overheads + 800_000 * 24.5e-9, rel=1e-12)
+    assert base.step_time(long_) < pen.step_time(long_)
+    assert pen.busy_times(long_) == base.busy_times(long_)
+    short = StepShape(num_seqs=8, num_tokens=8, num_decode_seqs=8, kv_read_tokens=8_000, attn_pairs=8_000)
+    assert pen.step_time(short) == pytest.approx(base.step_time(short), rel=1e-12)
+    # the decode fast path prices the same floats as step_time, on both sides of the max
+    reads = [8_000, 300_000, 800_000]
+    assert pen.decode_steps([8, 8, 8], reads)[0] == [pen.step_time(StepShape(8, 8, 8, c, c)) for c in reads]
+    assert pen.decode_step_time(8, 800_000) == pen.step_time(long_)
+    with pytest.raises(ValueError, match="penalty_host_time"):
+        AnalyticCostModel(LLAMA8, H100, penalty_host_time=-1.0)
+
+
+def test_which_requests_and_engines_pay_the_penalty_inputs() -> None:
+    # Before: workload.sampling refused repetition_penalty (an unknown key), and nothing priced it
+    for sampling in (PENALIZED, {"temperature": 0, "repetition_penalty": 1.1}, {"presence_penalty": 0.5},
+                     {"frequency_penalty": -0.5}):  # greedy too: vLLM applies penalties before the argmax
+        assert _cost("vllm-v1", sampling).penalty_host_time == PENALTY_HOST_TIME, sampling
+    for engine, sampling in (("vllm-v1", TOP_P), ("vllm-v1", {"repetition_penalty": 1.0}), ("sglang", PENALIZED),
+                             (None, PENALIZED), ({"name": "vllm-v0", "version": "0.5"}, PENALIZED)):
+        assert _cost(engine, sampling).penalty_host_time == 0.0, (engine, sampling)
+    assert _cost("vllm-v1", PENALIZED).sampler_sort_time == SAMPLER_SORT_TIME  # the sort as before
+    for bad, word in (({"repetition_penalty": 0}, "repetition_penalty"), ({"presence_penalty": 3}, "presence_penalty"),
+                      ({"frequency_penalty": -2.5}, "frequency_penalty")):
+        with pytest.raises(ScenarioError, match=word):
+            variant_configs(parse_scenario(_raw("vllm-v1", bad), "t"))

@@ -58,6 +58,9 @@ class AnalyticCostModel(CostModel):
              + max(attention FLOPs / compute rate, KV bytes read and written / bandwidth)
              + tensor-parallel all-reduces + swap copies over PCIe
 
+    With ``penalty_host_time`` (vLLM V1's penalties, sim/engines/sampling.py) the GPU parts run under the host's
+    rebuild of the rows' tokens: ``time = overheads + max(GPU parts, kv_read_tokens * penalty_host_time)``.
+
     Summing the parts, rather than taking one global max, reflects that the linear layers and attention are
     separate kernels: a long-context decode waits on KV reads in attention even when its linear layers are
     memory-bound on the weights, and vice versa in a large prefill.
@@ -119,6 +122,10 @@ class AnalyticCostModel(CostModel):
     # or through a kernel that does not sort. Memory-bound GPU work, paid by every row of every step, a CUDA-graph
     # step's padding rows too (vLLM samples only the real ones: at most 7 or 15 rows, about 1% of such a step)
     sampler_sort_time: float = 0.0
+    # host seconds per token of the step's rows' contexts (``kv_read_tokens``) that the engine spends building its
+    # sampler's penalty inputs each step (sim/engines/sampling.py, ``PENALTY_HOST_TIME``): CPU work the GPU's
+    # forward of the same step runs under, so the step waits for the larger of the two. 0: no penalties
+    penalty_host_time: float = 0.0
     # a step with prompts runs them in a forward of their own before the step's decode forward: each prompt's
     # tokens less its last (TurboMind's ContextDecode, no logits), its last token then decoded with every row, so
     # its first token costs both (sim/engines/lmdeploy.py, version 0.1). False: one forward of every token
@@ -149,7 +156,8 @@ class AnalyticCostModel(CostModel):
         if not 0.0 < attn_eff <= 1.0:
             raise ValueError(f"attention_efficiency must be in (0, 1], got {attn_eff}")
         for name in ("step_overhead", "per_request_overhead", "dequant_overhead", "allreduce_latency",
-                     "host_time_ratio", "sampler_sort_time", "host_time_cap", "host_time_cap_per_row"):
+                     "host_time_ratio", "sampler_sort_time", "host_time_cap", "host_time_cap_per_row",
+                     "penalty_host_time"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.block_size < 1:
@@ -260,6 +268,9 @@ class AnalyticCostModel(CostModel):
         lin = mx(lin_c, lin_m)  # linear layers: compute | memory
         if self._serial:  # one token per row's compute (a decode's GEMM rows) not under the weight reads
             lin = lin + self._serial * (np.minimum if mx is np.maximum else min)(n_seqs * k2 + n_seqs * k3, lin_m)
+        if self.penalty_host_time:  # the forward runs under the host's penalty inputs (``penalty_host_time``)
+            return k0 + n_seqs * k1 + mx(lin + mx(pairs * k7, (kv_read + n_tok) * k8) + (k9 + n_tok * k10)
+                                         + swap * k11, kv_read * self.penalty_host_time)
         return (k0 + n_seqs * k1  # fixed and per-row overhead
                 + lin
                 + mx(pairs * k7, (kv_read + n_tok) * k8)  # attention: compute | KV traffic
@@ -277,6 +288,9 @@ class AnalyticCostModel(CostModel):
         lin = np.maximum(lin_c, lin_m)
         if self._serial:
             lin = lin + self._serial * np.minimum(n_seqs * k2 + n_seqs * k3, lin_m)
+        if self.penalty_host_time:
+            return k0 + n_seqs * k1 + np.maximum(lin + np.maximum(pairs * k7, (kv_read + n_tok) * k8)
+                                                 + (k9 + n_tok * k10) + swap * k11, kv_read * self.penalty_host_time)
         return (k0 + n_seqs * k1
                 + lin
                 + np.maximum(pairs * k7, (kv_read + n_tok) * k8)
@@ -390,7 +404,11 @@ class AnalyticCostModel(CostModel):
         k7, k8 = self._k[7], self._k[8]
         f_pair = self._flops[2]
         head, tail, f_rows = self._decode_terms(n)
-        if k8 >= k7:
+        pen = self.penalty_host_time
+        if pen:  # ``_time``'s form with the host's penalty inputs: the overheads, then the larger of the two
+            o, lin = self._k[0] + n * self._k[1], self._linear(n)
+            times = [o + max(lin + max(c * k7, (c + n) * k8) + tail, c * pen) for c in reads]
+        elif k8 >= k7:
             # the attention term max(c * k7, (c + n) * k8) is the memory one for every c, n >= 0 (a decode's
             # query-key pairs are its KV reads): max() would return exactly that product, so it is skipped
             times = [head + (c + n) * k8 + tail for c in reads]
@@ -420,8 +438,8 @@ class AnalyticCostModel(CostModel):
 
     def decode_step_time(self, n: int, c: int) -> float:
         """One unpadded decode step's time (``decode_steps`` for a single step, without the lists)."""
-        if self._moe is not None:
-            return float(self.step_time(StepShape(n, n, n, c, c)))
+        if self._moe is not None or self.penalty_host_time:
+            return float(self.step_time(StepShape(n, n, n, c, c)))  # (the penalty: _decode_run's form)
         k = self._k
         head, tail, _ = self._decode_terms(n)
         t = head + max(c * k[7], (c + n) * k[8]) + tail

@@ -201,6 +201,11 @@ class Engine:
         vocabulary (sim/engines/costs.py); 0: it does not sort, or its sampler is not modelled."""
         return 0.0
 
+    def penalty_host_time(self, cfg: Any) -> float:
+        """Host seconds per context token of a step's rows the engine spends on a penalized request's inputs each
+        step (sim/engines/sampling.py); 0: not modelled."""
+        return 0.0
+
     def static_reserve_tokens(self, batch_size: int, max_model_len: int, max_input_len: int | None) -> int:
         """Tokens of a static batch's largest forward: its longest prompt (sim/engines/costs.py's docstring)."""
         prompt = max_model_len if max_input_len is None else min(max_input_len, max_model_len)

@@ -1,4 +1,5 @@
-"""The sampler's sort: what a top-p request costs an engine that filters it by sorting the whole vocabulary.
+"""The sampler's sort, what a top-p request costs an engine that filters it by sorting the whole vocabulary, and
+the host work a penalized request costs vLLM V1 each step.
 
 vLLM's PyTorch sampler (V0, and V1's ``apply_top_k_top_p`` in vllm/v1/sample/ops/topk_topp_sampler.py) sorts every
 row's logits over the whole vocabulary (``logits.sort(dim=-1)``), then a softmax, a cumulative sum and a scatter
@@ -17,9 +18,11 @@ The vllm-v1 and vllm-v0 presets sort unless ``deployment.engine.use_flashinfer_s
 samplers are not modelled (0). Only ``workload.sampling`` with top-p below 1 and a temperature above greedy pays it
 (sim/workload/sampling.py); without it the requests sample as the benchmark clients send them, greedy.
 
+Penalties (``repetition_penalty``, ``presence_penalty``, ``frequency_penalty`` off their neutral values) cost vLLM
+V1 the host's rebuild of every row's output tokens each step (``PENALTY_HOST_TIME``); their GPU passes over the
+logits (token counts, masks) are not modelled, nor V0's penalties.
 Not modelled: the softmax and the random draw every sampled (non-greedy) request pays, with or without top-p (a
-few passes over the logits, no sort), and repetition_penalty's per-row token counts (a pass over the logits and,
-on the host, the output tokens made into a tensor each step). A speculative verify row sorts once here, as
+few passes over the logits, no sort). A speculative verify row sorts once here, as
 sim/serving/spec_decode.py prices its LM head once, though vLLM V1's rejection sampler filters the target's
 logits at each of its k + 1 positions.
 """
@@ -45,6 +48,19 @@ from sim.engines.base import EngineKey, engine_of
 # longer, PR #11394's 47.40 -> 40.20 req/s (15%).
 SAMPLER_SORT_TIME = 0.117e-9  # s per logit
 
+# Host seconds per token of a step's rows vLLM V1 spends on a penalized batch's inputs (any row with a repetition,
+# presence or frequency penalty): each step its sampler makes every row's output tokens, Python lists, into one
+# padded int64 tensor on the CPU (vllm/v1/sample/ops/penalties.py ``_convert_to_tensors``: ``make_tensor_with_pad``,
+# np.full, a copy per row, pinned memory, the copy to the GPU), a cost that grows with the output so far, every step
+# (vLLM PR #47540, Jul 2026: "O(rows x max_output_len) per step"; the code's own note: "quite inefficient"). The one
+# published measurement of it, PR #47540's (RTX 5090, Qwen3-4B with a 16-token draft, 4 rows, every penalty set):
+# 6 ms a step at 4K tokens of history growing linearly to 47 ms at 28K, with the rejection sampler's copy of each
+# history per draft position making 4 x 17 = 68 rows: (47 - 6) ms / (68 x 24K tokens) = 24.5 ns a row-token. The
+# cost model counts each row's whole context (``kv_read_tokens``: the prompt too, which the output lists do not
+# hold, an overcount by the prompt's share). Under async scheduling (vLLM 0.11 on) the work runs after the forward
+# was launched, so the step waits for the larger of the two (sim/costs/analytic.py, ``penalty_host_time``).
+PENALTY_HOST_TIME = 24.5e-9  # s per token of the step's rows' contexts
+
 SAMPLER_KEYS = EngineKey(("use_flashinfer_sampler",), "use_flashinfer_sampler is vLLM's (VLLM_USE_FLASHINFER_SAMPLER); "
                          "engine {name}'s sampler is not modelled")
 
@@ -57,10 +73,14 @@ def vllm_sort_time(cfg: Any) -> float:
 def with_sampling(cost: CostModel, engine: Any, sampling: Any) -> CostModel:
     """``cost`` with the engine's sort priced in each row of each step when ``sampling`` (``workload.sampling``)
     sorts the vocabulary; ``cost`` itself otherwise (greedy, no top-p, no engine, not the roofline)."""
-    if engine is None or sampling is None or not sampling.sorts_vocabulary() or not isinstance(cost, AnalyticCostModel):
+    if engine is None or sampling is None or not isinstance(cost, AnalyticCostModel):
         return cost
-    t = engine_of(engine).sampler_sort_time(engine)
-    return replace(cost, sampler_sort_time=t) if t > 0 else cost
+    eng = engine_of(engine)
+    t = eng.sampler_sort_time(engine) if sampling.sorts_vocabulary() else 0.0
+    p = eng.penalty_host_time(engine) if sampling.penalizes() else 0.0
+    if t <= 0 and p <= 0:
+        return cost
+    return replace(cost, sampler_sort_time=t or cost.sampler_sort_time, penalty_host_time=p or cost.penalty_host_time)
 
 
 def unpriced_sampling_note(deployment: Any, sampling: Any) -> str | None:

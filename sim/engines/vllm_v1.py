@@ -11,7 +11,7 @@ from typing import Any
 
 from sim.engines.base import CudaGraphEngine
 from sim.engines.costs import FA2_AMPERE_EFFICIENCY, FA3_HOPPER_EFFICIENCY
-from sim.engines.sampling import SAMPLER_KEYS, vllm_sort_time
+from sim.engines.sampling import PENALTY_HOST_TIME, SAMPLER_KEYS, vllm_sort_time
 from sim.hardware.dtypes import GiB
 from sim.hardware.gpu import GPUSpec
 
@@ -79,6 +79,9 @@ class VllmV1(CudaGraphEngine):
 
     def sampler_sort_time(self, cfg: Any) -> float:
         return vllm_sort_time(cfg)  # 0.11.1's default: top-p by a sort (sim/engines/sampling.py)
+
+    def penalty_host_time(self, cfg: Any) -> float:
+        return PENALTY_HOST_TIME  # the V1 sampler's per-step penalty inputs (sim/engines/sampling.py)
 
     def attention_efficiency(self, cfg: Any, architecture: str) -> float | None:
         # FlashAttention-3 on Hopper (vllm/attention/utils/fa_utils.py picks version 3 on compute capability 9.0),
