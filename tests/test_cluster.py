@@ -427,3 +427,26 @@ def test_parking_matches_stepping_with_prefix_caching_and_contiguous_kv(router: 
         for col in slow.steps:
             assert np.array_equal(fast.steps[col], slow.steps[col]), (kv, col)
         assert {r.id: r.token_times for r in qf} == {r.id: r.token_times for r in qs}
+
+
+def test_a_draining_replica_prices_only_the_steps_its_members_have_left(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once the arrivals are over (no horizon), a replica's decode group is priced up to its last member's
+    finish, after which it is empty: each replica priced 4,096 steps (MAX_SEGMENT) there, most of them never
+    taken (256 replicas: a million steps priced in vain at the end of bench_cluster). Results as before (the
+    tests above compare with stepping)."""
+    from sim.serving import fast_path
+
+    price = fast_path._predict_and_price
+    drained: list[tuple[int, int]] = []  # (steps priced, steps until the last member's finish)
+
+    def recording(core, g, cost, now, horizon, last, pad, next_finish):
+        out = price(core, g, cost, now, horizon, last, pad, next_finish)
+        if horizon == float("inf"):
+            drained.append((len(out[0]), max(g.finish_at) - g.steps))
+        return out
+
+    monkeypatch.setattr(fast_path, "_predict_and_price", recording)
+    sim = parking_fleet("least_kv")
+    sim.run()
+    assert len(sim.requests) == 300 and len(drained) >= 8
+    assert all(0 < priced <= left for priced, left in drained), drained

@@ -304,6 +304,10 @@ def _predict_and_price(core: ServingCore, g: DecodeGroup, cost: CostModel, now: 
             if next_finish >= 0:
                 last = min(last, next_finish)
         last = min(last, j0 + fit)
+    elif g.finish_at:
+        # no event ahead (the arrivals are over): the steps up to the last member's finish, not MAX_SEGMENT of
+        # them, since the group is empty after it (256 replicas each priced 4,096 steps as the run drained)
+        last = min(last, max(g.finish_at))
     k = last - j0
     if k < 1:
         return [], [], []
