@@ -77,25 +77,31 @@ def _render(driver, page: Path, shot: Path) -> tuple[int, int, list[dict]]:
     return total, drawn, driver.get_log("browser")
 
 
-def _texts_under_the_mode_bar(driver) -> list[str]:
-    """Per figure, the texts whose boxes meet its mode bar's, measured from the page's layout (the icons are laid
-    out while hidden and show on hover, over whatever lies beneath)."""
+def _texts_meeting(driver, box: str, texts: str) -> list[str]:
+    """Per figure, the texts (CSS selector ``texts``) whose boxes meet the box of its element ``box``, measured from
+    the page's layout."""
     return driver.execute_script(
         """
+        const [box, texts] = arguments;
         const out = [];
         for (const d of document.querySelectorAll('.plotly-graph-div')) {
-            const bar = d.querySelector('.modebar');
-            if (bar === null) continue;
-            const b = bar.getBoundingClientRect();
-            for (const t of d.querySelectorAll('svg text')) {
+            const el = d.querySelector(box);
+            if (el === null) continue;
+            const b = el.getBoundingClientRect();
+            for (const t of d.querySelectorAll(texts)) {
                 const r = t.getBoundingClientRect();
                 if (r.width > 0 && r.height > 0 && r.left < b.right && b.left < r.right && r.top < b.bottom
                     && b.top < r.bottom) out.push(d.id + ': ' + t.textContent);
             }
         }
         return out;
-        """
-    )
+        """, box, texts)
+
+
+def _texts_under_the_mode_bar(driver) -> list[str]:
+    """The texts that meet a figure's mode bar (the icons are laid out while hidden and show on hover, over
+    whatever lies beneath)."""
+    return _texts_meeting(driver, ".modebar", "svg text")
 
 
 def test_naive_vs_continuous_report_draws_every_figure(browser, tmp_path):
@@ -140,3 +146,22 @@ def test_power_chart_legend_clears_its_time_axis_title(browser, tmp_path):
         """
     )
     assert clash == []
+
+
+def _legends_on_axis_titles(driver) -> list[str]:
+    """The x axis titles (plotly's g-xtitle, g-x2title...) that meet a figure's legend."""
+    return _texts_meeting(driver, ".legend", 'g[class^="g-x"][class$="title"] text')
+
+
+@pytest.mark.parametrize("name", ["lesson-disaggregation", "classes-priority", "lesson-speculative-decoding"])
+def test_no_legend_is_drawn_over_an_axis_title(browser, tmp_path, name):
+    """Rendered, lesson-disaggregation's cluster chart wrote its legend ("colocated: replicas", ...) over its
+    "time (s)", as the power chart did before 07854d8; so did other horizontal legends 0.2-0.25 of the plot
+    height under their axes."""
+    scenario, raw = load_scenario(find_scenario(name), {"workload.num_requests": 40})
+    run = run_scenario(scenario, raw)
+    page = tmp_path / "report.html"
+    write_report(page, run.results, run.summaries, title=name)
+    total, drawn, _ = _render(browser, page, tmp_path / "report.png")
+    assert total == drawn > 0
+    assert _legends_on_axis_titles(browser) == []

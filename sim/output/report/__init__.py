@@ -55,6 +55,7 @@ from sim.output.report.common import (
     color,
     common_end,
     ecdf_points,
+    legend_below,
     plotly_safe,
     run_end,
     state_per_window,
@@ -272,7 +273,7 @@ def fig_replicas(results: list[RunResult]) -> go.Figure | None:
         if a and a["times"]:
             fig.add_trace(go.Scatter(x=a["times"], y=a["values"], mode="lines", name=f"{r.name}: {a['signal']}",
                                      line={"color": color(i), "width": 1, "dash": "dot"}), secondary_y=True)
-    fig.update_layout(template=TEMPLATE, height=380, legend={"orientation": "h", "y": -0.2})
+    legend_below(fig.update_layout(template=TEMPLATE), 380)
     fig.update_xaxes(title_text="time (s)")
     fig.update_yaxes(title_text="replicas paid for", rangemode="tozero", secondary_y=False)
     fig.update_yaxes(title_text="autoscaler signal", rangemode="tozero", secondary_y=True)

@@ -4,6 +4,7 @@ long series (windows, states, CDF samples) that keep a long run's page small."""
 from __future__ import annotations
 
 import html
+import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -37,6 +38,21 @@ TEMPLATE = go.layout.Template(
     )
 )
 COLORS = qualitative.Plotly
+LEGEND_ROW_PX = 22  # one row of a horizontal legend
+LEGEND_PER_ROW = 3  # entries a row is assumed to hold (long variant names on a narrow page: fewer than fit at 1400 px)
+
+
+def legend_below(fig: go.Figure, height: int) -> go.Figure:
+    """``fig`` with its legend in rows at the bottom of the figure, under the x axis titles, and the figure
+    ``height`` plus room for those rows. A legend placed at y = -0.2 to -0.3 of the plot was anchored by its
+    bottom (plotly's automatic anchor below y = 1/3), so one that wrapped to a second row grew up over "time
+    (s)"; anchored by its top, it pushed the margin and shrank the plot until it met the titles again (the
+    cluster, power, fairness and disaggregation charts, seen rendered in Chromium: tests/test_browser_report.py)."""
+    entries = len({(tr.legendgroup or tr.name) for tr in fig.data if tr.showlegend is not False and tr.name})
+    extra = LEGEND_ROW_PX * max(1, math.ceil(entries / LEGEND_PER_ROW))
+    return fig.update_layout(height=height + extra, margin=dict(b=70 + extra),
+                             legend=dict(orientation="h", yref="container", y=0.0, yanchor="bottom", x=0.0,
+                                         xanchor="left"))
 
 
 @dataclass(slots=True)

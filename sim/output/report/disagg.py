@@ -10,7 +10,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from sim.metrics.records import RunResult
-from sim.output.report.common import TEMPLATE, color
+from sim.output.report.common import TEMPLATE, color, legend_below
 from sim.output.table import FORMATTERS as fmt
 
 ECDF_POINTS = 400  # points per run on the transfer-time curve
@@ -45,8 +45,7 @@ def fig_disagg(results: list[RunResult], summaries: dict) -> go.Figure | None:
             idx = np.unique(np.linspace(0, t.size - 1, min(t.size, ECDF_POINTS)).astype(np.int64))
             fig.add_trace(go.Scatter(x=t[idx], y=(idx + 1) / t.size, mode="lines", name=f"{r.name}: transfer",
                                      line={"color": color(i), "width": 2}), row=1, col=2)
-    fig.update_layout(template=TEMPLATE, height=380, barmode="group",
-                      legend={"orientation": "h", "y": -0.25})
+    legend_below(fig.update_layout(template=TEMPLATE, barmode="group"), 380)
     fig.update_yaxes(title_text="% (busy, KV use)", range=[0, 100], row=1, col=1)
     fig.update_xaxes(title_text="ms", row=1, col=2)
     fig.update_yaxes(title_text="share of requests", range=[0, 1], row=1, col=2)

@@ -14,7 +14,7 @@ from sim.costs.energy import run_energy
 from sim.costs.energy_time import power_over_time
 from sim.metrics.records import RunResult
 from sim.metrics.request_table import as_table
-from sim.output.report.common import TEMPLATE, Section, color, ecdf_points
+from sim.output.report.common import TEMPLATE, Section, color, ecdf_points, legend_below
 from sim.output.report.pipeline import _table
 from sim.output.table import FORMATTERS as fmt
 
@@ -50,8 +50,7 @@ def fig_energy(results: list[RunResult]) -> go.Figure | None:
             fig.add_trace(go.Scatter(**pts, mode="lines", name=r.name, legendgroup=r.name, showlegend=False,
                                      line={"color": color(i)},
                                      hovertemplate="%{x:.1f} J: %{y:.1%}<extra>" + name + "</extra>"), row=1, col=2)
-    # the legend under the x axis titles: at -0.2 it was drawn over "time (s)"
-    fig.update_layout(template=TEMPLATE, height=400, legend={"orientation": "h", "y": -0.3})
+    legend_below(fig.update_layout(template=TEMPLATE), 400)  # under the x axis titles
     fig.update_xaxes(title_text="time (s)", row=1, col=1)
     fig.update_yaxes(title_text="W (all GPUs)", rangemode="tozero", row=1, col=1)
     fig.update_xaxes(title_text="J per request", row=1, col=2)

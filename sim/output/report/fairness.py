@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import plotly.graph_objects as go
 
 from sim.metrics.anomalies import HOL_FACTOR, INVERSION_TOLERANCE
-from sim.output.report.common import TEMPLATE, Section, color
+from sim.output.report.common import TEMPLATE, Section, color, legend_below
 from sim.output.report.pipeline import _table
 
 if TYPE_CHECKING:
@@ -34,7 +34,7 @@ def fig_service_over_time(summaries: dict) -> go.Figure | None:
                                      line={"color": color(tenants.index(t)), "dash": DASHES[k % len(DASHES)]},
                                      hovertemplate="%{x:.1f} s: %{y:.0f} tokens<extra>" + html.escape(f"{name}: {t}")
                                      + "</extra>"))
-    fig.update_layout(template=TEMPLATE, height=400, legend={"orientation": "h", "y": -0.2})
+    legend_below(fig.update_layout(template=TEMPLATE), 400)
     fig.update_xaxes(title_text="time (s)")
     fig.update_yaxes(title_text="output tokens received", rangemode="tozero")
     return fig

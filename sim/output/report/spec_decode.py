@@ -14,7 +14,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from sim.metrics.records import RunResult
-from sim.output.report.common import TEMPLATE, color
+from sim.output.report.common import TEMPLATE, color, legend_below
 from sim.output.report.sweep import sweep_params
 
 
@@ -78,8 +78,7 @@ def spec_decode_parts(results: list[RunResult], summaries: dict) -> list[tuple[s
         fig.add_trace(go.Scatter(x=names, y=values, mode="lines+markers", name="speed-up", showlegend=False,
                                  line={"color": "#444"}), row=1, col=2)
         fig.add_hline(y=1.0, line={"dash": "dot", "color": "#999"}, row=1, col=2)
-    fig.update_layout(template=TEMPLATE, height=380, barmode="group",
-                      legend={"orientation": "h", "y": -0.25})
+    legend_below(fig.update_layout(template=TEMPLATE, barmode="group"), 380)
     fig.update_yaxes(range=[0, 1], title_text="share of drafts", row=1, col=1)
     fig.update_yaxes(title_text="x", rangemode="tozero", row=1, col=2)
     note = (
