@@ -72,7 +72,7 @@ CASES = [
     ("bad_policies.py:TakesBackWhatItPlans", "", "TakesBackWhatItPlans: simulation stalled at t=241.804167 s: no "
      "request arrived, started, generated a token or ended over the last 16384 asks of the policy (193.4 s), with 20 "
      "requests in its queues (0 running) needing 2742 tokens (a policy that plans nothing but asks to be woken again, "
-     "or takes back what it planned, never lets a request finish)"),
+     "or takes back what it planned, never lets a request finish; a policy waiting on the clock"),
     ("bad_policies.py:WakesForever", "", "WakesForever: simulation stalled at t=204.679497 s: no request arrived, "
      "started, generated a token or ended over the last 16384 asks of the policy (163.8 s)"),
     # sys.exit in a user's code ended servesim with that status and no message; a __str__ that raises, or a
@@ -554,3 +554,49 @@ def test_a_policy_waiting_on_the_clock_for_a_batch_to_fill_is_not_stalled(tmp_pa
                   .replace("num_requests: 20", "num_requests: 13").replace("max_num_seqs: 4", "max_num_seqs: 8"))
     res = servesim.run(sc)
     assert res.summary["bad-policy"]["num_completed"] == 13
+
+
+HOLDS_UNTIL = """
+import servesim
+
+
+class HoldsUntil(servesim.Policy):
+    \"\"\"Runs nothing before t=150 s (an off-peak window), then every request; asks to be woken at 150 s, or, polling,
+    every millisecond.\"\"\"
+
+    def __init__(self, poll: bool = False) -> None:
+        self.poll = poll
+
+    def schedule(self, view):
+        plan = servesim.Plan()
+        if view.now < 150.0:
+            return plan
+        budget = view.kv.budget()
+        for r in [*view.running, *view.waiting][:view.limits.max_num_seqs]:
+            n = r.num_tokens - r.num_computed_tokens
+            if budget.allocate(r, n):
+                plan.schedule(r, n)
+        return plan
+
+    def wake_time(self, view):
+        if view.now >= 150.0 or not view.waiting:
+            return None
+        return view.now + 0.001 if self.poll else 150.0
+"""
+
+
+def test_a_policy_waiting_past_the_stall_rule_is_told_to_ask_for_the_time_it_waits_for(tmp_path: Path) -> None:
+    """A policy holding requests for a window of 150 s is waiting, not stuck: asked to be woken at the window's
+    time it runs to the end; polling every millisecond it is stopped 60 s into the wait, as a policy that only asks to be
+    woken is, and the message said nothing of the way out (the rule cannot tell the two apart)."""
+    import servesim
+
+    (tmp_path / "hold.py").write_text(HOLDS_UNTIL)
+    sc = tmp_path / "s.yaml"
+    sc.write_text(SCENARIO.format(cls="hold.py:HoldsUntil", extra=""))
+    assert servesim.run(sc).summary["bad-policy"]["num_completed"] == 20
+    with pytest.raises(servesim.ScenarioError) as e:
+        servesim.run(sc, set={"policy.args.poll": True})
+    assert str(e.value).endswith(
+        "never lets a request finish; a policy waiting on the clock for longer returns the time it waits for from "
+        "wake_time(view), rather than asking again every few milliseconds)"), e.value

@@ -317,7 +317,9 @@ class ServingCore:
                 f"simulation stalled at t={now:.6f} s: no request arrived, started, generated a token or ended over "
                 f"the last {asks} asks of the policy ({now - self._stuck_since_t:.1f} s), with {len(queued)} requests "
                 f"in its queues ({len(self.running)} running) needing {left} tokens (a policy that plans nothing but "
-                "asks to be woken again, or takes back what it planned, never lets a request finish)")
+                "asks to be woken again, or takes back what it planned, never lets a request finish; a policy waiting "
+                "on the clock for longer returns the time it waits for from wake_time(view), rather than asking "
+                "again every few milliseconds)")
 
     def _catches_up_all(self, batch: Batch) -> bool:
         """Whether the step just applied leaves nobody waiting or swapped and computes every running request up
