@@ -420,6 +420,22 @@ def test_memory_by_request_axis_reaches_a_pile_above_one_replicas_pool():
     assert fig.layout.yaxis.range[1] >= peak
 
 
+def test_memory_stack_of_a_fleet_says_it_is_one_replicas():
+    """A several-replica run's memory stack averages its replicas' steps against one replica's pool and GPU; its
+    title read 'GPU memory: colocated' over lesson-disaggregation's four replicas as if it were the fleet's."""
+    from sim.output.report import fig_memory_stack
+
+    scenario, raw = load_scenario(find_scenario("lesson-disaggregation"), {"workload.num_requests": 20})
+    results = {r.name: r for r in run_scenario(scenario, raw).results}
+    assert fig_memory_stack(results["colocated"]).layout.title.text == (
+        "GPU memory: colocated (one replica, the mean over the steps of its 4 replicas)")
+    assert fig_memory_stack(results["2P2D"]).layout.title.text == (
+        "GPU memory: 2P2D (one replica, the mean over the steps of its 4 replicas, prefill and decode pools "
+        "together)")
+    scenario, raw = load_scenario(find_scenario("naive-vs-continuous"), {"workload.num_requests": 5})
+    assert fig_memory_stack(run_scenario(scenario, raw).results[1]).layout.title.text == "GPU memory: continuous"
+
+
 def test_memory_by_request_capacity_of_a_fixed_fleet_is_every_replicas_pool():
     """lesson-disaggregation: 4 colocated replicas and 2P2D's two pools. The title named one replica's 54.6 GiB
     pool beside the bands of all four replicas' requests."""

@@ -201,13 +201,24 @@ def fig_memory_stack(result: RunResult, max_points: int = MEMORY_POINTS, x_end: 
     fig.update_layout(
         template=TEMPLATE,
         height=380,
-        title=f"GPU memory: {result.name}",
+        title=f"GPU memory: {result.name}" + _fleet_note(result),
         xaxis_title="time (s)",
         xaxis_range=[0.0, x_end],
         yaxis_title=f"memory ({unit})",
         yaxis_rangemode="tozero",
     )
     return fig
+
+
+def _fleet_note(result: RunResult) -> str:
+    """What a several-replica run's memory stack shows: its steps are every replica's, each window their mean, so
+    the stack is one replica's memory on average beside one replica's capacity and GPU; the title said "GPU
+    memory: colocated" over a four-replica fleet as if it were the fleet's."""
+    n = len((result.cluster or {}).get("per_replica") or [])
+    if n < 2:
+        return ""
+    pools = "" if not result.disaggregation else ", prefill and decode pools together"
+    return f" (one replica, the mean over the steps of its {n} replicas{pools})"
 
 
 REQUEST_KV_REQUESTS = 60  # most requests drawn as their own band in the per-request memory chart
