@@ -254,3 +254,22 @@ def test_a_full_token_budget_is_named_not_the_slots_it_leaves_empty():
     assert v.causes.index("token-budget cap") < v.causes.index("batch-slot cap"), v.text
     assert "max_num_seqs" not in v.text and "of max_num_batched_tokens 2,048 tokens per step" in v.text, v.text
     assert s["limits"]["token_cap"] == 2048 and s["limits"]["waiting_batched_tokens"] > 0.9 * 2048
+
+
+def test_a_disaggregated_runs_token_budget_is_each_pools_own():
+    # The prefill pool's steps hold two 2,000-token prompts of its 4,096-token budget while prompts queue; the decode
+    # pool's budget is 16,384. The verdict compared the steps of both pools (3,536 tokens a step while requests
+    # waited) with the decode pool's budget, the only one the run's config records: '3,536 of
+    # max_num_batched_tokens 16,384', a budget no step of the prefill pool had
+    s = _run({"arrival": {"type": "poisson", "rate": 30.0}, "num_requests": 400,
+              "prompt_len": {"type": "fixed", "value": 2000}, "output_len": {"type": "fixed", "value": 50}},
+             {"disaggregation": {
+                 "prefill": {"policy": {"type": "continuous", "max_num_batched_tokens": 4096}},
+                 "decode": {"policy": {"type": "continuous", "max_num_batched_tokens": 16384}}}},
+             {"gpu": "h100-sxm"})
+    pools = s["disaggregation"]["pools"]
+    assert pools["prefill"]["token_cap"] == 4096 and pools["decode"]["token_cap"] == 16384
+    assert pools["prefill"]["waiting_batched_tokens"] == pytest.approx(4000, rel=0.01)
+    limit = next(lim for lim in rank_limits(s).limits if lim.name == "token-budget cap")
+    assert re.match(r"prefill pool: 3,9\d\d of max_num_batched_tokens 4,096 tokens per step", limit.evidence), limit
+    assert limit.score > 0.8

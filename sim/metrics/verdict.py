@@ -92,7 +92,7 @@ def _slot_cap(config: dict | None) -> tuple[float, bool]:
     return (NAN if seqs is None else float(seqs)), False  # None: an engine's default the config did not resolve
 
 
-def _token_cap(config: dict | None) -> float:
+def token_cap(config: dict | None) -> float:
     """Tokens a step may compute (``max_num_batched_tokens``) from a variant's resolved configuration; NaN when
     unknown or static batching (which has no token budget)."""
     policy = (config or {}).get("policy") or {}
@@ -199,10 +199,34 @@ def limit_inputs(result: RunResult, fig: StepFigures | None = None) -> dict:
         "slot_cap": cap,
         "static": static,
         "waiting_batched_tokens": fig.batched_waiting_dot / fig.waiting_busy if fig.waiting_busy > 0 else NAN,
-        "token_cap": _token_cap(result.config),
+        "token_cap": token_cap(result.config),
         "busy_mfu": flops / (busy * result.peak_flops) if busy > 0 and result.peak_flops > 0 else NAN,
         "prefill_share": fig.prefill_tokens / computed if computed > 0 else NAN,
     }
+
+
+def _token_budget(summary: dict) -> Limit | None:
+    """The token-budget cap: how full the budget ran while requests waited, times the share of the run's time they
+    waited. A disaggregated run is judged pool by pool, each against its own budget, the fullest named: its config
+    records the decode pool's budget alone, and the prefill pool's prompt-filled steps read against a budget they
+    never had."""
+    lim = summary.get("limits") or {}
+    pools = (summary.get("disaggregation") or {}).get("pools") or {}
+    judged = [(f"{name} pool: ", p, p) for name, p in pools.items() if "token_cap" in (p or {})]
+    if not judged:
+        judged = [("", lim, summary)]
+    best: Limit | None = None
+    for where, fig, run in judged:
+        budget, batched = _fin(fig.get("token_cap")), _fin(fig.get("waiting_batched_tokens"))
+        if not budget > 0:
+            continue
+        share = _fin(fig.get("waiting_share")) * _fin(run.get("busy_fraction"))
+        limit = Limit("token-budget cap", min(1.0, batched / budget) * share,
+                      f"{where}{batched:,.0f} of max_num_batched_tokens {budget:,.0f} tokens per step while "
+                      f"requests waited ({_pct(fig.get('waiting_share'))} of busy time)")
+        if best is None or limit.score > best.score:
+            best = limit
+    return best
 
 
 def _overload(lim: dict) -> Limit | None:
@@ -286,12 +310,9 @@ def rank_limits(summary: dict) -> Verdict:
     # max_num_seqs 64 running", a cap a seventh used, and never named the budget that held requests back,
     # max_num_batched_tokens. Scored over the run's time, not its busy time: a full budget in the bursts of a
     # server idle 92% of the time (azure-code-bursty) is no limit of the run
-    budget, batched = _fin(lim.get("token_cap")), _fin(lim.get("waiting_batched_tokens"))
-    if budget > 0:
-        share = _fin(lim.get("waiting_share")) * _fin(summary.get("busy_fraction"))
-        found.append(Limit("token-budget cap", min(1.0, batched / budget) * share,
-                           f"{batched:,.0f} of max_num_batched_tokens {budget:,.0f} tokens per step while "
-                           f"requests waited ({_pct(lim.get('waiting_share'))} of busy time)"))
+    budget = _token_budget(summary)
+    if budget is not None:
+        found.append(budget)
 
     kv = summary.get("kv_usage") or {}
     kv_mean, kv_max = _fin(kv.get("mean")), _fin(kv.get("max"))

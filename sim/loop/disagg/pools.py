@@ -49,6 +49,7 @@ from sim.loop.simulator import ClosedLoopPlan, Replica, Simulation
 from sim.metrics.records import RequestRecord, RunResult
 from sim.metrics.summary import latency_stats
 from sim.metrics.sums import dot
+from sim.metrics.verdict import token_cap
 from sim.policies.routers import make_router
 from sim.serving.core import ServingCore
 from sim.serving.request import Outcome, Request, RequestSpec, Status
@@ -363,6 +364,7 @@ def disagg_result(name: str, sim: DisaggSimulation, pools: dict[str, tuple[Varia
             # the pool's own roof: the verdict judges each pool's steps against its GPU (sim/metrics/verdict.py)
             "peak_flops": float(np.mean([rep.cost.peak_flops for rep, r in zip(sim.replicas, role_of, strict=True)
                                          if r == role])),
+            "token_cap": token_cap(pcfg.to_dict(built.policy)),  # the pool's own budget (the verdict's)
         }
     disagg = {
         "ratio": d.ratio,
@@ -412,6 +414,9 @@ def disagg_summary(result: RunResult) -> dict[str, Any]:
         kv_mean = float(dot(used / np.maximum(cap, 1), w) / w.sum()) if w.sum() > 0 else float("nan")
         bsz = np.asarray(s["batch_size"], dtype=np.float64)[mask]
         flops, peak = float(np.asarray(s["flops"], dtype=np.float64)[mask].sum()), info.get("peak_flops", 0.0)
+        waited = np.asarray(s["num_waiting"])[mask] > 0
+        tokens = (np.asarray(s["prefill_tokens"], dtype=np.float64) + np.asarray(s["decode_tokens"]))[mask][waited]
+        wait_busy = float(w[waited].sum())
         pools[role] = {
             "replicas": info["replicas"], "gpu": info["gpu"], "tensor_parallel_size": info["tensor_parallel_size"],
             "busy_fraction": busy / (duration * info["replicas"]) if duration > 0 else float("nan"),
@@ -419,6 +424,10 @@ def disagg_summary(result: RunResult) -> dict[str, Any]:
             "kv_usage_mean": kv_mean,
             "busy_mfu": flops / (busy * peak) if busy > 0 and peak > 0 else float("nan"),  # MFU while computing
             "num_steps": int(mask.sum()),
+            # the pool's token budget against its steps while requests waited (sim/metrics/verdict.py's limits)
+            "waiting_share": wait_busy / busy if busy > 0 else float("nan"),
+            "waiting_batched_tokens": float(dot(tokens, w[waited]) / wait_busy) if wait_busy > 0 else float("nan"),
+            "token_cap": info.get("token_cap", float("nan")),
         }
     transfer = d["transfer_end"] - d["prefill_end"]
     admitted = d["decode_admitted"]
