@@ -436,6 +436,23 @@ def test_memory_stack_of_a_fleet_says_it_is_one_replicas():
     assert fig_memory_stack(run_scenario(scenario, raw).results[1]).layout.title.text == "GPU memory: continuous"
 
 
+def test_a_disaggregated_runs_replicas_are_named_with_their_pool():
+    """lesson-disaggregation's 2P2D: the utilisation legends read 'busy: replica 0' to 'replica 3' and the cluster
+    table 0 to 3, without saying which replicas prefill and which decode."""
+    import sim.output.report as report
+    from sim.output.report import fig_timeline
+
+    scenario, raw = load_scenario(find_scenario("lesson-disaggregation"), {"workload.num_requests": 20})
+    run = run_scenario(scenario, raw)
+    disagg = next(r for r in run.results if r.name == "2P2D")
+    names = [tr.name for tr in fig_timeline(disagg).data if tr.name and tr.name.startswith("busy")]
+    assert names == ["busy: replica 0 (prefill)", "busy: replica 1 (prefill)", "busy: replica 2 (decode)",
+                     "busy: replica 3 (decode)"]
+    (section,) = report._cluster_section(run.results, run.summaries)
+    assert "<td>2P2D</td><td>0 (prefill)</td>" in section.html and "<td>2P2D</td><td>3 (decode)</td>" in section.html
+    assert "<td>colocated</td><td>0</td>" in section.html
+
+
 def test_memory_by_request_capacity_of_a_fixed_fleet_is_every_replicas_pool():
     """lesson-disaggregation: 4 colocated replicas and 2P2D's two pools. The title named one replica's 54.6 GiB
     pool beside the bands of all four replicas' requests."""

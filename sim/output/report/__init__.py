@@ -78,6 +78,7 @@ from sim.output.report.figures import (
     fig_throughput,
     fig_timeline,
     latencies,
+    replica_label,
     spans_decades,
 )
 from sim.output.report.memory import (
@@ -289,7 +290,8 @@ def _cluster_section(results: list[RunResult], summaries: dict) -> list[Section]
         if not r.cluster:
             continue
         for p in r.cluster["per_replica"]:
-            cells = [r.name, p["replica"], f"{p['provisioned']:.0f}", f"{p['ready']:.0f}",
+            cells = [r.name, replica_label(r, p["replica"]).removeprefix("replica "), f"{p['provisioned']:.0f}",
+                     f"{p['ready']:.0f}",
                      "" if p["released"] is None else f"{p['released']:.0f}", p["requests"],
                      "" if p["output_throughput"] is None else f"{p['output_throughput']:.0f}",
                      "" if p["kv_usage_mean"] is None else f"{100 * p['kv_usage_mean']:.1f}%"]

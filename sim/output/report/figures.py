@@ -142,17 +142,28 @@ def _cdf_figure(curves: list[tuple[str, dict[str, np.ndarray]]], title: str, max
 REPLICA_LINES = 8  # replicas drawn one line each in the utilisation panels; more: their mean with a min-max band
 
 
+def replica_label(result: RunResult, replica: int) -> str:
+    """'replica 2', with its pool in a disaggregated run ('replica 2 (decode)'): the legends and the cluster table
+    numbered a 2P2D run's replicas 0 to 3 without saying which pool each served."""
+    for p in (result.cluster or {}).get("per_replica") or []:
+        if p.get("replica") == replica and p.get("pool"):
+            return f"replica {replica} ({p['pool']})"
+    return f"replica {replica}"
+
+
 def _replica_lines(fig: go.Figure, edges: np.ndarray, series: list[np.ndarray], name: str, colour: str,
-                   row: int) -> None:
+                   row: int, labels: list[str] | None = None) -> None:
     """Per-window fractions of one GPU, one series per replica: a line each (one unnamed replica: a plain line),
-    or beyond REPLICA_LINES the mean over replicas within a band from the least to the most loaded one."""
+    or beyond REPLICA_LINES the mean over replicas within a band from the least to the most loaded one.
+    ``labels``: each series' replica (default 'replica i')."""
     if len(series) == 1:
         fig.add_trace(go.Scatter(name=name, line=dict(color=colour), **_windowed(edges, series[0])), row=row, col=1)
         return
     if len(series) <= REPLICA_LINES:
         for i, y in enumerate(series):
-            fig.add_trace(go.Scatter(name=f"{name}: replica {i}", line=dict(color=color(i), width=1),
-                                     legendgroup=f"replica {i}", **_windowed(edges, y)), row=row, col=1)
+            label = labels[i] if labels is not None else f"replica {i}"
+            fig.add_trace(go.Scatter(name=f"{name}: {label}", line=dict(color=color(i), width=1),
+                                     legendgroup=label, **_windowed(edges, y)), row=row, col=1)
         return
     stack = np.stack(series)
     lo, hi = stack.min(axis=0), stack.max(axis=0)
@@ -198,6 +209,9 @@ def fig_timeline(result: RunResult, max_points: int = MAX_POINTS, x_end: float |
     # to several windows; a fraction of one GPU is only meaningful replica by replica.
     rep = np.asarray(s["replica"], dtype=np.int64) if "replica" in s else np.zeros(n, dtype=np.int64)
     per_busy, per_mfu = [], []
+    # each line named by the replica that ran its steps (a replica that ran none has no line: the lines were
+    # numbered 0, 1, 2... whatever their replicas), with its pool in a disaggregated run
+    labels = [replica_label(result, int(r)) for r in np.unique(rep)]
     for r in np.unique(rep):
         on = rep == r
         every = bool(on.all())  # one replica: no masked copies of a long run's columns (the same values)
@@ -212,9 +226,9 @@ def fig_timeline(result: RunResult, max_points: int = MAX_POINTS, x_end: float |
     if fleet is not None:  # the panels' titles say whose figures they are
         fig.layout.annotations[2].text = "KV usage (fraction of the fleet's capacity; per-window peak)"
         fig.layout.annotations[3].text = "requests on the fleet, replicas summed (per-window peak)"
-    _replica_lines(fig, edges, per_busy, "busy", color(0), row=1)
+    _replica_lines(fig, edges, per_busy, "busy", color(0), row=1, labels=labels)
     if per_mfu:
-        _replica_lines(fig, edges, per_mfu, "MFU", color(1), row=2)
+        _replica_lines(fig, edges, per_mfu, "MFU", color(1), row=2, labels=labels)
     cap = _kv_capacity(s, result)
     # kv_blocks_used counts reserved-but-empty blocks already (sim/metrics/records.py): "KV used" is the table's KV
     # usage,
