@@ -198,3 +198,33 @@ def test_which_requests_and_engines_pay_the_penalty_inputs() -> None:
                       ({"frequency_penalty": -2.5}, "frequency_penalty")):
         with pytest.raises(ScenarioError, match=word):
             variant_configs(parse_scenario(_raw("vllm-v1", bad), "t"))
+
+
+def test_penalties_an_engine_does_not_price_are_said_to_be_unpriced(tmp_path: Path) -> None:
+    """Only the vllm-v1 preset prices the penalties; elsewhere their steps are those of unpenalized sampling, and the
+    run said nothing of it (as it once said nothing of an unpriced top-p)."""
+    import yaml
+
+    from sim.engines.sampling import unpriced_sampling_note
+
+    def note(engine: object, sampling: dict) -> str | None:
+        cfg = variant_configs(parse_scenario(_raw(engine, sampling), "t"))[0]
+        return unpriced_sampling_note(cfg.deployment, cfg.sampling)
+
+    assert note(None, {"repetition_penalty": 1.1}) == (
+        "workload.sampling's penalties (repetition_penalty 1.1) are not priced: without deployment.engine the steps "
+        "are those of unpenalized sampling; the vllm-v1 preset prices its sampler's penalty inputs "
+        "(sim/engines/sampling.py)")
+    both = note(None, PENALIZED)
+    assert both is not None and both.startswith("workload.sampling (top_p 0.95) is not priced") and "penalties" in both
+    assert "not priced: on engine sglang the steps" in str(note("sglang", {"presence_penalty": 0.5,
+                                                                          "frequency_penalty": -0.5}))
+    assert "(presence_penalty 0.5, frequency_penalty -0.5)" in str(note("sglang", {"presence_penalty": 0.5,
+                                                                                  "frequency_penalty": -0.5}))
+    for engine, sampling in (("vllm-v1", PENALIZED), (None, {"repetition_penalty": 1.0}), ("sglang", TOP_P)):
+        assert note(engine, sampling) is None, (engine, sampling)
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(_raw(None, {"repetition_penalty": 1.1})))
+    p = subprocess.run([sys.executable, "-m", "sim.cli.main", "run", str(path), "--out", str(tmp_path / "o"), "-q"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert p.returncode == 0 and "t: workload.sampling's penalties (repetition_penalty 1.1) are not priced" in p.stderr

@@ -84,10 +84,20 @@ def with_sampling(cost: CostModel, engine: Any, sampling: Any) -> CostModel:
 
 
 def unpriced_sampling_note(deployment: Any, sampling: Any) -> str | None:
-    """What to tell a user whose ``workload.sampling`` sorts the vocabulary on servesim's classic engine (no
-    ``deployment.engine``): nothing prices it there, and a run whose TPOT does not move with top-p must say why."""
-    if sampling is None or not sampling.sorts_vocabulary() or deployment.engine is not None:
+    """What to tell a user whose ``workload.sampling`` asks for what the run does not price: a top-p sort on
+    servesim's classic engine (no ``deployment.engine``), penalties on any engine but vllm-v1. A run whose TPOT does
+    not move with them must say why."""
+    if sampling is None:
         return None
-    return (f"workload.sampling (top_p {sampling.top_p:g}) is not priced: without deployment.engine the steps are "
-            "those of greedy sampling; the vllm-v1 and vllm-v0 presets price vLLM's top-p sort "
-            "(sim/engines/sampling.py)")
+    notes = []
+    if sampling.sorts_vocabulary() and deployment.engine is None:
+        notes.append(f"workload.sampling (top_p {sampling.top_p:g}) is not priced: without deployment.engine the "
+                     "steps are those of greedy sampling; the vllm-v1 and vllm-v0 presets price vLLM's top-p sort "
+                     "(sim/engines/sampling.py)")
+    engine = deployment.engine
+    if sampling.penalizes() and engine_of(engine).penalty_host_time(engine) <= 0:
+        where = "without deployment.engine" if engine is None else f"on engine {engine_of(engine).name}"
+        notes.append(f"workload.sampling's penalties ({sampling.describe_penalties()}) are not priced: {where} the "
+                     "steps are those of unpenalized sampling; the vllm-v1 preset prices its sampler's penalty inputs "
+                     "(sim/engines/sampling.py)")
+    return "; ".join(notes) or None

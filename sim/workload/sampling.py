@@ -41,6 +41,11 @@ class Sampling(FrozenInputModel):
         output tokens into a tensor on the host every step (sim/engines/sampling.py, ``PENALTY_HOST_TIME``)."""
         return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
+    def describe_penalties(self) -> str:
+        """The penalties off their neutral values, as a scenario spells them ("repetition_penalty 1.1")."""
+        neutral = {"repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
+        return ", ".join(f"{k} {getattr(self, k):g}" for k, v in neutral.items() if getattr(self, k) != v)
+
     def describe(self) -> str:
         pen = (f", repetition_penalty {self.repetition_penalty:g}, presence_penalty {self.presence_penalty:g}, "
                f"frequency_penalty {self.frequency_penalty:g}") if self.penalizes() else ""
