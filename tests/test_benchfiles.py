@@ -16,7 +16,6 @@ def test_detailed_file_reads_lists_in_seconds_and_aggregates_ms_to_s() -> None:
     assert run.request_rate == 4.0 and run.burstiness == 1.0 and run.max_concurrency is None
     assert run.input_lens == [100, 200, 300] and run.output_lens == [3, 3, 3]
     assert run.ttfts_s == [0.03, 0.04, 0.08]
-    assert run.itls_s == [[0.01, 0.01]] * 3
     assert run.aggregates["mean_ttft"] == pytest.approx(0.05)
     assert run.aggregates["p99_e2el"] == pytest.approx(0.0894)
     assert run.skipped == []
@@ -55,11 +54,45 @@ def test_a_file_too_large_or_nested_too_deeply_is_one_message(tmp_path: Path, mo
     big = tmp_path / "big.json"
     big.write_text("[" + "0, " * 400_000 + "0]")  # 1.2 MB
     monkeypatch.setattr(common, "MAX_BENCH_BYTES", 1 << 20)
+    monkeypatch.setattr(common, "MAX_BENCH_FILE_BYTES", 1 << 20)
     for read in (lambda p: read_bench_files([p]), read_vllm_bench, read_genai_perf, read_guidellm, read_knob_profile):
         with pytest.raises(BenchFileError, match=r"deep\.json: not readable JSON \(nested too deeply\)$"):
             read(deep)
         with pytest.raises(BenchFileError, match=r"big\.json: larger than 1 MiB, too large for a benchmark file$"):
             read(big)
+
+
+def test_a_detailed_file_past_the_stream_cap_is_read_without_its_unread_lists(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """vllm bench serve --save-detailed writes each request's token gaps and text, some 27 kB a request of 1,000
+    tokens: past 20,000 requests the file passed the 512 MiB cap and was refused, though servesim reads neither list.
+    A regular file is now taken up to its own cap, judged by its size, and the two lists are cut before parsing, texts
+    holding brackets, quotes and the key's own name included; a stream (/dev/zero) keeps the smaller cap."""
+    import json
+
+    from sim.output.benchfiles import common
+
+    n = 100
+    doc = json.loads((DATA / "vllm_detailed.json").read_text())
+    doc |= {"num_prompts": n, "input_lens": [100] * n, "output_lens": [500] * n, "ttfts": [0.05] * n,
+            "itls": [[0.02] * 499] * n,
+            "generated_texts": [f'"itls": [[1]], {{"x": "]"}} \\ \u00e9 {i} ' * 200 for i in range(n)],
+            "errors": [""] * n}
+    big = tmp_path / "big.json"
+    big.write_text(json.dumps(doc))
+    assert big.stat().st_size > 1 << 20
+    cut = json.loads(common._without_unread(big.read_bytes()))  # the two lists never parsed
+    assert cut["itls"] is None and cut["generated_texts"] is None and cut["errors"] == [""] * n
+    monkeypatch.setattr(common, "MAX_BENCH_BYTES", 1 << 20)
+    run = read_vllm_bench(big)
+    assert run.input_lens == [100] * n and run.output_lens == [500] * n and run.ttfts_s == [0.05] * n
+    assert run.skipped == [] and run.aggregates["mean_ttft"] == pytest.approx(0.05)
+    monkeypatch.setattr(common, "MAX_BENCH_FILE_BYTES", 1 << 20)
+    with pytest.raises(BenchFileError, match=r"big\.json: larger than 1 MiB, too large for a benchmark file$"):
+        read_vllm_bench(big)
+    if Path("/dev/zero").exists():
+        with pytest.raises(BenchFileError, match=r"zero: larger than 1 MiB, too large for a benchmark file$"):
+            read_vllm_bench("/dev/zero")
 
 
 def test_mismatched_list_lengths_skip_per_request_data(tmp_path: Path) -> None:

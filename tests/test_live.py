@@ -137,7 +137,7 @@ def test_observe_agrees_with_what_the_server_logged(served, tmp_path):
     assert [len(g) for g in bench["itls"]] == [int(r["output_tokens"]) - 1 for r in rows]
     from sim.output.benchfiles.vllm_bench import read_vllm_bench
 
-    assert read_vllm_bench(out / "live-tiny.vllm-bench.json").itls_s == bench["itls"]  # calibrate reads them
+    assert read_vllm_bench(out / "live-tiny.vllm-bench.json").ttfts_s == bench["ttfts"]  # calibrate reads them
     # live.html draws the scraped gauges and the simulation's step series over them
     page = (out / "live.html").read_text()
     assert "vllm:num_requests_running" in page and "simulated num_running" in page

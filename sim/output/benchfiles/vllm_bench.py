@@ -3,7 +3,8 @@
 Field facts (vllm/benchmarks/serve.py): aggregates are `<stat>_<metric>_ms` with stat in mean/median/std/pNN and
 metric in ttft/tpot/itl/e2el, in milliseconds (pNN also p99.9); throughputs `request_throughput`,
 `output_throughput`, `total_token_throughput`; the detailed lists (one entry per request sent, failed ones too, with
-output 0 and a non-empty `errors` entry) `input_lens`, `output_lens`, `ttfts`, `itls` (per-request lists), and in
+output 0 and a non-empty `errors` entry) `input_lens`, `output_lens`, `ttfts`, `itls` (per-request lists, not read:
+the ITL figures are the aggregates; with `generated_texts` they are most of the file), and in
 current versions `latencies` and `start_times` (perf_counter seconds, when each request was sent), all in seconds;
 deployment hints `model_id`, `request_rate` ("inf" or a number), `burstiness`, `max_concurrency`, `duration`
 (seconds). TPOT there already excludes the first token, as servesim's does.
@@ -98,7 +99,7 @@ def _read_detailed(p: Path, data: dict[str, Any], run: BenchRun) -> None:
         lists[name] = v
     n = len(lists["input_lens"])
     optional = {}
-    for name in ("itls", "latencies", "start_times", "errors"):
+    for name in ("latencies", "start_times", "errors"):  # (itls: never read, common._UNREAD)
         v = data.get(name)
         if v is None:
             continue
@@ -136,17 +137,6 @@ def _read_detailed(p: Path, data: dict[str, Any], run: BenchRun) -> None:
             return None
         return [float(x) for x in vals if x is not None]
 
-    itls: list[list[float]] | None = None
-    if "itls" in optional:
-        itls = []
-        for row, good in zip(optional["itls"], ok, strict=True):
-            vals = [_num(x) for x in row] if isinstance(row, list) else [None]
-            if any(x is None for x in vals):
-                run.skipped.append(f"{p}: itls: not all lists of numbers; per-request ITLs not used")
-                itls = None
-                break
-            if good:
-                itls.append([float(x) for x in vals if x is not None])
     starts = floats("start_times")
     run.latencies_s = floats("latencies")
     if starts:
@@ -155,4 +145,3 @@ def _read_detailed(p: Path, data: dict[str, Any], run: BenchRun) -> None:
     run.input_lens = [x for x, good in zip(lists["input_lens"], ok, strict=True) if good]
     run.output_lens = [x for x, good in zip(lists["output_lens"], ok, strict=True) if good]
     run.ttfts_s = [float(t) for t, good in zip(ttfts, ok, strict=True) if good and t is not None]  # seconds already
-    run.itls_s = itls
