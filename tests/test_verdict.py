@@ -251,7 +251,7 @@ def test_a_full_token_budget_is_named_not_the_slots_it_leaves_empty():
              {"policy": {"type": "fcfs", "max_num_seqs": 64, "max_num_batched_tokens": 2048}},
              {"max_model_len": 8192})
     v = rank_limits(s)
-    assert v.causes.index("token-budget cap") < v.causes.index("batch-slot cap"), v.text
+    assert "token-budget cap" in v.causes and "batch-slot cap" not in v.names, v.text  # 8.7 of 64 slots: no cap
     assert "max_num_seqs" not in v.text and "of max_num_batched_tokens 2,048 tokens per step" in v.text, v.text
     assert s["limits"]["token_cap"] == 2048 and s["limits"]["waiting_batched_tokens"] > 0.9 * 2048
 
@@ -273,3 +273,13 @@ def test_a_disaggregated_runs_token_budget_is_each_pools_own():
     limit = next(lim for lim in rank_limits(s).limits if lim.name == "token-budget cap")
     assert re.match(r"prefill pool: 3,9\d\d of max_num_batched_tokens 4,096 tokens per step", limit.evidence), limit
     assert limit.score > 0.8
+
+
+def test_a_cap_mostly_unused_is_not_listed():
+    # classes-priority (300 requests): its steps compute 306 of a 2,048-token budget while requests wait for its 32
+    # slots, yet the ranking listed "token-budget cap (0.11)" beside the slots that hold them
+    scenario, raw = load_scenario(SCENARIOS / "classes-priority.yaml", {"workload.num_requests": 300})
+    s = run_scenario(scenario, raw).summaries["fcfs"]
+    v = rank_limits(s)
+    assert s["limits"]["waiting_batched_tokens"] < 0.25 * s["limits"]["token_cap"]
+    assert "batch-slot cap" in v.causes and "token-budget cap" not in v.names, v.names
