@@ -520,3 +520,18 @@ def test_help_shows_extras_and_no_type_after_flags() -> None:
     assert "scenario <path> Scenario YAML file." in run_help
     assert "(needs pyarrow: pip install 'servesim[parquet]')" in run_help
     assert "-q, --quiet No progress bar." in run_help
+
+
+def test_python_m_servesim_is_the_servesim_command(tmp_path: Path) -> None:
+    """``python -m servesim`` (how a user without the venv's script on PATH runs it) was 'No module named
+    servesim.__main__'; it is now the command itself, under its own name in the help and the error lines."""
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "servesim", *args], cwd=ROOT, capture_output=True, text=True,
+                              timeout=60)
+
+    helped = run("--help")
+    assert helped.returncode == 0, helped.stderr
+    assert "Usage: servesim [OPTIONS] COMMAND" in helped.stdout
+    missing = run("run", str(tmp_path / "nope.yaml"))
+    assert missing.returncode == 2
+    assert missing.stderr.strip() == f"error: {tmp_path / 'nope.yaml'}: scenario file not found"
