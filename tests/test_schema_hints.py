@@ -80,10 +80,18 @@ def test_a_router_mapping_with_a_mistake_is_named_alone(router, line):
     assert _error(lambda r: r["variants"][0].update(cluster={"replicas": 2, "router": router})) == line
 
 
-def test_a_router_name_misspelt_still_lists_the_names():
-    assert _error(lambda r: r["variants"][0].update(cluster={"replicas": 2, "router": "round_robn"})) == (
-        "s.yaml: variants.0.cluster.router: must be 'round_robin', 'least_outstanding', 'least_kv' or "
-        "'prefix_affinity'; or expected a mapping of keys to values (got 'round_robn')")
+@pytest.mark.parametrize("written, meant", [("round_robn", "round_robin"), ("least-kv", "least_kv"),
+                                             ("power_of_2", "power_of_two"), ("fastest", None)])
+def test_a_router_name_misspelt_lists_every_built_in(written, meant):
+    """A misspelt router name was answered with the four names a string took before routers could be named either
+    way ("must be 'round_robin', 'least_outstanding', 'least_kv' or 'prefix_affinity'; or expected a mapping of
+    keys to values"), as if power_of_two, cache_load_score and slo_aware, which the same string now names, did not
+    exist; and 'least-kv' got no hint. One line now names them all, and the closest."""
+    hint = f"did you mean {meant}? " if meant else ""
+    assert _error(lambda r: r["variants"][0].update(cluster={"replicas": 2, "router": written})) == (
+        f"s.yaml: variants.0.cluster.router: not a router's name; {hint}the built-ins: round_robin, "
+        "least_outstanding, least_kv, prefix_affinity, power_of_two, cache_load_score, slo_aware; or {type: custom, "
+        f"cls: 'file.py:Class'}} for a servesim.Router of your own (got '{written}')")
 
 
 @pytest.mark.parametrize("name", ["a\nb", "   ", "tab\there"])

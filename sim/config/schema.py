@@ -248,8 +248,8 @@ class AutoscalerSection(_Model):
 
 RouterName = Literal["round_robin", "least_outstanding", "least_kv", "prefix_affinity"]  # built-ins named by a string
 # the built-ins written as a mapping ({type: power_of_two, seed: 1}): RouterConfig's kinds but a user's own class
-_MAPPED_ROUTERS = frozenset(get_args(c.model_fields["type"].annotation)[0]
-                            for c in get_args(get_args(RouterConfig)[0])) - {"custom"}
+_MAPPED_ROUTERS = tuple(n for c in get_args(get_args(RouterConfig)[0])
+                        if (n := get_args(c.model_fields["type"].annotation)[0]) != "custom")
 
 
 class ClusterConfig(_Model):
@@ -279,6 +279,13 @@ class ClusterConfig(_Model):
             return v["type"]
         if isinstance(v, str) and v in _MAPPED_ROUTERS:
             return {"type": v}
+        if isinstance(v, str) and v not in get_args(RouterName):
+            # one line naming every built-in (the union's two messages named four, as if the others did not exist)
+            names = (*get_args(RouterName), *_MAPPED_ROUTERS)
+            close = difflib.get_close_matches(v.lower().replace("-", "_"), names, n=1, cutoff=0.6)
+            raise ValueError(f"not a router's name; {f'did you mean {close[0]}? ' if close else ''}the built-ins: "
+                             f"{', '.join(names)}; or {{type: custom, cls: 'file.py:Class'}} for a servesim.Router "
+                             "of your own")
         return v
 
     @model_validator(mode="after")
