@@ -97,7 +97,16 @@ def test_ctrl_c_in_plan_says_nothing_was_written(tmp_path: Path, monkeypatch: py
     assert _last_line(res) == "interrupted while planning ctrl-c; nothing was written"
 
 
-SLOW_JOB = "import time\n\n\ndef job(_shared, seconds):\n    time.sleep(seconds)\n    return seconds\n"
+SLOW_JOB = """import os
+import time
+
+
+def job(_shared, seconds):
+    # a mark beside this file that a worker is in its job, so that the test interrupts jobs, not spawning workers
+    open(os.path.join(os.path.dirname(__file__), f"started-{os.getpid()}"), "w").close()
+    time.sleep(seconds)
+    return seconds
+"""
 CHILD = """
 import sys
 sys.path.insert(0, sys.argv[1])
@@ -126,7 +135,11 @@ def test_ctrl_c_in_a_process_pool_ends_the_workers_at_once_without_their_traceba
     p = subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True, start_new_session=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert p.stdout is not None and p.stdout.readline() == "started\n"
-    time.sleep(8)  # the workers spawned and asleep in their jobs
+    deadline = time.monotonic() + 180  # spawning two workers that import servesim takes seconds, more when busy
+    while len(list(tmp_path.glob("started-*"))) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(list(tmp_path.glob("started-*"))) == 2, "the two workers never started their jobs"
+    time.sleep(0.5)  # both asleep in time.sleep
     start = time.monotonic()
     os.killpg(p.pid, signal.SIGINT)  # as a terminal's Ctrl-C does
     _, err = p.communicate(timeout=120)
