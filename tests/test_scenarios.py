@@ -306,6 +306,21 @@ def test_schema_command_prints_json_schema() -> None:
     assert not validator.is_valid(bad)
 
 
+def test_schema_bounds_optional_numbers_as_json_schema_does() -> None:
+    """pydantic wrote the bound of an optional number (``Int | None`` with ``ge=0``: admission.max_queue_len, 96
+    bounds in all) under its own names, ``ge``/``gt``/``le``/``lt``, which JSON Schema does not know: an editor
+    validating against `servesim schema` took ``max_queue_len: -1`` as valid."""
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = json_schema()
+    text = json.dumps(schema)
+    assert not any(f'"{k}": ' in text for k in ("ge", "gt", "le", "lt")), "a bound JSON Schema does not know"
+    validator = jsonschema.Draft202012Validator(schema)
+    raw = yaml.safe_load((SCENARIOS / "naive-vs-continuous.yaml").read_text())
+    for key, value in (("max_queue_len", 0), ("max_queue_len", -1)):
+        raw["admission"] = {key: value}
+        assert validator.is_valid(raw) == (value >= 0), (key, value)
+
+
 # ---- sweeps ---------------------------------------------------------------------------------------------------
 SWEEP = """
 name: sweep-test
