@@ -266,7 +266,8 @@ class LiveEngine:
         else:
             s.chunks.put(("error", r.reason or str(r.outcome)))
         if self.log is not None:
-            self.log({"id": r.id, "request_id": s.request_id, "outcome": str(r.outcome), "reason": r.reason,
+            self.log({"id": r.id, "request_id": s.request_id, "priority": r.spec.priority, "outcome": str(r.outcome),
+                      "reason": r.reason,
                       "prompt_tokens": r.prompt_len,
                       "output_tokens": r.num_output_tokens, "arrival": r.arrival, "first_token": r.first_token,
                       "finish": r.finish, "num_preemptions": r.num_preemptions, "chunk_times": s.token_times})
@@ -279,8 +280,9 @@ class LiveEngine:
         s.chunks.put(("text", self.detokenize(toks)))
 
     # ---- any thread -------------------------------------------------------------------------------------------
-    def submit(self, prompt_len: int, max_tokens: int, request_id: str = "") -> _Stream:
-        """A request arrives: it is queued in the loop at once; its chunks come on the returned stream."""
+    def submit(self, prompt_len: int, max_tokens: int, request_id: str = "", priority: int = 0) -> _Stream:
+        """A request arrives: it is queued in the loop at once; its chunks come on the returned stream. ``priority``:
+        vLLM's request field (lower is served sooner), which the policy reads as the request's priority."""
         with self._id_lock:
             rid = self._next_id
             self._next_id += 1
@@ -296,7 +298,7 @@ class LiveEngine:
                 stream.chunks.put(("error", "the server is shutting down"))
                 return
             self._streams[rid] = stream
-            self.sim.send(RequestSpec(rid, self.env.now, prompt_len, max_tokens))
+            self.sim.send(RequestSpec(rid, self.env.now, prompt_len, max_tokens, priority=priority))
             if rid in self._streams:  # not refused at once by admission
                 r = stream.request = self.sim.requests[-1]
                 # a loop running late takes the request at the overdue event's time: its arrival is when it came
@@ -434,6 +436,11 @@ class _Handler(BaseHTTPRequestHandler):
                 raise ValueError(f"max_tokens must be an integer >= 1, got {max_tokens!r}")
             if n_prompt < 1:
                 raise ValueError("the prompt is empty")
+            # vLLM's extra field for its priority scheduler: it was dropped, so a served priority policy (built-in or
+            # a user's) saw every request at priority 0 and served first come first served, without a word
+            priority = body.get("priority", 0)
+            if not isinstance(priority, int) or isinstance(priority, bool):
+                raise ValueError(f"priority must be an integer (lower is served sooner), got {priority!r}")
         except ValueError as e:  # json.JSONDecodeError is one
             self._error(400, str(e))
             return
@@ -443,7 +450,7 @@ class _Handler(BaseHTTPRequestHandler):
                         f"requested {n_prompt + max_tokens} tokens ({n_prompt} in the messages, {max_tokens} in "
                         "the completion).")
             return
-        stream = eng.submit(n_prompt, max_tokens, self.headers.get("X-Request-Id") or "")
+        stream = eng.submit(n_prompt, max_tokens, self.headers.get("X-Request-Id") or "", priority)
         if body.get("stream"):
             self._stream(stream, body, chat)
         else:

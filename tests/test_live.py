@@ -505,3 +505,43 @@ def test_a_policy_that_never_schedules_fails_the_queued_requests_instead_of_hang
         assert kinds[-1] == "done"
     finally:
         eng.stop()
+
+
+def test_serve_takes_vllms_priority_field_for_the_policy(tmp_path):
+    """vLLM's completion requests carry `priority` (lower is served sooner) for its priority scheduler; serve dropped
+    it, so a served priority policy saw every request at 0 and served first come first served, without a word. It
+    reaches the request now (the log shows it), and a priority that is no integer is refused with HTTP 400."""
+    from urllib.error import HTTPError
+    from urllib.request import Request, urlopen
+
+    from realengine.server import build_live_engine, make_server
+    from sim.config.scenario import load_scenario, variant_configs
+
+    path = tmp_path / "s.yaml"
+    path.write_text(SCENARIO.replace("  type: continuous\n", "  type: priority\n"))
+    rows: list[dict] = []
+    eng = build_live_engine(variant_configs(load_scenario(path)[0])[0], log=rows.append)
+    server = make_server(eng, "127.0.0.1", 0)
+    eng.start()
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/v1/completions"
+
+    def post(body: dict) -> dict:
+        req = Request(url, json.dumps({"model": "tiny", "prompt": [1, 2, 3, 4], "max_tokens": 2, **body}).encode(),
+                      {"Content-Type": "application/json"})
+        with urlopen(req, timeout=30) as r:
+            return json.loads(r.read())
+
+    try:
+        assert post({"priority": 3})["usage"]["completion_tokens"] == 2
+        assert post({})["usage"]["completion_tokens"] == 2
+        with pytest.raises(HTTPError) as e:
+            post({"priority": "high"})
+        assert e.value.code == 400
+        assert json.loads(e.value.read())["message"] == ("priority must be an integer (lower is served sooner), got "
+                                                         "'high'")
+    finally:
+        server.shutdown()
+        server.server_close()
+        eng.stop()
+    assert [r["priority"] for r in rows] == [3, 0]
