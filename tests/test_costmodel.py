@@ -425,6 +425,26 @@ def test_a_profile_of_another_gpu_is_refused(tmp_path: Path) -> None:
     assert FittedCost(profile=cpu_path).build(TINY, H100, Deployment(model="tiny", gpu="a100-80gb")) is not None
 
 
+def test_analytic_knobs_of_another_gpu_are_refused(tmp_path: Path) -> None:
+    # Before: knobs that calibrate --from-bench fitted to an H100's measurements scaled an A100's roofline (its
+    # efficiencies and per-step overhead) without a word
+    from sim.config.deployment import AnalyticCost, Deployment
+    from sim.config.errors import ScenarioError
+
+    knobs = tmp_path / "my-h100.json"
+    knobs.write_text(json.dumps({"kind": "servesim-analytic-knobs", "schema_version": 1, "model": "llama-3.1-8b",
+                                 "gpu": "h100-sxm", "cost_model": {"type": "analytic", "compute_efficiency": 0.6,
+                                                                   "bandwidth_efficiency": 0.8, "step_overhead": 2e-3,
+                                                                   "per_request_overhead": 0.0}}))
+    llama = ModelSpec.from_name("llama-3.1-8b")
+    with pytest.raises(ScenarioError, match=r"^cost_model\.profile: measured on h100-sxm, but deployment\.gpu is "
+                                            r"a100-80gb: its efficiencies and overheads were fitted to the "
+                                            r"h100-sxm's measurements .*; give deployment\.gpu: h100-sxm"):
+        AnalyticCost(profile=str(knobs)).build(llama, H100, Deployment(gpu="a100-80gb"))
+    built = AnalyticCost(profile=str(knobs)).build(llama, H100, Deployment(gpu="h100-sxm"))
+    assert built.step_overhead == 2e-3
+
+
 def test_a_from_bench_file_given_as_an_engine_profile_says_what_it_is(tmp_path: Path) -> None:
     # Before: `deployment.cost_model: {type: fitted, profile: my-h100.json}` on calibrate --from-bench's output (the
     # docs call both files profiles) printed pydantic's 13 lines, "4 validation errors for CalibrationProfile ...

@@ -67,11 +67,18 @@ class AnalyticCost(CostModelConfigBase):
         # sim/engines/costs.py; the keys below win
         extra: dict[str, Any] = engine_cost_knobs(deployment.engine, gpu, deployment.tensor_parallel_size)
         if self.profile is not None:
-            from sim.output.benchfiles.knobs import read_knob_profile
+            from sim.output.benchfiles.knobs import read_knob_profile, read_knob_source
 
             input_path(self.profile, "cost_model.profile")  # '' read as no such file: "No such file or directory: ''"
             try:
                 extra.update(read_knob_profile(self.profile))
+                # knobs fitted to an H100's measurements gave an A100's roofline the H100's efficiencies and
+                # per-step overhead without a word, as an engine profile of another GPU did (FittedCost)
+                problem = profile_gpu_problem(read_knob_source(self.profile)[1], deployment,
+                                              "its efficiencies and overheads were fitted to the {m}'s measurements "
+                                              "and would scale the {s}'s roofline")
+                if problem is not None:
+                    raise ValueError(problem)
             except FileNotFoundError as e:
                 raise ScenarioError(f"cost_model.profile: file not found: {e.filename or e}") from None
             except (ValueError, OSError) as e:
@@ -153,21 +160,25 @@ def profile_model_problem(measured: object, simulated: str | dict[str, Any]) -> 
             f"deployment.model: {measured}, or calibrate {simulated} (servesim calibrate --model {simulated})")
 
 
-def profile_gpu_problem(device: str, deployment: Deployment) -> str | None:
+def profile_gpu_problem(device: object, deployment: Deployment,
+                        what: str = "its step times are the {m}'s while the KV cache and power would be the {s}'s"
+                        ) -> str | None:
     """Why a profile measured on ``device`` cannot price a deployment on ``deployment.gpu``, or None: its step times
     are that GPU's, while the KV cache's size and the power figures come from deployment.gpu (a profile measured on
     an H200 ran on the default h100-sxm without a word, an H200's steps in an H100's memory). A device that names
-    no GPU preset (a CPU) or a GPU given as fields is not judged."""
+    no GPU preset (a CPU) or a GPU given as fields is not judged. ``what``: what the profile's numbers are, with
+    {m} the measured GPU and {s} the simulated one."""
     from sim.hardware.names import match_gpu
 
-    measured = match_gpu(device) if device else None
+    measured = match_gpu(device) if isinstance(device, str) and device else None
     simulated = match_gpu(deployment.gpu) if isinstance(deployment.gpu, str) else None
     if measured is None or simulated is None or measured == simulated:
         return None
     default = "" if "gpu" in deployment.model_fields_set else " (the default)"
-    return (f"measured on {device} ({measured}), but deployment.gpu is {deployment.gpu}{default}: its step times "
-            f"are the {measured}'s while the KV cache and power would be the {simulated}'s; give deployment.gpu: "
-            f"{measured}, or calibrate on the {simulated}")
+    named = "" if device == measured else f" ({measured})"
+    return (f"measured on {device}{named}, but deployment.gpu is {deployment.gpu}{default}: "
+            f"{what.format(m=measured, s=simulated)}; give deployment.gpu: {measured}, or calibrate on the "
+            f"{simulated}")
 
 
 CostModelConfig = Annotated[AnalyticCost | FittedCost, Field(discriminator="type")]

@@ -28,3 +28,9 @@ def read_knob_profile(path: str | Path) -> dict[str, float]:
             raise ValueError(f"{p}: cost_model.{k}: missing or not a non-negative number")
         out[k] = float(v)
     return out
+
+
+def read_knob_source(path: str | Path) -> tuple[object, object]:
+    """(model, gpu) the profile's knobs were fitted on, as the file names them (None where it names none)."""
+    data = read_bench_json(Path(path))
+    return (data.get("model"), data.get("gpu")) if isinstance(data, dict) else (None, None)
