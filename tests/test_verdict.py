@@ -283,3 +283,17 @@ def test_a_cap_mostly_unused_is_not_listed():
     v = rank_limits(s)
     assert s["limits"]["waiting_batched_tokens"] < 0.25 * s["limits"]["token_cap"]
     assert "batch-slot cap" in v.causes and "token-budget cap" not in v.names, v.names
+
+
+@pytest.mark.parametrize("policy, budget", [({"type": "fcfs", "max_num_seqs": 64}, 8192),
+                                            ({"type": "continuous", "max_num_seqs": 64}, 16384)])
+def test_a_default_token_budget_is_judged_as_the_core_applied_it(policy, budget):
+    # The budget was read from the recorded policy section alone, None where servesim's default applies (8,192
+    # with chunked prefill, else max(8,192, max_model_len)): such runs got token_cap NaN and no token-budget
+    # candidate at all, whatever their steps held
+    s = _run({"arrival": {"type": "poisson", "rate": 8.0}, "num_requests": 150,
+              "prompt_len": {"type": "fixed", "value": 6000}, "output_len": {"type": "fixed", "value": 20}},
+             {"policy": policy}, {"max_model_len": 16384})
+    assert s["limits"]["token_cap"] == budget
+    limit = next(lim for lim in rank_limits(s).limits if lim.name == "token-budget cap")
+    assert f"of max_num_batched_tokens {budget:,} tokens per step" in limit.evidence and limit.score > 0.5, limit

@@ -342,5 +342,6 @@ def cluster_result(
         config=config, cluster=cluster, class_itl=class_itl_gaps(sim.requests),
         host_kv=merge_summaries([p.host_kv for p in parts if p.host_kv]),
         pipeline=costs[0].summary(steps) if isinstance(costs[0], PipelineCostModel) else None,
+        token_budget=first.token_budget,
     )
 

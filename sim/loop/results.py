@@ -119,4 +119,5 @@ def result_of(
         host_kv=None if host is None else host.summary(core.kv.block_size),
         pipeline=cost.summary(steps) if isinstance(cost, PipelineCostModel) else None,
         class_itl=class_itl,
+        token_budget=core.limits.max_num_batched_tokens,
     )

@@ -446,3 +446,6 @@ class RunResult:
     # the replica's power figures (sim/costs/energy.py, power_model_of); None: not modelled (a GPU without them, a
     # calibration profile measured on a CPU, an engine's run, a disaggregated variant's pools)
     power: PowerModel | None = None
+    # max_num_batched_tokens as the replica's core applied it (the decode pool's in a disaggregated run): ``config``
+    # records the policy section as written, None where servesim's own default applies (8,192, or max_model_len)
+    token_budget: int | None = None

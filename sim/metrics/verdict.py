@@ -93,11 +93,12 @@ def _slot_cap(config: dict | None) -> tuple[float, bool]:
     return (NAN if seqs is None else float(seqs)), False  # None: an engine's default the config did not resolve
 
 
-def token_cap(config: dict | None) -> float:
-    """Tokens a step may compute (``max_num_batched_tokens``) from a variant's resolved configuration; NaN when
-    unknown or static batching (which has no token budget)."""
+def token_cap(config: dict | None, applied: int | None = None) -> float:
+    """Tokens a step may compute (``max_num_batched_tokens``): ``applied``, the core's, else the variant's recorded
+    configuration's (a run read back from its folder); NaN when unknown or static batching (no token budget). The
+    configuration alone left out every run on servesim's default budget (None where written)."""
     policy = (config or {}).get("policy") or {}
-    budget = policy.get("max_num_batched_tokens")
+    budget = policy.get("max_num_batched_tokens") if applied is None else applied
     return NAN if budget is None or policy.get("type") == "static" else float(budget)
 
 
@@ -200,7 +201,7 @@ def limit_inputs(result: RunResult, fig: StepFigures | None = None) -> dict:
         "slot_cap": cap,
         "static": static,
         "waiting_batched_tokens": fig.batched_waiting_dot / fig.waiting_busy if fig.waiting_busy > 0 else NAN,
-        "token_cap": token_cap(result.config),
+        "token_cap": token_cap(result.config, result.token_budget),
         "busy_mfu": flops / (busy * result.peak_flops) if busy > 0 and result.peak_flops > 0 else NAN,
         "prefill_share": fig.prefill_tokens / computed if computed > 0 else NAN,
     }

@@ -364,7 +364,8 @@ def disagg_result(name: str, sim: DisaggSimulation, pools: dict[str, tuple[Varia
             # the pool's own roof: the verdict judges each pool's steps against its GPU (sim/metrics/verdict.py)
             "peak_flops": float(np.mean([rep.cost.peak_flops for rep, r in zip(sim.replicas, role_of, strict=True)
                                          if r == role])),
-            "token_cap": token_cap(pcfg.to_dict(built.policy)),  # the pool's own budget (the verdict's)
+            # the pool's own budget (the verdict's)
+            "token_cap": token_cap(pcfg.to_dict(built.policy), built.limits.max_num_batched_tokens),
         }
     disagg = {
         "ratio": d.ratio,
@@ -393,6 +394,7 @@ def disagg_result(name: str, sim: DisaggSimulation, pools: dict[str, tuple[Varia
         weight_bytes=float(db.weight_bytes * dtp), kv_bytes_per_block=float(db.kv_bytes_per_block * dtp),
         config=config, cluster=cluster, disaggregation=disagg, class_itl=class_itl_gaps(merged),
         summary_sections={"disaggregation": disagg_summary},  # the transfers and each pool's use
+        token_budget=pools["decode"][1].limits.max_num_batched_tokens,
     )
 
 
