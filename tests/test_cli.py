@@ -535,3 +535,20 @@ def test_python_m_servesim_is_the_servesim_command(tmp_path: Path) -> None:
     missing = run("run", str(tmp_path / "nope.yaml"))
     assert missing.returncode == 2
     assert missing.stderr.strip() == f"error: {tmp_path / 'nope.yaml'}: scenario file not found"
+
+
+@pytest.mark.parametrize("command", [
+    ["sweep", "scenarios/naive-vs-continuous.yaml", "-n", "5", "--sweep", "seed=1"],
+    ["plan", "scenarios/plan-chat.yaml", "-n", "20", "--set", "plan.gpus=[l4]"],
+    ["tournament", "examples/tournaments/priority-vs-fcfs.yaml"],
+])
+def test_address_without_the_ray_executor_is_refused(tmp_path: Path, monkeypatch, command) -> None:
+    """``--address HOST:PORT`` names a Ray cluster, read only with ``--executor ray``; with the default local
+    executor it was dropped without a word and the runs went to a process pool here (a sweep ran and exited 0)."""
+    monkeypatch.chdir(ROOT)
+    res = CliRunner().invoke(app, [*command, "--out", str(tmp_path / "o"), "-q", "--address", "10.0.0.1:6379"]
+                             if command[0] != "plan" else [*command, "-q", "--address", "10.0.0.1:6379"])
+    assert res.exit_code == 2, res.output
+    assert res.stderr.strip() == ("error: --address 10.0.0.1:6379 names a Ray cluster, which only --executor ray "
+                                  "uses; give --executor ray with it, or leave --address out to run here")
+    assert not (tmp_path / "o").exists()

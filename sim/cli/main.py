@@ -337,6 +337,17 @@ def _with_bars(name: str, out_dir: Path, quiet: bool, work: Callable[..., Any], 
     return None  # not reached: _fail exits
 
 
+def _parallel_options(executor: str, workers: int | None, address: str | None) -> None:
+    """Exit 2 on a bad --executor, --workers or --address (sweep, tournament and plan take all three)."""
+    if executor not in ("local", "ray"):
+        _fail(f"--executor must be 'local' or 'ray', got {executor!r}")
+    if address is not None and executor != "ray":  # the local pool would run without a word about it
+        _fail(f"--address {address} names a Ray cluster, which only --executor ray uses; give --executor ray with "
+              "it, or leave --address out to run here")
+    if workers is not None and workers < 1:
+        _fail(f"--workers must be >= 1, got {workers}")
+
+
 @app.command()
 def sweep(
     scenario: Path = _input_argument(..., "scenario",
@@ -344,7 +355,8 @@ def sweep(
     out: Path | None = _path_option("--out", "-o", help="Sweep folder (default: runs/NAME-sweep)."),
     executor: str = typer.Option("local", "--executor", help="local (a process pool) or ray."),
     workers: int | None = typer.Option(None, "--workers", "-j", help="Parallel runs (default: all cores)."),
-    address: str | None = typer.Option(None, "--address", help="Ray cluster to join (default: start one here)."),
+    address: str | None = typer.Option(None, "--address",
+                                       help="With --executor ray: the Ray cluster to join (default: start one here)."),
     fresh: bool = typer.Option(False, "--fresh", help="Redo every run, even those already in the folder."),
     sweep_: list[str] = typer.Option([], "--sweep", metavar="KEY=V1,V2,...",
                                      help="Sweep a dotted key over these values (read as --set reads a value); "
@@ -357,10 +369,7 @@ def sweep(
     sweep resumes without redoing finished runs. Prints a table of the runs and writes OUT/sweep.html at the end."""
     from sim.studies.sweep import format_sweep_table, run_sweep
 
-    if executor not in ("local", "ray"):
-        _fail(f"--executor must be 'local' or 'ray', got {executor!r}")
-    if workers is not None and workers < 1:
-        _fail(f"--workers must be >= 1, got {workers}")
+    _parallel_options(executor, workers, address)
     overrides = _overrides(set_, num_requests)
     if sweep_:
         overrides["sweep"] = _sweep_grid(sweep_)
@@ -391,7 +400,8 @@ def tournament(
     out: Path | None = _path_option("--out", "-o", help="Folder (default: runs/NAME-tournament)."),
     executor: str = typer.Option("local", "--executor", help="local (a process pool) or ray."),
     workers: int | None = typer.Option(None, "--workers", "-j", help="Parallel runs (default: all cores)."),
-    address: str | None = typer.Option(None, "--address", help="Ray cluster to join (default: start one here)."),
+    address: str | None = typer.Option(None, "--address",
+                                       help="With --executor ray: the Ray cluster to join (default: start one here)."),
     fresh: bool = typer.Option(False, "--fresh", help="Redo every run, even those already in the folder."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
@@ -401,10 +411,7 @@ def tournament(
     sim/studies/tournament.py."""
     from sim.studies.tournament import format_standings, load_spec, run_tournament
 
-    if executor not in ("local", "ray"):
-        _fail(f"--executor must be 'local' or 'ray', got {executor!r}")
-    if workers is not None and workers < 1:
-        _fail(f"--workers must be >= 1, got {workers}")
+    _parallel_options(executor, workers, address)
     try:
         t = load_spec(spec)
     except ScenarioError as e:
@@ -1147,7 +1154,8 @@ def plan(
     executor: str = typer.Option("local", "--executor", help="local (a process pool) or ray."),
     workers: int | None = typer.Option(None, "--workers", "-j", help="Parallel simulations (default: 1 "
                                           "below 4 cores, else all cores but one)."),
-    address: str | None = typer.Option(None, "--address", help="Ray cluster to join (default: start one here)."),
+    address: str | None = typer.Option(None, "--address",
+                                       help="With --executor ray: the Ray cluster to join (default: start one here)."),
 ) -> None:
     """Find the cheapest deployment (GPU type and count, tensor parallelism, weight and KV precision,
     max_num_seqs, chunked prefill) meeting the scenario's SLOs at its load: analytic bounds prune, the simulator
@@ -1156,17 +1164,15 @@ def plan(
     from sim.studies.planner import check_plan
     from sim.studies.planner import plan as plan_deployment
 
+    # checked here, not where the first simulation starts: a space the bounds prune whole never got there, and a
+    # typo in --executor passed
+    _parallel_options(executor, workers, address)
     overrides = _overrides(set_, num_requests)
     try:
         sc, _ = load_scenario(scenario, overrides)
         check_plan(sc)
         if not quiet:
             typer.echo(f"{sc.name}: {sc.workload.describe()}", err=True)
-        if workers is not None and workers < 1:
-            raise ScenarioError(f"--workers must be >= 1, got {workers}")
-        if executor not in ("local", "ray"):  # checked here, not where the first simulation starts: a space the
-            # bounds prune whole never got there, and the typo passed
-            raise ScenarioError(f"--executor must be 'local' or 'ray', got {executor!r}")
         if workers is None:
             from sim.config.limits import default_workers
 
