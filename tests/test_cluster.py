@@ -450,3 +450,68 @@ def test_a_draining_replica_prices_only_the_steps_its_members_have_left(monkeypa
     sim.run()
     assert len(sim.requests) == 300 and len(drained) >= 8
     assert all(0 < priced <= left for priced, left in drained), drained
+
+
+def _timeline_by_steps(core: ServingCore, now: float) -> tuple[int, list[int], bool]:
+    """What ``fast_path.timeline`` showed when it walked the priced steps one by one (its code before it took
+    them as a stretch): the first step's index into the priced lists, the blocks in use after each step, and
+    whether a block shortage ended it."""
+    from sim.serving.fast_path import STEADY_PLAN
+
+    g = core.group
+    assert g is not None
+    plan = core.repeatable if core.repeatable is not None else STEADY_PLAN
+    if (not g.members or core.waiting or core.swapped or not core.steady_ok
+            or core.plan_without_policy(now) is None or plan.pad_to_longest or plan.padded_rows):
+        return -1, [], False
+    priced = g.priced
+    assert priced is not None and priced.version == g.version and priced.j0 <= g.steps
+    o, ends, kv = g.steps - priced.j0, priced.ends, core.kv
+    deadline = core.policy_deadline if core.policy_deadline is not None else float("inf")
+    next_finish, used, need, steps, out = g.next_finish(), kv.num_used_blocks, 0, g.steps, []
+    for i in range(o, len(priced.durations)):
+        if ends[i] >= deadline:
+            break
+        nb = len(g.buckets[steps % len(g.buckets)]) if g.grows else 0
+        if nb:
+            need += nb
+            if not kv.can_grow(need):
+                return o, out, True
+            used += nb
+        out.append(used)
+        steps += 1
+        if steps == next_finish:
+            break
+    return o, out, False
+
+
+@pytest.mark.parametrize("blocks, kv", [(300, "paged"), (1500, "paged"), (1500, "contiguous")])
+def test_a_timeline_shows_what_walking_its_steps_showed(blocks: int, kv: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``fast_path.timeline`` takes a stretch's blocks at once (accumulated, cut at the first shortage by a
+    search): at every park of seeded fleets, tight on KV (block shortages end timelines) and not, with paged and
+    contiguous KV, it shows the steps and blocks that walking the steps one by one showed."""
+    import sim.loop.cluster_fast as cf
+
+    timeline = cf.fast_path.timeline
+    seen = {"parks": 0, "short": 0}
+
+    def checked(core, t, cost):
+        tl = timeline(core, t, cost)
+        o, used, short = _timeline_by_steps(core, t)
+        if tl is None:
+            assert not used
+        else:
+            assert (tl.o, tl.used, tl.expiry) == (o, used, tl.ends[o + len(used)])
+            seen["parks"] += 1
+        seen["short"] += short
+        return tl
+
+    monkeypatch.setattr(cf.fast_path, "timeline", checked)
+    for seed in (2, 5, 7):
+        raw = scenario({"replicas": 3, "router": "least_kv"}, seed=seed, kv_cache={"type": kv})
+        raw["workload"] = dict(WORKLOAD, arrival={"type": "poisson", "rate": 30.0})
+        raw["deployment"]["num_gpu_blocks"] = blocks
+        res, _, _ = run(raw)
+        assert len(res.requests) == 300
+    assert seen["parks"] > 50  # 167, 1,216 and 57 here; 10 of the first ended by a shortage
+    assert (seen["short"] > 0) == (blocks == 300 and kv == "paged"), seen

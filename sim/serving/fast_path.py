@@ -414,26 +414,26 @@ def timeline(core: ServingCore, now: float, cost: CostModel) -> Timeline | None:
         ends = list(accumulate(durations, initial=now))
         g.priced = Priced(g.version, 0, j0, read_l, durations, flops, ends)
         o, stop = 0, len(durations)
-    deadline = core.policy_deadline if core.policy_deadline is not None else float("inf")
+    # the steps it may show: up to the policy's deadline (no step starts at or after it), up to the first in
+    # which members finish, then up to the first for which the free blocks run out; computed for the stretch at
+    # once, as fast_forward's bulk path does (a loop per step: 2% more instructions in a 16-replica run)
+    if core.policy_deadline is not None:
+        stop = bisect_left(ends, core.policy_deadline, o, stop)
+    n = stop - o
+    if next_finish > j0:
+        n = min(n, next_finish - j0)
+    if n <= 0:
+        return None
     kv = core.kv
     used = kv.num_used_blocks
+    if not g.grows:
+        return Timeline(ends, o, [used] * n)
     buckets = g.buckets
     bs = len(buckets)
-    grows = g.grows
-    need = 0
-    steps = j0
-    out: list[int] = []
-    for i in range(o, stop):
-        if ends[i] >= deadline:
-            break
-        nb = len(buckets[steps % bs]) if grows else 0
-        if nb:
-            need += nb
-            if not kv.can_grow(need):
-                break
-            used += nb
-        out.append(used)
-        steps += 1
-        if steps == next_finish:
-            break
-    return Timeline(ends, o, out) if out else None
+    b0 = j0 % bs
+    sizes = list(map(len, buckets[b0:] + buckets[:b0]))  # blocks taken by the next bs steps, in order
+    need = list(accumulate(sizes * (n // bs + 1) if n > bs else sizes, initial=used))
+    del need[0], need[n:]
+    if not kv.can_grow(need[-1] - used):  # a block shortage: the timeline ends before the step that lacks one
+        del need[bisect_right(need, used + kv.num_free_blocks):]
+    return Timeline(ends, o, need) if need else None
