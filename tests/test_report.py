@@ -453,6 +453,19 @@ def test_a_disaggregated_runs_replicas_are_named_with_their_pool():
     assert "<td>colocated</td><td>0</td>" in section.html
 
 
+def test_slot_titles_of_a_fleet_say_the_rows_are_stacked_replicas():
+    """autoscale-memory-bound's scale-on-busy read '66 rows at the busiest instant; max_num_seqs=256' over 8
+    replicas' rows stacked one above the other (each replica's own busiest instant, summed), beside a per-replica
+    limit; lesson-disaggregation's 4 colocated replicas likewise."""
+    scenario, raw = load_scenario(find_scenario("lesson-disaggregation"), {"workload.num_requests": 40})
+    results = [r for r in run_scenario(scenario, raw).results if r.name in ("colocated",)]
+    fig = fig_batch_slots(results)
+    (title,) = [a.text for a in fig.layout.annotations]
+    lay = slot_layout(results[0])
+    assert title.endswith(f"{lay.num_rows} rows: 4 replicas stacked, each as many as it held at its busiest "
+                          "instant; max_num_seqs=256 per replica"), title
+
+
 def test_memory_by_request_capacity_of_a_fixed_fleet_is_every_replicas_pool():
     """lesson-disaggregation: 4 colocated replicas and 2P2D's two pools. The title named one replica's 54.6 GiB
     pool beside the bands of all four replicas' requests."""

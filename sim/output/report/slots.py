@@ -54,6 +54,7 @@ class SlotLayout:
     spans: int
     held_end: float
     requests: int  # the scheduled requests those spans belong to (fewer than spans where some were preempted)
+    replicas: int = 1  # the replicas whose rows are stacked
 
     def padded_rows_at(self, t: np.ndarray) -> np.ndarray:
         """How many rows are padding (finished, still held) at each time t."""
@@ -154,6 +155,7 @@ def slot_layout(result: RunResult, first: int | None = None) -> SlotLayout:
         spans=len(at),
         held_end=float(held.max()) if len(at) else float("nan"),
         requests=len(np.unique(at)),
+        replicas=max(1, len(np.unique(replica))),
     )
 
 
@@ -183,7 +185,7 @@ def _first_spans(table: RequestTable, at: np.ndarray, start: np.ndarray, finish:
     return SlotLayout(ids=table.column("id", rows), start=start[keep], finish=finish[keep], held_until=finish[keep],
                       row=row, prompt_tokens=table.column("prompt_tokens", rows),
                       output_tokens=table.column("output_tokens", rows), num_rows=offset, batch_held=False,
-                      spans=len(at), held_end=held_end, requests=len(np.unique(at)))
+                      spans=len(at), held_end=held_end, requests=len(np.unique(at)), replicas=len(replicas))
 
 
 def _policy(result: RunResult) -> dict:
@@ -236,9 +238,12 @@ def fig_batch_slots(
         keep = lay.start < t_end
         shown.append(keep)
         rows = f"{lay.num_rows} row{'' if lay.num_rows == 1 else 's'} at the busiest instant"
+        if lay.replicas > 1:  # "66 rows at the busiest instant; max_num_seqs=256" over 8 replicas' stacked rows
+            rows = (f"{lay.num_rows} rows: {lay.replicas} replicas stacked, each as many as it held at its "
+                    "busiest instant")
         limit = _slot_limit(res)
         if limit is not None:
-            rows += f"; {limit[0]}={limit[1]}"
+            rows += f"; {limit[0]}={limit[1]}" + (" per replica" if lay.replicas > 1 else "")
         drawn = f"{int(keep.sum())} of {lay.spans} scheduled request{'' if lay.spans == 1 else 's'} drawn"
         if lay.spans > lay.requests:  # a resumed request's own bar: the bars outnumber the requests
             drawn = (f"{int(keep.sum())} of {lay.spans} bars drawn, {lay.requests} scheduled requests (a preempted "
