@@ -160,17 +160,17 @@ class Results:
     def report(self, path: str | os.PathLike) -> Path:
         """Write the offline HTML report (``report.html`` of a run folder) to ``path``; returns the path. A loaded
         run's is its folder's own page (rebuilt from the CSV files it lacked ITL, MFU and energy)."""
-        from sim.config.files import write_atomically
+        from sim.config.files import output_file, write_atomically
         from sim.output.report import write_report
 
+        p = output_file(path, "report path", "report.html")
         kept = self._kept_files().get("report.html")
         if kept is not None:
-            p = Path(path)
             p.parent.mkdir(parents=True, exist_ok=True)
             write_atomically(p.parent, {p.name: kept})
             return p
         with _quiet():
-            return write_report(path, self.results, self.summary, self.title)
+            return write_report(p, self.results, self.summary, self.title)
 
     def write(self, out_dir: str | os.PathLike) -> Path:
         """Write the run folder ``servesim run --out`` writes: summary.json, requests.csv, steps.csv, report.html

@@ -140,6 +140,24 @@ def test_figures_and_report(small, tmp_path):
     assert "servesim: api-test" in p.read_text()
 
 
+def test_a_report_path_that_cannot_be_a_file_is_named(small, tmp_path):
+    """``.report(path)`` given a folder raised IsADirectoryError naming its own temporary file
+    ('.NAME.xxxx.tmp' -> 'NAME'), given a path under a file NotADirectoryError, and given "" a bare error of the
+    current folder; each is a ScenarioError naming the path, as ``.write`` gives, for a run and a loaded one."""
+    folder = small.write(tmp_path / "run")
+    (tmp_path / "f.txt").write_text("x")
+    for res in (small, servesim.load(folder)):
+        for path, needle in ((tmp_path, f"report path {tmp_path}: is a folder; name the file to write, "
+                                        f"e.g. {tmp_path / 'report.html'}"),
+                             (tmp_path / "f.txt" / "r.html", f"report path {tmp_path / 'f.txt' / 'r.html'}: "
+                                                             f"{tmp_path / 'f.txt'} is a file, not a folder"),
+                             ("", "report path: empty path")):
+            with pytest.raises(servesim.ScenarioError) as e:
+                res.report(path)
+            assert str(e.value).startswith(needle), str(e.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.txt", "run"]  # no temporary file left
+
+
 def test_compare_results_and_folders(small, tmp_path):
     other = servesim.run(SMALL, set={"policy.max_num_seqs": 4})
     cmp = servesim.compare(small, other)

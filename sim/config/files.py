@@ -63,6 +63,20 @@ def output_folder(value: str | os.PathLike[str], name: str) -> Path:
     out = output_path(value, name)
     if out.exists() and not out.is_dir():
         raise ScenarioError(f"{name} {out}: exists and is not a folder")
+    return _no_file_above(out, name)
+
+
+def output_file(value: str | os.PathLike[str], name: str, example: str) -> Path:
+    """``value`` as a file to write (its folder made if missing), checked as ``output_folder`` checks a folder:
+    ScenarioError for an empty path, a folder where the file should be (``example``: a file name to offer in it),
+    or a file among its parents, rather than the IsADirectoryError of the temporary file's rename."""
+    out = output_path(value, name)
+    if out.is_dir():
+        raise ScenarioError(f"{name} {out}: is a folder; name the file to write, e.g. {out / example}")
+    return _no_file_above(out, name)
+
+
+def _no_file_above(out: Path, name: str) -> Path:
     parent = next((p for p in out.parents if p.exists()), None)
     if parent is not None and not parent.is_dir():
         raise ScenarioError(f"{name} {out}: {parent} is a file, not a folder")
