@@ -80,6 +80,8 @@ CASES = [
     ("bad_policies.py:SysExits", "", "SysExits: schedule(view) at t=0.029018 s called sys.exit(0)"),
     ("bad_policies.py:SysExitsInInit", "", "constructing it with args {} called sys.exit(3)"),
     ("bad_policies.py:RaisesInDescribe", "", "RaisesInDescribe: describe() raised RuntimeError: describe broke"),
+    ("bad_policies.py:PrintsItsDescription", "", "error: policy PrintsItsDescription: describe() returned None, not a "
+     "str (it returns the line the run shows)"),
     # ranks that do not compare: Python's message named only the types, under servesim's own frames
     ("bad_policies.py:RanksUnlike", "", "RanksUnlike: schedule(view) at t=0.042423 s raised TypeError: rank(req) gave "
      "(0.02877860094577439, 4) for request 4 and None for request 5, which do not compare"),

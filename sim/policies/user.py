@@ -236,7 +236,13 @@ class UserPolicy(Policy):
 
     def describe(self) -> str:
         d = getattr(self.user, "describe", None)
-        return str(call_user(f"policy {self.name}: describe()", d)) if callable(d) else self.name
+        if not callable(d):
+            return self.name
+        line = call_user(f"policy {self.name}: describe()", d)
+        if not isinstance(line, str):  # a describe() that prints its line returned None: "policy None: asked ..."
+            raise PolicyError(f"policy {self.name}: describe() returned {line!r}, not a str (it returns the line "
+                              "the run shows)")
+        return line
 
     def capabilities(self) -> str:
         """What the core will do with this policy, in words: a user on the wrong declaration should know what it

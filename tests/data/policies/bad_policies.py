@@ -204,6 +204,13 @@ class RaisesInDescribe(FCFSPolicy):
         raise RuntimeError("describe broke")
 
 
+class PrintsItsDescription(FCFSPolicy):
+    """describe() that prints its line and returns None: the run showed 'policy None: asked ...', exit 0."""
+
+    def describe(self):
+        print("FCFS, printed")
+
+
 class UnprintableError(FCFSPolicy):
     def schedule(self, view):
         raise _Unprintable()
