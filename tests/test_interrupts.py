@@ -167,3 +167,13 @@ def test_ctrl_c_in_a_sweep_says_where_its_finished_runs_are(tmp_path: Path, monk
     monkeypatch.setattr(sim.studies.sweep, "run_sweep", _ctrl_c)
     assert _last_line(CliRunner().invoke(app, [*args[:-3], "--out", str(tmp_path / "none"), "-q"])) == \
         "interrupted while running ctrl-c; nothing was written"
+
+
+def test_ctrl_c_in_check_policy_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sim.policies.check
+
+    monkeypatch.setattr(sim.policies.check, "check_fast_path", _ctrl_c)
+    doc = {**SCENARIO, "deployment": {"model": "llama-3.2-1b", "gpu": "l4"}}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    res = CliRunner().invoke(app, ["check-policy", str(tmp_path / "s.yaml")])
+    assert _last_line(res) == "interrupted while checking variant a's policy; nothing was written"

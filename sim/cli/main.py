@@ -449,8 +449,9 @@ def check_policy(
             _fail("check-policy runs a scenario's variants, not its sweep points: drop the sweep with --set sweep=null "
                   "and pick its point with --set (--set workload.arrival.rate=8)")
         results = []
-        with _quiet_numpy():
+        with _quiet_numpy(), _on_ctrl_c(f"checking {sc.name}'s policies") as doing:  # it writes nothing
             for cfg in cfgs:
+                doing.what = f"checking variant {cfg.name}'s policy"
                 if cfg.cluster is not None or cfg.disaggregation is not None:
                     typer.echo(f"{cfg.name}: skipped (a cluster or disaggregated pools: check one replica)")
                     continue
