@@ -192,13 +192,15 @@ def test_own_rows_run_as_their_source_states():
         ft = next(r for r in rows if report in r["source"] and r["metric"] == "ttft_s_median")
         cfg = bench.case_of(ft, 3000).cfg
         assert (cfg.deployment.gpu, build(cfg)[3].budget.num_gpu_blocks) == (gpu, blocks)
-    # seven sources: the reports of one tool and team count as one
+    # eight sources: the reports of one tool and team count as one
     assert {bench.source_of(r) for r in rows} == {"benchmarks:comparison/h100sxm5_vs_mi300x/README.md",
                                                   "benchmarks:nvidia/8xh100/README.md", "vLLM-benchmarking:README.md",
                                                   "https://mushfiqrahman.dev/?p=1668",
                                                   "lmdeploy:docs/en/benchmark/a100_fp16.md",
                                                   "benchmarks:amd/inference/README.md",
-                                                  "results_benchmark_llm_serving:README.md"}
+                                                  "results_benchmark_llm_serving:README.md",
+                                                  "https://blogs.oracle.com/cloud-infrastructure/post/serving-llama-"
+                                                  "31-405b-model-with-amd-mi300x-gpus"}
     with pytest.raises(ValueError, match="settings: unknown key 'max_batch'"):
         bench.settings_of({"settings": "max_batch=4"})
 
@@ -352,8 +354,34 @@ def test_published_rows_run_on_the_checkpoint_they_name():
     rows = bench.read_rows([bench.OWN_DATA])
     models = {r["weight_dtype"]: bench.case_of(r, 30).cfg.deployment.model for r in rows
               if "405B" in r["model"] and r["weight_dtype"].startswith("fp8")}
+    # Oracle's post names no checkpoint: the base preset, every matmul in FP8 as the weight column says
     assert models == {"fp8 (meta-llama/Llama-3.1-405B-FP8)": "llama-3.1-405b-fp8",
-                      "fp8 (amd/Llama-3.1-405B-Instruct-FP8-KV)": "llama-3.1-405b"}
+                      "fp8 (amd/Llama-3.1-405B-Instruct-FP8-KV)": "llama-3.1-405b",
+                      "fp8 (the post's 'Llama 3.1 405B FP8 model'; checkpoint not named)": "llama-3.1-405b"}
+
+
+def test_oracle_mi300x_rows_run_as_vllm_benchmark_scripts_ran_them():
+    """Oracle's Llama-3.1-405B FP8 post (8x MI300X, October 2024): benchmark_latency's batches of 1-256 and
+    benchmark_throughput's 1000 prompts, each on vLLM 0.6's V0 preset at TP 8 with the scripts' defaults: the
+    model's 131072 tokens and chunked prefill off (the scripts pass --enable-chunked-prefill as False), so a step
+    may hold 131072 prompt tokens; a batch's time is its requests over that time."""
+    bench = _bench()
+    rows = [r for r in bench.read_rows([bench.OWN_DATA]) if "blogs.oracle.com" in r["source"]]
+    assert len({bench.source_of(r) for r in rows}) == 1 and len(rows) == 11
+    assert sorted(int(r["batch_or_concurrency"]) for r in rows if r["metric"] == "batch_latency_s") == [
+        1, 2, 4, 8, 16, 32, 64, 128, 256]
+    lat = next(r for r in rows if r["metric"] == "batch_latency_s" and r["batch_or_concurrency"] == "256")
+    case = bench.case_of(lat, 3000)
+    dep = case.cfg.deployment
+    assert (dep.model, dep.gpu, dep.tensor_parallel_size, dep.weight_dtype) == ("llama-3.1-405b", "mi300x", 8, "fp8")
+    assert (dep.engine.name, dep.engine.version, dep.serving) == ("vllm-v0", "0.6", None)
+    policy = build(case.cfg)[0]
+    assert (policy.enable_chunked_prefill, policy.limits.max_num_batched_tokens, policy.limits.max_model_len) == (
+        False, 131072, 131072)
+    assert case.run.input_lens == [128] * 256 and case.run.output_lens == [128] * 256
+    assert case.run.aggregates == {"request_throughput": 256 / 17.75} and bench.metric_of(lat)[0] == "E2E"
+    thr = bench.case_of(next(r for r in rows if r["output_len"] == "2048"), 3000)
+    assert len(thr.run.input_lens) == 1000 and thr.run.aggregates == {"output_throughput": 2794.0}
 
 
 def test_v0_host_time_ratio_diagnostic():
