@@ -15,6 +15,7 @@ from sim.metrics.decisions import (
     e2e_by_request,
     resimulated_regret,
     summary,
+    trace_core,
     trace_simulation,
 )
 from sim.policies import ContinuousPolicy, Limits
@@ -145,3 +146,28 @@ def test_run_trace_bad_values_exit_2(tmp_path: Path) -> None:
     assert_clean_error(result, out, "--trace must be decisions")
     result, out = invoke(tmp_path, CLUSTER, args=("--trace", "decisions", "--trace-max-rows", "0"))
     assert_clean_error(result, out, "--trace-max-rows must be >= 1")
+
+
+def test_a_traced_core_never_takes_the_policys_quick_plan(monkeypatch) -> None:
+    # The core reads the policy's quick plan (schedule_arrival) when it is built; a trace wraps the policy later,
+    # so a plan taken there would bypass the trace. A traced core must ask schedule, which the trace sees.
+    quick_plans = [0]
+    quick = ContinuousPolicy.schedule_arrival
+
+    def counted(self, view):
+        quick_plans[0] += 1
+        return quick(self, view)
+
+    monkeypatch.setattr(ContinuousPolicy, "schedule_arrival", counted)
+
+    def run(trace: DecisionTrace | None) -> int:
+        quick_plans[0] = 0
+        core = ServingCore(ContinuousPolicy(limits=Limits(8, 2048, 2048)), PagedBlockManager(2000, 16))
+        sim = Simulation(SKEWED, [(core, LinearCost())], fast_forward=False)
+        if trace is not None:
+            trace_core(core, trace)
+        sim.run()
+        return quick_plans[0]
+
+    assert run(None) > 0  # (untraced, the same core takes quick plans: the test would otherwise prove nothing)
+    assert run(DecisionTrace()) == 0

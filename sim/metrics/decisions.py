@@ -242,6 +242,9 @@ def trace_core(core: Any, trace: DecisionTrace) -> None:
     decode steps without asking the policy, which no trace needs, but also plan decode groups the trace cannot
     see member by member)."""
     core.policy = TracingPolicy(core.policy, core, trace)
+    # the core took the policy's quick plan for a lone arrival when it was built: a plan from there would pass by
+    # the wrapper, so every plan now comes from ``schedule``, which the trace sees
+    core.schedule_arrival = None
     core.admission = TracingAdmission(core.admission, core, trace)
 
 
