@@ -69,8 +69,8 @@ def test_closest_key_rules():
     ({"type": "custom", "cls": "sim.policies.queue:FCFSPolicy", "args": {"x": 1}},
      "s.yaml: variants.0.cluster.router.custom: cls sim.policies.queue:FCFSPolicy: constructing it with args "
      "{'x': 1} raised TypeError: QueuePolicy.__init__() got an unexpected keyword argument 'x'"),
-    ({"type": "power_of_tw"}, "s.yaml: variants.0.cluster.router.type: unknown type power_of_tw; expected one of "
-     "'custom', 'power_of_two', 'cache_load_score', 'slo_aware'"),
+    ({"type": "power_of_tw"}, "s.yaml: variants.0.cluster.router.type: unknown type power_of_tw; did you mean "
+     "power_of_two? expected one of 'custom', 'power_of_two', 'cache_load_score', 'slo_aware'"),
     ({"type": "power_of_two", "sed": 1}, "s.yaml: variants.0.cluster.router.sed: unknown key; did you mean seed?"),
 ])
 def test_a_router_mapping_with_a_mistake_is_named_alone(router, line):
@@ -78,6 +78,23 @@ def test_a_router_mapping_with_a_mistake_is_named_alone(router, line):
     "cluster.router: must be 'round_robin', 'least_outstanding', 'least_kv' or 'prefix_affinity'", and named the
     real problem on a second line."""
     assert _error(lambda r: r["variants"][0].update(cluster={"replicas": 2, "router": router})) == line
+
+
+@pytest.mark.parametrize("where, written, meant", [
+    (("variants", 0, "policy"), "continous", "continuous"), (("workload", "arrival"), "Poisson", "poisson"),
+    (("workload", "prompt_len"), "lognorm", "lognormal"), (("workload", "arrival"), "bursty", None)])
+def test_a_misspelt_type_names_the_closest(where, written, meant):
+    """An unknown ``type:`` listed every kind but named none ('unknown type continous; expected one of 'static',
+    'continuous', ...'), where a misspelt key gets 'did you mean'; now the closest kind is named first."""
+    def change(raw):
+        section = raw
+        for part in where:
+            section = section[part]
+        section["type"] = written
+
+    msg = _error(change)
+    hint = f"did you mean {meant}? " if meant else ""
+    assert f".type: unknown type {written}; {hint}expected one of '" in msg, msg
 
 
 @pytest.mark.parametrize("written, meant", [("round_robn", "round_robin"), ("least-kv", "least_kv"),

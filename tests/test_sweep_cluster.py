@@ -98,8 +98,8 @@ def test_ray_writes_the_serial_rows_of_a_cluster_study(tmp_path: Path) -> None:
 @pytest.mark.parametrize("axis, message", [
     ("cluster.replicas=2,0", "at {'cluster.replicas': 0}: cluster.replicas: must be greater than or equal to 1"),
     ("cluster.replicas=2,x", "at {'cluster.replicas': 'x'}: cluster.replicas: expected an integer (got 'x')"),
-    ("cluster.router=least_kv,nonsense", "cluster.router: must be 'round_robin', 'least_outstanding', 'least_kv' "
-                                         "or 'prefix_affinity'"),
+    ("cluster.router=least_kv,nonsense", "cluster.router: not a router's name; the built-ins: round_robin, "
+                                         "least_outstanding, least_kv, prefix_affinity, power_of_two"),
     ("cluster.router={type: nope}", "cluster.router.type: unknown type nope"),
     ("cluster.replicaz=2,4", "sweep: cluster.replicaz: unknown key; did you mean cluster.replicas?"),
 ])

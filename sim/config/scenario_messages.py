@@ -5,6 +5,7 @@ items: it is never rendered whole)."""
 from __future__ import annotations
 
 import difflib
+import re
 import reprlib
 import types
 import typing
@@ -80,8 +81,10 @@ def _reason(e: ErrorDetails) -> str:
     kind = e["type"]
     if kind in _EXPECTED:
         return "expected " + _EXPECTED[kind]
-    if kind == "union_tag_invalid":
-        return f"unknown type {e['ctx']['tag']}; expected one of {e['ctx']['expected_tags']}"
+    if kind == "union_tag_invalid":  # the closest kind first, as a misspelt key gets it
+        tag, expected = str(e["ctx"]["tag"]), str(e["ctx"]["expected_tags"])
+        close = closest_key(tag, re.findall(r"'([^']*)'", expected))
+        return f"unknown type {tag}; {f'did you mean {close}? ' if close else ''}expected one of {expected}"
     msg = e["msg"].removeprefix("Value error, ")
     return "must be " + msg.removeprefix("Input should be ") if msg.startswith("Input should be ") else msg
 
