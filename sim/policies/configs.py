@@ -187,7 +187,8 @@ class FCFSPolicyConfig(_BuiltinQueueConfig):
 
 
 class PriorityPolicyConfig(_BuiltinQueueConfig):
-    """vLLM's --scheduling-policy priority: lower priority value first; preempts lower-priority running work."""
+    """vLLM's --scheduling-policy priority: lower priority value first; a waiting request preempts lower-priority
+    running work (vLLM V0's rule; V1 preempts only when blocks run out)."""
 
     type: Literal["priority"] = "priority"
 

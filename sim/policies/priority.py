@@ -1,9 +1,11 @@
-"""Priority scheduling as vLLM's ``--scheduling-policy priority`` does it.
+"""Priority scheduling as vLLM's ``--scheduling-policy priority`` does it, with one rule taken from vLLM V0.
 
 Waiting requests are served by (priority, arrival), a lower priority value first (vLLM's convention); when blocks
-run out the running request with the largest (priority, arrival) is preempted first; and a waiting request that
-finds no free KV or no free slot preempts running requests of a lower priority (larger value) than its own
-(vLLM v0's ``_schedule_priority_preemption``). Ties end with the request id, so the order is total.
+run out the running request with the largest (priority, arrival) is preempted first (vLLM V1's
+``Scheduler.schedule``). A waiting request that finds no free KV or no free slot preempts running requests of a
+lower priority (larger value) than its own: vLLM V0's ``_schedule_priority_preemption``, which V1 does not have
+(there a high-priority arrival waits for a slot). Ties end with the request id, so the order is total.
+docs/policies.md ("How fcfs and priority follow vLLM") lists the differences; tests/test_vllm_parity.py checks them.
 """
 
 from __future__ import annotations

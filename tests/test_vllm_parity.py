@@ -1,0 +1,135 @@
+"""The built-in ``fcfs`` and ``priority`` policies, step by step, against what vLLM's scheduler code does.
+
+Each case is small enough to check by hand: a KV cache of a few 4-token blocks, one step per simulated second, the
+fast path off so that every step's plan is seen. The expected traces were worked out from vLLM's source:
+
+- V1 ``vllm/v1/core/sched/scheduler.py`` at 00024d314514900f361ad072af6931e403b7f589 (``Scheduler.schedule``: the
+  running loop, its preemption, the waiting loop; ``_preempt_request``);
+- V1 ``vllm/v1/core/sched/request_queue.py`` at 0097c7ed191ad98928976a47ae63ab625a5d112f (FCFS deque: prepend is
+  ``appendleft``; priority heap ordered by ``Request.__lt__``: priority, arrival_time, request_id);
+- V0 ``vllm/core/scheduler.py`` (``_schedule_priority_preemption``), for the one rule servesim takes from V0.
+
+A trace row is (step, [(request id, tokens computed)], [preempted ids], waiting ids after the step). Where servesim
+differs on purpose the test says so and docs/policies.md ("How fcfs and priority follow vLLM") explains why.
+"""
+
+from __future__ import annotations
+
+from sim.policies import Limits
+from sim.policies.priority import PriorityPolicy
+from sim.policies.queue import FCFSPolicy, QueuePolicy
+from sim.policies.user import UserPolicy
+from sim.serving.block_manager import PagedBlockManager
+from sim.serving.core import ServingCore
+from sim.serving.request import Request, RequestSpec
+
+Row = tuple[int, list[tuple[int, int]], list[int], list[int]]
+
+
+def _trace(policy: QueuePolicy, specs: list[RequestSpec], blocks: int, steps: int, max_num_seqs: int = 8,
+           max_num_batched_tokens: int = 64) -> list[Row]:
+    """Step the core once per second (arrivals join before the step that starts at or after them)."""
+    core = ServingCore(UserPolicy(policy, Limits(max_num_seqs, max_num_batched_tokens, 4096)),
+                       PagedBlockManager(blocks, 4), fast_path=False)
+    pending = sorted(specs, key=lambda s: (s.arrival, s.id))
+    rows: list[Row] = []
+    for k in range(steps):
+        while pending and pending[0].arrival <= k:
+            s = pending.pop(0)
+            assert core.add_request(Request(s, s.arrival), float(k))
+        batch = core.schedule(float(k))
+        assert batch is not None, f"step {k}: nothing to run"
+        rows.append((k, [(r.id, n) for r, n in batch.plan.scheduled], [r.id for r, _ in batch.plan.preempt],
+                     [r.id for r in core.waiting]))
+        core.complete(batch, k + 1.0)
+    return rows
+
+
+def test_fcfs_preempts_the_latest_admitted_which_recomputes_from_the_front_of_the_queue() -> None:
+    """4 blocks. Request 2 waits (no free block) behind 0 and 1. At step 5 request 0 needs a fifth block: V1 pops
+    the last of ``running`` (1, itself the request being planned next: ``self.running.pop()``), frees its KV, sets its
+    ``num_computed_tokens`` to 0 and ``prepend_request``s it, so it waits AHEAD of 2, which arrived before it was
+    preempted. At step 8 it is recomputed whole: prompt 4 + its 4 generated tokens = 8, then 2 fits beside it. At
+    step 9 request 2, admitted last, is the victim in its turn (it needs a second block, none is left)."""
+    specs = [RequestSpec(0, 0.0, 4, 8), RequestSpec(1, 0.5, 4, 8), RequestSpec(2, 1.5, 4, 2)]
+    assert _trace(FCFSPolicy(), specs, blocks=4, steps=10) == [
+        (0, [(0, 4)], [], []),
+        (1, [(0, 1), (1, 4)], [], []),
+        (2, [(0, 1), (1, 1)], [], [2]),  # 2 needs a block, none is free: the waiting loop breaks
+        (3, [(0, 1), (1, 1)], [], [2]),
+        (4, [(0, 1), (1, 1)], [], [2]),
+        (5, [(0, 1)], [1], [1, 2]),  # victim = the latest admitted; back at the FRONT of waiting
+        (6, [(0, 1)], [], [1, 2]),  # no admission: 1 needs 2 blocks for its 8 tokens, 1 is free
+        (7, [(0, 1)], [], [1, 2]),  # 0 finishes (8 outputs)
+        (8, [(1, 8), (2, 4)], [], []),  # recompute from 0 computed tokens: num_tokens = 4 + 4
+        (9, [(1, 1)], [2], [2]),
+    ]
+
+
+def test_priority_admits_by_priority_then_arrival_then_id() -> None:
+    """One sequence slot. V1's priority heap pops by ``Request.__lt__``: (priority, arrival_time, request_id)."""
+    specs = [RequestSpec(0, 0.0, 4, 1, priority=2), RequestSpec(1, 0.0, 4, 1, priority=1),
+             RequestSpec(3, 0.0, 4, 1, priority=1), RequestSpec(2, 0.0, 4, 1, priority=1),
+             RequestSpec(4, 0.0, 4, 1, priority=0)]
+    rows = _trace(PriorityPolicy(), specs, blocks=100, steps=5, max_num_seqs=1)
+    assert [sched for _, sched, _, _ in rows] == [[(4, 4)], [(1, 4)], [(2, 4)], [(3, 4)], [(0, 4)]]
+
+
+def test_priority_victim_is_the_running_request_of_the_largest_priority_even_if_planned_already() -> None:
+    """3 blocks. Running [0 (priority 5), 1 (priority 0)] in admission order. At step 2 request 0's token fits its
+    block and is planned; request 1 then needs a fourth block. V1 preempts ``max(self.running, key=(priority,
+    arrival_time))`` = 0, which was already scheduled this step: it leaves ``scheduled_running_reqs`` and its token
+    goes back to the budget (``token_budget += num_scheduled_tokens.pop(...)``), and 1 gets the freed blocks."""
+    specs = [RequestSpec(0, 0.0, 6, 4, priority=5), RequestSpec(1, 0.5, 4, 8, priority=0)]
+    assert _trace(PriorityPolicy(), specs, blocks=3, steps=4) == [
+        (0, [(0, 6)], [], []),
+        (1, [(0, 1), (1, 4)], [], []),
+        (2, [(1, 1)], [0], [0]),
+        (3, [(1, 1)], [], [0]),  # 0 (8 tokens: 2 blocks) waits while 1 holds 2 of the 3 blocks
+    ]
+
+
+def test_priority_victim_itself_lets_the_rest_of_the_running_requests_run() -> None:
+    """A deliberate difference (docs/policies.md). 3 blocks, running [0 (priority 5), 1 (priority 0)]. At step 2
+    request 0 needs a block and is itself the victim. vLLM V1 then ``break``s out of its running loop: request 1,
+    later in ``running``, is not scheduled, and the step computes nothing (1 decodes one step later). servesim goes
+    on with the running requests after the victim, so 1 decodes in the freed block in the same step."""
+    specs = [RequestSpec(0, 0.0, 3, 8, priority=5), RequestSpec(1, 0.5, 8, 4, priority=0)]
+    rows = _trace(PriorityPolicy(), specs, blocks=3, steps=3)
+    assert rows[2] == (2, [(1, 1)], [0], [0])  # vLLM V1: (2, [], [0], [0])
+
+
+def test_priority_arrival_displaces_lower_priority_work_in_the_same_step() -> None:
+    """A deliberate difference (docs/policies.md). Two slots, both held by priorities 1 and 2; a priority-0 request
+    arrives. vLLM V1 preempts only when KV blocks run out, never for a waiting request: 2 would wait for a slot.
+    servesim's ``priority`` takes V0's ``_schedule_priority_preemption`` rule (the lowest-priority running request is
+    preempted while the waiting head outranks it and cannot be scheduled), and admits the head in the same step
+    (V0 admitted it one step later, after a step of decodes)."""
+    specs = [RequestSpec(0, 0.0, 4, 20, priority=1), RequestSpec(1, 0.0, 4, 20, priority=2),
+             RequestSpec(2, 1.5, 4, 3, priority=0)]
+    rows = _trace(PriorityPolicy(), specs, blocks=100, steps=3, max_num_seqs=2)
+    assert rows[2] == (2, [(0, 1), (2, 4)], [1], [1])
+
+
+def test_chunked_prefill_plans_the_running_requests_first_and_fills_the_budget_with_waiting_chunks() -> None:
+    """``max_num_batched_tokens`` 8. V1's running loop takes ``min(num_new_tokens, token_budget)`` for each running
+    request (a partial prompt continues), then the waiting loop fills what is left, the waiting request's chunk cut
+    to the budget too (``min(num_new_tokens, token_budget)``); with nothing left, nobody is admitted."""
+    specs = [RequestSpec(0, 0.0, 20, 2), RequestSpec(1, 0.5, 10, 2)]
+    assert _trace(FCFSPolicy(), specs, blocks=100, steps=4, max_num_batched_tokens=8) == [
+        (0, [(0, 8)], [], []),
+        (1, [(0, 8)], [], [1]),  # the budget is spent on 0's chunk: 1 waits
+        (2, [(0, 4), (1, 4)], [], []),
+        (3, [(0, 1), (1, 6)], [], []),
+    ]
+
+
+def test_max_num_seqs_holds_back_a_waiting_request_while_tokens_are_left() -> None:
+    """V1's waiting loop stops when ``len(self.running) == max_num_seqs`` (``running`` counts every admitted request,
+    preempted ones removed), whatever budget is left: two slots, three prompts of 4 tokens, a budget of 64."""
+    specs = [RequestSpec(0, 0.0, 4, 2), RequestSpec(1, 0.0, 4, 2), RequestSpec(2, 0.0, 4, 2)]
+    assert _trace(FCFSPolicy(), specs, blocks=100, steps=3, max_num_seqs=2) == [
+        (0, [(0, 4), (1, 4)], [], [2]),
+        (1, [(0, 1), (1, 1)], [], [2]),  # both finish (2 outputs each)
+        (2, [(2, 4)], [], []),
+    ]
