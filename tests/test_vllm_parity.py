@@ -133,3 +133,24 @@ def test_max_num_seqs_holds_back_a_waiting_request_while_tokens_are_left() -> No
         (1, [(0, 1), (1, 1)], [], [2]),  # both finish (2 outputs each)
         (2, [(2, 4)], [], []),
     ]
+
+
+def test_priority_without_displacement_is_vllm_v1s_rule() -> None:
+    """``preempt_for_waiting: false`` gives V1's rule exactly: the priority-0 arrival of the case above finds both
+    slots held and waits (V1's waiting loop breaks at ``len(self.running) == max_num_seqs``; nothing preempts for a
+    waiting request), until request 0 and 1 finish and free a slot; the running requests keep decoding."""
+    from sim.policies.configs import PriorityPolicyConfig
+
+    policy = PriorityPolicyConfig.model_validate({"type": "priority", "preempt_for_waiting": False}).make()
+    assert policy.preempt_for_waiting is False
+    specs = [RequestSpec(0, 0.0, 4, 4, priority=1), RequestSpec(1, 0.0, 4, 5, priority=2),
+             RequestSpec(2, 1.5, 4, 3, priority=0)]
+    assert _trace(policy, specs, blocks=100, steps=6, max_num_seqs=2) == [
+        (0, [(0, 4), (1, 4)], [], []),
+        (1, [(0, 1), (1, 1)], [], []),
+        (2, [(0, 1), (1, 1)], [], [2]),  # servesim's default (V0's rule): (2, [(0, 1), (2, 4)], [1], [1])
+        (3, [(0, 1), (1, 1)], [], [2]),  # 0 finishes (4 outputs)
+        (4, [(1, 1), (2, 4)], [], []),  # 1 finishes (5 outputs)
+        (5, [(2, 1)], [], []),
+    ]
+    assert PriorityPolicyConfig.model_validate({"type": "priority"}).make().preempt_for_waiting is True

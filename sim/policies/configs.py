@@ -191,11 +191,14 @@ class PriorityPolicyConfig(_BuiltinQueueConfig):
     running work (vLLM V0's rule; V1 preempts only when blocks run out)."""
 
     type: Literal["priority"] = "priority"
+    preempt_for_waiting: bool = Field(default=True, description="A waiting request that finds no slot or blocks "
+                                      "preempts lower-priority running work (vLLM V0); false: only a running "
+                                      "request short of blocks preempts (vLLM V1).")
 
     def make(self) -> Any:
         from sim.policies.priority import PriorityPolicy
 
-        return PriorityPolicy(self.enable_chunked_prefill, self.preemption_mode)
+        return PriorityPolicy(self.enable_chunked_prefill, self.preemption_mode, self.preempt_for_waiting)
 
 
 class SJFPolicyConfig(_BuiltinQueueConfig):
