@@ -51,7 +51,7 @@ def test_fcfs_on_the_public_api_schedules_as_the_builtin(chunked: bool, mode: st
     builtin = {"type": "continuous", "enable_chunked_prefill": chunked, "preemption_mode": mode,
                "max_num_batched_tokens": 512 if chunked else 4096}
     if not chunked:
-        builtin["prefill_mode"] = "mixed"  # vLLM v0's mixed steps: decodes beside whole prompts
+        builtin["prefill_mode"] = "mixed"  # decodes beside whole prompts (vLLM v1 unchunked)
     public = {"type": "fcfs", "enable_chunked_prefill": chunked, "preemption_mode": mode,
               "max_num_batched_tokens": 512 if chunked else 4096}
     (ra, qa, ca), (rb, qb, cb) = _pair(builtin, public)

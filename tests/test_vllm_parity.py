@@ -124,6 +124,21 @@ def test_chunked_prefill_plans_the_running_requests_first_and_fills_the_budget_w
     ]
 
 
+def test_without_chunking_whole_prompts_join_the_decodes_while_they_fit_the_budget() -> None:
+    """``enable_chunked_prefill: false``: V1's waiting loop admits a prompt whole beside the running decodes, and
+    ``break``s at the first that exceeds the budget left (``num_new_tokens > token_budget``), not cutting it. (V0
+    without chunking ran prompts in steps of their own: the ``continuous`` policy's ``prefill_first``.) Budget 8."""
+    specs = [RequestSpec(0, 0.0, 4, 3), RequestSpec(1, 0.5, 6, 3), RequestSpec(2, 0.5, 8, 1)]
+    assert _trace(FCFSPolicy(enable_chunked_prefill=False), specs, blocks=100, steps=5,
+                  max_num_batched_tokens=8) == [
+        (0, [(0, 4)], [], []),
+        (1, [(0, 1), (1, 6)], [], [2]),  # 2's 8 tokens exceed the 1 left
+        (2, [(0, 1), (1, 1)], [], [2]),  # 0 finishes
+        (3, [(1, 1)], [], [2]),  # 8 > 7: 2 waits on; 1 finishes
+        (4, [(2, 8)], [], []),
+    ]
+
+
 def test_max_num_seqs_holds_back_a_waiting_request_while_tokens_are_left() -> None:
     """V1's waiting loop stops when ``len(self.running) == max_num_seqs`` (``running`` counts every admitted request,
     preempted ones removed), whatever budget is left: two slots, three prompts of 4 tokens, a budget of 64."""

@@ -3,7 +3,8 @@
 ``QueuePolicy`` schedules as vLLM v1 does: the running requests first (decodes and unfinished prompt chunks, in
 admission order), then, if nobody had to be preempted, the swapped requests and then the waiting ones, while
 ``max_num_seqs``, ``max_num_batched_tokens`` and the free KV blocks allow. With ``enable_chunked_prefill`` prompts
-are cut to fill the step's token budget; without it a prompt runs whole or waits (vLLM v0's mixed steps).
+are cut to fill the step's token budget; without it a prompt runs whole beside the decodes or waits (vLLM v1 with
+chunked prefill off; v0 ran whole prompts in steps of their own).
 
 A subclass changes one rule by overriding one hook:
 
