@@ -226,7 +226,7 @@ class PagedMachine(RuleBasedStateMachine):
         lens = [len(self.table(r)) for r in rs]
         grow_blocks(m, rs)
         assert m.num_free_blocks == free0 - len(rs)
-        for r, n0 in zip(rs, lens):
+        for r, n0 in zip(rs, lens, strict=True):
             assert len(self.table(r)) == n0 + 1
             self.content[self.table(r)[-1]] = None
             c0 = r.num_computed_tokens

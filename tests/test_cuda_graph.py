@@ -48,7 +48,7 @@ def test_eager_graph_buffers_decode_like_the_engine() -> None:
         assert torch.equal(tok_a, tok_b)
         ctx += 1
     # equal up to rounding: the graph attends over the full table width (masked), a different reduction length
-    for ka, kb in zip(cache_a.k + cache_a.v, cache_b.k + cache_b.v):
+    for ka, kb in zip(cache_a.k + cache_a.v, cache_b.k + cache_b.v, strict=True):
         assert torch.allclose(ka, kb, rtol=1e-5, atol=1e-6)
     assert cache_a.k[0].abs().sum() > 0  # the comparison is not between two empty caches
 

@@ -161,7 +161,7 @@ def test_decode_steps_bit_identical_to_step_time(rows, base, tp, wd):
     ]
     for cost in models:
         times, flops = cost.decode_steps(rows, reads)
-        for n, c, t, f in zip(rows, reads, times, flops):
+        for n, c, t, f in zip(rows, reads, times, flops, strict=True):
             shape = StepShape(n, n, n, c, c, 0, 0)
             assert t == cost.step_time(shape)
             if hasattr(cost, "decode_step_time"):

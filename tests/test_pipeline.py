@@ -93,7 +93,7 @@ def test_stage_busy_inverts_the_round() -> None:
         m = min(n, 4)
         mb = StepShape(n / m, n / m, n / m, n / m * 300, n / m * 300)
         work = inner.step_time(mb) - inner.step_overhead - n / m * inner.per_request_overhead
-        assert b == pytest.approx(m * work / 4, rel=1e-9)
+        assert b == pytest.approx(m * work / 4, rel=1e-9) and 0 < b <= d  # a stage is busy within its step
     util = busy / dur
     assert 0.24 < util[0] < 0.25 and util[1] == pytest.approx(2 * util[0], rel=0.02) and util[3] > 0.95
 

@@ -113,7 +113,7 @@ def test_english_is_likely_and_shuffled_tokens_are_not(real):
     ppl = [perplexity(model, s) for s in seqs]
     ppl_shuffled = [perplexity(model, s) for s in shuffled]
     assert all(p < 80 for p in ppl), ppl  # measured 17-48
-    assert all(s > 20 * p for p, s in zip(ppl, ppl_shuffled)), (ppl, ppl_shuffled)  # measured 70-130x
+    assert all(s > 20 * p for p, s in zip(ppl, ppl_shuffled, strict=True)), (ppl, ppl_shuffled)  # measured 70-130x
     assert pooled_perplexity(model, seqs) < 40  # measured 27
 
 
@@ -137,7 +137,7 @@ def test_wrong_rope_layout_is_caught(real):
             w[q : q + kv] = _gguf_permute(w[q : q + kv].clone(), s.num_key_value_heads)
         wrong = pooled_perplexity(model, seqs)
     finally:
-        for layer, w in zip(model.layers, saved):
+        for layer, w in zip(model.layers, saved, strict=True):
             layer.self_attn.qkv_proj.weight.data.copy_(w)
     assert wrong > 40 and wrong > 2 * right, (right, wrong)
     assert pooled_perplexity(model, seqs) == pytest.approx(right, rel=1e-6)  # restored
@@ -151,7 +151,7 @@ def test_greedy_answers_are_coherent(real, paged_generation):
     outs = [[t for t in o if t != tok.eos_token_id] for o in paged_generation.tokens]
     texts = [tok.decode(o) for o in outs]
     assert "Paris" in texts[0], texts[0]
-    for o, text in zip(outs, texts):
+    for o, text in zip(outs, texts, strict=True):
         assert len(o) >= 6, text  # a wrong model answers a chat prompt with an immediate end of turn
         assert len(set(o)) / len(o) >= 0.6, text  # not a loop
         assert perplexity(model, o) < 40, text  # fluent by itself (measured 5-13)
@@ -163,7 +163,7 @@ def test_paged_and_contiguous_give_the_same_logits(real, prompts, paged_generati
                                  eos_token_id=real.tokenizer.eos_token_id)
     assert contiguous.tokens == paged_generation.tokens
     assert contiguous.step_rows == paged_generation.step_rows
-    for a, b in zip(paged_generation.step_logits, contiguous.step_logits):
+    for a, b in zip(paged_generation.step_logits, contiguous.step_logits, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
     # and both match one forward of prompt + output without any cache (the last step of the longest answer)
     i = max(range(len(prompts)), key=lambda k: len(paged_generation.tokens[k]))

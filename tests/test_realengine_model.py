@@ -114,7 +114,8 @@ def test_same_seed_same_weights_across_dtypes() -> None:
     a = LlamaModel(TINY, seed=3)
     b = LlamaModel(TINY, seed=3, dtype="float64")
     c = LlamaModel(TINY, seed=4)
-    for (na, pa), (_, pb), (_, pc) in zip(a.named_parameters(), b.named_parameters(), c.named_parameters()):
+    params = zip(a.named_parameters(), b.named_parameters(), c.named_parameters(), strict=True)
+    for (na, pa), (_, pb), (_, pc) in params:
         assert torch.equal(pa.double(), pb), na
         assert not torch.equal(pa, pc), na
         assert pa.abs().min() > 0, f"{na} holds a zero"
@@ -180,7 +181,7 @@ def _random_tables(lens: list[int], num_blocks: int, bs: int, seed: int) -> list
 def test_attention_matches_float64_reference(layout: str, case: tuple[list[int], list[int]]) -> None:
     ctx, qlens = case
     bs, g = 4, torch.Generator().manual_seed(11)
-    lens = [c + n for c, n in zip(ctx, qlens)]
+    lens = [c + n for c, n in zip(ctx, qlens, strict=True)]
     tables = _random_tables(lens, 64, bs, seed=12)
     spec = dataclasses.replace(TINY, num_attention_heads=H, num_key_value_heads=HKV, head_dim=D, num_layers=1)
     cache = KVCache(spec, block_size=bs, dtype=torch.float32, layout=layout, num_blocks=64,
@@ -201,10 +202,10 @@ def test_attention_matches_float64_reference(layout: str, case: tuple[list[int],
     else:
         meta = build_metadata(ctx, qlens, block_size=bs, seq_slots=rows, row_len=cache.row_len)
     q = torch.cat(qs)
-    k = torch.cat([fk[c:] for fk, c in zip(full_k, ctx)])
-    v = torch.cat([fv[c:] for fv, c in zip(full_v, ctx)])
+    k = torch.cat([fk[c:] for fk, c in zip(full_k, ctx, strict=True)])
+    v = torch.cat([fv[c:] for fv, c in zip(full_v, ctx, strict=True)])
     out = attention(q, k, v, (kc, vc), meta, D**-0.5)
-    for i, (c, n) in enumerate(zip(ctx, qlens)):
+    for i, (c, n) in enumerate(zip(ctx, qlens, strict=True)):
         a = meta.query_start_loc[i]
         ref = ref_attention(qs[i], full_k[i], full_v[i], c, D**-0.5)
         assert rel_err(out[a : a + n], ref) < 1e-5, f"sequence {i}"
@@ -282,7 +283,7 @@ def test_mixed_batch_equals_separate(layout: str) -> None:
     model = LlamaModel(TINY, seed=5)
     a = _mixed_schedule(model, _cache(layout), together=True)
     b = _mixed_schedule(model, _cache(layout), together=False)
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=True):
         assert rel_err(x, y) < 1e-5
 
 
@@ -322,7 +323,7 @@ def test_safetensors_round_trip(tmp_path, dtype: str) -> None:
     assert set(state) == set(src.hf_state_dict())
     assert "model.layers.1.self_attn.k_proj.bias" in state and "lm_head.weight" not in state  # tied
     dst = LlamaModel(TINY_VARIANT, seed=2, dtype=dtype, weights_path=path)
-    for (name, a), (_, b) in zip(src.named_parameters(), dst.named_parameters()):
+    for (name, a), (_, b) in zip(src.named_parameters(), dst.named_parameters(), strict=True):
         assert torch.equal(a, b), name
     missing = dict(state)
     del missing["model.norm.weight"]

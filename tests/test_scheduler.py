@@ -188,7 +188,7 @@ def check_run(cfg: Config, run: Run) -> None:
     plans = sorted_plans(core)
     steps = res.steps
     assert len(plans) == len(steps["start"])
-    for p, pre, dec in zip(plans, steps["prefill_tokens"], steps["decode_tokens"]):
+    for p, pre, dec in zip(plans, steps["prefill_tokens"], steps["decode_tokens"], strict=True):
         assert 1 <= len(p) <= limits.max_num_seqs
         total = sum(n for _, n in p)
         assert total <= limits.max_num_batched_tokens

@@ -68,7 +68,7 @@ def test_mooncake_hash_ids_cover_the_prompt() -> None:
     t = load_trace("mooncake")
     assert t.hash_block_size == 512 and t.hash_ids is not None
     assert t.hash_ids[0] == tuple(range(14))
-    assert all(len(h) == math.ceil(p / 512) for h, p in zip(t.hash_ids, t.prompt_len.tolist()))
+    assert all(len(h) == math.ceil(p / 512) for h, p in zip(t.hash_ids, t.prompt_len.tolist(), strict=True))
     with open(TRACE_DIR / TRACES["mooncake"]) as f:
         first = json.loads(f.readline())
     assert (t.prompt_len[0], t.output_len[0]) == (first["input_length"], first["output_length"])
@@ -77,7 +77,7 @@ def test_mooncake_hash_ids_cover_the_prompt() -> None:
 def test_fast_and_row_parsers_agree() -> None:
     for name in ("azure-code", "azure-conv"):
         path = str(TRACE_DIR / TRACES[name])
-        for fast, slow in zip(traces._read_azure(path), traces._read_azure_rows(path)):
+        for fast, slow in zip(traces._read_azure(path), traces._read_azure_rows(path), strict=True):
             np.testing.assert_array_equal(fast, slow)
 
 
