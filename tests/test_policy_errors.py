@@ -602,3 +602,21 @@ def test_a_policy_waiting_past_the_stall_rule_is_told_to_ask_for_the_time_it_wai
     assert str(e.value).endswith(
         "never lets a request finish; a policy waiting on the clock for longer returns the time it waits for from "
         "wake_time(view), rather than asking again every few milliseconds)"), e.value
+
+
+def test_a_sweep_over_a_policy_file_finds_it_beside_the_scenario(tmp_path: Path) -> None:
+    """`sweep: {policy.cls: ["mine.py:Mine", ...]}` with mine.py beside the scenario, run from another folder: each
+    point's file was looked for in the working folder ("mine.py: file not found"), though the scenario's own
+    policy.cls beside it was found; a whole policy section swept alike."""
+    import servesim
+
+    (tmp_path / "mine.py").write_text("from sim.policies.queue import FCFSPolicy\n\n\nclass Mine(FCFSPolicy):\n"
+                                      "    pass\n\n\nclass Other(FCFSPolicy):\n    pass\n")
+    sc = tmp_path / "s.yaml"
+    text = SCENARIO.format(cls="mine.py:Mine", extra="")
+    assert Path.cwd() != tmp_path
+    for sweep in ('{policy.cls: ["mine.py:Mine", "mine.py:Other"]}',
+                  '{policy: [{type: custom, cls: "mine.py:Other", max_num_seqs: 4}]}'):
+        sc.write_text(text + f"sweep: {sweep}\n")
+        runs = [s for s in servesim.run(sc).summary.values() if isinstance(s, dict) and "num_completed" in s]
+        assert runs and [s["num_completed"] for s in runs] == [20] * len(runs), sweep

@@ -203,6 +203,18 @@ def _resolve_relative_paths(raw: dict, base: Path) -> None:
     listed = raw.get("variants")
     for v in listed if isinstance(listed, list) else []:
         fix_all(v)
+    sweep = raw.get("sweep")
+    # a sweep over a user's class (policy.cls, variants.1.policy, cluster.router.cls, ...): each value is named by
+    # the scenario too, and was looked for in the working folder (a file beside the scenario: "file not found")
+    for key, values in sweep.items() if isinstance(sweep, dict) else ():
+        last = str(key).rpartition(".")[2]
+        for i, value in enumerate(values if isinstance(values, list) else ()):
+            if last == "cls" and isinstance(value, str):
+                holder = {"cls": value}
+                fix_cls(holder)
+                values[i] = holder["cls"]
+            elif last in ("policy", "router", "rule"):
+                fix_cls(value)
     wl = raw.get("workload")
     if isinstance(wl, dict):
         fix(wl.get("arrival"), "trace")
