@@ -7,6 +7,7 @@ check would make the file slow); each tolerance is about four standard errors or
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -115,6 +116,29 @@ def test_closed_loop_users_and_think_times() -> None:
     fixed = workload({"type": "closed_loop", "num_users": 2}, n=10).generate(rng())
     assert fixed.closed_loop is not None and np.all(fixed.closed_loop.think_times == 0.0)
     assert workload({"type": "poisson", "rate": 1.0}, n=10).generate(rng()).closed_loop is None
+
+
+def test_a_think_time_in_seconds_is_a_fixed_pause() -> None:
+    """``think_time: 1.5`` (the field is described as a pause in seconds, and the run prints "think time 0 s") was
+    refused with "expected a mapping of keys to values (got 1.5)"; a bare number is now {type: fixed, value: N}."""
+    from sim.config.scenario import parse_scenario
+    from sim.config.schema import ScenarioError
+
+    def arrival(think: Any) -> dict:
+        return {"type": "closed_loop", "num_users": 2, "think_time": think}
+
+    bare = workload(arrival(1.5), n=10)
+    assert bare == workload(arrival({"type": "fixed", "value": 1.5}), n=10)
+    assert np.all(bare.generate(rng()).closed_loop.think_times == 1.5)
+    assert "think time 1.5 s" in bare.describe()
+    raw = {"workload": {"arrival": arrival(1.5), "num_requests": 4, "prompt_len": {"type": "fixed", "value": 8},
+                        "output_len": {"type": "fixed", "value": 4}}, "deployment": {"model": "tiny", "gpu": "l4"}}
+    assert parse_scenario(raw).workload.arrival == bare.arrival
+    for bad, needle in ((-1, "workload.arrival.think_time.value: must be greater than or equal to 0"),
+                        (True, "workload.arrival.think_time: expected a mapping")):
+        raw["workload"]["arrival"] = arrival(bad)
+        with pytest.raises(ScenarioError, match=re.escape(needle)):
+            parse_scenario(raw)
 
 
 @pytest.mark.parametrize(

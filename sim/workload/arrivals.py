@@ -182,8 +182,16 @@ class ClosedLoopArrival(FrozenInputModel):
     num_users: Int = Field(ge=1, description="Concurrent users, each with at most one request in flight.")
     think_time: ThinkTime = Field(
         default_factory=lambda: FixedThinkTime(value=0.0),
-        description="Pause in seconds between a request's completion (or rejection) and the user's next send.",
+        description="Pause in seconds between a request's completion (or rejection) and the user's next send: "
+        "a number (a fixed pause) or a distribution {type: fixed | exponential | uniform | lognormal, ...}.",
     )
+
+    @field_validator("think_time", mode="before")
+    @classmethod
+    def _seconds_are_a_fixed_pause(cls, v: object) -> object:
+        """``think_time: 1.5`` (seconds, as the field is described) is ``{type: fixed, value: 1.5}``; it was
+        refused as "expected a mapping"."""
+        return {"type": "fixed", "value": v} if isinstance(v, int | float) and not isinstance(v, bool) else v
 
     def describe(self) -> str:
         return f"closed loop, {self.num_users} users, think time {self.think_time.describe()}"
