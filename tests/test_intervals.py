@@ -192,7 +192,7 @@ def test_own_rows_run_as_their_source_states():
         ft = next(r for r in rows if report in r["source"] and r["metric"] == "ttft_s_median")
         cfg = bench.case_of(ft, 3000).cfg
         assert (cfg.deployment.gpu, build(cfg)[3].budget.num_gpu_blocks) == (gpu, blocks)
-    # eight sources: the reports of one tool and team count as one
+    # nine sources: the reports of one tool and team count as one
     assert {bench.source_of(r) for r in rows} == {"benchmarks:comparison/h100sxm5_vs_mi300x/README.md",
                                                   "benchmarks:nvidia/8xh100/README.md", "vLLM-benchmarking:README.md",
                                                   "https://mushfiqrahman.dev/?p=1668",
@@ -200,7 +200,8 @@ def test_own_rows_run_as_their_source_states():
                                                   "benchmarks:amd/inference/README.md",
                                                   "results_benchmark_llm_serving:README.md",
                                                   "https://blogs.oracle.com/cloud-infrastructure/post/serving-llama-"
-                                                  "31-405b-model-with-amd-mi300x-gpus"}
+                                                  "31-405b-model-with-amd-mi300x-gpus",
+                                                  "llm-perf-bench:README.md"}
     with pytest.raises(ValueError, match="settings: unknown key 'max_batch'"):
         bench.settings_of({"settings": "max_batch=4"})
 
@@ -382,6 +383,25 @@ def test_oracle_mi300x_rows_run_as_vllm_benchmark_scripts_ran_them():
     assert case.run.aggregates == {"request_throughput": 256 / 17.75} and bench.metric_of(lat)[0] == "E2E"
     thr = bench.case_of(next(r for r in rows if r["output_len"] == "2048"), 3000)
     assert len(thr.run.input_lens) == 1000 and thr.run.aggregates == {"output_throughput": 2794.0}
+
+
+def test_mlc_llm_perf_bench_rows_are_batch_one_decodes_over_pcie_gpus():
+    """MLC's llm-perf-bench vLLM column (vLLM of 2023-10-06): one request of a 7-token prompt and 256 output tokens
+    through benchmark_latency.py, tok/s the output over the whole generate(), Llama-2-70B at tensor parallel over
+    every GPU of A10Gs and RTX 4090s (no NVLink on either preset), AWQ rows in 4-bit, on vllm-v0's oldest version."""
+    bench = _bench()
+    rows = [r for r in bench.read_rows([bench.OWN_DATA]) if "llm-perf-bench" in r["source"]]
+    assert len(rows) == 5 and {bench.source_of(r) for r in rows} == {"llm-perf-bench:README.md"}
+    for r in rows:
+        case = bench.case_of(r, 3000)
+        dep = case.cfg.deployment
+        assert (dep.model, dep.tensor_parallel_size, dep.engine.name, dep.engine.version) == (
+            "llama-2-70b", int(r["num_gpus"]), "vllm-v0", "0.5")
+        assert dep.gpu in ("a10g", "rtx-4090") and bench.resolve_gpu(dep.gpu).nvlink_bandwidth == 0
+        assert dep.weight_dtype == ("int4" if "AWQ" in r["weight_dtype"] else "fp16")
+        assert (case.run.input_lens, case.run.output_lens) == ([7], [256])
+        assert case.run.aggregates == {"mean_e2el": pytest.approx(256 / float(r["value"]))}
+        assert bench.metric_of(r)[0] == "decode speed"
 
 
 def test_v0_host_time_ratio_diagnostic():
