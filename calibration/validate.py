@@ -315,12 +315,15 @@ def validate(scenario_path: str | Path, profile_path: str | Path, *, device: str
     if why is not None:
         raise ScenarioError(why)
     from realengine.engine import engine_config
+    from sim.loop.build import user_policy
 
     for cfg in cfgs:  # everything the input can get wrong fails before the first run
         try:
             engine_config(cfg, model_spec=name, num_gpu_blocks=num_gpu_blocks, device=device)
         except ValueError as e:
             raise ScenarioError(str(e)) from None
+        if (policy := user_policy(cfg)) is not None:
+            policy.describe()  # one returning no line fails here, as under `servesim run` (it ran, exit 0)
     out = Validation(sc.name, str(profile_path), device, name, time_scale)
     probe = None
     if speed_probe:

@@ -53,25 +53,31 @@ app = typer.Typer(
 )
 
 
-def _policy_capabilities(prepared: Any) -> list[str]:
-    """One line per variant whose policy is a user's class (``type: custom``), saying when the core asks it, and
-    one per variant whose workload.sampling nothing prices."""
-    from sim.engines.sampling import unpriced_sampling_note
-    from sim.loop.build import build
-    from sim.policies.user import UserPolicy
+def _user_policy_lines(cfgs: list) -> list[str]:
+    """One line per variant whose policy is a user's class (``type: custom``), saying when the core asks it (its
+    describe() runs here: a bad one raises ScenarioError before any run), and one where it reads a prediction
+    nothing makes."""
+    from sim.loop.build import user_policy
 
     lines: list[str] = []
-    for _, _, cfgs in prepared.plans[:1]:  # the first sweep point's variants: the same classes at every point
-        for cfg in cfgs:
-            note = unpriced_sampling_note(cfg.deployment, cfg.sampling)
-            if note:
+    for cfg in cfgs:
+        if (policy := user_policy(cfg)) is not None:
+            lines.append(f"{cfg.name}: {policy.capabilities()}")
+            if (note := policy.unpredicted()) is not None:
                 lines.append(f"{cfg.name}: {note}")
-            if getattr(cfg.policy, "type", None) == "custom" and cfg.cluster is None and cfg.disaggregation is None:
-                policy = build(cfg)[0]
-                if isinstance(policy, UserPolicy):
-                    lines.append(f"{cfg.name}: {policy.capabilities()}")
-                    if (note := policy.unpredicted()) is not None:
-                        lines.append(f"{cfg.name}: {note}")
+    return lines
+
+
+def _policy_capabilities(prepared: Any) -> list[str]:
+    """_user_policy_lines of the first sweep point's variants (the same classes at every point), and one line per
+    variant whose workload.sampling nothing prices."""
+    from sim.engines.sampling import unpriced_sampling_note
+
+    lines: list[str] = []
+    for cfg in prepared.plans[0][2] if prepared.plans else []:
+        if note := unpriced_sampling_note(cfg.deployment, cfg.sampling):
+            lines.append(f"{cfg.name}: {note}")
+        lines += _user_policy_lines([cfg])
     return lines
 
 
@@ -526,6 +532,8 @@ def engine_run(
                                                                   default=0.0))
             if why is not None:
                 raise ScenarioError(why)
+        # the same lines as `servesim run`, and a user's describe() checked as there (it returned None: exit 0)
+        policy_lines = _user_policy_lines(cfgs)
     except ScenarioError as e:
         _fail(str(e))
         return
@@ -569,6 +577,8 @@ def engine_run(
     if out_dir.exists() and not out_dir.is_dir():
         _fail(f"--out {out_dir}: exists and is not a folder")
     typer.echo(f"{sc.name}: {sc.workload.describe()} on the engine ({device})", err=True)
+    for line in policy_lines:
+        typer.echo(line, err=True)
     results: list = []
     summaries: dict = {}
     memory: list[dict] = []

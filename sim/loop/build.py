@@ -217,3 +217,14 @@ def with_ttft_slo(policy: Any, ttft_slo: float | None) -> Any:
         if isinstance(rule, UserAdmission):
             rule.ttft_slo = ttft_slo
     return policy
+
+
+def user_policy(cfg: VariantConfig) -> Any:
+    """The variant's policy when it is a user's class (``type: custom``) on one replica, else None: what the run
+    commands tell about (``capabilities()``), and whose describe() they check before any run."""
+    from sim.policies.user import UserPolicy
+
+    if getattr(cfg.policy, "type", None) != "custom" or cfg.cluster is not None or cfg.disaggregation is not None:
+        return None
+    policy = build(cfg)[0]
+    return policy if isinstance(policy, UserPolicy) else None
