@@ -319,6 +319,10 @@ def test_schema_bounds_optional_numbers_as_json_schema_does() -> None:
     for key, value in (("max_queue_len", 0), ("max_queue_len", -1)):
         raw["admission"] = {key: value}
         assert validator.is_valid(raw) == (value >= 0), (key, value)
+    raw.pop("admission")
+    for think, valid in ((1.5, True), ({"type": "fixed", "value": 1.5}, True), (-1, False)):  # a bare number of
+        raw["workload"]["arrival"] = {"type": "closed_loop", "num_users": 2, "think_time": think}  # seconds too
+        assert validator.is_valid(raw) == valid, think
 
 
 # ---- sweeps ---------------------------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ arrives after i inter-arrival gaps, so ``constant`` with rate r sends at 1/r, 2/
 from __future__ import annotations
 
 import math
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import numpy as np
 from pydantic import Field, field_validator, model_validator
@@ -175,13 +175,19 @@ class AllAtOnceArrival(FrozenInputModel):
         return "all at once (offline batch)"
 
 
+def _seconds_too(schema: dict[str, Any]) -> None:
+    """The think time's JSON Schema: a number of seconds (read as a fixed pause) or one of the distributions."""
+    union = {k: schema.pop(k) for k in ("oneOf", "discriminator") if k in schema}
+    schema["anyOf"] = [{"type": "number", "minimum": 0}, union]
+
+
 class ClosedLoopArrival(FrozenInputModel):
     """Closed loop: ``num_users`` users each send a request, wait for it to finish, think, and send the next."""
 
     type: Literal["closed_loop"] = "closed_loop"
     num_users: Int = Field(ge=1, description="Concurrent users, each with at most one request in flight.")
     think_time: ThinkTime = Field(
-        default_factory=lambda: FixedThinkTime(value=0.0),
+        default_factory=lambda: FixedThinkTime(value=0.0), json_schema_extra=_seconds_too,
         description="Pause in seconds between a request's completion (or rejection) and the user's next send: "
         "a number (a fixed pause) or a distribution {type: fixed | exponential | uniform | lognormal, ...}.",
     )
