@@ -244,7 +244,7 @@ class LiveEngine:
                     self.itl.observe((now - s.token_times[-1]) / (n - s.sent))
             s.sent = n
             s.token_times.append(now)
-            s.chunks.put(("text", self.detokenize(toks)))
+            self._put_text(s, r, toks)
 
     def _on_finish(self, r: Request) -> None:
         s = self._streams.pop(r.id, None)
@@ -277,7 +277,12 @@ class LiveEngine:
         toks = self.runner.tokens(r.id)[r.prompt_len + s.sent: r.prompt_len + n]
         s.sent = n
         s.token_times.append(self.env.now)
-        s.chunks.put(("text", self.detokenize(toks)))
+        self._put_text(s, r, toks)
+
+    def _put_text(self, s: _Stream, r: Request, toks: list[int]) -> None:
+        # "last": the chunk that brings the request to max_tokens, which the engine always generates (EOS ignored):
+        # vLLM sends its finish_reason on that chunk, not on one of its own after it
+        s.chunks.put(("last" if s.sent >= r.output_len else "text", self.detokenize(toks)))
 
     # ---- any thread -------------------------------------------------------------------------------------------
     def submit(self, prompt_len: int, max_tokens: int, request_id: str = "", priority: int = 0) -> _Stream:
@@ -456,9 +461,9 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._whole(stream, chat)
 
-    def _reply_base(self, chat: bool, rid: str) -> dict:
+    def _reply_base(self, chat: bool, rid: str, created: int | None = None) -> dict:
         return {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
-                "created": int(time.time()), "model": self.engine.model_name}
+                "created": int(time.time()) if created is None else created, "model": self.engine.model_name}
 
     def _stream(self, stream: _Stream, body: dict, chat: bool) -> None:
         usage_wanted = bool((body.get("stream_options") or {}).get("include_usage"))
@@ -468,27 +473,32 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Cache-Control", "no-cache")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
-        first = True
+        created = int(time.time())  # one time for all of a request's chunks, as vLLM's
+        first, finished = True, False
+
+        def choice(text: str | None, finish_reason: str | None) -> dict:
+            base = self._reply_base(chat, rid, created)
+            part = ({"delta": {} if text is None else {"content": text}} if chat else {"text": text or ""})
+            base["choices"] = [{"index": 0, **part, "logprobs": None, "finish_reason": finish_reason}]
+            return base
+
         try:
             while True:
                 kind, value = stream.chunks.get()
-                base = self._reply_base(chat, rid)
-                if kind == "text":
-                    if chat:
-                        delta = {"role": "assistant", "content": value} if first else {"content": value}
-                        base["choices"] = [{"index": 0, "delta": delta, "finish_reason": None}]
-                    else:
-                        base["choices"] = [{"index": 0, "text": value, "finish_reason": None}]
-                    first = False
-                    self._event(base)
+                if kind in ("text", "last"):
+                    if chat and first:  # vLLM's first chat chunk gives the role alone
+                        opening = choice(None, None)
+                        opening["choices"][0]["delta"] = {"role": "assistant", "content": ""}
+                        self._event(opening)
+                    first, finished = False, kind == "last"
+                    self._event(choice(value, "length" if finished else None))
                     continue
                 if kind == "done":
-                    base["choices"] = [{"index": 0, **({"delta": {}} if chat else {"text": ""}),
-                                        "finish_reason": "length"}]
-                    self._event(base)
+                    if not finished:  # (the last tokens never came as a "last" chunk)
+                        self._event(choice(None, "length"))
                     if usage_wanted:
                         usage = {**value, "total_tokens": value["prompt_tokens"] + value["completion_tokens"]}
-                        self._event({**self._reply_base(chat, rid), "choices": [], "usage": usage})
+                        self._event({**self._reply_base(chat, rid, created), "choices": [], "usage": usage})
                 else:  # a failed or refused request: vLLM ends the stream with an error event
                     self._event({"object": "error", "message": value, "type": "InternalServerError", "code": 500})
                 self._write_chunk(b"data: [DONE]\n\n")
@@ -509,7 +519,7 @@ class _Handler(BaseHTTPRequestHandler):
         parts: list[str] = []
         while True:
             kind, value = stream.chunks.get()
-            if kind == "text":
+            if kind in ("text", "last"):
                 parts.append(value)
             elif kind == "done":
                 break
@@ -519,7 +529,7 @@ class _Handler(BaseHTTPRequestHandler):
         text = "".join(parts)
         base = self._reply_base(chat, f"{'chatcmpl' if chat else 'cmpl'}-{id(stream):x}")
         base["object"] = "chat.completion" if chat else "text_completion"
-        choice: dict[str, Any] = {"index": 0, "finish_reason": "length"}
+        choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": "length"}
         if chat:
             choice["message"] = {"role": "assistant", "content": text}
         else:

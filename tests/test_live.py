@@ -162,6 +162,45 @@ def test_serve_answers_the_openai_api(served):
     assert e.value.code == 400 and b"maximum context length is 64" in e.value.read()
 
 
+
+def _events(endpoint: str, path: str, body: dict) -> list:
+    """A streamed reply's server-sent events, each parsed from JSON but the closing [DONE]."""
+    from urllib.request import Request, urlopen
+
+    with urlopen(Request(endpoint + path, data=json.dumps({**body, "stream": True}).encode()), timeout=30) as r:
+        datas = [line[len(b"data: "):] for line in r.read().split(b"\n\n") if line.startswith(b"data: ")]
+    return [d.decode() if d == b"[DONE]" else json.loads(d) for d in datas]
+
+
+def test_serve_streams_the_chunks_vllm_streams(served):
+    """vLLM's completions stream: one chunk per token, the last one carrying finish_reason (no empty chunk of its
+    own after it), logprobs null in every choice, one id and created time, then the usage chunk and [DONE]; a chat
+    stream opens with a chunk that gives the role alone."""
+    endpoint = served[0]
+    events = _events(endpoint, "/completions", {"prompt": "a b c", "max_tokens": 3,
+                                                 "stream_options": {"include_usage": True}})
+    *chunks, usage, done = events
+    assert done == "[DONE]" and usage["choices"] == []
+    assert usage["usage"] == {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6}
+    assert [(c["choices"][0]["logprobs"], c["choices"][0]["finish_reason"]) for c in chunks] == [
+        (None, None), (None, None), (None, "length")]
+    assert all(c["choices"][0]["text"] for c in chunks)
+    assert len({(c["id"], c["created"]) for c in events[:-1]}) == 1
+    *chat, done = _events(endpoint, "/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                                                            "max_tokens": 2})
+    assert done == "[DONE]" and chat[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert [c["choices"][0]["finish_reason"] for c in chat] == [None, None, "length"]
+    assert all(c["choices"][0]["delta"]["content"] for c in chat[1:])
+    whole = json.loads(_reply(endpoint, {"prompt": "a b", "max_tokens": 2}))
+    assert whole["choices"][0]["logprobs"] is None and whole["choices"][0]["finish_reason"] == "length"
+
+
+def _reply(endpoint: str, body: dict) -> bytes:
+    from urllib.request import Request, urlopen
+
+    with urlopen(Request(endpoint + "/completions", data=json.dumps(body).encode()), timeout=30) as r:
+        return r.read()
+
 # ---- faults, against a stub ------------------------------------------------------------------------------------
 
 class _Stub(BaseHTTPRequestHandler):
@@ -500,9 +539,9 @@ def test_a_policy_that_never_schedules_fails_the_queued_requests_instead_of_hang
     try:
         stream = eng.submit(20, 12)
         kinds = []
-        while not kinds or kinds[-1] == "text":
+        while not kinds or kinds[-1] in ("text", "last"):
             kinds.append(stream.chunks.get(timeout=30)[0])
-        assert kinds[-1] == "done"
+        assert kinds[-2:] == ["last", "done"]
     finally:
         eng.stop()
 
