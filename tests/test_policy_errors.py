@@ -40,7 +40,8 @@ def _run(tmp_path: Path, cls: str, extra: str = "", env: dict[str, str] | None =
 CASES = [
     # a tournament spec names its policies' files relative to itself: "relative to the scenario file" misled there
     ("missing.py:X", "", "missing.py: file not found (a path is relative to the file that names it, a scenario or a "
-     "tournament spec; in a scenario given from Python as a dict, to the working folder)"),
+     "tournament spec; from the command line (--set, --sweep) or in a scenario given from Python as a dict, to the "
+     "working folder)"),
     ("bad_policies.py:Nope", "", "has no 'Nope' (its classes: ClockReader, Fewest, Idle, NeedsArgs, NoSchedule"),
     ("bad_policies.py", "", "expected 'path/to/file.py:ClassName'"),
     # a notebook's class named in a scenario then run from the command line, where __main__ is servesim itself
@@ -196,9 +197,10 @@ def test_a_policy_file_missing_beside_the_scenario_is_not_taken_from_the_working
     p = subprocess.run([sys.executable, "-m", "sim.cli.main", "run", str(sc), "--out", str(tmp_path / "out"), "-q"],
                        capture_output=True, text=True, timeout=300, cwd=HERE.parent)
     assert p.returncode == 2, p.stderr
-    assert p.stderr == (f"error: {sc}: policy.custom: {tmp_path}/examples/policies/shortest_prompt_first.py: file not found "
-                        "(a path is relative to the file that names it, a scenario or a tournament spec; in a scenario "
-                        "given from Python as a dict, to the working folder)\n"), p.stderr
+    assert p.stderr == (f"error: {sc}: policy.custom: {tmp_path}/examples/policies/shortest_prompt_first.py: file not "
+                        "found (a path is relative to the file that names it, a scenario or a tournament spec; from the "
+                        "command line (--set, --sweep) or in a scenario given from Python as a dict, to the working "
+                        "folder)\n"), p.stderr
     assert not (tmp_path / "out").exists()
 
 
@@ -620,3 +622,23 @@ def test_a_sweep_over_a_policy_file_finds_it_beside_the_scenario(tmp_path: Path)
         sc.write_text(text + f"sweep: {sweep}\n")
         runs = [s for s in servesim.run(sc).summary.values() if isinstance(s, dict) and "num_completed" in s]
         assert runs and [s["num_completed"] for s in runs] == [20] * len(runs), sweep
+
+
+def test_a_policy_file_named_on_the_command_line_is_relative_to_the_working_folder(tmp_path: Path,
+                                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """`servesim run other/s.yaml --set policy.cls=mine.py:Mine` (or --sweep policy.cls=...) with mine.py in the
+    working folder, as --out and --profile are: since the scenario's own files are looked for beside it only, the
+    command line's was too ("file not found" beside the scenario)."""
+    from sim.config.scenario import load_scenario
+    from sim.loop.run import prepare_scenario
+
+    (tmp_path / "other").mkdir()
+    sc = tmp_path / "other" / "s.yaml"
+    sc.write_text(SCENARIO.format(cls="sim.policies.queue:FCFSPolicy", extra=""))
+    (tmp_path / "mine.py").write_text("from sim.policies.queue import FCFSPolicy\n\n\nclass Mine(FCFSPolicy):\n"
+                                      "    pass\n")
+    monkeypatch.chdir(tmp_path)
+    loaded, _ = load_scenario(sc, {"policy.cls": "mine.py:Mine"})
+    assert loaded.policy.make().__class__.__name__ == "Mine"
+    loaded, raw = load_scenario(sc, {"sweep": {"policy.cls": ["mine.py:Mine"]}})
+    prepare_scenario(loaded, raw, source=str(sc))  # each point's class found

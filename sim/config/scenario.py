@@ -118,7 +118,12 @@ def load_scenario(
     raw = unshared(raw)
     for key, value in (overrides or {}).items():
         try:
-            apply_override(raw, key, value)
+            # a file named on the command line is relative to the working folder, as --out and --profile are (the
+            # scenario's own, and its sweep's, are relative to the scenario)
+            if key == "sweep" and isinstance(value, dict):  # --sweep policy.cls=a.py:A,b.py:B
+                value = {k: [_cls_at(k, v, Path.cwd()) for v in vs] if isinstance(vs, list) else vs
+                         for k, vs in value.items()}
+            apply_override(raw, key, _cls_at(key, value, Path.cwd()))
         except ScenarioError as e:
             raise ScenarioError(f"{p}: --set {e}") from None
     _resolve_relative_paths(raw, p.parent)
@@ -171,6 +176,19 @@ def _check_trace_files(wl: Workload, source: str, where: str = "workload") -> No
                 raise ScenarioError(f"{source}: {where}.{key}.trace: {e}") from None
 
 
+def _cls_at(key: str, value: Any, base: Path) -> Any:
+    """``value`` set at dotted ``key`` (a --set, a sweep value) with the file of a user's class it names
+    (``...cls`` = "file.py:Class", or a policy, router or rule section holding one) made relative to ``base``."""
+    last = str(key).rpartition(".")[2]
+    holder = {"cls": value} if last == "cls" else value if last in ("policy", "router", "rule") else None
+    if isinstance(holder, dict) and isinstance(holder.get("cls"), str):
+        target, sep, name = holder["cls"].rpartition(":")
+        if sep and target.endswith(".py") and not Path(target).is_absolute():
+            holder = {**holder, "cls": f"{base / target}:{name}"}
+            return holder["cls"] if last == "cls" else holder
+    return value
+
+
 def _resolve_relative_paths(raw: dict, base: Path) -> None:
     """Trace and profile paths in a scenario are relative to the scenario file when they exist there; a user's class
     file (``cls: "file.py:Class"``) always is."""
@@ -207,14 +225,8 @@ def _resolve_relative_paths(raw: dict, base: Path) -> None:
     # a sweep over a user's class (policy.cls, variants.1.policy, cluster.router.cls, ...): each value is named by
     # the scenario too, and was looked for in the working folder (a file beside the scenario: "file not found")
     for key, values in sweep.items() if isinstance(sweep, dict) else ():
-        last = str(key).rpartition(".")[2]
-        for i, value in enumerate(values if isinstance(values, list) else ()):
-            if last == "cls" and isinstance(value, str):
-                holder = {"cls": value}
-                fix_cls(holder)
-                values[i] = holder["cls"]
-            elif last in ("policy", "router", "rule"):
-                fix_cls(value)
+        if isinstance(values, list):
+            values[:] = [_cls_at(key, v, base) for v in values]
     wl = raw.get("workload")
     if isinstance(wl, dict):
         fix(wl.get("arrival"), "trace")

@@ -132,7 +132,8 @@ def load_class(spec: str) -> type:
         if not path.is_file():
             # a tournament spec's policies are relative to the spec, not to its scenario: "the scenario file" misled
             raise ValueError(f"{target}: file not found (a path is relative to the file that names it, a scenario or "
-                             "a tournament spec; in a scenario given from Python as a dict, to the working folder)")
+                             "a tournament spec; from the command line (--set, --sweep) or in a scenario given from "
+                             "Python as a dict, to the working folder)")
         module = _module_from_file(path)
     else:
         try:
