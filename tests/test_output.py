@@ -632,6 +632,19 @@ def test_every_requests_csv_column_is_explained_in_the_docs() -> None:
         assert f"| `{col}` | {text} |" in page, col
 
 
+
+def test_every_steps_binned_column_is_explained_in_the_docs() -> None:
+    # busy_s sums whole steps by their start bin, so it can exceed width_s: a reader must be told, not guess
+    from pathlib import Path
+
+    from sim.metrics.steps_binned import BINNED_COLUMN_HELP, BINNED_COLUMNS
+
+    assert list(BINNED_COLUMN_HELP) == ["variant", *BINNED_COLUMNS]
+    page = (Path(__file__).parents[1] / "docs" / "outputs.md").read_text()
+    for col, text in BINNED_COLUMN_HELP.items():
+        assert f"| `{col}` | {text} |" in page, col
+
+
 def _back_to_back(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
     """Starts and durations of n steps in order: back to back (an end equal to the next start) or after a gap."""
     d = rng.choice([0.5, 1.0, 0.25, 2.0], n) * rng.integers(1, 3)

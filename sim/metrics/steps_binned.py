@@ -27,6 +27,20 @@ BINNED_COLUMNS: tuple[str, ...] = (
     ("replica", "start_s", "width_s", "num_steps", "busy_s", "mean_batch_size")
     + tuple(c for c in _SUMS if c != "duration") + tuple(f"max_{c}" for c in _PEAKS)
 )
+# what each column holds (docs/outputs.md lists it). A step counts whole in the bin where it starts, so busy_s is
+# not the bin's busy share: it exceeds width_s where steps run past the bin's end (the next bins then read less)
+BINNED_COLUMN_HELP: dict[str, str] = {
+    "variant": "the variant's name",
+    "replica": "the replica whose steps the row sums",
+    "start_s": "the bin's start (the bins of a run are of one width, 1, 2 or 5 x 10^k seconds)",
+    "width_s": "the bin's width",
+    "num_steps": "the steps that start in the bin; only bins where some step starts have a row",
+    "busy_s": "the summed durations of those steps: more than width_s where they run past the bin's end (the "
+              "bins after then read less), so a stretch's busy share is its rows' busy_s over its span",
+    "mean_batch_size": "the mean of those steps' batch_size",
+    **{c: f"the sum of those steps' `{c}`" for c in _SUMS if c != "duration"},
+    **{f"max_{c}": f"the largest `{c}` of those steps" for c in _PEAKS},
+}
 
 
 def bin_width(span: float, max_bins: int = MAX_BINS) -> float:
