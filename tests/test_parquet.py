@@ -72,6 +72,17 @@ def test_a_later_csv_run_removes_the_parquet_tables(tmp_path: Path) -> None:
     assert (tmp_path / "requests.csv").is_file()
 
 
+def test_a_run_into_a_folder_of_ones_own_keeps_files_named_like_another_formats_tables(tmp_path: Path) -> None:
+    """Only a run folder's other-format tables are an earlier run's: a user's requests.parquet and steps_binned.csv
+    in a folder that held no run were deleted by a csv run (and a parquet run deleted their requests.csv)."""
+    (tmp_path / "requests.parquet").write_text("mine")
+    (tmp_path / "steps_binned.csv").write_text("mine too")  # this run writes steps.csv: its binned steps are stale
+    _run(tmp_path)
+    assert (tmp_path / "requests.parquet").read_text() == "mine"
+    assert (tmp_path / "steps_binned.csv").read_text() == "mine too"
+    assert (tmp_path / "requests.csv").is_file() and (tmp_path / "summary.json").is_file()
+
+
 def test_format_parquet_without_pyarrow_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "pyarrow", None)  # import pyarrow now raises ImportError
     res = CliRunner().invoke(app, ["run", SCENARIO, "-n", "5", "-q", "-o", str(tmp_path / "x"), "--format",

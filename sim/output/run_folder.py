@@ -305,6 +305,8 @@ def write_run(
         **(extra or {}),
     }
     earlier = _earlier_run_files(out)
+    # another table format's files are an earlier run's only in a run folder: elsewhere they are the user's own
+    was_run_folder = (out / SUMMARY_FILE).is_file()
     created = not out.exists()  # made here, just before the files: Ctrl-C before then leaves no empty folder
     out.mkdir(parents=True, exist_ok=True)
     interrupted = None
@@ -319,7 +321,7 @@ def write_run(
         raise
     if written is not None:
         written.extend(files)
-    for name in [*stale_files, *earlier]:
+    for name in [*(stale_files if was_run_folder else []), *earlier]:
         if name not in files:
             (out / name).unlink(missing_ok=True)
     if interrupted is not None:
