@@ -198,6 +198,18 @@ def resolve_model(profile: FittedCostModel, model: str | None) -> str:
     return spec.name
 
 
+def _check_scenario_model(cfg: VariantConfig, name: str) -> None:
+    """Refuse a variant whose model is not ``name``, the profile's: validate ran the profile's model on both sides
+    without a word, a validation of a model the scenario never named."""
+    from sim.hardware.models import resolve_model as resolve_spec
+
+    theirs = cfg.deployment.model
+    if resolve_spec(theirs).name != name:
+        label = theirs if isinstance(theirs, str) else resolve_spec(theirs).name
+        raise ScenarioError(f"variant {cfg.name!r}: deployment.model is {label}, but the profile was measured on "
+                            f"{name}: give --model {name} to replay the workload on {name}, or a profile of {label}")
+
+
 def prepare(scenario_path: str | Path, overrides: dict[str, Any] | None = None) -> tuple[Scenario, list[VariantConfig],
                                                                                           dict[str, Any]]:
     """Scenario, variants and each variant's workload (by name: a variant with workload keys of its own replays
@@ -318,6 +330,8 @@ def validate(scenario_path: str | Path, profile_path: str | Path, *, device: str
     from sim.loop.build import user_policy
 
     for cfg in cfgs:  # everything the input can get wrong fails before the first run
+        if model is None:  # the profile's model in place of the scenario's only when asked (--model)
+            _check_scenario_model(cfg, name)
         try:
             engine_config(cfg, model_spec=name, num_gpu_blocks=num_gpu_blocks, device=device)
         except ValueError as e:

@@ -602,3 +602,16 @@ def test_engine_quality_refuses_a_zero_count(flag: str, value: str, least: int) 
     # (ZeroDivisionError, "num_blocks must be >= 1", torch's "set_num_threads expects a positive integer").
     res = CliRunner().invoke(app, ["engine", "quality", flag, value, "--no-throughput"])
     assert res.exit_code == 2 and res.output.strip() == f"error: {flag} must be >= {least}, got {value}", res.output
+
+
+def test_validate_refuses_a_profile_of_another_model_than_the_scenarios(tmp_path: Path) -> None:
+    # Before: a tiny scenario validated against the llama-57m profile ran llama-57m on both sides and exit 0, the
+    # scenario's model replaced without a word (the table named no model): a validation of a model never asked for
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(scenario(num_requests=1)))
+    profile = str(Path(__file__).parent.parent / "calibration" / "profiles" / "llama-57m-cpu.json")
+    res = CliRunner().invoke(app, ["validate", str(path), "--profile", profile, "--out", str(tmp_path / "o"), "-q"])
+    assert res.exit_code == 2, res.output
+    assert ("variant 'engine-small': deployment.model is tiny, but the profile was measured on llama-57m: give "
+            "--model llama-57m to replay the workload on llama-57m, or a profile of tiny") in res.output
+    assert "Traceback" not in res.output and not (tmp_path / "o").exists()

@@ -921,7 +921,8 @@ def validate(
                                        "(default: the first)."),
     device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
     out: Path | None = _path_option("--out", "-o", help="Folder to write (default: runs/NAME-validation)."),
-    model: str | None = typer.Option(None, "--model", help="Model the engine runs (default: the profile's)."),
+    model: str | None = typer.Option(None, "--model", help="Model the engine runs in place of the scenario's "
+                                     "(default: the scenario's, which must be the profile's)."),
     num_requests: int | None = typer.Option(None, "--num-requests", "-n", help="Override workload.num_requests."),
     time_scale: float = typer.Option(1.0, "--time-scale", help="Arrival a comes at a * X wall seconds."),
     num_gpu_blocks: int | None = typer.Option(None, "--num-gpu-blocks", help="KV cache blocks of every variant "
