@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from sim.config.scenario import json_schema, load_scenario, parse_scenario, variant_configs
-from sim.config.schema import ScenarioError
+from sim.config.scenario import load_scenario, parse_scenario, variant_configs
+from sim.config.schema import ScenarioError, json_schema
 from sim.hardware.models import ModelSpec
 from sim.loop.disagg.config import LINK_PRESETS, DisaggConfig, KVLinkConfig
 from sim.loop.disagg.kv_transfer import KVLink, kv_bytes

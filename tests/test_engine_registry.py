@@ -126,7 +126,8 @@ def test_what_editors_check_against_takes_the_engine_names_servesim_runs() -> No
     # `engine: {name: vllm}` (runs since 145bf7b) and `engine: sglang` (the short form docs/engines-and-hardware.md
     # uses), both of which servesim runs
     jsonschema = pytest.importorskip("jsonschema")
-    from sim.config.scenario import json_schema, parse_scenario
+    from sim.config.scenario import parse_scenario
+    from sim.config.schema import json_schema
 
     validator = jsonschema.Draft202012Validator(json_schema())
     base = yaml.safe_load((ROOT / "scenarios" / "naive-vs-continuous.yaml").read_text())

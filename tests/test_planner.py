@@ -18,8 +18,8 @@ import yaml
 from typer.testing import CliRunner
 
 from sim.cli.main import app
-from sim.config.scenario import VariantConfig, json_schema, load_scenario, parse_scenario, slos_of
-from sim.config.schema import ContinuousPolicyConfig, Deployment, PagedKV, ScenarioError
+from sim.config.scenario import VariantConfig, load_scenario, parse_scenario, slos_of
+from sim.config.schema import ContinuousPolicyConfig, Deployment, PagedKV, ScenarioError, json_schema
 from sim.costs.costmodel import StepShape
 from sim.hardware.gpu import GPUSpec
 from sim.hardware.models import ModelSpec

@@ -19,7 +19,8 @@ import yaml
 from typer.testing import CliRunner
 
 from sim.cli.main import app
-from sim.config.scenario import json_schema, load_scenario
+from sim.config.scenario import load_scenario
+from sim.config.schema import json_schema
 from sim.loop.run import run_scenario, write_scenario_run
 from sim.metrics.summary import bottleneck
 

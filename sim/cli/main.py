@@ -36,8 +36,8 @@ from sim.cli.common import (  # noqa: F401 - the commands' shared helpers, also 
     default_out,
 )
 from sim.config.files import InterruptedAfterWrite
-from sim.config.scenario import json_schema, load_scenario, parse_value
-from sim.config.schema import ScenarioError
+from sim.config.scenario import load_scenario, parse_value
+from sim.config.schema import ScenarioError, json_schema
 
 # Plain help (click's), not Rich's: Rich reads help text as markup, so "pip install 'servesim[parquet]'" lost its
 # "[parquet]", and its option table prints a value type after every flag ("--quiet <bool>", even "--help <bool>")

@@ -580,29 +580,3 @@ def slos_of(scenario: Scenario) -> SLOs | None:
 
 def is_trace(scenario: Scenario) -> bool:
     return isinstance(scenario.workload.arrival, TraceArrival)
-
-
-# pydantic (2.14) writes the bound of an optional number (``Int | None`` with ``Field(ge=0)``) under its own names,
-# which JSON Schema does not know, so an editor checked none of those bounds
-_BOUNDS = {"ge": "minimum", "gt": "exclusiveMinimum", "le": "maximum", "lt": "exclusiveMaximum"}
-
-
-def _standard_bounds(node: Any) -> None:
-    if isinstance(node, dict):
-        if node.get("type") in ("integer", "number"):  # a number's schema: its keys are keywords, not properties
-            for name, keyword in _BOUNDS.items():
-                if name in node:
-                    node[keyword] = node.pop(name)
-        for value in node.values():
-            _standard_bounds(value)
-    elif isinstance(node, list):
-        for value in node:
-            _standard_bounds(value)
-
-
-def json_schema() -> dict[str, Any]:
-    """JSON Schema of scenario files, for editors."""
-    schema = Scenario.model_json_schema()
-    _standard_bounds(schema)
-    schema["title"] = "servesim scenario"
-    return schema
