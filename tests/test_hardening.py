@@ -129,6 +129,10 @@ REFUSED = {
     # 7. size limits, saying what the run would need
     "num_requests 1e8": (w("workload.num_requests", 10**8), ["workload.num_requests", "GB", "at most 10000000"]),
     "num_gpu_blocks 2^41": (w("deployment.num_gpu_blocks", 2**41), ["deployment.num_gpu_blocks", "at most"]),
+    # a block count given by hand: the advice was to raise gpu_memory_utilization, which the count overrides
+    "num_gpu_blocks below max_model_len": (w("deployment.num_gpu_blocks", 10), [
+        "deployment.max_model_len 1024 is larger than the KV cache holds (160 tokens in 10 blocks); set "
+        "max_model_len <= 160 or deployment.num_gpu_blocks >= 64"]),
     "replicas 1e6": (w("cluster", {"replicas": 10**6}), ["cluster.replicas", "at most 1024"]),
     "sweep grid of 10^12 points": (
         w("sweep", {"policy.max_num_seqs": list(range(1, 1001)), "workload.num_requests": list(range(1, 1001)),

@@ -97,11 +97,13 @@ def size_kv_cache(deployment: Deployment, model: ModelSpec, gpu: GPUSpec, limits
         raise ScenarioError(f"deployment: {e}") from None
     max_model_len = limits.max_model_len
     if max_model_len > budget.capacity_tokens:
-        # vLLM refuses to start in this case; say what would fit
+        # vLLM refuses to start in this case; say what would fit (a count given by hand overrides memory's)
+        grow = (f" or deployment.num_gpu_blocks >= {-(-max_model_len // dep.block_size)}" if dep.num_gpu_blocks
+                else ", raise gpu_memory_utilization, or use more GPUs or a smaller kv_dtype")
         raise ScenarioError(
             f"deployment.max_model_len {max_model_len} is larger than the KV cache holds "
             f"({budget.capacity_tokens} tokens in {budget.num_gpu_blocks} blocks); set max_model_len <= "
-            f"{budget.capacity_tokens}, raise gpu_memory_utilization, or use more GPUs or a smaller kv_dtype"
+            f"{budget.capacity_tokens}{grow}"
         )
     return budget
 
