@@ -402,7 +402,10 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def _error(self, code: int, message: str) -> None:
-        self._send_json(code, {"object": "error", "message": message, "type": "BadRequestError", "code": code})
+        # the error's type by its status, as vLLM's server names them: a 500 (the engine failed the request: its
+        # policy raised, or left it waiting past --stall-timeout) said BadRequestError, the client's fault
+        kind = {400: "BadRequestError", 404: "NotFoundError"}.get(code, "InternalServerError")
+        self._send_json(code, {"object": "error", "message": message, "type": kind, "code": code})
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's name
         eng = self.engine

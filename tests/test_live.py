@@ -511,8 +511,12 @@ def test_serve_exits_2_naming_the_error_when_the_users_policy_raises(tmp_path):
 def test_a_policy_that_never_schedules_fails_the_queued_requests_instead_of_hanging(tmp_path):
     """A served policy that plans nothing (tests/data/policies/bad_policies.py Idle) hung every client for good:
     no answer, no error, no timeout. Past the stall timeout the requests waiting fail with the reason, which
-    `servesim serve` also prints; a policy that schedules is never failed by it."""
-    from realengine.server import build_live_engine
+    `servesim serve` also prints; a policy that schedules is never failed by it. Over HTTP the failure is a 500 typed
+    InternalServerError (it said BadRequestError, the client's fault)."""
+    from urllib.error import HTTPError
+    from urllib.request import Request, urlopen
+
+    from realengine.server import build_live_engine, make_server
     from sim.config.scenario import load_scenario, variant_configs
 
     (tmp_path / "bad_policies.py").write_text((ROOT / "tests" / "data" / "policies" / "bad_policies.py").read_text())
@@ -522,7 +526,15 @@ def test_a_policy_that_never_schedules_fails_the_queued_requests_instead_of_hang
     told: list[str] = []
     eng.on_stall = told.append
     eng.start()
+    server = make_server(eng, "127.0.0.1", 0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
+        with pytest.raises(HTTPError) as e:  # over HTTP: a 500 of the server's, not the client's fault
+            urlopen(Request(f"http://127.0.0.1:{server.server_address[1]}/v1/completions",
+                            json.dumps({"model": "tiny", "prompt": [1, 2], "max_tokens": 2}).encode(),
+                            {"Content-Type": "application/json"}), timeout=30)
+        assert e.value.code == 500 and json.loads(e.value.read())["type"] == "InternalServerError"
+        told.clear()
         start = time.monotonic()
         first = eng.submit(4, 2)
         time.sleep(1.0)
@@ -532,6 +544,8 @@ def test_a_policy_that_never_schedules_fails_the_queued_requests_instead_of_hang
         assert first.chunks.get(timeout=30) == second.chunks.get(timeout=30) == ("error", why)
         assert time.monotonic() - start < 10 and told == [why]
     finally:
+        server.shutdown()
+        server.server_close()
         eng.stop()
     path.write_text(SCENARIO)  # continuous batching: served, whatever the timeout
     eng = build_live_engine(variant_configs(load_scenario(path)[0])[0], stall_timeout_s=1.0)
