@@ -134,8 +134,11 @@ def test_a_think_time_in_seconds_is_a_fixed_pause() -> None:
     raw = {"workload": {"arrival": arrival(1.5), "num_requests": 4, "prompt_len": {"type": "fixed", "value": 8},
                         "output_len": {"type": "fixed", "value": 4}}, "deployment": {"model": "tiny", "gpu": "l4"}}
     assert parse_scenario(raw).workload.arrival == bare.arrival
+    # neither a number nor a mapping: the message names both forms (it said "expected a mapping" alone)
+    either = "expected a number of seconds (>= 0) or a distribution {type: fixed | exponential | uniform | lognormal"
     for bad, needle in ((-1, "workload.arrival.think_time.value: must be greater than or equal to 0"),
-                        (True, "workload.arrival.think_time: expected a mapping")):
+                        (True, f"workload.arrival.think_time: {either}"), ("1.5", f"think_time: {either}"),
+                        ([1.5], f"think_time: {either}")):
         raw["workload"]["arrival"] = arrival(bad)
         with pytest.raises(ScenarioError, match=re.escape(needle)):
             parse_scenario(raw)

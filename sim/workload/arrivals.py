@@ -10,7 +10,7 @@ import math
 from typing import Annotated, Any, Literal
 
 import numpy as np
-from pydantic import Field, field_validator, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from sim.config.input_model import Float, FrozenInputModel, Int
 from sim.config.limits import MAX_ARRIVAL_S, MAX_REQUESTS, too_many_requests
@@ -196,8 +196,13 @@ class ClosedLoopArrival(FrozenInputModel):
     @classmethod
     def _seconds_are_a_fixed_pause(cls, v: object) -> object:
         """``think_time: 1.5`` (seconds, as the field is described) is ``{type: fixed, value: 1.5}``; it was
-        refused as "expected a mapping"."""
-        return {"type": "fixed", "value": v} if isinstance(v, int | float) and not isinstance(v, bool) else v
+        refused as "expected a mapping". Anything else but a mapping is refused naming both forms."""
+        if isinstance(v, int | float) and not isinstance(v, bool):
+            return {"type": "fixed", "value": v}
+        if not isinstance(v, dict | BaseModel):
+            raise ValueError("expected a number of seconds (>= 0) or a distribution {type: fixed | exponential | "
+                             "uniform | lognormal, ...}")
+        return v
 
     def describe(self) -> str:
         return f"closed loop, {self.num_users} users, think time {self.think_time.describe()}"
