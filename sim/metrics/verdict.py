@@ -112,16 +112,17 @@ def _waiting_spans(result: RunResult) -> tuple[np.ndarray, np.ndarray]:
     """When each request waited for the GPU: from its arrival to its first step (or its end, never scheduled), and
     from each preemption to its resume. Counted from the requests, so a cluster's replicas, its router and a
     static batch's wait for a full batch all count alike."""
-    starts, stops, _ = waiting_spans(as_table(result.requests))
+    starts, stops, _ = waiting_spans(as_table(result.requests), owners=False)
     return starts, stops
 
 
-def waiting_spans(table: RequestTable) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``_waiting_spans`` of the table's requests, and the row of each span's request."""
+def waiting_spans(table: RequestTable, owners: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``_waiting_spans`` of the table's requests, and the row of each span's request (an empty array when not
+    ``owners``: the verdict's queue lengths need none, and a long run's summary holds its peak to a value a span)."""
     arrival, finish, sched = (table.column(k) for k in ("arrival", "finish", "first_scheduled"))
     preempted, resumed = table.spans("preempted_at"), table.spans("resumed_at")
     if not preempted:  # a span a request, in its order: what the placement below gives, without its index arrays
-        return arrival, np.where(sched >= 0, sched, finish), np.arange(len(arrival))
+        return arrival, np.where(sched >= 0, sched, finish), np.arange(len(arrival) if owners else 0)
     # request by request: its wait for a first step, then its preemptions' (the order of the sums they feed)
     ids = table.column("id")
     extra = np.zeros(len(ids), dtype=np.int64)
@@ -131,7 +132,7 @@ def waiting_spans(table: RequestTable) -> tuple[np.ndarray, np.ndarray, np.ndarr
     at = np.arange(len(ids)) + np.cumsum(extra) - extra  # where each request's first span goes
     starts = np.empty(len(ids) + int(extra.sum()))
     stops = np.empty_like(starts)
-    owner = np.repeat(np.arange(len(ids)), extra + 1)
+    owner = np.repeat(np.arange(len(ids)), extra + 1) if owners else np.arange(0)
     starts[at] = arrival
     stops[at] = np.where(sched >= 0, sched, finish)
     for i in rows.tolist():
