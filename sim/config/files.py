@@ -83,13 +83,20 @@ def _no_file_above(out: Path, name: str) -> Path:
     return out
 
 
-def read_text_capped(path: str | os.PathLike[str], max_bytes: int, what: str) -> str:
-    """The file's text (UTF-8, a byte-order mark dropped), reading at most ``max_bytes``. Raises OSError
-    (FileNotFoundError when absent) or ValueError naming the file, the cap in MiB and ``what`` the file should be."""
+def read_bytes_capped(path: str | os.PathLike[str], max_bytes: int, what: str) -> bytes:
+    """The file's bytes, reading at most ``max_bytes``. Raises OSError (FileNotFoundError when absent) or ValueError
+    naming the file, the cap in MiB and ``what`` the file should be."""
     with open(path, "rb") as f:
         data = f.read(max_bytes + 1)
     if len(data) > max_bytes:
         raise ValueError(f"{path}: larger than {max_bytes >> 20} MiB, too large for {what}")
+    return data
+
+
+def read_text_capped(path: str | os.PathLike[str], max_bytes: int, what: str) -> str:
+    """``read_bytes_capped``'s bytes as text (UTF-8, a byte-order mark dropped); ValueError naming the file's first
+    byte that is not UTF-8."""
+    data = read_bytes_capped(path, max_bytes, what)
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as e:

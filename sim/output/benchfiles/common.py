@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sim.config.files import read_bytes_capped
+
 # A benchmark file's size at most. vllm bench serve --save-detailed keeps every request's token gaps (itls) and its
 # generated text, some 27 kB a request of 1,000 tokens (measured on a file of vLLM's layout), so 512 MiB held
 # only 20,000 requests. Neither is read (the ITL figures are the file's aggregates): both are cut from the bytes before
@@ -34,17 +36,13 @@ class BenchFileError(ValueError):
 
 
 def _read_capped(p: Path) -> bytes:
-    """The file's bytes, refused past its cap (``MAX_BENCH_FILE_BYTES`` for a regular file, ``MAX_BENCH_BYTES``
-    else) with the reason."""
+    """The file's bytes, refused past its cap (``MAX_BENCH_FILE_BYTES`` for a regular file, judged by its size before
+    anything is read; ``MAX_BENCH_BYTES`` else) with the reason (ValueError)."""
     regular = p.is_file()
     cap = MAX_BENCH_FILE_BYTES if regular else MAX_BENCH_BYTES
     if regular and p.stat().st_size > cap:
-        raise BenchFileError(f"{p}: larger than {cap >> 20} MiB, too large for a benchmark file")
-    with open(p, "rb") as f:
-        data = f.read(cap + 1)
-    if len(data) > cap:
-        raise BenchFileError(f"{p}: larger than {cap >> 20} MiB, too large for a benchmark file")
-    return data
+        raise ValueError(f"{p}: larger than {cap >> 20} MiB, too large for a benchmark file")
+    return read_bytes_capped(p, cap, "a benchmark file")
 
 
 def _without_unread(data: bytes) -> bytes:
@@ -82,6 +80,8 @@ def read_bench_json(path: str | Path) -> Any:
         raise BenchFileError(f"{p}: file not found") from None
     except OSError as e:
         raise BenchFileError(f"{p}: not readable JSON ({e})") from None
+    except ValueError as e:  # too large: the message names the file and the cap
+        raise BenchFileError(str(e)) from None
     if data.startswith(b"\xef\xbb\xbf"):  # a byte-order mark
         data = data[3:]
     _check_utf8(p, data)
