@@ -207,6 +207,7 @@ class _Stub(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     mode = "ok"
     answered: list[int] = []  # one entry per request answered in full (each stub gets its own list)
+    bodies: list[dict] = []  # each request's JSON body, as received
 
     def log_message(self, *a):
         pass
@@ -223,7 +224,7 @@ class _Stub(BaseHTTPRequestHandler):
             self.close_connection = True
 
     def _answer(self):
-        self.rfile.read(int(self.headers["Content-Length"]))
+        self.bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
         if self.mode == "500":
             data = b'{"message": "boom"}'
             self.send_response(500)
@@ -260,7 +261,7 @@ def stub():
     servers = []
 
     def start(mode: str) -> str:
-        handler = type("H", (_Stub,), {"mode": mode, "answered": []})
+        handler = type("H", (_Stub,), {"mode": mode, "answered": [], "bodies": []})
         srv = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         srv.daemon_threads = True
         threading.Thread(target=srv.serve_forever, daemon=True).start()
@@ -325,6 +326,29 @@ def test_stub_ok_and_ctrl_c_keeps_a_partial_run(stub, tmp_path):
     assert done and all(r["output_tokens"] == "3" for r in done)
     assert 0 < info["requests_sent"] < 24 or info["failures"].get("interrupted before it finished", 0) > 0
     assert json.loads((out / "summary.json").read_text())["variants"]["live-tiny"]["observed"]["partial"] is True
+
+
+def test_observe_sends_a_class_priority_as_vllms_field(stub, tmp_path):
+    """observe dropped the workload's class priority, so a server run with --scheduling-policy priority saw every
+    request at 0. It is sent as vLLM's `priority` now, and left out where it is 0 (vLLM refuses a priority other than
+    0 unless its scheduler is the priority one, so a workload without classes must not send it)."""
+    endpoint = stub("ok")
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(SCENARIO.replace("num_requests: 24", "num_requests: 8").replace(
+        "  output_len: {type: uniform, min: 2, max: 12}\n",
+        "  output_len: {type: uniform, min: 2, max: 12}\n  classes:\n    - {name: hi, share: 0.5, priority: 0}\n"
+        "    - {name: lo, share: 0.5, priority: 2}\n"))
+    out = tmp_path / "obs"
+    res = _cli("observe", str(scenario), "--endpoint", endpoint, "-o", str(out), "-q", "--scrape-interval", "0",
+               "--served-model", "m", "--no-simulate")
+    assert res.returncode == 0, res.stderr
+    from sim.config.scenario import load_scenario
+    from sim.loop.run import generate_workload
+
+    sc = load_scenario(scenario)[0]
+    sent = sorted(b.get("priority", 0) for b in stub.servers[0].RequestHandlerClass.bodies)
+    assert sent == sorted(s.priority for s in generate_workload(sc).requests) and set(sent) == {0, 2}
+    assert not any("priority" in b for b in stub.servers[0].RequestHandlerClass.bodies if b.get("priority", 0) == 0)
 
 
 def test_the_openai_client_drives_serve(served):

@@ -4,11 +4,11 @@
 Each request of the scenario's workload is sent at its arrival time (open loop), or by its closed-loop user a
 think time after that user's previous request ended, as a streamed ``/v1/completions`` (or
 ``/v1/chat/completions``) request with ``max_tokens`` set to its output length and ``ignore_eos`` true (vLLM's and
-SGLang's way of making the server generate all of them). Per request, as vLLM's
-``benchmarks/backend_request_func.py`` does: the clock starts just before the POST; TTFT is the first chunk that
-carries text; each later text chunk adds one ITL gap (time since the previous one); the latency (E2EL) ends at the
-last text chunk; the output token count is the server's ``usage.completion_tokens`` when it sends usage, else the
-number of text chunks.
+SGLang's way of making the server generate all of them), and the request's class ``priority`` where it is not 0.
+Per request, as vLLM's ``benchmarks/backend_request_func.py`` does: the clock starts just before the POST; TTFT
+is the first chunk that carries text; each later text chunk adds one ITL gap (time since the previous one); the
+latency (E2EL) ends at the last text chunk; the output token count is the server's ``usage.completion_tokens`` when
+it sends usage, else the number of text chunks.
 
 Prompts without a tokenizer: one common English word per token, each preceded by a space (`` the``, `` of``...),
 which most BPE vocabularies (Llama's, GPT's, SmolLM's) hold as single tokens, so a prompt of N words is about N
@@ -229,6 +229,8 @@ def payload_of(spec: RequestSpec, api: str, model: str, seed: int, tokenizer: An
         body["messages"] = [{"role": "user", "content": prompt}]
     else:
         body["prompt"] = prompt
+    if spec.priority:  # vLLM's field (lower is served sooner); sent only where set, since vLLM refuses a priority
+        body["priority"] = spec.priority  # other than 0 unless it runs with --scheduling-policy priority
     return body
 
 
