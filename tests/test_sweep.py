@@ -4,6 +4,7 @@ resumes without redoing finished runs."""
 from __future__ import annotations
 
 import csv
+import warnings
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from typer.testing import CliRunner
 from sim.cli.main import app
 from sim.config.scenario import load_scenario
 from sim.config.schema import ScenarioError
-from sim.studies.sweep import METRICS, column, columns_for, plan_sweep, read_rows, run_sweep
+from sim.studies.sweep import METRICS, column, columns_for, parallel_map, plan_sweep, read_rows, run_sweep
 from tests.conftest import screen
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
@@ -191,6 +192,36 @@ def test_ray_gives_the_local_rows(tmp_path: Path) -> None:
     local = run_sweep(sc, raw, tmp_path / "local", workers=1)
     on_ray = run_sweep(sc, raw, tmp_path / "ray", executor="ray", workers=2)
     assert on_ray.rows == local.rows
+
+
+def test_an_address_below_the_cli_is_used_or_refused(tmp_path: Path) -> None:
+    """The CLI refused --address without --executor ray, but run_sweep (and plan, through parallel_map) ran on the
+    local pool without a word about it; and on a Ray this process had already started, an address elsewhere was
+    dropped silently. Now the first is refused as the CLI refuses it, before anything is written, and the second
+    warns that the jobs run on the Ray already started."""
+    sc, raw = load()
+    with pytest.raises(ScenarioError, match="--address 10.0.0.1:6379 names a Ray cluster, which only --executor ray"):
+        run_sweep(sc, raw, tmp_path / "local", executor="local", workers=2, address="10.0.0.1:6379")
+    assert not (tmp_path / "local").exists()
+    with pytest.raises(ScenarioError, match="--address"):
+        list(parallel_map(lambda shared, i: shared[i], [0, 1], shared=[7, 8], workers=1, address="10.0.0.1:6379"))
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+
+    def pick(shared: list[int], i: int) -> int:  # pickled by value for Ray's workers
+        return shared[i]
+
+    try:
+        here = ray.get_runtime_context().gcs_address
+        with pytest.warns(UserWarning, match=r"Ray is already initialized in this process \(at .*\), so address "
+                          r"'10.0.0.1:6379' is not used"):
+            got = dict(parallel_map(pick, [0, 1], shared=[7, 8], executor="ray", address="10.0.0.1:6379"))
+        assert got == {0: 7, 1: 8} and ray.is_initialized()  # the caller's Ray is kept
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert dict(parallel_map(pick, [1], shared=[7, 8], executor="ray", address=here)) == {0: 8}
+    finally:
+        ray.shutdown()
 
 
 def test_cli_sweep_prints_a_table_of_the_runs_and_takes_the_grid_on_the_command_line(tmp_path: Path) -> None:

@@ -345,11 +345,11 @@ def _with_bars(name: str, out_dir: Path, quiet: bool, work: Callable[..., Any], 
 
 def _parallel_options(executor: str, workers: int | None, address: str | None) -> None:
     """Exit 2 on a bad --executor, --workers or --address (sweep, tournament and plan take all three)."""
-    if executor not in ("local", "ray"):
-        _fail(f"--executor must be 'local' or 'ray', got {executor!r}")
-    if address is not None and executor != "ray":  # the local pool would run without a word about it
-        _fail(f"--address {address} names a Ray cluster, which only --executor ray uses; give --executor ray with "
-              "it, or leave --address out to run here")
+    from sim.studies.sweep import parallel_problem
+
+    why = parallel_problem(executor, address)
+    if why is not None:
+        _fail(why)
     if workers is not None and workers < 1:
         _fail(f"--workers must be >= 1, got {workers}")
 

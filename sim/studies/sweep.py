@@ -28,6 +28,7 @@ import json
 import math
 import os
 import signal
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -220,6 +221,16 @@ def _call_shared(fn: Callable[[Any, Any], Any], item: Any) -> Any:
     return fn(_SHARED, item)
 
 
+def parallel_problem(executor: str, address: str | None) -> str | None:
+    """What is wrong with an executor and a Ray address (the CLI's --executor and --address), or None."""
+    if executor not in ("local", "ray"):
+        return f"--executor must be 'local' or 'ray', got {executor!r}"
+    if address is not None and executor != "ray":  # the local pool would run without a word about it
+        return (f"--address {address} names a Ray cluster, which only --executor ray uses; give --executor ray with "
+                "it, or leave --address out to run here")
+    return None
+
+
 def parallel_map(
     fn: Callable[[Any, Any], Any],
     items: Sequence[Any],
@@ -234,6 +245,9 @@ def parallel_map(
     top-level function. ``workers=1`` (or a single item) runs here, in order. At most ``IN_FLIGHT_PER_WORKER``
     jobs per worker are handed out at once, the next as one finishes, and a result is dropped once yielded: a
     10,000-job map once held a future, and then its result, for every job until the end."""
+    why = parallel_problem(executor, address)
+    if why is not None:
+        raise ScenarioError(why)
     workers = workers or os.cpu_count() or 1
     if executor == "local" and (workers <= 1 or len(items) <= 1):
         for i, item in enumerate(items):
@@ -265,8 +279,6 @@ def parallel_map(
                 for proc in list((getattr(pool, "_processes", None) or {}).values()):
                     proc.terminate()
                 raise
-    if executor != "ray":
-        raise ScenarioError(f"--executor must be 'local' or 'ray', got {executor!r}")
     ray, started = _ray_init(workers, address)
     try:
         ref = ray.put(shared)
@@ -290,7 +302,12 @@ def _ray_init(workers: int, address: str | None):
         import ray
     except ImportError:
         raise ScenarioError("--executor ray needs Ray: pip install 'servesim[ray]'") from None
-    if ray.is_initialized():
+    if ray.is_initialized():  # the caller's own Ray: its jobs run there, so an address elsewhere is not used
+        here = ray.get_runtime_context().gcs_address
+        if address and address != here:
+            warnings.warn(f"Ray is already initialized in this process (at {here}), so address {address!r} is not "
+                          "used: the jobs run there; call ray.shutdown() first to run them at that address",
+                          stacklevel=2)
         return ray, False
     kw: dict[str, Any] = {"address": address} if address else {"num_cpus": workers or None}
     # the workers import the project from the driver's source tree
@@ -406,8 +423,9 @@ def run_sweep(
     """Run every (point, variant) of the scenario not already in ``out_dir``, appending rows as they finish.
     ``checking(points, total)`` hears the points being checked before any run; ``progress(runs done, total)``
     hears the runs done, the resumed ones first. ``metrics``: what each row keeps (METRICS first)."""
-    if executor not in ("local", "ray"):
-        raise ScenarioError(f"--executor must be 'local' or 'ray', got {executor!r}")
+    why = parallel_problem(executor, address)
+    if why is not None:
+        raise ScenarioError(why)
     tasks = plan_sweep(scenario, raw, source=source, progress=checking, metrics=metrics)
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
