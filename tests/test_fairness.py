@@ -55,3 +55,22 @@ def test_without_contention_the_index_is_one_and_without_tenants_there_is_none()
     assert backlogged_jain(table, rows, waiting_spans(table)) == (1.0, 0)
     index, windows = backlogged_jain(table, {}, waiting_spans(table))
     assert math.isnan(index) and windows == 0
+
+
+def test_a_tenant_refused_at_arrival_is_not_called_fairly_served() -> None:
+    # A policy that rejects every request of one tenant when a step reaches it: those requests never wait, so the
+    # tenant is never backlogged and the windows alone read 1.0 (was fairness.jain_index 1.0); Jain's index of the
+    # shares served (1 and 0) is 1 / 2, the least two tenants can read
+    import servesim
+
+    class RefuseSmall(servesim.QueuePolicy):
+        def refuse(self, req, view):  # type: ignore[no-untyped-def]
+            return "tenant small refused" if req.tenant == "small" else None
+
+    raw = _two_tenants(200)
+    raw["workload"]["arrival"]["rate"] = 4.0  # light load: nobody waits long, so no window has two backlogged
+    del raw["variants"]
+    [fair] = [s["fairness"] for s in servesim.run(raw, policy=RefuseSmall()).summary.values()]
+    assert fair["served_share_jain_index"] == 0.5 and fair["jain_index"] == 0.5
+    [fcfs] = [s["fairness"] for s in servesim.run(raw).summary.values()]  # the same load served in full: fair
+    assert fcfs["jain_index"] == fcfs["served_share_jain_index"] == 1.0

@@ -22,7 +22,10 @@ two tenants, one sending three times the other's requests: FCFS 0.80 and VTC 0.8
 FCFS 0.81 and VTC 0.995 at 1,000, 7.5 s windows).
 
 ``served_share_jain_index`` beside it is Jain's index of each tenant's output tokens served over those it asked
-for: below 1 only where some tenant's requests were rejected or failed more than another's."""
+for: below 1 only where some tenant's requests were rejected or failed more than another's. The summary's
+``jain_index`` is the lower of the two (``sim.metrics.summary.tenant_fairness``): a request rejected at arrival
+never waits, so a tenant whose every request is refused is never backlogged, and the windows alone would read 1.0
+for the policy that starves it."""
 
 from __future__ import annotations
 

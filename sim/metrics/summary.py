@@ -486,6 +486,8 @@ def tenant_fairness(reqs: Sequence[RequestRecord]) -> tuple[dict[str, dict], dic
     output tokens its completed requests received divided by the output tokens all its requests asked for
     (``target_output_tokens``): the share of its demand that was served, which measures who got served at all
     (rejections, failures, admission rules); ``served_share_jain_index`` is :func:`jain_index` of those shares.
+    ``jain_index`` is the lower of the two: a request rejected at arrival never waits, so a tenant whose every
+    request is refused is never backlogged and the windows alone would call its starvation fair (1.0).
     How long each tenant waited is in its TTFT and E2EL.
     """
     table = as_table(by_id(reqs))  # read as columns, in id order
@@ -508,9 +510,11 @@ def tenant_fairness(reqs: Sequence[RequestRecord]) -> tuple[dict[str, dict], dic
         }
     shares = [t["service"] for t in tenants.values()]
     backlogged, windows = backlogged_jain(table, groups, waiting_spans(table))
-    fairness = {"jain_index": backlogged,
+    served_share = jain_index(shares)
+    fairness = {"jain_index": backlogged if math.isnan(served_share) else min(backlogged, served_share),
                 "over": f"tenants' service (prompt + {OUTPUT_WEIGHT:g} x output tokens) in the windows where two or "
-                        "more were backlogged (sim/metrics/fairness.py)",
+                        "more were backlogged, or served_share_jain_index where lower (a tenant refused is never "
+                        "backlogged) (sim/metrics/fairness.py)",
                 "num_tenants": len(tenants), "backlogged_windows": windows, "windows": WINDOWS,
-                "served_share_jain_index": jain_index(shares)}
+                "served_share_jain_index": served_share}
     return tenants, fairness

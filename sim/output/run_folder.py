@@ -115,7 +115,7 @@ SUMMARY_UNITS: dict[str, str] = {
     # the sections a run has only with request classes, tenants, an anomaly or speculative decoding
     "classes": "per class, as the run's keys (latencies s, rates per s, slo_attainment fraction, requests, tokens)",
     "tenants": "per tenant: ttft and e2el s, service fraction (output tokens served / demanded), requests, tokens",
-    "fairness.jain_index": "index from 1 / num_tenants to 1 (1: equal service while backlogged)",
+    "fairness.jain_index": "index from 1 / num_tenants to 1 (1: equal service while backlogged and equal share served)",
     "fairness.served_share_jain_index": "index from 1 / num_tenants to 1 (1: equal share of demand served)",
     "fairness.backlogged_windows": "windows", "fairness.windows": "windows",
     "anomalies.inversions.tolerance": "s", "anomalies.inversions": "pairs of requests (count, by_priority, by_arrival)",

@@ -67,5 +67,7 @@ def fairness_sections(results: list[RunResult], summaries: dict) -> list[Section
         "scheduling. Jain's index compares the service (prompt + 2 x output tokens) the tenants received while "
         "backlogged (a request of theirs waiting), over the windows (of 20 in the run) where two or more were: "
         "1 is equal service, 1 / tenants one tenant served alone; 1 where no two tenants were ever backlogged "
-        "together. The chart shows each tenant's output tokens received so far.") + "</p>"
+        "together. Where some tenant got a smaller share of the output tokens it asked for (its requests rejected or "
+        "failed), the index is Jain's index of those shares if lower: a refused request never waits. The chart "
+        "shows each tenant's output tokens received so far.") + "</p>"
     return [Section("Fairness and anomalies", fig_service_over_time(summaries), note + table)]
