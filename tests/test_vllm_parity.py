@@ -169,3 +169,26 @@ def test_priority_without_displacement_is_vllm_v1s_rule() -> None:
         (5, [(2, 1)], [], []),
     ]
     assert PriorityPolicyConfig.model_validate({"type": "priority"}).make().preempt_for_waiting is True
+
+
+def test_priority_under_the_vllm_v1_engine_takes_v1s_rule() -> None:
+    """Under ``deployment.engine: vllm-v1`` the priority policy kept servesim's default, V0's displacement, so
+    classes-priority at 300 requests (KV at most 5.5% used, the 32 slots the limit) preempted 43 batch requests that
+    vLLM V1 never preempts: its victim is chosen only when a running request's blocks run out. The engine's rule is
+    now the default (an explicit ``preempt_for_waiting`` wins); without an engine, and under vllm-v0, V0's rule as
+    before."""
+    import servesim
+
+    path = "scenarios/classes-priority.yaml"
+    only = {"variants": [{"name": "priority", "policy": {"type": "priority", "max_num_seqs": 32,
+                                                         "enable_chunked_prefill": True,
+                                                         "max_num_batched_tokens": 2048}}]}
+
+    def preemptions(**policy_keys) -> int:
+        run = servesim.run(path, num_requests=300, set={**only, "deployment.engine": "vllm-v1", **{
+            f"variants.0.policy.{k}": v for k, v in policy_keys.items()}})
+        return run.summary["priority"]["num_preemptions"]
+
+    assert preemptions() == 0
+    assert preemptions(preempt_for_waiting=True) > 0
+    assert servesim.run(path, num_requests=300, set=only).summary["priority"]["num_preemptions"] > 0

@@ -75,6 +75,10 @@ class Engine:
     needs_kv_tokens: bool = False
     # prefix caching on by default, and every full prompt block cached, not only shared prefixes (vLLM v1)
     caches_every_prompt_block: bool = False
+    # under ``policy: {type: priority}``, a waiting request preempts lower-priority running work when it finds no
+    # slot or blocks (vLLM V0's _schedule_priority_preemption); False: only a running request short of blocks
+    # preempts (vLLM V1). The policy's preempt_for_waiting, where the scenario leaves it out.
+    priority_preempts_for_waiting: bool = True
 
     # ---- scheduler defaults (sim/engines/registry.py apply_engine) ----
     def chunked_prefill(self, max_model_len: int) -> bool:

@@ -195,7 +195,10 @@ def apply_engine(policy: Any, engine: EngineConfig | None, gpu: GPUSpec, max_mod
                  kv_tokens: int | None = None) -> Any:
     """The ``policy`` config with every key it leaves unset (None) filled from the engine's defaults; a static
     policy comes back as it is; no engine: the classic defaults."""
-    if getattr(policy, "type", None) != "continuous":
+    kind = getattr(policy, "type", None)
+    if kind == "priority" and policy.preempt_for_waiting is None:
+        return policy.model_copy(update={"preempt_for_waiting": engine_of(engine).priority_preempts_for_waiting})
+    if kind != "continuous":
         return policy
     return engine_of(engine).fill_policy(policy, engine, gpu, max_model_len, kv_tokens)
 

@@ -188,17 +188,20 @@ class FCFSPolicyConfig(_BuiltinQueueConfig):
 
 class PriorityPolicyConfig(_BuiltinQueueConfig):
     """vLLM's --scheduling-policy priority: lower priority value first; a waiting request preempts lower-priority
-    running work (vLLM V0's rule; V1 preempts only when blocks run out)."""
+    running work (vLLM V0's rule) or, under ``deployment.engine: vllm-v1``, waits (V1 preempts only when blocks run
+    out)."""
 
     type: Literal["priority"] = "priority"
-    preempt_for_waiting: bool = Field(default=True, description="A waiting request that finds no slot or blocks "
-                                      "preempts lower-priority running work (vLLM V0); false: only a running "
-                                      "request short of blocks preempts (vLLM V1).")
+    preempt_for_waiting: bool | None = Field(
+        default=None, description="A waiting request that finds no slot or blocks preempts lower-priority running "
+        "work (vLLM V0); false: only a running request short of blocks preempts (vLLM V1). Default: the engine's "
+        "rule (false under deployment.engine vllm-v1, true without an engine section and under the others).")
 
     def make(self) -> Any:
         from sim.policies.priority import PriorityPolicy
 
-        return PriorityPolicy(self.enable_chunked_prefill, self.preemption_mode, self.preempt_for_waiting)
+        return PriorityPolicy(self.enable_chunked_prefill, self.preemption_mode,
+                              True if self.preempt_for_waiting is None else self.preempt_for_waiting)
 
 
 class SJFPolicyConfig(_BuiltinQueueConfig):
