@@ -37,12 +37,12 @@ metric class (TTFT, decode speed, throughput, E2E) and per source (one document:
 or GPU is new in) that leave-one-source-out gives; with nothing fitted, that is each row's plain error. Rows that
 cannot be represented are listed with the reason. Per class it prints the errors' 10th-90th percentiles, each source
 weighing the same (the 80% intervals of sim/metrics/intervals.py), and how many rows of each source the other
-sources' percentiles hold. ``--fit``
+sources' percentiles hold; ``--write-intervals`` puts both in sim/metrics/intervals.py. ``--fit``
 instead repeats issue 14's held-out calibration on the rows of one engine and GPU (fit the knobs on every other
 row, predict the rest), now with the rows' engine preset.
 
     PYTHONPATH=. .venv/bin/python benchmarks/bench_published.py [--data CSV]... [--requests N] [--fit [--engine P]]
-        [--only TEXT] [--v0-host-time-ratio R]
+        [--only TEXT] [--v0-host-time-ratio R] [--write-intervals]
 """
 
 from __future__ import annotations
@@ -579,6 +579,46 @@ def interval_line(cls: str, pairs: list[tuple[str, float]]) -> str:
             f"[{lo:+.1%}, {hi:+.1%}]; {cover}")
 
 
+INTERVALS = ROOT / "sim" / "metrics" / "intervals.py"  # where the run's 80% intervals are applied
+# the two assignments of INTERVALS that ``--write-intervals`` replaces, with the comment line between them
+INTERVAL_BLOCK = re.compile(r"^ERROR_QUANTILES: .*?^LOSO_COVERAGE: [^}]*}\n", re.S | re.M)
+
+
+def _two_a_line(head: str, items: list[str]) -> str:
+    """``head`` and ``items`` as a dict literal of two items a line, continuation lines under the first item."""
+    pad = " " * (len(head) + 1)
+    lines = [", ".join(items[i:i + 2]) for i in range(0, len(items), 2)]
+    return head + "{" + (",\n" + pad).join(lines) + "}\n"
+
+
+def interval_constants(by_class: dict[str, list[tuple[str, float]]]) -> str:
+    """sim/metrics/intervals.py's ``ERROR_QUANTILES`` and ``LOSO_COVERAGE`` for these errors (``(source,
+    error)`` per class, in ``CLASSES`` order): each class's 10th and 90th percentiles, each source weighing the same
+    (``source_percentiles``, to three decimals), and its leave-one-source-out coverage as the fraction of its rows
+    (None where one source has the class), the figures the report's interval lines print."""
+    quantiles, coverage = [], []
+    for cls in CLASSES:
+        pairs = by_class.get(cls)
+        if not pairs:
+            raise ValueError(f"no {cls} rows: an interval needs the class's errors")
+        lo, hi = source_percentiles(pairs)
+        quantiles.append(f'"{cls}": ({lo:.3f}, {hi:.3f})')
+        inside, total, _ = loso_coverage(pairs)
+        coverage.append(f'"{cls}": ' + (f"{inside} / {total}" if total else "None"))
+    return (_two_a_line("ERROR_QUANTILES: dict[str, tuple[float, float]] = ", quantiles)
+            + "# the same run's leave-one-source-out check (None: one source, nothing to check against)\n"
+            + _two_a_line("LOSO_COVERAGE: dict[str, float | None] = ", coverage))
+
+
+def write_intervals(by_class: dict[str, list[tuple[str, float]]], path: Path = INTERVALS) -> None:
+    """Put this run's ``interval_constants`` in place of ``path``'s (sim/metrics/intervals.py), so that the
+    intervals servesim applies are the report's figures, never copied by hand."""
+    text = path.read_text()
+    if len(INTERVAL_BLOCK.findall(text)) != 1:
+        raise ValueError(f"{path}: no single ERROR_QUANTILES ... LOSO_COVERAGE block to replace")
+    path.write_text(INTERVAL_BLOCK.sub(lambda _: interval_constants(by_class), text))
+
+
 def read_rows(files: list[Path]) -> list[dict[str, str]]:
     """Every row of the given CSVs, in order (the shared set's and this repository's share one format; the
     optional ``settings`` column is empty where a file lacks it)."""
@@ -590,9 +630,10 @@ def read_rows(files: list[Path]) -> list[dict[str, str]]:
 
 
 def report(n_offline: int, classic: bool = False, data: list[Path] | None = None, online: bool = True,
-           trtllm_build: bool = False, only: str | None = None, v0_host_ratio: float | None = None) -> None:
+           trtllm_build: bool = False, only: str | None = None, v0_host_ratio: float | None = None,
+           intervals: Path | None = None) -> None:
     """The report over every row of ``data``; ``only``: the rows whose source (as ``source_of`` names it) or engine
-    column holds that text."""
+    column holds that text; ``intervals``: the file whose 80% intervals the run's replace (``write_intervals``)."""
     files = data or [DATA, OWN_DATA]
     rows = read_rows(files)
     print("rows from " + ", ".join(f"{p.name} ({len(read_rows([p]))})" for p in files))
@@ -643,8 +684,12 @@ def report(n_offline: int, classic: bool = False, data: list[Path] | None = None
     print("80% intervals from leave-one-source-out residuals (each source's rows against the 10th-90th "
           "percentiles of the other sources' errors in its class, each source weighing the same; target coverage "
           "70-90%)")
+    by_class = {cls: [(s, x) for s, k, x in zip(sources, classes, errs, strict=True) if k == cls] for cls in CLASSES}
     for cls in CLASSES:
-        print("  " + interval_line(cls, [(s, x) for s, k, x in zip(sources, classes, errs, strict=True) if k == cls]))
+        print("  " + interval_line(cls, by_class[cls]))
+    if intervals is not None:
+        write_intervals(by_class, intervals)
+        print(f"  written to {intervals.relative_to(ROOT) if intervals.is_relative_to(ROOT) else intervals}")
     print("by engine and metric")
     groups: dict[str, list[float]] = {}
     for c, x in zip(cases, errs, strict=True):
@@ -710,6 +755,8 @@ def main() -> None:
     ap.add_argument("--v0-host-time-ratio", type=float, metavar="R", help="vllm-v0 rows with host_time_ratio R "
                     "in place of their version's (0.5: 1.63, 0.6: 0.7, capped on one GPU at 4 ms + 80 us a row; given: "
                     "uncapped; 0: the roofline and serving layer alone)")
+    ap.add_argument("--write-intervals", action="store_true", help="put the run's 80%% intervals and their "
+                    "leave-one-source-out coverage in sim/metrics/intervals.py (the default run only)")
     ap.add_argument("--fit", action="store_true", help="issue 14's held-out calibration instead of the report")
     ap.add_argument("--engine", default="TensorRT-LLM v0.17")
     ap.add_argument("--gpu", default="H100-SXM-80GB")
@@ -725,8 +772,15 @@ def main() -> None:
     else:
         if args.v0_host_time_ratio is not None and args.v0_host_time_ratio < 0:
             ap.exit(2, f"error: --v0-host-time-ratio {args.v0_host_time_ratio:g}: a host time ratio is >= 0\n")
+        changed = [f for f, on in (("--data", args.data), ("--requests", args.requests), ("--classic", args.classic),
+                                   ("--offline", args.offline), ("--trtllm-bench-build", args.trtllm_bench_build),
+                                   ("--only", args.only is not None),
+                                   ("--v0-host-time-ratio", args.v0_host_time_ratio is not None)) if on]
+        if args.write_intervals and changed:
+            ap.exit(2, f"error: --write-intervals: the intervals servesim applies come from the default run, not one "
+                       f"with {', '.join(changed)}\n")
         report(args.requests or OFFLINE_REQUESTS, args.classic, data, not args.offline, args.trtllm_bench_build,
-               args.only, args.v0_host_time_ratio)
+               args.only, args.v0_host_time_ratio, INTERVALS if args.write_intervals else None)
 
 
 if __name__ == "__main__":

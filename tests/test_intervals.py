@@ -41,7 +41,7 @@ def test_interval_by_hand():
     assert "e2el.p99" not in iv  # tails: the development rows are means and rates
     lines = interval_lines({"a": {"interval_80": iv}, "b": {}})
     assert lines[0] == ("80% interval (published measurements; leave-one-source-out coverage TTFT 72.8%, decode speed "
-                        "73.3%, throughput 83.4%, E2E 80.4%; target 70-90%):")
+                        "74.9%, throughput 81.4%, E2E 76.6%; target 70-90%):")
     assert lines[1] == (f"  a: ttft.mean {100 * (1 + lo_f):.1f}-{100 * (1 + hi_f):.1f} ms; tpot.mean "
                         f"{10 * (1 + lo_d):.1f}-{10 * (1 + hi_d):.1f} ms; output_throughput "
                         f"{1000 / (1 + hi_t):,.0f}-{1000 / (1 + lo_t):,.0f}/s")
@@ -98,6 +98,43 @@ def test_leave_one_source_out_coverage_by_hand():
     # c: others 0.0, 0.1 at 1/2, eight 1.0 at 1/8 -> [0.0, 1.0]: 0.05 in, -0.1 out (by rows [0.09, 1.0]: both out)
     assert (inside, total, alone) == (3, 12, [])
     assert bench.loso_coverage([("a", 0.1)]) == (0, 0, ["a"])
+
+
+def test_write_intervals_puts_the_reports_figures_in_place(tmp_path):
+    """--write-intervals: the constants servesim applies are the run's percentiles and coverage, written by the
+    script, so the README's table and sim/metrics/intervals.py cannot drift apart (they did: the README's decode
+    interval was the 940-row run's [-23.5%, +67.3%] while the module applied the 924-row run's [-10.9%, +73.3%])."""
+    bench = _bench()
+    shifted = [(s, x + 0.5) for s, x in LOPSIDED]
+    by_class = {"TTFT": LOPSIDED, "decode speed": shifted, "throughput": LOPSIDED, "E2E": [("a", 0.2), ("a", 0.3)]}
+    copy = tmp_path / "intervals.py"
+    source = (ROOT / "sim" / "metrics" / "intervals.py").read_text()
+    copy.write_text(source)
+    bench.write_intervals(by_class, copy)
+    ns: dict = {}
+    exec(bench.INTERVAL_BLOCK.search(copy.read_text()).group(0), ns)
+    # LOPSIDED by hand (test_source_percentiles_weigh_each_source_the_same, test_leave_one_source_out_coverage_by_hand)
+    assert ns["ERROR_QUANTILES"] == {"TTFT": (-0.1, 1.0), "decode speed": (0.4, 1.5), "throughput": (-0.1, 1.0),
+                                     "E2E": (0.2, 0.3)}
+    assert ns["LOSO_COVERAGE"] == {"TTFT": 3 / 12, "decode speed": 3 / 12, "throughput": 3 / 12, "E2E": None}
+    # nothing else in the file moves, and the layout is the module's own (two classes a line)
+    assert bench.INTERVAL_BLOCK.sub("", copy.read_text()) == bench.INTERVAL_BLOCK.sub("", source)
+    assert '"TTFT": (-0.100, 1.000), "decode speed": (0.400, 1.500),\n' in copy.read_text()
+    with pytest.raises(ValueError, match="no E2E rows"):
+        bench.interval_constants({k: v for k, v in by_class.items() if k != "E2E"})
+
+
+def test_readme_states_the_intervals_servesim_applies():
+    """The README's table of published errors prints each class's 80% interval and coverage; they must be those of
+    sim/metrics/intervals.py, which `run --interval`, `validate --against` and `plan` apply."""
+    from sim.metrics.intervals import LOSO_COVERAGE
+
+    readme = (ROOT / "README.md").read_text()
+    for cls, (lo, hi) in ERROR_QUANTILES.items():
+        row = next(line for line in readme.splitlines() if line.startswith(f"| {cls} ") and "%]" in line)
+        cover = LOSO_COVERAGE[cls]
+        assert f"[{lo:+.1%}, {hi:+.1%}]" in row, (cls, row)
+        assert row.rstrip(" |").endswith(f"{cover:.0%}" if cover is not None else "one source"), (cls, row)
 
 
 def test_source_is_the_document():
