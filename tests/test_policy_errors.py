@@ -83,9 +83,15 @@ CASES = [
     ("bad_policies.py:RaisesInDescribe", "", "RaisesInDescribe: describe() raised RuntimeError: describe broke"),
     ("bad_policies.py:PrintsItsDescription", "", "error: policy PrintsItsDescription: describe() returned None, not a "
      "str (it returns the line the run shows)"),
-    # ranks that do not compare: Python's message named only the types, under servesim's own frames
-    ("bad_policies.py:RanksUnlike", "", "RanksUnlike: schedule(view) at t=0.042423 s raised TypeError: rank(req) gave "
-     "(0.02877860094577439, 4) for request 4 and None for request 5, which do not compare"),
+    # ranks that do not compare: Python's message named only the types, under servesim's own frames (caught at
+    # t=0.042423 s, two asks late, until the waiting head's None stopped passing as first come first served)
+    ("bad_policies.py:RanksUnlike", "", "RanksUnlike: schedule(view) at t=0.029018 s raised TypeError: rank(req) gave "
+     "None for request 1 and (0.026545128257875354, 2) for request 2, which do not compare"),
+    # None from a rank for the waiting head (a branch without its `return`) made the step first come first served:
+    # a queue whose other ranks are keys ran in arrival order, exit 0
+    ("bad_policies.py:ForgetsAReturn", "", "ForgetsAReturn: schedule(view) at t=0.126076 s raised TypeError: "
+     "rank(req) gave None for request 5 and (0, 0.1194970161892151, 19) for request 19, which do not compare (None "
+     "keeps first come first served only when every request gets it)"),
     # a NaN rank: every comparison with it is false, so the queue's order was arbitrary and the run said nothing
     ("bad_policies.py:RanksNaN", "", "RanksNaN: schedule(view) at t=0.029018 s raised ValueError: rank(req) gave "
      "(nan, 3) for request 3: NaN does not order"),

@@ -121,13 +121,29 @@ class QueuePolicy(Policy):
 
     def _victim(self, running: tuple[RequestView, ...], out: set[int]) -> RequestView:
         left = [r for r in running if r.id not in out]
-        if self.rank(left[0]) is None:
+        if self._first_come(left):
             return left[-1]  # the latest admitted
         keys = self._ranks(left)
         try:
             return left[max(range(len(left)), key=keys.__getitem__)]
         except TypeError as e:
             raise self._unorderable(left, e) from None
+
+    def _first_come(self, reqs: list[RequestView]) -> bool:
+        """Whether ``reqs`` keep first come first served: every rank None. A None for the first beside a key for
+        another (a branch of rank without its ``return``) is refused: the head's None alone once made the whole
+        step first come first served, without a word."""
+        if self.rank(reqs[0]) is not None:
+            return False
+        if type(self).rank is not QueuePolicy.rank:
+            for r in reqs[1:]:
+                k = self.rank(r)
+                if k is not None:
+                    raise TypeError(f"rank(req) gave None for request {reqs[0].id} and {k!r} for request {r.id}, "
+                                    "which do not compare (None keeps first come first served only when every "
+                                    "request gets it): give every request a key of one shape, ending with its "
+                                    "arrival and id")
+        return True
 
     def _ranks(self, reqs: list[RequestView]) -> list[Any]:
         """The ranks of ``reqs``; a NaN in one (a float, or an element of a tuple) is refused: every comparison with
@@ -178,7 +194,7 @@ class QueuePolicy(Policy):
                  out: set[int]) -> None:
         lim = view.limits
         queue = list(waiting)
-        if len(queue) > 1 and self.rank(queue[0]) is not None:  # one request: nothing to order (the common ask)
+        if len(queue) > 1 and not self._first_come(queue):  # one request: nothing to order (the common ask)
             keys = self._ranks(queue)
             try:  # stable: equal ranks keep the queue's order
                 queue = [r for _, r in sorted(zip(keys, queue, strict=True), key=itemgetter(0))]

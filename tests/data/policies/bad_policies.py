@@ -236,6 +236,17 @@ class RanksUnlike(servesim.QueuePolicy):
         return None if req.id % 2 else (req.arrival, req.id)
 
 
+class ForgetsAReturn(servesim.QueuePolicy):
+    """A rank meant to put the last request ahead, whose other branch lacks its `return` (None): the waiting head's
+    None made the step first come first served, so the run ended with exit 0 and the order it was written for
+    silently never happened."""
+
+    def rank(self, req):
+        if req.id == 19:
+            return (0, req.arrival, req.id)
+        (1, req.arrival, req.id)  # the missing `return` is the mistake
+
+
 class RanksNaN(servesim.QueuePolicy):
     """A rank read from a field that is sometimes missing (NaN): every comparison with NaN is false, and the queue
     was left in whatever order the sort made of it, without a word."""
