@@ -8,6 +8,7 @@ engine.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -23,6 +24,7 @@ from sim.engines.sched import engine_kv_cache
 from sim.hardware.models import ModelSpec, resolve_model
 from sim.loop.build import build
 from sim.loop.results import seeded_global_rngs
+from sim.serving.request import RequestSpec
 
 CPU_KV_BYTES = 512 * 2**20  # CPU runs without num_gpu_blocks: KV cache of at most this many bytes (cpu_num_blocks)
 
@@ -69,6 +71,20 @@ def engine_config(cfg: VariantConfig, *, model_spec: str | None = None, num_gpu_
         # build() takes int(swap_space * 2**30 // kv_bytes_per_block) blocks: this float gives exactly ``want``
         cfg = _with_deployment(cfg, swap_space=want * built.budget.kv_bytes_per_block / 2**30)
     return cfg
+
+
+def context_cut(cfg: VariantConfig, ecfg: VariantConfig, requests: Sequence[RequestSpec]) -> str | None:
+    """What running ``cfg`` as ``ecfg`` (``engine_config``: ``--model`` replaced) cuts off its workload: the
+    requests longer than the engine model's context, which the engine rejects and the simulator ran; None when
+    none is. The engine run once said only "rejected 2" in its table."""
+    before = cfg.deployment.max_model_len or resolve_model(cfg.deployment.model).max_position_embeddings
+    after = ecfg.deployment.max_model_len or resolve_model(ecfg.deployment.model).max_position_embeddings
+    longer = sum(1 for r in requests if r.prompt_len + r.output_len > after)
+    if after >= before or not longer:
+        return None
+    return (f"--model {ecfg.deployment.model}: max_model_len {before:,} cut to its context of {after:,} tokens: "
+            f"{longer:,} of {len(requests):,} requests need more and are rejected on the engine (`servesim run` "
+            "runs them)")
 
 
 def _without_other_models_profile(cfg: VariantConfig, model: str) -> VariantConfig:

@@ -201,6 +201,24 @@ def test_cli_engine_run_writes_the_folder(tmp_path: Path) -> None:
     assert len(rows) == 6 and all(r["outcome"] == "completed" for r in rows)
 
 
+def test_cli_engine_run_says_which_requests_the_models_shorter_context_rejects(tmp_path: Path) -> None:
+    """--model tiny cuts the scenario's max_model_len 4096 to tiny's context of 2048: the requests longer than that
+    were rejected on the engine (the simulator ran them) and the run said only "rejected 1" in its table."""
+    path = tmp_path / "s.yaml"
+    raw = scenario(num_requests=3)
+    raw["deployment"] = {"model": "llama-3.1-8b", "max_model_len": 4096}
+    raw["workload"]["prompt_len"] = {"type": "uniform", "min": 1500, "max": 2600}
+    raw["policy"] = {"type": "fcfs", "max_num_seqs": 4}
+    path.write_text(yaml.safe_dump(raw))
+    res = CliRunner().invoke(app, ["engine", "run", str(path), "--model", "tiny", "--time-scale", "0", "-q",
+                                   "--out", str(tmp_path / "out")])
+    assert res.exit_code == 0, res.output
+    rows = list(csv.DictReader(open(tmp_path / "out" / "requests.csv")))
+    assert [r["outcome"] for r in rows].count("rejected") == 1
+    assert ("--model tiny: max_model_len 4,096 cut to its context of 2,048 tokens: 1 of 3 requests need more and "
+            "are rejected on the engine (`servesim run` runs them)\n") in res.output
+
+
 def test_cli_engine_run_with_quantized_weights(tmp_path: Path) -> None:
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump(scenario()))

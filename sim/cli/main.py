@@ -545,6 +545,7 @@ def engine_run(
         try:
             import torch
 
+            from realengine.config import context_cut
             from realengine.engine import engine_config, kv_held_at_end, run_engine, write_engine_run
             from realengine.model import torch_dtype
             from realengine.spec_decode import check_engine_draft
@@ -559,11 +560,15 @@ def engine_run(
             return
         if device == "cuda" and not torch.cuda.is_available():
             _fail("--device cuda: torch sees no CUDA device")
+        cuts: dict[str, list[str]] = {}  # what --model cuts off the workload -> the variants it cuts
         try:  # everything the input can get wrong fails here, before any run
             for cfg in cfgs:
                 ecfg = engine_config(cfg, model_spec=model, num_gpu_blocks=num_gpu_blocks, device=device,
                                      dtype=tdtype or torch.float32)
                 check_engine_draft(ecfg.deployment.speculative, resolve_model(ecfg.deployment.model))
+                cut = context_cut(cfg, ecfg, wls[cfg.name].requests)
+                if cut is not None:
+                    cuts.setdefault(cut, []).append(cfg.name)
         except (ScenarioError, ValueError) as e:
             _fail(str(e))
         real = _real_weights(weights, {str(model or c.deployment.model) for c in cfgs}, tdtype, device)
@@ -579,6 +584,8 @@ def engine_run(
     typer.echo(f"{sc.name}: {sc.workload.describe()} on the engine ({device})", err=True)
     for line in policy_lines:
         typer.echo(line, err=True)
+    for cut, names in cuts.items():
+        typer.echo(cut if len(cuts) == 1 and len(names) == len(cfgs) else f"{', '.join(names)}: {cut}", err=True)
     results: list = []
     summaries: dict = {}
     memory: list[dict] = []
