@@ -226,3 +226,26 @@ def test_placing_a_long_run_in_id_order_holds_a_column_not_its_sort(monkeypatch:
         tracemalloc.stop()
     assert table.in_id_order() and table.column("id")[-1] == n - 1
     assert peak < 44 * n  # the table it makes is some 36 bytes a request (52 at the peak before)
+
+
+def test_the_run_folder_reads_the_columns_the_summary_made(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run below STREAM_MIN keeps a list of records; its summary and its run folder both read them as columns,
+    which were made twice (0.09 s each of a 20,000-request run). The folder now reads the summary's (the bytes are
+    the pinned outputs' concern)."""
+    sc, raw = load_scenario(ROOT / "scenarios" / "classes-priority.yaml", {"workload.num_requests": 50})
+    made: list[int] = []
+    table = table_module.RequestSink.table
+
+    def counted(self: table_module.RequestSink, *, sort: bool = True) -> RequestTable:
+        made.append(self.count)
+        return table(self, sort=sort)
+
+    monkeypatch.setattr(table_module.RequestSink, "table", counted)
+    run = run_module.run_scenario(sc, raw)
+    assert isinstance(run.results[0].requests, list)  # the result keeps its records, as it always did
+    assert made == [50] * len(run.results)  # one table per variant, by its summary
+    run_module.write_scenario_run(run, tmp_path / "run")
+    # and none made again of a whole run for the folder (its report makes tables of each class's requests)
+    assert made.count(50) == len(run.results) and len(made) > len(run.results)
+    table_module.as_table(run.results[0].requests)  # outside: a list read once is made into a table
+    assert made.count(50) == len(run.results) + 1

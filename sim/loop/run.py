@@ -24,7 +24,7 @@ from sim.loop.simulator import ClosedLoopPlan, Simulation, StalledError
 from sim.metrics.decisions import REGRET_MAX_REQUESTS, DecisionTrace, resimulated_regret, trace_core, trace_simulation
 from sim.metrics.decisions import summary as decisions_summary
 from sim.metrics.records import RunResult
-from sim.metrics.request_table import STREAM_MIN, RequestSink
+from sim.metrics.request_table import STREAM_MIN, RequestSink, TableStore, tables_kept
 from sim.metrics.summary import summarize
 from sim.output.progress import BarProgress, Progress
 from sim.policies.gates import UserRouter
@@ -45,6 +45,8 @@ class ScenarioRun:
     sweep: list[dict[str, Any]] = field(default_factory=list)  # rows: params, variant, name
     # each result's energy as the summary computed it, for the run folder to read again (sim.costs.energy._kept)
     energy: EnergyStore = field(default_factory=dict, repr=False)
+    # and its requests as the columns the summary read (sim.metrics.request_table.tables_kept), likewise
+    tables: TableStore = field(default_factory=dict, repr=False)
 
 
 def generate_workload(scenario: Scenario, workload: Workload | None = None) -> GeneratedWorkload:
@@ -369,7 +371,7 @@ def run_scenario(
                 # its exports name this run's arrival rate, not the scenario file's
                 result.config["workload"] = (cfg.workload or sc.workload).model_dump(mode="json")
             out.results.append(result)
-            with energy_kept(out.energy):
+            with energy_kept(out.energy), tables_kept(out.tables):
                 out.summaries[name] = summarize(result, slos_of(sc))
             if trace is not None:
                 out.summaries[name]["decisions"] = decisions_summary(trace, trace.regret_rows, trace.k)
@@ -388,6 +390,7 @@ def write_scenario_run(run: ScenarioRun, out_dir: str | Path, raw: dict[str, Any
     scenario = run.scenario.model_dump(mode="json")
     if run.sweep:
         scenario["sweep_points"] = run.sweep
-    return write_run(out_dir, run.results, run.summaries, scenario=scenario, title=f"servesim: {run.scenario.name}",
-                     phase=None if progress is None else progress.phase, steps=steps, table_format=table_format,
-                     written=written, energy=run.energy)
+    with tables_kept(run.tables):  # the requests as the columns the summaries read, not made again
+        return write_run(out_dir, run.results, run.summaries, scenario=scenario,
+                         title=f"servesim: {run.scenario.name}", phase=None if progress is None else progress.phase,
+                         steps=steps, table_format=table_format, written=written, energy=run.energy)
