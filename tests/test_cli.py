@@ -552,3 +552,20 @@ def test_address_without_the_ray_executor_is_refused(tmp_path: Path, monkeypatch
     assert res.stderr.strip() == ("error: --address 10.0.0.1:6379 names a Ray cluster, which only --executor ray "
                                   "uses; give --executor ray with it, or leave --address out to run here")
     assert not (tmp_path / "o").exists()
+
+
+def test_a_count_of_one_takes_the_singular(tmp_path: Path) -> None:
+    """`servesim run -n 1` described its workload as '1 requests', a closed loop of one user as '1 users', and a
+    sweep of one run, a stalled run of one request or a verdict of one preemption said the same: the count's noun
+    now follows it (sim/words.py)."""
+    from sim.words import counted
+    from sim.workload.arrivals import ClosedLoopArrival
+
+    res = CliRunner().invoke(app, ["run", str(ROOT / "scenarios" / "naive-vs-continuous.yaml"), "-n", "1",
+                                   "-o", str(tmp_path / "one")])
+    assert res.exit_code == 0, res.output
+    assert "poisson 6 req/s; 1 request; prompt" in res.output and "1 requests" not in res.output
+    loop = ClosedLoopArrival.model_validate({"type": "closed_loop", "num_users": 1, "think_time": 0.5})
+    assert loop.describe().startswith("closed loop, 1 user, think time")
+    assert [counted(n, "request") for n in (0, 1, 2)] == ["0 requests", "1 request", "2 requests"]
+    assert counted(12345, "request", fmt=",") == "12,345 requests"

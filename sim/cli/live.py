@@ -13,6 +13,7 @@ from pathlib import Path
 import typer
 
 from sim.config.schema import ScenarioError
+from sim.words import counted
 
 
 def _load(scenario: Path, sets: list[str], num_requests: int | None, variant: str | None):
@@ -228,7 +229,7 @@ def register(app: typer.Typer) -> None:
         out_dir = out or default_out(sc.name, "-observed")
         if out_dir.exists() and not out_dir.is_dir():
             _fail(f"--out {out_dir}: exists and is not a folder")
-        typer.echo(f"{sc.name}: {len(specs)} requests to {endpoint} ({api})", err=True)
+        typer.echo(f"{sc.name}: {counted(len(specs), 'request')} to {endpoint} ({api})", err=True)
         bar = None
         if not quiet and sys.stderr.isatty():
             from tqdm import tqdm

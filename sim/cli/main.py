@@ -38,6 +38,7 @@ from sim.cli.common import (  # noqa: F401 - the commands' shared helpers, also 
 from sim.config.files import InterruptedAfterWrite
 from sim.config.scenario import load_scenario, parse_value
 from sim.config.schema import ScenarioError, json_schema
+from sim.words import counted
 
 # Plain help (click's), not Rich's: Rich reads help text as markup, so "pip install 'servesim[parquet]'" lost its
 # "[parquet]", and its option table prints a value type after every flag ("--quiet <bool>", even "--help <bool>")
@@ -396,7 +397,7 @@ def sweep(
         fresh=fresh), f"{sc.name}: {points:,} points x {variants} variant(s) = {points * variants:,} runs -> "
         f"{out_dir}/")
     typer.echo(format_sweep_table(res.table), nl=False)
-    typer.echo(f"{sc.name}: {res.runs} runs ({res.ran} run now, {res.resumed} already done)")
+    typer.echo(f"{sc.name}: {counted(res.runs, 'run')} ({res.ran} run now, {res.resumed} already done)")
     typer.echo(f"wrote {res.out_dir}/: sweep.csv, sweep.json, sweep.html")
 
 
@@ -430,7 +431,7 @@ def tournament(
         f"{t.name}: {len(t.policies)} policies x {len(t.loads)} loads x {len(t.spec.seeds)} seeds = {runs:,} runs -> "
         f"{out_dir}/")
     typer.echo(format_standings(t, res.standings), nl=False)
-    typer.echo(f"{t.name}: {res.runs} runs ({res.ran} run now, {res.resumed} already done)")
+    typer.echo(f"{t.name}: {counted(res.runs, 'run')} ({res.ran} run now, {res.resumed} already done)")
     typer.echo(f"wrote {res.out_dir}/: tournament.csv, tournament.json, tournament.html, sweep.csv")
 
 

@@ -23,6 +23,7 @@ from sim.loop.simulator import Simulation
 from sim.metrics.records import RunResult
 from sim.serving.core import ServingCore
 from sim.serving.request import Request
+from sim.words import counted
 
 # the per-step columns that must be equal exactly (start and duration: to TIME_TOLERANCE)
 STEP_COLUMNS = ("batch_size", "prefill_tokens", "decode_tokens", "kv_blocks_used", "kv_tokens", "num_running",
@@ -102,8 +103,9 @@ def compare(engine_core: ServingCore, requests: Sequence[Request], sim: Simulati
             out.append(f"request {r.id} ran in the replay only")
         elif (r.num_preemptions, r.num_output_tokens, r.outcome) != (e.num_preemptions, e.num_output_tokens,
                                                                     e.outcome):
-            out.append(f"request {r.id}: simulator {r.num_preemptions} preemptions, {r.num_output_tokens} tokens, "
-                       f"{r.outcome}; engine {e.num_preemptions}, {e.num_output_tokens}, {e.outcome}")
+            out.append(f"request {r.id}: simulator {counted(r.num_preemptions, 'preemption')}, "
+                       f"{counted(r.num_output_tokens, 'token')}, {r.outcome}; engine {e.num_preemptions}, "
+                       f"{e.num_output_tokens}, {e.outcome}")
         elif not (_close(r.first_token, e.first_token) and _close(r.finish, e.finish)):
             out.append(f"request {r.id}: first token {r.first_token} / finish {r.finish} in the simulator, "
                        f"{e.first_token} / {e.finish} on the engine")

@@ -33,6 +33,7 @@ from sim.serving.core import Batch, ServingCore, StalledError
 from sim.serving.failures import FailurePlan
 from sim.serving.request import Request, RequestSpec, Status
 from sim.serving.spec_table import SpecTable
+from sim.words import counted
 
 
 @dataclass(frozen=True, slots=True)
@@ -487,7 +488,7 @@ class Simulation:
             unfinished, sent = self._sent - self._finished, self._sent
         if unfinished or sent != len(self.specs):
             raise StalledError(
-                f"simulation stalled: {unfinished} requests without outcome, "
+                f"simulation stalled: {counted(unfinished, 'request')} without outcome, "
                 f"{len(self.specs) - sent} never sent (a policy never schedules them?){self._too_long_to_run()}"
             )
 

@@ -36,6 +36,7 @@ import numpy as np
 from sim.metrics.records import RequestRecord, RunResult
 from sim.metrics.request_table import RequestTable, as_table
 from sim.metrics.step_figures import StepFigures, step_figures
+from sim.words import counted
 
 # Thresholds, as fractions.
 OVERLOAD_GROWTH = 0.05  # queue growth at or above this share of the offered rate: requests pile up
@@ -340,7 +341,7 @@ def rank_limits(summary: dict) -> Verdict:
     kv_score = kv_mean if kv_mean >= KV_FULL_MEAN else 0.0  # a half-full cache without pressure limits nothing
     if pressure > 0 and kv_max >= KV_FULL_PEAK:
         kv_score = max(kv_score, kv_max)
-    extras = [f"{summary['num_preemptions']} preemptions"] if summary.get("num_preemptions") else []
+    extras = [counted(summary["num_preemptions"], "preemption")] if summary.get("num_preemptions") else []
     if summary.get("num_rejected"):
         extras.append(f"{summary['num_rejected']} rejected")
     found.append(Limit("memory-bound", kv_score, f"{kv_text} (peak {_pct(kv.get('max'))})"

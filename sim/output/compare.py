@@ -22,6 +22,7 @@ from sim.config.files import read_text_capped
 from sim.config.schema import ScenarioError
 from sim.metrics.records import RequestRecord
 from sim.output.table import format_cells, ratio_text, row_specs, slos_text, value_at
+from sim.words import counted
 
 COMPARE_FILE = "compare.html"
 
@@ -221,7 +222,9 @@ class Comparison:
 
 
 def _count(n: object) -> str:
-    return f"{n:,} requests" if isinstance(n, int) and not isinstance(n, bool) else "an unknown number of requests"
+    if isinstance(n, int) and not isinstance(n, bool):
+        return counted(n, "request", fmt=",")
+    return "an unknown number of requests"
 
 
 def compare_runs(a: RunSide, b: RunSide) -> Comparison:

@@ -39,6 +39,7 @@ from sim.serving.fast_path import STEADY_PLAN
 from sim.serving.kv_manager import BlockError, KVManager, cdiv
 from sim.serving.request import Outcome, Request, Status
 from sim.serving.spec_decode import SpecDecoder
+from sim.words import counted
 
 # The enums' members as module constants: ``Status.RUNNING`` goes through the enum class's attribute look-up,
 # about ten times a global's (230 against 22 ns, timeit), and the step reads several a request
@@ -315,11 +316,11 @@ class ServingCore:
         if asks > 4 * left + _PROGRESS_EVERY and (now - self._stuck_since_t > _STALL_S or asks > _STALL_ASKS):
             raise StalledError(
                 f"simulation stalled at t={now:.6f} s: no request arrived, started, generated a token or ended over "
-                f"the last {asks} asks of the policy ({now - self._stuck_since_t:.1f} s), with {len(queued)} requests "
-                f"in its queues ({len(self.running)} running) needing {left} tokens (a policy that plans nothing but "
-                "asks to be woken again, or takes back what it planned, never lets a request finish; a policy waiting "
-                "on the clock for longer returns the time it waits for from wake_time(view), rather than asking "
-                "again every few milliseconds)")
+                f"the last {asks} asks of the policy ({now - self._stuck_since_t:.1f} s), with "
+                f"{counted(len(queued), 'request')} in its queues ({len(self.running)} running) needing "
+                f"{counted(left, 'token')} (a policy that plans nothing but asks to be woken again, or takes back what "
+                "it planned, never lets a request finish; a policy waiting on the clock for longer returns the time it "
+                "waits for from wake_time(view), rather than asking again every few milliseconds)")
 
     def _catches_up_all(self, batch: Batch) -> bool:
         """Whether the step just applied leaves nobody waiting or swapped and computes every running request up

@@ -98,6 +98,7 @@ from sim.studies.plan_result import (
     steady_joules_per_token,
 )
 from sim.studies.sweep import parallel_map
+from sim.words import counted
 from sim.workload.generator import GeneratedWorkload
 
 # Searches at most where the choice's measured lifetime sizes the steady-state window (a TTFT SLO alone): plan-chat
@@ -384,7 +385,7 @@ def plan(scenario: Scenario, *, stop_early: bool | None = None, progress: bool =
                 ok = ev.meets_80 = False
             ev.status = "met" if ok else "missed"
             if not ok and ev.num_completed < ev.num_requests:
-                ev.reason = f"{ev.num_requests - ev.num_completed} requests not completed"
+                ev.reason = f"{counted(ev.num_requests - ev.num_completed, 'request')} not completed"
             if ok:
                 better = chosen is None or (c.precision, -_slo_ratio(ev, slos)) > (
                     chosen.candidate.precision, -_slo_ratio(chosen, slos))

@@ -14,6 +14,7 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 
 from sim.config.input_model import Float, FrozenInputModel, Int
 from sim.config.limits import MAX_ARRIVAL_S, MAX_REQUESTS, too_many_requests
+from sim.words import counted
 from sim.workload.lengths import (
     TRACE_FILE_HELP,
     TraceColumnsConfig,
@@ -205,7 +206,7 @@ class ClosedLoopArrival(FrozenInputModel):
         return v
 
     def describe(self) -> str:
-        return f"closed loop, {self.num_users} users, think time {self.think_time.describe()}"
+        return f"closed loop, {counted(self.num_users, 'user')}, think time {self.think_time.describe()}"
 
 
 class TraceArrival(FrozenInputModel):

@@ -30,6 +30,7 @@ from sim.serving import spec_table
 from sim.serving.failures import FailurePlan
 from sim.serving.request import RequestSpec, checked_specs
 from sim.serving.spec_table import SpecTable
+from sim.words import counted
 from sim.workload.arrivals import ArrivalProcess, ClosedLoopArrival, ThinkTime, TraceArrival
 from sim.workload.classes import RequestClass, check_classes, class_fields, trace_fields
 from sim.workload.length_pairs import LengthPairs
@@ -179,7 +180,7 @@ class Workload(FrozenInputModel):
         """One line for the CLI; reads no file."""
         parts = [self.arrival.describe()]
         if self.num_requests is not None:
-            parts.append(f"{self.num_requests} requests")
+            parts.append(counted(self.num_requests, "request"))
         if self.lengths is not None:
             parts.append(self.lengths.describe())
         for label, dist in (("prompt", self.prompt_len), ("output", self.output_len)) if self.lengths is None else ():

@@ -53,6 +53,7 @@ from sim.metrics.verdict import token_cap
 from sim.policies.routers import make_router
 from sim.serving.core import ServingCore
 from sim.serving.request import Outcome, Request, RequestSpec, Status
+from sim.words import counted
 
 POOLS = ("prefill", "decode")
 
@@ -243,7 +244,7 @@ class DisaggSimulation(Simulation):
         super().run()
         stuck = [i for i, r in self.decoding.items() if r.outcome is None]
         if stuck and self.halted is None:
-            raise RuntimeError(f"simulation stalled: {len(stuck)} requests never finished decoding")
+            raise RuntimeError(f"simulation stalled: {counted(len(stuck), 'request')} never finished decoding")
 
     def merged(self) -> list[Request]:
         """One request per spec as the client saw it: arrival and first scheduling from the prefill pool, the

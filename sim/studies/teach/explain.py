@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from sim.words import counted
+
 QUEUE_WAIT_S = 5.0  # queue p90 above this many seconds: the queue is growing, not just absorbing a burst
 KV_CEILING = 0.95  # KV usage peak at or above this share of the pool: the memory ceiling was hit
 SLOTS_IDLE_BUSY = 0.5  # GPU busy below this share of the time: slots sit idle, more load would fit
@@ -44,8 +46,8 @@ def explain(summary: dict[str, Any], offered_rate: float | None = None) -> list[
     kv_peak = _fin(summary.get("kv_usage", {}).get("max"))
     pressure = int(summary.get("num_preemptions", 0)) + int(summary.get("num_rejected", 0))
     if kv_peak >= KV_CEILING:
-        what = (f": {summary.get('num_preemptions', 0)} preemptions and {summary.get('num_rejected', 0)} "
-                "rejections") if pressure else ""
+        what = (f": {counted(summary.get('num_preemptions', 0), 'preemption')} and "
+                f"{counted(summary.get('num_rejected', 0), 'rejection')}") if pressure else ""
         out.append(
             f"The memory ceiling is hit: KV usage peaked at {100 * kv_peak:.0f}% of the pool{what}. More "
             "gpu_memory_utilization, a bigger GPU, fp8 KV, or paged blocks instead of reservations make room."
