@@ -336,7 +336,9 @@ def breakdown(errs: list[Err]) -> None:
     their W over their tok/s), so 1 + J error = (1 + W error) / (1 + tok/s error), exactly: "J if W exact" is the
     median |J error| were the power right and the time as simulated (|1 / (1 + tok/s error) - 1|), "if time
     exact" were the time right and the power as simulated (|W error|); "time share" is the time's part of the
-    summed |ln| of the two factors. Rows without a published power or throughput count in the J columns only."""
+    summed |ln| of the two factors. Rows without a published power or throughput count in the J columns only.
+    Each GPU's rows are also grouped by task and by one GPU (``x1``) or tensor parallel (``TP``): on the B200 the
+    one-GPU rows miss on their time, the tensor-parallel ones on their power."""
     def line(key: str, sel: list[Err]) -> str:
         both = [x for x in sel if x[2] == x[2] and x[3] == x[3]]
         lw = sum(abs(np.log1p(x[2])) for x in both)
@@ -344,7 +346,7 @@ def breakdown(errs: list[Err]) -> None:
         cols = (_median([abs(x[1]) for x in sel]), _median([x[1] for x in sel]), _median([x[2] for x in sel]),
                 _median([x[3] for x in sel]), _median([abs(1 / (1 + x[3]) - 1) for x in both]),
                 _median([abs(x[2]) for x in both]), lt / (lw + lt) if lw + lt > 0 else float("nan"))
-        return (f"  {key:47s} {len(sel):3d} {100 * cols[0]:5.1f}% {100 * cols[1]:+6.1f}% {100 * cols[2]:+6.1f}% "
+        return (f"  {key:50s} {len(sel):3d} {100 * cols[0]:5.1f}% {100 * cols[1]:+6.1f}% {100 * cols[2]:+6.1f}% "
                 f"{100 * cols[3]:+6.1f}% {100 * cols[4]:8.1f}% {100 * cols[5]:8.1f}% {100 * cols[6]:5.0f}%")
 
     print(f"\nmedian |error| of J/output token over {len(errs)} rows: {100 * _median([abs(x[1]) for x in errs]):.1f}% "
@@ -359,11 +361,13 @@ def breakdown(errs: list[Err]) -> None:
                 f"model {r['model']}", _batch_bin(int(r["batch_size"]))]
         if pace := pacing(r):
             keys.append(f"{r['gpu']}, batch <= 64, {pace}")
+        if n := r.get("num_gpus"):  # one GPU or tensor parallel: on the B200 each misses on its own side
+            keys.append(f"{r['gpu']} {'x1' if n == '1' else 'TP'}, {r['task']}")
         for key in keys:
             groups.setdefault(key, []).append(x)
-    print(f"  {'':47s} {'n':>3s} {'|J|':>6s} {'J':>7s} {'W':>7s} {'tok/s':>7s} {'|J| if W':>9s} {'if time':>9s} "
+    print(f"  {'':50s} {'n':>3s} {'|J|':>6s} {'J':>7s} {'W':>7s} {'tok/s':>7s} {'|J| if W':>9s} {'if time':>9s} "
           f"{'time':>6s}")
-    print(f"  {'':47s} {'':3s} {'':6s} {'':7s} {'':7s} {'':7s} {'exact':>9s} {'exact':>9s} {'share':>6s}")
+    print(f"  {'':50s} {'':3s} {'':6s} {'':7s} {'':7s} {'':7s} {'exact':>9s} {'exact':>9s} {'share':>6s}")
     for key, sel in sorted(groups.items(), key=lambda kv: (kv[0] != "all", kv[0])):
         print(line(key, sel))
 

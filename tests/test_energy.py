@@ -509,6 +509,20 @@ def test_the_energy_breakdown_splits_the_error_into_power_and_time(capsys: pytes
     assert cols == ["1", "50.0%", "-50.0%", "+0.0%", "+100.0%", "50.0%", "0.0%", "100%"]
 
 
+def test_the_energy_breakdown_groups_one_gpu_rows_apart_from_tensor_parallel_ones(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    bench = _bench_energy()
+    row = {"source": "s", "gpu": "b200", "task": "chat", "model": "m", "batch_size": "8"}
+    # one GPU twice too fast with its power right; two GPUs on time with their power 20% low
+    bench.breakdown([(row | {"num_gpus": "1"}, -0.5, 0.0, 1.0), (row | {"num_gpus": "2"}, -0.2, -0.2, 0.0),
+                     (row | {"num_gpus": "8"}, -0.2, -0.2, 0.0)])
+    out = capsys.readouterr().out
+    one = out.split("\n  b200 x1, chat ")[1].split("\n")[0].split()
+    tp = out.split("\n  b200 TP, chat ")[1].split("\n")[0].split()
+    assert one == ["1", "50.0%", "-50.0%", "+0.0%", "+100.0%", "50.0%", "0.0%", "100%"]
+    assert tp == ["2", "20.0%", "-20.0%", "-20.0%", "+0.0%", "0.0%", "20.0%", "0%"]
+
+
 def test_the_energy_rows_print_by_source_sorted_by_their_j_error(capsys: pytest.CaptureFixture[str]) -> None:
     bench = _bench_energy()
     rows = [{"source": s, "gpu": "b200", "num_gpus": "1", "task": "chat", "model": m, "batch_size": b,

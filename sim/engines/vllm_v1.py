@@ -88,7 +88,10 @@ class VllmV1(CudaGraphEngine):
 
     def attention_efficiency(self, cfg: Any, architecture: str) -> float | None:
         # FlashAttention-3 on Hopper (vllm/attention/utils/fa_utils.py picks version 3 on compute capability 9.0),
-        # FlashAttention-2 elsewhere
+        # FlashAttention-2 on Ampere. On Blackwell (sm_100) vLLM 0.10-0.11 picks FlashInfer instead
+        # (vllm/platforms/cuda.py: "Using FlashInfer backend with HND KV cache layout on V1 engine by default for
+        # Blackwell (SM 10.0) GPUs"), its decode through TRT-LLM's kernels (vLLM PR #19825); no published share of
+        # the peak for its prefill, so the cost model's default. Decode attention reads KV at the bandwidth either way
         if architecture == "hopper":
             return FA3_HOPPER_EFFICIENCY
         return FA2_AMPERE_EFFICIENCY if architecture == "ampere" else None
