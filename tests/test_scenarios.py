@@ -503,3 +503,29 @@ def test_a_variants_workload_is_checked_with_its_path(tmp_path: Path) -> None:
     reqs = list(csv.DictReader(open(tmp_path / "out" / "requests.csv")))
     assert {v: sum(r["variant"] == v for r in reqs) for v in ("base", "same", "busy")} == {"base": 20, "same": 20,
                                                                                              "busy": 20}
+
+
+def test_a_key_under_args_reaches_the_sections_whose_args_give_it(tmp_path: Path) -> None:
+    """`--sweep policy.args.age_s=1,50` on a scenario comparing custom policies set age_s in every custom variant,
+    and the classes without that argument refused it: a sweep over one policy's argument could not run. A key
+    under args now reaches the sections whose args give it; when none does, every custom section, as before."""
+    from sim.config.scenario import apply_override
+
+    (tmp_path / "p.py").write_text("import servesim\n\n\nclass Aging(servesim.QueuePolicy):\n"
+                                   "    def __init__(self, age_s=5.0, **kwargs):\n        super().__init__(**kwargs)\n"
+                                   "        self.age_s = age_s\n\n\nclass Plain(servesim.QueuePolicy):\n    pass\n")
+    raw = {**WORKLOAD_VARIANTS, "variants": [
+        {"name": "aging", "policy": {"type": "custom", "cls": "p.py:Aging", "args": {"age_s": 5.0}}},
+        {"name": "plain", "policy": {"type": "custom", "cls": "p.py:Plain"}},
+        {"name": "fcfs", "policy": {"type": "fcfs"}}]}
+    d = json.loads(json.dumps(raw))
+    apply_override(d, "policy.args.age_s", 1.0)
+    assert [v["policy"].get("args") for v in d["variants"]] == [{"age_s": 1.0}, None, None]
+    apply_override(d, "policy.args.other", 2)  # given by no section: every custom one takes it
+    assert [v["policy"].get("args") for v in d["variants"]] == [{"age_s": 1.0, "other": 2}, {"other": 2}, None]
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    res = CliRunner().invoke(app, ["sweep", str(path), "--sweep", "policy.args.age_s=1,50", "-n", "5", "-q",
+                                   "--out", str(tmp_path / "out")])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "out" / "sweep.csv").is_file()

@@ -465,7 +465,8 @@ def apply_override(d: dict[str, Any], key: str, value: Any) -> None:
         default = _DEFAULT_SECTIONS.get(head)
         d[head] = _spelled_out(default()) if default is not None else {}
     _spell_out_names(tp, d[head], rest)
-    default_has = has_path(tp, d[head], rest)
+    givers = _args_givers([d[head], *(v.get(head) for v in variants)], rest)
+    default_has = has_path(tp, d[head], rest) and (givers is None or id(d[head]) in givers)
     if default_has:
         _fill_defaults(tp, d[head], rest)
         set_path(d[head], ".".join(rest), value)
@@ -483,7 +484,7 @@ def apply_override(d: dict[str, Any], key: str, value: Any) -> None:
                 used = used or default_has  # merged: the default's value reaches it
                 continue
             _spell_out_names(PARTIAL_SECTIONS.get(head, tp), section, rest)
-            if has_path(PARTIAL_SECTIONS.get(head, tp), section, rest):
+            if has_path(PARTIAL_SECTIONS.get(head, tp), section, rest) and (givers is None or id(section) in givers):
                 set_path(section, ".".join(rest), value)
                 if rest == ["type"]:
                     _retype(tp, section)
@@ -494,6 +495,18 @@ def apply_override(d: dict[str, Any], key: str, value: Any) -> None:
 
 # sections a variant may have and the defaults may not (the file refuses a default disaggregation): --set reaches
 # the variants that have one, as it reaches those whose policy has a key
+def _args_givers(sections: list[Any], rest: list[str]) -> set[int] | None:
+    """For a key under a class's ``args`` (``policy.args.age_s``: a free mapping whose keys the constructor names),
+    the ids of the sections whose args give that key already: when any does, only they take it (a sweep over one
+    custom policy's argument reached every custom variant, and the other classes refused it); None for any other
+    key, or when no section gives it (then every custom section takes it, as any key)."""
+    if "args" not in rest[:-1]:
+        return None
+    given = {id(s) for s in sections
+             if isinstance(parent := _node_at(s, rest[:-1]), dict) and rest[-1] in parent}
+    return given or None
+
+
 _VARIANT_ONLY = tuple(k for k in Variant.model_fields if k not in Scenario.model_fields)
 
 
