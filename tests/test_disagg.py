@@ -69,6 +69,11 @@ def test_presets_and_overrides() -> None:
     assert link.bandwidth == LINK_PRESETS["roce"][0] * 1e9 and link.latency == 0.001
     assert DisaggConfig.model_validate({"prefill": {"replicas": 3}, "decode": {"replicas": 2}}).ratio == "3P2D"
     d = DisaggConfig.model_validate({"xpyd": "2P1D", "decode": {"router": "least_kv"}})
+    # lowercase was refused as 'not of the form xPyD' though it spells the same split; it is vLLM's spelling now
+    lower = DisaggConfig.model_validate({"xpyd": "2p1d", "decode": {"router": "least_kv"}})
+    assert (lower.xpyd, lower.ratio, lower.prefill.replicas, lower.decode.replicas) == ("2P1D", "2P1D", 2, 1)
+    with pytest.raises(ValueError, match="xpyd 3p1d says 1 decode replica, decode.replicas says 2"):
+        DisaggConfig.model_validate({"xpyd": "3p1d", "decode": {"replicas": 2}})
     assert (d.prefill.replicas, d.decode.replicas, d.decode.router, d.ratio) == (2, 1, "least_kv", "2P1D")
     for bad, needle in (({"xpyd": "2x1"}, "form xPyD"), ({"xpyd": "2P1D", "prefill": {"replicas": 3}}, "says")):
         with pytest.raises(ValueError, match=needle):

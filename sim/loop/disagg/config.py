@@ -27,6 +27,7 @@ from sim.config.deployment import Deployment
 from sim.config.input_model import Float, InputModel, Int
 from sim.config.scenario_messages import format_validation
 from sim.policies.configs import PolicyConfig
+from sim.words import counted
 
 # Link presets: bandwidth per GPU in one direction (GB/s, 1e9 bytes) and the fixed cost of one transfer
 # (seconds: the connector's handshake, memory registration lookup and completion notification, which dominate
@@ -109,14 +110,15 @@ class DisaggConfig(_Model):
     def _split(cls, data: Any) -> Any:
         if not isinstance(data, dict) or data.get("xpyd") is None:
             return data
-        m = re.fullmatch(r"([1-9][0-9]*)P([1-9][0-9]*)D", str(data["xpyd"]))
+        # case aside (2p1d is as plain as vLLM's 2P1D); recorded in vLLM's spelling
+        m = re.fullmatch(r"([1-9][0-9]*)P([1-9][0-9]*)D", str(data["xpyd"]).strip(), flags=re.IGNORECASE)
         if m is None:
             raise ValueError(f"xpyd: {data['xpyd']!r} is not of the form xPyD (e.g. 2P1D)")
-        out = dict(data)
+        out = dict(data, xpyd=f"{m.group(1)}P{m.group(2)}D")
         for role, n in (("prefill", int(m.group(1))), ("decode", int(m.group(2)))):
             pool = dict(out.get(role) or {})
             if pool.get("replicas", n) != n:
-                raise ValueError(f"xpyd {data['xpyd']} says {n} {role} replicas, {role}.replicas says "
+                raise ValueError(f"xpyd {data['xpyd']} says {counted(n, role + ' replica')}, {role}.replicas says "
                                  f"{pool['replicas']}")
             pool["replicas"] = n
             out[role] = pool
