@@ -47,6 +47,15 @@ def _error(change) -> str:
                                                    "short": 256}),
          "s.yaml: variants.0.policy.short: unknown key; your class's constructor arguments go under args: "
          "{args: {short: ...}}"),
+        # vllm bench's option names, which no spelling rule leads to servesim's (they got no hint)
+        (lambda r: r["workload"].update(arrival={"type": "closed_loop", "concurrency": 8}),
+         "s.yaml: workload.arrival.concurrency: unknown key; did you mean num_users (vllm bench's "
+         "--max-concurrency)?"),
+        (lambda r: r["workload"].update(max_concurrency=8),
+         "s.yaml: workload.max_concurrency: unknown key; did you mean num_users (vllm bench's --max-concurrency; "
+         "a key of workload.arrival)?"),
+        (lambda r: r["workload"].update(num_prompts=8),
+         "s.yaml: workload.num_prompts: unknown key; did you mean num_requests (vllm bench's --num-prompts)?"),
         # nothing close: no guess
         (lambda r: r["deployment"].update(colour="red"), "s.yaml: deployment.colour: unknown key"),
     ],

@@ -161,6 +161,16 @@ def _schema_keys(model: type[BaseModel], where: str = "", seen: set[type] | None
     return keys
 
 
+# Keys users bring from `vllm bench serve` (its options' names), which no spelling rule leads to servesim's key:
+# unknown key -> (servesim's key, where the other name comes from)
+OTHER_NAMES: dict[str, tuple[str, str]] = {
+    "concurrency": ("num_users", "vllm bench's --max-concurrency"),
+    "max_concurrency": ("num_users", "vllm bench's --max-concurrency"),
+    "num_prompts": ("num_requests", "vllm bench's --num-prompts"),
+    "request_rate": ("rate", "vllm bench's --request-rate"),
+}
+
+
 def unknown_key_hint(model: type[BaseModel] | None, loc: tuple[Any, ...]) -> str:
     """``; did you mean ...?`` for an unknown key at ``loc``: a key of the same section first, else one from
     elsewhere in the schema with the section it belongs to; empty when nothing is close."""
@@ -168,6 +178,13 @@ def unknown_key_hint(model: type[BaseModel] | None, loc: tuple[Any, ...]) -> str
         return ""
     models = _models_at(model, tuple(loc[:-1]))
     here = sorted({k for m in models for k in m.model_fields})
+    other, source = OTHER_NAMES.get(loc[-1].lower(), ("", ""))
+    if other in here:
+        return f"; did you mean {other} ({source})?"
+    if other:
+        where = _schema_keys(model).get(other)
+        if where is not None:
+            return f"; did you mean {other} ({source}; a key of {where or 'the top level'})?"
     best = closest_key(loc[-1], here)
     if best is None and any({"cls", "args"} <= m.model_fields.keys() for m in models):
         # a user's class: its own parameter written beside cls, where the constructor never sees it
