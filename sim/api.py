@@ -329,6 +329,10 @@ def run(
     if isinstance(policy, type):  # the class itself, as evaluate takes it: it failed deep in the check, unnamed
         raise ScenarioError(f"policy= takes a policy object, not the class {policy.__qualname__}: pass "
                             f"{policy.__qualname__}() (its constructor's arguments in the call)")
+    if isinstance(policy, str):  # a scenario's cls: "cls python:str: str has no schedule(view) method"
+        name = policy.rpartition(":")[2] or "MyPolicy"
+        raise ScenarioError(f"policy= takes a policy object, not the text {policy!r}: pass {name}() from an import, "
+                            f"or name the file's class with set={{'policy.type': 'custom', 'policy.cls': {policy!r}}}")
     if policy is not None:  # first, so that set's policy.* keys apply to it
         # set={"policy.type": "fcfs"} replaced the object without a word: the run was not the one asked for
         # on the trimmed keys: " policy.type" slipped past a check of set's own and then replaced the object

@@ -411,6 +411,17 @@ def test_run_with_a_policy_class_not_an_object_names_the_mistake() -> None:
         servesim.run(scenario, policy=Mine)
 
 
+def test_run_with_a_policy_named_by_text_says_how_to_name_a_file(tmp_path) -> None:
+    """policy="my_policy.py:Mine" (the form a scenario's cls takes) raised "cls python:str: str has no
+    schedule(view) method (subclass servesim.Policy)": as if the user's class lacked schedule."""
+    scenario = {"workload": {**CHAT, "num_requests": 5}, "deployment": {"model": "llama-3.1-8b", "gpu": "l4"}}
+    with pytest.raises(servesim.ScenarioError) as e:
+        servesim.run(scenario, policy="my_policy.py:Mine")
+    assert str(e.value) == ("policy= takes a policy object, not the text 'my_policy.py:Mine': pass Mine() from an "
+                            "import, or name the file's class with set={'policy.type': 'custom', 'policy.cls': "
+                            "'my_policy.py:Mine'}")
+
+
 def test_set_type_on_a_custom_policy_keeps_only_the_new_kinds_keys(tmp_path) -> None:
     """--set policy.type=fcfs on a custom policy: cls and args go, the shared limits stay (was: 'policy.cls:
     unknown key')."""
