@@ -47,7 +47,11 @@ CASES = [
     # a notebook's class named in a scenario then run from the command line, where __main__ is servesim itself
     ("__main__:Mine", "", "(__main__ names a class of the Python script or notebook running servesim.run; from the "
      "command line name the file that defines it, 'my_policy.py:Class')"),
-    ("no_such_pkg.mod:X", "", "no_such_pkg.mod: no such module"),
+    # the module form for a file beside the scenario named no other way to write it
+    ("no_such_pkg.mod:X", "", "no_such_pkg.mod: no such module (No module named 'no_such_pkg'); a file of your own "
+     "is named by its path: 'no_such_pkg/mod.py:X'"),
+    ("bad_policies:Idle", "", "bad_policies: no such module (No module named 'bad_policies'); a file of your own is "
+     "named by its path: 'bad_policies.py:Idle'"),
     ("broken_import.py:X", "", "importing it raised ZeroDivisionError: division by zero (line 3)"),
     ("bad_policies.py:NoSchedule", "", "NoSchedule does not override schedule(view)"),
     ("bad_policies.py:NotAPolicy", "", "NotAPolicy has no schedule(view) method"),

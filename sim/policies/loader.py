@@ -139,7 +139,10 @@ def load_class(spec: str) -> type:
         try:
             module = importlib.import_module(target)
         except ModuleNotFoundError as e:
-            raise ValueError(f"{target}: no such module ({e})") from None
+            # "policies:Mine" for the policies.py beside the scenario (vLLM's --scheduler-cls takes a module path):
+            # the message named no other way
+            raise ValueError(f"{target}: no such module ({e}); a file of your own is named by its path: "
+                             f"'{target.replace('.', '/')}.py:{name}'") from None
         except PASS_THROUGH:
             raise
         except BaseException as e:
