@@ -15,7 +15,8 @@ TRANSFER_COLUMNS = ("variant", "id", "prefill_replica", "decode_replica", "promp
 
 def transfer_files(results: list[RunResult]) -> dict[str, str]:
     """{TRANSFERS_FILE: text} when a result split prefill and decode, else {}. A request never admitted by
-    the decode pool (rejected there) has an empty decode_admitted_s."""
+    the decode pool (rejected there) has an empty decode_admitted_s. ``bytes`` is a whole number (it was written
+    as a float, 514457600.0, which a reader typing the column as integers refuses)."""
     runs = [r for r in results if r.disaggregation]
     if not runs:
         return {}
@@ -30,6 +31,6 @@ def transfer_files(results: list[RunResult]) -> dict[str, str]:
             adm = float(d["decode_admitted"][j])
             end, ready = float(d["transfer_end"][j]), float(d["prefill_end"][j])
             w.writerow([r.name, rid, int(d["prefill_replica"][j]), int(d["decode_replica"][j]), prompt[rid],
-                        repr(float(d["transfer_bytes"][j])), repr(ready), repr(float(d["transfer_start"][j])),
+                        round(float(d["transfer_bytes"][j])), repr(ready), repr(float(d["transfer_start"][j])),
                         repr(end), "" if adm < 0 else repr(adm), repr(end - ready)])
     return {TRANSFERS_FILE: buf.getvalue()}
