@@ -40,7 +40,7 @@ from sim.loop.disagg.kv_transfer import KVLink
 from sim.loop.disagg.pools import POOLS, DisaggSimulation, check_disaggregation, disagg_result
 from sim.loop.results import seeded_global_rngs
 from sim.metrics.records import RunResult
-from sim.serving.core import ServingCore
+from sim.serving.core import ENGINE_LOOK_EVERY, ServingCore
 from sim.serving.request import Request
 
 
@@ -166,7 +166,7 @@ def run_disagg_engine(cfg: VariantConfig, workload, *, model: LlamaModel | None 
                 runner: ModelRunner = ModelRunner(built.model, block_manager=kv, model=model)
             else:
                 runner = DecodeRunner(built.model, block_manager=kv, model=model, staged=staged)
-            core = ServingCore(policy, kv, fast_path=False, record_plans=True)
+            core = ServingCore(policy, kv, fast_path=False, record_plans=True, look_every=ENGINE_LOOK_EVERY)
             core.finish_listeners.append(_on_finish(runner, tokens if role == "decode" else None))
             replicas[role].append((core, EngineExecutor(runner)))
             runners[role].append(runner)

@@ -47,7 +47,7 @@ from sim.loop.run import autoscaler_of, policy_errors
 from sim.loop.simulator import ClosedLoopPlan, Simulation
 from sim.metrics.records import RunResult
 from sim.metrics.summary import summarize
-from sim.serving.core import ServingCore
+from sim.serving.core import ENGINE_LOOK_EVERY, ServingCore
 from sim.serving.failures import FailurePlan
 from sim.serving.request import Request
 from sim.serving.spec_decode import summary_inputs
@@ -344,7 +344,8 @@ def _run_engine(cfg: VariantConfig, workload, *, device, dtype, model_spec, num_
             runner = spec_runner = SpecDecodeRunner(built.model, **args)
             spec = spec_runner.speculate(speculative)
             spec_runners.append(spec_runner)
-        core = ServingCore(policy, kv, fast_path=False, record_plans=record_plans, spec=spec)
+        core = ServingCore(policy, kv, fast_path=False, record_plans=record_plans, spec=spec,
+                           look_every=ENGINE_LOOK_EVERY)
         if real_model is not None and texts is not None:
             core.finish_listeners.append(lambda r: texts.append(_request_text(r, runner, real_model.tokenizer,
                                                                               name or cfg.name)))

@@ -193,6 +193,9 @@ BAD = [
     ("Twice", "schedules request 0 twice"),
     # describe() printing its line and returning None: exit 2 under `servesim run`, exit 0 on the engine
     ("PrintsItsDescription", "policy PrintsItsDescription: describe() returned None, not a str"),
+    # admits a request and preempts it at the next ask, forever: the engine ran until 60 s of engine time had gone
+    # by without progress (90,112 asks, 3.6 minutes of wall time here); its steps' thrown-away tokens stop it now
+    ("TakesBackWhatItPlans", "policy TakesBackWhatItPlans: stalled at t="),
 ]
 
 

@@ -60,10 +60,17 @@ class StalledError(RuntimeError):
 # well within that) and a stretch of _STALL_S simulated seconds has gone by: a policy looking every millisecond while
 # it holds a partial batch until it fills or times out, or a request until a rate limit lets it in, is waiting on the
 # clock, not stuck (one holding 5 short requests for a batch of 8 was stopped after 8,192 asks, 8.2 s). A policy
-# that polls so often that the asks reach _STALL_ASKS first is stopped then (about 25 s of CPU).
+# that polls so often that the asks reach _STALL_ASKS first is stopped then (about 25 s of CPU). The clock's
+# grace is for a policy that waits, which computes nothing: one whose steps computed more than 4x the tokens its
+# queues still need plus _STALL_TOKENS in the stretch is taking back what it computes (a recompute after a
+# preemption needs no more than those tokens before a token comes), and is stopped at the next look whatever the
+# clock says. The real engine looks every ENGINE_LOOK_EVERY asks (a step there is a forward pass): a policy taking
+# back the same request forever on the tiny CPU model was stopped after 90,112 asks and 3.6 minutes of wall time.
 _PROGRESS_EVERY = 4096
+ENGINE_LOOK_EVERY = 64
 _STALL_S = 60.0
 _STALL_ASKS = 1 << 20
+_STALL_TOKENS = 64
 
 
 class PlanError(RuntimeError):
@@ -117,6 +124,7 @@ class ServingCore:
         record_plans: bool = False,
         replica: int = 0,
         spec: SpecDecoder | None = None,
+        look_every: int = _PROGRESS_EVERY,
     ) -> None:
         self.policy = policy
         # speculative decoding: rows draft and verify several tokens a step, which the decode group's one token
@@ -139,10 +147,13 @@ class ServingCore:
         self.gaps = GapLog()
         self.stats = CoreStats()
         # the progress check (schedule): asks so far, the ask of the next look, requests that arrived; at the last
-        # look that moved on: what had happened then (_moved), the most prompt tokens computed since, its ask and time
-        self._asks, self._next_look, self._arrived = 0, _PROGRESS_EVERY, 0
+        # look that moved on: what had happened then (_moved), the most prompt tokens computed since, its ask, time
+        # and the tokens the steps had computed by then (_stuck_tokens; _tokens_run: all the steps' tokens so far)
+        self._look_every = look_every
+        self._asks, self._next_look, self._arrived = 0, look_every, 0
         self._moved: tuple[int, ...] = ()
         self._most_computed, self._stuck_since, self._stuck_since_t = 0, 0, 0.0
+        self._tokens_run = self._stuck_tokens = 0
         self.kv_tokens = 0  # tokens held in GPU KV by running requests
         self.filled_blocks = 0  # sum over running requests of ceil(computed / block_size)
         self.plans: list[tuple[tuple[int, int], ...]] | None = [] if record_plans else None
@@ -296,11 +307,12 @@ class ServingCore:
         """Stop a run whose policy keeps the loop going but never lets it move on: one that plans nothing while
         asking to be woken again (wake_time), or one that takes back what it planned (admits, then preempts, forever).
         Both ran until killed; a policy that plans nothing and asks nothing is caught when the run ends."""
-        self._next_look = self._asks + _PROGRESS_EVERY
+        self._next_look = self._asks + self._look_every
         s = self.stats
         ended = (s.num_completed + s.num_rejected + s.num_failed, self._arrived)
         if ended != self._moved[:2] or not self.has_work:  # the usual case, told without walking the queues
             self._moved, self._most_computed, self._stuck_since, self._stuck_since_t = ended, -1, self._asks, now
+            self._stuck_tokens = self._tokens_run
             return
         queued = [*self.waiting, *self.running, *self.swapped]
         # taking back what it planned computes the same tokens again: only more than ever before in the stretch counts
@@ -310,10 +322,18 @@ class ServingCore:
             self._moved, self._most_computed = moved, computed
         elif moved != self._moved or computed > self._most_computed:
             self._moved, self._most_computed, self._stuck_since, self._stuck_since_t = moved, computed, self._asks, now
+            self._stuck_tokens = self._tokens_run
             return
         left = sum(r.max_len - r.num_computed_tokens for r in queued)
-        asks = self._asks - self._stuck_since
-        if asks > 4 * left + _PROGRESS_EVERY and (now - self._stuck_since_t > _STALL_S or asks > _STALL_ASKS):
+        asks, thrown = self._asks - self._stuck_since, self._tokens_run - self._stuck_tokens
+        waited = asks > 4 * left + _PROGRESS_EVERY and (now - self._stuck_since_t > _STALL_S or asks > _STALL_ASKS)
+        if thrown > 4 * left + _STALL_TOKENS and not waited:
+            raise StalledError(
+                f"stalled at t={now:.6f} s: over the last {asks} asks of the policy its steps computed {thrown} tokens "
+                "and it took them back (preempted them) before any request arrived, started, generated a token or "
+                f"ended, with {len(queued)} requests in its queues ({len(self.running)} running) needing {left} tokens "
+                "(a policy that preempts what it admitted before it yields a token never lets a request finish)")
+        if waited:
             raise StalledError(
                 f"simulation stalled at t={now:.6f} s: no request arrived, started, generated a token or ended over "
                 f"the last {asks} asks of the policy ({now - self._stuck_since_t:.1f} s), with "
@@ -697,6 +717,7 @@ class ServingCore:
 
     def _record(self, batch: Batch, end: float, flops: float) -> None:
         self.busy_time += end - batch.start
+        self._tokens_run += batch.prefill_tokens + batch.decode_tokens
         self.last_end = end
         self.flops_done += flops
         decode = (batch.decode_tokens or batch.group_size) and not batch.prefill_tokens
