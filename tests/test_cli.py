@@ -569,3 +569,22 @@ def test_a_count_of_one_takes_the_singular(tmp_path: Path) -> None:
     assert loop.describe().startswith("closed loop, 1 user, think time")
     assert [counted(n, "request") for n in (0, 1, 2)] == ["0 requests", "1 request", "2 requests"]
     assert counted(12345, "request", fmt=",") == "12,345 requests"
+
+
+@pytest.mark.parametrize("given, line", [
+    (["--model", "llama-3.1-70b"], "No such option: --model; it is the scenario's deployment.model: give --set "
+                                   "deployment.model=llama-3.1-70b"),
+    (["--tp=2"], "No such option: --tp; it is the scenario's deployment.tensor_parallel_size: give --set "
+                 "deployment.tensor_parallel_size=2"),
+    (["--max-num-seqs", "8"], "No such option: --max-num-seqs; it is the scenario's policy.max_num_seqs: give "
+                              "--set policy.max_num_seqs=8"),
+])
+def test_an_option_that_is_a_scenario_key_points_to_set(given: list[str], line: str) -> None:
+    """`servesim run scenario.yaml --model X`, an option users try, was click's 'No such option: --model
+    (Possible options: --help)': a guess at nothing. A command that reads a scenario now names the key and the --set
+    that sets it (exit 2, as any usage error); an option that is no scenario key keeps click's message."""
+    scenario = str(ROOT / "scenarios" / "naive-vs-continuous.yaml")
+    res = CliRunner().invoke(app, ["run", scenario, *given])
+    assert res.exit_code == 2 and line in " ".join(res.output.split()), res.output
+    other = CliRunner().invoke(app, ["run", scenario, "--verbose"])
+    assert other.exit_code == 2 and "No such option: --verbose" in other.output and "--set" not in other.output

@@ -12,10 +12,44 @@ from typing import Any
 
 import numpy as np
 import typer
+from typer.core import TyperCommand
 
 from sim.config.files import InterruptedAfterWrite, input_path, output_path
 from sim.config.scenario import parse_value
 from sim.config.schema import ScenarioError
+
+try:  # typer 0.2x carries its own copy of click, whose exceptions its commands raise
+    from typer._click.exceptions import NoSuchOption, UsageError
+except ImportError:  # pragma: no cover - an older typer runs on click itself
+    from click.exceptions import NoSuchOption, UsageError  # type: ignore[assignment]
+
+
+class ScenarioKeyOptions(TyperCommand):
+    """A command that reads a scenario (it has --set): an option it lacks that names a scenario key (``servesim run
+    --model X``, ``--tp 2``) is answered with the --set that sets it; it was click's "No such option: --model" and a
+    guess ("Possible options: --help")."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        given = list(args)
+        try:
+            return super().parse_args(ctx, args)
+        except NoSuchOption as e:
+            if not any("--set" in p.opts for p in self.params):
+                raise
+            from sim.config.scenario_messages import key_place
+            from sim.config.schema import Scenario
+
+            place = key_place(Scenario, e.option_name.lstrip("-").replace("-", "_"))
+            if place is None:
+                raise
+            value = "VALUE"
+            for i, a in enumerate(given):
+                if a == e.option_name and i + 1 < len(given):
+                    value = given[i + 1]
+                elif a.startswith(e.option_name + "="):
+                    value = a.partition("=")[2]
+            raise UsageError(f"No such option: {e.option_name}; it is the scenario's {place}: give --set "
+                                   f"{place}={value}", ctx) from None
 
 
 def _fail(message: str) -> None:

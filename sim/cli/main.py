@@ -20,8 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from typer.core import TyperCommand
 
 from sim.cli.common import (  # noqa: F401 - the commands' shared helpers, also reached as sim.cli.main._fail
+    ScenarioKeyOptions,
     _fail,
     _input_argument,
     _input_option,
@@ -1237,6 +1239,9 @@ def teach(
 from sim.cli import live as live_cli  # noqa: E402 - registers serve and observe on the app above
 
 live_cli.register(app)
+for _command in (*app.registered_commands, *engine_app.registered_commands):  # every one, once all are declared
+    if _command.cls in (None, TyperCommand):
+        _command.cls = ScenarioKeyOptions
 
 
 def main() -> None:  # pragma: no cover - console entry

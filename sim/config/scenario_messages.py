@@ -171,6 +171,17 @@ OTHER_NAMES: dict[str, tuple[str, str]] = {
 }
 
 
+def key_place(model: type[BaseModel], name: str) -> str | None:
+    """The dotted place of the schema key ``name`` most likely means (``model`` -> ``deployment.model``, ``tp`` ->
+    ``deployment.tensor_parallel_size``), for a command-line option that is a scenario key; None when none is
+    close."""
+    everywhere = _schema_keys(model)
+    key = name if name in everywhere else closest_key(name, sorted(everywhere))
+    if key is None:
+        return None
+    return f"{everywhere[key]}.{key}" if everywhere[key] else key
+
+
 def unknown_key_hint(model: type[BaseModel] | None, loc: tuple[Any, ...]) -> str:
     """``; did you mean ...?`` for an unknown key at ``loc``: a key of the same section first, else one from
     elsewhere in the schema with the section it belongs to; empty when nothing is close."""
