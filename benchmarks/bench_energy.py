@@ -114,7 +114,9 @@ SAMPLING = {"ML.ENERGY Leaderboard v3.0": {"temperature": 0.8, "top_p": 0.95, "r
 ITL_JITTER = 1.2
 # Meta's FP8 checkpoints by the name a source gives them, and the preset that states their unconverted modules
 META_FP8 = {"meta-llama/Llama-3.1-405B-Instruct-FP8": "llama-3.1-405b-fp8"}
-Err = tuple[dict[str, str], float, float, float]  # a row, and its J/token, power and output tok/s errors
+# a row, and its J/token, power and output tok/s errors, and (where known) the J/token error of its simulated work at
+# its published throughput (``work_at_published_time``)
+Err = tuple[dict[str, str], float, float, float] | tuple[dict[str, str], float, float, float, float]
 
 
 def model_of(row: dict[str, str]) -> str:
@@ -247,16 +249,30 @@ def steady_state(r: RunResult, batch: int, window: str = "steady_state") -> tupl
     return joules / tokens, joules / secs, tokens / secs, running
 
 
+def work_at_published_time(j_per_token: float, tokens_per_s: float, idle_floor_w: float,
+                            published_tokens_per_s: float) -> float:
+    """J per output token had the simulated run taken the published time, its work's energy kept: the joules above
+    the GPUs' idle floor a token (what the steps' compute and memory traffic drew) plus the floor's draw over the
+    published time a token. Unlike "if time exact" (the simulated power over the published time), a slower step
+    then draws less: the longer time runs at the floor, the work's joules are the same. Its error says whether
+    the power model prices the work right once the time is right."""
+    dynamic = j_per_token - idle_floor_w / tokens_per_s
+    return dynamic + idle_floor_w / published_tokens_per_s
+
+
 def published_row(row: dict[str, str], requests: int, prompt: int, lengths_dir: Path) -> tuple[Err, float]:
     """Simulate one published row, print its line and return its errors (J/token, power, output tok/s) and its
     simulated steady-state batch."""
     batch = int(row["batch_size"])
     res = servesim.run(published_scenario(row, requests, prompt, lengths_dir))
-    jt, watts, tps, running = steady_state(res.results[0], batch, row["energy_window"] or "steady_state")
+    r = res.results[0]
+    jt, watts, tps, running = steady_state(r, batch, row["energy_window"] or "steady_state")
     pub = float(row["j_per_output_token"])
     pw = float(row["mean_power_w"]) if row["mean_power_w"] else float("nan")
     pt = float(row["output_tokens_per_s"]) if row["output_tokens_per_s"] else float("nan")
-    err = (row, jt / pub - 1, watts / pw - 1, tps / pt - 1)
+    assert r.power is not None
+    work = work_at_published_time(jt, tps, r.power.idle_w * r.power.gpus, pt)
+    err = (row, jt / pub - 1, watts / pw - 1, tps / pt - 1, work / pub - 1)
     print(f"{row['model']:15s} {row['gpu']:>8s} {row['num_gpus']:>2s} {batch:5d} {row['task'][:5]:5s} "
           f"{row['engine_version']:>6s} {pub:7.4f} {jt:7.4f} {_pct(err[1])} {pw:6.0f} {watts:6.0f} "
           f"{_pct(err[2])} {_pct(err[3]):>9s} {row['avg_batch_size'] or '-':>7s} {running:7.1f}", flush=True)
@@ -330,24 +346,33 @@ def pacing(row: dict[str, str]) -> str:
     return "host-jittered" if jitter > ITL_JITTER else "GPU-paced"
 
 
+def _work(x: Err) -> float:
+    """The row's J/token error at its published time, its work's energy kept; NaN where unknown."""
+    return x[4] if len(x) > 4 else float("nan")
+
+
 def breakdown(errs: list[Err]) -> None:
     """Median errors overall and by source, GPU, task, GPU and task, model and batch, with the J/token error split
     into its two factors. J/token is power over output tok/s (the published rows' own figures are: their J is
     their W over their tok/s), so 1 + J error = (1 + W error) / (1 + tok/s error), exactly: "J if W exact" is the
     median |J error| were the power right and the time as simulated (|1 / (1 + tok/s error) - 1|), "if time
     exact" were the time right and the power as simulated (|W error|); "time share" is the time's part of the
-    summed |ln| of the two factors. Rows without a published power or throughput count in the J columns only.
-    Each GPU's rows are also grouped by task and by one GPU (``x1``) or tensor parallel (``TP``): on the B200 the
-    one-GPU rows miss on their time, the tensor-parallel ones on their power."""
+    summed |ln| of the two factors. "J work at pub time" is the median |J error| had the run taken the published
+    time with its work's joules kept (``work_at_published_time``): the power model's error once the time is right.
+    Rows without a published power or throughput count in the J columns only. Each GPU's rows are also grouped by
+    task and by one GPU (``x1``) or tensor parallel (``TP``): on the B200 the one-GPU rows miss on their time, the
+    tensor-parallel ones on their power."""
     def line(key: str, sel: list[Err]) -> str:
         both = [x for x in sel if x[2] == x[2] and x[3] == x[3]]
         lw = sum(abs(np.log1p(x[2])) for x in both)
         lt = sum(abs(np.log1p(x[3])) for x in both)
         cols = (_median([abs(x[1]) for x in sel]), _median([x[1] for x in sel]), _median([x[2] for x in sel]),
                 _median([x[3] for x in sel]), _median([abs(1 / (1 + x[3]) - 1) for x in both]),
-                _median([abs(x[2]) for x in both]), lt / (lw + lt) if lw + lt > 0 else float("nan"))
+                _median([abs(x[2]) for x in both]), lt / (lw + lt) if lw + lt > 0 else float("nan"),
+                _median([abs(_work(x)) for x in both]))
         return (f"  {key:50s} {len(sel):3d} {100 * cols[0]:5.1f}% {100 * cols[1]:+6.1f}% {100 * cols[2]:+6.1f}% "
-                f"{100 * cols[3]:+6.1f}% {100 * cols[4]:8.1f}% {100 * cols[5]:8.1f}% {100 * cols[6]:5.0f}%")
+                f"{100 * cols[3]:+6.1f}% {100 * cols[4]:8.1f}% {100 * cols[5]:8.1f}% {100 * cols[6]:5.0f}% "
+                f"{100 * cols[7]:8.1f}%")
 
     print(f"\nmedian |error| of J/output token over {len(errs)} rows: {100 * _median([abs(x[1]) for x in errs]):.1f}% "
           f"(signed median {100 * _median([x[1] for x in errs]):+.1f}%); of mean power "
@@ -366,8 +391,9 @@ def breakdown(errs: list[Err]) -> None:
         for key in keys:
             groups.setdefault(key, []).append(x)
     print(f"  {'':50s} {'n':>3s} {'|J|':>6s} {'J':>7s} {'W':>7s} {'tok/s':>7s} {'|J| if W':>9s} {'if time':>9s} "
-          f"{'time':>6s}")
-    print(f"  {'':50s} {'':3s} {'':6s} {'':7s} {'':7s} {'':7s} {'exact':>9s} {'exact':>9s} {'share':>6s}")
+          f"{'time':>6s} {'|J| work':>9s}")
+    print(f"  {'':50s} {'':3s} {'':6s} {'':7s} {'':7s} {'':7s} {'exact':>9s} {'exact':>9s} {'share':>6s} "
+          f"{'pub time':>9s}")
     for key, sel in sorted(groups.items(), key=lambda kv: (kv[0] != "all", kv[0])):
         print(line(key, sel))
 
@@ -381,10 +407,11 @@ def by_source(errs: list[Err]) -> None:
         sel = sorted((x for x in errs if x[0]["source"] == source), key=lambda x: x[1])
         print(f"\n{source}: {len(sel)} rows, J/token median |error| {100 * _median([abs(x[1]) for x in sel]):.1f}% "
               f"(signed {100 * _median([x[1] for x in sel]):+.1f}%), sorted by J error")
-        for row, j, w, t in sel:
+        for x in sel:
+            row, j, w, t = x[:4]
             print(f"  {row['model']:15s} {row['gpu']:>8s} x{row['num_gpus']:<2s} batch {row['batch_size']:>5s} "
                   f"{row['task'][:18]:18s} max-model-len {row.get('max_model_len') or '-':>6s} "
-                  f"J {_pct(j)}  W {_pct(w)}  tok/s {_pct(t)}  {pacing(row)}".rstrip())
+                  f"J {_pct(j)}  W {_pct(w)}  tok/s {_pct(t)}  J work {_pct(_work(x))}  {pacing(row)}".rstrip())
 
 
 def main() -> None:

@@ -506,7 +506,21 @@ def test_the_energy_breakdown_splits_the_error_into_power_and_time(capsys: pytes
     out = capsys.readouterr().out
     assert "J/output token over 1 rows: 50.0% (signed median -50.0%)" in out and "0 rows within 15%" in out
     cols = out.split("\n  all ")[1].split("\n")[0].split()
-    assert cols == ["1", "50.0%", "-50.0%", "+0.0%", "+100.0%", "50.0%", "0.0%", "100%"]
+    assert cols == ["1", "50.0%", "-50.0%", "+0.0%", "+100.0%", "50.0%", "0.0%", "100%", "nan%"]
+    # with the work's error at the published time (here: the work's joules were right, only the time was not)
+    bench.breakdown([(row, -0.5, 0.0, 1.0, 0.0)])
+    cols = capsys.readouterr().out.split("\n  all ")[1].split("\n")[0].split()
+    assert cols[-1] == "0.0%"
+
+
+def test_the_work_at_the_published_time_keeps_the_works_joules_and_pays_the_floor_for_the_time() -> None:
+    bench = _bench_energy()
+    # 0.5 J a token at 1,000 tok/s on GPUs idling at 200 W together: 0.2 J of floor, 0.3 J of work a token;
+    # published at 500 tok/s the floor costs 0.4 J a token, the work still 0.3 J
+    assert bench.work_at_published_time(0.5, 1000.0, 200.0, 500.0) == pytest.approx(0.7, rel=1e-12)
+    # at the simulated throughput it is the simulated J; an unknown throughput gives NaN
+    assert bench.work_at_published_time(0.5, 1000.0, 200.0, 1000.0) == pytest.approx(0.5, rel=1e-12)
+    assert math.isnan(bench.work_at_published_time(0.5, 1000.0, 200.0, float("nan")))
 
 
 def test_the_energy_breakdown_groups_one_gpu_rows_apart_from_tensor_parallel_ones(
@@ -519,8 +533,8 @@ def test_the_energy_breakdown_groups_one_gpu_rows_apart_from_tensor_parallel_one
     out = capsys.readouterr().out
     one = out.split("\n  b200 x1, chat ")[1].split("\n")[0].split()
     tp = out.split("\n  b200 TP, chat ")[1].split("\n")[0].split()
-    assert one == ["1", "50.0%", "-50.0%", "+0.0%", "+100.0%", "50.0%", "0.0%", "100%"]
-    assert tp == ["2", "20.0%", "-20.0%", "-20.0%", "+0.0%", "0.0%", "20.0%", "0%"]
+    assert one == ["1", "50.0%", "-50.0%", "+0.0%", "+100.0%", "50.0%", "0.0%", "100%", "nan%"]
+    assert tp == ["2", "20.0%", "-20.0%", "-20.0%", "+0.0%", "0.0%", "20.0%", "0%", "nan%"]
 
 
 def test_the_energy_rows_print_by_source_sorted_by_their_j_error(capsys: pytest.CaptureFixture[str]) -> None:
