@@ -529,3 +529,26 @@ def test_a_key_under_args_reaches_the_sections_whose_args_give_it(tmp_path: Path
                                    "--out", str(tmp_path / "out")])
     assert res.exit_code == 0, res.output
     assert (tmp_path / "out" / "sweep.csv").is_file()
+
+
+def test_set_type_of_a_router_or_rule_keeps_only_the_new_kinds_keys(tmp_path: Path) -> None:
+    """Comparing one's own router and admission rule with built-ins by --set: `--set cluster.router.type=round_robin`
+    on a custom router failed with "round_robin takes no keys but type (got cls)", and
+    `--set admission.rule.type=token_bucket` with "admission.rule.cls: unknown key": only a section's own type
+    (policy.type) dropped the old kind's keys, not a type deeper in it."""
+    (tmp_path / "g.py").write_text("import servesim\n\n\nclass First(servesim.Router):\n"
+                                   "    def route(self, request, replicas):\n        return 0\n\n\n"
+                                   "class All(servesim.Admission):\n    def admit(self, request, state):\n"
+                                   "        return None\n")
+    raw = {**WORKLOAD_VARIANTS, "cluster": {"replicas": 2, "router": {"type": "custom", "cls": "g.py:First"}},
+           "admission": {"rule": {"type": "custom", "cls": "g.py:All"}},
+           "variants": [{"name": "mine"}, {"name": "own", "cluster": {"replicas": 2, "router": {
+               "type": "custom", "cls": "g.py:First", "args": {}}}}]}
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    for sets in (["cluster.router.type=round_robin"], ["cluster.router.type=power_of_two"],
+                 ["variants.1.cluster.router.type=least_kv"],
+                 ["admission.rule.type=token_bucket", "admission.rule.rate=100", "admission.rule.burst=10"]):
+        res = CliRunner().invoke(app, ["run", str(path), "-n", "5", "-q", "--out", str(tmp_path / "out"),
+                                       *(a for s in sets for a in ("--set", s))])
+        assert res.exit_code == 0, (sets, res.output)

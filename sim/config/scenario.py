@@ -470,8 +470,7 @@ def apply_override(d: dict[str, Any], key: str, value: Any) -> None:
     if default_has:
         _fill_defaults(tp, d[head], rest)
         set_path(d[head], ".".join(rest), value)
-        if rest == ["type"]:
-            _retype(tp, d[head])
+        _retype_at(d, parts)
     used = default_has
     if variants:
         used = False
@@ -486,8 +485,7 @@ def apply_override(d: dict[str, Any], key: str, value: Any) -> None:
             _spell_out_names(PARTIAL_SECTIONS.get(head, tp), section, rest)
             if has_path(PARTIAL_SECTIONS.get(head, tp), section, rest) and (givers is None or id(section) in givers):
                 set_path(section, ".".join(rest), value)
-                if rest == ["type"]:
-                    _retype(tp, section)
+                _retype_at(v, parts)
                 used = True
     if not used:
         raise ScenarioError(f"{key}: no variant's {head} has the key {rest[-1]!r}")
@@ -567,23 +565,30 @@ def _set_in_variants(d: dict[str, Any], parts: list[str], value: Any) -> None:
 
 def _retype(tp: Any, section: dict[str, Any]) -> None:
     """A section whose ``type`` was just changed keeps only the keys its new kind has: a custom policy's ``cls`` and
-    ``args`` mean nothing to ``fcfs``, and the limits both kinds share are kept."""
-    for kind in get_args(tp):
-        fields = getattr(kind, "model_fields", {})
-        if "type" in fields and section.get("type") in get_args(fields["type"].annotation):
-            for key in [k for k in section if k not in fields]:
-                del section[key]
-            return
+    ``args`` mean nothing to ``fcfs``, and the limits both kinds share are kept; a bare name (a router's
+    ``round_robin``) keeps its type alone."""
+    kind = next((m for m in models_of(tp) if "type" in m.model_fields
+                 and section.get("type") in get_args(m.model_fields["type"].annotation)), None)
+    for key in [k for k in section if k not in (kind.model_fields if kind is not None else ("type",))]:
+        del section[key]
 
 
 def _retype_at(root: dict[str, Any], parts: list[str]) -> None:
-    """After ``--set`` of the ``type`` of a variant's or a pool's section (``variants.0.policy.type``,
-    ``disaggregation.decode.policy.type``), ``_retype`` as for the scenario's own: a section copied from what the
-    variant inherits (``_spell_out_inherited``) otherwise kept the old kind's keys, refused under the new kind."""
-    if len(parts) > 1 and parts[-1] == "type" and parts[-2] in _VARIANT_SECTIONS and parts[-2] not in PARTIAL_SECTIONS:
-        section = _node_at(root, parts[:-1])
-        if isinstance(section, dict):
-            _retype(field_type(Scenario, parts[-2]), section)
+    """After ``--set`` of a ``type`` at ``parts`` under ``root`` (``policy.type``, ``variants.0.policy.type``,
+    ``disaggregation.decode.policy.type``, ``cluster.router.type``, ``admission.rule.type``), ``_retype`` of the
+    section it types: a type deeper than a section's own (a custom router set to round_robin) kept the old kind's
+    keys, refused under the new kind."""
+    heads = [i for i, p in enumerate(parts[:-1]) if p in _VARIANT_SECTIONS]
+    if parts[-1] != "type" or not heads:
+        return
+    tp, node = field_type(Scenario, parts[heads[0]]), _node_at(root, parts[:heads[0] + 1])
+    for part in parts[heads[0] + 1:-1]:
+        model = next((m for m in narrow(models_of(tp), node) if part in m.model_fields), None)
+        if model is None or not isinstance(node, dict):
+            return
+        tp, node = model.model_fields[part].annotation, node.get(part)
+    if isinstance(node, dict) and (heads[0] < len(parts) - 2 or parts[heads[0]] not in PARTIAL_SECTIONS):
+        _retype(tp, node)
 
 
 def slos_of(scenario: Scenario) -> SLOs | None:
