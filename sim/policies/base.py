@@ -155,8 +155,8 @@ class Policy(Protocol):
 
     def schedule_arrival(self, view: View) -> Plan | None:
         """Optional (the core asks ``schedule`` where a policy lacks it or it returns None): the plan ``schedule(view)``
-        would return, made faster, when exactly one request waits, nothing is swapped and every running request is
-        in the decode group (``outside`` empty), which the step after nearly every arrival is."""
+        would return, made faster, asked when nothing is swapped: mostly one request waiting and every running
+        request in the decode group (``outside`` empty), which the step after nearly every arrival is."""
         return None
 
     def wake_time(self, view: View) -> float | None:

@@ -23,11 +23,14 @@ memory), as vLLM does.
 
 from __future__ import annotations
 
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import ClassVar
 
 from sim.policies.base import Admission, Limits, Plan, Policy, View, plan_group, preempt_for, swap_back
 from sim.serving.kv_manager import KVBudget
+
+_NONE: frozenset[int] = frozenset()  # no request rejected (schedule_arrival's case)
 
 
 @dataclass(slots=True)
@@ -87,47 +90,60 @@ class ContinuousPolicy(Policy):
         return plan
 
     def schedule_arrival(self, view: View) -> Plan | None:
-        """``schedule(view)``'s plan, without its general machinery, for the step the core asks about most: one
-        request waiting (an arrival, mostly), nothing swapped, every running request in the decode group (see
-        ``Policy.schedule_arrival``). None where the general path decides: another configuration (multi-step
-        blocks, SGLang's prompts first, no_evict), a subclass, a rejection due, or a group that no longer fits
-        (its growth is planned request by request, preempting). The tests compare runs with and without it."""
+        """``schedule(view)``'s plan, without its general machinery, for the steps the core asks about (nothing
+        swapped; see ``Policy.schedule_arrival``): the decode group and the requests outside it, then the waiting
+        prompts or their chunks (chunked prefill, mixed); the waiting prompts if any can start, else the group and
+        the others (prefill-first). None where the general path decides: another configuration (multi-step
+        blocks, SGLang's prompts first, no_evict), a subclass, a rejection due, a group that no longer fits (its
+        growth is planned request by request, preempting) or a running request that needs a preemption. The tests
+        compare runs with and without it."""
         if type(self) is not ContinuousPolicy or self.num_scheduler_steps != 1 or self.prefill_priority \
                 or self.no_evict or (self.admission.max_queue_delay is not None and self.admission.rejections(view)):
             return None
-        g = view.group
-        if g is None:
+        if view.group is None or view.swapped:
             return None
-        lim = self.limits
-        tokens = lim.max_num_batched_tokens
+        tokens = self.limits.max_num_batched_tokens
         budget = view.budget()
-        r = view.waiting[0]
-        seats = len(view.running) < lim.max_num_seqs  # the running requests keep their slots (none leaves here)
         plan = Plan()
         if not (self.enable_chunked_prefill or self.prefill_mode == "mixed"):
-            # prefill-first (_schedule, _schedule_waiting): the prompt whole if it fits, else the decodes
-            if seats:
-                n = r.num_tokens - max(r.num_computed_tokens, view.kv.num_cached_tokens(r))
-                if n <= tokens and budget.allocate(r, n):
-                    plan.scheduled.append((r, n))
+            # prefill-first (_schedule): a step of new prompts if any can start, else the running requests'
+            if view.waiting:
+                self._schedule_waiting(view, plan, budget, tokens, _NONE)
+                if plan.scheduled:
                     return plan
-            if g.members:
-                if g.size > tokens or not budget.take(g.next_blocks):
-                    return None
-                plan.decode_group = True
-            return plan
-        if g.members:  # plan_group: the group first
+            return plan if self._running_quick(view, plan, budget, tokens) >= 0 else None
+        tokens = self._running_quick(view, plan, budget, tokens)
+        if tokens < 0:
+            return None
+        if view.waiting:
+            self._schedule_waiting(view, plan, budget, tokens, _NONE)
+        return plan
+
+    def _running_quick(self, view: View, plan: Plan, budget: KVBudget, tokens: int) -> int:
+        """``_schedule_running`` where it preempts nobody: the decode group, then each running request outside it;
+        returns the tokens left, or -1 where it would dissolve the group or preempt (nothing planned then counts:
+        the general path plans anew)."""
+        g = view.group
+        assert g is not None and view.outside is not None  # schedule_arrival's case
+        if g.members:  # plan_group
             if g.size > tokens or not budget.take(g.next_blocks):
-                return None
+                return -1
             plan.decode_group = True
             tokens -= g.size
-        if seats and tokens > 0:  # _schedule_waiting
-            n = r.num_tokens - max(r.num_computed_tokens, view.kv.num_cached_tokens(r))
-            if self.enable_chunked_prefill:
+        chunked = self.enable_chunked_prefill
+        for r in view.outside:
+            n = r.num_remaining
+            if chunked:
                 n = min(n, tokens)
-            if n <= tokens and budget.allocate(r, n):
-                plan.scheduled.append((r, n))
-        return plan
+            elif n > tokens:
+                continue
+            if n <= 0:
+                break
+            if not budget.allocate(r, n):  # preempt_for would preempt
+                return -1
+            plan.scheduled.append((r, n))
+            tokens -= n
+        return tokens
 
     def _schedule(self, view: View) -> Plan:
         plan = Plan(reject=self.admission.rejections(view))
@@ -206,7 +222,8 @@ class ContinuousPolicy(Policy):
             tokens -= n
         return tokens
 
-    def _schedule_waiting(self, view: View, plan: Plan, budget: KVBudget, tokens: int, rejected: set[int]) -> int:
+    def _schedule_waiting(self, view: View, plan: Plan, budget: KVBudget, tokens: int,
+                          rejected: AbstractSet[int]) -> int:
         num_seqs = len(view.running) - len(plan.preempt) + len(plan.swap_in)
         if not (self.enable_chunked_prefill or self.prefill_mode == "mixed"):
             num_seqs = len(view.running)  # prefill-first: the running requests still hold their slots

@@ -171,8 +171,9 @@ class ServingCore:
         # A group-aware policy that, with nothing waiting or swapped and every running request decoding,
         # schedules exactly the group: the core may then step without asking it.
         self.steady_ok = bool(getattr(policy, "decode_all_when_idle", Policy.decode_all_when_idle))
-        # The policy's quick plan for a lone waiting request beside the decode group (``Policy.schedule_arrival``):
-        # the step after nearly every arrival, which the general ``schedule`` costs some 8 us to plan
+        # The policy's quick plan for a step with nothing swapped (``Policy.schedule_arrival``): the step after nearly
+        # every arrival, and prefill-first's step after each prompt, which the general ``schedule`` costs some 8 us
+        # to plan
         quick = getattr(policy, "schedule_arrival", None) if self.group is not None else None
         self.schedule_arrival = None if getattr(type(policy), "schedule_arrival", None) is Policy.schedule_arrival \
             else quick  # (the protocol's own says None every time: not worth a call)
@@ -282,7 +283,7 @@ class ServingCore:
         plan = self.plan_without_policy(now)
         if plan is None:
             self._view.now, self._view.decode_run = now, self.decode_run
-            if self.schedule_arrival is not None and len(self.waiting) == 1 and not self.swapped and not self.outside:
+            if self.schedule_arrival is not None and not self.swapped:
                 plan = self.schedule_arrival(self._view)
             if plan is None:
                 plan = self.policy.schedule(self._view)
