@@ -177,3 +177,31 @@ def test_ctrl_c_in_check_policy_says_so(tmp_path: Path, monkeypatch: pytest.Monk
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     res = CliRunner().invoke(app, ["check-policy", str(tmp_path / "s.yaml")])
     assert _last_line(res) == "interrupted while checking variant a's policy; nothing was written"
+
+
+def test_ctrl_c_in_engine_quality_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`servesim engine quality` (minutes of scoring on a CPU) ended on Ctrl-C with exit 130 and not a word, where
+    every other long command says what it stopped; it says so now, and --json's file is not written."""
+    pytest.importorskip("torch")
+    import realengine.quality
+    from realengine import gguf_model
+
+    def load(*_: Any, **__: Any) -> Any:
+        class Real:
+            file_quantization = "Q4_1"
+
+            def describe(self) -> str:
+                return "a stand-in"
+        return Real()
+
+    def quality(*_: Any, progress: Any, **__: Any) -> Any:
+        progress("int8")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(gguf_model, "real_weights_available", lambda name: True)  # the weights are not read
+    monkeypatch.setattr(gguf_model, "load_real_model", load)
+    monkeypatch.setattr(realengine.quality, "run_quality", quality)
+    out = tmp_path / "q.json"
+    res = CliRunner().invoke(app, ["engine", "quality", "--quant", "int8", "--json", str(out)])
+    assert _last_line(res) == f"interrupted while measuring int8 on smollm2-135m; {out} was not written"
+    assert not out.exists()

@@ -37,7 +37,7 @@ from sim.cli.common import (  # noqa: F401 - the commands' shared helpers, also 
     _wrote,
     default_out,
 )
-from sim.config.files import InterruptedAfterWrite
+from sim.config.files import InterruptedAfterWrite, write_atomically
 from sim.config.scenario import load_scenario, parse_value
 from sim.config.schema import ScenarioError, json_schema
 from sim.words import counted
@@ -689,23 +689,32 @@ def engine_quality(
         from realengine.attention import register_cuda_decode_kernel
 
         register_cuda_decode_kernel(None)
-    real = gguf_model.load_real_model(model, dtype=tdtype or (torch.bfloat16 if device == "cuda" else
-                                                              torch.float32), device=device)
-    typer.echo(f"{real.describe()}", err=True)
-    reports = run_quality(real, quant, chunk=chunk, per_category=texts, max_tokens=max_tokens,
-                          throughput=throughput, decode_batch=decode_batch, decode_context=decode_context,
-                          decode_steps=decode_steps,
-                          progress=lambda name: typer.echo(f"measuring {name} ...", err=True))
-    for r in reports:
-        typer.echo(r.format() + "\n")
-    typer.echo(format_quality_table(reports))
-    typer.echo(f"Baseline: {reports[0].baseline}. The shipped file is itself 4-bit ({real.file_quantization}), so "
-               "these losses come on top of its own.")
+    # Ctrl-C (minutes of scoring on a CPU) ended with exit 130 and not a word: now the line the other commands print
+    with _on_ctrl_c(f"loading {model}", json_out) as doing:
+        real = gguf_model.load_real_model(model, dtype=tdtype or (torch.bfloat16 if device == "cuda" else
+                                                                  torch.float32), device=device)
+        typer.echo(f"{real.describe()}", err=True)
+
+        def measuring(name: str) -> None:
+            doing.what = f"measuring {name} on {model}"
+            typer.echo(f"measuring {name} ...", err=True)
+
+        reports = run_quality(real, quant, chunk=chunk, per_category=texts, max_tokens=max_tokens,
+                              throughput=throughput, decode_batch=decode_batch, decode_context=decode_context,
+                              decode_steps=decode_steps, progress=measuring)
+        for r in reports:
+            typer.echo(r.format() + "\n")
+        typer.echo(format_quality_table(reports))
+        typer.echo(f"Baseline: {reports[0].baseline}. The shipped file is itself 4-bit ({real.file_quantization}), "
+                   "so these losses come on top of its own.")
+        if json_out is not None:
+            doing.what = f"writing {json_out}"
+            try:  # whole or not at all, as the other commands write
+                write_atomically(json_out.parent, {json_out.name: json.dumps([r.to_dict() for r in reports],
+                                                                             indent=2)})
+            except OSError as e:
+                _fail(f"--json {json_out}: {e.strerror or e}")
     if json_out is not None:
-        try:
-            json_out.write_text(json.dumps([r.to_dict() for r in reports], indent=2))
-        except OSError as e:
-            _fail(f"--json {json_out}: {e.strerror or e}")
         typer.echo(f"wrote {json_out}")
 
 
@@ -895,8 +904,6 @@ def _check_profile_path(path: Path) -> None:
 def _write_profile(path: Path, text: str) -> None:
     """Write a profile whole or not at all: Path.write_text empties the file first, so a write that failed (disk
     full) left the profile already at ``path`` cut short."""
-    from sim.config.files import write_atomically
-
     write_atomically(path.parent, {path.name: text})
 
 
