@@ -96,6 +96,8 @@ class VariantValidation:
     # as fast; None: not measured), and the comparison again with the simulator's step times scaled by it.
     machine_slowdown: float | None = None
     adjusted_metrics: dict[str, dict[str, float | None]] | None = None
+    # the engine run's memory samples (realengine.engine.MEMORY_COLUMNS), engine/memory.csv as `engine run` writes
+    memory: list[dict[str, Any]] = field(default_factory=list)
 
     def step_stats(self) -> dict[str, Any]:
         dr, ds = self.real.steps["duration"], self.sim.steps["duration"]
@@ -293,7 +295,7 @@ def validate_variant(cfg: VariantConfig, workload, profile_path: str | Path, *, 
     sim, _, _ = simulate_variant(sim_cfg, wl_scaled, name=real.name)
     rs, ss = summarize(real), summarize(sim)
     rs["energy"] = measured_energy(memory, real.name, rs["total_output_tokens"])
-    out = VariantValidation(real.name, blocks, real, sim, rs, ss, compare(rs, ss))
+    out = VariantValidation(real.name, blocks, real, sim, rs, ss, compare(rs, ss), memory=memory)
     if before is not None and after is not None and probe.base:
         out.machine_slowdown = float(np.sqrt(before * after)) / probe.base
         cost = scaled(load_profile(profile_path), out.machine_slowdown)
@@ -467,7 +469,8 @@ def build_page(val: Validation) -> str:
 
 def write_validation(out_dir: str | Path, val: Validation, *, runs: bool = True) -> Path:
     """DIR/validation.json and DIR/validation.html; with ``runs``, also the two run folders DIR/engine and
-    DIR/sim (summary.json, requests.csv, steps.csv, report.html). Whole or not at all: each is written into a
+    DIR/sim (summary.json, requests.csv, steps.csv, report.html; engine/ also memory.csv, the samples its energy
+    figures were read from, as ``servesim engine run`` writes it). Whole or not at all: each is written into a
     staging folder first and all are moved into place together, Ctrl-C held back meanwhile (they were written in
     place one after the other, and a Ctrl-C while the page or a run folder was built left a new validation.json
     beside an earlier run's page and engine/ and sim/); an earlier validation's four are replaced, other files
@@ -477,7 +480,7 @@ def write_validation(out_dir: str | Path, val: Validation, *, runs: bool = True)
     import tempfile
 
     from sim.config.files import sigint_deferred
-    from sim.output.run_folder import to_jsonable, write_run
+    from sim.output.run_folder import MEMORY_FILE, to_jsonable, write_run
 
     out = Path(out_dir)
     created = not out.exists()
@@ -489,8 +492,14 @@ def write_validation(out_dir: str | Path, val: Validation, *, runs: bool = True)
         (stage / "validation.html").write_text(build_page(val))
         names = ["validation.json", "validation.html"]
         if runs:
+            samples = [row for v in val.variants for row in v.memory]
+            extra = None
+            if samples:  # (sampled by the engine, so torch is there)
+                from realengine.engine import memory_csv
+
+                extra = {MEMORY_FILE: memory_csv(samples)}
             write_run(stage / "engine", [v.real for v in val.variants],
-                      {v.name: v.real_summary for v in val.variants}, title=f"engine: {val.scenario}")
+                      {v.name: v.real_summary for v in val.variants}, title=f"engine: {val.scenario}", extra=extra)
             write_run(stage / "sim", [v.sim for v in val.variants],
                       {v.name: v.sim_summary for v in val.variants}, title=f"simulator: {val.scenario}")
             names += ["engine", "sim"]

@@ -372,6 +372,14 @@ def test_a_validation_folder_is_written_whole_or_left_as_it_was(tmp_path: Path, 
     before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
     assert {"validation.json", "validation.html", "engine/summary.json", "sim/summary.json"} <= {
         str(p) for p in before}
+    # engine/ has the memory samples its energy figures were read from, as `servesim engine run`'s folder has
+    # (validate sampled them and dropped them); the simulator's folder has none
+    from realengine.engine import MEMORY_COLUMNS
+
+    memory = (out / "engine" / "memory.csv").read_text().splitlines()
+    assert memory[0] == ",".join(MEMORY_COLUMNS) and len(memory) > 1
+    assert all(row.split(",")[0] in {v.name for v in val.variants} for row in memory[1:])
+    assert not (out / "sim" / "memory.csv").exists()
 
     def interrupted(v):
         raise KeyboardInterrupt

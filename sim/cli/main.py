@@ -949,8 +949,9 @@ def validate(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
     """Replay the scenario's workload on the engine and in the simulator (with the profile and the engine's KV
-    block count); write DIR/validation.json (real, simulated, relative error per variant and metric) and
-    DIR/validation.html. With --against: compare the simulated scenario with benchmark result files instead."""
+    block count); write DIR/validation.json (real, simulated, relative error per variant and metric),
+    DIR/validation.html and the two runs' folders DIR/engine (with memory.csv) and DIR/sim. With --against: compare
+    the simulated scenario with benchmark result files instead."""
     if threads is not None and threads < 1:
         _fail(f"--threads must be >= 1, got {threads}")
     against = _files_after(against, more, "--against")
