@@ -53,6 +53,28 @@ def test_stage_holds_its_layers_weights_and_kv() -> None:
         stage_model(M70, 81)
 
 
+def test_every_stage_is_sized_with_the_embedding_and_the_lm_head_as_the_docs_say() -> None:
+    # docs/engines-and-hardware.md and this module's docstring: every stage's GPU is counted with the whole
+    # embedding and LM head (vLLM holds the embedding on the first stage and the LM head on the last), so at tp1
+    # pp8 Llama-3.1-70B's largest stage has 1,278,560 KV tokens where vLLM's convention gives 1,329,872; the docs
+    # said "each stage keeps its own embedding and LM head", as vLLM's fact. A change of the sizing changes both.
+    from sim.hardware.capacity import capacity_table
+
+    shard = M70.shard(1)
+    matrix = shard.embedding_params * 2  # bf16 bytes of one vocabulary x hidden matrix
+    assert shard.lm_head_params * 2 == matrix and not shard.tied
+    ten = stage_model(M70, 8)
+    assert ten.num_layers == 10
+    assert kv_budget(ten, H100).weight_bytes - ten.shard(1).body_matmul_params * 2 >= 2 * matrix
+    [row] = capacity_table("llama-3.1-70b", "h100-sxm", contexts=[4096], weight_dtypes=["bf16"], kv_dtypes=["auto"],
+                           tensor_parallel_sizes=[1], pipeline_parallel_sizes=[8]).rows
+    assert row.capacity_tokens == 1_278_560
+    vllm_like = (row.kv_memory + matrix) // (row.kv_bytes_per_token * 16) * 16
+    assert vllm_like == 1_329_872
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "engines-and-hardware.md").read_text()
+    assert "1,329,872 tokens rather than 1,278,560" in doc and "each\nstage keeps its own embedding" not in doc
+
+
 def test_round_is_one_micro_batch_through_every_stage_plus_hops() -> None:
     pp = pipeline()
     inner = pp.inner
