@@ -223,7 +223,7 @@ def run_engine(
     try:
         # the same policy in the same loop as the simulator's: a user's policy fails here as it fails there, and
         # draws from Python's and numpy's global generators what it draws there (validate's replay asks it again)
-        with policy_errors(cfg, name), seeded_global_rngs(cfg.seed):
+        with policy_errors(cfg, name, loop="engine run"), seeded_global_rngs(cfg.seed):
             if cfg.disaggregation is not None:  # prefill and decode pools of engine replicas (realengine/disagg.py)
                 from realengine.disagg import serve_disaggregated
 

@@ -189,7 +189,8 @@ def test_validate_command_runs_a_users_policy(tmp_path: Path) -> None:
 
 BAD = [
     ("Raises", "variant 'engine-user-policy': policy Raises: schedule(view) at t="),
-    ("Idle", "variant 'engine-user-policy': policy Idle: simulation stalled: 20 requests without outcome"),
+    # the engine's run is no simulation: its stall said "simulation stalled"
+    ("Idle", "variant 'engine-user-policy': policy Idle: engine run stalled: 20 requests without outcome"),
     ("Twice", "schedules request 0 twice"),
     # describe() printing its line and returning None: exit 2 under `servesim run`, exit 0 on the engine
     ("PrintsItsDescription", "policy PrintsItsDescription: describe() returned None, not a str"),

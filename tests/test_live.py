@@ -349,6 +349,9 @@ def test_observe_sends_a_class_priority_as_vllms_field(stub, tmp_path):
     sent = sorted(b.get("priority", 0) for b in stub.servers[0].RequestHandlerClass.bodies)
     assert sent == sorted(s.priority for s in generate_workload(sc).requests) and set(sent) == {0, 2}
     assert not any("priority" in b for b in stub.servers[0].RequestHandlerClass.bodies if b.get("priority", 0) == 0)
+    # a client cannot see the server's steps: its busy time is unknown, not the 0.0% its empty steps gave
+    assert json.loads((out / "summary.json").read_text())["variants"]["live-tiny"]["busy_fraction"] is None
+    assert "GPU busy 0.0%" not in " ".join(res.stdout.split())
 
 
 def test_the_openai_client_drives_serve(served):

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import csv
+import json
 from pathlib import Path
 
 import numpy as np
@@ -199,6 +200,10 @@ def test_cli_engine_run_writes_the_folder(tmp_path: Path) -> None:
         assert (out / name).is_file(), name
     rows = list(csv.DictReader(open(out / "requests.csv")))
     assert len(rows) == 6 and all(r["outcome"] == "completed" for r in rows)
+    # a CPU's busy time, not a GPU's: the table read "GPU busy" on a CPU run, and so did the report's verdict
+    assert [line.split()[:2] for line in res.output.splitlines() if " busy " in line] == [["CPU", "busy"]]
+    assert json.loads((out / "summary.json").read_text())["variants"]["engine-small"]["device"] == "cpu"
+    assert "CPU busy" in (out / "report.html").read_text() and "GPU busy" not in res.output
 
 
 def test_cli_engine_run_says_which_requests_the_models_shorter_context_rejects(tmp_path: Path) -> None:

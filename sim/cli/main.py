@@ -618,7 +618,8 @@ def engine_run(
             if bar is not None:
                 bar.end()
             results.append(result)
-            summaries[result.name] = summarize(result, slos_of(sc))
+            # the device, for the table's busy row (a CPU's, not "GPU busy") and summary.json
+            summaries[result.name] = {**summarize(result, slos_of(sc)), "device": device}
             held[result.name] = kv_held_at_end(core, result)
         doing.what = f"writing {out_dir}"
         try:

@@ -424,7 +424,8 @@ def write_observed_run(out_dir, run: ObserveRun, name: str, *, scenario: dict | 
             "prompt_tokens": run.prompt_method, "failures": failures_by_reason(run),
             "scrape_errors": run.scrape_errors, "client": client_overhead(run)}
     summary = summarize(result, slos) if slos is not None else summarize(result)
-    summary = {**summary, "observed": info}
+    # the server's busy time is not visible from outside: unknown ("-", null), where its empty steps made it 0.0%
+    summary = {**summary, "busy_fraction": math.nan, "observed": info}
     names: list[str] = []
     out = write_run(out_dir, [result], {name: summary}, scenario=scenario, title=f"servesim observe: {name}",
                     written=names)

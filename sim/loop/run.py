@@ -89,12 +89,13 @@ def simulate_variant(
 
 
 @contextmanager
-def policy_errors(cfg: VariantConfig, name: str | None = None) -> Iterator[None]:
+def policy_errors(cfg: VariantConfig, name: str | None = None, loop: str = "simulation") -> Iterator[None]:
     """A policy's failure inside a run of ``cfg`` as user input: a ``PolicyError`` (a ``ScenarioError``, so the
     command line prints one message and exits 2) naming the variant, where the run raised ``PolicyError`` (the
     user's code raised or planned past a rule), ``PlanError`` (the core refused a plan) or ``StalledError`` (work
     left waiting with nothing to come). The simulator and the real engine (``realengine.engine.run_engine``) run
-    the same policies in the same loop, so they fail the same way."""
+    the same policies in the same loop, so they fail the same way; ``loop`` names the run in a stall's message
+    (the loop's own says "simulation stalled", which read oddly on the engine: "engine run stalled")."""
     try:
         yield
     except PolicyError as e:
@@ -105,7 +106,8 @@ def policy_errors(cfg: VariantConfig, name: str | None = None) -> Iterator[None]
         # a refused plan's step, as PolicyError's own messages give it (SimPy re-raises a copy, the original its cause)
         at = getattr(e, "at", None) if getattr(e, "at", None) is not None else getattr(e.__cause__, "at", None)
         when = f" at t={at:.6f} s" if at is not None else ""
-        raise PolicyError(f"variant {name or cfg.name!r}: policy {what}{when}: {e}") from None
+        text = str(e).replace("simulation stalled", f"{loop} stalled", 1)
+        raise PolicyError(f"variant {name or cfg.name!r}: policy {what}{when}: {text}") from None
 
 
 def _simulate_variant(

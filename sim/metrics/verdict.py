@@ -364,7 +364,7 @@ def rank_limits(summary: dict) -> Verdict:
         mfu = summary.get("mfu")  # an older summary: MFU over the run, scaled to busy time
         busy_mfu = _fin(mfu) / busy if busy > 0 and isinstance(mfu, int | float) and math.isfinite(mfu) else NAN
     roof, roof_text = _roof(busy_mfu)
-    roof_text += f", GPU busy {_pct(busy)} of the time"
+    roof_text += f", {'CPU' if summary.get('device') == 'cpu' else 'GPU'} busy {_pct(busy)} of the time"
     # a disaggregated run's busy share is over both pools: 3P1D read "GPU busy 56%" while its one decode GPU
     # was busy 99.8% of the time, the bottleneck the lesson names; each pool's share is said, and spare load is
     # claimed only when the busiest pool has room

@@ -189,7 +189,16 @@ def row_specs(summaries: dict) -> list[tuple[str, list[str], Callable[[float], s
     energy = any(summaries[n].get("energy") for n in names)
     plain = table_rows() + (CLUSTER_ROWS if cluster else ()) + (ENERGY_ROWS if energy else ()) \
         + (DISAGG_ROWS if disagg else ())
-    return [(label, key.split("."), fmt) for label, key, fmt in plain] + _class_rows(summaries, names)
+    busy = _busy_label(summaries, names)
+    return [(busy if key == "busy_fraction" else label, key.split("."), fmt) for label, key, fmt in plain] \
+        + _class_rows(summaries, names)
+
+
+def _busy_label(summaries: dict, names: list[str]) -> str:
+    """The busy row's label by the device the runs computed on: a real-engine run on a CPU records ``device:
+    cpu`` and its table said "GPU busy 100%"; a simulated run is a GPU's."""
+    kinds = sorted({"CPU" if summaries[n].get("device") == "cpu" else "GPU" for n in names}, reverse=True)
+    return "/".join(kinds or ["GPU"]) + " busy"
 
 
 def table_cells(summaries: dict) -> tuple[list[str], list[list[str]]]:
