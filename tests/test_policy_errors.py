@@ -42,7 +42,7 @@ CASES = [
     ("missing.py:X", "", "missing.py: file not found (a path is relative to the file that names it, a scenario or a "
      "tournament spec; from the command line (--set, --sweep) or in a scenario given from Python as a dict, to the "
      "working folder)"),
-    ("bad_policies.py:Nope", "", "has no 'Nope' (its classes: ClockReader, Fewest, Idle, NeedsArgs, NoSchedule"),
+    ("bad_policies.py:Nope", "", "has no 'Nope' (its classes: ClockReader, Fewest, ForgetsAReturn, Idle, NeedsArgs"),
     ("bad_policies.py", "", "expected 'path/to/file.py:ClassName'"),
     # a notebook's class named in a scenario then run from the command line, where __main__ is servesim itself
     ("__main__:Mine", "", "(__main__ names a class of the Python script or notebook running servesim.run; from the "
