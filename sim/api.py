@@ -349,6 +349,10 @@ def run(
         warnings.warn(note, UserWarning, stacklevel=2)
     with _quiet():
         out = run_scenario(prepared, progress=progress)
+    from sim.loop.results import slow_policy_note
+
+    for note in filter(None, map(slow_policy_note, out.results)):  # servesim run prints these too
+        warnings.warn(note, UserWarning, stacklevel=2)
     doc = sc.model_dump(mode="json")
     if out.sweep:
         doc["sweep_points"] = out.sweep

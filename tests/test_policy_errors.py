@@ -652,3 +652,18 @@ def test_a_policy_file_named_on_the_command_line_is_relative_to_the_working_fold
     assert loaded.policy.make().__class__.__name__ == "Mine"
     loaded, raw = load_scenario(sc, {"sweep": {"policy.cls": ["mine.py:Mine"]}})
     prepare_scenario(loaded, raw, source=str(sc))  # each point's class found
+
+
+def test_a_policy_slower_than_its_steps_is_said(tmp_path: Path) -> None:
+    """A policy whose own schedule calls take longer than the steps it plans ran as fast as FCFS and said nothing:
+    no clock here counts them, while a real server's scheduler runs between its steps. FCFS is not named."""
+    import re
+
+    p = _run(tmp_path, "bad_policies.py:SlowToPlan")
+    assert p.returncode == 0, p.stderr
+    m = re.search(r"\nbad-policy: the policy's own schedule calls took ([0-9.]+) s over ([0-9,]+) asks \(([0-9.]+) ms "
+                  r"each\), ([0-9]+)% of the ([0-9.]+) s its steps took; no clock here counts that time", p.stderr)
+    assert m is not None, p.stderr
+    assert float(m[3]) >= 5.0 and int(m[4]) > 25
+    fast = _run(tmp_path, "sim.policies.queue:FCFSPolicy")
+    assert fast.returncode == 0 and "policy's own" not in fast.stderr, fast.stderr

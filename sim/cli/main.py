@@ -213,6 +213,7 @@ def run(
         typer.echo("\n".join(interval_lines(result.summaries)))
     for name, s in result.summaries.items():
         typer.echo(f"{name}: {bottleneck(s)}")
+    _slow_policy_notes(result.results)
     typer.echo(_wrote(out_dir, written))
 
 
@@ -474,6 +475,13 @@ def check_policy(
         raise typer.Exit(1)
 
 
+def _slow_policy_notes(results: list) -> None:
+    from sim.loop.results import slow_policy_note
+
+    for note in filter(None, map(slow_policy_note, results)):
+        typer.echo(note, err=True)
+
+
 engine_app = typer.Typer(no_args_is_help=True, rich_markup_mode=HELP_MARKUP,
                          help="Run a scenario on the real engine (realengine/, needs torch).")
 app.add_typer(engine_app, name="engine")
@@ -632,6 +640,7 @@ def engine_run(
             closing.close()
             _fail(f"--out {out_dir}: cannot write the run folder: {e.strerror or e}")
     typer.echo(format_table(summaries))
+    _slow_policy_notes(results)
     typer.echo(_wrote(out_dir, written))
 
 

@@ -343,5 +343,6 @@ def cluster_result(
         host_kv=merge_summaries([p.host_kv for p in parts if p.host_kv]),
         pipeline=costs[0].summary(steps) if isinstance(costs[0], PipelineCostModel) else None,
         token_budget=first.token_budget,
+        policy_seconds=sum(p.policy_seconds for p in parts), policy_asks=sum(p.policy_asks for p in parts),
     )
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import struct
 from array import array
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -449,3 +449,7 @@ class RunResult:
     # max_num_batched_tokens as the replica's core applied it (the decode pool's in a disaggregated run): ``config``
     # records the policy section as written, None where servesim's own default applies (8,192, or max_model_len)
     token_budget: int | None = None
+    # the wall time of the policy's own schedule calls and how many there were (sim.policies.user.UserPolicy): on
+    # no clock, simulated or the engine's (sim.loop.results.slow_policy_note); not compared, it is measured
+    policy_seconds: float = field(default=0.0, compare=False)
+    policy_asks: int = field(default=0, compare=False)

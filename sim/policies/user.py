@@ -28,6 +28,7 @@ import types
 from collections.abc import Collection, Iterable
 from operator import index, itemgetter
 from pathlib import Path
+from time import perf_counter
 from typing import Any
 
 from sim.config.errors import PASS_THROUGH, ScenarioError, ServesimStop
@@ -209,7 +210,7 @@ class UserPolicy(Policy):
     """Runs a public-API policy inside the core (see the module docstring)."""
 
     __slots__ = ("user", "limits", "admission", "predictor", "ttft_slo", "name", "may_repeat", "uses_decode_group",
-                 "_views")
+                 "_views", "seconds", "asks")
 
     def __init__(self, user: Any, limits: Limits, admission: Admission | None = None,
                  predictor: api.Predictor | None = None) -> None:
@@ -233,6 +234,7 @@ class UserPolicy(Policy):
         # Keyed by the request object (requests compare by identity), so another run's request of the same id
         # gets a view of its own.
         self._views: dict[Request, api.RequestView] = {}
+        self.seconds, self.asks = 0.0, 0  # the wall time of the user's schedule calls, and how many there were
 
     def describe(self) -> str:
         d = getattr(self.user, "describe", None)
@@ -313,7 +315,10 @@ class UserPolicy(Policy):
         rejected = self.admission.rejections(view) if self.admission is not None else []
         hidden = {r.id for r, _ in rejected} if rejected else set()
         pv = self._public_view(view, hidden, planning=True)
+        t0 = perf_counter()
         up = self._call(f"schedule(view) at t={view.now:.6f} s", self.user.schedule, pv)
+        self.seconds += perf_counter() - t0
+        self.asks += 1
         if not isinstance(up, api.Plan):
             hint = ""
             if inspect.iscoroutine(up) or inspect.isgenerator(up):

@@ -395,3 +395,14 @@ class SignSlip(FCFSPolicy):
         if view.waiting:
             view.kv.budget().allocate(view.waiting[0], -5)
         return super().schedule(view)
+
+
+class SlowToPlan(FCFSPolicy):
+    """5 ms of work per ask, asked every step: its steps on an L4 take a few ms, and neither the simulator nor
+    the engine puts the policy's own time on its clock, so it looked as fast as FCFS without a word."""
+
+    depends_on = frozenset({"every_step"})
+
+    def schedule(self, view):
+        time.sleep(0.005)
+        return super().schedule(view)
