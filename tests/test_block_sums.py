@@ -197,7 +197,7 @@ def test_power_series_read_in_blocks_equal_the_whole_arrays(monkeypatch: pytest.
     assert openmetrics_text(res, max_points=50) == thinned != text
 
 
-@pytest.mark.parametrize(("rows", "max_bins"), [(7, 2000), (1000, 5), (1 << 16, 5)])
+@pytest.mark.parametrize(("rows", "max_bins"), [(7, 2000), (1000, 5), (1 << 16, 5), (7, 100_000)])
 def test_binned_steps_read_in_blocks_equal_the_whole_columns(monkeypatch: pytest.MonkeyPatch, rows: int,
                                                               max_bins: int) -> None:
     """steps_binned.csv of one replica's log read 7 or 1,000 steps at a time (bins of a few steps, or five bins
@@ -220,6 +220,8 @@ def test_binned_steps_read_in_blocks_equal_the_whole_columns(monkeypatch: pytest
     assert whole is not None and got is not None and repr(got) == repr(whole)
     if (rows, max_bins) == (1000, 5):
         assert max(whole[3]) > 3 * rows  # bins span several blocks
+    if max_bins == 100_000:  # bins shorter than a step: steps run through bins that no step starts in
+        assert 0 in whole[3]
     text = io.StringIO()
     binned.write_binned_steps_csv(text, [res])
     assert text.getvalue().count("\n") == len(whole[0]) + 1

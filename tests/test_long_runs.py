@@ -324,3 +324,30 @@ def test_binned_steps_start_at_whole_multiples_of_their_width() -> None:
         starts = [r["start_s"] for r in csv.DictReader(io.StringIO(out.getvalue()))]
         assert len(starts) > 10
         assert all(x == repr(round(float(x), 9)) for x in starts), [x for x in starts if x != repr(round(float(x), 9))]
+
+
+def test_binned_busy_seconds_are_split_over_the_bins_a_step_runs_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Before: busy_s summed the durations of the steps starting in a bin, so a bin read up to 3.14x its width
+    # (lesson-continuous-batching --steps binned) and the bins after read too little; a bin that a long step ran
+    # through, no step starting in it, had no row. Now each bin has the seconds a step ran in it.
+    import sim.metrics.steps_binned as sb
+
+    n = 4
+    steps = {"start": np.array([0.0, 1.5, 5.0, 6.0]), "duration": np.array([1.5, 3.5, 1.0, 0.5]),
+             "replica": np.zeros(n, dtype=np.int64), "batch_size": np.array([1, 4, 2, 3])}
+    for c in ("prefill_tokens", "decode_tokens", "padding_tokens", "padded_rows", "num_preempted", "num_rejected",
+              "swap_blocks", "flops", "kv_blocks_used", "kv_tokens", "kv_capacity_blocks", "num_running",
+              "num_waiting", "num_swapped"):
+        steps[c] = np.arange(1, n + 1)
+    monkeypatch.setattr(sb, "bin_width", lambda span: 2.0)
+    cols = sb._binned(steps)
+    assert cols is not None
+    rows = [dict(zip(sb.BINNED_COLUMNS, r, strict=True)) for r in zip(*cols, strict=True)]
+    # bins of 2 s: [0, 2) holds step 0 and half a second of step 1, [2, 4) only step 1 running, [4, 6) its last
+    # second and step 2, [6, 8) step 3
+    assert [r["start_s"] for r in rows] == [0.0, 2.0, 4.0, 6.0]
+    assert [r["num_steps"] for r in rows] == [2, 0, 1, 1]
+    assert [r["busy_s"] for r in rows] == [2.0, 2.0, 2.0, 0.5]
+    assert rows[1]["mean_batch_size"] == 4 and rows[1]["max_batch_size"] == 4 and rows[1]["decode_tokens"] == 0
+    assert rows[0]["decode_tokens"] == 1 + 2  # the tokens count in the bin where their step starts
+
