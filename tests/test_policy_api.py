@@ -4,6 +4,8 @@ workloads), and the core's fast path stays behind the API."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -660,6 +662,20 @@ def test_a_stall_of_prompts_longer_than_the_step_budget_says_so() -> None:
         servesim.run(scenario)
     scenario["policy"]["max_num_batched_tokens"] = 12000
     assert servesim.run(scenario).summary["scenario"]["num_completed"] == 6
+
+
+def test_a_policy_taking_back_a_lone_request_is_told_in_the_singular() -> None:
+    """The stall rule for a policy whose steps compute tokens and take them back (d4a4601) wrote its counts as
+    '1 requests in its queues' after 27c0520 had made the other stall messages count with sim/words.py."""
+    bad = Path(__file__).resolve().parent / "data" / "policies" / "bad_policies.py"
+    scenario = {"workload": {"arrival": {"type": "poisson", "rate": 2.0}, "num_requests": 1,
+                             "prompt_len": {"type": "fixed", "value": 100}, "output_len": {"type": "fixed", "value": 10}},
+                "deployment": {"model": "llama-3.1-8b", "gpu": "l4", "max_model_len": 4096},
+                "policy": {"type": "custom", "cls": f"{bad}:TakesBackWhatItPlans"}}
+    with pytest.raises(servesim.PolicyError, match=r"stalled at t=[0-9.]+ s: over the last 4096 asks of the policy "
+                       r"its steps computed 2048 tokens and it took them back .* with 1 request in its queues \(0 "
+                       r"running\) needing 110 tokens \("):
+        servesim.run(scenario)
 
 
 def test_a_custom_policy_without_chunking_gets_the_unchunked_token_budget() -> None:

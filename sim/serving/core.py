@@ -332,8 +332,9 @@ class ServingCore:
             raise StalledError(
                 f"stalled at t={now:.6f} s: over the last {asks} asks of the policy its steps computed {thrown} tokens "
                 "and it took them back (preempted them) before any request arrived, started, generated a token or "
-                f"ended, with {len(queued)} requests in its queues ({len(self.running)} running) needing {left} tokens "
-                "(a policy that preempts what it admitted before it yields a token never lets a request finish)")
+                f"ended, with {counted(len(queued), 'request')} in its queues ({len(self.running)} running) needing "
+                f"{counted(left, 'token')} (a policy that preempts what it admitted before it yields a token never "
+                "lets a request finish)")
         if waited:
             raise StalledError(
                 f"simulation stalled at t={now:.6f} s: no request arrived, started, generated a token or ended over "
