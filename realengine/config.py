@@ -75,11 +75,12 @@ def engine_config(cfg: VariantConfig, *, model_spec: str | None = None, num_gpu_
 
 def context_cut(cfg: VariantConfig, ecfg: VariantConfig, requests: Sequence[RequestSpec]) -> str | None:
     """What running ``cfg`` as ``ecfg`` (``engine_config``: ``--model`` replaced) cuts off its workload: the
-    requests longer than the engine model's context, which the engine rejects and the simulator ran; None when
-    none is. The engine run once said only "rejected 2" in its table."""
+    requests longer than the engine model's context, which the engine rejects and the simulator ran (those longer
+    than the scenario's own max_model_len both reject); None when none is. The engine run once said only
+    "rejected 2" in its table."""
     before = cfg.deployment.max_model_len or resolve_model(cfg.deployment.model).max_position_embeddings
     after = ecfg.deployment.max_model_len or resolve_model(ecfg.deployment.model).max_position_embeddings
-    longer = sum(1 for r in requests if r.prompt_len + r.output_len > after)
+    longer = sum(1 for r in requests if after < r.prompt_len + r.output_len <= before)
     if after >= before or not longer:
         return None
     return (f"--model {ecfg.deployment.model}: max_model_len {before:,} cut to its context of {after:,} tokens: "

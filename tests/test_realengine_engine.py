@@ -16,6 +16,7 @@ from __future__ import annotations
 import csv
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -222,6 +223,23 @@ def test_cli_engine_run_says_which_requests_the_models_shorter_context_rejects(t
     assert [r["outcome"] for r in rows].count("rejected") == 1
     assert ("--model tiny: max_model_len 4,096 cut to its context of 2,048 tokens: 1 of 3 requests need more and "
             "are rejected on the engine (`servesim run` runs them)\n") in res.output
+
+
+def test_the_context_cut_counts_only_the_requests_the_simulator_runs() -> None:
+    """A request longer than the scenario's own max_model_len is rejected by `servesim run` too: the cut's line
+    counted it among those 'rejected on the engine (`servesim run` runs them)'."""
+    from types import SimpleNamespace
+
+    from realengine.config import context_cut
+
+    def cfg(model: str, max_model_len: int) -> Any:
+        return SimpleNamespace(deployment=SimpleNamespace(model=model, max_model_len=max_model_len))
+
+    reqs = [SimpleNamespace(prompt_len=p, output_len=100) for p in (1000, 3000, 5000)]  # 1,100, 3,100 and 5,100
+    assert context_cut(cfg("llama-3.1-8b", 4096), cfg("tiny", 2048), reqs) == (
+        "--model tiny: max_model_len 4,096 cut to its context of 2,048 tokens: 1 of 3 requests need more and are "
+        "rejected on the engine (`servesim run` runs them)")
+    assert context_cut(cfg("llama-3.1-8b", 4096), cfg("tiny", 2048), reqs[::2]) is None  # both runs reject 5,100
 
 
 def test_cli_engine_run_with_quantized_weights(tmp_path: Path) -> None:
