@@ -491,8 +491,6 @@ def apply_override(d: dict[str, Any], key: str, value: Any) -> None:
         raise ScenarioError(f"{key}: no variant's {head} has the key {rest[-1]!r}")
 
 
-# sections a variant may have and the defaults may not (the file refuses a default disaggregation): --set reaches
-# the variants that have one, as it reaches those whose policy has a key
 def _args_givers(sections: list[Any], rest: list[str]) -> set[int] | None:
     """For a key under a class's ``args`` (``policy.args.age_s``: a free mapping whose keys the constructor names),
     the ids of the sections whose args give that key already: when any does, only they take it (a sweep over one
@@ -505,6 +503,8 @@ def _args_givers(sections: list[Any], rest: list[str]) -> set[int] | None:
     return given or None
 
 
+# sections a variant may have and the defaults may not (the file refuses a default disaggregation): --set reaches
+# the variants that have one, as it reaches those whose policy has a key
 _VARIANT_ONLY = tuple(k for k in Variant.model_fields if k not in Scenario.model_fields)
 
 
