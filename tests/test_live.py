@@ -336,7 +336,8 @@ def test_observe_sends_a_class_priority_as_vllms_field(stub, tmp_path):
     scenario = tmp_path / "s.yaml"
     scenario.write_text(SCENARIO.replace("num_requests: 24", "num_requests: 8").replace(
         "  output_len: {type: uniform, min: 2, max: 12}\n",
-        "  output_len: {type: uniform, min: 2, max: 12}\n  classes:\n    - {name: hi, share: 0.5, priority: 0}\n"
+        "  output_len: {type: uniform, min: 2, max: 12}\n  classes:\n"
+        "    - {name: hi, share: 0.5, priority: 0, slo: {ttft: 0.000001}}\n"
         "    - {name: lo, share: 0.5, priority: 2}\n"))
     out = tmp_path / "obs"
     res = _cli("observe", str(scenario), "--endpoint", endpoint, "-o", str(out), "-q", "--scrape-interval", "0",
@@ -350,7 +351,13 @@ def test_observe_sends_a_class_priority_as_vllms_field(stub, tmp_path):
     assert sent == sorted(s.priority for s in generate_workload(sc).requests) and set(sent) == {0, 2}
     assert not any("priority" in b for b in stub.servers[0].RequestHandlerClass.bodies if b.get("priority", 0) == 0)
     # a client cannot see the server's steps: its busy time is unknown, not the 0.0% its empty steps gave
-    assert json.loads((out / "summary.json").read_text())["variants"]["live-tiny"]["busy_fraction"] is None
+    summary = json.loads((out / "summary.json").read_text())["variants"]["live-tiny"]
+    assert summary["busy_fraction"] is None
+    # the classes reach the run: requests.csv's class columns, each class's block, and hi's own TTFT bound (1 us:
+    # none meets it) judged where observe judged every request by the scenario's SLOs (none here: all good)
+    assert {r["slo_class"] for r in _requests(out)} == {"hi", "lo"}
+    assert set(summary["classes"]) == {"hi", "lo"} and summary["classes"]["hi"]["slo_attainment"] == 0.0
+    assert summary["classes"]["lo"]["num_completed"] == summary["classes"]["lo"]["num_requests"] > 0
     assert "GPU busy 0.0%" not in " ".join(res.stdout.split())
 
 

@@ -81,6 +81,14 @@ class Observed:
     session_id: int = -1
     success: bool = False
     error: str = ""
+    # the request's class, as the workload gave it (RequestSpec's fields; SLOs in seconds, -1: no bound): the run's
+    # per-class figures and each class's own SLOs read them (observe dropped them, judging every request by the
+    # scenario's SLOs alone)
+    priority: int = 0
+    tenant: str = ""
+    slo_class: str = ""
+    ttft_slo: float = -1.0
+    tpot_slo: float = -1.0
 
 
 @dataclass
@@ -258,7 +266,10 @@ async def observe_async(run: ObserveRun, specs: list[RequestSpec], *, model: str
 
         async def send(spec: RequestSpec) -> None:
             rec = Observed(spec.id, spec.arrival, prompt_tokens=spec.prompt_len, target=spec.output_len,
-                           session_id=-1 if spec.session_id is None else spec.session_id)
+                           session_id=-1 if spec.session_id is None else spec.session_id, priority=spec.priority,
+                           tenant=spec.tenant, slo_class=spec.slo_class,
+                           ttft_slo=-1.0 if spec.ttft_slo is None else spec.ttft_slo,
+                           tpot_slo=-1.0 if spec.tpot_slo is None else spec.tpot_slo)
             run.results[spec.id] = rec
             try:
                 await _one(session, url, payloads[spec.id], rec, t0, timeout)
@@ -350,26 +361,31 @@ def observed_result(run: ObserveRun, name: str, config: dict | None = None):
     """The observation as a ``RunResult`` (every request record, the pooled ITL gaps; no steps: the server's steps
     are not visible from outside)."""
     from sim.loop.results import pooled_gaps
-    from sim.metrics.records import STEP_COLUMNS, RequestRecord, RunResult
+    from sim.metrics.records import NO_CLASS, STEP_COLUMNS, RequestRecord, RunResult, has_classes
 
     records = []
     gaps: list[float] = []
+    per_class: dict[str, list[float]] = {}
     for rec in sorted(run.results.values(), key=lambda r: r.id):
         sent = max(rec.sent, 0.0)
         first = sent + rec.ttft if rec.output_tokens > 0 and (rec.success or rec.ttft > 0) else -1.0
         finish = sent + rec.latency if rec.success else (sent + rec.latency if rec.latency > 0 else sent)
         records.append(RequestRecord(rec.id, sent, -1.0, first, finish, rec.prompt_tokens, rec.output_tokens,
                                      rec.target, 0, "completed" if rec.success else "failed", rec.error, 0,
-                                     rec.session_id))
+                                     rec.session_id, priority=rec.priority, tenant=rec.tenant,
+                                     slo_class=rec.slo_class, ttft_slo=rec.ttft_slo, tpot_slo=rec.tpot_slo))
         if rec.success:
             gaps.extend(rec.itl)
+            per_class.setdefault(rec.slo_class or NO_CLASS, []).extend(rec.itl)
     uniq, counts = pooled_gaps(np.asarray(gaps, dtype=float), np.ones(len(gaps), dtype=np.int64))
+    class_itl = {name: pooled_gaps(np.asarray(g, dtype=float), np.ones(len(g), dtype=np.int64))
+                 for name, g in per_class.items()} if has_classes(records) else None
     start = min((r.arrival for r in records), default=0.0)
     end = max((r.finish for r in records), default=0.0)
     steps: dict[str, np.ndarray] = {k: np.zeros(0, dtype=t) for k, t in STEP_COLUMNS.items()}
     return RunResult(name=name, requests=records, steps=steps, itl_gaps=uniq, itl_counts=counts,
                      duration=max(end - start, 0.0), peak_flops=0.0, kv_capacity_blocks=0, block_size=0,
-                     config=config)
+                     config=config, class_itl=class_itl)
 
 
 def client_overhead(run: ObserveRun) -> dict[str, Any]:
