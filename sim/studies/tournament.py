@@ -46,7 +46,7 @@ p50_ttft ...       ttft.p50 / p99 / mean (s)               reference.latency
 p50_e2e ...        e2el.p50 / p99 / mean (s)               reference.latency
 p50_tpot ...       tpot.p50 / p99 / mean (s)               reference.tpot
 slo_attainment     slo_attainment (fraction)               as it is
-jain_index         fairness.jain_index (while backlogged)  as it is
+jain_index         fairness.jain_index (see below)         as it is
 =================  ======================================  ==============================
 
 BLIS's keys are the first eight (throughput, tokens_per_sec, and p50/p99/mean of TTFT and E2E); goodput, TPOT,
@@ -54,7 +54,8 @@ SLO attainment and Jain's index are servesim's. BLIS's latency reference is 1 ms
 decisions; an LLM's TTFT and E2EL are seconds, where 1 ms maps every latency below 0.001 and throughput alone
 decides, so servesim's default is 1 s (TPOT, tens of milliseconds, has its own: 50 ms). Its throughput
 references are BLIS's. Weights are finite and >= 0, not all 0; goodput and slo_attainment need SLOs in the
-scenario, jain_index tenants.
+scenario, jain_index tenants. jain_index is Jain's index of the tenants' service while backlogged, or of their
+shares of demand served where that is lower (a tenant whose every request is refused is never backlogged).
 """
 
 from __future__ import annotations
