@@ -763,6 +763,8 @@ def main() -> None:
     ap.add_argument("--max-iter", type=int, default=4)
     ap.add_argument("--robust", type=float, default=0.1, help="soft-L1 scale of the log errors (0: plain squares)")
     args = ap.parse_args()
+    if args.write_intervals and args.fit:  # the fit prints no intervals: the flag was dropped after minutes of it
+        ap.exit(2, "error: --write-intervals writes the report's intervals; --fit runs no report\n")
     data = [p / DATA.name if p.is_dir() else p for p in args.data or [DATA, OWN_DATA]]
     for p in data:
         if not p.is_file():

@@ -124,6 +124,22 @@ def test_write_intervals_puts_the_reports_figures_in_place(tmp_path):
         bench.interval_constants({k: v for k, v in by_class.items() if k != "E2E"})
 
 
+def test_write_intervals_beside_fit_is_refused(monkeypatch, capsys):
+    """--fit runs the held-out calibration and no report, so --write-intervals beside it was dropped without a word
+    (after the fit's minutes); it is refused first, exit 2, as beside the options that change the report's rows."""
+    bench = _bench()
+
+    def fit(*_args):
+        raise AssertionError("the fit ran")
+
+    monkeypatch.setattr(bench, "fit", fit)
+    monkeypatch.setattr(sys, "argv", ["bench_published.py", "--fit", "--write-intervals"])
+    with pytest.raises(SystemExit) as e:
+        bench.main()
+    assert e.value.code == 2
+    assert capsys.readouterr().err == "error: --write-intervals writes the report's intervals; --fit runs no report\n"
+
+
 def test_readme_states_the_intervals_servesim_applies():
     """The README's table of published errors prints each class's 80% interval and coverage; they must be those of
     sim/metrics/intervals.py, which `run --interval`, `validate --against` and `plan` apply."""
