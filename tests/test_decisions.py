@@ -171,3 +171,19 @@ def test_a_traced_core_never_takes_the_policys_quick_plan(monkeypatch) -> None:
 
     assert run(None) > 0  # (untraced, the same core takes quick plans: the test would otherwise prove nothing)
     assert run(DecisionTrace()) == 0
+
+
+def test_each_run_says_how_many_rows_it_wrote_under_the_files_cap() -> None:
+    # The cap is decisions.jsonl's, shared by the variants; each variant's summary gave the file's running total
+    # as its own rows_written: naive-vs-continuous -n 20 --trace-max-rows 5 read 5 for both variants, where the
+    # file held 5 rows, all naive's
+    one = DecisionTrace()
+    simulate(SKEWED, round_robin(), one)
+    trace = DecisionTrace(max_rows=one.rows_written + 10)
+    got = []
+    for name in ("a", "b", "c"):
+        trace.begin(name)
+        simulate(SKEWED, round_robin(), trace, name=name)
+        got.append(summary(trace, None)["rows_written"])
+    assert got == [one.rows_written, 10, 0]
+    assert Counter(r["variant"] for r in trace.rows) == {"a": one.rows_written, "b": 10}

@@ -108,7 +108,8 @@ class DecisionTrace:
     max_rows: int = DEFAULT_MAX_ROWS
     variant: str = ""
     rows: list[dict] = field(default_factory=list)
-    rows_written: int = 0
+    rows_written: int = 0  # by every run so far: the cap is the file's
+    rows_before: int = 0  # rows_written when this run began (its own rows are the difference)
     counts: Counter = field(default_factory=Counter)
     reasons: dict[str, Counter] = field(default_factory=dict)
     routes: list[RouteDecision] = field(default_factory=list)
@@ -118,6 +119,7 @@ class DecisionTrace:
     def begin(self, variant: str) -> None:
         """A new run: the counts and routes start again (the rows written so far stay)."""
         self.variant = variant
+        self.rows_before = self.rows_written
         self.counts = Counter()
         self.reasons = {}
         self.routes = []
@@ -363,7 +365,7 @@ def summary(trace: DecisionTrace, regret_rows: Sequence[dict] | None, k: int = D
     """The trace of one run in a few numbers: decisions per kind, the top reasons per kind, and the routing
     regret (re-simulated where ``regret_rows`` are given, else the estimate only), with the worst decisions."""
     out: dict[str, Any] = {
-        "rows_written": trace.rows_written, "max_rows": trace.max_rows,
+        "rows_written": trace.rows_written - trace.rows_before, "max_rows": trace.max_rows,
         "counts": dict(sorted(trace.counts.items())),
         "top_reasons": {kind: [[why, n] for why, n in sorted(c.items(), key=lambda x: (-x[1], x[0]))[:5]]
                         for kind, c in sorted(trace.reasons.items())},
