@@ -87,6 +87,9 @@ def test_the_winner_of_each_load_is_the_best_mean_fitness(tmp_path: Path) -> Non
     assert [m.group(1) for x in table if (m := re.search(r"(\S+) \*\s", x))] == list(best.values())
     assert set(best.values()) != {t.policies[0]}  # the first listed does not win by default
     assert (out / "tournament.html").read_text().count("<tr class='win'>") == 2
+    # the closing line names every file in the folder (it left out the runs' sweep.json and sweep.html)
+    wrote = next(x for x in lines if x.startswith("wrote "))
+    assert sorted(wrote.split(": ", 1)[1].split(", ")) == sorted(p.name for p in out.iterdir())
 
 
 def test_priority_beats_fcfs_on_the_interactive_class_ttft_under_overload(tmp_path: Path) -> None:

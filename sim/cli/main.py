@@ -435,7 +435,8 @@ def tournament(
         f"{out_dir}/")
     typer.echo(format_standings(t, res.standings), nl=False)
     typer.echo(f"{t.name}: {counted(res.runs, 'run')} ({res.ran} run now, {res.resumed} already done)")
-    typer.echo(f"wrote {res.out_dir}/: tournament.csv, tournament.json, tournament.html, sweep.csv")
+    typer.echo(f"wrote {res.out_dir}/: tournament.csv, tournament.json, tournament.html, sweep.csv, sweep.json, "
+               "sweep.html")
 
 
 @app.command("check-policy")
