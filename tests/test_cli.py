@@ -588,3 +588,17 @@ def test_an_option_that_is_a_scenario_key_points_to_set(given: list[str], line: 
     assert res.exit_code == 2 and line in " ".join(res.output.split()), res.output
     other = CliRunner().invoke(app, ["run", scenario, "--verbose"])
     assert other.exit_code == 2 and "No such option: --verbose" in other.output and "--set" not in other.output
+
+
+def test_the_engines_time_scale_says_which_clock_it_is_on() -> None:
+    # `engine run` and `validate` run the engine on its virtual clock, which skips idle gaps and counts only the
+    # steps' measured time; --time-scale's help said "a * X wall seconds", so a user expected a wall-paced replay
+    import typer.main
+
+    root = typer.main.get_command(app)
+    for path in (("engine", "run"), ("validate",)):
+        cmd = root
+        for name in path:
+            cmd = cmd.commands[name]  # type: ignore[attr-defined]
+        [opt] = [p for p in cmd.params if p.name == "time_scale"]
+        assert "wall" not in opt.help and "engine's clock" in opt.help and "skipped" in opt.help, path

@@ -48,6 +48,11 @@ from sim.words import counted
 HELP_MARKUP = None
 DECISIONS_PARTIAL = ".decisions.jsonl.partial"  # its rows while the run goes
 
+# the engine runs on its virtual clock (realengine.engine.run_engine): it neither sleeps through idle gaps nor
+# counts other processes' time, so an arrival's time is on that clock, not the wall's (the help said wall seconds)
+TIME_SCALE_HELP = ("Arrival a comes at a * X seconds of the engine's clock (its measured step times; an idle gap "
+                   "is skipped, not waited through).")
+
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
@@ -495,7 +500,7 @@ def engine_run(
     out: Path | None = _path_option("--out", "-o", help="Run folder to write (default: runs/NAME-engine)."),
     model: str | None = typer.Option(None, "--model", help="Replace the scenario's model (e.g. tiny)."),
     num_requests: int | None = typer.Option(None, "--num-requests", "-n", help="Override workload.num_requests."),
-    time_scale: float = typer.Option(1.0, "--time-scale", help="Arrival a comes at a * X wall seconds."),
+    time_scale: float = typer.Option(1.0, "--time-scale", help=TIME_SCALE_HELP),
     num_gpu_blocks: int | None = typer.Option(
         None, "--num-gpu-blocks", help="KV cache blocks (default: sized as vLLM does on CUDA, capped on CPU)."
     ),
@@ -952,7 +957,7 @@ def validate(
     model: str | None = typer.Option(None, "--model", help="Model the engine runs in place of the scenario's "
                                      "(default: the scenario's, which must be the profile's)."),
     num_requests: int | None = typer.Option(None, "--num-requests", "-n", help="Override workload.num_requests."),
-    time_scale: float = typer.Option(1.0, "--time-scale", help="Arrival a comes at a * X wall seconds."),
+    time_scale: float = typer.Option(1.0, "--time-scale", help=TIME_SCALE_HELP),
     num_gpu_blocks: int | None = typer.Option(None, "--num-gpu-blocks", help="KV cache blocks of every variant "
                                                  "(default: the engine's sizing)."),
     threads: int | None = typer.Option(None, "--threads", help="torch CPU threads (default: the profile's)."),
