@@ -289,13 +289,16 @@ def scenario_with(scenario: str | os.PathLike | Mapping[str, Any], overrides: Ma
 
 
 def _unpredicted(prepared: Any) -> list[str]:
-    """``VARIANT: note`` for each variant whose user's policy reads predicted_output_len without a predictor."""
-    from sim.loop.build import build
+    """``VARIANT: note`` for each variant whose user's policy reads predicted_output_len without a predictor, and
+    whose policy orders by prefix-cache hits without prefix caching (lpm)."""
+    from sim.loop.build import build, uncached_note
     from sim.policies.user import UserPolicy
 
     notes = []
     for _, _, cfgs in prepared.plans[:1]:  # the first sweep point's variants: the same classes at every point
         for cfg in cfgs:
+            if (note := uncached_note(cfg)) is not None:
+                notes.append(f"{cfg.name}: {note}")
             if getattr(cfg.policy, "type", None) == "custom" and cfg.cluster is None and cfg.disaggregation is None:
                 policy = build(cfg)[0]
                 if isinstance(policy, UserPolicy) and (note := policy.unpredicted()) is not None:

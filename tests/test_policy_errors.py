@@ -667,3 +667,36 @@ def test_a_policy_slower_than_its_steps_is_said(tmp_path: Path) -> None:
     assert float(m[3]) >= 5.0 and int(m[4]) > 25
     fast = _run(tmp_path, "sim.policies.queue:FCFSPolicy")
     assert fast.returncode == 0 and "policy's own" not in fast.stderr, fast.stderr
+
+
+def test_the_run_says_when_a_policy_orders_by_prefix_hits_no_cache_keeps(tmp_path: Path) -> None:
+    """lpm (SGLang's longest prefix match) without prefix caching: every request shows 0 cached tokens, so it
+    served first come first served, and a comparison of lpm with fcfs showed no difference without a word. The
+    same for a class of one's own that reads num_cached_tokens."""
+    import warnings
+
+    import servesim
+
+    (tmp_path / "mine.py").write_text("import servesim\n\n\nclass CacheFirst(servesim.QueuePolicy):\n"
+                                      "    def schedule(self, view):\n        self.kv = view.kv\n"
+                                      "        return super().schedule(view)\n\n    def rank(self, req):\n"
+                                      "        return (-self.kv.num_cached_tokens(req), req.arrival, req.id)\n")
+    scenario = SCENARIO.format(cls="", extra="").split("policy:")[0] + (
+        "variants:\n  - {name: lpm, policy: {type: lpm}}\n"
+        "  - {name: lpm-cached, policy: {type: lpm}, kv_cache: {type: paged, enable_prefix_caching: true}}\n"
+        "  - {name: mine, policy: {type: custom, cls: 'mine.py:CacheFirst'}}\n")
+    (tmp_path / "s.yaml").write_text(scenario)
+    p = subprocess.run([sys.executable, "-m", "sim.cli.main", "run", str(tmp_path / "s.yaml"), "-q", "--out",
+                        str(tmp_path / "out")], capture_output=True, text=True, timeout=300, cwd=HERE.parent)
+    assert p.returncode == 0, p.stderr
+    keeps = "(kv_cache: {type: paged, enable_prefix_caching: true} keeps them)"
+    lpm = ("lpm: lpm orders by prefix-cache hits, but the KV cache keeps no prefixes: every request shows 0 cached "
+           f"tokens, so it serves first come first served {keeps}")
+    mine = ("mine: policy CacheFirst reads num_cached_tokens, but the KV cache keeps no prefixes: every request shows "
+            f"0 cached tokens {keeps}")
+    lines = p.stderr.splitlines()
+    assert lpm in lines and mine in lines and not any(s.startswith("lpm-cached:") for s in lines), p.stderr
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        servesim.run(str(tmp_path / "s.yaml"), num_requests=5)
+    assert lpm in [str(w.message) for w in caught]

@@ -64,8 +64,8 @@ app = typer.Typer(
 def _user_policy_lines(cfgs: list) -> list[str]:
     """One line per variant whose policy is a user's class (``type: custom``), saying when the core asks it (its
     describe() runs here: a bad one raises ScenarioError before any run), and one where it reads a prediction
-    nothing makes."""
-    from sim.loop.build import user_policy
+    nothing makes or prefix-cache hits no cache keeps."""
+    from sim.loop.build import uncached_note, user_policy
 
     lines: list[str] = []
     for cfg in cfgs:
@@ -73,6 +73,8 @@ def _user_policy_lines(cfgs: list) -> list[str]:
             lines.append(f"{cfg.name}: {policy.capabilities()}")
             if (note := policy.unpredicted()) is not None:
                 lines.append(f"{cfg.name}: {note}")
+        if (note := uncached_note(cfg)) is not None:
+            lines.append(f"{cfg.name}: {note}")
     return lines
 
 

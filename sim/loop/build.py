@@ -230,3 +230,21 @@ def user_policy(cfg: VariantConfig) -> Any:
         return None
     policy = build(cfg)[0]
     return policy if isinstance(policy, UserPolicy) else None
+
+
+def uncached_note(cfg: VariantConfig) -> str | None:
+    """A note when the variant's policy orders by prefix-cache hits (``lpm``, or a user's class that reads
+    ``num_cached_tokens``) while its KV cache keeps no prefixes: every request then shows 0 cached tokens, and lpm
+    served first come first served without a word (as SGLang turns lpm into fcfs when its radix cache is off)."""
+    from sim.policies.user import reads
+
+    if getattr(engine_kv_cache(cfg.kv_cache, cfg.deployment.engine), "enable_prefix_caching", False):
+        return None
+    if getattr(cfg.policy, "type", None) == "lpm":
+        who, then = "lpm orders by prefix-cache hits", ", so it serves first come first served"
+    elif (policy := user_policy(cfg)) is not None and reads(type(policy.user), "num_cached_tokens"):
+        who, then = f"policy {policy.name} reads num_cached_tokens", ""
+    else:
+        return None
+    return (f"{who}, but the KV cache keeps no prefixes: every request shows 0 cached tokens{then} (kv_cache: "
+            "{type: paged, enable_prefix_caching: true} keeps them)")
