@@ -295,6 +295,7 @@ def validate_variant(cfg: VariantConfig, workload, profile_path: str | Path, *, 
     sim, _, _ = simulate_variant(sim_cfg, wl_scaled, name=real.name)
     rs, ss = summarize(real), summarize(sim)
     rs["energy"] = measured_energy(memory, real.name, rs["total_output_tokens"])
+    rs["device"] = device  # as `servesim engine run` records it: its report's busy time is a CPU's on a CPU
     out = VariantValidation(real.name, blocks, real, sim, rs, ss, compare(rs, ss), memory=memory)
     if before is not None and after is not None and probe.base:
         out.machine_slowdown = float(np.sqrt(before * after)) / probe.base

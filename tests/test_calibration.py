@@ -380,6 +380,10 @@ def test_a_validation_folder_is_written_whole_or_left_as_it_was(tmp_path: Path, 
     assert memory[0] == ",".join(MEMORY_COLUMNS) and len(memory) > 1
     assert all(row.split(",")[0] in {v.name for v in val.variants} for row in memory[1:])
     assert not (out / "sim" / "memory.csv").exists()
+    # and the device its steps ran on, as `servesim engine run` records it (a0ee107): its report said "GPU busy"
+    engine = json.loads((out / "engine" / "summary.json").read_text())["variants"]
+    assert {s["device"] for s in engine.values()} == {"cpu"}
+    assert "CPU busy" in (out / "engine" / "report.html").read_text()
 
     def interrupted(v):
         raise KeyboardInterrupt
