@@ -210,7 +210,7 @@ class UserPolicy(Policy):
     """Runs a public-API policy inside the core (see the module docstring)."""
 
     __slots__ = ("user", "limits", "admission", "predictor", "ttft_slo", "name", "may_repeat", "uses_decode_group",
-                 "_views", "seconds", "asks")
+                 "_views", "seconds", "asks", "cudagraph_capture_sizes")
 
     def __init__(self, user: Any, limits: Limits, admission: Admission | None = None,
                  predictor: api.Predictor | None = None) -> None:
@@ -223,6 +223,10 @@ class UserPolicy(Policy):
         self.admission = admission
         self.predictor = predictor
         self.ttft_slo: float | None = None  # the scenario's TTFT SLO, for views of requests whose class has none
+        # the decode batch sizes the engine replays CUDA graphs for (sim/engines/sched.py configure_policy; the
+        # core pads a decode step to the next one): the engine's, whoever schedules. Empty: unpadded, as a policy
+        # on the public API always ran, so under vllm-v1 a priority variant priced cheaper steps than continuous
+        self.cudagraph_capture_sizes: tuple[int, ...] = ()
         self.name = type(user).__name__
         dep = frozenset(getattr(user, "depends_on", api.Policy.depends_on))
         # the core may repeat an all-decode step without asking only when the policy said nothing but arrivals
