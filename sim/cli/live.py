@@ -273,7 +273,7 @@ def register(app: typer.Typer) -> None:
         if info["failures"]:
             typer.echo("failed requests: " + ", ".join(f"{k}: {v}" for k, v in info["failures"].items()), err=True)
         if run.partial:
-            typer.echo(f"partial run: {info['requests_sent']} of {len(specs)} requests sent", err=True)
+            typer.echo(f"partial run: {info['requests_sent']} of {counted(len(specs), 'request')} sent", err=True)
         typer.echo(_wrote(out_dir, written))
         if run.partial:
             raise typer.Exit(130)

@@ -500,7 +500,9 @@ class Simulation:
             limit = rep.core.limits.max_num_batched_tokens
             long = [r for r in rep.core.waiting if r.prompt_len - r.num_computed_tokens > limit]
             if long:
-                return (f"; {len(long)} waiting requests have more prompt tokens left than max_num_batched_tokens "
+                have = "has" if len(long) == 1 else "have"
+                return (f"; {counted(len(long), 'waiting request')} {have} more prompt tokens left than "
+                        "max_num_batched_tokens "
                         f"({limit}): a policy that does not chunk prompts never fits them in a step (raise "
                         "max_num_batched_tokens, or chunk them)")
         return ""
