@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import signal
+import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 from hypothesis import HealthCheck, settings
@@ -119,3 +122,45 @@ def screen(stderr: str) -> list[str]:
         if "".join(cells).strip():
             lines.append("".join(cells).rstrip())
     return lines
+
+
+@dataclass(frozen=True)
+class Ran:
+    """What ``servesim`` did, with subprocess.CompletedProcess's names."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def servesim(*args: str, cwd: Path | str | None = None, env: dict[str, str] | None = None,
+             timeout: float = 300) -> Ran:
+    """``python -m sim.cli.main ARGS`` run in this process (typer's CliRunner), in ``cwd`` with ``env`` added to the
+    environment. A subprocess pays an interpreter and the imports (torch's too, for the engine's commands) on every
+    call, about 1 to 3 s of CPU; tests about the process itself (signals, its exit, sys.path, resource limits) still
+    start one. As from a process: an exception the command lets out reaches stderr as Python writes it (exit 1), so
+    a test that no traceback reaches the terminal still holds; and a command still running after ``timeout`` seconds
+    fails (a TimeoutError raised in it), so a hang fails as subprocess.run's timeout made it."""
+    from typer.testing import CliRunner
+
+    from sim.cli.main import app
+
+    def _expired(signum: int, frame: object) -> None:
+        raise TimeoutError(f"servesim {' '.join(args)}: still running after {timeout} s")
+
+    before = Path.cwd()
+    handler = signal.signal(signal.SIGALRM, _expired)
+    signal.setitimer(signal.ITIMER_REAL, timeout)
+    try:
+        if cwd is not None:
+            os.chdir(cwd)
+        res = CliRunner().invoke(app, [str(a) for a in args], env=env)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, handler)
+        os.chdir(before)
+    stderr = res.stderr
+    if res.exception is not None and not isinstance(res.exception, SystemExit):
+        assert res.exc_info is not None
+        stderr += "".join(traceback.format_exception(*res.exc_info))
+    return Ran(res.exit_code, res.stdout, stderr)

@@ -18,6 +18,7 @@ from sim.loop.run import simulate_variant
 from sim.output.benchfiles.common import BenchRun
 from sim.output.benchfiles.stats import run_stats
 from sim.output.benchfiles.validate import rebuild_workload
+from tests.conftest import servesim
 
 DATA = Path(__file__).parent / "data" / "bench"
 ROOT = Path(__file__).parent.parent
@@ -87,20 +88,16 @@ def test_holdout_errors_and_profile_used_by_a_scenario(cfg, tmp_path: Path) -> N
 def test_one_file_is_refused_and_cli_errors_exit_2(cfg, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="at least 2"):
         calibrate_from_bench(cfg, measured_runs(cfg, n=10)[:1])
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    base = [sys.executable, "-m", "sim.cli.main", "calibrate", "--from-bench", str(DATA / "vllm_detailed.json"),
-            "--model", "llama-3.1-8b"]
-    r = subprocess.run(base, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    base = ["calibrate", "--from-bench", str(DATA / "vllm_detailed.json"), "--model", "llama-3.1-8b"]
+    r = servesim(*base, cwd=tmp_path)
     assert r.returncode == 2 and "--from-bench needs --gpu" in r.stderr and "Traceback" not in r.stderr
-    r = subprocess.run([*base, "--gpu", "a100-80gb", "--knobs", "speed"], capture_output=True, text=True, env=env,
-                       cwd=tmp_path, timeout=300)
+    r = servesim(*base, "--gpu", "a100-80gb", "--knobs", "speed", cwd=tmp_path)
     assert r.returncode == 2 and "--knobs: unknown speed" in r.stderr
     prof = str(ROOT / "calibration" / "profiles" / "tiny-cpu.json")
-    r = subprocess.run([*base, "--profile", prof], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    r = servesim(*base, "--profile", prof, cwd=tmp_path)
     assert r.returncode == 2 and "--from-bench --profile needs --scenario" in r.stderr
-    r = subprocess.run([*base, "--from-bench", str(DATA / "vllm_detailed.json"), "--profile", prof, "--scenario",
-                        str(ROOT / "calibration" / "scenarios" / "validate-tiny.yaml"), "--variant", "nope"],
-                       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    r = servesim(*base, "--from-bench", str(DATA / "vllm_detailed.json"), "--profile", prof, "--scenario",
+                 str(ROOT / "calibration" / "scenarios" / "validate-tiny.yaml"), "--variant", "nope", cwd=tmp_path)
     assert r.returncode == 2 and "--variant 'nope': the scenario has static, continuous, chunked, preempt" in r.stderr
 
 
@@ -113,10 +110,8 @@ def test_the_gpu_defaults_to_the_scenarios(tmp_path: Path) -> None:
         f = tmp_path / f"rate{rate:g}.json"
         f.write_text(json.dumps(data | {"request_rate": rate}))
         files.append(str(f))
-    r = subprocess.run([sys.executable, "-m", "sim.cli.main", "calibrate", "--from-bench", *files, "--scenario",
-                        str(DATA / "scenario.yaml"), "--holdout-every", "0", "--out", "knobs.json"],
-                       capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=tmp_path,
-                       timeout=300)
+    r = servesim("calibrate", "--from-bench", *files, "--scenario", str(DATA / "scenario.yaml"), "--holdout-every",
+                 "0", "--out", "knobs.json", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     prof = json.loads((tmp_path / "knobs.json").read_text())
     assert (prof["model"], prof["gpu"]) == ("llama-3.1-8b", "a100-80gb")
@@ -219,22 +214,19 @@ def test_from_bench_fits_the_model_the_benchmarks_served_not_the_engines_default
     # Before: without --model, --from-bench fitted the knobs on the engine calibration's default model, tiny, even
     # with a --scenario of llama-3.1-8b (its model was overwritten): a profile for 'tiny' whose step overhead made
     # up for the missing 8 billion parameters, and no word about it.
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     files = two_rate_files(tmp_path)
-    base = [sys.executable, "-m", "sim.cli.main", "calibrate", *files, "--gpu", "a100-80gb", "--holdout-every", "0"]
+    base = ["calibrate", *files, "--gpu", "a100-80gb", "--holdout-every", "0"]
 
     def fit(*args: str) -> dict:
-        r = subprocess.run([*base, *args, "-o", str(tmp_path / "k.json")], capture_output=True, text=True, env=env,
-                           cwd=tmp_path, timeout=300)
+        r = servesim(*base, *args, "-o", str(tmp_path / "k.json"), cwd=tmp_path)
         assert r.returncode == 0, r.stderr
         return json.loads((tmp_path / "k.json").read_text())
 
-    r = subprocess.run(base, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    r = servesim(*base, cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.strip() == (
         "error: --from-bench needs --model (the model the benchmarks served) or --scenario")
     # Before: nan was refused as "needs files at that load and at others", a value with none
-    r = subprocess.run([*base, "--model", "llama-3.1-8b", "--holdout-load", "nan"], capture_output=True, text=True,
-                       env=env, cwd=tmp_path, timeout=300)
+    r = servesim(*base, "--model", "llama-3.1-8b", "--holdout-load", "nan", cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.strip() == (
         "error: --holdout-load must be a finite number > 0 (requests/s or concurrency), got nan"), r.stderr
     by_scenario = fit("--scenario", str(DATA / "scenario.yaml"))
@@ -285,10 +277,8 @@ def test_a_holdout_that_leaves_one_file_to_fit_is_refused(cfg) -> None:
 def test_each_modes_options_are_refused_in_the_other(tmp_path: Path, args: list[str], message: str) -> None:
     # Before: calibrate --from-bench dropped the engine's --repeats, --dtype, --device... and the engine's
     # calibration dropped --scenario, --knobs, --holdout-every, --profile, running without them, exit 0.
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    r = subprocess.run([sys.executable, "-m", "sim.cli.main", "calibrate", *args, "--model", "tiny", "--gpu",
-                        "a100-80gb", "-o", str(tmp_path / "p.json")], capture_output=True, text=True, env=env,
-                       cwd=tmp_path, timeout=300)
+    r = servesim("calibrate", *args, "--model", "tiny", "--gpu", "a100-80gb", "-o", str(tmp_path / "p.json"),
+                 cwd=tmp_path)
     assert r.returncode == 2 and message in r.stderr, r.stderr
     assert "Traceback" not in r.stderr and not (tmp_path / "p.json").exists()
 
@@ -319,17 +309,13 @@ def test_a_failed_write_leaves_the_previous_profile_whole(tmp_path: Path) -> Non
 def test_a_file_given_twice_is_refused(tmp_path: Path) -> None:
     # Before: the same file under two spellings was read twice and the fit weighted it double (exit 0, "fitted
     # on 2 runs"); validate --against compared it twice.
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     files = two_rate_files(tmp_path)
     again = ["--from-bench", f"./{Path(files[1]).name}"]
-    r = subprocess.run([sys.executable, "-m", "sim.cli.main", "calibrate", *files, *again, "--gpu", "a100-80gb",
-                        "--scenario", str(DATA / "scenario.yaml"), "--holdout-every", "0", "-o", "k.json"],
-                       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    r = servesim("calibrate", *files, *again, "--gpu", "a100-80gb", "--scenario", str(DATA / "scenario.yaml"),
+                 "--holdout-every", "0", "-o", "k.json", cwd=tmp_path)
     assert (r.returncode, r.stderr) == (2, f"error: r4.json: given twice (also as {files[1]})\n")
     assert not (tmp_path / "k.json").exists()
-    r = subprocess.run([sys.executable, "-m", "sim.cli.main", "validate", str(DATA / "scenario.yaml"), "--against",
-                        files[1], files[1], "--out", "v"], capture_output=True, text=True, env=env, cwd=tmp_path,
-                       timeout=300)
+    r = servesim("validate", str(DATA / "scenario.yaml"), "--against", files[1], files[1], "--out", "v", cwd=tmp_path)
     assert (r.returncode, r.stderr) == (2, f"error: {files[1]}: given twice\n")
     assert not (tmp_path / "v").exists()
 
@@ -341,10 +327,8 @@ def test_an_unwritable_profile_path_is_refused_before_the_fit(tmp_path: Path, ou
     # file where a folder of the path should be.
     (tmp_path / "d").mkdir()
     (tmp_path / "f").write_text("x")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    r = subprocess.run([sys.executable, "-m", "sim.cli.main", "calibrate", *two_rate_files(tmp_path), "--gpu",
-                        "a100-80gb", "--scenario", str(DATA / "scenario.yaml"), "--holdout-every", "0", "-o", out],
-                       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    r = servesim("calibrate", *two_rate_files(tmp_path), "--gpu", "a100-80gb", "--scenario", str(DATA / "scenario.yaml"),
+                 "--holdout-every", "0", "-o", out, cwd=tmp_path)
     assert (r.returncode, r.stderr, r.stdout) == (2, f"error: {message}\n", "")
 
 
@@ -352,10 +336,8 @@ def test_an_unwritable_profile_path_is_refused_before_the_fit(tmp_path: Path, ou
 def test_a_folder_that_takes_no_file_is_refused_before_the_measuring(tmp_path: Path) -> None:
     # Before: `calibrate --model tiny --out /proc/x.json` measured the engine for 13 s (minutes on a GPU grid), then
     # "cannot write"; a folder that exists but takes no file (read-only, /proc) passed the check above
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    r = subprocess.run([sys.executable, "-m", "sim.cli.main", "calibrate", "--model", "tiny", "--repeats", "1", "-q",
-                        "-o", "/proc/servesim-profile.json"], capture_output=True, text=True, env=env, cwd=tmp_path,
-                       timeout=300)
+    r = servesim("calibrate", "--model", "tiny", "--repeats", "1", "-q", "-o", "/proc/servesim-profile.json",
+                 cwd=tmp_path)
     assert r.returncode == 2 and r.stdout == ""  # "calibrated tiny on cpu ..." came first
     assert r.stderr.startswith("error: --out /proc/servesim-profile.json: cannot write in /proc: ")
 
@@ -363,11 +345,9 @@ def test_a_folder_that_takes_no_file_is_refused_before_the_measuring(tmp_path: P
 def test_a_field_a_file_could_not_give_is_said_before_the_fit(tmp_path: Path) -> None:
     # Before: a request_rate of -3 was skipped without a word and the file fitted as every request at t=0
     # (validate --against lists the same line in its report)
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     data = json.loads((DATA / "vllm_detailed.json").read_text())
     (tmp_path / "bad.json").write_text(json.dumps({**data, "request_rate": -3}))
-    r = subprocess.run([sys.executable, "-m", "sim.cli.main", "calibrate", *two_rate_files(tmp_path), "--from-bench",
-                        "bad.json", "--gpu", "a100-80gb", "--scenario", str(DATA / "scenario.yaml"), "--holdout-every",
-                        "0", "-o", "k.json"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    r = servesim("calibrate", *two_rate_files(tmp_path), "--from-bench", "bad.json", "--gpu", "a100-80gb", "--scenario",
+                 str(DATA / "scenario.yaml"), "--holdout-every", "0", "-o", "k.json", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert r.stderr.splitlines()[0] == "skipped: bad.json: request_rate: not a positive number or 'inf'"

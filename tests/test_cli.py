@@ -19,6 +19,7 @@ from sim.cli.main import app
 from sim.config.scenario import parse_scenario
 from sim.config.schema import ScenarioError
 from sim.loop.run import prepare_scenario
+from tests.conftest import servesim
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -285,9 +286,8 @@ def test_time_scale_is_checked_alike_wherever_arrivals_meet_the_wall_clock(tmp_p
     # Before: observe let --time-scale inf through (`not v >= 0`) and waited forever for the first arrival; the
     # engine and validate had checks of their own, one line each (sim.workload.arrivals.time_scale_problem now).
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(VALID))
-    r = subprocess.run([sys.executable, "-m", "sim.cli.main", *[a.format(s=tmp_path / "s.yaml") for a in command],
-                        "--time-scale", value, "--out", str(tmp_path / "out")], capture_output=True, text=True,
-                       cwd=ROOT, timeout=120)
+    r = servesim(*[a.format(s=tmp_path / "s.yaml") for a in command], "--time-scale", value, "--out",
+                 str(tmp_path / "out"), cwd=ROOT, timeout=120)
     assert (r.returncode, r.stderr) == (2, f"error: --time-scale must be a finite number >= 0, got {value}\n")
     assert not (tmp_path / "out").exists()
 
