@@ -700,3 +700,18 @@ def test_the_run_says_when_a_policy_orders_by_prefix_hits_no_cache_keeps(tmp_pat
         warnings.simplefilter("always")
         servesim.run(str(tmp_path / "s.yaml"), num_requests=5)
     assert lpm in [str(w.message) for w in caught]
+
+
+def test_a_policy_that_never_preempts_is_told_why_it_stalled(tmp_path: Path) -> None:
+    """Running requests that fill the KV cache while the policy preempts none: the stall said "a policy never
+    schedules them?", though it had scheduled them all; it now names the full cache and the missing preemption."""
+    (tmp_path / "bad_policies.py").write_text((POLICIES / "bad_policies.py").read_text())
+    sc = tmp_path / "s.yaml"
+    sc.write_text(SCENARIO.format(cls="bad_policies.py:NeverPreempts", extra="").replace(
+        "max_model_len: 1024}", "max_model_len: 256, num_gpu_blocks: 24}"))
+    p = subprocess.run([sys.executable, "-m", "sim.cli.main", "run", str(sc), "--out", str(tmp_path / "out"), "-q"],
+                       capture_output=True, text=True, timeout=300, cwd=HERE.parent)
+    assert p.returncode == 2, p.stderr
+    assert "policy NeverPreempts: simulation stalled: " in p.stderr, p.stderr
+    assert ("running requests hold 24 of 24 KV blocks and none has a free block for its next token: a policy that "
+            "never preempts (plan.preempt) stops when the KV cache fills") in p.stderr, p.stderr

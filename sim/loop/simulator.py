@@ -490,7 +490,19 @@ class Simulation:
             raise StalledError(
                 f"simulation stalled: {counted(unfinished, 'request')} without outcome, "
                 f"{len(self.specs) - sent} never sent (a policy never schedules them?){self._too_long_to_run()}"
+                f"{self._kv_full()}"
             )
+
+    def _kv_full(self) -> str:
+        """Why a stalled run's running requests never finished: none has a free block for its next token, so a
+        policy that preempts nobody waits for blocks no request will give back."""
+        for rep in self.replicas:
+            kv, running = rep.core.kv, rep.core.running
+            if running and all(kv.blocks_needed(r, 1) > kv.num_free_blocks for r in running):
+                return (f"; {counted(len(running), 'running request')} {'holds' if len(running) == 1 else 'hold'} "
+                        f"{kv.num_used_blocks} of {kv.num_blocks} KV blocks and none has a free block for its next "
+                        "token: a policy that never preempts (plan.preempt) stops when the KV cache fills")
+        return ""
 
     def _too_long_to_run(self) -> str:
         """Why a stalled run's waiting requests may never have been scheduled: prompts longer than the step's token

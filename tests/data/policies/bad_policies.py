@@ -406,3 +406,21 @@ class SlowToPlan(FCFSPolicy):
     def schedule(self, view):
         time.sleep(0.005)
         return super().schedule(view)
+
+
+class NeverPreempts(servesim.Policy):
+    """Running requests first, then waiting ones while their prompt fits; nobody is ever preempted: once the
+    running requests fill the KV cache none gets its next token, and the stall named no cause but "a policy never
+    schedules them?"."""
+
+    def schedule(self, view):
+        plan = servesim.Plan()
+        budget = view.kv.budget()
+        for r in view.running:
+            if budget.allocate(r, 1 if not r.is_prefill else r.num_remaining):
+                plan.schedule(r, 1 if not r.is_prefill else r.num_remaining)
+        slots = view.limits.max_num_seqs - len(view.running)
+        for r in view.waiting[:max(slots, 0)]:
+            if budget.allocate(r, r.num_remaining):
+                plan.schedule(r, r.num_remaining)
+        return plan
