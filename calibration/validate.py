@@ -212,17 +212,18 @@ def _check_scenario_model(cfg: VariantConfig, name: str) -> None:
                             f"{name}: give --model {name} to replay the workload on {name}, or a profile of {label}")
 
 
-def prepare(scenario_path: str | Path, overrides: dict[str, Any] | None = None) -> tuple[Scenario, list[VariantConfig],
-                                                                                          dict[str, Any]]:
-    """Scenario, variants and each variant's workload (by name: a variant with workload keys of its own replays
-    its own requests, as ``servesim run`` and ``engine run`` replay them; validate replayed the scenario's for
-    every variant), with every input problem as a ``ScenarioError``."""
+def prepare(scenario_path: str | Path, overrides: dict[str, Any] | None = None, variant: str | None = None,
+            ) -> tuple[Scenario, list[VariantConfig], dict[str, Any]]:
+    """Scenario, variants (every one, or the one named ``variant``) and each variant's workload (by name: a variant
+    with workload keys of its own replays its own requests, as ``servesim run`` and ``engine run`` replay them;
+    validate replayed the scenario's for every variant), with every input problem as a ``ScenarioError``."""
     from sim.loop.run import generate_workload
+    from sim.output.benchfiles.validate import chosen_variants
 
     sc, _ = load_scenario(scenario_path, overrides)
     if sc.sweep:
         raise ScenarioError("sweeps are not supported by `servesim validate`; validate one point (--set)")
-    cfgs = variant_configs(sc)
+    cfgs = chosen_variants(variant_configs(sc), variant)
     wls = {cfg.name: generate_workload(sc, cfg.workload) for cfg in cfgs}
     if any(wl.closed_loop is not None for wl in wls.values()):
         raise ScenarioError("workload: closed-loop workloads are not supported by the engine yet")
@@ -307,8 +308,9 @@ def validate_variant(cfg: VariantConfig, workload, profile_path: str | Path, *, 
 
 def validate(scenario_path: str | Path, profile_path: str | Path, *, device: str = "cpu", model: str | None = None,
              num_gpu_blocks: int | None = None, time_scale: float = 1.0, overrides: dict[str, Any] | None = None,
-             progress: bool = False, speed_probe: bool = True) -> Validation:
-    """Every variant of the scenario on the engine and in the simulator (see the module docstring). With
+             progress: bool = False, speed_probe: bool = True, variant: str | None = None) -> Validation:
+    """Every variant of the scenario (or the one named ``variant``) on the engine and in the simulator (see the
+    module docstring). With
     ``speed_probe`` (and a profile made by ``servesim calibrate``), the profile's reference step is timed around
     every engine run, and each variant also carries the comparison with the profile scaled by the slowdown."""
     import torch
@@ -324,7 +326,7 @@ def validate(scenario_path: str | Path, profile_path: str | Path, *, device: str
         raise ScenarioError(f"--num-gpu-blocks must be >= 1, got {num_gpu_blocks}")
     profile = load_profile(profile_path)
     name = resolve_model(profile, model)
-    sc, cfgs, wls = prepare(scenario_path, overrides)
+    sc, cfgs, wls = prepare(scenario_path, overrides, variant)
     why = time_scale_problem(time_scale, last_arrival=max((r.arrival for wl in wls.values() for r in wl.requests),
                                                           default=0.0))
     if why is not None:

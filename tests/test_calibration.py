@@ -394,3 +394,21 @@ def test_a_validation_folder_is_written_whole_or_left_as_it_was(tmp_path: Path, 
             cv.write_validation(folder, val)
     assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
     assert not (tmp_path / "new").exists()
+
+
+def test_validate_variant_picks_the_variant_the_engine_replays(tmp_path: Path) -> None:
+    # --variant's help said "with --against"; given to an engine validation it was ignored without a word (a name
+    # that no variant has too), and every variant ran on the engine
+    from typer.testing import CliRunner
+
+    from sim.cli.main import app
+
+    profile = str(ROOT / "calibration" / "profiles" / "tiny-cpu.json")
+    base = ["validate", str(SCENARIO), "--profile", profile, "-n", "4", "-q"]
+    res = CliRunner().invoke(app, [*base, "--variant", "nonexistent", "-o", str(tmp_path / "x")])
+    assert res.exit_code == 2 and "--variant nonexistent: no such variant (the scenario has static, continuous, " \
+        "chunked, preempt)" in res.output and "Traceback" not in res.output
+    res = CliRunner().invoke(app, [*base, "--variant", "chunked", "-o", str(tmp_path / "v")])
+    assert res.exit_code == 0, res.output
+    doc = json.loads((tmp_path / "v" / "validation.json").read_text())
+    assert list(doc["variants"]) == ["chunked"]

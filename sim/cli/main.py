@@ -952,8 +952,8 @@ def validate(
                                         help="Benchmark result files to compare with instead of the engine: vllm "
                                         "bench serve JSON, GuideLLM report, genai-perf export (repeatable; "
                                         "several files of one deployment are a load sweep)."),
-    variant: str | None = typer.Option(None, "--variant", help="With --against: the variant to simulate "
-                                       "(default: the first)."),
+    variant: str | None = typer.Option(None, "--variant", help="The variant to validate (default: every one; "
+                                       "with --against, the first)."),
     device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
     out: Path | None = _path_option("--out", "-o", help="Folder to write (default: runs/NAME-validation)."),
     model: str | None = typer.Option(None, "--model", help="Model the engine runs in place of the scenario's "
@@ -1000,7 +1000,7 @@ def validate(
             torch.set_num_threads(int(t))
         with _on_ctrl_c(f"replaying {scenario} on the engine and in the simulator"):
             val = run_validation(scenario, profile, device=device, model=model, num_gpu_blocks=num_gpu_blocks,
-                                 time_scale=time_scale, overrides=overrides,
+                                 time_scale=time_scale, overrides=overrides, variant=variant,
                                  progress=not quiet and sys.stderr.isatty())
     except ScenarioError as e:
         _fail(str(e))

@@ -249,6 +249,19 @@ def _note_rejected(source: str, variant: str, result: RunResult, notes: list[str
                  f"which the benchmark served ({why}): its metrics are over the {done} it completed")
 
 
+def chosen_variants(cfgs: list, name: str | None) -> list:
+    """The variant configs, or only the one named ``name`` (validate's --variant); an unknown name is a
+    ``ScenarioError`` naming the scenario's variants."""
+    from sim.config.schema import ScenarioError
+
+    if name is None:
+        return cfgs
+    mine = [c for c in cfgs if c.name == name]
+    if not mine:
+        raise ScenarioError(f"--variant {name}: no such variant (the scenario has {', '.join(c.name for c in cfgs)})")
+    return mine
+
+
 def validate_against(scenario_path: str | Path, files: list[str | Path], *, variant: str | None = None,
                      overrides: dict[str, Any] | None = None, seed: int | None = None,
                      profile: str | Path | None = None) -> BenchValidation:
@@ -258,18 +271,11 @@ def validate_against(scenario_path: str | Path, files: list[str | Path], *, vari
 
     from sim.config.deployment import FittedCost
     from sim.config.scenario import load_scenario, variant_configs
-    from sim.config.schema import ScenarioError
     from sim.loop.run import simulate_variant
     from sim.metrics.intervals import bench_interval, no_interval_reason
 
     sc, _ = load_scenario(scenario_path, overrides)
-    cfgs = variant_configs(sc)
-    if variant is not None:
-        names = ", ".join(c.name for c in cfgs)
-        cfgs = [c for c in cfgs if c.name == variant]
-        if not cfgs:
-            raise ScenarioError(f"--variant {variant}: no such variant (the scenario has {names})")
-    cfg = cfgs[0]
+    cfg = chosen_variants(variant_configs(sc), variant)[0]
     assumed = []
     if sc.sweep:
         assumed.append("the scenario's sweep is ignored: the variant is simulated as written (servesim sweep runs "
