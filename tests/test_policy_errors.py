@@ -184,6 +184,21 @@ def test_a_swap_past_the_free_blocks_exits_2(tmp_path: Path, cls: str, swap_spac
     assert "Traceback" not in p.stderr and not (tmp_path / "out").exists()
 
 
+def test_a_module_whose_own_import_fails_is_not_called_missing(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """cls 'module:Class' for a module that is there but imports one that is not was 'no such module', with the
+    hint to name it as a file (affc9f0): the user was sent looking for a file that exists."""
+    from sim.policies.loader import load_class
+
+    (tmp_path / "needs_a_dep.py").write_text("import no_such_dependency_xyz  # noqa: F401\n\n\nclass P:\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ValueError) as e:
+        load_class("needs_a_dep:P")
+    assert str(e.value) == "needs_a_dep: importing it raised ModuleNotFoundError: No module named 'no_such_dependency_xyz'"
+    with pytest.raises(ValueError, match=r"^not_there_xyz: no such module .*: 'not_there_xyz.py:P'$"):
+        load_class("not_there_xyz:P")
+
+
 def test_a_policy_file_imports_a_module_beside_it(tmp_path: Path) -> None:
     """``from helpers import key`` in my_policy.py, helpers.py beside it: ModuleNotFoundError under the servesim
     command, whose sys.path holds its bin folder (here: the repository root, the subprocess's working folder), not

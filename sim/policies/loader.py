@@ -139,6 +139,10 @@ def load_class(spec: str) -> type:
         try:
             module = importlib.import_module(target)
         except ModuleNotFoundError as e:
+            if e.name is not None and e.name != target and not target.startswith(e.name + "."):
+                # the module is there and its own import of another failed: "no such module" sent the user to
+                # look for a file that exists
+                raise ValueError(f"{target}: importing it {exception_text(e)}") from None
             # "policies:Mine" for the policies.py beside the scenario (vLLM's --scheduler-cls takes a module path):
             # the message named no other way
             raise ValueError(f"{target}: no such module ({e}); a file of your own is named by its path: "
