@@ -181,10 +181,11 @@ def run_engine(
     reference_seconds: float | None = None,
 ) -> tuple[RunResult, list[Request], ServingCore]:
     """Run one variant on the real model, replaying ``workload`` (a ``GeneratedWorkload`` or a list of
-    ``RequestSpec``) against the wall clock; arrival ``a`` comes at ``a * time_scale`` seconds after the start.
+    ``RequestSpec``) on the run's ``clock`` (below; virtual by default, not the wall's); arrival ``a`` comes at
+    ``a * time_scale`` seconds of that clock after the start.
 
-    Returns ``(result, requests, core)`` like ``sim.loop.run.simulate_variant``; every time in them is wall-clock
-    seconds since the start. ``memory_samples``: a list the memory samples (dicts of ``MEMORY_COLUMNS``) are
+    Returns ``(result, requests, core)`` like ``sim.loop.run.simulate_variant``; every time in them is seconds of
+    that clock since the start. ``memory_samples``: a list the memory samples (dicts of ``MEMORY_COLUMNS``) are
     appended to. ``max_wall_s``: requests still in flight then end ``failed`` and unsent ones are dropped.
     ``failures``: cancellations, request errors and out-of-memory steps to inject (``sim.serving.failures``); default:
     the workload's own (a scenario's ``workload.failures``), taken between steps as the simulator takes them.
