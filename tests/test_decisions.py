@@ -146,6 +146,9 @@ def test_run_trace_bad_values_exit_2(tmp_path: Path) -> None:
     assert_clean_error(result, out, "--trace must be decisions")
     result, out = invoke(tmp_path, CLUSTER, args=("--trace", "decisions", "--trace-max-rows", "0"))
     assert_clean_error(result, out, "--trace-max-rows must be >= 1")
+    # without --trace it capped nothing and the run exited 0, no trace written: the option was dropped unsaid
+    result, out = invoke(tmp_path, CLUSTER, args=("--trace-max-rows", "5"))
+    assert_clean_error(result, out, "--trace-max-rows caps the rows of --trace decisions, which is not given")
 
 
 def test_a_traced_core_never_takes_the_policys_quick_plan(monkeypatch) -> None:

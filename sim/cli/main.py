@@ -109,8 +109,9 @@ def run(
                                      "schedule, preemption and routing decision, with routing regret) and a "
                                      "decisions block per variant in summary.json; the fast path is off, so "
                                      "the run is slower."),
-    trace_max_rows: int = typer.Option(200_000, "--trace-max-rows", help="Rows decisions.jsonl holds at most "
-                                       "(decisions past it are counted in the summary, not written)."),
+    trace_max_rows: int | None = typer.Option(None, "--trace-max-rows", help="With --trace decisions: rows "
+                                              "decisions.jsonl holds at most (default 200,000; decisions past it "
+                                              "are counted in the summary, not written)."),
 ) -> None:
     """Simulate every variant of a scenario on the same workload; print the comparison, write the run folder."""
     from sim.loop.run import prepare_scenario, run_scenario, write_scenario_run
@@ -124,7 +125,9 @@ def run(
         _fail(f"--format must be csv or parquet, got {table_format!r}")
     if trace not in (None, "decisions"):
         _fail(f"--trace must be decisions, got {trace!r}")
-    if trace_max_rows < 1:
+    if trace_max_rows is not None and trace is None:  # it was dropped without a word: no trace was written
+        _fail("--trace-max-rows caps the rows of --trace decisions, which is not given")
+    if trace_max_rows is not None and trace_max_rows < 1:
         _fail(f"--trace-max-rows must be >= 1, got {trace_max_rows}")
     if table_format == "parquet":
         from sim.output.parquet_out import pyarrow_missing
@@ -168,7 +171,7 @@ def run(
         except OSError as e:
             _fail(f"--out {out_dir}: cannot write the run folder: {e.strerror or e}")
             return
-        decisions = DecisionTrace(sink, max_rows=trace_max_rows)
+        decisions = DecisionTrace(sink) if trace_max_rows is None else DecisionTrace(sink, max_rows=trace_max_rows)
     with _quiet_numpy():
         try:
             try:
