@@ -304,7 +304,7 @@ def test_cli_sweep_shows_progress_on_stderr_unless_quiet(tmp_path: Path) -> None
     shown = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "a")])
     assert shown.exit_code == 0, shown.output
     # the header once every point is checked, as the runs start
-    header = f"naive-vs-continuous: 2 points x 2 variant(s) = 4 runs -> {tmp_path / 'a'}/\n"
+    header = f"naive-vs-continuous: 2 points x 2 variants = 4 runs -> {tmp_path / 'a'}/\n"
     checking, runs = shown.stderr.index("naive-vs-continuous: checking points:"), shown.stderr.index(header)
     assert checking < runs < shown.stderr.index("naive-vs-continuous: runs:") and "/2 [" in shown.stderr
     assert "/4 [" in shown.stderr

@@ -232,7 +232,8 @@ def test_a_failing_run_clears_the_progress_bars_before_its_error(tmp_path: Path)
     res = CliRunner().invoke(app, ["tournament", str(spec), "--out", str(tmp_path / "out"), "-j", "1"])
     assert res.exit_code == 2 and "checking points" in res.stderr and "runs:" in res.stderr, res.stderr
     shown = screen(res.stderr)
-    assert shown[0] == f"t: 2 policies x 2 loads x 1 seeds = 4 runs -> {tmp_path / 'out'}/", res.stderr
+    assert shown[0] == f"t: 2 policies x 2 loads x 1 seed = 4 runs -> {tmp_path / 'out'}/", res.stderr  # '1 seeds'
+
     assert shown[1].startswith("error: variant 'bad[workload.arrival.rate="), res.stderr
     assert shown[-1] == "RuntimeError: boom", res.stderr
 

@@ -407,8 +407,8 @@ def sweep(
     variants = max(1, len(sc.variants))
     res = _with_bars(sc.name, out_dir, quiet, functools.partial(
         run_sweep, sc, raw, out_dir, source=str(scenario), executor=executor, workers=workers, address=address,
-        fresh=fresh), f"{sc.name}: {points:,} points x {variants} variant(s) = {points * variants:,} runs -> "
-        f"{out_dir}/")
+        fresh=fresh), f"{sc.name}: {counted(points, 'point', fmt=',')} x {counted(variants, 'variant')} = "
+        f"{counted(points * variants, 'run', fmt=',')} -> {out_dir}/")
     typer.echo(format_sweep_table(res.table), nl=False)
     typer.echo(f"{sc.name}: {counted(res.runs, 'run')} ({res.ran} run now, {res.resumed} already done)")
     typer.echo(f"wrote {res.out_dir}/: sweep.csv, sweep.json, sweep.html")
@@ -429,7 +429,7 @@ def tournament(
     goodput, latency percentiles and fairness per load with the winner of each, and write OUT/tournament.html.
     The runs stream to OUT/sweep.csv; an interrupted tournament resumes. The spec's keys: docs in
     sim/studies/tournament.py."""
-    from sim.studies.tournament import format_standings, load_spec, run_tournament
+    from sim.studies.tournament import format_standings, load_spec, run_tournament, tournament_shape
 
     _parallel_options(executor, workers, address)
     try:
@@ -441,8 +441,7 @@ def tournament(
     runs = len(t.policies) * len(t.loads) * len(t.spec.seeds)
     res = _with_bars(t.name, out_dir, quiet, functools.partial(
         run_tournament, t, out_dir, executor=executor, workers=workers, address=address, fresh=fresh),
-        f"{t.name}: {len(t.policies)} policies x {len(t.loads)} loads x {len(t.spec.seeds)} seeds = {runs:,} runs -> "
-        f"{out_dir}/")
+        f"{t.name}: {tournament_shape(t)} = {counted(runs, 'run', fmt=',')} -> {out_dir}/")
     typer.echo(format_standings(t, res.standings), nl=False)
     typer.echo(f"{t.name}: {counted(res.runs, 'run')} ({res.ran} run now, {res.resumed} already done)")
     typer.echo(f"wrote {res.out_dir}/: tournament.csv, tournament.json, tournament.html, sweep.csv, sweep.json, "

@@ -80,6 +80,7 @@ from sim.config.scenario_messages import format_validation, yaml_error
 from sim.config.schema import Scenario, ScenarioError
 from sim.config.yaml_limits import MAX_SCENARIO_BYTES, safe_load_limited, unshared
 from sim.studies.sweep import METRICS, WORKLOAD, column, read_rows, run_sweep
+from sim.words import counted
 from sim.workload.arrivals import TraceArrival
 
 # fitness key -> (sweep.csv column, how it maps to [0, 1]: the reference it is divided by, "" for a fraction)
@@ -214,6 +215,12 @@ class Tournament:
 
     def load_label(self, load: float) -> str:
         return f"x{load:g}" if self.unit == "x" else f"{load:g} req/s"
+
+
+def tournament_shape(t: Tournament) -> str:
+    """"4 policies x 8 loads x 3 seeds", each count with its noun in its number ("1 seed", not "1 seeds")."""
+    return (f"{counted(len(t.policies), 'policy', 'policies')} x {counted(len(t.loads), 'load')} x "
+            f"{counted(len(t.spec.seeds), 'seed')}")
 
 
 def _fail(source: str, message: str) -> ScenarioError:
@@ -512,8 +519,8 @@ def write_standings_html(path: Path, t: Tournament, sts: Sequence[Standing]) -> 
         f"<td>{html.escape(s.policy)}</td>" + "".join(f"<td>{html.escape(_cell(s.figures[c], k))}</td>"
                                                       for _, c, k in shown) + "</tr>" for s in sts)
     fit = t.spec.fitness
-    notes = (f"<p>Scenario <b>{html.escape(t.scenario.name)}</b>; {len(t.policies)} policies x {len(t.loads)} loads "
-             f"x {len(t.spec.seeds)} seeds (seeds {', '.join(map(str, t.spec.seeds))}): every policy served the "
+    notes = (f"<p>Scenario <b>{html.escape(t.scenario.name)}</b>; {html.escape(tournament_shape(t))} "
+             f"(seeds {', '.join(map(str, t.spec.seeds))}): every policy served the "
              f"very same requests at each (load, seed). Fitness weights: "
              f"{html.escape(', '.join(f'{k} {v:g}' for k, v in fit.weights.items()))}; references: "
              f"{html.escape(', '.join(f'{k} {v:g}' for k, v in fit.reference.model_dump().items()))}.</p>")
