@@ -4,8 +4,6 @@ decode admission bounded by its KV, bad input, and the lesson's published range 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +16,7 @@ from sim.hardware.models import ModelSpec
 from sim.loop.disagg.config import LINK_PRESETS, DisaggConfig, KVLinkConfig
 from sim.loop.disagg.kv_transfer import KVLink, kv_bytes
 from sim.loop.run import generate_workload, run_scenario, simulate_variant
+from tests.conftest import servesim
 
 ROOT = Path(__file__).resolve().parent.parent
 LESSON = ROOT / "scenarios" / "lesson-disaggregation.yaml"
@@ -144,8 +143,7 @@ def test_bad_disaggregation_input_is_one_clear_error(tmp_path: Path) -> None:
                            ({"decode": {"deployment": {"kv_dtype": "fp8"}}}, "kv_dtype")):
         p = tmp_path / "bad.yaml"
         p.write_text(yaml.safe_dump(_raw(disagg)))
-        proc = subprocess.run([sys.executable, "-m", "sim.cli.main", "run", str(p), "-o", str(tmp_path / "out")],
-                              capture_output=True, text=True, cwd=ROOT)
+        proc = servesim("run", str(p), "-o", str(tmp_path / "out"), cwd=ROOT)
         assert proc.returncode == 2, proc.stderr
         assert needle in proc.stderr and "Traceback" not in proc.stderr
 
@@ -350,8 +348,7 @@ def test_workload_failures_are_refused_at_load(tmp_path: Path) -> None:
     raw["workload"]["failures"] = {"fraction": 0.1, "after": {"type": "fixed", "value": 0.5}}
     p = tmp_path / "f.yaml"
     p.write_text(yaml.safe_dump(raw))
-    proc = subprocess.run([sys.executable, "-m", "sim.cli.main", "run", str(p), "-o", str(tmp_path / "o")],
-                          capture_output=True, text=True, cwd=ROOT)
+    proc = servesim("run", str(p), "-o", str(tmp_path / "o"), cwd=ROOT)
     assert proc.returncode == 2 and "workload.failures" in proc.stderr and "Traceback" not in proc.stderr
 
 

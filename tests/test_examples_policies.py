@@ -7,14 +7,13 @@ from __future__ import annotations
 import ast
 import csv
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
 import servesim
+from tests.conftest import servesim as servesim_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples" / "policies"
@@ -23,8 +22,7 @@ POLICIES = sorted(EXAMPLES.glob("*.py"))
 
 
 def _run(scenario: Path, out: Path) -> dict:
-    p = subprocess.run([sys.executable, "-m", "sim.cli.main", "run", str(scenario), "--out", str(out), "-q"],
-                       capture_output=True, text=True, timeout=300, cwd=ROOT)
+    p = servesim_cli("run", str(scenario), "--out", str(out), "-q", cwd=ROOT)
     assert p.returncode == 0, p.stderr
     return json.loads((out / "summary.json").read_text())["variants"]
 
