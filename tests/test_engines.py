@@ -183,6 +183,39 @@ def test_vllm_v0_prefill_first_and_its_budget() -> None:
     assert (policy.limits.max_num_batched_tokens, policy.limits.max_num_seqs) == (max(MML, 2048), 256)
 
 
+@pytest.mark.parametrize(("engine", "gpu", "tp", "nvls"), [
+    ("vllm-v0", "h100-sxm", 8, True), ("vllm-v1", "h200", 4, True), ("vllm-v0", "h100-sxm", 2, False),
+    ("vllm-v1", "h100-nvl", 4, False), ("vllm-v0", "a100-80gb", 8, False), ("sglang", "h100-sxm", 8, False)])
+def test_nccl_nvls_buffers_come_out_of_vllms_kv_cache(engine: str, gpu: str, tp: int, nvls: bool,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """vllm#9699: on NVSwitch Hopper machines NCCL's NVLS buffers (more than 2 GPUs) take about 4.95 GiB a GPU that
+    vLLM's memory profile counts before it sizes the KV cache; not at TP 2, not on the H100 NVL (NVLink bridges, no
+    NVSwitch) nor the A100 (no NVLS), not under SGLang (NVLS off by default, sgl-project/sglang#631). dstack's
+    Llama-3.1-405B FP8 at TP 8 on 8x H100 SXM under vLLM 0.6: 226,944 tokens of KV before, 144,560 with it."""
+    from sim.engines.base import NVLS_BYTES
+    from sim.engines.vllm_v0 import VllmV0
+    from sim.engines.vllm_v1 import VllmV1
+
+    def kv() -> tuple[int, int]:
+        raw = {"name": "t", "workload": {"arrival": {"type": "all_at_once"}, "num_requests": 1,
+                                         "prompt_len": {"type": "fixed", "value": 8},
+                                         "output_len": {"type": "fixed", "value": 8}},
+               "deployment": {"model": "llama-3.1-405b-fp8" if tp == 8 else "llama-3.1-70b", "gpu": gpu,
+                              "tensor_parallel_size": tp, "weight_dtype": "fp8", "max_model_len": 91680,
+                              "engine": engine}}
+        budget = build(variant_configs(parse_scenario(raw, "t"))[0])[3].budget
+        return budget.num_gpu_blocks, budget.kv_bytes_per_block
+
+    blocks, per_block = kv()
+    monkeypatch.setattr(VllmV0, "nccl_nvls", False)
+    monkeypatch.setattr(VllmV1, "nccl_nvls", False)
+    without, _ = kv()
+    # floor(kv / block) less floor((kv - NVLS) / block): NVLS's whole blocks, or one more
+    assert without - blocks in ((NVLS_BYTES // per_block, NVLS_BYTES // per_block + 1) if nvls else (0,))
+    if (engine, gpu, tp) == ("vllm-v0", "h100-sxm", 8):
+        assert (blocks * 16, without * 16) == (144_560, 226_944)
+
+
 def test_policy_keys_win_over_the_engine() -> None:
     policy, *_ = _built("tensorrt-llm", policy={"type": "continuous", "max_num_seqs": 64,
                                                "capacity_scheduler_policy": "max_utilization"})

@@ -56,6 +56,15 @@ VERSION_KEY = EngineKey(("version",), "version is vllm-v0's (0.5 or 0.6) and lmd
                         "{name} follows one release")
 
 
+# NCCL's NVLink SHARP (NVLS): on NVSwitch machines of H100 and later NCCL turns it on for more than 2 GPUs, and its
+# buffers take GPU memory that vLLM's memory profile counts (non-torch allocations) before it sizes the KV cache.
+# vllm-project/vllm#9699 (2024-10-25): Llama-3.1-405B at TP 8 on 8x H200, 17,595 KV blocks with NVLS and 227xx with
+# NCCL_NVLS_ENABLE=0, 1,032,192 bytes a block a GPU: 4.9-5.0 GiB a GPU. The H100 SXM's NVSwitch is the H200's.
+NVLS_BYTES = int(4.95 * GiB)
+NVLS_MIN_GPUS = 2  # "NVLS is only enabled for n > 2 GPUs"
+NVLS_GPUS = ("h100-sxm", "h200")
+
+
 class Engine:
     """One serving engine's rules. Subclasses set ``name`` and override the hooks where the engine differs."""
 
@@ -79,6 +88,11 @@ class Engine:
     # slot or blocks (vLLM V0's _schedule_priority_preemption); False: only a running request short of blocks
     # preempts (vLLM V1). The policy's preempt_for_waiting, where the scenario leaves it out.
     priority_preempts_for_waiting: bool = True
+    # a waiting request starts only when the blocks of all the tokens it must compute are free beside this share of
+    # the KV blocks, and takes them at once (vLLM V0's block manager); None: blocks as its chunks need them (V1)
+    whole_prompt_watermark: float | None = None
+    # NCCL's NVLink SHARP buffers count in the engine's memory profile (vLLM): see NVLS_BYTES
+    nccl_nvls: bool = False
 
     # ---- scheduler defaults (sim/engines/registry.py apply_engine) ----
     def chunked_prefill(self, max_model_len: int) -> bool:
@@ -127,7 +141,12 @@ class Engine:
     def kv_budget(self, cfg: Any, model: ModelSpec, gpu: GPUSpec, **kw: Any) -> KVBudget:
         """The KV cache one GPU gets; ``kw`` are ``sim.hardware.kv_budget.kv_budget``'s keywords. Default: vLLM's
         rule (vllm/worker/worker.py determine_num_available_blocks, vllm/v1/worker/gpu_worker.py
-        determine_available_memory): ``gpu_memory_utilization x total - weights - profiled peak activations``."""
+        determine_available_memory): ``gpu_memory_utilization x total - weights - profiled peak activations``,
+        less NCCL's NVLS buffers where ``nccl_nvls`` and the machine has them (``NVLS_BYTES``; in the budget's
+        activation reserve)."""
+        nvls = self.nccl_nvls and kw.get("tensor_parallel_size", 1) > NVLS_MIN_GPUS and gpu.name in NVLS_GPUS
+        if nvls and kw.get("activation_reserve_bytes") is None:
+            kw = kw | {"activation_reserve_bytes": self.step_activations(model, kw) + NVLS_BYTES}
         return kv_budget(model, gpu, **kw)
 
     def kv_budget_of(self, model: ModelSpec, gpu: GPUSpec, kw: dict[str, Any], weights: int, reserve: int,

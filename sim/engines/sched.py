@@ -68,9 +68,13 @@ def configure_kv(kv: KVManager, engine: Any) -> KVManager:
 
 
 def configure_policy(policy: Any, engine: Any) -> Any:
-    """The engine's scheduler behaviours that the policy's own config does not name: vLLM 0.6's multi-step."""
+    """The engine's scheduler behaviours that the policy's own config does not name: vLLM 0.6's multi-step, V0's
+    whole-prompt admission."""
     if engine_of(engine).prefill_priority(engine) and hasattr(policy, "prefill_priority"):
         policy.prefill_priority = True
+    watermark = engine_of(engine).whole_prompt_watermark
+    if watermark is not None and hasattr(policy, "whole_prompt_watermark"):
+        policy.whole_prompt_watermark = watermark
     if hasattr(policy, "cudagraph_capture_sizes"):
         policy.cudagraph_capture_sizes = capture_sizes(engine, policy.limits.max_num_seqs)
     steps = getattr(engine, "num_scheduler_steps", None)

@@ -40,6 +40,11 @@ VLLM_V06_HOST_TIME_RATIO = VLLM_V1_SPEEDUP_OVER_V06 - 1.0
 # stays whole
 VLLM_V0_DECODE_HOST_S = 4e-3
 VLLM_V0_DECODE_HOST_PER_ROW_S = (20e-3 - VLLM_V0_DECODE_HOST_S) / 200
+# vllm/core/block/... SelfAttnBlockSpaceManager (0.6; BlockSpaceManagerV1 alike): can_allocate counts the blocks of
+# every token of the waiting sequence (seq.get_token_ids(): a preempted one's outputs too) and answers LATER unless
+# free - required >= watermark_blocks = int(watermark x num_gpu_blocks), watermark 0.01; allocate() then takes them
+# all at admission, chunked prefill or not (vllm/core/scheduler.py _schedule_prefills)
+VLLM_V0_WATERMARK = 0.01
 
 
 class VllmV0(CudaGraphEngine):
@@ -50,6 +55,8 @@ class VllmV0(CudaGraphEngine):
             CudaGraphEngine.CUDA_GRAPH_KEYS, SAMPLER_KEYS)
     versions = ("0.5", "0.6")
     prefill_mode = "prefill_first"
+    whole_prompt_watermark = VLLM_V0_WATERMARK
+    nccl_nvls = True  # sim/engines/base.py NVLS_BYTES
 
     def chunked_prefill(self, max_model_len: int) -> bool:
         return max_model_len > VLLM_V0_AUTO_CHUNK_LEN

@@ -57,6 +57,7 @@ class VllmV1(CudaGraphEngine):
     # vLLM v1 turns prefix caching on by default (vllm/engine/arg_utils.py: enable_prefix_caching None becomes
     # True under V1) and hashes every full block of every prompt (vllm/v1/core/kv_cache_utils.py)
     caches_every_prompt_block = True
+    nccl_nvls = True  # sim/engines/base.py NVLS_BYTES
     # vllm/v1/core/sched/scheduler.py schedule(): the priority victim is chosen only when a running request's
     # allocate_slots fails; a waiting request that finds no slot or blocks stops the waiting loop and waits
     priority_preempts_for_waiting = False

@@ -29,6 +29,7 @@ from typing import ClassVar
 
 from sim.policies.base import Admission, Limits, Plan, Policy, View, plan_group, preempt_for, swap_back
 from sim.serving.kv_manager import KVBudget
+from sim.serving.request import Request
 
 _NONE: frozenset[int] = frozenset()  # no request rejected (schedule_arrival's case)
 
@@ -55,6 +56,12 @@ class ContinuousPolicy(Policy):
     # decode batch sizes the executor has CUDA graphs for (sim/engines/sched.py): a decode-only step is priced as
     # the next size up; (): unpadded. Read by the core, not by the plan.
     cudagraph_capture_sizes: tuple[int, ...] = ()
+    # vLLM V0's admission (sim/engines/sched.py): a waiting request starts only when the blocks of all the tokens
+    # it must compute (a recomputed request's outputs too) are free beside this share of the blocks, and takes
+    # them all in the step it starts (V0 allocates them then; later chunks here take theirs as they run); None: it
+    # takes blocks as its chunks need them (V1), so a request preempted for lack of blocks comes back as soon as
+    # its first chunk fits, and being the latest admitted, is the first preempted again
+    whole_prompt_watermark: float | None = None
 
     def __post_init__(self) -> None:
         if self.prefill_mode not in ("prefill_first", "mixed"):
@@ -238,17 +245,28 @@ class ContinuousPolicy(Policy):
                 if need > headroom:
                     break
                 headroom -= need
-            n = r.num_tokens - max(r.num_computed_tokens, view.kv.num_cached_tokens(r))
-            if self.enable_chunked_prefill:
-                n = min(n, tokens)
-            elif n > tokens:
+            whole = r.num_tokens - max(r.num_computed_tokens, view.kv.num_cached_tokens(r))
+            n = min(whole, tokens) if self.enable_chunked_prefill else whole
+            if n > tokens:
                 break
+            free, wm = budget.free, self.whole_prompt_watermark
+            if wm is not None and free - self._prompt_blocks(r, whole, view) < int(wm * view.kv.num_blocks):
+                break  # V0: LATER, its whole prompt does not fit beside the watermark
             if not budget.allocate(r, n):
                 break
+            if wm is not None:  # the rest of its prompt's blocks are its own from admission
+                budget.take(max(0, self._prompt_blocks(r, whole, view) - (free - budget.free)))
             plan.scheduled.append((r, n))
             tokens -= n
             num_seqs += 1
         return tokens
+
+    @staticmethod
+    def _prompt_blocks(r: Request, whole: int, view: View) -> int:
+        """The blocks a waiting request's ``whole`` prompt (the tokens it must compute) takes beyond the full blocks
+        it finds cached."""
+        bs = view.kv.block_size
+        return -(-r.num_tokens // bs) - (r.num_tokens - whole) // bs
 
     @staticmethod
     def _headroom(view: View) -> int:

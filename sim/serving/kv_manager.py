@@ -20,6 +20,11 @@ class KVBudget(Protocol):
     """A scratch copy of the free KV space that a policy spends while it plans a step. Spending it changes
     nothing real; the core then applies the plan to the real manager."""
 
+    @property
+    def free(self) -> int:
+        """KV blocks still free in this plan."""
+        ...
+
     def allocate(self, req: Request, num_new_tokens: int) -> bool:
         """Reserve room for ``num_new_tokens`` more tokens of ``req``; False (and nothing reserved) if none."""
         ...
