@@ -354,3 +354,36 @@ def test_run_sums_fed_in_pieces_equal_reduceat_of_the_whole(how: str) -> None:
         for lo in range(0, n, piece):
             sums.add(x[lo : lo + piece])
         assert np.array(sums.sums).tobytes() == whole.tobytes(), piece
+
+
+def test_the_report_reads_a_long_runs_log_once_for_its_windowed_amounts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inside step_events_kept (build_report), a long run's timeline and throughput figures window its busy time,
+    FLOPs, decode and prefill tokens in one pass over the log, and check its order and find its end once: they
+    read the log 13 times before (each amount and each check a pass of its own), and give the same figures."""
+    from collections import Counter
+
+    import sim.output.report.common as common
+    import sim.output.report.figures as figures
+    import sim.output.report.timeline_blocks as timeline_blocks
+    from sim.metrics.step_columns import step_blocks
+    from sim.output.report import step_events_kept
+
+    monkeypatch.setattr(records, "_CHUNK", 7)
+    run = run_scenario(prepare_scenario(parse_scenario({**SCENARIO, "variants": SCENARIO["variants"][:1]})))
+    (res,) = run.results
+    want = (figures.fig_timeline(res, max_points=200).to_json(), figures.fig_throughput([res], max_points=200).to_json())
+    passes: Counter[tuple[str, ...]] = Counter()
+
+    def counted(s, keys, rows=1000):
+        passes[tuple(keys)] += 1
+        return step_blocks(s, keys, rows)
+
+    monkeypatch.setattr(figures, "KEEP_EVENTS_MAX", 0)
+    for module in (common, timeline_blocks):
+        monkeypatch.setattr(module, "step_blocks", counted)
+    with step_events_kept():
+        got = (figures.fig_timeline(res, max_points=200).to_json(),
+               figures.fig_throughput([res], max_points=200).to_json())
+    assert got == want
+    assert passes[("start", "duration", *timeline_blocks.WINDOWED)] == 1
+    assert sum(passes.values()) == 6, passes  # end, order of starts, of steps, amounts, windows, peaks

@@ -78,7 +78,12 @@ def common_end(results: list[RunResult]) -> float:
 
 
 def run_end(result: RunResult) -> float:
-    """The end of the run's time axis: the last step's end, the last finish or the duration, whichever is last."""
+    """The end of the run's time axis: the last step's end, the last finish or the duration, whichever is last
+    (inside ``step_events_kept``, found once a run)."""
+    return _once("run_end", result, lambda: _run_end(result))
+
+
+def _run_end(result: RunResult) -> float:
     ends = [float(result.duration)]
     # the last step's end a block at a time: a long run's whole start and end columns were the report's peak
     last = [np.max(b["start"] + b["duration"]) for _, b in step_blocks(result.steps, ("start", "duration"))]
@@ -133,6 +138,29 @@ def amount_per_window(starts: np.ndarray, durations: np.ndarray, amounts: np.nda
     return np.diff(cum)
 
 
+# Inside ``step_events_kept``, what a pass over a long run's whole log found (``_once``): the report read each
+# log's starts about 20 times (its end five times, the order of its starts five), each pass expanding its chunks
+_kept_reads: dict[tuple[Any, int], tuple[Any, Any]] | None = None
+
+
+def keeping() -> bool:
+    """Whether this is inside ``step_events_kept`` (what ``_once`` finds is kept)."""
+    return _kept_reads is not None
+
+
+def _once(what: Any, of: Any, compute: Callable[[], Any]) -> Any:
+    """``compute()``, found once for ``what`` (a hashable name of what is computed) of the object ``of`` inside
+    ``step_events_kept`` (a run or its steps, which do not change while the report is made); outside, every
+    time."""
+    kept = _kept_reads
+    if kept is None:
+        return compute()
+    hit = kept.get((what, id(of)))
+    if hit is None or hit[0] is not of:  # (the object held with it: its id is not another's)
+        hit = kept[(what, id(of))] = (of, compute())
+    return hit[1]
+
+
 # Inside ``step_events_kept``, the last run's merged step times (``_placement``), reused while the report windows
 # further amounts over the same steps (it windows four: busy time and FLOPs, decode and prefill tokens); one run's
 # only and up to KEEP_EVENTS_MAX steps, so what it holds stays bounded (18 bytes a step)
@@ -144,12 +172,13 @@ KEEP_EVENTS_MAX = 1 << 20
 def step_events_kept() -> Iterator[None]:
     """Inside the block, the order of a run's step starts and ends is found once for all the amounts windowed
     over the same arrays of starts and durations (``amount_per_window``)."""
-    global _kept_events
+    global _kept_events, _kept_reads
     outer, _kept_events = _kept_events, [] if _kept_events is None else _kept_events
+    outer_reads, _kept_reads = _kept_reads, {} if _kept_reads is None else _kept_reads
     try:
         yield
     finally:
-        _kept_events = outer
+        _kept_events, _kept_reads = outer, outer_reads
 
 
 EVENT_ROWS = 1 << 16  # steps whose starts and ends _cum_in_chunks orders at a time
@@ -184,47 +213,66 @@ def _cum_in_chunks(s: np.ndarray, d: np.ndarray, a: np.ndarray, edges: np.ndarra
 def _cum_in_blocks(blocks: Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]], edges: np.ndarray) -> np.ndarray:
     """The cumulative amount at each edge (``np.interp(edges, times, at_times)`` of amount_per_window) for steps of
     positive duration that start in order and end in order, fed as consecutive blocks of (starts, durations,
+    amounts): ``_cums_in_blocks`` of one amount."""
+    return _cums_in_blocks(((s, d, (a,)) for s, d, a in blocks), edges, 1)[0]
+
+
+def _cums_in_blocks(blocks: Iterator[tuple[np.ndarray, np.ndarray, tuple[np.ndarray, ...]]], edges: np.ndarray,
+                    m: int) -> list[np.ndarray]:
+    """``_cum_in_blocks`` of ``m`` amounts of the same steps at once, fed as blocks of (starts, durations, the
     amounts), with the events (each step's start and end, stably sorted by time) made a block at a time instead of
-    as four arrays of twice the steps (the write phase's peak at a million requests). The events before the next
-    block's first start in the stable order are the starts before it and the ends strictly before it (an equal end
-    sorts after a start), so each block's events are a contiguous stretch of the whole order; the running sums
-    continue from the block before (a cumulative sum is sequential), and each edge is interpolated between the
-    same two events as in the whole arrays, so every value is the same."""
-    out = np.empty(len(edges))
+    as four arrays of twice the steps (the write phase's peak at a million requests), and ordered once for all the
+    amounts (the report windows four over a long run's steps: each pass read the log's starts and placed them).
+    The events before the next block's first start in the stable order are the starts before it and the ends
+    strictly before it (an equal end sorts after a start), so each block's events are a contiguous stretch of the
+    whole order; the running sums continue from the block before (a cumulative sum is sequential), and each edge is
+    interpolated between the same two events as in the whole arrays, so every value is the same."""
+    outs = [np.empty(len(edges)) for _ in range(m)]
     done = 0  # edges set
-    prev: tuple[float, float, float] | None = None  # the last event so far: time, rate after it, amount at it
-    pending = (np.zeros(0), np.zeros(0), np.zeros(0))  # steps started whose ends are not placed yet
+    t_prev: float | None = None  # the last event so far
+    prevs: list[tuple[float, float]] = []  # each amount's rate after it and amount at it
+    pending_s, pending_d = np.zeros(0), np.zeros(0)  # steps started whose ends are not placed yet
+    pending_a = [np.zeros(0)] * m
     cur = next(blocks, None)
     while cur is not None:
         nxt = next(blocks, None)
-        s, d, a = cur
-        ps, pd, pa = (np.concatenate((p, x)) for p, x in zip(pending, cur, strict=True))
+        s, d, amounts = cur
+        ps, pd = np.concatenate((pending_s, s)), np.concatenate((pending_d, d))
         ends = ps + pd
         k = len(ends) if nxt is None else int(np.searchsorted(ends, nxt[0][0], side="left"))
         # the two sorted runs merged, a start before an equal end (the stable argsort's order, see _step_events)
         is_start = np.zeros(len(s) + k, dtype=bool)
         is_start[np.searchsorted(ends[:k], s, side="left") + np.arange(len(s))] = True
-        times, rate = np.empty(len(is_start)), np.empty(len(is_start))
-        times[is_start], times[~is_start] = s, ends[:k]
-        rate[is_start], rate[~is_start] = a / d, -(pa[:k] / pd[:k])
-        pending = (ps[k:], pd[k:], pa[k:])
-        if prev is None:
-            rate_after = np.cumsum(rate)
-            at = np.empty(len(times))
-            at[0] = 0.0
-            np.cumsum(np.diff(times) * rate_after[:-1], out=at[1:])
-        else:  # with the last event before, so that the pair across the cut is interpolated here
-            times = np.concatenate(([prev[0]], times))
-            rate_after = np.cumsum(np.concatenate(([prev[1]], rate)))
-            at = np.cumsum(np.concatenate(([prev[2]], np.diff(times) * rate_after[:-1])))
+        is_end = ~is_start
+        times = np.empty(len(is_start))
+        times[is_start], times[is_end] = s, ends[:k]
+        pending_s, pending_d = ps[k:], pd[k:]
+        if t_prev is not None:  # with the last event before, so that the pair across the cut is interpolated here
+            times = np.concatenate(([t_prev], times))
         upto = int(np.searchsorted(edges, times[-1], side="left"))  # edges before the last event
-        out[done:upto] = np.interp(edges[done:upto], times, at)
+        for j, a in enumerate(amounts):
+            pa = np.concatenate((pending_a[j], a))
+            rate = np.empty(len(is_start))
+            rate[is_start], rate[is_end] = a / d, -(pa[:k] / pd[:k])
+            pending_a[j] = pa[k:]
+            if t_prev is None:
+                rate_after = np.cumsum(rate)
+                at = np.empty(len(times))
+                at[0] = 0.0
+                np.cumsum(np.diff(times) * rate_after[:-1], out=at[1:])
+                prevs.append((float(rate_after[-1]), float(at[-1])))
+            else:
+                rate_after = np.cumsum(np.concatenate(([prevs[j][0]], rate)))
+                at = np.cumsum(np.concatenate(([prevs[j][1]], np.diff(times) * rate_after[:-1])))
+                prevs[j] = (float(rate_after[-1]), float(at[-1]))
+            outs[j][done:upto] = np.interp(edges[done:upto], times, at)
         done = max(done, upto)
-        prev = (float(times[-1]), float(rate_after[-1]), float(at[-1]))
+        t_prev = float(times[-1])
         cur = nxt
-    assert prev is not None and not len(pending[0])
-    out[done:] = prev[2]  # at or past the last event: its amount, as np.interp gives
-    return out
+    assert t_prev is not None and not len(pending_s)
+    for out, (_, last) in zip(outs, prevs, strict=True):
+        out[done:] = last  # at or past the last event: its amount, as np.interp gives
+    return outs
 
 
 def _step_events(s: np.ndarray, d: np.ndarray, a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -316,7 +364,13 @@ def window_runs(s: Mapping[str, np.ndarray], edges: np.ndarray, blocks: Callable
                 ) -> tuple[np.ndarray, list[int]] | None:
     """``_window_starts`` of the steps' starts read a block at a time, for starts in order: the windows that hold
     any step, and how many steps each holds (their runs, in order). None when the starts are out of order.
-    ``blocks``: ``step_blocks`` (a caller's own name for it, which tests cut small)."""
+    ``blocks``: ``step_blocks`` (a caller's own name for it, which tests cut small). Inside ``step_events_kept``,
+    found once a log and edges (the timeline and the memory figure ask for the same)."""
+    return _once(("window_runs", edges.tobytes(), blocks), s, lambda: _window_runs(s, edges, blocks))
+
+
+def _window_runs(s: Mapping[str, np.ndarray], edges: np.ndarray, blocks: Callable
+                 ) -> tuple[np.ndarray, list[int]] | None:
     nb = len(edges) - 1
     bounds = np.zeros(nb + 1, dtype=np.int64)
     last, n = -np.inf, 0
@@ -430,6 +484,10 @@ def _sorted_steps(result: RunResult) -> Mapping[str, np.ndarray]:
 
 
 def _starts_in_order(s: StepColumns) -> bool:
+    return bool(_once("starts_in_order", s, lambda: _read_starts_in_order(s)))
+
+
+def _read_starts_in_order(s: StepColumns) -> bool:
     last = -np.inf
     for _, b in step_blocks(s, ("start",)):
         t = np.asarray(b["start"])

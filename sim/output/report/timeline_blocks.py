@@ -14,7 +14,7 @@ import numpy as np
 from sim.metrics.block_sums import RunSums
 from sim.metrics.records import RunResult
 from sim.metrics.step_columns import StepColumns, step_blocks
-from sim.output.report.common import _cum_in_blocks, _held, _in_order_blocks, _kv_capacity, window_runs
+from sim.output.report.common import _cums_in_blocks, _held, _in_order_blocks, _kv_capacity, _once, keeping, window_runs
 
 QUEUES = ("num_waiting", "num_running", "num_swapped")
 
@@ -35,28 +35,47 @@ class TimelineSeries:
     preempt_n: np.ndarray
 
 
+# the amounts the report windows over a long run's steps (busy time and FLOPs in the timeline, decode and prefill
+# tokens in the throughput figure): inside ``step_events_kept`` the first asked finds the four in one pass
+WINDOWED = ("duration", "flops", "decode_tokens", "prefill_tokens")
+
+
 def _amount(s: StepColumns, key: str, edges: np.ndarray) -> np.ndarray:
     """``amount_per_window(start, duration, s[key], edges)``, a block at a time."""
-    def blocks() -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-        for _, b in step_blocks(s, ("start", "duration", key)):
-            yield (np.asarray(b["start"], dtype=np.float64), np.asarray(b["duration"], dtype=np.float64),
-                   np.asarray(b[key], dtype=np.float64))
+    keys = WINDOWED if key in WINDOWED and keeping() else (key,)
+    return _once(("amounts", edges.tobytes(), keys), s, lambda: _amounts(s, keys, edges))[key]
 
-    cum = np.zeros(len(edges))
-    cum += _cum_in_blocks(blocks(), edges)
-    return np.diff(cum)
+
+def _amounts(s: StepColumns, keys: tuple[str, ...], edges: np.ndarray) -> dict[str, np.ndarray]:
+    def blocks() -> Iterator[tuple[np.ndarray, np.ndarray, tuple[np.ndarray, ...]]]:
+        for _, b in step_blocks(s, ("start", "duration", *keys)):
+            yield (np.asarray(b["start"], dtype=np.float64), np.asarray(b["duration"], dtype=np.float64),
+                   tuple(np.asarray(b[k], dtype=np.float64) for k in keys))
+
+    out = {}
+    for key, c in zip(keys, _cums_in_blocks(blocks(), edges, len(keys)), strict=True):
+        cum = np.zeros(len(edges))
+        cum += c
+        out[key] = np.diff(cum)
+    return out
 
 
 def amount_in_blocks(s: StepColumns, key: str, edges: np.ndarray) -> np.ndarray | None:
     """``amount_per_window(start, duration, s[key], edges)`` of a log whose steps start and end in order and last a
     positive time, a block at a time; None otherwise."""
-    return _amount(s, key, edges) if _in_order_blocks(step_blocks(s, ("start", "duration"))) else None
+    return _amount(s, key, edges) if _steps_in_order(s) else None
+
+
+def _steps_in_order(s: StepColumns) -> bool:
+    """Whether the log's steps start in order, end in order and last a positive time (read once a log inside
+    ``step_events_kept``)."""
+    return bool(_once("steps_in_order", s, lambda: _in_order_blocks(step_blocks(s, ("start", "duration")))))
 
 
 def timeline_series(result: RunResult, s: StepColumns, edges: np.ndarray) -> TimelineSeries | None:
     """The series, or None when the steps do not start and end in order or some step has no duration (then the
     whole columns are read)."""
-    if not _in_order_blocks(step_blocks(s, ("start", "duration"))):
+    if not _steps_in_order(s):
         return None
     runs = window_runs(s, edges, step_blocks)
     if runs is None:
