@@ -588,6 +588,11 @@ def test_an_option_that_is_a_scenario_key_points_to_set(given: list[str], line: 
     assert res.exit_code == 2 and line in " ".join(res.output.split()), res.output
     other = CliRunner().invoke(app, ["run", scenario, "--verbose"])
     assert other.exit_code == 2 and "No such option: --verbose" in other.output and "--set" not in other.output
+    # a longer spelling of the command's own option keeps click's pointer to it: --output was answered with the
+    # scenario's plan.api_price.output, where the user meant --out
+    out = CliRunner().invoke(app, ["run", scenario, "--output", "x"])
+    assert out.exit_code == 2 and "No such option: --output (Possible options: --out)" in " ".join(out.output.split())
+    assert "--set" not in out.output
 
 
 def test_the_engines_time_scale_says_which_clock_it_is_on() -> None:

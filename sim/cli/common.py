@@ -34,8 +34,10 @@ class ScenarioKeyOptions(TyperCommand):
         try:
             return super().parse_args(ctx, args)
         except NoSuchOption as e:
-            if not any("--set" in p.opts for p in self.params):
-                raise
+            opts = [o for p in self.params for o in getattr(p, "opts", ()) if o.startswith("--")]
+            if "--set" not in opts or any(len(o) > 3 and (e.option_name.startswith(o) or o.startswith(e.option_name))
+                                          for o in opts):
+                raise  # no scenario here, or a longer or shorter spelling of the command's own (--output: --out)
             from sim.config.scenario_messages import key_place
             from sim.config.schema import Scenario
 
