@@ -1,9 +1,6 @@
 """validate --against and the run folder's exports (issue 14): round trip, formats, OpenMetrics, bad input."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +13,7 @@ from sim.output.benchfiles.genai_perf import read_genai_perf
 from sim.output.benchfiles.guidellm import read_guidellm
 from sim.output.benchfiles.validate import rebuild_workload, validate_against, write_bench_validation
 from sim.output.benchfiles.vllm_bench import read_vllm_bench
+from tests.conftest import Ran, servesim
 
 DATA = Path(__file__).parent / "data" / "bench"
 SCENARIO = DATA / "scenario.yaml"
@@ -166,10 +164,8 @@ def test_the_table_gives_latencies_in_ms_as_the_file_does(run_folder: Path) -> N
     assert out == pytest.approx(data["output_throughput"]) and f"measured {out:.6g}/s  " in lines["output_throughput"]
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "sim.cli.main", *args], capture_output=True, text=True, env=env, cwd=ROOT,
-                          timeout=300)
+def _cli(*args: str) -> Ran:
+    return servesim(*args, cwd=ROOT)
 
 
 def test_cli_validate_against_bad_file_exits_2_without_traceback(tmp_path: Path) -> None:
