@@ -27,7 +27,9 @@ def test_aggregate_only_file_skips_the_bad_field_and_keeps_the_rest() -> None:
     assert run.request_rate is None  # "inf": all requests at once
     assert run.max_concurrency == 8
     assert run.aggregates == {"mean_ttft": pytest.approx(0.0125), "mean_e2el": pytest.approx(0.1)}
-    assert run.skipped == [f"{path}: p99_ttft_ms: not a non-negative number"]
+    assert run.skipped == [f"{path}: p99_ttft_ms: not a non-negative number",
+                           f"{path}: input_lens: absent (saved without --save-detailed), and completed, "
+                           "total_input_tokens and total_output_tokens not all there: the lengths are unknown"]
 
 
 def test_file_with_nothing_readable_raises_one_message_naming_file(tmp_path: Path) -> None:

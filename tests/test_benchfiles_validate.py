@@ -99,7 +99,7 @@ def test_validate_against_gives_80_percent_intervals(run_folder: Path, tmp_path:
         "output_throughput", "total_token_throughput", "request_throughput"}
     table = validate_against(SCENARIO, [tmp_path / "b.json"]).table()
     lo, hi = thr["interval_80"]
-    assert f"80% interval {lo:.6g}-{hi:.6g}/s: measured outside" in table
+    assert f"80% interval {lo:.6g}-{hi:.6g} tok/s: measured outside" in table
     assert "p99_ttft" in table and table.count("80% interval") == 11
 
 
@@ -161,7 +161,55 @@ def test_the_table_gives_latencies_in_ms_as_the_file_does(run_folder: Path) -> N
     assert f"measured {ttft * 1e3:.6g} ms  simulated {m['mean_ttft']['simulated'] * 1e3:.6g} ms  " in lines["mean_ttft"]
     assert f"80% interval {lo * 1e3:.6g}-{hi * 1e3:.6g} ms: measured" in lines["mean_ttft"]
     out = m["output_throughput"]["measured"]
-    assert out == pytest.approx(data["output_throughput"]) and f"measured {out:.6g}/s  " in lines["output_throughput"]
+    assert out == pytest.approx(data["output_throughput"]) and f"measured {out:.6g} tok/s  " in lines["output_throughput"]
+    # Before: both rates read "/s" (`request_throughput measured 1.95101/s`, `output_throughput measured
+    # 245.241/s`); vLLM prints req/s and tok/s
+    req = m["request_throughput"]["measured"]
+    assert f"measured {req:.6g} req/s  simulated" in lines["request_throughput"]
+
+
+def test_a_file_saved_without_save_detailed_is_rebuilt_from_its_mean_lengths(run_folder: Path,
+                                                                                 tmp_path: Path) -> None:
+    # Before: `vllm bench serve --save-result` without --save-detailed (the reader's docstring says it reads both)
+    # was refused by validate --against: "no per-request lengths and no length statistics: cannot rebuild the
+    # workload", though the file holds completed, total_input_tokens and total_output_tokens
+    data = json.loads((run_folder / "cb.vllm-bench.json").read_text())
+    for key in ("input_lens", "output_lens", "ttfts", "latencies", "start_times", "errors", "energies_j"):
+        del data[key]  # what vLLM deletes without --save-detailed
+    f = tmp_path / "agg.json"
+    f.write_text(json.dumps(data))
+    wl, notes = rebuild_workload(read_vllm_bench(f), seed=1)
+    n, tin, tout = data["completed"], data["total_input_tokens"], data["total_output_tokens"]
+    assert len(wl.requests) == n
+    assert {r.prompt_len for r in wl.requests} == {round(tin / n)}
+    assert {r.output_len for r in wl.requests} == {round(tout / n)}
+    assert (f"{f}: no per-request lengths (saved without --save-detailed); {n} requests of the mean lengths, "
+            f"{tin / n:.0f} prompt and {tout / n:.0f} output tokens") in notes
+    (v,) = validate_against(SCENARIO, [f]).files
+    assert len(v.metrics) == 19 and v.skipped == []
+    del data["total_output_tokens"]
+    f.write_text(json.dumps(data))
+    with pytest.raises(BenchFileError, match="total_output_tokens not all there: the lengths are unknown"):
+        validate_against(SCENARIO, [f])
+
+
+def test_vllm_metrics_with_no_simulated_counterpart_are_named(run_folder: Path, tmp_path: Path) -> None:
+    # Before: request_goodput (with --goodput), max_output_tokens_per_s and max_concurrent_requests, which current
+    # vllm bench serve writes, were dropped without a word, while the docs say every metric the file holds is compared
+    data = json.loads((run_folder / "cb.vllm-bench.json").read_text())
+    data |= {"request_goodput": 3.5, "max_output_tokens_per_s": 410.0, "max_concurrent_requests": 9}
+    f = tmp_path / "new.json"
+    f.write_text(json.dumps(data))
+    (v,) = validate_against(SCENARIO, [f]).files
+    assert v.skipped == [f"{f}: request_goodput: not compared: the file does not record the --goodput SLOs it "
+                         "counts against",
+                         f"{f}: max_output_tokens_per_s: not compared: the peak output tokens in one second has no "
+                         "simulated counterpart",
+                         f"{f}: max_concurrent_requests: not compared: the peak of requests in flight has no "
+                         "simulated counterpart"]
+    data["request_goodput"] = None  # vLLM without --goodput: nothing to name
+    f.write_text(json.dumps(data))
+    assert len(validate_against(SCENARIO, [f]).files[0].skipped) == 2
 
 
 def _cli(*args: str) -> Ran:

@@ -71,7 +71,13 @@ def rebuild_workload(run: BenchRun, *, seed: int = 0, max_len: int = 1 << 20) ->
         n = run.num_requests or DEFAULT_NUM_REQUESTS
         ins = _lengths(run.input_len_stats, n, rng, max_len)
         outs = _lengths(run.output_len_stats, n, rng, max_len)
-        notes.append(f"{run.source}: no per-request lengths; {n} requests drawn from the file's length statistics")
+        if run.format != "vllm-bench":
+            notes.append(f"{run.source}: no per-request lengths; {n} requests drawn from the file's length "
+                         "statistics")
+        else:  # saved without --save-detailed: the means alone (vllm_bench._mean_lengths)
+            notes.append(f"{run.source}: no per-request lengths (saved without --save-detailed); {n} requests of "
+                         f"the mean lengths, {run.input_len_stats['avg']:.0f} prompt and "
+                         f"{run.output_len_stats['avg']:.0f} output tokens")
     elif run.num_failed:  # the lengths were there, but vLLM's lists hold failed requests too
         raise BenchFileError(f"{run.source}: every one of its {run.num_failed} requests failed (a non-empty errors "
                              "entry or no output): no request to rebuild")
@@ -163,9 +169,10 @@ class FileValidation:
 
 def _unit(key: str) -> tuple[float, str]:
     """(factor, unit) a metric is printed in: latencies in ms as vLLM's files name them (``mean_ttft_ms``; the
-    terminal read ``measured 0.0711552`` beside a file saying 71.16), rates per second."""
-    if key.endswith("throughput"):
-        return 1.0, "/s"
+    terminal read ``measured 0.0711552`` beside a file saying 71.16), rates in req/s or tok/s (a bare ``/s`` left
+    requests and tokens apart only by the key's name)."""
+    if key.endswith("throughput"):  # vLLM's own words: "Request throughput (req/s)", "Output token ... (tok/s)"
+        return 1.0, " req/s" if key.startswith("request") else " tok/s"
     if key.endswith(("ttft", "tpot", "itl", "e2el")):
         return 1e3, " ms"
     return 1.0, ""

@@ -7,7 +7,10 @@ output 0 and a non-empty `errors` entry) `input_lens`, `output_lens`, `ttfts`, `
 the ITL figures are the aggregates; with `generated_texts` they are most of the file), and in
 current versions `latencies` and `start_times` (perf_counter seconds, when each request was sent), all in seconds;
 deployment hints `model_id`, `request_rate` ("inf" or a number), `burstiness`, `max_concurrency`, `duration`
-(seconds). TPOT there already excludes the first token, as servesim's does.
+(seconds). TPOT there already excludes the first token, as servesim's does. Saved without --save-detailed, the
+file holds no per-request lists: the workload is rebuilt from `completed` requests of the mean lengths
+(`total_input_tokens` and `total_output_tokens` over `completed`). The metrics it holds that are not compared
+(`UNCOMPARED`) are named in the report with the reason, never dropped silently.
 """
 
 from __future__ import annotations
@@ -17,10 +20,17 @@ import re
 from pathlib import Path
 from typing import Any
 
+from sim.config.limits import MAX_REQUESTS, too_many_requests
 from sim.output.benchfiles.common import BenchFileError, BenchRun, read_bench_json
 
 _AGG = re.compile(r"^(mean|median|std|p\d+(?:\.\d+)?)_(ttft|tpot|itl|e2el)_ms$")
 THROUGHPUT_FIELDS = ("request_throughput", "output_throughput", "total_token_throughput")
+# metrics of vLLM's result that have no simulated counterpart, and why (null when vLLM did not measure them)
+UNCOMPARED = {
+    "request_goodput": "not compared: the file does not record the --goodput SLOs it counts against",
+    "max_output_tokens_per_s": "not compared: the peak output tokens in one second has no simulated counterpart",
+    "max_concurrent_requests": "not compared: the peak of requests in flight has no simulated counterpart",
+}
 
 
 def _num(v: Any) -> float | None:
@@ -77,10 +87,35 @@ def read_vllm_bench(path: str | Path, data: Any = None) -> BenchRun:
                 skip(f"{p}: {key}: not a non-negative number")
             else:
                 run.aggregates[key] = v
+    for key, why in UNCOMPARED.items():
+        if data.get(key) is not None:
+            skip(f"{p}: {key}: {why}")
     _read_detailed(p, data, run)
+    if "input_lens" not in data:
+        _mean_lengths(p, data, run)
     if not run.aggregates and not run.input_lens:
         raise BenchFileError(f"{p}: no metrics: neither *_ms aggregates nor detailed per-request lists readable")
     return run
+
+
+def _mean_lengths(p: Path, data: dict[str, Any], run: BenchRun) -> None:
+    """A file saved without --save-detailed: its ``completed`` requests, each of the mean lengths, as length
+    statistics without a spread (``rebuild_workload`` says so in a note)."""
+    done = data.get("completed")
+    tin, tout = _num(data.get("total_input_tokens")), _num(data.get("total_output_tokens"))
+    if not (isinstance(done, int) and not isinstance(done, bool) and done >= 1) or tin is None or tout is None:
+        run.skipped.append(f"{p}: input_lens: absent (saved without --save-detailed), and completed, "
+                           "total_input_tokens and total_output_tokens not all there: the lengths are unknown")
+        return
+    if tin < done or tout < done:
+        run.skipped.append(f"{p}: total_input_tokens, total_output_tokens: under one token a request "
+                           f"({tin:g} and {tout:g} over {done} completed): the lengths are unknown")
+        return
+    if done > MAX_REQUESTS:  # drawn and simulated: hours, then memory
+        raise BenchFileError(f"{p}: completed: {too_many_requests(done)}")
+    run.num_requests = done
+    run.input_len_stats = {"avg": tin / done}
+    run.output_len_stats = {"avg": tout / done}
 
 
 def _ints(v: list[Any]) -> bool:
