@@ -200,6 +200,20 @@ def test_the_naive_lesson_explains_padding_and_queue():
     assert [t.split(":")[0] for t in texts] == ["The queue is growing", "Padding", "Reserved KV is mostly empty"]
 
 
+def test_the_padding_sentence_names_prompt_padding_too():
+    # Before: "66% of the computed tokens belong to rows whose request has already finished", while in the naive
+    # lesson 46 of those 66 points are prompts padded to their batch's longest (naive-vs-continuous at full size,
+    # its steps.csv). With every output of one length no row finishes early, and the padding is all prompts'.
+    k = preset("lesson-continuous-batching/naive") | {"output_spread": 0.0}
+    run = simulate(k)
+    s = next(iter(run.summaries.values()))
+    (result,) = run.results
+    decode_pad = int(result.steps["padding_tokens"][result.steps["prefill_tokens"] == 0].sum())
+    assert decode_pad == 0 and s["padding_fraction"] > ex.PADDING
+    (pad,) = [t for t in ex.explain(s, offered_rate=k["rate"]) if t.startswith("Padding")]
+    assert "each prompt is padded to the longest of its batch" in pad
+
+
 @pytest.mark.parametrize(
     ("name", "heads"),
     [

@@ -61,8 +61,9 @@ def explain(summary: dict[str, Any], offered_rate: float | None = None) -> list[
     pad = _fin(summary.get("padding_fraction"))
     if pad > PADDING:
         out.append(
-            f"Padding: {100 * pad:.0f}% of the computed tokens belong to rows whose request has already finished "
-            "but whose batch runs on until its longest request is done. Continuous batching refills those rows."
+            f"Padding: {100 * pad:.0f}% of the computed tokens are padding: each prompt is padded to the longest of "
+            "its batch, and the rows of finished requests run on until the batch's longest request is done. "
+            "Continuous batching computes neither."
         )
     util = _fin(summary.get("kv_token_utilization"))
     if util < KV_WASTE:
