@@ -5,9 +5,6 @@ output token against batch size and output length."""
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +20,7 @@ from sim.costs.energy import MEMORY_POWER_SHARE, PowerModel, clock_share, run_en
 from sim.costs.energy_time import power_over_time
 from sim.hardware.gpu import GPUSpec
 from sim.metrics.records import RequestRecord, RunResult
+from tests.conftest import servesim as servesim_cli
 
 
 def _scenario(*, arrival: dict, n: int, prompt: int = 256, output: int = 128, max_num_seqs: int = 64,
@@ -650,8 +648,7 @@ def test_plan_objective_joules_chooses_the_fewest_joules_meeting_the_slos(tmp_pa
     raw["plan"]["gpus"] = ["l4"]
     bad.write_text(yaml.safe_dump(raw))
     root = Path(__file__).resolve().parent.parent
-    out = subprocess.run([sys.executable, "-m", "sim.cli.main", "plan", str(bad)], capture_output=True, text=True,
-                         cwd=root, env=os.environ | {"PYTHONPATH": str(root)})
+    out = servesim_cli("plan", str(bad), cwd=root)
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "plan.objective: must be 'cost' or 'joules' (got 'watts')" in out.stderr
 

@@ -12,6 +12,7 @@ from sim.config.scenario import load_scenario, variant_configs
 from sim.loop.run import generate_workload, simulate_variant
 from sim.policies.gates import AdmissionState, TokenBucket
 from sim.serving.request import Request, RequestSpec
+from tests.conftest import servesim as servesim_cli
 
 HERE = Path(__file__).parent
 POLICIES = HERE / "data" / "policies"
@@ -100,8 +101,7 @@ def test_a_token_bucket_admits_requests_sent_exactly_at_its_rate() -> None:
 
 def test_a_router_returning_a_bad_index_exits_2(tmp_path: Path) -> None:
     text = SCENARIO.replace("bad_policies.py:Fewest", "bad_policies.py:OutOfRange")
-    p = subprocess.run([sys.executable, "-m", "sim.cli.main", "run", str(_scenario(tmp_path, text)), "-q", "--out",
-                        str(tmp_path / "out")], capture_output=True, text=True, timeout=300, cwd=HERE.parent)
+    p = servesim_cli("run", str(_scenario(tmp_path, text)), "-q", "--out", str(tmp_path / "out"), cwd=HERE.parent)
     assert p.returncode == 2, p.stderr
     assert "router OutOfRange: route(request 0) returned 3, not the index of one of the 3 replicas" in p.stderr
     assert not (tmp_path / "out").exists()
@@ -109,16 +109,14 @@ def test_a_router_returning_a_bad_index_exits_2(tmp_path: Path) -> None:
 
 def test_a_router_that_is_not_one_is_refused_at_load(tmp_path: Path) -> None:
     text = SCENARIO.replace("bad_policies.py:Fewest", "bad_policies.py:ShortOnly")
-    p = subprocess.run([sys.executable, "-m", "sim.cli.main", "run", str(_scenario(tmp_path, text)), "-q"],
-                       capture_output=True, text=True, timeout=300, cwd=HERE.parent)
+    p = servesim_cli("run", str(_scenario(tmp_path, text)), "-q", cwd=HERE.parent)
     assert p.returncode == 2 and "ShortOnly has no route() method (subclass servesim.Router)" in p.stderr, p.stderr
 
 
 def test_a_router_of_the_wrong_signature_is_refused_at_load(tmp_path: Path) -> None:
     """route(self, request) without the replicas failed only at the first arrival, with Python's TypeError."""
     text = SCENARIO.replace("bad_policies.py:Fewest", "bad_policies.py:RoutesWithoutReplicas")
-    p = subprocess.run([sys.executable, "-m", "sim.cli.main", "run", str(_scenario(tmp_path, text)), "-q"],
-                       capture_output=True, text=True, timeout=300, cwd=HERE.parent)
+    p = servesim_cli("run", str(_scenario(tmp_path, text)), "-q", cwd=HERE.parent)
     assert p.returncode == 2, p.stderr
     assert ("RoutesWithoutReplicas has route(request), which cannot be called as route(request, replicas): too many "
             "positional arguments\n") in p.stderr, p.stderr
@@ -146,8 +144,7 @@ def test_a_router_or_admission_that_never_returns_is_stopped(tmp_path: Path) -> 
 def test_an_admission_returning_an_empty_reason_exits_2(tmp_path: Path) -> None:
     """admit() returning "" to mean "accept" refused every request with an empty reason, and the run exited 0."""
     text = SCENARIO.replace('bad_policies.py:ShortOnly", args: {limit: 200}', 'bad_policies.py:TurnsAwayWithEmptyReason"')
-    p = subprocess.run([sys.executable, "-m", "sim.cli.main", "run", str(_scenario(tmp_path, text)), "-q", "--out",
-                        str(tmp_path / "out")], capture_output=True, text=True, timeout=300, cwd=HERE.parent)
+    p = servesim_cli("run", str(_scenario(tmp_path, text)), "-q", "--out", str(tmp_path / "out"), cwd=HERE.parent)
     assert p.returncode == 2, p.stderr
     assert ("error: variant 'short': admission TurnsAwayWithEmptyReason: admit(request 2) returned an empty reason '': "
             "return None to accept or a reason string that says why to refuse\n") in p.stderr, p.stderr

@@ -3,9 +3,6 @@ step; greedy, top-k-only and FlashInfer-sampled requests cost nothing more, bit 
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +16,7 @@ from sim.engines.sampling import PENALTY_HOST_TIME, SAMPLER_SORT_TIME
 from sim.hardware.gpu import GPUSpec
 from sim.hardware.models import ModelSpec
 from sim.loop.build import build
+from tests.conftest import servesim as servesim_cli
 
 H100 = GPUSpec.from_name("h100-sxm")
 LLAMA8 = ModelSpec.from_name("llama-3.1-8b")
@@ -125,9 +123,7 @@ def test_bad_sampling_exits_2_with_one_message(tmp_path: Path) -> None:
 
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(_raw("vllm-v1", {"top_p": 2})))
-    p = subprocess.run([sys.executable, "-m", "sim.cli.main", "run", str(path), "--out", str(tmp_path / "o")],
-                       capture_output=True, text=True, cwd=ROOT, timeout=120,
-                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    p = servesim_cli("run", str(path), "--out", str(tmp_path / "o"), cwd=ROOT, timeout=120)
     assert p.returncode == 2
     assert "workload.sampling.top_p" in p.stderr and "Traceback" not in p.stderr
 
@@ -141,9 +137,7 @@ def test_top_p_on_the_classic_engine_is_said_to_be_unpriced(tmp_path: Path) -> N
     def stderr(engine: object, sampling: dict | None) -> str:
         path = tmp_path / "s.yaml"
         path.write_text(yaml.safe_dump(_raw(engine, sampling)))
-        p = subprocess.run([sys.executable, "-m", "sim.cli.main", "run", str(path), "--out", str(tmp_path / "o"),
-                            "-q"], capture_output=True, text=True, cwd=ROOT, timeout=120,
-                           env={**os.environ, "PYTHONPATH": str(ROOT)})
+        p = servesim_cli("run", str(path), "--out", str(tmp_path / "o"), "-q", cwd=ROOT, timeout=120)
         assert p.returncode == 0, p.stderr
         return p.stderr
 
@@ -225,6 +219,5 @@ def test_penalties_an_engine_does_not_price_are_said_to_be_unpriced(tmp_path: Pa
         assert note(engine, sampling) is None, (engine, sampling)
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump(_raw(None, {"repetition_penalty": 1.1})))
-    p = subprocess.run([sys.executable, "-m", "sim.cli.main", "run", str(path), "--out", str(tmp_path / "o"), "-q"],
-                       capture_output=True, text=True, cwd=ROOT, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    p = servesim_cli("run", str(path), "--out", str(tmp_path / "o"), "-q", cwd=ROOT, timeout=120)
     assert p.returncode == 0 and "t: workload.sampling's penalties (repetition_penalty 1.1) are not priced" in p.stderr
