@@ -104,6 +104,23 @@ def test_equal_cost_prefers_precision() -> None:
     assert {e.candidate.weight_dtype for e in skipped if e.candidate.replicas == 1} == {"fp8", "int4"}
 
 
+def test_the_json_names_the_unit_of_every_number() -> None:
+    # Before: `servesim plan --json` wrote "latency": {"ttft": 0.078...}, "cost_per_hour": 0.9,
+    # "max_request_rate": 19.4 and the break-even's volumes with no unit anywhere, where summary.json has a units block
+    sc = parse_scenario(chat(1, 20, ttft=2.0, tpot=0.1, gpus=["l40s"], weight_dtypes=["bf16"],
+                             api_price={"input": 0.1, "output": 0.2}))
+    d = json.loads(json.dumps(plan(sc).to_dict()))
+    units = d["units"]
+    assert units["latency"] == units["slos"] == "s" and units["output_rate"] == "tokens/s"
+
+    def numbers(obj: dict, prefix: str = "") -> set[str]:
+        return {prefix + k for k, v in obj.items() if isinstance(v, int | float) and not isinstance(v, bool)
+                or isinstance(v, dict) and v and all(isinstance(x, int | float) for x in v.values())}
+
+    assert d["chosen"] is not None and d["break_even"] is not None
+    assert numbers(d["chosen"]) | numbers(d["break_even"], "break_even.") | numbers(d) - {"break_even"} <= set(units)
+
+
 def test_nothing_meets() -> None:
     sc = parse_scenario(chat(1, 20, ttft=1e-4, tpot=0.1, gpus=["l4"], max_gpus=2))
     r = plan(sc)

@@ -360,9 +360,10 @@ class PlanResult:
 
     def to_dict(self, all_evaluations: bool = False) -> dict[str, Any]:
         """Counts, the choice, the front and every simulated deployment (and, with ``all_evaluations``, every
-        pruned or skipped one too)."""
+        pruned or skipped one too), with the ``units`` of their numbers (``PLAN_UNITS``)."""
         out = {
             "scenario": self.scenario,
+            "units": PLAN_UNITS,
             "percentile": self.percentile,
             "slos": self.slos,
             "objective": self.objective,
@@ -387,6 +388,28 @@ class PlanResult:
         if all_evaluations:
             out["evaluations"] = [e.to_dict() for e in self.evaluations]
         return out
+
+
+# The unit of every number ``PlanResult.to_dict`` writes, by key (a deployment's keys, ``break_even.*``), as
+# summary.json's ``units`` block names its own: the latencies are seconds, as the scenario's slos.
+PLAN_UNITS: dict[str, str] = {
+    "percentile": "percent", "slos": "s", "seconds": "s (the search's wall time)",
+    "tensor_parallel_size": "GPUs", "pipeline_parallel_size": "GPUs", "replicas": "replicas", "num_gpus": "GPUs",
+    "max_num_seqs": "requests", "gpu_price_per_hour": "USD/h per GPU", "cost_per_hour": "USD/h",
+    "lower_bounds": "s", "latency": "s", "latency_80_high": "s",
+    "utilization_bound": "fraction (above 1: the queue grows without bound)",
+    "output_throughput": "tokens/s", "offered_output_rate": "tokens/s", "served_output_rate": "tokens/s",
+    "output_rate": "tokens/s", "cost_per_million_output_tokens": "USD per million output tokens",
+    "j_per_output_token": "J per output token", "max_request_rate": "requests/s", "num_completed": "requests",
+    "num_requests": "requests",
+    "break_even.api_input_per_million": "USD per million input tokens",
+    "break_even.api_output_per_million": "USD per million output tokens",
+    "break_even.input_per_output": "input tokens per output token",
+    "break_even.api_per_million_output": "USD per million output tokens", "break_even.cost_per_hour": "USD/h",
+    "break_even.break_even_output_tokens_per_hour": "tokens/h",
+    "break_even.break_even_requests_per_second": "requests/s",
+    "break_even.load_output_tokens_per_hour": "tokens/h", "break_even.api_cost_per_hour_at_load": "USD/h",
+}
 
 
 def _dominates(a: tuple[float, ...], b: tuple[float, ...]) -> bool:
