@@ -205,6 +205,8 @@ def test_cli_engine_run_writes_the_folder(tmp_path: Path) -> None:
     assert [line.split()[:2] for line in res.output.splitlines() if " busy " in line] == [["CPU", "busy"]]
     assert json.loads((out / "summary.json").read_text())["variants"]["engine-small"]["device"] == "cpu"
     assert "CPU busy" in (out / "report.html").read_text() and "GPU busy" not in res.output
+    # and the utilisation chart's panel: its title said "GPU busy" beside the table's "CPU busy"
+    assert "GPU busy" not in (out / "report.html").read_text()
 
 
 def test_cli_engine_run_says_which_requests_the_models_shorter_context_rejects(tmp_path: Path) -> None:

@@ -236,7 +236,14 @@ def _latency_section(results: list[RunResult], summaries: dict) -> list[Section]
 def _timeline_sections(results: list[RunResult], summaries: dict) -> list[Section]:
     points = per_run_points(len(results))
     end = common_end(results)
-    return [Section(f"Utilisation: {r.name}", fig_timeline(r, points, x_end=end)) for r in results]
+    return [Section(f"Utilisation: {r.name}", fig_timeline(r, points, x_end=end, device=_device(summaries, r.name)))
+            for r in results]
+
+
+def _device(summaries: dict, name: str) -> str:
+    """What ran a variant's steps, as the table's busy row says it: "CPU" where its summary records ``device:
+    cpu`` (``servesim engine run --device cpu``), else "GPU"."""
+    return "CPU" if summaries.get(name, {}).get("device") == "cpu" else "GPU"
 
 
 def _kv_sections(results: list[RunResult], summaries: dict) -> list[Section]:

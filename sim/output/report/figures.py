@@ -175,10 +175,13 @@ def _replica_lines(fig: go.Figure, edges: np.ndarray, series: list[np.ndarray], 
                              **_windowed(edges, stack.mean(axis=0))), row=row, col=1)
 
 
-def fig_timeline(result: RunResult, max_points: int = MAX_POINTS, x_end: float | None = None) -> go.Figure:
+def fig_timeline(result: RunResult, max_points: int = MAX_POINTS, x_end: float | None = None,
+                 device: str = "GPU") -> go.Figure:
     """One variant's utilisation on a shared time axis: GPU busy fraction and MFU per window (per replica, on a 0-1
     axis), KV usage, queue length, and cumulative rejections and preemptions. ``x_end``: the end of the time
-    axis (default: the run's end); the report passes the latest end over the variants, so they line up."""
+    axis (default: the run's end); the report passes the latest end over the variants, so they line up.
+    ``device``: what ran the steps, for the busy panel's title ("CPU" for an engine run on a CPU, whose summary
+    records ``device: cpu``; the title said "GPU busy" beside the table's "CPU busy")."""
     s = _sorted_steps(result)
     n = s.num_steps if isinstance(s, StepColumns) else len(s["start"])
     own_end = run_end(result)
@@ -194,7 +197,7 @@ def fig_timeline(result: RunResult, max_points: int = MAX_POINTS, x_end: float |
         shared_xaxes=True,
         vertical_spacing=0.03,
         subplot_titles=(
-            "GPU busy (fraction of each window, per replica)",
+            f"{device} busy (fraction of each window, per replica)",
             "MFU (per window, per replica)",
             "KV usage (fraction of capacity; per-window peak)",
             "requests (per-window peak)",
