@@ -210,6 +210,11 @@ def test_vllm_metrics_with_no_simulated_counterpart_are_named(run_folder: Path, 
     data["request_goodput"] = None  # vLLM without --goodput: nothing to name
     f.write_text(json.dumps(data))
     assert len(validate_against(SCENARIO, [f]).files[0].skipped) == 2
+    # benchmarks/benchmark_serving.py wrote the key as "request_goodput:" (colon included) for many releases
+    data["request_goodput:"] = 3.5
+    f.write_text(json.dumps(data))
+    assert (f"{f}: request_goodput:: not compared: the file does not record the --goodput SLOs it counts against"
+            in validate_against(SCENARIO, [f]).files[0].skipped)
 
 
 def _cli(*args: str) -> Ran:
