@@ -241,19 +241,23 @@ def _cums_in_blocks(blocks: Iterator[tuple[np.ndarray, np.ndarray, tuple[np.ndar
         ends = ps + pd
         k = len(ends) if nxt is None else int(np.searchsorted(ends, nxt[0][0], side="left"))
         # the two sorted runs merged, a start before an equal end (the stable argsort's order, see _step_events)
-        is_start = np.zeros(len(s) + k, dtype=bool)
-        is_start[np.searchsorted(ends[:k], s, side="left") + np.arange(len(s))] = True
-        is_end = ~is_start
-        times = np.empty(len(is_start))
-        times[is_start], times[is_end] = s, ends[:k]
+        # (placed through indices, not boolean masks: a tenth of the time, for a block's few hundred kB)
+        n_ev = len(s) + k
+        start_at = np.searchsorted(ends[:k], s, side="left")
+        start_at += np.arange(len(s), dtype=start_at.dtype)
+        is_start = np.zeros(n_ev, dtype=bool)
+        is_start[start_at] = True
+        end_at = np.flatnonzero(~is_start)
+        times = np.empty(n_ev)
+        times[start_at], times[end_at] = s, ends[:k]
         pending_s, pending_d = ps[k:], pd[k:]
         if t_prev is not None:  # with the last event before, so that the pair across the cut is interpolated here
             times = np.concatenate(([t_prev], times))
         upto = int(np.searchsorted(edges, times[-1], side="left"))  # edges before the last event
         for j, a in enumerate(amounts):
             pa = np.concatenate((pending_a[j], a))
-            rate = np.empty(len(is_start))
-            rate[is_start], rate[is_end] = a / d, -(pa[:k] / pd[:k])
+            rate = np.empty(n_ev)
+            rate[start_at], rate[end_at] = a / d, -(pa[:k] / pd[:k])
             pending_a[j] = pa[k:]
             if t_prev is None:
                 rate_after = np.cumsum(rate)
