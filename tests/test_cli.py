@@ -607,3 +607,20 @@ def test_the_engines_time_scale_says_which_clock_it_is_on() -> None:
             cmd = cmd.commands[name]  # type: ignore[attr-defined]
         [opt] = [p for p in cmd.params if p.name == "time_scale"]
         assert "wall" not in opt.help and "engine's clock" in opt.help and "skipped" in opt.help, path
+
+
+@pytest.mark.parametrize(("given", "line"), [
+    (["plan", "--gpu", "h100"], "No such option: --gpu; it is the scenario's plan.gpus: give --set plan.gpus=[h100]"),
+    (["plan", "--tp", "2"], "give --set plan.tensor_parallel_sizes=[2]"),
+    (["plan", "--max-num-seqs", "8"], "give --set plan.max_num_seqs=[8]"),
+    (["observe", "--model", "m"], "No such option: --model; observe takes --served-model: give --served-model m"),
+])
+def test_each_commands_hint_names_the_key_it_uses(given: list[str], line: str) -> None:
+    """plan searches plan.gpus (and replaces deployment.gpu with each candidate's): `servesim plan --gpu h100` was
+    pointed at --set deployment.gpu=h100, which the search overrides; observe asks the server for --served-model."""
+    scenario = str(ROOT / "scenarios" / "naive-vs-continuous.yaml")
+    res = CliRunner().invoke(app, [given[0], scenario, *given[1:]])
+    assert res.exit_code == 2 and line in " ".join(res.output.split()), res.output
+    # plan chooses the replica count itself: no --set to give
+    plain = CliRunner().invoke(app, ["plan", scenario, "--replicas", "2"])
+    assert plain.exit_code == 2 and "No such option: --replicas" in plain.output and "--set" not in plain.output

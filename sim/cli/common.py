@@ -50,8 +50,29 @@ class ScenarioKeyOptions(TyperCommand):
                     value = given[i + 1]
                 elif a.startswith(e.option_name + "="):
                     value = a.partition("=")[2]
+            key = place.rpartition(".")[2]
+            if key in COMMAND_PLACES.get(self.name or "", {}):
+                own = COMMAND_PLACES[self.name or ""][key]
+                if own is None:
+                    raise
+                if own.startswith("--"):
+                    raise UsageError(f"No such option: {e.option_name}; {self.name} takes {own}: give {own} "
+                                     f"{value}", ctx) from None
+                place, value = own, f"[{value}]"  # a list the command searches
             raise UsageError(f"No such option: {e.option_name}; it is the scenario's {place}: give --set "
                                    f"{place}={value}", ctx) from None
+
+
+# A command that takes a scenario key from elsewhere, for ScenarioKeyOptions' hint: key -> the list it searches
+# under plan (plan replaces the deployment's gpu and the policy's max_num_seqs with each candidate's; its --gpu was
+# pointed at deployment.gpu), an option of its own ("--..."), or None where it sets the key itself (no hint)
+COMMAND_PLACES: dict[str, dict[str, str | None]] = {
+    "plan": {"gpu": "plan.gpus", "tensor_parallel_size": "plan.tensor_parallel_sizes",
+             "pipeline_parallel_size": "plan.pipeline_parallel_sizes", "weight_dtype": "plan.weight_dtypes",
+             "kv_dtype": "plan.kv_dtypes", "max_num_seqs": "plan.max_num_seqs",
+             "enable_chunked_prefill": "plan.enable_chunked_prefill", "replicas": None},
+    "observe": {"model": "--served-model"},  # the model it asks the server for
+}
 
 
 def _fail(message: str) -> None:
