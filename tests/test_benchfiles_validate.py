@@ -3,6 +3,7 @@
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
@@ -437,3 +438,25 @@ def test_openmetrics_end_of_run_samples_are_stamped_at_the_runs_end() -> None:
     stamps = {float(s.timestamp.sec + s.timestamp.nsec / 1e9) for f in fams.values() if f.type == "histogram"
               for s in f.samples}
     assert len(stamps) == 1 and stamps.pop() == pytest.approx(last, abs=1e-6)
+
+
+def test_a_ramp_up_run_is_rebuilt_on_its_ramp_not_all_at_once(run_folder: Path, tmp_path: Path) -> None:
+    # Before: `vllm bench serve --ramp-up-strategy linear --ramp-up-start-rps 1 --ramp-up-end-rps 20` writes
+    # request_rate "inf" beside the ramp; without start_times servesim ignored the ramp_up_* keys and sent every
+    # request at t=0 ("request rate inf: every request at t=0")
+    data = json.loads((run_folder / "cb.vllm-bench.json").read_text())
+    del data["start_times"]
+    data |= {"request_rate": "inf", "ramp_up_strategy": "linear", "ramp_up_start_rps": 1, "ramp_up_end_rps": 20,
+             "burstiness": 1e6}  # gaps of all but fixed length: 1 / the request's rate
+    f = tmp_path / "ramp.json"
+    f.write_text(json.dumps(data))
+    wl, notes = rebuild_workload(read_vllm_bench(f), seed=2)
+    times = np.array([r.arrival for r in wl.requests])
+    rates = 1 + 19 * np.arange(len(times)) / (len(times) - 1)  # vLLM's _get_current_request_rate, linear
+    assert times == pytest.approx(np.cumsum(1 / rates), rel=0.01)
+    assert f"{f}: no arrival times; drawn on vLLM's linear ramp-up from 1 to 20 req/s, burstiness 1e+06 (seed 2)" in notes
+    data |= {"ramp_up_strategy": "exponential", "ramp_up_start_rps": 0}  # vLLM refuses it; named, not used
+    f.write_text(json.dumps(data))
+    assert read_vllm_bench(f).skipped == [
+        f"{f}: ramp_up_strategy: 'exponential' from ramp_up_start_rps 0 to ramp_up_end_rps 20: not a linear or "
+        "exponential ramp between positive rates; not used"]

@@ -102,6 +102,8 @@ class BenchRun:
     request_rate: float | None = None  # requests/s; None for "inf" (all at once)
     burstiness: float | None = None  # gamma shape of inter-arrival times; 1.0 is Poisson
     max_concurrency: int | None = None
+    # vLLM's --ramp-up-strategy (linear or exponential) with its start and end rates in requests/s
+    ramp_up: tuple[str, float, float] | None = None
     duration_s: float | None = None
     input_lens: list[int] = field(default_factory=list)
     output_lens: list[int] = field(default_factory=list)

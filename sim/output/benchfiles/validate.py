@@ -95,6 +95,15 @@ def rebuild_workload(run: BenchRun, *, seed: int = 0, max_len: int = 1 << 20) ->
     if run.arrival_times_s is not None and len(run.arrival_times_s) == len(keep):
         times = np.asarray(run.arrival_times_s, dtype=np.float64)[keep]
         what = "start_times"
+    elif run.ramp_up is not None:  # vLLM's get_request: request i at its own rate, no rescaling
+        kind, lo, hi = run.ramp_up
+        what = f"ramp_up_strategy {kind}"
+        b = run.burstiness if run.burstiness is not None else 1.0
+        progress = np.arange(n) / max(n - 1, 1)
+        rates = lo + (hi - lo) * progress if kind == "linear" else lo * (hi / lo) ** progress
+        times = np.cumsum(1.0 / rates if math.isinf(b) else rng.gamma(b, 1.0 / (rates * b)))
+        notes.append(f"{run.source}: no arrival times; drawn on vLLM's {kind} ramp-up from {lo:g} to {hi:g} req/s, "
+                     f"burstiness {b:g} (seed {seed})")
     elif run.request_rate is not None:
         what = f"request_rate {run.request_rate:g}"
         b = run.burstiness if run.burstiness is not None else 1.0

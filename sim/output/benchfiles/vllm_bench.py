@@ -7,10 +7,11 @@ output 0 and a non-empty `errors` entry) `input_lens`, `output_lens`, `ttfts`, `
 the ITL figures are the aggregates; with `generated_texts` they are most of the file), and in
 current versions `latencies` and `start_times` (perf_counter seconds, when each request was sent), all in seconds;
 deployment hints `model_id`, `request_rate` ("inf" or a number), `burstiness`, `max_concurrency`, `duration`
-(seconds). TPOT there already excludes the first token, as servesim's does. Saved without --save-detailed, the
-file holds no per-request lists: the workload is rebuilt from `completed` requests of the mean lengths
-(`total_input_tokens` and `total_output_tokens` over `completed`). The metrics it holds that are not compared
-(`UNCOMPARED`) are named in the report with the reason, never dropped silently.
+(seconds), and with --ramp-up-strategy `ramp_up_strategy`, `ramp_up_start_rps`, `ramp_up_end_rps` (requests/s).
+TPOT there already excludes the first token, as servesim's does. Saved without --save-detailed, the file holds no
+per-request lists: the workload is rebuilt from `completed` requests of the mean lengths (`total_input_tokens` and
+`total_output_tokens` over `completed`). The metrics it holds that are not compared (`UNCOMPARED`) are named in the
+report with the reason, never dropped silently.
 """
 
 from __future__ import annotations
@@ -67,6 +68,15 @@ def read_vllm_bench(path: str | Path, data: Any = None) -> BenchRun:
                 run.burstiness = v
             else:
                 run.duration_s = v
+    strategy = data.get("ramp_up_strategy")
+    if strategy is not None:  # request_rate is then "inf": the ramp, not it, paced the sends
+        lo, hi = _num(data.get("ramp_up_start_rps")), _num(data.get("ramp_up_end_rps"))
+        if strategy in ("linear", "exponential") and lo is not None and hi is not None and lo > 0 and hi > 0:
+            run.ramp_up = (strategy, lo, hi)
+        else:
+            skip(f"{p}: ramp_up_strategy: {strategy!r} from ramp_up_start_rps {data.get('ramp_up_start_rps')!r} to "
+                 f"ramp_up_end_rps {data.get('ramp_up_end_rps')!r}: not a linear or exponential ramp between "
+                 "positive rates; not used")
     mc = data.get("max_concurrency")
     if mc is not None:
         if isinstance(mc, int) and not isinstance(mc, bool) and mc > 0:
