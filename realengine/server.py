@@ -21,6 +21,7 @@ blocks on its own queue of token chunks, which the loop fills after every step.
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import math
 import queue
@@ -134,11 +135,13 @@ class LiveEngine:
     """The engine's loop in a thread of its own, fed by ``submit`` from any thread.
 
     ``core`` and ``executor``: one replica as ``realengine.engine`` builds it; ``detokenize(ids)``: the text of
-    output token ids. ``log``: called in the loop thread with one dict per finished request (the server's log)."""
+    output token ids. ``log``: called in the loop thread with one dict per finished request (the server's log).
+    ``guard()``: the loop runs in it (``sim.loop.run.policy_errors``: what it raises names the variant and policy)."""
 
     def __init__(self, core, executor, *, model_name: str, max_model_len: int,
                  detokenize: Callable[[list[int]], str], runner, log: Callable[[dict], None] | None = None,
-                 stall_timeout_s: float | None = STALL_TIMEOUT_S) -> None:
+                 stall_timeout_s: float | None = STALL_TIMEOUT_S,
+                 guard: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext) -> None:
         from sim.loop.simulator import Simulation
 
         self.env = LiveEnvironment()
@@ -148,7 +151,7 @@ class LiveEngine:
         self.model_name = model_name
         self.max_model_len = max_model_len
         self.detokenize = detokenize
-        self.log = log
+        self.log, self.guard = log, guard
         self._next_id = 0
         self._id_lock = threading.Lock()
         self._streams: dict[int, _Stream] = {}
@@ -214,7 +217,7 @@ class LiveEngine:
 
         try:
             self.env.sync()
-            with torch.inference_mode():
+            with self.guard(), torch.inference_mode():
                 self.env.run()  # not sim.run(): its end-of-run checks expect a workload known in advance
         except BaseException as e:  # noqa: BLE001 - kept for /health and the serve command's exit
             self.error = e
@@ -550,8 +553,7 @@ def make_server(engine: LiveEngine, host: str = "127.0.0.1", port: int = 8000) -
 
 
 def build_live_engine(cfg, *, device: str = "cpu", model_spec: str | None = None, num_gpu_blocks: int | None = None,
-                      dtype=None, real_model=None, seed: int = 0,
-                      log: Callable[[dict], None] | None = None,
+                      dtype=None, real_model=None, seed: int = 0, log: Callable[[dict], None] | None = None,
                       stall_timeout_s: float | None = STALL_TIMEOUT_S) -> LiveEngine:
     """One replica of the real engine for the variant ``cfg`` (its policy, KV manager and limits), as
     ``realengine.engine.run_engine`` builds it, on the wall clock."""
@@ -564,11 +566,11 @@ def build_live_engine(cfg, *, device: str = "cpu", model_spec: str | None = None
     from realengine.model import LlamaModel, torch_dtype
     from realengine.runner import ModelRunner
     from sim.loop.build import build
-    from sim.serving.core import ServingCore
+    from sim.loop.run import policy_errors
+    from sim.serving.core import ENGINE_LOOK_EVERY, ServingCore
 
     tdtype = torch_dtype(dtype) if dtype is not None else _default_dtype(cfg, device)
-    if real_model is not None:
-        tdtype = real_model.model.dtype
+    tdtype = real_model.model.dtype if real_model is not None else tdtype
     cfg = engine_config(cfg, model_spec=model_spec, num_gpu_blocks=num_gpu_blocks, dtype=tdtype, device=device)
     _, _, _, built = build(cfg)
     model = real_model.model if real_model is not None else LlamaModel(built.model, dtype=tdtype, device=device,
@@ -591,7 +593,8 @@ def build_live_engine(cfg, *, device: str = "cpu", model_spec: str | None = None
     with torch.inference_mode():  # warm-up: the first forward pays one-off costs
         meta = build_metadata([0], [8], device=model.device, block_size=kv.block_size)
         model(torch.zeros(8, dtype=torch.long, device=model.device), meta.positions, meta, None)
-    core = ServingCore(policy, kv, fast_path=False)
+    core = ServingCore(policy, kv, fast_path=False, look_every=ENGINE_LOOK_EVERY)  # engine run's look (stall rule)
     executor = EngineExecutor(runner, clock="wall")
     return LiveEngine(core, executor, model_name=built.model.name, max_model_len=built.max_model_len,
-                      detokenize=detokenize, runner=runner, log=log, stall_timeout_s=stall_timeout_s)
+                      detokenize=detokenize, runner=runner, log=log, stall_timeout_s=stall_timeout_s,
+                      guard=lambda: policy_errors(cfg, loop="serve"))

@@ -535,7 +535,8 @@ def test_serve_exits_2_naming_the_error_when_the_users_policy_raises(tmp_path):
             urlopen(Request(endpoint + "/completions", body, {"Content-Type": "application/json"}), timeout=30)
         assert proc.wait(timeout=30) == 2
         err = proc.stderr.read()
-        assert "error: the engine stopped: policy Late: schedule(view) at t=" in err and "late boom" in err, err
+        assert "error: the engine stopped: variant 'live-tiny': policy Late: schedule(view) at t=" in err, err
+        assert "late boom" in err, err
         assert "Traceback (most recent call last)" not in err, err
     finally:
         if proc.poll() is None:
@@ -632,3 +633,29 @@ def test_serve_takes_vllms_priority_field_for_the_policy(tmp_path):
         server.server_close()
         eng.stop()
     assert [r["priority"] for r in rows] == [3, 0]
+
+
+def test_a_served_policy_that_takes_back_what_it_plans_stops_the_server_within_seconds(tmp_path):
+    """A served policy that admits a request and preempts it at the next ask, forever (tests/data/policies/
+    bad_policies.py TakesBackWhatItPlans), stopped the server only at the core's 4,096th ask, about a minute of wall
+    time on the tiny CPU model, with 'StalledError: simulation stalled' that named no policy. Serve now looks every
+    ENGINE_LOOK_EVERY asks, as `servesim engine run` does, and the client's error names the variant and the policy."""
+    from realengine.server import build_live_engine
+    from sim.config.scenario import load_scenario, variant_configs
+    from sim.policies.user import PolicyError
+
+    (tmp_path / "bad_policies.py").write_text((ROOT / "tests" / "data" / "policies" / "bad_policies.py").read_text())
+    path = tmp_path / "s.yaml"
+    path.write_text(SCENARIO.replace("  type: continuous\n",
+                                     '  type: custom\n  cls: "bad_policies.py:TakesBackWhatItPlans"\n'))
+    eng = build_live_engine(variant_configs(load_scenario(path)[0])[0])
+    eng.start()
+    try:
+        start = time.monotonic()
+        kind, text = eng.submit(4, 2).chunks.get(timeout=30)
+        assert kind == "error" and time.monotonic() - start < 15, (kind, text)
+        assert "variant 'live-tiny': policy TakesBackWhatItPlans: stalled at t=" in text, text
+        assert "tokens and it took them back (preempted them)" in text, text
+        assert isinstance(eng.error, PolicyError)
+    finally:
+        eng.stop()
