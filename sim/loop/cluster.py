@@ -324,7 +324,10 @@ def cluster_result(
         "replicas_start": sum(1 for life in log.lives if life.provisioned == 0.0),
         "replicas_max": max(n_paid),
         "replica_seconds": replica_seconds,
-        "replicas_mean": replica_seconds / (end - start) if end > start else float(len(sim.replicas)),
+        # a sum of per-replica windows over the run's window, rounded: capped at the maximum it cannot exceed (three
+        # replicas serving the whole run read 3.0000000000000004, above replicas_max 3)
+        "replicas_mean": min(replica_seconds / (end - start), max(n_paid)) if end > start
+        else float(len(sim.replicas)),
         "gpu_hours": replica_seconds / 3600.0,
         "cost_usd": replica_seconds / 3600.0 * price_per_hour,
         "price_per_replica_hour": price_per_hour,
