@@ -127,6 +127,19 @@ def test_nothing_meets() -> None:
     assert r.chosen is None and r.break_even is None
     assert r.count("pruned", "ttft") == 2  # both replica counts: no GPU makes one prefill that fast
     assert "no deployment in the space meets the SLOs" in format_plan(r)
+    # Before: an empty Pareto table's header, and no word of why; now the bound's reason on the cheapest it ruled out
+    text = format_plan(r)
+    (one,) = [e for e in r.evaluations if e.candidate.num_gpus == 1]
+    assert "Pareto front" not in text and f"  ttft: {one.candidate.label()}: {one.reason}\n" in text
+    assert "searched 2 deployments;" in text
+    assert one.reason.startswith("p99 TTFT >= ") and "> SLO 0.0001 s" in one.reason
+    raw = chat(1, 20, ttft=2.0, tpot=0.1, gpus=["l4"], max_gpus=2)
+    raw["deployment"]["model"] = "llama-3.1-70b"  # 131 GiB of bf16 weights on a 22.5 GiB L4
+    raw["plan"]["max_gpus"] = 1
+    text = format_plan(plan(parse_scenario(raw)))
+    assert "searched 1 deployment;" in text  # was "1 deployments"
+    assert "\n  memory: l4, weights bf16, KV bf16, max_num_seqs 256, chunked prefill on: deployment: llama-3.1-70b " \
+           "does not fit on 1 x l4" in text
 
 
 def test_an_empty_search_space_is_an_error_naming_why() -> None:

@@ -6,6 +6,7 @@ import math
 
 from sim.metrics.intervals import coverage_text
 from sim.studies.plan_result import NAN, SLO_CLASSES, SLO_METRICS, Evaluation, PlanResult
+from sim.words import counted
 
 
 def _ms(x: float | None) -> str:
@@ -56,24 +57,10 @@ def _joules(j: float) -> str:
     return f"{j:>6.4f}" if math.isfinite(j) else f"{'-':>6}"
 
 
-def format_plan(result: PlanResult) -> str:
-    """The search in words: counts, the Pareto front, the choice, its cost per token and the break-even."""
+def _front_lines(result: PlanResult, keys: list[str]) -> list[str]:
+    """The Pareto front of the simulated deployments as a table, with the line saying what its columns mean."""
     q = result.percentile
-    keys = _metric_names(result)
-    slo_text = ", ".join(f"p{q} {k.upper()} <= {_ms(result.slos[k])} ms" for k in keys)
-    n = len(result.evaluations)
-    pruned = {b: result.count("pruned", b) for b in ("memory", "ttft", "tpot", "e2el", "throughput", "max_gpus")}
-    pruned_text = ", ".join(f"{b} {v:,}" for b, v in pruned.items() if v)
-    lines = [
-        f"{result.scenario}: SLOs {slo_text}, every request completed",
-        f"searched {n:,} deployments; pruned by analytic bounds: {pruned_text or 'none'} "
-        f"(throughput: steady state, utilisation > 1); simulated {len(result.simulated)}"
-        + (f", {result.count('not simulated'):,} not simulated (costlier than the choice or equally cheap with "
-           "lower precision)" if result.count("not simulated") else "")
-        + f"; {result.seconds:.1f} s",
-        "",
-        f"Pareto front of the simulated deployments (cost vs p{q} latency):",
-    ]
+    lines = [f"Pareto front of the simulated deployments (cost vs p{q} latency):"]
     head = f"  {'$/h':>7} {'GPUs':>4}  " + "".join(f"{k.upper() + ' p' + str(q) + ' ms':>14}" for k in keys)
     head += f"  {'meets':<5} {'$/M out':>8}  {'J/out':>6}  deployment"
     lines.append(head)
@@ -92,6 +79,36 @@ def format_plan(result: PlanResult) -> str:
     elif front:
         lines.append("J/out: joules per output token (-: a GPU without power figures)")
     lines.append("")
+    return lines
+
+
+def format_plan(result: PlanResult) -> str:
+    """The search in words: counts, the Pareto front, the choice, its cost per token and the break-even."""
+    q = result.percentile
+    keys = _metric_names(result)
+    slo_text = ", ".join(f"p{q} {k.upper()} <= {_ms(result.slos[k])} ms" for k in keys)
+    n = len(result.evaluations)
+    pruned = {b: result.count("pruned", b) for b in ("memory", "ttft", "tpot", "e2el", "throughput", "max_gpus")}
+    pruned_text = ", ".join(f"{b} {v:,}" for b, v in pruned.items() if v)
+    lines = [
+        f"{result.scenario}: SLOs {slo_text}, every request completed",
+        f"searched {counted(n, 'deployment', fmt=',')}; pruned by analytic bounds: {pruned_text or 'none'} "
+        f"(throughput: steady state, utilisation > 1); simulated {len(result.simulated)}"
+        + (f", {result.count('not simulated'):,} not simulated (costlier than the choice or equally cheap with "
+           "lower precision)" if result.count("not simulated") else "")
+        + f"; {result.seconds:.1f} s",
+        "",
+    ]
+    if not result.simulated:  # an empty table said nothing of why: each bound's reason, on its cheapest deployment
+        lines.append("nothing simulated: the bounds ruled out every deployment; the cheapest each bound ruled out:")
+        for b in pruned:
+            ruled = [e for e in result.evaluations if e.status == "pruned" and e.bound == b]
+            if ruled:
+                e = min(ruled, key=lambda e: e.candidate.cost_per_hour)
+                lines.append(f"  {b}: {e.candidate.label()}: {e.reason}")
+        lines.append("")
+    else:
+        lines += _front_lines(result, keys)
     ch = result.chosen
     if ch is None:
         lines.append("no deployment in the space meets the SLOs: widen plan (more GPUs, other GPUs or dtypes) or "
