@@ -274,10 +274,13 @@ def test_page_draws_and_reacts_to_its_knobs(server, browser, shots):
     _set_number(browser, "max_num_seqs", "4")
     few = _wait(lambda: (t := _text(browser, "throughput")) != now and t, "the run with max_num_seqs=4")
     browser.find_element(By.ID, "preset").click()
-    _wait(lambda: browser.find_elements(By.CSS_SELECTOR, "[role='option']"), "the preset list")
-    option = [o for o in browser.find_elements(By.CSS_SELECTOR, "[role='option']")
-              if o.text == "lesson-continuous-batching/continuous"]
-    option[0].click()
+    # wait for the wanted option itself, not for any option: under load the list is drawn in parts (the
+    # whole-suite run at load 12 found the list without it, an IndexError)
+    option = _wait(lambda: browser.execute_script(
+        "return Array.from(document.querySelectorAll(\"[role='option']\"))"
+        ".find(o => o.innerText.trim() === 'lesson-continuous-batching/continuous') || null;"),
+        "the preset list's lesson-continuous-batching/continuous")
+    option.click()
     _wait(lambda: browser.find_element(By.ID, "max_num_seqs").get_attribute("value") == "256", "the preset's 256")
     preset_run = _wait(lambda: (t := _text(browser, "throughput")) not in (few, "") and t, "the preset's run")
     _set_number(browser, "max_num_seqs", "4")
