@@ -8,6 +8,7 @@ activation reserve; blocks = KV memory // (16 tokens * KV bytes per token).
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from typer.testing import CliRunner
@@ -202,3 +203,25 @@ def test_gpus_with_pp_keeps_the_splits_of_those_stages() -> None:
     assert [(r.tensor_parallel_size, r.pipeline_parallel_size) for r in t.rows] == [(2, 2)]
     with pytest.raises(ValueError, match=r"no tp x pp split of 4 GPUs with pp in \[3\] suits llama-3\.1-8b"):
         capacity_table("llama-3.1-8b", "h100-sxm", contexts=[4096], pipeline_parallel_sizes=[3], num_gpus=4)
+
+
+def test_wide_context_labels_and_session_counts_keep_their_columns_apart() -> None:
+    # Before: `servesim capacity --model llama-3.2-1b --gpu l4 --context 4096 --context 200000` printed
+    # "KV per session:       4k tok200,000 tok" and "@4k@200,000": a label wider than its column ran into the one
+    # before; a session count of 8 characters and more (1,000,000) likewise
+    table = capacity_table("llama-3.2-1b", "h200", contexts=[4096, 200_000, 16, 1], weight_dtypes=["int4"],
+                           kv_dtypes=["fp8"], tensor_parallel_sizes=[8])
+    lines = format_capacity(table).splitlines()
+    (kv,) = [ln for ln in lines if ln.startswith("KV per session:")]
+    assert kv.split()[3:] == ["4k", "tok", "200,000", "tok", "16", "tok", "1", "tok"]
+    (head,) = [ln for ln in lines if ln.startswith("weights kv")]
+    (row,) = [ln for ln in lines if ln.startswith("int4")]
+    assert head.split()[-4:] == ["@4k", "@200,000", "@16", "@1"]
+    (r,) = table.rows
+    assert len(f"{r.sessions[3]:,}") >= 8  # as wide as the old 8-character column: no space before it
+    assert row.split()[-4:] == [f"{r.sessions[0]:,}", "-", f"{r.sessions[2]:,}", f"{r.sessions[3]:,}"]
+    # right-aligned under their labels
+    def ends(line: str) -> list[int]:
+        return [m.end() for m in re.finditer(r"\S+", line)][-4:]
+
+    assert ends(row) == ends(head)

@@ -293,16 +293,22 @@ def format_capacity(table: CapacityTable) -> str:
         f"bf16); {g.memory_bytes / GiB:.1f} GiB per GPU, gpu_memory_utilization {table.gpu_memory_utilization:g}; "
         f"{table.block_size}-token KV blocks"),
         "KV per token (whole model): " + ", ".join(f"{_bytes(m.kv_bytes_per_token(d))} in {d}" for d in kv_dtypes),
-        "KV per session:  " + "".join(f"{_tokens(c) + ' tok':>11}" for c in table.contexts),
     ]
+    # each context's columns as wide as their widest text, one space apart at least (a context such as 200,000 or
+    # a session count of 1,000,000 ran into its neighbour: "4k tok200,000 tok", "@4k@200,000")
+    kv_w = [max(11, len(f"{_tokens(c)} tok") + 1) for c in table.contexts]
+    lines.append("KV per session:  " + "".join(f"{_tokens(c) + ' tok':>{w}}" for c, w in zip(table.contexts, kv_w,
+                                                                                          strict=True)))
     for d in kv_dtypes:
-        lines.append(f"  {d:<14}" + "".join(f"{_bytes(table.kv_bytes_per_session(c, d)):>11}"
-                                           for c in table.contexts))
+        lines.append(f"  {d:<14}" + "".join(f"{_bytes(table.kv_bytes_per_session(c, d)):>{w}}"
+                                           for c, w in zip(table.contexts, kv_w, strict=True)))
     lines.append("")
     piped = any(r.pipeline_parallel_size > 1 for r in table.rows)  # a pp column only when a row has stages
     pp_head = f"{'pp':>3}" if piped else ""
     head = f"{'weights':<8}{'kv':<6}{'tp':>3}{pp_head}{'weights/GPU':>13}{'KV cache/GPU':>14}{'KV tokens':>11}"
-    head += "".join(f"{'@' + _tokens(c):>8}" for c in table.contexts)
+    sess_w = [max(8, len(f"@{_tokens(c)}") + 1, *(len(f"{r.sessions[i] or 0:,}") + 1 for r in table.rows if r.fits))
+              for i, c in enumerate(table.contexts)]
+    head += "".join(f"{'@' + _tokens(c):>{w}}" for c, w in zip(table.contexts, sess_w, strict=True))
     lines.append(" " * len(f"{'weights':<8}{'kv':<6}{'tp':>3}{pp_head}{'weights/GPU':>13}{'KV cache/GPU':>14}"
                            f"{'':>11}") + "  max concurrent sessions per replica")
     lines.append(head)
@@ -313,7 +319,7 @@ def format_capacity(table: CapacityTable) -> str:
         if not r.fits:
             lines.append(f"{left}  does not fit: {r.reason}")
             continue
-        cells = "".join(f"{'-' if s is None else f'{s:,}':>8}" for s in r.sessions)
+        cells = "".join(f"{'-' if s is None else f'{s:,}':>{w}}" for s, w in zip(r.sessions, sess_w, strict=True))
         lines.append(f"{left}{_bytes(r.kv_memory):>14}{r.capacity_tokens:>11,}{cells}")
     notes = [
         (f"sessions: requests of that many tokens (prompt + output) one replica of tp GPUs holds in KV at once, in "
