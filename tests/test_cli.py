@@ -624,3 +624,15 @@ def test_each_commands_hint_names_the_key_it_uses(given: list[str], line: str) -
     # plan chooses the replica count itself: no --set to give
     plain = CliRunner().invoke(app, ["plan", scenario, "--replicas", "2"])
     assert plain.exit_code == 2 and "No such option: --replicas" in plain.output and "--set" not in plain.output
+
+
+@pytest.mark.parametrize(("option", "line"), [
+    ("--replicas", "it is the scenario's cluster.replicas: give --set cluster.replicas=2"),
+    ("--xpyd", "give --set variants.0.disaggregation.xpyd=2 (0: a list's first item)"),
+])
+def test_the_hints_set_key_is_one_set_can_reach(option: str, line: str) -> None:
+    """`servesim run --replicas 2` was told '--set variants.cluster.replicas=2': variants is a list (--set needs an
+    index) and the top-level cluster section holds replicas; the schema was walked depth first, through variants."""
+    scenario = str(ROOT / "scenarios" / "naive-vs-continuous.yaml")
+    res = CliRunner().invoke(app, ["run", scenario, option, "2"])
+    assert res.exit_code == 2 and line in " ".join(res.output.split()), res.output

@@ -59,8 +59,9 @@ class ScenarioKeyOptions(TyperCommand):
                     raise UsageError(f"No such option: {e.option_name}; {self.name} takes {own}: give {own} "
                                      f"{value}", ctx) from None
                 place, value = own, f"[{value}]"  # a list the command searches
+            first = " (0: a list's first item)" if ".0." in place else ""
             raise UsageError(f"No such option: {e.option_name}; it is the scenario's {place}: give --set "
-                                   f"{place}={value}", ctx) from None
+                                   f"{place}={value}{first}", ctx) from None
 
 
 # A command that takes a scenario key from elsewhere, for ScenarioKeyOptions' hint: key -> the list it searches

@@ -144,20 +144,26 @@ def closest_key(unknown: str, known: list[str]) -> str | None:
     return close[0] if close else None
 
 
-def _schema_keys(model: type[BaseModel], where: str = "", seen: set[type] | None = None) -> dict[str, str]:
-    """Every key of the schema below ``model``, each with the dotted place it first appears."""
-    seen = set() if seen is None else seen
-    if model in seen:
-        return {}
-    seen.add(model)
+def _schema_keys(model: type[BaseModel], item: str = "") -> dict[str, str]:
+    """Every key of the schema below ``model``, each with its shallowest dotted place (breadth first): depth first,
+    ``replicas`` was placed under ``variants.cluster`` (a list's item, where --set needs an index), the top-level
+    ``cluster`` section's model being already seen there. ``item``: written after a list's name in a place (".0",
+    the first item, for a --set key: ``variants.0.disaggregation``)."""
     keys: dict[str, str] = {}
-    for name, field in model.model_fields.items():
-        keys.setdefault(name, where)
-        for t in _member_types(field.annotation):
-            for sub in [t, *(a for a in typing.get_args(t) for a in _member_types(a))]:
-                if _is_model(sub):
-                    for k, w in _schema_keys(sub, f"{where}.{name}" if where else name, seen).items():
-                        keys.setdefault(k, w)
+    seen: set[type] = {model}
+    level: list[tuple[type[BaseModel], str]] = [(model, "")]
+    while level:
+        below: list[tuple[type[BaseModel], str]] = []
+        for m, where in level:
+            for name, field in m.model_fields.items():
+                keys.setdefault(name, where)
+                for t in _member_types(field.annotation):
+                    place = (f"{where}.{name}" if where else name) + (item if typing.get_origin(t) is list else "")
+                    for sub in [t, *(a for a in typing.get_args(t) for a in _member_types(a))]:
+                        if _is_model(sub) and sub not in seen:
+                            seen.add(sub)
+                            below.append((sub, place))
+        level = below
     return keys
 
 
@@ -175,7 +181,7 @@ def key_place(model: type[BaseModel], name: str) -> str | None:
     """The dotted place of the schema key ``name`` most likely means (``model`` -> ``deployment.model``, ``tp`` ->
     ``deployment.tensor_parallel_size``), for a command-line option that is a scenario key; None when none is
     close."""
-    everywhere = _schema_keys(model)
+    everywhere = _schema_keys(model, item=".0")
     key = name if name in everywhere else closest_key(name, sorted(everywhere))
     if key is None:
         return None
