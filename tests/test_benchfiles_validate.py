@@ -460,3 +460,15 @@ def test_a_ramp_up_run_is_rebuilt_on_its_ramp_not_all_at_once(run_folder: Path, 
     assert read_vllm_bench(f).skipped == [
         f"{f}: ramp_up_strategy: 'exponential' from ramp_up_start_rps 0 to ramp_up_end_rps 20: not a linear or "
         "exponential ramp between positive rates; not used"]
+
+
+def test_the_table_says_what_the_load_is(run_folder: Path, tmp_path: Path) -> None:
+    # Before: "mc4.json (vllm-bench, load 4.0):" for a closed loop of 4 concurrent requests, as for 4 req/s
+    data = json.loads((run_folder / "cb.vllm-bench.json").read_text())
+    del data["start_times"]
+    data |= {"request_rate": "inf", "max_concurrency": 4}
+    (tmp_path / "mc4.json").write_text(json.dumps(data))
+    table = validate_against(SCENARIO, [tmp_path / "mc4.json"]).table()
+    assert table.splitlines()[0] == f"{tmp_path / 'mc4.json'} (vllm-bench, max_concurrency 4 (a closed loop)):"
+    table = validate_against(SCENARIO, [run_folder / "cb.vllm-bench.json"]).table()
+    assert table.splitlines()[0] == f"{run_folder / 'cb.vllm-bench.json'} (vllm-bench, request rate 4 req/s):"

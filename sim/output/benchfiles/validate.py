@@ -208,7 +208,7 @@ class BenchValidation:
         lines = []
         for f in self.files:
             name = f.source + (f" {f.label}" if f.label else "")
-            lines.append(f"{name} ({f.format}, load {f.load if f.load is not None else 'inf'}):")
+            lines.append(f"{name} ({f.format}, {_load_text(f)}):")
             for k, m in f.metrics.items():
                 e = m["error"]
                 x, unit = _unit(k)
@@ -220,6 +220,15 @@ class BenchValidation:
             for s in f.notes:
                 lines.append(f"  note: {s}")
         return "\n".join(lines)
+
+
+def _load_text(f: FileValidation) -> str:
+    """The file's load with its kind and unit: ``load 4.0`` read as 4 req/s for a closed loop of 4 requests."""
+    if f.load is None:
+        return "request rate inf"
+    if f.load_kind == "max_concurrency":
+        return f"max_concurrency {f.load:g} (a closed loop)"
+    return f"request rate {f.load:g} req/s" if f.load_kind == "request_rate" else f"load {f.load:g}"
 
 
 def _other_model(served: str | None, simulated: str | dict[str, Any]) -> bool:
@@ -374,7 +383,7 @@ def build_page(val: BenchValidation) -> str:
                                  config={"displaylogo": False, "responsive": True}))
     for f in val.files:
         title = html.escape(f.source + (f" {f.label}" if f.label else ""))
-        parts.append(f"<h2>{title}</h2><p>{html.escape(f.format)}, load {f.load if f.load is not None else 'inf'}"
+        parts.append(f"<h2>{title}</h2><p>{html.escape(f.format)}, {html.escape(_load_text(f))}"
                      f"</p><table><tr><th>metric</th><th>measured</th><th>simulated</th><th>error</th>"
                      "<th>80% interval</th></tr>")
         for k, m in f.metrics.items():
