@@ -661,8 +661,11 @@ def test_a_stall_of_prompts_longer_than_the_step_budget_says_so() -> None:
                        r"step \(raise max_num_batched_tokens, or chunk them\)$"):
         servesim.run(scenario)
     one = {**scenario, "workload": {**scenario["workload"], "num_requests": 1}}  # it said '1 waiting requests have'
+    # and '(a policy never schedules them?)', '... never fits them in a step' of that one request
     with pytest.raises(servesim.ScenarioError, match=r"simulation stalled: 1 request without outcome, 0 never sent "
-                       r"\(a policy never schedules them\?\); 1 waiting request has more prompt tokens left than "):
+                       r"\(a policy never schedules it\?\); 1 waiting request has more prompt tokens left than "
+                       r"max_num_batched_tokens \(8192\): a policy that does not chunk prompts never fits it in a "
+                       r"step \(raise max_num_batched_tokens, or chunk it\)$"):
         servesim.run(one)
     scenario["policy"]["max_num_batched_tokens"] = 12000
     assert servesim.run(scenario).summary["scenario"]["num_completed"] == 6

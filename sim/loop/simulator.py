@@ -487,9 +487,10 @@ class Simulation:
         else:  # they left as they finished: count them
             unfinished, sent = self._sent - self._finished, self._sent
         if unfinished or sent != len(self.specs):
+            it = "it" if unfinished + len(self.specs) - sent == 1 else "them"  # one request stalled: "them" said
             raise StalledError(
                 f"simulation stalled: {counted(unfinished, 'request')} without outcome, "
-                f"{len(self.specs) - sent} never sent (a policy never schedules them?){self._too_long_to_run()}"
+                f"{len(self.specs) - sent} never sent (a policy never schedules {it}?){self._too_long_to_run()}"
                 f"{self._kv_full()}"
             )
 
@@ -512,9 +513,9 @@ class Simulation:
             limit = rep.core.limits.max_num_batched_tokens
             long = [r for r in rep.core.waiting if r.prompt_len - r.num_computed_tokens > limit]
             if long:
-                have = "has" if len(long) == 1 else "have"
+                have, them = ("has", "it") if len(long) == 1 else ("have", "them")
                 return (f"; {counted(len(long), 'waiting request')} {have} more prompt tokens left than "
                         "max_num_batched_tokens "
-                        f"({limit}): a policy that does not chunk prompts never fits them in a step (raise "
-                        "max_num_batched_tokens, or chunk them)")
+                        f"({limit}): a policy that does not chunk prompts never fits {them} in a step (raise "
+                        f"max_num_batched_tokens, or chunk {them})")
         return ""
