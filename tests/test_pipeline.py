@@ -19,7 +19,14 @@ from sim.hardware.kv_budget import kv_budget
 from sim.hardware.models import resolve_model
 from sim.loop.build import build
 from sim.loop.run import run_scenario
-from sim.serving.pipeline import LINK_PRESETS, PipelineCostModel, resolve_link, stage_model, wrap_pipeline
+from sim.serving.pipeline import (
+    LINK_PRESETS,
+    PipelineCostModel,
+    resolve_link,
+    stage_model,
+    stage_models,
+    wrap_pipeline,
+)
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
 M70 = resolve_model("llama-3.1-70b")
@@ -35,44 +42,56 @@ def pipeline(pp: int = 4, link: str = "nvlink") -> PipelineCostModel:
 def test_one_stage_is_the_cost_model_itself() -> None:
     inner = AnalyticCostModel(M70, H100)
     assert wrap_pipeline(inner, M70, H100, pipeline_parallel_size=1) is inner
-    assert stage_model(M70, 1) is M70
+    assert stage_models(M70, 1) == [M70] and stage_model(M70, 1, len) is M70
 
 
 def test_stage_holds_its_layers_weights_and_kv() -> None:
-    st = stage_model(M70, 4)
-    assert st.num_layers == 20  # 80 layers over 4 stages
-    assert stage_model(resolve_model("llama-3.1-8b"), 3).num_layers == 11  # 32 / 3: the largest stage
+    stages = stage_models(M70, 4)
+    assert [st.num_layers for st in stages] == [20] * 4  # 80 layers over 4 stages
+    # vLLM's get_pp_indices: 32 / 3 gives the remainder to the stages before the last (which holds the LM head)
+    assert [st.num_layers for st in stage_models(resolve_model("llama-3.1-8b"), 3)] == [11, 11, 10]
     whole = kv_budget(M70, H100, tensor_parallel_size=4)
-    piped = kv_budget(st, H100)
+    first, middle, _, last = (kv_budget(st, H100) for st in stages)
     # a stage's KV per token is a quarter of the model's, as with tp=4 (8 KV heads split in 4)
-    assert piped.bytes_per_token * 4 == 2 * 80 * 8 * 128 * 2  # K and V, 80 layers, 8 KV heads of 128, bf16
-    assert piped.bytes_per_token == whole.bytes_per_token
-    # weights per GPU: a quarter of the layers, but embedding and LM head whole (tp splits those too)
-    assert whole.weight_bytes < piped.weight_bytes < 1.1 * whole.weight_bytes
+    assert middle.bytes_per_token * 4 == 2 * 80 * 8 * 128 * 2  # K and V, 80 layers, 8 KV heads of 128, bf16
+    assert middle.bytes_per_token == whole.bytes_per_token
+    # weights per GPU: a quarter of the layers; the embedding on the first stage, the LM head on the last (vLLM's
+    # PPMissingLayer elsewhere), where tp=4 splits both over every GPU
+    matrix = M70.shard(1).embedding_params * 2  # bf16 bytes of one vocabulary x hidden matrix
+    assert first.weight_bytes - middle.weight_bytes == matrix
+    assert last.weight_bytes - middle.weight_bytes == matrix + 8192 * 2  # and the final norm
+    assert middle.weight_bytes == M70.shard(1).weight_bytes("bf16") // 4 - 2 * matrix // 4 - 8192 * 2 // 4
+    # the sampler's logits are reserved on the last stage only, as vLLM's profile samples there only
+    assert last.activation_reserve - middle.activation_reserve == 256 * M70.vocab_size * 4 * 2
+    assert first.activation_reserve == middle.activation_reserve
     with pytest.raises(ValueError, match="exceeds"):
-        stage_model(M70, 81)
+        stage_models(M70, 81)
 
 
-def test_every_stage_is_sized_with_the_embedding_and_the_lm_head_as_the_docs_say() -> None:
-    # docs/engines-and-hardware.md and this module's docstring: every stage's GPU is counted with the whole
-    # embedding and LM head (vLLM holds the embedding on the first stage and the LM head on the last), so at tp1
-    # pp8 Llama-3.1-70B's largest stage has 1,278,560 KV tokens where vLLM's convention gives 1,329,872; the docs
-    # said "each stage keeps its own embedding and LM head", as vLLM's fact. A change of the sizing changes both.
+def test_a_tied_lm_head_keeps_the_embedding_on_the_last_stage_too() -> None:
+    # vLLM's Llama: embed_tokens on the first rank, or on the last when the LM head is tied to it
+    tied = resolve_model("llama-3.2-1b")
+    assert tied.tie_word_embeddings
+    first, middle, _, last = (st.shard(1) for st in stage_models(tied, 4))  # 16 layers: 4 a stage
+    rows = tied.vocab_size * tied.hidden_size
+    assert (first.stored_params - middle.stored_params, last.stored_params - middle.stored_params) == (rows, rows + 2048)
+
+
+def test_the_stage_that_holds_the_fewest_kv_tokens_sizes_the_cache_as_vllm_lays_the_stages_out() -> None:
+    # every stage's GPU was counted with the whole embedding and LM head, so at tp1 pp8 Llama-3.1-70B read 1,278,560
+    # KV tokens where vLLM (embedding on the first stage, LM head on the last, the minimum of the workers' blocks)
+    # gives 1,329,872: the last stage (LM head, final norm, the sampler's logits) binds
     from sim.hardware.capacity import capacity_table
 
-    shard = M70.shard(1)
-    matrix = shard.embedding_params * 2  # bf16 bytes of one vocabulary x hidden matrix
-    assert shard.lm_head_params * 2 == matrix and not shard.tied
-    ten = stage_model(M70, 8)
-    assert ten.num_layers == 10
-    assert kv_budget(ten, H100).weight_bytes - ten.shard(1).body_matmul_params * 2 >= 2 * matrix
+    blocks = [kv_budget(st, H100).num_gpu_blocks for st in stage_models(M70, 8)]
+    assert min(blocks) == blocks[-1] == 1_329_872 // 16 and blocks[0] > blocks[-1] and len(set(blocks[1:-1])) == 1
     [row] = capacity_table("llama-3.1-70b", "h100-sxm", contexts=[4096], weight_dtypes=["bf16"], kv_dtypes=["auto"],
                            tensor_parallel_sizes=[1], pipeline_parallel_sizes=[8]).rows
-    assert row.capacity_tokens == 1_278_560
-    vllm_like = (row.kv_memory + matrix) // (row.kv_bytes_per_token * 16) * 16
-    assert vllm_like == 1_329_872
+    assert row.capacity_tokens == 1_329_872
+    built = build(variant_configs(parse_scenario(_scenario(pipeline_parallel_size=8)))[0])[3]  # a run: the same
+    assert built.budget.weight_bytes == stage_models(M70, 8)[-1].shard(1).weight_bytes("bf16")
     doc = (Path(__file__).resolve().parent.parent / "docs" / "engines-and-hardware.md").read_text()
-    assert "1,329,872 tokens rather than 1,278,560" in doc and "each\nstage keeps its own embedding" not in doc
+    assert "1,329,872 KV tokens at tp1 pp8" in doc and "1,278,560" not in doc
 
 
 def test_round_is_one_micro_batch_through_every_stage_plus_hops() -> None:

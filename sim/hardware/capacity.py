@@ -164,13 +164,19 @@ def capacity_row(
     kd = resolve_kv_dtype(kv_dtype, wd)
     tp = check_tensor_parallel(model, tensor_parallel_size)
     pp = pipeline_parallel_size
-    whole, model = model, stage_model(model, pp)  # the layers one GPU holds
-    shard = model.shard(tp)
-    per_token = model.kv_elements_per_token(tp) * kv_dtype_bytes(kd)
-    weights = shard.weight_bytes(wd)
-    reserve = estimate_activation_reserve(model, weight_dtype=wd, tensor_parallel_size=tp,
-                                          max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs)
     usable = int(gpu.memory_bytes * gpu_memory_utilization)
+
+    def reserve_of(m: ModelSpec) -> int:
+        return estimate_activation_reserve(m, weight_dtype=wd, tensor_parallel_size=tp,
+                                           max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs)
+
+    def kv_tokens(m: ModelSpec) -> float:  # tokens a stage's GPU holds (the fewest size every stage's cache)
+        return (usable - m.shard(tp).weight_bytes(wd) - reserve_of(m)) / m.kv_elements_per_token(tp)
+
+    whole, model = model, stage_model(model, pp, kv_tokens)  # the layers (and embedding, LM head) one GPU holds
+    per_token = model.kv_elements_per_token(tp) * kv_dtype_bytes(kd)
+    weights = model.shard(tp).weight_bytes(wd)
+    reserve = reserve_of(model)
     # the fields both rows share; Any because they are of several types (CapacityRow's fields check them)
     common: dict[str, Any] = dict(
         model=whole.name, gpu=gpu.name, weight_dtype=wd, kv_dtype=kd, tensor_parallel_size=tp, weight_bytes=weights,

@@ -71,13 +71,20 @@ def size_kv_cache(deployment: Deployment, model: ModelSpec, gpu: GPUSpec, limits
     policy is static batching (the hint then names the keys that policy has). With pipeline stages, one GPU holds
     its stage's layers only."""
     dep = deployment
+    kw = budget_kwargs(dep, limits.max_num_batched_tokens, limits.max_num_seqs)
+
+    def blocks(stage: ModelSpec) -> int:  # a stage that does not fit binds (and says so below)
+        try:
+            return engine_kv_budget(dep.engine, stage, gpu, **kw).num_gpu_blocks
+        except (ModelDoesNotFitError, ValueError):
+            return -1
+
     try:
-        model = stage_model(model, dep.pipeline_parallel_size)
+        model = stage_model(model, dep.pipeline_parallel_size, blocks)  # the stage that holds the fewest blocks
     except ValueError as e:
         raise ScenarioError(f"deployment: {e}") from None
     try:
-        budget = engine_kv_budget(dep.engine, model, gpu,
-                                  **budget_kwargs(dep, limits.max_num_batched_tokens, limits.max_num_seqs))
+        budget = engine_kv_budget(dep.engine, model, gpu, **kw)
     except ModelDoesNotFitError as e:
         hint = ""
         weights = model.shard(dep.tensor_parallel_size).weight_bytes(dep.weight_dtype)

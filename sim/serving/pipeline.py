@@ -1,12 +1,12 @@
 """Pipeline parallelism (vLLM's ``pipeline_parallel_size``): the model's layers split over ``pp`` stages, each a
 tensor-parallel group of ``tp`` GPUs, activations handed from stage to stage over a link.
 
-Memory. Each GPU holds its stage's layers: the weights and the KV of ``ceil(num_layers / pp)`` layers (the
-largest stage bounds how many tokens the cache holds; embedding and LM head are counted on every stage, where vLLM
-holds the embedding on the first stage only and the LM head on the last (middle stages neither): an overestimate
-of one vocabulary x hidden matrix on the largest stage, 2.0 GiB of Llama-3.1-70B's bf16 weights, 4% of its KV
-tokens at tp1 pp8 on an H100, docs/engines-and-hardware.md). ``stage_model`` is the model one GPU sizes its memory
-for.
+Memory. Each GPU holds its stage's layers, as vLLM lays them out (``stage_models``): ``num_layers // pp`` layers
+a stage, the remainder one each to the stages before the last (vLLM's ``get_pp_indices``); the embedding on the
+first stage, the LM head, the final norm and the sampler's logits on the last (``get_pp_group().is_first_rank`` /
+``is_last_rank``; a tied LM head keeps the embedding matrix on the last stage too), neither on a middle stage
+(``PPMissingLayer``). vLLM sizes the cache by the minimum of its workers' free blocks, so ``stage_model`` is the
+stage whose GPU holds the fewest KV tokens (Llama-3.1-70B bf16 at tp1 pp8 on an H100: the last, 1,329,872).
 
 Time. vLLM keeps up to ``pp`` batches in flight (v0's virtual engines, v1's batch queue): the running requests
 are split into ``m = min(pp, rows)`` micro-batches that follow one another through the stages. One step of the
@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -46,7 +46,7 @@ from sim.costs.costmodel import CostModel, StepShape
 from sim.costs.fitted import FittedCostModel
 from sim.hardware.dtypes import DTYPE_BITS, activation_dtype
 from sim.hardware.gpu import GPUSpec
-from sim.hardware.models import ModelSpec
+from sim.hardware.models import ModelSpec, ShardSpec
 
 # The links between stages, one direction, as achieved by NCCL send/recv (bandwidth in B/s, latency in s).
 #   nvlink:     H100 NVLink 4: 900 GB/s total per GPU, 450 GB/s each way (NVIDIA H100 datasheet); one small
@@ -79,6 +79,41 @@ def stage_layers(num_layers: int, pp: int) -> int:
     return math.ceil(num_layers / pp)
 
 
+def stage_layer_counts(num_layers: int, pp: int) -> list[int]:
+    """Layers of each stage, first to last, as vLLM's ``get_pp_indices`` splits them: the remainder of
+    ``num_layers / pp`` goes one layer each to the stages before the last (which holds the LM head)."""
+    counts = [num_layers // pp] * pp
+    for i in range(2, num_layers % pp + 2):
+        counts[-i] += 1
+    return counts
+
+
+@dataclass(frozen=True, slots=True)
+class StageSpec(ModelSpec):
+    """The part of a model one pipeline stage holds: its layers (``num_layers``), the embedding only on the first
+    stage and the LM head, final norm and sampler only on the last (a tied head keeps the embedding there too)."""
+
+    first: bool = True
+    last: bool = True
+
+    def shard(self, tensor_parallel_size: int = 1) -> ShardSpec:
+        s = ModelSpec.shard(self, tensor_parallel_size)
+        vocab_rows = s.vocab_size * self.word_embed_proj_dim
+        final = (2 if self.norm == "layer" else 1) * self.hidden_size if self.final_norm and not self.last else 0
+        embedding = s.embedding_params if self.first else vocab_rows if self.last and s.tied else 0
+        return dataclasses.replace(s, embedding_params=embedding, lm_head_params=s.lm_head_params * self.last,
+                                   other_params=s.other_params - final)
+
+
+def stage_models(model: ModelSpec, pp: int) -> list[ModelSpec]:
+    """What each GPU of a ``pp``-stage pipeline holds, first stage to last; ``[model]`` for 1."""
+    if check_pipeline(model, pp) == 1:
+        return [model]
+    fields = {f.name: getattr(model, f.name) for f in dataclasses.fields(model)}
+    return [StageSpec(**{**fields, "num_layers": n}, first=i == 0, last=i == pp - 1)
+            for i, n in enumerate(stage_layer_counts(model.num_layers, pp))]
+
+
 def check_pipeline(model: ModelSpec, pp: int) -> int:
     """A pipeline degree vLLM accepts: at least one layer per stage."""
     if not isinstance(pp, int) or isinstance(pp, bool) or pp < 1:
@@ -88,11 +123,11 @@ def check_pipeline(model: ModelSpec, pp: int) -> int:
     return pp
 
 
-def stage_model(model: ModelSpec, pp: int) -> ModelSpec:
-    """The model one GPU of a ``pp``-stage pipeline holds (its largest stage's layers); the model itself for 1."""
-    if pp == 1:
-        return model
-    return dataclasses.replace(model, num_layers=stage_layers(model.num_layers, check_pipeline(model, pp)))
+def stage_model(model: ModelSpec, pp: int, kv_tokens: Callable[[ModelSpec], float]) -> ModelSpec:
+    """The stage of a ``pp``-stage pipeline whose GPU holds the fewest KV tokens (``kv_tokens(stage)``), which
+    sizes every stage's cache as vLLM takes the minimum of its workers' free blocks; the model itself for 1."""
+    stages = stage_models(model, pp)
+    return stages[0] if len(stages) == 1 else min(stages, key=kv_tokens)
 
 
 def _overhead(cost: CostModel, rows: Any) -> Any:
