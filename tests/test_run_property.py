@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from sim.config.scenario import parse_scenario, slos_of, variant_configs
 from sim.loop.run import generate_workload, simulate_variant
+from sim.metrics.records import RunResult
 from sim.metrics.summary import summarize
 
 ROUTERS = ["round_robin", "least_outstanding", "least_kv", "prefix_affinity", "power_of_two", "cache_load_score"]
@@ -50,8 +51,8 @@ THREE = {"seed": 0, "workload": {"arrival": {"type": "poisson", "rate": 2.0}, "n
          "slos": {"ttft": 0.1, "tpot": 0.01}, "cluster": {"replicas": 3, "router": "round_robin"}}
 
 
-def check_run(raw: dict) -> dict:
-    """Run ``raw`` with the fast paths and stepping one by one, assert what every run must keep, return the summary."""
+def check_run(raw: dict) -> RunResult:
+    """Run ``raw`` with the fast paths and stepping one by one, assert what every run must keep, return the fast run."""
     sc = parse_scenario(raw)
     wl = generate_workload(sc)
     fast, qf, _ = simulate_variant(variant_configs(sc)[0], wl, keep_token_times=True, fast_path=True)
@@ -60,7 +61,8 @@ def check_run(raw: dict) -> dict:
     for col in slow.steps:
         assert np.array_equal(fast.steps[col], slow.steps[col]), col
     assert {r.id: r.token_times for r in qf} == {r.id: r.token_times for r in qs}
-    assert np.all(np.asarray(fast.steps["kv_blocks_used"]) <= fast.kv_capacity_blocks)
+    cap = fast.steps["kv_capacity_blocks"] if "kv_capacity_blocks" in fast.steps else fast.kv_capacity_blocks
+    assert np.all(np.asarray(fast.steps["kv_blocks_used"]) <= cap)
 
     n = raw["workload"]["num_requests"]
     assert sorted(r.id for r in fast.requests) == list(range(n))  # each request routed and ended exactly once
@@ -90,7 +92,7 @@ def check_run(raw: dict) -> dict:
         per = fast.cluster["per_replica"]
         assert [p["requests"] for p in per] == [sum(r.replica == p["replica"] for r in fast.requests) for p in per]
         assert s["cluster"]["replicas_mean"] <= s["cluster"]["replicas_max"] == raw["cluster"]["replicas"]
-    return s
+    return fast
 
 
 @settings(max_examples=12)
@@ -126,3 +128,16 @@ def single_replicas(draw: st.DrawFn) -> dict:
 @given(raw=single_replicas())
 def test_single_replica_runs_keep_tokens_and_summary_consistent(raw: dict) -> None:
     check_run(raw)
+
+
+@settings(max_examples=8)
+@given(raw=clusters(), pools=st.tuples(st.integers(1, 3), st.integers(1, 3)),
+       router=st.sampled_from(["round_robin", "least_outstanding", "least_kv"]), link=st.sampled_from(["nvlink", "pcie"]))
+def test_disaggregated_runs_conserve_requests_and_agree_with_stepping(raw: dict, pools: tuple[int, int], router: str,
+                                                                       link: str) -> None:
+    """Prefill and decode pools (no test compared their fast path with stepping before this one)."""
+    del raw["cluster"]
+    raw["variants"] = [{"name": "split", "disaggregation": {
+        "prefill": {"replicas": pools[0]}, "decode": {"replicas": pools[1], "router": router}, "kv_link": {"kind": link}}}]
+    d = check_run(raw).disaggregation
+    assert d is not None and len(d["prefill_end"]) > 0
