@@ -3,7 +3,7 @@ straight into pandas, without making pandas a dependency. ``servesim`` (the top-
 
     import servesim
     res = servesim.run("scenarios/naive-vs-continuous.yaml", num_requests=100, seed=1,
-                       set={"deployment.max_num_seqs": 64})
+                       set={"policy.max_num_seqs": 64})
     print(res.table())
     df = pandas.DataFrame(res.requests)
 
@@ -257,7 +257,7 @@ def _overrides(num_requests: int | None, seed: int | None, set: Mapping[str, Any
                             f"{type(set).__name__} {set!r}")
     for key, value in (set or {}).items():
         if not isinstance(key, str) or not key.strip():
-            raise ScenarioError(f"set: keys are dotted scenario keys (e.g. 'deployment.max_num_seqs'), got {key!r}")
+            raise ScenarioError(f"set: keys are dotted scenario keys (e.g. 'policy.max_num_seqs'), got {key!r}")
         out[key.strip()] = value
     if num_requests is not None:
         if isinstance(num_requests, bool) or not isinstance(num_requests, int) or num_requests < 1:

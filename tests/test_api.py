@@ -396,3 +396,19 @@ def test_only_the_code_a_policy_reaches_counts_as_reading_a_prediction() -> None
     assert reads(ShortestFirst, "predicted_output_len") and reads(ThroughHelper, "predicted_output_len")
     assert not reads(LongestPromptFirst, "predicted_output_len")
     assert _warned(lambda: servesim.run(SMALL, policy=LongestPromptFirst())) == []
+
+
+def test_the_examples_of_a_set_key_are_keys_the_scenario_has() -> None:
+    """The API's docstring and its refusal of an empty key gave 'deployment.max_num_seqs' as the example of a dotted
+    key: max_num_seqs is the policy's, and that key is refused as unknown. Each example now runs."""
+    import re
+
+    import sim.api
+
+    with pytest.raises(servesim.ScenarioError) as e:
+        servesim.run(str(ROOT / "scenarios" / "naive-vs-continuous.yaml"), num_requests=3, set={"": 1})
+    examples = re.findall(r"'([a-z_.]+)'", str(e.value)) + re.findall(r'set=\{"([a-z_.]+)"', sim.api.__doc__ or "")
+    assert len(examples) == 2, examples
+    for key in examples:
+        assert servesim.run(str(ROOT / "scenarios" / "naive-vs-continuous.yaml"), num_requests=3,
+                            set={key: 8}).summary, key
