@@ -394,7 +394,7 @@ def test_serve_schedules_with_a_users_policy_under_a_closed_loop(tmp_path):
     try:
         assert proc.stderr is not None
         line = proc.stderr.readline()
-        assert "policy custom" in line, line + proc.stderr.read()
+        assert "policy custom ShortestPromptFirst," in line, line  # which class (was: custom); read() would block
         endpoint = re.search(r"on (http://127\.0\.0\.1:\d+/v1)", line).group(1)
         out = tmp_path / "obs"
         p = _cli("observe", str(scenario), "--endpoint", endpoint, "-o", str(out), "-q", "--scrape-interval", "0.05")

@@ -133,7 +133,9 @@ def register(app: typer.Typer) -> None:
         engine.on_stall = lambda reason: typer.echo(f"warning: {reason}", err=True)
         engine.start()
         bound_host, bound_port = str(server.server_address[0]), int(server.server_address[1])
-        typer.echo(f"serving {engine.model_name} (variant {cfg.name}, policy {cfg.policy.type}, "
+        # a user's class by its name: "policy custom" said which of a scenario's classes was served no more
+        kind = cfg.policy.type + (f" {cfg.policy.cls.rpartition(':')[2]}" if cfg.policy.type == "custom" else "")
+        typer.echo(f"serving {engine.model_name} (variant {cfg.name}, policy {kind}, "
                    f"{engine.core.kv.num_blocks} KV blocks) on http://{bound_host}:{bound_port}/v1", err=True)
         sys.stderr.flush()
         try:
