@@ -514,6 +514,15 @@ def test_plan_command_bad_input(tmp_path: Path, change: Any, needle: str) -> Non
     assert "Traceback" not in res.output
 
 
+def test_two_requests_give_one_gap(tmp_path: Path) -> None:
+    """-n 2 read 'plan: 2 requests give 1 gaps between arrivals'."""
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(chat(1, 2, ttft=1.0, tpot=0.1, gpus=["l4"])))
+    res = CliRunner().invoke(app, ["plan", str(path), "-q"])
+    assert res.exit_code == 2 and "error: plan: 2 requests give 1 gap between arrivals, too few to estimate the " \
+        "offered rate (standard error about 1/sqrt(gaps), 100%)" in res.stderr, res.output
+
+
 def test_format_has_the_numbers() -> None:
     sc = parse_scenario(chat(0.5, 20, ttft=2.0, tpot=0.1, gpus=["l4"], api_price={"input": 0.1, "output": 0.2}))
     r = plan(sc)

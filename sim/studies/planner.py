@@ -263,7 +263,8 @@ def plan(scenario: Scenario, *, stop_early: bool | None = None, progress: bool =
     if shape.span > 0 and len(wl) < MIN_RATE_REQUESTS:
         # the offered rate, (n - 1) / span, is what every bound and the overload probe compare against; from 4 gaps
         # (-n 5) it is off by half, and plan-chat chose 8 x A100 for a load one L40S pair carries
-        raise ScenarioError(f"plan: {len(wl)} requests give {len(wl) - 1} gaps between arrivals, too few to estimate "
+        raise ScenarioError(f"plan: {len(wl)} requests give {counted(len(wl) - 1, 'gap')} between arrivals, too few "
+                            "to estimate "
                             f"the offered rate (standard error about 1/sqrt(gaps), "
                             f"{1 / math.sqrt(len(wl) - 1):.0%}); give at least {MIN_RATE_REQUESTS} requests "
                             f"(-n {MIN_RATE_REQUESTS}), a few hundred for a reliable plan")
