@@ -225,3 +225,13 @@ def test_wide_context_labels_and_session_counts_keep_their_columns_apart() -> No
         return [m.end() for m in re.finditer(r"\S+", line)][-4:]
 
     assert ends(row) == ends(head)
+
+
+def test_a_kv_per_session_wider_than_its_label_keeps_its_column_apart() -> None:
+    # Before: the KV-per-session columns were as wide as their labels only; at 40960k tokens llama-3.1-405b's
+    # "20160.0 GiB" is wider than "40960k tok" and ran into the cell before it: "504.0 MiB20160.0 GiB"
+    table = capacity_table("llama-3.1-405b", "h200", contexts=[1024, 41_943_040], weight_dtypes=["bf16"],
+                           kv_dtypes=["auto"], tensor_parallel_sizes=[8])
+    lines = format_capacity(table).splitlines()
+    (row,) = [ln for ln in lines if ln.startswith("  bf16")]
+    assert row.split() == ["bf16", "504.0", "MiB", "20160.0", "GiB"]

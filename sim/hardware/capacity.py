@@ -302,7 +302,8 @@ def format_capacity(table: CapacityTable) -> str:
     ]
     # each context's columns as wide as their widest text, one space apart at least (a context such as 200,000 or
     # a session count of 1,000,000 ran into its neighbour: "4k tok200,000 tok", "@4k@200,000")
-    kv_w = [max(11, len(f"{_tokens(c)} tok") + 1) for c in table.contexts]
+    kv_w = [max(11, len(f"{_tokens(c)} tok") + 1, *(len(_bytes(table.kv_bytes_per_session(c, d))) + 1
+                                                     for d in kv_dtypes)) for c in table.contexts]
     lines.append("KV per session:  " + "".join(f"{_tokens(c) + ' tok':>{w}}" for c, w in zip(table.contexts, kv_w,
                                                                                           strict=True)))
     for d in kv_dtypes:
