@@ -252,6 +252,9 @@ def test_trace_num_requests_repeat_and_overrides() -> None:
     np.testing.assert_array_equal(arrivals(w), t.arrival[:1500])
     with pytest.raises(ValueError, match="fewer than num_requests"):
         workload({"type": "trace", "trace": "azure-conv", "end": 60.0}, n=5000).generate(rng())
+    # a window of one request said "holds 1 requests"
+    with pytest.raises(ValueError, match=r"holds 1 request, fewer than num_requests=5 "):
+        workload({"type": "trace", "trace": "azure-conv", "end": 1.0}, n=5).generate(rng())
     # Overriding one length keeps the arrivals and the other length.
     o = workload(arrival, n=1500, output={"type": "fixed", "value": 3}).generate(rng())
     np.testing.assert_array_equal(arrivals(o), arrivals(w))

@@ -216,7 +216,7 @@ class Workload(FrozenInputModel):
             n = len(data) if self.num_requests is None else self.num_requests
             if n > len(data):
                 raise ValueError(
-                    f"{arrival.describe()} holds {len(data)} requests, fewer than num_requests={n} "
+                    f"{arrival.describe()} holds {counted(len(data), 'request')}, fewer than num_requests={n} "
                     "(widen the window or set repeat_to)"
                 )
             times = data.arrival[:n]
