@@ -32,6 +32,7 @@ from sim.costs.fitted import FittedCostModel
 from sim.hardware.names import match_gpu
 from sim.metrics.records import RunResult
 from sim.metrics.summary import summarize
+from sim.output.benchfiles.validate import error_text, relative_error
 from sim.output.report import TEMPLATE, color, ecdf_points
 from sim.serving.request import RequestSpec
 from sim.workload.arrivals import time_scale_problem
@@ -62,15 +63,6 @@ def _get(summary: dict, path: tuple[str, ...]) -> float:
             return math.nan
         v = v[k]
     return float(v) if v is not None else math.nan
-
-
-def relative_error(real: float, sim: float) -> float | None:
-    """``(sim - real) / |real|``; 0 when both are 0; None when only the real value is 0 or either is NaN."""
-    if not (math.isfinite(real) and math.isfinite(sim)):
-        return None
-    if real == 0:
-        return 0.0 if sim == 0 else None
-    return (sim - real) / abs(real)
 
 
 def compare(real: dict, sim: dict) -> dict[str, dict[str, float | None]]:
@@ -153,7 +145,7 @@ class Validation:
                     scale, unit = 100.0, " %"
                 r = "n/a" if m["real"] is None else f"{m['real'] * scale:.4g}"
                 s = "n/a" if m["sim"] is None else f"{m['sim'] * scale:.4g}"
-                e = "n/a" if m["rel_error"] is None else f"{100 * m['rel_error']:+.1f}%"
+                e = error_text(m["real"], m["sim"], m["rel_error"], scale, unit)
                 lines.append(f"  {name + unit:<20}{r:>12}{s:>12}{e:>9}")
         return "\n".join(lines)
 
@@ -445,7 +437,7 @@ def _table_html(v: VariantValidation) -> str:
             return "n/a" if x is None else f"{x:.4g}"
 
         rows.append(f"<tr><td>{html.escape(name)}</td><td>{fmt(m['real'])}</td><td>{fmt(m['sim'])}</td>"
-                    f"<td{cls}>{'n/a' if e is None else f'{100 * e:+.1f}%'}</td></tr>")
+                    f"<td{cls}>{html.escape(error_text(m['real'], m['sim'], e))}</td></tr>")
     rows.append("</table>")
     return "".join(rows)
 

@@ -472,3 +472,21 @@ def test_the_table_says_what_the_load_is(run_folder: Path, tmp_path: Path) -> No
     assert table.splitlines()[0] == f"{tmp_path / 'mc4.json'} (vllm-bench, max_concurrency 4 (a closed loop)):"
     table = validate_against(SCENARIO, [run_folder / "cb.vllm-bench.json"]).table()
     assert table.splitlines()[0] == f"{run_folder / 'cb.vllm-bench.json'} (vllm-bench, request rate 4 req/s):"
+
+
+def test_a_measured_figure_of_almost_zero_gives_no_absurd_relative_error() -> None:
+    """A std rounded to 1e-16 s read ``error +100000000000000000.0%``: below the floor the table says why the
+    relative error means nothing and gives the absolute difference; an ordinary row keeps its percentage."""
+    from sim.output.benchfiles.validate import BenchValidation, FileValidation, error_text, relative_error
+
+    assert relative_error(1e-16, 0.01) is None and relative_error(1e-16, 1e-17) == 0.0
+    assert relative_error(0.1, 0.11) == pytest.approx(0.1)
+    metrics = {k: {"measured": m, "simulated": s, "error": relative_error(m, s)}
+               for k, m, s in (("std_ttft", 1e-16, 0.01), ("mean_ttft", 0.1, 0.11))}
+    text = BenchValidation("s", "v", [FileValidation("f.json", None, "vllm", 1.0, "request_rate", metrics)]).table()
+    assert "e+1" not in text and "n/a (measured ~0, |x| < 1e-09: difference +10 ms)" in text
+    assert "error +10.0%" in text
+    # the engine replay's comparison (servesim validate --profile) uses the same floor
+    from calibration.validate import compare
+    assert compare({"ttft": {"p50": 1e-16}}, {"ttft": {"p50": 0.01}})["ttft_p50"]["rel_error"] is None
+    assert error_text(1e-16, 0.01, None, 1e3, " ms").startswith("n/a (measured ~0")

@@ -141,12 +141,31 @@ def rebuild_workload(run: BenchRun, *, seed: int = 0, max_len: int = 1 << 20) ->
     return GeneratedWorkload(specs, closed), notes
 
 
+# below this a measured figure is (almost) zero in any unit the tables hold (seconds, tokens/s, a fraction, a count):
+# a std or a latency left at 1e-16 by rounding made the relative error read +1e16%, which says nothing
+REL_ERROR_FLOOR = 1e-9
+
+
 def relative_error(measured: float, simulated: float) -> float | None:
+    """``(simulated - measured) / |measured|``; 0 when both are below ``REL_ERROR_FLOOR``; None when either is NaN
+    or only the measured figure is below the floor (``error_text`` says why)."""
     if not (math.isfinite(measured) and math.isfinite(simulated)):
         return None
-    if measured == 0:
-        return 0.0 if simulated == 0 else None
+    if abs(measured) < REL_ERROR_FLOOR:
+        return 0.0 if abs(simulated) < REL_ERROR_FLOOR else None
     return (simulated - measured) / abs(measured)
+
+
+def error_text(measured: float | None, simulated: float | None, error: float | None, scale: float = 1.0,
+               unit: str = "") -> str:
+    """The error cell: ``+4.2%``; where a measured figure below ``REL_ERROR_FLOOR`` left no relative error, the
+    absolute difference instead (in the row's ``unit`` after ``scale``) and why."""
+    if error is not None:
+        return f"{error:+.1%}"
+    if measured is not None and simulated is not None and math.isfinite(simulated) and \
+            abs(measured) < REL_ERROR_FLOOR:
+        return f"n/a (measured ~0, |x| < {REL_ERROR_FLOOR:g}: difference {(simulated - measured) * scale:+.3g}{unit})"
+    return "n/a"
 
 
 def simulated_metrics(result: RunResult, keys: list[str]) -> dict[str, float]:
@@ -210,10 +229,10 @@ class BenchValidation:
             name = f.source + (f" {f.label}" if f.label else "")
             lines.append(f"{name} ({f.format}, {_load_text(f)}):")
             for k, m in f.metrics.items():
-                e = m["error"]
                 x, unit = _unit(k)
+                err = error_text(m["measured"], m["simulated"], m["error"], x, unit)
                 lines.append(f"  {k:28s} measured {m['measured'] * x:.6g}{unit}  simulated "
-                             f"{m['simulated'] * x:.6g}{unit}  error {'n/a' if e is None else f'{e:+.1%}'}"
+                             f"{m['simulated'] * x:.6g}{unit}  error {err}"
                              + _interval_text(k, m))
             for s in f.skipped:
                 lines.append(f"  skipped: {s}")
@@ -395,7 +414,7 @@ def build_page(val: BenchValidation) -> str:
                 outside = "" if m["inside_80"] else ' class="bad"'
                 iv = f"<span{outside}>{lo:.6g}-{hi:.6g}</span>"
             parts.append(f"<tr><td>{html.escape(k)}</td><td>{m['measured']:.6g}</td><td>{m['simulated']:.6g}</td>"
-                         f"<td{bad}>{'n/a' if e is None else f'{e:+.1%}'}</td><td>{iv}</td></tr>")
+                         f"<td{bad}>{html.escape(error_text(m['measured'], m['simulated'], e))}</td><td>{iv}</td></tr>")
         parts.append("</table>")
         for title_, items in (("Skipped", f.skipped), ("Assumed", f.notes)):
             if items:
