@@ -79,6 +79,11 @@ def check_run(raw: dict) -> RunResult:
         assert math.isclose(s["ttft"]["mean"], np.mean([r.first_token - r.arrival for r in done]), rel_tol=1e-9)
         tpot = [(r.finish - r.first_token) / (r.output_tokens - 1) for r in done if r.output_tokens > 1]
         assert not tpot or math.isclose(s["tpot"]["mean"], np.mean(tpot), rel_tol=1e-9)
+        # ITL: every gap between a completed request's token times, one a step (speculative tokens come as a chunk)
+        gaps = np.concatenate([np.diff(np.unique(times[r.id])) for r in done])
+        if gaps.size:
+            exact = {"mean": np.mean(gaps), **{p: np.percentile(gaps, float(p[1:])) for p in PCTS}}
+            assert all(math.isclose(s["itl"][k], v, rel_tol=1e-9, abs_tol=1e-15) for k, v in exact.items()), exact
     assert math.isclose(s["request_throughput"], s["num_completed"] / s["duration"], rel_tol=1e-12)
     assert math.isclose(s["output_throughput"], s["total_output_tokens"] / s["duration"], rel_tol=1e-12)
     assert s["goodput"] <= s["request_throughput"] and 0 <= s["slo_attainment"] <= 1
