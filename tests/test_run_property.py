@@ -92,6 +92,14 @@ def check_run(raw: dict) -> RunResult:
             assert [s[key][p] for p in PCTS] == sorted(s[key][p] for p in PCTS), key
         assert s["ttft"]["mean"] <= s["e2el"]["mean"] and s["ttft"]["p99"] <= s["e2el"]["p99"]
     assert 0 <= s["busy_fraction"] <= 1 and not s["kv_usage"]["max"] > 1  # NaN: no step ran (all rejected)
+    if raw["workload"].get("classes"):  # the per-class blocks add up to the run's figures
+        classes = s["classes"]
+        assert {k: sum(r.slo_class == k for r in fast.requests) for k in classes} == {
+            k: v["num_requests"] for k, v in classes.items()}
+        for key in ("num_completed", "num_rejected", "num_failed", "total_output_tokens"):
+            assert sum(v[key] for v in classes.values()) == s[key], key
+        for key in ("request_throughput", "output_throughput", "goodput"):
+            assert math.isclose(sum(v[key] for v in classes.values()), s[key], rel_tol=1e-9, abs_tol=1e-12), key
     if raw.get("cluster"):
         assert all(0 <= r.replica < raw["cluster"]["replicas"] for r in fast.requests)
         per = fast.cluster["per_replica"]
