@@ -406,6 +406,7 @@ def test_a_verdict_in_the_page_stays_on_one_line(tmp_path: Path) -> None:
                                   cols).read_text()
     assert "white-space:nowrap" in page and "td.text{text-align:left;max-width:28em;overflow:hidden" in page
     assert f'<td>5</td><td class="text" title="{verdict}">{verdict}</td>' in page
+    assert "<p>1 run.</p>" in page  # it said "1 runs."
 
 
 def test_a_column_of_the_page_has_one_number_format(tmp_path: Path) -> None:

@@ -38,6 +38,7 @@ from sim.config.files import read_text_capped, write_atomically
 from sim.config.scenario import apply_point, sweep_points, variant_configs
 from sim.config.schema import Scenario, ScenarioError
 from sim.policies.configs import user_code
+from sim.words import counted
 
 # The metrics a row keeps: summary keys, nested ones dotted (``ttft.p99``).
 METRICS: tuple[str, ...] = (
@@ -570,7 +571,7 @@ def write_sweep_html(path: Path, title: str, rows: Iterable[dict[str, Any]], col
     places = {c: _decimals([r.get(c) for r in kept]) for c in cols if c not in params}
     body = ["<tr>" + "".join(_cell(_fmt(r.get(c), places.get(c))) for c in cols) + "</tr>" for r in kept]
     shown = f" The table shows the first {HTML_TABLE_ROWS:,}; sweep.csv has them all." if n > HTML_TABLE_ROWS else ""
-    parts = [f"<h1>servesim sweep: {html.escape(title)}</h1>", f"<p>{n} runs.{shown}</p>"]
+    parts = [f"<h1>servesim sweep: {html.escape(title)}</h1>", f"<p>{counted(n, 'run')}.{shown}</p>"]
     if groups:
         x_name = params[0]
         fig = make_subplots(rows=math.ceil(len(PLOTTED) / 2), cols=2, subplot_titles=PLOTTED)
