@@ -807,3 +807,15 @@ def test_the_planned_variants_carry_the_slo_and_the_seed(monkeypatch: pytest.Mon
     d["policy"] = {"type": "edf", "reject_late": True}
     plan(parse_scenario(d))
     assert seen and all(v.ttft_slo == 2.0 and v.seed == 7 for v in seen)
+
+
+def test_the_throughput_bound_is_explained_only_where_it_pruned_something() -> None:
+    """'pruned by analytic bounds: none (throughput: steady state, utilisation > 1)' read as if the throughput
+    bound had pruned deployments; its note now comes only with a throughput count."""
+    idle = plan(parse_scenario(chat(1, 20, ttft=2.0, tpot=0.1, gpus=["a100-80gb"])))
+    assert idle.count("pruned", "throughput") == 0
+    head = format_plan(idle).splitlines()[1]
+    assert "steady state" not in head and "; simulated " in head
+    busy = plan(parse_scenario(chat(150, 40, ttft=2.0, tpot=0.1, gpus=["l4"])))
+    assert busy.count("pruned", "throughput") > 0
+    assert "(throughput: steady state, utilisation > 1); simulated " in format_plan(busy).splitlines()[1]

@@ -92,8 +92,10 @@ def format_plan(result: PlanResult) -> str:
     pruned_text = ", ".join(f"{b} {v:,}" for b, v in pruned.items() if v)
     lines = [
         f"{result.scenario}: SLOs {slo_text}, every request completed",
-        f"searched {counted(n, 'deployment', fmt=',')}; pruned by analytic bounds: {pruned_text or 'none'} "
-        f"(throughput: steady state, utilisation > 1); simulated {len(result.simulated)}"
+        f"searched {counted(n, 'deployment', fmt=',')}; pruned by analytic bounds: {pruned_text or 'none'}"
+        # what the throughput bound means, only where it pruned something (it read as if it had when none was)
+        + (" (throughput: steady state, utilisation > 1)" if pruned["throughput"] else "")
+        + f"; simulated {len(result.simulated)}"
         + (f", {result.count('not simulated'):,} not simulated (costlier than the choice or equally cheap with "
            "lower precision)" if result.count("not simulated") else "")
         + f"; {result.seconds:.1f} s",
