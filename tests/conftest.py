@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -148,7 +149,7 @@ def servesim(*args: str, cwd: Path | str | None = None, env: dict[str, str] | No
     def _expired(signum: int, frame: object) -> None:
         raise TimeoutError(f"servesim {' '.join(args)}: still running after {timeout} s")
 
-    before = Path.cwd()
+    before, path, modules = Path.cwd(), list(sys.path), set(sys.modules)
     handler = signal.signal(signal.SIGALRM, _expired)
     signal.setitimer(signal.ITIMER_REAL, timeout)
     try:
@@ -159,6 +160,14 @@ def servesim(*args: str, cwd: Path | str | None = None, env: dict[str, str] | No
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, handler)
         os.chdir(before)
+        # what a process forgets when it ends: the folders a user's policy file added to sys.path (its own folder,
+        # so that its helpers import) and the modules loaded from them; a later call found 'bad_policies' importable
+        added = [Path(p) for p in sys.path if p not in path]
+        sys.path[:] = path
+        for name in set(sys.modules) - modules:
+            file = getattr(sys.modules[name], "__file__", None)
+            if name.startswith("servesim_user_") or (file and any(Path(file).is_relative_to(d) for d in added)):
+                del sys.modules[name]
     stderr = res.stderr
     if res.exception is not None and not isinstance(res.exception, SystemExit):
         assert res.exc_info is not None
