@@ -1073,7 +1073,9 @@ def _calibrate_from_bench(files: list[Path], model: str | None, gpu: str | None,
         runs = read_bench_files(list(files))
         # what a file's fields could not give (validate --against lists it in its report): a request_rate of -3 was
         # fitted as every request at t=0 without a word
-        for line in dict.fromkeys(s for r in runs for s in r.skipped):
+        # the readers word a metric they hold but leave out as validate's report does ("not compared"): here
+        # it is left out of the fit
+        for line in dict.fromkeys(s.replace("not compared", "not fitted") for r in runs for s in r.skipped):
             typer.echo(f"skipped: {line}", err=True)
         with _on_ctrl_c(f"fitting {len(runs)} benchmark files"):
             fit = calibrate_from_bench(cfg, runs, holdout_every=holdout_every, knobs=free, family=family,
