@@ -14,6 +14,7 @@ from sim.config.scenario import load_scenario, parse_scenario, variant_configs
 from sim.config.schema import ScenarioError
 from sim.costs.analytic import AnalyticCostModel
 from sim.costs.costmodel import StepShape
+from sim.hardware.capacity import capacity_table
 from sim.hardware.gpu import resolve_gpu
 from sim.hardware.kv_budget import kv_budget
 from sim.hardware.models import resolve_model
@@ -363,3 +364,18 @@ def test_uneven_stages_set_the_pace_once_full() -> None:
     assert pp.step_time(big) == pytest.approx(o + 3 * work * 11 / 32, rel=1e-12)
     busy = pp.stage_busy(np.array([48]), np.array([48]), np.array([pp.step_time(big)]))
     assert busy[0] == pytest.approx(3 * work / 3, rel=1e-9)
+
+
+def test_deepseeks_dense_layers_lie_on_the_stages_that_hold_them() -> None:
+    # Before: every stage kept the whole model's first_k_dense_replace (3 dense layers each), so a stage of 3 layers
+    # (deepseek-v3 at pp 16: [3, 4, ..., 4, 3]) was refused ("first_k_dense_replace must be in [0, num_layers)")
+    # and every stage's weights counted 3 dense layers it does not hold
+    model = resolve_model("deepseek-v3")
+    stages = stage_models(model, 16)
+    assert [s.first_k_dense_replace for s in stages] == [3] + [0] * 15
+    for tp in (1, 8):  # untied: the stages' weights add up to the model's
+        assert sum(s.shard(tp).weight_bytes("fp8") for s in stages) == model.shard(tp).weight_bytes("fp8")
+    assert [s.first_k_dense_replace for s in stage_models(model, 61)][:4] == [1, 1, 1, 0]  # all-dense stages
+    (row,) = capacity_table("deepseek-v3", "h200", contexts=[4096], weight_dtypes=["fp8"], kv_dtypes=["auto"],
+                            tensor_parallel_sizes=[1], pipeline_parallel_sizes=[16]).rows
+    assert row.fits

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from os import PathLike
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from sim.config.files import read_text_capped
 from sim.hardware.dtypes import DTYPE_BITS, MiB, activation_dtype, canonical_dtype, finite_number, kv_dtype_bytes
@@ -128,6 +128,8 @@ class ModelSpec:
     position table with two extra rows (``num_position_embeddings = max_position_embeddings + 2``).
     """
 
+    # a pipeline stage (sim/serving/pipeline.py) may hold dense layers only: first_k_dense_replace == num_layers
+    ALL_DENSE_OK: ClassVar[bool] = False
     name: str
     hidden_size: int
     num_layers: int
@@ -213,7 +215,7 @@ class ModelSpec:
                 raise ValueError(f"model {self.name!r}: experts are gated MLPs (mlp='gated')")
             if self.moe_intermediate_size == 0:
                 object.__setattr__(self, "moe_intermediate_size", self.intermediate_size)
-        if not 0 <= self.first_k_dense_replace < self.num_layers:
+        if not 0 <= self.first_k_dense_replace < self.num_layers + self.ALL_DENSE_OK:
             raise ValueError(f"model {self.name!r}: first_k_dense_replace must be in [0, num_layers), got "
                              f"{self.first_k_dense_replace!r}")
         for f in ("unquantized_attention_layers", "unquantized_mlp_layers"):

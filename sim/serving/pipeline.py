@@ -93,6 +93,7 @@ class StageSpec(ModelSpec):
     """The part of a model one pipeline stage holds: its layers (``num_layers``), the embedding only on the first
     stage and the LM head, final norm and sampler only on the last (a tied head keeps the embedding there too)."""
 
+    ALL_DENSE_OK = True  # DeepSeek's first_k_dense_replace dense layers may fill a first stage
     first: bool = True
     last: bool = True
 
@@ -110,8 +111,13 @@ def stage_models(model: ModelSpec, pp: int) -> list[ModelSpec]:
     if check_pipeline(model, pp) == 1:
         return [model]
     fields = {f.name: getattr(model, f.name) for f in dataclasses.fields(model)}
-    return [StageSpec(**{**fields, "num_layers": n}, first=i == 0, last=i == pp - 1)
-            for i, n in enumerate(stage_layer_counts(model.num_layers, pp))]
+    counts = stage_layer_counts(model.num_layers, pp)
+    starts = [sum(counts[:i]) for i in range(pp)]
+    # the first first_k_dense_replace layers (DeepSeek's dense MLPs) lie on the stages that hold them, not on each
+    return [StageSpec(**{**fields, "num_layers": n,
+                         "first_k_dense_replace": min(n, max(0, model.first_k_dense_replace - start))},
+                      first=i == 0, last=i == pp - 1)
+            for i, (n, start) in enumerate(zip(counts, starts, strict=True))]
 
 
 def check_pipeline(model: ModelSpec, pp: int) -> int:
