@@ -20,6 +20,10 @@ from sim.serving.block_manager import PagedBlockManager
 from sim.serving.core import ServingCore
 from sim.serving.request import Request, RequestSpec
 
+# sys.path as the session began: servesim() below runs a command as a fresh process would, without the folders
+# that tests running a user's policy in this process (servesim.run, load_class) have added since
+_SESSION_PATH = list(sys.path)
+
 # Property tests run on a busy machine too (CI's 2 cores, a neighbour's process): hypothesis's own timing checks
 # (a slow example, slow data generation) measure the machine, not the code, so they are off for every test here.
 # derandomize: each property test draws the same examples on every run (its seed from the test itself), so CI's
@@ -149,7 +153,17 @@ def servesim(*args: str, cwd: Path | str | None = None, env: dict[str, str] | No
     def _expired(signum: int, frame: object) -> None:
         raise TimeoutError(f"servesim {' '.join(args)}: still running after {timeout} s")
 
-    before, path, modules = Path.cwd(), list(sys.path), set(sys.modules)
+    before, path = Path.cwd(), list(sys.path)
+    # a fresh process has neither the folders earlier in-process tests added to sys.path nor the modules loaded from
+    # them: in the whole suite 'bad_policies:Idle' was found (tests/data/policies on the path since another test
+    # loaded a policy file there) where the test expects 'no such module'. Hidden for the call, put back after it
+    foreign = [Path(p) for p in sys.path if p not in _SESSION_PATH]
+    hidden = {n: m for n, m in sys.modules.items()
+              if (f := getattr(m, "__file__", None)) and any(Path(f).is_relative_to(d) for d in foreign)}
+    sys.path[:] = fresh = [p for p in path if p in _SESSION_PATH]
+    for name in hidden:
+        del sys.modules[name]
+    modules = set(sys.modules)
     handler = signal.signal(signal.SIGALRM, _expired)
     signal.setitimer(signal.ITIMER_REAL, timeout)
     try:
@@ -162,12 +176,13 @@ def servesim(*args: str, cwd: Path | str | None = None, env: dict[str, str] | No
         os.chdir(before)
         # what a process forgets when it ends: the folders a user's policy file added to sys.path (its own folder,
         # so that its helpers import) and the modules loaded from them; a later call found 'bad_policies' importable
-        added = [Path(p) for p in sys.path if p not in path]
+        added = [Path(p) for p in sys.path if p not in fresh]
         sys.path[:] = path
         for name in set(sys.modules) - modules:
             file = getattr(sys.modules[name], "__file__", None)
             if name.startswith("servesim_user_") or (file and any(Path(file).is_relative_to(d) for d in added)):
                 del sys.modules[name]
+        sys.modules.update(hidden)
     stderr = res.stderr
     if res.exception is not None and not isinstance(res.exception, SystemExit):
         assert res.exc_info is not None
