@@ -206,7 +206,12 @@ def test_cli_engine_run_writes_the_folder(tmp_path: Path) -> None:
     assert json.loads((out / "summary.json").read_text())["variants"]["engine-small"]["device"] == "cpu"
     assert "CPU busy" in (out / "report.html").read_text() and "GPU busy" not in res.output
     # and the utilisation chart's panel: its title said "GPU busy" beside the table's "CPU busy"
-    assert "GPU busy" not in (out / "report.html").read_text()
+    html = (out / "report.html").read_text()
+    assert "GPU busy" not in html
+    # the memory stack said "GPU memory" and drew the scenario's GPU's whole memory (an H100's 80 GB) as a line
+    # over the CPU's weights and KV pool
+    assert "<h2>CPU memory: engine-small</h2>" in html and "GPU memory" not in html
+    assert "the dotted one" not in html  # the note named a GPU line it no longer draws
 
 
 def test_cli_engine_run_says_which_requests_the_models_shorter_context_rejects(tmp_path: Path) -> None:

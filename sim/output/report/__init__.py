@@ -200,13 +200,16 @@ def _memory_sections(results: list[RunResult], summaries: dict) -> list[Section]
         "resident above them until it finishes; when the KV pool fills, requests wait or are preempted. "
         "Reserved-but-empty blocks (contiguous reservation sets aside a request's maximum length up front) and "
         "the empty tails of partly filled blocks take room that holds no token. Values are means over short "
-        "windows; the dashed line is the weights plus the KV pool, the dotted one the GPU's whole memory."
+        "windows; the dashed line is the weights plus the KV pool"
+        + (", the dotted one the GPU's whole memory." if any(_device(summaries, r.name) == "GPU" for r in results)
+           else ".")
     )
     note = _p(" ".join(x for x in (memory_ceiling_text(results, summaries), general) if x))
     points = per_run_points(len(results))
     end = common_end(results)
     return [
-        Section(f"GPU memory: {r.name}", fig_memory_stack(r, min(points, MEMORY_POINTS), x_end=end),
+        Section(f"{_device(summaries, r.name)} memory: {r.name}",
+                fig_memory_stack(r, min(points, MEMORY_POINTS), x_end=end, device=_device(summaries, r.name)),
                 note if i == 0 else "")
         for i, r in enumerate(results)
     ]

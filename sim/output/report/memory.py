@@ -123,11 +123,14 @@ def _gpu_total_bytes(result: RunResult) -> float | None:
     return float(gpu.memory_bytes) * int(dep.get("tensor_parallel_size", 1) or 1)
 
 
-def fig_memory_stack(result: RunResult, max_points: int = MEMORY_POINTS, x_end: float | None = None) -> go.Figure:
+def fig_memory_stack(result: RunResult, max_points: int = MEMORY_POINTS, x_end: float | None = None,
+                     device: str = "GPU") -> go.Figure:
     """GPU memory over time as a stack (per-window means): the weights at the bottom, then KV holding tokens, the
     unfilled tail of their blocks, blocks reserved but still empty, and free blocks, up to the capacity line
     (weights + KV pool). Also the GPU's total memory when the run recorded which GPU it ran on: the gap is the
-    activation reserve and the share gpu_memory_utilization keeps back. ``x_end`` as in ``fig_timeline``."""
+    activation reserve and the share gpu_memory_utilization keeps back. ``x_end`` as in ``fig_timeline``.
+    ``device``: "CPU" for an engine run on a CPU (its summary records ``device: cpu``): the title says CPU memory
+    and the scenario's GPU total is left out (it read "GPU memory" with an H100's 80 GB line over a CPU run)."""
     s = _sorted_steps(result)
     n = s.num_steps if isinstance(s, StepColumns) else len(s["start"])
     own_end = run_end(result)
@@ -187,7 +190,7 @@ def fig_memory_stack(result: RunResult, max_points: int = MEMORY_POINTS, x_end: 
             line=dict(color="black", dash="dash"),
         )
     )
-    total = _gpu_total_bytes(result)
+    total = _gpu_total_bytes(result) if device == "GPU" else None
     if total is not None and unit == "GiB":
         fig.add_trace(
             go.Scatter(
@@ -201,7 +204,7 @@ def fig_memory_stack(result: RunResult, max_points: int = MEMORY_POINTS, x_end: 
     fig.update_layout(
         template=TEMPLATE,
         height=380,
-        title=f"GPU memory: {result.name}" + _fleet_note(result),
+        title=f"{device} memory: {result.name}" + _fleet_note(result),
         xaxis_title="time (s)",
         xaxis_range=[0.0, x_end],
         yaxis_title=f"memory ({unit})",
