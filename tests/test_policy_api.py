@@ -4,6 +4,8 @@ workloads), and the core's fast path stays behind the API."""
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -472,6 +474,41 @@ def test_a_policy_file_edited_between_two_runs_in_one_process_runs_its_new_code(
                                       "    def refuse(self, req, view):\n        return 'edited'\n")
     assert servesim.run(scenario).summary["scenario"]["num_rejected"] == 10
     assert servesim.run(scenario).summary["scenario"]["num_rejected"] == 10  # and kept while unchanged
+
+
+def test_a_same_length_edit_within_the_second_runs_its_new_code(tmp_path, monkeypatch) -> None:
+    """The loader saw the new bytes (their digest) but ran the import system's loader, which took __pycache__'s
+    bytecode of the old file: Python checks a .pyc by the source's mtime in whole seconds and its size, so an edit
+    of the same length within the second (a notebook cell run twice quickly) ran the old code. Whether two edits fell
+    in one second was chance; here the mtime is pinned, and bytecode is written whatever PYTHONDONTWRITEBYTECODE
+    says. A helper beside it likewise."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)
+    monkeypatch.setattr(sys, "path", [*sys.path])  # the folder the loader appends goes with the test
+    scenario = {"workload": {**CHAT, "num_requests": 10}, "policy": {"type": "custom", "cls": "mine.py:Mine"},
+                "deployment": {"model": "llama-3.1-8b", "gpu": "l4", "max_model_len": 4096}}
+
+    def write(name: str, text: str) -> None:
+        f = tmp_path / name
+        stamp = f.stat().st_mtime_ns if f.exists() else None
+        f.write_text(text)
+        if stamp is not None:
+            os.utime(f, ns=(stamp, stamp))
+
+    write("mine_helper.py", "WHY = None\n")
+    write("mine.py", "import servesim\nimport mine_helper\n\n\nclass Mine(servesim.QueuePolicy):\n"
+                     "    def refuse(self, req, view):\n        return None or mine_helper.WHY\n")
+    assert servesim.run(scenario).summary["scenario"]["num_rejected"] == 0
+    assert (tmp_path / "__pycache__").is_dir()  # the old bytecode is there to be taken
+    write("mine.py", "import servesim\nimport mine_helper\n\n\nclass Mine(servesim.QueuePolicy):\n"
+                     "    def refuse(self, req, view):\n        return 'ab' or mine_helper.WHY\n")
+    assert servesim.run(scenario).summary["scenario"]["num_rejected"] == 10
+    write("mine.py", "import servesim\nimport mine_helper\n\n\nclass Mine(servesim.QueuePolicy):\n"
+                     "    def refuse(self, req, view):\n        return None or mine_helper.WHY\n")
+    assert servesim.run(scenario).summary["scenario"]["num_rejected"] == 0
+    write("mine_helper.py", "WHY = 'ab'\n")  # the same length as "None"
+    assert servesim.run(scenario).summary["scenario"]["num_rejected"] == 10
+    del sys.modules["mine_helper"]
 
 
 def test_a_queue_policy_whose_init_skips_super_runs_on_the_defaults(tmp_path) -> None:

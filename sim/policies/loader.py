@@ -69,9 +69,21 @@ def _helpers(module: ModuleType, folder: str, new: set[str]) -> dict[str, tuple[
     return out
 
 
+def _run_source(module: ModuleType, path: str, source: bytes) -> None:
+    """Run ``source`` (the bytes just read from ``path``) as ``module``'s code. Not through the import system's
+    loader: it takes __pycache__'s bytecode when the file's mtime (whole seconds) and size are unchanged, so a file
+    edited to the same length within a second of its last load ran its old code, while the digest, read from the
+    new bytes, said it was the new one (tests/test_policy_api.py)."""
+    exec(compile(source, path, "exec", dont_inherit=True), vars(module))  # noqa: S102 - the user's own file
+
+
 def _module_from_file(path: Path) -> ModuleType:
     name = "servesim_user_" + hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
-    digest = file_digest(path)
+    try:
+        source = path.read_bytes()
+    except OSError as e:
+        raise ValueError(f"{path}: cannot be read ({e.strerror or e})") from None
+    digest = hashlib.sha1(source).hexdigest()
     loaded = sys.modules.get(name)
     # a file edited since it was loaded is loaded again: a notebook's kernel (or any process that runs twice) went on
     # running the first version of the policy, silently. So is one whose helper beside it was edited, the helper
@@ -84,7 +96,7 @@ def _module_from_file(path: Path) -> ModuleType:
         for n in edited:
             if n in sys.modules:
                 try:
-                    importlib.reload(sys.modules[n])
+                    _run_source(sys.modules[n], helpers[n][0], Path(helpers[n][0]).read_bytes())
                 except PASS_THROUGH:
                     raise
                 except BaseException as e:
@@ -102,7 +114,7 @@ def _module_from_file(path: Path) -> ModuleType:
     sys.modules[name] = module
     before = set(sys.modules)
     try:
-        spec.loader.exec_module(module)
+        _run_source(module, spec.origin or str(path), source)
     except PASS_THROUGH:
         # Ctrl-C, the watchdog stopping an import that never returns (sim/policies/watchdog.py), a study's time budget
         raise
