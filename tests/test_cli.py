@@ -595,6 +595,19 @@ def test_an_option_that_is_a_scenario_key_points_to_set(given: list[str], line: 
     assert "--set" not in out.output
 
 
+@pytest.mark.parametrize("command", [["run"], ["check-policy"], ["engine", "run"], ["plan"]])
+def test_variant_is_answered_as_the_scenarios_variants_not_a_nested_key(command: list[str]) -> None:
+    """`servesim run s.yaml --variant mine` (validate, serve and observe take --variant) was told to give --set
+    deployment.speculative.acceptance.variant=mine, a speculative-decoding knob the user never meant."""
+    scenario = str(ROOT / "scenarios" / "naive-vs-continuous.yaml")
+    res = CliRunner().invoke(app, [*command, scenario, "--variant", "continuous"])
+    text = " ".join(res.output.split())
+    assert res.exit_code == 2 and "speculative" not in text and "--set" not in text, res.output
+    what = "has no --variant" if command == ["plan"] else "runs every variant of the scenario"
+    assert "No such option: --variant;" in text and f"{' '.join(command)} {what}" in text, res.output
+    assert "validate" in text.partition("these take --variant:")[2], res.output
+
+
 def test_the_engines_time_scale_says_which_clock_it_is_on() -> None:
     # `engine run` and `validate` run the engine on its virtual clock, which skips idle gaps and counts only the
     # steps' measured time; --time-scale's help said "a * X wall seconds", so a user expected a wall-paced replay

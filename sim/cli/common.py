@@ -38,6 +38,8 @@ class ScenarioKeyOptions(TyperCommand):
             if "--set" not in opts or any(len(o) > 3 and (e.option_name.startswith(o) or o.startswith(e.option_name))
                                           for o in opts):
                 raise  # no scenario here, or a longer or shorter spelling of the command's own (--output: --out)
+            if e.option_name == "--variant":  # the scenario's variants, which some commands pick from; it was
+                raise UsageError(_no_variant_option(ctx), ctx) from None  # deployment.speculative.acceptance.variant
             from sim.config.scenario_messages import key_place
             from sim.config.schema import Scenario
 
@@ -62,6 +64,23 @@ class ScenarioKeyOptions(TyperCommand):
             first = " (0: a list's first item)" if ".0." in place else ""
             raise UsageError(f"No such option: {e.option_name}; it is the scenario's {place}: give --set "
                                    f"{place}={value}{first}", ctx) from None
+
+
+def _no_variant_option(ctx: Any) -> str:
+    """`servesim run s.yaml --variant mine`: the commands that run every variant of a scenario have no --variant to
+    pick one; say so and name those that have it (read from the app, so that the list keeps up with it)."""
+    def walk(cmd: Any, path: str) -> Iterator[str]:
+        for name, sub in sorted((getattr(cmd, "commands", None) or {}).items()):
+            if any("--variant" in getattr(p, "opts", ()) for p in sub.params):
+                yield f"{path} {name}".strip()
+            yield from walk(sub, f"{path} {name}")
+
+    root = ctx.find_root()
+    others = ", ".join(walk(root.command, root.info_name or ""))
+    every = ctx.command_path.split()[1:] in (["run"], ["sweep"], ["check-policy"], ["engine", "run"])
+    what = "runs every variant of the scenario: to run one, leave the others out of its variants" if every \
+        else "has no --variant"
+    return f"No such option: --variant; {ctx.command_path} {what} (these take --variant: {others})"
 
 
 # A command that takes a scenario key from elsewhere, for ScenarioKeyOptions' hint: key -> the list it searches
