@@ -32,7 +32,7 @@ from sim.costs.fitted import FittedCostModel
 from sim.hardware.names import match_gpu
 from sim.metrics.records import RunResult
 from sim.metrics.summary import summarize
-from sim.output.benchfiles.validate import error_text, relative_error
+from sim.output.benchfiles.validate import error_reason, error_text, relative_error
 from sim.output.report import TEMPLATE, color, ecdf_points
 from sim.serving.request import RequestSpec
 from sim.workload.arrivals import time_scale_problem
@@ -65,13 +65,16 @@ def _get(summary: dict, path: tuple[str, ...]) -> float:
     return float(v) if v is not None else math.nan
 
 
-def compare(real: dict, sim: dict) -> dict[str, dict[str, float | None]]:
-    """Per metric of ``METRICS``: {real, sim, rel_error} from two ``summarize`` dicts."""
-    out = {}
+def compare(real: dict, sim: dict) -> dict[str, dict[str, Any]]:
+    """Per metric of ``METRICS``: {real, sim, rel_error} from two ``summarize`` dicts, and rel_error_reason beside
+    a null rel_error."""
+    out: dict[str, dict[str, Any]] = {}
     for name, path in METRICS.items():
         r, s = _get(real, path), _get(sim, path)
         out[name] = {"real": r if math.isfinite(r) else None, "sim": s if math.isfinite(s) else None,
                      "rel_error": relative_error(r, s)}
+        if out[name]["rel_error"] is None:  # a null says why (validation.json had bare nulls)
+            out[name]["rel_error_reason"] = error_reason(r, s)
     return out
 
 
@@ -83,11 +86,11 @@ class VariantValidation:
     sim: RunResult
     real_summary: dict
     sim_summary: dict
-    metrics: dict[str, dict[str, float | None]]
+    metrics: dict[str, dict[str, Any]]
     # How much slower the machine ran the profile's reference step around this run than at calibration (1.0:
     # as fast; None: not measured), and the comparison again with the simulator's step times scaled by it.
     machine_slowdown: float | None = None
-    adjusted_metrics: dict[str, dict[str, float | None]] | None = None
+    adjusted_metrics: dict[str, dict[str, Any]] | None = None
     # the engine run's memory samples (realengine.engine.MEMORY_COLUMNS), engine/memory.csv as `engine run` writes
     memory: list[dict[str, Any]] = field(default_factory=list)
 
@@ -117,7 +120,7 @@ class Validation:
             "time_scale": self.time_scale,
             "metric_definitions": "vllm bench serve: TTFT, TPOT, ITL, E2EL in seconds; output_throughput in tokens/s; "
                                   "kv_usage = allocated KV blocks / capacity (time-weighted mean, max); "
-                                  "rel_error = (sim - real) / real",
+                                  "rel_error = (sim - real) / real; where it is null, rel_error_reason says why",
             "variants": {
                 v.name: {
                     "num_gpu_blocks": v.num_gpu_blocks,
@@ -138,15 +141,19 @@ class Validation:
         for v in self.variants:
             slow = "" if v.machine_slowdown is None else f", machine {v.machine_slowdown:.2f}x calibration's step time"
             lines.append(f"{v.name} ({v.num_gpu_blocks} KV blocks, {v.real_summary['num_requests']} requests{slow})")
-            lines.append(f"  {'metric':<20}{'real':>12}{'sim':>12}{'error':>9}")
+            rows = []
             for name, m in v.metrics.items():
                 scale, unit = (1e3, " ms") if name.split("_")[0] in LATENCIES else (1.0, "")
                 if name.startswith("kv_usage"):
                     scale, unit = 100.0, " %"
                 r = "n/a" if m["real"] is None else f"{m['real'] * scale:.4g}"
                 s = "n/a" if m["sim"] is None else f"{m['sim'] * scale:.4g}"
-                e = error_text(m["real"], m["sim"], m["rel_error"], scale, unit)
-                lines.append(f"  {name + unit:<20}{r:>12}{s:>12}{e:>9}")
+                rows.append((name + unit, r, s, error_text(m["real"], m["sim"], m["rel_error"], scale, unit)))
+            # the error column as wide as its widest cell: "n/a (measured ~0, ...)" pushed that row's end past
+            # the others' (right-aligned to 9 characters)
+            w = max([9, *(len(e) + 2 for *_, e in rows)])
+            lines.append(f"  {'metric':<20}{'real':>12}{'sim':>12}{'error':>{w}}")
+            lines += [f"  {n:<20}{r:>12}{s:>12}{e:>{w}}" for n, r, s, e in rows]
         return "\n".join(lines)
 
 

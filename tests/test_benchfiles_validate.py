@@ -490,3 +490,31 @@ def test_a_measured_figure_of_almost_zero_gives_no_absurd_relative_error() -> No
     from calibration.validate import compare
     assert compare({"ttft": {"p50": 1e-16}}, {"ttft": {"p50": 0.01}})["ttft_p50"]["rel_error"] is None
     assert error_text(1e-16, 0.01, None, 1e3, " ms").startswith("n/a (measured ~0")
+
+
+def test_every_null_error_says_why_and_the_engine_tables_error_column_stays_aligned(run_folder: Path,
+                                                                                    tmp_path: Path) -> None:
+    """validation.json held ``"error": null`` with no word of why (a measured ~0, a figure one side lacks), and the
+    engine replay's table right-aligned its error cells to 9 characters, so the row with the long 'n/a (measured
+    ~0, ...)' cell ran past the others."""
+    from calibration.validate import Validation, VariantValidation, compare
+
+    m = compare({"ttft": {"p50": 1e-16, "p90": 0.1}, "output_throughput": 100.0},
+                {"ttft": {"p50": 0.01, "p90": 0.11}, "output_throughput": 90.0})
+    assert m["ttft_p50"]["rel_error_reason"] == ("measured ~0 (|x| < 1e-09) against simulated 0.01: no meaningful "
+                                                 "relative error; compare the two figures")
+    assert m["ttft_p99"]["rel_error_reason"] == "no measured figure and no simulated one"
+    assert compare({"ttft": {"p50": 0.1}}, {})["ttft_p50"]["rel_error_reason"] == "no simulated figure"
+    assert all(("rel_error_reason" in e) == (e["rel_error"] is None) for e in m.values())
+    assert set(m["ttft_p90"]) == {"real", "sim", "rel_error"}
+    v = VariantValidation("a", 10, None, None, {"num_requests": 3}, {}, m)  # type: ignore[arg-type]
+    block = Validation("s", "p", "cpu", "tiny", 1.0, [v]).table().splitlines()[1:]
+    assert any("n/a (measured ~0" in line for line in block)
+    assert len({len(line) for line in block}) == 1, block  # every row ends where the header's "error" does
+    # validate --against: a file whose std is 0 (one request) gets the reason beside its null
+    data = json.loads((run_folder / "cb.vllm-bench.json").read_text()) | {"std_ttft_ms": 0.0}
+    (tmp_path / "zero.json").write_text(json.dumps(data))
+    f = validate_against(SCENARIO, [tmp_path / "zero.json"]).files[0]
+    assert f.metrics["std_ttft"]["error"] is None
+    assert f.metrics["std_ttft"]["error_reason"].startswith("measured ~0 (|x| < 1e-09) against simulated ")
+    assert all(("error_reason" in e) == (e["error"] is None) for e in f.metrics.values())

@@ -156,6 +156,19 @@ def relative_error(measured: float, simulated: float) -> float | None:
     return (simulated - measured) / abs(measured)
 
 
+def error_reason(measured: float | None, simulated: float | None) -> str | None:
+    """Why ``relative_error`` of these figures is None (what a JSON reader gets beside the null), else None."""
+    no_sim = simulated is None or not math.isfinite(simulated)
+    if measured is None or not math.isfinite(measured):
+        return "no measured figure" + (" and no simulated one" if no_sim else "")
+    if simulated is None or not math.isfinite(simulated):
+        return "no simulated figure"
+    if abs(measured) < REL_ERROR_FLOOR <= abs(simulated):
+        return (f"measured ~0 (|x| < {REL_ERROR_FLOOR:g}) against simulated {simulated:.6g}: no meaningful relative "
+                "error; compare the two figures")
+    return None
+
+
 def error_text(measured: float | None, simulated: float | None, error: float | None, scale: float = 1.0,
                unit: str = "") -> str:
     """The error cell: ``+4.2%``; where a measured figure below ``REL_ERROR_FLOOR`` left no relative error, the
@@ -350,6 +363,8 @@ def validate_against(scenario_path: str | Path, files: list[str | Path], *, vari
                 skipped.append(f"{run.source}: {key}: no simulated counterpart")
                 continue
             metrics[key] = {"measured": measured, "simulated": sim[key], "error": relative_error(measured, sim[key])}
+            if metrics[key]["error"] is None:  # a null says why (a reader of validation.json saw a bare null)
+                metrics[key]["error_reason"] = error_reason(measured, sim[key])
             # sim/metrics/intervals.py: TPOT, ITL, throughputs
             if not no_interval and (iv := bench_interval(key, sim[key])) is not None:
                 metrics[key] |= {"interval_80": iv, "inside_80": iv[0] <= measured <= iv[1]}
