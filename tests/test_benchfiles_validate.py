@@ -473,6 +473,21 @@ def test_the_table_says_what_the_load_is(run_folder: Path, tmp_path: Path) -> No
     table = validate_against(SCENARIO, [run_folder / "cb.vllm-bench.json"]).table()
     assert table.splitlines()[0] == f"{run_folder / 'cb.vllm-bench.json'} (vllm-bench, request rate 4 req/s):"
 
+    # a file without a request rate read "request rate inf" whether its start_times spread the requests over the
+    # run or it sent them all at once
+    data = json.loads((run_folder / "cb.vllm-bench.json").read_text()) | {"request_rate": "inf"}
+    (tmp_path / "timed.json").write_text(json.dumps(data))
+    del data["start_times"]
+    (tmp_path / "burst.json").write_text(json.dumps(data))
+    val = validate_against(SCENARIO, [tmp_path / "timed.json", tmp_path / "burst.json"])
+    heads = [line for line in val.table().splitlines() if not line.startswith(" ")]
+    times = sorted(r.arrival for r in val.files[0].result.requests)  # type: ignore[union-attr]
+    rate = (len(times) - 1) / (times[-1] - times[0])
+    assert heads == [f"{tmp_path / 'timed.json'} (vllm-bench, {rate:.3g} req/s as its start times show, "
+                     f"{len(times)} requests over {times[-1] - times[0]:.3g} s):",
+                     f"{tmp_path / 'burst.json'} (vllm-bench, request rate inf: all requests at once):"]
+    assert [f.to_dict()["arrivals"] for f in val.files] == [h.split(", ", 1)[1][:-2] for h in heads]
+
 
 def test_a_measured_figure_of_almost_zero_gives_no_absurd_relative_error() -> None:
     """A std rounded to 1e-16 s read ``error +100000000000000000.0%``: below the floor the table says why the

@@ -202,10 +202,14 @@ class FileValidation:
     skipped: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     result: RunResult | None = None
+    # how the requests arrived where the file gives no load (no request rate, no max_concurrency): "all at once",
+    # the rate its start_times show, or vLLM's ramp-up (``arrivals_text``)
+    arrivals: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {"file": self.source, "benchmark": self.label, "format": self.format, "load": self.load,
-                "load_kind": self.load_kind, "metrics": self.metrics, "skipped": self.skipped, "notes": self.notes}
+                "load_kind": self.load_kind, "arrivals": self.arrivals or None, "metrics": self.metrics,
+                "skipped": self.skipped, "notes": self.notes}
 
 
 def _unit(key: str) -> tuple[float, str]:
@@ -256,11 +260,26 @@ class BenchValidation:
 
 def _load_text(f: FileValidation) -> str:
     """The file's load with its kind and unit: ``load 4.0`` read as 4 req/s for a closed loop of 4 requests."""
-    if f.load is None:
-        return "request rate inf"
+    if f.load is None:  # "request rate inf" said nothing of a file that gives its own start_times or a ramp
+        return f.arrivals or "all requests at once"
     if f.load_kind == "max_concurrency":
         return f"max_concurrency {f.load:g} (a closed loop)"
     return f"request rate {f.load:g} req/s" if f.load_kind == "request_rate" else f"load {f.load:g}"
+
+
+def arrivals_text(run: BenchRun, wl: GeneratedWorkload) -> str:
+    """How a file without a load (no request rate, no max_concurrency) sent its requests: all at once (vLLM's
+    request rate inf), on vLLM's ramp-up, or at the rate its start times show; "" for a file with a load."""
+    if run.load is not None:
+        return ""
+    times = np.array([r.arrival for r in wl.requests])
+    span = float(times.max() - times.min()) if times.size > 1 else 0.0
+    if span <= 0:
+        return "request rate inf: all requests at once"
+    if run.ramp_up is not None and run.arrival_times_s is None:
+        kind, lo, hi = run.ramp_up
+        return f"{kind} ramp-up from {lo:g} to {hi:g} req/s"
+    return f"{(times.size - 1) / span:.3g} req/s as its start times show, {times.size} requests over {span:.3g} s"
 
 
 def _other_model(served: str | None, simulated: str | dict[str, Any]) -> bool:
@@ -369,7 +388,8 @@ def validate_against(scenario_path: str | Path, files: list[str | Path], *, vari
             if not no_interval and (iv := bench_interval(key, sim[key])) is not None:
                 metrics[key] |= {"interval_80": iv, "inside_80": iv[0] <= measured <= iv[1]}
         kind = "request_rate" if run.request_rate is not None else "max_concurrency" if run.max_concurrency else ""
-        out.append(FileValidation(run.source, run.label, run.format, run.load, kind, metrics, skipped, notes, result))
+        out.append(FileValidation(run.source, run.label, run.format, run.load, kind, metrics, skipped, notes, result,
+                                  arrivals_text(run, wl)))
     return BenchValidation(sc.name, cfg.name, out)
 
 
