@@ -13,7 +13,7 @@ from sim.costs.costmodel import StepShape
 from sim.engines.costs import host_time_ratio
 from sim.engines.registry import EngineConfig
 from sim.engines.vllm_v0 import (VLLM_V0_DECODE_HOST_PER_ROW_S, VLLM_V0_DECODE_HOST_S, VLLM_V05_HOST_TIME_RATIO,
-                                 VLLM_V06_HOST_TIME_RATIO)
+                                 VLLM_V06_ASYNC_OUTPUT_TPOT_GAIN, VLLM_V06_HOST_TIME_RATIO)
 from sim.engines.vllm_v1 import VLLM_V1_LINEAR_OVERLAP
 from sim.hardware.dtypes import GiB
 from sim.hardware.gpu import resolve_gpu
@@ -313,3 +313,27 @@ def test_a_v0_decode_step_of_few_rows_waits_for_its_measured_host_time():
         _built({**dep, "engine": {"name": "vllm-v0", "host_time_ratio": 0.7}})[2],
         _built({**dep, "engine": "vllm-v1"})[2])]
     assert caps == [(4e-3, pytest.approx(80e-6))] * 2 + [(4e-4, pytest.approx(8e-6))] + [(0.0, 0.0)] * 3
+
+
+def test_enforce_eager_leaves_v06_without_async_output_processing():
+    """vLLM 0.6 turns asynchronous output processing off under enforce_eager (ModelConfig.verify_async_output_proc),
+    which the v0.6.0 post credits with 8.7% of Llama-70B's TPOT on 4 H100s: an eager V0.6 step takes 1 / (1 - 0.087)
+    of the step the 0.6 ratio gives, its host time ratio (1 + 0.7) / 0.913 - 1 = 0.862. vLLM 0.5 had no async output
+    processing (its profile's ratio holds either way); a ratio given stands alone."""
+    assert VLLM_V06_ASYNC_OUTPUT_TPOT_GAIN == 0.087
+    eager = host_time_ratio(EngineConfig(name="vllm-v0", enforce_eager=True))
+    assert eager == pytest.approx(1.7 / 0.913 - 1) == pytest.approx(0.8620, abs=1e-4)
+    assert host_time_ratio(EngineConfig(name="vllm-v0", enforce_eager=False)) == VLLM_V06_HOST_TIME_RATIO
+    assert host_time_ratio(EngineConfig(name="vllm-v0", enforce_eager=True), num_scheduler_steps=10) == \
+        pytest.approx(1.07 / 0.913 - 1)
+    assert host_time_ratio(EngineConfig(name="vllm-v0", version="0.5", enforce_eager=True)) == \
+        VLLM_V05_HOST_TIME_RATIO
+    assert host_time_ratio(EngineConfig(name="vllm-v0", enforce_eager=True, host_time_ratio=0.7)) == 0.7
+    # built: Llama-3.1-70B at TP 4 on H100s (the ratio whole), a decode step of 8 rows (a captured size, so no
+    # padding either way) stretched 1.862 / 1.7 times as long in its GPU parts; the fixed overheads are not stretched
+    dep = {"model": "llama-3.1-70b", "gpu": "h100-sxm", "tensor_parallel_size": 4}
+    graphs, eager_cost = (_built({**dep, "engine": {"name": "vllm-v0", "enforce_eager": e}})[2] for e in (False, True))
+    assert graphs.host_time_ratio == VLLM_V06_HOST_TIME_RATIO and eager_cost.host_time_ratio == eager
+    shape, overhead = StepShape(8, 8, 8, 8000, 8000), 1.5e-3 + 8 * 1.0e-5
+    assert eager_cost.step_time(shape) - overhead == pytest.approx(
+        (graphs.step_time(shape) - overhead) / (1 - 0.087), rel=1e-12)

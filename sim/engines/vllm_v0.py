@@ -31,6 +31,12 @@ VLLM_V05_HOST_TIME_RATIO = (VLLM_V05_API_SERVER_SHARE + VLLM_V05_SCHEDULING_SHAR
 # vLLM V1 alpha (blog.vllm.ai 2025-01-27): up to 1.7x V0's throughput without multi-step, same kernels
 VLLM_V1_SPEEDUP_OVER_V06 = 1.7
 VLLM_V06_HOST_TIME_RATIO = VLLM_V1_SPEEDUP_OVER_V06 - 1.0
+# vLLM 0.6's asynchronous output processing (vllm#7049, #7921, #8050) "improves the time-per-output-token of
+# running Llama 70B models on 4xH100 by 8.7%" (blog.vllm.ai 2024-09-05): the ratio above is of a V0 with it on.
+# ModelConfig.verify_async_output_proc turns it off under enforce_eager on CUDA and ROCm alike ("Since,
+# enforce-eager is enabled, async output processor cannot be used"): such a step waits for its output processing
+# too, 1 / (1 - 0.087) of the step with it
+VLLM_V06_ASYNC_OUTPUT_TPOT_GAIN = 0.087
 # Both ratios come from runs of large batches, where V0's host work (sampling, input preparation, output
 # processing, the scheduler: per step and per row) outlasts the GPU's. A decode step of a few rows waits for
 # less: the multi-step RFC's trace (vllm-project/vllm#6854, Llama-3-8B on one GPU) shows "about 4ms of GPU bubble"
@@ -79,11 +85,14 @@ class VllmV0(CudaGraphEngine):
 
     def host_time_ratio(self, cfg: Any, num_scheduler_steps: int) -> float:
         # 0.5: the API server and the scheduler in the GPU's process; 0.6: what V1 then removed, divided by the
-        # steps scheduled at once (multi-step)
+        # steps scheduled at once (multi-step), and the output processing that enforce_eager no longer overlaps
         steps = getattr(cfg, "num_scheduler_steps", None) or num_scheduler_steps
         if (getattr(cfg, "version", None) or "0.6") == "0.5":
             return VLLM_V05_HOST_TIME_RATIO
-        return VLLM_V06_HOST_TIME_RATIO / steps
+        ratio = VLLM_V06_HOST_TIME_RATIO / steps
+        if getattr(cfg, "enforce_eager", None):  # no async output processing (VLLM_V06_ASYNC_OUTPUT_TPOT_GAIN)
+            return (1.0 + ratio) / (1.0 - VLLM_V06_ASYNC_OUTPUT_TPOT_GAIN) - 1.0
+        return ratio
 
     def host_time_cap(self, cfg: Any, tensor_parallel_size: int) -> tuple[float, float]:
         if tensor_parallel_size != 1:
