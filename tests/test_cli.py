@@ -639,6 +639,23 @@ def test_each_commands_hint_names_the_key_it_uses(given: list[str], line: str) -
     assert plain.exit_code == 2 and "No such option: --replicas" in plain.output and "--set" not in plain.output
 
 
+def test_a_gpu_option_that_names_no_gpu_is_refused_with_the_presets() -> None:
+    """`servesim engine run s.yaml --gpu h100x` was told to give --set deployment.gpu=h100x, a second try bound to
+    fail: the GPU is checked against the presets where the hint is made (exit 2, the presets named)."""
+    from sim.hardware.gpu import GPU_PRESETS
+
+    scenario = str(ROOT / "scenarios" / "naive-vs-continuous.yaml")
+    for given, place in ((["engine", "run", scenario, "--gpu", "h100x"], "deployment.gpu=NAME"),
+                         (["plan", scenario, "--gpu", "h100,h100x"], "plan.gpus=[NAME]")):
+        res = CliRunner().invoke(app, given)
+        text = " ".join(res.output.split())
+        assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+        assert (f"No such option: --gpu; it is the scenario's {place.partition('=')[0]}, and 'h100x' is no GPU preset: "
+                f"give --set {place} with one of {', '.join(GPU_PRESETS)}") in text, res.output
+    res = CliRunner().invoke(app, ["engine", "run", scenario, "--gpu", "H100"])  # an alias: the hint as it was
+    assert res.exit_code == 2 and "give --set deployment.gpu=H100" in " ".join(res.output.split()), res.output
+
+
 @pytest.mark.parametrize(("option", "line"), [
     ("--replicas", "it is the scenario's cluster.replicas: give --set cluster.replicas=2"),
     ("--xpyd", "give --set variants.0.disaggregation.xpyd=2 (0: a list's first item)"),

@@ -61,9 +61,25 @@ class ScenarioKeyOptions(TyperCommand):
                     raise UsageError(f"No such option: {e.option_name}; {self.name} takes {own}: give {own} "
                                      f"{value}", ctx) from None
                 place, value = own, f"[{value}]"  # a list the command searches
+            if key == "gpu" and value != "VALUE":
+                _check_gpus(e.option_name, value, place, ctx)
             first = " (0: a list's first item)" if ".0." in place else ""
             raise UsageError(f"No such option: {e.option_name}; it is the scenario's {place}: give --set "
                                    f"{place}={value}{first}", ctx) from None
+
+
+def _check_gpus(option: str, value: str, place: str, ctx: Any) -> None:
+    """``--gpu X`` is answered with the --set that sets the GPU: refused here, naming the presets, where X is none
+    (``engine run --gpu h100x`` was told to give --set deployment.gpu=h100x, a second try bound to fail)."""
+    from sim.hardware.gpu import GPU_PRESETS, GPUSpec
+
+    for name in value.strip("[]").split(","):
+        try:
+            GPUSpec.from_name(name)
+        except ValueError:
+            raise UsageError(f"No such option: {option}; it is the scenario's {place}, and {name.strip()!r} is no GPU "
+                             f"preset: give --set {place}={'[NAME]' if value.startswith('[') else 'NAME'} with one of "
+                             f"{', '.join(GPU_PRESETS)}", ctx) from None
 
 
 def _no_variant_option(ctx: Any) -> str:
