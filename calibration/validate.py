@@ -93,6 +93,19 @@ class VariantValidation:
     adjusted_metrics: dict[str, dict[str, Any]] | None = None
     # the engine run's memory samples (realengine.engine.MEMORY_COLUMNS), engine/memory.csv as `engine run` writes
     memory: list[dict[str, Any]] = field(default_factory=list)
+    # where the simulator fed the engine's measured step times parts from the engine's schedule (sim.loop.replay;
+    # empty: every plan, step and request time the same), and how many steps the engine took
+    schedule_differences: list[str] = field(default_factory=list)
+    schedule_steps: int = 0
+
+    def schedule_line(self) -> str:
+        """The parity of the two schedules, one line: the policy object the engine ran decided as in the simulator."""
+        if not self.schedule_differences:
+            return (f"schedule: the simulator fed the engine's {self.schedule_steps:,} measured step times made its "
+                    f"every plan, step and request time")
+        more = len(self.schedule_differences) - 1
+        return f"schedule: DIFFERS from the engine's: {self.schedule_differences[0]}" + \
+            (f" (and {more} more)" if more else "")
 
     def step_stats(self) -> dict[str, Any]:
         dr, ds = self.real.steps["duration"], self.sim.steps["duration"]
@@ -130,6 +143,8 @@ class Validation:
                     "metrics": v.metrics,
                     "machine_slowdown": v.machine_slowdown,
                     "speed_adjusted_metrics": v.adjusted_metrics,
+                    "schedule": {"same": not v.schedule_differences, "steps": v.schedule_steps,
+                                 "differences": v.schedule_differences},
                 }
                 for v in self.variants
             },
@@ -141,6 +156,7 @@ class Validation:
         for v in self.variants:
             slow = "" if v.machine_slowdown is None else f", machine {v.machine_slowdown:.2f}x calibration's step time"
             lines.append(f"{v.name} ({v.num_gpu_blocks} KV blocks, {v.real_summary['num_requests']} requests{slow})")
+            lines.append(f"  {v.schedule_line()}")
             rows = []
             for name, m in v.metrics.items():
                 scale, unit = (1e3, " ms") if name.split("_")[0] in LATENCIES else (1.0, "")
@@ -247,6 +263,22 @@ def _simulate(cfg: VariantConfig, specs: Sequence[RequestSpec], cost, name: str)
                      kv_bytes_per_block=float(built.budget.kv_bytes_per_block))
 
 
+def schedule_parity(engine_cfg: VariantConfig, real: RunResult, requests: Sequence, core: Any) -> list[str]:
+    """Where the simulator, fed the engine's measured step durations and arrivals (``sim.loop.replay``), parts from
+    the engine's schedule; empty when the policy decided the same in both. A policy that fails in the replay alone
+    (one that reads the wall clock, say) is a difference, not the end of the validation."""
+    from sim.loop.replay import compare as compare_schedules
+    from sim.loop.replay import replay
+    from sim.loop.run import policy_errors
+
+    try:
+        with policy_errors(engine_cfg, real.name):
+            sim, sim_core, cost = replay(engine_cfg, real, requests)
+    except ScenarioError as e:
+        return [f"the replay failed: {e}"]
+    return compare_schedules(core, requests, sim, sim_core, cost)
+
+
 def scaled(model: FittedCostModel, factor: float) -> FittedCostModel:
     """The same cost model with every time coefficient multiplied by ``factor``."""
     from sim.costs.fitted import COEFFICIENT_NAMES
@@ -278,9 +310,10 @@ def validate_variant(cfg: VariantConfig, workload, profile_path: str | Path, *, 
     cpu_clock, reference = profile_clock(profile_path)
     real, requests, core = run_engine(cfg, workload, device=device, model_spec=model, num_gpu_blocks=num_gpu_blocks,
                                       time_scale=time_scale, seed=seed, memory_samples=memory, on_runner=on_runner,
-                                      cpu_clock=cpu_clock, reference_seconds=reference)
+                                      cpu_clock=cpu_clock, reference_seconds=reference, record_plans=True)
     blocks = int(core.kv.num_blocks)
     sim_cfg = engine_config(cfg, model_spec=model, num_gpu_blocks=blocks, device=device)
+    differences = schedule_parity(sim_cfg, real, requests, core)
     update: dict[str, Any] = {"cost_model": FittedCost(profile=str(Path(profile_path).resolve()))}
     gpu = match_gpu(load_profile(profile_path).device)
     if gpu is not None:  # the engine ran on the profile's GPU: the simulator prices that GPU, not the scenario's
@@ -296,7 +329,8 @@ def validate_variant(cfg: VariantConfig, workload, profile_path: str | Path, *, 
     rs, ss = summarize(real), summarize(sim)
     rs["energy"] = measured_energy(memory, real.name, rs["total_output_tokens"])
     rs["device"] = device  # as `servesim engine run` records it: its report's busy time is a CPU's on a CPU
-    out = VariantValidation(real.name, blocks, real, sim, rs, ss, compare(rs, ss), memory=memory)
+    out = VariantValidation(real.name, blocks, real, sim, rs, ss, compare(rs, ss), memory=memory,
+                            schedule_differences=differences, schedule_steps=int(real.steps["duration"].size))
     if before is not None and after is not None and probe.base:
         out.machine_slowdown = float(np.sqrt(before * after)) / probe.base
         cost = scaled(load_profile(profile_path), out.machine_slowdown)
@@ -460,6 +494,7 @@ def build_page(val: Validation) -> str:
     n = 0
     for v in val.variants:
         parts.append(f"<h2>{html.escape(v.name)} ({v.num_gpu_blocks} KV blocks)</h2>")
+        parts.append(f"<p>{html.escape(v.schedule_line())}</p>")
         parts.append(_table_html(v))
         for fig in (fig_real_vs_sim_cdfs(v), fig_kv_over_time(v)):
             parts.append(pio.to_html(fig, include_plotlyjs=n == 0, full_html=False, div_id=f"fig-{n}",

@@ -13,6 +13,7 @@ it drives the simulator:
 from __future__ import annotations
 
 import dataclasses
+import html
 import json
 from pathlib import Path
 
@@ -185,6 +186,31 @@ def test_validate_command_runs_a_users_policy(tmp_path: Path) -> None:
     doc = json.loads((out / "validation.json").read_text())
     (v,) = doc["variants"].values()
     assert v["num_completed"]["real"] == v["num_completed"]["sim"] == 20
+    # docs/write-a-policy.md: validate replays the engine's measured step times in the simulator, and for a policy
+    # of one's own the two schedules match step for step; validate compared only metrics under its profile (35%
+    # apart on a busy machine), so a user could not see that the policy decided the same in both
+    assert v["schedule"] == {"same": True, "steps": v["steps"]["real_steps"], "differences": []}
+    assert v["steps"]["real_steps"] > 20
+    line = f"schedule: the simulator fed the engine's {v['steps']['real_steps']:,} measured step times made its every"
+    assert line in res.output and line in html.unescape((out / "validation.html").read_text())
+
+
+def test_validate_names_where_a_policy_decides_otherwise_on_the_engine(tmp_path: Path) -> None:
+    """A policy that reads something besides its view (here whether the engine's frames are on the stack; a wall
+    clock, say) decides otherwise on the engine than in the simulator: validate says so, and still compares."""
+    path = write_scenario(tmp_path, {"type": "custom", "cls": "knows.py:KnowsTheEngine"})
+    (tmp_path / "knows.py").write_text(
+        "import inspect\n\nimport servesim\n\n\nclass KnowsTheEngine(servesim.QueuePolicy):\n"
+        "    def rank(self, req):\n"
+        "        engine = any('realengine' in f.filename for f in inspect.stack(0))\n"
+        "        return (-req.arrival if engine else req.arrival, req.id)\n")
+    out = tmp_path / "val"
+    res = CliRunner().invoke(app, ["validate", str(path), "--profile", str(PROFILE), "--out", str(out), "-q",
+                                   "--time-scale", "0.05"])  # a queue forms, so the order matters
+    assert res.exit_code == 0, res.output
+    (v,) = json.loads((out / "validation.json").read_text())["variants"].values()
+    assert v["schedule"]["same"] is False and v["schedule"]["differences"], v["schedule"]
+    assert f"schedule: DIFFERS from the engine's: {v['schedule']['differences'][0]}" in res.output
 
 
 BAD = [
