@@ -112,6 +112,9 @@ SAMPLING = {"ML.ENERGY Leaderboard v3.0": {"temperature": 0.8, "top_p": 0.95, "r
 # A published run at batch <= 64 whose p90 inter-token latency exceeds its median by more than this was paced by
 # something other than its GPU work (``pacing``): just above the widest of the H100 runs' spreads there (1.18)
 ITL_JITTER = 1.2
+# A row whose simulated output tok/s is within this of the published one has about the right time: its power error
+# is then the power model's own (the summary's "tok/s within" groups)
+TIME_MATCHED = 0.10
 # Meta's FP8 checkpoints by the name a source gives them, and the preset that states their unconverted modules
 META_FP8 = {"meta-llama/Llama-3.1-405B-Instruct-FP8": "llama-3.1-405b-fp8"}
 # a row, and its J/token, power and output tok/s errors, and (where known) the J/token error of its simulated work at
@@ -361,7 +364,9 @@ def breakdown(errs: list[Err]) -> None:
     time with its work's joules kept (``work_at_published_time``): the power model's error once the time is right.
     Rows without a published power or throughput count in the J columns only. Each GPU's rows are also grouped by
     task and by one GPU (``x1``) or tensor parallel (``TP``): on the B200 the one-GPU rows miss on their time, the
-    tensor-parallel ones on their power."""
+    tensor-parallel ones on their power. Rows whose simulated tok/s is within ``TIME_MATCHED`` of the published are
+    grouped again by GPU and GPU count: their power error is the power model's at about the right time, and on the
+    B200 it is as low on one GPU as on two to eight (docs/engines-and-hardware.md), so no all-reduce explains it."""
     def line(key: str, sel: list[Err]) -> str:
         both = [x for x in sel if x[2] == x[2] and x[3] == x[3]]
         lw = sum(abs(np.log1p(x[2])) for x in both)
@@ -388,6 +393,8 @@ def breakdown(errs: list[Err]) -> None:
             keys.append(f"{r['gpu']}, batch <= 64, {pace}")
         if n := r.get("num_gpus"):  # one GPU or tensor parallel: on the B200 each misses on its own side
             keys.append(f"{r['gpu']} {'x1' if n == '1' else 'TP'}, {r['task']}")
+            if abs(x[3]) <= TIME_MATCHED:  # the time right: what is left is the power model's
+                keys.append(f"{r['gpu']} {'x1' if n == '1' else 'TP'}, tok/s within {100 * TIME_MATCHED:.0f}%")
         for key in keys:
             groups.setdefault(key, []).append(x)
     print(f"  {'':50s} {'n':>3s} {'|J|':>6s} {'J':>7s} {'W':>7s} {'tok/s':>7s} {'|J| if W':>9s} {'if time':>9s} "

@@ -535,6 +535,22 @@ def test_the_energy_breakdown_groups_one_gpu_rows_apart_from_tensor_parallel_one
     assert tp == ["2", "20.0%", "-20.0%", "-20.0%", "+0.0%", "0.0%", "20.0%", "0%", "nan%"]
 
 
+def test_the_energy_breakdown_groups_the_rows_whose_time_is_right_by_gpu_count(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    bench = _bench_energy()
+    row = {"source": "s", "gpu": "b200", "task": "chat", "model": "m", "batch_size": "64"}
+    # tok/s within 10% (both signs, the edge included) joins the GPU count's group; 10.1% off, or unknown, does not
+    bench.breakdown([(row | {"num_gpus": "1"}, -0.2, -0.16, 0.05), (row | {"num_gpus": "1"}, -0.1, -0.19, -0.10),
+                     (row | {"num_gpus": "1"}, -0.5, 0.0, 0.101), (row | {"num_gpus": "2"}, -0.2, -0.12, 0.1),
+                     (row | {"num_gpus": "4"}, 0.1, float("nan"), float("nan"))])
+    out = capsys.readouterr().out
+    one = out.split("\n  b200 x1, tok/s within 10% ")[1].split("\n")[0].split()
+    tp = out.split("\n  b200 TP, tok/s within 10% ")[1].split("\n")[0].split()
+    # n, |J|, J, W, tok/s: the medians of the two one-GPU rows and of the one two-GPU row
+    assert one[:5] == ["2", "15.0%", "-15.0%", "-17.5%", "-2.5%"]
+    assert tp[:5] == ["1", "20.0%", "-20.0%", "-12.0%", "+10.0%"]
+
+
 def test_the_energy_rows_print_by_source_sorted_by_their_j_error(capsys: pytest.CaptureFixture[str]) -> None:
     bench = _bench_energy()
     rows = [{"source": s, "gpu": "b200", "num_gpus": "1", "task": "chat", "model": m, "batch_size": b,
