@@ -593,7 +593,8 @@ def build_live_engine(cfg, *, device: str = "cpu", model_spec: str | None = None
     with torch.inference_mode():  # warm-up: the first forward pays one-off costs
         meta = build_metadata([0], [8], device=model.device, block_size=kv.block_size)
         model(torch.zeros(8, dtype=torch.long, device=model.device), meta.positions, meta, None)
-    core = ServingCore(policy, kv, fast_path=False, look_every=ENGINE_LOOK_EVERY)  # engine run's look (stall rule)
+    # engine run's look for a policy that takes back what it computes; one that waits is --stall-timeout's
+    core = ServingCore(policy, kv, fast_path=False, look_every=ENGINE_LOOK_EVERY, stop_waiting=False)
     executor = EngineExecutor(runner, clock="wall")
     return LiveEngine(core, executor, model_name=built.model.name, max_model_len=built.max_model_len,
                       detokenize=detokenize, runner=runner, log=log, stall_timeout_s=stall_timeout_s,

@@ -659,3 +659,32 @@ def test_a_served_policy_that_takes_back_what_it_plans_stops_the_server_within_s
         assert isinstance(eng.error, PolicyError)
     finally:
         eng.stop()
+
+
+def test_a_served_policy_that_waits_forever_is_left_to_the_stall_timeout(tmp_path, monkeypatch):
+    """Two rules timed a policy that plans nothing but asks to be woken (bad_policies.py WakesForever) under serve:
+    serve's --stall-timeout (fail the waiting requests, keep serving) and the core's own 60 s of clock without
+    progress, meant for a run that must end, which stopped the whole server (exit 2). Both counted 60 s, so which
+    fired was a race, and --stall-timeout 0 ('never') still had the server stopped. Serve now leaves waiting to its
+    own rule; the core's rule for policies that take back what they compute stays (the test above). The core's
+    clock rule is shortened here (0.3 s, a look every 8 asks) so that the old behaviour shows within a second."""
+    import sim.serving.core as core_module
+    from realengine.server import build_live_engine
+    from sim.config.scenario import load_scenario, variant_configs
+
+    monkeypatch.setattr(core_module, "_STALL_S", 0.3)
+    monkeypatch.setattr(core_module, "_PROGRESS_EVERY", 8)
+    (tmp_path / "bad_policies.py").write_text((ROOT / "tests" / "data" / "policies" / "bad_policies.py").read_text())
+    path = tmp_path / "s.yaml"
+    path.write_text(SCENARIO.replace("  type: continuous\n", '  type: custom\n  cls: "bad_policies.py:WakesForever"\n'))
+    eng = build_live_engine(variant_configs(load_scenario(path)[0])[0], stall_timeout_s=2.0)
+    eng.start()
+    try:
+        start = time.monotonic()
+        kind, text = eng.submit(4, 2).chunks.get(timeout=30)
+        assert (kind, text) == ("error", "not scheduled: the policy (WakesForever) left 1 request(s) waiting with "
+                                         "none running for 2 s or more (servesim serve --stall-timeout)")
+        assert 2.0 <= time.monotonic() - start < 10 and eng.error is None  # still serving
+        assert eng.submit(4, 2).chunks.get(timeout=30)[0] == "error" and eng.error is None
+    finally:
+        eng.stop()

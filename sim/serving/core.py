@@ -125,6 +125,7 @@ class ServingCore:
         replica: int = 0,
         spec: SpecDecoder | None = None,
         look_every: int = _PROGRESS_EVERY,
+        stop_waiting: bool = True,
     ) -> None:
         self.policy = policy
         # speculative decoding: rows draft and verify several tokens a step, which the decode group's one token
@@ -150,6 +151,10 @@ class ServingCore:
         # look that moved on: what had happened then (_moved), the most prompt tokens computed since, its ask, time
         # and the tokens the steps had computed by then (_stuck_tokens; _tokens_run: all the steps' tokens so far)
         self._look_every = look_every
+        # False: a policy that waits (plans nothing, asks to be woken) is never stopped here, only one that takes back
+        # what it computes: serve's --stall-timeout fails the waiting requests and goes on serving, where this rule,
+        # for a run that must end, stopped the whole server on the same 60 s (realengine/server.py)
+        self._stop_waiting = stop_waiting
         self._asks, self._next_look, self._arrived = 0, look_every, 0
         self._moved: tuple[int, ...] = ()
         self._most_computed, self._stuck_since, self._stuck_since_t = 0, 0, 0.0
@@ -327,7 +332,8 @@ class ServingCore:
             return
         left = sum(r.max_len - r.num_computed_tokens for r in queued)
         asks, thrown = self._asks - self._stuck_since, self._tokens_run - self._stuck_tokens
-        waited = asks > 4 * left + _PROGRESS_EVERY and (now - self._stuck_since_t > _STALL_S or asks > _STALL_ASKS)
+        waited = self._stop_waiting and asks > 4 * left + _PROGRESS_EVERY and \
+            (now - self._stuck_since_t > _STALL_S or asks > _STALL_ASKS)
         if thrown > 4 * left + _STALL_TOKENS and not waited:
             raise StalledError(
                 f"stalled at t={now:.6f} s: over the last {asks} asks of the policy its steps computed {thrown} tokens "
