@@ -147,3 +147,27 @@ def test_a_variant_name_with_a_no_break_space_or_a_joiner_is_kept(name: str) -> 
 def test_a_variant_name_with_a_line_separator_or_escape_is_refused(name: str) -> None:
     msg = _error(lambda raw: raw["variants"][0].update(name=name))
     assert "variants.0.name" in msg and "line break, tab or other control character" in msg, msg
+
+
+@pytest.mark.parametrize(("key", "line"), [
+    ("deployment.max_num_seqs", "deployment.max_num_seqs: unknown key; did you mean policy.max_num_seqs?"),
+    ("deployment.enable_chunked_prefill", "unknown key; did you mean policy.enable_chunked_prefill?"),
+    ("policy.gpu", "policy.gpu: unknown key; did you mean deployment.gpu?"),
+    ("deployment.seed", "deployment.seed: unknown key; did you mean seed?"),
+    ("variants.0.deployment.max_num_seqs", "unknown key; did you mean variants.0.policy.max_num_seqs?"),
+    ("deployment.zzz", "deployment.zzz: unknown key; known keys: block_size, "),  # in no section: the section's
+    ("variants.0.seed", "variants.0.seed: unknown key; known keys: admission, "),  # not a predictor's, 3 deep
+])
+def test_a_set_key_in_the_wrong_section_names_the_section_that_has_it(key: str, line: str) -> None:
+    """`--set deployment.max_num_seqs=8` (vLLM's engine argument, which servesim keeps in the policy section) was
+    answered with the deployment's eighteen keys, max_num_seqs not among them; a scenario file with the same key
+    already said 'did you mean max_num_seqs (a key of policy)?'. --set, sweeps and servesim.run(set=...) now name
+    the section's own key elsewhere in the scenario (one deep: a key only some nested section has is no guess)."""
+    from sim.config.scenario import apply_override
+
+    with pytest.raises(ScenarioError) as e:
+        apply_override(copy.deepcopy(BASE), key, 8)
+    assert line in str(e.value), str(e.value)
+    with pytest.raises(ScenarioError) as e:
+        parse_scenario({**copy.deepcopy(BASE), "sweep": {"deployment.max_num_seqs": [8, 16]}}, source="s.yaml")
+    assert "did you mean policy.max_num_seqs?" in str(e.value), str(e.value)

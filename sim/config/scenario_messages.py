@@ -167,6 +167,12 @@ def _schema_keys(model: type[BaseModel], item: str = "") -> dict[str, str]:
     return keys
 
 
+def key_section(model: type[BaseModel], name: str) -> str | None:
+    """The dotted place of the section below ``model`` that has the key ``name`` itself, the shallowest ("" for
+    ``model``'s own keys; ``policy`` for ``max_num_seqs``), or None where no section has it."""
+    return _schema_keys(model, item=".0").get(name)
+
+
 # Keys users bring from `vllm bench serve` (its options' names), which no spelling rule leads to servesim's key:
 # unknown key -> (servesim's key, where the other name comes from)
 OTHER_NAMES: dict[str, tuple[str, str]] = {

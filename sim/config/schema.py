@@ -38,6 +38,7 @@ from sim.config.deployment import FittedCost as FittedCost
 from sim.config.errors import ScenarioError as ScenarioError  # re-exported: where every caller finds it
 from sim.config.host_kv_config import HostCacheConfig
 from sim.config.input_model import Float, InputModel, Int
+from sim.config.scenario_messages import key_section
 from sim.engines.costs import omit_when_unset
 from sim.hardware.gpu import GPUSpec
 from sim.loop.disagg.config import DisaggConfig, PlanDisaggConfig
@@ -434,11 +435,15 @@ def field_type(model: type[BaseModel], name: str) -> Any:
     return model.model_fields[name].annotation
 
 
-def unknown_key(tp: Any, parts: list[str], node: Any, done: str = "") -> str | None:
+def unknown_key(tp: Any, parts: list[str], node: Any, done: str = "", root: Any = None, scope: str = ""
+                ) -> str | None:
     """Why the dotted path ``parts`` names no key of the schema below ``tp`` (None: it may), with the closest
-    key as a suggestion. ``node`` is the file's value there, when it has one, to pick a union's member."""
+    key as a suggestion, else the section elsewhere that has the very key (``deployment.max_num_seqs``: the
+    policy's; within ``scope``, a list's item such as ``variants.1``, whose schema is ``root``). ``node`` is the
+    file's value there, when it has one, to pick a union's member."""
     if not parts:
         return None
+    root = tp if root is None else root
     part, rest = parts[0], parts[1:]
     where = f"{done}.{part}" if done else part
     members = _members(tp)
@@ -449,13 +454,16 @@ def unknown_key(tp: Any, parts: list[str], node: Any, done: str = "") -> str | N
             if len(models) < len(models_of(tp)) and any(part in m.model_fields for m in models_of(tp)):
                 return None  # another member has it: the sweep or --set rules decide
             close = difflib.get_close_matches(part, fields, n=1)
+            place = key_section(root, part) if not close and models_of(root) else None
+            place = None if place is None or "." in place else place  # a section's own key, not one deep inside
             hint = f"; did you mean {(done + '.' if done else '') + close[0]}?" if close else \
+                f"; did you mean {'.'.join(p for p in (scope, place, part) if p)}?" if place is not None else \
                 f"; known keys: {', '.join(fields)}"
             return f"{where}: unknown key{hint}"
         child = node.get(part) if isinstance(node, dict) else None
         for m in models:
             if part in m.model_fields:
-                return unknown_key(field_type(m, part), rest, child, where)
+                return unknown_key(field_type(m, part), rest, child, where, root, scope)
         return None
     for m in members:
         origin = get_origin(m)
@@ -463,7 +471,7 @@ def unknown_key(tp: Any, parts: list[str], node: Any, done: str = "") -> str | N
             if not re.fullmatch(r"-?[0-9]+", part):
                 return f"{where}: a list is indexed by a number, got {part!r}"
             item = node[int(part)] if isinstance(node, list) and -len(node) <= int(part) < len(node) else None
-            return unknown_key(get_args(m)[0], rest, item, where)
+            return unknown_key(get_args(m)[0], rest, item, where, None, where)  # keys within the item
     return None  # a free-form value (a dict of GPU fields, a model config, any): checked where it is used
 
 
