@@ -103,6 +103,27 @@ def test_a_worker_that_dies_is_a_crash_and_the_caller_lives_on():
     assert (s.ok, s.reason) == (False, "crash") and "status 3" in s.error
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="the worker needs fork")
+def test_a_policy_raising_keyboardinterrupt_in_the_worker_is_its_exception():
+    """A candidate whose rank raises KeyboardInterrupt killed its worker, and the loop read 'crash: the policy's
+    worker exited with status 1 and no result', without the line that raised. The caller was not interrupted (a
+    Ctrl-C reaches it too and ends the call), so the worker reports the policy's exception and its line; in the
+    calling process (isolate=False) KeyboardInterrupt is still Ctrl-C and ends the call."""
+    text = HEADER + "        raise KeyboardInterrupt\n"
+    for policy in (text, ShortFirstRaising()):  # the kept worker (source text), a worker forked for the call
+        s = score(policy)
+        assert (s.ok, s.reason) == (False, "exception"), s.error
+        assert s.error.startswith("the policy raised KeyboardInterrupt\n") and ", in rank" in s.error, s.error
+    assert '"<policy source>", line 6, in rank' in score(text).error
+    with pytest.raises(KeyboardInterrupt):
+        score(text, isolate=False)
+
+
+class ShortFirstRaising(ShortFirst):
+    def rank(self, req: servesim.RequestView) -> tuple[float, float, int]:
+        raise KeyboardInterrupt
+
+
 def test_constructor_args_and_a_constructor_that_refuses():
     assert score(ShortFirst, args={"scale": 2.0}, isolate=False).ok
     s = score(ShortFirst, args={"nope": 1}, isolate=False)

@@ -293,6 +293,17 @@ def _user_error(e: BaseException) -> str:
     return "".join(lines).rstrip() if frames else "".join(lines[-1:]).rstrip()
 
 
+def _policy_frames(e: BaseException) -> str:
+    """The frames of ``e``'s traceback in the policy's code: servesim's own (the loop and the core between this
+    call and the policy's), the libraries' and the import machinery's left out."""
+    for _ in range(16):  # SimPy raises a copy, the original its cause
+        e = e.__cause__ or e.__context__ or e
+    ours = str(Path(api.__file__).resolve().parents[1]) + os.sep  # the sim package
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if not f.filename.startswith(("<frozen", ours))
+              and "site-packages" not in f.filename]
+    return "".join(traceback.format_list(frames)).rstrip()
+
+
 # ---- running ------------------------------------------------------------------------------------------------------
 
 class _TimeUp(ServesimStop):
@@ -382,9 +393,11 @@ def _run_seeds(policy: Any, args: Mapping[str, Any], raw: dict[str, Any], source
 
 
 def _attempt(policy: Any, args: Mapping[str, Any], raw: dict[str, Any], source: str,
-             workloads: list[tuple[int, GeneratedWorkload]], out: str | None, time_limit: float
-             ) -> tuple[list[dict] | None, str | None, str | None, float]:
-    """(summaries, reason, error, CPU seconds): the run, its failure caught and named."""
+             workloads: list[tuple[int, GeneratedWorkload]], out: str | None, time_limit: float,
+             worker: bool = False) -> tuple[list[dict] | None, str | None, str | None, float]:
+    """(summaries, reason, error, CPU seconds): the run, its failure caught and named. ``worker``: this is a
+    worker process, where a KeyboardInterrupt is the policy's own (a Ctrl-C reaches the caller too, and ends
+    its call there)."""
     c0 = time.process_time()
     try:
         with _cpu_budget(time_limit):
@@ -399,6 +412,12 @@ def _attempt(policy: Any, args: Mapping[str, Any], raw: dict[str, Any], source: 
         return None, "memory", "out of memory (the memory budget)", time.process_time() - c0
     except SystemExit as e:  # sys.exit() in the policy's code
         return None, "exception", f"the policy called sys.exit({e.code!r})", time.process_time() - c0
+    except KeyboardInterrupt as e:
+        if not worker:
+            raise  # Ctrl-C in the caller's own process
+        # the worker died of it and the caller read 'crash: exited with status 1 and no result'
+        return None, "exception", f"the policy raised KeyboardInterrupt\n{_policy_frames(e)}".rstrip(), \
+            time.process_time() - c0
     except Exception as e:
         reason, msg = _classify(e)
         return None, reason, msg, time.process_time() - c0
@@ -418,7 +437,7 @@ def _job(payload: tuple[Any, ...], wls: list[GeneratedWorkload]
          ) -> tuple[list[dict] | None, str | None, str | None, float]:
     """``_attempt`` as the kept worker runs it: the workloads come by identity (see sim.studies.eval_worker)."""
     policy, args, raw, source, seeds, out, time_limit = payload
-    return _attempt(policy, args, raw, source, list(zip(seeds, wls, strict=True)), out, time_limit)
+    return _attempt(policy, args, raw, source, list(zip(seeds, wls, strict=True)), out, time_limit, worker=True)
 
 
 # ---- the call ------------------------------------------------------------------------------------------------------
@@ -508,8 +527,8 @@ def evaluate(
                                 "the scenario slos: {ttft: ..., tpot: ...} (or its classes theirs), or other weights")
     kwargs = dict(args or {})
 
-    def work() -> tuple[list[dict] | None, str | None, str | None, float]:
-        return _attempt(policy, kwargs, raw, source, workloads, out_dir, float(time_limit))
+    def work(worker: bool = True) -> tuple[list[dict] | None, str | None, str | None, float]:
+        return _attempt(policy, kwargs, raw, source, workloads, out_dir, float(time_limit), worker)
 
     if isolate:
         got = None
@@ -520,7 +539,7 @@ def evaluate(
         value, reason, error = got if got is not None else run_forked(work, float(time_limit), int(memory_limit))
         done = (None, reason, error, 0.0) if value is None else value
     else:
-        done = work()
+        done = work(worker=False)
     scores = _scores(done, seed_list, fit)
     if out_dir is not None:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
