@@ -3,6 +3,7 @@ range (GPipe's bubble at one micro-batch, gone with one micro-batch per stage)."
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +18,7 @@ from sim.costs.costmodel import StepShape
 from sim.hardware.capacity import capacity_table
 from sim.hardware.gpu import resolve_gpu
 from sim.hardware.kv_budget import kv_budget
-from sim.hardware.models import resolve_model
+from sim.hardware.models import ModelSpec, resolve_model
 from sim.loop.build import build
 from sim.loop.run import run_scenario
 from sim.serving.pipeline import (
@@ -108,7 +109,12 @@ def test_round_is_one_micro_batch_through_every_stage_plus_hops() -> None:
     o8 = inner.step_overhead + 8 * inner.per_request_overhead
     o2 = inner.step_overhead + 2 * inner.per_request_overhead
     hop2 = lat + 2 * 8192 * 2 / bw
-    assert pp.step_time(eight) == pytest.approx(o8 + inner.step_time(two) - o2 + 3 * hop2, rel=1e-12)
+    # with a micro-batch per stage the last stage paces the round: its 20 layers and the LM head (128,256 x 8,192
+    # weights, 1.2 layers' worth), which no other stage shares, for each of the 4 micro-batches; before, the head was
+    # spread over the stages with the layers and the 3 hops bound instead
+    head2 = inner.lm_head_time(2)
+    assert head2 > hop2
+    assert pp.step_time(eight) == pytest.approx(o8 + inner.step_time(two) - o2 + 3 * head2, rel=1e-12)
     assert pp.peak_flops == 4 * inner.peak_flops
     assert pp.step_flops(eight) == inner.step_flops(eight)
 
@@ -137,15 +143,16 @@ def test_stage_busy_inverts_the_round() -> None:
         work = inner.step_time(mb) - inner.step_overhead - n / m * inner.per_request_overhead
         assert b == pytest.approx(m * work / 4, rel=1e-9) and 0 < b <= d  # a stage is busy within its step
     util = busy / dur
-    assert 0.24 < util[0] < 0.25 and util[1] == pytest.approx(2 * util[0], rel=0.02) and util[3] > 0.95
+    # full (16 rows), the stages wait on the last one's LM head: 0.928, not above 0.95 as with the head spread evenly
+    assert 0.24 < util[0] < 0.25 and util[1] == pytest.approx(2 * util[0], rel=0.02) and 0.92 < util[3] < 0.94
 
 
 def test_the_last_stage_sorts_every_micro_batch() -> None:
     """The sampler's sort (workload.sampling top-p, sim/engines/sampling.py) runs on the last stage, once per
     micro-batch: a 256-row decode round of Llama-3.1-8B over 4 stages (4 micro-batches of 64 rows, 0.960 ms of sort
-    each) is the last stage's layers plus 4 sorts, 3.84 ms more than without a sort less the 3 hops the round no
-    longer waits on, not the one micro-batch's sort of the layers' even split (0.96 ms). The stages' busy time
-    gives back the micro-batches' work, each with its sort."""
+    each) is the last stage's layers, LM head and 4 sorts, 3.84 ms more than without a sort (the last stage paces
+    both: its LM head outlasts the 3 hops), not the one micro-batch's sort of the layers' even split (0.96 ms). The
+    stages' busy time gives back the micro-batches' work, each with its sort."""
     m8 = resolve_model("llama-3.1-8b")
     plain, sorted_ = (wrap_pipeline(AnalyticCostModel(m8, H100, sampler_sort_time=t), m8, H100,
                                     pipeline_parallel_size=4, link="nvlink") for t in (0.0, 0.117e-9))
@@ -153,7 +160,8 @@ def test_the_last_stage_sorts_every_micro_batch() -> None:
     shape = StepShape(256, 256, 256, 256_000, 256_000)
     sort = 64 * 128256 * 0.117e-9  # one micro-batch's
     hops = 3 * plain.hop_time(64)
-    assert sorted_.step_time(shape) - plain.step_time(shape) == pytest.approx(4 * sort - hops, rel=1e-9)
+    assert plain.inner.lm_head_time(64) > hops / 3
+    assert sorted_.step_time(shape) - plain.step_time(shape) == pytest.approx(4 * sort, rel=1e-9)
     mb = StepShape(64, 64, 64, 64_000, 64_000)
     work = sorted_.inner.step_time(mb) - plain.inner.step_overhead - 64 * plain.inner.per_request_overhead
     busy = sorted_.stage_busy(np.array([256]), np.array([256]), np.array([sorted_.step_time(shape)]))
@@ -203,11 +211,12 @@ def bubbles() -> dict[int, dict]:
 
 def test_lesson_bubble_is_gpipes_at_one_micro_batch_and_gone_at_one_per_stage(bubbles) -> None:
     # GPipe (Huang et al. 2019): bubble (p - 1) / (m + p - 1) = 0.75 for p = 4, m = 1; the host overhead and the
-    # hops add a little. Measured (32 requests): 0.757, 0.514, 0.029, 0.031
+    # hops add a little. Measured (32 requests): 0.757, 0.514, 0.070, 0.071 (0.029, 0.031 before the last stage
+    # computed the LM head alone: with a micro-batch per stage the other three wait on it, 1.2 layers' worth of 80)
     b = {u: s["pipeline"]["bubble_fraction"] for u, s in bubbles.items()}
     assert 0.74 <= b[1] <= 0.80
     assert 0.48 <= b[2] <= 0.56  # two micro-batches: each stage works half the time
-    assert b[4] < 0.06 and b[16] < 0.06
+    assert 0.05 < b[4] < 0.09 and 0.05 < b[16] < 0.09
     assert b[1] > b[2] > b[4]
     assert bubbles[1]["pipeline"]["mean_micro_batches"] == 1.0 and bubbles[16]["pipeline"]["mean_micro_batches"] == 4.0
 
@@ -217,7 +226,8 @@ def test_lesson_throughput_follows_the_micro_batches_not_the_latency(bubbles) ->
     tpot = {u: s["tpot"]["mean"] for u, s in bubbles.items()}
     assert tput[4] / tput[1] == pytest.approx(4.0, rel=0.05)
     assert tput[16] / tput[4] > 3.5  # 4 rows per micro-batch: still bandwidth-bound, almost free
-    assert max(tpot.values()) / min(tpot.values()) < 1.02  # one token still crosses all four stages
+    # one token still crosses all four stages; full, the last stage (layers and LM head) paces the round: +5%
+    assert max(tpot.values()) / min(tpot.values()) < 1.06
 
 
 def test_report_has_the_pipeline_section_only_when_pipelined(tmp_path: Path) -> None:
@@ -348,7 +358,8 @@ def test_verdict_names_the_bubble_when_stages_idle(bubbles) -> None:
 
     v = rank_limits(bubbles[1])
     assert v.names[0] == "pipeline bubbles" and "1.0 micro-batches in flight for 4 stages" in v.text
-    assert "pipeline bubbles" not in rank_limits(bubbles[16]).names  # 3% idle: below what the ranking lists
+    # 7% idle (the stages wait on the last one's LM head): second to the memory bandwidth
+    assert rank_limits(bubbles[16]).names == ["bandwidth-bound", "pipeline bubbles"]
 
 
 def test_uneven_stages_set_the_pace_once_full() -> None:
@@ -359,9 +370,12 @@ def test_uneven_stages_set_the_pace_once_full() -> None:
     big, mb = StepShape(48, 48, 48, 48 * 1000, 48 * 1000), StepShape(16, 16, 16, 16000, 16000)
     o = inner.step_overhead + 48 * inner.per_request_overhead
     work = inner.step_time(mb) - inner.step_overhead - 16 * inner.per_request_overhead
-    # three micro-batches of 16 rows: the 11-layer stages compute 3 x 11/32 of a micro-batch's work per round,
-    # longer than one micro-batch's trip through the stages
-    assert pp.step_time(big) == pytest.approx(o + 3 * work * 11 / 32, rel=1e-12)
+    # three micro-batches of 16 rows: the slowest stage computes all three per round, longer than one micro-batch's
+    # trip through the stages: of the 11-layer stages and the last (10 layers and the LM head, 2.4 layers' worth of
+    # the 8B), the last (before, 11/32 of the whole work, the head's time spread over the stages)
+    head = inner.lm_head_time(16)
+    assert (work - head) * 10 / 32 + head > (work - head) * 11 / 32
+    assert pp.step_time(big) == pytest.approx(o + 3 * ((work - head) * 10 / 32 + head), rel=1e-12)
     busy = pp.stage_busy(np.array([48]), np.array([48]), np.array([pp.step_time(big)]))
     assert busy[0] == pytest.approx(3 * work / 3, rel=1e-9)
 
@@ -379,3 +393,50 @@ def test_deepseeks_dense_layers_lie_on_the_stages_that_hold_them() -> None:
     (row,) = capacity_table("deepseek-v3", "h200", contexts=[4096], weight_dtypes=["fp8"], kv_dtypes=["auto"],
                             tensor_parallel_sizes=[1], pipeline_parallel_sizes=[16]).rows
     assert row.fits
+
+
+def test_a_quantized_checkpoints_unconverted_layers_lie_on_the_stages_that_hold_them() -> None:
+    """Meta's Llama-3.1-405B-FP8 keeps every attention and the first and last layers' MLP in bf16
+    (sim/hardware/quant.py); each stage was given the whole model's counts (126 attention layers on a stage of 16),
+    so `servesim capacity --model llama-3.1-405b-fp8 --tp 1 --pp 8` failed with 'unquantized_attention_layers must
+    be in [0, num_layers], got 126'. Each stage now counts the unconverted layers among its own."""
+    m = resolve_model("llama-3.1-405b-fp8")
+    stages = stage_models(m, 8)
+    assert [st.num_layers for st in stages] == [15, 16, 16, 16, 16, 16, 16, 15]
+    assert [st.unquantized_attention_layers for st in stages] == [st.num_layers for st in stages]
+    assert [st.unquantized_mlp_layers for st in stages] == [1, 0, 0, 0, 0, 0, 0, 1]  # layers 0 and 125
+    # the stages' fp8 weights add up to the model's (each stage rounds up to a whole byte)
+    whole = m.shard(1).weight_bytes("fp8")
+    assert 0 <= sum(st.shard(1).weight_bytes("fp8") for st in stages) - whole < 8
+    [row] = capacity_table("llama-3.1-405b-fp8", "h200", contexts=[4096], weight_dtypes=["fp8"], kv_dtypes=["auto"],
+                           tensor_parallel_sizes=[1], pipeline_parallel_sizes=[8]).rows
+    assert row.capacity_tokens == 1_080_064
+    # a layout the quant module writes for other counts: the first layers' attention, the MLP of the first and last
+    odd = dataclasses.replace(resolve_model("llama-3.1-8b"), unquantized_attention_layers=12, unquantized_mlp_layers=3)
+    assert [(st.unquantized_attention_layers, st.unquantized_mlp_layers) for st in stage_models(odd, 4)] == \
+        [(8, 2), (4, 0), (0, 0), (0, 1)]
+
+
+def test_opt_keeps_its_embeddings_projections_and_lm_head_on_every_stage_as_vllm_builds_them() -> None:
+    """vLLM's OPTDecoder builds embed_tokens, embed_positions, project_in/out and the final norm on every rank, and
+    OPTForCausalLM its LM head (tied to the embedding), with no PPMissingLayer (vllm/model_executor/models/opt.py;
+    Llama's layout puts the embedding on the first rank, the norm and the head on the last). servesim gave OPT
+    Llama's layout: a middle stage of OPT-13B had no embedding (257 M parameters, 0.48 GiB in bf16, too few) and
+    the last no position table. Every OPT stage now holds what the whole model holds besides its layers, OPT-350M's
+    project_in/out (512 <-> 1024) included."""
+    opt = resolve_model("opt-13b")
+    whole = opt.shard(1)
+    for st in stage_models(opt, 4):  # 10 layers each
+        s = st.shard(1)
+        assert (s.embedding_params, s.lm_head_params) == (whole.embedding_params, whole.lm_head_params)
+        layers = whole.other_params - 2 * 5120  # the final LayerNorm's weight and bias, on every stage
+        assert s.other_params == layers // 4 + 2 * 5120
+    small = ModelSpec.from_hf_config({
+        "model_type": "opt", "hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16, "ffn_dim": 4096,
+        "vocab_size": 50272, "max_position_embeddings": 2048, "word_embed_proj_dim": 512,
+        "do_layer_norm_before": False, "enable_bias": True, "tie_word_embeddings": True}, name="opt-350m")
+    proj = 2 * 512 * 1024
+    for st in stage_models(small, 3):
+        s = st.shard(1)
+        assert s.body_matmul_params == 8 * s.layer_matmul_params + proj
+        assert s.embedding_params == small.shard(1).embedding_params

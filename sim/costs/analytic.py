@@ -140,6 +140,7 @@ class AnalyticCostModel(CostModel):
     _moe: tuple[float, int, int] | None = field(init=False, repr=False, compare=False)
     _serial: float = field(init=False, repr=False, compare=False)  # 1 - linear_overlap
     _sort_row: float = field(init=False, repr=False, compare=False)  # sampler_sort_time x vocabulary, s per row
+    _head: tuple[float, float, float] = field(init=False, repr=False, compare=False)  # lm_head_time's terms
     _decode_cache: dict[int, tuple[float, float, int | float]] = field(init=False, repr=False, compare=False)
     _cap: tuple[float, float] | None = field(init=False, repr=False, compare=False)  # the two caps, or None: none
 
@@ -243,6 +244,10 @@ class AnalyticCostModel(CostModel):
         object.__setattr__(self, "_moe", moe)
         object.__setattr__(self, "_serial", 1.0 - self.linear_overlap)
         object.__setattr__(self, "_sort_row", sort_row)
+        # the LM head's own weights (read in the activation dtype, as weight_bytes_read_per_step counts them), its
+        # FLOPs and its input and logits per row (k[3], k[6], stretched with the rest): lm_head_time
+        head_w = s.lm_head_params * act_b / bw * (1.0 + self.host_time_ratio)
+        object.__setattr__(self, "_head", (head_w, k[3], k[6]))
         capped = self.host_time_ratio > 0 and (self.host_time_cap > 0 or self.host_time_cap_per_row > 0)
         object.__setattr__(self, "_cap", (self.host_time_cap, self.host_time_cap_per_row) if capped else None)
         object.__setattr__(self, "_decode_cache", {})  # _decode_terms's, per row count
@@ -253,6 +258,14 @@ class AnalyticCostModel(CostModel):
     def peak_flops(self) -> float:
         """Dense peak FLOP/s of the linear layers' compute dtype, summed over the tensor-parallel GPUs."""
         return self._peak
+
+    def lm_head_time(self, rows: Any) -> Any:
+        """Seconds of a step's LM head for ``rows`` sampled rows, the sampler's sort included: its weights read once
+        or its FLOPs, whichever binds, plus its input and logits per row. Part of ``step_time``; a pipeline's last
+        stage computes it alone (sim/serving/pipeline.py)."""
+        w, flop, act = self._head
+        mx = np.maximum if isinstance(rows, np.ndarray) else max
+        return mx(rows * flop, w + rows * act) + rows * self._sort_row
 
     @property
     def kv_bytes_per_token(self) -> int:

@@ -5,8 +5,11 @@ Memory. Each GPU holds its stage's layers, as vLLM lays them out (``stage_models
 a stage, the remainder one each to the stages before the last (vLLM's ``get_pp_indices``); the embedding on the
 first stage, the LM head, the final norm and the sampler's logits on the last (``get_pp_group().is_first_rank`` /
 ``is_last_rank``; a tied LM head keeps the embedding matrix on the last stage too), neither on a middle stage
-(``PPMissingLayer``). vLLM sizes the cache by the minimum of its workers' free blocks, so ``stage_model`` is the
-stage whose GPU holds the fewest KV tokens (Llama-3.1-70B bf16 at tp1 pp8 on an H100: the last, 1,329,872).
+(``PPMissingLayer``). OPT is laid out otherwise: vLLM's ``OPTDecoder`` builds its embeddings, project_in/out and
+final norm, and ``OPTForCausalLM`` its LM head, on every rank, so every OPT stage holds them. A quantized
+checkpoint's unconverted layers (sim/hardware/quant.py) count on the stages that hold them. vLLM sizes the cache
+by the minimum of its workers' free blocks, so ``stage_model`` is the stage whose GPU holds the fewest KV tokens
+(Llama-3.1-70B bf16 at tp1 pp8 on an H100: the last, 1,329,872).
 
 Time. vLLM keeps up to ``pp`` batches in flight (v0's virtual engines, v1's batch queue): the running requests
 are split into ``m = min(pp, rows)`` micro-batches that follow one another through the stages. One step of the
@@ -14,14 +17,17 @@ simulator is one round in which every running request advances by its tokens; a 
 previous one, so a round lasts as long as one micro-batch takes through the whole pipeline (or, with uneven
 stages, as long as the slowest stage takes for all of them)::
 
-    round = overhead(rows) + max(work + (pp - 1) * hop, m * work * largest stage's share of the layers)
+    round = overhead(rows) + max(work + (pp - 1) * hop, m * max(body * s, body * s_last + head))
 
 where ``work`` is the cost model's time of a micro-batch of ``rows / m`` rows on all layers (each stage does its
 share of it, weights and KV read included), ``overhead`` the host's per-step cost (scheduling, input
 preparation, sampling) and ``hop = link latency + tokens x hidden_size x activation bytes / link bandwidth``.
-The second term binds only when the layers do not split evenly (32 over 3 stages: the 11-layer stages set the
-pace once 3 micro-batches are in flight). With the sampler's sort (top-p, sim/engines/sampling.py) the last stage
-also sorts each micro-batch's rows, so the second term is ``m * ((work - sort) * share + sort)``. Rows and
+The second term is the slowest stage computing all ``m`` micro-batches: ``head`` is the LM head's time (and the
+sampler's sort, top-p, sim/engines/sampling.py), which the last stage computes alone (``AnalyticCostModel.
+lm_head_time``; 0 for a fitted profile, which does not tell it apart), ``body = work - head`` the layers', ``s``
+the largest stage's share of the layers and ``s_last`` the last's. It binds once the micro-batches fill the
+stages: Llama-3.1-70B's head (1.2 layers' worth of weights) makes the last of 4 even stages the slowest, and
+with 32 layers over 3 stages the 11-layer stages or the last (10 and the head) set the pace. Rows and
 tokens are split evenly over the micro-batches, an optimistic balance (vLLM's virtual engines each schedule
 their own requests). The stages compute ``m`` micro-batches, a
 total of ``m * work`` per round, so their mean utilisation is ``m * work / (pp * round)``: with one micro-batch
@@ -34,7 +40,6 @@ model's.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -74,11 +79,6 @@ def resolve_link(link: str, gpu: GPUSpec) -> tuple[str, float, float]:
     return link, bw, lat
 
 
-def stage_layers(num_layers: int, pp: int) -> int:
-    """Layers of the largest stage."""
-    return math.ceil(num_layers / pp)
-
-
 def stage_layer_counts(num_layers: int, pp: int) -> list[int]:
     """Layers of each stage, first to last, as vLLM's ``get_pp_indices`` splits them: the remainder of
     ``num_layers / pp`` goes one layer each to the stages before the last (which holds the LM head)."""
@@ -99,6 +99,11 @@ class StageSpec(ModelSpec):
 
     def shard(self, tensor_parallel_size: int = 1) -> ShardSpec:
         s = ModelSpec.shard(self, tensor_parallel_size)
+        if self.model_type == "opt":
+            # vLLM's OPTDecoder builds embed_tokens, embed_positions, project_in/out and the final norm on every
+            # rank, and OPTForCausalLM its LM head (tied: the embedding), none of them a PPMissingLayer: every stage
+            # holds them all, as the whole model does (vllm/model_executor/models/opt.py)
+            return s
         vocab_rows = s.vocab_size * self.word_embed_proj_dim
         final = (2 if self.norm == "layer" else 1) * self.hidden_size if self.final_norm and not self.last else 0
         embedding = s.embedding_params if self.first else vocab_rows if self.last and s.tied else 0
@@ -113,11 +118,23 @@ def stage_models(model: ModelSpec, pp: int) -> list[ModelSpec]:
     fields = {f.name: getattr(model, f.name) for f in dataclasses.fields(model)}
     counts = stage_layer_counts(model.num_layers, pp)
     starts = [sum(counts[:i]) for i in range(pp)]
-    # the first first_k_dense_replace layers (DeepSeek's dense MLPs) lie on the stages that hold them, not on each
+    # layers the whole model counts lie on the stages that hold them, not on each: the first first_k_dense_replace
+    # (DeepSeek's dense MLPs), and a quantized checkpoint's unconverted ones where sim/hardware/quant.py's
+    # modules_not_converted puts them (the first layers' attention; the MLP of the first and the last layers)
+    first_mlp = (model.unquantized_mlp_layers + 1) // 2
+    last_mlp = model.num_layers - model.unquantized_mlp_layers // 2
     return [StageSpec(**{**fields, "num_layers": n,
-                         "first_k_dense_replace": min(n, max(0, model.first_k_dense_replace - start))},
+                         "first_k_dense_replace": _overlap(start, n, 0, model.first_k_dense_replace),
+                         "unquantized_attention_layers": _overlap(start, n, 0, model.unquantized_attention_layers),
+                         "unquantized_mlp_layers": _overlap(start, n, 0, first_mlp)
+                         + _overlap(start, n, last_mlp, model.num_layers)},
                       first=i == 0, last=i == pp - 1)
             for i, (n, start) in enumerate(zip(counts, starts, strict=True))]
+
+
+def _overlap(start: int, n: int, lo: int, hi: int) -> int:
+    """Layers of [lo, hi) among a stage's [start, start + n)."""
+    return max(0, min(start + n, hi) - max(start, lo))
 
 
 def check_pipeline(model: ModelSpec, pp: int) -> int:
@@ -145,9 +162,10 @@ def _overhead(cost: CostModel, rows: Any) -> Any:
     return 0 * rows
 
 
-def _sort_per_row(cost: CostModel) -> float:
-    """The sampler's sort per row (sim/engines/sampling.py): GPU work of the last stage alone, once per micro-batch."""
-    return cost.sampler_sort_time * cost.model.vocab_size if isinstance(cost, AnalyticCostModel) else 0.0
+def _head(cost: CostModel, rows: Any) -> Any:
+    """The LM head's time for a micro-batch of ``rows`` rows, the sampler's sort included (sim/engines/sampling.py):
+    GPU work of the last stage alone, once per micro-batch; 0 where the cost model does not tell it apart."""
+    return cost.lm_head_time(rows) if isinstance(cost, AnalyticCostModel) else 0 * rows
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +181,7 @@ class PipelineCostModel(CostModel):
     link_bandwidth: float = LINK_PRESETS["nvlink"][0]  # B/s
     link_latency: float = LINK_PRESETS["nvlink"][1]  # s per hop
     stage_share: float = 0.0  # the largest stage's share of the layers; 0: 1 / pipeline_parallel_size
+    last_share: float = 0.0  # the last stage's share of the layers (it holds the LM head); 0: stage_share
     _peak: float = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -174,6 +193,10 @@ class PipelineCostModel(CostModel):
             object.__setattr__(self, "stage_share", 1.0 / self.pipeline_parallel_size)
         if not 1.0 / self.pipeline_parallel_size <= self.stage_share <= 1.0:
             raise ValueError(f"PipelineCostModel: stage_share must be in [1/pp, 1], got {self.stage_share}")
+        if self.last_share == 0.0:
+            object.__setattr__(self, "last_share", self.stage_share)
+        if not 0.0 < self.last_share <= self.stage_share:
+            raise ValueError(f"PipelineCostModel: last_share must be in (0, stage_share], got {self.last_share}")
 
     @property
     def peak_flops(self) -> float:
@@ -198,12 +221,11 @@ class PipelineCostModel(CostModel):
                        shape.swap_blocks, shape.idle_before, shape.max_decode_len)
         work = self.inner.step_time(mb) - _overhead(self.inner, mb.num_seqs)
         through = work + (p - 1) * self.hop_time(mb.num_tokens)  # one micro-batch through every stage
-        pace = m * work * self.stage_share  # the slowest stage computing all m micro-batches
-        per_row = _sort_per_row(self.inner)
-        if per_row:  # the last stage also sorts each micro-batch's rows (taken as the largest stage)
-            sort = mb.num_seqs * per_row
-            pace = m * ((work - sort) * self.stage_share + sort)
-        mx = np.maximum if isinstance(through, np.ndarray) or isinstance(pace, np.ndarray) else max
+        # the slowest stage computing all m micro-batches: the largest, or the last with its layers and the LM head
+        # (and the sampler's sort), which no other stage shares
+        head = _head(self.inner, mb.num_seqs)
+        mx = np.maximum if isinstance(through, np.ndarray) or isinstance(head, np.ndarray) else max
+        pace = m * mx((work - head) * self.stage_share, (work - head) * self.last_share + head)
         t = _overhead(self.inner, shape.num_seqs) + mx(through, pace)
         if shape.host_load_time:
             t = t + shape.host_load_time
@@ -219,10 +241,11 @@ class PipelineCostModel(CostModel):
         rows = np.asarray(rows, dtype=np.float64)
         m = np.clip(rows, 1, p)
         span = np.asarray(duration, dtype=np.float64) - _overhead(self.inner, rows)
-        # span = max(work + hops, m * work * share): each reading gives work where its term binds, more elsewhere
-        sort = _sort_per_row(self.inner) * rows / m  # step_time's pace with its sort solved for work
-        paced = span / (m * self.stage_share) if not sort.any() else (span / m - sort) / self.stage_share + sort
-        work = np.minimum(span - (p - 1) * self.hop_time(np.asarray(tokens, dtype=np.float64) / m), paced)
+        # span = max(work + hops, m * max(body * share, body * last_share + head)), body = work - head: each
+        # reading gives work where its term binds, more elsewhere (both grow with the body)
+        head = _head(self.inner, rows / m)
+        body = np.minimum(span / m / self.stage_share, (span / m - head) / self.last_share)
+        work = np.minimum(span - (p - 1) * self.hop_time(np.asarray(tokens, dtype=np.float64) / m), body + head)
         return np.maximum(work, 0.0) * m / p
 
     def summary(self, steps: Mapping[str, np.ndarray]) -> dict[str, Any]:
@@ -261,5 +284,6 @@ def wrap_pipeline(cost: CostModel, model: ModelSpec, gpu: GPUSpec, *, pipeline_p
         return cost
     name, bw, lat = resolve_link(link, gpu)
     act_bytes = DTYPE_BITS[activation_dtype(weight_dtype)] / 8
-    share = stage_layers(model.num_layers, pp) / model.num_layers
-    return PipelineCostModel(cost, pp, model.hidden_size, act_bytes, name, bw, lat, share)
+    counts = stage_layer_counts(model.num_layers, pp)
+    return PipelineCostModel(cost, pp, model.hidden_size, act_bytes, name, bw, lat, max(counts) / model.num_layers,
+                             counts[-1] / model.num_layers)
