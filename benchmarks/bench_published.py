@@ -37,7 +37,9 @@ metric class (TTFT, decode speed, throughput, E2E) and per source (one document:
 or GPU is new in) that leave-one-source-out gives; with nothing fitted, that is each row's plain error. Rows that
 cannot be represented are listed with the reason. Per class it prints the errors' 10th-90th percentiles, each source
 weighing the same (the 80% intervals of sim/metrics/intervals.py), and how many rows of each source the other
-sources' percentiles hold; ``--write-intervals`` puts both in sim/metrics/intervals.py. ``--fit``
+sources' percentiles hold; ``--write-intervals`` puts both in sim/metrics/intervals.py. It also prints how many rows
+of each class lie within issue 38's target and how many the median needs (``median_needs``), and the groups (source,
+engine, model, metric) with the most rows beyond 25% (``miss_groups``): where a mechanism would move most. ``--fit``
 instead repeats issue 14's held-out calibration on the rows of one engine and GPU (fit the knobs on every other
 row, predict the rest), now with the rows' engine preset.
 
@@ -550,6 +552,31 @@ def _summary(label: str, errs: list[float], width: int = 44) -> str:
             f"{np.mean(a <= 0.25):5.0%}  bias (median) {np.median(errs):+6.1%}")
 
 
+# issue 38's bars on each class's median |error| (E2E has none) and on the rows within 25%
+TARGETS = {"TTFT": 0.20, "decode speed": 0.12, "throughput": 0.08}
+MISS = 0.25
+
+
+def median_needs(errs: list[float], target: float) -> tuple[int, int]:
+    """Rows whose |error| is within ``target``, and how many must be for the median |error| to be within it: the
+    middle row of an odd count, both middle rows of an even one (``len // 2 + 1``)."""
+    return int(np.sum(np.abs(errs) <= target)), len(errs) // 2 + 1
+
+
+def miss_groups(keyed: list[tuple[tuple[str, ...], float]], limit: int = 12) -> list[tuple[tuple[str, ...], int, int,
+                                                                                           int, float]]:
+    """The groups of rows (``(key, error)``, the key naming source, engine and metric) with the most errors beyond
+    25%, each as ``(key, misses, of them too fast, rows, median error)``; most misses first, then the larger group,
+    then the key. What to look at next: a mechanism that explains a group moves many rows at once."""
+    groups: dict[tuple[str, ...], list[float]] = {}
+    for key, x in keyed:
+        groups.setdefault(key, []).append(x)
+    out = [(k, sum(abs(x) > MISS for x in e), sum(x > MISS for x in e), len(e), float(np.median(e)))
+           for k, e in groups.items()]
+    out = [g for g in out if g[1]]
+    return sorted(out, key=lambda g: (-g[1], -g[3], g[0]))[:limit]
+
+
 def loso_coverage(pairs: list[tuple[str, float]]) -> tuple[int, int, list[str]]:
     """Rows whose error falls inside the 10th-90th percentiles of the other sources' errors (their class's rows
     only, each source weighing the same: ``source_percentiles``), the rows that had such an interval, and the
@@ -675,6 +702,10 @@ def report(n_offline: int, classic: bool = False, data: list[Path] | None = None
     inside = int(np.sum(np.abs(errs) <= 0.25))
     print("  " + _summary(f"all classes ({len(set(sources))} sources)", errs)
           + f"  ({inside}/{len(errs)} = {inside / len(errs):.1%} within 25%)")
+    for cls, target in TARGETS.items():
+        if e := [x for k, x in zip(classes, errs, strict=True) if k == cls]:
+            within, needed = median_needs(e, target)
+            print(f"  {cls}: {within} of {len(e)} rows within issue 38's {target:.0%}, {needed} for the median")
     print("leave-one-source-out error by source and metric class")
     by_source: dict[tuple[str, str], list[float]] = {}
     for s, k, x in zip(sources, classes, errs, strict=True):
@@ -690,6 +721,12 @@ def report(n_offline: int, classic: bool = False, data: list[Path] | None = None
     if intervals is not None:
         write_intervals(by_class, intervals)
         print(f"  written to {intervals.relative_to(ROOT) if intervals.is_relative_to(ROOT) else intervals}")
+    print(f"largest groups of rows beyond {MISS:.0%} (misses, of them too fast, rows, median error; source, engine, "
+          "model and tensor parallelism, metric)")
+    for (src, engine, model, metric), n, fast, rows, med in miss_groups(
+            [((s, c.row["engine"], f"{c.row['model']} tp{c.row['tp']}", c.row["metric"]), x)
+             for s, c, x in zip(sources, cases, errs, strict=True)]):
+        print(f"  {n:4d} {fast:4d} {rows:4d} {med:+8.1%}  {src[:40]:40s} {engine[:28]:28s} {model[:26]:26s} {metric}")
     print("by engine and metric")
     groups: dict[str, list[float]] = {}
     for c, x in zip(cases, errs, strict=True):

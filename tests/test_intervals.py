@@ -474,3 +474,18 @@ def test_v0_host_time_ratio_diagnostic():
     assert err_whole < -0.4 < -0.1 < err_default < 0 < err_host0  # simulated E2E slower than measured, then faster
     v1 = next(r for r in rows if r["model"] == "Qwen2-7B" and "gpu_memory_utilization=0.25" in r["settings"])
     assert bench.case_of(v1, 30, v0_host_ratio=0.0).cfg == bench.case_of(v1, 30).cfg
+
+
+def test_the_groups_of_misses_and_what_the_median_needs():
+    """bench_published's pointers to what to look at next: the rows within a class's target and how many the median
+    needs (the middle row of an odd count, both middle rows of an even one), and the groups with the most rows
+    beyond 25%, most first (ties: the larger group, then the key), groups without a miss left out."""
+    bench = _bench()
+    assert bench.median_needs([0.1, -0.3, 0.19, 0.5, -0.2], 0.2) == (3, 3)  # median |error| 0.2: met
+    assert bench.median_needs([0.1, -0.3, 0.25, 0.5], 0.2) == (1, 3)
+    keyed = [(("a", "x"), 0.3), (("a", "x"), -0.4), (("a", "x"), 0.1), (("b", "y"), 0.26), (("b", "y"), 0.3),
+             (("c", "z"), 0.25), (("d", "w"), -0.9), (("d", "w"), 0.0), (("d", "w"), 0.0), (("d", "w"), 0.0)]
+    assert bench.miss_groups(keyed) == [(("a", "x"), 2, 1, 3, 0.1), (("b", "y"), 2, 2, 2, 0.28),
+                                        (("d", "w"), 1, 0, 4, 0.0)]
+    assert bench.miss_groups(keyed, limit=1) == [(("a", "x"), 2, 1, 3, 0.1)]
+
