@@ -13,7 +13,8 @@ throughput, TTFT, TPOT and ITL at 16-1000 requests/s). Every row the simulator c
 - its model, GPU, tensor parallelism and dtypes, its engine's ``deployment.engine`` preset (sim/engines/registry.py):
   TensorRT-LLM -> ``tensorrt-llm`` (0.17 rows with ``kv_cache_free_gpu_mem_fraction`` 0.95, as the source's notes state
   for most of them), vLLM 0.5/0.6 -> ``vllm-v0``, SGLang -> ``sglang``, LMDeploy -> ``lmdeploy``, TGI -> ``tgi``;
-  gpt-fast is no serving engine: one request, servesim's classic engine;
+  gpt-fast is no serving engine: one request, servesim's classic engine, its int8 and int4 weights read at
+  PyTorch's weight-only kernels' share of the bandwidth (``TORCH_WEIGHT_ONLY_BANDWIDTH``, torchao's measurements);
 - its workload: the fixed lengths stated (the blog's sonnet rows at their stated average lengths; its ShareGPT rows,
   which state only averages, at lengths spread about them, ``sharegpt_lengths``; rows whose outputs ended at the end
   of sequence before the length asked for, at geometric lengths under it averaging the stated mean, ``eos_lengths``),
@@ -63,6 +64,7 @@ from typing import Any
 import numpy as np
 
 from sim.config.scenario import VariantConfig, parse_scenario, variant_configs
+from sim.costs.analytic import TORCH_WEIGHT_ONLY_BANDWIDTH
 from sim.config.schema import ScenarioError
 from sim.engines.tensorrt_llm import trtllm_bench_build
 from sim.engines.vllm_v0 import VLLM_V06_HOST_TIME_RATIO
@@ -406,6 +408,9 @@ def case_of(row: dict[str, str], n_offline: int, classic: bool = False, online: 
         {"pipeline_parallel_size": pp} if pp > 1 else {})
     if engine is not None and not classic:
         dep["engine"] = engine | {k: v for k, v in settings.items() if k in ENGINE_SETTINGS}
+    if row["engine"].lower().startswith("gpt-fast") and wd in TORCH_WEIGHT_ONLY_BANDWIDTH:
+        # gpt-fast's int8 and int4 weight-only linears are torchao's kernels, whose weights stream slower than bf16's
+        dep["cost_model"] = {"type": "analytic", "weight_only_bandwidth": TORCH_WEIGHT_ONLY_BANDWIDTH[wd]}
     if online and online_row(row):
         dep["serving"] = "online"  # sim/costs/online.py: tokenizer, HTTP and streaming, as the client times them
     arrival: dict[str, Any] = {"type": "all_at_once"}

@@ -60,7 +60,13 @@ DEFAULTS = {"compute_efficiency": 0.6, "bandwidth_efficiency": 0.8, "step_overhe
 
 
 def with_knobs(cfg: VariantConfig, knobs: dict[str, float]) -> VariantConfig:
-    dep = cfg.deployment.model_copy(update={"cost_model": AnalyticCost(**knobs)})
+    """``cfg`` on the analytic cost model with ``knobs``, the fitted knobs (BOUNDS) at their defaults where not
+    given. An analytic cost model's other keys describe the deployment, not the fit, and are kept
+    (``weight_only_bandwidth``: its kernels; bench_published's gpt-fast rows ran without theirs before)."""
+    base = cfg.deployment.cost_model
+    kept = base.model_dump(exclude_none=True, exclude={"type", "profile", *BOUNDS}) \
+        if isinstance(base, AnalyticCost) else {}
+    dep = cfg.deployment.model_copy(update={"cost_model": AnalyticCost(**(kept | knobs))})
     return dataclasses.replace(cfg, deployment=dep)
 
 

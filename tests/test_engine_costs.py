@@ -8,7 +8,8 @@ import pytest
 
 from sim.config.scenario import parse_scenario, variant_configs
 from sim.config.schema import ScenarioError
-from sim.costs.analytic import AnalyticCostModel
+from calibration.bench_fit import with_knobs
+from sim.costs.analytic import TORCH_WEIGHT_ONLY_BANDWIDTH, AnalyticCostModel
 from sim.costs.costmodel import StepShape
 from sim.engines.costs import host_time_ratio
 from sim.engines.registry import EngineConfig
@@ -337,3 +338,41 @@ def test_enforce_eager_leaves_v06_without_async_output_processing():
     shape, overhead = StepShape(8, 8, 8, 8000, 8000), 1.5e-3 + 8 * 1.0e-5
     assert eager_cost.step_time(shape) - overhead == pytest.approx(
         (graphs.step_time(shape) - overhead) / (1 - 0.087), rel=1e-12)
+
+
+def test_pytorchs_weight_only_kernels_stream_their_weights_slower():
+    """torchao's quantization README (A100, batch 1): int8 weight-only streams 1131.18 and 1150.80 GB/s where bf16
+    streams 1418.93 and 1435.54 (Llama-2-7B, Llama-3-8B), int4 (tinygemm) 751.42 and 763.33: shares 0.799 and 0.531
+    of bf16's rate. With ``weight_only_bandwidth`` a weight-only model's weight reads take 1 / share as long; a model
+    that is not weight-only (bf16, fp8 on an H100) is unchanged, and MoE experts (other kernels) keep the full rate."""
+    assert TORCH_WEIGHT_ONLY_BANDWIDTH == {"int8": pytest.approx(0.79943, abs=1e-5),
+                                           "int4": pytest.approx(0.53065, abs=1e-5)}
+    g = resolve_gpu("a100-80gb")
+    decode = StepShape(1, 1, 1, 100, 100)  # batch 1: the step waits for its weight reads
+    for name in ("llama-2-7b", "mixtral-8x7b"):
+        m = ModelSpec.from_name(name)
+        for wd, share in TORCH_WEIGHT_ONLY_BANDWIDTH.items():
+            full = AnalyticCostModel(m, g, weight_dtype=wd)
+            torch = AnalyticCostModel(m, g, weight_dtype=wd, weight_only_bandwidth=share)
+            dense = m.shard(1).weight_bytes_read_per_step(wd) / (g.mem_bandwidth * 0.8)  # experts left out
+            assert torch.step_time(decode) - full.step_time(decode) == pytest.approx(dense * (1 / share - 1),
+                                                                                       rel=1e-9)
+    m = ModelSpec.from_name("llama-2-7b")
+    for wd, gpu in (("bf16", g), ("fp8", resolve_gpu("h100-sxm"))):
+        assert AnalyticCostModel(m, gpu, weight_dtype=wd, weight_only_bandwidth=0.5).step_time(decode) == \
+            AnalyticCostModel(m, gpu, weight_dtype=wd).step_time(decode)
+    with pytest.raises(ValueError, match="weight_only_bandwidth must be in"):
+        AnalyticCostModel(m, g, weight_dtype="int4", weight_only_bandwidth=0.0)
+    # a scenario's cost_model key, which a calibration's knobs leave in place
+    dep = {"model": "llama-2-7b", "gpu": "a100-80gb", "weight_dtype": "int4"}
+    assert _built({**dep, "cost_model": {"type": "analytic", "weight_only_bandwidth": 0.5}})[2].weight_only_bandwidth \
+        == 0.5
+    assert _built(dep)[2].weight_only_bandwidth == 1.0
+    with pytest.raises(ScenarioError, match="weight_only_bandwidth"):
+        _built({**dep, "cost_model": {"type": "analytic", "weight_only_bandwidth": 1.5}})
+    raw = {"name": "t", "workload": {"arrival": {"type": "all_at_once"}, "num_requests": 1,
+                                     "prompt_len": {"type": "fixed", "value": 10},
+                                     "output_len": {"type": "fixed", "value": 10}}, "deployment": {
+        **dep, "cost_model": {"type": "analytic", "weight_only_bandwidth": 0.5, "compute_efficiency": 0.9}}}
+    fitted = with_knobs(variant_configs(parse_scenario(raw, "t"))[0], {"compute_efficiency": 0.3}).deployment
+    assert (fitted.cost_model.weight_only_bandwidth, fitted.cost_model.compute_efficiency) == (0.5, 0.3)

@@ -41,7 +41,7 @@ def test_interval_by_hand():
     assert "e2el.p99" not in iv  # tails: the development rows are means and rates
     lines = interval_lines({"a": {"interval_80": iv}, "b": {}})
     assert lines[0] == ("80% interval (published measurements; leave-one-source-out coverage TTFT 72.8%, decode speed "
-                        "74.9%, throughput 81.4%, E2E 75.7%; target 70-90%):")
+                        "75.8%, throughput 81.4%, E2E 75.7%; target 70-90%):")
     assert lines[1] == (f"  a: ttft.mean {100 * (1 + lo_f):.1f}-{100 * (1 + hi_f):.1f} ms; tpot.mean "
                         f"{10 * (1 + lo_d):.1f}-{10 * (1 + hi_d):.1f} ms; output_throughput "
                         f"{1000 / (1 + hi_t):,.0f}-{1000 / (1 + lo_t):,.0f}/s")
@@ -489,3 +489,21 @@ def test_the_groups_of_misses_and_what_the_median_needs():
                                         (("d", "w"), 1, 0, 4, 0.0)]
     assert bench.miss_groups(keyed, limit=1) == [(("a", "x"), 2, 1, 3, 0.1)]
 
+
+def test_gpt_fasts_weight_only_rows_run_at_pytorchs_share():
+    """gpt-fast's int8 and int4 rows run its (torchao's) weight-only kernels: their weights stream at
+    TORCH_WEIGHT_ONLY_BANDWIDTH's share; its bf16 rows and other engines' rows set nothing."""
+    from sim.costs.analytic import TORCH_WEIGHT_ONLY_BANDWIDTH
+
+    bench = _bench()
+    rows = [r for r in bench.read_rows([bench.DATA]) if r["metric"] == "tok_s_batch1"]
+    seen = set()
+    for r in rows:
+        wd = r["weight_dtype"].split()[0]
+        share = bench.case_of(r, 1).cfg.deployment.cost_model.weight_only_bandwidth
+        if r["engine"].startswith("gpt-fast") and wd in ("int8", "int4"):
+            assert share == TORCH_WEIGHT_ONLY_BANDWIDTH[wd]
+            seen.add(wd)
+        else:
+            assert share is None
+    assert seen == {"int8", "int4"}

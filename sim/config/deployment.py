@@ -53,7 +53,12 @@ class AnalyticCost(CostModelConfigBase):
         default=None, ge=0, le=1, description="Share of the smaller side of a decode step's linear layers (compute "
         "or weight reads) run under the larger: 1 the roofline's max, 0 their sum; none: the engine's "
         "(sim/engines/vllm_v1.py: 0), else 1.")
-    _record_set_keys = omit_when_unset("attention_efficiency", "linear_overlap")  # recorded only when given
+    weight_only_bandwidth: Float | None = Field(
+        default=None, gt=0, le=1, description="Share of bandwidth_efficiency at which weight-only quantized weights "
+        "(int8, int4) stream through their dequantizing kernels; none: 1 (sim/costs/analytic.py "
+        "TORCH_WEIGHT_ONLY_BANDWIDTH: PyTorch's, as gpt-fast and torchao run them).")
+    _record_set_keys = omit_when_unset("attention_efficiency", "linear_overlap",
+                                       "weight_only_bandwidth")  # recorded only when given
     step_overhead: Float | None = Field(
         default=None, ge=0, le=3600, description="Fixed seconds per step (CPU, launches)."
     )

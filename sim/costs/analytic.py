@@ -33,6 +33,13 @@ DEFAULT_PER_REQUEST_OVERHEAD = 1.0e-5  # s per row per step
 # Weight-only quantized GEMMs (int8/int4, fp8 without fp8 tensor cores) dequantize inside the kernel (Marlin and
 # the like): near bf16 speed once compute-bound, a little slower.
 DEFAULT_DEQUANT_OVERHEAD = 0.1  # fraction added to the compute time of weight-only quantized matmuls
+# PyTorch's weight-only kernels stream their weights slower than a bf16 GEMV does. torchao's quantization README
+# (pytorch/ao at 03d01ad, one A100, batch 1, tok/s x model size): Llama-2-7B bf16 1418.93 GB/s, int8 weight-only
+# 1131.18, int4 weight-only (tinygemm's _weight_int4pack_mm, group 64) 751.42; Llama-3-8B 1435.54, 1150.80, 763.33.
+# The shares of bf16's rate, the mean of the two models: what ``weight_only_bandwidth`` is for gpt-fast's and
+# torchao's int8 (dequantize-and-matmul under torch.compile) and int4 (the same tinygemm op) weights
+TORCH_WEIGHT_ONLY_BANDWIDTH = {"int8": (1131.18 / 1418.93 + 1150.80 / 1435.54) / 2,
+                               "int4": (751.42 / 1418.93 + 763.33 / 1435.54) / 2}
 # One all-reduce's fixed cost (NCCL or vLLM's custom all-reduce on NVLink: 5-20 us).
 DEFAULT_ALLREDUCE_LATENCY = 1.0e-5  # s per all-reduce
 
@@ -100,6 +107,10 @@ class AnalyticCostModel(CostModel):
     step_overhead: float = DEFAULT_STEP_OVERHEAD  # s per step
     per_request_overhead: float = DEFAULT_PER_REQUEST_OVERHEAD  # s per row per step
     dequant_overhead: float = DEFAULT_DEQUANT_OVERHEAD  # fraction added to weight-only quantized matmul time
+    # share of bandwidth_efficiency at which a weight-only quantized model's weights stream through its dequantizing
+    # kernels (1: as fast as unquantized weights; TORCH_WEIGHT_ONLY_BANDWIDTH: PyTorch's). Dense weights: MoE
+    # experts, read by other kernels, keep the full rate
+    weight_only_bandwidth: float = 1.0
     allreduce_latency: float = DEFAULT_ALLREDUCE_LATENCY  # s per all-reduce (tp > 1 only)
     # host (CPU) seconds per second of GPU work that the GPU waits for (sim/engines/costs.py: vLLM 0.5 and 0.6);
     # 0: the host work overlaps the GPU, as in an engine without a synchronous CPU loop. A step of prompts alone
@@ -165,6 +176,8 @@ class AnalyticCostModel(CostModel):
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
         if not 0.0 < self.compute_clock <= 1.0:
             raise ValueError(f"compute_clock must be in (0, 1], got {self.compute_clock}")
+        if not 0.0 < self.weight_only_bandwidth <= 1.0:
+            raise ValueError(f"weight_only_bandwidth must be in (0, 1], got {self.weight_only_bandwidth}")
         if not 0.0 <= self.linear_overlap <= 1.0:
             raise ValueError(f"linear_overlap must be in [0, 1], got {self.linear_overlap}")
 
@@ -218,7 +231,7 @@ class AnalyticCostModel(CostModel):
             self.per_request_overhead + sort_row,  # 1: s per row (+ 0.0 without a sort: the same float)
             lin_token,  # 2: linear compute, s per token (MoE: its k experts)
             2.0 * s.lm_head_params * t_flop_lin,  # 3: LM head compute, s per row
-            s.weight_bytes_read_per_step(wd) / bw,  # 4: weights, s per step
+            s.weight_bytes_read_per_step(wd) / (bw * self.weight_only_bandwidth if weight_only else bw),  # 4: weights
             act_bytes_token / bw,  # 5: activations, s per token
             act_bytes_row / bw,  # 6: LM head activations, s per row
             _attn_flops_per_pair(m, s.num_attention_heads) * t_flop_attn,  # 7: attention, s per pair
