@@ -426,6 +426,9 @@ def test_opt_keeps_its_embeddings_projections_and_lm_head_on_every_stage_as_vllm
     project_in/out (512 <-> 1024) included."""
     opt = resolve_model("opt-13b")
     whole = opt.shard(1)
+    # the sampler's logits, though, only where vLLM's profile run samples: the last rank
+    reserves = [kv_budget(st, H100).activation_reserve for st in stage_models(opt, 4)]
+    assert reserves[0] == reserves[1] == reserves[2] == reserves[3] - 256 * 50272 * 4 * 2
     for st in stage_models(opt, 4):  # 10 layers each
         s = st.shard(1)
         assert (s.embedding_params, s.lm_head_params) == (whole.embedding_params, whole.lm_head_params)

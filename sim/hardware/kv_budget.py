@@ -87,7 +87,7 @@ def estimate_activation_reserve(
     k = 3 if m.mlp == "gated" else 2
     # MoE: each token's k experts hold their intermediate tensors at once (vLLM's fused-MoE caches)
     per_token = (4 * m.hidden_size + k * s.intermediate_size * max(1, s.experts_per_tok)) * act
-    logits = max_num_seqs * m.vocab_size * 4 * 2 if s.lm_head_params else 0  # a pipeline's last stage samples
+    logits = max_num_seqs * m.vocab_size * 4 * 2 if m.samples else 0  # a pipeline's last stage alone samples
     return max_num_batched_tokens * per_token + logits + runtime_overhead_bytes
 
 

@@ -225,6 +225,12 @@ class ModelSpec:
             raise ValueError(f"model {self.name!r}: MLA (kv_lora_rank > 0) needs qk_rope_head_dim, "
                              "qk_nope_head_dim and v_head_dim")
 
+    @property
+    def samples(self) -> bool:
+        """Whether the GPUs holding this spec compute logits and sample: the whole model's do; a pipeline's stages
+        (sim/serving/pipeline.py) only the last, whatever they hold (OPT holds its LM head on every stage)."""
+        return True
+
     # --- parameter counts (tensor_parallel_size=1 is the whole model) -------------------------------------------
 
     def shard(self, tensor_parallel_size: int = 1) -> ShardSpec:

@@ -97,6 +97,10 @@ class StageSpec(ModelSpec):
     first: bool = True
     last: bool = True
 
+    @property
+    def samples(self) -> bool:
+        return self.last
+
     def shard(self, tensor_parallel_size: int = 1) -> ShardSpec:
         s = ModelSpec.shard(self, tensor_parallel_size)
         if self.model_type == "opt":
