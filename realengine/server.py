@@ -27,6 +27,7 @@ import math
 import queue
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -35,6 +36,7 @@ import simpy
 import simpy.rt
 from simpy.core import EmptySchedule
 
+from realengine.openai_request import parse_request
 from sim.serving.request import Outcome, Request, RequestSpec
 
 # seconds a policy may leave requests waiting with nothing running before they fail (LiveEngine._check_stall): as long
@@ -364,31 +366,6 @@ class LiveEngine:
         return "\n".join(lines) + "\n"
 
 
-def prompt_length(prompt: Any) -> int:
-    """Tokens in a completions ``prompt``: a list of token ids counts as given; text one token per word."""
-    if isinstance(prompt, list) and len(prompt) == 1 and not isinstance(prompt[0], int):
-        prompt = prompt[0]  # a batch of one prompt
-    if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
-        return len(prompt)
-    if isinstance(prompt, str):
-        return len(prompt.split())
-    raise ValueError("prompt must be a string or a list of token ids (one prompt per request)")
-
-
-def chat_prompt_length(messages: Any) -> int:
-    if not isinstance(messages, list) or not messages:
-        raise ValueError("messages must be a non-empty list")
-    n = 0
-    for m in messages:
-        content = m.get("content") if isinstance(m, dict) else None
-        if isinstance(content, list):  # content parts: the text ones
-            content = " ".join(p.get("text", "") for p in content if isinstance(p, dict))
-        if not isinstance(content, str):
-            raise ValueError("each message needs a text content")
-        n += len(content.split())
-    return n
-
-
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive, and chunked transfer for the event streams
     engine: LiveEngine  # set on the subclass that make_server builds
@@ -436,44 +413,32 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path != "/v1/completions" and not chat:
             self._error(404, f"no route {self.path}")
             return
-        try:
+        try:  # json.JSONDecodeError is a ValueError
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
-            if not isinstance(body, dict):
-                raise ValueError("the body must be a JSON object")
-            n_prompt = chat_prompt_length(body.get("messages")) if chat else prompt_length(body.get("prompt"))
-            max_tokens = body.get("max_completion_tokens" if chat and "max_completion_tokens" in body
-                                  else "max_tokens", 16)
-            if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
-                raise ValueError(f"max_tokens must be an integer >= 1, got {max_tokens!r}")
-            if n_prompt < 1:
-                raise ValueError("the prompt is empty")
-            # vLLM's extra field for its priority scheduler: it was dropped, so a served priority policy (built-in or
-            # a user's) saw every request at priority 0 and served first come first served, without a word
-            priority = body.get("priority", 0)
-            if not isinstance(priority, int) or isinstance(priority, bool):
-                raise ValueError(f"priority must be an integer (lower is served sooner), got {priority!r}")
-        except ValueError as e:  # json.JSONDecodeError is one
+            req = parse_request(body, chat)
+        except ValueError as e:
             self._error(400, str(e))
             return
-        eng = self.engine
+        eng, n_prompt, max_tokens = self.engine, req.prompt_len, req.max_tokens
         if n_prompt + max_tokens > eng.max_model_len:
             self._error(400, f"This model's maximum context length is {eng.max_model_len} tokens. However, you "
                         f"requested {n_prompt + max_tokens} tokens ({n_prompt} in the messages, {max_tokens} in "
                         "the completion).")
             return
-        stream = eng.submit(n_prompt, max_tokens, self.headers.get("X-Request-Id") or "", priority)
+        # vLLM's id: its X-Request-Id, else a random one (it was id(stream), which repeats once a stream is freed)
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-{self.headers.get('X-Request-Id') or uuid.uuid4().hex}"
+        stream = eng.submit(n_prompt, max_tokens, self.headers.get("X-Request-Id") or "", req.priority)
         if body.get("stream"):
-            self._stream(stream, body, chat)
+            self._stream(stream, body, chat, rid)
         else:
-            self._whole(stream, chat)
+            self._whole(stream, chat, rid)
 
     def _reply_base(self, chat: bool, rid: str, created: int | None = None) -> dict:
         return {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
                 "created": int(time.time()) if created is None else created, "model": self.engine.model_name}
 
-    def _stream(self, stream: _Stream, body: dict, chat: bool) -> None:
+    def _stream(self, stream: _Stream, body: dict, chat: bool, rid: str) -> None:
         usage_wanted = bool((body.get("stream_options") or {}).get("include_usage"))
-        rid = f"{'chatcmpl' if chat else 'cmpl'}-{id(stream):x}"
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
@@ -521,7 +486,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
         self.wfile.flush()
 
-    def _whole(self, stream: _Stream, chat: bool) -> None:
+    def _whole(self, stream: _Stream, chat: bool, rid: str) -> None:
         parts: list[str] = []
         while True:
             kind, value = stream.chunks.get()
@@ -533,7 +498,7 @@ class _Handler(BaseHTTPRequestHandler):
                 self._error(500, value)
                 return
         text = "".join(parts)
-        base = self._reply_base(chat, f"{'chatcmpl' if chat else 'cmpl'}-{id(stream):x}")
+        base = self._reply_base(chat, rid)
         base["object"] = "chat.completion" if chat else "text_completion"
         choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": "length"}
         if chat:

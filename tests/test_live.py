@@ -635,6 +635,50 @@ def test_serve_takes_vllms_priority_field_for_the_policy(tmp_path):
     assert [r["priority"] for r in rows] == [3, 0]
 
 
+def test_serve_refuses_several_completions_per_request_and_gives_each_reply_its_own_id(tmp_path):
+    """A request asking for n (or best_of) 2 completions got one choice with HTTP 200, so a client counted one
+    completion's tokens as the two it asked for: refused with HTTP 400 now (vLLM generates them; servesim serve
+    generates one). And every reply's id was `cmpl-` and the stream object's address, which the next request
+    reuses once the stream is freed: it is the client's X-Request-Id, as vLLM's, else a random one."""
+    from urllib.error import HTTPError
+    from urllib.request import Request, urlopen
+
+    from realengine.server import build_live_engine, make_server
+    from sim.config.scenario import load_scenario, variant_configs
+
+    path = tmp_path / "s.yaml"
+    path.write_text(SCENARIO)
+    eng = build_live_engine(variant_configs(load_scenario(path)[0])[0])
+    server = make_server(eng, "127.0.0.1", 0)
+    eng.start()
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}/v1/"
+
+    def post(body: dict, headers: dict | None = None, route: str = "completions") -> dict:
+        req = Request(base + route, json.dumps({"model": "tiny", "prompt": [1, 2, 3, 4], "max_tokens": 2, **body})
+                      .encode(), {"Content-Type": "application/json", **(headers or {})})
+        with urlopen(req, timeout=30) as r:
+            return json.loads(r.read())
+
+    try:
+        for key, value in (("n", 2), ("best_of", 3)):
+            with pytest.raises(HTTPError) as e:
+                post({key: value})
+            assert e.value.code == 400
+            assert json.loads(e.value.read())["message"] == (f"{key} must be 1, got {value}: servesim serve generates "
+                                                             "one completion per request")
+        assert len(post({"n": 1})["choices"]) == 1
+        ids = [post({})["id"] for _ in range(4)]
+        assert len(set(ids)) == 4 and all(i.startswith("cmpl-") for i in ids)
+        assert post({}, {"X-Request-Id": "abc-1"})["id"] == "cmpl-abc-1"
+        chat = {"messages": [{"role": "user", "content": "hi"}], "prompt": None}
+        assert post(chat, {"X-Request-Id": "abc-2"}, "chat/completions")["id"] == "chatcmpl-abc-2"
+    finally:
+        server.shutdown()
+        server.server_close()
+        eng.stop()
+
+
 def test_a_served_policy_that_takes_back_what_it_plans_stops_the_server_within_seconds(tmp_path):
     """A served policy that admits a request and preempts it at the next ask, forever (tests/data/policies/
     bad_policies.py TakesBackWhatItPlans), stopped the server only at the core's 4,096th ask, about a minute of wall
