@@ -143,6 +143,11 @@ CASES = [
      "gave up"),
     ("bad_policies.py:RaisesGeneratorExitInInit", "", "constructing it with args {} raised GeneratorExit: closed"),
     ("base_exception_import.py:X", "", "importing it raised CancelledError: cancelled at import (line 3)"),
+    # wake_time's NaN was read as no wake-up, its text and True as seconds ("0.5": 0.5 s), silently
+    ("bad_policies.py:WakesAtNaN", "", "policy WakesAtNaN: wake_time returned nan at t=0.000000 s: NaN is no time "
+     "(return None when nothing is due)"),
+    ("bad_policies.py:WakesAtText", "", "policy WakesAtText: wake_time returned '0.5' at t=0.000000 s, not a time in "
+     "seconds or None"),
     # a key of the built-in kinds that a user's class does not take (it was told "did you mean" the same key)
     ("sim.policies.queue:FCFSPolicy", ", enable_chunked_prefill: false",
      "enable_chunked_prefill: unknown key; other kinds of this section have it, the kind 'custom' not"),

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dis
 import functools
 import inspect
+import numbers
 import reprlib
 import sys
 import threading
@@ -307,12 +308,16 @@ class UserPolicy(Policy):
         if callable(wt) and getattr(type(self.user), "wake_time", None) is not api.Policy.wake_time:
             t = self._call("wake_time(view)", wt, self._public_view(view, set()))
             if t is not None:
-                try:
-                    t = float(t)
-                except (TypeError, ValueError):
-                    raise PolicyError(f"policy {self.name}: wake_time returned {t!r}, not a time or None") from None
-                if t == t:  # NaN: no wake-up
-                    times.append(t)
+                # a number of seconds: "1.5" and True were read as 1.5 and 1.0 s, and NaN (0 * inf, a mean of
+                # nothing) as no wake-up at all, silently; a time already past wakes nothing (it is now)
+                if isinstance(t, bool) or not isinstance(t, numbers.Real):
+                    raise PolicyError(f"policy {self.name}: wake_time returned {reprlib.repr(t)} at "
+                                      f"t={view.now:.6f} s, not a time in seconds or None")
+                t = float(t)
+                if t != t:
+                    raise PolicyError(f"policy {self.name}: wake_time returned nan at t={view.now:.6f} s: NaN is no "
+                                      "time (return None when nothing is due)")
+                times.append(t)
         return min(times) if times else None
 
     def schedule(self, view: View) -> CorePlan:

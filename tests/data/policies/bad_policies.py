@@ -424,3 +424,17 @@ class NeverPreempts(servesim.Policy):
             if budget.allocate(r, r.num_remaining):
                 plan.schedule(r, r.num_remaining)
         return plan
+
+
+class WakesAtNaN(servesim.QueuePolicy):
+    """wake_time from a mean over no request (NaN): read as no wake-up at all, without a word."""
+
+    def wake_time(self, view):
+        return sum(r.deadline for r in view.swapped) / max(len(view.swapped), 1) * float("nan")
+
+
+class WakesAtText(servesim.QueuePolicy):
+    """wake_time returning the time as text: "0.5" was read as 0.5 s."""
+
+    def wake_time(self, view):
+        return f"{view.now + 0.5}"
