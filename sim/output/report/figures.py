@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -55,6 +56,21 @@ def latencies_of(records: Sequence[RequestRecord]) -> dict[str, np.ndarray]:
 CDF_PANELS = (("ttft", "TTFT (ms)", 1e3), ("tpot", "TPOT (ms)", 1e3), ("e2el", "E2EL (s)", 1.0))
 MARKED_PERCENTILES = (50, 95, 99)
 CDF_LOG_SPAN = 100.0  # a panel whose values span more than this ratio (two decades) gets a log x axis
+# where each marked percentile's label sits beside its marker: p99 above and p95 below, both to its right (0.04 apart
+# on the y axis, side by side they covered each other)
+PERCENTILE_TEXT = {50: "middle right", 95: "bottom right", 99: "top right"}
+CDF_Y_RANGE = [-0.06, 1.12]  # above 1: room for "p99" over its marker; below 0: "0" clears the x axis's tick labels
+
+
+def cdf_x_range(xs: Sequence[float], log: bool) -> list[float] | None:
+    """An x axis range over ``xs`` (log10 units on a log axis) with room on the right for a "p99" label beside the
+    rightmost marker; None with nothing to draw."""
+    v = [float(x) for x in xs if x is not None and (x > 0 or not log)]
+    if not v:
+        return None
+    lo, hi = (math.log10(min(v)), math.log10(max(v))) if log else (min(v), max(v))
+    span = (hi - lo) or 1.0
+    return [lo - 0.03 * span, hi + 0.16 * span]
 
 
 def spans_decades(values: list[np.ndarray], ratio: float = CDF_LOG_SPAN) -> bool:
@@ -95,6 +111,7 @@ def _cdf_figure(curves: list[tuple[str, dict[str, np.ndarray]]], title: str, max
     where the latencies of ``scale_over`` (default: the curves') span decades."""
     fig = make_subplots(rows=1, cols=3, subplot_titles=[p[1] for p in CDF_PANELS], horizontal_spacing=0.07)
     lats = [lat for _, lat in curves]
+    xs: dict[int, list[float]] = {}
     for i, (name, lat) in enumerate(curves):
         for col, (key, label, scale) in enumerate(CDF_PANELS, start=1):
             v = lat[key] * scale
@@ -114,13 +131,16 @@ def _cdf_figure(curves: list[tuple[str, dict[str, np.ndarray]]], title: str, max
                 col=col,
             )
             pct = np.percentile(v, MARKED_PERCENTILES)
+            xs.setdefault(col, []).extend((float(v.min()), float(v.max())))
             fig.add_trace(
                 go.Scatter(
                     x=pct,
                     y=[q / 100 for q in MARKED_PERCENTILES],
-                    mode="markers+text",
+                    # the last curve's markers labelled, the others' told apart by the y axis and their hover:
+                    # several curves' p50s side by side covered each other's labels
+                    mode="markers+text" if i == len(curves) - 1 else "markers",
                     text=[f"p{q}" for q in MARKED_PERCENTILES],
-                    textposition="middle right",
+                    textposition=[PERCENTILE_TEXT[q] for q in MARKED_PERCENTILES],
                     marker=dict(color=color(i), size=7, symbol="diamond"),
                     name=f"{name} percentiles",
                     legendgroup=name,
@@ -132,9 +152,13 @@ def _cdf_figure(curves: list[tuple[str, dict[str, np.ndarray]]], title: str, max
             )
             fig.update_xaxes(title_text=label, row=1, col=col)
     for col, (key, label, scale) in enumerate(CDF_PANELS, start=1):
-        if spans_decades([lat[key] * scale for lat in (scale_over if scale_over is not None else lats)]):
+        log = spans_decades([lat[key] * scale for lat in (scale_over if scale_over is not None else lats)])
+        if log:
             fig.update_xaxes(type="log", title_text=f"{label}, log scale", row=1, col=col)
-    fig.update_yaxes(title_text="fraction of requests", range=[0, 1.02], row=1, col=1)
+        # room on the right for the labels: at the axis's autoscaled end a slow variant's p99 was cut in two
+        fig.update_xaxes(range=cdf_x_range(xs.get(col, []), log), row=1, col=col)
+    fig.update_yaxes(range=CDF_Y_RANGE, tickvals=[0, 0.2, 0.4, 0.6, 0.8, 1.0])
+    fig.update_yaxes(title_text="fraction of requests", row=1, col=1)
     fig.update_layout(template=TEMPLATE, height=380, title=title, hovermode="closest")
     return fig
 

@@ -193,32 +193,15 @@ def fig_latency_cdfs_page(results: list[RunResult], narrow: bool = False) -> go.
     panel_px = 240
     fig = make_subplots(rows=n if narrow else 1, cols=1 if narrow else n, subplot_titles=panels,
                         horizontal_spacing=0.09, vertical_spacing=(head_px + AXIS_PX) / (n * panel_px))
-    xs: dict[int, list[float]] = {}
-    last = results[-1].name if results else None
-    for trace in src.data:
+    for trace in src.data:  # the report labels the current run's (the last) percentiles, with room made for them
         k = int((trace.xaxis or "x")[1:] or 1)
-        if trace.mode == "markers+text":
-            if trace.legendgroup == last:
-                where = {"50": "middle right", "95": "bottom right", "99": "top right"}
-                trace.textposition = [where.get(t[1:], "middle right") for t in trace.text]
-            else:
-                trace.text = None  # one run's labels: two runs' p95s sit on one line and would cover each other
-                trace.mode = "markers"
-        xs.setdefault(k, []).extend(float(x) for x in trace.x if x is not None)
         fig.add_trace(trace, row=k if narrow else 1, col=1 if narrow else k)
     for k in range(1, n + 1):
         old = src.layout[f"xaxis{k if k > 1 else ''}"]
         row, col = (k, 1) if narrow else (1, k)
-        log = old.type == "log"
-        v = [x for x in xs.get(k, []) if x > 0] if log else xs.get(k, [])
-        axis: dict = dict(title_text=old.title.text, type=old.type)
-        if v:
-            lo, hi = (math.log10(min(v)), math.log10(max(v))) if log else (min(v), max(v))
-            span = (hi - lo) or 1.0
-            axis["range"] = [lo - 0.03 * span, hi + 0.16 * span]  # room on the right for "p99"
-        fig.update_xaxes(row=row, col=col, **axis)
-        # above 1: room for "p99" over its marker; below 0: the "0" label clears the x axis's first tick label
-        fig.update_yaxes(range=[-0.06, 1.12], row=row, col=col, tickvals=[0, 0.2, 0.4, 0.6, 0.8, 1.0],
+        fig.update_xaxes(row=row, col=col, title_text=old.title.text, type=old.type, range=old.range)
+        y = src.layout[f"yaxis{k if k > 1 else ''}"]
+        fig.update_yaxes(range=y.range, row=row, col=col, tickvals=y.tickvals,
                          title_text="fraction of requests" if narrow or k == 1 else None)
     fig.update_layout(template=TEMPLATE, hovermode="closest")
     _tidy(fig, src.layout.title.text, narrow, head_px=head_px)
