@@ -171,6 +171,12 @@ def test_capacity_command_json() -> None:
     [
         (["--model", "llama-9b", "--gpu", "h100"], "unknown model 'llama-9b'"),
         (["--model", "llama-3.1-8b", "--gpu", "tpu"], "unknown GPU 'tpu'"),
+        # the names a vLLM user has at hand name their preset (it said "file not found" and no more)
+        (["--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "h100"],
+         "file not found: meta-llama/Llama-3.1-8B-Instruct; the preset for 'meta-llama/Llama-3.1-8B-Instruct' is "
+         "'llama-3.1-8b'"),
+        (["--model", "llama-3.1-8b", "--gpu", "NVIDIA H100 80GB HBM3"], "the preset for 'NVIDIA H100 80GB HBM3' is "
+         "'h100-sxm'"),
         (["--model", "llama-3.1-8b", "--gpu", "h100", "--tp", "3"], "tensor_parallel_size=3 does not split"),
         (["--model", "llama-3.1-8b", "--gpu", "h100", "--kv-dtype", "int4"], "weight-only"),
         (["--model", "llama-3.1-8b", "--gpu", "h100", "--weight-dtype", "fp4"], "unknown dtype 'fp4'"),

@@ -147,6 +147,18 @@ CASES = {
     ),
     "unknown model": (_with("deployment.model", "llama-9"), ["deployment.model", "unknown model", "llama-9"]),
     "unknown gpu": (_with("deployment.gpu", "tpu-v9"), ["deployment.gpu", "unknown GPU", "tpu-v9"]),
+    # the names a vLLM user has at hand: the model id served (read as a config.json path: "file not found") and
+    # nvidia-smi's GPU name; the error now names the preset that is that model or chip
+    "a Hugging Face model id": (
+        _with("deployment.model", "meta-llama/Llama-3.1-8B-Instruct"),
+        ["deployment.model", "file not found", "the preset for 'meta-llama/Llama-3.1-8B-Instruct' is 'llama-3.1-8b' "
+         "(a Hugging Face model id is not downloaded)"],
+    ),
+    "a model preset misspelt": (_with("deployment.model", "llama3-8b"), ["the preset for 'llama3-8b' is 'llama-3-8b'"]),
+    "nvidia-smi's gpu name": (
+        _with("deployment.gpu", "NVIDIA H100 80GB HBM3"),
+        ["deployment.gpu", "unknown GPU", "the preset for 'NVIDIA H100 80GB HBM3' is 'h100-sxm'"],
+    ),
     "max_model_len larger than the KV cache": (
         _with("deployment", {"model": "llama-3.1-8b", "gpu": "l4", "max_model_len": 100000}),
         ["deployment.max_model_len", "100000", "larger than the KV cache"],

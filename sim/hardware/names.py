@@ -72,4 +72,17 @@ def match_gpu(text: str) -> str | None:
     return None
 
 
-__all__ = ["match_gpu", "match_model"]
+def preset_hint(text: object, kind: str) -> str:
+    """What to append to the error of a ``kind`` ("model" or "gpu") given as ``text`` that no preset or file is,
+    when a preset is that model or chip: the scenario said "file not found: meta-llama/Llama-3.1-8B-Instruct" (the
+    name a vLLM user serves, read as a config.json path) and "unknown GPU 'NVIDIA H100 80GB HBM3'" (nvidia-smi's)."""
+    if not isinstance(text, str):
+        return ""
+    preset = match_model(text) if kind == "model" else match_gpu(text)
+    if preset is None or preset == text:
+        return ""
+    hub = " (a Hugging Face model id is not downloaded)" if kind == "model" and "/" in text else ""
+    return f"; the preset for {text!r} is {preset!r}{hub}"
+
+
+__all__ = ["match_gpu", "match_model", "preset_hint"]

@@ -30,6 +30,7 @@ from sim.engines.sched import configure_kv, configure_policy, engine_kv_cache
 from sim.hardware.gpu import GPUSpec, resolve_gpu
 from sim.hardware.kv_budget import KVBudget, ModelDoesNotFitError
 from sim.hardware.models import ModelSpec, resolve_model
+from sim.hardware.names import preset_hint
 from sim.hardware.window import window_refusal
 from sim.policies import Limits, Policy
 from sim.serving import spec_decode
@@ -138,15 +139,16 @@ def build(cfg: VariantConfig) -> tuple[Policy, KVManager, CostModel, Built]:
     try:
         model = resolve_model(dep.model)
     except FileNotFoundError as e:
-        raise ScenarioError(f"{where}: deployment.model: file not found: {e.filename or e}") from None
+        raise ScenarioError(f"{where}: deployment.model: file not found: {e.filename or e}"
+                            f"{preset_hint(dep.model, 'model')}") from None
     except KeyError as e:
         raise ScenarioError(f"{where}: deployment.model: lacks the field {e}") from None
     except (ValueError, TypeError, OSError) as e:
-        raise ScenarioError(f"{where}: deployment.model: {e}") from None
+        raise ScenarioError(f"{where}: deployment.model: {e}{preset_hint(dep.model, 'model')}") from None
     try:
         gpu = resolve_gpu(dep.gpu)
     except (ValueError, TypeError, AttributeError) as e:
-        raise ScenarioError(f"{where}: deployment.gpu: {e}") from None
+        raise ScenarioError(f"{where}: deployment.gpu: {e}{preset_hint(dep.gpu, 'gpu')}") from None
     try:
         max_model_len = resolve_max_model_len(dep, model)
         pol = resolve_policy(pol, dep, model, gpu, max_model_len)  # the engine's defaults where policy has none
