@@ -618,6 +618,9 @@ def test_variant_is_answered_as_the_scenarios_variants_not_a_nested_key(command:
     what = "has no --variant" if command == ["plan"] else "runs every variant of the scenario"
     assert "No such option: --variant;" in text and f"{' '.join(command)} {what}" in text, res.output
     assert "validate" in text.partition("these take --variant:")[2], res.output
+    # run as `python -m sim.cli` (a program name of three words): run read as "-m sim.cli run", said no --variant
+    res = CliRunner().invoke(app, [*command, scenario, "--variant", "continuous"], prog_name="python -m sim.cli")
+    assert f"python -m sim.cli {' '.join(command)} {what}" in " ".join(res.output.split()), res.output
 
 
 def test_the_engines_time_scale_says_which_clock_it_is_on() -> None:

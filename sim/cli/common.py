@@ -93,7 +93,11 @@ def _no_variant_option(ctx: Any) -> str:
 
     root = ctx.find_root()
     others = ", ".join(walk(root.command, root.info_name or ""))
-    every = ctx.command_path.split()[1:] in (["run"], ["sweep"], ["check-policy"], ["engine", "run"])
+    names: list[str] = []
+    c = ctx  # the command's names below the root: its command_path's words are the program's too
+    while c.parent is not None:  # ("python -m sim.cli run" read as "-m sim.cli run", which has no --variant)
+        names, c = [c.info_name, *names], c.parent
+    every = names in (["run"], ["sweep"], ["check-policy"], ["engine", "run"])
     what = "runs every variant of the scenario: to run one, leave the others out of its variants" if every \
         else "has no --variant"
     return f"No such option: --variant; {ctx.command_path} {what} (these take --variant: {others})"
