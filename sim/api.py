@@ -136,7 +136,7 @@ class Results:
             return pd.DataFrame(self.steps)
         if table == "summary":
             return pd.DataFrame([{"variant": n, **_flat(s)} for n, s in self.summary.items()])
-        raise ValueError(f"table must be requests, steps or summary, got {table!r}")
+        raise ScenarioError(f"table must be requests, steps or summary, got {table!r}")
 
     def table(self) -> str:
         """The comparison table ``servesim run`` prints (one row per metric, one column per variant)."""
@@ -328,6 +328,8 @@ def run(
     from sim.loop.run import prepare_scenario, run_scenario
 
     overrides: dict[str, Any] = {}
+    if not isinstance(progress, bool):  # progress="yes" ended in an AttributeError of the run loop, unnamed
+        raise ScenarioError(f"progress must be True or False, got {type(progress).__name__} {progress!r}")
     given = _overrides(num_requests, seed, set)  # set's keys trimmed, as they are applied
     if isinstance(policy, type):  # the class itself, as evaluate takes it: it failed deep in the check, unnamed
         raise ScenarioError(f"policy= takes a policy object, not the class {policy.__qualname__}: pass "

@@ -201,6 +201,8 @@ def test_compare_labels_an_in_memory_run_by_its_scenario_or_as_told(small, tmp_p
         ({"scenario": SMALL, "set": "policy.max_num_seqs=4"},
          "set must map dotted keys to values, e.g. {'policy.max_num_seqs': 64}; got str 'policy.max_num_seqs=4'"),
         ({"scenario": SMALL, "set": [("policy.max_num_seqs", 4)]}, "set must map dotted keys to values"),
+        # before: AttributeError ('str' object has no attribute 'begin') from the run loop, four frames down
+        ({"scenario": SMALL, "progress": "yes"}, "progress must be True or False, got str 'yes'"),
     ],
 )
 def test_bad_input_raises_scenario_error(kwargs, message):
@@ -412,3 +414,18 @@ def test_the_examples_of_a_set_key_are_keys_the_scenario_has() -> None:
     for key in examples:
         assert servesim.run(str(ROOT / "scenarios" / "naive-vs-continuous.yaml"), num_requests=3,
                             set={key: 8}).summary, key
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda r: r.write(None), "out_dir must be a path (text or pathlib.Path), got NoneType None"),
+    (lambda r: r.write(3), "out_dir must be a path (text or pathlib.Path), got int 3"),
+    (lambda r: r.report(None), "report path must be a path (text or pathlib.Path), got NoneType None"),
+    (lambda r: r.to_pandas("request"), "table must be requests, steps or summary, got 'request'"),
+])
+def test_a_wrong_argument_type_on_the_results_is_one_scenario_error(small, call, message) -> None:
+    """A notebook's res.write(None) or res.report(3) ended in os.fspath's TypeError five frames down, naming
+    neither the argument nor the call; to_pandas("request") raised a bare ValueError where docs/python-api.md
+    promises servesim.ScenarioError for bad input."""
+    with pytest.raises(servesim.ScenarioError) as e:
+        call(small)
+    assert str(e.value) == message

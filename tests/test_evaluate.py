@@ -49,7 +49,8 @@ class ShortFirst(servesim.QueuePolicy):
 
 def score(policy, **kw):
     kw.setdefault("set", LIMITS)
-    return evaluate(policy, SCENARIO, cache=WorkloadCache(), **kw)
+    kw.setdefault("cache", WorkloadCache())
+    return evaluate(policy, SCENARIO, **kw)
 
 
 @pytest.mark.parametrize("isolate", ISOLATION)
@@ -204,6 +205,11 @@ def test_fitness_takes_the_tournaments_weights_and_references_and_blis_spelling(
     ({"seeds": 1.5}, "seeds must be an integer >= 0 or a non-empty list of them, got 1.5"),  # was a TypeError
     ({"time_limit": 0}, "time_limit must be a number > 0"),
     ({"set": {"deployment.nope": 1}}, "nope"),
+    # before: AttributeError ('int' object has no attribute 'get'), a TypeError from os.fspath, and a truthy
+    # "no" that forked a worker
+    ({"cache": 5}, "cache must be a servesim.WorkloadCache \\(or None: the default one\\), got int"),
+    ({"out": 5}, "out must be a path \\(text or pathlib.Path\\), got int 5"),
+    ({"isolate": "no"}, "isolate must be True, False or None \\(the platform's default\\), got 'no'"),
 ])
 def test_a_mistake_in_the_call_itself_raises(kw, says):
     with pytest.raises(servesim.ScenarioError, match=says):

@@ -39,10 +39,18 @@ def sigint_deferred() -> Iterator[None]:
         raise InterruptedAfterWrite
 
 
+def _a_path(value: object, name: str) -> str | os.PathLike[str]:
+    """``value`` if it is a path (text or ``os.PathLike``); ScenarioError naming ``name`` otherwise: a notebook's
+    ``res.write(None)`` or ``report(3)`` ended in os.fspath's TypeError five frames down, naming neither."""
+    if isinstance(value, str | os.PathLike):
+        return value
+    raise ScenarioError(f"{name} must be a path (text or pathlib.Path), got {type(value).__name__} {value!r}")
+
+
 def output_path(value: str | os.PathLike[str], name: str) -> Path:
     """``value`` as the path of something to write; ScenarioError for an empty one: ``Path("")`` is the current
     folder, so an unset variable (``--out ""``, ``out=""``) wrote a run's files among the user's own."""
-    if not os.fspath(value).strip():
+    if not os.fspath(_a_path(value, name)).strip():
         raise ScenarioError(f"{name}: empty path; name a file or folder (. for the current folder)")
     return Path(value)
 
@@ -51,7 +59,7 @@ def input_path(value: str | os.PathLike[str], name: str) -> Path:
     """``value`` as the path of something to read; ScenarioError for an empty one (``servesim run ""`` read the
     current folder: 'error: .: not a file'). Unlike ``output_path`` it does not offer ``.``: a scenario, a profile
     or a benchmark file is a file."""
-    if not os.fspath(value).strip():
+    if not os.fspath(_a_path(value, name)).strip():
         raise ScenarioError(f"{name}: empty path; name the file or folder to read")
     return Path(value)
 

@@ -506,6 +506,11 @@ def evaluate(
     for name, value, lo in (("time_limit", time_limit, 0), ("memory_limit", memory_limit, 1)):
         if isinstance(value, bool) or not isinstance(value, int | float) or not value > lo or not math.isfinite(value):
             raise ScenarioError(f"{name} must be a number > {lo}, got {value!r}")
+    if isolate is not None and not isinstance(isolate, bool):  # isolate="no" is truthy: it forked a worker
+        raise ScenarioError(f"isolate must be True, False or None (the platform's default), got {isolate!r}")
+    if cache is not None and not isinstance(cache, WorkloadCache):
+        raise ScenarioError(f"cache must be a servesim.WorkloadCache (or None: the default one), got "
+                            f"{type(cache).__name__}")
     if isolate is None:
         isolate = hasattr(os, "fork")
     elif isolate and not hasattr(os, "fork"):
