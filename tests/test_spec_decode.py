@@ -272,6 +272,30 @@ def test_report_section_and_openmetrics_export(tmp_path: Path):
     assert "vllm:spec_decode_num_drafts" not in openmetrics_text(run.results[0])
 
 
+
+def test_report_speedup_is_a_line_per_variant_against_the_swept_load():
+    """lesson-speculative-decoding's speed-up panel drew one line through its ten runs by name, so it zigzagged
+    between draft-k4 and draft-k4-off-under-load at each load (0.93, 1.03, 0.92, 1.02 at full size) under tick
+    labels written over each other (seen rendered in Chromium). Now: a line per variant against num_users; runs
+    outside a sweep get a bar each, no line between them."""
+    from sim.config.scenario import load_scenario
+    from sim.output.report.spec_decode import spec_decode_parts
+    from sim.studies.teaching import find_scenario
+
+    sc, raw = load_scenario(find_scenario("lesson-speculative-decoding"), {"workload.num_requests": 24})
+    run = run_scenario(sc, raw)
+    (_, fig, _), = spec_decode_parts(run.results, run.summaries)
+    lines = {t.name: list(t.x) for t in fig.data if t.xaxis == "x2"}
+    users = [1, 16, 64, 256, 512]
+    assert lines == {"speed-up: draft-k4": users, "speed-up: draft-k4-off-under-load": users}
+    assert fig.layout.xaxis2.type == "log" and fig.layout.xaxis2.title.text == "num_users, log scale"
+
+    plain = run_scenario(parse_scenario({**scenario(), "variants": [
+        {"name": "plain"}, {"name": "ngram", "deployment": {"speculative": {
+            "method": "ngram", "num_speculative_tokens": 3, "acceptance": {"type": "geometric", "rate": 0.6}}}}]}))
+    (_, fig, _), = spec_decode_parts(plain.results, plain.summaries)
+    assert [(t.type, list(t.x)) for t in fig.data if t.xaxis == "x2"] == [("bar", ["ngram"])]
+
 @settings(max_examples=25, deadline=None)
 @given(k=st.integers(1, 6), rate=st.floats(0, 1), blocks=st.integers(16, 40),
        mode=st.sampled_from(["recompute", "swap"]), kv=st.sampled_from(["paged", "contiguous"]),

@@ -42,6 +42,43 @@ def _fmt(x: float, spec: str) -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
 
+DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
+
+
+def _speedup_panel(fig: go.Figure, points: list[tuple[RunResult, float]]) -> str | None:
+    """Draw each run's speed-up in the figure's second panel; return its x axis title. Sweep points of one numeric
+    parameter: a line per variant against that parameter (a log axis over more than a decade). Otherwise a bar per
+    run. One line through every run's name zigzagged between variants (lesson-speculative-decoding's draft-k4 and
+    draft-k4-off-under-load alternated at each load) under tick labels written over each other."""
+    if not points:
+        return None
+    fig.add_hline(y=1.0, line={"dash": "dot", "color": "#999"}, row=1, col=2)
+    swept = [sweep_params(r) for r, _ in points]
+    keys = {tuple(sp[1]) for sp in swept if sp is not None}
+    key = next(iter(keys))[0] if len(keys) == 1 and len(next(iter(keys))) == 1 else None
+    numeric = key is not None and all(sp is not None and isinstance(sp[1][key], (int, float))
+                                      and not isinstance(sp[1][key], bool) for sp in swept)
+    if not numeric:
+        fig.add_trace(go.Bar(x=[r.name for r, _ in points], y=[v for _, v in points], name="speed-up",
+                             showlegend=False, marker={"color": "#444"}), row=1, col=2)
+        return None
+    lines: dict[str, list[tuple[float, float]]] = {}
+    for sp, (_, v) in zip(swept, points, strict=True):
+        if sp is not None:  # every one is (numeric)
+            lines.setdefault(sp[0], []).append((float(sp[1][key]), v))
+    for i, (variant, xy) in enumerate(lines.items()):
+        xy.sort()
+        fig.add_trace(go.Scatter(x=[x for x, _ in xy], y=[y for _, y in xy], mode="lines+markers",
+                                 name=f"speed-up: {variant}", line={"color": "#444", "dash": DASHES[i % len(DASHES)]},
+                                 hovertemplate=f"{key}=%{{x}}: %{{y:.2f}}x<extra>{html.escape(variant)}</extra>"),
+                      row=1, col=2)
+    xs = [x for xy in lines.values() for x, _ in xy]
+    if min(xs) > 0 and max(xs) > 10 * min(xs):
+        fig.update_xaxes(type="log", row=1, col=2)
+        return f"{key}, log scale"
+    return key
+
+
 def spec_decode_parts(results: list[RunResult], summaries: dict) -> list[tuple[str, go.Figure | None, str]]:
     """(title, figure, HTML) of the section; empty when no run speculates."""
     runs = [r for r in results if r.spec_decode and "spec_decode" in summaries.get(r.name, {})]
@@ -72,15 +109,12 @@ def spec_decode_parts(results: list[RunResult], summaries: dict) -> list[tuple[s
         rates = summaries[r.name]["spec_decode"]["per_position_acceptance_rate"]
         fig.add_trace(go.Bar(x=[f"draft {j + 1}" for j in range(len(rates))], y=rates, name=r.name,
                              marker={"color": color(i)}, legendgroup=r.name), row=1, col=1)
-    names = [n for n, v in speedups if not math.isnan(v)]
-    values = [v for _, v in speedups if not math.isnan(v)]
-    if names:
-        fig.add_trace(go.Scatter(x=names, y=values, mode="lines+markers", name="speed-up", showlegend=False,
-                                 line={"color": "#444"}), row=1, col=2)
-        fig.add_hline(y=1.0, line={"dash": "dot", "color": "#999"}, row=1, col=2)
+    x_title = _speedup_panel(fig, [(r, v) for r, (_, v) in zip(runs, speedups, strict=True) if not math.isnan(v)])
     legend_below(fig.update_layout(template=TEMPLATE, barmode="group"), 380)
     fig.update_yaxes(range=[0, 1], title_text="share of drafts", row=1, col=1)
-    fig.update_yaxes(title_text="x", rangemode="tozero", row=1, col=2)
+    fig.update_yaxes(title_text="output tok/s over no speculation (x)", rangemode="tozero", row=1, col=2)
+    if x_title:
+        fig.update_xaxes(title_text=x_title, row=1, col=2)
     note = (
         '<p class="note">Each step, every decoding row drafts k tokens and the target verifies them in one step '
         "of 1 + k tokens; the row keeps the accepted prefix and one token of the target's. Mean acceptance length "
