@@ -157,6 +157,16 @@ def test_a_variant_name_with_a_line_separator_or_escape_is_refused(name: str) ->
     ("variants.0.deployment.max_num_seqs", "unknown key; did you mean variants.0.policy.max_num_seqs?"),
     ("deployment.zzz", "deployment.zzz: unknown key; known keys: block_size, "),  # in no section: the section's
     ("variants.0.seed", "variants.0.seed: unknown key; known keys: admission, "),  # not a predictor's, 3 deep
+    # the rules a file's key gets (initials, vllm bench's names, the closest key elsewhere): --set deployment.tp
+    # was told the deployment's eighteen keys, kv_cache.blocksize the KV cache's four, workload.num_prompts the
+    # workload's nine, where the file's very keys got "did you mean"
+    ("deployment.tp", "deployment.tp: unknown key; did you mean deployment.tensor_parallel_size?"),
+    ("kv_cache.blocksize", "kv_cache.blocksize: unknown key; did you mean deployment.block_size?"),
+    ("workload.num_prompts",
+     "workload.num_prompts: unknown key; did you mean workload.num_requests (vllm bench's --num-prompts)?"),
+    ("workload.max_concurrency",
+     "workload.max_concurrency: unknown key; did you mean workload.arrival.num_users (vllm bench's --max-concurrency)?"),
+    ("variants.0.policy.mnbt", "variants.0.policy.mnbt: unknown key; did you mean variants.0.policy.max_num_batched_tokens?"),
 ])
 def test_a_set_key_in_the_wrong_section_names_the_section_that_has_it(key: str, line: str) -> None:
     """`--set deployment.max_num_seqs=8` (vLLM's engine argument, which servesim keeps in the policy section) was

@@ -167,6 +167,11 @@ def _schema_keys(model: type[BaseModel], item: str = "") -> dict[str, str]:
     return keys
 
 
+def all_keys(model: type[BaseModel]) -> list[str]:
+    """Every key name of the schema below ``model``."""
+    return list(_schema_keys(model))
+
+
 def key_section(model: type[BaseModel], name: str) -> str | None:
     """The dotted place of the section below ``model`` that has the key ``name`` itself, the shallowest ("" for
     ``model``'s own keys; ``policy`` for ``max_num_seqs``), or None where no section has it."""

@@ -38,7 +38,7 @@ from sim.config.deployment import FittedCost as FittedCost
 from sim.config.errors import ScenarioError as ScenarioError  # re-exported: where every caller finds it
 from sim.config.host_kv_config import HostCacheConfig
 from sim.config.input_model import Float, InputModel, Int
-from sim.config.scenario_messages import key_section
+from sim.config.scenario_messages import OTHER_NAMES, all_keys, closest_key, key_section
 from sim.engines.costs import omit_when_unset
 from sim.hardware.gpu import GPUSpec
 from sim.loop.disagg.config import DisaggConfig, PlanDisaggConfig
@@ -453,13 +453,7 @@ def unknown_key(tp: Any, parts: list[str], node: Any, done: str = "", root: Any 
         if part not in fields:
             if len(models) < len(models_of(tp)) and any(part in m.model_fields for m in models_of(tp)):
                 return None  # another member has it: the sweep or --set rules decide
-            close = difflib.get_close_matches(part, fields, n=1)
-            place = key_section(root, part) if not close and models_of(root) else None
-            place = None if place is None or "." in place else place  # a section's own key, not one deep inside
-            hint = f"; did you mean {(done + '.' if done else '') + close[0]}?" if close else \
-                f"; did you mean {'.'.join(p for p in (scope, place, part) if p)}?" if place is not None else \
-                f"; known keys: {', '.join(fields)}"
-            return f"{where}: unknown key{hint}"
+            return f"{where}: unknown key{_set_key_hint(part, fields, done, root, scope)}"
         child = node.get(part) if isinstance(node, dict) else None
         for m in models:
             if part in m.model_fields:
@@ -473,6 +467,27 @@ def unknown_key(tp: Any, parts: list[str], node: Any, done: str = "", root: Any 
             item = node[int(part)] if isinstance(node, list) and -len(node) <= int(part) < len(node) else None
             return unknown_key(get_args(m)[0], rest, item, where, None, where)  # keys within the item
     return None  # a free-form value (a dict of GPU fields, a model config, any): checked where it is used
+
+
+def _set_key_hint(part: str, fields: list[str], done: str, root: Any, scope: str) -> str:
+    """The hint after an unknown dotted key's "unknown key", by the rules a scenario file's key gets
+    (``unknown_key_hint``: initials, vllm bench's option names), written as a dotted key: ``--set deployment.tp``
+    was told the section's eighteen keys where the file's ``tp`` got "did you mean tensor_parallel_size"."""
+    other, source = OTHER_NAMES.get(part.lower(), ("", ""))
+    close = other if other in fields else closest_key(part, fields) or next(
+        iter(difflib.get_close_matches(part, fields, n=1)), None)
+    if close is not None:
+        note = f" ({source})" if close == other else ""
+        return f"; did you mean {(done + '.' if done else '') + close}{note}?"
+    # elsewhere in the scenario: the very key first, else the closest; a section's own key, not one deep inside
+    key: str | None = None
+    if models_of(root):
+        key = part if key_section(root, part) is not None else other or closest_key(part, sorted(all_keys(root)))
+    place = key_section(root, key) if key is not None else None
+    if place is None or "." in place and key != other:  # vllm bench's names are no guess: num_users is deep
+        return f"; known keys: {', '.join(fields)}"
+    note = f" ({source})" if key == other else ""
+    return f"; did you mean {'.'.join(p for p in (scope, place, key) if p)}{note}?"
 
 
 def has_path(tp: Any, node: Any, parts: list[str]) -> bool:
