@@ -284,6 +284,12 @@ def test_plan_searches_splits_and_picks_one_where_colocated_misses() -> None:
     assert labels["4"].status == "missed" and labels["2P2D"].status == "met"
     assert res.chosen is not None and res.chosen.candidate.prefill_replicas == 2
     assert res.chosen.candidate.replicas == 4
+    # an xPyD row's joules are a dash: its pools' power is not modelled, not its H100s' (the legend said "-: a GPU
+    # without power figures" beside the same H100s colocated with their joules)
+    from sim.studies.plan_text import format_plan
+
+    assert "(-: a GPU without power figures, or a disaggregated deployment (its pools' power is not modelled))" in \
+        format_plan(res)
 
 
 def test_plan_without_the_section_has_no_splits() -> None:

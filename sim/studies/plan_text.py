@@ -71,13 +71,18 @@ def _front_lines(result: PlanResult, keys: list[str]) -> list[str]:
                      f"{'yes' if e.meets else 'no':<5} {e.cost_per_million_output_tokens:>8.3f}"
                      f"{'*' if e.saturated else ' '} {_joules(e.j_per_output_token)}  {e.candidate.label()}")
     offered = next((e.load.offered for e in front if e.load is not None and math.isfinite(e.load.offered)), NAN)
+    # a disaggregated deployment's dash is not its GPU's: an H100 xPyD read "-: a GPU without power figures" beside
+    # the same H100s colocated with their joules
+    dash = "a GPU without power figures" + (", or a disaggregated deployment (its pools' power is not modelled)"
+                                            if any(e.candidate.prefill_replicas and not
+                                                   math.isfinite(e.j_per_output_token) for e in front) else "")
     if math.isfinite(offered):
         lines.append(f"$/M out: USD per million output tokens at the offered {offered:,.0f} output tok/s"
                      + ("; *: saturated, at the rate it served in the second half of the arrival window"
                         if any(e.saturated for e in front) else "")
-                     + "; J/out: joules per output token (-: a GPU without power figures)")
+                     + f"; J/out: joules per output token (-: {dash})")
     elif front:
-        lines.append("J/out: joules per output token (-: a GPU without power figures)")
+        lines.append(f"J/out: joules per output token (-: {dash})")
     lines.append("")
     return lines
 
