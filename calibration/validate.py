@@ -94,12 +94,15 @@ class VariantValidation:
     # the engine run's memory samples (realengine.engine.MEMORY_COLUMNS), engine/memory.csv as `engine run` writes
     memory: list[dict[str, Any]] = field(default_factory=list)
     # where the simulator fed the engine's measured step times parts from the engine's schedule (sim.loop.replay;
-    # empty: every plan, step and request time the same), and how many steps the engine took
-    schedule_differences: list[str] = field(default_factory=list)
+    # empty: every plan, step and request time the same; None: not compared), and how many steps the engine took
+    schedule_differences: list[str] | None = field(default_factory=list)
     schedule_steps: int = 0
 
     def schedule_line(self) -> str:
         """The parity of the two schedules, one line: the policy object the engine ran decided as in the simulator."""
+        if self.schedule_differences is None:
+            return ("schedule: not compared (the replay of the engine's step times models one replica without "
+                    "speculative decoding)")
         if not self.schedule_differences:
             return (f"schedule: the simulator fed the engine's {self.schedule_steps:,} measured step times made its "
                     f"every plan, step and request time")
@@ -143,8 +146,8 @@ class Validation:
                     "metrics": v.metrics,
                     "machine_slowdown": v.machine_slowdown,
                     "speed_adjusted_metrics": v.adjusted_metrics,
-                    "schedule": {"same": not v.schedule_differences, "steps": v.schedule_steps,
-                                 "differences": v.schedule_differences},
+                    "schedule": {"same": None if v.schedule_differences is None else not v.schedule_differences,
+                                 "steps": v.schedule_steps, "differences": v.schedule_differences},
                 }
                 for v in self.variants
             },
@@ -263,17 +266,26 @@ def _simulate(cfg: VariantConfig, specs: Sequence[RequestSpec], cost, name: str)
                      kv_bytes_per_block=float(built.budget.kv_bytes_per_block))
 
 
-def schedule_parity(engine_cfg: VariantConfig, real: RunResult, requests: Sequence, core: Any) -> list[str]:
+def schedule_parity(engine_cfg: VariantConfig, real: RunResult, requests: Sequence, core: Any, workload: Any,
+                    time_scale: float) -> list[str] | None:
     """Where the simulator, fed the engine's measured step durations and arrivals (``sim.loop.replay``), parts from
-    the engine's schedule; empty when the policy decided the same in both. A policy that fails in the replay alone
-    (one that reads the wall clock, say) is a difference, not the end of the validation."""
+    the engine's schedule; empty when the policy decided the same in both; None where the replay cannot tell
+    (several replicas, or speculative decoding, whose drafts' acceptance the engine measured). A policy that
+    fails in the replay alone (one that reads the wall clock, say) is a difference, not the end of the
+    validation."""
     from sim.loop.replay import compare as compare_schedules
     from sim.loop.replay import replay
     from sim.loop.run import policy_errors
 
+    if engine_cfg.cluster is not None or engine_cfg.deployment.speculative is not None:
+        return None
+    failures = getattr(workload, "failures", None)
+    if failures is not None:  # the engine took them on its clock: the arrivals' scale
+        failures = dataclasses.replace(failures, cancel_after={i: d * time_scale
+                                                               for i, d in failures.cancel_after.items()})
     try:
         with policy_errors(engine_cfg, real.name):
-            sim, sim_core, cost = replay(engine_cfg, real, requests)
+            sim, sim_core, cost = replay(engine_cfg, real, requests, failures)
     except ScenarioError as e:
         return [f"the replay failed: {e}"]
     return compare_schedules(core, requests, sim, sim_core, cost)
@@ -313,7 +325,7 @@ def validate_variant(cfg: VariantConfig, workload, profile_path: str | Path, *, 
                                       cpu_clock=cpu_clock, reference_seconds=reference, record_plans=True)
     blocks = int(core.kv.num_blocks)
     sim_cfg = engine_config(cfg, model_spec=model, num_gpu_blocks=blocks, device=device)
-    differences = schedule_parity(sim_cfg, real, requests, core)
+    differences = schedule_parity(sim_cfg, real, requests, core, workload, time_scale)
     update: dict[str, Any] = {"cost_model": FittedCost(profile=str(Path(profile_path).resolve()))}
     gpu = match_gpu(load_profile(profile_path).device)
     if gpu is not None:  # the engine ran on the profile's GPU: the simulator prices that GPU, not the scenario's

@@ -213,6 +213,35 @@ def test_validate_names_where_a_policy_decides_otherwise_on_the_engine(tmp_path:
     assert f"schedule: DIFFERS from the engine's: {v['schedule']['differences'][0]}" in res.output
 
 
+@pytest.mark.parametrize(("section", "same"), [
+    ({"workload": {"failures": {"fraction": 0.3, "after": {"type": "uniform", "min": 0.0, "max": 0.5},
+                                "reason": "cancelled"}}}, True),
+    ({"cluster": {"replicas": 2}}, None),
+], ids=["failures", "replicas"])
+def test_validates_schedule_line_replays_failures_and_leaves_out_what_it_cannot(tmp_path: Path, section: dict,
+                                                                               same: bool | None) -> None:
+    """The replay behind validate's schedule line took no failures: a scenario whose clients disconnect (the engine
+    cancelled 7 of 30 requests) read 'DIFFERS: the replay took 100 steps, the engine 64' for a policy that decided
+    alike; it takes the engine's timed failures now. Replicas behind a router (and speculative decoding, whose
+    acceptance the engine measured) it cannot replay: 'not compared', where it said DIFFERS."""
+    path = write_scenario(tmp_path, MINE)
+    raw = yaml.safe_load(path.read_text())
+    for key, value in section.items():
+        raw[key] = {**raw.get(key, {}), **value}
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    out = tmp_path / "val"
+    res = CliRunner().invoke(app, ["validate", str(path), "--profile", str(PROFILE), "--out", str(out), "-q",
+                                   "--time-scale", "0.05"])
+    assert res.exit_code == 0, res.output
+    (v,) = json.loads((out / "validation.json").read_text())["variants"].values()
+    assert v["schedule"]["same"] is same, v["schedule"]
+    if same is None:
+        assert "schedule: not compared (the replay of the engine's step times models one replica" in res.output
+    else:
+        engine = (out / "engine" / "requests.csv").read_text()
+        assert ",failed," in engine, engine  # some requests were cancelled on the engine
+
+
 BAD = [
     ("Raises", "variant 'engine-user-policy': policy Raises: schedule(view) at t="),
     # the engine's run is no simulation: its stall said "simulation stalled"

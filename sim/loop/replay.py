@@ -22,6 +22,7 @@ from sim.loop.results import seeded_global_rngs
 from sim.loop.simulator import Simulation
 from sim.metrics.records import RunResult
 from sim.serving.core import ServingCore
+from sim.serving.failures import FailurePlan
 from sim.serving.request import Request
 from sim.words import counted
 
@@ -53,18 +54,20 @@ class MeasuredDurations(CostModel):
         return 0.0
 
 
-def replay(engine_cfg: Any, result: RunResult, requests: Sequence[Request]
+def replay(engine_cfg: Any, result: RunResult, requests: Sequence[Request], failures: FailurePlan | None = None
            ) -> tuple[Simulation, ServingCore, MeasuredDurations]:
     """The simulator with the policy and KV manager built from the config the engine ran (``realengine.engine.
     engine_config``: its model, block count and swap space), fed ``result``'s step durations (as steps.csv has
-    them, so its clock lands on the engine's step ends) and the requests at the times the engine admitted them."""
+    them, so its clock lands on the engine's step ends) and the requests at the times the engine admitted them;
+    ``failures``: the timed failures the engine took (a scenario's ``workload.failures``, on the engine's clock)."""
     # the draws the engine's run made (run_engine), its policy's constructor's included
     with seeded_global_rngs(getattr(engine_cfg, "seed", 0)):
         policy, kv, _, _ = build(engine_cfg)
         core = ServingCore(policy, kv, fast_path=False, record_plans=True)
         cost = MeasuredDurations(result.steps["duration"])
         specs = [replace(r.spec, arrival=r.arrival) for r in requests]
-        sim = Simulation(specs, [(core, cost)], fast_forward=False)
+        sim = Simulation(specs, [(core, cost)], fast_forward=False, failures=failures,
+                         leak=engine_cfg.deployment.leak_kv_on_failure)
         sim.run()
     return sim, core, cost
 
