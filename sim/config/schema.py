@@ -342,11 +342,14 @@ class Scenario(_Model):
     name: str = Field(default="scenario", description="Scenario name.")
     description: str = Field(default="", description="What the scenario shows.")
     seed: Int = Field(default=0, ge=0, description="Seed of the run's one random generator.")
-    workload: Workload
-    deployment: Deployment = Field(default_factory=Deployment)
-    kv_cache: KVCacheConfig = Field(default_factory=PagedKV)
-    policy: PolicyConfig = Field(default_factory=ContinuousPolicyConfig)
-    admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
+    workload: Workload = Field(description="The requests every variant replays: arrivals, lengths, classes.")
+    deployment: Deployment = Field(
+        default_factory=Deployment, description="Model, GPU, parallelism, memory, cost model; variants merge keys in.")
+    kv_cache: KVCacheConfig = Field(default_factory=PagedKV, description="How KV memory is allocated.")
+    policy: PolicyConfig = Field(default_factory=ContinuousPolicyConfig,
+                                 description="The scheduling policy and its limits (max_num_seqs, ...).")
+    admission: AdmissionConfig = Field(default_factory=AdmissionConfig,
+                                       description="Which arrivals are refused before they queue; default: none.")
     slos: SLOConfig | None = Field(default=None, description="Service-level objectives for goodput.")
     variants: list[Variant] = Field(
         default_factory=list, description="Compared configurations; none: one variant named after the scenario."
