@@ -57,7 +57,8 @@ class KVLinkConfig(_Model):
         "sim/loop/disagg/config.py's LINK_PRESETS, with their sources).")
     # At least 1 MB/s: at 1e-300 GB/s a transfer took 1e300 s, past which every decode step rounded away (TPOT 0.0)
     bandwidth_gbps: Float | None = Field(
-        default=None, ge=1e-3, le=1e6, description="GB/s (1e9 bytes) per GPU, one direction; none: the preset's.")
+        default=None, ge=1e-3, le=1e6, description="GB/s (1e9 bytes, not bits: a 400 Gb/s NIC is 50) per GPU, one "
+        "direction; none: the preset's.")
     latency_s: Float | None = Field(
         default=None, ge=0, le=60, description="Seconds each transfer costs on top of its bytes; none: the preset's.")
 
