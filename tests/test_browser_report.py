@@ -185,3 +185,19 @@ def test_percentile_labels_are_neither_cut_nor_stacked(browser, tmp_path, name, 
     got = browser.execute_script(TEXT_BOXES_JS)
     assert {"p50", "p95", "p99"} <= set(got["texts"]), got["texts"]  # the labels are there, so the check saw them
     assert got["overlaps"] + got["clipped"] == []
+
+
+def test_a_sweep_points_kv_by_request_title_fits_its_figure(browser, tmp_path):
+    """Rendered, lesson-pipeline-bubbles' "KV cache by request: lesson-pipeline-bubbles[num_users=16] (first ... s,
+    at most 60 requests, one band each; weights ... GiB not stacked; KV pool ... GiB, off the scale)" ran 9-14 px
+    past both edges of its figure at 1400 px: a sweep point's name made the one-line title too long."""
+    scenario, raw = load_scenario(find_scenario("lesson-pipeline-bubbles"), {"workload.num_requests": 16})
+    run = run_scenario(scenario, raw)
+    page = tmp_path / "report.html"
+    write_report(page, run.results, run.summaries, title="lesson-pipeline-bubbles")
+    total, drawn, _ = _render(browser, page, tmp_path / "report.png")
+    assert total == drawn > 0
+    got = browser.execute_script(TEXT_BOXES_JS)
+    titles = [t for t in got["texts"] if t.startswith("KV cache by request")]
+    assert len(titles) == 8, got["texts"]  # a heading and a figure title per variant
+    assert [c for c in got["clipped"] if "gtitle" in c] == []

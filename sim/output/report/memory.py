@@ -328,7 +328,8 @@ def fig_memory_by_request(result: RunResult, max_requests: int = REQUEST_KV_REQU
     cap_y = cap_y * per_block
     cap = float(cap_y.max())
     peak = float(total.max()) if total.size else 0.0
-    title = f"KV cache by request: {result.name} (first {end:.0f} s, at most {max_requests} requests, one band each"
+    # what the bands are on a line of its own: on one line with a sweep point's name the title ran past the figure
+    title = f"KV cache by request: {result.name}<br>(first {end:.0f} s, at most {max_requests} requests, one band each"
     if weights > 0:
         title += f"; weights {weights:.1f} GiB not stacked"
     low = float(cap_y.min())
