@@ -4,7 +4,9 @@ workloads), and the core's fast path stays behind the API."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import py_compile
 import sys
 from pathlib import Path
 
@@ -499,7 +501,8 @@ def test_a_same_length_edit_within_the_second_runs_its_new_code(tmp_path, monkey
     write("mine.py", "import servesim\nimport mine_helper\n\n\nclass Mine(servesim.QueuePolicy):\n"
                      "    def refuse(self, req, view):\n        return None or mine_helper.WHY\n")
     assert servesim.run(scenario).summary["scenario"]["num_rejected"] == 0
-    assert (tmp_path / "__pycache__").is_dir()  # the old bytecode is there to be taken
+    for name in ("mine.py", "mine_helper.py"):  # the old bytecode there to be taken, as an import system would leave
+        py_compile.compile(str(tmp_path / name), cfile=importlib.util.cache_from_source(str(tmp_path / name)))
     write("mine.py", "import servesim\nimport mine_helper\n\n\nclass Mine(servesim.QueuePolicy):\n"
                      "    def refuse(self, req, view):\n        return 'ab' or mine_helper.WHY\n")
     assert servesim.run(scenario).summary["scenario"]["num_rejected"] == 10
@@ -509,6 +512,32 @@ def test_a_same_length_edit_within_the_second_runs_its_new_code(tmp_path, monkey
     write("mine_helper.py", "WHY = 'ab'\n")  # the same length as "None"
     assert servesim.run(scenario).summary["scenario"]["num_rejected"] == 10
     del sys.modules["mine_helper"]
+
+
+def test_a_helper_edited_within_the_second_is_imported_anew_by_a_fresh_process(tmp_path, monkeypatch) -> None:
+    """7de686b ran the policy file's own bytes and re-ran an edited helper's, but a helper's first import in a
+    process (a sweep's spawned worker, a notebook's restarted kernel) went through Python's import system, which
+    took the helper's __pycache__ bytecode written by the last process while its mtime (whole seconds) and size
+    were unchanged: the old helper ran. A fresh process is the two modules gone from sys.modules."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)
+    monkeypatch.setattr(sys, "path", [*sys.path])
+    scenario = {"workload": {**CHAT, "num_requests": 10}, "policy": {"type": "custom", "cls": "mine.py:Mine"},
+                "deployment": {"model": "llama-3.1-8b", "gpu": "l4", "max_model_len": 4096}}
+    helper = tmp_path / "fresh_helper.py"
+    helper.write_text("WHY = None\n")
+    (tmp_path / "mine.py").write_text("import servesim\nimport fresh_helper\n\n\nclass Mine(servesim.QueuePolicy):\n"
+                                      "    def refuse(self, req, view):\n        return fresh_helper.WHY\n")
+    assert servesim.run(scenario).summary["scenario"]["num_rejected"] == 0
+    # what an earlier process leaves: the helper's bytecode (written here, should the loader not have)
+    py_compile.compile(str(helper), cfile=importlib.util.cache_from_source(str(helper)))
+    stamp = helper.stat().st_mtime_ns
+    helper.write_text("WHY = 'ab'\n")  # the same length as "None", the same mtime
+    os.utime(helper, ns=(stamp, stamp))
+    for name in [n for n in sys.modules if n == "fresh_helper" or n.startswith("servesim_user_")]:
+        monkeypatch.delitem(sys.modules, name)
+    assert servesim.run(scenario).summary["scenario"]["num_rejected"] == 10
+    monkeypatch.delitem(sys.modules, "fresh_helper")
 
 
 def test_a_queue_policy_whose_init_skips_super_runs_on_the_defaults(tmp_path) -> None:

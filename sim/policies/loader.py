@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import importlib.machinery
 import importlib.util
 import inspect
 import math
@@ -77,6 +78,26 @@ def _run_source(module: ModuleType, path: str, source: bytes) -> None:
     exec(compile(source, path, "exec", dont_inherit=True), vars(module))  # noqa: S102 - the user's own file
 
 
+class _SourceLoader(importlib.machinery.SourceFileLoader):
+    """A helper beside a policy file, imported from its bytes: the import system's own loader takes __pycache__'s
+    bytecode while the source's mtime (whole seconds) and size are unchanged, so a helper edited to the same length
+    within the second ran its old code in the next process that imported it (a sweep's worker, a new kernel)."""
+
+    def get_code(self, fullname: str) -> Any:
+        return self.source_to_code(self.get_data(self.path), self.path)
+
+
+def _import_from_sources(folder: str) -> None:
+    """Modules in ``folder`` (a policy file's) import from their sources, not their bytecode (``_SourceLoader``):
+    the finder of every sys.path entry that is that folder ("" for a notebook's working folder included)."""
+    m = importlib.machinery
+    for entry in sys.path:
+        if isinstance(entry, str) and os.path.realpath(entry or os.curdir) == folder:
+            sys.path_importer_cache[entry] = m.FileFinder(
+                entry or os.curdir, (m.ExtensionFileLoader, m.EXTENSION_SUFFIXES),
+                (_SourceLoader, m.SOURCE_SUFFIXES), (m.SourcelessFileLoader, m.BYTECODE_SUFFIXES))
+
+
 def _module_from_file(path: Path) -> ModuleType:
     name = "servesim_user_" + hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
     try:
@@ -111,6 +132,7 @@ def _module_from_file(path: Path) -> ModuleType:
     folder = str(path.resolve().parent)
     if folder not in sys.path:
         sys.path.append(folder)
+    _import_from_sources(folder)
     sys.modules[name] = module
     before = set(sys.modules)
     try:
