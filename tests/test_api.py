@@ -429,3 +429,54 @@ def test_a_wrong_argument_type_on_the_results_is_one_scenario_error(small, call,
     with pytest.raises(servesim.ScenarioError) as e:
         call(small)
     assert str(e.value) == message
+
+
+API_DOC = (ROOT / "docs" / "python-api.md").read_text(encoding="utf-8")
+
+
+def _signature(fn) -> str:
+    """``name(params) -> Return`` as docs/python-api.md writes it: defaults, no argument annotations."""
+    import inspect
+
+    sig = inspect.signature(fn)
+    params = [p.replace(annotation=inspect.Parameter.empty) for p in sig.parameters.values()]
+    return f"{fn.__name__}{sig.replace(parameters=params, return_annotation=inspect.Signature.empty)}" \
+        f" -> {fn.__annotations__['return']}"
+
+
+def test_python_api_doc_names_every_public_name_with_its_exact_signature() -> None:
+    """docs/python-api.md gave run as run(scenario, num_requests=None, seed=None, set=None): positional, which the
+    keyword-only run refuses, and without progress= and policy=; evaluate's keywords, Results.name/.variants/
+    .results/.compare, Comparison, RunFolderError, PolicyError, TokenBucket, Limits and __version__ were nowhere in
+    docs/. The doc's "Every public name" now lists them, and this keeps it in step with the code."""
+    text = " ".join(API_DOC.split())  # signatures wrap over lines
+    missing = [n for n in servesim.__all__ if f"`servesim.{n}" not in text]
+    assert not missing, f"not in docs/python-api.md: {missing}"
+    for fn in (servesim.run, servesim.load, servesim.compare, servesim.evaluate):
+        assert f"`servesim.{_signature(fn)}`" in text, _signature(fn)
+    import dataclasses
+
+    members = {
+        "Results": [*(m for m in dir(servesim.Results) if not m.startswith("_")),
+                    *(a for a in vars(servesim.Results(None, {})) if not a.startswith("_"))],
+        "Comparison": [m for m in dir(servesim.Comparison) if not m.startswith("_")],
+        "Scores": ["ok", "fitness", "reason", "error", "seeds", "summaries", "cpu_seconds"],
+        "WorkloadCache": [m for m in dir(servesim.WorkloadCache) if not m.startswith("_")],
+    }
+    scores = {f.name for f in dataclasses.fields(servesim.Scores)}
+    assert set(members["Scores"]) <= scores
+    for metric in sorted(scores - set(members["Scores"])):  # the metrics, listed in the evaluate section
+        assert f"`{metric}`" in text or f"`{metric.rpartition('_')[0]}_*`" in text, metric
+    for cls, names in members.items():
+        line = next(p for p in text.split("- `servesim.") if p.startswith(f"{cls}"))
+        assert not [n for n in names if f"`.{n}" not in line], (cls, [n for n in names if f"`.{n}" not in line])
+
+
+def test_a_token_bucket_of_the_wrong_type_is_named() -> None:
+    """TokenBucket("10") ended in math.isfinite's 'must be real number, not str', naming neither argument."""
+    with pytest.raises(ValueError, match=r"^rate must be a finite number > 0 \(requests per second\), got '10'$"):
+        servesim.TokenBucket("10")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"^burst must be a finite number >= 1 \(requests\), got None$"):
+        servesim.TokenBucket(10, burst=None)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"^rate must be a finite number > 0 \(requests per second\), got True$"):
+        servesim.TokenBucket(True)

@@ -74,15 +74,20 @@ class Admission:
         raise NotImplementedError(f"{type(self).__name__} must define admit(request, state) -> str | None")
 
 
+def _is_number(x: object) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool)
+
+
 class TokenBucket(Admission):
     """A rate limiter (BLIS's token-bucket admission; API gateways' usual limit): ``rate`` requests per second
     refill a bucket of ``burst``; a request that finds it empty is refused."""
 
     def __init__(self, rate: float, burst: float = 1.0) -> None:
-        if not (math.isfinite(rate) and rate > 0):
-            raise ValueError(f"rate must be a finite number > 0 (requests per second), got {rate}")
-        if not (math.isfinite(burst) and burst >= 1):
-            raise ValueError(f"burst must be a finite number >= 1 (requests), got {burst}")
+        # a number's type first: TokenBucket("10") ended in math.isfinite's "must be real number, not str"
+        if not (_is_number(rate) and math.isfinite(rate) and rate > 0):
+            raise ValueError(f"rate must be a finite number > 0 (requests per second), got {rate!r}")
+        if not (_is_number(burst) and math.isfinite(burst) and burst >= 1):
+            raise ValueError(f"burst must be a finite number >= 1 (requests), got {burst!r}")
         self.rate, self.burst = float(rate), float(burst)
         self._level, self._at = float(burst), 0.0
 
