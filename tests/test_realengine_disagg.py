@@ -161,6 +161,13 @@ def test_engine_run_command_serves_a_disaggregated_variant(tmp_path) -> None:
     assert s["num_completed"] == 6 and s["disaggregation"]["num_transfers"] == 6
     # float32 KV of the tiny model: 512 bytes per token
     assert s["disaggregation"]["bytes_moved"] == s["total_input_tokens"] * 512
+    # the table's row said "KV moved (GiB) 0.00" for these few hundred KB, as if nothing had moved; the report too
+    from sim.output.table import ratio_text
+
+    moved = ratio_text(s["disaggregation"]["bytes_moved"] / 2**30)  # three significant digits: 0.0000672
+    assert moved.startswith("0.0000")
+    assert [line.split()[-1] for line in res.output.splitlines() if line.startswith("KV moved (GiB)")] == [moved]
+    assert f"<td>{moved}</td>" in (tmp_path / "out" / "report.html").read_text()
     res = CliRunner().invoke(app, ["engine", "run", str(path), "--out", str(tmp_path / "o2"), "--quant", "int8"])
     assert res.exit_code == 2 and "unquantized" in res.output
 

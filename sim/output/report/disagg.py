@@ -64,7 +64,7 @@ def disagg_table_html(results: list[RunResult], summaries: dict) -> str:
         # the summary table's formats (sim/output/table.py): this table read 112.2 GiB, 8.15 ms and 497 ms where
         # it read 112.18, 8.2 and 496.5
         cells = [r.name, d["ratio"], f"{link['kind']} {link['bandwidth'] / 1e9:.0f} GB/s",
-                 fmt["s"](d["bytes_moved"] / 2**30), fmt["ms"](d["transfer"]["p50"]), fmt["ms"](d["transfer"]["p99"]),
+                 fmt["gib"](d["bytes_moved"] / 2**30), fmt["ms"](d["transfer"]["p50"]), fmt["ms"](d["transfer"]["p99"]),
                  fmt["ms"](d["prefill_ttft"]["p99"]), fmt["ms"](s["ttft"]["p99"]), fmt["ms"](d["decode_queue"]["p99"])]
         rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
     head = "".join(f"<th>{h}</th>" for h in ("run", "split", "KV link", "KV moved (GiB)", "transfer p50 (ms)",
