@@ -191,6 +191,19 @@ def test_capacity_command_bad_input(args: list[str], needle: str) -> None:
     assert res.stderr.startswith("error: ") and "Traceback" not in res.output
 
 
+@pytest.mark.parametrize(("args", "needle", "not_there"), [
+    # a model accepted as given (case-insensitive) is not what the GPU's error is about: its hint took the GPU's place
+    (["--model", "Llama-3.1-8B", "--gpu", "NVIDIA H100 80GB HBM3"], "the preset for 'NVIDIA H100 80GB HBM3' is "
+     "'h100-sxm'", "Llama-3.1-8B"),
+    # an error about neither (the split) named the GPU alias's preset as if it were the mistake
+    (["--model", "llama-3.1-8b", "--gpu", "H100", "--tp", "3"], "tensor_parallel_size=3 does not split",
+     "the preset for"),
+])
+def test_capacitys_preset_hint_is_for_the_name_that_failed(args: list[str], needle: str, not_there: str) -> None:
+    res = CliRunner().invoke(app, ["capacity", *args])
+    assert res.exit_code == 2 and needle in res.stderr and not_there not in res.stderr, res.stderr
+
+
 def test_a_context_given_twice_is_one_column() -> None:
     # Before: --context 4096 --context 4096 printed two @4k columns (and two KV-per-session cells), where a repeated
     # --tp or dtype is one row.

@@ -1179,7 +1179,7 @@ def capacity(
     """Weights, KV bytes per token and per session, and the most concurrent sessions per replica at several
     context lengths, for each weight dtype x KV dtype x tensor-parallel (x pipeline) degree (vLLM's KV sizing)."""
     from sim.hardware.capacity import capacity_table, format_capacity
-    from sim.hardware.names import preset_hint
+    from sim.hardware.names import failed_name_hint, preset_hint
 
     try:
         table = capacity_table(model, gpu, contexts=context, weight_dtypes=weight_dtype, kv_dtypes=kv_dtype,
@@ -1189,7 +1189,7 @@ def capacity(
         _fail(f"--model: file not found: {e.filename or e}{preset_hint(model, 'model')}")
         return
     except (ValueError, KeyError, OSError) as e:
-        _fail(f"{e}{preset_hint(model, 'model') or preset_hint(gpu, 'gpu')}")
+        _fail(f"{e}{failed_name_hint(model, gpu)}")
         return
     typer.echo(json.dumps(table.to_dict(), indent=1) if as_json else format_capacity(table))
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import re
 
-from sim.hardware.gpu import GPU_PRESETS, GPUSpec
-from sim.hardware.models import ModelSpec
+from sim.hardware.gpu import GPU_PRESETS, GPUSpec, resolve_gpu
+from sim.hardware.models import ModelSpec, resolve_model
 
 # words a model name carries that do not change its shape (the weights' dtype is given apart)
 _MODEL_SUFFIXES = ("instruct", "chat", "hf", "it", "base", "fp8", "kv", "dynamic", "awq", "gptq", "int4", "int8",
@@ -85,4 +85,16 @@ def preset_hint(text: object, kind: str) -> str:
     return f"; the preset for {text!r} is {preset!r}{hub}"
 
 
-__all__ = ["match_gpu", "match_model", "preset_hint"]
+def failed_name_hint(model: str, gpu: str) -> str:
+    """``preset_hint`` for whichever of ``model`` and ``gpu`` resolves to no spec, "" when both do: servesim
+    capacity's error may be about either or neither (``--tp 3``), and the model's hint took the place of the GPU's
+    ('Llama-3.1-8B', a preset as given, named beside an unknown GPU)."""
+    for text, kind, resolve in ((model, "model", resolve_model), (gpu, "gpu", resolve_gpu)):
+        try:
+            resolve(text)
+        except (ValueError, KeyError, TypeError, OSError):
+            return preset_hint(text, kind)
+    return ""
+
+
+__all__ = ["failed_name_hint", "match_gpu", "match_model", "preset_hint"]
