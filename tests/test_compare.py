@@ -110,6 +110,10 @@ def test_html_page_has_the_table_and_overlaid_log_cdfs(runs, tmp_path):
     colors = {t.name: t.line.color for t in f.data}
     assert colors["a: wide"] == colors["b: wide"] != colors["a: narrow"]
     assert all(f.layout[f"xaxis{'' if i == 1 else i}"].type == "log" for i in (1, 2, 3))
+    # and each says so, as report.html's do: rendered, TPOT's ticks 15, 20, 25 ... 40 drew closer together with no
+    # word of a log scale, which reads as a linear axis gone wrong
+    titles = [f.layout[f"xaxis{'' if i == 1 else i}"].title.text for i in (1, 2, 3)]
+    assert titles == ["TTFT (ms), log scale", "TPOT (ms), log scale", "E2EL (s), log scale"], titles
     # the CDF holds every completed request of its run: 10 TTFT values
     ttft_a_wide = next(t for t in f.data if t.name == "a: wide" and t.xaxis == "x")
     assert len(ttft_a_wide.x) == 10

@@ -273,7 +273,7 @@ def fig_compare_cdfs(cmp: Comparison):
                                          hovertemplate=f"{axis}: %{{x:.4g}}<br>fraction: %{{y:.3f}}",
                                          **ecdf_points(v)), row=1, col=col)
     for col, (_, axis, _) in enumerate(_PANELS, start=1):
-        fig.update_xaxes(title_text=axis, type="log", row=1, col=col)
+        fig.update_xaxes(title_text=f"{axis}, log scale", type="log", row=1, col=col)
     fig.update_yaxes(title_text="fraction of requests", range=[0, 1.02], row=1, col=1)
     fig.update_layout(template=TEMPLATE, height=400, hovermode="closest",
                       title=f"Latency CDFs, completed requests ({la} solid, {lb} dashed)")
