@@ -34,7 +34,6 @@ from sim.metrics.records import RunResult
 from sim.metrics.summary import summarize
 from sim.output.benchfiles.validate import error_reason, error_text, relative_error
 from sim.output.report import TEMPLATE, color, ecdf_points
-from sim.serving.request import RequestSpec
 from sim.workload.arrivals import time_scale_problem
 from sim.workload.generator import GeneratedWorkload
 
@@ -243,22 +242,40 @@ def prepare(scenario_path: str | Path, overrides: dict[str, Any] | None = None, 
         raise ScenarioError("sweeps are not supported by `servesim validate`; validate one point (--set)")
     cfgs = chosen_variants(variant_configs(sc), variant)
     wls = {cfg.name: generate_workload(sc, cfg.workload) for cfg in cfgs}
-    if any(wl.closed_loop is not None for wl in wls.values()):
-        raise ScenarioError("workload: closed-loop workloads are not supported by the engine yet")
     return sc, cfgs, wls
 
 
-def _simulate(cfg: VariantConfig, specs: Sequence[RequestSpec], cost, name: str) -> RunResult:
+def on_engine_clock(workload: Any, time_scale: float) -> GeneratedWorkload:
+    """The workload as the engine ran it (``realengine.engine.run_engine``): arrivals, a closed loop's think times
+    and the timed failures' delays x ``time_scale``. (validate refused closed loops, 'not supported by the engine
+    yet', which ran them, and gave the simulator the failures' unscaled delays.)"""
+    specs = getattr(workload, "requests", workload)
+    arrived = tuple(dataclasses.replace(s, arrival=s.arrival * time_scale) for s in specs)
+    if not isinstance(workload, GeneratedWorkload):
+        return GeneratedWorkload(arrived)
+    closed, failures = workload.closed_loop, workload.failures
+    if closed is not None:
+        closed = dataclasses.replace(closed, think_times=np.asarray(closed.think_times) * time_scale)
+    if failures is not None:
+        failures = dataclasses.replace(failures, cancel_after={i: d * time_scale
+                                                               for i, d in failures.cancel_after.items()})
+    return dataclasses.replace(workload, requests=arrived, closed_loop=closed, failures=failures)
+
+
+def _simulate(cfg: VariantConfig, workload: GeneratedWorkload, cost, name: str) -> RunResult:
     """``sim.loop.run.simulate_variant`` with a cost model given as an object (the speed-adjusted profile)."""
     from sim.loop.build import build
     from sim.loop.results import result_of
     from sim.loop.run import policy_errors
-    from sim.loop.simulator import Simulation
+    from sim.loop.simulator import ClosedLoopPlan, Simulation
     from sim.serving.core import ServingCore
 
     policy, kv, _, built = build(cfg)
     core = ServingCore(policy, kv)
-    sim = Simulation(specs, [(core, cost)])
+    closed = workload.closed_loop
+    sim = Simulation(workload.requests, [(core, cost)], failures=workload.failures,
+                     leak=cfg.deployment.leak_kv_on_failure,
+                     closed_loop=None if closed is None else ClosedLoopPlan(closed.num_users, closed.think_times))
     with policy_errors(cfg, name):  # other step times than the plain run's: a policy can fail here alone
         sim.run()
     return result_of(name, sim.requests, core, cost, config=cfg.to_dict(),
@@ -266,8 +283,8 @@ def _simulate(cfg: VariantConfig, specs: Sequence[RequestSpec], cost, name: str)
                      kv_bytes_per_block=float(built.budget.kv_bytes_per_block))
 
 
-def schedule_parity(engine_cfg: VariantConfig, real: RunResult, requests: Sequence, core: Any, workload: Any,
-                    time_scale: float) -> list[str] | None:
+def schedule_parity(engine_cfg: VariantConfig, real: RunResult, requests: Sequence, core: Any,
+                    workload: GeneratedWorkload) -> list[str] | None:
     """Where the simulator, fed the engine's measured step durations and arrivals (``sim.loop.replay``), parts from
     the engine's schedule; empty when the policy decided the same in both; None where the replay cannot tell
     (several replicas, or speculative decoding, whose drafts' acceptance the engine measured). A policy that
@@ -279,13 +296,9 @@ def schedule_parity(engine_cfg: VariantConfig, real: RunResult, requests: Sequen
 
     if engine_cfg.cluster is not None or engine_cfg.deployment.speculative is not None:
         return None
-    failures = getattr(workload, "failures", None)
-    if failures is not None:  # the engine took them on its clock: the arrivals' scale
-        failures = dataclasses.replace(failures, cancel_after={i: d * time_scale
-                                                               for i, d in failures.cancel_after.items()})
     try:
         with policy_errors(engine_cfg, real.name):
-            sim, sim_core, cost = replay(engine_cfg, real, requests, failures)
+            sim, sim_core, cost = replay(engine_cfg, real, requests, workload.failures)
     except ScenarioError as e:
         return [f"the replay failed: {e}"]
     return compare_schedules(core, requests, sim, sim_core, cost)
@@ -325,17 +338,14 @@ def validate_variant(cfg: VariantConfig, workload, profile_path: str | Path, *, 
                                       cpu_clock=cpu_clock, reference_seconds=reference, record_plans=True)
     blocks = int(core.kv.num_blocks)
     sim_cfg = engine_config(cfg, model_spec=model, num_gpu_blocks=blocks, device=device)
-    differences = schedule_parity(sim_cfg, real, requests, core, workload, time_scale)
+    wl_scaled = on_engine_clock(workload, time_scale)
+    differences = schedule_parity(sim_cfg, real, requests, core, wl_scaled)
     update: dict[str, Any] = {"cost_model": FittedCost(profile=str(Path(profile_path).resolve()))}
     gpu = match_gpu(load_profile(profile_path).device)
     if gpu is not None:  # the engine ran on the profile's GPU: the simulator prices that GPU, not the scenario's
         update["gpu"] = gpu  # (a profile of another GPU than deployment.gpu is refused, sim.config.deployment)
     dep = sim_cfg.deployment.model_copy(update=update)
     sim_cfg = dataclasses.replace(sim_cfg, deployment=dep)
-    specs = getattr(workload, "requests", workload)
-    arrived = tuple(dataclasses.replace(s, arrival=s.arrival * time_scale) for s in specs)
-    wl_scaled = dataclasses.replace(workload, requests=arrived) if isinstance(workload, GeneratedWorkload) else \
-        GeneratedWorkload(arrived)
     after = probe.measure() if probe is not None else None
     sim, _, _ = simulate_variant(sim_cfg, wl_scaled, name=real.name)
     rs, ss = summarize(real), summarize(sim)
@@ -346,7 +356,7 @@ def validate_variant(cfg: VariantConfig, workload, profile_path: str | Path, *, 
     if before is not None and after is not None and probe.base:
         out.machine_slowdown = float(np.sqrt(before * after)) / probe.base
         cost = scaled(load_profile(profile_path), out.machine_slowdown)
-        adj = _simulate(sim_cfg, wl_scaled.requests, cost, real.name)
+        adj = _simulate(sim_cfg, wl_scaled, cost, real.name)
         out.adjusted_metrics = compare(rs, summarize(adj))
     return out
 

@@ -217,13 +217,16 @@ def test_validate_names_where_a_policy_decides_otherwise_on_the_engine(tmp_path:
     ({"workload": {"failures": {"fraction": 0.3, "after": {"type": "uniform", "min": 0.0, "max": 0.5},
                                 "reason": "cancelled"}}}, True),
     ({"cluster": {"replicas": 2}}, None),
-], ids=["failures", "replicas"])
+    # validate refused it: 'closed-loop workloads are not supported by the engine yet', which engine run ran
+    ({"workload": {"arrival": {"type": "closed_loop", "num_users": 4, "think_time": 0.02}}}, True),
+], ids=["failures", "replicas", "closed-loop"])
 def test_validates_schedule_line_replays_failures_and_leaves_out_what_it_cannot(tmp_path: Path, section: dict,
                                                                                same: bool | None) -> None:
     """The replay behind validate's schedule line took no failures: a scenario whose clients disconnect (the engine
     cancelled 7 of 30 requests) read 'DIFFERS: the replay took 100 steps, the engine 64' for a policy that decided
     alike; it takes the engine's timed failures now. Replicas behind a router (and speculative decoding, whose
-    acceptance the engine measured) it cannot replay: 'not compared', where it said DIFFERS."""
+    acceptance the engine measured) it cannot replay: 'not compared', where it said DIFFERS. A closed loop replays
+    too, and the profile's simulation takes the think times and failures on the engine's clock (x time_scale)."""
     path = write_scenario(tmp_path, MINE)
     raw = yaml.safe_load(path.read_text())
     for key, value in section.items():
@@ -237,9 +240,12 @@ def test_validates_schedule_line_replays_failures_and_leaves_out_what_it_cannot(
     assert v["schedule"]["same"] is same, v["schedule"]
     if same is None:
         assert "schedule: not compared (the replay of the engine's step times models one replica" in res.output
-    else:
+    elif "failures" in section["workload"]:
         engine = (out / "engine" / "requests.csv").read_text()
         assert ",failed," in engine, engine  # some requests were cancelled on the engine
+        # and in the simulator, whose clients disconnected at the delays unscaled (up to 0.5 s, not 25 ms) after
+        # the scaled arrivals: every request there completed
+        assert v["num_completed"]["sim"] < 20, v["num_completed"]
 
 
 BAD = [
