@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import Ran, servesim
+
 pytest.importorskip("aiohttp")
 pytest.importorskip("torch")
 
@@ -46,9 +48,10 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(ROOT)}
 
 
-def _cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "sim.cli.main", *args], capture_output=True, text=True, timeout=timeout,
-                          env=_env(), cwd=ROOT)
+def _cli(*args: str, timeout: float = 60) -> Ran:
+    """observe, compare, calibrate and validate as the tests here drive them: in this process (tests/conftest.py's
+    servesim()), since none of these tests is about the client's process; the servers stay processes of their own."""
+    return servesim(*args, cwd=ROOT, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
