@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import servesim
+from tests.conftest import Ran, servesim
 
 HERE = Path(__file__).parent
 POLICIES = HERE / "data" / "policies"
@@ -44,6 +44,17 @@ def _run(tmp_path: Path, cls: str, extra: str = "", env: dict[str, str] | None =
     return subprocess.run([sys.executable, "-m", "sim.cli.main", "run", str(sc), "--out", str(tmp_path / "out"), "-q"],
                           capture_output=True, text=True, timeout=300, cwd=HERE.parent,
                           env=None if env is None else {**os.environ, **env})
+
+
+def _here(tmp_path: Path, cls: str, extra: str = "", env: dict[str, str] | None = None) -> Ran:
+    """servesim run in this process (tests/conftest.py's servesim(): the exit status and stderr a process gives, a
+    traceback included), for the tests about the message, not the process: an interpreter costs ~1 s of CPU."""
+    return _run_here(_scenario(tmp_path, cls, extra), tmp_path, env)
+
+
+def _run_here(scenario: Path, tmp_path: Path, env: dict[str, str] | None = None) -> Ran:
+    """``servesim run SCENARIO --out TMP/out -q`` from the repository's root, in this process."""
+    return servesim("run", str(scenario), "--out", str(tmp_path / "out"), "-q", cwd=HERE.parent, env=env)
 
 
 CASES = [
@@ -168,7 +179,7 @@ def test_bad_policy_exits_2_with_one_message(tmp_path: Path, cls: str, extra: st
 def test_an_error_the_public_api_raises_shows_the_users_frames_only(tmp_path: Path) -> None:
     """budget.allocate(r.id, 1): the message and the user's line, without servesim's own two frames of api.py
     (allocate, _req) under them."""
-    p = _run(tmp_path, "bad_policies.py:ReservesById")
+    p = _here(tmp_path, "bad_policies.py:ReservesById")
     line = (POLICIES / "bad_policies.py").read_text().splitlines().index("            budget.allocate(r.id, 1)") + 1
     assert p.returncode == 2, p.stderr
     assert p.stderr.endswith("ReservesById: schedule(view) at t=0.016468 s raised TypeError: expected a request from "
@@ -193,8 +204,7 @@ def test_a_swap_past_the_free_blocks_exits_2(tmp_path: Path, cls: str, swap_spac
     sc.write_text(SCENARIO.format(cls=f"bad_policies.py:{cls}", extra="").replace(
         "max_model_len: 1024}", f"max_model_len: 256, num_gpu_blocks: 30, swap_space: {swap_space}}}").replace(
         "max_num_seqs: 4", "max_num_seqs: 8"))
-    p = subprocess.run([sys.executable, "-m", "sim.cli.main", "run", str(sc), "--out", str(tmp_path / "out"), "-q"],
-                       capture_output=True, text=True, timeout=300, cwd=HERE.parent)
+    p = _run_here(sc, tmp_path)
     assert p.returncode == 2, p.stderr
     assert f"error: variant 'bad-policy': policy {cls} {message}" in p.stderr, p.stderr
     assert "Traceback" not in p.stderr and not (tmp_path / "out").exists()
@@ -235,8 +245,7 @@ def test_a_policy_file_missing_beside_the_scenario_is_not_taken_from_the_working
     sc = tmp_path / "s.yaml"
     sc.write_text(SCENARIO.format(cls="examples/policies/shortest_prompt_first.py:ShortestPromptFirst", extra=""))
     assert (HERE.parent / "examples" / "policies" / "shortest_prompt_first.py").is_file()  # in the working folder
-    p = subprocess.run([sys.executable, "-m", "sim.cli.main", "run", str(sc), "--out", str(tmp_path / "out"), "-q"],
-                       capture_output=True, text=True, timeout=300, cwd=HERE.parent)
+    p = _run_here(sc, tmp_path)
     assert p.returncode == 2, p.stderr
     assert p.stderr == (f"error: {sc}: policy.custom: {tmp_path}/examples/policies/shortest_prompt_first.py: file not "
                         "found (a path is relative to the file that names it, a scenario or a tournament spec; from the "
@@ -250,16 +259,14 @@ def test_a_module_that_fails_to_import_names_its_line_from_a_relative_path(tmp_p
     message was left out, the frames naming the file by its absolute path and the check by the relative one."""
     (tmp_path / "broken_import.py").write_text((POLICIES / "broken_import.py").read_text())
     (tmp_path / "s.yaml").write_text(SCENARIO.format(cls="broken_import.py:X", extra=""))
-    p = subprocess.run([sys.executable, "-m", "sim.cli.main", "run", "s.yaml", "--out", "out", "-q"],
-                       capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                       env={**os.environ, "PYTHONPATH": str(HERE.parent)})
+    p = servesim("run", "s.yaml", "--out", "out", "-q", cwd=tmp_path)
     assert p.returncode == 2, p.stderr
     assert p.stderr.endswith("broken_import.py: importing it raised ZeroDivisionError: division by zero (line 3)\n"), \
         p.stderr
 
 
 def test_an_exception_in_a_policy_shows_the_users_frames(tmp_path: Path) -> None:
-    p = _run(tmp_path, "bad_policies.py:Raises")
+    p = _here(tmp_path, "bad_policies.py:Raises")
     assert "KeyError: 'no such key'" in p.stderr
     assert "bad_policies.py" in p.stderr and "in helper" in p.stderr  # the user's own frames
     assert "sim/policies/user.py" not in p.stderr  # not servesim's
@@ -270,18 +277,17 @@ def test_an_exception_in_a_policy_shows_the_users_frames(tmp_path: Path) -> None
 def test_an_error_servesim_finds_in_a_hooks_result_is_said_once(tmp_path: Path, cls: str, message: str) -> None:
     """A rank error found by servesim (no frame of the user's below it) printed its message twice: the error line,
     then the same line again as the bare exception line of an empty traceback."""
-    p = _run(tmp_path, f"bad_policies.py:{cls}")
+    p = _here(tmp_path, f"bad_policies.py:{cls}")
     assert p.returncode == 2 and p.stderr.count(message) == 1, p.stderr
     assert p.stderr.strip().splitlines()[-1].startswith("error: "), p.stderr  # the error's line ends the output
 
 
-def _check(tmp_path: Path, cls: str) -> subprocess.CompletedProcess:
+def _check(tmp_path: Path, cls: str) -> Ran:
     (tmp_path / "bad_policies.py").write_text((POLICIES / "bad_policies.py").read_text())
     sc = tmp_path / "s.yaml"
     sc.write_text(SCENARIO.format(cls=cls, extra="").replace("rate: 200.0", "rate: 20.0").replace(
         "num_requests: 20", "num_requests: 60").replace("max: 30}", "max: 300}"))
-    return subprocess.run([sys.executable, "-m", "sim.cli.main", "check-policy", str(sc)], capture_output=True, text=True,
-                          timeout=300, cwd=HERE.parent)
+    return servesim("check-policy", str(sc), cwd=HERE.parent)
 
 
 def test_check_mode_names_the_first_step_a_wrong_declaration_changes(tmp_path: Path) -> None:
@@ -302,12 +308,12 @@ def test_check_mode_on_a_sweep_says_how_to_pick_a_point(tmp_path: Path) -> None:
     sc = tmp_path / "s.yaml"
     sc.write_text(SCENARIO.format(cls="sim.policies.priority:PriorityPolicy", extra="").replace(
         "rate: 200.0", "rate: 20.0") + "sweep: {workload.arrival.rate: [10, 20]}\n")
-    cmd = [sys.executable, "-m", "sim.cli.main", "check-policy", str(sc), "--set", "workload.arrival.rate=8"]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=HERE.parent)
+    cmd = ["check-policy", str(sc), "--set", "workload.arrival.rate=8"]
+    p = servesim(*cmd, cwd=HERE.parent)
     assert p.returncode == 2 and p.stderr == ("error: check-policy runs a scenario's variants, not its sweep points: "
                                               "drop the sweep with --set sweep=null and pick its point with --set "
                                               "(--set workload.arrival.rate=8)\n"), p.stderr
-    p = subprocess.run([*cmd, "--set", "sweep=null"], capture_output=True, text=True, timeout=300, cwd=HERE.parent)
+    p = servesim(*cmd, "--set", "sweep=null", cwd=HERE.parent)
     assert p.returncode == 0 and "ok, the fast path gives the same" in p.stdout, p.stdout + p.stderr
 
 
@@ -316,7 +322,7 @@ def test_the_run_says_when_a_users_policy_is_asked(tmp_path: Path) -> None:
     its fast path)."""
     for cls, words in (("bad_policies.py:NeedsArgs", "asked at arrivals, finishes and KV shortages"),
                        ("bad_policies.py:TooMany", "asked before every step")):
-        p = _run(tmp_path, cls, ", args: {threshold: 1}" if "NeedsArgs" in cls else "")
+        p = _here(tmp_path, cls, ", args: {threshold: 1}" if "NeedsArgs" in cls else "")
         assert words in p.stderr, p.stderr
 
 
@@ -328,11 +334,11 @@ def test_the_run_says_when_a_policy_reads_a_prediction_it_has_no_predictor_for(t
                                       "        return (size(req), req.arrival, req.id)\n")
     note = ("bad-policy: policy Mine reads predicted_output_len, but the policy has no predictor, so it is None for "
             "every request: set its predictor (predictor: {type: oracle}, lognormal or buckets)")
-    p = _run(tmp_path, "mine.py:Mine")
+    p = _here(tmp_path, "mine.py:Mine")
     assert p.returncode == 0 and note in p.stderr.splitlines(), p.stderr
-    p = _run(tmp_path, "mine.py:Mine", ", predictor: {type: oracle}")
+    p = _here(tmp_path, "mine.py:Mine", ", predictor: {type: oracle}")
     assert p.returncode == 0 and "predicted_output_len" not in p.stderr, p.stderr
-    p = _run(tmp_path, "bad_policies.py:Idle")  # a class that never reads it: no note
+    p = _here(tmp_path, "bad_policies.py:Idle")  # a class that never reads it: no note
     assert "predicted_output_len" not in p.stderr, p.stderr
 
 
@@ -365,7 +371,7 @@ def test_a_constructor_or_module_that_never_returns_is_stopped(tmp_path: Path) -
 
 def test_a_bad_policy_time_limit_is_named(tmp_path: Path) -> None:
     for value in ("abc", "0", "-1", "inf"):
-        p = _run(tmp_path, "bad_policies.py:Spins", env={"SERVESIM_POLICY_TIMEOUT_S": value})
+        p = _here(tmp_path, "bad_policies.py:Spins", env={"SERVESIM_POLICY_TIMEOUT_S": value})
         assert p.returncode == 2, p.stderr
         assert f"SERVESIM_POLICY_TIMEOUT_S must be a number of seconds > 0, got {value!r}" in p.stderr, p.stderr
 
@@ -690,13 +696,13 @@ def test_a_policy_slower_than_its_steps_is_said(tmp_path: Path) -> None:
     no clock here counts them, while a real server's scheduler runs between its steps. FCFS is not named."""
     import re
 
-    p = _run(tmp_path, "bad_policies.py:SlowToPlan")
+    p = _here(tmp_path, "bad_policies.py:SlowToPlan")
     assert p.returncode == 0, p.stderr
     m = re.search(r"\nbad-policy: the policy's own schedule calls took ([0-9.]+) s over ([0-9,]+) asks \(([0-9.]+) ms "
                   r"each\), ([0-9]+)% of the ([0-9.]+) s its steps took; no clock here counts that time", p.stderr)
     assert m is not None, p.stderr
     assert float(m[3]) >= 5.0 and int(m[4]) > 25
-    fast = _run(tmp_path, "sim.policies.queue:FCFSPolicy")
+    fast = _here(tmp_path, "sim.policies.queue:FCFSPolicy")
     assert fast.returncode == 0 and "policy's own" not in fast.stderr, fast.stderr
 
 
@@ -717,8 +723,7 @@ def test_the_run_says_when_a_policy_orders_by_prefix_hits_no_cache_keeps(tmp_pat
         "  - {name: lpm-cached, policy: {type: lpm}, kv_cache: {type: paged, enable_prefix_caching: true}}\n"
         "  - {name: mine, policy: {type: custom, cls: 'mine.py:CacheFirst'}}\n")
     (tmp_path / "s.yaml").write_text(scenario)
-    p = subprocess.run([sys.executable, "-m", "sim.cli.main", "run", str(tmp_path / "s.yaml"), "-q", "--out",
-                        str(tmp_path / "out")], capture_output=True, text=True, timeout=300, cwd=HERE.parent)
+    p = _run_here(tmp_path / "s.yaml", tmp_path)
     assert p.returncode == 0, p.stderr
     keeps = "(kv_cache: {type: paged, enable_prefix_caching: true} keeps them)"
     lpm = ("lpm: lpm orders by prefix-cache hits, but the KV cache keeps no prefixes: every request shows 0 cached "
@@ -740,8 +745,7 @@ def test_a_policy_that_never_preempts_is_told_why_it_stalled(tmp_path: Path) -> 
     sc = tmp_path / "s.yaml"
     sc.write_text(SCENARIO.format(cls="bad_policies.py:NeverPreempts", extra="").replace(
         "max_model_len: 1024}", "max_model_len: 256, num_gpu_blocks: 24}"))
-    p = subprocess.run([sys.executable, "-m", "sim.cli.main", "run", str(sc), "--out", str(tmp_path / "out"), "-q"],
-                       capture_output=True, text=True, timeout=300, cwd=HERE.parent)
+    p = _run_here(sc, tmp_path)
     assert p.returncode == 2, p.stderr
     assert "policy NeverPreempts: simulation stalled: " in p.stderr, p.stderr
     assert ("running requests hold 24 of 24 KV blocks and none has a free block for its next token: a policy that "
