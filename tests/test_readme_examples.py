@@ -27,6 +27,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import servesim
+
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 # the pages whose blocks stand alone: the README and every page of docs/ but the walk-through tested on its own
@@ -184,13 +186,16 @@ def test_fast_override():
 @pytest.mark.parametrize("block", [_param(b) for b in BLOCKS])
 def test_readme_example_runs(block: Block, tmp_path: Path):
     cwd = scratch(tmp_path)
-    if block.lang == "python":
-        steps = [(block.line, [sys.executable, "-c", block.text])]
-    else:
-        steps = [(line, [sys.executable, "-m", "sim.cli.main", *fast(argv)]) for line, argv in block.commands]
-    for line, cmd in steps:
-        p = subprocess.run(cmd, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=TIMEOUT)
-        shown = " ".join(cmd[2:]) if block.lang != "python" else "the python block"
+    if block.lang == "python":  # a script of the reader's: a fresh interpreter, as they would run it
+        steps = [(block.line, "the python block",
+                  lambda: subprocess.run([sys.executable, "-c", block.text], cwd=cwd, env=_env(), capture_output=True,
+                                         text=True, timeout=TIMEOUT))]
+    else:  # servesim's commands in this process (tests/conftest.py's servesim(): exit status, stdout, stderr and a
+        # traceback as a process gives them), without an interpreter and imports to pay for each
+        steps = [(line, " ".join(fast(argv)), lambda argv=argv: servesim(*fast(argv), cwd=cwd, timeout=TIMEOUT))
+                 for line, argv in block.commands]
+    for line, shown, call in steps:
+        p = call()
         assert p.returncode == 0, (f"{block.page}:{line}: `servesim {shown}` exited {p.returncode}\n"
                                    f"stdout:\n{p.stdout[-3000:]}\nstderr:\n{p.stderr[-3000:]}")
         assert "Traceback" not in p.stderr, f"{block.page}:{line}: {p.stderr[-3000:]}"
