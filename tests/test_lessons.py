@@ -114,8 +114,10 @@ def test_memory_bound_remedy(memory_bound):
 # ---- speculative decoding -------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def speculative() -> dict[int, float]:
-    """Output throughput of draft-k4 over no-spec at each number of users (the batch)."""
-    s = run_lesson("lesson-speculative-decoding", {})
+    """Output throughput of draft-k4 over no-spec at each number of users (the batch). 768 requests a run: 1.69x,
+    1.56x, 1.24x, 0.94x and 0.94x (full size, 1,024: 0.93x and 0.92x at 256 and 512 users; 600 gives 0.99x at 256, too
+    close to the 1.0 this asserts below)."""
+    s = run_lesson("lesson-speculative-decoding", {"workload.num_requests": 768})
     return {u: s[f"draft-k4[num_users={u}]"]["output_throughput"] / s[f"no-spec[num_users={u}]"]["output_throughput"]
             for u in (1, 16, 64, 256, 512)}, s
 
