@@ -408,9 +408,16 @@ def test_a_saturated_deployment_is_priced_at_what_it_serves() -> None:
     assert "*: saturated, at the rate it served in the second half of the arrival window" in text
 
 
-def test_plan_chat_scenario() -> None:
-    sc, _ = load_scenario(PLAN_CHAT, {"workload.num_requests": 200})
-    r = plan(sc)
+@pytest.fixture(scope="module")
+def serial_plan_chat() -> tuple[Any, PlanResult]:
+    """plan-chat at 120 requests and its serial plan (about 3 s of CPU), made once: the plan-chat test and both
+    executors' tests read it."""
+    sc, _ = load_scenario(PLAN_CHAT, {"workload.num_requests": 120})
+    return sc, plan(sc, workers=1)
+
+
+def test_plan_chat_scenario(serial_plan_chat) -> None:
+    _, r = serial_plan_chat
     assert r.chosen is not None and r.chosen.meets and r.break_even is not None
     # every simulated deployment cheaper than the choice missed the SLOs
     cost = r.chosen.candidate.cost_per_hour
@@ -426,11 +433,10 @@ def _outcome(r) -> list[tuple]:
 
 
 @pytest.mark.parametrize("executor", ["local", "ray"])
-def test_parallel_plans_choose_what_the_serial_plan_chooses(executor: str) -> None:
+def test_parallel_plans_choose_what_the_serial_plan_chooses(executor: str, serial_plan_chat) -> None:
     if executor == "ray":
         pytest.importorskip("ray")
-    sc, _ = load_scenario(PLAN_CHAT, {"workload.num_requests": 120})
-    serial = plan(sc, workers=1)
+    sc, serial = serial_plan_chat
     parallel = plan(sc, workers=2, executor=executor)
     assert parallel.chosen is not None and parallel.chosen.candidate == serial.chosen.candidate
     assert _outcome(parallel) == _outcome(serial)
