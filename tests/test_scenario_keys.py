@@ -45,7 +45,7 @@ def test_every_key_of_every_section_is_documented_and_every_documented_key_exist
 def test_the_reference_is_written_from_the_code_as_it_is_now() -> None:
     """Defaults, bounds and meanings too: run `python -m sim.config.key_reference --update` after changing a model."""
     text = PAGE.read_text(encoding="utf-8")
-    assert page_with_reference(text) == text
+    assert page_with_reference(text) == text, "the key reference is stale: python -m sim.config.key_reference --update"
     assert text.count(BEGIN) == 1 and text.count(END) == 1
 
 
