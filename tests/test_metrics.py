@@ -294,6 +294,13 @@ def test_bottleneck_verdicts(args, verdict):
     assert ("more load would fit" in text) == (args[2] < 0.5)
 
 
+def test_a_cpu_runs_verdict_without_mfu_names_the_cpu():
+    # an engine run on a CPU (summary device: cpu) has no MFU: its verdict read "GPU-bound: MFU unknown, CPU busy
+    # 99% of the time" in the report
+    summary = {**_summary(0.50, 0.70, 0.95, float("nan")), "device": "cpu"}
+    assert bottleneck(summary).startswith("CPU-bound: MFU unknown, CPU busy 95% of the time")
+
+
 def test_bottleneck_sentence_has_the_numbers():
     text = bottleneck(_summary(0.93, 0.97, 0.40, 0.12, 0, 120))
     assert text == (

@@ -287,10 +287,11 @@ def rejection_reasons(records: Sequence[RequestRecord]) -> dict[str, int]:
     return out
 
 
-def _roof(busy_mfu: object) -> tuple[str, str]:
-    """The roofline limit of steps at this MFU while computing, and its evidence."""
+def _roof(busy_mfu: object, device: str = "GPU") -> tuple[str, str]:
+    """The roofline limit of steps at this MFU while computing, and its evidence. Without an MFU the limit is the
+    ``device`` that ran the steps: a CPU engine run read "GPU-bound: MFU unknown, CPU busy 99% of the time"."""
     if not isinstance(busy_mfu, int | float) or not math.isfinite(busy_mfu):
-        return "GPU-bound", "MFU unknown"
+        return f"{device}-bound", "MFU unknown"
     return ("compute-bound" if busy_mfu >= MFU_COMPUTE else "bandwidth-bound"), f"MFU {_pct(busy_mfu)} while computing"
 
 
@@ -363,8 +364,9 @@ def rank_limits(summary: dict) -> Verdict:
     if not isinstance(busy_mfu, int | float) or not math.isfinite(busy_mfu):
         mfu = summary.get("mfu")  # an older summary: MFU over the run, scaled to busy time
         busy_mfu = _fin(mfu) / busy if busy > 0 and isinstance(mfu, int | float) and math.isfinite(mfu) else NAN
-    roof, roof_text = _roof(busy_mfu)
-    roof_text += f", {'CPU' if summary.get('device') == 'cpu' else 'GPU'} busy {_pct(busy)} of the time"
+    device = "CPU" if summary.get("device") == "cpu" else "GPU"
+    roof, roof_text = _roof(busy_mfu, device)
+    roof_text += f", {device} busy {_pct(busy)} of the time"
     # a disaggregated run's busy share is over both pools: 3P1D read "GPU busy 56%" while its one decode GPU
     # was busy 99.8% of the time, the bottleneck the lesson names; each pool's share is said, and spare load is
     # claimed only when the busiest pool has room
