@@ -208,6 +208,8 @@ class Tournament:
     rates: list[float]  # the values set at load_key, one per load
     unit: str  # "x" (multiplier) or "req/s"
     metrics: tuple[str, ...] = field(default=METRICS)
+    # each policy's step limits as built: (max_num_seqs, max_num_batched_tokens)
+    limits: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     @property
     def policies(self) -> list[str]:
@@ -279,6 +281,7 @@ def check_spec(spec: TournamentSpec, *, base: Path, source: str, name: str) -> T
     rates = loads if spec.loads.rate is not None else [base_value * m for m in loads]
     common = {k: v for k, v in sc_raw.items() if k not in ("variants", "sweep", "policy")}
     variants = []
+    limits: dict[str, tuple[int, int]] = {}
     for pname, section in spec.policies.items():
         holder = {"policy": unshared(section)}
         _resolve_relative_paths(holder, base)  # a user's cls: relative to the spec
@@ -286,7 +289,8 @@ def check_spec(spec: TournamentSpec, *, base: Path, source: str, name: str) -> T
         try:
             one = parse_scenario({**common, **holder}, source=where)
             cfg = variant_configs(one)[0]
-            build(cfg)
+            built = build(cfg)[3]
+            limits[pname] = (built.limits.max_num_seqs, built.limits.max_num_batched_tokens)
             if getattr(cfg.policy, "tenant_weights", None):  # names tenants: the requests must have them
                 check_workload_fits_policy(one, cfg, generate_workload(one))
         except ScenarioError as e:
@@ -308,7 +312,24 @@ def check_spec(spec: TournamentSpec, *, base: Path, source: str, name: str) -> T
     extra = ["fairness.jain_index", *ANOMALIES, WORKLOAD]
     extra += [f"classes.{c.name}.{m}" for c in classes if _CLASS_NAME.fullmatch(c.name) for m in CLASS_METRICS]
     return Tournament(name, source, spec, scenario, t_raw, key, loads, rates,
-                      "req/s" if spec.loads.rate is not None else "x", (*METRICS, *extra))
+                      "req/s" if spec.loads.rate is not None else "x", (*METRICS, *extra), limits)
+
+
+def limits_note(t: Tournament) -> str | None:
+    """A line when the policies ran with different step limits, or None. A bare kind or file ("sjf",
+    "mine.py:Mine") takes its kind's defaults (256 sequences), so beside "fcfs: {max_num_seqs: 32}" it won on
+    eight times the batch slots, and the table read as a better order."""
+    parts = []
+    for i, key in enumerate(("max_num_seqs", "max_num_batched_tokens")):
+        by: dict[int, list[str]] = {}
+        for name, lim in t.limits.items():
+            by.setdefault(lim[i], []).append(name)
+        if len(by) > 1:
+            parts.append(f"{key} " + ", ".join(f"{v:,} ({', '.join(names)})" for v, names in sorted(by.items())))
+    if not parts:
+        return None
+    return ("note: the policies ran with different step limits, so more than their order differs: "
+            + "; ".join(parts) + ". Give every policy section the same (a bare kind or file takes its defaults)")
 
 
 # ---- scoring -----------------------------------------------------------------------------------------------------
@@ -459,7 +480,8 @@ def format_standings(t: Tournament, sts: Sequence[Standing]) -> str:
     text += "winner per load: " + ", ".join(
         f"{t.load_label(s.load)} {s.policy}" + (f" (tied with {', '.join(s.ties)})" if s.ties else "")
         for s in sts if s.winner) + "\n"
-    return text
+    note = limits_note(t)
+    return text + (f"{note}\n" if note else "")
 
 
 # ---- writing -----------------------------------------------------------------------------------------------------
@@ -524,6 +546,8 @@ def write_standings_html(path: Path, t: Tournament, sts: Sequence[Standing]) -> 
              f"very same requests at each (load, seed). Fitness weights: "
              f"{html.escape(', '.join(f'{k} {v:g}' for k, v in fit.weights.items()))}; references: "
              f"{html.escape(', '.join(f'{k} {v:g}' for k, v in fit.reference.model_dump().items()))}.</p>")
+    if (note := limits_note(t)) is not None:
+        notes += f"<p><b>{html.escape(note)}</b></p>"
     style = ("body{font-family:sans-serif;margin:1.5em} table{border-collapse:collapse;font-size:12px;margin:1em 0}"
              "td,th{border:1px solid #ccc;padding:2px 6px;text-align:right} tr.win{font-weight:bold;"
              "background:#eef6ee}")
