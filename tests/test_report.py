@@ -288,6 +288,18 @@ def test_sweep_panel():
     page = build_report(run.results, run.summaries, "sweep")
     assert "<h2>Sweep</h2>" in page
     assert fig_sweep(run.results[:0]) is None
+    assert fig.layout.xaxis.type != "log" and fig.layout.xaxis.title.text == "max_num_seqs"  # 4 to 16: linear
+
+
+def test_a_log_sweep_axis_says_it_is_log_scale():
+    """lesson-pipeline-bubbles sweeps num_users over 1, 2, 4, 16: the panels' x axes are log, titled only "num_users"
+    (rendered, lesson-speculative-decoding's 1, 16, 64, 256, 512 drew closer together with no word of a log
+    scale), where every other log axis of the report says so."""
+    scenario, raw = load_scenario(find_scenario("lesson-pipeline-bubbles"), {"workload.num_requests": 8})
+    fig = fig_sweep(run_scenario(scenario, raw).results)
+    assert fig is not None
+    axes = [fig.layout[f"xaxis{'' if i == 1 else i}"] for i in range(1, 5)]
+    assert [(a.type, a.title.text) for a in axes] == [("log", "num_users, log scale")] * 4
 
 
 def test_sweep_params_from_names_alone(nvc):

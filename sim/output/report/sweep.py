@@ -107,7 +107,8 @@ def fig_sweep(results: list[RunResult], summaries: dict | None = None) -> go.Fig
     log_x = numeric and min(xs_all) > 0 and max(xs_all) / min(xs_all) >= 8
     ticks = sorted(set(xs_all)) if numeric and len(set(xs_all)) <= 12 else None
     for col in range(1, len(SWEEP_PANELS) + 1):
-        fig.update_xaxes(title_text=x_key, type="log" if log_x else None, tickvals=ticks, row=1, col=col)
+        fig.update_xaxes(title_text=f"{x_key}, log scale" if log_x else x_key, type="log" if log_x else None,
+                         tickvals=ticks, row=1, col=col)
         fig.update_yaxes(rangemode="tozero", row=1, col=col)
     fig.update_layout(
         template=TEMPLATE, height=380, hovermode="closest", title=f"Throughput and tail latency against {x_key}"
