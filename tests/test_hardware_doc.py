@@ -13,7 +13,8 @@ ENGINES = {name: e for name, e in engines().items() if name != "classic"}  # cla
 
 
 def _section(heading: str) -> str:
-    return DOC.partition(heading)[2].partition("\n## ")[0]
+    """The text under ``heading`` up to the next heading of any level."""
+    return re.split(r"\n#{2,3} ", DOC.partition(heading)[2])[0]
 
 
 def test_every_engine_has_a_row_and_every_alias_is_named() -> None:
@@ -39,3 +40,24 @@ def test_each_engines_attention_share_is_the_one_written() -> None:
             assert any("the cost model's default" in s for s in said), (name, said)
         else:
             assert any(f"{hopper:.2f} on Hopper" in s and f"{ampere:.2f} on Ampere" in s for s in said), (name, said)
+
+
+def test_the_gpu_table_is_written_from_the_presets_as_they_are_now() -> None:
+    """The page named the later presets in a sentence, without figures, aliases or sources, and the first six
+    (h200, h100-sxm, a100-80gb, a100-40gb, l40s, l4) and every alias (h100, a100, h200-sxm, 4090, h100-94gb, ...)
+    not at all."""
+    from sim.doc_sections import with_section
+    from sim.hardware.gpu_table import BEGIN, END, table
+
+    assert with_section(DOC, BEGIN, END, table()) == DOC, \
+        "the GPU table is stale: python -m sim.hardware.gpu_table --update"
+
+
+def test_every_gpu_preset_has_a_source_and_its_aliases_resolve_to_it() -> None:
+    from sim.hardware.gpu import GPU_PRESETS, GPUSpec
+    from sim.hardware.presets.gpus import BASE_GPU_ALIASES, GPU_SOURCES, MORE_GPU_ALIASES
+
+    assert set(GPU_SOURCES) == set(GPU_PRESETS), set(GPU_SOURCES) ^ set(GPU_PRESETS)
+    for alias, name in (BASE_GPU_ALIASES | MORE_GPU_ALIASES).items():
+        assert GPUSpec.from_name(alias.upper().replace("-", "_")) is GPU_PRESETS[name], alias
+        assert f"| `{name}` | " in DOC and f"`{alias}`" in DOC.partition(f"| `{name}` | ")[2].partition("|")[0], alias

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 from types import UnionType
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
@@ -21,10 +20,11 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from sim.config.schema import Scenario
+from sim.doc_sections import DOCS, update, with_section
 
 BEGIN = "<!-- keys: written by `python -m sim.config.key_reference --update`; tests/test_scenario_keys.py checks it -->"
 END = "<!-- end of keys -->"
-PAGE = Path(__file__).resolve().parents[2] / "docs" / "scenarios.md"
+PAGE = DOCS / "scenarios.md"
 
 _TYPE = "Which kind of section this is; each kind takes the keys of its own table."
 _NAMES = {int: "integer", float: "number", bool: "`true` or `false`", str: "text", Any: "any value"}
@@ -126,7 +126,8 @@ def _below(tp: Any, place: str) -> list[tuple[type[BaseModel], str]]:
 
 
 def reference() -> str:
-    out = [BEGIN, ""]
+    """The tables, without the markers around them."""
+    out = [""]
     for model, places in sections():
         kind = _kind(model)
         where = ", ".join(f"`{p}`" for p in places[:4]) + (f" and {len(places) - 4} more" if len(places) > 4 else "")
@@ -137,18 +138,16 @@ def reference() -> str:
             out.append(f"| `{name}` | {_cell(_allowed(annotation))} | {_cell(_default(field))} | "
                        f"{_cell(field.description or _TYPE if name == 'type' else field.description or '')} |")
         out.append("")
-    return "\n".join([*out, END])
+    return "\n".join(out)
 
 
 def page_with_reference(text: str) -> str:
     """docs/scenarios.md's text with its reference section replaced by (or, missing, followed by) ``reference()``."""
-    head, sep, rest = text.partition(BEGIN)
-    tail = rest.partition(END)[2] if sep else "\n"
-    return head.rstrip("\n") + "\n\n" + reference() + tail
+    return with_section(text, BEGIN, END, reference())
 
 
 if __name__ == "__main__":
     if sys.argv[1:] == ["--update"]:
-        PAGE.write_text(page_with_reference(PAGE.read_text(encoding="utf-8")), encoding="utf-8")
+        update(PAGE, BEGIN, END, reference())
     else:
         print(reference())

@@ -138,3 +138,33 @@ MORE_GPU_PRESETS: dict[str, dict[str, Any]] = {
     "t4": _gpu("t4", "turing", 15360, 320 * _G, 65 * _T, 0.0, 130 * _T, 8.1 * _T, 16 * _G, 0.0, 70.0, 10.0),
 }
 MORE_GPU_ALIASES = {"rtx4090": "rtx-4090", "4090": "rtx-4090", "h100-94gb": "h100-nvl"}
+
+# Where each preset's figures come from (docs/engines-and-hardware.md's GPU table prints them): the datasheet's
+# column, or what the figures were taken from. Common to all: the PCIe rate is the effective copy rate above, idle_w
+# the assumption above (the B200's measured) and the price an assumption (0: none).
+GPU_SOURCES: dict[str, str] = {
+    "h200": "NVIDIA H200 datasheet (SXM): 141 GB HBM3e at 4.8 TB/s, the H100 SXM's compute",
+    "h100-sxm": "NVIDIA H100 datasheet, SXM column",
+    "a100-80gb": "NVIDIA A100 datasheet, 80 GB SXM column",
+    "a100-40gb": "NVIDIA A100 datasheet, 40 GB SXM column",
+    "l40s": "NVIDIA L40S datasheet",
+    "l4": "NVIDIA L4 datasheet",
+    "h100-pcie": "NVIDIA H100 datasheet, PCIe column",
+    "h100-nvl": "NVIDIA H100 datasheet, NVL column",
+    "gh200": "NVIDIA GH200 Grace Hopper datasheet (the H100 SXM's compute; module power shared with the CPU: none)",
+    "h20": "NVIDIA H20 product brief",
+    "b200": "NVIDIA HGX B200 datasheet, per GPU; HBM 7.7 TB/s: Blackwell datasheet (pytorch/ao PR #4002); idle "
+            "measured: vllm-project/semantic-router fleet-sim",
+    "a10g": "NVIDIA A10G (AWS G5, A10-class GA102); power: none",
+    "l40": "NVIDIA L40 datasheet",
+    "a100-40gb-pcie": "NVIDIA A100 datasheet, 40 GB PCIe column",
+    "mi300x": "AMD Instinct MI300X datasheet",
+    "rtx-4090": "NVIDIA Ada (RTX 4090) whitepaper (bf16 with fp32 accumulate)",
+    "gb200": "NVIDIA Blackwell datasheet, GB200 NVL72 per GPU",
+    "mi325x": "AMD Instinct MI325X datasheet (the MI300X's compute)",
+    "h800": "the H100 SXM's figures, NVLink cut to 400 GB/s (China SKU)",
+    "a800": "the A100 80 GB's figures, NVLink cut to 400 GB/s (China SKU)",
+    "l20": "NVIDIA L20 product brief",
+    "a10": "NVIDIA A10 datasheet",
+    "t4": "NVIDIA T4 datasheet (fp16; no bf16)",
+}
