@@ -1,5 +1,5 @@
 """docs/engines-and-hardware.md against the presets in code: every engine with its row, its aliases and its
-attention kernels' share of the peak."""
+attention kernels' share of the peak; the model and GPU tables as the presets write them, with every alias."""
 
 from __future__ import annotations
 
@@ -42,15 +42,26 @@ def test_each_engines_attention_share_is_the_one_written() -> None:
             assert any(f"{hopper:.2f} on Hopper" in s and f"{ampere:.2f} on Ampere" in s for s in said), (name, said)
 
 
-def test_the_gpu_table_is_written_from_the_presets_as_they_are_now() -> None:
-    """The page named the later presets in a sentence, without figures, aliases or sources, and the first six
+def test_the_model_and_gpu_tables_are_written_from_the_presets_as_they_are_now() -> None:
+    """The page named the later GPU presets in a sentence, without figures, aliases or sources, and the first six
     (h200, h100-sxm, a100-80gb, a100-40gb, l40s, l4) and every alias (h100, a100, h200-sxm, 4090, h100-94gb, ...)
-    not at all."""
+    not at all; its model list left out nine presets (tiny, llama-57m, smollm2-135m, llama-3.2-1b, llama-3.1-8b,
+    llama-3.1-70b, mistral-7b, qwen2.5-7b, opt-13b) and every alias but R1's."""
     from sim.doc_sections import with_section
-    from sim.hardware.gpu_table import BEGIN, END, table
+    from sim.hardware.preset_tables import BEGIN, END, MODELS_BEGIN, MODELS_END, models_table, table
 
-    assert with_section(DOC, BEGIN, END, table()) == DOC, \
-        "the GPU table is stale: python -m sim.hardware.gpu_table --update"
+    written = with_section(with_section(DOC, BEGIN, END, table()), MODELS_BEGIN, MODELS_END, models_table())
+    assert written == DOC, "the preset tables are stale: python -m sim.hardware.preset_tables --update"
+
+
+def test_every_model_preset_and_alias_is_in_its_row() -> None:
+    from sim.hardware.models import MODEL_PRESETS, ModelSpec
+    from sim.hardware.presets.models import BASE_MODEL_ALIASES, MORE_MODEL_ALIASES
+
+    for alias, name in (BASE_MODEL_ALIASES | MORE_MODEL_ALIASES).items():
+        assert ModelSpec.from_name(alias.upper()) == ModelSpec.from_name(name), alias
+        assert f"`{alias}`" in DOC.partition(f"| `{name}` | ")[2].partition("|")[0], alias
+    assert all(f"| `{name}` | " in DOC for name in MODEL_PRESETS)
 
 
 def test_every_gpu_preset_has_a_source_and_its_aliases_resolve_to_it() -> None:
