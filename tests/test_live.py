@@ -638,6 +638,24 @@ def test_serve_takes_vllms_priority_field_for_the_policy(tmp_path):
     assert [r["priority"] for r in rows] == [3, 0]
 
 
+def test_a_swept_scenario_is_refused_with_one_of_its_own_points_to_pick(tmp_path) -> None:
+    """serve and observe run one point: a swept scenario was refused with the example --set workload.arrival.rate=8,
+    which azure-conv's trace arrivals (it sweeps rate_scale) refuse in turn. The example is the scenario's own first
+    point now, and the command it gives gets past the check (observe then reaches no server: exit 0, data)."""
+    from typer.testing import CliRunner
+
+    from sim.cli.main import app
+
+    for command in (["serve", "--model", "tiny"], ["observe", "--endpoint", "http://127.0.0.1:1/v1", "-n", "2"]):
+        res = CliRunner().invoke(app, [command[0], str(ROOT / "scenarios" / "azure-conv.yaml"), *command[1:]])
+        assert res.exit_code == 2 and "Traceback" not in res.output
+        assert res.output.strip().endswith("e.g. --set sweep=null --set 'workload.arrival.rate_scale=1.0'"), res.output
+    res = CliRunner().invoke(app, ["observe", str(ROOT / "scenarios" / "azure-conv.yaml"), "--endpoint",
+                                   "http://127.0.0.1:1/v1", "-n", "2", "-q", "--no-simulate", "-o", str(tmp_path / "o"),
+                                   "--set", "sweep=null", "--set", "workload.arrival.rate_scale=1.0"])
+    assert res.exit_code == 0, res.output
+
+
 def test_serve_refuses_several_completions_per_request_and_gives_each_reply_its_own_id(tmp_path):
     """A request asking for n (or best_of) 2 completions got one choice with HTTP 200, so a client counted one
     completion's tokens as the two it asked for: refused with HTTP 400 now (vLLM generates them; servesim serve

@@ -6,6 +6,7 @@ sim/cli/main.py."""
 from __future__ import annotations
 
 import json
+import math
 import sys
 import threading
 from pathlib import Path
@@ -25,8 +26,14 @@ def _load(scenario: Path, sets: list[str], num_requests: int | None, variant: st
     try:
         sc, _ = load_scenario(scenario, overrides)
         if sc.sweep:
-            raise ScenarioError("sweeps are not supported here: drop the sweep with --set sweep=null and pick its "
-                                "point with --set (--set workload.arrival.rate=8)")
+            # the example is the scenario's own first point: azure-conv sweeps rate_scale, and the fixed example
+            # --set workload.arrival.rate=8 was refused on its trace arrivals
+            import yaml
+
+            key, values = next(iter(sc.sweep.items()))
+            value = yaml.safe_dump(values[0], default_flow_style=True, width=math.inf).strip().removesuffix("\n...")
+            raise ScenarioError("sweeps are not supported here: drop the sweep and pick one of its points, e.g. "
+                                f"--set sweep=null --set '{key}={value}'")
         cfgs = variant_configs(sc)
         if variant is None:
             cfg = cfgs[0]
