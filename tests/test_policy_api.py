@@ -231,6 +231,25 @@ def test_request_view_is_read_only_and_current() -> None:
     assert not hasattr(v, "output_len")  # the true length is the predictor's business
 
 
+@pytest.mark.parametrize(("name", "says"), [
+    ("arrival_time", "; did you mean 'arrival'?"),  # vLLM's Request names
+    ("num_prompt_tokens", "; did you mean 'prompt_len'?"),
+    ("request_id", "; did you mean 'id'?"),
+    ("max_tokens", "; a request's true output length is never shown: predicted_output_len"),
+    ("prompt_length", "; did you mean 'prompt_len'?"),  # a near miss
+    ("zzz", " (a RequestView has arrival, deadline, first_scheduled, id, "),
+])
+def test_a_name_the_view_lacks_points_to_its_own(name: str, says: str) -> None:
+    """A vLLM user's req.arrival_time stopped the run with Python's bare "'RequestView' object has no attribute
+    'arrival_time'" (its 'Did you mean' is printed only by Python's own traceback, which the run's message is not)."""
+    v = RequestView(Request(RequestSpec(1, 2.0, 30, 10), 2.0))
+    with pytest.raises(AttributeError) as e:
+        getattr(v, name)
+    assert str(e.value) == f"'RequestView' object has no attribute {name!r}" + says or \
+        str(e.value).startswith(f"'RequestView' object has no attribute {name!r}{says}"), str(e.value)
+    assert getattr(v, "_private", None) is None and not hasattr(v, "__deepcopy__")  # no hint work for these
+
+
 def test_a_request_keeps_its_view_object_and_the_view_stays_current() -> None:
     """The adapter makes one view per request (not one per request and step: the policy is asked at every arrival
     with every running request in its view)."""

@@ -159,6 +159,9 @@ CASES = [
      "(return None when nothing is due)"),
     ("bad_policies.py:WakesAtText", "", "policy WakesAtText: wake_time returned '0.5' at t=0.000000 s, not a time in "
      "seconds or None"),
+    # vLLM's name for a request's field: Python's bare "'RequestView' object has no attribute 'arrival_time'"
+    ("bad_policies.py:RanksByVllmName", "", "RanksByVllmName: schedule(view) at t=0.029018 s raised AttributeError: "
+     "'RequestView' object has no attribute 'arrival_time'; did you mean 'arrival'?"),
     # a key of the built-in kinds that a user's class does not take (it was told "did you mean" the same key)
     ("sim.policies.queue:FCFSPolicy", ", enable_chunked_prefill: false",
      "enable_chunked_prefill: unknown key; other kinds of this section have it, the kind 'custom' not"),

@@ -172,6 +172,32 @@ class RequestView:
         return (f"RequestView(id={self.id}, {self.status}, computed={self.num_computed_tokens}/{self.num_tokens}, "
                 f"out={self.num_output_tokens}, priority={self.priority})")
 
+    def __getattr__(self, name: str) -> Any:
+        """Only for a name the view lacks: vLLM's name for a field (``req.arrival_time``), or a near miss, gets the
+        view's own; the run printed Python's bare "'RequestView' object has no attribute 'arrival_time'"."""
+        if name.startswith("_"):
+            raise AttributeError(name)
+        raise AttributeError(f"'RequestView' object has no attribute {name!r}{_view_hint(name)}")
+
+
+# vLLM's v1 Request's names (vllm/v1/request.py) and what a user may reach for, with the view's own
+_VLLM_REQUEST_NAMES = {
+    "arrival_time": "arrival", "num_prompt_tokens": "prompt_len", "request_id": "id",
+    "max_tokens": None, "output_len": None, "num_output": None, "output_length": None,
+}
+
+
+def _view_hint(name: str) -> str:
+    import difflib
+
+    if name in _VLLM_REQUEST_NAMES:
+        own = _VLLM_REQUEST_NAMES[name]
+        return (f"; did you mean {own!r}?" if own else "; a request's true output length is never shown: "
+                "predicted_output_len is the policy's predictor's estimate (None without one)")
+    names = [n for n in dir(RequestView) if not n.startswith("_")]
+    close = difflib.get_close_matches(name, names, n=1)
+    return f"; did you mean {close[0]!r}?" if close else f" (a RequestView has {', '.join(names)})"
+
 
 def _req(rv: RequestView) -> Request:
     if not isinstance(rv, RequestView):

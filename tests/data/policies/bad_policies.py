@@ -438,3 +438,10 @@ class WakesAtText(servesim.QueuePolicy):
 
     def wake_time(self, view):
         return f"{view.now + 0.5}"
+
+
+class RanksByVllmName(servesim.QueuePolicy):
+    """vLLM's Request calls it arrival_time; the view, arrival."""
+
+    def rank(self, req):
+        return (req.arrival_time, req.id)
