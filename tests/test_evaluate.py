@@ -116,6 +116,10 @@ def test_a_policy_raising_keyboardinterrupt_in_the_worker_is_its_exception():
         assert (s.ok, s.reason) == (False, "exception"), s.error
         assert s.error.startswith("the policy raised KeyboardInterrupt\n") and ", in rank" in s.error, s.error
     assert '"<policy source>", line 6, in rank' in score(text).error
+    # raised while handling another exception: its own line, not the one of the exception it was handling
+    handling = HEADER + "        try:\n            return {}['gone']\n        except KeyError:\n            raise KeyboardInterrupt\n"
+    s = score(handling)
+    assert '"<policy source>", line 9, in rank' in s.error and "line 7" not in s.error, s.error
     with pytest.raises(KeyboardInterrupt):
         score(text, isolate=False)
 

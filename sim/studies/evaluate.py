@@ -296,8 +296,11 @@ def _user_error(e: BaseException) -> str:
 def _policy_frames(e: BaseException) -> str:
     """The frames of ``e``'s traceback in the policy's code: servesim's own (the loop and the core between this
     call and the policy's), the libraries' and the import machinery's left out."""
-    for _ in range(16):  # SimPy raises a copy, the original its cause
-        e = e.__cause__ or e.__context__ or e
+    for _ in range(16):  # SimPy raises a copy, the original its cause; not on to an exception the policy was
+        below = e.__cause__ or e.__context__  # handling (a KeyError's line was shown for `raise KeyboardInterrupt`)
+        if not isinstance(below, KeyboardInterrupt):
+            break
+        e = below
     ours = str(Path(api.__file__).resolve().parents[1]) + os.sep  # the sim package
     frames = [f for f in traceback.extract_tb(e.__traceback__) if not f.filename.startswith(("<frozen", ours))
               and "site-packages" not in f.filename]
