@@ -56,6 +56,9 @@ def test_a_table_states_the_real_default_and_bounds() -> None:
     assert "| `kv_cache` | a section (type: `paged`, `contiguous`) | `{type: paged}` |" in ref
     assert "| `reserve` | `max_model_len` \\| `request` | `max_model_len` |" in ref
     assert "| `workload` | a section | required |" in ref
+    # a bound inside an optional type (Annotated[int, Field(ge=1)] | None), or on a list's items, was left out
+    assert "| `max` | integer (>= 1, <= 1099511627776), or none | none | Upper clip in tokens;" in ref
+    assert "| `max_num_seqs` | list of integer (>= 1) (length >= 1) | `[64, 256]` |" in ref
 
 
 def test_every_section_has_a_meaning_for_each_key() -> None:

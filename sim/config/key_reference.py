@@ -33,7 +33,9 @@ _BOUNDS = ((at.Ge, "ge", ">="), (at.Gt, "gt", ">"), (at.Le, "le", "<="), (at.Lt,
 
 
 def _bounds(metadata: list[Any]) -> str:
-    found = [f"{sign} {getattr(m, attr)}" for m in metadata for kind, attr, sign in _BOUNDS if isinstance(m, kind)]
+    # a bound inside an optional type (``Annotated[int, Field(ge=1)] | None``) sits in a FieldInfo of its own
+    flat = [x for m in metadata for x in (m.metadata if isinstance(m, FieldInfo) else [m])]
+    found = [f"{sign} {getattr(m, attr)}" for m in flat for kind, attr, sign in _BOUNDS if isinstance(m, kind)]
     return f" ({', '.join(found)})" if found else ""
 
 
