@@ -100,8 +100,8 @@ class VariantValidation:
     def schedule_line(self) -> str:
         """The parity of the two schedules, one line: the policy object the engine ran decided as in the simulator."""
         if self.schedule_differences is None:
-            return ("schedule: not compared (the replay of the engine's step times models one replica without "
-                    "speculative decoding)")
+            return ("schedule: not compared (the replay of the engine's step times models one replica, without "
+                    "disaggregated pools or speculative decoding)")
         if not self.schedule_differences:
             return (f"schedule: the simulator fed the engine's {self.schedule_steps:,} measured step times made its "
                     f"every plan, step and request time")
@@ -287,14 +287,16 @@ def schedule_parity(engine_cfg: VariantConfig, real: RunResult, requests: Sequen
                     workload: GeneratedWorkload) -> list[str] | None:
     """Where the simulator, fed the engine's measured step durations and arrivals (``sim.loop.replay``), parts from
     the engine's schedule; empty when the policy decided the same in both; None where the replay cannot tell
-    (several replicas, or speculative decoding, whose drafts' acceptance the engine measured). A policy that
+    (several replicas, disaggregated pools, or speculative decoding, whose drafts' acceptance the engine
+    measured). A policy that
     fails in the replay alone (one that reads the wall clock, say) is a difference, not the end of the
     validation."""
     from sim.loop.replay import compare as compare_schedules
     from sim.loop.replay import replay
     from sim.loop.run import policy_errors
 
-    if engine_cfg.cluster is not None or engine_cfg.deployment.speculative is not None:
+    if engine_cfg.cluster is not None or engine_cfg.disaggregation is not None or \
+            engine_cfg.deployment.speculative is not None:
         return None
     try:
         with policy_errors(engine_cfg, real.name):

@@ -240,6 +240,13 @@ def test_validates_schedule_line_replays_failures_and_leaves_out_what_it_cannot(
     assert v["schedule"]["same"] is same, v["schedule"]
     if same is None:
         assert "schedule: not compared (the replay of the engine's step times models one replica" in res.output
+        # nor disaggregated pools (serve_disaggregated's replicas), which validate runs too
+        from calibration.validate import schedule_parity
+        from sim.config.scenario import load_scenario
+
+        disagg, _ = load_scenario(HERE.parent / "scenarios" / "lesson-disaggregation.yaml")
+        cfg = next(c for c in variant_configs(disagg) if c.disaggregation is not None)
+        assert schedule_parity(cfg, None, [], None, None) is None  # type: ignore[arg-type]
     elif "failures" in section["workload"]:
         engine = (out / "engine" / "requests.csv").read_text()
         assert ",failed," in engine, engine  # some requests were cancelled on the engine
