@@ -8,6 +8,7 @@ import copy
 import csv
 import importlib.util
 import math
+import re
 import warnings
 from pathlib import Path
 
@@ -471,6 +472,21 @@ def test_python_api_doc_names_every_public_name_with_its_exact_signature() -> No
     for cls, names in members.items():
         line = next(p for p in text.split("- `servesim.") if p.startswith(f"{cls}"))
         assert not [n for n in names if f"`.{n}" not in line], (cls, [n for n in names if f"`.{n}" not in line])
+
+
+def test_the_methods_written_in_every_public_name_have_the_codes_arguments() -> None:
+    """`.write(out_dir)`, `.compare(other, *, labels=None)`, ...: each method the section writes with its arguments
+    takes exactly those, with those defaults (strings as written: "requests", not 'requests')."""
+    import inspect
+
+    text = " ".join(API_DOC.partition("## Every public name")[2].split())
+    for line in text.split("- `servesim.")[1:]:
+        cls = getattr(servesim, re.match(r"\w+", line).group())
+        for name, written in re.findall(r"`\.(\w+)\(([^)]*)\)`", line):
+            sig = inspect.signature(getattr(cls, name))
+            params = [p.replace(annotation=inspect.Parameter.empty) for p in sig.parameters.values()][1:]
+            code = str(sig.replace(parameters=params, return_annotation=inspect.Signature.empty))[1:-1]
+            assert written == code.replace("'", '"'), (cls.__name__, name, written, code)
 
 
 def test_a_token_bucket_of_the_wrong_type_is_named() -> None:
