@@ -9,38 +9,47 @@ Bad input ends with one message naming the field and the reason, exit code 2, an
 # ruff: noqa: B008
 from __future__ import annotations
 
-import contextlib
-import functools
-import json
-import math
-import os
 import sys
-from collections.abc import Callable
-from pathlib import Path
-from typing import Any
 
-import typer
-from typer.core import TyperCommand
+STARTING = "while starting; nothing was written"  # what Ctrl-C stopped in the imports
 
-from sim.cli.common import (  # noqa: F401 - the commands' shared helpers, also reached as sim.cli.main._fail
-    ScenarioKeyOptions,
-    _fail,
-    _input_argument,
-    _input_option,
-    _interrupted,
-    _on_ctrl_c,
-    _overrides,
-    _path_option,
-    _quiet_numpy,
-    _real_weights,
-    _set_option,
-    _wrote,
-    default_out,
-)
-from sim.config.files import InterruptedAfterWrite, write_atomically
-from sim.config.scenario import load_scenario, parse_value
-from sim.config.schema import ScenarioError, json_schema
-from sim.words import counted
+# The imports take 1-3 s on a busy machine, and a Ctrl-C in them (a typo seen in the command line) printed a
+# KeyboardInterrupt traceback: it is one line, as everywhere else in the command.
+try:
+    import contextlib
+    import functools
+    import json
+    import math
+    import os
+    from collections.abc import Callable
+    from pathlib import Path
+    from typing import Any
+
+    import typer
+    from typer.core import TyperCommand
+
+    from sim.cli.common import (  # noqa: F401 - the commands' shared helpers, also reached as sim.cli.main._fail
+        ScenarioKeyOptions,
+        _fail,
+        _input_argument,
+        _input_option,
+        _interrupted,
+        _on_ctrl_c,
+        _overrides,
+        _path_option,
+        _quiet_numpy,
+        _real_weights,
+        _set_option,
+        _wrote,
+        default_out,
+    )
+    from sim.config.files import InterruptedAfterWrite, write_atomically
+    from sim.config.scenario import load_scenario, parse_value
+    from sim.config.schema import ScenarioError, json_schema
+    from sim.words import counted
+except KeyboardInterrupt:
+    sys.stderr.write(f"\ninterrupted {STARTING}\n")
+    raise SystemExit(130) from None
 
 # Plain help (click's), not Rich's: Rich reads help text as markup, so "pip install 'servesim[parquet]'" lost its
 # "[parquet]", and its option table prints a value type after every flag ("--quiet <bool>", even "--help <bool>")
@@ -114,10 +123,13 @@ def run(
                                               "are counted in the summary, not written)."),
 ) -> None:
     """Simulate every variant of a scenario on the same workload; print the comparison, write the run folder."""
-    from sim.loop.run import prepare_scenario, run_scenario, write_scenario_run
-    from sim.metrics.summary import bottleneck
-    from sim.output.progress import BarProgress
-    from sim.output.run_folder import format_table
+    try:  # another second of imports: Ctrl-C in them exited 130 without a word (typer's handling)
+        from sim.loop.run import prepare_scenario, run_scenario, write_scenario_run
+        from sim.metrics.summary import bottleneck
+        from sim.output.progress import BarProgress
+        from sim.output.run_folder import format_table
+    except KeyboardInterrupt:
+        _interrupted(STARTING)
 
     if steps not in ("auto", "full", "binned"):
         _fail(f"--steps must be auto, full or binned, got {steps!r}")
