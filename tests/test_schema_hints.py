@@ -56,6 +56,13 @@ def _error(change) -> str:
          "a key of workload.arrival)?"),
         (lambda r: r["workload"].update(num_prompts=8),
          "s.yaml: workload.num_prompts: unknown key; did you mean num_requests (vllm bench's --num-prompts)?"),
+        # vLLM's engine arguments: --dtype is the weights' (it was told kv_dtype, the KV cache's), --kv-cache-dtype
+        (lambda r: r["deployment"].update(dtype="bfloat16"),
+         "s.yaml: deployment.dtype: unknown key; did you mean weight_dtype (vLLM's --dtype)?"),
+        (lambda r: r["deployment"].update(kv_cache_dtype="fp8"),
+         "s.yaml: deployment.kv_cache_dtype: unknown key; did you mean kv_dtype (vLLM's --kv-cache-dtype)?"),
+        (lambda r: r["deployment"].update(quantization="fp8"),
+         "s.yaml: deployment.quantization: unknown key; did you mean weight_dtype (vLLM's --quantization)?"),
         # nothing close: no guess
         (lambda r: r["deployment"].update(colour="red"), "s.yaml: deployment.colour: unknown key"),
     ],
@@ -167,6 +174,7 @@ def test_a_variant_name_with_a_line_separator_or_escape_is_refused(name: str) ->
     ("workload.max_concurrency",
      "workload.max_concurrency: unknown key; did you mean workload.arrival.num_users (vllm bench's --max-concurrency)?"),
     ("variants.0.policy.mnbt", "variants.0.policy.mnbt: unknown key; did you mean variants.0.policy.max_num_batched_tokens?"),
+    ("deployment.dtype", "deployment.dtype: unknown key; did you mean deployment.weight_dtype (vLLM's --dtype)?"),
 ])
 def test_a_set_key_in_the_wrong_section_names_the_section_that_has_it(key: str, line: str) -> None:
     """`--set deployment.max_num_seqs=8` (vLLM's engine argument, which servesim keeps in the policy section) was

@@ -178,13 +178,19 @@ def key_section(model: type[BaseModel], name: str) -> str | None:
     return _schema_keys(model, item=".0").get(name)
 
 
-# Keys users bring from `vllm bench serve` (its options' names), which no spelling rule leads to servesim's key:
+# Keys users bring from `vllm bench serve` and `vllm serve` (their options' names), which no spelling rule leads to
+# servesim's key:
 # unknown key -> (servesim's key, where the other name comes from)
 OTHER_NAMES: dict[str, tuple[str, str]] = {
     "concurrency": ("num_users", "vllm bench's --max-concurrency"),
     "max_concurrency": ("num_users", "vllm bench's --max-concurrency"),
     "num_prompts": ("num_requests", "vllm bench's --num-prompts"),
     "request_rate": ("rate", "vllm bench's --request-rate"),
+    # vLLM's engine arguments whose servesim key is named otherwise: deployment.dtype was told "did you mean
+    # deployment.kv_dtype?", the KV cache's dtype, where vLLM's --dtype is the weights'
+    "dtype": ("weight_dtype", "vLLM's --dtype"),
+    "quantization": ("weight_dtype", "vLLM's --quantization"),
+    "kv_cache_dtype": ("kv_dtype", "vLLM's --kv-cache-dtype"),
 }
 
 
