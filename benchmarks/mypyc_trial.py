@@ -6,11 +6,13 @@ is a compiled hot loop worth shipping?). The checkout is not touched; the pure-P
     PYTHONPATH=.         python benchmarks/bench_azure_conv.py --requests 30000   # pure, alternate the two
 
 Needs mypy (the test extra; mypyc ships with it) and a C compiler. BUILD_DIR is replaced. The copy differs from the
-source in one way: classes that mypyc cannot make native get ``@mypyc_attr(native_class=False)`` (exceptions; a
-class that subclasses a ``typing.Protocol`` with default methods, which fails at import as a native class with
-"attribute '__dict__' of 'type' objects is not writable"; and the frozen records built through
-``unfrozen_twin``, whose ``__class__`` assignment needs ``__slots__``). Outputs are compared with ``diff -r`` of
-two run folders (docs/benchmarks.md says what was compared). Not part of the test suite.
+source where mypyc needs it: the hot ``AnalyticCostModel`` and ``ContinuousPolicy`` lose their ``typing.Protocol``
+base (a native class subclassing a Protocol with default methods fails at import: "attribute '__dict__' of 'type'
+objects is not writable") and keep their ClassVars on a plain base class (a native dataclass takes a ClassVar for a
+field); the classes that cannot be native get ``@mypyc_attr(native_class=False)`` (exceptions, any other Protocol
+subclass, and the frozen records built through ``unfrozen_twin``, whose ``__class__`` assignment needs
+``__slots__``). Outputs are compared with ``diff -r`` of two run folders (docs/benchmarks.md says what was compared
+and what differs). Not part of the test suite.
 """
 
 from __future__ import annotations
@@ -31,6 +33,26 @@ HOT = ["sim/serving/fast_path.py", "sim/serving/core.py", "sim/serving/block_man
 NOT_NATIVE = re.compile(
     r"^((?:@dataclass[^\n]*\n)?class (?:\w+\((?:CostModel|Policy|RuntimeError|ValueError|Exception)\)"
     r"|RequestRecord|RequestSpec):)", re.M)
+# hot classes made native by dropping their Protocol base (structural typing is enough for mypy, and each defines
+# every member the core reads); their ClassVars move to a plain base class, since mypyc's native dataclasses take a
+# ClassVar for a field (the generated __init__ fails: "attribute 'decode_all_when_idle' is read-only")
+NATIVE = {"AnalyticCostModel": "CostModel", "ContinuousPolicy": "Policy"}
+CLASSVAR = re.compile(r"^    \w+: ClassVar\[.*$\n", re.M)
+
+
+def make_native(text: str, name: str, base: str) -> str:
+    """``text`` with class ``name``'s ``base`` dropped and its ClassVars moved to a base class of their own."""
+    header = f"class {name}({base}):\n"
+    start = text.index(header)
+    deco = text.rfind("\n\n", 0, start) + 2  # the decorators above the class
+    end = m.start() if (m := re.compile(r"^\S", re.M).search(text, start + len(header))) else len(text)
+    body = text[start + len(header):end]
+    classvars = "".join(CLASSVAR.findall(body))
+    if not classvars:
+        return text[:start] + f"class {name}:\n" + text[start + len(header):]
+    flags = f"_{name}ClassVars"
+    return (text[:deco] + f"class {flags}:\n{classvars}\n\n" + text[deco:start] + f"class {name}({flags}):\n"
+            + CLASSVAR.sub("", body) + text[end:])
 
 
 def prepare(build: Path, modules: list[str]) -> None:
@@ -41,7 +63,11 @@ def prepare(build: Path, modules: list[str]) -> None:
         shutil.copytree(ROOT / pkg, build / pkg, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
     for mod in modules:
         path = build / mod
-        text, n = NOT_NATIVE.subn(r"@mypyc_attr(native_class=False)\n\1", path.read_text())
+        text = path.read_text()
+        for name, base in NATIVE.items():
+            if f"class {name}({base}):" in text:
+                text = make_native(text, name, base)
+        text, n = NOT_NATIVE.subn(r"@mypyc_attr(native_class=False)\n\1", text)
         if n:
             head = "\nfrom __future__ import annotations\n"
             text = text.replace(head, head + "from mypy_extensions import mypyc_attr\n", 1)
