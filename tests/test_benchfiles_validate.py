@@ -169,6 +169,28 @@ def test_the_table_gives_latencies_in_ms_as_the_file_does(run_folder: Path) -> N
     assert f"measured {req:.6g} req/s  simulated" in lines["request_throughput"]
 
 
+
+def test_the_page_gives_latencies_in_ms_as_the_table_and_the_file_do(run_folder: Path, tmp_path: Path) -> None:
+    """validation.html kept seconds after the terminal's table moved to ms: a vLLM user's file says
+    mean_ttft_ms 43.45, the terminal 43.4491 ms, the page 0.0434491 (its sweep panels too, with no unit)."""
+    import re
+
+    from sim.output.benchfiles.validate import _sweep_figure, build_page
+
+    val = validate_against(SCENARIO, [run_folder / "cb.vllm-bench.json", DATA / "vllm_detailed.json"])
+    page = build_page(val)
+    m = val.files[0].metrics
+    ttft, req = m["mean_ttft"], m["request_throughput"]
+    cells = [re.sub("<[^>]+>", "", c) for c in re.findall(r"<td[^>]*>(.*?)</td>", page)]
+    row = cells[cells.index("mean_ttft (ms)"):][:3]
+    assert row == ["mean_ttft (ms)", f"{ttft['measured'] * 1e3:.6g}", f"{ttft['simulated'] * 1e3:.6g}"]
+    assert cells[cells.index("request_throughput (req/s)") + 1] == f"{req['measured']:.6g}"
+    assert "Latencies in seconds" not in page
+    fig = _sweep_figure(val)
+    assert fig is not None and fig.layout.annotations[0].text == "mean_ttft (ms)"
+    measured = next(t for t in fig.data if t.name == "measured")
+    assert measured.y[0] == pytest.approx(ttft["measured"] * 1e3)
+
 def test_a_file_saved_without_save_detailed_is_rebuilt_from_its_mean_lengths(run_folder: Path,
                                                                                  tmp_path: Path) -> None:
     # Before: `vllm bench serve --save-result` without --save-detailed (the reader's docstring says it reads both)

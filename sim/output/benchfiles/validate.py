@@ -223,6 +223,13 @@ def _unit(key: str) -> tuple[float, str]:
     return 1.0, ""
 
 
+def _labelled(key: str) -> str:
+    """``mean_ttft (ms)``: the key with the unit validation.html gives its figures in, as the terminal's table does
+    (the page kept seconds beside a file and a table in ms)."""
+    unit = _unit(key)[1].strip()
+    return f"{key} ({unit})" if unit else key
+
+
 def _interval_text(key: str, m: dict[str, Any]) -> str:
     if "interval_80" not in m:
         return ""
@@ -412,12 +419,13 @@ def _sweep_figure(val: BenchValidation):
         return None
     cols = 3
     rows = math.ceil(len(keys) / cols)
-    fig = make_subplots(rows=rows, cols=cols, subplot_titles=keys)
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=[_labelled(k) for k in keys])
     x = [f.load for f in pts]
     for i, k in enumerate(keys):
         r, c = i // cols + 1, i % cols + 1
+        scale = _unit(k)[0]
         for what, color in (("measured", "#1f77b4"), ("simulated", "#d62728")):
-            fig.add_trace(go.Scatter(x=x, y=[f.metrics[k][what] for f in pts], mode="lines+markers", name=what,
+            fig.add_trace(go.Scatter(x=x, y=[f.metrics[k][what] * scale for f in pts], mode="lines+markers", name=what,
                                      line=dict(color=color), showlegend=i == 0, legendgroup=what), row=r, col=c)
     fig.update_layout(template=TEMPLATE, height=300 * rows, title=f"Load sweep ({pts[0].load_kind or 'load'})")
     return fig
@@ -429,8 +437,8 @@ def build_page(val: BenchValidation) -> str:
     parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
              f"<title>servesim validation: {html.escape(val.scenario)}</title><style>{_CSS}</style></head><body>",
              f"<h1>Validation against benchmark files: {html.escape(val.scenario)}</h1>",
-             f"<p>Simulated variant: {html.escape(val.variant)}. Latencies in seconds; error = (simulated - "
-             "measured) / measured.</p>"]
+             f"<p>Simulated variant: {html.escape(val.variant)}. Latencies in ms, as vLLM's files and the terminal "
+             "give them (validation.json keeps seconds); error = (simulated - measured) / measured.</p>"]
     fig = _sweep_figure(val)
     if fig is not None:
         parts.append(pio.to_html(fig, include_plotlyjs=True, full_html=False, div_id="fig-sweep",
@@ -442,14 +450,16 @@ def build_page(val: BenchValidation) -> str:
                      "<th>80% interval</th></tr>")
         for k, m in f.metrics.items():
             e = m["error"]
+            x, unit = _unit(k)
             bad = ' class="bad"' if e is not None and abs(e) > 0.1 else ""
             iv = ""
             if "interval_80" in m:
                 lo, hi = m["interval_80"]
                 outside = "" if m["inside_80"] else ' class="bad"'
-                iv = f"<span{outside}>{lo:.6g}-{hi:.6g}</span>"
-            parts.append(f"<tr><td>{html.escape(k)}</td><td>{m['measured']:.6g}</td><td>{m['simulated']:.6g}</td>"
-                         f"<td{bad}>{html.escape(error_text(m['measured'], m['simulated'], e))}</td><td>{iv}</td></tr>")
+                iv = f"<span{outside}>{lo * x:.6g}-{hi * x:.6g}</span>"
+            parts.append(f"<tr><td>{html.escape(_labelled(k))}</td><td>{m['measured'] * x:.6g}</td>"
+                         f"<td>{m['simulated'] * x:.6g}</td><td{bad}>"
+                         f"{html.escape(error_text(m['measured'], m['simulated'], e, x, unit))}</td><td>{iv}</td></tr>")
         parts.append("</table>")
         for title_, items in (("Skipped", f.skipped), ("Assumed", f.notes)):
             if items:
