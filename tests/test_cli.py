@@ -669,6 +669,10 @@ def test_a_gpu_option_that_names_no_gpu_is_refused_with_the_presets() -> None:
                 f"give --set {place} with one of {', '.join(GPU_PRESETS)}") in text, res.output
     res = CliRunner().invoke(app, ["engine", "run", scenario, "--gpu", "H100"])  # an alias: the hint as it was
     assert res.exit_code == 2 and "give --set deployment.gpu=H100" in " ".join(res.output.split()), res.output
+    # nvidia-smi's name, which the scenario's deployment.gpu answers with its preset (b6826fd): --gpu did not
+    res = CliRunner().invoke(app, ["engine", "run", scenario, "--gpu", "NVIDIA H100 80GB HBM3"])
+    assert res.exit_code == 2 and "the preset for 'NVIDIA H100 80GB HBM3' is 'h100-sxm'" in " ".join(
+        res.output.split()), res.output
 
 
 @pytest.mark.parametrize(("option", "line"), [

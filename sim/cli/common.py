@@ -72,14 +72,15 @@ def _check_gpus(option: str, value: str, place: str, ctx: Any) -> None:
     """``--gpu X`` is answered with the --set that sets the GPU: refused here, naming the presets, where X is none
     (``engine run --gpu h100x`` was told to give --set deployment.gpu=h100x, a second try bound to fail)."""
     from sim.hardware.gpu import GPU_PRESETS, GPUSpec
+    from sim.hardware.names import preset_hint
 
     for name in value.strip("[]").split(","):
         try:
             GPUSpec.from_name(name)
-        except ValueError:
+        except ValueError:  # and the preset nvidia-smi's name is, as the scenario's deployment.gpu says it
             raise UsageError(f"No such option: {option}; it is the scenario's {place}, and {name.strip()!r} is no GPU "
                              f"preset: give --set {place}={'[NAME]' if value.startswith('[') else 'NAME'} with one of "
-                             f"{', '.join(GPU_PRESETS)}", ctx) from None
+                             f"{', '.join(GPU_PRESETS)}{preset_hint(name.strip(), 'gpu')}", ctx) from None
 
 
 def _no_variant_option(ctx: Any) -> str:
