@@ -5,9 +5,10 @@ from __future__ import annotations
 import copy
 
 import pytest
+from pydantic import BaseModel
 
 from sim.config.scenario import parse_scenario
-from sim.config.scenario_messages import closest_key
+from sim.config.scenario_messages import closest_key, closest_keys, either, unknown_key_hint
 from sim.config.schema import ScenarioError
 
 BASE = {
@@ -189,3 +190,19 @@ def test_a_set_key_in_the_wrong_section_names_the_section_that_has_it(key: str, 
     with pytest.raises(ScenarioError) as e:
         parse_scenario({**copy.deepcopy(BASE), "sweep": {"deployment.max_num_seqs": [8, 16]}}, source="s.yaml")
     assert "did you mean policy.max_num_seqs?" in str(e.value), str(e.value)
+
+
+def test_equally_close_keys_are_all_named():
+    """``top_`` is as close to ``top_k`` as to ``top_p``: the hint named top_p alone (difflib's pick on a tie, the
+    larger string), a guess that reads as an answer."""
+
+    class Sampling(BaseModel):
+        top_k: int = 0
+        top_p: float = 1.0
+        temperature: float = 1.0
+
+    assert closest_keys("top_", ["temperature", "top_k", "top_p"]) == ["top_k", "top_p"]
+    assert closest_key("top_", ["top_p", "top_k"]) == "top_p"  # one key where one is needed: the first given
+    assert unknown_key_hint(Sampling, ("top_",)) == "; did you mean top_k or top_p?"
+    assert unknown_key_hint(Sampling, ("top_pp",)) == "; did you mean top_p?"  # no tie: one
+    assert either(["a", "b", "c"]) == "a, b or c"

@@ -83,8 +83,8 @@ def _reason(e: ErrorDetails) -> str:
         return "expected " + _EXPECTED[kind]
     if kind == "union_tag_invalid":  # the closest kind first, as a misspelt key gets it
         tag, expected = str(e["ctx"]["tag"]), str(e["ctx"]["expected_tags"])
-        close = closest_key(tag, re.findall(r"'([^']*)'", expected))
-        return f"unknown type {tag}; {f'did you mean {close}? ' if close else ''}expected one of {expected}"
+        close = closest_keys(tag, re.findall(r"'([^']*)'", expected))
+        return f"unknown type {tag}; {f'did you mean {either(close)}? ' if close else ''}expected one of {expected}"
     msg = e["msg"].removeprefix("Value error, ")
     return "must be " + msg.removeprefix("Input should be ") if msg.startswith("Input should be ") else msg
 
@@ -126,7 +126,20 @@ def _acronym(name: str) -> str:
 
 def closest_key(unknown: str, known: list[str]) -> str | None:
     """The known key a misspelt or abbreviated one most likely meant: ``tp`` -> ``tensor_parallel_size`` (the
-    initials of its words, as vLLM's users abbreviate them), ``max_num_seq`` -> ``max_num_seqs`` (spelling)."""
+    initials of its words, as vLLM's users abbreviate them), ``max_num_seq`` -> ``max_num_seqs`` (spelling). The
+    first in ``known``'s order of several equally close; a hint names them all (``closest_keys``)."""
+    keys = closest_keys(unknown, known)
+    return keys[0] if keys else None
+
+
+def either(keys: list[str]) -> str:
+    """``a``, ``a or b``, ``a, b or c``: equally close keys as a hint names them."""
+    return " or ".join(filter(None, (", ".join(keys[:-1]), keys[-1])))
+
+
+def closest_keys(unknown: str, known: list[str]) -> list[str]:
+    """Every known key as close to ``unknown`` as ``closest_key``'s, in ``known``'s order: ``top_`` is as close to
+    ``top_k`` as to ``top_p``, and naming one of them (difflib's pick on a tie, the larger string) was a guess."""
     key = unknown.lower()
     words = key.split("_")
     for rule in (
@@ -139,9 +152,10 @@ def closest_key(unknown: str, known: list[str]) -> str | None:
         hits = sorted((k for k in known if rule(k)), key=len)
         # the shortest when several share the initials: tensor_parallel_size before the plan's _sizes
         if hits and (len(hits) == 1 or len(hits[0]) < len(hits[1])):
-            return hits[0]
-    close = difflib.get_close_matches(key, known, n=1, cutoff=0.75)
-    return close[0] if close else None
+            return hits[:1]
+    ratio = {k: difflib.SequenceMatcher(None, k, key).ratio() for k in known}
+    best = max(ratio.values(), default=0.0)
+    return [k for k in known if ratio[k] == best] if best >= 0.75 else []
 
 
 def _schema_keys(model: type[BaseModel], item: str = "") -> dict[str, str]:
@@ -219,7 +233,8 @@ def unknown_key_hint(model: type[BaseModel] | None, loc: tuple[Any, ...]) -> str
         where = _schema_keys(model).get(other)
         if where is not None:
             return f"; did you mean {other} ({source}; a key of {where or 'the top level'})?"
-    best = closest_key(loc[-1], here)
+    close = closest_keys(loc[-1], here)
+    best = close[0] if close else None
     if best is None and any({"cls", "args"} <= m.model_fields.keys() for m in models):
         # a user's class: its own parameter written beside cls, where the constructor never sees it
         return f"; your class's constructor arguments go under args: {{args: {{{loc[-1]}: ...}}}}"
@@ -227,13 +242,11 @@ def unknown_key_hint(model: type[BaseModel] | None, loc: tuple[Any, ...]) -> str
         kind = f" {loc[-2]!r}" if len(loc) > 1 and isinstance(loc[-2], str) else ""
         return f"; other kinds of this section have it, the kind{kind} not"
     if best is not None:
-        return f"; did you mean {best}?"
+        return f"; did you mean {either(close)}?"
     everywhere = _schema_keys(model)
-    best = closest_key(loc[-1], sorted(everywhere))
-    if best is None:
-        return ""
-    where = everywhere[best]
-    return f"; did you mean {best}" + (f" (a key of {where})?" if where else "?")
+    close = [k + (f" (a key of {everywhere[k]})" if everywhere[k] else "")
+             for k in closest_keys(loc[-1], sorted(everywhere))]
+    return f"; did you mean {either(close)}?" if close else ""
 
 
 def _same_in_variants(found: list[tuple[str, str]], raw: Any) -> list[tuple[str, str]]:

@@ -38,7 +38,7 @@ from sim.config.deployment import FittedCost as FittedCost
 from sim.config.errors import ScenarioError as ScenarioError  # re-exported: where every caller finds it
 from sim.config.host_kv_config import HostCacheConfig
 from sim.config.input_model import Float, InputModel, Int
-from sim.config.scenario_messages import OTHER_NAMES, all_keys, closest_key, key_section
+from sim.config.scenario_messages import OTHER_NAMES, all_keys, closest_key, closest_keys, either, key_section
 from sim.engines.costs import omit_when_unset
 from sim.hardware.gpu import GPUSpec
 from sim.loop.disagg.config import DisaggConfig, PlanDisaggConfig
@@ -477,11 +477,10 @@ def _set_key_hint(part: str, fields: list[str], done: str, root: Any, scope: str
     (``unknown_key_hint``: initials, vllm bench's option names), written as a dotted key: ``--set deployment.tp``
     was told the section's eighteen keys where the file's ``tp`` got "did you mean tensor_parallel_size"."""
     other, source = OTHER_NAMES.get(part.lower(), ("", ""))
-    close = other if other in fields else closest_key(part, fields) or next(
-        iter(difflib.get_close_matches(part, fields, n=1)), None)
-    if close is not None:
-        note = f" ({source})" if close == other else ""
-        return f"; did you mean {(done + '.' if done else '') + close}{note}?"
+    close = [other] if other in fields else closest_keys(part, fields) or difflib.get_close_matches(part, fields, n=1)
+    if close:
+        note = f" ({source})" if close == [other] else ""
+        return f"; did you mean {either([(done + '.' if done else '') + k for k in close])}{note}?"
     # elsewhere in the scenario: the very key first, else the closest; a section's own key, not one deep inside
     key: str | None = None
     if models_of(root):
