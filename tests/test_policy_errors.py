@@ -162,6 +162,10 @@ CASES = [
     # vLLM's name for a request's field: Python's bare "'RequestView' object has no attribute 'arrival_time'"
     ("bad_policies.py:RanksByVllmName", "", "RanksByVllmName: schedule(view) at t=0.029018 s raised AttributeError: "
      "'RequestView' object has no attribute 'arrival_time'; did you mean 'arrival'?"),
+    # plan.schedule for a swapped request: the core said only "which is swapped"
+    ("bad_policies.py:SchedulesSwapped", "", "SchedulesSwapped at t=0.053645 s: plan schedules request 1, which is "
+     "swapped (a swapped request comes back with plan.swap_in(req, n), reserved by budget.swap_in(req) and "
+     "budget.allocate(req, n))"),
     # a key of the built-in kinds that a user's class does not take (it was told "did you mean" the same key)
     ("sim.policies.queue:FCFSPolicy", ", enable_chunked_prefill: false",
      "enable_chunked_prefill: unknown key; other kinds of this section have it, the kind 'custom' not"),

@@ -595,7 +595,9 @@ class ServingCore:
                 except BlockError as e:
                     raise PlanError(f"plan grows request {r.id} past the free KV: {e}") from e
             else:
-                raise PlanError(f"plan schedules request {r.id}, which is {st.value}")
+                back = " (a swapped request comes back with plan.swap_in(req, n), reserved by budget.swap_in(req) " \
+                    "and budget.allocate(req, n))" if st.value == "swapped" else ""
+                raise PlanError(f"plan schedules request {r.id}, which is {st.value}{back}")
             c = r.num_computed_tokens
             if n < 1 or c + n > r.prompt_len + r.num_output_tokens:
                 raise PlanError(f"plan computes {n} tokens of request {r.id}, which has {r.num_remaining} left")

@@ -445,3 +445,24 @@ class RanksByVllmName(servesim.QueuePolicy):
 
     def rank(self, req):
         return (req.arrival_time, req.id)
+
+
+class SchedulesSwapped(servesim.Policy):
+    """Swaps the latest running request out, then plans it with plan.schedule, not plan.swap_in."""
+
+    def schedule(self, view):
+        plan = servesim.Plan()
+        budget = view.kv.budget()
+        if view.swapped:
+            plan.schedule(view.swapped[0], 1)
+            return plan
+        if len(view.running) >= 2:
+            budget.swap_out(view.running[-1])
+            plan.preempt(view.running[-1], mode="swap")
+        for r in view.running[:-1] if plan.preempted else view.running:
+            if budget.allocate(r, 1):
+                plan.schedule(r, 1)
+        for r in view.waiting[:1]:
+            if not plan.preempted and budget.allocate(r, r.num_remaining):
+                plan.schedule(r, r.num_remaining)
+        return plan
