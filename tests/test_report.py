@@ -648,3 +648,16 @@ def test_summary_units_cover_the_optional_sections():
         assert key in SUMMARY_UNITS, key
     assert SUMMARY_UNITS["anomalies.starvation"].startswith("s ")
     assert SUMMARY_UNITS["anomalies.service_over_time.t"] == SUMMARY_UNITS["spec_decode.draft_seconds"] == "s"
+
+
+def test_every_variant_of_a_fifteen_run_sweep_has_its_own_colour():
+    """lesson-speculative-decoding runs 3 variants at 5 loads: with plotly's 10 colours cycling, the 11th to 15th
+    runs' CDF curves took the 1st to 5th runs' colours (draft-k4-off-under-load at 256 users read as no-spec at 1)."""
+    from sim.output.report import fig_latency_cdfs
+
+    scenario, raw = load_scenario(find_scenario("lesson-speculative-decoding"), {"workload.num_requests": 6})
+    results = run_scenario(scenario, raw).results
+    fig = fig_latency_cdfs(results)
+    curves = {t.name: t.line.color for t in fig.data if t.mode == "lines" and t.xaxis == "x"}
+    assert len(curves) == len(results) == 15
+    assert len(set(curves.values())) == 15, curves

@@ -37,7 +37,9 @@ TEMPLATE = go.layout.Template(
         margin=dict(l=70, r=30, t=TOP_MARGIN, b=50),
     )
 )
-COLORS = qualitative.Plotly
+# plotly's 10, then Dark24's 24 (none of them close to the first 10): a sweep of 3 variants at 5 loads gave its 11th
+# to 15th runs the 1st to 5th runs' colours
+COLORS = qualitative.Plotly + qualitative.Dark24
 LEGEND_ROW_PX = 22  # one row of a horizontal legend
 LEGEND_PER_ROW = 3  # entries a row is assumed to hold (long variant names on a narrow page: fewer than fit at 1400 px)
 
