@@ -20,6 +20,7 @@ from sim.costs.energy import MEMORY_POWER_SHARE, PowerModel, clock_share, run_en
 from sim.costs.energy_time import power_over_time
 from sim.hardware.gpu import GPUSpec
 from sim.metrics.records import RequestRecord, RunResult
+from sim.metrics.summary import bottleneck
 from tests.conftest import servesim as servesim_cli
 
 
@@ -248,6 +249,11 @@ def test_a_profile_measured_on_a_cpu_has_no_gpu_energy(tmp_path: Path) -> None:
         sc["deployment"].update(model="tiny", gpu="h200", cost_model={"type": "fitted", "profile": str(profile)})
         _, s = _one(sc)
         assert (s["energy"] is not None) is modelled, profile
+        # and it says CPU where a CPU timed the steps: the table read "GPU busy", the verdict "GPU-bound", the
+        # report "GPU memory" with the scenario GPU's whole memory drawn over the CPU's steps
+        assert s.get("device") == (None if modelled else "cpu"), profile
+        device = "GPU" if modelled else "CPU"
+        assert bottleneck(s).startswith(f"{device}-bound: MFU unknown, {device} busy"), profile
 
 
 def test_exports_carry_the_energy() -> None:

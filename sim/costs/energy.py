@@ -106,6 +106,21 @@ class PowerModel:
                 "power_limit_w": self.limit_w, "busy_from": "roofline" if self.roofline is not None else "flops"}
 
 
+def measured_on_cpu(cost: Any) -> bool:
+    """Whether ``cost`` times its steps from a profile measured on a CPU (`servesim calibrate --device cpu`), also
+    as a speculative decoder's target or a pipeline's inner model."""
+    inner = getattr(cost, "target", cost)
+    inner = inner.inner if isinstance(inner, PipelineCostModel) else inner
+    return isinstance(inner, FittedCostModel) and inner.device.lower().startswith("cpu")
+
+
+def cpu_device(_result: Any) -> str:
+    """The summary's ``device`` of a run whose steps a CPU profile timed (a RunResult.summary_sections entry: a
+    module-level function, so the result still pickles): the table, verdict and report then say CPU, as for an
+    engine run on a CPU."""
+    return "cpu"
+
+
 def power_model_of(gpu: GPUSpec, cost: Any, gpus: int, limit_w: float | None) -> PowerModel | None:
     """A replica's power model: ``gpu``'s figures, ``gpus`` of them, capped at ``limit_w`` (None: the TDP), busy
     shares from ``cost``'s roofline when it is the analytic model (or a speculative decoder's target); None when the
@@ -116,7 +131,7 @@ def power_model_of(gpu: GPUSpec, cost: Any, gpus: int, limit_w: float | None) ->
     pipeline = inner if isinstance(inner, PipelineCostModel) else None
     if pipeline is not None:
         inner = pipeline.inner  # the whole model on one stage group: a micro-batch's roofline
-    if isinstance(inner, FittedCostModel) and inner.device.lower().startswith("cpu"):
+    if measured_on_cpu(cost):
         return None  # steps measured on a CPU (`servesim calibrate --device cpu`): no GPU drew power for them
     roofline = inner if isinstance(inner, AnalyticCostModel) else None
     return PowerModel(gpu.idle_w, gpu.tdp_w, gpu.tdp_w if limit_w is None else min(limit_w, gpu.tdp_w), gpus,

@@ -16,7 +16,7 @@ from sim.config.scenario import VariantConfig, apply_point, slos_of, sweep_point
 from sim.config.schema import Scenario, ScenarioError
 from sim.costs import online
 from sim.costs.analytic import AnalyticCostModel
-from sim.costs.energy import EnergyStore, energy_kept, power_model_of
+from sim.costs.energy import EnergyStore, cpu_device, energy_kept, measured_on_cpu, power_model_of
 from sim.loop.autoscaler import AutoscalerConfig
 from sim.loop.build import build
 from sim.loop.results import result_of, seeded_global_rngs
@@ -166,7 +166,15 @@ def _simulate_variant(
     if core.spec is not None and cfg.deployment.speculative is not None:
         result.spec_decode = summary_inputs([core.spec], [cost], cfg.deployment.speculative)
     result.power = power_model_of(built.gpu, cost, gpus, cfg.deployment.power_limit_w)
+    _say_cpu(result, cost)
     return result, sim.requests, core
+
+
+def _say_cpu(result: RunResult, cost: Any) -> None:
+    """A run on a CPU profile says so in its summary (``device: cpu``): its table and verdict read "GPU busy" and
+    "GPU-bound" for steps a CPU timed, and its report drew the scenario's GPU memory over them."""
+    if measured_on_cpu(cost):
+        result.summary_sections = {**(result.summary_sections or {}), "device": cpu_device}
 
 
 def spec_decoder(cfg: VariantConfig) -> SpecDecoder | None:
@@ -224,6 +232,7 @@ def _simulate_cluster(cfg, workload, *, name, keep_token_times, fast_path, progr
         result.spec_decode = summary_inputs([r.core.spec for r in sim.replicas if r.core.spec is not None], costs,
                                             cfg.deployment.speculative)
     result.power = power_model_of(built.gpu, costs[0], tp, cfg.deployment.power_limit_w)
+    _say_cpu(result, costs[0])
     return result, sim.requests, sim.replicas[0].core
 
 

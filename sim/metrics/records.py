@@ -10,7 +10,7 @@ import struct
 from array import array
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -442,7 +442,7 @@ class RunResult:
     # summary blocks other layers contribute, key -> function of this result, appended after the built-in ones in
     # this order (sim.metrics.summary.summarize): the metrics layer need not know them. Module-level functions, so that
     # a result still pickles (sweeps). Prefill/decode pools add "disaggregation" (sim/loop/disagg/pools.py).
-    summary_sections: dict[str, Callable[[RunResult], dict]] | None = None
+    summary_sections: dict[str, Callable[[RunResult], Any]] | None = None
     # the replica's power figures (sim/costs/energy.py, power_model_of); None: not modelled (a GPU without them, a
     # calibration profile measured on a CPU, an engine's run, a disaggregated variant's pools)
     power: PowerModel | None = None
