@@ -4,6 +4,7 @@ run folder is written."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -301,6 +302,13 @@ def test_check_mode_names_the_first_step_a_wrong_declaration_changes(tmp_path: P
     p = _check(tmp_path, "bad_policies.py:ClockReader")
     assert p.returncode == 1, p.stdout + p.stderr
     assert "DIFFERS: step " in p.stdout and "depends_on misses" in p.stdout
+    # the two values in as few digits as tell them apart, as docs/write-a-policy.md shows them (not 17 of each)
+    from sim.policies.check import _apart
+
+    assert re.search(r" is [0-9.e-]{1,8} with the fast path, [0-9.e-]{1,8} stepping one by one", p.stdout), p.stdout
+    assert _apart(0.03793607946479316, 0.025680997314422527) == ("0.03794", "0.02568")
+    assert _apart(0.0119000001, 0.0119000002) == ("0.0119000001", "0.0119000002")
+    assert _apart(3, 4) == ("3", "4") and _apart(0.5, "no step") == ("0.5", "no step")
 
 
 def test_check_mode_passes_a_correct_declaration(tmp_path: Path) -> None:
