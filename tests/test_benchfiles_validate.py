@@ -150,6 +150,21 @@ def test_malformed_files_raise_one_message_naming_file_and_field(tmp_path: Path)
         validate_against(SCENARIO, [bad])
 
 
+
+def test_a_vllm_file_whose_every_figure_is_unreadable_names_them(tmp_path: Path) -> None:
+    """A file whose only aggregate is a string (a hand-edited or re-serialised result: "mean_ttft_ms": "71.2") ended
+    with "no metrics: neither *_ms aggregates nor detailed per-request lists readable", naming neither the field nor
+    why; the reasons were in the skipped list that never printed."""
+    bad = tmp_path / "v.json"
+    bad.write_text(json.dumps({"backend": "vllm", "completed": 5, "mean_ttft_ms": "71.2", "duration": -1,
+                               "request_goodput": 2.0}))
+    with pytest.raises(BenchFileError) as e:
+        validate_against(SCENARIO, [bad])
+    assert str(e.value) == (f"{bad}: no metrics: neither *_ms aggregates nor detailed per-request lists readable "
+                            "(duration: not a positive number; mean_ttft_ms: not a non-negative number; input_lens: "
+                            "absent (saved without --save-detailed), and completed, total_input_tokens and "
+                            "total_output_tokens not all there: the lengths are unknown)")
+
 def test_the_table_gives_latencies_in_ms_as_the_file_does(run_folder: Path) -> None:
     # Before: `mean_ttft measured 0.0711552  simulated 0.0711552` beside a file that says mean_ttft_ms 71.16, no unit
     data = json.loads((run_folder / "cb.vllm-bench.json").read_text())

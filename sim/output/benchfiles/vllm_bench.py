@@ -105,8 +105,10 @@ def read_vllm_bench(path: str | Path, data: Any = None) -> BenchRun:
     _read_detailed(p, data, run)
     if "input_lens" not in data:
         _mean_lengths(p, data, run)
-    if not run.aggregates and not run.input_lens:
-        raise BenchFileError(f"{p}: no metrics: neither *_ms aggregates nor detailed per-request lists readable")
+    if not run.aggregates and not run.input_lens:  # say which fields were there and why none could be read
+        unread = [w for s in run.skipped if (w := s.removeprefix(f"{p}: ")).split(":", 1)[0] not in UNCOMPARED]
+        raise BenchFileError(f"{p}: no metrics: neither *_ms aggregates nor detailed per-request lists readable"
+                             + (f" ({'; '.join(unread)})" if unread else ""))
     return run
 
 
