@@ -57,6 +57,10 @@ def _error(change) -> str:
          "a key of workload.arrival)?"),
         (lambda r: r["workload"].update(num_prompts=8),
          "s.yaml: workload.num_prompts: unknown key; did you mean num_requests (vllm bench's --num-prompts)?"),
+        # --burstiness is the gaps' gamma shape, where servesim's gamma takes their cv (it was told nothing)
+        (lambda r: r["workload"].update(arrival={"type": "gamma", "rate": 2.0, "burstiness": 0.5}),
+         "s.yaml: workload.arrival.burstiness: unknown key; did you mean cv (vllm bench's --burstiness B, the gaps' "
+         "gamma shape: cv = 1/sqrt(B))?"),
         # vLLM's engine arguments: --dtype is the weights' (it was told kv_dtype, the KV cache's), --kv-cache-dtype
         (lambda r: r["deployment"].update(dtype="bfloat16"),
          "s.yaml: deployment.dtype: unknown key; did you mean weight_dtype (vLLM's --dtype)?"),

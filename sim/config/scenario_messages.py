@@ -200,6 +200,7 @@ OTHER_NAMES: dict[str, tuple[str, str]] = {
     "max_concurrency": ("num_users", "vllm bench's --max-concurrency"),
     "num_prompts": ("num_requests", "vllm bench's --num-prompts"),
     "request_rate": ("rate", "vllm bench's --request-rate"),
+    "burstiness": ("cv", "vllm bench's --burstiness B, the gaps' gamma shape: cv = 1/sqrt(B)"),
     # vLLM's engine arguments whose servesim key is named otherwise: deployment.dtype was told "did you mean
     # deployment.kv_dtype?", the KV cache's dtype, where vLLM's --dtype is the weights'
     "dtype": ("weight_dtype", "vLLM's --dtype"),
