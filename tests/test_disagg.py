@@ -168,6 +168,29 @@ def test_the_same_bad_pool_value_in_two_variants_is_one_error() -> None:
         "lesson.yaml: variants.2.disaggregation.prefill.replicas: must be greater than or equal to 1 (got -1)"]
 
 
+def test_the_same_bad_value_at_the_top_and_in_variants_is_one_error() -> None:
+    """A sweep of cluster.router sets the top-level cluster and the colocated variants' own: a misspelt router
+    printed the same message twice, once for the top level and once for variants 0 and 3, which read as two
+    problems (and `serve --policy fcfss` likewise for policy.type). One line now names the top-level key and the
+    variants that share the mistake."""
+    import yaml
+
+    raw = yaml.safe_load((ROOT / "scenarios" / "lesson-disaggregation.yaml").read_text())
+    raw["cluster"] = {"replicas": 1, "router": "leastkv"}
+    for i in (0, 3):
+        raw["variants"][i]["cluster"]["router"] = "leastkv"
+    with pytest.raises(ScenarioError) as e:
+        parse_scenario(raw, "lesson.yaml")
+    (line,) = str(e.value).splitlines()
+    assert line.startswith("lesson.yaml: cluster.router (and in variants 0 and 3 (colocated, colocated-chunked)): "
+                           "not a router's name; did you mean least_kv?"), line
+    raw["variants"][0]["cluster"]["router"] = "round_robin"  # one variant: named alone
+    with pytest.raises(ScenarioError) as e:
+        parse_scenario(raw, "lesson.yaml")
+    (line,) = str(e.value).splitlines()
+    assert line.startswith("lesson.yaml: cluster.router (and in variant 3 (colocated-chunked)): not a router's"), line
+
+
 @pytest.mark.parametrize("gbps", [1e-300, 1e-4, 0.0])
 def test_a_kv_link_slower_than_1_mb_s_is_refused(gbps: float) -> None:
     # Before: bandwidth_gbps 1e-300 ran (exit 0) with transfers of 2.7e300 s, past which every decode step was

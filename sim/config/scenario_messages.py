@@ -265,18 +265,31 @@ def _same_in_variants(found: list[tuple[str, str]], raw: Any) -> list[tuple[str,
             at.setdefault((key, reason), []).append(i)
     variants = raw.get("variants") if isinstance(raw, dict) else None
     names = [v.get("name") if isinstance(v, dict) else None for v in variants or []]
+    # the same mistake at the top level too (`serve --policy fcfss`, a swept cluster.router set in the top-level
+    # section and in the variants'): one line for the top-level key naming the variants, where two said it twice
+    top = {(loc, reason) for loc, reason in found if split(loc)[1] is None}
     merged: list[tuple[str, str]] = []
     for loc, reason in found:
         key, i = split(loc)
         idx = at.get((key, reason), []) if i is not None else []
-        if len(idx) < 2:
+        if i is None and (loc, reason) in at:
+            merged.append((f"{loc} (and in {_variants_text(at[(loc, reason)], names)})", reason))
+        elif i is not None and (key, reason) in top:
+            continue
+        elif len(idx) < 2:
             merged.append((loc, reason))
         elif i == idx[0]:
-            which = ", ".join(str(j) for j in idx[:-1]) + f" and {idx[-1]}"
-            named = [str(names[j]) for j in idx if j < len(names) and names[j] is not None]
-            which += f" ({', '.join(named)})" if len(named) == len(idx) else ""
-            merged.append((f"variants {which}: {key}", reason))
+            merged.append((f"{_variants_text(idx, names)}: {key}", reason))
     return merged
+
+
+def _variants_text(idx: list[int], names: list[Any]) -> str:
+    """``variant 1 (2P2D)`` or ``variants 0 and 3 (colocated, colocated-chunked)``: the variants by index, with
+    their names where every one has a name."""
+    which = str(idx[0]) if len(idx) == 1 else ", ".join(str(j) for j in idx[:-1]) + f" and {idx[-1]}"
+    named = [str(names[j]) for j in idx if j < len(names) and names[j] is not None]
+    which += f" ({', '.join(named)})" if len(named) == len(idx) else ""
+    return f"variant{'s' if len(idx) > 1 else ''} {which}"
 
 
 def format_validation(
