@@ -27,6 +27,7 @@ from sim.studies.teach.knobs import (
     scenario_dict,
     simulate,
 )
+from tests.conftest import servesim
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -107,14 +108,12 @@ def test_bad_knob_gets_the_cli_message(tmp_path, knob, value, key, cli_value):
         prepare({**k, knob: value})
     page_msg = str(page.value)
     assert page_msg.startswith(f"{SOURCE}: {key}: "), page_msg
-    # the same scenario as a file, the bad value given with --set on the command line
+    # the same scenario as a file, the bad value given with --set on the command line (run in this process:
+    # tests/conftest.py's servesim() gives the exit status and stderr a process gives, a traceback included)
     f = tmp_path / "teach.yaml"
     f.write_text(yaml.safe_dump(raw))
-    cli = subprocess.run(
-        [sys.executable, "-m", "sim.cli.main", "run", str(f), "--out", str(tmp_path / "out"), "-q",
-         "--set", f"{key}={cli_value}"],
-        capture_output=True, text=True, timeout=120, cwd=ROOT,
-    )
+    cli = servesim("run", str(f), "--out", str(tmp_path / "out"), "-q", "--set", f"{key}={cli_value}", cwd=ROOT,
+                   timeout=120)
     assert cli.returncode == 2, cli.stderr
     assert "Traceback" not in cli.stderr
     cli_msg = cli.stderr.strip().splitlines()[-1]
@@ -241,7 +240,7 @@ def _teach(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_teach_refuses_a_bad_port():
-    res = _teach("--port", "0")
+    res = servesim("teach", "--port", "0", cwd=ROOT, timeout=120)  # refused before anything listens
     assert res.returncode == 2 and res.stderr.strip() == "error: --port must be in 1..65535, got 0"
 
 
