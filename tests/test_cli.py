@@ -623,6 +623,22 @@ def test_variant_is_answered_as_the_scenarios_variants_not_a_nested_key(command:
     assert f"python -m sim.cli {' '.join(command)} {what}" in " ".join(res.output.split()), res.output
 
 
+@pytest.mark.parametrize(("command", "how"), [
+    (["run"], "give the scenario a sweep section, --set 'sweep={policy.max_num_seqs: [8,16]}'"),
+    (["check-policy"], "it runs one point: --set policy.max_num_seqs=8"),
+    (["engine", "run"], "it runs one point: --set policy.max_num_seqs=8"),
+])
+def test_sweep_as_an_option_points_to_what_the_command_takes(command: list[str], how: str) -> None:
+    """`servesim run s.yaml --sweep policy.max_num_seqs=8,16` (servesim sweep's option) was told 'give --set
+    sweep=policy.max_num_seqs=8,16', which sets the section to that text and is refused ('expected a mapping');
+    check-policy and engine run refuse a sweep section altogether."""
+    scenario = str(ROOT / "scenarios" / "naive-vs-continuous.yaml")
+    res = CliRunner().invoke(app, [*command, scenario, "--sweep", "policy.max_num_seqs=8,16"])
+    text = " ".join(res.output.split())
+    assert res.exit_code == 2 and "--set sweep=" not in text, res.output
+    assert f"{' '.join(command)} has no --sweep (servesim sweep takes it): {how}" in text, res.output
+
+
 def test_the_engines_time_scale_says_which_clock_it_is_on() -> None:
     # `engine run` and `validate` run the engine on its virtual clock, which skips idle gaps and counts only the
     # steps' measured time; --time-scale's help said "a * X wall seconds", so a user expected a wall-paced replay

@@ -40,6 +40,15 @@ class ScenarioKeyOptions(TyperCommand):
                 raise  # no scenario here, or a longer or shorter spelling of the command's own (--output: --out)
             if e.option_name == "--variant":  # the scenario's variants, which some commands pick from; it was
                 raise UsageError(_no_variant_option(ctx), ctx) from None  # deployment.speculative.acceptance.variant
+            if e.option_name == "--sweep":  # servesim sweep's; it was told 'give --set sweep=KEY=V1,V2', which
+                # sets the section to that text and is refused ("expected a mapping")
+                value = next((given[i + 1] for i, a in enumerate(given[:-1]) if a == "--sweep"), "KEY=V1,V2")
+                key, _, values = value.partition("=")
+                how = f"give the scenario a sweep section, --set 'sweep={{{key}: [{values}]}}'" \
+                    if ctx.command_path.split()[1:] == ["run"] else \
+                    f"it runs one point: --set {key}={values.split(',')[0]}"
+                raise UsageError(f"No such option: --sweep; {ctx.command_path} has no --sweep (servesim sweep takes "
+                                 f"it): {how}", ctx) from None
             from sim.config.scenario_messages import key_place
             from sim.config.schema import Scenario
 
