@@ -443,3 +443,61 @@ def test_opt_keeps_its_embeddings_projections_and_lm_head_on_every_stage_as_vllm
         s = st.shard(1)
         assert s.body_matmul_params == 8 * s.layer_matmul_params + proj
         assert s.embedding_params == small.shard(1).embedding_params
+
+
+def test_a_stage_of_dense_layers_and_a_stage_of_moe_layers_are_each_timed_as_what_they_hold() -> None:
+    """DeepSeek's first_k_dense_replace dense layers lie on the first stages (stage_models, 8bb72eb), but the round
+    split the whole model's work by layer count, so a stage of dense MLPs was timed like a stage of MoE layers. Here
+    two layers, the first dense and the second MoE, over two stages: each stage's time is the analytic time of a
+    one-layer model of its own kind (the dense one with DeepSeek's dense MLP, no LM head; the MoE one with the head),
+    where before each was half of the two layers' work."""
+    ds = dataclasses.replace(resolve_model("deepseek-v3"), num_layers=2, first_k_dense_replace=1)
+    inner = AnalyticCostModel(ds, H100, weight_dtype="fp8")
+    pp = wrap_pipeline(inner, ds, H100, pipeline_parallel_size=2, weight_dtype="fp8")
+    assert isinstance(pp, PipelineCostModel) and len(pp.stages) == 2
+    dense = AnalyticCostModel(dataclasses.replace(ds, num_layers=1, num_experts=0, num_experts_per_tok=0,
+                                                  n_shared_experts=0, first_k_dense_replace=0), H100, weight_dtype="fp8")
+    moe = AnalyticCostModel(dataclasses.replace(ds, num_layers=1, first_k_dense_replace=0), H100, weight_dtype="fp8")
+    rows = 64  # two micro-batches of 32 decode rows, 1,000 tokens of context each
+    mb = StepShape(32, 32, 32, 32 * 1000, 32 * 1000)
+    over = inner.step_overhead + 32 * inner.per_request_overhead
+    head = inner.lm_head_time(32)
+    # the dense stage (first: no LM head) and the MoE stage (last: the LM head and the sampler)
+    t_dense = dense.step_time(mb) - over - dense.lm_head_time(32)
+    t_moe = moe.step_time(mb) - over - moe.lm_head_time(32) + head
+    assert t_moe > 3 * t_dense  # 32 tokens touch ~31 of 256 experts, each a third of the dense MLP's width (18432)
+    hop = pp.hop_time(32)
+    expect = inner.step_overhead + rows * inner.per_request_overhead + max(t_dense + t_moe + hop, 2 * max(t_dense, t_moe))
+    assert pp.step_time(StepShape(rows, rows, rows, rows * 1000, rows * 1000)) == pytest.approx(expect, rel=1e-12)
+    # a model without dense layers keeps the layers' shares (byte-identical rounds)
+    assert wrap_pipeline(AnalyticCostModel(M70, H100), M70, H100, pipeline_parallel_size=4).stages == ()
+
+
+def test_opts_project_in_is_timed_on_the_first_stage_and_project_out_on_the_last() -> None:
+    """vLLM's OPTDecoder builds project_in/out on every rank but computes project_in on the first only and
+    project_out on the last only; the round split the whole model's work by layer count, both projections spread
+    over the stages. OPT-350M (512 <-> 1024) over 3 stages of 8 layers: at one decode row (weights read, memory
+    bound) the first stage takes one 512 x 1024 bf16 matrix longer than the middle one, the middle one no
+    projection, and the round's pace is the last stage's (project_out and the LM head)."""
+    small = ModelSpec.from_hf_config({
+        "model_type": "opt", "hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16, "ffn_dim": 4096,
+        "vocab_size": 50272, "max_position_embeddings": 2048, "word_embed_proj_dim": 512,
+        "do_layer_norm_before": False, "enable_bias": True, "tie_word_embeddings": True}, name="opt-350m")
+    inner = AnalyticCostModel(small, H100)
+    pp = wrap_pipeline(inner, small, H100, pipeline_parallel_size=3)
+    assert isinstance(pp, PipelineCostModel) and len(pp.stages) == 3
+    one = StepShape(1, 1, 1, 100, 100)
+    over = inner.step_overhead + inner.per_request_overhead
+    first, middle, last = (st.step_time(one) - over - st.lm_head_time(1) for st in pp.stages)
+    bw = H100.mem_bandwidth * inner.bandwidth_efficiency
+    assert first - middle == pytest.approx(512 * 1024 * 2 / bw, rel=1e-9)  # project_in's bf16 weights
+    assert last - middle == pytest.approx(512 * 1024 * 2 / bw, rel=1e-9)  # project_out's
+    assert first + middle + last == pytest.approx(inner.step_time(one) - over - inner.lm_head_time(1), rel=1e-12)
+    # three micro-batches of one row: the last stage (project_out, LM head) sets the pace
+    head, hop = inner.lm_head_time(1), pp.hop_time(1)
+    expect = inner.step_overhead + 3 * inner.per_request_overhead + max(first + middle + last + head + 2 * hop,
+                                                                        3 * (last + head))
+    assert pp.step_time(StepShape(3, 3, 3, 300, 300)) == pytest.approx(expect, rel=1e-12)
+    # memory: every stage still holds both projections
+    assert all(st.shard(1).body_matmul_params == 8 * st.shard(1).layer_matmul_params + 2 * 512 * 1024
+               for st in stage_models(small, 3))

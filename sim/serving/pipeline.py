@@ -27,7 +27,10 @@ sampler's sort, top-p, sim/engines/sampling.py), which the last stage computes a
 lm_head_time``; 0 for a fitted profile, which does not tell it apart), ``body = work - head`` the layers', ``s``
 the largest stage's share of the layers and ``s_last`` the last's. It binds once the micro-batches fill the
 stages: Llama-3.1-70B's head (1.2 layers' worth of weights) makes the last of 4 even stages the slowest, and
-with 32 layers over 3 stages the 11-layer stages or the last (10 and the head) set the pace. Rows and
+with 32 layers over 3 stages the 11-layer stages or the last (10 and the head) set the pace. Where a stage's layers
+are not like the others' (DeepSeek's ``first_k_dense_replace`` dense MLPs, on the first stages), each stage's
+``body`` is its own analytic time (``stage_costs``) and ``work`` their sum plus the head; the stage utilisation
+(``stage_busy``) still reads the round with the layers' shares. Rows and
 tokens are split evenly over the micro-batches, an optimistic balance (vLLM's virtual engines each schedule
 their own requests). The stages compute ``m`` micro-batches, a
 total of ``m * work`` per round, so their mean utilisation is ``m * work / (pp * round)``: with one micro-batch
@@ -96,6 +99,10 @@ class StageSpec(ModelSpec):
     ALL_DENSE_OK = True  # DeepSeek's first_k_dense_replace dense layers may fill a first stage
     first: bool = True
     last: bool = True
+    # the stage as its forward computes it (a stage's cost model, ``stage_costs``), not as its GPU holds it: OPT's
+    # project_in on the first stage only and project_out on the last only (vLLM's OPTDecoder.forward), though
+    # every stage builds both
+    computed: bool = False
 
     @property
     def samples(self) -> bool:
@@ -107,7 +114,11 @@ class StageSpec(ModelSpec):
             # vLLM's OPTDecoder builds embed_tokens, embed_positions, project_in/out and the final norm on every
             # rank, and OPTForCausalLM its LM head (tied: the embedding), none of them a PPMissingLayer: every stage
             # holds them all, as the whole model does (vllm/model_executor/models/opt.py)
-            return s
+            if not self.computed or self.word_embed_proj_dim == self.hidden_size:
+                return s
+            # project_in (word_embed_proj_dim -> hidden_size) and project_out (back), each e x h
+            unused = (2 - self.first - self.last) * self.word_embed_proj_dim * self.hidden_size
+            return dataclasses.replace(s, body_matmul_params=s.body_matmul_params - unused)
         vocab_rows = s.vocab_size * self.word_embed_proj_dim
         final = (2 if self.norm == "layer" else 1) * self.hidden_size if self.final_norm and not self.last else 0
         embedding = s.embedding_params if self.first else vocab_rows if self.last and s.tied else 0
@@ -115,8 +126,9 @@ class StageSpec(ModelSpec):
                                    other_params=s.other_params - final)
 
 
-def stage_models(model: ModelSpec, pp: int) -> list[ModelSpec]:
-    """What each GPU of a ``pp``-stage pipeline holds, first stage to last; ``[model]`` for 1."""
+def stage_models(model: ModelSpec, pp: int, computed: bool = False) -> list[ModelSpec]:
+    """What each GPU of a ``pp``-stage pipeline holds, first stage to last; ``[model]`` for 1. ``computed``: what
+    each computes instead (``StageSpec.computed``)."""
     if check_pipeline(model, pp) == 1:
         return [model]
     fields = {f.name: getattr(model, f.name) for f in dataclasses.fields(model)}
@@ -132,7 +144,7 @@ def stage_models(model: ModelSpec, pp: int) -> list[ModelSpec]:
                          "unquantized_attention_layers": _overlap(start, n, 0, model.unquantized_attention_layers),
                          "unquantized_mlp_layers": _overlap(start, n, 0, first_mlp)
                          + _overlap(start, n, last_mlp, model.num_layers)},
-                      first=i == 0, last=i == pp - 1)
+                      first=i == 0, last=i == pp - 1, computed=computed)
             for i, (n, start) in enumerate(zip(counts, starts, strict=True))]
 
 
@@ -186,6 +198,9 @@ class PipelineCostModel(CostModel):
     link_latency: float = LINK_PRESETS["nvlink"][1]  # s per hop
     stage_share: float = 0.0  # the largest stage's share of the layers; 0: 1 / pipeline_parallel_size
     last_share: float = 0.0  # the last stage's share of the layers (it holds the LM head); 0: stage_share
+    # each stage's own cost model (an AnalyticCostModel of the layers it holds, ``stage_costs``), first to last, where
+    # its layers are not alike (DeepSeek's dense first layers); empty: the stages' shares of the layers
+    stages: tuple[AnalyticCostModel, ...] = ()
     _peak: float = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -223,13 +238,21 @@ class PipelineCostModel(CostModel):
         mb = StepShape(shape.num_seqs / m, shape.num_tokens / m, shape.num_decode_seqs / m,
                        shape.kv_read_tokens / m, shape.attn_pairs / m, shape.num_padding_tokens / m,
                        shape.swap_blocks, shape.idle_before, shape.max_decode_len)
-        work = self.inner.step_time(mb) - _overhead(self.inner, mb.num_seqs)
-        through = work + (p - 1) * self.hop_time(mb.num_tokens)  # one micro-batch through every stage
-        # the slowest stage computing all m micro-batches: the largest, or the last with its layers and the LM head
-        # (and the sampler's sort), which no other stage shares
         head = _head(self.inner, mb.num_seqs)
-        mx = np.maximum if isinstance(through, np.ndarray) or isinstance(head, np.ndarray) else max
-        pace = m * mx((work - head) * self.stage_share, (work - head) * self.last_share + head)
+        if self.stages:  # each stage's layers timed as what they are: a dense stage's MLPs, a MoE stage's experts
+            bodies = [st.step_time(mb) - _overhead(st, mb.num_seqs) - _head(st, mb.num_seqs) for st in self.stages]
+            work = sum(bodies) + head
+            mx = np.maximum if isinstance(work, np.ndarray) else max
+            slowest = bodies[-1] + head
+            for b in bodies[:-1]:
+                slowest = mx(slowest, b)
+        else:
+            work = self.inner.step_time(mb) - _overhead(self.inner, mb.num_seqs)
+            mx = np.maximum if isinstance(work, np.ndarray) or isinstance(head, np.ndarray) else max
+            # the largest stage, or the last with its layers and the LM head (and the sampler's sort)
+            slowest = mx((work - head) * self.stage_share, (work - head) * self.last_share + head)
+        through = work + (p - 1) * self.hop_time(mb.num_tokens)  # one micro-batch through every stage
+        pace = m * slowest  # the slowest stage computing all m micro-batches
         t = _overhead(self.inner, shape.num_seqs) + mx(through, pace)
         if shape.host_load_time:
             t = t + shape.host_load_time
@@ -290,4 +313,18 @@ def wrap_pipeline(cost: CostModel, model: ModelSpec, gpu: GPUSpec, *, pipeline_p
     act_bytes = DTYPE_BITS[activation_dtype(weight_dtype)] / 8
     counts = stage_layer_counts(model.num_layers, pp)
     return PipelineCostModel(cost, pp, model.hidden_size, act_bytes, name, bw, lat, max(counts) / model.num_layers,
-                             counts[-1] / model.num_layers)
+                             counts[-1] / model.num_layers, stage_costs(cost, model, pp))
+
+
+def stage_costs(cost: CostModel, model: ModelSpec, pp: int) -> tuple[AnalyticCostModel, ...]:
+    """Each stage's own analytic cost model, first to last, where the stages' layers are not alike: DeepSeek's
+    ``first_k_dense_replace`` dense MLPs (a dense layer reads its whole MLP, a MoE layer the experts a step touches) lie
+    on the stages that hold them (``stage_models``), where a share of the layers timed them as MoE layers; OPT's
+    project_in is computed on the first stage and project_out on the last (OPT-350M's 512 <-> 1024), where a share of
+    the layers spread them over every stage. Empty otherwise (a stage's time is its share of the layers, as before), and
+    for a fitted profile, which times the whole model only."""
+    if not isinstance(cost, AnalyticCostModel) or not (model.num_experts and model.first_k_dense_replace
+                                                      or model.model_type == "opt"
+                                                      and model.word_embed_proj_dim != model.hidden_size):
+        return ()
+    return tuple(dataclasses.replace(cost, model=st) for st in stage_models(model, pp, computed=True))
