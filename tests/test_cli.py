@@ -633,10 +633,11 @@ def test_sweep_as_an_option_points_to_what_the_command_takes(command: list[str],
     sweep=policy.max_num_seqs=8,16', which sets the section to that text and is refused ('expected a mapping');
     check-policy and engine run refuse a sweep section altogether."""
     scenario = str(ROOT / "scenarios" / "naive-vs-continuous.yaml")
-    res = CliRunner().invoke(app, [*command, scenario, "--sweep", "policy.max_num_seqs=8,16"])
-    text = " ".join(res.output.split())
-    assert res.exit_code == 2 and "--set sweep=" not in text, res.output
-    assert f"{' '.join(command)} has no --sweep (servesim sweep takes it): {how}" in text, res.output
+    for prog in (None, "python -m sim.cli"):  # the module's own program name: "-m sim.cli run" is still run
+        res = CliRunner().invoke(app, [*command, scenario, "--sweep", "policy.max_num_seqs=8,16"], prog_name=prog)
+        text = " ".join(res.output.split())
+        assert res.exit_code == 2 and "--set sweep=" not in text, res.output
+        assert f"{' '.join(command)} has no --sweep (servesim sweep takes it): {how}" in text, res.output
 
 
 def test_the_engines_time_scale_says_which_clock_it_is_on() -> None:

@@ -45,7 +45,7 @@ class ScenarioKeyOptions(TyperCommand):
                 value = next((given[i + 1] for i, a in enumerate(given[:-1]) if a == "--sweep"), "KEY=V1,V2")
                 key, _, values = value.partition("=")
                 how = f"give the scenario a sweep section, --set 'sweep={{{key}: [{values}]}}'" \
-                    if ctx.command_path.split()[1:] == ["run"] else \
+                    if _command_names(ctx) == ["run"] else \
                     f"it runs one point: --set {key}={values.split(',')[0]}"
                 raise UsageError(f"No such option: --sweep; {ctx.command_path} has no --sweep (servesim sweep takes "
                                  f"it): {how}", ctx) from None
@@ -92,6 +92,16 @@ def _check_gpus(option: str, value: str, place: str, ctx: Any) -> None:
                              f"{', '.join(GPU_PRESETS)}{preset_hint(name.strip(), 'gpu')}", ctx) from None
 
 
+def _command_names(ctx: Any) -> list[str]:
+    """The command's names below the root (["engine", "run"]): its command_path's words are the program's too
+    ("python -m sim.cli run" read as "-m sim.cli run")."""
+    names: list[str] = []
+    c = ctx
+    while c.parent is not None:
+        names, c = [c.info_name, *names], c.parent
+    return names
+
+
 def _no_variant_option(ctx: Any) -> str:
     """`servesim run s.yaml --variant mine`: the commands that run every variant of a scenario have no --variant to
     pick one; say so and name those that have it (read from the app, so that the list keeps up with it)."""
@@ -103,11 +113,7 @@ def _no_variant_option(ctx: Any) -> str:
 
     root = ctx.find_root()
     others = ", ".join(walk(root.command, root.info_name or ""))
-    names: list[str] = []
-    c = ctx  # the command's names below the root: its command_path's words are the program's too
-    while c.parent is not None:  # ("python -m sim.cli run" read as "-m sim.cli run", which has no --variant)
-        names, c = [c.info_name, *names], c.parent
-    every = names in (["run"], ["sweep"], ["check-policy"], ["engine", "run"])
+    every = _command_names(ctx) in (["run"], ["sweep"], ["check-policy"], ["engine", "run"])
     what = "runs every variant of the scenario: to run one, leave the others out of its variants" if every \
         else "has no --variant"
     return f"No such option: --variant; {ctx.command_path} {what} (these take --variant: {others})"
