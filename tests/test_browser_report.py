@@ -201,3 +201,19 @@ def test_a_sweep_points_kv_by_request_title_fits_its_figure(browser, tmp_path):
     titles = [t for t in got["texts"] if t.startswith("KV cache by request")]
     assert len(titles) == 8, got["texts"]  # a heading and a figure title per variant
     assert [c for c in got["clipped"] if "gtitle" in c] == []
+
+
+def test_a_long_batch_slot_panel_title_fits_its_figure(browser, tmp_path):
+    """Rendered, autoscale-memory-bound's batch-slot panel titles ("scale-on-busy: 254 of 484 bars drawn, 400
+    scheduled requests (a preempted request has one bar per stretch it ran); 83 rows: 8 replicas stacked, each as
+    many as it held at its busiest instant; max_num_seqs=256 per replica") ran 150-160 px past both edges of the
+    figure at 1400 px."""
+    scenario, raw = load_scenario(find_scenario("autoscale-memory-bound"), {"workload.num_requests": 120})
+    run = run_scenario(scenario, raw)
+    page = tmp_path / "report.html"
+    write_report(page, run.results, run.summaries, title="autoscale-memory-bound")
+    total, drawn, _ = _render(browser, page, tmp_path / "report.png")
+    assert total == drawn > 0
+    got = browser.execute_script(TEXT_BOXES_JS)
+    assert any(t.startswith("scale-on-busy: ") for t in got["texts"]), got["texts"]
+    assert [c for c in got["clipped"] if "annotation-text" in c or "gtitle" in c] == []

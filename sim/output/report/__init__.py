@@ -62,6 +62,7 @@ from sim.output.report.common import (
     step_events_kept,
     trace_points,
     window_edges,
+    wrap_lines,
 )
 from sim.output.report.decisions import decisions_sections
 from sim.output.report.energy import energy_sections
@@ -132,6 +133,9 @@ def per_run_points(num_results: int) -> int:
     return MAX_POINTS if num_results <= 4 else max(200, MAX_POINTS * 4 // num_results)
 
 
+SLOT_TITLE_CHARS = 130  # a batch-slot panel title's line: about 950 px of the 1400 px page's figure
+
+
 def _slots_section(results: list[RunResult], summaries: dict) -> list[Section]:
     dropped = len(results) - SLOT_PANELS
     results = results[:SLOT_PANELS]
@@ -167,7 +171,10 @@ def _slots_section(results: list[RunResult], summaries: dict) -> list[Section]:
     # the layouts made above, not made again (each is several arrays a request, and both were held at once)
     if not results:
         return [Section("Batch slots", None, _p(notes[1]))]
-    return [Section("Batch slots", fig_batch_slots(results, layouts=layouts), "".join(_p(n) for n in notes if n))]
+    fig = fig_batch_slots(results, layouts=layouts)
+    for a in fig.layout.annotations:  # a panel title past SLOT_TITLE_CHARS ran past both edges of the figure
+        a.text = wrap_lines(a.text, SLOT_TITLE_CHARS)
+    return [Section("Batch slots", fig, "".join(_p(n) for n in notes if n))]
 
 
 def _kv_peaks(names: list[str], summaries: dict) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 import math
+import textwrap
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -64,6 +65,12 @@ class Section:
     title: str
     figure: go.Figure | None = None
     html: str = ""
+
+
+def wrap_lines(text: str, chars: int) -> str:
+    """``text`` broken with plotly's ``<br>`` into lines of at most ``chars`` characters (a word longer stays whole),
+    the breaks it has kept."""
+    return "<br>".join(line for part in text.split("<br>") for line in (textwrap.wrap(part, chars) or [part]))
 
 
 def color(i: int) -> str:

@@ -12,13 +12,13 @@ plot in a bottom margin sized for it, with the axes' tick labels and titles push
 from __future__ import annotations
 
 import math
-import textwrap
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from sim.metrics.records import RunResult
 from sim.output.report import TEMPLATE, color, fig_batch_slots, fig_latency_cdfs, fig_memory_stack
+from sim.output.report.common import wrap_lines
 from sim.studies.teach.knobs import TEACH_REQUESTS
 
 __all__ = ["NARROW_PX", "fig_latency_cdfs_page", "fig_memories", "fig_slots", "fig_utilisation"]
@@ -46,7 +46,7 @@ UTILISATION_BARS = (
 
 
 def _wrap(text: str, chars: int) -> str:
-    return "<br>".join(textwrap.wrap(text, chars)) or text
+    return wrap_lines(text, chars)
 
 
 def _lines(text: str) -> int:
