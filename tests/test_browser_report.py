@@ -187,17 +187,21 @@ def test_percentile_labels_are_neither_cut_nor_stacked(browser, tmp_path, name, 
     assert got["overlaps"] + got["clipped"] == []
 
 
+def _report_text_boxes(driver, tmp_path: Path, name: str, n: int) -> dict:
+    """The shipped scenario ``name`` run on ``n`` requests, its report rendered: TEXT_BOXES_JS's measurement."""
+    scenario, raw = load_scenario(find_scenario(name), {"workload.num_requests": n})
+    run = run_scenario(scenario, raw)
+    page = tmp_path / "report.html"
+    write_report(page, run.results, run.summaries, title=name)
+    total, drawn, _ = _render(driver, page, tmp_path / "report.png")
+    assert total == drawn > 0
+    return driver.execute_script(TEXT_BOXES_JS)
+
 def test_a_sweep_points_kv_by_request_title_fits_its_figure(browser, tmp_path):
     """Rendered, lesson-pipeline-bubbles' "KV cache by request: lesson-pipeline-bubbles[num_users=16] (first ... s,
     at most 60 requests, one band each; weights ... GiB not stacked; KV pool ... GiB, off the scale)" ran 9-14 px
     past both edges of its figure at 1400 px: a sweep point's name made the one-line title too long."""
-    scenario, raw = load_scenario(find_scenario("lesson-pipeline-bubbles"), {"workload.num_requests": 16})
-    run = run_scenario(scenario, raw)
-    page = tmp_path / "report.html"
-    write_report(page, run.results, run.summaries, title="lesson-pipeline-bubbles")
-    total, drawn, _ = _render(browser, page, tmp_path / "report.png")
-    assert total == drawn > 0
-    got = browser.execute_script(TEXT_BOXES_JS)
+    got = _report_text_boxes(browser, tmp_path, "lesson-pipeline-bubbles", 16)
     titles = [t for t in got["texts"] if t.startswith("KV cache by request")]
     assert len(titles) == 8, got["texts"]  # a heading and a figure title per variant
     assert [c for c in got["clipped"] if "gtitle" in c] == []
@@ -208,12 +212,6 @@ def test_a_long_batch_slot_panel_title_fits_its_figure(browser, tmp_path):
     scheduled requests (a preempted request has one bar per stretch it ran); 83 rows: 8 replicas stacked, each as
     many as it held at its busiest instant; max_num_seqs=256 per replica") ran 150-160 px past both edges of the
     figure at 1400 px."""
-    scenario, raw = load_scenario(find_scenario("autoscale-memory-bound"), {"workload.num_requests": 120})
-    run = run_scenario(scenario, raw)
-    page = tmp_path / "report.html"
-    write_report(page, run.results, run.summaries, title="autoscale-memory-bound")
-    total, drawn, _ = _render(browser, page, tmp_path / "report.png")
-    assert total == drawn > 0
-    got = browser.execute_script(TEXT_BOXES_JS)
+    got = _report_text_boxes(browser, tmp_path, "autoscale-memory-bound", 120)
     assert any(t.startswith("scale-on-busy: ") for t in got["texts"]), got["texts"]
     assert [c for c in got["clipped"] if "annotation-text" in c or "gtitle" in c] == []
