@@ -501,3 +501,16 @@ def test_opts_project_in_is_timed_on_the_first_stage_and_project_out_on_the_last
     # memory: every stage still holds both projections
     assert all(st.shard(1).body_matmul_params == 8 * st.shard(1).layer_matmul_params + 2 * 512 * 1024
                for st in stage_models(small, 3))
+
+
+def test_the_hosts_penalty_time_is_paid_once_a_round_not_once_a_stage() -> None:
+    """cb290d3 timed each stage of a dense-first MoE pipeline with its own cost model, the host's penalty inputs
+    (``penalty_host_time``, vLLM v1's async scheduling) included, and summed the stages: a round of one row over two
+    stages paid the host's 2.45 ms twice (6.4 ms, not 4.0). The stages now only split the body; the host's time lies
+    in the round once, as the whole model's step has it."""
+    ds = dataclasses.replace(resolve_model("deepseek-v3"), num_layers=4, first_k_dense_replace=1)
+    inner = AnalyticCostModel(ds, H100, weight_dtype="fp8", penalty_host_time=24.5e-9)
+    pp = wrap_pipeline(inner, ds, H100, pipeline_parallel_size=2, weight_dtype="fp8")
+    assert isinstance(pp, PipelineCostModel) and len(pp.stages) == 2
+    one = StepShape(1, 1, 1, 100_000, 100_000)  # host-bound: 100k context tokens x 24.5 ns > the GPU's forward
+    assert pp.step_time(one) == pytest.approx(inner.step_time(one) + pp.hop_time(1), rel=1e-12)

@@ -28,9 +28,10 @@ lm_head_time``; 0 for a fitted profile, which does not tell it apart), ``body = 
 the largest stage's share of the layers and ``s_last`` the last's. It binds once the micro-batches fill the
 stages: Llama-3.1-70B's head (1.2 layers' worth of weights) makes the last of 4 even stages the slowest, and
 with 32 layers over 3 stages the 11-layer stages or the last (10 and the head) set the pace. Where a stage's layers
-are not like the others' (DeepSeek's ``first_k_dense_replace`` dense MLPs, on the first stages), each stage's
-``body`` is its own analytic time (``stage_costs``) and ``work`` their sum plus the head; the stage utilisation
-(``stage_busy``) still reads the round with the layers' shares. Rows and
+are not like the others' (DeepSeek's ``first_k_dense_replace`` dense MLPs, on the first stages; OPT's project_in
+on the first and project_out on the last), each stage's share of ``body`` is its share of the stages' analytic GPU
+times (``stage_costs``), the host's time (penalty inputs, a capped host time) staying in ``work`` once; the stage
+utilisation (``stage_busy``) still reads the round with the layers' shares. Rows and
 tokens are split evenly over the micro-batches, an optimistic balance (vLLM's virtual engines each schedule
 their own requests). The stages compute ``m`` micro-batches, a
 total of ``m * work`` per round, so their mean utilisation is ``m * work / (pp * round)``: with one micro-batch
@@ -239,16 +240,17 @@ class PipelineCostModel(CostModel):
                        shape.kv_read_tokens / m, shape.attn_pairs / m, shape.num_padding_tokens / m,
                        shape.swap_blocks, shape.idle_before, shape.max_decode_len)
         head = _head(self.inner, mb.num_seqs)
+        work = self.inner.step_time(mb) - _overhead(self.inner, mb.num_seqs)
+        mx = np.maximum if isinstance(work, np.ndarray) or isinstance(head, np.ndarray) else max
         if self.stages:  # each stage's layers timed as what they are: a dense stage's MLPs, a MoE stage's experts
+            # each stage's share of the body is its GPU time's (host-free stage models, ``stage_costs``): the host's
+            # penalty inputs or capped host time lie in ``work`` once, not once a stage
             bodies = [st.step_time(mb) - _overhead(st, mb.num_seqs) - _head(st, mb.num_seqs) for st in self.stages]
-            work = sum(bodies) + head
-            mx = np.maximum if isinstance(work, np.ndarray) else max
-            slowest = bodies[-1] + head
+            body, total = work - head, sum(bodies)
+            slowest = body * (bodies[-1] / total) + head
             for b in bodies[:-1]:
-                slowest = mx(slowest, b)
+                slowest = mx(slowest, body * (b / total))
         else:
-            work = self.inner.step_time(mb) - _overhead(self.inner, mb.num_seqs)
-            mx = np.maximum if isinstance(work, np.ndarray) or isinstance(head, np.ndarray) else max
             # the largest stage, or the last with its layers and the LM head (and the sampler's sort)
             slowest = mx((work - head) * self.stage_share, (work - head) * self.last_share + head)
         through = work + (p - 1) * self.hop_time(mb.num_tokens)  # one micro-batch through every stage
@@ -327,4 +329,6 @@ def stage_costs(cost: CostModel, model: ModelSpec, pp: int) -> tuple[AnalyticCos
                                                       or model.model_type == "opt"
                                                       and model.word_embed_proj_dim != model.hidden_size):
         return ()
-    return tuple(dataclasses.replace(cost, model=st) for st in stage_models(model, pp, computed=True))
+    # GPU time alone: the host's penalty inputs and host time are the round's once (``work``), not each stage's
+    return tuple(dataclasses.replace(cost, model=st, penalty_host_time=0.0, host_time_ratio=0.0)
+                 for st in stage_models(model, pp, computed=True))
