@@ -3,6 +3,9 @@
     python benchmarks/gpu_realengine.py --out calibration/gpu            # on a CUDA machine (under 8 minutes)
     python benchmarks/gpu_realengine.py --device cpu --quick --out DIR   # smoke run of every section on a CPU
 
+A ``--quick`` run is a smoke test, not a record: without ``--out`` it writes to a new temporary folder (and says
+where), so it leaves nothing in the checkout; a full run writes to ``calibration/gpu`` unless ``--out`` says otherwise.
+
 Sections (each one timed and guarded: a failure is recorded and the next section runs):
 
 1. ``kernel``: the Triton paged decode kernel against the gather + SDPA reference, float32 / bfloat16 / float16.
@@ -30,6 +33,7 @@ import math
 import platform
 import statistics
 import sys
+import tempfile
 import time
 import traceback
 from datetime import UTC, datetime
@@ -295,7 +299,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--quick", action="store_true", help="tiny shapes: a smoke run of every section")
-    ap.add_argument("--out", type=Path, default=Path("calibration/gpu"))
+    ap.add_argument("--out", type=Path, default=None,
+                    help="folder for <card>.json (default calibration/gpu; a new temporary folder with --quick)")
     ap.add_argument("--only", nargs="*", default=None, help="run only these sections")
     ap.add_argument("--copy-bandwidth-GBps", type=float, default=None,
                     help="the device section's copy bandwidth, for decode's share when device is not run with it "
@@ -324,6 +329,8 @@ def main() -> None:
                                                   .get("copy_bandwidth_GBps", args.copy_bandwidth_GBps))),
                 ("batching", lambda: measure_batching(dev, args.quick)),
                 ("quant", lambda: measure_quant(dev, args.quick))]
+    if args.out is None:  # a smoke run is not a record: keep it out of the checkout
+        args.out = Path(tempfile.mkdtemp(prefix="gpu_realengine-")) if args.quick else Path("calibration/gpu")
     args.out.mkdir(parents=True, exist_ok=True)
     slug = "".join(c if c.isalnum() else "-" for c in card.lower()).strip("-")
     path = args.out / f"{slug}{'-quick' if args.quick else ''}.json"

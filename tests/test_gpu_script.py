@@ -4,6 +4,7 @@ the script runnable for the day one is lent."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -35,6 +36,18 @@ def test_quick_cpu_run_fills_every_section(tmp_path: Path) -> None:
         assert all(q[f]["speedup_vs_base"] > 0 for f in ("int8", "fp8", "int4"))
     b = s["batching"]
     assert b["static"]["output_tokens"] == b["continuous"]["output_tokens"] > 0
+
+
+def test_quick_run_without_out_leaves_the_checkout_alone(tmp_path: Path) -> None:
+    # run from a scratch "checkout": a smoke run used to leave an untracked calibration/gpu/ folder behind
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_realengine.py"), "--device", "cpu",
+                           "--quick", "--only", "kernel"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert list(tmp_path.iterdir()) == []
+    written = Path(proc.stdout.split("wrote ")[-1].strip())
+    assert json.loads(written.read_text())["sections"]["kernel"]["seconds"] >= 0
+    shutil.rmtree(written.parent)
 
 
 def test_run_all_dry_run_of_the_policy_section(tmp_path: Path) -> None:
