@@ -182,6 +182,17 @@ def test_fast_override():
     assert fast(["compare", "a", "b"]) == ["compare", "a", "b"]
 
 
+def test_no_example_overwrites_a_shipped_profile():
+    """A reader who copies an example into a checkout must not overwrite a shipped profile (the scratch folder
+    above hides that from the runs): `calibrate --out` names a file of the reader's own."""
+    shipped = {p.relative_to(ROOT).as_posix() for p in (ROOT / "calibration" / "profiles").glob("*.json")}
+    pages = [*PAGES, ROOT / "calibration" / "README.md"]
+    clobbers = [f"{b.page}:{line}" for page in pages for b in page_blocks(page) for line, argv in b.commands
+                if argv[:1] == ["calibrate"] and {a for k, a in enumerate(argv[1:]) if argv[k] in ("--out", "-o")}
+                & shipped]
+    assert not clobbers, clobbers
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("block", [_param(b) for b in BLOCKS])
 def test_readme_example_runs(block: Block, tmp_path: Path):
