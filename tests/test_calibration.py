@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -26,6 +27,7 @@ from calibration.fit import (
     fit_coefficients,
     heldout_errors,
     nnls_fit,
+    predict,
     samples_from_profile,
 )
 from sim.costs.costmodel import StepShape
@@ -88,6 +90,47 @@ def test_noisy_fit_is_close_and_nonnegative() -> None:
     assert errors["all"]["n"] == len(samples) and np.isfinite(pred).all()
     # 3% noise: held-out median error near 0.67 * 3%
     assert 0.005 < errors["all"]["median_abs"] < 0.04
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_fit_follows_the_mean_under_right_skewed_noise(seed: int) -> None:
+    """Steps with mean-zero, right-skewed noise (a few slow steps, as a shared CPU makes them): the fit must
+    predict the steps' total time, which a run's metrics add up. Weighting errors by 1 / the measured time put the
+    predicted total 2.9-4.2% below the measured one on these four seeds (FIT_BIAS in calibration/fit.py);
+    reweighting by the prediction leaves it within 0.3%."""
+    clean = synthetic(np.random.default_rng(seed), noise=0.0)
+    rng = np.random.default_rng(100 + seed)
+    noisy = [dataclasses.replace(s, duration=s.duration * (1 + rng.exponential(0.15) - 0.15)) for s in clean]
+    measured = np.array([s.duration for s in noisy])
+    pred = predict(fit_coefficients(noisy), noisy)
+    assert pred.sum() / measured.sum() == pytest.approx(1.0, abs=0.01)
+
+
+def test_bench_step_bias_ratios_are_exact_and_bad_input_exits_2(tmp_path: Path) -> None:
+    # benchmarks/bench_step_bias.py: measured / predicted per step class, median and sum over sum; steps at
+    # exactly twice the prediction (decode) and at it (the rest) give exact ratios
+    import importlib.util
+    import subprocess
+    import sys
+
+    spec = importlib.util.spec_from_file_location("bench_step_bias", ROOT / "benchmarks" / "bench_step_bias.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    samples = synthetic(np.random.default_rng(0), noise=0.0)
+    coef = dict(TRUE)
+    pred = predict(coef, samples)
+    steps = [dataclasses.replace(s, duration=float(p) * (2 if s.step_class == "decode" else 1))
+             for s, p in zip(samples, pred, strict=True)]
+    r = bench.ratios(coef, steps)
+    assert r["decode"][1:] == (2.0, 2.0) and r["prefill"][1:] == (1.0, 1.0)
+    assert r["all"][0] == len(steps)
+    assert bench.host_share(steps)["padded"] == pytest.approx(0.2)  # forward = 0.8 x the step
+    bad = tmp_path / "p.json"
+    bad.write_text("{")
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_step_bias.py"), "--profile", str(bad)],
+                         capture_output=True, text=True)
+    assert res.returncode == 2 and "cannot read profile" in res.stderr and "Traceback" not in res.stderr
 
 
 def test_nnls_clamps_a_negative_solution_to_zero() -> None:
