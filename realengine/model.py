@@ -26,14 +26,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from realengine.attention import AttentionMetadata, attention
+from sim.hardware.dtypes import ENGINE_DTYPE_NAMES
 from sim.hardware.models import ModelSpec
 
-_DTYPES = {
-    "fp32": torch.float32, "float32": torch.float32, "float": torch.float32,
-    "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
-    "fp16": torch.float16, "float16": torch.float16, "half": torch.float16,
-    "fp64": torch.float64, "float64": torch.float64, "double": torch.float64,
-}
+_TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp64": torch.float64}
+_DTYPES = {name: _TORCH_DTYPES[short] for name, short in ENGINE_DTYPE_NAMES.items()}
 
 
 def torch_dtype(dtype: str | torch.dtype) -> torch.dtype:

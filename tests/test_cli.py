@@ -702,3 +702,16 @@ def test_the_hints_set_key_is_one_set_can_reach(option: str, line: str) -> None:
     scenario = str(ROOT / "scenarios" / "naive-vs-continuous.yaml")
     res = CliRunner().invoke(app, ["run", scenario, option, "2"])
     assert res.exit_code == 2 and line in " ".join(res.output.split()), res.output
+
+
+def test_dtype_help_lists_every_dtype_the_engine_accepts() -> None:
+    """`--dtype`'s help names what the check accepts: `engine run --dtype fp64` ran, but its help said only
+    `fp32, bf16, fp16`. Help and check read one table (sim.hardware.dtypes.ENGINE_DTYPE_NAMES)."""
+    torch_dtype = pytest.importorskip("realengine.model").torch_dtype
+    from sim.hardware.dtypes import ENGINE_DTYPE_NAMES
+
+    assert {str(torch_dtype(name)) for name in ENGINE_DTYPE_NAMES} == {
+        "torch.float32", "torch.bfloat16", "torch.float16", "torch.float64"}
+    for command in (["engine", "run"], ["calibrate"]):
+        out = " ".join(CliRunner().invoke(app, [*command, "--help"], env={"COLUMNS": "200"}).output.split())
+        assert "--dtype <str> fp32, bf16, fp16, fp64 (default" in out, (command, out)

@@ -46,6 +46,7 @@ try:
     from sim.config.files import InterruptedAfterWrite, write_atomically
     from sim.config.scenario import load_scenario, parse_value
     from sim.config.schema import ScenarioError, json_schema
+    from sim.hardware.dtypes import ENGINE_DTYPES
     from sim.words import counted
 except KeyboardInterrupt:
     sys.stderr.write(f"\ninterrupted {STARTING}\n")
@@ -520,7 +521,7 @@ def engine_run(
     num_gpu_blocks: int | None = typer.Option(
         None, "--num-gpu-blocks", help="KV cache blocks (default: sized as vLLM does on CUDA, capped on CPU)."
     ),
-    dtype: str | None = typer.Option(None, "--dtype", help="fp32, bf16, fp16 (default: fp32 on CPU, the "
+    dtype: str | None = typer.Option(None, "--dtype", help=f"{', '.join(ENGINE_DTYPES)} (default: fp32 on CPU, the "
                                         "deployment's weight_dtype on CUDA)."),
     set_: list[str] = _set_option(),
     weights: str = typer.Option("auto", "--weights", help="auto (real weights where the model has them here, "
@@ -673,7 +674,8 @@ def engine_quality(
                                     help="int8, int4, fp8 (weights), kv-fp8, kv-int8 (KV cache), or joined with "
                                     "'+' (int4+kv-fp8); repeatable."),
     device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
-    dtype: str | None = typer.Option(None, "--dtype", help="Baseline dtype (default: fp32 on CPU, bf16 on CUDA)."),
+    dtype: str | None = typer.Option(None, "--dtype", help=f"Baseline dtype: {', '.join(ENGINE_DTYPES)} "
+                                        "(default: fp32 on CPU, bf16 on CUDA)."),
     threads: int | None = typer.Option(None, "--threads", help="torch CPU threads (default: torch's)."),
     texts: int | None = typer.Option(None, "--texts", help="Evaluation texts per category (default: all)."),
     max_tokens: int | None = typer.Option(None, "--max-tokens", help="Score only each text's first N tokens."),
@@ -761,7 +763,7 @@ def calibrate(
     out: Path | None = _path_option("--out", "-o", help="Profile JSON to write "
                                        "(default: calibration/profiles/MODEL-DEVICE.json)."),
     repeats: int = typer.Option(5, "--repeats", help="Measured rounds over the grid (after one warm-up round)."),
-    dtype: str | None = typer.Option(None, "--dtype", help="fp32, bf16, fp16 (default: fp32 on CPU, bf16 on "
+    dtype: str | None = typer.Option(None, "--dtype", help=f"{', '.join(ENGINE_DTYPES)} (default: fp32 on CPU, bf16 on "
                                         "CUDA)."),
     threads: int | None = typer.Option(None, "--threads", help="torch CPU threads (default: torch's)."),
     gpu: str | None = typer.Option(None, "--gpu", help="GPU preset whose peak FLOP/s the profile records (for "

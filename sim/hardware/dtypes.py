@@ -34,6 +34,14 @@ _DTYPE_ALIASES = {
     "e5m2": "fp8",
 }
 QUANTIZED_DTYPES = frozenset({"fp8", "int8", "int4"})
+# The names the real engine's --dtype accepts (realengine.model.torch_dtype); torch-free, so the CLI's help lists them.
+ENGINE_DTYPE_NAMES: dict[str, str] = {
+    "fp32": "fp32", "float32": "fp32", "float": "fp32",
+    "bf16": "bf16", "bfloat16": "bf16",
+    "fp16": "fp16", "float16": "fp16", "half": "fp16",
+    "fp64": "fp64", "float64": "fp64", "double": "fp64",
+}
+ENGINE_DTYPES = tuple(dict.fromkeys(ENGINE_DTYPE_NAMES.values()))  # fp32, bf16, fp16, fp64
 
 
 def canonical_dtype(name: str) -> str:
