@@ -172,6 +172,22 @@ def test_overload_needs_a_growing_queue_or_queueing_to_dominate(naive, lim, scor
     assert [x.score for x in over] == ([] if score is None else [pytest.approx(score, rel=1e-12)])
 
 
+def test_a_high_queue_share_while_keeping_up_is_batch_formation_not_overload(naive):
+    """Static batching on the CPU profile (calibration/scenarios/validate-tiny.yaml, variant static) read
+    "overloaded: offered 56.82 req/s, scheduled 55.39 req/s, queue 2 -> 3 waiting, queueing 53% of E2EL": the
+    queue share came from batches forming, not from a server falling behind."""
+    lim = {"offered_rate": 56.82, "scheduled_rate": 55.39, "queue_growth": 0.1, "queue_start": 2.0,
+           "queue_end": 3.0, "queue_share": 0.53, "static": True, "slot_cap": 16}
+    v = rank_limits(_limits(naive, **lim))
+    assert "overloaded" not in v.names
+    (formation,) = [x for x in v.limits if x.name == "batch formation"]
+    assert formation.score == pytest.approx(0.53)
+    assert formation.evidence == "queueing 53% of E2EL while static batches of 16 formed, the queue steady"
+    # the same share with requests scheduled 5% slower than they arrive: overloaded, and no batch formation
+    v = rank_limits(_limits(naive, **{**lim, "scheduled_rate": 0.95 * 56.82 - 0.01}))
+    assert v.names[0] == "overloaded" and "batch formation" not in v.names
+
+
 def test_report_ranks_the_causes_by_score_and_sets_the_overload_apart(naive):
     from sim.output.report import bottlenecks_html
 
