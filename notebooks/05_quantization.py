@@ -130,7 +130,7 @@ if REAL:
     from realengine.quality import format_quality_table, run_quality
 
     quants = ["int8", "int4", "kv-fp8"] if FAST else ["int8", "int4", "fp8", "kv-fp8", "kv-int8", "int4+kv-fp8"]
-    reports = run_quality(real, quants, per_category=1 if FAST else None, max_tokens=32 if FAST else None,
+    reports = run_quality(real, quants, per_category=1 if FAST else None, max_tokens=16 if FAST else None,
                           throughput=False)
     print(format_quality_table(reports))
     print(f"\nBaseline: {reports[0].baseline}.")
@@ -165,8 +165,8 @@ if REAL:
     sc = parse_scenario({
         "name": "real-answers", "seed": 2,
         "workload": {"arrival": {"type": "all_at_once"}, "num_requests": 4,
-                     "prompt_len": {"type": "uniform", "min": 24, "max": 48},
-                     "output_len": {"type": "uniform", "min": 2, "max": 12 if FAST else 32}},
+                     "prompt_len": {"type": "uniform", "min": 8 if FAST else 24, "max": 16 if FAST else 48},
+                     "output_len": {"type": "uniform", "min": 2, "max": 6 if FAST else 32}},
         "deployment": {"model": "smollm2-135m", "max_model_len": 128, "block_size": 16},
         "variants": [{"name": "static", "policy": {"type": "static", "batch_size": 2}},
                      {"name": "continuous", "policy": {"type": "continuous", "max_num_seqs": 2}}],
