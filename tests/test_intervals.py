@@ -490,13 +490,24 @@ def test_the_groups_of_misses_and_what_the_median_needs():
     assert bench.miss_groups(keyed, limit=1) == [(("a", "x"), 2, 1, 3, 0.1)]
 
 
-def test_gpt_fasts_weight_only_rows_run_at_pytorchs_share():
+_GPT_FAST_ROWS = """source,primary_or_secondary,engine,model,gpu,num_gpus,tp,weight_dtype,kv_dtype,workload,input_len,output_len,batch_or_concurrency,request_rate,metric,value,unit,notes
+github:pytorch-labs/gpt-fast@32971d3:README.md,primary,"gpt-fast (PyTorch, torch.compile)",Llama-2-7B,A100-SXM-80GB (330W cap),1,1,bf16,bf16,batch-1 decode,5,200,1,n/a,tok_s_batch1,104.9,tok/s,
+github:pytorch-labs/gpt-fast@32971d3:README.md,primary,"gpt-fast (PyTorch, torch.compile)",Llama-2-7B,A100-SXM-80GB (330W cap),1,1,int8 (weight-only),bf16,batch-1 decode,5,200,1,n/a,tok_s_batch1,155.58,tok/s,
+github:pytorch-labs/gpt-fast@32971d3:README.md,primary,"gpt-fast (PyTorch, torch.compile)",Llama-2-7B,A100-SXM-80GB (330W cap),1,1,"int4 (weight-only, group 32)",bf16,batch-1 decode,5,200,1,n/a,tok_s_batch1,196.8,tok/s,
+"""
+
+
+def test_gpt_fasts_weight_only_rows_run_at_pytorchs_share(tmp_path):
     """gpt-fast's int8 and int4 rows run its (torchao's) weight-only kernels: their weights stream at
-    TORCH_WEIGHT_ONLY_BANDWIDTH's share; its bf16 rows and other engines' rows set nothing."""
+    TORCH_WEIGHT_ONLY_BANDWIDTH's share; its bf16 rows and other engines' rows set nothing. gpt-fast's rows
+    are three of the shared development set's (written here: a clean checkout has no ../shared), the other
+    engines' the repository's own."""
     from sim.costs.analytic import TORCH_WEIGHT_ONLY_BANDWIDTH
 
     bench = _bench()
-    rows = [r for r in bench.read_rows([bench.DATA]) if r["metric"] == "tok_s_batch1"]
+    (tmp_path / "gpt-fast.csv").write_text(_GPT_FAST_ROWS)
+    rows = [r for r in bench.read_rows([tmp_path / "gpt-fast.csv", bench.OWN_DATA]) if r["metric"] == "tok_s_batch1"]
+    assert sum(r["engine"].startswith("gpt-fast") for r in rows) == 3 and len(rows) > 3
     seen = set()
     for r in rows:
         wd = r["weight_dtype"].split()[0]
