@@ -17,6 +17,7 @@ from typer.core import TyperCommand
 from sim.config.files import InterruptedAfterWrite, input_path, output_path
 from sim.config.scenario import parse_value
 from sim.config.schema import ScenarioError
+from sim.config.slos import SLOUnitWarning
 
 try:  # typer 0.2x carries its own copy of click, whose exceptions its commands raise
     from typer._click.exceptions import NoSuchOption, UsageError
@@ -129,6 +130,22 @@ COMMAND_PLACES: dict[str, dict[str, str | None]] = {
              "enable_chunked_prefill": "plan.enable_chunked_prefill", "replicas": None},
     "observe": {"model": "--served-model"},  # the model it asks the server for
 }
+
+
+_show_warning = warnings.showwarning
+
+
+def _input_warning_line(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                        file: Any = None, line: str | None = None) -> None:
+    """A warning about the user's input (an SLO of 200 "seconds") as one line, as an error is, not Python's
+    "pydantic/main.py:792: SLOUnitWarning: ..." and the source line under it."""
+    if issubclass(category, SLOUnitWarning):
+        typer.echo(f"warning: {message}", err=True)
+    else:
+        _show_warning(message, category, filename, lineno, file, line)
+
+
+warnings.showwarning = _input_warning_line
 
 
 def _fail(message: str) -> None:

@@ -7,6 +7,8 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict
 
+from sim.config.slos import parse_slo_seconds
+
 
 def _not_bool(value: Any) -> Any:
     # pydantic's lax mode reads true/false as 1/0; in a scenario file that is always a slip
@@ -31,3 +33,10 @@ class FrozenInputModel(InputModel):
     """A section that cannot be changed once validated (the workload and its parts)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+SLO_UNIT_HELP = " (or a string with its unit: '200ms', '0.2s')"
+# an SLO field (the scenario's slos, a class's slo): seconds, or a string with its unit ("200ms", "0.2s"); a bare
+# number that reads as milliseconds is warned about where the file is read (sim.config.slos.warn_slo_units)
+SLOSeconds = Annotated[float, BeforeValidator(_not_bool),
+                       BeforeValidator(parse_slo_seconds, json_schema_input_type=float | str)]

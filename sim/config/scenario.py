@@ -1,8 +1,6 @@
 """Scenario files: reading and validating them (``load_scenario``, ``parse_scenario``, ``--set`` overrides), and the
 variants they describe (``variant_configs``, sweeps). The sections themselves are ``sim.config.schema``'s;
-``sim.loop.build``
-turns a variant into the objects that run it.
-"""
+``sim.loop.build`` turns a variant into the objects that run it."""
 
 from __future__ import annotations
 
@@ -37,7 +35,7 @@ from sim.config.schema import (
     narrow,
     unknown_key,
 )
-from sim.config.slos import SLOs
+from sim.config.slos import SLOs, warn_slo_units
 from sim.config.yaml_limits import MAX_SCENARIO_BYTES, safe_load_limited, unshared
 from sim.engines.registry import (
     classic_policy,
@@ -127,7 +125,9 @@ def load_scenario(
         except ScenarioError as e:
             raise ScenarioError(f"{p}: --set {e}") from None
     _resolve_relative_paths(raw, p.parent)
-    return parse_scenario(raw, source=str(p)), raw
+    scenario = parse_scenario(raw, source=str(p))
+    warn_slo_units(raw)  # SLOs that read as vLLM's milliseconds: after the errors, once per file read
+    return scenario, raw
 
 
 def parse_scenario(raw: dict[str, Any], source: str = "scenario") -> Scenario:

@@ -37,7 +37,8 @@ from sim.config.deployment import Deployment as Deployment
 from sim.config.deployment import FittedCost as FittedCost
 from sim.config.errors import ScenarioError as ScenarioError  # re-exported: where every caller finds it
 from sim.config.host_kv_config import HostCacheConfig
-from sim.config.input_model import Float, InputModel, Int
+from sim.config.input_model import SLO_UNIT_HELP as _UNIT
+from sim.config.input_model import Float, InputModel, Int, SLOSeconds
 from sim.config.scenario_messages import OTHER_NAMES, all_keys, closest_key, closest_keys, either, key_section
 from sim.engines.costs import omit_when_unset
 from sim.hardware.gpu import GPUSpec
@@ -123,9 +124,9 @@ class AdmissionConfig(_Model):
 
 
 class SLOConfig(_Model):
-    ttft: Float | None = Field(default=None, gt=0, description="Time to first token bound, seconds.")
-    tpot: Float | None = Field(default=None, gt=0, description="Time per output token bound, seconds.")
-    e2el: Float | None = Field(default=None, gt=0, description="End-to-end latency bound, seconds.")
+    ttft: SLOSeconds | None = Field(default=None, gt=0, description=f"Time to first token bound, seconds{_UNIT}.")
+    tpot: SLOSeconds | None = Field(default=None, gt=0, description=f"Time per output token bound, seconds{_UNIT}.")
+    e2el: SLOSeconds | None = Field(default=None, gt=0, description=f"End-to-end latency bound, seconds{_UNIT}.")
 
 
 # ---- plan (servesim plan) -------------------------------------------------------------------------------------

@@ -5,7 +5,9 @@ metrics."""
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,3 +31,60 @@ class SLOs:
 
     def as_dict(self) -> dict[str, float | None]:
         return {"ttft": self.ttft, "tpot": self.tpot, "e2el": self.e2el}
+
+
+# Seconds above which a bare number given as an SLO reads as the milliseconds `vllm bench serve --goodput ttft:200`
+# takes (200 s for a first token, 50 s a token): loose bounds a user may mean, so a warning, not an error. The
+# shipped scenarios' loosest are TTFT 60 s (a reasoning user) and TPOT 0.1 s.
+SLO_WARN_ABOVE = {"ttft": 60.0, "tpot": 1.0, "e2el": 600.0}
+
+
+class SLOUnitWarning(UserWarning):
+    """An SLO that reads as milliseconds written where seconds are meant (the command prints it as one line)."""
+
+
+def parse_slo_seconds(value: object) -> object:
+    """An SLO as written: a number of seconds, or a string with its unit ("200ms", "0.2s"); other values are
+    returned as they are, for the number type to refuse."""
+    if not isinstance(value, str):
+        return value
+    text = value.strip().lower()
+    for unit, scale in (("ms", 1e-3), ("s", 1.0)):
+        if text.endswith(unit):
+            try:
+                return float(text[: -len(unit)].strip()) * scale
+            except ValueError:
+                break
+    raise ValueError("expected seconds (a number) or a number with its unit, '200ms' or '0.2s'")
+
+
+def implausible_slo(name: str, seconds: object) -> str | None:
+    """Why a bare number given as SLO ``name`` (ttft, tpot, e2el) looks like milliseconds, or None."""
+    limit = SLO_WARN_ABOVE.get(name)
+    if limit is None or isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds > limit:
+        return None
+    return (f"{name}: {seconds:g} seconds is an unusually loose {name.upper()} bound (above {limit:g} s); SLOs are "
+            f"seconds, where vllm bench serve --goodput takes ms: for {seconds:g} ms write {seconds / 1000:g} or "
+            f"'{seconds:g}ms'; '{seconds:g}s' keeps {seconds:g} seconds without this warning")
+
+
+def slo_unit_warnings(raw: object) -> list[str]:
+    """The warnings a scenario as written (its dict, before validation) earns: each SLO given as a bare number that
+    reads as milliseconds (``implausible_slo``), named by its key path. A string with its unit earns none."""
+    if not isinstance(raw, dict):
+        return []
+    found: list[tuple[str, Any]] = [("slos", raw.get("slos"))]
+    for where, wl in [("workload", raw.get("workload")),
+                      *((f"variants.{i}.workload", (v or {}).get("workload") if isinstance(v, dict) else None)
+                        for i, v in enumerate(raw.get("variants") or []))]:
+        classes = wl.get("classes") if isinstance(wl, dict) else None
+        if isinstance(classes, list):
+            found += [(f"{where}.classes.{i}.slo", c.get("slo")) for i, c in enumerate(classes) if isinstance(c, dict)]
+    return [f"{path}.{why}" for path, slos in found if isinstance(slos, dict)
+            for name, value in slos.items() if (why := implausible_slo(str(name), value)) is not None]
+
+
+def warn_slo_units(raw: object) -> None:
+    """``slo_unit_warnings`` as SLOUnitWarnings, attributed to the caller of the function that read the file."""
+    for why in slo_unit_warnings(raw):
+        warnings.warn(why, SLOUnitWarning, stacklevel=3)

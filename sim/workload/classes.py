@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 from pydantic import Field
 
-from sim.config.input_model import Float, FrozenInputModel, Int
+from sim.config.input_model import SLO_UNIT_HELP as _UNIT
+from sim.config.input_model import Float, FrozenInputModel, Int, SLOSeconds
 from sim.workload.lengths import LengthDistribution, fmt_g
 from sim.workload.trace_columns import ClassColumns
 
@@ -20,9 +21,12 @@ _SHARE_TOLERANCE = 1e-6  # shares written as decimals (0.1 + 0.2 + 0.7) sum to 1
 class ClassSLO(FrozenInputModel):
     """A class's service-level objectives, in seconds (vLLM's ``--goodput`` takes the same metrics, in ms)."""
 
-    ttft: Float | None = Field(default=None, gt=0, description="TTFT bound in seconds; none: no bound.")
-    tpot: Float | None = Field(
-        default=None, gt=0, description="TPOT bound in seconds per output token after the first; none: no bound."
+    ttft: SLOSeconds | None = Field(
+        default=None, gt=0, description=f"TTFT bound in seconds{_UNIT}; none: no bound."
+    )
+    tpot: SLOSeconds | None = Field(
+        default=None, gt=0,
+        description=f"TPOT bound in seconds per output token after the first{_UNIT}; none: no bound.",
     )
 
 
