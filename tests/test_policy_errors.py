@@ -765,3 +765,18 @@ def test_a_policy_that_never_preempts_is_told_why_it_stalled(tmp_path: Path) -> 
     assert "policy NeverPreempts: simulation stalled: " in p.stderr, p.stderr
     assert ("running requests hold 24 of 24 KV blocks and none has a free block for its next token: a policy that "
             "never preempts (plan.preempt) stops when the KV cache fills") in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize(("cls", "message"), [
+    ("RanksUnderAMisspelledName", "RanksUnderAMisspelledName defines rnak, which servesim never calls or reads; did "
+     "you mean rank? (a helper of your own: start its name with _)"),
+    ("WithMisspelledDependsOn", "WithMisspelledDependsOn defines depend_on, which servesim never calls or reads; did "
+     "you mean depends_on?"),
+])
+def test_a_hook_under_a_misspelled_name_is_named(tmp_path: Path, cls: str, message: str) -> None:
+    """A QueuePolicy subclass whose rank (or depends_on) was misspelled ran as plain FCFS (or with QueuePolicy's own
+    declaration), exit 0 and no word: the hook of that name was never called."""
+    p = _here(tmp_path, f"bad_policies.py:{cls}")
+    assert p.returncode == 2, p.stderr
+    assert message in p.stderr, p.stderr
+    assert "Traceback (most recent call last)" not in p.stderr

@@ -113,6 +113,15 @@ def test_a_router_that_is_not_one_is_refused_at_load(tmp_path: Path) -> None:
     assert p.returncode == 2 and "ShortOnly has no route() method (subclass servesim.Router)" in p.stderr, p.stderr
 
 
+def test_a_router_whose_route_is_misspelled_is_told_the_name(tmp_path: Path) -> None:
+    """route written rout: 'does not override route()', which left the user to find the typo."""
+    text = SCENARIO.replace("bad_policies.py:Fewest", "bad_policies.py:RoutesUnderAMisspelledName")
+    p = servesim_cli("run", str(_scenario(tmp_path, text)), "-q", cwd=HERE.parent)
+    assert p.returncode == 2, p.stderr
+    assert ("RoutesUnderAMisspelledName defines rout, which servesim never calls or reads; did you mean route?"
+            in p.stderr), p.stderr
+
+
 def test_a_router_of_the_wrong_signature_is_refused_at_load(tmp_path: Path) -> None:
     """route(self, request) without the replicas failed only at the first arrival, with Python's TypeError."""
     text = SCENARIO.replace("bad_policies.py:Fewest", "bad_policies.py:RoutesWithoutReplicas")

@@ -415,6 +415,8 @@ class Policy:
 def implements_policy(obj: Any) -> str | None:
     """Why ``obj`` cannot serve as a policy, or None. A class that does not subclass ``Policy`` is accepted when it
     has a ``schedule`` method (structural typing), with every step as its ``depends_on``."""
+    if (why := misnamed_hook(type(obj), Policy)) is not None:
+        return why
     if not isinstance(obj, _Schedules) or not callable(obj.schedule):
         return "has no schedule(view) method"
     if type(obj).schedule is Policy.schedule:
@@ -425,6 +427,23 @@ def implements_policy(obj: Any) -> str | None:
     for method, args in getattr(type(obj), "_hook_signatures", Policy._hook_signatures):
         if (why := wrong_signature(obj, method, args)) is not None:
             return why
+    return None
+
+
+def misnamed_hook(kind: type, base: type) -> str | None:
+    """Why a name the user's classes of ``kind`` define looks like a hook of servesim's classes it subclasses (or of
+    ``base``, the API it is meant to implement) that they leave unset (``rnak``, ``depend_on``), or None: a
+    misspelled hook is never called, and a QueuePolicy subclass ran as plain FCFS without a word."""
+    import difflib
+
+    ours = [c for c in kind.__mro__ if c.__module__.startswith("sim.") or c is object]
+    hooks = {n for c in (*ours, base) for n in vars(c) if not n.startswith("_")} | {"shared_caches"}
+    mine = [n for c in kind.__mro__ if c not in ours for n in vars(c) if not n.startswith("_")]
+    unset = {h.lower(): h for h in hooks if h not in mine}
+    for name in mine:
+        if name not in hooks and (close := difflib.get_close_matches(name.lower(), unset, n=1, cutoff=0.75)):
+            return (f"defines {name}, which servesim never calls or reads; did you mean {unset[close[0]]}? (a helper "
+                    "of your own: start its name with _)")
     return None
 
 

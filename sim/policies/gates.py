@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sim.policies.api import RequestView, wrong_signature
+from sim.policies.api import RequestView, misnamed_hook, wrong_signature
 from sim.policies.watchdog import WATCH
 from sim.serving.request import Request
 
@@ -103,6 +103,8 @@ class TokenBucket(Admission):
 
 
 def _implements(obj: Any, method: str, base: type, args: tuple[str, ...]) -> str | None:
+    if (why := misnamed_hook(type(obj), base)) is not None:
+        return why
     fn = getattr(obj, method, None)
     if not callable(fn):
         return f"has no {method}() method"

@@ -466,3 +466,24 @@ class SchedulesSwapped(servesim.Policy):
             if not plan.preempted and budget.allocate(r, r.num_remaining):
                 plan.schedule(r, r.num_remaining)
         return plan
+
+
+class RanksUnderAMisspelledName(servesim.QueuePolicy):
+    """rank written rnak: it ran as plain first come first served, exit 0."""
+
+    def rnak(self, req):
+        return (req.prompt_len, req.arrival, req.id)
+
+
+class WithMisspelledDependsOn(servesim.QueuePolicy):
+    """Reads the clock, and meant to say so: QueuePolicy's own depends_on stayed, silently."""
+
+    depend_on = frozenset({"every_step"})
+
+    def rank(self, req):
+        return (req.arrival, req.id)
+
+
+class RoutesUnderAMisspelledName(servesim.Router):
+    def rout(self, request, replicas):
+        return 0
