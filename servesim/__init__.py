@@ -12,13 +12,25 @@ loop, its failures returned as scores (:mod:`sim.studies.evaluate`).
 See :mod:`sim.api` for the details; the simulator itself lives in the ``sim`` package.
 """
 
-from sim import __version__
-from sim.api import Comparison, Results, RunFolderError, ScenarioError, compare, load, run
-from sim.studies.evaluate import Scores, WorkloadCache, evaluate
-from sim.policies.api import Budget, KVView, Limits, Plan, Policy, PolicyView, RequestView
-from sim.policies.gates import Admission, AdmissionState, ReplicaView, Router, TokenBucket
-from sim.policies.queue import QueuePolicy
-from sim.policies.user import PolicyError
+import sys
+
+try:
+    from sim import __version__
+    from sim.api import Comparison, Results, RunFolderError, ScenarioError, compare, load, run
+    from sim.studies.evaluate import Scores, WorkloadCache, evaluate
+    from sim.policies.api import Budget, KVView, Limits, Plan, Policy, PolicyView, RequestView
+    from sim.policies.gates import Admission, AdmissionState, ReplicaView, Router, TokenBucket
+    from sim.policies.queue import QueuePolicy
+    from sim.policies.user import PolicyError
+except KeyboardInterrupt:
+    if sys.argv[:1] != ["-m"]:  # imported by a program (or a notebook): the Ctrl-C is its own to handle
+        raise
+    # `python -m servesim ...`: Python imports this package, seconds of imports on a busy machine, before the
+    # command's own guarded ones (sim/cli/main.py); a Ctrl-C here printed a traceback where they print one line
+    from sim.cli import STARTING
+
+    sys.stderr.write(f"\ninterrupted {STARTING}\n")
+    raise SystemExit(130) from None
 
 __all__ = ["Admission", "AdmissionState", "Budget", "Comparison", "KVView", "Limits", "Plan", "Policy", "PolicyError",
            "PolicyView", "QueuePolicy", "ReplicaView", "RequestView", "Results", "Router", "RunFolderError",

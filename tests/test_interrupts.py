@@ -239,3 +239,44 @@ def test_ctrl_c_while_the_command_starts_is_one_line(tmp_path: Path, module: str
     assert p.returncode == 130, p.stderr
     assert p.stderr.strip() == "interrupted while starting; nothing was written", p.stderr
     assert p.stdout == "" and not out.exists()
+
+
+def test_ctrl_c_while_python_m_servesim_starts_is_one_line(tmp_path: Path) -> None:
+    """`python -m servesim run ...` imports the servesim package (sim.api, numpy, pydantic: seconds on a busy
+    machine) before the command's own guarded imports; a Ctrl-C there printed a KeyboardInterrupt traceback (SIGINT
+    0.3, 0.6, 1.0 and 1.5 s after the start). Python names the module "-m" in sys.argv while it imports the package,
+    as runpy does here."""
+    import os
+    import subprocess
+    import sys
+
+    script = STARTING.replace("from sim.cli.main import app  # what the installed servesim script runs\n"
+                              "app(sys.argv[1:], prog_name=\"servesim\")\n",
+                              "import runpy\nsys.argv[0] = '-m'\nrunpy.run_module('servesim', run_name='__main__', "
+                              "alter_sys=True)\n")
+    assert "runpy" in script
+    out = tmp_path / "out"
+    p = subprocess.run([sys.executable, "-c", script, "run", "scenarios/naive-vs-continuous.yaml", "--out", str(out)],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT,
+                       env={**os.environ, "PYTHONPATH": str(ROOT), "CTRL_C_ON": "sim.api"})
+    assert p.returncode == 130, p.stderr
+    assert p.stderr.strip() == "interrupted while starting; nothing was written", p.stderr
+    assert p.stdout == "" and not out.exists()
+
+
+def test_ctrl_c_as_the_commands_are_declared_is_one_line(tmp_path: Path) -> None:
+    """The guarded imports of sim/cli/main.py end at its top; a Ctrl-C later in the module (the commands declared,
+    sim.cli.live imported and registered: 2.4 s after the start of `python -m servesim run` on a busy machine)
+    printed a KeyboardInterrupt traceback of 18 lines."""
+    import os
+    import subprocess
+    import sys
+
+    script = STARTING.replace('if name == os.environ["CTRL_C_ON"]',  # from sim.cli import live, near the end
+                              "if name == 'sim.cli' and 'live' in ((a[2] if len(a) > 2 else k.get('fromlist')) or ())")
+    assert "'live'" in script
+    p = subprocess.run([sys.executable, "-c", script, "run", "scenarios/naive-vs-continuous.yaml", "--out",
+                        str(tmp_path / "out")], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                       env={**os.environ, "PYTHONPATH": str(ROOT), "CTRL_C_ON": ""})
+    assert p.returncode == 130, p.stderr
+    assert p.stderr.strip() == "interrupted while starting; nothing was written", p.stderr
