@@ -849,3 +849,17 @@ def test_swap_preemption_without_swap_space_is_refused() -> None:
                            r"swap_space > 0 \(vLLM's default is 4 GiB\) or preemption_mode recompute$"):
             servesim.run({**base, "policy": policy})
     assert servesim.run({**base, "policy": {"type": "fcfs"}}).summary["scenario"]["num_completed"] == 10
+
+
+@pytest.mark.parametrize("name", ["max_num_seqs", "note"])
+def test_what_a_policy_router_or_admission_rule_is_shown_says_it_is_read_only(name: str) -> None:
+    """A name that is not a field of a frozen slots dataclass raised Python 3.11's "TypeError: super(type, obj): obj
+    must be an instance or subtype of type" on assignment; every such view now says which is read-only."""
+    import dataclasses
+
+    from sim.policies.gates import AdmissionState, ReplicaView
+
+    for shown in (Limits(), ReplicaView(0, 0, 0, 0, 8, 8, 0), AdmissionState(0.0, 0, 0, 8, 8)):
+        with pytest.raises(dataclasses.FrozenInstanceError, match=f"cannot change '{name}': {type(shown).__name__} "
+                           "is read-only"):
+            setattr(shown, name, 1)

@@ -163,6 +163,11 @@ CASES = [
     # vLLM's name for a request's field: Python's bare "'RequestView' object has no attribute 'arrival_time'"
     ("bad_policies.py:RanksByVllmName", "", "RanksByVllmName: schedule(view) at t=0.029018 s raised AttributeError: "
      "'RequestView' object has no attribute 'arrival_time'; did you mean 'arrival'?"),
+    # a note on the view: "TypeError: super(type, obj): obj must be an instance or subtype of type" (Python 3.11's
+    # own __setattr__ of a frozen slots dataclass, for a name that is not a field)
+    ("bad_policies.py:TagsTheView", "", "TagsTheView: schedule(view) at t=0.000000 s raised FrozenInstanceError: cannot "
+     "change 'note': PolicyView is read-only (what the core shows as of this step); keep state of your own on your "
+     "object (self.note = ...)"),
     # plan.schedule for a swapped request: the core said only "which is swapped"
     ("bad_policies.py:SchedulesSwapped", "", "SchedulesSwapped at t=0.053645 s: plan schedules request 1, which is "
      "swapped (a swapped request comes back with plan.swap_in(req, n), reserved by budget.swap_in(req) and "

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from itertools import repeat
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
-from sim.policies.base import Limits
+from sim.policies.base import Limits, read_only
 from sim.serving.request import Request
 
 if TYPE_CHECKING:
@@ -315,6 +315,7 @@ class KVView:
         return Budget(self._kv.budget(), self._decodes)
 
 
+@read_only
 @dataclass(frozen=True, slots=True)
 class PolicyView:
     """Everything a policy may read for one step. Queues are tuples of ``RequestView`` in the core's order:

@@ -15,14 +15,31 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from dataclasses import FrozenInstanceError, dataclass, field
+from typing import Any, ClassVar, Protocol, TypeVar
 
 from sim.serving.decode_group import DecodeGroup
 from sim.serving.kv_manager import KVBudget, KVManager
 from sim.serving.request import Request
 
+_T = TypeVar("_T", bound=type)
 
+
+def read_only(cls: _T) -> _T:
+    """A frozen ``slots`` dataclass a policy is given, whose assignments say so: Python 3.11's own ``__setattr__``
+    for such a class raised "TypeError: super(type, obj): obj must be an instance or subtype of type" for a name
+    that is not a field (``view.note = ...`` in a user's policy), naming neither the class nor the mistake."""
+
+    def refuse(self: Any, name: str, value: Any = None) -> None:
+        raise FrozenInstanceError(f"cannot change {name!r}: {type(self).__name__} is read-only (what the core shows "
+                                  f"as of this step); keep state of your own on your object (self.{name} = ...)")
+
+    cls.__setattr__ = refuse  # type: ignore[method-assign]
+    cls.__delattr__ = refuse  # type: ignore[method-assign,assignment]
+    return cls
+
+
+@read_only
 @dataclass(frozen=True, slots=True)
 class Limits:
     """Per-step limits, with vLLM's names."""

@@ -24,10 +24,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from sim.policies.api import RequestView, misnamed_hook, wrong_signature
+from sim.policies.base import read_only
 from sim.policies.watchdog import WATCH
 from sim.serving.request import Request
 
 
+@read_only
 @dataclass(frozen=True, slots=True)
 class ReplicaView:
     """One replica at the instant a request arrives."""
@@ -49,6 +51,7 @@ class ReplicaView:
         return 1 - self.num_free_blocks / self.num_blocks if self.num_blocks else 0.0
 
 
+@read_only
 @dataclass(frozen=True, slots=True)
 class AdmissionState:
     """The replica a request arrives at, as the admission rule sees it."""

@@ -487,3 +487,12 @@ class WithMisspelledDependsOn(servesim.QueuePolicy):
 class RoutesUnderAMisspelledName(servesim.Router):
     def rout(self, request, replicas):
         return 0
+
+
+class TagsTheView(servesim.QueuePolicy):
+    """Notes something on the view: Python 3.11 said "TypeError: super(type, obj): obj must be an instance or subtype
+    of type" (a frozen slots dataclass's own __setattr__), naming neither the view nor the mistake."""
+
+    def schedule(self, view):
+        view.note = "seen"
+        return super().schedule(view)
