@@ -223,8 +223,19 @@ def test_a_share_signal_above_1_is_refused(signal: str, scale_up: float) -> None
     auto = {"signal": signal, "scale_up": scale_up, "scale_down": 0.2}
     with pytest.raises(ScenarioError, match=rf"cluster.autoscaler: scale_up \({scale_up}\): the {signal} signal"):
         parse_scenario(scenario({"replicas": 1, "autoscaler": auto}))
-    # kv_usage counts the blocks queued prompts need too, so it passes 1 under overload: 1.5 stays allowed
-    parse_scenario(scenario({"replicas": 1, "autoscaler": {**auto, "signal": "kv_usage"}}))
+    # kv_usage counts the blocks queued prompts need too, so it passes 1 under overload: 1.0 and 1.5 stay allowed
+    if scale_up <= 2:
+        parse_scenario(scenario({"replicas": 1, "autoscaler": {**auto, "signal": "kv_usage"}}))
+
+
+@pytest.mark.parametrize(("key", "value"), [("scale_up", 70), ("scale_down", 30)])
+def test_a_kv_usage_threshold_written_as_a_percent_is_refused(key: str, value: float) -> None:
+    """Before: kv_usage scale_up 70 (meant as 70%) loaded and, the signal a share of the cache, never scaled up."""
+    auto = {"signal": "kv_usage", "scale_up": 0.7, "scale_down": 0.3, key: value}
+    with pytest.raises(ScenarioError, match=rf"cluster.autoscaler: {key} \({value}\): the kv_usage signal is a "
+                                            rf"share of the KV cache \(write {value / 100:g} for {value}%\)"):
+        parse_scenario(scenario({"replicas": 1, "autoscaler": auto}))
+    parse_scenario(scenario({"replicas": 1, "autoscaler": {**auto, key: 2.0 if key == "scale_up" else 0.5}}))
 
 
 def test_report_shows_the_fleet_over_time() -> None:

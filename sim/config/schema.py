@@ -212,6 +212,9 @@ def _replicas_cap(n: int) -> int:
     return n
 
 
+KV_USAGE_MAX_THRESHOLD = 2.0  # kv_usage thresholds above this are a percent written as a number (70 for 0.70)
+
+
 class AutoscalerSection(_Model):
     signal: Literal["busy", "compute", "kv_usage", "queue", "ttft"] = Field(
         description="What it watches: busy (share of time replicas run steps, the usual GPU 'utilisation'), "
@@ -236,6 +239,13 @@ class AutoscalerSection(_Model):
     @model_validator(mode="after")
     def _ranges(self) -> AutoscalerSection:
         # checked here so that a bad range fails at load (exit 2), not as the cluster is built
+        # kv_usage counts the blocks queued prompts need too, so it passes 1 under a backlog (queued prompts needing
+        # more blocks than are free): a threshold a little above 1 means something; 70 (for 70%) never fired, silently
+        for key, v in (("scale_up", self.scale_up), ("scale_down", self.scale_down)):
+            if self.signal == "kv_usage" and v > KV_USAGE_MAX_THRESHOLD:
+                raise ValueError(f"{key} ({v:g}): the kv_usage signal is a share of the KV cache (write {v / 100:g} "
+                                 f"for {v:g}%); it passes 1 only while queued prompts need more blocks than are free, "
+                                 f"so a threshold above {KV_USAGE_MAX_THRESHOLD:g} reads as a percent")
         if not self.scale_down < self.scale_up:
             raise ValueError(f"scale_down ({self.scale_down}) must be below scale_up ({self.scale_up})")
         # busy and compute are shares of at most 1 and the autoscaler adds a replica when the signal is strictly
