@@ -168,6 +168,9 @@ CASES = [
     ("bad_policies.py:TagsTheView", "", "TagsTheView: schedule(view) at t=0.000000 s raised FrozenInstanceError: cannot "
      "change 'note': PolicyView is read-only (what the core shows as of this step); keep state of your own on your "
      "object (self.note = ...)"),
+    # a near miss on the KV view (or the limits, the plan, the budget): only RequestView's own names were suggested
+    ("bad_policies.py:ReadsKVFreeBlocks", "", "ReadsKVFreeBlocks: schedule(view) at t=0.000000 s raised AttributeError: "
+     "'KVView' object has no attribute 'free_blocks'; did you mean 'num_free_blocks'?"),
     # plan.schedule for a swapped request: the core said only "which is swapped"
     ("bad_policies.py:SchedulesSwapped", "", "SchedulesSwapped at t=0.053645 s: plan schedules request 1, which is "
      "swapped (a swapped request comes back with plan.swap_in(req, n), reserved by budget.swap_in(req) and "

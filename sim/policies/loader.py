@@ -39,7 +39,25 @@ def exception_text(e: BaseException) -> str:
         text = str(e)
     except Exception:
         text = "(its message could not be formatted)"
+    if isinstance(e, AttributeError) and "did you mean" not in text:
+        text += _near_attribute(e)
     return f"raised {type(e).__name__}: {text}"
+
+
+def _near_attribute(e: AttributeError) -> str:
+    """"; did you mean 'x'?" for a name the object lacks (``view.kv.free_blocks``), as Python's own traceback says it
+    and the message servesim prints (``str(e)``) did not; "" when nothing is close."""
+    import difflib
+
+    name, obj = getattr(e, "name", None), getattr(e, "obj", None)
+    if not isinstance(name, str) or obj is None:
+        return ""
+    try:
+        names = [n for n in dir(obj) if isinstance(n, str) and not n.startswith("_")]
+    except Exception:  # a user's object whose __dir__ raises: no hint
+        return ""
+    close = difflib.get_close_matches(name, names, n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def file_digest(path: str | Path) -> str:

@@ -496,3 +496,12 @@ class TagsTheView(servesim.QueuePolicy):
     def schedule(self, view):
         view.note = "seen"
         return super().schedule(view)
+
+
+class ReadsKVFreeBlocks(servesim.QueuePolicy):
+    """view.kv.free_blocks for num_free_blocks: Python's own traceback says "Did you mean", servesim's line did not."""
+
+    def schedule(self, view):
+        if view.kv.free_blocks < 1:
+            return servesim.Plan()
+        return super().schedule(view)
