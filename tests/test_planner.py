@@ -142,6 +142,36 @@ def test_nothing_meets() -> None:
            "does not fit on 1 x l4" in text
 
 
+def test_when_nothing_meets_the_plan_names_the_nearest_miss() -> None:
+    """A plan whose simulated deployments all missed listed them in the front and said "no deployment in the space
+    meets the SLOs", leaving the user to find the closest among rows; it names it now, with its worst metric."""
+    r = plan(parse_scenario(chat(0.5, 20, ttft=2.0, tpot=0.1, gpus=["l4", "a100-80gb"], max_gpus=1)))
+    sims = r.simulated
+    assert sims and all(e.meets for e in sims)
+    for e in sims:  # the same runs judged against SLOs they all miss: TTFT at half the fastest, TPOT loose
+        e.status = "missed"
+    fast = min(sims, key=lambda e: e.latency["ttft"])
+    r.chosen, r.cheapest, r.break_even = None, None, None
+    r.slos = {**r.slos, "ttft": fast.latency["ttft"] / 2, "tpot": 1.0}
+    text = format_plan(r)
+    (line,) = [x for x in text.splitlines() if x.startswith("nearest miss: ")]
+    assert line.startswith(f"nearest miss: {fast.candidate.label()} at ${fast.candidate.cost_per_hour:.2f}/h: "
+                           f"p99 TTFT {fast.latency['ttft'] * 1000:,.1f} ms (SLO ")
+    assert line.endswith("; TTFT 100% over its SLO")
+
+
+def test_the_plan_command_exits_1_when_nothing_meets(tmp_path: Path) -> None:
+    """Before: exit 0, as for a plan with a choice; a script or CI job had to read the text to know the answer was no
+    (2 stays bad input)."""
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(chat(1, 20, ttft=1e-4, tpot=0.1, gpus=["l4"], max_gpus=1)))
+    for args in ([], ["--json"]):
+        res = CliRunner().invoke(app, ["plan", str(path), "-q", *args])
+        assert res.exit_code == 1, res.output
+        assert "no deployment in the space meets the SLOs" in res.stdout if not args else \
+            json.loads(res.stdout)["chosen"] is None
+
+
 def test_an_empty_search_space_is_an_error_naming_why() -> None:
     """A space with no deployment in it (a tensor-parallel degree that splits no head count, or above max_gpus) was
     searched as "searched 0 deployments ... no deployment in the space meets the SLOs: ... relax the SLOs", exit 0:

@@ -1231,7 +1231,8 @@ def plan(
 ) -> None:
     """Find the cheapest deployment (GPU type and count, tensor parallelism, weight and KV precision,
     max_num_seqs, chunked prefill) meeting the scenario's SLOs at its load: analytic bounds prune, the simulator
-    decides; prints the Pareto front, the choice, its cost per million output tokens and the API break-even."""
+    decides; prints the Pareto front, the choice, its cost per million output tokens and the API break-even.
+    Exit 1 when no deployment meets the SLOs (the nearest miss printed), 2 on bad input."""
     from sim.studies.plan_text import format_plan
     from sim.studies.planner import check_plan
     from sim.studies.planner import plan as plan_deployment
@@ -1257,6 +1258,8 @@ def plan(
         _fail(str(e))
         return
     typer.echo(json.dumps(result.to_dict(), indent=1) if as_json else format_plan(result))
+    if result.chosen is None:  # the answer is no: a script or CI job sees it without reading the text (2: bad input)
+        raise typer.Exit(1)
 
 
 @app.command()

@@ -51,6 +51,27 @@ def _confidence_lines(result: PlanResult, ch: Evaluation) -> list[str]:
     return out
 
 
+def _nearest_miss(result: PlanResult) -> list[str]:
+    """The simulated deployment closest to the SLOs (the smallest worst ratio of a percentile to its SLO, the
+    cheaper on a tie), with its numbers: what to widen or relax is read from it. None simulated: nothing."""
+    keys = _metric_names(result)
+
+    def worst(e: Evaluation) -> tuple[float, str]:
+        ratios = [(e.latency.get(k, NAN) / float(result.slos[k] or NAN), k) for k in keys]
+        return max(((r, k) for r, k in ratios if math.isfinite(r)), default=(math.inf, ""))
+
+    missed = [e for e in result.simulated if not e.meets]
+    if not missed:
+        return []
+    e = min(missed, key=lambda e: (worst(e)[0], e.candidate.cost_per_hour))
+    lat = ", ".join(f"p{result.percentile} {k.upper()} {_ms(e.latency.get(k))} ms (SLO {_ms(result.slos[k])} ms)"
+                    for k in keys)
+    over, key = worst(e)
+    why = f"{key.upper()} {100 * (over - 1):.0f}% over its SLO" if math.isfinite(over) and over > 1 else e.reason
+    return [f"nearest miss: {e.candidate.label()} at ${e.candidate.cost_per_hour:.2f}/h: {lat}"
+            + (f"; {why}" if why else "")]
+
+
 def _joules(j: float) -> str:
     """A deployment's joules per output token for the Pareto table, 6 wide: NaN (a GPU without power figures,
     sim/costs/energy.py) is a dash."""
@@ -120,6 +141,7 @@ def format_plan(result: PlanResult) -> str:
     if ch is None:
         lines.append("no deployment in the space meets the SLOs: widen plan (more GPUs, other GPUs or dtypes) or "
                      "relax the SLOs")
+        lines += _nearest_miss(result)
     else:
         c = ch.candidate
         lat = ", ".join(f"p{q} {k.upper()} {_ms(ch.latency[k])} ms (SLO {_ms(result.slos[k])} ms)" for k in keys)
