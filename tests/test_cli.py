@@ -715,3 +715,14 @@ def test_dtype_help_lists_every_dtype_the_engine_accepts() -> None:
     for command in (["engine", "run"], ["calibrate"]):
         out = " ".join(CliRunner().invoke(app, [*command, "--help"], env={"COLUMNS": "200"}).output.split())
         assert "--dtype <str> fp32, bf16, fp16, fp64 (default" in out, (command, out)
+
+
+def test_validate_without_a_profile_names_the_shipped_ones() -> None:
+    """docs/write-a-policy.md sent a user to `servesim validate` after `engine run`, and validate answered only
+    'validate needs --profile (the engine run) ...', naming no profile to give; the profiles of the CPU models ship
+    in calibration/profiles/."""
+    root = Path(__file__).parent.parent
+    p = servesim("validate", "scenarios/classes-priority.yaml", cwd=root)
+    assert p.returncode == 2, p.stderr
+    assert "calibration/profiles/tiny-cpu.json (--model tiny, measured on cpu)" in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr

@@ -1004,7 +1004,8 @@ def validate(
         _validate_against(scenario, against, variant, overrides, out, profile)
         return
     if profile is None:
-        _fail("validate needs --profile (the engine run) or --against FILE (benchmark results)")
+        _fail(f"validate needs --profile PROFILE.json, the engine's step times as servesim calibrate measures them "
+              f"({_shipped_profiles()}), or --against FILE (benchmark results)")
         return
     try:
         import torch
@@ -1030,6 +1031,21 @@ def validate(
     _write_validation_folder(out_dir, functools.partial(write_validation, out_dir, val))
     typer.echo(val.table())
     typer.echo(f"wrote {out_dir}/validation.json, validation.html, engine/, sim/")
+
+
+def _shipped_profiles() -> str:
+    """The profiles servesim ships, each with the model to give with it: what ``validate`` without ``--profile`` can
+    be pointed at (docs/write-a-policy.md names no profile, and the error named none either)."""
+    folder = Path(__file__).resolve().parents[2] / "calibration" / "profiles"
+    where = os.path.relpath(folder) if folder.is_relative_to(Path.cwd()) else str(folder)
+    shipped = []
+    for f in sorted(folder.glob("*.json")):
+        try:
+            d = json.loads(f.read_text())
+            shipped.append(f"{where}/{f.name} (--model {d['model']}, measured on {str(d['device']).split(' (')[0]})")
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return "shipped: " + "; ".join(shipped) if shipped else "none is shipped here"
 
 
 def _calibrate_from_bench(files: list[Path], model: str | None, gpu: str | None, out: Path | None, holdout_every: int,
