@@ -137,3 +137,17 @@ def test_a_negative_ttft_drops_the_per_request_lists(tmp_path: Path) -> None:
     run = read_vllm_bench(f)
     assert run.input_lens == [] and run.ttfts_s == []
     assert run.skipped == [f"{f}: ttfts: not all non-negative numbers; per-request comparison skipped"]
+
+
+@pytest.mark.parametrize("written", ['"inf"', "Infinity"])
+def test_a_constant_rate_burstiness_is_read_as_infinite(tmp_path: Path, written: str) -> None:
+    """vLLM draws evenly spaced arrivals for --burstiness inf; its result JSON holds it as json.dump writes it
+    (Infinity), and servesim's own export of a constant-rate run as "inf" (a string, as request_rate's "inf"). Both
+    were skipped as 'not a positive number' and the workload rebuilt as Poisson (burstiness 1)."""
+    f = tmp_path / "c.json"
+    f.write_text('{"request_rate": 2.0, "burstiness": ' + written + ', "num_prompts": 3, "input_lens": [1, 2, 3], '
+                 '"output_lens": [1, 1, 1], "ttfts": [0.1, 0.2, 0.1]}')
+    run = read_vllm_bench(f)
+    assert run.burstiness == float("inf") and run.skipped == []
+    times = [r.arrival for r in rebuild_workload(run)[0].requests]
+    assert times == pytest.approx([0.5, 1.0, 1.5])  # evenly spaced at 2 req/s, as vLLM sends them

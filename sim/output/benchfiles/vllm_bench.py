@@ -61,7 +61,8 @@ def read_vllm_bench(path: str | Path, data: Any = None) -> BenchRun:
             run.request_rate = float(rate)
     for name in ("burstiness", "duration"):
         if name in data and data[name] is not None:
-            v = _num(data[name])
+            # --burstiness inf (evenly spaced sends): json.dump writes Infinity, servesim's export "inf"
+            v = math.inf if name == "burstiness" and data[name] in ("inf", math.inf) else _num(data[name])
             if v is None or v <= 0:
                 skip(f"{p}: {name}: not a positive number")
             elif name == "burstiness":
