@@ -358,19 +358,31 @@ def attribute(result: RunResult, step_energy: np.ndarray, total: float) -> np.nd
                                                                          "finish"))
     prompt = recs.column("prompt_tokens").astype(np.float64)
     replicas = np.unique(replica)
-    for rep in replicas:
+    fleet = len(replicas) > 1
+    if fleet:
+        # the steps and the requests put in replica order once (stable: each replica's keep their order), each
+        # replica's then a slice: a mask of every step and every request per replica made this quadratic in the
+        # fleet (256 replicas, 20,000 requests: 0.39 s of a 0.94 s summary)
+        s_order = np.argsort(replica, kind="stable")
+        s_cut = np.searchsorted(replica[s_order], replicas, side="right")
+        live = np.flatnonzero(first_sched >= 0)
+        r_order = live[np.argsort(req_rep[live], kind="stable")]
+        r_keys = req_rep[r_order]
+        r_lo, r_hi = (np.searchsorted(r_keys, replicas, side=side) for side in ("left", "right"))
+    for j, rep in enumerate(replicas):
         # one replica's steps in start order; a single replica's log is that already, and its columns are then
         # used as they are (a long run's masked and sorted copies were most of the memory this took)
-        if len(replicas) > 1:
-            sel = replica == rep
+        if fleet:
+            sel = s_order[s_cut[j - 1] if j else 0 : s_cut[j]]
             st, pt, pf = start[sel], per_tok[sel], prefill[sel]
+            mine = r_order[r_lo[j] : r_hi[j]]  # its requests that were scheduled, in index order
         else:
             st, pt, pf = start, per_tok, prefill
+            mine = np.flatnonzero((req_rep == rep) & (first_sched >= 0))
         if not bool(np.all(st[1:] >= st[:-1])):
             order = np.argsort(st, kind="stable")
             st, pt, pf = st[order], pt[order], pf[order]
         c_dec, c_pre_e, c_pre_n = (_cumsum0(x) for x in (pt, pt * pf, pf))
-        mine = (req_rep == rep) & (first_sched >= 0)
         fs, ft, fin = first_sched[mine], first_tok[mine], finish[mine]
         ft = np.where(ft >= 0, ft, fin)  # no first token (failed or rejected while prefilling): prefill to its end
         i0, i1, i2 = (np.searchsorted(st, x, side="left") for x in (fs, ft, fin))
