@@ -132,6 +132,9 @@ CASES = [
     ("bad_policies.py:RefusesWithEmptyReason", "", "RefusesWithEmptyReason at t=0.029018 s: rejects request 2 with an "
      "empty reason '' (QueuePolicy.refuse returns None to keep a request, a reason string that says why to reject "
      "it)"),
+    # plan.reject's own reason, in a policy without refuse(): it was told what QueuePolicy.refuse returns
+    ("bad_policies.py:RejectsWithNoReason", "", "RejectsWithNoReason at t=0.016468 s: rejects request 0 with reason "
+     "None, not a str (plan.reject(req, reason) takes a reason string, recorded in requests.csv, to reject it)"),
     # a plan's lists changed by hand: Python's unpacking error under servesim's frames, exit 1
     ("bad_policies.py:TripleByHand", "", "TripleByHand at t=0.016468 s: plan.scheduled holds (RequestView("),
     ("bad_policies.py:RejectsByHand", "", "RejectsByHand at t=0.000000 s: plan.rejected is None, not a list (build a "

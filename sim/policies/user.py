@@ -350,6 +350,16 @@ class UserPolicy(Policy):
             self._fail(view.now, why)
             raise
 
+    def _reason_hint(self) -> str:
+        """Whose reason it is: a QueuePolicy's refuse() (what plan.reject's reason comes from there), else the
+        policy's own plan.reject call, which the refuse() wording sent looking for a hook it does not have."""
+        from sim.policies.queue import QueuePolicy
+
+        user = type(self.user)
+        if issubclass(user, QueuePolicy) and user.refuse is not QueuePolicy.refuse:
+            return "QueuePolicy.refuse returns None to keep a request, a reason string"
+        return "plan.reject(req, reason) takes a reason string, recorded in requests.csv,"
+
     def _translate(self, up: api.Plan, rejected: list[tuple[Request, str]], view: View,
                    running: tuple[api.RequestView, ...]) -> CorePlan:
         plan = CorePlan(reject=list(rejected))
@@ -363,11 +373,11 @@ class UserPolicy(Policy):
                 self._fail(view.now, f"rejects request {r.id}, which is {r.status.value} (only waiting or swapped "
                            "requests can be rejected)")
             if not isinstance(reason, str):  # as an admission's admit(): True, False or 0 is no reason
-                self._fail(view.now, f"rejects request {r.id} with reason {reason!r}, not a str (QueuePolicy.refuse "
-                           "returns None to keep a request, a reason string to reject it)")
+                self._fail(view.now, f"rejects request {r.id} with reason {reason!r}, not a str ({self._reason_hint()} "
+                           "to reject it)")
             if not reason.strip():  # a refuse() returning "" to mean "keep it" rejected every request, exit 0
-                self._fail(view.now, f"rejects request {r.id} with an empty reason {reason!r} (QueuePolicy.refuse "
-                           "returns None to keep a request, a reason string that says why to reject it)")
+                self._fail(view.now, f"rejects request {r.id} with an empty reason {reason!r} ({self._reason_hint()} "
+                           "that says why to reject it)")
             plan.reject.append((r, reason))
         for rv, mode in up.preempted:
             r = self._req(rv, view.now, "preempts")

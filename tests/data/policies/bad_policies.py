@@ -505,3 +505,13 @@ class ReadsKVFreeBlocks(servesim.QueuePolicy):
         if view.kv.free_blocks < 1:
             return servesim.Plan()
         return super().schedule(view)
+
+
+class RejectsWithNoReason(servesim.Policy):
+    """plan.reject(req, None) in a policy of its own: told what QueuePolicy.refuse returns, a hook it does not have."""
+
+    def schedule(self, view):
+        plan = servesim.Plan()
+        for r in view.waiting:
+            plan.reject(r, None)
+        return plan
