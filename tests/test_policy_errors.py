@@ -180,7 +180,8 @@ CASES = [
      "budget.allocate(req, n))"),
     # a key of the built-in kinds that a user's class does not take (it was told "did you mean" the same key)
     ("sim.policies.queue:FCFSPolicy", ", enable_chunked_prefill: false",
-     "enable_chunked_prefill: unknown key; other kinds of this section have it, the kind 'custom' not"),
+     "enable_chunked_prefill: unknown key; other kinds of this section have it, the kind 'custom' not (your class's "
+     "constructor arguments go under args: {args: {enable_chunked_prefill: ...}})"),
 ]
 
 

@@ -236,12 +236,15 @@ def unknown_key_hint(model: type[BaseModel] | None, loc: tuple[Any, ...]) -> str
             return f"; did you mean {other} ({source}; a key of {where or 'the top level'})?"
     close = closest_keys(loc[-1], here)
     best = close[0] if close else None
-    if best is None and any({"cls", "args"} <= m.model_fields.keys() for m in models):
-        # a user's class: its own parameter written beside cls, where the constructor never sees it
-        return f"; your class's constructor arguments go under args: {{args: {{{loc[-1]}: ...}}}}"
+    # a user's class: its own parameter written beside cls, where the constructor never sees it
+    to_args = (f"your class's constructor arguments go under args: {{args: {{{loc[-1]}: ...}}}}"
+               if any({"cls", "args"} <= m.model_fields.keys() for m in models) else "")
+    if best is None and to_args:
+        return f"; {to_args}"
     if best == loc[-1]:  # the section's other kinds have the key, this kind not (a custom policy's chunking)
         kind = f" {loc[-2]!r}" if len(loc) > 1 and isinstance(loc[-2], str) else ""
-        return f"; other kinds of this section have it, the kind{kind} not"
+        # QueuePolicy's constructor takes enable_chunked_prefill: the message left out where it goes
+        return f"; other kinds of this section have it, the kind{kind} not" + (f" ({to_args})" if to_args else "")
     if best is not None:
         return f"; did you mean {either(close)}?"
     everywhere = _schema_keys(model)
