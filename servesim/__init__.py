@@ -27,7 +27,7 @@ except KeyboardInterrupt:
         raise
     # `python -m servesim ...`: Python imports this package, seconds of imports on a busy machine, before the
     # command's own guarded ones (sim/cli/main.py); a Ctrl-C here printed a traceback where they print one line
-    from sim.cli import STARTING
+    from sim.cli.starting import STARTING
 
     sys.stderr.write(f"\ninterrupted {STARTING}\n")
     raise SystemExit(130) from None

@@ -13,7 +13,7 @@ import signal
 import sys
 import threading
 
-from sim.cli import STARTING, interrupted_while_starting  # a package of a few names: no wait
+from sim.cli.starting import STARTING, interrupted_while_starting  # a module that imports nothing: no wait
 
 # The imports take 1-3 s on a busy machine, and a Ctrl-C in them (a typo seen in the command line) printed a
 # KeyboardInterrupt traceback: it is one line, as everywhere else in the command. The handler covers the whole
