@@ -22,6 +22,7 @@ from sim.config.schema import ScenarioError
 from sim.costs.fitted import FittedCostModel
 from sim.engines.sched import engine_kv_cache
 from sim.hardware.models import ModelSpec, resolve_model
+from sim.hardware.names import preset_hint
 from sim.loop.build import build
 from sim.loop.results import seeded_global_rngs
 from sim.serving.request import RequestSpec
@@ -46,7 +47,10 @@ def engine_config(cfg: VariantConfig, *, model_spec: str | None = None, num_gpu_
         raise ScenarioError(f"variant {cfg.name!r}: kv_cache.host_cache: the engine keeps no host copy of evicted "
                             "prefix blocks; the host tier is simulated only (servesim run)")
     if model_spec is not None:
-        spec = ModelSpec.from_name(model_spec)
+        try:
+            spec = ModelSpec.from_name(model_spec)
+        except ValueError as e:  # the hint the scenario's deployment.model gets (a Hugging Face id's preset)
+            raise ScenarioError(f"--model: {e}{preset_hint(model_spec, 'model')}") from None
         mml = cfg.deployment.max_model_len
         cfg = _with_deployment(cfg, model=model_spec,
                                max_model_len=None if mml is None else min(mml, spec.max_position_embeddings))

@@ -32,6 +32,7 @@ from realengine.model import LlamaModel  # noqa: E402 - after the torch skip
 from realengine.runner import ModelRunner  # noqa: E402 - after the torch skip
 from sim.cli.main import app  # noqa: E402 - after the torch skip
 from sim.config.scenario import parse_scenario, variant_configs  # noqa: E402 - after the torch skip
+from sim.config.schema import ScenarioError  # noqa: E402 - after the torch skip
 from sim.loop.build import build  # noqa: E402 - after the torch skip
 from sim.loop.cluster import ClusterSimulation  # noqa: E402 - after the torch skip
 from sim.loop.replay import MeasuredDurations  # noqa: E402 - after the torch skip
@@ -681,3 +682,17 @@ def test_validate_refuses_a_profile_of_another_model_than_the_scenarios(tmp_path
     assert ("variant 'engine-small': deployment.model is tiny, but the profile was measured on llama-57m: give "
             "--model llama-57m to replay the workload on llama-57m, or a profile of tiny") in res.output
     assert "Traceback" not in res.output and not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize(("model", "hint"), [
+    ("llama-57n", "unknown model 'llama-57n'; did you mean 'llama-57m'? presets: tiny, "),
+    ("meta-llama/Llama-3.2-1B", "; the preset for 'meta-llama/Llama-3.2-1B' is 'llama-3.2-1b' (a Hugging Face model id "
+                                "is not downloaded)"),
+])
+def test_an_unknown_model_for_the_engine_names_the_preset_meant(model: str, hint: str) -> None:
+    """servesim serve / engine run --model refused an unknown name with the 36 presets and no more, where the
+    scenario's deployment.model named the preset of a Hugging Face id; a typo got no suggestion in either."""
+    cfg = variant_configs(parse_scenario(scenario()))[0]
+    with pytest.raises(ScenarioError) as e:
+        engine_config(cfg, model_spec=model)
+    assert str(e.value).startswith(f"--model: unknown model {model!r}") and hint in str(e.value)

@@ -10,6 +10,7 @@ Units: bytes, seconds, bytes per second, FLOP per second. "Per GPU" always means
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 from collections.abc import Mapping
@@ -498,8 +499,10 @@ class ModelSpec:
         key = name.strip().lower()
         key = _MODEL_ALIASES.get(key, key)
         if key not in MODEL_PRESETS:
-            raise ValueError(f"unknown model {name!r}; presets: {', '.join(MODEL_PRESETS)} "
-                             "(or use ModelSpec.from_hf_config with a config.json)")
+            # a typo's preset first (llama-57n), before the list of every one
+            close = difflib.get_close_matches(key, [*MODEL_PRESETS, *_MODEL_ALIASES], n=1, cutoff=0.85)
+            raise ValueError(f"unknown model {name!r}; {f'did you mean {close[0]!r}? ' if close else ''}presets: "
+                             f"{', '.join(MODEL_PRESETS)} (or use ModelSpec.from_hf_config with a config.json)")
         return cls.from_hf_config(MODEL_PRESETS[key], name=key)
 
 
