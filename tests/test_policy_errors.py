@@ -74,6 +74,7 @@ CASES = [
     ("bad_policies:Idle", "", "bad_policies: no such module (No module named 'bad_policies'); a file of your own is "
      "named by its path: 'bad_policies.py:Idle'"),
     ("broken_import.py:X", "", "importing it raised ZeroDivisionError: division by zero (line 3)"),
+    ("bad_policies.py:LIMIT", "", "bad_policies.py:LIMIT is an int, not a class"),  # was "is a int"
     ("bad_policies.py:NoSchedule", "", "NoSchedule does not override schedule(view)"),
     ("bad_policies.py:NotAPolicy", "", "NotAPolicy has no schedule(view) method"),
     ("bad_policies.py:NeedsArgs", "", "constructing it with args {} raised TypeError"),

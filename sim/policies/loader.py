@@ -211,7 +211,8 @@ def load_class(spec: str) -> type:
                  "line name the file that defines it, 'my_policy.py:Class')") if target == "__main__" else ""
         raise ValueError(f"{target} has no {name!r} (its classes: {', '.join(found) or 'none'}){where}")
     if not isinstance(obj, type):
-        raise ValueError(f"{target}:{name} is a {type(obj).__name__}, not a class")
+        what = type(obj).__name__  # "is a int" read wrong
+        raise ValueError(f"{target}:{name} is {'an' if what[:1].lower() in 'aeiou' else 'a'} {what}, not a class")
     return obj
 
 

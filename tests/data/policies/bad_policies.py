@@ -7,6 +7,8 @@ import time
 import servesim
 from sim.policies.queue import FCFSPolicy
 
+LIMIT = 4  # named as a class by mistake (tests/test_policy_errors.py)
+
 
 class NoSchedule(servesim.Policy):
     pass
