@@ -108,6 +108,28 @@ def test_roofline_busy_times_of_a_decode_step_by_hand() -> None:
     assert e.request_energy_j == pytest.approx(np.full(8, want * t / 8), rel=1e-9)  # equal shares
 
 
+def test_vllm_v1s_per_row_overhead_is_hbm_busy_and_its_step_overhead_idle() -> None:
+    # vLLM V1 (sim/engines/vllm_v1.py VLLM_V1_PER_REQUEST_BUSY) runs its host's work beside the GPU, so the step's
+    # per-row seconds (10 us a row) are GPU work: a decode step of 256 rows on an H100 keeps HBM busy 2.56 ms more
+    # than the roofline's parts, the step's time unchanged; the 1.5 ms step overhead stays idle. The plain cost model
+    # (no engine) keeps both idle, as before.
+    from sim.config.scenario import parse_scenario, variant_configs
+    from sim.loop.build import build
+
+    raw = _scenario(arrival={"type": "all_at_once"}, n=4)
+    raw["deployment"]["engine"] = "vllm-v1"
+    v1 = build(variant_configs(parse_scenario(raw, "t"))[0])[2]
+    assert isinstance(v1, AnalyticCostModel) and v1.per_request_busy
+    plain = AnalyticCostModel("llama-3.1-8b", "h100-sxm", linear_overlap=v1.linear_overlap,
+                              attention_efficiency=v1.attention_efficiency)
+    assert not plain.per_request_busy
+    shape = StepShape(256, 256, 256, 256_000, 256_000)
+    assert float(v1.step_time(shape)) == float(plain.step_time(shape))
+    (c1, m1), (c0, m0) = v1.busy_times(shape), plain.busy_times(shape)
+    assert float(c1) == float(c0)
+    assert float(m1) - float(m0) == pytest.approx(256 * 1e-5, rel=1e-9)
+
+
 def test_energy_is_the_integral_of_power_and_requests_sum_to_it() -> None:
     # light Poisson load: the GPU idles between bursts
     r, s = _one(_scenario(arrival={"type": "poisson", "rate": 2.0}, n=60))

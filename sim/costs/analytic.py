@@ -141,6 +141,10 @@ class AnalyticCostModel(CostModel):
     # tokens less its last (TurboMind's ContextDecode, no logits), its last token then decoded with every row, so
     # its first token costs both (sim/engines/lmdeploy.py, version 0.1). False: one forward of every token
     context_decode_pass: bool = False
+    # the per-row overhead (``per_request_overhead`` x rows) is GPU work the roofline does not itemize, which the
+    # power model counts HBM-busy (``busy_times``), not host time the GPU waits through at static power: an engine
+    # whose host work runs beside the GPU's (vLLM V1, sim/engines/vllm_v1.py). False: the GPU waits through it
+    per_request_busy: bool = False
 
     # Derived in __post_init__.
     compute_dtype: str = field(init=False)  # dtype of the linear layers' arithmetic
@@ -510,7 +514,8 @@ class AnalyticCostModel(CostModel):
         """Seconds one GPU's arithmetic units and its memory are busy in each step of ``shape`` (array fields):
         the compute and the memory side of the two roofline parts, summed (the step time takes the larger of each
         pair; the power model, sim/costs/energy.py, needs both). Overheads, all-reduces and swaps busy neither, nor does
-        the host time the GPU parts are stretched by (``host_time_ratio``): the GPU waits then, at static power."""
+        the host time the GPU parts are stretched by (``host_time_ratio``): the GPU waits then, at static power. With
+        ``per_request_busy`` the per-row overhead keeps HBM busy (GPU work the roofline does not itemize)."""
         a, b, c, d = (np.asarray(x, dtype=np.float64) for x in (shape.num_seqs, shape.num_tokens,
                                                                 shape.kv_read_tokens, shape.attn_pairs))
         k0, k1, k2, k3, k4, k5, k6, k7, k8, k9, k10, k11 = self._k
@@ -520,6 +525,8 @@ class AnalyticCostModel(CostModel):
             memory = memory + a * self._sort_row * stretch  # its whole time stays after the division below
         if self._moe is not None:
             memory = memory + expected_experts(self._moe[1], self._moe[2], b) * self._moe[0]
+        if self.per_request_busy:  # not stretched (an overhead), so its whole time stays after the division below
+            memory = memory + a * self.per_request_overhead * stretch
         return (b * k2 + a * k3 + d * k7) / stretch, memory / stretch
 
     @property

@@ -219,6 +219,11 @@ class Engine:
         run under the larger (sim/costs/analytic.py); None: the cost model's (1, the roofline's max)."""
         return None
 
+    def per_request_busy(self, cfg: Any) -> bool:
+        """The cost model's per-row overhead is GPU work (the power model counts it HBM-busy), the engine's host work
+        running beside the GPU (sim/costs/analytic.py ``per_request_busy``); False: the GPU waits through it."""
+        return False
+
     def sampler_sort_time(self, cfg: Any) -> float:
         """Seconds per logit (row x vocabulary entry) the engine's sampler spends on a top-p request by sorting the
         vocabulary (sim/engines/costs.py); 0: it does not sort, or its sampler is not modelled."""

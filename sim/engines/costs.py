@@ -104,6 +104,8 @@ def engine_cost_knobs(engine: Any, gpu: Any = None, tensor_parallel_size: int = 
         knobs["linear_overlap"] = o
     if engine is not None and engine_of(engine).context_decode_pass(engine):
         knobs["context_decode_pass"] = True
+    if engine is not None and engine_of(engine).per_request_busy(engine):
+        knobs["per_request_busy"] = True
     return knobs
 
 

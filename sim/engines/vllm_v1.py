@@ -43,6 +43,17 @@ VLLM_V1_MAX_NUM_SEQS = {True: 1024, False: 256}
 # slow by the sum (its kernels overlap), so it stays with its engine. Only the decode rows' share of a step's
 # tokens pays it: a prompt chunk's GEMMs have rows enough to overlap as the roofline assumes.
 VLLM_V1_LINEAR_OVERLAP = 0.0
+# The cost model's per-row overhead (10 us a row a step, sim/costs/analytic.py) is GPU time, not a gap the GPU waits
+# through: V1 runs tokenization, detokenization and output streaming in the API server's process, beside the engine
+# core's loop (vllm/v1/engine/core.py, async_llm.py), and with async scheduling (ML.ENERGY v3.0's configurations set
+# it, vLLM 0.11.1; on by default by 0.20) the next step is scheduled while the GPU runs this one. What the step's
+# per-row seconds hold is then GPU work the roofline does not itemize, and the published power says so: where the
+# simulated time is right (output tok/s within 10%), ML.ENERGY's H100 rows at batch 192-1,024 draw 0.80-0.98 of the
+# dynamic range (Llama-3.1-8B 685-690 W of 700), where the model, the per-row seconds (2-10% of each step) at static
+# power, gave 0.69-0.78. Counted HBM-busy, as the sampler's sort is; the 1.5 ms step overhead stays idle: with it
+# idle the H100's GPU-paced rows at batch 8-64 draw what was published (+2.5% median), counted busy +11.8%
+# (bench_energy; docs/engines-and-hardware.md gives the figures before and after).
+VLLM_V1_PER_REQUEST_BUSY = True
 
 
 def _large_gpu(gpu: GPUSpec) -> bool:
@@ -80,6 +91,9 @@ class VllmV1(CudaGraphEngine):
 
     def linear_overlap(self, cfg: Any) -> float | None:
         return VLLM_V1_LINEAR_OVERLAP
+
+    def per_request_busy(self, cfg: Any) -> bool:
+        return VLLM_V1_PER_REQUEST_BUSY
 
     def sampler_sort_time(self, cfg: Any) -> float:
         return vllm_sort_time(cfg)  # 0.11.1's default: top-p by a sort (sim/engines/sampling.py)
