@@ -188,6 +188,19 @@ def test_a_high_queue_share_while_keeping_up_is_batch_formation_not_overload(nai
     assert v.names[0] == "overloaded" and "batch formation" not in v.names
 
 
+@pytest.mark.parametrize("slot_cap", [None, "gone"])
+def test_batch_formation_without_a_slot_cap_names_no_batch_size(naive, slot_cap):
+    """A summary without the batch size (slot_cap null: a static policy whose batch_size the config did not record,
+    or a summary.json written before slot_cap) read "static batches of 0 formed"."""
+    lim = {"offered_rate": 56.82, "scheduled_rate": 55.39, "queue_growth": 0.1, "queue_start": 2.0,
+           "queue_end": 3.0, "queue_share": 0.53, "static": True, "slot_cap": slot_cap}
+    s = _limits(naive, **lim)
+    if slot_cap == "gone":
+        del s["limits"]["slot_cap"]
+    (formation,) = [x for x in rank_limits(s).limits if x.name == "batch formation"]
+    assert formation.evidence == "queueing 53% of E2EL while static batches formed, the queue steady"
+
+
 def test_report_ranks_the_causes_by_score_and_sets_the_overload_apart(naive):
     from sim.output.report import bottlenecks_html
 

@@ -330,8 +330,9 @@ def rank_limits(summary: dict) -> Verdict:
     if over is None and lim.get("static") and share >= QUEUE_SHARE_OVERLOAD:
         # static batching that keeps up still queues: a request waits for its batch to form and for the one
         # running to finish (it read "overloaded" while scheduled as fast as offered)
-        found.append(Limit("batch formation", share, f"queueing {_pct(share)} of E2EL while static batches of "
-                           f"{cap:.0f} formed, the queue steady"))
+        # the batch size only where the summary has it (slot_cap null read "static batches of 0")
+        found.append(Limit("batch formation", share, f"queueing {_pct(share)} of E2EL while static batches"
+                           f"{f' of {cap:.0f}' if cap > 0 else ''} formed, the queue steady"))
     # long prompts fill the step's token budget with one or two prefills while the slots sit mostly empty: the
     # docs' my_scenario.yaml (prompts of 2,000 tokens, a budget of 2,048) read "then batch-slot cap: 8.7 of
     # max_num_seqs 64 running", a cap a seventh used, and never named the budget that held requests back,
