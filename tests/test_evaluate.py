@@ -255,3 +255,14 @@ def test_the_worker_holds_the_time_budget_when_called_from_a_thread():
     thread.start()
     thread.join(timeout=120)
     assert [(s.ok, s.reason) for s in out] == [(False, "timeout")]
+
+
+def test_a_hook_under_a_wrong_name_is_told_so_without_the_subclass_hint():
+    """A QueuePolicy subclass with rnak for rank was told to '(subclass servesim.Policy)', which it does."""
+    source = ("import servesim\nclass P(servesim.QueuePolicy):\n    def rnak(self, req):\n"
+              "        return (req.prompt_len, req.arrival, req.id)\n")
+    s = score(source, isolate=False)
+    assert (s.ok, s.reason, s.error) == (False, "load", "P defines rnak, which servesim never calls or reads; did you "
+                                         "mean rank? (a helper of your own: start its name with _)")
+    s = score("import servesim\nclass P(servesim.Policy):\n    pass\n", isolate=False)
+    assert s.error == "P does not override schedule(view) (subclass servesim.Policy)"
