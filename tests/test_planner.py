@@ -438,16 +438,9 @@ def test_a_saturated_deployment_is_priced_at_what_it_serves() -> None:
     assert "*: saturated, at the rate it served in the second half of the arrival window" in text
 
 
-@pytest.fixture(scope="module")
-def serial_plan_chat() -> tuple[Any, PlanResult]:
-    """plan-chat at 120 requests and its serial plan (about 3 s of CPU), made once: the plan-chat test and both
-    executors' tests read it."""
+def test_plan_chat_scenario() -> None:
     sc, _ = load_scenario(PLAN_CHAT, {"workload.num_requests": 120})
-    return sc, plan(sc, workers=1)
-
-
-def test_plan_chat_scenario(serial_plan_chat) -> None:
-    _, r = serial_plan_chat
+    r = plan(sc, workers=1)
     assert r.chosen is not None and r.chosen.meets and r.break_even is not None
     # every simulated deployment cheaper than the choice missed the SLOs
     cost = r.chosen.candidate.cost_per_hour
@@ -463,10 +456,19 @@ def _outcome(r) -> list[tuple]:
 
 
 @pytest.mark.parametrize("executor", ["local", "ray"])
-def test_parallel_plans_choose_what_the_serial_plan_chooses(executor: str, serial_plan_chat) -> None:
+def test_parallel_plans_choose_what_the_serial_plan_chooses(executor: str) -> None:
     if executor == "ray":
         pytest.importorskip("ray")
-    sc, serial = serial_plan_chat
+    # One cost level of four simulations run together: one L4 misses, one meets and is chosen, and two of lower
+    # precision (simulated in parallel) are what a serial search skips; then a costlier GPU is not simulated. A
+    # pool (or a Ray instance) is started once per cost level, so one level keeps its start-up to one.
+    sc = parse_scenario(chat(10, 100, ttft=0.2, tpot=0.03, gpus=["l4", "l40s"], max_gpus=1,
+                             weight_dtypes=["bf16", "int8"], max_num_seqs=[16, 256]))
+    serial = plan(sc, workers=1)
+    assert [e.status for e in serial.evaluations if e.candidate.gpu == "l4"] == ["missed", "met", "not simulated",
+                                                                                 "not simulated"]
+    assert {e.reason for e in serial.evaluations if e.status == "not simulated"} == {
+        "as costly as the choice, with lower precision", "costlier than the choice ($0.70/h)"}
     parallel = plan(sc, workers=2, executor=executor)
     assert parallel.chosen is not None and parallel.chosen.candidate == serial.chosen.candidate
     assert _outcome(parallel) == _outcome(serial)
@@ -514,7 +516,11 @@ def test_plan_command(tmp_path: Path) -> None:
     for needle in ("Pareto front", "chosen: ", "per million output tokens", "self-hosting is cheaper above",
                    "pruned by analytic bounds"):
         assert needle in out
-    res = CliRunner().invoke(app, ["plan", str(PLAN_CHAT), "-n", "120", "--json"])
+    # --json on a small scenario: the plan of plan-chat itself is checked above and in test_plan_chat_scenario
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(chat(0.5, 20, ttft=2.0, tpot=0.1, gpus=["l4"], api_price={"input": 0.1,
+                                                                                            "output": 0.2})))
+    res = CliRunner().invoke(app, ["plan", str(path), "--json"])
     assert res.exit_code == 0, res.output
     d = json.loads(res.stdout)
     assert d["chosen"]["status"] == "met" and d["break_even"]["break_even_output_tokens_per_hour"] > 0

@@ -72,13 +72,3 @@ def test_reading_the_file_warns_once(tmp_path: Path) -> None:
     with pytest.warns(SLOUnitWarning) as caught:
         load_scenario(path, {"slos.ttft": 200})  # as --set slos.ttft=200 gives it
     assert [str(w.message) for w in caught] == [slo_unit_warnings({"slos": {"ttft": 200}})[0]]
-
-
-def test_a_dict_given_to_the_python_api_warns_once() -> None:
-    """Before: only a file read (load_scenario) warned; servesim.run(dict) with slos {ttft: 200} ran silently."""
-    import servesim
-
-    raw = {**copy.deepcopy(BASE), "slos": {"ttft": 200}, "sweep": {"seed": [1, 2]}}
-    with pytest.warns(SLOUnitWarning) as caught:
-        servesim.run(raw)  # two sweep points, each validated again: still one warning
-    assert [str(w.message) for w in caught] == slo_unit_warnings({"slos": {"ttft": 200}})
