@@ -3,6 +3,8 @@ computations."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -376,3 +378,25 @@ def test_pytorchs_weight_only_kernels_stream_their_weights_slower():
         **dep, "cost_model": {"type": "analytic", "weight_only_bandwidth": 0.5, "compute_efficiency": 0.9}}}
     fitted = with_knobs(variant_configs(parse_scenario(raw, "t"))[0], {"compute_efficiency": 0.3}).deployment
     assert (fitted.cost_model.weight_only_bandwidth, fitted.cost_model.compute_efficiency) == (0.5, 0.3)
+
+
+def test_turbomind_all_reduces_through_nccl_under_its_guard():
+    """TurboMind (lmdeploy, v0.1.0a1 and v0.6.0a0 alike, until lmdeploy#3163) all-reduces through NCCL, not a custom
+    kernel: vllm#2192 measured NCCL 1.80 s / (255 x 160) and 1.50 s / (255 x 120) slower per all-reduce than its custom
+    kernel (Llama-70B TP 4, 33B TP 2, A100), 44.1 and 49.0 us, the mean 46.6 us on top of the cost model's 10 us. A
+    70B decode step at TP 4 (80 layers, two all-reduces each) takes 160 x 46.6 us longer than the same step under
+    vLLM's custom kernel would; at TP 1 there is no all-reduce and no knob."""
+    from sim.engines.lmdeploy import TURBOMIND_NCCL_OVER_CUSTOM_S
+
+    assert TURBOMIND_NCCL_OVER_CUSTOM_S == pytest.approx(46.57e-6, abs=0.01e-6)
+    dep = {"model": "llama-2-70b", "gpu": "a100-80gb", "tensor_parallel_size": 4}
+    lmd = {v: _built({**dep, "engine": {"name": "lmdeploy", "version": v}})[2] for v in ("0.1", "0.6")}
+    for cost in lmd.values():
+        assert cost.allreduce_latency == pytest.approx(10e-6 + TURBOMIND_NCCL_OVER_CUSTOM_S, rel=1e-12)
+    plain = dataclasses.replace(lmd["0.6"], allreduce_latency=10e-6)
+    shape = StepShape(8, 8, 8, 8000, 8000)
+    assert lmd["0.6"].step_time(shape) - plain.step_time(shape) == pytest.approx(
+        160 * TURBOMIND_NCCL_OVER_CUSTOM_S, rel=1e-9)
+    assert _built({**dep, "engine": {"name": "sglang"}})[2].allreduce_latency == 10e-6
+    one = {"model": "llama-2-7b", "gpu": "a100-80gb", "engine": {"name": "lmdeploy"}}
+    assert _built(one)[2].allreduce_latency == 10e-6

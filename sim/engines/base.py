@@ -214,6 +214,11 @@ class Engine:
         """Prefill attention's achievable share of the peak on a GPU of ``architecture``; None: the cost model's."""
         return None
 
+    def allreduce_latency(self, cfg: Any, tensor_parallel_size: int) -> float | None:
+        """Fixed seconds of one tensor-parallel all-reduce in the engine's collectives (sim/costs/analytic.py
+        ``allreduce_latency``); None: the cost model's (a custom kernel's or NCCL's under CUDA graphs)."""
+        return None
+
     def linear_overlap(self, cfg: Any) -> float | None:
         """Share of the smaller side of the linear layers' roofline (compute or weight reads) the engine's kernels
         run under the larger (sim/costs/analytic.py); None: the cost model's (1, the roofline's max)."""

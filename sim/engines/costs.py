@@ -100,6 +100,8 @@ def engine_cost_knobs(engine: Any, gpu: Any = None, tensor_parallel_size: int = 
     a = attention_efficiency(engine, gpu)
     if a is not None:
         knobs["attention_efficiency"] = a
+    if engine is not None and (ar := engine_of(engine).allreduce_latency(engine, tensor_parallel_size)) is not None:
+        knobs["allreduce_latency"] = ar
     if engine is not None and (o := engine_of(engine).linear_overlap(engine)) is not None:
         knobs["linear_overlap"] = o
     if engine is not None and engine_of(engine).context_decode_pass(engine):

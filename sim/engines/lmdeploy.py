@@ -4,10 +4,11 @@ lmdeploy``; ``version: "0.1"`` follows TurboMind before prefill and decode share
 Its memory rule gives the KV cache a share of the memory still free once the weights are loaded; its persistent
 batch runs every running sequence's decode and up to ``max_prefill_token_num`` prompt tokens in one forward (a
 longer prompt continues in the next), so steps mix prompts and decodes as chunked prefill does; a sequence that
-cannot get a block makes the newest ones give theirs back and recompute later. TurboMind is C++ throughout: no
-host time per step is added. Not modelled (kept out rather than guessed): its own attention and GEMM kernels'
-efficiency (the cost model's defaults price them), and its 64-token KV blocks (``deployment.block_size`` stays
-the scenario's; set 64 to follow TurboMind's ``cache_block_seq_len``).
+cannot get a block makes the newest ones give theirs back and recompute later. TurboMind is C++ throughout: no host
+time per step is added. Its tensor-parallel all-reduces are NCCL's under a host-synchronizing guard, not a custom
+kernel's, and cost what NCCL costs over one (``TURBOMIND_NCCL_OVER_CUSTOM_S``). Not modelled (kept out rather than
+guessed): its own attention and GEMM kernels' efficiency (the cost model's defaults price them), and its 64-token KV
+blocks (``deployment.block_size`` stays the scenario's; set 64 to follow TurboMind's ``cache_block_seq_len``).
 
 Version 0.1 (v0.1.0a1, the release of LMDeploy's December 2023 A100 tables): each loop of
 src/turbomind/models/llama/LlamaBatch.cc runs ``ContextDecode()`` on the new prompts less their last token
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from sim.costs.analytic import DEFAULT_ALLREDUCE_LATENCY
 from sim.engines.base import VERSION_KEY, Engine, EngineKey
 from sim.hardware.gpu import GPUSpec
 from sim.hardware.kv_budget import DEFAULT_RUNTIME_OVERHEAD_BYTES, KVBudget
@@ -36,6 +38,19 @@ from sim.hardware.models import ModelSpec
 # max_prefill_token_num + max_batch_size tokens (max_forward_token_num_), every active sequence's next token
 # included; prefix caching off (enable_prefix_caching false). From v0.6.0 on, max_batch_size defaults by GPU
 # (lmdeploy/utils.py get_max_batch_size: 256 on A100, 512 on H100); give policy.max_num_seqs to follow that.
+# TurboMind's tensor-parallel all-reduce, from its start (src/fastertransformer renamed src/turbomind, InternLM/lmdeploy
+# #33) until "Add collective communication kernels" (#3163, 2025-03-03), v0.1.0a1 and v0.6.0a0 alike: every one is
+# NCCL's (``ftNcclAllReduceSum`` in LlamaFfnLayer.cc and the attention layers) inside an ``NcclGuard``
+# (LlamaNcclGuard.h), which hands a mutex between the rank threads and, on leaving, polls ``cudaStreamQuery`` until
+# the stream has drained (``ftNcclStreamSynchronize``); the FasterTransformer custom all-reduce the tree carries
+# (utils/custom_ar_comm.cc) is not called by the llama layers. What NCCL costs over a custom all-reduce kernel, which
+# the cost model's ``allreduce_latency`` (10 us) stands for, was measured by vLLM's custom all-reduce PR
+# (vllm-project/vllm#2192, hanzhi713, 2023-12; benchmark_latency.py, 256 in and 256 out, batch 64, A100-80G NVLink):
+# Llama-70B at TP 4 16.37 s with NCCL -> 14.57 s, LLaMA-33B at TP 2 15.88 -> 14.38 s, over 255 decode steps of 160
+# and 120 all-reduces (the 16,384-token prefill's all-reduces are past the custom kernel's size limit): 44.1 and
+# 49.0 us an all-reduce. Their mean is added to TurboMind's; NCCL there ran under CUDA graphs, so TurboMind's host
+# synchronization after each one (not measured apart) is not priced, and the figure is a floor
+TURBOMIND_NCCL_OVER_CUSTOM_S = (1.80 / (255 * 160) + 1.50 / (255 * 120)) / 2
 LMDEPLOY_CACHE_MAX_ENTRY_COUNT = 0.8
 LMDEPLOY_MAX_BATCH_SIZE = 128
 LMDEPLOY_MAX_PREFILL_TOKEN_NUM = 8192
@@ -60,6 +75,10 @@ class LMDeploy(Engine):
 
     def context_decode_pass(self, cfg: Any) -> bool:
         return getattr(cfg, "version", None) == "0.1"
+
+    def allreduce_latency(self, cfg: Any, tensor_parallel_size: int) -> float | None:
+        # NCCL under TurboMind's NcclGuard, both versions (TURBOMIND_NCCL_OVER_CUSTOM_S)
+        return DEFAULT_ALLREDUCE_LATENCY + TURBOMIND_NCCL_OVER_CUSTOM_S if tensor_parallel_size > 1 else None
 
     def fill_policy(self, policy: Any, cfg: Any, gpu: GPUSpec, max_model_len: int, kv_tokens: int | None) -> Any:
         """Version 0.1: a step holds every admitted prompt whole (``ContextDecode()``'s sub-batches, above), so
