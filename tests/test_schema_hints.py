@@ -89,7 +89,8 @@ def test_closest_key_rules():
 @pytest.mark.parametrize("router, line", [
     ({"type": "custom", "cls": "sim.policies.queue:FCFSPolicy", "args": {"x": 1}},
      "s.yaml: variants.0.cluster.router.custom: cls sim.policies.queue:FCFSPolicy: constructing it with args "
-     "{'x': 1} raised TypeError: QueuePolicy.__init__() got an unexpected keyword argument 'x'"),
+     "{'x': 1} raised TypeError: QueuePolicy.__init__() got an unexpected keyword argument 'x' (FCFSPolicy's "
+     "constructor takes enable_chunked_prefill, preemption_mode)"),
     ({"type": "power_of_tw"}, "s.yaml: variants.0.cluster.router.type: unknown type power_of_tw; did you mean "
      "power_of_two? expected one of 'custom', 'power_of_two', 'cache_load_score', 'slo_aware'"),
     ({"type": "power_of_two", "sed": 1}, "s.yaml: variants.0.cluster.router.sed: unknown key; did you mean seed?"),
