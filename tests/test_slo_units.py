@@ -72,3 +72,17 @@ def test_reading_the_file_warns_once(tmp_path: Path) -> None:
     with pytest.warns(SLOUnitWarning) as caught:
         load_scenario(path, {"slos.ttft": 200})  # as --set slos.ttft=200 gives it
     assert [str(w.message) for w in caught] == [slo_unit_warnings({"slos": {"ttft": 200}})[0]]
+
+
+def test_a_number_yaml_reads_as_text_stays_seconds(tmp_path: Path) -> None:
+    """YAML reads 5e-1 (no dot) and a quoted "0.05" as text, which the SLO fields took as seconds until units came
+    (pydantic's lax float); the unit parser then refused them ('expected seconds (a number) or a number with its
+    unit'). A bare number as text is seconds again, and warns as the number does."""
+    path = tmp_path / "s.yaml"
+    path.write_text("name: t\nslos: {ttft: 5e-1, tpot: \"0.05\"}\n"
+                    "workload: {num_requests: 4, arrival: {type: poisson, rate: 1.0}, prompt_len: {type: fixed, "
+                    "value: 8}, output_len: {type: fixed, value: 4}}\ndeployment: {model: tiny, gpu: l4}\n")
+    sc, _ = load_scenario(path)
+    assert (sc.slos.ttft, sc.slos.tpot) == (0.5, 0.05)
+    said = slo_unit_warnings({"slos": {"ttft": "200"}})
+    assert len(said) == 1 and said[0].startswith("slos.ttft: 200 seconds")

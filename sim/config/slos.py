@@ -49,6 +49,8 @@ def parse_slo_seconds(value: object) -> object:
     if not isinstance(value, str):
         return value
     text = value.strip().lower()
+    if (bare := _bare_seconds(text)) is not None:  # "5e-3": YAML reads it as text, pydantic read it as the number
+        return bare
     for unit, scale in (("ms", 1e-3), ("s", 1.0)):
         if text.endswith(unit):
             try:
@@ -58,8 +60,18 @@ def parse_slo_seconds(value: object) -> object:
     raise ValueError("expected seconds (a number) or a number with its unit, '200ms' or '0.2s'")
 
 
+def _bare_seconds(text: str) -> float | None:
+    """A number written as text without a unit (YAML reads ``5e-3``, without a dot, as text), or None."""
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
 def implausible_slo(name: str, seconds: object) -> str | None:
     """Why a bare number given as SLO ``name`` (ttft, tpot, e2el) looks like milliseconds, or None."""
+    if isinstance(seconds, str):  # "200" is as bare as 200
+        seconds = _bare_seconds(seconds.strip())
     limit = SLO_WARN_ABOVE.get(name)
     if limit is None or isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds > limit:
         return None
