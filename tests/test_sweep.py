@@ -186,19 +186,12 @@ def test_cli_sweep(tmp_path: Path) -> None:
     assert bad.exit_code == 2 and "--executor" in bad.output
 
 
-def test_ray_gives_the_local_rows(tmp_path: Path) -> None:
-    pytest.importorskip("ray")
-    sc, raw = load()
-    local = run_sweep(sc, raw, tmp_path / "local", workers=1)
-    on_ray = run_sweep(sc, raw, tmp_path / "ray", executor="ray", workers=2)
-    assert on_ray.rows == local.rows
-
-
-def test_an_address_below_the_cli_is_used_or_refused(tmp_path: Path) -> None:
+def test_an_address_below_the_cli_is_used_or_refused_and_ray_gives_the_local_rows(tmp_path: Path) -> None:
     """The CLI refused --address without --executor ray, but run_sweep (and plan, through parallel_map) ran on the
     local pool without a word about it; and on a Ray this process had already started, an address elsewhere was
     dropped silently. Now the first is refused as the CLI refuses it, before anything is written, and the second
-    warns that the jobs run on the Ray already started."""
+    warns that the jobs run on the Ray already started. On that Ray, a sweep gives the local rows (one Ray start
+    for both: a sweep starting Ray itself is tests/test_sweep_cluster.py's Ray test)."""
     sc, raw = load()
     with pytest.raises(ScenarioError, match="--address 10.0.0.1:6379 names a Ray cluster, which only --executor ray"):
         run_sweep(sc, raw, tmp_path / "local", executor="local", workers=2, address="10.0.0.1:6379")
@@ -206,7 +199,8 @@ def test_an_address_below_the_cli_is_used_or_refused(tmp_path: Path) -> None:
     with pytest.raises(ScenarioError, match="--address"):
         list(parallel_map(lambda shared, i: shared[i], [0, 1], shared=[7, 8], workers=1, address="10.0.0.1:6379"))
     ray = pytest.importorskip("ray")
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    local = run_sweep(sc, raw, tmp_path / "serial", workers=1)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
 
     def pick(shared: list[int], i: int) -> int:  # pickled by value for Ray's workers
         return shared[i]
@@ -220,6 +214,8 @@ def test_an_address_below_the_cli_is_used_or_refused(tmp_path: Path) -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             assert dict(parallel_map(pick, [1], shared=[7, 8], executor="ray", address=here)) == {0: 8}
+        on_ray = run_sweep(sc, raw, tmp_path / "ray", executor="ray", workers=2)
+        assert on_ray.rows == local.rows and ray.is_initialized()
     finally:
         ray.shutdown()
 
