@@ -306,6 +306,15 @@ def _unpredicted(prepared: Any) -> list[str]:
     return notes
 
 
+
+def _policy_kinds() -> tuple[str, ...]:
+    """The built-in policy kinds, ``policy.type``'s values (custom too)."""
+    from typing import get_args
+
+    from sim.policies.configs import PolicyConfig
+
+    return tuple(get_args(m.model_fields["type"].annotation)[0] for m in get_args(get_args(PolicyConfig)[0]))
+
 def run(
     scenario: str | os.PathLike | Mapping[str, Any],
     *,
@@ -334,6 +343,13 @@ def run(
     if isinstance(policy, type):  # the class itself, as evaluate takes it: it failed deep in the check, unnamed
         raise ScenarioError(f"policy= takes a policy object, not the class {policy.__qualname__}: pass "
                             f"{policy.__qualname__}() (its constructor's arguments in the call)")
+    if isinstance(policy, str) and policy in _policy_kinds():  # told to name it as a file's class, cls 'fcfs'
+        raise ScenarioError(f"policy= takes a policy object, not the text {policy!r}: a built-in kind is named with "
+                            f"set={{'policy.type': {policy!r}}}")
+    if isinstance(policy, Mapping):  # a policy section: "cls python:dict: dict has no schedule(view) method"
+        keys = ", ".join(f"'policy.{k}': {v!r}" for k, v in policy.items())
+        raise ScenarioError(f"policy= takes a policy object, not a policy section: give its keys in set, "
+                            f"set={{{keys}}}")
     if isinstance(policy, str):  # a scenario's cls: "cls python:str: str has no schedule(view) method"
         name = policy.rpartition(":")[2] or "MyPolicy"
         raise ScenarioError(f"policy= takes a policy object, not the text {policy!r}: pass {name}() from an import, "

@@ -447,6 +447,21 @@ def test_run_with_a_policy_named_by_text_says_how_to_name_a_file(tmp_path) -> No
                             "'my_policy.py:Mine'}")
 
 
+@pytest.mark.parametrize(("policy", "says"), [
+    # was told to pass fcfs() from an import, or to name the file's class with cls 'fcfs'
+    ("fcfs", "policy= takes a policy object, not the text 'fcfs': a built-in kind is named with set={'policy.type': "
+     "'fcfs'}"),
+    # a policy section: "cls python:dict: dict has no schedule(view) method (subclass servesim.Policy)"
+    ({"type": "priority", "max_num_seqs": 8}, "policy= takes a policy object, not a policy section: give its keys "
+     "in set, set={'policy.type': 'priority', 'policy.max_num_seqs': 8}"),
+])
+def test_run_with_a_built_in_policy_named_by_text_or_section_says_how(policy, says) -> None:
+    scenario = {"workload": {**CHAT, "num_requests": 5}, "deployment": {"model": "llama-3.1-8b", "gpu": "l4"}}
+    with pytest.raises(servesim.ScenarioError) as e:
+        servesim.run(scenario, policy=policy)
+    assert str(e.value) == says
+
+
 def test_set_type_on_a_custom_policy_keeps_only_the_new_kinds_keys(tmp_path) -> None:
     """--set policy.type=fcfs on a custom policy: cls and args go, the shared limits stay (was: 'policy.cls:
     unknown key')."""

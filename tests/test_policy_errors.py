@@ -79,7 +79,12 @@ CASES = [
     ("bad_policies.py:NotAPolicy", "", "NotAPolicy has no schedule(view) method"),
     ("bad_policies.py:NeedsArgs", "", "constructing it with args {} raised TypeError"),
     ("bad_policies.py:NeedsArgs", ", args: {threshold: -1}", "threshold must be >= 0, got -1"),
-    ("bad_policies.py:NeedsArgs", ", args: {thresh: 1}", "unexpected keyword argument 'thresh'"),
+    ("bad_policies.py:NeedsArgs", ", args: {thresh: 1}", "unexpected keyword argument 'thresh' (NeedsArgs's "
+     "constructor takes threshold; did you mean threshold?)"),
+    # **kwargs forwarded to QueuePolicy: Python's message named QueuePolicy.__init__, not what the class takes
+    ("bad_policies.py:ShortAheadForwardsArgs", ", args: {shrt: 1}", "raised TypeError: QueuePolicy.__init__() got an "
+     "unexpected keyword argument 'shrt' (ShortAheadForwardsArgs's constructor takes short, enable_chunked_prefill, "
+     "preemption_mode; did you mean short?)"),
     # args of the wrong type for the constructor's annotation (threshold: int): "abc" failed mid-run in the user's
     # own comparison, with no word of args; true and 2.5 ran silently
     ("bad_policies.py:NeedsArgs", ", args: {threshold: abc}", "bad_policies.py:NeedsArgs: args threshold='abc' "

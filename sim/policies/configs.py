@@ -271,7 +271,7 @@ class UserClassConfig(PolicyModel):
         return None
 
     def make(self) -> Any:
-        from sim.policies.loader import exception_text, fitted_args
+        from sim.policies.loader import exception_text, fitted_args, unexpected_arg_hint
         from sim.policies.user import PolicyError, call_user
         from sim.policies.watchdog import WATCH
 
@@ -291,7 +291,7 @@ class UserClassConfig(PolicyModel):
         except (PolicyError, *PASS_THROUGH):
             raise
         except BaseException as e:  # not only Exception: sys.exit, GeneratorExit, a library's own BaseException
-            raise ValueError(f"cls {self.cls}: {what} {exception_text(e)}") from None
+            raise ValueError(f"cls {self.cls}: {what} {exception_text(e)}{unexpected_arg_hint(kind, e)}") from None
         why = self.problem(obj)
         if why is not None:
             hint = f" (subclass servesim.{self._api})" if why.startswith(("has no ", "does not override")) else ""

@@ -60,6 +60,32 @@ def _near_attribute(e: AttributeError) -> str:
     return f"; did you mean {close[0]!r}?" if close else ""
 
 
+def unexpected_arg_hint(kind: Any, e: BaseException) -> str:
+    """`` (X's constructor takes a, b; did you mean a?)`` for a constructor refusing an argument by name: Python's
+    message named the base class a ``**kwargs`` forwarded it to (``QueuePolicy.__init__() got an unexpected keyword
+    argument 'shrt'``), never the names that the user's class takes; "" for any other error."""
+    import difflib
+
+    m = re.search(r"unexpected keyword argument '([^']+)'", str(e)) if isinstance(e, TypeError) else None
+    if m is None or not isinstance(kind, type):
+        return ""
+    names: list[str] = []
+    for c in kind.__mro__:  # each __init__ down the chain its **kwargs forward to, until one takes no **kwargs
+        if "__init__" not in vars(c) or c is object:
+            continue
+        try:
+            params = inspect.signature(vars(c)["__init__"]).parameters.values()
+        except (TypeError, ValueError):
+            return ""
+        names += [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+                  and p.name != "self" and p.name not in names]
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            break
+    close = difflib.get_close_matches(m[1], names, n=1)
+    return (f" ({kind.__name__}'s constructor takes {', '.join(names) or 'no arguments'}"
+            f"{f'; did you mean {close[0]}?' if close else ''})")
+
+
 def file_digest(path: str | Path) -> str:
     """The SHA-1 of a file's bytes, what says a user's code was edited; "" when it cannot be read (deleted since)."""
     try:

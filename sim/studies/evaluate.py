@@ -62,7 +62,7 @@ from pydantic import ValidationError
 from sim.config.errors import ScenarioError, ServesimStop
 from sim.config.files import output_folder
 from sim.policies import api
-from sim.policies.loader import fitted_args
+from sim.policies.loader import fitted_args, unexpected_arg_hint
 from sim.policies.user import reads, unpredicted_note
 from sim.studies.eval_worker import KEPT, run_forked
 from sim.workload.generator import GeneratedWorkload
@@ -272,7 +272,7 @@ def _make_policy(policy: Any, args: Mapping[str, Any]) -> Any:
             policy = policy(**args)
         except Exception as e:
             raise _LoadError("load", f"constructing {policy.__name__}(**{dict(args)!r}) raised "
-                             f"{_user_error(e)}") from None
+                             f"{_user_error(e)}{unexpected_arg_hint(policy, e)}") from None
     elif args:
         raise _LoadError("load", "args are for a class or source text, not an object")
     why = api.implements_policy(policy)

@@ -517,3 +517,14 @@ class RejectsWithNoReason(servesim.Policy):
         for r in view.waiting:
             plan.reject(r, None)
         return plan
+
+
+class ShortAheadForwardsArgs(servesim.QueuePolicy):
+    """docs/write-a-policy.md's ShortAhead: its **kwargs go to QueuePolicy, whose name Python's error gave for a typo."""
+
+    def __init__(self, short: int = 512, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.short = short
+
+    def rank(self, req):
+        return (req.prompt_len > self.short, req.arrival, req.id)
