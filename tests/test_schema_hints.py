@@ -211,3 +211,13 @@ def test_equally_close_keys_are_all_named():
     assert unknown_key_hint(Sampling, ("top_",)) == "; did you mean top_k or top_p?"
     assert unknown_key_hint(Sampling, ("top_pp",)) == "; did you mean top_p?"  # no tie: one
     assert either(["a", "b", "c"]) == "a, b or c"
+
+
+@pytest.mark.parametrize(("policy", "says"), [
+    # "variants.0.policy.cls: required key is missing" stood above it, as if class were not written at all
+    ({"type": "custom", "class": "my_policy.py:Mine"}, "s.yaml: variants.0.policy.class: unknown key; did you mean cls?"),
+    # the kind's tag missing was all the union said: typ itself was never named
+    ({"typ": "fcfs"}, "s.yaml: variants.0.policy.type: required key is missing (typ is written: did you mean type?)"),
+])
+def test_a_misspelt_required_key_is_one_line_naming_it(policy, says):
+    assert _error(lambda r: r["variants"][0].update(policy=policy)) == says

@@ -286,6 +286,28 @@ def _same_in_variants(found: list[tuple[str, str]], raw: Any) -> list[tuple[str,
     return merged
 
 
+def _written_for(loc: str, errs: list[ErrorDetails]) -> str:
+    """`` (typ is written: did you mean type?)`` for a section's kind (the tag of a union) missing beside a key that
+    spells it almost: a union whose tag is missing reports only that, so ``policy: {typ: fcfs}`` never named typ."""
+    given = next((e.get("input") for e in errs if e["type"] == "union_tag_not_found"), None)
+    name = loc.rpartition(".")[2]
+    if not isinstance(given, dict):
+        return ""
+    near = [k for k in given if isinstance(k, str) and closest_key(k, [name]) == name]
+    return f" ({near[0]} is written: did you mean {name}?)" if near else ""
+
+
+def _missing_as_misspelled(found: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Without "X.cls: required key is missing" where "X.class: unknown key; did you mean cls?" says it: the two
+    lines of one misspelled key read as two problems, the first as if the key written were not there."""
+    meant = set()
+    for loc, reason in found:
+        m = re.fullmatch(r"unknown key; did you mean (\w+)\?", reason)
+        if m:
+            meant.add(f"{loc.rpartition('.')[0]}.{m[1]}".lstrip("."))
+    return [(loc, reason) for loc, reason in found if not (reason == "required key is missing" and loc in meant)]
+
+
 def _variants_text(idx: list[int], names: list[Any]) -> str:
     """``variant 1 (2P2D)`` or ``variants 0 and 3 (colocated, colocated-chunked)``: the variants by index, with
     their names where every one has a name."""
@@ -322,7 +344,7 @@ def format_validation(
         if "extra_forbidden" in kinds:
             reason = "unknown key" + unknown_key_hint(model, tuple(errs[0]["loc"]))
         elif kinds & {"missing", "union_tag_not_found"}:
-            reason = "required key is missing"
+            reason = "required key is missing" + _written_for(loc, errs)
         else:
             reasons: list[str] = []
             for e in errs:
@@ -338,7 +360,7 @@ def format_validation(
             if "union_tag_invalid" not in kinds and (scalar or kinds & set(_EXPECTED)):
                 reason += f" (got {short(value)})"
         found.append((loc, reason))
-    found = _same_in_variants(found, raw)
+    found = _same_in_variants(_missing_as_misspelled(found), raw)
     lines = [f"{source}: {loc or '(top level)'}: {reason}" for loc, reason in found[:_MAX_PROBLEMS]]
     more = len(found) - _MAX_PROBLEMS
     if more > 0:
