@@ -109,6 +109,15 @@ class VariantValidation:
         return f"schedule: DIFFERS from the engine's: {self.schedule_differences[0]}" + \
             (f" (and {more} more)" if more else "")
 
+    def rejected_text(self) -> str:
+        """``, 7 rejected (...)``: the requests the metrics leave out (longer than --model tiny's context of 2,048
+        tokens, say), which the table's "20 requests" hid; "" when none was."""
+        real, sim = self.real_summary.get("num_rejected", 0), self.sim_summary.get("num_rejected", 0)
+        if not real and not sim:
+            return ""
+        said = f"{real} rejected" if real == sim else f"{real} rejected on the engine, {sim} in the simulator"
+        return f", {said} (engine/requests.csv says why)"
+
     def step_stats(self) -> dict[str, Any]:
         dr, ds = self.real.steps["duration"], self.sim.steps["duration"]
         return {"real_steps": int(dr.size), "sim_steps": int(ds.size),
@@ -157,7 +166,8 @@ class Validation:
         lines = []
         for v in self.variants:
             slow = "" if v.machine_slowdown is None else f", machine {v.machine_slowdown:.2f}x calibration's step time"
-            lines.append(f"{v.name} ({v.num_gpu_blocks} KV blocks, {v.real_summary['num_requests']} requests{slow})")
+            lines.append(f"{v.name} ({v.num_gpu_blocks} KV blocks, {v.real_summary['num_requests']} requests"
+                         f"{v.rejected_text()}{slow})")
             lines.append(f"  {v.schedule_line()}")
             rows = []
             for name, m in v.metrics.items():

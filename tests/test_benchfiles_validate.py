@@ -571,3 +571,21 @@ def test_every_null_error_says_why_and_the_engine_tables_error_column_stays_alig
     assert f.metrics["std_ttft"]["error"] is None
     assert f.metrics["std_ttft"]["error_reason"].startswith("measured ~0 (|x| < 1e-09) against simulated ")
     assert all(("error_reason" in e) == (e["error"] is None) for e in f.metrics.values())
+
+
+def test_the_engine_tables_header_says_how_many_requests_were_rejected() -> None:
+    """docs/write-a-policy.md's scenario under --model tiny: 7 of 20 requests are longer than tiny's context and
+    rejected on both sides, and validate's header said only "20 requests" (engine run says it; validate did not)."""
+    from calibration.validate import Validation, VariantValidation
+
+    same = VariantValidation("mine", 10, None, None, {"num_requests": 20, "num_rejected": 7},  # type: ignore[arg-type]
+                             {"num_rejected": 7}, {})
+    other = VariantValidation("b", 10, None, None, {"num_requests": 20, "num_rejected": 7},  # type: ignore[arg-type]
+                              {"num_rejected": 6}, {})
+    none = VariantValidation("c", 10, None, None, {"num_requests": 20}, {}, {})  # type: ignore[arg-type]
+    heads = [line for line in Validation("s", "p", "cpu", "tiny", 1.0, [same, other, none]).table().splitlines()
+             if not line.startswith(" ")]
+    assert heads == ["mine (10 KV blocks, 20 requests, 7 rejected (engine/requests.csv says why))",
+                     "b (10 KV blocks, 20 requests, 7 rejected on the engine, 6 in the simulator (engine/requests.csv "
+                     "says why))",
+                     "c (10 KV blocks, 20 requests)"]
