@@ -23,6 +23,7 @@ A victim that was already planned this step leaves the plan and gives its tokens
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from operator import itemgetter
 from typing import Any
 
@@ -193,13 +194,7 @@ class QueuePolicy(Policy):
     def _waiting(self, view: PolicyView, waiting: tuple[RequestView, ...], plan: Plan, budget: Budget, tokens: int,
                  out: set[int]) -> None:
         lim = view.limits
-        queue = list(waiting)
-        if len(queue) > 1 and not self._first_come(queue):  # one request: nothing to order (the common ask)
-            keys = self._ranks(queue)
-            try:  # stable: equal ranks keep the queue's order
-                queue = [r for _, r in sorted(zip(keys, queue, strict=True), key=itemgetter(0))]
-            except TypeError as e:
-                raise self._unorderable(queue, e) from None
+        queue = self._in_order(view, waiting)
         num_seqs = len(view.running) - len(plan.preempted) + len(plan.swapped_in)
         admitted = 0
         for r in queue:
@@ -222,6 +217,19 @@ class QueuePolicy(Policy):
             tokens -= n
             num_seqs += 1
             admitted += 1
+
+    def _in_order(self, view: PolicyView, waiting: tuple[RequestView, ...]) -> Iterable[RequestView]:
+        """The waiting requests in the order they are admitted: by ``rank``, stable. The admission loop stops at
+        the first that does not fit, so a subclass that can produce the order lazily (VTC) overrides this to pay
+        only for the requests it reaches."""
+        queue = list(waiting)
+        if len(queue) > 1 and not self._first_come(queue):  # one request: nothing to order (the common ask)
+            keys = self._ranks(queue)
+            try:  # stable: equal ranks keep the queue's order
+                queue = [r for _, r in sorted(zip(keys, queue, strict=True), key=itemgetter(0))]
+            except TypeError as e:
+                raise self._unorderable(queue, e) from None
+        return queue
 
     def _displace(self, view: PolicyView, r: RequestView, plan: Plan, budget: Budget, out: set[int]) -> int | None:
         """Preempt the worst-ranked running request if ``r`` outranks it (``preempt_for_waiting``); returns the

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from sim.policies.api import Plan, PolicyView, RequestView
@@ -75,7 +75,15 @@ class VirtualTokenCounter(QueuePolicy):
         self._tracked: dict[int, tuple[RequestView, int]] = {}  # admitted, unfinished: (view, outputs charged)
         self._backlogged: set[str] = set()  # tenants with a waiting request after the last plan
         self._last_left = 0.0  # counter of the last tenant that stopped waiting
-        self._order: dict[int, int] = {}  # waiting request id -> its place in this step's VTC order
+        # The waiting queue, kept from step to step (a step changes it by a few arrivals, admissions and rejections;
+        # rebuilding it and ordering all of it at every ask made VTC linear in the queue per step: 20 s of CPU for
+        # one run of tests/test_fair_schedulers.py), and VTC's admission loop over it, run only as far as read.
+        self._tenant_of: dict[RequestView, str] = {}  # each waiting request's tenant
+        self._ids: dict[int, RequestView] = {}  # waiting request id -> its view
+        self._queues: dict[str, list[RequestView]] = {}  # tenant -> its waiting requests in the core's order
+        self._heap: list[tuple[float, int, float, int, str]] = []  # the loop's tenants: (counter, turn, head)
+        self._taken: list[RequestView] = []  # the requests the loop took this step, in order
+        self._order: dict[int, int] = {}  # request id -> its place in ``_taken``
 
     def check_tenants(self, requests: Iterable[Any], declared: Iterable[str] = ()) -> str | None:
         """Why this policy's ``tenant_weights`` do not fit the workload, or None (:func:`tenant_weights_problem`)."""
@@ -86,6 +94,10 @@ class VirtualTokenCounter(QueuePolicy):
 
     def rank(self, req: RequestView) -> tuple[float, float, int]:
         pos = self._order.get(req.id)
+        if pos is None and req.id in self._ids:  # a waiting request the admission loop has not reached yet
+            while self._take():
+                pass
+            pos = self._order.get(req.id)
         if pos is not None:
             return (float(pos), 0.0, req.id)
         # a running request as a preemption victim: the most served tenant's latest request goes first
@@ -93,21 +105,37 @@ class VirtualTokenCounter(QueuePolicy):
 
     def schedule(self, view: PolicyView) -> Plan:
         self._charge_outputs()
-        self._lift(view)
-        self._order = self._vtc_order(view.waiting)
+        self._sync(view.waiting)
+        self._lift()
+        self._start()
         plan = super().schedule(view)
         for r, _ in plan.scheduled:
             if r.id not in self._charged:
                 self._charged.add(r.id)
                 self.counters[r.tenant] = self.counters.get(r.tenant, 0.0) + self._cost(r.tenant, r.prompt_len, 0)
                 self._tracked[r.id] = (r, r.num_output_tokens)
-        gone = {r.id for r, _ in plan.scheduled} | {r.id for r, _ in plan.rejected}
-        still = {r.tenant for r in view.waiting if r.id not in gone}
-        left = sorted({r.tenant for r in view.waiting} - still)
+        gone: dict[str, int] = {}  # tenant -> its waiting requests admitted or rejected in this plan
+        for i in {r.id for r, _ in plan.scheduled} | {r.id for r, _ in plan.rejected}:
+            v = self._ids.get(i)
+            if v is not None:
+                t = self._tenant_of[v]
+                gone[t] = gone.get(t, 0) + 1
+        still = {t for t, q in self._queues.items() if len(q) > gone.get(t, 0)}
+        left = sorted(set(self._queues) - still)
         if left:
             self._last_left = max(self.counters.get(t, 0.0) for t in left)
         self._backlogged = still
         return plan
+
+    def _in_order(self, view: PolicyView, waiting: tuple[RequestView, ...]) -> Iterable[RequestView]:
+        """The waiting requests in VTC's order, taken from its admission loop as the admissions read them."""
+        if type(self).rank is not VirtualTokenCounter.rank:  # a subclass's own order
+            return super()._in_order(view, waiting)
+        queue = self._in_vtc_order()
+        if waiting is not view.waiting:  # refuse() took some out: the others keep their places (they are sorted)
+            kept = set(waiting)
+            queue = (r for r in queue if r in kept)
+        return queue
 
     def _cost(self, tenant: str, prompt: int, outputs: int) -> float:
         """What ``prompt`` tokens and ``outputs`` generated tokens add to ``tenant``'s counter: the weighted tokens
@@ -127,35 +155,66 @@ class VirtualTokenCounter(QueuePolicy):
         for rid in done:
             del self._tracked[rid]
 
-    def _lift(self, view: PolicyView) -> None:
-        """Lift the counter of each tenant that became backlogged since the last plan, in order of arrival."""
-        first: dict[str, float] = {}
-        for r in view.waiting:
-            if r.tenant not in self._backlogged and r.tenant not in first:
-                first[r.tenant] = r.arrival
-        waiting = {t for t in self._backlogged if any(r.tenant == t for r in view.waiting)}
+    def _sync(self, waiting: tuple[RequestView, ...]) -> None:
+        """Bring the per-tenant queues up to ``waiting``: drop the requests that left it, add the new ones, and keep
+        each tenant's in ``waiting``'s order (the core's: requests preempted by recompute first, then by arrival).
+        The set differences, the index and the sorts of nearly sorted lists run in C: the Python work is per
+        arrival and departure, not per waiting request."""
+        tenant_of, ids, queues = self._tenant_of, self._ids, self._queues
+        index = dict(zip(waiting, range(len(waiting)), strict=True))
+        changed: set[str] = set()
+        for v in tenant_of.keys() - index.keys():
+            changed.add(tenant_of.pop(v))
+            del ids[v.id]
+        for v in index.keys() - tenant_of.keys():
+            t = tenant_of[v] = v.tenant
+            ids[v.id] = v
+            queues.setdefault(t, []).append(v)
+        for t in changed:
+            queues[t] = list(filter(index.__contains__, queues[t]))
+        for t in [t for t, q in queues.items() if not q]:
+            del queues[t]
+        for q in queues.values():
+            q.sort(key=index.__getitem__)
+
+    def _lift(self) -> None:
+        """Lift the counter of each tenant that became backlogged since the last plan, in order of arrival (of its
+        first waiting request)."""
+        queues = self._queues
+        first = {t: q[0].arrival for t, q in queues.items() if t not in self._backlogged}
+        waiting = {t for t in self._backlogged if t in queues}
         for t in sorted(first, key=lambda t: (first[t], t)):
             floor = min(self.counters.get(u, 0.0) for u in waiting) if waiting else self._last_left
             self.counters[t] = max(self.counters.get(t, 0.0), floor)
             waiting.add(t)
 
-    def _vtc_order(self, waiting: tuple[RequestView, ...]) -> dict[int, int]:
-        """The order VTC's admission loop takes the waiting requests in: the earliest of the tenant with the
-        smallest counter, that counter then raised by the prompt, and again (ties: the tenant whose request came
-        first)."""
-        queues: dict[str, list[RequestView]] = {}
-        for r in waiting:  # the core's order: requests preempted by recompute first, then by arrival
-            queues.setdefault(r.tenant, []).append(r)
-        heap = [(self.counters.get(t, 0.0), 0, q[0].arrival, q[0].id, t) for t, q in queues.items()]
-        heapq.heapify(heap)
-        order: dict[int, int] = {}
-        while heap:
-            c, i, _, _, t = heapq.heappop(heap)
-            r = queues[t][i]
-            order[r.id] = len(order)
-            if r.id not in self._charged:
-                c += self._cost(t, r.prompt_len, 0)
-            if i + 1 < len(queues[t]):
-                nxt = queues[t][i + 1]
-                heapq.heappush(heap, (c, i + 1, nxt.arrival, nxt.id, t))
-        return order
+    def _start(self) -> None:
+        """Set up this step's VTC admission loop: each tenant's turn comes by its counter (ties: its earlier turns
+        in this step, then the arrival and id of its head)."""
+        self._taken, self._order = [], {}
+        self._heap = [(self.counters.get(t, 0.0), 0, q[0].arrival, q[0].id, t) for t, q in self._queues.items()]
+        heapq.heapify(self._heap)
+
+    def _take(self) -> bool:
+        """One turn of the loop: the earliest request of the tenant with the smallest counter, that counter then
+        raised by the prompt (not again for a prompt already charged); False when every request was taken."""
+        if not self._heap:
+            return False
+        c, i, _, _, t = heapq.heappop(self._heap)
+        q = self._queues[t]
+        r = q[i]
+        self._order[r.id] = len(self._taken)
+        self._taken.append(r)
+        if r.id not in self._charged:
+            c += self._cost(t, r.prompt_len, 0)
+        if i + 1 < len(q):
+            nxt = q[i + 1]
+            heapq.heappush(self._heap, (c, i + 1, nxt.arrival, nxt.id, t))
+        return True
+
+    def _in_vtc_order(self) -> Iterator[RequestView]:
+        """The waiting requests in the loop's order, each turn run when the caller reads that far."""
+        taken, k = self._taken, 0
+        while k < len(taken) or self._take():
+            yield taken[k]
+            k += 1
