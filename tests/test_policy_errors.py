@@ -73,6 +73,12 @@ CASES = [
      "is named by its path: 'no_such_pkg/mod.py:X'"),
     ("bad_policies:Idle", "", "bad_policies: no such module (No module named 'bad_policies'); a file of your own is "
      "named by its path: 'bad_policies.py:Idle'"),
+    # a path without .py: "importing it raised TypeError: the 'package' argument is required to perform a relative
+    # import for './bad_policies'"; and 'bad_policies.Py' was told to write 'bad_policies/Py.py'
+    ("./bad_policies:Idle", "", "./bad_policies: not a module name; a file of your own is named by its path, ending in "
+     ".py: './bad_policies.py:Idle'"),
+    ("bad_policies.Py:Idle", "", "bad_policies.Py: not a module name; a file of your own is named by its path, ending "
+     "in .py: 'bad_policies.py:Idle'"),
     ("broken_import.py:X", "", "importing it raised ZeroDivisionError: division by zero (line 3)"),
     ("bad_policies.py:LIMIT", "", "bad_policies.py:LIMIT is an int, not a class"),  # was "is a int"
     ("bad_policies.py:NoSchedule", "", "NoSchedule does not override schedule(view)"),

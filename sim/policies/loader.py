@@ -213,6 +213,12 @@ def load_class(spec: str) -> type:
                              "a tournament spec; from the command line (--set, --sweep) or in a scenario given from "
                              "Python as a dict, to the working folder)")
         module = _module_from_file(path)
+    elif "/" in target or "\\" in target or target.startswith(".") or target.lower().endswith(".py"):
+        # a path without .py (./my_policy, policies/mine, mine.Py): importing it as a module said "the 'package'
+        # argument is required to perform a relative import", and the hint made 'mine.Py' into 'mine/Py.py'
+        stem = target[:-3] if target.lower().endswith(".py") else target.rstrip("/\\")
+        raise ValueError(f"{target}: not a module name; a file of your own is named by its path, ending in .py: "
+                         f"'{stem}.py:{name}'")
     else:
         try:
             module = importlib.import_module(target)
