@@ -463,6 +463,37 @@ def test_a_draining_replica_prices_only_the_steps_its_members_have_left(monkeypa
     assert all(0 < priced <= left for priced, left in drained), drained
 
 
+def test_a_timeline_prices_its_steps_without_the_first_steps_time_for_the_horizon(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``timeline`` prices from a horizon that is now: no step fits before it, so the first step's time, which
+    only sizes the steps that fit (2 past them whatever it is), is not asked for (a cost-model call at each of
+    1.6 pricings a request at 256 replicas). The same steps are priced (the tests above compare with stepping)."""
+    from sim.costs.analytic import AnalyticCostModel
+    from sim.serving import fast_path
+
+    price, first = fast_path._predict_and_price, AnalyticCostModel.decode_step_time
+    seen = {"at_now": False, "pricings": 0, "firsts": 0}
+
+    def recording(core, g, cost, now, horizon, last, pad, next_finish):
+        seen["at_now"] = horizon == now
+        seen["pricings"] += seen["at_now"]
+        try:
+            return price(core, g, cost, now, horizon, last, pad, next_finish)
+        finally:
+            seen["at_now"] = False
+
+    def counted(self, n, c):
+        seen["firsts"] += seen["at_now"]
+        return first(self, n, c)
+
+    monkeypatch.setattr(fast_path, "_predict_and_price", recording)
+    monkeypatch.setattr(AnalyticCostModel, "decode_step_time", counted)
+    sim = parking_fleet("least_kv")
+    sim.run()
+    assert len(sim.requests) == 300 and seen["pricings"] > 100
+    assert seen["firsts"] == 0, seen
+
+
 def _timeline_by_steps(core: ServingCore, now: float) -> tuple[int, list[int], bool]:
     """What ``fast_path.timeline`` showed when it walked the priced steps one by one (its code before it took
     them as a stretch): the first step's index into the priced lists, the blocks in use after each step, and

@@ -289,15 +289,18 @@ def _predict_and_price(core: ServingCore, g: DecodeGroup, cost: CostModel, now: 
         # how many steps fit before the horizon, from the first step's time. Later steps attend to more tokens,
         # so they are no shorter unless members leave; a small margin covers that (a guess that falls short
         # leaves the rest for the next call; one too long prices steps never taken).
-        size = len(g.members)
-        rows, read = size + pad, g.ctx + size
-        gp = graph_padding(core.graph_sizes, rows) if core.graph_sizes else 0
-        rows += gp
-        if not pad and not gp:
-            first = optional_member(cost, "decode_step_time")(rows, read)
+        if horizon == now:  # (``timeline``'s call) none fits: the formula below gives 2 whatever the first costs
+            fit = 2
         else:
-            first = float(cost.step_time(StepShape(rows, rows, rows, read, read, pad + gp, 0)))
-        fit = int((horizon - now) / max(first, 1e-9) * 1.02) + 2
+            size = len(g.members)
+            rows, read = size + pad, g.ctx + size
+            gp = graph_padding(core.graph_sizes, rows) if core.graph_sizes else 0
+            rows += gp
+            if not pad and not gp:
+                first = optional_member(cost, "decode_step_time")(rows, read)
+            else:
+                first = float(cost.step_time(StepShape(rows, rows, rows, read, read, pad + gp, 0)))
+            fit = int((horizon - now) / max(first, 1e-9) * 1.02) + 2
         if g.lookahead:
             # priced steps are kept until the members change, which the next finish does
             fit += g.lookahead
