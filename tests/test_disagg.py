@@ -4,6 +4,7 @@ decode admission bounded by its KV, bad input, and the lesson's published range 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -317,12 +318,11 @@ def test_plan_searches_splits_and_picks_one_where_colocated_misses() -> None:
     assert labels["4"].status == "missed" and labels["2P2D"].status == "met"
     assert res.chosen is not None and res.chosen.candidate.prefill_replicas == 2
     assert res.chosen.candidate.replicas == 4
-    # an xPyD row's joules are a dash: its pools' power is not modelled, not its H100s' (the legend said "-: a GPU
-    # without power figures" beside the same H100s colocated with their joules)
+    # an xPyD row has its joules (its pools' GPUs', sim/costs/pooled_power.py), as the same H100s colocated do
     from sim.studies.plan_text import format_plan
 
-    assert "(-: a GPU without power figures, or a disaggregated deployment (its pools' power is not modelled))" in \
-        format_plan(res)
+    assert math.isfinite(labels["2P2D"].j_per_output_token) and labels["2P2D"].j_per_output_token > 0
+    assert "(-: a GPU without power figures)" in format_plan(res)
 
 
 def test_plan_without_the_section_has_no_splits() -> None:

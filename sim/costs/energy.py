@@ -60,6 +60,7 @@ from sim.metrics.step_columns import StepColumns, continues_ascending, step_bloc
 from sim.serving.pipeline import PipelineCostModel
 
 if TYPE_CHECKING:
+    from sim.costs.pooled_power import PooledPower
     from sim.hardware.gpu import GPUSpec
     from sim.metrics.records import RunResult
 
@@ -100,6 +101,15 @@ class PowerModel:
         dyn = (self.tdp_w - self.idle_w) * np.minimum(1.0, compute_share * clock**3
                                                       + MEMORY_POWER_SHARE * memory_share)
         return self.gpus * np.minimum(self.idle_w + dyn, self.limit_w)
+
+    def step_power(self, steps: Any) -> np.ndarray:
+        """W of the replica in each of ``steps`` (a whole array)."""
+        return self.power(*busy_shares(self, steps))
+
+    def for_replica(self, replica: int) -> PowerModel:
+        """The power model of replica ``replica``'s GPUs: this one (a disaggregated run's pools differ,
+        sim/costs/pooled_power.py)."""
+        return self
 
     def to_dict(self) -> dict[str, Any]:
         return {"gpus_per_replica": self.gpus, "idle_w": self.idle_w, "tdp_w": self.tdp_w,
@@ -207,7 +217,7 @@ class RunEnergy:
     (``step_power_w``, ``step_energy_j``): two whole arrays of a long run's steps (16 bytes a step) were kept for
     as long as its folder was written."""
 
-    power_model: PowerModel
+    power_model: PowerModel | PooledPower
     steps: Any  # the run's step columns
     idle_energy_j: float  # J drawn between steps (every replica that was up, at idle power)
     up_seconds: float  # replica-seconds the fleet was up
@@ -222,7 +232,7 @@ class RunEnergy:
     @property
     def step_power_w(self) -> np.ndarray:
         """W of the replica that ran each step, a whole array computed on each read (read it once)."""
-        return self.power_model.power(*busy_shares(self.power_model, self.steps))
+        return self.power_model.step_power(self.steps)
 
     @property
     def step_energy_j(self) -> np.ndarray:
@@ -296,6 +306,8 @@ def _run_energy(result: RunResult, up: float) -> RunEnergy | None:
     pm = result.power
     if pm is None:
         return None
+    if not isinstance(pm, PowerModel):  # a disaggregated run's pools
+        return pm.run_energy(result, up)
     s = result.steps
     n = step_count(s)
     busy_s, busy_j = PairwiseSum(n), PairwiseSum(n)  # float(dur.sum()), float(energy.sum()) to the bit

@@ -42,7 +42,9 @@ def _energy_per_bin(result: RunResult, edges: np.ndarray, widths: np.ndarray) ->
     e = run_energy(result)
     if e is None or result.power is None:
         return None
-    binned = _binned_in_blocks(result.power, result.steps, edges) if isinstance(result.steps, StepColumns) else None
+    pm = result.power
+    binned = _binned_in_blocks(pm, result.steps, edges) \
+        if isinstance(result.steps, StepColumns) and isinstance(pm, PowerModel) else None
     if binned is not None:
         busy_j, busy_s = binned
     else:

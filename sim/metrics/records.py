@@ -21,6 +21,7 @@ from sim.serving.request import Outcome, Request, unfrozen_twin
 
 if TYPE_CHECKING:
     from sim.costs.energy import PowerModel
+    from sim.costs.pooled_power import PooledPower
 
 
 @dataclass(frozen=True, slots=True)
@@ -444,8 +445,8 @@ class RunResult:
     # a result still pickles (sweeps). Prefill/decode pools add "disaggregation" (sim/loop/disagg/pools.py).
     summary_sections: dict[str, Callable[[RunResult], Any]] | None = None
     # the replica's power figures (sim/costs/energy.py, power_model_of); None: not modelled (a GPU without them, a
-    # calibration profile measured on a CPU, an engine's run, a disaggregated variant's pools)
-    power: PowerModel | None = None
+    # calibration profile measured on a CPU, an engine's run); a disaggregated run's: each pool's (PooledPower)
+    power: PowerModel | PooledPower | None = None
     # max_num_batched_tokens as the replica's core applied it (the decode pool's in a disaggregated run): ``config``
     # records the policy section as written, None where servesim's own default applies (8,192, or max_model_len)
     token_budget: int | None = None

@@ -92,11 +92,7 @@ def _front_lines(result: PlanResult, keys: list[str]) -> list[str]:
                      f"{'yes' if e.meets else 'no':<5} {e.cost_per_million_output_tokens:>8.3f}"
                      f"{'*' if e.saturated else ' '} {_joules(e.j_per_output_token)}  {e.candidate.label()}")
     offered = next((e.load.offered for e in front if e.load is not None and math.isfinite(e.load.offered)), NAN)
-    # a disaggregated deployment's dash is not its GPU's: an H100 xPyD read "-: a GPU without power figures" beside
-    # the same H100s colocated with their joules
-    dash = "a GPU without power figures" + (", or a disaggregated deployment (its pools' power is not modelled)"
-                                            if any(e.candidate.prefill_replicas and not
-                                                   math.isfinite(e.j_per_output_token) for e in front) else "")
+    dash = "a GPU without power figures"  # a disaggregated deployment's pools draw as their GPUs do
     if math.isfinite(offered):
         lines.append(f"$/M out: USD per million output tokens at the offered {offered:,.0f} output tok/s"
                      + ("; *: saturated, at the rate it served in the second half of the arrival window"

@@ -40,10 +40,12 @@ from sim.config.scenario import VariantConfig
 from sim.config.scenario_messages import format_validation
 from sim.config.schema import Deployment, PolicyConfig, ScenarioError
 from sim.costs.costmodel import CostModel
+from sim.costs.energy import power_model_of
+from sim.costs.pooled_power import WINDOW_KEYS, PooledPower, PoolPower
 from sim.loop.build import Built, build
 from sim.loop.disagg.config import DisaggConfig, PoolConfig
 from sim.loop.disagg.kv_transfer import KVLink, kv_bytes
-from sim.loop.executor import Executor
+from sim.loop.executor import CostExecutor, Executor
 from sim.loop.results import class_itl_gaps, gc_paused, pooled_gaps
 from sim.loop.simulator import ClosedLoopPlan, Replica, Simulation
 from sim.metrics.records import RequestRecord, RunResult
@@ -396,7 +398,38 @@ def disagg_result(name: str, sim: DisaggSimulation, pools: dict[str, tuple[Varia
         config=config, cluster=cluster, disaggregation=disagg, class_itl=class_itl_gaps(merged),
         summary_sections={"disaggregation": disagg_summary},  # the transfers and each pool's use
         token_budget=pools["decode"][1].limits.max_num_batched_tokens,
+        power=pooled_power(sim, pools, role_of, records, disagg),
     )
+
+
+def pooled_power(sim: DisaggSimulation, pools: dict[str, tuple[VariantConfig, Built]], role_of: list[str],
+                 records: list[RequestRecord], disagg: dict[str, Any]) -> PooledPower | None:
+    """Each pool's GPUs' power model and where each request worked in the pool (sim/costs/pooled_power.py); None
+    when a pool's GPU has no power figures (or its steps were measured on a CPU)."""
+    ids = np.array([r.id for r in records], dtype=np.int64)
+    rec = {k: np.array([getattr(r, k) for r in records], dtype=np.float64) for k in WINDOW_KEYS}
+    at = np.searchsorted(ids, disagg["id"])  # each transferred request's row
+    prefill = dict(rec)  # a request refused on the prefill pool is there as the client saw it
+    prefill["first_token"], prefill["finish"] = rec["first_token"].copy(), rec["finish"].copy()
+    prefill["replica"] = rec["replica"].copy()
+    prefill["replica"][at] = disagg["prefill_replica"]
+    prefill["first_token"][at] = prefill["finish"][at] = disagg["prefill_end"]  # its prompt, up to its KV's copy
+    decode = {k: np.full(len(records), -1.0) for k in WINDOW_KEYS}  # from admission there to its finish
+    decode["replica"][at] = disagg["decode_replica"]
+    decode["first_scheduled"][at] = decode["first_token"][at] = disagg["decode_admitted"]
+    decode["finish"][at] = rec["finish"][at]
+    out = []
+    for role, windows in (("prefill", prefill), ("decode", decode)):
+        pcfg, built = pools[role]
+        mine = [rep for rep, r in zip(sim.replicas, role_of, strict=True) if r == role]
+        dep = pcfg.deployment
+        ex = mine[0].executor
+        pm = None if not isinstance(ex, CostExecutor) or ex.cost is None else power_model_of(
+            built.gpu, ex.cost, dep.tensor_parallel_size * dep.pipeline_parallel_size, dep.power_limit_w)
+        if pm is None:
+            return None
+        out.append(PoolPower(role, tuple(rep.index for rep in mine), pm, windows))
+    return PooledPower(tuple(out))
 
 
 def disagg_summary(result: RunResult) -> dict[str, Any]:

@@ -159,13 +159,14 @@ def _power_lines(result: RunResult, picked: list[tuple[int, np.ndarray, np.ndarr
     power, energy_mj = [], []
     whole: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None  # read once, for every engine
     for j, (e, rows, _) in enumerate(picked):
+        pm_e = pm.for_replica(e)  # engine e's GPUs (a disaggregated run's pools differ)
         steps = result.steps
         if isinstance(steps, StepColumns) and (end is None or (len(picked) == 1 and bool(np.all(end[1:] >= end[:-1])))):
             # one engine's log in end order: the running sums read where sampled, a block at a time; each sampled
             # step is the last to end at its time, so it is where the search of its end lands
             at = rows
-            busy_j, busy_s, power_w = running_energy(pm, steps, at, rows)
-            busy_j /= pm.gpus  # one GPU's, to the end of each step
+            busy_j, busy_s, power_w = running_energy(pm_e, steps, at, rows)
+            busy_j /= pm_e.gpus  # one GPU's, to the end of each step
             at = np.arange(len(rows))
         else:
             assert end is not None  # the whole columns' sampling
@@ -176,7 +177,7 @@ def _power_lines(result: RunResult, picked: list[tuple[int, np.ndarray, np.ndarr
             replica, dur, step_power_w, step_energy_j = whole
             mine = np.flatnonzero(replica == e)
             mine = mine[np.argsort(end[mine], kind="stable")]
-            busy_j = np.cumsum(step_energy_j[mine]) / pm.gpus  # one GPU's, to the end of each step
+            busy_j = np.cumsum(step_energy_j[mine]) / pm_e.gpus  # one GPU's, to the end of each step
             busy_s = np.cumsum(dur[mine])
             at = np.searchsorted(end[mine], end[rows], side="right") - 1  # each sampled row in the engine's order
             power_w = step_power_w[rows]
@@ -184,8 +185,8 @@ def _power_lines(result: RunResult, picked: list[tuple[int, np.ndarray, np.ndarr
         lab = f'gpu="{e}",modelName="{gpu}"'
         for k in range(len(rows)):
             t = f" {_num(ends[j][k])}"
-            power.append(f"DCGM_FI_DEV_POWER_USAGE{{{lab}}} {_num(power_w[k] / pm.gpus)}{t}")
-            mj = 1000.0 * (busy_j[at[k]] + idle_s[k] * pm.idle_w)
+            power.append(f"DCGM_FI_DEV_POWER_USAGE{{{lab}}} {_num(power_w[k] / pm_e.gpus)}{t}")
+            mj = 1000.0 * (busy_j[at[k]] + idle_s[k] * pm_e.idle_w)
             energy_mj.append(f"DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{{{lab}}} {_num(mj)}{t}")
     return ["# TYPE DCGM_FI_DEV_POWER_USAGE gauge", "# HELP DCGM_FI_DEV_POWER_USAGE Power draw (in W).",
             *power, "# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION gauge",

@@ -66,7 +66,10 @@ def _cell(kind: str, x: float | None) -> str:
 
 def _limit(e: dict, replicas: object) -> str:
     """The board limit times the fleet's GPUs: the mean power beside it is the fleet's (3 replicas of one GPU
-    drew 816 W beside a limit read "400 x 1")."""
+    drew 816 W beside a limit read "400 x 1"); a disaggregated run's pool by pool."""
+    if "pools" in e:
+        return " + ".join(f"{p['power_limit_w']:g} x {int(p['gpus_per_replica']) * p['replicas']} ({role})"
+                          for role, p in e["pools"].items())
     gpus = int(e["gpus_per_replica"])
     n = replicas if isinstance(replicas, int) and replicas > 1 else 1
     return f"{e['power_limit_w']:g} x {gpus * n}" + (f" ({n} replicas of {gpus})" if n > 1 else "")
