@@ -15,6 +15,7 @@ from sim.hardware.models import resolve_model
 from sim.loop.simulator import Simulation
 from sim.policies import Limits
 from sim.policies.api import PolicyView, RequestView
+from sim.policies.base import Admission
 from sim.policies.lpm import LongestPrefixMatch
 from sim.policies.queue import FCFSPolicy, QueuePolicy
 from sim.policies.user import UserPolicy
@@ -193,7 +194,7 @@ class _WholeQueue(VirtualTokenCounter):
     rebuilt from every waiting request at every ask, every request placed, then all sorted by rank."""
 
     def schedule(self, view: PolicyView):
-        self._tenant_of, self._ids, self._queues = {}, {}, {}
+        self._tenant_of, self._ids, self._queues, self._last = {}, {}, {}, ()
         return super().schedule(view)
 
     def _in_order(self, view: PolicyView, waiting: tuple[RequestView, ...]):
@@ -207,23 +208,28 @@ class _Impatient:
         return "waited 10 s" if view.now - req.arrival > 10.0 else None
 
 
-@pytest.mark.parametrize("refusing", [False, True])
-def test_vtc_keeps_the_schedule_of_sorting_the_whole_queue_at_every_ask(refusing: bool) -> None:
+@pytest.mark.parametrize("rejecting", ["", "refuse", "admission"])
+def test_vtc_keeps_the_schedule_of_sorting_the_whole_queue_at_every_ask(rejecting: str) -> None:
     """The per-tenant queues kept from ask to ask, and the admission loop run only as far as admissions read, give
     the schedule of rebuilding and sorting the whole waiting queue at every ask: with recompute preemptions (their
-    requests go back to the queue's front), three tenants (one the unnamed ""), weights, and a refuse hook."""
+    requests go back to the queue's front), three tenants (one the unnamed ""), weights, and requests that wait
+    10 s rejected by the policy's refuse hook or by admission control (which takes them out of the queue before
+    the policy is asked)."""
     rng = np.random.default_rng(5)
     arrivals = np.cumsum(rng.exponential(0.05, 240))
     specs = [RequestSpec(i, float(a), int(rng.integers(100, 600)), int(rng.integers(20, 300)),
                          tenant=("a", "a", "b", "")[i % 4]) for i, a in enumerate(arrivals)]
+    admission = Admission(max_queue_delay=10.0) if rejecting == "admission" else None
     runs = []
     for base in (VirtualTokenCounter, _WholeQueue):
-        cls = type("P", (_Impatient, base), {}) if refusing else base
-        sim = _simulate(cls(input_weight=0.5, tenant_weights={"a": 2.0}), specs, Limits(16, 2048, 8192), blocks=300)
+        cls = type("P", (_Impatient, base), {}) if rejecting == "refuse" else base
+        policy = UserPolicy(cls(input_weight=0.5, tenant_weights={"a": 2.0}), Limits(16, 2048, 8192), admission)
+        sim = Simulation(specs, [(ServingCore(policy, PagedBlockManager(300, 16)), _cost())])
+        sim.run()
         runs.append([(r.first_scheduled, r.finish, r.num_preemptions, r.outcome) for r in sim.requests])
     assert runs[0] == runs[1]
     assert sum(p for _, _, p, _ in runs[0]) > 0  # preempted requests went back to the queue
-    assert any(o == Outcome.REJECTED for *_, o in runs[0]) is refusing
+    assert any(o == Outcome.REJECTED for *_, o in runs[0]) is bool(rejecting)
 
 
 def test_vtc_reads_the_waiting_queue_only_as_far_as_it_admits(monkeypatch) -> None:

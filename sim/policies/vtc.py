@@ -29,6 +29,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Iterable, Iterator, Mapping
+from itertools import filterfalse
 from typing import Any
 
 from sim.policies.api import Plan, PolicyView, RequestView
@@ -81,6 +82,10 @@ class VirtualTokenCounter(QueuePolicy):
         self._tenant_of: dict[RequestView, str] = {}  # each waiting request's tenant
         self._ids: dict[int, RequestView] = {}  # waiting request id -> its view
         self._queues: dict[str, list[RequestView]] = {}  # tenant -> its waiting requests in the core's order
+        self._last: tuple[RequestView, ...] = ()  # the waiting queue the last plan left: the next ask's, but for
+        # requests put in front of it (preempted by recompute) or after it (arrivals)
+        self._loop: dict[str, list[RequestView]] = {}  # the queues this step's loop reads (a plan's removals
+        # replace a queue's list, so the loop can still run to its end for rank())
         self._heap: list[tuple[float, int, float, int, str]] = []  # the loop's tenants: (counter, turn, head)
         self._taken: list[RequestView] = []  # the requests the loop took this step, in order
         self._order: dict[int, int] = {}  # request id -> its place in ``_taken``
@@ -114,14 +119,10 @@ class VirtualTokenCounter(QueuePolicy):
                 self._charged.add(r.id)
                 self.counters[r.tenant] = self.counters.get(r.tenant, 0.0) + self._cost(r.tenant, r.prompt_len, 0)
                 self._tracked[r.id] = (r, r.num_output_tokens)
-        gone: dict[str, int] = {}  # tenant -> its waiting requests admitted or rejected in this plan
-        for i in {r.id for r, _ in plan.scheduled} | {r.id for r, _ in plan.rejected}:
-            v = self._ids.get(i)
-            if v is not None:
-                t = self._tenant_of[v]
-                gone[t] = gone.get(t, 0) + 1
-        still = {t for t, q in self._queues.items() if len(q) > gone.get(t, 0)}
-        left = sorted(set(self._queues) - still)
+        before = set(self._queues)
+        self._remove({r.id for r, _ in plan.scheduled} | {r.id for r, _ in plan.rejected}, view.waiting)
+        still = set(self._queues)
+        left = sorted(before - still)
         if left:
             self._last_left = max(self.counters.get(t, 0.0) for t in left)
         self._backlogged = still
@@ -156,10 +157,34 @@ class VirtualTokenCounter(QueuePolicy):
             del self._tracked[rid]
 
     def _sync(self, waiting: tuple[RequestView, ...]) -> None:
-        """Bring the per-tenant queues up to ``waiting``: drop the requests that left it, add the new ones, and keep
-        each tenant's in ``waiting``'s order (the core's: requests preempted by recompute first, then by arrival).
-        The set differences, the index and the sorts of nearly sorted lists run in C: the Python work is per
-        arrival and departure, not per waiting request."""
+        """Bring the per-tenant queues up to ``waiting``, each tenant's in ``waiting``'s order (the core's: requests
+        preempted by recompute first, then by arrival). The usual ask finds the queue the last plan left with
+        requests before it (preempted) and after it (arrivals): one comparison in C, and the tenants of the new
+        requests read. Anything else (a request the core took out, a queue reordered) goes the general way."""
+        last = self._last
+        n = len(last)
+        k = waiting.index(last[0]) if n and last[0] in waiting else 0
+        if waiting[k:k + n] != last:
+            self._resync(waiting)
+            return
+        queues, tenant_of, ids = self._queues, self._tenant_of, self._ids
+        front: dict[str, list[RequestView]] = {}
+        for v in waiting[:k]:
+            t = tenant_of[v] = v.tenant
+            ids[v.id] = v
+            front.setdefault(t, []).append(v)
+        for t, f in front.items():
+            queues[t] = f + queues.get(t, [])
+        for v in waiting[k + n:]:
+            t = tenant_of[v] = v.tenant
+            ids[v.id] = v
+            queues.setdefault(t, []).append(v)
+        self._last = waiting
+
+    def _resync(self, waiting: tuple[RequestView, ...]) -> None:
+        """:meth:`_sync` for any change: drop the requests that left, add the new ones, and sort each tenant's
+        queue by ``waiting``'s order. The index, the set differences and the sorts of nearly sorted lists run in
+        C; the Python work is per request that came or went."""
         tenant_of, ids, queues = self._tenant_of, self._ids, self._queues
         index = dict(zip(waiting, range(len(waiting)), strict=True))
         changed: set[str] = set()
@@ -176,6 +201,22 @@ class VirtualTokenCounter(QueuePolicy):
             del queues[t]
         for q in queues.values():
             q.sort(key=index.__getitem__)
+        self._last = waiting
+
+    def _remove(self, gone: set[int], waiting: tuple[RequestView, ...]) -> None:
+        """Take the requests of ``gone`` (ids: admitted or rejected by the plan) out of the queues of ``waiting``,
+        which leaves the queue the next ask expects. Each changed queue gets a new list (the loop keeps the old)."""
+        views = {self._ids.pop(i) for i in gone if i in self._ids}
+        if not views:
+            return
+        queues = self._queues
+        for t in {self._tenant_of.pop(v) for v in views}:
+            q = list(filterfalse(views.__contains__, queues[t]))
+            if q:
+                queues[t] = q
+            else:
+                del queues[t]
+        self._last = tuple(filterfalse(views.__contains__, waiting))
 
     def _lift(self) -> None:
         """Lift the counter of each tenant that became backlogged since the last plan, in order of arrival (of its
@@ -191,7 +232,7 @@ class VirtualTokenCounter(QueuePolicy):
     def _start(self) -> None:
         """Set up this step's VTC admission loop: each tenant's turn comes by its counter (ties: its earlier turns
         in this step, then the arrival and id of its head)."""
-        self._taken, self._order = [], {}
+        self._taken, self._order, self._loop = [], {}, dict(self._queues)
         self._heap = [(self.counters.get(t, 0.0), 0, q[0].arrival, q[0].id, t) for t, q in self._queues.items()]
         heapq.heapify(self._heap)
 
@@ -201,7 +242,7 @@ class VirtualTokenCounter(QueuePolicy):
         if not self._heap:
             return False
         c, i, _, _, t = heapq.heappop(self._heap)
-        q = self._queues[t]
+        q = self._loop[t]
         r = q[i]
         self._order[r.id] = len(self._taken)
         self._taken.append(r)
