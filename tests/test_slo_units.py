@@ -86,3 +86,13 @@ def test_a_number_yaml_reads_as_text_stays_seconds(tmp_path: Path) -> None:
     assert (sc.slos.ttft, sc.slos.tpot) == (0.5, 0.05)
     said = slo_unit_warnings({"slos": {"ttft": "200"}})
     assert len(said) == 1 and said[0].startswith("slos.ttft: 200 seconds")
+
+
+def test_a_dict_given_to_the_python_api_warns_once() -> None:
+    """Before: only a file read (load_scenario) warned; servesim.run(dict) with slos {ttft: 200} ran silently."""
+    import servesim
+
+    raw = {**copy.deepcopy(BASE), "slos": {"ttft": 200}, "sweep": {"seed": [1, 2]}}
+    with pytest.warns(SLOUnitWarning) as caught:
+        servesim.run(raw)  # two sweep points, each validated again: still one warning
+    assert [str(w.message) for w in caught] == slo_unit_warnings({"slos": {"ttft": 200}})

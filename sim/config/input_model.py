@@ -37,6 +37,6 @@ class FrozenInputModel(InputModel):
 
 SLO_UNIT_HELP = " (or a string with its unit: '200ms', '0.2s')"
 # an SLO field (the scenario's slos, a class's slo): seconds, or a string with its unit ("200ms", "0.2s"); a bare
-# number that reads as milliseconds is warned about where the file is read (sim.config.slos.warn_slo_units)
+# number that reads as milliseconds is warned about where the scenario is validated (sim.config.scenario.parse_scenario)
 SLOSeconds = Annotated[float, BeforeValidator(_not_bool),
                        BeforeValidator(parse_slo_seconds, json_schema_input_type=float | str)]

@@ -125,14 +125,12 @@ def load_scenario(
         except ScenarioError as e:
             raise ScenarioError(f"{p}: --set {e}") from None
     _resolve_relative_paths(raw, p.parent)
-    scenario = parse_scenario(raw, source=str(p))
-    warn_slo_units(raw)  # SLOs that read as vLLM's milliseconds: after the errors, once per file read
-    return scenario, raw
+    return parse_scenario(raw, source=str(p)), raw
 
 
-def parse_scenario(raw: dict[str, Any], source: str = "scenario") -> Scenario:
-    """Validate a scenario dict: its schema, every variant's merged deployment, and that trace files exist.
-    Raises ScenarioError naming the key path and the reason."""
+def parse_scenario(raw: dict[str, Any], source: str = "scenario", *, warn_units: bool = True) -> Scenario:
+    """Validate a scenario dict (schema, variants' deployments, trace files: else a ScenarioError naming the key
+    path), then warn of SLOs that read as ms, unless ``warn_units=False`` (a sweep's point: warned once)."""
     load_plugins()  # a plugin's GPUs and engines are names the scenario may use
     if isinstance(raw, dict) and "policies" in raw and "workload" not in raw:
         # a tournament spec given to run (or sweep, check-policy, ...): five lines of missing and unknown keys
@@ -161,6 +159,8 @@ def parse_scenario(raw: dict[str, Any], source: str = "scenario") -> Scenario:
                 ) from None
     for where, wl in workloads:
         _check_trace_files(wl, source, where)
+    if warn_units:
+        warn_slo_units(raw)  # a file's or the Python API's dict alike
     return scenario
 
 
@@ -350,7 +350,7 @@ def apply_point(raw: dict[str, Any], point: dict[str, Any], source: str) -> Scen
             apply_override(d, key, value)
         except ScenarioError as e:
             raise ScenarioError(f"{source}: sweep: {e}") from None
-    return parse_scenario(d, source=f"{source} at {point}")
+    return parse_scenario(d, source=f"{source} at {point}", warn_units=False)  # warned as the whole scenario
 
 
 _VARIANT_SECTIONS = ("workload", "deployment", "kv_cache", "policy", "admission", "cluster")

@@ -97,6 +97,6 @@ def slo_unit_warnings(raw: object) -> list[str]:
 
 
 def warn_slo_units(raw: object) -> None:
-    """``slo_unit_warnings`` as SLOUnitWarnings, attributed to the caller of the function that read the file."""
+    """``slo_unit_warnings`` as SLOUnitWarnings, attributed to the caller of parse_scenario."""
     for why in slo_unit_warnings(raw):
         warnings.warn(why, SLOUnitWarning, stacklevel=3)

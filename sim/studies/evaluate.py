@@ -373,7 +373,7 @@ def _run_seeds(policy: Any, args: Mapping[str, Any], raw: dict[str, Any], source
     obj = _make_policy(policy, args)
     section = dict(raw["policy"], cls=f"python:{type(obj).__qualname__}", instance=obj)
     try:
-        sc = parse_scenario({**raw, "policy": section}, source=source)
+        sc = parse_scenario({**raw, "policy": section}, source=source, warn_units=False)
     except ScenarioError as e:  # the scenario validated with a stand-in policy: this is the policy's doing
         raise _LoadError("load", str(e)) from None
     (cfg,) = variant_configs(sc)

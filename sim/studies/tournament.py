@@ -287,7 +287,7 @@ def check_spec(spec: TournamentSpec, *, base: Path, source: str, name: str) -> T
         _resolve_relative_paths(holder, base)  # a user's cls: relative to the spec
         where = f"{source}: policies.{pname}"
         try:
-            one = parse_scenario({**common, **holder}, source=where)
+            one = parse_scenario({**common, **holder}, source=where, warn_units=False)
             cfg = variant_configs(one)[0]
             built = build(cfg)[3]
             limits[pname] = (built.limits.max_num_seqs, built.limits.max_num_batched_tokens)
@@ -308,7 +308,7 @@ def check_spec(spec: TournamentSpec, *, base: Path, source: str, name: str) -> T
         raise _fail(source, "fitness.weights.jain_index: the scenario's requests have no tenants (a class's tenant:, "
                     "or a trace's tenant column)")
     t_raw = {**common, "variants": variants, "sweep": {key: rates, "seed": list(spec.seeds)}}
-    scenario = parse_scenario(t_raw, source=source)
+    scenario = parse_scenario(t_raw, source=source, warn_units=False)
     extra = ["fairness.jain_index", *ANOMALIES, WORKLOAD]
     extra += [f"classes.{c.name}.{m}" for c in classes if _CLASS_NAME.fullmatch(c.name) for m in CLASS_METRICS]
     return Tournament(name, source, spec, scenario, t_raw, key, loads, rates,
