@@ -94,7 +94,20 @@ def _reader(path_or_reader):
 
     if isinstance(path_or_reader, gguf.GGUFReader):
         return path_or_reader
-    return gguf.GGUFReader(str(path_or_reader))
+
+    class PlainMapReader(gguf.GGUFReader):
+        """The file's map as a plain ndarray: numpy's memmap subclass hooks ran on each of the ~800,000 slices the
+        reader takes of the header (SmolLM2's 49,152 tokens and its merges), 2.4 of the 4.5 s of CPU a load took."""
+
+        @property  # type: ignore[override]  # gguf types it as the np.memmap its __init__ assigns
+        def data(self) -> np.ndarray:
+            return self._plain
+
+        @data.setter
+        def data(self, value: np.ndarray) -> None:
+            self._plain = value.view(np.ndarray)  # the same pages; the view keeps the map open
+
+    return PlainMapReader(str(path_or_reader))
 
 
 def gguf_metadata(reader, key: str, default=None):

