@@ -186,6 +186,11 @@ CASES = [
     # a near miss on the KV view (or the limits, the plan, the budget): only RequestView's own names were suggested
     ("bad_policies.py:ReadsKVFreeBlocks", "", "ReadsKVFreeBlocks: schedule(view) at t=0.000000 s raised AttributeError: "
      "'KVView' object has no attribute 'free_blocks'; did you mean 'num_free_blocks'?"),
+    # not a request: an object whose repr raises ended in servesim's traceback; the view filled lines with its repr
+    ("bad_policies.py:SchedulesAnUnprintable", "", "SchedulesAnUnprintable at t=0.000000 s: schedules <_NoRepr "
+     "instance at 0x"),
+    ("bad_policies.py:SchedulesTheView", "", "SchedulesTheView at t=0.000000 s: schedules PolicyView(no...mpt_len=None)), "
+     "which is not a request of the view (a RequestView)"),
     # plan.schedule for a swapped request: the core said only "which is swapped"
     ("bad_policies.py:SchedulesSwapped", "", "SchedulesSwapped at t=0.053645 s: plan schedules request 1, which is "
      "swapped (a swapped request comes back with plan.swap_in(req, n), reserved by budget.swap_in(req) and "

@@ -373,8 +373,9 @@ class UserPolicy(Policy):
                 self._fail(view.now, f"rejects request {r.id}, which is {r.status.value} (only waiting or swapped "
                            "requests can be rejected)")
             if not isinstance(reason, str):  # as an admission's admit(): True, False or 0 is no reason
-                self._fail(view.now, f"rejects request {r.id} with reason {reason!r}, not a str ({self._reason_hint()} "
-                           "to reject it)")
+                # reprlib: short, and a user's object whose __repr__ raises is shown, not raised (a traceback)
+                self._fail(view.now, f"rejects request {r.id} with reason {reprlib.repr(reason)}, not a str "
+                           f"({self._reason_hint()} to reject it)")
             if not reason.strip():  # a refuse() returning "" to mean "keep it" rejected every request, exit 0
                 self._fail(view.now, f"rejects request {r.id} with an empty reason {reason!r} ({self._reason_hint()} "
                            "that says why to reject it)")
@@ -493,7 +494,7 @@ class UserPolicy(Policy):
 
     def _req(self, rv: Any, now: float, verb: str) -> Request:
         if not isinstance(rv, api.RequestView):
-            self._fail(now, f"{verb} {rv!r}, which is not a request of the view (a RequestView)")
+            self._fail(now, f"{verb} {reprlib.repr(rv)}, which is not a request of the view (a RequestView)")
         r = rv._r
         if r.status is Status.FINISHED:
             self._fail(now, f"{verb} request {r.id}, which has finished")

@@ -528,3 +528,26 @@ class ShortAheadForwardsArgs(servesim.QueuePolicy):
 
     def rank(self, req):
         return (req.prompt_len > self.short, req.arrival, req.id)
+
+
+class _NoRepr:
+    def __repr__(self):
+        raise RuntimeError("no repr")
+
+
+class SchedulesAnUnprintable(servesim.QueuePolicy):
+    """Plans an object of its own whose __repr__ raises: servesim's message raised in turn, a traceback and exit 1."""
+
+    def schedule(self, view):
+        plan = super().schedule(view)
+        plan.schedule(_NoRepr(), 1)
+        return plan
+
+
+class SchedulesTheView(servesim.Policy):
+    """plan.schedule(view, 1): the message held the whole view's repr, every request in it."""
+
+    def schedule(self, view):
+        plan = servesim.Plan()
+        plan.schedule(view, 1)
+        return plan
