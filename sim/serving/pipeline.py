@@ -30,8 +30,8 @@ stages: Llama-3.1-70B's head (1.2 layers' worth of weights) makes the last of 4 
 with 32 layers over 3 stages the 11-layer stages or the last (10 and the head) set the pace. Where a stage's layers
 are not like the others' (DeepSeek's ``first_k_dense_replace`` dense MLPs, on the first stages; OPT's project_in
 on the first and project_out on the last), each stage's share of ``body`` is its share of the stages' analytic GPU
-times (``stage_costs``), the host's time (penalty inputs, a capped host time) staying in ``work`` once; the stage
-utilisation (``stage_busy``) still reads the round with the layers' shares. Rows and
+times (``stage_costs``), the host's time (penalty inputs, a capped host time) staying in ``work`` once, and the stage
+utilisation (``stage_busy``) reads the round with those shares at the step's shape. Rows and
 tokens are split evenly over the micro-batches, an optimistic balance (vLLM's virtual engines each schedule
 their own requests). The stages compute ``m`` micro-batches, a
 total of ``m * work`` per round, so their mean utilisation is ``m * work / (pp * round)``: with one micro-batch
@@ -263,9 +263,11 @@ class PipelineCostModel(CostModel):
     def step_flops(self, shape: StepShape) -> float | np.ndarray:
         return self.inner.step_flops(shape)
 
-    def stage_busy(self, rows: np.ndarray, tokens: np.ndarray, duration: np.ndarray) -> np.ndarray:
+    def stage_busy(self, rows: np.ndarray, tokens: np.ndarray, duration: np.ndarray,
+                   decode: np.ndarray | None = None, kv: np.ndarray | None = None) -> np.ndarray:
         """Seconds each stage computed during steps of these rows, tokens and durations (the step log's): the
-        inverse of ``step_time``, ``m * work / pp``."""
+        inverse of ``step_time``, ``m * work / pp``. ``decode`` and ``kv`` (the log's decode tokens and stored KV
+        tokens, taken as the KV the step read) give the shape at which uneven stages (``stages``) are weighed."""
         p = self.pipeline_parallel_size
         rows = np.asarray(rows, dtype=np.float64)
         m = np.clip(rows, 1, p)
@@ -273,7 +275,17 @@ class PipelineCostModel(CostModel):
         # span = max(work + hops, m * max(body * share, body * last_share + head)), body = work - head: each
         # reading gives work where its term binds, more elsewhere (both grow with the body)
         head = _head(self.inner, rows / m)
-        body = np.minimum(span / m / self.stage_share, (span / m - head) / self.last_share)
+        shares = [np.full_like(rows, self.stage_share), np.full_like(rows, self.last_share)]
+        if self.stages:  # step_time's shares of the body: each stage's GPU time at the step's micro-batch
+            tok = np.asarray(tokens, dtype=np.float64)
+            read = np.zeros_like(rows) if kv is None else np.asarray(kv, dtype=np.float64) / m
+            mb = StepShape(rows / m, tok / m, (rows if decode is None else np.asarray(decode, np.float64)) / m,
+                           read, read)
+            bodies = [st.step_time(mb) - _overhead(st, mb.num_seqs) - _head(st, mb.num_seqs) for st in self.stages]
+            shares = [b / sum(bodies) for b in bodies]
+        body = (span / m - head) / shares[-1]
+        for share in shares[:-1]:
+            body = np.minimum(body, span / m / share)
         work = np.minimum(span - (p - 1) * self.hop_time(np.asarray(tokens, dtype=np.float64) / m), body + head)
         return np.maximum(work, 0.0) * m / p
 
@@ -282,7 +294,7 @@ class PipelineCostModel(CostModel):
         rows = steps["batch_size"] + steps["padded_rows"]
         tokens = steps["prefill_tokens"] + steps["decode_tokens"] + steps["padding_tokens"]
         dur = np.asarray(steps["duration"], dtype=np.float64)
-        per_step = self.stage_busy(rows, tokens, dur)
+        per_step = self.stage_busy(rows, tokens, dur, steps.get("decode_tokens"), steps.get("kv_tokens"))
         busy = float(per_step.sum())
         total = float(dur.sum())
         util = busy / total if total > 0 else float("nan")
