@@ -7,8 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import servesim
 from sim.config.scenario import load_scenario, variant_configs
+from sim.config.schema import ScenarioError
 from sim.loop.run import generate_workload, simulate_variant
 from sim.policies.gates import AdmissionState, TokenBucket
 from sim.serving.request import Request, RequestSpec
@@ -242,3 +245,12 @@ def test_a_router_drawing_from_pythons_global_generator_is_reproducible(tmp_path
     assert random.getstate() == before
     placed = [[(r.replica, r.finish) for r in res.results[i].requests] for res in runs for i in (0, 1)]
     assert placed[0] == placed[1] == placed[2] == placed[3] and len({p[0] for p in placed[0]}) == 3
+
+
+def test_a_router_without_route_is_not_told_to_subclass_router(tmp_path: Path) -> None:
+    """'RoutesNowhere does not override route() (subclass servesim.Router)': it subclasses Router already, and the
+    hint sent the user looking for what was done."""
+    text = SCENARIO.replace("bad_policies.py:Fewest", "bad_policies.py:RoutesNowhere")
+    with pytest.raises(ScenarioError) as e:
+        load_scenario(_scenario(tmp_path, text))
+    assert str(e.value).endswith("RoutesNowhere does not override route()"), str(e.value)

@@ -294,7 +294,8 @@ class UserClassConfig(PolicyModel):
             raise ValueError(f"cls {self.cls}: {what} {exception_text(e)}{unexpected_arg_hint(kind, e)}") from None
         why = self.problem(obj)
         if why is not None:
-            hint = f" (subclass servesim.{self._api})" if why.startswith(("has no ", "does not override")) else ""
+            # "does not override" is said of a subclass only: the hint is for a class that is none
+            hint = f" (subclass servesim.{self._api})" if why.startswith("has no ") else ""
             raise ValueError(f"cls {self.cls}: {type(obj).__name__} {why}{hint}")
         if stale is not None and (stale := _shared_state_changed(kind, stale)) is not None:
             where, _, name = stale.rpartition(" ")

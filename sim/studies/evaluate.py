@@ -277,8 +277,9 @@ def _make_policy(policy: Any, args: Mapping[str, Any]) -> Any:
         raise _LoadError("load", "args are for a class or source text, not an object")
     why = api.implements_policy(policy)
     if why is not None:
-        # the hint for a class that is no policy; a hook of a wrong signature or name subclasses it already
-        hint = " (subclass servesim.Policy)" if why.startswith(("has no ", "does not override")) else ""
+        # the hint for a class that is no policy (as sim/policies/configs.py); one whose schedule is not overridden,
+        # or a hook of a wrong signature or name, subclasses it already
+        hint = " (subclass servesim.Policy)" if why.startswith("has no ") else ""
         raise _LoadError("load", f"{type(policy).__name__} {why}{hint}")
     try:
         copy.deepcopy(policy)  # each seed runs a fresh copy; a policy that cannot be copied fails here, named

@@ -551,3 +551,7 @@ class SchedulesTheView(servesim.Policy):
         plan = servesim.Plan()
         plan.schedule(view, 1)
         return plan
+
+
+class RoutesNowhere(servesim.Router):
+    """A Router subclass without route(): it was told to '(subclass servesim.Router)', which it does."""
