@@ -23,7 +23,7 @@ from typing import overload
 
 import numpy as np
 
-from sim.metrics.records import RequestRecord
+from sim.metrics.records import RequestRecord, records_of_rows
 from sim.serving.request import Request
 
 # Runs with more requests than this keep their finished requests in a RequestTable; shorter ones keep the list of
@@ -151,7 +151,7 @@ class RequestTable(Sequence[RequestRecord]):
         return cols
 
     def _records(self, lo: int, hi: int) -> list[RequestRecord]:
-        return [RequestRecord(*row) for row in zip(*self.fields_of(lo, hi).values(), strict=True)]
+        return records_of_rows(zip(*self.fields_of(lo, hi).values(), strict=True))
 
     @overload
     def __getitem__(self, i: int) -> RequestRecord: ...

@@ -145,11 +145,17 @@ class Request:
 _SpecUnfrozen = unfrozen_twin(RequestSpec)
 
 
+def through_twin(cls: type, twin: type, rows: Iterable[tuple[Any, ...]]) -> list:
+    """A ``cls`` of each row (its fields in order), made through ``twin`` (``unfrozen_twin(cls)``): plain slot
+    stores, no checks."""
+    out = [twin(*row) for row in rows]
+    for obj in out:
+        obj.__class__ = cls
+    return out
+
+
 def checked_specs(rows: Iterable[tuple[Any, ...]]) -> list[RequestSpec]:
     """A ``RequestSpec`` of each row (its fields in order, as many as the row has), made without RequestSpec's
     checks (``unfrozen_twin``): only for values checked in bulk beforehand (``SpecTable.check``). A workload makes
     one of each of its requests: 1.2 us a spec through the frozen ``__init__`` and ``__post_init__``."""
-    specs = [_SpecUnfrozen(*row) for row in rows]
-    for spec in specs:
-        spec.__class__ = RequestSpec
-    return specs
+    return through_twin(RequestSpec, _SpecUnfrozen, rows)
