@@ -534,15 +534,28 @@ def test_sigint_left_to_the_system_still_stops_a_policy_and_still_ends_the_proce
                        env=env)
     assert p.returncode == 2, p.stderr
     assert "did not return within 0.5 s" in p.stderr and "while view.now >= 0" in p.stderr, p.stderr
-    # the same run with a limit far off, sent SIGINT while the policy spins: ended by the signal, as before
+    # the same run with a limit far off, sent SIGINT while the policy spins: ended by the signal, as before. The
+    # policy touches a file as it starts to spin, so the signal goes as soon as it spins (a fixed 8 s wait spun a
+    # core for about 6 s of it).
+    import time
+
+    spinning = tmp_path / "spinning"
+    (tmp_path / "spins_said.py").write_text(
+        "from pathlib import Path\n\nimport servesim\n\n\nclass SpinsSaid(servesim.QueuePolicy):\n"
+        "    def schedule(self, view):\n"
+        f"        Path({str(spinning)!r}).touch()\n"
+        "        while view.now >= 0:\n            pass\n")
+    sc.write_text(SCENARIO.format(cls="spins_said.py:SpinsSaid", extra=""))
     env["SERVESIM_POLICY_TIMEOUT_S"] = "600"
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             cwd=HERE.parent, env=env)
-    try:
-        proc.communicate(timeout=8)  # the run starts and the policy spins
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGINT)
+    deadline = time.monotonic() + 60
+    while not spinning.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert spinning.exists(), proc.communicate(timeout=30)  # the run started and the policy spins
+    proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=30) == -signal.SIGINT
+    proc.communicate()
 
 
 def test_a_call_that_calls_a_policy_itself_is_still_watched_after(monkeypatch: pytest.MonkeyPatch) -> None:
