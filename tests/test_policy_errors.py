@@ -63,6 +63,8 @@ CASES = [
     ("missing.py:X", "", "missing.py: file not found (a path is relative to the file that names it, a scenario or a "
      "tournament spec; from the command line (--set, --sweep) or in a scenario given from Python as a dict, to the "
      "working folder)"),
+    # a typo in the file's name: told only where paths start from
+    ("bad_policie.py:Idle", "", "to the working folder); did you mean bad_policies.py?"),
     ("bad_policies.py:Nope", "", "has no 'Nope' (its classes: ClockReader, Fewest, ForgetsAReturn, Idle, NeedsArgs"),
     ("bad_policies.py", "", "expected 'path/to/file.py:ClassName'"),
     # a notebook's class named in a scenario then run from the command line, where __main__ is servesim itself

@@ -200,6 +200,19 @@ def _module_from_file(path: Path) -> ModuleType:
     return module
 
 
+def _near_file(path: Path) -> str:
+    """``; did you mean good.py?`` for a file name of the folder close to the one not found (a typo, another case),
+    "" when none is or the folder is not there either."""
+    import difflib
+
+    try:
+        names = {f.name.lower(): f.name for f in path.parent.glob("*.py")} if path.parent.is_dir() else {}
+    except OSError:
+        return ""
+    close = difflib.get_close_matches(path.name.lower(), list(names), n=1, cutoff=0.7)
+    return f"; did you mean {names[close[0]]}?" if close else ""
+
+
 def load_class(spec: str) -> type:
     """The class ``spec`` names. Raises ValueError with the reason."""
     target, sep, name = spec.rpartition(":")
@@ -211,7 +224,7 @@ def load_class(spec: str) -> type:
             # a tournament spec's policies are relative to the spec, not to its scenario: "the scenario file" misled
             raise ValueError(f"{target}: file not found (a path is relative to the file that names it, a scenario or "
                              "a tournament spec; from the command line (--set, --sweep) or in a scenario given from "
-                             "Python as a dict, to the working folder)")
+                             f"Python as a dict, to the working folder){_near_file(path)}")
         module = _module_from_file(path)
     elif "/" in target or "\\" in target or target.startswith(".") or target.lower().endswith(".py"):
         # a path without .py (./my_policy, policies/mine, mine.Py): importing it as a module said "the 'package'
