@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import json
 import os
 import signal
 import sys
@@ -109,6 +111,24 @@ def assert_replay_reproduces_engine(engine_cfg, result: RunResult, requests: Seq
     sim, sim_core, cost = replay(engine_cfg, result, requests)
     assert compare(core, requests, sim, sim_core, cost) == []
     return sim_core
+
+
+_SCENARIO_RUNS: dict[tuple[str, str], dict[str, dict]] = {}
+
+
+def scenario_summaries(path: Path, overrides: dict) -> dict[str, dict]:
+    """Each variant's summary of the scenario file at ``path`` with ``overrides``, run as `servesim run` runs it
+    (run_scenario), simulated once per session: tests/test_lessons.py and tests/test_scenarios.py check the very
+    same lesson runs (lesson-speculative-decoding's took 6.6 s of CPU). A deep copy each call: no test sees
+    another's edits."""
+    from sim.config.scenario import load_scenario
+    from sim.loop.run import run_scenario
+
+    key = (str(path), json.dumps(overrides, sort_keys=True))
+    if key not in _SCENARIO_RUNS:
+        scenario, raw = load_scenario(path, overrides)
+        _SCENARIO_RUNS[key] = run_scenario(scenario, raw, source=str(path)).summaries
+    return copy.deepcopy(_SCENARIO_RUNS[key])
 
 
 def screen(stderr: str) -> list[str]:

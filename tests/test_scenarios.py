@@ -23,6 +23,7 @@ from sim.config.scenario import load_scenario
 from sim.config.schema import json_schema
 from sim.loop.run import run_scenario, write_scenario_run
 from sim.metrics.summary import bottleneck
+from tests.conftest import scenario_summaries
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
 FILES = sorted(SCENARIOS.glob("*.yaml"))
@@ -198,7 +199,8 @@ CASES: dict[str, tuple[dict, Callable[[Summaries], None]]] = {
     "lesson-continuous-batching": ({"workload.num_requests": 600}, check_lesson_continuous_batching),
     "lesson-paged-memory": ({"workload.num_requests": 300}, check_lesson_paged_memory),
     "lesson-memory-bound": ({"workload.num_requests": 200}, check_lesson_memory_bound),
-    "lesson-speculative-decoding": ({"workload.num_requests": 600}, check_lesson_speculative_decoding),
+    # 768: tests/test_lessons.py's run of it, simulated once for both
+    "lesson-speculative-decoding": ({"workload.num_requests": 768}, check_lesson_speculative_decoding),
     "lesson-disaggregation": ({}, check_lesson_disaggregation),
     "plan-chat": ({"workload.num_requests": 200}, check_plan_chat),
     # more failures, fewer requests: the leak still fills both caches
@@ -231,13 +233,13 @@ def test_scenario_file(path: Path) -> None:
     if path.stem not in CASES:
         pytest.fail(f"{path.name} has no scaled-down setting and checks in tests/test_scenarios.py CASES")
     overrides, check = CASES[path.stem]
-    scenario, raw = load_scenario(path, overrides)
+    scenario, _ = load_scenario(path, overrides)
     assert scenario.name == path.stem
     assert scenario.description
-    run = run_scenario(scenario, raw, source=str(path))
-    for name, s in run.summaries.items():
+    summaries = scenario_summaries(path, overrides)  # run_scenario(scenario, raw), shared with tests/test_lessons.py
+    for name, s in summaries.items():
         _check_invariants(name, s)
-    check(run.summaries)
+    check(summaries)
 
 
 def test_every_scenario_has_a_case() -> None:
