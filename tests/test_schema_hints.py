@@ -221,3 +221,18 @@ def test_equally_close_keys_are_all_named():
 ])
 def test_a_misspelt_required_key_is_one_line_naming_it(policy, says):
     assert _error(lambda r: r["variants"][0].update(policy=policy)) == says
+
+
+@pytest.mark.parametrize(("change", "says"), [
+    # a tournament spec and cluster.router take a bare kind; a scenario's policy said only "expected a mapping"
+    (lambda r: r["variants"][0].update(policy="fcfs"), "s.yaml: variants.0.policy: expected a mapping of keys to "
+     "values (got 'fcfs'): write {type: fcfs}"),
+    (lambda r: r["variants"][0].update(policy="my_policy.py:Mine"), "s.yaml: variants.0.policy: expected a mapping "
+     "of keys to values (got 'my_policy.py:Mine'): write {type: custom, cls: 'my_policy.py:Mine'}"),
+    (lambda r: r["workload"].update(arrival="poisson"), "s.yaml: workload.arrival: expected a mapping of keys to "
+     "values (got 'poisson'): write {type: poisson, ...}"),
+    (lambda r: r["variants"][0].update(policy="fcfss"), "s.yaml: variants.0.policy: expected a mapping of keys to "
+     "values (got 'fcfss')"),
+])
+def test_a_section_written_as_its_kinds_bare_name_is_shown_the_mapping(change, says):
+    assert _error(change) == says

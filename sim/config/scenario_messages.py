@@ -286,6 +286,21 @@ def _same_in_variants(found: list[tuple[str, str]], raw: Any) -> list[tuple[str,
     return merged
 
 
+def _kind_written_bare(model: type[BaseModel] | None, loc: tuple[Any, ...], value: Any) -> str:
+    """``: write {type: fcfs}`` for a section given as its kind's bare name (``policy: fcfs``, as a tournament spec
+    and ``cluster.router`` take it), or as a user's ``file.py:Class``; "" otherwise."""
+    if model is None or not isinstance(value, str):
+        return ""
+    models = _models_at(model, loc)
+    kinds = {typing.get_args(m.model_fields["type"].annotation)[:1]: m for m in models if "type" in m.model_fields}
+    if (value,) in kinds:  # with ", ..." where the kind needs more keys (poisson its rate)
+        more = any(f.is_required() for k, f in kinds[(value,)].model_fields.items() if k != "type")
+        return f": write {{type: {value}{', ...' if more else ''}}}"
+    if ":" in value and any({"cls", "args"} <= m.model_fields.keys() for m in models):
+        return f": write {{type: custom, cls: '{value}'}}"
+    return ""
+
+
 def _written_for(loc: str, errs: list[ErrorDetails]) -> str:
     """`` (typ is written: did you mean type?)`` for a section's kind (the tag of a union) missing beside a key that
     spells it almost: a union whose tag is missing reports only that, so ``policy: {typ: fcfs}`` never named typ."""
@@ -358,7 +373,7 @@ def format_validation(
             value = errs[0].get("input")
             scalar = not isinstance(value, (dict, list))
             if "union_tag_invalid" not in kinds and (scalar or kinds & set(_EXPECTED)):
-                reason += f" (got {short(value)})"
+                reason += f" (got {short(value)})" + _kind_written_bare(model, tuple(errs[0]["loc"]), value)
         found.append((loc, reason))
     found = _same_in_variants(_missing_as_misspelled(found), raw)
     lines = [f"{source}: {loc or '(top level)'}: {reason}" for loc, reason in found[:_MAX_PROBLEMS]]
