@@ -118,6 +118,9 @@ CASES = [
     # sys.exit in a user's code ended servesim with that status and no message; a __str__ that raises, or a
     # describe() that does, gave a traceback
     ("bad_policies.py:SysExits", "", "SysExits: schedule(view) at t=0.029018 s called sys.exit(0)"),
+    # a KeyboardInterrupt the policy raises is no Ctrl-C: it read "interrupted while simulating", exit 130
+    ("bad_policies.py:RaisesKeyboardInterrupt", "", "RaisesKeyboardInterrupt: schedule(view) at t=0.000000 s raised "
+     "KeyboardInterrupt"),
     ("bad_policies.py:SysExitsInInit", "", "constructing it with args {} called sys.exit(3)"),
     ("bad_policies.py:RaisesInDescribe", "", "RaisesInDescribe: describe() raised RuntimeError: describe broke"),
     ("bad_policies.py:PrintsItsDescription", "", "error: policy PrintsItsDescription: describe() returned None, not a "
@@ -434,6 +437,7 @@ def test_a_policy_that_catches_the_watchdogs_interrupt_is_still_watched(monkeypa
     later, is stopped again; and once the call has returned, the next call is watched as any other and a Ctrl-C in
     it is still Ctrl-C (before: the stale stop disabled the watchdog for the rest of the process and turned every
     later Ctrl-C into a timeout error)."""
+    import signal
     import time
 
     from sim.policies.user import PolicyError, call_user
@@ -460,11 +464,17 @@ def test_a_policy_that_catches_the_watchdogs_interrupt_is_still_watched(monkeypa
         return spins(10)
 
     def ctrl_c() -> None:
+        signal.raise_signal(signal.SIGINT)  # as the terminal sends it
+
+    def raises_it() -> None:
         raise KeyboardInterrupt
 
     assert call_user("swallows", swallows) == "went on"
     with pytest.raises(KeyboardInterrupt):
         call_user("ctrl_c", ctrl_c)
+    # a KeyboardInterrupt the policy raises itself is its error (before: taken for Ctrl-C, exit 130)
+    with pytest.raises(PolicyError, match=r"^raises_it raised KeyboardInterrupt"):
+        call_user("raises_it", raises_it)
     with pytest.raises(PolicyError, match=r"^spins did not return within 0.3 s"):
         call_user("spins", spins, 10)
     with pytest.raises(PolicyError, match=r"^swallows_then_spins did not return within 0.3 s"):
@@ -491,6 +501,7 @@ def test_a_policy_that_never_returns_is_stopped_where_sigint_is_ignored(tmp_path
 def test_a_forked_worker_watches_a_policy_made_before_the_fork(monkeypatch: pytest.MonkeyPatch) -> None:
     """A worker forked after the policy was made (the watcher armed in the parent) has its calls watched too, at the
     parent's limit: before, the child had no watcher until something armed it again, and its calls ran unstopped."""
+    import signal
     import time
 
     from sim.policies.user import PolicyError, call_user
@@ -564,6 +575,7 @@ def test_a_call_that_calls_a_policy_itself_is_still_watched_after(monkeypatch: p
     """A policy that runs a simulation of its own (a nested run: its policy's calls go through call_user inside the
     outer call) is still watched once the inner calls return: before, the inner call's end marked the main thread
     as outside any call, and the outer call then ran unstopped."""
+    import signal
     import time
 
     from sim.policies.user import PolicyError, call_user

@@ -162,6 +162,8 @@ def call_user(what: str, fn: Any, *args: Any, wrap: bool = True) -> Any:
         raise
     except KeyboardInterrupt as e:
         if not w.fired:
+            if raised_by_code(e):  # the policy's own raise is its error (exit 2), not the user's Ctrl-C (exit 130)
+                raise _raised(what, e) from None
             raise  # Ctrl-C
         w.fired = False
         raise PolicyError(f"{what} did not return within {w.limit:g} s ({LIMIT_ENV} sets the limit); "
@@ -174,6 +176,19 @@ def call_user(what: str, fn: Any, *args: Any, wrap: bool = True) -> Any:
         raise _raised(what, e) from None
     finally:
         w.inside = outer
+
+
+def raised_by_code(e: BaseException) -> bool:
+    """Whether ``e`` (a KeyboardInterrupt) was raised by a ``raise`` statement, not by Ctrl-C: Python raises a
+    signal's KeyboardInterrupt where it checks for signals (a call, a loop's jump back), never at a ``raise``, and a
+    re-raised Ctrl-C keeps the frame it arrived in last."""
+    tb = e.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    code = tb.tb_frame.f_code
+    return any(i.offset == tb.tb_lasti and i.opname == "RAISE_VARARGS" for i in dis.get_instructions(code))
 
 
 def _call_plain(what: str, fn: Any, args: tuple) -> Any:

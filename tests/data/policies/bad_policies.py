@@ -1,6 +1,8 @@
 """Deliberately broken user policies: each must end a run with exit 2 and one message naming what is wrong
 (tests/test_policy_errors.py)."""
 
+import os
+import signal
 import sys
 import time
 
@@ -168,6 +170,16 @@ class Sleeps(FCFSPolicy):
 
 
 class PressesCtrlC(FCFSPolicy):
+    """Ctrl-C arrives while the policy runs: the SIGINT a terminal sends."""
+
+    def schedule(self, view):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(30)
+
+
+class RaisesKeyboardInterrupt(FCFSPolicy):
+    """Raises KeyboardInterrupt itself (no Ctrl-C was pressed): it read 'interrupted while simulating', exit 130."""
+
     def schedule(self, view):
         raise KeyboardInterrupt
 
