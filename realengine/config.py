@@ -60,6 +60,16 @@ def engine_config(cfg: VariantConfig, *, model_spec: str | None = None, num_gpu_
             raise ScenarioError(f"--num-gpu-blocks must be >= 1, got {num_gpu_blocks}")
         cfg = _with_deployment(cfg, num_gpu_blocks=num_gpu_blocks)
     if device != "cuda" and cfg.deployment.num_gpu_blocks is None:
+        # weights past the host first: sizing the cache said "max_model_len 8192 is larger than the KV cache holds
+        # (2048 tokens in 128 blocks); set ... num_gpu_blocks >= 512" for llama-3.1-8b without --model, sending the
+        # user to run an 8B model on the CPU, where "give a smaller model (--model tiny)" was the answer
+        model: ModelSpec | None
+        try:
+            model = resolve_model(cfg.deployment.model)
+        except (KeyError, ValueError, TypeError, OSError):
+            model = None  # build() below names the field
+        if model is not None and (problem := cannot_run(model, dtype, device)) is not None:
+            raise ScenarioError(f"variant {cfg.name!r}: deployment.model: {problem}")
         cfg = _with_deployment(cfg, num_gpu_blocks=cpu_num_blocks(cfg, dtype))
     with seeded_global_rngs(cfg.seed):  # the policy built here is not run: its draws are put back (run_engine)
         _, kv, _, built = build(cfg)

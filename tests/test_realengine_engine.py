@@ -696,3 +696,20 @@ def test_an_unknown_model_for_the_engine_names_the_preset_meant(model: str, hint
     with pytest.raises(ScenarioError) as e:
         engine_config(cfg, model_spec=model)
     assert str(e.value).startswith(f"--model: unknown model {model!r}") and hint in str(e.value)
+
+
+def test_weights_past_the_host_are_named_before_the_cpu_cache_is_sized(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A scenario of a large model run on the CPU without --model (docs/write-a-policy.md's llama-3.1-8b): sizing
+    the CPU cache came first and said "max_model_len ... is larger than the KV cache holds ...; set max_model_len
+    <= ... or deployment.num_gpu_blocks >= ...", sending the user on to build the weights the host cannot hold."""
+    import realengine.config as config
+
+    monkeypatch.setattr(config, "host_memory_available", lambda: 3 * 2**30)
+    doc = scenario()
+    doc["deployment"] = {"model": "llama-3.2-1b", "max_model_len": 32768, "block_size": 4}
+    cfg = variant_configs(parse_scenario(doc))[0]
+    with pytest.raises(ScenarioError) as e:
+        config.engine_config(cfg, device="cpu")
+    assert str(e.value) == ("variant 'engine-small': deployment.model: llama-3.2-1b needs 4.6 GiB of float32 weights, "
+                            "more than the 3.0 GiB this host has available; give a smaller model (--model tiny or "
+                            "llama-57m) or --device cuda")
