@@ -181,6 +181,23 @@ def test_fp8_on_a100_falls_back_to_weight_only() -> None:
     assert lin_fp8 == pytest.approx(lin_bf16 * 1.1, rel=1e-9)
 
 
+def test_cdna3_bf16_matmuls_reach_the_measured_share_of_the_peak() -> None:
+    # S. Bekman's matmul finder: MI300X bf16 51.4% of the dense peak, H100 SXM 80.3% (sim/costs/analytic.py); the
+    # same chip under another name keeps the default, fp8 matmuls (no CDNA3 figure) and attention keep theirs
+    mi300x = GPUSpec.from_name("mi300x")
+    twin = GPUSpec.from_dict({**{f: getattr(mi300x, f) for f in ("memory_bytes", "mem_bandwidth", "peak_flops",
+                                                                "pcie_bandwidth", "nvlink_bandwidth")},
+                              "name": "mi300x-twin"})
+    shape = prefill(4, 2048)
+    amd, other = AnalyticCostModel(LLAMA8, mi300x), AnalyticCostModel(LLAMA8, twin)
+    assert float(amd.breakdown(shape)["linear"]) == pytest.approx(
+        float(other.breakdown(shape)["linear"]) * 80.3 / 51.4, rel=1e-9)
+    assert float(amd.breakdown(shape)["attention"]) == float(other.breakdown(shape)["attention"])
+    fp8 = AnalyticCostModel(LLAMA8, mi300x, weight_dtype="fp8")
+    assert fp8.step_time(shape) == AnalyticCostModel(LLAMA8, twin, weight_dtype="fp8").step_time(shape)
+    assert amd.step_time(decode(1, 100)) == other.step_time(decode(1, 100))  # weight reads bound a small decode
+
+
 def test_int4_weight_only() -> None:
     cm = AnalyticCostModel(LLAMA8, H100, weight_dtype="int4")
     assert cm.weight_only and cm.compute_dtype == "bf16" and cm.kv_dtype == "bf16"

@@ -22,6 +22,13 @@ from sim.hardware.moe import expected_experts
 # Large bf16 GEMMs reach 60-70% of the dense datasheet peak on Hopper and Ampere; a whole prefill, with its
 # smaller projections and elementwise kernels, sits near the low end.
 DEFAULT_COMPUTE_EFFICIENCY = 0.6
+# The figures above are of NVIDIA's Hopper and Ampere. S. Bekman's "Maximum Achievable Matmul FLOPS" table
+# (github.com/stas00/ml-engineering, compute/accelerator/README.md, mamf-finder.py: the best bf16 GEMM shape of a
+# brute-force search) puts every NVIDIA GPU it measured at 72.9-86.9% of the dense peak (H100 SXM 794.5 of 989 TFLOP/s,
+# 80.3%) and AMD's CDNA3 far below: MI300X 668.4 of 1,300 (51.4%), MI325X 60.4%. On those GPUs a bf16/fp16 matmul
+# reaches that share over the H100's of what it reaches there (the table has no CDNA3 fp8 figure: fp8 matmuls keep
+# the default); attention kernels are not GEMMs and keep theirs.
+CDNA3_MATMUL_SHARE = {"mi300x": 51.4 / 80.3, "mi325x": 60.4 / 80.3}
 # Decode GEMVs and paged-attention reads stream at 75-85% of the datasheet HBM bandwidth.
 DEFAULT_BANDWIDTH_EFFICIENCY = 0.8
 # Fixed time per step outside the GPU's arithmetic: scheduling, input preparation, kernel launch (mostly hidden
@@ -200,7 +207,9 @@ class AnalyticCostModel(CostModel):
         s = m.shard(tp)
         act_b = DTYPE_BITS[act] / 8
         bw = g.mem_bandwidth * self.bandwidth_efficiency
-        t_flop_lin = (1.0 + (self.dequant_overhead if weight_only else 0.0)) / (peak_lin * self.compute_efficiency)
+        share = CDNA3_MATMUL_SHARE.get(g.name, 1.0)  # bf16/fp16 matmuls on a GPU below the default's basis
+        t_flop_lin = (1.0 + (self.dequant_overhead if weight_only else 0.0)) / (
+            peak_lin * self.compute_efficiency * (share if cd in ("bf16", "fp16") else 1.0))
         t_flop_attn = 1.0 / (peak_attn * attn_eff)
         if self.compute_clock != 1.0:  # a capped GPU's slower SM clock (uncapped: the times as they always were)
             t_flop_lin /= self.compute_clock
@@ -226,7 +235,7 @@ class AnalyticCostModel(CostModel):
         lin_token = 2.0 * s.active_body_params * t_flop_lin
         if s.unquantized_params and wd not in ("fp32", "bf16", "fp16"):
             # a quantized checkpoint's unconverted matmuls (sim/hardware/quant.py) compute in the activation dtype
-            t_flop_act = 1.0 / (peak_attn * self.compute_efficiency * self.compute_clock)
+            t_flop_act = 1.0 / (peak_attn * self.compute_efficiency * share * self.compute_clock)
             lin_token = 2.0 * ((s.active_body_params - s.unquantized_params) * t_flop_lin
                                + s.unquantized_params * t_flop_act)
         sort_row = self.sampler_sort_time * m.vocab_size  # the sampler's sort sees the whole vocabulary on each GPU
