@@ -94,3 +94,16 @@ def test_a_misspelt_key_names_the_key_it_meant(model) -> None:
     for wrong, meant in slips.items():
         if len(meant) == 1 and wrong not in keys:
             assert closest_key(wrong, keys) in meant, (model.__name__, wrong)
+
+
+def test_every_sections_type_says_what_its_kind_is() -> None:
+    """Before: the type key of 43 sections had no description in `servesim schema` (an editor's hover showed
+    nothing) and the reference said of each only 'Which kind of section this is'."""
+    from sim.config.schema import json_schema
+
+    defs = json_schema()["$defs"]
+    kinds = {name: d["properties"]["type"] for name, d in defs.items() if "type" in d.get("properties", {})}
+    assert len(kinds) >= 43 and [name for name, t in kinds.items() if not t.get("description")] == []
+    assert kinds["PoissonArrival"]["description"].startswith("Open loop, exponential inter-arrival gaps")
+    assert kinds["PagedKV"]["description"].startswith("vLLM's paged KV cache")
+    assert "Which kind of section this is" not in reference()

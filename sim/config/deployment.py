@@ -39,6 +39,8 @@ class CostModelConfigBase(InputModel):
 
 
 class AnalyticCost(CostModelConfigBase):
+    """A roofline from the model's and the GPU's specs: FLOPs and bytes against peak rates, plus fixed overheads."""
+
     type: Literal["analytic"] = "analytic"
     compute_efficiency: Float | None = Field(
         default=None, ge=1e-4, le=1, description="Share of peak FLOP/s matmuls reach."
@@ -116,6 +118,8 @@ def capped_clock(gpu: GPUSpec, limit_w: float) -> float:
 
 
 class FittedCost(CostModelConfigBase):
+    """Step times fitted to an engine's measured steps: a calibration profile (servesim calibrate)."""
+
     type: Literal["fitted"] = "fitted"
     profile: str = Field(description="Path of a calibration profile JSON (see `servesim calibrate`).")
     # The engine's profile is measured on the engine alone; a live server around it (HTTP threads sharing the

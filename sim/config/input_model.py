@@ -40,3 +40,13 @@ SLO_UNIT_HELP = " (or a string with its unit: '200ms', '0.2s')"
 # number that reads as milliseconds is warned about where the scenario is validated (sim.config.scenario.parse_scenario)
 SLOSeconds = Annotated[float, BeforeValidator(_not_bool),
                        BeforeValidator(parse_slo_seconds, json_schema_input_type=float | str)]
+
+
+KIND_TEXT = "Which kind of section this is; each kind takes the keys of its own table."
+
+
+def kind_description(doc: str | None) -> str:
+    """What a section's ``type`` key means where the field says nothing itself (``servesim schema``, the key
+    reference): the first paragraph of its model's docstring, which says what that kind is."""
+    first = " ".join((doc or "").strip().split("\n\n")[0].split())
+    return first or KIND_TEXT

@@ -19,6 +19,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
+from sim.config.input_model import kind_description
 from sim.config.schema import Scenario
 from sim.doc_sections import DOCS, update, with_section
 
@@ -26,7 +27,6 @@ BEGIN = "<!-- keys: written by `python -m sim.config.key_reference --update`; te
 END = "<!-- end of keys -->"
 PAGE = DOCS / "scenarios.md"
 
-_TYPE = "Which kind of section this is; each kind takes the keys of its own table."
 _NAMES = {int: "integer", float: "number", bool: "`true` or `false`", str: "text", Any: "any value"}
 _BOUNDS = ((at.Ge, "ge", ">="), (at.Gt, "gt", ">"), (at.Le, "le", "<="), (at.Lt, "lt", "<"),
            (at.MinLen, "min_length", "length >="), (at.MaxLen, "max_length", "length <="))
@@ -138,7 +138,7 @@ def reference() -> str:
         for name, field in model.model_fields.items():
             annotation = Annotated[field.annotation, *field.metadata] if field.metadata else field.annotation
             out.append(f"| `{name}` | {_cell(_allowed(annotation))} | {_cell(_default(field))} | "
-                       f"{_cell(field.description or _TYPE if name == 'type' else field.description or '')} |")
+                       f"{_cell(field.description or (kind_description(model.__doc__) if name == 'type' else ''))} |")
         out.append("")
     return "\n".join(out)
 

@@ -38,7 +38,7 @@ from sim.config.deployment import FittedCost as FittedCost
 from sim.config.errors import ScenarioError as ScenarioError  # re-exported: where every caller finds it
 from sim.config.host_kv_config import HostCacheConfig
 from sim.config.input_model import SLO_UNIT_HELP as _UNIT
-from sim.config.input_model import Float, InputModel, Int, SLOSeconds
+from sim.config.input_model import Float, InputModel, Int, SLOSeconds, kind_description
 from sim.config.scenario_messages import OTHER_NAMES, all_keys, closest_key, closest_keys, either, key_section
 from sim.engines.costs import omit_when_unset
 from sim.hardware.gpu import GPUSpec
@@ -74,6 +74,8 @@ class KVCacheConfigBase(_Model):
 
 
 class PagedKV(KVCacheConfigBase):
+    """vLLM's paged KV cache: blocks of block_size tokens taken as a request's tokens come, freed as it ends."""
+
     type: Literal["paged"] = "paged"
     enable_prefix_caching: bool = Field(default=False, description="Reuse KV blocks of equal prompt prefixes.")
     host_cache: HostCacheConfig | None = Field(
@@ -86,6 +88,8 @@ class PagedKV(KVCacheConfigBase):
 
 
 class ContiguousKV(KVCacheConfigBase):
+    """A contiguous KV cache, as servers before vLLM kept it: each request reserves its space up front (reserve)."""
+
     type: Literal["contiguous"] = "contiguous"
     reserve: Literal["max_model_len", "request"] = Field(
         default="max_model_len",
@@ -540,5 +544,9 @@ def json_schema() -> dict[str, Any]:
     """JSON Schema of scenario files, for editors."""
     schema = Scenario.model_json_schema()
     _standard_bounds(schema)
+    for section in schema.get("$defs", {}).values():  # a section's kind, where its ``type`` says nothing itself
+        kind = section.get("properties", {}).get("type")
+        if isinstance(kind, dict) and "description" not in kind:
+            kind["description"] = kind_description(section.get("description"))
     schema["title"] = "servesim scenario"
     return schema

@@ -42,6 +42,8 @@ class PolicyConfigBase(PolicyModel):
 
 
 class StaticPolicyConfig(PolicyConfigBase):
+    """Static batching: a batch of up to batch_size requests runs until all of them end; the next forms after it."""
+
     type: Literal["static"] = "static"
     batch_size: Int = Field(default=8, ge=1, description="Requests per batch.")
     max_wait: Float = Field(
@@ -63,6 +65,8 @@ class StaticPolicyConfig(PolicyConfigBase):
 
 
 class ContinuousPolicyConfig(PolicyConfigBase):
+    """Continuous batching (vLLM's scheduler): requests join and leave the running batch at every step."""
+
     type: Literal["continuous"] = "continuous"
     # None: the deployment.engine's default (sim/engines/registry.py), or without an engine the classic one named here
     max_num_seqs: Int | None = Field(default=None, ge=1, description="Requests in one step at most; none: the "
@@ -101,6 +105,8 @@ class ContinuousPolicyConfig(PolicyConfigBase):
 
 # ---- policies on the public API --------------------------------------------------------------------------------
 class OraclePredictorConfig(PolicyModel):
+    """Predicts each request's true output length."""
+
     type: Literal["oracle"] = "oracle"
 
     def build(self) -> Any:
@@ -110,6 +116,8 @@ class OraclePredictorConfig(PolicyModel):
 
 
 class LognormalPredictorConfig(PolicyModel):
+    """The true output length times lognormal noise: a predictor of a known error."""
+
     type: Literal["lognormal"] = "lognormal"
     sigma: Float = Field(ge=0, le=10, description="Standard deviation of the log of (prediction / truth).")
     seed: Int = Field(default=0, ge=0, description="Seed of the prediction noise (the same for every variant).")
@@ -121,6 +129,8 @@ class LognormalPredictorConfig(PolicyModel):
 
 
 class BucketPredictorConfig(PolicyModel):
+    """Predicts the upper edge of the length bucket that holds the true output length (a classifier's answer)."""
+
     type: Literal["buckets"] = "buckets"
     edges: list[Int] = Field(min_length=1, max_length=1024, description="Increasing upper edges of the length "
                              "buckets (tokens); a request is predicted at its bucket's upper edge.")
