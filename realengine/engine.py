@@ -36,6 +36,7 @@ from realengine.config import engine_config
 from realengine.executor import EngineExecutor
 from realengine.kv_cache import kv_bytes_per_block, profile_num_blocks
 from realengine.model import LlamaModel, torch_dtype
+from realengine.rapl import RaplCounter
 from realengine.runner import ModelRunner
 from realengine.spec_decode import SpecDecodeRunner
 from sim.config.scenario import VariantConfig
@@ -54,7 +55,8 @@ from sim.serving.spec_decode import summary_inputs
 from sim.workload.arrivals import time_scale_problem
 
 MEMORY_COLUMNS = ("variant", "step", "time", "rss_bytes", "max_rss_bytes", "cuda_allocated_bytes",
-                  "cuda_max_allocated_bytes", "nvml_used_bytes", "nvml_gpu_util", "nvml_power_w", "nvml_energy_j")
+                  "cuda_max_allocated_bytes", "nvml_used_bytes", "nvml_gpu_util", "nvml_power_w", "nvml_energy_j",
+                  "rapl_energy_j")
 
 
 def _rss_bytes() -> int:
@@ -72,10 +74,11 @@ def _max_rss_bytes() -> int:
 class MemorySampler:
     """Memory (and on CUDA utilisation) sampled by a background thread every ``interval_s`` seconds of the run.
 
-    CPU: the process's resident and peak memory. CUDA: also torch's allocator statistics and, where pynvml can
-    reach the driver, NVML's device memory used and GPU utilisation (NVML's own sampling window is about
-    1/6 s to 1 s, so utilisation is only meaningful over runs longer than that), its power draw and its energy
-    counter (``nvmlDeviceGetTotalEnergyConsumption``, mJ since the driver loaded, Volta and later; written as
+    CPU: the process's resident and peak memory, and where RAPL's powercap files are readable the CPU packages'
+    energy counter (``realengine.rapl``, joules since the first reading). CUDA: also torch's allocator statistics
+    and, where pynvml can reach the driver, NVML's device memory used and GPU utilisation (NVML's own sampling
+    window is about 1/6 s to 1 s, so utilisation is only meaningful over runs longer than that), its power draw and
+    its energy counter (``nvmlDeviceGetTotalEnergyConsumption``, mJ since the driver loaded, Volta and later; written as
     joules since the sampler's first reading): the run's measured energy (``measured_energy``). A thread, not a per-step
     call, so that a long step (a big prefill) is sampled while it runs, and the step loop pays nothing but a
     shared integer (``step``, the number of steps done, which labels each row).
@@ -94,6 +97,7 @@ class MemorySampler:
         self._thread: threading.Thread | None = None
         self._nvml = None
         self._energy0_mj: int | None = None  # the energy counter's first reading
+        self._rapl = RaplCounter() if device.type != "cuda" else None
         if device.type == "cuda":
             try:  # optional
                 import pynvml
@@ -127,7 +131,9 @@ class MemorySampler:
         row: dict[str, Any] = {"variant": self.variant, "step": self.step, "time": time.perf_counter() - self._t0,
                                "rss_bytes": _rss_bytes(), "max_rss_bytes": _max_rss_bytes(),
                                "cuda_allocated_bytes": "", "cuda_max_allocated_bytes": "", "nvml_used_bytes": "",
-                               "nvml_gpu_util": "", "nvml_power_w": "", "nvml_energy_j": ""}
+                               "nvml_gpu_util": "", "nvml_power_w": "", "nvml_energy_j": "", "rapl_energy_j": ""}
+        if self._rapl is not None and (joules := self._rapl.read()) is not None:
+            row["rapl_energy_j"] = joules
         if self.device.type == "cuda":
             row["cuda_allocated_bytes"] = torch.cuda.memory_allocated(self.device)
             row["cuda_max_allocated_bytes"] = torch.cuda.max_memory_allocated(self.device)
@@ -439,15 +445,20 @@ def memory_csv(samples: list[dict[str, Any]]) -> str:
 
 def measured_energy(samples: list[dict[str, Any]], variant: str, output_tokens: int) -> dict[str, Any]:
     """summary.json's ``energy`` of an engine run, from its memory samples: the NVML energy counter's rise over
-    the variant's samples (one GPU: the device the engine ran on), its mean power and joules per output token;
-    ``{"measured": false, "reason": ...}`` where no sample has a counter reading (a CPU run: RAPL is not read)."""
-    rows = [r for r in samples if r["variant"] == variant and r.get("nvml_energy_j", "") != ""]
-    if len(rows) < 2:
-        return {"measured": False, "reason": "no NVML energy counter was read (a CPU run, or no pynvml or driver "
-                                             "access)"}
-    energy = float(rows[-1]["nvml_energy_j"]) - float(rows[0]["nvml_energy_j"])
+    the variant's samples (one GPU: the device the engine ran on), else on the CPU RAPL's (``source: rapl``: the
+    whole CPU packages, other processes' draw included), its mean power and joules per output token;
+    ``{"measured": false, "reason": ...}`` where no sample has a counter reading."""
+    for source in ("nvml", "rapl"):
+        rows = [r for r in samples if r["variant"] == variant and r.get(f"{source}_energy_j", "") != ""]
+        if len(rows) >= 2:
+            break
+    else:
+        return {"measured": False, "reason": "no energy counter was read: NVML's on CUDA (no pynvml or driver "
+                                             "access?), RAPL's on the CPU (/sys/class/powercap/intel-rapl:*/"
+                                             "energy_uj missing, or readable by root only)"}
+    energy = float(rows[-1][f"{source}_energy_j"]) - float(rows[0][f"{source}_energy_j"])
     seconds = float(rows[-1]["time"]) - float(rows[0]["time"])
-    return {"measured": True, "source": "nvml", "energy_j": energy,
+    return {"measured": True, "source": source, "energy_j": energy,
             "mean_power_w": energy / seconds if seconds > 0 else float("nan"),
             "j_per_output_token": energy / output_tokens if output_tokens else float("nan"),
             "seconds": seconds}
@@ -470,7 +481,7 @@ def write_engine_run(out_dir: str | os.PathLike, results: list[RunResult], memor
     real model ``texts.jsonl``: one JSON object per request (variant, id, outcome, token counts, prompt and
     output text; output lengths are the workload's, so the text runs on past the model's end-of-turn token).
     ``kv_leak`` (variant name -> :func:`kv_held_at_end`) goes into each variant's summary as ``kv_leak``, so that
-    a leak is visible from outside the run. Each variant's ``energy`` is what NVML measured
+    a leak is visible from outside the run. Each variant's ``energy`` is what NVML (or on the CPU RAPL) measured
     (:func:`measured_energy`), or says that nothing was."""
     import json
 

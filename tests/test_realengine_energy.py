@@ -1,5 +1,6 @@
 """The engine's measured energy (realengine/engine.py): NVML's energy counter read with the memory samples on
-CUDA, and a run on the CPU marked unmeasured in summary.json."""
+CUDA, RAPL's (realengine/rapl.py) on the CPU where its powercap files are readable, and a run that read neither
+marked unmeasured in summary.json."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+import realengine.rapl as rapl  # noqa: E402 - after the torch skip
 from realengine.engine import MEMORY_COLUMNS, measured_energy, run_engine, write_engine_run  # noqa: E402
 from sim.config.scenario import parse_scenario, variant_configs  # noqa: E402 - after the torch skip
 from sim.loop.run import generate_workload  # noqa: E402 - after the torch skip
@@ -34,7 +36,35 @@ def test_measured_energy_by_hand() -> None:
     assert measured_energy(rows, "a", 25) == {"measured": True, "source": "nvml", "energy_j": 12.5,
                                               "mean_power_w": 10.0, "j_per_output_token": 0.5, "seconds": 1.25}
     cpu = measured_energy([_row("a", 0.0, ""), _row("a", 1.0, "")], "a", 25)
-    assert cpu["measured"] is False and "CPU" in cpu["reason"]
+    assert cpu["measured"] is False and "RAPL" in cpu["reason"] and "NVML" in cpu["reason"]
+    # on the CPU, RAPL's counter: 30 J in 2 s
+    rows = [{"variant": "a", "time": t, "nvml_energy_j": "", "rapl_energy_j": j} for t, j in ((0.5, 0.0), (2.5, 30.0))]
+    assert measured_energy(rows, "a", 60) == {"measured": True, "source": "rapl", "energy_j": 30.0,
+                                              "mean_power_w": 15.0, "j_per_output_token": 0.5, "seconds": 2.0}
+
+
+def _zone(root: Path, name: str, uj: int, wrap: int = 1000_000_000) -> Path:
+    zone = root / name
+    zone.mkdir()
+    (zone / "energy_uj").write_text(f"{uj}\n")
+    (zone / "max_energy_range_uj").write_text(f"{wrap}\n")
+    return zone / "energy_uj"
+
+
+def test_rapl_sums_the_packages_and_counts_across_a_wrap(tmp_path: Path) -> None:
+    # two packages and a subzone of the first (inside it: not counted again); package 1 wraps at 1,000 J
+    p0 = _zone(tmp_path, "intel-rapl:0", 5_000_000)
+    sub = _zone(tmp_path, "intel-rapl:0:0", 1_000_000)
+    p1 = _zone(tmp_path, "intel-rapl:1", 999_000_000)
+    counter = rapl.RaplCounter(tmp_path)
+    assert counter.readable and counter.read() == 0.0
+    p0.write_text("7000000\n")  # +2 J
+    sub.write_text("9000000\n")
+    p1.write_text("500000\n")  # 999 J -> wraps at 1,000 J -> 0.5 J: +1.5 J
+    assert counter.read() == pytest.approx(3.5, rel=1e-12)
+    assert rapl.RaplCounter(tmp_path / "none").read() is None
+    (tmp_path / "intel-rapl:0" / "energy_uj").unlink()  # a package without a counter is skipped
+    assert [p.parent.name for p, _ in rapl.RaplCounter(tmp_path).zones] == ["intel-rapl:1"]
 
 
 def _run(tmp_path: Path, device: str) -> tuple[dict, list[dict]]:
@@ -51,10 +81,35 @@ def _run(tmp_path: Path, device: str) -> tuple[dict, list[dict]]:
     return summary, rows
 
 
-def test_a_cpu_run_is_marked_unmeasured(tmp_path: Path) -> None:
+def test_a_cpu_run_without_a_readable_rapl_is_marked_unmeasured(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(rapl, "RAPL_ROOT", tmp_path / "no-powercap")
     summary, rows = _run(tmp_path, "cpu")
     assert summary["energy"]["measured"] is False
-    assert all(r["nvml_energy_j"] == "" and r["nvml_power_w"] == "" for r in rows)
+    assert all(r["nvml_energy_j"] == r["nvml_power_w"] == r["rapl_energy_j"] == "" for r in rows)
+
+
+def test_a_cpu_run_reads_rapl_where_it_is_readable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Before: a CPU run was always marked unmeasured (RAPL was never read). A fake powercap tree whose package
+    # counter rises 1 J at each read: summary.json says RAPL measured it, memory.csv has the readings
+    root = tmp_path / "powercap"
+    root.mkdir()
+    counter = _zone(root, "intel-rapl:0", 0)
+    real_read = rapl.RaplCounter.read
+
+    def rising(self: rapl.RaplCounter) -> float | None:
+        got = real_read(self)
+        counter.write_text(str(int(counter.read_text()) + 1_000_000))
+        return got
+
+    monkeypatch.setattr(rapl, "RAPL_ROOT", root)
+    monkeypatch.setattr(rapl.RaplCounter, "read", rising)
+    summary, rows = _run(tmp_path / "run", "cpu")
+    readings = [float(r["rapl_energy_j"]) for r in rows]
+    assert readings == [float(i) for i in range(len(rows))] and len(rows) >= 2
+    e = summary["energy"]
+    assert e["measured"] is True and e["source"] == "rapl" and e["energy_j"] == readings[-1]
+    assert e["j_per_output_token"] == pytest.approx(readings[-1] / summary["total_output_tokens"], rel=1e-12)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU with NVML")
