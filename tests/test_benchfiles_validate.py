@@ -589,3 +589,23 @@ def test_the_engine_tables_header_says_how_many_requests_were_rejected() -> None
                      "b (10 KV blocks, 20 requests, 7 rejected on the engine, 6 in the simulator (engine/requests.csv "
                      "says why))",
                      "c (10 KV blocks, 20 requests)"]
+
+
+@pytest.mark.parametrize("kind,title", [("request_rate", "request rate (req/s)"),
+                                        ("max_concurrency", "max_concurrency (requests, a closed loop)")])
+def test_the_sweep_panels_name_their_load_axis(kind: str, title: str) -> None:
+    """validation.html's load sweep drew every metric against the load with no x axis title (the load's kind only
+    in the figure's title): the lowest panel of each column names it, with its unit."""
+    from sim.output.benchfiles.validate import BenchValidation, FileValidation, _sweep_figure
+
+    keys = ["mean_ttft", "median_ttft", "p99_ttft", "mean_tpot", "p99_tpot", "output_throughput", "request_throughput"]
+    files = [FileValidation(f"f{load}.json", None, "vllm", load, kind,
+                            {k: {"measured": load * (i + 1), "simulated": load * (i + 1.1), "error": 0.1}
+                             for i, k in enumerate(keys)}) for load in (1.0, 2.0, 4.0)]
+    fig = _sweep_figure(BenchValidation("s", "v", files))
+    assert fig is not None
+    # 7 panels in 3 columns: the last row's one and the second row's last two are their columns' lowest
+    titled = {name: fig.layout[name].title.text for name in ("xaxis", "xaxis2", "xaxis3", "xaxis4", "xaxis5",
+                                                              "xaxis6", "xaxis7")}
+    assert titled == {"xaxis": None, "xaxis2": None, "xaxis3": None, "xaxis4": None, "xaxis5": title,
+                      "xaxis6": title, "xaxis7": title}

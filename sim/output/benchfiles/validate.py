@@ -427,6 +427,11 @@ def _sweep_figure(val: BenchValidation):
         for what, color in (("measured", "#1f77b4"), ("simulated", "#d62728")):
             fig.add_trace(go.Scatter(x=x, y=[f.metrics[k][what] * scale for f in pts], mode="lines+markers", name=what,
                                      line=dict(color=color), showlegend=i == 0, legendgroup=what), row=r, col=c)
+    # the load on each column's lowest panel (above another panel a title would meet that panel's name)
+    axis = {"request_rate": "request rate (req/s)", "max_concurrency": "max_concurrency (requests, a closed loop)"}
+    for i in range(len(keys)):
+        if i + cols >= len(keys):
+            fig.update_xaxes(title_text=axis.get(pts[0].load_kind, "load"), row=i // cols + 1, col=i % cols + 1)
     fig.update_layout(template=TEMPLATE, height=300 * rows, title=f"Load sweep ({pts[0].load_kind or 'load'})")
     return fig
 
