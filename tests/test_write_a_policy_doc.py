@@ -2,8 +2,8 @@
 
 A ``python`` or ``yaml`` block whose first line is ``# name.py`` or ``# name.yaml`` is a file the reader saves;
 every other ``python`` block is part of one script, run with this interpreter; each ``servesim ...`` line of a
-``bash`` block is run as the command line. The policy the page shows is the example file itself, and the error it
-quotes is the one a misspelt class gives."""
+``bash`` block is run as the command line (in this process: tests/conftest.py's servesim()). The policy the page
+shows is the example file itself, and the error it quotes is the one a misspelt class gives."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
+
+from tests.conftest import servesim
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "write-a-policy.md"
@@ -41,8 +43,9 @@ def test_the_pages_code_runs(tmp_path: Path) -> None:
             script.append(body)
         elif kind == "bash":
             commands += [line for line in body.splitlines() if line.startswith("servesim ")]
-    for line in commands:
-        p = _run([sys.executable, "-m", "sim.cli.main", *shlex.split(line)[1:], "-q"], tmp_path)
+    for line in commands:  # in this process (tests/conftest.py's servesim()), as tests/test_readme_examples.py runs
+        # the other pages' commands: a process each paid an interpreter and the imports, none of it about the page
+        p = servesim(*shlex.split(line)[1:], "-q", cwd=tmp_path)
         assert p.returncode == 0, f"{line}\n{p.stderr}"
     (tmp_path / "script.py").write_text("\n\n".join(script))
     p = _run([sys.executable, "script.py"], tmp_path)
@@ -66,6 +69,6 @@ def test_the_quoted_error_is_what_a_misspelt_class_gives(tmp_path: Path) -> None
     sc = tmp_path / "my_scenario.yaml"
     sc.write_text(sc.read_text().replace(":ShortestPromptFirst", ":ShortestPromptFist"))
     quoted = next(body for kind, body in _blocks() if kind == "text" and "ShortestPromptFist" in body).strip()
-    p = _run([sys.executable, "-m", "sim.cli.main", "run", "my_scenario.yaml", "-q", "--out", "out"], tmp_path)
+    p = servesim("run", "my_scenario.yaml", "-q", "--out", "out", cwd=tmp_path)
     assert p.returncode == 2 and quoted in p.stderr, p.stderr
     assert not (tmp_path / "out").exists()
