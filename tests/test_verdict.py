@@ -188,6 +188,29 @@ def test_a_high_queue_share_while_keeping_up_is_batch_formation_not_overload(nai
     assert v.names[0] == "overloaded" and "batch formation" not in v.names
 
 
+def test_continuous_batching_that_keeps_up_names_its_queueing_and_what_it_waits_behind():
+    """scenarios/azure-code-bursty.yaml's chunked variant at max_num_batched_tokens 320 (400 requests): queueing 59%
+    of E2EL, the queue steady, scheduled within 5% of the offered rate. Its verdict read "compute-bound: MFU 35%
+    while computing, GPU busy 17% of the time (more load would fit)", the queue unnamed: the budget that held the
+    bursts' prompts back binds only in the bursts, and is scored over the run's time."""
+    lim = {"offered_rate": 1.772, "scheduled_rate": 1.688, "queue_share": 0.592, "queue_start": 0.046,
+           "queue_end": 2.717, "queue_growth": 0.016, "waiting_share": 0.568, "mean_running": 3.075, "slot_cap": 256.0,
+           "static": False, "waiting_batched_tokens": 315.624, "token_cap": 320.0, "busy_mfu": 0.35,
+           "prefill_share": 0.989}
+    s = {"num_requests": 400, "num_steps": 5000, "busy_fraction": 0.166, "num_preemptions": 0, "num_rejected": 0,
+         "kv_usage": {"mean": 0.017, "max": 0.049}, "padding_fraction": 0.0, "limits": lim}
+    v = rank_limits(s)
+    assert v.names[:2] == ["queueing", "token-budget cap"]
+    assert v.text.startswith("queueing: 59% of E2EL waiting for a first step while scheduled as fast as offered (the "
+                             "queue steady), behind the token-budget cap; then token-budget cap: 316 of ")
+    # no cap filled: the bursts alone; a smaller share, or a server falling behind, is no such limit
+    free = {**lim, "waiting_batched_tokens": 20.0}
+    assert rank_limits({**s, "limits": free}).limits[0].evidence.endswith("(the queue steady), in bursts of arrivals")
+    assert "queueing" not in rank_limits({**s, "limits": {**lim, "queue_share": 0.49}}).names
+    behind = rank_limits({**s, "limits": {**lim, "scheduled_rate": 1.6}}).names
+    assert behind[0] == "overloaded" and "queueing" not in behind
+
+
 @pytest.mark.parametrize("slot_cap", [None, "gone"])
 def test_batch_formation_without_a_slot_cap_names_no_batch_size(naive, slot_cap):
     """A summary without the batch size (slot_cap null: a static policy whose batch_size the config did not record,

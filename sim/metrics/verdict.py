@@ -12,6 +12,8 @@ reason it cannot keep up is the next limit in the list. The candidates:
   of them to tip any ratio.
 - batch formation: static batching whose queueing is a large share of E2EL while it keeps up (the queue steady,
   scheduled as fast as offered): requests wait for a batch to fill or for the running one to finish.
+- queueing: continuous batching whose queueing is a large share of E2EL while it keeps up: requests queue in
+  bursts, named with the cap they wait behind (batch slots, token budget, KV) where one binds.
 - batch-slot cap: the running batch sits at ``max_num_seqs`` (or a static batch's ``batch_size``) while requests
   wait. Static batching counts only rows that compute for a request: padded rows fill slots for nobody.
 - token-budget cap: the steps compute ``max_num_batched_tokens`` tokens while requests wait (long prompts: a step
@@ -373,6 +375,16 @@ def rank_limits(summary: dict) -> Verdict:
         found.append(Limit("pipeline bubbles", bubble, f"stages idle {_pct(bubble)} of the step time, "
                            f"{_fin(pipe.get('mean_micro_batches')):.1f} micro-batches in flight for "
                            f"{pipe.get('pipeline_parallel_size')} stages"))
+
+    if over is None and not lim.get("static") and share >= QUEUE_SHARE_OVERLOAD:
+        # continuous batching that keeps up can still spend most of a request's latency queued: in bursts, behind a
+        # cap that binds only then (a token budget, scored over the run's time). azure-code-bursty at a budget of
+        # 320 tokens, queueing 59% of E2EL, read "compute-bound: ... GPU busy 17% of the time (more load would
+        # fit)", the queue unnamed
+        caps = [x for x in found if x.score > 0 and x.name in ("batch-slot cap", "token-budget cap", "memory-bound")]
+        why = f"behind the {max(caps, key=lambda x: x.score).name}" if caps else "in bursts of arrivals"
+        found.append(Limit("queueing", share, f"{_pct(share)} of E2EL waiting for a first step while scheduled as "
+                           f"fast as offered (the queue steady), {why}"))
 
     busy = _fin(summary.get("busy_fraction"))
     busy_mfu = lim.get("busy_mfu")
