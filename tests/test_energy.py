@@ -308,6 +308,30 @@ def test_bad_power_figures_are_refused() -> None:
         GPUSpec("g", 1 << 30, 1e12, {"bf16": 1e14}, 1e10, tdp_w=math.inf)
 
 
+def test_a_power_cap_on_a_calibration_profile_is_refused(tmp_path: Path) -> None:
+    # Before: a profile measured on an H100 under a 200 W cap ran every step at the profile's speed while its
+    # power was clipped to 200 W: J per output token 0.068 -> 0.025, output tok/s 8,014 both. A profile's steps were
+    # measured at the GPU's own limit; only the analytic model slows a capped clock, so the pair is refused
+    import json
+
+    root = Path(__file__).resolve().parent.parent
+    cpu = root / "calibration" / "profiles" / "tiny-cpu.json"
+    profile = tmp_path / "tiny-h100.json"
+    profile.write_text(json.dumps({**json.loads(cpu.read_text()), "device": "NVIDIA H100 80GB HBM3"}))
+    sc = _scenario(arrival={"type": "all_at_once"}, n=4, prompt=16, output=4, limit=200)
+    sc["deployment"].update(model="tiny", cost_model={"type": "fitted", "profile": str(profile)})
+    with pytest.raises(ScenarioError, match=r"deployment\.power_limit_w: a calibration profile's steps were "
+                       r"measured at the power limit its GPU had then and cannot be slowed to another; a cap of "
+                       r"200 W is modelled with cost_model analytic \(the default\)"):
+        servesim.run(sc)
+    path = tmp_path / "capped.yaml"
+    path.write_text(yaml.safe_dump(sc))
+    out = servesim_cli("run", str(path), "-o", str(tmp_path / "out"), cwd=root)
+    assert out.returncode == 2 and "Traceback" not in out.stderr and "power_limit_w" in out.stderr
+    del sc["deployment"]["power_limit_w"]
+    assert servesim.run(sc).summary  # the profile alone runs
+
+
 def test_a_gpu_without_power_figures_has_no_energy() -> None:
     sc = _scenario(arrival={"type": "poisson", "rate": 1.0}, n=4, gpu="a10g")
     sc["deployment"]["model"] = "llama-3.2-1b"

@@ -136,6 +136,10 @@ class FittedCost(CostModelConfigBase):
         scaled and offset when ``scale`` or ``step_overhead`` are given. A profile that cannot be read is a
         ``ScenarioError`` naming ``cost_model.profile``."""
         input_path(self.profile, "cost_model.profile")  # '' read as no such file: "No such file or directory: ''"
+        if deployment.power_limit_w is not None:  # a capped clock slows only the roofline's compute
+            raise ScenarioError(f"deployment.power_limit_w: a calibration profile's steps were measured at the "
+                                "power limit its GPU had then and cannot be slowed to another; a cap of "
+                                f"{deployment.power_limit_w:g} W is modelled with cost_model analytic (the default)")
         try:
             fitted = FittedCostModel.from_profile(self.profile)
             problem = (profile_model_problem(fitted.model, deployment.model)
@@ -238,7 +242,8 @@ class Deployment(InputModel):
     power_limit_w: Float | None = Field(
         default=None, gt=0, le=1e5, description="Board power limit per GPU in watts (nvidia-smi -pl); none: the "
         "GPU's TDP. A cap below the TDP runs the SM clocks down: compute-bound steps slow, memory-bound ones barely "
-        "(sim/costs/energy.py).")
+        "(sim/costs/energy.py); with the analytic cost model only (a calibration profile's measured steps are refused "
+        "a cap).")
     # recorded only when given, so that runs without them write what they did
     _record_set_keys = omit_when_unset("serving", "power_limit_w")
     leak_kv_on_failure: bool = Field(
