@@ -65,7 +65,8 @@ CASES = [
      "working folder)"),
     # a typo in the file's name: told only where paths start from
     ("bad_policie.py:Idle", "", "to the working folder); did you mean bad_policies.py?"),
-    ("bad_policies.py:Nope", "", "has no 'Nope' (its classes: ClockReader, Fewest, ForgetsAReturn, Idle, NeedsArgs"),
+    ("bad_policies.py:Nope", "", "has no 'Nope' (its classes: AdmitsWithAnUnprintable, ClockReader, "
+     "DescribesWithAnUnprintable, Fewest, ForgetsAReturn, Idle, NeedsArgs"),
     ("bad_policies.py", "", "expected 'path/to/file.py:ClassName'"),
     # a notebook's class named in a scenario then run from the command line, where __main__ is servesim itself
     ("__main__:Mine", "", "(__main__ names a class of the Python script or notebook running servesim.run; from the "
@@ -196,6 +197,14 @@ CASES = [
      "instance at 0x"),
     ("bad_policies.py:SchedulesTheView", "", "SchedulesTheView at t=0.000000 s: schedules PolicyView(no...mpt_len=None)), "
      "which is not a request of the view (a RequestView)"),
+    # the same for every object of the user's in a message (ranks, a preempt mode, a token count, describe()'s line):
+    # a __repr__ that raised made the message raise (ranks: 'raised RuntimeError: no repr'; the others: exit 1)
+    ("bad_policies.py:RanksUnprintable", "", "raised TypeError: rank(req) gave (<_NoRepr instance at 0x"),
+    ("bad_policies.py:RanksNoneThenUnprintable", "", "raised TypeError: rank(req) gave None for request 1 and <_NoRepr "
+     "instance at 0x"),
+    ("bad_policies.py:PreemptsWithAnUnprintableMode", "", "preempts request 0 with mode <_NoRepr instance at 0x"),
+    ("bad_policies.py:SchedulesUnprintableTokens", "", "schedules request 0 with <_NoRepr instance at 0x"),
+    ("bad_policies.py:DescribesWithAnUnprintable", "", "describe() returned <_NoRepr instance at 0x"),
     # plan.schedule for a swapped request: the core said only "which is swapped"
     ("bad_policies.py:SchedulesSwapped", "", "SchedulesSwapped at t=0.053645 s: plan schedules request 1, which is "
      "swapped (a swapped request comes back with plan.swap_in(req, n), reserved by budget.swap_in(req) and "

@@ -110,6 +110,21 @@ def test_a_router_returning_a_bad_index_exits_2(tmp_path: Path) -> None:
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize(("section", "message"), [
+    ('router: {type: custom, cls: "bad_policies.py:RoutesToAnUnprintable"}',
+     "router RoutesToAnUnprintable: route(request 0) returned <_NoRepr instance at 0x"),
+    ('router: {type: custom, cls: "bad_policies.py:Fewest"}}, admission: {rule: {type: custom, cls: '
+     '"bad_policies.py:AdmitsWithAnUnprintable"}',
+     "admission AdmitsWithAnUnprintable: admit(request 0) returned <_NoRepr instance at 0x")])
+def test_a_hooks_result_whose_repr_raises_exits_2(tmp_path: Path, section: str, message: str) -> None:
+    """route() or admit() returning an object of the user's whose __repr__ raises: the message about it raised in
+    turn, servesim's traceback and exit 1."""
+    text = SCENARIO.replace('router: {type: custom, cls: "bad_policies.py:Fewest"}', section)
+    p = servesim_cli("run", str(_scenario(tmp_path, text)), "-q", "--out", str(tmp_path / "out"), cwd=HERE.parent)
+    assert p.returncode == 2 and message in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr
+
+
 def test_a_router_that_is_not_one_is_refused_at_load(tmp_path: Path) -> None:
     text = SCENARIO.replace("bad_policies.py:Fewest", "bad_policies.py:ShortOnly")
     p = servesim_cli("run", str(_scenario(tmp_path, text)), "-q", cwd=HERE.parent)

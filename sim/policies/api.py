@@ -33,6 +33,7 @@ written against it only (``sim.policies.queue`` and its subclasses), so they are
 from __future__ import annotations
 
 import inspect
+import reprlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import repeat
@@ -201,7 +202,8 @@ def _view_hint(name: str) -> str:
 
 def _req(rv: RequestView) -> Request:
     if not isinstance(rv, RequestView):
-        raise TypeError(f"expected a request from the view (a RequestView), got {type(rv).__name__}: {rv!r}")
+        raise TypeError(f"expected a request from the view (a RequestView), got {type(rv).__name__}: "
+                        f"{reprlib.repr(rv)}")
     return rv._now()
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import operator
+import reprlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -146,8 +147,8 @@ class UserRouter:
         except TypeError:
             pos = None
         if pos is None or not 0 <= pos < len(snap):
-            raise PolicyError(f"router {self.name}: route(request {req.id}) returned {i!r}, not the index of one of "
-                              f"the {len(snap)} replicas (0..{len(snap) - 1})")
+            raise PolicyError(f"router {self.name}: route(request {req.id}) returned {reprlib.repr(i)}, not the index "
+                              f"of one of the {len(snap)} replicas (0..{len(snap) - 1})")
         return pos
 
 
@@ -167,8 +168,8 @@ class UserAdmission:
         why = call_user(f"admission {self.name}: admit(request {req.id})", self.user.admit,
                        RequestView(req, None, self.ttft_slo), state)
         if why is not None and not isinstance(why, str):
-            raise PolicyError(f"admission {self.name}: admit(request {req.id}) returned {why!r}: return None to "
-                              "accept or a reason string to refuse")
+            raise PolicyError(f"admission {self.name}: admit(request {req.id}) returned {reprlib.repr(why)}: return "
+                              "None to accept or a reason string to refuse")
         if why is not None and not why.strip():  # an admit() returning "" to mean "accept" refused every request
             raise PolicyError(f"admission {self.name}: admit(request {req.id}) returned an empty reason {why!r}: "
                               "return None to accept or a reason string that says why to refuse")

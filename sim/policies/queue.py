@@ -23,6 +23,7 @@ A victim that was already planned this step leaves the plan and gives its tokens
 
 from __future__ import annotations
 
+import reprlib
 from collections.abc import Iterable
 from operator import itemgetter
 from typing import Any
@@ -140,8 +141,8 @@ class QueuePolicy(Policy):
             for r in reqs[1:]:
                 k = self.rank(r)
                 if k is not None:
-                    raise TypeError(f"rank(req) gave None for request {reqs[0].id} and {k!r} for request {r.id}, "
-                                    "which do not compare (None keeps first come first served only when every "
+                    raise TypeError(f"rank(req) gave None for request {reqs[0].id} and {reprlib.repr(k)} for request "
+                                    f"{r.id}, which do not compare (None keeps first come first served only when every "
                                     "request gets it): give every request a key of one shape, ending with its "
                                     "arrival and id")
         return True
@@ -154,13 +155,13 @@ class QueuePolicy(Policy):
             try:
                 bad = k != k or (type(k) is tuple and any(x != x for x in k))
             except ValueError as e:  # a numpy array: Python's message named neither rank nor a request
-                raise TypeError(f"rank(req) gave {k!r} for request {r.id}, whose comparisons have no truth value "
-                                f"({e}): give every request a key of one shape (a tuple, not an array), ending "
-                                "with its arrival and id") from None
+                raise TypeError(f"rank(req) gave {reprlib.repr(k)} for request {r.id}, whose comparisons have no "
+                                f"truth value ({e}): give every request a key of one shape (a tuple, not an array), "
+                                "ending with its arrival and id") from None
             if bad:
-                raise ValueError(f"rank(req) gave {k!r} for request {r.id}: NaN does not order (every comparison "
-                                 "with it is false), so the queue's order would be arbitrary: give every request a key "
-                                 "without NaN")
+                raise ValueError(f"rank(req) gave {reprlib.repr(k)} for request {r.id}: NaN does not order (every "
+                                 "comparison with it is false), so the queue's order would be arbitrary: give every "
+                                 "request a key without NaN")
         return keys
 
     def _preempt(self, victim: RequestView, plan: Plan, budget: Budget, out: set[int]) -> int:
@@ -259,9 +260,9 @@ class QueuePolicy(Policy):
                 try:
                     a < b  # noqa: B015 (the comparison is the check)
                 except TypeError:
-                    return TypeError(f"rank(req) gave {a!r} for request {ia} and {b!r} for request {ib}, which do "
-                                     f"not compare ({error}): give every request a key of one shape, ending with "
-                                     "its arrival and id")
+                    return TypeError(f"rank(req) gave {reprlib.repr(a)} for request {ia} and {reprlib.repr(b)} for "
+                                     f"request {ib}, which do not compare ({error}): give every request a key of one "
+                                     "shape, ending with its arrival and id")
         return error
 
 

@@ -262,8 +262,8 @@ class UserPolicy(Policy):
             return self.name
         line = call_user(f"policy {self.name}: describe()", d)
         if not isinstance(line, str):  # a describe() that prints its line returned None: "policy None: asked ..."
-            raise PolicyError(f"policy {self.name}: describe() returned {line!r}, not a str (it returns the line "
-                              "the run shows)")
+            raise PolicyError(f"policy {self.name}: describe() returned {reprlib.repr(line)}, not a str (it returns "
+                              "the line the run shows)")
         return line
 
     def capabilities(self) -> str:
@@ -403,7 +403,8 @@ class UserPolicy(Policy):
                 self._fail(view.now, f"preempts request {r.id} twice")
             named.add(r.id)
             if mode not in ("recompute", "swap"):
-                self._fail(view.now, f"preempts request {r.id} with mode {mode!r}: use 'recompute' or 'swap'")
+                self._fail(view.now, f"preempts request {r.id} with mode {reprlib.repr(mode)}: use 'recompute' or "
+                           "'swap'")
             plan.preempt.append((r, mode))
         # (most plans preempt and reject nobody: no set comprehensions, each a call, at every ask)
         gone = {r.id for r, _ in plan.preempt} | {r.id for r, _ in plan.reject} if plan.preempt or plan.reject \
@@ -502,7 +503,7 @@ class UserPolicy(Policy):
         if r.id in gone:
             self._fail(now, f"schedules request {r.id}, which the same plan preempts or rejects")
         if type(n) is not int:
-            self._fail(now, f"schedules request {r.id} with {n!r} tokens, not an int")
+            self._fail(now, f"schedules request {r.id} with {reprlib.repr(n)} tokens, not an int")
         left = r.prompt_len + r.num_output_tokens - r.num_computed_tokens
         self._fail(now, f"schedules {n} tokens of request {r.id}, which has {left} to compute (schedule 1 to "
                    "num_remaining)")

@@ -556,6 +556,55 @@ class SchedulesAnUnprintable(servesim.QueuePolicy):
         return plan
 
 
+class RanksUnprintable(servesim.QueuePolicy):
+    """Ranks that do not compare, holding an object of its own whose __repr__ raises: the message about them raised."""
+
+    def rank(self, req):
+        return (_NoRepr(), req.id)
+
+
+class RanksNoneThenUnprintable(servesim.QueuePolicy):
+    """None for the waiting head, an unprintable key for the others: the message about them raised."""
+
+    def rank(self, req):
+        return None if req.id % 2 else _NoRepr()
+
+
+class PreemptsWithAnUnprintableMode(servesim.QueuePolicy):
+    def schedule(self, view):
+        plan = super().schedule(view)
+        if view.running:
+            plan.preempt(view.running[0], _NoRepr())
+        return plan
+
+
+class SchedulesUnprintableTokens(servesim.Policy):
+    def schedule(self, view):
+        plan = servesim.Plan()
+        if view.waiting:
+            plan.schedule(view.waiting[0], _NoRepr())
+        return plan
+
+
+class DescribesWithAnUnprintable(FCFSPolicy):
+    def describe(self):
+        return _NoRepr()
+
+
+class RoutesToAnUnprintable(servesim.Router):
+    """route() returning an object of its own whose __repr__ raises: the message about it raised, a traceback."""
+
+    def route(self, request, replicas):
+        return _NoRepr()
+
+
+class AdmitsWithAnUnprintable(servesim.Admission):
+    """admit() returning an object of its own whose __repr__ raises: the message about it raised, a traceback."""
+
+    def admit(self, request, state):
+        return _NoRepr()
+
+
 class SchedulesTheView(servesim.Policy):
     """plan.schedule(view, 1): the message held the whole view's repr, every request in it."""
 
