@@ -211,7 +211,12 @@ def fit_errors(coefficients: dict[str, Any], samples: Sequence[Sample]) -> dict[
 
 def host_overheads(samples: Sequence[Sample]) -> dict[str, float]:
     """The engine's host-side cost per step (step time minus forward pass: the core's bookkeeping, the policy,
-    input preparation, sampling), fitted as a fixed cost per step plus a cost per row and per token."""
+    input preparation, sampling), fitted as a fixed cost per step plus a cost per row and per token. Only the
+    grid's steps time the forward pass; serving steps (``calibration/serving.py``) record ``forward = 0``, and
+    counting them would read their whole step as host time. Empty when no sample timed its forward pass."""
+    samples = [s for s in samples if s.forward > 0]
+    if not samples:
+        return {}
     c = samples_to_columns(samples)
     x = np.column_stack([np.ones(len(samples)), c["num_tokens"], c["num_seqs"]]).astype(np.float64)
     y = np.array([max(s.duration - s.forward, 0.0) for s in samples])

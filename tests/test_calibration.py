@@ -26,6 +26,7 @@ from calibration.fit import (
     build_profile,
     fit_coefficients,
     heldout_errors,
+    host_overheads,
     nnls_fit,
     predict,
     samples_from_profile,
@@ -131,6 +132,17 @@ def test_bench_step_bias_ratios_are_exact_and_bad_input_exits_2(tmp_path: Path) 
     res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_step_bias.py"), "--profile", str(bad)],
                          capture_output=True, text=True)
     assert res.returncode == 2 and "cannot read profile" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_host_overheads_count_only_steps_that_timed_their_forward_pass() -> None:
+    # the grid's steps spend 80% in the forward pass; serving steps (forward = 0: not timed) outnumber them, as in
+    # the shipped profiles, whose host_fraction_median read 1.0 when they were counted as all host time
+    grid = synthetic(np.random.default_rng(3), noise=0.0)
+    serving = [dataclasses.replace(s, script=f"serving-{s.script}", kind="serving", forward=0.0)
+               for s in synthetic(np.random.default_rng(4)) * 2]
+    over = host_overheads(grid + serving)
+    assert over["host_fraction_median"] == pytest.approx(0.2) and over == host_overheads(grid)
+    assert host_overheads(serving) == {}
 
 
 def test_nnls_clamps_a_negative_solution_to_zero() -> None:
