@@ -119,9 +119,10 @@ CASES = [
     # sys.exit in a user's code ended servesim with that status and no message; a __str__ that raises, or a
     # describe() that does, gave a traceback
     ("bad_policies.py:SysExits", "", "SysExits: schedule(view) at t=0.029018 s called sys.exit(0)"),
-    # a KeyboardInterrupt the policy raises is no Ctrl-C: it read "interrupted while simulating", exit 130
+    # a KeyboardInterrupt the policy raises is no Ctrl-C: it read "interrupted while simulating", exit 130; and an
+    # exception without a message is named without a colon after it (it read "raised KeyboardInterrupt: ")
     ("bad_policies.py:RaisesKeyboardInterrupt", "", "RaisesKeyboardInterrupt: schedule(view) at t=0.000000 s raised "
-     "KeyboardInterrupt"),
+     "KeyboardInterrupt\n  File "),
     ("bad_policies.py:SysExitsInInit", "", "constructing it with args {} called sys.exit(3)"),
     ("bad_policies.py:RaisesInDescribe", "", "RaisesInDescribe: describe() raised RuntimeError: describe broke"),
     ("bad_policies.py:PrintsItsDescription", "", "error: policy PrintsItsDescription: describe() returned None, not a "

@@ -41,7 +41,8 @@ def exception_text(e: BaseException) -> str:
         text = "(its message could not be formatted)"
     if isinstance(e, AttributeError) and "did you mean" not in text:
         text += _near_attribute(e)
-    return f"raised {type(e).__name__}: {text}"
+    # an exception without a message (a bare assert, raise KeyboardInterrupt) read "raised AssertionError: "
+    return f"raised {type(e).__name__}: {text}" if text else f"raised {type(e).__name__}"
 
 
 def _near_attribute(e: AttributeError) -> str:
