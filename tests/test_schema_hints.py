@@ -218,6 +218,11 @@ def test_equally_close_keys_are_all_named():
     ({"type": "custom", "class": "my_policy.py:Mine"}, "s.yaml: variants.0.policy.class: unknown key; did you mean cls?"),
     # the kind's tag missing was all the union said: typ itself was never named
     ({"typ": "fcfs"}, "s.yaml: variants.0.policy.type: required key is missing (typ is written: did you mean type?)"),
+    # another word for the kind (as other tools write it): no hint before, kind being no near spelling of type
+    ({"kind": "fcfs"}, "s.yaml: variants.0.policy.type: required key is missing (kind is written: did you mean "
+     "type?)"),
+    ({"name": "fcfs"}, "s.yaml: variants.0.policy.type: required key is missing (name is written: did you mean "
+     "type?)"),
 ])
 def test_a_misspelt_required_key_is_one_line_naming_it(policy, says):
     assert _error(lambda r: r["variants"][0].update(policy=policy)) == says

@@ -301,14 +301,20 @@ def _kind_written_bare(model: type[BaseModel] | None, loc: tuple[Any, ...], valu
     return ""
 
 
+# what other tools call a section's kind (a tag no union here has as a key): ``policy: {kind: fcfs}``
+_TYPE_SYNONYMS = ("kind", "name", "policy")
+
+
 def _written_for(loc: str, errs: list[ErrorDetails]) -> str:
     """`` (typ is written: did you mean type?)`` for a section's kind (the tag of a union) missing beside a key that
-    spells it almost: a union whose tag is missing reports only that, so ``policy: {typ: fcfs}`` never named typ."""
+    spells it almost, or another word for it (kind, name, policy): a union whose tag is missing reports only that,
+    so ``policy: {typ: fcfs}`` never named typ."""
     given = next((e.get("input") for e in errs if e["type"] == "union_tag_not_found"), None)
     name = loc.rpartition(".")[2]
     if not isinstance(given, dict):
         return ""
-    near = [k for k in given if isinstance(k, str) and closest_key(k, [name]) == name]
+    near = [k for k in given if isinstance(k, str) and (closest_key(k, [name]) == name
+                                                        or name == "type" and k in _TYPE_SYNONYMS)]
     return f" ({near[0]} is written: did you mean {name}?)" if near else ""
 
 
