@@ -1,11 +1,12 @@
 """The CPU's energy counter for an engine run on the CPU: Intel's RAPL (also AMD's on Zen), read through Linux's
 powercap files, ``/sys/class/powercap/intel-rapl:N/energy_uj`` (microjoules, one file a CPU package).
 
-Only the package zones are summed (``intel-rapl:N``; their ``intel-rapl:N:M`` subzones, cores and uncore, lie
-inside them). A package counter wraps at its ``max_energy_range_uj``: each reading adds its rise since the last,
-plus the range where it wrapped, so readings at least once a wrap apart (minutes at a package's draw) count every
-joule. What it measures is the whole socket, every process on it, not the engine alone. Since Linux 5.10 the files
-are readable by root only (CVE-2020-8694); where none is readable the run's energy is marked unmeasured.
+Only the package zones are summed (``intel-rapl:N`` named ``package-N``; their ``intel-rapl:N:M`` subzones, cores
+and uncore, lie inside them, and a ``psys`` zone beside them holds them). A package counter wraps at its
+``max_energy_range_uj``: each reading adds its rise since the last, plus the range where it wrapped, so readings at
+least once a wrap apart (minutes at a package's draw) count every joule. What it measures is the whole socket, every
+process on it, not the engine alone. Since Linux 5.10 the files are readable by root only (CVE-2020-8694); where
+none is readable the run's energy is marked unmeasured.
 """
 
 from __future__ import annotations
@@ -13,6 +14,16 @@ from __future__ import annotations
 from pathlib import Path
 
 RAPL_ROOT = Path("/sys/class/powercap")
+
+
+def _package(zone: Path) -> bool:
+    """Whether top-level zone ``zone`` is a CPU package (its ``name`` is ``package-N``): a laptop's or a recent
+    server's ``psys`` zone, the platform as a whole, sits beside them as ``intel-rapl:1`` or ``:2``. A zone whose
+    name cannot be read is taken as a package."""
+    try:
+        return (zone / "name").read_text().strip().startswith("package")
+    except OSError:
+        return True
 
 
 class RaplCounter:
@@ -24,6 +35,8 @@ class RaplCounter:
         paths = sorted(root.glob("intel-rapl:*")) if root.is_dir() else []
         for zone in paths:
             if zone.name.count(":") != 1:  # a subzone (intel-rapl:0:0), counted in its package
+                continue
+            if not _package(zone):  # psys, the whole platform: it holds the packages, which it would count again
                 continue
             try:
                 int((zone / "energy_uj").read_text())

@@ -134,3 +134,18 @@ def test_validate_compares_the_measured_energy_with_the_simulated() -> None:
     # a CPU run measured nothing: no error, and the other metrics absent from these summaries are n/a too
     cpu = compare({"energy": measured_energy([], "a", 1000)}, sim)
     assert cpu["energy_j"]["rel_error"] is None and cpu["ttft_p50"]["real"] is None
+
+
+def test_rapl_leaves_out_the_platform_zone_that_holds_the_packages(tmp_path: Path) -> None:
+    """A laptop's (and a recent server's) intel-rapl:1 is psys, the whole platform, packages included: it was summed
+    with package-0, so the CPU's joules were counted about twice."""
+    p0 = _zone(tmp_path, "intel-rapl:0", 1_000_000)
+    psys = _zone(tmp_path, "intel-rapl:1", 3_000_000)
+    (tmp_path / "intel-rapl:0" / "name").write_text("package-0\n")
+    (tmp_path / "intel-rapl:1" / "name").write_text("psys\n")
+    counter = rapl.RaplCounter(tmp_path)
+    assert [p.parent.name for p, _ in counter.zones] == ["intel-rapl:0"]
+    assert counter.read() == 0.0
+    p0.write_text("3000000\n")  # +2 J in the package
+    psys.write_text("9000000\n")  # +6 J on the platform, those 2 J among them
+    assert counter.read() == pytest.approx(2.0, rel=1e-12)
