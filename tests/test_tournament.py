@@ -222,6 +222,15 @@ def test_the_shipped_example_spec_is_valid() -> None:
     assert t.rates == [6.75, 13.5, 20.25] and t.spec.seeds == [0, 1]
 
 
+def test_the_docs_spec_is_the_example_file() -> None:
+    """docs/policies.md shows examples/tournaments/priority-vs-fcfs.yaml as 'one to copy': the page's block had
+    other policies (mine, a bare sjf with 256 seqs) and other limits than the file, so a reader copied neither."""
+    doc = (EXAMPLES.parent.parent / "docs" / "policies.md").read_text()
+    shown = re.search(r"`examples/tournaments/priority-vs-fcfs\.yaml` is one to copy:\n\n```yaml\n(.*?)```", doc, re.S)
+    file = (EXAMPLES.parent / "tournaments" / "priority-vs-fcfs.yaml").read_text()
+    assert shown and shown.group(1) == "name: " + file.split("\nname: ", 1)[1]  # the file less its header
+
+
 def test_a_failing_run_clears_the_progress_bars_before_its_error(tmp_path: Path) -> None:
     # Before: the header followed the checking bar's text on its line ("t: checking points:   0%|...t: 2 policies
     # x ..."), and the error the runs bar's
