@@ -113,22 +113,30 @@ def assert_replay_reproduces_engine(engine_cfg, result: RunResult, requests: Seq
     return sim_core
 
 
-_SCENARIO_RUNS: dict[tuple[str, str], dict[str, dict]] = {}
+_SCENARIO_RUNS: dict[tuple[str, str], tuple[dict[str, dict], dict[str, int] | None]] = {}
 
 
-def scenario_summaries(path: Path, overrides: dict) -> dict[str, dict]:
+def scenario_summaries(path: Path, overrides: dict, *, prefill_tokens: bool = False) -> dict[str, dict]:
     """Each variant's summary of the scenario file at ``path`` with ``overrides``, run as `servesim run` runs it
-    (run_scenario), simulated once per session: tests/test_lessons.py and tests/test_scenarios.py check the very
-    same lesson runs (lesson-speculative-decoding's took 6.6 s of CPU). A deep copy each call: no test sees
-    another's edits."""
+    (run_scenario), simulated once per session: tests/test_lessons.py, tests/test_host_kv_tier.py and
+    tests/test_scenarios.py check the very same lesson runs (lesson-speculative-decoding's took 6.6 s of CPU).
+    ``prefill_tokens``: each summary also holds its run's prefill tokens (its steps' sum, which a summary leaves
+    out). A deep copy each call: no test sees another's edits."""
     from sim.config.scenario import load_scenario
     from sim.loop.run import run_scenario
 
     key = (str(path), json.dumps(overrides, sort_keys=True))
-    if key not in _SCENARIO_RUNS:
+    if key not in _SCENARIO_RUNS or prefill_tokens and _SCENARIO_RUNS[key][1] is None:
         scenario, raw = load_scenario(path, overrides)
-        _SCENARIO_RUNS[key] = run_scenario(scenario, raw, source=str(path)).summaries
-    return copy.deepcopy(_SCENARIO_RUNS[key])
+        run = run_scenario(scenario, raw, source=str(path))
+        prefill = {r.name: int(r.steps["prefill_tokens"].sum()) for r in run.results} if prefill_tokens else None
+        _SCENARIO_RUNS[key] = (run.summaries, prefill)
+    summaries, prefill = copy.deepcopy(_SCENARIO_RUNS[key])
+    if prefill_tokens:
+        assert prefill is not None
+        for name, tokens in prefill.items():
+            summaries[name]["prefill_tokens"] = tokens
+    return summaries
 
 
 def screen(stderr: str) -> list[str]:

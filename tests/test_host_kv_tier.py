@@ -19,6 +19,7 @@ from sim.loop.run import run_scenario
 from sim.serving.block_manager import PagedBlockManager
 from sim.serving.host_kv_tier import HostKVTier
 from sim.serving.request import Request, RequestSpec
+from tests.conftest import scenario_summaries
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
 
@@ -151,12 +152,9 @@ def test_host_cache_section_sizes_the_pool_from_the_kv_block() -> None:
 
 @pytest.fixture(scope="module")
 def host_lesson() -> dict[str, dict]:
-    path = SCENARIOS / "lesson-host-kv-cache.yaml"
-    scenario, raw = load_scenario(path, {"workload.arrival.end": 200})
-    run = run_scenario(scenario, raw, source=str(path))
-    for r in run.results:
-        run.summaries[r.name]["prefill_tokens"] = int(r.steps["prefill_tokens"].sum())
-    return run.summaries
+    # tests/test_scenarios.py checks the lesson on this very run: simulated once for both
+    return scenario_summaries(SCENARIOS / "lesson-host-kv-cache.yaml", {"workload.arrival.end": 200},
+                              prefill_tokens=True)
 
 
 def test_lesson_host_tier_cuts_prefill_and_ttft_on_mooncake(host_lesson) -> None:

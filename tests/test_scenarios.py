@@ -208,7 +208,8 @@ CASES: dict[str, tuple[dict, Callable[[Summaries], None]]] = {
     "autoscale-memory-bound": ({"workload.num_requests": 250}, check_autoscale_memory_bound),
     "vidur-arxiv-llama2-70b": ({"workload.num_requests": 300}, check_vidur),
     "lesson-pipeline-bubbles": ({"workload.num_requests": 32}, check_lesson_pipeline_bubbles),
-    "lesson-host-kv-cache": ({"workload.arrival.end": 120}, check_lesson_host_kv_cache),
+    # end 200: tests/test_host_kv_tier.py's run of it, simulated once for both
+    "lesson-host-kv-cache": ({"workload.arrival.end": 200}, check_lesson_host_kv_cache),
     "classes-priority": ({"workload.num_requests": 300}, check_classes_priority),
 }
 
