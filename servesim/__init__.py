@@ -12,7 +12,7 @@ loop, its failures returned as scores (:mod:`sim.studies.evaluate`).
 See :mod:`sim.api` for the details; the simulator itself lives in the ``sim`` package.
 """
 
-import sys
+import sys as _sys  # not servesim.sys: dir(servesim) is the API
 
 try:
     from sim import __version__
@@ -23,13 +23,13 @@ try:
     from sim.policies.queue import QueuePolicy
     from sim.policies.user import PolicyError
 except KeyboardInterrupt:
-    if sys.argv[:1] != ["-m"]:  # imported by a program (or a notebook): the Ctrl-C is its own to handle
+    if _sys.argv[:1] != ["-m"]:  # imported by a program (or a notebook): the Ctrl-C is its own to handle
         raise
     # `python -m servesim ...`: Python imports this package, seconds of imports on a busy machine, before the
     # command's own guarded ones (sim/cli/main.py); a Ctrl-C here printed a traceback where they print one line
     from sim.cli.starting import STARTING
 
-    sys.stderr.write(f"\ninterrupted {STARTING}\n")
+    _sys.stderr.write(f"\ninterrupted {STARTING}\n")
     raise SystemExit(130) from None
 
 __all__ = ["Admission", "AdmissionState", "Budget", "Comparison", "KVView", "Limits", "Plan", "Policy", "PolicyError",

@@ -269,6 +269,12 @@ def test_pandas_comes_with_the_notebooks_extra(small, monkeypatch):
         small.to_pandas()
 
 
+def test_the_packages_public_names_are_its_api():
+    """``servesim.sys`` was one of them: the package's own import showed in dir(servesim) and completions."""
+    public = {n for n in dir(servesim) if not n.startswith("_")} - {"notebooks"}  # a submodule, once imported
+    assert public == {n for n in servesim.__all__ if not n.startswith("_")}
+
+
 def test_every_public_name_has_a_docstring():
     for name in servesim.__all__:
         obj = getattr(servesim, name)
