@@ -28,6 +28,7 @@ from plotly.subplots import make_subplots
 
 from sim.config.scenario import VariantConfig, load_scenario, variant_configs
 from sim.config.schema import FittedCost, Scenario, ScenarioError
+from sim.costs.energy_time import steps_energy
 from sim.costs.fitted import FittedCostModel
 from sim.hardware.names import match_gpu
 from sim.metrics.records import RunResult
@@ -46,8 +47,8 @@ METRICS: dict[str, tuple[str, ...]] = {
     "kv_usage_mean": ("kv_usage", "mean"),
     "kv_usage_max": ("kv_usage", "max"),
     "num_preemptions": ("num_preemptions",),
-    # the engine's energy as NVML measured it (realengine.engine.measured_energy; none on a CPU) against the
-    # simulator's power model (sim/costs/energy.py)
+    # the engine's energy as NVML (or RAPL) measured it (realengine.engine.measured_energy) against the simulator's
+    # power model (sim/costs/energy.py) over the steps alone: the engine's virtual clock skips the idle gaps
     "energy_j": ("energy", "energy_j"),
     "j_per_output_token": ("energy", "j_per_output_token"),
     "mean_power_w": ("energy", "mean_power_w"),
@@ -363,14 +364,19 @@ def validate_variant(cfg: VariantConfig, workload, profile_path: str | Path, *, 
     rs, ss = summarize(real), summarize(sim)
     rs["energy"] = measured_energy(memory, real.name, rs["total_output_tokens"])
     rs["device"] = device  # as `servesim engine run` records it: its report's busy time is a CPU's on a CPU
-    out = VariantValidation(real.name, blocks, real, sim, rs, ss, compare(rs, ss), memory=memory,
+    out = VariantValidation(real.name, blocks, real, sim, rs, ss, compare(rs, _steps_only(sim, ss)), memory=memory,
                             schedule_differences=differences, schedule_steps=int(real.steps["duration"].size))
     if before is not None and after is not None and probe.base:
         out.machine_slowdown = float(np.sqrt(before * after)) / probe.base
         cost = scaled(load_profile(profile_path), out.machine_slowdown)
         adj = _simulate(sim_cfg, wl_scaled, cost, real.name)
-        out.adjusted_metrics = compare(rs, summarize(adj))
+        out.adjusted_metrics = compare(rs, _steps_only(adj, summarize(adj)))
     return out
+
+
+def _steps_only(result: RunResult, summary: dict) -> dict:
+    """``summary`` with its energy over the steps alone (``steps_energy``), as the engine's counter ran."""
+    return {**summary, "energy": steps_energy(result, summary.get("energy"), summary["total_output_tokens"])}
 
 
 def validate(scenario_path: str | Path, profile_path: str | Path, *, device: str = "cpu", model: str | None = None,

@@ -149,3 +149,33 @@ def test_rapl_leaves_out_the_platform_zone_that_holds_the_packages(tmp_path: Pat
     p0.write_text("3000000\n")  # +2 J in the package
     psys.write_text("9000000\n")  # +6 J on the platform, those 2 J among them
     assert counter.read() == pytest.approx(2.0, rel=1e-12)
+
+
+def test_validate_compares_the_engines_counter_with_the_simulated_steps_not_the_skipped_gaps(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Before: the engine's counter ran over its steps alone (the virtual clock skips the idle gaps between arrivals)
+    # while the simulated energy compared with it also paid the GPU's idle power over those gaps. A profile
+    # relabelled as measured on an H200 gives the simulated side a power model; requests 0.5 s apart leave gaps
+    import json
+
+    from calibration.validate import validate_variant
+    from sim.costs.energy import run_energy
+
+    root = Path(__file__).resolve().parent.parent
+    cpu = root / "calibration" / "profiles" / "tiny-cpu.json"
+    profile = tmp_path / "tiny-h200.json"
+    profile.write_text(json.dumps({**json.loads(cpu.read_text()), "device": "NVIDIA H200"}))
+    monkeypatch.setattr(rapl, "RAPL_ROOT", tmp_path / "no-powercap")
+    raw = {**SCENARIO, "workload": {**SCENARIO["workload"], "arrival": {"type": "poisson", "rate": 2.0},
+                                    "num_requests": 3}}
+    sc = parse_scenario(raw)
+    v = validate_variant(variant_configs(sc)[0], generate_workload(sc), profile, model="tiny")
+    e = run_energy(v.sim)
+    assert e is not None and e.idle_energy_j > 0.5 * e.energy_j  # mostly gaps
+    m = v.metrics
+    assert v.sim_summary["energy"]["energy_j"] == pytest.approx(e.energy_j, rel=1e-12)  # sim/summary.json: whole
+    assert m["energy_j"]["sim"] == pytest.approx(e.busy_energy_j, rel=1e-12)
+    busy_s = float(v.sim.steps["duration"].sum())
+    assert m["mean_power_w"]["sim"] == pytest.approx(e.busy_energy_j / busy_s, rel=1e-12)
+    assert m["j_per_output_token"]["sim"] == pytest.approx(e.busy_energy_j / 12, rel=1e-12)
+    assert m["energy_j"]["real"] is None  # nothing measured here (no NVML, no RAPL): n/a, said why

@@ -144,3 +144,18 @@ def running_energy(pm: PowerModel, steps: StepColumns, at: np.ndarray, rows: np.
         if len(power):
             carry = (float(cj[-1]), float(cs[-1]))
     return run_j, run_s, power_at
+
+
+def steps_energy(result: RunResult, energy: dict | None, output_tokens: int) -> dict | None:
+    """A summary's ``energy`` with its figures over the run's steps alone, the idle gaps between them left out
+    (``idle_energy_j`` 0, ``mean_power_w`` over the steps' seconds): what an energy counter reads over an engine run
+    on the virtual clock, which skips its idle gaps (realengine/executor.py), so that ``servesim validate`` compares
+    like with like. None where ``energy`` is None or the run has no power model."""
+    e = run_energy(result) if energy is not None else None
+    if e is None or energy is None:
+        return None
+    busy_s = float(np.sum(np.asarray(result.steps["duration"], dtype=np.float64)))
+    joules = e.busy_energy_j
+    return {**energy, "energy_j": joules, "idle_energy_j": 0.0,
+            "j_per_output_token": joules / output_tokens if output_tokens else float("nan"),
+            "mean_power_w": joules / busy_s if busy_s > 0 else float("nan")}
