@@ -254,6 +254,30 @@ def test_lowering_the_cap_never_raises_throughput(workload: str) -> None:
         assert slow > 0.9
 
 
+def test_a_lower_cap_never_shortens_a_step_on_any_gpu() -> None:
+    """The property under the throughput test above, over every GPU preset with power figures, five seeded random
+    caps between its idle power and its TDP and 200 seeded random step shapes (prefill and decode rows mixed): a
+    step under a lower cap never takes less time; the most compute-bound ones take longer."""
+    from sim.hardware.gpu import GPU_PRESETS
+
+    rng = np.random.default_rng(41)
+    n = 200
+    rows = rng.integers(1, 257, n)
+    decode = rng.integers(0, rows + 1)
+    tokens = decode + rng.integers(1, 8192, n) * (rows > decode)
+    kv = tokens + rng.integers(0, 100_000, n)
+    shape = StepShape(rows, tokens, decode, kv, kv + rng.integers(0, 10_000, n))
+    gpus = [g for g in GPU_PRESETS.values() if g.tdp_w > 0 and g.peak_flops.get("bf16", 0) > 0]
+    assert len(gpus) >= 10
+    for g in gpus:
+        caps = [g.tdp_w, *sorted(rng.uniform(g.idle_w + 1.0, g.tdp_w, 5), reverse=True)]
+        times = [np.asarray(AnalyticCostModel("llama-3.1-8b", g, compute_clock=clock_share(g.idle_w, g.tdp_w, c))
+                            .step_time(shape)) for c in caps]
+        for hi, lo in zip(times, times[1:], strict=False):
+            assert np.all(lo >= hi), g.name
+        assert np.any(times[-1] > times[0] * 1.05), g.name
+
+
 def test_clock_share() -> None:
     assert clock_share(70, 700, 700) == 1.0
     assert clock_share(70, 700, 800) == 1.0
