@@ -96,3 +96,15 @@ def test_a_dict_given_to_the_python_api_warns_once() -> None:
     with pytest.warns(SLOUnitWarning) as caught:
         servesim.run(raw)  # two sweep points, each validated again: still one warning
     assert [str(w.message) for w in caught] == slo_unit_warnings({"slos": {"ttft": 200}})
+
+
+def test_an_slo_read_as_milliseconds_does_not_size_the_plans_steady_state_window() -> None:
+    # plan-chat with `slos: {ttft: 500}` (ms meant) judged every deployment on 3 x 507 s of arrivals, 24,000
+    # requests, and ran for minutes without a line; `tpot: 30` too made it 380,000 requests
+    from sim.config.slos import SLOs
+    from sim.studies.plan_capacity import slo_lifetime
+
+    assert slo_lifetime(SLOs(ttft=0.5, tpot=0.03), 250.0) == pytest.approx(0.5 + 249 * 0.03)
+    assert slo_lifetime(SLOs(ttft=500.0, tpot=0.03), 250.0) == pytest.approx(249 * 0.03)
+    assert slo_lifetime(SLOs(ttft=500.0, tpot=30.0), 250.0) is None  # measured, as for a TTFT SLO alone
+    assert slo_lifetime(SLOs(ttft=0.5, e2el=5000.0), 250.0) is None

@@ -24,7 +24,7 @@ import math
 
 import numpy as np
 
-from sim.config.slos import SLOs
+from sim.config.slos import SLO_WARN_ABOVE, SLOs
 from sim.metrics.records import RunResult
 from sim.serving.request import RequestSpec
 from sim.workload.generator import GeneratedWorkload
@@ -76,10 +76,15 @@ def backlog_workload(workload: GeneratedWorkload, slots: int) -> GeneratedWorklo
 
 def slo_lifetime(slos: SLOs, mean_output: float) -> float | None:
     """The longest mean time a request lasts on a deployment that meets the SLOs (TTFT + mean output gaps x
-    TPOT, or E2EL), in seconds; None when neither TPOT nor E2EL is bounded."""
-    bounds = [] if slos.e2el is None else [slos.e2el]
-    if slos.tpot is not None:
-        bounds.append((slos.ttft or 0.0) + max(mean_output - 1.0, 0.0) * slos.tpot)
+    TPOT, or E2EL), in seconds; None when neither TPOT nor E2EL is bounded. An SLO above ``SLO_WARN_ABOVE`` (the
+    milliseconds of ``vllm bench serve --goodput`` written as seconds, warned about) bounds nothing here: plan-chat
+    with ``slos: {ttft: 500}`` sized its window to 3 x 507 s, 24,000 requests a deployment, and ran for minutes
+    with no output (``tpot: 30`` too: 380,000 requests); the plan measures the lifetime instead (TTFT alone)."""
+    ttft, tpot, e2el = (None if v is None or v > SLO_WARN_ABOVE[k] else v
+                        for k, v in (("ttft", slos.ttft), ("tpot", slos.tpot), ("e2el", slos.e2el)))
+    bounds = [] if e2el is None else [e2el]
+    if tpot is not None:
+        bounds.append((ttft or 0.0) + max(mean_output - 1.0, 0.0) * tpot)
     return min(bounds) if bounds else None
 
 
