@@ -168,10 +168,12 @@ CALIBRATION_SEED = 1000
 VALIDATION_SEED = 0
 
 
-def refit_with_serving(profile: dict[str, Any], serving: Sequence[Sample]) -> dict[str, Any]:
+def refit_with_serving(profile: dict[str, Any], serving: Sequence[Sample],
+                       readings: dict[str, float | None] | None = None) -> dict[str, Any]:
     """The profile fitted again on its grid samples plus ``serving`` steps (``calibration.serving``). The fit
     record gains ``serving_before``: the grid-only coefficients' error on the serving steps (none of which that
-    fit saw), beside the new held-out error per class (each serving run held out whole, class ``serving``)."""
+    fit saw), beside the new held-out error per class (each serving run held out whole, class ``serving``).
+    ``readings`` (``serving_steps``' speed probe per run) are kept as ``provenance.serving.machine_slowdowns``."""
     from calibration.fit import build_profile, fit_errors, profile_coefficients, samples_from_profile
 
     grid = [s for s in samples_from_profile(profile) if s.kind != "serving"]
@@ -179,6 +181,8 @@ def refit_with_serving(profile: dict[str, Any], serving: Sequence[Sample]) -> di
     prov = dict(profile.get("provenance", {}))
     prov["serving"] = {"workloads": len({s.script for s in serving}), "steps": len(serving),
                        "family_seed": CALIBRATION_SEED}
+    if readings is not None:
+        prov["serving"]["machine_slowdowns"] = dict(readings)
     out = build_profile(profile["model"], profile["device"], grid + list(serving),
                         swap_block=profile["coefficients"].get("swap_block", 0.0),
                         wake_curve=[tuple(p) for p in profile.get("wake_curve", [])],
@@ -190,12 +194,15 @@ def refit_with_serving(profile: dict[str, Any], serving: Sequence[Sample]) -> di
 
 
 def serving_steps(profile_path: str | Path, model: str, n: int, *, device: str = "cpu", seed: int = CALIBRATION_SEED,
-                  on_done: Callable[[WorkloadRun], None] | None = None) -> list[Sample]:
+                  on_done: Callable[[WorkloadRun], None] | None = None,
+                  readings: dict[str, float | None] | None = None) -> list[Sample]:
     """Run ``n`` workloads of the calibration family on the engine (rates from the profile) and return their
     steps as samples, each run's durations divided by the machine's slowdown around it (the profile's reference
     step timed before and after): on a shared machine the speed drifts between runs (measured on this
     project's 2-core VM: the tiny model's reference step at 0.84x to 2.4x its calibration time within 40 s, in
-    thread CPU time), and the fit must see every run at the grid's speed."""
+    thread CPU time), and the fit must see every run at the grid's speed. ``readings``, when given, receives each
+    run's reading by workload name (None: no probe), so that a profile can keep what its steps were divided by:
+    validation runs are not divided, and the two can only be compared when the calibration's readings are kept."""
     from calibration.workloads import family
 
     probe = make_probe(profile_path, device)
@@ -203,6 +210,8 @@ def serving_steps(profile_path: str | Path, model: str, n: int, *, device: str =
                       probe=probe)
     out: list[Sample] = []
     for r in runs:
+        if readings is not None:
+            readings[r.workload.name] = r.slowdown
         k = r.slowdown or 1.0
         out += [dataclasses.replace(s, duration=s.duration / k) for s in r.samples]
     return out
@@ -228,5 +237,6 @@ def calibrate_cpu(model: str, *, cpu_clock: str, repeats: int = 3, serving_workl
     with tempfile.TemporaryDirectory() as tmp:
         grid_path = Path(tmp) / "grid.json"
         grid_path.write_text(json.dumps(profile))
-        serving = serving_steps(grid_path, model, serving_workloads)
-    return refit_with_serving(profile, serving)
+        readings: dict[str, float | None] = {}
+        serving = serving_steps(grid_path, model, serving_workloads, readings=readings)
+    return refit_with_serving(profile, serving, readings)

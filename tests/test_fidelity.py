@@ -6,6 +6,7 @@ The engine test runs the tiny model on one family workload (a second or two of C
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -170,6 +171,34 @@ def test_error_table_median_and_p90_across_workloads() -> None:
     # throughput only where given (the saturated workloads): 5 of the 10
     assert t["output_throughput"]["n"] == 5
     assert t["e2el_p50"]["n"] == 0 and math.isnan(t["e2el_p50"]["median_abs"]) and t["e2el_p50"]["met"] is False
+
+
+def test_serving_steps_keep_the_probe_readings_they_divide_by(monkeypatch) -> None:
+    # calibration divides each serving run's steps by the speed probe's reading around it and validation does not;
+    # the profile keeps the readings (provenance.serving.machine_slowdowns) so the two can be compared
+    import types
+
+    import calibration.fidelity as fidelity
+    import calibration.fit
+
+    grid = {"model": "tiny", "device": "cpu", "coefficients": {"step": 1e-3}, "provenance": {}, "samples": []}
+    steps = [Sample("x", "serving", k, 2, 2, 2, 40, 40, 0, 0, duration=0.002 * (k + 1), max_decode_len=21)
+             for k in range(30)]
+    runs = [types.SimpleNamespace(workload=types.SimpleNamespace(name=n), slowdown=k,
+                                  samples=[dataclasses.replace(s, script=n) for s in steps])
+            for n, k in (("a", 1.25), ("b", None))]
+    monkeypatch.setattr(fidelity, "make_probe", lambda *a, **k: None)
+    monkeypatch.setattr(fidelity, "run_family", lambda *a, **k: runs)
+    # the fit itself is tested elsewhere: here only what the profile records
+    monkeypatch.setattr(calibration.fit, "build_profile", lambda *a, provenance, **k: {"provenance": provenance,
+                                                                                      "fit": {"method": ""}})
+    readings: dict = {}
+    out = fidelity.serving_steps("unused.json", "tiny", 2, readings=readings)
+    assert readings == {"a": 1.25, "b": None}
+    assert [s.duration for s in out] == pytest.approx([s.duration / 1.25 for s in steps] + [s.duration for s in steps])
+    prof = fidelity.refit_with_serving(grid, out, readings)
+    assert prof["provenance"]["serving"]["machine_slowdowns"] == {"a": 1.25, "b": None}
+    assert "machine_slowdowns" not in fidelity.refit_with_serving(grid, out)["provenance"]["serving"]
 
 
 # --- serving steps from the engine ---------------------------------------------------------------------------------

@@ -901,8 +901,9 @@ def calibrate(
             with tempfile.TemporaryDirectory() as tmp:
                 grid_path = Path(tmp) / "grid.json"
                 grid_path.write_text(json.dumps(profile))
-                serving = serving_steps(grid_path, model, serving_workloads, device=device)
-            profile = refit_with_serving(profile, serving)
+                readings: dict[str, float | None] = {}
+                serving = serving_steps(grid_path, model, serving_workloads, device=device, readings=readings)
+            profile = refit_with_serving(profile, serving, readings)
             typer.echo(format_errors(profile["fit"]["serving_before"], "grid fit, serving steps"))
         doing.what = f"writing {path}"
         try:
