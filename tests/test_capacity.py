@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -202,6 +203,17 @@ def test_capacity_command_bad_input(args: list[str], needle: str) -> None:
 def test_capacitys_preset_hint_is_for_the_name_that_failed(args: list[str], needle: str, not_there: str) -> None:
     res = CliRunner().invoke(app, ["capacity", *args])
     assert res.exit_code == 2 and needle in res.stderr and not_there not in res.stderr, res.stderr
+
+
+def test_a_model_typo_is_told_its_preset_once(tmp_path: Path) -> None:
+    # Before: "unknown model 'llama3-8b'; did you mean 'llama-3-8b'? presets: ...; the preset for 'llama3-8b' is
+    # 'llama-3-8b'", in capacity and in a scenario's deployment.model alike
+    res = CliRunner().invoke(app, ["capacity", "--model", "llama3-8b", "--gpu", "h100-sxm"])
+    assert res.exit_code == 2 and res.stderr.count("'llama-3-8b'") == 1, res.stderr
+    path = tmp_path / "typo.yaml"
+    path.write_text("name: t\nworkload: {arrival: {type: poisson, rate: 1}, num_requests: 2, prompt_len: {type: fixed, value: 8}, output_len: {type: fixed, value: 2}}\ndeployment: {model: llama3-8b}\n")
+    res = CliRunner().invoke(app, ["run", str(path), "--out", str(tmp_path / "out")])
+    assert res.exit_code == 2 and res.stderr.count("'llama-3-8b'") == 1, res.stderr
 
 
 def test_a_context_given_twice_is_one_column() -> None:

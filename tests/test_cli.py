@@ -154,7 +154,9 @@ CASES = {
         ["deployment.model", "file not found", "the preset for 'meta-llama/Llama-3.1-8B-Instruct' is 'llama-3.1-8b' "
          "(a Hugging Face model id is not downloaded)"],
     ),
-    "a model preset misspelt": (_with("deployment.model", "llama3-8b"), ["the preset for 'llama3-8b' is 'llama-3-8b'"]),
+    # named once: "did you mean" (the hint after the preset list said it again)
+    "a model preset misspelt": (_with("deployment.model", "llama3-8b"), ["unknown model 'llama3-8b'; did you mean "
+                                                                         "'llama-3-8b'?"]),
     "nvidia-smi's gpu name": (
         _with("deployment.gpu", "NVIDIA H100 80GB HBM3"),
         ["deployment.gpu", "unknown GPU", "the preset for 'NVIDIA H100 80GB HBM3' is 'h100-sxm'"],

@@ -1225,7 +1225,7 @@ def capacity(
         _fail(f"--model: file not found: {e.filename or e}{preset_hint(model, 'model')}")
         return
     except (ValueError, KeyError, OSError) as e:
-        _fail(f"{e}{failed_name_hint(model, gpu)}")
+        _fail(f"{e}{failed_name_hint(model, gpu, str(e))}")
         return
     typer.echo(json.dumps(table.to_dict(), indent=1) if as_json else format_capacity(table))
 

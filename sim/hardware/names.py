@@ -72,20 +72,21 @@ def match_gpu(text: str) -> str | None:
     return None
 
 
-def preset_hint(text: object, kind: str) -> str:
+def preset_hint(text: object, kind: str, said: str = "") -> str:
     """What to append to the error of a ``kind`` ("model" or "gpu") given as ``text`` that no preset or file is,
     when a preset is that model or chip: the scenario said "file not found: meta-llama/Llama-3.1-8B-Instruct" (the
-    name a vLLM user serves, read as a config.json path) and "unknown GPU 'NVIDIA H100 80GB HBM3'" (nvidia-smi's)."""
+    name a vLLM user serves, read as a config.json path) and "unknown GPU 'NVIDIA H100 80GB HBM3'" (nvidia-smi's).
+    Nothing where the error ``said`` already asks "did you mean" that preset ('llama3-8b' was told twice)."""
     if not isinstance(text, str):
         return ""
     preset = match_model(text) if kind == "model" else match_gpu(text)
-    if preset is None or preset == text:
+    if preset is None or preset == text or f"did you mean {preset!r}" in said:
         return ""
     hub = " (a Hugging Face model id is not downloaded)" if kind == "model" and "/" in text else ""
     return f"; the preset for {text!r} is {preset!r}{hub}"
 
 
-def failed_name_hint(model: str, gpu: str) -> str:
+def failed_name_hint(model: str, gpu: str, said: str = "") -> str:
     """``preset_hint`` for whichever of ``model`` and ``gpu`` resolves to no spec, "" when both do: servesim
     capacity's error may be about either or neither (``--tp 3``), and the model's hint took the place of the GPU's
     ('Llama-3.1-8B', a preset as given, named beside an unknown GPU)."""
@@ -93,7 +94,7 @@ def failed_name_hint(model: str, gpu: str) -> str:
         try:
             resolve(text)
         except (ValueError, KeyError, TypeError, OSError):
-            return preset_hint(text, kind)
+            return preset_hint(text, kind, said)
     return ""
 
 

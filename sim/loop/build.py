@@ -144,11 +144,11 @@ def build(cfg: VariantConfig) -> tuple[Policy, KVManager, CostModel, Built]:
     except KeyError as e:
         raise ScenarioError(f"{where}: deployment.model: lacks the field {e}") from None
     except (ValueError, TypeError, OSError) as e:
-        raise ScenarioError(f"{where}: deployment.model: {e}{preset_hint(dep.model, 'model')}") from None
+        raise ScenarioError(f"{where}: deployment.model: {e}{preset_hint(dep.model, 'model', str(e))}") from None
     try:
         gpu = resolve_gpu(dep.gpu)
     except (ValueError, TypeError, AttributeError) as e:
-        raise ScenarioError(f"{where}: deployment.gpu: {e}{preset_hint(dep.gpu, 'gpu')}") from None
+        raise ScenarioError(f"{where}: deployment.gpu: {e}{preset_hint(dep.gpu, 'gpu', str(e))}") from None
     try:
         max_model_len = resolve_max_model_len(dep, model)
         pol = resolve_policy(pol, dep, model, gpu, max_model_len)  # the engine's defaults where policy has none
