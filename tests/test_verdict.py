@@ -188,17 +188,24 @@ def test_a_high_queue_share_while_keeping_up_is_batch_formation_not_overload(nai
     assert v.names[0] == "overloaded" and "batch formation" not in v.names
 
 
+# scenarios/azure-code-bursty.yaml's chunked variant at max_num_batched_tokens 320, 400 requests (measured)
+_BURSTY_320 = {
+    "num_requests": 400, "num_steps": 5000, "busy_fraction": 0.166, "num_preemptions": 0, "num_rejected": 0,
+    "kv_usage": {"mean": 0.017, "max": 0.049}, "padding_fraction": 0.0,
+    "limits": {"offered_rate": 1.772, "scheduled_rate": 1.688, "queue_share": 0.592, "queue_start": 0.046,
+               "queue_end": 2.717, "queue_growth": 0.016, "waiting_share": 0.568, "mean_running": 3.075,
+               "slot_cap": 256.0, "static": False, "waiting_batched_tokens": 315.624, "token_cap": 320.0,
+               "busy_mfu": 0.35, "prefill_share": 0.989},
+}
+
+
 def test_continuous_batching_that_keeps_up_names_its_queueing_and_what_it_waits_behind():
     """scenarios/azure-code-bursty.yaml's chunked variant at max_num_batched_tokens 320 (400 requests): queueing 59%
     of E2EL, the queue steady, scheduled within 5% of the offered rate. Its verdict read "compute-bound: MFU 35%
     while computing, GPU busy 17% of the time (more load would fit)", the queue unnamed: the budget that held the
     bursts' prompts back binds only in the bursts, and is scored over the run's time."""
-    lim = {"offered_rate": 1.772, "scheduled_rate": 1.688, "queue_share": 0.592, "queue_start": 0.046,
-           "queue_end": 2.717, "queue_growth": 0.016, "waiting_share": 0.568, "mean_running": 3.075, "slot_cap": 256.0,
-           "static": False, "waiting_batched_tokens": 315.624, "token_cap": 320.0, "busy_mfu": 0.35,
-           "prefill_share": 0.989}
-    s = {"num_requests": 400, "num_steps": 5000, "busy_fraction": 0.166, "num_preemptions": 0, "num_rejected": 0,
-         "kv_usage": {"mean": 0.017, "max": 0.049}, "padding_fraction": 0.0, "limits": lim}
+    s = _BURSTY_320
+    lim = s["limits"]
     v = rank_limits(s)
     assert v.names[:2] == ["queueing", "token-budget cap"]
     assert v.text.startswith("queueing: 59% of E2EL waiting for a first step while scheduled as fast as offered (the "
@@ -209,6 +216,27 @@ def test_continuous_batching_that_keeps_up_names_its_queueing_and_what_it_waits_
     assert "queueing" not in rank_limits({**s, "limits": {**lim, "queue_share": 0.49}}).names
     behind = rank_limits({**s, "limits": {**lim, "scheduled_rate": 1.6}}).names
     assert behind[0] == "overloaded" and "queueing" not in behind
+
+
+def test_an_overloaded_run_with_an_idle_gpu_names_the_cap_it_waits_behind_not_spare_room():
+    """The same variant at max_num_batched_tokens 256 (400 requests, measured): scheduled 1.67 of 1.77 req/s
+    offered, queueing 66% of E2EL. Its verdict read "overloaded: ...; then compute-bound: MFU 35% while computing,
+    GPU busy 17% of the time (more load would fit)": an overload beside spare room, and the budget the bursts
+    queued behind unnamed (its score 0.10 under the roofline's 0.15)."""
+    lim = {**_BURSTY_320["limits"], "scheduled_rate": 1.666, "queue_share": 0.657, "queue_start": 0.051,
+           "queue_end": 3.239, "queue_growth": 0.019, "waiting_share": 0.597, "mean_running": 2.787,
+           "waiting_batched_tokens": 252.7, "token_cap": 256.0, "busy_mfu": 0.348}
+    s = {**_BURSTY_320, "busy_fraction": 0.167, "limits": lim}
+    v = rank_limits(s)
+    assert v.names == ["overloaded", "token-budget cap", "compute-bound"]
+    assert "more load would fit" not in v.text
+    assert v.text.split("; then ")[1].startswith("token-budget cap: 253 of max_num_batched_tokens 256 tokens")
+    # no cap filled: the roofline follows the overload, still without claiming spare room
+    free = rank_limits({**s, "limits": {**lim, "waiting_batched_tokens": 20.0}})
+    assert free.names[:2] == ["overloaded", "compute-bound"] and "more load would fit" not in free.text
+    # keeping up, the idle GPU's spare room is said again
+    assert "(more load would fit)" in rank_limits({**s, "limits": {**lim, "scheduled_rate": 1.77,
+                                                                     "queue_share": 0.3}}).text
 
 
 @pytest.mark.parametrize("slot_cap", [None, "gone"])

@@ -245,6 +245,13 @@ def _token_budget(summary: dict) -> Limit | None:
     return best
 
 
+def _binding_cap(found: Sequence[Limit]) -> Limit | None:
+    """The cap requests wait behind (batch slots, token budget or KV), the highest scoring, or None if none
+    scores."""
+    caps = [x for x in found if x.score > 0 and x.name in ("batch-slot cap", "token-budget cap", "memory-bound")]
+    return max(caps, key=lambda x: x.score) if caps else None
+
+
 def _overload(lim: dict) -> Limit | None:
     """Overloaded when the waiting queue grows (score: twice its growth over the offered rate, 1 when it gains
     half the requests offered) or queueing is at least half of E2EL while requests are scheduled slower than they
@@ -381,8 +388,8 @@ def rank_limits(summary: dict) -> Verdict:
         # cap that binds only then (a token budget, scored over the run's time). azure-code-bursty at a budget of
         # 320 tokens, queueing 59% of E2EL, read "compute-bound: ... GPU busy 17% of the time (more load would
         # fit)", the queue unnamed
-        caps = [x for x in found if x.score > 0 and x.name in ("batch-slot cap", "token-budget cap", "memory-bound")]
-        why = f"behind the {max(caps, key=lambda x: x.score).name}" if caps else "in bursts of arrivals"
+        cap_held = _binding_cap(found)
+        why = f"behind the {cap_held.name}" if cap_held else "in bursts of arrivals"
         found.append(Limit("queueing", share, f"{_pct(share)} of E2EL waiting for a first step while scheduled as "
                            f"fast as offered (the queue steady), {why}"))
 
@@ -411,14 +418,19 @@ def rank_limits(summary: dict) -> Verdict:
             roof_text += f"; {name} pool {r}: {t}, busy {_pct(pool_busy[name])}"
     elif pool_busy:
         roof_text += " (" + ", ".join(f"{name} pool {_pct(b)}" for name, b in pool_busy.items()) + ")"
-    if max([busy, *pool_busy.values()]) < 0.5:
+    idle = max([busy, *pool_busy.values()]) < 0.5
+    # an overloaded run with its GPU mostly idle is not held back by the GPU but by the cap it waits behind:
+    # azure-code-bursty's chunked variant at a budget of 256 tokens read "overloaded: ...; then compute-bound: ...,
+    # GPU busy 17% of the time (more load would fit)", the overload and its remedy contradicting each other
+    waits_behind = _binding_cap(found) if over is not None and idle else None
+    if idle and over is None:
         roof_text += " (more load would fit)"
     if not pooled and math.isfinite(_fin(lim.get("prefill_share"))) and "prefill_share" in lim:
         roof_text += f", prefill {_pct(lim.get('prefill_share'))} of tokens"
     # The roofline bounds every step, so it is always listed; it is the run's limit only as far as nothing else
     # is: a server whose slots are full or whose rows compute padding would not go faster on a faster roof.
     strongest = max((x.score for x in found), default=0.0)
-    roofline = Limit(roof, busy * (1.0 - strongest), roof_text)
+    roofline = Limit(roof, 0.0 if waits_behind is not None else busy * (1.0 - strongest), roof_text)
 
     ranked = [x for x in found if x.score >= LISTED] + [roofline]
     ranked.sort(key=lambda x: -x.score)
