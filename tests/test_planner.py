@@ -438,9 +438,25 @@ def test_a_saturated_deployment_is_priced_at_what_it_serves() -> None:
     assert "*: saturated, at the rate it served in the second half of the arrival window" in text
 
 
-def test_plan_chat_scenario() -> None:
-    sc, _ = load_scenario(PLAN_CHAT, {"workload.num_requests": 120})
-    r = plan(sc, workers=1)
+def test_plan_chat_scenario(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`servesim plan scenarios/plan-chat.yaml -n 120`: the text it prints, and the PlanResult behind it (recorded
+    on its way to the text, so that plan-chat is planned once for both)."""
+    import sim.studies.planner as planner
+
+    results: list[PlanResult] = []
+
+    def recorded(*args: Any, **kwargs: Any) -> PlanResult:
+        results.append(r := plan(*args, **kwargs))
+        return r
+
+    monkeypatch.setattr(planner, "plan", recorded)
+    res = CliRunner().invoke(app, ["plan", str(PLAN_CHAT), "-n", "120", "-q"])
+    assert res.exit_code == 0, res.output
+    for needle in ("Pareto front", "chosen: ", "per million output tokens", "self-hosting is cheaper above",
+                   "pruned by analytic bounds"):
+        assert needle in res.stdout
+    r = results[-1]  # the outermost call (a measured round plans again from inside)
+    assert r.scenario == "plan-chat" and r.chosen is not None
     assert r.chosen is not None and r.chosen.meets and r.break_even is not None
     # every simulated deployment cheaper than the choice missed the SLOs
     cost = r.chosen.candidate.cost_per_hour
@@ -509,14 +525,8 @@ def test_a_search_space_too_large_to_enumerate_is_refused_before_the_search() ->
     assert search_size(cfg, len(gpus)) == 5 + (0 + 1 + 2 + 3 + 4)
 
 
-def test_plan_command(tmp_path: Path) -> None:
-    res = CliRunner().invoke(app, ["plan", str(PLAN_CHAT), "-n", "120", "-q"])
-    assert res.exit_code == 0, res.output
-    out = res.stdout
-    for needle in ("Pareto front", "chosen: ", "per million output tokens", "self-hosting is cheaper above",
-                   "pruned by analytic bounds"):
-        assert needle in out
-    # --json on a small scenario: the plan of plan-chat itself is checked above and in test_plan_chat_scenario
+def test_plan_command_json(tmp_path: Path) -> None:
+    # on a small scenario: plan-chat's own plan and text are test_plan_chat_scenario's
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump(chat(0.5, 20, ttft=2.0, tpot=0.1, gpus=["l4"], api_price={"input": 0.1,
                                                                                             "output": 0.2})))
