@@ -12,7 +12,7 @@ import pytest
 from sim.cli.common import _input_warning_line
 from sim.config.scenario import load_scenario, parse_scenario
 from sim.config.schema import ScenarioError
-from sim.config.slos import SLOUnitWarning, slo_unit_warnings
+from sim.config.slos import SLOUnitWarning, implausible_slo, slo_unit_warnings
 
 BASE: dict[str, Any] = {
     "name": "slo-units",
@@ -108,3 +108,22 @@ def test_an_slo_read_as_milliseconds_does_not_size_the_plans_steady_state_window
     assert slo_lifetime(SLOs(ttft=500.0, tpot=0.03), 250.0) == pytest.approx(249 * 0.03)
     assert slo_lifetime(SLOs(ttft=500.0, tpot=30.0), 250.0) is None  # measured, as for a TTFT SLO alone
     assert slo_lifetime(SLOs(ttft=0.5, e2el=5000.0), 250.0) is None
+
+
+def test_slo_values_given_in_a_sweep_warn_once_each() -> None:
+    """Before: sweep {workload.classes.0.slo.ttft: [200, 500]} ran both points silently as 200 s and 500 s bounds
+    (only the scenario's own SLOs were checked; each point is parsed with warn_units=False)."""
+    import servesim
+
+    raw = copy.deepcopy(BASE)
+    raw["workload"]["classes"] = [{"name": "chat", "share": 1.0, "slo": {"ttft": 1}}]
+    raw["sweep"] = {"workload.classes.0.slo.ttft": [200, "500ms", 500], "seed": [1, 2]}
+    with pytest.warns(SLOUnitWarning) as caught:
+        servesim.run(raw)  # six points: each value warned once, a unit ('500ms') not at all
+    said = [str(w.message) for w in caught]
+    assert [s.split(" seconds")[0] for s in said] == ["sweep: workload.classes.0.slo.ttft: 200",
+                                                       "sweep: workload.classes.0.slo.ttft: 500"]
+    # a whole section as a sweep's value is walked for its SLOs
+    classes = {"workload.classes": [[{"name": "chat", "share": 1.0, "slo": {"tpot": 50}}]]}
+    assert slo_unit_warnings({**raw, "sweep": classes}) == [
+        "sweep: workload.classes.0.slo." + implausible_slo("tpot", 50)]

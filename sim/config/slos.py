@@ -5,6 +5,7 @@ metrics."""
 
 from __future__ import annotations
 
+import re
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -92,8 +93,29 @@ def slo_unit_warnings(raw: object) -> list[str]:
         classes = wl.get("classes") if isinstance(wl, dict) else None
         if isinstance(classes, list):
             found += [(f"{where}.classes.{i}.slo", c.get("slo")) for i, c in enumerate(classes) if isinstance(c, dict)]
-    return [f"{path}.{why}" for path, slos in found if isinstance(slos, dict)
+    # a sweep's values are SLOs too (sweep: {workload.classes.0.slo.ttft: [200, 500]} ran silently): each value
+    # once here, where the scenario is warned of as a whole, not at each of its points
+    sweep = raw.get("sweep")
+    for key, values in sweep.items() if isinstance(sweep, dict) else ():
+        for value in values if isinstance(values, list) else [values]:
+            found += [(f"sweep: {m[1]}", {m[2]: leaf}) for path, leaf in _leaves(str(key), value)
+                      if (m := _SLO_LEAF.match(path))]
+    said = [f"{path}.{why}" for path, slos in found if isinstance(slos, dict)
             for name, value in slos.items() if (why := implausible_slo(str(name), value)) is not None]
+    return list(dict.fromkeys(said))
+
+
+# an SLO's key path in a scenario: the run's slos, or a class's slo in the workload or a variant's
+_SLO_LEAF = re.compile(r"^(slos|(?:variants\.\d+\.)?workload\.classes\.\d+\.slo)\.(ttft|tpot|e2el)$")
+
+
+def _leaves(path: str, value: object) -> list[tuple[str, object]]:
+    """Each leaf of ``value`` (dicts and lists walked) with its dotted key path under ``path``."""
+    if isinstance(value, dict):
+        return [leaf for k, v in value.items() for leaf in _leaves(f"{path}.{k}", v)]
+    if isinstance(value, list):
+        return [leaf for i, v in enumerate(value) for leaf in _leaves(f"{path}.{i}", v)]
+    return [(path, value)]
 
 
 def warn_slo_units(raw: object) -> None:
