@@ -50,7 +50,7 @@ def engine_config(cfg: VariantConfig, *, model_spec: str | None = None, num_gpu_
         try:
             spec = ModelSpec.from_name(model_spec)
         except ValueError as e:  # the hint the scenario's deployment.model gets (a Hugging Face id's preset)
-            raise ScenarioError(f"--model: {e}{preset_hint(model_spec, 'model')}") from None
+            raise ScenarioError(f"--model: {e}{preset_hint(model_spec, 'model', str(e))}") from None
         mml = cfg.deployment.max_model_len
         cfg = _with_deployment(cfg, model=model_spec,
                                max_model_len=None if mml is None else min(mml, spec.max_position_embeddings))

@@ -698,6 +698,15 @@ def test_an_unknown_model_for_the_engine_names_the_preset_meant(model: str, hint
     assert str(e.value).startswith(f"--model: unknown model {model!r}") and hint in str(e.value)
 
 
+def test_a_misspelt_engine_model_is_told_its_preset_once() -> None:
+    """--model llama3-8b said "did you mean 'llama-3-8b'?" and, after the 36 presets, "the preset for 'llama3-8b' is
+    'llama-3-8b'" (0f4caa9 told capacity and deployment.model once; engine run and serve still twice)."""
+    cfg = variant_configs(parse_scenario(scenario()))[0]
+    with pytest.raises(ScenarioError) as e:
+        engine_config(cfg, model_spec="llama3-8b")
+    assert "did you mean 'llama-3-8b'?" in str(e.value) and str(e.value).count("'llama-3-8b'") == 1, str(e.value)
+
+
 def test_weights_past_the_host_are_named_before_the_cpu_cache_is_sized(monkeypatch: pytest.MonkeyPatch) -> None:
     """A scenario of a large model run on the CPU without --model (docs/write-a-policy.md's llama-3.1-8b): sizing
     the CPU cache came first and said "max_model_len ... is larger than the KV cache holds ...; set max_model_len
