@@ -94,3 +94,18 @@ def test_every_docs_page_is_linked_from_the_readme() -> None:
     linked = {(ROOT / t.partition("#")[0]).resolve() for t in links((ROOT / "README.md").read_text(encoding="utf-8"))}
     orphans = [p.name for p in PAGES[1:] if p.resolve() not in linked]
     assert not orphans, orphans
+
+
+def layout_paths(page: str) -> list[str]:
+    """The repository paths (sim/..., realengine/..., ...) that docs/ARCHITECTURE.md's Layout table names in full."""
+    table = page.split("## Layout", 1)[1].split("\n\n", 2)[2].split("\n\n", 1)[0]
+    return re.findall(r"`((?:sim|realengine|calibration|notebooks|benchmarks)/[\w/.]*)`", table)
+
+
+def test_the_architecture_layout_names_only_files_that_exist() -> None:
+    """The Layout table lists the main modules, not every one (its intro says so): what it names must exist, so
+    that a module moved or renamed does not leave a row behind."""
+    named = layout_paths((ROOT / "docs" / "ARCHITECTURE.md").read_text())
+    assert "sim/costs/energy.py" in named and len(named) > 50
+    assert [p for p in named if not (ROOT / p).exists()] == []
+    assert layout_paths("## Layout\n\nintro\n\n| `sim/gone.py` | x |\n\nafter `sim/elsewhere.py`") == ["sim/gone.py"]
