@@ -529,7 +529,9 @@ _BOUNDS = {"ge": "minimum", "gt": "exclusiveMinimum", "le": "maximum", "lt": "ex
 
 def _standard_bounds(node: Any) -> None:
     if isinstance(node, dict):
-        if node.get("type") in ("integer", "number"):  # a number's schema: its keys are keywords, not properties
+        # a number's schema, or a union of a number and text (an SLO's '200ms'), whose bounds JSON Schema applies to
+        # numbers only: its keys are keywords, not properties
+        if node.get("type") in ("integer", "number") or "anyOf" in node:
             for name, keyword in _BOUNDS.items():
                 if name in node:
                     node[keyword] = node.pop(name)
