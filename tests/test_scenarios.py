@@ -324,6 +324,10 @@ def test_schema_bounds_optional_numbers_as_json_schema_does() -> None:
         raw["admission"] = {key: value}
         assert validator.is_valid(raw) == (value >= 0), (key, value)
     raw.pop("admission")
+    for ttft, valid in ((0.5, True), ("200ms", True), (0, False), (-1, False)):  # an SLO's bound: on a number only
+        raw["slos"] = {"ttft": ttft}
+        assert validator.is_valid(raw) == valid, ttft
+    raw.pop("slos")
     for think, valid in ((1.5, True), ({"type": "fixed", "value": 1.5}, True), (-1, False)):  # a bare number of
         raw["workload"]["arrival"] = {"type": "closed_loop", "num_users": 2, "think_time": think}  # seconds too
         assert validator.is_valid(raw) == valid, think
