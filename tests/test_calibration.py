@@ -368,6 +368,8 @@ def test_validate_bad_input_exits_2(tmp_path: Path, args: list[str], needle: str
 
 @pytest.mark.parametrize("args, needle", [
     (["--model", "no-such-model"], "no-such-model"),
+    # the preset a Hugging Face id is, as engine run and capacity say (calibrate listed the presets only)
+    (["--model", "meta-llama/Llama-3.2-1B"], "; the preset for 'meta-llama/Llama-3.2-1B' is 'llama-3.2-1b'"),
     (["--device", "tpu"], "--device"),
     (["--repeats", "0"], "--repeats"),
     (["--cpu-clock", "cycles"], "--cpu-clock must be one of thread, reference, got 'cycles'"),

@@ -838,11 +838,12 @@ def calibrate(
         _fail(f"--threads must be >= 1, got {threads}")
     from sim.hardware.gpu import GPUSpec
     from sim.hardware.models import ModelSpec
+    from sim.hardware.names import preset_hint
 
     try:
         ModelSpec.from_name(model)
-    except ValueError as e:
-        _fail(f"--model: {e}")
+    except ValueError as e:  # the hint engine run's --model gets (a Hugging Face id's preset)
+        _fail(f"--model: {e}{preset_hint(model, 'model', str(e))}")
     peak = 0.0
     if gpu is not None:
         try:
