@@ -30,7 +30,7 @@ from sim.config.scenario import VariantConfig, load_scenario, variant_configs
 from sim.config.schema import FittedCost, Scenario, ScenarioError
 from sim.costs.energy_time import steps_energy
 from sim.costs.fitted import FittedCostModel
-from sim.hardware.names import match_gpu
+from sim.hardware.names import match_gpu, preset_hint
 from sim.metrics.records import RunResult
 from sim.metrics.summary import summarize
 from sim.output.benchfiles.validate import error_reason, error_text, relative_error
@@ -218,8 +218,10 @@ def resolve_model(profile: FittedCostModel, model: str | None) -> str:
         raise ScenarioError("--model: the profile names no model; give --model")
     try:
         spec = resolve_spec(name)
+    except FileNotFoundError as e:  # a Hugging Face id, read as a config.json path: said as deployment.model says it
+        raise ScenarioError(f"--model: file not found: {e.filename or e}{preset_hint(name, 'model')}") from None
     except (ValueError, OSError, KeyError) as e:
-        raise ScenarioError(f"--model: {e}") from None
+        raise ScenarioError(f"--model: {e}{preset_hint(name, 'model', str(e))}") from None
     if not is_model_preset(spec.name):
         raise ScenarioError(f"--model {name}: the engine runs preset models only "
                             "(see sim.hardware.models.MODEL_PRESETS)")

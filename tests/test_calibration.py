@@ -348,6 +348,9 @@ def test_validation_errors_within_bounds(validated, calibrated, tmp_path) -> Non
     (["--profile", "{notjson}"], "notjson.json: not valid JSON: Expecting property name"),
     (["--profile", "{v9}"], "schema_version 9"),
     (["--profile", "{ok}", "--model", "no-such-model"], "no-such-model"),
+    # said "--model: [Errno 2] No such file or directory: 'meta-llama/Llama-3.2-1B'", the preset unnamed
+    (["--profile", "{ok}", "--model", "meta-llama/Llama-3.2-1B"], "--model: file not found: meta-llama/Llama-3.2-1B; "
+     "the preset for 'meta-llama/Llama-3.2-1B' is 'llama-3.2-1b' (a Hugging Face model id is not downloaded)"),
     (["--profile", "{ok}", "--model", "llama-3.1-8b"], "measured on tiny"),
     (["--profile", "{ok}", "--device", "tpu"], "--device"),
     # an empty --model (an unset variable) ran the profile's model without a word
