@@ -499,6 +499,19 @@ def test_a_ramp_up_run_is_rebuilt_on_its_ramp_not_all_at_once(run_folder: Path, 
         "exponential ramp between positive rates; not used"]
 
 
+def test_a_file_without_request_rate_is_not_said_to_give_inf(run_folder: Path, tmp_path: Path) -> None:
+    # Before: a hand-written or trimmed file without the key (vllm bench serve always writes it, "inf" when unpaced)
+    # was simulated all at once under the note "request rate inf: every request at t=0", as if the file said so
+    data = json.loads((run_folder / "cb.vllm-bench.json").read_text())
+    del data["start_times"], data["request_rate"]
+    f = tmp_path / "norate.json"
+    f.write_text(json.dumps(data))
+    _, notes = rebuild_workload(read_vllm_bench(f), seed=0)
+    assert f"{f}: request_rate absent, taken as inf: every request at t=0" in notes
+    f.write_text(json.dumps(data | {"request_rate": "inf"}))
+    assert f"{f}: request rate inf: every request at t=0" in rebuild_workload(read_vllm_bench(f), seed=0)[1]
+
+
 def test_the_table_says_what_the_load_is(run_folder: Path, tmp_path: Path) -> None:
     # Before: "mc4.json (vllm-bench, load 4.0):" for a closed loop of 4 concurrent requests, as for 4 req/s
     data = json.loads((run_folder / "cb.vllm-bench.json").read_text())

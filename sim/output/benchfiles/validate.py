@@ -126,7 +126,9 @@ def rebuild_workload(run: BenchRun, *, seed: int = 0, max_len: int = 1 << 20) ->
         notes.append(f"{run.source}: closed loop of {run.max_concurrency} concurrent requests, no think time")
     else:
         times = np.zeros(n)
-        notes.append(f"{run.source}: request rate inf: every request at t=0")
+        # a file without request_rate was said to have "request rate inf", which vllm bench serve writes itself
+        said = "request_rate absent, taken as inf" if run.request_rate_absent else "request rate inf"
+        notes.append(f"{run.source}: {said}: every request at t=0")
     last = float(times.max()) if n else 0.0
     if last > MAX_ARRIVAL_S:  # as the workload generator refuses it: there every step is rounded away (TTFT 0)
         raise BenchFileError(f"{run.source}: {what}: the last of {n} requests arrives at {last:.3g} s, past the "
