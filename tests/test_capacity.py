@@ -216,6 +216,15 @@ def test_a_model_typo_is_told_its_preset_once(tmp_path: Path) -> None:
     assert res.exit_code == 2 and res.stderr.count("'llama-3-8b'") == 1, res.stderr
 
 
+def test_an_unknown_name_is_told_what_the_command_line_takes() -> None:
+    # Before: "(or use ModelSpec.from_hf_config with a config.json)" and "(or GPUSpec.from_dict)": Python calls a
+    # command-line user cannot make, where --model takes a config.json path
+    res = CliRunner().invoke(app, ["capacity", "--model", "llama-99", "--gpu", "h100-sxm"])
+    assert res.exit_code == 2 and "(or a config.json path, or the folder holding one)" in res.stderr, res.stderr
+    res = CliRunner().invoke(app, ["capacity", "--model", "llama-3.1-8b", "--gpu", "tpu-v9"])
+    assert res.exit_code == 2 and "a mapping of GPUSpec's fields" in res.stderr and ".from_" not in res.stderr
+
+
 def test_a_context_given_twice_is_one_column() -> None:
     # Before: --context 4096 --context 4096 printed two @4k columns (and two KV-per-session cells), where a repeated
     # --tp or dtype is one row.

@@ -96,7 +96,8 @@ class GPUSpec:
             load_plugins()
         key = _GPU_ALIASES.get(key, key)
         if key not in GPU_PRESETS:
-            raise ValueError(f"unknown GPU {name!r}; presets: {', '.join(GPU_PRESETS)} (or GPUSpec.from_dict)")
+            raise ValueError(f"unknown GPU {name!r}; presets: {', '.join(GPU_PRESETS)} (or, in a scenario's "
+                             "deployment.gpu, a mapping of GPUSpec's fields)")
         return GPU_PRESETS[key]
 
 

@@ -502,7 +502,7 @@ class ModelSpec:
             # a typo's preset first (llama-57n), before the list of every one
             close = difflib.get_close_matches(key, [*MODEL_PRESETS, *_MODEL_ALIASES], n=1, cutoff=0.85)
             raise ValueError(f"unknown model {name!r}; {f'did you mean {close[0]!r}? ' if close else ''}presets: "
-                             f"{', '.join(MODEL_PRESETS)} (or use ModelSpec.from_hf_config with a config.json)")
+                             f"{', '.join(MODEL_PRESETS)} (or a config.json path, or the folder holding one)")
         return cls.from_hf_config(MODEL_PRESETS[key], name=key)
 
 
