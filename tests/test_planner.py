@@ -575,6 +575,17 @@ def test_two_requests_give_one_gap(tmp_path: Path) -> None:
         "offered rate (standard error about 1/sqrt(gaps), 100%)" in res.stderr, res.output
 
 
+def test_the_count_simulated_has_its_thousands_separated() -> None:
+    # Before: "searched 2,880 deployments; pruned by analytic bounds: ttft 128, ...; simulated 2382; 750.8 s"
+    # (plan-chat under plan.objective joules), every other count of the line separated
+    import dataclasses
+
+    r = plan(parse_scenario(chat(0.5, 20, ttft=2.0, tpot=0.1, gpus=["l4"])))
+    sim = r.simulated
+    many = dataclasses.replace(r, evaluations=[*r.evaluations, *sim * (1000 // len(sim) + 1)])
+    assert f"; simulated {len(many.simulated):,}" in format_plan(many) and len(many.simulated) >= 1000
+
+
 def test_format_has_the_numbers() -> None:
     sc = parse_scenario(chat(0.5, 20, ttft=2.0, tpot=0.1, gpus=["l4"], api_price={"input": 0.1, "output": 0.2}))
     r = plan(sc)

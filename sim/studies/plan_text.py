@@ -117,7 +117,7 @@ def format_plan(result: PlanResult) -> str:
         f"searched {counted(n, 'deployment', fmt=',')}; pruned by analytic bounds: {pruned_text or 'none'}"
         # what the throughput bound means, only where it pruned something (it read as if it had when none was)
         + (" (throughput: steady state, utilisation > 1)" if pruned["throughput"] else "")
-        + f"; simulated {len(result.simulated)}"
+        + f"; simulated {len(result.simulated):,}"
         + (f", {result.count('not simulated'):,} not simulated (costlier than the choice or equally cheap with "
            "lower precision)" if result.count("not simulated") else "")
         + f"; {result.seconds:.1f} s",
