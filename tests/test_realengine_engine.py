@@ -707,6 +707,15 @@ def test_a_misspelt_engine_model_is_told_its_preset_once() -> None:
     assert "did you mean 'llama-3-8b'?" in str(e.value) and str(e.value).count("'llama-3-8b'") == 1, str(e.value)
 
 
+def test_the_engine_model_is_not_offered_a_config_path() -> None:
+    """bbee4ff ended every unknown model with "(or a config.json path, or the folder holding one)", which engine
+    run, serve and calibrate refuse (presets only): `engine run --model x/config.json` was told to give one."""
+    cfg = variant_configs(parse_scenario(scenario()))[0]
+    with pytest.raises(ScenarioError) as e:
+        engine_config(cfg, model_spec="llama-99")
+    assert "presets: tiny" in str(e.value) and "config.json" not in str(e.value), str(e.value)
+
+
 def test_weights_past_the_host_are_named_before_the_cpu_cache_is_sized(monkeypatch: pytest.MonkeyPatch) -> None:
     """A scenario of a large model run on the CPU without --model (docs/write-a-policy.md's llama-3.1-8b): sizing
     the CPU cache came first and said "max_model_len ... is larger than the KV cache holds ...; set max_model_len

@@ -502,7 +502,7 @@ class ModelSpec:
             # a typo's preset first (llama-57n), before the list of every one
             close = difflib.get_close_matches(key, [*MODEL_PRESETS, *_MODEL_ALIASES], n=1, cutoff=0.85)
             raise ValueError(f"unknown model {name!r}; {f'did you mean {close[0]!r}? ' if close else ''}presets: "
-                             f"{', '.join(MODEL_PRESETS)} (or a config.json path, or the folder holding one)")
+                             f"{', '.join(MODEL_PRESETS)}")
         return cls.from_hf_config(MODEL_PRESETS[key], name=key)
 
 
@@ -588,7 +588,10 @@ def resolve_model(model: ModelLike) -> ModelSpec:
         return ModelSpec.from_hf_config(model)
     if text.strip() and not is_model_preset(text) and Path(text).is_dir():  # "" is no folder (Path("") is ".")
         return ModelSpec.from_hf_config(text)
-    return ModelSpec.from_name(text)
+    try:
+        return ModelSpec.from_name(text)
+    except ValueError as e:  # said here, not by from_name: engine run and calibrate take a preset only
+        raise ValueError(f"{e} (or a config.json path, or the folder holding one)") from None
 
 
 def is_model_preset(name: object) -> bool:
