@@ -508,6 +508,8 @@ def test_a_file_without_request_rate_is_not_said_to_give_inf(run_folder: Path, t
     f.write_text(json.dumps(data))
     _, notes = rebuild_workload(read_vllm_bench(f), seed=0)
     assert f"{f}: request_rate absent, taken as inf: every request at t=0" in notes
+    f.write_text(json.dumps(data | {"request_rate": None}))  # null gave "request rate inf", as if the file said so
+    assert f"{f}: request_rate absent, taken as inf: every request at t=0" in rebuild_workload(read_vllm_bench(f))[1]
     f.write_text(json.dumps(data | {"request_rate": "inf"}))
     assert f"{f}: request rate inf: every request at t=0" in rebuild_workload(read_vllm_bench(f), seed=0)[1]
 

@@ -100,7 +100,7 @@ class BenchRun:
     label: str | None = None  # which benchmark of a file holding several (GuideLLM's sweeps)
     model: str | None = None
     request_rate: float | None = None  # requests/s; None for "inf" (all at once)
-    request_rate_absent: bool = False  # a vLLM file without the key (vllm bench serve writes "inf" when unpaced)
+    request_rate_absent: bool = False  # a vLLM file without the key or with null (vllm bench serve writes "inf")
     burstiness: float | None = None  # gamma shape of inter-arrival times; 1.0 is Poisson
     max_concurrency: int | None = None
     # vLLM's --ramp-up-strategy (linear or exponential) with its start and end rates in requests/s

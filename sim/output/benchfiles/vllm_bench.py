@@ -54,7 +54,7 @@ def read_vllm_bench(path: str | Path, data: Any = None) -> BenchRun:
     if isinstance(data.get("model_id"), str):
         run.model = data["model_id"]
     rate = data.get("request_rate")
-    run.request_rate_absent = "request_rate" not in data
+    run.request_rate_absent = rate is None  # no key, or null: no more a rate of inf than a missing key is
     if rate not in (None, "inf"):
         if _num(rate) is None or float(rate) <= 0:
             skip(f"{p}: request_rate: not a positive number or 'inf'")
