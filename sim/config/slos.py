@@ -86,15 +86,11 @@ def slo_unit_warnings(raw: object) -> list[str]:
     reads as milliseconds (``implausible_slo``), named by its key path. A string with its unit earns none."""
     if not isinstance(raw, dict):
         return []
-    found: list[tuple[str, Any]] = [("slos", raw.get("slos"))]
-    for where, wl in [("workload", raw.get("workload")),
-                      *((f"variants.{i}.workload", (v or {}).get("workload") if isinstance(v, dict) else None)
-                        for i, v in enumerate(raw.get("variants") or []))]:
-        classes = wl.get("classes") if isinstance(wl, dict) else None
-        if isinstance(classes, list):
-            found += [(f"{where}.classes.{i}.slo", c.get("slo")) for i, c in enumerate(classes) if isinstance(c, dict)]
-    # a sweep's values are SLOs too (sweep: {workload.classes.0.slo.ttft: [200, 500]} ran silently): each value
-    # once here, where the scenario is warned of as a whole, not at each of its points
+    # the run's slos, then each class's slo in the workload and in each variant's, then a sweep's values (sweep:
+    # {workload.classes.0.slo.ttft: [200, 500]} ran silently): each once here, where the scenario is warned of as a
+    # whole, not at each of its points
+    found: list[tuple[str, Any]] = [(m[1], {m[2]: leaf}) for key in ("slos", "workload", "variants") if key in raw
+                                    for path, leaf in _leaves(key, raw[key]) if (m := _SLO_LEAF.match(path))]
     sweep = raw.get("sweep")
     for key, values in sweep.items() if isinstance(sweep, dict) else ():
         for value in values if isinstance(values, list) else [values]:
