@@ -570,15 +570,13 @@ def check_tensor_parallel(model: ModelSpec, tensor_parallel_size: int) -> int:
 MODEL_PRESETS: dict[str, dict[str, Any]] = dict(BASE_MODEL_PRESETS) | MORE_MODEL_PRESETS
 _MODEL_ALIASES = dict(BASE_MODEL_ALIASES) | MORE_MODEL_ALIASES
 
-
 ModelLike = ModelSpec | str | PathLike[str] | Mapping[str, Any]
 
 
 def resolve_model(model: ModelLike) -> ModelSpec:
     """The one way a model given by the user becomes a ``ModelSpec``: a spec as it is; a mapping of Hugging Face
-    ``config.json`` fields; a path to a config.json, or to the folder holding one; a preset name
-    (case-insensitive, see ``MODEL_PRESETS``). A string that ends in ``.json`` or holds a ``/`` is a path; any
-    other string is a preset unless it names no preset and an existing folder does."""
+    ``config.json`` fields; a config.json path or its folder; a preset name (case-insensitive, ``MODEL_PRESETS``).
+    A string ending in ``.json`` or holding a ``/`` is a path; else a preset, or a folder where it names no preset."""
     if isinstance(model, ModelSpec):
         return model
     if isinstance(model, Mapping):
