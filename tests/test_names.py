@@ -173,3 +173,19 @@ def test_the_v060_headline_figures_run_with_multi_step_scheduling() -> None:
     assert ratio(engine="vLLM v0.6.0 (--num-scheduler-steps 10)") == pytest.approx(VLLM_V06_HOST_TIME_RATIO / 10)
     assert ratio(engine="vLLM v0.5.3") is None  # 0.5's ratio comes from its version
     assert ratio(source="github:x/y:README.md") is None  # elsewhere 0.6.0 is one scheduler step (0.6's ratio)
+
+
+def test_a100_alone_is_refused_with_its_choices() -> None:
+    """``--gpu a100`` was the 80 GB part without a word (a 40 GB user's KV cache doubled), and "a100-40" was hinted
+    as a100-80gb."""
+    from sim.hardware.gpu import GPUSpec
+    from sim.hardware.names import preset_hint
+
+    with pytest.raises(ValueError, match=r"'A100' is ambiguous.*a100-80gb \(80 GiB\), a100-40gb \(40 GiB\)"):
+        GPUSpec.from_name("A100")
+    assert match_gpu("a100-40") == "a100-40gb" and match_gpu("A100 PCIe 400W") == "a100-80gb"
+    assert preset_hint("a100", "gpu", "GPU 'a100' is ambiguous: ...") == ""
+    from sim.cli.common import UsageError, _check_gpus
+
+    with pytest.raises(UsageError, match=r"ambiguous: .*40 GiB\); give --set deployment.gpu=NAME$"):
+        _check_gpus("--gpu", "a100", "deployment.gpu", None)  # its choices, not every preset and 'a100-80gb'

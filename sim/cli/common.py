@@ -87,10 +87,12 @@ def _check_gpus(option: str, value: str, place: str, ctx: Any) -> None:
     for name in value.strip("[]").split(","):
         try:
             GPUSpec.from_name(name)
-        except ValueError:  # and the preset nvidia-smi's name is, as the scenario's deployment.gpu says it
-            raise UsageError(f"No such option: {option}; it is the scenario's {place}, and {name.strip()!r} is no GPU "
-                             f"preset: give --set {place}={'[NAME]' if value.startswith('[') else 'NAME'} with one of "
-                             f"{', '.join(GPU_PRESETS)}{preset_hint(name.strip(), 'gpu')}", ctx) from None
+        except ValueError as e:  # and the preset nvidia-smi's name is, as the scenario's deployment.gpu says it
+            setting = f"give --set {place}={'[NAME]' if value.startswith('[') else 'NAME'}"
+            why = (f"{e}; {setting}" if "is ambiguous" in str(e) else  # a100: the choices, not every preset
+                   f"{name.strip()!r} is no GPU preset: {setting} with one of {', '.join(GPU_PRESETS)}"
+                   f"{preset_hint(name.strip(), 'gpu')}")
+            raise UsageError(f"No such option: {option}; it is the scenario's {place}, and {why}", ctx) from None
 
 
 def _command_names(ctx: Any) -> list[str]:

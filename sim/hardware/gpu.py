@@ -11,7 +11,13 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from sim.hardware.dtypes import canonical_dtype, finite_number
-from sim.hardware.presets.gpus import BASE_GPU_ALIASES, BASE_GPU_PRESETS, MORE_GPU_ALIASES, MORE_GPU_PRESETS
+from sim.hardware.presets.gpus import (
+    AMBIGUOUS_GPU_NAMES,
+    BASE_GPU_ALIASES,
+    BASE_GPU_PRESETS,
+    MORE_GPU_ALIASES,
+    MORE_GPU_PRESETS,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +101,10 @@ class GPUSpec:
 
             load_plugins()
         key = _GPU_ALIASES.get(key, key)
+        if key not in GPU_PRESETS and key in AMBIGUOUS_GPU_NAMES:
+            choices = ", ".join(f"{c} ({GPU_PRESETS[c].memory_bytes >> 30} GiB)" for c in AMBIGUOUS_GPU_NAMES[key])
+            raise ValueError(f"GPU {name!r} is ambiguous: its memory changes the KV cache and the answer; give one "
+                             f"of {choices}")
         if key not in GPU_PRESETS:
             raise ValueError(f"unknown GPU {name!r}; presets: {', '.join(GPU_PRESETS)} (or, in a scenario's "
                              "deployment.gpu, a mapping of GPUSpec's fields)")

@@ -4,8 +4,8 @@ A table says "meta-llama/Meta-Llama-3-8B-Instruct", "Llama 3.1 70B Instruct FP8"
 the presets are ``llama-3-8b`` and ``h100-sxm``. ``match_model`` and ``match_gpu`` strip what does not change the
 shape or the chip (the organisation, "Meta-", "Instruct"/"chat"/"hf", a quantisation tag: the dtype is a column of
 its own; a vendor word, a note in brackets) and return the preset's key, or None when no preset is that model or
-chip. They never guess between two presets: an A100 without its memory is the 80 GB SXM part only because that is
-the part ``a100`` already names (an alias of the presets), and an H100 without its form factor the SXM one likewise.
+chip. In a published table an A100 without its memory is read as the 80 GB SXM part, the one such tables ran on
+(``--gpu a100`` is refused as ambiguous, see AMBIGUOUS_GPU_NAMES), and an H100 without its form factor the SXM one.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ def match_model(text: str) -> str | None:
             name = stripped
 
 
+_40GB = r"40(-?gb)?(?!\d)"  # 40 GB, not the 400 W of a power cap
 # (pattern on the normalised name, preset): first match wins, the longer chip names first (h200 before h20)
 _GPU_PATTERNS: tuple[tuple[str, str], ...] = (
     (r"gh200", "gh200"), (r"gb200", "gb200"), (r"b200", "b200"), (r"h200", "h200"), (r"h800", "h800"),
@@ -49,7 +50,8 @@ _GPU_PATTERNS: tuple[tuple[str, str], ...] = (
     (r"h20\b|h20-", "h20"),
     # 40 GB said as such ("400W" is a power cap); an 80 GB A100 or an H800 of any form factor is the SXM preset,
     # the only one of its memory
-    (r"a100.*40-?gb.*pcie|a100.*pcie.*40-?gb", "a100-40gb-pcie"), (r"a100.*40-?gb", "a100-40gb"),
+    # ("a100-40" too, where the hint said a100-80gb)
+    (rf"a100.*{_40GB}.*pcie|a100.*pcie.*{_40GB}", "a100-40gb-pcie"), (rf"a100.*{_40GB}", "a100-40gb"),
     (r"a100", "a100-80gb"),
     (r"a800", "a800"), (r"a10g", "a10g"), (r"\ba10\b|^a10-|-a10-|-a10$", "a10"), (r"l40s", "l40s"),
     (r"l40\b|l40-", "l40"), (r"\bl20\b|^l20-|-l20-|-l20$", "l20"), (r"\bl4\b|-l4-|^l4", "l4"),
@@ -76,11 +78,12 @@ def preset_hint(text: object, kind: str, said: str = "") -> str:
     """What to append to the error of a ``kind`` ("model" or "gpu") given as ``text`` that no preset or file is,
     when a preset is that model or chip: the scenario said "file not found: meta-llama/Llama-3.1-8B-Instruct" (the
     name a vLLM user serves, read as a config.json path) and "unknown GPU 'NVIDIA H100 80GB HBM3'" (nvidia-smi's).
-    Nothing where the error ``said`` already asks "did you mean" that preset ('llama3-8b' was told twice)."""
+    Nothing where the error ``said`` already asks "did you mean" that preset ('llama3-8b' was told twice) or gives the
+    choices of an ambiguous name ('a100' was told a100-80gb beside them)."""
     if not isinstance(text, str):
         return ""
     preset = match_model(text) if kind == "model" else match_gpu(text)
-    if preset is None or preset == text or f"did you mean {preset!r}" in said:
+    if preset is None or preset == text or f"did you mean {preset!r}" in said or "is ambiguous" in said:
         return ""
     hub = " (a Hugging Face model id is not downloaded)" if kind == "model" and "/" in text else ""
     return f"; the preset for {text!r} is {preset!r}{hub}"

@@ -71,7 +71,10 @@ BASE_GPU_PRESETS: dict[str, dict[str, Any]] = {
         tdp_w=72.0, idle_w=16.0,
     ),
 }
-BASE_GPU_ALIASES = {"h100": "h100-sxm", "h100-80gb": "h100-sxm", "a100": "a100-80gb", "h200-sxm": "h200"}
+BASE_GPU_ALIASES = {"h100": "h100-sxm", "h100-80gb": "h100-sxm", "h200-sxm": "h200"}
+# names of more than one preset whose memory differs, so that a capacity answer would be off by half: refused with
+# the choices (``--gpu a100`` was the 80 GB part without a word, where a user of a 40 GB A100 gets half the KV)
+AMBIGUOUS_GPU_NAMES = {"a100": ("a100-80gb", "a100-40gb", "a100-40gb-pcie")}
 
 
 def _gpu(name: str, architecture: str, mem_mib: int, bw: float, bf16: float, fp8: float, int8: float, fp32: float,
