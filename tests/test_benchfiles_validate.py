@@ -269,14 +269,23 @@ def test_cli_validate_against_bad_file_exits_2_without_traceback(tmp_path: Path)
     assert (tmp_path / "o" / "validation.json").exists()
 
 
-def test_a_file_of_another_model_is_noted(run_folder: Path, tmp_path: Path) -> None:
-    # Before: a 70B benchmark was compared with the scenario's 8B simulation with no word about it.
+def test_a_file_of_another_preset_is_refused_and_an_unknown_id_noted(run_folder: Path, tmp_path: Path) -> None:
+    # Before: a 70B benchmark was compared with the scenario's 8B simulation under a note (TTFT error -66%, exit 0).
+    # An id that is no preset cannot be judged: it keeps the note.
+    from sim.config.schema import ScenarioError
+
     data = json.loads((run_folder / "cb.vllm-bench.json").read_text())
-    for model_id, noted in (("meta-llama/Llama-3.1-70B", True), ("meta-llama/Llama-3.1-8B-Instruct", False)):
-        (tmp_path / "m.json").write_text(json.dumps({**data, "model_id": model_id}))
-        val = validate_against(SCENARIO, [tmp_path / "m.json"])
-        note = (f"{tmp_path / 'm.json'}: the benchmark served {model_id}, the variant simulates llama-3.1-8b; "
-                "check that they are the same model")
+    f = tmp_path / "m.json"
+    f.write_text(json.dumps({**data, "model_id": "meta-llama/Llama-3.1-70B"}))
+    with pytest.raises(ScenarioError, match=r"m.json: the benchmark served meta-llama/Llama-3.1-70B \(the preset "
+                       r"llama-3.1-70b\), but variant cb simulates llama-3.1-8b; to simulate that model give --set "
+                       r"deployment.model=llama-3.1-70b$"):
+        validate_against(SCENARIO, [f])
+    for model_id, noted in (("my-org/chat-ft-7", True), ("meta-llama/Llama-3.1-8B-Instruct", False)):
+        f.write_text(json.dumps({**data, "model_id": model_id}))
+        val = validate_against(SCENARIO, [f])
+        note = (f"{f}: the benchmark served {model_id}, the variant simulates llama-3.1-8b; check that they are the "
+                "same model")
         assert (note in val.files[0].notes) is noted and (f"  note: {note}" in val.table()) is noted
 
 
@@ -325,9 +334,11 @@ def test_validate_against_uses_the_profile_and_refuses_engine_options(run_folder
     profile = ROOT / "calibration" / "profiles" / "tiny-cpu.json"
     fitted = {"type": "fitted", "profile": str(profile)}
     tiny = {"deployment.model": "tiny", "deployment.max_model_len": 2048}  # the model the profile was measured on
-    (with_profile,) = validate_against(SCENARIO, [bench], profile=profile, overrides=tiny).files
-    (as_set,) = validate_against(SCENARIO, [bench], overrides={**tiny, "deployment.cost_model": fitted}).files
-    (plain,) = validate_against(SCENARIO, [bench], overrides=tiny).files
+    served = tmp_path / "tiny.json"  # as tiny served it (the 8B's file is refused: another model)
+    served.write_text(json.dumps({**json.loads(bench.read_text()), "model_id": "tiny"}))
+    (with_profile,) = validate_against(SCENARIO, [served], profile=profile, overrides=tiny).files
+    (as_set,) = validate_against(SCENARIO, [served], overrides={**tiny, "deployment.cost_model": fitted}).files
+    (plain,) = validate_against(SCENARIO, [served], overrides=tiny).files
     assert with_profile.metrics == as_set.metrics and with_profile.metrics != plain.metrics
     assert f"step times from the profile {profile} (deployment.cost_model of variant cb replaced)" in with_profile.notes
     # the published GPU errors say nothing of a profile's steps: no interval (it gave them, "measured inside")

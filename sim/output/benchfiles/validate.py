@@ -291,6 +291,22 @@ def arrivals_text(run: BenchRun, wl: GeneratedWorkload) -> str:
     return f"{(times.size - 1) / span:.3g} req/s as its start times show, {times.size} requests over {span:.3g} s"
 
 
+def refuse_other_model(runs: list[BenchRun], simulated: str | dict[str, Any], variant: str) -> None:
+    """A ``ScenarioError`` where a file's model id is a preset other than the one the variant simulates: a 70B
+    benchmark was compared with an 8B simulation (errors of -66% read as the simulator's) under a note. An id that
+    is no preset, or a model given as a config, is judged by ``_other_model`` (a note) only."""
+    from sim.config.schema import ScenarioError
+    from sim.hardware.names import match_model
+
+    mine = match_model(simulated) if isinstance(simulated, str) else None
+    for run in runs:
+        served = match_model(run.model) if mine and run.model else None
+        if served is not None and served != mine:
+            raise ScenarioError(f"{run.source}: the benchmark served {run.model} (the preset {served}), but variant "
+                                f"{variant} simulates {simulated}; to simulate that model give --set "
+                                f"deployment.model={served}")
+
+
 def _other_model(served: str | None, simulated: str | dict[str, Any]) -> bool:
     """Whether a file's model id (``meta-llama/Llama-3.1-70B``) cannot be the scenario's preset (``llama-3.1-8b``):
     the preset's letters and digits are not in the id's last part. A model given as a config, or a file without
@@ -370,6 +386,7 @@ def validate_against(scenario_path: str | Path, files: list[str | Path], *, vari
         cfg = dataclasses.replace(cfg, deployment=cfg.deployment.model_copy(update={"cost_model": cost}))
         assumed.append(f"step times from the profile {profile} (deployment.cost_model of variant {cfg.name} replaced)")
     runs = read_bench_files(list(files))
+    refuse_other_model(runs, cfg.deployment.model, cfg.name)
     out: list[FileValidation] = []
     for run in runs:
         wl, notes = rebuild_workload(run, seed=sc.seed if seed is None else seed,
