@@ -100,7 +100,7 @@ def test_validate_against_gives_80_percent_intervals(run_folder: Path, tmp_path:
         "output_throughput", "total_token_throughput", "request_throughput"}
     table = validate_against(SCENARIO, [tmp_path / "b.json"]).table()
     lo, hi = thr["interval_80"]
-    assert f"80% interval {lo:.6g}-{hi:.6g} tok/s: measured outside" in table
+    assert f"80% interval {lo:.2f}-{hi:.2f} tok/s: measured outside" in table
     assert "p99_ttft" in table and table.count("80% interval") == 11
 
 
@@ -174,14 +174,26 @@ def test_the_table_gives_latencies_in_ms_as_the_file_does(run_folder: Path) -> N
     ttft = m["mean_ttft"]["measured"]
     assert ttft * 1e3 == pytest.approx(data["mean_ttft_ms"])
     lo, hi = m["mean_ttft"]["interval_80"]
-    assert f"measured {ttft * 1e3:.6g} ms  simulated {m['mean_ttft']['simulated'] * 1e3:.6g} ms  " in lines["mean_ttft"]
-    assert f"80% interval {lo * 1e3:.6g}-{hi * 1e3:.6g} ms: measured" in lines["mean_ttft"]
+    assert f"measured {ttft * 1e3:.2f} ms  simulated {m['mean_ttft']['simulated'] * 1e3:.2f} ms  " in lines["mean_ttft"]
+    assert f"80% interval {lo * 1e3:.2f}-{hi * 1e3:.2f} ms: measured" in lines["mean_ttft"]
     out = m["output_throughput"]["measured"]
-    assert out == pytest.approx(data["output_throughput"]) and f"measured {out:.6g} tok/s  " in lines["output_throughput"]
+    assert out == pytest.approx(data["output_throughput"]) and f"measured {out:.2f} tok/s  " in lines["output_throughput"]
     # Before: both rates read "/s" (`request_throughput measured 1.95101/s`, `output_throughput measured
     # 245.241/s`); vLLM prints req/s and tok/s
     req = m["request_throughput"]["measured"]
-    assert f"measured {req:.6g} req/s  simulated" in lines["request_throughput"]
+    assert f"measured {req:.2f} req/s  simulated" in lines["request_throughput"]
+
+
+def test_the_tables_figures_have_two_decimals_as_vllm_prints_them() -> None:
+    """The table read "measured 16.33 ms  simulated 5.33325 ms  80% interval 12.8745-48.9059 ms": the file's two
+    decimals beside six significant figures. Now two decimals each; under 0.1 two significant figures (0.0066)."""
+    import re
+
+    table = validate_against(SCENARIO, [DATA / "vllm_detailed.json"]).table()
+    figures = re.findall(r"(?:measured|simulated|interval) (\d[\d.e+]*)(?:-(\d[\d.e+]*))?", table)
+    assert len(figures) > 30
+    assert all(re.fullmatch(r"\d+\.\d\d|0\.0\d+", x) for pair in figures for x in pair if x), figures
+    assert "std_ttft                     measured 16.33 ms  simulated 5.33 ms  error -67.3%" in table
 
 
 
@@ -198,8 +210,8 @@ def test_the_page_gives_latencies_in_ms_as_the_table_and_the_file_do(run_folder:
     ttft, req = m["mean_ttft"], m["request_throughput"]
     cells = [re.sub("<[^>]+>", "", c) for c in re.findall(r"<td[^>]*>(.*?)</td>", page)]
     row = cells[cells.index("mean_ttft (ms)"):][:3]
-    assert row == ["mean_ttft (ms)", f"{ttft['measured'] * 1e3:.6g}", f"{ttft['simulated'] * 1e3:.6g}"]
-    assert cells[cells.index("request_throughput (req/s)") + 1] == f"{req['measured']:.6g}"
+    assert row == ["mean_ttft (ms)", f"{ttft['measured'] * 1e3:.2f}", f"{ttft['simulated'] * 1e3:.2f}"]
+    assert cells[cells.index("request_throughput (req/s)") + 1] == f"{req['measured']:.2f}"
     assert "Latencies in seconds" not in page
     fig = _sweep_figure(val)
     assert fig is not None and fig.layout.annotations[0].text == "mean_ttft (ms)"
