@@ -716,6 +716,22 @@ def test_the_engine_model_is_not_offered_a_config_path() -> None:
     assert "presets: tiny" in str(e.value) and "config.json" not in str(e.value), str(e.value)
 
 
+def test_a_config_path_given_to_the_engines_model_is_told_why_and_what_takes_it(tmp_path: Path) -> None:
+    """`engine run --model x/config.json` (and calibrate's) said "unknown model 'x/config.json'; presets: ..." with
+    no word on paths: the engine's --model takes a preset, the scenario's deployment.model a config."""
+    from sim.hardware.names import config_path_refusal
+
+    (tmp_path / "config.json").write_text("{}")
+    cfg = variant_configs(parse_scenario(scenario()))[0]
+    for given in (tmp_path / "config.json", tmp_path, "x/config.json"):
+        with pytest.raises(ScenarioError) as e:
+            engine_config(cfg, model_spec=str(given))
+        assert str(e.value).startswith(f"--model {given}: a config.json path, and the engine's --model takes a model "
+                                       f"preset; a config is the scenario's model: give --set deployment.model={given}"
+                                       "; presets: tiny, "), str(e.value)
+    assert config_path_refusal("tiny", "") is None and config_path_refusal("meta-llama/Llama-3.1-8B", "") is None
+
+
 def test_weights_past_the_host_are_named_before_the_cpu_cache_is_sized(monkeypatch: pytest.MonkeyPatch) -> None:
     """A scenario of a large model run on the CPU without --model (docs/write-a-policy.md's llama-3.1-8b): sizing
     the CPU cache came first and said "max_model_len ... is larger than the KV cache holds ...; set max_model_len

@@ -838,8 +838,12 @@ def calibrate(
         _fail(f"--threads must be >= 1, got {threads}")
     from sim.hardware.gpu import GPUSpec
     from sim.hardware.models import ModelSpec
-    from sim.hardware.names import preset_hint
+    from sim.hardware.names import config_path_refusal, preset_hint
 
+    refused = config_path_refusal(model, "calibrate --model takes a model preset: a profile names the model it "
+                                  "measured by its preset, which run, validate and the engine look up")
+    if refused is not None:
+        _fail(refused)
     try:
         ModelSpec.from_name(model)
     except ValueError as e:  # the hint engine run's --model gets (a Hugging Face id's preset)

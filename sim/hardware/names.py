@@ -11,9 +11,10 @@ chip. In a published table an A100 without its memory is read as the 80 GB SXM p
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 from sim.hardware.gpu import GPU_PRESETS, GPUSpec, resolve_gpu
-from sim.hardware.models import ModelSpec, resolve_model
+from sim.hardware.models import MODEL_PRESETS, ModelSpec, is_model_preset, resolve_model
 
 # words a model name carries that do not change its shape (the weights' dtype is given apart)
 _MODEL_SUFFIXES = ("instruct", "chat", "hf", "it", "base", "fp8", "kv", "dynamic", "awq", "gptq", "int4", "int8",
@@ -101,4 +102,13 @@ def failed_name_hint(model: str, gpu: str, said: str = "") -> str:
     return ""
 
 
-__all__ = ["failed_name_hint", "match_gpu", "match_model", "preset_hint"]
+def config_path_refusal(text: str, why: str) -> str | None:
+    """The error for a config.json path, or the folder holding one, given to a --model that takes a preset only
+    (the engine's, calibrate's), else None: `engine run --model x/config.json` said "unknown model
+    'x/config.json'; presets: ..." without a word on paths. ``why``: why a preset only, or what takes the path."""
+    if is_model_preset(text) or not (text.endswith(".json") or Path(text).exists()):
+        return None
+    return f"--model {text}: a config.json path, and {why}; presets: {', '.join(MODEL_PRESETS)}"
+
+
+__all__ = ["config_path_refusal", "failed_name_hint", "match_gpu", "match_model", "preset_hint"]
