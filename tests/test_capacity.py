@@ -275,3 +275,18 @@ def test_a_kv_per_session_wider_than_its_label_keeps_its_column_apart() -> None:
     lines = format_capacity(table).splitlines()
     (row,) = [ln for ln in lines if ln.startswith("  bf16")]
     assert row.split() == ["bf16", "504.0", "MiB", "20160.0", "GiB"]
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (["--context", "4k"], "Invalid value for '--context': '4k' is not a whole number: give it in digits, 4096 or 4000 "
+     "(no k or m); repeat --context for several"),
+    (["--context", "1024,4096"], "'1024,4096' is not a whole number: give a whole number in digits; several are "
+     "given by repeating it: --context 1024 --context 4096"),
+    (["--tp=x"], "Invalid value for '--tp': 'x' is not a whole number: give a whole number in digits"),
+    (["--gpu-memory-utilization", "90%"], "'90%' is not a number: give a number in digits (with a decimal point, no "
+     "% or unit)")])
+def test_a_size_option_says_what_it_read_and_the_forms_it_takes(args: list[str], said: str) -> None:
+    """typer answered `--context 4k` (the table's own heading) with "Input should be a valid integer, unable to parse
+    string as an integer": neither the value nor what is taken."""
+    res = CliRunner().invoke(app, ["capacity", "--model", "tiny", "--gpu", "h100", *args])
+    assert res.exit_code == 2 and said in " ".join(res.stderr.split()) and "Traceback" not in res.stderr, res.stderr

@@ -5,6 +5,8 @@ They live below the commands so that a module of commands imports them without i
 from __future__ import annotations
 
 import contextlib
+import re
+import typing
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,9 +22,9 @@ from sim.config.schema import ScenarioError
 from sim.config.slos import SLOUnitWarning
 
 try:  # typer 0.2x carries its own copy of click, whose exceptions its commands raise
-    from typer._click.exceptions import NoSuchOption, UsageError
+    from typer._click.exceptions import BadParameter, NoSuchOption, UsageError
 except ImportError:  # pragma: no cover - an older typer runs on click itself
-    from click.exceptions import NoSuchOption, UsageError  # type: ignore[assignment]
+    from click.exceptions import BadParameter, NoSuchOption, UsageError  # type: ignore[assignment]
 
 
 class ScenarioKeyOptions(TyperCommand):
@@ -34,6 +36,11 @@ class ScenarioKeyOptions(TyperCommand):
         given = list(args)
         try:
             return super().parse_args(ctx, args)
+        except BadParameter as e:
+            why = _bad_number(e.param, given)
+            if why is None:
+                raise
+            raise BadParameter(why, ctx, e.param) from None
         except NoSuchOption as e:
             opts = [o for p in self.params for o in getattr(p, "opts", ()) if o.startswith("--")]
             if "--set" not in opts or any(len(o) > 3 and (e.option_name.startswith(o) or o.startswith(e.option_name))
@@ -76,6 +83,48 @@ class ScenarioKeyOptions(TyperCommand):
             first = " (0: a list's first item)" if ".0." in place else ""
             raise UsageError(f"No such option: {e.option_name}; it is the scenario's {place}: give --set "
                                    f"{place}={value}{first}", ctx) from None
+
+
+def _number_kind(annotation: Any) -> type | None:
+    """int or float where an option's annotation is one (``int``, ``int | None``, ``list[int]``), else None."""
+    if annotation in (int, float):
+        return annotation
+    kinds = {_number_kind(a) for a in typing.get_args(annotation) if a is not type(None)}
+    return kinds.pop() if len(kinds) == 1 else None
+
+
+def _bad_number(param: Any, given: list[str]) -> str | None:
+    """What is wrong with a number option's value and the forms it takes, or None where it is no number option:
+    ``capacity --context 4k`` got typer's "Input should be a valid integer, unable to parse string as an integer",
+    which says neither what was read nor what is taken (a 4k that the table's own headings print)."""
+    kind = _number_kind(getattr(getattr(param, "type_descriptor", None), "annotation", None))
+    if kind is None:
+        return None
+    opts = [*getattr(param, "opts", ()), *getattr(param, "secondary_opts", ())]
+    values = [given[i + 1] for i, a in enumerate(given[:-1]) if a in opts]
+    values += [a.partition("=")[2] for a in given if a.partition("=")[0] in opts and "=" in a]
+    for value in values:
+        try:
+            kind(value)
+        except ValueError:
+            break
+    else:
+        return None
+    name = max(opts, key=len)
+    size = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmM])", value.strip())
+    if kind is int and size:  # k or m of 1024 (the capacity table's headings) or of 1000 (vLLM's 32k): not guessed
+        n, binary = float(size.group(1)), 1 << (10 if size.group(2) in "kK" else 20)
+        form = f"give it in digits, {int(n * binary)} or {int(n * 1000 ** (1 if binary == 1024 else 2))} (no k or m)"
+    elif kind is int:
+        form = "give a whole number in digits"
+    else:
+        form = "give a number in digits (with a decimal point, no % or unit)"
+    more = ""
+    if getattr(param, "multiple", False):  # one value a flag (click's): "--context 1024,4096" is one value
+        parts = [p.strip() for p in value.split(",")]
+        more = (f"; several are given by repeating it: {' '.join(f'{name} {p}' for p in parts)}"
+                if len(parts) > 1 and all(p.isdigit() for p in parts) else f"; repeat {name} for several")
+    return f"{value!r} is not {'a whole number' if kind is int else 'a number'}: {form}{more}"
 
 
 def _check_gpus(option: str, value: str, place: str, ctx: Any) -> None:
