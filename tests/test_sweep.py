@@ -429,3 +429,12 @@ def test_a_column_of_the_page_has_one_number_format(tmp_path: Path) -> None:
         page = sweep.write_sweep_html(tmp_path / "p.html", "t", rows, cols[:3] + ["num_requests", "queue.mean_s"])
         cells = [re.findall(r"<td>([^<]*)</td>", tr)[-1] for tr in re.findall(r"<tr>(<td>.*?)</tr>", page.read_text())]
         assert cells == {9.9996: ["10.00", "1.50"], 0.00099996: ["0.001000", "0.000500"], 999.97: ["1000", "2"]}[col[0]]
+
+
+def test_a_sweep_over_the_runs_slos_gives_goodput_at_each_bound(tmp_path: Path) -> None:
+    """slos.ttft was refused as a sweep key ('must start with workload, ...'): goodput against several TTFT bounds
+    took one run each. The same requests at each point; only goodput and attainment move."""
+    sc, raw = load(sweep={"slos.ttft": [0.01, 2.0]}, **{"workload.num_requests": 12})
+    rows = [r for r in run_sweep(sc, raw, tmp_path / "s", workers=1).rows if r["variant"] == "continuous"]
+    assert [r["slos.ttft"] for r in rows] == [0.01, 2.0] and rows[0]["ttft.p99_s"] == rows[1]["ttft.p99_s"]
+    assert rows[0]["slo_attainment"] < rows[1]["slo_attainment"] and rows[0]["goodput"] < rows[1]["goodput"]

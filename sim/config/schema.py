@@ -349,8 +349,10 @@ class Variant(_Model):
 
 # what a sweep may vary: a section's key, or the seed (a sweep over seeds gives the seed-to-seed spread; every
 # variant at one seed still replays the same requests); the cluster's keys make a cluster study (replicas x router
-# x load) one sweep; disaggregation (a section only variants have) reaches the variants that have one
-_SWEEP_HEADS = ("workload", "deployment", "kv_cache", "policy", "admission", "cluster", "disaggregation", "seed")
+# x load) one sweep; disaggregation (a section only variants have) reaches the variants that have one; slos, the
+# run's SLOs (goodput at several TTFT bounds; a sweep over slos.ttft was refused as if no key could vary them)
+_SWEEP_HEADS = ("workload", "deployment", "kv_cache", "policy", "admission", "cluster", "disaggregation", "seed",
+                "slos")
 
 
 class Scenario(_Model):
@@ -372,8 +374,8 @@ class Scenario(_Model):
     sweep: dict[str, list[Any]] | None = Field(
         default=None,
         description="Grid over parameters: dotted path -> values, e.g. {policy.max_num_seqs: [8, 32]}; paths "
-        "start with workload, deployment, kv_cache, policy, admission, cluster or disaggregation (or are the "
-        "seed) and apply to every variant that has the key.",
+        "start with workload, deployment, kv_cache, policy, admission, cluster, disaggregation or slos (or are "
+        "the seed) and apply to every variant that has the key.",
     )
     keep_token_times: bool = Field(default=False, description="Keep every token's timestamp on the requests (memory!).")
     plan: PlanConfig | None = Field(default=None, description="Search space and API price for `servesim plan`.")
