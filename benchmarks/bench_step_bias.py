@@ -9,15 +9,17 @@ timed apart. For each step class this prints, for the profile's coefficients and
 samples by ``calibration.fit`` as it is now: the median and the sum of measured / predicted (the sum is what a
 run's throughput and latencies add up), and the host's share of the grid steps (step time minus forward pass:
 the core's bookkeeping, the policy, input preparation, sampling). ``--write`` saves the refitted profile
-(provenance, swap cost, wake-up curve and block count kept), as the shipped llama-57m profile was made.
-Not part of the test suite.
+(provenance, swap cost, wake-up curve and block count kept), as the shipped profiles were made; the provenance's
+``refits`` list gains the command, date, commit and steps of the refit. Not part of the test suite.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -59,8 +61,19 @@ def host_share(samples: list[Sample]) -> dict[str, float]:
     return out
 
 
-def refit(profile: dict[str, Any]) -> dict[str, Any]:
-    """The profile's samples fitted again by today's ``calibration.fit`` (everything measured apart kept)."""
+def _commit() -> str | None:
+    """The checkout's commit (the fit code that refitted), or None outside a git checkout."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def refit(profile: dict[str, Any], command: str = "") -> dict[str, Any]:
+    """The profile's samples fitted again by today's ``calibration.fit`` (everything measured apart kept). The
+    provenance's ``refits`` list gains how: ``command``, date, commit, and the steps used (the calibration's own,
+    measured on ``provenance.date``)."""
     new = build_profile(profile["model"], profile["device"], samples_from_profile(profile),
                         swap_block=profile["coefficients"].get("swap_block", 0.0),
                         wake_curve=[tuple(p) for p in profile.get("wake_curve", [])],
@@ -69,6 +82,12 @@ def refit(profile: dict[str, Any]) -> dict[str, Any]:
     if "serving_before" in profile.get("fit", {}):
         new["fit"]["serving_before"] = profile["fit"]["serving_before"]
         new["fit"]["method"] += "; grid and serving steps (engine runs of random workloads) fitted together"
+    samples = samples_from_profile(profile)
+    serving = sum(s.step_class == "serving" for s in samples)
+    record = {"command": command, "date": datetime.now(UTC).isoformat(timespec="seconds"), "commit": _commit(),
+              "steps": len(samples), "grid_steps": len(samples) - serving, "serving_steps": serving,
+              "measured_on": profile.get("provenance", {}).get("date")}
+    new["provenance"]["refits"] = [*new["provenance"].get("refits", []), record]
     return new
 
 
@@ -86,7 +105,8 @@ def main() -> int:
     if not samples:
         print(f"error: profile {args.profile} keeps no samples to analyse", file=sys.stderr)
         return 2
-    new = refit(profile)
+    command = " ".join(["python", "benchmarks/bench_step_bias.py", *sys.argv[1:]])
+    new = refit(profile, command)
     before, after = ratios(profile_coefficients(profile), samples), ratios(profile_coefficients(new), samples)
     hosts = host_share(samples)
     print(f"{args.profile.name}: {len(samples)} steps; measured / predicted, median and sum over sum")

@@ -16,6 +16,7 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -107,17 +108,24 @@ def test_fit_follows_the_mean_under_right_skewed_noise(seed: int) -> None:
     assert pred.sum() / measured.sum() == pytest.approx(1.0, abs=0.01)
 
 
-def test_bench_step_bias_ratios_are_exact_and_bad_input_exits_2(tmp_path: Path) -> None:
-    # benchmarks/bench_step_bias.py: measured / predicted per step class, median and sum over sum; steps at
-    # exactly twice the prediction (decode) and at it (the rest) give exact ratios
+def _bench_step_bias() -> Any:
+    """benchmarks/bench_step_bias.py as a module (benchmarks/ is no package)."""
     import importlib.util
-    import subprocess
-    import sys
 
     spec = importlib.util.spec_from_file_location("bench_step_bias", ROOT / "benchmarks" / "bench_step_bias.py")
     assert spec is not None and spec.loader is not None
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
+    return bench
+
+
+def test_bench_step_bias_ratios_are_exact_and_bad_input_exits_2(tmp_path: Path) -> None:
+    # benchmarks/bench_step_bias.py: measured / predicted per step class, median and sum over sum; steps at
+    # exactly twice the prediction (decode) and at it (the rest) give exact ratios
+    import subprocess
+    import sys
+
+    bench = _bench_step_bias()
     samples = synthetic(np.random.default_rng(0), noise=0.0)
     coef = dict(TRUE)
     pred = predict(coef, samples)
@@ -132,6 +140,22 @@ def test_bench_step_bias_ratios_are_exact_and_bad_input_exits_2(tmp_path: Path) 
     res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_step_bias.py"), "--profile", str(bad)],
                          capture_output=True, text=True)
     assert res.returncode == 2 and "cannot read profile" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_bench_step_bias_refit_records_how_it_was_made() -> None:
+    # a refitted profile says in its provenance which command, date and commit refitted it and on which steps
+    # (tiny-cpu.json's refit did not say so before); a second refit adds a second record
+    bench = _bench_step_bias()
+    samples = synthetic(np.random.default_rng(5))
+    serving = [dataclasses.replace(s, script=f"serving-{s.script}", kind="serving", forward=0.0) for s in samples[:40]]
+    profile = build_profile("tiny", "cpu", samples + serving, provenance={"date": "2026-12-03T11:35:55+00:00"})
+    once = bench.refit(profile, "python benchmarks/bench_step_bias.py --write a.json")
+    (rec,) = once["provenance"]["refits"]
+    assert rec["command"] == "python benchmarks/bench_step_bias.py --write a.json"
+    assert (rec["steps"], rec["grid_steps"], rec["serving_steps"]) == (280, 240, 40)
+    assert rec["measured_on"] == "2026-12-03T11:35:55+00:00" and rec["date"].startswith("20")
+    assert "refits" not in profile["provenance"]
+    assert [r["command"] for r in bench.refit(once, "again")["provenance"]["refits"]] == [rec["command"], "again"]
 
 
 def test_host_overheads_count_only_steps_that_timed_their_forward_pass() -> None:
