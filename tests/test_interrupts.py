@@ -280,3 +280,18 @@ def test_ctrl_c_as_the_commands_are_declared_is_one_line(tmp_path: Path) -> None
                        env={**os.environ, "PYTHONPATH": str(ROOT), "CTRL_C_ON": ""})
     assert p.returncode == 130, p.stderr
     assert p.stderr.strip() == "interrupted while starting; nothing was written", p.stderr
+
+
+def test_an_import_that_fails_in_the_command_puts_the_ctrl_c_handler_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """sim/cli/main.py installs its "interrupted while starting" handler for its imports and put the caller's back
+    at its end only: an import that failed (a caller that catches the ImportError, a notebook) left it, and the
+    caller's next Ctrl-C printed "interrupted while starting" and exited 130."""
+    import signal
+    import sys
+
+    before = signal.getsignal(signal.SIGINT)
+    monkeypatch.delitem(sys.modules, "sim.cli.main")  # put back as it was after the test
+    monkeypatch.setitem(sys.modules, "sim.words", None)  # the last of its guarded imports fails
+    with pytest.raises(ImportError, match="sim.words"):
+        import sim.cli.main  # noqa: F401
+    assert signal.getsignal(signal.SIGINT) is before

@@ -22,6 +22,15 @@ _SIGINT = signal.getsignal(signal.SIGINT)
 _GUARD = threading.current_thread() is threading.main_thread() and _SIGINT is not signal.SIG_IGN
 if _GUARD:
     signal.signal(signal.SIGINT, interrupted_while_starting)
+
+
+def _put_back_sigint() -> None:
+    """The SIGINT handler as it was before this module: at its end, and where an import in it failed (a caller that
+    catches the ImportError kept "interrupted while starting" and exit 130 as its Ctrl-C)."""
+    if _GUARD:
+        signal.signal(signal.SIGINT, _SIGINT if _SIGINT is not None else signal.default_int_handler)
+
+
 try:
     import contextlib
     import functools
@@ -57,6 +66,9 @@ try:
     from sim.words import counted
 except KeyboardInterrupt:  # raised, not signalled (the handler is not installed off the main thread)
     interrupted_while_starting()
+except BaseException:
+    _put_back_sigint()
+    raise
 
 # Plain help (click's), not Rich's: Rich reads help text as markup, so "pip install 'servesim[parquet]'" lost its
 # "[parquet]", and its option table prints a value type after every flag ("--quiet <bool>", even "--help <bool>")
@@ -1311,14 +1323,15 @@ def teach(
     serve(host, port)
 
 
-from sim.cli import live as live_cli  # noqa: E402 - registers serve and observe on the app above
+try:
+    from sim.cli import live as live_cli  # registers serve and observe on the app above
+finally:  # the command's own Ctrl-C handling from here (sim.cli.common._on_ctrl_c)
+    _put_back_sigint()
 
 live_cli.register(app)
 for _command in (*app.registered_commands, *engine_app.registered_commands):  # every one, once all are declared
     if _command.cls in (None, TyperCommand):
         _command.cls = ScenarioKeyOptions
-if _GUARD:  # the command's own Ctrl-C handling from here (sim.cli.common._on_ctrl_c)
-    signal.signal(signal.SIGINT, _SIGINT if _SIGINT is not None else signal.default_int_handler)
 
 
 def main() -> None:  # pragma: no cover - console entry
