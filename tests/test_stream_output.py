@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import io
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -70,3 +71,16 @@ def test_chunked_requests_csv_equals_row_by_row(chunk: int, classes: bool) -> No
     write_requests_csv(buf, results, chunk=chunk)
     assert buf.getvalue() == whole
     assert requests_csv(results) == whole
+
+
+def test_requests_csv_quotes_text_cells_as_csv_does() -> None:
+    """The text cells (variant name, reason, tenant, class) written through the format, quoted as csv.writer
+    quotes them: quotes doubled, commas and line breaks inside quotes, an empty text an empty cell."""
+    recs = records(40, 3, True)
+    odd = ['say "hi"', "a,b", "two\nlines", "cr\rhere", ""]
+    recs = [replace(r, reason=odd[i % 5], tenant=odd[(i + 1) % 5], slo_class=odd[(i + 2) % 5])
+            for i, r in enumerate(recs)]
+    results = [run_of('v "1",\nx', recs), run_of("plain", records(9, 4, False))]
+    text = requests_csv(results)
+    assert text == row_by_row(results)
+    assert '"say ""hi"""' in text and '"v ""1"",\nx"' in text
