@@ -491,6 +491,33 @@ def test_a_policy_that_catches_the_watchdogs_interrupt_is_still_watched(monkeypa
         call_user("swallows_then_spins", swallows_then_spins)
 
 
+def test_ctrl_c_through_a_librarys_python_sigint_handler_is_a_ctrl_c() -> None:
+    """A library's SIGINT handler that ends with ``raise KeyboardInterrupt`` (after its own cleanup) made Ctrl-C in
+    a policy call read as the policy's raise: "schedule raised KeyboardInterrupt", exit 2, not 130. The policy's own
+    raise stays its error under that handler."""
+    import signal
+
+    from sim.policies.user import PolicyError, call_user
+
+    def library_handler(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    def ctrl_c() -> None:
+        signal.raise_signal(signal.SIGINT)  # as the terminal sends it
+
+    def raises_it() -> None:
+        raise KeyboardInterrupt
+
+    before = signal.signal(signal.SIGINT, library_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            call_user("ctrl_c", ctrl_c)
+        with pytest.raises(PolicyError, match=r"^raises_it raised KeyboardInterrupt"):
+            call_user("raises_it", raises_it)
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
 def test_a_policy_that_never_returns_is_stopped_where_sigint_is_ignored(tmp_path: Path) -> None:
     """A run started in the background by a script (or under nohup) begins with SIGINT ignored, and Python then drops
     the watchdog's interrupt: the run hung. It is stopped as anywhere else, exit 2."""

@@ -22,6 +22,7 @@ import functools
 import inspect
 import numbers
 import reprlib
+import signal
 import sys
 import threading
 import traceback
@@ -181,12 +182,21 @@ def call_user(what: str, fn: Any, *args: Any, wrap: bool = True) -> Any:
 def raised_by_code(e: BaseException) -> bool:
     """Whether ``e`` (a KeyboardInterrupt) was raised by a ``raise`` statement, not by Ctrl-C: Python raises a
     signal's KeyboardInterrupt where it checks for signals (a call, a loop's jump back), never at a ``raise``, and a
-    re-raised Ctrl-C keeps the frame it arrived in last."""
+    re-raised Ctrl-C keeps the frame it arrived in last. A Ctrl-C that SIGINT's handler turns into a raise (a
+    library's Python handler, ``raise KeyboardInterrupt`` after its own cleanup) is a Ctrl-C: the handler's frame is
+    in the traceback (it was read as the policy's error, exit 2)."""
+    frames = []
     tb = e.__traceback__
-    if tb is None:
-        return False
-    while tb.tb_next is not None:
+    while tb is not None:
+        frames.append(tb)
         tb = tb.tb_next
+    handler = signal.getsignal(signal.SIGINT)
+    while isinstance(handler, functools.partial):
+        handler = handler.func
+    handler_code = getattr(getattr(handler, "__func__", handler), "__code__", None)
+    if not frames or any(t.tb_frame.f_code is handler_code for t in frames):
+        return False
+    tb = frames[-1]
     code = tb.tb_frame.f_code
     return any(i.offset == tb.tb_lasti and i.opname == "RAISE_VARARGS" for i in dis.get_instructions(code))
 
