@@ -44,6 +44,9 @@ def test_lru_pool_keeps_the_most_recent_and_counts() -> None:
     t.store(3)  # evicts 2, the least recently used
     assert 1 in t and 3 in t and 2 not in t
     assert (t.stored_blocks, t.evicted_blocks) == (3, 1)
+    at_once = HostKVTier(capacity_blocks=2, bytes_per_block=1000, bandwidth=1e6, latency=1e-3)
+    at_once.store_all([1, 2, 1, 3])  # one allocation's evictions together: the pool of storing them one by one
+    assert (list(at_once._lru), at_once.stored_blocks, at_once.evicted_blocks) == (list(t._lru), 3, 1)
     assert t.run_length([1, 3, 2, 1]) == 2
     t.load([1, 3])
     assert t.take_pending() == pytest.approx(1e-3 + 2 * 1000 / 1e6)

@@ -11,12 +11,17 @@ The ``KVManager`` protocol it implements, and ``BlockError``, are in sim/serving
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import MutableSequence, Sequence
-from operator import attrgetter
+from collections.abc import Callable, MutableSequence, Sequence
+from functools import partial
+from itertools import takewhile
+from operator import attrgetter, is_not
+from typing import cast
 
 from sim.serving.host_kv_tier import HostKVTier
 from sim.serving.kv_manager import BlockError, cdiv
 from sim.serving.request import Request
+
+_IS_BLOCK = partial(is_not, None)  # a prefix-cache lookup that found a block
 
 
 class PagedBlockManager:
@@ -113,7 +118,8 @@ class PagedBlockManager:
                     src = ((j + 1) * bs - 1) // hbs
                     if src >= len(ids):
                         break
-                    prev = hash((prev, tuple(ids[prev_src + 1 : src + 1]), j))
+                    # most blocks start no new id (16-token blocks, 512-token ids): no slice to take
+                    prev = hash((prev, tuple(ids[prev_src + 1 : src + 1]) if src != prev_src else (), j))
                     prev_src = src
                     h.append(prev)
             if self.cache_own_blocks:  # the blocks past the shared ids belong to this request alone
@@ -133,13 +139,8 @@ class PagedBlockManager:
         if not self.enable_prefix_caching or req.id in self.tables or not self._hashed(req):
             return []
         max_blocks = (req.num_tokens - 1) // self.block_size
-        hits = []
-        for h in self.prefix_hashes(req)[:max_blocks]:
-            b = self.cached.get(h)
-            if b is None:
-                break
-            hits.append(b)
-        return hits
+        lookup: Callable[[int], int | None] = self.cached.get  # the leading run that finds blocks, in C
+        return cast("list[int]", list(takewhile(_IS_BLOCK, map(lookup, self.prefix_hashes(req)[:max_blocks]))))
 
     def _host_hits(self, req: Request, num_gpu_hits: int) -> list[int]:
         """Prefix hashes of the blocks past the request's ``num_gpu_hits`` GPU hits that the host tier holds,
@@ -175,41 +176,45 @@ class PagedBlockManager:
         return cdiv(computed + num_new_tokens, self.block_size) - shared
 
     # ---- mutations (the core calls these) ------------------------------------------------------------------
-    def _take_free(self) -> int:
-        b = self._pop_queue()
-        self._num_free -= 1
-        self.ref_count[b] = 1
-        return b
-
-    def _pop_queue(self) -> int:
-        if self._next < self.num_blocks:
-            b = self._next
-            self._next += 1
-            return b
-        free, in_free = self._queue, self._in_free
-        stale = self._stale
-        while True:
-            b = free.popleft()
-            k = stale.get(b) if stale else None
-            if k is not None:  # an entry left behind when b was revived
-                if k > 1:
-                    stale[b] = k - 1
-                else:
-                    del stale[b]
-                continue
-            if b in in_free:
-                break
-        in_free.discard(b)
-        h = self.block_hash.pop(b, None)
-        if h is not None and self.cached.get(h) == b:  # evict the prefix this free block still held
-            del self.cached[h]
-            if self.host is not None:  # offloaded to host memory rather than lost
-                self.host.store(h)
-        return b
+    def _take_queue(self, n: int) -> list[int]:
+        """Take ``n`` free blocks with prefix caching, in order: untouched ones first, then the free queue's head,
+        evicting the prefix each still holds (to the host tier where there is one). One loop for all ``n``: a
+        long prompt takes hundreds of blocks at once."""
+        nxt = self._next
+        k = min(n, self.num_blocks - nxt)
+        out = list(range(nxt, nxt + k))
+        self._next = nxt + k
+        if k < n:
+            popleft, in_free, stale = self._queue.popleft, self._in_free, self._stale
+            block_hash, cached = self.block_hash, self.cached
+            offloaded: list[int] = []  # evicted prefixes, in order, for the host tier
+            for _ in range(n - k):
+                while True:
+                    b = popleft()
+                    s = stale.get(b) if stale else None
+                    if s is not None:  # an entry left behind when b was revived
+                        if s > 1:
+                            stale[b] = s - 1
+                        else:
+                            del stale[b]
+                        continue
+                    if b in in_free:
+                        break
+                in_free.remove(b)
+                h = block_hash.pop(b, None)
+                if h is not None and cached.get(h) == b:  # evict the prefix this free block still held
+                    del cached[h]
+                    offloaded.append(h)
+                out.append(b)
+            if offloaded and self.host is not None:  # offloaded to host memory rather than lost
+                self.host.store_all(offloaded)
+        self._num_free -= n
+        self.ref_count.update(dict.fromkeys(out, 1))
+        return out
 
     def _take(self, n: int) -> list[int]:
         if self.enable_prefix_caching:
-            return [self._take_free() for _ in range(n)]
+            return self._take_queue(n)
         free = self._stack
         self._num_free -= n
         if n <= len(free):
@@ -231,20 +236,20 @@ class PagedBlockManager:
         return b
 
     def _release_table(self, table: list[int]) -> None:
-        if self.enable_prefix_caching:
+        if self.enable_prefix_caching:  # a block comes free when its last reference goes
+            ref_count, in_free, free = self.ref_count, self._in_free, self._queue
+            n = 0
             for b in reversed(table):
-                self._release(b)
+                rc = ref_count[b] - 1
+                ref_count[b] = rc
+                if rc == 0:
+                    in_free.add(b)
+                    free.append(b)
+                    n += 1
+            self._num_free += n
         else:
             self._free.extend(reversed(table))
             self._num_free += len(table)
-
-    def _release(self, b: int) -> None:
-        rc = self.ref_count[b] - 1
-        self.ref_count[b] = rc
-        if rc == 0:
-            self._in_free.add(b)
-            self._free.append(b)
-            self._num_free += 1
 
     def allocate(self, req: Request, num_new_tokens: int) -> int:
         """Make room for ``num_new_tokens`` more tokens. A request that holds no KV first takes its prefix-cache
@@ -303,14 +308,12 @@ class PagedBlockManager:
 
     def _register(self, req: Request, table: list[int], first: int, end: int) -> None:
         """Publish the request's prompt blocks [first, end), now full, in the prefix cache."""
-        hashes = self.prefix_hashes(req)
-        for j in range(first, min(end, len(hashes))):
-            b = table[j]
-            if b not in self.block_hash:
-                h = hashes[j]
-                if h not in self.cached:
-                    self.cached[h] = b
-                    self.block_hash[b] = h
+        block_hash, cached = self.block_hash, self.cached
+        # (a prompt can have fewer hashed blocks than [first, end): its ids may stop short of its end)
+        for b, h in zip(table[first:end], self.prefix_hashes(req)[first:end], strict=False):
+            if b not in block_hash and h not in cached:
+                cached[h] = b
+                block_hash[b] = h
 
     def can_grow(self, n: int) -> bool:
         return n <= self._num_free
@@ -328,8 +331,8 @@ class PagedBlockManager:
             return False
         tables = self.tables
         if self.enable_prefix_caching:
-            for r in reqs:
-                tables[r.id].append(self._take_free())
+            for r, b in zip(reqs, self._take_queue(n), strict=True):
+                tables[r.id].append(b)
             return True
         stack = self._stack
         if 0 < n <= len(stack):  # the decode fast path's common case: each takes the next block off the stack

@@ -56,17 +56,25 @@ class HostKVTier:
     def store(self, h: int) -> None:
         """The GPU evicts the block holding prefix hash ``h``: keep a copy (the least recently used one goes
         when the pool is full)."""
-        lru = self._lru
-        if h in lru:
-            lru.move_to_end(h)
+        self.store_all((h,))
+
+    def store_all(self, hashes: Sequence[int]) -> None:
+        """``store`` each of ``hashes`` in turn (the blocks one allocation evicts, in order)."""
+        lru, cap = self._lru, self.capacity_blocks
+        if cap == 0:
             return
-        if self.capacity_blocks == 0:
-            return
-        if len(lru) >= self.capacity_blocks:
-            lru.popitem(last=False)
-            self.evicted_blocks += 1
-        lru[h] = None
-        self.stored_blocks += 1
+        stored = evicted = 0
+        for h in hashes:
+            if h in lru:
+                lru.move_to_end(h)
+                continue
+            if len(lru) >= cap:
+                lru.popitem(last=False)
+                evicted += 1
+            lru[h] = None
+            stored += 1
+        self.stored_blocks += stored
+        self.evicted_blocks += evicted
 
     def run_length(self, hashes: Sequence[int]) -> int:
         """How many of ``hashes`` (a request's prefix chain past its GPU hits), from the first, the pool holds."""
