@@ -873,3 +873,34 @@ def test_a_hook_under_a_misspelled_name_is_named(tmp_path: Path, cls: str, messa
     assert p.returncode == 2, p.stderr
     assert message in p.stderr, p.stderr
     assert "Traceback (most recent call last)" not in p.stderr
+
+
+def test_a_rank_is_shown_whole_in_its_error() -> None:
+    """reprlib's defaults cut a rank past 30 characters: a dataclass key lost its middle in its own message
+    ("rank(req) gave None for request 0 and Key(priority=...al=0.25, id=7) for request 7"), as did most of a
+    tenant's name in a tuple."""
+    from dataclasses import dataclass
+    from types import SimpleNamespace
+
+    from sim.policies.queue import QueuePolicy
+
+    @dataclass(frozen=True, order=True)
+    class Key:
+        priority: int
+        deadline: float
+        arrival: float
+        id: int
+
+    class ForgetsAReturn(QueuePolicy):
+        def rank(self, req):
+            return None if req.id == 0 else Key(3, 12.5, 0.25, req.id)
+
+    class ByTenant(QueuePolicy):
+        def rank(self, req):
+            return (float("nan"), "tenant-with-a-rather-long-name-42", req.id)
+
+    with pytest.raises(TypeError, match=r"^rank\(req\) gave None for request 0 and \S*Key\(priority=3, deadline=12.5, "
+                       r"arrival=0.25, id=7\) for request 7, "):
+        ForgetsAReturn()._first_come([SimpleNamespace(id=0), SimpleNamespace(id=7)])
+    with pytest.raises(ValueError, match=r"gave \(nan, 'tenant-with-a-rather-long-name-42', 5\) for request 5"):
+        ByTenant()._ranks([SimpleNamespace(id=5)])

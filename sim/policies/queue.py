@@ -30,6 +30,12 @@ from typing import Any
 
 from sim.policies.api import Budget, Plan, Policy, PolicyView, RequestView
 
+# a rank as its error shows it: reprlib's defaults cut a key past 30 characters, so a dataclass key's NaN fell in
+# the cut ("Key(priority=...al=0.25, id=7)") as did most of a tenant's name; still bounded (a rank of a million
+# items) and safe where the user's __repr__ raises
+_RANK = reprlib.Repr()  # Python 3.11 takes no keyword arguments here
+_RANK.maxstring, _RANK.maxother, _RANK.maxtuple, _RANK.maxlist = 120, 200, 12, 12
+
 
 class QueuePolicy(Policy):
     """Continuous batching with one hook per decision (``rank``, ``preempt_for_waiting``, ``refuse``): subclass it
@@ -141,7 +147,7 @@ class QueuePolicy(Policy):
             for r in reqs[1:]:
                 k = self.rank(r)
                 if k is not None:
-                    raise TypeError(f"rank(req) gave None for request {reqs[0].id} and {reprlib.repr(k)} for request "
+                    raise TypeError(f"rank(req) gave None for request {reqs[0].id} and {_RANK.repr(k)} for request "
                                     f"{r.id}, which do not compare (None keeps first come first served only when every "
                                     "request gets it): give every request a key of one shape, ending with its "
                                     "arrival and id")
@@ -155,11 +161,11 @@ class QueuePolicy(Policy):
             try:
                 bad = k != k or (type(k) is tuple and any(x != x for x in k))
             except ValueError as e:  # a numpy array: Python's message named neither rank nor a request
-                raise TypeError(f"rank(req) gave {reprlib.repr(k)} for request {r.id}, whose comparisons have no "
+                raise TypeError(f"rank(req) gave {_RANK.repr(k)} for request {r.id}, whose comparisons have no "
                                 f"truth value ({e}): give every request a key of one shape (a tuple, not an array), "
                                 "ending with its arrival and id") from None
             if bad:
-                raise ValueError(f"rank(req) gave {reprlib.repr(k)} for request {r.id}: NaN does not order (every "
+                raise ValueError(f"rank(req) gave {_RANK.repr(k)} for request {r.id}: NaN does not order (every "
                                  "comparison with it is false), so the queue's order would be arbitrary: give every "
                                  "request a key without NaN")
         return keys
@@ -260,7 +266,7 @@ class QueuePolicy(Policy):
                 try:
                     a < b  # noqa: B015 (the comparison is the check)
                 except TypeError:
-                    return TypeError(f"rank(req) gave {reprlib.repr(a)} for request {ia} and {reprlib.repr(b)} for "
+                    return TypeError(f"rank(req) gave {_RANK.repr(a)} for request {ia} and {_RANK.repr(b)} for "
                                      f"request {ib}, which do not compare ({error}): give every request a key of one "
                                      "shape, ending with its arrival and id")
         return error
