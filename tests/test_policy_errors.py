@@ -904,3 +904,30 @@ def test_a_rank_is_shown_whole_in_its_error() -> None:
         ForgetsAReturn()._first_come([SimpleNamespace(id=0), SimpleNamespace(id=7)])
     with pytest.raises(ValueError, match=r"gave \(nan, 'tenant-with-a-rather-long-name-42', 5\) for request 5"):
         ByTenant()._ranks([SimpleNamespace(id=5)])
+
+
+def test_a_nan_in_a_named_tuple_or_dataclass_rank_is_refused() -> None:
+    """A NaN was refused in a float or a plain tuple only: a named tuple's or an ordered dataclass's ``k != k``
+    compares its fields by identity first (a NaN is itself), so the queue was left in the sort's arbitrary order
+    without a word."""
+    from collections import namedtuple
+    from dataclasses import dataclass
+    from types import SimpleNamespace
+
+    from sim.policies.queue import QueuePolicy
+
+    Named = namedtuple("Named", "deadline id")
+
+    @dataclass(frozen=True, order=True)
+    class Key:
+        deadline: float
+        id: int
+
+    for make in (Named, Key):
+        class ByDeadline(QueuePolicy):
+            def rank(self, req, make=make):
+                return make(float("nan") if req.id == 3 else 1.0, req.id)
+
+        with pytest.raises(ValueError, match=r"for request 3: NaN does not order"):
+            ByDeadline()._ranks([SimpleNamespace(id=1), SimpleNamespace(id=3)])
+        assert ByDeadline()._ranks([SimpleNamespace(id=1)]) == [make(1.0, 1)]

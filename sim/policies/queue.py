@@ -23,6 +23,7 @@ A victim that was already planned this step leaves the plan and gives its tokens
 
 from __future__ import annotations
 
+import dataclasses
 import reprlib
 from collections.abc import Iterable
 from operator import itemgetter
@@ -154,12 +155,16 @@ class QueuePolicy(Policy):
         return True
 
     def _ranks(self, reqs: list[RequestView]) -> list[Any]:
-        """The ranks of ``reqs``; a NaN in one (a float, or an element of a tuple) is refused: every comparison with
-        NaN is false, so the sort would leave the queue in an arbitrary order and the run would say nothing."""
+        """The ranks of ``reqs``; a NaN in one (a float, or a field of a tuple, a named tuple or a dataclass) is
+        refused: every comparison with NaN is false, so the sort would leave the queue in an arbitrary order and the
+        run would say nothing. (A named tuple's or an ordered dataclass's NaN passed: their ``k != k`` compares
+        fields by identity first, and a NaN is itself.)"""
         keys = [self.rank(r) for r in reqs]
         for k, r in zip(keys, reqs, strict=True):
+            fields = k if isinstance(k, tuple) else \
+                [getattr(k, f.name) for f in dataclasses.fields(k)] if dataclasses.is_dataclass(k) else ()
             try:
-                bad = k != k or (type(k) is tuple and any(x != x for x in k))
+                bad = k != k or any(x != x for x in fields)
             except ValueError as e:  # a numpy array: Python's message named neither rank nor a request
                 raise TypeError(f"rank(req) gave {_RANK.repr(k)} for request {r.id}, whose comparisons have no "
                                 f"truth value ({e}): give every request a key of one shape (a tuple, not an array), "
