@@ -49,6 +49,7 @@ from sim.config.scenario import parse_scenario, variant_configs
 from sim.config.schema import ScenarioError
 from sim.costs.costmodel import CostModel
 from sim.hardware.models import ModelSpec
+from sim.hardware.names import CALIBRATE_PRESETS_ONLY, model_preset
 from sim.loop.build import build
 from sim.loop.simulator import Simulation
 from sim.serving.block_manager import PagedBlockManager
@@ -356,10 +357,10 @@ def measure(
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     if clock not in CLOCKS:
         raise ScenarioError(f"--clock must be one of {', '.join(CLOCKS)}, got {clock!r}")
-    try:
-        spec = ModelSpec.from_name(model)
+    try:  # the command line's message (it gave library callers no preset for a typo or a Hugging Face id)
+        spec = model_preset(model, CALIBRATE_PRESETS_ONLY)
     except ValueError as e:
-        raise ScenarioError(f"--model: {e}") from None
+        raise ScenarioError(str(e)) from None
     tdtype = torch_dtype(dtype) if dtype else (torch.float32 if device == "cpu" else torch.bfloat16)
     grid = grid or default_grid(device, spec)
     scripts = scripts_of(grid, seed)

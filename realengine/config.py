@@ -22,7 +22,7 @@ from sim.config.schema import ScenarioError
 from sim.costs.fitted import FittedCostModel
 from sim.engines.sched import engine_kv_cache
 from sim.hardware.models import ModelSpec, resolve_model
-from sim.hardware.names import config_path_refusal, preset_hint
+from sim.hardware.names import model_preset
 from sim.loop.build import build
 from sim.loop.results import seeded_global_rngs
 from sim.serving.request import RequestSpec
@@ -47,14 +47,11 @@ def engine_config(cfg: VariantConfig, *, model_spec: str | None = None, num_gpu_
         raise ScenarioError(f"variant {cfg.name!r}: kv_cache.host_cache: the engine keeps no host copy of evicted "
                             "prefix blocks; the host tier is simulated only (servesim run)")
     if model_spec is not None:
-        path = config_path_refusal(model_spec, "the engine's --model takes a model preset; a config is the "
-                                   f"scenario's model: give --set deployment.model={model_spec}")
-        if path is not None:
-            raise ScenarioError(path)
-        try:
-            spec = ModelSpec.from_name(model_spec)
-        except ValueError as e:  # the hint the scenario's deployment.model gets (a Hugging Face id's preset)
-            raise ScenarioError(f"--model: {e}{preset_hint(model_spec, 'model', str(e))}") from None
+        try:  # the hint the scenario's deployment.model gets (a Hugging Face id's preset)
+            spec = model_preset(model_spec, "the engine's --model takes a model preset; a config is the scenario's "
+                                f"model: give --set deployment.model={model_spec}")
+        except ValueError as e:
+            raise ScenarioError(str(e)) from None
         mml = cfg.deployment.max_model_len
         cfg = _with_deployment(cfg, model=model_spec,
                                max_model_len=None if mml is None else min(mml, spec.max_position_embeddings))

@@ -497,3 +497,18 @@ def test_validate_variant_picks_the_variant_the_engine_replays(tmp_path: Path) -
     assert res.exit_code == 0, res.output
     doc = json.loads((tmp_path / "v" / "validation.json").read_text())
     assert list(doc["variants"]) == ["chunked"]
+
+
+def test_measure_refuses_a_model_with_the_command_lines_message(tmp_path: Path) -> None:
+    """calibration.measure, called from a program, said "--model: unknown model 'meta-llama/Llama-3.1-8B-Instruct';
+    presets: ..." without the preset that id is, and a config folder with no word on paths; servesim calibrate
+    said both. One resolver (sim.hardware.names.model_preset) gives both callers the same message."""
+    from calibration.measure import measure
+    from sim.config.schema import ScenarioError
+
+    with pytest.raises(ScenarioError, match=r"^--model: unknown model 'meta-llama/Llama-3.1-8B-Instruct'; .*; the "
+                       r"preset for 'meta-llama/Llama-3.1-8B-Instruct' is 'llama-3.1-8b' \(a Hugging Face model id"):
+        measure("meta-llama/Llama-3.1-8B-Instruct")
+    with pytest.raises(ScenarioError, match=rf"^--model {tmp_path}: a config.json path, and calibrate --model takes "
+                       "a model preset: a profile names the model it measured by its preset"):
+        measure(str(tmp_path))

@@ -849,17 +849,13 @@ def calibrate(
     if threads is not None and threads < 1:
         _fail(f"--threads must be >= 1, got {threads}")
     from sim.hardware.gpu import GPUSpec
-    from sim.hardware.models import ModelSpec
-    from sim.hardware.names import config_path_refusal, preset_hint
+    from sim.hardware.names import CALIBRATE_PRESETS_ONLY, model_preset
 
-    refused = config_path_refusal(model, "calibrate --model takes a model preset: a profile names the model it "
-                                  "measured by its preset, which run, validate and the engine look up")
-    if refused is not None:
-        _fail(refused)
     try:
-        ModelSpec.from_name(model)
+        spec = model_preset(model, CALIBRATE_PRESETS_ONLY)
     except ValueError as e:  # the hint engine run's --model gets (a Hugging Face id's preset)
-        _fail(f"--model: {e}{preset_hint(model, 'model', str(e))}")
+        _fail(str(e))
+        return
     peak = 0.0
     if gpu is not None:
         try:
@@ -892,7 +888,7 @@ def calibrate(
         except ValueError as e:
             _fail(f"--dtype: {e}")
     # after --dtype's check: the weights' size reads the dtype
-    problem = cannot_run(ModelSpec.from_name(model), torch_dtype(dtype or "fp32"), device)
+    problem = cannot_run(spec, torch_dtype(dtype or "fp32"), device)
     if problem is not None:
         _fail(f"--model: {problem}")
     if device == "cuda" and not torch.cuda.is_available():

@@ -102,6 +102,11 @@ def failed_name_hint(model: str, gpu: str, said: str = "") -> str:
     return ""
 
 
+# why calibrate's --model takes a preset only (the CLI's check and calibration.measure's, for library callers)
+CALIBRATE_PRESETS_ONLY = ("calibrate --model takes a model preset: a profile names the model it measured by its "
+                          "preset, which run, validate and the engine look up")
+
+
 def config_path_refusal(text: str, why: str) -> str | None:
     """The error for a config.json path, or the folder holding one, given to a --model that takes a preset only
     (the engine's, calibrate's), else None: `engine run --model x/config.json` said "unknown model
@@ -111,4 +116,18 @@ def config_path_refusal(text: str, why: str) -> str | None:
     return f"--model {text}: a config.json path, and {why}; presets: {', '.join(MODEL_PRESETS)}"
 
 
-__all__ = ["config_path_refusal", "failed_name_hint", "match_gpu", "match_model", "preset_hint"]
+def model_preset(text: str, why: str) -> ModelSpec:
+    """The preset ``text`` names, for a --model that takes presets only (the engine's, calibrate's); else one
+    ValueError starting "--model": a config path refused with ``why`` (``config_path_refusal``), an unknown name
+    with the preset a typo or a Hugging Face id is (``preset_hint``)."""
+    refused = config_path_refusal(text, why)
+    if refused is not None:
+        raise ValueError(refused)
+    try:
+        return ModelSpec.from_name(text)
+    except ValueError as e:
+        raise ValueError(f"--model: {e}{preset_hint(text, 'model', str(e))}") from None
+
+
+__all__ = ["CALIBRATE_PRESETS_ONLY", "config_path_refusal", "failed_name_hint", "match_gpu", "match_model",
+           "model_preset", "preset_hint"]
