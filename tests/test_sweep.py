@@ -438,3 +438,22 @@ def test_a_sweep_over_the_runs_slos_gives_goodput_at_each_bound(tmp_path: Path) 
     rows = [r for r in run_sweep(sc, raw, tmp_path / "s", workers=1).rows if r["variant"] == "continuous"]
     assert [r["slos.ttft"] for r in rows] == [0.01, 2.0] and rows[0]["ttft.p99_s"] == rows[1]["ttft.p99_s"]
     assert rows[0]["slo_attainment"] < rows[1]["slo_attainment"] and rows[0]["goodput"] < rows[1]["goodput"]
+
+
+def test_address_auto_on_the_ray_already_started_is_not_warned_of(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--address auto (Ray's word for the cluster running here) on a Ray this process had started warned "address
+    'auto' is not used: the jobs run there; call ray.shutdown() first to run them at that address", though that Ray
+    is the one auto finds. Another address is still warned of. (A stand-in for Ray: starting one takes 10-20 s.)"""
+    import sys
+    from types import SimpleNamespace
+
+    from sim.studies.sweep import _ray_init
+
+    fake = SimpleNamespace(is_initialized=lambda: True,
+                           get_runtime_context=lambda: SimpleNamespace(gcs_address="192.0.2.2:44527"))
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _ray_init(2, "auto") == (fake, False)
+    with pytest.warns(UserWarning, match=r"so address '10.0.0.1:6379' is not used"):
+        _ray_init(2, "10.0.0.1:6379")

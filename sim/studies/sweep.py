@@ -305,7 +305,9 @@ def _ray_init(workers: int, address: str | None):
         raise ScenarioError("--executor ray needs Ray: pip install 'servesim[ray]'") from None
     if ray.is_initialized():  # the caller's own Ray: its jobs run there, so an address elsewhere is not used
         here = ray.get_runtime_context().gcs_address
-        if address and address != here:
+        # "auto" is Ray's word for the cluster running here, which this one is: it was warned of as "not used; call
+        # ray.shutdown() first to run them at that address"
+        if address and address not in (here, "auto"):
             warnings.warn(f"Ray is already initialized in this process (at {here}), so address {address!r} is not "
                           "used: the jobs run there; call ray.shutdown() first to run them at that address",
                           stacklevel=2)
