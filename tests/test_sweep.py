@@ -457,3 +457,21 @@ def test_address_auto_on_the_ray_already_started_is_not_warned_of(monkeypatch: p
         assert _ray_init(2, "auto") == (fake, False)
     with pytest.warns(UserWarning, match=r"so address '10.0.0.1:6379' is not used"):
         _ray_init(2, "10.0.0.1:6379")
+
+
+def test_no_ray_at_the_address_names_the_address_not_the_out_folder(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`servesim sweep S --executor ray --address auto` with no Ray running said "error: --out DIR: Could not find
+    any running Ray instance. Please specify the one to connect to by setting `--address` flag or `RAY_ADDRESS`":
+    Ray's ConnectionError is an OSError, read as the folder's. (A stand-in for Ray.)"""
+    import sys
+    from types import SimpleNamespace
+
+    from sim.studies.sweep import _ray_init
+
+    def init(**kw: object) -> None:
+        raise ConnectionError("Could not find any running Ray instance. Please specify the one to connect to")
+
+    monkeypatch.setitem(sys.modules, "ray", SimpleNamespace(is_initialized=lambda: False, init=init))
+    with pytest.raises(ScenarioError, match=r"^--address auto: no Ray cluster to join \(Could not find any running Ray "
+                       r"instance\); start one with `ray start --head`, or leave --address out to start Ray here$"):
+        _ray_init(2, "auto")

@@ -316,7 +316,12 @@ def _ray_init(workers: int, address: str | None):
     # the workers import the project from the driver's source tree
     kw["runtime_env"] = {"env_vars": {"PYTHONPATH": os.pathsep.join(filter(None, [
         str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")]))}}
-    ray.init(include_dashboard=False, log_to_driver=False, **kw)
+    try:
+        ray.init(include_dashboard=False, log_to_driver=False, **kw)
+    except ConnectionError as e:  # an OSError: the command said "--out DIR: Could not find any running Ray instance"
+        where = f"--address {address}: no Ray cluster to join" if address else "--executor ray: Ray did not start"
+        raise ScenarioError(f"{where} ({str(e).split('. ')[0]}); start one with `ray start --head`, or leave "
+                            "--address out to start Ray here") from None
     return ray, True
 
 
