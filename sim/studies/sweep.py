@@ -305,20 +305,15 @@ def _ray_init(workers: int, address: str | None):
         raise ScenarioError("--executor ray needs Ray: pip install 'servesim[ray]'") from None
     if ray.is_initialized():  # the caller's own Ray: its jobs run there, so an address elsewhere is not used
         here = ray.get_runtime_context().gcs_address
-        # "auto" is Ray's word for the cluster running here, which this one is: it was warned of as "not used; call
-        # ray.shutdown() first to run them at that address"
-        if address and address not in (here, "auto"):
+        if address and address not in (here, "auto"):  # auto: Ray's word for the cluster running here, this one
             warnings.warn(f"Ray is already initialized in this process (at {here}), so address {address!r} is not "
-                          "used: the jobs run there; call ray.shutdown() first to run them at that address",
-                          stacklevel=2)
+                          "used: the jobs run there; call ray.shutdown() first to run them at it", stacklevel=2)
         return ray, False
     kw: dict[str, Any] = {"address": address} if address else {"num_cpus": workers or None}
-    # the workers import the project from the driver's source tree
-    kw["runtime_env"] = {"env_vars": {"PYTHONPATH": os.pathsep.join(filter(None, [
-        str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")]))}}
-    try:
-        ray.init(include_dashboard=False, log_to_driver=False, **kw)
-    except ConnectionError as e:  # an OSError: the command said "--out DIR: Could not find any running Ray instance"
+    path = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")]))
+    try:  # the workers import the project from the driver's source tree
+        ray.init(include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": path}}, **kw)
+    except ConnectionError as e:  # an OSError, which the command took for --out's ("--out DIR: Could not find ...")
         where = f"--address {address}: no Ray cluster to join" if address else "--executor ray: Ray did not start"
         raise ScenarioError(f"{where} ({str(e).split('. ')[0]}); start one with `ray start --head`, or leave "
                             "--address out to start Ray here") from None
