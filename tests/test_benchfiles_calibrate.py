@@ -355,3 +355,16 @@ def test_a_field_a_file_could_not_give_is_said_before_the_fit(tmp_path: Path) ->
                  str(DATA / "scenario.yaml"), "--holdout-every", "0", "-o", "k.json", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert r.stderr.splitlines()[0] == "skipped: bad.json: request_rate: not a positive number or 'inf'"
+
+
+def test_files_of_another_model_are_refused_before_the_fit(tmp_path: Path) -> None:
+    """calibrate --from-bench --model llama-3.1-8b fitted the 8B's knobs to a file of Llama-3.1-70B without a word
+    (validate --against refuses such a file as well)."""
+    data = json.loads((DATA / "vllm_detailed.json").read_text())
+    (tmp_path / "70b.json").write_text(json.dumps({**data, "model_id": "meta-llama/Llama-3.1-70B-Instruct"}))
+    r = servesim("calibrate", "--from-bench", "70b.json", "--from-bench", str(DATA / "vllm_detailed.json"),
+                 "--model", "llama-3.1-8b", "--gpu", "a100-80gb", "-o", "k.json", cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.strip() == (
+        "error: 70b.json: the benchmark served meta-llama/Llama-3.1-70B-Instruct (the preset llama-3.1-70b), but the "
+        "fit simulates llama-3.1-8b; to fit that model give --model llama-3.1-70b"), r.stderr
+    assert not (tmp_path / "k.json").exists()

@@ -1075,7 +1075,7 @@ def _calibrate_from_bench(files: list[Path], model: str | None, gpu: str | None,
     )
     from sim.config.scenario import load_scenario, parse_scenario, variant_configs
     from sim.output.benchfiles.common import BenchFileError
-    from sim.output.benchfiles.validate import read_bench_files
+    from sim.output.benchfiles.validate import read_bench_files, refuse_other_model
 
     if profile is not None:
         if scenario is None:
@@ -1120,6 +1120,8 @@ def _calibrate_from_bench(files: list[Path], model: str | None, gpu: str | None,
             _fail(f"--variant {variant!r}: the scenario has {', '.join(names)}")
         cfg = cfgs[names.index(variant) if variant is not None else 0]
         runs = read_bench_files(list(files))
+        refuse_other_model(runs, cfg.deployment.model, f"variant {cfg.name}" if scenario else "the fit",
+                           "to fit that model give --model ")
         # what a file's fields could not give (validate --against lists it in its report): a request_rate of -3 was
         # fitted as every request at t=0 without a word
         # the readers word a metric they hold but leave out as validate's report does ("not compared"): here

@@ -300,10 +300,13 @@ def arrivals_text(run: BenchRun, wl: GeneratedWorkload) -> str:
     return f"{(times.size - 1) / span:.3g} req/s as its start times show, {times.size} requests over {span:.3g} s"
 
 
-def refuse_other_model(runs: list[BenchRun], simulated: str | dict[str, Any], variant: str) -> None:
+def refuse_other_model(runs: list[BenchRun], simulated: str | dict[str, Any], who: str,
+                       how: str = "to simulate that model give --set deployment.model=") -> None:
     """A ``ScenarioError`` where a file's model id is a preset other than the one the variant simulates: a 70B
-    benchmark was compared with an 8B simulation (errors of -66% read as the simulator's) under a note. An id that
-    is no preset, or a model given as a config, is judged by ``_other_model`` (a note) only."""
+    benchmark was compared with an 8B simulation (errors of -66% read as the simulator's) under a note, and
+    calibrate --from-bench fitted an 8B's knobs to it. An id that is no preset, or a model given as a config, is
+    judged by ``_other_model`` (a note) only. ``who``: what simulates ``simulated`` ("variant cb"); ``how``: what
+    gives the file's preset, which ends it."""
     from sim.config.schema import ScenarioError
     from sim.hardware.names import match_model
 
@@ -311,9 +314,8 @@ def refuse_other_model(runs: list[BenchRun], simulated: str | dict[str, Any], va
     for run in runs:
         served = match_model(run.model) if mine and run.model else None
         if served is not None and served != mine:
-            raise ScenarioError(f"{run.source}: the benchmark served {run.model} (the preset {served}), but variant "
-                                f"{variant} simulates {simulated}; to simulate that model give --set "
-                                f"deployment.model={served}")
+            raise ScenarioError(f"{run.source}: the benchmark served {run.model} (the preset {served}), but {who} "
+                                f"simulates {simulated}; {how}{served}")
 
 
 def _other_model(served: str | None, simulated: str | dict[str, Any]) -> bool:
@@ -395,7 +397,7 @@ def validate_against(scenario_path: str | Path, files: list[str | Path], *, vari
         cfg = dataclasses.replace(cfg, deployment=cfg.deployment.model_copy(update={"cost_model": cost}))
         assumed.append(f"step times from the profile {profile} (deployment.cost_model of variant {cfg.name} replaced)")
     runs = read_bench_files(list(files))
-    refuse_other_model(runs, cfg.deployment.model, cfg.name)
+    refuse_other_model(runs, cfg.deployment.model, f"variant {cfg.name}")
     out: list[FileValidation] = []
     for run in runs:
         wl, notes = rebuild_workload(run, seed=sc.seed if seed is None else seed,
