@@ -63,8 +63,10 @@ def by_label(result: PlanResult) -> dict[str, Evaluation]:
 # ---- choices known by construction ----------------------------------------------------------------------------
 def test_tiny_load_picks_the_cheapest_gpu_and_never_simulates_a_costlier_one() -> None:
     # One request every 2 s of a 1B model: any GPU idles; the SLOs are far above a lone request's latency. The
-    # cheapest GPU (an L4 at $0.70/h) must be chosen, and the H100 ($2.50/h) is not even simulated.
-    sc = parse_scenario(chat(0.5, 20, ttft=2.0, tpot=0.1, gpus=["h100-sxm", "l4"]))
+    # cheapest GPU (an L4 at $0.70/h) must be chosen, and the H100 ($2.50/h) is not even simulated. Two GPUs at most:
+    # 2 x L4 ($1.40/h) still lies between the choice and the H100, and the whole front below simulates 4 deployments,
+    # not 16 with backlog probes of up to 8,192 requests (8 x 256 slots): 0.35 s of CPU, not 3.9.
+    sc = parse_scenario(chat(0.5, 20, ttft=2.0, tpot=0.1, gpus=["h100-sxm", "l4"], max_gpus=2))
     r = plan(sc)
     assert r.chosen is not None
     assert (r.chosen.candidate.gpu, r.chosen.candidate.num_gpus) == ("l4", 1)
@@ -642,7 +644,10 @@ def test_a_tie_with_the_choice_names_the_choice() -> None:
     # 80% confidence, and the plan still named the 64 one, as cheap and with the same joules, as "cheapest simulated
     # deployment meeting them with 80% confidence" and as the one with the "fewest joules per output token" (so did
     # docs/capacity-planning.md's plan-chat run): a tie went to whichever the search met first, not to the choice.
-    r = plan(parse_scenario(chat(1, 20, ttft=2.0, tpot=0.1, gpus=["l4"], max_num_seqs=[64, 256])), stop_early=False)
+    # (two L4s at most: the tie is between single L4s, and 2 x L4 keeps costlier deployments in the front; the 12
+    # more of up to eight L4s added backlog probes of up to 8,192 requests: 2.6 s of CPU, 0.24 s now)
+    r = plan(parse_scenario(chat(1, 20, ttft=2.0, tpot=0.1, gpus=["l4"], max_num_seqs=[64, 256], max_gpus=2)),
+             stop_early=False)
     by = {e.candidate.max_num_seqs: e for e in r.simulated if e.candidate.replicas == 1}
     assert by[64].latency == by[256].latency and by[64].j_per_output_token == by[256].j_per_output_token
     assert r.chosen is by[256] and r.chosen.meets_80
