@@ -189,3 +189,13 @@ def test_a100_alone_is_refused_with_its_choices() -> None:
 
     with pytest.raises(UsageError, match=r"ambiguous: .*40 GiB\); give --set deployment.gpu=NAME$"):
         _check_gpus("--gpu", "a100", "deployment.gpu", None)  # its choices, not every preset and 'a100-80gb'
+
+
+@pytest.mark.parametrize("given", ["a" * 300, ""])
+def test_a_model_no_file_can_be_is_an_unknown_model_not_a_path(given: str) -> None:
+    """engine run / calibrate --model with a 300-letter name ended in a traceback (OSError: File name too long, from
+    the check for a config path), and an empty one was told it is a config.json path (Path("") is the folder)."""
+    from sim.hardware.names import model_preset
+
+    with pytest.raises(ValueError, match=r"^--model: unknown model"):
+        model_preset(given, "why")

@@ -111,9 +111,18 @@ def config_path_refusal(text: str, why: str) -> str | None:
     """The error for a config.json path, or the folder holding one, given to a --model that takes a preset only
     (the engine's, calibrate's), else None: `engine run --model x/config.json` said "unknown model
     'x/config.json'; presets: ..." without a word on paths. ``why``: why a preset only, or what takes the path."""
-    if is_model_preset(text) or not (text.endswith(".json") or Path(text).exists()):
+    if is_model_preset(text) or not text or not (text.endswith(".json") or _exists(text)):
         return None
     return f"--model {text}: a config.json path, and {why}; presets: {', '.join(MODEL_PRESETS)}"
+
+
+def _exists(text: str) -> bool:
+    """Whether a file or folder is at ``text``; False for a name no file can have (300 letters: the OS's "File
+    name too long" was a traceback from engine run and calibrate --model, not the unknown model's message)."""
+    try:
+        return Path(text).exists()
+    except OSError:
+        return False
 
 
 def model_preset(text: str, why: str) -> ModelSpec:
