@@ -241,3 +241,17 @@ def test_a_misspelt_required_key_is_one_line_naming_it(policy, says):
 ])
 def test_a_section_written_as_its_kinds_bare_name_is_shown_the_mapping(change, says):
     assert _error(change) == says
+
+
+@pytest.mark.parametrize(("change", "says"), [
+    (lambda r: r["deployment"].update(max_model_len="32k"), "s.yaml: deployment.max_model_len: expected an integer "
+     "(got '32k'): give it in digits, 32768 or 32000 (no k or m)"),
+    (lambda r: r["workload"].update(num_requests="1M"), "s.yaml: workload.num_requests: expected an integer (got "
+     "'1M'): give it in digits, 1048576 or 1000000 (no k or m)"),
+    (lambda r: r["deployment"].update(max_model_len="lots"), "s.yaml: deployment.max_model_len: expected an integer "
+     "(got 'lots')"),
+])
+def test_a_size_written_with_k_or_m_is_told_its_digits(change, says):
+    """vLLM's --max-model-len takes 32k (32,000; 32K is 32,768); a scenario's max_model_len: 32k said only "expected an
+    integer (got '32k')", not which forms are taken."""
+    assert _error(change) == says

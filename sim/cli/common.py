@@ -5,7 +5,6 @@ They live below the commands so that a module of commands imports them without i
 from __future__ import annotations
 
 import contextlib
-import re
 import typing
 import warnings
 from collections.abc import Callable, Iterator
@@ -18,6 +17,7 @@ from typer.core import TyperCommand
 
 from sim.config.files import InterruptedAfterWrite, input_path, output_path
 from sim.config.scenario import parse_value
+from sim.config.scenario_messages import digits_of_size
 from sim.config.schema import ScenarioError
 from sim.config.slos import SLOUnitWarning
 
@@ -111,10 +111,8 @@ def _bad_number(param: Any, given: list[str]) -> str | None:
     else:
         return None
     name = max(opts, key=len)
-    size = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmM])", value.strip())
-    if kind is int and size:  # k or m of 1024 (the capacity table's headings) or of 1000 (vLLM's 32k): not guessed
-        n, binary = float(size.group(1)), 1 << (10 if size.group(2) in "kK" else 20)
-        form = f"give it in digits, {int(n * binary)} or {int(n * 1000 ** (1 if binary == 1024 else 2))} (no k or m)"
+    if kind is int and (digits := digits_of_size(value)) is not None:
+        form = f"give it in digits, {digits} (no k or m)"
     elif kind is int:
         form = "give a whole number in digits"
     else:

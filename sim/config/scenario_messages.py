@@ -286,6 +286,17 @@ def _same_in_variants(found: list[tuple[str, str]], raw: Any) -> list[tuple[str,
     return merged
 
 
+def digits_of_size(text: object) -> str | None:
+    """``4096 or 4000`` for a size written with a k or m (``4k``, ``32K``, ``1m``; vLLM's --max-model-len takes
+    them, with 1000 for k and 1024 for K), which servesim reads as digits only; None for any other value. Which k
+    is meant is not guessed: the capacity table's headings are of 1024."""
+    size = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmM])", text.strip()) if isinstance(text, str) else None
+    if size is None:
+        return None
+    n, binary = float(size.group(1)), 1 << (10 if size.group(2) in "kK" else 20)
+    return f"{int(n * binary)} or {int(n * 1000 ** (1 if binary == 1024 else 2))}"
+
+
 def _kind_written_bare(model: type[BaseModel] | None, loc: tuple[Any, ...], value: Any) -> str:
     """``: write {type: fcfs}`` for a section given as its kind's bare name (``policy: fcfs``, as a tournament spec
     and ``cluster.router`` take it), or as a user's ``file.py:Class``; "" otherwise."""
@@ -380,6 +391,8 @@ def format_validation(
             scalar = not isinstance(value, (dict, list))
             if "union_tag_invalid" not in kinds and (scalar or kinds & set(_EXPECTED)):
                 reason += f" (got {short(value)})" + _kind_written_bare(model, tuple(errs[0]["loc"]), value)
+                if "int_parsing" in kinds and (digits := digits_of_size(value)) is not None:
+                    reason += f": give it in digits, {digits} (no k or m)"
         found.append((loc, reason))
     found = _same_in_variants(_missing_as_misspelled(found), raw)
     lines = [f"{source}: {loc or '(top level)'}: {reason}" for loc, reason in found[:_MAX_PROBLEMS]]
