@@ -98,15 +98,15 @@ def test_vllm_v0_admits_a_prompt_when_all_its_blocks_are_free(monkeypatch: pytes
     watermark of 1% of the blocks, and allocates them at once (can_allocate / allocate), chunked prefill or not.
     Taking blocks chunk by chunk instead (V1's way, what vllm-v0 did before), a request preempted for lack of blocks
     came back as soon as its first chunk fitted, was the latest admitted, and so the first preempted again: 1,428
-    preemptions here and a run 1.6x as long; dstack's 405B runs on 8x H100 recomputed six times their prompts'
-    tokens. V0's rule: none."""
+    preemptions here and a run 1.4x as long (1.6x before V0's mixed steps waited for their capped host time);
+    dstack's 405B runs on 8x H100 recomputed six times their prompts' tokens. V0's rule: none."""
     from sim.engines.vllm_v0 import VllmV0
 
     v0 = _v0_near_capacity()
     assert v0[:2] == (0, 24)
     monkeypatch.setattr(VllmV0, "whole_prompt_watermark", None)  # blocks as the chunks need them
     chunkwise = _v0_near_capacity()
-    assert chunkwise[1] == 24 and chunkwise[0] >= 1000 and chunkwise[2] > 1.5 * v0[2]
+    assert chunkwise[1] == 24 and chunkwise[0] >= 1000 and chunkwise[2] > 1.3 * v0[2]
     monkeypatch.undo()
 
     def policy(engine: str):

@@ -121,7 +121,8 @@ class AnalyticCostModel(CostModel):
     allreduce_latency: float = DEFAULT_ALLREDUCE_LATENCY  # s per all-reduce (tp > 1 only)
     # host (CPU) seconds per second of GPU work that the GPU waits for (sim/engines/costs.py: vLLM 0.5 and 0.6);
     # 0: the host work overlaps the GPU, as in an engine without a synchronous CPU loop. A step of prompts alone
-    # waits for its rows' decode step's host time instead (``_prefill_host``)
+    # waits for its rows' decode step's host time instead (``_prefill_host``), and so does a step mixing prompt
+    # tokens and decode rows where that host time is capped (``host_time_cap``: V0 on one GPU)
     host_time_ratio: float = 0.0
     # a step without prompt tokens waits for at most this many host seconds, plus ``host_time_cap_per_row`` a row,
     # where its ``host_time_ratio`` share would be more: the ratio comes from runs of large batches, and V0's host
@@ -363,10 +364,12 @@ class AnalyticCostModel(CostModel):
             # a row verifying drafts (sim/serving/spec_decode.py) computes k + 1 tokens and is left out of
             # num_decode_seqs, but it is a decode row: a step of them alone is not a step of prompts
             dec = shape.num_decode_seqs + shape.num_spec_seqs
+            # with decode rows too (chunked prefill's mixed steps) where that host time is capped (V0 on one GPU)
+            mixed = self._cap is not None
             if array:
-                t = np.where((np.asarray(dec) == 0) & (np.asarray(b) > np.asarray(a)),
+                t = np.where(((np.asarray(dec) == 0) | mixed) & (np.asarray(b) > np.asarray(a)),
                              self._prefill_host(a, c, e, t, True), t)
-            elif dec == 0 and b > a:
+            elif (dec == 0 or mixed) and b > a:
                 t = float(self._prefill_host(a, c, e, t, False))
             if self._cap is not None:  # a step without prompt tokens: its host time capped
                 if array:
@@ -495,9 +498,9 @@ class AnalyticCostModel(CostModel):
         """The step time's parts in seconds (they sum to ``step_time`` up to rounding) and, for the two roofline
         parts, whether compute (True) or memory traffic (False) bounds them. For teaching and debugging.
         ``decode_pass``: what ``context_decode_pass``'s second forward adds to a step with prompt tokens (LMDeploy
-        0.1); ``prompt_host``: what a step of prompts alone changes under ``host_time_ratio`` (vLLM V0), its GPU
-        parts unstretched plus its decode step's host time, and what ``host_time_cap`` takes off a step without
-        prompt tokens, negative as it is less than the stretch above it;
+        0.1); ``prompt_host``: what a step of prompts alone (or, capped, mixed with decodes) changes under
+        ``host_time_ratio`` (vLLM V0), its GPU parts unstretched plus its decode step's host time, and what
+        ``host_time_cap`` takes off a step without prompt tokens, negative as it is less than the stretch above it;
         ``host_load``: the shape's ``host_load_time``. Each is 0 where it does not apply."""
         a, b, c, d, e = shape.num_seqs, shape.num_tokens, shape.kv_read_tokens, shape.attn_pairs, shape.swap_blocks
         one, two, hosted = self._gpu_times(shape)

@@ -248,6 +248,11 @@ class Engine:
         """The API server's tokenization and detokenization are already in the host time ratio (vLLM 0.5)."""
         return False
 
+    def tokens_one_step_late(self, cfg: Any) -> bool:
+        """A step's sampled tokens leave the engine when the step after it ends, their output processing run
+        under that step's forward (vLLM 0.6's asynchronous output processing, sim/engines/vllm_v0.py)."""
+        return False
+
 
 class CudaGraphEngine(Engine):
     """An engine that replays CUDA graphs for decode batches (vLLM): a decode step of B requests is priced as the

@@ -37,6 +37,14 @@ VLLM_V06_HOST_TIME_RATIO = VLLM_V1_SPEEDUP_OVER_V06 - 1.0
 # enforce-eager is enabled, async output processor cannot be used"): such a step waits for its output processing
 # too, 1 / (1 - 0.087) of the step with it
 VLLM_V06_ASYNC_OUTPUT_TPOT_GAIN = 0.087
+# The price of that overlap is a step of latency: a step's outputs are processed by a callback that the next step's
+# model runner calls "right before sampler" (vllm#7049), and LLMEngine.step returns them when that step ends, so
+# every token, the first too, reaches the API server one step after it was sampled (unless no step follows: the
+# queue is drained at once). vllm#8918 ("TTFT regression from v0.5.4 to 0.6.2"): MQLLMEngine and async output
+# processing "slightly sacrifice TTFT in exchange for MUCH better TPOT"; tenstorrent/vllm#116 fixes the same in
+# its fork: "the first prefill output was not processed ... until after the first decode (resulting in higher
+# ttft for the batch 1 case)". Every token is moved so (sim/loop/run.py ``tokens_one_step_late``): TTFT and E2E
+# grow by the step after, TPOT and ITL hardly move
 # Both ratios come from runs of large batches, where V0's host work (sampling, input preparation, output
 # processing, the scheduler: per step and per row) outlasts the GPU's. A decode step of a few rows waits for
 # less: the multi-step RFC's trace (vllm-project/vllm#6854, Llama-3-8B on one GPU) shows "about 4ms of GPU bubble"
@@ -105,6 +113,10 @@ class VllmV0(CudaGraphEngine):
         if architecture == "hopper":
             return FA2_HOPPER_EFFICIENCY
         return FA2_AMPERE_EFFICIENCY if architecture == "ampere" else None
+
+    def tokens_one_step_late(self, cfg: Any) -> bool:
+        # vLLM 0.6's asynchronous output processing, on unless enforce_eager (VLLM_V06_ASYNC_OUTPUT_TPOT_GAIN)
+        return (getattr(cfg, "version", None) or "0.6") != "0.5" and not getattr(cfg, "enforce_eager", None)
 
     def frontend_in_host_time(self, cfg: Any) -> bool:
         # vLLM 0.5 ran its API server in the GPU's process: the host time ratio holds its (de)tokenization

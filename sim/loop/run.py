@@ -17,6 +17,7 @@ from sim.config.schema import Scenario, ScenarioError
 from sim.costs import online
 from sim.costs.analytic import AnalyticCostModel
 from sim.costs.energy import EnergyStore, cpu_device, energy_kept, measured_on_cpu, power_model_of
+from sim.engines.base import engine_of
 from sim.loop.autoscaler import AutoscalerConfig
 from sim.loop.build import build
 from sim.loop.results import result_of, seeded_global_rngs
@@ -143,13 +144,20 @@ def _simulate_variant(
         plan = ClosedLoopPlan(plan.num_users, plan.think_times, fe.to_client_s, fe.in_server_s)
     # a long run's finished requests leave memory as they finish (sim.metrics.request_table), unless something
     # reads them after the run: the front end's client times, the decision trace, kept token times
-    stream = len(workload.requests) > STREAM_MIN and fe is None and trace is None and not keep_token_times
+    dep = cfg.deployment
+    # vLLM 0.6's asynchronous output processing, off with pipeline stages or speculation (verify_async_output_proc)
+    late = engine_of(dep.engine).tokens_one_step_late(dep.engine) and dep.pipeline_parallel_size == 1 \
+        and dep.speculative is None
+    stream = len(workload.requests) > STREAM_MIN and fe is None and trace is None and not keep_token_times \
+        and not late
     sim = Simulation(workload.requests, [(core, cost)], closed_loop=plan, progress=progress, fast_forward=fast_path,
                      failures=workload.failures, leak=cfg.deployment.leak_kv_on_failure,
                      sink=RequestSink() if stream else None)
     if trace is not None:
         trace_core(core, trace)
     sim.run()
+    if late:
+        tokens_one_step_late(sim.requests, core)
     if fe is not None:
         online.to_client(sim.requests, sends if closed is None else sim.client_sends, fe)
     budget = built.budget
@@ -168,6 +176,30 @@ def _simulate_variant(
     result.power = power_model_of(built.gpu, cost, gpus, cfg.deployment.power_limit_w)
     _say_cpu(result, cost)
     return result, sim.requests, core
+
+
+def tokens_one_step_late(requests: list[Request], core: ServingCore) -> None:
+    """Each token as it leaves an engine that processes a step's outputs under the next step
+    (``Engine.tokens_one_step_late``): at the end of the step that started when the token's step ended, or when it
+    was sampled where none did (the engine drains its outputs when it has nothing to run). A closed loop's next
+    request was sent on the engine's own finish (not moved: one step of a run of many)."""
+    cols = core.steps.columns()
+    start = np.asarray(cols["start"], dtype=float)
+    if not len(start):
+        return
+    order = np.argsort(start, kind="stable")
+    start = start[order]
+    end = start + np.asarray(cols["duration"], dtype=float)[order]
+
+    def late(t: Any) -> np.ndarray:
+        t = np.asarray(t, dtype=float)
+        i = np.minimum(np.searchsorted(start, t - 1e-9), len(start) - 1)
+        return np.where((t >= 0) & (np.abs(start[i] - t) <= 1e-9), end[i], t)
+
+    for r in requests:
+        r.first_token, r.last_token, r.finish = (float(x) for x in late([r.first_token, r.last_token, r.finish]))
+        if r.token_times:
+            r.token_times = [float(x) for x in late(r.token_times)]
 
 
 def _say_cpu(result: RunResult, cost: Any) -> None:
