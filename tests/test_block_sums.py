@@ -387,3 +387,29 @@ def test_the_report_reads_a_long_runs_log_once_for_its_windowed_amounts(monkeypa
     assert got == want
     assert passes[("start", "duration", *timeline_blocks.WINDOWED)] == 1
     assert sum(passes.values()) == 6, passes  # end, order of starts, of steps, amounts, windows, peaks
+
+
+def test_write_phase_reads_the_power_the_summary_spilled(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A long run's step power, written to a file while its energy is computed (``SpilledPower``), is what the
+    report's power chart and the metrics export read back inside ``energy_kept`` instead of making it again from
+    the busy columns: the same bytes either way. Pickled, the file becomes None (a sweep's worker's results)."""
+    import pickle
+
+    import sim.costs.energy as energy
+    import sim.costs.energy_time as energy_time
+    from sim.output.benchfiles.export_metrics import openmetrics_text
+
+    monkeypatch.setattr(records, "_CHUNK", 7)
+    run = run_scenario(prepare_scenario(parse_scenario({**SCENARIO, "variants": SCENARIO["variants"][:1]})))
+    (res,) = run.results
+    curve, text = energy_time.power_over_time(res), openmetrics_text(res)  # outside energy_kept: made again
+    assert curve is not None
+    monkeypatch.setattr(energy, "KEEP_ENERGY_ROWS", 0)  # the energy to a file, as a long run's
+    with energy.energy_kept():
+        e = energy.run_energy(res)
+        assert e is not None and e.power_spill is not None and e.power_spill.num_steps == res.steps.num_steps
+        monkeypatch.setattr(energy, "_made_power_blocks", lambda *a, **k: pytest.fail("power made again"))
+        got = energy_time.power_over_time(res)
+        assert got is not None and [a.tobytes() for a in got] == [a.tobytes() for a in curve]
+        assert openmetrics_text(res) == text
+    assert pickle.loads(pickle.dumps(e)).power_spill is None

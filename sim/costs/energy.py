@@ -170,8 +170,58 @@ def busy_shares(pm: PowerModel, steps: Any) -> tuple[np.ndarray, np.ndarray]:
 
 def power_blocks(pm: PowerModel, steps: Any, rows: int | None = None, extra: tuple[str, ...] = ()
                   ) -> Iterator[tuple[int, dict[str, np.ndarray], np.ndarray]]:
-    """``(first row, the block's busy columns and ``extra`` as float64, each step's power in W)`` a block of steps
-    at a time: the very values of ``pm.power(*busy_shares(pm, steps))`` (elementwise arithmetic)."""
+    """``(first row, the block's duration and ``extra`` as float64, each step's power in W)`` a block of steps
+    at a time: the very values of ``pm.power(*busy_shares(pm, steps))`` (elementwise arithmetic). Inside
+    ``energy_kept``, a long run whose energy was computed reads its power back from the file ``_run_energy`` wrote
+    (``SpilledPower``) instead of making it again from the eight busy columns."""
+    kept = _spilled_power(pm, steps)
+    if kept is None:
+        yield from _made_power_blocks(pm, steps, rows, extra)
+        return
+    keys = ("duration", *extra)
+    for lo, block in step_blocks(steps, keys) if rows is None else step_blocks(steps, keys, rows):
+        b = {k: np.asarray(v, dtype=np.float64) for k, v in block.items()}
+        yield lo, b, kept.rows(lo, len(b["duration"]))
+
+
+class SpilledPower:
+    """A long run's step power (W), as ``_run_energy`` made it block after block, in a temporary file of its own
+    (8 bytes a step on disk): the write phase's readers (the report's power chart, the metrics export's running
+    sums) read rows of it back, bit for bit, instead of making it again from eight step columns (a third of
+    ``power_over_time`` at 100,000 requests). Pickled (a sweep's worker sends its results back) it becomes None,
+    and readers make the power again."""
+
+    __slots__ = ("_file", "num_steps")
+
+    def __init__(self) -> None:
+        self._file = spill.SpillFile()
+        self.num_steps = 0
+
+    def add(self, power: np.ndarray) -> None:
+        """Append the next block's power (float64)."""
+        self._file.write(np.asarray(power, dtype=np.float64))
+        self.num_steps += len(power)
+
+    def rows(self, lo: int, n: int) -> np.ndarray:
+        """The power of steps lo..lo+n."""
+        return self._file.read(8 * lo, np.dtype(np.float64), n)
+
+    def __reduce__(self) -> tuple[type, tuple[()]]:
+        return type(None), ()
+
+
+def _spilled_power(pm: PowerModel, steps: Any) -> SpilledPower | None:
+    """The power ``_run_energy`` wrote of these very steps under this very power model, kept (``energy_kept``)."""
+    for _, e in (_kept or {}).values():
+        if e is not None and e.power_spill is not None and e.steps is steps and e.power_model is pm \
+                and e.power_spill.num_steps == step_count(steps):
+            return e.power_spill
+    return None
+
+
+def _made_power_blocks(pm: PowerModel, steps: Any, rows: int | None = None, extra: tuple[str, ...] = ()
+                       ) -> Iterator[tuple[int, dict[str, np.ndarray], np.ndarray]]:
+    """``power_blocks`` made from the steps' busy columns (the block holds them too)."""
     keys = _BUSY_COLUMNS + extra
     blocks = step_blocks(steps, keys) if rows is None else step_blocks(steps, keys, rows)
     for lo, block in blocks:
@@ -224,6 +274,7 @@ class RunEnergy:
     request_energy_j: np.ndarray  # J attributed to each request (they sum to energy_j)
     busy_energy_j: float  # J of the steps: the sum of step_energy()
     peak_step_power_w: float  # the most step_power() (NaN: no steps)
+    power_spill: SpilledPower | None = None  # a long run's step power, in a file (see ``power_blocks``)
 
     @property
     def energy_j(self) -> float:
@@ -320,15 +371,17 @@ def _run_energy(result: RunResult, up: float) -> RunEnergy | None:
     # step on disk, a block in memory), instead of its steps' power made again from eight columns for each pass
     # (two thirds of run_energy at 100,000 requests)
     spilled = spill.SpillFile() if kept is None and isinstance(s, StepColumns) and n else None
+    power_spill = SpilledPower() if spilled is not None else None  # the power too, for the write phase's readers
     at: list[int] = []
-    for lo, block, power in power_blocks(pm, s, ATTRIBUTE_ROWS, () if kept is None else ("start",)):
+    for lo, block, power in _made_power_blocks(pm, s, ATTRIBUTE_ROWS, () if kept is None else ("start",)):
         energy = power * block["duration"]
         busy_s.add(block["duration"])
         busy_j.add(energy)
         if kept is not None:
             kept.append((lo, block["start"], block["prefill_tokens"], block["decode_tokens"], energy))
-        elif spilled is not None:
+        elif spilled is not None and power_spill is not None:
             at.append(spilled.write(energy))
+            power_spill.add(power)
         if len(power):
             peak = float(np.max([peak, power.max()]))  # NaN propagates, as in a whole column's max
     idle = max(up - busy_s.value(), 0.0) * pm.idle_w * pm.gpus
@@ -346,7 +399,7 @@ def _run_energy(result: RunResult, up: float) -> RunEnergy | None:
     if per_request is None:
         per_request = attribute(result, pm.power(*busy_shares(pm, s)) * np.asarray(s["duration"], dtype=np.float64),
                                 total)
-    return RunEnergy(pm, s, idle, up, per_request, busy_j.value(), peak if n else float("nan"))
+    return RunEnergy(pm, s, idle, up, per_request, busy_j.value(), peak if n else float("nan"), power_spill)
 
 
 def attribute(result: RunResult, step_energy: np.ndarray, total: float) -> np.ndarray:
