@@ -129,21 +129,46 @@ def profile_family(profile: str) -> KnobFamily:
 Deployments = VariantConfig | list[VariantConfig]  # one for every run, or one per run (rows of many deployments)
 
 
+@dataclass
+class SimMemo:
+    """What one calibration simulated, kept for its later asks: each run's workload (no knob changes it; every
+    evaluation rebuilt it) and each run's metrics by knobs (the knobs the fit ends on were simulated again for
+    the median error and the cost, and the unfitted ones three times: comparison, median error, cost). The
+    simulator is deterministic, so an ask answered from here is the very result a new simulation gives. Keyed by
+    the objects' ids: it lives no longer than the runs, deployments and family of the one calibration."""
+
+    workloads: dict[tuple[int, int, int], Any] = field(default_factory=dict)
+    metrics: dict[tuple[int, int, int, int, tuple[tuple[str, float], ...]], dict[str, float]] = field(
+        default_factory=dict)
+
+
 def simulate_runs(cfg: Deployments, runs: list[BenchRun], knobs: dict[str, float], seed: int = 0,
-                  family: KnobFamily = ANALYTIC) -> list[dict[str, float]]:
+                  family: KnobFamily = ANALYTIC, memo: SimMemo | None = None) -> list[dict[str, float]]:
     from sim.loop.run import simulate_variant
 
     cfgs = cfg if isinstance(cfg, list) else [cfg] * len(runs)
+    by_knobs = tuple(sorted(knobs.items()))
     out = []
     for base, run in zip(cfgs, runs, strict=True):
+        key = (id(base), id(run), id(family), seed, by_knobs)
+        if memo is not None and key in memo.metrics:
+            out.append(dict(memo.metrics[key]))
+            continue
         c = family.apply(base, knobs)
-        wl, _ = rebuild_workload(run, seed=seed, max_len=int(base.deployment.max_model_len or (1 << 20)))
+        max_len = int(base.deployment.max_model_len or (1 << 20))
+        wl = memo.workloads.get((id(run), seed, max_len)) if memo is not None else None
+        if wl is None:
+            wl, _ = rebuild_workload(run, seed=seed, max_len=max_len)
+            if memo is not None:
+                memo.workloads[(id(run), seed, max_len)] = wl
         result, _, _ = simulate_variant(c, wl, name=c.name)
         n, done, why = not_completed(result)
         if done < n:  # knobs fitted to fewer requests than were measured describe neither (0 where none are left)
             raise ScenarioError(f"{run.source}: the simulated variant {c.name} rejects {n - done} of the benchmark's "
                                 f"{n} requests, which the benchmark served ({why}): no fit to it")
         out.append(simulated_metrics(result, list(run.aggregates)))
+        if memo is not None:
+            memo.metrics[key] = dict(out[-1])
     return out
 
 
@@ -196,10 +221,12 @@ class BenchFit:
 def fit_knobs(cfg: Deployments, train: list[BenchRun], *, x0: dict[str, float] | None = None, seed: int = 0,
               max_iter: int = 12, knobs: tuple[str, ...] = DEFAULT_FREE,
               robust: float | None = None, family: KnobFamily = ANALYTIC,
-              compare: dict[str, float] | None = None) -> tuple[dict[str, float], float, int]:
+              compare: dict[str, float] | None = None, memo: SimMemo | None = None
+              ) -> tuple[dict[str, float], float, int]:
     """Bounded least squares over the knobs; returns them, the training median |relative error| and the number
     of evaluations. With ``compare`` (the knobs a fit is judged against, such as an engine profile as it is): those
-    knobs are returned instead whenever they describe the training runs better by the fit's own measure."""
+    knobs are returned instead whenever they describe the training runs better by the fit's own measure. ``memo``:
+    simulations kept for the caller's later asks (``SimMemo``)."""
     from scipy.optimize import least_squares
 
     start = {**family.defaults, **(x0 or {})}
@@ -215,7 +242,7 @@ def fit_knobs(cfg: Deployments, train: list[BenchRun], *, x0: dict[str, float] |
         return residuals_of(knobs_of(x))
 
     def residuals_of(knobs: dict[str, float]) -> np.ndarray:
-        pairs = _pairs(train, simulate_runs(cfg, train, knobs, seed, family))
+        pairs = _pairs(train, simulate_runs(cfg, train, knobs, seed, family, memo))
         r = np.array([math.log(max(s, 1e-12) / m) for _, _, m, s in pairs])
         if robust is None:
             return r
@@ -273,20 +300,21 @@ def fit_knobs(cfg: Deployments, train: list[BenchRun], *, x0: dict[str, float] |
         nfev += 1
         if rc @ rc < r @ r:
             fitted = {**start, **compare}
-    return fitted, median_abs_error(cfg, train, fitted, seed, family), nfev
+    return fitted, median_abs_error(cfg, train, fitted, seed, family, memo), nfev
 
 
 def rms_log_error(cfg: Deployments, runs: list[BenchRun], knobs: dict[str, float], seed: int = 0,
-                  family: KnobFamily = ANALYTIC) -> float:
+                  family: KnobFamily = ANALYTIC, memo: SimMemo | None = None) -> float:
     """The root mean square of log(simulated / measured) over the fitted metrics of ``runs``: the fit's cost."""
-    r = [math.log(max(s, 1e-12) / m) for _, _, m, s in _pairs(runs, simulate_runs(cfg, runs, knobs, seed, family))]
+    sims = simulate_runs(cfg, runs, knobs, seed, family, memo)
+    r = [math.log(max(s, 1e-12) / m) for _, _, m, s in _pairs(runs, sims)]
     return math.sqrt(sum(x * x for x in r) / len(r)) if r else math.nan
 
 
 def median_abs_error(cfg: Deployments, runs: list[BenchRun], knobs: dict[str, float], seed: int = 0,
-                     family: KnobFamily = ANALYTIC) -> float:
+                     family: KnobFamily = ANALYTIC, memo: SimMemo | None = None) -> float:
     """The median |relative error| over the fitted metrics of ``runs`` simulated with ``knobs``."""
-    errs = [abs(s - m) / m for _, _, m, s in _pairs(runs, simulate_runs(cfg, runs, knobs, seed, family))]
+    errs = [abs(s - m) / m for _, _, m, s in _pairs(runs, simulate_runs(cfg, runs, knobs, seed, family, memo))]
     return float(np.median(errs)) if errs else math.nan
 
 
@@ -327,12 +355,13 @@ def calibrate_from_bench(cfg: VariantConfig, runs: list[BenchRun], *, holdout_ev
         raise ValueError(f"{how} leaves {len(train)} of the {len(runs)} benchmark runs to fit: knobs are never fitted "
                          "to one; hold out fewer")
     unfitted = family.unfitted or family.defaults
+    memo = SimMemo()
     fitted, train_err, nfev = fit_knobs(cfg, train, seed=seed, max_iter=max_iter, knobs=knobs or family.free,
-                                        family=family, compare=unfitted)
+                                        family=family, compare=unfitted, memo=memo)
 
     def errors(knobs: dict[str, float]) -> dict[str, dict[str, float | None]]:
         out: dict[str, dict[str, float | None]] = {}
-        sims = simulate_runs(cfg, held, knobs, seed, family)
+        sims = simulate_runs(cfg, held, knobs, seed, family, memo)
         for run, sim in zip(held, sims, strict=True):
             name = run.source + (f" {run.label}" if run.label else "")
             out[name] = {k: relative_error(v, sim[k]) for k, v in run.aggregates.items() if k in sim}
@@ -348,8 +377,9 @@ def calibrate_from_bench(cfg: VariantConfig, runs: list[BenchRun], *, holdout_ev
     label = [r.source + (f" {r.label}" if r.label else "") for r in train]
     return BenchFit(fitted, label, [r.source + (f" {r.label}" if r.label else "") for r in held], train_err,
                     errors(fitted) if held else {}, nfev, errors(unfitted) if held else {}, family,
-                    median_abs_error(cfg, train, unfitted, seed, family),
-                    rms_log_error(cfg, train, fitted, seed, family), rms_log_error(cfg, train, unfitted, seed, family))
+                    median_abs_error(cfg, train, unfitted, seed, family, memo),
+                    rms_log_error(cfg, train, fitted, seed, family, memo),
+                    rms_log_error(cfg, train, unfitted, seed, family, memo))
 
 
 def knobs_at_bounds(fit: BenchFit, free: tuple[str, ...]) -> list[str]:

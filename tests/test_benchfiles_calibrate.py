@@ -257,6 +257,21 @@ def test_a_fit_to_files_whose_requests_the_variant_rejects_is_refused(cfg) -> No
         calibrate_from_bench(short, runs, holdout_every=0)
 
 
+def test_a_calibrations_memo_answers_as_a_new_simulation_does(cfg, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the fit's last knobs and the unfitted ones were simulated again after it (5 of a fit's ~42 evaluations), and
+    # every evaluation rebuilt each file's workload: a SimMemo keeps them for one calibration
+    import sim.loop.run
+
+    from calibration.bench_fit import SimMemo, simulate_runs
+
+    runs = measured_runs(cfg, n=10, seed=3)[:2]
+    memo = SimMemo()
+    fresh = simulate_runs(cfg, runs, PLANTED)
+    assert simulate_runs(cfg, runs, PLANTED, memo=memo) == fresh and len(memo.workloads) == 2
+    monkeypatch.setattr(sim.loop.run, "simulate_variant", None)  # asked again: nothing is simulated
+    assert simulate_runs(cfg, runs, PLANTED, memo=memo) == fresh
+
+
 def test_a_holdout_that_leaves_one_file_to_fit_is_refused(cfg) -> None:
     # Before: --holdout-every 1 on three files fitted the knobs to one file ("fitted on 1 runs"), which a single
     # file given alone is refused for.
