@@ -329,8 +329,7 @@ def load_gguf_model(
     spec = spec_from_gguf(r, name=name)
     state, types = hf_state_dict_from_gguf(r, spec, permuted_qk=permuted_qk)
     model = LlamaModel(spec, dtype=torch_dtype(dtype), device="meta")  # shapes only: no random draw to discard
-    model.to_empty(device=torch.device(device))
-    model.load_hf_state_dict(state)
+    model.load_hf_state_dict(state, device=device)  # the dequantized tensors become the weights: no copy
     bos = gguf_metadata(r, "tokenizer.ggml.bos_token_id")
     eos = gguf_metadata(r, "tokenizer.ggml.eos_token_id")
     tok = TextTokenizer(tokenizer_from_gguf(r), None if bos is None else int(bos), None if eos is None else int(eos))

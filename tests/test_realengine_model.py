@@ -329,3 +329,21 @@ def test_safetensors_round_trip(tmp_path, dtype: str) -> None:
     del missing["model.norm.weight"]
     with pytest.raises(KeyError, match="lacks"):
         LlamaModel(TINY_VARIANT).load_hf_state_dict(missing)
+
+
+def test_a_meta_model_takes_the_checkpoints_tensors_as_its_weights() -> None:
+    """The GGUF load (realengine/gguf_model.py) allocated a second copy of every weight (to_empty) and copied the
+    dequantized tensors into it, joining q/k/v and gate/up into one more copy first: 0.5 GB and a pass over it for
+    SmolLM2. With ``device`` the checkpoint's tensors are the weights: a model built on meta has the source's numbers
+    and outputs, and an unfused weight is the very tensor given."""
+    src = LlamaModel(TINY_VARIANT, seed=1)
+    state = {k: v.clone() for k, v in src.hf_state_dict().items()}
+    dst = LlamaModel(TINY_VARIANT, device="meta")
+    dst.load_hf_state_dict(state, device="cpu")
+    assert dst.device.type == "cpu"
+    for (name, a), (_, b) in zip(src.named_parameters(), dst.named_parameters(), strict=True):
+        assert b.device.type == "cpu" and torch.equal(a, b), name
+    assert dst.layers[0].self_attn.o_proj.weight.data_ptr() == state["model.layers.0.self_attn.o_proj.weight"].data_ptr()
+    toks = _tokens(12, TINY_VARIANT.vocab_size, 3)
+    meta = build_metadata([0], [12])
+    assert torch.equal(dst(torch.tensor(toks), meta.positions, meta), src(torch.tensor(toks), meta.positions, meta))
