@@ -255,3 +255,16 @@ def test_a_size_written_with_k_or_m_is_told_its_digits(change, says):
     """vLLM's --max-model-len takes 32k (32,000; 32K is 32,768); a scenario's max_model_len: 32k said only "expected an
     integer (got '32k')", not which forms are taken."""
     assert _error(change) == says
+
+
+@pytest.mark.parametrize(("arrival", "says"), [
+    ({"type": "closed_loop", "concurrency": 8}, "s.yaml: workload.arrival.concurrency: unknown key; did you mean "
+     "num_users (vllm bench's --max-concurrency)?"),
+    ({"type": "poisson", "request_rate": 2.0}, "s.yaml: workload.arrival.request_rate: unknown key; did you mean "
+     "rate (vllm bench's --request-rate)?"),
+])
+def test_a_required_key_written_under_vllms_name_is_one_line(arrival, says):
+    """A required key written under vllm bench's option name was two lines, the first saying the key
+    (num_users, rate) was missing, as if nothing had been written: the hint's source in brackets hid it from the
+    rule that drops that line for a misspelt key."""
+    assert _error(lambda r: r["workload"].update(arrival=arrival)) == says

@@ -334,7 +334,8 @@ def _missing_as_misspelled(found: list[tuple[str, str]]) -> list[tuple[str, str]
     lines of one misspelled key read as two problems, the first as if the key written were not there."""
     meant = set()
     for loc, reason in found:
-        m = re.fullmatch(r"unknown key; did you mean (\w+)\?", reason)
+        # a name from vLLM's options hints with its source: "did you mean num_users (vllm bench's ...)?"
+        m = re.fullmatch(r"unknown key; did you mean (\w+)(?: \(.*\))?\?", reason)
         if m:
             meant.add(f"{loc.rpartition('.')[0]}.{m[1]}".lstrip("."))
     return [(loc, reason) for loc, reason in found if not (reason == "required key is missing" and loc in meant)]
