@@ -268,3 +268,16 @@ def test_a_required_key_written_under_vllms_name_is_one_line(arrival, says):
     (num_users, rate) was missing, as if nothing had been written: the hint's source in brackets hid it from the
     rule that drops that line for a misspelt key."""
     assert _error(lambda r: r["workload"].update(arrival=arrival)) == says
+
+
+@pytest.mark.parametrize(("key", "value"), [("prompt_len", 800), ("output_len", 200)])
+def test_a_length_written_as_a_number_is_shown_the_fixed_kind(key, value):
+    """prompt_len: 800 said only 'expected a mapping of keys to values (got 800)', not how to write a fixed length."""
+    assert _error(lambda r: r["workload"].update({key: value})) == (
+        f"s.yaml: workload.{key}: expected a mapping of keys to values (got {value}): write {{type: fixed, value: "
+        f"{value}}}")
+
+
+def test_a_number_where_no_fixed_kind_is_gets_no_hint():
+    assert _error(lambda r: r["variants"][0].update(policy=8)) == (
+        "s.yaml: variants.0.policy: expected a mapping of keys to values (got 8)")

@@ -299,11 +299,15 @@ def digits_of_size(text: object) -> str | None:
 
 def _kind_written_bare(model: type[BaseModel] | None, loc: tuple[Any, ...], value: Any) -> str:
     """``: write {type: fcfs}`` for a section given as its kind's bare name (``policy: fcfs``, as a tournament spec
-    and ``cluster.router`` take it), or as a user's ``file.py:Class``; "" otherwise."""
-    if model is None or not isinstance(value, str):
+    and ``cluster.router`` take it), as a user's ``file.py:Class``, or as a number where a kind ``fixed`` takes it
+    (``prompt_len: 800``); "" otherwise."""
+    if model is None or not isinstance(value, (str, int, float)) or isinstance(value, bool):
         return ""
     models = _models_at(model, loc)
     kinds = {typing.get_args(m.model_fields["type"].annotation)[:1]: m for m in models if "type" in m.model_fields}
+    if not isinstance(value, str):  # a length or a think time written as its number: the fixed kind holds it
+        fixed = kinds.get(("fixed",))
+        return f": write {{type: fixed, value: {value}}}" if fixed and "value" in fixed.model_fields else ""
     if (value,) in kinds:  # with ", ..." where the kind needs more keys (poisson its rate)
         more = any(f.is_required() for k, f in kinds[(value,)].model_fields.items() if k != "type")
         return f": write {{type: {value}{', ...' if more else ''}}}"
