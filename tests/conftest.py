@@ -166,6 +166,18 @@ class Ran:
     stderr: str
 
 
+def _under(file: str, folders: list[Path]) -> bool:
+    """``any(Path(file).is_relative_to(d) for d in folders)``, with the file's path split once: servesim() asks it
+    of every loaded module, and late in the whole suite (thousands of modules, dozens of folders that tests added to
+    sys.path) building a Path per pair took seconds of CPU per call (test_teach's bad-knob checks: 0.13 s alone,
+    11-15 s each in the suite)."""
+    if not folders:
+        return False
+    parts = Path(file).parts
+    # Path.is_relative_to compares the leading parts; an empty folder ('' or '.') holds every relative path only
+    return any(parts[: len(p)] == p if p else not parts or parts[0] != "/" for p in (d.parts for d in folders))
+
+
 def servesim(*args: str, cwd: Path | str | None = None, env: dict[str, str] | None = None,
              timeout: float = 300) -> Ran:
     """``python -m sim.cli.main ARGS`` run in this process (typer's CliRunner), in ``cwd`` with ``env`` added to the
@@ -185,9 +197,8 @@ def servesim(*args: str, cwd: Path | str | None = None, env: dict[str, str] | No
     # a fresh process has neither the folders earlier in-process tests added to sys.path nor the modules loaded from
     # them: in the whole suite 'bad_policies:Idle' was found (tests/data/policies on the path since another test
     # loaded a policy file there) where the test expects 'no such module'. Hidden for the call, put back after it
-    foreign = [Path(p) for p in sys.path if p not in _SESSION_PATH]
-    hidden = {n: m for n, m in sys.modules.items()
-              if (f := getattr(m, "__file__", None)) and any(Path(f).is_relative_to(d) for d in foreign)}
+    foreign = [Path(p) for p in dict.fromkeys(sys.path) if p not in _SESSION_PATH]
+    hidden = {n: m for n, m in sys.modules.items() if (f := getattr(m, "__file__", None)) and _under(f, foreign)}
     sys.path[:] = fresh = [p for p in path if p in _SESSION_PATH]
     for name in hidden:
         del sys.modules[name]
@@ -208,7 +219,7 @@ def servesim(*args: str, cwd: Path | str | None = None, env: dict[str, str] | No
         sys.path[:] = path
         for name in set(sys.modules) - modules:
             file = getattr(sys.modules[name], "__file__", None)
-            if name.startswith("servesim_user_") or (file and any(Path(file).is_relative_to(d) for d in added)):
+            if name.startswith("servesim_user_") or (file and _under(file, added)):
                 del sys.modules[name]
         sys.modules.update(hidden)
     stderr = res.stderr
