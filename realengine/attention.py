@@ -73,13 +73,16 @@ def build_metadata(
     row_len: int = 0,
     sample: Sequence[bool] | None = None,
     pad_lens: Sequence[int] = (),
+    sampled_pads: int = 0,
 ) -> AttentionMetadata:
     """Metadata of a step: sequence i has ``context_lens[i]`` cached tokens and computes ``query_lens[i]`` new ones.
 
     Give ``block_tables`` (paged: block ids in token order, at least enough for context + new tokens) or
     ``seq_slots`` with ``row_len`` (contiguous), or neither (no cache: every context must be 0). ``sample[i]``
     says whether sequence i samples (default: all). ``pad_lens`` adds padding sequences of that many tokens,
-    computed without a cache and never sampled (static batching's padded rows)."""
+    computed without a cache; the last ``sampled_pads`` of them reach the LM head too (static batching's padded
+    rows: a padded batch computes every row's logits, which are discarded), the others do not (a prompt's
+    padding to the longest)."""
     ctx = np.asarray(context_lens, dtype=np.int64).reshape(-1)
     ql = np.asarray(query_lens, dtype=np.int64).reshape(-1)
     b = len(ql)
@@ -111,6 +114,11 @@ def build_metadata(
         rows = qsl[1:] - 1
     else:
         rows = (qsl[1:] - 1)[np.asarray(sample, dtype=bool)]
+    if sampled_pads:
+        if not 0 < sampled_pads <= len(pads):
+            raise ValueError(f"{sampled_pads} sampled padding sequences of {len(pads)}")
+        ends = nt + np.cumsum(np.asarray(pads, dtype=np.int64)) - 1
+        rows = np.concatenate([rows, ends[len(pads) - sampled_pads:]])
     meta = AttentionMetadata(
         query_start_loc=qsl.tolist(),
         context_lens=ctx.tolist(),

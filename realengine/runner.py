@@ -207,10 +207,11 @@ class ModelRunner:
             pads += [longest] * plan.padded_rows
         if self.paged:
             meta = build_metadata(ctx, qlens, device=self.device, block_size=self.block_size, block_tables=where,
-                                  sample=sample, pad_lens=pads)
+                                  sample=sample, pad_lens=pads, sampled_pads=plan.padded_rows)
         else:
             meta = build_metadata(ctx, qlens, device=self.device, block_size=self.block_size, seq_slots=where,
-                                  row_len=self.kv.row_len, sample=sample, pad_lens=pads)
+                                  row_len=self.kv.row_len, sample=sample, pad_lens=pads,
+                                  sampled_pads=plan.padded_rows)
         self.last_num_tokens, self.last_num_padding_tokens = len(ids), sum(pads)
         input_ids = torch.tensor(ids + [0] * sum(pads), dtype=torch.long, device=self.device)
         if self.fault is not None:
