@@ -281,3 +281,19 @@ def test_a_length_written_as_a_number_is_shown_the_fixed_kind(key, value):
 def test_a_number_where_no_fixed_kind_is_gets_no_hint():
     assert _error(lambda r: r["variants"][0].update(policy=8)) == (
         "s.yaml: variants.0.policy: expected a mapping of keys to values (got 8)")
+
+
+@pytest.mark.parametrize(("change", "says"), [
+    # nothing close to ttft_p99: "unknown key" alone, not what slos takes
+    (lambda r: r.update(slos={"ttft_p99": 0.5}), "s.yaml: slos.ttft_p99: unknown key; expected one of e2el, tpot, "
+     "ttft"),
+    # a tagged union's section lists its own kind's keys, not every kind's
+    (lambda r: r["workload"].update(arrival={"type": "poisson", "rate": 1.0, "rps": 1.0}),
+     "s.yaml: workload.arrival.rps: unknown key; expected one of rate, type"),
+    # a built-in policy was told "your class's constructor arguments go under args", which only a custom one takes
+    (lambda r: r["variants"][0].update(policy={"type": "continuous", "foo": 1}),
+     "s.yaml: variants.0.policy.foo: unknown key; expected one of capacity_scheduler_policy, enable_chunked_prefill, "
+     "max_num_batched_tokens, max_num_seqs, preemption_mode, prefill_mode, type"),
+])
+def test_an_unknown_key_with_none_close_lists_what_its_section_takes(change, says):
+    assert _error(change) == says

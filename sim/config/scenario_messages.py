@@ -103,9 +103,10 @@ def _is_model(t: Any) -> bool:
     return isinstance(t, type) and issubclass(t, BaseModel)
 
 
-def _models_at(model: type[BaseModel], path: tuple[Any, ...]) -> list[type[BaseModel]]:
+def _models_at(model: type[BaseModel], path: tuple[Any, ...], kind: bool = False) -> list[type[BaseModel]]:
     """The models that can stand at ``path`` below ``model``. A path element that names no field (a tagged
-    union's tag, as pydantic puts it in an error's location) is stepped over."""
+    union's tag, as pydantic puts it in an error's location) is stepped over; with ``kind``, it keeps only the
+    tagged kind (a continuous policy's model, not a custom one's)."""
     current: list[Any] = [model]
     for part in path:
         nxt: list[Any] = []
@@ -115,6 +116,9 @@ def _models_at(model: type[BaseModel], path: tuple[Any, ...]) -> list[type[BaseM
             elif _is_model(t) and part in t.model_fields:
                 nxt += _member_types(t.model_fields[part].annotation)
         if not nxt and not isinstance(part, int):
+            tagged = [t for t in current if _is_model(t) and "type" in t.model_fields
+                      and typing.get_args(t.model_fields["type"].annotation)[:1] == (part,)]
+            current = tagged if kind and tagged else current
             continue
         current = nxt
     return [t for t in current if _is_model(t)]
@@ -227,6 +231,7 @@ def unknown_key_hint(model: type[BaseModel] | None, loc: tuple[Any, ...]) -> str
         return ""
     models = _models_at(model, tuple(loc[:-1]))
     here = sorted({k for m in models for k in m.model_fields})
+    own = _models_at(model, tuple(loc[:-1]), kind=True)  # the kind written, where the section is a tagged union
     other, source = OTHER_NAMES.get(loc[-1].lower(), ("", ""))
     if other in here:
         return f"; did you mean {other} ({source})?"
@@ -238,7 +243,7 @@ def unknown_key_hint(model: type[BaseModel] | None, loc: tuple[Any, ...]) -> str
     best = close[0] if close else None
     # a user's class: its own parameter written beside cls, where the constructor never sees it
     to_args = (f"your class's constructor arguments go under args: {{args: {{{loc[-1]}: ...}}}}"
-               if any({"cls", "args"} <= m.model_fields.keys() for m in models) else "")
+               if any({"cls", "args"} <= m.model_fields.keys() for m in own) else "")
     if best is None and to_args:
         return f"; {to_args}"
     if best == loc[-1]:  # the section's other kinds have the key, this kind not (a custom policy's chunking)
@@ -250,7 +255,14 @@ def unknown_key_hint(model: type[BaseModel] | None, loc: tuple[Any, ...]) -> str
     everywhere = _schema_keys(model)
     close = [k + (f" (a key of {everywhere[k]})" if everywhere[k] else "")
              for k in closest_keys(loc[-1], sorted(everywhere))]
-    return f"; did you mean {either(close)}?" if close else ""
+    if close:
+        return f"; did you mean {either(close)}?"
+    # nothing close: what the section takes (slos.ttft_p99 said "unknown key" alone)
+    keys = sorted({k for m in own for k in m.model_fields})
+    return f"; expected one of {', '.join(keys)}" if 0 < len(keys) <= _KEYS_LISTED else ""
+
+
+_KEYS_LISTED = 12  # an unknown key with no close one lists the section's keys when it has at most this many
 
 
 def _same_in_variants(found: list[tuple[str, str]], raw: Any) -> list[tuple[str, str]]:
