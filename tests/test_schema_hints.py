@@ -297,3 +297,12 @@ def test_a_number_where_no_fixed_kind_is_gets_no_hint():
 ])
 def test_an_unknown_key_with_none_close_lists_what_its_section_takes(change, says):
     assert _error(change) == says
+
+
+def test_numpys_lognormal_names_are_told_the_lengths_own():
+    """prompt_len: {type: lognormal, mu: 6.5, sigma: 0.5} was four lines, sigma's saying 'did you mean sigma (a key
+    of policy.predictor)?', a section the user never meant."""
+    assert _error(lambda r: r["workload"].update(prompt_len={"type": "lognormal", "mu": 6.5, "sigma": 0.5})) == (
+        "s.yaml: workload.prompt_len.mu: unknown key; did you mean mean (the length's mean in tokens, where numpy's "
+        "lognormal mu is of its log)?\ns.yaml: workload.prompt_len.sigma: unknown key; did you mean std (the length's "
+        "standard deviation in tokens, where numpy's lognormal sigma is of its log)?")

@@ -213,6 +213,14 @@ OTHER_NAMES: dict[str, tuple[str, str]] = {
 }
 
 
+# numpy's lognormal(mu, sigma) in a length distribution, whose mean and std are the length's own; elsewhere
+# (policy.predictor) sigma is a key
+_LENGTH_NAMES = {
+    "mu": ("mean", "the length's mean in tokens, where numpy's lognormal mu is of its log"),
+    "sigma": ("std", "the length's standard deviation in tokens, where numpy's lognormal sigma is of its log"),
+}
+
+
 def key_place(model: type[BaseModel], name: str) -> str | None:
     """The dotted place of the schema key ``name`` most likely means (``model`` -> ``deployment.model``, ``tp`` ->
     ``deployment.tensor_parallel_size``), for a command-line option that is a scenario key; None when none is
@@ -235,6 +243,8 @@ def unknown_key_hint(model: type[BaseModel] | None, loc: tuple[Any, ...]) -> str
     other, source = OTHER_NAMES.get(loc[-1].lower(), ("", ""))
     if other in here:
         return f"; did you mean {other} ({source})?"
+    if (near := _LENGTH_NAMES.get(loc[-1].lower())) and near[0] in here:  # not sent to policy.predictor's sigma
+        return f"; did you mean {near[0]} ({near[1]})?"
     if other:
         where = _schema_keys(model).get(other)
         if where is not None:
