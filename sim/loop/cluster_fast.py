@@ -422,17 +422,19 @@ class BoundedRouter:
         if len(replicas) != len(stamp):
             raise AssertionError("a bounded router routes over the whole fleet")
         now, name, kv_only = self.env.now, self.name, self._kv
-        taken: list[tuple[int, tuple]] = []
+        bound, replace = self._bound, heapq.heapreplace
         best: tuple | None = None
         while heap:
             top = heap[0]
             i = top[-2]
-            if top[-1] != stamp[i]:
+            s = stamp[i]
+            if top[-1] != s:
                 heapq.heappop(heap)
                 continue
-            if best is not None and top[:-1] > best:
+            if best is not None and top[:-1] >= best:
+                # (an entry equal to the best is the best's own, put back below with its key: every other
+                # entry's index differs)
                 break
-            heapq.heappop(heap)
             rep = replicas[i]
             tl = rep.parked
             if tl is not None and kv_only:  # ParkingReplica.key's parked least_kv case, inline
@@ -443,11 +445,13 @@ class BoundedRouter:
                 key = ((kv.num_used_blocks if k < o else tl.used[k - o]) / kv.num_blocks, len(core.running))
             else:
                 key = rep.key(name, now)
-            taken.append((i, key))
+            # its entry replaced in place by one with its key now (not below the bound it held: it sinks), in one
+            # sift instead of a pop now and a push after the search
+            stamp[i] = s + 1
+            bound[i] = key
+            replace(heap, (*key, i, s + 1))
             exact = (*key, i)
             if best is None or exact < best:
                 best = exact
-        for i, key in taken:
-            self._push(i, key)
         assert best is not None
         return best[-1]
