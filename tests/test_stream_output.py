@@ -84,3 +84,24 @@ def test_requests_csv_quotes_text_cells_as_csv_does() -> None:
     text = requests_csv(results)
     assert text == row_by_row(results)
     assert '"say ""hi"""' in text and '"v ""1"",\nx"' in text
+
+
+def test_steps_csv_equals_the_csv_writers_rows() -> None:
+    """steps.csv's rows, through the format, are those csv.writer writes of the same cells (a variant name with a
+    quote, a comma and a line break; floats with repr, ints with str)."""
+    from sim.metrics.columns import STEP_CSV_COLUMNS
+    from sim.metrics.records import STEP_COLUMNS
+    from sim.output.run_folder import steps_csv
+
+    rng = np.random.default_rng(5)
+    n = 50
+    steps = {k: (rng.random(n) * 10.0 ** rng.integers(-8, 9, n)) if t is np.float64 else rng.integers(0, 9000, n)
+             for k, t in STEP_COLUMNS.items()}
+    results = [replace(run_of('v "2",\nb', []), steps=steps), replace(run_of("plain", []), steps=steps)]
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(("variant",) + STEP_CSV_COLUMNS)
+    for res in results:
+        w.writerows([res.name, *(np.asarray(res.steps[k], dtype=t)[i].item() for k, t in STEP_COLUMNS.items())]
+                    for i in range(n))
+    assert steps_csv(results) == buf.getvalue()

@@ -186,8 +186,14 @@ def _rows_text(name: str, cols: dict[str, list], classes: bool) -> str:
     if classes:
         out.extend((cols["priority"], _csv_cells(cols["tenant"]), _csv_cells(cols["slo_class"])))
         out.extend(["" if v < 0 else v for v in cols[f]] for f in SLO_FIELDS)
-    fmt = ",".join(["%s"] * len(out)) + "\n"
-    return "".join(map(fmt.__mod__, zip(*out, strict=True)))
+    return _csv_lines(out)
+
+
+def _csv_lines(columns: list[list]) -> str:
+    """The rows of ``columns`` as csv.writer(lineterminator="\\n") writes them, when every cell is an int, a
+    Python float or a string already quoted (``_csv_cells``): each row through one "%s,%s,..." format."""
+    fmt = ",".join(["%s"] * len(columns)) + "\n"
+    return "".join(map(fmt.__mod__, zip(*columns, strict=True)))
 
 
 _TEXT_FIELDS = frozenset(("outcome", "reason"))  # the text cells besides the variant name and the class names
@@ -232,15 +238,17 @@ def requests_csv(results: list[RunResult]) -> str:
 
 def write_steps_csv(f: IO[str], results: list[RunResult], chunk: int = STEP_CHUNK_ROWS) -> None:
     """steps.csv streamed into ``f`` in chunks of ``chunk`` rows, so that a run of millions of steps never holds
-    its whole text (1 M requests made a 5 GB string). ``tolist`` gives Python floats, which csv writes with repr."""
-    w = csv.writer(f, lineterminator="\n")
-    w.writerow(("variant",) + STEP_CSV_COLUMNS)
+    its whole text (1 M requests made a 5 GB string). ``tolist`` gives Python ints and floats, whose str is what
+    csv writes (a float's repr): the rows go through ``_csv_lines``' format instead of csv's writerows (bench_million's
+    3,000 requests, 70,572 steps: 0.27-0.37 s CPU before, 0.20-0.31 after)."""
+    csv.writer(f, lineterminator="\n").writerow(("variant",) + STEP_CSV_COLUMNS)
     for res in results:
         arrays: list[np.ndarray] = [np.asarray(res.steps[k], dtype=t) for k, t in STEP_COLUMNS.items()]
         n = len(arrays[0])
+        name = _quoted(res.name)
         for lo in range(0, n, chunk):
             cols = [a[lo : lo + chunk].tolist() for a in arrays]
-            w.writerows(zip([res.name] * len(cols[0]), *cols, strict=True))
+            f.write(_csv_lines([[name] * len(cols[0]), *cols]))
 
 
 def steps_csv(results: list[RunResult]) -> str:
