@@ -51,6 +51,12 @@ class AttentionMetadata:
     seq_slots_t: Tensor | None = None  # the same on the device
     seq_lens: Tensor | None = None  # [B] context + new tokens, on the device
     pad_lens: tuple[int, ...] = ()  # padding sequences after the B real ones: no cache, outputs discarded
+    # a paged decode step's padding rows (static batching) that attend the longest sequence's context in the decode
+    # call, as a padded batch's rows do: the first ``pad_decodes`` padding sequences (one token each), and the
+    # decode call's block tables and lengths for the ``num_decodes + pad_decodes`` rows
+    pad_decodes: int = 0
+    decode_tables: Tensor | None = None
+    decode_seq_lens: Tensor | None = None
 
     @property
     def num_seqs(self) -> int:
@@ -82,7 +88,8 @@ def build_metadata(
     says whether sequence i samples (default: all). ``pad_lens`` adds padding sequences of that many tokens,
     computed without a cache; the last ``sampled_pads`` of them reach the LM head too (static batching's padded
     rows: a padded batch computes every row's logits, which are discarded), the others do not (a prompt's
-    padding to the longest)."""
+    padding to the longest). In a paged step whose sequences all decode, those padded rows also join the decode
+    attention over the longest sequence's context (read only: they write no K/V), as the core prices them."""
     ctx = np.asarray(context_lens, dtype=np.int64).reshape(-1)
     ql = np.asarray(query_lens, dtype=np.int64).reshape(-1)
     b = len(ql)
@@ -143,6 +150,12 @@ def build_metadata(
         meta.block_tables = to_dev(table)
         meta.slot_mapping = to_dev(slots)
         meta.seq_lens = to_dev(seq_lens)
+        # a padded decode step's padding rows (every sequence decodes, every padding row one token long)
+        if sampled_pads == len(pads) > 0 and nd == b > 0 and all(n == 1 for n in pads):
+            longest = int(np.argmax(seq_lens))
+            meta.pad_decodes = len(pads)
+            meta.decode_tables = to_dev(np.concatenate([table, np.repeat(table[longest:longest + 1], len(pads), 0)]))
+            meta.decode_seq_lens = to_dev(np.concatenate([seq_lens, np.repeat(seq_lens[longest], len(pads))]))
     elif seq_slots is not None:
         rows_ = np.asarray(seq_slots, dtype=np.int64).reshape(-1)
         if len(rows_) != b:
@@ -274,7 +287,12 @@ def attention(q: Tensor, k: Tensor, v: Tensor, kv: tuple[Tensor, Tensor] | None,
         write_kv(k_cache, v_cache, k[:nt], v[:nt], slots)
         nd = meta.num_decodes
         tables, rows = meta.block_tables, meta.seq_slots  # paged: block tables; contiguous: one row per sequence
-        if nd:
+        if meta.pad_decodes:  # every row of the step decodes, the padding rows over the longest context
+            assert meta.decode_tables is not None and meta.decode_seq_lens is not None
+            m = nd + meta.pad_decodes
+            out[:m] = paged_decode_attention(q[:m], k_cache, v_cache, meta.decode_tables, meta.decode_seq_lens,
+                                             meta.max_decode_len, scale)
+        elif nd:
             if tables is not None:
                 out[:nd] = paged_decode_attention(q[:nd], k_cache, v_cache, tables[:nd], seq_lens[:nd],
                                                   meta.max_decode_len, scale)
@@ -296,8 +314,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, kv: tuple[Tensor, Tensor] | None,
         for i in range(meta.num_seqs):
             a, b = qsl[i], qsl[i + 1]
             out[a:b] = causal_attention(q[a:b], k[a:b], v[a:b], scale)
-    a = nt
-    for n in meta.pad_lens:
+    a = nt + meta.pad_decodes
+    for n in meta.pad_lens[meta.pad_decodes:]:
         out[a : a + n] = causal_attention(q[a : a + n], k[a : a + n], v[a : a + n], scale)
         a += n
     return out

@@ -198,11 +198,22 @@ def test_static_batching_padding_keeps_outputs() -> None:
     check_clean(runner, bm)
 
 
-def test_static_batching_padded_rows_reach_the_lm_head() -> None:
-    """A finished request's padding row costs what the core prices it at: a whole decode row, its logits computed
-    and thrown away as a padded batch computes them. The runner skipped the LM head for padding rows, and on
-    llama-57m a padded decode step ran at 0.88x the profile's prediction (one sampled row fewer, a gemv in place
-    of a gemm: about 9 ms of a 36 ms step), so the simulator's static batches lasted longer than the engine's."""
+def test_static_batching_padded_rows_reach_the_lm_head(monkeypatch) -> None:
+    """A finished request's padding row costs what the core prices it at: a whole decode row over the longest
+    context, its logits computed and thrown away, as a padded batch computes them. The runner skipped the LM head
+    for padding rows and ran them as one-token sequences without context, and on llama-57m a padded decode step
+    ran at 0.74-0.88x the profile's prediction, so the simulator's static batches lasted longer than the
+    engine's."""
+    import realengine.attention as attention
+
+    decode_rows: list[int] = []  # rows of each decode attention call
+    paged_decode = attention.paged_decode_attention
+
+    def counting_decode(q, *args):
+        decode_rows.append(int(q.shape[0]))
+        return paged_decode(q, *args)
+
+    monkeypatch.setattr(attention, "paged_decode_attention", counting_decode)
     policy = StaticPolicy(batch_size=3, max_wait=0.0, limits=Limits(max_num_seqs=4, max_num_batched_tokens=1 << 20,
                                                                       max_model_len=32))
     bm = PagedBlockManager(64, 4)
@@ -218,7 +229,11 @@ def test_static_batching_padded_rows_reach_the_lm_head() -> None:
 
     def spy(batch):
         rows.append((batch.num_rows, batch.plan.padded_rows))
-        return execute(batch)
+        decode_rows.clear()
+        out = execute(batch)
+        if not batch.prefill_tokens:  # a decode step: every row in the decode call (once a layer)
+            assert set(decode_rows) == {batch.num_rows}
+        return out
 
     runner.model, runner.execute = counting_model, spy
     outputs, _ = drive(policy, bm, runner)
