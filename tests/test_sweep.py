@@ -317,6 +317,22 @@ def test_a_bad_sweep_point_is_one_error_without_the_header(tmp_path: Path) -> No
     assert "runs ->" not in res.stderr and not (tmp_path / "s").exists()
 
 
+@pytest.mark.parametrize(("key", "values", "says"), [
+    ("deployment.gpu", "h100-sxm,h100-sx", "at {'deployment.gpu': 'h100-sx'}: variant 'naive': deployment.gpu: "
+     "unknown GPU 'h100-sx'"),
+    ("deployment.model", "llama-3.1-8b,llama-3.1-70b", "at {'deployment.model': 'llama-3.1-70b'}: variant 'naive': "
+     "deployment: llama-3.1-70b does not fit on 1 x a100-80gb"),
+])
+def test_a_point_no_gpu_runs_is_refused_before_any_run(tmp_path: Path, key: str, values: str, says: str) -> None:
+    """An unknown GPU or a model that does not fit passes the schema: the sweep ran the first points, wrote
+    sweep.csv and then ended with the error, naming no point (docs/clusters.md: found while the points are
+    checked, before any run)."""
+    res = CliRunner().invoke(app, ["sweep", str(SCENARIOS / "naive-vs-continuous.yaml"), "-n", "10", "--sweep",
+                                   f"{key}={values}", "-q", "-j", "1", "--out", str(tmp_path / "s")])
+    assert res.exit_code == 2 and says in res.stderr, res.stderr
+    assert "runs ->" not in res.stderr and not (tmp_path / "s").exists()
+
+
 def test_a_bad_sweep_point_clears_the_progress_bar_before_its_error(tmp_path: Path) -> None:
     # Before: the error was printed while the bar was drawn, after its text: "naive-vs-continuous: checking points:
     # 0%|          | 0/2 [00:00<?, ?point/s]error: ..."

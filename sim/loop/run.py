@@ -345,6 +345,24 @@ class PreparedScenario:
                    for _, sc, cfgs in self.plans)
 
 
+def check_variants(sc: Scenario, cfgs: list[VariantConfig], built: set[str] | None = None) -> list[VariantConfig]:
+    """Build each variant (and check a disaggregated one's pools), so that what the schema lets through but no
+    GPU runs (an unknown GPU or model, a model that does not fit) fails here, before anything is simulated.
+    ``built``: the configurations (without name and sweep point) already built, each checked once."""
+    for cfg in cfgs:
+        key = repr(dataclasses.replace(cfg, name="", params={})) if built is not None else ""
+        if key in (built or ()):
+            continue
+        build(cfg)
+        if cfg.disaggregation is not None:
+            from sim.loop.disagg.pools import check_disaggregation
+
+            check_disaggregation(cfg, cfg.workload or sc.workload)
+        if built is not None:
+            built.add(key)
+    return cfgs
+
+
 def prepare_scenario(
     scenario: Scenario, raw: dict[str, Any] | None = None, *, source: str = "scenario"
 ) -> PreparedScenario:
@@ -361,13 +379,7 @@ def prepare_scenario(
         sc = apply_point(raw, point, source) if point and raw is not None else scenario
         where = source if not point else f"{source} at {point}"
         try:
-            cfgs = variant_configs(sc)
-            for cfg in cfgs:
-                build(cfg)
-                if cfg.disaggregation is not None:
-                    from sim.loop.disagg.pools import check_disaggregation
-
-                    check_disaggregation(cfg, cfg.workload or sc.workload)
+            cfgs = check_variants(sc, variant_configs(sc))
             for cfg in cfgs:
                 key = workload_key(sc, cfg)
                 if key not in workloads:

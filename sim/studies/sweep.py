@@ -37,6 +37,7 @@ from typing import Any
 from sim.config.files import read_text_capped, write_atomically
 from sim.config.scenario import apply_point, sweep_points, variant_configs
 from sim.config.schema import Scenario, ScenarioError
+from sim.loop.run import check_variants, generate_workload, simulate_variant, workload_key
 from sim.policies.configs import user_code
 from sim.words import counted
 
@@ -115,11 +116,11 @@ def plan_sweep(scenario: Scenario, raw: dict[str, Any] | None = None, *, source:
     what each row keeps (METRICS first)."""
     raw = raw if raw is not None else scenario.model_dump(mode="json")
     tasks: list[SweepTask] = []
-    points = sweep_points(scenario)
+    points, built = sweep_points(scenario), set[str]()
     for i, point in enumerate(points):
         sc = apply_point(raw, point, source) if point else scenario
-        try:
-            cfgs = variant_configs(sc)
+        try:  # each distinct variant built, as run builds it: an unknown GPU failed after the first runs were written
+            cfgs = check_variants(sc, variant_configs(sc), built)
         except ScenarioError as e:
             raise ScenarioError(f"{source} at {point}: {e}" if point else str(e)) from None
         for cfg in cfgs:
@@ -152,7 +153,6 @@ _WORKLOADS: dict[str, Any] = {}  # per worker process: a workload drawn once ser
 def run_task(task: SweepTask) -> dict[str, Any]:
     """Simulate one run and return its row. Top-level, so that process pools and Ray can ship it."""
     from sim.config.scenario import slos_of
-    from sim.loop.run import generate_workload, simulate_variant, workload_key
     from sim.metrics.summary import bottleneck, summarize
 
     sc = apply_point(task.raw, task.point, task.source)  # the empty point: the scenario itself
