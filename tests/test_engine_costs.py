@@ -402,3 +402,21 @@ def test_turbomind_all_reduces_through_nccl_under_its_guard():
     assert _built({**dep, "engine": {"name": "sglang"}})[2].allreduce_latency == 10e-6
     one = {"model": "llama-2-7b", "gpu": "a100-80gb", "engine": {"name": "lmdeploy"}}
     assert _built(one)[2].allreduce_latency == 10e-6
+
+
+def test_tensorrt_llm_decode_gemms_overlap_their_weight_reads_as_profiled():
+    """TensorRT-LLM's decode step runs its linear layers at Vidur's profiled overlap (sim/engines/tensorrt_llm.py):
+    the step is the roofline's max plus 0.44 of the smaller side, 0.44 of the way from the max (the classic model)
+    to the sum (vLLM V1's). Llama-3.1-70B at TP 4 on A100s, 128 rows: compute and weight reads nearly equal."""
+    from sim.engines.tensorrt_llm import TRTLLM_LINEAR_OVERLAP
+
+    assert TRTLLM_LINEAR_OVERLAP == 0.56
+    dep = {"model": "llama-3.1-70b", "gpu": "a100-80gb", "tensor_parallel_size": 4}
+    trt = _built({**dep, "engine": "tensorrt-llm"})[2]
+    assert trt.linear_overlap == TRTLLM_LINEAR_OVERLAP
+    shape = StepShape(128, 128, 128, 128 * 1000, 128 * 1000)
+    roof, summed = (dataclasses.replace(trt, linear_overlap=o).step_time(shape) for o in (1.0, 0.0))
+    assert summed - roof > 0.01  # 128 rows' compute (~12 ms) is most of the weight reads' time
+    assert trt.step_time(shape) - roof == pytest.approx((1 - TRTLLM_LINEAR_OVERLAP) * (summed - roof), rel=1e-9)
+    # a prompt's tokens beyond one a row keep the roofline's max; the engine's other presets keep theirs
+    assert _built({**dep, "engine": "sglang"})[2].linear_overlap == 1.0

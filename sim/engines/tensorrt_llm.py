@@ -25,6 +25,16 @@ from sim.hardware.models import ModelSpec
 TRTLLM_FREE_GPU_MEMORY_FRACTION = 0.9
 TRTLLM_MAX_BATCH_SIZE = 2048
 TRTLLM_MAX_NUM_TOKENS = 8192
+# A decode step's linear layers: the measured share of the smaller roofline side (a decode row's compute, or the
+# weight reads) that runs under the larger (``linear_overlap``, sim/costs/analytic.py). TensorRT-LLM's GEMM plugin
+# runs cuBLASLt's heuristic kernels, as PyTorch's matmuls do; Vidur's per-operator profiles of them
+# (github.com/microsoft/vidur at 7d47513, data/profiling/compute/{a100,h100}/<model>/mlp.csv: the median CUDA-event
+# time of each layer's QKV, output, gate/up and down projections, 8 models on the A100 and 5 on the H100 at TP
+# 1-8) at every decode-sized step (1-512 tokens, 3,350 points) fit ``max(c, m) + (1 - o) min(c, m)`` best (least
+# squares on log time, c and m the cost model's sides at its default efficiencies) at o = 0.56: neither the
+# roofline's max (1), which made the table's long-output runs at TP 2-8 up to 43% too fast, nor the sum (0, vLLM
+# V1's, sim/engines/vllm_v1.py), which makes the table too slow (docs/throughput-residuals.md)
+TRTLLM_LINEAR_OVERLAP = 0.56
 
 
 class TensorRTLLM(Engine):
@@ -44,6 +54,9 @@ class TensorRTLLM(Engine):
 
     def max_num_seqs(self, cfg: Any, gpu: GPUSpec, max_model_len: int, kv_tokens: int | None) -> int:
         return TRTLLM_MAX_BATCH_SIZE
+
+    def linear_overlap(self, cfg: Any) -> float | None:
+        return TRTLLM_LINEAR_OVERLAP
 
     def kv_budget(self, cfg: Any, model: ModelSpec, gpu: GPUSpec, **kw: Any) -> KVBudget:
         """``fraction x (total - weights - activations)``, the activations TensorRT's build-time buffers for

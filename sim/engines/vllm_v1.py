@@ -40,8 +40,8 @@ VLLM_V1_MAX_NUM_SEQS = {True: 1024, False: 256}
 # benchmark_serving.py's default, greedy, which never sorts. With the sort priced, ML.ENERGY's H100 rows still need
 # the sum: output tok/s +1.0% (median) with it, +18.7% with the max (bench_energy).
 # A structural choice between the two forms (0 or 1), not a fitted share; TensorRT-LLM's table is predicted too
-# slow by the sum (its kernels overlap), so it stays with its engine. Only the decode rows' share of a step's
-# tokens pays it: a prompt chunk's GEMMs have rows enough to overlap as the roofline assumes.
+# slow by the sum, so it keeps the share Vidur's profiles measure (sim/engines/tensorrt_llm.py). Only the decode
+# rows' share of a step's tokens pays it: a prompt chunk's GEMMs have rows enough to overlap as the roofline assumes.
 VLLM_V1_LINEAR_OVERLAP = 0.0
 # The cost model's per-row overhead (10 us a row a step, sim/costs/analytic.py) is GPU time, not a gap the GPU waits
 # through: V1 runs tokenization, detokenization and output streaming in the API server's process, beside the engine
