@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import os
 import signal
@@ -166,16 +167,20 @@ class Ran:
     stderr: str
 
 
-def _under(file: str, folders: list[Path]) -> bool:
-    """``any(Path(file).is_relative_to(d) for d in folders)``, with the file's path split once: servesim() asks it
-    of every loaded module, and late in the whole suite (thousands of modules, dozens of folders that tests added to
-    sys.path) building a Path per pair took seconds of CPU per call (test_teach's bad-knob checks: 0.13 s alone,
-    11-15 s each in the suite)."""
-    if not folders:
-        return False
-    parts = Path(file).parts
-    # Path.is_relative_to compares the leading parts; an empty folder ('' or '.') holds every relative path only
-    return any(parts[: len(p)] == p if p else not parts or parts[0] != "/" for p in (d.parts for d in folders))
+def _under(file: str, folders: frozenset[Path]) -> bool:
+    """``any(Path(file).is_relative_to(d) for d in folders)``: servesim() asks it of every loaded module, and late in
+    the whole suite (thousands of modules, dozens to hundreds of folders that tests added to sys.path) building a
+    Path per pair took seconds of CPU per call (test_teach's bad-knob checks: 0.13 s alone, 11-15 s each in the
+    suite), and comparing parts per pair still ~70 ms a call with 400 folders. is_relative_to(d) holds exactly when d
+    is the file's path or one of its folders: that set is kept per file, and one set test answers for all folders."""
+    return bool(folders) and not _file_and_folders(file).isdisjoint(folders)
+
+
+@functools.lru_cache(maxsize=None)
+def _file_and_folders(file: str) -> frozenset[Path]:
+    """The path and every folder above it (what ``_under`` tests folders against)."""
+    p = Path(file)
+    return frozenset((p, *p.parents))
 
 
 def servesim(*args: str, cwd: Path | str | None = None, env: dict[str, str] | None = None,
@@ -197,7 +202,7 @@ def servesim(*args: str, cwd: Path | str | None = None, env: dict[str, str] | No
     # a fresh process has neither the folders earlier in-process tests added to sys.path nor the modules loaded from
     # them: in the whole suite 'bad_policies:Idle' was found (tests/data/policies on the path since another test
     # loaded a policy file there) where the test expects 'no such module'. Hidden for the call, put back after it
-    foreign = [Path(p) for p in dict.fromkeys(sys.path) if p not in _SESSION_PATH]
+    foreign = frozenset(Path(p) for p in sys.path if p not in _SESSION_PATH)
     hidden = {n: m for n, m in sys.modules.items() if (f := getattr(m, "__file__", None)) and _under(f, foreign)}
     sys.path[:] = fresh = [p for p in path if p in _SESSION_PATH]
     for name in hidden:
@@ -215,7 +220,7 @@ def servesim(*args: str, cwd: Path | str | None = None, env: dict[str, str] | No
         os.chdir(before)
         # what a process forgets when it ends: the folders a user's policy file added to sys.path (its own folder,
         # so that its helpers import) and the modules loaded from them; a later call found 'bad_policies' importable
-        added = [Path(p) for p in sys.path if p not in fresh]
+        added = frozenset(Path(p) for p in sys.path if p not in fresh)
         sys.path[:] = path
         for name in set(sys.modules) - modules:
             file = getattr(sys.modules[name], "__file__", None)
