@@ -306,3 +306,17 @@ def test_numpys_lognormal_names_are_told_the_lengths_own():
         "s.yaml: workload.prompt_len.mu: unknown key; did you mean mean (the length's mean in tokens, where numpy's "
         "lognormal mu is of its log)?\ns.yaml: workload.prompt_len.sigma: unknown key; did you mean std (the length's "
         "standard deviation in tokens, where numpy's lognormal sigma is of its log)?")
+
+
+@pytest.mark.parametrize("value", [-5, 0, float("inf"), 12.5])
+def test_a_number_no_fixed_length_takes_is_not_shown_as_one(value):
+    """prompt_len: -5 was told 'write {type: fixed, value: -5}', which is refused in turn: the hint is given only
+    for a number the fixed kind takes."""
+    assert _error(lambda r: r["workload"].update(prompt_len=value)) == (
+        f"s.yaml: workload.prompt_len: expected a mapping of keys to values (got {value})")
+
+
+def test_mu_in_a_kind_without_mean_is_not_told_mean():
+    """{type: fixed, mu: 3} was told 'did you mean mean (the length's mean ...)?', a key the fixed kind lacks."""
+    assert "did you mean mean" not in _error(lambda r: r["workload"].update(prompt_len={"type": "fixed",
+                                                                                          "value": 8, "mu": 3}))

@@ -243,7 +243,8 @@ def unknown_key_hint(model: type[BaseModel] | None, loc: tuple[Any, ...]) -> str
     other, source = OTHER_NAMES.get(loc[-1].lower(), ("", ""))
     if other in here:
         return f"; did you mean {other} ({source})?"
-    if (near := _LENGTH_NAMES.get(loc[-1].lower())) and near[0] in here:  # not sent to policy.predictor's sigma
+    # not sent to policy.predictor's sigma, nor to a mean the kind written lacks ({type: fixed, mu: 3})
+    if (near := _LENGTH_NAMES.get(loc[-1].lower())) and any(near[0] in m.model_fields for m in own):
         return f"; did you mean {near[0]} ({near[1]})?"
     if other:
         where = _schema_keys(model).get(other)
@@ -329,7 +330,13 @@ def _kind_written_bare(model: type[BaseModel] | None, loc: tuple[Any, ...], valu
     kinds = {typing.get_args(m.model_fields["type"].annotation)[:1]: m for m in models if "type" in m.model_fields}
     if not isinstance(value, str):  # a length or a think time written as its number: the fixed kind holds it
         fixed = kinds.get(("fixed",))
-        return f": write {{type: fixed, value: {value}}}" if fixed and "value" in fixed.model_fields else ""
+        if fixed is None or "value" not in fixed.model_fields:
+            return ""
+        try:  # only a number the fixed kind takes (prompt_len: -5 was told to write a length refused in turn)
+            fixed.model_validate({"type": "fixed", "value": value})
+        except ValueError:
+            return ""
+        return f": write {{type: fixed, value: {value}}}"
     if (value,) in kinds:  # with ", ..." where the kind needs more keys (poisson its rate)
         more = any(f.is_required() for k, f in kinds[(value,)].model_fields.items() if k != "type")
         return f": write {{type: {value}{', ...' if more else ''}}}"
