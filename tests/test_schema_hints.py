@@ -320,3 +320,16 @@ def test_mu_in_a_kind_without_mean_is_not_told_mean():
     """{type: fixed, mu: 3} was told 'did you mean mean (the length's mean ...)?', a key the fixed kind lacks."""
     assert "did you mean mean" not in _error(lambda r: r["workload"].update(prompt_len={"type": "fixed",
                                                                                           "value": 8, "mu": 3}))
+
+
+@pytest.mark.parametrize(("change", "says"), [
+    (lambda r: r["workload"]["arrival"].update({"rate": 7, 5: None}), "s.yaml: workload.arrival.rate: a number with "
+     "a decimal comma is read as 7 and a key 5 (a comma ends an entry of a {...} mapping): write decimals with a point"),
+    # slos: {ttft: 0,5}: "slos.ttft: must be greater than 0 (got 0)" stood above it too
+    (lambda r: r.update(slos={"ttft": 0, 5: None}), "s.yaml: slos.ttft: a number with a decimal comma is read as 0 and "
+     "a key 5 (a comma ends an entry of a {...} mapping): write decimals with a point"),
+])
+def test_a_decimal_comma_is_named_on_its_key(change, says):
+    """rate: 7,5 in a {...} mapping, which YAML reads as rate 7 and a key 5, was told only
+    'workload.arrival.5: Keys should be strings (got 5)'."""
+    assert _error(change) == says

@@ -383,6 +383,25 @@ def _variants_text(idx: list[int], names: list[Any]) -> str:
     return f"variant{'s' if len(idx) > 1 else ''} {which}"
 
 
+def _decimal_comma(loc: tuple[Any, ...], raw: Any) -> tuple[str, str] | None:
+    """(key, reason) for a number written with a decimal comma in a flow mapping: YAML reads ``{rate: 7,5}`` as
+    rate 7 and a key 5 with no value, which was told "workload.arrival.5: Keys should be strings"."""
+    node = raw
+    for part in loc[:-1]:
+        if isinstance(node, dict) and part in node or isinstance(node, list) and isinstance(part, int):
+            node = node[part]
+    keys = list(node) if isinstance(node, dict) else []
+    if loc[-1] not in keys or node[loc[-1]] is not None or not re.fullmatch(r"\d+", str(loc[-1])):
+        return None
+    before = keys[keys.index(loc[-1]) - 1] if keys.index(loc[-1]) else None
+    whole = node.get(before)
+    if not isinstance(before, str) or isinstance(whole, bool) or not isinstance(whole, int):
+        return None
+    # the digits after the comma are not shown back: YAML reads 0,05's 05 as the octal 5
+    return before, (f"a number with a decimal comma is read as {whole} and a key {loc[-1]} (a comma ends an entry "
+                    "of a {...} mapping): write decimals with a point")
+
+
 def format_validation(
     err: ValidationError, source: str, raw: Any = None, prefix: str = "", model: type[BaseModel] | None = None
 ) -> str:
@@ -405,8 +424,12 @@ def format_validation(
         else:
             del grouped[loc]
     found: list[tuple[str, str]] = []
+    commas: dict[str, str] = {}  # a decimal comma's key -> its line, which replaces that key's own
     for loc, errs in grouped.items():
         kinds = {e["type"] for e in errs}
+        if kinds & {"invalid_key", "extra_forbidden"} and (comma := _decimal_comma(tuple(errs[0]["loc"]), raw)):
+            commas[f"{loc.rpartition('.')[0]}.{comma[0]}".lstrip(".")] = comma[1]
+            continue
         if "extra_forbidden" in kinds:
             reason = "unknown key" + unknown_key_hint(model, tuple(errs[0]["loc"]))
         elif kinds & {"missing", "union_tag_not_found"}:
@@ -428,6 +451,7 @@ def format_validation(
                 if "int_parsing" in kinds and (digits := digits_of_size(value)) is not None:
                     reason += f": give it in digits, {digits} (no k or m)"
         found.append((loc, reason))
+    found = [(loc, r) for loc, r in found if loc not in commas] + list(commas.items())
     found = _same_in_variants(_missing_as_misspelled(found), raw)
     lines = [f"{source}: {loc or '(top level)'}: {reason}" for loc, reason in found[:_MAX_PROBLEMS]]
     more = len(found) - _MAX_PROBLEMS
