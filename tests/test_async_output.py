@@ -1,5 +1,5 @@
 """vLLM 0.6's asynchronous output processing: a step's tokens leave the engine when the next step ends
-(sim/engines/vllm_v0.py, sim/loop/run.py ``first_tokens_one_step_late``)."""
+(sim/engines/vllm_v0.py, sim/loop/run.py ``tokens_one_step_late``)."""
 
 from __future__ import annotations
 

@@ -29,7 +29,7 @@ TRTLLM_MAX_NUM_TOKENS = 8192
 # weight reads) that runs under the larger (``linear_overlap``, sim/costs/analytic.py). TensorRT-LLM's GEMM plugin
 # runs cuBLASLt's heuristic kernels, as PyTorch's matmuls do; Vidur's per-operator profiles of them
 # (github.com/microsoft/vidur at 7d47513, data/profiling/compute/{a100,h100}/<model>/mlp.csv: the median CUDA-event
-# time of each layer's QKV, output, gate/up and down projections, 8 models on the A100 and 5 on the H100 at TP
+# time of each layer's QKV, output, gate/up and down projections, 8 models on the A100 and 6 on the H100 at TP
 # 1-8) at every decode-sized step (1-512 tokens, 3,350 points) fit ``max(c, m) + (1 - o) min(c, m)`` best (least
 # squares on log time, c and m the cost model's sides at its default efficiencies) at o = 0.56: neither the
 # roofline's max (1), which made the table's long-output runs at TP 2-8 up to 43% too fast, nor the sum (0, vLLM
