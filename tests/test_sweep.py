@@ -333,6 +333,19 @@ def test_a_point_no_gpu_runs_is_refused_before_any_run(tmp_path: Path, key: str,
     assert "runs ->" not in res.stderr and not (tmp_path / "s").exists()
 
 
+def test_a_disaggregated_point_whose_workload_the_pools_refuse_is_refused_before_any_run(tmp_path: Path) -> None:
+    """check_variants built each distinct configuration once, keyed without the scenario's workload, so a sweep of
+    workload.failures over a disaggregated scenario skipped the pools' check at its second point: the first point
+    ran, sweep.csv was written, and the error named no point."""
+    text = (SCENARIOS / "lesson-disaggregation.yaml").read_text()
+    (tmp_path / "d.yaml").write_text(text + "sweep:\n  workload.failures:\n    - null\n    - {fraction: 0.2, after: "
+                                     "{type: uniform, min: 0.0, max: 3.0}}\n")
+    res = CliRunner().invoke(app, ["sweep", str(tmp_path / "d.yaml"), "-n", "10", "-q", "-j", "1", "--out",
+                                   str(tmp_path / "s")])
+    assert res.exit_code == 2 and "at {'workload.failures': {" in res.stderr, res.stderr
+    assert "disaggregation does not model workload.failures" in res.stderr and not (tmp_path / "s").exists()
+
+
 def test_a_bad_sweep_point_clears_the_progress_bar_before_its_error(tmp_path: Path) -> None:
     # Before: the error was printed while the bar was drawn, after its text: "naive-vs-continuous: checking points:
     # 0%|          | 0/2 [00:00<?, ?point/s]error: ..."

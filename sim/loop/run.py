@@ -348,16 +348,18 @@ class PreparedScenario:
 def check_variants(sc: Scenario, cfgs: list[VariantConfig], built: set[str] | None = None) -> list[VariantConfig]:
     """Build each variant (and check a disaggregated one's pools), so that what the schema lets through but no
     GPU runs (an unknown GPU or model, a model that does not fit) fails here, before anything is simulated.
-    ``built``: the configurations (without name and sweep point) already built, each checked once."""
+    ``built``: the configurations (without name and sweep point) already built, each checked once (a
+    disaggregated one with its workload, which the pools' check reads: a sweep of workload.failures)."""
     for cfg in cfgs:
-        key = repr(dataclasses.replace(cfg, name="", params={})) if built is not None else ""
+        wl = (cfg.workload or sc.workload) if cfg.disaggregation is not None else None
+        key = repr((dataclasses.replace(cfg, name="", params={}), wl)) if built is not None else ""
         if key in (built or ()):
             continue
         build(cfg)
         if cfg.disaggregation is not None:
             from sim.loop.disagg.pools import check_disaggregation
 
-            check_disaggregation(cfg, cfg.workload or sc.workload)
+            check_disaggregation(cfg, wl)
         if built is not None:
             built.add(key)
     return cfgs
