@@ -200,6 +200,16 @@ MULTI_STEP_FIGURES = ("perf-v060/llama8B_comparison.png", "perf-v060/llama70B_co
 # a row built by trtllm-bench's heuristics, as TensorRT-LLM 0.17's performance overview states for its rows
 TRTLLM_BENCH_BUILD = "chosen by trtllm-bench heuristics"
 OFFLINE_REQUESTS = 3000  # offline rows: enough requests that the run reaches the engine's steady batch
+# LMDeploy's benchmark/profile_generation.py (ebe90bc, the A100 tables' commit) runs --concurrency Python threads,
+# each starting its first-token clock and then calling TurboMind's stream_infer, whose Python code (the request's
+# tensors, their DLPack hand-over, one forward thread a GPU) runs before the C++ forward enqueues the request. The
+# threads share one interpreter, so requests that threads send together reach TurboMind one at a time, and an engine
+# whose batch went empty starts a step on the first (LlamaBatch's dequeue blocks only while the batch is empty):
+# the rest wait for that step. That Python time, measured by benchmarks/bench_lmdeploy_client.py (the same code, the
+# two TurboMind calls replaced by pure ones): median 230 us a request with one GPU, 470-480 us with four
+PROFILE_GENERATION = "profile_generation.py"  # the client, as the rows' workload names it
+PROFILE_GENERATION_SUBMIT_S = 230e-6  # a request's Python time before TurboMind sees it, one GPU
+PROFILE_GENERATION_SUBMIT_PER_GPU_S = 80e-6  # and for each further GPU (its forward thread): (470 - 230) / 3
 
 
 @dataclass
@@ -411,6 +421,11 @@ def case_of(row: dict[str, str], n_offline: int, classic: bool = False, online: 
     if row["engine"].lower().startswith("gpt-fast") and wd in TORCH_WEIGHT_ONLY_BANDWIDTH:
         # gpt-fast's int8 and int4 weight-only linears are torchao's kernels, whose weights stream slower than bf16's
         dep["cost_model"] = {"type": "analytic", "weight_only_bandwidth": TORCH_WEIGHT_ONLY_BANDWIDTH[wd]}
+    if online and PROFILE_GENERATION in row["workload"]:
+        # LMDeploy's Python client: its own time on each request, one at a time, as the serving layer's per-request
+        # handling (no tokenizer: random token ids; no detokenizer: the stream carries token ids)
+        dep["serving"] = {"request_handling_s": PROFILE_GENERATION_SUBMIT_S + PROFILE_GENERATION_SUBMIT_PER_GPU_S
+                          * (tp - 1), "tokenize_s_per_token": 0.0, "detokenize_s_per_token": 0.0}
     if online and online_row(row):
         dep["serving"] = "online"  # sim/costs/online.py: tokenizer, HTTP and streaming, as the client times them
     arrival: dict[str, Any] = {"type": "all_at_once"}

@@ -199,3 +199,31 @@ def test_a_model_no_file_can_be_is_an_unknown_model_not_a_path(given: str) -> No
 
     with pytest.raises(ValueError, match=r"^--model: unknown model"):
         model_preset(given, "why")
+
+
+def test_lmdeploy_python_client_sends_its_threads_requests_one_at_a_time() -> None:
+    """LMDeploy v0.1.0a1's profile_generation.py: each thread's request reaches TurboMind after the client's own
+    Python time (one GPU 230 us, 80 us more a further GPU), one request at a time. 16 threads of 1-token prompts
+    that end together then meet an engine that starts a step on the first to arrive, the rest waiting for it: their
+    first token takes about two decode steps, not the one a simultaneous arrival gives (the table's 7B: 21 ms at 16
+    threads, 11 ms at one). Fails before: no client time, every request admitted at the same step."""
+    bench = _bench()
+    row = {"source": "github:InternLM/lmdeploy@ebe90bc:docs/en/benchmark/a100_fp16.md",
+           "engine": "LMDeploy v0.1.0a1 (TurboMind, Python API)", "model": "llama2-7b", "gpu": "A100-80GB",
+           "num_gpus": "1", "tp": "1", "weight_dtype": "fp16", "kv_dtype": "fp16",
+           "workload": "ISL=1,OSL=16 fixed, closed loop of 16 threads (profile_generation.py static inference)",
+           "input_len": "1", "output_len": "16", "batch_or_concurrency": "16", "request_rate": "inf",
+           "metric": "ttft_s_mean", "value": "0.021", "unit": "s", "notes": "",
+           "settings": "max_concurrency=16;num_prompts=64;max_num_seqs=128;max_model_len=4096"}
+    client = bench.case_of(row, 64)
+    assert client.cfg.deployment.serving.request_handling_s == pytest.approx(230e-6)
+    assert client.cfg.deployment.serving.tokenize_s_per_token == 0.0
+    assert bench.case_of(row | {"tp": "4", "num_gpus": "4", "model": "llama2-70b"}, 64) \
+        .cfg.deployment.serving.request_handling_s == pytest.approx(470e-6)
+    assert bench.case_of(row | {"workload": "ISL=1,OSL=16 fixed, QPS inf"}, 64).cfg.deployment.serving \
+        .request_handling_s is None  # an HTTP server's client keeps the serving layer's defaults
+    together = bench.case_of(row, 64, online=False)
+    assert together.cfg.deployment.serving is None
+    # predict's error is measured / simulated - 1 for TTFT: the two steps halve the simulated mean's inverse
+    staggered, simultaneous = (1 + e for e in bench.predict([client, together]))
+    assert simultaneous / staggered == pytest.approx(1.9, abs=0.25)
