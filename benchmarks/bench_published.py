@@ -313,6 +313,7 @@ def sharegpt_lengths(mean_in: int, mean_out: int, n: int, seed: int = 0) -> tupl
 
 # a row whose outputs ended at the model's end of sequence before the length asked for (no --ignore-eos) states
 # the run's mean output and the length requested: "1019 (mean; --random-output-len 1024, no --ignore-eos)"
+PROMPT_COUNT = re.compile(r"\b(\d+) (?:\w+ )?prompts\b")
 EOS_CAP = re.compile(r"--random-output-len\s+(\d+)|(\d+)\s+requested")
 
 
@@ -386,7 +387,8 @@ def case_of(row: dict[str, str], n_offline: int, classic: bool = False, online: 
     kd = "auto" if kd == "unstated" else kd
     rate = row["request_rate"]
     settings = settings_of(row)
-    n = 1 if metric == "tok_s_batch1" else (500 if "500" in row["workload"] else n_offline)
+    stated = PROMPT_COUNT.search(row["workload"])  # "500 sonnet prompts"; not ISL=500 or OSL=500
+    n = 1 if metric == "tok_s_batch1" else (int(stated.group(1)) if stated else n_offline)
     n = settings.get("num_prompts", n)
     ins, outs = [isl] * n, [osl] * n
     longest = isl + osl  # max_model_len, unless a setting states it

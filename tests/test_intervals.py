@@ -520,3 +520,14 @@ def test_gpt_fasts_weight_only_rows_run_at_pytorchs_share(tmp_path):
         else:
             assert share is None
     assert seen == {"int8", "int4"}
+
+
+def test_a_stated_prompt_count_is_read_and_a_length_of_500_is_not_one():
+    """A row's workload text gives its request count only as "N [kind] prompts": TensorRT-LLM's ISL=500 and
+    OSL=500 rows once ran 500 requests because the text held "500" anywhere (they state no count: the default)."""
+    bench = _bench()
+    base = next(r for r in bench.read_rows([bench.OWN_DATA]) if r["metric"] == "output_tok_s")
+    counts = {text: len(bench.case_of({**base, "settings": "", "workload": text}, 3000).run.input_lens)
+              for text in ("ISL=500,OSL=2000 fixed, offline", "ISL=5000,OSL=500 fixed, offline",
+                           "Decode-heavy: 500 sonnet prompts ~462 in / 256 out, QPS inf", "ShareGPT 200 prompts")}
+    assert list(counts.values()) == [3000, 3000, 500, 200]
