@@ -273,10 +273,9 @@ def parallel_map(
                     for f in done:
                         yield running.pop(f), f.result()
             except BaseException:
-                for f in running:
-                    f.cancel()
-                # a job under way went on to its end (the workers ignore Ctrl-C) before the pool's shutdown let
-                # the command stop: its workers are ended now
+                # a job under way went on to its end (the workers ignore Ctrl-C) before the pool's shutdown let the
+                # command stop: its workers are ended now. Futures are not cancelled first: the broken pool sets an
+                # error on every pending one, and on a cancelled one Python 3.11 prints an InvalidStateError traceback
                 for proc in list((getattr(pool, "_processes", None) or {}).values()):
                     proc.terminate()
                 raise
